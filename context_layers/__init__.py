@@ -1,0 +1,56 @@
+"""The layerflow context model: layers, permissions, tape, snapshots, tokens,
+attention, compression and rendering. Pure: imports no workflow engine, web
+framework or model client."""
+
+from .canonical import canonical_json, canonical_key, freeze, json_equal, thaw
+from .config import (
+    ActivityExtensionConfig,
+    AttentionThresholds,
+    BranchConfig,
+    CompressRule,
+    ContextStrategy,
+    KnowledgeConfig,
+    config_from_dict,
+    config_json_schema,
+)
+from .context import Entry, LayeredContext, Snapshot, View
+from .errors import (
+    ConfigError,
+    ContextKeyError,
+    ContextValueError,
+    ContextWriteDenied,
+    LayerflowError,
+)
+from .layers import Layer
+from .markers import DELETED
+from .tape import Event, EventKind, Tape
+
+__all__ = [
+    "ActivityExtensionConfig",
+    "AttentionThresholds",
+    "BranchConfig",
+    "CompressRule",
+    "ConfigError",
+    "ContextKeyError",
+    "ContextStrategy",
+    "ContextValueError",
+    "ContextWriteDenied",
+    "DELETED",
+    "Entry",
+    "Event",
+    "EventKind",
+    "KnowledgeConfig",
+    "Layer",
+    "LayeredContext",
+    "LayerflowError",
+    "Snapshot",
+    "Tape",
+    "View",
+    "canonical_json",
+    "canonical_key",
+    "config_from_dict",
+    "config_json_schema",
+    "freeze",
+    "json_equal",
+    "thaw",
+]

@@ -1,0 +1,134 @@
+"""Canonical JSON: the one serialization used for equality, token counts and rendering.
+
+Two notions, kept apart on purpose:
+
+* ``canonical_json(value)`` is the byte-exact text of a value: sorted keys, no
+  whitespace, UTF-8 kept as is. ``1`` and ``1.0`` render differently, as JSON does.
+* ``canonical_key(value)`` is the text used to decide whether two values are *equal*
+  (the three-way merge, "did a branch change this key"). Numbers compare by value
+  across int and float (``1 == 1.0``: JSON has one number type and many parsers
+  return ``1.0`` for ``1``), but ``True`` is never ``1`` (different JSON types).
+  Nested dicts compare regardless of key order; lists compare in order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "FrozenDict", "FrozenList"]
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _normalize(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, float):
+        if value.is_integer() and math.isfinite(value):
+            return int(value)
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, dict):
+        return {k: _normalize(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_normalize(v) for v in value]
+    return value
+
+
+def canonical_key(value: Any) -> str:
+    """Text that is equal for two values exactly when they are JSON-equal (see module doc)."""
+    return canonical_json(_normalize(value))
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    return canonical_key(a) == canonical_key(b)
+
+
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A dict that refuses mutation: context values are immutable once written.
+
+    It is a real ``dict`` subclass so equality, ``json.dumps`` and ``isinstance``
+    work unchanged; ``thaw`` gives a mutable deep copy.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("context values are immutable; use thaw(value) for a mutable copy and write it back")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (FrozenDict, (dict(self),))
+
+    def __copy__(self) -> "FrozenDict":
+        return self
+
+    def __deepcopy__(self, memo: Any) -> "FrozenDict":
+        return self
+
+
+class FrozenList(list):  # type: ignore[type-arg]
+    """A list that refuses mutation (see ``FrozenDict``)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("context values are immutable; use thaw(value) for a mutable copy and write it back")
+
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # type: ignore[assignment]
+    __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (FrozenList, (list(self),))
+
+    def __copy__(self) -> "FrozenList":
+        return self
+
+    def __deepcopy__(self, memo: Any) -> "FrozenList":
+        return self
+
+
+def freeze(value: Any, _path: str = "") -> Any:
+    """Validate a JSON-compatible value and return an immutable copy of it.
+
+    Raises ``ValueError``/``TypeError`` with the path of the offending part; the
+    caller adds the context key.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{_path or 'value'} is {value!r}, which JSON cannot represent")
+        return value
+    if isinstance(value, FrozenDict) or isinstance(value, FrozenList):
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{_path or 'value'} has a key {k!r} of type {type(k).__name__}; JSON object keys must be str")
+            out[k] = freeze(v, f"{_path}.{k}" if _path else k)
+        return FrozenDict(out)
+    if isinstance(value, (list, tuple)):
+        return FrozenList(freeze(v, f"{_path}[{i}]") for i, v in enumerate(value))
+    raise TypeError(f"{_path or 'value'} is of type {type(value).__name__}, which is not JSON-compatible")
+
+
+def thaw(value: Any) -> Any:
+    """A mutable deep copy (plain dict / list) of a frozen value."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [thaw(v) for v in value]
+    return value

@@ -1,0 +1,261 @@
+"""ActivityExtensionConfig: the per-activity (and per-gateway) governance config.
+
+Accepts the seed's camelCase JSON exactly as written and snake_case too. Unknown
+fields, wrong types and bad values are errors that name the field
+(``config_from_dict`` turns pydantic's errors into one ``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from .errors import ConfigError
+
+__all__ = [
+    "ActivityExtensionConfig",
+    "AttentionThresholds",
+    "BranchConfig",
+    "CompressRule",
+    "ConflictPolicy",
+    "ContextStrategy",
+    "HumanConfirmConfig",
+    "KnowledgeConfig",
+    "LLMConfig",
+    "PolicyRule",
+    "MERGE_STRATEGIES",
+    "REDUCERS",
+    "config_from_dict",
+    "config_json_schema",
+    "format_validation_error",
+]
+
+MERGE_STRATEGIES = ("MERGE_WITH_CONFLICT_DETECT", "LAST_WRITER_WINS", "BRANCH_PRIORITY", "FAIL_ON_CONFLICT")
+REDUCERS = ("append", "union", "sum", "max", "min")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        str_strip_whitespace=True,
+    )
+
+    def dump(self) -> dict[str, Any]:
+        """camelCase JSON as in the seed, only fields that were set or differ from defaults."""
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+class CompressRule(_Model):
+    """A rule applied to HISTORY entries whose kind or key matches ``pattern`` (glob)."""
+
+    pattern: str = Field(min_length=1)
+    action: Literal["extract_keys", "summarize", "count_only"]
+    extract_keys: list[str] = Field(default_factory=list)
+    max_tokens: int | None = Field(default=None, gt=0)
+    keep_last: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_action_fields(self) -> "CompressRule":
+        if self.action == "summarize" and self.max_tokens is None:
+            object.__setattr__(self, "max_tokens", 100)
+        return self
+
+    def matches(self, kind: str | None, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.pattern) or (kind is not None and fnmatch.fnmatchcase(kind, self.pattern))
+
+
+class AttentionThresholds(_Model):
+    """Compression fires when a score crosses its threshold (density/decay/toolEfficiency below, redundancy/conflict above)."""
+
+    density: float = Field(default=0.15, ge=0, le=1)
+    redundancy: float = Field(default=0.3, ge=0, le=1)
+    decay: float = Field(default=0.6, ge=0, le=1)
+    conflict: float = Field(default=0.05, ge=0, le=1)
+    tool_efficiency: float = Field(default=0.5, ge=0, le=1)
+
+
+class ContextStrategy(_Model):
+    preserve_keys: list[str] = Field(default_factory=list)
+    compress_rules: list[CompressRule] = Field(default_factory=list)
+    compress_token_threshold: int | None = Field(default=None, gt=0)
+    compress_message_threshold: int | None = Field(default=None, gt=0)
+    attention_thresholds: AttentionThresholds | None = None
+    # Cliff compression compresses down to this share of the threshold, so the next
+    # activities append without compressing again.
+    compress_target_ratio: float = Field(default=0.5, gt=0, le=1)
+    required_context: list[str] = Field(default_factory=list)
+
+
+class KnowledgeConfig(_Model):
+    rag_collections: list[str] = Field(default_factory=list)
+    confidence_threshold: float = Field(default=0.0, ge=0, le=1)
+    top_k: int = Field(default=3, gt=0)
+    query: str | None = None
+
+
+class BranchConfig(_Model):
+    """One outgoing branch of a split gateway; ``id`` is the BPMN id of the branch's first element."""
+
+    id: str = Field(min_length=1)
+    condition: str | None = None
+    context_inject: dict[str, Any] = Field(default_factory=dict)
+    reason_key: str | None = None
+
+
+class PolicyRule(_Model):
+    """Set ``key`` to ``value`` with ``reason`` when ``when`` (an expression over the context) holds.
+
+    ``confirm: true`` still sends the result to a person (human_confirm) with the rule's
+    value as the suggested answer.
+    """
+
+    key: str = Field(min_length=1)
+    when: str = Field(min_length=1)
+    value: Any = None
+    reason: str = Field(min_length=1)
+    confirm: bool = False
+
+
+class ConflictPolicy(_Model):
+    """Rankings: ``{key: [best, ..., worst]}``: the conflicting value ranked first wins."""
+
+    rankings: dict[str, list[Any]] = Field(default_factory=dict)
+    rules: list[PolicyRule] = Field(default_factory=list)
+    policy_text: str | None = None
+
+
+class HumanConfirmConfig(_Model):
+    timeout: float = Field(default=300, gt=0)
+    default: Any = None
+    on_timeout: Literal["default", "escalate"] = "default"
+    extra_options: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class LLMConfig(_Model):
+    model: str | None = None
+    instructions: str = ""
+    output_schema: dict[str, Any] | None = None
+    output_keys: list[str] = Field(default_factory=list)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_retries: int = Field(default=2, ge=0, le=10)
+    timeout: float = Field(default=30, gt=0)
+    api_base: str | None = None
+    tools: bool = False
+    render_format: Literal["xml", "json", "plain"] = "xml"
+
+
+class ActivityExtensionConfig(_Model):
+    """Config of one BPMN element (task or gateway), keyed by its BPMN id."""
+
+    activity_id: str | None = None
+    gateway_id: str | None = None
+    type: str | None = None
+    handler: str | None = None
+    context_strategy: ContextStrategy = Field(default_factory=ContextStrategy)
+    # The seed also writes these at the top level; they merge into context_strategy.
+    preserve_keys: list[str] = Field(default_factory=list)
+    compress_rules: list[CompressRule] = Field(default_factory=list)
+    compress_token_threshold: int | None = Field(default=None, gt=0)
+    compress_message_threshold: int | None = Field(default=None, gt=0)
+    attention_thresholds: AttentionThresholds | None = None
+    merge_strategy: Literal[
+        "MERGE_WITH_CONFLICT_DETECT", "LAST_WRITER_WINS", "BRANCH_PRIORITY", "FAIL_ON_CONFLICT"
+    ] = "MERGE_WITH_CONFLICT_DETECT"
+    branch_priority: list[str] = Field(default_factory=list)
+    reducers: dict[str, Literal["append", "union", "sum", "max", "min"]] = Field(default_factory=dict)
+    conflict_policy: ConflictPolicy | None = None
+    human_confirm: HumanConfirmConfig | None = None
+    knowledge_config: KnowledgeConfig | None = None
+    branches: list[BranchConfig] = Field(default_factory=list)
+    llm: LLMConfig | None = None
+
+    @field_validator("preserve_keys")
+    @classmethod
+    def _no_empty_keys(cls, v: list[str]) -> list[str]:
+        for k in v:
+            if not k:
+                raise ValueError("preserve key must not be empty")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "ActivityExtensionConfig":
+        ids = [b.id for b in self.branches]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"branch ids must be unique, repeated: {dup}")
+        if self.merge_strategy == "BRANCH_PRIORITY" and not self.branch_priority:
+            raise ValueError("mergeStrategy BRANCH_PRIORITY needs branchPriority (ordered branch ids)")
+        return self
+
+    # Effective values: top-level fields and contextStrategy together.
+    @property
+    def effective_preserve_keys(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for k in [*self.context_strategy.preserve_keys, *self.preserve_keys]:
+            seen.setdefault(k, None)
+        return list(seen)
+
+    @property
+    def effective_compress_rules(self) -> list[CompressRule]:
+        return [*self.context_strategy.compress_rules, *self.compress_rules]
+
+    @property
+    def effective_token_threshold(self) -> int | None:
+        return self.compress_token_threshold or self.context_strategy.compress_token_threshold
+
+    @property
+    def effective_message_threshold(self) -> int | None:
+        return self.compress_message_threshold or self.context_strategy.compress_message_threshold
+
+    @property
+    def effective_attention_thresholds(self) -> AttentionThresholds:
+        return self.attention_thresholds or self.context_strategy.attention_thresholds or AttentionThresholds()
+
+    def branch(self, branch_id: str) -> BranchConfig | None:
+        for b in self.branches:
+            if b.id == branch_id:
+                return b
+        return None
+
+    def merged_with(self, override: "ActivityExtensionConfig") -> "ActivityExtensionConfig":
+        """Fields set in ``override`` replace ours (the config file over the BPMN extension)."""
+        data = self.model_dump(exclude_unset=True)
+        data.update(override.model_dump(exclude_unset=True))
+        return ActivityExtensionConfig.model_validate(data)
+
+
+def format_validation_error(err: ValidationError, *, source: str = "", element_id: str | None = None) -> list[dict[str, Any]]:
+    """One problem per pydantic error: ``{"file", "id", "field", "message"}``."""
+    problems = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(config)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling (camelCase or snake_case)"
+        problems.append({"file": source, "id": element_id, "field": field, "message": msg})
+    return problems
+
+
+def config_from_dict(data: Any, *, source: str = "", element_id: str | None = None) -> ActivityExtensionConfig:
+    """Validate a config mapping; raise one ``ConfigError`` naming file, element id and every bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source or 'config'}: config for {element_id or 'element'} must be an object, got {type(data).__name__}",
+                          problems=[{"file": source, "id": element_id, "field": "(config)", "message": "must be an object"}])
+    try:
+        return ActivityExtensionConfig.model_validate(data)
+    except ValidationError as err:
+        problems = format_validation_error(err, source=source, element_id=element_id)
+        lines = [f"{p['file'] or 'config'}: {p['id'] or 'element'}: field {p['field']}: {p['message']}" for p in problems]
+        raise ConfigError("invalid activity config:\n  " + "\n  ".join(lines), problems=problems) from None
+
+
+def config_json_schema() -> dict[str, Any]:
+    """The JSON Schema of ActivityExtensionConfig (camelCase, as written in config files)."""
+    return ActivityExtensionConfig.model_json_schema(by_alias=True)

@@ -1,0 +1,662 @@
+"""LayeredContext: six governed layers, an append-only tape, O(1) snapshots.
+
+State is held in persistent maps (``immutables.Map``, a HAMT): a snapshot is a
+reference to the current state, a branch is a new context that starts from one, and
+both cost O(1) whatever the size of the context. Every change goes through one
+function (``_apply``) that both the live context and ``replay`` use, so replaying
+the tape rebuilds exactly what produced it.
+
+Write rule (DESIGN.md): find the layer that already holds the key (a lower number
+than the target wins: auto-promotion), then check the permission on that effective
+layer. A denied write raises ``ContextWriteDenied`` and is recorded on the tape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import immutables
+
+from .canonical import canonical_json, freeze, thaw
+from .errors import ContextKeyError, ContextValueError, ContextWriteDenied, LayerflowError
+from .layers import Layer
+from .markers import DELETED
+from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape
+from .tokens import DEFAULT_ENCODING, count_value
+
+__all__ = ["LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind"]
+
+LAYERS = tuple(Layer)
+# HISTORY keys that only the engine and the compressor write (records, not data).
+RECORD_PREFIXES = ("activity:", "summary:", "compaction:", "tool:")
+
+
+def is_record_key(key: str) -> bool:
+    return key.startswith(RECORD_PREFIXES)
+
+
+def entry_kind(key: str, value: Any) -> str:
+    """The kind of a HISTORY entry: a dict value's ``kind`` field, else ``"data"``."""
+    if isinstance(value, dict):
+        kind = value.get("kind")
+        if isinstance(kind, str):
+            return kind
+    return "data"
+
+
+# A slot is (order, seq, value): insertion order within the layer, the tape seq of
+# the last change, the frozen value.
+Slot = tuple[int, int, Any]
+_EMPTY: immutables.Map[str, Any] = immutables.Map()
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    layers: tuple[immutables.Map[str, Slot], ...]
+    tokens: tuple[immutables.Map[str, int], ...]
+    totals: tuple[int, ...]
+    preserved: immutables.Map[str, bool] = _EMPTY
+    counter: int = 0
+    activity: str | None = None
+    activity_keys: tuple[str, ...] = ()
+    begin_snapshot: str | None = None
+    iterations: immutables.Map[str, int] = _EMPTY
+
+    @staticmethod
+    def empty() -> "_State":
+        return _State(layers=(_EMPTY,) * 6, tokens=(_EMPTY,) * 6, totals=(0,) * 6)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """All six layers at one point of a context's tape (O(1): shares structure)."""
+
+    id: str
+    context: str
+    seq: int
+    state: _State = field(repr=False, compare=False)
+    label: str | None = None
+
+    def layer(self, layer: Layer | int | str) -> "LayerView":
+        layer = Layer.parse(layer)
+        return LayerView(self.state.layers[layer], layer)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        return {str(layer): dict(self.layer(layer)) for layer in LAYERS}
+
+    @property
+    def preserved(self) -> frozenset[str]:
+        return frozenset(self.state.preserved.keys())
+
+
+class LayerView(Mapping[str, Any]):
+    """A read-only, insertion-ordered view of one layer."""
+
+    __slots__ = ("_map", "_layer", "_order")
+
+    def __init__(self, m: immutables.Map[str, Slot], layer: Layer) -> None:
+        self._map = m
+        self._layer = layer
+        self._order: list[str] | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        return self._map[key][2]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __iter__(self) -> Iterator[str]:
+        if self._order is None:
+            self._order = [k for k, _ in sorted(self._map.items(), key=lambda kv: kv[1][0])]
+        return iter(self._order)
+
+    def seq_of(self, key: str) -> int:
+        """Tape seq of the last change of ``key``."""
+        return self._map[key][1]
+
+    def order_of(self, key: str) -> int:
+        return self._map[key][0]
+
+    def __repr__(self) -> str:
+        return f"<{self._layer.name} {dict(self)!r}>"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One key of one layer, as a view and select hooks see it."""
+
+    layer: Layer
+    key: str
+    value: Any
+    order: int
+    seq: int
+
+    @property
+    def kind(self) -> str:
+        return entry_kind(self.key, self.value)
+
+
+SelectHook = Callable[[list[Entry]], list[Entry]]
+
+
+class LayeredContext:
+    """The governed context of one activity path (the main path or one branch)."""
+
+    def __init__(self, system: Mapping[str, Any] | None = None, *, name: str = "main",
+                 branch_id: str | None = None, encoding: str = DEFAULT_ENCODING,
+                 actor: str = "engine", _empty: bool = False) -> None:
+        self.name = name
+        self.branch_id = branch_id
+        self.encoding = encoding
+        self._state = _State.empty()
+        self._tape = Tape()
+        self._snapshots: dict[str, Snapshot] = {}
+        self._base: Snapshot | None = None
+        if _empty:
+            return
+        changes: list[Change] = []
+        for key, value in (system or {}).items():
+            changes.append((Layer.SYSTEM, self._check_key(key), self._freeze(key, value)))
+        self._emit(EventKind.INIT, actor, changes=changes, data={"name": name, "encoding": encoding})
+
+    # ----- reading -------------------------------------------------------------------
+
+    def layer(self, layer: Layer | int | str) -> LayerView:
+        layer = Layer.parse(layer)
+        return LayerView(self._state.layers[layer], layer)
+
+    def locate(self, key: str) -> Layer | None:
+        """The layer a read of ``key`` resolves to (lowest number holding it)."""
+        for layer in LAYERS:
+            if key in self._state.layers[layer]:
+                return layer
+        return None
+
+    def resolve(self, key: str) -> Any:
+        for layer in LAYERS:
+            slot = self._state.layers[layer].get(key)
+            if slot is not None:
+                return slot[2]
+        raise ContextKeyError(f"key {key!r} is in no layer")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        for layer in LAYERS:
+            slot = self._state.layers[layer].get(key)
+            if slot is not None:
+                return slot[2]
+        return default
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.locate(key) is not None
+
+    def keys(self) -> list[str]:
+        """Every key, once, in resolution order (L0 first, insertion order within a layer)."""
+        seen: dict[str, None] = {}
+        for layer in LAYERS:
+            for key in self.layer(layer):
+                seen.setdefault(key, None)
+        return list(seen)
+
+    def resolved(self) -> dict[str, Any]:
+        """Every key with the value a read would give."""
+        return {key: self.resolve(key) for key in self.keys()}
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """``{"L0": {...}, ..., "L5": {...}}`` with values as plain JSON (mutable copies)."""
+        return {str(layer): {k: thaw(v) for k, v in self.layer(layer).items()} for layer in LAYERS}
+
+    def entries(self) -> list[Entry]:
+        out = []
+        for layer in LAYERS:
+            view = self._state.layers[layer]
+            for key, (order, seq, value) in sorted(view.items(), key=lambda kv: kv[1][0]):
+                out.append(Entry(layer, key, value, order, seq))
+        return out
+
+    @property
+    def tape(self) -> Tape:
+        return self._tape
+
+    @property
+    def preserved(self) -> frozenset[str]:
+        return frozenset(self._state.preserved.keys())
+
+    @property
+    def current_activity(self) -> str | None:
+        return self._state.activity
+
+    @property
+    def snapshots(self) -> Mapping[str, Snapshot]:
+        return dict(self._snapshots)
+
+    def tokens(self, layer: Layer | int | str | None = None) -> int:
+        if layer is None:
+            return sum(self._state.totals)
+        return self._state.totals[Layer.parse(layer)]
+
+    def key_tokens(self, layer: Layer | int | str, key: str) -> int:
+        return self._state.tokens[Layer.parse(layer)][key]
+
+    def token_report(self) -> dict[str, int]:
+        report = {str(layer): self._state.totals[layer] for layer in LAYERS}
+        report["total"] = sum(self._state.totals)
+        return report
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LayeredContext):
+            return NotImplemented
+        return self.state_json() == other.state_json()
+
+    def state_json(self) -> str:
+        """Canonical text of the layers (in order) and preserved keys: equal exactly when contexts are."""
+        layers = [[[k, v] for k, v in self.layer(layer).items()] for layer in LAYERS]
+        return canonical_json({"layers": layers, "preserved": sorted(self.preserved)})
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{layer}={len(self._state.layers[layer])}" for layer in LAYERS)
+        return f"<LayeredContext {self.name!r} {sizes} tape={len(self._tape)}>"
+
+    # ----- writing -------------------------------------------------------------------
+
+    def write(self, layer: Layer | int | str, key: str, value: Any, *, actor: str) -> Layer:
+        """Write ``key`` (auto-promoted to the lowest layer holding it), or raise ``ContextWriteDenied``."""
+        requested = Layer.parse(layer)
+        self._check_key(key)
+        frozen = self._freeze(key, value)
+        existing = self.locate(key)
+        effective = requested if existing is None or existing > requested else existing
+        reason = self._write_denial(requested, effective, key, exists=existing == effective)
+        if reason is not None:
+            self._deny("write", key, requested, effective, reason, actor)
+        self._emit(EventKind.WRITE, actor, changes=[(effective, key, frozen)],
+                   data={"requested": int(requested)} if requested != effective else {})
+        return effective
+
+    def delete(self, layer: Layer | int | str, key: str, *, actor: str) -> Layer:
+        requested = Layer.parse(layer)
+        effective = self.locate(key)
+        if effective is None or effective > requested:
+            raise ContextKeyError(f"cannot delete key {key!r}: it is not in {requested} {requested.name} or a lower layer")
+        reason = self._delete_denial(effective, key)
+        if reason is not None:
+            self._deny("delete", key, requested, effective, reason, actor)
+        self._emit(EventKind.DELETE, actor, changes=[(effective, key, DELETED)],
+                   data={"requested": int(requested)} if requested != effective else {})
+        return effective
+
+    @staticmethod
+    def _write_denial(requested: Layer, effective: Layer, key: str, *, exists: bool) -> str | None:
+        if effective == Layer.SYSTEM:
+            return "L0 SYSTEM is fixed by the engine at instance start; write a different key to WORKING"
+        if effective == Layer.PROCESS and exists:
+            return "L1 PROCESS is append-only and already holds this key; write a different key to WORKING"
+        if effective == Layer.HISTORY:
+            if is_record_key(key):
+                return "HISTORY records are written by the engine and the compressor only"
+            if not exists:
+                return "keys arrive in L3 HISTORY from WORKING at activity end; write to WORKING"
+        return None
+
+    @staticmethod
+    def _delete_denial(effective: Layer, key: str) -> str | None:
+        if effective == Layer.SYSTEM:
+            return "L0 SYSTEM is fixed by the engine at instance start"
+        if effective == Layer.PROCESS:
+            return "L1 PROCESS is append-only: its keys are never removed"
+        if effective == Layer.HISTORY and is_record_key(key):
+            return "HISTORY records are removed by the compressor only"
+        return None
+
+    def _deny(self, op: str, key: str, requested: Layer, effective: Layer, reason: str, actor: str) -> None:
+        self._emit(EventKind.DENIED, actor, data={
+            "op": op, "key": key, "requested": int(requested), "effective": int(effective), "reason": reason})
+        raise ContextWriteDenied(key, requested, effective, reason)
+
+    def _check_key(self, key: Any) -> str:
+        if not isinstance(key, str) or not key:
+            raise ContextValueError(str(key), f"keys must be non-empty strings, got {type(key).__name__} {key!r}")
+        return key
+
+    def _freeze(self, key: str, value: Any) -> Any:
+        try:
+            return freeze(value)
+        except (TypeError, ValueError) as exc:
+            raise ContextValueError(key, str(exc)) from None
+
+    # ----- privileged operations (engine, gateways, compressor) -------------------------
+
+    def apply_changes(self, changes: Iterable[tuple[Layer | int, str, Any]], *, kind: str, actor: str,
+                      data: Mapping[str, Any] | None = None) -> Event:
+        """Apply engine changes without permission checks (join results, compression).
+
+        SYSTEM can never change; PROCESS only gains keys. Values are validated first:
+        nothing is applied if one of them is not JSON-compatible.
+        """
+        checked: list[Change] = []
+        for layer, key, value in changes:
+            layer = Layer.parse(layer)
+            self._check_key(key)
+            if layer == Layer.SYSTEM:
+                raise ContextWriteDenied(key, layer, layer, "L0 SYSTEM never changes after instance start")
+            if layer == Layer.PROCESS and (value is DELETED or key in self._state.layers[Layer.PROCESS]):
+                raise ContextWriteDenied(key, layer, layer, "L1 PROCESS is append-only")
+            checked.append((layer, key, value if value is DELETED else self._freeze(key, value)))
+        return self._emit(EventKind.CHANGES, actor, changes=checked, data={"note": kind, **(data or {})})
+
+    def record(self, kind: str, *, actor: str, data: Mapping[str, Any] | None = None) -> Event:
+        """Append an event that changes no state (split, conflict, resolution, model call, ...)."""
+        return self._emit(EventKind.NOTE, actor, data={"note": kind, **(data or {})})
+
+    def mark_preserved(self, keys: Iterable[str], *, actor: str) -> None:
+        keys = [k for k in keys if k not in self._state.preserved]
+        if keys:
+            self._emit(EventKind.NOTE, actor, data={"note": "preserve", "preserve": keys})
+
+    # ----- activities ----------------------------------------------------------------
+
+    def begin_activity(self, task_id: str, *, actor: str | None = None) -> None:
+        if self._state.activity is not None:
+            raise LayerflowError(f"activity {self._state.activity!r} is still open in context {self.name!r}; "
+                                 f"complete or abort it before beginning {task_id!r}")
+        self._emit(EventKind.BEGIN, actor or task_id, data={"task_id": task_id}, activity=task_id)
+
+    def complete_activity(self, task_id: str, summary: str | None = None, *, status: str = "completed",
+                          preserve_keys: Iterable[str] = (), actor: str | None = None) -> dict[str, Any]:
+        """Move WORKING into HISTORY, append the ``activity:<task id>`` record, clear EPHEMERAL."""
+        if self._state.activity not in (None, task_id):
+            raise LayerflowError(f"cannot complete {task_id!r}: activity {self._state.activity!r} is open in {self.name!r}")
+        s = self._state
+        working = self.layer(Layer.WORKING)
+        changes: list[Change] = []
+        moved_tokens = 0
+        for key in working:
+            changes.append((Layer.WORKING, key, DELETED))
+            changes.append((Layer.HISTORY, key, working[key]))
+            moved_tokens += s.tokens[Layer.WORKING][key]
+        for key in self.layer(Layer.EPHEMERAL):
+            changes.append((Layer.EPHEMERAL, key, DELETED))
+        written = list(dict.fromkeys([*s.activity_keys, *working]))
+        n = s.iterations.get(task_id, 0) + 1
+        record_key = f"activity:{task_id}" if n == 1 else f"activity:{task_id}#{n}"
+        record = freeze({
+            "kind": "activity",
+            "activity": task_id,
+            "status": status,
+            "summary": summary if summary is not None else _default_summary(task_id, status, written),
+            "keys": written,
+            "tokens": moved_tokens,
+        })
+        changes.append((Layer.HISTORY, record_key, record))
+        preserve = [k for k in dict.fromkeys(preserve_keys) if k not in s.preserved]
+        self._emit(EventKind.COMPLETE, actor or task_id, changes=changes, activity=task_id,
+                   data={"task_id": task_id, "record_key": record_key, "status": status, "preserve": preserve})
+        return thaw(record)
+
+    def abort_activity(self, task_id: str, *, reason: str, actor: str | None = None) -> None:
+        """Put every layer back as it was at ``begin_activity`` (the failed writes stay on the tape)."""
+        if self._state.activity != task_id:
+            raise LayerflowError(f"cannot abort {task_id!r}: the open activity in {self.name!r} is {self._state.activity!r}")
+        snap = self._snapshots[self._state.begin_snapshot] if self._state.begin_snapshot else None
+        self._emit(EventKind.ABORT, actor or task_id, activity=task_id, snapshot=snap,
+                   data={"task_id": task_id, "reason": reason, "snapshot_id": snap.id if snap else None})
+
+    # ----- snapshots, anchors, views -------------------------------------------------
+
+    def snapshot(self, label: str | None = None, *, actor: str = "engine") -> Snapshot:
+        event = self._emit(EventKind.SNAPSHOT, actor, data={"label": label} if label else {})
+        return self._snapshots[event.data["snapshot_id"]]
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        try:
+            return self._snapshots[snapshot_id]
+        except KeyError:
+            known = ", ".join(list(self._snapshots)[-5:]) or "none"
+            raise ContextKeyError(f"snapshot {snapshot_id!r} was not taken in context {self.name!r} "
+                                  f"(latest: {known})") from None
+
+    def restore(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
+                actor: str = "engine") -> Event:
+        """Set the given layers (default: all six but SYSTEM, which never changes) as they were in ``snapshot``."""
+        snap = self.get_snapshot(snapshot) if isinstance(snapshot, str) else snapshot
+        chosen = sorted({Layer.parse(x) for x in layers}) if layers is not None else list(LAYERS[1:])
+        if Layer.SYSTEM in chosen and snap.state.layers[Layer.SYSTEM] is not self._state.layers[Layer.SYSTEM]:
+            if dict(snap.layer(Layer.SYSTEM)) != dict(self.layer(Layer.SYSTEM)):
+                raise ContextWriteDenied("*", Layer.SYSTEM, Layer.SYSTEM, "L0 SYSTEM never changes after instance start")
+        self._snapshots.setdefault(snap.id, snap)
+        return self._emit(EventKind.RESTORE, actor, snapshot=snap,
+                          data={"snapshot_id": snap.id, "layers": [int(x) for x in chosen]})
+
+    def anchor(self, name: str, *, actor: str = "engine", data: Mapping[str, Any] | None = None) -> Event:
+        """A named point on the tape: views can start here. Deletes nothing."""
+        return self._emit(EventKind.ANCHOR, actor, data={"name": name, "order": self._state.counter, **(data or {})})
+
+    def view(self, anchor: str | None = None, hooks: Iterable[SelectHook] = ()) -> "View":
+        return View(self, anchor=anchor, hooks=tuple(hooks))
+
+    @classmethod
+    def fork(cls, snapshot: Snapshot, *, name: str, branch_id: str, inject: Mapping[str, Any] | None = None,
+             actor: str = "engine", encoding: str | None = None) -> "LayeredContext":
+        """A branch context: every layer from ``snapshot`` (shared, O(1)), EPHEMERAL cleared,
+        WORKING plus ``inject``, ``_branch_id`` and ``_snapshot_id``."""
+        ctx = cls(name=name, branch_id=branch_id, encoding=encoding or DEFAULT_ENCODING, _empty=True)
+        ctx._base = snapshot
+        changes: list[Change] = [(Layer.EPHEMERAL, k, DELETED) for k in snapshot.layer(Layer.EPHEMERAL)]
+        for key, value in {**(inject or {}), "_branch_id": branch_id, "_snapshot_id": snapshot.id}.items():
+            changes.append((Layer.WORKING, ctx._check_key(key), ctx._freeze(key, value)))
+        ctx._emit(EventKind.FORK, actor, changes=changes, snapshot=snapshot,
+                  data={"snapshot_id": snapshot.id, "parent": snapshot.context, "name": name,
+                        "branch_id": branch_id, "inject": thaw(dict(inject or {}))})
+        return ctx
+
+    # ----- the one state transition ------------------------------------------------------
+
+    def _emit(self, kind: EventKind, actor: str, *, changes: Iterable[Change] = (), data: Mapping[str, Any] | None = None,
+              activity: str | None = None, snapshot: Snapshot | None = None) -> Event:
+        data = dict(data or {})
+        seq = self._tape.next_seq
+        if kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
+            data["snapshot_id"] = f"snap:{self.name}:{seq}"
+        event = Event(seq=seq, kind=kind, time=time.time(), actor=actor,
+                      activity=activity if activity is not None else self._state.activity,
+                      branch=self.branch_id, changes=tuple(changes), data=freeze(data), snapshot=snapshot)
+        self._state = self._apply(self._state, event)
+        self._tape._append(event)
+        return event
+
+    def _apply(self, s: _State, e: Event) -> _State:
+        if e.kind == EventKind.FORK:
+            base = e.snapshot.state if e.snapshot is not None else _State.empty()
+            s = replace(base, activity=None, activity_keys=(), begin_snapshot=None, counter=max(base.counter, s.counter))
+        elif e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None:
+            chosen = e.data.get("layers") or [int(x) for x in LAYERS[1:]]
+            layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
+            for i in chosen:
+                layers[i], tokens[i], totals[i] = e.snapshot.state.layers[i], e.snapshot.state.tokens[i], e.snapshot.state.totals[i]
+            s = replace(s, layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals))
+        if e.changes:
+            s = self._apply_changes(s, e.changes, e.seq)
+        if e.kind == EventKind.BEGIN:
+            s = replace(s, activity=e.data["task_id"], activity_keys=(), begin_snapshot=e.data["snapshot_id"])
+        elif e.kind in (EventKind.WRITE, EventKind.DELETE) and s.activity is not None:
+            key = e.changes[0][1]
+            if key not in s.activity_keys:
+                s = replace(s, activity_keys=(*s.activity_keys, key))
+        elif e.kind == EventKind.COMPLETE:
+            task_id = e.data["task_id"]
+            s = replace(s, activity=None, activity_keys=(), begin_snapshot=None,
+                        iterations=s.iterations.set(task_id, s.iterations.get(task_id, 0) + 1))
+        elif e.kind == EventKind.ABORT:
+            s = replace(s, activity=None, activity_keys=(), begin_snapshot=None)
+        preserve = e.data.get("preserve") if e.data else None
+        if preserve:
+            with s.preserved.mutate() as m:
+                for k in preserve:
+                    m[k] = True
+                s = replace(s, preserved=m.finish())
+        if e.kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
+            sid = e.data["snapshot_id"]
+            self._snapshots[sid] = Snapshot(id=sid, context=self.name, seq=e.seq, state=s, label=e.data.get("label"))
+        return s
+
+    def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int) -> _State:
+        layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
+        counter = s.counter
+        touched: dict[int, tuple[Any, Any]] = {}
+        for layer, key, value in changes:
+            if layer not in touched:
+                touched[layer] = (layers[layer].mutate(), tokens[layer].mutate())
+            m, t = touched[layer]
+            old = m.get(key)
+            if value is DELETED:
+                if old is not None:
+                    del m[key]
+                    totals[layer] -= t[key]
+                    del t[key]
+                continue
+            if old is None:
+                counter += 1
+                order = counter
+            else:
+                order = old[0]
+                totals[layer] -= t[key]
+            n = count_value(value, self.encoding)
+            m[key] = (order, seq, value)
+            t[key] = n
+            totals[layer] += n
+        for layer, (m, t) in touched.items():
+            layers[layer], tokens[layer] = m.finish(), t.finish()
+        return replace(s, layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals), counter=counter)
+
+    # ----- replay and persistence -----------------------------------------------------
+
+    @classmethod
+    def replay(cls, events: Iterable[Event], *, until: int | None = None, name: str | None = None,
+               encoding: str | None = None) -> "LayeredContext":
+        """Rebuild a context from its tape (up to sequence number ``until``)."""
+        events = list(events)
+        if events and events[0].kind == EventKind.INIT:
+            name = name or events[0].data.get("name", "main")
+            encoding = encoding or events[0].data.get("encoding")
+        elif events and events[0].kind == EventKind.FORK:
+            name = name or events[0].data.get("name")
+        ctx = cls(name=name or "main", branch_id=events[0].branch if events else None,
+                  encoding=encoding or DEFAULT_ENCODING, _empty=True)
+        for e in events:
+            if until is not None and e.seq > until:
+                break
+            if e.kind == EventKind.FORK:
+                ctx._base = e.snapshot
+            if e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.data.get("snapshot_id"):
+                # snapshots taken in this context are re-created by the replay itself
+                snap = ctx._snapshots.get(e.data["snapshot_id"], e.snapshot)
+                if snap is None:
+                    raise ContextKeyError(f"event {e.seq} of {ctx.name!r} restores snapshot "
+                                          f"{e.data['snapshot_id']!r}, which the record does not hold")
+                ctx._snapshots.setdefault(snap.id, snap)
+                e = replace(e, snapshot=snap)
+            ctx._state = ctx._apply(ctx._state, e)
+            ctx._tape._append(e)
+        return ctx
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able record: the tape, plus the base a branch was forked from and any
+        snapshot from another context that a restore used."""
+        foreign = {}
+        for e in self._tape:
+            if e.snapshot is not None and e.snapshot.context != self.name:
+                foreign[e.snapshot.id] = _dump_snapshot(e.snapshot)
+        return {"format": TAPE_FORMAT, "name": self.name, "branch_id": self.branch_id, "encoding": self.encoding,
+                "snapshots": foreign, "tape": self._tape.to_list()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "LayeredContext":
+        fmt = data.get("format")
+        if fmt != TAPE_FORMAT:
+            raise LayerflowError(f"context record {data.get('name')!r} has format {fmt!r}; this layerflow reads format {TAPE_FORMAT}")
+        foreign = {sid: _load_snapshot(sid, d) for sid, d in data.get("snapshots", {}).items()}
+        events = [Event.from_dict(d, snapshot=foreign.get((d.get("data") or {}).get("snapshot_id")))
+                  for d in data["tape"]]
+        return cls.replay(events, name=data["name"], encoding=data.get("encoding"))
+
+
+def _default_summary(task_id: str, status: str, keys: list[str]) -> str:
+    if not keys:
+        return f"{task_id} {status}; no keys written"
+    return f"{task_id} {status}; wrote {', '.join(keys)}"
+
+
+def _dump_snapshot(snap: Snapshot) -> dict[str, Any]:
+    s = snap.state
+    return {
+        "context": snap.context,
+        "seq": snap.seq,
+        "counter": s.counter,
+        "layers": [[[k, o, q, thaw(v)] for k, (o, q, v) in sorted(m.items(), key=lambda kv: kv[1][0])] for m in s.layers],
+        "preserved": sorted(s.preserved.keys()),
+        "iterations": dict(s.iterations.items()),
+    }
+
+
+def _load_snapshot(sid: str, d: Mapping[str, Any]) -> Snapshot:
+    from .tokens import count_value as cv
+
+    layers, tokens, totals = [], [], []
+    for items in d["layers"]:
+        m: dict[str, Slot] = {}
+        t: dict[str, int] = {}
+        for key, order, seq, value in items:
+            fv = freeze(value)
+            m[key] = (order, seq, fv)
+            t[key] = cv(fv)
+        layers.append(immutables.Map(m))
+        tokens.append(immutables.Map(t))
+        totals.append(sum(t.values()))
+    state = _State(layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals),
+                   preserved=immutables.Map({k: True for k in d.get("preserved", [])}),
+                   counter=int(d.get("counter", 0)), iterations=immutables.Map(d.get("iterations", {})))
+    return Snapshot(id=sid, context=d["context"], seq=int(d["seq"]), state=state)
+
+
+class View:
+    """What a model is shown: the context from an anchor on, through select hooks.
+
+    A view never changes the context or its tape (audit mode and token mode are two
+    views of one tape). The anchor hides HISTORY entries inserted before it; hooks are
+    plain, deterministic functions from entries to entries, applied in order.
+    """
+
+    def __init__(self, ctx: LayeredContext, *, anchor: str | None = None, hooks: tuple[SelectHook, ...] = ()) -> None:
+        self.context = ctx
+        self.anchor = anchor
+        self.hooks = hooks
+        self._start = 0
+        if anchor is not None:
+            anchors = ctx.tape.anchors
+            if anchor not in anchors:
+                raise ContextKeyError(f"anchor {anchor!r} was not found on the tape of {ctx.name!r} "
+                                      f"(anchors: {', '.join(anchors) or 'none'})")
+            self._start = int(anchors[anchor].data["order"])
+
+    def entries(self) -> list[Entry]:
+        entries = [e for e in self.context.entries() if e.layer != Layer.HISTORY or e.order > self._start]
+        for hook in self.hooks:
+            entries = list(hook(entries))
+        return entries
+
+    def layer(self, layer: Layer | int | str) -> dict[str, Any]:
+        layer = Layer.parse(layer)
+        return {e.key: e.value for e in self.entries() if e.layer == layer}
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {str(layer): {} for layer in LAYERS}
+        for e in self.entries():
+            out[str(e.layer)][e.key] = e.value
+        return out

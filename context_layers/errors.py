@@ -1,0 +1,128 @@
+"""One error tree for layerflow, each error with a stable ``kind``.
+
+::
+
+    LayerflowError (kind)
+    ├── ContextWriteDenied          kind="permission_denied"   a layer rule refused a write/delete
+    ├── ContextValueError (TypeError) kind="invalid_value"     a value is not JSON-compatible
+    ├── ContextKeyError (KeyError)  kind="not_found"           a key, snapshot or anchor is absent
+    ├── ConfigError (ValueError)    kind="invalid_config"      ActivityExtensionConfig / config file
+    ├── ProcessError                kind="invalid_process"     a BPMN file that does not validate
+    ├── ActivityError               kind="activity_failed"     a handler, script or model call failed
+    ├── MergeConflictError          kind="merge_conflict"      a join could not resolve conflicts
+    ├── VersionConflict             kind="version_conflict"    a stale instance version was saved
+    └── ModelError                  kind="model_error"         the model could not be reached / answered badly
+
+The REST API maps ``kind`` to a status code in one place; the CLI maps it to an exit
+code. Messages name the file, task id, key or layer and say what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "LayerflowError",
+    "ContextWriteDenied",
+    "ContextValueError",
+    "ContextKeyError",
+    "ConfigError",
+    "ProcessError",
+    "ActivityError",
+    "MergeConflictError",
+    "VersionConflict",
+    "ModelError",
+]
+
+
+class LayerflowError(Exception):
+    kind = "error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": str(self)}
+
+
+class ContextWriteDenied(LayerflowError):
+    kind = "permission_denied"
+
+    def __init__(self, key: str, requested: Any, effective: Any, reason: str) -> None:
+        self.key = key
+        self.requested = requested
+        self.effective = effective
+        self.reason = reason
+        where = f"{effective}" if effective == requested else f"{effective} (requested {requested}, auto-promoted)"
+        super().__init__(f"write of key {key!r} to {where} denied: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "message": str(self),
+            "key": self.key,
+            "requested_layer": str(self.requested),
+            "effective_layer": str(self.effective),
+            "reason": self.reason,
+        }
+
+
+class ContextValueError(LayerflowError, TypeError):
+    kind = "invalid_value"
+
+    def __init__(self, key: str, detail: str) -> None:
+        self.key = key
+        super().__init__(f"value for key {key!r} is not JSON-compatible: {detail}; "
+                         "write None, bool, int, float, str, list or dict with str keys")
+
+
+class ContextKeyError(LayerflowError, KeyError):
+    kind = "not_found"
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(LayerflowError, ValueError):
+    kind = "invalid_config"
+
+    def __init__(self, message: str, *, problems: list[dict[str, Any]] | None = None) -> None:
+        self.problems = problems or []
+        super().__init__(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": str(self), "problems": self.problems}
+
+
+class ProcessError(LayerflowError):
+    kind = "invalid_process"
+
+    def __init__(self, message: str, *, problems: list[Any] | None = None) -> None:
+        self.problems = problems or []
+        super().__init__(message)
+
+
+class ActivityError(LayerflowError):
+    kind = "activity_failed"
+
+    def __init__(self, message: str, *, task_id: str | None = None, line: int | None = None) -> None:
+        self.task_id = task_id
+        self.line = line
+        super().__init__(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": str(self), "task_id": self.task_id}
+
+
+class MergeConflictError(LayerflowError):
+    kind = "merge_conflict"
+
+    def __init__(self, message: str, *, conflicts: list[Any] | None = None, gateway_id: str | None = None) -> None:
+        self.conflicts = conflicts or []
+        self.gateway_id = gateway_id
+        super().__init__(message)
+
+
+class VersionConflict(LayerflowError):
+    kind = "version_conflict"
+
+
+class ModelError(LayerflowError):
+    kind = "model_error"

@@ -1,0 +1,36 @@
+"""The six context layers and their write rules."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["Layer"]
+
+
+class Layer(IntEnum):
+    """L0 SYSTEM .. L5 EPHEMERAL. Reads resolve from L0 to L5: the first hit wins."""
+
+    SYSTEM = 0
+    PROCESS = 1
+    KNOWLEDGE = 2
+    HISTORY = 3
+    WORKING = 4
+    EPHEMERAL = 5
+
+    def __str__(self) -> str:
+        return f"L{int(self)}"
+
+    @classmethod
+    def parse(cls, value: "Layer | int | str") -> "Layer":
+        """Accept ``Layer.WORKING``, ``4``, ``"L4"``, ``"WORKING"`` or ``"working"``."""
+        if isinstance(value, Layer):
+            return value
+        if isinstance(value, int):
+            return cls(value)
+        text = str(value).strip()
+        if text.upper().startswith("L") and text[1:].isdigit():
+            return cls(int(text[1:]))
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown layer {value!r}; use L0..L5 or SYSTEM, PROCESS, KNOWLEDGE, HISTORY, WORKING, EPHEMERAL") from None

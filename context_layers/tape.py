@@ -1,0 +1,140 @@
+"""The tape: an append-only log of everything that happened to a context.
+
+Every event has a sequence number, a time, an actor, the activity and branch it
+happened in, the exact state changes it made (``changes``: ``(layer, key, value)``
+or ``(layer, key, DELETED)``) and kind-specific ``data``. Replaying the events in
+order rebuilds the context exactly; nothing is ever removed from a tape: compression,
+rollback and resolution append events of their own. Anchors are named points on the
+tape; they mark where a view starts, they delete nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, overload
+
+from .canonical import freeze, thaw
+from .markers import DELETED
+
+if TYPE_CHECKING:
+    from .context import Snapshot
+
+__all__ = ["Event", "EventKind", "Tape", "TAPE_FORMAT"]
+
+TAPE_FORMAT = 1
+
+
+class EventKind(StrEnum):
+    INIT = "init"
+    WRITE = "write"
+    DENIED = "denied"
+    DELETE = "delete"
+    BEGIN = "begin"
+    COMPLETE = "complete"
+    ABORT = "abort"
+    SNAPSHOT = "snapshot"
+    RESTORE = "restore"
+    FORK = "fork"
+    ANCHOR = "anchor"
+    CHANGES = "changes"  # privileged engine changes (join results, compression, injections)
+    NOTE = "note"  # no state change: split, conflict, resolution, confirmation, llm call, ...
+
+
+Change = tuple[int, str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    kind: str
+    time: float
+    actor: str
+    activity: str | None = None
+    branch: str | None = None
+    changes: tuple[Change, ...] = ()
+    data: Mapping[str, Any] = field(default_factory=dict)
+    # the snapshot a fork/restore/abort started from; persisted apart from the event
+    snapshot: "Snapshot | None" = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        changes = [[layer, key] if value is DELETED else [layer, key, thaw(value)] for layer, key, value in self.changes]
+        out: dict[str, Any] = {"seq": self.seq, "kind": self.kind, "time": self.time, "actor": self.actor}
+        if self.activity is not None:
+            out["activity"] = self.activity
+        if self.branch is not None:
+            out["branch"] = self.branch
+        if changes:
+            out["changes"] = changes
+        if self.data:
+            out["data"] = thaw(self.data)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], snapshot: "Snapshot | None" = None) -> "Event":
+        changes = tuple((int(c[0]), str(c[1]), DELETED if len(c) == 2 else freeze(c[2])) for c in d.get("changes", ()))
+        return cls(seq=int(d["seq"]), kind=str(d["kind"]), time=float(d["time"]), actor=str(d["actor"]),
+                   activity=d.get("activity"), branch=d.get("branch"), changes=changes,
+                   data=freeze(d.get("data", {})), snapshot=snapshot)
+
+
+class Tape(Sequence[Event]):
+    """Read-only to everyone but the context that owns it."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, events: Sequence[Event] = ()) -> None:
+        self._events: list[Event] = list(events)
+
+    def _append(self, event: Event) -> None:
+        self._events.append(event)
+
+    @overload
+    def __getitem__(self, i: int) -> Event: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Event]: ...
+    def __getitem__(self, i: int | slice) -> Event | Sequence[Event]:
+        return self._events[i]
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._events)
+
+    def __repr__(self) -> str:
+        return f"Tape({len(self._events)} events)"
+
+    @property
+    def next_seq(self) -> int:
+        return self._events[-1].seq + 1 if self._events else 1
+
+    def since(self, seq: int) -> list[Event]:
+        """Events with a sequence number >= ``seq``."""
+        return [e for e in self._events if e.seq >= seq]
+
+    def until(self, seq: int) -> list[Event]:
+        return [e for e in self._events if e.seq <= seq]
+
+    def filter(self, *, kind: str | None = None, activity: str | None = None, branch: str | None = None,
+               key: str | None = None) -> list[Event]:
+        def keep(e: Event) -> bool:
+            if kind is not None and e.kind != kind and e.data.get("note") != kind:
+                return False
+            if activity is not None and e.activity != activity:
+                return False
+            if branch is not None and e.branch != branch:
+                return False
+            if key is not None and not (any(c[1] == key for c in e.changes) or e.data.get("key") == key):
+                return False
+            return True
+        return [e for e in self._events if keep(e)]
+
+    @property
+    def anchors(self) -> dict[str, Event]:
+        """Anchor name -> its (latest) anchor event."""
+        return {e.data["name"]: e for e in self._events if e.kind == EventKind.ANCHOR}
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [e.to_dict() for e in self._events]
