@@ -424,12 +424,15 @@ class LayeredContext:
 
     def restore(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
                 actor: str = "engine") -> Event:
-        """Set the given layers (default: all six but SYSTEM, which never changes) as they were in ``snapshot``."""
+        """Set KNOWLEDGE .. EPHEMERAL (or the given subset) exactly as they were in ``snapshot``.
+
+        SYSTEM and PROCESS are never rolled back: SYSTEM never changes, and a fact
+        PROCESS fixed stays fixed (were it unfixed, a later write could change it).
+        Naming them in ``layers`` is allowed and leaves them as they are.
+        """
         snap = self.get_snapshot(snapshot) if isinstance(snapshot, str) else snapshot
-        chosen = sorted({Layer.parse(x) for x in layers}) if layers is not None else list(LAYERS[1:])
-        if Layer.SYSTEM in chosen and snap.state.layers[Layer.SYSTEM] is not self._state.layers[Layer.SYSTEM]:
-            if dict(snap.layer(Layer.SYSTEM)) != dict(self.layer(Layer.SYSTEM)):
-                raise ContextWriteDenied("*", Layer.SYSTEM, Layer.SYSTEM, "L0 SYSTEM never changes after instance start")
+        chosen = sorted({Layer.parse(x) for x in layers}) if layers is not None else list(LAYERS)
+        chosen = [x for x in chosen if x >= Layer.KNOWLEDGE]
         self._snapshots.setdefault(snap.id, snap)
         return self._emit(EventKind.RESTORE, actor, snapshot=snap,
                           data={"snapshot_id": snap.id, "layers": [int(x) for x in chosen]})
@@ -476,7 +479,9 @@ class LayeredContext:
             base = e.snapshot.state if e.snapshot is not None else _State.empty()
             s = replace(base, activity=None, activity_keys=(), begin_snapshot=None, counter=max(base.counter, s.counter))
         elif e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None:
-            chosen = e.data.get("layers") or [int(x) for x in LAYERS[1:]]
+            # an abort undoes the failed activity in every layer but SYSTEM (it fixed nothing);
+            # a restore names its layers (never SYSTEM or PROCESS)
+            chosen = e.data["layers"] if e.kind == EventKind.RESTORE else [int(x) for x in LAYERS[1:]]
             layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
             for i in chosen:
                 layers[i], tokens[i], totals[i] = e.snapshot.state.layers[i], e.snapshot.state.tokens[i], e.snapshot.state.totals[i]

@@ -25,12 +25,12 @@ class Layer(IntEnum):
         """Accept ``Layer.WORKING``, ``4``, ``"L4"``, ``"WORKING"`` or ``"working"``."""
         if isinstance(value, Layer):
             return value
-        if isinstance(value, int):
-            return cls(value)
-        text = str(value).strip()
-        if text.upper().startswith("L") and text[1:].isdigit():
-            return cls(int(text[1:]))
         try:
+            if isinstance(value, int):
+                return cls(value)
+            text = str(value).strip()
+            if text.upper().startswith("L") and text[1:].isdigit():
+                return cls(int(text[1:]))
             return cls[text.upper()]
-        except KeyError:
+        except (KeyError, ValueError):
             raise ValueError(f"unknown layer {value!r}; use L0..L5 or SYSTEM, PROCESS, KNOWLEDGE, HISTORY, WORKING, EPHEMERAL") from None

@@ -1,0 +1,72 @@
+import pytest
+
+from context_layers import ActivityExtensionConfig, ConfigError, config_from_dict, config_json_schema
+
+SEED = {
+    "activityId": "risk_assessment",
+    "contextStrategy": {
+        "preserveKeys": ["risk_level", "assessment_id"],
+        "compressRules": [{"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status", "data.id"]}],
+        "compressTokenThreshold": 4000,
+        "attentionThresholds": {"density": 0.15, "redundancy": 0.3},
+    },
+    "mergeStrategy": "MERGE_WITH_CONFLICT_DETECT",
+    "knowledgeConfig": {"ragCollections": ["risk_kb", "policy_kb"], "confidenceThreshold": 0.7},
+}
+
+
+def test_seed_camel_case_accepted_exactly():
+    cfg = config_from_dict(SEED)
+    assert cfg.activity_id == "risk_assessment"
+    assert cfg.effective_preserve_keys == ["risk_level", "assessment_id"]
+    assert cfg.effective_compress_rules[0].extract_keys == ["status", "data.id"]
+    assert cfg.effective_token_threshold == 4000
+    assert cfg.knowledge_config.rag_collections == ["risk_kb", "policy_kb"]
+
+
+def test_top_level_seed_forms_and_snake_case():
+    cfg = config_from_dict({
+        "activity_id": "x",
+        "preserve_keys": ["risk_level", "assessment_id", "risk_factors"],
+        "compress_rules": [
+            {"pattern": "reasoning_chain", "action": "summarize", "max_tokens": 100},
+            {"pattern": "error_retry_log", "action": "count_only", "keepLast": 1},
+        ],
+    })
+    assert cfg.effective_preserve_keys == ["risk_level", "assessment_id", "risk_factors"]
+    assert [r.action for r in cfg.effective_compress_rules] == ["summarize", "count_only"]
+
+
+def test_gateway_branches():
+    cfg = config_from_dict({
+        "gatewayId": "approval_split", "type": "XOR_SPLIT",
+        "branches": [
+            {"id": "fast_track", "condition": "risk low and amount below 50000",
+             "contextInject": {"track_type": "fast", "requires_approval": False}},
+            {"id": "full_review", "condition": "otherwise", "contextInject": {"track_type": "full"}},
+        ],
+    })
+    assert cfg.branch("fast_track").context_inject == {"track_type": "fast", "requires_approval": False}
+
+
+@pytest.mark.parametrize("data, field, fragment", [
+    ({"preserveKey": ["a"]}, "preserveKey", "unknown field"),
+    ({"mergeStrategy": "YOLO"}, "mergeStrategy", "MERGE_WITH_CONFLICT_DETECT"),
+    ({"contextStrategy": {"compressTokenThreshold": -5}}, "contextStrategy.compressTokenThreshold", "greater than 0"),
+    ({"compressRules": [{"pattern": "x", "action": "shred"}]}, "compressRules.0.action", "extract_keys"),
+    ({"knowledgeConfig": {"confidenceThreshold": 2}}, "knowledgeConfig.confidenceThreshold", "less than or equal to 1"),
+    ({"preserveKeys": "risk_level"}, "preserveKeys", "list"),
+    ({"mergeStrategy": "BRANCH_PRIORITY"}, "(config)", "branchPriority"),
+])
+def test_bad_config_names_file_id_and_field(data, field, fragment):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, source="loan.layerflow.yaml", element_id="risk_assessment")
+    problems = info.value.problems
+    assert any(p["field"] == field and fragment in p["message"] for p in problems), problems
+    assert "loan.layerflow.yaml" in str(info.value) and "risk_assessment" in str(info.value)
+
+
+def test_json_schema_export():
+    schema = config_json_schema()
+    assert "preserveKeys" in schema["properties"] and "mergeStrategy" in schema["properties"]
+    assert ActivityExtensionConfig.model_json_schema(by_alias=True) == schema
