@@ -1,0 +1,62 @@
+"""layerflow gateways: split and join of contexts, conflict detection, merge
+strategies and conflict resolution (policy, model, person). Pure: imports no workflow
+engine, web framework or model client."""
+
+from .arbiter import (
+    ArbiterAnswerError,
+    ArbitrationAnswer,
+    ArbitrationRequest,
+    ConflictArbiter,
+    build_conflict_prompt,
+    parse_arbiter_answer,
+)
+from .conflicts import DELETED, ConflictDetector, MergedConflict, MergeOutcome, Resolution, three_way_merge
+from .expressions import ExpressionError, UnknownNameError, UnsafeExpressionError, evaluate, evaluate_condition
+from .join import MERGED_CONFLICTS_KEY, JoinResult, apply_join, join_contexts
+from .policy import (
+    HumanRequest,
+    InvalidAnswerError,
+    ResolutionOutcome,
+    ResolutionStep,
+    build_human_request,
+    resolve_by_policy,
+    resolve_conflicts,
+)
+from .splitter import BranchContext, ContextSplitter
+from .strategies import ReducerError, reduce_values, resolve_by_strategy
+
+__all__ = [
+    "ArbiterAnswerError",
+    "ArbitrationAnswer",
+    "ArbitrationRequest",
+    "BranchContext",
+    "ConflictArbiter",
+    "ConflictDetector",
+    "ContextSplitter",
+    "DELETED",
+    "ExpressionError",
+    "HumanRequest",
+    "InvalidAnswerError",
+    "JoinResult",
+    "MERGED_CONFLICTS_KEY",
+    "MergeOutcome",
+    "MergedConflict",
+    "ReducerError",
+    "Resolution",
+    "ResolutionOutcome",
+    "ResolutionStep",
+    "UnknownNameError",
+    "UnsafeExpressionError",
+    "apply_join",
+    "build_conflict_prompt",
+    "build_human_request",
+    "evaluate",
+    "evaluate_condition",
+    "join_contexts",
+    "parse_arbiter_answer",
+    "reduce_values",
+    "resolve_by_policy",
+    "resolve_by_strategy",
+    "resolve_conflicts",
+    "three_way_merge",
+]

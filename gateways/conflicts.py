@@ -1,0 +1,259 @@
+"""Three-way merge of one context layer and the conflicts it finds.
+
+``base`` is a layer as it was at the split (the parent's snapshot); each branch is
+that layer in the branch when it reached the join. Per key:
+
+* a key of ``base`` missing from a branch means the branch **deleted** it (shown as
+  the exported ``DELETED`` marker, never as ``None``: a branch may write ``None``);
+* a key absent from ``base`` and from a branch is unchanged by that branch;
+* a branch **changed** a key when its result differs from the base: a different
+  value, a deletion, or an addition;
+* changed by no branch: keep the base; by one branch, or identically by several:
+  take that result; by two or more branches to **different** results: a conflict,
+  a deletion counting as a result of its own.
+
+Equality is ``canonical_key`` equality (``context_layers.canonical``), decided on
+purpose, not inherited from Python:
+
+* numbers compare by value across int and float: ``1 == 1.0`` (JSON has one number
+  type, and parsers disagree on whether ``1.0`` comes back as ``1``);
+* booleans are not numbers: ``True != 1`` and ``False != 0`` (different JSON types,
+  although Python says otherwise);
+* objects compare regardless of key order, lists in order, all the way down, so a
+  nested object differing in one leaf is a change of the whole key;
+* ``None`` is a value (JSON ``null``) and differs from ``DELETED``.
+
+A branch that writes the value the key already had has not changed it. Values that
+are the same object as the base value (persistent maps share them) are unchanged
+without being serialized, which keeps a join cheap.
+
+Output order is deterministic: conflicts sorted by key, each conflict's values in
+branch order. ``three_way_merge`` returns the merged layer with the insertion order
+DESIGN.md gives: the base's keys first, in base order, then each branch's new keys in
+branch order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from context_layers.canonical import canonical_key
+from context_layers.errors import MergeConflictError
+from context_layers.markers import DELETED
+
+__all__ = [
+    "DELETED",
+    "ConflictDetector",
+    "conflict_error",
+    "KeyOutcome",
+    "MergeOutcome",
+    "MergedConflict",
+    "Resolution",
+    "jsonable",
+    "same_value",
+    "three_way_merge",
+    "value_key",
+]
+
+# canonical_key of DELETED: no JSON text starts with a NUL, so it equals no value.
+_DELETED_KEY = "\0DELETED"
+
+
+def value_key(value: Any) -> str:
+    """The equality key of a value or of ``DELETED`` (see the module doc)."""
+    return _DELETED_KEY if value is DELETED else canonical_key(value)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    return a is b or value_key(a) == value_key(b)
+
+
+def jsonable(value: Any) -> Any:
+    """``DELETED`` as its JSON form ``{"$deleted": true}``; other values unchanged."""
+    return DELETED.to_json() if value is DELETED else value
+
+
+@dataclass(frozen=True)
+class MergedConflict:
+    """A key that two or more branches changed to different results.
+
+    ``base_value`` is ``DELETED`` when the key was absent at the split;
+    ``conflicting_values`` maps each branch that changed the key to its result
+    (``DELETED`` for a deletion), in branch order; ``source_branches`` are its keys.
+    """
+
+    key: str
+    base_value: Any
+    conflicting_values: dict[str, Any]
+    source_branches: tuple[str, ...]
+    layer: Any = None
+
+    def __hash__(self) -> int:
+        return hash((self.key, value_key(self.base_value), self.source_branches,
+                     tuple(value_key(v) for v in self.conflicting_values.values()), self.layer))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "layer": None if self.layer is None else str(self.layer),
+            "base_value": jsonable(self.base_value),
+            "conflicting_values": {b: jsonable(v) for b, v in self.conflicting_values.items()},
+            "source_branches": list(self.source_branches),
+        }
+
+    def describe(self) -> str:
+        where = f" in {self.layer}" if self.layer is not None else ""
+        values = ", ".join(f"{b}={v!r}" for b, v in self.conflicting_values.items())
+        return f"{self.key!r}{where} (base {self.base_value!r}): {values}"
+
+
+def conflict_error(conflicts: Sequence[MergedConflict], *, gateway_id: str | None, why: str,
+                   todo: str = "") -> MergeConflictError:
+    """One error naming every conflicting key, its branches and their values."""
+    where = f"join {gateway_id!r}" if gateway_id else "join"
+    lines = "\n  ".join(c.describe() for c in conflicts)
+    message = f"{where}: {len(conflicts)} conflict(s) {why}:\n  {lines}"
+    if todo:
+        message += f"\n{todo}"
+    return MergeConflictError(message, conflicts=[c.to_dict() for c in conflicts], gateway_id=gateway_id)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How a conflict was settled: the value, who decided and why.
+
+    ``needs_human`` marks a suggestion that a person must still confirm (a policy rule
+    with ``confirm: true``, or a model answer that escalates).
+    """
+
+    value: Any
+    resolver: str  # "policy" | "model" | "human" | "strategy"
+    reason: str
+    needs_human: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": jsonable(self.value), "resolver": self.resolver, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class KeyOutcome:
+    """The merge of one key: ``value`` is the merged result (``DELETED`` = absent)."""
+
+    key: str
+    base_value: Any  # DELETED when absent at the split
+    value: Any
+    changed_by: tuple[str, ...]  # branches whose result differs from the base, branch order
+    conflict: MergedConflict | None = None
+    results: Mapping[str, Any] = field(default_factory=dict)  # changed branch -> its result
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """``merged``: the layer after the merge, conflicting keys still holding their base
+    value; ``changes``: ``(key, value | DELETED)`` relative to the base, in merged
+    order, conflicting keys excluded (their resolution adds them); ``conflicts``
+    sorted by key."""
+
+    merged: dict[str, Any]
+    changes: list[tuple[str, Any]]
+    conflicts: list[MergedConflict]
+    new_keys: tuple[str, ...] = field(default=())
+
+
+def merge_keys(
+    base: Mapping[str, Any],
+    branches: Mapping[str, Mapping[str, Any]],
+    keys: Iterable[str],
+    *,
+    layer: Any = None,
+) -> list[KeyOutcome]:
+    """The outcome of each of ``keys`` (in the order given); the building block of the
+    detector and of the join, which passes only the keys a branch touched."""
+    outcomes = []
+    for key in keys:
+        base_value = base[key] if key in base else DELETED
+        base_k: str | None = None
+        results: dict[str, Any] = {}
+        result_keys: dict[str, str] = {}
+        for bid, layer_map in branches.items():
+            if key in layer_map:
+                value = layer_map[key]
+                if value is base_value:
+                    continue
+            elif base_value is DELETED:
+                continue
+            else:
+                value = DELETED
+            if base_k is None:
+                base_k = value_key(base_value)
+            vk = value_key(value)
+            if vk != base_k:
+                results[bid] = value
+                result_keys[bid] = vk
+        changed_by = tuple(results)
+        if len(set(result_keys.values())) >= 2:
+            conflict = MergedConflict(key=key, base_value=base_value, conflicting_values=results,
+                                      source_branches=changed_by, layer=layer)
+            outcomes.append(KeyOutcome(key, base_value, base_value, changed_by, conflict, results))
+        elif results:
+            outcomes.append(KeyOutcome(key, base_value, results[changed_by[0]], changed_by, None, results))
+        else:
+            outcomes.append(KeyOutcome(key, base_value, base_value, ()))
+    return outcomes
+
+
+def _all_keys(base: Mapping[str, Any], branches: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Base keys in base order, then each branch's new keys in branch order."""
+    seen: dict[str, None] = dict.fromkeys(base)
+    for layer_map in branches.values():
+        for key in layer_map:
+            if key not in seen:
+                seen[key] = None
+    return list(seen)
+
+
+class ConflictDetector:
+    """``detect_conflicts(base, branches)``: every key two or more branches changed to
+    different results, sorted by key (see the module doc for the rules)."""
+
+    def detect_conflicts(
+        self,
+        base: Mapping[str, Any],
+        branches: Mapping[str, Mapping[str, Any]],
+        *,
+        layer: Any = None,
+    ) -> list[MergedConflict]:
+        outcomes = merge_keys(base, branches, _all_keys(base, branches), layer=layer)
+        return sorted((o.conflict for o in outcomes if o.conflict is not None), key=lambda c: c.key)
+
+
+def three_way_merge(
+    base: Mapping[str, Any],
+    branches: Mapping[str, Mapping[str, Any]],
+    *,
+    branch_order: Sequence[str] | None = None,
+    layer: Any = None,
+) -> MergeOutcome:
+    """Merge every key of ``base`` and ``branches``; ``branch_order`` (default: the
+    order of ``branches``) decides the order of new keys and of conflicting values."""
+    if branch_order is not None:
+        missing = [b for b in branch_order if b not in branches]
+        extra = [b for b in branches if b not in branch_order]
+        if missing or extra:
+            raise ValueError(f"branch_order {list(branch_order)} must name exactly the branches {list(branches)}")
+        branches = {b: branches[b] for b in branch_order}
+    outcomes = merge_keys(base, branches, _all_keys(base, branches), layer=layer)
+    merged: dict[str, Any] = {}
+    changes: list[tuple[str, Any]] = []
+    new_keys: list[str] = []
+    for o in outcomes:
+        if o.value is not DELETED:
+            merged[o.key] = o.value
+            if o.base_value is DELETED:
+                new_keys.append(o.key)
+        if o.changed_by and o.conflict is None:
+            changes.append((o.key, o.value))
+    conflicts = sorted((o.conflict for o in outcomes if o.conflict is not None), key=lambda c: c.key)
+    return MergeOutcome(merged=merged, changes=changes, conflicts=conflicts, new_keys=tuple(new_keys))

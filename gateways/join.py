@@ -1,0 +1,323 @@
+"""Join: three-way merge of the branches' contexts into the parent, then resolution.
+
+``join_contexts`` is read-only: it compares each branch with the split's snapshot and
+returns a ``JoinResult`` (the changes for the parent, the conflicts with their
+resolutions, the confirmations still pending). ``apply_join`` writes a complete
+result to the parent context as one ``join`` event, after ``conflict`` and
+``resolution`` events for the tape.
+
+Per layer (DESIGN.md, "Gateways"): PROCESS, KNOWLEDGE, HISTORY and WORKING are merged
+key by key (PROCESS only ever gains keys; merging it keeps a branch's additions, which
+would otherwise be lost with the branch), EPHEMERAL is cleared, SYSTEM never changes.
+Reducer keys are reduced, the remaining conflicts go to the join's ``mergeStrategy``.
+
+Branch-scoped keys: what the split injected into a branch's WORKING
+(``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
+whose injected key still holds the injected value, in WORKING or in HISTORY after an
+activity moved it there, has not changed that key; so ``review_type=finance`` in one
+branch and ``review_type=risk`` in another never conflict, and injected keys do not
+survive the join unless a branch changed them.
+
+Cost: only the keys a branch's tape says it touched since the fork are compared (the
+fork, writes, deletes, moves, privileged changes all list their keys), so a join costs
+O(changed keys), not O(context). A branch that restored a snapshot from another
+context, or was not forked from the join's snapshot, is compared key by key in full.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from context_layers.canonical import thaw
+from context_layers.config import ActivityExtensionConfig
+from context_layers.context import LayeredContext, Snapshot
+from context_layers.errors import LayerflowError
+from context_layers.layers import Layer
+from context_layers.tape import Event, EventKind
+
+from .arbiter import ConflictArbiter
+from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value
+from .policy import HumanRequest, ResolutionStep, resolve_conflicts
+from .strategies import apply_reducer
+
+__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "join_contexts"]
+
+MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
+MERGED_CONFLICTS_KEY = "_mergedConflicts"
+
+
+class _Overlay(Mapping[str, Any]):
+    """``base`` with some keys replaced (``DELETED``: removed). O(1) to build."""
+
+    __slots__ = ("_base", "_over")
+
+    def __init__(self, base: Mapping[str, Any], over: Mapping[str, Any]) -> None:
+        self._base = base
+        self._over = over
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._over:
+            value = self._over[key]
+            if value is DELETED:
+                raise KeyError(key)
+            return value
+        return self._base[key]
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._over:
+            return self._over[key] is not DELETED  # type: ignore[index]
+        return key in self._base
+
+    def __iter__(self) -> Iterator[str]:
+        for key in self._base:
+            if key not in self._over or self._over[key] is not DELETED:
+                yield key
+        for key, value in self._over.items():
+            if key not in self._base and value is not DELETED:
+                yield key
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class _Resolved(Mapping[str, Any]):
+    """A read through layers in order, the first holding the key wins (the policy's variables)."""
+
+    __slots__ = ("_layers",)
+
+    def __init__(self, layers: Sequence[Mapping[str, Any]]) -> None:
+        self._layers = layers
+
+    def __getitem__(self, key: str) -> Any:
+        for m in self._layers:
+            if key in m:
+                return m[key]
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in m for m in self._layers)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(k for m in self._layers for k in m))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    """What a join does to the parent. ``changes``: per layer, ``(key, value |
+    DELETED)`` in application order; ``conflicts``: each with its resolution (``None``
+    while pending); ``merged_conflicts``: the entries added to ``_mergedConflicts``."""
+
+    gateway_id: str
+    snapshot_id: str
+    branches: tuple[str, ...]
+    changes: Mapping[Layer, list[tuple[str, Any]]]
+    conflicts: list[tuple[MergedConflict, Resolution | None]]
+    pending: list[HumanRequest] = field(default_factory=list)
+    steps: list[ResolutionStep] = field(default_factory=list)
+    merged_conflicts: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending
+
+    def all_changes(self) -> list[tuple[Layer, str, Any]]:
+        return [(layer, key, value) for layer in sorted(self.changes) for key, value in self.changes[layer]]
+
+    def conflict_records(self) -> list[dict[str, Any]]:
+        """The CLI's ``--json`` ``conflicts`` entries."""
+        return [{"gateway_id": self.gateway_id, "layer": str(c.layer), "key": c.key,
+                 "base_value": jsonable(c.base_value),
+                 "values": {b: jsonable(v) for b, v in c.conflicting_values.items()},
+                 "resolution": None if r is None else r.to_dict()} for c, r in self.conflicts]
+
+
+def _injected(branch: LayeredContext) -> dict[str, Any]:
+    """What the split put into the branch's WORKING, from its ``fork`` event."""
+    first = branch.tape[0] if len(branch.tape) else None
+    if first is None or first.kind != EventKind.FORK:
+        return {}
+    return {key: value for layer, key, value in first.changes if layer == Layer.WORKING and value is not DELETED}
+
+
+def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any]) -> dict[Layer, Mapping[str, Any]]:
+    """The branch's layers with every injected key it left alone put back to the base."""
+    layers: dict[Layer, Mapping[str, Any]] = {layer: branch.layer(layer) for layer in MERGED_LAYERS}
+    working, history = layers[Layer.WORKING], layers[Layer.HISTORY]
+    base_w, base_h = base.layer(Layer.WORKING), base.layer(Layer.HISTORY)
+    over_w: dict[str, Any] = {}
+    over_h: dict[str, Any] = {}
+    for key, value in injected.items():
+        kept_in_history = key in history and same_value(history[key], value)
+        if (key in working and same_value(working[key], value)) or (key not in working and kept_in_history):
+            over_w[key] = base_w[key] if key in base_w else DELETED
+        if kept_in_history:
+            over_h[key] = base_h[key] if key in base_h else DELETED
+    if over_w:
+        layers[Layer.WORKING] = _Overlay(working, over_w)
+    if over_h:
+        layers[Layer.HISTORY] = _Overlay(history, over_h)
+    return layers
+
+
+def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, None] | None]:
+    """Per layer, the keys the branch's tape changed since its fork (``None``: compare all)."""
+    events = list(branch.tape)
+    if not events or events[0].kind != EventKind.FORK or events[0].data.get("snapshot_id") != base.id:
+        return {layer: None for layer in MERGED_LAYERS}
+    touched: dict[Layer, dict[str, None] | None] = {layer: {} for layer in MERGED_LAYERS}
+    for e in events:
+        if e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None and e.snapshot.context != branch.name:
+            for i in e.data.get("layers") or [int(x) for x in MERGED_LAYERS]:
+                if Layer(i) in touched:
+                    touched[Layer(i)] = None
+        for layer, key, _ in e.changes:
+            keys = touched.get(Layer(layer))
+            if keys is not None:
+                keys.setdefault(key, None)
+    return touched
+
+
+def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any]) -> list[KeyOutcome]:
+    """Base keys in base order, then new keys in branch order (each branch's insertion order)."""
+    existing = [o for o in outcomes if o.base_value is not DELETED]
+    existing.sort(key=lambda o: base_layer.order_of(o.key))
+    rank = {b: i for i, b in enumerate(branch_layers)}
+
+    def new_key_order(o: KeyOutcome) -> tuple[int, int]:
+        for b, layer in branch_layers.items():
+            if o.key in layer:
+                return rank[b], layer.order_of(o.key)
+        return len(rank), 0
+
+    new = [o for o in outcomes if o.base_value is DELETED]
+    new.sort(key=new_key_order)
+    return existing + new
+
+
+def _now(clock: Callable[[], float]) -> str:
+    return datetime.fromtimestamp(clock(), tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def join_contexts(
+    base: Snapshot,
+    branches: Mapping[str, LayeredContext],
+    *,
+    config: ActivityExtensionConfig | None = None,
+    gateway_id: str,
+    arrival_order: Sequence[str] | None = None,
+    answers: Mapping[str, Any] | None = None,
+    arbiter: ConflictArbiter | None = None,
+    human_available: bool = False,
+    injected: Mapping[str, Mapping[str, Any]] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> JoinResult:
+    """Merge ``branches`` (branch id -> its context at the join, in branch order) against
+    ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
+    be resolved (see ``policy.resolve_conflicts``)."""
+    config = config or ActivityExtensionConfig()
+    order = list(branches)
+    scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx))
+              for b, ctx in branches.items()}
+    touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
+
+    outcomes: dict[Layer, list[KeyOutcome]] = {}
+    for layer in MERGED_LAYERS:
+        base_layer = base.layer(layer)
+        branch_layers = {b: scoped[b][layer] for b in order}
+        if any(touched[b][layer] is None for b in order):
+            keys: dict[str, None] = dict.fromkeys(base_layer)
+            for m in branch_layers.values():
+                keys.update(dict.fromkeys(m))
+        else:
+            keys = {}
+            for b in order:
+                keys.update(touched[b][layer] or {})
+        found = merge_keys(base_layer, branch_layers, keys, layer=layer)
+        found = [apply_reducer(config.reducers[o.key], o, branch_count=len(order)) if o.key in config.reducers else o
+                 for o in found]
+        raw_layers = {b: branches[b].layer(layer) for b in order}
+        outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers)
+
+    conflicts = sorted((o.conflict for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None),
+                       key=lambda c: (c.key, int(c.layer)))
+
+    def merged_view(layer: Layer) -> Mapping[str, Any]:
+        over = {o.key: o.value for o in outcomes[layer] if o.conflict is None}
+        return _Overlay(base.layer(layer), over) if over else base.layer(layer)
+
+    variables = _Resolved([base.layer(Layer.SYSTEM), *(merged_view(layer) for layer in MERGED_LAYERS)])
+    reasons: dict[str, str | None] = {}
+    for b in order:
+        branch_config = config.branch(b)
+        if branch_config is not None and branch_config.reason_key:
+            reason = branches[b].get(branch_config.reason_key)
+            reasons[b] = None if reason is None else str(reason)
+    outcome = resolve_conflicts(
+        conflicts, config=config, variables=variables, gateway_id=gateway_id, arbiter=arbiter, answers=answers,
+        human_available=human_available, reasons=reasons, arrival_order=list(arrival_order or order))
+    resolutions = {(int(c.layer), c.key): r for c, r in outcome.resolved}
+
+    changes: dict[Layer, list[tuple[str, Any]]] = {}
+    for layer in MERGED_LAYERS:
+        for o in outcomes[layer]:
+            value = o.value
+            if o.conflict is not None:
+                resolution = resolutions.get((int(layer), o.key))
+                if resolution is None:
+                    continue
+                value = resolution.value
+            if value is DELETED and o.base_value is DELETED:
+                continue
+            if value is not DELETED and o.base_value is not DELETED and same_value(value, o.base_value):
+                continue
+            changes.setdefault(layer, []).append((o.key, value))
+    ephemeral = [(key, DELETED) for key in base.layer(Layer.EPHEMERAL)]
+    if ephemeral:
+        changes[Layer.EPHEMERAL] = ephemeral
+
+    pending = list({r.id: r for r in outcome.pending}.values())
+    stamp = _now(clock)
+    entries = [{"gatewayId": gateway_id, "layer": str(c.layer), "key": c.key, "baseValue": jsonable(c.base_value),
+                "conflictingValues": {b: jsonable(v) for b, v in c.conflicting_values.items()},
+                "sourceBranches": list(c.source_branches),
+                "resolution": None if (r := resolutions.get((int(c.layer), c.key))) is None else r.to_dict(),
+                "time": stamp} for c in conflicts]
+    if conflicts and not pending:
+        before = variables.get(MERGED_CONFLICTS_KEY)
+        log = [*(thaw(before) if isinstance(before, list) else []), *entries]
+        working = [(k, v) for k, v in changes.get(Layer.WORKING, []) if k != MERGED_CONFLICTS_KEY]
+        changes[Layer.WORKING] = [*working, (MERGED_CONFLICTS_KEY, log)]
+    return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
+                      conflicts=[(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
+                      pending=pending, steps=outcome.steps, merged_conflicts=entries)
+
+
+def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine") -> Event | None:
+    """Record the join's conflicts and resolution steps on ``ctx`` (the parent) and, if
+    nothing is pending, apply its changes as one ``join`` event (returned). With pending
+    confirmations nothing changes: answer them and join again."""
+    snapshot = ctx.get_snapshot(result.snapshot_id)
+    moved = [e.seq for e in ctx.tape.since(snapshot.seq + 1)
+             if e.changes or e.kind in (EventKind.RESTORE, EventKind.ABORT)]
+    if moved:
+        raise LayerflowError(f"join {result.gateway_id!r}: context {ctx.name!r} changed after the split's snapshot "
+                             f"{result.snapshot_id!r} (events {moved}); the parent must stay untouched while its "
+                             "branches run, so join into the context the split was taken from")
+    for conflict, _ in result.conflicts:
+        ctx.record("conflict", actor=actor, data={"gateway_id": result.gateway_id, **conflict.to_dict()})
+    for step in result.steps:
+        ctx.record("resolution", actor=actor, data={"gateway_id": result.gateway_id, **step.to_dict()})
+    if result.pending:
+        ctx.record("confirmation_pending", actor=actor,
+                   data={"gateway_id": result.gateway_id, "confirmations": [r.to_dict() for r in result.pending]})
+        return None
+    return ctx.apply_changes(result.all_changes(), kind="join", actor=actor, data={
+        "gateway_id": result.gateway_id, "snapshot_id": result.snapshot_id, "branches": list(result.branches),
+        "conflicts": len(result.conflicts)})

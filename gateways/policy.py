@@ -1,0 +1,368 @@
+"""The conflict-resolution chain of a join: policy, then the model, then a person.
+
+``resolve_conflicts`` settles each conflict of a ``MERGE_WITH_CONFLICT_DETECT`` join
+(other ``mergeStrategy`` values go to ``strategies.resolve_by_strategy``):
+
+1. **policy** (``conflictPolicy``): a ranking of the key's values settles it when
+   every conflicting value is ranked; otherwise the first rule for the key whose
+   ``when`` holds sets its value and reason. A rule with ``confirm: true`` only
+   suggests: a person decides (the model is not asked).
+2. **model**: the ``ConflictArbiter``, if one is given. A malformed answer is
+   retried once; a second malformed answer or any exception from the arbiter hands
+   the conflict to a person, recording why. ``escalate: true`` hands it to a person
+   with the model's value as the suggestion.
+3. **person**: the answer in ``answers`` under ``GATEWAY_ID/KEY`` (or ``*``) if
+   present, else a pending ``HumanRequest`` if ``human_available``.
+
+A conflict that nothing settles, or that a person escalates, fails the join with one
+``MergeConflictError`` naming every such key, branch and value: never a silent pick.
+Every step is returned in ``ResolutionOutcome.steps`` for the tape.
+
+Rule conditions see the context (``variables``) plus ``_key`` (the conflicting key),
+``_values`` (the conflicting values in branch order) and ``_branches``. A rule whose
+condition names an absent key, or fails on the data, does not apply (a step says
+why); a condition outside the safe subset is a config error and raises.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from context_layers.config import ActivityExtensionConfig, ConflictPolicy
+from context_layers.errors import ConfigError
+
+from .arbiter import ArbiterAnswerError, ArbitrationRequest, ConflictArbiter, from_json_value
+from .conflicts import DELETED, MergedConflict, Resolution, conflict_error, jsonable, same_value
+from .expressions import ExpressionError, check_expression, evaluate, evaluate_condition, expression_names
+from .strategies import resolve_by_strategy
+
+__all__ = [
+    "ESCALATE",
+    "HumanRequest",
+    "InvalidAnswerError",
+    "ResolutionOutcome",
+    "ResolutionStep",
+    "build_human_request",
+    "evaluate",
+    "evaluate_condition",
+    "match_answer",
+    "resolve_by_policy",
+    "resolve_conflicts",
+]
+
+ESCALATE = "$escalate"
+CONFLICT_CONFIRMATION = "conflict_resolution"
+
+
+class InvalidAnswerError(ConfigError):
+    """An answer that is none of the offered options."""
+
+
+@dataclass(frozen=True)
+class ResolutionStep:
+    """One step of the chain for one key, for the tape."""
+
+    key: str
+    resolver: str  # policy | model | human | strategy
+    outcome: str  # resolved | suggested | skipped | failed | escalated | pending | answered
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "resolver": self.resolver, "outcome": self.outcome, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class HumanRequest:
+    """A ``human_confirm`` for a conflict. ``id`` is ``GATEWAY_ID/KEY``: the CLI's
+    ``--answers`` and ``--answer`` use it. Option values are JSON (``{"$deleted":
+    true}`` for a deletion, ``"$escalate"`` to escalate)."""
+
+    id: str
+    message: str
+    options: list[dict[str, Any]]
+    timeout: float
+    default: Any
+    type: str = CONFLICT_CONFIRMATION
+    on_timeout: str = "default"  # "default" | "escalate"
+    gateway_id: str = ""
+    key: str = ""
+    suggested: Any = None
+    suggested_by: str | None = None  # "policy" | "model" | None
+    suggested_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": self.type, "message": self.message, "options": self.options,
+                "timeout": self.timeout, "default": self.default, "on_timeout": self.on_timeout,
+                "gateway_id": self.gateway_id, "key": self.key,
+                "suggested": None if self.suggested_by is None else jsonable(self.suggested),
+                "suggested_by": self.suggested_by}
+
+
+@dataclass(frozen=True)
+class ResolutionOutcome:
+    resolved: list[tuple[MergedConflict, Resolution]]
+    pending: list[HumanRequest]
+    steps: list[ResolutionStep] = field(default_factory=list)
+
+
+def _show(value: Any) -> str:
+    if value is DELETED:
+        return "(deleted)"
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _rule_variables(conflict: MergedConflict, variables: Mapping[str, Any]) -> Mapping[str, Any]:
+    extra = {"_key": conflict.key, "_values": [jsonable(v) for v in conflict.conflicting_values.values()],
+             "_branches": list(conflict.source_branches)}
+    return ChainMap(extra, variables)  # type: ignore[arg-type]
+
+
+def resolve_by_policy(
+    conflict: MergedConflict,
+    policy: ConflictPolicy,
+    variables: Mapping[str, Any],
+    *,
+    steps: list[ResolutionStep] | None = None,
+) -> Resolution | None:
+    """The policy's answer for ``conflict``, ``needs_human`` set for a ``confirm`` rule;
+    ``None`` when no ranking or rule applies. Skipped rules are noted in ``steps``."""
+    notes = steps if steps is not None else []
+    key = conflict.key
+    ranking = policy.rankings.get(key)
+    if ranking:
+        ranked = [from_json_value(v) for v in ranking]
+        positions = {}
+        for branch, value in conflict.conflicting_values.items():
+            pos = next((i for i, r in enumerate(ranked) if same_value(r, value)), None)
+            if pos is None:
+                notes.append(ResolutionStep(key, "policy", "skipped",
+                                            f"ranking {ranking} does not rank {_show(value)} (branch {branch!r})"))
+                break
+            positions[branch] = pos
+        else:
+            best = min(positions, key=positions.__getitem__)
+            value = conflict.conflicting_values[best]
+            others = sorted({_show(v) for b, v in conflict.conflicting_values.items() if not same_value(v, value)})
+            return Resolution(value, "policy", f"policy ranking for {key!r}: {_show(value)} ranks above {', '.join(others)}")
+    scope = _rule_variables(conflict, variables)
+    for index, rule in enumerate(policy.rules):
+        if not fnmatch.fnmatchcase(key, rule.key):
+            continue
+        check_expression(rule.when)  # a condition outside the safe subset is a config error: raise
+        try:
+            holds = evaluate_condition(rule.when, scope)
+        except ExpressionError as err:
+            notes.append(ResolutionStep(key, "policy", "skipped", f"rule {index} does not apply: {err}"))
+            continue
+        if holds:
+            return Resolution(from_json_value(rule.value), "policy", rule.reason, needs_human=rule.confirm)
+        notes.append(ResolutionStep(key, "policy", "skipped", f"rule {index}: condition {rule.when!r} does not hold"))
+    return None
+
+
+def _related(conflict: MergedConflict, policy: ConflictPolicy | None, variables: Mapping[str, Any],
+             related: Mapping[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if policy is not None:
+        for rule in policy.rules:
+            if fnmatch.fnmatchcase(conflict.key, rule.key):
+                for name in expression_names(rule.when):
+                    if name in variables and not name.startswith("_"):
+                        out.setdefault(name, variables[name])
+    out.update(related or {})
+    return out
+
+
+def build_human_request(
+    conflict: MergedConflict,
+    *,
+    gateway_id: str,
+    config: ActivityExtensionConfig,
+    reasons: Mapping[str, str | None] | None = None,
+    suggestion: Resolution | None = None,
+) -> HumanRequest:
+    """Options: each distinct branch value (labelled with its branches), the policy or
+    model suggestion if it is none of them, the config's extra options, escalate."""
+    reasons = reasons or {}
+    options: list[dict[str, Any]] = []
+    groups: list[tuple[Any, list[str]]] = []
+    for branch, value in conflict.conflicting_values.items():
+        for v, branches in groups:
+            if same_value(v, value):
+                branches.append(branch)
+                break
+        else:
+            groups.append((value, [branch]))
+    suggested_is_option = False
+    for value, branches in groups:
+        label = f"{_show(value)} (from {', '.join(branches)})"
+        if suggestion is not None and same_value(value, suggestion.value):
+            label += f", suggested by {suggestion.resolver}"
+            suggested_is_option = True
+        options.append({"label": label, "value": jsonable(value)})
+    if suggestion is not None and not suggested_is_option:
+        options.append({"label": f"{_show(suggestion.value)} (suggested by {suggestion.resolver}: {suggestion.reason})",
+                        "value": jsonable(suggestion.value)})
+    hc = config.human_confirm
+    for extra in hc.extra_options if hc else ():
+        options.append({"label": str(extra.get("label", _show(extra.get("value")))), "value": extra.get("value")})
+    options.append({"label": "escalate (stop the instance for an administrator)", "value": ESCALATE})
+
+    wants = "; ".join(f"{b} wants {_show(v)}" + (f" because {reasons[b]!r}" if reasons.get(b) else "")
+                      for b, v in conflict.conflicting_values.items())
+    message = f"Parallel branches of {gateway_id!r} disagree on {conflict.key!r} (was {_show(conflict.base_value)}): {wants}."
+    if suggestion is not None:
+        message += f" The {suggestion.resolver} suggests {_show(suggestion.value)}: {suggestion.reason}."
+    message += " Which value should the process continue with?"
+
+    if hc is not None and hc.default is not None:
+        default, on_timeout = hc.default, hc.on_timeout
+    elif suggestion is not None:
+        default, on_timeout = jsonable(suggestion.value), (hc.on_timeout if hc else "default")
+    else:
+        default, on_timeout = None, "escalate"
+    return HumanRequest(
+        id=f"{gateway_id}/{conflict.key}", message=message, options=options,
+        timeout=hc.timeout if hc else 300.0, default=default, on_timeout=on_timeout,
+        gateway_id=gateway_id, key=conflict.key,
+        suggested=None if suggestion is None else suggestion.value,
+        suggested_by=None if suggestion is None else suggestion.resolver,
+        suggested_reason=None if suggestion is None else suggestion.reason,
+    )
+
+
+def match_answer(request: HumanRequest, answer: Any) -> dict[str, Any]:
+    """The option ``answer`` picks: by value, by label, or by the value's JSON text (a
+    CLI ``--answer KEY=VALUE`` is a string). Raises ``InvalidAnswerError``."""
+    for matches in (lambda o: same_value(o["value"], answer),
+                    lambda o: isinstance(answer, str) and answer == o["label"],
+                    lambda o: isinstance(answer, str) and answer == json.dumps(o["value"], ensure_ascii=False),
+                    lambda o: answer == "escalate" and o["value"] == ESCALATE):
+        for option in request.options:
+            if matches(option):
+                return option
+    offered = ", ".join(_show(o["value"]) for o in request.options)
+    raise InvalidAnswerError(f"answer {_show(answer)} for confirmation {request.id!r} is not one of the offered "
+                             f"option values: {offered}")
+
+
+def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: list[ResolutionStep]) -> Resolution | None:
+    """The model's resolution (``needs_human`` when it escalates), or ``None`` when it failed."""
+    key = request.key
+    for attempt in (1, 2):
+        try:
+            answer = arbiter.arbitrate(request)
+        except ArbiterAnswerError as err:
+            steps.append(ResolutionStep(key, "model", "failed", f"attempt {attempt}: {err}"))
+            continue
+        except Exception as err:  # any model failure falls through to a person; the step says why
+            steps.append(ResolutionStep(key, "model", "failed", f"{type(err).__name__}: {err}"))
+            return None
+        value = from_json_value(answer.final_value)
+        if answer.escalate:
+            steps.append(ResolutionStep(key, "model", "escalated", f"{_show(value)}: {answer.rationale}"))
+            return Resolution(value, "model", answer.rationale, needs_human=True)
+        steps.append(ResolutionStep(key, "model", "resolved", answer.rationale))
+        return Resolution(value, "model", answer.rationale)
+    return None
+
+
+def resolve_conflicts(
+    conflicts: Sequence[MergedConflict],
+    *,
+    config: ActivityExtensionConfig,
+    variables: Mapping[str, Any],
+    gateway_id: str,
+    arbiter: ConflictArbiter | None = None,
+    answers: Mapping[str, Any] | None = None,
+    human_available: bool = False,
+    reasons: Mapping[str, str | None] | None = None,
+    related: Mapping[str, Any] | None = None,
+    arrival_order: Sequence[str] = (),
+) -> ResolutionOutcome:
+    """Settle ``conflicts`` per the join's ``mergeStrategy`` (see the module doc).
+    ``reasons``: branch -> its stated reason; ``related``: extra context for the model."""
+    if config.merge_strategy != "MERGE_WITH_CONFLICT_DETECT":
+        pairs = resolve_by_strategy(conflicts, config, arrival_order=arrival_order, gateway_id=gateway_id)
+        return ResolutionOutcome(pairs, [], [ResolutionStep(c.key, "strategy", "resolved", r.reason) for c, r in pairs])
+    answers = answers or {}
+    resolved: list[tuple[MergedConflict, Resolution]] = []
+    pending: list[HumanRequest] = []
+    steps: list[ResolutionStep] = []
+    unresolved: list[MergedConflict] = []
+    escalated: list[MergedConflict] = []
+    policy = config.conflict_policy
+    for conflict in conflicts:
+        key = conflict.key
+        suggestion: Resolution | None = None
+        if policy is not None:
+            found = resolve_by_policy(conflict, policy, variables, steps=steps)
+            if found is not None and not found.needs_human:
+                steps.append(ResolutionStep(key, "policy", "resolved", found.reason))
+                resolved.append((conflict, found))
+                continue
+            if found is not None:
+                steps.append(ResolutionStep(key, "policy", "suggested", f"{_show(found.value)}: {found.reason}; "
+                                            "the rule asks a person to confirm"))
+                suggestion = found
+        if suggestion is None and arbiter is not None:
+            request = ArbitrationRequest(
+                gateway_id=gateway_id, key=key, base_value=conflict.base_value, values=conflict.conflicting_values,
+                reasons={b: (reasons or {}).get(b) for b in conflict.source_branches},
+                related=_related(conflict, policy, variables, related),
+                policy_text=policy.policy_text if policy else None,
+                layer=None if conflict.layer is None else str(conflict.layer))
+            found = _ask_model(arbiter, request, steps)
+            if found is not None and not found.needs_human:
+                resolved.append((conflict, found))
+                continue
+            suggestion = found
+        request_h = build_human_request(conflict, gateway_id=gateway_id, config=config, reasons=reasons,
+                                        suggestion=suggestion)
+        given = answers.get(request_h.id, DELETED)
+        option = None
+        if given is not DELETED:
+            option = match_answer(request_h, given)
+        elif "*" in answers:
+            try:
+                option = match_answer(request_h, answers["*"])
+            except InvalidAnswerError:
+                option = None
+        if option is not None:
+            if option["value"] == ESCALATE:
+                steps.append(ResolutionStep(key, "human", "escalated", f"answer for {request_h.id!r}"))
+                escalated.append(conflict)
+                continue
+            value = from_json_value(option["value"])
+            if suggestion is not None and same_value(value, suggestion.value):
+                reason = f"a person confirmed the {suggestion.resolver} suggestion: {suggestion.reason}"
+            else:
+                reason = f"a person chose {option['label']}"
+            steps.append(ResolutionStep(key, "human", "answered", reason))
+            resolved.append((conflict, Resolution(value, "human", reason)))
+        elif human_available:
+            steps.append(ResolutionStep(key, "human", "pending", f"waiting for confirmation {request_h.id!r}"))
+            pending.append(request_h)
+        else:
+            unresolved.append(conflict)
+    if unresolved or escalated:
+        parts = []
+        if unresolved:
+            missing = ["no conflictPolicy ranking or rule settled it" if policy else "no conflictPolicy is configured",
+                       "no model answered" if arbiter else "no model is configured",
+                       "no person can be asked (no answer given)"]
+            parts.append(f"unresolved ({', '.join(missing)}): {', '.join(repr(c.key) for c in unresolved)}")
+        if escalated:
+            parts.append(f"escalated by a person: {', '.join(repr(c.key) for c in escalated)}")
+        err = conflict_error(
+            [*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts),
+            todo=("Add a conflictPolicy rule, configure a model, answer the confirmation "
+                  f"(--answer {gateway_id}/KEY=VALUE), or choose another mergeStrategy."))
+        err.steps = [s.to_dict() for s in steps]  # type: ignore[attr-defined]
+        raise err
+    return ResolutionOutcome(resolved, pending, steps)

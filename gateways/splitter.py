@@ -1,0 +1,78 @@
+"""Split: one context per outgoing branch of a gateway, from one snapshot of the parent.
+
+The per-layer rules are DESIGN.md's: the branch starts from the parent's snapshot
+(persistent maps, so a split of N branches costs O(N) whatever the context's size);
+SYSTEM and PROCESS are the parent's, KNOWLEDGE, HISTORY and WORKING start as the
+parent's and the branch's changes are its own; WORKING gains the branch's
+``contextInject`` plus ``_branch_id`` and ``_snapshot_id``; EPHEMERAL is cleared.
+
+The parent's tape gets a snapshot and a ``split`` event, each branch's tape starts
+with a ``fork`` event. Keep the returned ``BranchContext`` list (or at least the
+snapshot id): the join needs the snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from context_layers.canonical import thaw
+from context_layers.config import ActivityExtensionConfig
+from context_layers.context import LayeredContext, Snapshot
+
+__all__ = ["BranchContext", "ContextSplitter", "branch_context_name"]
+
+
+@dataclass(frozen=True)
+class BranchContext:
+    """One branch of a split: its id (the BPMN id of the branch's first element), its
+    context, the parent snapshot it started from and what the split put into WORKING."""
+
+    branch_id: str
+    context: LayeredContext
+    snapshot_id: str
+    injected: Mapping[str, Any] = field(default_factory=dict)
+
+
+def branch_context_name(parent: str, branch_id: str, split_seq: int) -> str:
+    """``main/finance@12``: unique per split, so snapshot ids of two passes through a
+    loop never collide."""
+    return f"{parent}/{branch_id}@{split_seq}"
+
+
+class ContextSplitter:
+    def split(
+        self,
+        ctx: LayeredContext,
+        gateway_id: str,
+        branch_ids: Sequence[str],
+        config: ActivityExtensionConfig | None = None,
+        *,
+        actor: str = "engine",
+        gateway_type: str | None = None,
+    ) -> list[BranchContext]:
+        """Snapshot ``ctx``, record the split on it, and fork one context per branch, in
+        the order of ``branch_ids``."""
+        ids = list(branch_ids)
+        repeated = sorted({b for b in ids if ids.count(b) > 1})
+        if repeated:
+            raise ValueError(f"split {gateway_id!r}: branch ids must be unique, repeated: {repeated}")
+        snapshot: Snapshot = ctx.snapshot(label=f"split:{gateway_id}", actor=actor)
+        injects: dict[str, dict[str, Any]] = {}
+        for branch_id in ids:
+            branch_config = config.branch(branch_id) if config is not None else None
+            injects[branch_id] = dict(branch_config.context_inject) if branch_config is not None else {}
+        data: dict[str, Any] = {"gateway_id": gateway_id, "snapshot_id": snapshot.id, "branches": ids,
+                                "inject": {b: thaw(v) for b, v in injects.items() if v}}
+        if gateway_type:
+            data["gateway_type"] = gateway_type
+        ctx.record("split", actor=actor, data=data)
+        out = []
+        for branch_id in ids:
+            branch = LayeredContext.fork(snapshot, name=branch_context_name(ctx.name, branch_id, snapshot.seq),
+                                         branch_id=branch_id, inject=injects[branch_id], actor=actor,
+                                         encoding=ctx.encoding)
+            injected = {**injects[branch_id], "_branch_id": branch_id, "_snapshot_id": snapshot.id}
+            out.append(BranchContext(branch_id, branch, snapshot.id, injected))
+        return out

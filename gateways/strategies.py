@@ -1,0 +1,190 @@
+"""Merge strategies of a join: per-key reducers and the whole-join strategies.
+
+**Reducers** (``reducers: {key: name}`` in the join's config) settle a key *before*
+conflict detection, so a reducer key never conflicts. Each combines the results of
+the branches that changed the key (see ``conflicts``) with the base value at the
+split; a branch that left the key alone contributes nothing (for ``max``/``min``: the
+base value). A key nobody changed keeps its base value.
+
+* ``sum``: ``base + sum(branch - base for each changing branch)``. Numbers only
+  (int or float, never bool); an absent base counts as ``0``. Integers stay integers.
+* ``append``: ``base + each changing branch's appended items``, in branch order. A
+  branch's list must start with the base list (compared by canonical JSON); a branch
+  that removed or reordered base items raises. An absent base counts as ``[]``.
+* ``union``: the base items, then each branch's items not yet present, in branch
+  order, duplicates (by canonical JSON) dropped. A union never removes: an item a
+  branch dropped from the base stays. An absent base counts as ``[]``.
+* ``max`` / ``min``: of every branch's final value (a branch that did not change the
+  key holds the base value). Numbers, or strings, not mixed.
+
+Deletions: when every changing branch deleted the key, it is deleted (they agree).
+A deletion next to a value cannot be combined and raises ``ReducerError`` naming the
+key and the branches, as does a value of the wrong type (naming the branch and type).
+
+**Strategies** (``mergeStrategy``) for the conflicts that remain:
+``LAST_WRITER_WINS`` takes the result of the conflicting branch that reached the join
+last (``arrival_order``); ``BRANCH_PRIORITY`` the result of the first branch in
+``branchPriority`` among those that changed the key (a deletion is that branch's
+result); ``FAIL_ON_CONFLICT`` raises ``MergeConflictError`` naming every conflict.
+``MERGE_WITH_CONFLICT_DETECT`` goes to the resolution chain (``policy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from context_layers.config import ActivityExtensionConfig
+from context_layers.errors import MergeConflictError
+
+from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, conflict_error, value_key
+
+__all__ = ["REDUCERS", "ReducerError", "apply_reducer", "reduce_values", "resolve_by_strategy"]
+
+
+class ReducerError(MergeConflictError):
+    """A reducer could not combine the branches' values of a key."""
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _need_numbers(name: str, key: str, values: Mapping[str, Any]) -> None:
+    for who, v in values.items():
+        if not _is_number(v):
+            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({type(v).__name__}), "
+                               "not a number; write numbers to this key or change its reducer")
+
+
+def _need_lists(name: str, key: str, values: Mapping[str, Any]) -> None:
+    for who, v in values.items():
+        if not isinstance(v, list):
+            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({type(v).__name__}), "
+                               "not a list; write lists to this key or change its reducer")
+
+
+def _sum(key: str, base: Any, changed: Mapping[str, Any], unchanged: int) -> Any:
+    start = 0 if base is DELETED else base
+    _need_numbers("sum", key, {"the base": start, **{f"branch {b!r}": v for b, v in changed.items()}})
+    total = start
+    for v in changed.values():
+        total += v - start
+    return total
+
+
+def _append(key: str, base: Any, changed: Mapping[str, Any], unchanged: int) -> Any:
+    start = [] if base is DELETED else base
+    _need_lists("append", key, {"the base": start, **{f"branch {b!r}": v for b, v in changed.items()}})
+    prefix = [value_key(x) for x in start]
+    out = list(start)
+    for b, v in changed.items():
+        if len(v) < len(start) or [value_key(x) for x in v[: len(start)]] != prefix:
+            raise ReducerError(f"reducer 'append' for key {key!r}: branch {b!r} removed or reordered items of the "
+                               f"base list {start!r} (it holds {v!r}); an append key may only grow at its end")
+        out.extend(v[len(start):])
+    return out
+
+
+def _union(key: str, base: Any, changed: Mapping[str, Any], unchanged: int) -> Any:
+    start = [] if base is DELETED else base
+    _need_lists("union", key, {"the base": start, **{f"branch {b!r}": v for b, v in changed.items()}})
+    out = list(start)
+    seen = {value_key(x) for x in start}
+    for v in changed.values():
+        for x in v:
+            k = value_key(x)
+            if k not in seen:
+                seen.add(k)
+                out.append(x)
+    return out
+
+
+def _extreme(name: str, pick: Any) -> Any:
+    def reduce(key: str, base: Any, changed: Mapping[str, Any], unchanged: int) -> Any:
+        values = {f"branch {b!r}": v for b, v in changed.items()}
+        if unchanged and base is not DELETED:
+            values["the base"] = base
+        if not all(isinstance(v, str) for v in values.values()):
+            _need_numbers(name, key, values)
+        return pick(values.values())
+    return reduce
+
+
+_REDUCERS = {"sum": _sum, "append": _append, "union": _union, "max": _extreme("max", max), "min": _extreme("min", min)}
+REDUCERS = tuple(_REDUCERS)
+
+
+def reduce_values(name: str, key: str, base: Any, changed: Mapping[str, Any], *, unchanged: int = 0) -> Any:
+    """Combine the ``changed`` results (branch -> value | DELETED, branch order) of
+    ``key`` with its ``base`` value (``DELETED`` when absent); ``unchanged`` is how many
+    branches left the key alone. Returns the value, or ``DELETED``."""
+    try:
+        reducer = _REDUCERS[name]
+    except KeyError:
+        raise ReducerError(f"unknown reducer {name!r} for key {key!r}; use one of {', '.join(REDUCERS)}") from None
+    if not changed:
+        return base
+    deleted = [b for b, v in changed.items() if v is DELETED]
+    if len(deleted) == len(changed):
+        return DELETED
+    if deleted:
+        raise ReducerError(f"reducer {name!r} for key {key!r}: branch(es) {deleted} deleted the key while "
+                           f"{[b for b in changed if b not in deleted]} wrote values; a reducer cannot combine "
+                           "a deletion with values, so do not delete this key in a parallel branch")
+    return reducer(key, base, changed, unchanged)
+
+
+def apply_reducer(name: str, outcome: KeyOutcome, *, branch_count: int) -> KeyOutcome:
+    """The outcome of a reducer key: its reduced value, never a conflict."""
+    if not outcome.changed_by:
+        return outcome
+    value = reduce_values(name, outcome.key, outcome.base_value, outcome.results,
+                          unchanged=branch_count - len(outcome.changed_by))
+    return replace(outcome, value=value, conflict=None)
+
+
+def resolve_by_strategy(
+    conflicts: Sequence[MergedConflict],
+    config: ActivityExtensionConfig,
+    *,
+    arrival_order: Sequence[str] = (),
+    gateway_id: str | None = None,
+) -> list[tuple[MergedConflict, Resolution]]:
+    """Settle ``conflicts`` with ``LAST_WRITER_WINS``, ``BRANCH_PRIORITY`` or
+    ``FAIL_ON_CONFLICT`` (raises). ``MERGE_WITH_CONFLICT_DETECT`` is not a strategy
+    of this kind: use ``policy.resolve_conflicts``."""
+    strategy = config.merge_strategy
+    if not conflicts:
+        return []
+    if strategy == "FAIL_ON_CONFLICT":
+        raise conflict_error(conflicts, gateway_id=gateway_id, why="and mergeStrategy is FAIL_ON_CONFLICT",
+                             todo="Make the branches write different keys, declare a reducer, or choose another mergeStrategy.")
+    out = []
+    if strategy == "LAST_WRITER_WINS":
+        rank = {b: i for i, b in enumerate(arrival_order)}
+        for c in conflicts:
+            unknown = [b for b in c.source_branches if b not in rank]
+            if unknown:
+                raise ValueError(f"LAST_WRITER_WINS for key {c.key!r}: branches {unknown} are missing from "
+                                 f"arrival_order {list(arrival_order)}")
+            last = max(c.source_branches, key=rank.__getitem__)
+            out.append((c, Resolution(c.conflicting_values[last], "strategy",
+                                      f"LAST_WRITER_WINS: branch {last!r} reached the join last")))
+        return out
+    if strategy == "BRANCH_PRIORITY":
+        unresolved = []
+        for c in conflicts:
+            first = next((b for b in config.branch_priority if b in c.conflicting_values), None)
+            if first is None:
+                unresolved.append(c)
+                continue
+            out.append((c, Resolution(c.conflicting_values[first], "strategy",
+                                      f"BRANCH_PRIORITY: branch {first!r} ranks first in {list(config.branch_priority)}")))
+        if unresolved:
+            raise conflict_error(unresolved, gateway_id=gateway_id,
+                                 why=f"changed by no branch listed in branchPriority {list(config.branch_priority)}",
+                                 todo="List every branch of the gateway in branchPriority.")
+        return out
+    raise ValueError(f"mergeStrategy {strategy!r} is resolved by the conflict-resolution chain, not by a strategy")
