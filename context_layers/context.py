@@ -451,7 +451,7 @@ class LayeredContext:
         WORKING plus ``inject``, ``_branch_id`` and ``_snapshot_id``."""
         ctx = cls(name=name, branch_id=branch_id, encoding=encoding or DEFAULT_ENCODING, _empty=True)
         ctx._base = snapshot
-        changes: list[Change] = [(Layer.EPHEMERAL, k, DELETED) for k in snapshot.layer(Layer.EPHEMERAL)]
+        changes: list[Change] = []  # EPHEMERAL is emptied by the fork itself, in O(1)
         for key, value in {**(inject or {}), "_branch_id": branch_id, "_snapshot_id": snapshot.id}.items():
             changes.append((Layer.WORKING, ctx._check_key(key), ctx._freeze(key, value)))
         ctx._emit(EventKind.FORK, actor, changes=changes, snapshot=snapshot,
@@ -477,7 +477,8 @@ class LayeredContext:
     def _apply(self, s: _State, e: Event) -> _State:
         if e.kind == EventKind.FORK:
             base = e.snapshot.state if e.snapshot is not None else _State.empty()
-            s = replace(base, activity=None, activity_keys=(), begin_snapshot=None, counter=max(base.counter, s.counter))
+            s = replace(base, activity=None, activity_keys=(), begin_snapshot=None, counter=max(base.counter, s.counter),
+                        layers=(*base.layers[:5], _EMPTY), tokens=(*base.tokens[:5], _EMPTY), totals=(*base.totals[:5], 0))
         elif e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None:
             # an abort undoes the failed activity in every layer but SYSTEM (it fixed nothing);
             # a restore names its layers (never SYSTEM or PROCESS)
