@@ -118,6 +118,8 @@ def _parse(expression: str) -> ast.Expression:
             for op, right in zip(node.ops, node.comparators):
                 if isinstance(op, (ast.Is, ast.IsNot)) and not (isinstance(right, ast.Constant) and right.value is None):
                     raise UnsafeExpressionError("'is' compares with None only; use ==", expression=expression)
+        if isinstance(node, ast.Dict) and any(k is None for k in node.keys):
+            raise UnsafeExpressionError("'**' in a dict literal is not allowed", expression=expression)
         if isinstance(node, ast.Constant) and not isinstance(node.value, (str, int, float, bool, type(None))):
             raise UnsafeExpressionError(f"constant {node.value!r} is not allowed", expression=expression)
     return tree
@@ -132,11 +134,9 @@ def expression_names(expression: str) -> list[str]:
     """The context keys an expression reads, in order of appearance (function names excluded)."""
     tree = _parse(expression)
     calls = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
-    names: dict[str, None] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and id(node) not in calls:
-            names.setdefault(node.id, None)
-    return list(names)
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in calls]
+    found.sort(key=lambda n: (n.lineno, n.col_offset))
+    return list(dict.fromkeys(n.id for n in found))
 
 
 def _contains(container: Any, item: Any) -> bool:
@@ -213,8 +213,6 @@ class _Interpreter:
         if isinstance(node, (ast.List, ast.Tuple)):
             return [self.run(e) for e in node.elts]
         if isinstance(node, ast.Dict):
-            if any(k is None for k in node.keys):
-                raise UnsafeExpressionError("'**' in a dict literal is not allowed", expression=self.expression)
             return {self.run(k): self.run(v) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
         if isinstance(node, ast.Subscript):
             return self.run(node.value)[self.run(node.slice)]
