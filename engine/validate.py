@@ -1,0 +1,1070 @@
+"""``validate_process``: every problem of a BPMN process and its config, reported at once.
+
+Nothing runs on a process that does not validate: the engine calls
+``raise_for_problems(validate_process(...))`` before it starts an instance, and
+``layerflow validate`` prints ``format_report(report)``.
+
+Checks, each with a stable ``code`` (``Problem.code``); ``W`` marks warnings, which do
+not make ``report.ok`` false:
+
+====================================  ====================================================
+``bpmn_file_not_found``               a BPMN path that cannot be read
+``xml_malformed``                     not well-formed XML (file, line, column from lxml)
+``bpmn_namespace``                    root is not ``{BPMN 2.0 MODEL}definitions``
+``duplicate_id``                      two elements of one file share an id
+``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
+``process_not_found``                 ``process_id`` (argument or ``process:`` in the config) absent
+``process_not_executable``            the chosen process has ``isExecutable`` other than "true"
+``process_executable_unset`` W        the chosen process has no ``isExecutable``
+``unknown_element_id``                config for an id that is no element of the loaded processes
+``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
+``config_misplaced``                  ``layerflow:config`` outside ``bpmn:extensionElements``
+``config_namespace`` W                a ``config``/``activityConfig`` element in another namespace
+``invalid_config_json``               an extension element's text is not JSON (line inside it)
+``invalid_config_field``              ActivityExtensionConfig rejects a field (file, id, field)
+``config_merge_invalid``              BPMN extension + config file entry are invalid together
+``branches_on_non_gateway``           ``branches`` on an element that is not a gateway
+``branch_not_outgoing``               a ``branches`` id that no outgoing flow of the gateway targets
+``branch_priority_unknown_id``        a ``branchPriority`` id that is no element of the process
+``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
+``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given
+``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
+``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
+``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
+``gateway_not_exhaustive``            XOR without default: conditions test a finite set of values
+``condition_syntax``                  a condition expression is not valid Python
+``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
+``spiff_validation``                  SpiffWorkflow's own parser rejects the process
+``config_*``                          problems of the config file itself (``engine.configfile``);
+                                      ``config_ambiguous`` W: several config files beside the BPMN
+``bpmn_schema`` W                     the file does not conform to the BPMN 2.0 XSD
+====================================  ====================================================
+
+The exclusive-gateway check is deliberately narrow and honest. It only judges a gateway
+without a default flow whose every outgoing condition is built from comparisons of
+*one* variable (a name, ``a.b`` or ``a['k']``) with constants, combined with
+``and``/``or``/``not``:
+
+* numbers (``<``, ``<=``, ``>``, ``>=``, ``==``, ``!=``, ``in``, chained ``0 <= x < 5``):
+  the union of the conditions is computed as a set of intervals on the real line; any
+  gap is reported (``x < 5`` and ``x > 5`` leave ``x == 5``). Integer-only variables are
+  not assumed: ``x <= 4`` / ``x >= 5`` leave ``4 < x < 5``.
+* strings, booleans, ``None`` (``==``, ``!=``, ``in``, ``is``): the variable's set of
+  possible values is unknown, so conditions that only accept a finite set are
+  reported as not exhaustive; ``!=`` / ``not in`` conditions are complemented exactly.
+* a bare variable and its negation (``approved`` / ``not approved``) cover everything.
+
+Anything else (two variables, arithmetic, function calls, string ordering, mixed
+constant types, natural-language branch conditions in the config) cannot be judged
+without running the process, and is not reported. Whitespace around conditions and
+scripts is not reported either: they are checked dedented and stripped.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import math
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from lxml import etree
+from pydantic import ValidationError
+
+from context_layers.config import ActivityExtensionConfig, config_from_dict
+from context_layers.errors import ConfigError, LayerflowError, ProcessError
+
+from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
+
+__all__ = [
+    "BPMN_NS",
+    "LAYERFLOW_NS",
+    "SPIFF_NS",
+    "Problem",
+    "ValidationReport",
+    "format_report",
+    "raise_for_problems",
+    "read_extension_configs",
+    "validate_process",
+]
+
+BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
+SPIFF_NS = "http://spiffworkflow.org/bpmn/schema/1.0/core"
+LAYERFLOW_NS = "https://layerflow.dev/bpmn"
+
+_LF_CONFIG = f"{{{LAYERFLOW_NS}}}config"
+_SPIFF_CONFIG = f"{{{SPIFF_NS}}}activityConfig"
+_CONFIG_TAGS = (_SPIFF_CONFIG, _LF_CONFIG)  # merge order: the own namespace wins
+
+
+def _bpmn(tag: str) -> str:
+    return f"{{{BPMN_NS}}}{tag}"
+
+
+# Elements that become task specs: the only ones the engine hands a config to.
+_FLOW_NODES = frozenset(_bpmn(t) for t in (
+    "task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask",
+    "businessRuleTask", "callActivity", "subProcess", "transaction", "adHocSubProcess",
+    "startEvent", "endEvent", "intermediateCatchEvent", "intermediateThrowEvent", "boundaryEvent",
+    "exclusiveGateway", "parallelGateway", "inclusiveGateway", "eventBasedGateway", "complexGateway",
+))
+_PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable"})
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """All problems of one validation. ``ok`` is true when there is no error (warnings allowed)."""
+
+    problems: tuple[Problem, ...]
+    bpmn_paths: tuple[Path, ...]
+    config_path: Path | None = None
+    process_id: str | None = None
+    config: ProcessConfigFile | None = field(default=None, repr=False, compare=False)
+    # Effective config per element id: extension elements, then the config file over them.
+    element_configs: Mapping[str, ActivityExtensionConfig] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def errors(self) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.severity == "error")
+
+    @property
+    def warnings(self) -> tuple[Problem, ...]:
+        return tuple(p for p in self.problems if p.severity == "warning")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "process_id": self.process_id,
+            "bpmn_files": [str(p) for p in self.bpmn_paths],
+            "config_file": str(self.config_path) if self.config_path else None,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+    def format_report(self) -> str:
+        return format_report(self)
+
+
+def format_report(report: ValidationReport) -> str:
+    """One line per problem (``file:line: element 'x': field 'y': message``), then a summary line."""
+    files = ", ".join(str(p) for p in report.bpmn_paths)
+    lines = [str(p) for p in report.problems]
+    n_err, n_warn = len(report.errors), len(report.warnings)
+    if report.ok:
+        what = f"process {report.process_id!r}" if report.process_id else "process"
+        summary = f"{files}: {what} is valid"
+        if n_warn:
+            summary += f" ({_plural(n_warn, 'warning')})"
+    else:
+        summary = f"{files}: {_plural(n_err, 'error')}"
+        if n_warn:
+            summary += f", {_plural(n_warn, 'warning')}"
+        summary += "; nothing runs until they are fixed"
+    return "\n".join([*lines, summary])
+
+
+def raise_for_problems(report: ValidationReport) -> None:
+    """Raise ``ProcessError`` naming every error of the report; return quietly when it is ok."""
+    if report.ok:
+        return
+    errors = report.errors
+    files = ", ".join(str(p) for p in report.bpmn_paths)
+    raise ProcessError(
+        f"{_plural(len(errors), 'problem')} in {files}; fix them and run `layerflow validate`:\n  "
+        + "\n  ".join(str(p) for p in errors),
+        problems=[p.to_dict() for p in errors],
+    )
+
+
+def validate_process(
+    bpmn_paths: str | Path | Sequence[str | Path],
+    config_path: str | Path | None = None,
+    process_id: str | None = None,
+    *,
+    discover_config: bool = True,
+    parser_factory: Callable[[], Any] | None = None,
+) -> ValidationReport:
+    """Check BPMN files and their config; report every problem, never raise on content.
+
+    ``config_path`` None finds ``<stem>.layerflow.yaml|yml|json`` beside the first BPMN
+    file (unless ``discover_config`` is false). ``process_id`` None takes the config
+    file's ``process.process_id``, else the first executable process. ``parser_factory``
+    builds the SpiffWorkflow parser of the last check (default ``SpiffBpmnParser``); the
+    engine passes its own, so a process that validates also loads.
+    """
+    paths = [Path(bpmn_paths)] if isinstance(bpmn_paths, (str, Path)) else [Path(p) for p in bpmn_paths]
+    return _Validator(paths, config_path, process_id, discover_config, parser_factory).run()
+
+
+def read_extension_configs(root: Any) -> dict[str, list[tuple[str, Any]]]:
+    """``{element id: [(extension tag, raw JSON text), ...]}`` for every config extension element.
+
+    Order is the merge order (``spiffworkflow:activityConfig`` first, ``layerflow:config``
+    over it). Shared with the engine so both read the same elements.
+    """
+    found: dict[str, list[tuple[str, Any]]] = {}
+    for tag in _CONFIG_TAGS:
+        for el in root.iter(tag):
+            ext = el.getparent()
+            owner = ext.getparent() if ext is not None else None
+            if ext is None or ext.tag != _bpmn("extensionElements") or owner is None or not owner.get("id"):
+                continue
+            found.setdefault(owner.get("id"), []).append((tag, el.text or ""))
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# the validator
+
+
+@dataclass
+class _Doc:
+    path: Path
+    file: str
+    data: bytes = b""
+    root: Any = None  # lxml element when well-formed and in the BPMN namespace
+
+
+@dataclass(frozen=True)
+class _Node:
+    id: str
+    tag: str  # local name, e.g. "exclusiveGateway"
+    file: str
+    line: int | None
+    process_id: str | None
+    element: Any
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One config for one element: from the config file or an extension element."""
+
+    element_id: str
+    file: str
+    config: ActivityExtensionConfig
+    line_of: Callable[..., int | None]
+
+
+class _Validator:
+    def __init__(self, paths: list[Path], config_path: str | Path | None, process_id: str | None,
+                 discover_config: bool, parser_factory: Callable[[], Any] | None) -> None:
+        self.paths = paths
+        self.config_path = Path(config_path) if config_path is not None else None
+        self.process_id = process_id
+        self.discover_config = discover_config
+        self.parser_factory = parser_factory
+        self.problems: list[Problem] = []
+        self.docs: list[_Doc] = []
+        self.nodes: dict[str, _Node] = {}  # flow nodes of every loaded process
+        self.other_ids: dict[str, _Node] = {}  # every other element with an id
+        self.processes: list[_Node] = []
+        self.sources: list[_Source] = []
+        self.merged: dict[str, ActivityExtensionConfig] = {}
+        # Ids and names our own checks reported on; SpiffWorkflow's (single, cruder) error about
+        # the same thing is then left out.
+        self.related: set[str] = set()
+
+    def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
+            element_id: str | None = None, field: str | None = None, column: int | None = None,
+            severity: Literal["error", "warning"] = "error") -> None:
+        self.problems.append(Problem(code, message, file, line, element_id, field, column, severity))
+
+    def run(self) -> ValidationReport:
+        self.docs = [self._load(p) for p in self.paths]
+        good = [d for d in self.docs if d.root is not None]
+        for doc in good:
+            self._index(doc)
+        config = self._load_config()
+        main = self._select_process(config)
+        for doc in good:
+            self._check_extensions(doc)
+        if config is not None:
+            self._check_config_file(config, main)
+        self._check_merges()
+        self._check_branches()
+        for proc in self.processes:
+            if _executable(proc.element):
+                self._check_gateways(proc)
+                self._check_scripts(proc)
+                self._check_references(proc)
+        if good and len(good) == len(self.docs):
+            self._check_spiff(main)
+        for doc in good:
+            self._check_schema(doc)
+        return ValidationReport(problems=tuple(self._sorted()), bpmn_paths=tuple(self.paths),
+                                config_path=config.path if config else None, process_id=main, config=config,
+                                element_configs=MappingProxyType(self.merged))
+
+    def _sorted(self) -> list[Problem]:
+        order = {d.file: i for i, d in enumerate(self.docs)}
+        return sorted(self.problems, key=lambda p: (order.get(p.file or "", len(order)), p.line or 0))
+
+    # -- files -----------------------------------------------------------------------------
+
+    def _load(self, path: Path) -> _Doc:
+        doc = _Doc(path, str(path))
+        try:
+            doc.data = path.read_bytes()
+        except OSError as err:
+            self.add("bpmn_file_not_found", f"cannot read BPMN file: {err.strerror or err}; check the path",
+                     file=doc.file)
+            return doc
+        try:
+            root = etree.fromstring(doc.data, _xml_parser())
+        except etree.XMLSyntaxError as err:
+            line, column = err.position if err.position else (err.lineno, None)
+            hint = ("; write '<' and '&' inside conditions and scripts as &lt; and &amp;"
+                    if any(w in (err.msg or "") for w in ("EntityRef", "StartTag", "xmlParseEntityRef")) else
+                    "; fix the XML at this position")
+            self.add("xml_malformed", f"not well-formed XML: {err.msg}{hint}",
+                     file=doc.file, line=line or None, column=column or None)
+            return doc
+        expected = _bpmn("definitions")
+        if root.tag != expected:
+            ns, _, local = root.tag[1:].partition("}") if root.tag.startswith("{") else ("", "", root.tag)
+            if local == "definitions":
+                found = f"namespace {ns!r}" if ns else "no namespace"
+                self.add("bpmn_namespace", f"root element 'definitions' is in {found}; BPMN 2.0 requires "
+                         f"namespace {BPMN_NS!r}: fix the xmlns declaration of the definitions element",
+                         file=doc.file, line=root.sourceline, field="xmlns")
+            else:
+                self.add("bpmn_namespace", f"root element is {local!r} in namespace {ns or '(none)'!r}; a BPMN 2.0 "
+                         f"file starts with 'definitions' in namespace {BPMN_NS!r}", file=doc.file,
+                         line=root.sourceline)
+            return doc
+        doc.root = root
+        return doc
+
+    def _index(self, doc: _Doc) -> None:
+        seen: dict[str, int | None] = {}
+        for el in doc.root.iter():
+            if not isinstance(el.tag, str):  # comments, processing instructions
+                continue
+            eid = el.get("id")
+            if not eid:
+                continue
+            if eid in seen:
+                self.add("duplicate_id", f"id {eid!r} is used twice in this file (first on line {seen[eid]}); "
+                         "ids must be unique: rename one", file=doc.file, line=el.sourceline, element_id=eid)
+                continue
+            seen[eid] = el.sourceline
+            proc = next((a for a in el.iterancestors(_bpmn("process"))), None)
+            node = _Node(eid, etree.QName(el).localname, doc.file, el.sourceline,
+                         proc.get("id") if proc is not None else None, el)
+            if el.tag == _bpmn("process"):
+                self.processes.append(node)
+                self.other_ids.setdefault(eid, node)
+            elif el.tag in _FLOW_NODES and proc is not None:
+                self.nodes.setdefault(eid, node)
+            else:
+                self.other_ids.setdefault(eid, node)
+
+    def _load_config(self) -> ProcessConfigFile | None:
+        path = self.config_path
+        if path is None and self.discover_config and self.paths:
+            found = configs_beside(self.paths[0])
+            if len(found) > 1:
+                self.add("config_ambiguous", f"several config files beside the process ({', '.join(p.name for p in found)});"
+                         f" using {found[0].name}: remove the others or pass --config",
+                         file=str(found[0]), severity="warning")
+            path = found[0] if found else None
+        if path is None:
+            return None
+        config = load_config_file(path)
+        self.problems.extend(config.problems)
+        return config
+
+    # -- which process ---------------------------------------------------------------------
+
+    def _select_process(self, config: ProcessConfigFile | None) -> str | None:
+        wanted, file, line = self.process_id, (self.docs[0].file if self.docs else None), None
+        from_config = wanted is None and config is not None and config.process_id is not None
+        if from_config:
+            assert config is not None
+            wanted, file, line = config.process_id, str(config.path), config.line_of("process", "process_id")
+        if not any(d.root is not None for d in self.docs):
+            return None
+        if wanted is not None:
+            proc = next((p for p in self.processes if p.id == wanted), None)
+            if proc is None:
+                present = ", ".join(f"{p.id!r}{'' if _executable(p.element) else ' (not executable)'}"
+                                    for p in self.processes) or "none"
+                todo = ("set process.process_id in the config file to one of them" if from_config
+                        else "pass one of them as the process id")
+                self.add("process_not_found", f"process {wanted!r} is not in {self._files()}"
+                         f"{_did_you_mean(wanted, [p.id for p in self.processes])}; processes present: {present}; "
+                         f"{todo}",
+                         file=file, line=line, field="process_id")
+                return None
+            if not _executable(proc.element):
+                self.add("process_not_executable", f"process {wanted!r} has isExecutable="
+                         f"{proc.element.get('isExecutable')!r}; set isExecutable=\"true\" on it to run it",
+                         file=proc.file, line=proc.line, element_id=proc.id, field="isExecutable")
+                return None
+            self._warn_unset(proc)
+            return wanted
+        executable = [p for p in self.processes if _executable(p.element)]
+        if not executable:
+            if not self.processes:
+                message = f"no bpmn:process in {self._files()}; add a process with isExecutable=\"true\""
+                self.add("no_executable_process", message, file=file, line=None)
+            else:
+                for p in self.processes:
+                    self.add("no_executable_process", f"no executable process: process {p.id!r} has isExecutable="
+                             f"{p.element.get('isExecutable')!r}; set isExecutable=\"true\" on the process to run",
+                             file=p.file, line=p.line, element_id=p.id, field="isExecutable")
+            return None
+        self._warn_unset(executable[0])
+        return executable[0].id
+
+    def _warn_unset(self, proc: _Node) -> None:
+        if proc.element.get("isExecutable") is None:
+            self.add("process_executable_unset", f"process {proc.id!r} has no isExecutable attribute; SpiffWorkflow "
+                     "runs it anyway, other BPMN tools treat it as not executable: add isExecutable=\"true\"",
+                     file=proc.file, line=proc.line, element_id=proc.id, field="isExecutable", severity="warning")
+
+    def _files(self) -> str:
+        return ", ".join(d.file for d in self.docs)
+
+    # -- config ----------------------------------------------------------------------------
+
+    def _check_extensions(self, doc: _Doc) -> None:
+        for el in doc.root.iter():
+            if not isinstance(el.tag, str):
+                continue
+            ext = el.getparent()
+            if el.tag not in _CONFIG_TAGS:
+                local = etree.QName(el).localname
+                if ext is not None and ext.tag == _bpmn("extensionElements") and local in ("config", "activityConfig"):
+                    expected = LAYERFLOW_NS if local == "config" else SPIFF_NS
+                    self.add("config_namespace", f"<{local}> in namespace {etree.QName(el).namespace!r} is ignored; "
+                             f"layerflow reads {local} elements in namespace {expected!r}: fix the xmlns declaration",
+                             file=doc.file, line=el.sourceline, element_id=_owner_id(ext), severity="warning")
+                continue
+            prefix = "layerflow:config" if el.tag == _LF_CONFIG else "spiffworkflow:activityConfig"
+            owner = ext.getparent() if ext is not None else None
+            if ext is None or ext.tag != _bpmn("extensionElements") or owner is None:
+                self.add("config_misplaced", f"<{prefix}> is ignored here; put it inside the <bpmn:extensionElements> "
+                         "of the task or gateway it configures", file=doc.file, line=el.sourceline,
+                         element_id=_owner_id(ext))
+                continue
+            owner_id = owner.get("id")
+            if owner.tag not in _FLOW_NODES:
+                self._not_a_flow_node(owner_id or "(no id)", etree.QName(owner).localname, doc.file, el.sourceline)
+                continue
+            self._extension_config(doc, el, owner_id, prefix)
+
+    def _extension_config(self, doc: _Doc, el: Any, owner_id: str, prefix: str) -> None:
+        text = el.text or ""
+        if not text.strip():
+            return
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            offset = text.count("\n", 0, err.pos)
+            self.add("invalid_config_json", f"<{prefix}> is not valid JSON: {err.msg}; write a JSON object "
+                     "(double-quoted keys, no trailing commas)", file=doc.file, line=el.sourceline + offset,
+                     column=err.colno if offset else None, element_id=owner_id)
+            return
+        line = el.sourceline
+        config = self._validate_config(data, doc.file, owner_id, lambda *_: line)
+        if config is not None:
+            self.sources.append(_Source(owner_id, doc.file, config, lambda *_: line))
+
+    def _validate_config(self, data: Any, file: str, element_id: str,
+                         line_of: Callable[..., int | None]) -> ActivityExtensionConfig | None:
+        try:
+            return config_from_dict(data, source=file, element_id=element_id)
+        except ConfigError as err:
+            for p in err.problems:
+                field_path = p.get("field") or "(config)"
+                self.add("invalid_config_field", _config_message(p.get("message", "")), file=file,
+                         line=line_of(*field_path.split(".")), element_id=element_id, field=field_path)
+            return None
+
+    def _check_config_file(self, config: ProcessConfigFile, main: str | None) -> None:
+        file = str(config.path)
+        scope = f"process {main!r}" if main else (
+            "processes " + ", ".join(repr(p.id) for p in self.processes) if self.processes else self._files())
+        checkable = any(d.root is not None for d in self.docs)
+        for eid in config.element_ids:
+            line = config.line_of(eid)
+            if eid not in self.nodes and checkable:
+                other = self.other_ids.get(eid)
+                if other is not None:
+                    self._not_a_flow_node(eid, other.tag, file, line)
+                    continue
+                known = sorted(self.nodes)
+                hint = _did_you_mean(eid, known)
+                if not hint:
+                    shown = ", ".join(repr(k) for k in known[:12]) + (", ..." if len(known) > 12 else "")
+                    hint = f"; ids present: {shown}" if known else ""
+                self.add("unknown_element_id", f"config for an id that does not exist in {scope}{hint}; "
+                         "fix the id or remove the entry", file=file, line=line, element_id=eid)
+                continue
+            cfg = config.elements.get(eid)
+            if cfg is not None:
+                self.sources.append(_Source(eid, file, cfg, lambda *path, _e=eid: config.line_of(_e, *path)))
+
+    def _not_a_flow_node(self, eid: str, tag: str, file: str, line: int | None) -> None:
+        hint = ("; SpiffWorkflow ignores extensions on sequence flows: put per-branch settings in the "
+                "gateway's branches (id = the flow's target)" if tag == "sequenceFlow" else
+                "; process-level options go under process: in the config file" if tag == "process" else "")
+        self.add("config_not_a_flow_node", f"{eid!r} is a bpmn:{tag}, not a task, event or gateway; "
+                 f"activity config applies only to those{hint}", file=file, line=line, element_id=eid)
+
+    def _check_merges(self) -> None:
+        by_id: dict[str, list[_Source]] = {}
+        for src in self.sources:
+            by_id.setdefault(src.element_id, []).append(src)
+        for eid, sources in by_id.items():
+            merged: ActivityExtensionConfig | None = sources[0].config
+            for src in sources[1:]:
+                try:
+                    merged = merged.merged_with(src.config)
+                except ValidationError as err:
+                    for p in _pydantic_problems(err):
+                        self.add("config_merge_invalid", f"together with the BPMN extension config: "
+                                 f"{_config_message(p['message'])}", file=src.file, line=src.line_of(),
+                                 element_id=eid, field=p["field"])
+                    merged = None
+                    break
+            if merged is not None:
+                self.merged[eid] = merged
+
+    def _check_branches(self) -> None:
+        for src in self.sources:
+            node = self.nodes.get(src.element_id)
+            if node is None:
+                continue
+            cfg = src.config
+            if cfg.branches and not node.tag.endswith("Gateway"):
+                self.add("branches_on_non_gateway", f"branches apply to split gateways, and {node.id!r} is a "
+                         f"bpmn:{node.tag}; move them to the gateway's config", file=src.file,
+                         line=src.line_of("branches"), element_id=src.element_id, field="branches")
+            elif cfg.branches:
+                flows = _outgoing(node.element)
+                targets = [f.get("targetRef") for f in flows]
+                by_flow = {f.get("id"): f.get("targetRef") for f in flows}
+                for i, branch in enumerate(cfg.branches):
+                    if branch.id in targets:
+                        continue
+                    if branch.id in by_flow:
+                        hint = (f"; {branch.id!r} is the flow itself: use its target {by_flow[branch.id]!r} "
+                                "(a branch is named by its first element)")
+                    else:
+                        hint = _did_you_mean(branch.id, targets) or ""
+                        hint += f"; the outgoing flows lead to {', '.join(repr(t) for t in targets) or 'nothing'}"
+                    self.add("branch_not_outgoing", f"branch {branch.id!r} is not the target of an outgoing flow "
+                             f"of gateway {node.id!r}{hint}", file=src.file,
+                             line=src.line_of("branches", i, "id"), element_id=src.element_id,
+                             field=f"branches.{i}.id")
+            for i, bid in enumerate(cfg.branch_priority):
+                if bid not in self.nodes:
+                    self.add("branch_priority_unknown_id", f"branchPriority names {bid!r}, which is no element of "
+                             f"the process{_did_you_mean(bid, sorted(self.nodes))}; list the ids of the branches' "
+                             "first elements", file=src.file, line=src.line_of("branchPriority", i),
+                             element_id=src.element_id, field=f"branchPriority.{i}")
+
+    # -- gateways and scripts --------------------------------------------------------------
+
+    def _check_gateways(self, proc: _Node) -> None:
+        for gw in proc.element.iter(_bpmn("exclusiveGateway")):
+            gid = gw.get("id") or "(no id)"
+            file = proc.file
+            flows = _outgoing(gw)
+            default = gw.get("default")
+            flow_ids = [f.get("id") for f in flows]
+            if default and default not in flow_ids:
+                self.add("gateway_default_invalid", f"default={default!r} is not an outgoing flow of gateway "
+                         f"{gid!r}{_did_you_mean(default, flow_ids)}; outgoing flows: "
+                         f"{', '.join(repr(f) for f in flow_ids) or 'none'}", file=file, line=gw.sourceline,
+                         element_id=gid, field="default")
+                default = None
+            if not flows:
+                continue
+            if len(flows) == 1 and not _condition_text(flows[0]) and default is None:
+                continue  # a pass-through (merging) gateway: SpiffWorkflow takes its one flow as default
+            terms: list[_Term | None] = []
+            judged = True
+            for flow in flows:
+                if flow.get("id") == default:
+                    continue
+                expr = _condition_text(flow)
+                if not expr:
+                    self.add("gateway_flow_without_condition", f"outgoing flow {flow.get('id')!r} of gateway {gid!r} "
+                             f"(to {flow.get('targetRef')!r}) has no condition and is not the default flow; add a "
+                             f"conditionExpression or set default=\"{flow.get('id')}\" on the gateway",
+                             file=file, line=flow.sourceline, element_id=flow.get("id"), field="conditionExpression")
+                    judged = False
+                    continue
+                tree = self._compile(expr, "eval", flow.find(_bpmn("conditionExpression")), file, flow.get("id"),
+                                     "condition_syntax", "conditionExpression")
+                if tree is None:
+                    judged = False
+                    continue
+                terms.append(_analyse(tree.body))
+            if default is not None or not judged or not terms or any(t is None for t in terms):
+                continue
+            union = _fold("or", terms)
+            if union is None:
+                continue
+            gap = _describe_gap(union)
+            if gap is not None:
+                code, text = gap
+                self.add(code, f"exclusive gateway {gid!r} has no default flow and its conditions {text}; "
+                         f"when no condition holds the instance fails: add a default flow (default=\"FLOW_ID\") "
+                         "or a condition for the missing values", file=file, line=gw.sourceline,
+                         element_id=gid, field="default")
+
+    def _check_references(self, proc: _Node) -> None:
+        """Sequence flows that name no element of their scope; call activities that call no loaded process."""
+        process_ids = [p.id for p in self.processes]
+        for flow in proc.element.iter(_bpmn("sequenceFlow")):
+            scope = flow.getparent()
+            ids = [el.get("id") for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES]
+            for attr in ("sourceRef", "targetRef"):
+                ref = flow.get(attr)
+                if ref in ids:
+                    continue
+                self.related.update(r for r in (flow.get("sourceRef"), flow.get("targetRef")) if r)
+                self.add("flow_ref_unknown", f"sequence flow {flow.get('id')!r} has {attr}={ref!r}, which is no "
+                         f"task, event or gateway of this {'process' if scope is proc.element else 'subprocess'}"
+                         f"{_did_you_mean(ref or '', ids)}; point it at an existing element",
+                         file=proc.file, line=flow.sourceline, element_id=flow.get("id"), field=attr)
+        for call in proc.element.iter(_bpmn("callActivity")):
+            called = call.get("calledElement")
+            if called in process_ids:
+                continue
+            self.related.add(called or "")
+            self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
+                     f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
+                     "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
+                     element_id=call.get("id"), field="calledElement")
+
+    def _check_scripts(self, proc: _Node) -> None:
+        for task in proc.element.iter(_bpmn("scriptTask")):
+            script = task.find(_bpmn("script"))
+            if script is not None and (script.text or "").strip():
+                self._compile(script.text, "exec", script, proc.file, task.get("id"), "script_syntax", "script")
+        for tag in ("preScript", "postScript"):
+            for el in proc.element.iter(f"{{{SPIFF_NS}}}{tag}"):
+                if (el.text or "").strip():
+                    owner = _owner_id(el.getparent())
+                    self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
+                 code: str, field: str) -> ast.Expression | ast.Module | None:
+        lines = text.split("\n")
+        first = next((i for i, ln in enumerate(lines) if ln.strip()), 0)
+        source = textwrap.dedent("\n".join(lines[first:])).rstrip()
+        try:
+            return ast.parse(source, mode=mode)  # type: ignore[return-value]
+        except SyntaxError as err:
+            what = "condition" if mode == "eval" else "script"
+            self.add(code, f"{what} is not valid Python: {err.msg} in {(err.text or source).strip()!r}; "
+                     f"SpiffWorkflow runs {what}s as Python: fix the {what}",
+                     file=file, line=el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None,
+                     element_id=element_id, field=field)
+            return None
+
+    # -- SpiffWorkflow and the schema --------------------------------------------------------
+
+    def _check_spiff(self, main: str | None) -> None:
+        from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+
+        if self.parser_factory is None:
+            from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+            parser = SpiffBpmnParser()
+        else:
+            parser = self.parser_factory()
+        reported = {p.element_id for p in self.problems if p.severity == "error" and p.element_id} | self.related
+        errors: list[tuple[BaseException, _Doc | None]] = []
+        for doc in self.docs:
+            try:
+                parser.add_bpmn_xml(etree.fromstring(doc.data, _xml_parser()), filename=doc.file)
+            except Exception as err:  # ValidationException, the engine's LayerflowError, or a parser bug
+                errors.append((err, doc))
+        if not errors and main is not None and not any(p.code in _PROCESS_SELECTION_CODES for p in self.problems):
+            try:
+                parser.get_spec(main)
+                parser.get_subprocess_specs(main)
+            except Exception as err:
+                errors.append((err, None))
+        for err, doc in errors:
+            eid = getattr(err, "id", None) or None
+            if eid in reported or any(f"'{name}'" in str(err) for name in self.related):
+                continue  # already reported with a better message
+            if isinstance(err, LayerflowError) and self.problems:
+                continue  # the engine's parser re-raising a config problem reported above
+            node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
+            file = getattr(err, "file_name", None) or (node.file if node else doc.file if doc else self._files())
+            line = getattr(err, "line_number", None) or (node.line if node else None)
+            kind = "" if isinstance(err, (ValidationException, LayerflowError)) else f"{type(err).__name__}: "
+            tag = getattr(err, "tag", "") or ""
+            text = str(err).strip().rstrip(".?! ")
+            self.add("spiff_validation", f"SpiffWorkflow cannot load the process: {kind}{text}"
+                     f"{f' (at {tag})' if tag else ''}; fix the BPMN element named here", file=str(file),
+                     line=int(line) if isinstance(line, int) or (isinstance(line, str) and line.isdigit()) else None,
+                     element_id=eid)
+
+    def _check_schema(self, doc: _Doc) -> None:
+        from SpiffWorkflow.spiff.parser.process import VALIDATOR
+
+        tree = etree.fromstring(doc.data, _xml_parser())
+        VALIDATOR.preprocess(tree)
+        schema = VALIDATOR.validator
+        if schema.validate(tree):
+            return
+        taken = {p.line for p in self.problems if p.file == doc.file and p.severity == "error"}
+        for entry in schema.error_log:
+            if entry.line in taken:
+                continue  # the same spot already has an error with a better message
+            message = entry.message
+            for ns, prefix in ((BPMN_NS, "bpmn"), (SPIFF_NS, "spiffworkflow"), (LAYERFLOW_NS, "layerflow")):
+                message = message.replace(f"{{{ns}}}", f"{prefix}:")
+            message = message.split(" Expected is one of")[0].split(" Expected is (")[0]
+            self.add("bpmn_schema", f"does not conform to the BPMN 2.0 schema: {message.rstrip('.')}; "
+                     "SpiffWorkflow may ignore or misread this part", file=doc.file, line=entry.line or None,
+                     severity="warning")
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+
+def _xml_parser() -> Any:
+    # No entity expansion, no network: a BPMN file is data, not a fetch instruction.
+    return etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
+
+
+def _executable(process: Any) -> bool:
+    return process.get("isExecutable", "true") == "true"  # SpiffWorkflow's own rule
+
+
+def _owner_id(ext: Any) -> str | None:
+    owner = ext.getparent() if ext is not None and ext.tag == _bpmn("extensionElements") else ext
+    return owner.get("id") if owner is not None else None
+
+
+def _outgoing(node: Any) -> list[Any]:
+    scope = node.getparent()
+    nid = node.get("id")
+    return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("sourceRef") == nid] if scope is not None else []
+
+
+def _condition_text(flow: Any) -> str:
+    expr = flow.find(_bpmn("conditionExpression"))
+    return (expr.text or "").strip() if expr is not None else ""
+
+
+def _did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    pool = [c for c in candidates if c]
+    close = difflib.get_close_matches(word, pool, n=3, cutoff=0.6)
+    close += [c for c in pool if c.lower() == word.lower() and c not in close]
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _pydantic_problems(err: ValidationError) -> list[dict[str, Any]]:
+    from context_layers.config import format_validation_error
+
+    return format_validation_error(err)
+
+
+def _config_message(message: str) -> str:
+    message = message.removeprefix("Value error, ")
+    if ";" in message:
+        return message
+    if message.startswith("Field required"):
+        return f"{message}; add this field"
+    return f"{message}; correct this value"
+
+
+# ---------------------------------------------------------------------------------------
+# static coverage of exclusive-gateway conditions (see the module docstring for the scope)
+
+_Interval = tuple[float, bool, float, bool]  # (low, low included, high, high included)
+_ALL: _Interval = (-math.inf, False, math.inf, False)
+
+
+def _normalize(parts: Iterable[_Interval]) -> tuple[_Interval, ...]:
+    """Sorted, disjoint, merged; empty intervals dropped."""
+    live = [p for p in parts if p[0] < p[2] or (p[0] == p[2] and p[1] and p[3])]
+    live.sort(key=lambda p: (p[0], not p[1]))
+    out: list[_Interval] = []
+    for lo, lo_in, hi, hi_in in live:
+        if out:
+            plo, plo_in, phi, phi_in = out[-1]
+            if lo < phi or (lo == phi and (phi_in or lo_in)):
+                if hi > phi:
+                    out[-1] = (plo, plo_in, hi, hi_in)
+                elif hi == phi:
+                    out[-1] = (plo, plo_in, phi, phi_in or hi_in)
+                continue
+        out.append((lo, lo_in, hi, hi_in))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Reals:
+    """A union of intervals of the real line."""
+
+    parts: tuple[_Interval, ...]
+
+    def union(self, other: _Reals) -> _Reals:
+        return _Reals(_normalize(self.parts + other.parts))
+
+    def complement(self) -> _Reals:
+        gaps: list[_Interval] = []
+        lo, lo_in = -math.inf, False
+        for plo, plo_in, phi, phi_in in self.parts:
+            gaps.append((lo, lo_in, plo, not plo_in))
+            lo, lo_in = phi, not phi_in
+        gaps.append((lo, lo_in, math.inf, False))
+        return _Reals(_normalize(gaps))
+
+    @property
+    def universal(self) -> bool:
+        return self.parts == (_ALL,)
+
+
+@dataclass(frozen=True)
+class _Values:
+    """A finite set of values, or (``cofinite``) everything except a finite set."""
+
+    cofinite: bool
+    values: frozenset[tuple[str, Any]]  # (type name, value): 1 and True stay apart
+
+    def union(self, other: _Values) -> _Values:
+        a, b = self, other
+        if not a.cofinite and not b.cofinite:
+            return _Values(False, a.values | b.values)
+        if a.cofinite and b.cofinite:
+            return _Values(True, a.values & b.values)
+        fin, cof = (a, b) if not a.cofinite else (b, a)
+        return _Values(True, cof.values - fin.values)
+
+    def complement(self) -> _Values:
+        return _Values(not self.cofinite, self.values)
+
+    @property
+    def universal(self) -> bool:
+        return self.cofinite and not self.values
+
+
+@dataclass(frozen=True)
+class _Truth:
+    """Which truth values of a bare variable (``approved`` / ``not approved``) pass."""
+
+    values: frozenset[bool]
+
+    def union(self, other: _Truth) -> _Truth:
+        return _Truth(self.values | other.values)
+
+    def complement(self) -> _Truth:
+        return _Truth(frozenset({True, False}) - self.values)
+
+    @property
+    def universal(self) -> bool:
+        return len(self.values) == 2
+
+
+_Set = _Reals | _Values | _Truth
+_EMPTY: dict[type, _Set] = {_Reals: _Reals(()), _Values: _Values(False, frozenset()), _Truth: _Truth(frozenset())}
+
+
+@dataclass(frozen=True)
+class _Term:
+    """The set of values of ``var`` for which a condition holds; ``var`` None: a constant (``value`` bool)."""
+
+    var: str | None
+    value: _Set | bool
+
+
+def _lift(term: _Term, like: _Set) -> _Set:
+    empty = _EMPTY[type(like)]
+    return empty.complement() if term.value else empty
+
+
+def _combine(op: str, a: _Term | None, b: _Term | None) -> _Term | None:
+    if a is None or b is None:
+        return None
+    if a.var is None and b.var is None:
+        return _Term(None, (a.value or b.value) if op == "or" else (a.value and b.value))
+    if a.var is None:
+        a = _Term(b.var, _lift(a, b.value))  # type: ignore[arg-type]
+    if b.var is None:
+        b = _Term(a.var, _lift(b, a.value))  # type: ignore[arg-type]
+    if a.var != b.var or type(a.value) is not type(b.value):
+        return None
+    x, y = a.value, b.value
+    if op == "or":
+        return _Term(a.var, x.union(y))  # type: ignore[union-attr,arg-type]
+    return _Term(a.var, x.complement().union(y.complement()).complement())  # type: ignore[union-attr,arg-type]
+
+
+def _fold(op: str, terms: Sequence[_Term | None]) -> _Term | None:
+    result = terms[0] if terms else None
+    for t in terms[1:]:
+        result = _combine(op, result, t)
+    return result
+
+
+def _negate(term: _Term | None) -> _Term | None:
+    if term is None:
+        return None
+    if term.var is None:
+        return _Term(None, not term.value)
+    return _Term(term.var, term.value.complement())  # type: ignore[union-attr]
+
+
+def _analyse(node: ast.expr) -> _Term | None:
+    """The set a condition accepts, or None when it is out of the analysable fragment."""
+    if isinstance(node, ast.BoolOp):
+        return _fold("and" if isinstance(node.op, ast.And) else "or", [_analyse(v) for v in node.values])
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _negate(_analyse(node.operand))
+    if isinstance(node, ast.Constant):
+        return _Term(None, bool(node.value))
+    if isinstance(node, ast.Compare):
+        operands = [node.left, *node.comparators]
+        return _fold("and", [_comparison(l, op, r) for l, op, r in zip(operands, node.ops, operands[1:])])
+    var = _variable(node)
+    return _Term(var, _Truth(frozenset({True}))) if var else None
+
+
+def _variable(node: ast.expr) -> str | None:
+    """``x``, ``x.y`` or ``x['k']``: something that reads one value and calls nothing."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and _variable(node.value):
+        return ast.unparse(node)
+    if isinstance(node, ast.Subscript) and _variable(node.value) and isinstance(node.slice, ast.Constant):
+        return ast.unparse(node)
+    return None
+
+
+_NO_CONSTANT = object()
+
+
+def _constant(node: ast.expr) -> Any:
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (bool, int, float, str))):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = _constant(node.operand)
+        if _is_number(inner):
+            return -inner if isinstance(node.op, ast.USub) else inner
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = tuple(_constant(e) for e in node.elts)
+        return _NO_CONSTANT if any(i is _NO_CONSTANT or isinstance(i, tuple) for i in items) else items
+    return _NO_CONSTANT
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_FLIP: dict[type, type] = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE,
+                           ast.Eq: ast.Eq, ast.NotEq: ast.NotEq, ast.Is: ast.Is, ast.IsNot: ast.IsNot}
+
+
+def _comparison(left: ast.expr, op: ast.cmpop, right: ast.expr) -> _Term | None:
+    var, const, kind = _variable(left), _constant(right), type(op)
+    if var is None or const is _NO_CONSTANT:
+        var, const = _variable(right), _constant(left)
+        if var is None or const is _NO_CONSTANT or kind not in _FLIP:
+            return None
+        kind = _FLIP[kind]
+    members = const if isinstance(const, tuple) else (const,)
+    if kind in (ast.In, ast.NotIn) and not isinstance(const, tuple):
+        return None  # ``x in "abc"`` is a substring test
+    if isinstance(const, tuple) and kind not in (ast.In, ast.NotIn):
+        return None
+    if members and all(_is_number(m) for m in members):
+        if kind in (ast.Is, ast.IsNot):
+            return None
+        value: _Set = _reals(kind, members)
+    elif all(m is None or isinstance(m, (str, bool)) for m in members):
+        if kind not in (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot):
+            return None
+        if kind in (ast.Is, ast.IsNot) and any(isinstance(m, str) for m in members):
+            return None  # identity of strings is an implementation detail
+        value = _Values(False, frozenset((type(m).__name__, m) for m in members))
+        if kind in (ast.NotEq, ast.NotIn, ast.IsNot):
+            value = value.complement()
+    else:
+        return None
+    return _Term(var, value)
+
+
+def _reals(kind: type, members: tuple[Any, ...]) -> _Reals:
+    inf = math.inf
+    if kind in (ast.Eq, ast.In, ast.NotEq, ast.NotIn):
+        points = _Reals(_normalize((float(m), True, float(m), True) for m in members))
+        return points.complement() if kind in (ast.NotEq, ast.NotIn) else points
+    (c,) = members
+    c = float(c)
+    return _Reals({
+        ast.Lt: ((-inf, False, c, False),), ast.LtE: ((-inf, False, c, True),),
+        ast.Gt: ((c, False, inf, False),), ast.GtE: ((c, True, inf, False),),
+    }[kind])
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if x.is_integer() else repr(x)
+
+
+def _describe_gap(term: _Term) -> tuple[str, str] | None:
+    """(code, text) when the union of the conditions misses some value; None when it covers all."""
+    if term.var is None:
+        return None if term.value else ("gateway_coverage_gap", "can never be true")
+    var, value = term.var, term.value
+    if isinstance(value, _Reals):
+        if value.universal:
+            return None
+        if all(lo == hi for lo, _, hi, _ in value.parts):
+            handled = ", ".join(f"{var} == {_number(lo)}" for lo, _, _, _ in value.parts)
+            return "gateway_not_exhaustive", f"only handle {handled}: not exhaustive"
+        gaps = [_interval_text(var, p) for p in value.complement().parts]
+        return "gateway_coverage_gap", f"do not cover {' or '.join(gaps)}"
+    if isinstance(value, _Values):
+        if value.universal:
+            return None
+        shown = ", ".join(f"{var} == {v!r}" for _, v in sorted(value.values, key=repr))
+        if not value.cofinite:
+            return "gateway_not_exhaustive", f"only handle {shown or 'no value'}: not exhaustive"
+        return "gateway_coverage_gap", f"do not cover {shown}"
+    if isinstance(value, _Truth):
+        if value.universal:
+            return None
+        missing = "false" if True in value.values else "true"
+        return "gateway_coverage_gap", f"do not cover {var} being {missing}"
+    return None
+
+
+def _interval_text(var: str, part: _Interval) -> str:
+    lo, lo_in, hi, hi_in = part
+    if lo == hi:
+        return f"{var} == {_number(lo)}"
+    if lo == -math.inf:
+        return f"{var} {'<=' if hi_in else '<'} {_number(hi)}"
+    if hi == math.inf:
+        return f"{var} {'>=' if lo_in else '>'} {_number(lo)}"
+    return f"{_number(lo)} {'<=' if lo_in else '<'} {var} {'<=' if hi_in else '<'} {_number(hi)}"
