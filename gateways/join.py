@@ -290,10 +290,14 @@ def join_contexts(
                 "resolution": None if (r := resolutions.get((int(c.layer), c.key))) is None else r.to_dict(),
                 "time": stamp} for c in conflicts]
     if conflicts and not pending:
-        before = variables.get(MERGED_CONFLICTS_KEY)
+        # The log is appended where it lives now (as a write to WORKING is auto-promoted),
+        # so a read of the key sees every join's entries.
+        target = next((layer for layer in (Layer.HISTORY, Layer.WORKING) if MERGED_CONFLICTS_KEY in merged_view(layer)),
+                      Layer.WORKING)
+        before = merged_view(target).get(MERGED_CONFLICTS_KEY)
         log = [*(thaw(before) if isinstance(before, list) else []), *entries]
-        working = [(k, v) for k, v in changes.get(Layer.WORKING, []) if k != MERGED_CONFLICTS_KEY]
-        changes[Layer.WORKING] = [*working, (MERGED_CONFLICTS_KEY, log)]
+        kept = [(k, v) for k, v in changes.get(target, []) if k != MERGED_CONFLICTS_KEY]
+        changes[target] = [*kept, (MERGED_CONFLICTS_KEY, log)]
     return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries)
