@@ -1,0 +1,387 @@
+"""validate_process: every error class, its location and its advice; all problems at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from context_layers.errors import ProcessError
+from engine.validate import (
+    BPMN_NS,
+    ValidationReport,
+    format_report,
+    raise_for_problems,
+    read_extension_configs,
+    validate_process,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "validate"
+
+
+def fixture_line(name: str, needle: str) -> int:
+    """1-based line of the first line of a fixture that contains ``needle``."""
+    for number, line in enumerate((FIXTURES / name).read_text().splitlines(), start=1):
+        if needle in line:
+            return number
+    raise AssertionError(f"{needle!r} not in {name}")
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    bpmn: str
+    code: str
+    at: tuple[str, str] | None  # (fixture holding the problem, text on its line); None: no line
+    element_id: str | None
+    field: str | None
+    says: tuple[str, ...]  # fragments the printed problem must contain (what is wrong, what to do)
+    config: str | None = None
+    process_id: str | None = None
+    severity: str = "error"
+    column: int | None = None
+
+
+CASES = [
+    # (a) malformed XML: file, line and column from the parser
+    Case("xml_malformed", "malformed.bpmn", "xml_malformed", ("malformed.bpmn", "</bpmn:process>"), None, None,
+         ("not well-formed XML", "tag mismatch: task line 8"), column=18),
+    # (b) wrong namespace: which one was found, which one is expected
+    Case("bpmn_namespace", "wrong_namespace.bpmn", "bpmn_namespace", ("wrong_namespace.bpmn", 'id="defs"'), None,
+         "xmlns", ("'http://www.omg.org/spec/BPMN/20100524/MODEL/'", f"requires namespace {BPMN_NS!r}")),
+    # (c) no executable process: names the process and the attribute to set
+    Case("no_executable_process", "not_executable.bpmn", "no_executable_process",
+         ("not_executable.bpmn", 'id="draft_process"'), "draft_process", "isExecutable",
+         ("process 'draft_process' has isExecutable='false'", 'set isExecutable="true"')),
+    # (d) process id given but absent: lists the ones present
+    Case("process_not_found", "valid.bpmn", "process_not_found", None, None, "process_id",
+         ("process 'loan_aproval' is not in", "did you mean 'loan_approval'", "processes present: 'loan_approval'"),
+         process_id="loan_aproval"),
+    Case("process_not_found_in_config", "valid.bpmn", "process_not_found",
+         ("process_id.layerflow.yaml", "process_id:"), None, "process_id",
+         ("did you mean 'loan_approval'", "set process.process_id in the config file"),
+         config="process_id.layerflow.yaml"),
+    # (e) config for an id that does not exist: close ids suggested
+    Case("unknown_element_id", "valid.bpmn", "unknown_element_id", ("unknown_id.layerflow.yaml", "risk_assesment:"),
+         "risk_assesment", None,
+         ("config for an id that does not exist in process 'loan_approval' (did you mean 'risk_assessment'?)",
+          "fix the id or remove the entry"), config="unknown_id.layerflow.yaml"),
+    Case("config_not_a_flow_node", "valid.bpmn", "config_not_a_flow_node", ("flow_config.layerflow.yaml", "f_fast:"),
+         "f_fast", None, ("'f_fast' is a bpmn:sequenceFlow", "gateway's branches"), config="flow_config.layerflow.yaml"),
+    # (f) invalid config fields: in the config file, in an extension element, invalid JSON
+    Case("invalid_config_field_file", "valid.bpmn", "invalid_config_field",
+         ("bad_fields.layerflow.yaml", "compressTokenThreshold:"), "risk_assessment",
+         "contextStrategy.compressTokenThreshold", ("Input should be greater than 0", "correct this value"),
+         config="bad_fields.layerflow.yaml"),
+    Case("invalid_config_field_extension", "bad_extension_field.bpmn", "invalid_config_field",
+         ("bad_extension_field.bpmn", "spiffworkflow:activityConfig"), "join", "mergeStrategy",
+         ("Input should be 'MERGE_WITH_CONFLICT_DETECT'",)),
+    Case("invalid_config_json", "bad_extension_json.bpmn", "invalid_config_json",
+         ("bad_extension_json.bpmn", '"preserveKeys": ["risk_level",]'), "risk_assessment", None,
+         ("<layerflow:config> is not valid JSON", "no trailing commas"), column=41),
+    Case("config_misplaced", "config_misplaced.bpmn", "config_misplaced", ("config_misplaced.bpmn", "<layerflow:config>"),
+         "x", None, ("inside the <bpmn:extensionElements>",)),
+    # (g) exclusive gateways without a default flow
+    Case("gateway_coverage_gap", "gateway_gap.bpmn", "gateway_coverage_gap", ("gateway_gap.bpmn", 'id="decide"'),
+         "decide", "default", ("conditions do not cover x == 5", "add a default flow")),
+    Case("gateway_not_exhaustive", "gateway_equality.bpmn", "gateway_not_exhaustive",
+         ("gateway_equality.bpmn", 'id="decide"'), "decide", "default",
+         ("only handle decision == 'approve', decision == 'reject': not exhaustive", "add a default flow")),
+    Case("gateway_flow_without_condition", "gateway_no_condition.bpmn", "gateway_flow_without_condition",
+         ("gateway_no_condition.bpmn", 'id="f_b"'), "f_b", "conditionExpression",
+         ("flow 'f_b' of gateway 'decide' (to 'b') has no condition", 'set default="f_b"')),
+    Case("gateway_default_invalid", "gateway_bad_default.bpmn", "gateway_default_invalid",
+         ("gateway_bad_default.bpmn", 'id="decide"'), "decide", "default",
+         ("default='f_c' is not an outgoing flow", "outgoing flows: 'f_a', 'f_b'")),
+    Case("condition_syntax", "condition_syntax.bpmn", "condition_syntax", ("condition_syntax.bpmn", "amount &gt; = 5"),
+         "f_a", "conditionExpression", ("condition is not valid Python", "'amount > = 5'")),
+    Case("script_syntax", "script_syntax.bpmn", "script_syntax", ("script_syntax.bpmn", "total = amount +"),
+         "x", "script", ("script is not valid Python", "'total = amount +'")),
+    # (h) gateway branches that no outgoing flow targets
+    Case("branch_not_outgoing", "valid.bpmn", "branch_not_outgoing", ("bad_branch.layerflow.yaml", "- id: fast_trak"),
+         "route", "branches.1.id",
+         ("branch 'fast_trak' is not the target of an outgoing flow of gateway 'route' (did you mean 'fast_track'?)",
+          "lead to 'fast_track', 'full_review'"), config="bad_branch.layerflow.yaml"),
+    Case("branches_on_non_gateway", "valid.bpmn", "branches_on_non_gateway",
+         ("branches_on_task.layerflow.yaml", "branches:"), "fast_track", "branches",
+         ("'fast_track' is a bpmn:task", "move them to the gateway"), config="branches_on_task.layerflow.yaml"),
+    Case("branch_priority_unknown_id", "valid.bpmn", "branch_priority_unknown_id",
+         ("branch_priority.layerflow.yaml", "branchPriority:"), "merge", "branchPriority.1",
+         ("'fast_trak'", "did you mean 'fast_track'"), config="branch_priority.layerflow.yaml"),
+    # references SpiffWorkflow would report crudely or not at all
+    Case("flow_ref_unknown", "flow_ref_unknown.bpmn", "flow_ref_unknown", ("flow_ref_unknown.bpmn", 'id="f_lost"'),
+         "f_lost", "targetRef", ("targetRef='archive'", "point it at an existing element")),
+    Case("call_activity_unknown_process", "call_unknown.bpmn", "call_activity_unknown_process",
+         ("call_unknown.bpmn", "calledElement"), "x", "calledElement",
+         ("calledElement='credit_check' is no process of", "add the BPMN file that defines it")),
+    Case("duplicate_id", "duplicate_id.bpmn", "duplicate_id", ("duplicate_id.bpmn", '<bpmn:task id="x"/>\n'), "x", None,
+         ("id 'x' is used twice in this file (first on line 9)",)),
+    # (i) SpiffWorkflow's own parser, last
+    Case("spiff_validation", "spiff_rejects.bpmn", "spiff_validation", ("spiff_rejects.bpmn", '<bpmn:subProcess id="x">'),
+         "x", None, ("SpiffWorkflow cannot load the process", "Exactly one start event is required")),
+    # warnings: reported, but the process is still ok
+    Case("process_executable_unset", "executable_unset.bpmn", "process_executable_unset",
+         ("executable_unset.bpmn", 'id="unset"'), "unset", "isExecutable", ('add isExecutable="true"',),
+         severity="warning"),
+    Case("config_namespace", "config_namespace.bpmn", "config_namespace", ("config_namespace.bpmn", "<lf:config"), "x",
+         None, ("'http://layerflow.dev/bpmn' is ignored", "'https://layerflow.dev/bpmn'"), severity="warning"),
+    Case("bpmn_schema", "schema_warning.bpmn", "bpmn_schema",
+         ("schema_warning.bpmn", "documentation after extensionElements"), None, None,
+         ("BPMN 2.0 schema", "'bpmn:documentation': This element is not expected"), severity="warning"),
+]
+
+
+def _line(at: tuple[str, str]) -> int:
+    name, needle = at
+    if needle.endswith("\n"):  # the second line holding the text
+        lines = (FIXTURES / name).read_text().splitlines()
+        hits = [i for i, line in enumerate(lines, start=1) if needle.strip() in line]
+        return hits[1]
+    return fixture_line(name, needle)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_each_problem_class_names_file_line_element_field_and_what_to_do(case: Case) -> None:
+    report = validate_process(
+        FIXTURES / case.bpmn,
+        config_path=FIXTURES / case.config if case.config else None,
+        process_id=case.process_id,
+        discover_config=False,
+    )
+    # Exactly the one problem the fixture was made for: nothing duplicated by SpiffWorkflow's check.
+    assert [p.code for p in report.problems] == [case.code], format_report(report)
+    problem = report.problems[0]
+    expected_file = FIXTURES / (case.at[0] if case.at else case.bpmn)
+    assert problem.file == str(expected_file)
+    assert problem.line == (_line(case.at) if case.at else None)
+    assert problem.column == case.column
+    assert problem.element_id == case.element_id
+    assert problem.field == case.field
+    assert problem.severity == case.severity
+    assert report.ok is (case.severity == "warning")
+
+    text = str(problem)
+    location = f"{expected_file}:{problem.line}" if problem.line else f"{expected_file}:"
+    assert text.startswith(location)
+    if case.element_id:
+        assert f"element {case.element_id!r}" in text
+    if case.field:
+        assert f"field {case.field!r}" in text
+    for fragment in case.says:
+        assert fragment in text, text
+
+
+def test_missing_bpmn_file_is_a_problem_not_an_exception(tmp_path: Path) -> None:
+    report = validate_process(tmp_path / "nope.bpmn")
+    assert [p.code for p in report.problems] == ["bpmn_file_not_found"]
+    assert str(report.problems[0]).startswith(f"{tmp_path / 'nope.bpmn'}: cannot read BPMN file")
+
+
+def test_valid_process_with_config_beside_it_has_no_problems() -> None:
+    report = validate_process(FIXTURES / "valid.bpmn")
+    assert report.problems == ()
+    assert report.ok
+    assert report.process_id == "loan_approval"
+    assert report.config_path == FIXTURES / "valid.layerflow.yaml"
+    assert report.config is not None and report.config.system["policy"].startswith("Loans over")
+    # The effective config: extension elements, then the config file over them.
+    configs = report.element_configs
+    assert set(configs) == {"risk_assessment", "route", "full_review"}
+    assert configs["risk_assessment"].effective_preserve_keys == ["assessment_id", "risk_level"]
+    assert configs["risk_assessment"].effective_token_threshold == 2000
+    assert [b.id for b in configs["route"].branches] == ["fast_track", "full_review"]
+    assert configs["full_review"].human_confirm is not None and configs["full_review"].human_confirm.timeout == 60
+    assert format_report(report).endswith("valid.bpmn: process 'loan_approval' is valid")
+    raise_for_problems(report)  # does not raise
+
+
+def test_a_valid_process_also_loads_in_spiffworkflow() -> None:
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(FIXTURES / "valid.bpmn"))
+    spec = parser.get_spec("loan_approval")
+    assert {"risk_assessment", "route", "fast_track", "full_review"} <= set(spec.task_specs)
+
+
+def test_several_problems_in_one_file_are_all_reported() -> None:
+    report = validate_process(FIXTURES / "many_problems.bpmn")
+    bpmn, cfg = "many_problems.bpmn", "many_problems.layerflow.yaml"
+    found = {(p.code, Path(p.file or "").name, p.line, p.element_id, p.field) for p in report.problems}
+    assert found == {
+        ("invalid_config_json", bpmn, fixture_line(bpmn, "<layerflow:config>"), "triage", None),
+        ("script_syntax", bpmn, fixture_line(bpmn, "severity = = 3"), "triage", "script"),
+        ("gateway_coverage_gap", bpmn, fixture_line(bpmn, 'id="by_severity"'), "by_severity", "default"),
+        ("gateway_flow_without_condition", bpmn, fixture_line(bpmn, 'id="f_other"'), "f_other", "conditionExpression"),
+        ("unknown_element_id", cfg, fixture_line(cfg, "triag:"), "triag", None),
+        ("invalid_config_field", cfg, fixture_line(cfg, "timeout: 0"), "escalate", "humanConfirm.timeout"),
+        ("branch_not_outgoing", cfg, fixture_line(cfg, "- id: escalation"), "by_severity", "branches.0.id"),
+    }
+    assert not report.ok
+    gap = next(p for p in report.problems if p.code == "gateway_coverage_gap")
+    assert "do not cover 2 < severity <= 3" in gap.message
+    # Sorted: the BPMN file first, by line, then the config file.
+    assert [Path(p.file or "").name for p in report.problems] == [bpmn] * 4 + [cfg] * 3
+    lines = format_report(report).splitlines()
+    assert len(lines) == 8 and lines[-1].endswith("7 errors; nothing runs until they are fixed")
+
+
+def test_raise_for_problems_names_every_error() -> None:
+    report = validate_process(FIXTURES / "many_problems.bpmn")
+    with pytest.raises(ProcessError) as caught:
+        raise_for_problems(report)
+    err = caught.value
+    assert err.kind == "invalid_process"
+    assert len(err.problems) == 7
+    assert all(str(p) in str(err) for p in report.errors)
+    assert {p["code"] for p in err.problems} >= {"invalid_config_json", "branch_not_outgoing"}
+
+
+def test_warnings_do_not_raise() -> None:
+    report = validate_process(FIXTURES / "executable_unset.bpmn")
+    assert report.ok and len(report.warnings) == 1
+    raise_for_problems(report)
+    assert "(1 warning)" in format_report(report)
+
+
+def test_report_to_dict_is_json() -> None:
+    report = validate_process(FIXTURES / "gateway_gap.bpmn")
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["ok"] is False and data["errors"] == 1 and data["process_id"] == "gap"
+    (problem,) = data["problems"]
+    assert problem["code"] == "gateway_coverage_gap"
+    assert problem["element_id"] == "decide" and problem["line"] == fixture_line("gateway_gap.bpmn", 'id="decide"')
+    assert problem["text"].startswith(str(FIXTURES / "gateway_gap.bpmn"))
+
+
+def test_processes_across_files_resolve_call_activities() -> None:
+    report = validate_process([FIXTURES / "call_unknown.bpmn", FIXTURES / "credit_check.bpmn"])
+    assert report.ok and report.problems == ()
+    assert report.process_id == "caller"
+
+
+def test_process_id_selects_among_several_processes() -> None:
+    files = [FIXTURES / "call_unknown.bpmn", FIXTURES / "credit_check.bpmn"]
+    assert validate_process(files, process_id="credit_check").process_id == "credit_check"
+
+
+def test_several_config_files_beside_the_process_warn(tmp_path: Path) -> None:
+    shutil.copy(FIXTURES / "valid.bpmn", tmp_path / "loan.bpmn")
+    shutil.copy(FIXTURES / "valid.layerflow.yaml", tmp_path / "loan.layerflow.yaml")
+    (tmp_path / "loan.layerflow.json").write_text("{}")
+    report = validate_process(tmp_path / "loan.bpmn")
+    assert report.ok
+    assert report.config_path == tmp_path / "loan.layerflow.yaml"
+    assert [p.code for p in report.problems] == ["config_ambiguous"]
+    assert validate_process(tmp_path / "loan.bpmn", discover_config=False).config_path is None
+
+
+def test_the_engine_parser_runs_the_last_check() -> None:
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    built: list[object] = []
+
+    def factory() -> SpiffBpmnParser:
+        parser = SpiffBpmnParser()
+        built.append(parser)
+        return parser
+
+    assert validate_process(FIXTURES / "valid.bpmn", parser_factory=factory).ok
+    assert len(built) == 1
+
+
+def test_read_extension_configs_in_merge_order() -> None:
+    from lxml import etree
+
+    root = etree.parse(str(FIXTURES / "valid.bpmn")).getroot()
+    found = read_extension_configs(root)
+    assert set(found) == {"risk_assessment", "full_review"}
+    assert json.loads(found["full_review"][0][1]) == {"humanConfirm": {"timeout": 60}}
+
+
+# -- the static coverage check of exclusive gateways -------------------------------------------
+
+GATEWAY = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="defs" targetNamespace="t">
+  <bpmn:process id="p" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:sequenceFlow id="f_in" sourceRef="start" targetRef="gw"/>
+    <bpmn:exclusiveGateway id="gw"{default}/>
+{flows}
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def gateway_report(tmp_path: Path, conditions: list[str], default: bool = False) -> ValidationReport:
+    from xml.sax.saxutils import escape
+
+    flows = []
+    for i, cond in enumerate(conditions):
+        flows.append(f'    <bpmn:sequenceFlow id="f{i}" sourceRef="gw" targetRef="e{i}">'
+                     f"<bpmn:conditionExpression>{escape(cond)}</bpmn:conditionExpression></bpmn:sequenceFlow>")
+        flows.append(f'    <bpmn:endEvent id="e{i}"/>')
+    if default:
+        flows.append('    <bpmn:sequenceFlow id="f_default" sourceRef="gw" targetRef="e_default"/>')
+        flows.append('    <bpmn:endEvent id="e_default"/>')
+    path = tmp_path / "gw.bpmn"
+    path.write_text(GATEWAY.format(default=' default="f_default"' if default else "", flows="\n".join(flows)))
+    return validate_process(path, discover_config=False)
+
+
+COVERAGE = [
+    # numbers: interval coverage of the real line
+    (["x < 5", "x > 5"], "gateway_coverage_gap", "do not cover x == 5"),
+    (["x < 5", "x >= 5"], None, None),
+    (["x <= 4", "x >= 5"], "gateway_coverage_gap", "do not cover 4 < x < 5"),
+    (["0 <= x < 10", "x >= 10"], "gateway_coverage_gap", "do not cover x < 0"),
+    (["x > 0"], "gateway_coverage_gap", "do not cover x <= 0"),
+    (["x < -1.5", "x > 2"], "gateway_coverage_gap", "do not cover -1.5 <= x <= 2"),
+    (["5 > x", "x >= 5"], None, None),
+    (["-1 < x", "x <= -1"], None, None),
+    (["x < 5 or x > 5", "x == 5"], None, None),
+    (["not x < 5", "x < 5"], None, None),
+    (["x > 5 and x < 3", "x >= 3"], "gateway_coverage_gap", "do not cover x < 3"),
+    (["x == 1", "x == 2"], "gateway_not_exhaustive", "only handle x == 1, x == 2"),
+    (["x in (1, 2)", "x not in (1, 2)"], None, None),
+    (["x == 1", "x != 1"], None, None),
+    (["applicant.score < 600", "applicant.score > 600"], "gateway_coverage_gap", "applicant.score == 600"),
+    (["applicant['score'] < 600", "applicant['score'] >= 600"], None, None),
+    (["False", "x < 5"], "gateway_coverage_gap", "do not cover x >= 5"),
+    # strings, booleans, None: the set of possible values is unknown
+    (['decision == "approve"', 'decision == "reject"'], "gateway_not_exhaustive", "not exhaustive"),
+    (['decision in ("approve", "reject")'], "gateway_not_exhaustive", "decision == 'approve', decision == 'reject'"),
+    (['decision == "approve"', 'decision != "approve"'], None, None),
+    (['decision != "a"', 'decision != "b"'], None, None),
+    (['decision != "a" and decision != "b"', 'decision == "a"'], "gateway_coverage_gap", "do not cover decision == 'b'"),
+    (["x == True", "x == False"], "gateway_not_exhaustive", "x == False, x == True"),
+    (["x is None", "x is not None"], None, None),
+    (["approved", "not approved"], None, None),
+    (["approved", "approved and approved"], "gateway_coverage_gap", "do not cover approved being false"),
+    # out of the analysable fragment: not reported
+    (["x < 5", "y >= 5"], None, None),
+    (["len(x) < 5", "len(x) > 5"], None, None),
+    (["x < 'm'", "x > 'm'"], None, None),
+    (["x == 1", 'x == "one"'], None, None),
+    (["x + 1 < 5", "x + 1 > 5"], None, None),
+    (["'a' in x", "'a' not in x"], None, None),
+    (["x in 'abc'"], None, None),
+]
+
+
+@pytest.mark.parametrize(("conditions", "code", "says"), COVERAGE, ids=lambda v: " | ".join(v) if isinstance(v, list) else None)
+def test_exclusive_gateway_coverage(tmp_path: Path, conditions: list[str], code: str | None, says: str | None) -> None:
+    report = gateway_report(tmp_path, conditions)
+    if code is None:
+        assert report.problems == (), format_report(report)
+        return
+    assert [p.code for p in report.problems] == [code], format_report(report)
+    assert says in report.problems[0].message
+    assert report.problems[0].element_id == "gw"
+
+
+def test_a_default_flow_makes_any_conditions_safe(tmp_path: Path) -> None:
+    assert gateway_report(tmp_path, ["x < 5", "x > 5"], default=True).problems == ()
