@@ -1,1 +1,28 @@
-"""layerflow engine."""
+"""layerflow engine: BPMN processes on SpiffWorkflow with a governed context per activity.
+
+``load_process`` parses and validates a process; ``Engine`` starts, runs, resumes and
+persists its instances. Handlers are registered with ``@activity("name")``.
+"""
+
+from .handlers import ActivityContext, HandlerRegistry, activity
+from .knowledge import BM25Retriever, Hit, Retriever
+from .process import Process, load_process
+from .runtime import Engine, Instance
+from .store import MemoryStore, SqliteStore, Store, open_store
+
+__all__ = [
+    "ActivityContext",
+    "BM25Retriever",
+    "Engine",
+    "HandlerRegistry",
+    "Hit",
+    "Instance",
+    "MemoryStore",
+    "Process",
+    "Retriever",
+    "SqliteStore",
+    "Store",
+    "activity",
+    "load_process",
+    "open_store",
+]

@@ -1,0 +1,296 @@
+"""Activity handlers: registered Python functions, BPMN scripts, and the view they get.
+
+A handler is ``fn(ctx: ActivityContext) -> dict | None``; a returned dict is written to
+WORKING (auto-promotion decides the effective layer). Handlers are found, in order:
+
+1. the config's ``handler``: a registered name (``@activity("name")``), or
+   ``module:function`` / ``file.py:function`` (a file relative to the process folder);
+2. a function registered under the task's BPMN id;
+3. the BPMN script of a script task;
+4. nothing (plain tasks, manual tasks and user tasks just record their data).
+
+A BPMN script runs with the resolved context keys as variables (thawed copies, loaded
+only when the script reads them). The variables it assigns or changes, and only those,
+become writes to WORKING; names starting with ``_`` stay local to the script. ``del x``
+deletes ``x``. A ``ctx`` object (this module's ``ActivityContext``) is there too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from context_layers import Layer, LayeredContext, json_equal, thaw
+from context_layers.config import ActivityExtensionConfig
+from context_layers.errors import ConfigError, ContextKeyError
+
+__all__ = [
+    "ActivityContext",
+    "Handler",
+    "HandlerRegistry",
+    "REGISTRY",
+    "activity",
+    "ScriptNamespace",
+    "run_script",
+    "evaluate_expression",
+    "load_handler_reference",
+]
+
+Handler = Callable[["ActivityContext"], "Mapping[str, Any] | None"]
+
+
+class HandlerRegistry:
+    """Names -> handler functions. ``REGISTRY`` is the process-wide default."""
+
+    def __init__(self, handlers: Mapping[str, Handler] | None = None) -> None:
+        self._handlers: dict[str, Handler] = dict(handlers or {})
+
+    def register(self, name: str, fn: Handler) -> Handler:
+        self._handlers[name] = fn
+        return fn
+
+    def get(self, name: str) -> Handler | None:
+        return self._handlers.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._handlers
+
+    def names(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def layered(self, overrides: Mapping[str, Handler] | None) -> "HandlerRegistry":
+        """A registry that looks in ``overrides`` first, then in this one (read live)."""
+        return _ChainedRegistry(dict(overrides or {}), self)
+
+
+class _ChainedRegistry(HandlerRegistry):
+    def __init__(self, own: dict[str, Handler], parent: HandlerRegistry) -> None:
+        super().__init__(own)
+        self._parent = parent
+
+    def get(self, name: str) -> Handler | None:
+        return self._handlers.get(name) or self._parent.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._handlers or name in self._parent
+
+    def names(self) -> list[str]:
+        return sorted({*self._handlers, *self._parent.names()})
+
+
+REGISTRY = HandlerRegistry()
+
+
+def activity(name: str, *, registry: HandlerRegistry | None = None) -> Callable[[Handler], Handler]:
+    """Register a handler under a task id or a config ``handler`` name::
+
+        @activity("risk_assessment")
+        def assess(ctx: ActivityContext) -> dict:
+            return {"risk_level": "low"}
+    """
+    def deco(fn: Handler) -> Handler:
+        (registry or REGISTRY).register(name, fn)
+        return fn
+    return deco
+
+
+_MODULES: dict[str, types.ModuleType] = {}
+
+
+def load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
+    """Resolve ``module:function`` or ``file.py:function`` (the file relative to ``base_dir``)."""
+    module_ref, _, attr = ref.rpartition(":")
+    if not module_ref or not attr:
+        raise ConfigError(f"handler {ref!r} is neither a registered name nor 'module:function'")
+    if module_ref.endswith(".py"):
+        path = Path(module_ref)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        path = path.resolve()
+        key = str(path)
+        module = _MODULES.get(key)
+        if module is None:
+            if not path.is_file():
+                raise ConfigError(f"handler {ref!r}: file {path} not found; paths are relative to the process folder")
+            name = f"layerflow_handlers_{abs(hash(key)):x}_{path.stem}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            _MODULES[key] = module
+    else:
+        try:
+            module = importlib.import_module(module_ref)
+        except ImportError as err:
+            raise ConfigError(f"handler {ref!r}: cannot import module {module_ref!r}: {err}") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        registered = REGISTRY.get(attr)
+        if registered is not None:
+            return registered
+        raise ConfigError(f"handler {ref!r}: {module_ref} has no function {attr!r}")
+    if not callable(fn):
+        raise ConfigError(f"handler {ref!r}: {attr!r} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+class ActivityContext:
+    """What a handler sees of the context during one activity.
+
+    Reads resolve L0 -> L5 and return mutable copies; writes go through
+    ``LayeredContext.write`` (auto-promotion, then the permission check) as the task.
+    """
+
+    __slots__ = ("context", "task_id", "task_name", "config", "instance_id", "data", "_actor", "documentation")
+
+    def __init__(self, context: LayeredContext, *, task_id: str, task_name: str | None = None,
+                 config: ActivityExtensionConfig | None = None, instance_id: str | None = None,
+                 data: Mapping[str, Any] | None = None, documentation: str | None = None) -> None:
+        self.context = context
+        self.task_id = task_id
+        self.task_name = task_name or task_id
+        self.config = config or ActivityExtensionConfig()
+        self.instance_id = instance_id
+        self.data = dict(data or {})
+        self.documentation = documentation
+        self._actor = task_id
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.context.get(key, _MISSING)
+        return default if value is _MISSING else thaw(value)
+
+    def __getitem__(self, key: str) -> Any:
+        return thaw(self.context.resolve(key))
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.context
+
+    def write(self, layer: Layer | int | str, key: str, value: Any) -> Layer:
+        return self.context.write(layer, key, value, actor=self._actor)
+
+    def delete(self, layer: Layer | int | str, key: str) -> Layer:
+        return self.context.delete(layer, key, actor=self._actor)
+
+    def layer(self, layer: Layer | int | str) -> dict[str, Any]:
+        return {k: thaw(v) for k, v in self.context.layer(layer).items()}
+
+    @property
+    def knowledge(self) -> dict[str, Any]:
+        """KNOWLEDGE (L2) items: ``{key: {"source", "confidence", "text", ...}}``."""
+        return self.layer(Layer.KNOWLEDGE)
+
+    def variables(self) -> dict[str, Any]:
+        return {k: thaw(v) for k, v in self.context.resolved().items()}
+
+    def __repr__(self) -> str:
+        return f"<ActivityContext {self.task_id} in {self.context.name!r}>"
+
+
+_MISSING = object()
+
+
+def write_result(actx: ActivityContext, result: Mapping[str, Any] | None) -> list[str]:
+    """Write a handler's returned mapping to WORKING, skipping values the context already holds."""
+    if result is None:
+        return []
+    if not isinstance(result, Mapping):
+        raise TypeError(f"handler of {actx.task_id!r} returned {type(result).__name__}; return a dict of "
+                        "keys to write to WORKING, or None")
+    written = []
+    ctx = actx.context
+    for key, value in result.items():
+        current = ctx.get(key, _MISSING)
+        if current is not _MISSING and json_equal(current, value):
+            continue
+        ctx.write(Layer.WORKING, key, value, actor=actx.task_id)
+        written.append(key)
+    return written
+
+
+class ScriptNamespace(dict):  # type: ignore[type-arg]
+    """Globals of a script: context keys load on first read; assignments are tracked.
+
+    A dict subclass works as ``exec`` globals: CPython looks names up through
+    ``__getitem__`` (hence ``__missing__``) and stores through ``__setitem__`` when the
+    globals are not an exact dict, also inside functions the script defines.
+    """
+
+    def __init__(self, context: LayeredContext, extra: Mapping[str, Any] | None = None) -> None:
+        super().__init__(extra or {})
+        self._context = context
+        self._fixed = frozenset(self.keys()) | {"__builtins__"}
+        self.loaded: dict[str, Any] = {}
+        self.assigned: dict[str, None] = {}
+        self.deleted: dict[str, None] = {}
+
+    def __missing__(self, key: str) -> Any:
+        if key in self.deleted:
+            raise KeyError(key)
+        try:
+            frozen = self._context.resolve(key)
+        except ContextKeyError:
+            raise KeyError(key) from None
+        self.loaded[key] = frozen
+        value = thaw(frozen)
+        dict.__setitem__(self, key, value)
+        return value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.assigned[key] = None
+        self.deleted.pop(key, None)
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if not dict.__contains__(self, key) and key not in self._context:
+            raise KeyError(key)
+        dict.pop(self, key, None)
+        self.assigned.pop(key, None)
+        self.deleted[key] = None
+
+    def changes(self) -> tuple[dict[str, Any], list[str]]:
+        """``(writes, deletes)``: what the script assigned or mutated, as context operations."""
+        writes: dict[str, Any] = {}
+        candidates = list(self.assigned) + [k for k in self.loaded if k not in self.assigned]
+        for key in candidates:
+            if key in self._fixed or key.startswith("_") or not dict.__contains__(self, key):
+                continue
+            value = dict.__getitem__(self, key)
+            if isinstance(value, (types.ModuleType, type)) or callable(value):
+                continue
+            current = self._context.get(key, _MISSING)
+            if current is not _MISSING and json_equal(current, value):
+                continue
+            writes[key] = value
+        deletes = [k for k in self.deleted if not k.startswith("_") and k in self._context]
+        return writes, deletes
+
+
+def run_script(script: str, actx: ActivityContext, *, filename: str = "<string>") -> list[str]:
+    """Run a BPMN script against the context; return the keys it wrote or deleted.
+
+    Errors propagate with the script's line in their traceback (``filename`` marks it).
+    """
+    ns = ScriptNamespace(actx.context, {"ctx": actx, "__builtins__": __builtins__})
+    code = compile(script, filename, "exec")
+    exec(code, ns)
+    writes, deletes = ns.changes()
+    ctx = actx.context
+    for key, value in writes.items():
+        ctx.write(Layer.WORKING, key, value, actor=actx.task_id)
+    for key in deletes:
+        layer = ctx.locate(key)
+        if layer is not None:
+            ctx.delete(layer, key, actor=actx.task_id)
+    return [*writes, *deletes]
+
+
+def evaluate_expression(expression: str, context: LayeredContext) -> Any:
+    """A BPMN condition (Python expression) over the resolved context; reads only what it names."""
+    ns = ScriptNamespace(context, {"__builtins__": __builtins__})
+    return eval(compile(expression.strip(), "<condition>", "eval"), ns)

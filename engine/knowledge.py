@@ -1,0 +1,153 @@
+"""KNOWLEDGE (L2) retrieval: a ``Retriever`` protocol and an embedded BM25 default.
+
+The default reads the documents shipped beside a process,
+``<process folder>/knowledge/<collection>/*.md`` (and ``*.txt``), split into passages
+at blank lines and headings. Passages are ranked by BM25; each hit's ``confidence`` is
+the share of the query's information (IDF-weighted query terms) that the passage
+contains, in [0, 1]: 1.0 when every distinctive query term appears in it, whatever its
+length or the size of the collection. Hits under the activity's
+``confidenceThreshold`` are dropped by the engine.
+
+Deterministic: same documents and query, same hits in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+__all__ = ["Hit", "Retriever", "BM25Retriever", "tokenize"]
+
+_WORD = re.compile(r"[0-9a-z\u00c0-\u024f\u4e00-\u9fff]+")
+_STOP = frozenset(
+    "a an and are as at be by for from has have if in is it its of on or that the this to was were will with "
+    "not no than then which who when where what".split())
+
+
+def tokenize(text: str) -> list[str]:
+    return [w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1]
+
+
+@dataclass(frozen=True)
+class Hit:
+    collection: str
+    source: str          # file path relative to the knowledge folder, with the passage number
+    text: str
+    score: float         # raw BM25
+    confidence: float    # in [0, 1]
+
+    @property
+    def key(self) -> str:
+        return f"kb:{self.source}"
+
+    def to_value(self) -> dict[str, object]:
+        return {"kind": "knowledge", "collection": self.collection, "source": self.source,
+                "confidence": round(self.confidence, 4), "text": self.text}
+
+
+class Retriever(Protocol):
+    def retrieve(self, collection: str, query: str, *, top_k: int = 3) -> list[Hit]: ...
+
+
+@dataclass
+class _Passage:
+    source: str
+    text: str
+    terms: Counter[str]
+    length: int
+
+
+class _Collection:
+    def __init__(self, name: str, passages: list[_Passage]) -> None:
+        self.name = name
+        self.passages = passages
+        self.avg_len = (sum(p.length for p in passages) / len(passages)) if passages else 0.0
+        df: Counter[str] = Counter()
+        for p in passages:
+            df.update(p.terms.keys())
+        n = len(passages)
+        self.idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) for t, d in df.items()}
+        self.unknown_idf = math.log(1 + (n + 0.5) / 0.5) if n else 1.0
+
+
+class BM25Retriever:
+    """BM25 over passages of ``root/<collection>/*.md|*.txt`` (collections load lazily)."""
+
+    k1 = 1.5
+    b = 0.75
+
+    def __init__(self, root: str | Path | None) -> None:
+        self.root = Path(root) if root is not None else None
+        self._collections: dict[str, _Collection] = {}
+
+    def collections(self) -> list[str]:
+        if self.root is None or not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    def _load(self, name: str) -> _Collection:
+        coll = self._collections.get(name)
+        if coll is not None:
+            return coll
+        passages: list[_Passage] = []
+        folder = self.root / name if self.root is not None else None
+        if folder is not None and folder.is_dir():
+            for path in sorted([*folder.glob("*.md"), *folder.glob("*.txt")]):
+                for i, text in enumerate(_split_passages(path.read_text(encoding="utf-8")), start=1):
+                    terms = tokenize(text)
+                    if terms:
+                        passages.append(_Passage(f"{name}/{path.name}#{i}", text, Counter(terms), len(terms)))
+        coll = _Collection(name, passages)
+        self._collections[name] = coll
+        return coll
+
+    def retrieve(self, collection: str, query: str, *, top_k: int = 3) -> list[Hit]:
+        coll = self._load(collection)
+        q_terms = list(dict.fromkeys(tokenize(query)))
+        if not coll.passages or not q_terms:
+            return []
+        total_info = sum(coll.idf.get(t, coll.unknown_idf) for t in q_terms)
+        scored: list[tuple[float, float, int, _Passage]] = []
+        for idx, p in enumerate(coll.passages):
+            score = 0.0
+            covered = 0.0
+            for t in q_terms:
+                tf = p.terms.get(t)
+                if not tf:
+                    continue
+                idf = coll.idf[t]
+                covered += idf
+                norm = tf + self.k1 * (1 - self.b + self.b * p.length / (coll.avg_len or 1))
+                score += idf * tf * (self.k1 + 1) / norm
+            if score > 0:
+                scored.append((score, covered / total_info, idx, p))
+        scored.sort(key=lambda s: (-s[0], s[2]))
+        return [Hit(collection, p.source, p.text, round(score, 6), min(1.0, conf))
+                for score, conf, _, p in scored[:top_k]]
+
+
+def _split_passages(text: str) -> Sequence[str]:
+    """Passages: a heading starts a new one, blank lines separate paragraphs; a heading
+    stays with the paragraph under it so a hit keeps its title."""
+    passages: list[str] = []
+    heading = ""
+    for block in re.split(r"\n\s*\n", text):
+        block = block.strip()
+        if not block:
+            continue
+        lines = block.splitlines()
+        if all(line.lstrip().startswith("#") for line in lines):
+            heading = " ".join(line.lstrip("# ").strip() for line in lines)
+            continue
+        if lines[0].lstrip().startswith("#"):
+            heading = lines[0].lstrip("# ").strip()
+            body = "\n".join(lines[1:]).strip()
+        else:
+            body = block
+        passages.append(f"{heading}: {body}" if heading else body)
+    return passages

@@ -1,0 +1,250 @@
+"""Loading a process: BPMN (through ``engine.spiff``) plus per-element config.
+
+Config of one element = its BPMN extension config (``spiffworkflow:activityConfig``
+JSON, then ``layerflow:config`` JSON over it), then the config file beside the
+process (``PROCESS.layerflow.yaml``), whose fields replace the extension's. The file's
+``system:`` becomes L0 at instance start and ``data_layers:`` says where initial data
+keys go (default PROCESS). Nothing is returned for a process that does not validate.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+
+from context_layers import ActivityExtensionConfig, Layer, config_from_dict
+from context_layers.errors import ConfigError, ProcessError
+
+from . import spiff
+
+__all__ = ["Process", "load_process", "extension_configs"]
+
+
+@dataclass
+class Process:
+    """A parsed, validated process, ready to start instances from."""
+
+    id: str
+    spec: Any
+    subprocess_specs: dict[str, Any]
+    configs: dict[str, ActivityExtensionConfig] = field(default_factory=dict)
+    system: dict[str, Any] = field(default_factory=dict)
+    data_layers: dict[str, Layer] = field(default_factory=dict)
+    paths: tuple[str, ...] = ()
+    config_path: str | None = None
+    name: str | None = None
+
+    @property
+    def base_dir(self) -> Path | None:
+        return Path(self.paths[0]).resolve().parent if self.paths else None
+
+    @property
+    def knowledge_dir(self) -> Path | None:
+        base = self.base_dir
+        return base / "knowledge" if base is not None else None
+
+    def config(self, element_id: str) -> ActivityExtensionConfig | None:
+        return self.configs.get(element_id)
+
+    def element_ids(self) -> list[str]:
+        ids: dict[str, None] = {}
+        for s in [self.spec, *self.subprocess_specs.values()]:
+            for ts in spiff.iter_user_specs(s):
+                ids.setdefault(ts.bpmn_id, None)
+        return list(ids)
+
+    def to_record(self) -> dict[str, Any]:
+        """What an instance record keeps of its process (the spec travels inside the workflow JSON)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "paths": list(self.paths),
+            "config_path": self.config_path,
+            "configs": {k: c.model_dump(mode="json", by_alias=True, exclude_unset=True) for k, c in self.configs.items()},
+            "system": self.system,
+            "data_layers": {k: str(v) for k, v in self.data_layers.items()},
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], spec: Any, subprocess_specs: dict[str, Any]) -> "Process":
+        return cls(
+            id=record["id"], spec=spec, subprocess_specs=subprocess_specs,
+            configs={k: ActivityExtensionConfig.model_validate(v) for k, v in record.get("configs", {}).items()},
+            system=dict(record.get("system", {})),
+            data_layers={k: Layer.parse(v) for k, v in record.get("data_layers", {}).items()},
+            paths=tuple(record.get("paths", ())), config_path=record.get("config_path"), name=record.get("name"),
+        )
+
+
+def _as_paths(path_or_paths: str | Path | Iterable[str | Path]) -> list[Path]:
+    if isinstance(path_or_paths, (str, Path)):
+        return [Path(path_or_paths)]
+    return [Path(p) for p in path_or_paths]
+
+
+def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: str | None = None, *,
+                 config: str | Path | None = None, validate: bool = True) -> Process:
+    """Parse BPMN file(s), merge element configs, validate; raise ``ProcessError`` / ``ConfigError``.
+
+    ``config`` is the config file (default: ``<stem>.layerflow.yaml|.yml|.json`` beside the
+    first BPMN file, when there is one).
+    """
+    paths = _as_paths(path_or_paths)
+    if not paths:
+        raise ProcessError("no BPMN file given")
+    for p in paths:
+        if not p.is_file():
+            raise ProcessError(f"{p}: BPMN file not found")
+
+    config_path = Path(config) if config is not None else _find_config(paths[0])
+    file_cfg = _load_config_file(config_path) if config_path is not None else None
+
+    if validate:
+        _validate(paths, config_path, process_id)
+
+    parser = spiff.LayerflowBpmnParser()
+    try:
+        parser.add_bpmn_files([str(p) for p in paths])
+    except ValidationException as err:
+        raise ProcessError(_spiff_message(err)) from None
+    except Exception as err:  # lxml syntax errors and the like
+        raise ProcessError(f"{paths[0]}: cannot parse BPMN: {err}") from None
+
+    pid = process_id or (file_cfg.get("process_id") if file_cfg else None)
+    executable = parser.get_process_ids()
+    if pid is None:
+        if len(executable) != 1:
+            which = ", ".join(executable) or "none"
+            raise ProcessError(f"{paths[0]}: {len(executable)} executable processes ({which}); "
+                               "choose one with process_id (CLI: --process)")
+        pid = executable[0]
+    try:
+        spec = parser.get_spec(pid)
+        subprocess_specs = parser.get_subprocess_specs(pid)
+    except ValidationException as err:
+        raise ProcessError(_spiff_message(err)) from None
+    except Exception as err:
+        known = ", ".join(executable) or "none"
+        raise ProcessError(f"{paths[0]}: process {pid!r} not found or not executable ({err}); "
+                           f"executable processes: {known}") from None
+
+    configs = extension_configs([spec, *subprocess_specs.values()])
+    if file_cfg is not None:
+        for element_id, cfg in file_cfg["elements"].items():
+            configs[element_id] = configs[element_id].merged_with(cfg) if element_id in configs else cfg
+        if not validate:
+            pass
+        else:
+            known_ids = {ts.bpmn_id for s in [spec, *subprocess_specs.values()] for ts in spiff.iter_user_specs(s)}
+            unknown = [i for i in file_cfg["elements"] if i not in known_ids]
+            if unknown:
+                raise ConfigError(f"{config_path}: config for element(s) {', '.join(map(repr, unknown))} that "
+                                  f"the process {pid!r} does not have; known ids: {', '.join(sorted(known_ids))}")
+
+    return Process(
+        id=pid, spec=spec, subprocess_specs=subprocess_specs, configs=configs,
+        system=dict(file_cfg["system"]) if file_cfg else {},
+        data_layers=dict(file_cfg["data_layers"]) if file_cfg else {},
+        paths=tuple(str(p) for p in paths), config_path=str(config_path) if config_path else None,
+        name=getattr(spec, "description", None),
+    )
+
+
+def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig]:
+    """Configs from ``spiffworkflow:activityConfig`` and ``layerflow:config`` of every element."""
+    configs: dict[str, ActivityExtensionConfig] = {}
+    for s in specs:
+        source = getattr(s, "file", None) or ""
+        for ts in spiff.iter_user_specs(s):
+            ext = getattr(ts, "extensions", None) or {}
+            merged: dict[str, Any] = {}
+            for field_name, label in (("activityConfig", "spiffworkflow:activityConfig"), ("layerflow", "layerflow:config")):
+                text = ext.get(field_name)
+                if text is None or not str(text).strip():
+                    continue
+                try:
+                    data = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise ConfigError(f"{source}: element {ts.bpmn_id!r}: {label} is not valid JSON "
+                                      f"({err.msg} at line {err.lineno} of the element text)") from None
+                if not isinstance(data, dict):
+                    raise ConfigError(f"{source}: element {ts.bpmn_id!r}: {label} must be a JSON object")
+                merged.update(data)
+            if merged:
+                configs[ts.bpmn_id] = config_from_dict(merged, source=source, element_id=ts.bpmn_id)
+    return configs
+
+
+# --------------------------------------------------------------------------- config file
+
+def _find_config(bpmn: Path) -> Path | None:
+    if importlib.util.find_spec("engine.configfile") is not None:
+        from . import configfile
+        return configfile.find_config_beside(bpmn)
+    for suffix in (".layerflow.yaml", ".layerflow.yml", ".layerflow.json"):
+        candidate = bpmn.with_name(bpmn.stem + suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_config_file(path: Path) -> dict[str, Any]:
+    """``{"system", "data_layers", "process_id", "elements"}`` from the config file; raises on problems."""
+    if importlib.util.find_spec("engine.configfile") is not None:
+        from . import configfile
+        loaded = configfile.load_config_file(path)
+        loaded.raise_for_problems()
+        return {"system": dict(loaded.system), "data_layers": dict(loaded.data_layers),
+                "process_id": loaded.process_id, "elements": dict(loaded.elements)}
+    return _minimal_config_file(path)
+
+
+def _minimal_config_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config file: {err}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: invalid config file: {err}") from None
+    data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must map BPMN element ids to config (plus system:)")
+    elements = {str(k): config_from_dict(v or {}, source=str(path), element_id=str(k))
+                for k, v in data.items() if k not in ("system", "data_layers", "process")}
+    return {
+        "system": dict(data.get("system") or {}),
+        "data_layers": {k: Layer.parse(v) for k, v in (data.get("data_layers") or {}).items()},
+        "process_id": (data.get("process") or {}).get("process_id"),
+        "elements": elements,
+    }
+
+
+def _validate(paths: list[Path], config_path: Path | None, process_id: str | None) -> None:
+    """``engine.validate`` reports every problem at once; nothing runs on a process with one."""
+    if importlib.util.find_spec("engine.validate") is None:
+        return
+    from . import validate as validate_module
+
+    report = validate_module.validate_process(paths, config_path, process_id, parser_factory=spiff.LayerflowBpmnParser)
+    validate_module.raise_for_problems(report)
+
+
+def _spiff_message(err: ValidationException) -> str:
+    where = getattr(err, "file_name", "") or ""
+    line = getattr(err, "line_number", None) or getattr(err, "sourceline", None)
+    ident = getattr(err, "id", None)
+    parts = [f"{where}:{line}" if line else where or "<bpmn>"]
+    if ident:
+        parts.append(f"element {ident!r}")
+    msg = getattr(err, "error", None) or str(err)
+    return ": ".join(parts) + f": {msg}"

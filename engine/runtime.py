@@ -1,0 +1,955 @@
+"""Running processes: ``Engine``, ``Instance`` and the per-instance driver SpiffWorkflow calls.
+
+SpiffWorkflow decides *which* task runs next; layerflow decides what each task sees
+and may change. The driver (``_Runtime``) is attached to the workflow
+(``engine.spiff.attach``) and called from the spec twins:
+
+* an **activity** (script, user, manual, plain, service, business rule task): the
+  context is ``begin_activity``-ed, KNOWLEDGE is retrieved, the handler runs (model
+  call, registered function, BPMN script, or the user's submitted data), its writes go
+  through ``LayeredContext.write``, and ``complete_activity`` moves WORKING into
+  HISTORY with the activity's ``preserveKeys``. A failure aborts the activity (every
+  layer back as at its start) and leaves the instance in ``error``, resumable.
+* a **split**: XOR continues in the same context (the taken branch's
+  ``contextInject``, ``_branch_id``, ``_snapshot_id`` are injected, a snapshot and a
+  split note go on the tape); AND / inclusive fork one context per taken branch from
+  one snapshot.
+* a **join** (AND / inclusive): the arrived branch contexts are merged three-way
+  against the split snapshot into the context the split came from.
+* a **condition**: evaluated over the task's context (reads only the names it uses).
+
+The instance is saved after every activity.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
+from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
+from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
+from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
+from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMixin
+from SpiffWorkflow.util.task import TaskState
+
+from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.config import ActivityExtensionConfig
+from context_layers.errors import ActivityError, LayerflowError, MergeConflictError
+
+from . import spiff
+from gateways import ContextSplitter, apply_join, join_contexts
+
+from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
+from .knowledge import BM25Retriever, Retriever
+from .process import Process
+from .store import RECORD_FORMAT, Store, open_store
+
+__all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES"]
+
+STATUSES = ("running", "completed", "waiting", "error")
+MAIN = spiff.MAIN_CONTEXT
+_WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
+
+
+@dataclass
+class Instance:
+    """One run of a process: the workflow, its contexts, and the engine's bookkeeping."""
+
+    id: str
+    process: Process
+    workflow: Any
+    contexts: dict[str, LayeredContext]
+    status: str = "running"
+    error: dict[str, Any] | None = None
+    waiting_for: list[dict[str, Any]] = field(default_factory=list)
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    compressions: list[dict[str, Any]] = field(default_factory=list)
+    confirmations: list[dict[str, Any]] = field(default_factory=list)
+    # branch context name -> {"parent", "branch_id", "gateway", "split", "snapshot_id", "inject", "status", "join"}
+    branches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    version: int = 0
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    error_task: str | None = None
+    activities: int = 0
+
+    @property
+    def process_id(self) -> str:
+        return self.process.id
+
+    @property
+    def main(self) -> LayeredContext:
+        return self.contexts[MAIN]
+
+    @property
+    def context(self) -> LayeredContext:
+        """The main-line context (branches merge back into it at their join)."""
+        return self.contexts[MAIN]
+
+    def tape_length(self) -> int:
+        return sum(len(c.tape) for c in self.contexts.values())
+
+    def to_document(self) -> dict[str, Any]:
+        """The ``run --json`` document of DESIGN.md "Interfaces" (plus ``contexts``)."""
+        ctx = self.main
+        return {
+            "instance_id": self.id,
+            "process_id": self.process_id,
+            "status": self.status,
+            "error": self.error,
+            "layers": ctx.as_dict(),
+            "tokens": ctx.token_report(),
+            "conflicts": list(self.conflicts),
+            "compressions": list(self.compressions),
+            "confirmations": list(self.confirmations),
+            "waiting_for": list(self.waiting_for),
+            "tape_length": self.tape_length(),
+            "contexts": {
+                name: {"parent": info["parent"], "branch_id": info["branch_id"], "gateway": info["gateway"],
+                       "status": info["status"], "tokens": self.contexts[name].tokens()}
+                for name, info in self.branches.items() if name in self.contexts
+            },
+        }
+
+    def __repr__(self) -> str:
+        return f"<Instance {self.id} {self.process_id} {self.status}>"
+
+
+class Engine:
+    """Starts, runs, resumes and persists instances.
+
+    ``store``: a ``Store`` or a URL (``memory://``, ``sqlite:///path``); default memory.
+    ``handlers``: extra ``{name: fn}`` looked up before the ``@activity`` registry.
+    ``retriever``: replaces the BM25 default (one per process folder).
+    ``model``: the model name for activities with ``llm`` config (none: offline handlers).
+    """
+
+    def __init__(self, store: Store | str | None = None, handlers: Mapping[str, Handler] | HandlerRegistry | None = None,
+                 *, retriever: Retriever | None = None, model: str | None = None, arbiter: Any = None) -> None:
+        self.store: Store = open_store(store) if not hasattr(store, "save") else store  # type: ignore[assignment]
+        if isinstance(handlers, HandlerRegistry):
+            self.handlers = handlers
+        else:
+            self.handlers = REGISTRY.layered(handlers)
+        self.retriever = retriever
+        self.model = model
+        self.arbiter = arbiter
+        self._retrievers: dict[str, Retriever] = {}
+
+    # ----- lifecycle ---------------------------------------------------------------
+
+    def start(self, process: Process, data: Mapping[str, Any] | None = None, *, instance_id: str | None = None) -> Instance:
+        """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
+        ``data_layers`` says) and save it. ``run`` advances it."""
+        ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
+        for key, value in (data or {}).items():
+            layer = process.data_layers.get(key, Layer.PROCESS)
+            ctx.write(layer, key, value, actor="input")
+        wf = spiff.new_workflow(process.spec, process.subprocess_specs)
+        instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx})
+        _Runtime(self, instance)
+        instance.version = self.store.create(to_record(instance))
+        return instance
+
+    def run(self, instance: Instance, *, answers: Mapping[str, Any] | None = None,
+            ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
+        """Advance until the instance completes, waits (user task, confirmation) or fails.
+
+        ``answers`` (the ``--answers`` document) completes user tasks and answers
+        confirmations as they come; ``ask(item)`` is asked for the rest (return None to
+        leave the instance waiting).
+        """
+        if instance.status == "error":
+            return instance
+        rt = _runtime_of(instance)
+        instance.status = "running"
+        try:
+            while True:
+                rt.step()
+                if not self._answer_from(instance, answers, ask):
+                    break
+        except Exception as err:  # noqa: BLE001 - every failure becomes the instance's error
+            rt.fail(err)
+        rt.settle()
+        self._save(instance)
+        return instance
+
+    def complete_user_task(self, instance: Instance, task_id: str, data: Mapping[str, Any] | None = None, *,
+                           run: bool = True) -> Instance:
+        """Complete a waiting user (or manual) task with ``data`` (written to WORKING), then run on."""
+        rt = _runtime_of(instance)
+        task = rt.find_waiting_task(task_id)
+        rt.user_data[str(task.id)] = dict(data or {})
+        instance.status = "running"
+        try:
+            task.run()
+        except Exception as err:  # noqa: BLE001
+            rt.fail(err)
+            rt.settle()
+            self._save(instance)
+            return instance
+        self._save(instance)
+        return self.run(instance) if run else instance
+
+    def answer_confirmation(self, instance: Instance, confirmation_id: str, value: Any, *, run: bool = True,
+                            timed_out: bool = False) -> Instance:
+        """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
+
+        An answer that is not one of the offered options raises ``ActivityError`` and
+        changes nothing."""
+        rt = _runtime_of(instance)
+        rt.check_answer(confirmation_id, value)
+        instance.status = "running"
+        try:
+            rt.answer(confirmation_id, value, timed_out=timed_out)
+        except Exception as err:  # noqa: BLE001 - e.g. a person escalated: the join fails
+            rt.fail(err)
+            rt.settle()
+            self._save(instance)
+            return instance
+        self._save(instance)
+        return self.run(instance) if run else instance
+
+    def resume(self, instance: Instance, *, answers: Mapping[str, Any] | None = None,
+               ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
+        """Continue an instance: retry the failed activity of an ``error`` instance (its context
+        is as before the activity; fix the cause first, e.g. with ``inject``), or run on."""
+        rt = _runtime_of(instance)
+        if instance.status == "error":
+            rt.reset_failed()
+        return self.run(instance, answers=answers, ask=ask)
+
+    def inject(self, instance: Instance, values: Mapping[str, Any], *, layer: Layer | str = Layer.WORKING,
+               context: str | None = None, actor: str = "operator") -> Instance:
+        """Write values into a context from outside any activity (to fix the cause of an error).
+
+        The context defaults to the one of the failed task, else the main context. Writes
+        obey the layer rules (a PROCESS key cannot be changed).
+        """
+        rt = _runtime_of(instance)
+        ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
+        for key, value in values.items():
+            ctx.write(layer, key, value, actor=actor)
+        self._save(instance)
+        return instance
+
+    def load(self, instance_id: str) -> Instance:
+        """Load a saved instance (for ``resume``, ``inspect``, another process)."""
+        return from_record(self, self.store.load(instance_id))
+
+    def run_process(self, process: Process, data: Mapping[str, Any] | None = None, **kw: Any) -> Instance:
+        return self.run(self.start(process, data), **kw)
+
+    # ----- internals -----------------------------------------------------------------
+
+    def retriever_for(self, process: Process) -> Retriever:
+        if self.retriever is not None:
+            return self.retriever
+        root = str(process.knowledge_dir)
+        r = self._retrievers.get(root)
+        if r is None:
+            r = self._retrievers[root] = BM25Retriever(process.knowledge_dir)
+        return r
+
+    def arbiter_for(self, process: Process) -> Any:
+        """The model that settles join conflicts (``gateways.ConflictArbiter``), if any.
+
+        Given to the constructor, or built by ``engine.llm.make_arbiter(model)`` when a
+        model is configured and that module is installed (issue "rendering"); else None:
+        conflicts go to policy, then to a person.
+        """
+        if self.arbiter is not None or self.model is None:
+            return self.arbiter
+        if importlib.util.find_spec("engine.llm") is None:
+            return None
+        make = getattr(importlib.import_module("engine.llm"), "make_arbiter", None)
+        return make(self.model) if make is not None else None
+
+    def _save(self, instance: Instance) -> None:
+        instance.updated = time.time()
+        instance.version = self.store.save(to_record(instance), instance.version)
+
+    def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
+                     ask: Callable[[dict[str, Any]], Any] | None) -> bool:
+        """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered."""
+        if instance.status != "waiting":
+            return False
+        rt = _runtime_of(instance)
+        for item in list(instance.waiting_for):
+            value = _lookup_answer(answers, item)
+            if value is _NO_ANSWER and ask is not None:
+                asked = ask(rt.describe(item))
+                value = _NO_ANSWER if asked is None else asked
+            if value is _NO_ANSWER:
+                continue
+            instance.status = "running"
+            if item["kind"] == "user_task":
+                task = rt.find_waiting_task(item["id"])
+                rt.user_data[str(task.id)] = dict(value or {})
+                task.run()
+            elif item["kind"] == "confirmation":
+                rt.check_answer(item["id"], value)
+                rt.answer(item["id"], value)
+            else:
+                continue
+            self._save(instance)
+            return True
+        return False
+
+
+_NO_ANSWER = object()
+
+
+def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
+    if not answers:
+        return _NO_ANSWER
+    if item["kind"] == "user_task":
+        tasks = answers.get("user_tasks") or {}
+        for key in (item["task_id"], item["id"]):
+            if key in tasks:
+                return tasks[key]
+        return _NO_ANSWER
+    if item["kind"] == "confirmation":
+        conf = answers.get("confirmations") or {}
+        keys = [item["id"]]
+        if item.get("key"):
+            keys.append(f"{item['task_id']}/{item['key']}")
+        keys.append("*")
+        for key in keys:
+            if key in conf:
+                return conf[key]
+    return _NO_ANSWER
+
+
+# =============================================================================== driver
+
+def _runtime_of(instance: Instance) -> "_Runtime":
+    rt = getattr(instance.workflow, "layerflow", None)
+    if not isinstance(rt, _Runtime):
+        raise LayerflowError(f"instance {instance.id} has no engine attached; load it with Engine.load")
+    return rt
+
+
+class _Runtime:
+    """The per-instance driver that the spec twins call (see ``engine.spiff.Driver``)."""
+
+    def __init__(self, engine: Engine, instance: Instance) -> None:
+        self.engine = engine
+        self.instance = instance
+        self.process = instance.process
+        self.user_data: dict[str, dict[str, Any]] = {}
+        # confirmation id -> {"value", "resolver"}: answers waiting for their join to re-run
+        self.answers: dict[str, dict[str, Any]] = {}
+        self._handler_cache: dict[str, Handler | None] = {}
+        spiff.attach(instance.workflow, self)
+
+    # ----- running the workflow ------------------------------------------------------
+
+    def step(self) -> None:
+        """Run every READY engine task (and plain tasks that have a handler), saving after each activity."""
+        wf = self.instance.workflow
+        while True:
+            ran = False
+            for task in _ready_tasks(wf):
+                spec = task.task_spec
+                if spec.manual and not self._runs_unattended(spec):
+                    continue
+                before = self.instance.activities
+                task.run()
+                ran = True
+                if self.instance.activities != before:
+                    self.engine._save(self.instance)
+                break  # the tree changed: look again from the top
+            if not ran:
+                # subprocess tasks move on when their subworkflow completes
+                if not self._update_finished_subprocesses():
+                    break
+        wf.refresh_timers()
+
+    def _update_finished_subprocesses(self) -> bool:
+        wf = self.instance.workflow
+        moved = False
+        for sp in list(wf.subprocesses.values()):
+            if sp.completed and sp.parent_task_id is not None:
+                task = wf.get_task_from_id(sp.parent_task_id)
+                if task is not None and task.state == TaskState.STARTED:
+                    task.task_spec._update(task)
+                    moved = moved or task.state != TaskState.STARTED
+        return moved
+
+    def _runs_unattended(self, spec: Any) -> bool:
+        """A plain task with a handler (or model config) runs without a person."""
+        if isinstance(spec, UserTaskMixin) or not isinstance(spec, NoneTaskMixin):
+            return False
+        cfg = self.process.config(spec.bpmn_id)
+        return self._handler_for(spec.bpmn_id, cfg) is not None or bool(cfg and cfg.llm and self._model_for(cfg))
+
+    def settle(self) -> None:
+        """Work out status and what the instance waits for."""
+        inst = self.instance
+        if inst.status == "error":
+            inst.waiting_for = []
+            return
+        wf = inst.workflow
+        if wf.is_completed():
+            inst.status = "completed"
+            inst.waiting_for = []
+            return
+        waiting: list[dict[str, Any]] = []
+        for c in inst.confirmations:
+            if c.get("answer") is None and not c.get("answered"):
+                waiting.append({"kind": "confirmation", "id": c["id"], "task_id": c["task_id"], "key": c.get("key")})
+        for task in _ready_tasks(wf):
+            if task.task_spec.manual:
+                waiting.append({"kind": "user_task", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
+                                "name": task.task_spec.bpmn_name})
+        if not waiting:
+            for task in _all_tasks(wf, TaskState.WAITING):
+                if not spiff.is_join(task.task_spec):
+                    waiting.append({"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)})
+        inst.waiting_for = waiting
+        inst.status = "waiting" if waiting else "running"
+        if not waiting:
+            # nothing ready, nothing to wait for, not completed: the process is stuck
+            self.fail(LayerflowError("the process neither completed nor waits for anything; "
+                                     "check gateways and joins of this process"))
+
+    def fail(self, err: BaseException) -> None:
+        inst = self.instance
+        inst.status = "error"
+        task_id = getattr(err, "task_id", None)
+        kind = getattr(err, "kind", None) or "activity_failed"
+        message = str(err) or type(err).__name__
+        if not isinstance(err, LayerflowError):
+            message = f"{type(err).__name__}: {message}"
+            kind = "engine_error"
+        inst.error = {"kind": kind, "message": message, "task_id": task_id}
+        line = getattr(err, "line", None)
+        if line is not None:
+            inst.error["line"] = line
+        failed = _all_tasks(inst.workflow, TaskState.ERROR)
+        inst.error_task = str(failed[0].id) if failed else None
+        if task_id is None and failed:
+            inst.error["task_id"] = spiff.bpmn_id_of(failed[0])
+
+    def failed_context_name(self) -> str | None:
+        tid = self.instance.error_task
+        if tid is None:
+            return None
+        task = self.instance.workflow.get_task_from_id(uuid.UUID(tid))
+        return spiff.context_name_of(task) if task is not None else None
+
+    def reset_failed(self) -> None:
+        """Make the failed task runnable again; its context tag survives spiff's reset."""
+        inst = self.instance
+        for task in _all_tasks(inst.workflow, TaskState.ERROR):
+            keep = {k: task.internal_data[k] for k in (spiff.CTX_KEY, spiff.BRANCH_KEY) if k in task.internal_data}
+            wf = task.workflow.top_workflow
+            wf.reset_from_task_id(task.id)
+            task.internal_data.update(keep)
+        inst.status = "running"
+        inst.error = None
+        inst.error_task = None
+
+    def find_waiting_task(self, task_id: str) -> Any:
+        for task in _ready_tasks(self.instance.workflow):
+            if task.task_spec.manual and task_id in (str(task.id), spiff.bpmn_id_of(task)):
+                return task
+        waiting = [spiff.bpmn_id_of(t) for t in _ready_tasks(self.instance.workflow) if t.task_spec.manual]
+        raise ActivityError(f"instance {self.instance.id} does not wait for task {task_id!r}; "
+                            f"it waits for: {', '.join(waiting) or 'nothing'}", task_id=task_id)
+
+    # ----- activities ------------------------------------------------------------------
+
+    def context_of(self, task: Any) -> LayeredContext:
+        return self.instance.contexts[spiff.context_name_of(task)]
+
+    def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any:
+        spec = task.task_spec
+        bpmn_id = spec.bpmn_id
+        ctx = self.context_of(task)
+        cfg = self.process.config(bpmn_id)
+        ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        try:
+            if cfg is not None and cfg.knowledge_config is not None:
+                self._retrieve(ctx, cfg, task)
+            actx = ActivityContext(ctx, task_id=bpmn_id, task_name=spec.bpmn_name, config=cfg,
+                                   instance_id=self.instance.id, data=self.user_data.pop(str(task.id), None),
+                                   documentation=getattr(spec, "documentation", None))
+            prescript = getattr(spec, "prescript", None)
+            if prescript:
+                run_script(prescript, actx, filename=_script_name("preScript", bpmn_id))
+            result = self._run_handler(task, actx, cfg, default_run)
+            postscript = getattr(spec, "postscript", None)
+            if postscript:
+                run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
+            preserve = cfg.effective_preserve_keys if cfg is not None else []
+            ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
+        except BaseException as err:
+            ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
+            raise _activity_error(bpmn_id, err) from err
+        self.instance.activities += 1
+        record = _after_activity(ctx, cfg, task_id=bpmn_id)
+        if record is not None:
+            self.instance.compressions.append(record)
+        return True if result is None else result
+
+    def _run_handler(self, task: Any, actx: ActivityContext, cfg: ActivityExtensionConfig | None,
+                     default_run: Callable[[], Any]) -> Any:
+        spec = task.task_spec
+        model = self._model_for(cfg) if cfg is not None and cfg.llm is not None else None
+        if model is not None and importlib.util.find_spec("engine.llm") is not None:
+            llm = importlib.import_module("engine.llm")
+            write_result(actx, llm.run_llm_activity(actx, cfg, model=model))
+            return None
+        handler = self._handler_for(spec.bpmn_id, cfg)
+        if handler is not None:
+            write_result(actx, handler(actx))
+            if actx.data:
+                write_result(actx, actx.data)
+            return None
+        if isinstance(spec, ScriptTaskMixin):
+            if spec.script:
+                run_script(spec.script, actx, filename=_script_name("script", spec.bpmn_id))
+            return None
+        if isinstance(spec, BusinessRuleTaskMixin):
+            return self._run_native(task, actx, default_run)
+        if isinstance(spec, NoneTaskMixin) or isinstance(spec, UserTaskMixin) or spec.manual:
+            write_result(actx, actx.data)
+            return None
+        raise ActivityError(f"task {spec.bpmn_id!r} ({type(spec).__name__.removeprefix('Layerflow')}) has no "
+                            f"handler; register one with @activity({spec.bpmn_id!r}) or set 'handler' in its config",
+                            task_id=spec.bpmn_id)
+
+    def _run_native(self, task: Any, actx: ActivityContext, default_run: Callable[[], Any]) -> Any:
+        """SpiffWorkflow's own behaviour (DMN) on a task.data filled from the context, diffed back."""
+        before = {k: thaw(v) for k, v in actx.context.resolved().items()}
+        task.data = dict(before)
+        try:
+            result = default_run()
+            changed = {k: v for k, v in task.data.items() if k not in before or not json_equal(before[k], v)}
+            write_result(actx, changed)
+        finally:
+            task.data = {}
+        return result
+
+    def _handler_for(self, bpmn_id: str, cfg: ActivityExtensionConfig | None) -> Handler | None:
+        name = cfg.handler if cfg is not None and cfg.handler else None
+        key = name or f"id:{bpmn_id}"
+        if key in self._handler_cache:
+            return self._handler_cache[key]
+        handler: Handler | None
+        if name is not None:
+            handler = self.engine.handlers.get(name)
+            if handler is None:
+                if ":" in name:
+                    handler = load_handler_reference(name, self.process.base_dir)
+                else:
+                    raise ActivityError(f"handler {name!r} of task {bpmn_id!r} is not registered; known: "
+                                        f"{', '.join(self.engine.handlers.names()) or 'none'}", task_id=bpmn_id)
+        else:
+            handler = self.engine.handlers.get(bpmn_id)
+        self._handler_cache[key] = handler
+        return handler
+
+    def _model_for(self, cfg: ActivityExtensionConfig) -> str | None:
+        if cfg.llm is None:
+            return None
+        return self.engine.model or cfg.llm.model
+
+    def _retrieve(self, ctx: LayeredContext, cfg: ActivityExtensionConfig, task: Any) -> None:
+        kc = cfg.knowledge_config
+        assert kc is not None
+        retriever = self.engine.retriever_for(self.process)
+        query = _knowledge_query(ctx, kc.query, task)
+        kept = dropped = 0
+        for collection in kc.rag_collections:
+            for hit in retriever.retrieve(collection, query, top_k=kc.top_k):
+                if hit.confidence < kc.confidence_threshold:
+                    dropped += 1
+                    continue
+                ctx.write(Layer.KNOWLEDGE, hit.key, hit.to_value(), actor="retriever")
+                kept += 1
+        ctx.record("retrieval", actor="retriever", data={
+            "collections": list(kc.rag_collections), "query": query[:500], "kept": kept, "dropped": dropped,
+            "threshold": kc.confidence_threshold})
+
+    # ----- expressions and scripts ----------------------------------------------------------
+
+    def evaluate(self, task: Any, expression: str) -> Any:
+        try:
+            return evaluate_expression(expression, self.context_of(task))
+        except Exception as err:  # noqa: BLE001
+            raise ActivityError(f"condition {expression.strip()!r} at {spiff.bpmn_id_of(task)!r} failed: "
+                                f"{type(err).__name__}: {err}", task_id=spiff.bpmn_id_of(task)) from err
+
+    def exec_script(self, task: Any, script: str) -> None:
+        ctx = self.context_of(task)
+        bpmn_id = spiff.bpmn_id_of(task)
+        run_script(script, ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id),
+                   filename=_script_name("script", bpmn_id))
+
+    # ----- gateways ------------------------------------------------------------------
+
+    def split(self, task: Any) -> None:
+        spec = task.task_spec
+        gw = spec.bpmn_id
+        cfg = self.process.config(gw)
+        taken = [c for c in task.children if c.has_state(TaskState.DEFINITE_MASK)]
+        parent_name = spiff.context_name_of(task)
+        parent = self.instance.contexts[parent_name]
+        if isinstance(spec, ExclusiveGateway):
+            for child in taken:  # one child: the taken flow
+                self._split_in_place(parent, gw, spiff.bpmn_id_of(child), _inject_of(cfg, spiff.bpmn_id_of(child)))
+            return
+        if taken:
+            self._fork(task, parent_name, parent, gw, cfg, taken)
+
+    def _split_in_place(self, ctx: LayeredContext, gw: str, branch_id: str, inject: Mapping[str, Any]) -> None:
+        """XOR: only one branch goes on, so the context goes on with it."""
+        snap = ctx.snapshot(label=f"split:{gw}", actor=gw)
+        ctx.record("split", actor=gw, data={"gateway": gw, "type": "exclusive", "branches": [branch_id],
+                                             "snapshot_id": snap.id, "inject": dict(inject)})
+        values = {**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}
+        _inject(ctx, values, actor=gw, data={"gateway": gw, "branch_id": branch_id})
+
+    def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
+              cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
+        inst = self.instance
+        ids = [spiff.bpmn_id_of(c) for c in taken]
+        branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
+        split_id = f"{gw}@{task.id}"
+        for child, b in zip(taken, branches):
+            _shadow_fix(b.context, b.injected, actor=gw)
+            name = b.context.name
+            inst.contexts[name] = b.context
+            inst.branches[name] = {
+                "parent": parent_name, "branch_id": b.branch_id, "gateway": gw, "split": split_id,
+                "snapshot_id": b.snapshot_id, "injected": thaw(dict(b.injected)), "status": "open", "join": None}
+            child.internal_data[spiff.CTX_KEY] = name
+            child.internal_data[spiff.BRANCH_KEY] = b.branch_id
+
+    def join(self, task: Any) -> bool:
+        """Merge the arrived branch contexts; False when the join waits for a person."""
+        gw = spiff.bpmn_id_of(task)
+        arrived = [spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task)]
+        current = list(dict.fromkeys(arrived))
+        branches = self.instance.branches
+        while True:
+            open_groups: dict[str, list[str]] = {}
+            for name in current:
+                info = branches.get(name)
+                if info is not None and info["status"] == "open":
+                    open_groups.setdefault(info["split"], []).append(name)
+            # A split's branches merge once all of its open branches are here; a nested
+            # split's branches (deeper) merge before their parent's.
+            ready = [members for split, members in open_groups.items()
+                     if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}]
+            if not ready:
+                break
+            members = max(ready, key=lambda m: self._depth(m[0]))
+            parent_name = branches[members[0]]["parent"]
+            if not self._merge_group(task, gw, parent_name, members, arrival=arrived):
+                return False
+            current = list(dict.fromkeys(parent_name if n in members else n for n in current))
+        if len(current) != 1:
+            raise MergeConflictError(f"join {gw!r} received branches of different splits ({', '.join(current)}); "
+                                     "layerflow joins the branches of one split at a time: add the matching join",
+                                     gateway_id=gw)
+        task.internal_data[spiff.CTX_KEY] = current[0]
+        return True
+
+    def _depth(self, name: str) -> int:
+        d = 0
+        while name in self.instance.branches:
+            name = self.instance.branches[name]["parent"]
+            d += 1
+        return d
+
+    def _merge_group(self, task: Any, gw: str, parent_name: str, members: list[str], *, arrival: list[str]) -> bool:
+        inst = self.instance
+        parent = inst.contexts[parent_name]
+        infos = {m: inst.branches[m] for m in members}
+        base = parent.get_snapshot(infos[members[0]]["snapshot_id"])
+        # branch order: the split's order of outgoing flows
+        ordered = sorted(members, key=list(inst.branches).index)
+        contexts = {infos[m]["branch_id"]: inst.contexts[m] for m in ordered}
+        injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
+        order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
+        answers = {cid: a["value"] for cid, a in self.answers.items()}
+        try:
+            result = join_contexts(base, contexts, config=self.process.config(gw), gateway_id=gw,
+                                   arrival_order=order, answers=answers, arbiter=self.engine.arbiter_for(self.process),
+                                   human_available=True, injected=injected)
+        except MergeConflictError as err:
+            records = getattr(err, "conflicts", None) or []
+            parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
+            self._set_conflicts(gw, [c.to_dict() if hasattr(c, "to_dict") else c for c in records], resolved=False)
+            raise
+        apply_join(parent, result, actor=gw)
+        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)
+        if not result.complete:
+            self._add_confirmations(task, gw, result.pending)
+            return False
+        self._close_confirmations(gw, result)
+        for m in members:
+            inst.branches[m]["status"] = "joined"
+            inst.branches[m]["join"] = gw
+            inst.contexts[m].record("joined", actor=gw, data={"gateway_id": gw, "into": parent_name})
+        return True
+
+    def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool) -> None:
+        """The ``conflicts`` list shows each join's conflicts once: pending ones are replaced when settled."""
+        inst = self.instance
+        inst.conflicts = [c for c in inst.conflicts if not (c.get("gateway_id") == gw and c.get("resolution") is None)]
+        inst.conflicts.extend(records)
+
+    def _add_confirmations(self, task: Any, gw: str, pending: list[Any]) -> None:
+        inst = self.instance
+        known = {c["id"] for c in inst.confirmations if not c.get("answered")}
+        for req in pending:
+            if req.id in known:
+                continue
+            entry = {**req.to_dict(), "answer": None, "timed_out": False, "answered": False,
+                     "task_id": gw, "task": str(task.id)}
+            inst.confirmations.append(entry)
+
+    def _close_confirmations(self, gw: str, result: Any) -> None:
+        for c in self.instance.confirmations:
+            if c.get("task_id") == gw and c.get("answered") and "resolved" not in c:
+                c["resolved"] = True
+                self.answers.pop(c["id"], None)
+
+    def check_answer(self, confirmation_id: str, value: Any) -> dict[str, Any]:
+        """The open confirmation, if ``value`` is one of its options (value, label or its JSON text)."""
+        inst = self.instance
+        entry = next((c for c in inst.confirmations if c["id"] == confirmation_id and not c.get("answered")), None)
+        if entry is None:
+            open_ids = [c["id"] for c in inst.confirmations if not c.get("answered")]
+            raise ActivityError(f"instance {inst.id} has no open confirmation {confirmation_id!r}; open: "
+                                f"{', '.join(open_ids) or 'none'}")
+        options = entry.get("options") or []
+        ok = (not options or value == "escalate"
+              or any(json_equal(value, o.get("value")) or value == o.get("label")
+                     or (isinstance(value, str) and value == json.dumps(o.get("value"), ensure_ascii=False))
+                     for o in options))
+        if not ok:
+            offered = ", ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in options)
+            raise ActivityError(f"answer {value!r} for confirmation {confirmation_id!r} is not one of the "
+                                f"offered option values: {offered}", task_id=entry.get("task_id"))
+        return entry
+
+    def describe(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        """What a person is asked: the confirmation (message, options, default) or the user task."""
+        if item["kind"] == "confirmation":
+            entry = next((c for c in self.instance.confirmations if c["id"] == item["id"]), {})
+            return {**entry, **item}
+        out = dict(item)
+        if item["kind"] == "user_task":
+            task = self.find_waiting_task(item["id"])
+            out["documentation"] = getattr(task.task_spec, "documentation", None)
+        return out
+
+    def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False) -> None:
+        """Record a person's answer; once a join has all its answers it runs again."""
+        inst = self.instance
+        entry = self.check_answer(confirmation_id, value)
+        entry["answer"] = value
+        entry["answered"] = True
+        entry["timed_out"] = timed_out
+        self.answers[confirmation_id] = {"value": value, "resolver": resolver}
+        task_uuid = entry.get("task")
+        if task_uuid and not any(c.get("task") == task_uuid and not c.get("answered") for c in inst.confirmations):
+            task = inst.workflow.get_task_from_id(uuid.UUID(task_uuid))
+            if task is not None and task.state == TaskState.STARTED:
+                task.run()
+
+
+# =============================================================================== helpers
+
+def _ready_tasks(wf: Any) -> list[Any]:
+    tasks = []
+    for sp in sorted(wf.get_active_subprocesses(), key=lambda s: s.depth, reverse=True):
+        tasks.extend(sp.get_tasks(state=TaskState.READY))
+    tasks.extend(wf.get_tasks(state=TaskState.READY))
+    return tasks
+
+
+def _all_tasks(wf: Any, state: int) -> list[Any]:
+    tasks = list(wf.get_tasks(state=state))
+    for sp in wf.subprocesses.values():
+        tasks.extend(sp.get_tasks(state=state))
+    return tasks
+
+
+def _gateway_type(spec: Any) -> str:
+    name = type(spec).__name__.removeprefix("Layerflow")
+    return {"ParallelGateway": "parallel", "InclusiveGateway": "inclusive", "ExclusiveGateway": "exclusive"}.get(name, name)
+
+
+def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str, Any]:
+    if cfg is None:
+        return {}
+    b = cfg.branch(branch_id)
+    return dict(b.context_inject) if b is not None else {}
+
+
+def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data: Mapping[str, Any]) -> None:
+    """Inject into WORKING, or into the layer that already holds the key (else a lower
+    layer's copy would shadow the injected value). SYSTEM and PROCESS keys are never
+    injected over; that is recorded."""
+    changes = []
+    refused = []
+    for key, value in values.items():
+        where = ctx.locate(key)
+        if where in (Layer.SYSTEM, Layer.PROCESS):
+            refused.append(key)
+            continue
+        layer = where if where is not None and where < Layer.WORKING else Layer.WORKING
+        changes.append((layer, key, value))
+    if changes:
+        ctx.apply_changes(changes, kind="inject", actor=actor, data=dict(data))
+    if refused:
+        ctx.record("inject_refused", actor=actor, data={**data, "keys": refused,
+                                                          "reason": "the key is fixed in SYSTEM or PROCESS"})
+
+
+def _shadow_fix(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str) -> None:
+    """``LayeredContext.fork`` injects into WORKING; a copy of the key in KNOWLEDGE or
+    HISTORY would shadow it. Put the injected value where reads find it."""
+    changes = []
+    for key, value in values.items():
+        where = ctx.locate(key)
+        if where in (Layer.KNOWLEDGE, Layer.HISTORY):
+            changes.append((where, key, value))
+            changes.append((Layer.WORKING, key, DELETED))
+    if changes:
+        ctx.apply_changes(changes, kind="inject", actor=actor, data={"reason": "inject over a lower layer's copy"})
+
+
+def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> str:
+    if template:
+        values = {k: thaw(v) for k, v in ctx.resolved().items()}
+        try:
+            return template.format_map(_Default(values))
+        except (ValueError, IndexError):
+            return template
+    spec = task.task_spec
+    parts = [spec.bpmn_name or spec.bpmn_id, getattr(spec, "documentation", None) or ""]
+    for value in ctx.layer(Layer.PROCESS).values():
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            parts.append(str(value))
+    return " ".join(p for p in parts if p)
+
+
+class _Default(dict):  # type: ignore[type-arg]
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def _script_name(kind: str, bpmn_id: str) -> str:
+    return f"<{kind} {bpmn_id}>"
+
+
+def _one_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".splitlines()[0] if str(err) else type(err).__name__
+    return text[:500]
+
+
+def _activity_error(bpmn_id: str, err: BaseException) -> LayerflowError:
+    """The error an activity failure becomes: task id, script line, message."""
+    if isinstance(err, ActivityError) and err.task_id is not None:
+        return err
+    line = None
+    where = ""
+    for frame in traceback.extract_tb(err.__traceback__):
+        if frame.filename.startswith("<") and frame.filename.endswith(f" {bpmn_id}>"):
+            line = frame.lineno
+            where = frame.filename.strip("<>").split(" ")[0]
+    if isinstance(err, SyntaxError) and err.filename and err.filename.endswith(f" {bpmn_id}>"):
+        line = err.lineno
+        where = err.filename.strip("<>").split(" ")[0]
+    what = f"{type(err).__name__}: {err}" if not isinstance(err, LayerflowError) else str(err)
+    at = f" at line {line} of its {where}" if line is not None else ""
+    message = f"activity {bpmn_id!r} failed{at}: {what}"
+    out = ActivityError(message, task_id=bpmn_id, line=line)
+    if isinstance(err, LayerflowError):
+        out.kind = err.kind  # type: ignore[misc]
+    return out
+
+
+def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, task_id: str) -> dict[str, Any] | None:
+    """Compression hook, called after every completed activity (issue 5 fills it in).
+
+    Returns the ``compressions`` entry of the ``--json`` document when compression ran:
+    ``{"activity_id", "triggers", "tokens_before", "tokens_after", "snapshot_id"}``.
+    """
+    if config is None or importlib.util.find_spec("context_layers.compression") is None:
+        return None
+    compression = importlib.import_module("context_layers.compression")
+    hook = getattr(compression, "after_activity", None)
+    if hook is None:
+        return None
+    result = hook(ctx, config, actor=task_id)
+    if result is None:
+        return None
+    record = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    record.setdefault("activity_id", task_id)
+    return record
+
+
+# =============================================================================== records
+
+def to_record(instance: Instance) -> dict[str, Any]:
+    """The saved form of an instance (format ``RECORD_FORMAT``)."""
+    return {
+        "format": RECORD_FORMAT,
+        "id": instance.id,
+        "process_id": instance.process_id,
+        "status": instance.status,
+        "error": instance.error,
+        "created": instance.created,
+        "updated": instance.updated,
+        "process": instance.process.to_record(),
+        "workflow": spiff.SERIALIZER.serialize_json(instance.workflow),
+        "contexts": {name: ctx.to_dict() for name, ctx in instance.contexts.items()},
+        "engine": {
+            "branches": instance.branches,
+            "waiting_for": instance.waiting_for,
+            "conflicts": instance.conflicts,
+            "compressions": instance.compressions,
+            "confirmations": instance.confirmations,
+            "error_task": instance.error_task,
+            "activities": instance.activities,
+        },
+    }
+
+
+def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
+    fmt = record.get("format")
+    if fmt != RECORD_FORMAT:
+        raise LayerflowError(f"instance record {record.get('id')!r} has format {fmt!r}; this layerflow reads "
+                             f"format {RECORD_FORMAT}")
+    wf = spiff.SERIALIZER.deserialize_json(record["workflow"])
+    process = Process.from_record(record["process"], wf.spec, dict(wf.subprocess_specs))
+    contexts = {name: LayeredContext.from_dict(d) for name, d in record["contexts"].items()}
+    eng = record.get("engine", {})
+    instance = Instance(
+        id=record["id"], process=process, workflow=wf, contexts=contexts, status=record["status"],
+        error=record.get("error"), waiting_for=list(eng.get("waiting_for", [])),
+        conflicts=list(eng.get("conflicts", [])), compressions=list(eng.get("compressions", [])),
+        confirmations=list(eng.get("confirmations", [])), branches=dict(eng.get("branches", {})),
+        version=int(record["version"]), created=float(record.get("created", time.time())),
+        updated=float(record.get("updated", time.time())), error_task=eng.get("error_task"),
+        activities=int(eng.get("activities", 0)),
+    )
+    _Runtime(engine, instance)
+    return instance

@@ -1,0 +1,357 @@
+"""SpiffWorkflow glue: the parser, the spec subclasses, the script engine, the serializer.
+
+This is the only module of layerflow's run path that imports SpiffWorkflow. Why it is
+built this way (see shared/notes/spiffworkflow-3.2.md):
+
+* Spec subclasses are the one hook that fires for every task type and survives
+  serialization. ``LayerflowBpmnParser`` builds a ``Layerflow<Spec>`` twin of every spec
+  class SpiffWorkflow would build, and ``SERIALIZER`` knows the twins.
+* layerflow's context lives outside ``task.data``: stock SpiffWorkflow shares nested data
+  between branches and lets the last branch win at a join. A task carries only the
+  name of its context in ``task.internal_data`` (serialized, never merged).
+* The twins call a per-workflow *driver* found at ``workflow.top_workflow.layerflow``
+  (the engine sets it after creating or deserializing a workflow). Without a driver the
+  twins behave exactly like the stock classes, so a layerflow-parsed spec still runs
+  under plain SpiffWorkflow.
+
+The driver protocol (implemented by ``engine.runtime``)::
+
+    run_activity(task, default_run) -> bool | None   # an activity's _run_hook
+    evaluate(task, expression) -> Any                # gateway conditions, loop conditions
+    exec_script(task, script) -> None                # spiff pre/post scripts
+    join(task) -> bool                               # a joining gateway's _run_hook; False: wait
+    split(task) -> None                              # a splitting gateway, once its children exist
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Iterator, Protocol
+
+from lxml import etree
+from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
+from SpiffWorkflow.bpmn.parser.TaskParser import TaskParser
+from SpiffWorkflow.bpmn.parser.util import full_tag
+from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
+from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
+from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.spiff.parser.task_spec import ServiceTaskParser, SpiffTaskParser
+from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
+from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
+from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
+from SpiffWorkflow.util.task import TaskState
+
+__all__ = [
+    "LAYERFLOW_NS",
+    "SPIFF_NS",
+    "CTX_KEY",
+    "BRANCH_KEY",
+    "MAIN_CONTEXT",
+    "Driver",
+    "LayerflowBpmnParser",
+    "LayerflowScriptEngine",
+    "SERIALIZER",
+    "new_workflow",
+    "attach",
+    "driver_of",
+    "context_name_of",
+    "element_config_texts",
+    "is_activity",
+    "is_join",
+    "is_split",
+    "arrived_branch_tasks",
+    "bpmn_id_of",
+]
+
+LAYERFLOW_NS = "https://layerflow.dev/bpmn"
+SPIFF_NS = "http://spiffworkflow.org/bpmn/schema/1.0/core"
+_BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
+
+# Keys layerflow keeps in task.internal_data (serialized by SpiffWorkflow, never merged).
+CTX_KEY = "lf_ctx"          # name of the context this task runs in
+BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
+MAIN_CONTEXT = "main"
+
+
+class Driver(Protocol):
+    def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any: ...
+    def evaluate(self, task: Any, expression: str) -> Any: ...
+    def exec_script(self, task: Any, script: str) -> None: ...
+    def join(self, task: Any) -> bool: ...
+    def split(self, task: Any) -> None: ...
+
+
+def driver_of(task: Any) -> Driver | None:
+    return getattr(task.workflow.top_workflow, "layerflow", None)
+
+
+def _parent_across_subprocess(task: Any) -> Any:
+    parent = task.parent
+    if parent is None:
+        wf = task.workflow
+        pid = wf.parent_task_id
+        if pid is not None:
+            parent = wf.top_workflow.get_task_from_id(pid)
+    return parent
+
+
+def context_name_of(task: Any) -> str:
+    """The context a task runs in: its own tag, else the nearest tagged ancestor's."""
+    t = task
+    while t is not None:
+        name = t.internal_data.get(CTX_KEY)
+        if name is not None:
+            return str(name)
+        t = _parent_across_subprocess(t)
+    return MAIN_CONTEXT
+
+
+def bpmn_id_of(task: Any) -> str:
+    spec = task.task_spec
+    return str(getattr(spec, "bpmn_id", None) or spec.name)
+
+
+# --------------------------------------------------------------------------- specs
+
+# Which stock spec classes are *activities* (get begin/complete and a handler).
+_ACTIVITY_BASES = (
+    spiff_defaults.NoneTask,
+    spiff_defaults.UserTask,
+    spiff_defaults.ManualTask,
+    spiff_defaults.ScriptTask,
+    spiff_defaults.ServiceTask,
+    spiff_defaults.BusinessRuleTask,
+)
+_GATEWAY_BASES = (
+    bpmn_defaults.ExclusiveGateway,
+    bpmn_defaults.ParallelGateway,
+    bpmn_defaults.InclusiveGateway,
+)
+
+
+class _LayerflowSpecMixin:
+    """Placed first in the MRO of every twin; ``lf_role`` is set per twin class."""
+
+    lf_role = "flow"  # "activity" | "gateway" | "flow"
+
+    def _update_hook(self, my_task: Any) -> Any:
+        # Tag before spiff's own update: a join cancels its sibling instances there,
+        # and the join needs every arrived instance tagged.
+        if CTX_KEY not in my_task.internal_data:
+            parent = _parent_across_subprocess(my_task)
+            my_task.internal_data[CTX_KEY] = context_name_of(parent) if parent is not None else MAIN_CONTEXT
+        return super()._update_hook(my_task)  # type: ignore[misc]
+
+    def _run_hook(self, my_task: Any) -> Any:
+        driver = driver_of(my_task)
+        if driver is None:
+            return super()._run_hook(my_task)  # type: ignore[misc]
+        if self.lf_role == "activity":
+            return driver.run_activity(my_task, lambda: super(_LayerflowSpecMixin, self)._run_hook(my_task))  # type: ignore[misc]
+        if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
+            return None  # waits for a person; the engine runs the task again once answered
+        return super()._run_hook(my_task)  # type: ignore[misc]
+
+    def _on_complete_hook(self, my_task: Any) -> None:
+        super()._on_complete_hook(my_task)  # type: ignore[misc]
+        if self.lf_role == "gateway" and len(self.outputs) > 1:  # type: ignore[attr-defined]
+            driver = driver_of(my_task)
+            if driver is not None:
+                driver.split(my_task)
+
+    def execute_script(self, my_task: Any, script: str) -> Any:
+        # SpiffBpmnTask runs preScript in _update_hook and postScript in
+        # _on_complete_hook against task.data. Under layerflow both run inside the
+        # activity (see Runtime.run_activity), so spiff's calls are no-ops here.
+        if driver_of(my_task) is None:
+            return super().execute_script(my_task, script)  # type: ignore[misc]
+        return None
+
+
+def _twin(cls: type, role: str) -> type:
+    return type(f"Layerflow{cls.__name__}", (_LayerflowSpecMixin, cls), {"lf_role": role, "__module__": __name__})
+
+
+def _role_of(cls: type) -> str:
+    if issubclass(cls, _ACTIVITY_BASES):
+        return "activity"
+    if issubclass(cls, _GATEWAY_BASES):
+        return "gateway"
+    return "flow"
+
+
+_STOCK_TAGS = {**BpmnParser.PARSER_CLASSES, **SpiffBpmnParser.OVERRIDE_PARSER_CLASSES}
+_EXTRA_SPECS = (
+    spiff_defaults.StandardLoopTask,
+    spiff_defaults.ParallelMultiInstanceTask,
+    spiff_defaults.SequentialMultiInstanceTask,
+    spiff_defaults.EventSubprocess,
+    spiff_defaults.BusinessRuleTask,
+    spiff_defaults.UserTask,
+)
+
+#: stock spec class -> layerflow twin
+TWINS: dict[type, type] = {}
+for _stock in [spec for _, spec in _STOCK_TAGS.values()] + list(_EXTRA_SPECS):
+    if _stock not in TWINS:
+        TWINS[_stock] = _twin(_stock, _role_of(_stock))
+        globals()[TWINS[_stock].__name__] = TWINS[_stock]
+
+
+def is_activity(spec: Any) -> bool:
+    return getattr(spec, "lf_role", None) == "activity"
+
+
+def is_join(spec: Any) -> bool:
+    return isinstance(spec, UnstructuredJoin) and len(spec.inputs) > 1
+
+
+def is_split(spec: Any) -> bool:
+    return getattr(spec, "lf_role", None) == "gateway" and len(spec.outputs) > 1
+
+
+def arrived_branch_tasks(join_task: Any) -> list[Any]:
+    """The join instances that arrived, in arrival order, ``join_task`` (the one that fires) last.
+
+    Each instance was tagged with its branch's context in ``_update_hook``.
+    """
+    wf = join_task.workflow
+    others = [
+        t for t in wf.get_tasks(spec_name=join_task.task_spec.name)
+        if t is not join_task and t.has_state(TaskState.FINISHED_MASK) and not join_task.is_descendant_of(t)
+    ]
+    others.sort(key=lambda t: t.last_state_change)
+    return others + [join_task]
+
+
+# --------------------------------------------------------------------------- parser
+
+def _local(tag: Any) -> str:
+    return etree.QName(tag).localname if isinstance(tag, str) else ""
+
+
+def element_config_texts(node: Any) -> dict[str, str]:
+    """Raw JSON texts of ``spiffworkflow:activityConfig`` and ``layerflow:config`` on one element."""
+    found: dict[str, str] = {}
+    for ext in node.iterfind(f"{{{_BPMN_NS}}}extensionElements"):
+        for child in ext:
+            if not isinstance(child.tag, str):
+                continue
+            qn = etree.QName(child.tag)
+            if qn.namespace == SPIFF_NS and qn.localname == "activityConfig":
+                found["activityConfig"] = child.text or ""
+            elif qn.namespace == LAYERFLOW_NS and qn.localname == "config":
+                found["layerflow"] = child.text or ""
+    return found
+
+
+class _ExtensionsParserMixin:
+    """Adds layerflow's config elements to ``task_spec.extensions`` (tasks and gateways) and
+    swaps any stock spec class the parser hard-codes for its layerflow twin."""
+
+    STANDARD_LOOP_CLASS = TWINS[spiff_defaults.StandardLoopTask]
+    PARALLEL_MI_CLASS = TWINS[spiff_defaults.ParallelMultiInstanceTask]
+    SEQUENTIAL_MI_CLASS = TWINS[spiff_defaults.SequentialMultiInstanceTask]
+    EVENT_SUBPROCESS_CLASS = TWINS[spiff_defaults.EventSubprocess]
+
+    node: Any
+
+    def parse_extensions(self, node: Any = None) -> dict[str, Any]:
+        ext = dict(super().parse_extensions(node))  # type: ignore[misc]
+        texts = element_config_texts(self.node if node is None else node)
+        ext.update(texts)
+        return ext
+
+    def create_task(self) -> Any:
+        task = super().create_task()  # type: ignore[misc]
+        twin = TWINS.get(type(task))
+        if twin is not None:
+            # UserTaskParser and BusinessRuleTaskParser name their class in code; the twin
+            # adds methods only, so changing the class of the fresh object is safe.
+            task.__class__ = twin
+        return task
+
+
+class _LayerflowServiceTaskParser(ServiceTaskParser):
+    """A service task may be run by a registered handler: no spiff operator needed."""
+
+    def create_task(self) -> Any:
+        extensions = SpiffTaskParser.parse_extensions(self)
+        if extensions.get("serviceTaskOperator") is not None:
+            return super().create_task()
+        return self.spec_class(
+            self.spec, self.bpmn_id, operation_name=self.bpmn_id, operation_params={}, result_variable=None,
+            prescript=extensions.get("preScript"), postscript=extensions.get("postScript"), **self.bpmn_attributes,
+        )
+
+
+_PARSER_TWINS: dict[type, type] = {}
+
+
+def _parser_twin(cls: type) -> type:
+    if cls is ServiceTaskParser:
+        cls = _LayerflowServiceTaskParser
+    if cls not in _PARSER_TWINS:
+        _PARSER_TWINS[cls] = type(f"Layerflow{cls.__name__}", (_ExtensionsParserMixin, cls), {"__module__": __name__})
+    return _PARSER_TWINS[cls]
+
+
+class LayerflowBpmnParser(SpiffBpmnParser):
+    """SpiffBpmnParser that builds layerflow's spec twins and reads layerflow config elements."""
+
+    OVERRIDE_PARSER_CLASSES = {tag: (_parser_twin(p), TWINS[s]) for tag, (p, s) in _STOCK_TAGS.items()}
+
+
+# --------------------------------------------------------------------------- scripts
+
+class LayerflowScriptEngine(PythonScriptEngine):
+    """Routes expressions and scripts to the workflow's driver (the context), else stock."""
+
+    def evaluate(self, task: Any, expression: str, external_context: Any = None) -> Any:
+        driver = driver_of(task)
+        if driver is None:
+            return super().evaluate(task, expression, external_context)
+        return driver.evaluate(task, expression)
+
+    def execute(self, task: Any, script: str, external_context: Any = None) -> Any:
+        driver = driver_of(task)
+        if driver is None:
+            return super().execute(task, script, external_context)
+        driver.exec_script(task, script)
+        return True
+
+
+# --------------------------------------------------------------------------- serializer
+
+def _serializer() -> BpmnWorkflowSerializer:
+    config = dict(SPIFF_CONFIG)
+    for stock, twin in TWINS.items():
+        config[twin] = config[stock]
+    return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
+
+
+SERIALIZER = _serializer()
+
+
+def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> BpmnWorkflow:
+    return BpmnWorkflow(spec, subprocess_specs or {}, script_engine=LayerflowScriptEngine())
+
+
+def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:
+    """Make ``driver`` the hook object of ``wf`` (after creating or deserializing it)."""
+    wf.script_engine = LayerflowScriptEngine()
+    wf.layerflow = driver  # type: ignore[attr-defined]
+    return wf
+
+
+def iter_user_specs(spec: Any) -> Iterator[Any]:
+    """Task specs that appear on the diagram (skips spiff's internal Start/EndJoin/End)."""
+    for ts in spec.task_specs.values():
+        if getattr(ts, "bpmn_id", None):
+            yield ts
+
+
+def parse_json_config(text: str) -> Any:
+    return json.loads(text) if text and text.strip() else {}
