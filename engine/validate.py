@@ -15,6 +15,7 @@ not make ``report.ok`` false:
 ``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
 ``process_not_found``                 ``process_id`` (argument or ``process:`` in the config) absent
 ``process_not_executable``            the chosen process has ``isExecutable`` other than "true"
+``process_ambiguous``                 several executable processes no other one calls, and no process id
 ``process_executable_unset`` W        the chosen process has no ``isExecutable``
 ``unknown_element_id``                config for an id that is no element of the loaded processes
 ``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
@@ -113,7 +114,9 @@ _FLOW_NODES = frozenset(_bpmn(t) for t in (
     "startEvent", "endEvent", "intermediateCatchEvent", "intermediateThrowEvent", "boundaryEvent",
     "exclusiveGateway", "parallelGateway", "inclusiveGateway", "eventBasedGateway", "complexGateway",
 ))
-_PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable"})
+_NO_JSON = object()
+_PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable",
+                                      "process_ambiguous"})
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,8 @@ def validate_process(
 
     ``config_path`` None finds ``<stem>.layerflow.yaml|yml|json`` beside the first BPMN
     file (unless ``discover_config`` is false). ``process_id`` None takes the config
-    file's ``process.process_id``, else the first executable process. ``parser_factory``
+    file's ``process.process_id``, else the one executable process that no loaded process
+    calls (``report.process_id`` says which; the engine should start that one). ``parser_factory``
     builds the SpiffWorkflow parser of the last check (default ``SpiffBpmnParser``); the
     engine passes its own, so a process that validates also loads.
     """
@@ -424,8 +428,16 @@ class _Validator:
                              f"{p.element.get('isExecutable')!r}; set isExecutable=\"true\" on the process to run",
                              file=p.file, line=p.line, element_id=p.id, field="isExecutable")
             return None
-        self._warn_unset(executable[0])
-        return executable[0].id
+        # A process that another one calls is not the one to start.
+        called = {c.get("calledElement") for p in self.processes for c in p.element.iter(_bpmn("callActivity"))}
+        roots = [p for p in executable if p.id not in called] or executable
+        if len(roots) > 1:
+            self.add("process_ambiguous", f"{len(roots)} executable processes ({', '.join(repr(p.id) for p in roots)}) "
+                     "and no process id; pass the id of the one to run (or set process.process_id in the config file)",
+                     file=file, field="process_id")
+            return None
+        self._warn_unset(roots[0])
+        return roots[0].id
 
     def _warn_unset(self, proc: _Node) -> None:
         if proc.element.get("isExecutable") is None:
@@ -439,6 +451,7 @@ class _Validator:
     # -- config ----------------------------------------------------------------------------
 
     def _check_extensions(self, doc: _Doc) -> None:
+        found: dict[str, list[tuple[int, Any, int]]] = {}  # owner id -> [(rank, JSON data, line)]
         for el in doc.root.iter():
             if not isinstance(el.tag, str):
                 continue
@@ -462,24 +475,42 @@ class _Validator:
             if owner.tag not in _FLOW_NODES:
                 self._not_a_flow_node(owner_id or "(no id)", etree.QName(owner).localname, doc.file, el.sourceline)
                 continue
-            self._extension_config(doc, el, owner_id, prefix)
+            data = self._extension_json(doc, el, owner_id, prefix)
+            if data is not _NO_JSON:
+                found.setdefault(owner_id, []).append((_CONFIG_TAGS.index(el.tag), data, el.sourceline))
+        for owner_id, parts in found.items():
+            self._extension_config(doc, owner_id, sorted(parts, key=lambda part: part[0]))
 
-    def _extension_config(self, doc: _Doc, el: Any, owner_id: str, prefix: str) -> None:
+    def _extension_json(self, doc: _Doc, el: Any, owner_id: str, prefix: str) -> Any:
         text = el.text or ""
         if not text.strip():
-            return
+            return _NO_JSON
         try:
-            data = json.loads(text)
+            return json.loads(text)
         except json.JSONDecodeError as err:
             offset = text.count("\n", 0, err.pos)
             self.add("invalid_config_json", f"<{prefix}> is not valid JSON: {err.msg}; write a JSON object "
                      "(double-quoted keys, no trailing commas)", file=doc.file, line=el.sourceline + offset,
                      column=err.colno if offset else None, element_id=owner_id)
-            return
-        line = el.sourceline
-        config = self._validate_config(data, doc.file, owner_id, lambda *_: line)
+            return _NO_JSON
+
+    def _extension_config(self, doc: _Doc, owner_id: str, parts: list[tuple[int, Any, int]]) -> None:
+        """Both extension elements of one element merge key by key (the own namespace wins), then validate once."""
+        for _, data, line in parts:
+            if not isinstance(data, dict):  # a JSON list or string: config_from_dict says what it must be
+                self._validate_config(data, doc.file, owner_id, lambda *_, _line=line: _line)
+                return
+        merged: dict[str, Any] = {}
+        for _, data, _ in parts:
+            merged.update(data)
+
+        def line_of(*path: Any) -> int | None:
+            top = str(path[0]) if path else None
+            return next((line for _, data, line in reversed(parts) if top in data), parts[-1][2])
+
+        config = self._validate_config(merged, doc.file, owner_id, line_of)
         if config is not None:
-            self.sources.append(_Source(owner_id, doc.file, config, lambda *_: line))
+            self.sources.append(_Source(owner_id, doc.file, config, line_of))
 
     def _validate_config(self, data: Any, file: str, element_id: str,
                          line_of: Callable[..., int | None]) -> ActivityExtensionConfig | None:
@@ -528,7 +559,7 @@ class _Validator:
         for src in self.sources:
             by_id.setdefault(src.element_id, []).append(src)
         for eid, sources in by_id.items():
-            merged: ActivityExtensionConfig | None = sources[0].config
+            merged = sources[0].config
             for src in sources[1:]:
                 try:
                     merged = merged.merged_with(src.config)
@@ -537,9 +568,8 @@ class _Validator:
                         self.add("config_merge_invalid", f"together with the BPMN extension config: "
                                  f"{_config_message(p['message'])}", file=src.file, line=src.line_of(),
                                  element_id=eid, field=p["field"])
-                    merged = None
                     break
-            if merged is not None:
+            else:
                 self.merged[eid] = merged
 
     def _check_branches(self) -> None:
@@ -610,7 +640,7 @@ class _Validator:
                     continue
                 tree = self._compile(expr, "eval", flow.find(_bpmn("conditionExpression")), file, flow.get("id"),
                                      "condition_syntax", "conditionExpression")
-                if tree is None:
+                if not isinstance(tree, ast.Expression):
                     judged = False
                     continue
                 terms.append(_analyse(tree.body))
@@ -664,12 +694,12 @@ class _Validator:
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
 
     def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
-                 code: str, field: str) -> ast.Expression | ast.Module | None:
+                 code: str, field: str) -> ast.AST | None:
         lines = text.split("\n")
         first = next((i for i, ln in enumerate(lines) if ln.strip()), 0)
         source = textwrap.dedent("\n".join(lines[first:])).rstrip()
         try:
-            return ast.parse(source, mode=mode)  # type: ignore[return-value]
+            return ast.parse(source, mode=mode)
         except SyntaxError as err:
             what = "condition" if mode == "eval" else "script"
             self.add(code, f"{what} is not valid Python: {err.msg} in {(err.text or source).strip()!r}; "
@@ -690,26 +720,26 @@ class _Validator:
         else:
             parser = self.parser_factory()
         reported = {p.element_id for p in self.problems if p.severity == "error" and p.element_id} | self.related
-        errors: list[tuple[BaseException, _Doc | None]] = []
+        failures: list[tuple[BaseException, _Doc | None]] = []
         for doc in self.docs:
             try:
                 parser.add_bpmn_xml(etree.fromstring(doc.data, _xml_parser()), filename=doc.file)
-            except Exception as err:  # ValidationException, the engine's LayerflowError, or a parser bug
-                errors.append((err, doc))
-        if not errors and main is not None and not any(p.code in _PROCESS_SELECTION_CODES for p in self.problems):
+            except Exception as failure:  # ValidationException, the engine's LayerflowError, or a parser bug
+                failures.append((failure, doc))
+        if not failures and main is not None and not any(p.code in _PROCESS_SELECTION_CODES for p in self.problems):
             try:
                 parser.get_spec(main)
                 parser.get_subprocess_specs(main)
-            except Exception as err:
-                errors.append((err, None))
-        for err, doc in errors:
+            except Exception as failure:
+                failures.append((failure, None))
+        for err, origin in failures:
             eid = getattr(err, "id", None) or None
             if eid in reported or any(f"'{name}'" in str(err) for name in self.related):
                 continue  # already reported with a better message
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
             node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
-            file = getattr(err, "file_name", None) or (node.file if node else doc.file if doc else self._files())
+            file = getattr(err, "file_name", None) or (node.file if node else origin.file if origin else self._files())
             line = getattr(err, "line_number", None) or (node.line if node else None)
             kind = "" if isinstance(err, (ValidationException, LayerflowError)) else f"{type(err).__name__}: "
             tag = getattr(err, "tag", "") or ""
@@ -750,7 +780,7 @@ def _xml_parser() -> Any:
 
 
 def _executable(process: Any) -> bool:
-    return process.get("isExecutable", "true") == "true"  # SpiffWorkflow's own rule
+    return bool(process.get("isExecutable", "true") == "true")  # SpiffWorkflow's own rule
 
 
 def _owner_id(ext: Any) -> str | None:
@@ -981,7 +1011,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-_FLIP: dict[type, type] = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE,
+_FLIP: dict[type[ast.cmpop], type[ast.cmpop]] = {ast.Lt: ast.Gt, ast.Gt: ast.Lt, ast.LtE: ast.GtE, ast.GtE: ast.LtE,
                            ast.Eq: ast.Eq, ast.NotEq: ast.NotEq, ast.Is: ast.Is, ast.IsNot: ast.IsNot}
 
 
@@ -1014,7 +1044,7 @@ def _comparison(left: ast.expr, op: ast.cmpop, right: ast.expr) -> _Term | None:
     return _Term(var, value)
 
 
-def _reals(kind: type, members: tuple[Any, ...]) -> _Reals:
+def _reals(kind: type[ast.cmpop], members: tuple[Any, ...]) -> _Reals:
     inf = math.inf
     if kind in (ast.Eq, ast.In, ast.NotEq, ast.NotIn):
         points = _Reals(_normalize((float(m), True, float(m), True) for m in members))

@@ -268,6 +268,48 @@ def test_process_id_selects_among_several_processes() -> None:
     assert validate_process(files, process_id="credit_check").process_id == "credit_check"
 
 
+def test_two_unrelated_executable_processes_need_a_process_id() -> None:
+    files = [FIXTURES / "credit_check.bpmn", FIXTURES / "valid.bpmn"]
+    report = validate_process(files, discover_config=False)
+    assert [p.code for p in report.problems] == ["process_ambiguous"]
+    assert "('credit_check', 'loan_approval')" in report.problems[0].message
+    assert report.process_id is None
+    assert validate_process(files, process_id="loan_approval", discover_config=False).ok
+
+
+TWO_EXTENSIONS = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+    xmlns:layerflow="https://layerflow.dev/bpmn" xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"
+    id="defs" targetNamespace="t">
+  <bpmn:process id="p" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="join"/>
+    <bpmn:parallelGateway id="join">
+      <bpmn:extensionElements>
+        <spiffworkflow:activityConfig>{"mergeStrategy": "BRANCH_PRIORITY", "reducers": {"n": "%s"}}</spiffworkflow:activityConfig>
+        <layerflow:config>{"branchPriority": ["start"], "preserveKeys": [%s]}</layerflow:config>
+      </bpmn:extensionElements>
+    </bpmn:parallelGateway>
+    <bpmn:sequenceFlow id="f2" sourceRef="join" targetRef="end"/>
+    <bpmn:endEvent id="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_both_extension_elements_merge_before_validation(tmp_path: Path) -> None:
+    path = tmp_path / "two.bpmn"
+    path.write_text(TWO_EXTENSIONS % ("sum", '"n"'))
+    report = validate_process(path)
+    assert report.ok and report.problems == ()
+    join = report.element_configs["join"]
+    assert join.merge_strategy == "BRANCH_PRIORITY" and join.branch_priority == ["start"]
+    # A bad field is located on the extension element that holds it.
+    path.write_text(TWO_EXTENSIONS % ("avg", "3"))
+    problems = {(p.field, p.line) for p in validate_process(path).problems}
+    assert problems == {("reducers.n", 10), ("preserveKeys.0", 11)}
+
+
 def test_several_config_files_beside_the_process_warn(tmp_path: Path) -> None:
     shutil.copy(FIXTURES / "valid.bpmn", tmp_path / "loan.bpmn")
     shutil.copy(FIXTURES / "valid.layerflow.yaml", tmp_path / "loan.layerflow.yaml")
