@@ -303,10 +303,12 @@ def join_contexts(
                       pending=pending, steps=outcome.steps, merged_conflicts=entries)
 
 
-def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine") -> Event | None:
+def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine",
+               branches: Mapping[str, LayeredContext] | None = None) -> Event | None:
     """Record the join's conflicts and resolution steps on ``ctx`` (the parent) and, if
-    nothing is pending, apply its changes as one ``join`` event (returned). With pending
-    confirmations nothing changes: answer them and join again."""
+    nothing is pending, apply its changes as one ``join`` event (returned), noting on
+    each of ``branches`` that it was joined. With pending confirmations nothing
+    changes: answer them and join again."""
     snapshot = ctx.get_snapshot(result.snapshot_id)
     moved = [e.seq for e in ctx.tape.since(snapshot.seq + 1)
              if e.changes or e.kind in (EventKind.RESTORE, EventKind.ABORT)]
@@ -322,6 +324,10 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         ctx.record("confirmation_pending", actor=actor,
                    data={"gateway_id": result.gateway_id, "confirmations": [r.to_dict() for r in result.pending]})
         return None
-    return ctx.apply_changes(result.all_changes(), kind="join", actor=actor, data={
+    event = ctx.apply_changes(result.all_changes(), kind="join", actor=actor, data={
         "gateway_id": result.gateway_id, "snapshot_id": result.snapshot_id, "branches": list(result.branches),
         "conflicts": len(result.conflicts)})
+    for branch in (branches or {}).values():
+        branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
+                                                   "parent_seq": event.seq})
+    return event

@@ -103,7 +103,8 @@ def test_split_rejects_repeated_branch_ids() -> None:
 
 # ---- the loan review -------------------------------------------------------------------
 
-def loan_review(answers: dict[str, Any] | None = None, human_available: bool = False) -> tuple[LayeredContext, JoinResult]:
+def loan_review(answers: dict[str, Any] | None = None,
+                human_available: bool = False) -> tuple[LayeredContext, JoinResult, dict[str, LayeredContext]]:
     ctx = loan_parent()
     cfg = config_from_dict(LOAN_CONFIG)
     finance, risk = split(ctx, ["finance_review", "risk_review"], cfg)
@@ -111,11 +112,12 @@ def loan_review(answers: dict[str, Any] | None = None, human_available: bool = F
                                                  "dti": 0.31})
     activity(risk.context, "risk_review", {"approval_status": "rejected", "risk_level": "high",
                                            "risk_notes": "two defaults in 2023"})
-    return ctx, join(ctx, [finance, risk], cfg, answers=answers, human_available=human_available)
+    result = join(ctx, [finance, risk], cfg, answers=answers, human_available=human_available)
+    return ctx, result, {"finance_review": finance.context, "risk_review": risk.context}
 
 
 def test_parallel_review_has_exactly_one_conflict() -> None:
-    _, result = loan_review(human_available=True)
+    _, result, _ = loan_review(human_available=True)
     [(conflict, resolution)] = result.conflicts
     assert resolution is None
     assert (conflict.key, conflict.layer, conflict.base_value) == ("approval_status", Layer.HISTORY, DELETED)
@@ -129,12 +131,15 @@ def test_parallel_review_has_exactly_one_conflict() -> None:
 
 
 def test_parallel_review_resolved_by_policy_and_a_person() -> None:
-    ctx, result = loan_review(answers={"review_join/approval_status": "pending_dual_approval"})
+    ctx, result, branch_contexts = loan_review(answers={"review_join/approval_status": "pending_dual_approval"})
     [(_, resolution)] = result.conflicts
     assert resolution is not None and resolution.value == "pending_dual_approval" and resolution.resolver == "human"
     assert "high risk and high amount need dual approval" in resolution.reason
-    event = apply_join(ctx, result)
+    event = apply_join(ctx, result, branches=branch_contexts)
     assert event is not None and event.data["note"] == "join"
+    for branch in branch_contexts.values():
+        assert branch.tape[-1].data == {"note": "joined", "gateway_id": "review_join", "parent": "main",
+                                        "parent_seq": event.seq}
     history = ctx.layer(Layer.HISTORY)
     assert history["approval_status"] == "pending_dual_approval"
     assert history["risk_level"] == "high" and history["dti"] == 0.31
@@ -159,15 +164,13 @@ def test_parallel_review_resolved_by_policy_and_a_person() -> None:
 
 
 def test_pending_join_changes_nothing() -> None:
-    ctx, result = loan_review(human_available=True)
+    ctx, result, _ = loan_review(human_available=True)
     state = ctx.state_json()
     assert apply_join(ctx, result) is None
     assert ctx.state_json() == state
     assert ctx.tape[-1].data["note"] == "confirmation_pending"
     assert ctx.tape[-1].data["confirmations"][0]["id"] == "review_join/approval_status"
-    # answered later: the same join again, now complete
-    cfg = config_from_dict(LOAN_CONFIG)
-    assert result.merged_conflicts[0]["resolution"] is None and cfg.gateway_id == "review_join"
+    assert result.merged_conflicts[0]["resolution"] is None
 
 
 def test_unresolvable_join_fails_naming_the_conflict() -> None:
