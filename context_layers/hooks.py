@@ -1,0 +1,98 @@
+"""Built-in select hooks: plain functions from entries to entries.
+
+A view applies its hooks in order to what it shows a model; the context and its tape
+are never touched (audit mode and token mode are two views of one tape). Every hook
+here is deterministic and idempotent (``hook(hook(x)) == hook(x)``), keeps the order
+of what it keeps, and returns entries it does not concern unchanged.
+
+* ``drop_tool_results``: keep tool calls, drop their results (HISTORY entries of kind
+  ``tool_call_result`` or ``tool_result``).
+* ``newest_read_only``: of repeated reads of the same resource keep only the newest.
+  A read is an entry of kind ``read``, or of kind ``tool_call_result``/``tool_result``
+  whose value names the resource in a string ``resource`` or ``path`` field. Newest is
+  the last changed (highest tape seq, then insertion order).
+* ``redact(patterns, replacement)``: values of keys matching any glob pattern
+  (``fnmatch``, case-sensitive) become ``replacement``, in every layer, and so do
+  nested object fields whose name matches. The entry stays, so the model still sees
+  that the key exists.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .canonical import freeze
+from .context import Entry, SelectHook
+
+__all__ = ["TOOL_RESULT_KINDS", "drop_tool_results", "newest_read_only", "redact"]
+
+TOOL_RESULT_KINDS = frozenset({"tool_call_result", "tool_result"})
+_READ_KINDS = frozenset({"read"}) | TOOL_RESULT_KINDS
+
+
+def drop_tool_results(entries: Sequence[Entry]) -> list[Entry]:
+    """Keep the calls, drop the results (see module doc)."""
+    return [e for e in entries if e.kind not in TOOL_RESULT_KINDS]
+
+
+def _resource(e: Entry) -> str | None:
+    if e.kind not in _READ_KINDS or not isinstance(e.value, Mapping):
+        return None
+    for field in ("resource", "path"):
+        value = e.value.get(field)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def newest_read_only(entries: Sequence[Entry]) -> list[Entry]:
+    """Of reads of one resource, keep the newest (see module doc)."""
+    newest: dict[tuple[int, str], Entry] = {}
+    for e in entries:
+        resource = _resource(e)
+        if resource is None:
+            continue
+        group = (int(e.layer), resource)
+        best = newest.get(group)
+        if best is None or (e.seq, e.order) > (best.seq, best.order):
+            newest[group] = e
+    keep = {id(e) for e in newest.values()}
+    return [e for e in entries if _resource(e) is None or id(e) in keep]
+
+
+def _redact_value(value: Any, patterns: tuple[str, ...], replacement: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: replacement if _matches(k, patterns) else _redact_value(v, patterns, replacement)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_value(v, patterns, replacement) for v in value]
+    return value
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
+def redact(patterns: str | Iterable[str], replacement: Any = "[REDACTED]") -> SelectHook:
+    """A hook that replaces the values of keys matching ``patterns`` (see module doc)."""
+    pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    if not pats or not all(isinstance(p, str) and p for p in pats):
+        raise ValueError(f"redact needs non-empty glob patterns, got {patterns!r}")
+    frozen_replacement = freeze(replacement)
+
+    def hook(entries: Sequence[Entry]) -> list[Entry]:
+        out = []
+        for e in entries:
+            if _matches(e.key, pats):
+                value = frozen_replacement
+            else:
+                value = freeze(_redact_value(e.value, pats, frozen_replacement))
+            out.append(e if value == e.value and type(value) is type(e.value) else replace(e, value=value))
+        return out
+
+    hook.__name__ = f"redact({', '.join(pats)})"
+    hook.__qualname__ = hook.__name__
+    return hook
