@@ -235,6 +235,9 @@ class _Loader:
     # -- parsing ---------------------------------------------------------------------------
 
     def _parse(self, text: str, *, json_file: bool) -> Any:
+        # One YAML pass gives the data and the node tree (line numbers, duplicate keys). JSON
+        # is read by json for its stricter errors; as it is (nearly) YAML, the same pass gives
+        # its lines.
         if json_file:
             try:
                 data = json.loads(text)
@@ -242,9 +245,13 @@ class _Loader:
                 self.problem("config_syntax", f"invalid JSON: {err.msg}; fix the syntax",
                              line=err.lineno, column=err.colno)
                 return _FAILED
+            try:
+                node, _ = _compose(text)
+            except yaml.YAMLError:
+                return data
         else:
             try:
-                data = yaml.safe_load(text)
+                node, data = _compose(text)
             except yaml.MarkedYAMLError as err:
                 mark = err.problem_mark or err.context_mark
                 what = " ".join(s for s in (err.context, err.problem) if s)
@@ -254,11 +261,6 @@ class _Loader:
             except yaml.YAMLError as err:
                 self.problem("config_syntax", f"invalid YAML: {err}; fix the syntax")
                 return _FAILED
-        try:
-            # Only for line numbers and duplicate keys; JSON is (nearly) YAML, so it works there too.
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-        except yaml.YAMLError:
-            node = None
         if node is not None:
             self._index(node, ())
         return data
@@ -271,7 +273,7 @@ class _Loader:
                     continue
                 key = key_node.value
                 if not key_node.tag.endswith(":str"):  # ``yes:`` / ``1:`` keys: index them as loaded
-                    key = str(yaml.safe_load(key))
+                    key = str(_compose(key)[1])
                 line = key_node.start_mark.line + 1
                 if key in seen:
                     where = f"element {key!r}" if not path and key not in RESERVED_KEYS else f"key {key!r}"
@@ -374,6 +376,17 @@ class _Loader:
 
 
 _FAILED = object()
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when installed: same result, faster
+
+
+def _compose(text: str) -> tuple[yaml.Node | None, Any]:
+    """The node tree and the data built from it, from one parse."""
+    loader = _YAML_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        return node, (loader.construct_document(node) if node is not None else None)
+    finally:
+        loader.dispose()
 
 
 def _config_message(message: str) -> str:

@@ -68,6 +68,7 @@ import difflib
 import json
 import math
 import textwrap
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,7 @@ _FLOW_NODES = frozenset(_bpmn(t) for t in (
     "exclusiveGateway", "parallelGateway", "inclusiveGateway", "eventBasedGateway", "complexGateway",
 ))
 _NO_JSON = object()
+_SCHEMA_LOCK = threading.Lock()
 _PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable",
                                       "process_ambiguous"})
 
@@ -660,9 +662,12 @@ class _Validator:
     def _check_references(self, proc: _Node) -> None:
         """Sequence flows that name no element of their scope; call activities that call no loaded process."""
         process_ids = [p.id for p in self.processes]
+        scopes: dict[Any, list[str]] = {}
         for flow in proc.element.iter(_bpmn("sequenceFlow")):
             scope = flow.getparent()
-            ids = [el.get("id") for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES]
+            if scope not in scopes:
+                scopes[scope] = [el.get("id") for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES]
+            ids = scopes[scope]
             for attr in ("sourceRef", "targetRef"):
                 ref = flow.get(attr)
                 if ref in ids:
@@ -755,10 +760,12 @@ class _Validator:
         tree = etree.fromstring(doc.data, _xml_parser())
         VALIDATOR.preprocess(tree)
         schema = VALIDATOR.validator
-        if schema.validate(tree):
-            return
+        with _SCHEMA_LOCK:  # one shared schema object, and its error_log is that of its last run
+            if schema.validate(tree):
+                return
+            entries = list(schema.error_log)
         taken = {p.line for p in self.problems if p.file == doc.file and p.severity == "error"}
-        for entry in schema.error_log:
+        for entry in entries:
             if entry.line in taken:
                 continue  # the same spot already has an error with a better message
             message = entry.message
