@@ -384,8 +384,14 @@ class LayeredContext:
         for key in self.layer(Layer.EPHEMERAL):
             changes.append((Layer.EPHEMERAL, key, DELETED))
         written = list(dict.fromkeys([*s.activity_keys, *working]))
+        # HISTORY itself decides the record key: a branch merged back at a join carries
+        # its records but not its counters, and a record is never overwritten.
+        history = s.layers[Layer.HISTORY]
         n = s.iterations.get(task_id, 0) + 1
         record_key = f"activity:{task_id}" if n == 1 else f"activity:{task_id}#{n}"
+        while record_key in history:
+            n += 1
+            record_key = f"activity:{task_id}#{n}"
         record = freeze({
             "kind": "activity",
             "activity": task_id,
@@ -497,8 +503,10 @@ class LayeredContext:
                 s = replace(s, activity_keys=(*s.activity_keys, key))
         elif e.kind == EventKind.COMPLETE:
             task_id = e.data["task_id"]
+            record_key = e.data["record_key"]
+            n = int(record_key.rsplit("#", 1)[1]) if "#" in record_key else 1
             s = replace(s, activity=None, activity_keys=(), begin_snapshot=None,
-                        iterations=s.iterations.set(task_id, s.iterations.get(task_id, 0) + 1))
+                        iterations=s.iterations.set(task_id, n))
         elif e.kind == EventKind.ABORT:
             s = replace(s, activity=None, activity_keys=(), begin_snapshot=None)
         preserve = e.data.get("preserve") if e.data else None

@@ -261,3 +261,20 @@ def test_anchor_and_view(ctx):
     assert len(ctx.tape) == tape_len  # views never change the tape
     with pytest.raises(ContextKeyError, match="anchor 'nope' was not found"):
         ctx.view(anchor="nope")
+
+
+def test_record_keys_never_overwrite_history_merged_from_a_branch(ctx):
+    ctx.begin_activity("review")
+    ctx.complete_activity("review")
+    branch = LayeredContext.fork(ctx.snapshot(), name="main/b", branch_id="b")
+    branch.begin_activity("check")
+    branch.complete_activity("check")
+    # the join brings the branch's record back, but not its counter
+    ctx.apply_changes([(Layer.HISTORY, "activity:check", branch.layer(Layer.HISTORY)["activity:check"])],
+                      kind="join", actor="join")
+    ctx.begin_activity("check")
+    ctx.complete_activity("check", summary="second pass")
+    history = ctx.layer(Layer.HISTORY)
+    assert history["activity:check"]["summary"] != "second pass"
+    assert history["activity:check#2"]["summary"] == "second pass"
+    assert LayeredContext.replay(ctx.tape) == ctx
