@@ -3,9 +3,9 @@
 The default reads the documents shipped beside a process,
 ``<process folder>/knowledge/<collection>/*.md`` (and ``*.txt``), split into passages
 at blank lines and headings. Passages are ranked by BM25; each hit's ``confidence`` is
-the share of the query's information (IDF-weighted query terms) that the passage
-contains, in [0, 1]: 1.0 when every distinctive query term appears in it, whatever its
-length or the size of the collection. Hits under the activity's
+the share of the query's information (IDF-weighted query terms the collection uses at
+all) that the passage contains, in [0, 1]: 1.0 when every such query term appears in
+it, whatever its length or the size of the collection. Hits under the activity's
 ``confidenceThreshold`` are dropped by the engine.
 
 Deterministic: same documents and query, same hits in the same order.
@@ -29,8 +29,21 @@ _STOP = frozenset(
     "not no than then which who when where what".split())
 
 
+def _stem(word: str) -> str:
+    """A few English suffixes, enough for "industries" to find "industry" and
+    "blacklisted" to find "blacklist"."""
+    if len(word) > 4 and word.endswith("ies"):
+        return word[:-3] + "y"
+    for suffix in ("ing", "ed"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
 def tokenize(text: str) -> list[str]:
-    return [w for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1]
+    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOP and len(w) > 1]
 
 
 @dataclass(frozen=True)
@@ -72,7 +85,6 @@ class _Collection:
             df.update(p.terms.keys())
         n = len(passages)
         self.idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) for t, d in df.items()}
-        self.unknown_idf = math.log(1 + (n + 0.5) / 0.5) if n else 1.0
 
 
 class BM25Retriever:
@@ -111,7 +123,10 @@ class BM25Retriever:
         q_terms = list(dict.fromkeys(tokenize(query)))
         if not coll.passages or not q_terms:
             return []
-        total_info = sum(coll.idf.get(t, coll.unknown_idf) for t in q_terms)
+        # Terms the collection never uses carry no information about its passages.
+        total_info = sum(coll.idf[t] for t in q_terms if t in coll.idf)
+        if total_info <= 0:
+            return []
         scored: list[tuple[float, float, int, _Passage]] = []
         for idx, p in enumerate(coll.passages):
             score = 0.0

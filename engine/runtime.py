@@ -174,11 +174,12 @@ class Engine:
         try:
             while True:
                 rt.step()
+                rt.settle()
                 if not self._answer_from(instance, answers, ask):
                     break
         except Exception as err:  # noqa: BLE001 - every failure becomes the instance's error
             rt.fail(err)
-        rt.settle()
+            rt.settle()
         self._save(instance)
         return instance
 
@@ -354,36 +355,34 @@ class _Runtime:
     # ----- running the workflow ------------------------------------------------------
 
     def step(self) -> None:
-        """Run every READY engine task (and plain tasks that have a handler), saving after each activity."""
+        """Run every READY engine task (and plain tasks that have a handler), in SpiffWorkflow's
+        own order (``do_engine_steps``), saving after each activity."""
         wf = self.instance.workflow
         while True:
-            ran = False
-            for task in _ready_tasks(wf):
-                spec = task.task_spec
-                if spec.manual and not self._runs_unattended(spec):
-                    continue
-                before = self.instance.activities
-                task.run()
-                ran = True
-                if self.instance.activities != before:
-                    self.engine._save(self.instance)
-                break  # the tree changed: look again from the top
-            if not ran:
-                # subprocess tasks move on when their subworkflow completes
-                if not self._update_finished_subprocesses():
-                    break
+            active = wf.get_active_subprocesses()
+            for sp in sorted(active, key=lambda v: v.depth, reverse=True):
+                while self._run_ready(sp):
+                    pass
+                if sp.parent_task_id is not None:
+                    task = wf.get_task_from_id(sp.parent_task_id)
+                    task.task_spec._update(task)
+            if not self._run_ready(wf) and len(wf.get_active_subprocesses()) <= len(active):
+                break
         wf.refresh_timers()
 
-    def _update_finished_subprocesses(self) -> bool:
-        wf = self.instance.workflow
-        moved = False
-        for sp in list(wf.subprocesses.values()):
-            if sp.completed and sp.parent_task_id is not None:
-                task = wf.get_task_from_id(sp.parent_task_id)
-                if task is not None and task.state == TaskState.STARTED:
-                    task.task_spec._update(task)
-                    moved = moved or task.state != TaskState.STARTED
-        return moved
+    def _run_ready(self, wf: Any) -> int:
+        count = 0
+        for task in wf.get_tasks(state=TaskState.READY):
+            if task.state != TaskState.READY:
+                continue
+            if task.task_spec.manual and not self._runs_unattended(task.task_spec):
+                continue
+            before = self.instance.activities
+            task.run()
+            count += 1
+            if self.instance.activities != before:
+                self.engine._save(self.instance)
+        return count
 
     def _runs_unattended(self, spec: Any) -> bool:
         """A plain task with a handler (or model config) runs without a person."""
@@ -685,8 +684,9 @@ class _Runtime:
         injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
         order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
         answers = {cid: a["value"] for cid, a in self.answers.items()}
+        config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
         try:
-            result = join_contexts(base, contexts, config=self.process.config(gw), gateway_id=gw,
+            result = join_contexts(base, contexts, config=config, gateway_id=gw,
                                    arrival_order=order, answers=answers, arbiter=self.engine.arbiter_for(self.process),
                                    human_available=True, injected=injected)
         except MergeConflictError as err:
@@ -793,6 +793,17 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
 def _gateway_type(spec: Any) -> str:
     name = type(spec).__name__.removeprefix("Layerflow")
     return {"ParallelGateway": "parallel", "InclusiveGateway": "inclusive", "ExclusiveGateway": "exclusive"}.get(name, name)
+
+
+def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionConfig | None
+                 ) -> ActivityExtensionConfig | None:
+    """The join's config, with the split's ``branches`` (their ``reasonKey``) when the join names none:
+    a branch is declared once, at the split where it starts."""
+    if split is None or not split.branches or (join is not None and join.branches):
+        return join
+    if join is None:
+        return ActivityExtensionConfig(branches=list(split.branches))
+    return join.model_copy(update={"branches": list(split.branches)})
 
 
 def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str, Any]:
