@@ -205,8 +205,9 @@ def validate_process(
     file (unless ``discover_config`` is false). ``process_id`` None takes the config
     file's ``process.process_id``, else the one executable process that no loaded process
     calls (``report.process_id`` says which; the engine should start that one). ``parser_factory``
-    builds the SpiffWorkflow parser of the last check (default ``SpiffBpmnParser``); the
-    engine passes its own, so a process that validates also loads.
+    builds the SpiffWorkflow parser of the last check: by default the engine's
+    ``engine.spiff.LayerflowBpmnParser`` (stock ``SpiffBpmnParser`` when that module is
+    absent), so a process that validates also loads.
     """
     paths = [Path(bpmn_paths)] if isinstance(bpmn_paths, (str, Path)) else [Path(p) for p in bpmn_paths]
     return _Validator(paths, config_path, process_id, discover_config, parser_factory).run()
@@ -718,12 +719,7 @@ class _Validator:
     def _check_spiff(self, main: str | None) -> None:
         from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 
-        if self.parser_factory is None:
-            from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
-
-            parser = SpiffBpmnParser()
-        else:
-            parser = self.parser_factory()
+        parser = (self.parser_factory or _default_parser_factory())()
         reported = {p.element_id for p in self.problems if p.severity == "error" and p.element_id} | self.related
         failures: list[tuple[BaseException, _Doc | None]] = []
         for doc in self.docs:
@@ -779,6 +775,16 @@ class _Validator:
 
 # ---------------------------------------------------------------------------------------
 # helpers
+
+
+def _default_parser_factory() -> Callable[[], Any]:
+    """The engine's parser when it is there (validated means loadable the way the engine loads), else stock."""
+    factory: Callable[[], Any]
+    try:
+        from .spiff import LayerflowBpmnParser as factory
+    except ImportError:
+        from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser as factory
+    return factory
 
 
 def _xml_parser() -> Any:
