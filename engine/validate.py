@@ -779,12 +779,14 @@ class _Validator:
 
 def _default_parser_factory() -> Callable[[], Any]:
     """The engine's parser when it is there (validated means loadable the way the engine loads), else stock."""
-    factory: Callable[[], Any]
+    import importlib
+
     try:
-        from .spiff import LayerflowBpmnParser as factory
+        module = importlib.import_module(".spiff", __package__)
     except ImportError:
-        from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser as factory
-    return factory
+        module = importlib.import_module("SpiffWorkflow.spiff.parser.process")
+        return getattr(module, "SpiffBpmnParser")  # type: ignore[no-any-return]
+    return getattr(module, "LayerflowBpmnParser")  # type: ignore[no-any-return]
 
 
 def _xml_parser() -> Any:
