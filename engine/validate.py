@@ -302,7 +302,7 @@ class _Validator:
         for proc in self.processes:
             if _executable(proc.element):
                 self._check_gateways(proc)
-                self._check_scripts(proc)
+                self._check_code(proc)
                 self._check_references(proc)
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
@@ -641,7 +641,8 @@ class _Validator:
                              file=file, line=flow.sourceline, element_id=flow.get("id"), field="conditionExpression")
                     judged = False
                     continue
-                tree = self._compile(expr, "eval", flow.find(_bpmn("conditionExpression")), file, flow.get("id"),
+                expr_el = flow.find(_bpmn("conditionExpression"))
+                tree = self._compile(expr_el.text, "eval", expr_el, file, flow.get("id"),
                                      "condition_syntax", "conditionExpression")
                 if not isinstance(tree, ast.Expression):
                     judged = False
@@ -688,7 +689,14 @@ class _Validator:
                      "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
 
-    def _check_scripts(self, proc: _Node) -> None:
+    def _check_code(self, proc: _Node) -> None:
+        """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""
+        xor_ids = {gw.get("id") for gw in proc.element.iter(_bpmn("exclusiveGateway"))}
+        for flow in proc.element.iter(_bpmn("sequenceFlow")):
+            expr = flow.find(_bpmn("conditionExpression"))
+            if expr is not None and (expr.text or "").strip() and flow.get("sourceRef") not in xor_ids:
+                self._compile(expr.text, "eval", expr, proc.file, flow.get("id"), "condition_syntax",
+                              "conditionExpression")
         for task in proc.element.iter(_bpmn("scriptTask")):
             script = task.find(_bpmn("script"))
             if script is not None and (script.text or "").strip():

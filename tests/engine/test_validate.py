@@ -100,6 +100,9 @@ CASES = [
          ("default='f_c' is not an outgoing flow", "outgoing flows: 'f_a', 'f_b'")),
     Case("condition_syntax", "condition_syntax.bpmn", "condition_syntax", ("condition_syntax.bpmn", "amount &gt; = 5"),
          "f_a", "conditionExpression", ("condition is not valid Python", "'amount > = 5'")),
+    Case("condition_syntax_multiline_inclusive", "inclusive_condition_syntax.bpmn", "condition_syntax",
+         ("inclusive_condition_syntax.bpmn", "amount &gt; 10000 and"), "f_fraud", "conditionExpression",
+         ("condition is not valid Python", "'amount > 10000 and'")),
     Case("script_syntax", "script_syntax.bpmn", "script_syntax", ("script_syntax.bpmn", "total = amount +"),
          "x", "script", ("script is not valid Python", "'total = amount +'")),
     # (h) gateway branches that no outgoing flow targets
