@@ -57,8 +57,10 @@ without a default flow whose every outgoing condition is built from comparisons 
 
 Anything else (two variables, arithmetic, function calls, string ordering, mixed
 constant types, natural-language branch conditions in the config) cannot be judged
-without running the process, and is not reported. Whitespace around conditions and
-scripts is not reported either: they are checked dedented and stripped.
+without running the process, and is not reported.
+
+Conditions are checked stripped and scripts exactly as written, because that is how the
+engine runs them: an indented script fails with "unexpected indent" and is reported.
 """
 
 from __future__ import annotations
@@ -67,7 +69,6 @@ import ast
 import difflib
 import json
 import math
-import textwrap
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -709,15 +710,19 @@ class _Validator:
 
     def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
                  code: str, field: str) -> ast.AST | None:
-        lines = text.split("\n")
-        first = next((i for i, ln in enumerate(lines) if ln.strip()), 0)
-        source = textwrap.dedent("\n".join(lines[first:])).rstrip()
+        """Parse as the engine runs it: conditions stripped (``eval``), scripts exactly as written (``exec``)."""
+        if mode == "eval":
+            first = text[: len(text) - len(text.lstrip())].count("\n")  # lines the strip drops
+            source = text.strip()
+        else:
+            first, source = 0, text
         try:
             return ast.parse(source, mode=mode)
         except SyntaxError as err:
             what = "condition" if mode == "eval" else "script"
-            self.add(code, f"{what} is not valid Python: {err.msg} in {(err.text or source).strip()!r}; "
-                     f"SpiffWorkflow runs {what}s as Python: fix the {what}",
+            todo = (f"scripts run exactly as written: start top-level lines at column 0"
+                    if isinstance(err, IndentationError) and mode == "exec" else f"fix the {what}")
+            self.add(code, f"{what} is not valid Python: {err.msg} in {(err.text or source).strip()!r}; {todo}",
                      file=file, line=el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None,
                      element_id=element_id, field=field)
             return None

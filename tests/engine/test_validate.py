@@ -105,6 +105,8 @@ CASES = [
          ("condition is not valid Python", "'amount > 10000 and'")),
     Case("script_syntax", "script_syntax.bpmn", "script_syntax", ("script_syntax.bpmn", "total = amount +"),
          "x", "script", ("script is not valid Python", "'total = amount +'")),
+    Case("script_indented", "script_indented.bpmn", "script_syntax", ("script_indented.bpmn", "total = 1"),
+         "x", "script", ("unexpected indent", "start top-level lines at column 0")),
     # (h) gateway branches that no outgoing flow targets
     Case("branch_not_outgoing", "valid.bpmn", "branch_not_outgoing", ("bad_branch.layerflow.yaml", "- id: fast_trak"),
          "route", "branches.1.id",
