@@ -1,0 +1,567 @@
+"""Attention scores and compression triggers.
+
+Five scores, each in [0, 1], computed on the *scope*: the entries of HISTORY then
+WORKING. Each has one function below whose docstring gives its exact formula;
+``AttentionScore`` holds the five, ``CompressTriggerDetector`` compares them (and
+the token and entry counts) with an activity's thresholds and says which fired.
+
+On an empty context every score sits on its quiet side (density 1, redundancy 0,
+decay 1, conflict 0, toolEfficiency 1), so nothing fires on nothing.
+
+Words used throughout:
+
+* *preserved keys* P: ``ctx.preserved`` plus the config's ``preserveKeys``;
+* *records*: HISTORY keys starting with ``activity:``, ``tool:``, ``summary:`` or
+  ``compaction:``; *activity records* are ``activity:*`` entries of kind
+  ``activity``; *compressor records* are ``compaction:*`` entries and the
+  ``count_only`` counters the compressor writes (their value has
+  ``"_compressed": "count_only"``);
+* the *owner* of a HISTORY entry (``segment_history``): itself for an activity
+  record; otherwise the latest activity record whose ``keys`` list it; otherwise the
+  first activity record after it in HISTORY order (``complete_activity`` appends an
+  activity's new keys just before its record); otherwise none: the *open tail*,
+  written since the last activity finished. Compressor records are owned by no
+  activity (``COMPACTED``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .canonical import canonical_key
+from .context import LayeredContext, Snapshot, entry_kind, is_record_key
+from .layers import Layer
+from .similarity import NEAR_DUP_JACCARD, near_duplicate_clusters, word_sets
+from .tokens import count_value
+
+if TYPE_CHECKING:
+    from .config import ActivityExtensionConfig, AttentionThresholds
+
+__all__ = [
+    "COMPACTED",
+    "RECENT_ACTIVITIES",
+    "TRIGGERS",
+    "AttentionScore",
+    "CompressTriggerDetector",
+    "Scope",
+    "ScopeEntry",
+    "Segments",
+    "ToolReport",
+    "TriggerDecision",
+    "classify_tool_entries",
+    "conflict",
+    "decay",
+    "density",
+    "is_compressor_record",
+    "is_tool_entry",
+    "redundancy",
+    "segment_history",
+    "tool_efficiency",
+    "tool_result_useful",
+]
+
+RECENT_ACTIVITIES = 3
+COMPACTED = "<compacted>"
+MERGED_CONFLICTS_KEY = "_mergedConflicts"
+TRIGGERS = ("token_threshold", "message_threshold", "density", "redundancy", "decay", "conflict", "toolEfficiency")
+# Scores that fire below their threshold; the others fire above it.
+_FIRE_BELOW = frozenset({"density", "decay", "toolEfficiency"})
+
+
+# ----- the scope ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeEntry:
+    layer: Layer
+    key: str
+    value: Any
+    tokens: int
+
+    @property
+    def kind(self) -> str:
+        return entry_kind(self.key, self.value)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """HISTORY then WORKING entries with their token counts, and the preserved keys."""
+
+    history: tuple[ScopeEntry, ...]
+    working: tuple[ScopeEntry, ...] = ()
+    preserved: frozenset[str] = frozenset()
+    merged_conflicts: Any = None
+
+    @property
+    def entries(self) -> tuple[ScopeEntry, ...]:
+        return self.history + self.working
+
+    @property
+    def tokens(self) -> int:
+        return sum(e.tokens for e in self.history) + sum(e.tokens for e in self.working)
+
+    @classmethod
+    def of(cls, source: LayeredContext | Snapshot, config: ActivityExtensionConfig | None = None) -> Scope:
+        """The scope of a context, or of a snapshot (for before/after comparisons)."""
+        preserved = set(source.preserved)
+        if config is not None:
+            preserved.update(config.effective_preserve_keys)
+        return cls(history=_layer_entries(source, Layer.HISTORY), working=_layer_entries(source, Layer.WORKING),
+                   preserved=frozenset(preserved), merged_conflicts=_resolve(source, MERGED_CONFLICTS_KEY))
+
+    @classmethod
+    def build(cls, history: Iterable[tuple[str, Any]], working: Iterable[tuple[str, Any]] = (), *,
+              preserved: Iterable[str] = (), merged_conflicts: Any = None, encoding: str | None = None) -> Scope:
+        """A scope from plain ``(key, value)`` pairs (token counts computed here)."""
+        def entries(layer: Layer, items: Iterable[tuple[str, Any]]) -> tuple[ScopeEntry, ...]:
+            return tuple(ScopeEntry(layer, k, v, count_value(v, encoding) if encoding else count_value(v))
+                         for k, v in items)
+        return cls(history=entries(Layer.HISTORY, history), working=entries(Layer.WORKING, working),
+                   preserved=frozenset(preserved), merged_conflicts=merged_conflicts)
+
+
+def _layer_entries(source: LayeredContext | Snapshot, layer: Layer) -> tuple[ScopeEntry, ...]:
+    view = source.layer(layer)
+    if isinstance(source, LayeredContext):
+        return tuple(ScopeEntry(layer, k, view[k], source.key_tokens(layer, k)) for k in view)
+    # Snapshots keep their token counts in their state; recount if a future state lacks them.
+    counts = getattr(getattr(source, "state", None), "tokens", None)
+    table = counts[layer] if counts is not None else {}
+    return tuple(ScopeEntry(layer, k, view[k], table[k] if k in table else count_value(view[k])) for k in view)
+
+
+def _resolve(source: LayeredContext | Snapshot, key: str) -> Any:
+    for layer in Layer:
+        view = source.layer(layer)
+        if key in view:
+            return view[key]
+    return None
+
+
+# ----- HISTORY segmentation ---------------------------------------------------------------
+
+
+def is_compressor_record(key: str, value: Any) -> bool:
+    return key.startswith("compaction:") or (isinstance(value, dict) and value.get("_compressed") == "count_only")
+
+
+def is_activity_record(key: str, value: Any) -> bool:
+    return key.startswith("activity:") and entry_kind(key, value) == "activity"
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Activity records oldest first, and the owner of every HISTORY key (see the module doc)."""
+
+    records: tuple[str, ...]
+    owner: Mapping[str, str | None]
+
+    def recent(self, n: int) -> frozenset[str]:
+        return frozenset(self.records[-n:]) if n > 0 else frozenset()
+
+
+def segment_history(history: Sequence[tuple[str, Any]]) -> Segments:
+    records = [k for k, v in history if is_activity_record(k, v)]
+    listed: dict[str, str] = {}
+    for k, v in history:
+        if is_activity_record(k, v):
+            keys = v.get("keys") if isinstance(v, dict) else None
+            if isinstance(keys, list):
+                for written in keys:
+                    if isinstance(written, str):
+                        listed[written] = k
+    owner: dict[str, str | None] = {}
+    following: str | None = None
+    for k, v in reversed(history):
+        if is_compressor_record(k, v):
+            owner[k] = COMPACTED
+        elif is_activity_record(k, v):
+            owner[k] = k
+            following = k
+        else:
+            owner[k] = listed.get(k, following)
+    return Segments(records=tuple(records), owner=owner)
+
+
+# ----- the five dimensions ------------------------------------------------------------------
+
+
+def _density(scope: Scope) -> tuple[float, dict[str, Any]]:
+    total = scope.tokens
+    present = [e for e in scope.entries if e.key in scope.preserved]
+    kept = sum(e.tokens for e in present)
+    if total == 0 or not present:
+        return 1.0, {"preserved_tokens": kept, "tokens": total}
+    return kept / total, {"preserved_tokens": kept, "tokens": total}
+
+
+def density(scope: Scope) -> float:
+    """density = T(P) / T.
+
+    T is the token count of every scope entry (HISTORY and WORKING); T(P) of the
+    entries whose key is preserved. 1.0 when T = 0 or no preserved key is in scope:
+    with nothing preserved present there is nothing to dilute.
+    """
+    return _density(scope)[0]
+
+
+def _redundancy(scope: Scope) -> tuple[float, dict[str, Any]]:
+    entries = [e for e in scope.entries if not is_compressor_record(e.key, e.value)]
+    clusters = near_duplicate_clusters(word_sets((e.key, e.value) for e in entries))
+    counted = clusters.counted
+    value = clusters.redundant / counted if counted > 1 else 0.0
+    return value, {"entries": counted, "redundant_entries": clusters.redundant,
+                   "duplicate_pairs": clusters.pairs, "redundancy_exact": clusters.exact,
+                   "_labels": clusters.labels, "_keys": [(e.layer, e.key) for e in entries]}
+
+
+def redundancy(scope: Scope) -> float:
+    """redundancy = (n - c) / n.
+
+    n is the number of scope entries that have words (compressor records left out:
+    they restate what they replaced), c the number of clusters of near-duplicates
+    among them (connected components of "Jaccard of word 3-shingles >= 0.8", see
+    ``context_layers.similarity``). It is the share of entries that repeat an earlier
+    one: a cluster of k entries contributes k - 1. 0.0 when n <= 1. Exact up to 200
+    distinct entries; above, MinHash/LSH may miss a near-duplicate pair (about 2e-4
+    per pair at Jaccard 0.8) and never reports a false one.
+
+    DESIGN.md words it as "share of entry pairs that are near-duplicates"; counted over
+    all n(n-1)/2 pairs that share grows with the square of a cluster's size and needs
+    more than half the entries to be copies of one another before it reaches the
+    default threshold 0.3, so the score counts redundant entries instead (the number of
+    near-duplicate pairs is in ``AttentionScore.details``).
+    """
+    return _redundancy(scope)[0]
+
+
+def _decay(scope: Scope, recent_activities: int) -> tuple[float, dict[str, Any]]:
+    history = [(e.key, e.value) for e in scope.history]
+    seg = segment_history(history)
+    recent = seg.recent(recent_activities)
+    new = old = 0
+    for e in scope.history:
+        if e.key in scope.preserved:
+            continue
+        owner = seg.owner[e.key]
+        if owner == COMPACTED:
+            continue
+        if owner is None or owner in recent:
+            new += e.tokens
+        else:
+            old += e.tokens
+    new += sum(e.tokens for e in scope.working if e.key not in scope.preserved)
+    value = new / (new + old) if new + old else 1.0
+    return value, {"recent_tokens": new, "old_tokens": old, "activities": len(seg.records)}
+
+
+def decay(scope: Scope, recent_activities: int = RECENT_ACTIVITIES) -> float:
+    """decay = T(recent) / (T(recent) + T(old)).
+
+    Over the scope entries that are neither preserved nor compressor records (pinned
+    keys and earlier summaries are timeless: neither recent nor stale): T(recent) is
+    the tokens of WORKING entries and of HISTORY entries owned by one of the
+    ``recent_activities`` latest activity records or by none (the open tail); T(old)
+    the tokens of HISTORY entries owned by an older activity record. 1.0 when both are
+    0, and whenever there are no more than ``recent_activities`` activity records.
+    """
+    return _decay(scope, recent_activities)[0]
+
+
+def _unresolved(merged: Any) -> set[str]:
+    """Keys of ``_mergedConflicts`` entries without a resolution.
+
+    Accepts a list of ``{"key": ..., "resolution": null | {...}}`` (the shape of the
+    CLI's ``conflicts``) or a mapping ``{key: {"resolution": ...}}``; an entry also
+    counts as resolved when it has ``"resolved": true``.
+    """
+    out: set[str] = set()
+    if isinstance(merged, dict):
+        items = [({"key": k, **v} if isinstance(v, dict) and "key" not in v else v) for k, v in merged.items()]
+    elif isinstance(merged, list):
+        items = list(merged)
+    else:
+        return out
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("key"), str):
+            if item.get("resolution") is None and item.get("resolved") is not True:
+                out.add(item["key"])
+    return out
+
+
+def _data_key(key: str) -> bool:
+    return not is_record_key(key) and not key.startswith("_")
+
+
+def _conflict(scope: Scope) -> tuple[float, dict[str, Any]]:
+    history = {e.key: e.value for e in scope.history if _data_key(e.key)}
+    working = {e.key: e.value for e in scope.working if _data_key(e.key)}
+    shadowed = {k for k in history.keys() & working.keys() if canonical_key(history[k]) != canonical_key(working[k])}
+    unresolved = _unresolved(scope.merged_conflicts)
+    keys = history.keys() | working.keys() | unresolved
+    bad = sorted(shadowed | unresolved)
+    value = len(bad) / len(keys) if keys else 0.0
+    return value, {"conflicting_keys": bad, "data_keys": len(keys)}
+
+
+def conflict(scope: Scope) -> float:
+    """conflict = |C| / |K|.
+
+    K is the set of data keys in scope (keys that are not records and do not start
+    with ``_``, the engine's bookkeeping) plus the keys of unresolved
+    ``_mergedConflicts`` entries. C holds the keys that have contradictory values: a
+    key held by both HISTORY and WORKING with values that are not JSON-equal
+    (``canonical_key``), and every key of an unresolved ``_mergedConflicts`` entry
+    (one whose ``resolution`` is null). 0.0 when K is empty.
+    """
+    return _conflict(scope)[0]
+
+
+_ERROR_STATUS = frozenset({"error", "failed", "failure", "timeout", "timed_out", "cancelled", "canceled"})
+_TOOL_META = frozenset({"kind", "_compressed", "call_id", "tool_call_id", "tool", "name", "args", "arguments",
+                        "status", "ok", "is_error", "error", "duration_ms"})
+
+
+def is_tool_entry(key: str, value: Any) -> bool:
+    return key.startswith("tool:") or entry_kind(key, value) in ("tool_call", "tool_call_result")
+
+
+def _empty(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    if isinstance(value, (list, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        return all(_empty(v) for v in items)
+    return False
+
+
+def _is_error(value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    status = value.get("status")
+    return bool(value.get("error")) or value.get("is_error") is True or value.get("ok") is False or (
+        isinstance(status, str) and status.strip().lower() in _ERROR_STATUS)
+
+
+def _payload(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in _TOOL_META}
+    return value
+
+
+def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
+    """A tool result is useful when it is not an error, its payload is not empty and
+    (when ``seen`` is given) it is not the same tool's payload seen before; ``seen``
+    gains it."""
+    if _is_error(value) or _empty(_payload(value)):
+        return False
+    if seen is None:
+        return True
+    tool = value.get("tool", value.get("name")) if isinstance(value, dict) else None
+    mark = canonical_key([tool, _payload(value)])
+    if mark in seen:
+        return False
+    seen.add(mark)
+    return True
+
+
+_CALL_ID_FIELDS = ("call_id", "tool_call_id")
+
+
+def _call_ids(value: Any) -> set[str]:
+    if not isinstance(value, dict):
+        return set()
+    return {value[f] for f in _CALL_ID_FIELDS if isinstance(value.get(f), str)}
+
+
+@dataclass(frozen=True)
+class ToolReport:
+    """Tool calls among some entries: ``useless`` result keys, ``pending`` call keys
+    (a ``tool_call`` no result answers), and the counts the score is made of."""
+
+    calls: int
+    useful: int
+    useless: tuple[str, ...]
+    pending: tuple[str, ...]
+
+
+def classify_tool_entries(entries: Iterable[tuple[str, Any]]) -> ToolReport:
+    """Classify tool entries (in order; "same payload seen before" depends on it)."""
+    results: list[tuple[str, Any]] = []
+    calls: list[tuple[str, Any]] = []
+    for k, v in entries:
+        if is_tool_entry(k, v):
+            (calls if entry_kind(k, v) == "tool_call" else results).append((k, v))
+    answered: set[str] = set()
+    for _, v in results:
+        answered |= _call_ids(v)
+    pending = tuple(k for k, v in calls if not (_call_ids(v) & answered))
+    seen: set[str] = set()
+    useless = tuple(k for k, v in results if not tool_result_useful(v, seen))
+    return ToolReport(calls=len(results) + len(pending), useful=len(results) - len(useless),
+                      useless=useless, pending=pending)
+
+
+def _tool_efficiency(scope: Scope) -> tuple[float, dict[str, Any]]:
+    report = classify_tool_entries((e.key, e.value) for e in scope.entries)
+    value = report.useful / report.calls if report.calls else 1.0
+    return value, {"tool_calls": report.calls, "useful_tool_results": report.useful,
+                   "useless_tool_results": list(report.useless), "pending_tool_calls": list(report.pending)}
+
+
+def tool_efficiency(scope: Scope) -> float:
+    """toolEfficiency = useful results / tool calls.
+
+    Tool entries are scope entries with a ``tool:`` key or of kind ``tool_call`` or
+    ``tool_call_result``. Each entry of another kind than ``tool_call`` is one call
+    with its result; a ``tool_call`` entry is one more call unless a result carries
+    its ``call_id`` (or ``tool_call_id``). A result is useful when it is not an error
+    (no truthy ``error``, ``is_error`` not true, ``ok`` not false, ``status`` not one
+    of error/failed/failure/timeout/cancelled), its payload (the value without
+    ``kind``, ``tool``/``name``, ``args``, ``status`` and such metadata) is not empty,
+    and no earlier result of the same tool had the same payload. Whether a model
+    *used* a result cannot be seen from the context, so it does not count. 1.0 when
+    there are no tool calls.
+    """
+    return _tool_efficiency(scope)[0]
+
+
+# ----- the score and the triggers -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionScore:
+    """The five attention scores of a context (see each function for its formula)."""
+
+    density: float = 1.0
+    redundancy: float = 0.0
+    decay: float = 1.0
+    conflict: float = 0.0
+    tool_efficiency: float = 1.0
+    details: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def compute(cls, ctx: LayeredContext | Snapshot, config: ActivityExtensionConfig | None = None, *,
+                recent_activities: int = RECENT_ACTIVITIES) -> AttentionScore:
+        """Score a context (or a snapshot) on HISTORY + WORKING."""
+        return cls.of_scope(Scope.of(ctx, config), recent_activities=recent_activities)
+
+    @classmethod
+    def of_scope(cls, scope: Scope, *, recent_activities: int = RECENT_ACTIVITIES) -> AttentionScore:
+        d, d_info = _density(scope)
+        r, r_info = _redundancy(scope)
+        y, y_info = _decay(scope, recent_activities)
+        c, c_info = _conflict(scope)
+        t, t_info = _tool_efficiency(scope)
+        details = {**d_info, **r_info, **y_info, **c_info, **t_info, "recent_activities": recent_activities}
+        return cls(density=d, redundancy=r, decay=y, conflict=c, tool_efficiency=t, details=details)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"density": self.density, "redundancy": self.redundancy, "decay": self.decay,
+                "conflict": self.conflict, "toolEfficiency": self.tool_efficiency}
+
+    def public_details(self) -> dict[str, Any]:
+        """The counts behind the scores (JSON-able)."""
+        return {k: v for k, v in self.details.items() if not k.startswith("_")}
+
+    def crossed(self, thresholds: AttentionThresholds) -> list[str]:
+        """Names (as in ``to_dict``) of the scores across their threshold."""
+        limits = _threshold_dict(thresholds)
+        out = []
+        for name, value in self.to_dict().items():
+            if (value < limits[name]) if name in _FIRE_BELOW else (value > limits[name]):
+                out.append(name)
+        return out
+
+
+def _threshold_dict(t: AttentionThresholds) -> dict[str, float]:
+    return {"density": t.density, "redundancy": t.redundancy, "decay": t.decay, "conflict": t.conflict,
+            "toolEfficiency": t.tool_efficiency}
+
+
+@dataclass(frozen=True)
+class TriggerDecision:
+    """Which triggers fired, with every measured value and its threshold, so a user
+    can see why compression ran (or did not)."""
+
+    fired: bool
+    triggers: list[str]
+    values: dict[str, float | int]
+    thresholds: dict[str, float | int | None]
+    attention: AttentionScore
+    # attention scores across their threshold that did not fire: the scope was
+    # smaller than min_attention_tokens
+    suppressed: list[str] = field(default_factory=list)
+    min_attention_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fired": self.fired, "triggers": list(self.triggers), "values": dict(self.values),
+                "thresholds": dict(self.thresholds), "attention": self.attention.to_dict(),
+                "suppressed": list(self.suppressed), "min_attention_tokens": self.min_attention_tokens}
+
+    def explain(self) -> str:
+        if not self.fired:
+            return "no trigger fired"
+        parts = []
+        for name in self.triggers:
+            op = "<" if name in _FIRE_BELOW else ">"
+            value = self.values[name]
+            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+            parts.append(f"{name}: {shown} {op} {self.thresholds[name]}")
+        return "; ".join(parts)
+
+
+class CompressTriggerDetector:
+    """Decide whether a context needs compression under an activity's config.
+
+    Triggers, in this order: ``token_threshold`` (HISTORY + WORKING tokens >
+    ``compressTokenThreshold``), ``message_threshold`` (HISTORY entries >
+    ``compressMessageThreshold``), then each attention score across its threshold
+    (``attentionThresholds``; DESIGN.md's defaults when unset).
+
+    Attention triggers need at least ``min_attention_tokens`` tokens in scope. By
+    default that is the cliff target, ``compressTargetRatio`` x
+    ``compressTokenThreshold`` (0 without a threshold): a context already smaller
+    than what a cliff would leave is not worth compressing because two entries look
+    alike or a short id is a small share of it.
+    """
+
+    def __init__(self, *, recent_activities: int = RECENT_ACTIVITIES, min_attention_tokens: int | None = None) -> None:
+        self.recent_activities = recent_activities
+        self.min_attention_tokens = min_attention_tokens
+
+    def detect(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
+               attention: AttentionScore | None = None) -> TriggerDecision:
+        from .config import ActivityExtensionConfig
+
+        config = config or ActivityExtensionConfig()
+        scope = Scope.of(ctx, config)
+        score = attention or AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
+        tokens = scope.tokens
+        entries = len(scope.history)
+        token_limit = config.effective_token_threshold
+        message_limit = config.effective_message_threshold
+        limits = _threshold_dict(config.effective_attention_thresholds)
+        values: dict[str, float | int] = {"token_threshold": tokens, "message_threshold": entries, **score.to_dict()}
+        thresholds: dict[str, float | int | None] = {"token_threshold": token_limit,
+                                                     "message_threshold": message_limit, **limits}
+        fired: list[str] = []
+        if token_limit is not None and tokens > token_limit:
+            fired.append("token_threshold")
+        if message_limit is not None and entries > message_limit:
+            fired.append("message_threshold")
+        floor = self.min_attention_tokens
+        if floor is None:
+            floor = int(config.context_strategy.compress_target_ratio * token_limit) if token_limit else 0
+        crossed = score.crossed(config.effective_attention_thresholds)
+        suppressed: list[str] = []
+        if tokens >= floor:
+            fired.extend(crossed)
+        else:
+            suppressed = crossed
+        return TriggerDecision(fired=bool(fired), triggers=fired, values=values, thresholds=thresholds,
+                               attention=score, suppressed=suppressed, min_attention_tokens=floor)

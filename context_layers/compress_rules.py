@@ -1,0 +1,255 @@
+"""Compression rules as plain functions from HISTORY entries to HISTORY entries.
+
+``apply_rule(items, rule, ...)`` takes HISTORY as ``(key, value)`` pairs in order and
+returns the new pairs; it is deterministic and idempotent
+(``apply_rule(apply_rule(x)) == apply_rule(x)``), and ``apply_rules`` runs a rule list
+until nothing changes, so compressing twice with the same rules changes nothing the
+second time. Invariants of every action:
+
+* protected keys (preserved keys and the next activity's required context) and
+  compressor records (``compaction:*``, ``count_only`` counters) are never matched;
+* an entry is replaced only when the replacement has fewer tokens, so rules never
+  make HISTORY bigger;
+* the entry kind survives: replaced dict values keep their ``kind`` field, and get
+  ``"_compressed": <action>`` so a model reading them (and the next run) knows.
+
+Actions:
+
+* ``extract_keys``: keep ``kind``, ``_compressed`` and the dotted ``extractKeys`` paths
+  (``data.id``; a numeric segment indexes a list) at the same paths; missing paths
+  are skipped and reported; an entry where no path resolves (or a value that is not
+  an object) is left unchanged. With no ``extractKeys``: keep the top-level scalar
+  fields of at most ``SHORT_FIELD_TOKENS`` tokens.
+* ``summarize``: ``{"kind", "_compressed": "summarize", "summary"}`` plus the identity
+  fields (``activity``, ``tool``, ``name``, ``call_id``, ``tool_call_id``, ``status``)
+  when scalar; the summary fits ``maxTokens`` (tiktoken). An entry already summarized
+  within ``maxTokens`` is left alone.
+* ``count_only``: of the matching entries (HISTORY order) keep the last ``keepLast``
+  verbatim and replace the others by one counter record
+  ``summary:count:<pattern>`` = ``{"kind": "count", "_compressed": "count_only",
+  "pattern", "count" (entries seen), "dropped" (entries removed), "kept" (keys)}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .canonical import canonical_json, thaw
+from .config import CompressRule
+from .context import entry_kind
+from .summarize import ExtractiveSummarizer, Summarizer, fit_summary, value_text
+from .tokens import DEFAULT_ENCODING, count_text, count_value
+
+__all__ = [
+    "SHORT_FIELD_TOKENS",
+    "RuleOutcome",
+    "SummaryCache",
+    "apply_rule",
+    "apply_rules",
+    "count_key",
+    "extract_paths",
+    "get_path",
+]
+
+SHORT_FIELD_TOKENS = 64
+MAX_PASSES = 8
+_IDENTITY = ("activity", "tool", "name", "call_id", "tool_call_id", "status")
+
+Items = list[tuple[str, Any]]
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    """New HISTORY pairs, the keys a rule changed, removed or added, missing extract paths."""
+
+    items: tuple[tuple[str, Any], ...]
+    affected: tuple[str, ...] = ()
+    missing_paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class SummaryCache:
+    """Calls a summarizer once per (text, max_tokens) within one compression."""
+
+    def __init__(self, summarizer: Summarizer | None = None, *, encoding: str = DEFAULT_ENCODING,
+                 prefix_messages: Callable[[], Sequence[Mapping[str, str]] | None] | None = None) -> None:
+        self.summarizer = summarizer or ExtractiveSummarizer(encoding=encoding)
+        self.encoding = encoding
+        self._prefix = prefix_messages
+        self._memo: dict[tuple[str, int], str] = {}
+
+    def __call__(self, text: str, max_tokens: int) -> str:
+        key = (text, max_tokens)
+        if key not in self._memo:
+            prefix = self._prefix() if self._prefix is not None else None
+            raw = self.summarizer.summarize(text, max_tokens, prefix_messages=prefix)
+            self._memo[key] = fit_summary(raw, max_tokens, self.encoding)
+        return self._memo[key]
+
+
+def is_protected_record(key: str, value: Any) -> bool:
+    return key.startswith("compaction:") or (isinstance(value, dict) and value.get("_compressed") == "count_only")
+
+
+def get_path(value: Any, path: str) -> tuple[bool, Any]:
+    """``(True, v)`` for the value at dotted ``path`` (numeric segments index lists), else ``(False, None)``."""
+    node = value
+    for seg in path.split("."):
+        if isinstance(node, dict) and seg in node:
+            node = node[seg]
+        elif isinstance(node, list) and seg.isdigit() and int(seg) < len(node):
+            node = node[int(seg)]
+        else:
+            return False, None
+    return True, node
+
+
+def _set_path(out: dict[str, Any], path: str, value: Any) -> None:
+    segs = path.split(".")
+    node = out
+    for seg in segs[:-1]:
+        nxt = node.get(seg)
+        if nxt is None:
+            nxt = {}
+        elif isinstance(nxt, dict):
+            nxt = dict(nxt)
+        else:
+            return  # a shorter path already took the whole value
+        node[seg] = nxt
+        node = nxt
+    node[segs[-1]] = thaw(value)
+
+
+def extract_paths(value: Any, paths: Sequence[str], *, encoding: str = DEFAULT_ENCODING) -> tuple[Any | None, list[str]]:
+    """The reduced value (``None`` when nothing resolves) and the paths that did not resolve."""
+    if not isinstance(value, dict):
+        return None, list(paths)
+    out: dict[str, Any] = {}
+    if "kind" in value:
+        out["kind"] = value["kind"]
+    out["_compressed"] = value.get("_compressed", "extract_keys")
+    missing: list[str] = []
+    found = False
+    if paths:
+        for path in paths:
+            ok, v = get_path(value, path)
+            if ok:
+                found = True
+                _set_path(out, path, v)
+            else:
+                missing.append(path)
+    else:
+        for k, v in value.items():
+            if k in out or isinstance(v, (dict, list)):
+                continue
+            if count_value(v, encoding) <= SHORT_FIELD_TOKENS:
+                out[k] = v
+                found = True
+    return (out if found else None), missing
+
+
+def count_key(pattern: str) -> str:
+    return f"summary:count:{pattern}"
+
+
+def _smaller(new: Any, old: Any, encoding: str) -> bool:
+    return count_value(new, encoding) < count_value(old, encoding)
+
+
+def apply_rule(items: Iterable[tuple[str, Any]], rule: CompressRule, *, protected: Iterable[str] = (),
+               summarize: Callable[[str, int], str] | None = None,
+               encoding: str = DEFAULT_ENCODING) -> RuleOutcome:
+    """Apply one rule to HISTORY pairs (see the module doc)."""
+    items = list(items)
+    guard = frozenset(protected)
+    matched = [i for i, (k, v) in enumerate(items)
+               if k not in guard and not is_protected_record(k, v) and rule.matches(entry_kind(k, v), k)]
+    if rule.action == "count_only":
+        return _count_only(items, matched, rule, encoding)
+    summarize = summarize or SummaryCache(encoding=encoding)
+    affected: list[str] = []
+    missing: dict[str, tuple[str, ...]] = {}
+    for i in matched:
+        key, value = items[i]
+        if rule.action == "extract_keys":
+            new, miss = extract_paths(value, rule.extract_keys, encoding=encoding)
+            if miss:
+                missing[key] = tuple(miss)
+        else:
+            new = _summarized(key, value, rule.max_tokens or 100, summarize, encoding)
+        if new is not None and canonical_json(new) != canonical_json(value) and _smaller(new, value, encoding):
+            items[i] = (key, new)
+            affected.append(key)
+    return RuleOutcome(items=tuple(items), affected=tuple(affected), missing_paths=missing)
+
+
+def _summarized(key: str, value: Any, max_tokens: int, summarize: Callable[[str, int], str], encoding: str) -> Any:
+    if (isinstance(value, dict) and value.get("_compressed") == "summarize" and isinstance(value.get("summary"), str)
+            and count_text(value["summary"], encoding) <= max_tokens):
+        return None
+    out: dict[str, Any] = {"kind": entry_kind(key, value)}
+    if isinstance(value, dict):
+        for f in _IDENTITY:
+            v = value.get(f)
+            if v is not None and not isinstance(v, (dict, list)):
+                out[f] = v
+    out["_compressed"] = "summarize"
+    out["summary"] = summarize(value_text(value), max_tokens)
+    return out
+
+
+def _count_only(items: Items, matched: list[int], rule: CompressRule, encoding: str) -> RuleOutcome:
+    keep = matched[len(matched) - rule.keep_last:] if rule.keep_last else []
+    kept = set(keep)
+    drop = [i for i in matched if i not in kept]
+    if not drop:
+        return RuleOutcome(items=tuple(items))
+    key = count_key(rule.pattern)
+    at = next((i for i, (k, _) in enumerate(items) if k == key), None)
+    old = items[at][1] if at is not None else None
+    if old is not None and not is_protected_record(key, old):
+        return RuleOutcome(items=tuple(items))  # the key is taken by something else: leave it
+    dropped = (old.get("dropped", 0) if isinstance(old, dict) else 0) + len(drop)
+    record = {"kind": "count", "_compressed": "count_only", "pattern": rule.pattern,
+              "count": dropped + len(keep), "dropped": dropped, "kept": [items[i][0] for i in keep]}
+    saved = sum(count_value(items[i][1], encoding) for i in drop)
+    grown = count_value(record, encoding) - (count_value(old, encoding) if old is not None else 0)
+    if grown >= saved:
+        return RuleOutcome(items=tuple(items))
+    gone = [items[i][0] for i in drop]
+    gone_set = set(gone)
+    out = [(k, record if k == key else v) for k, v in items if k not in gone_set]
+    if at is None:
+        out.append((key, record))
+    return RuleOutcome(items=tuple(out), affected=(*gone, key))
+
+
+def apply_rules(items: Iterable[tuple[str, Any]], rules: Sequence[CompressRule], *, protected: Iterable[str] = (),
+                summarize: Callable[[str, int], str] | None = None, encoding: str = DEFAULT_ENCODING,
+                counts: list[int] | None = None) -> RuleOutcome:
+    """Apply the rules in order, again and again until a pass changes nothing.
+
+    ``counts`` (one slot per rule) gains the number of entries each rule changed.
+    """
+    current = tuple(items)
+    guard = frozenset(protected)
+    summarize = summarize or SummaryCache(encoding=encoding)
+    affected: dict[str, None] = {}
+    missing: dict[str, tuple[str, ...]] = {}
+    for _ in range(MAX_PASSES):
+        changed = False
+        for n, rule in enumerate(rules):
+            out = apply_rule(current, rule, protected=guard, summarize=summarize, encoding=encoding)
+            for k, paths in out.missing_paths.items():
+                missing[k] = tuple(dict.fromkeys([*missing.get(k, ()), *paths]))
+            if out.affected:
+                changed = True
+                current = out.items
+                for k in out.affected:
+                    affected.setdefault(k, None)
+                if counts is not None:
+                    counts[n] += len(out.affected)
+        if not changed:
+            break
+    return RuleOutcome(items=current, affected=tuple(affected), missing_paths=missing)

@@ -1,0 +1,578 @@
+"""RuleDrivenCompressor: compress HISTORY by rules, as a cliff, and undo it.
+
+``compress`` works on HISTORY only (WORKING is the open activity's, the other layers
+are not the compressor's) and never changes or drops a protected key: the preserved
+keys (``ctx.preserved`` plus the config's ``preserveKeys``) and the keys of
+``contextStrategy.requiredContext``. Token counts are HISTORY + WORKING, the scope
+the token threshold is compared with.
+
+1. **Rules**: the config's ``compressRules`` (``compress_rules.apply_rules``), until
+   nothing changes.
+2. **Remedies** for the attention triggers that fired: ``redundancy`` folds the older
+   members of every near-duplicate cluster (the newest stays); ``toolEfficiency``
+   folds useless tool results and unanswered calls; ``decay`` folds every entry owned
+   by an activity older than the ``recent_activities`` latest. ``conflict`` has no
+   compression remedy (contradictions are for the resolvers); it is reported only.
+3. **Cliff**: while a size target is not met, fold the oldest finished activity (its
+   unprotected entries and its record), oldest first, never one of the
+   ``keep_recent`` latest activities nor the open tail. Targets: ``target_tokens``
+   when given; ``token_threshold`` fired: ``compressTargetRatio`` x the threshold;
+   ``density`` fired: T(P) x ratio / threshold (density lands at threshold / ratio);
+   ``message_threshold`` fired: ratio x the entry threshold. Deep enough that the
+   next activities append without compressing again; after a cliff no size trigger
+   fires, so the rendered prefix stays stable until the next one.
+4. **Compaction**: folded entries and earlier ``compaction:*`` records are replaced by
+   one record ``compaction:<n>`` = ``{"kind": "compaction", "summary", "covers": [keys
+   replaced], "snapshot_id", "tokens_before", "tokens_after"}`` (plus ``dropped`` when
+   a plan dropped keys). A fold that would not save tokens is not made.
+
+Nothing changes when there is nothing to do: no snapshot, no event, a result with
+``entries_affected == 0``; so compressing an already compressed HISTORY with the same
+rules changes nothing. Otherwise: a snapshot first, then every change in one
+``apply_changes`` event (note ``compress``) whose data carries the report.
+``decompress`` restores HISTORY from that snapshot; the compressed version stays on
+the tape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .attention import (
+    COMPACTED,
+    RECENT_ACTIVITIES,
+    AttentionScore,
+    CompressTriggerDetector,
+    Scope,
+    classify_tool_entries,
+    is_compressor_record,
+    segment_history,
+)
+from .canonical import canonical_json
+from .compress_rules import SummaryCache, apply_rules
+from .config import ActivityExtensionConfig
+from .context import LayeredContext, entry_kind
+from .errors import ContextKeyError
+from .layers import Layer
+from .markers import DELETED
+from .similarity import near_duplicate_clusters, word_sets
+from .summarize import Summarizer, value_text
+from .tokens import count_text, count_value, truncate_to_tokens
+
+__all__ = [
+    "CompressResult",
+    "after_activity",
+    "DecompressResult",
+    "EvaluateReport",
+    "RuleDrivenCompressor",
+    "decompress",
+    "evaluate",
+]
+
+SUMMARY_MIN_TOKENS = 64
+SUMMARY_MAX_TOKENS = 1024
+SUMMARY_DEFAULT_TOKENS = 256
+ENTRY_TEXT_TOKENS = 200  # each folded entry's text is cut to this before summarizing
+RECORD_OVERHEAD = 48  # tokens of a compaction record beyond its summary and covers (upper bound)
+
+_ATTENTION_FOLDS = frozenset({"density", "decay", "redundancy", "toolEfficiency"})
+
+PrefixFn = Callable[[LayeredContext], Sequence[Mapping[str, str]]]
+
+
+@dataclass(frozen=True)
+class CompressResult:
+    """What one compression did. ``ratio`` is tokens_after / tokens_before (1.0 when
+    nothing changed; smaller is better); ``reduction`` is 1 - ratio."""
+
+    tokens_before: int
+    tokens_after: int
+    ratio: float
+    entries_affected: int
+    snapshot_id: str | None
+    triggers: list[str]
+    attention_before: AttentionScore
+    attention_after: AttentionScore
+    missing_paths: dict[str, list[str]] = field(default_factory=dict)
+    compaction_key: str | None = None
+    target_tokens: int | None = None
+    target_met: bool | None = None
+    folded: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    event_seq: int | None = None
+    source: str = "rules"
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def reduction(self) -> float:
+        return 1.0 - self.ratio
+
+    @property
+    def changed(self) -> bool:
+        return self.entries_affected > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens_before": self.tokens_before, "tokens_after": self.tokens_after, "ratio": self.ratio,
+            "reduction": self.reduction, "entries_affected": self.entries_affected,
+            "snapshot_id": self.snapshot_id, "triggers": list(self.triggers),
+            "attention_before": self.attention_before.to_dict(), "attention_after": self.attention_after.to_dict(),
+            "missing_paths": {k: list(v) for k, v in self.missing_paths.items()},
+            "compaction_key": self.compaction_key, "target_tokens": self.target_tokens,
+            "target_met": self.target_met, "folded": list(self.folded), "dropped": list(self.dropped),
+            "rules": [dict(r) for r in self.rules], "event_seq": self.event_seq, "source": self.source,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class _Directive:
+    """A compression plan, checked: activity records to fold, keys to drop."""
+
+    records: tuple[str, ...] = ()
+    drop: tuple[str, ...] = ()
+    keep_points: tuple[str, ...] = ()
+    max_tokens: int | None = None
+
+
+class RuleDrivenCompressor:
+    """Compress a context's HISTORY (see the module doc for the algorithm).
+
+    ``summarizer``: used by ``summarize`` rules and for compaction summaries; the
+    offline ``ExtractiveSummarizer`` when ``None``. ``prefix``: a function giving the
+    activity's normal request messages (the engine passes its renderer), handed to the
+    summarizer so a model summary request shares the cached prefix. ``keep_recent``:
+    the latest activities a cliff never folds. ``summary_tokens``: the compaction
+    summary budget (default: a quarter of the token target, within 64..1024; 256
+    without a target).
+    """
+
+    def __init__(self, summarizer: Summarizer | None = None, *, keep_recent: int = 1,
+                 recent_activities: int = RECENT_ACTIVITIES, prefix: PrefixFn | None = None,
+                 summary_tokens: int | None = None, detector: CompressTriggerDetector | None = None) -> None:
+        self.summarizer = summarizer
+        self.keep_recent = max(0, keep_recent)
+        self.recent_activities = recent_activities
+        self.prefix = prefix
+        self.summary_tokens = summary_tokens
+        self.detector = detector or CompressTriggerDetector(recent_activities=recent_activities)
+
+    def compress(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
+                 actor: str = "compressor", triggers: Sequence[str] | None = None,
+                 target_tokens: int | None = None) -> CompressResult:
+        """Compress HISTORY. ``triggers``: the triggers that fired (detected here when
+        ``None``); ``target_tokens``: compress at least down to this many tokens."""
+        return self._run(ctx, config or ActivityExtensionConfig(), actor=actor, triggers=triggers,
+                         target_tokens=target_tokens, directive=None)
+
+    def evaluate(self, ctx: LayeredContext, before_snapshot_id: str,
+                 config: ActivityExtensionConfig | None = None) -> EvaluateReport:
+        return evaluate(ctx, before_snapshot_id, config, recent_activities=self.recent_activities)
+
+    def decompress(self, ctx: LayeredContext, snapshot_id: str, *, actor: str = "compressor") -> DecompressResult:
+        return decompress(ctx, snapshot_id, actor=actor)
+
+    # ----- the one algorithm ---------------------------------------------------------------
+
+    def _run(self, ctx: LayeredContext, config: ActivityExtensionConfig, *, actor: str,
+             triggers: Sequence[str] | None, target_tokens: int | None, directive: _Directive | None,
+             source: str = "rules") -> CompressResult:
+        enc = ctx.encoding
+        scope = Scope.of(ctx, config)
+        before = AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
+        if triggers is None:
+            fired = list(self.detector.detect(ctx, config, attention=before).triggers)
+        else:
+            fired = list(triggers)
+        protected = scope.preserved | set(config.context_strategy.required_context)
+        working_tokens = sum(e.tokens for e in scope.working)
+        original = [(e.key, e.value) for e in scope.history]
+        known = {e.key: (e.value, e.tokens) for e in scope.history}
+
+        def tok(key: str, value: Any) -> int:
+            hit = known.get(key)
+            return hit[1] if hit is not None and hit[0] is value else count_value(value, enc)
+
+        rules = config.effective_compress_rules
+        counts = [0] * len(rules)
+        prefix = self.prefix
+        summarize = SummaryCache(self.summarizer, encoding=enc,
+                                 prefix_messages=(lambda: prefix(ctx)) if prefix is not None else None)
+        ruled = apply_rules(original, rules, protected=protected, summarize=summarize, encoding=enc, counts=counts)
+        items = list(ruled.items)
+        missing = {k: list(v) for k, v in ruled.missing_paths.items()}
+        ruled_tokens = sum(tok(k, v) for k, v in items) + working_tokens
+
+        # Hysteresis: attention scores may stay across their threshold after a cliff (a
+        # density target out of reach, say); folding again after every activity would
+        # be a sliding window. Attention-driven folds wait until the scope has grown
+        # back to tokens_after / ratio of the latest compaction.
+        last = _last_compaction_tokens(items)
+        ratio = config.context_strategy.compress_target_ratio
+        acting = [t for t in fired if t not in _ATTENTION_FOLDS or last is None or scope.tokens * ratio >= last]
+        target, entry_target = self._targets(config, acting, scope, target_tokens)
+        budget = (directive.max_tokens if directive and directive.max_tokens else None) or self.summary_tokens or (
+            min(SUMMARY_MAX_TOKENS, max(SUMMARY_MIN_TOKENS, target // 4)) if target else SUMMARY_DEFAULT_TOKENS)
+        if directive is not None:
+            chosen, dropped = self._directed(items, directive, protected)
+        else:
+            chosen = self._remedies(items, scope, acting, protected)
+            chosen = self._cliff(items, chosen, protected, target, entry_target, budget, working_tokens, tok, enc)
+            dropped = []
+
+        record: dict[str, Any] | None = None
+        compaction_key: str | None = None
+        final = items
+        if chosen or dropped:
+            final, record, compaction_key = self._fold(items, chosen, dropped, directive, budget, summarize,
+                                                       rules, protected, counts, tok, working_tokens,
+                                                       scope.tokens, enc, "snap:pending")
+            after = sum(tok(k, v) for k, v in final) + working_tokens
+            if chosen and after >= ruled_tokens:  # the fold would not save tokens: do not make it
+                chosen = []
+                if dropped:
+                    final, record, compaction_key = self._fold(items, [], dropped, directive, budget, summarize,
+                                                               rules, protected, counts, tok, working_tokens,
+                                                               scope.tokens, enc, "snap:pending")
+                else:
+                    final, record, compaction_key = items, None, None
+
+        changes = _diff(original, final)
+        if not changes:
+            return CompressResult(tokens_before=scope.tokens, tokens_after=scope.tokens, ratio=1.0,
+                                  entries_affected=0, snapshot_id=None, triggers=fired, attention_before=before,
+                                  attention_after=before, missing_paths=missing, target_tokens=target,
+                                  target_met=_met(scope.tokens, len(original), target, entry_target),
+                                  rules=_rule_report(rules, counts), source=source)
+
+        snap = ctx.snapshot(label="before compress", actor=actor)
+        if record is not None and compaction_key is not None:
+            rest = sum(tok(k, v) for k, v in final if k != compaction_key) + working_tokens
+            record = _finish_record(record, snap.id, scope.tokens, rest, enc)
+            final = [(k, record if k == compaction_key else v) for k, v in final]
+            changes = _diff(original, final)
+        folded = list(record["covers"]) if record is not None else []
+        report = {"triggers": fired, "snapshot_id": snap.id, "tokens_before": scope.tokens,
+                  "entries_affected": len(changes), "compaction_key": compaction_key, "target_tokens": target,
+                  "folded": len(folded), "dropped": list(dropped), "source": source,
+                  "attention_before": before.to_dict()}
+        event = ctx.apply_changes(changes, kind="compress", actor=actor,
+                                  data={**report, "tokens_after": sum(tok(k, v) for k, v in final) + working_tokens})
+        tokens_after = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
+        after_score = AttentionScore.compute(ctx, config, recent_activities=self.recent_activities)
+        return CompressResult(
+            tokens_before=scope.tokens, tokens_after=tokens_after,
+            ratio=tokens_after / scope.tokens if scope.tokens else 1.0, entries_affected=len(changes),
+            snapshot_id=snap.id, triggers=fired, attention_before=before, attention_after=after_score,
+            missing_paths=missing, compaction_key=compaction_key, target_tokens=target,
+            target_met=_met(tokens_after, len(ctx.layer(Layer.HISTORY)), target, entry_target),
+            folded=folded, dropped=list(dropped), rules=_rule_report(rules, counts), event_seq=event.seq,
+            source=source)
+
+    def _targets(self, config: ActivityExtensionConfig, fired: Sequence[str], scope: Scope,
+                 target_tokens: int | None) -> tuple[int | None, int | None]:
+        ratio = config.context_strategy.compress_target_ratio
+        targets: list[int] = []
+        if target_tokens is not None:
+            targets.append(max(0, int(target_tokens)))
+        limit = config.effective_token_threshold
+        if "token_threshold" in fired and limit:
+            targets.append(int(ratio * limit))
+        if "density" in fired:
+            threshold = config.effective_attention_thresholds.density
+            pinned = sum(e.tokens for e in scope.entries if e.key in scope.preserved)
+            if threshold > 0 and pinned:
+                targets.append(int(pinned * ratio / threshold))
+        entry_target = None
+        messages = config.effective_message_threshold
+        if "message_threshold" in fired and messages:
+            entry_target = max(1, int(ratio * messages))
+        return (min(targets) if targets else None), entry_target
+
+    def _remedies(self, items: list[tuple[str, Any]], scope: Scope, fired: Sequence[str],
+                  protected: frozenset[str] | set[str]) -> list[str]:
+        seg = segment_history(items)
+        keep = seg.recent(self.keep_recent)
+
+        def foldable(key: str) -> bool:
+            owner = seg.owner[key]
+            return key not in protected and owner is not None and owner != COMPACTED and owner not in keep
+
+        chosen: dict[str, None] = {}
+        if "redundancy" in fired:
+            pool = [(k, v) for k, v in items if not is_compressor_record(k, v)]
+            in_history = len(pool)
+            pool += [(e.key, e.value) for e in scope.working if not is_compressor_record(e.key, e.value)]
+            labels = near_duplicate_clusters(word_sets(pool)).labels
+            newest: dict[int, int] = {}
+            for i, label in enumerate(labels):
+                if label is not None:
+                    newest[label] = i
+            for i, label in enumerate(labels[:in_history]):
+                if label is not None and newest[label] != i and foldable(pool[i][0]):
+                    chosen.setdefault(pool[i][0], None)
+        if "toolEfficiency" in fired:
+            tools = classify_tool_entries(items)
+            for key in (*tools.useless, *tools.pending):
+                if foldable(key):
+                    chosen.setdefault(key, None)
+        if "decay" in fired and len(seg.records) > self.recent_activities:
+            old = set(seg.records[:-self.recent_activities]) if self.recent_activities else set(seg.records)
+            for k, _ in items:
+                if seg.owner[k] in old and foldable(k):
+                    chosen.setdefault(k, None)
+        return list(chosen)
+
+    def _cliff(self, items: list[tuple[str, Any]], chosen: list[str], protected: frozenset[str] | set[str],
+               target: int | None, entry_target: int | None, budget: int, working_tokens: int,
+               tok: Callable[[str, Any], int], enc: str) -> list[str]:
+        if target is None and entry_target is None:
+            return chosen
+        seg = segment_history(items)
+        keep = seg.recent(self.keep_recent)
+        by_owner: dict[str, list[str]] = {}
+        for k, _ in items:
+            owner = seg.owner[k]
+            if owner is not None and owner != COMPACTED and k not in protected:
+                by_owner.setdefault(owner, []).append(k)
+        values = dict(items)
+        sizes = {k: tok(k, v) for k, v in items}
+        compactions = [k for k in values if k.startswith("compaction:")]
+        picked: dict[str, None] = {}
+        base = sum(sizes.values()) + working_tokens
+        state = {"removed": 0, "input": 0, "covers": 0}
+
+        def add(key: str) -> None:
+            if key in picked:
+                return
+            picked[key] = None
+            state["removed"] += sizes[key]
+            state["input"] += min(ENTRY_TEXT_TOKENS, sizes[key])
+            state["covers"] += count_text(json.dumps(key), enc) + 1
+
+        for key in chosen:
+            add(key)
+        for key in compactions:  # merged into the new record when anything folds
+            state["removed"] += sizes[key]
+            summary = values[key].get("summary") if isinstance(values[key], dict) else None
+            state["input"] += count_text(summary, enc) if isinstance(summary, str) else 0
+            state["covers"] += count_text(json.dumps(key), enc) + 1
+
+        def met() -> bool:
+            if picked:
+                record = RECORD_OVERHEAD + state["covers"] + min(budget, state["input"])
+                tokens, entries = base - state["removed"] + record, len(items) - len(picked) - len(compactions) + 1
+            else:
+                tokens, entries = base, len(items)
+            return (target is None or tokens <= target) and (entry_target is None or entries <= entry_target)
+
+        for record_key in seg.records:  # oldest first; the kept latest ones come last
+            if met() or record_key in keep:
+                break
+            for key in by_owner.get(record_key, ()):
+                add(key)
+        return list(picked)
+
+    @staticmethod
+    def _directed(items: list[tuple[str, Any]], directive: _Directive,
+                  protected: frozenset[str] | set[str]) -> tuple[list[str], list[str]]:
+        seg = segment_history(items)
+        wanted = set(directive.records)
+        chosen = [k for k, v in items if seg.owner[k] in wanted and k not in protected
+                  and not is_compressor_record(k, v)]
+        present = {k for k, _ in items}
+        dropped = [k for k in directive.drop if k in present and k not in protected and k not in set(chosen)]
+        return chosen, dropped
+
+    def _fold(self, items: list[tuple[str, Any]], chosen: Sequence[str], dropped: Sequence[str],
+              directive: _Directive | None, budget: int, summarize: SummaryCache, rules: Sequence[Any],
+              protected: frozenset[str] | set[str], counts: list[int], tok: Callable[[str, Any], int],
+              working_tokens: int, tokens_before: int, enc: str,
+              snapshot_id: str) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
+        gone = set(chosen) | set(dropped)
+        values = dict(items)
+        compactions = [k for k, _ in items if k.startswith("compaction:")] if chosen else []
+        gone |= set(compactions)
+        rest = [(k, v) for k, v in items if k not in gone]
+        rest = list(apply_rules(rest, rules, protected=protected, summarize=summarize, encoding=enc,
+                                counts=counts).items)
+        if not chosen:
+            return rest, None, None
+        lines: list[str] = []
+        for key in compactions:
+            value = values[key]
+            if isinstance(value, dict) and isinstance(value.get("summary"), str):
+                lines.append(value["summary"])
+        chosen_set = set(chosen)
+        for key, value in items:
+            if key not in chosen_set:
+                continue
+            if entry_kind(key, value) == "activity" and isinstance(value, dict):
+                name, said = str(value.get("activity", key)), str(value.get("summary", ""))
+                line = said if said.startswith(name) else f"{name} {value.get('status', '')}: {said}"
+            else:
+                line = f"{key}: " + "; ".join(value_text(value).splitlines())
+            lines.append(truncate_to_tokens(line, ENTRY_TEXT_TOKENS, enc))
+        summary = summarize("\n".join(lines), budget)
+        if directive is not None and directive.keep_points:
+            summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
+        covers = [*compactions, *(k for k, _ in items if k in chosen_set)]
+        record: dict[str, Any] = {"kind": "compaction", "summary": summary, "covers": covers,
+                                  "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}
+        if dropped:
+            record["dropped"] = list(dropped)
+        key = _next_compaction_key(items)
+        rest_tokens = sum(tok(k, v) for k, v in rest) + working_tokens
+        record = _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
+        return [*rest, (key, record)], record, key
+
+
+def _finish_record(record: dict[str, Any], snapshot_id: str, tokens_before: int, rest: int, enc: str) -> dict[str, Any]:
+    """Fill in snapshot id and token counts; ``tokens_after`` counts the record itself."""
+    out = {**record, "snapshot_id": snapshot_id, "tokens_before": tokens_before}
+    after = rest
+    for _ in range(6):
+        out["tokens_after"] = after
+        total = rest + count_value(out, enc)
+        if total == after:
+            break
+        after = total
+    return out
+
+
+def _last_compaction_tokens(items: Sequence[tuple[str, Any]]) -> int | None:
+    """``tokens_after`` of the newest ``compaction:<n>`` record, if any."""
+    best: tuple[int, int] | None = None
+    for k, v in items:
+        tail = k.split(":", 1)[1] if k.startswith("compaction:") else ""
+        if tail.isdigit() and isinstance(v, dict) and isinstance(v.get("tokens_after"), int):
+            if best is None or int(tail) > best[0]:
+                best = (int(tail), v["tokens_after"])
+    return best[1] if best else None
+
+
+def _next_compaction_key(items: Sequence[tuple[str, Any]]) -> str:
+    highest = 0
+    for k, _ in items:
+        if k.startswith("compaction:"):
+            tail = k.split(":", 1)[1]
+            if tail.isdigit():
+                highest = max(highest, int(tail))
+    return f"compaction:{highest + 1}"
+
+
+def _diff(original: Sequence[tuple[str, Any]], final: Sequence[tuple[str, Any]]) -> list[tuple[Layer, str, Any]]:
+    new = dict(final)
+    changes: list[tuple[Layer, str, Any]] = [(Layer.HISTORY, k, DELETED) for k, _ in original if k not in new]
+    old = dict(original)
+    for k, v in final:
+        o = old.get(k, DELETED)
+        if o is DELETED or (o is not v and canonical_json(o) != canonical_json(v)):
+            changes.append((Layer.HISTORY, k, v))
+    return changes
+
+
+def _met(tokens: int, entries: int, target: int | None, entry_target: int | None) -> bool | None:
+    if target is None and entry_target is None:
+        return None
+    return (target is None or tokens <= target) and (entry_target is None or entries <= entry_target)
+
+
+def _rule_report(rules: Sequence[Any], counts: Sequence[int]) -> list[dict[str, Any]]:
+    return [{"pattern": r.pattern, "action": r.action, "entries": n} for r, n in zip(rules, counts)]
+
+
+def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, actor: str = "compressor",
+                   compressor: RuleDrivenCompressor | None = None) -> CompressResult | None:
+    """The engine's hook after every completed activity: detect, and compress when a
+    trigger fired. ``None`` when nothing fired or the compression changed nothing."""
+    config = config or ActivityExtensionConfig()
+    compressor = compressor or RuleDrivenCompressor()
+    decision = compressor.detector.detect(ctx, config)
+    if not decision.fired:
+        return None
+    result = compressor.compress(ctx, config, actor=actor, triggers=decision.triggers)
+    return result if result.changed else None
+
+
+# ----- evaluate and decompress -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvaluateReport:
+    """A compression's effect: the context now against the snapshot taken before it."""
+
+    snapshot_id: str
+    tokens_before: int
+    tokens_after: int
+    ratio: float
+    attention_before: AttentionScore
+    attention_after: AttentionScore
+    preserved_intact: bool
+    changed_preserved: list[str]
+    checked_preserved: list[str]
+
+    @property
+    def reduction(self) -> float:
+        return 1.0 - self.ratio
+
+    @property
+    def density_gain(self) -> float:
+        return self.attention_after.density - self.attention_before.density
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"snapshot_id": self.snapshot_id, "tokens_before": self.tokens_before,
+                "tokens_after": self.tokens_after, "ratio": self.ratio, "reduction": self.reduction,
+                "attention_before": self.attention_before.to_dict(),
+                "attention_after": self.attention_after.to_dict(),
+                "preserved_intact": self.preserved_intact, "changed_preserved": list(self.changed_preserved),
+                "checked_preserved": list(self.checked_preserved)}
+
+
+def evaluate(ctx: LayeredContext, before_snapshot_id: str, config: ActivityExtensionConfig | None = None, *,
+             recent_activities: int = RECENT_ACTIVITIES) -> EvaluateReport:
+    """Tokens and attention scores before (the snapshot) vs now, and whether every
+    preserved key in HISTORY or WORKING before is still there with byte-identical
+    canonical JSON (a key that moved between the two layers still counts as intact)."""
+    snap = ctx.get_snapshot(before_snapshot_id)
+    then = Scope.of(snap, config)
+    now = Scope.of(ctx, config)
+    pinned = then.preserved | now.preserved
+    old = {e.key: e.value for e in then.entries if e.key in pinned}
+    new = {e.key: e.value for e in now.entries if e.key in pinned}
+    changed = sorted(k for k, v in old.items() if k not in new or canonical_json(new[k]) != canonical_json(v))
+    return EvaluateReport(
+        snapshot_id=snap.id, tokens_before=then.tokens, tokens_after=now.tokens,
+        ratio=now.tokens / then.tokens if then.tokens else 1.0,
+        attention_before=AttentionScore.of_scope(then, recent_activities=recent_activities),
+        attention_after=AttentionScore.of_scope(now, recent_activities=recent_activities),
+        preserved_intact=not changed, changed_preserved=changed, checked_preserved=sorted(old))
+
+
+@dataclass(frozen=True)
+class DecompressResult:
+    snapshot_id: str
+    tokens_before: int
+    tokens_after: int
+    event_seq: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"snapshot_id": self.snapshot_id, "tokens_before": self.tokens_before,
+                "tokens_after": self.tokens_after, "event_seq": self.event_seq}
+
+
+def decompress(ctx: LayeredContext, snapshot_id: str, *, actor: str = "compressor") -> DecompressResult:
+    """Put HISTORY back as it was in ``snapshot_id`` (one restore event; the compressed
+    version stays on the tape, so a later ``restore`` can bring it back too)."""
+    try:
+        ctx.get_snapshot(snapshot_id)
+    except ContextKeyError as exc:
+        raise ContextKeyError(f"cannot decompress: {exc}; pass the snapshot_id of a CompressResult") from None
+    before = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
+    event = ctx.restore(snapshot_id, layers=[Layer.HISTORY], actor=actor)
+    after = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
+    return DecompressResult(snapshot_id=snapshot_id, tokens_before=before, tokens_after=after, event_seq=event.seq)

@@ -1,0 +1,237 @@
+"""Near-duplicate detection for the redundancy score and the compressor.
+
+An entry's *words* are the lower-cased ``\\w+`` runs of its key followed by its value's
+leaves (strings, numbers, booleans; object fields in sorted order, their names left
+out so that two values of one schema are not alike for sharing it; the metadata
+fields ``kind`` and ``_compressed`` left out). Its *shingles* are the hashed runs of
+``SHINGLE_WORDS`` consecutive words (one shingle of all words when there are fewer);
+only the first ``MAX_WORDS`` words count. Two entries are *near-duplicates* when the
+Jaccard similarity of their shingle sets is at least ``NEAR_DUP_JACCARD``.
+
+``near_duplicate_clusters`` groups entries into connected components of the
+near-duplicate graph (so A~B and B~C put A, B and C together):
+
+* up to ``EXACT_LIMIT`` distinct shingle sets it compares every pair: exact;
+* above, it uses MinHash with locality-sensitive hashing: one-permutation MinHash
+  (``NUM_BINS`` bins, rotation densification) cut into bands of ``BAND_ROWS`` rows;
+  entries sharing a band are candidates, and every candidate pair is verified with
+  the exact Jaccard, so there are no false positives. What is approximate: a
+  near-duplicate pair can be missed when no band matches (probability
+  ``(1 - J**BAND_ROWS) ** (NUM_BINS / BAND_ROWS)``, about 2e-4 at J = 0.8), and in a
+  bucket of more than ``BUCKET_WINDOW`` members each member is compared with the
+  ``BUCKET_WINDOW`` members before it only. Entries with identical shingle sets are
+  grouped exactly beforehand, so mass repetition costs O(n).
+
+Work grows near-linearly with the number of entries and their words. Hashes are
+BLAKE2b, so results do not depend on ``PYTHONHASHSEED``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "EXACT_LIMIT",
+    "NEAR_DUP_JACCARD",
+    "Clusters",
+    "entry_words",
+    "jaccard",
+    "near_duplicate_clusters",
+    "shingles",
+    "word_sets",
+]
+
+SHINGLE_WORDS = 3
+MAX_WORDS = 1000
+NEAR_DUP_JACCARD = 0.8
+EXACT_LIMIT = 200
+NUM_BINS = 64
+BAND_ROWS = 4
+BUCKET_WINDOW = 8
+META_FIELDS = frozenset({"kind", "_compressed"})
+
+_WORD = re.compile(r"\w+")
+_MASK64 = (1 << 64) - 1
+_BIN_BITS = NUM_BINS.bit_length() - 1
+
+
+def _leaves(value: Any, out: list[str]) -> None:
+    if isinstance(value, dict):
+        for k in sorted(value):
+            if k not in META_FIELDS:
+                _leaves(value[k], out)
+    elif isinstance(value, list):
+        for v in value:
+            _leaves(v, out)
+    elif value is not None:
+        out.append(str(value).lower() if not isinstance(value, bool) else ("true" if value else "false"))
+
+
+def entry_words(key: str, value: Any) -> list[str]:
+    """The words of an entry: its key's, then its value leaves' (see the module doc)."""
+    parts: list[str] = [key.lower()]
+    _leaves(value, parts)
+    words: list[str] = []
+    for part in parts:
+        words.extend(_WORD.findall(part))
+        if len(words) >= MAX_WORDS:
+            return words[:MAX_WORDS]
+    return words
+
+
+def _h(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def shingles(words: Sequence[str]) -> frozenset[int]:
+    """Hashed ``SHINGLE_WORDS``-word shingles; one shingle of all words when fewer; empty for none."""
+    if not words:
+        return frozenset()
+    if len(words) < SHINGLE_WORDS:
+        return frozenset((_h(" ".join(words)),))
+    return frozenset(_h(" ".join(words[i:i + SHINGLE_WORDS])) for i in range(len(words) - SHINGLE_WORDS + 1))
+
+
+def jaccard(a: frozenset[int], b: frozenset[int]) -> float:
+    if not a and not b:
+        return 0.0
+    inter = len(a & b)
+    return inter / (len(a) + len(b) - inter)
+
+
+@dataclass(frozen=True)
+class Clusters:
+    """Connected components of the near-duplicate graph over the given sets.
+
+    ``labels[i]`` is the cluster of set ``i`` (the index of its first member), ``None``
+    for an empty set (no words: never a duplicate). ``pairs`` counts the near-duplicate
+    pairs found (exact below ``EXACT_LIMIT``; verified candidates above).
+    """
+
+    labels: tuple[int | None, ...]
+    pairs: int
+    exact: bool
+
+    @property
+    def counted(self) -> int:
+        """Entries that have words (the ones that can be duplicates)."""
+        return sum(1 for x in self.labels if x is not None)
+
+    @property
+    def clusters(self) -> int:
+        return len({x for x in self.labels if x is not None})
+
+    @property
+    def redundant(self) -> int:
+        """Entries beyond the first of their cluster."""
+        return self.counted - self.clusters
+
+
+class _UnionFind:
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, i: int) -> int:
+        parent = self.parent
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            if ra < rb:
+                self.parent[rb] = ra
+            else:
+                self.parent[ra] = rb
+
+
+def _signature(s: frozenset[int]) -> tuple[int, ...]:
+    """One-permutation MinHash with rotation densification (empty bins borrow the next
+    non-empty bin's value, offset by the distance, so equal sets stay equal)."""
+    bins: list[int | None] = [None] * NUM_BINS
+    for h in s:
+        b = h & (NUM_BINS - 1)
+        v = h >> _BIN_BITS
+        cur = bins[b]
+        if cur is None or v < cur:
+            bins[b] = v
+    out = [0] * NUM_BINS
+    for i in range(NUM_BINS):
+        for d in range(NUM_BINS):
+            found = bins[(i + d) % NUM_BINS]
+            if found is not None:
+                out[i] = (found + d * 0x9E3779B97F4A7C15) & _MASK64
+                break
+    return tuple(out)
+
+
+def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = NEAR_DUP_JACCARD,
+                            *, exact_limit: int = EXACT_LIMIT) -> Clusters:
+    """Cluster shingle sets by near-duplication (see the module doc for what is approximate)."""
+    n = len(sets)
+    uf = _UnionFind(n)
+    groups: dict[frozenset[int], list[int]] = {}
+    for i, s in enumerate(sets):
+        if s:
+            groups.setdefault(s, []).append(i)
+    pairs = 0
+    reps: list[int] = []
+    weight: dict[int, int] = {}
+    for members in groups.values():
+        first = members[0]
+        for m in members[1:]:
+            uf.union(first, m)
+        pairs += len(members) * (len(members) - 1) // 2
+        reps.append(first)
+        weight[first] = len(members)
+
+    def check(i: int, j: int) -> None:
+        nonlocal pairs
+        a, b = sets[i], sets[j]
+        small, large = (len(a), len(b)) if len(a) <= len(b) else (len(b), len(a))
+        if small < threshold * large:  # Jaccard <= small/large: cannot reach the threshold
+            return
+        if jaccard(a, b) >= threshold:
+            pairs += weight[i] * weight[j]
+            uf.union(i, j)
+
+    exact = len(reps) <= exact_limit
+    if exact:
+        reps.sort(key=lambda i: len(sets[i]))
+        for x, i in enumerate(reps):
+            for j in reps[x + 1:]:
+                if len(sets[i]) < threshold * len(sets[j]):
+                    break  # sorted by size: every later set is larger still
+                check(i, j)
+    else:
+        bands = NUM_BINS // BAND_ROWS
+        buckets: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        for i in sorted(reps):
+            sig = _signature(sets[i])
+            for band in range(bands):
+                buckets.setdefault((band, sig[band * BAND_ROWS:(band + 1) * BAND_ROWS]), []).append(i)
+        seen: set[tuple[int, int]] = set()
+        for members in buckets.values():
+            if len(members) < 2:
+                continue
+            for x in range(1, len(members)):
+                j = members[x]
+                for i in members[max(0, x - BUCKET_WINDOW):x]:
+                    if (i, j) not in seen:
+                        seen.add((i, j))
+                        check(i, j)
+    labels: list[int | None] = [None] * n
+    for i, s in enumerate(sets):
+        if s:
+            labels[i] = uf.find(i)
+    return Clusters(labels=tuple(labels), pairs=pairs, exact=exact)
+
+
+def word_sets(entries: Iterable[tuple[str, Any]]) -> list[frozenset[int]]:
+    return [shingles(entry_words(k, v)) for k, v in entries]

@@ -1,0 +1,196 @@
+"""Summaries for compression: the ``Summarizer`` protocol and its offline default.
+
+The engine implements ``Summarizer`` with a model (through litellm); this package
+never calls one. A model summary request should reuse the exact prefix of the
+activity's normal request (same system text and history) with the summary
+instruction appended at the end, so provider prompt caches can serve it:
+``build_summary_request`` builds those messages from ``prefix_messages``.
+
+``ExtractiveSummarizer`` is the offline default: deterministic, no model, and its
+result never exceeds ``max_tokens`` as counted by tiktoken.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .canonical import canonical_json
+from .tokens import DEFAULT_ENCODING, count_text, truncate_to_tokens
+
+__all__ = [
+    "SUMMARY_INSTRUCTION",
+    "ExtractiveSummarizer",
+    "Summarizer",
+    "build_summary_request",
+    "fit_summary",
+    "value_text",
+]
+
+Message = Mapping[str, str]
+
+SUMMARY_INSTRUCTION = (
+    "Summarize the context entries below for the next steps of this business process. "
+    "Keep identifiers, amounts, decisions, statuses and open questions; drop repetition "
+    "and narration. Answer with the summary text only, at most {max_tokens} tokens."
+)
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Summarize ``text`` in at most ``max_tokens`` tokens.
+
+    ``prefix_messages`` are the messages of the activity's normal request, when the
+    caller has them: a model-backed implementation sends
+    ``build_summary_request(prefix_messages, text, max_tokens)`` so the shared prefix
+    is served from the provider's cache. The compressor cuts any answer to
+    ``max_tokens`` (``fit_summary``), so an implementation may overshoot slightly.
+    """
+
+    def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Message] | None = None) -> str: ...
+
+
+def build_summary_request(prefix_messages: Sequence[Message] | None, text: str, max_tokens: int, *,
+                          instruction: str = SUMMARY_INSTRUCTION) -> list[dict[str, str]]:
+    """The prefix unchanged, then one user message: the instruction and the text.
+
+    Nothing in the prefix is altered or reordered (a changed byte would miss the
+    cache); the text travels in the appended message, wrapped in CDATA-style tags.
+    """
+    body = instruction.format(max_tokens=max_tokens)
+    safe = text.replace("]]>", "]]]]><![CDATA[>")
+    messages = [dict(m) for m in (prefix_messages or ())]
+    messages.append({"role": "user", "content": f"{body}\n\n<entries><![CDATA[{safe}]]></entries>"})
+    return messages
+
+
+def fit_summary(text: str, max_tokens: int, encoding: str = DEFAULT_ENCODING) -> str:
+    """``text`` stripped and cut to ``max_tokens`` tokens (at a token boundary)."""
+    return truncate_to_tokens(text.strip(), max_tokens, encoding).rstrip()
+
+
+_META = frozenset({"kind", "_compressed"})
+
+
+def value_text(value: Any, *, _path: str = "") -> str:
+    """A plain-text rendering of a context value for summarizing: strings as they are,
+    objects as ``path: value`` lines (metadata fields left out), lists item by item."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        summary = value.get("summary")
+        if value.get("_compressed") == "summarize" and isinstance(summary, str):
+            return summary
+        lines = []
+        for k in value:
+            if k in _META:
+                continue
+            path = f"{_path}.{k}" if _path else k
+            v = value[k]
+            if isinstance(v, (dict, list)) and v and not _scalar_list(v):
+                lines.append(value_text(v, _path=path))
+            else:
+                lines.append(f"{path}: {_scalar_text(v)}")
+        return "\n".join(line for line in lines if line)
+    if isinstance(value, list):
+        if _scalar_list(value):
+            return _scalar_text(value)
+        return "\n".join(value_text(v, _path=f"{_path}[{i}]" if _path else "") for i, v in enumerate(value))
+    return canonical_json(value)
+
+
+def _scalar_list(v: Any) -> bool:
+    return isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v)
+
+
+def _scalar_text(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and _scalar_list(v):
+        return ", ".join(_scalar_text(x) for x in v)
+    return canonical_json(v)
+
+
+_SENTENCE = re.compile(r"(?<=[.!?;\u3002\uff01\uff1f\uff1b])\s+")
+_WORD = re.compile(r"\w+")
+_DIGIT = re.compile(r"\d")
+
+
+class ExtractiveSummarizer:
+    """Deterministic extractive summary within ``max_tokens`` (no model).
+
+    The text is cut into units (lines; a line longer than a quarter of the budget into
+    sentences), repeated units are dropped, and when everything fits it is returned
+    as is. Otherwise each unit is scored by the summed inverse document frequency of
+    its distinct words over the units, divided by the square root of its length, plus
+    a bonus for units holding digits (ids, amounts) and for the first unit; units are
+    taken best first (earlier first on ties), each cut to at most half the budget,
+    while they fit, and given back in their original order, one per line.
+    """
+
+    def __init__(self, *, encoding: str = DEFAULT_ENCODING) -> None:
+        self.encoding = encoding
+
+    def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Message] | None = None) -> str:
+        if max_tokens <= 0:
+            return ""
+        units = self._units(text, max_tokens)
+        if not units:
+            return ""
+        whole = "\n".join(units)
+        if count_text(whole, self.encoding) <= max_tokens:
+            return whole
+        words = [set(_WORD.findall(u.lower())) for u in units]
+        df: dict[str, int] = {}
+        for ws in words:
+            for w in ws:
+                df[w] = df.get(w, 0) + 1
+        n = len(units)
+
+        def score(i: int) -> float:
+            idf = sum(math.log(1 + n / df[w]) for w in words[i])
+            s = idf / math.sqrt(1 + len(words[i]))
+            if _DIGIT.search(units[i]):
+                s *= 1.25
+            if i == 0:
+                s *= 1.5
+            return s
+
+        ranked = sorted(range(n), key=lambda i: (-score(i), i))
+        cap = max(8, max_tokens // 2)
+        chosen: dict[int, str] = {}
+        used = 0
+        for i in ranked:
+            unit = units[i]
+            cost = count_text(unit, self.encoding)
+            if cost > cap:
+                unit = truncate_to_tokens(unit, cap, self.encoding).rstrip()
+                cost = count_text(unit, self.encoding)
+            if not unit:
+                continue
+            if used + cost + (1 if chosen else 0) <= max_tokens:
+                chosen[i] = unit
+                used += cost + (1 if len(chosen) > 1 else 0)
+            if used >= max_tokens:
+                break
+        if not chosen:
+            return fit_summary(units[ranked[0]], max_tokens, self.encoding)
+        return fit_summary("\n".join(chosen[i] for i in sorted(chosen)), max_tokens, self.encoding)
+
+    def _units(self, text: str, max_tokens: int) -> list[str]:
+        out: list[str] = []
+        seen: set[str] = set()
+        long_line = max(16, max_tokens // 4)
+        for line in text.splitlines():
+            line = " ".join(line.split())
+            if not line:
+                continue
+            parts = _SENTENCE.split(line) if count_text(line, self.encoding) > long_line else [line]
+            for part in parts:
+                part = part.strip()
+                if part and part not in seen:
+                    seen.add(part)
+                    out.append(part)
+        return out
