@@ -317,6 +317,16 @@ def test_both_extension_elements_merge_before_validation(tmp_path: Path) -> None
     assert problems == {("reducers.n", 10), ("preserveKeys.0", 11)}
 
 
+def test_config_file_and_extension_that_are_invalid_together(tmp_path: Path) -> None:
+    path = tmp_path / "two.bpmn"
+    path.write_text(TWO_EXTENSIONS % ("sum", '"n"'))
+    (tmp_path / "two.layerflow.yaml").write_text("join:\n  branchPriority: []\n")
+    report = validate_process(path)
+    assert [(p.code, p.line, p.element_id) for p in report.problems] == [("config_merge_invalid", 1, "join")]
+    assert "needs branchPriority" in report.problems[0].message
+    assert "join" not in report.element_configs
+
+
 def test_several_config_files_beside_the_process_warn(tmp_path: Path) -> None:
     shutil.copy(FIXTURES / "valid.bpmn", tmp_path / "loan.bpmn")
     shutil.copy(FIXTURES / "valid.layerflow.yaml", tmp_path / "loan.layerflow.yaml")
