@@ -52,11 +52,19 @@ from .knowledge import BM25Retriever, Retriever
 from .process import Process
 from .store import RECORD_FORMAT, Store, open_store
 
-__all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES"]
+__all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
 
 STATUSES = ("running", "completed", "waiting", "error")
 MAIN = spiff.MAIN_CONTEXT
 _WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    """What an ``ask`` callback returns when a person did not answer in time: the value
+    taken instead (the confirmation's default), recorded with ``timed_out``."""
+
+    value: Any
 
 
 @dataclass
@@ -130,10 +138,13 @@ class Engine:
     ``handlers``: extra ``{name: fn}`` looked up before the ``@activity`` registry.
     ``retriever``: replaces the BM25 default (one per process folder).
     ``model``: the model name for activities with ``llm`` config (none: offline handlers).
+    ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``).
+    ``progress(instance, task_id, context)``: called after every completed activity.
     """
 
     def __init__(self, store: Store | str | None = None, handlers: Mapping[str, Handler] | HandlerRegistry | None = None,
-                 *, retriever: Retriever | None = None, model: str | None = None, arbiter: Any = None) -> None:
+                 *, retriever: Retriever | None = None, model: str | None = None, arbiter: Any = None,
+                 progress: Callable[[Instance, str, LayeredContext], None] | None = None) -> None:
         self.store: Store = open_store(store) if not hasattr(store, "save") else store  # type: ignore[assignment]
         if isinstance(handlers, HandlerRegistry):
             self.handlers = handlers
@@ -142,6 +153,7 @@ class Engine:
         self.retriever = retriever
         self.model = model
         self.arbiter = arbiter
+        self.progress = progress
         self._retrievers: dict[str, Retriever] = {}
 
     # ----- lifecycle ---------------------------------------------------------------
@@ -263,16 +275,22 @@ class Engine:
     def arbiter_for(self, process: Process) -> Any:
         """The model that settles join conflicts (``gateways.ConflictArbiter``), if any.
 
-        Given to the constructor, or built by ``engine.llm.make_arbiter(model)`` when a
-        model is configured and that module is installed (issue "rendering"); else None:
-        conflicts go to policy, then to a person.
+        Given to the constructor, or built by ``engine.llm`` (``LiteLLMArbiter``) when a
+        model is configured; else None: conflicts go to policy, then to a person.
         """
         if self.arbiter is not None or self.model is None:
             return self.arbiter
         if importlib.util.find_spec("engine.llm") is None:
             return None
-        make = getattr(importlib.import_module("engine.llm"), "make_arbiter", None)
-        return make(self.model) if make is not None else None
+        llm = importlib.import_module("engine.llm")
+        make = getattr(llm, "make_arbiter", None)
+        if make is not None:
+            return make(self.model)
+        arbiter_class = getattr(llm, "LiteLLMArbiter", None)
+        if arbiter_class is None:
+            return None
+        self.arbiter = arbiter_class.from_config(None, model_override=self.model)
+        return self.arbiter
 
     def _save(self, instance: Instance) -> None:
         instance.updated = time.time()
@@ -297,8 +315,10 @@ class Engine:
                 rt.user_data[str(task.id)] = dict(value or {})
                 task.run()
             elif item["kind"] == "confirmation":
+                timed_out = isinstance(value, TimedOut)
+                value = value.value if isinstance(value, TimedOut) else value
                 rt.check_answer(item["id"], value)
-                rt.answer(item["id"], value)
+                rt.answer(item["id"], value, timed_out=timed_out)
             else:
                 continue
             self._save(instance)
@@ -499,6 +519,8 @@ class _Runtime:
         record = _after_activity(ctx, cfg, task_id=bpmn_id)
         if record is not None:
             self.instance.compressions.append(record)
+        if self.engine.progress is not None:
+            self.engine.progress(self.instance, bpmn_id, ctx)
         return True if result is None else result
 
     def _run_handler(self, task: Any, actx: ActivityContext, cfg: ActivityExtensionConfig | None,
