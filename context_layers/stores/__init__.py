@@ -1,0 +1,134 @@
+"""Where instances, tapes, snapshots, confirmations and leases are kept.
+
+``open_store(url)`` picks the backend::
+
+    memory://                 this process only, a new empty store (tests)
+    memory://NAME             the same store for every open of NAME in this process
+    sqlite:///relative.db     one file, no server (the default; parent dirs are created)
+    sqlite:////abs/path.db    ... with an absolute path
+    redis://host:6379/0       many workers on many machines; ?prefix=NAME namespaces the keys
+    rediss://...              the same over TLS
+
+Every backend follows the ``Store`` protocol (``base.py``); one contract suite
+(``tests/stores``) runs against all of them. The redis backend is imported only when
+a ``redis://`` URL is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .base import (
+    BLOB_MIN_BYTES,
+    STORE_FORMAT,
+    BlobStats,
+    Confirmation,
+    ConfirmationAnswered,
+    ConfirmationNotFound,
+    InstanceExists,
+    InstanceNotFound,
+    InstanceSummary,
+    InvalidAnswer,
+    InvalidRecord,
+    InvalidStoreURL,
+    Store,
+    StoreError,
+    StoreFormatError,
+    StoreUnavailable,
+    TapeSequenceError,
+    VersionConflict,
+)
+from .instances import load_instance, save_instance
+from .memory import MemoryStore
+
+__all__ = [
+    "BLOB_MIN_BYTES",
+    "STORE_FORMAT",
+    "SCHEMES",
+    "BlobStats",
+    "Confirmation",
+    "ConfirmationAnswered",
+    "ConfirmationNotFound",
+    "InstanceExists",
+    "InstanceNotFound",
+    "InstanceSummary",
+    "InvalidAnswer",
+    "InvalidRecord",
+    "InvalidStoreURL",
+    "MemoryStore",
+    "Store",
+    "StoreError",
+    "StoreFormatError",
+    "StoreUnavailable",
+    "TapeSequenceError",
+    "VersionConflict",
+    "default_store_url",
+    "load_instance",
+    "open_store",
+    "save_instance",
+]
+
+SCHEMES = ("memory://", "sqlite:///PATH", "redis://HOST:PORT/DB", "rediss://HOST:PORT/DB")
+
+_named_memory: dict[str, MemoryStore] = {}
+_named_lock = threading.Lock()
+
+
+def default_store_url() -> str:
+    """``sqlite:///`` + ``$XDG_DATA_HOME/layerflow/layerflow.db`` (``~/.local/share`` when unset)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return "sqlite:///" + str(Path(base) / "layerflow" / "layerflow.db")
+
+
+def open_store(url: str, **options: Any) -> Store:
+    """The store ``url`` names (see the module doc); ``options`` go to the backend."""
+    if not isinstance(url, str) or "://" not in url:
+        raise InvalidStoreURL(f"store URL {url!r} has no scheme; use one of {', '.join(SCHEMES)}")
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "memory":
+        name = url.split("://", 1)[1].strip("/")
+        if not name:
+            return MemoryStore(url, **options)
+        with _named_lock:
+            store = _named_memory.get(name)
+            if store is None:
+                store = _named_memory[name] = MemoryStore(url, **options)
+            return store
+    if scheme == "sqlite":
+        from .sqlite import SQLiteStore
+
+        path, params = _sqlite_path(url)
+        if "busy_timeout" in params:
+            options.setdefault("busy_timeout", float(params.pop("busy_timeout")))
+        if "synchronous" in params:
+            options.setdefault("synchronous", params.pop("synchronous"))
+        if params:
+            raise InvalidStoreURL(f"store URL {url!r}: unknown option(s) {', '.join(params)}; "
+                                  "sqlite takes synchronous= and busy_timeout=")
+        return SQLiteStore(path, url=url, **options)
+    if scheme in ("redis", "rediss", "unix"):
+        from .redis import RedisStore
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        prefix = query.pop("prefix", None)
+        if prefix is not None:
+            options.setdefault("prefix", prefix)
+        return RedisStore(urlunsplit(parts._replace(query=urlencode(query))), **options)
+    raise InvalidStoreURL(f"store URL {url!r} has the unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
+
+
+def _sqlite_path(url: str) -> tuple[Path, dict[str, str]]:
+    rest = url.split("://", 1)[1]
+    rest, _, query = rest.partition("?")
+    if not rest.startswith("/"):
+        raise InvalidStoreURL(f"store URL {url!r}: write sqlite:///relative.db or sqlite:////absolute/path.db "
+                              "(three slashes, then the path)")
+    path = rest[1:]
+    if not path or path == ":memory:":
+        raise InvalidStoreURL(f"store URL {url!r} names no file; for a store that lives in memory use memory://")
+    return Path(path).expanduser(), dict(parse_qsl(query))

@@ -1,0 +1,557 @@
+"""The ``Store`` protocol, its record types, its errors, and what every backend shares.
+
+A store keeps, per instance:
+
+* the **instance record**: a JSON-able dict (``id``, ``process_id``, ``status``, the
+  serialized workflow, the context heads, engine bookkeeping) with an integer
+  ``version`` for optimistic concurrency. ``create`` gives version 1; ``save`` with
+  the version you loaded gives the next one, or raises ``VersionConflict`` when
+  someone saved in between (nothing is written then);
+* **tapes**, one per context name: event dicts with gap-free sequence numbers from 1.
+  Appends go in with the save they belong to, in one transaction, and every change
+  of a tape bumps the instance version, so a writer holding a stale version can never
+  append behind another writer's back;
+* **snapshots** by id, content-addressed (see ``split_snapshot``);
+* **confirmations**: pending human decisions, answered exactly once;
+* **leases**: which worker runs an instance right now, with an expiry.
+
+Errors (all ``LayerflowError``; ``VersionConflict`` and ``ContextKeyError`` live in
+``context_layers.errors``)::
+
+    LayerflowError
+    ├── VersionConflict                kind="version_conflict"  stale expected_version
+    ├── ContextKeyError (KeyError)
+    │   ├── InstanceNotFound           kind="not_found"         no instance with that id
+    │   └── ConfirmationNotFound       kind="not_found"
+    └── StoreError                     kind="store_error"       base of the rest
+        ├── StoreUnavailable           kind="store_unavailable" backend down / locked too long
+        ├── StoreFormatError           kind="store_format"      stored by a newer layerflow
+        ├── InvalidStoreURL (ValueError) kind="invalid_config"  unknown scheme, bad path
+        ├── InvalidRecord (ValueError) kind="invalid_record"    not JSON, missing field
+        ├── InstanceExists             kind="already_exists"    create() of a taken id
+        ├── TapeSequenceError          kind="tape_sequence"     gap or duplicate seq
+        ├── ConfirmationAnswered       kind="already_answered"  second answer
+        └── InvalidAnswer (ValueError) kind="invalid_answer"    not one of the options
+
+Backend exceptions (sqlite3, redis) are mapped to these in one place per backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypedDict, runtime_checkable
+
+from ..canonical import json_equal
+from ..errors import ContextKeyError, LayerflowError, VersionConflict
+
+__all__ = [
+    "STORE_FORMAT",
+    "BLOB_MIN_BYTES",
+    "Store",
+    "InstanceSummary",
+    "Confirmation",
+    "BlobStats",
+    "StoreError",
+    "StoreUnavailable",
+    "StoreFormatError",
+    "InvalidStoreURL",
+    "InvalidRecord",
+    "InstanceExists",
+    "InstanceNotFound",
+    "TapeSequenceError",
+    "ConfirmationNotFound",
+    "ConfirmationAnswered",
+    "InvalidAnswer",
+    "VersionConflict",
+    "split_snapshot",
+    "join_snapshot",
+]
+
+#: Format of everything a store writes (instance rows, snapshot manifests,
+#: confirmations, the store's own meta record). Bump it with a migration.
+STORE_FORMAT = 1
+
+#: Snapshot parts whose JSON is at least this long are stored once, by hash.
+BLOB_MIN_BYTES = 128
+
+
+# ================================================================================ errors
+
+class StoreError(LayerflowError):
+    kind = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    kind = "store_unavailable"
+
+
+class StoreFormatError(StoreError):
+    kind = "store_format"
+
+
+class InvalidStoreURL(StoreError, ValueError):
+    kind = "invalid_config"
+
+
+class InvalidRecord(StoreError, ValueError):
+    kind = "invalid_record"
+
+
+class InstanceExists(StoreError):
+    kind = "already_exists"
+
+
+class TapeSequenceError(StoreError, ValueError):
+    kind = "tape_sequence"
+
+
+class ConfirmationAnswered(StoreError):
+    kind = "already_answered"
+
+
+class InvalidAnswer(StoreError, ValueError):
+    kind = "invalid_answer"
+
+
+class InstanceNotFound(ContextKeyError):
+    kind = "not_found"
+
+    def __init__(self, instance_id: str) -> None:
+        self.instance_id = instance_id
+        super().__init__(f"instance {instance_id!r} is not in the store; list_instances() shows the stored ids")
+
+
+class ConfirmationNotFound(ContextKeyError):
+    kind = "not_found"
+
+    def __init__(self, confirmation_id: str) -> None:
+        self.confirmation_id = confirmation_id
+        super().__init__(f"confirmation {confirmation_id!r} is not in the store; "
+                         "list_confirmations() shows the pending ones")
+
+
+def version_conflict(instance_id: str, expected: int, actual: int) -> VersionConflict:
+    err = VersionConflict(
+        f"instance {instance_id!r} was saved by someone else: expected version {expected}, "
+        f"stored version {actual}; nothing was written. Reload it (store.load) and retry on the new version")
+    err.instance_id = instance_id  # type: ignore[attr-defined]
+    err.expected = expected  # type: ignore[attr-defined]
+    err.actual = actual  # type: ignore[attr-defined]
+    return err
+
+
+def tape_gap(instance_id: str, context: str, first_seq: int, last_seq: int) -> TapeSequenceError:
+    what = "duplicates" if first_seq <= last_seq else "leaves a gap after"
+    return TapeSequenceError(
+        f"append to tape {context!r} of instance {instance_id!r} starts at seq {first_seq}, which {what} "
+        f"the stored last seq {last_seq}; the next event must have seq {last_seq + 1}. Nothing was written; "
+        "reload the instance and append only the events after its stored tape")
+
+
+def snapshot_not_found(instance_id: str, snapshot_id: str, known: Iterable[str]) -> ContextKeyError:
+    names = sorted(known)
+    return ContextKeyError(f"snapshot {snapshot_id!r} is not stored for instance {instance_id!r} "
+                           f"(stored: {', '.join(names[-5:]) or 'none'}); list_snapshots() shows them all")
+
+
+def confirmation_answered(stored: Mapping[str, Any]) -> ConfirmationAnswered:
+    return ConfirmationAnswered(
+        f"confirmation {stored['id']!r} of instance {stored.get('instance_id')!r} was already answered "
+        f"{stored.get('answer')!r} by {stored.get('actor')!r}; an answer is final")
+
+
+def format_error(what: str, found: Any) -> StoreFormatError:
+    return StoreFormatError(f"{what} has store format {found!r}; this layerflow reads format {STORE_FORMAT}. "
+                            "Upgrade layerflow to read it")
+
+
+# ========================================================================= record types
+
+class InstanceSummary(TypedDict):
+    instance_id: str
+    process_id: str
+    status: str
+    version: int
+    created: float
+    updated: float
+
+
+class Confirmation(TypedDict, total=False):
+    """A pending human decision. ``id`` and ``instance_id`` are required; the store adds
+    ``format``, ``status`` (``"pending"`` | ``"answered"``), ``created`` and, when
+    answered, ``answer``, ``actor``, ``answered_at``. ``options`` (values, or dicts with
+    a ``value``) restrict the answer when present."""
+
+    id: str
+    instance_id: str
+    format: int
+    status: str
+    type: str
+    message: str
+    options: list[Any]
+    task_id: str | None
+    created: float
+    answer: Any
+    actor: str
+    answered_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlobStats:
+    count: int
+    bytes: int
+
+
+TapeAppends = Mapping[str, Sequence[Mapping[str, Any]]]
+
+
+# ============================================================================= protocol
+
+@runtime_checkable
+class Store(Protocol):
+    """Where instances, their tapes, snapshots, confirmations and leases live.
+
+    ``memory.MemoryStore`` is the reference implementation; ``tests/stores`` runs one
+    contract suite against every backend.
+    """
+
+    url: str
+
+    # ----- instances ---------------------------------------------------------------
+    def create(self, record: Mapping[str, Any], *, tape_appends: TapeAppends | None = None,
+               snapshots: Mapping[str, Mapping[str, Any]] | None = None,
+               confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
+        """Store a new instance (``record["id"]``) at version 1, with its first tape events."""
+        ...
+
+    def load(self, instance_id: str) -> tuple[dict[str, Any], int]:
+        """``(record, version)``; the record is a fresh dict (mutating it changes nothing)."""
+        ...
+
+    def save(self, instance_id: str, record: Mapping[str, Any], expected_version: int,
+             tape_appends: TapeAppends | None = None, *,
+             snapshots: Mapping[str, Mapping[str, Any]] | None = None,
+             confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
+        """Replace the record, append to tapes, put snapshots and confirmations: all or nothing.
+
+        Raises ``VersionConflict`` when the stored version is not ``expected_version``,
+        ``TapeSequenceError`` when an append does not continue its tape exactly.
+        Returns the new version (``expected_version + 1``).
+        """
+        ...
+
+    def list_instances(self, status: str | None = None) -> list[InstanceSummary]:
+        """Summaries, oldest first."""
+        ...
+
+    def delete(self, instance_id: str) -> bool:
+        """Remove the instance with its tapes, snapshots, blobs, confirmations and lease."""
+        ...
+
+    # ----- tapes -------------------------------------------------------------------
+    def append_events(self, instance_id: str, context_name: str, events: Sequence[Mapping[str, Any]],
+                      expected_version: int | None = None) -> int:
+        """Append outside a save (bumps the version, like a save); returns the new version."""
+        ...
+
+    def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> list[dict[str, Any]]:
+        """Events with ``seq > since_seq`` (pass the last seq you hold), in order."""
+        ...
+
+    def tape_heads(self, instance_id: str) -> dict[str, int]:
+        """Context name -> last stored seq."""
+        ...
+
+    # ----- snapshots ---------------------------------------------------------------
+    def put_snapshot(self, instance_id: str, snapshot_id: str, snapshot: Mapping[str, Any]) -> None:
+        """Store (or replace) a snapshot. Parts are content-addressed per instance: a value
+        that several snapshots hold is stored once (``split_snapshot``)."""
+        ...
+
+    def get_snapshot(self, instance_id: str, snapshot_id: str) -> dict[str, Any]: ...
+
+    def list_snapshots(self, instance_id: str) -> list[str]: ...
+
+    def blob_stats(self, instance_id: str) -> BlobStats:
+        """How many distinct snapshot parts the instance stores, and their bytes."""
+        ...
+
+    # ----- confirmations -----------------------------------------------------------
+    def put_confirmation(self, confirmation: Mapping[str, Any]) -> Confirmation:
+        """Store a pending confirmation; idempotent: an existing id is left as it is
+        (answer included) and returned."""
+        ...
+
+    def get_confirmation(self, confirmation_id: str) -> Confirmation: ...
+
+    def list_confirmations(self, instance_id: str | None = None, *, pending_only: bool = True) -> list[Confirmation]:
+        ...
+
+    def answer_confirmation(self, confirmation_id: str, answer: Any, actor: str) -> Confirmation:
+        """Record the answer; a second answer raises ``ConfirmationAnswered``."""
+        ...
+
+    # ----- leases ------------------------------------------------------------------
+    def acquire_lease(self, instance_id: str, owner: str, ttl: float) -> bool:
+        """Take (or extend, if ``owner`` holds it) the lease for ``ttl`` seconds; False if
+        another owner holds an unexpired lease."""
+        ...
+
+    def renew_lease(self, instance_id: str, owner: str, ttl: float) -> bool:
+        """Extend a lease ``owner`` still holds; False if it expired and someone else took it."""
+        ...
+
+    def release_lease(self, instance_id: str, owner: str) -> bool: ...
+
+    def lease_owner(self, instance_id: str) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+# ====================================================================== shared helpers
+
+def dumps(value: Any) -> str:
+    """Compact JSON that keeps dict order (records and events are returned as given)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def dumps_checked(value: Any, what: str) -> str:
+    try:
+        return dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecord(f"{what} is not JSON-compatible: {exc}; store only None, bool, int, float, str, "
+                            "list and dict with str keys") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRecord:
+    """A record checked and encoded once, for any backend."""
+
+    instance_id: str
+    process_id: str
+    status: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedAppend:
+    context: str
+    first_seq: int
+    events: tuple[str, ...]  # JSON text, seq first_seq, first_seq + 1, ...
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.events) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedSnapshot:
+    snapshot_id: str
+    manifest: str
+    blobs: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedWrite:
+    """Everything one create/save/append writes, checked before any backend is touched."""
+
+    record: PreparedRecord | None
+    appends: tuple[PreparedAppend, ...]
+    snapshots: tuple[PreparedSnapshot, ...]
+    confirmations: tuple[tuple[str, str], ...]  # (id, JSON text)
+
+
+def prepare_record(record: Mapping[str, Any], instance_id: str | None = None) -> PreparedRecord:
+    if not isinstance(record, Mapping):
+        raise InvalidRecord(f"an instance record is a dict, got {type(record).__name__}")
+    rid = record.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise InvalidRecord(f"an instance record needs a non-empty str 'id', got {rid!r}")
+    if instance_id is not None and rid != instance_id:
+        raise InvalidRecord(f"record id {rid!r} does not match the instance id {instance_id!r} it is saved as")
+    fields = {}
+    for name in ("process_id", "status"):
+        value = record.get(name)
+        if not isinstance(value, str):
+            raise InvalidRecord(f"instance record {rid!r} needs a str {name!r}, got {value!r}")
+        fields[name] = value
+    return PreparedRecord(rid, fields["process_id"], fields["status"], dumps_checked(record, f"instance record {rid!r}"))
+
+
+def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str, Any]]) -> PreparedAppend | None:
+    if not isinstance(context, str) or not context:
+        raise InvalidRecord(f"tape appends of instance {instance_id!r} need a non-empty str context name, got {context!r}")
+    if not events:
+        return None
+    seqs = []
+    for event in events:
+        seq = event.get("seq") if isinstance(event, Mapping) else None
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise InvalidRecord(f"every event appended to tape {context!r} of instance {instance_id!r} needs an int "
+                                f"'seq' >= 1, got {seq!r}")
+        seqs.append(seq)
+    for prev, seq in zip(seqs, seqs[1:]):
+        if seq != prev + 1:
+            raise TapeSequenceError(f"events appended to tape {context!r} of instance {instance_id!r} must have "
+                                    f"consecutive seqs; {seq} follows {prev}. Nothing was written")
+    texts = tuple(dumps_checked(e, f"event {e['seq']} of tape {context!r}") for e in events)
+    return PreparedAppend(context, seqs[0], texts)
+
+
+def prepare_confirmation(confirmation: Mapping[str, Any], instance_id: str | None = None,
+                         now: float | None = None) -> tuple[str, str]:
+    cid = confirmation.get("id") if isinstance(confirmation, Mapping) else None
+    if not isinstance(cid, str) or not cid:
+        raise InvalidRecord(f"a confirmation needs a non-empty str 'id', got {cid!r}")
+    iid = confirmation.get("instance_id", instance_id)
+    if not isinstance(iid, str) or (instance_id is not None and iid != instance_id):
+        raise InvalidRecord(f"confirmation {cid!r} needs 'instance_id' {instance_id or 'of its instance'!r}, got {iid!r}")
+    stored = {**confirmation, "instance_id": iid, "format": STORE_FORMAT, "status": "pending",
+              "created": confirmation.get("created", now if now is not None else time.time())}
+    for key in ("answer", "actor", "answered_at"):
+        stored.pop(key, None)
+    return cid, dumps_checked(stored, f"confirmation {cid!r}")
+
+
+def prepare_write(instance_id: str | None, record: Mapping[str, Any] | None, tape_appends: TapeAppends | None,
+                  snapshots: Mapping[str, Mapping[str, Any]] | None,
+                  confirmations: Sequence[Mapping[str, Any]]) -> PreparedWrite:
+    prepared = prepare_record(record, instance_id) if record is not None else None
+    iid = instance_id if instance_id is not None else prepared.instance_id  # type: ignore[union-attr]
+    appends = tuple(a for a in (prepare_append(iid, ctx, evs) for ctx, evs in (tape_appends or {}).items()) if a)
+    snaps = tuple(PreparedSnapshot(sid, *split_snapshot(s)) for sid, s in (snapshots or {}).items())
+    now = time.time()
+    confs = tuple(prepare_confirmation(c, iid, now) for c in confirmations)
+    return PreparedWrite(prepared, appends, snaps, confs)
+
+
+def answered(stored: Mapping[str, Any], answer: Any, actor: str) -> dict[str, Any]:
+    """The answered form of a pending confirmation, or the error a second answer / a
+    value outside ``options`` raises."""
+    if stored.get("status") == "answered":
+        raise confirmation_answered(stored)
+    options = stored.get("options") or []
+    allowed = [o.get("value", o.get("id")) if isinstance(o, Mapping) else o for o in options]
+    if allowed and not any(json_equal(answer, a) for a in allowed):
+        raise InvalidAnswer(f"answer {answer!r} to confirmation {stored['id']!r} is not one of its options "
+                            f"{allowed!r}; answer one of them")
+    dumps_checked(answer, f"answer to confirmation {stored['id']!r}")
+    return {**stored, "status": "answered", "answer": answer, "actor": actor, "answered_at": time.time()}
+
+
+def check_format(what: str, found: Any) -> None:
+    if found is not None and int(found) > STORE_FORMAT:
+        raise format_error(what, found)
+
+
+# ================================================================ content addressing
+
+_REF, _LIT = "$blob", "$lit"
+
+
+def split_snapshot(snapshot: Mapping[str, Any], min_bytes: int = BLOB_MIN_BYTES) -> tuple[str, dict[str, str]]:
+    """``(manifest JSON, {sha256: part JSON})``: a Merkle DAG of the snapshot.
+
+    Bottom-up, every part (a string, list or dict, anywhere in the snapshot) whose JSON
+    is at least ``min_bytes`` long is replaced by ``{"$blob": sha256}`` and stored once
+    per instance under that hash. Two snapshots that hold the same large value (the same
+    document in KNOWLEDGE, the same HISTORY entry) therefore share its one stored copy,
+    and a snapshot that changes one key stores only that value and the small parts
+    (lists / maps of hashes) on its path to the root. Small values stay inline. A user
+    dict that looks like a reference (``{"$blob": ...}``, ``{"$lit": ...}``) is escaped
+    as ``{"$lit": dict}``. Parts keep their key order, so a snapshot round-trips exactly.
+    """
+    blobs: dict[str, str] = {}
+
+    def split(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            node: Any = {k: split(v) for k, v in value.items()}
+            if len(value) == 1 and (_REF in value or _LIT in value):
+                node = {_LIT: node}
+        elif isinstance(value, (list, tuple)):
+            node = [split(v) for v in value]
+        elif isinstance(value, str):
+            node = value
+        else:
+            return value
+        text = dumps(node)
+        if len(text) < min_bytes:
+            return node
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        blobs[digest] = text
+        return {_REF: digest}
+
+    if not isinstance(snapshot, Mapping):
+        raise InvalidRecord(f"a snapshot is a dict, got {type(snapshot).__name__}")
+    try:
+        root = split(snapshot)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecord(f"snapshot is not JSON-compatible: {exc}") from None
+    return dumps({"format": STORE_FORMAT, "root": root}), blobs
+
+
+def _refs(node: Any, out: set[str]) -> None:
+    if isinstance(node, dict):
+        if len(node) == 1 and _REF in node:
+            out.add(node[_REF])
+            return
+        if len(node) == 1 and _LIT in node:
+            node = node[_LIT]  # an escaped user dict: its values may hold refs, it is none itself
+        for v in node.values():
+            _refs(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _refs(v, out)
+
+
+def join_snapshot(manifest: str, fetch: Callable[[Iterable[str]], Mapping[str, str]], what: str) -> dict[str, Any]:
+    """Rebuild a snapshot from its manifest; ``fetch(hashes)`` returns the blob texts
+    (one round trip per level of the DAG)."""
+    doc = json.loads(manifest)
+    check_format(what, doc.get("format"))
+    parts: dict[str, Any] = {}
+    wanted: set[str] = set()
+    _refs(doc["root"], wanted)
+    while wanted:
+        got = fetch(sorted(wanted))
+        missing = wanted - set(got)
+        if missing:
+            raise StoreError(f"{what} refers to {len(missing)} missing blob(s) ({sorted(missing)[0]}...); "
+                             "the store is damaged: restore it from a backup")
+        wanted = set()
+        for digest, text in got.items():
+            parts[digest] = node = json.loads(text)
+            _refs(node, wanted)
+        wanted -= set(parts)
+
+    def join(node: Any) -> Any:
+        if isinstance(node, dict):
+            if len(node) == 1 and _REF in node:
+                return join(parts[node[_REF]])
+            if len(node) == 1 and _LIT in node:
+                return {k: join(v) for k, v in node[_LIT].items()}
+            return {k: join(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [join(v) for v in node]
+        return node
+
+    result = join(doc["root"])
+    if not isinstance(result, dict):
+        raise StoreError(f"{what} does not hold a dict; the store is damaged")
+    return result
+
+
+def summary(instance_id: str, process_id: str, status: str, version: int, created: float,
+            updated: float) -> InstanceSummary:
+    return InstanceSummary(instance_id=instance_id, process_id=process_id, status=status, version=version,
+                           created=created, updated=updated)
+
+
+def check_ttl(ttl: float) -> float:
+    if not ttl > 0:
+        raise InvalidRecord(f"a lease ttl is a positive number of seconds, got {ttl!r}")
+    return float(ttl)

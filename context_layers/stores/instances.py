@@ -1,0 +1,62 @@
+"""Saving an engine record whose contexts carry their whole tapes, incrementally.
+
+The engine's record holds ``contexts: {name: LayeredContext.to_dict()}``, each with
+its full ``tape``. Storing that on every save would rewrite every event every time.
+``save_instance`` stores each context without its tape (plus ``tape_length``, the cut
+this record was taken at) and appends only the events after the stored tape heads, in
+the same atomic save. ``load_instance`` puts the tapes back, cut at ``tape_length``, so
+a record and its tapes always come from the same version even while others save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .base import Store, TapeSequenceError
+
+__all__ = ["save_instance", "load_instance", "split_tapes"]
+
+
+def split_tapes(record: Mapping[str, Any], heads: Mapping[str, int]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """``(record without tapes, {context: events after heads[context]})``."""
+    contexts: dict[str, Any] = {}
+    appends: dict[str, list[Any]] = {}
+    for name, ctx in (record.get("contexts") or {}).items():
+        tape = list(ctx.get("tape", ()))
+        last = tape[-1]["seq"] if tape else 0
+        stored = heads.get(name, 0)
+        if last < stored:
+            raise TapeSequenceError(
+                f"context {name!r} of instance {record.get('id')!r} holds events up to seq {last}, but the store "
+                f"already has {stored}; this record was built from an older load. Reload the instance and retry")
+        appends[name] = [e for e in tape if e["seq"] > stored]
+        contexts[name] = {**{k: v for k, v in ctx.items() if k != "tape"}, "tape_length": last}
+    return {**record, "contexts": contexts}, {k: v for k, v in appends.items() if v}
+
+
+def save_instance(store: Store, record: Mapping[str, Any], expected_version: int = 0, **kwargs: Any) -> int:
+    """Create (``expected_version=0``) or save ``record``; returns the new version.
+
+    ``kwargs`` (``snapshots=``, ``confirmations=``) go to ``create`` / ``save`` and
+    commit with it. Raises ``VersionConflict`` as ``save`` does.
+    """
+    if expected_version == 0:
+        head, appends = split_tapes(record, {})
+        return store.create(head, tape_appends=appends, **kwargs)
+    iid = record["id"]
+    # Heads read outside the save are safe: every tape change bumps the version, so if
+    # they moved since ``expected_version`` the save below raises VersionConflict.
+    head, appends = split_tapes(record, store.tape_heads(iid))
+    return store.save(iid, head, expected_version, appends, **kwargs)
+
+
+def load_instance(store: Store, instance_id: str) -> tuple[dict[str, Any], int]:
+    """``(record with full tapes, version)``, the inverse of ``save_instance``."""
+    record, version = store.load(instance_id)
+    for name, ctx in (record.get("contexts") or {}).items():
+        length = ctx.pop("tape_length", None)
+        if length is None:  # saved with its tape inline (plain store.save)
+            continue
+        ctx["tape"] = [e for e in store.read_tape(instance_id, name) if e["seq"] <= length]
+    return record, version

@@ -1,0 +1,458 @@
+"""``redis://host:port/db?prefix=lf``: one store for many workers on many machines.
+
+Every write that must be atomic is one Lua script (Redis runs a script alone, and with
+``appendonly yes`` logs its effects as one unit): the version check, the tape-continuity
+checks and all the writes of a save happen in one step, every check before any write,
+so a failed check writes nothing. Keys, all under ``<prefix>:``::
+
+    meta                      hash   format
+    index                     zset   instance id, scored by creation time
+    i:{id}                    hash   record, version, format, process_id, status, created, updated
+    i:{id}:heads              hash   context -> last seq
+    i:{id}:t:<context>        list   event JSON; element n-1 is seq n
+    i:{id}:snaps / :blobs     hash   snapshot id -> manifest / sha256 -> part
+    i:{id}:confs              set    confirmation ids of the instance
+    confs / confs:pending     hash / set   confirmation id -> JSON / ids not yet answered
+    lease:{id}                string owner, with a PX expiry
+
+``delete`` names tape keys inside its script, so this backend needs a single Redis
+(or a primary with replicas), not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from .base import (
+    STORE_FORMAT,
+    BlobStats,
+    Confirmation,
+    ConfirmationNotFound,
+    InstanceExists,
+    InstanceNotFound,
+    InstanceSummary,
+    PreparedSnapshot,
+    PreparedWrite,
+    StoreError,
+    StoreUnavailable,
+    TapeAppends,
+    answered,
+    check_format,
+    check_ttl,
+    dumps,
+    join_snapshot,
+    prepare_append,
+    prepare_confirmation,
+    prepare_write,
+    snapshot_not_found,
+    split_snapshot,
+    summary,
+    tape_gap,
+    version_conflict,
+)
+
+try:
+    import redis as _redis
+except ImportError as exc:  # pragma: no cover - redis is a dependency; keep the message useful anyway
+    raise ImportError("the redis store needs redis-py: pip install 'redis>=5'") from exc
+
+__all__ = ["RedisStore", "map_redis_error"]
+
+# KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9.. tapes
+# ARGV: 1 mode (create | save | side), 2 expected version or "", 3 record or "", 4 process_id, 5 status,
+#       6 now, 7 format, 8 instance id, 9 #appends, then per append: context, first seq, n, n events;
+#       then #snapshots, per snapshot: id, manifest, #blobs, (hash, body) pairs; then #confs, (id, JSON) pairs.
+_WRITE = """
+local mode = ARGV[1]
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+if mode == 'create' then
+  if exists then return {'exists'} end
+elseif not exists then
+  return {'missing'}
+end
+local version = 0
+if exists then version = tonumber(redis.call('HGET', KEYS[1], 'version')) end
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {'conflict', version} end
+local n_app = tonumber(ARGV[9])
+local pos = 10
+for a = 1, n_app do
+  local first, n = tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+  local last = tonumber(redis.call('HGET', KEYS[3], ARGV[pos]) or '0')
+  if first ~= last + 1 then return {'gap', ARGV[pos], first, last} end
+  pos = pos + 3 + n
+end
+-- every check passed: write
+if mode ~= 'side' then
+  version = version + 1
+  if mode == 'create' then
+    redis.call('HSET', KEYS[1], 'created', ARGV[6])
+    redis.call('ZADD', KEYS[2], ARGV[6], ARGV[8])
+  end
+  redis.call('HSET', KEYS[1], 'version', version, 'updated', ARGV[6], 'format', ARGV[7])
+  if ARGV[3] ~= '' then
+    redis.call('HSET', KEYS[1], 'record', ARGV[3], 'process_id', ARGV[4], 'status', ARGV[5])
+  end
+end
+pos = 10
+for a = 1, n_app do
+  local first, n = tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+  local i = pos + 3
+  while i <= pos + 2 + n do
+    local j = math.min(i + 499, pos + 2 + n)
+    redis.call('RPUSH', KEYS[8 + a], unpack(ARGV, i, j))
+    i = j + 1
+  end
+  redis.call('HSET', KEYS[3], ARGV[pos], first + n - 1)
+  pos = pos + 3 + n
+end
+local n_snap = tonumber(ARGV[pos])
+pos = pos + 1
+for s = 1, n_snap do
+  local n_blobs = tonumber(ARGV[pos + 2])
+  for b = 0, n_blobs - 1 do
+    redis.call('HSETNX', KEYS[5], ARGV[pos + 3 + 2 * b], ARGV[pos + 4 + 2 * b])
+  end
+  redis.call('HSET', KEYS[4], ARGV[pos], ARGV[pos + 1])
+  pos = pos + 3 + 2 * n_blobs
+end
+local n_conf = tonumber(ARGV[pos])
+pos = pos + 1
+for c = 1, n_conf do
+  if redis.call('HSETNX', KEYS[7], ARGV[pos], ARGV[pos + 1]) == 1 then
+    redis.call('SADD', KEYS[6], ARGV[pos])
+    redis.call('SADD', KEYS[8], ARGV[pos])
+  end
+  pos = pos + 2
+end
+return {'ok', version}
+"""
+
+# KEYS: 1 confs, 2 pending; ARGV: id, new JSON, the JSON it replaces (compare-and-set)
+_ANSWER = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if not cur then return 'missing' end
+if cur ~= ARGV[3] then return 'changed' end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SREM', KEYS[2], ARGV[1])
+return 'ok'
+"""
+
+# KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9 lease
+# ARGV: 1 instance id, 2 tape key prefix
+_DELETE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+for _, ctx in ipairs(redis.call('HKEYS', KEYS[3])) do redis.call('DEL', ARGV[2] .. ctx) end
+for _, cid in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+  redis.call('HDEL', KEYS[7], cid)
+  redis.call('SREM', KEYS[8], cid)
+end
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: 1 lease; ARGV: 1 op (acquire | renew | release), 2 owner, 3 ttl ms
+_LEASE = """
+local cur = redis.call('GET', KEYS[1])
+if ARGV[1] == 'acquire' then
+  if cur and cur ~= ARGV[2] then return 0 end
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if cur ~= ARGV[2] then return 0 end
+if ARGV[1] == 'renew' then redis.call('PEXPIRE', KEYS[1], ARGV[3]) else redis.call('DEL', KEYS[1]) end
+return 1
+"""
+
+
+def map_redis_error(exc: BaseException, url: str) -> StoreError:
+    """redis-py exceptions -> the store's (the one place they are mapped)."""
+    if isinstance(exc, (_redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError)):
+        return StoreUnavailable(f"redis store {url}: {type(exc).__name__}: {exc}. Is redis-server running? "
+                                "A save interrupted this way may or may not have been applied: reload the instance")
+    if isinstance(exc, _redis.exceptions.AuthenticationError):
+        return StoreUnavailable(f"redis store {url}: {exc}; put the password in the URL (redis://:PASSWORD@host)")
+    return StoreError(f"redis store {url}: {type(exc).__name__}: {exc}")
+
+
+class RedisStore:
+    def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "layerflow",
+                 client: Any = None) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._url_for_errors = _redact(url)
+        with self._mapped():
+            self.redis = client if client is not None else _redis.Redis.from_url(
+                url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
+            self._write_script = self.redis.register_script(_WRITE)
+            self._answer_script = self.redis.register_script(_ANSWER)
+            self._delete_script = self.redis.register_script(_DELETE)
+            self._lease_script = self.redis.register_script(_LEASE)
+            meta = self._k("meta")
+            self.redis.hsetnx(meta, "format", STORE_FORMAT)
+            check_format(f"redis store {self._url_for_errors} prefix {prefix!r}", self.redis.hget(meta, "format"))
+
+    def __repr__(self) -> str:
+        return f"<RedisStore {self._url_for_errors} prefix={self.prefix!r}>"
+
+    @contextlib.contextmanager
+    def _mapped(self) -> Iterator[None]:
+        try:
+            yield
+        except _redis.exceptions.RedisError as exc:
+            raise map_redis_error(exc, self._url_for_errors) from exc
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def _ik(self, instance_id: str, *parts: str) -> str:
+        return ":".join((self.prefix, "i", "{" + instance_id + "}", *parts))
+
+    def _instance_keys(self, instance_id: str) -> list[str]:
+        return [self._ik(instance_id), self._k("index"), self._ik(instance_id, "heads"),
+                self._ik(instance_id, "snaps"), self._ik(instance_id, "blobs"), self._ik(instance_id, "confs"),
+                self._k("confs"), self._k("confs", "pending")]
+
+    # ----- the one write path ------------------------------------------------------------------
+
+    def _run_write(self, mode: str, instance_id: str, w: PreparedWrite, expected_version: int | None) -> int:
+        keys = self._instance_keys(instance_id)
+        r = w.record
+        args: list[Any] = [mode, "" if expected_version is None else expected_version, r.text if r else "",
+                           r.process_id if r else "", r.status if r else "", repr(time.time()), STORE_FORMAT,
+                           instance_id, len(w.appends)]
+        for a in w.appends:
+            keys.append(self._ik(instance_id, "t", a.context))
+            args += [a.context, a.first_seq, len(a.events), *a.events]
+        args.append(len(w.snapshots))
+        for s in w.snapshots:
+            args += [s.snapshot_id, s.manifest, len(s.blobs)]
+            for digest, body in s.blobs.items():
+                args += [digest, body]
+        args.append(len(w.confirmations))
+        for cid, text in w.confirmations:
+            args += [cid, text]
+        with self._mapped():
+            out = self._write_script(keys=keys, args=args)
+        status = out[0]
+        if status == "ok":
+            return int(out[1])
+        if status == "conflict":
+            raise version_conflict(instance_id, int(expected_version or 0), int(out[1]))
+        if status == "gap":
+            raise tape_gap(instance_id, out[1], int(out[2]), int(out[3]))
+        if status == "exists":
+            raise InstanceExists(f"instance {instance_id!r} already exists; load and save it, "
+                                 "or create it under a new id")
+        if status == "missing":
+            raise InstanceNotFound(instance_id)
+        raise StoreError(f"redis store {self._url_for_errors}: unexpected script reply {out!r}")
+
+    # ----- instances ---------------------------------------------------------------------------
+
+    def create(self, record: Mapping[str, Any], *, tape_appends: TapeAppends | None = None,
+               snapshots: Mapping[str, Mapping[str, Any]] | None = None,
+               confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
+        w = prepare_write(None, record, tape_appends, snapshots, confirmations)
+        assert w.record is not None
+        return self._run_write("create", w.record.instance_id, w, None)
+
+    def load(self, instance_id: str) -> tuple[dict[str, Any], int]:
+        with self._mapped():
+            text, version, fmt = self.redis.hmget(self._ik(instance_id), "record", "version", "format")
+        if text is None:
+            raise InstanceNotFound(instance_id)
+        check_format(f"instance {instance_id!r}", fmt)
+        return json.loads(text), int(version)
+
+    def save(self, instance_id: str, record: Mapping[str, Any], expected_version: int,
+             tape_appends: TapeAppends | None = None, *,
+             snapshots: Mapping[str, Mapping[str, Any]] | None = None,
+             confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
+        w = prepare_write(instance_id, record, tape_appends, snapshots, confirmations)
+        return self._run_write("save", instance_id, w, expected_version)
+
+    def list_instances(self, status: str | None = None) -> list[InstanceSummary]:
+        fields = ("process_id", "status", "version", "created", "updated")
+        with self._mapped():
+            ids = self.redis.zrange(self._k("index"), 0, -1)
+            pipe = self.redis.pipeline(transaction=False)
+            for iid in ids:
+                pipe.hmget(self._ik(iid), *fields)
+            rows = pipe.execute()
+        out = []
+        for iid, (process_id, st, version, created, updated) in zip(ids, rows):
+            if version is None or (status is not None and st != status):
+                continue  # deleted between the two reads
+            out.append(summary(iid, process_id, st, int(version), float(created), float(updated)))
+        return out
+
+    def delete(self, instance_id: str) -> bool:
+        keys = [*self._instance_keys(instance_id), self._k("lease", instance_id)]
+        with self._mapped():
+            return bool(self._delete_script(keys=keys, args=[instance_id, self._ik(instance_id, "t", "")]))
+
+    # ----- tapes -------------------------------------------------------------------------------
+
+    def append_events(self, instance_id: str, context_name: str, events: Sequence[Mapping[str, Any]],
+                      expected_version: int | None = None) -> int:
+        a = prepare_append(instance_id, context_name, events)
+        return self._run_write("save", instance_id, PreparedWrite(None, (a,) if a else (), (), ()), expected_version)
+
+    def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> list[dict[str, Any]]:
+        with self._mapped():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.exists(self._ik(instance_id))
+            pipe.lrange(self._ik(instance_id, "t", context_name), max(since_seq, 0), -1)
+            exists, texts = pipe.execute()
+        if not exists:
+            raise InstanceNotFound(instance_id)
+        return [json.loads(t) for t in texts]
+
+    def tape_heads(self, instance_id: str) -> dict[str, int]:
+        with self._mapped():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.exists(self._ik(instance_id))
+            pipe.hgetall(self._ik(instance_id, "heads"))
+            exists, heads = pipe.execute()
+        if not exists:
+            raise InstanceNotFound(instance_id)
+        return {ctx: int(n) for ctx, n in sorted(heads.items())}
+
+    # ----- snapshots ---------------------------------------------------------------------------
+
+    def put_snapshot(self, instance_id: str, snapshot_id: str, snapshot: Mapping[str, Any]) -> None:
+        manifest, blobs = split_snapshot(snapshot)
+        w = PreparedWrite(None, (), (PreparedSnapshot(snapshot_id, manifest, blobs),), ())
+        self._run_write("side", instance_id, w, None)
+
+    def get_snapshot(self, instance_id: str, snapshot_id: str) -> dict[str, Any]:
+        with self._mapped():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.exists(self._ik(instance_id))
+            pipe.hget(self._ik(instance_id, "snaps"), snapshot_id)
+            exists, manifest = pipe.execute()
+        if not exists:
+            raise InstanceNotFound(instance_id)
+        if manifest is None:
+            raise snapshot_not_found(instance_id, snapshot_id, self.list_snapshots(instance_id))
+        blobs_key = self._ik(instance_id, "blobs")
+
+        def fetch(hashes: Iterable[str]) -> dict[str, str]:
+            hashes = list(hashes)
+            with self._mapped():
+                bodies = self.redis.hmget(blobs_key, hashes)
+            return {h: b for h, b in zip(hashes, bodies) if b is not None}
+
+        return join_snapshot(manifest, fetch, f"snapshot {snapshot_id!r} of instance {instance_id!r}")
+
+    def list_snapshots(self, instance_id: str) -> list[str]:
+        with self._mapped():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.exists(self._ik(instance_id))
+            pipe.hkeys(self._ik(instance_id, "snaps"))
+            exists, ids = pipe.execute()
+        if not exists:
+            raise InstanceNotFound(instance_id)
+        return sorted(ids)
+
+    def blob_stats(self, instance_id: str) -> BlobStats:
+        with self._mapped():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.exists(self._ik(instance_id))
+            pipe.hvals(self._ik(instance_id, "blobs"))
+            exists, bodies = pipe.execute()
+        if not exists:
+            raise InstanceNotFound(instance_id)
+        return BlobStats(len(bodies), sum(len(b.encode()) for b in bodies))
+
+    # ----- confirmations ---------------------------------------------------------------------
+
+    def put_confirmation(self, confirmation: Mapping[str, Any]) -> Confirmation:
+        cid, text = prepare_confirmation(confirmation)
+        iid = json.loads(text)["instance_id"]
+        self._run_write("side", iid, PreparedWrite(None, (), (), ((cid, text),)), None)
+        return self.get_confirmation(cid)
+
+    def get_confirmation(self, confirmation_id: str) -> Confirmation:
+        with self._mapped():
+            text = self.redis.hget(self._k("confs"), confirmation_id)
+        if text is None:
+            raise ConfirmationNotFound(confirmation_id)
+        return json.loads(text)  # type: ignore[no-any-return]
+
+    def list_confirmations(self, instance_id: str | None = None, *, pending_only: bool = True) -> list[Confirmation]:
+        with self._mapped():
+            if instance_id is not None:
+                ids = sorted(self.redis.smembers(self._ik(instance_id, "confs")))
+                texts = self.redis.hmget(self._k("confs"), ids) if ids else []
+            elif pending_only:
+                ids = sorted(self.redis.smembers(self._k("confs", "pending")))
+                texts = self.redis.hmget(self._k("confs"), ids) if ids else []
+            else:
+                texts = self.redis.hvals(self._k("confs"))
+        items = [json.loads(t) for t in texts if t is not None]
+        return sorted((c for c in items if not pending_only or c["status"] == "pending"),
+                      key=lambda c: (c["created"], c["id"]))
+
+    def answer_confirmation(self, confirmation_id: str, answer: Any, actor: str) -> Confirmation:
+        keys = [self._k("confs"), self._k("confs", "pending")]
+        while True:
+            with self._mapped():
+                current = self.redis.hget(keys[0], confirmation_id)
+            if current is None:
+                raise ConfirmationNotFound(confirmation_id)
+            new = answered(json.loads(current), answer, actor)
+            with self._mapped():
+                status = self._answer_script(keys=keys, args=[confirmation_id, dumps(new), current])
+            if status == "ok":
+                return new  # type: ignore[return-value]
+            if status == "missing":
+                raise ConfirmationNotFound(confirmation_id)
+            # "changed": answered (or deleted) in between; the next read says which
+
+    # ----- leases ----------------------------------------------------------------------------
+
+    def _lease(self, op: str, instance_id: str, owner: str, ttl: float = 1.0) -> bool:
+        ms = max(1, int(check_ttl(ttl) * 1000))
+        with self._mapped():
+            return bool(self._lease_script(keys=[self._k("lease", instance_id)], args=[op, owner, ms]))
+
+    def acquire_lease(self, instance_id: str, owner: str, ttl: float) -> bool:
+        return self._lease("acquire", instance_id, owner, ttl)
+
+    def renew_lease(self, instance_id: str, owner: str, ttl: float) -> bool:
+        return self._lease("renew", instance_id, owner, ttl)
+
+    def release_lease(self, instance_id: str, owner: str) -> bool:
+        return self._lease("release", instance_id, owner)
+
+    def lease_owner(self, instance_id: str) -> str | None:
+        with self._mapped():
+            return self.redis.get(self._k("lease", instance_id))  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.redis.close()
+
+    def __enter__(self) -> "RedisStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
