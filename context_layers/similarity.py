@@ -1,9 +1,11 @@
 """Near-duplicate detection for the redundancy score and the compressor.
 
-An entry's *words* are the lower-cased ``\\w+`` runs of its key followed by its value's
-leaves (strings, numbers, booleans; object fields in sorted order, their names left
-out so that two values of one schema are not alike for sharing it; the metadata
-fields ``kind`` and ``_compressed`` left out). Its *shingles* are the hashed runs of
+An entry's *words* are the lower-cased ``\\w+`` runs of its value's leaves (strings,
+numbers, booleans; object fields in sorted order, their names left out so that two
+values of one schema are not alike for sharing it; the metadata fields ``kind`` and
+``_compressed`` left out). A value of fewer than ``SHINGLE_WORDS`` words is prefixed
+with its key's words, so ``amount: 50000`` and ``limit: 50000`` differ while the
+same log line under ``log:1`` and ``log:2`` is one near-duplicate. Its *shingles* are the hashed runs of
 ``SHINGLE_WORDS`` consecutive words (one shingle of all words when there are fewer);
 only the first ``MAX_WORDS`` words count. Two entries are *near-duplicates* when the
 Jaccard similarity of their shingle sets is at least ``NEAR_DUP_JACCARD``.
@@ -72,14 +74,16 @@ def _leaves(value: Any, out: list[str]) -> None:
 
 
 def entry_words(key: str, value: Any) -> list[str]:
-    """The words of an entry: its key's, then its value leaves' (see the module doc)."""
-    parts: list[str] = [key.lower()]
+    """The words of an entry (see the module doc)."""
+    parts: list[str] = []
     _leaves(value, parts)
     words: list[str] = []
     for part in parts:
         words.extend(_WORD.findall(part))
         if len(words) >= MAX_WORDS:
             return words[:MAX_WORDS]
+    if len(words) < SHINGLE_WORDS:
+        words = _WORD.findall(key.lower()) + words
     return words
 
 
