@@ -1,0 +1,85 @@
+"""Helpers shared by the engine tests: example paths, plain-SpiffWorkflow runs, paths taken."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.util.task import TaskState
+
+from context_layers import thaw
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "bpmn_examples"
+LOAN = EXAMPLES / "loan_approval.bpmn"
+
+LOAN_FAST = {"amount": 20000, "applicant_id": "APP003", "purpose": "equipment", "industry": "bakery"}
+LOAN_FULL = {"amount": 120000, "applicant_id": "APP002", "purpose": "warehouse expansion", "industry": "logistics"}
+LOAN_CONFLICT = {"amount": 120000, "applicant_id": "APP001", "purpose": "business loan", "industry": "gambling"}
+
+
+def path_of(wf: Any) -> list[str]:
+    """BPMN ids of the completed tasks, in completion order."""
+    done = [t for t in wf.get_tasks(state=TaskState.COMPLETED) if getattr(t.task_spec, "bpmn_id", None)]
+    return [t.task_spec.bpmn_id for t in sorted(done, key=lambda t: t.last_state_change)]
+
+
+def run_plain(path: Path, data: dict[str, Any], user_tasks: dict[str, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """Run a BPMN file with stock SpiffWorkflow; return the workflow and the final task data."""
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    pid = parser.get_process_ids()[0]
+    wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    while not wf.is_completed():
+        ready = wf.get_tasks(state=TaskState.READY, manual=True)
+        assert ready, "plain run is stuck"
+        task = ready[0]
+        task.data.update(user_tasks[task.task_spec.bpmn_id])
+        task.run()
+        wf.do_engine_steps()
+    return wf, dict(wf.last_task.data)
+
+
+def variables(ctx: Any) -> dict[str, Any]:
+    """A context's resolved data keys, as a script would see them (no records, no branch keys)."""
+    return {k: thaw(v) for k, v in ctx.resolved().items()
+            if not k.startswith(("_", "activity:", "kb:", "compaction:", "summary:", "tool:"))}
+
+
+BPMN_HEAD = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"
+                  xmlns:layerflow="https://layerflow.dev/bpmn"
+                  id="defs" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:process id="{pid}" isExecutable="true">
+"""
+
+
+def chain_bpmn(pid: str, tasks: list[str]) -> str:
+    """start -> the given task elements (XML, in order, each with an id="...") -> end."""
+    import re
+
+    ids = [re.search(r'id="([^"]+)"', t).group(1) for t in tasks]  # type: ignore[union-attr]
+    nodes = ["start", *ids, "end"]
+    flows = "".join(f'    <bpmn:sequenceFlow id="f{i}" sourceRef="{a}" targetRef="{b}"/>\n'
+                    for i, (a, b) in enumerate(zip(nodes, nodes[1:])))
+    body = '    <bpmn:startEvent id="start"/>\n' + "".join(f"    {t}\n" for t in tasks) + '    <bpmn:endEvent id="end"/>\n'
+    return BPMN_HEAD.format(pid=pid) + body + flows + "  </bpmn:process>\n</bpmn:definitions>\n"
+
+
+def script_task(task_id: str, script: str) -> str:
+    from xml.sax.saxutils import escape
+
+    return f'<bpmn:scriptTask id="{task_id}"><bpmn:script>{escape(script)}</bpmn:script></bpmn:scriptTask>'
+
+
+def write_process(tmp_path: Path, pid: str, tasks: list[str], config: str | None = None) -> Path:
+    path = tmp_path / f"{pid}.bpmn"
+    path.write_text(chain_bpmn(pid, tasks), encoding="utf-8")
+    if config is not None:
+        (tmp_path / f"{pid}.layerflow.yaml").write_text(config, encoding="utf-8")
+    return path

@@ -1,0 +1,234 @@
+"""Activities: BPMN scripts, Python handlers, errors, retry after a fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from context_layers import Layer, LayeredContext
+from context_layers.errors import ConfigError, ProcessError
+from engine import ActivityContext, Engine, HandlerRegistry, activity, load_process
+from engine.handlers import run_script
+
+from engine_helpers import script_task, write_process
+
+
+# ----------------------------------------------------------------------------- script semantics
+
+@pytest.fixture
+def ctx() -> LayeredContext:
+    c = LayeredContext(system={"policy": "p"})
+    c.write(Layer.PROCESS, "amount", 100, actor="input")
+    c.write(Layer.WORKING, "items", [1, 2], actor="t")
+    c.write(Layer.WORKING, "untouched", {"a": 1}, actor="t")
+    c.begin_activity("s")
+    return c
+
+
+@pytest.mark.parametrize(("script", "written", "expected"), [
+    ("total = amount * 2", ["total"], {"total": 200}),
+    ("items.append(3)", ["items"], {"items": [1, 2, 3]}),               # an in-place change is a change
+    ("_tmp = 5\nkept = _tmp + 1", ["kept"], {"kept": 6}),               # _names stay in the script
+    ("y = amount", ["y"], {"y": 100}),                                  # reading alone writes nothing
+    ("import math\ndef f(x):\n    return x * amount\nz = f(2)", ["z"], {"z": 200}),
+    ("n = sum(i * amount for i in items)", ["n"], {"n": 300}),           # names visible in generators
+    ("amount = 100", [], {}),                                           # same value: no write (PROCESS is append-only)
+    ("del untouched", ["untouched"], {}),
+    ("w = ctx.get('policy')\nctx.write('L5', 'scratch', 1)", ["w"], {"w": "p", "scratch": 1}),
+], ids=["assign", "mutate", "underscore", "read-only", "function", "generator", "same-value", "delete", "ctx-object"])
+def test_script_writes_what_it_assigns_or_changes(ctx: LayeredContext, script: str, written: list[str],
+                                                  expected: dict) -> None:
+    assert run_script(script, ActivityContext(ctx, task_id="s")) == written
+    for key, value in expected.items():
+        assert ctx.resolve(key) == value
+    if "del" in script:
+        assert "untouched" not in ctx
+
+
+def test_a_script_cannot_change_system(ctx: LayeredContext) -> None:
+    from context_layers.errors import ContextWriteDenied
+
+    with pytest.raises(ContextWriteDenied):
+        run_script("policy = 'overridden'", ActivityContext(ctx, task_id="s"))
+    assert ctx.resolve("policy") == "p"
+    assert ctx.tape[-1].kind == "denied"
+
+
+# ----------------------------------------------------------------------------- errors and retry
+
+FAILING = [script_task("prepare", "divisor = 0\ntotal = 10"),
+           script_task("compute", "ctx.write('L4', 'partial', 1)\nratio = total / divisor\nchecked = True")]
+
+
+def test_a_failing_script_leaves_error_with_task_line_message_and_context_as_before(tmp_path: Path) -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(write_process(tmp_path, "failing", FAILING))))
+    assert instance.status == "error"
+    err = instance.error
+    assert (err["kind"], err["task_id"], err["line"]) == ("activity_failed", "compute", 2)
+    assert "ZeroDivisionError" in err["message"] and "line 2" in err["message"] and "'compute'" in err["message"]
+    ctx = instance.main
+    # as before the activity: prepare's writes are there, compute's are not
+    assert ctx.resolve("divisor") == 0 and "partial" not in ctx and "ratio" not in ctx
+    assert ctx.current_activity is None
+    aborted = [e for e in ctx.tape if e.kind == "abort"]
+    assert aborted and aborted[0].data["task_id"] == "compute"
+
+
+def test_after_the_cause_is_fixed_resume_retries_the_activity(tmp_path: Path) -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(write_process(tmp_path, "failing", FAILING))))
+    engine.inject(instance, {"divisor": 4})      # the operator's correction (HISTORY key: auto-promoted)
+    instance = engine.resume(instance)
+    assert instance.status == "completed", instance.error
+    assert (instance.main.resolve("ratio"), instance.main.resolve("checked")) == (2.5, True)
+    assert instance.error is None
+
+
+def test_resume_of_an_error_after_loading_from_the_store(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lf.db'}"
+    first = Engine(url)
+    instance = first.run(first.start(load_process(write_process(tmp_path, "failing", FAILING))))
+    assert instance.status == "error"
+    second = Engine(url)
+    loaded = second.load(instance.id)
+    assert loaded.status == "error" and loaded.error == instance.error
+    second.inject(loaded, {"divisor": 5})
+    assert second.resume(loaded).status == "completed"
+    assert second.load(instance.id).main.resolve("ratio") == 2.0
+
+
+def test_a_script_that_changes_system_fails_with_permission_denied(tmp_path: Path) -> None:
+    path = write_process(tmp_path, "sneaky", [script_task("sneak", "currency = 'USD'")],
+                         config="system:\n  currency: EUR\n")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "error"
+    assert instance.error["kind"] == "permission_denied" and instance.error["task_id"] == "sneak"
+    assert instance.main.resolve("currency") == "EUR"
+    assert any(e.kind == "denied" for e in instance.main.tape)
+
+
+def test_a_condition_that_fails_names_the_gateway(tmp_path: Path) -> None:
+    xml = (tmp_path / "cond.bpmn")
+    xml.write_text("""<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+  xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" id="d" targetNamespace="t">
+  <bpmn:process id="cond" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:exclusiveGateway id="gate" default="f_b"/>
+    <bpmn:scriptTask id="a"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="b"><bpmn:script>x = 2</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f0" sourceRef="start" targetRef="gate"/>
+    <bpmn:sequenceFlow id="f_a" sourceRef="gate" targetRef="a">
+      <bpmn:conditionExpression xsi:type="bpmn:tFormalExpression">missing_value &gt; 3</bpmn:conditionExpression>
+    </bpmn:sequenceFlow>
+    <bpmn:sequenceFlow id="f_b" sourceRef="gate" targetRef="b"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="a" targetRef="end"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="b" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>""", encoding="utf-8")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(xml)))
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "gate" and "missing_value" in instance.error["message"]
+
+
+# ----------------------------------------------------------------------------- handlers
+
+def test_handlers_by_task_id_by_config_name_and_by_engine(tmp_path: Path) -> None:
+    registry = HandlerRegistry()
+
+    @activity("by_id", registry=registry)
+    def by_id(actx: ActivityContext) -> dict:
+        return {"seen_amount": actx["amount"]}
+
+    @activity("named", registry=registry)
+    def named(actx: ActivityContext) -> dict:
+        actx.write(Layer.EPHEMERAL, "scratch", "gone at the end")
+        return {"named_ran": True}
+
+    path = write_process(tmp_path, "handlers", [
+        '<bpmn:task id="by_id"/>',                       # a plain task with a handler runs unattended
+        '<bpmn:serviceTask id="svc"/>',
+    ], config="svc:\n  handler: named\n")
+    engine = Engine(handlers=registry)
+    instance = engine.run(engine.start(load_process(path), {"amount": 7}))
+    assert instance.status == "completed", instance.error
+    ctx = instance.main
+    assert (ctx.resolve("seen_amount"), ctx.resolve("named_ran")) == (7, True)
+    assert "scratch" not in ctx  # EPHEMERAL is cleared at the end of every activity
+    assert ctx.layer(Layer.HISTORY)["activity:svc"]["keys"] == ["scratch", "named_ran"]
+
+    override = Engine(handlers=registry.layered({"named": lambda actx: {"named_ran": "override"}}))
+    assert override.run(override.start(load_process(path), {"amount": 7})).main.resolve("named_ran") == "override"
+
+
+def test_a_handler_from_a_file_beside_the_process(tmp_path: Path) -> None:
+    (tmp_path / "my_handlers.py").write_text(
+        "def double(ctx):\n    return {'doubled': ctx['amount'] * 2}\n", encoding="utf-8")
+    path = write_process(tmp_path, "filehandler", ['<bpmn:serviceTask id="svc"/>'],
+                         config="svc:\n  handler: my_handlers.py:double\n")
+    engine = Engine()
+    assert engine.run(engine.start(load_process(path), {"amount": 21})).main.resolve("doubled") == 42
+
+
+def test_a_service_task_without_handler_fails_saying_what_to_do(tmp_path: Path) -> None:
+    engine = Engine()
+    path = write_process(tmp_path, "nohandler", ['<bpmn:serviceTask id="lonely"/>'])
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "error"
+    assert "@activity('lonely')" in instance.error["message"]
+
+
+def test_a_plain_task_without_handler_waits_for_a_person(tmp_path: Path) -> None:
+    engine = Engine()
+    path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "waiting" and instance.waiting_for[0]["task_id"] == "sign"
+    instance = engine.complete_user_task(instance, "sign", {"signed_by": "ann"})
+    assert instance.main.resolve("done") == "ann"
+
+
+# ----------------------------------------------------------------------------- loading
+
+def test_config_from_both_extension_namespaces_on_tasks_and_gateways(tmp_path: Path) -> None:
+    xml = tmp_path / "ext.bpmn"
+    xml.write_text("""<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+  xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"
+  xmlns:layerflow="https://layerflow.dev/bpmn" id="d" targetNamespace="t">
+  <bpmn:process id="ext" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="t">
+      <bpmn:extensionElements>
+        <spiffworkflow:activityConfig>{"preserveKeys": ["a"], "compressTokenThreshold": 100}</spiffworkflow:activityConfig>
+        <layerflow:config>{"compressTokenThreshold": 200}</layerflow:config>
+      </bpmn:extensionElements>
+      <bpmn:script>a = 1</bpmn:script>
+    </bpmn:scriptTask>
+    <bpmn:parallelGateway id="g">
+      <bpmn:extensionElements><layerflow:config>{"mergeStrategy": "FAIL_ON_CONFLICT"}</layerflow:config></bpmn:extensionElements>
+    </bpmn:parallelGateway>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f0" sourceRef="start" targetRef="t"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="t" targetRef="g"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="g" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>""", encoding="utf-8")
+    (tmp_path / "ext.layerflow.yaml").write_text("t:\n  preserveKeys: [a, b]\n", encoding="utf-8")
+    process = load_process(xml)
+    assert process.configs["t"].effective_preserve_keys == ["a", "b"]          # the file overrides
+    assert process.configs["t"].effective_token_threshold == 200               # own namespace over spiff's
+    assert process.configs["g"].merge_strategy == "FAIL_ON_CONFLICT"           # gateways have config too
+    assert type(process.spec.task_specs["g"]).__name__ == "LayerflowParallelGateway"
+
+
+def test_nothing_runs_on_a_process_that_does_not_validate(tmp_path: Path) -> None:
+    path = write_process(tmp_path, "bad", [script_task("t", "x = (")], config="nope:\n  preserveKeys: [a]\n")
+    with pytest.raises((ProcessError, ConfigError)) as err:
+        load_process(path)
+    text = str(err.value)
+    assert "nope" in text and "'t'" in text  # every problem at once: the unknown id and the script syntax

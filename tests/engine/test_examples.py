@@ -1,0 +1,124 @@
+"""Every BPMN in bpmn_examples runs; the SpiffWorkflow-shaped examples take the same path
+and end with the same variables as under plain SpiffWorkflow, except at a join, where
+plain SpiffWorkflow loses a branch's change and layerflow keeps it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine import Engine, load_process
+
+from engine_helpers import EXAMPLES, path_of, run_plain, variables
+
+# (file, initial data, user task answers)
+CASES: list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = [
+    ("parallel_scripts", {}, {}),
+    ("nested_parallel", {}, {}),
+    ("inclusive_gateway", {"need_credit": True, "need_identity": False, "need_address": True}, {}),
+    ("inclusive_gateway", {"need_credit": False, "need_identity": True, "need_address": False}, {}),
+    ("inclusive_gateway", {"need_credit": False, "need_identity": False, "need_address": False}, {}),
+    ("exclusive_default", {"amount": 120000}, {}),
+    ("exclusive_default", {"amount": 60000}, {}),
+    ("exclusive_default", {"amount": 1000}, {}),
+    ("xor_loop", {"batch_size": 4}, {}),
+    ("xor_loop", {"batch_size": 1}, {}),
+    ("parallel_user_task", {"title": "Q3 report"}, {"review": {"approved": True, "reviewer": "ann"}}),
+    ("parallel_user_task", {"title": "Q3 report"}, {"review": {"approved": False, "reviewer": "bob"}}),
+]
+
+# Keys layerflow adds on purpose (a branch's contextInject) and what plain SpiffWorkflow
+# gets wrong at a join (the last branch to arrive overwrites the other's change).
+LAYERFLOW_ONLY = {"exclusive_default": {"queue"}}
+PLAIN_SPIFF_LOSES = {"parallel_scripts": {"total": (0, 60), "summary": ("A-1: 0 via post in 4 days",
+                                                                       "A-1: 60 via post in 4 days")}}
+
+
+def test_every_example_is_run_by_a_test() -> None:
+    tested = {name for name, _, _ in CASES} | {"loan_approval"}  # the loan demo: test_loan.py
+    assert {p.stem for p in EXAMPLES.glob("*.bpmn")} == tested
+
+
+@pytest.mark.parametrize(("name", "data", "user_tasks"), CASES, ids=lambda v: v if isinstance(v, str) else None)
+def test_same_path_and_variables_as_plain_spiffworkflow(name: str, data: dict[str, Any],
+                                                        user_tasks: dict[str, dict[str, Any]]) -> None:
+    path = EXAMPLES / f"{name}.bpmn"
+    plain_wf, plain_vars = run_plain(path, data, user_tasks)
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), data), answers={"user_tasks": user_tasks})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    ours = variables(instance.main)
+    for key in LAYERFLOW_ONLY.get(name, set()):
+        ours.pop(key)
+    for key, (plain_value, our_value) in PLAIN_SPIFF_LOSES.get(name, {}).items():
+        assert plain_vars.pop(key) == plain_value
+        assert ours.pop(key) == our_value
+    assert ours == plain_vars
+
+
+def test_layerflow_keeps_a_branch_change_that_plain_spiffworkflow_loses() -> None:
+    path = EXAMPLES / "parallel_scripts.bpmn"
+    _, plain_vars = run_plain(path, {}, {})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    # "price" set total=60 in one branch; "ship" arrived last carrying the old total=0.
+    assert plain_vars["total"] == 0
+    assert instance.main.resolve("total") == 60
+    join = [e for e in instance.main.tape if e.data.get("note") == "join"]
+    assert len(join) == 1 and join[0].data["gateway_id"] == "join"
+
+
+def test_branch_contexts_are_isolated_until_the_join() -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(EXAMPLES / "nested_parallel.bpmn")))
+    branches = instance.branches
+    assert {info["branch_id"] for info in branches.values()} == {"branch_a", "b1", "a1", "a2"}
+    assert all(info["status"] == "joined" for info in branches.values())
+    a1 = next(n for n, i in branches.items() if i["branch_id"] == "a1")
+    # a1's context never saw a2's write, b1's or the outer result
+    assert "a2_value" not in instance.contexts[a1] and "b_value" not in instance.contexts[a1]
+    # the inner join merged into branch A, not into main
+    inner = next(n for n, i in branches.items() if i["branch_id"] == "branch_a")
+    assert branches[a1]["parent"] == inner
+    assert instance.main.resolve("grand_total") == 11 * 2 + 11 * 3 + 50
+
+
+def test_exclusive_gateway_injects_the_taken_branch_in_place() -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(EXAMPLES / "exclusive_default.bpmn"), {"amount": 60000}))
+    ctx = instance.main
+    assert (ctx.resolve("queue"), ctx.resolve("_branch_id")) == ("standard", "medium_tier")
+    assert instance.branches == {}  # an XOR forks nothing: the context goes on with the branch
+    split = [e for e in ctx.tape if e.data.get("note") == "split"]
+    assert split[0].data["branches"] == ["medium_tier"]
+
+
+def test_loop_records_each_pass() -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(EXAMPLES / "xor_loop.bpmn"), {"batch_size": 3}))
+    history = instance.main.layer("L3")
+    assert [k for k in history if k.startswith("activity:work")] == ["activity:work", "activity:work#2", "activity:work#3"]
+    assert instance.main.resolve("result") == 1 + 4 + 9
+
+
+def test_user_task_in_a_branch_waits_and_resumes() -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(EXAMPLES / "parallel_user_task.bpmn"), {"title": "T"}))
+    assert instance.status == "waiting"
+    [waiting] = instance.waiting_for
+    assert (waiting["kind"], waiting["task_id"]) == ("user_task", "review")
+    instance = engine.complete_user_task(instance, "review", {"approved": True, "reviewer": "ann"})
+    assert instance.status == "completed"
+    assert instance.main.resolve("outcome") == "published by ann, cost 120"
+
+
+def test_a_layerflow_parsed_spec_still_runs_under_plain_spiffworkflow() -> None:
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+
+    process = load_process(EXAMPLES / "parallel_scripts.bpmn")
+    wf = BpmnWorkflow(process.spec, process.subprocess_specs)  # no driver attached: stock behaviour
+    wf.do_engine_steps()
+    assert wf.is_completed() and wf.last_task.data["carrier"] == "post"

@@ -1,0 +1,144 @@
+"""Stores and save / resume: a waiting instance survives the process that ran it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_layers.errors import ContextKeyError, VersionConflict
+from engine import Engine, load_process, open_store
+from engine.store import MemoryStore, SqliteStore
+
+from engine_helpers import EXAMPLES, LOAN, LOAN_CONFLICT, ROOT
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path: Path):
+    return MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "store.db")
+
+
+def _record(i: str = "a", status: str = "running") -> dict[str, Any]:
+    return {"format": 1, "id": i, "process_id": "p", "status": status, "updated": 1.0, "payload": [1, 2]}
+
+
+def test_store_contract(store) -> None:
+    assert store.create(_record()) == 1
+    assert store.load("a")["payload"] == [1, 2] and store.load("a")["version"] == 1
+    assert store.save({**_record(status="waiting"), "payload": [3]}, 1) == 2
+    assert store.load("a")["payload"] == [3]
+    with pytest.raises(VersionConflict, match="load it again"):
+        store.save(_record(), 1)                 # a stale copy
+    with pytest.raises(VersionConflict):
+        store.create(_record())                  # the id exists
+    with pytest.raises(ContextKeyError):
+        store.load("missing")
+    assert [(r["id"], r["status"], r["version"]) for r in store.list()] == [("a", "waiting", 2)]
+
+
+@pytest.mark.parametrize(("url", "kind"), [("memory://", MemoryStore), (None, MemoryStore),
+                                           ("sqlite:///:memory:", SqliteStore)])
+def test_store_by_url(url, kind) -> None:
+    assert isinstance(open_store(url), kind)
+
+
+def test_a_stale_instance_cannot_overwrite_a_newer_save(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lf.db'}"
+    engine = Engine(url)
+    instance = engine.run(engine.start(load_process(LOAN), LOAN_CONFLICT))
+    other = Engine(url).load(instance.id)
+    Engine(url).answer_confirmation(other, "review_join/approval_status", "approved")
+    with pytest.raises(VersionConflict):
+        engine.answer_confirmation(instance, "review_join/approval_status", "rejected")
+
+
+def _normalized(doc: dict[str, Any]) -> dict[str, Any]:
+    """Contexts and tapes without wall-clock times."""
+    out = {}
+    for name, ctx in doc.items():
+        out[name] = {"state": ctx["state"], "tape": [{k: v for k, v in e.items() if k != "time"} for e in ctx["tape"]]}
+    return out
+
+
+SNAPSHOT = """
+import json, sys
+from engine import Engine
+eng = Engine(sys.argv[1])
+inst = eng.load(sys.argv[2])
+print(json.dumps({n: {"state": c.state_json(), "tape": c.tape.to_list()} for n, c in inst.contexts.items()}))
+"""
+
+START = """
+import sys
+from engine import Engine, load_process
+eng = Engine(sys.argv[1])
+inst = eng.run(eng.start(load_process(sys.argv[2]), {"title": "T"}))
+print(inst.id, inst.status)
+"""
+
+FINISH = """
+import sys
+from engine import Engine
+eng = Engine(sys.argv[1])
+inst = eng.load(sys.argv[2])
+inst = eng.complete_user_task(inst, "review", {"approved": True, "reviewer": "ann"})
+print(inst.status)
+"""
+
+
+def _py(code: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.slow
+def test_save_wait_exit_resume_in_a_new_process_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lf.db'}"
+    bpmn = str(EXAMPLES / "parallel_user_task.bpmn")
+    instance_id, status = _py(START, url, bpmn).split()
+    assert status == "waiting"
+    assert _py(FINISH, url, instance_id) == "completed"
+    resumed = _normalized(json.loads(_py(SNAPSHOT, url, instance_id)))
+
+    engine = Engine()
+    straight = engine.run(engine.start(load_process(bpmn), {"title": "T"}),
+                          answers={"user_tasks": {"review": {"approved": True, "reviewer": "ann"}}})
+    assert straight.status == "completed"
+    uninterrupted = _normalized({n: {"state": c.state_json(), "tape": c.tape.to_list()}
+                                 for n, c in straight.contexts.items()})
+    assert resumed == uninterrupted
+
+
+def test_every_activity_is_saved(tmp_path: Path) -> None:
+    class Counting(MemoryStore):
+        saves: list[str] = []
+
+        def save(self, record, expected_version):  # type: ignore[override]
+            self.saves.append(record["status"])
+            return super().save(record, expected_version)
+
+    store = Counting()
+    engine = Engine(store)
+    instance = engine.run(engine.start(load_process(EXAMPLES / "nested_parallel.bpmn")))
+    activities = [k for k in instance.main.layer("L3") if k.startswith("activity:")]
+    assert len(store.saves) >= len(activities) + 1  # one per activity, one at the end
+    loaded = engine.load(instance.id)
+    assert loaded.main == instance.main and set(loaded.contexts) == set(instance.contexts)
+    assert loaded.status == "completed"
+
+
+def test_a_loaded_waiting_instance_answers_like_the_original(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'lf.db'}"
+    engine = Engine(url)
+    instance = engine.run(engine.start(load_process(LOAN), LOAN_CONFLICT))
+    assert instance.status == "waiting"
+    loaded = Engine(url).load(instance.id)
+    assert loaded.waiting_for == instance.waiting_for and loaded.conflicts == instance.conflicts
+    done = Engine(url).answer_confirmation(loaded, "review_join/approval_status", "pending_dual_approval")
+    assert done.status == "completed"
+    assert done.main.resolve("disbursement") == "hold_for_second_approval"
