@@ -1,0 +1,140 @@
+"""Choosing a backend by URL, stored format versions, and backend errors mapped to ours."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sqlite3
+import uuid
+
+import pytest
+
+from context_layers.stores import (
+    InvalidStoreURL,
+    MemoryStore,
+    StoreError,
+    StoreFormatError,
+    StoreUnavailable,
+    open_store,
+)
+from context_layers.stores.sqlite import SQLiteStore, _mapped
+
+from .conftest import REDIS_URL, drop_prefix, redis_or_skip
+
+
+@pytest.mark.parametrize("url, message", [
+    ("ftp://host/x", "unknown scheme 'ftp'"),
+    ("postgres://db/x", "memory://, sqlite:///PATH, redis://HOST:PORT/DB"),
+    ("runs.db", "no scheme"),
+    ("sqlite://relative.db", "three slashes"),
+    ("sqlite:///:memory:", "memory://"),
+    ("sqlite:///", "names no file"),
+    ("sqlite:///x.db?journal=off", "unknown option"),
+])
+def test_bad_urls_say_what_to_write(url, message):
+    with pytest.raises(InvalidStoreURL, match=message) as err:
+        open_store(url)
+    assert isinstance(err.value, ValueError) and err.value.kind == "invalid_config"
+
+
+def test_sqlite_relative_and_absolute_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rel = open_store("sqlite:///data/deep/rel.db")
+    assert isinstance(rel, SQLiteStore) and (tmp_path / "data" / "deep" / "rel.db").exists()
+    absolute = open_store(f"sqlite:///{tmp_path}/abs/dir/x.db?synchronous=normal")
+    assert (tmp_path / "abs" / "dir" / "x.db").exists()
+    mode = absolute._conn().execute("PRAGMA journal_mode").fetchone()[0]  # type: ignore[attr-defined]
+    assert mode == "wal"
+    rel.close()
+    absolute.close()
+
+
+def test_memory_urls():
+    assert open_store("memory://") is not open_store("memory://")
+    name = f"memory://shared-{uuid.uuid4().hex}"
+    assert open_store(name) is open_store(name)
+    assert isinstance(open_store(name), MemoryStore)
+
+
+def test_redis_prefix_isolates_namespaces():
+    redis_or_skip()
+    a, b = (f"lftest-{uuid.uuid4().hex[:12]}" for _ in range(2))
+    sep = "&" if "?" in REDIS_URL else "?"
+    try:
+        sa, sb = open_store(f"{REDIS_URL}{sep}prefix={a}"), open_store(f"{REDIS_URL}{sep}prefix={b}")
+        sa.create({"id": "same", "process_id": "p", "status": "running"})
+        assert sb.list_instances() == []
+        sb.create({"id": "same", "process_id": "q", "status": "running"})
+        assert sa.load("same")[0]["process_id"] == "p"
+        sa.close()
+        sb.close()
+    finally:
+        drop_prefix(REDIS_URL, a)
+        drop_prefix(REDIS_URL, b)
+
+
+def test_unreachable_redis_is_store_unavailable():
+    with pytest.raises(StoreUnavailable, match="redis-server"):
+        open_store("redis://127.0.0.1:1/0")
+
+
+def test_newer_sqlite_formats_are_refused(tmp_path):
+    path = tmp_path / "s.db"
+    store = open_store(f"sqlite:///{path}")
+    store.create({"id": "i", "process_id": "p", "status": "running"})
+    store.close()
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE instances SET format = 99")
+    store = open_store(f"sqlite:///{path}")
+    with pytest.raises(StoreFormatError, match="format 99.*reads format 1"):
+        store.load("i")
+    store.close()
+    with sqlite3.connect(path) as c:
+        c.execute("UPDATE meta SET value = '99' WHERE key = 'format'")
+    with pytest.raises(StoreFormatError):
+        open_store(f"sqlite:///{path}")
+
+
+def test_newer_snapshot_formats_are_refused():
+    store = MemoryStore()
+    store.create({"id": "i", "process_id": "p", "status": "running"})
+    store.put_snapshot("i", "s", {"a": 1})
+    store._instances["i"].snapshots["s"] = json.dumps({"format": 2, "root": {}})
+    with pytest.raises(StoreFormatError):
+        store.get_snapshot("i", "s")
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out += _subclasses(sub)
+    return out
+
+
+def test_every_redis_exception_is_mapped():
+    import redis
+
+    from context_layers.stores.redis import map_redis_error
+
+    classes = {c for c in _subclasses(redis.exceptions.RedisError) if c.__module__.startswith("redis")}
+    assert len(classes) > 10
+    for cls in classes:
+        try:
+            exc = cls("boom")
+        except (TypeError, ValueError):  # cluster redirects parse their message
+            exc = cls.__new__(cls)
+        mapped = map_redis_error(exc, "redis://x")
+        assert isinstance(mapped, StoreError), cls
+        if issubclass(cls, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+            assert isinstance(mapped, StoreUnavailable), cls
+
+
+@pytest.mark.parametrize("cls", [c for c in _subclasses(sqlite3.Error) if inspect.isclass(c)])
+def test_every_sqlite_exception_is_mapped(cls):
+    with pytest.raises(StoreError):
+        with _mapped("x.db"):
+            raise cls("database is locked" if cls is sqlite3.OperationalError else "boom")
+    if cls is sqlite3.OperationalError:
+        with pytest.raises(StoreUnavailable):
+            with _mapped("x.db"):
+                raise cls("database is locked")
