@@ -1,0 +1,131 @@
+"""The ``layerflow`` CLI: exit codes, the ``--json`` contract, answers, resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from engine.cli import main
+
+from engine_helpers import EXAMPLES, ROOT, script_task, write_process
+
+CONTRACT = {"instance_id", "process_id", "status", "error", "layers", "tokens", "conflicts", "compressions",
+            "confirmations", "waiting_for", "tape_length"}
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'cli.db'}")
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(main, list(args), catch_exceptions=False)
+    return invoke
+
+
+def _doc(result) -> dict:
+    return json.loads(result.stdout)  # one document and nothing else
+
+
+@pytest.mark.parametrize(("args", "code", "status"), [
+    (["--scenario", "fast"], 0, "completed"),
+    (["--scenario", "full"], 0, "completed"),
+    (["--scenario", "conflict"], 3, "waiting"),          # not a terminal, no answers: waits, never blocks
+    (["--scenario", "conflict", "--yes"], 0, "completed"),
+    (["--scenario", "conflict", "--answer", "review_join/approval_status=rejected"], 0, "completed"),
+])
+def test_demo_loan(cli, args, code, status) -> None:
+    result = cli("demo", "loan", "--json", *args)
+    assert result.exit_code == code, result.stderr
+    doc = _doc(result)
+    assert CONTRACT <= set(doc) and doc["status"] == status
+    assert set(doc["layers"]) == {"L0", "L1", "L2", "L3", "L4", "L5"}
+    assert set(doc["tokens"]) == {"L0", "L1", "L2", "L3", "L4", "L5", "total"}
+    if status == "waiting":
+        assert doc["waiting_for"] == [{"kind": "confirmation", "id": "review_join/approval_status",
+                                       "task_id": "review_join", "key": "approval_status"}]
+        assert doc["conflicts"][0]["resolution"] is None
+
+
+def test_answers_file_and_resume(cli, tmp_path: Path) -> None:
+    waiting = _doc(cli("run", str(EXAMPLES / "parallel_user_task.bpmn"), "--json",
+                       "--data", _json(tmp_path, "data.json", {"title": "T"})))
+    assert waiting["status"] == "waiting" and waiting["waiting_for"][0]["task_id"] == "review"
+    answers = _json(tmp_path, "answers.json", {"user_tasks": {"review": {"approved": True, "reviewer": "ann"}}})
+    result = cli("resume", waiting["instance_id"], "--answers", answers, "--json")
+    assert result.exit_code == 0
+    doc = _doc(result)
+    assert doc["instance_id"] == waiting["instance_id"] and doc["layers"]["L3"]["outcome"].startswith("published")
+
+
+def test_error_then_resume_with_a_fix(cli, tmp_path: Path) -> None:
+    path = write_process(tmp_path, "failing", [script_task("prepare", "divisor = 0"),
+                                               script_task("compute", "ratio = 8 / divisor")])
+    result = cli("run", str(path), "--json")
+    assert result.exit_code == 1
+    doc = _doc(result)
+    assert doc["error"]["task_id"] == "compute" and "ZeroDivisionError" in doc["error"]["message"]
+    result = cli("resume", doc["instance_id"], "--set", "divisor=2", "--json")
+    assert result.exit_code == 0, result.stdout
+    assert _doc(result)["layers"]["L3"]["ratio"] == 4.0
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "does-not-exist.bpmn"],
+    ["run", str(EXAMPLES / "loan_approval.bpmn"), "--data", "missing.json"],
+    ["resume", "no-such-instance"],
+    ["validate", "does-not-exist.bpmn"],
+])
+def test_bad_input_exits_2(cli, args) -> None:
+    assert cli(*args).exit_code == 2
+
+
+def test_bad_input_with_json_is_still_one_document(cli) -> None:
+    result = cli("run", "does-not-exist.bpmn", "--json")
+    assert result.exit_code == 2
+    assert _doc(result)["error"]["message"]
+
+
+def test_inspect_tape_replay_list_validate(cli) -> None:
+    doc = _doc(cli("demo", "loan", "--scenario", "fast", "--json"))
+    iid = doc["instance_id"]
+    inspect = cli("inspect", iid)
+    assert inspect.exit_code == 0 and "risk_level" in inspect.stdout and "tokens" in inspect.stdout
+    inspected = _doc(cli("inspect", iid, "--json"))
+    assert inspected["layers"] == doc["layers"]
+    events = _doc(cli("tape", iid, "--json", "--activity", "risk_assessment"))
+    assert events and all(e["activity"] == "risk_assessment" for e in events)
+    assert "complete" in cli("tape", iid, "--kind", "complete").stdout
+    early = _doc(cli("replay", iid, "--until", "3", "--json"))
+    assert "risk_level" not in early["layers"]["L3"] and early["until"] == 3
+    assert iid in cli("list").stdout
+    ok = cli("validate", str(EXAMPLES / "loan_approval.bpmn"))
+    assert ok.exit_code == 0 and "is valid" in ok.stdout
+
+
+def test_plain_lines_when_not_a_terminal(cli) -> None:
+    result = cli("demo", "loan", "--scenario", "fast")
+    assert result.exit_code == 0
+    assert "completed" in result.stdout and "\x1b[" not in result.stdout
+    assert "activity risk_assessment completed" in result.stderr
+
+
+def test_a_run_without_model_calls_never_imports_litellm() -> None:
+    code = ("import sys\nfrom engine.cli import main\n"
+            "try:\n    main(['demo', 'loan', '--scenario', 'conflict', '--yes', '--store', 'memory://', '--json'])\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "assert 'litellm' not in sys.modules, 'litellm was imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+
+
+def _json(tmp_path: Path, name: str, value: object) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return str(path)
