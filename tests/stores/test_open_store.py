@@ -138,3 +138,15 @@ def test_every_sqlite_exception_is_mapped(cls):
         with pytest.raises(StoreUnavailable):
             with _mapped("x.db"):
                 raise cls("database is locked")
+
+
+def test_bench_quick_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench" / "bench_store.py"
+    out = subprocess.run([sys.executable, str(bench), "--quick", "--backends", "memory,sqlite"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| memory |" in out.stdout and "| sqlite |" in out.stdout
