@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,7 @@ class _Instance:
 
 
 class MemoryStore:
-    def __init__(self, url: str = "memory://", *, clock: Any = time.time) -> None:
+    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
         self.url = url
         self._clock = clock
         self._lock = threading.RLock()

@@ -186,7 +186,7 @@ class RedisStore:
         self.prefix = prefix
         self._url_for_errors = _redact(url)
         with self._mapped():
-            self.redis = client if client is not None else _redis.Redis.from_url(
+            self.redis: Any = client if client is not None else _redis.Redis.from_url(
                 url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
             self._write_script = self.redis.register_script(_WRITE)
             self._answer_script = self.redis.register_script(_ANSWER)
@@ -433,7 +433,8 @@ class RedisStore:
 
     def lease_owner(self, instance_id: str) -> str | None:
         with self._mapped():
-            return self.redis.get(self._k("lease", instance_id))  # type: ignore[no-any-return]
+            owner: str | None = self.redis.get(self._k("lease", instance_id))
+        return owner
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -13,7 +13,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ def _mapped(path: str) -> Iterator[None]:
 
 class SQLiteStore:
     def __init__(self, path: str | Path, *, url: str | None = None, synchronous: str = "FULL",
-                 busy_timeout: float = 30.0, clock: Any = time.time) -> None:
+                 busy_timeout: float = 30.0, clock: Callable[[], float] = time.time) -> None:
         self.path = str(path)
         self.url = url or f"sqlite:///{self.path}"
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
