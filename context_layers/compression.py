@@ -22,9 +22,14 @@ the token threshold is compared with.
    next activities append without compressing again; after a cliff no size trigger
    fires, so the rendered prefix stays stable until the next one.
 4. **Compaction**: folded entries and earlier ``compaction:*`` records are replaced by
-   one record ``compaction:<n>`` = ``{"kind": "compaction", "summary", "covers": [keys
-   replaced], "snapshot_id", "tokens_before", "tokens_after"}`` (plus ``dropped`` when
-   a plan dropped keys). A fold that would not save tokens is not made.
+   one record ``compaction:<n>`` = ``{"kind": "compaction", "summary", "covers",
+   "entries", "snapshot_id", "tokens_before", "tokens_after"}`` (plus ``dropped`` when
+   a plan dropped keys). ``covers`` lists the replaced keys compactly: an activity
+   folded whole appears as its record key alone (the record's ``keys`` named what it
+   wrote), other keys one by one; ``entries`` counts the HISTORY entries replaced; the
+   exact list is the compress event's changes. (Rendering shows only ``summary``; a
+   flat list of thousands of keys would be tokens no model reads.) A fold that would
+   not save tokens is not made.
 
 Nothing changes when there is nothing to do: no snapshot, no event, a result with
 ``entries_affected == 0``; so compressing an already compressed HISTORY with the same
@@ -76,6 +81,7 @@ SUMMARY_MIN_TOKENS = 64
 SUMMARY_MAX_TOKENS = 1024
 SUMMARY_DEFAULT_TOKENS = 256
 ENTRY_TEXT_TOKENS = 200  # each folded entry's text is cut to this before summarizing
+SUMMARY_SHARE = 0.25  # a compaction summary is at most this share of the text it replaces
 RECORD_OVERHEAD = 48  # tokens of a compaction record beyond its summary and covers (upper bound)
 
 _ATTENTION_FOLDS = frozenset({"density", "decay", "redundancy", "toolEfficiency"})
@@ -214,15 +220,14 @@ class RuleDrivenCompressor:
         last = _last_compaction_tokens(items)
         ratio = config.context_strategy.compress_target_ratio
         acting = [t for t in fired if t not in _ATTENTION_FOLDS or last is None or scope.tokens * ratio >= last]
-        target, entry_target = self._targets(config, acting, scope, target_tokens)
-        budget = (directive.max_tokens if directive and directive.max_tokens else None) or self.summary_tokens or (
-            min(SUMMARY_MAX_TOKENS, max(SUMMARY_MIN_TOKENS, target // 4)) if target else SUMMARY_DEFAULT_TOKENS)
+        target, entry_target, soft = self._targets(config, acting, scope, target_tokens)
         if directive is not None:
             chosen, dropped = self._directed(items, directive, protected)
         else:
             chosen = self._remedies(items, scope, acting, protected)
-            chosen = self._cliff(items, chosen, protected, target, entry_target, budget, working_tokens, tok, enc)
+            chosen, target = self._cliff(items, chosen, protected, target, entry_target, soft, working_tokens, tok, enc)
             dropped = []
+        budget = self._budget(directive, target)
 
         record: dict[str, Any] | None = None
         compaction_key: str | None = None
@@ -255,7 +260,7 @@ class RuleDrivenCompressor:
             record = _finish_record(record, snap.id, scope.tokens, rest, enc)
             final = [(k, record if k == compaction_key else v) for k, v in final]
             changes = _diff(original, final)
-        folded = list(record["covers"]) if record is not None else []
+        folded = [k for k, _ in original if k not in dict(final)] if record is not None else []
         report = {"triggers": fired, "snapshot_id": snap.id, "tokens_before": scope.tokens,
                   "entries_affected": len(changes), "compaction_key": compaction_key, "target_tokens": target,
                   "folded": len(folded), "dropped": list(dropped), "source": source,
@@ -274,7 +279,9 @@ class RuleDrivenCompressor:
             source=source)
 
     def _targets(self, config: ActivityExtensionConfig, fired: Sequence[str], scope: Scope,
-                 target_tokens: int | None) -> tuple[int | None, int | None]:
+                 target_tokens: int | None) -> tuple[int | None, int | None, list[int]]:
+        """Hard token target, entry target, and the density targets (best first), which
+        apply only when reachable (see ``_cliff``)."""
         ratio = config.context_strategy.compress_target_ratio
         targets: list[int] = []
         if target_tokens is not None:
@@ -282,16 +289,18 @@ class RuleDrivenCompressor:
         limit = config.effective_token_threshold
         if "token_threshold" in fired and limit:
             targets.append(int(ratio * limit))
+        soft: list[int] = []
         if "density" in fired:
             threshold = config.effective_attention_thresholds.density
             pinned = sum(e.tokens for e in scope.entries if e.key in scope.preserved)
             if threshold > 0 and pinned:
-                targets.append(int(pinned * ratio / threshold))
+                # density lands at threshold / ratio, or at least just across the threshold
+                soft = [int(pinned * ratio / threshold), int(pinned / threshold)]
         entry_target = None
         messages = config.effective_message_threshold
         if "message_threshold" in fired and messages:
             entry_target = max(1, int(ratio * messages))
-        return (min(targets) if targets else None), entry_target
+        return (min(targets) if targets else None), entry_target, soft
 
     def _remedies(self, items: list[tuple[str, Any]], scope: Scope, fired: Sequence[str],
                   protected: frozenset[str] | set[str]) -> list[str]:
@@ -328,10 +337,14 @@ class RuleDrivenCompressor:
         return list(chosen)
 
     def _cliff(self, items: list[tuple[str, Any]], chosen: list[str], protected: frozenset[str] | set[str],
-               target: int | None, entry_target: int | None, budget: int, working_tokens: int,
-               tok: Callable[[str, Any], int], enc: str) -> list[str]:
-        if target is None and entry_target is None:
-            return chosen
+               target: int | None, entry_target: int | None, soft: Sequence[int], working_tokens: int,
+               tok: Callable[[str, Any], int], enc: str) -> tuple[list[str], int | None]:
+        """Fold oldest activities until the targets are met; the effective token target.
+
+        A density target that folding every foldable activity could not reach is dropped
+        (folding everything for a share that stays out of reach would only empty HISTORY);
+        the next one, just across the threshold, is tried instead.
+        """
         seg = segment_history(items)
         keep = seg.recent(self.keep_recent)
         by_owner: dict[str, list[str]] = {}
@@ -339,43 +352,43 @@ class RuleDrivenCompressor:
             owner = seg.owner[k]
             if owner is not None and owner != COMPACTED and k not in protected:
                 by_owner.setdefault(owner, []).append(k)
-        values = dict(items)
-        sizes = {k: tok(k, v) for k, v in items}
-        compactions = [k for k in values if k.startswith("compaction:")]
-        picked: dict[str, None] = {}
-        base = sum(sizes.values()) + working_tokens
-        state = {"removed": 0, "input": 0, "covers": 0}
-
-        def add(key: str) -> None:
-            if key in picked:
-                return
-            picked[key] = None
-            state["removed"] += sizes[key]
-            state["input"] += min(ENTRY_TEXT_TOKENS, sizes[key])
-            state["covers"] += count_text(json.dumps(key), enc) + 1
-
+        foldable_records = [r for r in seg.records if r not in keep]
+        est = _Estimate(items, working_tokens, tok, enc)
         for key in chosen:
-            add(key)
-        for key in compactions:  # merged into the new record when anything folds
-            state["removed"] += sizes[key]
-            summary = values[key].get("summary") if isinstance(values[key], dict) else None
-            state["input"] += count_text(summary, enc) if isinstance(summary, str) else 0
-            state["covers"] += count_text(json.dumps(key), enc) + 1
+            est.add(key)
+        if soft:
+            floor = est.copy()
+            for record_key in foldable_records:
+                for key in by_owner.get(record_key, ()):
+                    floor.add(key, listed=key == record_key)
+            low = floor.tokens(self._budget(None, min([*soft, *([target] if target is not None else [])])))
+            reachable = [t for t in soft if t >= low]
+            if reachable:
+                target = min(target, reachable[0]) if target is not None else reachable[0]
+        if target is None and entry_target is None:
+            return list(est.picked), None
+        budget = self._budget(None, target)
 
         def met() -> bool:
-            if picked:
-                record = RECORD_OVERHEAD + state["covers"] + min(budget, state["input"])
-                tokens, entries = base - state["removed"] + record, len(items) - len(picked) - len(compactions) + 1
-            else:
-                tokens, entries = base, len(items)
-            return (target is None or tokens <= target) and (entry_target is None or entries <= entry_target)
+            return (target is None or est.tokens(budget) <= target) and (
+                entry_target is None or est.entries() <= entry_target)
 
-        for record_key in seg.records:  # oldest first; the kept latest ones come last
-            if met() or record_key in keep:
+        for record_key in foldable_records:  # oldest first
+            if met():
                 break
             for key in by_owner.get(record_key, ()):
-                add(key)
-        return list(picked)
+                est.add(key, listed=key == record_key)
+        return list(est.picked), target
+
+    def _budget(self, directive: _Directive | None, target: int | None) -> int:
+        """Tokens of the compaction summary."""
+        if directive is not None and directive.max_tokens:
+            return directive.max_tokens
+        if self.summary_tokens:
+            return self.summary_tokens
+        if target:
+            return min(SUMMARY_MAX_TOKENS, max(SUMMARY_MIN_TOKENS, target // 4))
+        return SUMMARY_DEFAULT_TOKENS
 
     @staticmethod
     def _directed(items: list[tuple[str, Any]], directive: _Directive,
@@ -417,11 +430,14 @@ class RuleDrivenCompressor:
             else:
                 line = f"{key}: " + "; ".join(value_text(value).splitlines())
             lines.append(truncate_to_tokens(line, ENTRY_TEXT_TOKENS, enc))
-        summary = summarize("\n".join(lines), budget)
+        text = "\n".join(lines)
+        summary = summarize(text, _fit_budget(budget, count_text(text, enc)))
         if directive is not None and directive.keep_points:
             summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
-        covers = [*compactions, *(k for k, _ in items if k in chosen_set)]
+        owner = segment_history(items).owner
+        covers = [*compactions, *(k for k, _ in items if k in chosen_set and owner[k] not in chosen_set - {k})]
         record: dict[str, Any] = {"kind": "compaction", "summary": summary, "covers": covers,
+                                  "entries": len(compactions) + len(chosen_set),
                                   "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}
         if dropped:
             record["dropped"] = list(dropped)
@@ -429,6 +445,61 @@ class RuleDrivenCompressor:
         rest_tokens = sum(tok(k, v) for k, v in rest) + working_tokens
         record = _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
         return [*rest, (key, record)], record, key
+
+
+def _fit_budget(budget: int, input_tokens: int) -> int:
+    """The summary budget for ``input_tokens`` of folded text: ``budget``, but at most
+    ``SUMMARY_SHARE`` of the input (at least 16 tokens)."""
+    return max(16, min(budget, int(input_tokens * SUMMARY_SHARE)))
+
+
+class _Estimate:
+    """Tokens and entries of HISTORY + WORKING if the picked keys were folded into one
+    compaction record (with every earlier compaction record merged into it). The
+    record's size is an upper bound: overhead + covers + min(budget, input)."""
+
+    def __init__(self, items: Sequence[tuple[str, Any]], working_tokens: int, tok: Callable[[str, Any], int],
+                 enc: str) -> None:
+        self.sizes = {k: tok(k, v) for k, v in items}
+        self.enc = enc
+        self.base = sum(self.sizes.values()) + working_tokens
+        self.count = len(items)
+        self.picked: dict[str, None] = {}
+        self.removed = self.input = self.covers = 0
+        self.merged = 0
+        self.merged_removed = self.merged_input = self.merged_covers = 0
+        for k, v in items:
+            if k.startswith("compaction:"):
+                self.merged += 1
+                self.merged_removed += self.sizes[k]
+                summary = v.get("summary") if isinstance(v, dict) else None
+                self.merged_input += count_text(summary, enc) if isinstance(summary, str) else 0
+                self.merged_covers += count_text(json.dumps(k), enc) + 1
+
+    def copy(self) -> _Estimate:
+        other = object.__new__(_Estimate)
+        other.__dict__.update(self.__dict__)
+        other.picked = dict(self.picked)
+        return other
+
+    def add(self, key: str, *, listed: bool = True) -> None:
+        """Pick ``key``; ``listed``: it appears in ``covers`` (not implied by its folded record)."""
+        if key in self.picked:
+            return
+        self.picked[key] = None
+        self.removed += self.sizes[key]
+        self.input += min(ENTRY_TEXT_TOKENS, self.sizes[key])
+        if listed:
+            self.covers += count_text(json.dumps(key), self.enc) + 1
+
+    def tokens(self, budget: int) -> int:
+        if not self.picked:
+            return self.base
+        record = RECORD_OVERHEAD + self.covers + self.merged_covers + _fit_budget(budget, self.input + self.merged_input)
+        return self.base - self.removed - self.merged_removed + record
+
+    def entries(self) -> int:
+        return self.count - len(self.picked) - self.merged + 1 if self.picked else self.count
 
 
 def _finish_record(record: dict[str, Any], snapshot_id: str, tokens_before: int, rest: int, enc: str) -> dict[str, Any]:
