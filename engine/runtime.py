@@ -41,8 +41,9 @@ from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMix
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.tape import TAPE_FORMAT
 from context_layers.config import ActivityExtensionConfig
-from context_layers.errors import ActivityError, LayerflowError, MergeConflictError
+from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import spiff
 from gateways import ContextSplitter, apply_join, join_contexts
@@ -140,11 +141,19 @@ class Engine:
     ``model``: the model name for activities with ``llm`` config (none: offline handlers).
     ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``).
     ``progress(instance, task_id, context)``: called after every completed activity.
+    ``save``: ``"activity"`` (default) saves after every activity, so a crash loses at most
+    the running one; ``"stop"`` saves only when a run stops (waits, completes, fails).
+    ``compress``: run the compression hook after each activity (``_after_activity``).
     """
 
     def __init__(self, store: Store | str | None = None, handlers: Mapping[str, Handler] | HandlerRegistry | None = None,
                  *, retriever: Retriever | None = None, model: str | None = None, arbiter: Any = None,
-                 progress: Callable[[Instance, str, LayeredContext], None] | None = None) -> None:
+                 progress: Callable[[Instance, str, LayeredContext], None] | None = None,
+                 save: str = "activity", compress: bool = True) -> None:
+        if save not in ("activity", "stop"):
+            raise ValueError(f"save={save!r}: use 'activity' or 'stop'")
+        self.save_after_activity = save == "activity"
+        self.compress = compress
         self.store: Store = open_store(store) if not hasattr(store, "save") else store  # type: ignore[assignment]
         if isinstance(handlers, HandlerRegistry):
             self.handlers = handlers
@@ -162,9 +171,15 @@ class Engine:
         """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
         ``data_layers`` says) and save it. ``run`` advances it."""
         ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
-        for key, value in (data or {}).items():
-            layer = process.data_layers.get(key, Layer.PROCESS)
-            ctx.write(layer, key, value, actor="input")
+        if data:
+            # One event for all initial data. The layers' rules still hold: SYSTEM keys are
+            # refused, PROCESS only gains keys.
+            clash = [k for k in data if k in ctx.layer(Layer.SYSTEM)]
+            if clash:
+                raise ContextWriteDenied(clash[0], process.data_layers.get(clash[0], Layer.PROCESS), Layer.SYSTEM,
+                                         "initial data cannot replace a SYSTEM key from the config's system:")
+            ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
+                              kind="input", actor="input")
         wf = spiff.new_workflow(process.spec, process.subprocess_specs)
         instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx})
         _Runtime(self, instance)
@@ -370,6 +385,7 @@ class _Runtime:
         # confirmation id -> {"value", "resolver"}: answers waiting for their join to re-run
         self.answers: dict[str, dict[str, Any]] = {}
         self._handler_cache: dict[str, Handler | None] = {}
+        self.record_cache = _RecordCache()
         spiff.attach(instance.workflow, self)
 
     # ----- running the workflow ------------------------------------------------------
@@ -400,7 +416,7 @@ class _Runtime:
             before = self.instance.activities
             task.run()
             count += 1
-            if self.instance.activities != before:
+            if self.instance.activities != before and self.engine.save_after_activity:
                 self.engine._save(self.instance)
         return count
 
@@ -516,7 +532,7 @@ class _Runtime:
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err) from err
         self.instance.activities += 1
-        record = _after_activity(ctx, cfg, task_id=bpmn_id)
+        record = _after_activity(ctx, cfg, task_id=bpmn_id) if self.engine.compress else None
         if record is not None:
             self.instance.compressions.append(record)
         if self.engine.progress is not None:
@@ -942,7 +958,14 @@ def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None,
 # =============================================================================== records
 
 def to_record(instance: Instance) -> dict[str, Any]:
-    """The saved form of an instance (format ``RECORD_FORMAT``)."""
+    """The saved form of an instance (format ``RECORD_FORMAT``).
+
+    Built after every activity, so the parts that do not change are cached on the
+    runtime: the process record, and each context's tape as dicts (events are
+    immutable; only new ones are converted). ``contexts[name]`` equals ``ctx.to_dict()``.
+    """
+    rt = getattr(instance.workflow, "layerflow", None)
+    cache: _RecordCache = rt.record_cache if isinstance(rt, _Runtime) else _RecordCache()
     return {
         "format": RECORD_FORMAT,
         "id": instance.id,
@@ -951,9 +974,9 @@ def to_record(instance: Instance) -> dict[str, Any]:
         "error": instance.error,
         "created": instance.created,
         "updated": instance.updated,
-        "process": instance.process.to_record(),
+        "process": cache.process(instance.process),
         "workflow": spiff.SERIALIZER.serialize_json(instance.workflow),
-        "contexts": {name: ctx.to_dict() for name, ctx in instance.contexts.items()},
+        "contexts": {name: cache.context(ctx) for name, ctx in instance.contexts.items()},
         "engine": {
             "branches": instance.branches,
             "waiting_for": instance.waiting_for,
@@ -964,6 +987,36 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "activities": instance.activities,
         },
     }
+
+
+class _RecordCache:
+    def __init__(self) -> None:
+        self._process: tuple[Process, dict[str, Any]] | None = None
+        self._contexts: dict[str, tuple[LayeredContext, list[dict[str, Any]], dict[str, Any]]] = {}
+
+    def process(self, process: Process) -> dict[str, Any]:
+        if self._process is None or self._process[0] is not process:
+            self._process = (process, process.to_record())
+        return self._process[1]
+
+    def context(self, ctx: LayeredContext) -> dict[str, Any]:
+        entry = self._contexts.get(ctx.name)
+        if entry is None or entry[0] is not ctx:
+            entry = (ctx, [], {})
+            self._contexts[ctx.name] = entry
+        _, events, snapshots = entry
+        tape = ctx.tape
+        if len(events) > len(tape):  # not this context's history any more: start over
+            events.clear()
+        foreign = False
+        for event in tape[len(events):]:
+            events.append(event.to_dict())
+            foreign = foreign or (event.snapshot is not None and event.snapshot.context != ctx.name)
+        if foreign:
+            snapshots.clear()
+            snapshots.update(ctx.to_dict()["snapshots"])
+        return {"format": TAPE_FORMAT, "name": ctx.name, "branch_id": ctx.branch_id, "encoding": ctx.encoding,
+                "snapshots": dict(snapshots), "tape": list(events)}
 
 
 def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:

@@ -26,6 +26,7 @@ The driver protocol (implemented by ``engine.runtime``)::
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any, Callable, Iterator, Protocol
 
 from lxml import etree
@@ -34,6 +35,7 @@ from SpiffWorkflow.bpmn.parser.TaskParser import TaskParser
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
+from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
@@ -325,10 +327,33 @@ class LayerflowScriptEngine(PythonScriptEngine):
 
 # --------------------------------------------------------------------------- serializer
 
+class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):
+    """Serializes a process spec once: specs never change after parsing, and the engine
+    serializes its workflow after every activity (the spec is half the work)."""
+
+    _cache: "weakref.WeakKeyDictionary[Any, dict[bool, Any]]" = weakref.WeakKeyDictionary()
+
+    def _spec(self, spec: Any) -> Any:
+        mode = bool(getattr(self.registry, "_encoder_mode", False))
+        per_spec = self._cache.setdefault(spec, {})
+        if mode not in per_spec:
+            per_spec[mode] = self.registry.convert(spec)
+        return per_spec[mode]
+
+    def to_dict(self, workflow: Any) -> dict[str, Any]:
+        dct = WorkflowConverter.to_dict(self, workflow)
+        dct["spec"] = self._spec(workflow.spec)
+        dct["subprocess_specs"] = {str(k): self._spec(v) for k, v in workflow.subprocess_specs.items()}
+        dct["subprocesses"] = self.mapping_to_dict(workflow.subprocesses)
+        dct["bpmn_events"] = self.registry.convert(workflow.bpmn_events)
+        return dct
+
+
 def _serializer() -> BpmnWorkflowSerializer:
     config = dict(SPIFF_CONFIG)
     for stock, twin in TWINS.items():
         config[twin] = config[stock]
+    config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 
 

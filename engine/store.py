@@ -6,9 +6,9 @@ owns its ``version``: ``create`` returns 1; ``save(record, expected_version)`` r
 the next version, or raises ``VersionConflict`` when someone else saved since
 (optimistic concurrency: load again and retry).
 
-Backends by URL: ``memory://`` (one process; records are copied in and out as JSON
-text, so a loaded instance never shares state with a running one) and
-``sqlite:///path/to/file.db`` (``sqlite:///:memory:`` too). The issue "stores" adds
+Backends by URL: ``memory://`` (one process; a loaded instance never shares state with
+a running one) and ``sqlite:///path/to/file.db`` (``sqlite:///:memory:`` too; tape
+events are stored once each, so a save costs what changed). The issue "stores" adds
 Redis and one contract suite for all backends.
 """
 
@@ -67,17 +67,19 @@ def _stale(instance_id: str, expected: int, actual: int) -> VersionConflict:
 
 
 class MemoryStore:
-    """Records in a dict, as JSON text (so nothing is shared with a live instance)."""
+    """Records in a dict. ``save`` keeps the record it is given (the engine builds a new one
+    for every save and never changes it afterwards); ``load`` returns a deep copy, so a
+    loaded instance shares nothing with a running one."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, tuple[int, str, dict[str, Any]]] = {}
+        self._rows: dict[str, tuple[int, Mapping[str, Any], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
     def create(self, record: Mapping[str, Any]) -> int:
         with self._lock:
             if record["id"] in self._rows:
                 raise VersionConflict(f"instance {record['id']!r} already exists")
-            self._rows[record["id"]] = (1, _dumps(record), _summary(record, 1))
+            self._rows[record["id"]] = (1, record, _summary(record, 1))
             return 1
 
     def load(self, instance_id: str) -> dict[str, Any]:
@@ -85,12 +87,11 @@ class MemoryStore:
             row = self._rows.get(instance_id)
         if row is None:
             raise _unknown(instance_id)
-        record: dict[str, Any] = json.loads(row[1])
+        record: dict[str, Any] = json.loads(_dumps(row[1]))
         record["version"] = row[0]
         return record
 
     def save(self, record: Mapping[str, Any], expected_version: int) -> int:
-        text = _dumps(record)
         with self._lock:
             row = self._rows.get(record["id"])
             if row is None:
@@ -98,7 +99,7 @@ class MemoryStore:
             if row[0] != expected_version:
                 raise _stale(record["id"], expected_version, row[0])
             version = expected_version + 1
-            self._rows[record["id"]] = (version, text, _summary(record, version))
+            self._rows[record["id"]] = (version, record, _summary(record, version))
             return version
 
     def list(self) -> list[dict[str, Any]]:
@@ -108,19 +109,28 @@ class MemoryStore:
 
 
 class SqliteStore:
-    """One table, one row per instance; the version check and the write are one statement."""
+    """One row per instance plus one row per tape event.
+
+    Tapes are append-only, so a save inserts only the events the store does not hold
+    yet and rewrites the rest of the record (the workflow, the bookkeeping): a save
+    costs the new events, not the whole history. The version check, the event inserts
+    and the record update are one transaction.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).expanduser().parent.mkdir(parents=True, exist_ok=True)
             self.path = str(Path(self.path).expanduser())
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._shared: sqlite3.Connection | None = None
         with self._conn() as conn:
             conn.execute("""CREATE TABLE IF NOT EXISTS instances (
                 id TEXT PRIMARY KEY, process_id TEXT, status TEXT, version INTEGER NOT NULL,
                 format INTEGER NOT NULL, record TEXT NOT NULL, created REAL, updated REAL)""")
+            conn.execute("""CREATE TABLE IF NOT EXISTS events (
+                instance TEXT NOT NULL, context TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
+                PRIMARY KEY (instance, context, seq))""")
 
     def _conn(self) -> sqlite3.Connection:
         if self.path == ":memory:":
@@ -135,33 +145,68 @@ class SqliteStore:
             self._local.conn = conn
         return conn
 
+    @staticmethod
+    def _split(record: Mapping[str, Any], stored: Mapping[str, int]) -> tuple[str, list[tuple[str, int, str]]]:
+        """The record without tapes (as JSON) and the events the store does not have yet."""
+        head = {k: v for k, v in record.items() if k not in ("version", "contexts")}
+        contexts: dict[str, Any] = {}
+        new: list[tuple[str, int, str]] = []
+        for name, ctx in (record.get("contexts") or {}).items():
+            tape = ctx.get("tape") or []
+            contexts[name] = {**{k: v for k, v in ctx.items() if k != "tape"}, "tape_length": len(tape)}
+            have = stored.get(name, 0)
+            for event in tape:
+                if event["seq"] > have:
+                    new.append((name, event["seq"], json.dumps(event, separators=(",", ":"), ensure_ascii=False)))
+        head["contexts"] = contexts
+        return json.dumps(head, separators=(",", ":"), ensure_ascii=False), new
+
+    def _stored(self, conn: sqlite3.Connection, instance_id: str) -> dict[str, int]:
+        rows = conn.execute("SELECT context, MAX(seq) FROM events WHERE instance = ? GROUP BY context", (instance_id,))
+        return {r[0]: r[1] for r in rows}
+
     def create(self, record: Mapping[str, Any]) -> int:
         now = time.time()
+        head, events = self._split(record, {})
         try:
             with self._conn() as conn:
                 conn.execute("INSERT INTO instances (id, process_id, status, version, format, record, created, updated) "
                              "VALUES (?, ?, ?, 1, ?, ?, ?, ?)",
                              (record["id"], record.get("process_id"), record.get("status"),
-                              record.get("format", RECORD_FORMAT), _dumps(record), now, now))
+                              record.get("format", RECORD_FORMAT), head, now, now))
+                conn.executemany("INSERT INTO events (instance, context, seq, event) VALUES (?, ?, ?, ?)",
+                                 [(record["id"], *e) for e in events])
         except sqlite3.IntegrityError:
             raise VersionConflict(f"instance {record['id']!r} already exists") from None
         return 1
 
     def load(self, instance_id: str) -> dict[str, Any]:
-        row = self._conn().execute("SELECT version, record FROM instances WHERE id = ?", (instance_id,)).fetchone()
+        conn = self._conn()
+        row = conn.execute("SELECT version, record FROM instances WHERE id = ?", (instance_id,)).fetchone()
         if row is None:
             raise _unknown(instance_id)
         record: dict[str, Any] = json.loads(row[1])
         record["version"] = row[0]
+        tapes: dict[str, list[Any]] = {name: [] for name in record.get("contexts", {})}
+        for name, text in conn.execute("SELECT context, event FROM events WHERE instance = ? ORDER BY context, seq",
+                                       (instance_id,)):
+            tapes.setdefault(name, []).append(json.loads(text))
+        for name, ctx in record.get("contexts", {}).items():
+            ctx["tape"] = tapes[name][: ctx.pop("tape_length", len(tapes[name]))]
         return record
 
     def save(self, record: Mapping[str, Any], expected_version: int) -> int:
-        with self._conn() as conn:
-            cur = conn.execute("UPDATE instances SET record = ?, status = ?, version = version + 1, format = ?, "
-                               "updated = ? WHERE id = ? AND version = ?",
-                               (_dumps(record), record.get("status"), record.get("format", RECORD_FORMAT), time.time(),
+        conn = self._conn()
+        with conn:
+            cur = conn.execute("UPDATE instances SET status = ?, version = version + 1, format = ?, updated = ? "
+                               "WHERE id = ? AND version = ?",
+                               (record.get("status"), record.get("format", RECORD_FORMAT), time.time(),
                                 record["id"], expected_version))
             if cur.rowcount == 1:
+                head, events = self._split(record, self._stored(conn, record["id"]))
+                conn.execute("UPDATE instances SET record = ? WHERE id = ?", (head, record["id"]))
+                conn.executemany("INSERT INTO events (instance, context, seq, event) VALUES (?, ?, ?, ?)",
+                                 [(record["id"], *e) for e in events])
                 return expected_version + 1
             row = conn.execute("SELECT version FROM instances WHERE id = ?", (record["id"],)).fetchone()
         if row is None:

@@ -1,0 +1,177 @@
+"""Engine overhead: layerflow vs plain SpiffWorkflow on the same BPMN, in one run.
+
+Workloads:
+
+* ``loan``: the loan-approval demo, full-review path (medium risk, 120,000: nine
+  activities, a parallel split and join, knowledge retrieval). Plain SpiffWorkflow runs
+  the same handlers through its service-task hook on ``task.data``.
+* ``chain50``: a generated process of 50 script tasks, started with 1,000 data keys
+  (every task reads one key and writes one).
+
+layerflow runs with a memory store, saving after every activity (the default) and
+saving only when the run stops (``Engine(save="stop")``), and without the compression
+hook (``Engine(compress=False)``); the differences are the costs of per-activity
+persistence and of compression (attention scoring after every configured activity). Per-activity overhead = (layerflow - plain) / activities.
+Targets (issue 3): under 1 ms per activity at 1,000 context keys, under 2x plain
+SpiffWorkflow end to end.
+
+    python bench/bench_engine.py            # 100 runs per row
+    python bench/bench_engine.py --quick    # 10 runs (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bpmn_examples"))
+
+from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine  # noqa: E402
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow  # noqa: E402
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser  # noqa: E402
+
+from engine import Engine, load_process  # noqa: E402
+from engine.spiff import LayerflowBpmnParser  # noqa: E402
+
+LOAN = ROOT / "bpmn_examples" / "loan_approval.bpmn"
+LOAN_DATA = {"amount": 120000, "applicant_id": "APP002", "purpose": "warehouse expansion", "industry": "logistics"}
+CHAIN_LENGTH = 50
+CONTEXT_KEYS = 1000
+
+
+def chain_bpmn(n: int) -> str:
+    tasks = "".join(f'<bpmn:scriptTask id="t{i}"><bpmn:script>v{i} = k{i} + {i}</bpmn:script></bpmn:scriptTask>\n'
+                    for i in range(n))
+    nodes = ["start", *[f"t{i}" for i in range(n)], "end"]
+    flows = "".join(f'<bpmn:sequenceFlow id="f{i}" sourceRef="{a}" targetRef="{b}"/>\n'
+                    for i, (a, b) in enumerate(zip(nodes, nodes[1:])))
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="b">\n'
+            '<bpmn:process id="chain" isExecutable="true">\n<bpmn:startEvent id="start"/>\n'
+            f'{tasks}<bpmn:endEvent id="end"/>\n{flows}</bpmn:process>\n</bpmn:definitions>\n')
+
+
+# ----------------------------------------------------------------------------- plain SpiffWorkflow
+
+class _DataView:
+    """What a loan handler needs of ``ActivityContext``, over plain ``task.data``."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+        self.knowledge: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+
+class _HandlerScriptEngine(PythonScriptEngine):
+    """Service tasks call the loan handlers on task.data (the plain-SpiffWorkflow baseline)."""
+
+    def __init__(self, handlers: dict[str, Callable[..., Any]]) -> None:
+        super().__init__()
+        self.handlers = handlers
+
+    def call_service(self, task: Any, **kwargs: Any) -> str:
+        result = self.handlers[task.task_spec.bpmn_id](_DataView(task.data)) or {}
+        task.data.update(result)
+        return json.dumps(None)
+
+
+def plain_runner(path: Path, data: dict[str, Any], parser_class: type, handlers: dict[str, Any] | None) -> Callable[[], int]:
+    parser = parser_class()
+    parser.add_bpmn_file(str(path))
+    pid = parser.get_process_ids()[0]
+    spec, subs = parser.get_spec(pid), parser.get_subprocess_specs(pid)
+
+    def run() -> int:
+        engine = _HandlerScriptEngine(handlers) if handlers else PythonScriptEngine()
+        wf = BpmnWorkflow(spec, subs, script_engine=engine)
+        wf.task_tree.data.update(data)
+        wf.do_engine_steps()
+        assert wf.is_completed()
+        return sum(1 for t in wf.get_tasks() if getattr(t.task_spec, "bpmn_id", None))
+    return run
+
+
+def layerflow_runner(path: Path, data: dict[str, Any], save: str, compress: bool) -> Callable[[], int]:
+    process = load_process(path)
+    engine = Engine(save=save, compress=compress)
+
+    def run() -> int:
+        instance = engine.run(engine.start(process, data))
+        assert instance.status == "completed", instance.error
+        return instance.activities
+    return run
+
+
+def timed(fn: Callable[[], int], runs: int) -> tuple[float, int]:
+    fn()  # warm up (imports, caches)
+    times = []
+    count = 0
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        count = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000, count
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10 runs per row instead of 100 (CI)")
+    ap.add_argument("--runs", type=int, default=None)
+    args = ap.parse_args(argv)
+    runs = args.runs or (10 if args.quick else 100)
+
+    import loan_handlers  # the demo's handlers, registered on import
+
+    loan_handler_map = {name: getattr(loan_handlers, name) for name in (
+        "submit_application", "risk_assessment", "fast_track", "full_review", "finance_review", "risk_review",
+        "disbursement_decision")}
+    tmp = Path(tempfile.mkdtemp())
+    chain = tmp / "chain.bpmn"
+    chain.write_text(chain_bpmn(CHAIN_LENGTH), encoding="utf-8")
+    chain_data = {f"k{i}": i for i in range(CONTEXT_KEYS)}
+
+    workloads = [
+        ("loan (full review)", LOAN, LOAN_DATA, LayerflowBpmnParser, loan_handler_map),
+        (f"chain{CHAIN_LENGTH} @ {CONTEXT_KEYS} keys", chain, chain_data, SpiffBpmnParser, None),
+    ]
+    rows = []
+    for name, path, data, parser_class, handlers in workloads:
+        plain_ms, _ = timed(plain_runner(path, data, parser_class, handlers), runs)
+        for save, compress in (("activity", True), ("stop", True), ("stop", False)):
+            lf_ms, activities = timed(layerflow_runner(path, data, save, compress), runs)
+            rows.append({"workload": name, "save": save + ("" if compress else ", no compress"),
+                         "activities": activities, "plain_ms": plain_ms,
+                         "layerflow_ms": lf_ms, "overhead_ms_per_activity": (lf_ms - plain_ms) / activities,
+                         "ratio": lf_ms / plain_ms})
+
+    header = f"{'workload':<24} {'save after':<20} {'acts':>4} {'plain ms':>9} {'layerflow ms':>12} " \
+             f"{'overhead/act ms':>15} {'x plain':>7}"
+    print(f"bench_engine: median of {runs} runs each (Python {sys.version.split()[0]})")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['workload']:<24} {r['save']:<20} {r['activities']:>4} {r['plain_ms']:>9.2f} {r['layerflow_ms']:>12.2f} "
+              f"{r['overhead_ms_per_activity']:>15.3f} {r['ratio']:>7.2f}")
+    chain_rows = [r for r in rows if r["workload"].startswith("chain")]
+    worst = max(r["overhead_ms_per_activity"] for r in chain_rows)
+    print(f"\ntarget: < 1 ms overhead per activity at {CONTEXT_KEYS} keys -> worst {worst:.3f} ms "
+          f"({'met' if worst < 1 else 'NOT met'}); "
+          f"< 2x plain end to end -> worst {max(r['ratio'] for r in rows):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
