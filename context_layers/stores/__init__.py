@@ -42,7 +42,7 @@ from .base import (
     TapeSequenceError,
     VersionConflict,
 )
-from .instances import load_instance, save_instance
+from .instances import InstanceRecords, load_instance, save_instance
 from .memory import MemoryStore
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "ConfirmationNotFound",
     "InstanceExists",
     "InstanceNotFound",
+    "InstanceRecords",
     "InstanceSummary",
     "InvalidAnswer",
     "InvalidRecord",

@@ -15,7 +15,7 @@ from typing import Any
 
 from .base import Store, TapeSequenceError
 
-__all__ = ["save_instance", "load_instance", "split_tapes"]
+__all__ = ["InstanceRecords", "save_instance", "load_instance", "split_tapes"]
 
 
 def split_tapes(record: Mapping[str, Any], heads: Mapping[str, int]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
@@ -30,7 +30,11 @@ def split_tapes(record: Mapping[str, Any], heads: Mapping[str, int]) -> tuple[di
             raise TapeSequenceError(
                 f"context {name!r} of instance {record.get('id')!r} holds events up to seq {last}, but the store "
                 f"already has {stored}; this record was built from an older load. Reload the instance and retry")
-        appends[name] = [e for e in tape if e["seq"] > stored]
+        # seqs run 1, 2, ... so the new events are a slice; filter only if a tape is odd
+        new = tape[stored:]
+        if new and new[0]["seq"] != stored + 1:
+            new = [e for e in tape if e["seq"] > stored]
+        appends[name] = new
         contexts[name] = {**{k: v for k, v in ctx.items() if k != "tape"}, "tape_length": last}
     return {**record, "contexts": contexts}, {k: v for k, v in appends.items() if v}
 
@@ -60,3 +64,37 @@ def load_instance(store: Store, instance_id: str) -> tuple[dict[str, Any], int]:
             continue
         ctx["tape"] = [e for e in store.read_tape(instance_id, name) if e["seq"] <= length]
     return record, version
+
+
+class InstanceRecords:
+    """The engine's record-at-a-time view of a ``Store``: ``create(record)``, ``load(id)``
+    (the record with its ``version`` inside), ``save(record, expected_version)``, ``list()``;
+    tapes go in incrementally (``save_instance``) and come back whole (``load_instance``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.url = store.url
+
+    def create(self, record: Mapping[str, Any]) -> int:
+        return save_instance(self.store, _without_version(record))
+
+    def load(self, instance_id: str) -> dict[str, Any]:
+        record, version = load_instance(self.store, instance_id)
+        record["version"] = version
+        return record
+
+    def save(self, record: Mapping[str, Any], expected_version: int) -> int:
+        return save_instance(self.store, _without_version(record), expected_version)
+
+    def list(self) -> list[dict[str, Any]]:
+        """Summaries ``{"id", "process_id", "status", "version", "updated"}``, newest first."""
+        rows = [{"id": s["instance_id"], "process_id": s["process_id"], "status": s["status"],
+                 "version": s["version"], "updated": s["updated"]} for s in self.store.list_instances()]
+        return sorted(rows, key=lambda r: r["updated"], reverse=True)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _without_version(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if k != "version"}
