@@ -119,17 +119,23 @@ def prefix_report(requests: Sequence[Messages], key: KeyArg = None, *,
 
 
 def prefix_stability(requests: Sequence[Messages], key: KeyArg = None, *,
-                     first: Literal["exclude", "zero"] = "exclude", encoding: str = DEFAULT_ENCODING) -> float:
-    """Mean share of each request's tokens that prefix the agent's previous request (see module doc)."""
+                     first: Literal["exclude", "zero"] = "exclude", weighted: bool = False,
+                     encoding: str = DEFAULT_ENCODING) -> float:
+    """Mean share of each request's tokens that prefix the agent's previous request (see module doc).
+
+    ``weighted=True``: total shared tokens / total tokens instead (the cache hit rate by
+    tokens, which is what input cost follows; large requests count more).
+    """
     if first not in ("exclude", "zero"):
         raise ValueError(f"first must be 'exclude' or 'zero', got {first!r}")
-    shares = []
-    for p in prefix_report(requests, key, encoding=encoding):
-        if p.share is not None:
-            shares.append(p.share)
-        elif first == "zero":
-            shares.append(0.0)
-    return sum(shares) / len(shares) if shares else 1.0
+    points = [p for p in prefix_report(requests, key, encoding=encoding)
+              if p.share is not None or first == "zero"]
+    if not points:
+        return 1.0
+    if weighted:
+        total = sum(p.tokens for p in points)
+        return sum(p.prefix_tokens for p in points if p.share is not None) / total if total else 1.0
+    return sum(p.share if p.share is not None else 0.0 for p in points) / len(points)
 
 
 def _is_message(x: Any) -> bool:

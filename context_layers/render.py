@@ -78,7 +78,10 @@ class RenderOptions:
     ``hooks``: select hooks applied after the view's own.
     ``budget``: request token budget; only late-bound parts are dropped to meet it.
     ``knowledge_min_confidence`` / ``knowledge_top_k``: which KNOWLEDGE hits are shown
-    (an item without a confidence counts as 1.0).
+    (an item without a confidence counts as 1.0). ``knowledge_scope="activity"``: only
+    the hits retrieved for the open activity (changed since it began); KNOWLEDGE
+    accumulates over a run, and re-sending every earlier hit in the uncached tail of
+    each request would cost more than it helps.
     """
 
     format: Literal["xml", "json", "plain"] = "xml"
@@ -90,6 +93,7 @@ class RenderOptions:
     budget: int | None = None
     knowledge_min_confidence: float = 0.0
     knowledge_top_k: int | None = None
+    knowledge_scope: Literal["all", "activity"] = "all"
     rules: bool = True
     late: bool = True
     encoding: str = "cl100k_base"
@@ -100,11 +104,24 @@ class RenderOptions:
         object.__setattr__(self, "include_layers", tuple(Layer.parse(x) for x in self.include_layers))
         object.__setattr__(self, "memory", tuple(self.memory))
         object.__setattr__(self, "hooks", tuple(self.hooks))
+        if self.knowledge_scope not in ("all", "activity"):
+            raise ValueError(f"knowledge_scope must be 'all' or 'activity', got {self.knowledge_scope!r}")
         if self.budget is not None and self.budget <= 0:
             raise ValueError(f"render budget must be a positive token count, got {self.budget!r}")
 
 
 # ----- entry selection ------------------------------------------------------------------
+
+def _activity_start(source: Any) -> int | None:
+    """Tape seq at which the open activity began (None: no activity open, or not a context)."""
+    ctx = source.context if isinstance(source, View) else source
+    if not isinstance(ctx, LayeredContext) or ctx.current_activity is None:
+        return None
+    for event in reversed(ctx.tape):
+        if event.kind == "begin" and event.activity == ctx.current_activity:
+            return event.seq
+    return None
+
 
 def _entries_of(source: Any) -> list[Entry]:
     if isinstance(source, (LayeredContext, View)):
@@ -140,7 +157,7 @@ class _Parts:
     memory: tuple[Any, ...] = ()
 
 
-def _select(entries: Sequence[Entry], options: RenderOptions) -> _Parts:
+def _select(entries: Sequence[Entry], options: RenderOptions, since: int | None = None) -> _Parts:
     for hook in options.hooks:
         entries = list(hook(list(entries)))
     include = set(options.include_layers)
@@ -148,8 +165,11 @@ def _select(entries: Sequence[Entry], options: RenderOptions) -> _Parts:
     by_layer: dict[Layer, list[Entry]] = {layer: [] for layer in Layer}
     for e in entries:
         by_layer[e.layer].append(e)
-    history = by_layer[Layer.HISTORY]
-    knowledge = [e for e in by_layer[Layer.KNOWLEDGE] if _confidence(e.value) >= options.knowledge_min_confidence]
+    # HISTORY in the order of last change: a rewritten key moves to where it was last
+    # written, so the head stays byte-stable and the order tells the chronology.
+    history = sorted(by_layer[Layer.HISTORY], key=lambda e: (e.seq, e.order))
+    knowledge = [e for e in by_layer[Layer.KNOWLEDGE] if _confidence(e.value) >= options.knowledge_min_confidence
+                 and (since is None or options.knowledge_scope == "all" or e.seq > since)]
     if options.knowledge_top_k is not None and len(knowledge) > options.knowledge_top_k:
         ranked = sorted(knowledge, key=lambda e: (-_confidence(e.value), e.order))[: options.knowledge_top_k]
         keep = {id(e) for e in ranked}
@@ -396,9 +416,13 @@ def request_tokens(messages: Sequence[Mapping[str, str]], encoding: str = "cl100
     return count_text(request_text(messages), encoding)
 
 
-def render_entries(entries: Sequence[Entry], options: RenderOptions) -> list[Message]:
-    """Render already selected entries (a view's, a hook's output, a trimmed list)."""
-    parts = _select(entries, options)
+def render_entries(entries: Sequence[Entry], options: RenderOptions, *, activity_start: int | None = None) -> list[Message]:
+    """Render already selected entries (a view's, a hook's output, a trimmed list).
+
+    ``activity_start``: the tape seq at which the open activity began, for
+    ``knowledge_scope="activity"`` (``render`` finds it on the context's tape).
+    """
+    parts = _select(entries, options, activity_start)
     messages = _RENDERERS[options.format](parts, options)
     if options.budget is None or request_tokens(messages, options.encoding) <= options.budget:
         return messages
@@ -433,7 +457,7 @@ def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptio
             raise TypeError(f"render got unknown option(s) {', '.join(unknown)}; "
                             f"RenderOptions fields are {', '.join(RenderOptions.__dataclass_fields__)}")
         opts = replace(opts, **overrides)
-    return render_entries(_entries_of(source), opts)
+    return render_entries(_entries_of(source), opts, activity_start=_activity_start(source))
 
 
 def stable_prefix(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | None = None,
