@@ -528,13 +528,14 @@ def replay(instance_id: str, until: int, context_name: str | None, store: str | 
     instance = _load(engine, instance_id, as_json)
     ctx = _context(instance, context_name, as_json)
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
-    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "layers": rebuilt.as_dict(),
+    layers = rebuilt.as_dict()
+    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "layers": layers,
            "tokens": rebuilt.token_report()}
     if as_json:
         _Out(True).doc(doc)
         return
     click.echo(f"context {ctx.name} of {instance.id} at #{until}")
-    for layer, values in doc["layers"].items():
+    for layer, values in layers.items():
         for k, v in values.items():
             click.echo(f"{layer}\t{k}\t{_short(v)}")
 

@@ -874,7 +874,7 @@ def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data:
 def _shadow_fix(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str) -> None:
     """``LayeredContext.fork`` injects into WORKING; a copy of the key in KNOWLEDGE or
     HISTORY would shadow it. Put the injected value where reads find it."""
-    changes = []
+    changes: list[tuple[Layer, str, Any]] = []
     for key, value in values.items():
         where = ctx.locate(key)
         if where in (Layer.KNOWLEDGE, Layer.HISTORY):
@@ -931,7 +931,7 @@ def _activity_error(bpmn_id: str, err: BaseException) -> LayerflowError:
     message = f"activity {bpmn_id!r} failed{at}: {what}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):
-        out.kind = err.kind  # type: ignore[misc]
+        out.kind = err.kind
     return out
 
 

@@ -276,7 +276,7 @@ class _ExtensionsParserMixin:
         return task
 
 
-class _LayerflowServiceTaskParser(ServiceTaskParser):
+class _LayerflowServiceTaskParser(ServiceTaskParser):  # type: ignore[misc]
     """A service task may be run by a registered handler: no spiff operator needed."""
 
     def create_task(self) -> Any:
@@ -300,7 +300,7 @@ def _parser_twin(cls: type) -> type:
     return _PARSER_TWINS[cls]
 
 
-class LayerflowBpmnParser(SpiffBpmnParser):
+class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
     """SpiffBpmnParser that builds layerflow's spec twins and reads layerflow config elements."""
 
     OVERRIDE_PARSER_CLASSES = {tag: (_parser_twin(p), TWINS[s]) for tag, (p, s) in _STOCK_TAGS.items()}
@@ -308,7 +308,7 @@ class LayerflowBpmnParser(SpiffBpmnParser):
 
 # --------------------------------------------------------------------------- scripts
 
-class LayerflowScriptEngine(PythonScriptEngine):
+class LayerflowScriptEngine(PythonScriptEngine):  # type: ignore[misc]
     """Routes expressions and scripts to the workflow's driver (the context), else stock."""
 
     def evaluate(self, task: Any, expression: str, external_context: Any = None) -> Any:
@@ -327,7 +327,7 @@ class LayerflowScriptEngine(PythonScriptEngine):
 
 # --------------------------------------------------------------------------- serializer
 
-class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):
+class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):  # type: ignore[misc]
     """Serializes a process spec once: specs never change after parsing, and the engine
     serializes its workflow after every activity (the spec is half the work)."""
 
@@ -346,7 +346,7 @@ class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):
         dct["subprocess_specs"] = {str(k): self._spec(v) for k, v in workflow.subprocess_specs.items()}
         dct["subprocesses"] = self.mapping_to_dict(workflow.subprocesses)
         dct["bpmn_events"] = self.registry.convert(workflow.bpmn_events)
-        return dct
+        return dict(dct)
 
 
 def _serializer() -> BpmnWorkflowSerializer:
@@ -367,7 +367,7 @@ def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> B
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:
     """Make ``driver`` the hook object of ``wf`` (after creating or deserializing it)."""
     wf.script_engine = LayerflowScriptEngine()
-    wf.layerflow = driver  # type: ignore[attr-defined]
+    wf.layerflow = driver
     return wf
 
 
