@@ -1,0 +1,324 @@
+"""The REST API: the governance service over HTTP (FastAPI; ``layerflow serve`` runs it).
+
+Every endpoint that changes state or returns instance data needs
+``Authorization: Bearer <token>`` (the token given to ``create_app``, else
+``$LAYERFLOW_API_TOKEN``; with neither, every such request is refused). Only
+``/api/health`` and the OpenAPI docs (``/docs``, ``/openapi.json``) are open.
+
+Processes are started by id from the server's catalog directory, never from BPMN in
+a request (BPMN scripts are Python run in-process).
+
+Errors: ``{"error": {"kind": ..., "message": ..., ...}}`` with the status code of
+``STATUS_BY_KIND`` -- the one place that maps the error tree's kinds to HTTP.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from context_layers.errors import LayerflowError
+
+from .governance import (
+    AnswerArgs,
+    BranchEvaluateArgs,
+    Catalog,
+    CompressArgs,
+    ConfigArgs,
+    GovernanceService,
+    InjectArgs,
+    InspectArgs,
+    ResolveArgs,
+    RollbackArgs,
+    SnapshotArgs,
+    StartArgs,
+)
+from .runtime import Engine
+
+__all__ = ["STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app", "status_for"]
+
+TOKEN_ENV = "LAYERFLOW_API_TOKEN"
+
+#: The one mapping from error kinds to HTTP status codes (unknown kinds: 500).
+STATUS_BY_KIND: dict[str, int] = {
+    "bad_request": 400,
+    "invalid_value": 400,
+    "invalid_answer": 400,
+    "unauthorized": 401,
+    "permission_denied": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "version_conflict": 409,
+    "invalid_state": 409,
+    "already_answered": 409,
+    "already_exists": 409,
+    "validation_error": 422,
+    "invalid_config": 422,
+    "invalid_process": 422,
+    "model_error": 502,
+    "store_unavailable": 503,
+}
+
+
+def status_for(kind: str) -> int:
+    return STATUS_BY_KIND.get(kind, 500)
+
+
+class Unauthorized(LayerflowError):
+    kind = "unauthorized"
+
+
+# ----------------------------------------------------------------------------- bodies
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Instance(_Body):
+    instance_id: str = Field(min_length=1)
+
+
+class _Change(_Instance):
+    expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
+    user: str | None = Field(default=None, description="who asks (recorded on the tape as the actor)")
+
+
+class InspectRequest(InspectArgs, _Instance):
+    pass
+
+
+class CompressRequest(CompressArgs, _Change):
+    pass
+
+
+class InjectRequest(InjectArgs, _Change):
+    pass
+
+
+class ResolveRequest(ResolveArgs, _Change):
+    pass
+
+
+class RollbackRequest(RollbackArgs, _Change):
+    pass
+
+
+class ConfigRequest(ConfigArgs, _Change):
+    pass
+
+
+class SnapshotRequest(SnapshotArgs, _Change):
+    pass
+
+
+class BranchEvaluateRequest(BranchEvaluateArgs, _Instance):
+    pass
+
+
+class StartRequest(StartArgs):
+    user: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    kind: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text} for code, text in (
+        (400, "bad input (not applicable as asked)"), (401, "no or wrong bearer token"),
+        (403, "a layer rule denied the write"), (404, "unknown instance, snapshot, confirmation or process"),
+        (409, "stale expected_version, or the instance's status does not allow it"),
+        (422, "invalid body or config"))}
+
+
+# ----------------------------------------------------------------------------- the app
+
+def _error(kind: str, message: str, status: int | None = None, **extra: Any) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if kind == "unauthorized" else None
+    return JSONResponse({"error": {"kind": kind, "message": message, **extra}},
+                        status_code=status or status_for(kind), headers=headers)
+
+
+def create_app(store: str | Engine | GovernanceService | None = None, catalog_dir: str | Path | None = None,
+               token: str | None = None, *, model: str | None = None) -> FastAPI:
+    """The FastAPI app. ``store``: a store URL (default ``memory://``), an ``Engine`` or a
+    ``GovernanceService``; ``catalog_dir``: where the startable processes are."""
+    if isinstance(store, GovernanceService):
+        service = store
+    else:
+        engine = store if isinstance(store, Engine) else Engine(store or "memory://", model=model)
+        service = GovernanceService(engine, Catalog(catalog_dir))
+    secret = token if token is not None else os.environ.get(TOKEN_ENV) or None
+
+    app = FastAPI(title="layerflow", version="0.1.0",
+                  description="Context governance for BPMN processes with a layered LLM context.")
+    app.state.service = service
+    bearer = HTTPBearer(auto_error=False, description="the server's API token (LAYERFLOW_API_TOKEN)")
+
+    def authorize(credentials: HTTPAuthorizationCredentials | None) -> None:
+        if secret is None:
+            raise Unauthorized(f"this server has no API token configured; start it with --token or {TOKEN_ENV}")
+        if credentials is None or credentials.scheme.lower() != "bearer":
+            raise Unauthorized("send the API token as `Authorization: Bearer <token>`")
+        if not hmac.compare_digest(credentials.credentials.encode("utf-8", "surrogatepass"),
+                                   secret.encode("utf-8")):
+            raise Unauthorized("the bearer token is not this server's API token")
+
+    # Checked before the body is read, so a request without a token gets 401, never a
+    # validation error that would tell it about the body.
+    @app.middleware("http")
+    async def require_token(request: Request, call_next: Any) -> Any:
+        path = request.url.path
+        if path.startswith("/api/") and path != "/api/health":
+            try:
+                authorize(await bearer(request))
+            except LayerflowError as err:
+                return _error(err.kind, str(err))
+        return await call_next(request)
+
+    def svc(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> GovernanceService:
+        authorize(credentials)  # the middleware already did; this documents it in OpenAPI
+        return service
+
+    @app.exception_handler(LayerflowError)
+    async def _layerflow_error(request: Request, err: LayerflowError) -> JSONResponse:
+        body = err.to_dict()
+        return _error(body.pop("kind"), body.pop("message"), **body)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        problems = [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg", "")}
+                    for e in err.errors()]
+        text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
+        return _error("validation_error", f"invalid request: {text}", problems=problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(err.status_code, "http_error")
+        return _error(kind, str(err.detail), err.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, err: Exception) -> JSONResponse:
+        return _error("internal_error", f"{type(err).__name__}: the server failed; see its log", 500)
+
+    # ----- open ------------------------------------------------------------------------
+
+    @app.get("/api/health", tags=["server"])
+    def health() -> dict[str, str]:
+        """Readiness: answers once the server is up (no instance data, no token)."""
+        return {"status": "ok"}
+
+    # ----- governance ---------------------------------------------------------------
+
+    gov = {"tags": ["context-governance"], "responses": _ERRORS}
+
+    @app.post("/api/context-governance/inspect", **gov)
+    def inspect(body: InspectRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
+        return s.inspect(body.instance_id, InspectArgs.model_validate(_args(body, InspectArgs)))
+
+    @app.post("/api/context-governance/compress", **gov)
+    def compress(body: CompressRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
+        return s.compress(body.instance_id, CompressArgs.model_validate(_args(body, CompressArgs)),
+                          expected_version=body.expected_version, actor=body.user or "api")
+
+    @app.post("/api/context-governance/inject", **gov)
+    def inject(body: InjectRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
+        return s.inject(body.instance_id, InjectArgs.model_validate(_args(body, InjectArgs)),
+                        expected_version=body.expected_version, actor=body.user or "api")
+
+    @app.post("/api/context-governance/resolve", **gov)
+    def resolve(body: ResolveRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
+        return s.resolve(body.instance_id, ResolveArgs.model_validate(_args(body, ResolveArgs)),
+                         expected_version=body.expected_version, actor=body.user or "api")
+
+    @app.post("/api/context-governance/rollback", **gov)
+    def rollback(body: RollbackRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""
+        return s.rollback(body.instance_id, RollbackArgs.model_validate(_args(body, RollbackArgs)),
+                          expected_version=body.expected_version, actor=body.user or "api")
+
+    @app.post("/api/context-governance/config", **gov)
+    def config(body: ConfigRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
+        return s.config(body.instance_id, ConfigArgs.model_validate(_args(body, ConfigArgs)),
+                        expected_version=body.expected_version, actor=body.user or "api")
+
+    @app.post("/api/context-governance/snapshot", **gov)
+    def snapshot(body: SnapshotRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Take a snapshot of a context (all six layers)."""
+        return s.snapshot(body.instance_id, SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
+                          expected_version=body.expected_version, actor=body.user or "api")
+
+    @app.post("/api/context-governance/branch-evaluate", **gov)
+    def branch_evaluate(body: BranchEvaluateRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Whether a branch's context holds the required keys (and in which layer)."""
+        return s.branch_evaluate(body.instance_id, BranchEvaluateArgs.model_validate(_args(body, BranchEvaluateArgs)))
+
+    # ----- instances ----------------------------------------------------------------
+
+    inst = {"tags": ["instances"], "responses": _ERRORS}
+
+    @app.get("/api/processes", **inst)
+    def processes(s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
+        """The processes of the catalog (what POST /api/instances can start)."""
+        return s.processes()
+
+    @app.get("/api/instances", **inst)
+    def list_instances(status: str | None = Query(default=None), s: GovernanceService = Depends(svc)
+                       ) -> list[dict[str, Any]]:
+        """Instance summaries, newest first."""
+        return s.list_instances(status)
+
+    @app.post("/api/instances", status_code=201, **inst)
+    def start(body: StartRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Start a catalog process by id and run it until it completes, waits or fails."""
+        return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api")
+
+    @app.get("/api/instances/{instance_id}", **inst)
+    def document(instance_id: str, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """The instance as `layerflow run --json` prints it, plus its version."""
+        return s.document(instance_id)
+
+    @app.get("/api/instances/{instance_id}/tape", **inst)
+    def tape(instance_id: str, context: str | None = None, kind: str | None = None, activity: str | None = None,
+             branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
+             limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Tape events of every context (or one), by time; filters as `layerflow tape`."""
+        return s.tape(instance_id, context=context, kind=kind, activity=activity, branch=branch, key=key,
+                      since=since, limit=limit)
+
+    @app.get("/api/confirmations", tags=["confirmations"], responses=_ERRORS)
+    def confirmations(instance_id: str | None = None, s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
+        """Open confirmations (people's decisions pending), of every instance or of one."""
+        return s.confirmations(instance_id)
+
+    @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], responses=_ERRORS)
+    def answer(confirmation_id: str, body: AnswerArgs, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Answer a confirmation with one of its option values; the instance runs on."""
+        return s.answer(confirmation_id, body, actor=body.user or "api")
+
+    return app
+
+
+def _args(body: BaseModel, model: type[BaseModel]) -> dict[str, Any]:
+    """The fields of ``body`` that ``model`` has (the request minus instance_id / version / user)."""
+    return {name: getattr(body, name) for name in model.model_fields if name in body.model_fields_set}

@@ -1,0 +1,862 @@
+"""The governance service: one set of operations on stored instances, two faces.
+
+The REST API (``engine.api``) serves it to people and programs, the function-calling
+tools (``engine.tools``) to the model. Both validate their input with the pydantic
+models below, so the API's OpenAPI schema and the tools' JSON schemas are the same
+models.
+
+Operations (DESIGN.md "Interfaces", the seed's context_inspect / context_compress /
+context_branch / human_confirm):
+
+* reads: ``inspect`` (per layer: tokens, keys, attention, last modified, bytes, top
+  keys), ``branch_evaluate``, ``document``, ``tape``, ``list_instances``,
+  ``confirmations``, ``processes``;
+* changes: ``start`` (a process of the catalog, never uploaded BPMN), ``compress``
+  (compress / evaluate / decompress), ``inject`` (through the layer rules),
+  ``resolve`` / ``answer`` (a pending confirmation, with a reason), ``rollback``,
+  ``config`` (validated, versioned, never a script or handler), ``snapshot``,
+  ``request_confirmation`` (the model's human_confirm).
+
+Concurrency: every change loads the instance, checks ``expected_version`` when the
+caller sent one, and saves with the version it loaded; the store refuses a stale save
+(``VersionConflict``), so an update is never lost: it is applied on the latest state
+or refused. Changes to one instance through one service are serialised by a lock
+stripe, so callers of one server who send no version do not refuse each other.
+
+Errors are the ``LayerflowError`` tree; this module adds::
+
+    LayerflowError
+    ├── BadRequest          kind="bad_request"     well-formed, but cannot be applied as asked
+    │   └── InvalidAnswer   kind="invalid_answer"  not one of a confirmation's options
+    └── InstanceStateError  kind="invalid_state"   the instance's status does not allow it
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import string
+import threading
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from xml.etree import ElementTree
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
+from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
+from context_layers.compression import RuleDrivenCompressor, decompress, evaluate
+from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict
+from context_layers.errors import (
+    ActivityError,
+    ConfigError,
+    ContextKeyError,
+    ContextWriteDenied,
+    LayerflowError,
+    VersionConflict,
+)
+from context_layers.tape import EventKind
+
+from .process import Process, load_process
+from .runtime import Engine, Instance
+
+__all__ = [
+    "AnswerArgs",
+    "BadRequest",
+    "BranchArgs",
+    "BranchEvaluateArgs",
+    "Catalog",
+    "CompressArgs",
+    "ConfigArgs",
+    "ConfirmOption",
+    "GovernanceService",
+    "HumanConfirmArgs",
+    "InjectArgs",
+    "InspectArgs",
+    "InspectFilter",
+    "InstanceStateError",
+    "InvalidAnswer",
+    "ResolveArgs",
+    "RollbackArgs",
+    "SnapshotArgs",
+    "StartArgs",
+]
+
+MAIN = "main"
+METRICS = ("token_count", "key_count", "attention_score", "last_modified", "size_bytes", "top_keys", "keys")
+# Keys a runtime config change may not carry: code runs in-process (DESIGN.md "Interfaces").
+FORBIDDEN_CONFIG_KEYS = frozenset({"handler", "script", "scripts", "prescript", "postscript", "code", "exec",
+                                   "eval", "import", "module", "function", "callable"})
+
+
+class BadRequest(LayerflowError):
+    kind = "bad_request"
+
+
+class InvalidAnswer(BadRequest):
+    kind = "invalid_answer"
+
+
+class InstanceStateError(LayerflowError):
+    kind = "invalid_state"
+
+
+# ============================================================================ request models
+
+def _layer_name(value: str) -> str:
+    return str(Layer.parse(value))
+
+
+LayerName = Annotated[str, AfterValidator(_layer_name),
+                      Field(description="L0..L5, or SYSTEM, PROCESS, KNOWLEDGE, HISTORY, WORKING, EPHEMERAL",
+                            examples=["L3"])]
+ContextName = Annotated[str | None, Field(default=None, description="a context name or branch id (default: the main context)")]
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InspectFilter(_Args):
+    key_prefix: str | None = Field(default=None, description="glob (`risk_*`) or plain prefix (`risk_`) of the keys to look at")
+    modified_after: datetime | None = Field(default=None, description="ISO 8601 time; only keys changed later (naive = UTC)")
+
+
+class InspectArgs(_Args):
+    """context_inspect: per-layer statistics of an instance's context."""
+
+    layers: list[LayerName] = Field(default_factory=lambda: [str(x) for x in Layer], description="layers to report")
+    metrics: list[Literal["token_count", "key_count", "attention_score", "last_modified", "size_bytes",
+                          "top_keys", "keys"]] | None = Field(default=None, description="metrics to report (default: all)")
+    filter: InspectFilter | None = None
+    context: ContextName = None
+    activity_id: str | None = Field(default=None, description="score against this activity's config (preserveKeys, thresholds)")
+    top: int = Field(default=5, ge=0, le=100, description="how many keys `top_keys` lists")
+
+
+class CompressArgs(_Args):
+    """context_compress: compress HISTORY, evaluate a compression, or undo it."""
+
+    action: Literal["compress", "evaluate", "decompress"]
+    target_layers: list[LayerName] = Field(default_factory=lambda: ["L3"], description="only L3 HISTORY is compressed")
+    preserve_keys: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="keys no compression may drop or alter (kept preserved afterwards)")
+    compress_rules: list[CompressRule] = Field(default_factory=list, description="extra rules for this compression")
+    max_tokens: int | None = Field(default=None, gt=0, description="compress HISTORY+WORKING down to at most this many tokens")
+    before_snapshot_id: str | None = Field(default=None, description="evaluate: the snapshot taken before the compression")
+    snapshot_id: str | None = Field(default=None, description="decompress: the snapshot to put HISTORY back to")
+    context: ContextName = None
+    activity_id: str | None = Field(default=None, description="start from this activity's config")
+
+
+class InjectArgs(_Args):
+    """Write values into a layer of a waiting or running instance (the layer rules apply)."""
+
+    values: dict[str, Any] = Field(min_length=1, description="key -> JSON value")
+    layer: LayerName = "L4"
+    context: ContextName = None
+    reason: str | None = None
+
+
+class ResolveArgs(_Args):
+    """Settle a pending conflict or confirmation with a value and a reason."""
+
+    confirmation_id: str | None = Field(default=None, description="e.g. `review_join/approval_status`")
+    conflict_key: str | None = Field(default=None, description="the context key in conflict (when only one is open)")
+    resolution: Any = Field(description="the chosen value: one of the offered option values")
+    reason: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "ResolveArgs":
+        if not self.confirmation_id and not self.conflict_key:
+            raise ValueError("name the confirmation_id or the conflict_key to resolve")
+        return self
+
+
+class RollbackArgs(_Args):
+    """Restore KNOWLEDGE..EPHEMERAL (or the given layers) of a context to a snapshot."""
+
+    snapshot_id: str = Field(min_length=1)
+    layers: list[LayerName] | None = Field(default=None, description="default: every layer (SYSTEM and PROCESS never roll back)")
+    context: ContextName = None
+    reason: str | None = None
+
+
+class ConfigArgs(_Args):
+    """Change an activity's config for this instance at run time."""
+
+    activity_id: str = Field(min_length=1)
+    config: dict[str, Any] = Field(description="ActivityExtensionConfig fields (camelCase or snake_case); no handler or script")
+    mode: Literal["merge", "replace"] = "merge"
+    reason: str | None = None
+
+
+class SnapshotArgs(_Args):
+    label: str | None = None
+    layers: list[LayerName] | None = Field(default=None, description="layers to describe in the answer (a snapshot holds all six)")
+    context: ContextName = None
+
+
+class BranchEvaluateArgs(_Args):
+    branch_id: str | None = Field(default=None, description="the branch id (BPMN id of its first element); default: main")
+    required_keys: list[str] = Field(min_length=1)
+
+
+class BranchArgs(_Args):
+    """context_branch: evaluate a branch, resolve a conflict, or take a snapshot."""
+
+    action: Literal["evaluate", "resolve_conflict", "snapshot"]
+    branch_id: str | None = None
+    required_keys: list[str] = Field(default_factory=list)
+    conflict_key: str | None = None
+    confirmation_id: str | None = None
+    resolution: Any = None
+    reason: str | None = None
+    layers: list[LayerName] | None = None
+    label: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_action(self) -> "BranchArgs":
+        if self.action == "evaluate" and not self.required_keys:
+            raise ValueError("action evaluate needs required_keys")
+        if self.action == "resolve_conflict":
+            if not (self.conflict_key or self.confirmation_id):
+                raise ValueError("action resolve_conflict needs conflict_key (or confirmation_id)")
+            if not self.reason:
+                raise ValueError("action resolve_conflict needs a reason")
+            if "resolution" not in self.model_fields_set:
+                raise ValueError("action resolve_conflict needs resolution (the chosen value)")
+        return self
+
+
+class ConfirmOption(_Args):
+    label: str = Field(min_length=1)
+    value: Any = None
+
+
+class HumanConfirmArgs(_Args):
+    """human_confirm: ask a person to choose among options."""
+
+    type: str = Field(default="confirmation", min_length=1, description="e.g. conflict_resolution, compression_review")
+    message: str = Field(min_length=1)
+    options: list[ConfirmOption] = Field(min_length=1)
+    timeout: float | None = Field(default=None, gt=0, description="seconds until the default is taken")
+    default: Any = None
+
+
+class AnswerArgs(_Args):
+    """A person's answer to a pending confirmation."""
+
+    value: Any
+    reason: str | None = None
+    user: str | None = None
+    instance_id: str | None = Field(default=None, description="needed when several instances have this confirmation id")
+    expected_version: int | None = Field(default=None, ge=1)
+
+
+class StartAnswers(_Args):
+    user_tasks: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    confirmations: dict[str, Any] = Field(default_factory=dict)
+
+
+class StartArgs(_Args):
+    """Start a process registered in the server's catalog (by process id, never BPMN)."""
+
+    process_id: str = Field(min_length=1)
+    data: dict[str, Any] = Field(default_factory=dict, description="initial data (PROCESS unless the config says otherwise)")
+    answers: StartAnswers | None = None
+    run: bool = True
+
+
+# ============================================================================ catalog
+
+_BPMN_NS = "{http://www.omg.org/spec/BPMN/20100524/MODEL}"
+
+
+class Catalog:
+    """The processes a server may start: every executable process of the ``*.bpmn``
+    files in one directory (with their config files beside them), by process id."""
+
+    def __init__(self, directory: str | Path | None) -> None:
+        self.directory = Path(directory).resolve() if directory is not None else None
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, Process]] = {}
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """process id -> {"id", "name", "file"} (the first file wins when two define one id)."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.directory is None or not self.directory.is_dir():
+            return out
+        for path in sorted(self.directory.glob("*.bpmn")):
+            try:
+                root = ElementTree.parse(path).getroot()
+            except (ElementTree.ParseError, OSError):
+                continue  # `layerflow validate` reports it; the catalog lists what can run
+            for proc in root.iter(f"{_BPMN_NS}process"):
+                pid = proc.get("id")
+                if pid and proc.get("isExecutable", "true").lower() != "false" and pid not in out:
+                    out[pid] = {"id": pid, "name": proc.get("name"), "file": path.name}
+        return out
+
+    def load(self, process_id: str) -> Process:
+        entry = self.entries().get(process_id)
+        if entry is None or self.directory is None:
+            known = ", ".join(sorted(self.entries())) or "none"
+            where = self.directory or "(no catalog directory)"
+            raise ContextKeyError(f"process {process_id!r} is not in the catalog {where}; registered: {known}")
+        path = self.directory / entry["file"]
+        mtime = path.stat().st_mtime
+        with self._lock:
+            hit = self._cache.get(process_id)
+            if hit is not None and hit[0] == mtime:
+                return hit[1]
+        process = load_process(path, process_id)
+        with self._lock:
+            self._cache[process_id] = (mtime, process)
+        return process
+
+
+# ============================================================================ the service
+
+class GovernanceService:
+    """The governance operations on the instances of ``engine.store``."""
+
+    def __init__(self, engine: Engine, catalog: Catalog | str | Path | None = None, *,
+                 compressor: RuleDrivenCompressor | None = None, stripes: int = 64) -> None:
+        self.engine = engine
+        self.catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+        self.compressor = compressor or RuleDrivenCompressor()
+        self._locks = [threading.Lock() for _ in range(max(1, stripes))]
+
+    # ----- plumbing ------------------------------------------------------------------
+
+    def _lock(self, instance_id: str) -> threading.Lock:
+        return self._locks[zlib.crc32(instance_id.encode("utf-8", "surrogatepass")) % len(self._locks)]
+
+    def load(self, instance_id: str) -> Instance:
+        return self.engine.load(instance_id)
+
+    def _save(self, instance: Instance) -> None:
+        save = getattr(self.engine, "save", None) or self.engine._save  # noqa: SLF001 - until Engine.save is public
+        save(instance)
+
+    @staticmethod
+    def _check_version(instance: Instance, expected: int | None) -> None:
+        if expected is not None and expected != instance.version:
+            raise VersionConflict(f"instance {instance.id!r} is at version {instance.version}, the request expected "
+                                  f"version {expected}; load it again (GET /api/instances/{instance.id}) and repeat "
+                                  "the change against what you see")
+
+    def _change(self, instance_id: str, expected: int | None, op: str, actor: str,
+                fn: Callable[[Instance], dict[str, Any]]) -> dict[str, Any]:
+        """Load, check the version, apply ``fn``, save with the loaded version (only when the
+        tape grew). A denied write is recorded on the tape of a fresh copy and raised."""
+        with self._lock(instance_id):
+            instance = self.load(instance_id)
+            self._check_version(instance, expected)
+            before = instance.tape_length()
+            try:
+                result = fn(instance)
+            except ContextWriteDenied as err:
+                self._record_denial(instance_id, op, actor, err)
+                raise
+            if instance.tape_length() != before:
+                self._save(instance)
+        return {"instance_id": instance.id, "version": instance.version, **result}
+
+    def _record_denial(self, instance_id: str, op: str, actor: str, err: ContextWriteDenied) -> None:
+        try:
+            fresh = self.load(instance_id)
+            fresh.main.record("governance_denied", actor=actor, data={"op": op, **err.to_dict()})
+            self._save(fresh)
+        except VersionConflict:
+            pass  # someone saved meanwhile; the refusal itself still stands
+
+    @staticmethod
+    def context_of(instance: Instance, name: str | None) -> LayeredContext:
+        """A context by name, or by branch id (its latest, open ones first)."""
+        if name is None or name == MAIN:
+            return instance.main
+        if name in instance.contexts:
+            return instance.contexts[name]
+        matches = [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
+        if matches:
+            open_ = [n for n in matches if instance.branches[n].get("status") == "open"]
+            return instance.contexts[(open_ or matches)[-1]]
+        raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}; contexts: "
+                              f"{', '.join(instance.contexts)}")
+
+    @staticmethod
+    def _writable(instance: Instance, ctx: LayeredContext, op: str) -> LayeredContext:
+        """A context whose split branches are still open must stay as the split left it (the
+        join merges the branches against that snapshot): refuse to change it."""
+        open_ = sorted(i.get("branch_id") or n for n, i in instance.branches.items()
+                       if i.get("parent") == ctx.name and i.get("status") == "open")
+        if open_:
+            raise InstanceStateError(f"{op}: context {ctx.name!r} of instance {instance.id} has open branches "
+                                     f"({', '.join(open_)}) that will be merged into it at their join; change a "
+                                     "branch context instead (`context`: a branch id) or wait for the join")
+        return ctx
+
+    @staticmethod
+    def _config_of(instance: Instance, activity_id: str | None) -> ActivityExtensionConfig | None:
+        if activity_id is None:
+            return None
+        if activity_id not in instance.process.element_ids():
+            raise ContextKeyError(f"process {instance.process_id!r} has no element {activity_id!r}; elements: "
+                                  f"{', '.join(instance.process.element_ids())}")
+        return instance.process.config(activity_id)
+
+    # ----- reads ---------------------------------------------------------------------
+
+    def processes(self) -> list[dict[str, Any]]:
+        return list(self.catalog.entries().values())
+
+    def list_instances(self, status: str | None = None) -> list[dict[str, Any]]:
+        store = self.engine.store
+        rows = store.list_instances(status) if hasattr(store, "list_instances") else store.list()
+        return [dict(r) for r in rows if status is None or r.get("status") == status]
+
+    def document(self, instance_id: str) -> dict[str, Any]:
+        instance = self.load(instance_id)
+        return {**instance.to_document(), "version": instance.version}
+
+    def tape(self, instance_id: str, *, context: str | None = None, kind: str | None = None,
+             activity: str | None = None, branch: str | None = None, key: str | None = None,
+             since: int | None = None, limit: int | None = None) -> dict[str, Any]:
+        instance = self.load(instance_id)
+        names = [self.context_of(instance, context).name] if context else list(instance.contexts)
+        rows = []
+        for name in names:
+            for e in instance.contexts[name].tape.filter(kind=kind, activity=activity, branch=branch, key=key):
+                if since is None or e.seq >= since:
+                    rows.append((e.time, name, e))
+        rows.sort(key=lambda r: (r[0], r[2].seq))
+        if limit is not None:
+            rows = rows[:limit]
+        return {"instance_id": instance.id, "version": instance.version, "count": len(rows),
+                "events": [{"context": name, **e.to_dict()} for _, name, e in rows]}
+
+    def inspect(self, instance_id: str, args: InspectArgs) -> dict[str, Any]:
+        instance = self.load(instance_id)
+        ctx = self.context_of(instance, args.context)
+        cfg = self._config_of(instance, args.activity_id)
+        metrics = set(args.metrics or METRICS)
+        flt = args.filter or InspectFilter()
+        after = _epoch(flt.modified_after) if flt.modified_after is not None else None
+        modified = _modified_times(ctx)
+        preserved = set(ctx.preserved) | set(cfg.effective_preserve_keys if cfg else ())
+        layers: dict[str, Any] = {}
+        for name in dict.fromkeys(args.layers):
+            layer = Layer.parse(name)
+            view = ctx.layer(layer)
+            keys = [k for k in view if _key_matches(k, flt.key_prefix)
+                    and (after is None or modified(layer, k) > after)]
+            tokens = {k: ctx.key_tokens(layer, k) for k in keys}
+            info: dict[str, Any] = {}
+            if "token_count" in metrics:
+                info["token_count"] = sum(tokens.values())
+            if "key_count" in metrics:
+                info["key_count"] = len(keys)
+            if "attention_score" in metrics:
+                info["attention_score"] = _layer_attention(ctx, layer, keys, tokens, preserved).to_dict()
+            if "last_modified" in metrics:
+                info["last_modified"] = _iso(max((modified(layer, k) for k in keys), default=None))
+            if "size_bytes" in metrics:
+                info["size_bytes"] = len(canonical_json({k: thaw(view[k]) for k in keys}).encode("utf-8"))
+            if "top_keys" in metrics:
+                ranked = sorted(keys, key=lambda k: (-tokens[k], k))[: args.top]
+                info["top_keys"] = [{"key": k, "tokens": tokens[k], "last_modified": _iso(modified(layer, k)),
+                                     "preserved": k in preserved} for k in ranked]
+            if "keys" in metrics:
+                info["keys"] = keys
+            layers[str(layer)] = info
+        decision = CompressTriggerDetector().detect(ctx, cfg)
+        return {
+            "instance_id": instance.id, "version": instance.version, "status": instance.status,
+            "context": ctx.name, "layers": layers, "tokens": ctx.token_report(),
+            "attention": AttentionScore.compute(ctx, cfg).to_dict(),
+            "compress_status": {"would_trigger": decision.triggers, "explain": decision.explain(),
+                                "thresholds": decision.thresholds,
+                                "compressions": [c for c in instance.compressions
+                                                 if c.get("context", MAIN) == ctx.name]},
+            "conflicts": [c for c in instance.conflicts if c.get("resolution") is None],
+            "branches": [{"context": n, "branch_id": i.get("branch_id"), "gateway": i.get("gateway"),
+                          "status": i.get("status")} for n, i in instance.branches.items()],
+            "active_config": cfg.dump() if cfg is not None else None,
+            "preserved": sorted(preserved),
+        }
+
+    def branch_evaluate(self, instance_id: str, args: BranchEvaluateArgs) -> dict[str, Any]:
+        instance = self.load(instance_id)
+        if args.branch_id is not None and args.branch_id != MAIN:
+            known = {i.get("branch_id") for i in instance.branches.values()} | set(instance.branches)
+            if args.branch_id not in known:
+                raise ContextKeyError(f"instance {instance.id} has no branch {args.branch_id!r}; branches: "
+                                      f"{', '.join(sorted(str(k) for k in known)) or 'none'}")
+        ctx = self.context_of(instance, args.branch_id)
+        present = {k: str(ctx.locate(k)) for k in args.required_keys if ctx.locate(k) is not None}
+        missing = [k for k in args.required_keys if k not in present]
+        info = instance.branches.get(ctx.name, {})
+        return {"instance_id": instance.id, "version": instance.version, "branch_id": args.branch_id or MAIN,
+                "context": ctx.name, "status": info.get("status", instance.status), "ok": not missing,
+                "present": present, "missing": missing}
+
+    def confirmations(self, instance_id: str | None = None) -> list[dict[str, Any]]:
+        """Open confirmations (a person's answer pending), of one instance or of all."""
+        if instance_id is not None:
+            instances = [self.load(instance_id)]
+        else:
+            instances = []
+            for row in self.list_instances():
+                if row.get("status") == "completed":
+                    continue
+                try:
+                    instances.append(self.load(row["id"]))
+                except ContextKeyError:
+                    continue  # deleted meanwhile
+        out = []
+        for inst in instances:
+            for c in inst.confirmations:
+                if not c.get("answered"):
+                    out.append({**c, "instance_id": inst.id, "version": inst.version})
+        return out
+
+    # ----- changes -------------------------------------------------------------------
+
+    def start(self, args: StartArgs, *, actor: str = "api") -> dict[str, Any]:
+        process = self.catalog.load(args.process_id)
+        instance = self.engine.start(process, args.data)
+        instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
+        if args.run:
+            answers = args.answers.model_dump() if args.answers is not None else None
+            instance = self.engine.run(instance, answers=answers)
+        else:
+            self._save(instance)
+        return {**instance.to_document(), "version": instance.version}
+
+    def inject(self, instance_id: str, args: InjectArgs, *, expected_version: int | None = None,
+               actor: str = "operator") -> dict[str, Any]:
+        def apply(instance: Instance) -> dict[str, Any]:
+            if instance.status == "completed":
+                raise InstanceStateError(f"instance {instance.id} is completed; inject writes into a waiting, "
+                                         "running or failed instance")
+            ctx = self.context_of(instance, args.context)
+            written = {}
+            for key, value in args.values.items():  # the layer rules first: a SYSTEM key is denied, always
+                written[key] = str(ctx.write(args.layer, key, value, actor=actor))
+            self._writable(instance, ctx, "inject")
+            ctx.record("governance", actor=actor, data={"op": "inject", "keys": list(args.values),
+                                                        "layer": args.layer, "reason": args.reason})
+            return {"context": ctx.name, "written": written, "tape_seq": ctx.tape[-1].seq}
+        return self._change(instance_id, expected_version, "inject", actor, apply)
+
+    def compress(self, instance_id: str, args: CompressArgs, *, expected_version: int | None = None,
+                 actor: str = "operator") -> dict[str, Any]:
+        def apply(instance: Instance) -> dict[str, Any]:
+            ctx = self.context_of(instance, args.context)
+            cfg = self._compress_config(instance, args)
+            if args.action == "evaluate":
+                sid = args.before_snapshot_id or args.snapshot_id or self._last_compression(instance, ctx)
+                report = evaluate(ctx, sid, cfg, recent_activities=self.compressor.recent_activities)
+                return {"action": "evaluate", "context": ctx.name, **report.to_dict(),
+                        "density_gain": report.density_gain}
+            self._writable(instance, ctx, f"compress ({args.action})")
+            if args.action == "decompress":
+                sid = args.snapshot_id or args.before_snapshot_id or self._last_compression(instance, ctx)
+                done = decompress(ctx, sid, actor=actor)
+                return {"action": "decompress", "context": ctx.name, **done.to_dict()}
+            extra = sorted(set(args.target_layers) - {"L3"})
+            if extra:
+                raise BadRequest(f"compression works on L3 HISTORY only (WORKING belongs to the open activity, the "
+                                 f"other layers are not compressed); drop {', '.join(extra)} from target_layers")
+            if args.preserve_keys:
+                ctx.mark_preserved(args.preserve_keys, actor=actor)
+            triggers = [*CompressTriggerDetector().detect(ctx, cfg).triggers, "manual"]
+            result = self.compressor.compress(ctx, cfg, actor=actor, triggers=triggers, target_tokens=args.max_tokens)
+            record = {**result.to_dict(), "activity_id": args.activity_id or "governance", "context": ctx.name,
+                      "actor": actor}
+            if result.changed:
+                instance.compressions.append(record)
+            return {"action": "compress", "changed": result.changed, **record}
+        return self._change(instance_id, expected_version, f"compress:{args.action}", actor, apply)
+
+    @staticmethod
+    def _last_compression(instance: Instance, ctx: LayeredContext) -> str:
+        for c in reversed(instance.compressions):
+            if c.get("context", MAIN) == ctx.name and c.get("snapshot_id"):
+                return str(c["snapshot_id"])
+        raise BadRequest(f"context {ctx.name!r} of instance {instance.id} has no compression to refer to; "
+                         "pass before_snapshot_id / snapshot_id")
+
+    def _compress_config(self, instance: Instance, args: CompressArgs) -> ActivityExtensionConfig:
+        base = self._config_of(instance, args.activity_id) or ActivityExtensionConfig()
+        if not args.preserve_keys and not args.compress_rules:
+            return base
+        data = base.model_dump(exclude_unset=True)
+        data["preserve_keys"] = list(dict.fromkeys([*base.preserve_keys, *args.preserve_keys]))
+        data["compress_rules"] = [*base.compress_rules, *args.compress_rules]
+        return ActivityExtensionConfig.model_validate(data)
+
+    def rollback(self, instance_id: str, args: RollbackArgs, *, expected_version: int | None = None,
+                 actor: str = "operator") -> dict[str, Any]:
+        def apply(instance: Instance) -> dict[str, Any]:
+            ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
+            before = ctx.token_report()
+            event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor)
+            ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
+                                                        "reason": args.reason})
+            return {"context": ctx.name, "snapshot_id": args.snapshot_id, "event_seq": event.seq,
+                    "layers": [str(Layer(x)) for x in event.data["layers"]],
+                    "tokens_before": before, "tokens_after": ctx.token_report()}
+        return self._change(instance_id, expected_version, "rollback", actor, apply)
+
+    def _snapshot_owner(self, instance: Instance, snapshot_id: str, context: str | None) -> LayeredContext:
+        if context is not None:
+            ctx = self.context_of(instance, context)
+            ctx.get_snapshot(snapshot_id)  # raises not_found naming the context
+            return ctx
+        for ctx in instance.contexts.values():
+            if snapshot_id in ctx.snapshots:
+                return ctx
+        raise ContextKeyError(f"no context of instance {instance.id} took snapshot {snapshot_id!r}; "
+                              "`GET /api/instances/{id}/tape?kind=snapshot` lists them")
+
+    def snapshot(self, instance_id: str, args: SnapshotArgs, *, expected_version: int | None = None,
+                 actor: str = "operator") -> dict[str, Any]:
+        def apply(instance: Instance) -> dict[str, Any]:
+            ctx = self.context_of(instance, args.context)
+            snap = ctx.snapshot(label=args.label, actor=actor)
+            shown = args.layers or [str(x) for x in Layer]
+            return {"context": ctx.name, "snapshot_id": snap.id, "seq": snap.seq, "label": snap.label,
+                    "layers": {name: sorted(snap.layer(name)) for name in dict.fromkeys(shown)}}
+        return self._change(instance_id, expected_version, "snapshot", actor, apply)
+
+    def config(self, instance_id: str, args: ConfigArgs, *, expected_version: int | None = None,
+               actor: str = "operator") -> dict[str, Any]:
+        change = runtime_config(args.config, element_id=args.activity_id)
+
+        def apply(instance: Instance) -> dict[str, Any]:
+            if instance.status == "completed":
+                raise InstanceStateError(f"instance {instance.id} is completed; its config no longer matters")
+            current = self._config_of(instance, args.activity_id)
+            if args.mode == "merge" and current is not None:
+                new = current.merged_with(change)
+            else:
+                data = change.model_dump(exclude_unset=True)
+                if current is not None and current.handler:
+                    data["handler"] = current.handler  # the handler is the server's, never the request's
+                new = ActivityExtensionConfig.model_validate(data)
+            main = instance.main
+            version = 1 + sum(1 for e in main.tape.filter(kind="config_change")
+                              if e.data.get("activity_id") == args.activity_id)
+            instance.process.configs = {**instance.process.configs, args.activity_id: new}
+            main.record("config_change", actor=actor, data={
+                "activity_id": args.activity_id, "config_version": version, "mode": args.mode,
+                "change": change.dump(), "config": new.dump(),
+                "previous": current.dump() if current is not None else None, "reason": args.reason})
+            return {"activity_id": args.activity_id, "config_version": version, "config": new.dump(),
+                    "previous": current.dump() if current is not None else None}
+        return self._change(instance_id, expected_version, "config", actor, apply)
+
+    def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
+                actor: str = "operator") -> dict[str, Any]:
+        return self._answer(instance_id, args.confirmation_id, args.conflict_key, args.resolution, args.reason,
+                            actor, expected_version)
+
+    def answer(self, confirmation_id: str, args: AnswerArgs, *, actor: str = "operator") -> dict[str, Any]:
+        instance_id = args.instance_id
+        if instance_id is None:
+            owners = sorted({c["instance_id"] for c in self.confirmations() if c["id"] == confirmation_id})
+            if not owners:
+                raise ContextKeyError(f"no instance has an open confirmation {confirmation_id!r}; "
+                                      "GET /api/confirmations lists the open ones")
+            if len(owners) > 1:
+                raise BadRequest(f"confirmation {confirmation_id!r} is open in several instances "
+                                 f"({', '.join(owners)}); send instance_id")
+            instance_id = owners[0]
+        return self._answer(instance_id, confirmation_id, None, args.value, args.reason, args.user or actor,
+                            args.expected_version)
+
+    def _answer(self, instance_id: str, confirmation_id: str | None, conflict_key: str | None, value: Any,
+                reason: str | None, actor: str, expected: int | None) -> dict[str, Any]:
+        with self._lock(instance_id):
+            instance = self.load(instance_id)
+            self._check_version(instance, expected)
+            entry = _open_confirmation(instance, confirmation_id, conflict_key)
+            entry["reason"] = reason
+            entry["answered_by"] = actor
+            instance.main.record("human_decision", actor=actor, data={
+                "confirmation_id": entry["id"], "key": entry.get("key"), "value": value, "reason": reason})
+            try:
+                instance = self.engine.answer_confirmation(instance, entry["id"], value)
+            except ActivityError as err:  # raised before anything changed: not one of the options
+                raise InvalidAnswer(str(err)) from None
+        return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}
+
+    def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",
+                             answer: Any = None, answered: bool = False) -> dict[str, Any]:
+        """The model's ``human_confirm``: a pending confirmation that a person answers later
+        (``POST /api/confirmations/{id}``); or, with ``answered``, one a person answered at once."""
+        def apply(instance: Instance) -> dict[str, Any]:
+            if instance.status == "completed":
+                raise InstanceStateError(f"instance {instance.id} is completed; nobody is waiting for an answer")
+            n = 1 + sum(1 for c in instance.confirmations if str(c.get("id", "")).startswith("model:"))
+            cid = f"model:{n}"
+            entry = {"id": cid, "type": args.type, "message": args.message,
+                     "options": [o.model_dump() for o in args.options], "timeout": args.timeout,
+                     "default": args.default, "answer": answer if answered else None, "timed_out": False,
+                     "answered": answered, "task_id": instance.main.current_activity or "model", "task": None,
+                     "requested_by": actor}
+            instance.confirmations.append(entry)
+            instance.main.record("confirmation_requested", actor=actor, data={
+                "confirmation_id": cid, "type": args.type, "message": args.message[:2000],
+                "options": entry["options"]})
+            if answered:
+                instance.main.record("human_decision", actor="person", data={"confirmation_id": cid, "value": answer})
+            else:
+                instance.waiting_for = [*instance.waiting_for,
+                                        {"kind": "confirmation", "id": cid, "task_id": entry["task_id"], "key": None}]
+                if instance.status == "running":
+                    instance.status = "waiting"
+            return {"confirmation_id": cid, "status": "answered" if answered else "pending",
+                    "answer": answer if answered else None}
+        return self._change(instance_id, None, "human_confirm", actor, apply)
+
+    def record_note(self, instance_id: str, note: str, data: Mapping[str, Any], *, actor: str) -> dict[str, Any]:
+        """An audit note on the main tape (e.g. what the model's tool calls were)."""
+        def apply(instance: Instance) -> dict[str, Any]:
+            event = instance.main.record(note, actor=actor, data=dict(data))
+            return {"tape_seq": event.seq}
+        return self._change(instance_id, None, note, actor, apply)
+
+
+# ============================================================================ helpers
+
+def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
+    """Validate a runtime config change: the config schema, and nothing that runs code
+    (no ``handler`` or script field, conditions only in the safe expression subset, no
+    attribute access in knowledge query templates, no model endpoint)."""
+    source = "runtime config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} for {element_id!r} must be an object")
+    problems = [{"file": source, "id": element_id, "field": k, "message": "runtime config changes cannot carry "
+                 "handlers or scripts; register them on the server, in the process config"}
+                for k in data if str(k).replace("_", "").lower() in FORBIDDEN_CONFIG_KEYS]
+    if problems:
+        raise ConfigError(f"{source} for {element_id!r}: field(s) {', '.join(p['field'] for p in problems)} "
+                          "cannot be changed at run time: no handlers or scripts", problems=problems)
+    cfg = config_from_dict(data, source=source, element_id=element_id)
+    problems = []
+    if cfg.llm is not None and cfg.llm.api_base is not None:
+        problems.append(("llm.apiBase", "the model endpoint is the server's to set (process config or "
+                                        "LAYERFLOW_MODEL_API_BASE), not a runtime change"))
+    rules = cfg.conflict_policy.rules if cfg.conflict_policy is not None else []
+    for i, rule in enumerate(rules):
+        problem = _unsafe_expression(rule.when, natural_language_ok=False)
+        if problem:
+            problems.append((f"conflictPolicy.rules.{i}.when", problem))
+    for i, branch in enumerate(cfg.branches):
+        problem = _unsafe_expression(branch.condition, natural_language_ok=True) if branch.condition else None
+        if problem:
+            problems.append((f"branches.{i}.condition", problem))
+    if cfg.knowledge_config is not None and cfg.knowledge_config.query:
+        fields = [f for _, f, _, _ in string.Formatter().parse(cfg.knowledge_config.query) if f]
+        if any("." in f or "[" in f for f in fields):
+            problems.append(("knowledgeConfig.query", "template fields name context keys only ({key}); "
+                                                      "attribute or index access is not allowed"))
+    if problems:
+        listed = [{"file": source, "id": element_id, "field": f, "message": m} for f, m in problems]
+        raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in problems),
+                          problems=listed)
+    return cfg
+
+
+def _unsafe_expression(expression: str, *, natural_language_ok: bool) -> str | None:
+    from gateways.expressions import ExpressionError, UnsafeExpressionError, check_expression
+
+    try:
+        check_expression(expression)
+    except UnsafeExpressionError as err:
+        return str(err)
+    except ExpressionError as err:
+        if natural_language_ok:
+            try:
+                ast.parse(expression.strip(), mode="eval")
+            except SyntaxError:
+                return None  # a designer's sentence, for the model; nothing runs it
+        return str(err)
+    return None
+
+
+def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict_key: str | None) -> dict[str, Any]:
+    pending = [c for c in instance.confirmations if not c.get("answered")]
+    if confirmation_id:
+        found = [c for c in pending if c["id"] == confirmation_id]
+    else:
+        found = [c for c in pending if c.get("key") == conflict_key or c["id"] == conflict_key]
+    if len(found) == 1:
+        return found[0]
+    wanted = confirmation_id or conflict_key
+    if not found:
+        raise ContextKeyError(f"instance {instance.id} has no open confirmation or conflict {wanted!r}; open: "
+                              f"{', '.join(c['id'] for c in pending) or 'none'}")
+    raise BadRequest(f"conflict key {wanted!r} is open at several gateways ({', '.join(c['id'] for c in found)}); "
+                     "send confirmation_id")
+
+
+def _key_matches(key: str, pattern: str | None) -> bool:
+    if not pattern:
+        return True
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(key, pattern)
+    return key.startswith(pattern)
+
+
+def _modified_times(ctx: LayeredContext) -> Callable[[Layer, str], float]:
+    """When each key's current value was set in this context: the last tape event that
+    wrote it, or a later fork / restore / abort that reset its layer."""
+    times: dict[tuple[int, str], float] = {}
+    reset = [0.0] * len(Layer)
+    for e in ctx.tape:
+        if e.kind == EventKind.FORK:
+            reset = [e.time] * len(Layer)
+        elif e.kind == EventKind.RESTORE:
+            for i in e.data.get("layers", ()):
+                reset[int(i)] = e.time
+        elif e.kind == EventKind.ABORT and e.data.get("snapshot_id"):
+            for i in range(1, len(Layer)):
+                reset[i] = e.time
+        for layer, key, value in e.changes:
+            if value is DELETED:
+                times.pop((layer, key), None)
+            else:
+                times[(layer, key)] = e.time
+    return lambda layer, key: max(times.get((int(layer), key), 0.0), reset[int(layer)])
+
+
+def _layer_attention(ctx: LayeredContext, layer: Layer, keys: Iterable[str], tokens: Mapping[str, int],
+                     preserved: Iterable[str]) -> AttentionScore:
+    view = ctx.layer(layer)
+    entries = tuple(ScopeEntry(layer, k, view[k], tokens[k]) for k in keys)
+    merged = ctx.get("_mergedConflicts")
+    if layer == Layer.HISTORY:
+        scope = Scope(history=entries, preserved=frozenset(preserved), merged_conflicts=merged)
+    else:
+        scope = Scope(history=(), working=entries, preserved=frozenset(preserved), merged_conflicts=merged)
+    return AttentionScore.of_scope(scope)
+
+
+def _epoch(moment: datetime) -> float:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _iso(t: float | None) -> str | None:
+    if not t:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
