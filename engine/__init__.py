@@ -7,7 +7,7 @@ persists its instances. Handlers are registered with ``@activity("name")``.
 from .handlers import ActivityContext, HandlerRegistry, activity
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, load_process
-from .runtime import Engine, Instance
+from .runtime import Engine, Instance, TimedOut
 from .store import MemoryStore, SqliteStore, Store, open_store
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Retriever",
     "SqliteStore",
     "Store",
+    "TimedOut",
     "activity",
     "load_process",
     "open_store",
