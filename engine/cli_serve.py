@@ -1,0 +1,81 @@
+"""``layerflow serve``: the REST API (``engine.api``) with uvicorn (``engine.cli`` adds it to ``main``).
+
+A server that binds anything but a loopback address must be given a token
+(``--token`` or ``LAYERFLOW_API_TOKEN``): contexts and tapes hold business data. On
+loopback without one, a random token is made for the run and printed on stderr, so
+the API is never open, not even to other programs of the same machine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+import sys
+from pathlib import Path
+
+import click
+
+
+__all__ = ["serve", "is_loopback"]
+
+EXIT_BAD_INPUT = 2  # as engine.cli: bad input
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def _default_catalog() -> str:
+    here = Path("bpmn_examples")
+    if here.is_dir():
+        return str(here)
+    return str(Path(__file__).resolve().parent.parent / "bpmn_examples")
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--catalog", default=None, metavar="DIR",
+              help="the processes POST /api/instances may start (default: ./bpmn_examples)")
+@click.option("--store", default=None, metavar="URL",
+              help="memory://, sqlite:///FILE (default: $LAYERFLOW_STORE, else the user data folder)")
+@click.option("--token", default=None, envvar="LAYERFLOW_API_TOKEN", show_envvar=True,
+              help="the bearer token clients must send")
+@click.option("--model", default=None, metavar="NAME", help="model for activities with llm config")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["critical", "error", "warning", "info", "debug"]))
+def serve(host: str, port: int, catalog: str | None, store: str | None, token: str | None, model: str | None,
+          log_level: str) -> None:
+    """Serve the REST API (OpenAPI docs at /docs)."""
+    if not token and not is_loopback(host):
+        click.echo(f"layerflow: refusing to serve on {host} without a token: contexts and tapes hold business "
+                   "data; pass --token or set LAYERFLOW_API_TOKEN (or bind 127.0.0.1)", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if not token:
+        token = secrets.token_urlsafe(24)
+        click.echo(f"layerflow: no --token given; this run's API token is {token}\n"
+                   f"  send it as `Authorization: Bearer {token}`", err=True)
+    catalog_dir = catalog or _default_catalog()
+    if not Path(catalog_dir).is_dir():
+        click.echo(f"layerflow: catalog directory {catalog_dir} does not exist; pass --catalog DIR", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+    import uvicorn
+
+    from context_layers.errors import LayerflowError
+
+    from .api import create_app
+    from .store import default_store_url
+
+    try:
+        app = create_app(store or default_store_url(), catalog_dir, token, model=model)
+    except LayerflowError as err:
+        click.echo(f"layerflow: {err}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs)", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

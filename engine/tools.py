@@ -1,0 +1,243 @@
+"""The governance operations as model tools (OpenAI function calling).
+
+``context_inspect``, ``context_compress``, ``context_branch`` and ``human_confirm``
+(the seed's tools) are JSON schemas generated from the same pydantic models as the
+REST API's bodies (``engine.governance``), and ``dispatch_tool`` runs them on the same
+``GovernanceService``: a model and a person governing an instance go through the same
+checks (layer rules, versions, config validation).
+
+``run_tool_loop`` drives the seed's sequence with a model through litellm: the model
+inspects, decides, compresses, evaluates and asks a person (``human_confirm``) when it
+needs to; each tool call is answered with its result until the model answers in text,
+a person's answer is pending, or ``max_steps`` is reached. The calls are noted on the
+instance's tape (``model_tools``).
+
+A tool error (a bad argument, a denied write, a stale version) is not raised: it goes
+back to the model as ``{"error": {"kind", "message"}}`` so that it can correct itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from context_layers.canonical import json_equal
+from context_layers.errors import LayerflowError, ModelError
+
+from .governance import (
+    BranchArgs,
+    BranchEvaluateArgs,
+    CompressArgs,
+    GovernanceService,
+    HumanConfirmArgs,
+    InspectArgs,
+    ResolveArgs,
+    SnapshotArgs,
+)
+
+__all__ = ["TOOL_MODELS", "ToolLoopResult", "dispatch_tool", "run_tool_loop", "tool_schemas"]
+
+TOOL_MODELS: dict[str, type[BaseModel]] = {
+    "context_inspect": InspectArgs,
+    "context_compress": CompressArgs,
+    "context_branch": BranchArgs,
+    "human_confirm": HumanConfirmArgs,
+}
+
+DESCRIPTIONS = {
+    "context_inspect": "Inspect the layered context of the current process instance: per layer (L0 SYSTEM .. "
+                       "L5 EPHEMERAL) the token count, key count, attention scores (density, redundancy, decay, "
+                       "conflict, toolEfficiency; each 0..1), last modified time, size in bytes and the largest "
+                       "keys; plus which compression triggers would fire.",
+    "context_compress": "Compress L3 HISTORY (action=compress: a snapshot is taken first; preserve_keys are never "
+                        "dropped or altered), evaluate a compression against the snapshot taken before it "
+                        "(action=evaluate: tokens and attention before/after, whether preserved keys are intact), "
+                        "or undo it (action=decompress).",
+    "context_branch": "Branches of a gateway: action=evaluate checks that a branch context holds required_keys; "
+                      "action=resolve_conflict settles a pending merge conflict with a resolution value and a "
+                      "reason; action=snapshot takes a snapshot of the context.",
+    "human_confirm": "Ask a person to choose among options (e.g. to approve a compression that changed a "
+                     "preserved key, or to settle a conflict you cannot). The answer may come later.",
+}
+
+Ask = Callable[[dict[str, Any]], Any]
+
+
+def _inline(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with ``$ref``s to ``$defs`` inlined and titles dropped (what function
+    calling APIs take best)."""
+    defs = schema.get("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                target = copy.deepcopy(defs[ref.split("/")[-1]])
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                return walk({**target, **rest})
+            return {k: walk(v) for k, v in node.items() if k not in ("$defs", "title")}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return walk(schema)
+
+
+def tool_schemas(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The tools as OpenAI ``tools=`` entries."""
+    out = []
+    for name in names or TOOL_MODELS:
+        model = TOOL_MODELS[name]
+        out.append({"type": "function", "function": {
+            "name": name, "description": DESCRIPTIONS[name], "parameters": _inline(model.model_json_schema())}})
+    return out
+
+
+def _error(kind: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"kind": kind, "message": message, **extra}}
+
+
+def dispatch_tool(service: GovernanceService, instance_id: str, name: str, arguments: str | Mapping[str, Any] | None,
+                  *, actor: str = "model", ask: Ask | None = None) -> dict[str, Any]:
+    """Run one tool call on ``instance_id``; the result, or ``{"error": {...}}``."""
+    model = TOOL_MODELS.get(name)
+    if model is None:
+        return _error("bad_request", f"unknown tool {name!r}; tools: {', '.join(TOOL_MODELS)}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as err:
+            return _error("validation_error", f"arguments of {name} are not JSON: {err.msg} at {err.pos}")
+    if arguments is not None and not isinstance(arguments, Mapping):
+        return _error("validation_error", f"arguments of {name} must be a JSON object")
+    try:
+        args = model.model_validate(dict(arguments or {}))
+        return _run(service, instance_id, name, args, actor=actor, ask=ask)
+    except ValidationError as err:
+        problems = [{"field": ".".join(str(p) for p in e["loc"]) or "(arguments)", "message": e["msg"]}
+                    for e in err.errors()]
+        return _error("validation_error", f"invalid arguments for {name}: "
+                      + "; ".join(f"{p['field']}: {p['message']}" for p in problems), problems=problems)
+    except LayerflowError as err:
+        return {"error": err.to_dict()}
+
+
+def _run(service: GovernanceService, instance_id: str, name: str, args: Any, *, actor: str,
+         ask: Ask | None) -> dict[str, Any]:
+    if isinstance(args, InspectArgs):
+        return service.inspect(instance_id, args)
+    if isinstance(args, CompressArgs):
+        return service.compress(instance_id, args, actor=actor)
+    if isinstance(args, BranchArgs):
+        if args.action == "evaluate":
+            return service.branch_evaluate(instance_id, BranchEvaluateArgs(branch_id=args.branch_id,
+                                                                           required_keys=args.required_keys))
+        if args.action == "snapshot":
+            return service.snapshot(instance_id, SnapshotArgs(label=args.label, layers=args.layers), actor=actor)
+        done = service.resolve(instance_id, ResolveArgs(confirmation_id=args.confirmation_id,
+                                                        conflict_key=args.conflict_key, resolution=args.resolution,
+                                                        reason=args.reason or ""), actor=actor)
+        return {k: done[k] for k in ("instance_id", "version", "confirmation_id", "status", "conflicts", "error")}
+    assert isinstance(args, HumanConfirmArgs)
+    return _human_confirm(service, instance_id, args, actor=actor, ask=ask)
+
+
+def _human_confirm(service: GovernanceService, instance_id: str, args: HumanConfirmArgs, *, actor: str,
+                   ask: Ask | None) -> dict[str, Any]:
+    if ask is not None:
+        request = {"kind": "confirmation", "instance_id": instance_id, **args.model_dump()}
+        answer = ask(request)
+        if answer is not None:
+            if not any(json_equal(answer, o.value) or answer == o.label for o in args.options):
+                offered = ", ".join(json.dumps(o.value, ensure_ascii=False) for o in args.options)
+                return _error("invalid_answer", f"the answer {answer!r} is not one of the options: {offered}")
+            return service.request_confirmation(instance_id, args, actor=actor, answer=answer, answered=True)
+    return service.request_confirmation(instance_id, args, actor=actor)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+@dataclass
+class ToolLoopResult:
+    """``status``: ``done`` (the model answered in text), ``waiting`` (a person's answer is
+    pending), ``max_steps``."""
+
+    status: str
+    final: str | None
+    steps: int
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+SYSTEM_PROMPT = (
+    "You govern the context of a running business-process instance. Its context has six layers: L0 SYSTEM, "
+    "L1 PROCESS, L2 KNOWLEDGE, L3 HISTORY, L4 WORKING, L5 EPHEMERAL. Keep it small enough for the model "
+    "without losing what the process depends on. Inspect first (context_inspect); compress L3 HISTORY only "
+    "when a measure calls for it (density below its threshold, redundancy above, too many tokens), keeping "
+    "the keys the process depends on in preserve_keys; then evaluate the compression; if a preserved key "
+    "changed or you are unsure, ask a person with human_confirm (or undo with action=decompress). End with "
+    "a one-paragraph summary of what you did and why.")
+
+
+def _attr(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, task: str | None = None,
+                  messages: Sequence[Mapping[str, Any]] | None = None, max_steps: int = 8,
+                  api_base: str | None = None, api_key: str | None = None, timeout: float = 30.0,
+                  completion: Callable[..., Any] | None = None, ask: Ask | None = None,
+                  actor: str = "model", tools: Sequence[str] | None = None) -> ToolLoopResult:
+    """Let ``model`` govern ``instance_id`` with the tools (litellm ``completion(tools=...)``)."""
+    from .llm import ENV_API_BASE, ENV_API_KEY, load_litellm
+
+    call = completion or load_litellm().completion
+    api_base = api_base or os.environ.get(ENV_API_BASE) or None
+    api_key = api_key or os.environ.get(ENV_API_KEY) or None
+    schemas = tool_schemas(tools)
+    history: list[dict[str, Any]] = [dict(m) for m in messages] if messages else [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": task or f"Govern the context of instance {instance_id}."}]
+    calls: list[dict[str, Any]] = []
+    status, final, steps = "max_steps", None, 0
+    for steps in range(1, max_steps + 1):
+        try:
+            response = call(model=model, messages=history, tools=schemas, tool_choice="auto", api_base=api_base,
+                            api_key=api_key, timeout=timeout)
+        except Exception as err:  # noqa: BLE001 - litellm raises many types; one error for the caller
+            raise ModelError(f"model {model!r} at {api_base or 'the provider default'} failed during the "
+                             f"governance tool loop of instance {instance_id}: {type(err).__name__}: {err}") from err
+        message = _attr(_attr(response, "choices")[0], "message")
+        tool_calls = list(_attr(message, "tool_calls") or [])
+        content = _attr(message, "content")
+        if not tool_calls:
+            status, final = "done", content
+            history.append({"role": "assistant", "content": content})
+            break
+        history.append({"role": "assistant", "content": content, "tool_calls": [
+            {"id": _attr(tc, "id"), "type": "function",
+             "function": {"name": _attr(_attr(tc, "function"), "name"),
+                          "arguments": _attr(_attr(tc, "function"), "arguments") or "{}"}} for tc in tool_calls]})
+        waiting = False
+        for tc in tool_calls:
+            fn = _attr(tc, "function")
+            name, arguments = _attr(fn, "name"), _attr(fn, "arguments") or "{}"
+            result = dispatch_tool(service, instance_id, name, arguments, actor=actor, ask=ask)
+            calls.append({"id": _attr(tc, "id"), "name": name, "arguments": arguments, "result": result})
+            history.append({"role": "tool", "tool_call_id": _attr(tc, "id"),
+                            "content": json.dumps(result, ensure_ascii=False, default=str)})
+            waiting = waiting or (name == "human_confirm" and result.get("status") == "pending")
+        if waiting:
+            status = "waiting"
+            break
+    service.record_note(instance_id, "model_tools", {
+        "model": model, "status": status, "steps": steps, "final": (final or "")[:2000],
+        "calls": [{"name": c["name"], "arguments": c["arguments"][:2000],
+                   "error": (c["result"].get("error") or {}).get("kind")} for c in calls]}, actor=actor)
+    return ToolLoopResult(status=status, final=final, steps=steps, calls=calls, messages=history)
