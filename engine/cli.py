@@ -558,5 +558,9 @@ def validate(bpmn: tuple[str, ...], config: str | None, process_id: str | None, 
     sys.exit(EXIT_OK if report.ok else EXIT_BAD_INPUT)
 
 
+from .cli_serve import serve  # noqa: E402  (`layerflow serve`: the REST API)
+
+main.add_command(serve)
+
 if __name__ == "__main__":  # pragma: no cover
     main(prog_name=os.path.basename(sys.argv[0]) or "layerflow")
