@@ -458,8 +458,16 @@ class LayeredContext:
         ctx = cls(name=name, branch_id=branch_id, encoding=encoding or DEFAULT_ENCODING, _empty=True)
         ctx._base = snapshot
         changes: list[Change] = []  # EPHEMERAL is emptied by the fork itself, in O(1)
+        layers = snapshot.state.layers
         for key, value in {**(inject or {}), "_branch_id": branch_id, "_snapshot_id": snapshot.id}.items():
-            changes.append((Layer.WORKING, ctx._check_key(key), ctx._freeze(key, value)))
+            # the write rule holds for injections too: a key already in KNOWLEDGE or
+            # HISTORY (e.g. ``_branch_id`` of an earlier split) is updated where reads find it
+            where = next((layer for layer in LAYERS[:Layer.WORKING] if key in layers[layer]), Layer.WORKING)
+            if where <= Layer.PROCESS:
+                raise ContextWriteDenied(key, Layer.WORKING, where,
+                                         f"contextInject of branch {branch_id!r} may not change a key that "
+                                         f"{where.name} fixed; inject a different key")
+            changes.append((where, ctx._check_key(key), ctx._freeze(key, value)))
         ctx._emit(EventKind.FORK, actor, changes=changes, snapshot=snapshot,
                   data={"snapshot_id": snapshot.id, "parent": snapshot.context, "name": name,
                         "branch_id": branch_id, "inject": thaw(dict(inject or {}))})

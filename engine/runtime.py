@@ -665,7 +665,6 @@ class _Runtime:
         branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
         split_id = f"{gw}@{task.id}"
         for child, b in zip(taken, branches):
-            _shadow_fix(b.context, b.injected, actor=gw)
             name = b.context.name
             inst.contexts[name] = b.context
             inst.branches[name] = {
@@ -869,19 +868,6 @@ def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data:
     if refused:
         ctx.record("inject_refused", actor=actor, data={**data, "keys": refused,
                                                           "reason": "the key is fixed in SYSTEM or PROCESS"})
-
-
-def _shadow_fix(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str) -> None:
-    """``LayeredContext.fork`` injects into WORKING; a copy of the key in KNOWLEDGE or
-    HISTORY would shadow it. Put the injected value where reads find it."""
-    changes: list[tuple[Layer, str, Any]] = []
-    for key, value in values.items():
-        where = ctx.locate(key)
-        if where in (Layer.KNOWLEDGE, Layer.HISTORY):
-            changes.append((where, key, value))
-            changes.append((Layer.WORKING, key, DELETED))
-    if changes:
-        ctx.apply_changes(changes, kind="inject", actor=actor, data={"reason": "inject over a lower layer's copy"})
 
 
 def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> str:

@@ -278,3 +278,14 @@ def test_record_keys_never_overwrite_history_merged_from_a_branch(ctx):
     assert history["activity:check"]["summary"] != "second pass"
     assert history["activity:check#2"]["summary"] == "second pass"
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_fork_injection_follows_the_write_rule(ctx):
+    branch = LayeredContext.fork(ctx.snapshot(), name="main/x", branch_id="x", inject={"track": "full"})
+    branch.begin_activity("t")
+    branch.complete_activity("t")  # `_branch_id` and `track` move to HISTORY
+    inner = LayeredContext.fork(branch.snapshot(), name="main/x/y", branch_id="y", inject={"track": "fast"})
+    assert inner.resolve("_branch_id") == "y" and inner.resolve("track") == "fast"
+    assert inner.locate("track") is Layer.HISTORY
+    with pytest.raises(ContextWriteDenied, match="contextInject of branch 'z'"):
+        LayeredContext.fork(ctx.snapshot(), name="main/z", branch_id="z", inject={"application_id": "forged"})
