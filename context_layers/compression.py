@@ -2,8 +2,9 @@
 
 ``compress`` works on HISTORY only (WORKING is the open activity's, the other layers
 are not the compressor's) and never changes or drops a protected key: the preserved
-keys (``ctx.preserved`` plus the config's ``preserveKeys``) and the keys of
-``contextStrategy.requiredContext``. Token counts are HISTORY + WORKING, the scope
+keys (``ctx.preserved`` plus the config's ``preserveKeys``), the keys of
+``contextStrategy.requiredContext``, and the engine's ``_``-prefixed bookkeeping
+(``_mergedConflicts``, ``_branch_id``, ...). Token counts are HISTORY + WORKING, the scope
 the token threshold is compared with.
 
 1. **Rules**: the config's ``compressRules`` (``compress_rules.apply_rules``), until
@@ -52,6 +53,7 @@ from .attention import (
     AttentionScore,
     CompressTriggerDetector,
     Scope,
+    Segments,
     classify_tool_entries,
     is_compressor_record,
     segment_history,
@@ -194,7 +196,10 @@ class RuleDrivenCompressor:
             fired = list(self.detector.detect(ctx, config, attention=before).triggers)
         else:
             fired = list(triggers)
-        protected = scope.preserved | set(config.context_strategy.required_context)
+        # Engine bookkeeping (_mergedConflicts, _branch_id, ...) is read by the engine:
+        # protected like preserved keys.
+        protected = (scope.preserved | set(config.context_strategy.required_context)
+                     | {e.key for e in scope.history if e.key.startswith("_")})
         working_tokens = sum(e.tokens for e in scope.working)
         original = [(e.key, e.value) for e in scope.history]
         known = {e.key: (e.value, e.tokens) for e in scope.history}
@@ -208,6 +213,9 @@ class RuleDrivenCompressor:
         prefix = self.prefix
         summarize = SummaryCache(self.summarizer, encoding=enc,
                                  prefix_messages=(lambda: prefix(ctx)) if prefix is not None else None)
+        # Ownership is read before the rules run: a rule may remove activity records
+        # (count_only on "activity:*"), and their entries still belong to them.
+        seg = segment_history(original)
         ruled = apply_rules(original, rules, protected=protected, summarize=summarize, encoding=enc, counts=counts)
         items = list(ruled.items)
         missing = {k: list(v) for k, v in ruled.missing_paths.items()}
@@ -222,27 +230,34 @@ class RuleDrivenCompressor:
         acting = [t for t in fired if t not in _ATTENTION_FOLDS or last is None or scope.tokens * ratio >= last]
         target, entry_target, soft = self._targets(config, acting, scope, target_tokens)
         if directive is not None:
-            chosen, dropped = self._directed(items, directive, protected)
+            chosen, dropped = self._directed(items, seg, directive, protected)
         else:
-            chosen = self._remedies(items, scope, acting, protected)
-            chosen, target = self._cliff(items, chosen, protected, target, entry_target, soft, working_tokens, tok, enc)
+            chosen = self._remedies(items, seg, scope, acting, protected)
+            chosen, target = self._cliff(items, seg, chosen, protected, target, entry_target, soft, working_tokens, tok, enc)
             dropped = []
         budget = self._budget(directive, target)
 
+        # The record names the snapshot taken just before it is written; predict that id
+        # (as LayeredContext mints it) so the token guard below counts the real record.
+        predicted_id = f"snap:{ctx.name}:{ctx.tape.next_seq}"
         record: dict[str, Any] | None = None
         compaction_key: str | None = None
         final = items
+        unfolded = items
         if chosen or dropped:
-            final, record, compaction_key = self._fold(items, chosen, dropped, directive, budget, summarize,
+            final, record, compaction_key = self._fold(items, seg, chosen, dropped, directive, budget, summarize,
                                                        rules, protected, counts, tok, working_tokens,
-                                                       scope.tokens, enc, "snap:pending")
+                                                       scope.tokens, enc, predicted_id)
             after = sum(tok(k, v) for k, v in final) + working_tokens
+            if chosen and dropped:
+                unfolded = self._fold(items, seg, [], dropped, directive, budget, summarize, rules, protected,
+                                      counts, tok, working_tokens, scope.tokens, enc, predicted_id)[0]
             if chosen and after >= ruled_tokens:  # the fold would not save tokens: do not make it
                 chosen = []
                 if dropped:
-                    final, record, compaction_key = self._fold(items, [], dropped, directive, budget, summarize,
+                    final, record, compaction_key = self._fold(items, seg, [], dropped, directive, budget, summarize,
                                                                rules, protected, counts, tok, working_tokens,
-                                                               scope.tokens, enc, "snap:pending")
+                                                               scope.tokens, enc, predicted_id)
                 else:
                     final, record, compaction_key = items, None, None
 
@@ -255,12 +270,15 @@ class RuleDrivenCompressor:
                                   rules=_rule_report(rules, counts), source=source)
 
         snap = ctx.snapshot(label="before compress", actor=actor)
-        if record is not None and compaction_key is not None:
+        if record is not None and compaction_key is not None and snap.id != predicted_id:
             rest = sum(tok(k, v) for k, v in final if k != compaction_key) + working_tokens
             record = _finish_record(record, snap.id, scope.tokens, rest, enc)
             final = [(k, record if k == compaction_key else v) for k, v in final]
+            if sum(tok(k, v) for k, v in final) + working_tokens >= ruled_tokens:
+                final, record, compaction_key, chosen = unfolded, None, None, []
             changes = _diff(original, final)
-        folded = [k for k, _ in original if k not in dict(final)] if record is not None else []
+        folded_set = set(chosen) | (set(record["covers"]) if record is not None else set())
+        folded = [k for k, _ in original if k in folded_set and k not in dict(final)]
         report = {"triggers": fired, "snapshot_id": snap.id, "tokens_before": scope.tokens,
                   "entries_affected": len(changes), "compaction_key": compaction_key, "target_tokens": target,
                   "folded": len(folded), "dropped": list(dropped), "source": source,
@@ -302,13 +320,12 @@ class RuleDrivenCompressor:
             entry_target = max(1, int(ratio * messages))
         return (min(targets) if targets else None), entry_target, soft
 
-    def _remedies(self, items: list[tuple[str, Any]], scope: Scope, fired: Sequence[str],
+    def _remedies(self, items: list[tuple[str, Any]], seg: Segments, scope: Scope, fired: Sequence[str],
                   protected: frozenset[str] | set[str]) -> list[str]:
-        seg = segment_history(items)
         keep = seg.recent(self.keep_recent)
 
         def foldable(key: str) -> bool:
-            owner = seg.owner[key]
+            owner = seg.owner.get(key)
             return key not in protected and owner is not None and owner != COMPACTED and owner not in keep
 
         chosen: dict[str, None] = {}
@@ -332,11 +349,12 @@ class RuleDrivenCompressor:
         if "decay" in fired and len(seg.records) > self.recent_activities:
             old = set(seg.records[:-self.recent_activities]) if self.recent_activities else set(seg.records)
             for k, _ in items:
-                if seg.owner[k] in old and foldable(k):
+                if seg.owner.get(k) in old and foldable(k):
                     chosen.setdefault(k, None)
         return list(chosen)
 
-    def _cliff(self, items: list[tuple[str, Any]], chosen: list[str], protected: frozenset[str] | set[str],
+    def _cliff(self, items: list[tuple[str, Any]], seg: Segments, chosen: list[str],
+               protected: frozenset[str] | set[str],
                target: int | None, entry_target: int | None, soft: Sequence[int], working_tokens: int,
                tok: Callable[[str, Any], int], enc: str) -> tuple[list[str], int | None]:
         """Fold oldest activities until the targets are met; the effective token target.
@@ -345,11 +363,10 @@ class RuleDrivenCompressor:
         (folding everything for a share that stays out of reach would only empty HISTORY);
         the next one, just across the threshold, is tried instead.
         """
-        seg = segment_history(items)
         keep = seg.recent(self.keep_recent)
         by_owner: dict[str, list[str]] = {}
         for k, _ in items:
-            owner = seg.owner[k]
+            owner = seg.owner.get(k)
             if owner is not None and owner != COMPACTED and k not in protected:
                 by_owner.setdefault(owner, []).append(k)
         foldable_records = [r for r in seg.records if r not in keep]
@@ -360,7 +377,7 @@ class RuleDrivenCompressor:
             floor = est.copy()
             for record_key in foldable_records:
                 for key in by_owner.get(record_key, ()):
-                    floor.add(key, listed=key == record_key)
+                    floor.add(key, listed=key == record_key or record_key not in floor.sizes)
             low = floor.tokens(self._budget(None, min([*soft, *([target] if target is not None else [])])))
             reachable = [t for t in soft if t >= low]
             if reachable:
@@ -377,7 +394,7 @@ class RuleDrivenCompressor:
             if met():
                 break
             for key in by_owner.get(record_key, ()):
-                est.add(key, listed=key == record_key)
+                est.add(key, listed=key == record_key or record_key not in est.sizes)
         return list(est.picked), target
 
     def _budget(self, directive: _Directive | None, target: int | None) -> int:
@@ -391,17 +408,16 @@ class RuleDrivenCompressor:
         return SUMMARY_DEFAULT_TOKENS
 
     @staticmethod
-    def _directed(items: list[tuple[str, Any]], directive: _Directive,
+    def _directed(items: list[tuple[str, Any]], seg: Segments, directive: _Directive,
                   protected: frozenset[str] | set[str]) -> tuple[list[str], list[str]]:
-        seg = segment_history(items)
         wanted = set(directive.records)
-        chosen = [k for k, v in items if seg.owner[k] in wanted and k not in protected
+        chosen = [k for k, v in items if seg.owner.get(k) in wanted and k not in protected
                   and not is_compressor_record(k, v)]
         present = {k for k, _ in items}
         dropped = [k for k in directive.drop if k in present and k not in protected and k not in set(chosen)]
         return chosen, dropped
 
-    def _fold(self, items: list[tuple[str, Any]], chosen: Sequence[str], dropped: Sequence[str],
+    def _fold(self, items: list[tuple[str, Any]], seg: Segments, chosen: Sequence[str], dropped: Sequence[str],
               directive: _Directive | None, budget: int, summarize: SummaryCache, rules: Sequence[Any],
               protected: frozenset[str] | set[str], counts: list[int], tok: Callable[[str, Any], int],
               working_tokens: int, tokens_before: int, enc: str,
@@ -434,8 +450,8 @@ class RuleDrivenCompressor:
         summary = summarize(text, _fit_budget(budget, count_text(text, enc)))
         if directive is not None and directive.keep_points:
             summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
-        owner = segment_history(items).owner
-        covers = [*compactions, *(k for k, _ in items if k in chosen_set and owner[k] not in chosen_set - {k})]
+        owner = seg.owner
+        covers = [*compactions, *(k for k, _ in items if k in chosen_set and owner.get(k) not in chosen_set - {k})]
         record: dict[str, Any] = {"kind": "compaction", "summary": summary, "covers": covers,
                                   "entries": len(compactions) + len(chosen_set),
                                   "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}

@@ -113,6 +113,9 @@ def _protected(ctx: LayeredContext, config: ActivityExtensionConfig) -> dict[str
     reasons = {k: "preserved" for k in [*ctx.preserved, *config.effective_preserve_keys]}
     for k in config.context_strategy.required_context:
         reasons.setdefault(k, "required by the current activity")
+    for k in ctx.layer(Layer.HISTORY):
+        if k.startswith("_"):
+            reasons.setdefault(k, "engine bookkeeping")
     return reasons
 
 
