@@ -34,7 +34,7 @@ from context_layers import Layer, LayeredContext  # noqa: E402
 from context_layers.config import config_from_dict  # noqa: E402
 from context_layers.markers import DELETED  # noqa: E402
 from context_layers.prefix import prefix_stability, sliding_window_trim  # noqa: E402
-from context_layers.render import RenderOptions, render_entries, request_tokens  # noqa: E402
+from context_layers.render import RenderOptions, logged_entries, render_entries, request_tokens  # noqa: E402
 from context_layers.tokens import count_value  # noqa: E402
 
 Write = tuple[Layer, str, Any]
@@ -44,6 +44,7 @@ Write = tuple[Layer, str, Any]
 class Step:
     task_id: str
     instructions: str
+    pre: list[Write] = field(default_factory=list)  # engine changes before begin (joins, injects)
     before: list[Write] = field(default_factory=list)  # written after begin, before the request
     after: list[Write] = field(default_factory=list)  # the activity's outputs
     preserve: list[str] = field(default_factory=list)
@@ -55,6 +56,7 @@ class Fixture:
     system: dict[str, Any]
     process: dict[str, Any]
     steps: list[Step]
+    start: list[Write] = field(default_factory=list)  # the instance's data, before any activity
 
 
 @dataclass
@@ -92,10 +94,10 @@ ACTIVITIES = ("collect_documents", "verify_identity", "credit_check", "income_an
 
 
 def generated_process(n: int = 30, *, seed: int = 7, note_sentences: tuple[int, int] = (2, 4),
-                      policy_sentences: int = 200, tool_reads: bool = True, rewrite_every: int = 5) -> Fixture:
+                      policy_sentences: int = 200, tool_every: int = 3, rewrite_every: int = 5) -> Fixture:
     """An ``n``-activity loan-like process: each activity writes a few scored fields and a
-    note; retrieval adds fresh KNOWLEDGE hits per activity; every third activity reads a
-    document (tool call + result entries), and every ``rewrite_every``-th one rewrites a
+    note; retrieval adds fresh KNOWLEDGE hits per activity; every ``tool_every``-th activity
+    reads one of three documents (tool call + result entries; 0: never), and every ``rewrite_every``-th one rewrites a
     status key that lives in HISTORY (0: never). ``policy_sentences`` sizes the SYSTEM
     policy (200 sentences: about 2,700 tokens, the order of a regulated process's system
     prompt)."""
@@ -115,7 +117,7 @@ def generated_process(n: int = 30, *, seed: int = 7, note_sentences: tuple[int, 
             (Layer.WORKING, f"{name}_status", rng.choice(["ok", "review", "flagged"])),
             (Layer.WORKING, f"{name}_note", _text(rng, rng.randint(*note_sentences))),
         ]
-        if tool_reads and i % 3 == 2:
+        if tool_every and i % tool_every == tool_every - 1:
             doc = f"docs/statement_{rng.randint(1, 3)}.pdf"
             after += [
                 (Layer.WORKING, f"tool:{i}:call", {"kind": "tool_call", "tool": "read_file", "path": doc}),
@@ -131,23 +133,31 @@ def generated_process(n: int = 30, *, seed: int = 7, note_sentences: tuple[int, 
         if i == 5:
             after.append((Layer.WORKING, "risk_level", "medium"))
             preserve = ["risk_level"]
-        steps.append(Step(name, f"Activity {name}: {_sentence(rng, 12)} Answer with JSON.", before, after, preserve))
+        steps.append(Step(name, f"Activity {name}: {_sentence(rng, 12)} Answer with JSON.", before=before,
+                          after=after, preserve=preserve))
     return Fixture(f"generated-{n}", system, process, steps)
 
 
 def fixture_from_tape(name: str, ctx: LayeredContext) -> Fixture:
-    """The recorded inputs of a run: each activity's writes (WORKING/KNOWLEDGE/EPHEMERAL,
-    as requested) between its begin and complete events; the model request is placed
-    after the activity's KNOWLEDGE writes (retrieval runs first)."""
+    """The recorded inputs of a run: each activity's writes (as requested) between its
+    begin and complete events, the model request placed after its KNOWLEDGE writes
+    (retrieval runs first); writes before the first activity (the instance's data), and
+    engine changes between activities (join results, branch injections) are replayed
+    too; recorded compressions are not (the setting under test decides those)."""
     system: dict[str, Any] = {}
     process: dict[str, Any] = {}
+    start: list[Write] = []
+    pending: list[Write] = []
     steps: list[Step] = []
     current: Step | None = None
     for e in ctx.tape:
         if e.kind == "init":
             system = {key: value for _, key, value in e.changes}
+        elif e.kind == "changes" and current is None and e.data.get("note") != "compress":
+            pending += [(Layer(layer), key, value) for layer, key, value in e.changes]
         elif e.kind == "begin":
-            current = Step(e.data["task_id"], f"Activity {e.data['task_id']}.")
+            current = Step(e.data["task_id"], f"Activity {e.data['task_id']}.", pre=pending)
+            pending = []
         elif e.kind == "complete" and current is not None:
             current.preserve = list(e.data.get("preserve") or [])
             steps.append(current)
@@ -158,10 +168,14 @@ def fixture_from_tape(name: str, ctx: LayeredContext) -> Fixture:
             if current is None:
                 if requested == Layer.PROCESS:
                     process[key] = value
+                elif not steps:
+                    start.append((requested, key, value))
+                else:
+                    pending.append((layer, key, value))
                 continue
             target = current.before if requested == Layer.KNOWLEDGE and not current.after else current.after
             target.append((requested if requested != Layer.HISTORY else Layer.WORKING, key, value))
-    return Fixture(name, system, process, steps)
+    return Fixture(name, system, process, steps, start)
 
 
 # ----- compression ------------------------------------------------------------------------------
@@ -225,20 +239,25 @@ def simulate(fixture: Fixture, *, mode: str = "layerflow", fmt: str = "xml", bud
     ctx = LayeredContext(system=fixture.system)
     for key, value in fixture.process.items():
         ctx.write(Layer.PROCESS, key, value, actor="start")
+    for layer, key, value in fixture.start:
+        _write(ctx, layer, key, value, "start")
     preserved: set[str] = set()
     requests, tokens, retention = [], [], []
     compressions = 0
     for step in fixture.steps:
+        if step.pre:
+            ctx.apply_changes(step.pre, kind="replay", actor="engine")
         ctx.begin_activity(step.task_id)
         begin_seq = ctx.tape[-1].seq
         for layer, key, value in step.before:
             _write(ctx, layer, key, value, step.task_id)
         options = RenderOptions(format=fmt, instructions=step.instructions, task_id=step.task_id,  # type: ignore[arg-type]
                                 hooks=tuple(hooks), knowledge_scope=knowledge_scope)  # type: ignore[arg-type]
-        entries = ctx.view().entries()
+        # both modes see HISTORY as a log (a rewritten key is appended, as a chat log would)
+        entries, revisions = logged_entries(ctx.view(), options)
         if mode == "sliding":
             entries = sliding_window_trim(entries, budget)
-        messages = render_entries(entries, options, activity_start=begin_seq)
+        messages = render_entries(entries, options, activity_start=begin_seq, revisions=revisions)
         requests.append(messages)
         tokens.append(request_tokens(messages))
         retention.append(_retention(ctx, entries, preserved))

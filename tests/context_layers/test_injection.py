@@ -96,6 +96,10 @@ def parse_xml(messages):
                "working", "ephemeral", "memory", "fact", "task", "entry", "summary"}
     for m in messages:
         root = ET.fromstring(m["content"].encode("utf-8"))
+        layer_of = {}
+        for section in root.iter():
+            for child in section:
+                layer_of[child] = section.get("layer")
         for el in root.iter():
             assert el.tag in allowed, f"unexpected element {el.tag!r}"
             if el.tag in ("entry", "summary", "fact"):
@@ -106,11 +110,16 @@ def parse_xml(messages):
                     memory.append(value)
                     continue
                 key = el.get("key") if el.get("key") is not None else json.loads(el.get("key-json"))
-                assert (el.get("layer"), key) not in found, f"duplicate entry {key!r}"
-                found[(el.get("layer"), key)] = value
+                layer = layer_of[el]
+                assert (layer, key) not in found, f"duplicate entry {key!r}"
+                found[(layer, key)] = value
             if el.tag == "task":
                 tasks.append((el.get("activity"), el.text))
     return found, memory, tasks
+
+
+SECTION_LAYER = {"system": "L0", "process": "L1", "knowledge": "L2", "compaction": "L3", "history": "L3",
+                 "working": "L4", "ephemeral": "L5"}
 
 
 def parse_json(messages):
@@ -125,9 +134,10 @@ def parse_json(messages):
             elif name == "task":
                 tasks.append((body["activity"], body["instructions"]))
             else:
+                layer = SECTION_LAYER[name]
                 for item in body:
-                    assert (item["layer"], item["key"]) not in found
-                    found[(item["layer"], item["key"])] = item["summary"] if "summary" in item else item["value"]
+                    assert (layer, item["key"]) not in found
+                    found[(layer, item["key"])] = item["summary"] if "summary" in item else item["value"]
     return found, memory, tasks
 
 
@@ -215,6 +225,6 @@ def test_xml_splits_cdata_terminators_and_encodes_what_xml_cannot_carry():
     ctx = LayeredContext(system={"a": "x]]>y", "b": "nul\x00", "c": "cr\r\n", "d": "ok\n\ttab"})
     system = render(ctx, format="xml")[0]["content"]
     assert "<![CDATA[x]]]]><![CDATA[>y]]>" in system
-    assert 'key="b" kind="data" type="json"><![CDATA["nul\\u0000"]]>' in system
-    assert 'key="c" kind="data" type="json"><![CDATA["cr\\r\\n"]]>' in system
-    assert 'key="d" kind="data" type="text"><![CDATA[ok\n\ttab]]>' in system
+    assert '<entry key="b" type="json"><![CDATA["nul\\u0000"]]>' in system
+    assert '<entry key="c" type="json"><![CDATA["cr\\r\\n"]]>' in system
+    assert '<entry key="d"><![CDATA[ok\n\ttab]]>' in system

@@ -29,8 +29,13 @@ FORMATS = ["xml", "json", "plain"]
 ROOT = Path(__file__).resolve().parents[2]
 # Where each format's late-bound block starts (the end of the cacheable head).
 LATE_MARK = {"xml": "\n<current>", "json": ',{"knowledge"', "plain": "\n== CURRENT"}
-# Where the last HISTORY entry ends (new entries are inserted here).
-HISTORY_END = {"xml": "\n</history>", "json": ']},{"knowledge"', "plain": "\n== CURRENT"}
+
+
+def history_end(text: str, fmt: str) -> int:
+    """Where the last HISTORY entry ends (new entries are inserted here)."""
+    if fmt == "json":
+        return text.index("]}", text.index('{"history":['))
+    return text.index({"xml": "\n</history>", "plain": "\n== CURRENT"}[fmt])
 
 
 def loan_context() -> LayeredContext:
@@ -129,8 +134,10 @@ def test_xml_identity_is_in_attributes_and_text_in_cdata():
     k = user.find("./current/knowledge/entry[@key='rate_policy']")
     assert k is not None and k.get("source") == "kb://rates" and k.get("confidence") == "0.9"
     assert json.loads(k.text)["text"] == "Base rate 3.1%"
+    assert user.find("./current/working").get("layer") == "L4"
     draft = user.find("./current/working/entry[@key='draft']")
-    assert draft.get("type") == "text" and draft.text == "pending" and draft.get("layer") == "L4"
+    assert draft.get("type") is None and draft.text == "pending" and draft.get("kind") is None
+    assert user.find("./history/entry[@key='activity:submit']").get("kind") == "activity"
     assert "<![CDATA[pending]]>" in messages[1]["content"]
     assert user.find("./current/task").get("activity") == "risk"
 
@@ -193,7 +200,7 @@ def test_appending_history_keeps_the_earlier_request_as_prefix(fmt):
     ctx.write(Layer.KNOWLEDGE, "new_hit", {"text": "x", "source": "kb", "confidence": 0.5}, actor="retriever")
     second = request_text(render(ctx, RenderOptions(format=fmt, instructions="task B", task_id="b",
                                                     memory=("fact 2",))))
-    head = first[: first.index(HISTORY_END[fmt])]
+    head = first[: history_end(first, fmt)]
     assert second.startswith(head), "everything up to the end of the old HISTORY is reused"
     assert common_prefix_tokens(first, second) >= common_prefix_tokens(head, head) - 2
 
@@ -348,3 +355,88 @@ def test_rendering_does_not_import_litellm():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# ----- HISTORY as a log -------------------------------------------------------------------
+
+def status_context() -> LayeredContext:
+    ctx = LayeredContext(system={"p": "policy"})
+    ctx.begin_activity("intake")
+    ctx.write(Layer.WORKING, "status", "opened", actor="intake")
+    ctx.complete_activity("intake")
+    grow(ctx, 1)
+    return ctx
+
+
+def rewrite(ctx: LayeredContext, task: str, value: str) -> None:
+    ctx.begin_activity(task)
+    ctx.write(Layer.WORKING, "status", value, actor=task)  # auto-promoted: lives in HISTORY
+    ctx.complete_activity(task)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_rewritten_history_key_is_appended_not_rewritten_in_place(fmt):
+    ctx = status_context()
+    first = request_text(render(ctx, format=fmt, instructions="t", task_id="x"))
+    rewrite(ctx, "review", "escalated")
+    second = request_text(render(ctx, format=fmt, instructions="t", task_id="x"))
+    assert second.startswith(first[: history_end(first, fmt)]), "the old value stays where it was"
+    assert second.index("opened") < second.index("escalated") and second.count("escalated") == 1
+    assert ctx.resolve("status") == "escalated"
+    state = request_text(render(ctx, format=fmt, history="state"))
+    assert '"opened"' not in state and "[opened]" not in state and "escalated" in state
+
+
+def test_revisions_are_marked_and_parse_back():
+    ctx = status_context()
+    for n, value in enumerate(["review", "escalated", "closed"]):
+        rewrite(ctx, f"r{n}", value)
+    user = ET.fromstring(render(ctx, format="xml")[1]["content"])
+    shown = [(e.text, e.get("revision")) for e in user.iter("entry") if e.get("key") == "status"]
+    assert shown == [("opened", None), ("review", "2"), ("escalated", "3"), ("closed", "4")]
+    doc = json.loads(render(ctx, format="json")[1]["content"])
+    history = next(s["history"] for s in doc["sections"] if "history" in s)
+    assert [(e["value"], e.get("revision")) for e in history if e["key"] == "status"][-1] == ("closed", 4)
+    capped = ET.fromstring(render(ctx, format="xml", max_revisions=2)[1]["content"])
+    assert [(e.text, e.get("revision")) for e in capped.iter("entry") if e.get("key") == "status"] == \
+        [("escalated", "3"), ("closed", "4")]
+    loaded = LayeredContext.from_dict(json.loads(json.dumps(ctx.to_dict())))
+    assert render(loaded) == render(ctx)
+
+
+def test_same_value_rewrites_and_aborts_do_not_add_revisions():
+    ctx = status_context()
+    rewrite(ctx, "same", "opened")
+    ctx.begin_activity("failing")
+    ctx.write(Layer.WORKING, "status", "broken", actor="failing")
+    ctx.abort_activity("failing", reason="test")
+    text = request_text(render(ctx))
+    assert "broken" not in text and 'revision="' not in text
+
+
+def test_compression_and_forks_collapse_the_log():
+    ctx = status_context()
+    rewrite(ctx, "review", "escalated")
+    ctx.apply_changes([(Layer.HISTORY, "compaction:1", {"kind": "compaction", "summary": "earlier work"})],
+                      kind="compress", actor="compressor")
+    text = request_text(render(ctx))
+    assert "[opened]" not in text and "escalated" in text
+    ctx2 = status_context()
+    rewrite(ctx2, "review", "escalated")
+    branch = LayeredContext.fork(ctx2.snapshot(), name="b", branch_id="b")
+    assert "[opened]" not in request_text(render(branch))
+    assert render(branch, history="log") == render(branch, history="state")
+
+
+def test_knowledge_scope_activity_shows_only_the_open_activitys_hits():
+    ctx = LayeredContext(system={"p": 1})
+    ctx.begin_activity("a")
+    ctx.write(Layer.KNOWLEDGE, "old_hit", {"text": "old", "confidence": 0.9}, actor="retriever")
+    ctx.complete_activity("a")
+    ctx.begin_activity("b")
+    ctx.write(Layer.KNOWLEDGE, "new_hit", {"text": "new", "confidence": 0.9}, actor="retriever")
+    scoped = request_text(render(ctx, knowledge_scope="activity"))
+    assert 'key="new_hit"' in scoped and 'key="old_hit"' not in scoped
+    assert 'key="old_hit"' in request_text(render(ctx))
+    with pytest.raises(ValueError):
+        RenderOptions(knowledge_scope="some")  # type: ignore[arg-type]
