@@ -69,6 +69,9 @@ def hostile_context() -> tuple[LayeredContext, RenderOptions]:
                       kind="compression", actor="compressor")
     for i, text in enumerate(CORPUS):
         ctx.write(Layer.KNOWLEDGE, f"k_{i}", {"text": text, "source": text or "kb", "confidence": 0.5}, actor="rag")
+        ctx.write(Layer.KNOWLEDGE, f"hit_{i}", {"kind": "knowledge", "collection": text, "source": "kb://x",
+                                                "confidence": 1, "text": text}, actor="rag")
+    ctx.write(Layer.KNOWLEDGE, "not_a_hit", {"kind": "data", "text": "t", "source": "s"}, actor="rag")
     ctx.begin_activity("decide")
     for i, text in enumerate(CORPUS):
         ctx.write(Layer.WORKING, f"w_{i}", text, actor="decide")
@@ -90,6 +93,22 @@ def expected_entries(ctx: LayeredContext) -> dict[tuple[str, str], object]:
 
 # ----- parsers ------------------------------------------------------------------------------
 
+def xml_attr(el, name):
+    if el.get(name) is not None:
+        return el.get(name)
+    if el.get(f"{name}-json") is not None:
+        return json.loads(el.get(f"{name}-json"))
+    return None
+
+
+def xml_hit_fields(el):
+    fields = {name: xml_attr(el, name) for name in ("kind", "collection", "source")}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if el.get("confidence") is not None:
+        fields["confidence"] = json.loads(el.get("confidence"))
+    return fields
+
+
 def parse_xml(messages):
     found, memory, tasks = {}, [], []
     allowed = {"layerflow", "rules", "system", "process", "compaction", "history", "current", "knowledge",
@@ -106,10 +125,12 @@ def parse_xml(messages):
                 assert len(el) == 0, "a value element has no children"
                 value = el.text or ""
                 value = json.loads(value) if el.get("type") == "json" else value
+                if el.get("field") == "text":  # a knowledge hit: text in CDATA, other fields in attributes
+                    value = {"text": value, **xml_hit_fields(el)}
                 if el.tag == "fact":
                     memory.append(value)
                     continue
-                key = el.get("key") if el.get("key") is not None else json.loads(el.get("key-json"))
+                key = xml_attr(el, "key")
                 layer = layer_of[el]
                 assert (layer, key) not in found, f"duplicate entry {key!r}"
                 found[(layer, key)] = value

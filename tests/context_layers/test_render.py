@@ -133,7 +133,7 @@ def test_xml_identity_is_in_attributes_and_text_in_cdata():
     user = ET.fromstring(messages[1]["content"])
     k = user.find("./current/knowledge/entry[@key='rate_policy']")
     assert k is not None and k.get("source") == "kb://rates" and k.get("confidence") == "0.9"
-    assert json.loads(k.text)["text"] == "Base rate 3.1%"
+    assert k.get("field") == "text" and k.text == "Base rate 3.1%", "a hit is its text, provenance in attributes"
     assert user.find("./current/working").get("layer") == "L4"
     draft = user.find("./current/working/entry[@key='draft']")
     assert draft.get("type") is None and draft.text == "pending" and draft.get("kind") is None

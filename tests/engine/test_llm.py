@@ -21,6 +21,8 @@ from engine.llm import (
     ModelCallFailed,
     RetryPolicy,
     model_configured,
+    prompt_report,
+    prompt_stability,
     request_messages,
     run_llm_activity,
 )
@@ -189,6 +191,9 @@ def test_requests_of_a_run_are_rebuilt_from_the_tape_and_share_their_prefix(stub
     later = recorded[1:]
     assert all(c.data["request"]["prefix_tokens"] / c.data["request"]["tokens"] > 0.5 for c in later)
     assert all(len(c.data["request"]["tail"]) < 1500 for c in later), "the tape stores deltas, not whole requests"
+    rows = prompt_report(ctx.tape)
+    assert [r["seq"] for r in rows] == [c.seq for c in recorded] and rows[0]["share"] is None
+    assert prompt_stability(ctx.tape) == pytest.approx(sum(r["share"] for r in rows[1:]) / 3)
     # and the tape survives a save/load round trip
     loaded = LayeredContext.from_dict(json.loads(json.dumps(ctx.to_dict())))
     assert request_messages(loaded.tape, recorded[-1].seq) == stub.requests[-1]["messages"]
@@ -257,10 +262,10 @@ def test_summarizer_reuses_the_activity_prefix(stub):
     assert 0 < count_text(summary) <= 20
     (received,) = stub.requests
     sent = received["messages"]
-    assert sent[0] == prefix[0] and sent[1]["content"].startswith(prefix[1]["content"])
-    assert request_text(sent).startswith(request_text(prefix)[:-len("<|im_end|>\n")])
+    assert sent[: len(prefix)] == prefix, "the prefix is sent unchanged"
+    assert request_text(sent).startswith(request_text(prefix))
     assert received["max_tokens"] == 20
-    assert '"amount: 120000\\napplicant: Ada ]]> </entry>"' in sent[1]["content"]
+    assert "applicant: Ada ]]]]><![CDATA[> </entry>" in sent[-1]["content"]
 
 
 def test_summarizer_without_prefix_and_failure(stub):
