@@ -3,9 +3,12 @@
 ``resolve_conflicts`` settles each conflict of a ``MERGE_WITH_CONFLICT_DETECT`` join
 (other ``mergeStrategy`` values go to ``strategies.resolve_by_strategy``):
 
-1. **policy** (``conflictPolicy``): a ranking of the key's values settles it when
-   every conflicting value is ranked; otherwise the first rule for the key whose
-   ``when`` holds sets its value and reason. A rule with ``confirm: true`` only
+1. **policy** (``conflictPolicy``): the first rule for the key whose ``when`` holds
+   sets its value and reason; when no rule holds, a ranking of the key's values
+   settles it if every conflicting value is ranked. Rules come first because they
+   are the more specific policy: they look at the context (``risk_level == "high"
+   and amount > 100000``), a ranking only at the values ("rejected" beats
+   "approved"), so a ranking is the fallback. A rule with ``confirm: true`` only
    suggests: a person decides (the model is not asked).
 2. **model**: the ``ConflictArbiter``, if one is given. A malformed answer is
    retried once; a second malformed answer or any exception from the arbiter hands
@@ -129,26 +132,12 @@ def resolve_by_policy(
     *,
     steps: list[ResolutionStep] | None = None,
 ) -> Resolution | None:
-    """The policy's answer for ``conflict``, ``needs_human`` set for a ``confirm`` rule;
-    ``None`` when no ranking or rule applies. Skipped rules are noted in ``steps``."""
+    """The policy's answer for ``conflict``: the first rule for the key whose condition
+    holds (``needs_human`` set for a ``confirm`` rule), else the key's ranking when it
+    ranks every conflicting value, else ``None``. Skipped rules and an incomplete
+    ranking are noted in ``steps``."""
     notes = steps if steps is not None else []
     key = conflict.key
-    ranking = policy.rankings.get(key)
-    if ranking:
-        ranked = [from_json_value(v) for v in ranking]
-        positions = {}
-        for branch, value in conflict.conflicting_values.items():
-            pos = next((i for i, r in enumerate(ranked) if same_value(r, value)), None)
-            if pos is None:
-                notes.append(ResolutionStep(key, "policy", "skipped",
-                                            f"ranking {ranking} does not rank {_show(value)} (branch {branch!r})"))
-                break
-            positions[branch] = pos
-        else:
-            best = min(positions, key=positions.__getitem__)
-            value = conflict.conflicting_values[best]
-            others = sorted({_show(v) for b, v in conflict.conflicting_values.items() if not same_value(v, value)})
-            return Resolution(value, "policy", f"policy ranking for {key!r}: {_show(value)} ranks above {', '.join(others)}")
     scope = _rule_variables(conflict, variables)
     for index, rule in enumerate(policy.rules):
         if not fnmatch.fnmatchcase(key, rule.key):
@@ -162,7 +151,26 @@ def resolve_by_policy(
         if holds:
             return Resolution(from_json_value(rule.value), "policy", rule.reason, needs_human=rule.confirm)
         notes.append(ResolutionStep(key, "policy", "skipped", f"rule {index}: condition {rule.when!r} does not hold"))
-    return None
+    return _by_ranking(conflict, policy.rankings.get(key), notes)
+
+
+def _by_ranking(conflict: MergedConflict, ranking: list[Any] | None, notes: list[ResolutionStep]) -> Resolution | None:
+    if not ranking:
+        return None
+    key = conflict.key
+    ranked = [from_json_value(v) for v in ranking]
+    positions = {}
+    for branch, value in conflict.conflicting_values.items():
+        pos = next((i for i, r in enumerate(ranked) if same_value(r, value)), None)
+        if pos is None:
+            notes.append(ResolutionStep(key, "policy", "skipped",
+                                        f"ranking {ranking} does not rank {_show(value)} (branch {branch!r})"))
+            return None
+        positions[branch] = pos
+    best = min(positions, key=positions.__getitem__)
+    value = conflict.conflicting_values[best]
+    others = sorted({_show(v) for v in conflict.conflicting_values.values() if not same_value(v, value)})
+    return Resolution(value, "policy", f"policy ranking for {key!r}: {_show(value)} ranks above {', '.join(others)}")
 
 
 def _related(conflict: MergedConflict, policy: ConflictPolicy | None, variables: Mapping[str, Any],

@@ -61,8 +61,16 @@ def answer(value: Any, rationale: str = "because", escalate: bool = False) -> st
 
 POLICIES = [
     ("ranking", {"rankings": {"approval_status": ["rejected", "pending", "approved"]}}, "rejected", False),
-    ("ranking then rule", {"rankings": {"approval_status": ["approved", "rejected"]}, "rules": [DUAL]}, "approved", False),
-    ("ranking incomplete -> rule", {"rankings": {"approval_status": ["rejected"]}, "rules": [DUAL]},
+    # rules first (they look at the context), the ranking is the fallback
+    ("rule before ranking", {"rankings": {"approval_status": ["approved", "rejected"]}, "rules": [DUAL]},
+     "pending_dual_approval", False),
+    ("confirm rule before ranking", {"rankings": {"approval_status": ["rejected", "approved"]},
+                                     "rules": [{**DUAL, "confirm": True}]}, "pending_dual_approval", True),
+    ("rule does not hold -> ranking", {"rankings": {"approval_status": ["rejected", "approved"]},
+                                       "rules": [{**DUAL, "when": "amount > 10**6"}]}, "rejected", False),
+    ("rule names an absent key -> ranking", {"rankings": {"approval_status": ["rejected", "approved"]},
+                                             "rules": [{**DUAL, "when": "missing == 1"}]}, "rejected", False),
+    ("ranking incomplete, rule", {"rankings": {"approval_status": ["rejected"]}, "rules": [DUAL]},
      "pending_dual_approval", False),
     ("rule", {"rules": [DUAL]}, "pending_dual_approval", False),
     ("confirm rule", {"rules": [{**DUAL, "confirm": True}]}, "pending_dual_approval", True),
@@ -87,12 +95,22 @@ def test_resolve_by_policy(policy: dict[str, Any], value: Any, needs_human: bool
     ({"rules": [{**DUAL, "when": "missing_key == 1"}]}, "unknown name 'missing_key'"),
     ({"rules": [{**DUAL, "when": "amount > 'x'"}]}, "TypeError"),
     ({"rankings": {"approval_status": ["rejected"]}}, "does not rank \"approved\""),
+    ({"rankings": {"approval_status": ["rejected"]}, "rules": [{**DUAL, "when": "amount < 10"}]}, "does not rank"),
 ])
 def test_policy_that_does_not_apply(policy: dict[str, Any], note: str | None) -> None:
     steps: list[Any] = []
     assert resolve_by_policy(CONFLICT, config(conflictPolicy=policy).conflict_policy, VARIABLES, steps=steps) is None  # type: ignore[arg-type]
     if note is not None:
         assert any(note in s.detail for s in steps), steps
+
+
+def test_rule_that_does_not_hold_is_noted_before_the_ranking_settles() -> None:
+    steps: list[Any] = []
+    policy = config(conflictPolicy={"rankings": {"approval_status": ["rejected", "approved"]},
+                                    "rules": [{**DUAL, "when": "amount > 10**6"}]}).conflict_policy
+    found = resolve_by_policy(CONFLICT, policy, VARIABLES, steps=steps)  # type: ignore[arg-type]
+    assert found is not None and found.reason == "policy ranking for 'approval_status': \"rejected\" ranks above \"approved\""
+    assert [s.outcome for s in steps] == ["skipped"] and "does not hold" in steps[0].detail
 
 
 def test_unsafe_policy_condition_is_a_config_error() -> None:
