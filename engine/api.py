@@ -17,9 +17,9 @@ from __future__ import annotations
 import hmac
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -36,6 +36,7 @@ from .governance import (
     ConfigArgs,
     GovernanceService,
     InjectArgs,
+    InstanceId,
     InspectArgs,
     ResolveArgs,
     RollbackArgs,
@@ -47,6 +48,9 @@ from .runtime import Engine
 __all__ = ["STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
+ID_PATTERN = r"^[\w.:@-]+$"
+PathId = Annotated[str, PathParam(pattern=ID_PATTERN, max_length=200)]
+QueryId = Annotated[str | None, Query(pattern=ID_PATTERN, max_length=200)]
 
 #: The one mapping from error kinds to HTTP status codes (unknown kinds: 500).
 STATUS_BY_KIND: dict[str, int] = {
@@ -84,7 +88,7 @@ class _Body(BaseModel):
 
 
 class _Instance(_Body):
-    instance_id: str = Field(min_length=1)
+    instance_id: InstanceId
 
 
 class _Change(_Instance):
@@ -212,6 +216,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         kind = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(err.status_code, "http_error")
         return _error(kind, str(err.detail), err.status_code)
 
+    @app.exception_handler(UnicodeError)
+    async def _bad_text(request: Request, err: UnicodeError) -> JSONResponse:
+        return _error("bad_request", "the request carries text that is not valid Unicode (an unpaired surrogate?)")
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
         return _error("internal_error", f"{type(err).__name__}: the server failed; see its log", 500)
@@ -294,12 +302,12 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api")
 
     @app.get("/api/instances/{instance_id}", **inst)
-    def document(instance_id: str, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version."""
         return s.document(instance_id)
 
     @app.get("/api/instances/{instance_id}/tape", **inst)
-    def tape(instance_id: str, context: str | None = None, kind: str | None = None, activity: str | None = None,
+    def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
              limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Tape events of every context (or one), by time; filters as `layerflow tape`."""
@@ -307,7 +315,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                       since=since, limit=limit)
 
     @app.get("/api/confirmations", tags=["confirmations"], responses=_ERRORS)
-    def confirmations(instance_id: str | None = None, s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
+    def confirmations(instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
         """Open confirmations (people's decisions pending), of every instance or of one."""
         return s.confirmations(instance_id)
 

@@ -44,12 +44,12 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from xml.etree import ElementTree
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import RuleDrivenCompressor, decompress, evaluate
-from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict
+from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict, format_validation_error
 from context_layers.errors import (
     ActivityError,
     ConfigError,
@@ -77,6 +77,7 @@ __all__ = [
     "InjectArgs",
     "InspectArgs",
     "InspectFilter",
+    "InstanceId",
     "InstanceStateError",
     "InvalidAnswer",
     "ResolveArgs",
@@ -113,6 +114,8 @@ def _layer_name(value: str) -> str:
 LayerName = Annotated[str, AfterValidator(_layer_name),
                       Field(description="L0..L5, or SYSTEM, PROCESS, KNOWLEDGE, HISTORY, WORKING, EPHEMERAL",
                             examples=["L3"])]
+InstanceId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\w.:@-]+$",
+                                   description="an instance id (letters, digits, _ . : @ -)")]
 ContextName = Annotated[str | None, Field(default=None, description="a context name or branch id (default: the main context)")]
 
 
@@ -253,7 +256,7 @@ class AnswerArgs(_Args):
     value: Any
     reason: str | None = None
     user: str | None = None
-    instance_id: str | None = Field(default=None, description="needed when several instances have this confirmation id")
+    instance_id: InstanceId | None = Field(default=None, description="needed when several instances have this confirmation id")
     expected_version: int | None = Field(default=None, ge=1)
 
 
@@ -643,13 +646,19 @@ class GovernanceService:
             if instance.status == "completed":
                 raise InstanceStateError(f"instance {instance.id} is completed; its config no longer matters")
             current = self._config_of(instance, args.activity_id)
-            if args.mode == "merge" and current is not None:
-                new = current.merged_with(change)
-            else:
-                data = change.model_dump(exclude_unset=True)
-                if current is not None and current.handler:
-                    data["handler"] = current.handler  # the handler is the server's, never the request's
-                new = ActivityExtensionConfig.model_validate(data)
+            try:
+                if args.mode == "merge" and current is not None:
+                    new = current.merged_with(change)
+                else:
+                    data = change.model_dump(exclude_unset=True)
+                    if current is not None and current.handler:
+                        data["handler"] = current.handler  # the handler is the server's, never the request's
+                    new = ActivityExtensionConfig.model_validate(data)
+            except ValidationError as err:  # each part is valid, the merge is not (e.g. a strategy without its fields)
+                problems = format_validation_error(err, source="runtime config", element_id=args.activity_id)
+                raise ConfigError(f"runtime config for {args.activity_id!r}: merged with the current config it is "
+                                  "invalid: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems),
+                                  problems=problems) from None
             main = instance.main
             version = 1 + sum(1 for e in main.tape.filter(kind="config_change")
                               if e.data.get("activity_id") == args.activity_id)
