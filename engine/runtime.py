@@ -17,6 +17,12 @@ and may change. The driver (``_Runtime``) is attached to the workflow
 * a **join** (AND / inclusive): the arrived branch contexts are merged three-way
   against the split snapshot into the context the split came from.
 * a **condition**: evaluated over the task's context (reads only the names it uses).
+  An XOR gateway whose branches carry natural-language conditions in its config is
+  decided by ``decide_exclusive`` (the expression rules, the model checks).
+* a **confirmation** (a person's answer to a join conflict) carries a deadline
+  (``created + timeout``). Past it, the configured default is taken, or, with
+  ``onTimeout: escalate`` (or no default), the confirmation is marked ``escalated`` and
+  the instance keeps waiting for a person: see ``_Runtime.time_out``.
 
 The instance is saved after every activity.
 """
@@ -46,7 +52,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import spiff
-from gateways import ContextSplitter, apply_join, join_contexts
+from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
@@ -62,10 +68,11 @@ _WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 
 @dataclass(frozen=True)
 class TimedOut:
-    """What an ``ask`` callback returns when a person did not answer in time: the value
-    taken instead (the confirmation's default), recorded with ``timed_out``."""
+    """What an ``ask`` callback returns when a person did not answer before the deadline.
+    The engine then applies the confirmation's own timeout rule (its default, or an
+    escalation), whatever ``value`` says; ``value`` is kept for callers that show it."""
 
-    value: Any
+    value: Any = None
 
 
 @dataclass
@@ -144,12 +151,16 @@ class Engine:
     ``save``: ``"activity"`` (default) saves after every activity, so a crash loses at most
     the running one; ``"stop"`` saves only when a run stops (waits, completes, fails).
     ``compress``: run the compression hook after each activity (``_after_activity``).
+    ``chooser``: a ``gateways.BranchChooser`` for natural-language XOR conditions (default:
+    built from ``model`` or the gateway's ``llm.model``; none: the expressions decide alone).
+    ``clock``: seconds since the epoch (confirmation deadlines); tests pass a fake one.
     """
 
     def __init__(self, store: Store | str | None = None, handlers: Mapping[str, Handler] | HandlerRegistry | None = None,
                  *, retriever: Retriever | None = None, model: str | None = None, arbiter: Any = None,
                  progress: Callable[[Instance, str, LayeredContext], None] | None = None,
-                 save: str = "activity", compress: bool = True) -> None:
+                 save: str = "activity", compress: bool = True, chooser: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
         if save not in ("activity", "stop"):
             raise ValueError(f"save={save!r}: use 'activity' or 'stop'")
         self.save_after_activity = save == "activity"
@@ -162,6 +173,8 @@ class Engine:
         self.retriever = retriever
         self.model = model
         self.arbiter = arbiter
+        self.chooser = chooser
+        self.clock = clock
         self.progress = progress
         self._retrievers: dict[str, Retriever] = {}
 
@@ -307,6 +320,18 @@ class Engine:
         self.arbiter = arbiter_class.from_config(None, model_override=self.model)
         return self.arbiter
 
+    def chooser_for(self, process: Process, gateway_id: str) -> Any:
+        """The model that reads a gateway's natural-language conditions (``gateways.BranchChooser``),
+        or None: given to the constructor, else built from ``model`` / the gateway's ``llm.model``."""
+        if self.chooser is not None:
+            return self.chooser
+        cfg = process.config(gateway_id)
+        if self.model is None and (cfg is None or cfg.llm is None or not cfg.llm.model):
+            return None  # offline: nothing imports engine.llm, let alone litellm
+        from .conditions import make_chooser
+
+        return make_chooser(self.model, cfg)
+
     def _save(self, instance: Instance) -> None:
         instance.updated = time.time()
         instance.version = self.store.save(to_record(instance), instance.version)
@@ -319,8 +344,20 @@ class Engine:
         rt = _runtime_of(instance)
         for item in list(instance.waiting_for):
             value = _lookup_answer(answers, item)
+            if value is _NO_ANSWER and item["kind"] == "confirmation" and rt.overdue(item["id"]):
+                # An explicit answer (answers file, --answer) beats the deadline; the deadline beats the prompt.
+                if rt.time_out(item["id"]):
+                    self._save(instance)
+                    return True
+                self._save(instance)  # escalated: still waiting, now marked
             if value is _NO_ANSWER and ask is not None:
                 asked = ask(rt.describe(item))
+                if isinstance(asked, TimedOut) and item["kind"] == "confirmation":
+                    answered = rt.time_out(item["id"])
+                    self._save(instance)
+                    if answered:
+                        return True
+                    continue
                 value = _NO_ANSWER if asked is None else asked
             if value is _NO_ANSWER:
                 continue
@@ -330,10 +367,8 @@ class Engine:
                 rt.user_data[str(task.id)] = dict(value or {})
                 task.run()
             elif item["kind"] == "confirmation":
-                timed_out = isinstance(value, TimedOut)
-                value = value.value if isinstance(value, TimedOut) else value
                 rt.check_answer(item["id"], value)
-                rt.answer(item["id"], value, timed_out=timed_out)
+                rt.answer(item["id"], value)
             else:
                 continue
             self._save(instance)
@@ -385,6 +420,8 @@ class _Runtime:
         # confirmation id -> {"value", "resolver"}: answers waiting for their join to re-run
         self.answers: dict[str, dict[str, Any]] = {}
         self._handler_cache: dict[str, Handler | None] = {}
+        # gateway task id -> {expression text: verdict} for the XOR being decided (see decide_exclusive)
+        self._xor: dict[str, dict[str, bool]] = {}
         self.record_cache = _RecordCache()
         spiff.attach(instance.workflow, self)
 
@@ -441,7 +478,10 @@ class _Runtime:
         waiting: list[dict[str, Any]] = []
         for c in inst.confirmations:
             if c.get("answer") is None and not c.get("answered"):
-                waiting.append({"kind": "confirmation", "id": c["id"], "task_id": c["task_id"], "key": c.get("key")})
+                item = {"kind": "confirmation", "id": c["id"], "task_id": c["task_id"], "key": c.get("key")}
+                if c.get("escalated"):
+                    item["escalated"] = True
+                waiting.append(item)
         for task in _ready_tasks(wf):
             if task.task_spec.manual:
                 waiting.append({"kind": "user_task", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
@@ -493,6 +533,7 @@ class _Runtime:
         inst.status = "running"
         inst.error = None
         inst.error_task = None
+        self._xor.clear()
 
     def find_waiting_task(self, task_id: str) -> Any:
         for task in _ready_tasks(self.instance.workflow):
@@ -622,6 +663,15 @@ class _Runtime:
     # ----- expressions and scripts ----------------------------------------------------------
 
     def evaluate(self, task: Any, expression: str) -> Any:
+        if isinstance(task.task_spec, ExclusiveGateway):
+            verdicts = self._xor.get(str(task.id))
+            if verdicts is None:
+                verdicts = self.decide_exclusive(task)
+            if verdicts is not None and expression in verdicts:
+                return verdicts[expression]
+        return self._evaluate(task, expression)
+
+    def _evaluate(self, task: Any, expression: str) -> Any:
         try:
             return evaluate_expression(expression, self.context_of(task))
         except Exception as err:  # noqa: BLE001
@@ -644,11 +694,85 @@ class _Runtime:
         parent_name = spiff.context_name_of(task)
         parent = self.instance.contexts[parent_name]
         if isinstance(spec, ExclusiveGateway):
+            self._xor.pop(str(task.id), None)
             for child in taken:  # one child: the taken flow
                 self._split_in_place(parent, gw, spiff.bpmn_id_of(child), _inject_of(cfg, spiff.bpmn_id_of(child)))
             return
         if taken:
             self._fork(task, parent_name, parent, gw, cfg, taken)
+
+    def decide_exclusive(self, task: Any) -> dict[str, bool] | None:
+        """Decide an XOR gateway whose config gives natural-language conditions: the verdict of
+        each outgoing flow's condition text, for SpiffWorkflow's flow-by-flow evaluation.
+        None when the config gives no sentence (SpiffWorkflow evaluates the expressions).
+
+        Who decides, in SpiffWorkflow's order of the flows:
+
+        1. the BPMN condition expressions. The first flow whose expression holds is taken,
+           and an expression that does not hold keeps its flow closed, whatever the model
+           says. The expression is the designer's reviewed rule: deterministic (a replay
+           takes the same branch) and not open to persuasion by text in the context (an
+           applicant's "please fast-track this"), which a model reading that context is.
+        2. the model, which reads every branch's sentence and the context and names one
+           branch. Its answer is the check of step 1: when it names another branch than
+           the one taken, ``condition_disagreement`` goes on the tape (both branches, the
+           model's rationale) so a person can review the expression against its sentence.
+           It is followed only for a flow with no expression (a sentence as the flow's own
+           condition, which only a process loaded with ``validate=False`` can have), and
+           only when no expression holds.
+        3. the default flow; without one, SpiffWorkflow's "no conditions satisfied" error.
+
+        Offline (no model) the expressions decide and nothing imports litellm. A model
+        that fails (unreachable, or malformed twice) is recorded as
+        ``condition_model_failed`` and the expressions decide. Every decision is recorded
+        as ``condition_decision``.
+        """
+        spec = task.task_spec
+        gw = spec.bpmn_id
+        cfg = self.process.config(gw)
+        sentences = {b.id: b.condition for b in (cfg.branches if cfg is not None else [])
+                     if b.condition and is_natural_language(b.condition)}
+        if not sentences:
+            return None
+        ctx = self.context_of(task)
+        flows: list[tuple[str, str | None]] = []  # (branch id, condition text; None: the default flow)
+        for condition, name in spec.cond_task_specs:
+            target = task.workflow.spec.get_task_spec_from_name(name)
+            flows.append((str(getattr(target, "bpmn_id", None) or name), None if condition is None else condition.args[0]))
+        spoken = {b for b, text in flows if text is not None and is_natural_language(text)}
+        default = next((b for b, text in flows if text is None), None)
+        by_expression = next((b for b, text in flows if text is not None and b not in spoken
+                              and self._evaluate(task, text)), None)
+
+        answer = None
+        chooser = self.engine.chooser_for(self.process, gw)
+        if chooser is not None:
+            options = tuple(BranchOption(b, sentences.get(b) or text, default=text is None) for b, text in flows)
+            answer, failures = ask_branch(chooser, BranchQuestion(gw, options, _condition_context(ctx)))
+            for note in failures:
+                ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
+
+        if by_expression is not None:
+            chosen, by = by_expression, "expression"
+        elif answer is not None and answer.branch in spoken:
+            chosen, by = answer.branch, "model"
+        else:
+            chosen, by = default, "default"
+        model = None if answer is None else {"branch": answer.branch, "rationale": answer.rationale}
+        ctx.record("condition_decision", actor=gw, data={
+            "gateway": gw, "branch": chosen, "decided_by": by, "expression_branch": by_expression or default,
+            "model": model, "model_configured": chooser is not None, "conditions": sentences})
+        if answer is not None and answer.branch != chosen:
+            ctx.record("condition_disagreement", actor=gw, data={
+                "gateway": gw, "followed": chosen, "followed_by": by, "model_branch": answer.branch,
+                "model_rationale": answer.rationale,
+                "conditions": {b: sentences.get(b) for b in (chosen, answer.branch) if b is not None}})
+        verdicts: dict[str, bool] = {}
+        for branch, text in flows:
+            if text is not None:
+                verdicts[text] = verdicts.get(text, False) or branch == chosen
+        self._xor[str(task.id)] = verdicts
+        return verdicts
 
     def _split_in_place(self, ctx: LayeredContext, gw: str, branch_id: str, inject: Mapping[str, Any]) -> None:
         """XOR: only one branch goes on, so the context goes on with it."""
@@ -721,11 +845,14 @@ class _Runtime:
         injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
         order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
         answers = {cid: a["value"] for cid, a in self.answers.items()}
+        # what a person was shown, for the answers given: the chain does not run again for them
+        asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
+                 if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
         config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
         try:
             result = join_contexts(base, contexts, config=config, gateway_id=gw,
                                    arrival_order=order, answers=answers, arbiter=self.engine.arbiter_for(self.process),
-                                   human_available=True, injected=injected)
+                                   human_available=True, injected=injected, asked=asked)
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
@@ -734,7 +861,7 @@ class _Runtime:
         apply_join(parent, result, actor=gw)
         self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)
         if not result.complete:
-            self._add_confirmations(task, gw, result.pending)
+            self._add_confirmations(task, gw, result.pending, context=parent_name)
             return False
         self._close_confirmations(gw, result)
         for m in members:
@@ -749,14 +876,16 @@ class _Runtime:
         inst.conflicts = [c for c in inst.conflicts if not (c.get("gateway_id") == gw and c.get("resolution") is None)]
         inst.conflicts.extend(records)
 
-    def _add_confirmations(self, task: Any, gw: str, pending: list[Any]) -> None:
+    def _add_confirmations(self, task: Any, gw: str, pending: list[Any], *, context: str) -> None:
         inst = self.instance
         known = {c["id"] for c in inst.confirmations if not c.get("answered")}
+        now = self.engine.clock()
         for req in pending:
             if req.id in known:
                 continue
             entry = {**req.to_dict(), "answer": None, "timed_out": False, "answered": False,
-                     "task_id": gw, "task": str(task.id)}
+                     "task_id": gw, "task": str(task.id), "context": context,
+                     "created": now, "deadline": now + float(req.timeout)}
             inst.confirmations.append(entry)
 
     def _close_confirmations(self, gw: str, result: Any) -> None:
@@ -801,7 +930,7 @@ class _Runtime:
         entry = self.check_answer(confirmation_id, value)
         entry["answer"] = value
         entry["answered"] = True
-        entry["timed_out"] = timed_out
+        entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked
         self.answers[confirmation_id] = {"value": value, "resolver": resolver}
         task_uuid = entry.get("task")
         if task_uuid and not any(c.get("task") == task_uuid and not c.get("answered") for c in inst.confirmations):
@@ -810,7 +939,84 @@ class _Runtime:
                 task.run()
 
 
+    def _open(self, confirmation_id: str) -> dict[str, Any] | None:
+        return next((c for c in self.instance.confirmations if c["id"] == confirmation_id and not c.get("answered")),
+                    None)
+
+    def overdue(self, confirmation_id: str) -> bool:
+        """Past its deadline and not yet timed out (an escalated one waits for a person, no longer for a clock)."""
+        entry = self._open(confirmation_id)
+        if entry is None or entry.get("escalated"):
+            return False
+        deadline = _deadline(entry)
+        return deadline is not None and self.engine.clock() >= deadline
+
+    def time_out(self, confirmation_id: str) -> bool:
+        """Apply a confirmation's timeout rule; True when that answered it.
+
+        ``onTimeout: default`` with a default that is one of the options: the default is
+        the answer (the join runs again; its resolution says it was the timeout's).
+        Otherwise (``onTimeout: escalate``, or no usable default) the confirmation is marked
+        ``escalated`` and stays open: a loan officer expects an unanswered dual approval
+        to land on a supervisor's desk, not to be decided by the clock nor to fail the
+        instance (which would lose the question). Either way ``timed_out`` is set and a
+        ``confirmation_timed_out`` event goes on the tape of the join's context.
+        """
+        entry = self._open(confirmation_id)
+        if entry is None or entry.get("escalated"):
+            return False
+        now = self.engine.clock()
+        ctx = self.instance.contexts.get(entry.get("context") or MAIN, self.instance.main)
+        data = {"confirmation_id": confirmation_id, "deadline": _deadline(entry), "timeout": entry.get("timeout"),
+                "at": now}
+        entry["timed_out"] = True
+        default = entry.get("default")
+        why = None
+        if entry.get("on_timeout", "default") != "default":
+            why = "onTimeout is escalate"
+        elif default is None:
+            why = "no default is configured"
+        else:
+            try:
+                self.check_answer(confirmation_id, default)
+            except ActivityError as err:
+                why = f"the default is not one of the options ({err})"
+        if why is None:
+            ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "default", "value": default})
+            entry["answered_by_timeout"] = True
+            self.answer(confirmation_id, default, timed_out=True)
+            return True
+        entry["escalated"] = True
+        entry["escalated_at"] = now
+        ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "escalated", "reason": why})
+        return False
+
+
 # =============================================================================== helpers
+
+def _deadline(entry: Mapping[str, Any]) -> float | None:
+    if entry.get("deadline") is not None:
+        return float(entry["deadline"])
+    if entry.get("created") is not None and entry.get("timeout") is not None:
+        return float(entry["created"]) + float(entry["timeout"])
+    return None
+
+
+_RECORD_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:")
+
+
+def _condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:
+    """The data keys a branch condition may speak of (no records, no knowledge passages),
+    each value cut to ``limit`` characters of JSON so one large value cannot crowd out the rest."""
+    out: dict[str, Any] = {}
+    for key, value in ctx.resolved().items():
+        if key.startswith(_RECORD_PREFIXES):
+            continue
+        plain = thaw(value)
+        text = json.dumps(plain, ensure_ascii=False, sort_keys=True, default=str)
+        out[key] = plain if len(text) <= limit else text[:limit] + "..."
+    return out
+
 
 def _ready_tasks(wf: Any) -> list[Any]:
     tasks = []

@@ -10,6 +10,17 @@ from .arbiter import (
     build_conflict_prompt,
     parse_arbiter_answer,
 )
+from .conditions import (
+    BranchAnswer,
+    BranchAnswerError,
+    BranchChooser,
+    BranchOption,
+    BranchQuestion,
+    ask_branch,
+    build_branch_prompt,
+    is_natural_language,
+    parse_branch_answer,
+)
 from .conflicts import DELETED, ConflictDetector, MergedConflict, MergeOutcome, Resolution, three_way_merge
 from .expressions import ExpressionError, UnknownNameError, UnsafeExpressionError, evaluate, evaluate_condition
 from .join import MERGED_CONFLICTS_KEY, JoinResult, apply_join, join_contexts
@@ -29,7 +40,12 @@ __all__ = [
     "ArbiterAnswerError",
     "ArbitrationAnswer",
     "ArbitrationRequest",
+    "BranchAnswer",
+    "BranchAnswerError",
+    "BranchChooser",
     "BranchContext",
+    "BranchOption",
+    "BranchQuestion",
     "ConflictArbiter",
     "ConflictDetector",
     "ContextSplitter",
@@ -48,12 +64,16 @@ __all__ = [
     "UnknownNameError",
     "UnsafeExpressionError",
     "apply_join",
+    "ask_branch",
+    "build_branch_prompt",
     "build_conflict_prompt",
     "build_human_request",
     "evaluate",
     "evaluate_condition",
+    "is_natural_language",
     "join_contexts",
     "parse_arbiter_answer",
+    "parse_branch_answer",
     "reduce_values",
     "resolve_by_policy",
     "resolve_by_strategy",

@@ -217,10 +217,11 @@ def join_contexts(
     human_available: bool = False,
     injected: Mapping[str, Mapping[str, Any]] | None = None,
     clock: Callable[[], float] = time.time,
+    asked: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> JoinResult:
     """Merge ``branches`` (branch id -> its context at the join, in branch order) against
     ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
-    be resolved (see ``policy.resolve_conflicts``)."""
+    be resolved (see ``policy.resolve_conflicts``, which also explains ``asked``)."""
     config = config or ActivityExtensionConfig()
     order = list(branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx))
@@ -261,7 +262,7 @@ def join_contexts(
             reasons[b] = None if reason is None else str(reason)
     outcome = resolve_conflicts(
         conflicts, config=config, variables=variables, gateway_id=gateway_id, arbiter=arbiter, answers=answers,
-        human_available=human_available, reasons=reasons, arrival_order=list(arrival_order or order))
+        human_available=human_available, reasons=reasons, arrival_order=list(arrival_order or order), asked=asked)
     resolutions = {(int(c.layer), c.key): r for c, r in outcome.resolved}
 
     changes: dict[Layer, list[tuple[str, Any]]] = {}

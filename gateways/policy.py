@@ -17,6 +17,12 @@
 3. **person**: the answer in ``answers`` under ``GATEWAY_ID/KEY`` (or ``*``) if
    present, else a pending ``HumanRequest`` if ``human_available``.
 
+A conflict already put to a person (``asked``: the request as it was shown, by id)
+and now answered is settled by that answer alone: policy and model are not run again,
+so a model that answers differently the second time cannot overrule the person, and
+the answer is checked against the options the person actually saw. An answer taken
+by a timeout (``timed_out``) says so in its reason.
+
 A conflict that nothing settles, or that a person escalates, fails the join with one
 ``MergeConflictError`` naming every such key, branch and value: never a silent pick.
 Every step is returned in ``ResolutionOutcome.steps`` for the tape.
@@ -103,7 +109,24 @@ class HumanRequest:
                 "timeout": self.timeout, "default": self.default, "on_timeout": self.on_timeout,
                 "gateway_id": self.gateway_id, "key": self.key,
                 "suggested": None if self.suggested_by is None else jsonable(self.suggested),
-                "suggested_by": self.suggested_by}
+                "suggested_by": self.suggested_by, "suggested_reason": self.suggested_reason}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "HumanRequest":
+        """The request back from ``to_dict`` (extra fields, e.g. a stored answer, are ignored)."""
+        by = data.get("suggested_by")
+        return cls(id=str(data["id"]), message=str(data.get("message", "")), options=list(data.get("options") or []),
+                   timeout=float(data.get("timeout") or 300.0), default=data.get("default"),
+                   type=str(data.get("type") or CONFLICT_CONFIRMATION), on_timeout=str(data.get("on_timeout") or "default"),
+                   gateway_id=str(data.get("gateway_id") or ""), key=str(data.get("key") or ""),
+                   suggested=None if by is None else from_json_value(data.get("suggested")), suggested_by=by,
+                   suggested_reason=data.get("suggested_reason"))
+
+    @property
+    def suggestion(self) -> Resolution | None:
+        if self.suggested_by is None:
+            return None
+        return Resolution(self.suggested, self.suggested_by, self.suggested_reason or "")
 
 
 @dataclass(frozen=True)
@@ -280,6 +303,18 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: lis
     return None
 
 
+def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool) -> str:
+    suggestion = request.suggestion
+    if timed_out:
+        reason = f"no answer within {request.timeout:g}s: the configured default {_show(value)} was taken"
+        if suggestion is not None and same_value(value, suggestion.value):
+            reason += f" (the {suggestion.resolver} suggestion: {suggestion.reason})"
+        return reason
+    if suggestion is not None and same_value(value, suggestion.value):
+        return f"a person confirmed the {suggestion.resolver} suggestion: {suggestion.reason}"
+    return f"a person chose {option['label']}"
+
+
 def resolve_conflicts(
     conflicts: Sequence[MergedConflict],
     *,
@@ -292,9 +327,12 @@ def resolve_conflicts(
     reasons: Mapping[str, str | None] | None = None,
     related: Mapping[str, Any] | None = None,
     arrival_order: Sequence[str] = (),
+    asked: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ResolutionOutcome:
     """Settle ``conflicts`` per the join's ``mergeStrategy`` (see the module doc).
-    ``reasons``: branch -> its stated reason; ``related``: extra context for the model."""
+    ``reasons``: branch -> its stated reason; ``related``: extra context for the model;
+    ``asked``: confirmation id -> the request a person was shown (``HumanRequest.to_dict``,
+    plus ``timed_out`` when the answer was a timeout's)."""
     if config.merge_strategy != "MERGE_WITH_CONFLICT_DETECT":
         pairs = resolve_by_strategy(conflicts, config, arrival_order=arrival_order, gateway_id=gateway_id)
         return ResolutionOutcome(pairs, [], [ResolutionStep(c.key, "strategy", "resolved", r.reason) for c, r in pairs])
@@ -308,6 +346,19 @@ def resolve_conflicts(
     for conflict in conflicts:
         key = conflict.key
         suggestion: Resolution | None = None
+        prior = (asked or {}).get(f"{gateway_id}/{key}")
+        if prior is not None and f"{gateway_id}/{key}" in answers:
+            shown = HumanRequest.from_dict(prior)
+            option = match_answer(shown, answers[shown.id])
+            if option["value"] == ESCALATE:
+                steps.append(ResolutionStep(key, "human", "escalated", f"answer for {shown.id!r}"))
+                escalated.append(conflict)
+                continue
+            value = from_json_value(option["value"])
+            reason = _answer_reason(shown, option, value, timed_out=bool(prior.get("timed_out")))
+            steps.append(ResolutionStep(key, "human", "answered", reason))
+            resolved.append((conflict, Resolution(value, "human", reason)))
+            continue
         if policy is not None:
             found = resolve_by_policy(conflict, policy, variables, steps=steps)
             if found is not None and not found.needs_human:
@@ -347,10 +398,7 @@ def resolve_conflicts(
                 escalated.append(conflict)
                 continue
             value = from_json_value(option["value"])
-            if suggestion is not None and same_value(value, suggestion.value):
-                reason = f"a person confirmed the {suggestion.resolver} suggestion: {suggestion.reason}"
-            else:
-                reason = f"a person chose {option['label']}"
+            reason = _answer_reason(request_h, option, value, timed_out=False)
             steps.append(ResolutionStep(key, "human", "answered", reason))
             resolved.append((conflict, Resolution(value, "human", reason)))
         elif human_available:
