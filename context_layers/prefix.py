@@ -167,7 +167,7 @@ def sliding_window_trim(items: Sequence[T], budget: int, *,
         if count is not None:
             history = sorted((e for e in entries if e.layer == Layer.HISTORY), key=lambda e: e.order)
             dropped: set[int] = set()
-            while history and count([e for e in entries if id(e) not in dropped]) > budget:  # type: ignore[arg-type]
+            while history and count([e for e in entries if id(e) not in dropped]) > budget:  # type: ignore[misc]
                 dropped.add(id(history.pop(0)))
             return [e for e in entries if id(e) not in dropped]  # type: ignore[misc]
         total = sum(count_value(e.value) for e in entries if e.layer in (Layer.HISTORY, Layer.WORKING))

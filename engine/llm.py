@@ -502,8 +502,10 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
                               task_id=task_id, model="", api_base=None, attempts=0, cause=None)
     endpoint = Endpoint.of(chosen, cfg)
     instructions = "\n\n".join(p for p in (cfg.instructions.strip(), answer_contract(cfg.output_schema, cfg.output_keys)) if p)
-    opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format, instructions=instructions, task_id=task_id,
-                   **({"memory": tuple(memory)} if memory else {}))
+    opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format,
+                   instructions=instructions, task_id=task_id)
+    if memory:
+        opts = replace(opts, memory=tuple(memory))
     messages = render(view if view is not None else ctx.view(), opts)
     who = actor or task_id
     agent = endpoint.model
