@@ -1,7 +1,8 @@
 """Rendering: what the model is sent. A pure function (view, options) -> messages.
 
-Same input, same bytes: values are canonical JSON (sorted keys), entries come in the
-layer's insertion order, and nothing reads a clock or makes an id.
+Same input, same bytes: values are canonical JSON (sorted keys), entries come in a
+fixed order, and nothing reads a clock or makes an id (a context saved and loaded, or
+replayed from its tape, renders identically).
 
 Message structure (chosen so provider prompt caches keep hitting)::
 
@@ -9,10 +10,14 @@ Message structure (chosen so provider prompt caches keep hitting)::
     user    compaction summary, HISTORY in order                   stable, append-only
             current: KNOWLEDGE, WORKING, EPHEMERAL, memory, task   volatile, bound late
 
-Between two requests of the same agent where HISTORY was only appended to, the
-earlier request is a byte prefix of the later one up to the end of its HISTORY: new
-entries land where the volatile block was. Compression moves that boundary only when
-it fires (a cliff), never a little on every request as a sliding window does.
+One system and one user message: between two requests of the same agent, the earlier
+request is a byte prefix of the later one up to the end of its HISTORY; new entries
+land where the volatile block was. HISTORY is shown as a log, in the order of the
+tape: a key that changes is appended again with a ``revision`` instead of being
+rewritten in place (which would invalidate the cache from that point on every later
+request); compression, a restore or a fork collapses it to the current values.
+Compression moves the boundary only when it fires (a cliff), never a little on every
+request as a sliding window does.
 
 Formats. Identity (layer, key, kind, source) is structure; values written by users,
 tools or models are data and can never pose as structure:
