@@ -25,8 +25,9 @@ import click
 from context_layers import Layer, LayeredContext, thaw
 from context_layers.errors import ContextKeyError, ContextWriteDenied, LayerflowError
 
+from .confirm import TerminalPrompt, stdin_is_terminal
 from .process import load_process
-from .runtime import Engine, Instance, TimedOut
+from .runtime import Engine, Instance
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -113,6 +114,8 @@ def _summary(out: _Out, instance: Instance) -> None:
             entry = next((c for c in instance.confirmations if c["id"] == w["id"]), {})
             values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in entry.get("options", []))
             how = f"--answer {w['id']}=VALUE` (VALUE: {values})"
+            if w.get("escalated"):
+                how += " [escalated: no answer before the deadline]"
         elif w["kind"] == "user_task":
             how = f"--answer {w['task_id']}='{{...}}'` (a JSON object)"
         else:
@@ -181,56 +184,6 @@ def _answers(answers_file: str | None, answer: tuple[str, ...], as_json: bool) -
     return out
 
 
-def _terminal_ask(out: _Out) -> Callable[[dict[str, Any]], Any]:
-    """Ask at the terminal: confirmations as numbered options with the timeout counting
-    down (the default on timeout), user tasks as one JSON object."""
-
-    def ask(item: dict[str, Any]) -> Any:
-        if item["kind"] == "confirmation":
-            options = item.get("options") or []
-            click.echo(f"\n{item.get('message', item['id'])}", err=True)
-            for n, o in enumerate(options, start=1):
-                click.echo(f"  {n}. {o.get('label')}", err=True)
-            timeout = float(item.get("timeout") or 300)
-            default = item.get("default")
-            deadline = time.monotonic() + timeout
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    click.echo(f"\nno answer in {timeout:.0f}s: taking the default {json.dumps(default)}", err=True)
-                    return TimedOut(default) if default is not None else None
-                click.echo(f"\rchoose 1-{len(options)} (default {json.dumps(default)} in {left:3.0f}s): ", err=True,
-                           nl=False)
-                ready, _, _ = select.select([sys.stdin], [], [], min(1.0, left))
-                if not ready:
-                    continue
-                line = sys.stdin.readline().strip()
-                if not line and default is not None:
-                    return default
-                if line.isdigit() and 1 <= int(line) <= len(options):
-                    return options[int(line) - 1].get("value")
-                click.echo(f"\nplease answer with a number from 1 to {len(options)}", err=True)
-        if item["kind"] == "user_task":
-            doc = item.get("documentation") or ""
-            click.echo(f"\nuser task {item['task_id']} ({item.get('name') or ''}) {doc}", err=True)
-            while True:
-                line = click.prompt("answer as a JSON object (empty: leave it waiting)", default="", err=True,
-                                    show_default=False)
-                if not line.strip():
-                    return None
-                try:
-                    value = json.loads(line)
-                except ValueError as err:
-                    click.echo(f"not JSON: {err}", err=True)
-                    continue
-                if isinstance(value, dict):
-                    return value
-                click.echo("the answer must be a JSON object", err=True)
-        return None
-
-    return ask
-
-
 def _suggested(item: dict[str, Any]) -> Any:
     """``--yes``: the policy's (or model's) suggestion, else the configured default."""
     if item["kind"] != "confirmation":
@@ -243,8 +196,8 @@ def _suggested(item: dict[str, Any]) -> Any:
 def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], Any] | None:
     if yes:
         return _suggested
-    if not answered and sys.stdin.isatty():
-        return _terminal_ask(out)
+    if not answered and stdin_is_terminal():
+        return TerminalPrompt()  # numbered options, the deadline counting down (engine.confirm)
     return None
 
 
