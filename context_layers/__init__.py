@@ -13,7 +13,12 @@ from .config import (
     config_from_dict,
     config_json_schema,
 )
+from .attention import AttentionScore, CompressTriggerDetector, TriggerDecision
+from .compression import CompressResult, EvaluateReport, RuleDrivenCompressor, decompress, evaluate
 from .context import Entry, LayeredContext, Snapshot, View
+from .hooks import drop_tool_results, newest_read_only, redact
+from .prefix import prefix_stability, sliding_window_trim
+from .render import RenderOptions, render
 from .errors import (
     ConfigError,
     ContextKeyError,
@@ -27,6 +32,21 @@ from .tape import Event, EventKind, Tape
 
 __all__ = [
     "ActivityExtensionConfig",
+    "AttentionScore",
+    "CompressResult",
+    "CompressTriggerDetector",
+    "EvaluateReport",
+    "RenderOptions",
+    "RuleDrivenCompressor",
+    "TriggerDecision",
+    "decompress",
+    "drop_tool_results",
+    "evaluate",
+    "newest_read_only",
+    "prefix_stability",
+    "redact",
+    "render",
+    "sliding_window_trim",
     "AttentionThresholds",
     "BranchConfig",
     "CompressRule",

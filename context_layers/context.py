@@ -280,6 +280,29 @@ class LayeredContext:
                    data={"requested": int(requested)} if requested != effective else {})
         return effective
 
+    def check_write(self, layer: Layer | int | str, key: str) -> tuple[Layer, str | None]:
+        """Where a write of ``key`` to ``layer`` would land, and why it would be denied (None: allowed)."""
+        requested = Layer.parse(layer)
+        existing = self.locate(key)
+        effective = requested if existing is None or existing > requested else existing
+        return effective, self._write_denial(requested, effective, key, exists=existing == effective)
+
+    def write_many(self, layer: Layer | int | str, values: Mapping[str, Any], *, actor: str) -> dict[str, Layer]:
+        """Write several keys all or nothing: every value and permission is checked before
+        the first write, so a denied or invalid key leaves the context as it was."""
+        requested = Layer.parse(layer)
+        frozen = {self._check_key(key): self._freeze(key, value) for key, value in values.items()}
+        plan = {}
+        for key in frozen:
+            effective, reason = self.check_write(requested, key)
+            if reason is not None:
+                self._deny("write", key, requested, effective, reason, actor)
+            plan[key] = effective
+        for key, value in frozen.items():
+            self._emit(EventKind.WRITE, actor, changes=[(plan[key], key, value)],
+                       data={"requested": int(requested)} if requested != plan[key] else {})
+        return plan
+
     def delete(self, layer: Layer | int | str, key: str, *, actor: str) -> Layer:
         requested = Layer.parse(layer)
         effective = self.locate(key)
@@ -610,9 +633,8 @@ class LayeredContext:
 
 
 def _default_summary(task_id: str, status: str, keys: list[str]) -> str:
-    if not keys:
-        return f"{task_id} {status}; no keys written"
-    return f"{task_id} {status}; wrote {', '.join(keys)}"
+    # the record lists the keys already; repeating them here costs tokens in every prompt
+    return f"{task_id} {status}" if keys else f"{task_id} {status}; no keys written"
 
 
 def _dump_snapshot(snap: Snapshot) -> dict[str, Any]:

@@ -443,34 +443,9 @@ def _request_record(ctx: LayeredContext, agent: str, messages: Messages) -> dict
 
 # ----- LLM activities ---------------------------------------------------------------------------
 
-def _check_writes(ctx: LayeredContext, keys: Sequence[str]) -> str | None:
-    """The first key whose write to WORKING the context would deny, or None.
-
-    Uses the context's own rule (auto-promotion, then the permission of the effective
-    layer) so the check cannot drift from ``LayeredContext.write``.
-    """
-    rule = getattr(type(ctx), "_write_denial", None)
-    for key in keys:
-        existing = ctx.locate(key)
-        effective = Layer.WORKING if existing is None or existing > Layer.WORKING else existing
-        if rule is not None:
-            reason = rule(Layer.WORKING, effective, key, exists=existing == effective)
-        else:  # the rule as DESIGN.md states it
-            reason = "denied" if effective in (Layer.SYSTEM, Layer.PROCESS) or (
-                effective == Layer.HISTORY and key.startswith(("activity:", "summary:", "compaction:", "tool:"))) else None
-        if reason is not None:
-            return key
-    return None
-
-
 def _write_answer(ctx: LayeredContext, answer: Mapping[str, Any], actor: str) -> None:
-    denied = _check_writes(ctx, list(answer))
-    if denied is not None:
-        # Let the context refuse it: the denial is recorded on the tape exactly as a script's.
-        ctx.write(Layer.WORKING, denied, answer[denied], actor=actor)
-        raise ContextWriteDenied(denied, Layer.WORKING, ctx.locate(denied), "denied")  # unreachable in practice
-    for key, value in answer.items():
-        ctx.write(Layer.WORKING, key, value, actor=actor)
+    # all or nothing: a denied key (recorded on the tape like a script's) writes nothing
+    ctx.write_many(Layer.WORKING, answer, actor=actor)
 
 
 def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | ActivityExtensionConfig | None = None, *,

@@ -289,3 +289,18 @@ def test_fork_injection_follows_the_write_rule(ctx):
     assert inner.locate("track") is Layer.HISTORY
     with pytest.raises(ContextWriteDenied, match="contextInject of branch 'z'"):
         LayeredContext.fork(ctx.snapshot(), name="main/z", branch_id="z", inject={"application_id": "forged"})
+
+
+def test_write_many_is_all_or_nothing(ctx):
+    before = ctx.state_json()
+    with pytest.raises(ContextWriteDenied) as info:
+        ctx.write_many(Layer.WORKING, {"ok": 1, "policy": "override", "also_ok": 2}, actor="model")
+    assert info.value.key == "policy"
+    assert ctx.state_json() == before and ctx.tape[-1].kind == EventKind.DENIED
+    with pytest.raises(ContextValueError):
+        ctx.write_many(Layer.WORKING, {"ok": 1, "bad": {1, 2}}, actor="model")
+    assert ctx.state_json() == before
+    assert ctx.write_many(Layer.WORKING, {"ok": 1, "application_id2": "x"}, actor="model") == {
+        "ok": Layer.WORKING, "application_id2": Layer.WORKING}
+    assert ctx.check_write(Layer.WORKING, "application_id") == (Layer.PROCESS, ctx.check_write(Layer.WORKING, "application_id")[1])
+    assert ctx.check_write(Layer.WORKING, "application_id")[1] is not None
