@@ -278,7 +278,8 @@ class RuleDrivenCompressor:
                 final, record, compaction_key, chosen = unfolded, None, None, []
             changes = _diff(original, final)
         folded_set = set(chosen) | (set(record["covers"]) if record is not None else set())
-        folded = [k for k, _ in original if k in folded_set and k not in dict(final)]
+        remaining = {k for k, _ in final}
+        folded = [k for k, _ in original if k in folded_set and k not in remaining]
         report = {"triggers": fired, "snapshot_id": snap.id, "tokens_before": scope.tokens,
                   "entries_affected": len(changes), "compaction_key": compaction_key, "target_tokens": target,
                   "folded": len(folded), "dropped": list(dropped), "source": source,
@@ -451,7 +452,9 @@ class RuleDrivenCompressor:
         if directive is not None and directive.keep_points:
             summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
         owner = seg.owner
-        covers = [*compactions, *(k for k, _ in items if k in chosen_set and owner.get(k) not in chosen_set - {k})]
+        # a key whose record folds with it is implied by that record
+        covers = [*compactions, *(k for k, _ in items
+                                  if k in chosen_set and (owner.get(k) == k or owner.get(k) not in chosen_set))]
         record: dict[str, Any] = {"kind": "compaction", "summary": summary, "covers": covers,
                                   "entries": len(compactions) + len(chosen_set),
                                   "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}
