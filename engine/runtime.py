@@ -752,6 +752,7 @@ class _Runtime:
             for note in failures:
                 ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
 
+        chosen: str | None
         if by_expression is not None:
             chosen, by = by_expression, "expression"
         elif answer is not None and answer.branch in spoken:
@@ -988,6 +989,9 @@ class _Runtime:
             return True
         entry["escalated"] = True
         entry["escalated_at"] = now
+        for item in self.instance.waiting_for:
+            if item.get("kind") == "confirmation" and item.get("id") == confirmation_id:
+                item["escalated"] = True
         ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "escalated", "reason": why})
         return False
 
