@@ -239,7 +239,7 @@ class RuleDrivenCompressor:
 
         # The record names the snapshot taken just before it is written; predict that id
         # (as LayeredContext mints it) so the token guard below counts the real record.
-        predicted_id = f"snap:{ctx.name}:{ctx.tape.next_seq}"
+        predicted_id = ctx.next_snapshot_id
         record: dict[str, Any] | None = None
         compaction_key: str | None = None
         final = items

@@ -27,7 +27,7 @@ from .markers import DELETED
 from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape
 from .tokens import DEFAULT_ENCODING, count_value
 
-__all__ = ["LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind"]
+__all__ = ["LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind", "is_record_key"]
 
 LAYERS = tuple(Layer)
 # HISTORY keys that only the engine and the compressor write (records, not data).
@@ -90,6 +90,14 @@ class Snapshot:
     @property
     def preserved(self) -> frozenset[str]:
         return frozenset(self.state.preserved.keys())
+
+    def tokens(self, layer: Layer | int | str | None = None) -> int:
+        if layer is None:
+            return sum(self.state.totals)
+        return self.state.totals[Layer.parse(layer)]
+
+    def key_tokens(self, layer: Layer | int | str, key: str) -> int:
+        return self.state.tokens[Layer.parse(layer)][key]
 
 
 class LayerView(Mapping[str, Any]):
@@ -230,6 +238,11 @@ class LayeredContext:
     @property
     def current_activity(self) -> str | None:
         return self._state.activity
+
+    @property
+    def next_snapshot_id(self) -> str:
+        """The id the next ``snapshot()`` will get (ids are deterministic: name and tape seq)."""
+        return f"snap:{self.name}:{self._tape.next_seq}"
 
     @property
     def snapshots(self) -> Mapping[str, Snapshot]:
@@ -503,7 +516,7 @@ class LayeredContext:
         data = dict(data or {})
         seq = self._tape.next_seq
         if kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
-            data["snapshot_id"] = f"snap:{self.name}:{seq}"
+            data["snapshot_id"] = self.next_snapshot_id
         event = Event(seq=seq, kind=kind, time=time.time(), actor=actor,
                       activity=activity if activity is not None else self._state.activity,
                       branch=self.branch_id, changes=tuple(changes), data=freeze(data), snapshot=snapshot)

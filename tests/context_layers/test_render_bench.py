@@ -18,7 +18,8 @@ def test_bench_prefix_quick():
     match = re.search(r"layerflow ([0-9.]+) vs sliding window ([0-9.]+)", out.stdout)
     assert match, out.stdout
     layerflow, sliding = map(float, match.groups())
-    assert layerflow >= 0.88 and layerflow - sliding >= 0.15, out.stdout
+    # the acceptance target of issue "rendering", measured against the sliding window in the same run
+    assert layerflow >= 0.9 and layerflow - sliding >= 0.05, out.stdout
 
 
 @pytest.mark.slow
