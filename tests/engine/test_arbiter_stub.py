@@ -1,0 +1,221 @@
+"""Join conflicts settled by the model, and natural-language XOR conditions checked by it,
+through the CLI (`--model openai/stub`) and litellm's real HTTP client against the local
+OpenAI-compatible stub server (tests/stub_llm.py) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from engine import Engine
+from engine.cli import main
+
+from engine_helpers import BPMN_HEAD
+from stub_llm import Reply, StubLLM
+
+MODEL = "openai/stub"
+CONFIRM_ID = "join/decision"
+
+VOTE = BPMN_HEAD.format(pid="vote") + """
+    <bpmn:startEvent id="start"/>
+    <bpmn:parallelGateway id="fork"/>
+    <bpmn:scriptTask id="finance"><bpmn:script>decision = "approve"
+finance_note = "income verified"</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="risk"><bpmn:script>decision = "reject"
+risk_note = "debt ratio too high"</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="close"><bpmn:script>outcome = decision</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f0" sourceRef="start" targetRef="fork"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="fork" targetRef="finance"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="fork" targetRef="risk"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="finance" targetRef="join"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="risk" targetRef="join"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="join" targetRef="close"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="close" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+VOTE_CONFIG = """
+fork:
+  branches:
+    - {id: finance, reasonKey: finance_note}
+    - {id: risk, reasonKey: risk_note}
+join:
+  conflictPolicy:
+    policyText: Prefer caution when the reviews disagree.
+  humanConfirm: {timeout: 600}
+"""
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"  # nothing listens there any more: connection refused
+
+
+@pytest.fixture
+def stub(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test-key")
+    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
+    with StubLLM() as server:
+        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", server.url)
+        yield server
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("LAYERFLOW_STORE", store)
+
+    def invoke(*args: str) -> tuple[int, dict[str, Any]]:
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        return result.exit_code, json.loads(result.stdout)
+    invoke.store = store  # type: ignore[attr-defined]
+    return invoke
+
+
+@pytest.fixture
+def vote(tmp_path: Path) -> str:
+    path = tmp_path / "vote.bpmn"
+    path.write_text(VOTE, encoding="utf-8")
+    (tmp_path / "vote.layerflow.yaml").write_text(VOTE_CONFIG, encoding="utf-8")
+    return str(path)
+
+
+def resolution_steps(cli, instance_id: str) -> list[tuple[str, str, str]]:
+    instance = Engine(cli.store).load(instance_id)
+    return [(e.data["resolver"], e.data["outcome"], e.data["detail"]) for e in instance.main.tape
+            if (e.data or {}).get("note") == "resolution"]
+
+
+def arbiter_reply(value: Any, rationale: str = "caution wins when the reviews disagree", escalate: bool = False) -> Reply:
+    return Reply.json({"final_value": value, "rationale": rationale, "escalate": escalate})
+
+
+# ----- the conflict arbiter ------------------------------------------------------------------------
+
+def test_model_resolves_the_conflict(stub, cli, vote) -> None:
+    stub.push(arbiter_reply("reject"))
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 0, doc["error"]
+    assert doc["layers"]["L3"]["outcome"] == "reject"
+    [conflict] = doc["conflicts"]
+    assert conflict["values"] == {"finance": "approve", "risk": "reject"}
+    assert conflict["resolution"] == {"value": "reject", "resolver": "model",
+                                      "reason": "caution wins when the reviews disagree"}
+    [merged] = {**doc["layers"]["L4"], **doc["layers"]["L3"]}["_mergedConflicts"]
+    assert merged["resolution"]["resolver"] == "model"
+    # the prompt carried the key, both values with their reasons, and the policy
+    [request] = stub.requests
+    assert request["model"] == "stub"
+    body = json.loads(request["messages"][-1]["content"].split("\n", 1)[1])
+    assert body["key"] == "decision" and body["company_policy"] == "Prefer caution when the reviews disagree."
+    assert body["branches"] == [{"branch": "finance", "value": "approve", "reason": "income verified"},
+                                {"branch": "risk", "value": "reject", "reason": "debt ratio too high"}]
+
+
+def test_malformed_then_valid_answer(stub, cli, vote) -> None:
+    stub.push(Reply.text("I would reject it."), arbiter_reply("reject"))
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 0 and doc["conflicts"][0]["resolution"]["resolver"] == "model"
+    assert len(stub.requests) == 2
+    steps = resolution_steps(cli, doc["instance_id"])
+    assert [(r, o) for r, o, _ in steps] == [("model", "failed"), ("model", "resolved")]
+    assert "attempt 1" in steps[0][2] and "not JSON" in steps[0][2]
+
+
+def test_escalation_goes_to_a_person_with_the_model_suggestion(stub, cli, vote) -> None:
+    stub.push(arbiter_reply("hold", "neither review is conclusive", escalate=True))
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 3 and doc["status"] == "waiting"
+    [asked] = doc["confirmations"]
+    assert asked["id"] == CONFIRM_ID and asked["suggested"] == "hold" and asked["suggested_by"] == "model"
+    assert [o["value"] for o in asked["options"]] == ["approve", "reject", "hold", "$escalate"]
+    assert doc["conflicts"][0]["resolution"] is None
+
+    code, done = cli("resume", doc["instance_id"], "--model", MODEL, "--answer", f"{CONFIRM_ID}=hold", "--json")
+    assert code == 0, done["error"]
+    assert done["layers"]["L3"]["outcome"] == "hold"
+    assert done["conflicts"][0]["resolution"] == {
+        "value": "hold", "resolver": "human",
+        "reason": "a person confirmed the model suggestion: neither review is conclusive"}
+    assert len(stub.requests) == 1, "the person's answer settles it: the model is not asked again"
+
+
+def test_server_down_falls_back_to_a_person_and_loses_nothing(stub, cli, vote, monkeypatch) -> None:
+    down = closed_port_url()
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", down)
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 3 and doc["status"] == "waiting" and doc["error"] is None
+    [conflict] = doc["conflicts"]
+    assert conflict["values"] == {"finance": "approve", "risk": "reject"} and conflict["resolution"] is None
+    [asked] = doc["confirmations"]
+    assert asked["suggested_by"] is None and [o["value"] for o in asked["options"]] == ["approve", "reject", "$escalate"]
+    steps = resolution_steps(cli, doc["instance_id"])
+    assert [(r, o) for r, o, _ in steps] == [("model", "failed"), ("human", "pending")]
+    failure = steps[0][2]
+    for part in ("ModelCallFailed", "3 attempt(s)", MODEL, down):
+        assert part in failure
+
+    code, done = cli("resume", doc["instance_id"], "--answer", f"{CONFIRM_ID}=reject", "--json")
+    assert code == 0 and done["layers"]["L3"]["outcome"] == "reject"
+    assert done["layers"]["L3"]["finance_note"] == "income verified"  # both branches' work survived
+    assert done["conflicts"][0]["resolution"]["resolver"] == "human"
+
+
+# ----- natural-language XOR conditions ------------------------------------------------------------------
+
+def branch_reply(branch: str) -> Reply:
+    return Reply.json({"branch": branch, "rationale": f"the context fits {branch}"})
+
+
+def loan_fast(cli) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    code, doc = cli("demo", "loan", "--scenario", "fast", "--model", MODEL, "--json")
+    assert code == 0, doc["error"]
+    instance = Engine(cli.store).load(doc["instance_id"])
+    events = [e.data for e in instance.main.tape if str((e.data or {}).get("note", "")).startswith("condition_")]
+    return doc, events
+
+
+@pytest.mark.parametrize(("replies", "model_branch", "disagrees", "failures"), [
+    ([branch_reply("fast_track")], "fast_track", False, 0),
+    ([branch_reply("full_review")], "full_review", True, 0),
+    ([Reply.text("fast track, clearly"), branch_reply("fast_track")], "fast_track", False, 1),
+    ([Reply.json({"branch": "express_lane", "rationale": "x"}), branch_reply("fast_track")], "fast_track", False, 1),
+], ids=["agree", "disagree", "malformed-then-valid", "unknown-branch-then-valid"])
+def test_condition_checked_through_the_stub(stub, cli, replies, model_branch, disagrees, failures) -> None:
+    stub.push(*replies)
+    doc, events = loan_fast(cli)
+    assert doc["layers"]["L3"]["track_type"] == "fast"  # the expression decides either way
+    decision = next(e for e in events if e["note"] == "condition_decision")
+    assert decision["branch"] == "fast_track" and decision["decided_by"] == "expression"
+    assert decision["model"]["branch"] == model_branch
+    assert [e for e in events if e["note"] == "condition_disagreement"] == (
+        [{"note": "condition_disagreement", "gateway": "approval_split", "followed": "fast_track",
+          "followed_by": "expression", "model_branch": "full_review",
+          "model_rationale": "the context fits full_review",
+          "conditions": {"fast_track": decision["conditions"]["fast_track"],
+                         "full_review": "Otherwise take the full review"}}] if disagrees else [])
+    assert len([e for e in events if e["note"] == "condition_model_failed"]) == failures
+    assert len(stub.requests) == 1 + failures
+    prompt = stub.requests[0]["messages"][-1]["content"]
+    assert "If the risk level is low and the amount is below 50,000" in prompt and '"amount": 20000' in prompt
+    assert 'risk_level == "low"' not in prompt, "the check must not be handed the expression it checks"
+
+
+def test_condition_with_the_server_down_is_decided_by_the_expression(stub, cli, monkeypatch) -> None:
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", closed_port_url())
+    doc, events = loan_fast(cli)
+    assert doc["layers"]["L3"]["track_type"] == "fast"
+    [failed] = [e for e in events if e["note"] == "condition_model_failed"]
+    assert "ModelCallFailed" in failed["error"] and MODEL in failed["error"]
+    decision = next(e for e in events if e["note"] == "condition_decision")
+    assert decision["decided_by"] == "expression" and decision["model"] is None and decision["model_configured"]
