@@ -324,6 +324,11 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         """Answer a confirmation with one of its option values; the instance runs on."""
         return s.answer(confirmation_id, body, actor=body.user or "api")
 
+    # The web console (engine/console.py): its page at / and its documented read endpoints.
+    from .console import mount_console
+
+    mount_console(app)
+
     return app
 
 
