@@ -14,7 +14,15 @@ from .config import (
     config_json_schema,
 )
 from .attention import AttentionScore, CompressTriggerDetector, TriggerDecision
-from .compression import CompressResult, EvaluateReport, RuleDrivenCompressor, decompress, evaluate
+from .compression import CompressResult, DecompressResult, EvaluateReport, RuleDrivenCompressor, decompress, evaluate
+from .compression_plan import (
+    CompressionPlan,
+    CompressionPlanRejected,
+    build_compression_prompt,
+    execute_plan,
+    parse_compression_plan,
+)
+from .summarize import ExtractiveSummarizer, Summarizer
 from .context import Entry, LayeredContext, Snapshot, View
 from .hooks import drop_tool_results, newest_read_only, redact
 from .prefix import prefix_stability, sliding_window_trim
@@ -34,6 +42,14 @@ __all__ = [
     "ActivityExtensionConfig",
     "AttentionScore",
     "CompressResult",
+    "CompressionPlan",
+    "CompressionPlanRejected",
+    "DecompressResult",
+    "ExtractiveSummarizer",
+    "Summarizer",
+    "build_compression_prompt",
+    "execute_plan",
+    "parse_compression_plan",
     "CompressTriggerDetector",
     "EvaluateReport",
     "RenderOptions",
