@@ -233,80 +233,76 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     # ----- governance ---------------------------------------------------------------
 
-    gov = {"tags": ["context-governance"], "responses": _ERRORS}
-
-    @app.post("/api/context-governance/inspect", **gov)
+    @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=_ERRORS)
     def inspect(body: InspectRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
         return s.inspect(body.instance_id, InspectArgs.model_validate(_args(body, InspectArgs)))
 
-    @app.post("/api/context-governance/compress", **gov)
+    @app.post("/api/context-governance/compress", tags=["context-governance"], responses=_ERRORS)
     def compress(body: CompressRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
         return s.compress(body.instance_id, CompressArgs.model_validate(_args(body, CompressArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/inject", **gov)
+    @app.post("/api/context-governance/inject", tags=["context-governance"], responses=_ERRORS)
     def inject(body: InjectRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
         return s.inject(body.instance_id, InjectArgs.model_validate(_args(body, InjectArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/resolve", **gov)
+    @app.post("/api/context-governance/resolve", tags=["context-governance"], responses=_ERRORS)
     def resolve(body: ResolveRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
         return s.resolve(body.instance_id, ResolveArgs.model_validate(_args(body, ResolveArgs)),
                          expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/rollback", **gov)
+    @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=_ERRORS)
     def rollback(body: RollbackRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""
         return s.rollback(body.instance_id, RollbackArgs.model_validate(_args(body, RollbackArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/config", **gov)
+    @app.post("/api/context-governance/config", tags=["context-governance"], responses=_ERRORS)
     def config(body: ConfigRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
         return s.config(body.instance_id, ConfigArgs.model_validate(_args(body, ConfigArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/snapshot", **gov)
+    @app.post("/api/context-governance/snapshot", tags=["context-governance"], responses=_ERRORS)
     def snapshot(body: SnapshotRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
         return s.snapshot(body.instance_id, SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/branch-evaluate", **gov)
+    @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"], responses=_ERRORS)
     def branch_evaluate(body: BranchEvaluateRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Whether a branch's context holds the required keys (and in which layer)."""
         return s.branch_evaluate(body.instance_id, BranchEvaluateArgs.model_validate(_args(body, BranchEvaluateArgs)))
 
     # ----- instances ----------------------------------------------------------------
 
-    inst = {"tags": ["instances"], "responses": _ERRORS}
-
-    @app.get("/api/processes", **inst)
+    @app.get("/api/processes", tags=["instances"], responses=_ERRORS)
     def processes(s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
         """The processes of the catalog (what POST /api/instances can start)."""
         return s.processes()
 
-    @app.get("/api/instances", **inst)
+    @app.get("/api/instances", tags=["instances"], responses=_ERRORS)
     def list_instances(status: str | None = Query(default=None), s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
         """Instance summaries, newest first."""
         return s.list_instances(status)
 
-    @app.post("/api/instances", status_code=201, **inst)
+    @app.post("/api/instances", status_code=201, tags=["instances"], responses=_ERRORS)
     def start(body: StartRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Start a catalog process by id and run it until it completes, waits or fails."""
         return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api")
 
-    @app.get("/api/instances/{instance_id}", **inst)
+    @app.get("/api/instances/{instance_id}", tags=["instances"], responses=_ERRORS)
     def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version."""
         return s.document(instance_id)
 
-    @app.get("/api/instances/{instance_id}/tape", **inst)
+    @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=_ERRORS)
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
              limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:

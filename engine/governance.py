@@ -759,27 +759,31 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
         raise ConfigError(f"{source} for {element_id!r}: field(s) {', '.join(p['field'] for p in problems)} "
                           "cannot be changed at run time: no handlers or scripts", problems=problems)
     cfg = config_from_dict(data, source=source, element_id=element_id)
-    problems = []
+    found: list[tuple[str, str]] = []
     if cfg.llm is not None and cfg.llm.api_base is not None:
-        problems.append(("llm.apiBase", "the model endpoint is the server's to set (process config or "
-                                        "LAYERFLOW_MODEL_API_BASE), not a runtime change"))
+        found.append(("llm.apiBase", "the model endpoint is the server's to set (process config or "
+                                     "LAYERFLOW_MODEL_API_BASE), not a runtime change"))
     rules = cfg.conflict_policy.rules if cfg.conflict_policy is not None else []
     for i, rule in enumerate(rules):
         problem = _unsafe_expression(rule.when, natural_language_ok=False)
         if problem:
-            problems.append((f"conflictPolicy.rules.{i}.when", problem))
+            found.append((f"conflictPolicy.rules.{i}.when", problem))
     for i, branch in enumerate(cfg.branches):
         problem = _unsafe_expression(branch.condition, natural_language_ok=True) if branch.condition else None
         if problem:
-            problems.append((f"branches.{i}.condition", problem))
+            found.append((f"branches.{i}.condition", problem))
     if cfg.knowledge_config is not None and cfg.knowledge_config.query:
-        fields = [f for _, f, _, _ in string.Formatter().parse(cfg.knowledge_config.query) if f]
-        if any("." in f or "[" in f for f in fields):
-            problems.append(("knowledgeConfig.query", "template fields name context keys only ({key}); "
-                                                      "attribute or index access is not allowed"))
-    if problems:
-        listed = [{"file": source, "id": element_id, "field": f, "message": m} for f, m in problems]
-        raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in problems),
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(cfg.knowledge_config.query) if f]
+        except ValueError as err:
+            found.append(("knowledgeConfig.query", f"not a template: {err}"))
+        else:
+            if any("." in f or "[" in f for f in fields):
+                found.append(("knowledgeConfig.query", "template fields name context keys only ({key}); "
+                                                       "attribute or index access is not allowed"))
+    if found:
+        listed = [{"file": source, "id": element_id, "field": f, "message": m} for f, m in found]
+        raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in found),
                           problems=listed)
     return cfg
 

@@ -86,7 +86,8 @@ def _inline(schema: dict[str, Any]) -> dict[str, Any]:
             return [walk(v) for v in node]
         return node
 
-    return walk(schema)
+    inlined: dict[str, Any] = walk(schema)
+    return inlined
 
 
 def tool_schemas(names: Sequence[str] | None = None) -> list[dict[str, Any]]:

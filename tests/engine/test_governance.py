@@ -269,6 +269,7 @@ def test_config_keeps_the_servers_handler(service, loan):
      "conflictPolicy.rules.0.when"),
     ({"branches": [{"id": "b", "condition": "amount.__class__"}]}, "branches.0.condition"),
     ({"knowledgeConfig": {"query": "{policy.__class__}"}}, "knowledgeConfig.query"),
+    ({"knowledgeConfig": {"query": "rules for {industry"}}, "knowledgeConfig.query"),
     ({"llm": {"apiBase": "http://evil.example"}}, "llm.apiBase"),
     ({"mergeStrategy": "WHATEVER"}, "mergeStrategy"),
     ({"unknownField": 1}, "unknownField"),
