@@ -20,8 +20,8 @@ context_branch / human_confirm):
 Concurrency: every change loads the instance, checks ``expected_version`` when the
 caller sent one, and saves with the version it loaded; the store refuses a stale save
 (``VersionConflict``), so an update is never lost: it is applied on the latest state
-or refused. Changes to one instance through one service are serialised by a lock
-stripe, so callers of one server who send no version do not refuse each other.
+or refused. Changes to one instance through one service are serialised by a
+per-instance lock, so callers of one server who send no version do not refuse each other.
 
 Errors are the ``LayerflowError`` tree; this module adds::
 
@@ -37,8 +37,9 @@ import ast
 import fnmatch
 import string
 import threading
-import zlib
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -324,20 +325,35 @@ class Catalog:
 
 # ============================================================================ the service
 
+class _Gate:
+    __slots__ = ("lock", "__weakref__")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
 class GovernanceService:
     """The governance operations on the instances of ``engine.store``."""
 
     def __init__(self, engine: Engine, catalog: Catalog | str | Path | None = None, *,
-                 compressor: RuleDrivenCompressor | None = None, stripes: int = 64) -> None:
+                 compressor: RuleDrivenCompressor | None = None) -> None:
         self.engine = engine
         self.catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
         self.compressor = compressor or RuleDrivenCompressor()
-        self._locks = [threading.Lock() for _ in range(max(1, stripes))]
+        self._gates: weakref.WeakValueDictionary[str, _Gate] = weakref.WeakValueDictionary()
+        self._gates_lock = threading.Lock()
 
     # ----- plumbing ------------------------------------------------------------------
 
-    def _lock(self, instance_id: str) -> threading.Lock:
-        return self._locks[zlib.crc32(instance_id.encode("utf-8", "surrogatepass")) % len(self._locks)]
+    @contextmanager
+    def _lock(self, instance_id: str) -> Iterator[None]:
+        """One lock per instance id while someone holds it (a long run blocks no other instance)."""
+        with self._gates_lock:
+            gate = self._gates.get(instance_id)
+            if gate is None:
+                gate = self._gates[instance_id] = _Gate()
+        with gate.lock:
+            yield
 
     def load(self, instance_id: str) -> Instance:
         return self.engine.load(instance_id)
