@@ -16,6 +16,7 @@ from gateways import (
     ArbitrationAnswer,
     ArbitrationRequest,
     ConflictArbiter,
+    HumanRequest,
     InvalidAnswerError,
     MergedConflict,
     UnsafeExpressionError,
@@ -320,3 +321,51 @@ def test_human_request_groups_agreeing_branches_and_adds_extra_options() -> None
     no_default = build_human_request(conflict, gateway_id="g", config=config())
     assert (no_default.default, no_default.on_timeout, no_default.timeout) == (None, "escalate", 300)
     assert json.loads(json.dumps(request.to_dict()))["id"] == "g/s"
+
+
+# ---- a conflict a person was already asked about ----------------------------------------------
+
+def asked_request(**kw: Any) -> dict[str, Any]:
+    """What the engine persisted when it asked: the model suggested "hold", then escalated."""
+    out = chain(arbiter=FakeArbiter([answer("hold", "neither review is conclusive", escalate=True)]),
+                human_available=True)
+    return {**out.pending[0].to_dict(), **kw}
+
+
+def test_human_request_round_trips_through_its_dict() -> None:
+    shown = asked_request()
+    again = HumanRequest.from_dict(json.loads(json.dumps(shown)))
+    assert again.to_dict() == shown
+    assert again.suggestion is not None and again.suggestion.reason == "neither review is conclusive"
+
+
+def test_an_answered_conflict_is_not_put_to_the_model_again() -> None:
+    shown = asked_request()
+    arbiter = FakeArbiter([answer("approved", "changed my mind")])  # would overrule the person if asked
+    out = chain(arbiter=arbiter, answers={"review_join/approval_status": "hold"},
+                asked={"review_join/approval_status": shown})
+    [(_, resolution)] = out.resolved
+    assert (resolution.value, resolution.resolver) == ("hold", "human")
+    assert resolution.reason == "a person confirmed the model suggestion: neither review is conclusive"
+    assert arbiter.requests == [] and [(s.resolver, s.outcome) for s in out.steps] == [("human", "answered")]
+
+
+def test_an_answer_taken_by_a_timeout_says_so() -> None:
+    shown = asked_request(timed_out=True)
+    out = chain(answers={"review_join/approval_status": "hold"}, asked={"review_join/approval_status": shown})
+    assert out.resolved[0][1].reason == ('no answer within 300s: the configured default "hold" was taken '
+                                         "(the model suggestion: neither review is conclusive)")
+
+
+def test_an_asked_conflict_without_an_answer_runs_the_chain() -> None:
+    arbiter = FakeArbiter([answer("rejected")])
+    out = chain(arbiter=arbiter, asked={"review_join/approval_status": asked_request()})
+    assert out.resolved[0][1].resolver == "model" and len(arbiter.requests) == 1
+
+
+def test_an_asked_conflict_checks_the_answer_against_what_was_shown() -> None:
+    with pytest.raises(InvalidAnswerError, match="not one of the offered option values"):
+        chain(answers={"review_join/approval_status": "maybe"}, asked={"review_join/approval_status": asked_request()})
+    with pytest.raises(MergeConflictError, match="escalated by a person"):
+        chain(answers={"review_join/approval_status": "escalate"},
+              asked={"review_join/approval_status": asked_request()})
