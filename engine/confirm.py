@@ -85,19 +85,24 @@ class TerminalPrompt:
         else:
             deadline = float(item["deadline"]) if item.get("deadline") is not None else \
                 self.clock() + float(item.get("timeout") or 300)
-        on_timeout = f"the default {_show(default)}" if takes_default else "escalation"
-        empty = f"empty: {_show(default)}" if default is not None and deadline is not None else "empty: leave it waiting"
+        on_timeout = f"the default {_show(default)} is taken" if takes_default else "it is escalated"
+        if deadline is not None:
+            at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(deadline))
+            self._write(f"  (no answer by {at}: {on_timeout})\n")
+        enter = f"[Enter: {_show(default)}] " if default is not None and deadline is not None else \
+            "[Enter: leave it waiting] "
         while True:
             if deadline is not None:
                 left = deadline - self.clock()
                 if left <= 0:
                     self._write(f"\nno answer before the deadline: {on_timeout}\n")
                     return TimedOut(default)
-                self._write(f"\rchoose 1-{len(options)} ({empty}; {on_timeout} in {left:4.0f}s): ")
+                # \r redraws the countdown in place; short enough not to wrap on a narrow terminal
+                self._write(f"\rchoose 1-{len(options)} {enter}{left:4.0f}s left: ")
                 if not self.wait(self.stdin, min(self.tick, left)):
                     continue
             else:
-                self._write(f"choose 1-{len(options)} ({empty}): ")
+                self._write(f"choose 1-{len(options)} {enter}: ")
             line = self.stdin.readline()
             if line == "":  # end of input: nobody is there to answer
                 self._write("\n")
