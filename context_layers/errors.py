@@ -11,7 +11,13 @@
     ├── ActivityError               kind="activity_failed"     a handler, script or model call failed
     ├── MergeConflictError          kind="merge_conflict"      a join could not resolve conflicts
     ├── VersionConflict             kind="version_conflict"    a stale instance version was saved
-    └── ModelError                  kind="model_error"         the model could not be reached / answered badly
+    ├── ModelError                  kind="model_error"         the model could not be reached / answered badly
+    │   └── engine.llm.ModelCallFailed                          ... with model, api_base, attempts, task id
+    └── (engine) governance and API errors:
+        ├── engine.governance.BadRequest          kind="bad_request"    a request that cannot be carried out
+        ├── engine.governance.InvalidAnswer       kind="invalid_answer" an answer that is not an offered option
+        ├── engine.governance.InstanceStateError  kind="invalid_state"  e.g. a change to a context with open branches
+        └── engine.api.Unauthorized               kind="unauthorized"   no or wrong bearer token
 
 The REST API maps ``kind`` to a status code in one place; the CLI maps it to an exit
 code. Messages name the file, task id, key or layer and say what to do.

@@ -14,6 +14,7 @@ __all__ = [
     "ActivityContext",
     "BM25Retriever",
     "Engine",
+    "GovernanceService",
     "HandlerRegistry",
     "Hit",
     "Instance",
@@ -24,6 +25,20 @@ __all__ = [
     "Store",
     "TimedOut",
     "activity",
+    "create_app",
     "load_process",
     "open_store",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # FastAPI is imported only by what serves HTTP: `layerflow run` stays fast
+    if name == "create_app":
+        from .api import create_app
+
+        return create_app
+    if name == "GovernanceService":
+        from .governance import GovernanceService
+
+        return GovernanceService
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")
