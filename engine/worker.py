@@ -181,6 +181,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     stats = WorkerStats(consumer)
     stop = stop or threading.Event()
     _ensure_group(client, stream, group)
+    client.xgroup_createconsumer(stream, group, consumer)  # visible in XINFO CONSUMERS before its first entry
     restore = _stop_on_signals(stop)
     cursor = "0-0"
     try:

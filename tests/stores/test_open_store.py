@@ -146,7 +146,12 @@ def test_bench_quick_runs():
     from pathlib import Path
 
     bench = Path(__file__).resolve().parents[2] / "bench" / "bench_store.py"
-    out = subprocess.run([sys.executable, str(bench), "--quick", "--backends", "memory,sqlite"],
+    out = subprocess.run([sys.executable, str(bench), "--quick", "--backends", "memory,sqlite", "--no-workers"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| memory |" in out.stdout and "| sqlite |" in out.stdout
+    redis_or_skip()
+    out = subprocess.run([sys.executable, str(bench), "--quick", "--backends", "memory"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "| memory | 2 | threads |" in out.stdout
