@@ -349,13 +349,13 @@ def resolve_conflicts(
         prior = (asked or {}).get(f"{gateway_id}/{key}")
         if prior is not None and f"{gateway_id}/{key}" in answers:
             shown = HumanRequest.from_dict(prior)
-            option = match_answer(shown, answers[shown.id])
-            if option["value"] == ESCALATE:
+            picked = match_answer(shown, answers[shown.id])
+            if picked["value"] == ESCALATE:
                 steps.append(ResolutionStep(key, "human", "escalated", f"answer for {shown.id!r}"))
                 escalated.append(conflict)
                 continue
-            value = from_json_value(option["value"])
-            reason = _answer_reason(shown, option, value, timed_out=bool(prior.get("timed_out")))
+            value = from_json_value(picked["value"])
+            reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")))
             steps.append(ResolutionStep(key, "human", "answered", reason))
             resolved.append((conflict, Resolution(value, "human", reason)))
             continue
