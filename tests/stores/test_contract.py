@@ -42,6 +42,7 @@ def state(store: Store, iid: str = "inst-1") -> tuple:
 # ------------------------------------------------------------------------------ instances
 
 def test_create_load_save_round_trip(store, record):
+    assert isinstance(store, Store), "every backend follows the protocol"
     rec = record(nested={"a": [1, 2.5, None, True, "ü"]}, order={"z": 1, "a": 2})
     assert store.create(rec) == 1
     loaded, version = store.load("inst-1")

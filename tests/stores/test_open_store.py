@@ -155,3 +155,12 @@ def test_bench_quick_runs():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "| memory | 2 | threads |" in out.stdout
+
+
+def test_public_names():
+    import context_layers.stores as stores
+    from context_layers.stores import Store
+
+    for name in stores.__all__:
+        assert hasattr(stores, name), name
+    assert isinstance(MemoryStore(), Store), "the reference backend follows the protocol"
