@@ -359,8 +359,7 @@ class GovernanceService:
         return self.engine.load(instance_id)
 
     def _save(self, instance: Instance) -> None:
-        save = getattr(self.engine, "save", None) or self.engine._save  # noqa: SLF001 - until Engine.save is public
-        save(instance)
+        self.engine.save(instance)
 
     @staticmethod
     def _check_version(instance: Instance, expected: int | None) -> None:

@@ -332,9 +332,12 @@ class Engine:
 
         return make_chooser(self.model, cfg)
 
-    def _save(self, instance: Instance) -> None:
+    def save(self, instance: Instance) -> None:
+        """Save the instance with the version it was loaded with (``VersionConflict`` when stale)."""
         instance.updated = time.time()
         instance.version = self.store.save(to_record(instance), instance.version)
+
+    _save = save
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
                      ask: Callable[[dict[str, Any]], Any] | None) -> bool:
