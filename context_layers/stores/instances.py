@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .base import Store, TapeSequenceError
+from .base import Store, TapeSequenceError, version_conflict
 
 __all__ = ["InstanceRecords", "save_instance", "load_instance", "split_tapes"]
 
@@ -51,7 +51,15 @@ def save_instance(store: Store, record: Mapping[str, Any], expected_version: int
     iid = record["id"]
     # Heads read outside the save are safe: every tape change bumps the version, so if
     # they moved since ``expected_version`` the save below raises VersionConflict.
-    head, appends = split_tapes(record, store.tape_heads(iid))
+    try:
+        head, appends = split_tapes(record, store.tape_heads(iid))
+    except TapeSequenceError:
+        # the stored tapes are ahead of this record: normally because someone saved since
+        # it was loaded, which is a version conflict, not a broken tape
+        actual = store.load(iid)[1]
+        if actual != expected_version:
+            raise version_conflict(iid, expected_version, actual) from None
+        raise
     return store.save(iid, head, expected_version, appends, **kwargs)
 
 
