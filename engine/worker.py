@@ -230,6 +230,9 @@ def _handle(engine: Engine, store: Store, client: Any, stream: str, group: str, 
     except StoreError as err:
         stats.failures += 1
         log.warning("entry %s: %s; leaving it pending", entry_id, err)
+    except Exception:  # noqa: BLE001 - the engine turns activity failures into status "error"; this is a bug
+        stats.failures += 1
+        log.exception("entry %s: instance %r could not be run; leaving the entry pending", entry_id, instance_id)
     finally:
         heartbeat.stop()
         try:
