@@ -1,0 +1,202 @@
+"""The console in a real browser: headless Chromium against a ``layerflow serve`` started here.
+
+The loan demo instance waits on the approval_status conflict at ``review_join``; a
+loan officer signs in with the token, opens it, sees the join marked and both branch
+values, looks at the context as it was at a tape event, answers with a reason, and
+sees the instance complete with her answer on the tape. A wrong token shows an error
+and no data. Screenshots at 1280x800 and 390x844 go to ``artifacts/`` (not committed).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from console_helpers import ARTIFACTS, Server, chromium, require_browser, serve
+from engine.cli import LOAN_SCENARIOS
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "console-e2e-token-5b21"
+OFFICER = "Ann Officer"
+CONFIRMATION = "review_join/approval_status"
+WAIT = 15_000  # ms: the longest any single step may take
+
+
+@pytest.fixture(scope="module")
+def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("console-e2e")
+
+
+@pytest.fixture(scope="module")
+def context(tmp_module: Path) -> Iterator[Any]:
+    require_browser()
+    with chromium(tmp_module) as ctx:
+        ctx.set_default_timeout(WAIT)
+        yield ctx
+
+
+@pytest.fixture(scope="module")
+def server(tmp_module: Path, context: Any) -> Iterator[Server]:
+    with serve(tmp_module, TOKEN) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def conflict(server: Server) -> str:
+    """The loan demo's conflict scenario, started through the REST API: it waits at the join."""
+    server.api("POST", "/api/instances", json={"process_id": "loan_approval", "data": LOAN_SCENARIOS["fast"],
+                                               "user": "e2e"})
+    doc = server.api("POST", "/api/instances", json={"process_id": "loan_approval",
+                                                     "data": LOAN_SCENARIOS["conflict"], "user": "e2e"})
+    assert doc["status"] == "waiting"
+    assert [w["id"] for w in doc["waiting_for"]] == [CONFIRMATION]
+    return str(doc["instance_id"])
+
+
+def shot(page: Any, name: str, *, full_page: bool = False) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"console-{name}.png"
+    page.screenshot(path=str(path), full_page=full_page, timeout=WAIT)
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def api_calls(page: Any) -> list[str]:
+    calls: list[str] = []
+    page.on("request", lambda r: calls.append(f"{r.method} {r.url}") if "/api/" in r.url else None)
+    return calls
+
+
+def test_a_wrong_token_shows_an_error_and_no_data(server: Server, conflict: str, context: Any) -> None:
+    page = context.new_page()
+    calls = api_calls(page)
+    page.goto(server.url + "/")
+    assert page.locator("#login").is_visible()
+    assert page.locator("#list-view").is_hidden() and page.locator("#instance-view").is_hidden()
+    page.fill("#token", "not-the-token")
+    page.fill("#user", "Eve")
+    page.click("#login-submit")
+    error = page.locator("#login-error")
+    error.wait_for(state="visible")
+    assert "refused" in error.inner_text()
+    assert page.locator("#list-view").is_hidden() and page.locator("#instance-view").is_hidden()
+    assert conflict not in page.content()
+    assert page.evaluate("sessionStorage.getItem('layerflow.token')") is None
+    # the only API call was the refused sign-in check; opening an instance by URL shows nothing either
+    page.goto(f"{server.url}/#/instances/{conflict}")
+    page.wait_for_timeout(300)
+    assert page.locator("#login").is_visible() and page.locator("#instance-view").is_hidden()
+    assert calls == [f"GET {server.url}/api/instance-summaries?limit=1"], calls
+    page.close()
+
+
+def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, context: Any) -> None:
+    page = context.new_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    calls = api_calls(page)
+    page.goto(server.url + "/")
+
+    # sign in with the keyboard only
+    page.focus("#token")
+    page.keyboard.type(TOKEN)
+    page.keyboard.press("Tab")
+    page.keyboard.type(OFFICER)
+    page.keyboard.press("Enter")
+    page.locator("#list-view").wait_for(state="visible")
+    assert page.locator("#whoami").inner_text() == OFFICER
+
+    # the list: both instances, the conflict one waiting for the decision; the status filter works
+    row = page.locator("#instances tbody tr", has_text=conflict)
+    row.wait_for()
+    assert page.locator("#instances tbody tr").count() == 2
+    assert "waiting" in row.inner_text().lower() and CONFIRMATION in row.inner_text()
+    page.select_option("#status-filter", "completed")
+    page.wait_for_function("document.querySelectorAll('#instances tbody tr').length === 1")
+    assert conflict not in page.locator("#instances").inner_text()
+    page.select_option("#status-filter", "")
+    row.wait_for()
+    shot(page, "list-1280x800")
+
+    # the instance page
+    row.get_by_role("link").click()
+    page.wait_for_url(re.compile(rf"#/instances/{conflict}$"))
+    page.locator("#inst-status", has_text="waiting").wait_for()
+    join = page.locator("#diagram svg #node-review_join")
+    join.wait_for()
+    assert "conflict" in (join.get_attribute("class") or "")
+    assert page.locator("#diagram svg #node-risk_review").get_attribute("class").split().count("waiting") == 1
+    callout = page.locator("#diagram svg .callout.open").text_content()
+    assert 'finance_review: "approved"' in callout and 'risk_review: "rejected"' in callout, callout
+    card = page.locator("#conf-list .confirmation")
+    assert card.count() == 1
+    assert "approved" in card.inner_text() and "rejected" in card.inner_text()
+    assert re.search(r"\d+ min \d+ s left", card.locator(".time-left").inner_text())
+    assert page.locator("#layer-bars .bar-row").count() == 6
+    assert page.locator("#attention .scores li").count() == 5
+    assert "No compressions" in page.locator("#compressions").inner_text()
+
+    # the tape: filter by key, pick the risk review's write, see the branch context at that point
+    page.fill("#f-key", "approval_status")
+    event = page.locator("#tape-list li.event", has_text="risk_review").filter(has_text="rejected").first
+    event.locator("button").click()
+    page.locator("#replay-banner").wait_for(state="visible")
+    assert "risk_review" in page.locator("#replay-text").inner_text()
+    history = page.locator("#layer-tables details.layer", has_text="L3 HISTORY")
+    history.locator("tr", has_text="approval_status").filter(has_text='"rejected"').wait_for()
+    page.click("#replay-exit")
+    page.locator("#replay-banner").wait_for(state="hidden")
+    page.fill("#f-key", "")
+
+    page.locator("#main").evaluate("el => window.scrollTo(0, 0)")
+    shot(page, "instance-1280x800")
+    shot(page, "instance-1280x800-full", full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(200)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390, "the page scrolls sideways on a phone"
+    shot(page, "instance-390x844")
+    shot(page, "instance-390x844-full", full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 800})
+
+    # answer: a reason is required; then one keyboard press on the option
+    buttons = card.locator(".options button")
+    buttons.filter(has_text="pending_dual_approval").click()
+    assert "reason" in card.locator(".error").inner_text().lower()
+    assert page.evaluate("document.activeElement.id").startswith("reason-")
+    page.keyboard.type("Dual approval: high risk and above 100,000")
+    for _ in range(3):  # approved, rejected, pending_dual_approval
+        page.keyboard.press("Tab")
+    assert "pending_dual_approval" in page.evaluate("document.activeElement.textContent")
+    page.keyboard.press("Enter")
+    page.locator("#inst-status", has_text="completed").wait_for()
+    assert page.locator("#confirmations").is_hidden()
+    resolved = page.locator("#diagram svg .callout.resolved")
+    resolved.wait_for()
+    assert '"pending_dual_approval" (human)' in resolved.text_content()
+    assert "conflict" not in (page.locator("#diagram svg #node-review_join").get_attribute("class") or "")
+
+    decision = page.locator("#tape-list li.event", has_text="human_decision")
+    decision.wait_for()
+    assert OFFICER in decision.inner_text() and "pending_dual_approval" in decision.inner_text()
+    assert "Dual approval" in decision.inner_text()
+    shot(page, "instance-completed-1280x800", full_page=True)
+
+    # the answer is on the tape, by the officer, and the instance is completed (through the API)
+    tape = server.api("GET", f"/api/instances/{conflict}/tape", params={"kind": "note"})
+    decisions = [e for e in tape["events"] if e.get("data", {}).get("note") == "human_decision"]
+    assert [(e["actor"], e["data"]["value"]) for e in decisions] == [(OFFICER, "pending_dual_approval")]
+    assert server.api("GET", f"/api/instances/{conflict}")["status"] == "completed"
+
+    # every call of the page went to a documented endpoint of the OpenAPI schema
+    paths = server.api("GET", "/openapi.json")["paths"]
+    patterns = [(m.upper(), re.compile("^" + re.sub(r"\{[^}]+\}", "[^?]+", p) + "(\\?.*)?$"))
+                for p, ops in paths.items() for m in ops]
+    for call in calls:
+        method, url = call.split(" ", 1)
+        path = url[len(server.url):]
+        assert any(m == method and rx.match(path) for m, rx in patterns), f"undocumented call: {call}"
+    page.close()
