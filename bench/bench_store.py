@@ -36,13 +36,19 @@ from context_layers.stores import Store, StoreUnavailable, open_store  # noqa: E
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+def sqlite_url(name: str, directory: str) -> str:
+    """``sqlite``: the default (WAL, synchronous=FULL: every commit is fsynced);
+    ``sqlite-normal``: synchronous=NORMAL (survives a crashed process, not a power cut)."""
+    return f"sqlite:///{directory}/bench.db" + ("?synchronous=normal" if name == "sqlite-normal" else "")
+
+
 @contextmanager
 def backend(name: str) -> Iterator[Store]:
     if name == "memory":
         yield open_store("memory://")
-    elif name == "sqlite":
+    elif name.startswith("sqlite"):
         with tempfile.TemporaryDirectory() as d:
-            store = open_store(f"sqlite:///{d}/bench.db")
+            store = open_store(sqlite_url(name, d))
             yield store
             store.close()
     else:
@@ -120,8 +126,8 @@ def bench_workers(name: str, workers: int, n: int) -> float:
     stream = f"lfbench-{tag}:ready"
     client = queue_client(queue_url=REDIS_URL)
     with tempfile.TemporaryDirectory() as d:
-        url = {"memory": f"memory://bench-{tag}", "sqlite": f"sqlite:///{d}/bench.db",
-               "redis": f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix=lfbench-{tag}"}[name]
+        url = (f"memory://bench-{tag}" if name == "memory" else sqlite_url(name, d) if name.startswith("sqlite")
+               else f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix=lfbench-{tag}")
         store = open_store(url)
         engine = Engine(InstanceRecords(store))
         process = load_process(LOAN)
@@ -176,7 +182,7 @@ def bench_workers(name: str, workers: int, n: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer operations (CI)")
-    parser.add_argument("--backends", default="memory,sqlite,redis")
+    parser.add_argument("--backends", default="memory,sqlite,sqlite-normal,redis")
     parser.add_argument("--no-workers", action="store_true", help="skip the loan-demo worker runs")
     args = parser.parse_args(argv)
     n = 200 if args.quick else 2000
