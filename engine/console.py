@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 from xml.etree.ElementTree import ParseError
@@ -81,9 +82,10 @@ def mount_console(app: FastAPI) -> None:
     # Declared for the OpenAPI schema; engine.api's middleware checks the token on /api/*.
     bearer = HTTPBearer(auto_error=False, description="the server's API token (LAYERFLOW_API_TOKEN)")
     summaries = _SummaryCache()
-    console = {"tags": ["console"], "dependencies": [Depends(bearer)]}
+    tags: list[str | Enum] = ["console"]
+    auth = [Depends(bearer)]
 
-    @app.get("/api/instance-summaries", responses=_ERRORS, **console)
+    @app.get("/api/instance-summaries", responses=_ERRORS, tags=tags, dependencies=auth)
     def instance_summaries(status: Annotated[str | None, Query(max_length=40, description="only this status "
                                                                "(running, waiting, completed, error)")] = None,
                            limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[dict[str, Any]]:
@@ -98,7 +100,7 @@ def mount_console(app: FastAPI) -> None:
         return out
 
     @app.get("/api/instances/{instance_id}/diagram.svg", response_class=Response, responses={**_ERRORS, **_SVG},
-             **console)
+             tags=tags, dependencies=auth)
     def instance_diagram(instance_id: PathId) -> Response:
         """The process diagram (from the BPMN's diagram interchange, else a layered layout) with
         the instance's marks: finished, current and failed elements, branches waiting at their
@@ -110,7 +112,7 @@ def mount_console(app: FastAPI) -> None:
         return _svg_response(svg)
 
     @app.get("/api/processes/{process_id}/diagram.svg", response_class=Response, responses={**_ERRORS, **_SVG},
-             **console)
+             tags=tags, dependencies=auth)
     def process_diagram(process_id: PathId) -> Response:
         """A catalog process's diagram, without marks."""
         entry = service.catalog.entries().get(process_id)
@@ -120,7 +122,7 @@ def mount_console(app: FastAPI) -> None:
         diagram = _diagram(service.catalog.directory / entry["file"], process_id)
         return _svg_response(render_svg(diagram, title=f"Process {diagram.name or process_id}"))
 
-    @app.get("/api/instances/{instance_id}/replay", responses=_ERRORS, **console)
+    @app.get("/api/instances/{instance_id}/replay", responses=_ERRORS, tags=tags, dependencies=auth)
     def replay(instance_id: PathId,
                context: Annotated[str | None, Query(max_length=300, description="a context name or branch id "
                                                     "(default: main)")] = None,
@@ -186,7 +188,7 @@ def _bpmn_path(service: GovernanceService, instance: Instance) -> Path:
             return Path(p)
     entry = service.catalog.entries().get(instance.process_id)
     if entry is not None and service.catalog.directory is not None:
-        return service.catalog.directory / entry["file"]
+        return service.catalog.directory / str(entry["file"])
     raise ContextKeyError(f"the BPMN file of instance {instance.id} ({', '.join(instance.process.paths) or '?'}) is "
                           f"gone and the catalog has no process {instance.process_id!r}")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from console_helpers import ARTIFACTS, Server, chromium, require_browser, serve
+
 from engine.cli import LOAN_SCENARIOS
 
 pytestmark = pytest.mark.slow
