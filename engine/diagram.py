@@ -608,8 +608,8 @@ def _node(parent: ET.Element, node: Node, marks: Marks) -> None:
         _sub(g, "circle", cx=_fmt(node.cx), cy=_fmt(node.cy), r=_fmt(r), **paint)
         if node.name:
             for i, line in enumerate(_wrap(node.name, 18, 2)):
-                _sub(g, "text", x=_fmt(node.cx), y=_fmt(node.y + node.h + 14 + 13 * i), text_anchor="middle",
-                     font_size="11", fill=_TEXT).text = line
+                _sub(g, "text", x=_fmt(node.cx), y=_fmt(node.y + node.h + 15 + 14 * i), text_anchor="middle",
+                     font_size="12", fill=_TEXT).text = line
     elif node.family == "gateway":
         cx, cy, hw, hh = node.cx, node.cy, node.w / 2, node.h / 2
         _sub(g, "polygon", points=f"{_fmt(cx)},{_fmt(cy - hh)} {_fmt(cx + hw)},{_fmt(cy)} "
@@ -619,13 +619,13 @@ def _node(parent: ET.Element, node: Node, marks: Marks) -> None:
         if node.name:
             for i, line in enumerate(_wrap(node.name, 18, 2)):
                 _sub(g, "text", x=_fmt(cx), y=_fmt(node.y - 8 - 13 * (len(_wrap(node.name, 18, 2)) - 1 - i)),
-                     text_anchor="middle", font_size="11", fill=_TEXT).text = line
+                     text_anchor="middle", font_size="12", fill=_TEXT).text = line
     else:
         _sub(g, "rect", x=_fmt(node.x), y=_fmt(node.y), width=_fmt(node.w), height=_fmt(node.h), rx="9", **paint)
-        lines = _wrap(node.label, max(8, int(node.w / 7.2)), 3)
-        top = node.cy - (len(lines) - 1) * 7 + 4
+        lines = _wrap(node.label, max(8, int(node.w / 7.6)), 3)
+        top = node.cy - (len(lines) - 1) * 7.5 + 5
         for i, line in enumerate(lines):
-            _sub(g, "text", x=_fmt(node.cx), y=_fmt(top + 14 * i), text_anchor="middle", font_size="12",
+            _sub(g, "text", x=_fmt(node.cx), y=_fmt(top + 15 * i), text_anchor="middle", font_size="13",
                  fill=_TEXT).text = line
         glyph = _TASK_GLYPH.get(node.kind)
         if glyph:
@@ -657,7 +657,7 @@ def _callouts(diagram: Diagram, marks: Marks) -> list[_CallOut]:
             lines.append(f"\u2192 {_short(mark.resolution.get('value'))} ({mark.resolution.get('resolver', '?')})")
         else:
             lines.append(f"was {_short(mark.base_value)}")
-        w = max(7.0 * max(len(line) for line in lines) + 20, 150.0)
+        w = max(7.6 * max(len(line) for line in lines) + 20, 150.0)
         h = 16.0 * len(lines) + 12
         y = below.get(mark.gateway_id, node.y + node.h + 30)
         x = node.cx + 14  # right of the join's bottom corner, where a branch's edge may come in
@@ -683,7 +683,7 @@ def _callout(parent: ET.Element, node: Node, x: float, y: float, w: float, h: fl
     _sub(g, "rect", x=_fmt(x), y=_fmt(y), width=_fmt(w), height=_fmt(h), rx="6",
          fill="#ffffff" if resolved else "#fff5f4", stroke=stroke, stroke_width="1.5")
     for i, line in enumerate(lines):
-        _sub(g, "text", x=_fmt(x + 10), y=_fmt(y + 20 + 16 * i), font_size="12",
+        _sub(g, "text", x=_fmt(x + 10), y=_fmt(y + 20 + 16 * i), font_size="13",
              font_weight="bold" if i == 0 else None, fill=stroke if i == 0 else _TEXT,
              class_="callout-line").text = line
 
@@ -696,6 +696,6 @@ def _legend(svg: ET.Element, y: float) -> None:
     for label, (fill, stroke, stroke_w, dash) in items:
         _sub(g, "rect", x=_fmt(x), y="4", width="18", height="14", rx="3", fill=fill, stroke=stroke,
              stroke_width=stroke_w, stroke_dasharray=dash)
-        _sub(g, "text", x=_fmt(x + 24), y="15", font_size="11", fill=_TEXT).text = label
-        x += 24 + 6.6 * len(label) + 18
+        _sub(g, "text", x=_fmt(x + 24), y="15", font_size="12", fill=_TEXT).text = label
+        x += 24 + 7.2 * len(label) + 18
 

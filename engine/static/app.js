@@ -17,7 +17,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     timer: null, ticker: null, view: null, instanceId: null,
-    doc: null, tape: [], context: "main", replay: null, drafts: {}, loading: false,
+    doc: null, tape: [], context: "main", replay: null, drafts: {}, loading: false, scrolledFor: null,
   };
 
   // ------------------------------------------------------------------ helpers
@@ -41,8 +41,7 @@
   function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); return node; }
 
   function json(value) {
-    try { return typeof value === "string" ? JSON.stringify(value) : JSON.stringify(value); }
-    catch (e) { return String(value); }
+    try { return JSON.stringify(value); } catch (e) { return String(value); }
   }
 
   function preview(value, limit) {
@@ -420,6 +419,13 @@
       shown.style.maxWidth = width + "px";
       shown.style.minWidth = Math.round(0.75 * width) + "px";
       clear(box).append(shown);
+      // on a narrow screen, bring what needs attention into view once (then the reader scrolls)
+      const spot = shown.querySelector(".node.conflict, .node.state-failed, .node.state-current");
+      if (spot && state.scrolledFor !== id && box.scrollWidth > box.clientWidth) {
+        const r = spot.getBoundingClientRect(), b = box.getBoundingClientRect();
+        box.scrollLeft += r.left + r.width / 2 - (b.left + b.width / 2);
+      }
+      state.scrolledFor = id;
     } catch (err) {
       if (err.status === 401) return;
       clear(box).append(el("p", { class: "state error", text: "Could not draw the diagram: " + err.message }));
@@ -563,6 +569,7 @@
       (!kind || eventKind(e) === kind) && (!activity || e.activity === activity) &&
       (!branch || (branch === "\u0000main" ? !e.branch : e.branch === branch)) &&
       (!key || eventKeys(e).some((k) => k.toLowerCase().includes(key))));
+    if ($("f-newest").checked) shown.reverse();
     for (const e of shown) {
       const selected = state.replay && state.replay.context === e.context && state.replay.seq === e.seq;
       const label = eventKind(e);
@@ -632,23 +639,24 @@
       box.append(el("p", { class: "state empty", text: "No compressions on this instance yet." }));
       return;
     }
-    const total = (t) => (typeof t === "number" ? t : t && typeof t === "object" ? (t.total !== undefined ? t.total : Object.values(t).reduce((a, b) => a + (Number(b) || 0), 0)) : 0);
-    const body = el("tbody");
+    const total = (t) => (typeof t === "number" ? t : t && typeof t === "object"
+      ? (t.total !== undefined ? t.total : Object.values(t).reduce((a, b) => a + (Number(b) || 0), 0)) : 0);
+    const items = el("ol", { class: "compressions" });
     for (const c of list) {
       const before = total(c.tokens_before), after = total(c.tokens_after);
-      body.append(el("tr", {},
-        el("td", { text: c.activity_id || "\u2014" }),
-        el("td", { text: (c.triggers || []).join(", ") || "\u2014" }),
-        el("td", { class: "num", text: String(before) }),
-        el("td", { class: "num", text: String(after) }),
-        el("td", { class: "num", text: before ? Math.round(100 * (1 - after / before)) + "%" : "\u2014" }),
-        el("td", { class: "mono", text: c.snapshot_id || "" })));
+      const was = el("span", { class: "fill before" }), now = el("span", { class: "fill after" });
+      was.style.width = "100%";
+      now.style.width = (before ? (100 * after / before) : 0).toFixed(1) + "%";
+      items.append(el("li", {},
+        el("p", {}, el("strong", { text: c.activity_id || "governance" }),
+           " \u00b7 triggers: " + ((c.triggers || []).join(", ") || "\u2014")),
+        el("span", { class: "track", role: "img", "aria-label": "before: " + before + " tokens" }, was),
+        el("span", { class: "track", role: "img", "aria-label": "after: " + after + " tokens" }, now),
+        el("p", { class: "hint" }, before + " \u2192 " + after + " tokens" +
+           (before ? " (\u2212" + Math.round(100 * (1 - after / before)) + "%)" : ""),
+           c.snapshot_id ? el("span", {}, " \u00b7 undo snapshot ", el("code", { text: c.snapshot_id })) : null)));
     }
-    box.append(el("div", { class: "table-wrap" }, el("table", { class: "compressions" },
-      el("caption", { class: "sr-only", text: "Compressions, oldest first" }),
-      el("thead", {}, el("tr", {}, ["Activity", "Triggers", "Before", "After", "Saved", "Undo snapshot"].map((h, i) =>
-        el("th", { scope: "col", class: i >= 2 && i <= 4 ? "num" : null, text: h })))),
-      body)));
+    box.append(items);
   }
 
   // ------------------------------------------------------------------ wiring
@@ -665,7 +673,7 @@
       for (const b of $("tape-list").querySelectorAll("button[aria-pressed='true']")) b.setAttribute("aria-pressed", "false");
       loadContext();
     });
-    for (const id of ["f-kind", "f-activity", "f-branch"]) $(id).addEventListener("change", renderTape);
+    for (const id of ["f-kind", "f-activity", "f-branch", "f-newest"]) $(id).addEventListener("change", renderTape);
     $("f-key").addEventListener("input", renderTape);
     $("tape-filters").addEventListener("submit", (ev) => ev.preventDefault());
     window.addEventListener("hashchange", route);

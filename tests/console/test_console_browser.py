@@ -118,9 +118,18 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
     page.select_option("#status-filter", "completed")
     page.wait_for_function("document.querySelectorAll('#instances tbody tr').length === 1")
     assert conflict not in page.locator("#instances").inner_text()
+    page.select_option("#status-filter", "error")
+    page.locator("#list-state", has_text="No error instances").wait_for()
+    assert page.locator("#instances").is_hidden()
     page.select_option("#status-filter", "")
     row.wait_for()
     shot(page, "list-1280x800")
+
+    # an unknown instance: a clear error, no stale data
+    page.goto(f"{server.url}/#/instances/no-such-instance")
+    page.locator("#inst-state.error", has_text="no instance no-such-instance").wait_for()
+    assert page.locator("#inst-body").is_hidden()
+    page.go_back()
 
     # the instance page
     row.get_by_role("link").click()
@@ -142,7 +151,8 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
 
     # the tape: filter by key, pick the risk review's write, see the branch context at that point
     page.fill("#f-key", "approval_status")
-    event = page.locator("#tape-list li.event", has_text="risk_review").filter(has_text="rejected").first
+    event = page.locator("#tape-list li.kind-write", has_text="risk_review").filter(has_text="rejected")
+    assert event.count() == 1
     event.locator("button").click()
     page.locator("#replay-banner").wait_for(state="visible")
     assert "risk_review" in page.locator("#replay-text").inner_text()
@@ -156,7 +166,13 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
     shot(page, "instance-1280x800")
     shot(page, "instance-1280x800-full", full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()  # as a phone opens it: the token is still in this tab's session storage
+    page.locator("#diagram svg #node-review_join").wait_for()
+    page.locator("#conf-list .confirmation").wait_for()
     page.wait_for_timeout(200)
+    box = page.locator("#diagram").bounding_box()
+    spot = page.locator("#diagram svg #node-review_join").bounding_box()
+    assert box["x"] <= spot["x"] and spot["x"] + spot["width"] <= box["x"] + box["width"], "the join is out of view"
     assert page.evaluate("document.documentElement.scrollWidth") <= 390, "the page scrolls sideways on a phone"
     shot(page, "instance-390x844")
     shot(page, "instance-390x844-full", full_page=True)
