@@ -534,6 +534,26 @@ class CompressTriggerDetector:
         self.recent_activities = recent_activities
         self.min_attention_tokens = min_attention_tokens
 
+    def floor(self, config: ActivityExtensionConfig) -> int:
+        """Tokens the scope needs before an attention trigger may fire (see the class doc)."""
+        if self.min_attention_tokens is not None:
+            return self.min_attention_tokens
+        token_limit = config.effective_token_threshold
+        return int(config.context_strategy.compress_target_ratio * token_limit) if token_limit else 0
+
+    def size_triggers(self, ctx: LayeredContext, config: ActivityExtensionConfig) -> tuple[list[str], int]:
+        """The token and message triggers that fire, and the scope's tokens: O(1), from the
+        layer totals, with no attention score. ``detect`` gives the same two triggers."""
+        tokens = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
+        fired: list[str] = []
+        token_limit = config.effective_token_threshold
+        if token_limit is not None and tokens > token_limit:
+            fired.append("token_threshold")
+        message_limit = config.effective_message_threshold
+        if message_limit is not None and len(ctx.layer(Layer.HISTORY)) > message_limit:
+            fired.append("message_threshold")
+        return fired, tokens
+
     def detect(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
                attention: AttentionScore | None = None) -> TriggerDecision:
         from .config import ActivityExtensionConfig
@@ -554,9 +574,7 @@ class CompressTriggerDetector:
             fired.append("token_threshold")
         if message_limit is not None and entries > message_limit:
             fired.append("message_threshold")
-        floor = self.min_attention_tokens
-        if floor is None:
-            floor = int(config.context_strategy.compress_target_ratio * token_limit) if token_limit else 0
+        floor = self.floor(config)
         crossed = score.crossed(config.effective_attention_thresholds)
         suppressed: list[str] = []
         if tokens >= floor:

@@ -171,11 +171,13 @@ class RuleDrivenCompressor:
 
     def compress(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
                  actor: str = "compressor", triggers: Sequence[str] | None = None,
-                 target_tokens: int | None = None) -> CompressResult:
+                 target_tokens: int | None = None, attention: AttentionScore | None = None) -> CompressResult:
         """Compress HISTORY. ``triggers``: the triggers that fired (detected here when
-        ``None``); ``target_tokens``: compress at least down to this many tokens."""
+        ``None``); ``target_tokens``: compress at least down to this many tokens;
+        ``attention``: the context's score as it is now, when the caller has it already
+        (a detection just before), so it is not computed twice."""
         return self._run(ctx, config or ActivityExtensionConfig(), actor=actor, triggers=triggers,
-                         target_tokens=target_tokens, directive=None)
+                         target_tokens=target_tokens, directive=None, attention=attention)
 
     def evaluate(self, ctx: LayeredContext, before_snapshot_id: str,
                  config: ActivityExtensionConfig | None = None) -> EvaluateReport:
@@ -188,10 +190,10 @@ class RuleDrivenCompressor:
 
     def _run(self, ctx: LayeredContext, config: ActivityExtensionConfig, *, actor: str,
              triggers: Sequence[str] | None, target_tokens: int | None, directive: _Directive | None,
-             source: str = "rules") -> CompressResult:
+             source: str = "rules", attention: AttentionScore | None = None) -> CompressResult:
         enc = ctx.encoding
         scope = Scope.of(ctx, config)
-        before = AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
+        before = attention if attention is not None else AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
         if triggers is None:
             fired = list(self.detector.detect(ctx, config, attention=before).triggers)
         else:
@@ -579,13 +581,24 @@ def _rule_report(rules: Sequence[Any], counts: Sequence[int]) -> list[dict[str, 
 def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, actor: str = "compressor",
                    compressor: RuleDrivenCompressor | None = None) -> CompressResult | None:
     """The engine's hook after every completed activity: detect, and compress when a
-    trigger fired. ``None`` when nothing fired or the compression changed nothing."""
+    trigger fired. ``None`` when nothing fired or the compression changed nothing.
+
+    Cheap when nothing can fire: the token and message triggers come from the layer
+    totals (O(1)), and the attention scores are computed only when the scope has
+    reached the detector's floor (``compressTargetRatio`` x ``compressTokenThreshold``):
+    under it no attention trigger fires, so ``detect`` would give the same triggers.
+    """
     config = config or ActivityExtensionConfig()
     compressor = compressor or RuleDrivenCompressor()
-    decision = compressor.detector.detect(ctx, config)
-    if not decision.fired:
+    detector = compressor.detector
+    fired, tokens = detector.size_triggers(ctx, config)
+    attention: AttentionScore | None = None
+    if tokens >= detector.floor(config):
+        decision = detector.detect(ctx, config)
+        fired, attention = decision.triggers, decision.attention
+    if not fired:
         return None
-    result = compressor.compress(ctx, config, actor=actor, triggers=decision.triggers)
+    result = compressor.compress(ctx, config, actor=actor, triggers=fired, attention=attention)
     return result if result.changed else None
 
 

@@ -36,10 +36,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .canonical import FrozenDict, FrozenList
+
 __all__ = [
     "EXACT_LIMIT",
     "NEAR_DUP_JACCARD",
     "Clusters",
+    "entry_shingles",
     "entry_words",
     "jaccard",
     "near_duplicate_clusters",
@@ -237,5 +240,29 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     return Clusters(labels=tuple(labels), pairs=pairs, exact=exact)
 
 
+# (key, id(value)) -> (value, shingles). Context values are immutable and HISTORY keeps
+# the same objects from one activity to the next, so the redundancy score after every
+# activity hashes only the new entries. The entry holds the value itself: while it is
+# cached its id cannot be reused by another object.
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), FrozenDict, FrozenList})
+_SHINGLE_CACHE: dict[tuple[str, int], tuple[Any, frozenset[int]]] = {}
+_SHINGLE_CACHE_LIMIT = 1 << 15
+
+
+def entry_shingles(key: str, value: Any) -> frozenset[int]:
+    """``shingles(entry_words(key, value))``, remembered for immutable values."""
+    if type(value) not in _IMMUTABLE:
+        return shingles(entry_words(key, value))
+    slot = (key, id(value))
+    hit = _SHINGLE_CACHE.get(slot)
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    out = shingles(entry_words(key, value))
+    if len(_SHINGLE_CACHE) >= _SHINGLE_CACHE_LIMIT:
+        _SHINGLE_CACHE.clear()
+    _SHINGLE_CACHE[slot] = (value, out)
+    return out
+
+
 def word_sets(entries: Iterable[tuple[str, Any]]) -> list[frozenset[int]]:
-    return [shingles(entry_words(k, v)) for k, v in entries]
+    return [entry_shingles(k, v) for k, v in entries]

@@ -1174,7 +1174,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
         "created": instance.created,
         "updated": instance.updated,
         "process": cache.process(instance.process),
-        "workflow": spiff.SERIALIZER.serialize_json(instance.workflow),
+        "workflow": spiff.serialize_json(instance.workflow),
         "contexts": {name: cache.context(ctx) for name, ctx in instance.contexts.items()},
         "engine": {
             "branches": instance.branches,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, Protocol
 
 from lxml import etree
@@ -36,6 +37,7 @@ from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
 from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
+from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
@@ -55,6 +57,7 @@ __all__ = [
     "LayerflowBpmnParser",
     "LayerflowScriptEngine",
     "SERIALIZER",
+    "serialize_json",
     "new_workflow",
     "attach",
     "driver_of",
@@ -358,6 +361,96 @@ def _serializer() -> BpmnWorkflowSerializer:
 
 
 SERIALIZER = _serializer()
+_ENCODER = create_encoder(SERIALIZER.registry)
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+# spec -> its JSON text (specs never change after parsing)
+_SPEC_JSON: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+# workflow -> {task id: (fingerprint, JSON text of the task)}
+_TASK_JSON: "weakref.WeakKeyDictionary[Any, dict[Any, tuple[tuple[Any, ...], str]]]" = weakref.WeakKeyDictionary()
+
+
+def serialize_json(workflow: Any) -> str:
+    """``SERIALIZER.serialize_json(workflow)``, for a workflow that is saved again and again.
+
+    The engine saves after every activity, and most of a save is the same text as the
+    last one: the spec, and every task that did not change since. Both are kept as JSON
+    text: a spec once, a task until its fingerprint changes (state, time of the last
+    state change, children, ``internal_data``). A task that has data of its own, or a
+    parent with data, is converted every time, as are subprocesses and events. The
+    result loads with ``SERIALIZER.deserialize_json`` to the same workflow (the same
+    JSON value as SpiffWorkflow's own text; only the order of the top-level keys differs).
+    """
+    registry = SERIALIZER.registry
+    registry._encoder_mode = True
+    try:
+        head = {
+            "data": registry.convert(registry.clean(workflow.data)),
+            "correlations": workflow.correlations,
+            "last_task": str(workflow.last_task.id) if workflow.last_task is not None else None,
+            "success": workflow.success,
+            "completed": workflow.completed,
+            "root": str(workflow.task_tree.id),
+            "subprocesses": {str(k): registry.convert(v) for k, v in workflow.subprocesses.items()},
+            "bpmn_events": registry.convert(workflow.bpmn_events),
+            "typename": registry.typenames[type(workflow)],
+            SERIALIZER.VERSION_KEY: SERIALIZER.VERSION,
+        }
+        text = json.dumps(head, cls=_ENCODER)
+        tasks = _tasks_json(workflow, registry)
+        subspecs = ",".join(f"{json.dumps(str(k))}:{_spec_json(v, registry)}" for k, v in workflow.subprocess_specs.items())
+        spec = _spec_json(workflow.spec, registry)
+    finally:
+        registry._encoder_mode = False
+    return f'{text[:-1]},"tasks":{tasks},"spec":{spec},"subprocess_specs":{{{subspecs}}}}}'
+
+
+def _spec_json(spec: Any, registry: Any) -> str:
+    text = _SPEC_JSON.get(spec)
+    if text is None:
+        text = _SPEC_JSON[spec] = json.dumps(registry.convert(spec), cls=_ENCODER)
+    return text
+
+
+def _tasks_json(workflow: Any, registry: Any) -> str:
+    cache = _TASK_JSON.get(workflow)
+    if cache is None:
+        cache = _TASK_JSON[workflow] = {}
+    tasks = workflow.tasks
+    parts = []
+    for tid, task in tasks.items():
+        mark = _task_fingerprint(task, tasks)
+        hit = cache.get(tid)
+        if hit is not None and mark is not None and hit[0] == mark:
+            parts.append(hit[1])
+            continue
+        text = f"{json.dumps(str(tid))}:{json.dumps(registry.convert(task), cls=_ENCODER)}"
+        if mark is not None:
+            cache[tid] = (mark, text)
+        elif hit is not None:
+            del cache[tid]
+        parts.append(text)
+    if len(cache) > len(tasks):  # tasks were dropped (a reset): forget theirs
+        for tid in [t for t in cache if t not in tasks]:
+            del cache[tid]
+    return "{" + ",".join(parts) + "}"
+
+
+def _task_fingerprint(task: Any, tasks: Mapping[Any, Any]) -> tuple[Any, ...] | None:
+    """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
+
+    Data is stored as changes against the parent's data: with no data on either side
+    the delta is empty, whatever else happened, so only emptiness is checked (live)."""
+    if task.data:
+        return None
+    parent = tasks.get(task._parent)
+    if parent is not None and parent.data:
+        return None
+    internal = tuple(task.internal_data.items())
+    for _, value in internal:
+        if type(value) not in _SCALARS:
+            return None
+    return (task._state, task.last_state_change, task.triggered, task._parent, parent is not None,
+            tuple(task._children), task.task_spec.name, internal)
 
 
 def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> BpmnWorkflow:
