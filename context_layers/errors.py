@@ -11,6 +11,8 @@
     ├── ActivityError               kind="activity_failed"     a handler, script or model call failed
     ├── MergeConflictError          kind="merge_conflict"      a join could not resolve conflicts
     ├── VersionConflict             kind="version_conflict"    a stale instance version was saved
+    ├── StoreError                  kind="store_error"         the store tree: see context_layers/stores/base.py
+    │                                                          (store_unavailable, already_exists, tape_sequence, ...)
     ├── ModelError                  kind="model_error"         the model could not be reached / answered badly
     │   └── engine.llm.ModelCallFailed                          ... with model, api_base, attempts, task id
     └── (engine) governance and API errors:

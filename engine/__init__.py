@@ -8,7 +8,7 @@ from .handlers import ActivityContext, HandlerRegistry, activity
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, load_process
 from .runtime import Engine, Instance, TimedOut
-from .store import MemoryStore, SqliteStore, Store, open_store
+from .store import InstanceRecords, Store, open_store
 
 __all__ = [
     "ActivityContext",
@@ -18,10 +18,9 @@ __all__ = [
     "HandlerRegistry",
     "Hit",
     "Instance",
-    "MemoryStore",
+    "InstanceRecords",
     "Process",
     "Retriever",
-    "SqliteStore",
     "Store",
     "TimedOut",
     "activity",

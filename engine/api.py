@@ -65,9 +65,12 @@ STATUS_BY_KIND: dict[str, int] = {
     "invalid_state": 409,
     "already_answered": 409,
     "already_exists": 409,
+    "tape_sequence": 409,
+    "merge_conflict": 409,
     "validation_error": 422,
     "invalid_config": 422,
     "invalid_process": 422,
+    "invalid_record": 422,
     "model_error": 502,
     "store_unavailable": 503,
 }

@@ -515,5 +515,7 @@ from .cli_serve import serve  # noqa: E402  (`layerflow serve`: the REST API)
 
 main.add_command(serve)
 
+from . import cli_worker  # noqa: E402,F401  (`layerflow worker`, `layerflow submit`: Redis workers)
+
 if __name__ == "__main__":  # pragma: no cover
     main(prog_name=os.path.basename(sys.argv[0]) or "layerflow")

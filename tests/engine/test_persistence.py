@@ -12,14 +12,15 @@ import pytest
 
 from context_layers.errors import ContextKeyError, VersionConflict
 from engine import Engine, load_process, open_store
-from engine.store import MemoryStore, SqliteStore
+from context_layers.stores import InstanceExists, MemoryStore
+from engine.store import InstanceRecords
 
 from engine_helpers import EXAMPLES, LOAN, LOAN_CONFLICT, ROOT
 
 
 @pytest.fixture(params=["memory", "sqlite"])
 def store(request, tmp_path: Path):
-    return MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "store.db")
+    return open_store("memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'store.db'}")
 
 
 def _record(i: str = "a", status: str = "running") -> dict[str, Any]:
@@ -31,19 +32,20 @@ def test_store_contract(store) -> None:
     assert store.load("a")["payload"] == [1, 2] and store.load("a")["version"] == 1
     assert store.save({**_record(status="waiting"), "payload": [3]}, 1) == 2
     assert store.load("a")["payload"] == [3]
-    with pytest.raises(VersionConflict, match="load it again"):
+    with pytest.raises(VersionConflict, match="Reload it"):
         store.save(_record(), 1)                 # a stale copy
-    with pytest.raises(VersionConflict):
+    with pytest.raises(InstanceExists, match="already exists"):
         store.create(_record())                  # the id exists
     with pytest.raises(ContextKeyError):
         store.load("missing")
     assert [(r["id"], r["status"], r["version"]) for r in store.list()] == [("a", "waiting", 2)]
 
 
-@pytest.mark.parametrize(("url", "kind"), [("memory://", MemoryStore), (None, MemoryStore),
-                                           ("sqlite:///:memory:", SqliteStore)])
-def test_store_by_url(url, kind) -> None:
-    assert isinstance(open_store(url), kind)
+@pytest.mark.parametrize(("url", "backend"), [("memory://", "MemoryStore"), (None, "MemoryStore"),
+                                              ("sqlite:///{tmp}/x.db", "SQLiteStore")])
+def test_store_by_url(url, backend, tmp_path: Path) -> None:
+    store = open_store(url.format(tmp=tmp_path) if url else url)
+    assert isinstance(store, InstanceRecords) and type(store.store).__name__ == backend
 
 
 def test_a_stale_instance_cannot_overwrite_a_newer_save(tmp_path: Path) -> None:
@@ -115,14 +117,14 @@ def test_save_wait_exit_resume_in_a_new_process_matches_an_uninterrupted_run(tmp
 
 
 def test_every_activity_is_saved(tmp_path: Path) -> None:
-    class Counting(MemoryStore):
+    class Counting(InstanceRecords):
         saves: list[str] = []
 
         def save(self, record, expected_version):  # type: ignore[override]
             self.saves.append(record["status"])
             return super().save(record, expected_version)
 
-    store = Counting()
+    store = Counting(MemoryStore())
     engine = Engine(store)
     instance = engine.run(engine.start(load_process(EXAMPLES / "nested_parallel.bpmn")))
     activities = [k for k in instance.main.layer("L3") if k.startswith("activity:")]
