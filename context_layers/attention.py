@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .canonical import canonical_key
+from .canonical import FrozenDict, canonical_key
 from .context import LayeredContext, Snapshot, entry_kind, is_record_key
 from .layers import Layer
 from .similarity import NEAR_DUP_JACCARD, near_duplicate_clusters, word_sets
@@ -361,12 +361,32 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
         return False
     if seen is None:
         return True
-    tool = value.get("tool", value.get("name")) if isinstance(value, dict) else None
-    mark = canonical_key([tool, _payload(value)])
+    mark = _tool_mark(value)
     if mark in seen:
         return False
     seen.add(mark)
     return True
+
+
+# id(value) -> (value, mark): a tool result is scored after every activity while it stays
+# in HISTORY; frozen values never change, and holding the value keeps its id unique.
+_MARKS: dict[int, tuple[Any, str]] = {}
+_MARKS_LIMIT = 1 << 14
+
+
+def _tool_mark(value: Any) -> str:
+    """What makes two results of one tool the same: the tool's name and the payload."""
+    if type(value) is FrozenDict:
+        hit = _MARKS.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+    tool = value.get("tool", value.get("name")) if isinstance(value, dict) else None
+    mark = canonical_key([tool, _payload(value)])
+    if type(value) is FrozenDict:
+        if len(_MARKS) >= _MARKS_LIMIT:
+            _MARKS.clear()
+        _MARKS[id(value)] = (value, mark)
+    return mark
 
 
 _CALL_ID_FIELDS = ("call_id", "tool_call_id")

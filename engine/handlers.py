@@ -100,6 +100,7 @@ def activity(name: str, *, registry: HandlerRegistry | None = None) -> Callable[
 
 
 _MODULES: dict[str, types.ModuleType] = {}
+_RESOLVED: dict[str, str] = {}  # absolute handler file path -> resolved (a new instance resolves no file again)
 
 
 def load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
@@ -111,8 +112,12 @@ def load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
         path = Path(module_ref)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        path = path.resolve()
-        key = str(path)
+        key = _RESOLVED.get(str(path)) if path.is_absolute() else None
+        if key is None:
+            key = str(path.resolve())
+            if path.is_absolute():
+                _RESOLVED[str(path)] = key
+        path = Path(key)
         module = _MODULES.get(key)
         if module is None:
             if not path.is_file():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ from context_layers.errors import ConfigError, ProcessError
 from . import spiff
 
 __all__ = ["Process", "load_process", "extension_configs"]
+
+_BASE_DIRS: dict[tuple[str, str], Path] = {}  # (first path, cwd when it is relative) -> its folder
 
 
 @dataclass
@@ -39,10 +42,19 @@ class Process:
     paths: tuple[str, ...] = ()
     config_path: str | None = None
     name: str | None = None
+    _record: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def base_dir(self) -> Path | None:
-        return Path(self.paths[0]).resolve().parent if self.paths else None
+        if not self.paths:
+            return None
+        # resolve() is a filesystem walk, and handlers and retrieval ask after every activity
+        first = self.paths[0]
+        key = (first, "" if os.path.isabs(first) else os.getcwd())
+        found = _BASE_DIRS.get(key)
+        if found is None:
+            found = _BASE_DIRS[key] = Path(first).resolve().parent
+        return found
 
     @property
     def knowledge_dir(self) -> Path | None:
@@ -60,8 +72,16 @@ class Process:
         return list(ids)
 
     def to_record(self) -> dict[str, Any]:
-        """What an instance record keeps of its process (the spec travels inside the workflow JSON)."""
-        return {
+        """What an instance record keeps of its process (the spec travels inside the workflow JSON).
+
+        Built once and shared by the records of every instance of this process, until a
+        field is replaced (governance replaces ``configs`` on a config change); the
+        returned dict must not be changed."""
+        parts = (self.id, self.name, self.paths, self.config_path, self.configs, self.system, self.data_layers)
+        cached = self._record
+        if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
+            return cached[1]
+        record = {
             "id": self.id,
             "name": self.name,
             "paths": list(self.paths),
@@ -70,6 +90,8 @@ class Process:
             "system": self.system,
             "data_layers": {k: str(v) for k, v in self.data_layers.items()},
         }
+        self._record = (parts, record)
+        return record
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], spec: Any, subprocess_specs: dict[str, Any]) -> "Process":

@@ -1085,9 +1085,8 @@ def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data:
 
 def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> str:
     if template:
-        values = {k: thaw(v) for k, v in ctx.resolved().items()}
         try:
-            return template.format_map(_Default(values))
+            return template.format_map(_Fields(ctx))
         except (ValueError, IndexError):
             return template
     spec = task.task_spec
@@ -1098,9 +1097,22 @@ def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> st
     return " ".join(p for p in parts if p)
 
 
-class _Default(dict):  # type: ignore[type-arg]
-    def __missing__(self, key: str) -> str:
-        return ""
+class _Fields(dict):  # type: ignore[type-arg]
+    """A query template's fields: the context keys it names (thawed on first use), "" for unknown ones.
+    Empty as a dict, so filling a template costs the keys it names, not the whole context."""
+
+    def __init__(self, ctx: LayeredContext) -> None:
+        super().__init__()
+        self._ctx = ctx
+
+    def __missing__(self, key: str) -> Any:
+        value = self._ctx.get(key, _ABSENT)
+        out = "" if value is _ABSENT else thaw(value)
+        self[key] = out
+        return out
+
+
+_ABSENT = object()
 
 
 def _script_name(kind: str, bpmn_id: str) -> str:
@@ -1190,13 +1202,13 @@ def to_record(instance: Instance) -> dict[str, Any]:
 
 class _RecordCache:
     def __init__(self) -> None:
-        self._process: tuple[Process, dict[str, Any]] | None = None
         self._contexts: dict[str, tuple[LayeredContext, list[dict[str, Any]], dict[str, Any]]] = {}
+        # snapshot id -> (snapshot, its dumped form): the branches of one split share the
+        # snapshot they were forked from, and it is dumped once
+        self._foreign: dict[str, tuple[Any, Any]] = {}
 
     def process(self, process: Process) -> dict[str, Any]:
-        if self._process is None or self._process[0] is not process:
-            self._process = (process, process.to_record())
-        return self._process[1]
+        return process.to_record()
 
     def context(self, ctx: LayeredContext) -> dict[str, Any]:
         entry = self._contexts.get(ctx.name)
@@ -1207,13 +1219,21 @@ class _RecordCache:
         tape = ctx.tape
         if len(events) > len(tape):  # not this context's history any more: start over
             events.clear()
-        foreign = False
+            snapshots.clear()
+        foreign = []
         for event in tape[len(events):]:
             events.append(event.to_dict())
-            foreign = foreign or (event.snapshot is not None and event.snapshot.context != ctx.name)
+            if event.snapshot is not None and event.snapshot.context != ctx.name:
+                foreign.append(event.snapshot)
         if foreign:
-            snapshots.clear()
-            snapshots.update(ctx.to_dict()["snapshots"])
+            known = self._foreign
+            if not all(s.id in known and known[s.id][0] is s for s in foreign):
+                dumped = ctx.to_dict()["snapshots"]
+                for s in foreign:
+                    if s.id in dumped:
+                        known[s.id] = (s, dumped[s.id])
+            for s in foreign:
+                snapshots[s.id] = known[s.id][1]
         return {"format": TAPE_FORMAT, "name": ctx.name, "branch_id": ctx.branch_id, "encoding": ctx.encoding,
                 "snapshots": dict(snapshots), "tape": list(events)}
 
