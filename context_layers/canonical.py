@@ -63,8 +63,8 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("context values are immutable; use thaw(value) for a mutable copy and write it back")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
-    __ior__ = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
 
     def __reduce__(self) -> Any:
         return (FrozenDict, (dict(self),))
@@ -84,8 +84,8 @@ class FrozenList(list):  # type: ignore[type-arg]
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("context values are immutable; use thaw(value) for a mutable copy and write it back")
 
-    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # type: ignore[assignment]
-    __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+    __iadd__ = __imul__ = _refuse
 
     def __reduce__(self) -> Any:
         return (FrozenList, (list(self),))

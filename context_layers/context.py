@@ -440,7 +440,8 @@ class LayeredContext:
         preserve = [k for k in dict.fromkeys(preserve_keys) if k not in s.preserved]
         self._emit(EventKind.COMPLETE, actor or task_id, changes=changes, activity=task_id,
                    data={"task_id": task_id, "record_key": record_key, "status": status, "preserve": preserve})
-        return thaw(record)
+        out: dict[str, Any] = thaw(record)
+        return out
 
     def abort_activity(self, task_id: str, *, reason: str, actor: str | None = None) -> None:
         """Put every layer back as it was at ``begin_activity`` (the failed writes stay on the tape)."""

@@ -73,7 +73,7 @@ def truncate_to_tokens(text: str, max_tokens: int, name: str = DEFAULT_ENCODING)
     ids = enc.encode(text, disallowed_special=())
     if len(ids) <= max_tokens:
         return text
-    cut = enc.decode(ids[:max_tokens])
+    cut: str = enc.decode(ids[:max_tokens])
     # decoding a prefix may re-encode longer (merges across the cut); shrink until it fits
     while cut and len(enc.encode(cut, disallowed_special=())) > max_tokens:
         cut = cut[:-1]
