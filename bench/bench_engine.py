@@ -115,6 +115,93 @@ def layerflow_runner(path: Path, data: dict[str, Any], save: str, compress: bool
     return run
 
 
+# ----------------------------------------------------------------------------- where the time goes
+
+# (owner, attribute, phase); a phase's time excludes the phases it calls. What is left of
+# a run is SpiffWorkflow's own work (the task tree, predictions) and layerflow's glue.
+_PHASES = (
+    ("Engine", "start", "start (contexts, workflow, first save)"),
+    ("_Runtime", "run_activity", "activity begin/complete (context)"),
+    ("_Runtime", "_run_handler", "handlers + their context writes"),
+    ("_Runtime", "_retrieve", "retrieval (BM25 -> KNOWLEDGE)"),
+    ("_Runtime", "split", "gateways (split/join contexts)"),
+    ("_Runtime", "join", "gateways (split/join contexts)"),
+    ("_Runtime", "evaluate", "conditions"),
+    ("runtime", "_after_activity", "compression hook"),
+    ("spiff", "serialize_json", "save: workflow JSON"),
+    ("runtime", "to_record", "save: record (tapes, bookkeeping)"),
+    ("store", "create", "save: store"),
+    ("store", "save", "save: store"),
+)
+REST = "SpiffWorkflow + engine glue (rest)"
+
+
+class _Phases:
+    """Wraps the functions of ``_PHASES`` with timers for the breakdown runs only (the
+    timed rows above run unwrapped)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self._stack: list[float] = []
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, attr: str, phase: str) -> None:
+        fn = getattr(owner, attr)
+        stack, totals = self._stack, self.totals
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            stack.append(0.0)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                inner = stack.pop()
+                totals[phase] = totals.get(phase, 0.0) + dt - inner
+                if stack:
+                    stack[-1] += dt
+
+        in_class = isinstance(owner, type) and attr in vars(owner)
+        self._undo.append((owner, attr, vars(owner)[attr] if in_class else fn))
+        setattr(owner, attr, timed)
+
+    def undo(self) -> None:
+        for owner, attr, fn in reversed(self._undo):
+            setattr(owner, attr, fn)
+        self._undo.clear()
+
+
+def breakdown(path: Path, data: dict[str, Any], save: str, compress: bool, runs: int) -> tuple[dict[str, float], float]:
+    """Median milliseconds per run in each phase (``_PHASES``), and the median run."""
+    from engine import runtime, spiff
+
+    process = load_process(path)
+    engine = Engine(save=save, compress=compress)
+    owners = {"Engine": Engine, "_Runtime": runtime._Runtime, "runtime": runtime, "spiff": spiff,
+              "store": engine.store}
+    phases = _Phases()
+    for owner, attr, phase in _PHASES:
+        phases.wrap(owners[owner], attr, phase)
+    samples: list[dict[str, float]] = []
+    try:
+        engine.run(engine.start(process, data))  # warm up
+        for _ in range(runs):
+            phases.totals.clear()
+            t0 = time.perf_counter()
+            instance = engine.run(engine.start(process, data))
+            total = time.perf_counter() - t0
+            assert instance.status == "completed", instance.error
+            sample = {phase: s * 1000 for phase, s in phases.totals.items()}
+            sample[REST] = total * 1000 - sum(sample.values())
+            sample[""] = total * 1000
+            samples.append(sample)
+    finally:
+        phases.undo()
+    # medians per phase (a noisy neighbour hits single runs, not the median)
+    per_run = {phase: statistics.median(s.get(phase, 0.0) for s in samples) for phase in samples[0]}
+    return {k: v for k, v in per_run.items() if k}, per_run[""]
+
+
 def timed(fn: Callable[[], int], runs: int) -> tuple[float, int]:
     fn()  # warm up (imports, caches)
     times = []
@@ -170,6 +257,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntarget: < 1 ms overhead per activity at {CONTEXT_KEYS} keys -> worst {worst:.3f} ms "
           f"({'met' if worst < 1 else 'NOT met'}); "
           f"< 2x plain end to end -> worst {max(r['ratio'] for r in rows):.2f}x")
+
+    # Where layerflow's time goes, per run (separate runs with timers around each phase).
+    for name, path, data, _, _ in workloads:
+        plain_ms = next(r["plain_ms"] for r in rows if r["workload"] == name)
+        table, total = breakdown(path, data, "activity", True, runs)
+        print(f"\n{name}, save after every activity: ms per run by phase (plain SpiffWorkflow: {plain_ms:.2f} ms)")
+        for phase, ms in sorted(table.items(), key=lambda kv: -kv[1]):
+            print(f"  {phase:<40} {ms:>8.2f}  {ms / total:>5.0%}")
+        print(f"  {'total (median run, with timers)':<40} {total:>8.2f}")
     return 0
 
 

@@ -579,7 +579,11 @@ class CompressTriggerDetector:
         from .config import ActivityExtensionConfig
 
         config = config or ActivityExtensionConfig()
-        scope = Scope.of(ctx, config)
+        return self.decide(Scope.of(ctx, config), config, attention=attention)
+
+    def decide(self, scope: Scope, config: ActivityExtensionConfig, *,
+               attention: AttentionScore | None = None) -> TriggerDecision:
+        """``detect`` on a scope already built (``Scope.of(ctx, config)``)."""
         score = attention or AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
         tokens = scope.tokens
         entries = len(scope.history)

@@ -153,8 +153,20 @@ def count_key(pattern: str) -> str:
     return f"summary:count:{pattern}"
 
 
-def _smaller(new: Any, old: Any, encoding: str) -> bool:
-    return count_value(new, encoding) < count_value(old, encoding)
+_MATCHES: dict[tuple[str, str, str], bool] = {}
+
+
+def _matches(rule: CompressRule, kind: str, key: str) -> bool:
+    """``rule.matches(kind, key)``, which depends on the rule's pattern only. HISTORY is
+    matched again on every pass and every compression: the glob runs once per
+    (pattern, kind, key)."""
+    slot = (rule.pattern, kind, key)
+    hit = _MATCHES.get(slot)
+    if hit is None:
+        if len(_MATCHES) >= 1 << 15:
+            _MATCHES.clear()
+        hit = _MATCHES[slot] = rule.matches(kind, key)
+    return hit
 
 
 def apply_rule(items: Iterable[tuple[str, Any]], rule: CompressRule, *, protected: Iterable[str] = (),
@@ -164,7 +176,7 @@ def apply_rule(items: Iterable[tuple[str, Any]], rule: CompressRule, *, protecte
     items = list(items)
     guard = frozenset(protected)
     matched = [i for i, (k, v) in enumerate(items)
-               if k not in guard and not is_protected_record(k, v) and rule.matches(entry_kind(k, v), k)]
+               if k not in guard and not is_protected_record(k, v) and _matches(rule, entry_kind(k, v), k)]
     if rule.action == "count_only":
         return _count_only(items, matched, rule, encoding)
     summarize = summarize or SummaryCache(encoding=encoding)
@@ -178,7 +190,11 @@ def apply_rule(items: Iterable[tuple[str, Any]], rule: CompressRule, *, protecte
                 missing[key] = tuple(miss)
         else:
             new = _summarized(key, value, rule.max_tokens or 100, summarize, encoding)
-        if new is not None and canonical_json(new) != canonical_json(value) and _smaller(new, value, encoding):
+        if new is None:
+            continue
+        # a value's token count is that of its canonical JSON (``count_value``): render each once
+        new_text, old_text = canonical_json(new), canonical_json(value)
+        if new_text != old_text and count_text(new_text, encoding) < count_text(old_text, encoding):
             items[i] = (key, new)
             affected.append(key)
     return RuleOutcome(items=tuple(items), affected=tuple(affected), missing_paths=missing)

@@ -190,9 +190,10 @@ class RuleDrivenCompressor:
 
     def _run(self, ctx: LayeredContext, config: ActivityExtensionConfig, *, actor: str,
              triggers: Sequence[str] | None, target_tokens: int | None, directive: _Directive | None,
-             source: str = "rules", attention: AttentionScore | None = None) -> CompressResult:
+             source: str = "rules", attention: AttentionScore | None = None,
+             scope: Scope | None = None) -> CompressResult:
         enc = ctx.encoding
-        scope = Scope.of(ctx, config)
+        scope = scope if scope is not None else Scope.of(ctx, config)
         before = attention if attention is not None else AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
         if triggers is None:
             fired = list(self.detector.detect(ctx, config, attention=before).triggers)
@@ -593,12 +594,15 @@ def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, 
     detector = compressor.detector
     fired, tokens = detector.size_triggers(ctx, config)
     attention: AttentionScore | None = None
+    scope: Scope | None = None
     if tokens >= detector.floor(config):
-        decision = detector.detect(ctx, config)
+        scope = Scope.of(ctx, config)
+        decision = detector.decide(scope, config)
         fired, attention = decision.triggers, decision.attention
     if not fired:
         return None
-    result = compressor.compress(ctx, config, actor=actor, triggers=fired, attention=attention)
+    result = compressor._run(ctx, config, actor=actor, triggers=fired, target_tokens=None, directive=None,
+                             attention=attention, scope=scope)
     return result if result.changed else None
 
 
