@@ -423,7 +423,10 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
             continue
-        text = f"{json.dumps(str(tid))}:{json.dumps(registry.convert(task), cls=_ENCODER)}"
+        dct = _plain_task_dict(task, registry) if mark is not None else None
+        # a plain task's dict holds JSON types only: the default encoder writes the same text
+        body = json.dumps(dct) if dct is not None else json.dumps(registry.convert(task), cls=_ENCODER)
+        text = f'"{tid}":{body}'
         if mark is not None:
             cache[tid] = (mark, text)
         elif hit is not None:
@@ -433,6 +436,38 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
         for tid in [t for t in cache if t not in tasks]:
             del cache[tid]
     return "{" + ",".join(parts) + "}"
+
+
+_PLAIN_TASKS: bool | None = None  # does _plain_task_dict build what the registry builds? (checked once)
+
+
+def _plain_task_dict(task: Any, registry: Any) -> dict[str, Any] | None:
+    """SpiffWorkflow's ``TaskConverter.to_dict`` (with its typename) for a task that has no
+    data of its own, nor its parent, and only scalars in ``internal_data``: what it
+    builds, without the registry's generic dispatch. The first use compares it with
+    the registry's own result; on any difference it is never used (None)."""
+    global _PLAIN_TASKS
+    if _PLAIN_TASKS is False:
+        return None
+    parent = task._parent if task.parent is not None else None
+    dct = {
+        "id": str(task.id),
+        "parent": str(parent) if parent is not None else None,
+        "children": [str(child) for child in task._children],
+        "last_state_change": task.last_state_change,
+        "state": task._state,
+        "task_spec": task.task_spec.name,
+        "triggered": task.triggered,
+        "internal_data": dict(task.internal_data),
+        "data": {} if parent is not None else dict(task.data),
+        "delta": {"updates": {}, "deletions": []} if parent is not None else {},
+        "typename": registry.typenames.get(type(task)),
+    }
+    if _PLAIN_TASKS is None:
+        _PLAIN_TASKS = dct == registry.convert(task)
+        if not _PLAIN_TASKS:
+            return None
+    return dct
 
 
 def _task_fingerprint(task: Any, tasks: Mapping[Any, Any]) -> tuple[Any, ...] | None:

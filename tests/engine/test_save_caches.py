@@ -1,0 +1,111 @@
+"""The shortcuts taken for speed give what the long way gives.
+
+* ``engine.spiff.serialize_json`` (spec and unchanged tasks kept as JSON text) loads to
+  the same JSON value as SpiffWorkflow's own ``serialize_json``, at every save of every
+  example, and the text loads back into a workflow.
+* The compression hook (scope built once, attention skipped under the detector's floor)
+  fires exactly when ``detect`` says a trigger fired.
+* Shingles cached per frozen value are the shingles of the value; a mutable value is
+  never served from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from context_layers import ActivityExtensionConfig, Layer, LayeredContext, freeze
+from context_layers.attention import CompressTriggerDetector
+from context_layers.compression import after_activity
+from context_layers.similarity import entry_words, shingles, word_sets
+from engine import Engine, load_process, spiff
+
+from engine_helpers import EXAMPLES, LOAN, LOAN_CONFLICT, LOAN_FAST, LOAN_FULL
+
+RUNS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("loan_approval", LOAN_FAST, {}),
+    ("loan_approval", LOAN_FULL, {}),
+    ("loan_approval", LOAN_CONFLICT, {"confirmations": {"*": "pending_dual_approval"}}),
+    ("parallel_scripts", {}, {}),
+    ("nested_parallel", {}, {}),
+    ("inclusive_gateway", {"need_credit": True, "need_identity": False, "need_address": True}, {}),
+    ("xor_loop", {"batch_size": 4}, {}),
+    ("parallel_user_task", {"title": "Q3 report"},
+     {"user_tasks": {"review": {"approved": True, "reviewer": "ann"}}}),
+]
+
+
+class _CheckingEngine(Engine):
+    """Compares the fast workflow JSON with SpiffWorkflow's at every save."""
+
+    saves = 0
+
+    def save(self, instance: Any) -> None:
+        wf = instance.workflow
+        ours = spiff.serialize_json(wf)
+        assert json.loads(ours) == json.loads(spiff.SERIALIZER.serialize_json(wf))
+        assert json.loads(spiff.SERIALIZER.serialize_json(spiff.SERIALIZER.deserialize_json(ours))) == json.loads(ours)
+        type(self).saves += 1
+        super().save(instance)
+
+    _save = save
+
+
+@pytest.mark.parametrize(("name", "data", "answers"), RUNS, ids=lambda v: v if isinstance(v, str) else None)
+def test_workflow_json_is_spiffworkflows_at_every_save(name: str, data: dict[str, Any],
+                                                       answers: dict[str, Any]) -> None:
+    path = LOAN if name == "loan_approval" else EXAMPLES / f"{name}.bpmn"
+    engine = _CheckingEngine()
+    before = _CheckingEngine.saves
+    instance = engine.run(engine.start(load_process(path), data), answers=answers)
+    assert instance.status == "completed", instance.error
+    assert _CheckingEngine.saves - before >= instance.activities
+
+
+def test_a_task_with_data_is_converted_every_time() -> None:
+    engine = Engine()
+    instance = engine.start(load_process(EXAMPLES / "parallel_scripts.bpmn"))
+    wf = instance.workflow
+    spiff.serialize_json(wf)  # fills the cache
+    wf.task_tree.data["note"] = {"nested": [1, 2]}
+    assert json.loads(spiff.serialize_json(wf)) == json.loads(spiff.SERIALIZER.serialize_json(wf))
+    wf.task_tree.data.clear()
+    assert json.loads(spiff.serialize_json(wf)) == json.loads(spiff.SERIALIZER.serialize_json(wf))
+
+
+def _context(history_tokens: int) -> LayeredContext:
+    ctx = LayeredContext(name="main")
+    for i in range(history_tokens // 40):
+        ctx.begin_activity(f"a{i}")
+        ctx.write(Layer.WORKING, f"note_{i}", f"entry {i}: " + " ".join(f"word{i}x{j}" for j in range(30)), actor="t")
+        ctx.complete_activity(f"a{i}")
+    return ctx
+
+
+@pytest.mark.parametrize("threshold", [None, 400, 4000, 40000])
+@pytest.mark.parametrize("size", [0, 200, 1200, 4000])
+def test_the_hook_fires_when_detect_fires(threshold: int | None, size: int) -> None:
+    config = ActivityExtensionConfig.model_validate(
+        {"compressTokenThreshold": threshold, "preserveKeys": ["note_0"]} if threshold else {"preserveKeys": ["note_0"]})
+    ctx = _context(size)
+    decision = CompressTriggerDetector().detect(ctx, config)
+    seq = ctx.tape.next_seq
+    result = after_activity(ctx, config, actor="t")
+    if not decision.fired:
+        assert result is None and ctx.tape.next_seq == seq
+    elif result is not None:
+        assert result.triggers == decision.triggers
+        assert result.attention_before == decision.attention
+
+
+def test_shingles_of_frozen_values_come_from_the_cache_and_equal_the_long_way() -> None:
+    value = freeze({"text": "the applicant runs a small bakery in the old town", "n": 3})
+    first = word_sets([("k", value)])[0]
+    assert first == shingles(entry_words("k", value))
+    assert word_sets([("k", value)])[0] is first
+    mutable = {"text": "one two three four"}
+    before = word_sets([("k", mutable)])[0]
+    mutable["text"] = "five six seven eight"
+    assert word_sets([("k", mutable)])[0] != before
