@@ -24,6 +24,7 @@ import click
 
 from context_layers import Layer, LayeredContext, thaw
 from context_layers.errors import ContextKeyError, ContextWriteDenied, LayerflowError
+from context_layers.stores import InstanceNotFound
 
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .process import load_process
@@ -43,10 +44,14 @@ LOAN_SCENARIOS: dict[str, dict[str, Any]] = {
 
 # ----------------------------------------------------------------------------- output
 
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
 class _Out:
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
-        self.tty = sys.stdout.isatty() and not as_json
+        self.tty = _stdout_is_terminal() and not as_json
         self._console: Any = None
 
     @property
@@ -65,9 +70,11 @@ class _Out:
         click.echo(json.dumps(document, ensure_ascii=False, indent=None if not sys.stdout.isatty() else 2, default=str))
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, kind: str = "bad_input") -> NoReturn:
+def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, kind: str = "bad_input",
+          details: dict[str, Any] | None = None) -> NoReturn:
     if as_json:
-        click.echo(json.dumps({"status": "error", "error": {"kind": kind, "message": message, "task_id": None}}))
+        error = {"kind": kind, "message": message, "task_id": None, **(details or {})}
+        click.echo(json.dumps({"status": "error", "error": error}, ensure_ascii=False, default=str))
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(code)
@@ -298,9 +305,25 @@ def demo_loan(scenario: str, data_file: str | None, answers_file: str | None, an
     _run_process(str(bpmn), None, None, data, answers_file, answer, yes, store, model, as_json)
 
 
+def _shown_url(url: str | None) -> str:
+    """A store URL fit for a message: a password in it is not."""
+    if not url:
+        return "the store"
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if sep and "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{netloc}{slash}{path}"
+
+
 def _load(engine: Engine, instance_id: str, as_json: bool) -> Instance:
     try:
         return engine.load(instance_id)
+    except InstanceNotFound:
+        store = _shown_url(getattr(engine.store, "url", None))
+        _fail(f"no instance {instance_id!r} in {store}; `layerflow list` shows the stored instances "
+              "(add --store URL when they are in another store)", as_json=as_json, kind="not_found",
+              details={"instance_id": instance_id})
     except ContextKeyError as err:
         _fail(str(err), as_json=as_json, kind="not_found")
     except LayerflowError as err:
@@ -354,7 +377,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
 @_json_option
 def list_instances(store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first."""
-    rows = open_store(store or default_store_url()).list()
+    rows = _engine(store, None, _Out(as_json), as_json).store.list()
     if as_json:
         _Out(True).doc(rows)
         return
@@ -376,64 +399,318 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+# ----------------------------------------------------------------------------- governance
+
+# kind -> exit code: what the user asked cannot be done as asked (2), or something broke (1)
+_BAD_INPUT_KINDS = frozenset({"not_found", "bad_request", "invalid_state", "invalid_config", "invalid_answer",
+                              "invalid_value", "permission_denied"})
+# Scores that fire below their threshold (DESIGN.md "Compression": density < 0.15, decay < 0.6,
+# toolEfficiency < 0.5); the other two fire above it.
+_FIRES_BELOW = frozenset({"density", "decay", "toolEfficiency"})
+_SCORES = ("density", "redundancy", "decay", "conflict", "toolEfficiency")
+
+
+def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "") -> NoReturn:
+    code = EXIT_BAD_INPUT if err.kind in _BAD_INPUT_KINDS else EXIT_ERROR
+    _fail(f"{prefix}{err}", code, as_json=as_json, kind=err.kind)
+
+
+def _service(store: str | None, as_json: bool) -> Any:
+    """The governance service the REST API serves, on the CLI's store: CLI and REST agree."""
+    from .governance import GovernanceService
+
+    return GovernanceService(_engine(store, None, _Out(as_json), as_json))
+
+
+def _branch_context(service: Any, instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
+    """A context by name or by branch id (as the REST API takes it)."""
+    try:
+        ctx: LayeredContext = service.context_of(instance, name)
+    except LayerflowError as err:
+        _governance_fail(err, as_json)
+    return ctx
+
+
+def _event_at(tape: Any, seq: int) -> Any:
+    if 0 < seq <= len(tape) and tape[seq - 1].seq == seq:  # seqs count from 1 without gaps
+        return tape[seq - 1]
+    return next((e for e in tape if e.seq == seq), None)
+
+
+def _writer(instance: Instance, ctx: LayeredContext, layer: Layer, key: str) -> dict[str, Any] | None:
+    """The tape event that set the current value of ``layer``/``key``.
+
+    A slot keeps the seq of the event that set it through snapshots and restores, so a
+    rolled-back value still names its writer. A branch inherits its parent's slots, whose
+    seqs are on the parent's tape: when the event at that seq on this tape does not touch
+    the key, the value came from the parent (or its parent)."""
+    seq = ctx.layer(layer).seq_of(key)
+    owner: LayeredContext | None = ctx
+    while owner is not None:
+        e = _event_at(owner.tape, seq)
+        if e is not None and any(c[0] == layer and c[1] == key for c in e.changes):
+            if e.kind == "changes":
+                via = (e.data or {}).get("note") or "changes"
+            else:
+                via = None if e.kind in ("write", "complete") else e.kind
+            return {"context": owner.name, "seq": e.seq, "activity": e.activity, "actor": e.actor, "via": via}
+        parent = instance.branches.get(owner.name, {}).get("parent")
+        owner = instance.contexts.get(parent) if parent else None
+    return None
+
+
+def _writer_label(w: dict[str, Any] | None) -> str:
+    """``activity (how, actor)``: how only when not a plain write, the actor only when it
+    is not the activity itself (the retriever, a join, the compressor, an operator)."""
+    if w is None:
+        return "-"
+    who = w["activity"] or w["actor"]
+    extra = [x for x in dict.fromkeys((w["via"], w["actor"])) if x and x != who]
+    return f"{who} ({', '.join(extra)})" if extra else who
+
+
+def _last_activity(instance: Instance, ctx: LayeredContext) -> str | None:
+    """The open activity of the context, else the last one begun on it (or on its parents)."""
+    owner: LayeredContext | None = ctx
+    while owner is not None:
+        if owner.current_activity:
+            return owner.current_activity
+        for e in reversed(owner.tape):
+            if e.kind == "begin":
+                return str((e.data or {}).get("task_id") or e.activity)
+        parent = instance.branches.get(owner.name, {}).get("parent")
+        owner = instance.contexts.get(parent) if parent else None
+    return None
+
+
+def _attention_check(instance: Instance, report: dict[str, Any], activity: str | None) -> dict[str, Any]:
+    """Each trigger's value against its threshold, and whether it fires (the detector's
+    verdict, as ``compress_status`` of the governance service gives it)."""
+    from context_layers.attention import CompressTriggerDetector
+    from context_layers.config import ActivityExtensionConfig
+
+    status = report["compress_status"]
+    thresholds, fired = status["thresholds"], set(status["would_trigger"])
+    layers = report["layers"]
+    cfg = instance.process.config(activity) if activity else None
+    floor = CompressTriggerDetector().floor(cfg or ActivityExtensionConfig())
+    rows = [
+        {"name": "token_threshold", "measure": "HISTORY+WORKING tokens", "fires_when": "above",
+         "value": layers["L3"]["token_count"] + layers["L4"]["token_count"]},
+        {"name": "message_threshold", "measure": "HISTORY entries", "fires_when": "above",
+         "value": layers["L3"]["key_count"]},
+        *({"name": n, "measure": "attention", "fires_when": "below" if n in _FIRES_BELOW else "above",
+           "value": report["attention"][n]} for n in _SCORES),
+    ]
+    for row in rows:
+        limit = row["threshold"] = thresholds.get(row["name"])
+        row["crossed"] = limit is not None and (row["value"] < limit if row["fires_when"] == "below"
+                                                else row["value"] > limit)
+        row["fires"] = row["name"] in fired
+    return {"activity_id": activity, "config": "activity" if cfg is not None else "defaults",
+            "scope_tokens": rows[0]["value"], "min_attention_tokens": floor, "triggers": rows,
+            "would_trigger": status["would_trigger"], "explain": status["explain"]}
+
+
+def _prompt_rows(instance: Instance, contexts: list[LayeredContext]) -> dict[str, Any]:
+    """The recorded model requests (``llm_call`` notes) and their prefix stability."""
+    from .llm import prompt_report, request_messages
+
+    rows = []
+    for ctx in contexts:
+        for r in prompt_report(ctx.tape):
+            rows.append({"context": ctx.name, **r, "messages": request_messages(ctx.tape, r["seq"]),
+                         "time": _event_at(ctx.tape, r["seq"]).time})
+    rows.sort(key=lambda r: (r["time"], r["seq"]))
+    shares = [r["share"] for r in rows if r["share"] is not None]
+    return {"requests": rows, "count": len(rows),
+            "mean_stability": sum(shares) / len(shares) if shares else None,
+            "note": None if rows else "no model calls recorded"}
+
+
+def _score(value: float) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 @main.command()
 @click.argument("instance_id")
-@click.option("--context", "context_name", default=None, help="a branch context (default: main)")
+@click.option("--context", "context_name", default=None, help="a context name or branch id (default: main)")
+@click.option("--prompts", is_flag=True,
+              help="also the recorded model requests: tokens per request and prefix stability")
 @_store_option
 @_json_option
-def inspect(instance_id: str, context_name: str | None, store: str | None, as_json: bool) -> None:
-    """The layers of an instance's context: keys, tokens, attention."""
+def inspect(instance_id: str, context_name: str | None, prompts: bool, store: str | None, as_json: bool) -> None:
+    """The layers of an instance's context: keys, tokens, writers, attention, compressions."""
+    from .governance import InspectArgs
+
     out = _Out(as_json)
-    engine = Engine(open_store(store or default_store_url()))
-    instance = _load(engine, instance_id, as_json)
-    ctx = _context(instance, context_name, as_json)
-    attention = _attention(ctx)
-    if as_json:
-        doc = instance.to_document()
-        doc["context"] = ctx.name
-        doc["layers"] = ctx.as_dict()
-        doc["tokens"] = ctx.token_report()
-        doc["attention"] = attention
-        out.doc(doc)
-        return
-    rows = []
+    service = _service(store, as_json)
+    instance = _load(service.engine, instance_id, as_json)
+    ctx = _branch_context(service, instance, context_name, as_json)
+    activity = _last_activity(instance, ctx)
+    if activity is not None and activity not in instance.process.element_ids():
+        activity = None  # e.g. a model's own note: no config to score against
+    try:
+        report = service.inspect(instance.id, InspectArgs(context=ctx.name, activity_id=activity))
+    except LayerflowError as err:
+        _governance_fail(err, as_json)
+    preserved = set(report["preserved"])
+    tables: dict[str, list[dict[str, Any]]] = {}
     for layer in Layer:
         view = ctx.layer(layer)
-        for key in view:
-            rows.append((str(layer), key, ctx.key_tokens(layer, key), _short(view[key]),
-                         "preserved" if key in ctx.preserved else ""))
+        tables[str(layer)] = [{"key": k, "tokens": ctx.key_tokens(layer, k), "preview": _short(view[k]),
+                               "preserved": k in preserved, "written_by": _writer(instance, ctx, layer, k)}
+                              for k in view]
+    check = _attention_check(instance, report, activity)
+    compressions = report["compress_status"]["compressions"]
+    shown = [ctx] if context_name else list(instance.contexts.values())
+    prompt_doc = _prompt_rows(instance, shown) if prompts else None
+
+    if as_json:
+        doc = instance.to_document()  # the `run --json` fields, for this context
+        doc.update({"version": report["version"], "context": ctx.name, "layers": ctx.as_dict(),
+                    "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
+                    "layer_stats": {name: {**report["layers"][name], "entries": rows}
+                                    for name, rows in tables.items()},
+                    "context_compressions": compressions, "preserved": report["preserved"],
+                    "open_conflicts": report["conflicts"], "branches": report["branches"],
+                    "active_config": report["active_config"]})
+        if prompt_doc is not None:
+            doc["prompts"] = prompt_doc
+        out.doc(doc)
+        return
+
     header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
-    tokens = ctx.token_report()
+    against = (f"thresholds of {activity}" if check["config"] == "activity"
+               else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
     if out.tty:
-        from rich.table import Table
-
-        table = Table(title=header)
-        for col in ("layer", "key", "tokens", "value", ""):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(r[0], r[1], str(r[2]), r[3], r[4])
-        out.console.print(table)
-        out.console.print("tokens " + " ".join(f"{k}={v}" for k, v in tokens.items()))
-        if attention:
-            out.console.print("attention " + " ".join(f"{k}={v:.2f}" for k, v in attention.items()))
+        _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx)
     else:
-        click.echo(header)
+        _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx)
+
+
+def _score_cells(row: dict[str, Any]) -> tuple[str, str, str]:
+    op = "<" if row["fires_when"] == "below" else ">"
+    limit = "not set" if row["threshold"] is None else f"{op} {row['threshold']}"
+    verdict = "fires" if row["fires"] else ("crossed, scope under the floor" if row["crossed"] else "-")
+    return _score(row["value"]), limit, verdict
+
+
+def _compression_line(c: dict[str, Any]) -> str:
+    before, after = c.get("tokens_before"), c.get("tokens_after")
+    ratio = f" (ratio {c['ratio']:.2f})" if isinstance(c.get("ratio"), float) else ""
+    return (f"{c.get('activity_id')}\t{before} -> {after} tokens{ratio}\t{', '.join(c.get('triggers') or [])}\t"
+            f"snapshot {c.get('snapshot_id')}")
+
+
+def _attention_delta(c: dict[str, Any]) -> str:
+    a, b = c.get("attention_before") or {}, c.get("attention_after") or {}
+    return " ".join(f"{n} {a[n]:.2f}->{b[n]:.2f}" for n in _SCORES if n in a and n in b and a[n] != b[n])
+
+
+def _prompt_cells(r: dict[str, Any]) -> tuple[str, ...]:
+    share = "first" if r["share"] is None else f"{r['share']:.3f}"
+    return (f"{r['context']}#{r['seq']}", str(r["task_id"]), str(r["agent"]), str(r["attempt"]), str(r["status"]),
+            str(r["tokens"]), str(r["prefix_tokens"]), share)
+
+
+def _inspect_plain(header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
+                   check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
+                   prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+    """Tab-separated lines, one record each, for grep and cut (the value preview last)."""
+    lines = [header, "layer\tkey\ttokens\tpreserved\twritten_by\tvalue"]
+    for name, rows in tables.items():
         for r in rows:
-            click.echo(f"{r[0]}\t{r[1]}\t{r[2]}\t{r[3]}\t{r[4]}".rstrip())
-        click.echo("tokens " + " ".join(f"{k}={v}" for k, v in tokens.items()))
-        if attention:
-            click.echo("attention " + " ".join(f"{k}={v:.2f}" for k, v in attention.items()))
+            lines.append(f"{name}\t{r['key']}\t{r['tokens']}\t{'preserved' if r['preserved'] else ''}\t"
+                         f"{_writer_label(r['written_by'])}\t{r['preview']}")
+    for name in tables:
+        stats = report["layers"][name]
+        att = " ".join(f"{k}={v:.2f}" for k, v in stats["attention_score"].items())
+        lines.append(f"stats\t{name} {Layer.parse(name).name}\t{stats['key_count']} keys\t{stats['token_count']} tokens"
+                     f"\tattention {att}")
+    lines.append(f"attention\t{check['scope_tokens']} tokens in HISTORY+WORKING, {against}")
+    for row in check["triggers"]:
+        lines.append("threshold\t" + row["name"] + "\t" + "\t".join(_score_cells(row)))
+    if any(r["crossed"] and not r["fires"] for r in check["triggers"]):
+        lines.append(f"note\tattention triggers need {check['min_attention_tokens']} tokens in scope")
+    for c in compressions:
+        lines.append(f"compression\t{_compression_line(c)}\t{_attention_delta(c)}".rstrip())
+    if prompt_doc is not None:
+        if not prompt_doc["requests"]:
+            lines.append("prompts\tno model calls recorded")
+        else:
+            lines.append("prompt\trequest\ttask\tagent\tattempt\tstatus\ttokens\tprefix_tokens\tstability")
+        for r in prompt_doc["requests"]:
+            lines.append("prompt\t" + "\t".join(_prompt_cells(r)))
+        if prompt_doc["mean_stability"] is not None:
+            lines.append(f"prompts\t{prompt_doc['count']} requests\tmean prefix stability "
+                         f"{prompt_doc['mean_stability']:.3f}")
+    lines.append("tokens " + " ".join(f"{k}={v}" for k, v in ctx.token_report().items()))
+    click.echo("\n".join(lines))
 
 
-def _attention(ctx: LayeredContext) -> dict[str, float] | None:
-    try:
-        from context_layers.attention import AttentionScore
-    except ImportError:
-        return None
-    try:
-        return dict(AttentionScore.compute(ctx).to_dict())
-    except Exception:  # noqa: BLE001 - inspection must not fail on a scoring problem
-        return None
+def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
+                  check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
+                  prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = out.console
+    console.print(f"[bold]{escape(header)}[/]", highlight=False)
+    for name, rows in tables.items():
+        stats = report["layers"][name]
+        if not rows:
+            console.print(f"[bold]{name} {Layer.parse(name).name}[/] · empty", highlight=False)
+            continue
+        att = " ".join(f"{k}={v:.2f}" for k, v in stats["attention_score"].items())
+        table = Table(title=f"{name} {Layer.parse(name).name} · {stats['key_count']} keys · "
+                            f"{stats['token_count']} tokens", caption=f"attention {att}",
+                      title_justify="left", caption_justify="left", expand=False)
+        table.add_column("key", overflow="fold")
+        table.add_column("tokens", justify="right")
+        for col in ("", "written by", "value"):
+            table.add_column(col, overflow="ellipsis")
+        for r in rows:
+            table.add_row(escape(r["key"]), str(r["tokens"]), "[green]preserved[/]" if r["preserved"] else "",
+                          escape(_writer_label(r["written_by"])), escape(r["preview"]))
+        console.print(table)
+    console.print(f"[bold]triggers[/] · {check['scope_tokens']} tokens in HISTORY+WORKING · {escape(against)}",
+                  highlight=False)
+    scores = Table()
+    for col in ("trigger", "value", "threshold", ""):
+        scores.add_column(col)
+    for row in check["triggers"]:
+        value, limit, verdict = _score_cells(row)
+        style = "red" if row["fires"] else ("yellow" if row["crossed"] else "dim")
+        scores.add_row(row["name"], value, limit, f"[{style}]{verdict}[/]")
+    if any(r["crossed"] and not r["fires"] for r in check["triggers"]):
+        scores.caption = f"attention triggers need {check['min_attention_tokens']} tokens in scope"
+    console.print(scores)
+    if compressions:
+        comp = Table(title="compressions", title_justify="left")
+        for col in ("activity", "tokens", "triggers", "undo with", "attention"):
+            comp.add_column(col)
+        for c in compressions:
+            ratio = f" ({c['ratio']:.2f})" if isinstance(c.get("ratio"), float) else ""
+            comp.add_row(escape(str(c.get("activity_id"))), f"{c.get('tokens_before')} → {c.get('tokens_after')}{ratio}",
+                         ", ".join(c.get("triggers") or []), escape(f"--snapshot {c.get('snapshot_id')}"),
+                         _attention_delta(c))
+        console.print(comp)
+    if prompt_doc is not None:
+        if not prompt_doc["requests"]:
+            console.print("prompts: no model calls recorded")
+        else:
+            mean = prompt_doc["mean_stability"]
+            pt = Table(title="model requests" + (f" · mean prefix stability {mean:.3f}" if mean is not None else ""),
+                       title_justify="left")
+            for col in ("request", "task", "agent", "attempt", "status"):
+                pt.add_column(col)
+            for col in ("tokens", "prefix", "stability"):
+                pt.add_column(col, justify="right")
+            for r in prompt_doc["requests"]:
+                pt.add_row(*(escape(cell) for cell in _prompt_cells(r)))
+            console.print(pt)
+    console.print("tokens " + " ".join(f"{k}={v}" for k, v in ctx.token_report().items()), highlight=False)
 
 
 @main.command()
@@ -449,7 +726,7 @@ def _attention(ctx: LayeredContext) -> dict[str, float] | None:
 def tape(instance_id: str, context_name: str | None, kind: str | None, activity: str | None, key: str | None,
          branch: str | None, since: int | None, store: str | None, as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
-    engine = Engine(open_store(store or default_store_url()))
+    engine = _engine(store, None, _Out(as_json), as_json)
     instance = _load(engine, instance_id, as_json)
     names = [context_name] if context_name else list(instance.contexts)
     events = []
@@ -477,7 +754,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
 @_json_option
 def replay(instance_id: str, until: int, context_name: str | None, store: str | None, as_json: bool) -> None:
     """The context as it was at a sequence number of its tape, rebuilt from the tape."""
-    engine = Engine(open_store(store or default_store_url()))
+    engine = _engine(store, None, _Out(as_json), as_json)
     instance = _load(engine, instance_id, as_json)
     ctx = _context(instance, context_name, as_json)
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
@@ -491,6 +768,125 @@ def replay(instance_id: str, until: int, context_name: str | None, store: str | 
     for layer, values in layers.items():
         for k, v in values.items():
             click.echo(f"{layer}\t{k}\t{_short(v)}")
+
+
+def _snapshot_list(instance: Instance, ctx: LayeredContext | None) -> list[dict[str, Any]]:
+    """The snapshots of an instance (or of one context), newest first, each once."""
+    found: dict[str, dict[str, Any]] = {}
+    for c in [ctx] if ctx is not None else list(instance.contexts.values()):
+        for sid, snap in c.snapshots.items():
+            owner = instance.contexts.get(snap.context)
+            event = _event_at(owner.tape, snap.seq) if owner is not None else None
+            label = snap.label
+            if label is None and event is not None and event.kind == "begin":
+                label = f"before {(event.data or {}).get('task_id') or event.activity}"
+            found.setdefault(sid, {"snapshot_id": sid, "context": snap.context, "seq": snap.seq, "label": label,
+                                   "time": event.time if event is not None else None})
+    return sorted(found.values(), key=lambda s: (s["time"] or 0.0, s["seq"]), reverse=True)
+
+
+def _snapshot_lines(snapshots: list[dict[str, Any]]) -> list[str]:
+    return [f"{s['snapshot_id']}\t{s['context']}#{s['seq']}\t{s['label'] or ''}".rstrip() for s in snapshots]
+
+
+def _recent(snapshots: list[dict[str, Any]], n: int = 5) -> str:
+    shown = ", ".join(f"{s['snapshot_id']}" + (f" ({s['label']})" if s["label"] else "") for s in snapshots[:n])
+    return shown or "none"
+
+
+@main.command()
+@click.argument("instance_id")
+@click.option("--snapshot", "snapshot_id", default=None, metavar="SNAPSHOT_ID",
+              help="the snapshot to go back to (`layerflow snapshot ID --list` shows them)")
+@click.option("--context", "context_name", default=None,
+              help="the context that took the snapshot (default: the one that did)")
+@click.option("--layers", default=None, metavar="L3,L4",
+              help="only these layers (default: KNOWLEDGE..EPHEMERAL; SYSTEM and PROCESS never roll back)")
+@click.option("--reason", default=None, help="why, for the audit trail on the tape")
+@_store_option
+@_json_option
+def rollback(instance_id: str, snapshot_id: str | None, context_name: str | None, layers: str | None,
+             reason: str | None, store: str | None, as_json: bool) -> None:
+    """Put a context's layers back to a snapshot: a restore event on the tape; nothing is deleted."""
+    from pydantic import ValidationError
+
+    from .governance import RollbackArgs
+
+    service = _service(store, as_json)
+    instance = _load(service.engine, instance_id, as_json)
+    ctx = _branch_context(service, instance, context_name, as_json) if context_name else None
+    known = _snapshot_list(instance, ctx)
+    where = f" context {ctx.name!r} of" if ctx is not None else ""
+    details = {"instance_id": instance.id, "recent_snapshots": known[:5]}
+    if not snapshot_id:
+        _fail(f"name the snapshot: --snapshot SNAPSHOT_ID; recent snapshots of{where} instance {instance.id}: "
+              f"{_recent(known)}", as_json=as_json, details=details)
+    if snapshot_id not in {s["snapshot_id"] for s in known}:
+        _fail(f"no snapshot {snapshot_id!r} in{where} instance {instance.id}; recent snapshots: {_recent(known)}; "
+              f"`layerflow snapshot {instance.id} --list` shows them all", as_json=as_json, kind="not_found",
+              details={**details, "snapshot_id": snapshot_id})
+    chosen = [x.strip() for x in layers.split(",") if x.strip()] if layers is not None else None
+    if chosen is not None:
+        try:
+            parsed = [Layer.parse(x) for x in chosen]
+        except ValueError as err:
+            _fail(f"--layers {layers}: {err}", as_json=as_json)
+        if not any(x >= Layer.KNOWLEDGE for x in parsed):
+            _fail(f"--layers {layers}: SYSTEM and PROCESS never roll back; name layers among L2..L5",
+                  as_json=as_json)
+    try:
+        args = RollbackArgs(snapshot_id=snapshot_id, layers=chosen, context=ctx.name if ctx else None, reason=reason)
+        result = service.rollback(instance.id, args, actor="cli")
+    except ValidationError as err:
+        _fail(f"rollback: {err.errors()[0]['msg']}", as_json=as_json)
+    except LayerflowError as err:
+        _governance_fail(err, as_json, prefix="rollback: ")
+    if as_json:
+        _Out(True).doc(result)
+        return
+    before, after = result["tokens_before"]["total"], result["tokens_after"]["total"]
+    click.echo(f"context {result['context']} of {result['instance_id']} rolled back to {snapshot_id} "
+               f"({', '.join(result['layers'])}) by tape event #{result['event_seq']}; tokens {before} -> {after}")
+
+
+@main.command()
+@click.argument("instance_id")
+@click.option("--context", "context_name", default=None, help="a context name or branch id (default: main)")
+@click.option("--label", default=None, help="a label to find the snapshot by later")
+@click.option("--list", "list_them", is_flag=True, help="list the instance's snapshots instead of taking one")
+@_store_option
+@_json_option
+def snapshot(instance_id: str, context_name: str | None, label: str | None, list_them: bool, store: str | None,
+             as_json: bool) -> None:
+    """Take a snapshot of a context (all six layers) and print its id."""
+    from .governance import SnapshotArgs
+
+    service = _service(store, as_json)
+    instance = _load(service.engine, instance_id, as_json)
+    ctx = _branch_context(service, instance, context_name, as_json)
+    if list_them:
+        known = _snapshot_list(instance, ctx if context_name else None)
+        if as_json:
+            _Out(True).doc({"instance_id": instance.id, "snapshots": known})
+        else:
+            click.echo("\n".join(_snapshot_lines(known)) or "no snapshots")
+        return
+    try:
+        result = service.snapshot(instance.id, SnapshotArgs(label=label, context=ctx.name), actor="cli")
+    except LayerflowError as err:
+        _governance_fail(err, as_json, prefix="snapshot: ")
+    if as_json:
+        _Out(True).doc(result)
+    else:
+        click.echo(result["snapshot_id"])
+
+
+@main.command()
+def schema() -> None:
+    """The JSON Schema of an activity's config (ActivityExtensionConfig), for editors and CI."""
+    from context_layers.config import config_json_schema
+
+    click.echo(json.dumps(config_json_schema(), indent=2, ensure_ascii=False))
 
 
 @main.command()
