@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COMPACTED",
+    "FIRE_BELOW",
     "RECENT_ACTIVITIES",
     "TRIGGERS",
     "AttentionScore",
@@ -67,7 +68,7 @@ COMPACTED = "<compacted>"
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
 TRIGGERS = ("token_threshold", "message_threshold", "density", "redundancy", "decay", "conflict", "toolEfficiency")
 # Scores that fire below their threshold; the others fire above it.
-_FIRE_BELOW = frozenset({"density", "decay", "toolEfficiency"})
+FIRE_BELOW = frozenset({"density", "decay", "toolEfficiency"})
 
 
 # ----- the scope ------------------------------------------------------------------------
@@ -163,10 +164,12 @@ class Segments:
 
 
 def segment_history(history: Sequence[tuple[str, Any]]) -> Segments:
-    records = [k for k, v in history if is_activity_record(k, v)]
+    # scored after every activity: classify each entry once
+    marked = [(k, v, is_activity_record(k, v)) for k, v in history]
+    records = [k for k, _, is_record in marked if is_record]
     listed: dict[str, str] = {}
-    for k, v in history:
-        if is_activity_record(k, v):
+    for k, v, is_record in marked:
+        if is_record:
             keys = v.get("keys") if isinstance(v, dict) else None
             if isinstance(keys, list):
                 for written in keys:
@@ -174,10 +177,10 @@ def segment_history(history: Sequence[tuple[str, Any]]) -> Segments:
                         listed[written] = k
     owner: dict[str, str | None] = {}
     following: str | None = None
-    for k, v in reversed(history):
+    for k, v, is_record in reversed(marked):
         if is_compressor_record(k, v):
             owner[k] = COMPACTED
-        elif is_activity_record(k, v):
+        elif is_record:
             owner[k] = k
             following = k
         else:
@@ -493,7 +496,7 @@ class AttentionScore:
         limits = _threshold_dict(thresholds)
         out = []
         for name, value in self.to_dict().items():
-            if (value < limits[name]) if name in _FIRE_BELOW else (value > limits[name]):
+            if (value < limits[name]) if name in FIRE_BELOW else (value > limits[name]):
                 out.append(name)
         return out
 
@@ -528,7 +531,7 @@ class TriggerDecision:
             return "no trigger fired"
         parts = []
         for name in self.triggers:
-            op = "<" if name in _FIRE_BELOW else ">"
+            op = "<" if name in FIRE_BELOW else ">"
             value = self.values[name]
             shown = f"{value:.3f}" if isinstance(value, float) else str(value)
             parts.append(f"{name}: {shown} {op} {self.thresholds[name]}")

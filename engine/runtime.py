@@ -187,7 +187,8 @@ class Engine:
         if data:
             # One event for all initial data. The layers' rules still hold: SYSTEM keys are
             # refused, PROCESS only gains keys.
-            clash = [k for k in data if k in ctx.layer(Layer.SYSTEM)]
+            system = ctx.layer(Layer.SYSTEM)
+            clash = [k for k in data if k in system]
             if clash:
                 raise ContextWriteDenied(clash[0], process.data_layers.get(clash[0], Layer.PROCESS), Layer.SYSTEM,
                                          "initial data cannot replace a SYSTEM key from the config's system:")
