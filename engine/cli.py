@@ -406,7 +406,6 @@ _BAD_INPUT_KINDS = frozenset({"not_found", "bad_request", "invalid_state", "inva
                               "invalid_value", "permission_denied"})
 # Scores that fire below their threshold (DESIGN.md "Compression": density < 0.15, decay < 0.6,
 # toolEfficiency < 0.5); the other two fire above it.
-_FIRES_BELOW = frozenset({"density", "decay", "toolEfficiency"})
 _SCORES = ("density", "redundancy", "decay", "conflict", "toolEfficiency")
 
 
@@ -486,7 +485,7 @@ def _last_activity(instance: Instance, ctx: LayeredContext) -> str | None:
 def _attention_check(instance: Instance, report: dict[str, Any], activity: str | None) -> dict[str, Any]:
     """Each trigger's value against its threshold, and whether it fires (the detector's
     verdict, as ``compress_status`` of the governance service gives it)."""
-    from context_layers.attention import CompressTriggerDetector
+    from context_layers.attention import FIRE_BELOW, CompressTriggerDetector
     from context_layers.config import ActivityExtensionConfig
 
     status = report["compress_status"]
@@ -499,7 +498,7 @@ def _attention_check(instance: Instance, report: dict[str, Any], activity: str |
          "value": layers["L3"]["token_count"] + layers["L4"]["token_count"]},
         {"name": "message_threshold", "measure": "HISTORY entries", "fires_when": "above",
          "value": layers["L3"]["key_count"]},
-        *({"name": n, "measure": "attention", "fires_when": "below" if n in _FIRES_BELOW else "above",
+        *({"name": n, "measure": "attention", "fires_when": "below" if n in FIRE_BELOW else "above",
            "value": report["attention"][n]} for n in _SCORES),
     ]
     for row in rows:
