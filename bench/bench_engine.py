@@ -15,6 +15,12 @@ persistence and of compression (attention scoring after every configured activit
 Targets (issue 3): under 1 ms per activity at 1,000 context keys, under 2x plain
 SpiffWorkflow end to end.
 
+Then, for each workload, where layerflow's time goes (median ms per run by phase, save
+after every activity, in separate runs with a timer around each phase), and how much of
+it is work that plain SpiffWorkflow does too: plain SpiffWorkflow keeps no context
+layers, retrieves nothing, counts no tokens, compresses nothing and saves nothing, so
+on a process as small as the loan demo those make most of layerflow's time.
+
     python bench/bench_engine.py            # 100 runs per row
     python bench/bench_engine.py --quick    # 10 runs (CI)
 """
@@ -134,6 +140,8 @@ _PHASES = (
     ("store", "save", "save: store"),
 )
 REST = "SpiffWorkflow + engine glue (rest)"
+# phases that also happen, in their plain form, in the plain SpiffWorkflow run
+SHARED = frozenset({REST, "handlers + their context writes", "conditions"})
 
 
 class _Phases:
@@ -266,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         for phase, ms in sorted(table.items(), key=lambda kv: -kv[1]):
             print(f"  {phase:<40} {ms:>8.2f}  {ms / total:>5.0%}")
         print(f"  {'total (median run, with timers)':<40} {total:>8.2f}")
+        shared = sum(ms for phase, ms in table.items() if phase in SHARED)
+        print(f"  work plain SpiffWorkflow also does (task tree, handlers, conditions): {shared:.2f} ms = "
+              f"{shared / plain_ms:.2f}x plain; layerflow-only work (context layers, retrieval, compression, "
+              f"persistence, branch merges): {total - shared:.2f} ms")
     return 0
 
 
