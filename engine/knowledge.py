@@ -87,6 +87,10 @@ class _Collection:
         self.idf = {t: math.log(1 + (n - d + 0.5) / (d + 0.5)) for t, d in df.items()}
 
 
+# resolved collection folder -> (signature of its files, index)
+_INDEXES: dict[str, tuple[tuple[tuple[str, int, int], ...], "_Collection"]] = {}
+
+
 class BM25Retriever:
     """BM25 over passages of ``root/<collection>/*.md|*.txt`` (collections load lazily)."""
 
@@ -106,15 +110,26 @@ class BM25Retriever:
         coll = self._collections.get(name)
         if coll is not None:
             return coll
-        passages: list[_Passage] = []
         folder = self.root / name if self.root is not None else None
-        if folder is not None and folder.is_dir():
-            for path in sorted([*folder.glob("*.md"), *folder.glob("*.txt")]):
+        files = sorted([*folder.glob("*.md"), *folder.glob("*.txt")]) if folder is not None and folder.is_dir() else []
+        # Indexes are shared by every retriever of this Python process (a new Engine does
+        # not tokenize the documents again) while the files are the same: same names,
+        # sizes and modification times.
+        signature = tuple((p.name, st.st_size, st.st_mtime_ns) for p in files for st in (p.stat(),))
+        where = str(folder.resolve()) if folder is not None else ""
+        shared = _INDEXES.get(where)
+        if shared is not None and shared[0] == signature and shared[1].name == name:
+            coll = shared[1]
+        else:
+            passages: list[_Passage] = []
+            for path in files:
                 for i, text in enumerate(_split_passages(path.read_text(encoding="utf-8")), start=1):
                     terms = tokenize(text)
                     if terms:
                         passages.append(_Passage(f"{name}/{path.name}#{i}", text, Counter(terms), len(terms)))
-        coll = _Collection(name, passages)
+            coll = _Collection(name, passages)
+            if folder is not None:
+                _INDEXES[where] = (signature, coll)
         self._collections[name] = coll
         return coll
 

@@ -7,6 +7,8 @@
   fires exactly when ``detect`` says a trigger fired.
 * Shingles cached per frozen value are the shingles of the value; a mutable value is
   never served from the cache.
+* BM25 indexes shared by the retrievers of one Python process follow edits of the
+  documents.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from context_layers.attention import CompressTriggerDetector
 from context_layers.compression import after_activity
 from context_layers.similarity import entry_words, shingles, word_sets
 from engine import Engine, load_process, spiff
+from engine.knowledge import BM25Retriever
 
 from engine_helpers import EXAMPLES, LOAN, LOAN_CONFLICT, LOAN_FAST, LOAN_FULL
 
@@ -109,3 +112,17 @@ def test_shingles_of_frozen_values_come_from_the_cache_and_equal_the_long_way() 
     before = word_sets([("k", mutable)])[0]
     mutable["text"] = "five six seven eight"
     assert word_sets([("k", mutable)])[0] != before
+
+
+def test_a_new_retriever_sees_an_edited_document(tmp_path: Any) -> None:
+    folder = tmp_path / "rules"
+    folder.mkdir()
+    doc = folder / "a.md"
+    doc.write_text("# Limits\n\nLoans above fifty thousand need a second signature.\n", encoding="utf-8")
+    first = BM25Retriever(tmp_path).retrieve("rules", "second signature", top_k=3)
+    assert [h.source for h in first] == ["rules/a.md#1"]
+    assert BM25Retriever(tmp_path).retrieve("rules", "second signature", top_k=3)[0].text == first[0].text
+    doc.write_text("# Limits\n\nEvery loan needs a collateral register entry.\n", encoding="utf-8")
+    (folder / "b.md").write_text("A second signature is kept for ten years.\n", encoding="utf-8")
+    again = BM25Retriever(tmp_path).retrieve("rules", "second signature", top_k=3)
+    assert [h.source for h in again] == ["rules/b.md#1"]
