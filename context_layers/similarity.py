@@ -100,7 +100,10 @@ def shingles(words: Sequence[str]) -> frozenset[int]:
         return frozenset()
     if len(words) < SHINGLE_WORDS:
         return frozenset((_h(" ".join(words)),))
-    return frozenset(_h(" ".join(words[i:i + SHINGLE_WORDS])) for i in range(len(words) - SHINGLE_WORDS + 1))
+    # _h inlined: a long entry has a thousand shingles
+    blake, from_bytes, join = hashlib.blake2b, int.from_bytes, " ".join
+    grams = zip(*(words[i:] for i in range(SHINGLE_WORDS)))
+    return frozenset(from_bytes(blake(join(g).encode("utf-8"), digest_size=8).digest(), "little") for g in grams)
 
 
 def jaccard(a: frozenset[int], b: frozenset[int]) -> float:
