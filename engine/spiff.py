@@ -438,18 +438,21 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-_PLAIN_TASKS: bool | None = None  # does _plain_task_dict build what the registry builds? (checked once)
+# does _plain_task_dict build what the registry builds? checked once for a root task
+# (False) and once for a task with a parent (True)
+_PLAIN_TASKS: dict[bool, bool] = {}
 
 
 def _plain_task_dict(task: Any, registry: Any) -> dict[str, Any] | None:
     """SpiffWorkflow's ``TaskConverter.to_dict`` (with its typename) for a task that has no
     data of its own, nor its parent, and only scalars in ``internal_data``: what it
-    builds, without the registry's generic dispatch. The first use compares it with
-    the registry's own result; on any difference it is never used (None)."""
-    global _PLAIN_TASKS
-    if _PLAIN_TASKS is False:
-        return None
+    builds, without the registry's generic dispatch. The first use of each form (root,
+    child) compares it with the registry's own result; on a difference that form is
+    never used again (None)."""
     parent = task._parent if task.parent is not None else None
+    form = parent is not None
+    if _PLAIN_TASKS.get(form) is False:
+        return None
     dct = {
         "id": str(task.id),
         "parent": str(parent) if parent is not None else None,
@@ -463,9 +466,9 @@ def _plain_task_dict(task: Any, registry: Any) -> dict[str, Any] | None:
         "delta": {"updates": {}, "deletions": []} if parent is not None else {},
         "typename": registry.typenames.get(type(task)),
     }
-    if _PLAIN_TASKS is None:
-        _PLAIN_TASKS = dct == registry.convert(task)
-        if not _PLAIN_TASKS:
+    if form not in _PLAIN_TASKS:
+        _PLAIN_TASKS[form] = dct == registry.convert(task)
+        if not _PLAIN_TASKS[form]:
             return None
     return dct
 

@@ -67,6 +67,15 @@ def test_workflow_json_is_spiffworkflows_at_every_save(name: str, data: dict[str
     assert _CheckingEngine.saves - before >= instance.activities
 
 
+def test_plain_tasks_are_written_without_the_registry() -> None:
+    """The shortcut for plain tasks builds what SpiffWorkflow's converter builds (it checks
+    itself once per form and falls back otherwise: a SpiffWorkflow upgrade that changes the
+    task format shows up here, not as wrong records)."""
+    engine = Engine()
+    engine.run(engine.start(load_process(EXAMPLES / "parallel_scripts.bpmn")))
+    assert spiff._PLAIN_TASKS == {False: True, True: True}
+
+
 def test_a_task_with_data_is_converted_every_time() -> None:
     engine = Engine()
     instance = engine.start(load_process(EXAMPLES / "parallel_scripts.bpmn"))
