@@ -588,8 +588,11 @@ def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, 
     totals (O(1)), and the attention scores are computed only when the scope has
     reached the detector's floor (``compressTargetRatio`` x ``compressTokenThreshold``):
     under it no attention trigger fires, so ``detect`` would give the same triggers.
+    An activity whose config asks for no compression (no threshold, attention
+    thresholds or rules: ``compression_configured``) fires nothing.
     """
-    config = config or ActivityExtensionConfig()
+    if config is None or not config.compression_configured:
+        return None
     compressor = compressor or RuleDrivenCompressor()
     detector = compressor.detector
     fired, tokens = detector.size_triggers(ctx, config)

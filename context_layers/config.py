@@ -218,6 +218,15 @@ class ActivityExtensionConfig(_Model):
     def effective_attention_thresholds(self) -> AttentionThresholds:
         return self.attention_thresholds or self.context_strategy.attention_thresholds or AttentionThresholds()
 
+    @property
+    def compression_configured(self) -> bool:
+        """Whether this activity asks for compression at all: a threshold, attention
+        thresholds or rules. Without one, nothing fires after it (a cliff happens where
+        the designer put one, not after every activity that merely has a handler)."""
+        return bool(self.effective_token_threshold or self.effective_message_threshold
+                    or self.attention_thresholds or self.context_strategy.attention_thresholds
+                    or self.effective_compress_rules)
+
     def branch(self, branch_id: str) -> BranchConfig | None:
         for b in self.branches:
             if b.id == branch_id:

@@ -569,6 +569,9 @@ class LayeredContext:
         layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
         counter = s.counter
         touched: dict[int, tuple[Any, Any]] = {}
+        # a value moved between layers (WORKING -> HISTORY) is the same frozen object:
+        # its token count is known, keyed by identity while both are alive in this call
+        known: dict[int, int] = {}
         for layer, key, value in changes:
             if layer not in touched:
                 touched[layer] = (layers[layer].mutate(), tokens[layer].mutate())
@@ -576,6 +579,7 @@ class LayeredContext:
             old = m.get(key)
             if value is DELETED:
                 if old is not None:
+                    known[id(old[2])] = t[key]
                     del m[key]
                     totals[layer] -= t[key]
                     del t[key]
@@ -586,7 +590,9 @@ class LayeredContext:
             else:
                 order = old[0]
                 totals[layer] -= t[key]
-            n = count_value(value, self.encoding)
+            n = known.get(id(value))
+            if n is None:
+                n = count_value(value, self.encoding)
             m[key] = (order, seq, value)
             t[key] = n
             totals[layer] += n
