@@ -91,6 +91,14 @@ class Snapshot:
     def preserved(self) -> frozenset[str]:
         return frozenset(self.state.preserved.keys())
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able record of all six layers (with insertion order and seqs)."""
+        return _dump_snapshot(self)
+
+    @classmethod
+    def from_dict(cls, snapshot_id: str, data: Mapping[str, Any]) -> "Snapshot":
+        return _load_snapshot(snapshot_id, data)
+
     def tokens(self, layer: Layer | int | str | None = None) -> int:
         if layer is None:
             return sum(self.state.totals)

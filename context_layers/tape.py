@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, overload
 
-from .canonical import freeze, thaw
+from .canonical import freeze
 from .markers import DELETED
 
 if TYPE_CHECKING:
@@ -59,7 +59,8 @@ class Event:
     snapshot: "Snapshot | None" = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        changes = [[layer, key] if value is DELETED else [layer, key, thaw(value)] for layer, key, value in self.changes]
+        # frozen values are dict/list subclasses: JSON-encodable as they are, no copy needed
+        changes = [[layer, key] if value is DELETED else [layer, key, value] for layer, key, value in self.changes]
         out: dict[str, Any] = {"seq": self.seq, "kind": self.kind, "time": self.time, "actor": self.actor}
         if self.activity is not None:
             out["activity"] = self.activity
@@ -68,7 +69,7 @@ class Event:
         if changes:
             out["changes"] = changes
         if self.data:
-            out["data"] = thaw(self.data)
+            out["data"] = self.data
         return out
 
     @classmethod
