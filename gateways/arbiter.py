@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
@@ -122,10 +122,16 @@ def build_conflict_prompt(request: ArbitrationRequest) -> list[dict[str, str]]:
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
-def parse_arbiter_answer(text: str) -> ArbitrationAnswer:
-    """The answer in ``text`` (a Markdown code fence around it is tolerated)."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_json_answer(text: Any, model: type[M], error: Callable[..., ModelError], *,
+                     required: tuple[str, ...] = ()) -> M:
+    """A model's JSON-object reply, validated as ``model``; a Markdown code fence around
+    it is tolerated. Every way it can be wrong raises ``error`` with the reply attached,
+    so the caller can retry once with a correction."""
     if not isinstance(text, str):
-        raise ArbiterAnswerError(f"the reply is {type(text).__name__}, not text", text=repr(text))
+        raise error(f"the reply is {type(text).__name__}, not text", text=repr(text))
     stripped = text.strip()
     fenced = _FENCE.match(stripped)
     if fenced:
@@ -133,13 +139,19 @@ def parse_arbiter_answer(text: str) -> ArbitrationAnswer:
     try:
         data = json.loads(stripped)
     except json.JSONDecodeError as err:
-        raise ArbiterAnswerError(f"the reply is not JSON ({err.msg} at {err.pos})", text=text) from None
+        raise error(f"the reply is not JSON ({err.msg} at {err.pos})", text=text) from None
     if not isinstance(data, dict):
-        raise ArbiterAnswerError(f"the reply is a JSON {type(data).__name__}, not an object", text=text)
-    if "final_value" not in data:
-        raise ArbiterAnswerError("the reply has no 'final_value'", text=text)
+        raise error(f"the reply is a JSON {type(data).__name__}, not an object", text=text)
+    for name in required:
+        if name not in data:
+            raise error(f"the reply has no {name!r}", text=text)
     try:
-        return ArbitrationAnswer.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as err:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in err.errors())
-        raise ArbiterAnswerError(f"the reply does not match the answer schema ({problems})", text=text) from None
+        raise error(f"the reply does not match the answer schema ({problems})", text=text) from None
+
+
+def parse_arbiter_answer(text: str) -> ArbitrationAnswer:
+    """The answer in ``text`` (a Markdown code fence around it is tolerated)."""
+    return load_json_answer(text, ArbitrationAnswer, ArbiterAnswerError, required=("final_value",))

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictStr
 
 from context_layers.errors import ModelError
+
+from .arbiter import load_json_answer
 
 __all__ = [
     "BranchAnswer",
@@ -137,29 +138,10 @@ def build_branch_prompt(question: BranchQuestion) -> list[dict[str, str]]:
     ]
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
-
-
 def parse_branch_answer(text: Any, question: BranchQuestion) -> BranchAnswer:
     """The answer in ``text`` (a Markdown code fence is tolerated); its branch must be
     one of the question's."""
-    if not isinstance(text, str):
-        raise BranchAnswerError(f"the reply is {type(text).__name__}, not text", text=repr(text))
-    stripped = text.strip()
-    fenced = _FENCE.match(stripped)
-    if fenced:
-        stripped = fenced.group(1)
-    try:
-        data = json.loads(stripped)
-    except json.JSONDecodeError as err:
-        raise BranchAnswerError(f"the reply is not JSON ({err.msg} at {err.pos})", text=text) from None
-    if not isinstance(data, dict):
-        raise BranchAnswerError(f"the reply is a JSON {type(data).__name__}, not an object", text=text)
-    try:
-        answer = BranchAnswer.model_validate(data)
-    except ValidationError as err:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'answer'}: {e['msg']}" for e in err.errors())
-        raise BranchAnswerError(f"the reply does not match the answer schema ({problems})", text=text) from None
+    answer = load_json_answer(text, BranchAnswer, BranchAnswerError)
     if answer.branch not in question.ids:
         raise BranchAnswerError(f"branch {answer.branch!r} is not a branch of gateway {question.gateway_id!r} "
                                 f"(branches: {', '.join(question.ids)})", text=text)
