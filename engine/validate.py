@@ -32,7 +32,7 @@ not make ``report.ok`` false:
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
-``gateway_not_exhaustive``            XOR without default: conditions test a finite set of values
+``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression is not valid Python
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
@@ -657,10 +657,15 @@ class _Validator:
             gap = _describe_gap(union)
             if gap is not None:
                 code, text = gap
+                # Only a gap that is certain is an error. Equality tests against a set of
+                # values (the variable may never take another) and gaps holding no integer
+                # (``x <= 4`` / ``x >= 5`` over counts) cannot be judged without the data:
+                # they are warnings, and the process still runs.
+                certain = code == "gateway_coverage_gap" and not _only_fractional_gaps(union)
                 self.add(code, f"exclusive gateway {gid!r} has no default flow and its conditions {text}; "
                          f"when no condition holds the instance fails: add a default flow (default=\"FLOW_ID\") "
                          "or a condition for the missing values", file=file, line=gw.sourceline,
-                         element_id=gid, field="default")
+                         element_id=gid, field="default", severity="error" if certain else "warning")
 
     def _check_references(self, proc: _Node) -> None:
         """Sequence flows that name no element of their scope; call activities that call no loaded process."""
@@ -1087,6 +1092,19 @@ def _reals(kind: type[ast.cmpop], members: tuple[Any, ...]) -> _Reals:
 
 def _number(x: float) -> str:
     return str(int(x)) if x.is_integer() else repr(x)
+
+
+def _only_fractional_gaps(term: _Term) -> bool:
+    """Whether every value the numeric conditions miss lies strictly between two integers."""
+    if term.var is None or not isinstance(term.value, _Reals):
+        return False
+    for lo, lo_in, hi, hi_in in term.value.complement().parts:
+        if math.isinf(lo) or math.isinf(hi):
+            return False
+        first = math.floor(lo) + 1 if not lo_in or not float(lo).is_integer() else lo
+        if first < hi or (first == hi and hi_in):
+            return False
+    return True
 
 
 def _describe_gap(term: _Term) -> tuple[str, str] | None:

@@ -91,7 +91,8 @@ CASES = [
          "decide", "default", ("conditions do not cover x == 5", "add a default flow")),
     Case("gateway_not_exhaustive", "gateway_equality.bpmn", "gateway_not_exhaustive",
          ("gateway_equality.bpmn", 'id="decide"'), "decide", "default",
-         ("only handle decision == 'approve', decision == 'reject': not exhaustive", "add a default flow")),
+         ("only handle decision == 'approve', decision == 'reject': not exhaustive", "add a default flow"),
+         severity="warning"),  # the variable may never take another value: a warning, the process runs
     Case("gateway_flow_without_condition", "gateway_no_condition.bpmn", "gateway_flow_without_condition",
          ("gateway_no_condition.bpmn", 'id="f_b"'), "f_b", "conditionExpression",
          ("flow 'f_b' of gateway 'decide' (to 'b') has no condition", 'set default="f_b"')),
@@ -429,6 +430,18 @@ COVERAGE = [
     (["'a' in x", "'a' not in x"], None, None),
     (["x in 'abc'"], None, None),
 ]
+
+
+@pytest.mark.parametrize(("conditions", "severity"), [
+    (["x < 5", "x > 5"], "error"),            # x == 5 is certainly missed
+    (["x <= 4", "x >= 5"], "warning"),        # only fractions are missed: fine for counts
+    (["x < 4", "x > 5"], "error"),            # 4, 5 missed
+    (['decision == "a"', 'decision == "b"'], "warning"),
+])
+def test_only_certain_gaps_stop_a_process(tmp_path: Path, conditions: list[str], severity: str) -> None:
+    report = gateway_report(tmp_path, conditions)
+    assert [p.severity for p in report.problems] == [severity], format_report(report)
+    assert report.ok is (severity == "warning")
 
 
 @pytest.mark.parametrize(("conditions", "code", "says"), COVERAGE, ids=lambda v: " | ".join(v) if isinstance(v, list) else None)
