@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .canonical import FrozenDict, canonical_key
 from .context import LayeredContext, Snapshot, entry_kind, is_record_key
 from .layers import Layer
-from .similarity import NEAR_DUP_JACCARD, near_duplicate_clusters, word_sets
+from .similarity import near_duplicate_clusters, word_sets
 from .tokens import count_value
 
 if TYPE_CHECKING:

@@ -48,7 +48,6 @@ lowest confidence first, then recalled memory, newest first.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace

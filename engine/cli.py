@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import sys
 import time
 from collections.abc import Callable

@@ -9,7 +9,6 @@ keys go (default PROCESS). Nothing is returned for a process that does not valid
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -22,7 +21,7 @@ from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 from context_layers import ActivityExtensionConfig, Layer, config_from_dict
 from context_layers.errors import ConfigError, ProcessError
 
-from . import spiff
+from . import configfile, spiff
 
 __all__ = ["Process", "load_process", "extension_configs"]
 
@@ -127,8 +126,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
     config_path = Path(config) if config is not None else _find_config(paths[0])
     file_cfg = _load_config_file(config_path) if config_path is not None else None
 
-    if validate:
-        _validate(paths, config_path, process_id)
+    chosen = _validate(paths, config_path, process_id) if validate else None
 
     parser = spiff.LayerflowBpmnParser()
     try:
@@ -138,7 +136,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
     except Exception as err:  # lxml syntax errors and the like
         raise ProcessError(f"{paths[0]}: cannot parse BPMN: {err}") from None
 
-    pid = process_id or (file_cfg.get("process_id") if file_cfg else None)
+    pid = process_id or (file_cfg.get("process_id") if file_cfg else None) or chosen
     executable = parser.get_process_ids()
     if pid is None:
         if len(executable) != 1:
@@ -206,59 +204,26 @@ def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig
 # --------------------------------------------------------------------------- config file
 
 def _find_config(bpmn: Path) -> Path | None:
-    if importlib.util.find_spec("engine.configfile") is not None:
-        from . import configfile
-        return configfile.find_config_beside(bpmn)
-    for suffix in (".layerflow.yaml", ".layerflow.yml", ".layerflow.json"):
-        candidate = bpmn.with_name(bpmn.stem + suffix)
-        if candidate.is_file():
-            return candidate
-    return None
+    return configfile.find_config_beside(bpmn)
 
 
 def _load_config_file(path: Path) -> dict[str, Any]:
     """``{"system", "data_layers", "process_id", "elements"}`` from the config file; raises on problems."""
-    if importlib.util.find_spec("engine.configfile") is not None:
-        from . import configfile
-        loaded = configfile.load_config_file(path)
-        loaded.raise_for_problems()
-        return {"system": dict(loaded.system), "data_layers": dict(loaded.data_layers),
-                "process_id": loaded.process_id, "elements": dict(loaded.elements)}
-    return _minimal_config_file(path)
+    loaded = configfile.load_config_file(path)
+    loaded.raise_for_problems()
+    return {"system": dict(loaded.system), "data_layers": dict(loaded.data_layers),
+            "process_id": loaded.process_id, "elements": dict(loaded.elements)}
 
 
-def _minimal_config_file(path: Path) -> dict[str, Any]:
-    import yaml
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read config file: {err}") from None
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: invalid config file: {err}") from None
-    data = data or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must map BPMN element ids to config (plus system:)")
-    elements = {str(k): config_from_dict(v or {}, source=str(path), element_id=str(k))
-                for k, v in data.items() if k not in ("system", "data_layers", "process")}
-    return {
-        "system": dict(data.get("system") or {}),
-        "data_layers": {k: Layer.parse(v) for k, v in (data.get("data_layers") or {}).items()},
-        "process_id": (data.get("process") or {}).get("process_id"),
-        "elements": elements,
-    }
-
-
-def _validate(paths: list[Path], config_path: Path | None, process_id: str | None) -> None:
-    """``engine.validate`` reports every problem at once; nothing runs on a process with one."""
-    if importlib.util.find_spec("engine.validate") is None:
-        return
+def _validate(paths: list[Path], config_path: Path | None, process_id: str | None) -> str | None:
+    """``engine.validate`` reports every problem at once; nothing runs on a process with one.
+    Returns the process to start: the one asked for, else the one executable process no
+    other loaded process calls (a caller and its called processes may share a file)."""
     from . import validate as validate_module
 
     report = validate_module.validate_process(paths, config_path, process_id, parser_factory=spiff.LayerflowBpmnParser)
     validate_module.raise_for_problems(report)
+    return report.process_id
 
 
 def _spiff_message(err: ValidationException) -> str:

@@ -37,7 +37,6 @@ import os
 import signal
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from context_layers import ActivityExtensionConfig, Layer, LayeredContext, config_from_dict
-from context_layers.attention import AttentionScore, CompressTriggerDetector
+from context_layers.attention import CompressTriggerDetector
 from context_layers.canonical import canonical_json
 from context_layers.compress_rules import apply_rule, apply_rules, extract_paths
 from context_layers.compression import RuleDrivenCompressor, after_activity, decompress, evaluate

@@ -1,5 +1,3 @@
-import json
-import socket
 import subprocess
 import sys
 
