@@ -90,6 +90,10 @@ class ContextStrategy(_Model):
     # activities append without compressing again.
     compress_target_ratio: float = Field(default=0.5, gt=0, le=1)
     required_context: list[str] = Field(default_factory=list)
+    # Who decides what a compression folds when it fires: the rules (and the cliff), or
+    # the model shown the compression decision prompt (its JSON plan is validated and
+    # run by the same compressor; offline, rejected or failed: the rules).
+    compression_planner: Literal["model", "rules"] = "rules"
 
 
 class KnowledgeConfig(_Model):

@@ -56,15 +56,21 @@ __all__ = [
     "ENV_API_KEY",
     "ENV_RETRY_BASE",
     "LiteLLMArbiter",
+    "LiteLLMPlanner",
     "LiteLLMSummarizer",
+    "MAX_TOOL_TURNS",
     "ModelCallFailed",
     "RetryPolicy",
+    "ToolOutcome",
+    "activity_request",
+    "call_recorder",
     "load_litellm",
     "model_configured",
     "prompt_report",
     "prompt_stability",
     "request_messages",
     "run_llm_activity",
+    "run_llm_tool_activity",
 ]
 
 ENV_API_BASE = "LAYERFLOW_MODEL_API_BASE"
@@ -73,8 +79,9 @@ ENV_RETRY_BASE = "LAYERFLOW_RETRY_BASE_DELAY"
 LLM_CALL = "llm_call"
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 Completion = Callable[..., Any]
+OnAttempt = Callable[[int, Messages, "Reply | None", "BaseException | None"], None]
 
 
 def load_litellm() -> Any:
@@ -178,6 +185,14 @@ class Reply:
     usage: dict[str, Any] | None
     cost: float | None
     latency_ms: int
+    tool_calls: tuple[dict[str, Any], ...] = ()
+
+    def response_record(self) -> dict[str, Any]:
+        """The reply as an ``llm_call`` note keeps it."""
+        out: dict[str, Any] = {"content": self.content, "finish_reason": self.finish_reason, "id": self.response_id}
+        if self.tool_calls:
+            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+        return out
 
 
 def _field(obj: Any, name: str) -> Any:
@@ -213,10 +228,25 @@ def _cost(response: Any) -> float | None:
     return float(cost) if isinstance(cost, (int, float)) and cost == cost else None
 
 
-def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Mapping[str, str]],
-              max_tokens: int | None = None) -> Reply:
+def _tool_calls(message: Any) -> tuple[dict[str, Any], ...]:
+    """The reply's tool calls as plain OpenAI dicts (litellm gives objects)."""
+    out: list[dict[str, Any]] = []
+    for call in _field(message, "tool_calls") or ():
+        fn = _field(call, "function")
+        arguments = _field(fn, "arguments")
+        out.append({"id": str(_field(call, "id") or f"call_{len(out)}"), "type": "function",
+                    "function": {"name": str(_field(fn, "name") or ""),
+                                 "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {})}})
+    return tuple(out)
+
+
+def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Mapping[str, Any]],
+              max_tokens: int | None = None, tools: Sequence[Mapping[str, Any]] | None = None) -> Reply:
     kwargs: dict[str, Any] = {"model": endpoint.model, "messages": [dict(m) for m in messages],
                               "timeout": endpoint.timeout, "num_retries": 0, "max_retries": 0}
+    if tools:
+        kwargs["tools"] = [dict(t) for t in tools]
+        kwargs["tool_choice"] = "auto"
     if endpoint.api_base:
         kwargs["api_base"] = endpoint.api_base
     if endpoint.api_key:
@@ -235,7 +265,8 @@ def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Map
     return Reply(content=content if isinstance(content, str) else None,
                  finish_reason=_field(choices[0], "finish_reason") if choices else None,
                  response_id=_field(response, "id"), usage=usage if isinstance(usage, dict) else None,
-                 cost=_cost(response), latency_ms=latency)
+                 cost=_cost(response), latency_ms=latency,
+                 tool_calls=_tool_calls(message) if message is not None else ())
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -292,16 +323,22 @@ class _Caller:
         return self.completion
 
     def run(self, messages: Messages, check: Callable[[str | None], Any], *, task_id: str | None = None,
-            on_attempt: Callable[[int, Messages, Reply | None, BaseException | None], None] | None = None,
-            max_tokens: int | None = None) -> Any:
+            on_attempt: OnAttempt | None = None, max_tokens: int | None = None) -> Any:
+        return self.run_reply(messages, lambda reply: check(reply.content), task_id=task_id, on_attempt=on_attempt,
+                              max_tokens=max_tokens)[0]
+
+    def run_reply(self, messages: Messages, check: Callable[[Reply], Any], *, task_id: str | None = None,
+                  on_attempt: OnAttempt | None = None, max_tokens: int | None = None,
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[Any, Messages]:
+        """``check(reply)``'s result and the conversation as last sent (with any corrective turns)."""
         convo = list(messages)
         last: BaseException | None = None
         failures = 0
         for attempt in range(1, self.attempts + 1):
             reply: Reply | None = None
             try:
-                reply = _complete(self._completion(), self.endpoint, convo, max_tokens)
-                result = check(reply.content)
+                reply = _complete(self._completion(), self.endpoint, convo, max_tokens, tools)
+                result = check(reply)
             except AnswerError as err:
                 last = err
                 if on_attempt:
@@ -323,7 +360,7 @@ class _Caller:
                 continue
             if on_attempt:
                 on_attempt(attempt, convo, reply, None)
-            return result
+            return result, convo
         raise self._failed(task_id, self.attempts, last) from last
 
     def _failed(self, task_id: str | None, attempts: int, err: BaseException | None) -> ModelCallFailed:
@@ -424,17 +461,29 @@ def _common_chars(a: str, b: str) -> int:
     return lo
 
 
+def _token_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """``request_text`` with each message's tool calls after its content (they are sent, so they count)."""
+    flat = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            content = m.get("content")
+            m = {**m, "content": (content if isinstance(content, str) else "") + canonical_json(calls)}
+        flat.append(m)
+    return request_text(flat)
+
+
 def _request_record(ctx: LayeredContext, agent: str, messages: Messages) -> dict[str, Any]:
     text = canonical_json(messages)
     sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    tokens = count_text(request_text(messages), ctx.encoding)
+    tokens = count_text(_token_text(messages), ctx.encoding)
     prev = _previous_request(ctx, agent)
     if prev is None:
         record = {"sha256": sha, "tokens": tokens, "prefix_tokens": 0, "base_seq": None, "keep": 0, "tail": text}
     else:
         base_seq, base_text = prev
         keep = _common_chars(base_text, text)
-        prefix = common_prefix_tokens(request_text(json.loads(base_text)), request_text(messages), ctx.encoding)
+        prefix = common_prefix_tokens(_token_text(json.loads(base_text)), _token_text(messages), ctx.encoding)
         record = {"sha256": sha, "tokens": tokens, "prefix_tokens": prefix, "base_seq": base_seq,
                   "keep": keep, "tail": text[keep:]}
     _remember(sha, text)
@@ -446,6 +495,82 @@ def _request_record(ctx: LayeredContext, agent: str, messages: Messages) -> dict
 def _write_answer(ctx: LayeredContext, answer: Mapping[str, Any], actor: str) -> None:
     # all or nothing: a denied key (recorded on the tape like a script's) writes nothing
     ctx.write_many(Layer.WORKING, answer, actor=actor)
+
+
+TOOLS_NOTE = ("You may call the context governance tools (context_inspect, context_compress, context_branch, "
+              "human_confirm) before you answer; when you are done, answer as required below.")
+
+
+def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMConfig | None = None, *,
+                     options: RenderOptions | None = None, memory: Sequence[Any] = ()) -> Messages:
+    """The messages an LLM activity sends: ``render`` of the view with the activity's
+    instructions, answer contract and render format (pure: same context, same bytes).
+
+    A model summary of this activity's context starts with exactly these messages, so a
+    provider's prompt cache serves the shared part (``engine.model_compression``)."""
+    cfg = llm_config or LLMConfig()
+    parts = (TOOLS_NOTE if cfg.tools else "", cfg.instructions.strip(), answer_contract(cfg.output_schema, cfg.output_keys))
+    opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format,
+                   instructions="\n\n".join(p for p in parts if p), task_id=task_id)
+    if memory:
+        opts = replace(opts, memory=tuple(memory))
+    source = ctx.view() if isinstance(ctx, LayeredContext) else ctx
+    return [dict(m) for m in render(source, opts)]
+
+
+def call_recorder(ctx: LayeredContext, *, task_id: str | None, endpoint: Endpoint, attempts: int, actor: str,
+                  agent: str | None = None, purpose: str | None = None,
+                  tools: Sequence[str] = ()) -> OnAttempt:
+    """The ``on_attempt`` callback that notes every attempt on ``ctx``'s tape as ``llm_call``.
+
+    ``agent`` (default: the model) groups requests for the prefix delta and
+    ``prompt_report``: requests of one agent are expected to share their prefix.
+    ``purpose`` says what a call outside an activity's own request was for (``summary``,
+    ``compression_plan``)."""
+    agent = agent or endpoint.model
+
+    def record(attempt: int, sent: Messages, reply: Reply | None, err: BaseException | None) -> None:
+        status = "ok" if err is None else ("invalid_answer" if isinstance(err, AnswerError) else "error")
+        data: dict[str, Any] = {
+            "task_id": task_id, "agent": agent, "model": endpoint.model, "api_base": endpoint.api_base,
+            "attempt": attempt, "max_attempts": attempts, "status": status,
+            "request": _request_record(ctx, agent, sent),
+            "response": None if reply is None else reply.response_record(),
+            "usage": reply.usage if reply else None, "cost": reply.cost if reply else None,
+            "latency_ms": reply.latency_ms if reply else None,
+            "error": None if err is None else (
+                {"type": "AnswerError", "message": str(err)[:500], "problems": err.problems[:20]}
+                if isinstance(err, AnswerError) else _error_dict(err)),
+        }
+        if purpose is not None:
+            data["purpose"] = purpose
+        if tools:
+            data["tools"] = list(tools)
+        ctx.record(LLM_CALL, actor=actor, data=data)
+
+    return record
+
+
+def _activity_call(ctx: Any, task_id: Any, llm_config: LLMConfig | ActivityExtensionConfig | None,
+                   chosen: str | None) -> tuple[LayeredContext, str, LLMConfig, str]:
+    """The engine's handler style (``activity_context, activity_config``) or the plain one,
+    resolved to (context, task id, LLM config, model)."""
+    if not isinstance(ctx, LayeredContext) and isinstance(getattr(ctx, "context", None), LayeredContext):
+        if llm_config is None and not isinstance(task_id, str):
+            llm_config, task_id = task_id, None
+        task_id = task_id or ctx.task_id
+        ctx = ctx.context
+    if isinstance(llm_config, ActivityExtensionConfig):
+        llm_config = llm_config.llm
+    if not isinstance(task_id, str) or not task_id:
+        raise LayerflowError(f"run_llm_activity needs the task id of the activity, got {task_id!r}")
+    cfg = llm_config or LLMConfig()
+    chosen = chosen or cfg.model
+    if not chosen:
+        raise ModelCallFailed(f"activity {task_id!r} is a model call but no model is configured; set llm.model in "
+                              "its config or pass --model (or give it an offline handler)",
+                              task_id=task_id, model="", api_base=None, attempts=0, cause=None)
+    return ctx, task_id, cfg, chosen
 
 
 def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | ActivityExtensionConfig | None = None, *,
@@ -460,62 +585,133 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     ``view`` (default: the whole context) and ``options`` shape what the model sees;
     ``completion`` replaces ``litellm.completion`` (same keyword arguments).
     """
-    if not isinstance(ctx, LayeredContext) and isinstance(getattr(ctx, "context", None), LayeredContext):
-        if llm_config is None and not isinstance(task_id, str):
-            llm_config, task_id = task_id, None
-        task_id = task_id or ctx.task_id
-        ctx = ctx.context
-    if isinstance(llm_config, ActivityExtensionConfig):
-        llm_config = llm_config.llm
-    if not isinstance(task_id, str) or not task_id:
-        raise LayerflowError(f"run_llm_activity needs the task id of the activity, got {task_id!r}")
-    cfg = llm_config or LLMConfig()
-    chosen = model_override or model or cfg.model
-    if not chosen:
-        raise ModelCallFailed(f"activity {task_id!r} is a model call but no model is configured; set llm.model in "
-                              "its config or pass --model (or give it an offline handler)",
-                              task_id=task_id, model="", api_base=None, attempts=0, cause=None)
+    ctx, task_id, cfg, chosen = _activity_call(ctx, task_id, llm_config, model_override or model)
     endpoint = Endpoint.of(chosen, cfg)
-    instructions = "\n\n".join(p for p in (cfg.instructions.strip(), answer_contract(cfg.output_schema, cfg.output_keys)) if p)
-    opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format,
-                   instructions=instructions, task_id=task_id)
-    if memory:
-        opts = replace(opts, memory=tuple(memory))
-    messages = render(view if view is not None else ctx.view(), opts)
+    messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory)
     who = actor or task_id
-    agent = endpoint.model
-
-    def record(attempt: int, sent: Messages, reply: Reply | None, err: BaseException | None) -> None:
-        status = "ok" if err is None else ("invalid_answer" if isinstance(err, AnswerError) else "error")
-        data: dict[str, Any] = {
-            "task_id": task_id, "agent": agent, "model": endpoint.model, "api_base": endpoint.api_base,
-            "attempt": attempt, "max_attempts": caller.attempts, "status": status,
-            "request": _request_record(ctx, agent, sent),
-            "response": None if reply is None else {"content": reply.content, "finish_reason": reply.finish_reason,
-                                                    "id": reply.response_id},
-            "usage": reply.usage if reply else None, "cost": reply.cost if reply else None,
-            "latency_ms": reply.latency_ms if reply else None,
-            "error": None if err is None else (
-                {"type": "AnswerError", "message": str(err)[:500], "problems": err.problems[:20]}
-                if isinstance(err, AnswerError) else _error_dict(err)),
-        }
-        ctx.record(LLM_CALL, actor=who, data=data)
-
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
+    record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who)
     answer = caller.run(messages, lambda text: parse_answer(text, schema=cfg.output_schema, keys=cfg.output_keys),
                         task_id=task_id, on_attempt=record)
     _write_answer(ctx, answer, who)
     return dict(answer)
 
 
+# ----- LLM activities with tools -----------------------------------------------------------------
+
+MAX_TOOL_TURNS = 12
+
+Dispatch = Callable[[str, str], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """How a tool-using activity ended this time: its ``answer`` (written to WORKING), or
+    ``waiting`` for the answers of these confirmation ids, with the ``state`` to resume from."""
+
+    answer: dict[str, Any] | None
+    waiting: tuple[str, ...] = ()
+    state: dict[str, Any] | None = None
+
+
+def _result_text(result: Mapping[str, Any]) -> str:
+    return json.dumps(result, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConfig | None, *, model: str,
+                          dispatch: Dispatch, schemas: Sequence[Mapping[str, Any]],
+                          state: Mapping[str, Any] | None = None, answers: Mapping[str, Any] | None = None,
+                          completion: Completion | None = None, retry: RetryPolicy | None = None,
+                          sleep: Callable[[float], None] = time.sleep, actor: str | None = None,
+                          max_turns: int = MAX_TOOL_TURNS) -> ToolOutcome:
+    """An LLM activity that may call tools before it answers (``llm.tools: true``).
+
+    The first request is the activity's normal one (``activity_request``) with the tool
+    schemas; each turn's tool calls go to ``dispatch(name, arguments_json)`` in order and
+    their results back to the model as ``tool`` messages, until the model answers in text,
+    which must be the activity's JSON answer (corrected like ``run_llm_activity``'s). Each
+    request is noted as ``llm_call`` and each tool call as ``tool_call`` on the tape.
+
+    A ``human_confirm`` whose result is ``pending`` ends the turn with ``waiting``: the
+    engine keeps the activity open and calls again with ``state`` and ``answers``
+    (confirmation id -> ``{"answer", "timed_out"}``) once a person answered; the model then
+    sees the answer as that tool call's result and goes on.
+    """
+    cfg = llm_config or LLMConfig()
+    endpoint = Endpoint.of(model, cfg)
+    who = actor or task_id
+    names = [str(t.get("function", {}).get("name")) for t in schemas]
+    caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
+    record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names)
+    if state is None:
+        history: Messages = activity_request(ctx, task_id, cfg)
+        turns = 0
+    else:
+        history = [dict(m) for m in state["messages"]]
+        turns = int(state["turns"])
+        pending: Mapping[str, str] = state["pending"]
+        given = {cid: dict((answers or {}).get(cid) or {}) for cid in pending.values()}
+        for m in history:
+            cid = pending.get(m.get("tool_call_id", "")) if m.get("role") == "tool" else None
+            if cid is not None:
+                m["content"] = _result_text({"confirmation_id": cid, "status": "answered",
+                                             "answer": given[cid].get("answer"),
+                                             "timed_out": bool(given[cid].get("timed_out"))})
+        ctx.record("tool_loop_resumed", actor=who, data={"task_id": task_id, "answers": given})
+
+    def check(reply: Reply) -> Any:
+        if reply.tool_calls:
+            return reply
+        return parse_answer(reply.content, schema=cfg.output_schema, keys=cfg.output_keys)
+
+    while True:
+        if turns >= max_turns:
+            raise ModelCallFailed(
+                f"activity {task_id!r}: the model {endpoint.model!r} called tools in {turns} turns without giving "
+                "its answer; tighten llm.instructions or turn llm.tools off", task_id=task_id, model=endpoint.model,
+                api_base=endpoint.api_base, attempts=turns, cause=None)
+        turns += 1
+        result, history = caller.run_reply(history, check, task_id=task_id, on_attempt=record, tools=schemas)
+        if not isinstance(result, Reply):
+            _write_answer(ctx, result, who)
+            return ToolOutcome(answer=dict(result))
+        history = [*history, {"role": "assistant", "content": result.content,
+                              "tool_calls": [dict(c) for c in result.tool_calls]}]
+        waiting: dict[str, str] = {}
+        for call in result.tool_calls:
+            name, arguments = call["function"]["name"], call["function"]["arguments"]
+            outcome = dispatch(name, arguments)
+            error = outcome.get("error") if isinstance(outcome.get("error"), Mapping) else None
+            text = _result_text(outcome)
+            ctx.record("tool_call", actor=who, data={
+                "task_id": task_id, "turn": turns, "call_id": call["id"], "tool": name, "arguments": arguments[:4000],
+                "result": text if len(text) <= 4000 else text[:4000] + "...",
+                "error": None if error is None else error.get("kind")})
+            history.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+            if name == "human_confirm" and error is None and outcome.get("status") == "pending":
+                waiting[call["id"]] = str(outcome["confirmation_id"])
+        if waiting:
+            ctx.record("tool_loop_waiting", actor=who, data={"task_id": task_id, "turn": turns,
+                                                             "confirmations": list(waiting.values())})
+            return ToolOutcome(answer=None, waiting=tuple(waiting.values()),
+                               state={"messages": history, "pending": waiting, "turns": turns})
+
+
 # ----- summarizer and arbiter ---------------------------------------------------------------------
 
 class _Client:
+    """``on_attempt`` (e.g. ``call_recorder``) is told of every attempt, so the calls can go on a tape."""
+
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None, timeout: float = 30,
                  max_retries: int = 2, retry: RetryPolicy | None = None, completion: Completion | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, on_attempt: OnAttempt | None = None) -> None:
         self.endpoint = Endpoint.of(model, None, api_base=api_base, api_key=api_key, timeout=timeout)
         self._caller = _Caller(self.endpoint, completion=completion, max_retries=max_retries, retry=retry, sleep=sleep)
+        self.on_attempt = on_attempt
+
+    @property
+    def attempts(self) -> int:
+        return self._caller.attempts
 
     @classmethod
     def from_config(cls, llm_config: LLMConfig | None = None, model_override: str | None = None,
@@ -551,7 +747,28 @@ class LiteLLMSummarizer(_Client):
                 raise AnswerError(["the summary is empty"], text=content or "")
             return fit_summary(content, max_tokens)
 
-        return str(self._caller.run(messages, check, max_tokens=max_tokens))
+        return str(self._caller.run(messages, check, max_tokens=max_tokens, on_attempt=self.on_attempt))
+
+
+class LiteLLMPlanner(_Client):
+    """Asks the model for a compression plan: the compression decision prompt
+    (``context_layers.compression_plan.build_compression_prompt``), the answer validated
+    by ``parse_compression_plan`` (an invalid one gets one corrective turn per retry).
+    Failures raise ``ModelError``; the engine then runs the rules."""
+
+    def plan(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
+             attention: Any = None) -> Any:
+        from context_layers.compression_plan import build_compression_prompt, parse_compression_plan
+
+        messages: Messages = [dict(m) for m in build_compression_prompt(ctx, config, attention=attention)]
+
+        def check(content: str | None) -> Any:
+            try:
+                return parse_compression_plan(content or "")
+            except ModelError as err:
+                raise AnswerError([str(err)], text=content or "") from None
+
+        return self._caller.run(messages, check, on_attempt=self.on_attempt)
 
 
 class LiteLLMArbiter(_Client):
@@ -563,5 +780,5 @@ class LiteLLMArbiter(_Client):
         from gateways.arbiter import build_conflict_prompt, parse_arbiter_answer
 
         messages = [dict(m) for m in build_conflict_prompt(request)]
-        content = self._caller.run(messages, lambda text: text or "")
+        content = self._caller.run(messages, lambda text: text or "", on_attempt=self.on_attempt)
         return parse_arbiter_answer(content)

@@ -48,6 +48,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.tape import TAPE_FORMAT
+from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowError, MergeConflictError
 
@@ -96,6 +97,8 @@ class Instance:
     updated: float = field(default_factory=time.time)
     error_task: str | None = None
     activities: int = 0
+    # the store this instance lives in, when ``start(store=...)`` chose one other than the engine's
+    store: Any = field(default=None, repr=False, compare=False)
 
     @property
     def process_id(self) -> str:
@@ -180,9 +183,11 @@ class Engine:
 
     # ----- lifecycle ---------------------------------------------------------------
 
-    def start(self, process: Process, data: Mapping[str, Any] | None = None, *, instance_id: str | None = None) -> Instance:
+    def start(self, process: Process, data: Mapping[str, Any] | None = None, *, instance_id: str | None = None,
+              store: "str | Store | None" = None) -> Instance:
         """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
-        ``data_layers`` says) and save it. ``run`` advances it."""
+        ``data_layers`` says) and save it, in ``store`` (a URL or a store) when given, else
+        in the engine's. ``run`` advances it."""
         ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
         if data:
             # One event for all initial data. The layers' rules still hold: SYSTEM keys are
@@ -197,7 +202,9 @@ class Engine:
         wf = spiff.new_workflow(process.spec, process.subprocess_specs)
         instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx})
         _Runtime(self, instance)
-        instance.version = self.store.create(to_record(instance))
+        if store is not None:
+            instance.store = open_store(store) if isinstance(store, str) else store
+        instance.version = self._store_of(instance).create(to_record(instance))
         return instance
 
     def run(self, instance: Instance, *, answers: Mapping[str, Any] | None = None,
@@ -321,6 +328,14 @@ class Engine:
         self.arbiter = arbiter_class.from_config(None, model_override=self.model)
         return self.arbiter
 
+    def compression_model(self, cfg: ActivityExtensionConfig | None) -> str | None:
+        """The model that summarizes (and, with ``compressionPlanner: model``, plans) the
+        compression after an activity: ``model``, else the activity's ``llm.model``; None
+        offline."""
+        if self.model is not None:
+            return self.model
+        return cfg.llm.model if cfg is not None and cfg.llm is not None else None
+
     def chooser_for(self, process: Process, gateway_id: str) -> Any:
         """The model that reads a gateway's natural-language conditions (``gateways.BranchChooser``),
         or None: given to the constructor, else built from ``model`` / the gateway's ``llm.model``."""
@@ -336,7 +351,10 @@ class Engine:
     def save(self, instance: Instance) -> None:
         """Save the instance with the version it was loaded with (``VersionConflict`` when stale)."""
         instance.updated = time.time()
-        instance.version = self.store.save(to_record(instance), instance.version)
+        instance.version = self._store_of(instance).save(to_record(instance), instance.version)
+
+    def _store_of(self, instance: Instance) -> Store:
+        return instance.store if instance.store is not None else self.store
 
     _save = save
 
@@ -577,7 +595,8 @@ class _Runtime:
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err) from err
         self.instance.activities += 1
-        record = _after_activity(ctx, cfg, task_id=bpmn_id) if self.engine.compress else None
+        record = (_after_activity(ctx, cfg, task_id=bpmn_id, model=self.engine.compression_model(cfg))
+                  if self.engine.compress else None)
         if record is not None:
             self.instance.compressions.append(record)
         if self.engine.progress is not None:
@@ -1147,23 +1166,31 @@ def _activity_error(bpmn_id: str, err: BaseException) -> LayerflowError:
     return out
 
 
-def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, task_id: str) -> dict[str, Any] | None:
-    """Compression hook, called after every completed activity (issue 5 fills it in).
+def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, task_id: str,
+                    model: str | None = None) -> dict[str, Any] | None:
+    """Compression hook, called after every completed activity.
+
+    Offline (``model`` None): the rule-driven compressor with the extractive summarizer
+    (``context_layers.compression.after_activity``); nothing imports litellm. With a
+    model: ``engine.model_compression`` (the model's summaries and, with
+    ``compressionPlanner: model``, its plan; the rules whenever the model fails).
 
     Returns the ``compressions`` entry of the ``--json`` document when compression ran:
-    ``{"activity_id", "triggers", "tokens_before", "tokens_after", "snapshot_id"}``.
+    ``{"activity_id", "context", "triggers", "tokens_before", "tokens_after", "snapshot_id", ...}``.
     """
-    if config is None or importlib.util.find_spec("context_layers.compression") is None:
+    if config is None or not config.compression_configured:
         return None
-    compression = importlib.import_module("context_layers.compression")
-    hook = getattr(compression, "after_activity", None)
-    if hook is None:
-        return None
-    result = hook(ctx, config, actor=task_id)
+    if model is None:
+        result = after_activity(ctx, config, actor=task_id)
+    else:
+        from .model_compression import compress_after_activity
+
+        result = compress_after_activity(ctx, config, task_id=task_id, model=model)
     if result is None:
         return None
-    record = result.to_dict() if hasattr(result, "to_dict") else dict(result)
+    record = result.to_dict()
     record.setdefault("activity_id", task_id)
+    record.setdefault("context", ctx.name)
     return record
 
 
