@@ -726,29 +726,38 @@ class GovernanceService:
         """The model's ``human_confirm``: a pending confirmation that a person answers later
         (``POST /api/confirmations/{id}``); or, with ``answered``, one a person answered at once."""
         def apply(instance: Instance) -> dict[str, Any]:
-            if instance.status == "completed":
-                raise InstanceStateError(f"instance {instance.id} is completed; nobody is waiting for an answer")
-            n = 1 + sum(1 for c in instance.confirmations if str(c.get("id", "")).startswith("model:"))
-            cid = f"model:{n}"
-            entry = {"id": cid, "type": args.type, "message": args.message,
-                     "options": [o.model_dump() for o in args.options], "timeout": args.timeout,
-                     "default": args.default, "answer": answer if answered else None, "timed_out": False,
-                     "answered": answered, "task_id": instance.main.current_activity or "model", "task": None,
-                     "requested_by": actor}
-            instance.confirmations.append(entry)
-            instance.main.record("confirmation_requested", actor=actor, data={
-                "confirmation_id": cid, "type": args.type, "message": args.message[:2000],
-                "options": entry["options"]})
-            if answered:
-                instance.main.record("human_decision", actor="person", data={"confirmation_id": cid, "value": answer})
-            else:
-                instance.waiting_for = [*instance.waiting_for,
-                                        {"kind": "confirmation", "id": cid, "task_id": entry["task_id"], "key": None}]
-                if instance.status == "running":
-                    instance.status = "waiting"
-            return {"confirmation_id": cid, "status": "answered" if answered else "pending",
-                    "answer": answer if answered else None}
+            return self._add_confirmation(instance, instance.main, args, actor=actor, answer=answer, answered=answered)
         return self._change(instance_id, None, "human_confirm", actor, apply)
+
+    @staticmethod
+    def _add_confirmation(instance: Instance, ctx: LayeredContext, args: HumanConfirmArgs, *, actor: str,
+                          answer: Any = None, answered: bool = False,
+                          extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The body of ``request_confirmation`` on a loaded (or running) instance; noted on
+        ``ctx``'s tape. ``extra``: more fields of the confirmation entry (the engine's
+        ``task``, ``context``, ``created``, ``deadline`` for one an activity waits for)."""
+        if instance.status == "completed":
+            raise InstanceStateError(f"instance {instance.id} is completed; nobody is waiting for an answer")
+        n = 1 + sum(1 for c in instance.confirmations if str(c.get("id", "")).startswith("model:"))
+        cid = f"model:{n}"
+        entry = {"id": cid, "type": args.type, "message": args.message,
+                 "options": [o.model_dump() for o in args.options], "timeout": args.timeout,
+                 "default": args.default, "answer": answer if answered else None, "timed_out": False,
+                 "answered": answered, "task_id": ctx.current_activity or "model", "task": None,
+                 "requested_by": actor, **(extra or {})}
+        instance.confirmations.append(entry)
+        ctx.record("confirmation_requested", actor=actor, data={
+            "confirmation_id": cid, "type": args.type, "message": args.message[:2000],
+            "options": entry["options"]})
+        if answered:
+            ctx.record("human_decision", actor="person", data={"confirmation_id": cid, "value": answer})
+        else:
+            instance.waiting_for = [*instance.waiting_for,
+                                    {"kind": "confirmation", "id": cid, "task_id": entry["task_id"], "key": None}]
+            if instance.status == "running":
+                instance.status = "waiting"
+        return {"confirmation_id": cid, "status": "answered" if answered else "pending",
+                "answer": answer if answered else None}
 
     def record_note(self, instance_id: str, note: str, data: Mapping[str, Any], *, actor: str) -> dict[str, Any]:
         """An audit note on the main tape (e.g. what the model's tool calls were)."""

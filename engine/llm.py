@@ -675,8 +675,10 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         if not isinstance(result, Reply):
             _write_answer(ctx, result, who)
             return ToolOutcome(answer=dict(result))
-        history = [*history, {"role": "assistant", "content": result.content,
-                              "tool_calls": [dict(c) for c in result.tool_calls]}]
+        turn: dict[str, Any] = {"role": "assistant", "tool_calls": [dict(c) for c in result.tool_calls]}
+        if result.content is not None:  # no content key at all otherwise: litellm leaves a None out
+            turn["content"] = result.content
+        history = [*history, turn]
         waiting: dict[str, str] = {}
         for call in result.tool_calls:
             name, arguments = call["function"]["name"], call["function"]["arguments"]

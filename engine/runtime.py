@@ -97,6 +97,9 @@ class Instance:
     updated: float = field(default_factory=time.time)
     error_task: str | None = None
     activities: int = 0
+    # task uuid -> {"task_id", "context", "confirmations", "state"}: LLM activities with tools
+    # that wait, open, for a person's answer to their human_confirm (see _Runtime.run_with_tools)
+    suspended: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the store this instance lives in, when ``start(store=...)`` chose one other than the engine's
     store: Any = field(default=None, repr=False, compare=False)
 
@@ -399,6 +402,7 @@ class Engine:
 
 
 _NO_ANSWER = object()
+_SUSPENDED = object()  # a handler's result: the activity waits, open, for a person
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
@@ -571,27 +575,35 @@ class _Runtime:
         return self.instance.contexts[spiff.context_name_of(task)]
 
     def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any:
+        """Run an activity; ``None`` (SpiffWorkflow: the task stays STARTED) when it waits
+        for a person's answer, open, and goes on when ``answer`` runs the task again."""
         spec = task.task_spec
         bpmn_id = spec.bpmn_id
         ctx = self.context_of(task)
         cfg = self.process.config(bpmn_id)
-        ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        resuming = str(task.id) in self.instance.suspended and ctx.current_activity == bpmn_id
+        if not resuming:
+            self.instance.suspended.pop(str(task.id), None)
+            ctx.begin_activity(bpmn_id, actor=bpmn_id)
         try:
-            if cfg is not None and cfg.knowledge_config is not None:
+            if cfg is not None and cfg.knowledge_config is not None and not resuming:
                 self._retrieve(ctx, cfg, task)
             actx = ActivityContext(ctx, task_id=bpmn_id, task_name=spec.bpmn_name, config=cfg,
                                    instance_id=self.instance.id, data=self.user_data.pop(str(task.id), None),
                                    documentation=getattr(spec, "documentation", None))
             prescript = getattr(spec, "prescript", None)
-            if prescript:
+            if prescript and not resuming:
                 run_script(prescript, actx, filename=_script_name("preScript", bpmn_id))
             result = self._run_handler(task, actx, cfg, default_run)
+            if result is _SUSPENDED:
+                return None
             postscript = getattr(spec, "postscript", None)
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
         except BaseException as err:
+            self.instance.suspended.pop(str(task.id), None)
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err) from err
         self.instance.activities += 1
@@ -607,6 +619,12 @@ class _Runtime:
                      default_run: Callable[[], Any]) -> Any:
         spec = task.task_spec
         model = self._model_for(cfg) if cfg is not None and cfg.llm is not None else None
+        if model is not None and cfg is not None and cfg.llm is not None and cfg.llm.tools:
+            answer = self.run_with_tools(task, actx, cfg, model)
+            if answer is None:
+                return _SUSPENDED
+            write_result(actx, answer)
+            return None
         if model is not None and importlib.util.find_spec("engine.llm") is not None:
             llm = importlib.import_module("engine.llm")
             write_result(actx, llm.run_llm_activity(actx, cfg, model=model))
@@ -629,6 +647,45 @@ class _Runtime:
         raise ActivityError(f"task {spec.bpmn_id!r} ({type(spec).__name__.removeprefix('Layerflow')}) has no "
                             f"handler; register one with @activity({spec.bpmn_id!r}) or set 'handler' in its config",
                             task_id=spec.bpmn_id)
+
+    def run_with_tools(self, task: Any, actx: ActivityContext, cfg: ActivityExtensionConfig,
+                       model: str) -> dict[str, Any] | None:
+        """An LLM activity with the governance tools (``llm.tools: true``) on this running
+        instance; its answer, or None when it waits for a person (a ``human_confirm``).
+
+        Waiting, the activity stays open (its context keeps the tool calls' effects) and
+        the conversation is kept in ``instance.suspended`` (saved with the instance, so
+        another process can resume it); the confirmation is bound to this task, so
+        ``answer`` runs the task again once every confirmation it asked is answered, and
+        the model is given the answers as the results of its ``human_confirm`` calls.
+        """
+        from .llm import run_llm_tool_activity
+        from .tools import LiveGovernance, dispatch_tool, tool_schemas
+
+        inst = self.instance
+        key = str(task.id)
+        bpmn_id = actx.task_id
+        suspended = inst.suspended.pop(key, None)
+        answers: dict[str, Any] | None = None
+        if suspended is not None:
+            waited = set(suspended["confirmations"])
+            answers = {c["id"]: {"answer": c.get("answer"), "timed_out": bool(c.get("timed_out"))}
+                       for c in inst.confirmations if c["id"] in waited}
+            for cid in waited:
+                self.answers.pop(cid, None)  # read here; a join never asks for these
+        service = LiveGovernance(self.engine, inst, actx.context, activity_id=bpmn_id, task=key)
+
+        def dispatch(name: str, arguments: str) -> dict[str, Any]:
+            return dispatch_tool(service, inst.id, name, arguments, actor=bpmn_id)
+
+        outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
+                                        schemas=tool_schemas(), answers=answers,
+                                        state=None if suspended is None else suspended["state"])
+        if outcome.answer is not None:
+            return outcome.answer
+        inst.suspended[key] = {"task_id": bpmn_id, "context": actx.context.name,
+                               "confirmations": list(outcome.waiting), "state": outcome.state}
+        return None
 
     def _run_native(self, task: Any, actx: ActivityContext, default_run: Callable[[], Any]) -> Any:
         """SpiffWorkflow's own behaviour (DMN) on a task.data filled from the context, diffed back."""
@@ -1224,6 +1281,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "confirmations": instance.confirmations,
             "error_task": instance.error_task,
             "activities": instance.activities,
+            "suspended": instance.suspended,
         },
     }
 
@@ -1282,7 +1340,7 @@ def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
         confirmations=list(eng.get("confirmations", [])), branches=dict(eng.get("branches", {})),
         version=int(record["version"]), created=float(record.get("created", time.time())),
         updated=float(record.get("updated", time.time())), error_task=eng.get("error_task"),
-        activities=int(eng.get("activities", 0)),
+        activities=int(eng.get("activities", 0)), suspended=dict(eng.get("suspended", {})),
     )
     _Runtime(engine, instance)
     return instance

@@ -12,6 +12,15 @@ needs to; each tool call is answered with its result until the model answers in 
 a person's answer is pending, or ``max_steps`` is reached. The calls are noted on the
 instance's tape (``model_tools``).
 
+Inside a process, an LLM activity whose config says ``llm.tools: true`` gets the same
+four tools (``engine.llm.run_llm_tool_activity``), dispatched to ``LiveGovernance``:
+the same operations on the *running* instance (its activity's context and config by
+default), with nothing loaded from or saved to the store in between. A
+``human_confirm`` there makes the instance wait with the activity still open; the
+person's answer (``--answer model:N=VALUE``, ``POST /api/confirmations/model:N``, an
+answers file) is given to the model as that tool call's result and the activity goes
+on from where it stopped.
+
 A tool error (a bad argument, a denied write, a stale version) is not raised: it goes
 back to the model as ``{"error": {"kind", "message"}}`` so that it can correct itself.
 """
@@ -28,7 +37,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from context_layers.canonical import json_equal
-from context_layers.errors import LayerflowError, ModelError
+from context_layers.context import LayeredContext
+from context_layers.errors import ContextKeyError, LayerflowError, ModelError
 
 from .governance import (
     BranchArgs,
@@ -40,8 +50,9 @@ from .governance import (
     ResolveArgs,
     SnapshotArgs,
 )
+from .runtime import Engine, Instance
 
-__all__ = ["TOOL_MODELS", "ToolLoopResult", "dispatch_tool", "run_tool_loop", "tool_schemas"]
+__all__ = ["TOOL_MODELS", "LiveGovernance", "ToolLoopResult", "dispatch_tool", "run_tool_loop", "tool_schemas"]
 
 TOOL_MODELS: dict[str, type[BaseModel]] = {
     "context_inspect": InspectArgs,
@@ -160,6 +171,66 @@ def _human_confirm(service: GovernanceService, instance_id: str, args: HumanConf
                 return _error("invalid_answer", f"the answer {answer!r} is not one of the options: {offered}")
             return service.request_confirmation(instance_id, args, actor=actor, answer=answer, answered=True)
     return service.request_confirmation(instance_id, args, actor=actor)
+
+
+# ----------------------------------------------------------------------------- a running instance
+
+class LiveGovernance(GovernanceService):
+    """The governance operations on a running instance, for the tools of one LLM activity.
+
+    The operation bodies are ``GovernanceService``'s (same checks, same tape events); only
+    where the instance comes from differs: the live ``Instance`` the engine is running,
+    not a copy loaded from the store and saved back (the engine saves the instance after
+    the activity, as after any other). Defaults are the activity's: its context (a branch
+    context in a parallel branch) and its config (``preserveKeys``, thresholds, rules). A
+    ``human_confirm`` becomes a confirmation the engine waits for, bound to the
+    activity's task (``task``, ``context``, and a ``deadline`` when a timeout is given).
+    """
+
+    def __init__(self, engine: Engine, instance: Instance, ctx: LayeredContext, *, activity_id: str,
+                 task: str | None = None) -> None:
+        super().__init__(engine)
+        self.instance = instance
+        self.ctx = ctx
+        self.activity_id = activity_id
+        self.task = task
+
+    def load(self, instance_id: str) -> Instance:
+        if instance_id != self.instance.id:
+            raise ContextKeyError(f"an activity's tools govern its own instance {self.instance.id!r}, "
+                                  f"not {instance_id!r}")
+        return self.instance
+
+    def _save(self, instance: Instance) -> None:
+        pass  # the engine saves the running instance after the activity
+
+    def context_of(self, instance: Instance, name: str | None) -> LayeredContext:  # type: ignore[override]
+        if name is None:
+            return self.ctx
+        return GovernanceService.context_of(instance, name)
+
+    def inspect(self, instance_id: str, args: InspectArgs) -> dict[str, Any]:
+        return super().inspect(instance_id, _for_activity(args, self.activity_id))
+
+    def compress(self, instance_id: str, args: CompressArgs, *, expected_version: int | None = None,
+                 actor: str = "operator") -> dict[str, Any]:
+        return super().compress(instance_id, _for_activity(args, self.activity_id),
+                                expected_version=expected_version, actor=actor)
+
+    def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",
+                             answer: Any = None, answered: bool = False) -> dict[str, Any]:
+        def apply(instance: Instance) -> dict[str, Any]:
+            now = self.engine.clock()
+            extra: dict[str, Any] = {"task": self.task, "context": self.ctx.name, "created": now}
+            if args.timeout is not None:
+                extra["deadline"] = now + args.timeout
+            return self._add_confirmation(instance, self.ctx, args, actor=actor, answer=answer, answered=answered,
+                                          extra=extra)
+        return self._change(instance_id, None, "human_confirm", actor, apply)
+
+
+def _for_activity(args: Any, activity_id: str) -> Any:
+    return args if args.activity_id is not None else args.model_copy(update={"activity_id": activity_id})
 
 
 # ----------------------------------------------------------------------------- the loop
