@@ -23,6 +23,16 @@ An LLM activity (``run_llm_activity``):
 Persistent failure raises ``ModelCallFailed`` (a ``ModelError``) naming the model, the
 API base, the attempts and the last error; the context is left as it was (the engine
 also aborts the activity).
+
+An LLM activity with ``llm.tools: true`` (``run_llm_tool_activity``) sends the same
+first request with the governance tools offered, runs the model's tool calls through
+the engine's ``dispatch`` until the model gives its answer (checked and written as
+above), and can stop to wait for a person's ``human_confirm`` answer, to be resumed
+from the returned state. ``activity_request`` is the one place that builds an
+activity's request: the model-driven compressor (``engine.model_compression``) sends
+it as the prefix of its summary requests. ``LiteLLMSummarizer``, ``LiteLLMPlanner``
+(compression plans) and ``LiteLLMArbiter`` note their calls when given an
+``on_attempt`` recorder (``call_recorder``).
 """
 
 from __future__ import annotations
@@ -502,14 +512,17 @@ TOOLS_NOTE = ("You may call the context governance tools (context_inspect, conte
 
 
 def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMConfig | None = None, *,
-                     options: RenderOptions | None = None, memory: Sequence[Any] = ()) -> Messages:
+                     options: RenderOptions | None = None, memory: Sequence[Any] = (),
+                     tools: bool | None = None) -> Messages:
     """The messages an LLM activity sends: ``render`` of the view with the activity's
     instructions, answer contract and render format (pure: same context, same bytes).
+    ``tools`` (default: ``llm.tools``): the request offers the governance tools, and says so.
 
     A model summary of this activity's context starts with exactly these messages, so a
     provider's prompt cache serves the shared part (``engine.model_compression``)."""
     cfg = llm_config or LLMConfig()
-    parts = (TOOLS_NOTE if cfg.tools else "", cfg.instructions.strip(), answer_contract(cfg.output_schema, cfg.output_keys))
+    offered = cfg.tools if tools is None else tools
+    parts = (TOOLS_NOTE if offered else "", cfg.instructions.strip(), answer_contract(cfg.output_schema, cfg.output_keys))
     opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format,
                    instructions="\n\n".join(p for p in parts if p), task_id=task_id)
     if memory:
@@ -587,7 +600,8 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     """
     ctx, task_id, cfg, chosen = _activity_call(ctx, task_id, llm_config, model_override or model)
     endpoint = Endpoint.of(chosen, cfg)
-    messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory)
+    messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory,
+                                tools=False)
     who = actor or task_id
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who)
@@ -644,7 +658,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names)
     if state is None:
-        history: Messages = activity_request(ctx, task_id, cfg)
+        history: Messages = activity_request(ctx, task_id, cfg, tools=True)
         turns = 0
     else:
         history = [dict(m) for m in state["messages"]]

@@ -19,8 +19,13 @@ and may change. The driver (``_Runtime``) is attached to the workflow
 * a **condition**: evaluated over the task's context (reads only the names it uses).
   An XOR gateway whose branches carry natural-language conditions in its config is
   decided by ``decide_exclusive`` (the expression rules, the model checks).
-* a **confirmation** (a person's answer to a join conflict) carries a deadline
-  (``created + timeout``). Past it, the configured default is taken, or, with
+* an **LLM activity with tools** (``llm.tools: true``) runs the model's governance tool
+  calls on this instance; a ``human_confirm`` among them makes the instance wait with the
+  activity open (SpiffWorkflow: the task stays STARTED, its conversation in
+  ``Instance.suspended``); the answer runs the task again and the model goes on with it.
+* a **confirmation** (a person's answer to a join conflict or to a model's
+  ``human_confirm``) carries a deadline (``created + timeout``). Past it, the
+  configured default is taken, or, with
   ``onTimeout: escalate`` (or no default), the confirmation is marked ``escalated`` and
   the instance keeps waiting for a person: see ``_Runtime.time_out``.
 
@@ -36,7 +41,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
@@ -151,7 +156,8 @@ class Engine:
     ``store``: a ``Store`` or a URL (``memory://``, ``sqlite:///path``); default memory.
     ``handlers``: extra ``{name: fn}`` looked up before the ``@activity`` registry.
     ``retriever``: replaces the BM25 default (one per process folder).
-    ``model``: the model name for activities with ``llm`` config (none: offline handlers).
+    ``model``: the model name for activities with ``llm`` config (none: offline handlers), and
+    for the compression after any activity (summaries; plans with ``compressionPlanner: model``).
     ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``).
     ``progress(instance, task_id, context)``: called after every completed activity.
     ``save``: ``"activity"`` (default) saves after every activity, so a crash loses at most
@@ -602,6 +608,7 @@ class _Runtime:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
+            self.instance.suspended.pop(str(task.id), None)  # e.g. llm.tools turned off while it waited
         except BaseException as err:
             self.instance.suspended.pop(str(task.id), None)
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
@@ -1239,6 +1246,9 @@ def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None,
         return None
     if model is None:
         result = after_activity(ctx, config, actor=task_id)
+        if result is not None and config.context_strategy.compression_planner == "model":
+            result = replace(result, notes=[*result.notes, "planner: no model is configured (--model or "
+                                            "llm.model); the rules ran instead"])
     else:
         from .model_compression import compress_after_activity
 

@@ -234,3 +234,63 @@ def test_an_activity_waits_for_the_answer_and_goes_on(tmp_path, stub, how):
     assert told == {"confirmation_id": "model:1", "status": "answered", **expected}
     [resumed] = notes(final.main, "tool_loop_resumed")
     assert resumed.data["answers"] == {"model:1": expected}
+
+
+# ----- the loop itself, with a deterministic fake model ---------------------------------------------
+
+def _fake(turns: list[Any]) -> Any:
+    """A completion that answers each call with the next scripted message (tool calls or text)."""
+    sent: list[dict[str, Any]] = []
+
+    def completion(**kw: Any) -> dict[str, Any]:
+        sent.append(kw)
+        turn = turns.pop(0)
+        if isinstance(turn, str):
+            message: dict[str, Any] = {"role": "assistant", "content": turn}
+        else:
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"c{len(sent)}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+                for n, a in turn]}
+        return {"id": "fake", "choices": [{"message": message, "finish_reason": "stop"}], "usage": {"total_tokens": 5}}
+    completion.sent = sent  # type: ignore[attr-defined]
+    return completion
+
+
+def _open_activity() -> LayeredContext:
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("review")
+    return ctx
+
+
+def test_tool_errors_go_back_and_a_bad_answer_is_corrected():
+    from context_layers.config import LLMConfig
+    from engine.llm import run_llm_tool_activity
+
+    seen: list[tuple[str, str]] = []
+
+    def dispatch(name: str, arguments: str) -> dict[str, Any]:
+        seen.append((name, arguments))
+        return {"error": {"kind": "validation_error", "message": "layers: L8 is not a layer"}}
+
+    fake = _fake([[("context_inspect", {"layers": ["L8"]})], "I approve.", json.dumps({"decision": "approve"})])
+    ctx = _open_activity()
+    outcome = run_llm_tool_activity(ctx, "review", LLMConfig(output_keys=["decision"], tools=True), model="fake",
+                                    dispatch=dispatch, schemas=[], completion=fake)
+    assert outcome.answer == {"decision": "approve"} and ctx.layer(Layer.WORKING)["decision"] == "approve"
+    assert seen == [("context_inspect", '{"layers": ["L8"]}')]
+    [call] = notes(ctx, "tool_call")
+    assert call.data["error"] == "validation_error"
+    last = fake.sent[-1]["messages"]
+    assert json.loads(last[-3]["content"])["error"]["kind"] == "validation_error"  # the model saw the error
+    assert last[-2] == {"role": "assistant", "content": "I approve."} and "not valid JSON" in last[-1]["content"]
+    assert [c.data["status"] for c in notes(ctx, "llm_call")] == ["ok", "invalid_answer", "ok"]
+
+
+def test_a_model_that_never_answers_fails_the_activity():
+    from context_layers.config import LLMConfig
+    from engine.llm import ModelCallFailed, run_llm_tool_activity
+
+    fake = _fake([[("context_inspect", {})]] * 3)
+    with pytest.raises(ModelCallFailed, match="called tools in 3 turns without giving its answer"):
+        run_llm_tool_activity(_open_activity(), "review", LLMConfig(tools=True), model="fake", max_turns=3,
+                              dispatch=lambda name, arguments: {"ok": True}, schemas=[], completion=fake)

@@ -232,6 +232,7 @@ def test_offline_the_rules_run_and_litellm_is_never_imported(tmp_path):
     assert doc["status"] == "completed" and not doc["litellm"] and not doc["engine.llm"] and doc["calls"] == []
     (record,) = doc["compressions"]
     assert record["source"] == "rules" and record["rules"][0]["entries"] == 1
+    assert any("no model is configured" in n for n in record["notes"]), "the planner asked for says why it did not run"
 
 
 def _clean_env() -> dict[str, str]:
