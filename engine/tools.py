@@ -47,6 +47,7 @@ from .governance import (
     GovernanceService,
     HumanConfirmArgs,
     InspectArgs,
+    InstanceStateError,
     ResolveArgs,
     SnapshotArgs,
 )
@@ -185,6 +186,9 @@ class LiveGovernance(GovernanceService):
     context in a parallel branch) and its config (``preserveKeys``, thresholds, rules). A
     ``human_confirm`` becomes a confirmation the engine waits for, bound to the
     activity's task (``task``, ``context``, and a ``deadline`` when a timeout is given).
+    ``context_branch`` with ``resolve_conflict`` is refused (the model is told why):
+    settling a confirmation runs the process on, which cannot happen from inside one of
+    its own running tasks.
     """
 
     def __init__(self, engine: Engine, instance: Instance, ctx: LayeredContext, *, activity_id: str,
@@ -216,6 +220,16 @@ class LiveGovernance(GovernanceService):
                  actor: str = "operator") -> dict[str, Any]:
         return super().compress(instance_id, _for_activity(args, self.activity_id),
                                 expected_version=expected_version, actor=actor)
+
+    def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
+                actor: str = "operator") -> dict[str, Any]:
+        # Settling a confirmation runs its join (or resumes its activity) at once: inside a
+        # running activity that would run the process from within one of its own tasks.
+        raise InstanceStateError(
+            f"activity {self.activity_id!r} cannot settle confirmation "
+            f"{args.confirmation_id or args.conflict_key!r} while it runs; a person answers it "
+            "(GET /api/confirmations, `layerflow resume --answer`), or govern the instance from outside "
+            "the process (engine.tools.run_tool_loop)")
 
     def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",
                              answer: Any = None, answered: bool = False) -> dict[str, Any]:

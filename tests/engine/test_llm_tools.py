@@ -294,3 +294,16 @@ def test_a_model_that_never_answers_fails_the_activity():
     with pytest.raises(ModelCallFailed, match="called tools in 3 turns without giving its answer"):
         run_llm_tool_activity(_open_activity(), "review", LLMConfig(tools=True), model="fake", max_turns=3,
                               dispatch=lambda name, arguments: {"ok": True}, schemas=[], completion=fake)
+
+
+def test_settling_a_confirmation_from_inside_the_activity_is_refused(tmp_path, stub):
+    bpmn = write_process(tmp_path, "tool_review", PROCESS, config(["risk_score"]))
+    stub.push(tool_reply(1, "context_branch", {"action": "resolve_conflict", "conflict_key": "approval_status",
+                                               "resolution": "approved", "reason": "looks fine"}),
+              Reply.json(DECISION))
+    instance = Engine("memory://", model=MODEL).run_process(load_process(bpmn), {"applicant_id": "APP-7"})
+    assert instance.status == "completed", instance.error
+    [call] = notes(instance.main, "tool_call")
+    assert call.data["error"] == "invalid_state"
+    told = json.loads(stub.requests[1]["messages"][-1]["content"])
+    assert "cannot settle confirmation 'approval_status' while it runs" in told["error"]["message"]
