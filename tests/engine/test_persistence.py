@@ -144,3 +144,14 @@ def test_a_loaded_waiting_instance_answers_like_the_original(tmp_path: Path) -> 
     done = Engine(url).answer_confirmation(loaded, "review_join/approval_status", "pending_dual_approval")
     assert done.status == "completed"
     assert done.main.resolve("disbursement") == "hold_for_second_approval"
+
+
+def test_start_can_choose_the_store(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'chosen.db'}"
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(LOAN), LOAN_CONFLICT, store=url))
+    assert instance.status == "waiting"
+    stored = Engine(url).load(instance.id)        # it lives in the chosen store, saved after every step
+    assert stored.status == "waiting" and stored.main == instance.main
+    with pytest.raises(ContextKeyError):
+        engine.load(instance.id)                  # not in the engine's own store
