@@ -13,6 +13,11 @@ A BPMN script runs with the resolved context keys as variables (thawed copies, l
 only when the script reads them). The variables it assigns or changes, and only those,
 become writes to WORKING; names starting with ``_`` stay local to the script. ``del x``
 deletes ``x``. A ``ctx`` object (this module's ``ActivityContext``) is there too.
+
+An instance of a multi-instance activity runs with a *scope*: names local to the
+instance (its input item, its output item), read before the context and written to the
+scope, never to the context, so the instances of one activity never see nor overwrite
+each other's items. ``ActivityContext.scope`` holds them after the handler ran.
 """
 
 from __future__ import annotations
@@ -152,11 +157,13 @@ class ActivityContext:
     ``LayeredContext.write`` (auto-promotion, then the permission check) as the task.
     """
 
-    __slots__ = ("context", "task_id", "task_name", "config", "instance_id", "data", "_actor", "documentation")
+    __slots__ = ("context", "task_id", "task_name", "config", "instance_id", "data", "_actor", "documentation",
+                 "scope", "scoped")
 
     def __init__(self, context: LayeredContext, *, task_id: str, task_name: str | None = None,
                  config: ActivityExtensionConfig | None = None, instance_id: str | None = None,
-                 data: Mapping[str, Any] | None = None, documentation: str | None = None) -> None:
+                 data: Mapping[str, Any] | None = None, documentation: str | None = None,
+                 scope: Mapping[str, Any] | None = None, scoped: "frozenset[str] | set[str] | None" = None) -> None:
         self.context = context
         self.task_id = task_id
         self.task_name = task_name or task_id
@@ -165,18 +172,31 @@ class ActivityContext:
         self.data = dict(data or {})
         self.documentation = documentation
         self._actor = task_id
+        #: names local to this run (a multi-instance item): read first, written here
+        self.scope: dict[str, Any] = dict(scope or {})
+        self.scoped: frozenset[str] = frozenset(scoped or ()) | frozenset(self.scope)
 
     def get(self, key: str, default: Any = None) -> Any:
+        if key in self.scoped:
+            return self.scope.get(key, default)
         value = self.context.get(key, _MISSING)
         return default if value is _MISSING else thaw(value)
 
     def __getitem__(self, key: str) -> Any:
+        if key in self.scoped:
+            return self.scope[key]
         return thaw(self.context.resolve(key))
 
     def __contains__(self, key: object) -> bool:
+        if isinstance(key, str) and key in self.scoped:
+            return key in self.scope
         return key in self.context
 
     def write(self, layer: Layer | int | str, key: str, value: Any) -> Layer:
+        """Write ``key`` through the layer rules (a scoped name: into the scope, reported as EPHEMERAL)."""
+        if key in self.scoped:
+            self.scope[key] = value
+            return Layer.EPHEMERAL
         return self.context.write(layer, key, value, actor=self._actor)
 
     def delete(self, layer: Layer | int | str, key: str) -> Layer:
@@ -191,7 +211,9 @@ class ActivityContext:
         return self.layer(Layer.KNOWLEDGE)
 
     def variables(self) -> dict[str, Any]:
-        return {k: thaw(v) for k, v in self.context.resolved().items()}
+        out = {k: thaw(v) for k, v in self.context.resolved().items() if k not in self.scoped}
+        out.update(self.scope)
+        return out
 
     def __repr__(self) -> str:
         return f"<ActivityContext {self.task_id} in {self.context.name!r}>"
@@ -210,6 +232,10 @@ def write_result(actx: ActivityContext, result: Mapping[str, Any] | None) -> lis
     written = []
     ctx = actx.context
     for key, value in result.items():
+        if key in actx.scoped:
+            actx.scope[key] = value
+            written.append(key)
+            continue
         current = ctx.get(key, _MISSING)
         if current is not _MISSING and json_equal(current, value):
             continue
@@ -226,16 +252,18 @@ class ScriptNamespace(dict):  # type: ignore[type-arg]
     globals are not an exact dict, also inside functions the script defines.
     """
 
-    def __init__(self, context: LayeredContext, extra: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, context: LayeredContext, extra: Mapping[str, Any] | None = None,
+                 scoped: "frozenset[str]" = frozenset()) -> None:
         super().__init__(extra or {})
         self._context = context
-        self._fixed = frozenset(self.keys()) | {"__builtins__"}
+        self._scoped = scoped
+        self._fixed = frozenset(self.keys()) | {"__builtins__"} | scoped
         self.loaded: dict[str, Any] = {}
         self.assigned: dict[str, None] = {}
         self.deleted: dict[str, None] = {}
 
     def __missing__(self, key: str) -> Any:
-        if key in self.deleted:
+        if key in self.deleted or key in self._scoped:
             raise KeyError(key)
         try:
             frozen = self._context.resolve(key)
@@ -272,7 +300,7 @@ class ScriptNamespace(dict):  # type: ignore[type-arg]
             if current is not _MISSING and json_equal(current, value):
                 continue
             writes[key] = value
-        deletes = [k for k in self.deleted if not k.startswith("_") and k in self._context]
+        deletes = [k for k in self.deleted if not k.startswith("_") and k not in self._scoped and k in self._context]
         return writes, deletes
 
 
@@ -281,9 +309,14 @@ def run_script(script: str, actx: ActivityContext, *, filename: str = "<string>"
 
     Errors propagate with the script's line in their traceback (``filename`` marks it).
     """
-    ns = ScriptNamespace(actx.context, {"ctx": actx, "__builtins__": __builtins__})
+    ns = ScriptNamespace(actx.context, {"ctx": actx, "__builtins__": __builtins__, **actx.scope}, actx.scoped)
     code = compile(script, filename, "exec")
     exec(code, ns)
+    for key in actx.scoped:
+        if dict.__contains__(ns, key):
+            actx.scope[key] = dict.__getitem__(ns, key)
+        else:
+            actx.scope.pop(key, None)
     writes, deletes = ns.changes()
     ctx = actx.context
     for key, value in writes.items():
@@ -295,7 +328,8 @@ def run_script(script: str, actx: ActivityContext, *, filename: str = "<string>"
     return [*writes, *deletes]
 
 
-def evaluate_expression(expression: str, context: LayeredContext) -> Any:
-    """A BPMN condition (Python expression) over the resolved context; reads only what it names."""
-    ns = ScriptNamespace(context, {"__builtins__": __builtins__})
+def evaluate_expression(expression: str, context: LayeredContext, scope: Mapping[str, Any] | None = None) -> Any:
+    """A BPMN condition (Python expression) over the resolved context; reads only what it names.
+    ``scope`` (a multi-instance item, its collections) is read before the context."""
+    ns = ScriptNamespace(context, {"__builtins__": __builtins__, **(scope or {})})
     return eval(compile(expression.strip(), "<condition>", "eval"), ns)

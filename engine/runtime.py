@@ -583,6 +583,9 @@ class _Runtime:
     def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any:
         """Run an activity; ``None`` (SpiffWorkflow: the task stays STARTED) when it waits
         for a person's answer, open, and goes on when ``answer`` runs the task again."""
+        multi = spiff.multi_instance_of(task)
+        if multi is not None:
+            return self._run_instance(task, multi, default_run)
         spec = task.task_spec
         bpmn_id = spec.bpmn_id
         ctx = self.context_of(task)
@@ -613,6 +616,121 @@ class _Runtime:
             self.instance.suspended.pop(str(task.id), None)
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err) from err
+        self._activity_done(ctx, cfg, bpmn_id)
+        return True if result is None else result
+
+    # ----- multi-instance activities ----------------------------------------------------
+
+    def begin_multi(self, task: Any) -> None:
+        """A multi-instance task is about to make its instances: open its activity, and give
+        SpiffWorkflow the input collection (and a map output collection) from the context."""
+        spec = task.task_spec
+        bpmn_id = spec.bpmn_id
+        ctx = self.context_of(task)
+        if task.internal_data.get(spiff.MULTI_KEY) and ctx.current_activity == bpmn_id:
+            return
+        data: dict[str, Any] = {}
+        name = spiff.data_name(spec.data_input)
+        if name is not None:
+            value = ctx.get(name, _ABSENT)
+            if value is _ABSENT:
+                raise ActivityError(f"multi-instance activity {bpmn_id!r}: its input collection {name!r} "
+                                    f"(loopDataInputRef) is in no layer of the context", task_id=bpmn_id)
+            data[name] = thaw(value)
+        out = spiff.data_name(spec.data_output)
+        if out is not None and out != name:
+            value = ctx.get(out, _ABSENT)
+            # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time
+            if isinstance(value, Mapping):
+                data[out] = thaw(value)
+        ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        task.internal_data[spiff.MULTI_KEY] = True
+        task.data = data
+
+    def abort_multi(self, task: Any, err: BaseException) -> None:
+        ctx = self.context_of(task)
+        bpmn_id = task.task_spec.bpmn_id
+        if task.internal_data.pop(spiff.MULTI_KEY, None) and ctx.current_activity == bpmn_id:
+            ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
+        task.data = {}
+
+    def complete_multi(self, task: Any) -> None:
+        """Every instance merged: the output collection goes to WORKING, the activity completes."""
+        spec = task.task_spec
+        bpmn_id = spec.bpmn_id
+        ctx = self.context_of(task)
+        cfg = self.process.config(bpmn_id)
+        out = spiff.data_name(spec.data_output)
+        try:
+            if ctx.current_activity != bpmn_id:
+                raise ActivityError(f"multi-instance activity {bpmn_id!r} completes, but its activity is not open "
+                                    f"in context {ctx.name!r}", task_id=bpmn_id)
+            if out is not None and out in task.data:
+                actx = ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id)
+                write_result(actx, {out: task.data[out]})
+            preserve = cfg.effective_preserve_keys if cfg is not None else []
+            ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
+        except BaseException as err:
+            self.abort_multi(task, err)
+            raise _activity_error(bpmn_id, err) from err
+        task.internal_data.pop(spiff.MULTI_KEY, None)
+        task.data = {}  # no successor inherits spiff's bookkeeping
+        self._activity_done(ctx, cfg, bpmn_id)
+
+    def _run_instance(self, task: Any, multi: Any, default_run: Callable[[], Any]) -> Any:
+        """One instance of a multi-instance activity, inside the activity of ``multi``: its input
+        item in EPHEMERAL and in its scope, its output item kept in its scope (then handed to
+        SpiffWorkflow, which collects it), any other write into the activity's WORKING."""
+        spec = task.task_spec
+        bpmn_id = spec.bpmn_id
+        mspec = multi.task_spec
+        ctx = self.context_of(task)
+        cfg = self.process.config(bpmn_id)
+        item = spiff.data_name(mspec.input_item)
+        out = spiff.data_name(mspec.output_item) if mspec.data_output is not None else None
+        index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
+        scope: dict[str, Any] = {}
+        if item is not None and item in task.data:
+            scope[item] = task.data[item]
+        scoped = {n for n in (item, out) if n is not None}
+        task.data = {}
+        if ctx.current_activity != bpmn_id:
+            raise ActivityError(f"an instance of multi-instance activity {bpmn_id!r} runs, but the activity is "
+                                f"not open in context {ctx.name!r}", task_id=bpmn_id)
+        try:
+            if item is not None and item in scope:
+                ctx.apply_changes([(Layer.EPHEMERAL, item, scope[item])], kind="instance_item", actor=bpmn_id,
+                                  data={"activity": bpmn_id, "instance": _jsonable(index)})
+            if cfg is not None and cfg.knowledge_config is not None:
+                self._retrieve(ctx, cfg, task)
+            actx = ActivityContext(ctx, task_id=bpmn_id, task_name=spec.bpmn_name, config=cfg,
+                                   instance_id=self.instance.id, data=self.user_data.pop(str(task.id), None),
+                                   documentation=getattr(spec, "documentation", None), scope=scope, scoped=scoped)
+            prescript = getattr(spec, "prescript", None)
+            if prescript:
+                run_script(prescript, actx, filename=_script_name("preScript", bpmn_id))
+            result = self._run_handler(task, actx, cfg, default_run)
+            if result is _SUSPENDED:
+                raise ActivityError(f"an instance of multi-instance activity {bpmn_id!r} cannot wait for a "
+                                    f"confirmation (llm.tools with human_confirm)", task_id=bpmn_id)
+            postscript = getattr(spec, "postscript", None)
+            if postscript:
+                run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
+            if out is not None and out not in actx.scope:
+                raise ActivityError(f"instance {index!r} of multi-instance activity {bpmn_id!r} set no output item "
+                                    f"{out!r} (outputDataItem)", task_id=bpmn_id)
+            if item is not None and item in ctx.layer(Layer.EPHEMERAL):
+                ctx.apply_changes([(Layer.EPHEMERAL, item, DELETED)], kind="instance_done", actor=bpmn_id,
+                                  data={"activity": bpmn_id, "instance": _jsonable(index),
+                                        **({"output": {out: actx.scope[out]}} if out is not None else {})})
+        except BaseException as err:
+            self.abort_multi(multi, err)
+            raise _activity_error(bpmn_id, err) from err
+        task.data = {n: actx.scope[n] for n in (item, out) if n is not None and n in actx.scope}
+        self.instance.activities += 1  # a save point: the instance is saved after each instance
+        return True if result is None else result
+
+    def _activity_done(self, ctx: LayeredContext, cfg: ActivityExtensionConfig | None, bpmn_id: str) -> None:
         self.instance.activities += 1
         record = (_after_activity(ctx, cfg, task_id=bpmn_id, model=self.engine.compression_model(cfg))
                   if self.engine.compress else None)
@@ -620,7 +738,16 @@ class _Runtime:
             self.instance.compressions.append(record)
         if self.engine.progress is not None:
             self.engine.progress(self.instance, bpmn_id, ctx)
-        return True if result is None else result
+
+    def loop_scope(self, task: Any) -> dict[str, Any] | None:
+        """What a condition at a multi-instance task (cardinality) or one of its instances
+        (completionCondition) sees before the context: the collections, the instance's items."""
+        if spiff.is_multi(task.task_spec):
+            return dict(task.data)
+        multi = spiff.multi_instance_of(task)
+        if multi is not None:
+            return {**multi.data, **task.data}
+        return None
 
     def _run_handler(self, task: Any, actx: ActivityContext, cfg: ActivityExtensionConfig | None,
                      default_run: Callable[[], Any]) -> Any:
@@ -760,7 +887,7 @@ class _Runtime:
 
     def _evaluate(self, task: Any, expression: str) -> Any:
         try:
-            return evaluate_expression(expression, self.context_of(task))
+            return evaluate_expression(expression, self.context_of(task), self.loop_scope(task))
         except Exception as err:  # noqa: BLE001
             raise ActivityError(f"condition {expression.strip()!r} at {spiff.bpmn_id_of(task)!r} failed: "
                                 f"{type(err).__name__}: {err}", task_id=spiff.bpmn_id_of(task)) from err
@@ -1084,6 +1211,10 @@ class _Runtime:
 
 
 # =============================================================================== helpers
+
+def _jsonable(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
 
 def _deadline(entry: Mapping[str, Any]) -> float | None:
     if entry.get("deadline") is not None:

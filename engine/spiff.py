@@ -21,6 +21,18 @@ The driver protocol (implemented by ``engine.runtime``)::
     exec_script(task, script) -> None                # spiff pre/post scripts
     join(task) -> bool                               # a joining gateway's _run_hook; False: wait
     split(task) -> None                              # a splitting gateway, once its children exist
+    begin_multi(task) -> None                        # a multi-instance task, before spiff makes instances
+    abort_multi(task, err) -> None                   # ... when spiff failed to make them
+    complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
+
+Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
+instances (children of the wrapper, with the original task's spec) run their handlers
+inside it. SpiffWorkflow's own bookkeeping of the instances (input collection, output
+collection, input and output item) runs on ``task.data`` of the wrapper and of each
+instance, and nowhere else: the driver fills the wrapper's data with the input
+collection from the context before spiff reads it, each instance's data with its input
+and output item only, and lifts the output collection into the context when the wrapper
+completes (then empties the wrapper's data, so no successor inherits any of it).
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
 from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
+from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
@@ -64,6 +77,11 @@ __all__ = [
     "is_activity",
     "is_join",
     "is_split",
+    "is_multi",
+    "loop_of",
+    "multi_instance_of",
+    "data_name",
+    "MULTI_KEY",
     "arrived_branch_tasks",
     "bpmn_id_of",
 ]
@@ -75,6 +93,7 @@ _BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 # Keys layerflow keeps in task.internal_data (serialized by SpiffWorkflow, never merged).
 CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
+MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 MAIN_CONTEXT = "main"
 
 
@@ -84,6 +103,9 @@ class Driver(Protocol):
     def exec_script(self, task: Any, script: str) -> None: ...
     def join(self, task: Any) -> bool: ...
     def split(self, task: Any) -> None: ...
+    def begin_multi(self, task: Any) -> None: ...
+    def abort_multi(self, task: Any, err: BaseException) -> None: ...
+    def complete_multi(self, task: Any) -> None: ...
 
 
 def driver_of(task: Any) -> Driver | None:
@@ -127,6 +149,7 @@ _ACTIVITY_BASES = (
     spiff_defaults.ServiceTask,
     spiff_defaults.BusinessRuleTask,
 )
+_MULTI_BASES = (MultiInstanceTask,)
 _GATEWAY_BASES = (
     bpmn_defaults.ExclusiveGateway,
     bpmn_defaults.ParallelGateway,
@@ -137,7 +160,7 @@ _GATEWAY_BASES = (
 class _LayerflowSpecMixin:
     """Placed first in the MRO of every twin; ``lf_role`` is set per twin class."""
 
-    lf_role = "flow"  # "activity" | "gateway" | "flow"
+    lf_role = "flow"  # "activity" | "gateway" | "multi" | "flow"
 
     def _update_hook(self, my_task: Any) -> Any:
         # Tag before spiff's own update: a join cancels its sibling instances there,
@@ -145,6 +168,15 @@ class _LayerflowSpecMixin:
         if CTX_KEY not in my_task.internal_data:
             parent = _parent_across_subprocess(my_task)
             my_task.internal_data[CTX_KEY] = context_name_of(parent) if parent is not None else MAIN_CONTEXT
+        if self.lf_role == "multi":
+            driver = driver_of(my_task)
+            if driver is not None:
+                driver.begin_multi(my_task)
+                try:
+                    return super()._update_hook(my_task)  # type: ignore[misc]
+                except BaseException as err:
+                    driver.abort_multi(my_task, err)
+                    raise
         return super()._update_hook(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
@@ -153,6 +185,9 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "activity":
             return driver.run_activity(my_task, lambda: super(_LayerflowSpecMixin, self)._run_hook(my_task))  # type: ignore[misc]
+        if self.lf_role == "multi":
+            driver.complete_multi(my_task)
+            return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
         return super()._run_hook(my_task)  # type: ignore[misc]
@@ -178,6 +213,8 @@ def _twin(cls: type, role: str) -> type:
 
 
 def _role_of(cls: type) -> str:
+    if issubclass(cls, _MULTI_BASES):
+        return "multi"
     if issubclass(cls, _ACTIVITY_BASES):
         return "activity"
     if issubclass(cls, _GATEWAY_BASES):
@@ -213,6 +250,34 @@ def is_join(spec: Any) -> bool:
 
 def is_split(spec: Any) -> bool:
     return getattr(spec, "lf_role", None) == "gateway" and len(spec.outputs) > 1
+
+
+def is_multi(spec: Any) -> bool:
+    return getattr(spec, "lf_role", None) == "multi"
+
+
+def loop_of(task: Any) -> Any:
+    """The loop or multi-instance task that ``task`` is an instance (an iteration) of, else None."""
+    parent = task.parent
+    if parent is None:
+        return None
+    spec = parent.task_spec
+    if isinstance(spec, LoopTask) and getattr(spec, "task_spec", None) == task.task_spec.name:
+        return parent
+    return None
+
+
+def multi_instance_of(task: Any) -> Any:
+    """The multi-instance task (the activity) that ``task`` is one instance of, else None."""
+    loop = loop_of(task)
+    return loop if loop is not None and isinstance(loop.task_spec, MultiInstanceTask) else None
+
+
+def data_name(ref: Any) -> str | None:
+    """The variable name of a spiff data reference (loopDataInputRef, inputDataItem, ...)."""
+    if ref is None:
+        return None
+    return str(getattr(ref, "bpmn_id", None) or getattr(ref, "name", None) or "") or None
 
 
 def arrived_branch_tasks(join_task: Any) -> list[Any]:
