@@ -41,6 +41,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -381,6 +382,8 @@ class Engine:
                     self._save(instance)
                     return True
                 self._save(instance)  # escalated: still waiting, now marked
+            if item["kind"] == "timer":
+                continue  # nobody answers a clock: a run or a resume after the due time goes on
             if value is _NO_ANSWER and ask is not None:
                 asked = ask(rt.describe(item))
                 if isinstance(asked, TimedOut) and item["kind"] == "confirmation":
@@ -472,8 +475,12 @@ class _Runtime:
                     task = wf.get_task_from_id(sp.parent_task_id)
                     task.task_spec._update(task)
             if not self._run_ready(wf) and len(wf.get_active_subprocesses()) <= len(active):
-                break
-        wf.refresh_timers()
+                # timers that are due (by the engine's clock) fire now, and the run goes on
+                before = {t.id for t in _ready_tasks(wf)}
+                wf.refresh_timers()
+                if not any(t.id not in before and (not t.task_spec.manual or self._runs_unattended(t.task_spec))
+                           for t in _ready_tasks(wf)):
+                    break
 
     def _run_ready(self, wf: Any) -> int:
         count = 0
@@ -518,6 +525,11 @@ class _Runtime:
             if task.task_spec.manual:
                 waiting.append({"kind": "user_task", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
                                 "name": task.task_spec.bpmn_name})
+        timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
+        for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):
+            due = spiff.timer_due(task)
+            waiting.append({"kind": "timer", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
+                            "due": due.isoformat() if due is not None else None})
         if not waiting:
             for task in _all_tasks(wf, TaskState.WAITING):
                 if not spiff.is_join(task.task_spec):
@@ -676,6 +688,19 @@ class _Runtime:
         task.internal_data.pop(spiff.MULTI_KEY, None)
         task.data = {}  # no successor inherits spiff's bookkeeping
         self._activity_done(ctx, cfg, bpmn_id)
+
+    def timer(self, task: Any) -> None:
+        """A timer event is (re)checked: its due time is fixed by the engine's clock when it starts
+        waiting, and it fires once the engine's clock reaches it (SpiffWorkflow also fires it by
+        the wall clock; with the default clock they agree)."""
+        now = datetime.fromtimestamp(self.engine.clock(), timezone.utc)
+        try:
+            due = spiff.timer_due(task, now)
+        except Exception as err:  # noqa: BLE001
+            raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {type(err).__name__}: {err}",
+                                task_id=spiff.bpmn_id_of(task)) from err
+        if due is not None and due <= now and not task.internal_data.get("event_fired"):
+            task.internal_data["event_fired"] = True
 
     def _run_instance(self, task: Any, multi: Any, default_run: Callable[[], Any]) -> Any:
         """One instance of a multi-instance activity, inside the activity of ``multi``: its input
@@ -1211,6 +1236,9 @@ class _Runtime:
 
 
 # =============================================================================== helpers
+
+_FAR = datetime.max.replace(tzinfo=timezone.utc)
+
 
 def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)

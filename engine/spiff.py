@@ -24,6 +24,7 @@ The driver protocol (implemented by ``engine.runtime``)::
     begin_multi(task) -> None                        # a multi-instance task, before spiff makes instances
     abort_multi(task, err) -> None                   # ... when spiff failed to make them
     complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
+    timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
 
 Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
 instances (children of the wrapper, with the original task's spec) run their handlers
@@ -40,6 +41,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Callable, Iterator, Protocol
 
 from lxml import etree
@@ -50,6 +52,11 @@ from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
+from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
+    DurationTimerEventDefinition,
+    TimeDateEventDefinition,
+    TimerEventDefinition,
+)
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from SpiffWorkflow.spiff.parser.task_spec import ServiceTaskParser, SpiffTaskParser
@@ -78,6 +85,8 @@ __all__ = [
     "is_join",
     "is_split",
     "is_multi",
+    "is_timer",
+    "timer_due",
     "loop_of",
     "multi_instance_of",
     "data_name",
@@ -106,6 +115,7 @@ class Driver(Protocol):
     def begin_multi(self, task: Any) -> None: ...
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
     def complete_multi(self, task: Any) -> None: ...
+    def timer(self, task: Any) -> None: ...
 
 
 def driver_of(task: Any) -> Driver | None:
@@ -168,6 +178,10 @@ class _LayerflowSpecMixin:
         if CTX_KEY not in my_task.internal_data:
             parent = _parent_across_subprocess(my_task)
             my_task.internal_data[CTX_KEY] = context_name_of(parent) if parent is not None else MAIN_CONTEXT
+        if isinstance(getattr(self, "event_definition", None), _TIMERS):
+            driver = driver_of(my_task)
+            if driver is not None:
+                driver.timer(my_task)
         if self.lf_role == "multi":
             driver = driver_of(my_task)
             if driver is not None:
@@ -278,6 +292,38 @@ def data_name(ref: Any) -> str | None:
     if ref is None:
         return None
     return str(getattr(ref, "bpmn_id", None) or getattr(ref, "name", None) or "") or None
+
+
+_TIMERS = (DurationTimerEventDefinition, TimeDateEventDefinition)
+
+
+def is_timer(task: Any) -> bool:
+    """A timer event (duration or date) that layerflow times: catch events and boundary events."""
+    return isinstance(getattr(task.task_spec, "event_definition", None), _TIMERS)
+
+
+def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
+    """When a timer event's task is due (UTC), fixing it from ``now`` the first time (a duration
+    starts when the task starts waiting); None for other tasks, or a timer not yet started."""
+    ed = getattr(task.task_spec, "event_definition", None)
+    if not isinstance(ed, _TIMERS):
+        return None
+    value = task.internal_data.get("event_value")
+    if value is None:
+        if now is None:
+            return None
+        expression = task.workflow.script_engine.evaluate(task, ed.expression)
+        if isinstance(ed, DurationTimerEventDefinition):
+            parsed = TimerEventDefinition.parse_iso_duration(str(expression))
+            value = (now + TimerEventDefinition.get_timedelta_from_start(parsed, now)).isoformat()
+        else:
+            value = expression if isinstance(expression, str) else expression.isoformat()
+        task.internal_data["event_value"] = value
+    if isinstance(ed, DurationTimerEventDefinition):
+        when: datetime = TimerEventDefinition.get_datetime(value)
+        return when
+    due = TimerEventDefinition.parse_time_or_duration(value)
+    return due if isinstance(due, datetime) else None
 
 
 def arrived_branch_tasks(join_task: Any) -> list[Any]:
