@@ -10,7 +10,35 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import EXAMPLES, path_of, run_plain, variables
+from engine_helpers import EXAMPLES, path_of, variables
+
+
+def run_plain(path: Any, data: dict[str, Any], user_tasks: dict[str, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """Stock SpiffWorkflow on a BPMN file, timers refreshed (``engine_helpers.run_plain`` plus timers)."""
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+    from SpiffWorkflow.util.task import TaskState
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    pid = parser.get_process_ids()[0]
+    wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
+    wf.task_tree.data.update(data)
+    for _ in range(100):
+        wf.do_engine_steps()
+        wf.refresh_timers()
+        wf.do_engine_steps()
+        if wf.is_completed():
+            break
+        ready = wf.get_tasks(state=TaskState.READY, manual=True)
+        if not ready:
+            continue  # a timer about to be due
+        task = ready[0]
+        task.data.update(user_tasks[task.task_spec.bpmn_id])
+        task.run()
+    assert wf.is_completed(), "plain run is stuck"
+    return wf, dict(wf.last_task.data)
+
 
 # (file, initial data, user task answers)
 CASES: list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = [
@@ -26,6 +54,16 @@ CASES: list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = [
     ("xor_loop", {"batch_size": 1}, {}),
     ("parallel_user_task", {"title": "Q3 report"}, {"review": {"approved": True, "reviewer": "ann"}}),
     ("parallel_user_task", {"title": "Q3 report"}, {"review": {"approved": False, "reviewer": "bob"}}),
+    ("multi_instance_parallel", {}, {}),
+    ("multi_instance_sequential", {}, {}),
+    ("multi_instance_cardinality", {"copies": 3, "title": "box"}, {}),
+    ("multi_instance_cardinality", {"copies": 0, "title": "box"}, {}),
+    ("multi_instance_completion", {"amounts": [2, 4, 6, 8], "limit": 10}, {}),
+    ("multi_instance_completion", {"amounts": [1, 2], "limit": 10}, {}),
+    ("standard_loop", {"limit": 3}, {}),
+    ("standard_loop", {"limit": 9}, {}),
+    ("timer_boundary", {}, {"approve": {"approved": True}}),
+    ("timer_boundary", {}, {"approve": {"approved": False}}),
 ]
 
 # Keys layerflow adds on purpose (a branch's contextInject) and what plain SpiffWorkflow
