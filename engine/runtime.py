@@ -687,6 +687,8 @@ class _Runtime:
             raise _activity_error(bpmn_id, err) from err
         task.internal_data.pop(spiff.MULTI_KEY, None)
         task.data = {}  # no successor inherits spiff's bookkeeping
+        for child in task.children:
+            child.data = {}
         self._activity_done(ctx, cfg, bpmn_id)
 
     def timer(self, task: Any) -> None:
