@@ -457,6 +457,8 @@ class _Runtime:
         self._handler_cache: dict[str, Handler | None] = {}
         # gateway task id -> {expression text: verdict} for the XOR being decided (see decide_exclusive)
         self._xor: dict[str, dict[str, bool]] = {}
+        # task id -> internal data a reset must give back before the task updates (see reset_failed)
+        self._restore: dict[Any, dict[str, Any]] = {}
         self.record_cache = _RecordCache()
         spiff.attach(instance.workflow, self)
 
@@ -570,9 +572,15 @@ class _Runtime:
         """Make the failed task runnable again; its context tag survives spiff's reset."""
         inst = self.instance
         for task in _all_tasks(inst.workflow, TaskState.ERROR):
+            # a failed instance of a multi-instance activity: the whole activity runs again
+            task = spiff.multi_instance_of(task) or task
             keep = {k: task.internal_data[k] for k in (spiff.CTX_KEY, spiff.BRANCH_KEY) if k in task.internal_data}
             wf = task.workflow.top_workflow
-            wf.reset_from_task_id(task.id)
+            self._restore[task.id] = keep  # a multi-instance task begins its activity during the reset
+            try:
+                wf.reset_from_task_id(task.id)
+            finally:
+                self._restore.pop(task.id, None)
             task.internal_data.update(keep)
         inst.status = "running"
         inst.error = None
@@ -636,6 +644,7 @@ class _Runtime:
     def begin_multi(self, task: Any) -> None:
         """A multi-instance task is about to make its instances: open its activity, and give
         SpiffWorkflow the input collection (and a map output collection) from the context."""
+        task.internal_data.update(self._restore.get(task.id, {}))
         spec = task.task_spec
         bpmn_id = spec.bpmn_id
         ctx = self.context_of(task)
@@ -1279,6 +1288,13 @@ def _ready_tasks(wf: Any) -> list[Any]:
 
 
 def _all_tasks(wf: Any, state: int) -> list[Any]:
+    if state == TaskState.ERROR:
+        # SpiffWorkflow's iterator does not descend below a STARTED task when it looks for
+        # finished states, and an instance of a multi-instance task sits below one
+        tasks = [t for t in wf.tasks.values() if t.state == state]
+        for sp in wf.subprocesses.values():
+            tasks.extend(t for t in sp.tasks.values() if t.state == state)
+        return tasks
     tasks = list(wf.get_tasks(state=state))
     for sp in wf.subprocesses.values():
         tasks.extend(sp.get_tasks(state=state))

@@ -177,6 +177,19 @@ def test_a_failing_instance_aborts_the_whole_activity(tmp_path: Path) -> None:
     assert not ctx.layer(Layer.EPHEMERAL)
 
 
+@pytest.mark.parametrize("seq", [False, True], ids=["parallel", "sequential"])
+def test_resume_after_a_failed_instance_runs_the_whole_activity_again(tmp_path: Path, seq: bool) -> None:
+    engine = Engine()
+    inst = _run(_mi_process(tmp_path, seq=seq, script="res = 10 // (item - bad)"), {"items": [1, 2, 3]}, engine=engine)
+    assert inst.status == "error" and inst.error["task_id"] == "each"
+    assert inst.error_task is not None  # the failed instance, below its STARTED multi-instance task
+    engine.inject(inst, {"bad": 0})
+    inst = engine.resume(engine.load(inst.id))
+    assert inst.status == "completed", inst.error
+    assert variables(inst.main)["results"] == [10, 5, 3]
+    assert [k for k in inst.main.layer(Layer.HISTORY) if k.startswith("activity:each")] == ["activity:each"]
+
+
 def test_multi_instance_user_tasks_wait_and_collect_answers(tmp_path: Path) -> None:
     task = """<bpmn:userTask id="each">
       <bpmn:multiInstanceLoopCharacteristics isSequential="false">
