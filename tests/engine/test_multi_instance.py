@@ -330,3 +330,21 @@ def test_the_examples_validate() -> None:
                  "multi_instance_completion", "standard_loop", "timer_boundary"):
         report = validate_process(EXAMPLES / f"{name}.bpmn")
         assert report.ok, (name, report)
+
+
+def test_a_multi_instance_activity_in_a_parallel_branch_runs_in_the_branch_context(tmp_path: Path) -> None:
+    mi = _MI.format(tid="each", seq="false", source="<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>",
+                    out="results", extra="", script="res = item * 2")
+    path = _process(tmp_path, "branch", [
+        '<bpmn:parallelGateway id="split"/>', mi,
+        '<bpmn:scriptTask id="other"><bpmn:script>o = len(items)</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:parallelGateway id="join"/>',
+        '<bpmn:scriptTask id="fin"><bpmn:script>total = sum(results) + o</bpmn:script></bpmn:scriptTask>',
+    ], [("start", "split"), ("split", "each"), ("split", "other"), ("each", "join"), ("other", "join"),
+        ("join", "fin"), ("fin", "end")])
+    inst = _run(path, {"items": [1, 2, 3]})
+    assert inst.status == "completed", inst.error
+    assert variables(inst.main) == {"items": [1, 2, 3], "results": [2, 4, 6], "o": 3, "total": 15}
+    branch = next(n for n, i in inst.branches.items() if i["branch_id"] == "each")
+    assert "activity:each" in inst.contexts[branch].layer(Layer.HISTORY)
+    assert "results" not in inst.contexts[next(n for n in inst.branches if n != branch)]
