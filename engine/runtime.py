@@ -637,6 +637,12 @@ class _Runtime:
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err) from err
         self._activity_done(ctx, cfg, bpmn_id)
+        # data objects: the context is the source of truth; SpiffWorkflow copies what it needs
+        # from task.data into the workflow's data objects when the task completes
+        for ref in getattr(spec, "data_output_associations", None) or []:
+            value = ctx.get(ref.bpmn_id, _ABSENT)
+            if value is not _ABSENT:
+                task.data[ref.bpmn_id] = thaw(value)
         return True if result is None else result
 
     # ----- multi-instance activities ----------------------------------------------------

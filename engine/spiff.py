@@ -208,6 +208,10 @@ class _LayerflowSpecMixin:
 
     def _on_complete_hook(self, my_task: Any) -> None:
         super()._on_complete_hook(my_task)  # type: ignore[misc]
+        if self.lf_role == "activity" and getattr(self, "data_output_associations", None) and driver_of(my_task):
+            # the data objects were set from the context (Runtime.run_activity): nothing stays in task.data
+            for ref in self.data_output_associations:  # type: ignore[attr-defined]
+                my_task.data.pop(ref.bpmn_id, None)
         if self.lf_role == "gateway" and len(self.outputs) > 1:  # type: ignore[attr-defined]
             driver = driver_of(my_task)
             if driver is not None:

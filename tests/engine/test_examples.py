@@ -64,11 +64,14 @@ CASES: list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = [
     ("standard_loop", {"limit": 9}, {}),
     ("timer_boundary", {}, {"approve": {"approved": True}}),
     ("timer_boundary", {}, {"approve": {"approved": False}}),
+    ("data_object", {}, {}),
 ]
 
 # Keys layerflow adds on purpose (a branch's contextInject) and what plain SpiffWorkflow
 # gets wrong at a join (the last branch to arrive overwrites the other's change).
-LAYERFLOW_ONLY = {"exclusive_default": {"queue"}}
+LAYERFLOW_ONLY = {"exclusive_default": {"queue"},
+                  # a data object is a context key (plain SpiffWorkflow keeps it in workflow.data_objects)
+                  "data_object": {"obj"}}
 PLAIN_SPIFF_LOSES = {"parallel_scripts": {"total": (0, 60), "summary": ("A-1: 0 via post in 4 days",
                                                                        "A-1: 60 via post in 4 days")}}
 
