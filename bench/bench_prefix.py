@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from render_sim import compressor_available, generated_process, simulate  # noqa: E402
+from render_sim import generated_process, simulate  # noqa: E402
 
 from context_layers.prefix import prefix_report, prefix_stability  # noqa: E402
 
@@ -75,7 +75,7 @@ def main() -> int:
     ap.add_argument("--activities", type=int, default=30)
     args = ap.parse_args()
     start = time.perf_counter()
-    print(f"compression: {'context_layers.compression (RuleDrivenCompressor)' if compressor_available() else 'stand-in cliff'}")
+    print("compression: context_layers.compression (RuleDrivenCompressor)")
     print("stab: mean prefix share per request; wtd: token-weighted; tok/req: mean request tokens;")
     print("cmp: compressions; keep: share of preserved keys visible with their value\n")
     print(HEADER)

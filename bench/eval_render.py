@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from render_sim import Fixture, compressor_available, fixture_from_tape, generated_process, simulate  # noqa: E402
+from render_sim import Fixture, fixture_from_tape, generated_process, simulate  # noqa: E402
 
 from context_layers.hooks import drop_tool_results  # noqa: E402
 
@@ -83,7 +83,7 @@ def main() -> int:
     start = time.perf_counter()
     formats = ("xml",) if args.quick else ("xml", "json", "plain")
     views = ("all",) if args.quick else tuple(VIEWS)
-    print(f"compression: {'context_layers.compression' if compressor_available() else 'stand-in cliff'}\n")
+    print("compression: context_layers.compression (RuleDrivenCompressor)\n")
     header = (f"{'fixture':<15} {'budget':>6} {'format':<6} {'view':<17} {'compression':<11} "
               f"{'tok/req':>8} {'stability':>9} {'retention':>9} {'compress':>8}")
     print(header)

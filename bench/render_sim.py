@@ -7,8 +7,7 @@ replays a fixture under one setting and renders the request of every activity:
 
 * ``mode="layerflow"``: HISTORY grows by appending; when HISTORY + WORKING is over the
   token budget the compressor folds the oldest activities into one compaction record
-  (a cliff: ``context_layers.compression`` when it is importable, else a stand-in
-  that does the same fold without summarising);
+  (a cliff: ``context_layers.compression.RuleDrivenCompressor``);
 * ``mode="sliding"``: no compression; each request drops the oldest HISTORY entries
   until HISTORY + WORKING fits the same budget (``prefix.sliding_window_trim``), as
   most agent frameworks do;
@@ -31,11 +30,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from context_layers import Layer, LayeredContext  # noqa: E402
+from context_layers.compression import RuleDrivenCompressor  # noqa: E402
 from context_layers.config import config_from_dict  # noqa: E402
-from context_layers.markers import DELETED  # noqa: E402
 from context_layers.prefix import prefix_stability, sliding_window_trim  # noqa: E402
 from context_layers.render import RenderOptions, logged_entries, render_entries, request_tokens  # noqa: E402
-from context_layers.tokens import count_value  # noqa: E402
 
 Write = tuple[Layer, str, Any]
 
@@ -184,49 +182,13 @@ def _history_working(ctx: LayeredContext) -> int:
     return ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
 
 
-def _stand_in_cliff(ctx: LayeredContext, target: int, preserved: set[str]) -> bool:
-    history = ctx.layer(Layer.HISTORY)
-    total = _history_working(ctx)
-    fold: list[str] = []
-    for key in history:
-        if total <= target:
-            break
-        if key in preserved or key.startswith("compaction:"):
-            continue
-        fold.append(key)
-        total -= count_value(history[key])
-    if not fold:
-        return False
-    n = sum(1 for k in history if k.startswith("compaction:")) + 1
-    summary = f"{len(fold)} earlier entries folded: " + ", ".join(fold[:12])
-    changes: list[Write] = [(Layer.HISTORY, k, DELETED) for k in fold]
-    changes.append((Layer.HISTORY, f"compaction:{n}", {"kind": "compaction", "summary": summary, "covers": fold}))
-    ctx.apply_changes(changes, kind="compress", actor="bench")
-    return True
-
-
-def compressor_available() -> bool:
-    try:
-        from context_layers.compression import RuleDrivenCompressor  # noqa: F401
-    except Exception:  # noqa: BLE001 - the module may be missing or mid-change
-        return False
-    return True
-
-
 def _compress(ctx: LayeredContext, budget: int, ratio: float, preserved: set[str], detect: bool) -> bool:
-    if compressor_available():
-        from context_layers.compression import RuleDrivenCompressor
-
-        cfg = config_from_dict({"compressTokenThreshold": budget, "preserveKeys": sorted(preserved),
-                                "contextStrategy": {"compressTargetRatio": ratio}})
-        if not detect and _history_working(ctx) <= budget:
-            return False
-        result = RuleDrivenCompressor().compress(ctx, cfg, triggers=None if detect else ["token_threshold"],
-                                                 actor="bench")
-        return bool(result.entries_affected)
-    if _history_working(ctx) <= budget:
+    cfg = config_from_dict({"compressTokenThreshold": budget, "preserveKeys": sorted(preserved),
+                            "contextStrategy": {"compressTargetRatio": ratio}})
+    if not detect and _history_working(ctx) <= budget:
         return False
-    return _stand_in_cliff(ctx, int(budget * ratio), preserved)
+    result = RuleDrivenCompressor().compress(ctx, cfg, triggers=None if detect else ["token_threshold"], actor="bench")
+    return bool(result.entries_affected)
 
 
 # ----- one run ------------------------------------------------------------------------------------

@@ -34,8 +34,6 @@ The instance is saved after every activity.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import time
 import traceback
@@ -326,16 +324,9 @@ class Engine:
         """
         if self.arbiter is not None or self.model is None:
             return self.arbiter
-        if importlib.util.find_spec("engine.llm") is None:
-            return None
-        llm = importlib.import_module("engine.llm")
-        make = getattr(llm, "make_arbiter", None)
-        if make is not None:
-            return make(self.model)
-        arbiter_class = getattr(llm, "LiteLLMArbiter", None)
-        if arbiter_class is None:
-            return None
-        self.arbiter = arbiter_class.from_config(None, model_override=self.model)
+        from .llm import LiteLLMArbiter  # imports litellm only when a model call happens
+
+        self.arbiter = LiteLLMArbiter.from_config(None, model_override=self.model)
         return self.arbiter
 
     def compression_model(self, cfg: ActivityExtensionConfig | None) -> str | None:
@@ -801,9 +792,10 @@ class _Runtime:
                 return _SUSPENDED
             write_result(actx, answer)
             return None
-        if model is not None and importlib.util.find_spec("engine.llm") is not None:
-            llm = importlib.import_module("engine.llm")
-            write_result(actx, llm.run_llm_activity(actx, cfg, model=model))
+        if model is not None:
+            from .llm import run_llm_activity
+
+            write_result(actx, run_llm_activity(actx, cfg, model=model))
             return None
         handler = self._handler_for(spec.bpmn_id, cfg)
         if handler is not None:
