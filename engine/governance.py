@@ -434,9 +434,7 @@ class GovernanceService:
         return list(self.catalog.entries().values())
 
     def list_instances(self, status: str | None = None) -> list[dict[str, Any]]:
-        store = self.engine.store
-        rows = store.list_instances(status) if hasattr(store, "list_instances") else store.list()
-        return [dict(r) for r in rows if status is None or r.get("status") == status]
+        return [dict(r) for r in self.engine.store.list() if status is None or r.get("status") == status]
 
     def document(self, instance_id: str) -> dict[str, Any]:
         instance = self.load(instance_id)
