@@ -73,10 +73,19 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, ki
           details: dict[str, Any] | None = None) -> NoReturn:
     if as_json:
         error = {"kind": kind, "message": message, "task_id": None, **(details or {})}
-        click.echo(json.dumps({"status": "error", "error": error}, ensure_ascii=False, default=str))
+        click.echo(json.dumps(_error_document(error), ensure_ascii=False, default=str))
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(code)
+
+
+def _error_document(error: dict[str, Any]) -> dict[str, Any]:
+    """The `run --json` document for a failure before any instance exists: every field of
+    the contract is there (empty), so scripts can read it like any other result."""
+    layers = [str(layer) for layer in Layer]
+    return {"instance_id": None, "process_id": None, "status": "error", "error": error,
+            "layers": {name: {} for name in layers}, "tokens": {**{name: 0 for name in layers}, "total": 0},
+            "conflicts": [], "compressions": [], "confirmations": [], "waiting_for": [], "tape_length": 0}
 
 
 def _exit_code(instance: Instance) -> int:

@@ -345,3 +345,21 @@ def test_a_bad_store_url_with_json_is_still_one_document(cli, command) -> None:
 def test_a_store_password_never_shows_in_messages() -> None:
     assert cli_module._shown_url("redis://:s3cret@host:6379/0") == "redis://***@host:6379/0"
     assert cli_module._shown_url("sqlite:///tmp/x.db") == "sqlite:///tmp/x.db"
+
+
+def test_a_failure_before_any_instance_still_prints_the_whole_run_document(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    bad = tmp_path / "bad.bpmn"
+    bad.write_text('<?xml version="1.0"?>\n<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL">\n'
+                   '<bpmn:process id="p" isExecutable="true"><bpmn:startEvent id="s"></bpmn:process>\n')
+    result = CliRunner().invoke(main, ["run", str(bad), "--json", "--store", "memory://"])
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "error" and doc["error"]["kind"] == "invalid_process"
+    assert "bad.bpmn:3" in doc["error"]["message"]
+    assert set(doc) >= {"instance_id", "process_id", "status", "error", "layers", "tokens", "conflicts",
+                        "compressions", "confirmations", "waiting_for", "tape_length"}
+    assert doc["layers"] == {f"L{i}": {} for i in range(6)} and doc["tokens"]["total"] == 0
