@@ -20,8 +20,13 @@ from typing import Any
 __all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "FrozenDict", "FrozenList"]
 
 
+# one encoder for every call: ``json.dumps`` with options builds a new encoder each time,
+# which costs more than encoding a small value
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def _normalize(value: Any) -> Any:

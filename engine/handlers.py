@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -105,11 +106,21 @@ def activity(name: str, *, registry: HandlerRegistry | None = None) -> Callable[
 
 
 _MODULES: dict[str, types.ModuleType] = {}
-_RESOLVED: dict[str, str] = {}  # absolute handler file path -> resolved (a new instance resolves no file again)
+# (reference, base_dir) -> handler: a handler file is loaded once per process run by the
+# engine (as a module is imported once), so every new instance finds its handlers here
+_REFERENCES: dict[tuple[str, str], Handler] = {}
 
 
 def load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
     """Resolve ``module:function`` or ``file.py:function`` (the file relative to ``base_dir``)."""
+    key = (ref, str(base_dir) if base_dir is not None else os.getcwd())
+    handler = _REFERENCES.get(key)
+    if handler is None:
+        handler = _REFERENCES[key] = _load_handler_reference(ref, base_dir)
+    return handler
+
+
+def _load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
     module_ref, _, attr = ref.rpartition(":")
     if not module_ref or not attr:
         raise ConfigError(f"handler {ref!r} is neither a registered name nor 'module:function'")
@@ -117,11 +128,7 @@ def load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
         path = Path(module_ref)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        key = _RESOLVED.get(str(path)) if path.is_absolute() else None
-        if key is None:
-            key = str(path.resolve())
-            if path.is_absolute():
-                _RESOLVED[str(path)] = key
+        key = str(path.resolve())
         path = Path(key)
         module = _MODULES.get(key)
         if module is None:
