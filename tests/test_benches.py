@@ -1,0 +1,51 @@
+"""The engine, snapshot and gateway benches run in quick mode and print their tables.
+
+Nothing here asserts a time: the machine is shared, so the benches compare against a
+baseline in the same run and print the result; these tests keep them working and check
+the shape and the invariants of what they print.
+"""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(*args: str) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.slow
+def test_bench_engine_prints_every_row_against_both_baselines():
+    out = _bench("bench/bench_engine.py", "--runs", "2")
+    rows = re.findall(r"^(loan \(full review\)|chain50 @ 1000 keys)\s+(activity|stop|stop, no compress)\s+(\d+)"
+                      r"\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+(-?[0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$", out, re.M)
+    assert len(rows) == 6, out
+    for workload, save, acts, plain, saved, layerflow, per_act, ratio, ratio_saved in rows:
+        # the loan demo's full review runs six activities; the chain fifty
+        assert int(acts) == (6 if workload.startswith("loan") else 50)
+        assert float(ratio) == pytest.approx(float(layerflow) / float(plain), rel=0.02, abs=0.01)
+        assert float(ratio_saved) == pytest.approx(float(layerflow) / float(saved), rel=0.02, abs=0.01)
+        assert float(per_act) == pytest.approx((float(layerflow) - float(plain)) / int(acts), rel=0.02, abs=0.002)
+    assert "target: < 1 ms overhead per activity" in out
+    # the breakdown accounts for the whole run, for both workloads
+    assert out.count("ms per run by phase") == 2
+    assert out.count("compression hook") == 2 and out.count("save: store") == 2
+
+
+@pytest.mark.slow
+def test_bench_gateways_quick():
+    out = _bench("bench/bench_gateways.py", "--quick")
+    assert re.search(r"join at 100,000 keys / at 1,000 keys: [0-9.]+x", out), out
+
+
+@pytest.mark.slow
+def test_bench_snapshot_quick():
+    out = _bench("bench/bench_snapshot.py", "--quick")
+    assert re.search(r"speed-up over deepcopy at 100,000 keys: [0-9,]+x", out), out
