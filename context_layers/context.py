@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import immutables
 
@@ -53,8 +53,9 @@ Slot = tuple[int, int, Any]
 _EMPTY: immutables.Map[str, Any] = immutables.Map()
 
 
-@dataclass(frozen=True, slots=True)
-class _State:
+class _State(NamedTuple):
+    """One point of a context (immutable; ``_replace`` gives the next one, sharing the rest)."""
+
     layers: tuple[immutables.Map[str, Slot], ...]
     tokens: tuple[immutables.Map[str, int], ...]
     totals: tuple[int, ...]
@@ -536,7 +537,7 @@ class LayeredContext:
     def _apply(self, s: _State, e: Event) -> _State:
         if e.kind == EventKind.FORK:
             base = e.snapshot.state if e.snapshot is not None else _State.empty()
-            s = replace(base, activity=None, activity_keys=(), begin_snapshot=None, counter=max(base.counter, s.counter),
+            s = base._replace(activity=None, activity_keys=(), begin_snapshot=None, counter=max(base.counter, s.counter),
                         layers=(*base.layers[:5], _EMPTY), tokens=(*base.tokens[:5], _EMPTY), totals=(*base.totals[:5], 0))
         elif e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None:
             # an abort undoes the failed activity in every layer but SYSTEM (it fixed nothing);
@@ -545,29 +546,29 @@ class LayeredContext:
             layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
             for i in chosen:
                 layers[i], tokens[i], totals[i] = e.snapshot.state.layers[i], e.snapshot.state.tokens[i], e.snapshot.state.totals[i]
-            s = replace(s, layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals))
+            s = s._replace(layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals))
         if e.changes:
             s = self._apply_changes(s, e.changes, e.seq)
         if e.kind == EventKind.BEGIN:
-            s = replace(s, activity=e.data["task_id"], activity_keys=(), begin_snapshot=e.data["snapshot_id"])
+            s = s._replace(activity=e.data["task_id"], activity_keys=(), begin_snapshot=e.data["snapshot_id"])
         elif e.kind in (EventKind.WRITE, EventKind.DELETE) and s.activity is not None:
             key = e.changes[0][1]
             if key not in s.activity_keys:
-                s = replace(s, activity_keys=(*s.activity_keys, key))
+                s = s._replace(activity_keys=(*s.activity_keys, key))
         elif e.kind == EventKind.COMPLETE:
             task_id = e.data["task_id"]
             record_key = e.data["record_key"]
             n = int(record_key.rsplit("#", 1)[1]) if "#" in record_key else 1
-            s = replace(s, activity=None, activity_keys=(), begin_snapshot=None,
+            s = s._replace(activity=None, activity_keys=(), begin_snapshot=None,
                         iterations=s.iterations.set(task_id, n))
         elif e.kind == EventKind.ABORT:
-            s = replace(s, activity=None, activity_keys=(), begin_snapshot=None)
+            s = s._replace(activity=None, activity_keys=(), begin_snapshot=None)
         preserve = e.data.get("preserve") if e.data else None
         if preserve:
             with s.preserved.mutate() as m:
                 for k in preserve:
                     m[k] = True
-                s = replace(s, preserved=m.finish())
+                s = s._replace(preserved=m.finish())
         if e.kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
             sid = e.data["snapshot_id"]
             self._snapshots[sid] = Snapshot(id=sid, context=self.name, seq=e.seq, state=s, label=e.data.get("label"))
@@ -606,7 +607,7 @@ class LayeredContext:
             totals[layer] += n
         for layer, (m, t) in touched.items():
             layers[layer], tokens[layer] = m.finish(), t.finish()
-        return replace(s, layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals), counter=counter)
+        return s._replace(layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals), counter=counter)
 
     # ----- replay and persistence -----------------------------------------------------
 
