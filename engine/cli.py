@@ -245,8 +245,8 @@ def main() -> None:
     """layerflow: BPMN processes with a governed, layered context per activity."""
 
 
-def _run_process(bpmn: str, config: str | None, process_id: str | None, data: dict[str, Any], answers_file: str | None,
-                 answer: tuple[str, ...], yes: bool, store: str | None, model: str | None, as_json: bool) -> None:
+def _run_process(bpmn: str | list[str], config: str | None, process_id: str | None, data: dict[str, Any],
+                 answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None, model: str | None, as_json: bool) -> None:
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
     try:
@@ -270,9 +270,10 @@ def _store_name(store: str | None) -> str:
 
 
 @main.command()
-@click.argument("bpmn", type=click.Path(dir_okay=False))
+@click.argument("bpmn", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--config", default=None, metavar="FILE", help="config file (default: PROCESS.layerflow.yaml beside it)")
-@click.option("--process", "process_id", default=None, help="the bpmn:process id, when the file has several")
+@click.option("--process", "process_id", default=None,
+              help="the bpmn:process id to start, when the files hold several (default: the one no other calls)")
 @click.option("--data", "data_file", default=None, metavar="FILE", help="initial data (JSON or YAML object) -> PROCESS")
 @_answers_option
 @_answer_option
@@ -280,10 +281,14 @@ def _store_name(store: str | None) -> str:
 @_store_option
 @_model_option
 @_json_option
-def run(bpmn: str, config: str | None, process_id: str | None, data_file: str | None, answers_file: str | None,
-        answer: tuple[str, ...], yes: bool, store: str | None, model: str | None, as_json: bool) -> None:
-    """Start an instance of BPMN and run it until it completes, waits or fails."""
-    _run_process(bpmn, config, process_id, _read_mapping(data_file, "data", as_json), answers_file, answer, yes,
+def run(bpmn: tuple[str, ...], config: str | None, process_id: str | None, data_file: str | None,
+        answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None, model: str | None,
+        as_json: bool) -> None:
+    """Start an instance of BPMN and run it until it completes, waits or fails.
+
+    Give every file the process needs (call activities name processes of other files):
+    ``layerflow run main.bpmn called.bpmn``."""
+    _run_process(list(bpmn), config, process_id, _read_mapping(data_file, "data", as_json), answers_file, answer, yes,
                  store, model, as_json)
 
 

@@ -65,6 +65,11 @@ CASES: list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = [
     ("timer_boundary", {}, {"approve": {"approved": True}}),
     ("timer_boundary", {}, {"approve": {"approved": False}}),
     ("data_object", {}, {}),
+    ("subprocess_parallel", {"amount": 120000}, {}),
+    ("subprocess_parallel", {"amount": 20000}, {}),
+    ("error_boundary", {"years_in_business": 12}, {}),
+    ("call_activity", {"amount": 120000}, {}),
+    ("call_activity", {"amount": 5000}, {}),
 ]
 
 # Keys layerflow adds on purpose (a branch's contextInject) and what plain SpiffWorkflow
@@ -98,6 +103,25 @@ def test_same_path_and_variables_as_plain_spiffworkflow(name: str, data: dict[st
         assert plain_vars.pop(key) == plain_value
         assert ours.pop(key) == our_value
     assert ours == plain_vars
+
+
+def test_error_boundary_keeps_what_the_subprocess_completed() -> None:
+    """The sub-process ends in a BPMN error; the boundary event takes the rejection path.
+    Plain SpiffWorkflow drops the sub-process's data with the error; layerflow keeps what
+    its completed activities wrote (``compute_score`` completed, and its record says so)."""
+    path = EXAMPLES / "error_boundary.bpmn"
+    data = {"years_in_business": 3}
+    plain_wf, plain_vars = run_plain(path, data, {})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), data))
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert "reject" in path_of(plain_wf) and "approve" not in path_of(plain_wf)
+    ours = variables(instance.main)
+    assert ours.pop("score") == 330 and "score" not in plain_vars
+    assert ours == plain_vars == {"years_in_business": 3, "decision": "rejected", "reason": "score under 400"}
+    assert instance.main.get("activity:compute_score")["status"] == "completed"
 
 
 def test_layerflow_keeps_a_branch_change_that_plain_spiffworkflow_loses() -> None:
