@@ -246,7 +246,8 @@ def main() -> None:
 
 
 def _run_process(bpmn: str | list[str], config: str | None, process_id: str | None, data: dict[str, Any],
-                 answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None, model: str | None, as_json: bool) -> None:
+                 answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None,
+                 model: str | None, as_json: bool) -> None:
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
     try:
