@@ -1047,11 +1047,18 @@ class _Runtime:
             child.internal_data[spiff.BRANCH_KEY] = b.branch_id
 
     def join(self, task: Any) -> bool:
-        """Merge the arrived branch contexts; False when the join waits for a person."""
+        """Merge the arrived branch contexts; False when the join waits for a person.
+
+        The implicit join a (sub-)process ends in (``spiff.is_end_join``) fires once every
+        other task of its workflow is finished: a branch of a split in that workflow that
+        did not arrive never will (an interrupting event cancelled it), so it is closed as
+        ``cancelled`` and its siblings merge without it."""
         gw = spiff.bpmn_id_of(task)
         arrived = [spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task)]
         current = list(dict.fromkeys(arrived))
         branches = self.instance.branches
+        if spiff.is_end_join(task.task_spec):
+            self._cancel_branches(task, keep=current)
         while True:
             open_groups: dict[str, list[str]] = {}
             for name in current:
@@ -1075,6 +1082,41 @@ class _Runtime:
                                      gateway_id=gw)
         task.internal_data[spiff.CTX_KEY] = current[0]
         return True
+
+    def terminate(self, task: Any) -> None:
+        """A terminate end event in a branch: the branch that reached it merges into its
+        parent (and on up, to the context the terminated workflow started in); the
+        branches it cancels are closed as ``cancelled``, their changes dropped, as the
+        terminate drops their tokens."""
+        name = spiff.context_name_of(task)
+        branches = self.instance.branches
+        gw = spiff.bpmn_id_of(task)
+        while name in branches and branches[name]["status"] == "open" and self._in_workflow(name, task.workflow):
+            info = branches[name]
+            self._cancel_branches(task, keep=[name], split=info["split"])
+            if not self._merge_group(task, gw, info["parent"], [name], arrival=[name]):
+                raise MergeConflictError(f"terminate end event {gw!r}: branch {info['branch_id']!r} could not be "
+                                         "merged into its parent context", gateway_id=gw)
+            name = info["parent"]
+        task.internal_data[spiff.CTX_KEY] = name
+
+    def _cancel_branches(self, task: Any, *, keep: list[str], split: str | None = None) -> None:
+        """Close the open branches of ``split`` (default: of every split in ``task``'s
+        workflow) that are not in ``keep``."""
+        for name, info in self.instance.branches.items():
+            if info["status"] != "open" or name in keep:
+                continue
+            if (info["split"] == split) if split is not None else self._in_workflow(name, task.workflow):
+                info["status"] = "cancelled"
+                info["join"] = spiff.bpmn_id_of(task)
+                self.instance.contexts[name].record("cancelled", actor=spiff.bpmn_id_of(task),
+                                                    data={"by": spiff.bpmn_id_of(task)})
+
+    def _in_workflow(self, name: str, workflow: Any) -> bool:
+        """Whether branch ``name`` was split off by a gateway of ``workflow`` (not of a
+        sub-process in it, nor of the process around it)."""
+        split_task_id = self.instance.branches[name]["split"].rsplit("@", 1)[1]
+        return uuid.UUID(split_task_id) in workflow.tasks
 
     def _depth(self, name: str) -> int:
         d = 0

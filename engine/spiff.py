@@ -51,6 +51,8 @@ from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
 from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
+from SpiffWorkflow.bpmn.specs.control import _EndJoin
+from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
     DurationTimerEventDefinition,
@@ -58,7 +60,7 @@ from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
     TimerEventDefinition,
 )
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
-from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
 from SpiffWorkflow.spiff.parser.task_spec import ServiceTaskParser, SpiffTaskParser
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
 from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
@@ -111,6 +113,7 @@ class Driver(Protocol):
     def evaluate(self, task: Any, expression: str) -> Any: ...
     def exec_script(self, task: Any, script: str) -> None: ...
     def join(self, task: Any) -> bool: ...
+    def terminate(self, task: Any) -> None: ...
     def split(self, task: Any) -> None: ...
     def begin_multi(self, task: Any) -> None: ...
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
@@ -207,6 +210,10 @@ class _LayerflowSpecMixin:
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
+        if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition):
+            driver = driver_of(my_task)
+            if driver is not None:
+                driver.terminate(my_task)  # before the throw cancels the other branches
         super()._on_complete_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "activity" and getattr(self, "data_output_associations", None) and driver_of(my_task):
             # the data objects were set from the context (Runtime.run_activity): nothing stays in task.data
@@ -256,6 +263,10 @@ for _stock in [spec for _, spec in _STOCK_TAGS.values()] + list(_EXTRA_SPECS):
     if _stock not in TWINS:
         TWINS[_stock] = _twin(_stock, _role_of(_stock))
         globals()[TWINS[_stock].__name__] = TWINS[_stock]
+# The implicit join every process ends in: all its end events lead to it, so branches of a
+# split that end in end events of their own (no joining gateway) merge there, as in
+# SpiffWorkflow, where it merges their data.
+TWINS[_EndJoin] = LayerflowEndJoin = _twin(_EndJoin, "gateway")
 
 
 def is_activity(spec: Any) -> bool:
@@ -263,7 +274,11 @@ def is_activity(spec: Any) -> bool:
 
 
 def is_join(spec: Any) -> bool:
-    return isinstance(spec, UnstructuredJoin) and len(spec.inputs) > 1
+    return isinstance(spec, UnstructuredJoin) and (len(spec.inputs) > 1 or isinstance(spec, _EndJoin))
+
+
+def is_end_join(spec: Any) -> bool:
+    return isinstance(spec, _EndJoin)
 
 
 def is_split(spec: Any) -> bool:
@@ -416,10 +431,18 @@ def _parser_twin(cls: type) -> type:
     return _PARSER_TWINS[cls]
 
 
+class _LayerflowProcessParser(SpiffProcessParser):  # type: ignore[misc]
+    def create_spec(self) -> Any:
+        spec = super().create_spec()
+        spec.end.__class__ = LayerflowEndJoin  # made by BpmnProcessSpec itself, not by a task parser
+        return spec
+
+
 class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
     """SpiffBpmnParser that builds layerflow's spec twins and reads layerflow config elements."""
 
     OVERRIDE_PARSER_CLASSES = {tag: (_parser_twin(p), TWINS[s]) for tag, (p, s) in _STOCK_TAGS.items()}
+    PROCESS_PARSER_CLASS = _LayerflowProcessParser
 
 
 # --------------------------------------------------------------------------- scripts
