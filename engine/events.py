@@ -29,7 +29,10 @@ that is not an object, a value that is not JSON, a key the layer rules refuse in
 of the catching contexts. A refused key is recorded on the tape of that context (the
 ``denied`` event every refused write leaves), nothing else changes.
 
-Message correlation is not evaluated: an event is sent to one instance, by its id.
+An event is sent to one instance, by its id. A message with correlation properties
+is handed to SpiffWorkflow with its payload and correlation keys, as another process
+would send it: the first one fixes the instance's keys, a later one with other keys is
+not caught (SpiffWorkflow keeps that payload in the task's internal data too).
 """
 
 from __future__ import annotations
@@ -148,6 +151,24 @@ def describe_waiting(waiting_for: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts) or "nothing"
 
 
+def _event(workflow: Any, definition: Any, payload: Any, bad_request: type[Exception]) -> BpmnEvent:
+    """The event SpiffWorkflow catches: no payload (it goes into the context), unless the
+    message has correlation properties. Then SpiffWorkflow needs it, as any sender gives
+    it: to record the instance's correlation keys from the first message, and to catch
+    a later one only when its keys match."""
+    props = getattr(definition, "correlation_properties", None) or []
+    if not props:
+        return BpmnEvent(definition, payload=None)
+    try:
+        values = dict(payload) if isinstance(payload, Mapping) else {}
+        correlations = definition.calculate_correlations(workflow.script_engine, props, values)
+    except Exception as err:  # noqa: BLE001 - SpiffWorkflow evaluates the retrieval expressions
+        expressions = ", ".join(f"{p.name}: {p.retrieval_expression}" for p in props)
+        raise bad_request(f"the payload of message {definition.name!r} must carry its correlation properties "
+                          f"({expressions}): {type(err).__name__}: {err}") from None
+    return BpmnEvent(definition, payload=payload, correlations=correlations)
+
+
 def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,
             kind: str, actor: str, instance_id: str, waiting_for: Sequence[Mapping[str, Any]]) -> list[Catch]:
     """Deliver a message or signal: check everything, write the payload into each catching
@@ -164,7 +185,7 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
     if kind not in EVENT_KINDS:
         raise ValueError(f"kind={kind!r}: use 'message' or 'signal'")
     catches = [c for c in waiting_catches(workflow) if c.kind == kind and c.name == name]
-    event = BpmnEvent(catches[0].definition, payload=None) if catches else None
+    event = _event(workflow, catches[0].definition, payload, BadRequest) if catches else None
     if event is not None:  # SpiffWorkflow's own test (e.g. a boundary event only catches while it waits)
         catches = [c for c in catches if c.task is None or
                    (c.task.task_spec.catches(c.task, event) and c.definition.catches(c.task, event))]

@@ -91,6 +91,23 @@ BOUNDARY = HEAD + """  <bpmn:process id="boundary" isExecutable="true">
     </bpmn:subProcess>
 """ + TAIL
 
+# the same message twice, correlated by the claim id it carries
+CORRELATED = HEAD + """  <bpmn:collaboration id="collab">
+    <bpmn:participant id="p" processRef="correlated"/>
+    <bpmn:correlationKey name="claim_key"><bpmn:correlationPropertyRef>claim_ref</bpmn:correlationPropertyRef></bpmn:correlationKey>
+  </bpmn:collaboration>
+  <bpmn:correlationProperty id="claim_ref" name="claim_ref">
+    <bpmn:correlationPropertyRetrievalExpression messageRef="m_docs">
+      <bpmn:formalExpression>claim_id</bpmn:formalExpression>
+    </bpmn:correlationPropertyRetrievalExpression>
+  </bpmn:correlationProperty>
+  <bpmn:process id="correlated" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:intermediateCatchEvent id="first"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:intermediateCatchEvent>
+    <bpmn:intermediateCatchEvent id="second"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:intermediateCatchEvent>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>first", "first>second", "second>end") + TAIL
+
 MESSAGE_WAIT = EXAMPLES / "message_wait.bpmn"
 DOCUMENTS = {"files": ["police_report.pdf", "repair_invoice.pdf"], "sender": "claimant"}
 
@@ -234,6 +251,21 @@ def test_the_event_record_cannot_be_forged_by_an_activity(tmp_path: Path) -> Non
     done = engine.send_event(instance, "documents_received", {"files": []})
     with pytest.raises(ContextWriteDenied, match="engine and the compressor"):
         done.main.write(Layer.WORKING, "event:wait_docs", "forged", actor="rogue")
+
+
+def test_a_correlated_message_is_caught_only_with_the_instance_s_keys(tmp_path: Path) -> None:
+    """With correlation properties SpiffWorkflow compares the keys a message carries: the first
+    message fixes them, a later one with another claim id is not for this instance."""
+    engine, instance = started(tmp_path, CORRELATED)
+    with pytest.raises(BadRequest, match=r"correlation properties \(claim_ref: claim_id\)"):
+        engine.send_event(instance, "documents_received", {"files": []})
+    after = engine.send_event(instance, "documents_received", {"claim_id": "CL-1", "n": 1})
+    assert after.status == "waiting" and after.main.resolve("n") == 1
+    with pytest.raises(InstanceStateError, match="does not wait for message 'documents_received'"):
+        engine.send_event(engine.load(after.id), "documents_received", {"claim_id": "CL-2", "n": 2})
+    done = engine.send_event(engine.load(after.id), "documents_received", {"claim_id": "CL-1", "n": 3})
+    assert done.status == "completed", done.error
+    assert done.main.resolve("n") == 3 and "event:second" in done.main.layer(Layer.HISTORY)
 
 
 # ----------------------------------------------------------------------------- refusals
