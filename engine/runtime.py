@@ -28,6 +28,8 @@ and may change. The driver (``_Runtime``) is attached to the workflow
   configured default is taken, or, with
   ``onTimeout: escalate`` (or no default), the confirmation is marked ``escalated`` and
   the instance keeps waiting for a person: see ``_Runtime.time_out``.
+* a **message or signal** from outside (``Engine.send_event``) is caught where SpiffWorkflow
+  catches it; its payload goes into the catching task's context: see ``engine.events``.
 
 The instance is saved after every activity.
 """
