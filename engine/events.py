@@ -171,8 +171,8 @@ def _event(workflow: Any, definition: Any, payload: Any, bad_request: type[Excep
 
 def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,
             kind: str, actor: str, instance_id: str, waiting_for: Sequence[Mapping[str, Any]]) -> list[Catch]:
-    """Deliver a message or signal: check everything, write the payload into each catching
-    context (see the module doc), then let SpiffWorkflow catch the event. Returns the catches.
+    """Deliver a message or signal: check everything, let SpiffWorkflow catch the event, then
+    write the payload into each catching context (see the module doc). Returns the catches.
 
     Raises, changing nothing: ``InstanceStateError`` when nothing waits for the event (the
     message names what the instance waits for) or a catching context has an activity open;
