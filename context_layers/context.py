@@ -31,7 +31,7 @@ __all__ = ["LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "en
 
 LAYERS = tuple(Layer)
 # HISTORY keys that only the engine and the compressor write (records, not data).
-RECORD_PREFIXES = ("activity:", "summary:", "compaction:", "tool:")
+RECORD_PREFIXES = ("activity:", "summary:", "compaction:", "tool:", "event:")
 
 
 def is_record_key(key: str) -> bool:
@@ -414,10 +414,16 @@ class LayeredContext:
         self._emit(EventKind.BEGIN, actor or task_id, data={"task_id": task_id}, activity=task_id)
 
     def complete_activity(self, task_id: str, summary: str | None = None, *, status: str = "completed",
-                          preserve_keys: Iterable[str] = (), actor: str | None = None) -> dict[str, Any]:
-        """Move WORKING into HISTORY, append the ``activity:<task id>`` record, clear EPHEMERAL."""
+                          preserve_keys: Iterable[str] = (), actor: str | None = None,
+                          record_kind: str = "activity", details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Move WORKING into HISTORY, append the ``activity:<task id>`` record, clear EPHEMERAL.
+
+        ``record_kind`` is the record's kind and key prefix (the engine closes a caught message
+        or signal with an ``event:<id>`` record); ``details`` are further fields of the record."""
         if self._state.activity not in (None, task_id):
             raise LayerflowError(f"cannot complete {task_id!r}: activity {self._state.activity!r} is open in {self.name!r}")
+        if f"{record_kind}:" not in RECORD_PREFIXES:
+            raise ValueError(f"record_kind {record_kind!r}: use 'activity' or 'event' (a HISTORY record prefix)")
         s = self._state
         working = self.layer(Layer.WORKING)
         changes: list[Change] = []
@@ -433,17 +439,18 @@ class LayeredContext:
         # its records but not its counters, and a record is never overwritten.
         history = s.layers[Layer.HISTORY]
         n = s.iterations.get(task_id, 0) + 1
-        record_key = f"activity:{task_id}" if n == 1 else f"activity:{task_id}#{n}"
+        record_key = f"{record_kind}:{task_id}" if n == 1 else f"{record_kind}:{task_id}#{n}"
         while record_key in history:
             n += 1
-            record_key = f"activity:{task_id}#{n}"
+            record_key = f"{record_kind}:{task_id}#{n}"
         record = freeze({
-            "kind": "activity",
+            "kind": record_kind,
             "activity": task_id,
             "status": status,
             "summary": summary if summary is not None else _default_summary(task_id, status, written),
             "keys": written,
             "tokens": moved_tokens,
+            **(details or {}),
         })
         changes.append((Layer.HISTORY, record_key, record))
         preserve = [k for k in dict.fromkeys(preserve_keys) if k not in s.preserved]

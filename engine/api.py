@@ -40,6 +40,7 @@ from .governance import (
     InspectArgs,
     ResolveArgs,
     RollbackArgs,
+    SendEventArgs,
     SnapshotArgs,
     StartArgs,
 )
@@ -133,6 +134,11 @@ class BranchEvaluateRequest(BranchEvaluateArgs, _Instance):
 
 class StartRequest(StartArgs):
     user: str | None = None
+
+
+class SendEventRequest(SendEventArgs):
+    expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
+    user: str | None = Field(default=None, description="who sends it (recorded on the tape as the actor)")
 
 
 class ErrorDetail(BaseModel):
@@ -304,6 +310,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version."""
         return s.document(instance_id)
+
+    @app.post("/api/instances/{instance_id}/events", tags=["instances"], responses=_ERRORS)
+    def send_event(instance_id: PathId, body: SendEventRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Send a BPMN message (or broadcast a signal) with a payload to what waits for it; the
+        instance runs on. Nothing waits for it: 409, naming what the instance waits for."""
+        return s.send_event(instance_id, SendEventArgs.model_validate(_args(body, SendEventArgs)),
+                            expected_version=body.expected_version, actor=body.user or "api")
 
     @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=_ERRORS)
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,

@@ -133,6 +133,11 @@ def _summary(out: _Out, instance: Instance) -> None:
                 how += " [escalated: no answer before the deadline]"
         elif w["kind"] == "user_task":
             how = f"--answer {w['task_id']}='{{...}}'` (a JSON object)"
+        elif w.get("event"):
+            signal = " --signal" if w.get("event_kind") == "signal" else ""
+            lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
+                         f"`layerflow send {instance.id} {w['event']}{signal} --json-payload '{{...}}'`")
+            continue
         else:
             how = "` once the event has happened"
         lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id} {how}")
@@ -382,6 +387,41 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             except LayerflowError as err:
                 _fail(str(err), as_json=as_json, kind=err.kind)
     instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+    _summary(out, instance)
+    sys.exit(_exit_code(instance))
+
+
+@main.command()
+@click.argument("instance_id")
+@click.argument("name")
+@click.option("--data", "data_file", default=None, metavar="FILE", help="the payload: a JSON or YAML object")
+@click.option("--json-payload", "json_payload", default=None, metavar="TEXT", help="the payload as JSON text")
+@click.option("--signal", is_flag=True, help="broadcast a signal NAME instead of sending a message NAME")
+@_store_option
+@_model_option
+@_json_option
+def send(instance_id: str, name: str, data_file: str | None, json_payload: str | None, signal: bool,
+         store: str | None, model: str | None, as_json: bool) -> None:
+    """Send a message NAME (or broadcast a signal) to a waiting instance, then run it on.
+
+    The payload's keys go to WORKING of the context that catches it (one key, when the BPMN
+    names a messageVariable), through the layer rules; HISTORY records event:<catch id>."""
+    out = _Out(as_json)
+    if data_file is not None and json_payload is not None:
+        _fail("give the payload with --data FILE or --json-payload TEXT, not both", as_json=as_json)
+    payload: Any = _read_mapping(data_file, "payload", as_json) if data_file is not None else None
+    if json_payload is not None:
+        try:
+            payload = json.loads(json_payload)
+        except ValueError as err:
+            _fail(f"--json-payload is not valid JSON: {err}", as_json=as_json)
+    engine = _engine(store, model, out, as_json)
+    instance = _load(engine, instance_id, as_json)
+    kind = "signal" if signal else "message"
+    try:
+        instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
+    except LayerflowError as err:
+        _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ")
     _summary(out, instance)
     sys.exit(_exit_code(instance))
 

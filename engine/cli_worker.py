@@ -1,7 +1,8 @@
-"""``layerflow worker`` and ``layerflow submit``, registered on the ``layerflow`` group.
+"""``layerflow worker`` (with ``worker dead`` and ``worker requeue``) and ``layerflow submit``,
+registered on the ``layerflow`` group.
 
-Importing this module adds the two commands to ``engine.cli.main`` (``engine/cli.py``
-imports it at its end).
+Importing this module adds the commands to ``engine.cli.main`` (``engine/cli.py`` imports
+it at its end). ``layerflow worker`` with no subcommand runs a worker, as it always did.
 """
 
 from __future__ import annotations
@@ -9,15 +10,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from context_layers.errors import LayerflowError
 from context_layers.stores import open_store
 
-from .cli import EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, main
+from .cli import EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, main
 from .store import default_store_url
-from .worker import DEFAULT_GROUP, DEFAULT_STREAM, queue_client, run_worker, submit
+from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, DEFAULT_STREAM, dead_letters, dead_stream_of,
+                     queue_client, requeue, run_worker, submit)
 
 _store = click.option("--store", "store", default=None, metavar="URL",
                       help="memory://NAME, sqlite:///FILE, redis://HOST:PORT/DB[?prefix=P] "
@@ -26,9 +31,11 @@ _queue = click.option("--queue", "queue", default=None, metavar="URL",
                       help="the Redis holding the stream (default: the store when it is Redis, else $LAYERFLOW_QUEUE)")
 _stream = click.option("--stream", default=DEFAULT_STREAM, show_default=True, help="Redis stream of ready instances")
 _group = click.option("--group", default=DEFAULT_GROUP, show_default=True, help="consumer group of the workers")
+_dead_stream = click.option("--dead-stream", default=None, metavar="STREAM",
+                            help="Redis stream of dead letters (default: the --stream name + ':dead')")
 
 
-@main.command("worker")
+@main.group("worker", invoke_without_command=True)
 @_store
 @_queue
 @_stream
@@ -36,23 +43,97 @@ _group = click.option("--group", default=DEFAULT_GROUP, show_default=True, help=
 @click.option("--consumer", default=None, help="this worker's name in the group (default: host-pid-random)")
 @click.option("--idle-ms", type=int, default=30_000, show_default=True,
               help="an entry unacknowledged this long is taken over from its (dead) worker")
-@click.option("--stop-after", type=int, default=None, help="exit after this many entries")
+@click.option("--stop-after", type=int, default=None, help="exit after this many entries (done or dead-lettered)")
+@click.option("--max-deliveries", type=click.IntRange(min=1), default=DEFAULT_MAX_DELIVERIES, show_default=True,
+              help="failed deliveries of an entry before it moves to the dead letters")
+@_dead_stream
 @_model_option
 @_json_option
-def worker(store: str | None, queue: str | None, stream: str, group: str, consumer: str | None, idle_ms: int,
-           stop_after: int | None, model: str | None, as_json: bool) -> None:
-    """Run instances from the stream until stopped (SIGTERM / Ctrl-C finish the current one)."""
+@click.pass_context
+def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str, group: str, consumer: str | None,
+           idle_ms: int, stop_after: int | None, max_deliveries: int, dead_stream: str | None, model: str | None,
+           as_json: bool) -> None:
+    """Run instances from the stream until stopped (SIGTERM / Ctrl-C finish the current one).
+
+    `layerflow worker dead` lists the entries that failed --max-deliveries times;
+    `layerflow worker requeue ID` puts one back once its cause is fixed.
+    """
+    if ctx.invoked_subcommand is not None:
+        # the subcommand has its own options; ignoring these would act on the default stream
+        given = [o.opts[0] for o in ctx.command.params
+                 if o.name and ctx.get_parameter_source(o.name) not in (None, ParameterSource.DEFAULT)]
+        if given:
+            _fail(f"put {', '.join(given)} after the subcommand: layerflow worker {ctx.invoked_subcommand} "
+                  f"{given[0]} ...", as_json=as_json)
+        return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("layerflow.worker").setLevel(logging.INFO)
     try:
         stats = run_worker(store or default_store_url(), queue_url=queue, stream=stream, group=group,
-                           consumer=consumer, idle_ms=idle_ms, stop_after=stop_after, model=model)
+                           consumer=consumer, idle_ms=idle_ms, stop_after=stop_after, model=model,
+                           max_deliveries=max_deliveries, dead_stream=dead_stream)
     except LayerflowError as err:
         _fail(str(err), EXIT_ERROR, as_json=as_json, kind=err.kind)
     doc = dataclasses.asdict(stats)
     click.echo(json.dumps(doc) if as_json else
                f"worker {stats.consumer}: {stats.acked} done, {stats.ran} run, {stats.reclaimed} taken over, "
-               f"{stats.conflicts} conflicts")
+               f"{stats.conflicts} conflicts, {stats.dead} dead-lettered")
+
+
+def _on_queue(store: str | None, queue: str | None, as_json: bool, action: Callable[[Any], Any]) -> Any:
+    """``action(client)`` on the queue's Redis; its errors end the command as the CLI's do."""
+    import redis
+
+    try:
+        client = queue_client(store or default_store_url(), queue)
+        try:
+            return action(client)
+        finally:
+            client.close()
+    except LayerflowError as err:
+        code = EXIT_BAD_INPUT if err.kind == "not_found" else EXIT_ERROR
+        _fail(str(err), code, as_json=as_json, kind=err.kind)
+    except redis.RedisError as err:
+        _fail(f"the queue's Redis did not answer: {str(err).rstrip('.')}; check --queue / $LAYERFLOW_QUEUE", EXIT_ERROR,
+              as_json=as_json, kind="store_unavailable")
+
+
+@worker.command("dead")
+@_store
+@_queue
+@_stream
+@_dead_stream
+@_json_option
+def worker_dead(store: str | None, queue: str | None, stream: str, dead_stream: str | None, as_json: bool) -> None:
+    """List the dead letters: entries that failed --max-deliveries times, oldest first."""
+    dead = dead_stream or dead_stream_of(stream)
+    letters = _on_queue(store, queue, as_json, lambda client: dead_letters(client, stream, dead_stream=dead))
+    if as_json:
+        click.echo(json.dumps({"stream": dead, "dead_letters": [dataclasses.asdict(d) for d in letters]}))
+        return
+    for d in letters:
+        error = f"{d.error_type}: {d.error}" if d.error_type else d.error
+        click.echo(f"{d.id}  instance {d.instance_id}  entry {d.entry_id}  {d.deliveries} deliveries  {d.time}  "
+                   f"{d.consumer}\n    {error}")
+    click.echo(f"{len(letters)} dead letter(s) in {dead}" +
+               (f"; once the cause is fixed: layerflow worker requeue ID --stream {stream}" if letters else ""),
+               err=True)
+
+
+@worker.command("requeue")
+@click.argument("dead_id", metavar="ID")
+@_store
+@_queue
+@_stream
+@_dead_stream
+@_json_option
+def worker_requeue(dead_id: str, store: str | None, queue: str | None, stream: str, dead_stream: str | None,
+                   as_json: bool) -> None:
+    """Put dead letter ID (from `layerflow worker dead`) back on the stream, with a fresh delivery count."""
+    dead = dead_stream or dead_stream_of(stream)
+    entry_id = _on_queue(store, queue, as_json, lambda client: requeue(client, dead_id, stream, dead_stream=dead))
+    click.echo(json.dumps({"requeued": dead_id, "entry_id": entry_id, "stream": stream}) if as_json else
+               f"dead letter {dead_id} is back on {stream} as entry {entry_id}")
 
 
 @main.command("submit")

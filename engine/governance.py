@@ -15,7 +15,8 @@ context_branch / human_confirm):
   (compress / evaluate / decompress), ``inject`` (through the layer rules),
   ``resolve`` / ``answer`` (a pending confirmation, with a reason), ``rollback``,
   ``config`` (validated, versioned, never a script or handler), ``snapshot``,
-  ``request_confirmation`` (the model's human_confirm).
+  ``request_confirmation`` (the model's human_confirm), ``send_event`` (a BPMN message or
+  signal with a payload, for what waits for it).
 
 Concurrency: every change loads the instance, checks ``expected_version`` when the
 caller sent one, and saves with the version it loaded; the store refuses a stale save
@@ -83,6 +84,7 @@ __all__ = [
     "InvalidAnswer",
     "ResolveArgs",
     "RollbackArgs",
+    "SendEventArgs",
     "SnapshotArgs",
     "StartArgs",
 ]
@@ -259,6 +261,16 @@ class AnswerArgs(_Args):
     user: str | None = None
     instance_id: InstanceId | None = Field(default=None, description="needed when several instances have this confirmation id")
     expected_version: int | None = Field(default=None, ge=1)
+
+
+class SendEventArgs(_Args):
+    """A BPMN message (or signal) for what waits for it in an instance, with a payload."""
+
+    name: str = Field(min_length=1, max_length=500, description="the message's (signal's) name, as the BPMN names it")
+    kind: Literal["message", "signal"] = "message"
+    payload: Any = Field(default=None, description="a JSON object: its keys go to WORKING of the context that catches "
+                                                   "the event (the whole payload as one key, when the BPMN names a "
+                                                   "messageVariable)")
 
 
 class StartAnswers(_Args):
@@ -718,6 +730,16 @@ class GovernanceService:
             except ActivityError as err:  # raised before anything changed: not one of the options
                 raise InvalidAnswer(str(err)) from None
         return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}
+
+    def send_event(self, instance_id: str, args: SendEventArgs, *, expected_version: int | None = None,
+                   actor: str = "operator") -> dict[str, Any]:
+        """Deliver a message or signal (``Engine.send_event``), then run the instance on. A refused
+        payload key is on the tape of the catching context already (the engine saved it)."""
+        with self._lock(instance_id):
+            instance = self.load(instance_id)
+            self._check_version(instance, expected_version)
+            instance = self.engine.send_event(instance, args.name, args.payload, kind=args.kind, actor=actor)
+        return {**instance.to_document(), "version": instance.version}
 
     def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",
                              answer: Any = None, answered: bool = False) -> dict[str, Any]:

@@ -28,6 +28,8 @@ and may change. The driver (``_Runtime``) is attached to the workflow
   configured default is taken, or, with
   ``onTimeout: escalate`` (or no default), the confirmation is marked ``escalated`` and
   the instance keeps waiting for a person: see ``_Runtime.time_out``.
+* a **message or signal** from outside (``Engine.send_event``) is caught where SpiffWorkflow
+  catches it; its payload goes into the catching task's context: see ``engine.events``.
 
 The instance is saved after every activity.
 """
@@ -56,7 +58,7 @@ from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowError, MergeConflictError
 
-from . import spiff
+from . import events, spiff
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
@@ -272,6 +274,37 @@ class Engine:
             rt.settle()
             self._save(instance)
             return instance
+        self._save(instance)
+        return self.run(instance) if run else instance
+
+    def send_event(self, instance: Instance, name: str, payload: Any = None, *, kind: str = "message",
+                   actor: str = "operator", run: bool = True) -> Instance:
+        """Deliver a BPMN message named ``name`` (``kind="signal"``: broadcast a signal) to what
+        waits for it (catch events, receive tasks, event-based gateways, boundary events, the
+        start of an event sub-process), then run on.
+
+        The payload goes into the context of each catching task, through the layer rules,
+        and is recorded in its HISTORY as ``event:<catch event id>`` (``engine.events``).
+        An event nobody waits for raises ``InstanceStateError`` naming what the instance
+        waits for; a key the layer rules refuse raises ``ContextWriteDenied`` (the refusal
+        is on the tape, and saved); a payload that is not an object raises ``BadRequest``.
+        None of them changes the instance otherwise.
+        """
+        _runtime_of(instance)  # an instance from Engine.start / Engine.load
+        if instance.status == "error":
+            from .governance import InstanceStateError
+
+            raise InstanceStateError(f"instance {instance.id} is in error ({(instance.error or {}).get('message')}); "
+                                     "resume it first, then send the event")
+        tape = instance.tape_length()
+        try:
+            events.deliver(instance.workflow, instance.contexts, name, payload, kind=kind, actor=actor,
+                           instance_id=instance.id, waiting_for=instance.waiting_for)
+        except ContextWriteDenied:
+            if instance.tape_length() != tape:
+                self._save(instance)  # the refusal is on the tape; nothing else changed
+            raise
+        instance.status = "running"
         self._save(instance)
         return self.run(instance) if run else instance
 
@@ -523,10 +556,15 @@ class _Runtime:
             due = spiff.timer_due(task)
             waiting.append({"kind": "timer", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
                             "due": due.isoformat() if due is not None else None})
+        # a message or signal catch says which event it waits for, and is listed even beside a
+        # user task or a timer (a boundary message on a user task): `send` can deliver it
+        caught = events.waiting_items(wf)
         if not waiting:
+            listed = {item["id"] for item in caught}
             for task in _all_tasks(wf, TaskState.WAITING):
-                if not spiff.is_join(task.task_spec):
+                if not spiff.is_join(task.task_spec) and str(task.id) not in listed:
                     waiting.append({"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)})
+        waiting.extend(caught)
         inst.waiting_for = waiting
         inst.status = "waiting" if waiting else "running"
         if not waiting:
@@ -1303,7 +1341,7 @@ def _deadline(entry: Mapping[str, Any]) -> float | None:
     return None
 
 
-_RECORD_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:")
+_RECORD_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:", "event:")
 
 
 def _condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:

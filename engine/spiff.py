@@ -54,6 +54,9 @@ from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiIn
 from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import SignalEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
     DurationTimerEventDefinition,
     TimeDateEventDefinition,
@@ -94,6 +97,7 @@ __all__ = [
     "data_name",
     "MULTI_KEY",
     "arrived_branch_tasks",
+    "payload_variables",
     "bpmn_id_of",
 ]
 
@@ -223,6 +227,11 @@ class _LayerflowSpecMixin:
             driver = driver_of(my_task)
             if driver is not None:
                 driver.split(my_task)
+        if self.lf_role == "flow" and driver_of(my_task) is not None:
+            # a caught message's or signal's payload went into the context (engine.events), so
+            # SpiffWorkflow's variable for it (left empty) stays out of task.data
+            for name in payload_variables(getattr(self, "event_definition", None)):
+                my_task.data.pop(name, None)
 
     def execute_script(self, my_task: Any, script: str) -> Any:
         # SpiffBpmnTask runs preScript in _update_hook and postScript in
@@ -343,6 +352,18 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
         return when
     due = TimerEventDefinition.parse_time_or_duration(value)
     return due if isinstance(due, datetime) else None
+
+
+def payload_variables(event_definition: Any) -> list[str]:
+    """The task-data variables SpiffWorkflow puts a caught message's or signal's payload in
+    (``messageVariable``, a signal's ``variableName``); of every event of a multiple event
+    (an event-based gateway)."""
+    if isinstance(event_definition, MultipleEventDefinition):
+        return [v for d in event_definition.event_definitions for v in payload_variables(d)]
+    if isinstance(event_definition, (MessageEventDefinition, SignalEventDefinition)):
+        name = getattr(event_definition, "message_var", None) or getattr(event_definition, "variable", None)
+        return [name] if isinstance(name, str) and name else []
+    return []
 
 
 def arrived_branch_tasks(join_task: Any) -> list[Any]:

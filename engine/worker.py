@@ -4,6 +4,8 @@
 
     submit(store_url, "loan.bpmn", data)     create the instance in the store, XADD its id
     run_worker(store_url)                    XREADGROUP -> lease -> load -> run -> save -> XACK
+    dead_letters(client)                     entries that failed max_deliveries times
+    requeue(client, dead_id)                 put one back on the ready stream
 
 The queue is a Redis stream read through a consumer group, so each entry goes to one
 worker and stays *pending* until that worker acknowledges it. A worker that dies
@@ -21,8 +23,39 @@ Two guards keep an instance from running twice at once and keep every update:
   saves gets ``VersionConflict``; its work is dropped, the entry stays pending and is
   picked up again, and the next run starts from what was committed.
 
-An entry is acknowledged only once its instance is at rest (completed, waiting, error)
-or gone, so every failure mode ends with the entry being processed again.
+An entry is acknowledged once its instance is at rest (completed, waiting, error) or
+gone, or when it moves to the dead letters.
+
+**Dead letters.** An entry whose handling fails every time (a record that cannot be
+deserialized, a bug that escapes the engine; a failing *activity* is not one, the engine
+turns it into status ``error``) would otherwise be taken over every ``idle_ms``,
+forever. Redis counts the deliveries of each pending entry (``times_delivered`` in
+XPENDING) across workers and restarts. A delivery whose outcome is not the entry's
+fault is given back (XCLAIM ... RETRYCOUNT n-1), so the count is one of failed
+deliveries::
+
+    outcome of a delivery                       the entry         counts
+    instance at rest, or not in the store       acknowledged      -
+    lease held by another worker (busy)         left pending      no (given back)
+    VersionConflict (another writer won)        left pending      no (given back)
+    StoreUnavailable (store down / locked)      left pending      no (given back)
+    any other exception, other StoreErrors      left pending      yes
+    the worker dies (kill -9, out of memory)    left pending      yes
+
+The ``max_deliveries``-th failed delivery, or the takeover of an entry already delivered
+more than ``max_deliveries`` times (its workers died on it), moves the entry to the
+dead-letter stream ``<stream>:dead`` with the instance id, the original entry id, the
+delivery count, the last error (``error_type``, ``error``), the consumer and the time.
+The XADD there and the XACK here are one MULTI/EXEC under WATCH of the dead-letter
+stream: the entry is never lost and never dead-lettered twice.
+
+A store outage does not count because it is not the entry's fault: if it did, an
+outage of ``max_deliveries`` x ``idle_ms`` (2.5 minutes by default) would move every
+entry in flight to the dead letters. The price: an entry that itself makes the store
+report "unavailable" every time is retried every ``idle_ms``, with a warning each time.
+
+``requeue`` puts a dead letter back on the ready stream with a fresh count once its
+cause is fixed (XADD there and XDEL from the dead letters, one MULTI/EXEC).
 
 The store may be any backend (``memory://NAME`` for worker threads in one process,
 ``sqlite:///`` for workers on one machine, ``redis://`` for many machines); the queue
@@ -34,27 +67,32 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from context_layers.errors import ContextKeyError, LayerflowError, VersionConflict
-from context_layers.stores import InstanceRecords, Store, StoreError, open_store
+from context_layers.stores import InstanceNotFound, InstanceRecords, Store, StoreError, StoreUnavailable, open_store
 
 from .process import load_process
 from .runtime import Engine
 
-__all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "WorkerStats", "submit", "enqueue", "run_worker", "queue_client"]
+__all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
+           "enqueue", "run_worker", "queue_client", "dead_stream_of", "dead_letters", "requeue"]
 
 DEFAULT_STREAM = "layerflow:ready"
 DEFAULT_GROUP = "workers"
+DEFAULT_MAX_DELIVERIES = 5
 AT_REST = ("completed", "waiting", "error")
+ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may quote a whole record
 
 log = logging.getLogger("layerflow.worker")
 
@@ -67,8 +105,31 @@ class WorkerStats:
     reclaimed: int = 0        # entries taken over from a dead/slow worker
     busy: int = 0             # entries left because another live worker holds the lease
     conflicts: int = 0        # saves that lost to another writer (work dropped, entry kept)
-    failures: int = 0         # store unavailable and the like (entry kept)
+    failures: int = 0         # failed deliveries: store unavailable, a record that does not load, ...
+    dead: int = 0             # entries moved to the dead-letter stream (and acknowledged)
     statuses: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An entry of the dead-letter stream: a ready entry that failed ``deliveries`` times."""
+
+    id: str             # in the dead-letter stream: what ``requeue`` takes
+    instance_id: str
+    entry_id: str       # the original entry of the ready stream (acknowledged)
+    deliveries: int
+    error_type: str     # "" when no worker lived to record an error
+    error: str
+    consumer: str       # the worker that gave up on it
+    group: str
+    time: str           # ISO 8601, UTC
+
+    @classmethod
+    def from_entry(cls, dead_id: str, fields: Mapping[str, str]) -> DeadLetter:
+        return cls(id=dead_id, instance_id=fields.get("instance_id", ""), entry_id=fields.get("entry_id", ""),
+                   deliveries=int(fields.get("deliveries", 0)), error_type=fields.get("error_type", ""),
+                   error=fields.get("error", ""), consumer=fields.get("consumer", ""),
+                   group=fields.get("group", ""), time=fields.get("time", ""))
 
 
 # ----------------------------------------------------------------------------- the queue
@@ -88,6 +149,11 @@ def queue_client(store_url: str | None = None, queue_url: str | None = None) -> 
     return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
 
 
+def dead_stream_of(stream: str) -> str:
+    """The default dead-letter stream of a ready stream: ``<stream>:dead``."""
+    return f"{stream}:dead"
+
+
 def _ensure_group(client: Any, stream: str, group: str) -> None:
     import redis
 
@@ -102,6 +168,103 @@ def _ensure_group(client: Any, stream: str, group: str) -> None:
 def enqueue(client: Any, instance_id: str, *, stream: str = DEFAULT_STREAM) -> str:
     """XADD the instance id; returns the entry id."""
     return str(client.xadd(stream, {"instance_id": instance_id}))
+
+
+def dead_letters(client: Any, stream: str = DEFAULT_STREAM, *, dead_stream: str | None = None,
+                 count: int | None = None) -> list[DeadLetter]:
+    """The dead letters of ``stream``, oldest first (at most ``count``)."""
+    rows = client.xrange(dead_stream or dead_stream_of(stream), count=count)
+    return [DeadLetter.from_entry(dead_id, fields) for dead_id, fields in rows]
+
+
+def requeue(client: Any, dead_id: str, stream: str = DEFAULT_STREAM, *, dead_stream: str | None = None) -> str:
+    """Put dead letter ``dead_id`` back on ``stream`` as a new entry (delivery count 0) and
+    remove it from the dead letters, in one MULTI/EXEC; returns the new entry id.
+
+    Raises ``ContextKeyError`` when there is no such dead letter (already requeued?).
+    """
+    import redis
+
+    dead = dead_stream or dead_stream_of(stream)
+    missing = ContextKeyError(f"no dead letter {dead_id!r} in stream {dead!r}; `layerflow worker dead` lists them "
+                              "(a dead letter id looks like 1718000000000-0)")
+    if not re.fullmatch(r"\d+-\d+", dead_id):
+        raise missing
+    with client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(dead)  # XDEL touches the key: two requeues of one letter cannot both go through
+                rows = pipe.xrange(dead, min=dead_id, max=dead_id, count=1)
+                if not rows:
+                    raise missing
+                pipe.multi()
+                pipe.xadd(stream, {"instance_id": rows[0][1].get("instance_id", "")})
+                pipe.xdel(dead, dead_id)
+                new_id, _deleted = pipe.execute()
+                return str(new_id)
+            except redis.WatchError:
+                continue
+
+
+@dataclass(frozen=True)
+class _Queue:
+    """The stream as a worker uses it: acknowledge an entry, give a delivery back, dead-letter."""
+
+    client: Any
+    stream: str
+    group: str
+    dead_stream: str
+
+    def ack(self, entry_id: str) -> None:
+        self.client.xack(self.stream, self.group, entry_id)
+
+    def _pending(self, conn: Any, entry_id: str) -> dict[str, Any] | None:
+        rows = conn.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
+        return rows[0] if rows else None
+
+    def give_back(self, entry_id: str) -> None:
+        """Undo this delivery's count (busy, conflict, store down are not the entry's fault).
+
+        Read then write: a takeover in between loses its count, which errs toward retrying.
+        Owner and idle time stay as they were, so the entry is taken over when it would have been.
+        """
+        pending = self._pending(self.client, entry_id)
+        if pending is None:
+            return  # acknowledged meanwhile
+        self.client.xclaim(self.stream, self.group, pending["consumer"], 0, [entry_id],
+                           idle=pending["time_since_delivered"],
+                           retrycount=max(pending["times_delivered"] - 1, 0), justid=True)
+
+    def dead_letter(self, entry_id: str, letter: Mapping[str, str], *, deliveries: int) -> tuple[int, str | None]:
+        """If the entry is pending with at least ``deliveries`` deliveries, move it to the dead
+        letters: XADD there + XACK here in one MULTI/EXEC. Returns (its delivery count, the
+        dead letter's id or None when it stays)."""
+        import redis
+
+        with self.client.pipeline() as pipe:
+            while True:
+                try:
+                    # XACK does not touch the stream key for WATCH, an XADD to the dead letters
+                    # does: two workers giving up on one entry cannot both add it
+                    pipe.watch(self.dead_stream)
+                    pending = self._pending(pipe, entry_id)
+                    if pending is None:
+                        return 0, None
+                    count = int(pending["times_delivered"])
+                    if count < deliveries:
+                        return count, None
+                    pipe.multi()
+                    pipe.xadd(self.dead_stream, {**letter, "deliveries": str(count)})
+                    pipe.xack(self.stream, self.group, entry_id)
+                    dead_id, acked = pipe.execute()
+                except redis.WatchError:
+                    continue
+                if not acked:
+                    # another worker finished it between our check and EXEC (possible only after
+                    # a lost lease): the entry is done, so our letter goes
+                    self.client.xdel(self.dead_stream, dead_id)
+                    return count, None
+                return count, str(dead_id)
 
 
 def _store(store: str | Store) -> Store:
@@ -162,19 +325,26 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                group: str = DEFAULT_GROUP, consumer: str | None = None, idle_ms: int = 30_000,
                lease_ttl: float | None = None, block_ms: int = 1000, stop_after: int | None = None,
                stop: threading.Event | None = None, handlers: Mapping[str, Any] | None = None,
-               model: str | None = None, client: Any = None) -> WorkerStats:
-    """Process stream entries until ``stop_after`` entries are acknowledged, ``stop`` is
-    set, or SIGTERM / Ctrl-C (the entry in hand is finished first).
+               model: str | None = None, client: Any = None, max_deliveries: int = DEFAULT_MAX_DELIVERIES,
+               dead_stream: str | None = None) -> WorkerStats:
+    """Process stream entries until ``stop_after`` entries are acknowledged (finished or
+    dead-lettered), ``stop`` is set, or SIGTERM / Ctrl-C (the entry in hand is finished first).
 
     ``idle_ms``: how long an entry may stay unacknowledged before another worker takes
     it over; ``lease_ttl`` (seconds, default ``idle_ms``) how long a dead worker's lease
     blocks the instance. Keep ``idle_ms`` above the longest activity you expect: a live
     worker's entry taken over early is harmless (the lease keeps the taker away) but
     costs a retry.
+
+    ``max_deliveries``: failed deliveries of one entry before it moves to ``dead_stream``
+    (default ``<stream>:dead``); which outcomes count is in the module doc.
     """
+    if max_deliveries < 1:
+        raise LayerflowError(f"max_deliveries must be at least 1, not {max_deliveries}")
     store = _store(store_url)
     engine = _engine(store, handlers, model)
     client = client or queue_client(store.url, queue_url)
+    queue = _Queue(client, stream, group, dead_stream or dead_stream_of(stream))
     consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
     ttl = lease_ttl if lease_ttl is not None else idle_ms / 1000
     stats = WorkerStats(consumer)
@@ -184,60 +354,114 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     restore = _stop_on_signals(stop)
     cursor = "0-0"
     try:
-        while not stop.is_set() and (stop_after is None or stats.acked < stop_after):
+        while not stop.is_set() and (stop_after is None or stats.acked + stats.dead < stop_after):
             # entries of dead workers first, then new ones
             cursor, claimed, _deleted = client.xautoclaim(stream, group, consumer, min_idle_time=idle_ms,
                                                           start_id=cursor, count=1)
             entries = [(eid, fields) for eid, fields in claimed if fields]
             stats.reclaimed += len(entries)
+            taken_over = bool(entries)
             if not entries:
                 reply = client.xreadgroup(group, consumer, {stream: ">"}, count=1, block=block_ms)
                 entries = [e for _, batch in reply for e in batch]
             for entry_id, fields in entries:
-                _handle(engine, store, client, stream, group, consumer, ttl, entry_id, fields, stats)
+                _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
+                        taken_over=taken_over)
     finally:
         restore()
     return stats
 
 
-def _handle(engine: Engine, store: Store, client: Any, stream: str, group: str, consumer: str, ttl: float,
-            entry_id: str, fields: Mapping[str, str], stats: WorkerStats) -> None:
+def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: float, max_deliveries: int,
+            entry_id: str, fields: Mapping[str, str], stats: WorkerStats, *, taken_over: bool) -> None:
     instance_id = fields.get("instance_id", "")
-    if not store.acquire_lease(instance_id, consumer, ttl):
+    try:
+        leased = store.acquire_lease(instance_id, consumer, ttl)
+    except StoreUnavailable as err:
+        stats.failures += 1
+        log.warning("entry %s: %s; leaving it pending (a store outage does not count toward its dead letter)",
+                    entry_id, err)
+        queue.give_back(entry_id)
+        return
+    if not leased:
         stats.busy += 1  # a live worker runs it; its entry (or this one, later) gets acknowledged
+        queue.give_back(entry_id)
         return
     heartbeat = _Heartbeat(store, instance_id, consumer, ttl)
     try:
+        if taken_over:
+            # more deliveries than allowed and no failure recorded: its workers died on it;
+            # do not run it again (it may be what kills them)
+            letter = _letter(entry_id, instance_id, consumer, queue.group, None)
+            count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries + 1)
+            if dead_id is not None:
+                stats.dead += 1
+                _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
+                return
         try:
-            instance = engine.load(instance_id)
-        except ContextKeyError:
-            log.warning("entry %s: instance %r is not in the store; dropping the entry", entry_id, instance_id)
-            client.xack(stream, group, entry_id)
+            _run_to_rest(engine, entry_id, instance_id, stats)
+        except VersionConflict as err:
+            stats.conflicts += 1
+            log.info("entry %s: %s; leaving it pending", entry_id, err)
+            queue.give_back(entry_id)
+        except StoreUnavailable as err:
+            stats.failures += 1
+            log.warning("entry %s: %s; leaving it pending (a store outage does not count toward its dead letter)",
+                        entry_id, err)
+            queue.give_back(entry_id)
+        except Exception as err:  # noqa: BLE001 - the engine turns activity failures into status "error"; this is a bug
+            stats.failures += 1
+            letter = _letter(entry_id, instance_id, consumer, queue.group, err)
+            count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries)
+            if dead_id is None:
+                log.warning("entry %s: instance %r could not be run (failed delivery %d of %d); leaving the entry "
+                            "pending", entry_id, instance_id, count, max_deliveries, exc_info=err)
+            else:
+                stats.dead += 1
+                _log_dead(queue, entry_id, instance_id, count, dead_id, letter, err)
+        else:
+            queue.ack(entry_id)
             stats.acked += 1
-            return
-        if instance.status not in AT_REST:
-            instance = engine.run(instance)
-            stats.ran += 1
-        if instance.status not in AT_REST:
-            return  # e.g. stopped half-way: leave the entry for the next attempt
-        stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
-        client.xack(stream, group, entry_id)
-        stats.acked += 1
-    except VersionConflict as err:
-        stats.conflicts += 1
-        log.info("entry %s: %s; leaving it pending", entry_id, err)
-    except StoreError as err:
-        stats.failures += 1
-        log.warning("entry %s: %s; leaving it pending", entry_id, err)
-    except Exception:  # noqa: BLE001 - the engine turns activity failures into status "error"; this is a bug
-        stats.failures += 1
-        log.exception("entry %s: instance %r could not be run; leaving the entry pending", entry_id, instance_id)
     finally:
         heartbeat.stop()
         try:
             store.release_lease(instance_id, consumer)
         except StoreError:
             pass  # it expires
+
+
+def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats) -> None:
+    """Load the instance and run it until it is at rest; raises what stops that."""
+    try:
+        instance = engine.load(instance_id)
+    except InstanceNotFound:
+        log.warning("entry %s: instance %r is not in the store; dropping the entry", entry_id, instance_id)
+        return
+    if instance.status not in AT_REST:
+        instance = engine.run(instance)
+        stats.ran += 1
+    if instance.status not in AT_REST:
+        raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
+                             f"be one of {', '.join(AT_REST)}")
+    stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
+
+
+def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: BaseException | None) -> dict[str, str]:
+    if err is None:
+        error_type, error = "", ("no outcome recorded: the workers that took the entry stopped before finishing it "
+                                 "(killed, out of memory?)")
+    else:
+        error_type, error = type(err).__name__, str(err)[:ERROR_CHARS]
+    return {"instance_id": instance_id, "entry_id": entry_id, "error_type": error_type, "error": error,
+            "consumer": consumer, "group": group, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def _log_dead(queue: _Queue, entry_id: str, instance_id: str, count: int, dead_id: str, letter: Mapping[str, str],
+              err: BaseException | None = None) -> None:
+    last = f"{letter['error_type']}: {letter['error']}" if letter["error_type"] else letter["error"]
+    log.error("entry %s: instance %r failed %d deliveries (last: %s); moved to %s as %s and acknowledged. "
+              "Fix the cause, then `layerflow worker requeue %s --stream %s`", entry_id, instance_id, count, last,
+              queue.dead_stream, dead_id, dead_id, queue.stream, exc_info=err)
 
 
 def _stop_on_signals(stop: threading.Event) -> Any:

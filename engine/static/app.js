@@ -73,7 +73,8 @@
 
   function waitingText(list) {
     if (!list || !list.length) return "\u2014";
-    return list.map((w) => (w.kind === "confirmation" ? "decision " + w.id : "task " + (w.task_id || w.id))).join(", ");
+    return list.map((w) => (w.kind === "confirmation" ? "decision " + w.id
+      : w.event ? w.event_kind + " " + w.event + " at " + w.task_id : "task " + (w.task_id || w.id))).join(", ");
   }
 
   function badge(status) {

@@ -47,7 +47,7 @@ def run_plain(path: Path, data: dict[str, Any], user_tasks: dict[str, dict[str, 
 def variables(ctx: Any) -> dict[str, Any]:
     """A context's resolved data keys, as a script would see them (no records, no branch keys)."""
     return {k: thaw(v) for k, v in ctx.resolved().items()
-            if not k.startswith(("_", "activity:", "kb:", "compaction:", "summary:", "tool:"))}
+            if not k.startswith(("_", "activity:", "kb:", "compaction:", "summary:", "tool:", "event:"))}
 
 
 BPMN_HEAD = """<?xml version="1.0" encoding="UTF-8"?>

@@ -4,6 +4,7 @@ plain SpiffWorkflow loses a branch's change and layerflow keeps it."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -82,7 +83,8 @@ PLAIN_SPIFF_LOSES = {"parallel_scripts": {"total": (0, 60), "summary": ("A-1: 0 
 
 
 def test_every_example_is_run_by_a_test() -> None:
-    tested = {name for name, _, _ in CASES} | {"loan_approval"}  # the loan demo: test_loan.py
+    tested = {name for name, _, _ in CASES} | {"loan_approval",  # the loan demo: test_loan.py
+                                               "message_wait"}   # needs a message: the tests below
     assert {p.stem for p in EXAMPLES.glob("*.bpmn")} == tested
 
 
@@ -187,3 +189,49 @@ def test_a_layerflow_parsed_spec_still_runs_under_plain_spiffworkflow() -> None:
     wf = BpmnWorkflow(process.spec, process.subprocess_specs)  # no driver attached: stock behaviour
     wf.do_engine_steps()
     assert wf.is_completed() and wf.last_task.data["carrier"] == "post"
+
+
+DOCUMENTS = {"files": ["police_report.pdf", "repair_invoice.pdf"], "sender": "claimant"}
+
+
+def test_message_wait_takes_the_same_path_as_plain_spiffworkflow_once_the_message_arrives() -> None:
+    """The claim waits for the documents. Plain SpiffWorkflow needs the message delivered too
+    (``BpmnWorkflow.send_event``); it keeps the payload in task data under the
+    messageVariable, layerflow in the context under the same name."""
+    from SpiffWorkflow.bpmn.util import BpmnEvent
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    path = EXAMPLES / "message_wait.bpmn"
+    data = {"claim_id": "CL-1042"}
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("message_wait"))
+    plain.task_tree.data.update(data)
+    plain.do_engine_steps()
+    [receive] = [t for t in plain.event_manager.tasks.values() if t.task_spec.bpmn_id == "receive_documents"]
+    plain.send_event(BpmnEvent(receive.task_spec.event_definition, payload=DOCUMENTS))
+    plain.do_engine_steps()
+    assert plain.is_completed()
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), data))
+    assert instance.status == "waiting"
+    instance = engine.send_event(instance, "documents_received", DOCUMENTS)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain) == ["start", "open_claim", "receive_documents", "assess", "end"]
+    assert variables(instance.main) == dict(plain.last_task.data)
+    assert instance.main.resolve("event:receive_documents")["keys"] == ["documents"]
+
+
+def test_message_wait_closes_the_claim_when_no_documents_come() -> None:
+    now = [time.time()]  # a SpiffWorkflow timer also fires by the wall clock: start from now
+    engine = Engine(clock=lambda: now[0])
+    instance = engine.run(engine.start(load_process(EXAMPLES / "message_wait.bpmn"), {"claim_id": "CL-9"}))
+    assert [w["kind"] for w in instance.waiting_for] == ["timer", "event"]
+    now[0] += 15 * 24 * 3600
+    instance = engine.resume(engine.load(instance.id))
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("status") == "closed: no documents within 14 days"
+    assert "receive_documents" not in path_of(instance.workflow)

@@ -1,0 +1,233 @@
+"""Messages and signals sent to an instance from outside: who waits for them, and delivery.
+
+SpiffWorkflow decides who catches an event (its ``EventManager``, through
+``BpmnWorkflow.send_event``): a waiting intermediate catch event, receive task, boundary
+event, a branch of an event-based gateway, or the message / signal start event of an
+event sub-process (which starts it). A message reaches every task waiting for its
+name, as a signal does; the two differ in what they mean to the process (a message is
+addressed to this instance, a signal is broadcast), not in how they are caught.
+
+layerflow decides where the payload goes. SpiffWorkflow keeps it in the catching
+task's data (under ``spiffworkflow:messageVariable`` / the signal's ``variableName``),
+outside any governance; layerflow writes it into the context of the task that caught
+it instead, through the write path every activity's data takes, and hands
+SpiffWorkflow an empty payload:
+
+* each catch is a step of its own in its context: ``begin_activity(<catch event id>)``,
+  the payload written to WORKING (``write_many``: the layer rules, all keys or none,
+  ``write`` events on the tape), and ``complete_activity`` with an
+  ``event:<catch event id>`` record in HISTORY (``kind: "event"``, the event's name and
+  kind, the keys written, who sent it). The keys move to HISTORY as any activity's do.
+* what is written: ``{VARIABLE: payload}`` when the BPMN names a variable for the
+  payload (as SpiffWorkflow would set it, so a process reads the same name under
+  layerflow as under plain SpiffWorkflow); otherwise the payload's keys (a JSON object;
+  none when it is empty or absent).
+* a signal caught by several branches writes into each branch's own context.
+
+Everything is checked before anything changes: an event nobody waits for, a payload
+that is not an object, a value that is not JSON, a key the layer rules refuse in any
+of the catching contexts. A refused key is recorded on the tape of that context (the
+``denied`` event every refused write leaves), nothing else changes.
+
+An event is sent to one instance, by its id. A message with correlation properties
+is handed to SpiffWorkflow with its payload and correlation keys, as another process
+would send it: the first one fixes the instance's keys, a later one with other keys is
+not caught (SpiffWorkflow keeps that payload in the task's internal data too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import SignalEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
+from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import EventBasedGateway
+from SpiffWorkflow.bpmn.util import BpmnEvent
+
+from context_layers import Layer, LayeredContext, freeze
+from context_layers.errors import ContextValueError
+
+from . import spiff
+
+__all__ = ["EVENT_KINDS", "Catch", "deliver", "describe_waiting", "kind_of", "waiting_catches", "waiting_items"]
+
+EVENT_KINDS = ("message", "signal")
+
+
+@dataclass(frozen=True)
+class Catch:
+    """One place that waits for a message or signal."""
+
+    name: str                 # the message's / signal's name
+    kind: str                 # "message" | "signal"
+    event_id: str             # BPMN id of the catch event (an event-based gateway: its branch's event)
+    task_id: str              # BPMN id of the waiting task (an event-based gateway: the gateway)
+    task: Any                 # the waiting SpiffWorkflow task; None: an event sub-process's start event
+    context: str              # the context the payload goes into
+    variable: str | None      # the BPMN's variable for the payload (messageVariable, variableName)
+    definition: Any           # SpiffWorkflow's event definition
+
+    def item(self) -> dict[str, Any]:
+        """The ``waiting_for`` entry: kind ``event``, plus the event it waits for."""
+        return {"kind": "event", "id": str(self.task.id) if self.task is not None else self.event_id,
+                "task_id": self.task_id, "event": self.name, "event_kind": self.kind}
+
+
+def kind_of(definition: Any) -> str | None:
+    if isinstance(definition, MessageEventDefinition):
+        return "message"
+    if isinstance(definition, SignalEventDefinition):
+        return "signal"
+    return None
+
+
+def _bpmn_id(spec: Any) -> str:
+    return str(getattr(spec, "bpmn_id", None) or spec.name)
+
+
+def _variable(definition: Any) -> str | None:
+    names = spiff.payload_variables(definition)
+    return names[0] if names else None
+
+
+def _members(spec: Any) -> list[tuple[Any, str]]:
+    """(event definition, BPMN id of the catch event) for each message or signal ``spec`` waits for."""
+    ed = getattr(spec, "event_definition", None)
+    if isinstance(ed, MultipleEventDefinition):
+        if isinstance(spec, EventBasedGateway):  # the branches' events, in the order of the branches
+            ids = [_bpmn_id(out) for out in spec.outputs]
+            return [(d, ids[i] if i < len(ids) else _bpmn_id(spec))
+                    for i, d in enumerate(ed.event_definitions) if kind_of(d)]
+        return [(d, _bpmn_id(spec)) for d in ed.event_definitions if kind_of(d)]
+    return [(ed, _bpmn_id(spec))] if kind_of(ed) else []
+
+
+def waiting_catches(workflow: Any) -> list[Catch]:
+    """Every message and signal the workflow waits for, where SpiffWorkflow would catch it."""
+    out: list[Catch] = []
+    if workflow.is_completed():
+        return out
+    waiting_specs = set()
+    for task in list(workflow.event_manager.tasks.values()):
+        waiting_specs.add(task.task_spec)
+        for definition, event_id in _members(task.task_spec):
+            out.append(Catch(definition.name, str(kind_of(definition)), event_id, spiff.bpmn_id_of(task), task,
+                             spiff.context_name_of(task), _variable(definition), definition))
+    # event sub-processes with a message / signal start: SpiffWorkflow starts one when it is caught
+    root = workflow.task_tree
+    for name in workflow.spec.start.trigger_specs:
+        sp_spec = workflow.subprocess_specs.get(name)
+        for start in getattr(sp_spec, "bpmn_start_events", None) or []:
+            definition = start.event_definition
+            if kind_of(definition) and start not in waiting_specs:
+                out.append(Catch(definition.name, str(kind_of(definition)), _bpmn_id(start),
+                                 _bpmn_id(start), None, spiff.context_name_of(root),
+                                 _variable(definition), definition))
+    return out
+
+
+def waiting_items(workflow: Any) -> list[dict[str, Any]]:
+    return [c.item() for c in waiting_catches(workflow)]
+
+
+def describe_waiting(waiting_for: Sequence[Mapping[str, Any]]) -> str:
+    """What an instance waits for, in words (for error messages)."""
+    parts = []
+    for item in waiting_for:
+        kind = item.get("kind")
+        if kind == "event" and item.get("event"):
+            parts.append(f"{item.get('event_kind')} {item['event']!r} at {item.get('task_id')}")
+        elif kind == "user_task":
+            parts.append(f"user task {item.get('task_id')}")
+        elif kind == "timer":
+            parts.append(f"timer {item.get('task_id')} (due {item.get('due')})")
+        elif kind == "confirmation":
+            parts.append(f"confirmation {item.get('id')}")
+        else:
+            parts.append(f"{kind} at {item.get('task_id')}")
+    return "; ".join(parts) or "nothing"
+
+
+def _event(workflow: Any, definition: Any, payload: Any, bad_request: type[Exception]) -> BpmnEvent:
+    """The event SpiffWorkflow catches: no payload (it goes into the context), unless the
+    message has correlation properties. Then SpiffWorkflow needs it, as any sender gives
+    it: to record the instance's correlation keys from the first message, and to catch
+    a later one only when its keys match."""
+    props = getattr(definition, "correlation_properties", None) or []
+    if not props:
+        return BpmnEvent(definition, payload=None)
+    try:
+        values = dict(payload) if isinstance(payload, Mapping) else {}
+        correlations = definition.calculate_correlations(workflow.script_engine, props, values)
+    except Exception as err:  # noqa: BLE001 - SpiffWorkflow evaluates the retrieval expressions
+        expressions = ", ".join(f"{p.name}: {p.retrieval_expression}" for p in props)
+        raise bad_request(f"the payload of message {definition.name!r} must carry its correlation properties "
+                          f"({expressions}): {type(err).__name__}: {err}") from None
+    return BpmnEvent(definition, payload=payload, correlations=correlations)
+
+
+def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,
+            kind: str, actor: str, instance_id: str, waiting_for: Sequence[Mapping[str, Any]]) -> list[Catch]:
+    """Deliver a message or signal: check everything, let SpiffWorkflow catch the event, then
+    write the payload into each catching context (see the module doc). Returns the catches.
+
+    Raises, changing nothing: ``InstanceStateError`` when nothing waits for the event (the
+    message names what the instance waits for) or a catching context has an activity open;
+    ``BadRequest`` for a payload that is not an object where its keys are to be written;
+    ``ContextValueError`` for a value that is not JSON; ``ContextWriteDenied`` for a key the
+    layer rules refuse (recorded on the tape of its context, as every refused write is).
+    """
+    from .governance import BadRequest, InstanceStateError  # the engine's error tree (governance imports runtime)
+
+    if kind not in EVENT_KINDS:
+        raise ValueError(f"kind={kind!r}: use 'message' or 'signal'")
+    catches = [c for c in waiting_catches(workflow) if c.kind == kind and c.name == name]
+    event = _event(workflow, catches[0].definition, payload, BadRequest) if catches else None
+    if event is not None:  # SpiffWorkflow's own test (e.g. a boundary event only catches while it waits)
+        catches = [c for c in catches if c.task is None or
+                   (c.task.task_spec.catches(c.task, event) and c.definition.catches(c.task, event))]
+    if event is None or not catches:
+        raise InstanceStateError(f"instance {instance_id} does not wait for {kind} {name!r}; it waits for: "
+                                 f"{describe_waiting(waiting_for)}")
+
+    writes: list[tuple[Catch, LayeredContext, dict[str, Any]]] = []
+    for c in catches:
+        ctx = contexts[c.context]
+        if ctx.current_activity is not None:
+            raise InstanceStateError(f"instance {instance_id}: {c.kind} {name!r} is caught at {c.event_id} in context "
+                                     f"{ctx.name!r}, where activity {ctx.current_activity!r} is open (waiting for a "
+                                     "confirmation); answer it first, then send the event again")
+        if c.variable is not None:
+            values = {c.variable: payload}
+        elif payload is None:
+            values = {}
+        elif isinstance(payload, Mapping):
+            values = dict(payload)
+        else:
+            raise BadRequest(f"the payload of {kind} {name!r} must be a JSON object: its keys are written to WORKING "
+                             f"of the context that catches it ({c.event_id}); got {type(payload).__name__}. Send an "
+                             "object, or name one variable for the payload in the BPMN "
+                             "(spiffworkflow:messageVariable on the message event)")
+        for key, value in values.items():
+            if not isinstance(key, str) or not key:
+                raise ContextValueError(str(key), f"payload keys must be non-empty strings, got {key!r}")
+            try:
+                freeze(value)
+            except (TypeError, ValueError) as err:
+                raise ContextValueError(str(key), str(err)) from None
+        writes.append((c, ctx, values))
+    for c, ctx, values in writes:
+        if any(ctx.check_write(Layer.WORKING, key)[1] is not None for key in values):
+            ctx.write_many(Layer.WORKING, values, actor=actor)  # raises ContextWriteDenied: nothing is written
+
+    workflow.send_event(event)
+    for c, ctx, values in writes:
+        ctx.begin_activity(c.event_id, actor=actor)
+        ctx.write_many(Layer.WORKING, values, actor=actor)
+        keys = ", ".join(values) or "no data"
+        ctx.complete_activity(c.event_id, summary=f"{c.kind} {name!r} caught at {c.event_id}: {keys}", actor=actor,
+                              record_kind="event", details={"event": name, "event_kind": c.kind, "sent_by": actor})
+    return catches

@@ -1,0 +1,351 @@
+"""Messages and signals from outside (``Engine.send_event``): every kind of catch, the payload
+in the catching context through the layer rules, saving and loading in between, and the
+refusals that change nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from SpiffWorkflow.util.task import TaskState
+
+from context_layers import Layer, LayeredContext
+from context_layers.errors import ContextValueError, ContextWriteDenied
+from engine import Engine, Instance, load_process
+from engine.governance import BadRequest, InstanceStateError
+
+from engine_helpers import EXAMPLES, path_of
+
+HEAD = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"
+                  id="defs" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:message id="m_docs" name="documents_received"/>
+  <bpmn:message id="m_cancel" name="cancel"/>
+  <bpmn:signal id="s_go" name="go"/>
+"""
+TAIL = "  </bpmn:process>\n</bpmn:definitions>\n"
+
+
+def flows(*pairs: str) -> str:
+    return "".join(f'    <bpmn:sequenceFlow id="f{i}" sourceRef="{a}" targetRef="{b}"/>\n'
+                   for i, (a, b) in enumerate(p.split(">") for p in pairs))
+
+
+# an intermediate catch event without a messageVariable: the payload's keys go to WORKING
+CATCH = HEAD + """  <bpmn:process id="catch" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:intermediateCatchEvent id="wait_docs"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:intermediateCatchEvent>
+    <bpmn:scriptTask id="use"><bpmn:script>summary = claim_id + ": " + ", ".join(files)</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>wait_docs", "wait_docs>use", "use>end") + TAIL
+
+# a signal caught by two parallel branches; branch A runs a step before it waits
+SIGNAL = HEAD + """  <bpmn:process id="signal" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:scriptTask id="a_prep"><bpmn:script>a_ready = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:intermediateCatchEvent id="a_wait"><bpmn:signalEventDefinition signalRef="s_go"/></bpmn:intermediateCatchEvent>
+    <bpmn:intermediateCatchEvent id="b_wait"><bpmn:signalEventDefinition signalRef="s_go"/></bpmn:intermediateCatchEvent>
+    <bpmn:scriptTask id="a_do"><bpmn:script>a = speed * 2</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="b_do"><bpmn:script>b = speed * 3</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="total"><bpmn:script>total = a + b</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>split", "split>a_prep", "a_prep>a_wait", "split>b_wait", "a_wait>a_do", "b_wait>b_do",
+            "a_do>join", "b_do>join", "join>total", "total>end") + TAIL
+
+# an event-based gateway: the documents, or a timer
+GATEWAY = HEAD + """  <bpmn:process id="gateway" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:eventBasedGateway id="wait"/>
+    <bpmn:intermediateCatchEvent id="docs_arrive"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:intermediateCatchEvent>
+    <bpmn:intermediateCatchEvent id="deadline">
+      <bpmn:timerEventDefinition><bpmn:timeDuration>"P14D"</bpmn:timeDuration></bpmn:timerEventDefinition>
+    </bpmn:intermediateCatchEvent>
+    <bpmn:scriptTask id="assess"><bpmn:script>status = "assessed " + str(len(files))</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="close"><bpmn:script>status = "closed"</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:endEvent id="end_closed"/>
+""" + flows("start>wait", "wait>docs_arrive", "wait>deadline", "docs_arrive>assess", "assess>end",
+            "deadline>close", "close>end_closed") + TAIL
+
+# a user task that a "cancel" message interrupts, and an event sub-process started by a message
+BOUNDARY = HEAD + """  <bpmn:process id="boundary" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:userTask id="review"/>
+    <bpmn:boundaryEvent id="cancelled" attachedToRef="review" cancelActivity="true">
+      <bpmn:messageEventDefinition messageRef="m_cancel"/>
+    </bpmn:boundaryEvent>
+    <bpmn:scriptTask id="withdraw"><bpmn:script>outcome = "withdrawn: " + reason</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:endEvent id="end_cancelled"/>
+""" + flows("start>review", "review>end", "cancelled>withdraw", "withdraw>end_cancelled") + """
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:scriptTask id="note_docs"><bpmn:script>noted = len(files)</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="note_docs"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="note_docs" targetRef="docs_end"/>
+    </bpmn:subProcess>
+""" + TAIL
+
+# the same message twice, correlated by the claim id it carries
+CORRELATED = HEAD + """  <bpmn:collaboration id="collab">
+    <bpmn:participant id="p" processRef="correlated"/>
+    <bpmn:correlationKey name="claim_key"><bpmn:correlationPropertyRef>claim_ref</bpmn:correlationPropertyRef></bpmn:correlationKey>
+  </bpmn:collaboration>
+  <bpmn:correlationProperty id="claim_ref" name="claim_ref">
+    <bpmn:correlationPropertyRetrievalExpression messageRef="m_docs">
+      <bpmn:formalExpression>claim_id</bpmn:formalExpression>
+    </bpmn:correlationPropertyRetrievalExpression>
+  </bpmn:correlationProperty>
+  <bpmn:process id="correlated" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:intermediateCatchEvent id="first"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:intermediateCatchEvent>
+    <bpmn:intermediateCatchEvent id="second"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:intermediateCatchEvent>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>first", "first>second", "second>end") + TAIL
+
+MESSAGE_WAIT = EXAMPLES / "message_wait.bpmn"
+DOCUMENTS = {"files": ["police_report.pdf", "repair_invoice.pdf"], "sender": "claimant"}
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / f"{name}.bpmn"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def started(tmp_path: Path, text_or_path: str | Path, data: dict[str, Any] | None = None,
+            engine: Engine | None = None) -> tuple[Engine, Instance]:
+    path = text_or_path if isinstance(text_or_path, Path) else write(tmp_path, "process", text_or_path)
+    engine = engine or Engine(f"sqlite:///{tmp_path / 'events.db'}")
+    return engine, engine.run(engine.start(load_process(path), data))
+
+
+def events_of(instance: Instance) -> list[dict[str, Any]]:
+    return [w for w in instance.waiting_for if w["kind"] == "event"]
+
+
+def frozen_state(engine: Engine, instance: Instance) -> tuple[Any, ...]:
+    """Everything a refused event must leave as it was: the stored record and the live instance."""
+    stored = engine.store.load(instance.id)
+    return (stored["version"], stored["workflow"], stored["contexts"], instance.status, list(instance.waiting_for),
+            {n: c.as_dict() for n, c in instance.contexts.items()}, instance.tape_length())
+
+
+# ----------------------------------------------------------------------------- delivery
+
+def test_a_message_survives_save_and_load_and_its_payload_lands_in_the_context(tmp_path: Path) -> None:
+    """The example: waits at a receive task (with a boundary timer), is saved, loaded by a new
+    Engine on the same store, then the message arrives. The payload is the messageVariable
+    ``documents`` in the context, written and recorded through the tape; SpiffWorkflow's task
+    data never sees it."""
+    store = f"sqlite:///{tmp_path / 'claims.db'}"
+    first = Engine(store)
+    instance = first.run(first.start(load_process(MESSAGE_WAIT), {"claim_id": "CL-1042"}))
+    assert instance.status == "waiting"
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("timer", "no_documents"),
+                                                                         ("event", "receive_documents")]
+    assert events_of(instance)[0]["event"] == "documents_received" and events_of(instance)[0]["event_kind"] == "message"
+
+    later = Engine(store)
+    loaded = later.load(instance.id)
+    assert loaded.waiting_for == instance.waiting_for
+    done = later.send_event(loaded, "documents_received", DOCUMENTS, actor="mailroom")
+
+    assert done.status == "completed", done.error
+    ctx = done.main
+    assert ctx.resolve("documents") == DOCUMENTS
+    assert ctx.resolve("status") == "assessing CL-1042 with police_report.pdf, repair_invoice.pdf"
+    record = ctx.layer(Layer.HISTORY)["event:receive_documents"]
+    assert record == {"kind": "event", "activity": "receive_documents", "status": "completed",
+                      "summary": "message 'documents_received' caught at receive_documents: documents",
+                      "keys": ["documents"], "tokens": record["tokens"], "event": "documents_received",
+                      "event_kind": "message", "sent_by": "mailroom"}
+    writes = [e for e in ctx.tape if e.kind == "write" and e.activity == "receive_documents"]
+    assert [(e.actor, e.changes[0][1]) for e in writes] == [("mailroom", "documents")]
+    assert path_of(done.workflow) == ["start", "open_claim", "receive_documents", "assess", "end"]
+    assert all(not t.data for t in done.workflow.get_tasks())  # the payload went into the context only
+    assert LayeredContext.replay(ctx.tape) == ctx
+    assert later.load(done.id).main.resolve("documents") == DOCUMENTS
+
+
+def test_without_a_message_variable_the_payload_keys_go_to_working(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
+    [item] = instance.waiting_for
+    assert item == {"kind": "event", "id": item["id"], "task_id": "wait_docs", "event": "documents_received",
+                    "event_kind": "message"}
+    done = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a.pdf", "b.pdf"]})
+    assert done.status == "completed", done.error
+    history = done.main.layer(Layer.HISTORY)
+    assert history["files"] == ["a.pdf", "b.pdf"] and history["summary"] == "CL-7: a.pdf, b.pdf"
+    assert history["event:wait_docs"]["keys"] == ["files"]
+    assert list(history).index("event:wait_docs") < list(history).index("activity:use")
+
+
+def test_a_message_without_payload_records_the_event(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, GATEWAY.replace('str(len(files))', '"without files"'))
+    done = engine.send_event(instance, "documents_received")
+    assert done.status == "completed", done.error
+    assert done.main.resolve("status") == "assessed without files"
+    assert done.main.resolve("event:docs_arrive")["keys"] == []
+
+
+def test_a_signal_reaches_both_waiting_branches_each_in_its_own_context(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, SIGNAL)
+    assert sorted((w["task_id"], w["event"], w["event_kind"]) for w in instance.waiting_for) == [
+        ("a_wait", "go", "signal"), ("b_wait", "go", "signal")]
+    loaded = Engine(engine.store).load(instance.id)
+    done = Engine(engine.store).send_event(loaded, "go", {"speed": 5}, kind="signal")
+
+    assert done.status == "completed", done.error
+    assert done.main.resolve("total") == 5 * 2 + 5 * 3
+    branches = {info["branch_id"]: name for name, info in done.branches.items()}
+    for branch, catch in (("a_prep", "a_wait"), ("b_wait", "b_wait")):
+        ctx = done.contexts[branches[branch]]
+        assert ctx.resolve("speed") == 5
+        assert ctx.resolve(f"event:{catch}")["event"] == "go"
+    assert "event:b_wait" not in done.contexts[branches["a_prep"]]  # each branch recorded its own catch
+
+
+def test_an_event_based_gateway_takes_the_branch_of_the_message(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, GATEWAY)
+    [item] = instance.waiting_for
+    assert (item["task_id"], item["event"]) == ("wait", "documents_received")
+    done = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["x"]})
+    assert done.status == "completed", done.error
+    assert done.main.resolve("status") == "assessed 1"
+    assert "event:docs_arrive" in done.main.layer(Layer.HISTORY)  # the gateway's branch event caught it
+    assert "close" not in path_of(done.workflow)
+
+
+def test_a_boundary_message_interrupts_a_user_task(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, BOUNDARY)
+    kinds = [(w["kind"], w["task_id"], w.get("event")) for w in instance.waiting_for]
+    # the message catches are listed beside the user task they interrupt or run alongside
+    assert kinds == [("user_task", "review", None), ("event", "cancelled", "cancel"),
+                     ("event", "docs_start", "documents_received")]
+    done = engine.send_event(engine.load(instance.id), "cancel", {"reason": "duplicate"})
+    assert done.status == "completed", done.error
+    assert done.main.resolve("outcome") == "withdrawn: duplicate"
+    assert "review" not in path_of(done.workflow)
+    assert [t for t in done.workflow.get_tasks(state=TaskState.CANCELLED) if t.task_spec.name == "review"]
+
+
+def test_a_message_starts_an_event_sub_process_and_the_user_task_still_waits(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, BOUNDARY)
+    after = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a", "b", "c"]})
+    assert after.status == "waiting"
+    assert after.main.resolve("noted") == 3
+    assert after.main.resolve("event:docs_start")["event_kind"] == "message"
+    assert [w["task_id"] for w in after.waiting_for] == ["review", "cancelled", "docs_start"]  # it may come again
+    done = engine.complete_user_task(after, "review", {"ok": True})
+    assert done.status == "completed", done.error
+
+
+def test_the_event_record_cannot_be_forged_by_an_activity(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
+    done = engine.send_event(instance, "documents_received", {"files": []})
+    with pytest.raises(ContextWriteDenied, match="engine and the compressor"):
+        done.main.write(Layer.WORKING, "event:wait_docs", "forged", actor="rogue")
+
+
+def test_a_correlated_message_is_caught_only_with_the_instance_s_keys(tmp_path: Path) -> None:
+    """With correlation properties SpiffWorkflow compares the keys a message carries: the first
+    message fixes them, a later one with another claim id is not for this instance."""
+    engine, instance = started(tmp_path, CORRELATED)
+    with pytest.raises(BadRequest, match=r"correlation properties \(claim_ref: claim_id\)"):
+        engine.send_event(instance, "documents_received", {"files": []})
+    after = engine.send_event(instance, "documents_received", {"claim_id": "CL-1", "n": 1})
+    assert after.status == "waiting" and after.main.resolve("n") == 1
+    with pytest.raises(InstanceStateError, match="does not wait for message 'documents_received'"):
+        engine.send_event(engine.load(after.id), "documents_received", {"claim_id": "CL-2", "n": 2})
+    done = engine.send_event(engine.load(after.id), "documents_received", {"claim_id": "CL-1", "n": 3})
+    assert done.status == "completed", done.error
+    assert done.main.resolve("n") == 3 and "event:second" in done.main.layer(Layer.HISTORY)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+@pytest.mark.parametrize(("name", "kind"), [("nobody_waits", "message"), ("documents_received", "signal")])
+def test_an_event_nobody_waits_for_is_refused_and_changes_nothing(tmp_path: Path, name: str, kind: str) -> None:
+    engine, instance = started(tmp_path, MESSAGE_WAIT, {"claim_id": "CL-1"})
+    before = frozen_state(engine, instance)
+    with pytest.raises(InstanceStateError) as refused:
+        engine.send_event(instance, name, {"files": []}, kind=kind)
+    message = str(refused.value)
+    assert instance.id in message and f"{kind} {name!r}" in message
+    assert "message 'documents_received' at receive_documents" in message and "timer no_documents" in message
+    assert refused.value.kind == "invalid_state"
+    assert frozen_state(engine, instance) == before
+
+
+def test_a_payload_key_the_layer_rules_refuse_changes_nothing_but_the_tape(tmp_path: Path) -> None:
+    """``claim_id`` is in PROCESS (append-only): the whole payload is refused, the instance still
+    waits for the message, and the refusal is on the tape of the catching context (saved)."""
+    engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
+    layers = instance.main.as_dict()
+    with pytest.raises(ContextWriteDenied) as denied:
+        engine.send_event(instance, "documents_received", {"files": ["a"], "claim_id": "CL-8"})
+    assert denied.value.key == "claim_id" and "L1 PROCESS is append-only" in str(denied.value)
+    assert instance.main.as_dict() == layers and instance.status == "waiting"
+    assert events_of(instance)[0]["event"] == "documents_received"
+    stored = engine.load(instance.id)
+    assert stored.main.as_dict() == layers
+    assert [e.data["key"] for e in stored.main.tape if e.kind == "denied"] == ["claim_id"]
+    done = engine.send_event(stored, "documents_received", {"files": ["a"]})  # a good payload still goes through
+    assert done.main.resolve("summary") == "CL-7: a"
+
+
+def test_a_refusal_in_one_branch_writes_nothing_in_the_other(tmp_path: Path) -> None:
+    """Branch A already holds the record ``activity:a_prep``; branch B does not. A payload with
+    that key is refused in A, so B, which would have taken it, gets nothing either."""
+    engine, instance = started(tmp_path, SIGNAL)
+    contexts = {n: c.as_dict() for n, c in instance.contexts.items()}
+    with pytest.raises(ContextWriteDenied, match="activity:a_prep"):
+        engine.send_event(instance, "go", {"speed": 1, "activity:a_prep": "forged"}, kind="signal")
+    assert {n: c.as_dict() for n, c in instance.contexts.items()} == contexts
+    assert len(events_of(engine.load(instance.id))) == 2
+
+
+@pytest.mark.parametrize(("payload", "error"), [
+    (["not", "an", "object"], BadRequest),
+    ("text", BadRequest),
+    ({"files": {1, 2}}, ContextValueError),
+    ({"": 1}, ContextValueError),
+])
+def test_a_payload_that_cannot_be_written_is_refused_and_changes_nothing(tmp_path: Path, payload: Any,
+                                                                          error: type) -> None:
+    engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
+    before = frozen_state(engine, instance)
+    with pytest.raises(error):
+        engine.send_event(instance, "documents_received", payload)
+    assert frozen_state(engine, instance) == before
+
+
+def test_with_a_message_variable_any_json_value_is_the_payload(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, MESSAGE_WAIT, {"claim_id": "CL-1"})
+    after = engine.send_event(instance, "documents_received", ["a.pdf"])  # the script then fails on it
+    assert after.main.resolve("documents") == ["a.pdf"]
+    assert after.status == "error" and after.error["task_id"] == "assess"
+
+
+def test_a_completed_or_failed_instance_takes_no_event(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, MESSAGE_WAIT, {"claim_id": "CL-1"})
+    failed = engine.send_event(instance, "documents_received", ["not a mapping"])
+    assert failed.status == "error"
+    with pytest.raises(InstanceStateError, match="is in error"):
+        engine.send_event(failed, "documents_received", DOCUMENTS)
+    engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-2"}, engine=engine)
+    done = engine.send_event(instance, "documents_received", {"files": []})
+    with pytest.raises(InstanceStateError, match="it waits for: nothing"):
+        engine.send_event(done, "documents_received", {"files": []})
+
+
+def test_an_unknown_kind_is_a_programming_error(tmp_path: Path) -> None:
+    engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
+    with pytest.raises(ValueError, match="'message' or 'signal'"):
+        engine.send_event(instance, "documents_received", kind="email")
