@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .canonical import FrozenDict, canonical_key
+from .canonical import FrozenDict, canonical_json, canonical_key
 from .context import LayeredContext, Snapshot, entry_kind, is_record_key
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
@@ -371,25 +371,42 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
     return True
 
 
-# id(value) -> (value, mark): a tool result is scored after every activity while it stays
-# in HISTORY; frozen values never change, and holding the value keeps its id unique.
+# Two memories of _tool_mark for frozen values (context values: validated JSON), both
+# bounded (cleared when full):
+# * id(value) -> (value, mark): a tool result is scored after every activity while it
+#   stays in HISTORY; frozen values never change, and holding the value keeps its id
+#   unique;
+# * canonical JSON -> mark: every instance of a process gets the same results from
+#   the same tools, and rendering a value costs a fraction of its mark.
 _MARKS: dict[int, tuple[Any, str]] = {}
 _MARKS_LIMIT = 1 << 14
+_MARKS_BY_TEXT: dict[str, str] = {}
+_MARKS_BY_TEXT_LIMIT = 1 << 12
 
 
 def _tool_mark(value: Any) -> str:
     """What makes two results of one tool the same: the tool's name and the payload."""
-    if type(value) is FrozenDict:
-        hit = _MARKS.get(id(value))
-        if hit is not None and hit[0] is value:
-            return hit[1]
-    tool = value.get("tool", value.get("name")) if isinstance(value, dict) else None
-    mark = canonical_key([tool, _payload(value)])
-    if type(value) is FrozenDict:
-        if len(_MARKS) >= _MARKS_LIMIT:
-            _MARKS.clear()
-        _MARKS[id(value)] = (value, mark)
+    if type(value) is not FrozenDict:
+        return _mark(value)
+    hit = _MARKS.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    text = canonical_json(value)
+    mark = _MARKS_BY_TEXT.get(text)
+    if mark is None:
+        mark = _mark(value)
+        if len(_MARKS_BY_TEXT) >= _MARKS_BY_TEXT_LIMIT:
+            _MARKS_BY_TEXT.clear()
+        _MARKS_BY_TEXT[text] = mark
+    if len(_MARKS) >= _MARKS_LIMIT:
+        _MARKS.clear()
+    _MARKS[id(value)] = (value, mark)
     return mark
+
+
+def _mark(value: Any) -> str:
+    tool = value.get("tool", value.get("name")) if isinstance(value, dict) else None
+    return canonical_key([tool, _payload(value)])
 
 
 _CALL_ID_FIELDS = ("call_id", "tool_call_id")

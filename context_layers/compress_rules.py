@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .canonical import canonical_json, thaw
+from .canonical import thaw
 from .config import CompressRule
 from .context import entry_kind
 from .summarize import ExtractiveSummarizer, Summarizer, fit_summary, value_text
@@ -149,6 +149,10 @@ def extract_paths(value: Any, paths: Sequence[str], *, encoding: str = DEFAULT_E
     return (out if found else None), missing
 
 
+def _counter(encoding: str) -> Callable[[Any], int]:
+    return lambda value: count_value(value, encoding)
+
+
 def count_key(pattern: str) -> str:
     return f"summary:count:{pattern}"
 
@@ -169,34 +173,54 @@ def _matches(rule: CompressRule, kind: str, key: str) -> bool:
     return hit
 
 
+# (id(rule), key, id(value)) -> (rule, value, missing paths): an entry a rule looked at
+# and left as it was. ``apply_rules`` runs every rule again until a pass changes nothing,
+# and the compressor runs the rules again on what a fold leaves: an entry judged once
+# is not judged again. One memo serves one compression only: a summarize rule's verdict
+# depends on that compression's summaries. It holds the rule and the value, so their
+# ids are not reused while it lives.
+Judged = dict[tuple[int, str, int], tuple[CompressRule, Any, tuple[str, ...]]]
+
+
 def apply_rule(items: Iterable[tuple[str, Any]], rule: CompressRule, *, protected: Iterable[str] = (),
-               summarize: Callable[[str, int], str] | None = None,
-               encoding: str = DEFAULT_ENCODING) -> RuleOutcome:
-    """Apply one rule to HISTORY pairs (see the module doc)."""
+               summarize: Callable[[str, int], str] | None = None, encoding: str = DEFAULT_ENCODING,
+               judged: Judged | None = None, tokens: Callable[[Any], int] | None = None) -> RuleOutcome:
+    """Apply one rule to HISTORY pairs (see the module doc). ``judged``: the memo above;
+    ``tokens``: a value's token count, ``count_value`` when ``None`` (the compressor
+    passes its memo of the counts it knows)."""
+    tokens = tokens or _counter(encoding)
     items = list(items)
     guard = frozenset(protected)
     matched = [i for i, (k, v) in enumerate(items)
                if k not in guard and not is_protected_record(k, v) and _matches(rule, entry_kind(k, v), k)]
     if rule.action == "count_only":
-        return _count_only(items, matched, rule, encoding)
+        return _count_only(items, matched, rule, tokens)
     summarize = summarize or SummaryCache(encoding=encoding)
     affected: list[str] = []
     missing: dict[str, tuple[str, ...]] = {}
     for i in matched:
         key, value = items[i]
+        slot = (id(rule), key, id(value))
+        seen = judged.get(slot) if judged is not None else None
+        if seen is not None and seen[0] is rule and seen[1] is value:
+            if seen[2]:
+                missing[key] = seen[2]
+            continue
+        miss: tuple[str, ...] = ()
         if rule.action == "extract_keys":
-            new, miss = extract_paths(value, rule.extract_keys, encoding=encoding)
+            new, paths = extract_paths(value, rule.extract_keys, encoding=encoding)
+            miss = tuple(paths)
             if miss:
-                missing[key] = tuple(miss)
+                missing[key] = miss
         else:
             new = _summarized(key, value, rule.max_tokens or 100, summarize, encoding)
-        if new is None:
-            continue
-        # a value's token count is that of its canonical JSON (``count_value``): render each once
-        new_text, old_text = canonical_json(new), canonical_json(value)
-        if new_text != old_text and count_text(new_text, encoding) < count_text(old_text, encoding):
+        # fewer tokens: a different value, a smaller one
+        if new is not None and tokens(new) < tokens(value):
             items[i] = (key, new)
             affected.append(key)
+            continue
+        if judged is not None:
+            judged[slot] = (rule, value, miss)
     return RuleOutcome(items=tuple(items), affected=tuple(affected), missing_paths=missing)
 
 
@@ -215,7 +239,7 @@ def _summarized(key: str, value: Any, max_tokens: int, summarize: Callable[[str,
     return out
 
 
-def _count_only(items: Items, matched: list[int], rule: CompressRule, encoding: str) -> RuleOutcome:
+def _count_only(items: Items, matched: list[int], rule: CompressRule, tokens: Callable[[Any], int]) -> RuleOutcome:
     keep = matched[len(matched) - rule.keep_last:] if rule.keep_last else []
     kept = set(keep)
     drop = [i for i in matched if i not in kept]
@@ -229,8 +253,8 @@ def _count_only(items: Items, matched: list[int], rule: CompressRule, encoding: 
     dropped = (old.get("dropped", 0) if isinstance(old, dict) else 0) + len(drop)
     record = {"kind": "count", "_compressed": "count_only", "pattern": rule.pattern,
               "count": dropped + len(keep), "dropped": dropped, "kept": [items[i][0] for i in keep]}
-    saved = sum(count_value(items[i][1], encoding) for i in drop)
-    grown = count_value(record, encoding) - (count_value(old, encoding) if old is not None else 0)
+    saved = sum(tokens(items[i][1]) for i in drop)
+    grown = tokens(record) - (tokens(old) if old is not None else 0)
     if grown >= saved:
         return RuleOutcome(items=tuple(items))
     gone = [items[i][0] for i in drop]
@@ -243,20 +267,26 @@ def _count_only(items: Items, matched: list[int], rule: CompressRule, encoding: 
 
 def apply_rules(items: Iterable[tuple[str, Any]], rules: Sequence[CompressRule], *, protected: Iterable[str] = (),
                 summarize: Callable[[str, int], str] | None = None, encoding: str = DEFAULT_ENCODING,
-                counts: list[int] | None = None) -> RuleOutcome:
+                counts: list[int] | None = None, judged: Judged | None = None,
+                tokens: Callable[[Any], int] | None = None) -> RuleOutcome:
     """Apply the rules in order, again and again until a pass changes nothing.
 
-    ``counts`` (one slot per rule) gains the number of entries each rule changed.
+    ``counts`` (one slot per rule) gains the number of entries each rule changed;
+    ``judged``: a memo of verdicts shared by the calls of one compression (see
+    ``apply_rule``), one for this call when ``None``; ``tokens``: as for ``apply_rule``.
     """
     current = tuple(items)
     guard = frozenset(protected)
     summarize = summarize or SummaryCache(encoding=encoding)
+    judged = {} if judged is None else judged
+    tokens = tokens or _counter(encoding)
     affected: dict[str, None] = {}
     missing: dict[str, tuple[str, ...]] = {}
     for _ in range(MAX_PASSES):
         changed = False
         for n, rule in enumerate(rules):
-            out = apply_rule(current, rule, protected=guard, summarize=summarize, encoding=encoding)
+            out = apply_rule(current, rule, protected=guard, summarize=summarize, encoding=encoding, judged=judged,
+                             tokens=tokens)
             for k, paths in out.missing_paths.items():
                 missing[k] = tuple(dict.fromkeys([*missing.get(k, ()), *paths]))
             if out.affected:

@@ -59,15 +59,15 @@ from .attention import (
     segment_history,
 )
 from .canonical import canonical_json
-from .compress_rules import SummaryCache, apply_rules
+from .compress_rules import Judged, SummaryCache, apply_rules
 from .config import ActivityExtensionConfig
 from .context import LayeredContext, entry_kind
 from .errors import ContextKeyError
 from .layers import Layer
 from .markers import DELETED
 from .similarity import near_duplicate_clusters, word_sets
-from .summarize import Summarizer, value_text
-from .tokens import count_text, count_value, truncate_to_tokens
+from .summarize import Summarizer, cut_to_tokens, value_text
+from .tokens import count_text, count_value
 
 __all__ = [
     "CompressResult",
@@ -205,11 +205,18 @@ class RuleDrivenCompressor:
                      | {e.key for e in scope.history if e.key.startswith("_")})
         working_tokens = sum(e.tokens for e in scope.working)
         original = [(e.key, e.value) for e in scope.history]
-        known = {e.key: (e.value, e.tokens) for e in scope.history}
+        # id(value) -> (value, tokens): the scope's counts, and those of the values the
+        # rules and folds make, which the estimates below count again and again. Holding
+        # the value keeps its id from being reused while the memo lives.
+        known = {id(e.value): (e.value, e.tokens) for e in scope.history}
 
-        def tok(key: str, value: Any) -> int:
-            hit = known.get(key)
-            return hit[1] if hit is not None and hit[0] is value else count_value(value, enc)
+        def tok(value: Any) -> int:
+            hit = known.get(id(value))
+            if hit is not None and hit[0] is value:
+                return hit[1]
+            tokens = count_value(value, enc)
+            known[id(value)] = (value, tokens)
+            return tokens
 
         rules = config.effective_compress_rules
         counts = [0] * len(rules)
@@ -219,10 +226,17 @@ class RuleDrivenCompressor:
         # Ownership is read before the rules run: a rule may remove activity records
         # (count_only on "activity:*"), and their entries still belong to them.
         seg = segment_history(original)
-        ruled = apply_rules(original, rules, protected=protected, summarize=summarize, encoding=enc, counts=counts)
+        judged: Judged = {}
+        ruled = apply_rules(original, rules, protected=protected, summarize=summarize, encoding=enc, counts=counts,
+                            judged=judged, tokens=tok)
+
+        def rerule(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+            """The rules on what a fold leaves (the verdicts on entries the first run saw are remembered)."""
+            return list(apply_rules(pairs, rules, protected=protected, summarize=summarize, encoding=enc,
+                                    counts=counts, judged=judged, tokens=tok).items)
         items = list(ruled.items)
         missing = {k: list(v) for k, v in ruled.missing_paths.items()}
-        ruled_tokens = sum(tok(k, v) for k, v in items) + working_tokens
+        ruled_tokens = sum(tok(v) for _, v in items) + working_tokens
 
         # Hysteresis: attention scores may stay across their threshold after a cliff (a
         # density target out of reach, say); folding again after every activity would
@@ -249,22 +263,21 @@ class RuleDrivenCompressor:
         unfolded = items
         if chosen or dropped:
             final, record, compaction_key = self._fold(items, seg, chosen, dropped, directive, budget, summarize,
-                                                       rules, protected, counts, tok, working_tokens,
-                                                       scope.tokens, enc, predicted_id)
-            after = sum(tok(k, v) for k, v in final) + working_tokens
+                                                       rerule, tok, working_tokens, scope.tokens, enc, predicted_id)
+            after = sum(tok(v) for _, v in final) + working_tokens
             if chosen and dropped:
-                unfolded = self._fold(items, seg, [], dropped, directive, budget, summarize, rules, protected,
-                                      counts, tok, working_tokens, scope.tokens, enc, predicted_id)[0]
+                unfolded = self._fold(items, seg, [], dropped, directive, budget, summarize, rerule, tok,
+                                      working_tokens, scope.tokens, enc, predicted_id)[0]
             if chosen and after >= ruled_tokens:  # the fold would not save tokens: do not make it
                 chosen = []
                 if dropped:
                     final, record, compaction_key = self._fold(items, seg, [], dropped, directive, budget, summarize,
-                                                               rules, protected, counts, tok, working_tokens,
-                                                               scope.tokens, enc, predicted_id)
+                                                               rerule, tok, working_tokens, scope.tokens, enc,
+                                                               predicted_id)
                 else:
                     final, record, compaction_key = items, None, None
 
-        changes = _diff(original, final)
+        changes = _diff(original, final, tok)
         if not changes:
             return CompressResult(tokens_before=scope.tokens, tokens_after=scope.tokens, ratio=1.0,
                                   entries_affected=0, snapshot_id=None, triggers=fired, attention_before=before,
@@ -274,12 +287,12 @@ class RuleDrivenCompressor:
 
         snap = ctx.snapshot(label="before compress", actor=actor)
         if record is not None and compaction_key is not None and snap.id != predicted_id:
-            rest = sum(tok(k, v) for k, v in final if k != compaction_key) + working_tokens
+            rest = sum(tok(v) for k, v in final if k != compaction_key) + working_tokens
             record = _finish_record(record, snap.id, scope.tokens, rest, enc)
             final = [(k, record if k == compaction_key else v) for k, v in final]
-            if sum(tok(k, v) for k, v in final) + working_tokens >= ruled_tokens:
+            if sum(tok(v) for _, v in final) + working_tokens >= ruled_tokens:
                 final, record, compaction_key, chosen = unfolded, None, None, []
-            changes = _diff(original, final)
+            changes = _diff(original, final, tok)
         folded_set = set(chosen) | (set(record["covers"]) if record is not None else set())
         remaining = {k for k, _ in final}
         folded = [k for k, _ in original if k in folded_set and k not in remaining]
@@ -288,7 +301,7 @@ class RuleDrivenCompressor:
                   "folded": len(folded), "dropped": list(dropped), "source": source,
                   "attention_before": before.to_dict()}
         event = ctx.apply_changes(changes, kind="compress", actor=actor,
-                                  data={**report, "tokens_after": sum(tok(k, v) for k, v in final) + working_tokens})
+                                  data={**report, "tokens_after": sum(tok(v) for _, v in final) + working_tokens})
         tokens_after = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
         after_score = AttentionScore.compute(ctx, config, recent_activities=self.recent_activities)
         return CompressResult(
@@ -360,7 +373,7 @@ class RuleDrivenCompressor:
     def _cliff(self, items: list[tuple[str, Any]], seg: Segments, chosen: list[str],
                protected: frozenset[str] | set[str],
                target: int | None, entry_target: int | None, soft: Sequence[int], working_tokens: int,
-               tok: Callable[[str, Any], int], enc: str) -> tuple[list[str], int | None]:
+               tok: Callable[[Any], int], enc: str) -> tuple[list[str], int | None]:
         """Fold oldest activities until the targets are met; the effective token target.
 
         A density target that folding every foldable activity could not reach is dropped
@@ -422,17 +435,15 @@ class RuleDrivenCompressor:
         return chosen, dropped
 
     def _fold(self, items: list[tuple[str, Any]], seg: Segments, chosen: Sequence[str], dropped: Sequence[str],
-              directive: _Directive | None, budget: int, summarize: SummaryCache, rules: Sequence[Any],
-              protected: frozenset[str] | set[str], counts: list[int], tok: Callable[[str, Any], int],
+              directive: _Directive | None, budget: int, summarize: SummaryCache,
+              rerule: Callable[[list[tuple[str, Any]]], list[tuple[str, Any]]], tok: Callable[[Any], int],
               working_tokens: int, tokens_before: int, enc: str,
               snapshot_id: str) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
         gone = set(chosen) | set(dropped)
         values = dict(items)
         compactions = [k for k, _ in items if k.startswith("compaction:")] if chosen else []
         gone |= set(compactions)
-        rest = [(k, v) for k, v in items if k not in gone]
-        rest = list(apply_rules(rest, rules, protected=protected, summarize=summarize, encoding=enc,
-                                counts=counts).items)
+        rest = rerule([(k, v) for k, v in items if k not in gone])
         if not chosen:
             return rest, None, None
         lines: list[str] = []
@@ -449,7 +460,7 @@ class RuleDrivenCompressor:
                 line = said if said.startswith(name) else f"{name} {value.get('status', '')}: {said}"
             else:
                 line = f"{key}: " + "; ".join(value_text(value).splitlines())
-            lines.append(truncate_to_tokens(line, ENTRY_TEXT_TOKENS, enc))
+            lines.append(cut_to_tokens(line, ENTRY_TEXT_TOKENS, enc))
         text = "\n".join(lines)
         summary = summarize(text, _fit_budget(budget, count_text(text, enc)))
         if directive is not None and directive.keep_points:
@@ -464,7 +475,7 @@ class RuleDrivenCompressor:
         if dropped:
             record["dropped"] = list(dropped)
         key = _next_compaction_key(items)
-        rest_tokens = sum(tok(k, v) for k, v in rest) + working_tokens
+        rest_tokens = sum(tok(v) for _, v in rest) + working_tokens
         record = _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
         return [*rest, (key, record)], record, key
 
@@ -480,9 +491,9 @@ class _Estimate:
     compaction record (with every earlier compaction record merged into it). The
     record's size is an upper bound: overhead + covers + min(budget, input)."""
 
-    def __init__(self, items: Sequence[tuple[str, Any]], working_tokens: int, tok: Callable[[str, Any], int],
+    def __init__(self, items: Sequence[tuple[str, Any]], working_tokens: int, tok: Callable[[Any], int],
                  enc: str) -> None:
-        self.sizes = {k: tok(k, v) for k, v in items}
+        self.sizes = {k: tok(v) for k, v in items}
         self.enc = enc
         self.base = sum(self.sizes.values()) + working_tokens
         self.count = len(items)
@@ -558,13 +569,15 @@ def _next_compaction_key(items: Sequence[tuple[str, Any]]) -> str:
     return f"compaction:{highest + 1}"
 
 
-def _diff(original: Sequence[tuple[str, Any]], final: Sequence[tuple[str, Any]]) -> list[tuple[Layer, str, Any]]:
+def _diff(original: Sequence[tuple[str, Any]], final: Sequence[tuple[str, Any]],
+          tok: Callable[[Any], int]) -> list[tuple[Layer, str, Any]]:
     new = dict(final)
     changes: list[tuple[Layer, str, Any]] = [(Layer.HISTORY, k, DELETED) for k, _ in original if k not in new]
     old = dict(original)
     for k, v in final:
         o = old.get(k, DELETED)
-        if o is DELETED or (o is not v and canonical_json(o) != canonical_json(v)):
+        # the token counts are known: values that differ in tokens differ in text
+        if o is DELETED or (o is not v and (tok(o) != tok(v) or canonical_json(o) != canonical_json(v))):
             changes.append((Layer.HISTORY, k, v))
     return changes
 

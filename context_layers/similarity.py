@@ -76,18 +76,24 @@ def _leaves(value: Any, out: list[str]) -> None:
         out.append(str(value).lower() if not isinstance(value, bool) else ("true" if value else "false"))
 
 
-def entry_words(key: str, value: Any) -> list[str]:
-    """The words of an entry (see the module doc)."""
-    parts: list[str] = []
-    _leaves(value, parts)
-    words: list[str] = []
-    for part in parts:
-        words.extend(_WORD.findall(part))
-        if len(words) >= MAX_WORDS:
-            return words[:MAX_WORDS]
+def _leaf_texts(value: Any) -> tuple[str, ...]:
+    out: list[str] = []
+    _leaves(value, out)
+    return tuple(out)
+
+
+def _words(key: str, leaves: Sequence[str]) -> list[str]:
+    # one regex pass over all leaves: a newline is not a word character, so no word
+    # runs across two leaves
+    words: list[str] = _WORD.findall("\n".join(leaves))[:MAX_WORDS]
     if len(words) < SHINGLE_WORDS:
         words = _WORD.findall(key.lower()) + words
     return words
+
+
+def entry_words(key: str, value: Any) -> list[str]:
+    """The words of an entry (see the module doc)."""
+    return _words(key, _leaf_texts(value))
 
 
 def _h(text: str) -> int:
@@ -215,10 +221,14 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     if exact:
         reps.sort(key=lambda i: len(sets[i]))
         for x, i in enumerate(reps):
+            a = sets[i]
             for j in reps[x + 1:]:
-                if len(sets[i]) < threshold * len(sets[j]):
-                    break  # sorted by size: every later set is larger still
-                check(i, j)
+                b = sets[j]
+                if len(a) < threshold * len(b):
+                    break  # sorted by size: every later set is larger still (check's bound)
+                if jaccard(a, b) >= threshold:
+                    pairs += weight[i] * weight[j]
+                    uf.union(i, j)
     else:
         bands = NUM_BINS // BAND_ROWS
         buckets: dict[tuple[int, tuple[int, ...]], list[int]] = {}
@@ -243,27 +253,40 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     return Clusters(labels=tuple(labels), pairs=pairs, exact=exact)
 
 
-# (key, id(value)) -> (value, shingles). Context values are immutable and HISTORY keeps
-# the same objects from one activity to the next, so the redundancy score after every
-# activity hashes only the new entries. The entry holds the value itself: while it is
-# cached its id cannot be reused by another object.
+# Two memories of entry_shingles, both bounded (cleared when full):
+# * (key, id(value)) -> (value, shingles), for immutable values. HISTORY keeps the same
+#   objects from one activity to the next, so the score after every activity hashes
+#   only the new entries. The entry holds the value itself: while it is cached its id
+#   cannot be reused by another object.
+# * (key, leaf texts) -> shingles: the words are a function of the key and the leaf
+#   texts, so an equal value written again (the same tool result in the next instance,
+#   a summary repeating an earlier line) is not hashed again; walking the leaves is a
+#   fraction of the cost of hashing their shingles.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), FrozenDict, FrozenList})
 _SHINGLE_CACHE: dict[tuple[str, int], tuple[Any, frozenset[int]]] = {}
 _SHINGLE_CACHE_LIMIT = 1 << 15
+_SHINGLES_BY_TEXT: dict[tuple[str, tuple[str, ...]], frozenset[int]] = {}
+_SHINGLES_BY_TEXT_LIMIT = 1 << 12
 
 
 def entry_shingles(key: str, value: Any) -> frozenset[int]:
-    """``shingles(entry_words(key, value))``, remembered for immutable values."""
-    if type(value) not in _IMMUTABLE:
-        return shingles(entry_words(key, value))
-    slot = (key, id(value))
-    hit = _SHINGLE_CACHE.get(slot)
-    if hit is not None and hit[0] is value:
-        return hit[1]
-    out = shingles(entry_words(key, value))
-    if len(_SHINGLE_CACHE) >= _SHINGLE_CACHE_LIMIT:
-        _SHINGLE_CACHE.clear()
-    _SHINGLE_CACHE[slot] = (value, out)
+    """``shingles(entry_words(key, value))``, remembered (see above)."""
+    immutable = type(value) in _IMMUTABLE
+    if immutable:
+        hit = _SHINGLE_CACHE.get((key, id(value)))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+    leaves = _leaf_texts(value)
+    out = _SHINGLES_BY_TEXT.get((key, leaves))
+    if out is None:
+        out = shingles(_words(key, leaves))
+        if len(_SHINGLES_BY_TEXT) >= _SHINGLES_BY_TEXT_LIMIT:
+            _SHINGLES_BY_TEXT.clear()
+        _SHINGLES_BY_TEXT[(key, leaves)] = out
+    if immutable:
+        if len(_SHINGLE_CACHE) >= _SHINGLE_CACHE_LIMIT:
+            _SHINGLE_CACHE.clear()
+        _SHINGLE_CACHE[(key, id(value))] = (value, out)
     return out
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "ExtractiveSummarizer",
     "Summarizer",
     "build_summary_request",
+    "cut_to_tokens",
     "fit_summary",
     "value_text",
 ]
@@ -66,9 +67,17 @@ def build_summary_request(prefix_messages: Sequence[Message] | None, text: str, 
     return messages
 
 
+def cut_to_tokens(text: str, max_tokens: int, encoding: str = DEFAULT_ENCODING) -> str:
+    """``truncate_to_tokens``, with a text that fits (most do) answered by ``count_text``,
+    whose counts are cached: ``truncate_to_tokens`` encodes the whole text every time."""
+    if count_text(text, encoding) <= max_tokens:
+        return text
+    return truncate_to_tokens(text, max_tokens, encoding)
+
+
 def fit_summary(text: str, max_tokens: int, encoding: str = DEFAULT_ENCODING) -> str:
     """``text`` stripped and cut to ``max_tokens`` tokens (at a token boundary)."""
-    return truncate_to_tokens(text.strip(), max_tokens, encoding).rstrip()
+    return cut_to_tokens(text.strip(), max_tokens, encoding).rstrip()
 
 
 _META = frozenset({"kind", "_compressed"})
@@ -116,6 +125,8 @@ def _scalar_text(v: Any) -> str:
 _SENTENCE = re.compile(r"(?<=[.!?;\u3002\uff01\uff1f\uff1b])\s+")
 _WORD = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
+_SUMMARIES: dict[tuple[type, str, str, int], str] = {}
+_SUMMARIES_LIMIT = 1 << 10
 
 
 class ExtractiveSummarizer:
@@ -134,6 +145,18 @@ class ExtractiveSummarizer:
         self.encoding = encoding
 
     def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Message] | None = None) -> str:
+        # a pure function of its arguments: every instance of a process summarizes the
+        # same reasoning, the same folded records, again
+        slot = (type(self), self.encoding, text, max_tokens)
+        summary = _SUMMARIES.get(slot)
+        if summary is None:
+            summary = self._summarize(text, max_tokens)
+            if len(_SUMMARIES) >= _SUMMARIES_LIMIT:
+                _SUMMARIES.clear()
+            _SUMMARIES[slot] = summary
+        return summary
+
+    def _summarize(self, text: str, max_tokens: int) -> str:
         if max_tokens <= 0:
             return ""
         units = self._units(text, max_tokens)
@@ -148,10 +171,12 @@ class ExtractiveSummarizer:
             for w in ws:
                 df[w] = df.get(w, 0) + 1
         n = len(units)
+        idf = {w: math.log(1 + n / count) for w, count in df.items()}
 
         def score(i: int) -> float:
-            idf = sum(math.log(1 + n / df[w]) for w in words[i])
-            s = idf / math.sqrt(1 + len(words[i]))
+            # summed in the set's order, as ever: floats, ties broken by the sum's last bits
+            weight = sum(idf[w] for w in words[i])
+            s = weight / math.sqrt(1 + len(words[i]))
             if _DIGIT.search(units[i]):
                 s *= 1.25
             if i == 0:
