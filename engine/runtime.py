@@ -64,7 +64,7 @@ from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
-from .store import RECORD_FORMAT, Store, open_store
+from .store import READ_FORMATS, RECORD_FORMAT, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
 
@@ -1521,13 +1521,23 @@ def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None,
 def to_record(instance: Instance) -> dict[str, Any]:
     """The saved form of an instance (format ``RECORD_FORMAT``).
 
-    Built after every activity, so the parts that do not change are cached on the
-    runtime: the process record, and each context's tape as dicts (events are
-    immutable; only new ones are converted). ``contexts[name]`` equals ``ctx.to_dict()``.
+    Built after every activity, so what did not change since the last save is not
+    converted again: the parts that are JSON already (``JSONText``, written by the store
+    as they are) are the process record (encoded once per process), the workflow
+    (``spiff.serialize_json`` keeps its spec and unchanged tasks as text) and the
+    snapshots a context carries from another one (encoded when they change); each
+    context's tape is kept as dicts, new events converted once (``_RecordCache``).
+    Stored and loaded, ``contexts[name]`` equals ``ctx.to_dict()`` and ``workflow`` is
+    the object ``spiff.serialize_json`` encodes.
     """
     rt = getattr(instance.workflow, "layerflow", None)
     cache: _RecordCache = rt.record_cache if isinstance(rt, _Runtime) else _RecordCache()
-    return {
+    try:
+        workflow = JSONText(spiff.serialize_json(instance.workflow))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecord(f"the workflow of instance {instance.id!r} cannot be saved: {exc}; SpiffWorkflow's task "
+                            "data must hold JSON values (no NaN or Infinity) or objects its serializer knows") from None
+    return {  # the plain parts first: the store encodes them in one call
         "format": RECORD_FORMAT,
         "id": instance.id,
         "process_id": instance.process_id,
@@ -1535,9 +1545,6 @@ def to_record(instance: Instance) -> dict[str, Any]:
         "error": instance.error,
         "created": instance.created,
         "updated": instance.updated,
-        "process": cache.process(instance.process),
-        "workflow": spiff.serialize_json(instance.workflow),
-        "contexts": {name: cache.context(ctx) for name, ctx in instance.contexts.items()},
         "engine": {
             "branches": instance.branches,
             "waiting_for": instance.waiting_for,
@@ -1548,53 +1555,89 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "activities": instance.activities,
             "suspended": instance.suspended,
         },
+        "process": _process_part(instance),
+        "workflow": workflow,
+        "contexts": {name: cache.context_part(ctx) for name, ctx in instance.contexts.items()},
     }
 
 
-class _RecordCache:
-    def __init__(self) -> None:
-        self._contexts: dict[str, tuple[LayeredContext, list[dict[str, Any]], dict[str, Any]]] = {}
-        # snapshot id -> (snapshot, its dumped form): the branches of one split share the
-        # snapshot they were forked from, and it is dumped once
-        self._foreign: dict[str, tuple[Any, Any]] = {}
+# The last process record encoded, and its text: ``Process.to_record`` returns the same
+# dict while the process holds, for every instance of it.
+_PROCESS_TEXT: tuple[dict[str, Any], JSONText] | None = None
 
-    def process(self, process: Process) -> dict[str, Any]:
-        return process.to_record()
+
+def _process_part(instance: Instance) -> JSONText:
+    global _PROCESS_TEXT
+    record = instance.process.to_record()
+    if _PROCESS_TEXT is None or _PROCESS_TEXT[0] is not record:
+        _PROCESS_TEXT = (record, json_text(record, f"the process record of instance {instance.id!r}"))
+    return _PROCESS_TEXT[1]
+
+
+class _RecordCache:
+    """Each context's record, kept from one save to the next: its tape as dicts (events are
+    immutable; only new ones are converted) and the snapshots it carries from another
+    context (a branch: the one it was forked from), as dicts and as JSON text."""
+
+    def __init__(self) -> None:
+        self._contexts: dict[str, _CachedContext] = {}
+        # snapshot id -> (snapshot, its dict, its JSON text): the branches of one split share
+        # the snapshot they were forked from, and it is converted once
+        self._foreign: dict[str, tuple[Any, dict[str, Any], str]] = {}
 
     def context(self, ctx: LayeredContext) -> dict[str, Any]:
-        entry = self._contexts.get(ctx.name)
-        if entry is None or entry[0] is not ctx:
-            entry = (ctx, [], {})
-            self._contexts[ctx.name] = entry
-        _, events, snapshots = entry
+        """``ctx.to_dict()``."""
+        cached = self._update(ctx)
+        return {**cached.head(), "snapshots": {sid: d for sid, (d, _) in cached.snapshots.items()},
+                "tape": list(cached.events)}
+
+    def context_part(self, ctx: LayeredContext) -> dict[str, Any]:
+        """``ctx.to_dict()`` for a record: the snapshots as one ``JSONText``, joined when they change."""
+        cached = self._update(ctx)
+        if cached.snapshots_text is None:
+            parts = ",".join(f"{json.dumps(sid)}:{text}" for sid, (_, text) in cached.snapshots.items())
+            cached.snapshots_text = JSONText("{" + parts + "}")
+        return {**cached.head(), "snapshots": cached.snapshots_text, "tape": list(cached.events)}
+
+    def _update(self, ctx: LayeredContext) -> _CachedContext:
+        cached = self._contexts.get(ctx.name)
         tape = ctx.tape
-        if len(events) > len(tape):  # not this context's history any more: start over
-            events.clear()
-            snapshots.clear()
-        foreign = []
-        for event in tape[len(events):]:
-            events.append(event.to_dict())
-            if event.snapshot is not None and event.snapshot.context != ctx.name:
-                foreign.append(event.snapshot)
-        if foreign:
-            known = self._foreign
-            if not all(s.id in known and known[s.id][0] is s for s in foreign):
-                dumped = ctx.to_dict()["snapshots"]
-                for s in foreign:
-                    if s.id in dumped:
-                        known[s.id] = (s, dumped[s.id])
-            for s in foreign:
-                snapshots[s.id] = known[s.id][1]
-        return {"format": TAPE_FORMAT, "name": ctx.name, "branch_id": ctx.branch_id, "encoding": ctx.encoding,
-                "snapshots": dict(snapshots), "tape": list(events)}
+        if cached is None or cached.ctx is not ctx or len(cached.events) > len(tape):
+            cached = self._contexts[ctx.name] = _CachedContext(ctx)  # another context: start over
+        for event in tape[len(cached.events):]:
+            cached.events.append(event.to_dict())
+            snap = event.snapshot
+            if snap is not None and snap.context != ctx.name and snap.id not in cached.snapshots:
+                known = self._foreign.get(snap.id)
+                if known is None or known[0] is not snap:
+                    dumped = snap.to_dict()
+                    known = self._foreign[snap.id] = (snap, dumped, json_text(dumped, f"snapshot {snap.id!r}").text)
+                cached.snapshots[snap.id] = known[1:]
+                cached.snapshots_text = None
+        return cached
+
+
+@dataclass
+class _CachedContext:
+    ctx: LayeredContext
+    events: list[dict[str, Any]] = field(default_factory=list)  # its tape, as dicts
+    # id -> (dict, JSON text) of each snapshot it carries from another context
+    snapshots: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
+    snapshots_text: JSONText | None = None  # all of them as one record part; None: to be joined
+
+    def head(self) -> dict[str, Any]:
+        ctx = self.ctx
+        return {"format": TAPE_FORMAT, "name": ctx.name, "branch_id": ctx.branch_id, "encoding": ctx.encoding}
 
 
 def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
+    """The instance a stored record holds; reads every record format up to ``RECORD_FORMAT``
+    (format 1 kept the workflow as JSON text in a string, 2 as an object)."""
     fmt = record.get("format")
-    if fmt != RECORD_FORMAT:
+    if fmt not in READ_FORMATS:
         raise LayerflowError(f"instance record {record.get('id')!r} has format {fmt!r}; this layerflow reads "
-                             f"format {RECORD_FORMAT}")
-    wf = spiff.SERIALIZER.deserialize_json(record["workflow"])
+                             f"formats {', '.join(map(str, READ_FORMATS))}. Upgrade layerflow to load it")
+    wf = spiff.deserialize(record["workflow"])
     process = Process.from_record(record["process"], wf.spec, dict(wf.subprocess_specs))
     contexts = {name: LayeredContext.from_dict(d) for name, d in record["contexts"].items()}
     eng = record.get("engine", {})

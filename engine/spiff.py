@@ -39,9 +39,12 @@ completes (then empties the wrapper's data, so no successor inherits any of it).
 from __future__ import annotations
 
 import json
+import math
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
+from json.encoder import encode_basestring_ascii
 from typing import Any, Callable, Iterator, Protocol
 
 from lxml import etree
@@ -81,6 +84,7 @@ __all__ = [
     "LayerflowScriptEngine",
     "SERIALIZER",
     "serialize_json",
+    "deserialize",
     "new_workflow",
     "attach",
     "driver_of",
@@ -519,11 +523,31 @@ def _serializer() -> BpmnWorkflowSerializer:
 
 SERIALIZER = _serializer()
 _ENCODER = create_encoder(SERIALIZER.registry)
+# One encoder (json.dumps builds one per call). Strict (no NaN): the text goes into stored
+# records as it is. Compact: it is stored after every activity.
+_ENCODE = _ENCODER(separators=(",", ":"), allow_nan=False).encode
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 # spec -> its JSON text (specs never change after parsing)
 _SPEC_JSON: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-# workflow -> {task id: (fingerprint, JSON text of the task)}
-_TASK_JSON: "weakref.WeakKeyDictionary[Any, dict[Any, tuple[tuple[Any, ...], str]]]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _TaskTexts:
+    """What ``serialize_json`` keeps of one workflow's tasks from one save to the next."""
+
+    # task -> (fingerprint, JSON text of the task); keyed by the task itself (hashed by
+    # identity, in C), so a task made anew under an old id is converted anew
+    tasks: dict[Any, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
+    ids: dict[Any, str] = field(default_factory=dict)  # task id (a UUID) -> its JSON string
+
+    def quoted(self, task_id: Any) -> str:
+        text = self.ids.get(task_id)
+        if text is None:
+            text = self.ids[task_id] = f'"{task_id}"'  # str(UUID) is slow Python
+        return text
+
+
+_TASK_JSON: "weakref.WeakKeyDictionary[Any, _TaskTexts]" = weakref.WeakKeyDictionary()
 
 
 def serialize_json(workflow: Any) -> str:
@@ -535,7 +559,9 @@ def serialize_json(workflow: Any) -> str:
     state change, children, ``internal_data``). A task that has data of its own, or a
     parent with data, is converted every time, as are subprocesses and events. The
     result loads with ``SERIALIZER.deserialize_json`` to the same workflow (the same
-    JSON value as SpiffWorkflow's own text; only the order of the top-level keys differs).
+    JSON value as SpiffWorkflow's own text; only the order of the top-level keys and the
+    spacing differ). It is strict JSON: a value JSON cannot hold (NaN, an object the
+    serializer does not know) raises ``ValueError`` / ``TypeError``.
     """
     registry = SERIALIZER.registry
     registry._encoder_mode = True
@@ -552,100 +578,130 @@ def serialize_json(workflow: Any) -> str:
             "typename": registry.typenames[type(workflow)],
             SERIALIZER.VERSION_KEY: SERIALIZER.VERSION,
         }
-        text = json.dumps(head, cls=_ENCODER)
+        text = _ENCODE(head)
         tasks = _tasks_json(workflow, registry)
-        subspecs = ",".join(f"{json.dumps(str(k))}:{_spec_json(v, registry)}" for k, v in workflow.subprocess_specs.items())
+        subspecs = ",".join(f"{encode_basestring_ascii(str(k))}:{_spec_json(v, registry)}"
+                            for k, v in workflow.subprocess_specs.items())
         spec = _spec_json(workflow.spec, registry)
     finally:
         registry._encoder_mode = False
     return f'{text[:-1]},"tasks":{tasks},"spec":{spec},"subprocess_specs":{{{subspecs}}}}}'
 
 
+def deserialize(workflow: str | Mapping[str, Any]) -> BpmnWorkflow:
+    """The workflow a record holds: as JSON text (``serialize_json``; records of format 1)
+    or as the object that text encodes (records of format 2). The object is migrated in
+    place: pass one you own (a record just loaded)."""
+    if isinstance(workflow, str):
+        return SERIALIZER.deserialize_json(workflow)
+    dct = dict(workflow)
+    SERIALIZER.migrate(dct)
+    return SERIALIZER.from_dict(dct)
+
+
 def _spec_json(spec: Any, registry: Any) -> str:
     text = _SPEC_JSON.get(spec)
     if text is None:
-        text = _SPEC_JSON[spec] = json.dumps(registry.convert(spec), cls=_ENCODER)
+        text = _SPEC_JSON[spec] = _ENCODE(registry.convert(spec))
     return text
 
 
 def _tasks_json(workflow: Any, registry: Any) -> str:
-    cache = _TASK_JSON.get(workflow)
-    if cache is None:
-        cache = _TASK_JSON[workflow] = {}
+    texts = _TASK_JSON.get(workflow)
+    if texts is None:
+        texts = _TASK_JSON[workflow] = _TaskTexts()
+    cache = texts.tasks
     tasks = workflow.tasks
+    # tasks whose children are converted every time; usually none (the engine keeps data
+    # in its contexts). Asked once here rather than per task: UUIDs hash in Python.
+    with_data = {tid for tid, task in tasks.items() if task.data}
     parts = []
-    for tid, task in tasks.items():
-        mark = _task_fingerprint(task, tasks)
-        hit = cache.get(tid)
+    for task in tasks.values():
+        mark = _task_fingerprint(task, with_data)
+        hit = cache.get(task)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
             continue
-        dct = _plain_task_dict(task, registry) if mark is not None else None
-        # a plain task's dict holds JSON types only: the default encoder writes the same text
-        body = json.dumps(dct) if dct is not None else json.dumps(registry.convert(task), cls=_ENCODER)
-        text = f'"{tid}":{body}'
+        body = _plain_task_json(task, registry, texts) if mark is not None else None
+        if body is None:
+            body = _ENCODE(registry.convert(task))
+        text = f"{texts.quoted(task.id)}:{body}"
         if mark is not None:
-            cache[tid] = (mark, text)
+            cache[task] = (mark, text)
         elif hit is not None:
-            del cache[tid]
+            del cache[task]
         parts.append(text)
     if len(cache) > len(tasks):  # tasks were dropped (a reset): forget theirs
-        for tid in [t for t in cache if t not in tasks]:
-            del cache[tid]
+        for task in [t for t in cache if tasks.get(t.id) is not t]:
+            del cache[task]
+            texts.ids.pop(task.id, None)
     return "{" + ",".join(parts) + "}"
 
 
-# does _plain_task_dict build what the registry builds? checked once for a root task
+# does _plain_task_json write what the registry builds? checked once for a root task
 # (False) and once for a task with a parent (True)
 _PLAIN_TASKS: dict[bool, bool] = {}
 
 
-def _plain_task_dict(task: Any, registry: Any) -> dict[str, Any] | None:
-    """SpiffWorkflow's ``TaskConverter.to_dict`` (with its typename) for a task that has no
-    data of its own, nor its parent, and only scalars in ``internal_data``: what it
-    builds, without the registry's generic dispatch. The first use of each form (root,
-    child) compares it with the registry's own result; on a difference that form is
-    never used again (None)."""
-    parent = task._parent if task.parent is not None else None
-    form = parent is not None
-    if _PLAIN_TASKS.get(form) is False:
+def _scalar_json(value: Any) -> str:
+    """JSON for the scalars a plain task holds, as the (strict, ASCII) encoder writes them."""
+    if type(value) is str:
+        return encode_basestring_ascii(value)
+    if value is None or type(value) is bool:
+        return "null" if value is None else "true" if value else "false"
+    if type(value) is int or (type(value) is float and math.isfinite(value)):
+        return repr(value)
+    raise ValueError(f"{value!r} is not a JSON scalar")  # the caller takes the long way
+
+
+def _key_json(key: Any) -> str:
+    if type(key) is str:
+        return encode_basestring_ascii(key)
+    raise ValueError(f"{key!r} is not a str key")  # the caller takes the long way
+
+
+def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
+    """The JSON text of SpiffWorkflow's ``TaskConverter.to_dict`` (with its typename) for a
+    task that has no data of its own, nor its parent, and only scalars in ``internal_data``:
+    written directly, its fields being ids, numbers and names (a dict and an encoder
+    call would cost more than the text). The first use of each form (root, child)
+    compares it with the registry's own result; on a difference that form is never used
+    again (None)."""
+    has_parent = task.parent is not None
+    if _PLAIN_TASKS.get(has_parent) is False:
         return None
-    dct = {
-        "id": str(task.id),
-        "parent": str(parent) if parent is not None else None,
-        "children": [str(child) for child in task._children],
-        "last_state_change": task.last_state_change,
-        "state": task._state,
-        "task_spec": task.task_spec.name,
-        "triggered": task.triggered,
-        "internal_data": dict(task.internal_data),
-        "data": {} if parent is not None else dict(task.data),
-        "delta": {"updates": {}, "deletions": []} if parent is not None else {},
-        "typename": registry.typenames.get(type(task)),
-    }
-    if form not in _PLAIN_TASKS:
-        _PLAIN_TASKS[form] = dct == registry.convert(task)
-        if not _PLAIN_TASKS[form]:
+    parent = texts.quoted(task._parent) if has_parent else "null"
+    children = ",".join(map(texts.quoted, task._children))
+    delta = '{"updates":{},"deletions":[]}' if has_parent else "{}"
+    try:
+        internal = ",".join(f"{_key_json(k)}:{_scalar_json(v)}" for k, v in task.internal_data.items())
+        text = (f'{{"id":{texts.quoted(task.id)},"parent":{parent},"children":[{children}],'
+                f'"last_state_change":{_scalar_json(task.last_state_change)},"state":{_scalar_json(task._state)},'
+                f'"task_spec":{_scalar_json(task.task_spec.name)},"triggered":{_scalar_json(task.triggered)},'
+                f'"internal_data":{{{internal}}},"data":{{}},"delta":{delta},'
+                f'"typename":{_scalar_json(registry.typenames.get(type(task)))}}}')
+    except ValueError:
+        return None
+    if has_parent not in _PLAIN_TASKS:
+        _PLAIN_TASKS[has_parent] = json.loads(text) == registry.convert(task)
+        if not _PLAIN_TASKS[has_parent]:
             return None
-    return dct
+    return text
 
 
-def _task_fingerprint(task: Any, tasks: Mapping[Any, Any]) -> tuple[Any, ...] | None:
-    """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
+def _task_fingerprint(task: Any, with_data: set[Any]) -> tuple[Any, ...] | None:
+    """What SpiffWorkflow's task converter reads and may change, when it can be compared
+    cheaply; else None. (A task's id, parent and spec never change.)
 
     Data is stored as changes against the parent's data: with no data on either side
     the delta is empty, whatever else happened, so only emptiness is checked (live)."""
-    if task.data:
-        return None
-    parent = tasks.get(task._parent)
-    if parent is not None and parent.data:
+    if task.data or (with_data and task._parent in with_data):
         return None
     internal = tuple(task.internal_data.items())
     for _, value in internal:
         if type(value) not in _SCALARS:
             return None
-    return (task._state, task.last_state_change, task.triggered, task._parent, parent is not None,
-            tuple(task._children), task.task_spec.name, internal)
+    return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal)
 
 
 def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> BpmnWorkflow:

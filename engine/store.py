@@ -1,7 +1,9 @@
 """Where instances are kept between runs: the engine's view of a ``context_layers.stores`` backend.
 
 A record is a JSON-able dict (``engine.runtime.to_record``: the serialized workflow,
-every context's tape, the engine's bookkeeping) with a ``format`` field. The store
+every context's tape, the engine's bookkeeping) with a ``format`` field; parts that are
+JSON already (``JSONText``: the workflow, the process, the snapshots a context carries)
+are written as they are and load back as the values they encode. The store
 owns its ``version``: ``create`` returns 1; ``save(record, expected_version)`` returns
 the next version, or raises ``VersionConflict`` when someone else saved since
 (optimistic concurrency: load again and retry). Tape events are appended
@@ -19,11 +21,16 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from context_layers import stores
-from context_layers.stores import InstanceRecords
+from context_layers.stores import InstanceRecords, InvalidRecord, JSONText, json_text
 
-__all__ = ["RECORD_FORMAT", "Store", "InstanceRecords", "open_store", "default_store_url"]
+__all__ = ["RECORD_FORMAT", "READ_FORMATS", "Store", "InstanceRecords", "InvalidRecord", "JSONText", "json_text",
+           "open_store", "default_store_url"]
 
-RECORD_FORMAT = 1
+#: Format of the records ``to_record`` writes. 1: the workflow is its JSON text, in a
+#: string; 2: the workflow is the object that text encodes (not escaped again on every save).
+RECORD_FORMAT = 2
+#: Formats ``from_record`` reads.
+READ_FORMATS = (1, 2)
 
 
 @runtime_checkable

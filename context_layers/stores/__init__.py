@@ -35,12 +35,14 @@ from .base import (
     InvalidAnswer,
     InvalidRecord,
     InvalidStoreURL,
+    JSONText,
     Store,
     StoreError,
     StoreFormatError,
     StoreUnavailable,
     TapeSequenceError,
     VersionConflict,
+    json_text,
 )
 from .instances import InstanceRecords, load_instance, save_instance
 from .memory import MemoryStore
@@ -60,6 +62,7 @@ __all__ = [
     "InvalidAnswer",
     "InvalidRecord",
     "InvalidStoreURL",
+    "JSONText",
     "MemoryStore",
     "Store",
     "StoreError",
@@ -68,6 +71,7 @@ __all__ = [
     "TapeSequenceError",
     "VersionConflict",
     "default_store_url",
+    "json_text",
     "load_instance",
     "open_store",
     "save_instance",

@@ -6,7 +6,9 @@ A store keeps, per instance:
   serialized workflow, the context heads, engine bookkeeping) with an integer
   ``version`` for optimistic concurrency. ``create`` gives version 1; ``save`` with
   the version you loaded gives the next one, or raises ``VersionConflict`` when
-  someone saved in between (nothing is written then);
+  someone saved in between (nothing is written then). A part of the record may be
+  given as ``JSONText`` (JSON encoded already, e.g. once for many saves); it is
+  written as it is and loads back as the value it encodes;
 * **tapes**, one per context name: event dicts with gap-free sequence numbers from 1.
   Appends go in with the save they belong to, in one transaction, and every change
   of a tape bumps the instance version, so a writer holding a stale version can never
@@ -43,6 +45,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from ..canonical import json_equal
@@ -67,6 +70,8 @@ __all__ = [
     "ConfirmationAnswered",
     "InvalidAnswer",
     "VersionConflict",
+    "JSONText",
+    "json_text",
     "split_snapshot",
     "join_snapshot",
 ]
@@ -314,9 +319,13 @@ class Store(Protocol):
 
 # ====================================================================== shared helpers
 
+# one encoder for every write: json.dumps would build it anew for each value
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON that keeps dict order (records and events are returned as given)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def dumps_checked(value: Any, what: str) -> str:
@@ -325,6 +334,30 @@ def dumps_checked(value: Any, what: str) -> str:
     except (TypeError, ValueError) as exc:
         raise InvalidRecord(f"{what} is not JSON-compatible: {exc}; store only None, bool, int, float, str, "
                             "list and dict with str keys") from None
+
+
+@dataclass(frozen=True, slots=True)
+class JSONText:
+    """A part of a record that is JSON text already: encoded once, written as it is.
+
+    The engine saves an instance after every activity, and most of its record does not
+    change from one save to the next (the process, the workflow's spec, the snapshot a
+    branch was forked from). Such a part is encoded once, when it changes, and
+    ``prepare_record`` splices its text into the record instead of encoding the value
+    again. It loads back as the value it encodes; the record keeps its shape.
+
+    It stands as a value of a dict: the record, or a dict in it (at any depth, through
+    dicts only). In a list it is an error (``InvalidRecord``), never a string. ``text``
+    must be valid JSON: make it with ``json_text`` (which checks the value), or from the
+    output of a JSON encoder run with ``allow_nan=False``.
+    """
+
+    text: str
+
+
+def json_text(value: Any, what: str) -> JSONText:
+    """``value`` encoded as a record part; ``InvalidRecord`` naming ``what`` when it is not JSON."""
+    return JSONText(dumps_checked(value, what))
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +412,77 @@ def prepare_record(record: Mapping[str, Any], instance_id: str | None = None) ->
         if not isinstance(value, str):
             raise InvalidRecord(f"instance record {rid!r} needs a str {name!r}, got {value!r}")
         fields[name] = value
-    return PreparedRecord(rid, fields["process_id"], fields["status"], dumps_checked(record, f"instance record {rid!r}"))
+    return PreparedRecord(rid, fields["process_id"], fields["status"], encode_record(record, f"instance record {rid!r}"))
+
+
+def encode_record(record: Mapping[str, Any], what: str) -> str:
+    """The JSON text of ``record``, with its ``JSONText`` parts spliced in as they are."""
+    if not isinstance(record, dict):
+        return dumps_checked(record, what)
+    out: list[str] = []
+    _encode_into(out, record, what, ())
+    return "".join(out)  # the one copy of the parts' text
+
+
+def _encode_into(out: list[str], value: dict[Any, Any], what: str, path: tuple[Any, ...]) -> None:
+    """Append the JSON text of ``value`` to ``out``: ``JSONText`` parts as they are, dicts that
+    hold some the same way, each run of other items in one encoder call, in order."""
+    out.append("{")
+    sep = ""
+    plain: dict[Any, Any] = {}
+    for key, item in value.items():
+        if not (type(item) is JSONText or (type(item) is dict and _holds_text(item))):
+            plain[key] = item
+            continue
+        if not isinstance(key, str):
+            raise InvalidRecord(f"{_part(what, path)} has the key {key!r} before a JSON text part; keys are str")
+        if plain:
+            out += (sep, _plain_items(plain, what, path), ",")
+            plain = {}
+        else:
+            out.append(sep)
+        out += (encode_basestring(key), ":")
+        sep = ","
+        if isinstance(item, JSONText):
+            out.append(item.text)
+        else:
+            _encode_into(out, item, what, (*path, key))
+    if plain:
+        out += (sep, _plain_items(plain, what, path))
+    out.append("}")
+
+
+def _holds_text(value: dict[Any, Any]) -> bool:
+    for item in value.values():
+        if type(item) is JSONText or (type(item) is dict and _holds_text(item)):
+            return True
+    return False
+
+
+_SCALAR_JSON: dict[type, Callable[[Any], str]] = {
+    str: encode_basestring, int: int.__repr__, bool: lambda v: "true" if v else "false", type(None): lambda v: "null"}
+
+
+def _plain_items(items: dict[Any, Any], what: str, path: tuple[Any, ...]) -> str:
+    """``"k":v,...`` for a run of items, or ``InvalidRecord`` naming where they are.
+    Strings, ints, bools and None (a context head's fields) are written here directly:
+    for a few of them an encoder call costs more than the items."""
+    texts = []
+    for key, value in items.items():
+        scalar = _SCALAR_JSON.get(type(value))
+        if scalar is None or type(key) is not str:
+            break
+        texts.append(f"{encode_basestring(key)}:{scalar(value)}")
+    else:
+        return ",".join(texts)
+    try:
+        return dumps(items)[1:-1]
+    except (TypeError, ValueError):
+        return dumps_checked(items, _part(what, path))[1:-1]  # raises, with the message
+
+
+def _part(what: str, path: tuple[Any, ...]) -> str:
+    return what + "".join(f"[{key!r}]" for key in path)
 
 
 def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str, Any]]) -> PreparedAppend | None:
@@ -389,7 +492,7 @@ def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str,
         return None
     seqs = []
     for event in events:
-        seq = event.get("seq") if isinstance(event, Mapping) else None
+        seq = event.get("seq") if isinstance(event, (dict, Mapping)) else None
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
             raise InvalidRecord(f"every event appended to tape {context!r} of instance {instance_id!r} needs an int "
                                 f"'seq' >= 1, got {seq!r}")
@@ -398,7 +501,12 @@ def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str,
         if seq != prev + 1:
             raise TapeSequenceError(f"events appended to tape {context!r} of instance {instance_id!r} must have "
                                     f"consecutive seqs; {seq} follows {prev}. Nothing was written")
-    texts = tuple(dumps_checked(e, f"event {e['seq']} of tape {context!r}") for e in events)
+    try:
+        texts = tuple(map(dumps, events))
+    except (TypeError, ValueError):
+        for e in events:  # which one
+            dumps_checked(e, f"event {e['seq']} of tape {context!r}")
+        raise
     return PreparedAppend(context, seqs[0], texts)
 
 

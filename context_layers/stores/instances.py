@@ -10,6 +10,7 @@ a record and its tapes always come from the same version even while others save.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,9 @@ def split_tapes(record: Mapping[str, Any], heads: Mapping[str, int]) -> tuple[di
     contexts: dict[str, Any] = {}
     appends: dict[str, list[Any]] = {}
     for name, ctx in (record.get("contexts") or {}).items():
-        tape = list(ctx.get("tape", ()))
+        tape = ctx.get("tape", ())
+        if not isinstance(tape, (list, tuple)):
+            tape = list(tape)
         last = tape[-1]["seq"] if tape else 0
         stored = heads.get(name, 0)
         if last < stored:
@@ -45,14 +48,24 @@ def save_instance(store: Store, record: Mapping[str, Any], expected_version: int
     ``kwargs`` (``snapshots=``, ``confirmations=``) go to ``create`` / ``save`` and
     commit with it. Raises ``VersionConflict`` as ``save`` does.
     """
+    return _save(store, record, expected_version, None, **kwargs)[0]
+
+
+def _save(store: Store, record: Mapping[str, Any], expected_version: int, heads: Mapping[str, int] | None,
+          **kwargs: Any) -> tuple[int, dict[str, int]]:
+    """``save_instance`` given the stored tape heads at ``expected_version`` when the caller
+    knows them (None: read them); returns the new version and the heads at it."""
     if expected_version == 0:
         head, appends = split_tapes(record, {})
-        return store.create(head, tape_appends=appends, **kwargs)
+        version = store.create(head, tape_appends=appends, **kwargs)
+        return version, _after({}, appends)
     iid = record["id"]
     # Heads read outside the save are safe: every tape change bumps the version, so if
     # they moved since ``expected_version`` the save below raises VersionConflict.
+    if heads is None:
+        heads = store.tape_heads(iid)
     try:
-        head, appends = split_tapes(record, store.tape_heads(iid))
+        head, appends = split_tapes(record, heads)
     except TapeSequenceError:
         # the stored tapes are ahead of this record: normally because someone saved since
         # it was loaded, which is a version conflict, not a broken tape
@@ -60,7 +73,13 @@ def save_instance(store: Store, record: Mapping[str, Any], expected_version: int
         if actual != expected_version:
             raise version_conflict(iid, expected_version, actual) from None
         raise
-    return store.save(iid, head, expected_version, appends, **kwargs)
+    version = store.save(iid, head, expected_version, appends, **kwargs)
+    return version, _after(heads, appends)
+
+
+def _after(heads: Mapping[str, int], appends: Mapping[str, list[Any]]) -> dict[str, int]:
+    """The tape heads once ``appends`` went in on top of ``heads``."""
+    return {**heads, **{name: events[-1]["seq"] for name, events in appends.items()}}
 
 
 def load_instance(store: Store, instance_id: str) -> tuple[dict[str, Any], int]:
@@ -77,14 +96,27 @@ def load_instance(store: Store, instance_id: str) -> tuple[dict[str, Any], int]:
 class InstanceRecords:
     """The engine's record-at-a-time view of a ``Store``: ``create(record)``, ``load(id)``
     (the record with its ``version`` inside), ``save(record, expected_version)``, ``list()``;
-    tapes go in incrementally (``save_instance``) and come back whole (``load_instance``)."""
+    tapes go in incrementally (``save_instance``) and come back whole (``load_instance``).
+
+    It remembers the tape heads its own last write left, per instance (the most recent
+    ``HEADS_KEPT``): a save on the version that write returned uses them instead of asking
+    the store (a round trip to Redis). They are exact: only a write bumps the version, so
+    the store holds these heads as long as it holds that version, and a save on it fails
+    with ``VersionConflict`` once someone else wrote.
+    """
+
+    HEADS_KEPT = 256
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.url = store.url
+        self._heads: dict[str, tuple[int, dict[str, int]]] = {}  # id -> (version, tape heads at it)
+        self._heads_lock = threading.Lock()
 
     def create(self, record: Mapping[str, Any]) -> int:
-        return save_instance(self.store, _without_version(record))
+        version, heads = _save(self.store, _without_version(record), 0, None)
+        self._remember(record["id"], version, heads)
+        return version
 
     def load(self, instance_id: str) -> dict[str, Any]:
         record, version = load_instance(self.store, instance_id)
@@ -92,7 +124,19 @@ class InstanceRecords:
         return record
 
     def save(self, record: Mapping[str, Any], expected_version: int) -> int:
-        return save_instance(self.store, _without_version(record), expected_version)
+        iid = record["id"]
+        with self._heads_lock:
+            known = self._heads.pop(iid, None)
+        heads = known[1] if known is not None and known[0] == expected_version else None
+        version, heads = _save(self.store, _without_version(record), expected_version, heads)
+        self._remember(iid, version, heads)
+        return version
+
+    def _remember(self, instance_id: str, version: int, heads: dict[str, int]) -> None:
+        with self._heads_lock:
+            self._heads[instance_id] = (version, heads)
+            while len(self._heads) > self.HEADS_KEPT:
+                del self._heads[next(iter(self._heads))]  # the least recently written
 
     def list(self) -> list[dict[str, Any]]:
         """Summaries ``{"id", "process_id", "status", "version", "updated"}``, newest first."""
