@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .canonical import FrozenDict, canonical_json, canonical_key
+from .canonical import FrozenDict, canonical_key
 from .context import LayeredContext, Snapshot, entry_kind, is_record_key
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
@@ -95,13 +96,20 @@ class Scope:
     preserved: frozenset[str] = frozenset()
     merged_conflicts: Any = None
 
-    @property
+    # computed once: the scores and the compressor read them again and again
+
+    @cached_property
     def entries(self) -> tuple[ScopeEntry, ...]:
         return self.history + self.working
 
-    @property
+    @cached_property
     def tokens(self) -> int:
         return sum(e.tokens for e in self.history) + sum(e.tokens for e in self.working)
+
+    @cached_property
+    def segments(self) -> Segments:
+        """``segment_history`` of HISTORY."""
+        return segment_history([(e.key, e.value) for e in self.history])
 
     @classmethod
     def of(cls, source: LayeredContext | Snapshot, config: ActivityExtensionConfig | None = None) -> Scope:
@@ -241,8 +249,7 @@ def redundancy(scope: Scope) -> float:
 
 
 def _decay(scope: Scope, recent_activities: int) -> tuple[float, dict[str, Any]]:
-    history = [(e.key, e.value) for e in scope.history]
-    seg = segment_history(history)
+    seg = scope.segments
     recent = seg.recent(recent_activities)
     new = old = 0
     for e in scope.history:
@@ -376,8 +383,10 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
 # * id(value) -> (value, mark): a tool result is scored after every activity while it
 #   stays in HISTORY; frozen values never change, and holding the value keeps its id
 #   unique;
-# * canonical JSON -> mark: every instance of a process gets the same results from
-#   the same tools, and rendering a value costs a fraction of its mark.
+# * repr(value) -> mark: every instance of a process gets the same results from the
+#   same tools, as new objects. Context values hold JSON types only (``freeze``), whose
+#   repr tells equal values from unequal ones, and rendering it costs a fraction of
+#   the mark.
 _MARKS: dict[int, tuple[Any, str]] = {}
 _MARKS_LIMIT = 1 << 14
 _MARKS_BY_TEXT: dict[str, str] = {}
@@ -391,7 +400,7 @@ def _tool_mark(value: Any) -> str:
     hit = _MARKS.get(id(value))
     if hit is not None and hit[0] is value:
         return hit[1]
-    text = canonical_json(value)
+    text = repr(value)
     mark = _MARKS_BY_TEXT.get(text)
     if mark is None:
         mark = _mark(value)
@@ -609,7 +618,8 @@ class CompressTriggerDetector:
         entries = len(scope.history)
         token_limit = config.effective_token_threshold
         message_limit = config.effective_message_threshold
-        limits = _threshold_dict(config.effective_attention_thresholds)
+        attention_limits = config.effective_attention_thresholds
+        limits = _threshold_dict(attention_limits)
         values: dict[str, float | int] = {"token_threshold": tokens, "message_threshold": entries, **score.to_dict()}
         thresholds: dict[str, float | int | None] = {"token_threshold": token_limit,
                                                      "message_threshold": message_limit, **limits}
@@ -619,7 +629,7 @@ class CompressTriggerDetector:
         if message_limit is not None and entries > message_limit:
             fired.append("message_threshold")
         floor = self.floor(config)
-        crossed = score.crossed(config.effective_attention_thresholds)
+        crossed = score.crossed(attention_limits)
         suppressed: list[str] = []
         if tokens >= floor:
             fired.extend(crossed)

@@ -188,11 +188,28 @@ def apply_rule(items: Iterable[tuple[str, Any]], rule: CompressRule, *, protecte
     """Apply one rule to HISTORY pairs (see the module doc). ``judged``: the memo above;
     ``tokens``: a value's token count, ``count_value`` when ``None`` (the compressor
     passes its memo of the counts it knows)."""
-    tokens = tokens or _counter(encoding)
     items = list(items)
     guard = frozenset(protected)
-    matched = [i for i, (k, v) in enumerate(items)
-               if k not in guard and not is_protected_record(k, v) and _matches(rule, entry_kind(k, v), k)]
+    kinds = {k: _kind(k, v, guard) for k, v in items}
+    return _apply_rule(items, kinds, rule, summarize=summarize, encoding=encoding, judged=judged,
+                       tokens=tokens or _counter(encoding))
+
+
+def _kind(key: str, value: Any, guard: frozenset[str]) -> str | None:
+    """An entry's kind; ``None`` for one no rule may touch (protected, compressor records)."""
+    return None if key in guard or is_protected_record(key, value) else entry_kind(key, value)
+
+
+def _apply_rule(items: Sequence[tuple[str, Any]], kinds: Mapping[str, str | None], rule: CompressRule, *,
+                summarize: Callable[[str, int], str] | None, encoding: str, judged: Judged | None,
+                tokens: Callable[[Any], int]) -> RuleOutcome:
+    """``apply_rule`` with the entries' kinds known (``apply_rules`` keeps them from rule to rule)."""
+    items = list(items)
+    matched: list[int] = []
+    for i, (key, _) in enumerate(items):
+        kind = kinds[key]
+        if kind is not None and _matches(rule, kind, key):
+            matched.append(i)
     if rule.action == "count_only":
         return _count_only(items, matched, rule, tokens)
     summarize = summarize or SummaryCache(encoding=encoding)
@@ -282,16 +299,19 @@ def apply_rules(items: Iterable[tuple[str, Any]], rules: Sequence[CompressRule],
     tokens = tokens or _counter(encoding)
     affected: dict[str, None] = {}
     missing: dict[str, tuple[str, ...]] = {}
+    kinds = {k: _kind(k, v, guard) for k, v in current}
     for _ in range(MAX_PASSES):
         changed = False
         for n, rule in enumerate(rules):
-            out = apply_rule(current, rule, protected=guard, summarize=summarize, encoding=encoding, judged=judged,
-                             tokens=tokens)
+            out = _apply_rule(current, kinds, rule, summarize=summarize, encoding=encoding, judged=judged,
+                              tokens=tokens)
             for k, paths in out.missing_paths.items():
                 missing[k] = tuple(dict.fromkeys([*missing.get(k, ()), *paths]))
             if out.affected:
                 changed = True
                 current = out.items
+                stale = set(out.affected)
+                kinds = {k: kinds[k] if k in kinds and k not in stale else _kind(k, v, guard) for k, v in current}
                 for k in out.affected:
                     affected.setdefault(k, None)
                 if counts is not None:

@@ -42,6 +42,7 @@ the tape.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +57,6 @@ from .attention import (
     Segments,
     classify_tool_entries,
     is_compressor_record,
-    segment_history,
 )
 from .canonical import canonical_json
 from .compress_rules import Judged, SummaryCache, apply_rules
@@ -225,7 +225,7 @@ class RuleDrivenCompressor:
                                  prefix_messages=(lambda: prefix(ctx)) if prefix is not None else None)
         # Ownership is read before the rules run: a rule may remove activity records
         # (count_only on "activity:*"), and their entries still belong to them.
-        seg = segment_history(original)
+        seg = scope.segments
         judged: Judged = {}
         ruled = apply_rules(original, rules, protected=protected, summarize=summarize, encoding=enc, counts=counts,
                             judged=judged, tokens=tok)
@@ -507,7 +507,7 @@ class _Estimate:
                 self.merged_removed += self.sizes[k]
                 summary = v.get("summary") if isinstance(v, dict) else None
                 self.merged_input += count_text(summary, enc) if isinstance(summary, str) else 0
-                self.merged_covers += count_text(json.dumps(k), enc) + 1
+                self.merged_covers += _covers_tokens(k, enc)
 
     def copy(self) -> _Estimate:
         other = object.__new__(_Estimate)
@@ -523,7 +523,7 @@ class _Estimate:
         self.removed += self.sizes[key]
         self.input += min(ENTRY_TEXT_TOKENS, self.sizes[key])
         if listed:
-            self.covers += count_text(json.dumps(key), self.enc) + 1
+            self.covers += _covers_tokens(key, self.enc)
 
     def tokens(self, budget: int) -> int:
         if not self.picked:
@@ -533,6 +533,12 @@ class _Estimate:
 
     def entries(self) -> int:
         return self.count - len(self.picked) - self.merged + 1 if self.picked else self.count
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _covers_tokens(key: str, enc: str) -> int:
+    """Tokens a key adds to a record's ``covers`` list (the same keys, compression after compression)."""
+    return count_text(json.dumps(key), enc) + 1
 
 
 def _finish_record(record: dict[str, Any], snapshot_id: str, tokens_before: int, rest: int, enc: str) -> dict[str, Any]:

@@ -76,24 +76,18 @@ def _leaves(value: Any, out: list[str]) -> None:
         out.append(str(value).lower() if not isinstance(value, bool) else ("true" if value else "false"))
 
 
-def _leaf_texts(value: Any) -> tuple[str, ...]:
-    out: list[str] = []
-    _leaves(value, out)
-    return tuple(out)
-
-
-def _words(key: str, leaves: Sequence[str]) -> list[str]:
-    # one regex pass over all leaves: a newline is not a word character, so no word
-    # runs across two leaves
-    words: list[str] = _WORD.findall("\n".join(leaves))[:MAX_WORDS]
+def entry_words(key: str, value: Any) -> list[str]:
+    """The words of an entry (see the module doc)."""
+    parts: list[str] = []
+    _leaves(value, parts)
+    words: list[str] = []
+    for part in parts:
+        words.extend(_WORD.findall(part))
+        if len(words) >= MAX_WORDS:
+            return words[:MAX_WORDS]
     if len(words) < SHINGLE_WORDS:
         words = _WORD.findall(key.lower()) + words
     return words
-
-
-def entry_words(key: str, value: Any) -> list[str]:
-    """The words of an entry (see the module doc)."""
-    return _words(key, _leaf_texts(value))
 
 
 def _h(text: str) -> int:
@@ -187,9 +181,31 @@ def _signature(s: frozenset[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+# (sets, threshold, exact_limit) -> Clusters: a pure function of immutable sets, and the
+# same sets are clustered again and again (a context is scored before a compression
+# and by ``evaluate`` after it, the console scores what ``detect`` scored; the shingle
+# caches hand every instance of a process the same set objects). Bounded: cleared when full.
+_CLUSTERS: dict[tuple[tuple[frozenset[int], ...], float, int], Clusters] = {}
+_CLUSTERS_LIMIT = 1 << 8
+
+
 def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = NEAR_DUP_JACCARD,
                             *, exact_limit: int = EXACT_LIMIT) -> Clusters:
     """Cluster shingle sets by near-duplication (see the module doc for what is approximate)."""
+    slot = (tuple(sets), threshold, exact_limit)
+    try:
+        clusters = _CLUSTERS.get(slot)
+    except TypeError:  # mutable sets: nothing to remember them by
+        return _clusters(slot[0], threshold, exact_limit)
+    if clusters is None:
+        clusters = _clusters(slot[0], threshold, exact_limit)
+        if len(_CLUSTERS) >= _CLUSTERS_LIMIT:
+            _CLUSTERS.clear()
+        _CLUSTERS[slot] = clusters
+    return clusters
+
+
+def _clusters(sets: Sequence[frozenset[int]], threshold: float, exact_limit: int) -> Clusters:
     n = len(sets)
     uf = _UnionFind(n)
     groups: dict[frozenset[int], list[int]] = {}
@@ -220,13 +236,17 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     exact = len(reps) <= exact_limit
     if exact:
         reps.sort(key=lambda i: len(sets[i]))
+        # check() inlined: this loop runs after every activity
         for x, i in enumerate(reps):
             a = sets[i]
+            size_a = len(a)
             for j in reps[x + 1:]:
                 b = sets[j]
-                if len(a) < threshold * len(b):
-                    break  # sorted by size: every later set is larger still (check's bound)
-                if jaccard(a, b) >= threshold:
+                size_b = len(b)
+                if size_a < threshold * size_b:
+                    break  # sorted by size: every later set is larger still
+                common = len(a & b)
+                if common / (size_a + size_b - common) >= threshold:  # jaccard(a, b); neither is empty
                     pairs += weight[i] * weight[j]
                     uf.union(i, j)
     else:
@@ -253,40 +273,40 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     return Clusters(labels=tuple(labels), pairs=pairs, exact=exact)
 
 
-# Two memories of entry_shingles, both bounded (cleared when full):
-# * (key, id(value)) -> (value, shingles), for immutable values. HISTORY keeps the same
-#   objects from one activity to the next, so the score after every activity hashes
-#   only the new entries. The entry holds the value itself: while it is cached its id
-#   cannot be reused by another object.
-# * (key, leaf texts) -> shingles: the words are a function of the key and the leaf
-#   texts, so an equal value written again (the same tool result in the next instance,
-#   a summary repeating an earlier line) is not hashed again; walking the leaves is a
-#   fraction of the cost of hashing their shingles.
+# Two memories of entry_shingles for immutable values (context values), both bounded
+# (cleared when full):
+# * (key, id(value)) -> (value, shingles): HISTORY keeps the same objects from one
+#   activity to the next, so the score after every activity hashes only the new
+#   entries. The entry holds the value itself: while it is cached its id cannot be
+#   reused by another object.
+# * (key, repr(value)) -> shingles: every instance of a process writes equal values
+#   (the same tool results, the same records) as new objects. Context values hold JSON
+#   types only (``freeze``), whose repr tells equal values from unequal ones, and
+#   rendering it costs a fraction of hashing the shingles.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), FrozenDict, FrozenList})
 _SHINGLE_CACHE: dict[tuple[str, int], tuple[Any, frozenset[int]]] = {}
 _SHINGLE_CACHE_LIMIT = 1 << 15
-_SHINGLES_BY_TEXT: dict[tuple[str, tuple[str, ...]], frozenset[int]] = {}
+_SHINGLES_BY_TEXT: dict[tuple[str, str], frozenset[int]] = {}
 _SHINGLES_BY_TEXT_LIMIT = 1 << 12
 
 
 def entry_shingles(key: str, value: Any) -> frozenset[int]:
-    """``shingles(entry_words(key, value))``, remembered (see above)."""
-    immutable = type(value) in _IMMUTABLE
-    if immutable:
-        hit = _SHINGLE_CACHE.get((key, id(value)))
-        if hit is not None and hit[0] is value:
-            return hit[1]
-    leaves = _leaf_texts(value)
-    out = _SHINGLES_BY_TEXT.get((key, leaves))
+    """``shingles(entry_words(key, value))``, remembered for immutable values (see above)."""
+    if type(value) not in _IMMUTABLE:
+        return shingles(entry_words(key, value))
+    hit = _SHINGLE_CACHE.get((key, id(value)))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    text = (key, repr(value))
+    out = _SHINGLES_BY_TEXT.get(text)
     if out is None:
-        out = shingles(_words(key, leaves))
+        out = shingles(entry_words(key, value))
         if len(_SHINGLES_BY_TEXT) >= _SHINGLES_BY_TEXT_LIMIT:
             _SHINGLES_BY_TEXT.clear()
-        _SHINGLES_BY_TEXT[(key, leaves)] = out
-    if immutable:
-        if len(_SHINGLE_CACHE) >= _SHINGLE_CACHE_LIMIT:
-            _SHINGLE_CACHE.clear()
-        _SHINGLE_CACHE[(key, id(value))] = (value, out)
+        _SHINGLES_BY_TEXT[text] = out
+    if len(_SHINGLE_CACHE) >= _SHINGLE_CACHE_LIMIT:
+        _SHINGLE_CACHE.clear()
+    _SHINGLE_CACHE[(key, id(value))] = (value, out)
     return out
 
 
