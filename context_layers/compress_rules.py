@@ -231,7 +231,7 @@ def _apply_rule(items: Sequence[tuple[str, Any]], kinds: Mapping[str, str | None
                 missing[key] = miss
         else:
             new = _summarized(key, value, rule.max_tokens or 100, summarize, encoding)
-        # fewer tokens: a different value, a smaller one
+        # replaced only by fewer tokens (which also means another text: no need to compare them)
         if new is not None and tokens(new) < tokens(value):
             items[i] = (key, new)
             affected.append(key)

@@ -193,10 +193,7 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
                             *, exact_limit: int = EXACT_LIMIT) -> Clusters:
     """Cluster shingle sets by near-duplication (see the module doc for what is approximate)."""
     slot = (tuple(sets), threshold, exact_limit)
-    try:
-        clusters = _CLUSTERS.get(slot)
-    except TypeError:  # mutable sets: nothing to remember them by
-        return _clusters(slot[0], threshold, exact_limit)
+    clusters = _CLUSTERS.get(slot)
     if clusters is None:
         clusters = _clusters(slot[0], threshold, exact_limit)
         if len(_CLUSTERS) >= _CLUSTERS_LIMIT:

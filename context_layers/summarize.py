@@ -174,7 +174,7 @@ class ExtractiveSummarizer:
         idf = {w: math.log(1 + n / count) for w, count in df.items()}
 
         def score(i: int) -> float:
-            # summed in the set's order, as ever: floats, ties broken by the sum's last bits
+            # summed in the set's order, as before: it moves the last bits, and they can break ties
             weight = sum(idf[w] for w in words[i])
             s = weight / math.sqrt(1 + len(words[i]))
             if _DIGIT.search(units[i]):
