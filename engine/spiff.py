@@ -535,8 +535,8 @@ _SPEC_JSON: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 class _TaskTexts:
     """What ``serialize_json`` keeps of one workflow's tasks from one save to the next."""
 
-    # task -> (fingerprint, JSON text of the task); keyed by the task itself (hashed by
-    # identity, in C), so a task made anew under an old id is converted anew
+    # task id -> (fingerprint, JSON text of the task). Ids, not tasks: a task refers to its
+    # workflow, which would then never leave the weak cache.
     tasks: dict[Any, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
     ids: dict[Any, str] = field(default_factory=dict)  # task id (a UUID) -> its JSON string
 
@@ -616,25 +616,25 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     # in its contexts). Asked once here rather than per task: UUIDs hash in Python.
     with_data = {tid for tid, task in tasks.items() if task.data}
     parts = []
-    for task in tasks.values():
+    for tid, task in tasks.items():
         mark = _task_fingerprint(task, with_data)
-        hit = cache.get(task)
+        hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
             continue
         body = _plain_task_json(task, registry, texts) if mark is not None else None
         if body is None:
             body = _ENCODE(registry.convert(task))
-        text = f"{texts.quoted(task.id)}:{body}"
+        text = f"{texts.quoted(tid)}:{body}"
         if mark is not None:
-            cache[task] = (mark, text)
+            cache[tid] = (mark, text)
         elif hit is not None:
-            del cache[task]
+            del cache[tid]
         parts.append(text)
     if len(cache) > len(tasks):  # tasks were dropped (a reset): forget theirs
-        for task in [t for t in cache if tasks.get(t.id) is not t]:
-            del cache[task]
-            texts.ids.pop(task.id, None)
+        for tid in [t for t in cache if t not in tasks]:
+            del cache[tid]
+            texts.ids.pop(tid, None)
     return "{" + ",".join(parts) + "}"
 
 
@@ -690,8 +690,7 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
 
 
 def _task_fingerprint(task: Any, with_data: set[Any]) -> tuple[Any, ...] | None:
-    """What SpiffWorkflow's task converter reads and may change, when it can be compared
-    cheaply; else None. (A task's id, parent and spec never change.)
+    """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
 
     Data is stored as changes against the parent's data: with no data on either side
     the delta is empty, whatever else happened, so only emptiness is checked (live)."""
@@ -701,7 +700,8 @@ def _task_fingerprint(task: Any, with_data: set[Any]) -> tuple[Any, ...] | None:
     for _, value in internal:
         if type(value) not in _SCALARS:
             return None
-    return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal)
+    return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal, task._parent,
+            task.task_spec.name)
 
 
 def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> BpmnWorkflow:

@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -238,6 +240,19 @@ def test_the_workflow_text_is_spiffworkflows_whatever_a_task_holds(internal: dic
     spiff.serialize_json(wf)  # the tasks' texts are kept
     next(t for t in wf.tasks.values() if t.parent is not None).internal_data.update(internal)
     assert json.loads(spiff.serialize_json(wf)) == json.loads(spiff.SERIALIZER.serialize_json(wf))
+
+
+def test_what_is_kept_between_saves_goes_with_the_instance() -> None:
+    engine = Engine()
+
+    def finished() -> weakref.ref[Any]:
+        instance = engine.run(engine.start(load_process(EXAMPLES / "loan_approval.bpmn"), LOAN_FULL))
+        assert instance.status == "completed"
+        return weakref.ref(instance.workflow)
+
+    workflow = finished()
+    gc.collect()
+    assert workflow() is None, "a finished run's workflow is not kept alive by a cache"
 
 
 def test_a_workflow_that_is_not_json_fails_the_save_naming_it() -> None:
