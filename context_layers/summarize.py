@@ -174,8 +174,9 @@ class ExtractiveSummarizer:
         idf = {w: math.log(1 + n / count) for w, count in df.items()}
 
         def score(i: int) -> float:
-            # summed in the set's order, as before: it moves the last bits, and they can break ties
-            weight = sum(idf[w] for w in words[i])
+            # fsum is exact, so the order of the set (which varies with the hash seed, from
+            # one process to the next) cannot move the last bits that break ties
+            weight = math.fsum(idf[w] for w in words[i])
             s = weight / math.sqrt(1 + len(words[i]))
             if _DIGIT.search(units[i]):
                 s *= 1.25
