@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .canonical import FrozenDict, canonical_key
+from .canonical import FrozenDict, Memo, canonical_key, remember_value
 from .context import LayeredContext, Snapshot, entry_kind, is_record_key
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
@@ -387,30 +387,15 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
 #   same tools, as new objects. Context values hold JSON types only (``freeze``), whose
 #   repr tells equal values from unequal ones, and rendering it costs a fraction of
 #   the mark.
-_MARKS: dict[int, tuple[Any, str]] = {}
-_MARKS_LIMIT = 1 << 14
-_MARKS_BY_TEXT: dict[str, str] = {}
-_MARKS_BY_TEXT_LIMIT = 1 << 12
+_MARKS_BY_ID: Memo[tuple[Any, int], tuple[Any, str]] = Memo(1 << 14)
+_MARKS_BY_TEXT: Memo[tuple[Any, str], str] = Memo(1 << 12)
 
 
 def _tool_mark(value: Any) -> str:
     """What makes two results of one tool the same: the tool's name and the payload."""
     if type(value) is not FrozenDict:
         return _mark(value)
-    hit = _MARKS.get(id(value))
-    if hit is not None and hit[0] is value:
-        return hit[1]
-    text = repr(value)
-    mark = _MARKS_BY_TEXT.get(text)
-    if mark is None:
-        mark = _mark(value)
-        if len(_MARKS_BY_TEXT) >= _MARKS_BY_TEXT_LIMIT:
-            _MARKS_BY_TEXT.clear()
-        _MARKS_BY_TEXT[text] = mark
-    if len(_MARKS) >= _MARKS_LIMIT:
-        _MARKS.clear()
-    _MARKS[id(value)] = (value, mark)
-    return mark
+    return remember_value(_MARKS_BY_ID, _MARKS_BY_TEXT, None, value, lambda: _mark(value))
 
 
 def _mark(value: Any) -> str:

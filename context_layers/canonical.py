@@ -15,9 +15,14 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
-__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "FrozenDict", "FrozenList"]
+__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "FrozenDict", "FrozenList", "Memo",
+           "remember_value"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 # one encoder for every call: ``json.dumps`` with options builds a new encoder each time,
@@ -137,3 +142,35 @@ def thaw(value: Any) -> Any:
     if isinstance(value, list):
         return [thaw(v) for v in value]
     return value
+
+
+class Memo(dict[K, V], Generic[K, V]):
+    """A cache for a pure function: a dict that forgets everything once it holds ``limit``
+    entries (bounded, and cheaper than keeping an LRU order on a hot path)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: K, value: V) -> V:
+        if len(self) >= self.limit:
+            self.clear()
+        self[key] = value
+        return value
+
+
+def remember_value(by_id: "Memo[tuple[Any, int], tuple[Any, V]]", by_text: "Memo[tuple[Any, str], V]",
+                   key: Any, value: Any, compute: Callable[[], V]) -> V:
+    """``compute()`` for an immutable context value, remembered by identity (the memo holds
+    the value, so its id is not reused while remembered) and by ``key`` and ``repr`` (an
+    equal value built anew: context values hold JSON types only, whose repr tells equal
+    values from unequal ones)."""
+    hit = by_id.get((key, id(value)))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    text = (key, repr(value))
+    out = by_text.get(text)
+    if out is None:
+        out = by_text.put(text, compute())
+    by_id.put((key, id(value)), (value, out))
+    return out

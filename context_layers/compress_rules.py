@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .canonical import thaw
+from .canonical import Memo, thaw
 from .config import CompressRule
 from .context import entry_kind
 from .summarize import ExtractiveSummarizer, Summarizer, fit_summary, value_text
@@ -157,7 +157,7 @@ def count_key(pattern: str) -> str:
     return f"summary:count:{pattern}"
 
 
-_MATCHES: dict[tuple[str, str, str], bool] = {}
+_MATCHES: Memo[tuple[str, str, str], bool] = Memo(1 << 15)
 
 
 def _matches(rule: CompressRule, kind: str, key: str) -> bool:
@@ -167,9 +167,7 @@ def _matches(rule: CompressRule, kind: str, key: str) -> bool:
     slot = (rule.pattern, kind, key)
     hit = _MATCHES.get(slot)
     if hit is None:
-        if len(_MATCHES) >= 1 << 15:
-            _MATCHES.clear()
-        hit = _MATCHES[slot] = rule.matches(kind, key)
+        hit = _MATCHES.put(slot, rule.matches(kind, key))
     return hit
 
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import FrozenDict, FrozenList
+from .canonical import FrozenDict, FrozenList, Memo, remember_value
 
 __all__ = [
     "EXACT_LIMIT",
@@ -185,8 +185,7 @@ def _signature(s: frozenset[int]) -> tuple[int, ...]:
 # same sets are clustered again and again (a context is scored before a compression
 # and by ``evaluate`` after it, the console scores what ``detect`` scored; the shingle
 # caches hand every instance of a process the same set objects). Bounded: cleared when full.
-_CLUSTERS: dict[tuple[tuple[frozenset[int], ...], float, int], Clusters] = {}
-_CLUSTERS_LIMIT = 1 << 8
+_CLUSTERS: Memo[tuple[tuple[frozenset[int], ...], float, int], Clusters] = Memo(1 << 8)
 
 
 def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = NEAR_DUP_JACCARD,
@@ -195,10 +194,7 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     slot = (tuple(sets), threshold, exact_limit)
     clusters = _CLUSTERS.get(slot)
     if clusters is None:
-        clusters = _clusters(slot[0], threshold, exact_limit)
-        if len(_CLUSTERS) >= _CLUSTERS_LIMIT:
-            _CLUSTERS.clear()
-        _CLUSTERS[slot] = clusters
+        clusters = _CLUSTERS.put(slot, _clusters(slot[0], threshold, exact_limit))
     return clusters
 
 
@@ -281,30 +277,15 @@ def _clusters(sets: Sequence[frozenset[int]], threshold: float, exact_limit: int
 #   types only (``freeze``), whose repr tells equal values from unequal ones, and
 #   rendering it costs a fraction of hashing the shingles.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), FrozenDict, FrozenList})
-_SHINGLE_CACHE: dict[tuple[str, int], tuple[Any, frozenset[int]]] = {}
-_SHINGLE_CACHE_LIMIT = 1 << 15
-_SHINGLES_BY_TEXT: dict[tuple[str, str], frozenset[int]] = {}
-_SHINGLES_BY_TEXT_LIMIT = 1 << 12
+_SHINGLES_BY_ID: Memo[tuple[Any, int], tuple[Any, frozenset[int]]] = Memo(1 << 15)
+_SHINGLES_BY_TEXT: Memo[tuple[Any, str], frozenset[int]] = Memo(1 << 12)
 
 
 def entry_shingles(key: str, value: Any) -> frozenset[int]:
     """``shingles(entry_words(key, value))``, remembered for immutable values (see above)."""
     if type(value) not in _IMMUTABLE:
         return shingles(entry_words(key, value))
-    hit = _SHINGLE_CACHE.get((key, id(value)))
-    if hit is not None and hit[0] is value:
-        return hit[1]
-    text = (key, repr(value))
-    out = _SHINGLES_BY_TEXT.get(text)
-    if out is None:
-        out = shingles(entry_words(key, value))
-        if len(_SHINGLES_BY_TEXT) >= _SHINGLES_BY_TEXT_LIMIT:
-            _SHINGLES_BY_TEXT.clear()
-        _SHINGLES_BY_TEXT[text] = out
-    if len(_SHINGLE_CACHE) >= _SHINGLE_CACHE_LIMIT:
-        _SHINGLE_CACHE.clear()
-    _SHINGLE_CACHE[(key, id(value))] = (value, out)
-    return out
+    return remember_value(_SHINGLES_BY_ID, _SHINGLES_BY_TEXT, key, value, lambda: shingles(entry_words(key, value)))
 
 
 def word_sets(entries: Iterable[tuple[str, Any]]) -> list[frozenset[int]]:

@@ -17,7 +17,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .canonical import canonical_json
+from .canonical import Memo, canonical_json
 from .tokens import DEFAULT_ENCODING, count_text, truncate_to_tokens
 
 __all__ = [
@@ -125,8 +125,7 @@ def _scalar_text(v: Any) -> str:
 _SENTENCE = re.compile(r"(?<=[.!?;\u3002\uff01\uff1f\uff1b])\s+")
 _WORD = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
-_SUMMARIES: dict[tuple[type, str, str, int], str] = {}
-_SUMMARIES_LIMIT = 1 << 10
+_SUMMARIES: Memo[tuple[type, str, str, int], str] = Memo(1 << 10)
 
 
 class ExtractiveSummarizer:
@@ -150,10 +149,7 @@ class ExtractiveSummarizer:
         slot = (type(self), self.encoding, text, max_tokens)
         summary = _SUMMARIES.get(slot)
         if summary is None:
-            summary = self._summarize(text, max_tokens)
-            if len(_SUMMARIES) >= _SUMMARIES_LIMIT:
-                _SUMMARIES.clear()
-            _SUMMARIES[slot] = summary
+            summary = _SUMMARIES.put(slot, self._summarize(text, max_tokens))
         return summary
 
     def _summarize(self, text: str, max_tokens: int) -> str:

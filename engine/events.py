@@ -84,10 +84,6 @@ def kind_of(definition: Any) -> str | None:
     return None
 
 
-def _bpmn_id(spec: Any) -> str:
-    return str(getattr(spec, "bpmn_id", None) or spec.name)
-
-
 def _variable(definition: Any) -> str | None:
     names = spiff.payload_variables(definition)
     return names[0] if names else None
@@ -98,11 +94,11 @@ def _members(spec: Any) -> list[tuple[Any, str]]:
     ed = getattr(spec, "event_definition", None)
     if isinstance(ed, MultipleEventDefinition):
         if isinstance(spec, EventBasedGateway):  # the branches' events, in the order of the branches
-            ids = [_bpmn_id(out) for out in spec.outputs]
-            return [(d, ids[i] if i < len(ids) else _bpmn_id(spec))
+            ids = [spiff.spec_bpmn_id(out) for out in spec.outputs]
+            return [(d, ids[i] if i < len(ids) else spiff.spec_bpmn_id(spec))
                     for i, d in enumerate(ed.event_definitions) if kind_of(d)]
-        return [(d, _bpmn_id(spec)) for d in ed.event_definitions if kind_of(d)]
-    return [(ed, _bpmn_id(spec))] if kind_of(ed) else []
+        return [(d, spiff.spec_bpmn_id(spec)) for d in ed.event_definitions if kind_of(d)]
+    return [(ed, spiff.spec_bpmn_id(spec))] if kind_of(ed) else []
 
 
 def waiting_catches(workflow: Any) -> list[Catch]:
@@ -123,8 +119,8 @@ def waiting_catches(workflow: Any) -> list[Catch]:
         for start in getattr(sp_spec, "bpmn_start_events", None) or []:
             definition = start.event_definition
             if kind_of(definition) and start not in waiting_specs:
-                out.append(Catch(definition.name, str(kind_of(definition)), _bpmn_id(start),
-                                 _bpmn_id(start), None, spiff.context_name_of(root),
+                out.append(Catch(definition.name, str(kind_of(definition)), spiff.spec_bpmn_id(start),
+                                 spiff.spec_bpmn_id(start), None, spiff.context_name_of(root),
                                  _variable(definition), definition))
     return out
 

@@ -1145,10 +1145,10 @@ class _Runtime:
             if info["status"] != "open" or name in keep:
                 continue
             if (info["split"] == split) if split is not None else self._in_workflow(name, task.workflow):
+                by = spiff.bpmn_id_of(task)
                 info["status"] = "cancelled"
-                info["join"] = spiff.bpmn_id_of(task)
-                self.instance.contexts[name].record("cancelled", actor=spiff.bpmn_id_of(task),
-                                                    data={"by": spiff.bpmn_id_of(task)})
+                info["join"] = by
+                self.instance.contexts[name].record("cancelled", actor=by, data={"by": by})
 
     def _in_workflow(self, name: str, workflow: Any) -> bool:
         """Whether branch ``name`` was split off by a gateway of ``workflow`` (not of a
@@ -1581,21 +1581,16 @@ class _RecordCache:
 
     def __init__(self) -> None:
         self._contexts: dict[str, _CachedContext] = {}
-        # snapshot id -> (snapshot, its dict, its JSON text): the branches of one split share
-        # the snapshot they were forked from, and it is converted once
-        self._foreign: dict[str, tuple[Any, dict[str, Any], str]] = {}
-
-    def context(self, ctx: LayeredContext) -> dict[str, Any]:
-        """``ctx.to_dict()``."""
-        cached = self._update(ctx)
-        return {**cached.head(), "snapshots": {sid: d for sid, (d, _) in cached.snapshots.items()},
-                "tape": list(cached.events)}
+        # snapshot id -> (snapshot, its JSON text): the branches of one split share the
+        # snapshot they were forked from, and it is converted once
+        self._foreign: dict[str, tuple[Any, str]] = {}
 
     def context_part(self, ctx: LayeredContext) -> dict[str, Any]:
-        """``ctx.to_dict()`` for a record: the snapshots as one ``JSONText``, joined when they change."""
+        """``ctx.to_dict()`` for a record (equal once encoded): the snapshots as one
+        ``JSONText``, joined when they change."""
         cached = self._update(ctx)
         if cached.snapshots_text is None:
-            parts = ",".join(f"{json.dumps(sid)}:{text}" for sid, (_, text) in cached.snapshots.items())
+            parts = ",".join(f"{json.dumps(sid)}:{text}" for sid, text in cached.snapshots.items())
             cached.snapshots_text = JSONText("{" + parts + "}")
         return {**cached.head(), "snapshots": cached.snapshots_text, "tape": list(cached.events)}
 
@@ -1610,9 +1605,8 @@ class _RecordCache:
             if snap is not None and snap.context != ctx.name and snap.id not in cached.snapshots:
                 known = self._foreign.get(snap.id)
                 if known is None or known[0] is not snap:
-                    dumped = snap.to_dict()
-                    known = self._foreign[snap.id] = (snap, dumped, json_text(dumped, f"snapshot {snap.id!r}").text)
-                cached.snapshots[snap.id] = known[1:]
+                    known = self._foreign[snap.id] = (snap, json_text(snap.to_dict(), f"snapshot {snap.id!r}").text)
+                cached.snapshots[snap.id] = known[1]
                 cached.snapshots_text = None
         return cached
 
@@ -1621,8 +1615,8 @@ class _RecordCache:
 class _CachedContext:
     ctx: LayeredContext
     events: list[dict[str, Any]] = field(default_factory=list)  # its tape, as dicts
-    # id -> (dict, JSON text) of each snapshot it carries from another context
-    snapshots: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
+    # id -> JSON text of each snapshot it carries from another context
+    snapshots: dict[str, str] = field(default_factory=dict)
     snapshots_text: JSONText | None = None  # all of them as one record part; None: to be joined
 
     def head(self) -> dict[str, Any]:

@@ -155,7 +155,11 @@ def context_name_of(task: Any) -> str:
 
 
 def bpmn_id_of(task: Any) -> str:
-    spec = task.task_spec
+    return spec_bpmn_id(task.task_spec)
+
+
+def spec_bpmn_id(spec: Any) -> str:
+    """The BPMN id of a spec (SpiffWorkflow's own specs, which have none: its name)."""
     return str(getattr(spec, "bpmn_id", None) or spec.name)
 
 

@@ -28,8 +28,8 @@ from context_layers.compression import RuleDrivenCompressor, after_activity
 from context_layers.config import CompressRule
 from context_layers.similarity import entry_shingles, entry_words, near_duplicate_clusters, shingles
 
-MEMORIES: list[dict[Any, Any]] = [similarity._SHINGLE_CACHE, similarity._SHINGLES_BY_TEXT, similarity._CLUSTERS,
-                                  attention._MARKS, attention._MARKS_BY_TEXT, summarize._SUMMARIES]
+MEMORIES: list[dict[Any, Any]] = [similarity._SHINGLES_BY_ID, similarity._SHINGLES_BY_TEXT, similarity._CLUSTERS,
+                                  attention._MARKS_BY_ID, attention._MARKS_BY_TEXT, summarize._SUMMARIES]
 
 
 def _forget() -> None:
@@ -184,3 +184,26 @@ def test_a_compression_with_warm_memories_gives_what_it_gives_with_none(cold: No
     assert _compressed() == first
     _forget()
     assert _compressed() == first
+
+
+def test_memo_stays_bounded_and_remember_value_tells_equal_from_identical() -> None:
+    from context_layers.canonical import Memo, freeze, remember_value
+
+    memo: Memo[int, int] = Memo(3)
+    for i in range(10):
+        assert memo.put(i, i * i) == i * i
+        assert len(memo) <= 3
+    by_id: Memo[Any, Any] = Memo(8)
+    by_text: Memo[Any, Any] = Memo(8)
+    calls = []
+
+    def compute(v: Any) -> Any:
+        calls.append(v)
+        return len(calls)
+
+    a, b, c = freeze({"x": [1]}), freeze({"x": [1]}), freeze({"x": [1.0]})
+    assert remember_value(by_id, by_text, "k", a, lambda: compute(a)) == 1
+    assert remember_value(by_id, by_text, "k", b, lambda: compute(b)) == 1  # equal value, built anew
+    assert remember_value(by_id, by_text, "k", c, lambda: compute(c)) == 2  # 1.0 is not 1 for repr
+    assert remember_value(by_id, by_text, "other", a, lambda: compute(a)) == 3  # another key
+    assert len(calls) == 3
