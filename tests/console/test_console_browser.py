@@ -96,6 +96,9 @@ def test_a_wrong_token_shows_an_error_and_no_data(server: Server, conflict: str,
 
 
 def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, context: Any) -> None:
+    from playwright.sync_api import expect  # retries until the page shows it (WAIT): no race with rendering
+
+    expect.set_options(timeout=WAIT)
     page = context.new_page()
     page.set_viewport_size({"width": 1280, "height": 800})
     calls = api_calls(page)
@@ -113,14 +116,14 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
     # the list: both instances, the conflict one waiting for the decision; the status filter works
     row = page.locator("#instances tbody tr", has_text=conflict)
     row.wait_for()
-    assert page.locator("#instances tbody tr").count() == 2
+    expect(page.locator("#instances tbody tr")).to_have_count(2)
     assert "waiting" in row.inner_text().lower() and CONFIRMATION in row.inner_text()
     page.select_option("#status-filter", "completed")
     page.wait_for_function("document.querySelectorAll('#instances tbody tr').length === 1")
     assert conflict not in page.locator("#instances").inner_text()
     page.select_option("#status-filter", "error")
     page.locator("#list-state", has_text="No error instances").wait_for()
-    assert page.locator("#instances").is_hidden()
+    expect(page.locator("#instances")).to_be_hidden()
     page.select_option("#status-filter", "")
     row.wait_for()
     shot(page, "list-1280x800")
@@ -128,7 +131,7 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
     # an unknown instance: a clear error, no stale data
     page.goto(f"{server.url}/#/instances/no-such-instance")
     page.locator("#inst-state.error", has_text="no instance no-such-instance").wait_for()
-    assert page.locator("#inst-body").is_hidden()
+    expect(page.locator("#inst-body")).to_be_hidden()
     page.go_back()
 
     # the instance page
@@ -137,22 +140,22 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
     page.locator("#inst-status", has_text="waiting").wait_for()
     join = page.locator("#diagram svg #node-review_join")
     join.wait_for()
-    assert "conflict" in (join.get_attribute("class") or "")
+    expect(join).to_have_class(re.compile(r"\bconflict\b"))
     assert page.locator("#diagram svg #node-risk_review").get_attribute("class").split().count("waiting") == 1
     callout = page.locator("#diagram svg .callout.open").text_content()
     assert 'finance_review: "approved"' in callout and 'risk_review: "rejected"' in callout, callout
     card = page.locator("#conf-list .confirmation")
-    assert card.count() == 1
+    expect(card).to_have_count(1)
     assert "approved" in card.inner_text() and "rejected" in card.inner_text()
     assert re.search(r"\d+ min \d+ s left", card.locator(".time-left").inner_text())
-    assert page.locator("#layer-bars .bar-row").count() == 6
-    assert page.locator("#attention .scores li").count() == 5
-    assert "No compressions" in page.locator("#compressions").inner_text()
+    expect(page.locator("#layer-bars .bar-row")).to_have_count(6)
+    expect(page.locator("#attention .scores li")).to_have_count(5)
+    expect(page.locator("#compressions")).to_contain_text("No compressions")
 
     # the tape: filter by key, pick the risk review's write, see the branch context at that point
     page.fill("#f-key", "approval_status")
     event = page.locator("#tape-list li.kind-write", has_text="risk_review").filter(has_text="rejected")
-    assert event.count() == 1
+    expect(event).to_have_count(1)
     event.locator("button").click()
     page.locator("#replay-banner").wait_for(state="visible")
     assert "risk_review" in page.locator("#replay-text").inner_text()
@@ -189,7 +192,7 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
     assert "pending_dual_approval" in page.evaluate("document.activeElement.textContent")
     page.keyboard.press("Enter")
     page.locator("#inst-status", has_text="completed").wait_for()
-    assert page.locator("#confirmations").is_hidden()
+    expect(page.locator("#confirmations")).to_be_hidden()
     resolved = page.locator("#diagram svg .callout.resolved")
     resolved.wait_for()
     assert '"pending_dual_approval" (human)' in resolved.text_content()
