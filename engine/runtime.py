@@ -451,7 +451,8 @@ def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> Non
         from .governance import InvalidAnswer
 
         raise InvalidAnswer(f"{err}; instance {rt.instance.id} still waits for it: answer with one of those "
-                            f"values (`layerflow resume {rt.instance.id} --answer {confirmation_id}=VALUE`)") from err
+                            f"values (`layerflow resume {rt.instance.id} --answer {confirmation_id}=VALUE`)",
+                            instance_id=rt.instance.id) from err
 
 
 _NO_ANSWER = object()
