@@ -265,7 +265,7 @@ def main() -> None:
 
 def _run_process(bpmn: str | list[str], config: str | None, process_id: str | None, data: dict[str, Any],
                  answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None,
-                 model: str | None, as_json: bool) -> None:
+                 model: str | None, as_json: bool, data_file: str | None = None) -> None:
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
     try:
@@ -277,7 +277,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     try:
         instance = engine.start(process, data)
     except (ContextWriteDenied, LayerflowError) as err:
-        _fail(f"initial data: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
+        where = f"data file {data_file}" if data_file else "initial data"
+        _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
     if not as_json:
         out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
     try:
@@ -303,7 +304,8 @@ def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
     return " and ".join(([f"answers file {answers_file}"] if answers_file else []) + (["--answer"] if answer else []))
 
 
-def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str) -> NoReturn:
+def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
+                    task_id: str | None = None) -> NoReturn:
     """Exit 2: an answer given that is not an offered option. Nothing of it was applied; the
     instance is saved still waiting (``layerflow resume ID --answer ...`` with a valid one)."""
     message = f"{source}: {err}" if source else str(err)
@@ -312,7 +314,7 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
         cause = err.__cause__
         document["status"] = "error"
         document["error"] = {"kind": "invalid_answer", "message": message,
-                             "task_id": getattr(cause, "task_id", None) or getattr(err, "task_id", None),
+                             "task_id": task_id or getattr(cause, "task_id", None) or getattr(err, "task_id", None),
                              "instance_status": instance.status}
         out.doc(document)
     else:
@@ -359,7 +361,7 @@ def run(bpmn: tuple[str, ...], config: str | None, process_id: str | None, data_
     Give every file the process needs (call activities name processes of other files):
     ``layerflow run main.bpmn called.bpmn``."""
     _run_process(list(bpmn), config, process_id, _read_mapping(data_file, "data", as_json), answers_file, answer, yes,
-                 store, model, as_json)
+                 store, model, as_json, data_file)
 
 
 @main.group()
@@ -385,7 +387,7 @@ def demo_loan(scenario: str, data_file: str | None, answers_file: str | None, an
         _fail(f"the demo process {bpmn} is not installed; run from a source checkout (pip install -e .)",
               as_json=as_json)
     data = _read_mapping(data_file, "data", as_json) if data_file else dict(LOAN_SCENARIOS[scenario])
-    _run_process(str(bpmn), None, None, data, answers_file, answer, yes, store, model, as_json)
+    _run_process(str(bpmn), None, None, data, answers_file, answer, yes, store, model, as_json, data_file)
 
 
 def _shown_url(url: str | None) -> str:
@@ -454,7 +456,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             except InvalidAnswer as err:
                 _invalid_answer(out, instance, err, source)
             except ActivityError as err:  # not an offered option: nothing was applied
-                _invalid_answer(out, instance, InvalidAnswer(str(err)), source)
+                _invalid_answer(out, instance, InvalidAnswer(str(err)), source, getattr(err, "task_id", None))
             except LayerflowError as err:
                 _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
     try:

@@ -428,3 +428,24 @@ def test_demo_loan_conflict_waits_then_resumes_as_the_readme_says(cli: Cli) -> N
     done = cli.doc("resume", doc["instance_id"], "--answer", "review_join/approval_status=pending_dual_approval",
                    code=0)
     assert done["conflicts"][0]["resolution"]["value"] == "pending_dual_approval"
+
+
+def test_initial_data_the_layer_rules_refuse_names_the_file_and_key(cli: Cli) -> None:
+    cli.file("seq.layerflow.yaml", "system:\n  policy: fixed by the engine\n")
+    bad = cli.file("clash.json", {"amount": 1, "policy": "mine"})
+    doc = _bad(cli, "run", "seq.bpmn", "--data", bad, words=("clash.json", "policy", "L0"))
+    assert doc["instance_id"] is None
+    assert cli.doc("inspect", "x", code=2)["error"]["kind"] == "not_found"
+
+
+def test_a_value_that_is_not_json_fails_the_activity_naming_the_key(cli: Cli) -> None:
+    cli.file("setter.bpmn", FAILING.replace("ratio = 1 / divisor", "tags = {1, 2}"))
+    doc = cli.doc("run", "setter.bpmn", code=1)
+    assert doc["error"]["task_id"] == "divide" and "'tags'" in doc["error"]["message"]
+    assert "tags" not in doc["layers"]["L3"] and "tags" not in doc["layers"]["L4"]
+
+
+def test_an_invalid_answer_on_resume_names_the_gateway(cli: Cli) -> None:
+    waiting = cli.doc("run", "par.bpmn", code=3)
+    doc = _bad(cli, "resume", waiting["instance_id"], "--answer", "merge/level=7", words=("merge/level", "7"))
+    assert doc["error"]["task_id"] == "merge" and doc["instance_id"] == waiting["instance_id"]
