@@ -428,3 +428,32 @@ _TINY = """<?xml version="1.0" encoding="UTF-8"?>
   </bpmn:process>
 </bpmn:definitions>
 """
+
+
+def test_a_view_stands_in_for_the_context_and_never_changes_the_tape(ctx: LayeredContext) -> None:
+    from context_layers import View, redact
+
+    ctx.begin_activity("a1")
+    ctx.write(Layer.WORKING, "api_secret", "s3cr3t-value", actor="a1")
+    ctx.write(Layer.WORKING, "visible", "plain text", actor="a1")
+    tape_len = len(ctx.tape)
+    before = _layers(ctx)
+    messages = render(View(ctx, hooks=(redact("*secret*"),)), format="xml")
+    text = "\n".join(m["content"] for m in messages)
+    assert "s3cr3t-value" not in text and "plain text" in text
+    assert "s3cr3t-value" in "\n".join(m["content"] for m in render(ctx, format="xml"))  # audit view: all of it
+    assert len(ctx.tape) == tape_len and _layers(ctx) == before
+
+
+def test_every_context_of_an_engine_run_replays_from_its_tape(tmp_path) -> None:
+    from test_contracts_cli import PAR
+
+    (tmp_path / "par.bpmn").write_text(PAR)
+    engine = Engine(f"sqlite:///{tmp_path / 'replay.db'}")
+    instance = engine.run(engine.start(load_process(str(tmp_path / "par.bpmn"))), answers={"confirmations": {"*": 5}})
+    assert instance.status == "completed" and len(instance.contexts) == 4  # main + one per branch
+    loaded = Engine(f"sqlite:///{tmp_path / 'replay.db'}").load(instance.id)
+    for name, ctx in instance.contexts.items():
+        assert LayeredContext.replay(ctx.tape) == ctx, name
+        assert render(LayeredContext.replay(ctx.tape), format="json") == render(ctx, format="json")
+        assert loaded.contexts[name] == ctx and LayeredContext.replay(loaded.contexts[name].tape) == ctx, name
