@@ -5,6 +5,7 @@ carry scripts, and the governance operations behave as documented."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -214,6 +215,7 @@ def test_runtime_config_change_is_validated_and_applied(server: str) -> None:
     ok = _post(server, "/api/context-governance/config",
                {"instance_id": iid, "activity_id": "after", "config": {"compressTokenThreshold": 10}})
     assert ok.status_code == 200, ok.text
+    assert _get(server, f"/api/instances/{iid}").json()["tape_length"] > doc["tape_length"]  # a config change is an event
     done = _post(server, "/api/context-governance/resolve",
                  {"instance_id": iid, "confirmation_id": "merge/level", "resolution": 0, "reason": "cautious"}).json()
     assert done["status"] == "completed"
@@ -249,3 +251,35 @@ def test_an_invalid_answer_at_start_names_the_waiting_instance(server: str) -> N
     assert error["kind"] == "invalid_answer" and "42" in error["message"]
     waiting = _get(server, f"/api/instances/{error['instance_id']}").json()
     assert waiting["status"] == "waiting" and waiting["error"] is None
+
+
+def test_the_seed_tool_arguments_work_over_rest(server: str) -> None:
+    """The seed's context_inspect / context_compress examples, sent as the REST bodies."""
+    doc = _start(server, "seq_proc", data={"amount": 7}, answers={"user_tasks": {"approve": {"ok": True}}})
+    iid = doc["instance_id"]
+    r = _post(server, "/api/context-governance/inspect", {
+        "instance_id": iid, "layers": ["L3", "L4"],
+        "metrics": ["token_count", "key_count", "attention_score", "last_modified", "size_bytes"],
+        "filter": {"key_prefix": "risk_*", "modified_after": "2026-07-08T10:00:00Z"}})
+    assert r.status_code == 200, r.text
+    assert {"token_count", "key_count", "attention_score"} <= set(r.json()["layers"]["L3"])
+    r = _post(server, "/api/context-governance/compress", {
+        "instance_id": iid, "action": "compress", "target_layers": ["L3"],
+        "preserve_keys": ["risk_level", "assessment_id", "risk_factors"],
+        "compress_rules": [{"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status", "summary"]},
+                           {"pattern": "reasoning_chain", "action": "summarize", "maxTokens": 100}],
+        "max_tokens": 20})  # the seed says 2000, for a context far larger than this one
+    assert r.status_code == 200, r.text
+    assert r.json()["changed"] is True
+    snapshot = r.json()["snapshot_id"]
+    r = _post(server, "/api/context-governance/compress",
+              {"instance_id": iid, "action": "evaluate", "before_snapshot_id": snapshot})
+    assert r.status_code == 200, r.text
+    r = _post(server, "/api/context-governance/compress", {"instance_id": iid, "action": "decompress",
+                                                            "snapshot_id": snapshot})
+    assert r.status_code == 200, r.text
+    assert _get(server, f"/api/instances/{iid}").json()["layers"]["L3"] == doc["layers"]["L3"]
+    r = _post(server, "/api/context-governance/branch-evaluate",
+              {"instance_id": iid, "required_keys": ["amount", "approval_status"]})
+    assert r.status_code == 200, r.text
+    assert "approval_status" in json.dumps(r.json())
