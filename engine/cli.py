@@ -273,6 +273,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     except LayerflowError as err:
         _fail(str(err), as_json=as_json, kind=err.kind)
     _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
+    _user_task_answers_are_objects(process, answer, as_json)
     engine = _engine(store, model, out, as_json)
     try:
         instance = engine.start(process, data)
@@ -298,6 +299,20 @@ def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapp
     if unknown:
         _fail(f"answers file {answers_file}: user_tasks names {', '.join(repr(t) for t in unknown)}, not an element "
               f"of process {process.id!r}; key user_tasks by the BPMN id of a user task", as_json=as_json)
+
+
+def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
+    """``--answer TASK=VALUE`` for a user task takes a JSON object; anything else would be
+    ignored and leave the task waiting, so it is refused."""
+    from . import spiff
+
+    tasks = {ts.bpmn_id for s in [process.spec, *process.subprocess_specs.values()]
+             for ts in spiff.iter_user_specs(s) if getattr(ts, "manual", False)}
+    for item in answer:
+        key, _, value = item.partition("=")
+        if key in tasks and not isinstance(_parse_value(value), dict):
+            _fail(f"--answer {item!r}: {key!r} is a user task; answer it with a JSON object of its fields, "
+                  f"e.g. --answer '{key}={{\"approved\": true}}'", as_json=as_json)
 
 
 def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
@@ -448,6 +463,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _fail(f"--set: {err}", as_json=as_json, kind=err.kind)
     source = _answers_source(answers_file, answer)
     _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
+    _user_task_answers_are_objects(instance.process, answer, as_json)
     _unused_answers(out, instance, answers, answer)
     for key, value in answers["confirmations"].items():
         if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):

@@ -449,3 +449,10 @@ def test_an_invalid_answer_on_resume_names_the_gateway(cli: Cli) -> None:
     waiting = cli.doc("run", "par.bpmn", code=3)
     doc = _bad(cli, "resume", waiting["instance_id"], "--answer", "merge/level=7", words=("merge/level", "7"))
     assert doc["error"]["task_id"] == "merge" and doc["instance_id"] == waiting["instance_id"]
+
+
+def test_a_user_task_answered_with_a_non_object_is_bad_input(cli: Cli) -> None:
+    _bad(cli, "run", "seq.bpmn", "--data", "data.json", "--answer", "approve=yes", words=("approve", "JSON object"))
+    waiting = cli.doc("run", "seq.bpmn", "--data", "data.json", code=3)
+    _bad(cli, "resume", waiting["instance_id"], "--answer", "approve=[1]", words=("approve",))
+    assert cli.doc("inspect", waiting["instance_id"], code=0)["status"] == "waiting"
