@@ -457,3 +457,68 @@ def test_every_context_of_an_engine_run_replays_from_its_tape(tmp_path) -> None:
         assert LayeredContext.replay(ctx.tape) == ctx, name
         assert render(LayeredContext.replay(ctx.tape), format="json") == render(ctx, format="json")
         assert loaded.contexts[name] == ctx and LayeredContext.replay(loaded.contexts[name].tape) == ctx, name
+
+
+@pytest.mark.parametrize(("score", "fires", "quiet"), [
+    ("density", 0.10, 0.20),          # fires below 0.15
+    ("redundancy", 0.40, 0.20),       # fires above 0.3
+    ("decay", 0.50, 0.70),            # fires below 0.6
+    ("conflict", 0.10, 0.01),         # fires above 0.05
+    ("tool_efficiency", 0.40, 0.60),  # fires below 0.5
+])
+def test_default_attention_thresholds(score: str, fires: float, quiet: float) -> None:
+    ctx = LayeredContext()
+    name = "toolEfficiency" if score == "tool_efficiency" else score
+    fired = CompressTriggerDetector().detect(ctx, attention=AttentionScore(**{score: fires}))
+    assert fired.fired and name in fired.triggers
+    calm = CompressTriggerDetector().detect(ctx, attention=AttentionScore(**{score: quiet}))
+    assert not calm.fired and name not in calm.triggers
+
+
+def test_the_message_threshold_fires(ctx: LayeredContext) -> None:
+    for i in range(4):
+        ctx.begin_activity(f"a{i}")
+        ctx.write(Layer.WORKING, f"k{i}", i, actor=f"a{i}")
+        ctx.complete_activity(f"a{i}")
+    config = {"activityId": "x", "attentionThresholds": {"density": 0.0, "decay": 0.0}}
+    over = CompressTriggerDetector().detect(ctx, ActivityExtensionConfig.model_validate(
+        {**config, "compressMessageThreshold": len(ctx.layer(Layer.HISTORY)) - 1}))
+    assert over.fired and any("message" in t for t in over.triggers)
+    under = CompressTriggerDetector().detect(ctx, ActivityExtensionConfig.model_validate(
+        {**config, "compressMessageThreshold": len(ctx.layer(Layer.HISTORY)) + 1}))
+    assert not any("message" in t for t in under.triggers)
+
+
+def test_summarize_and_count_only_rules(ctx: LayeredContext) -> None:
+    from context_layers.tokens import count_text
+
+    long = "Step one: we looked at the figures and the ledger of the applicant. " * 30
+    for i in range(5):
+        ctx.begin_activity(f"r{i}")
+        ctx.write(Layer.WORKING, f"chain_{i}", {"kind": "reasoning_chain", "text": long + f"conclusion {i}"},
+                  actor=f"r{i}")
+        ctx.write(Layer.WORKING, f"retry_{i}", {"kind": "error_retry_log", "attempt": i, "error": "timeout"},
+                  actor=f"r{i}")
+        if i == 0:
+            ctx.write(Layer.WORKING, "risk_level", {"kind": "reasoning_chain", "text": long}, actor="r0")
+        ctx.complete_activity(f"r{i}")
+    kept = ctx.layer(Layer.HISTORY)["risk_level"]
+    config = ActivityExtensionConfig.model_validate({"activityId": "x", "preserveKeys": ["risk_level"],
+                                                     "compressRules": [
+        {"pattern": "reasoning_chain", "action": "summarize", "maxTokens": 20},
+        {"pattern": "error_retry_log", "action": "count_only", "keepLast": 1}]})
+    compressor = RuleDrivenCompressor()
+    result = compressor.compress(ctx, config, triggers=["manual"])
+    history = ctx.layer(Layer.HISTORY)
+    assert history["risk_level"] == kept  # preserved: unchanged
+    for i in range(5):
+        if f"chain_{i}" in history:
+            assert count_text(history[f"chain_{i}"]["summary"]) <= 20
+    retries = [k for k in history if k.startswith("retry_")]
+    assert retries == ["retry_4"]  # the last keepLast=1 kept verbatim, the rest counted
+    counters = [v for v in history.values() if isinstance(v, Mapping) and v.get("count") == 5]
+    assert len(counters) == 1  # the five retries are counted
+    assert result.tokens_after < result.tokens_before
+    again = compressor.compress(ctx, config, triggers=["manual"])  # idempotent: nothing left to do
+    assert again.tokens_after == again.tokens_before and _layers(ctx)["L3"] == json.loads(
+        json.dumps(dict(history), default=_plain))
