@@ -68,6 +68,7 @@ def test_a_system_key_is_never_writable(ctx: LayeredContext, target: Layer) -> N
     assert ctx.resolve("policy") == "dual approval above 100000"
     text = str(denied.value)
     assert "policy" in text and "L0" in text  # names the key and the effective layer
+    assert denied.value.key == "policy" and denied.value.target == target and denied.value.effective == Layer.SYSTEM
     assert ctx.tape[-1].kind in ("denied", "write_denied") or "denied" in str(ctx.tape[-1].kind)
 
 
