@@ -456,3 +456,20 @@ def test_a_user_task_answered_with_a_non_object_is_bad_input(cli: Cli) -> None:
     waiting = cli.doc("run", "seq.bpmn", "--data", "data.json", code=3)
     _bad(cli, "resume", waiting["instance_id"], "--answer", "approve=[1]", words=("approve",))
     assert cli.doc("inspect", waiting["instance_id"], code=0)["status"] == "waiting"
+
+
+@pytest.mark.parametrize("args", [["run", "par.bpmn"], ["run", "seq.bpmn", "--data", "data.json"],
+                                  ["demo", "loan", "--scenario", "conflict"]])
+def test_an_open_stdin_pipe_is_never_read(cli: Cli, args: list[str]) -> None:
+    """stdin is a pipe nobody writes to and nobody closes: reading it would hang."""
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", *args, "--json"], cwd=cli.folder, env=cli.env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        stdout = proc.stdout.read()  # type: ignore[union-attr]  # returns once the CLI exits (stdin still open)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdin.close()  # type: ignore[union-attr]
+    assert proc.returncode == 3
+    assert one_document(stdout)["status"] == "waiting"
