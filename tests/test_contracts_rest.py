@@ -283,3 +283,19 @@ def test_the_seed_tool_arguments_work_over_rest(server: str) -> None:
               {"instance_id": iid, "required_keys": ["amount", "approval_status"]})
     assert r.status_code == 200, r.text
     assert "approval_status" in json.dumps(r.json())
+
+
+def test_confirmations_endpoints(server: str) -> None:
+    doc = _start(server, "par_proc")
+    iid = doc["instance_id"]
+    pending = _get(server, f"/api/confirmations?instance_id={iid}").json()
+    assert [c["id"] for c in pending] == ["merge/level"] and pending[0]["instance_id"] == iid
+    wrong = _post(server, "/api/confirmations/merge/level", {"instance_id": iid, "value": "seven"})
+    assert wrong.status_code == 400 and wrong.json()["error"]["kind"] == "invalid_answer"
+    nothing = _post(server, f"/api/instances/{iid}/events", {"name": "nobody_waits"})
+    assert nothing.status_code == 409 and "merge/level" in nothing.text  # names what it waits for
+    assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == doc["tape_length"]
+    ok = _post(server, "/api/confirmations/merge/level", {"instance_id": iid, "value": 0, "reason": "cautious"})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["status"] == "completed" and ok.json()["layers"]["L3"]["final"] == 0
+    assert _get(server, f"/api/confirmations?instance_id={iid}").json() == []
