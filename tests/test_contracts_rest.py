@@ -299,3 +299,6 @@ def test_confirmations_endpoints(server: str) -> None:
     assert ok.status_code == 200, ok.text
     assert ok.json()["status"] == "completed" and ok.json()["layers"]["L3"]["final"] == 0
     assert _get(server, f"/api/confirmations?instance_id={iid}").json() == []
+    decisions = [e for e in _get(server, f"/api/instances/{iid}/tape").json()["events"]
+                 if "human_decision" in (e["kind"], (e.get("data") or {}).get("note"))]
+    assert len(decisions) == 1 and decisions[0]["data"]["value"] == 0  # the refused answer left no trace
