@@ -457,10 +457,17 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             if not sep or not key:
                 _fail(f"--set {item!r}: write KEY=VALUE", as_json=as_json)
             values[key] = _parse_value(value)
+        if instance.status != "error":  # into the main context: as REST inject, never under open branches
+            from .governance import GovernanceService
+
+            try:
+                GovernanceService._writable(instance, instance.main, "--set")
+            except LayerflowError as err:
+                _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
         try:
             engine.inject(instance, values, actor="operator")
         except LayerflowError as err:
-            _fail(f"--set: {err}", as_json=as_json, kind=err.kind)
+            _fail(f"--set: {err}", as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
     source = _answers_source(answers_file, answer)
     _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
     _user_task_answers_are_objects(instance.process, answer, as_json)
@@ -873,7 +880,10 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json)
     instance = _load(engine, instance_id, as_json)
-    names = [context_name] if context_name else list(instance.contexts)
+    if context_name:  # a context name or a branch id, as inspect and snapshot take it
+        names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
+    else:
+        names = list(instance.contexts)
     events = []
     for name in names:
         ctx = _context(instance, name, as_json)
@@ -904,7 +914,8 @@ def replay(instance_id: str, until: int, context_name: str | None, store: str | 
               "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
     engine = _engine(store, None, _Out(as_json), as_json)
     instance = _load(engine, instance_id, as_json)
-    ctx = _context(instance, context_name, as_json)
+    # a context name or a branch id, as inspect and snapshot take it
+    ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
     doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "layers": layers,

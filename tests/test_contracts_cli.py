@@ -473,3 +473,21 @@ def test_an_open_stdin_pipe_is_never_read(cli: Cli, args: list[str]) -> None:
         proc.stdin.close()  # type: ignore[union-attr]
     assert proc.returncode == 3
     assert one_document(stdout)["status"] == "waiting"
+
+
+def test_branch_ids_work_wherever_a_context_is_named(cli: Cli) -> None:
+    waiting = cli.doc("run", "par.bpmn", code=3)
+    iid = waiting["instance_id"]
+    assert cli.doc("inspect", iid, "--context", "marker", code=0)["layers"]["L3"]["level"] == 0
+    events = cli.doc("tape", iid, "--context", "marker", code=0)
+    assert events and {e["context"] for e in events} == {next(n for n in waiting["contexts"] if "marker" in n)}
+    assert cli.doc("replay", iid, "--until", "1", "--context", "marker", code=0)["layers"]["L4"]["_branch_id"] == "marker"
+    assert cli("snapshot", iid, "--context", "marker").returncode == 0
+    _bad(cli, "replay", iid, "--until", "1", "--context", "nope", words=("nope",))
+
+
+def test_set_never_writes_under_open_branches(cli: Cli) -> None:
+    waiting = cli.doc("run", "par.bpmn", code=3)
+    doc = _bad(cli, "resume", waiting["instance_id"], "--set", "x=1", words=("open branches",))
+    assert doc["instance_id"] == waiting["instance_id"]
+    assert cli.doc("inspect", waiting["instance_id"], code=0)["tape_length"] == waiting["tape_length"]
