@@ -132,7 +132,7 @@ class Instance:
             "instance_id": self.id,
             "process_id": self.process_id,
             "status": self.status,
-            "error": self.error,
+            "error": self.error if self.status == "error" else None,  # a stale one never outlives its retry
             "layers": ctx.as_dict(),
             "tokens": ctx.token_report(),
             "conflicts": list(self.conflicts),
