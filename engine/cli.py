@@ -246,7 +246,8 @@ def _engine(store: str | None, model: str | None, out: _Out, as_json: bool) -> E
 # ----------------------------------------------------------------------------- commands
 
 _store_option = click.option("--store", "store", default=None, metavar="URL",
-                             help="memory://, sqlite:///FILE (default: $LAYERFLOW_STORE, else the user data folder)")
+                             help="memory://, sqlite:///FILE, redis://HOST:PORT/DB (default: $LAYERFLOW_STORE, "
+                                  "else the user data folder)")
 _json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document and nothing else on stdout")
 _answers_option = click.option("--answers", "answers_file", default=None, metavar="FILE",
                                help='JSON {"user_tasks": {TASK: {...}}, "confirmations": {ID: ANSWER}}')
