@@ -61,6 +61,11 @@ class ContextWriteDenied(LayerflowError):
         where = f"{effective}" if effective == requested else f"{effective} (requested {requested}, auto-promoted)"
         super().__init__(f"write of key {key!r} to {where} denied: {reason}")
 
+    @property
+    def target(self) -> Any:
+        """The layer the write asked for (DESIGN.md: "the key, the target and the effective layer")."""
+        return self.requested
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,

@@ -15,17 +15,18 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
 from context_layers import Layer, LayeredContext, thaw
-from context_layers.errors import ContextKeyError, ContextWriteDenied, LayerflowError
+from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError
 from context_layers.stores import InstanceNotFound
 
 from .confirm import TerminalPrompt, stdin_is_terminal
+from .governance import InvalidAnswer
 from .process import load_process
 from .runtime import Engine, Instance
 from .store import default_store_url, open_store
@@ -73,7 +74,10 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, ki
           details: dict[str, Any] | None = None) -> NoReturn:
     if as_json:
         error = {"kind": kind, "message": message, "task_id": None, **(details or {})}
-        click.echo(json.dumps(_error_document(error), ensure_ascii=False, default=str))
+        document = _error_document(error)
+        if isinstance(error.get("instance_id"), str):
+            document["instance_id"] = error["instance_id"]
+        click.echo(json.dumps(document, ensure_ascii=False, default=str))
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(code)
@@ -191,6 +195,15 @@ def _answers(answers_file: str | None, answer: tuple[str, ...], as_json: bool) -
         if key not in ("user_tasks", "confirmations"):
             _fail(f"answers file {answers_file}: unknown section {key!r}; use user_tasks and confirmations",
                   as_json=as_json)
+    for section in ("user_tasks", "confirmations"):
+        if doc.get(section) is not None and not isinstance(doc[section], dict):
+            _fail(f"answers file {answers_file}: {section} must be an object keyed by "
+                  f"{'BPMN task id' if section == 'user_tasks' else 'confirmation id, GATEWAY/KEY or *'}, "
+                  f"got {type(doc[section]).__name__}", as_json=as_json)
+    for task_id, values in (doc.get("user_tasks") or {}).items():
+        if not isinstance(values, dict):
+            _fail(f"answers file {answers_file}: user_tasks[{task_id!r}] must be an object of the task's "
+                  f"fields ({{key: value}}), got {type(values).__name__}", as_json=as_json)
     out = {"user_tasks": dict(doc.get("user_tasks") or {}), "confirmations": dict(doc.get("confirmations") or {})}
     for item in answer:
         key, sep, value = item.partition("=")
@@ -233,7 +246,8 @@ def _engine(store: str | None, model: str | None, out: _Out, as_json: bool) -> E
 # ----------------------------------------------------------------------------- commands
 
 _store_option = click.option("--store", "store", default=None, metavar="URL",
-                             help="memory://, sqlite:///FILE (default: $LAYERFLOW_STORE, else the user data folder)")
+                             help="memory://, sqlite:///FILE, redis://HOST:PORT/DB (default: $LAYERFLOW_STORE, "
+                                  "else the user data folder)")
 _json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document and nothing else on stdout")
 _answers_option = click.option("--answers", "answers_file", default=None, metavar="FILE",
                                help='JSON {"user_tasks": {TASK: {...}}, "confirmations": {ID: ANSWER}}')
@@ -252,23 +266,91 @@ def main() -> None:
 
 def _run_process(bpmn: str | list[str], config: str | None, process_id: str | None, data: dict[str, Any],
                  answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None,
-                 model: str | None, as_json: bool) -> None:
+                 model: str | None, as_json: bool, data_file: str | None = None) -> None:
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
     try:
         process = load_process(bpmn, process_id, config=config)
     except LayerflowError as err:
         _fail(str(err), as_json=as_json, kind=err.kind)
+    _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
+    _user_task_answers_are_objects(process, answer, as_json)
     engine = _engine(store, model, out, as_json)
     try:
         instance = engine.start(process, data)
     except (ContextWriteDenied, LayerflowError) as err:
-        _fail(f"initial data: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
+        where = f"data file {data_file}" if data_file else "initial data"
+        _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
     if not as_json:
         out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
-    instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+    try:
+        instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+    except InvalidAnswer as err:
+        _invalid_answer(out, instance, err, _answers_source(answers_file, answer))
     _summary(out, instance)
     sys.exit(_exit_code(instance))
+
+
+def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool) -> None:
+    """An answers file that names a task the process does not have is a typo: say so before running."""
+    if not answers_file:
+        return
+    ids = set(process.element_ids())
+    unknown = [task_id for task_id in user_tasks if task_id not in ids]
+    if unknown:
+        _fail(f"answers file {answers_file}: user_tasks names {', '.join(repr(t) for t in unknown)}, not an element "
+              f"of process {process.id!r}; key user_tasks by the BPMN id of a user task", as_json=as_json)
+
+
+def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
+    """``--answer TASK=VALUE`` for a user task takes a JSON object; anything else would be
+    ignored and leave the task waiting, so it is refused."""
+    from . import spiff
+
+    tasks = {ts.bpmn_id for s in [process.spec, *process.subprocess_specs.values()]
+             for ts in spiff.iter_user_specs(s) if getattr(ts, "manual", False)}
+    for item in answer:
+        key, _, value = item.partition("=")
+        if key in tasks and not isinstance(_parse_value(value), dict):
+            _fail(f"--answer {item!r}: {key!r} is a user task; answer it with a JSON object of its fields, "
+                  f"e.g. --answer '{key}={{\"approved\": true}}'", as_json=as_json)
+
+
+def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
+    return " and ".join(([f"answers file {answers_file}"] if answers_file else []) + (["--answer"] if answer else []))
+
+
+def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
+                    task_id: str | None = None) -> NoReturn:
+    """Exit 2: an answer given that is not an offered option. Nothing of it was applied; the
+    instance is saved still waiting (``layerflow resume ID --answer ...`` with a valid one)."""
+    message = f"{source}: {err}" if source else str(err)
+    if out.as_json:
+        document = instance.to_document()
+        cause = err.__cause__
+        document["status"] = "error"
+        document["error"] = {"kind": "invalid_answer", "message": message,
+                             "task_id": task_id or getattr(cause, "task_id", None) or getattr(err, "task_id", None),
+                             "instance_status": instance.status}
+        out.doc(document)
+    else:
+        click.echo(f"layerflow: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], answer: tuple[str, ...]) -> None:
+    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr."""
+    waiting = {"*"}
+    for w in instance.waiting_for:
+        waiting.update(str(w[k]) for k in ("id", "task_id") if w.get(k))
+        if w.get("key"):
+            waiting.add(f"{w['task_id']}/{w['key']}")
+    for item in answer:
+        key = item.partition("=")[0]
+        if key not in waiting:
+            listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
+            out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
+                     f"(it waits for: {listed}); it is kept for a later step")
 
 
 def _store_name(store: str | None) -> str:
@@ -295,7 +377,7 @@ def run(bpmn: tuple[str, ...], config: str | None, process_id: str | None, data_
     Give every file the process needs (call activities name processes of other files):
     ``layerflow run main.bpmn called.bpmn``."""
     _run_process(list(bpmn), config, process_id, _read_mapping(data_file, "data", as_json), answers_file, answer, yes,
-                 store, model, as_json)
+                 store, model, as_json, data_file)
 
 
 @main.group()
@@ -321,7 +403,7 @@ def demo_loan(scenario: str, data_file: str | None, answers_file: str | None, an
         _fail(f"the demo process {bpmn} is not installed; run from a source checkout (pip install -e .)",
               as_json=as_json)
     data = _read_mapping(data_file, "data", as_json) if data_file else dict(LOAN_SCENARIOS[scenario])
-    _run_process(str(bpmn), None, None, data, answers_file, answer, yes, store, model, as_json)
+    _run_process(str(bpmn), None, None, data, answers_file, answer, yes, store, model, as_json, data_file)
 
 
 def _shown_url(url: str | None) -> str:
@@ -376,17 +458,35 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             if not sep or not key:
                 _fail(f"--set {item!r}: write KEY=VALUE", as_json=as_json)
             values[key] = _parse_value(value)
+        if instance.status != "error":  # into the main context: as REST inject, never under open branches
+            from .governance import GovernanceService
+
+            try:
+                GovernanceService._writable(instance, instance.main, "--set")
+            except LayerflowError as err:
+                _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
         try:
             engine.inject(instance, values, actor="operator")
         except LayerflowError as err:
-            _fail(f"--set: {err}", as_json=as_json, kind=err.kind)
+            _fail(f"--set: {err}", as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+    source = _answers_source(answers_file, answer)
+    _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
+    _user_task_answers_are_objects(instance.process, answer, as_json)
+    _unused_answers(out, instance, answers, answer)
     for key, value in answers["confirmations"].items():
         if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
             try:
                 instance = engine.answer_confirmation(instance, key, value, run=False)
+            except InvalidAnswer as err:
+                _invalid_answer(out, instance, err, source)
+            except ActivityError as err:  # not an offered option: nothing was applied
+                _invalid_answer(out, instance, InvalidAnswer(str(err)), source, getattr(err, "task_id", None))
             except LayerflowError as err:
-                _fail(str(err), as_json=as_json, kind=err.kind)
-    instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+                _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+    try:
+        instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+    except InvalidAnswer as err:
+        _invalid_answer(out, instance, err, source)
     _summary(out, instance)
     sys.exit(_exit_code(instance))
 
@@ -781,7 +881,10 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json)
     instance = _load(engine, instance_id, as_json)
-    names = [context_name] if context_name else list(instance.contexts)
+    if context_name:  # a context name or a branch id, as inspect and snapshot take it
+        names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
+    else:
+        names = list(instance.contexts)
     events = []
     for name in names:
         ctx = _context(instance, name, as_json)
@@ -807,9 +910,13 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
 @_json_option
 def replay(instance_id: str, until: int, context_name: str | None, store: str | None, as_json: bool) -> None:
     """The context as it was at a sequence number of its tape, rebuilt from the tape."""
+    if until < 0:
+        _fail(f"--until {until}: a tape sequence number counts from 1 (0: before the first event); "
+              "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
     engine = _engine(store, None, _Out(as_json), as_json)
     instance = _load(engine, instance_id, as_json)
-    ctx = _context(instance, context_name, as_json)
+    # a context name or a branch id, as inspect and snapshot take it
+    ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
     doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "layers": layers,
@@ -967,4 +1074,8 @@ main.add_command(serve)
 from . import cli_worker  # noqa: E402,F401  (`layerflow worker`, `layerflow submit`: Redis workers)
 
 if __name__ == "__main__":  # pragma: no cover
-    main(prog_name=os.path.basename(sys.argv[0]) or "layerflow")
+    # `python -m engine.cli` runs this file as __main__; cli_worker registered its commands on
+    # the importable engine.cli.main, so run that one (else `worker`/`submit` are missing)
+    from engine.cli import main as _registered_main
+
+    _registered_main(prog_name="layerflow")

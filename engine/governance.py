@@ -103,6 +103,16 @@ class BadRequest(LayerflowError):
 class InvalidAnswer(BadRequest):
     kind = "invalid_answer"
 
+    def __init__(self, message: str, *, instance_id: str | None = None) -> None:
+        super().__init__(message)
+        self.instance_id = instance_id  # the instance that still waits for a valid answer
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        if self.instance_id is not None:
+            out["instance_id"] = self.instance_id
+        return out
+
 
 class InstanceStateError(LayerflowError):
     kind = "invalid_state"

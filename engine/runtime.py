@@ -132,7 +132,7 @@ class Instance:
             "instance_id": self.id,
             "process_id": self.process_id,
             "status": self.status,
-            "error": self.error,
+            "error": self.error if self.status == "error" else None,  # a stale one never outlives its retry
             "layers": ctx.as_dict(),
             "tokens": ctx.token_report(),
             "conflicts": list(self.conflicts),
@@ -227,6 +227,8 @@ class Engine:
         """
         if instance.status == "error":
             return instance
+        from .governance import InvalidAnswer
+
         rt = _runtime_of(instance)
         instance.status = "running"
         try:
@@ -235,6 +237,11 @@ class Engine:
                 rt.settle()
                 if not self._answer_from(instance, answers, ask):
                     break
+        except InvalidAnswer:
+            # a given answer that is not an offered option is bad input, not a failure of the
+            # process: nothing was applied, the instance is saved still waiting for that answer
+            self._save(instance)
+            raise
         except Exception as err:  # noqa: BLE001 - every failure becomes the instance's error
             rt.fail(err)
             rt.settle()
@@ -419,6 +426,8 @@ class Engine:
                 value = _NO_ANSWER if asked is None else asked
             if value is _NO_ANSWER:
                 continue
+            if item["kind"] == "confirmation":
+                _check_given_answer(rt, item["id"], value)
             instance.status = "running"
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
@@ -432,6 +441,18 @@ class Engine:
             self._save(instance)
             return True
         return False
+
+
+def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> None:
+    """Raise ``InvalidAnswer`` (bad input) before anything changes when ``value`` is not offered."""
+    try:
+        rt.check_answer(confirmation_id, value)
+    except ActivityError as err:
+        from .governance import InvalidAnswer
+
+        raise InvalidAnswer(f"{err}; instance {rt.instance.id} still waits for it: answer with one of those "
+                            f"values (`layerflow resume {rt.instance.id} --answer {confirmation_id}=VALUE`)",
+                            instance_id=rt.instance.id) from err
 
 
 _NO_ANSWER = object()
@@ -457,6 +478,14 @@ def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -
             if key in conf:
                 return conf[key]
     return _NO_ANSWER
+
+
+def _failed_conflict_record(gateway_id: str, conflict: Any) -> dict[str, Any]:
+    """A conflict of a join that failed (FAIL_ON_CONFLICT), in the ``--json`` ``conflicts`` shape."""
+    record = dict(conflict.to_dict()) if hasattr(conflict, "to_dict") else dict(conflict)
+    return {"gateway_id": gateway_id, "layer": record.get("layer"), "key": record.get("key"),
+            "base_value": record.get("base_value"), "values": dict(record.get("conflicting_values") or {}),
+            "resolution": None, **{k: v for k, v in record.items() if k not in ("layer", "key", "base_value")}}
 
 
 # =============================================================================== driver
@@ -1185,7 +1214,7 @@ class _Runtime:
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
-            self._set_conflicts(gw, [c.to_dict() if hasattr(c, "to_dict") else c for c in records], resolved=False)
+            self._set_conflicts(gw, [_failed_conflict_record(gw, c) for c in records], resolved=False)
             raise
         apply_join(parent, result, actor=gw)
         self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)

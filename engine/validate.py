@@ -36,6 +36,8 @@ not make ``report.ok`` false:
 ``condition_syntax``                  a condition expression is not valid Python
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
+``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
+                                      ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
                                       ``config_ambiguous`` W: several config files beside the BPMN
 ``bpmn_schema`` W                     the file does not conform to the BPMN 2.0 XSD
@@ -300,6 +302,7 @@ class _Validator:
             self._check_config_file(config, main)
         self._check_merges()
         self._check_branches()
+        self._check_handlers()
         for proc in self.processes:
             if _executable(proc.element):
                 self._check_gateways(proc)
@@ -576,6 +579,21 @@ class _Validator:
             else:
                 self.merged[eid] = merged
 
+    def _check_handlers(self) -> None:
+        """``handler: file.py:function`` / ``module:function`` that cannot be found: the run would fail
+        at that activity, after the ones before it ran. Checked without running the handler's code
+        (the file is parsed, the module looked up); a plain name is a runtime registration."""
+        base = self.paths[0].resolve().parent if self.paths else Path.cwd()
+        for src in self.sources:
+            ref = src.config.handler
+            if not isinstance(ref, str) or ":" not in ref:
+                continue
+            module_ref, _, attr = ref.rpartition(":")
+            problem = _handler_problem(module_ref, attr, base)
+            if problem:
+                self.add("handler_not_found", f"handler {ref!r}: {problem}", file=src.file,
+                         line=src.line_of("handler"), element_id=src.element_id, field="handler")
+
     def _check_branches(self) -> None:
         for src in self.sources:
             node = self.nodes.get(src.element_id)
@@ -793,6 +811,50 @@ class _Validator:
 
 # ---------------------------------------------------------------------------------------
 # helpers
+
+
+def _handler_problem(module_ref: str, attr: str, base: Path) -> str | None:
+    """What is wrong with a ``module:function`` handler reference, or None when it may load."""
+    if not module_ref or not attr:
+        return "write file.py:function or package.module:function"
+    if not module_ref.endswith(".py"):
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(module_ref)
+        except (ImportError, ValueError):
+            found = None
+        return None if found is not None else f"no module {module_ref!r} can be imported; check the name"
+    path = Path(module_ref)
+    path = path if path.is_absolute() else base / path
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except OSError:
+        return f"file {path} not found; paths are relative to the process folder"
+    except SyntaxError as err:
+        return f"{path.name} line {err.lineno}: {err.msg}; fix the handler file"
+    names: set[str] = set()
+    functions: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            functions.add(node.name)
+            for deco in node.decorator_list:  # @activity("name") registers under that name
+                if isinstance(deco, ast.Call):
+                    names.update(a.value for a in deco.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None  # cannot tell without running it
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    if attr in names:
+        return None
+    defined = sorted(n for n in functions if not n.startswith("_"))
+    return (f"{path.name} defines no {attr!r}{_did_you_mean(attr, names)}; "
+            f"its functions: {', '.join(defined) or 'none'}")
 
 
 def _default_parser_factory() -> Callable[[], Any]:

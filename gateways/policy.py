@@ -356,6 +356,9 @@ def resolve_conflicts(
                 continue
             value = from_json_value(picked["value"])
             reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")))
+            stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)
+            if isinstance(stated, str) and stated.strip():
+                reason = f"{reason}: {stated.strip()}"
             steps.append(ResolutionStep(key, "human", "answered", reason))
             resolved.append((conflict, Resolution(value, "human", reason)))
             continue

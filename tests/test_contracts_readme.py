@@ -1,0 +1,131 @@
+"""The README's commands outside the tour block (which tests/test_readme.py runs), pasted
+as written: the workers section (on a private Redis key prefix), the config snippet of
+"Configuring activities", the handler snippet; and a handler reference that cannot be
+found is refused by ``validate`` and ``run`` before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {**os.environ, "LAYERFLOW_STORE": f"sqlite:///{tmp_path / 'readme.db'}"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.pop("LAYERFLOW_MODEL_API_BASE", None)
+    return env
+
+
+def _layerflow(line: str) -> list[str]:
+    """A README line `layerflow ARGS  # comment` as the argv of `python -m engine.cli ARGS`."""
+    words = shlex.split(line.split("#", 1)[0])
+    assert words[0] == "layerflow", line
+    return [sys.executable, "-m", "engine.cli", *words[1:]]
+
+
+def _block(after: str, lang: str) -> str:
+    section = README.split(after, 1)[1]
+    found = re.search(rf"```{lang}\n(.*?)```", section, re.S)
+    assert found, f"README lost the {lang} block after {after!r}"
+    return found.group(1)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    (tmp_path / "bpmn_examples").symlink_to(ROOT / "bpmn_examples")
+    (tmp_path / "application.json").write_text(json.dumps({"amount": 20000, "applicant_id": "APP007",
+                                                           "purpose": "equipment"}))
+    return tmp_path
+
+
+def test_the_workers_section_runs(scratch: Path) -> None:
+    redis = pytest.importorskip("redis")
+    try:
+        redis.Redis.from_url("redis://127.0.0.1:6379/0").ping()
+    except Exception:  # noqa: BLE001
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    prefix = f"readme{uuid.uuid4().hex[:8]}"
+    lines = [line for line in _block("## Many workers", "bash").splitlines() if line.strip()]
+    assert [shlex.split(line)[1] for line in lines] == ["submit", "worker", "worker"]
+    env = _env(scratch)
+    url = f"redis://127.0.0.1:6379/0?prefix={prefix}"
+    # a private stream too: other workers on this Redis must not take (or be handed) these entries
+    stream = ["--stream", f"{prefix}:ready"]
+    submit, worker, dead = (_layerflow(line.replace("redis://127.0.0.1:6379/0", url)) + stream for line in lines)
+    try:
+        out = subprocess.run(submit, cwd=scratch, env=env, capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        instance_id = out.stdout.strip().split()[-1]
+        # `layerflow worker` runs until stopped: here it stops after the one entry
+        out = subprocess.run(worker + ["--stop-after", "1"], cwd=scratch, env=env, capture_output=True, text=True,
+                             timeout=300, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        out = subprocess.run(dead, cwd=scratch, env=env, capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL)
+        assert out.returncode == 0 and "0 dead" in out.stdout + out.stderr, out.stdout + out.stderr
+        shown = subprocess.run([sys.executable, "-m", "engine.cli", "inspect", instance_id, "--store", url, "--json"],
+                               cwd=scratch, env=env, capture_output=True, text=True, timeout=120,
+                               stdin=subprocess.DEVNULL)
+        assert json.loads(shown.stdout)["status"] == "completed", shown.stdout[-500:]
+    finally:
+        client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+        keys = list(client.scan_iter(f"{prefix}*"))
+        if keys:
+            client.delete(*keys)
+
+
+def test_the_config_snippet_validates_against_the_loan_process(scratch: Path) -> None:
+    (scratch / "snippet.yaml").write_text(_block("## Configuring activities", "yaml"))
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "validate", "bpmn_examples/loan_approval.bpmn",
+                          "--config", "snippet.yaml"], cwd=scratch, env=_env(scratch), capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_handler_snippet_runs(scratch: Path) -> None:
+    code = _block("Handlers are Python functions", "python")
+    code += "\nfrom engine.handlers import REGISTRY\nassert REGISTRY.get('risk_assessment') is risk_assessment\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=scratch, env=_env(scratch), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(("replace", "words"), [
+    ("loan_handlers.py:risk_assessment", ("missing_handlers.py", "not found", "risk_assessment")),
+    ("loan_handlers.py:no_such_function", ("no_such_function", "loan_handlers.py", "risk_assessment")),
+    ("no_such_package.handlers:run", ("no_such_package.handlers",)),
+])
+def test_a_handler_that_cannot_be_found_is_refused_before_anything_runs(scratch: Path, replace: str,
+                                                                        words: tuple[str, ...]) -> None:
+    original = (ROOT / "bpmn_examples" / "loan_approval.layerflow.yaml").read_text()
+    broken = replace.replace("loan_handlers.py:risk_assessment", "missing_handlers.py:risk_assessment")
+    (scratch / "broken.yaml").write_text(original.replace("handler: loan_handlers.py:risk_assessment",
+                                                          f"handler: {broken}"))
+    env = _env(scratch)
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "validate", "bpmn_examples/loan_approval.bpmn",
+                          "--config", "broken.yaml"], cwd=scratch, env=env, capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2
+    for word in (*words, "broken.yaml", "handler"):
+        assert word in out.stdout + out.stderr, word
+    run = subprocess.run([sys.executable, "-m", "engine.cli", "run", "bpmn_examples/loan_approval.bpmn", "--config",
+                          "broken.yaml", "--data", "application.json", "--json"], cwd=scratch, env=env,
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert run.returncode == 2
+    doc = json.loads(run.stdout)
+    assert doc["instance_id"] is None and "risk_assessment" in doc["error"]["message"]
+    listed = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--json"], cwd=scratch, env=env,
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert json.loads(listed.stdout) == []  # nothing half-written
