@@ -1092,9 +1092,12 @@ class _Runtime:
         did not arrive never will (an interrupting event cancelled it), so it is closed as
         ``cancelled`` and its siblings merge without it."""
         gw = spiff.bpmn_id_of(task)
-        arrived = [spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task)]
-        current = list(dict.fromkeys(arrived))
         branches = self.instance.branches
+        # SpiffWorkflow keeps the instances of this join from an earlier pass of a loop (the
+        # ones its firing cancelled); their branches were merged (or closed) back then
+        arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
+                   if name not in branches or branches[name]["status"] == "open"]
+        current = list(dict.fromkeys(arrived))
         if spiff.is_end_join(task.task_spec):
             self._cancel_branches(task, keep=current)
         while True:
