@@ -748,6 +748,10 @@ class _Runtime:
         if due is not None and due <= now and not task.internal_data.get("event_fired"):
             task.internal_data["event_fired"] = True
 
+    def caught(self, task: Any, values: dict[str, Any]) -> None:
+        """A catching event ran with the payload of an event this process threw: into its context."""
+        events.catch_thrown(self.context_of(task), task, values)
+
     def _run_instance(self, task: Any, multi: Any, default_run: Callable[[], Any]) -> Any:
         """One instance of a multi-instance activity, inside the activity of ``multi``: its input
         item in EPHEMERAL and in its scope, its output item kept in its scope (then handed to

@@ -25,6 +25,8 @@ The driver protocol (implemented by ``engine.runtime``)::
     abort_multi(task, err) -> None                   # ... when spiff failed to make them
     complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
+    caught(task, values) -> None                     # a catching event ran with the payload of an event the
+                                                     # process threw itself: {variable: payload}
 
 Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
 instances (children of the wrapper, with the original task's spec) run their handlers
@@ -57,7 +59,8 @@ from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiIn
 from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import SignalEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
+from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
@@ -100,6 +103,7 @@ __all__ = [
     "multi_instance_of",
     "data_name",
     "MULTI_KEY",
+    "DELIVERED_KEY",
     "arrived_branch_tasks",
     "payload_variables",
     "bpmn_id_of",
@@ -113,6 +117,7 @@ _BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
+DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 MAIN_CONTEXT = "main"
 
 
@@ -127,6 +132,7 @@ class Driver(Protocol):
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
     def complete_multi(self, task: Any) -> None: ...
     def timer(self, task: Any) -> None: ...
+    def caught(self, task: Any, values: dict[str, Any]) -> None: ...
 
 
 def driver_of(task: Any) -> Driver | None:
@@ -219,6 +225,18 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
+        if isinstance(self, CatchingEvent):
+            # SpiffWorkflow puts a caught payload into task.data (a messageVariable, a signal's,
+            # error's or escalation's variableName); under layerflow it belongs in the context.
+            # An event sent from outside is there already (engine.events.deliver); one the
+            # process threw itself (a throw or end event, a send task) goes there now.
+            result = super()._run_hook(my_task)  # type: ignore[misc]
+            delivered = my_task.internal_data.pop(DELIVERED_KEY, None)
+            values = {name: my_task.data.pop(name) for name in payload_variables(self.event_definition)
+                      if name in my_task.data}
+            if values and not delivered:
+                driver.caught(my_task, values)
+            return result
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
@@ -363,12 +381,12 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
 
 
 def payload_variables(event_definition: Any) -> list[str]:
-    """The task-data variables SpiffWorkflow puts a caught message's or signal's payload in
-    (``messageVariable``, a signal's ``variableName``); of every event of a multiple event
-    (an event-based gateway)."""
+    """The task-data variables SpiffWorkflow puts a caught event's payload in (a message's
+    ``messageVariable``, a signal's, error's or escalation's ``variableName``); of every
+    event of a multiple event (an event-based gateway)."""
     if isinstance(event_definition, MultipleEventDefinition):
-        return [v for d in event_definition.event_definitions for v in payload_variables(d)]
-    if isinstance(event_definition, (MessageEventDefinition, SignalEventDefinition)):
+        return list(dict.fromkeys(v for d in event_definition.event_definitions for v in payload_variables(d)))
+    if isinstance(event_definition, (MessageEventDefinition, ItemAwareEventDefinition)):
         name = getattr(event_definition, "message_var", None) or getattr(event_definition, "variable", None)
         return [name] if isinstance(name, str) and name else []
     return []

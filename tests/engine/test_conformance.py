@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
+import pytest
+
 from engine import Engine, load_process
 
 from engine_helpers import path_of, run_plain, variables
@@ -74,3 +76,132 @@ def test_a_parallel_split_and_join_inside_a_loop(tmp_path: Path) -> None:
     assert ours == plain_vars == {"i": 3, "doubled": 4}
     assert {info["status"] for info in instance.branches.values()} == {"joined"}
     assert len(instance.branches) == 6
+
+
+# ----- the payload of an event the process throws itself ----------------------------------------
+
+def _message(ref: str, payload: str) -> str:
+    return (f'<bpmn:messageEventDefinition messageRef="{ref}"><bpmn:extensionElements>'
+            f"<spiffworkflow:messagePayload>{escape(payload)}</spiffworkflow:messagePayload>"
+            "</bpmn:extensionElements></bpmn:messageEventDefinition>")
+
+
+def _message_catch(ref: str, variable: str) -> str:
+    return (f'<bpmn:messageEventDefinition messageRef="{ref}"><bpmn:extensionElements>'
+            f"<spiffworkflow:messageVariable>{variable}</spiffworkflow:messageVariable>"
+            "</bpmn:extensionElements></bpmn:messageEventDefinition>")
+
+
+def _between_branches(thrower: str, catcher: str) -> list[str]:
+    """One branch prepares a parcel and throws, the other waits to catch it and uses what it got."""
+    return [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+        script("pack", "parcel = {'id': 7, 'items': ['a', 'b']}"), thrower, catcher,
+        script("unpack", "count = len(got['parcel']['items'])"), '<bpmn:parallelGateway id="join"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "pack"), flow("fork", "catch"), flow("pack", "throw"),
+        flow("throw", "join"), flow("catch", "unpack"), flow("unpack", "join"), flow("join", "end"),
+    ]
+
+
+_SIGNAL = ('<bpmn:signal id="parcel_signal" name="parcel_ready"><bpmn:extensionElements>'
+           "<spiffworkflow:payloadExpression>{'parcel': parcel}</spiffworkflow:payloadExpression>"
+           "<spiffworkflow:variableName>got</spiffworkflow:variableName></bpmn:extensionElements></bpmn:signal>\n")
+
+THROWN = {
+    "intermediate message": (_between_branches(
+        f'<bpmn:intermediateThrowEvent id="throw">{_message("parcel_msg", "{" + chr(39) + "parcel" + chr(39) + ": parcel}")}'
+        "</bpmn:intermediateThrowEvent>",
+        f'<bpmn:intermediateCatchEvent id="catch">{_message_catch("parcel_msg", "got")}</bpmn:intermediateCatchEvent>'),
+        '<bpmn:message id="parcel_msg" name="parcel"/>\n'),
+    "send task to receive task": (_between_branches(
+        '<bpmn:sendTask id="throw" messageRef="parcel_msg"><bpmn:extensionElements><spiffworkflow:messagePayload>'
+        "{'parcel': parcel}</spiffworkflow:messagePayload></bpmn:extensionElements></bpmn:sendTask>",
+        '<bpmn:receiveTask id="catch" messageRef="parcel_msg"><bpmn:extensionElements><spiffworkflow:messageVariable>'
+        "got</spiffworkflow:messageVariable></bpmn:extensionElements></bpmn:receiveTask>"),
+        '<bpmn:message id="parcel_msg" name="parcel"/>\n'),
+    "signal": (_between_branches(
+        '<bpmn:intermediateThrowEvent id="throw"><bpmn:signalEventDefinition signalRef="parcel_signal"/>'
+        "</bpmn:intermediateThrowEvent>",
+        '<bpmn:intermediateCatchEvent id="catch"><bpmn:signalEventDefinition signalRef="parcel_signal"/>'
+        "</bpmn:intermediateCatchEvent>"), _SIGNAL),
+}
+
+
+@pytest.mark.parametrize("shape", list(THROWN))
+def test_a_thrown_payload_reaches_the_catching_context(tmp_path: Path, shape: str) -> None:
+    elements, extra = THROWN[shape]
+    path = write(tmp_path, "thrown", elements, extra)
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars
+    assert plain_vars["got"] == {"parcel": {"id": 7, "items": ["a", "b"]}} and plain_vars["count"] == 2
+    record = instance.main.resolve("event:catch")
+    assert "got" in record["keys"] and (record["event_kind"], record["sent_by"]) == (shape.split()[-1].replace("task", "message"), "process")
+
+
+@pytest.mark.parametrize("kind", ["error", "escalation"])
+def test_an_end_event_payload_reaches_the_boundary_that_catches_it(tmp_path: Path, kind: str) -> None:
+    """A sub-process ends in an error (escalation) end event with a payload; the boundary event
+    on the sub-process catches it and the path after it reads the payload."""
+    path = write(tmp_path, f"{kind}_payload", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/>'
+        + script("try_it", "outcome = 'failed'")
+        + f'<bpmn:endEvent id="work_failed"><bpmn:{kind}EventDefinition {kind}Ref="problem"/></bpmn:endEvent>'
+        + flow("work_start", "try_it") + flow("try_it", "work_failed") + "</bpmn:subProcess>",
+        f'<bpmn:boundaryEvent id="on_problem" attachedToRef="work"><bpmn:{kind}EventDefinition {kind}Ref="problem"/>'
+        "</bpmn:boundaryEvent>",
+        script("report", "report = 'problem: ' + details['why']"), '<bpmn:endEvent id="end_problem"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("work", "end"), flow("on_problem", "report"), flow("report", "end_problem"),
+    ], f'<bpmn:{kind} id="problem" name="problem" {kind}Code="P1"><bpmn:extensionElements>'
+       "<spiffworkflow:payloadExpression>{'why': outcome}</spiffworkflow:payloadExpression>"
+       f"<spiffworkflow:variableName>details</spiffworkflow:variableName></bpmn:extensionElements></bpmn:{kind}>\n")
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert "report" in path_of(plain_wf)
+    ours = variables(instance.main)
+    assert ours.pop("outcome") == "failed"  # kept from the sub-process; plain SpiffWorkflow drops it
+    assert ours == plain_vars == {"details": {"why": "failed"}, "report": "problem: failed"}
+
+
+def test_a_correlated_message_from_outside_is_written_once(tmp_path: Path) -> None:
+    """SpiffWorkflow needs the payload of a correlated message, so it hands it to the catching
+    task too; the engine wrote it into the context already and does not write it again."""
+    path = tmp_path / "correlated_var.bpmn"
+    path.write_text(HEAD + """  <bpmn:collaboration id="collab">
+    <bpmn:participant id="p" processRef="correlated_var"/>
+    <bpmn:correlationKey name="order_key"><bpmn:correlationPropertyRef>order_ref</bpmn:correlationPropertyRef></bpmn:correlationKey>
+  </bpmn:collaboration>
+  <bpmn:correlationProperty id="order_ref" name="order_ref">
+    <bpmn:correlationPropertyRetrievalExpression messageRef="m_paid">
+      <bpmn:formalExpression>order_id</bpmn:formalExpression>
+    </bpmn:correlationPropertyRetrievalExpression>
+  </bpmn:correlationProperty>
+  <bpmn:message id="m_paid" name="paid"/>
+  <bpmn:process id="correlated_var" isExecutable="true">
+    """ + "\n    ".join([
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:intermediateCatchEvent id="catch">{_message_catch("m_paid", "payment")}</bpmn:intermediateCatchEvent>',
+        script("book", "booked = payment['amount']"), '<bpmn:endEvent id="end"/>',
+        flow("start", "catch"), flow("catch", "book"), flow("book", "end")]) + """
+  </bpmn:process>
+</bpmn:definitions>
+""", encoding="utf-8")
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    assert [w["event"] for w in instance.waiting_for] == ["paid"]
+    instance = engine.send_event(instance, "paid", {"order_id": "O-1", "amount": 30})
+
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"payment": {"order_id": "O-1", "amount": 30}, "booked": 30}
+    history = instance.main.layer("L3")
+    assert [k for k in history if k.startswith("event:")] == ["event:catch"]
+    assert history["event:catch"]["sent_by"] == "operator"
