@@ -554,7 +554,7 @@ class _Runtime:
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
         for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):
             due = spiff.timer_due(task)
-            waiting.append({"kind": "timer", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
+            waiting.append({"kind": "timer", "id": str(task.id), "task_id": spiff.timer_event_id(task),
                             "due": due.isoformat() if due is not None else None})
         # a message or signal catch says which event it waits for, and is listed even beside a
         # user task or a timer (a boundary message on a user task): `send` can deliver it

@@ -98,6 +98,8 @@ __all__ = [
     "is_split",
     "is_multi",
     "is_timer",
+    "timer_definition",
+    "timer_event_id",
     "timer_due",
     "loop_of",
     "multi_instance_of",
@@ -199,7 +201,7 @@ class _LayerflowSpecMixin:
         if CTX_KEY not in my_task.internal_data:
             parent = _parent_across_subprocess(my_task)
             my_task.internal_data[CTX_KEY] = context_name_of(parent) if parent is not None else MAIN_CONTEXT
-        if isinstance(getattr(self, "event_definition", None), _TIMERS):
+        if timer_definition(self) is not None:
             driver = driver_of(my_task)
             if driver is not None:
                 driver.timer(my_task)
@@ -351,16 +353,39 @@ def data_name(ref: Any) -> str | None:
 _TIMERS = (DurationTimerEventDefinition, TimeDateEventDefinition)
 
 
+def timer_definition(spec: Any) -> Any:
+    """The timer (duration or date) a spec waits for: its own event definition, or the timer
+    among the events of an event-based gateway; else None."""
+    ed = getattr(spec, "event_definition", None)
+    if isinstance(ed, MultipleEventDefinition):
+        return next((d for d in ed.event_definitions if isinstance(d, _TIMERS)), None)
+    return ed if isinstance(ed, _TIMERS) else None
+
+
 def is_timer(task: Any) -> bool:
-    """A timer event (duration or date) that layerflow times: catch events and boundary events."""
-    return isinstance(getattr(task.task_spec, "event_definition", None), _TIMERS)
+    """A timer event (duration or date) that layerflow times: catch events, boundary events, and
+    the timer branch of an event-based gateway."""
+    return timer_definition(task.task_spec) is not None
+
+
+def timer_event_id(task: Any) -> str:
+    """The BPMN id of the timer event a timer task waits for (an event-based gateway: the timer
+    event of its branch)."""
+    spec = task.task_spec
+    ed = getattr(spec, "event_definition", None)
+    if isinstance(ed, MultipleEventDefinition):
+        timer = timer_definition(spec)
+        index = next((i for i, d in enumerate(ed.event_definitions) if d is timer), None)
+        if index is not None and index < len(spec.outputs):
+            return spec_bpmn_id(spec.outputs[index])
+    return spec_bpmn_id(spec)
 
 
 def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
     """When a timer event's task is due (UTC), fixing it from ``now`` the first time (a duration
     starts when the task starts waiting); None for other tasks, or a timer not yet started."""
-    ed = getattr(task.task_spec, "event_definition", None)
-    if not isinstance(ed, _TIMERS):
+    ed = timer_definition(task.task_spec)
+    if ed is None:
         return None
     value = task.internal_data.get("event_value")
     if value is None:

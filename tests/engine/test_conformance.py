@@ -205,3 +205,67 @@ def test_a_correlated_message_from_outside_is_written_once(tmp_path: Path) -> No
     history = instance.main.layer("L3")
     assert [k for k in history if k.startswith("event:")] == ["event:catch"]
     assert history["event:catch"]["sent_by"] == "operator"
+
+
+# ----- the timer branch of an event-based gateway --------------------------------------------------
+
+def _reminder_gateway(tmp_path: Path) -> Path:
+    """Wait for the customer's answer, or remind them after three days."""
+    return write(tmp_path, "answer_or_remind", [
+        '<bpmn:startEvent id="start"/>', script("ask", "asked = True"), '<bpmn:eventBasedGateway id="wait"/>',
+        f'<bpmn:intermediateCatchEvent id="answered">{_message_catch("m_answer", "answer")}</bpmn:intermediateCatchEvent>',
+        '<bpmn:intermediateCatchEvent id="three_days"><bpmn:timerEventDefinition><bpmn:timeDuration>"P3D"'
+        "</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>",
+        script("remind", "outcome = 'reminded'"), script("record", "outcome = 'answered: ' + answer['text']"),
+        '<bpmn:endEvent id="end_reminded"/>', '<bpmn:endEvent id="end_answered"/>',
+        flow("start", "ask"), flow("ask", "wait"), flow("wait", "answered"), flow("wait", "three_days"),
+        flow("three_days", "remind"), flow("remind", "end_reminded"), flow("answered", "record"),
+        flow("record", "end_answered"),
+    ], '<bpmn:message id="m_answer" name="customer_answer"/>\n')
+
+
+class _Clock:
+    def __init__(self) -> None:
+        import time
+
+        self.now = time.time()  # SpiffWorkflow checks a due timer against the wall clock too
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_timer_of_an_event_based_gateway_runs_on_the_engine_clock(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    clock = _Clock()
+    engine = Engine(clock=clock)
+    instance = run_ours(_reminder_gateway(tmp_path), engine=engine)
+
+    assert instance.status == "waiting"
+    timers = [w for w in instance.waiting_for if w["kind"] == "timer"]
+    assert [w["task_id"] for w in timers] == ["three_days"]
+    due = datetime.fromisoformat(timers[0]["due"])
+    assert abs((due - datetime.fromtimestamp(clock.now, timezone.utc)).total_seconds() - 3 * 86400) < 1
+    assert [w["event"] for w in instance.waiting_for if w["kind"] == "event"] == ["customer_answer"]
+
+    clock.now += 86400  # a day later: still waiting
+    instance = engine.resume(engine.load(instance.id))
+    assert instance.status == "waiting" and "remind" not in path_of(instance.workflow)
+
+    clock.now += 3 * 86400
+    instance = engine.resume(engine.load(instance.id))
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "ask", "wait", "three_days", "remind", "end_reminded"]
+    assert variables(instance.main) == {"asked": True, "outcome": "reminded"}
+
+
+def test_a_message_before_the_gateway_timer_takes_the_message_branch(tmp_path: Path) -> None:
+    clock = _Clock()
+    engine = Engine(clock=clock)
+    instance = run_ours(_reminder_gateway(tmp_path), engine=engine)
+    clock.now += 3600
+    instance = engine.send_event(instance, "customer_answer", {"text": "yes"})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "ask", "wait", "answered", "record", "end_answered"]
+    assert variables(instance.main) == {"asked": True, "answer": {"text": "yes"}, "outcome": "answered: yes"}
