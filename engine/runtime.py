@@ -60,6 +60,7 @@ from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowEr
 
 from . import events, spiff
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
+from gateways.splitter import branch_context_name
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
@@ -748,6 +749,102 @@ class _Runtime:
         if due is not None and due <= now and not task.internal_data.get("event_fired"):
             task.internal_data["event_fired"] = True
 
+    # ----- sub-processes and call activities ----------------------------------------------
+
+    def enter_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity starts. Its tasks run in the context of ``task``, except:
+
+        * an instance of a multi-instance sub-process runs in a scope of its own (a context
+          forked from the activity's), its input item in WORKING, so parallel instances never
+          see nor overwrite each other's items;
+        * a called process whose ``ioSpecification`` names data outputs runs in a scope of its
+          own too: only those outputs come back (``leave_subworkflow``), as in SpiffWorkflow.
+
+        The called process's data inputs must be in the context (SpiffWorkflow's check)."""
+        spec = task.task_spec
+        bpmn_id = spiff.bpmn_id_of(task)
+        ctx = self.context_of(task)
+        io = getattr(subworkflow.spec, "io_specification", None)
+        inputs = [var.bpmn_id for var in (io.data_inputs if io is not None else [])]
+        missing = [name for name in inputs if name not in ctx]
+        if missing:
+            raise ActivityError(f"{bpmn_id!r} calls {spec.spec!r}, whose ioSpecification needs the data input(s) "
+                                f"{', '.join(map(repr, missing))}; none is in the context. Set them before "
+                                f"{bpmn_id!r} (an earlier task, the instance's data) or remove them from the "
+                                "called process's dataInput", task_id=bpmn_id)
+        multi = spiff.multi_instance_of(task)
+        outputs = [var.bpmn_id for var in (io.data_outputs if io is not None else [])]
+        if multi is None and not outputs:
+            return
+        inject: dict[str, Any] = {}
+        if multi is not None:
+            item = spiff.data_name(multi.task_spec.input_item)
+            if item is not None and item in task.data:
+                inject[item] = task.data[item]
+        if multi is not None:
+            instances = [c for c in multi.children if c.task_spec is spec]
+            branch_id = f"{bpmn_id}#{instances.index(task) + 1}"
+        else:
+            branch_id = bpmn_id
+        parent_name = ctx.name
+        snap = ctx.snapshot(label=f"scope:{branch_id}", actor=bpmn_id)
+        name = branch_context_name(parent_name, branch_id, snap.seq)
+        scope = LayeredContext.fork(snap, name=name, branch_id=branch_id, inject=inject, actor=bpmn_id,
+                                    encoding=ctx.encoding)
+        ctx.record("scope", actor=bpmn_id, data={"activity": bpmn_id, "context": name, "snapshot_id": snap.id,
+                                                  "inject": thaw(dict(inject))})
+        self.instance.contexts[name] = scope
+        self.instance.branches[name] = {
+            "parent": parent_name, "branch_id": branch_id, "gateway": bpmn_id, "split": f"{bpmn_id}@{task.id}",
+            "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
+            "status": "scope", "join": None}
+        subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
+
+    def leave_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""
+        name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
+        info = self.instance.branches.get(name) if name is not None else None
+        if info is None or info["status"] != "scope":
+            return
+        bpmn_id = spiff.bpmn_id_of(task)
+        scope = self.instance.contexts[name]
+        parent = self.instance.contexts[info["parent"]]
+        io = getattr(subworkflow.spec, "io_specification", None)
+        outputs = [var.bpmn_id for var in (io.data_outputs if io is not None else [])]
+        multi = spiff.multi_instance_of(task)
+        if multi is not None:
+            mspec = multi.task_spec
+            out = spiff.data_name(mspec.output_item) if mspec.data_output is not None else None
+            item = spiff.data_name(mspec.input_item)
+            if out is not None:
+                # SpiffWorkflow collects the instance's output item from its data
+                value = scope.get(out, _ABSENT)
+                task.data = {} if value is _ABSENT else {out: thaw(value)}
+            else:
+                # no output collection: what the instance changed reaches the activity (SpiffWorkflow
+                # merges each instance's data in turn)
+                base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
+                changed = {k: thaw(v) for k, v in scope.resolved().items()
+                           if not k.startswith(_RECORD_PREFIXES) and k != item
+                           and (k not in base or not json_equal(base[k], v))}
+                for key, value in changed.items():
+                    parent.write(Layer.WORKING, key, value, actor=bpmn_id)
+                task.data = {}
+        else:
+            missing = [o for o in outputs if o not in scope]
+            if missing:
+                raise ActivityError(f"{bpmn_id!r} calls {task.task_spec.spec!r}, whose ioSpecification names the data "
+                                    f"output(s) {', '.join(map(repr, missing))}; the called process set none of "
+                                    "them. Set them in the called process or remove them from its dataOutput",
+                                    task_id=bpmn_id)
+            parent.begin_activity(bpmn_id, actor=bpmn_id)
+            parent.write_many(Layer.WORKING, {o: scope.resolve(o) for o in outputs}, actor=bpmn_id)
+            parent.complete_activity(bpmn_id, summary=f"outputs of {task.task_spec.spec}: {', '.join(outputs)}",
+                                     actor=bpmn_id)
+        info["status"] = "joined"
+        info["join"] = bpmn_id
+        scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""
         events.catch_thrown(self.context_of(task), task, values)
@@ -1100,7 +1197,7 @@ class _Runtime:
         # SpiffWorkflow keeps the instances of this join from an earlier pass of a loop (the
         # ones its firing cancelled); their branches were merged (or closed) back then
         arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
-                   if name not in branches or branches[name]["status"] == "open"]
+                   if name not in branches or branches[name]["status"] not in ("joined", "cancelled")]
         current = list(dict.fromkeys(arrived))
         if spiff.is_end_join(task.task_spec):
             self._cancel_branches(task, keep=current)
@@ -1336,6 +1433,14 @@ class _Runtime:
 _FAR = datetime.max.replace(tzinfo=timezone.utc)
 
 
+def _snapshot_values(snap: Any) -> dict[str, Any]:
+    """Every key of a snapshot with the value a read would have given (the lowest layer wins)."""
+    out: dict[str, Any] = {}
+    for layer in reversed(list(Layer)):
+        out.update(snap.layer(layer).items())
+    return out
+
+
 def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
@@ -1365,11 +1470,11 @@ def _condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]
 
 
 def _ready_tasks(wf: Any) -> list[Any]:
-    tasks = []
+    tasks: dict[Any, Any] = {}  # by id: the workflow's iterator also reaches some sub-process tasks
     for sp in sorted(wf.get_active_subprocesses(), key=lambda s: s.depth, reverse=True):
-        tasks.extend(sp.get_tasks(state=TaskState.READY))
-    tasks.extend(wf.get_tasks(state=TaskState.READY))
-    return tasks
+        tasks.update((t.id, t) for t in sp.get_tasks(state=TaskState.READY))
+    tasks.update((t.id, t) for t in wf.get_tasks(state=TaskState.READY) if t.id not in tasks)
+    return list(tasks.values())
 
 
 def _all_tasks(wf: Any, state: int) -> list[Any]:

@@ -27,6 +27,8 @@ The driver protocol (implemented by ``engine.runtime``)::
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
     caught(task, values) -> None                     # a catching event ran with the payload of an event the
                                                      # process threw itself: {variable: payload}
+    enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
+    leave_subworkflow(task, subworkflow) -> None     # copy_data / update_data: its data in and out)
 
 Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
 instances (children of the wrapper, with the original task's spec) run their handlers
@@ -135,6 +137,8 @@ class Driver(Protocol):
     def complete_multi(self, task: Any) -> None: ...
     def timer(self, task: Any) -> None: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
+    def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
+    def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
 
 
 def driver_of(task: Any) -> Driver | None:
@@ -260,6 +264,22 @@ class _LayerflowSpecMixin:
             # SpiffWorkflow's variable for it (left empty) stays out of task.data
             for name in payload_variables(getattr(self, "event_definition", None)):
                 my_task.data.pop(name, None)
+
+    def copy_data(self, my_task: Any, subworkflow: Any) -> Any:
+        # SubWorkflowTask only: what SpiffWorkflow copies into a sub-process is in the context
+        driver = driver_of(my_task)
+        if driver is None:
+            return super().copy_data(my_task, subworkflow)  # type: ignore[misc]
+        driver.enter_subworkflow(my_task, subworkflow)
+        return None
+
+    def update_data(self, my_task: Any, subworkflow: Any) -> Any:
+        # SubWorkflowTask only: what SpiffWorkflow copies out of a finished sub-process
+        driver = driver_of(my_task)
+        if driver is None:
+            return super().update_data(my_task, subworkflow)  # type: ignore[misc]
+        driver.leave_subworkflow(my_task, subworkflow)
+        return None
 
     def execute_script(self, my_task: Any, script: str) -> Any:
         # SpiffBpmnTask runs preScript in _update_hook and postScript in

@@ -269,3 +269,138 @@ def test_a_message_before_the_gateway_timer_takes_the_message_branch(tmp_path: P
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow) == ["start", "ask", "wait", "answered", "record", "end_answered"]
     assert variables(instance.main) == {"asked": True, "answer": {"text": "yes"}, "outcome": "answered: yes"}
+
+
+# ----- multi-instance sub-processes and call activities; a called process's ioSpecification --------
+
+def _squares(tmp_path: Path, sequential: bool) -> Path:
+    """Each instance of a sub-process squares its number, in steps, and hands back the square."""
+    return write(tmp_path, "squares", [
+        '<bpmn:startEvent id="start"/>', script("init", "numbers = [1, 2, 3]"),
+        f'<bpmn:subProcess id="square"><bpmn:multiInstanceLoopCharacteristics isSequential="{str(sequential).lower()}">'
+        "<bpmn:loopDataInputRef>numbers</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>squares</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="number" name="number"/><bpmn:outputDataItem id="result" name="result"/>'
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:startEvent id="square_start"/>'
+        + script("twice", "partial = number * number") + script("hand_back", "result = partial")
+        + '<bpmn:endEvent id="square_end"/>' + flow("square_start", "twice") + flow("twice", "hand_back")
+        + flow("hand_back", "square_end") + "</bpmn:subProcess>",
+        script("total", "total = sum(squares)"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "square"), flow("square", "total"), flow("total", "end"),
+    ])
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_multi_instance_sub_process(tmp_path: Path, sequential: bool) -> None:
+    """Each instance runs in a scope of its own (its number in WORKING); only the output item
+    comes back, into the output collection, as in SpiffWorkflow. The activity was once left
+    open while the instances' tasks tried to begin theirs in the same context."""
+    path = _squares(tmp_path, sequential)
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {"numbers": [1, 2, 3], "squares": [1, 4, 9], "total": 14}
+    scopes = {info["branch_id"]: instance.contexts[name] for name, info in instance.branches.items()}
+    assert sorted(scopes) == ["square#1", "square#2", "square#3"]
+    assert [scopes[f"square#{i}"].resolve("partial") for i in (1, 2, 3)] == [1, 4, 9]
+
+
+def test_a_multi_instance_call_activity_over_a_map(tmp_path: Path) -> None:
+    called = write(tmp_path, "price_one", [
+        '<bpmn:startEvent id="price_start"/>', script("price_it", "price = quantity * 3"), '<bpmn:endEvent id="price_end"/>',
+        flow("price_start", "price_it"), flow("price_it", "price_end")])
+    caller = write(tmp_path, "price_all", [
+        '<bpmn:startEvent id="start"/>', script("init", "orders = {'apples': 2, 'pears': 5}"),
+        '<bpmn:callActivity id="price_each" calledElement="price_one"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>orders</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>prices</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="quantity" name="quantity"/><bpmn:outputDataItem id="price" name="price"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:callActivity>",
+        script("total", "total = sum(prices.values())"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "price_each"), flow("price_each", "total"), flow("total", "end")])
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(caller), str(called)])
+    plain = BpmnWorkflow(parser.get_spec("price_all"), parser.get_subprocess_specs("price_all"))
+    plain.do_engine_steps()
+    engine = Engine()
+    instance = engine.run(engine.start(load_process([caller, called])))
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {
+        "orders": {"apples": 2, "pears": 5}, "prices": {"apples": 6, "pears": 15}, "total": 21}
+
+
+IO_CALLED = """
+    <bpmn:ioSpecification>
+      <bpmn:dataInput id="net" name="net"/><bpmn:dataOutput id="gross" name="gross"/>
+      <bpmn:inputSet id="inputs"><bpmn:dataInputRefs>net</bpmn:dataInputRefs></bpmn:inputSet>
+      <bpmn:outputSet id="outputs"><bpmn:dataOutputRefs>gross</bpmn:dataOutputRefs></bpmn:outputSet>
+    </bpmn:ioSpecification>"""
+
+
+def _io_processes(tmp_path: Path, prepare: str) -> list[Path]:
+    called = write(tmp_path, "add_tax", [
+        IO_CALLED, '<bpmn:startEvent id="tax_start"/>', script("tax", "rate = 0.25\ngross = net * (1 + rate)"),
+        '<bpmn:endEvent id="tax_end"/>', flow("tax_start", "tax"), flow("tax", "tax_end")])
+    caller = write(tmp_path, "invoice", [
+        '<bpmn:startEvent id="start"/>', script("prepare", prepare),
+        '<bpmn:callActivity id="add_tax_call" calledElement="add_tax"/>', script("bill", "bill = str(gross)"),
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "add_tax_call"), flow("add_tax_call", "bill"), flow("bill", "end")])
+    return [caller, called]
+
+
+def test_a_called_process_with_an_io_specification_gives_back_its_outputs_only(tmp_path: Path) -> None:
+    """SpiffWorkflow copies the data inputs in and only the data outputs out (``rate`` stays in
+    the called process); under layerflow the call once failed: the inputs were not in task data."""
+    paths = _io_processes(tmp_path, "net = 100")
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(p) for p in paths])
+    plain = BpmnWorkflow(parser.get_spec("invoice"), parser.get_subprocess_specs("invoice"))
+    plain.do_engine_steps()
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(paths)))
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {"net": 100, "gross": 125.0, "bill": "125.0"}
+    assert instance.main.resolve("activity:add_tax_call")["keys"] == ["gross"]
+
+
+def test_a_missing_data_input_names_the_call_and_the_input(tmp_path: Path) -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(_io_processes(tmp_path, "amount = 100"))))
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "add_tax_call"
+    message = instance.error["message"]
+    assert "'add_tax_call' calls 'add_tax'" in message and "'net'" in message and "dataInput" in message
+
+
+def test_instances_of_a_multi_instance_sub_process_wait_for_people_across_saves(tmp_path: Path) -> None:
+    """Each instance asks a person; the instance is loaded from the store between the answers."""
+    path = write(tmp_path, "reviews", [
+        '<bpmn:startEvent id="start"/>', script("init", "papers = ['p1', 'p2']"),
+        '<bpmn:subProcess id="review"><bpmn:multiInstanceLoopCharacteristics isSequential="true">'
+        "<bpmn:loopDataInputRef>papers</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>verdicts</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="paper" name="paper"/><bpmn:outputDataItem id="verdict" name="verdict"/>'
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:startEvent id="review_start"/>'
+        '<bpmn:userTask id="read"/>' + script("decide", "verdict = paper + ':' + grade")
+        + '<bpmn:endEvent id="review_end"/>' + flow("review_start", "read") + flow("read", "decide")
+        + flow("decide", "review_end") + "</bpmn:subProcess>",
+        '<bpmn:endEvent id="end"/>', flow("start", "init"), flow("init", "review"), flow("review", "end"),
+    ])
+    engine = Engine(f"sqlite:///{tmp_path / 'reviews.db'}")
+    instance = run_ours(path, engine=engine)
+    for grade in ("A", "B"):
+        assert instance.status == "waiting", instance.error
+        assert [w["task_id"] for w in instance.waiting_for] == ["read"]
+        instance = engine.complete_user_task(engine.load(instance.id), "read", {"grade": grade})
+    assert instance.status == "completed", instance.error
+    assert variables(engine.load(instance.id).main) == {"papers": ["p1", "p2"], "verdicts": ["p1:A", "p2:B"]}
