@@ -659,6 +659,11 @@ class _Runtime:
             postscript = getattr(spec, "postscript", None)
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
+            missing = [name for name in spiff.io_names(spec, "data_outputs") if name not in ctx]
+            if missing:
+                raise ActivityError(f"task {bpmn_id!r} did not set the data output(s) {', '.join(map(repr, missing))} "
+                                    "that its ioSpecification names; set them in the task (its script, handler or "
+                                    "form data) or remove them from its dataOutput", task_id=bpmn_id)
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
             self.instance.suspended.pop(str(task.id), None)  # e.g. llm.tools turned off while it waited
@@ -669,11 +674,25 @@ class _Runtime:
         self._activity_done(ctx, cfg, bpmn_id)
         # data objects: the context is the source of truth; SpiffWorkflow copies what it needs
         # from task.data into the workflow's data objects when the task completes
-        for ref in getattr(spec, "data_output_associations", None) or []:
-            value = ctx.get(ref.bpmn_id, _ABSENT)
+        for name in [ref.bpmn_id for ref in getattr(spec, "data_output_associations", None) or []] + \
+                spiff.io_names(spec, "data_outputs"):
+            value = ctx.get(name, _ABSENT)
             if value is not _ABSENT:
-                task.data[ref.bpmn_id] = thaw(value)
+                task.data[name] = thaw(value)
         return True if result is None else result
+
+    def io_inputs(self, task: Any) -> dict[str, Any]:
+        """An activity's ``ioSpecification`` data inputs, from its context (SpiffWorkflow checks
+        them before the task runs); an error naming the missing ones."""
+        bpmn_id = spiff.bpmn_id_of(task)
+        ctx = self.context_of(task)
+        names = spiff.io_names(task.task_spec, "data_inputs")
+        missing = [name for name in names if name not in ctx]
+        if missing:
+            raise ActivityError(f"task {bpmn_id!r} needs the data input(s) {', '.join(map(repr, missing))} that its "
+                                "ioSpecification names; none is in the context. Set them before the task or remove "
+                                "them from its dataInput", task_id=bpmn_id)
+        return {name: thaw(ctx.resolve(name)) for name in names}
 
     # ----- multi-instance activities ----------------------------------------------------
 

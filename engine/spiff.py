@@ -25,6 +25,7 @@ The driver protocol (implemented by ``engine.runtime``)::
     abort_multi(task, err) -> None                   # ... when spiff failed to make them
     complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
+    io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
     caught(task, values) -> None                     # a catching event ran with the payload of an event the
                                                      # process threw itself: {variable: payload}
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
@@ -104,6 +105,7 @@ __all__ = [
     "timer_event_id",
     "timer_due",
     "loop_of",
+    "io_names",
     "multi_instance_of",
     "data_name",
     "MULTI_KEY",
@@ -137,6 +139,7 @@ class Driver(Protocol):
     def complete_multi(self, task: Any) -> None: ...
     def timer(self, task: Any) -> None: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
+    def io_inputs(self, task: Any) -> dict[str, Any]: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
 
@@ -209,6 +212,16 @@ class _LayerflowSpecMixin:
             driver = driver_of(my_task)
             if driver is not None:
                 driver.timer(my_task)
+        inputs = io_names(self, "data_inputs") if self.lf_role == "activity" else []
+        if inputs:
+            driver = driver_of(my_task)
+            if driver is not None:
+                # SpiffWorkflow requires a task's data inputs in its data (and keeps only them there);
+                # under layerflow they come from the context, and task.data stays empty
+                my_task.data.update(driver.io_inputs(my_task))
+                result = super()._update_hook(my_task)  # type: ignore[misc]
+                my_task.data = {}
+                return result
         if self.lf_role == "multi":
             driver = driver_of(my_task)
             if driver is not None:
@@ -251,10 +264,13 @@ class _LayerflowSpecMixin:
             if driver is not None:
                 driver.terminate(my_task)  # before the throw cancels the other branches
         super()._on_complete_hook(my_task)  # type: ignore[misc]
-        if self.lf_role == "activity" and getattr(self, "data_output_associations", None) and driver_of(my_task):
-            # the data objects were set from the context (Runtime.run_activity): nothing stays in task.data
-            for ref in self.data_output_associations:  # type: ignore[attr-defined]
+        if self.lf_role == "activity" and driver_of(my_task):
+            # the data objects and data outputs were set from the context (Runtime.run_activity):
+            # nothing stays in task.data
+            for ref in getattr(self, "data_output_associations", None) or []:
                 my_task.data.pop(ref.bpmn_id, None)
+            for name in io_names(self, "data_outputs"):
+                my_task.data.pop(name, None)
         if self.lf_role == "gateway" and len(self.outputs) > 1:  # type: ignore[attr-defined]
             driver = driver_of(my_task)
             if driver is not None:
@@ -344,6 +360,12 @@ def is_split(spec: Any) -> bool:
 
 def is_multi(spec: Any) -> bool:
     return getattr(spec, "lf_role", None) == "multi"
+
+
+def io_names(spec: Any, which: str) -> list[str]:
+    """The names of a spec's ``ioSpecification`` data inputs (``which="data_inputs"``) or outputs."""
+    io = getattr(spec, "io_specification", None)
+    return [str(var.bpmn_id) for var in getattr(io, which, None) or []]
 
 
 def loop_of(task: Any) -> Any:

@@ -404,3 +404,45 @@ def test_instances_of_a_multi_instance_sub_process_wait_for_people_across_saves(
         instance = engine.complete_user_task(engine.load(instance.id), "read", {"grade": grade})
     assert instance.status == "completed", instance.error
     assert variables(engine.load(instance.id).main) == {"papers": ["p1", "p2"], "verdicts": ["p1:A", "p2:B"]}
+
+
+def _task_with_io(tmp_path: Path, prepare: str, body: str) -> Path:
+    return write(tmp_path, "task_io", [
+        '<bpmn:startEvent id="start"/>', script("prepare", prepare),
+        '<bpmn:scriptTask id="area"><bpmn:ioSpecification>'
+        '<bpmn:dataInput id="width" name="width"/><bpmn:dataInput id="height" name="height"/>'
+        '<bpmn:dataOutput id="size" name="size"/>'
+        '<bpmn:inputSet id="area_in"><bpmn:dataInputRefs>width</bpmn:dataInputRefs>'
+        "<bpmn:dataInputRefs>height</bpmn:dataInputRefs></bpmn:inputSet>"
+        '<bpmn:outputSet id="area_out"><bpmn:dataOutputRefs>size</bpmn:dataOutputRefs></bpmn:outputSet>'
+        f"</bpmn:ioSpecification><bpmn:script>{escape(body)}</bpmn:script></bpmn:scriptTask>",
+        script("label", "label = str(size) + ' m2'"), '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "area"), flow("area", "label"), flow("label", "end"),
+    ])
+
+
+def test_a_task_with_an_io_specification_reads_its_inputs_from_the_context(tmp_path: Path) -> None:
+    """SpiffWorkflow checks a task's data inputs in its task data; under layerflow (where task data
+    stays empty) the task once failed with "Missing data input" and no task id. Plain
+    SpiffWorkflow also narrows the task data to the outputs after the task; the context keeps
+    its keys (PROCESS is append-only), so only the path and the outputs are compared."""
+    path = _task_with_io(tmp_path, "width = 3\nheight = 4", "size = width * height")
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert plain_vars == {"size": 12, "label": "12 m2"}
+    assert variables(instance.main) == {"width": 3, "height": 4, "size": 12, "label": "12 m2"}
+
+
+@pytest.mark.parametrize(("prepare", "body", "words"), [
+    ("width = 3", "size = 1", ["task 'area' needs the data input(s) 'height'", "dataInput"]),
+    ("width = 3\nheight = 4", "area = width * height", ["task 'area' did not set the data output(s) 'size'",
+                                                          "dataOutput"]),
+])
+def test_a_missing_data_input_or_output_of_a_task_names_the_task(tmp_path: Path, prepare: str, body: str,
+                                                                 words: list[str]) -> None:
+    instance = run_ours(_task_with_io(tmp_path, prepare, body))
+    assert instance.status == "error" and instance.error["task_id"] == "area"
+    assert all(w in instance.error["message"] for w in words), instance.error["message"]
