@@ -1068,18 +1068,25 @@ class _Runtime:
 
     # ----- expressions and scripts ----------------------------------------------------------
 
-    def evaluate(self, task: Any, expression: str) -> Any:
+    def evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any:
         if isinstance(task.task_spec, ExclusiveGateway):
             verdicts = self._xor.get(str(task.id))
             if verdicts is None:
                 verdicts = self.decide_exclusive(task)
             if verdicts is not None and expression in verdicts:
                 return verdicts[expression]
-        return self._evaluate(task, expression)
+        return self._evaluate(task, expression, external)
 
-    def _evaluate(self, task: Any, expression: str) -> Any:
+    def _evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any:
+        """``expression`` over the task's context (a loop's items first). ``external`` is read after
+        the context, as SpiffWorkflow reads it after task data: a conditional event reads the
+        workflow's data objects there, which another branch may have set."""
+        ctx = self.context_of(task)
+        scope = self.loop_scope(task)
+        if external:
+            scope = {**{k: v for k, v in external.items() if k not in ctx}, **(scope or {})}
         try:
-            return evaluate_expression(expression, self.context_of(task), self.loop_scope(task))
+            return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
             raise ActivityError(f"condition {expression.strip()!r} at {spiff.bpmn_id_of(task)!r} failed: "
                                 f"{type(err).__name__}: {err}", task_id=spiff.bpmn_id_of(task)) from err

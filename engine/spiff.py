@@ -17,7 +17,8 @@ built this way (see shared/notes/spiffworkflow-3.2.md):
 The driver protocol (implemented by ``engine.runtime``)::
 
     run_activity(task, default_run) -> bool | None   # an activity's _run_hook
-    evaluate(task, expression) -> Any                # gateway conditions, loop conditions
+    evaluate(task, expression[, external]) -> Any    # gateway, loop and event conditions (external: names
+                                                     # SpiffWorkflow offers besides task data, read last)
     exec_script(task, script) -> None                # spiff pre/post scripts
     join(task) -> bool                               # a joining gateway's _run_hook; False: wait
     split(task) -> None                              # a splitting gateway, once its children exist
@@ -129,7 +130,7 @@ MAIN_CONTEXT = "main"
 
 class Driver(Protocol):
     def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any: ...
-    def evaluate(self, task: Any, expression: str) -> Any: ...
+    def evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any: ...
     def exec_script(self, task: Any, script: str) -> None: ...
     def join(self, task: Any) -> bool: ...
     def terminate(self, task: Any) -> None: ...
@@ -568,6 +569,8 @@ class LayerflowScriptEngine(PythonScriptEngine):  # type: ignore[misc]
         driver = driver_of(task)
         if driver is None:
             return super().evaluate(task, expression, external_context)
+        if external_context:  # e.g. the workflow's data objects, which a conditional event reads
+            return driver.evaluate(task, expression, external_context)
         return driver.evaluate(task, expression)
 
     def execute(self, task: Any, script: str, external_context: Any = None) -> Any:

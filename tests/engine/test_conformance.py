@@ -446,3 +446,47 @@ def test_a_missing_data_input_or_output_of_a_task_names_the_task(tmp_path: Path,
     instance = run_ours(_task_with_io(tmp_path, prepare, body))
     assert instance.status == "error" and instance.error["task_id"] == "area"
     assert all(w in instance.error["message"] for w in words), instance.error["message"]
+
+
+# ----- a conditional event on a data object that another branch sets ----------------------------------
+
+@pytest.mark.parametrize("first", ["pack", "label"])
+def test_a_conditional_event_sees_a_data_object_set_in_another_branch(tmp_path: Path, first: str) -> None:
+    """SpiffWorkflow evaluates a conditional event over task data and the workflow's data
+    objects; under layerflow the condition saw only its own branch's context and failed."""
+    path = write(tmp_path, "wait_for_packing", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+        '<bpmn:userTask id="pack"><bpmn:dataOutputAssociation id="pack_out"><bpmn:targetRef>packed_ref'
+        "</bpmn:targetRef></bpmn:dataOutputAssociation></bpmn:userTask>",
+        '<bpmn:dataObject id="packed"/>', '<bpmn:dataObjectReference id="packed_ref" dataObjectRef="packed"/>',
+        '<bpmn:userTask id="label"/>',
+        '<bpmn:intermediateCatchEvent id="when_packed"><bpmn:conditionalEventDefinition>'
+        "<bpmn:condition>packed</bpmn:condition></bpmn:conditionalEventDefinition></bpmn:intermediateCatchEvent>",
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "pack"), flow("fork", "label"), flow("label", "when_packed"),
+        flow("pack", "join"), flow("when_packed", "join"), flow("join", "end"),
+    ])
+    answers = {"pack": {"packed": True}, "label": {"labelled": "yes"}}
+    order = [first, "label" if first == "pack" else "pack"]
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+    from SpiffWorkflow.util.task import TaskState
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("wait_for_packing"))
+    plain.do_engine_steps()
+    for task_id in order:
+        [task] = [t for t in plain.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id]
+        task.data.update(answers[task_id])
+        task.run()
+        plain.do_engine_steps()
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    for task_id in order:
+        assert instance.status == "waiting", instance.error
+        instance = engine.complete_user_task(instance, task_id, answers[task_id])
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert "when_packed" in path_of(plain)
