@@ -490,3 +490,27 @@ def test_a_conditional_event_sees_a_data_object_set_in_another_branch(tmp_path: 
     assert plain.is_completed() and instance.status == "completed", instance.error
     assert path_of(instance.workflow) == path_of(plain)
     assert "when_packed" in path_of(plain)
+
+
+# ----- scripts that ask whether a variable exists -----------------------------------------------------
+
+def test_a_script_sees_every_variable_in_globals_locals_and_dir(tmp_path: Path) -> None:
+    """Under plain SpiffWorkflow a script's globals are the task data, so ``'x' in locals()`` is a
+    common test for an optional variable; layerflow loads context keys lazily and such tests
+    once saw only the names the script had already read."""
+    path = write(tmp_path, "optional_vars", [
+        '<bpmn:startEvent id="start"/>', script("set", "discount = 5\nnote = 'vip'"),
+        script("price", "price = 100\n"
+                        "if 'discount' in locals():\n    price -= discount\n"
+                        "extra = globals().get('surcharge', 0) + globals().get('discount', 0)\n"
+                        "has_note = 'note' in dir()\nhas_gift = 'gift' in vars()"),
+        '<bpmn:endEvent id="end"/>', flow("start", "set"), flow("set", "price"), flow("price", "end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == plain_vars == {"discount": 5, "note": "vip", "price": 95, "extra": 5,
+                                                      "has_note": True, "has_gift": False}
+    # reading a variable is not writing it: the activity wrote only what it set
+    assert instance.main.resolve("activity:price")["keys"] == ["price", "extra", "has_note", "has_gift"]
