@@ -181,6 +181,16 @@ def _mark_delivered(workflow: Any, catches: Sequence[Catch]) -> None:
                     task.internal_data[spiff.DELIVERED_KEY] = True
 
 
+def _open_multi_instance(catch: Catch, activity: str) -> Any:
+    """The multi-instance task ``catch`` (a boundary event) is attached to, when it is the activity
+    open in the catching context (its instances wait for people); else None."""
+    split = catch.task.parent if catch.task is not None else None
+    for task in split.children if split is not None else []:
+        if task is not catch.task and spiff.bpmn_id_of(task) == activity and task.internal_data.get(spiff.MULTI_KEY):
+            return task
+    return None
+
+
 def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any]) -> None:
     """The payload of an event the process threw itself (an intermediate throw or end event, a
     send task), where SpiffWorkflow put it for ``task`` (the catching event): into ``ctx``, as
@@ -230,12 +240,21 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
                                  f"{describe_waiting(waiting_for)}")
 
     writes: list[tuple[Catch, LayeredContext, dict[str, Any]]] = []
+    interrupted: list[tuple[LayeredContext, Any]] = []  # open multi-instance activities the event cancels
+    inside: set[int] = set()  # catches whose payload joins the open activity they are attached to
     for c in catches:
         ctx = contexts[c.context]
         if ctx.current_activity is not None:
-            raise InstanceStateError(f"instance {instance_id}: {c.kind} {name!r} is caught at {c.event_id} in context "
-                                     f"{ctx.name!r}, where activity {ctx.current_activity!r} is open (waiting for a "
-                                     "confirmation); answer it first, then send the event again")
+            multi = _open_multi_instance(c, ctx.current_activity)
+            if multi is None:
+                raise InstanceStateError(f"instance {instance_id}: {c.kind} {name!r} is caught at {c.event_id} in "
+                                         f"context {ctx.name!r}, where activity {ctx.current_activity!r} is open "
+                                         "(waiting for a confirmation); answer it first, then send the event again")
+            # a boundary event of a multi-instance activity whose instances wait for people
+            if getattr(c.task.task_spec, "cancel_activity", False):
+                interrupted.append((ctx, multi))
+            else:
+                inside.add(id(c))
         if c.variable is not None:
             values = {c.variable: payload}
         elif payload is None:
@@ -259,9 +278,18 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
         if any(ctx.check_write(Layer.WORKING, key)[1] is not None for key in values):
             ctx.write_many(Layer.WORKING, values, actor=actor)  # raises ContextWriteDenied: nothing is written
 
+    for ctx, multi in interrupted:  # as SpiffWorkflow will cancel the activity: closed, its writes undone
+        ctx.abort_activity(ctx.current_activity or "", reason=f"interrupted by {kind} {name!r}", actor=actor)
+        multi.internal_data.pop(spiff.MULTI_KEY, None)
+        multi.data = {}
     workflow.send_event(event)
     _mark_delivered(workflow, catches)
     for c, ctx, values in writes:
+        if id(c) in inside:  # the open activity takes the payload; its record notes the event
+            ctx.write_many(Layer.WORKING, values, actor=actor)
+            ctx.record("event", actor=actor, data={"event": name, "event_kind": c.kind, "caught_at": c.event_id,
+                                                   "keys": list(values), "sent_by": actor})
+            continue
         ctx.begin_activity(c.event_id, actor=actor)
         ctx.write_many(Layer.WORKING, values, actor=actor)
         keys = ", ".join(values) or "no data"

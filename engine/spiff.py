@@ -198,6 +198,10 @@ _GATEWAY_BASES = (
 )
 
 
+class ActivityCancelled(Exception):
+    """Why an open activity closes without completing: an interrupting event cancelled its task."""
+
+
 class _LayerflowSpecMixin:
     """Placed first in the MRO of every twin; ``lf_role`` is set per twin class."""
 
@@ -281,6 +285,15 @@ class _LayerflowSpecMixin:
             # SpiffWorkflow's variable for it (left empty) stays out of task.data
             for name in payload_variables(getattr(self, "event_definition", None)):
                 my_task.data.pop(name, None)
+
+    def _on_cancel(self, my_task: Any) -> Any:
+        if self.lf_role == "multi" and my_task.internal_data.get(MULTI_KEY):
+            driver = driver_of(my_task)
+            if driver is not None:
+                # an interrupting event (a boundary event, a terminate end event) cancels the
+                # activity while its instances run or wait: it closes, its writes undone
+                driver.abort_multi(my_task, ActivityCancelled(f"activity {bpmn_id_of(my_task)!r} was cancelled"))
+        return super()._on_cancel(my_task)  # type: ignore[misc]
 
     def copy_data(self, my_task: Any, subworkflow: Any) -> Any:
         # SubWorkflowTask only: what SpiffWorkflow copies into a sub-process is in the context

@@ -514,3 +514,50 @@ def test_a_script_sees_every_variable_in_globals_locals_and_dir(tmp_path: Path) 
                                                       "has_note": True, "has_gift": False}
     # reading a variable is not writing it: the activity wrote only what it set
     assert instance.main.resolve("activity:price")["keys"] == ["price", "extra", "has_note", "has_gift"]
+
+
+# ----- an interrupting boundary event on a multi-instance activity whose instances wait --------------
+
+def _votes(tmp_path: Path, boundary: str) -> Path:
+    return write(tmp_path, "votes", [
+        '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
+        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="voter" name="voter"/><bpmn:outputDataItem id="ballot" name="ballot"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        f'<bpmn:boundaryEvent id="stop_vote" attachedToRef="vote">{boundary}</bpmn:boundaryEvent>',
+        script("void", "outcome = 'void'"), script("count", "outcome = 'counted ' + str(len(ballots))"),
+        '<bpmn:endEvent id="end_void"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
+        flow("stop_vote", "void"), flow("void", "end_void"),
+    ], '<bpmn:message id="m_stop" name="stop_vote"/>\n')
+
+
+def test_a_message_interrupts_a_multi_instance_activity_that_waits_for_people(tmp_path: Path) -> None:
+    """The activity is open while its instances wait; the message was once refused ("answer the
+    confirmation first"). It is caught, the activity closes (its writes undone), the path goes on."""
+    engine = Engine()
+    instance = run_ours(_votes(tmp_path, '<bpmn:messageEventDefinition messageRef="m_stop"/>'), engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    assert instance.status == "waiting"
+    instance = engine.send_event(instance, "stop_vote")
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["stop_vote", "void", "end_void"]
+    assert variables(instance.main) == {"voters": ["ann", "bob"], "outcome": "void"}
+    assert instance.main.current_activity is None
+
+
+def test_a_timer_interrupts_a_multi_instance_activity_that_waits_for_people(tmp_path: Path) -> None:
+    clock = _Clock()
+    engine = Engine(clock=clock)
+    path = _votes(tmp_path, '<bpmn:timerEventDefinition><bpmn:timeDuration>"P2D"</bpmn:timeDuration>'
+                            "</bpmn:timerEventDefinition>")
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    clock.now += 3 * 86400
+    instance = engine.resume(engine.load(instance.id))
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["stop_vote", "void", "end_void"]
+    assert variables(instance.main) == {"voters": ["ann", "bob"], "outcome": "void"}
