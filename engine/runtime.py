@@ -705,23 +705,33 @@ class _Runtime:
         ctx = self.context_of(task)
         if task.internal_data.get(spiff.MULTI_KEY) and ctx.current_activity == bpmn_id:
             return
+        # a preScript on the activity (spiffworkflow:scriptsOnInstances off) runs first and may set
+        # the input collection: it is required once the script ran (exec_script)
+        data = self._multi_data(task, ctx, required=not getattr(spec, "prescript", None))
+        ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        task.internal_data[spiff.MULTI_KEY] = True
+        task.data = data
+
+    def _multi_data(self, task: Any, ctx: LayeredContext, *, required: bool) -> dict[str, Any]:
+        """What SpiffWorkflow reads of a multi-instance task's data: the input collection (and a map
+        output collection), from the context."""
+        spec = task.task_spec
         data: dict[str, Any] = {}
         name = spiff.data_name(spec.data_input)
         if name is not None:
             value = ctx.get(name, _ABSENT)
-            if value is _ABSENT:
-                raise ActivityError(f"multi-instance activity {bpmn_id!r}: its input collection {name!r} "
-                                    f"(loopDataInputRef) is in no layer of the context", task_id=bpmn_id)
-            data[name] = thaw(value)
+            if value is _ABSENT and required:
+                raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
+                                    f"(loopDataInputRef) is in no layer of the context", task_id=spec.bpmn_id)
+            if value is not _ABSENT:
+                data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
         if out is not None and out != name:
             value = ctx.get(out, _ABSENT)
             # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time
             if isinstance(value, Mapping):
                 data[out] = thaw(value)
-        ctx.begin_activity(bpmn_id, actor=bpmn_id)
-        task.internal_data[spiff.MULTI_KEY] = True
-        task.data = data
+        return data
 
     def abort_multi(self, task: Any, err: BaseException) -> None:
         ctx = self.context_of(task)
@@ -741,9 +751,12 @@ class _Runtime:
             if ctx.current_activity != bpmn_id:
                 raise ActivityError(f"multi-instance activity {bpmn_id!r} completes, but its activity is not open "
                                     f"in context {ctx.name!r}", task_id=bpmn_id)
+            actx = ActivityContext(ctx, task_id=bpmn_id, config=cfg, instance_id=self.instance.id)
             if out is not None and out in task.data:
-                actx = ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id)
                 write_result(actx, {out: task.data[out]})
+            postscript = getattr(spec, "postscript", None)  # on the activity: once, after every instance
+            if postscript:
+                run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
         except BaseException as err:
@@ -1094,8 +1107,11 @@ class _Runtime:
     def exec_script(self, task: Any, script: str) -> None:
         ctx = self.context_of(task)
         bpmn_id = spiff.bpmn_id_of(task)
+        multi = spiff.is_multi(task.task_spec) and task.internal_data.get(spiff.MULTI_KEY)
         run_script(script, ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id),
-                   filename=_script_name("script", bpmn_id))
+                   filename=_script_name("preScript" if multi else "script", bpmn_id))
+        if multi:  # the preScript of a multi-instance activity, in its activity: SpiffWorkflow reads the collections next
+            task.data.update(self._multi_data(task, ctx, required=True))
 
     # ----- gateways ------------------------------------------------------------------
 

@@ -315,8 +315,14 @@ class _LayerflowSpecMixin:
         # SpiffBpmnTask runs preScript in _update_hook and postScript in
         # _on_complete_hook against task.data. Under layerflow both run inside the
         # activity (see Runtime.run_activity), so spiff's calls are no-ops here.
-        if driver_of(my_task) is None:
+        driver = driver_of(my_task)
+        if driver is None:
             return super().execute_script(my_task, script)  # type: ignore[misc]
+        if self.lf_role == "multi" and script != getattr(self, "postscript", None):
+            # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
+            # once, before the instances are made, inside the activity; its postScript runs in
+            # Runtime.complete_multi
+            driver.exec_script(my_task, script)
         return None
 
 

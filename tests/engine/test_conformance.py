@@ -561,3 +561,28 @@ def test_a_timer_interrupts_a_multi_instance_activity_that_waits_for_people(tmp_
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow)[-3:] == ["stop_vote", "void", "end_void"]
     assert variables(instance.main) == {"voters": ["ann", "bob"], "outcome": "void"}
+
+
+def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_its_instances(tmp_path: Path) -> None:
+    """Without spiffworkflow:scriptsOnInstances SpiffWorkflow runs a multi-instance task's preScript
+    once before it makes the instances and its postScript once after; under layerflow neither ran."""
+    path = write(tmp_path, "scripts_around", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:userTask id="rate"><bpmn:extensionElements>'
+        "<spiffworkflow:preScript>expected = len(items)</spiffworkflow:preScript>"
+        "<spiffworkflow:postScript>rated = len(ratings)</spiffworkflow:postScript></bpmn:extensionElements>"
+        "<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>"
+        "<bpmn:loopDataOutputRef>ratings</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="item" name="item"/><bpmn:outputDataItem id="stars" name="stars"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:endEvent id="end"/>', flow("start", "rate"), flow("rate", "end"),
+    ])
+    answers = {"rate": {"stars": 4}}
+    plain_wf, plain_vars = run_plain(path, {"items": ["a", "b", "c"]}, answers)
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), {"items": ["a", "b", "c"]}), answers={"user_tasks": answers})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {"items": ["a", "b", "c"], "ratings": [4, 4, 4], "expected": 3,
+                                                      "rated": 3}
