@@ -97,7 +97,8 @@ class Instance:
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     compressions: list[dict[str, Any]] = field(default_factory=list)
     confirmations: list[dict[str, Any]] = field(default_factory=list)
-    # branch context name -> {"parent", "branch_id", "gateway", "split", "snapshot_id", "inject", "status", "join"}
+    # branch context name -> {"parent", "branch_id", "gateway", "split", "snapshot_id", "inject", "status", "join"};
+    # status "open" (a split's branch), "scope" (a sub-process instance's, see enter_subworkflow), "joined", "cancelled"
     branches: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: int = 0
     created: float = field(default_factory=time.time)
