@@ -98,7 +98,8 @@ class Instance:
     compressions: list[dict[str, Any]] = field(default_factory=list)
     confirmations: list[dict[str, Any]] = field(default_factory=list)
     # branch context name -> {"parent", "branch_id", "gateway", "split", "snapshot_id", "inject", "status", "join"};
-    # status "open" (a split's branch), "scope" (a sub-process instance's, see enter_subworkflow), "joined", "cancelled"
+    # status "open" (a split's branch), "scope" (a sub-process instance's, see enter_subworkflow), "side" (a
+    # boundary path beside an open activity, see boundary_path), "joined", "cancelled"
     branches: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: int = 0
     created: float = field(default_factory=time.time)
@@ -878,6 +879,49 @@ class _Runtime:
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
 
+    def boundary_path(self, task: Any) -> None:
+        """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
+        to, in the same context, unless that activity is open there (a multi-instance activity
+        whose instances wait for people): then in a branch of its own, forked from the context
+        and merged back where the path joins (at the latest, at the end of the process)."""
+        ctx = self.context_of(task)
+        if ctx.current_activity is None:
+            return
+        self._fork(task, ctx.name, ctx, spiff.bpmn_id_of(task), None, [task])
+        # the context it came from goes on meanwhile: the path's changes come back at its join as
+        # they stand (``_merge_side``), not by a three-way merge against an untouched parent
+        self.instance.branches[spiff.context_name_of(task)]["status"] = "side"
+
+    def _merge_side(self, gw: str, name: str) -> str:
+        """Bring a side branch (``boundary_path``) back into the context it came from: every key it
+        changed since it forked, in its layer, unless the parent changed that key too (then the
+        parent's value stays and both are on the tape as ``side_conflict``). Returns the parent."""
+        inst = self.instance
+        info = inst.branches[name]
+        branch, parent = inst.contexts[name], inst.contexts[info["parent"]]
+        base = parent.get_snapshot(info["snapshot_id"])
+        changes: list[tuple[Layer, str, Any]] = []
+        kept: list[dict[str, Any]] = []
+        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
+            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
+            for key in dict.fromkeys([*before, *after]):
+                old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
+                if key.startswith("_") or _same(old, new):
+                    continue
+                current = now.get(key, _ABSENT)
+                if not _same(current, old) and not _same(current, new):
+                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new)})
+                    continue
+                changes.append((layer, key, DELETED if new is _ABSENT else new))
+        if changes:
+            parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
+        if kept:
+            parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
+        info["status"] = "joined"
+        info["join"] = gw
+        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": info["parent"]})
+        return str(info["parent"])
+
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""
         events.catch_thrown(self.context_of(task), task, values)
@@ -1241,7 +1285,8 @@ class _Runtime:
         # ones its firing cancelled); their branches were merged (or closed) back then
         arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
                    if name not in branches or branches[name]["status"] not in ("joined", "cancelled")]
-        current = list(dict.fromkeys(arrived))
+        current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
+                                     else n for n in arrived))
         if spiff.is_end_join(task.task_spec):
             self._cancel_branches(task, keep=current)
         while True:
@@ -1474,6 +1519,16 @@ class _Runtime:
 # =============================================================================== helpers
 
 _FAR = datetime.max.replace(tzinfo=timezone.utc)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is _ABSENT or b is _ABSENT:
+        return a is b
+    return json_equal(a, b)
+
+
+def _plain(value: Any) -> Any:
+    return None if value is _ABSENT else thaw(value)
 
 
 def _snapshot_values(snap: Any) -> dict[str, Any]:

@@ -27,6 +27,7 @@ The driver protocol (implemented by ``engine.runtime``)::
     complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
     io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
+    boundary_path(task) -> None                      # a non-interrupting boundary event fires: its path starts
     caught(task, values) -> None                     # a catching event ran with the payload of an event the
                                                      # process threw itself: {variable: payload}
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
@@ -65,6 +66,7 @@ from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefi
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
+from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
@@ -141,6 +143,7 @@ class Driver(Protocol):
     def timer(self, task: Any) -> None: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
+    def boundary_path(self, task: Any) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
 
@@ -249,6 +252,8 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
+        if isinstance(self, BoundaryEvent) and not self.cancel_activity:
+            driver.boundary_path(my_task)
         if isinstance(self, CatchingEvent):
             # SpiffWorkflow puts a caught payload into task.data (a messageVariable, a signal's,
             # error's or escalation's variableName); under layerflow it belongs in the context.

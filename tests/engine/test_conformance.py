@@ -586,3 +586,54 @@ def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_it
     assert path_of(instance.workflow) == path_of(plain_wf)
     assert variables(instance.main) == plain_vars == {"items": ["a", "b", "c"], "ratings": [4, 4, 4], "expected": 3,
                                                       "rated": 3}
+
+
+def test_a_non_interrupting_boundary_path_runs_beside_a_multi_instance_activity_that_waits(tmp_path: Path) -> None:
+    """The boundary path's tasks once failed: the activity it is attached to was open in the same
+    context. The path now runs in a branch of its own; its changes come back at the end."""
+    path = write(tmp_path, "votes_reminded", [
+        '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
+        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="voter" name="voter"/><bpmn:outputDataItem id="ballot" name="ballot"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:boundaryEvent id="nudge" attachedToRef="vote" cancelActivity="false">'
+        f'{_message_catch("m_nudge", "nudged_by")}</bpmn:boundaryEvent>',
+        script("remind", "reminder = 'sent by ' + nudged_by['who']"), '<bpmn:endEvent id="end_reminded"/>',
+        script("count", "outcome = 'counted ' + str(len(ballots))"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
+        flow("nudge", "remind"), flow("remind", "end_reminded"),
+    ], '<bpmn:message id="m_nudge" name="nudge"/>\n')
+    from SpiffWorkflow.bpmn.util import BpmnEvent
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+    from SpiffWorkflow.util.task import TaskState
+
+    def plain_vote(wf: Any, ballot: str) -> None:
+        task = wf.get_tasks(state=TaskState.READY, manual=True)[0]
+        task.data["ballot"] = ballot
+        task.run()
+        wf.do_engine_steps()
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("votes_reminded"))
+    plain.do_engine_steps()
+    plain_vote(plain, "yes")
+    [nudge] = [t for t in plain.event_manager.tasks.values() if t.task_spec.bpmn_id == "nudge"]
+    plain.send_event(BpmnEvent(nudge.task_spec.event_definition, payload={"who": "chair"}))
+    plain.do_engine_steps()
+    plain_vote(plain, "no")
+
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    instance = engine.send_event(instance, "nudge", {"who": "chair"})
+    assert instance.status == "waiting", instance.error
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "no"})
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {
+        "voters": ["ann", "bob"], "ballots": ["yes", "no"], "nudged_by": {"who": "chair"},
+        "reminder": "sent by chair", "outcome": "counted 2"}
