@@ -46,13 +46,14 @@ from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefin
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import EventBasedGateway
 from SpiffWorkflow.bpmn.util import BpmnEvent
+from SpiffWorkflow.util.task import TaskState
 
 from context_layers import Layer, LayeredContext, freeze
 from context_layers.errors import ContextValueError
 
 from . import spiff
 
-__all__ = ["EVENT_KINDS", "Catch", "deliver", "describe_waiting", "kind_of", "waiting_catches", "waiting_items"]
+__all__ = ["EVENT_KINDS", "Catch", "catch_thrown", "deliver", "describe_waiting", "kind_of", "waiting_catches", "waiting_items"]
 
 EVENT_KINDS = ("message", "signal")
 
@@ -165,6 +166,55 @@ def _event(workflow: Any, definition: Any, payload: Any, bad_request: type[Excep
     return BpmnEvent(definition, payload=payload, correlations=correlations)
 
 
+def _mark_delivered(workflow: Any, catches: Sequence[Catch]) -> None:
+    """Tell the catching tasks that this payload is in the context already (``spiff.DELIVERED_KEY``):
+    SpiffWorkflow still hands it to them (as the variable's value) when they run."""
+    for c in catches:
+        if c.task is not None:
+            c.task.internal_data[spiff.DELIVERED_KEY] = True
+            continue
+        # an event sub-process's start event: SpiffWorkflow made the task as it caught the event
+        for wf in [workflow, *workflow.subprocesses.values()]:
+            for task in wf.tasks.values():
+                if (spiff.bpmn_id_of(task) == c.event_id and c.definition.name in task.internal_data
+                        and not task.has_state(TaskState.FINISHED_MASK)):
+                    task.internal_data[spiff.DELIVERED_KEY] = True
+
+
+def _open_multi_instance(catch: Catch, activity: str) -> Any:
+    """The multi-instance task ``catch`` (a boundary event) is attached to, when it is the activity
+    open in the catching context (its instances wait for people); else None."""
+    split = catch.task.parent if catch.task is not None else None
+    for task in split.children if split is not None else []:
+        if task is not catch.task and spiff.bpmn_id_of(task) == activity and task.internal_data.get(spiff.MULTI_KEY):
+            return task
+    return None
+
+
+def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any]) -> None:
+    """The payload of an event the process threw itself (an intermediate throw or end event, a
+    send task), where SpiffWorkflow put it for ``task`` (the catching event): into ``ctx``, as
+    an event sent from outside goes (``deliver``), recorded as ``event:<catch event id>``."""
+    spec = task.task_spec
+    event_id = spiff.bpmn_id_of(task)
+    if isinstance(spec, EventBasedGateway) and task.children:
+        event_id = spiff.bpmn_id_of(task.children[0])  # the branch its event opened
+    definitions = spec.event_definition.event_definitions if isinstance(spec.event_definition,
+                                                                          MultipleEventDefinition) else [spec.event_definition]
+    caught = next((d for d in definitions if set(spiff.payload_variables(d)) & set(values)), spec.event_definition)
+    kind = kind_of(caught) or type(caught).__name__.removesuffix("EventDefinition").lower()
+    name = getattr(caught, "name", None) or event_id
+    ctx.begin_activity(event_id, actor=event_id)
+    try:
+        ctx.write_many(Layer.WORKING, dict(values), actor=event_id)
+    except BaseException as err:
+        ctx.abort_activity(event_id, reason=f"{type(err).__name__}: {err}"[:500], actor="engine")
+        raise
+    ctx.complete_activity(event_id, summary=f"{kind} {name!r} caught at {event_id}: {', '.join(values)}",
+                          actor=event_id, record_kind="event",
+                          details={"event": name, "event_kind": kind, "sent_by": "process"})
+
+
 def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,
             kind: str, actor: str, instance_id: str, waiting_for: Sequence[Mapping[str, Any]]) -> list[Catch]:
     """Deliver a message or signal: check everything, let SpiffWorkflow catch the event, then
@@ -190,12 +240,21 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
                                  f"{describe_waiting(waiting_for)}")
 
     writes: list[tuple[Catch, LayeredContext, dict[str, Any]]] = []
+    interrupted: list[tuple[LayeredContext, Any]] = []  # open multi-instance activities the event cancels
+    inside: set[int] = set()  # catches whose payload joins the open activity they are attached to
     for c in catches:
         ctx = contexts[c.context]
         if ctx.current_activity is not None:
-            raise InstanceStateError(f"instance {instance_id}: {c.kind} {name!r} is caught at {c.event_id} in context "
-                                     f"{ctx.name!r}, where activity {ctx.current_activity!r} is open (waiting for a "
-                                     "confirmation); answer it first, then send the event again")
+            multi = _open_multi_instance(c, ctx.current_activity)
+            if multi is None:
+                raise InstanceStateError(f"instance {instance_id}: {c.kind} {name!r} is caught at {c.event_id} in "
+                                         f"context {ctx.name!r}, where activity {ctx.current_activity!r} is open "
+                                         "(waiting for a confirmation); answer it first, then send the event again")
+            # a boundary event of a multi-instance activity whose instances wait for people
+            if getattr(c.task.task_spec, "cancel_activity", False):
+                interrupted.append((ctx, multi))
+            else:
+                inside.add(id(c))
         if c.variable is not None:
             values = {c.variable: payload}
         elif payload is None:
@@ -219,8 +278,18 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
         if any(ctx.check_write(Layer.WORKING, key)[1] is not None for key in values):
             ctx.write_many(Layer.WORKING, values, actor=actor)  # raises ContextWriteDenied: nothing is written
 
+    for ctx, multi in interrupted:  # as SpiffWorkflow will cancel the activity: closed, its writes undone
+        ctx.abort_activity(ctx.current_activity or "", reason=f"interrupted by {kind} {name!r}", actor=actor)
+        multi.internal_data.pop(spiff.MULTI_KEY, None)
+        multi.data = {}
     workflow.send_event(event)
+    _mark_delivered(workflow, catches)
     for c, ctx, values in writes:
+        if id(c) in inside:  # the open activity takes the payload; its record notes the event
+            ctx.write_many(Layer.WORKING, values, actor=actor)
+            ctx.record("event", actor=actor, data={"event": name, "event_kind": c.kind, "caught_at": c.event_id,
+                                                   "keys": list(values), "sent_by": actor})
+            continue
         ctx.begin_activity(c.event_id, actor=actor)
         ctx.write_many(Layer.WORKING, values, actor=actor)
         keys = ", ".join(values) or "no data"

@@ -424,7 +424,7 @@ class GovernanceService:
             return instance.contexts[name]
         matches = [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
         if matches:
-            open_ = [n for n in matches if instance.branches[n].get("status") == "open"]
+            open_ = [n for n in matches if instance.branches[n].get("status") in ("open", "scope")]  # live ones
             return instance.contexts[(open_ or matches)[-1]]
         raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}; contexts: "
                               f"{', '.join(instance.contexts)}")

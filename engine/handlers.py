@@ -27,7 +27,7 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -264,7 +264,7 @@ class ScriptNamespace(dict):  # type: ignore[type-arg]
         super().__init__(extra or {})
         self._context = context
         self._scoped = scoped
-        self._fixed = frozenset(self.keys()) | {"__builtins__"} | scoped
+        self._fixed = frozenset(dict.keys(self)) | {"__builtins__"} | scoped
         self.loaded: dict[str, Any] = {}
         self.assigned: dict[str, None] = {}
         self.deleted: dict[str, None] = {}
@@ -280,6 +280,28 @@ class ScriptNamespace(dict):  # type: ignore[type-arg]
         value = thaw(frozen)
         dict.__setitem__(self, key, value)
         return value
+
+    def _unread(self, key: object) -> bool:
+        """A context key the script has not read (yet): it is there, as in SpiffWorkflow's task data."""
+        return (isinstance(key, str) and not dict.__contains__(self, key) and key not in self.deleted
+                and key not in self._scoped and key in self._context)
+
+    # ``'x' in globals()`` (or ``locals()``, ``vars()``) and ``dir()`` at a script's top level ask the
+    # namespace itself: they see the context's keys, loaded or not, as a script under plain
+    # SpiffWorkflow sees every key of its task data.
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or self._unread(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if dict.__contains__(self, key) or self._unread(key):
+            return self[key]
+        return default
+
+    def keys(self) -> list[str]:  # type: ignore[override]
+        return [*dict.keys(self), *(k for k in self._context.keys() if k.isidentifier() and self._unread(k))]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
 
     def __setitem__(self, key: str, value: Any) -> None:
         self.assigned[key] = None

@@ -60,6 +60,7 @@ from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowEr
 
 from . import events, spiff
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
+from gateways.splitter import branch_context_name
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
@@ -96,7 +97,9 @@ class Instance:
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     compressions: list[dict[str, Any]] = field(default_factory=list)
     confirmations: list[dict[str, Any]] = field(default_factory=list)
-    # branch context name -> {"parent", "branch_id", "gateway", "split", "snapshot_id", "inject", "status", "join"}
+    # branch context name -> {"parent", "branch_id", "gateway", "split", "snapshot_id", "inject", "status", "join"};
+    # status "open" (a split's branch), "scope" (a sub-process instance's, see enter_subworkflow), "side" (a
+    # boundary path beside an open activity, see boundary_path), "joined", "cancelled"
     branches: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: int = 0
     created: float = field(default_factory=time.time)
@@ -583,7 +586,7 @@ class _Runtime:
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
         for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):
             due = spiff.timer_due(task)
-            waiting.append({"kind": "timer", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
+            waiting.append({"kind": "timer", "id": str(task.id), "task_id": spiff.timer_event_id(task),
                             "due": due.isoformat() if due is not None else None})
         # a message or signal catch says which event it waits for, and is listed even beside a
         # user task or a timer (a boundary message on a user task): `send` can deliver it
@@ -687,6 +690,11 @@ class _Runtime:
             postscript = getattr(spec, "postscript", None)
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
+            missing = [name for name in spiff.io_names(spec, "data_outputs") if name not in ctx]
+            if missing:
+                raise ActivityError(f"task {bpmn_id!r} did not set the data output(s) {', '.join(map(repr, missing))} "
+                                    "that its ioSpecification names; set them in the task (its script, handler or "
+                                    "form data) or remove them from its dataOutput", task_id=bpmn_id)
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
             self.instance.suspended.pop(str(task.id), None)  # e.g. llm.tools turned off while it waited
@@ -697,11 +705,25 @@ class _Runtime:
         self._activity_done(ctx, cfg, bpmn_id)
         # data objects: the context is the source of truth; SpiffWorkflow copies what it needs
         # from task.data into the workflow's data objects when the task completes
-        for ref in getattr(spec, "data_output_associations", None) or []:
-            value = ctx.get(ref.bpmn_id, _ABSENT)
+        for name in [ref.bpmn_id for ref in getattr(spec, "data_output_associations", None) or []] + \
+                spiff.io_names(spec, "data_outputs"):
+            value = ctx.get(name, _ABSENT)
             if value is not _ABSENT:
-                task.data[ref.bpmn_id] = thaw(value)
+                task.data[name] = thaw(value)
         return True if result is None else result
+
+    def io_inputs(self, task: Any) -> dict[str, Any]:
+        """An activity's ``ioSpecification`` data inputs, from its context (SpiffWorkflow checks
+        them before the task runs); an error naming the missing ones."""
+        bpmn_id = spiff.bpmn_id_of(task)
+        ctx = self.context_of(task)
+        names = spiff.io_names(task.task_spec, "data_inputs")
+        missing = [name for name in names if name not in ctx]
+        if missing:
+            raise ActivityError(f"task {bpmn_id!r} needs the data input(s) {', '.join(map(repr, missing))} that its "
+                                "ioSpecification names; none is in the context. Set them before the task or remove "
+                                "them from its dataInput", task_id=bpmn_id)
+        return {name: thaw(ctx.resolve(name)) for name in names}
 
     # ----- multi-instance activities ----------------------------------------------------
 
@@ -714,23 +736,33 @@ class _Runtime:
         ctx = self.context_of(task)
         if task.internal_data.get(spiff.MULTI_KEY) and ctx.current_activity == bpmn_id:
             return
+        # a preScript on the activity (spiffworkflow:scriptsOnInstances off) runs first and may set
+        # the input collection: it is required once the script ran (exec_script)
+        data = self._multi_data(task, ctx, required=not getattr(spec, "prescript", None))
+        ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        task.internal_data[spiff.MULTI_KEY] = True
+        task.data = data
+
+    def _multi_data(self, task: Any, ctx: LayeredContext, *, required: bool) -> dict[str, Any]:
+        """What SpiffWorkflow reads of a multi-instance task's data: the input collection (and a map
+        output collection), from the context."""
+        spec = task.task_spec
         data: dict[str, Any] = {}
         name = spiff.data_name(spec.data_input)
         if name is not None:
             value = ctx.get(name, _ABSENT)
-            if value is _ABSENT:
-                raise ActivityError(f"multi-instance activity {bpmn_id!r}: its input collection {name!r} "
-                                    f"(loopDataInputRef) is in no layer of the context", task_id=bpmn_id)
-            data[name] = thaw(value)
+            if value is _ABSENT and required:
+                raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
+                                    f"(loopDataInputRef) is in no layer of the context", task_id=spec.bpmn_id)
+            if value is not _ABSENT:
+                data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
         if out is not None and out != name:
             value = ctx.get(out, _ABSENT)
             # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time
             if isinstance(value, Mapping):
                 data[out] = thaw(value)
-        ctx.begin_activity(bpmn_id, actor=bpmn_id)
-        task.internal_data[spiff.MULTI_KEY] = True
-        task.data = data
+        return data
 
     def abort_multi(self, task: Any, err: BaseException) -> None:
         ctx = self.context_of(task)
@@ -750,9 +782,12 @@ class _Runtime:
             if ctx.current_activity != bpmn_id:
                 raise ActivityError(f"multi-instance activity {bpmn_id!r} completes, but its activity is not open "
                                     f"in context {ctx.name!r}", task_id=bpmn_id)
+            actx = ActivityContext(ctx, task_id=bpmn_id, config=cfg, instance_id=self.instance.id)
             if out is not None and out in task.data:
-                actx = ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id)
                 write_result(actx, {out: task.data[out]})
+            postscript = getattr(spec, "postscript", None)  # on the activity: once, after every instance
+            if postscript:
+                run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
         except BaseException as err:
@@ -776,6 +811,149 @@ class _Runtime:
                                 task_id=spiff.bpmn_id_of(task)) from err
         if due is not None and due <= now and not task.internal_data.get("event_fired"):
             task.internal_data["event_fired"] = True
+
+    # ----- sub-processes and call activities ----------------------------------------------
+
+    def enter_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity starts. Its tasks run in the context of ``task``, except:
+
+        * an instance of a multi-instance sub-process runs in a scope of its own (a context
+          forked from the activity's), its input item in WORKING, so parallel instances never
+          see nor overwrite each other's items;
+        * a called process whose ``ioSpecification`` names data outputs runs in a scope of its
+          own too: only those outputs come back (``leave_subworkflow``), as in SpiffWorkflow.
+
+        The called process's data inputs must be in the context (SpiffWorkflow's check)."""
+        spec = task.task_spec
+        bpmn_id = spiff.bpmn_id_of(task)
+        ctx = self.context_of(task)
+        io = getattr(subworkflow.spec, "io_specification", None)
+        inputs = [var.bpmn_id for var in (io.data_inputs if io is not None else [])]
+        missing = [name for name in inputs if name not in ctx]
+        if missing:
+            raise ActivityError(f"{bpmn_id!r} calls {spec.spec!r}, whose ioSpecification needs the data input(s) "
+                                f"{', '.join(map(repr, missing))}; none is in the context. Set them before "
+                                f"{bpmn_id!r} (an earlier task, the instance's data) or remove them from the "
+                                "called process's dataInput", task_id=bpmn_id)
+        multi = spiff.multi_instance_of(task)
+        outputs = [var.bpmn_id for var in (io.data_outputs if io is not None else [])]
+        if multi is None and not outputs:
+            return
+        inject: dict[str, Any] = {}
+        if multi is not None:
+            item = spiff.data_name(multi.task_spec.input_item)
+            if item is not None and item in task.data:
+                inject[item] = task.data[item]
+        if multi is not None:
+            instances = [c for c in multi.children if c.task_spec is spec]
+            branch_id = f"{bpmn_id}#{instances.index(task) + 1}"
+        else:
+            branch_id = bpmn_id
+        parent_name = ctx.name
+        snap = ctx.snapshot(label=f"scope:{branch_id}", actor=bpmn_id)
+        name = branch_context_name(parent_name, branch_id, snap.seq)
+        scope = LayeredContext.fork(snap, name=name, branch_id=branch_id, inject=inject, actor=bpmn_id,
+                                    encoding=ctx.encoding)
+        ctx.record("scope", actor=bpmn_id, data={"activity": bpmn_id, "context": name, "snapshot_id": snap.id,
+                                                  "inject": thaw(dict(inject))})
+        self.instance.contexts[name] = scope
+        self.instance.branches[name] = {
+            "parent": parent_name, "branch_id": branch_id, "gateway": bpmn_id, "split": f"{bpmn_id}@{task.id}",
+            "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
+            "status": "scope", "join": None}
+        subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
+
+    def leave_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""
+        name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
+        info = self.instance.branches.get(name) if name is not None else None
+        if info is None or info["status"] != "scope":
+            return
+        bpmn_id = spiff.bpmn_id_of(task)
+        scope = self.instance.contexts[name]
+        parent = self.instance.contexts[info["parent"]]
+        io = getattr(subworkflow.spec, "io_specification", None)
+        outputs = [var.bpmn_id for var in (io.data_outputs if io is not None else [])]
+        multi = spiff.multi_instance_of(task)
+        if multi is not None:
+            mspec = multi.task_spec
+            out = spiff.data_name(mspec.output_item) if mspec.data_output is not None else None
+            item = spiff.data_name(mspec.input_item)
+            if out is not None:
+                # SpiffWorkflow collects the instance's output item from its data
+                value = scope.get(out, _ABSENT)
+                task.data = {} if value is _ABSENT else {out: thaw(value)}
+            else:
+                # no output collection: what the instance changed reaches the activity (SpiffWorkflow
+                # merges each instance's data in turn)
+                base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
+                changed = {k: thaw(v) for k, v in scope.resolved().items()
+                           if not k.startswith(_RECORD_PREFIXES) and k != item
+                           and (k not in base or not json_equal(base[k], v))}
+                for key, value in changed.items():
+                    parent.write(Layer.WORKING, key, value, actor=bpmn_id)
+                task.data = {}
+        else:
+            missing = [o for o in outputs if o not in scope]
+            if missing:
+                raise ActivityError(f"{bpmn_id!r} calls {task.task_spec.spec!r}, whose ioSpecification names the data "
+                                    f"output(s) {', '.join(map(repr, missing))}; the called process set none of "
+                                    "them. Set them in the called process or remove them from its dataOutput",
+                                    task_id=bpmn_id)
+            parent.begin_activity(bpmn_id, actor=bpmn_id)
+            parent.write_many(Layer.WORKING, {o: scope.resolve(o) for o in outputs}, actor=bpmn_id)
+            parent.complete_activity(bpmn_id, summary=f"outputs of {task.task_spec.spec}: {', '.join(outputs)}",
+                                     actor=bpmn_id)
+        info["status"] = "joined"
+        info["join"] = bpmn_id
+        scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    def boundary_path(self, task: Any) -> None:
+        """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
+        to, in the same context, unless that activity is open there (a multi-instance activity
+        whose instances wait for people): then in a branch of its own, forked from the context
+        and merged back where the path joins (at the latest, at the end of the process)."""
+        ctx = self.context_of(task)
+        if ctx.current_activity is None:
+            return
+        self._fork(task, ctx.name, ctx, spiff.bpmn_id_of(task), None, [task])
+        # the context it came from goes on meanwhile: the path's changes come back at its join as
+        # they stand (``_merge_side``), not by a three-way merge against an untouched parent
+        self.instance.branches[spiff.context_name_of(task)]["status"] = "side"
+
+    def _merge_side(self, gw: str, name: str) -> str:
+        """Bring a side branch (``boundary_path``) back into the context it came from: every key it
+        changed since it forked, in its layer, unless the parent changed that key too (then the
+        parent's value stays and both are on the tape as ``side_conflict``). Returns the parent."""
+        inst = self.instance
+        info = inst.branches[name]
+        branch, parent = inst.contexts[name], inst.contexts[info["parent"]]
+        base = parent.get_snapshot(info["snapshot_id"])
+        changes: list[tuple[Layer, str, Any]] = []
+        kept: list[dict[str, Any]] = []
+        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
+            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
+            for key in dict.fromkeys([*before, *after]):
+                old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
+                if key.startswith("_") or _same(old, new):
+                    continue
+                current = now.get(key, _ABSENT)
+                if not _same(current, old) and not _same(current, new):
+                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new)})
+                    continue
+                changes.append((layer, key, DELETED if new is _ABSENT else new))
+        if changes:
+            parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
+        if kept:
+            parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
+        info["status"] = "joined"
+        info["join"] = gw
+        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": info["parent"]})
+        return str(info["parent"])
+
+    def caught(self, task: Any, values: dict[str, Any]) -> None:
+        """A catching event ran with the payload of an event this process threw: into its context."""
+        events.catch_thrown(self.context_of(task), task, values)
 
     def _run_instance(self, task: Any, multi: Any, default_run: Callable[[], Any]) -> Any:
         """One instance of a multi-instance activity, inside the activity of ``multi``: its input
@@ -977,18 +1155,25 @@ class _Runtime:
 
     # ----- expressions and scripts ----------------------------------------------------------
 
-    def evaluate(self, task: Any, expression: str) -> Any:
+    def evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any:
         if isinstance(task.task_spec, ExclusiveGateway):
             verdicts = self._xor.get(str(task.id))
             if verdicts is None:
                 verdicts = self.decide_exclusive(task)
             if verdicts is not None and expression in verdicts:
                 return verdicts[expression]
-        return self._evaluate(task, expression)
+        return self._evaluate(task, expression, external)
 
-    def _evaluate(self, task: Any, expression: str) -> Any:
+    def _evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any:
+        """``expression`` over the task's context (a loop's items first). ``external`` is read after
+        the context, as SpiffWorkflow reads it after task data: a conditional event reads the
+        workflow's data objects there, which another branch may have set."""
+        ctx = self.context_of(task)
+        scope = self.loop_scope(task)
+        if external:
+            scope = {**{k: v for k, v in external.items() if k not in ctx}, **(scope or {})}
         try:
-            return evaluate_expression(expression, self.context_of(task), self.loop_scope(task))
+            return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
             raise ActivityError(f"condition {expression.strip()!r} at {spiff.bpmn_id_of(task)!r} failed: "
                                 f"{type(err).__name__}: {err}", task_id=spiff.bpmn_id_of(task)) from err
@@ -996,8 +1181,11 @@ class _Runtime:
     def exec_script(self, task: Any, script: str) -> None:
         ctx = self.context_of(task)
         bpmn_id = spiff.bpmn_id_of(task)
+        multi = spiff.is_multi(task.task_spec) and task.internal_data.get(spiff.MULTI_KEY)
         run_script(script, ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id),
-                   filename=_script_name("script", bpmn_id))
+                   filename=_script_name("preScript" if multi else "script", bpmn_id))
+        if multi:  # the preScript of a multi-instance activity, in its activity: SpiffWorkflow reads the collections next
+            task.data.update(self._multi_data(task, ctx, required=True))
 
     # ----- gateways ------------------------------------------------------------------
 
@@ -1121,9 +1309,13 @@ class _Runtime:
         did not arrive never will (an interrupting event cancelled it), so it is closed as
         ``cancelled`` and its siblings merge without it."""
         gw = spiff.bpmn_id_of(task)
-        arrived = [spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task)]
-        current = list(dict.fromkeys(arrived))
         branches = self.instance.branches
+        # SpiffWorkflow keeps the instances of this join from an earlier pass of a loop (the
+        # ones its firing cancelled); their branches were merged (or closed) back then
+        arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
+                   if name not in branches or branches[name]["status"] not in ("joined", "cancelled")]
+        current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
+                                     else n for n in arrived))
         if spiff.is_end_join(task.task_spec):
             self._cancel_branches(task, keep=current)
         while True:
@@ -1358,6 +1550,24 @@ class _Runtime:
 _FAR = datetime.max.replace(tzinfo=timezone.utc)
 
 
+def _same(a: Any, b: Any) -> bool:
+    if a is _ABSENT or b is _ABSENT:
+        return a is b
+    return json_equal(a, b)
+
+
+def _plain(value: Any) -> Any:
+    return None if value is _ABSENT else thaw(value)
+
+
+def _snapshot_values(snap: Any) -> dict[str, Any]:
+    """Every key of a snapshot with the value a read would have given (the lowest layer wins)."""
+    out: dict[str, Any] = {}
+    for layer in reversed(list(Layer)):
+        out.update(snap.layer(layer).items())
+    return out
+
+
 def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
 
@@ -1387,11 +1597,11 @@ def _condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]
 
 
 def _ready_tasks(wf: Any) -> list[Any]:
-    tasks = []
+    tasks: dict[Any, Any] = {}  # by id: the workflow's iterator also reaches some sub-process tasks
     for sp in sorted(wf.get_active_subprocesses(), key=lambda s: s.depth, reverse=True):
-        tasks.extend(sp.get_tasks(state=TaskState.READY))
-    tasks.extend(wf.get_tasks(state=TaskState.READY))
-    return tasks
+        tasks.update((t.id, t) for t in sp.get_tasks(state=TaskState.READY))
+    tasks.update((t.id, t) for t in wf.get_tasks(state=TaskState.READY) if t.id not in tasks)
+    return list(tasks.values())
 
 
 def _all_tasks(wf: Any, state: int) -> list[Any]:

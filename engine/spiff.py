@@ -17,7 +17,8 @@ built this way (see shared/notes/spiffworkflow-3.2.md):
 The driver protocol (implemented by ``engine.runtime``)::
 
     run_activity(task, default_run) -> bool | None   # an activity's _run_hook
-    evaluate(task, expression) -> Any                # gateway conditions, loop conditions
+    evaluate(task, expression[, external]) -> Any    # gateway, loop and event conditions (external: names
+                                                     # SpiffWorkflow offers besides task data, read last)
     exec_script(task, script) -> None                # spiff pre/post scripts
     join(task) -> bool                               # a joining gateway's _run_hook; False: wait
     split(task) -> None                              # a splitting gateway, once its children exist
@@ -25,6 +26,12 @@ The driver protocol (implemented by ``engine.runtime``)::
     abort_multi(task, err) -> None                   # ... when spiff failed to make them
     complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
+    io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
+    boundary_path(task) -> None                      # a non-interrupting boundary event fires: its path starts
+    caught(task, values) -> None                     # a catching event ran with the payload of an event the
+                                                     # process threw itself: {variable: payload}
+    enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
+    leave_subworkflow(task, subworkflow) -> None     # copy_data / update_data: its data in and out)
 
 Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
 instances (children of the wrapper, with the original task's spec) run their handlers
@@ -57,7 +64,9 @@ from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiIn
 from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import SignalEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
+from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
+from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
@@ -95,11 +104,15 @@ __all__ = [
     "is_split",
     "is_multi",
     "is_timer",
+    "timer_definition",
+    "timer_event_id",
     "timer_due",
     "loop_of",
+    "io_names",
     "multi_instance_of",
     "data_name",
     "MULTI_KEY",
+    "DELIVERED_KEY",
     "arrived_branch_tasks",
     "payload_variables",
     "bpmn_id_of",
@@ -113,12 +126,13 @@ _BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
+DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 MAIN_CONTEXT = "main"
 
 
 class Driver(Protocol):
     def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any: ...
-    def evaluate(self, task: Any, expression: str) -> Any: ...
+    def evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any: ...
     def exec_script(self, task: Any, script: str) -> None: ...
     def join(self, task: Any) -> bool: ...
     def terminate(self, task: Any) -> None: ...
@@ -127,6 +141,11 @@ class Driver(Protocol):
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
     def complete_multi(self, task: Any) -> None: ...
     def timer(self, task: Any) -> None: ...
+    def caught(self, task: Any, values: dict[str, Any]) -> None: ...
+    def io_inputs(self, task: Any) -> dict[str, Any]: ...
+    def boundary_path(self, task: Any) -> None: ...
+    def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
+    def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
 
 
 def driver_of(task: Any) -> Driver | None:
@@ -182,6 +201,10 @@ _GATEWAY_BASES = (
 )
 
 
+class ActivityCancelled(Exception):
+    """Why an open activity closes without completing: an interrupting event cancelled its task."""
+
+
 class _LayerflowSpecMixin:
     """Placed first in the MRO of every twin; ``lf_role`` is set per twin class."""
 
@@ -193,10 +216,20 @@ class _LayerflowSpecMixin:
         if CTX_KEY not in my_task.internal_data:
             parent = _parent_across_subprocess(my_task)
             my_task.internal_data[CTX_KEY] = context_name_of(parent) if parent is not None else MAIN_CONTEXT
-        if isinstance(getattr(self, "event_definition", None), _TIMERS):
+        if timer_definition(self) is not None:
             driver = driver_of(my_task)
             if driver is not None:
                 driver.timer(my_task)
+        inputs = io_names(self, "data_inputs") if self.lf_role == "activity" else []
+        if inputs:
+            driver = driver_of(my_task)
+            if driver is not None:
+                # SpiffWorkflow requires a task's data inputs in its data (and keeps only them there);
+                # under layerflow they come from the context, and task.data stays empty
+                my_task.data.update(driver.io_inputs(my_task))
+                result = super()._update_hook(my_task)  # type: ignore[misc]
+                my_task.data = {}
+                return result
         if self.lf_role == "multi":
             driver = driver_of(my_task)
             if driver is not None:
@@ -219,6 +252,20 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
+        if isinstance(self, BoundaryEvent) and not self.cancel_activity:
+            driver.boundary_path(my_task)
+        if isinstance(self, CatchingEvent):
+            # SpiffWorkflow puts a caught payload into task.data (a messageVariable, a signal's,
+            # error's or escalation's variableName); under layerflow it belongs in the context.
+            # An event sent from outside is there already (engine.events.deliver); one the
+            # process threw itself (a throw or end event, a send task) goes there now.
+            result = super()._run_hook(my_task)  # type: ignore[misc]
+            delivered = my_task.internal_data.pop(DELIVERED_KEY, None)
+            values = {name: my_task.data.pop(name) for name in payload_variables(self.event_definition)
+                      if name in my_task.data}
+            if values and not delivered:
+                driver.caught(my_task, values)
+            return result
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
@@ -227,10 +274,13 @@ class _LayerflowSpecMixin:
             if driver is not None:
                 driver.terminate(my_task)  # before the throw cancels the other branches
         super()._on_complete_hook(my_task)  # type: ignore[misc]
-        if self.lf_role == "activity" and getattr(self, "data_output_associations", None) and driver_of(my_task):
-            # the data objects were set from the context (Runtime.run_activity): nothing stays in task.data
-            for ref in self.data_output_associations:  # type: ignore[attr-defined]
+        if self.lf_role == "activity" and driver_of(my_task):
+            # the data objects and data outputs were set from the context (Runtime.run_activity):
+            # nothing stays in task.data
+            for ref in getattr(self, "data_output_associations", None) or []:
                 my_task.data.pop(ref.bpmn_id, None)
+            for name in io_names(self, "data_outputs"):
+                my_task.data.pop(name, None)
         if self.lf_role == "gateway" and len(self.outputs) > 1:  # type: ignore[attr-defined]
             driver = driver_of(my_task)
             if driver is not None:
@@ -241,12 +291,43 @@ class _LayerflowSpecMixin:
             for name in payload_variables(getattr(self, "event_definition", None)):
                 my_task.data.pop(name, None)
 
+    def _on_cancel(self, my_task: Any) -> Any:
+        if self.lf_role == "multi" and my_task.internal_data.get(MULTI_KEY):
+            driver = driver_of(my_task)
+            if driver is not None:
+                # an interrupting event (a boundary event, a terminate end event) cancels the
+                # activity while its instances run or wait: it closes, its writes undone
+                driver.abort_multi(my_task, ActivityCancelled(f"activity {bpmn_id_of(my_task)!r} was cancelled"))
+        return super()._on_cancel(my_task)  # type: ignore[misc]
+
+    def copy_data(self, my_task: Any, subworkflow: Any) -> Any:
+        # SubWorkflowTask only: what SpiffWorkflow copies into a sub-process is in the context
+        driver = driver_of(my_task)
+        if driver is None:
+            return super().copy_data(my_task, subworkflow)  # type: ignore[misc]
+        driver.enter_subworkflow(my_task, subworkflow)
+        return None
+
+    def update_data(self, my_task: Any, subworkflow: Any) -> Any:
+        # SubWorkflowTask only: what SpiffWorkflow copies out of a finished sub-process
+        driver = driver_of(my_task)
+        if driver is None:
+            return super().update_data(my_task, subworkflow)  # type: ignore[misc]
+        driver.leave_subworkflow(my_task, subworkflow)
+        return None
+
     def execute_script(self, my_task: Any, script: str) -> Any:
         # SpiffBpmnTask runs preScript in _update_hook and postScript in
         # _on_complete_hook against task.data. Under layerflow both run inside the
         # activity (see Runtime.run_activity), so spiff's calls are no-ops here.
-        if driver_of(my_task) is None:
+        driver = driver_of(my_task)
+        if driver is None:
             return super().execute_script(my_task, script)  # type: ignore[misc]
+        if self.lf_role == "multi" and script != getattr(self, "postscript", None):
+            # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
+            # once, before the instances are made, inside the activity; its postScript runs in
+            # Runtime.complete_multi
+            driver.exec_script(my_task, script)
         return None
 
 
@@ -306,6 +387,12 @@ def is_multi(spec: Any) -> bool:
     return getattr(spec, "lf_role", None) == "multi"
 
 
+def io_names(spec: Any, which: str) -> list[str]:
+    """The names of a spec's ``ioSpecification`` data inputs (``which="data_inputs"``) or outputs."""
+    io = getattr(spec, "io_specification", None)
+    return [str(var.bpmn_id) for var in getattr(io, which, None) or []]
+
+
 def loop_of(task: Any) -> Any:
     """The loop or multi-instance task that ``task`` is an instance (an iteration) of, else None."""
     parent = task.parent
@@ -333,16 +420,39 @@ def data_name(ref: Any) -> str | None:
 _TIMERS = (DurationTimerEventDefinition, TimeDateEventDefinition)
 
 
+def timer_definition(spec: Any) -> Any:
+    """The timer (duration or date) a spec waits for: its own event definition, or the timer
+    among the events of an event-based gateway; else None."""
+    ed = getattr(spec, "event_definition", None)
+    if isinstance(ed, MultipleEventDefinition):
+        return next((d for d in ed.event_definitions if isinstance(d, _TIMERS)), None)
+    return ed if isinstance(ed, _TIMERS) else None
+
+
 def is_timer(task: Any) -> bool:
-    """A timer event (duration or date) that layerflow times: catch events and boundary events."""
-    return isinstance(getattr(task.task_spec, "event_definition", None), _TIMERS)
+    """A timer event (duration or date) that layerflow times: catch events, boundary events, and
+    the timer branch of an event-based gateway."""
+    return timer_definition(task.task_spec) is not None
+
+
+def timer_event_id(task: Any) -> str:
+    """The BPMN id of the timer event a timer task waits for (an event-based gateway: the timer
+    event of its branch)."""
+    spec = task.task_spec
+    ed = getattr(spec, "event_definition", None)
+    if isinstance(ed, MultipleEventDefinition):
+        timer = timer_definition(spec)
+        index = next((i for i, d in enumerate(ed.event_definitions) if d is timer), None)
+        if index is not None and index < len(spec.outputs):
+            return spec_bpmn_id(spec.outputs[index])
+    return spec_bpmn_id(spec)
 
 
 def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
     """When a timer event's task is due (UTC), fixing it from ``now`` the first time (a duration
     starts when the task starts waiting); None for other tasks, or a timer not yet started."""
-    ed = getattr(task.task_spec, "event_definition", None)
-    if not isinstance(ed, _TIMERS):
+    ed = timer_definition(task.task_spec)
+    if ed is None:
         return None
     value = task.internal_data.get("event_value")
     if value is None:
@@ -363,12 +473,12 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
 
 
 def payload_variables(event_definition: Any) -> list[str]:
-    """The task-data variables SpiffWorkflow puts a caught message's or signal's payload in
-    (``messageVariable``, a signal's ``variableName``); of every event of a multiple event
-    (an event-based gateway)."""
+    """The task-data variables SpiffWorkflow puts a caught event's payload in (a message's
+    ``messageVariable``, a signal's, error's or escalation's ``variableName``); of every
+    event of a multiple event (an event-based gateway)."""
     if isinstance(event_definition, MultipleEventDefinition):
-        return [v for d in event_definition.event_definitions for v in payload_variables(d)]
-    if isinstance(event_definition, (MessageEventDefinition, SignalEventDefinition)):
+        return list(dict.fromkeys(v for d in event_definition.event_definitions for v in payload_variables(d)))
+    if isinstance(event_definition, (MessageEventDefinition, ItemAwareEventDefinition)):
         name = getattr(event_definition, "message_var", None) or getattr(event_definition, "variable", None)
         return [name] if isinstance(name, str) and name else []
     return []
@@ -483,6 +593,8 @@ class LayerflowScriptEngine(PythonScriptEngine):  # type: ignore[misc]
         driver = driver_of(task)
         if driver is None:
             return super().evaluate(task, expression, external_context)
+        if external_context:  # e.g. the workflow's data objects, which a conditional event reads
+            return driver.evaluate(task, expression, external_context)
         return driver.evaluate(task, expression)
 
     def execute(self, task: Any, script: str, external_context: Any = None) -> Any:

@@ -213,7 +213,9 @@ def test_a_signal_reaches_both_waiting_branches_each_in_its_own_context(tmp_path
 
 def test_an_event_based_gateway_takes_the_branch_of_the_message(tmp_path: Path) -> None:
     engine, instance = started(tmp_path, GATEWAY)
-    [item] = instance.waiting_for
+    # the gateway waits for the message, and for its timer branch (see test_conformance.py)
+    timer, item = instance.waiting_for
+    assert (timer["kind"], timer["task_id"]) == ("timer", "deadline")
     assert (item["task_id"], item["event"]) == ("wait", "documents_received")
     done = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["x"]})
     assert done.status == "completed", done.error

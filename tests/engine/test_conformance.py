@@ -1,0 +1,639 @@
+"""Process shapes that once ran differently under layerflow than under plain SpiffWorkflow.
+
+Each test runs a small BPMN written here under both and compares the path taken (the
+completed tasks' BPMN ids, in order), the status and the variables, except where layerflow
+keeps what plain SpiffWorkflow loses at a join (then both values are asserted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+import pytest
+
+from engine import Engine, load_process
+
+from engine_helpers import path_of, run_plain, variables
+
+HEAD = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"
+                  id="conformance_defs" targetNamespace="https://layerflow.dev/tests">
+"""
+
+
+def script(task_id: str, text: str) -> str:
+    return f'<bpmn:scriptTask id="{task_id}"><bpmn:script>{escape(text)}</bpmn:script></bpmn:scriptTask>'
+
+
+def flow(source: str, target: str, condition: str | None = None) -> str:
+    if condition is None:
+        return f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}"/>'
+    return (f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}">'
+            f'<bpmn:conditionExpression>{escape(condition)}</bpmn:conditionExpression></bpmn:sequenceFlow>')
+
+
+def write(tmp_path: Path, pid: str, elements: list[str], extra: str = "") -> Path:
+    body = "\n    ".join(elements)
+    path = tmp_path / f"{pid}.bpmn"
+    path.write_text(f'{HEAD}  <bpmn:process id="{pid}" isExecutable="true">\n    {body}\n  </bpmn:process>\n'
+                    f"{extra}</bpmn:definitions>\n", encoding="utf-8")
+    return path
+
+
+def run_ours(path: Path, data: dict[str, Any] | None = None, engine: Engine | None = None) -> Any:
+    engine = engine or Engine()
+    return engine.run(engine.start(load_process(path), data or {}))
+
+
+# ----- a parallel split and join inside a loop ---------------------------------------------------
+
+def test_a_parallel_split_and_join_inside_a_loop(tmp_path: Path) -> None:
+    """Each pass forks and joins again. SpiffWorkflow keeps the join instances of the earlier
+    passes (the ones each firing cancelled); the second pass once took their branches, merged
+    back already, for branches of another split and failed."""
+    path = write(tmp_path, "fork_in_loop", [
+        '<bpmn:startEvent id="start"/>', script("init", "i = 0\nseen = []"),
+        '<bpmn:exclusiveGateway id="again"/>', '<bpmn:parallelGateway id="fork"/>',
+        script("collect", "seen = seen + ['pass ' + str(i)]"), script("double", "doubled = i * 2"),
+        '<bpmn:parallelGateway id="join"/>', script("next", "i += 1"),
+        '<bpmn:exclusiveGateway id="more" default="more_to_end"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "again"), flow("again", "fork"), flow("fork", "collect"),
+        flow("fork", "double"), flow("collect", "join"), flow("double", "join"), flow("join", "next"),
+        flow("next", "more"), flow("more", "again", "i < 3"),
+        '<bpmn:sequenceFlow id="more_to_end" sourceRef="more" targetRef="end"/>',
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert path_of(plain_wf).count("join") == 3
+    ours = variables(instance.main)
+    # "double" arrives last at every join: plain SpiffWorkflow keeps its stale copy of `seen`
+    assert plain_vars.pop("seen") == [] and ours.pop("seen") == ["pass 0", "pass 1", "pass 2"]
+    assert ours == plain_vars == {"i": 3, "doubled": 4}
+    assert {info["status"] for info in instance.branches.values()} == {"joined"}
+    assert len(instance.branches) == 6
+
+
+# ----- the payload of an event the process throws itself ----------------------------------------
+
+def _message(ref: str, payload: str) -> str:
+    return (f'<bpmn:messageEventDefinition messageRef="{ref}"><bpmn:extensionElements>'
+            f"<spiffworkflow:messagePayload>{escape(payload)}</spiffworkflow:messagePayload>"
+            "</bpmn:extensionElements></bpmn:messageEventDefinition>")
+
+
+def _message_catch(ref: str, variable: str) -> str:
+    return (f'<bpmn:messageEventDefinition messageRef="{ref}"><bpmn:extensionElements>'
+            f"<spiffworkflow:messageVariable>{variable}</spiffworkflow:messageVariable>"
+            "</bpmn:extensionElements></bpmn:messageEventDefinition>")
+
+
+def _between_branches(thrower: str, catcher: str) -> list[str]:
+    """One branch prepares a parcel and throws, the other waits to catch it and uses what it got."""
+    return [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+        script("pack", "parcel = {'id': 7, 'items': ['a', 'b']}"), thrower, catcher,
+        script("unpack", "count = len(got['parcel']['items'])"), '<bpmn:parallelGateway id="join"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "pack"), flow("fork", "catch"), flow("pack", "throw"),
+        flow("throw", "join"), flow("catch", "unpack"), flow("unpack", "join"), flow("join", "end"),
+    ]
+
+
+_SIGNAL = ('<bpmn:signal id="parcel_signal" name="parcel_ready"><bpmn:extensionElements>'
+           "<spiffworkflow:payloadExpression>{'parcel': parcel}</spiffworkflow:payloadExpression>"
+           "<spiffworkflow:variableName>got</spiffworkflow:variableName></bpmn:extensionElements></bpmn:signal>\n")
+
+THROWN = {
+    "intermediate message": (_between_branches(
+        f'<bpmn:intermediateThrowEvent id="throw">{_message("parcel_msg", "{" + chr(39) + "parcel" + chr(39) + ": parcel}")}'
+        "</bpmn:intermediateThrowEvent>",
+        f'<bpmn:intermediateCatchEvent id="catch">{_message_catch("parcel_msg", "got")}</bpmn:intermediateCatchEvent>'),
+        '<bpmn:message id="parcel_msg" name="parcel"/>\n'),
+    "send task to receive task": (_between_branches(
+        '<bpmn:sendTask id="throw" messageRef="parcel_msg"><bpmn:extensionElements><spiffworkflow:messagePayload>'
+        "{'parcel': parcel}</spiffworkflow:messagePayload></bpmn:extensionElements></bpmn:sendTask>",
+        '<bpmn:receiveTask id="catch" messageRef="parcel_msg"><bpmn:extensionElements><spiffworkflow:messageVariable>'
+        "got</spiffworkflow:messageVariable></bpmn:extensionElements></bpmn:receiveTask>"),
+        '<bpmn:message id="parcel_msg" name="parcel"/>\n'),
+    "signal": (_between_branches(
+        '<bpmn:intermediateThrowEvent id="throw"><bpmn:signalEventDefinition signalRef="parcel_signal"/>'
+        "</bpmn:intermediateThrowEvent>",
+        '<bpmn:intermediateCatchEvent id="catch"><bpmn:signalEventDefinition signalRef="parcel_signal"/>'
+        "</bpmn:intermediateCatchEvent>"), _SIGNAL),
+}
+
+
+@pytest.mark.parametrize("shape", list(THROWN))
+def test_a_thrown_payload_reaches_the_catching_context(tmp_path: Path, shape: str) -> None:
+    elements, extra = THROWN[shape]
+    path = write(tmp_path, "thrown", elements, extra)
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars
+    assert plain_vars["got"] == {"parcel": {"id": 7, "items": ["a", "b"]}} and plain_vars["count"] == 2
+    record = instance.main.resolve("event:catch")
+    assert "got" in record["keys"] and (record["event_kind"], record["sent_by"]) == (shape.split()[-1].replace("task", "message"), "process")
+
+
+@pytest.mark.parametrize("kind", ["error", "escalation"])
+def test_an_end_event_payload_reaches_the_boundary_that_catches_it(tmp_path: Path, kind: str) -> None:
+    """A sub-process ends in an error (escalation) end event with a payload; the boundary event
+    on the sub-process catches it and the path after it reads the payload."""
+    path = write(tmp_path, f"{kind}_payload", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/>'
+        + script("try_it", "outcome = 'failed'")
+        + f'<bpmn:endEvent id="work_failed"><bpmn:{kind}EventDefinition {kind}Ref="problem"/></bpmn:endEvent>'
+        + flow("work_start", "try_it") + flow("try_it", "work_failed") + "</bpmn:subProcess>",
+        f'<bpmn:boundaryEvent id="on_problem" attachedToRef="work"><bpmn:{kind}EventDefinition {kind}Ref="problem"/>'
+        "</bpmn:boundaryEvent>",
+        script("report", "report = 'problem: ' + details['why']"), '<bpmn:endEvent id="end_problem"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("work", "end"), flow("on_problem", "report"), flow("report", "end_problem"),
+    ], f'<bpmn:{kind} id="problem" name="problem" {kind}Code="P1"><bpmn:extensionElements>'
+       "<spiffworkflow:payloadExpression>{'why': outcome}</spiffworkflow:payloadExpression>"
+       f"<spiffworkflow:variableName>details</spiffworkflow:variableName></bpmn:extensionElements></bpmn:{kind}>\n")
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert "report" in path_of(plain_wf)
+    ours = variables(instance.main)
+    assert ours.pop("outcome") == "failed"  # kept from the sub-process; plain SpiffWorkflow drops it
+    assert ours == plain_vars == {"details": {"why": "failed"}, "report": "problem: failed"}
+
+
+def test_a_correlated_message_from_outside_is_written_once(tmp_path: Path) -> None:
+    """SpiffWorkflow needs the payload of a correlated message, so it hands it to the catching
+    task too; the engine wrote it into the context already and does not write it again."""
+    path = tmp_path / "correlated_var.bpmn"
+    path.write_text(HEAD + """  <bpmn:collaboration id="collab">
+    <bpmn:participant id="p" processRef="correlated_var"/>
+    <bpmn:correlationKey name="order_key"><bpmn:correlationPropertyRef>order_ref</bpmn:correlationPropertyRef></bpmn:correlationKey>
+  </bpmn:collaboration>
+  <bpmn:correlationProperty id="order_ref" name="order_ref">
+    <bpmn:correlationPropertyRetrievalExpression messageRef="m_paid">
+      <bpmn:formalExpression>order_id</bpmn:formalExpression>
+    </bpmn:correlationPropertyRetrievalExpression>
+  </bpmn:correlationProperty>
+  <bpmn:message id="m_paid" name="paid"/>
+  <bpmn:process id="correlated_var" isExecutable="true">
+    """ + "\n    ".join([
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:intermediateCatchEvent id="catch">{_message_catch("m_paid", "payment")}</bpmn:intermediateCatchEvent>',
+        script("book", "booked = payment['amount']"), '<bpmn:endEvent id="end"/>',
+        flow("start", "catch"), flow("catch", "book"), flow("book", "end")]) + """
+  </bpmn:process>
+</bpmn:definitions>
+""", encoding="utf-8")
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    assert [w["event"] for w in instance.waiting_for] == ["paid"]
+    instance = engine.send_event(instance, "paid", {"order_id": "O-1", "amount": 30})
+
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"payment": {"order_id": "O-1", "amount": 30}, "booked": 30}
+    history = instance.main.layer("L3")
+    assert [k for k in history if k.startswith("event:")] == ["event:catch"]
+    assert history["event:catch"]["sent_by"] == "operator"
+
+
+# ----- the timer branch of an event-based gateway --------------------------------------------------
+
+def _reminder_gateway(tmp_path: Path) -> Path:
+    """Wait for the customer's answer, or remind them after three days."""
+    return write(tmp_path, "answer_or_remind", [
+        '<bpmn:startEvent id="start"/>', script("ask", "asked = True"), '<bpmn:eventBasedGateway id="wait"/>',
+        f'<bpmn:intermediateCatchEvent id="answered">{_message_catch("m_answer", "answer")}</bpmn:intermediateCatchEvent>',
+        '<bpmn:intermediateCatchEvent id="three_days"><bpmn:timerEventDefinition><bpmn:timeDuration>"P3D"'
+        "</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>",
+        script("remind", "outcome = 'reminded'"), script("record", "outcome = 'answered: ' + answer['text']"),
+        '<bpmn:endEvent id="end_reminded"/>', '<bpmn:endEvent id="end_answered"/>',
+        flow("start", "ask"), flow("ask", "wait"), flow("wait", "answered"), flow("wait", "three_days"),
+        flow("three_days", "remind"), flow("remind", "end_reminded"), flow("answered", "record"),
+        flow("record", "end_answered"),
+    ], '<bpmn:message id="m_answer" name="customer_answer"/>\n')
+
+
+class _Clock:
+    def __init__(self) -> None:
+        import time
+
+        self.now = time.time()  # SpiffWorkflow checks a due timer against the wall clock too
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_timer_of_an_event_based_gateway_runs_on_the_engine_clock(tmp_path: Path) -> None:
+    from datetime import datetime, timezone
+
+    clock = _Clock()
+    engine = Engine(clock=clock)
+    instance = run_ours(_reminder_gateway(tmp_path), engine=engine)
+
+    assert instance.status == "waiting"
+    timers = [w for w in instance.waiting_for if w["kind"] == "timer"]
+    assert [w["task_id"] for w in timers] == ["three_days"]
+    due = datetime.fromisoformat(timers[0]["due"])
+    assert abs((due - datetime.fromtimestamp(clock.now, timezone.utc)).total_seconds() - 3 * 86400) < 1
+    assert [w["event"] for w in instance.waiting_for if w["kind"] == "event"] == ["customer_answer"]
+
+    clock.now += 86400  # a day later: still waiting
+    instance = engine.resume(engine.load(instance.id))
+    assert instance.status == "waiting" and "remind" not in path_of(instance.workflow)
+
+    clock.now += 3 * 86400
+    instance = engine.resume(engine.load(instance.id))
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "ask", "wait", "three_days", "remind", "end_reminded"]
+    assert variables(instance.main) == {"asked": True, "outcome": "reminded"}
+
+
+def test_a_message_before_the_gateway_timer_takes_the_message_branch(tmp_path: Path) -> None:
+    clock = _Clock()
+    engine = Engine(clock=clock)
+    instance = run_ours(_reminder_gateway(tmp_path), engine=engine)
+    clock.now += 3600
+    instance = engine.send_event(instance, "customer_answer", {"text": "yes"})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "ask", "wait", "answered", "record", "end_answered"]
+    assert variables(instance.main) == {"asked": True, "answer": {"text": "yes"}, "outcome": "answered: yes"}
+
+
+# ----- multi-instance sub-processes and call activities; a called process's ioSpecification --------
+
+def _squares(tmp_path: Path, sequential: bool) -> Path:
+    """Each instance of a sub-process squares its number, in steps, and hands back the square."""
+    return write(tmp_path, "squares", [
+        '<bpmn:startEvent id="start"/>', script("init", "numbers = [1, 2, 3]"),
+        f'<bpmn:subProcess id="square"><bpmn:multiInstanceLoopCharacteristics isSequential="{str(sequential).lower()}">'
+        "<bpmn:loopDataInputRef>numbers</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>squares</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="number" name="number"/><bpmn:outputDataItem id="result" name="result"/>'
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:startEvent id="square_start"/>'
+        + script("twice", "partial = number * number") + script("hand_back", "result = partial")
+        + '<bpmn:endEvent id="square_end"/>' + flow("square_start", "twice") + flow("twice", "hand_back")
+        + flow("hand_back", "square_end") + "</bpmn:subProcess>",
+        script("total", "total = sum(squares)"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "square"), flow("square", "total"), flow("total", "end"),
+    ])
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_multi_instance_sub_process(tmp_path: Path, sequential: bool) -> None:
+    """Each instance runs in a scope of its own (its number in WORKING); only the output item
+    comes back, into the output collection, as in SpiffWorkflow. The activity was once left
+    open while the instances' tasks tried to begin theirs in the same context."""
+    path = _squares(tmp_path, sequential)
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {"numbers": [1, 2, 3], "squares": [1, 4, 9], "total": 14}
+    scopes = {info["branch_id"]: instance.contexts[name] for name, info in instance.branches.items()}
+    assert sorted(scopes) == ["square#1", "square#2", "square#3"]
+    assert [scopes[f"square#{i}"].resolve("partial") for i in (1, 2, 3)] == [1, 4, 9]
+
+
+def test_a_multi_instance_call_activity_over_a_map(tmp_path: Path) -> None:
+    called = write(tmp_path, "price_one", [
+        '<bpmn:startEvent id="price_start"/>', script("price_it", "price = quantity * 3"), '<bpmn:endEvent id="price_end"/>',
+        flow("price_start", "price_it"), flow("price_it", "price_end")])
+    caller = write(tmp_path, "price_all", [
+        '<bpmn:startEvent id="start"/>', script("init", "orders = {'apples': 2, 'pears': 5}"),
+        '<bpmn:callActivity id="price_each" calledElement="price_one"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>orders</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>prices</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="quantity" name="quantity"/><bpmn:outputDataItem id="price" name="price"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:callActivity>",
+        script("total", "total = sum(prices.values())"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "price_each"), flow("price_each", "total"), flow("total", "end")])
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(caller), str(called)])
+    plain = BpmnWorkflow(parser.get_spec("price_all"), parser.get_subprocess_specs("price_all"))
+    plain.do_engine_steps()
+    engine = Engine()
+    instance = engine.run(engine.start(load_process([caller, called])))
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {
+        "orders": {"apples": 2, "pears": 5}, "prices": {"apples": 6, "pears": 15}, "total": 21}
+
+
+IO_CALLED = """
+    <bpmn:ioSpecification>
+      <bpmn:dataInput id="net" name="net"/><bpmn:dataOutput id="gross" name="gross"/>
+      <bpmn:inputSet id="inputs"><bpmn:dataInputRefs>net</bpmn:dataInputRefs></bpmn:inputSet>
+      <bpmn:outputSet id="outputs"><bpmn:dataOutputRefs>gross</bpmn:dataOutputRefs></bpmn:outputSet>
+    </bpmn:ioSpecification>"""
+
+
+def _io_processes(tmp_path: Path, prepare: str) -> list[Path]:
+    called = write(tmp_path, "add_tax", [
+        IO_CALLED, '<bpmn:startEvent id="tax_start"/>', script("tax", "rate = 0.25\ngross = net * (1 + rate)"),
+        '<bpmn:endEvent id="tax_end"/>', flow("tax_start", "tax"), flow("tax", "tax_end")])
+    caller = write(tmp_path, "invoice", [
+        '<bpmn:startEvent id="start"/>', script("prepare", prepare),
+        '<bpmn:callActivity id="add_tax_call" calledElement="add_tax"/>', script("bill", "bill = str(gross)"),
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "add_tax_call"), flow("add_tax_call", "bill"), flow("bill", "end")])
+    return [caller, called]
+
+
+def test_a_called_process_with_an_io_specification_gives_back_its_outputs_only(tmp_path: Path) -> None:
+    """SpiffWorkflow copies the data inputs in and only the data outputs out (``rate`` stays in
+    the called process); under layerflow the call once failed: the inputs were not in task data."""
+    paths = _io_processes(tmp_path, "net = 100")
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(p) for p in paths])
+    plain = BpmnWorkflow(parser.get_spec("invoice"), parser.get_subprocess_specs("invoice"))
+    plain.do_engine_steps()
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(paths)))
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {"net": 100, "gross": 125.0, "bill": "125.0"}
+    assert instance.main.resolve("activity:add_tax_call")["keys"] == ["gross"]
+
+
+def test_a_missing_data_input_names_the_call_and_the_input(tmp_path: Path) -> None:
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(_io_processes(tmp_path, "amount = 100"))))
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "add_tax_call"
+    message = instance.error["message"]
+    assert "'add_tax_call' calls 'add_tax'" in message and "'net'" in message and "dataInput" in message
+
+
+def test_instances_of_a_multi_instance_sub_process_wait_for_people_across_saves(tmp_path: Path) -> None:
+    """Each instance asks a person; the instance is loaded from the store between the answers."""
+    path = write(tmp_path, "reviews", [
+        '<bpmn:startEvent id="start"/>', script("init", "papers = ['p1', 'p2']"),
+        '<bpmn:subProcess id="review"><bpmn:multiInstanceLoopCharacteristics isSequential="true">'
+        "<bpmn:loopDataInputRef>papers</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>verdicts</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="paper" name="paper"/><bpmn:outputDataItem id="verdict" name="verdict"/>'
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:startEvent id="review_start"/>'
+        '<bpmn:userTask id="read"/>' + script("decide", "verdict = paper + ':' + grade")
+        + '<bpmn:endEvent id="review_end"/>' + flow("review_start", "read") + flow("read", "decide")
+        + flow("decide", "review_end") + "</bpmn:subProcess>",
+        '<bpmn:endEvent id="end"/>', flow("start", "init"), flow("init", "review"), flow("review", "end"),
+    ])
+    engine = Engine(f"sqlite:///{tmp_path / 'reviews.db'}")
+    instance = run_ours(path, engine=engine)
+    for grade in ("A", "B"):
+        assert instance.status == "waiting", instance.error
+        assert [w["task_id"] for w in instance.waiting_for] == ["read"]
+        instance = engine.complete_user_task(engine.load(instance.id), "read", {"grade": grade})
+    assert instance.status == "completed", instance.error
+    assert variables(engine.load(instance.id).main) == {"papers": ["p1", "p2"], "verdicts": ["p1:A", "p2:B"]}
+
+
+def _task_with_io(tmp_path: Path, prepare: str, body: str) -> Path:
+    return write(tmp_path, "task_io", [
+        '<bpmn:startEvent id="start"/>', script("prepare", prepare),
+        '<bpmn:scriptTask id="area"><bpmn:ioSpecification>'
+        '<bpmn:dataInput id="width" name="width"/><bpmn:dataInput id="height" name="height"/>'
+        '<bpmn:dataOutput id="size" name="size"/>'
+        '<bpmn:inputSet id="area_in"><bpmn:dataInputRefs>width</bpmn:dataInputRefs>'
+        "<bpmn:dataInputRefs>height</bpmn:dataInputRefs></bpmn:inputSet>"
+        '<bpmn:outputSet id="area_out"><bpmn:dataOutputRefs>size</bpmn:dataOutputRefs></bpmn:outputSet>'
+        f"</bpmn:ioSpecification><bpmn:script>{escape(body)}</bpmn:script></bpmn:scriptTask>",
+        script("label", "label = str(size) + ' m2'"), '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "area"), flow("area", "label"), flow("label", "end"),
+    ])
+
+
+def test_a_task_with_an_io_specification_reads_its_inputs_from_the_context(tmp_path: Path) -> None:
+    """SpiffWorkflow checks a task's data inputs in its task data; under layerflow (where task data
+    stays empty) the task once failed with "Missing data input" and no task id. Plain
+    SpiffWorkflow also narrows the task data to the outputs after the task; the context keeps
+    its keys (PROCESS is append-only), so only the path and the outputs are compared."""
+    path = _task_with_io(tmp_path, "width = 3\nheight = 4", "size = width * height")
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert plain_vars == {"size": 12, "label": "12 m2"}
+    assert variables(instance.main) == {"width": 3, "height": 4, "size": 12, "label": "12 m2"}
+
+
+@pytest.mark.parametrize(("prepare", "body", "words"), [
+    ("width = 3", "size = 1", ["task 'area' needs the data input(s) 'height'", "dataInput"]),
+    ("width = 3\nheight = 4", "area = width * height", ["task 'area' did not set the data output(s) 'size'",
+                                                          "dataOutput"]),
+])
+def test_a_missing_data_input_or_output_of_a_task_names_the_task(tmp_path: Path, prepare: str, body: str,
+                                                                 words: list[str]) -> None:
+    instance = run_ours(_task_with_io(tmp_path, prepare, body))
+    assert instance.status == "error" and instance.error["task_id"] == "area"
+    assert all(w in instance.error["message"] for w in words), instance.error["message"]
+
+
+# ----- a conditional event on a data object that another branch sets ----------------------------------
+
+@pytest.mark.parametrize("first", ["pack", "label"])
+def test_a_conditional_event_sees_a_data_object_set_in_another_branch(tmp_path: Path, first: str) -> None:
+    """SpiffWorkflow evaluates a conditional event over task data and the workflow's data
+    objects; under layerflow the condition saw only its own branch's context and failed."""
+    path = write(tmp_path, "wait_for_packing", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+        '<bpmn:userTask id="pack"><bpmn:dataOutputAssociation id="pack_out"><bpmn:targetRef>packed_ref'
+        "</bpmn:targetRef></bpmn:dataOutputAssociation></bpmn:userTask>",
+        '<bpmn:dataObject id="packed"/>', '<bpmn:dataObjectReference id="packed_ref" dataObjectRef="packed"/>',
+        '<bpmn:userTask id="label"/>',
+        '<bpmn:intermediateCatchEvent id="when_packed"><bpmn:conditionalEventDefinition>'
+        "<bpmn:condition>packed</bpmn:condition></bpmn:conditionalEventDefinition></bpmn:intermediateCatchEvent>",
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "pack"), flow("fork", "label"), flow("label", "when_packed"),
+        flow("pack", "join"), flow("when_packed", "join"), flow("join", "end"),
+    ])
+    answers = {"pack": {"packed": True}, "label": {"labelled": "yes"}}
+    order = [first, "label" if first == "pack" else "pack"]
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+    from SpiffWorkflow.util.task import TaskState
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("wait_for_packing"))
+    plain.do_engine_steps()
+    for task_id in order:
+        [task] = [t for t in plain.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id]
+        task.data.update(answers[task_id])
+        task.run()
+        plain.do_engine_steps()
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    for task_id in order:
+        assert instance.status == "waiting", instance.error
+        instance = engine.complete_user_task(instance, task_id, answers[task_id])
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert "when_packed" in path_of(plain)
+
+
+# ----- scripts that ask whether a variable exists -----------------------------------------------------
+
+def test_a_script_sees_every_variable_in_globals_locals_and_dir(tmp_path: Path) -> None:
+    """Under plain SpiffWorkflow a script's globals are the task data, so ``'x' in locals()`` is a
+    common test for an optional variable; layerflow loads context keys lazily and such tests
+    once saw only the names the script had already read."""
+    path = write(tmp_path, "optional_vars", [
+        '<bpmn:startEvent id="start"/>', script("set", "discount = 5\nnote = 'vip'"),
+        script("price", "price = 100\n"
+                        "if 'discount' in locals():\n    price -= discount\n"
+                        "extra = globals().get('surcharge', 0) + globals().get('discount', 0)\n"
+                        "has_note = 'note' in dir()\nhas_gift = 'gift' in vars()"),
+        '<bpmn:endEvent id="end"/>', flow("start", "set"), flow("set", "price"), flow("price", "end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == plain_vars == {"discount": 5, "note": "vip", "price": 95, "extra": 5,
+                                                      "has_note": True, "has_gift": False}
+    # reading a variable is not writing it: the activity wrote only what it set
+    assert instance.main.resolve("activity:price")["keys"] == ["price", "extra", "has_note", "has_gift"]
+
+
+# ----- an interrupting boundary event on a multi-instance activity whose instances wait --------------
+
+def _votes(tmp_path: Path, boundary: str) -> Path:
+    return write(tmp_path, "votes", [
+        '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
+        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="voter" name="voter"/><bpmn:outputDataItem id="ballot" name="ballot"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        f'<bpmn:boundaryEvent id="stop_vote" attachedToRef="vote">{boundary}</bpmn:boundaryEvent>',
+        script("void", "outcome = 'void'"), script("count", "outcome = 'counted ' + str(len(ballots))"),
+        '<bpmn:endEvent id="end_void"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
+        flow("stop_vote", "void"), flow("void", "end_void"),
+    ], '<bpmn:message id="m_stop" name="stop_vote"/>\n')
+
+
+def test_a_message_interrupts_a_multi_instance_activity_that_waits_for_people(tmp_path: Path) -> None:
+    """The activity is open while its instances wait; the message was once refused ("answer the
+    confirmation first"). It is caught, the activity closes (its writes undone), the path goes on."""
+    engine = Engine()
+    instance = run_ours(_votes(tmp_path, '<bpmn:messageEventDefinition messageRef="m_stop"/>'), engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    assert instance.status == "waiting"
+    instance = engine.send_event(instance, "stop_vote")
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["stop_vote", "void", "end_void"]
+    assert variables(instance.main) == {"voters": ["ann", "bob"], "outcome": "void"}
+    assert instance.main.current_activity is None
+
+
+def test_a_timer_interrupts_a_multi_instance_activity_that_waits_for_people(tmp_path: Path) -> None:
+    clock = _Clock()
+    engine = Engine(clock=clock)
+    path = _votes(tmp_path, '<bpmn:timerEventDefinition><bpmn:timeDuration>"P2D"</bpmn:timeDuration>'
+                            "</bpmn:timerEventDefinition>")
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    clock.now += 3 * 86400
+    instance = engine.resume(engine.load(instance.id))
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["stop_vote", "void", "end_void"]
+    assert variables(instance.main) == {"voters": ["ann", "bob"], "outcome": "void"}
+
+
+def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_its_instances(tmp_path: Path) -> None:
+    """Without spiffworkflow:scriptsOnInstances SpiffWorkflow runs a multi-instance task's preScript
+    once before it makes the instances and its postScript once after; under layerflow neither ran."""
+    path = write(tmp_path, "scripts_around", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:userTask id="rate"><bpmn:extensionElements>'
+        "<spiffworkflow:preScript>expected = len(items)</spiffworkflow:preScript>"
+        "<spiffworkflow:postScript>rated = len(ratings)</spiffworkflow:postScript></bpmn:extensionElements>"
+        "<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>"
+        "<bpmn:loopDataOutputRef>ratings</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="item" name="item"/><bpmn:outputDataItem id="stars" name="stars"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:endEvent id="end"/>', flow("start", "rate"), flow("rate", "end"),
+    ])
+    answers = {"rate": {"stars": 4}}
+    plain_wf, plain_vars = run_plain(path, {"items": ["a", "b", "c"]}, answers)
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), {"items": ["a", "b", "c"]}), answers={"user_tasks": answers})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {"items": ["a", "b", "c"], "ratings": [4, 4, 4], "expected": 3,
+                                                      "rated": 3}
+
+
+def test_a_non_interrupting_boundary_path_runs_beside_a_multi_instance_activity_that_waits(tmp_path: Path) -> None:
+    """The boundary path's tasks once failed: the activity it is attached to was open in the same
+    context. The path now runs in a branch of its own; its changes come back at the end."""
+    path = write(tmp_path, "votes_reminded", [
+        '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
+        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="voter" name="voter"/><bpmn:outputDataItem id="ballot" name="ballot"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:boundaryEvent id="nudge" attachedToRef="vote" cancelActivity="false">'
+        f'{_message_catch("m_nudge", "nudged_by")}</bpmn:boundaryEvent>',
+        script("remind", "reminder = 'sent by ' + nudged_by['who']"), '<bpmn:endEvent id="end_reminded"/>',
+        script("count", "outcome = 'counted ' + str(len(ballots))"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
+        flow("nudge", "remind"), flow("remind", "end_reminded"),
+    ], '<bpmn:message id="m_nudge" name="nudge"/>\n')
+    from SpiffWorkflow.bpmn.util import BpmnEvent
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+    from SpiffWorkflow.util.task import TaskState
+
+    def plain_vote(wf: Any, ballot: str) -> None:
+        task = wf.get_tasks(state=TaskState.READY, manual=True)[0]
+        task.data["ballot"] = ballot
+        task.run()
+        wf.do_engine_steps()
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("votes_reminded"))
+    plain.do_engine_steps()
+    plain_vote(plain, "yes")
+    [nudge] = [t for t in plain.event_manager.tasks.values() if t.task_spec.bpmn_id == "nudge"]
+    plain.send_event(BpmnEvent(nudge.task_spec.event_definition, payload={"who": "chair"}))
+    plain.do_engine_steps()
+    plain_vote(plain, "no")
+
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    instance = engine.send_event(instance, "nudge", {"who": "chair"})
+    assert instance.status == "waiting", instance.error
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "no"})
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {
+        "voters": ["ann", "bob"], "ballots": ["yes", "no"], "nudged_by": {"who": "chair"},
+        "reminder": "sent by chair", "outcome": "counted 2"}
