@@ -924,7 +924,8 @@ class _Runtime:
     def _merge_side(self, gw: str, name: str) -> str:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it
         changed since it forked, in its layer, unless the parent changed that key too (then the
-        parent's value stays and both are on the tape as ``side_conflict``). Returns the parent."""
+        parent's value stays, both are on the tape as ``side_conflict`` and the clash is listed in
+        the run's ``conflicts``, settled by that rule). Returns the parent."""
         inst = self.instance
         info = inst.branches[name]
         branch, parent = inst.contexts[name], inst.contexts[info["parent"]]
@@ -939,13 +940,26 @@ class _Runtime:
                     continue
                 current = now.get(key, _ABSENT)
                 if not _same(current, old) and not _same(current, new):
-                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new)})
+                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
+                                 "base": None if old is _ABSENT else _plain(old)})
                     continue
                 changes.append((layer, key, DELETED if new is _ABSENT else new))
         if changes:
             parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
         if kept:
             parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
+            # listed with the run's conflicts too, settled by this rule: the flow the activity is on
+            # keeps its value (the path ran beside it, from a copy); never only on the tape
+            side, own = str(info.get("branch_id") or name), str(info["parent"])
+            reason = (f"the boundary path {side!r} ran beside the activity and changed this key, and so did "
+                      f"{own!r}; the value of {own!r} stays (a boundary path never overwrites the flow it "
+                      "left); the path's value is on the tape (side_conflict)")
+            self._set_conflicts(gw, [
+                {"gateway_id": gw, "layer": k["layer"], "key": k["key"],
+                 "base_value": k["base"],
+                 "values": {side: k["dropped"], own: k["kept"]},
+                 "resolution": {"value": k["kept"], "resolver": "strategy", "reason": reason}} for k in kept],
+                resolved=True)
         info["status"] = "joined"
         info["join"] = gw
         branch.record("joined", actor=gw, data={"gateway_id": gw, "into": info["parent"]})

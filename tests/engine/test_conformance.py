@@ -637,3 +637,37 @@ def test_a_non_interrupting_boundary_path_runs_beside_a_multi_instance_activity_
     assert variables(instance.main) == plain.last_task.data == {
         "voters": ["ann", "bob"], "ballots": ["yes", "no"], "nudged_by": {"who": "chair"},
         "reminder": "sent by chair", "outcome": "counted 2"}
+
+
+def test_a_boundary_path_that_writes_a_key_the_flow_also_writes_is_a_listed_conflict(tmp_path: Path) -> None:
+    """Both the boundary path (beside the open activity) and the flow it left write ``outcome``: the
+    flow's value stays, and the clash is in the run's ``conflicts`` (documented shape, settled by
+    strategy, with its reason), not only on the tape."""
+    path = write(tmp_path, "votes_clash", [
+        '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
+        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="voter" name="voter"/><bpmn:outputDataItem id="ballot" name="ballot"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:boundaryEvent id="nudge" attachedToRef="vote" cancelActivity="false">'
+        f'{_message_catch("m_nudge", "nudged_by")}</bpmn:boundaryEvent>',
+        script("remind", "outcome = 'reminded'"), '<bpmn:endEvent id="end_reminded"/>',
+        script("count", "outcome = 'counted ' + str(len(ballots))"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
+        flow("nudge", "remind"), flow("remind", "end_reminded"),
+    ], '<bpmn:message id="m_nudge" name="nudge"/>\n')
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    instance = engine.send_event(instance, "nudge", {"who": "chair"})
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "no"})
+
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("outcome") == "counted 2"
+    [conflict] = instance.to_document()["conflicts"]
+    assert conflict["key"] == "outcome" and conflict["base_value"] is None
+    assert conflict["values"] == {"nudge": "reminded", "main": "counted 2"}
+    assert conflict["resolution"]["value"] == "counted 2" and conflict["resolution"]["resolver"] == "strategy"
+    assert "boundary path 'nudge'" in conflict["resolution"]["reason"]
+    [note] = [e for e in instance.main.tape if e.data.get("note") == "side_conflict"]
+    assert note.data["keys"][0]["dropped"] == "reminded"
