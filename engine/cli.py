@@ -22,8 +22,8 @@ from typing import Any, NoReturn
 import click
 
 from context_layers import Layer, LayeredContext, thaw
-from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError
-from context_layers.stores import InstanceNotFound
+from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
+from context_layers.stores import InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer
@@ -238,8 +238,8 @@ def _engine(store: str | None, model: str | None, out: _Out, as_json: bool) -> E
     url = store or default_store_url()
     try:
         st = open_store(url)
-    except LayerflowError as err:
-        _fail(str(err), as_json=as_json)
+    except LayerflowError as err:  # the store --store / $LAYERFLOW_STORE names cannot be used: bad input
+        _fail(str(err), as_json=as_json, kind=err.kind)
     return Engine(st, model=model, progress=_progress(out))
 
 
@@ -258,7 +258,33 @@ _model_option = click.option("--model", "model", default=None, metavar="NAME",
                              help="model for activities with llm config (litellm name); none: offline handlers")
 
 
-@click.group()
+class _Command(click.Command):
+    """A command whose store errors end it as the CLI's other errors do (a message on stderr or
+    the ``--json`` document, exit 1), never as a traceback: another writer saved the instance
+    first (a second ``layerflow resume``, a worker, the REST API), or the store went away or
+    refuses writes (a read-only file) while the command ran."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        as_json = bool(ctx.params.get("as_json"))
+        try:
+            return super().invoke(ctx)
+        except VersionConflict as err:
+            iid = getattr(err, "instance_id", None) or "ID"
+            _fail(f"instance {iid!r} was saved by another process while this command ran (a second `layerflow "
+                  f"resume`, a worker, the REST API): this command expected version {getattr(err, 'expected', '?')}, "
+                  f"the store holds {getattr(err, 'actual', '?')}. Its last save was refused and nothing of it was "
+                  f"written; what the other process saved stands. `layerflow inspect {iid}` shows the instance now; "
+                  f"`layerflow resume {iid}` continues it if it still waits", EXIT_ERROR, as_json=as_json,
+                  kind=err.kind, details={"instance_id": iid})
+        except StoreError as err:
+            _fail(str(err), EXIT_ERROR, as_json=as_json, kind=err.kind)
+
+
+class _Commands(click.Group):
+    command_class = _Command
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="layerflow")
 def main() -> None:
     """layerflow: BPMN processes with a governed, layered context per activity."""

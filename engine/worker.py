@@ -146,6 +146,9 @@ def queue_client(store_url: str | None = None, queue_url: str | None = None) -> 
     if not url:
         raise LayerflowError(f"workers take instances from a Redis stream, and store {store_url!r} is not Redis: "
                              "pass queue_url= / --queue redis://HOST:PORT/DB (or set LAYERFLOW_QUEUE)")
+    from context_layers.stores.redis import check_redis_url
+
+    check_redis_url(url)
     return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
 
 

@@ -119,11 +119,13 @@ def open_store(url: str, **options: Any) -> Store:
         from .redis import RedisStore
 
         parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query))
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))  # ?prefix= is an error, not the default
         prefix = query.pop("prefix", None)
         if prefix is not None:
             options.setdefault("prefix", prefix)
-        return RedisStore(urlunsplit(parts._replace(query=urlencode(query))), **options)
+        if prefix is not None:  # rebuilt only then: urlunsplit would turn redis:///0 into redis:/0
+            url = urlunsplit(parts._replace(query=urlencode(query)))
+        return RedisStore(url, **options)
     raise InvalidStoreURL(f"store URL {url!r} has the unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
 
 

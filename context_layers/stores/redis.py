@@ -26,6 +26,7 @@ import json
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from .base import (
     STORE_FORMAT,
@@ -35,6 +36,7 @@ from .base import (
     InstanceExists,
     InstanceNotFound,
     InstanceSummary,
+    InvalidStoreURL,
     PreparedSnapshot,
     PreparedWrite,
     StoreError,
@@ -60,7 +62,46 @@ try:
 except ImportError as exc:  # pragma: no cover - redis is a dependency; keep the message useful anyway
     raise ImportError("the redis store needs redis-py: pip install 'redis>=5'") from exc
 
-__all__ = ["RedisStore", "map_redis_error"]
+__all__ = ["RedisStore", "map_redis_error", "check_redis_url"]
+
+
+#: URL query options besides ``prefix``: what redis-py parses, and the connection settings it
+#: passes on by name. Anything else would reach redis-py as an unknown keyword (a TypeError on
+#: the first command), so it is refused up front with the list.
+_URL_OPTIONS = frozenset(getattr(_redis.connection, "URL_QUERY_ARGUMENT_PARSERS", {})) | {
+    "db", "socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry_on_timeout", "max_connections",
+    "health_check_interval", "client_name", "username", "password", "protocol", "ssl_cert_reqs", "ssl_ca_certs",
+    "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname", "ssl_ciphers"}
+
+
+def check_redis_url(url: str) -> None:
+    """``InvalidStoreURL`` naming what is wrong with a redis URL (given without ``prefix``):
+    redis-py would take ``/abc`` or ``/0/x`` as database 0, pass an unknown ``?option`` on as a
+    keyword, and fail on a bad port only with a bare ValueError."""
+    shown = _redact(url)
+    form = "redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME]"
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("redis", "rediss"):
+        if not parts.hostname:
+            raise InvalidStoreURL(f"redis store URL {shown} names no host; write {form}")
+        try:
+            parts.port
+        except ValueError:
+            raise InvalidStoreURL(f"redis store URL {shown}: the port is not a number; write {form}") from None
+        path = parts.path.strip("/")
+        if path and not path.isdigit():
+            raise InvalidStoreURL(f"redis store URL {shown}: the database {path!r} is not a number; write {form} "
+                                  "with DB a number such as 0")
+    for name, _value in parse_qsl(parts.query, keep_blank_values=True):
+        if name not in _URL_OPTIONS:
+            raise InvalidStoreURL(f"redis store URL {shown}: unknown option {name!r}; it takes prefix= and "
+                                  f"redis-py's {', '.join(sorted(_URL_OPTIONS))}")
+
+
+def _db_of(url: str) -> str:
+    path = urlsplit(url).path.strip("/")
+    return path or dict(parse_qsl(urlsplit(url).query)).get("db", "0")
 
 # KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9.. tapes
 # ARGV: 1 mode (create | save | side), 2 expected version or "", 3 record or "", 4 process_id, 5 status,
@@ -171,11 +212,13 @@ return 1
 
 def map_redis_error(exc: BaseException, url: str) -> StoreError:
     """redis-py exceptions -> the store's (the one place they are mapped)."""
-    if isinstance(exc, (_redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError)):
-        return StoreUnavailable(f"redis store {url}: {type(exc).__name__}: {exc}. Is redis-server running? "
-                                "A save interrupted this way may or may not have been applied: reload the instance")
+    # AuthenticationError is a ConnectionError: ask it first
     if isinstance(exc, _redis.exceptions.AuthenticationError):
         return StoreUnavailable(f"redis store {url}: {exc}; put the password in the URL (redis://:PASSWORD@host)")
+    if isinstance(exc, (_redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError)):
+        return StoreUnavailable(f"redis store {url}: {type(exc).__name__}: {str(exc).rstrip('.')}. Is redis-server "
+                                "running? A save interrupted this way may or may not have been applied: reload the "
+                                "instance")
     return StoreError(f"redis store {url}: {type(exc).__name__}: {exc}")
 
 
@@ -185,16 +228,38 @@ class RedisStore:
         self.url = url
         self.prefix = prefix
         self._url_for_errors = _redact(url)
-        with self._mapped():
-            self.redis: Any = client if client is not None else _redis.Redis.from_url(
-                url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
-            self._write_script = self.redis.register_script(_WRITE)
-            self._answer_script = self.redis.register_script(_ANSWER)
-            self._delete_script = self.redis.register_script(_DELETE)
-            self._lease_script = self.redis.register_script(_LEASE)
-            meta = self._k("meta")
-            self.redis.hsetnx(meta, "format", STORE_FORMAT)
-            check_format(f"redis store {self._url_for_errors} prefix {prefix!r}", self.redis.hget(meta, "format"))
+        if not isinstance(prefix, str) or not prefix or ":" in prefix:
+            raise InvalidStoreURL(f"redis store {self._url_for_errors}: prefix {prefix!r} is not usable; give a "
+                                  "non-empty name without ':' (?prefix=NAME), or leave it out for 'layerflow'")
+        if client is None:
+            check_redis_url(url)
+        try:
+            with self._mapped():
+                self.redis: Any = client if client is not None else _redis.Redis.from_url(
+                    url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
+                self._write_script = self.redis.register_script(_WRITE)
+                self._answer_script = self.redis.register_script(_ANSWER)
+                self._delete_script = self.redis.register_script(_DELETE)
+                self._lease_script = self.redis.register_script(_LEASE)
+                meta = self._k("meta")
+                self.redis.hsetnx(meta, "format", STORE_FORMAT)
+                check_format(f"redis store {self._url_for_errors} prefix {prefix!r}", self.redis.hget(meta, "format"))
+        except ValueError as exc:  # redis-py's own URL parsing
+            raise InvalidStoreURL(f"redis store URL {self._url_for_errors}: {exc}; write "
+                                  "redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME]") from None
+        except StoreUnavailable as exc:
+            cause = exc.__cause__
+            if isinstance(cause, _redis.exceptions.AuthenticationError):
+                raise
+            raise StoreUnavailable(f"cannot reach the redis store {self._url_for_errors} "
+                                   f"({type(cause).__name__}: {str(cause).rstrip('.')}); nothing was read or written. "
+                                   "Start redis-server there, or point --store / $LAYERFLOW_STORE at a server that "
+                                   "answers") from cause
+        except StoreError as exc:
+            if "DB index is out of range" in str(exc):
+                raise InvalidStoreURL(f"redis store URL {self._url_for_errors}: that server has no database "
+                                      f"{_db_of(url)} (a Redis has 16 by default, 0-15); use one it has") from None
+            raise
 
     def __repr__(self) -> str:
         return f"<RedisStore {self._url_for_errors} prefix={self.prefix!r}>"

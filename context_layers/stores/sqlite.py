@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS leases (instance_id TEXT PRIMARY KEY, owner TEXT NOT 
 
 @contextlib.contextmanager
 def _mapped(path: str) -> Iterator[None]:
-    """sqlite3 errors -> StoreError (the one place they are mapped)."""
+    """sqlite3 errors -> StoreError (the one place they are mapped), saying what to do."""
     try:
         yield
     except sqlite3.OperationalError as exc:
@@ -79,7 +79,21 @@ def _mapped(path: str) -> Iterator[None]:
         if "locked" in text or "busy" in text:
             raise StoreUnavailable(f"sqlite store {path!r} stayed locked by another writer ({text}); nothing was "
                                    "written. Retry, or raise busy_timeout") from exc
+        if "readonly" in text or "read-only" in text:
+            raise StoreError(f"sqlite store {path!r} is read-only ({text}); nothing was written. Make the file and "
+                             "its folder writable by this user (SQLite writes -wal and -shm files beside it), or "
+                             "point --store / $LAYERFLOW_STORE at a writable copy") from exc
+        if "unable to open" in text:
+            raise StoreError(f"cannot open sqlite store {path!r} ({text}): the path must name a file (not a folder) "
+                             "in a folder this user can write (SQLite creates -wal and -shm files beside it); fix "
+                             "the path in --store / $LAYERFLOW_STORE or the permissions") from exc
         raise StoreError(f"sqlite store {path!r}: {text}") from exc
+    except sqlite3.DatabaseError as exc:
+        if "not a database" in str(exc) or "malformed" in str(exc):
+            raise StoreError(f"sqlite store {path!r} is not a layerflow store or is damaged ({exc}); nothing was "
+                             "written. Point --store / $LAYERFLOW_STORE at another file, or restore this one from a "
+                             "backup") from exc
+        raise StoreError(f"sqlite store {path!r}: {type(exc).__name__}: {exc}") from exc
     except sqlite3.Error as exc:
         raise StoreError(f"sqlite store {path!r}: {type(exc).__name__}: {exc}") from exc
 
@@ -97,7 +111,11 @@ class SQLiteStore:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot open sqlite store {self.path!r}: its folder cannot be created "
+                             f"({exc.strerror or exc}); fix the path in --store / $LAYERFLOW_STORE") from None
         with self._tx() as c:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
