@@ -54,6 +54,12 @@ outage of ``max_deliveries`` x ``idle_ms`` (2.5 minutes by default) would move e
 entry in flight to the dead letters. The price: an entry that itself makes the store
 report "unavailable" every time is retried every ``idle_ms``, with a warning each time.
 
+**The queue's own outage.** When the queue's Redis stops answering, a running worker
+logs a warning and retries (backing off up to 10 s) instead of dying; an entry it had in
+hand stays pending and is taken over as usual. ``submit`` checks that the queue answers
+before it creates the instance, and deletes the instance again if the XADD fails, so no
+``running`` instance is left that no worker will hear of.
+
 ``requeue`` puts a dead letter back on the ready stream with a fresh count once its
 cause is fixed (XADD there and XDEL from the dead letters, one MULTI/EXEC).
 
@@ -150,6 +156,22 @@ def queue_client(store_url: str | None = None, queue_url: str | None = None) -> 
 
     check_redis_url(url)
     return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
+
+
+def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
+    """The error for a queue Redis that does not answer, naming it (without a password)."""
+    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
+    where = (f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}" if "host" in kw
+             else str(kw.get("path", "?")))
+    return StoreUnavailable(f"the queue's Redis {where} did not answer ({type(err).__name__}: "
+                            f"{str(err).rstrip('.')}); start redis-server there, or point --queue / "
+                            "$LAYERFLOW_QUEUE (or a redis:// --store) at one that answers")
+
+
+def _redis_down() -> tuple[type[BaseException], ...]:
+    import redis
+
+    return (redis.ConnectionError, redis.TimeoutError)
 
 
 def dead_stream_of(stream: str) -> str:
@@ -291,10 +313,18 @@ def submit(store_url: str | Store, process_path: str | Path, data: Mapping[str, 
     """
     store = _store(store_url)
     process = load_process(process_path, process_id, config=config)
-    instance = _engine(store, None, None).start(process, data, instance_id=instance_id)
     client = client or queue_client(store.url, queue_url)
-    _ensure_group(client, stream, group)
-    enqueue(client, instance.id, stream=stream)
+    try:
+        _ensure_group(client, stream, group)  # the queue answers before anything is created
+    except _redis_down() as err:
+        raise _queue_down(client, err) from err
+    instance = _engine(store, None, None).start(process, data, instance_id=instance_id)
+    try:
+        enqueue(client, instance.id, stream=stream)
+    except _redis_down() as err:
+        # no `running` instance that no worker will ever hear of
+        store.delete(instance.id)
+        raise _queue_down(client, err) from err
     return instance.id
 
 
@@ -352,24 +382,37 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     ttl = lease_ttl if lease_ttl is not None else idle_ms / 1000
     stats = WorkerStats(consumer)
     stop = stop or threading.Event()
-    _ensure_group(client, stream, group)
-    client.xgroup_createconsumer(stream, group, consumer)  # visible in XINFO CONSUMERS before its first entry
+    try:
+        _ensure_group(client, stream, group)
+        client.xgroup_createconsumer(stream, group, consumer)  # visible in XINFO CONSUMERS before its first entry
+    except _redis_down() as err:
+        raise _queue_down(client, err) from err
     restore = _stop_on_signals(stop)
     cursor = "0-0"
+    pause = 0.0
     try:
         while not stop.is_set() and (stop_after is None or stats.acked + stats.dead < stop_after):
-            # entries of dead workers first, then new ones
-            cursor, claimed, _deleted = client.xautoclaim(stream, group, consumer, min_idle_time=idle_ms,
-                                                          start_id=cursor, count=1)
-            entries = [(eid, fields) for eid, fields in claimed if fields]
-            stats.reclaimed += len(entries)
-            taken_over = bool(entries)
-            if not entries:
-                reply = client.xreadgroup(group, consumer, {stream: ">"}, count=1, block=block_ms)
-                entries = [e for _, batch in reply for e in batch]
-            for entry_id, fields in entries:
-                _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
-                        taken_over=taken_over)
+            try:
+                # entries of dead workers first, then new ones
+                cursor, claimed, _deleted = client.xautoclaim(stream, group, consumer, min_idle_time=idle_ms,
+                                                              start_id=cursor, count=1)
+                entries = [(eid, fields) for eid, fields in claimed if fields]
+                stats.reclaimed += len(entries)
+                taken_over = bool(entries)
+                if not entries:
+                    reply = client.xreadgroup(group, consumer, {stream: ">"}, count=1, block=block_ms)
+                    entries = [e for _, batch in reply for e in batch]
+                for entry_id, fields in entries:
+                    _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
+                            taken_over=taken_over)
+                pause = 0.0
+            except _redis_down() as err:
+                # the queue went away (restart, failover): an entry in hand stays pending and is
+                # taken over later; the worker waits for the queue instead of dying
+                stats.failures += 1
+                pause = min(max(pause * 2, 0.5), 10.0)
+                log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
+                stop.wait(pause)
     finally:
         restore()
     return stats

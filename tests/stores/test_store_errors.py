@@ -186,3 +186,22 @@ def _title(tmp_path: Path) -> str:
     path = tmp_path / "title.json"
     path.write_text('{"title": "T"}')
     return str(path)
+
+
+# ----------------------------------------------------------------------------- the queue
+
+def test_submit_to_a_queue_that_does_not_answer_leaves_nothing(tmp_path):
+    from engine.worker import submit
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with pytest.raises(StoreUnavailable, match=r"the queue's Redis redis://127.0.0.1:1/0 did not answer"):
+        submit(url, ROOT / "bpmn_examples" / "loan_approval.bpmn", {"amount": 1}, queue_url="redis://127.0.0.1:1/0")
+    assert open_store(url).list_instances() == [], "no `running` instance that no worker will hear of"
+
+
+def test_a_worker_whose_queue_does_not_answer_says_so(tmp_path):
+    result = invoke("worker", "--store", f"sqlite:///{tmp_path / 'store.db'}", "--queue", "redis://127.0.0.1:1/0",
+                    "--stop-after", "1", "--json")
+    assert result.exit_code == 1
+    error = json_error(result)
+    assert error["kind"] == "store_unavailable" and "--queue" in error["message"]
