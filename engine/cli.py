@@ -11,11 +11,13 @@ model call.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -457,6 +459,35 @@ def _load(engine: Engine, instance_id: str, as_json: bool) -> Instance:
         _fail(str(err), EXIT_ERROR, as_json=as_json, kind=err.kind)
 
 
+LEASE_TTL = 60.0  # seconds; renewed every third of it while the command runs
+
+
+@contextlib.contextmanager
+def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
+    """Hold the instance's lease while a command runs it, as a worker does: a worker that is
+    handed the instance meanwhile leaves it alone, and a second ``resume`` is refused up front
+    instead of running the same activities and losing at the save."""
+    from .worker import _Heartbeat
+
+    store = getattr(engine.store, "store", engine.store)
+    if not callable(getattr(store, "acquire_lease", None)):
+        yield
+        return
+    owner = f"cli-{socket.gethostname()}-{os.getpid()}"
+    if not store.acquire_lease(instance_id, owner, LEASE_TTL):
+        holder = store.lease_owner(instance_id) or "another process"
+        _fail(f"instance {instance_id!r} is being run by {holder} right now (it holds the instance's lease); nothing "
+              f"was changed. Wait until it is at rest (`layerflow inspect {instance_id}`), then resume it if it "
+              "still waits", as_json=as_json, kind="invalid_state", details={"instance_id": instance_id})
+    heartbeat = _Heartbeat(store, instance_id, owner, LEASE_TTL)
+    try:
+        yield
+    finally:
+        heartbeat.stop()
+        with contextlib.suppress(LayerflowError):
+            store.release_lease(instance_id, owner)
+
+
 @main.command()
 @click.argument("instance_id")
 @_answers_option
@@ -473,48 +504,49 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
     engine = _engine(store, model, out, as_json)
-    instance = _load(engine, instance_id, as_json)
-    if instance.status == "completed":
-        _summary(out, instance)
-        sys.exit(EXIT_OK)
-    if sets:
-        values = {}
-        for item in sets:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                _fail(f"--set {item!r}: write KEY=VALUE", as_json=as_json)
-            values[key] = _parse_value(value)
-        if instance.status != "error":  # into the main context: as REST inject, never under open branches
-            from .governance import GovernanceService
+    with _holding(engine, instance_id, as_json):
+        instance = _load(engine, instance_id, as_json)
+        if instance.status == "completed":
+            _summary(out, instance)
+            sys.exit(EXIT_OK)
+        if sets:
+            values = {}
+            for item in sets:
+                key, sep, value = item.partition("=")
+                if not sep or not key:
+                    _fail(f"--set {item!r}: write KEY=VALUE", as_json=as_json)
+                values[key] = _parse_value(value)
+            if instance.status != "error":  # into the main context: as REST inject, never under open branches
+                from .governance import GovernanceService
 
+                try:
+                    GovernanceService._writable(instance, instance.main, "--set")
+                except LayerflowError as err:
+                    _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
             try:
-                GovernanceService._writable(instance, instance.main, "--set")
+                engine.inject(instance, values, actor="operator")
             except LayerflowError as err:
-                _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                _fail(f"--set: {err}", as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+        source = _answers_source(answers_file, answer)
+        _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
+        _user_task_answers_are_objects(instance.process, answer, as_json)
+        _unused_answers(out, instance, answers, answer)
+        for key, value in answers["confirmations"].items():
+            if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
+                try:
+                    instance = engine.answer_confirmation(instance, key, value, run=False)
+                except InvalidAnswer as err:
+                    _invalid_answer(out, instance, err, source)
+                except ActivityError as err:  # not an offered option: nothing was applied
+                    _invalid_answer(out, instance, InvalidAnswer(str(err)), source, getattr(err, "task_id", None))
+                except LayerflowError as err:
+                    _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
         try:
-            engine.inject(instance, values, actor="operator")
-        except LayerflowError as err:
-            _fail(f"--set: {err}", as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
-    source = _answers_source(answers_file, answer)
-    _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
-    _user_task_answers_are_objects(instance.process, answer, as_json)
-    _unused_answers(out, instance, answers, answer)
-    for key, value in answers["confirmations"].items():
-        if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
-            try:
-                instance = engine.answer_confirmation(instance, key, value, run=False)
-            except InvalidAnswer as err:
-                _invalid_answer(out, instance, err, source)
-            except ActivityError as err:  # not an offered option: nothing was applied
-                _invalid_answer(out, instance, InvalidAnswer(str(err)), source, getattr(err, "task_id", None))
-            except LayerflowError as err:
-                _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
-    try:
-        instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
-    except InvalidAnswer as err:
-        _invalid_answer(out, instance, err, source)
-    _summary(out, instance)
-    sys.exit(_exit_code(instance))
+            instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+        except InvalidAnswer as err:
+            _invalid_answer(out, instance, err, source)
+        _summary(out, instance)
+        sys.exit(_exit_code(instance))
 
 
 @main.command()

@@ -205,3 +205,42 @@ def test_a_worker_whose_queue_does_not_answer_says_so(tmp_path):
     assert result.exit_code == 1
     error = json_error(result)
     assert error["kind"] == "store_unavailable" and "--queue" in error["message"]
+
+
+# ----------------------------------------------------------------------------- leases on the CLI
+
+def test_resume_is_refused_while_a_worker_runs_the_instance(tmp_path):
+    """A worker (or another `resume`) holds the instance's lease: `resume` changes nothing and
+    says who holds it, instead of running the same activities beside it."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    iid = json.loads(invoke("run", str(REVIEW), "--data", _title(tmp_path), "--store", url, "--json").stdout)[
+        "instance_id"]
+    store = open_store(url)
+    before = store.load(iid)
+    assert store.acquire_lease(iid, "worker-7", 30)
+    result = invoke("resume", iid, "--answer", ANSWER, "--store", url, "--json")
+    assert result.exit_code == 2
+    error = json_error(result)
+    assert error["kind"] == "invalid_state" and "worker-7" in error["message"] and error["instance_id"] == iid
+    assert store.load(iid) == before and store.lease_owner(iid) == "worker-7"
+    store.release_lease(iid, "worker-7")
+    assert invoke("resume", iid, "--answer", ANSWER, "--store", url, "--json").exit_code == 0
+
+
+def test_resume_holds_the_lease_while_it_runs(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    iid = json.loads(invoke("run", str(REVIEW), "--data", _title(tmp_path), "--store", url, "--json").stdout)[
+        "instance_id"]
+    store = open_store(url)
+    original = RuntimeEngine.resume
+    owners = []
+
+    def resume(self, instance, **kwargs):
+        owners.append(store.lease_owner(instance.id))
+        assert not store.acquire_lease(instance.id, "a-worker", 30), "a worker handed the instance leaves it alone"
+        return original(self, instance, **kwargs)
+
+    monkeypatch.setattr(RuntimeEngine, "resume", resume)
+    assert invoke("resume", iid, "--answer", ANSWER, "--store", url, "--json").exit_code == 0
+    assert len(owners) == 1 and owners[0].startswith("cli-")
+    assert store.lease_owner(iid) is None, "released when the command ends"
