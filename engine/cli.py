@@ -26,6 +26,7 @@ import click
 from context_layers import Layer, LayeredContext, thaw
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, StoreError
+from context_layers.stores import Store as LeaseStore
 
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer
@@ -470,7 +471,7 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
     from .worker import _Heartbeat
 
     store = getattr(engine.store, "store", engine.store)
-    if not callable(getattr(store, "acquire_lease", None)):
+    if not isinstance(store, LeaseStore):  # an engine on a records-only store: nothing to hold
         yield
         return
     owner = f"cli-{socket.gethostname()}-{os.getpid()}"
