@@ -575,14 +575,15 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
         except ValueError as err:
             _fail(f"--json-payload is not valid JSON: {err}", as_json=as_json)
     engine = _engine(store, model, out, as_json)
-    instance = _load(engine, instance_id, as_json)
-    kind = "signal" if signal else "message"
-    try:
-        instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
-    except LayerflowError as err:
-        _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ")
-    _summary(out, instance)
-    sys.exit(_exit_code(instance))
+    with _holding(engine, instance_id, as_json):  # as resume: never beside a worker or another command
+        instance = _load(engine, instance_id, as_json)
+        kind = "signal" if signal else "message"
+        try:
+            instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
+        except LayerflowError as err:
+            _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ")
+        _summary(out, instance)
+        sys.exit(_exit_code(instance))
 
 
 @main.command("list")

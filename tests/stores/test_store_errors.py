@@ -244,3 +244,20 @@ def test_resume_holds_the_lease_while_it_runs(tmp_path, monkeypatch):
     assert invoke("resume", iid, "--answer", ANSWER, "--store", url, "--json").exit_code == 0
     assert len(owners) == 1 and owners[0].startswith("cli-")
     assert store.lease_owner(iid) is None, "released when the command ends"
+
+
+def test_send_is_refused_while_a_worker_runs_the_instance(tmp_path):
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    claim = tmp_path / "claim.json"
+    claim.write_text('{"claim_id": "CL-1"}')
+    iid = json.loads(invoke("run", str(ROOT / "bpmn_examples" / "message_wait.bpmn"), "--data", str(claim),
+                            "--store", url, "--json").stdout)["instance_id"]
+    store = open_store(url)
+    before = store.load(iid)
+    assert store.acquire_lease(iid, "worker-7", 30)
+    result = invoke("send", iid, "documents_received", "--json-payload", '{"files": []}', "--store", url, "--json")
+    assert result.exit_code == 2 and "worker-7" in json_error(result)["message"]
+    assert store.load(iid) == before
+    store.release_lease(iid, "worker-7")
+    result = invoke("send", iid, "documents_received", "--json-payload", '{"files": []}', "--store", url, "--json")
+    assert result.exit_code in (0, 3) and store.lease_owner(iid) is None
