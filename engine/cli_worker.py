@@ -35,6 +35,21 @@ _dead_stream = click.option("--dead-stream", default=None, metavar="STREAM",
                             help="Redis stream of dead letters (default: the --stream name + ':dead')")
 
 
+def _shared_store(store: str | None, command: str, as_json: bool) -> str:
+    """The store URL for ``submit`` / ``worker``: one the other side can see. An unnamed
+    ``memory://`` is a fresh store of this process alone: a submitted instance would vanish
+    when ``submit`` exits and a worker would find nothing, so it is refused. ``memory://NAME``
+    is left alone: code in one process (tests, threads) shares it on purpose."""
+    url = store or default_store_url()
+    scheme, _, name = url.partition("://")
+    if scheme.lower() == "memory":
+        if not name.strip("/"):
+            _fail(f"{command}: store {url!r} lives only in this process, so what {command} does there is lost when "
+                  "it exits and no other process sees it; use --store sqlite:///FILE (workers on this machine) or "
+                  "redis://HOST:PORT/DB (workers anywhere)", as_json=as_json, kind="invalid_config")
+    return url
+
+
 @main.group("worker", invoke_without_command=True)
 @_store
 @_queue
@@ -69,7 +84,7 @@ def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("layerflow.worker").setLevel(logging.INFO)
     try:
-        stats = run_worker(store or default_store_url(), queue_url=queue, stream=stream, group=group,
+        stats = run_worker(_shared_store(store, "worker", as_json), queue_url=queue, stream=stream, group=group,
                            consumer=consumer, idle_ms=idle_ms, stop_after=stop_after, model=model,
                            max_deliveries=max_deliveries, dead_stream=dead_stream)
     except LayerflowError as err:
@@ -152,7 +167,7 @@ def submit_command(bpmn: str, config: str | None, process_id: str | None, data_f
     """Create instances of a process and put them on the stream for the workers."""
     data = _read_mapping(data_file, "data", as_json)
     try:
-        target = open_store(store or default_store_url())
+        target = open_store(_shared_store(store, "submit", as_json))
         client = queue_client(target.url, queue)
         ids = [submit(target, bpmn, data, config=config, process_id=process_id, stream=stream, group=group,
                       client=client) for _ in range(count)]

@@ -261,3 +261,14 @@ def test_send_is_refused_while_a_worker_runs_the_instance(tmp_path):
     store.release_lease(iid, "worker-7")
     result = invoke("send", iid, "documents_received", "--json-payload", '{"files": []}', "--store", url, "--json")
     assert result.exit_code in (0, 3) and store.lease_owner(iid) is None
+
+
+@pytest.mark.parametrize("command", [["submit", str(ROOT / "bpmn_examples" / "loan_approval.bpmn")],
+                                     ["worker", "--stop-after", "1"]])
+def test_workers_refuse_a_store_of_their_own_process(command):
+    """`submit --store memory://` used to report an instance id that no worker could ever find."""
+    result = invoke(*command, "--store", "memory://", "--queue", "redis://127.0.0.1:1/0", "--json")
+    assert result.exit_code == 2
+    error = json_error(result)
+    assert error["kind"] == "invalid_config" and "lives only in this process" in error["message"]
+    assert "sqlite:///FILE" in error["message"]
