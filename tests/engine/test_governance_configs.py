@@ -419,3 +419,40 @@ split:
                      ("b1", "compressRules.0.action"), ("join", "mergeStrategy"), ("join", "reducers.a"),
                      ("join", "attentionThresholds.densty"), ("split", "branches.0.id")}
     assert all(Path(p["file"]).name == "v.layerflow.yaml" and p["line"] for p in doc["problems"])
+
+
+def test_validate_warns_about_join_settings_where_no_join_reads_them(tmp_path: Path) -> None:
+    bpmn = write(tmp_path, "j", fork("j", "x = 1", [("b1", "y = 1"), ("b2", "z = 1")]), """
+split:
+  mergeStrategy: FAIL_ON_CONFLICT
+prepare:
+  reducers: {tags: union}
+  conflictPolicy: {rankings: {x: [1, 2]}}
+  mergeStrategy: MERGE_WITH_CONFLICT_DETECT    # the default, as the seed writes it on an activity
+join:
+  mergeStrategy: LAST_WRITER_WINS
+  reducers: {score: sum}
+""")
+    rc, doc, err = cli("validate", str(bpmn), "--json")
+    assert rc == 0, err    # warnings: the process still runs
+    warned = {(p["element_id"], p["field"]) for p in doc["problems"]
+              if p["code"] == "join_config_on_non_join" and p["severity"] == "warning"}
+    assert warned == {("split", "mergeStrategy"), ("prepare", "reducers"), ("prepare", "conflictPolicy")}
+    message = next(p["message"] for p in doc["problems"] if p["element_id"] == "split")
+    assert "'join'" in message
+
+
+def test_a_knowledge_collection_that_is_not_there_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "knowledge" / "faq").mkdir(parents=True)
+    (tmp_path / "knowledge" / "faq" / "returns.md").write_text(FAQ)
+    cfg = {"knowledgeConfig": {"ragCollections": ["faq", "fqa"], "query": "warranty"}}
+    bpmn = write(tmp_path, "k", chain("k", [("prep", "x = 1"), ("lookup", "y = 2")], {"lookup": cfg}))
+    rc, doc, err = cli("validate", str(bpmn), "--json")
+    assert rc == 0, err
+    [problem] = [p for p in doc["problems"] if p["code"] == "knowledge_collection_not_found"]
+    assert problem["element_id"] == "lookup" and problem["field"] == "knowledgeConfig.ragCollections.1"
+    assert problem["severity"] == "warning" and "'fqa'" in problem["message"] and "'faq'" in problem["message"]
+    engine = Engine("memory://")
+    inst = engine.run(engine.start(load_process(bpmn), {}))
+    [event] = [e for e in inst.main.tape if e.data.get("note") == "retrieval"]
+    assert event.data["missing"] == ["fqa"] and event.data["kept"] == 1
