@@ -456,3 +456,18 @@ def test_a_knowledge_collection_that_is_not_there_is_reported(tmp_path: Path) ->
     inst = engine.run(engine.start(load_process(bpmn), {}))
     [event] = [e for e in inst.main.tape if e.data.get("note") == "retrieval"]
     assert event.data["missing"] == ["fqa"] and event.data["kept"] == 1
+
+
+@pytest.mark.parametrize("prepare, branches, reducer, words", [
+    ('s = "a"', [("b1", 's = "ab"'), ("b2", 's = "ac"')], {"s": "sum"}, ["'sum'", "'s'", "(string)", "not a number"]),
+    ('d = {"a": 1}', [("b1", 'd = {"a": 2}'), ("b2", 'd = {"a": 3}')], {"d": "max"}, ["'max'", "'d'", "(object)"]),
+    ("u = 1", [("b1", "u = 2"), ("b2", "u = 3")], {"u": "union"}, ["'union'", "'u'", "(number)", "not a list"]),
+    ("l = [1]", [("b1", "l = l + [2]"), ("b2", "del l")], {"l": "append"}, ["'append'", "'l'", "deleted"]),
+])
+def test_a_reducer_that_cannot_combine_stops_the_join_with_key_and_json_type(
+        tmp_path: Path, prepare: str, branches: list[tuple[str, str]], reducer: dict[str, str], words: list[str]) -> None:
+    _, inst = run(tmp_path, fork("r", prepare, branches, configs={"join": {"reducers": reducer}}))
+    assert inst.status == "error" and inst.error["task_id"] == "join"
+    for word in words:
+        assert word in inst.error["message"]
+    assert "FrozenDict" not in inst.error["message"]
