@@ -471,3 +471,23 @@ def test_a_reducer_that_cannot_combine_stops_the_join_with_key_and_json_type(
     for word in words:
         assert word in inst.error["message"]
     assert "FrozenDict" not in inst.error["message"]
+
+
+REDUNDANT_STEPS = [("a1", f'n1 = "{para(3)}"'), ("a2", f'n2 = "{para(3)} again"'), ("a3", f'n3 = "{para(5)}"'),
+                   ("a4", "x = 1")]
+
+
+@pytest.mark.parametrize("config, fires", [
+    # written out, a threshold fires as written, whatever compressTokenThreshold says
+    ({"compressTokenThreshold": 4000, "attentionThresholds": {**QUIET, "redundancy": 0.1}}, True),
+    ({"contextStrategy": {"compressTokenThreshold": 4000, "attentionThresholds": {"redundancy": 0.1}}}, True),
+    # DESIGN.md's defaults wait until the context reaches the cliff target (ratio x threshold)
+    ({"compressTokenThreshold": 4000}, False),
+])
+def test_written_attention_thresholds_fire_beside_a_token_threshold(tmp_path: Path, config: dict[str, Any],
+                                                                    fires: bool) -> None:
+    _, inst = run(tmp_path, chain("r", REDUNDANT_STEPS, {"a4": config}))
+    assert inst.status == "completed"
+    assert [c["triggers"] for c in inst.compressions] == ([["redundancy"]] if fires else [])
+    if fires:
+        assert "n1" not in inst.main.layer(Layer.HISTORY) and "n2" in inst.main.layer(Layer.HISTORY)
