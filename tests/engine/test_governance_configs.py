@@ -491,3 +491,22 @@ def test_written_attention_thresholds_fire_beside_a_token_threshold(tmp_path: Pa
     assert [c["triggers"] for c in inst.compressions] == ([["redundancy"]] if fires else [])
     if fires:
         assert "n1" not in inst.main.layer(Layer.HISTORY) and "n2" in inst.main.layer(Layer.HISTORY)
+
+
+@pytest.mark.parametrize("kind, conditions", [
+    ("parallel", None), ("inclusive", {"b1": "x > 0", "b2": "x > 0", "b3": "x > 100"})])
+def test_keys_preserved_in_a_branch_stay_preserved_after_the_join(tmp_path: Path, kind: str,
+                                                                  conditions: dict[str, str] | None) -> None:
+    text = " ".join(f"sentence {i} about the customer file and its many details." for i in range(40))
+    greedy = {"compressTokenThreshold": 200, "compressRules": [{"pattern": "*", "action": "summarize", "maxTokens": 10}]}
+    branches = [("b1", f'big1 = {{"kind": "reasoning_chain", "text": "{text}"}}'), ("b2", f"big2 = {json.dumps(text)}"),
+                ("b3", "small = 1")]
+    configs = {"b1": {"preserveKeys": ["big1"]}, "b2": {"preserveKeys": ["big2"]}, "after": greedy}
+    _, inst = run(tmp_path, fork("p", "x = 1", branches, kind=kind, conditions=conditions, configs=configs,
+                                 after=f"late = {json.dumps(text)}"))
+    assert inst.status == "completed" and len(inst.compressions) == 1
+    history = inst.main.layer(Layer.HISTORY)
+    assert history["big1"] == {"kind": "reasoning_chain", "text": text} and history["big2"] == text
+    assert {"big1", "big2"} <= inst.main.preserved
+    assert history["late"]["_compressed"] == "summarize"      # the rule did run on what is not preserved
+    assert LayeredContext.replay(inst.main.tape) == inst.main
