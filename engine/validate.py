@@ -31,6 +31,8 @@ not make ``report.ok`` false:
                                       ``branchPriority``, ``reducers``, ``conflictPolicy``) on a
                                       task, an event or a gateway that only splits: the engine
                                       reads them at a join only
+``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
+                                      element than the one it is keyed by (or attached to)
 ``knowledge_collection_not_found`` W  a ``ragCollections`` name with no ``knowledge/<name>/``
                                       folder of .md/.txt files beside the process (the default
                                       retriever finds nothing; a custom retriever may serve it)
@@ -310,6 +312,7 @@ class _Validator:
         self._check_merges()
         self._check_branches()
         self._check_join_fields()
+        self._check_config_ids()
         self._check_knowledge()
         self._check_handlers()
         for proc in self.processes:
@@ -661,6 +664,18 @@ class _Validator:
                          f"with several incoming flows), and {node.id!r} is a bpmn:{node.tag} that joins nothing, "
                          f"so it is ignored here; move it to the join's config{where}", file=src.file,
                          line=src.line_of(name), element_id=src.element_id, field=name, severity="warning")
+
+    def _check_config_ids(self) -> None:
+        """The seed's shape repeats the element id inside the config (``activityId``,
+        ``gatewayId``); the element the config is keyed by (or attached to) is the one it
+        configures, so another id there is a copy-paste slip worth showing."""
+        for src in self.sources:
+            for name, value in (("activityId", src.config.activity_id), ("gatewayId", src.config.gateway_id)):
+                if value is not None and value != src.element_id:
+                    self.add("config_id_mismatch", f"{name} {value!r} is not the id of the element this config "
+                             f"applies to ({src.element_id!r}); the config applies to {src.element_id!r}: make "
+                             f"{name} {src.element_id!r} or remove it", file=src.file, line=src.line_of(name),
+                             element_id=src.element_id, field=name, severity="warning")
 
     def _check_knowledge(self) -> None:
         root = (self.paths[0].resolve().parent if self.paths else Path.cwd()) / "knowledge"

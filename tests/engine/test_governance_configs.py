@@ -510,3 +510,14 @@ def test_keys_preserved_in_a_branch_stay_preserved_after_the_join(tmp_path: Path
     assert {"big1", "big2"} <= inst.main.preserved
     assert history["late"]["_compressed"] == "summarize"      # the rule did run on what is not preserved
     assert LayeredContext.replay(inst.main.tape) == inst.main
+
+
+def test_an_activity_id_inside_a_config_that_names_another_element_is_reported(tmp_path: Path) -> None:
+    steps = [("prep", "x = 1"), ("lookup", "y = 2")]
+    bpmn = write(tmp_path, "i", chain("i", steps, {"prep": {"activityId": "risk_assessment", "preserveKeys": ["x"]}}),
+                 "lookup:\n  activityId: lookupz\nprep:\n  activityId: prep\n")
+    rc, doc, err = cli("validate", str(bpmn), "--json")
+    assert rc == 0, err
+    found = {(Path(p["file"]).name, p["element_id"], p["field"]) for p in doc["problems"]
+             if p["code"] == "config_id_mismatch" and p["severity"] == "warning"}
+    assert found == {("i.layerflow.yaml", "lookup", "activityId"), ("i.bpmn", "prep", "activityId")}
