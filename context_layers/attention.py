@@ -557,11 +557,13 @@ class CompressTriggerDetector:
     ``compressMessageThreshold``), then each attention score across its threshold
     (``attentionThresholds``; DESIGN.md's defaults when unset).
 
-    Attention triggers need at least ``min_attention_tokens`` tokens in scope. By
-    default that is the cliff target, ``compressTargetRatio`` x
-    ``compressTokenThreshold`` (0 without a threshold): a context already smaller
-    than what a cliff would leave is not worth compressing because two entries look
-    alike or a short id is a small share of it.
+    Attention triggers on DESIGN.md's default thresholds need at least
+    ``min_attention_tokens`` tokens in scope. By default that is the cliff target,
+    ``compressTargetRatio`` x ``compressTokenThreshold`` (0 without a threshold): a
+    context already smaller than what a cliff would leave is not worth compressing
+    because two entries look alike or a short id is a small share of it. A threshold
+    the activity's ``attentionThresholds`` writes out fires as written, at any size
+    (unless the detector is given ``min_attention_tokens``).
     """
 
     def __init__(self, *, recent_activities: int = RECENT_ACTIVITIES, min_attention_tokens: int | None = None) -> None:
@@ -570,6 +572,12 @@ class CompressTriggerDetector:
 
     def floor(self, config: ActivityExtensionConfig) -> int:
         """Tokens the scope needs before an attention trigger may fire (see the class doc)."""
+        if self.min_attention_tokens is None and config.explicit_attention_scores:
+            return 0  # a written threshold may fire at any size (``decide`` keeps the floor for the defaults)
+        return self._default_floor(config)
+
+    def _default_floor(self, config: ActivityExtensionConfig) -> int:
+        """The floor of the scores on default thresholds."""
         if self.min_attention_tokens is not None:
             return self.min_attention_tokens
         token_limit = config.effective_token_threshold
@@ -613,12 +621,10 @@ class CompressTriggerDetector:
             fired.append("token_threshold")
         if message_limit is not None and entries > message_limit:
             fired.append("message_threshold")
-        floor = self.floor(config)
+        floor = self._default_floor(config)
+        written = config.explicit_attention_scores if self.min_attention_tokens is None else frozenset()
         crossed = score.crossed(attention_limits)
-        suppressed: list[str] = []
-        if tokens >= floor:
-            fired.extend(crossed)
-        else:
-            suppressed = crossed
+        suppressed: list[str] = [] if tokens >= floor else [name for name in crossed if name not in written]
+        fired.extend(name for name in crossed if name not in suppressed)
         return TriggerDecision(fired=bool(fired), triggers=fired, values=values, thresholds=thresholds,
                                attention=score, suppressed=suppressed, min_attention_tokens=floor)

@@ -30,7 +30,8 @@ the token threshold is compared with.
    wrote), other keys one by one; ``entries`` counts the HISTORY entries replaced; the
    exact list is the compress event's changes. (Rendering shows only ``summary``; a
    flat list of thousands of keys would be tokens no model reads.) A fold that would
-   not save tokens is not made.
+   not save tokens is not made, unless the message threshold fired and the fold
+   leaves fewer HISTORY entries (the entry count is what that threshold limits).
 
 Nothing changes when there is nothing to do: no snapshot, no event, a result with
 ``entries_affected == 0``; so compressing an already compressed HISTORY with the same
@@ -268,7 +269,11 @@ class RuleDrivenCompressor:
             if chosen and dropped:
                 unfolded = self._fold(items, seg, [], dropped, directive, budget, summarize, rerule, tok,
                                       working_tokens, scope.tokens, enc, predicted_id)[0]
-            if chosen and after >= ruled_tokens:  # the fold would not save tokens: do not make it
+            # A fold must save tokens, except one the message threshold asked for: there the
+            # number of HISTORY entries is what the designer limits, and a few tiny entries
+            # folded into one record may cost a token or two more.
+            saves_entries = entry_target is not None and len(final) < len(items)
+            if chosen and after >= ruled_tokens and not saves_entries:  # would not save tokens: do not make it
                 chosen = []
                 if dropped:
                     final, record, compaction_key = self._fold(items, seg, [], dropped, directive, budget, summarize,
@@ -290,7 +295,8 @@ class RuleDrivenCompressor:
             rest = sum(tok(v) for k, v in final if k != compaction_key) + working_tokens
             record = _finish_record(record, snap.id, scope.tokens, rest, enc)
             final = [(k, record if k == compaction_key else v) for k, v in final]
-            if sum(tok(v) for _, v in final) + working_tokens >= ruled_tokens:
+            if sum(tok(v) for _, v in final) + working_tokens >= ruled_tokens and not (
+                    entry_target is not None and len(final) < len(items)):
                 final, record, compaction_key, chosen = unfolded, None, None, []
             changes = _diff(original, final, tok)
         folded_set = set(chosen) | (set(record["covers"]) if record is not None else set())

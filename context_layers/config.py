@@ -223,6 +223,15 @@ class ActivityExtensionConfig(_Model):
         return self.attention_thresholds or self.context_strategy.attention_thresholds or AttentionThresholds()
 
     @property
+    def explicit_attention_scores(self) -> frozenset[str]:
+        """The attention scores whose threshold the designer wrote (names as in
+        ``AttentionScore.to_dict``: ``toolEfficiency``); the others use DESIGN.md's defaults."""
+        written = self.attention_thresholds or self.context_strategy.attention_thresholds
+        if written is None:
+            return frozenset()
+        return frozenset("toolEfficiency" if name == "tool_efficiency" else name for name in written.model_fields_set)
+
+    @property
     def compression_configured(self) -> bool:
         """Whether this activity asks for compression at all: a threshold, attention
         thresholds or rules. Without one, nothing fires after it (a cliff happens where

@@ -1163,9 +1163,13 @@ class _Runtime:
                     continue
                 ctx.write(Layer.KNOWLEDGE, hit.key, hit.to_value(), actor="retriever")
                 kept += 1
-        ctx.record("retrieval", actor="retriever", data={
-            "collections": list(kc.rag_collections), "query": query[:500], "kept": kept, "dropped": dropped,
-            "threshold": kc.confidence_threshold})
+        data: dict[str, Any] = {"collections": list(kc.rag_collections), "query": query[:500], "kept": kept,
+                                "dropped": dropped, "threshold": kc.confidence_threshold}
+        listed = retriever.collections() if isinstance(retriever, BM25Retriever) else None
+        if listed is not None and any(c not in listed for c in kc.rag_collections):
+            # a misspelt collection finds nothing; say so where an auditor looks (validate warns too)
+            data["missing"] = [c for c in kc.rag_collections if c not in listed]
+        ctx.record("retrieval", actor="retriever", data=data)
 
     # ----- expressions and scripts ----------------------------------------------------------
 

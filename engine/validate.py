@@ -27,6 +27,15 @@ not make ``report.ok`` false:
 ``branches_on_non_gateway``           ``branches`` on an element that is not a gateway
 ``branch_not_outgoing``               a ``branches`` id that no outgoing flow of the gateway targets
 ``branch_priority_unknown_id``        a ``branchPriority`` id that is no element of the process
+``join_config_on_non_join`` W         join settings (``mergeStrategy`` other than the default,
+                                      ``branchPriority``, ``reducers``, ``conflictPolicy``) on a
+                                      task, an event or a gateway that only splits: the engine
+                                      reads them at a join only
+``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
+                                      element than the one it is keyed by (or attached to)
+``knowledge_collection_not_found`` W  a ``ragCollections`` name with no ``knowledge/<name>/``
+                                      folder of .md/.txt files beside the process (the default
+                                      retriever finds nothing; a custom retriever may serve it)
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
@@ -302,6 +311,9 @@ class _Validator:
             self._check_config_file(config, main)
         self._check_merges()
         self._check_branches()
+        self._check_join_fields()
+        self._check_config_ids()
+        self._check_knowledge()
         self._check_handlers()
         for proc in self.processes:
             if _executable(proc.element):
@@ -628,6 +640,61 @@ class _Validator:
                              "first elements", file=src.file, line=src.line_of("branchPriority", i),
                              element_id=src.element_id, field=f"branchPriority.{i}")
 
+    def _check_join_fields(self) -> None:
+        """Join settings where no join reads them: a designer who put ``mergeStrategy:
+        FAIL_ON_CONFLICT`` on the split (or on a task) would see conflicts go to people."""
+        for src in self.sources:
+            node = self.nodes.get(src.element_id)
+            # only where it is plain that nothing joins: a task or event, or a gateway that
+            # splits one incoming flow (the designer's likely slip: the split for the join)
+            if node is None or (node.tag.endswith("Gateway") and not (
+                    len(_incoming(node.element)) <= 1 < len(_outgoing(node.element)))):
+                continue
+            cfg = src.config
+            fields = [name for name, value in (
+                ("mergeStrategy", cfg.merge_strategy != "MERGE_WITH_CONFLICT_DETECT"),
+                ("branchPriority", bool(cfg.branch_priority)), ("reducers", bool(cfg.reducers)),
+                ("conflictPolicy", cfg.conflict_policy is not None),
+            ) if value]
+            joins = sorted(n.id for n in self.nodes.values()
+                           if n.tag in _JOIN_TAGS and len(_incoming(n.element)) > 1)
+            where = f" (the joins of the process: {', '.join(map(repr, joins))})" if joins else ""
+            for name in fields:
+                self.add("join_config_on_non_join", f"{name} applies at a join (a parallel or inclusive gateway "
+                         f"with several incoming flows), and {node.id!r} is a bpmn:{node.tag} that joins nothing, "
+                         f"so it is ignored here; move it to the join's config{where}", file=src.file,
+                         line=src.line_of(name), element_id=src.element_id, field=name, severity="warning")
+
+    def _check_config_ids(self) -> None:
+        """The seed's shape repeats the element id inside the config (``activityId``,
+        ``gatewayId``); the element the config is keyed by (or attached to) is the one it
+        configures, so another id there is a copy-paste slip worth showing."""
+        for src in self.sources:
+            for name, value in (("activityId", src.config.activity_id), ("gatewayId", src.config.gateway_id)):
+                if value is not None and value != src.element_id:
+                    self.add("config_id_mismatch", f"{name} {value!r} is not the id of the element this config "
+                             f"applies to ({src.element_id!r}); the config applies to {src.element_id!r}: make "
+                             f"{name} {src.element_id!r} or remove it", file=src.file, line=src.line_of(name),
+                             element_id=src.element_id, field=name, severity="warning")
+
+    def _check_knowledge(self) -> None:
+        root = (self.paths[0].resolve().parent if self.paths else Path.cwd()) / "knowledge"
+        available = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        for src in self.sources:
+            kc = src.config.knowledge_config
+            if kc is None:
+                continue
+            for i, name in enumerate(kc.rag_collections):
+                folder = root / name
+                if folder.is_dir() and any(p.suffix in (".md", ".txt") for p in folder.iterdir()):
+                    continue
+                what = "has no .md or .txt file" if folder.is_dir() else "does not exist"
+                self.add("knowledge_collection_not_found", f"ragCollections names {name!r}, but {folder} {what}, "
+                         f"so the default retriever finds nothing for it{_did_you_mean(name, available)}; put "
+                         "the collection's documents there or fix the name (an Engine given its own retriever "
+                         "may serve it)", file=src.file, line=src.line_of("knowledgeConfig", "ragCollections", i),
+                         element_id=src.element_id, field=f"knowledgeConfig.ragCollections.{i}", severity="warning")
+
     # -- gateways and scripts --------------------------------------------------------------
 
     def _check_gateways(self, proc: _Node) -> None:
@@ -881,6 +948,15 @@ def _executable(process: Any) -> bool:
 def _owner_id(ext: Any) -> str | None:
     owner = ext.getparent() if ext is not None and ext.tag == _bpmn("extensionElements") else ext
     return owner.get("id") if owner is not None else None
+
+
+_JOIN_TAGS = ("parallelGateway", "inclusiveGateway")
+
+
+def _incoming(node: Any) -> list[Any]:
+    scope = node.getparent()
+    nid = node.get("id")
+    return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("targetRef") == nid] if scope is not None else []
 
 
 def _outgoing(node: Any) -> list[Any]:

@@ -122,6 +122,9 @@ class JoinResult:
     pending: list[HumanRequest] = field(default_factory=list)
     steps: list[ResolutionStep] = field(default_factory=list)
     merged_conflicts: list[dict[str, Any]] = field(default_factory=list)
+    # keys a branch's activities marked preserved (preserveKeys) that the base had not:
+    # they stay preserved in the parent, so no compression after the join drops them
+    preserved: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -299,9 +302,10 @@ def join_contexts(
         log = [*(thaw(before) if isinstance(before, list) else []), *entries]
         kept = [(k, v) for k, v in changes.get(target, []) if k != MERGED_CONFLICTS_KEY]
         changes[target] = [*kept, (MERGED_CONFLICTS_KEY, log)]
+    preserved = tuple(sorted({k for b in order for k in branches[b].preserved} - base.preserved))
     return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
-                      pending=pending, steps=outcome.steps, merged_conflicts=entries)
+                      pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved)
 
 
 def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine",
@@ -327,7 +331,7 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         return None
     event = ctx.apply_changes(result.all_changes(), kind="join", actor=actor, data={
         "gateway_id": result.gateway_id, "snapshot_id": result.snapshot_id, "branches": list(result.branches),
-        "conflicts": len(result.conflicts)})
+        "conflicts": len(result.conflicts), **({"preserve": list(result.preserved)} if result.preserved else {})})
     for branch in (branches or {}).values():
         branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
                                                    "parent_seq": event.seq})

@@ -51,17 +51,34 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _json_type(v: Any) -> str:
+    """The JSON name of a value's type (a message names what the user wrote, not our frozen classes)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if _is_number(v):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, Mapping):
+        return "object"
+    if isinstance(v, (list, tuple)):
+        return "array"
+    return type(v).__name__
+
+
 def _need_numbers(name: str, key: str, values: Mapping[str, Any]) -> None:
     for who, v in values.items():
         if not _is_number(v):
-            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({type(v).__name__}), "
+            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({_json_type(v)}), "
                                "not a number; write numbers to this key or change its reducer")
 
 
 def _need_lists(name: str, key: str, values: Mapping[str, Any]) -> None:
     for who, v in values.items():
         if not isinstance(v, list):
-            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({type(v).__name__}), "
+            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({_json_type(v)}), "
                                "not a list; write lists to this key or change its reducer")
 
 

@@ -42,7 +42,7 @@ def test_reducers(name: str, base: Any, changed: dict[str, Any], unchanged: int,
 
 
 REDUCER_ERRORS = [
-    ("sum", 1, {"a": "2"}, "branch 'a' holds '2' \\(str\\), not a number"),
+    ("sum", 1, {"a": "2"}, "branch 'a' holds '2' \\(string\\), not a number"),
     ("sum", 1, {"a": True}, "not a number"),
     ("sum", "x", {"a": 2}, "the base holds 'x'"),
     ("append", [1, 2], {"a": [2, 1, 3]}, "branch 'a' removed or reordered"),
