@@ -479,7 +479,7 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
         holder = store.lease_owner(instance_id) or "another process"
         _fail(f"instance {instance_id!r} is being run by {holder} right now (it holds the instance's lease); nothing "
               f"was changed. Wait until it is at rest (`layerflow inspect {instance_id}`), then resume it if it "
-              "still waits", as_json=as_json, kind="invalid_state", details={"instance_id": instance_id})
+              f"still waits; if that process is gone, its lease runs out within {LEASE_TTL:.0f} s", as_json=as_json, kind="invalid_state", details={"instance_id": instance_id})
     heartbeat = _Heartbeat(store, instance_id, owner, LEASE_TTL)
     try:
         yield
