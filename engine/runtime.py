@@ -17,8 +17,9 @@ and may change. The driver (``_Runtime``) is attached to the workflow
 * a **join** (AND / inclusive): the arrived branch contexts are merged three-way
   against the split snapshot into the context the split came from.
 * a **condition**: evaluated over the task's context (reads only the names it uses).
-  An XOR gateway whose branches carry natural-language conditions in its config is
-  decided by ``decide_exclusive`` (the expression rules, the model checks).
+  An XOR gateway whose branches carry natural-language conditions (in its config, or a
+  sentence as a flow's own ``conditionExpression``) is decided by ``decide_exclusive``
+  (the expression rules, the model checks, and decides the flows that have only a sentence).
 * an **LLM activity with tools** (``llm.tools: true``) runs the model's governance tool
   calls on this instance; a ``human_confirm`` among them makes the instance wait with the
   activity open (SpiffWorkflow: the task stays STARTED, its conversation in
@@ -65,6 +66,7 @@ from gateways.splitter import branch_context_name
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
+from .conditions import is_flow_sentence
 from .store import READ_FORMATS, RECORD_FORMAT, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
@@ -1239,8 +1241,8 @@ class _Runtime:
            the one taken, ``condition_disagreement`` goes on the tape (both branches, the
            model's rationale) so a person can review the expression against its sentence.
            It is followed only for a flow with no expression (a sentence as the flow's own
-           condition, which only a process loaded with ``validate=False`` can have), and
-           only when no expression holds.
+           ``conditionExpression``, which ``validate`` accepts with a warning), and only when
+           no expression holds.
         3. the default flow; without one, SpiffWorkflow's "no conditions satisfied" error.
 
         Offline (no model) the expressions decide and nothing imports litellm. A model
@@ -1253,14 +1255,19 @@ class _Runtime:
         cfg = self.process.config(gw)
         sentences = {b.id: b.condition for b in (cfg.branches if cfg is not None else [])
                      if b.condition and is_natural_language(b.condition)}
-        if not sentences:
-            return None
-        ctx = self.context_of(task)
         flows: list[tuple[str, str | None]] = []  # (branch id, condition text; None: the default flow)
         for condition, name in spec.cond_task_specs:
             target = task.workflow.spec.get_task_spec_from_name(name)
             flows.append((str(getattr(target, "bpmn_id", None) or name), None if condition is None else condition.args[0]))
         spoken = {b for b, text in flows if text is not None and is_natural_language(text)}
+        # A sentence written as the flow's own conditionExpression is that branch's condition
+        # too (the config's sentence, when it gives one, wins).
+        for b, text in flows:
+            if b in spoken and is_flow_sentence(text):
+                sentences.setdefault(b, str(text).strip())
+        if not sentences:
+            return None
+        ctx = self.context_of(task)
         default = next((b for b, text in flows if text is None), None)
         by_expression = next((b for b, text in flows if text is not None and b not in spoken
                               and self._evaluate(task, text)), None)
