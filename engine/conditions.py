@@ -9,30 +9,16 @@ imported by the first call, never by building a chooser.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from context_layers.config import ActivityExtensionConfig
-from gateways.conditions import (BranchAnswer, BranchQuestion, build_branch_prompt, is_natural_language,
+from gateways.conditions import (BranchAnswer, BranchQuestion, build_branch_prompt, is_flow_sentence,
                                  parse_branch_answer)
 
 # _Client is engine.llm's shared litellm client (endpoint, retries); the arbiter uses it too.
 from .llm import _Client
 
 __all__ = ["LiteLLMBranchChooser", "is_flow_sentence", "make_chooser"]
-
-_WORD = re.compile(r"[^\W\d_]{2,}")
-_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-
-
-def is_flow_sentence(text: str | None) -> bool:
-    """A flow's ``conditionExpression`` that is the designer's sentence, for the model to
-    read: not a Python expression, and prose (three words or more, or CJK text). A
-    broken expression (``amount >``) is neither, and stays a syntax error."""
-    if not is_natural_language(text):
-        return False
-    assert text is not None
-    return len(_WORD.findall(text)) >= 3 or bool(_CJK.search(text))
 
 
 class LiteLLMBranchChooser(_Client):
@@ -41,7 +27,7 @@ class LiteLLMBranchChooser(_Client):
 
     def choose(self, question: BranchQuestion) -> BranchAnswer:
         messages = [dict(m) for m in build_branch_prompt(question)]
-        content = self._caller.run(messages, lambda text: text or "")
+        content = self._caller.run(messages, lambda text: text or "", on_attempt=self.on_attempt)
         return parse_branch_answer(content, question)
 
 

@@ -60,13 +60,13 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import events, spiff
+from gateways.conditions import is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.splitter import branch_context_name
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
-from .conditions import is_flow_sentence
 from .store import READ_FORMATS, RECORD_FORMAT, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]

@@ -93,8 +93,8 @@ from pydantic import ValidationError
 
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
+from gateways.conditions import is_flow_sentence
 
-from .conditions import is_flow_sentence
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 
 __all__ = [

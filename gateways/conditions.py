@@ -1,7 +1,8 @@
 """Natural-language conditions of an exclusive gateway: the model's question and answer.
 
 A branch of an XOR gateway may carry, in its config, a ``condition`` that is a sentence
-("If the risk level is low and the amount is below 50,000, take the fast track"). The
+("If the risk level is low and the amount is below 50,000, take the fast track"); a
+flow's own ``conditionExpression`` may be one too (``is_flow_sentence``). The
 model is asked which branch the sentences pick for the context; ``engine`` sends the
 question through litellm (the ``BranchChooser`` protocol). Everything here is pure.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -37,6 +39,7 @@ __all__ = [
     "BranchQuestion",
     "ask_branch",
     "build_branch_prompt",
+    "is_flow_sentence",
     "is_natural_language",
     "parse_branch_answer",
 ]
@@ -54,6 +57,20 @@ def is_natural_language(text: str | None) -> bool:
     except SyntaxError:
         return True
     return False
+
+
+_WORD = re.compile(r"[^\W\d_]{2,}")
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+
+def is_flow_sentence(text: str | None) -> bool:
+    """A flow's ``conditionExpression`` that is the designer's sentence, for the model to
+    read: not a Python expression, and prose (three words or more, or CJK text). A
+    broken expression (``amount >``) is neither, and stays a syntax error."""
+    if not is_natural_language(text):
+        return False
+    assert text is not None
+    return len(_WORD.findall(text)) >= 3 or bool(_CJK.search(text))
 
 
 @dataclass(frozen=True)
