@@ -41,7 +41,8 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -1276,7 +1277,8 @@ class _Runtime:
         chooser = self.engine.chooser_for(self.process, gw)
         if chooser is not None:
             options = tuple(BranchOption(b, sentences.get(b) or text, default=text is None) for b, text in flows)
-            answer, failures = ask_branch(chooser, BranchQuestion(gw, options, _condition_context(ctx)))
+            with self._noting_calls(chooser, ctx, gw, "condition"):
+                answer, failures = ask_branch(chooser, BranchQuestion(gw, options, _condition_context(ctx)))
             for note in failures:
                 ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
 
@@ -1402,6 +1404,25 @@ class _Runtime:
         split_task_id = self.instance.branches[name]["split"].rsplit("@", 1)[1]
         return uuid.UUID(split_task_id) in workflow.tasks
 
+    @contextmanager
+    def _noting_calls(self, client: Any, ctx: LayeredContext, element_id: str, purpose: str) -> Iterator[None]:
+        """While a model client (the arbiter, a condition chooser) works for ``element_id``,
+        every attempt, its request, reply and error, is noted as ``llm_call`` on ``ctx``'s tape,
+        as an LLM activity's are: a garbage answer is on the tape, not only its consequence."""
+        if client is None or not hasattr(client, "on_attempt") or not hasattr(client, "endpoint"):
+            yield
+            return
+        from .llm import call_recorder
+
+        before = client.on_attempt
+        client.on_attempt = call_recorder(ctx, task_id=element_id, endpoint=client.endpoint,
+                                          attempts=int(client.attempts), actor=element_id,
+                                          agent=f"{client.endpoint.model}#{purpose}", purpose=purpose)
+        try:
+            yield
+        finally:
+            client.on_attempt = before
+
     def _depth(self, name: str) -> int:
         d = 0
         while name in self.instance.branches:
@@ -1424,10 +1445,12 @@ class _Runtime:
         asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
                  if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
         config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
+        arbiter = self.engine.arbiter_for(self.process)
         try:
-            result = join_contexts(base, contexts, config=config, gateway_id=gw,
-                                   arrival_order=order, answers=answers, arbiter=self.engine.arbiter_for(self.process),
-                                   human_available=True, injected=injected, asked=asked)
+            with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):
+                result = join_contexts(base, contexts, config=config, gateway_id=gw,
+                                       arrival_order=order, answers=answers, arbiter=arbiter,
+                                       human_available=True, injected=injected, asked=asked)
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})

@@ -279,3 +279,43 @@ def test_validate_warns_about_a_sentence_condition_and_still_refuses_a_broken_ex
     assert [(p.code, p.severity) for p in problems if p.code.startswith("condition")] == [
         ("condition_natural_language", "warning")]
     assert "condition_syntax" in [p.code for p in validate_process(broken).problems]
+
+
+# ----- every arbiter / condition call is on the tape ------------------------------------------------------
+
+def llm_calls(cli, instance_id: str, purpose: str) -> list[Any]:
+    return [e for e in Engine(cli.store).load(instance_id).main.tape
+            if (e.data or {}).get("note") == "llm_call" and e.data.get("purpose") == purpose]
+
+
+def test_arbiter_attempts_are_noted_on_the_tape_garbage_included(stub, cli, vote) -> None:
+    """A garbage answer from the arbiter was visible on the tape only as its consequence (a
+    failed resolution step); now each attempt is an llm_call note with the request and reply."""
+    from engine.llm import request_messages
+
+    stub.push(Reply.text("I would reject it."), arbiter_reply("reject"))
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 0, doc["error"]
+    calls = llm_calls(cli, doc["instance_id"], "conflict_resolution")
+    assert [json.loads(c.data["response"]["content"])["final_value"] if i else c.data["response"]["content"]
+            for i, c in enumerate(calls)] == ["I would reject it.", "reject"]
+    assert all(c.data["task_id"] == "join" and c.data["model"] == MODEL for c in calls)
+    tape = Engine(cli.store).load(doc["instance_id"]).main.tape
+    assert request_messages(tape, calls[0].seq) == stub.requests[0]["messages"]
+
+
+def test_server_down_arbiter_attempts_are_noted_as_errors(stub, cli, vote, monkeypatch) -> None:
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", closed_port_url())
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 3
+    calls = llm_calls(cli, doc["instance_id"], "conflict_resolution")
+    assert len(calls) == 3 and {c.data["status"] for c in calls} == {"error"}
+    assert all(c.data["error"]["transient"] for c in calls)
+
+
+def test_condition_attempts_are_noted_on_the_tape(stub, cli) -> None:
+    stub.push(Reply.text("fast track, clearly"), branch_reply("fast_track"))
+    doc, _ = loan_fast(cli)
+    calls = llm_calls(cli, doc["instance_id"], "condition")
+    assert [c.data["response"]["content"] for c in calls][0] == "fast track, clearly"
+    assert len(calls) == 2 and all(c.data["task_id"] == "approval_split" for c in calls)
