@@ -45,22 +45,26 @@ __all__ = [
 ]
 
 
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+
 def is_natural_language(text: str | None) -> bool:
     """A sentence, not an expression: it does not parse as a Python expression.
 
     (``amount > 5`` is an expression; ``take the fast track if ...`` is not. The same
-    test the governance service applies to runtime config changes.)"""
+    test the governance service applies to runtime config changes.) A CJK sentence
+    without punctuation (the seed's ``其他情况走完整审核流程``) parses as one Python name;
+    a bare name written in CJK is taken as the sentence it almost certainly is."""
     if not text or not text.strip():
         return False
     try:
-        ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError:
         return True
-    return False
+    return isinstance(tree.body, ast.Name) and bool(_CJK.search(text))
 
 
 _WORD = re.compile(r"[^\W\d_]{2,}")
-_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 
 
 def is_flow_sentence(text: str | None) -> bool:

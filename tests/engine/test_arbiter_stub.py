@@ -319,3 +319,22 @@ def test_condition_attempts_are_noted_on_the_tape(stub, cli) -> None:
     calls = llm_calls(cli, doc["instance_id"], "condition")
     assert [c.data["response"]["content"] for c in calls][0] == "fast track, clearly"
     assert len(calls) == 2 and all(c.data["task_id"] == "approval_split" for c in calls)
+
+
+def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> None:
+    """The seed's XOR sentences written as the flows' conditions; "其他情况走完整审核流程" parses
+    as a Python name and was evaluated as one (an undefined variable) instead of read by the model."""
+    bpmn = SENTENCE_FLOW.replace('<bpmn:exclusiveGateway id="gw" default="f_full"/>', '<bpmn:exclusiveGateway id="gw"/>')
+    bpmn = bpmn.replace("If the risk level is low and the amount is below 50,000, take the fast track",
+                        "如果风险等级为低且金额小于5万，走快速通道")
+    bpmn = bpmn.replace('<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full"/>',
+                        '<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full">'
+                        '<bpmn:conditionExpression>其他情况走完整审核流程</bpmn:conditionExpression></bpmn:sequenceFlow>')
+    path = tmp_path / "seed_xor.bpmn"
+    path.write_text(bpmn, encoding="utf-8")
+    stub.push(branch_reply("full"))
+    code, doc = cli("run", str(path), "--json", "--model", MODEL)
+    assert code == 0, doc["error"]
+    assert doc["layers"]["L3"]["track"] == "full"
+    prompt = stub.requests[0]["messages"][-1]["content"]
+    assert "其他情况走完整审核流程" in prompt and "如果风险等级为低且金额小于5万" in prompt
