@@ -514,6 +514,9 @@ class GovernanceService:
             layers[str(layer)] = info
         decision = CompressTriggerDetector().detect(ctx, cfg)
         return {
+            # each inspected layer also at the top level, as the seed's context_inspect returns
+            # it ({"L3": {"token_count": ...}, "L4": {...}}); "layers" holds the same
+            **layers,
             "instance_id": instance.id, "version": instance.version, "status": instance.status,
             "context": ctx.name, "layers": layers, "tokens": ctx.token_report(),
             "attention": AttentionScore.compute(ctx, cfg).to_dict(),

@@ -17,8 +17,9 @@ and may change. The driver (``_Runtime``) is attached to the workflow
 * a **join** (AND / inclusive): the arrived branch contexts are merged three-way
   against the split snapshot into the context the split came from.
 * a **condition**: evaluated over the task's context (reads only the names it uses).
-  An XOR gateway whose branches carry natural-language conditions in its config is
-  decided by ``decide_exclusive`` (the expression rules, the model checks).
+  An XOR gateway whose branches carry natural-language conditions (in its config, or a
+  sentence as a flow's own ``conditionExpression``) is decided by ``decide_exclusive``
+  (the expression rules, the model checks, and decides the flows that have only a sentence).
 * an **LLM activity with tools** (``llm.tools: true``) runs the model's governance tool
   calls on this instance; a ``human_confirm`` among them makes the instance wait with the
   activity open (SpiffWorkflow: the task stays STARTED, its conversation in
@@ -40,7 +41,8 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -59,6 +61,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import events, spiff
+from gateways.conditions import is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.splitter import branch_context_name
 
@@ -1239,8 +1242,8 @@ class _Runtime:
            the one taken, ``condition_disagreement`` goes on the tape (both branches, the
            model's rationale) so a person can review the expression against its sentence.
            It is followed only for a flow with no expression (a sentence as the flow's own
-           condition, which only a process loaded with ``validate=False`` can have), and
-           only when no expression holds.
+           ``conditionExpression``, which ``validate`` accepts with a warning), and only when
+           no expression holds.
         3. the default flow; without one, SpiffWorkflow's "no conditions satisfied" error.
 
         Offline (no model) the expressions decide and nothing imports litellm. A model
@@ -1253,14 +1256,19 @@ class _Runtime:
         cfg = self.process.config(gw)
         sentences = {b.id: b.condition for b in (cfg.branches if cfg is not None else [])
                      if b.condition and is_natural_language(b.condition)}
-        if not sentences:
-            return None
-        ctx = self.context_of(task)
         flows: list[tuple[str, str | None]] = []  # (branch id, condition text; None: the default flow)
         for condition, name in spec.cond_task_specs:
             target = task.workflow.spec.get_task_spec_from_name(name)
             flows.append((str(getattr(target, "bpmn_id", None) or name), None if condition is None else condition.args[0]))
         spoken = {b for b, text in flows if text is not None and is_natural_language(text)}
+        # A sentence written as the flow's own conditionExpression is that branch's condition
+        # too (the config's sentence, when it gives one, wins).
+        for b, text in flows:
+            if b in spoken and is_flow_sentence(text):
+                sentences.setdefault(b, str(text).strip())
+        if not sentences:
+            return None
+        ctx = self.context_of(task)
         default = next((b for b, text in flows if text is None), None)
         by_expression = next((b for b, text in flows if text is not None and b not in spoken
                               and self._evaluate(task, text)), None)
@@ -1269,7 +1277,8 @@ class _Runtime:
         chooser = self.engine.chooser_for(self.process, gw)
         if chooser is not None:
             options = tuple(BranchOption(b, sentences.get(b) or text, default=text is None) for b, text in flows)
-            answer, failures = ask_branch(chooser, BranchQuestion(gw, options, _condition_context(ctx)))
+            with self._noting_calls(chooser, ctx, gw, "condition"):
+                answer, failures = ask_branch(chooser, BranchQuestion(gw, options, _condition_context(ctx)))
             for note in failures:
                 ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
 
@@ -1395,6 +1404,25 @@ class _Runtime:
         split_task_id = self.instance.branches[name]["split"].rsplit("@", 1)[1]
         return uuid.UUID(split_task_id) in workflow.tasks
 
+    @contextmanager
+    def _noting_calls(self, client: Any, ctx: LayeredContext, element_id: str, purpose: str) -> Iterator[None]:
+        """While a model client (the arbiter, a condition chooser) works for ``element_id``,
+        every attempt, its request, reply and error, is noted as ``llm_call`` on ``ctx``'s tape,
+        as an LLM activity's are: a garbage answer is on the tape, not only its consequence."""
+        if client is None or not hasattr(client, "on_attempt") or not hasattr(client, "endpoint"):
+            yield
+            return
+        from .llm import call_recorder
+
+        before = client.on_attempt
+        client.on_attempt = call_recorder(ctx, task_id=element_id, endpoint=client.endpoint,
+                                          attempts=int(client.attempts), actor=element_id,
+                                          agent=f"{client.endpoint.model}#{purpose}", purpose=purpose)
+        try:
+            yield
+        finally:
+            client.on_attempt = before
+
     def _depth(self, name: str) -> int:
         d = 0
         while name in self.instance.branches:
@@ -1417,10 +1445,12 @@ class _Runtime:
         asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
                  if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
         config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
+        arbiter = self.engine.arbiter_for(self.process)
         try:
-            result = join_contexts(base, contexts, config=config, gateway_id=gw,
-                                   arrival_order=order, answers=answers, arbiter=self.engine.arbiter_for(self.process),
-                                   human_available=True, injected=injected, asked=asked)
+            with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):
+                result = join_contexts(base, contexts, config=config, gateway_id=gw,
+                                       arrival_order=order, answers=answers, arbiter=arbiter,
+                                       human_available=True, injected=injected, asked=asked)
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})

@@ -43,6 +43,7 @@ not make ``report.ok`` false:
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression is not valid Python
+``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
@@ -92,6 +93,7 @@ from pydantic import ValidationError
 
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
+from gateways.conditions import is_flow_sentence
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 
@@ -728,6 +730,15 @@ class _Validator:
                     judged = False
                     continue
                 expr_el = flow.find(_bpmn("conditionExpression"))
+                if is_flow_sentence(expr):
+                    self.add("condition_natural_language", f"the condition of flow {flow.get('id')!r} of gateway "
+                             f"{gid!r} is a sentence, not an expression: the model decides it (--model or the "
+                             "gateway's llm.model); without a model, or when the model fails, the flow is not "
+                             "taken and the expressions or the default flow decide", file=file,
+                             line=expr_el.sourceline if expr_el is not None else flow.sourceline,
+                             element_id=flow.get("id"), field="conditionExpression", severity="warning")
+                    judged = False
+                    continue
                 tree = self._compile(expr_el.text, "eval", expr_el, file, flow.get("id"),
                                      "condition_syntax", "conditionExpression")
                 if not isinstance(tree, ast.Expression):

@@ -1,7 +1,8 @@
 """Natural-language conditions of an exclusive gateway: the model's question and answer.
 
 A branch of an XOR gateway may carry, in its config, a ``condition`` that is a sentence
-("If the risk level is low and the amount is below 50,000, take the fast track"). The
+("If the risk level is low and the amount is below 50,000, take the fast track"); a
+flow's own ``conditionExpression`` may be one too (``is_flow_sentence``). The
 model is asked which branch the sentences pick for the context; ``engine`` sends the
 question through litellm (the ``BranchChooser`` protocol). Everything here is pure.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -37,23 +39,42 @@ __all__ = [
     "BranchQuestion",
     "ask_branch",
     "build_branch_prompt",
+    "is_flow_sentence",
     "is_natural_language",
     "parse_branch_answer",
 ]
+
+
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 
 
 def is_natural_language(text: str | None) -> bool:
     """A sentence, not an expression: it does not parse as a Python expression.
 
     (``amount > 5`` is an expression; ``take the fast track if ...`` is not. The same
-    test the governance service applies to runtime config changes.)"""
+    test the governance service applies to runtime config changes.) A CJK sentence
+    without punctuation (the seed's ``其他情况走完整审核流程``) parses as one Python name;
+    a bare name written in CJK is taken as the sentence it almost certainly is."""
     if not text or not text.strip():
         return False
     try:
-        ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError:
         return True
-    return False
+    return isinstance(tree.body, ast.Name) and bool(_CJK.search(text))
+
+
+_WORD = re.compile(r"[^\W\d_]{2,}")
+
+
+def is_flow_sentence(text: str | None) -> bool:
+    """A flow's ``conditionExpression`` that is the designer's sentence, for the model to
+    read: not a Python expression, and prose (three words or more, or CJK text). A
+    broken expression (``amount >``) is neither, and stays a syntax error."""
+    if not is_natural_language(text):
+        return False
+    assert text is not None
+    return len(_WORD.findall(text)) >= 3 or bool(_CJK.search(text))
 
 
 @dataclass(frozen=True)

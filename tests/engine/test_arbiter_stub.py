@@ -221,3 +221,120 @@ def test_condition_with_the_server_down_is_decided_by_the_expression(stub, cli, 
     assert "ModelCallFailed" in failed["error"] and MODEL in failed["error"]
     decision = next(e for e in events if e["note"] == "condition_decision")
     assert decision["decided_by"] == "expression" and decision["model"] is None and decision["model_configured"]
+
+
+# ----- a sentence as a flow's own conditionExpression ---------------------------------------------------
+
+SENTENCE_FLOW = BPMN_HEAD.format(pid="sentence") + """
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="prep"><bpmn:script>amount = 20000
+risk_level = "low"</bpmn:script></bpmn:scriptTask>
+    <bpmn:exclusiveGateway id="gw" default="f_full"/>
+    <bpmn:scriptTask id="fast"><bpmn:script>track = "fast"</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="full"><bpmn:script>track = "full"</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="e1"/><bpmn:endEvent id="e2"/>
+    <bpmn:sequenceFlow id="f0" sourceRef="start" targetRef="prep"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="prep" targetRef="gw"/>
+    <bpmn:sequenceFlow id="f_fast" sourceRef="gw" targetRef="fast"><bpmn:conditionExpression>If the risk level is low and the amount is below 50,000, take the fast track</bpmn:conditionExpression></bpmn:sequenceFlow>
+    <bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="fast" targetRef="e1"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="full" targetRef="e2"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+@pytest.mark.parametrize(("model_says", "taken", "offline"), [
+    ("fast", "fast", False), ("full", "full", False), (None, "full", True)])
+def test_a_sentence_as_the_flow_condition_is_decided_by_the_model(stub, cli, tmp_path, model_says, taken,
+                                                                  offline) -> None:
+    """DESIGN: "a condition may also be natural language (the designer's sentence), evaluated by
+    the model". A sentence written as the flow's conditionExpression was refused at load
+    ("condition is not valid Python"); now the model decides that flow, offline the default does."""
+    path = tmp_path / "sentence.bpmn"
+    path.write_text(SENTENCE_FLOW, encoding="utf-8")
+    if model_says:
+        stub.push(branch_reply(model_says))
+    code, doc = cli("run", str(path), "--json", *(() if offline else ("--model", MODEL)))
+    assert code == 0, doc["error"]
+    assert doc["layers"]["L3"]["track"] == taken
+    assert len(stub.requests) == (0 if offline else 1)
+    if not offline:
+        prompt = stub.requests[0]["messages"][-1]["content"]
+        assert "If the risk level is low and the amount is below 50,000" in prompt
+    decision = next(e.data for e in Engine(cli.store).load(doc["instance_id"]).main.tape
+                    if (e.data or {}).get("note") == "condition_decision")
+    assert decision["branch"] == taken and decision["decided_by"] == ("default" if offline or taken == "full" else "model")
+
+
+def test_validate_warns_about_a_sentence_condition_and_still_refuses_a_broken_expression(tmp_path) -> None:
+    from engine.validate import validate_process
+
+    good = tmp_path / "sentence.bpmn"
+    good.write_text(SENTENCE_FLOW, encoding="utf-8")
+    broken = tmp_path / "broken.bpmn"
+    broken.write_text(SENTENCE_FLOW.replace("If the risk level is low and the amount is below 50,000, take the fast track",
+                                            "amount &gt;"), encoding="utf-8")
+    problems = validate_process(good).problems
+    assert [(p.code, p.severity) for p in problems if p.code.startswith("condition")] == [
+        ("condition_natural_language", "warning")]
+    assert "condition_syntax" in [p.code for p in validate_process(broken).problems]
+
+
+# ----- every arbiter / condition call is on the tape ------------------------------------------------------
+
+def llm_calls(cli, instance_id: str, purpose: str) -> list[Any]:
+    return [e for e in Engine(cli.store).load(instance_id).main.tape
+            if (e.data or {}).get("note") == "llm_call" and e.data.get("purpose") == purpose]
+
+
+def test_arbiter_attempts_are_noted_on_the_tape_garbage_included(stub, cli, vote) -> None:
+    """A garbage answer from the arbiter was visible on the tape only as its consequence (a
+    failed resolution step); now each attempt is an llm_call note with the request and reply."""
+    from engine.llm import request_messages
+
+    stub.push(Reply.text("I would reject it."), arbiter_reply("reject"))
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 0, doc["error"]
+    calls = llm_calls(cli, doc["instance_id"], "conflict_resolution")
+    assert [json.loads(c.data["response"]["content"])["final_value"] if i else c.data["response"]["content"]
+            for i, c in enumerate(calls)] == ["I would reject it.", "reject"]
+    assert all(c.data["task_id"] == "join" and c.data["model"] == MODEL for c in calls)
+    tape = Engine(cli.store).load(doc["instance_id"]).main.tape
+    assert request_messages(tape, calls[0].seq) == stub.requests[0]["messages"]
+
+
+def test_server_down_arbiter_attempts_are_noted_as_errors(stub, cli, vote, monkeypatch) -> None:
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", closed_port_url())
+    code, doc = cli("run", vote, "--model", MODEL, "--json")
+    assert code == 3
+    calls = llm_calls(cli, doc["instance_id"], "conflict_resolution")
+    assert len(calls) == 3 and {c.data["status"] for c in calls} == {"error"}
+    assert all(c.data["error"]["transient"] for c in calls)
+
+
+def test_condition_attempts_are_noted_on_the_tape(stub, cli) -> None:
+    stub.push(Reply.text("fast track, clearly"), branch_reply("fast_track"))
+    doc, _ = loan_fast(cli)
+    calls = llm_calls(cli, doc["instance_id"], "condition")
+    assert [c.data["response"]["content"] for c in calls][0] == "fast track, clearly"
+    assert len(calls) == 2 and all(c.data["task_id"] == "approval_split" for c in calls)
+
+
+def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> None:
+    """The seed's XOR sentences written as the flows' conditions; "其他情况走完整审核流程" parses
+    as a Python name and was evaluated as one (an undefined variable) instead of read by the model."""
+    bpmn = SENTENCE_FLOW.replace('<bpmn:exclusiveGateway id="gw" default="f_full"/>', '<bpmn:exclusiveGateway id="gw"/>')
+    bpmn = bpmn.replace("If the risk level is low and the amount is below 50,000, take the fast track",
+                        "如果风险等级为低且金额小于5万，走快速通道")
+    bpmn = bpmn.replace('<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full"/>',
+                        '<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full">'
+                        '<bpmn:conditionExpression>其他情况走完整审核流程</bpmn:conditionExpression></bpmn:sequenceFlow>')
+    path = tmp_path / "seed_xor.bpmn"
+    path.write_text(bpmn, encoding="utf-8")
+    stub.push(branch_reply("full"))
+    code, doc = cli("run", str(path), "--json", "--model", MODEL)
+    assert code == 0, doc["error"]
+    assert doc["layers"]["L3"]["track"] == "full"
+    prompt = stub.requests[0]["messages"][-1]["content"]
+    assert "其他情况走完整审核流程" in prompt and "如果风险等级为低且金额小于5万" in prompt

@@ -69,6 +69,20 @@ def test_dispatch_runs_the_service(service, notes):
     assert check["ok"]
 
 
+def test_inspect_result_has_the_seeds_shape(service, notes):
+    """The seed's context_inspect returns {"L3": {"token_count", "key_count", "attention_score", ...},
+    "L4": {...}}: each inspected layer at the top level (it was only under "layers")."""
+    report = dispatch_tool(service, notes, "context_inspect", {
+        "layers": ["L3", "L4"],
+        "metrics": ["token_count", "key_count", "attention_score", "last_modified", "size_bytes"],
+        "filter": {"key_prefix": "risk_*", "modified_after": "2026-07-08T10:00:00Z"}})
+    for layer in ("L3", "L4"):
+        assert report[layer] == report["layers"][layer]
+        assert {"token_count", "key_count", "attention_score", "last_modified", "size_bytes"} <= set(report[layer])
+        assert {"density", "redundancy"} <= set(report[layer]["attention_score"])
+    assert report["L3"]["key_count"] >= 1 and "L0" not in report
+
+
 @pytest.mark.parametrize("name, arguments, kind", [
     ("context_teleport", {}, "bad_request"),
     ("context_inspect", "{not json", "validation_error"),

@@ -33,6 +33,8 @@ QUESTION = BranchQuestion(
     ("Otherwise take the full review", True),
     ('risk_level == "low" and amount < 50000', False),
     ("approved", False),   # a bare name is an expression
+    ("其他情况走完整审核流程", True),   # the seed's sentence parses as one (CJK) Python name
+    ("如果风险等级为低且金额小于5万，走快速通道", True),
     ("", False),
     (None, False),
 ])
