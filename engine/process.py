@@ -128,7 +128,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
 
     chosen = _validate(paths, config_path, process_id) if validate else None
 
-    parser = spiff.LayerflowBpmnParser()
+    parser = spiff.LayerflowBpmnParser(branch_conditions=branch_conditions(file_cfg["elements"]) if file_cfg else None)
     try:
         parser.add_bpmn_files([str(p) for p in paths])
     except ValidationException as err:
@@ -205,6 +205,12 @@ def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig
 
 def _find_config(bpmn: Path) -> Path | None:
     return configfile.find_config_beside(bpmn)
+
+
+def branch_conditions(elements: Mapping[str, ActivityExtensionConfig]) -> dict[str, dict[str, str]]:
+    """Gateway id -> {branch id: condition} of config entries (``spiff.LayerflowBpmnParser``)."""
+    return {eid: {b.id: b.condition.strip() for b in cfg.branches if b.condition and b.condition.strip()}
+            for eid, cfg in elements.items() if cfg.branches}
 
 
 def _load_config_file(path: Path) -> dict[str, Any]:

@@ -519,6 +519,24 @@ def element_config_texts(node: Any) -> dict[str, str]:
     return found
 
 
+def branch_conditions_of(node: Any, from_file: Mapping[str, Mapping[str, str]] | None) -> dict[str, str]:
+    """Branch id -> condition text of a gateway's config: its extension elements' ``branches``,
+    then the config file's (``from_file``: gateway id -> {branch id: condition}), which wins.
+    Unreadable config is left to ``engine.validate``, which reports it."""
+    found: dict[str, str] = {}
+    for text in element_config_texts(node).values():
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except ValueError:
+            continue
+        for branch in (data.get("branches") or []) if isinstance(data, dict) else []:
+            if isinstance(branch, dict) and isinstance(branch.get("id"), str) \
+                    and isinstance(branch.get("condition"), str) and branch["condition"].strip():
+                found[branch["id"]] = branch["condition"].strip()
+    found.update((from_file or {}).get(node.get("id"), {}))
+    return found
+
+
 class _ExtensionsParserMixin:
     """Adds layerflow's config elements to ``task_spec.extensions`` (tasks and gateways) and
     swaps any stock spec class the parser hard-codes for its layerflow twin."""
@@ -529,12 +547,25 @@ class _ExtensionsParserMixin:
     EVENT_SUBPROCESS_CLASS = TWINS[spiff_defaults.EventSubprocess]
 
     node: Any
+    process_parser: Any
 
     def parse_extensions(self, node: Any = None) -> dict[str, Any]:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]
         texts = element_config_texts(self.node if node is None else node)
         ext.update(texts)
         return ext
+
+    def parse_condition(self, sequence_flow: Any) -> Any:
+        """A flow out of an exclusive gateway with no ``conditionExpression`` (and not the
+        default) takes the condition the gateway's config gives its branch (``branches:
+        [{id: <the flow's target>, condition: ...}]``): a sentence the model decides
+        (``_Runtime.decide_exclusive``), or an expression. SpiffWorkflow would refuse the flow."""
+        cond = super().parse_condition(sequence_flow)  # type: ignore[misc]
+        if cond is None and _local(self.node.tag) == "exclusiveGateway" \
+                and sequence_flow.get("id") != self.node.get("default"):
+            cond = branch_conditions_of(self.node, getattr(self.process_parser.parser, "branch_conditions", None)) \
+                .get(sequence_flow.get("targetRef"))
+        return cond
 
     def create_task(self) -> Any:
         task = super().create_task()  # type: ignore[misc]
@@ -578,7 +609,14 @@ class _LayerflowProcessParser(SpiffProcessParser):  # type: ignore[misc]
 
 
 class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
-    """SpiffBpmnParser that builds layerflow's spec twins and reads layerflow config elements."""
+    """SpiffBpmnParser that builds layerflow's spec twins and reads layerflow config elements.
+    ``branch_conditions`` (gateway id -> {branch id: condition}, from the config file) give the
+    flows of an exclusive gateway that have no ``conditionExpression`` their condition."""
+
+    def __init__(self, *args: Any, branch_conditions: Mapping[str, Mapping[str, str]] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.branch_conditions = branch_conditions
 
     OVERRIDE_PARSER_CLASSES = {tag: (_parser_twin(p), TWINS[s]) for tag, (p, s) in _STOCK_TAGS.items()}
     PROCESS_PARSER_CLASS = _LayerflowProcessParser

@@ -699,6 +699,14 @@ class _Validator:
 
     # -- gateways and scripts --------------------------------------------------------------
 
+    def _branch_condition(self, gateway_id: str, branch_id: str | None) -> str | None:
+        """The condition the (merged) config of a gateway gives one of its branches."""
+        cfg = self.merged.get(gateway_id)
+        for branch in (cfg.branches if cfg is not None else []):
+            if branch.id == branch_id and branch.condition and branch.condition.strip():
+                return str(branch.condition.strip())
+        return None
+
     def _check_gateways(self, proc: _Node) -> None:
         for gw in proc.element.iter(_bpmn("exclusiveGateway")):
             gid = gw.get("id") or "(no id)"
@@ -722,6 +730,28 @@ class _Validator:
                 if flow.get("id") == default:
                     continue
                 expr = _condition_text(flow)
+                configured = self._branch_condition(gid, flow.get("targetRef"))
+                if not expr and configured is not None:
+                    # the config's condition for this branch stands in for the missing expression
+                    # (``spiff.LayerflowBpmnParser`` gives it to the flow)
+                    judged = False
+                    if is_flow_sentence(configured):
+                        self.add("condition_natural_language", f"flow {flow.get('id')!r} of gateway {gid!r} has no "
+                                 f"conditionExpression; the config's sentence for branch {flow.get('targetRef')!r} "
+                                 "is its condition: the model decides it (--model or the gateway's llm.model); "
+                                 "without a model, or when the model fails, the flow is not taken and the "
+                                 "expressions or the default flow decide", file=file, line=flow.sourceline,
+                                 element_id=flow.get("id"), field="conditionExpression", severity="warning")
+                    else:
+                        try:
+                            compile(configured, f"<condition of branch {flow.get('targetRef')}>", "eval")
+                        except SyntaxError as err:
+                            self.add("condition_syntax", f"the config's condition for branch "
+                                     f"{flow.get('targetRef')!r} of gateway {gid!r} (flow {flow.get('id')!r} has "
+                                     f"none of its own) is neither a sentence nor a valid Python expression: "
+                                     f"{err.msg}; write a sentence or an expression", file=file, line=gw.sourceline,
+                                     element_id=gid, field="branches.condition")
+                    continue
                 if not expr:
                     self.add("gateway_flow_without_condition", f"outgoing flow {flow.get('id')!r} of gateway {gid!r} "
                              f"(to {flow.get('targetRef')!r}) has no condition and is not the default flow; add a "
@@ -834,6 +864,10 @@ class _Validator:
         from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 
         parser = (self.parser_factory or _default_parser_factory())()
+        # the config's branch conditions stand in for missing flow conditions (as in load_process)
+        parser.branch_conditions = {gid: {b.id: b.condition.strip() for b in cfg.branches
+                                          if b.condition and b.condition.strip()}
+                                    for gid, cfg in self.merged.items() if cfg.branches}
         reported = {p.element_id for p in self.problems if p.severity == "error" and p.element_id} | self.related
         failures: list[tuple[BaseException, _Doc | None]] = []
         for doc in self.docs:

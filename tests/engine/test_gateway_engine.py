@@ -379,3 +379,92 @@ def test_a_flow_with_only_a_sentence_follows_the_model(tmp_path: Path, chooser, 
     assert instance.main.resolve("path") == path
     [decision] = notes(instance, "condition_decision")
     assert decision["decided_by"] == decided_by and not notes(instance, "condition_disagreement")
+
+
+# ----- branch conditions given by the config only (the seed's designer sentences) ---------------------
+
+UNCONDITIONED_XOR = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"
+                  id="defs" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:process id="triage" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:exclusiveGateway id="route"{default}>{ext}</bpmn:exclusiveGateway>
+    <bpmn:scriptTask id="fast"><bpmn:script>path = 'fast'</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="full"><bpmn:script>path = 'full'</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f0" sourceRef="start" targetRef="route"/>
+    <bpmn:sequenceFlow id="to_fast" sourceRef="route" targetRef="fast"/>
+    <bpmn:sequenceFlow id="to_full" sourceRef="route" targetRef="full"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="fast" targetRef="end"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="full" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+SENTENCES = [{"id": "fast", "condition": "If the risk is low and the amount small, take the fast track"},
+             {"id": "full", "condition": "Otherwise take the full review"}]
+
+
+def _unconditioned(tmp_path: Path, *, default: bool = True, in_bpmn: bool = False,
+                   branches: list[dict[str, str]] = SENTENCES) -> Path:
+    ext = ('<bpmn:extensionElements><spiffworkflow:activityConfig>'
+           f'{json.dumps({"branches": branches})}</spiffworkflow:activityConfig></bpmn:extensionElements>')
+    bpmn = tmp_path / "triage.bpmn"
+    bpmn.write_text(UNCONDITIONED_XOR.replace("{default}", ' default="to_full"' if default else "")
+                    .replace("{ext}", ext if in_bpmn else ""), encoding="utf-8")
+    if not in_bpmn:
+        (tmp_path / "triage.layerflow.yaml").write_text(json.dumps({"route": {"branches": branches}}),
+                                                        encoding="utf-8")
+    return bpmn
+
+
+@pytest.mark.parametrize("in_bpmn", [False, True], ids=["config-file", "extension-element"])
+@pytest.mark.parametrize(("reply", "path", "decided_by"), [
+    ("fast", "fast", "model"),
+    ("full", "full", "default"),
+    (None, "full", "default"),  # offline: the sentence's flow is not taken, the default is
+])
+def test_flows_without_conditions_take_the_configs_sentences(tmp_path: Path, in_bpmn, reply, path,
+                                                             decided_by) -> None:
+    """The seed's designer writes the branch conditions as sentences in the gateway's config and
+    none on the flows: the process loads (SpiffWorkflow alone refuses a non-default flow with no
+    condition) and the model decides the sentence's flow."""
+    bpmn = _unconditioned(tmp_path, in_bpmn=in_bpmn)
+    code, doc = _validate_json(bpmn)
+    assert code == 0 and [p["code"] for p in doc["problems"]] == ["condition_natural_language"], doc
+    assert doc["problems"][0]["element_id"] == "to_fast"
+    engine = Engine(chooser=FakeChooser(reply) if reply else None)
+    instance = engine.run(engine.start(load_process(bpmn), {"amount": 9000}))
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("path") == path
+    [decision] = notes(instance, "condition_decision")
+    assert decision["decided_by"] == decided_by and decision["conditions"]["fast"].startswith("If the risk")
+    assert not notes(instance, "condition_model_failed")
+
+
+def test_a_configured_expression_stands_in_for_the_missing_flow_condition(tmp_path: Path) -> None:
+    bpmn = _unconditioned(tmp_path, default=True, branches=[{"id": "fast", "condition": "amount < 10000"}])
+    engine = Engine()
+    for amount, path in ((9000, "fast"), (20000, "full")):
+        instance = engine.run(engine.start(load_process(bpmn), {"amount": amount}))
+        assert instance.status == "completed" and instance.main.resolve("path") == path, instance.error
+
+
+def test_without_a_default_or_a_model_a_sentence_only_gateway_stops_naming_it(tmp_path: Path) -> None:
+    bpmn = _unconditioned(tmp_path, default=False)
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(bpmn), {"amount": 9000}))
+    assert instance.status == "error" and "route" in (instance.error["task_id"] or "") + instance.error["message"]
+
+
+def test_a_flow_without_a_condition_and_no_config_for_its_branch_is_still_refused(tmp_path: Path) -> None:
+    bpmn = _unconditioned(tmp_path, default=False, branches=[SENTENCES[0]])
+    code, doc = _validate_json(bpmn)
+    assert code == 2
+    [problem] = [p for p in doc["problems"] if p["severity"] == "error"]
+    assert problem["code"] == "gateway_flow_without_condition" and problem["element_id"] == "to_full"
+
+
+def _validate_json(bpmn: Path) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(main, ["validate", str(bpmn), "--json"])
+    return result.exit_code, json.loads(result.stdout)
