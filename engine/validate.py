@@ -864,10 +864,10 @@ class _Validator:
         from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 
         parser = (self.parser_factory or _default_parser_factory())()
+        from .process import branch_conditions
+
         # the config's branch conditions stand in for missing flow conditions (as in load_process)
-        parser.branch_conditions = {gid: {b.id: b.condition.strip() for b in cfg.branches
-                                          if b.condition and b.condition.strip()}
-                                    for gid, cfg in self.merged.items() if cfg.branches}
+        parser.branch_conditions = branch_conditions(self.merged)
         reported = {p.element_id for p in self.problems if p.severity == "error" and p.element_id} | self.related
         failures: list[tuple[BaseException, _Doc | None]] = []
         for doc in self.docs:
