@@ -12,13 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from context_layers.config import ActivityExtensionConfig
-from gateways.conditions import (BranchAnswer, BranchQuestion, build_branch_prompt, is_flow_sentence,
-                                 parse_branch_answer)
+from gateways.conditions import BranchAnswer, BranchQuestion, build_branch_prompt, parse_branch_answer
 
 # _Client is engine.llm's shared litellm client (endpoint, retries); the arbiter uses it too.
 from .llm import _Client
 
-__all__ = ["LiteLLMBranchChooser", "is_flow_sentence", "make_chooser"]
+__all__ = ["LiteLLMBranchChooser", "make_chooser"]
 
 
 class LiteLLMBranchChooser(_Client):

@@ -830,8 +830,7 @@ class _Runtime:
         spec = task.task_spec
         bpmn_id = spiff.bpmn_id_of(task)
         ctx = self.context_of(task)
-        io = getattr(subworkflow.spec, "io_specification", None)
-        inputs = [var.bpmn_id for var in (io.data_inputs if io is not None else [])]
+        inputs = spiff.io_names(subworkflow.spec, "data_inputs")
         missing = [name for name in inputs if name not in ctx]
         if missing:
             raise ActivityError(f"{bpmn_id!r} calls {spec.spec!r}, whose ioSpecification needs the data input(s) "
@@ -839,7 +838,7 @@ class _Runtime:
                                 f"{bpmn_id!r} (an earlier task, the instance's data) or remove them from the "
                                 "called process's dataInput", task_id=bpmn_id)
         multi = spiff.multi_instance_of(task)
-        outputs = [var.bpmn_id for var in (io.data_outputs if io is not None else [])]
+        outputs = spiff.io_names(subworkflow.spec, "data_outputs")
         if multi is None and not outputs:
             return
         inject: dict[str, Any] = {}
@@ -875,8 +874,7 @@ class _Runtime:
         bpmn_id = spiff.bpmn_id_of(task)
         scope = self.instance.contexts[name]
         parent = self.instance.contexts[info["parent"]]
-        io = getattr(subworkflow.spec, "io_specification", None)
-        outputs = [var.bpmn_id for var in (io.data_outputs if io is not None else [])]
+        outputs = spiff.io_names(subworkflow.spec, "data_outputs")
         multi = spiff.multi_instance_of(task)
         if multi is not None:
             mspec = multi.task_spec

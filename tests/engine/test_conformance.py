@@ -588,10 +588,10 @@ def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_it
                                                       "rated": 3}
 
 
-def test_a_non_interrupting_boundary_path_runs_beside_a_multi_instance_activity_that_waits(tmp_path: Path) -> None:
-    """The boundary path's tasks once failed: the activity it is attached to was open in the same
-    context. The path now runs in a branch of its own; its changes come back at the end."""
-    path = write(tmp_path, "votes_reminded", [
+def _votes_reminded(tmp_path: Path, pid: str, remind: str) -> Path:
+    """People vote (a multi-instance user task); a non-interrupting message boundary ``nudge``
+    runs ``remind`` beside it; ``count`` writes ``outcome`` after the vote."""
+    return write(tmp_path, pid, [
         '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
         '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
         "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
@@ -599,11 +599,17 @@ def test_a_non_interrupting_boundary_path_runs_beside_a_multi_instance_activity_
         "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
         '<bpmn:boundaryEvent id="nudge" attachedToRef="vote" cancelActivity="false">'
         f'{_message_catch("m_nudge", "nudged_by")}</bpmn:boundaryEvent>',
-        script("remind", "reminder = 'sent by ' + nudged_by['who']"), '<bpmn:endEvent id="end_reminded"/>',
+        script("remind", remind), '<bpmn:endEvent id="end_reminded"/>',
         script("count", "outcome = 'counted ' + str(len(ballots))"), '<bpmn:endEvent id="end"/>',
         flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
         flow("nudge", "remind"), flow("remind", "end_reminded"),
     ], '<bpmn:message id="m_nudge" name="nudge"/>\n')
+
+
+def test_a_non_interrupting_boundary_path_runs_beside_a_multi_instance_activity_that_waits(tmp_path: Path) -> None:
+    """The boundary path's tasks once failed: the activity it is attached to was open in the same
+    context. The path now runs in a branch of its own; its changes come back at the end."""
+    path = _votes_reminded(tmp_path, "votes_reminded", "reminder = 'sent by ' + nudged_by['who']")
     from SpiffWorkflow.bpmn.util import BpmnEvent
     from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
     from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
@@ -643,19 +649,7 @@ def test_a_boundary_path_that_writes_a_key_the_flow_also_writes_is_a_listed_conf
     """Both the boundary path (beside the open activity) and the flow it left write ``outcome``: the
     flow's value stays, and the clash is in the run's ``conflicts`` (documented shape, settled by
     strategy, with its reason), not only on the tape."""
-    path = write(tmp_path, "votes_clash", [
-        '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
-        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
-        "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
-        '<bpmn:inputDataItem id="voter" name="voter"/><bpmn:outputDataItem id="ballot" name="ballot"/>'
-        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
-        '<bpmn:boundaryEvent id="nudge" attachedToRef="vote" cancelActivity="false">'
-        f'{_message_catch("m_nudge", "nudged_by")}</bpmn:boundaryEvent>',
-        script("remind", "outcome = 'reminded'"), '<bpmn:endEvent id="end_reminded"/>',
-        script("count", "outcome = 'counted ' + str(len(ballots))"), '<bpmn:endEvent id="end"/>',
-        flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
-        flow("nudge", "remind"), flow("remind", "end_reminded"),
-    ], '<bpmn:message id="m_nudge" name="nudge"/>\n')
+    path = _votes_reminded(tmp_path, "votes_clash", "outcome = 'reminded'")
     engine = Engine()
     instance = run_ours(path, engine=engine)
     instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
