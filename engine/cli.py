@@ -162,26 +162,36 @@ def _summary(out: _Out, instance: Instance) -> None:
 # ----------------------------------------------------------------------------- inputs
 
 def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
+    """An object from a JSON or YAML file (by its extension), from stdin (``-``, JSON) or written
+    on the command line (``--data '{"amount": 20000}'``: a value starting with ``{`` that names no
+    file)."""
     if path is None:
         return {}
+    yaml_file = False
+    if path.lstrip().startswith("{") and not Path(path).exists():
+        text, source = path, f"inline {what}"
+    elif path == "-":
+        text, source = sys.stdin.read(), f"{what} from stdin"
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as err:
+            _fail(f"cannot read {what} file {path}: {err.strerror}; give a JSON or YAML file, - for stdin, "
+                  "or an inline JSON object", as_json=as_json)
+        source, yaml_file = f"{what} file {path}", path.endswith((".yaml", ".yml"))
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        _fail(f"cannot read {what} file {path}: {err.strerror}", as_json=as_json)
-    try:
-        if path.endswith((".yaml", ".yml")):
+        if yaml_file:
             import yaml
 
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
     except Exception as err:  # noqa: BLE001 - any parse error is bad input
-        _fail(f"{what} file {path} is not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: {err}",
-              as_json=as_json)
+        _fail(f"{source} is not valid {'YAML' if yaml_file else 'JSON'}: {err}", as_json=as_json)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        _fail(f"{what} file {path} must hold an object, got {type(data).__name__}", as_json=as_json)
+        _fail(f"{source} must hold an object, got {type(data).__name__}", as_json=as_json)
     return data
 
 
@@ -391,7 +401,8 @@ def _store_name(store: str | None) -> str:
 @click.option("--config", default=None, metavar="FILE", help="config file (default: PROCESS.layerflow.yaml beside it)")
 @click.option("--process", "process_id", default=None,
               help="the bpmn:process id to start, when the files hold several (default: the one no other calls)")
-@click.option("--data", "data_file", default=None, metavar="FILE", help="initial data (JSON or YAML object) -> PROCESS")
+@click.option("--data", "data_file", default=None, metavar="FILE",
+              help="initial data -> PROCESS: a JSON or YAML file, - (stdin) or an inline JSON object")
 @_answers_option
 @_answer_option
 @_yes_option
@@ -417,7 +428,8 @@ def demo() -> None:
 @demo.command("loan")
 @click.option("--scenario", type=click.Choice(sorted(LOAN_SCENARIOS)), default="conflict", show_default=True,
               help="conflict: high risk, the reviews disagree; full: medium risk, full review; fast: fast track")
-@click.option("--data", "data_file", default=None, metavar="FILE", help="application data instead of the scenario's")
+@click.option("--data", "data_file", default=None, metavar="FILE",
+              help="application data instead of the scenario's (file, - or inline JSON object)")
 @_answers_option
 @_answer_option
 @_yes_option
@@ -553,7 +565,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
 @main.command()
 @click.argument("instance_id")
 @click.argument("name")
-@click.option("--data", "data_file", default=None, metavar="FILE", help="the payload: a JSON or YAML object")
+@click.option("--data", "data_file", default=None, metavar="FILE",
+              help="the payload: a JSON or YAML file, - (stdin) or an inline JSON object")
 @click.option("--json-payload", "json_payload", default=None, metavar="TEXT", help="the payload as JSON text")
 @click.option("--signal", is_flag=True, help="broadcast a signal NAME instead of sending a message NAME")
 @_store_option

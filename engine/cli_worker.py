@@ -155,7 +155,7 @@ def worker_requeue(dead_id: str, store: str | None, queue: str | None, stream: s
 @click.argument("bpmn", type=click.Path(dir_okay=False))
 @click.option("--config", default=None, metavar="FILE", help="config file (default: PROCESS.layerflow.yaml beside it)")
 @click.option("--process", "process_id", default=None, help="the bpmn:process id, when the file has several")
-@click.option("--data", "data_file", default=None, metavar="FILE", help="initial data (JSON or YAML object)")
+@click.option("--data", "data_file", default=None, metavar="FILE", help="initial data: a JSON or YAML file, - (stdin) or an inline JSON object")
 @click.option("--count", type=int, default=1, show_default=True, help="submit this many instances")
 @_store
 @_queue

@@ -48,6 +48,9 @@ not make ``report.ok`` false:
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
+``handler_missing`` W                 a service task with no ``handler`` or ``llm:`` in its config and no
+                                      handler registered under its id yet (``@activity(ID)`` in code
+                                      that runs before it); the run stops there otherwise
 ``config_*``                          problems of the config file itself (``engine.configfile``);
                                       ``config_ambiguous`` W: several config files beside the BPMN
 ``bpmn_schema`` W                     the file does not conform to the BPMN 2.0 XSD
@@ -322,6 +325,7 @@ class _Validator:
                 self._check_gateways(proc)
                 self._check_code(proc)
                 self._check_references(proc)
+                self._check_unhandled(proc)
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
         for doc in good:
@@ -607,6 +611,21 @@ class _Validator:
             if problem:
                 self.add("handler_not_found", f"handler {ref!r}: {problem}", file=src.file,
                          line=src.line_of("handler"), element_id=src.element_id, field="handler")
+
+    def _check_unhandled(self, proc: _Node) -> None:
+        """A service task has no default behaviour: without a handler the run stops there.
+        A warning, because code may register one (``@activity(ID)``) before it runs."""
+        from .handlers import REGISTRY
+
+        for task in proc.element.iter(_bpmn("serviceTask")):
+            tid = task.get("id") or ""
+            cfg = self.merged.get(tid)
+            if (cfg is not None and (cfg.handler or cfg.llm is not None)) or tid in REGISTRY:
+                continue
+            self.add("handler_missing", f"service task {tid!r} has no handler: set 'handler: FILE.py:FUNCTION' "
+                     f"(or an llm: block) in its config, or register one with @activity({tid!r}) in code that "
+                     "runs before it; the run stops at this task otherwise", file=proc.file,
+                     line=task.sourceline, element_id=tid, field="handler", severity="warning")
 
     def _check_branches(self) -> None:
         for src in self.sources:

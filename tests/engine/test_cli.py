@@ -129,3 +129,21 @@ def _json(tmp_path: Path, name: str, value: object) -> str:
     path = tmp_path / name
     path.write_text(json.dumps(value), encoding="utf-8")
     return str(path)
+
+
+def test_data_inline_or_from_stdin(cli, tmp_path: Path) -> None:
+    """``--data`` takes a file, ``-`` (stdin) or an object written on the command line."""
+    path = write_process(tmp_path, "doubling", [script_task("double", "y = x * 2")])
+    inline = cli("run", str(path), "--json", "--data", '{"x": 21}')
+    assert inline.exit_code == 0, inline.stdout
+    assert _doc(inline)["layers"]["L3"]["y"] == 42
+    runner = CliRunner()
+    piped = runner.invoke(main, ["run", str(path), "--json", "--data", "-"], input='{"x": 4}', catch_exceptions=False)
+    assert piped.exit_code == 0 and _doc(piped)["layers"]["L3"]["y"] == 8
+    bad = cli("run", str(path), "--json", "--data", '{"x": ')
+    assert bad.exit_code == 2 and "inline data is not valid JSON" in _doc(bad)["error"]["message"]
+    not_object = runner.invoke(main, ["run", str(path), "--json", "--data", "-"], input="[1, 2]")
+    assert not_object.exit_code == 2 and "data from stdin must hold an object, got list" in _doc(not_object)["error"]["message"]
+    missing = cli("run", str(path), "--data", "nowhere.json")
+    assert missing.exit_code == 2
+    assert "cannot read data file nowhere.json" in missing.stderr and "inline JSON object" in missing.stderr

@@ -527,3 +527,22 @@ def test_value_set_coverage_agrees_with_brute_force(conditions: list[str]) -> No
         assert code == ("gateway_not_exhaustive" if "other" in uncovered else "gateway_coverage_gap")
         if "other" not in uncovered:
             assert all(f"s == {s!r}" in text for s in uncovered), text
+
+
+def test_a_service_task_without_a_handler_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run would stop at the task: validate says so before anything runs, as a warning
+    (code may still register a handler under the task's id before the run)."""
+    from engine.handlers import REGISTRY
+    from engine_helpers import chain_bpmn
+
+    path = tmp_path / "svc.bpmn"
+    path.write_text(chain_bpmn("svc", ['<bpmn:serviceTask id="charge"/>', '<bpmn:serviceTask id="notify"/>',
+                                       '<bpmn:serviceTask id="score"/>']), encoding="utf-8")
+    (tmp_path / "svc.layerflow.yaml").write_text("notify:\n  handler: notify_handler\n", encoding="utf-8")
+    report = validate_process(path)
+    assert report.ok  # a warning: nothing is refused
+    missing = [p for p in report.warnings if p.code == "handler_missing"]
+    assert [(p.element_id, p.field) for p in missing] == [("charge", "handler"), ("score", "handler")]
+    assert "@activity('charge')" in missing[0].message and missing[0].line and missing[0].file == str(path)
+    monkeypatch.setitem(REGISTRY._handlers, "score", lambda ctx: {})
+    assert [p.element_id for p in validate_process(path).warnings if p.code == "handler_missing"] == ["charge"]
