@@ -965,6 +965,11 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             if since is None or e.seq >= since:
                 events.append((e.time, name, e))
     events.sort(key=lambda t: (t[0], t[2].seq))
+    if not events and kind:
+        seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
+                       for k in (e.kind, (e.data or {}).get("note")) if k})
+        click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
+                   err=True)
     if as_json:
         _Out(True).doc([{"context": name, **e.to_dict()} for _, name, e in events])
         return
@@ -992,12 +997,14 @@ def replay(instance_id: str, until: int, context_name: str | None, store: str | 
     ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
-    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "layers": layers,
+    end = ctx.tape[-1].seq if len(ctx.tape) else 0
+    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "layers": layers,
            "tokens": rebuilt.token_report()}
     if as_json:
         _Out(True).doc(doc)
         return
-    click.echo(f"context {ctx.name} of {instance.id} at #{until}")
+    past = f" (the tape ends at #{end}: this is its last state)" if until > end else ""
+    click.echo(f"context {ctx.name} of {instance.id} at #{min(until, end)}{past}")
     for layer, values in layers.items():
         for k, v in values.items():
             click.echo(f"{layer}\t{k}\t{_short(v)}")

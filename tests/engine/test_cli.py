@@ -147,3 +147,18 @@ def test_data_inline_or_from_stdin(cli, tmp_path: Path) -> None:
     missing = cli("run", str(path), "--data", "nowhere.json")
     assert missing.exit_code == 2
     assert "cannot read data file nowhere.json" in missing.stderr and "inline JSON object" in missing.stderr
+
+
+def test_tape_kind_that_matches_nothing_lists_the_kinds_and_replay_past_the_end_says_so(cli) -> None:
+    iid = _doc(cli("demo", "loan", "--scenario", "fast", "--json"))["instance_id"]
+    none = cli("tape", iid, "--kind", "conflcit", "--json")
+    assert none.exit_code == 0 and _doc(none) == []  # an empty result is still the document
+    assert "no event of kind 'conflcit'" in none.stderr and "complete" in none.stderr and "split" in none.stderr
+    found = cli("tape", iid, "--kind", "complete")
+    assert found.exit_code == 0 and found.stdout and not found.stderr
+    end = _doc(cli("replay", iid, "--until", "100000", "--json"))
+    assert end["until"] == 100000 and end["tape_end"] >= 1
+    last = _doc(cli("replay", iid, "--until", str(end["tape_end"]), "--json"))
+    assert last["layers"] == end["layers"] and last["tape_end"] == end["tape_end"]
+    text = cli("replay", iid, "--until", "100000").stdout.splitlines()[0]
+    assert text == f"context main of {iid} at #{end['tape_end']} (the tape ends at #{end['tape_end']}: this is its last state)"
