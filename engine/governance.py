@@ -64,6 +64,7 @@ from context_layers.tape import EventKind
 
 from .process import Process, load_process
 from .runtime import Engine, Instance
+from .store import InstanceRecords
 
 __all__ = [
     "AnswerArgs",
@@ -364,6 +365,9 @@ class GovernanceService:
         self.compressor = compressor or RuleDrivenCompressor()
         self._gates: weakref.WeakValueDictionary[str, _Gate] = weakref.WeakValueDictionary()
         self._gates_lock = threading.Lock()
+        # instance id -> (version, its open confirmations): a listing reads only what changed
+        self._open: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+        self._open_lock = threading.Lock()
 
     # ----- plumbing ------------------------------------------------------------------
 
@@ -547,24 +551,39 @@ class GovernanceService:
                 "present": present, "missing": missing}
 
     def confirmations(self, instance_id: str | None = None) -> list[dict[str, Any]]:
-        """Open confirmations (a person's answer pending), of one instance or of all."""
+        """Open confirmations (a person's answer pending), of one instance or of all.
+
+        Listing all reads the record head (no tape, no workflow rebuilt) of each unfinished
+        instance whose version changed since the last listing; the rest is remembered
+        (any change to an instance bumps its version)."""
         if instance_id is not None:
-            instances = [self.load(instance_id)]
-        else:
-            instances = []
-            for row in self.list_instances():
-                if row.get("status") == "completed":
-                    continue
+            inst = self.load(instance_id)
+            return _open_of(inst.id, inst.version, inst.confirmations)
+        rows = [r for r in self.list_instances() if r.get("status") != "completed"]
+        out = []
+        for row in rows:
+            iid, version = row["id"], row.get("version")
+            with self._open_lock:
+                known = self._open.get(iid)
+            if known is None or known[0] != version:
                 try:
-                    instances.append(self.load(row["id"]))
+                    head = self._record_head(iid)
                 except ContextKeyError:
                     continue  # deleted meanwhile
-        out = []
-        for inst in instances:
-            for c in inst.confirmations:
-                if not c.get("answered"):
-                    out.append({**c, "instance_id": inst.id, "version": inst.version})
+                known = (head["version"], _open_of(iid, head["version"], head.get("engine", {}).get("confirmations", [])))
+                with self._open_lock:
+                    self._open[iid] = known
+            out.extend(known[1])
+        with self._open_lock:  # forget instances that finished or were deleted
+            for gone in self._open.keys() - {r["id"] for r in rows}:
+                del self._open[gone]
         return out
+
+    def _record_head(self, instance_id: str) -> dict[str, Any]:
+        store = self.engine.store
+        if isinstance(store, InstanceRecords):
+            return store.load_head(instance_id)
+        return store.load(instance_id)  # a store of its own: the whole record
 
     # ----- changes -------------------------------------------------------------------
 
@@ -860,6 +879,10 @@ def _unsafe_expression(expression: str, *, natural_language_ok: bool) -> str | N
                 return None  # a designer's sentence, for the model; nothing runs it
         return str(err)
     return None
+
+
+def _open_of(instance_id: str, version: int, confirmations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**c, "instance_id": instance_id, "version": version} for c in confirmations if not c.get("answered")]
 
 
 def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict_key: str | None) -> dict[str, Any]:

@@ -49,3 +49,13 @@ def test_bench_gateways_quick():
 def test_bench_snapshot_quick():
     out = _bench("bench/bench_snapshot.py", "--quick")
     assert re.search(r"speed-up over deepcopy at 100,000 keys: [0-9,]+x", out), out
+
+
+@pytest.mark.slow
+def test_bench_confirmations_quick():
+    out = _bench("bench/bench_confirmations.py", "--quick")
+    rows = re.findall(r"^(baseline: rebuild every unfinished instance|record heads, [a-z ]+?)\s+([0-9.]+)\s+([0-9.]+)$",
+                      out, re.M)
+    assert [r[0] for r in rows] == ["baseline: rebuild every unfinished instance", "record heads, first listing",
+                                    "record heads, nothing changed", "record heads, one instance answered"], out
+    assert float(rows[0][2]) == 1.0

@@ -123,6 +123,12 @@ class InstanceRecords:
         record["version"] = version
         return record
 
+    def load_head(self, instance_id: str) -> dict[str, Any]:
+        """The record without its tapes (``version`` inside): what a listing reads; no tape is read."""
+        record, version = self.store.load(instance_id)
+        record["version"] = version
+        return record
+
     def save(self, record: Mapping[str, Any], expected_version: int) -> int:
         iid = record["id"]
         with self._heads_lock:

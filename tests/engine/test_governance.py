@@ -308,6 +308,39 @@ def test_resolve_a_conflict_with_a_reason(service, loan):
     assert service.confirmations() == []
 
 
+def test_listing_confirmations_reads_record_heads_and_sees_every_change(tmp_path, monkeypatch):
+    """Listing every open confirmation reads the record heads of unfinished instances (no
+    workflow rebuilt, no tape read), and again only for those whose version changed: an
+    answer given through another service on the same store shows at once."""
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    service = GovernanceService(Engine(url), make_catalog(tmp_path))
+    other = GovernanceService(Engine(url), make_catalog(tmp_path))
+    ids = [service.start(StartArgs(process_id="loan_approval", data=LOAN_CONFLICT))["instance_id"] for _ in range(3)]
+    done = service.start(StartArgs(process_id="notes_review", data=NOTES))["instance_id"]
+    assert done not in {c["instance_id"] for c in service.confirmations()}
+
+    def no_full_load(*args, **kwargs):
+        raise AssertionError("a listing of all instances rebuilt one")
+    monkeypatch.setattr(Engine, "load", no_full_load)
+    listed = service.confirmations()
+    assert sorted(c["instance_id"] for c in listed) == sorted(ids)
+    assert all(c["id"] == "review_join/approval_status" and c["version"] == service.engine.store.load_head(
+        c["instance_id"])["version"] for c in listed)
+    reads = []
+    real_head = type(service.engine.store).load_head
+    monkeypatch.setattr(type(service.engine.store), "load_head",
+                        lambda self, iid: reads.append(iid) or real_head(self, iid))
+    assert service.confirmations() == listed and reads == []  # nothing changed: nothing read
+    monkeypatch.undo()
+    other.resolve(ids[1], ResolveArgs(conflict_key="approval_status", resolution="rejected", reason="too risky"),
+                  actor="bob")
+    again = service.confirmations()
+    assert sorted(c["instance_id"] for c in again) == sorted([ids[0], ids[2]])
+    service.engine.store.store.delete(ids[0])
+    assert [c["instance_id"] for c in service.confirmations()] == [ids[2]]
+    assert service.confirmations(ids[2]) == [c for c in again if c["instance_id"] == ids[2]]
+
+
 def test_resolve_refusals_change_nothing(service, loan):
     version = service.document(loan)["version"]
     with pytest.raises(InvalidAnswer, match="not one of the offered option values"):
