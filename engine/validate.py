@@ -61,6 +61,8 @@ not make ``report.ok`` false:
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
+``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
+                                      them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
@@ -851,6 +853,15 @@ class _Validator:
             if called in process_ids:
                 continue
             self.related.add(called or "")
+            if called is None:
+                zeebe = call.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}calledElement")
+                named = zeebe.get("processId") if zeebe is not None else None
+                camunda8 = f" (its zeebe:calledElement processId={named!r} is Camunda 8's)" if named else ""
+                self.add("call_activity_unknown_process", f"call activity {call.get('id')!r} has no calledElement"
+                         f"{camunda8}: "
+                         f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
+                         line=call.sourceline, element_id=call.get("id"), field="calledElement")
+                continue
             self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
@@ -969,6 +980,13 @@ class _Validator:
             if not isinstance(el.tag, str) or el.tag not in _FLOW_NODES:
                 continue
             eid, tag = el.get("id") or "(no id)", etree.QName(el).localname
+            link = el.find(_bpmn("linkEventDefinition"))
+            if link is not None:
+                self.add("link_event", f"bpmn:{tag} {eid!r} is a link event (link {link.get('name')!r}), and "
+                         "SpiffWorkflow does not run link events: a link throw ends its path there and a link catch "
+                         "never runs, so the process completes without the steps after it; draw a sequence flow "
+                         "from before the throw to after the catch instead", file=file, line=el.sourceline,
+                         element_id=eid)
             if eid in ("Start", "End") or eid.endswith((".EndJoin", ".BoundaryEventSplit", ".BoundaryEventJoin")):
                 self.add("reserved_id", f"id {eid!r} is the name SpiffWorkflow gives a task of its own in every "
                          f"process, so this bpmn:{tag} takes its place (the process fails to start or skips "

@@ -522,6 +522,13 @@ REFUSED: dict[str, tuple[Callable[[Path], Path], str, str | None, str, list[str]
         start(), '<bpmn:adHocSubProcess id="pick"><bpmn:task id="one" /></bpmn:adHocSubProcess>', end(),
         *chain("StartEvent_1", "pick", "EndEvent_1")]),
         "condition_syntax", "pick", "completionCondition", ["<bpmn:completionCondition>"]),
+    "zeebe call activity (no calledElement)": (lambda p: export(p, "caller", [process("caller", [
+        start(), '<bpmn:callActivity id="call"><bpmn:extensionElements><zeebe:calledElement processId="callee" '
+        'propagateAllChildVariables="false" /></bpmn:extensionElements></bpmn:callActivity>', end(),
+        *chain("StartEvent_1", "call", "EndEvent_1")]), process("callee", [
+            start("callee_start"), script("callee_work", "r = 1"), end("callee_end"),
+            *chain("callee_start", "callee_work", "callee_end")], executable="false")], dialect="zeebe"),
+        "call_activity_unknown_process", "call", "calledElement", ["processId='callee'", 'calledElement="callee"']),
     'isExecutable="false"': (lambda p: export(p, "draft", [process("draft", [
         start(), script("work", "a = 1"), end(), *chain("StartEvent_1", "work", "EndEvent_1")], executable="false")]),
         "no_executable_process", "draft", "isExecutable", ["process 'draft'", 'set isExecutable="true"']),
@@ -553,6 +560,22 @@ def test_plain_spiffworkflow_skips_what_a_reserved_id_names(tmp_path: Path, name
     build, _, element_id, _, _ = REFUSED[name]
     plain_wf, _ = run_plain(build(tmp_path), {}, {})
     assert plain_wf.is_completed() and element_id not in path_of(plain_wf)
+
+
+def test_link_events_are_refused_since_plain_spiffworkflow_skips_what_follows_them(tmp_path: Path) -> None:
+    path = export(tmp_path, "linked", [process("linked", [
+        start(), script("before", "a = 1"), '<bpmn:intermediateThrowEvent id="to_b"><bpmn:linkEventDefinition '
+        'id="link_out" name="jump" /></bpmn:intermediateThrowEvent>', '<bpmn:intermediateCatchEvent id="from_a">'
+        '<bpmn:linkEventDefinition id="link_in" name="jump" /></bpmn:intermediateCatchEvent>',
+        script("after", "b = 1"), end(), *chain("StartEvent_1", "before", "to_b"), *chain("from_a", "after", "EndEvent_1")])])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    assert plain_wf.is_completed() and "after" not in path_of(plain_wf) and plain_vars == {"a": 1}
+
+    errors = validate_process(path, discover_config=False).errors
+    assert [(p.code, p.element_id) for p in errors] == [("link_event", "to_b"), ("link_event", "from_a")]
+    assert all("link 'jump'" in str(p) and "draw a sequence flow" in str(p) for p in errors)
+    with pytest.raises(ProcessError, match="link_event|link event"):
+        load_process(path)
 
 
 # ----- runs, fails where nothing runs a step: the error names the task ----------------------------------
