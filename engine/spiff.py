@@ -282,7 +282,8 @@ class _LayerflowSpecMixin:
                 my_task.data.pop(ref.bpmn_id, None)
             for name in io_names(self, "data_outputs"):
                 my_task.data.pop(name, None)
-        if len(self.outputs) > 1 and (self.lf_role == "gateway" or isinstance(self, StartEvent)):  # type: ignore[attr-defined]
+        outputs = self.outputs  # type: ignore[attr-defined]
+        if len(outputs) > 1 and (self.lf_role == "gateway" or isinstance(self, StartEvent)):
             # a start event with several outgoing flows is BPMN's implicit parallel split: as in
             # SpiffWorkflow, where each path has data of its own, each gets a context of its own
             driver = driver_of(my_task)

@@ -1002,24 +1002,21 @@ class _Validator:
                             "a parallel gateway after it to run the paths side by side, or an exclusive gateway "
                             "with conditions to choose one")
                 flows = ", ".join(f"{f.get('id')!r} to {f.get('targetRef')!r}" for f in outgoing)
+                shape = "BPMN's implicit split" + (", and conditional or default flows out of an activity"
+                                                   if choice else "")
                 self.add("implicit_split", f"bpmn:{tag} {eid!r} has {len(outgoing)} outgoing flows ({flows}); "
-                         "SpiffWorkflow takes one flow out of a task or event, so it cannot load this "
-                         f"(BPMN's implicit split{', and conditional or default flows out of an activity' if choice else ''}): "
+                         f"SpiffWorkflow takes one flow out of a task or event, so it cannot load this ({shape}): "
                          f"draw {gateways}", file=file, line=el.sourceline, element_id=eid)
-            elif len(outgoing) == 1 and _condition_text(outgoing[0]) and tag not in _CONDITIONAL_SOURCES:
-                flow = outgoing[0]
-                self.add("condition_ignored", f"flow {flow.get('id')!r} leaves bpmn:{tag} {eid!r}, and only flows "
-                         "out of an exclusive or inclusive gateway have their condition evaluated: this one is always "
-                         f"taken (as in SpiffWorkflow); to choose, draw an exclusive gateway after {eid!r}",
-                         file=file, line=flow.sourceline, element_id=flow.get("id"), field="conditionExpression",
-                         severity="warning")
-            if tag in _PARALLEL_SOURCES:
-                for flow in outgoing:
-                    if _condition_text(flow):
-                        self.add("condition_ignored", f"flow {flow.get('id')!r} leaves bpmn:{tag} {eid!r}, which takes "
-                                 "every outgoing flow: its condition is never evaluated (as in SpiffWorkflow); to "
-                                 "choose, use an exclusive or inclusive gateway", file=file, line=flow.sourceline,
-                                 element_id=flow.get("id"), field="conditionExpression", severity="warning")
+            elif tag not in _CONDITIONAL_SOURCES:
+                every = len(outgoing) > 1  # a parallel gateway or a start event: takes them all
+                for flow in (f for f in outgoing if _condition_text(f)):
+                    self.add("condition_ignored", f"flow {flow.get('id')!r} leaves bpmn:{tag} {eid!r}, "
+                             + ("which takes every outgoing flow: its condition is never evaluated" if every else
+                                "and only flows out of an exclusive or inclusive gateway have their condition "
+                                "evaluated: this one is always taken")
+                             + f" (as in SpiffWorkflow); to choose, draw an exclusive gateway after {eid!r}",
+                             file=file, line=flow.sourceline, element_id=flow.get("id"), field="conditionExpression",
+                             severity="warning")
             # (a scope with no start event: SpiffWorkflow refuses it, and says so)
             on_a_path = not _off_the_flow(el) and el.getparent().find(_bpmn("startEvent")) is not None
             if not outgoing and tag in _PATH_NODES and on_a_path:
@@ -1251,7 +1248,6 @@ def _off_the_flow(el: Any) -> bool:
 
 
 _CONDITIONAL_SOURCES = frozenset({"exclusiveGateway", "inclusiveGateway"})
-_PARALLEL_SOURCES = frozenset({"parallelGateway", "startEvent"})
 _PATH_NODES = frozenset({
     "task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask", "businessRuleTask",
     "callActivity", "subProcess", "transaction", "intermediateCatchEvent", "intermediateThrowEvent",

@@ -303,6 +303,14 @@ CONFORM: dict[str, tuple[Callable[[Path], Path], dict[str, Any], list[str]]] = {
     "a condition on the one flow out of a task": (lambda p: export(p, "cond_task", [process("cond_task", [
         start(), script("work", "amount = 5"), script("next", "b = 2"), end(), flow("StartEvent_1", "work"),
         flow("work", "next", "amount > 1000000"), flow("next", "EndEvent_1")])]), {}, ["condition_ignored"]),
+    "a condition on a flow out of a parallel gateway": (lambda p: export(p, "cond_fork", [process("cond_fork", [
+        start(), script("work", "amount = 5"), '<bpmn:parallelGateway id="fork" />', script("left", "b = 1"),
+        script("right", "c = 1"), '<bpmn:parallelGateway id="join" />', end(),
+        *chain("StartEvent_1", "work", "fork"), flow("fork", "left", "amount > 1000000"), flow("fork", "right"),
+        flow("left", "join"), flow("right", "join"), flow("join", "EndEvent_1")])]), {}, ["condition_ignored"]),
+    "a condition on the one flow out of a start event": (lambda p: export(p, "cond_start", [process("cond_start", [
+        start(), script("work", "a = 1"), end(), flow("StartEvent_1", "work", "False"), flow("work", "EndEvent_1")])]),
+        {}, ["condition_ignored"]),
     "a task with no outgoing flow beside the main path": (lambda p: export(p, "dead_end", [process("dead_end", [
         start(), script("main", "a = 1"), script("side", "b = 2"), end(), flow("StartEvent_1", "main"),
         flow("StartEvent_1", "side"), flow("main", "EndEvent_1")])]), {}, ["no_outgoing_flow"]),
