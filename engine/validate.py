@@ -61,6 +61,7 @@ not make ``report.ok`` false:
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
+``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for
 ``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
                                       them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
@@ -987,6 +988,11 @@ class _Validator:
                          "never runs, so the process completes without the steps after it; draw a sequence flow "
                          "from before the throw to after the catch instead", file=file, line=el.sourceline,
                          element_id=eid)
+            if tag == "complexGateway":
+                self.related.add(eid)
+                self.add("unsupported_element", f"complex gateway {eid!r}: SpiffWorkflow has no complex gateway; draw "
+                         "an inclusive gateway (its flows' conditions choose the paths, its join waits for the paths "
+                         "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
             if eid in ("Start", "End") or eid.endswith((".EndJoin", ".BoundaryEventSplit", ".BoundaryEventJoin")):
                 self.add("reserved_id", f"id {eid!r} is the name SpiffWorkflow gives a task of its own in every "
                          f"process, so this bpmn:{tag} takes its place (the process fails to start or skips "

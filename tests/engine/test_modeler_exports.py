@@ -27,7 +27,7 @@ from engine.cli import main
 from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain, variables
-from test_conformance import run_ours
+from test_conformance import _Clock, run_ours
 
 BPMN = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CAMUNDA = 'xmlns:camunda="http://camunda.org/schema/1.0/bpmn"'
@@ -281,6 +281,38 @@ def _start_split(tmp_path: Path) -> Path:
         flow("count", "EndEvent_1")])])
 
 
+def _bom_crlf(path: Path) -> Path:
+    """A UTF-8 byte order mark and Windows line ends, as some Windows tools save."""
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    return path
+
+
+def _colored(path: Path) -> Path:
+    """bpmn.io's colors on the diagram shapes (bioc: and the OMG color extension)."""
+    text = path.read_text(encoding="utf-8").replace(
+        "<bpmndi:BPMNShape ", '<bpmndi:BPMNShape bioc:stroke="#1e88e5" bioc:fill="#bbdefb" color:background-color="#bbdefb" ')
+    text = text.replace("<bpmn:definitions ", '<bpmn:definitions xmlns:bioc="http://bpmn.io/schema/bpmn/biocolor/1.0" '
+                        'xmlns:color="http://www.omg.org/spec/BPMN/non-normative/color/1.0" ', 1)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _called(tmp_path: Path) -> Path:
+    """A Camunda 7 call activity passing every variable in and out (camunda:in / camunda:out)."""
+    return export(tmp_path, "caller", [process("caller", [
+        start(), script("prepare", "x = 1"), '<bpmn:callActivity id="call" calledElement="callee"><bpmn:extensionElements>'
+        '<camunda:in variables="all" /><camunda:out variables="all" /></bpmn:extensionElements></bpmn:callActivity>',
+        end(), *chain("StartEvent_1", "prepare", "call", "EndEvent_1")]),
+        process("callee", [start("callee_start"), script("callee_work", "r = x + 1"), end("callee_end"),
+                           *chain("callee_start", "callee_work", "callee_end")])])
+
+
+def _ending(name: str, definition: str, extra: str = "") -> Callable[[Path], Path]:
+    return lambda p: export(p, name, [process(name, [
+        start(), script("work", "a = 1"), end("EndEvent_1", definition), *chain("StartEvent_1", "work", "EndEvent_1")])],
+        extra=extra)
+
+
 CONFORM: dict[str, tuple[Callable[[Path], Path], dict[str, Any], list[str]]] = {
     # name: (builder, person's answers by task id, validate's warning codes). A data object's value
     # stays in the context (plain SpiffWorkflow moves it out of task data, into the workflow's).
@@ -319,6 +351,39 @@ CONFORM: dict[str, tuple[Callable[[Path], Path], dict[str, Any], list[str]]] = {
         '<bpmn:transaction id="tx_block"><bpmn:startEvent id="tx_start" />' + script("tx_work", "t = 1")
         + '<bpmn:endEvent id="tx_end" />' + "".join(chain("tx_start", "tx_work", "tx_end")) + "</bpmn:transaction>",
         end(), *chain("StartEvent_1", "milestone", "tx_block", "EndEvent_1")])]), {}, []),
+    "UTF-8 byte order mark, CRLF, non-ASCII names": (lambda p: _bom_crlf(export(p, "windows", [process("windows", [
+        start(), '<bpmn:scriptTask id="check" name="Prüfen – 审核"><bpmn:documentation>Doku äöü</bpmn:documentation>'
+        '<bpmn:script>name = "Jürgen"\nok = True</bpmn:script></bpmn:scriptTask>', end(),
+        *chain("StartEvent_1", "check", "EndEvent_1")])])), {}, []),
+    "bpmn.io colors on the diagram": (lambda p: _colored(export(p, "colors", [process("colors", [
+        start(), script("work", "a = 1"), end(), *chain("StartEvent_1", "work", "EndEvent_1")])])), {}, []),
+    "nested lanes (childLaneSet)": (lambda p: export(p, "lanes", [process("lanes", [
+        '<bpmn:laneSet id="lanes_set"><bpmn:lane id="team" name="Team"><bpmn:flowNodeRef>StartEvent_1</bpmn:flowNodeRef>'
+        '<bpmn:childLaneSet id="team_lanes"><bpmn:lane id="reviewers" name="Reviewers"><bpmn:flowNodeRef>review'
+        "</bpmn:flowNodeRef><bpmn:flowNodeRef>EndEvent_1</bpmn:flowNodeRef></bpmn:lane></bpmn:childLaneSet></bpmn:lane>"
+        "</bpmn:laneSet>", start(), '<bpmn:userTask id="review" name="Review" />', end(),
+        *chain("StartEvent_1", "review", "EndEvent_1")])]), {"review": {"ok": True}}, []),
+    "camunda 7 call activity with camunda:in / camunda:out": (_called, {}, ["foreign_extension"]),
+    "multi-instance by cardinality": (lambda p: export(p, "thrice", [process("thrice", [
+        start(), '<bpmn:scriptTask id="each"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopCardinality '
+        'xsi:type="bpmn:tFormalExpression">3</bpmn:loopCardinality></bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:script>seen = 1</bpmn:script></bpmn:scriptTask>", end(), *chain("StartEvent_1", "each", "EndEvent_1")])]),
+        {}, []),
+    "inclusive gateway with a default flow": (lambda p: export(p, "inclusive", [process("inclusive", [
+        start(), script("prepare", "amount = 5"), '<bpmn:inclusiveGateway id="split" default="Flow_split_other" />',
+        script("big", "b = 1"), script("other", "c = 1"), '<bpmn:inclusiveGateway id="merge" />', end(),
+        *chain("StartEvent_1", "prepare", "split"), flow("split", "big", "amount > 1"), flow("split", "other"),
+        flow("big", "merge"), flow("other", "merge"), flow("merge", "EndEvent_1")])]), {}, []),
+    "a non-interrupting message event sub-process beside a user task": (lambda p: export(p, "side", [process("side", [
+        start(), '<bpmn:userTask id="work" />', end(), *chain("StartEvent_1", "work", "EndEvent_1"),
+        '<bpmn:subProcess id="on_poke" triggeredByEvent="true"><bpmn:startEvent id="poked" isInterrupting="false">'
+        '<bpmn:messageEventDefinition messageRef="Message_poke" /></bpmn:startEvent>' + script("note", "n = 1")
+        + '<bpmn:endEvent id="poke_end" />' + "".join(chain("poked", "note", "poke_end")) + "</bpmn:subProcess>"])],
+        extra='<bpmn:message id="Message_poke" name="poke" />'), {"work": {}}, []),
+    "terminate end event": (_ending("terminate", "<bpmn:terminateEventDefinition />"), {}, []),
+    "escalation end event without a ref": (_ending("escalate", "<bpmn:escalationEventDefinition />"), {}, []),
+    "signal end event nobody catches": (_ending("signal", '<bpmn:signalEventDefinition signalRef="Signal_done" />',
+                                                '<bpmn:signal id="Signal_done" name="done" />'), {}, []),
     "isExecutable missing": (lambda p: export(p, "unset", [process("unset", [
         start(), script("work", "a = 1"), end(), *chain("StartEvent_1", "work", "EndEvent_1")], executable=None)]),
         {}, ["process_executable_unset"]),
@@ -355,6 +420,21 @@ def _answers_file(tmp_path: Path, answers: dict[str, Any]) -> str:
     path = tmp_path / "answers.json"
     path.write_text(json.dumps({"user_tasks": answers}), encoding="utf-8")
     return str(path)
+
+
+def test_a_timer_of_one_second_waits_on_the_engine_clock(tmp_path: Path) -> None:
+    path = export(tmp_path, "second", [process("second", [
+        start(), timer("wait", "timeDuration", '"PT1S"'), script("after", "waited = True"), end(),
+        *chain("StartEvent_1", "wait", "after", "EndEvent_1")])])
+    clock = _Clock()
+    engine = Engine(clock=clock)
+    instance = run_ours(path, engine=engine)
+    assert instance.status == "waiting"
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("timer", "wait")]
+    clock.now += 2
+    instance = engine.resume(engine.load(instance.id))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"waited": True}
 
 
 def test_a_start_event_with_two_flows_gives_each_path_its_own_context(tmp_path: Path) -> None:
@@ -537,6 +617,10 @@ REFUSED: dict[str, tuple[Callable[[Path], Path], str, str | None, str, list[str]
             start("callee_start"), script("callee_work", "r = 1"), end("callee_end"),
             *chain("callee_start", "callee_work", "callee_end")], executable="false")], dialect="zeebe"),
         "call_activity_unknown_process", "call", "calledElement", ["processId='callee'", 'calledElement="callee"']),
+    "complex gateway": (_one("complex", [
+        start(), '<bpmn:complexGateway id="choose" />', script("work", "a = 1"), end(),
+        *chain("StartEvent_1", "choose", "work", "EndEvent_1")]),
+        "unsupported_element", "choose", None, ["no complex gateway", "inclusive gateway"]),
     'isExecutable="false"': (lambda p: export(p, "draft", [process("draft", [
         start(), script("work", "a = 1"), end(), *chain("StartEvent_1", "work", "EndEvent_1")], executable="false")]),
         "no_executable_process", "draft", "isExecutable", ["process 'draft'", 'set isExecutable="true"']),
