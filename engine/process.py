@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lxml import etree
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 
 from context_layers import ActivityExtensionConfig, Layer, config_from_dict
@@ -130,7 +131,11 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
 
     parser = spiff.LayerflowBpmnParser(branch_conditions=branch_conditions(file_cfg["elements"]) if file_cfg else None)
     try:
-        parser.add_bpmn_files([str(p) for p in paths])
+        for p in paths:
+            # from bytes, as validate reads them: the XML declaration names the encoding (SpiffWorkflow's
+            # add_bpmn_files decodes every file as UTF-8 and fails on an ISO-8859-1 export)
+            xml = etree.XMLParser(resolve_entities=False, no_network=True)  # as validate's: data, not a fetch
+            parser.add_bpmn_xml(etree.fromstring(p.read_bytes(), xml), filename=str(p))
     except ValidationException as err:
         raise ProcessError(_spiff_message(err)) from None
     except Exception as err:  # lxml syntax errors and the like

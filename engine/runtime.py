@@ -1064,8 +1064,11 @@ class _Runtime:
                 write_result(actx, actx.data)
             return None
         if isinstance(spec, ScriptTaskMixin):
-            if spec.script:
-                run_script(spec.script, actx, filename=_script_name("script", spec.bpmn_id))
+            if not (spec.script or "").strip():  # SpiffWorkflow fails on it too (exec of None)
+                raise ActivityError(f"script task {spec.bpmn_id!r} has no script (an empty or missing bpmn:script; "
+                                    "a zeebe:script is not run): write its Python script, or give it a handler "
+                                    f"(@activity({spec.bpmn_id!r}), or 'handler' in its config)", task_id=spec.bpmn_id)
+            run_script(spec.script, actx, filename=_script_name("script", spec.bpmn_id))
             return None
         if isinstance(spec, BusinessRuleTaskMixin):
             return self._run_native(task, actx, default_run)
@@ -1666,7 +1669,8 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
 
 def _gateway_type(spec: Any) -> str:
     name = type(spec).__name__.removeprefix("Layerflow")
-    return {"ParallelGateway": "parallel", "InclusiveGateway": "inclusive", "ExclusiveGateway": "exclusive"}.get(name, name)
+    return {"ParallelGateway": "parallel", "InclusiveGateway": "inclusive", "ExclusiveGateway": "exclusive",
+            "StartEvent": "parallel"}.get(name, name)  # a start event splits only as an implicit parallel split
 
 
 def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionConfig | None

@@ -67,6 +67,7 @@ from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
+from SpiffWorkflow.bpmn.specs.mixins.events.start_event import StartEvent
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
@@ -281,7 +282,10 @@ class _LayerflowSpecMixin:
                 my_task.data.pop(ref.bpmn_id, None)
             for name in io_names(self, "data_outputs"):
                 my_task.data.pop(name, None)
-        if self.lf_role == "gateway" and len(self.outputs) > 1:  # type: ignore[attr-defined]
+        outputs = self.outputs  # type: ignore[attr-defined]
+        if len(outputs) > 1 and (self.lf_role == "gateway" or isinstance(self, StartEvent)):
+            # a start event with several outgoing flows is BPMN's implicit parallel split: as in
+            # SpiffWorkflow, where each path has data of its own, each gets a context of its own
             driver = driver_of(my_task)
             if driver is not None:
                 driver.split(my_task)

@@ -42,15 +42,35 @@ not make ``report.ok`` false:
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
-``condition_syntax``                  a condition expression is not valid Python
+``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
+                                      cardinality or completion condition) is not valid Python; one
+                                      written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
+``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
+                                      expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
+``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
+                                      Python (a warning when it parses as Python: it runs as Python)
+``reserved_id``                       an element id SpiffWorkflow gives its own tasks (``Start``, ``End``,
+                                      ``<process>.EndJoin``): the element is lost or replaces that task
+``implicit_split``                    a task or event (no gateway, no start event) with several outgoing
+                                      flows: SpiffWorkflow cannot load it
+``condition_ignored`` W               a conditionExpression on a flow that leaves no exclusive or inclusive
+                                      gateway: it is never evaluated, the flow is always taken
+``no_outgoing_flow`` W                an activity, intermediate event or gateway with no outgoing flow: its
+                                      path ends there, and in a branch of a split its writes are dropped
+``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
+``no_implementation`` W               a script task without a script, a service task without a
+                                      spiffworkflow:serviceTaskOperator, and no handler or llm in the config
+``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
+``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for
+``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
+                                      them (the throw ends its path, the catch never runs)
+``foreign_extension`` W               another engine's execution settings (camunda:class,
+                                      camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
-``handler_missing`` W                 a service task with no ``handler`` or ``llm:`` in its config and no
-                                      handler registered under its id yet (``@activity(ID)`` in code
-                                      that runs before it); the run stops there otherwise
 ``config_*``                          problems of the config file itself (``engine.configfile``);
                                       ``config_ambiguous`` W: several config files beside the BPMN
 ``bpmn_schema`` W                     the file does not conform to the BPMN 2.0 XSD
@@ -84,6 +104,7 @@ import ast
 import difflib
 import json
 import math
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,9 +117,10 @@ from pydantic import ValidationError
 
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
-from gateways.conditions import is_flow_sentence
+from gateways.conditions import expression_dialect, is_flow_sentence
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
+from .handlers import REGISTRY
 
 __all__ = [
     "BPMN_NS",
@@ -325,7 +347,7 @@ class _Validator:
                 self._check_gateways(proc)
                 self._check_code(proc)
                 self._check_references(proc)
-                self._check_unhandled(proc)
+                self._check_shapes(proc)
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
         for doc in good:
@@ -426,13 +448,19 @@ class _Validator:
         if wanted is not None:
             proc = next((p for p in self.processes if p.id == wanted), None)
             if proc is None:
-                present = ", ".join(f"{p.id!r}{'' if _executable(p.element) else ' (not executable)'}"
+                present = ", ".join(f"{self._named(p)}{'' if _executable(p.element) else ' (not executable)'}"
                                     for p in self.processes) or "none"
                 todo = ("set process.process_id in the config file to one of them" if from_config
-                        else "pass one of them as the process id")
+                        else "pass one of them as the process id (--process ID)")
+                other = self.other_ids.get(wanted)
+                if other is not None and other.tag == "participant" and other.element.get("processRef"):
+                    what = f"; {wanted!r} is the pool (participant) of process {other.element.get('processRef')!r}"
+                elif other is not None and other.tag == "collaboration":
+                    what = f"; {wanted!r} is a collaboration: layerflow runs one of its pools' processes at a time"
+                else:
+                    what = _did_you_mean(wanted, [p.id for p in self.processes])
                 self.add("process_not_found", f"process {wanted!r} is not in {self._files()}"
-                         f"{_did_you_mean(wanted, [p.id for p in self.processes])}; processes present: {present}; "
-                         f"{todo}",
+                         f"{what}; processes present: {present}; {todo}",
                          file=file, line=line, field="process_id")
                 return None
             if not _executable(proc.element):
@@ -457,8 +485,9 @@ class _Validator:
         called = {c.get("calledElement") for p in self.processes for c in p.element.iter(_bpmn("callActivity"))}
         roots = [p for p in executable if p.id not in called] or executable
         if len(roots) > 1:
-            self.add("process_ambiguous", f"{len(roots)} executable processes ({', '.join(repr(p.id) for p in roots)}) "
-                     "and no process id; pass the id of the one to run (or set process.process_id in the config file)",
+            self.add("process_ambiguous", f"{len(roots)} executable processes ({', '.join(map(self._named, roots))}) "
+                     "and no process id; pass the id of the one to run (--process ID on the command line, "
+                     "process_id= in Python, or process.process_id in the config file)",
                      file=file, field="process_id")
             return None
         self._warn_unset(roots[0])
@@ -469,6 +498,12 @@ class _Validator:
             self.add("process_executable_unset", f"process {proc.id!r} has no isExecutable attribute; SpiffWorkflow "
                      "runs it anyway, other BPMN tools treat it as not executable: add isExecutable=\"true\"",
                      file=proc.file, line=proc.line, element_id=proc.id, field="isExecutable", severity="warning")
+
+    def _named(self, proc: _Node) -> str:
+        """``'Process_1'``, with the name of its pool when a collaboration draws it as one."""
+        pool = next((n.element.get("name") for n in self.other_ids.values()
+                     if n.tag == "participant" and n.element.get("processRef") == proc.id), None)
+        return f"{proc.id!r} (pool {pool!r})" if pool else repr(proc.id)
 
     def _files(self) -> str:
         return ", ".join(d.file for d in self.docs)
@@ -611,21 +646,6 @@ class _Validator:
             if problem:
                 self.add("handler_not_found", f"handler {ref!r}: {problem}", file=src.file,
                          line=src.line_of("handler"), element_id=src.element_id, field="handler")
-
-    def _check_unhandled(self, proc: _Node) -> None:
-        """A service task has no default behaviour: without a handler the run stops there.
-        A warning, because code may register one (``@activity(ID)``) before it runs."""
-        from .handlers import REGISTRY
-
-        for task in proc.element.iter(_bpmn("serviceTask")):
-            tid = task.get("id") or ""
-            cfg = self.merged.get(tid)
-            if (cfg is not None and (cfg.handler or cfg.llm is not None)) or tid in REGISTRY:
-                continue
-            self.add("handler_missing", f"service task {tid!r} has no handler: set 'handler: FILE.py:FUNCTION' "
-                     f"(or an llm: block) in its config, or register one with @activity({tid!r}) in code that "
-                     "runs before it; the run stops at this task otherwise", file=proc.file,
-                     line=task.sourceline, element_id=tid, field="handler", severity="warning")
 
     def _check_branches(self) -> None:
         for src in self.sources:
@@ -835,6 +855,15 @@ class _Validator:
             if called in process_ids:
                 continue
             self.related.add(called or "")
+            if called is None:
+                zeebe = call.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}calledElement")
+                named = zeebe.get("processId") if zeebe is not None else None
+                camunda8 = f" (its zeebe:calledElement processId={named!r} is Camunda 8's)" if named else ""
+                self.add("call_activity_unknown_process", f"call activity {call.get('id')!r} has no calledElement"
+                         f"{camunda8}: "
+                         f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
+                         line=call.sourceline, element_id=call.get("id"), field="calledElement")
+                continue
             self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
@@ -848,10 +877,28 @@ class _Validator:
             if expr is not None and (expr.text or "").strip() and flow.get("sourceRef") not in xor_ids:
                 self._compile(expr.text, "eval", expr, proc.file, flow.get("id"), "condition_syntax",
                               "conditionExpression")
+        for tag in ("condition", "loopCardinality", "completionCondition", "loopCondition"):
+            for el in proc.element.iter(_bpmn(tag)):
+                if (el.text or "").strip():
+                    self._compile(el.text, "eval", el, proc.file, _flow_node_id(el), "condition_syntax", tag,
+                                  what="expression")
+        for tag in ("timeDuration", "timeDate", "timeCycle"):
+            for el in proc.element.iter(_bpmn(tag)):
+                self._check_timer(el, tag, proc.file)
         for task in proc.element.iter(_bpmn("scriptTask")):
             script = task.find(_bpmn("script"))
             if script is not None and (script.text or "").strip():
-                self._compile(script.text, "exec", script, proc.file, task.get("id"), "script_syntax", "script")
+                language = (task.get("scriptFormat") or "").strip()
+                if language and "python" not in language.lower() and language.lower() != "py":
+                    self._check_script_language(task, script, language, proc.file)
+                else:
+                    self._compile(script.text, "exec", script, proc.file, task.get("id"), "script_syntax", "script")
+        for adhoc in proc.element.iter(_bpmn("adHocSubProcess")):
+            if not _condition_text(adhoc, "completionCondition"):
+                self.add("condition_syntax", f"ad-hoc sub-process {adhoc.get('id')!r} has no completionCondition, "
+                         "which SpiffWorkflow evaluates after each of its tasks: add <bpmn:completionCondition> with "
+                         "a Python expression (e.g. done)", file=proc.file, line=adhoc.sourceline,
+                         element_id=adhoc.get("id"), field="completionCondition")
         for tag in ("preScript", "postScript"):
             for el in proc.element.iter(f"{{{SPIFF_NS}}}{tag}"):
                 if (el.text or "").strip():
@@ -859,7 +906,7 @@ class _Validator:
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
 
     def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
-                 code: str, field: str) -> ast.AST | None:
+                 code: str, field: str, *, what: str | None = None) -> ast.AST | None:
         """Parse as the engine runs it: conditions stripped (``eval``), scripts exactly as written (``exec``)."""
         if mode == "eval":
             first = text[: len(text) - len(text.lstrip())].count("\n")  # lines the strip drops
@@ -869,13 +916,172 @@ class _Validator:
         try:
             return ast.parse(source, mode=mode)
         except SyntaxError as err:
-            what = "condition" if mode == "eval" else "script"
+            what = what or ("condition" if mode == "eval" else "script")
+            line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
+            dialect = expression_dialect(source) if mode == "eval" else None
+            if dialect is not None:
+                self.add(code, f"{what} {source!r} is a {dialect} expression ({_DIALECTS[dialect]}); layerflow, "
+                         f"as SpiffWorkflow, evaluates it as a Python expression over the context: "
+                         f"{_python_instead(source, dialect)}", file=file, line=line, element_id=element_id,
+                         field=field)
+                return None
+            language = el.get("language") if el is not None else None
+            said = (f" (its language={language!r} is not read: {what}s are Python)"
+                    if language and "python" not in language.lower() else "")
             todo = (f"scripts run exactly as written: start top-level lines at column 0"
                     if isinstance(err, IndentationError) and mode == "exec" else f"fix the {what}")
-            self.add(code, f"{what} is not valid Python: {err.msg} in {(err.text or source).strip()!r}; {todo}",
-                     file=file, line=el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None,
-                     element_id=element_id, field=field)
+            self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
+                     f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
+
+    def _check_timer(self, el: Any, tag: str, file: str) -> None:
+        """SpiffWorkflow evaluates a timer's text as a Python expression: modelers write ISO 8601 bare."""
+        text = (el.text or "").strip()
+        if not text:
+            return
+        event = _flow_node_id(el)
+        first = (el.text or "")[: len(el.text or "") - len((el.text or "").lstrip())].count("\n")
+        if _ISO_8601.fullmatch(text):
+            self.add("timer_expression", f"timer {event!r}: {tag} {text} is read as a Python expression (as "
+                     f"SpiffWorkflow reads it), where it is no value; write it as a string: \"{text}\"",
+                     file=file, line=el.sourceline + first, element_id=event, field=tag)
+            return
+        try:
+            ast.parse(text, mode="eval")
+        except SyntaxError as err:
+            dialect = expression_dialect(text)
+            todo = (_python_instead(text, dialect) if dialect is not None else
+                    "write a Python expression that gives ISO 8601 text, e.g. \"PT1H\" (quoted) or a variable")
+            self.add("timer_expression", f"timer {event!r}: {tag} {text!r} is not a Python expression ({err.msg}); "
+                     f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
+                     line=el.sourceline + first, element_id=event, field=tag)
+
+    def _check_script_language(self, task: Any, script: Any, language: str, file: str) -> None:
+        """SpiffWorkflow ignores ``scriptFormat`` and runs every script as Python: so does the engine."""
+        tid = task.get("id")
+        try:
+            ast.parse(script.text, mode="exec")
+        except SyntaxError as err:
+            self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
+                     f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
+                     f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
+                     "the task a handler (handler: file.py:function in its config)", file=file,
+                     line=script.sourceline + (err.lineno or 1) - 1, element_id=tid, field="scriptFormat")
+            return
+        self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, but layerflow runs scripts "
+                 "as Python, as SpiffWorkflow does, and this one parses as Python: it runs as Python; check it "
+                 "means what it should in Python and set scriptFormat=\"python\"", file=file, line=task.sourceline,
+                 element_id=tid, field="scriptFormat", severity="warning")
+
+    # -- the shape of the flow ---------------------------------------------------------------
+
+    def _check_shapes(self, proc: _Node) -> None:
+        """What modelers draw and SpiffWorkflow reads otherwise (or not at all); each says what to draw instead."""
+        file = proc.file
+        for el in proc.element.iter():
+            if not isinstance(el.tag, str) or el.tag not in _FLOW_NODES:
+                continue
+            eid, tag = el.get("id") or "(no id)", etree.QName(el).localname
+            link = el.find(_bpmn("linkEventDefinition"))
+            if link is not None:
+                self.add("link_event", f"bpmn:{tag} {eid!r} is a link event (link {link.get('name')!r}), and "
+                         "SpiffWorkflow does not run link events: a link throw ends its path there and a link catch "
+                         "never runs, so the process completes without the steps after it; draw a sequence flow "
+                         "from before the throw to after the catch instead", file=file, line=el.sourceline,
+                         element_id=eid)
+            if tag == "complexGateway":
+                self.related.add(eid)
+                self.add("unsupported_element", f"complex gateway {eid!r}: SpiffWorkflow has no complex gateway; draw "
+                         "an inclusive gateway (its flows' conditions choose the paths, its join waits for the paths "
+                         "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
+            if eid in ("Start", "End") or eid.endswith((".EndJoin", ".BoundaryEventSplit", ".BoundaryEventJoin")):
+                self.add("reserved_id", f"id {eid!r} is the name SpiffWorkflow gives a task of its own in every "
+                         f"process, so this bpmn:{tag} takes its place (the process fails to start or skips "
+                         f"steps): rename it, e.g. {tag[0].upper() + tag[1:]}_1, and its flows' sourceRef/targetRef",
+                         file=file, line=el.sourceline, element_id=eid, field="id")
+            outgoing, incoming = _outgoing(el), _incoming(el)
+            splits = tag.endswith("Gateway") or tag == "startEvent"
+            if len(outgoing) > 1 and not splits and eid not in self.related:  # not: a flow to nowhere
+                self.related.add(eid)
+                choice = el.get("default") or any(_condition_text(f) for f in outgoing)
+                gateways = ("an exclusive gateway after it with the flows' conditions to choose one path, or a "
+                            "parallel gateway to run them all" if choice else
+                            "a parallel gateway after it to run the paths side by side, or an exclusive gateway "
+                            "with conditions to choose one")
+                flows = ", ".join(f"{f.get('id')!r} to {f.get('targetRef')!r}" for f in outgoing)
+                shape = "BPMN's implicit split" + (", and conditional or default flows out of an activity"
+                                                   if choice else "")
+                self.add("implicit_split", f"bpmn:{tag} {eid!r} has {len(outgoing)} outgoing flows ({flows}); "
+                         f"SpiffWorkflow takes one flow out of a task or event, so it cannot load this ({shape}): "
+                         f"draw {gateways}", file=file, line=el.sourceline, element_id=eid)
+            elif tag not in _CONDITIONAL_SOURCES:
+                every = len(outgoing) > 1  # a parallel gateway or a start event: takes them all
+                for flow in (f for f in outgoing if _condition_text(f)):
+                    self.add("condition_ignored", f"flow {flow.get('id')!r} leaves bpmn:{tag} {eid!r}, "
+                             + ("which takes every outgoing flow: its condition is never evaluated" if every else
+                                "and only flows out of an exclusive or inclusive gateway have their condition "
+                                "evaluated: this one is always taken")
+                             + f" (as in SpiffWorkflow); to choose, draw an exclusive gateway after {eid!r}",
+                             file=file, line=flow.sourceline, element_id=flow.get("id"), field="conditionExpression",
+                             severity="warning")
+            # (a scope with no start event: SpiffWorkflow refuses it, and says so)
+            on_a_path = not _off_the_flow(el) and el.getparent().find(_bpmn("startEvent")) is not None
+            if not outgoing and tag in _PATH_NODES and on_a_path:
+                self.add("no_outgoing_flow", f"bpmn:{tag} {eid!r} has no outgoing flow, so its path ends there with no "
+                         "end event: in a branch of a split, what it wrote is dropped when the process ends (as in "
+                         f"SpiffWorkflow, only paths that reach an end event merge); add a flow from {eid!r} to an "
+                         "end event", file=file, line=el.sourceline, element_id=eid, severity="warning")
+            if not incoming and tag not in ("startEvent", "boundaryEvent") and on_a_path:
+                self.add("unreachable", f"bpmn:{tag} {eid!r} has no incoming flow and no event starts it: it never "
+                         "runs; connect it or remove it", file=file, line=el.sourceline, element_id=eid,
+                         severity="warning")
+            self._check_implementation(el, eid, tag, file)
+            self._check_foreign(el, eid, tag, file)
+
+    def _check_implementation(self, el: Any, eid: str, tag: str, file: str) -> None:
+        cfg = self.merged.get(eid)
+        handled = cfg is not None and (bool(cfg.handler) or cfg.llm is not None)
+        if tag == "businessRuleTask":
+            self.related.add(eid)
+            self.add("business_rule_without_dmn", f"business rule task {eid!r}: SpiffWorkflow runs a business rule "
+                     "task by a DMN decision, and layerflow loads BPMN files only, no DMN; make it a bpmn:serviceTask "
+                     "with a handler (handler: file.py:function) or an llm: block in its config", file=file,
+                     line=el.sourceline, element_id=eid)
+            return
+        if handled or eid in REGISTRY:  # registered already by code that ran before validate
+            return
+        if tag == "scriptTask" and not _condition_text(el, "script"):
+            what = "has no script (an empty or missing bpmn:script)"
+        elif tag == "serviceTask":
+            operator = el.find(f"{_bpmn('extensionElements')}/{{{SPIFF_NS}}}serviceTaskOperator")
+            what = ("has no handler" if operator is None else
+                    f"has a spiffworkflow:serviceTaskOperator {operator.get('id')!r}, which layerflow does not call")
+        else:
+            return
+        self.add("no_implementation", f"{_TASK_NAMES[tag]} {eid!r} {what}, and its config gives no handler or "
+                 f"llm: unless a handler is registered for {eid!r} in Python (@activity({eid!r})), the instance "
+                 f"stops with an error there; set handler: file.py:function (or an llm: block) in its config"
+                 f"{', or write its Python script' if tag == 'scriptTask' else ''}", file=file, line=el.sourceline,
+                 element_id=eid, severity="warning")
+
+    def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
+        found: dict[str, None] = {}
+        loop = el.find(_bpmn("multiInstanceLoopCharacteristics"))
+        for holder in (el, loop):
+            for name in (holder.attrib if holder is not None else {}):
+                found.update({q: None for q in [_foreign_name(name)] if q})
+        for ext in el.iterfind(_bpmn("extensionElements")):
+            for child in ext:
+                found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
+        if tag != "scriptTask":
+            found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
+        if not found:
+            return
+        todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
+                 f"layerflow, like SpiffWorkflow, does not run: {'; '.join(todo)}", file=file, line=el.sourceline,
+                 element_id=eid, severity="warning")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 
@@ -1029,9 +1235,92 @@ def _outgoing(node: Any) -> list[Any]:
     return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("sourceRef") == nid] if scope is not None else []
 
 
-def _condition_text(flow: Any) -> str:
-    expr = flow.find(_bpmn("conditionExpression"))
+def _condition_text(flow: Any, tag: str = "conditionExpression") -> str:
+    expr = flow.find(_bpmn(tag))
     return (expr.text or "").strip() if expr is not None else ""
+
+
+def _flow_node_id(el: Any) -> str | None:
+    """The id of the task, event or gateway an element (a timer, a loop's condition) belongs to."""
+    owner = next((a for a in el.iterancestors() if a.tag in _FLOW_NODES), None)
+    return owner.get("id") if owner is not None else None
+
+
+def _off_the_flow(el: Any) -> bool:
+    """A node that sequence flows do not reach or leave: a compensation handler, the content of an
+    ad-hoc sub-process, an event sub-process and its start, a link event."""
+    parent = el.getparent()
+    return (el.get("isForCompensation") == "true" or el.get("triggeredByEvent") == "true"
+            or el.find(_bpmn("linkEventDefinition")) is not None
+            or (parent is not None and (parent.tag == _bpmn("adHocSubProcess")
+                                        or parent.get("triggeredByEvent") == "true")))
+
+
+_CONDITIONAL_SOURCES = frozenset({"exclusiveGateway", "inclusiveGateway"})
+_PATH_NODES = frozenset({
+    "task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask", "businessRuleTask",
+    "callActivity", "subProcess", "transaction", "intermediateCatchEvent", "intermediateThrowEvent",
+    "exclusiveGateway", "parallelGateway", "inclusiveGateway", "eventBasedGateway"})
+_TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
+_ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
+                       r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
+_DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
+# Camunda (7 and 8), Activiti and Flowable: their modelers write execution settings in these
+_ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
+                      "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
+_RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
+_MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
+# settings that decide what a step does (what to do instead); forms, assignees, history and the
+# like change nothing here and are not reported
+_FOREIGN_SETTINGS = {
+    "class": _RUN_BY_HANDLER, "delegateExpression": _RUN_BY_HANDLER, "expression": _RUN_BY_HANDLER,
+    "type": _RUN_BY_HANDLER, "topic": _RUN_BY_HANDLER, "taskDefinition": _RUN_BY_HANDLER, "connector": _RUN_BY_HANDLER,
+    "resultVariable": "assign the variable in the script itself (total = a + b)",
+    "script": "write the script in Python in the task's bpmn:script",
+    "decisionRef": "layerflow loads no DMN: " + _RUN_BY_HANDLER,
+    "calledDecision": "layerflow loads no DMN: " + _RUN_BY_HANDLER,
+    "collection": "give the loop a bpmn:loopDataInputRef and a bpmn:inputDataItem",
+    "elementVariable": "give the loop a bpmn:loopDataInputRef and a bpmn:inputDataItem",
+    "loopCharacteristics": "give the loop a bpmn:loopDataInputRef and a bpmn:inputDataItem",
+    "inputOutput": _MAP_IN_CODE, "ioMapping": _MAP_IN_CODE, "in": _MAP_IN_CODE, "out": _MAP_IN_CODE,
+    "executionListener": "do the listener's work in a task of the process",
+    "taskListener": "do the listener's work in a task of the process",
+    "calledElement": "name the called process in the bpmn:callActivity's calledElement attribute",
+}
+
+
+def _foreign_name(tag: str) -> str | None:
+    """``camunda:class`` for an attribute or element name in another engine's namespace that
+    ``_FOREIGN_SETTINGS`` lists, else None."""
+    qn = etree.QName(tag)
+    prefix = _ENGINE_NAMESPACES.get(qn.namespace or "")
+    return f"{prefix}:{qn.localname}" if prefix and qn.localname in _FOREIGN_SETTINGS else None
+
+
+_JUEL_OPERATORS = ((r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "), (r"\beq\b", "=="), (r"\bne\b", "!="),
+                   (r"\blt\b", "<"), (r"\bgt\b", ">"), (r"\ble\b", "<="), (r"\bge\b", ">="),
+                   (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
+
+
+def _python_instead(source: str, dialect: str) -> str:
+    """What to write instead of another engine's expression: its Python twin when a plain
+    rewrite of the operators gives one, else the instruction."""
+    inner = source.strip()
+    pairs: tuple[tuple[str, str], ...]
+    if dialect == "JUEL":
+        inner = inner[2:-1]
+        pairs = _JUEL_OPERATORS
+    else:  # FEEL: = is equality, and/or/not() are Python's already
+        inner = inner[1:]
+        pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
+    for pattern, python in pairs:
+        inner = re.sub(pattern, python, inner)
+    inner = " ".join(inner.split())
+    try:
+        ast.parse(inner, mode="eval")
+    except SyntaxError:
+        return "rewrite it as a Python expression over the process variables"
+    return f"write {inner!r}"
 
 
 def _did_you_mean(word: str, candidates: Iterable[str]) -> str:

@@ -38,6 +38,7 @@ __all__ = [
     "BranchOption",
     "BranchQuestion",
     "ask_branch",
+    "expression_dialect",
     "build_branch_prompt",
     "is_flow_sentence",
     "is_natural_language",
@@ -65,13 +66,27 @@ def is_natural_language(text: str | None) -> bool:
 
 
 _WORD = re.compile(r"[^\W\d_]{2,}")
+_JUEL = re.compile(r"\s*[$#]\{.*\}\s*", re.S)
+_FEEL = re.compile(r"\s*=(?!=)")
+
+
+def expression_dialect(text: str | None) -> str | None:
+    """``"JUEL"`` for an expression written for Camunda 7 (``${amount > 1000 && ok}``),
+    ``"FEEL"`` for one written for Camunda 8 (``=amount > 1000``), else None. Modelers
+    export these; they are another engine's expressions, never the designer's sentence."""
+    if not text:
+        return None
+    if _JUEL.fullmatch(text):
+        return "JUEL"
+    return "FEEL" if _FEEL.match(text) else None
 
 
 def is_flow_sentence(text: str | None) -> bool:
     """A flow's ``conditionExpression`` that is the designer's sentence, for the model to
     read: not a Python expression, and prose (three words or more, or CJK text). A
-    broken expression (``amount >``) is neither, and stays a syntax error."""
-    if not is_natural_language(text):
+    broken expression (``amount >``) is neither, and stays a syntax error; so is another
+    engine's expression (``expression_dialect``), however many words it has."""
+    if not is_natural_language(text) or expression_dialect(text) is not None:
         return False
     assert text is not None
     return len(_WORD.findall(text)) >= 3 or bool(_CJK.search(text))

@@ -541,8 +541,21 @@ def test_a_service_task_without_a_handler_warns(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "svc.layerflow.yaml").write_text("notify:\n  handler: notify_handler\n", encoding="utf-8")
     report = validate_process(path)
     assert report.ok  # a warning: nothing is refused
-    missing = [p for p in report.warnings if p.code == "handler_missing"]
-    assert [(p.element_id, p.field) for p in missing] == [("charge", "handler"), ("score", "handler")]
+    missing = [p for p in report.warnings if p.code == "no_implementation"]
+    assert [p.element_id for p in missing] == ["charge", "score"]
     assert "@activity('charge')" in missing[0].message and missing[0].line and missing[0].file == str(path)
     monkeypatch.setitem(REGISTRY._handlers, "score", lambda ctx: {})
-    assert [p.element_id for p in validate_process(path).warnings if p.code == "handler_missing"] == ["charge"]
+    assert [p.element_id for p in validate_process(path).warnings if p.code == "no_implementation"] == ["charge"]
+
+
+def test_a_service_task_operator_is_not_a_handler(tmp_path: Path) -> None:
+    """layerflow runs a service task by its handler: a spiffworkflow:serviceTaskOperator alone
+    would stop the run there, so validate warns, naming the operator."""
+    from engine_helpers import chain_bpmn
+
+    task = ('<bpmn:serviceTask id="call"><bpmn:extensionElements xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"><spiffworkflow:serviceTaskOperator '
+            'id="http/GetRequest" resultVariable="r"/></bpmn:extensionElements></bpmn:serviceTask>')
+    path = tmp_path / "op.bpmn"
+    path.write_text(chain_bpmn("op", [task]), encoding="utf-8")
+    (warning,) = [p for p in validate_process(path).warnings if p.code == "no_implementation"]
+    assert warning.element_id == "call" and "serviceTaskOperator 'http/GetRequest'" in warning.message
