@@ -1,0 +1,366 @@
+"""Black-box checks of DESIGN.md, sentence by sentence, for the statements the rest of the
+suite did not check from the outside: "The six layers", "Public names", "Tape,
+snapshots, views", "Gateways", "Compression", "Rendering".
+
+Each test quotes the sentence it checks. Only the public names DESIGN.md lists are used
+(``context_layers``: Layer, LayeredContext, ContextWriteDenied, ActivityExtensionConfig,
+RuleDrivenCompressor, render and what they return; ``engine``: load_process, Engine and
+the instances it returns), on processes written here."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_layers import ContextWriteDenied, Layer, LayeredContext, render
+from engine import Engine, load_process
+from gateways import ContextSplitter
+
+BPMN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+    xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" id="d" targetNamespace="x">
+{processes}
+</bpmn:definitions>
+"""
+
+
+def process(pid: str, elements: str, flows: list[tuple[str, str]]) -> str:
+    """A process: ``elements`` as written, one sequence flow per ``(source, target)``."""
+    lines = [f'  <bpmn:process id="{pid}" isExecutable="true">', elements]
+    lines += [f'    <bpmn:sequenceFlow id="{pid}_{s}_{t}" sourceRef="{s}" targetRef="{t}"/>' for s, t in flows]
+    lines.append("  </bpmn:process>")
+    return "\n".join(lines)
+
+
+def script(task_id: str, body: str) -> str:
+    return f'    <bpmn:scriptTask id="{task_id}"><bpmn:script>{body}</bpmn:script></bpmn:scriptTask>'
+
+
+def write_bpmn(folder: Path, name: str, *processes: str, config: str | None = None) -> Path:
+    path = folder / f"{name}.bpmn"
+    path.write_text(BPMN.format(processes="\n".join(processes)))
+    if config is not None:
+        (folder / f"{name}.layerflow.yaml").write_text(config)
+    return path
+
+
+def plain(value: Any) -> Any:
+    """A context value as plain JSON data."""
+    return json.loads(json.dumps(value))
+
+
+# =============================================================================== the six layers
+
+
+def test_every_layer_history_included_holds_json_values(tmp_path: Path) -> None:
+    """"Every layer, HISTORY included, is a key -> value map of JSON-compatible values."
+
+    Strings JSON text cannot carry (a lone surrogate is not Unicode text, so no UTF-8
+    document holds it) are refused like any other non-JSON value, before the default
+    store is asked to save them; everything a run leaves in any layer is JSON."""
+    ctx = LayeredContext(system={"policy": "p"})
+    for layer in (Layer.PROCESS, Layer.KNOWLEDGE, Layer.WORKING, Layer.EPHEMERAL):
+        for bad in ("broken \ud800 text", {"nested": ["ok", "\udfff"]}, {"key \ud834": 1}):
+            before = ctx.as_dict()
+            with pytest.raises(TypeError) as err:  # ContextValueError is a TypeError
+                ctx.write(layer, "note", bad, actor="a")
+            assert "note" in str(err.value)
+            assert ctx.as_dict() == before
+    with pytest.raises(TypeError):
+        ctx.write(Layer.WORKING, "key \ud800", 1, actor="a")
+
+    bpmn = write_bpmn(tmp_path, "tiny", process("tiny", "\n".join([
+        '    <bpmn:startEvent id="s"/>', script("t", "doubled = amount * 2"), '    <bpmn:endEvent id="e"/>']),
+        [("s", "t"), ("t", "e")]))
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    with pytest.raises(TypeError):
+        engine.start(load_process(str(bpmn)), {"amount": 2, "note": "lone \ud800 surrogate"})
+    instance = engine.run(engine.start(load_process(str(bpmn)), {"amount": 2, "note": "naïve ✓ 𝄞"}))
+    assert instance.status == "completed"
+    loaded = engine.load(instance.id)
+    for layer in Layer:
+        values = dict(loaded.main.layer(layer))
+        assert plain(values) == values, layer
+    assert loaded.main.resolve("note") == "naïve ✓ 𝄞"
+
+
+def test_a_key_in_two_layers_resolves_to_the_lower_number() -> None:
+    """"Reads resolve a key from L0 to L5: the first layer that holds the key wins.\""""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.write(Layer.EPHEMERAL, "k", "ephemeral", actor="a")
+    assert ctx.resolve("k") == "ephemeral"
+    ctx.write(Layer.KNOWLEDGE, "k", {"text": "knowledge", "source": "kb", "confidence": 0.9}, actor="rag")
+    assert dict(ctx.layer(Layer.EPHEMERAL)) == {"k": "ephemeral"}  # still there, shadowed
+    assert ctx.resolve("k")["text"] == "knowledge" and ctx.get("k")["text"] == "knowledge"
+    ctx.delete(Layer.KNOWLEDGE, "k", actor="rag")
+    assert ctx.resolve("k") == "ephemeral"
+
+
+SEQ_USER = process("seq_user", "\n".join([
+    '    <bpmn:startEvent id="s"/>',
+    script("prep", 'score = amount * 2'),
+    '    <bpmn:userTask id="review"/>',
+    script("after", 'done = True'),
+    '    <bpmn:endEvent id="e"/>']), [("s", "prep"), ("prep", "review"), ("review", "after"), ("after", "e")])
+
+
+@pytest.mark.parametrize("answer, key", [({"policy": "anything goes"}, "policy"), ({"amount": 1}, "amount")])
+def test_a_persons_answer_cannot_shadow_system_or_process(tmp_path: Path, answer: dict[str, Any], key: str) -> None:
+    """"nothing an activity writes can shadow what the system or the process fixed" (a
+    user task's answer is what that activity writes)."""
+    bpmn = write_bpmn(tmp_path, "seq", SEQ_USER, config="system: {policy: fixed by the engine}\n")
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(str(bpmn)), {"amount": 7}))
+    assert instance.status == "waiting"
+    tape = len(instance.main.tape)
+    instance = engine.run(instance, answers={"user_tasks": {"review": {**answer, "ok": True}}})
+    assert instance.status == "error" and instance.error["kind"] == "permission_denied"
+    assert key in instance.error["message"] and instance.error["task_id"] == "review"
+    assert instance.main.resolve("policy") == "fixed by the engine" and instance.main.resolve("amount") == 7
+    assert any(key in json.dumps(dict(e.data)) for e in list(instance.main.tape)[tape:])  # the denial is on the tape
+
+
+# =============================================================================== tape, snapshots, views
+
+CONFLICTING = process("two_keys", "\n".join([
+    '    <bpmn:startEvent id="s"/>',
+    '    <bpmn:parallelGateway id="fork"/>',
+    script("finance", 'x = 1\ny = "approved"'),
+    script("risk", 'x = 2\ny = "rejected"'),
+    '    <bpmn:parallelGateway id="join"/>',
+    '    <bpmn:endEvent id="e"/>']),
+    [("s", "fork"), ("fork", "finance"), ("fork", "risk"), ("finance", "join"), ("risk", "join"), ("join", "e")])
+
+
+def _all_events(instance: Any) -> list[tuple[str, int, str]]:
+    return [(name, e.seq, json.dumps(e.to_dict(), sort_keys=True, default=str))
+            for name, ctx in instance.contexts.items() for e in ctx.tape]
+
+
+def test_a_human_decision_is_on_the_tape_when_it_is_made(tmp_path: Path) -> None:
+    """"every change (write, denied write, move, split, join, conflict, resolution, human
+    decision, compression, rollback, inject, config change) is an event appended to the
+    instance's tape" -- a person's answer too, also while the join still waits for others."""
+    bpmn = write_bpmn(tmp_path, "two_keys", CONFLICTING)
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    instance = engine.run(engine.start(load_process(str(bpmn))))
+    assert instance.status == "waiting"
+    assert {w["id"] for w in instance.waiting_for} == {"join/x", "join/y"}
+    before = _all_events(instance)
+    instance = engine.answer_confirmation(engine.load(instance.id), "join/x", 2)
+    assert instance.status == "waiting"  # join/y is still open
+    after = _all_events(engine.load(instance.id))
+    assert after[: len(before)] == before  # appended, nothing rewritten
+    added = [text for _, _, text in after[len(before):]]
+    assert any('"join/x"' in text and '"value": 2' in text for text in added), added
+    instance = engine.answer_confirmation(engine.load(instance.id), "join/y", "rejected")
+    assert instance.status == "completed"
+    assert instance.main.resolve("x") == 2 and instance.main.resolve("y") == "rejected"
+    decisions = [text for _, _, text in _all_events(instance) if '"join/y"' in text and '"rejected"' in text]
+    assert decisions
+
+
+LOAN_DATA = {"amount": 120000, "applicant_id": "APP-9", "purpose": "expansion", "industry": "gambling"}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_event_names_its_activity_and_branch() -> None:
+    """"every change ... is an event appended to the instance's tape with a sequence number,
+    time, actor, activity and branch.\""""
+    engine = Engine("memory://")
+    loan = load_process(str(ROOT / "bpmn_examples" / "loan_approval.bpmn"))
+    instance = engine.run(engine.start(loan, LOAN_DATA), answers={"confirmations": {"*": "pending_dual_approval"}})
+    assert instance.status == "completed", instance.error
+    branches = {name: info["branch_id"] for name, info in instance.branches.items()}
+    assert len(branches) >= 2
+    for name, ctx in instance.contexts.items():
+        seqs = [e.seq for e in ctx.tape]
+        assert seqs == sorted(set(seqs))
+        open_activity = None
+        for e in ctx.tape:
+            assert isinstance(e.time, float) and e.actor, (name, e.seq)
+            assert e.branch == branches.get(name), (name, e.seq, e.branch)
+            if e.kind == "begin":
+                open_activity = e.activity
+            assert open_activity is None or e.activity == open_activity, (name, e.seq, e.kind, e.activity)
+            if e.kind in ("complete", "abort"):
+                open_activity = None
+
+
+def test_the_state_at_every_sequence_number_of_a_run_is_rebuilt_byte_identical() -> None:
+    """"The state of any context at any sequence number can be rebuilt from the tape alone
+    (replay), and the rebuild is byte-identical.\""""
+    seen: list[tuple[str, int, str, list[dict[str, str]]]] = []
+
+    def progress(instance: Any, task_id: str, ctx: LayeredContext) -> None:
+        seen.append((ctx.name, ctx.tape[-1].seq, json.dumps(ctx.as_dict()), render(ctx, format="json")))
+
+    engine = Engine("memory://", progress=progress)
+    loan = load_process(str(ROOT / "bpmn_examples" / "loan_approval.bpmn"))
+    instance = engine.run(engine.start(loan, LOAN_DATA), answers={"confirmations": {"*": "pending_dual_approval"}})
+    assert instance.status == "completed" and instance.compressions  # a join and a compression on the way
+    assert len(seen) >= 6
+    for name, seq, layers, messages in seen:
+        rebuilt = LayeredContext.replay(instance.contexts[name].tape, until=seq)
+        assert json.dumps(rebuilt.as_dict()) == layers, (name, seq)
+        assert render(rebuilt, format="json") == messages, (name, seq)
+
+
+def _context_of(n: int) -> LayeredContext:
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("load")
+    ctx.write_many(Layer.WORKING, {f"k{i}": {"v": i, "text": f"value {i}"} for i in range(n)}, actor="load")
+    ctx.complete_activity("load")
+    ctx.begin_activity("next")
+    ctx.write(Layer.EPHEMERAL, "scratch", [1, 2], actor="next")
+    return ctx
+
+
+def _allocated(fn: Callable[[], Any], repeat: int) -> int:
+    """Bytes still allocated after ``repeat`` calls of ``fn`` (their results kept)."""
+    kept = []
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for _ in range(repeat):
+            kept.append(fn())
+        return tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+
+
+def test_snapshots_and_splits_cost_the_same_whatever_the_size() -> None:
+    """"Snapshots capture all six layers. Take them with persistent (structurally shared)
+    maps, so a snapshot costs O(1) and a split of N branches O(N), whatever the size of
+    the context" (measured in memory, which unlike time does not depend on the machine)."""
+    small, big = _context_of(10), _context_of(50_000)
+    snap = big.snapshot()
+    assert set(snap.as_dict()) == {"L0", "L1", "L2", "L3", "L4", "L5"}
+    assert snap.as_dict()["L5"] == {"scratch": [1, 2]} and len(snap.as_dict()["L3"]) == 50_001
+    per_small = _allocated(small.snapshot, 50) / 50
+    per_big = _allocated(big.snapshot, 50) / 50
+    assert per_big < 2 * per_small + 2048, (per_small, per_big)
+    big.complete_activity("next")
+    small.complete_activity("next")
+    counter = iter(range(10**6))
+
+    def split(ctx: LayeredContext, n: int) -> Any:
+        return ContextSplitter().split(ctx, f"g{next(counter)}", [f"b{i}" for i in range(n)])
+
+    two_small = _allocated(lambda: split(small, 2), 5) / 5
+    two_big = _allocated(lambda: split(big, 2), 5) / 5
+    eight_big = _allocated(lambda: split(big, 8), 5) / 5
+    assert two_big < 2 * two_small + 4096, (two_small, two_big)
+    assert eight_big < 6 * two_big, (two_big, eight_big)  # linear in the branches, not in the keys
+
+
+def test_hooks_are_applied_in_order() -> None:
+    """"A view is: an anchor (where the visible part starts) plus select hooks (drop tool
+    results, keep only the newest read of the same file, redact secrets) applied in order.\""""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("a")
+    ctx.write(Layer.WORKING, "old", "before the anchor", actor="a")
+    ctx.complete_activity("a")
+    ctx.anchor("handoff")
+    ctx.begin_activity("b")
+    ctx.write(Layer.WORKING, "token", "secret-123", actor="b")
+    ctx.write(Layer.WORKING, "memo", "visible", actor="b")
+    ctx.complete_activity("b")
+
+    def mask(entries: list[Any]) -> list[Any]:
+        import dataclasses
+        return [dataclasses.replace(e, value="MASKED") if e.key == "token" else e for e in entries]
+
+    def drop_masked(entries: list[Any]) -> list[Any]:
+        return [e for e in entries if e.value != "MASKED"]
+
+    tape = len(ctx.tape)
+    mask_then_drop = "\n".join(m["content"] for m in render(ctx.view(anchor="handoff", hooks=[mask, drop_masked]),
+                                                                   format="json"))
+    drop_then_mask = "\n".join(m["content"] for m in render(ctx.view(anchor="handoff", hooks=[drop_masked, mask]),
+                                                                   format="json"))
+    assert "secret-123" not in mask_then_drop and "MASKED" not in mask_then_drop
+    assert "MASKED" in drop_then_mask and "secret-123" not in drop_then_mask
+    for text in (mask_then_drop, drop_then_mask):
+        assert "visible" in text and "before the anchor" not in text
+    assert len(ctx.tape) == tape and ctx.resolve("token") == "secret-123"
+
+
+# =============================================================================== gateways
+
+TWICE_CALLED = "\n".join([
+    process("caller", "\n".join([
+        '    <bpmn:startEvent id="s"/>',
+        '    <bpmn:parallelGateway id="fork"/>',
+        script("small", "small_size = 1"),
+        script("large", "large_size = 40"),
+        '    <bpmn:callActivity id="call_small" calledElement="helper"/>',
+        '    <bpmn:callActivity id="call_large" calledElement="helper"/>',
+        '    <bpmn:parallelGateway id="join"/>',
+        '    <bpmn:endEvent id="e"/>']),
+        [("s", "fork"), ("fork", "small"), ("fork", "large"), ("small", "call_small"), ("large", "call_large"),
+         ("call_small", "join"), ("call_large", "join"), ("join", "e")]),
+    process("helper", "\n".join([
+        '    <bpmn:startEvent id="hs"/>',
+        script("stamp", 'stamped = True\nif "large_size" in dir():\n    notes_large = "x " * large_size\nelse:\n    notes_small = 1'),
+        '    <bpmn:endEvent id="he"/>']), [("hs", "stamp"), ("stamp", "he")]),
+])
+
+
+def test_records_of_different_activities_never_conflict(tmp_path: Path) -> None:
+    """"records of different activities have different keys and never conflict" -- also
+    when two branches run the same task of a called process: two runs of an activity are
+    two activities, and each keeps its own record."""
+    bpmn = write_bpmn(tmp_path, "twice", TWICE_CALLED)
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(str(bpmn), "caller")))
+    assert instance.status == "completed", (instance.waiting_for, instance.conflicts)
+    assert instance.conflicts == [] and "_mergedConflicts" not in instance.main
+    history = instance.main.layer(Layer.HISTORY)
+    stamps = [history[k] for k in history if k.startswith("activity:stamp")]
+    assert len(stamps) == 2
+    assert sorted(tuple(r["keys"]) for r in stamps) == [("stamped", "notes_large"), ("stamped", "notes_small")]
+    assert history["notes_small"] == 1 and history["stamped"] is True
+    # each record follows the data keys of its branch, in branch order
+    keys = list(history)
+    assert keys.index("notes_small") < keys.index("notes_large")
+    assert LayeredContext.replay(instance.main.tape) == instance.main
+
+
+ARRIVAL = process("arrival", "\n".join([
+    '    <bpmn:startEvent id="s"/>',
+    script("init", 'status = "pending"\ndoc = {"a": 1, "b": [1, 2]}'),
+    '    <bpmn:parallelGateway id="fork"/>',
+    '    <bpmn:userTask id="first_waits"/>',
+    script("first_work", 'a_one = 1\na_two = 2\ndoc = {"b": [1, 2], "a": 1}\nstatus = "pending"'),
+    script("second", 'b_one = 1\nstatus = "approved"'),
+    script("third", 'c_one = 1'),
+    '    <bpmn:parallelGateway id="join"/>',
+    '    <bpmn:endEvent id="e"/>']),
+    [("s", "init"), ("init", "fork"), ("fork", "first_waits"), ("fork", "second"), ("fork", "third"),
+     ("first_waits", "first_work"), ("first_work", "join"), ("second", "join"), ("third", "join"), ("join", "e")])
+
+
+def test_merged_history_is_base_first_then_each_branchs_new_keys_in_branch_order(tmp_path: Path) -> None:
+    """"the merged HISTORY keeps insertion order: the base first, then each branch's new
+    keys in branch order" -- branch order, not the order in which the branches arrived
+    (the first branch waits for a person and arrives last). "a branch that writes the
+    value the key already had has not changed it", "compared by canonical JSON, so nested
+    objects and lists work".\""""
+    bpmn = write_bpmn(tmp_path, "arrival", ARRIVAL)
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(str(bpmn))))
+    assert instance.status == "waiting"
+    instance = engine.run(instance, answers={"user_tasks": {"first_waits": {"checked": True}}})
+    assert instance.status == "completed" and instance.conflicts == []
+    keys = [k for k in instance.main.layer(Layer.HISTORY) if not k.startswith("_")]
+    assert keys == ["status", "doc", "activity:init",
+                    "checked", "activity:first_waits", "a_one", "a_two", "activity:first_work",
+                    "b_one", "activity:second", "c_one", "activity:third"]
+    assert instance.main.resolve("status") == "approved"
+    assert plain(instance.main.resolve("doc")) == {"a": 1, "b": [1, 2]}
