@@ -272,16 +272,16 @@ class Engine:
         return self.run(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance, confirmation_id: str, value: Any, *, run: bool = True,
-                            timed_out: bool = False) -> Instance:
+                            timed_out: bool = False, actor: str = "person", reason: str | None = None) -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
         An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing."""
+        changes nothing. ``actor`` and ``reason`` go on the tape with the decision."""
         rt = _runtime_of(instance)
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
-            rt.answer(confirmation_id, value, timed_out=timed_out)
+            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason)
         except Exception as err:  # noqa: BLE001 - e.g. a person escalated: the join fails
             rt.fail(err)
             rt.settle()
@@ -1520,10 +1520,19 @@ class _Runtime:
             out["documentation"] = getattr(task.task_spec, "documentation", None)
         return out
 
-    def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False) -> None:
-        """Record a person's answer; once a join has all its answers it runs again."""
+    def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
+               actor: str = "person", reason: str | None = None) -> None:
+        """Record a person's answer; once a join has all its answers it runs again.
+
+        The decision goes on the tape when it is made (a join with several confirmations
+        runs again, and records its resolutions, only once all are answered); an answer a
+        timeout gave is on the tape as ``confirmation_timed_out`` already."""
         inst = self.instance
         entry = self.check_answer(confirmation_id, value)
+        if not timed_out:
+            ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
+            ctx.record("human_decision", actor=actor, data={
+                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason})
         entry["answer"] = value
         entry["answered"] = True
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked

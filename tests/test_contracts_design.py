@@ -137,9 +137,20 @@ CONFLICTING = process("two_keys", "\n".join([
     [("s", "fork"), ("fork", "finance"), ("fork", "risk"), ("finance", "join"), ("risk", "join"), ("join", "e")])
 
 
-def _all_events(instance: Any) -> list[tuple[str, int, str]]:
-    return [(name, e.seq, json.dumps(e.to_dict(), sort_keys=True, default=str))
-            for name, ctx in instance.contexts.items() for e in ctx.tape]
+def _all_events(instance: Any) -> dict[str, list[str]]:
+    """Every context's tape, as JSON text per event."""
+    return {name: [json.dumps(e.to_dict(), sort_keys=True, default=str) for e in ctx.tape]
+            for name, ctx in instance.contexts.items()}
+
+
+def _added(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
+    """The events appended since ``before``; fails when one of them was changed or removed."""
+    added = []
+    for name, events in after.items():
+        old = before.get(name, [])
+        assert events[: len(old)] == old, name
+        added += events[len(old):]
+    return added
 
 
 def test_a_human_decision_is_on_the_tape_when_it_is_made(tmp_path: Path) -> None:
@@ -154,15 +165,33 @@ def test_a_human_decision_is_on_the_tape_when_it_is_made(tmp_path: Path) -> None
     before = _all_events(instance)
     instance = engine.answer_confirmation(engine.load(instance.id), "join/x", 2)
     assert instance.status == "waiting"  # join/y is still open
-    after = _all_events(engine.load(instance.id))
-    assert after[: len(before)] == before  # appended, nothing rewritten
-    added = [text for _, _, text in after[len(before):]]
+    added = _added(before, _all_events(engine.load(instance.id)))  # appended, nothing rewritten
     assert any('"join/x"' in text and '"value": 2' in text for text in added), added
+    before = _all_events(engine.load(instance.id))
     instance = engine.answer_confirmation(engine.load(instance.id), "join/y", "rejected")
-    assert instance.status == "completed"
+    added = _added(before, _all_events(engine.load(instance.id)))
+    assert any('"join/y"' in text and '"value": "rejected"' in text for text in added), added
+
+
+def test_answers_given_one_at_a_time_across_saves_settle_the_join(tmp_path: Path) -> None:
+    """"Resolution of conflicts, in order: policy rules in the config; the model ...;
+    `human_confirm` (message, options, timeout, default on timeout)" -- with the instance
+    "persisted and resumed later" between two people's answers to one join."""
+    bpmn = write_bpmn(tmp_path, "two_keys", CONFLICTING)
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    instance = engine.run(engine.start(load_process(str(bpmn))))
+    assert {w["id"] for w in instance.waiting_for} == {"join/x", "join/y"}
+    instance = engine.answer_confirmation(engine.load(instance.id), "join/x", 2)
+    assert [w["id"] for w in instance.waiting_for] == ["join/y"]
+    instance = Engine(f"sqlite:///{tmp_path / 'runs.db'}").answer_confirmation(
+        engine.load(instance.id), "join/y", "rejected")
+    assert instance.status == "completed", instance.waiting_for
     assert instance.main.resolve("x") == 2 and instance.main.resolve("y") == "rejected"
-    decisions = [text for _, _, text in _all_events(instance) if '"join/y"' in text and '"rejected"' in text]
-    assert decisions
+    resolutions = {c["key"]: c["resolution"] for c in instance.conflicts}
+    assert {k: (r["value"], r["resolver"]) for k, r in resolutions.items()} == {
+        "x": (2, "human"), "y": ("rejected", "human")}
+    logged = {e["key"]: e["resolution"]["value"] for e in instance.main.resolve("_mergedConflicts")}
+    assert logged == {"x": 2, "y": "rejected"}
 
 
 LOAN_DATA = {"amount": 120000, "applicant_id": "APP-9", "purpose": "expansion", "industry": "gambling"}
