@@ -1438,10 +1438,14 @@ class _Runtime:
         contexts = {infos[m]["branch_id"]: inst.contexts[m] for m in ordered}
         injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
         order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
-        answers = {cid: a["value"] for cid, a in self.answers.items()}
         # what a person was shown, for the answers given: the chain does not run again for them
         asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
                  if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
+        # the answers are saved with their confirmations: a join that asked several questions
+        # runs again once all are answered, maybe after a save and a load (`resume --answer`
+        # one at a time), when the answers given before are no longer in self.answers
+        answers = {cid: c["answer"] for cid, c in asked.items()}
+        answers.update({cid: a["value"] for cid, a in self.answers.items()})
         config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
         arbiter = self.engine.arbiter_for(self.process)
         try:
