@@ -11,6 +11,13 @@ key by key (PROCESS only ever gains keys; merging it keeps a branch's additions,
 would otherwise be lost with the branch), EPHEMERAL is cleared, SYSTEM never changes.
 Reducer keys are reduced, the remaining conflicts go to the join's ``mergeStrategy``.
 
+Records (``activity:<task id>``, ``event:<id>``, ``compaction:<n>``, ... in HISTORY) are
+written by the engine and the compressor, one per activity run, never changed by a
+branch. Two branches that ran the same task (a task of a process both call) each add a
+record under the same key: those are two records, not a conflict. The first branch's
+keeps the key, the others get the next free one (``activity:stamp#2``, as a repeated
+activity's record does; ``compaction:<n + 1>``).
+
 Branch-scoped keys: what the split injected into a branch's WORKING
 (``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
 whose injected key still holds the injected value, in WORKING or in HISTORY after an
@@ -34,13 +41,13 @@ from typing import Any
 
 from context_layers.canonical import thaw
 from context_layers.config import ActivityExtensionConfig
-from context_layers.context import LayeredContext, Snapshot
+from context_layers.context import LayeredContext, Snapshot, is_record_key
 from context_layers.errors import LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
 
 from .arbiter import ConflictArbiter
-from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value
+from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value, value_key
 from .policy import HumanRequest, ResolutionStep, resolve_conflicts
 from .strategies import apply_reducer
 
@@ -187,13 +194,53 @@ def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, No
     return touched
 
 
-def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any]) -> list[KeyOutcome]:
+def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
+                   ) -> tuple[list[KeyOutcome], dict[str, tuple[str, str]]]:
+    """Outcomes in which records that several branches added under one key with different
+    values are kept apart (see the module doc); and each new key's (branch, key in branch)."""
+    out: list[KeyOutcome] = []
+    aliases: dict[str, tuple[str, str]] = {}
+    for o in outcomes:
+        if o.conflict is None or o.base_value is not DELETED or not is_record_key(o.key):
+            out.append(o)
+            continue
+        groups: dict[str, list[str]] = {}  # the value's key -> branches that added it, branch order
+        for b, value in o.results.items():
+            groups.setdefault(value_key(value), []).append(b)
+        for n, members in enumerate(groups.values()):
+            key = o.key
+            if n:
+                key = _free_record_key(o.key, [*taken, aliases])
+                aliases[key] = (members[0], o.key)
+            value = o.results[members[0]]
+            out.append(KeyOutcome(key, DELETED, value, tuple(members), None, {b: value for b in members}))
+    return out, aliases
+
+
+def _free_record_key(key: str, taken: list[Mapping[str, Any]]) -> str:
+    """The next key of ``key``'s series that none of ``taken`` holds."""
+    prefix, _, tail = key.partition(":")
+    if prefix == "compaction" and tail.isdigit():
+        stem, n, sep = "compaction:", int(tail) + 1, ""
+    else:
+        head, sep, number = key.rpartition("#")
+        stem, n, sep = (head, int(number) + 1, "#") if sep and number.isdigit() else (key, 2, "#")
+    while any(f"{stem}{sep}{n}" in m for m in taken):
+        n += 1
+    return f"{stem}{sep}{n}"
+
+
+def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any],
+             aliases: Mapping[str, tuple[str, str]] | None = None) -> list[KeyOutcome]:
     """Base keys in base order, then new keys in branch order (each branch's insertion order)."""
     existing = [o for o in outcomes if o.base_value is not DELETED]
     existing.sort(key=lambda o: base_layer.order_of(o.key))
     rank = {b: i for i, b in enumerate(branch_layers)}
 
     def new_key_order(o: KeyOutcome) -> tuple[int, int]:
+        if aliases and o.key in aliases:
+            b, key = aliases[o.key]
+            return rank[b], branch_layers[b].order_of(key)
         for b, layer in branch_layers.items():
             if o.key in layer:
                 return rank[b], layer.order_of(o.key)
@@ -247,7 +294,10 @@ def join_contexts(
         found = [apply_reducer(config.reducers[o.key], o, branch_count=len(order)) if o.key in config.reducers else o
                  for o in found]
         raw_layers = {b: branches[b].layer(layer) for b in order}
-        outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers)
+        aliases: dict[str, tuple[str, str]] = {}
+        if layer == Layer.HISTORY:
+            found, aliases = _records_apart(found, [base_layer, *raw_layers.values()])
+        outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases)
 
     conflicts = sorted((o.conflict for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None),
                        key=lambda c: (c.key, int(c.layer)))
