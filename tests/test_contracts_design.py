@@ -320,6 +320,29 @@ def test_hooks_are_applied_in_order() -> None:
     assert len(ctx.tape) == tape and ctx.resolve("token") == "secret-123"
 
 
+@pytest.mark.parametrize("fmt", ["xml", "json", "plain"])
+def test_what_changed_after_the_anchor_is_visible(fmt: str) -> None:
+    """"A view is: an anchor (where the visible part starts) plus select hooks": a HISTORY
+    key written before the anchor and changed after it shows its new value."""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("draft")
+    ctx.write(Layer.WORKING, "status", "status_before_anchor", actor="draft")
+    ctx.write(Layer.WORKING, "untouched", "untouched_before_anchor", actor="draft")
+    ctx.complete_activity("draft")
+    ctx.anchor("handoff")
+    ctx.begin_activity("review")
+    assert ctx.write(Layer.WORKING, "status", "status_after_anchor", actor="review") == Layer.HISTORY
+    ctx.write(Layer.WORKING, "added", "added_after_anchor", actor="review")
+    ctx.complete_activity("review")
+    view = ctx.view(anchor="handoff")
+    assert view.layer(Layer.HISTORY)["status"] == "status_after_anchor"
+    assert "untouched" not in view.layer(Layer.HISTORY) and "added" in view.layer(Layer.HISTORY)
+    text = "\n".join(m["content"] for m in render(view, format=fmt))
+    assert "status_after_anchor" in text and "added_after_anchor" in text
+    assert "status_before_anchor" not in text and "untouched_before_anchor" not in text
+    assert ctx.resolve("status") == "status_after_anchor" and "untouched" in ctx
+
+
 # =============================================================================== gateways
 
 TWICE_CALLED = "\n".join([
@@ -393,3 +416,38 @@ def test_merged_history_is_base_first_then_each_branchs_new_keys_in_branch_order
                     "b_one", "activity:second", "c_one", "activity:third"]
     assert instance.main.resolve("status") == "approved"
     assert plain(instance.main.resolve("doc")) == {"a": 1, "b": [1, 2]}
+
+
+# =============================================================================== rendering
+
+
+@pytest.mark.parametrize("fmt", ["xml", "json", "plain"])
+def test_volatile_parts_are_bound_late_at_the_end_of_the_last_user_message(fmt: str) -> None:
+    """"Stable parts first (SYSTEM, PROCESS, compaction summary, HISTORY in order), volatile
+    parts (KNOWLEDGE hits, WORKING, recalled memory) bound late, at the end of the last user
+    message, so provider prompt caches keep hitting.\""""
+    def build(hit: str, draft: str) -> LayeredContext:
+        ctx = LayeredContext(system={"policy": "policy_marker"})
+        ctx.write(Layer.PROCESS, "application", "process_marker", actor="submit")
+        for i in range(3):
+            ctx.begin_activity(f"step{i}")
+            ctx.write(Layer.WORKING, f"history_marker_{i}", f"finding {i}", actor=f"step{i}")
+            ctx.complete_activity(f"step{i}")
+        ctx.write(Layer.KNOWLEDGE, "hit", {"text": hit, "source": "kb://rules", "confidence": 0.8}, actor="rag")
+        ctx.begin_activity("decide")
+        ctx.write(Layer.WORKING, "draft", draft, actor="decide")
+        return ctx
+
+    messages = render(build("knowledge_marker", "working_marker"), format=fmt, memory=("memory_marker",))
+    assert messages[-1]["role"] == "user"
+    text = [m["content"] for m in messages]
+    assert "policy_marker" in text[0] and "process_marker" in text[0]
+    last = text[-1]
+    order = ["history_marker_0", "history_marker_1", "history_marker_2", "knowledge_marker", "working_marker",
+             "memory_marker"]
+    positions = [last.index(marker) for marker in order]
+    assert positions == sorted(positions)
+    other = render(build("other_hit", "other_draft"), format=fmt, memory=("other_memory",))
+    assert other[:-1] == messages[:-1]  # everything before the last message is the same bytes
+    stable = last[: last.index("history_marker_2")]
+    assert other[-1]["content"].startswith(stable)
