@@ -1315,7 +1315,12 @@ class _Runtime:
               cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
         inst = self.instance
         ids = [spiff.bpmn_id_of(c) for c in taken]
-        branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
+        try:
+            branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
+        except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)
+            failed = ActivityError(f"gateway {gw!r}: {err}", task_id=gw)
+            failed.kind = err.kind
+            raise failed from None
         split_id = f"{gw}@{task.id}"
         for child, b in zip(taken, branches):
             name = b.context.name

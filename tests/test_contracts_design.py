@@ -345,6 +345,31 @@ def test_what_changed_after_the_anchor_is_visible(fmt: str) -> None:
 
 # =============================================================================== gateways
 
+INJECTING = process("inject", "\n".join([
+    '    <bpmn:startEvent id="s"/>',
+    '    <bpmn:parallelGateway id="fork"/>',
+    script("ta", "a = 1"),
+    script("tb", "b = 1"),
+    '    <bpmn:parallelGateway id="join"/>',
+    '    <bpmn:endEvent id="e"/>']),
+    [("s", "fork"), ("fork", "ta"), ("fork", "tb"), ("ta", "join"), ("tb", "join"), ("join", "e")])
+
+
+def test_a_split_that_would_inject_over_process_is_denied_on_the_tape(tmp_path: Path) -> None:
+    """"Denied writes raise `ContextWriteDenied` with the key, the target and the effective
+    layer, and are recorded on the tape" -- a branch's `contextInject` (WORKING, on split)
+    included: it cannot change what PROCESS fixed."""
+    config = "fork:\n  branches:\n    - {id: ta, contextInject: {track: fast, amount: 999}}\n"
+    bpmn = write_bpmn(tmp_path, "inject", INJECTING, config=config)
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(str(bpmn)), {"amount": 5}))
+    assert instance.status == "error" and instance.error["kind"] == "permission_denied"
+    assert "amount" in instance.error["message"] and instance.error["task_id"] == "fork"
+    assert instance.main.resolve("amount") == 5
+    denials = [e for e in instance.main.tape if "amount" in json.dumps(dict(e.data)) and "denied" in str(e.to_dict())]
+    assert denials, [e.to_dict() for e in instance.main.tape]
+
+
 TWICE_CALLED = "\n".join([
     process("caller", "\n".join([
         '    <bpmn:startEvent id="s"/>',
