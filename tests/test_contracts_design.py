@@ -370,6 +370,35 @@ def test_a_split_that_would_inject_over_process_is_denied_on_the_tape(tmp_path: 
     assert denials, [e.to_dict() for e in instance.main.tape]
 
 
+LONG = " ".join(f"step {i} of the reviewer's reasoning weighs the figures again." for i in range(40))
+PRESERVE_VS_COMPRESS = process("pvc", "\n".join([
+    '    <bpmn:startEvent id="s"/>',
+    script("assess", f'risk_factors = {{"kind": "reasoning_chain", "text": "{LONG}"}}'),
+    '    <bpmn:parallelGateway id="fork"/>',
+    script("keep", "kept = True"),
+    script("squeeze", f'notes = {{"kind": "reasoning_chain", "text": "{LONG} more"}}'),
+    '    <bpmn:parallelGateway id="join"/>',
+    '    <bpmn:endEvent id="e"/>']),
+    [("s", "assess"), ("assess", "fork"), ("fork", "keep"), ("fork", "squeeze"), ("keep", "join"),
+     ("squeeze", "join"), ("join", "e")])
+
+
+def test_a_key_one_branch_preserves_is_not_altered_by_a_compression_in_another(tmp_path: Path) -> None:
+    """"The activity's `preserveKeys` are marked as preserved: no compressor may drop or alter
+    them" -- also when the compressor runs in a parallel branch that did not mark them."""
+    config = ("keep: {preserveKeys: [risk_factors]}\n"
+              "squeeze:\n  compressTokenThreshold: 200\n"
+              "  compressRules: [{pattern: reasoning_chain, action: summarize, maxTokens: 20}]\n")
+    bpmn = write_bpmn(tmp_path, "pvc", PRESERVE_VS_COMPRESS, config=config)
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(str(bpmn))))
+    assert instance.status == "completed", instance.error
+    assert [c["activity_id"] for c in instance.compressions] == ["squeeze"]  # the other branch compressed
+    assert plain(instance.main.resolve("risk_factors")) == {"kind": "reasoning_chain", "text": LONG}
+    assert "risk_factors" in instance.main.preserved
+    assert instance.main.resolve("notes") != {"kind": "reasoning_chain", "text": f"{LONG} more"}  # compressed
+
+
 TWICE_CALLED = "\n".join([
     process("caller", "\n".join([
         '    <bpmn:startEvent id="s"/>',
