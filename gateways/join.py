@@ -18,6 +18,10 @@ record under the same key: those are two records, not a conflict. The first bran
 keeps the key, the others get the next free one (``activity:stamp#2``, as a repeated
 activity's record does; ``compaction:<n + 1>``).
 
+Preserved keys: a key one branch's activities preserved stays preserved after the join,
+so a compression in another branch, which did not know, may not have changed it there:
+that branch's compressed value (or its fold) of a key of the base is not a change.
+
 Branch-scoped keys: what the split injected into a branch's WORKING
 (``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
 whose injected key still holds the injected value, in WORKING or in HISTORY after an
@@ -34,7 +38,7 @@ context, or was not forked from the join's snapshot, is compared key by key in f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -156,13 +160,29 @@ def _injected(branch: LayeredContext) -> dict[str, Any]:
     return {key: value for layer, key, value in first.changes if layer == Layer.WORKING and value is not DELETED}
 
 
-def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any]) -> dict[Layer, Mapping[str, Any]]:
-    """The branch's layers with every injected key it left alone put back to the base."""
+def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
+    """Of ``keys``, those whose last HISTORY change in ``branch`` was a compression's."""
+    last: dict[str, bool] = {}
+    for e in branch.tape:
+        for layer, key, _ in e.changes:
+            if layer == Layer.HISTORY and key in keys:
+                last[key] = e.data.get("note") == "compress"
+    return [key for key, by_compression in last.items() if by_compression]
+
+
+def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
+                   preserved: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
+    """The branch's layers with every injected key it left alone put back to the base, and
+    every base HISTORY key of ``preserved`` (the join's preserved keys) that only this
+    branch's compressor changed, not knowing another branch preserved it."""
     layers: dict[Layer, Mapping[str, Any]] = {layer: branch.layer(layer) for layer in MERGED_LAYERS}
     working, history = layers[Layer.WORKING], layers[Layer.HISTORY]
     base_w, base_h = base.layer(Layer.WORKING), base.layer(Layer.HISTORY)
     over_w: dict[str, Any] = {}
     over_h: dict[str, Any] = {}
+    unknown = {k for k in preserved - branch.preserved if k in base_h}
+    for key in _compressed(branch, unknown) if unknown else ():
+        over_h[key] = base_h[key]
     for key, value in injected.items():
         kept_in_history = key in history and same_value(history[key], value)
         if (key in working and same_value(working[key], value)) or (key not in working and kept_in_history):
@@ -274,7 +294,10 @@ def join_contexts(
     be resolved (see ``policy.resolve_conflicts``, which also explains ``asked``)."""
     config = config or ActivityExtensionConfig()
     order = list(branches)
-    scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx))
+    # keys a branch's activities preserved stay preserved after the join (see ``preserved`` below):
+    # no compression in another branch may have altered or dropped them
+    pinned = frozenset(k for ctx in branches.values() for k in ctx.preserved)
+    scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned)
               for b, ctx in branches.items()}
     touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
 
