@@ -241,9 +241,10 @@ def test_the_state_at_every_sequence_number_of_a_run_is_rebuilt_byte_identical()
 
 
 def _context_of(n: int) -> LayeredContext:
-    ctx = LayeredContext(system={"policy": "p"})
+    # the size in SYSTEM, which one event fills; a snapshot and a fork treat every layer alike
+    ctx = LayeredContext(system={f"k{i}": {"v": i, "text": f"value {i}"} for i in range(n)})
     ctx.begin_activity("load")
-    ctx.write_many(Layer.WORKING, {f"k{i}": {"v": i, "text": f"value {i}"} for i in range(n)}, actor="load")
+    ctx.write(Layer.WORKING, "loaded", n, actor="load")
     ctx.complete_activity("load")
     ctx.begin_activity("next")
     ctx.write(Layer.EPHEMERAL, "scratch", [1, 2], actor="next")
@@ -270,7 +271,8 @@ def test_snapshots_and_splits_cost_the_same_whatever_the_size() -> None:
     small, big = _context_of(10), _context_of(50_000)
     snap = big.snapshot()
     assert set(snap.as_dict()) == {"L0", "L1", "L2", "L3", "L4", "L5"}
-    assert snap.as_dict()["L5"] == {"scratch": [1, 2]} and len(snap.as_dict()["L3"]) == 50_001
+    layers = snap.as_dict()
+    assert layers["L5"] == {"scratch": [1, 2]} and len(layers["L0"]) == 50_000 and layers["L3"]["loaded"] == 50_000
     per_small = _allocated(small.snapshot, 50) / 50
     per_big = _allocated(big.snapshot, 50) / 50
     assert per_big < 2 * per_small + 2048, (per_small, per_big)
