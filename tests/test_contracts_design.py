@@ -2,10 +2,10 @@
 suite did not check from the outside: "The six layers", "Public names", "Tape,
 snapshots, views", "Gateways", "Compression", "Rendering".
 
-Each test quotes the sentence it checks. Only the public names DESIGN.md lists are used
-(``context_layers``: Layer, LayeredContext, ContextWriteDenied, ActivityExtensionConfig,
-RuleDrivenCompressor, render and what they return; ``engine``: load_process, Engine and
-the instances it returns), on processes written here."""
+Each test quotes the sentence it checks. They use the public names DESIGN.md lists
+(Layer, LayeredContext, render, ContextSplitter, load_process, Engine) and the documented
+members of what those return (views, snapshots, tape events, instances), on processes
+written here; no private attribute is read."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from context_layers import ContextWriteDenied, Layer, LayeredContext, render
+from context_layers import Layer, LayeredContext, render
 from engine import Engine, load_process
 from gateways import ContextSplitter
 
