@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "FrozenDict", "FrozenList", "Memo",
-           "remember_value"]
+__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "text_problem", "FrozenDict",
+           "FrozenList", "Memo", "remember_value"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -107,13 +108,34 @@ class FrozenList(list):  # type: ignore[type-arg]
         return self
 
 
+# A Python str may hold surrogate code points, which are not characters: no UTF-8 text (a
+# stored record, the CLI's output, a request to a model) can carry them, so they are not JSON.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be JSON text (it holds a lone surrogate), or None."""
+    if text.isascii():  # O(1): CPython keeps the flag
+        return None
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    return (f"holds the lone surrogate U+{ord(found.group()):04X} at index {found.start()}, which is not "
+            "Unicode text: no UTF-8 JSON document can carry it")
+
+
 def freeze(value: Any, _path: str = "") -> Any:
     """Validate a JSON-compatible value and return an immutable copy of it.
 
     Raises ``ValueError``/``TypeError`` with the path of the offending part; the
     caller adds the context key.
     """
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(f"{_path or 'value'} {problem}")
         return value
     if isinstance(value, int):
         return int(value)
@@ -128,6 +150,9 @@ def freeze(value: Any, _path: str = "") -> Any:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise TypeError(f"{_path or 'value'} has a key {k!r} of type {type(k).__name__}; JSON object keys must be str")
+            problem = text_problem(k)
+            if problem is not None:
+                raise ValueError(f"{_path or 'value'} has a key {k!r} that {problem}")
             out[k] = freeze(v, f"{_path}.{k}" if _path else k)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):

@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import immutables
 
-from .canonical import canonical_json, freeze, thaw
+from .canonical import canonical_json, freeze, text_problem, thaw
 from .errors import ContextKeyError, ContextValueError, ContextWriteDenied, LayerflowError
 from .layers import Layer
 from .markers import DELETED
@@ -368,6 +368,9 @@ class LayeredContext:
     def _check_key(self, key: Any) -> str:
         if not isinstance(key, str) or not key:
             raise ContextValueError(str(key), f"keys must be non-empty strings, got {type(key).__name__} {key!r}")
+        problem = text_problem(key)
+        if problem is not None:
+            raise ContextValueError(key, f"the key {problem}")
         return key
 
     def _freeze(self, key: str, value: Any) -> Any:
@@ -709,8 +712,10 @@ class View:
     """What a model is shown: the context from an anchor on, through select hooks.
 
     A view never changes the context or its tape (audit mode and token mode are two
-    views of one tape). The anchor hides HISTORY entries inserted before it; hooks are
-    plain, deterministic functions from entries to entries, applied in order.
+    views of one tape). The anchor hides HISTORY entries from before it: those inserted
+    before it, unless written again after it (then their values since the anchor show;
+    a compression's rewrite alone does not count, it is no new content). Hooks are plain,
+    deterministic functions from entries to entries, applied in order.
     """
 
     def __init__(self, ctx: LayeredContext, *, anchor: str | None = None, hooks: tuple[SelectHook, ...] = ()) -> None:
@@ -718,15 +723,28 @@ class View:
         self.anchor = anchor
         self.hooks = hooks
         self._start = 0
+        self._changed: frozenset[tuple[str, int]] = frozenset()  # (HISTORY key, seq) written after the anchor
+        self._touched: frozenset[str] = frozenset()  # ... of those, keys written by more than a compression
         if anchor is not None:
             anchors = ctx.tape.anchors
             if anchor not in anchors:
                 raise ContextKeyError(f"anchor {anchor!r} was not found on the tape of {ctx.name!r} "
                                       f"(anchors: {', '.join(anchors) or 'none'})")
-            self._start = int(anchors[anchor].data["order"])
+            event = anchors[anchor]
+            self._start = int(event.data["order"])
+            changed = [(key, e) for e in ctx.tape.since(event.seq + 1)
+                       for layer, key, value in e.changes if layer == Layer.HISTORY and value is not DELETED]
+            self._changed = frozenset((key, e.seq) for key, e in changed)
+            self._touched = frozenset(key for key, e in changed if e.data.get("note") != "compress")
+
+    def shows(self, entry: Entry) -> bool:
+        """Whether the anchor leaves ``entry`` (a current value, or an earlier one at its seq) visible."""
+        if entry.layer != Layer.HISTORY or entry.order > self._start:
+            return True
+        return entry.key in self._touched and (entry.key, entry.seq) in self._changed
 
     def entries(self) -> list[Entry]:
-        entries = [e for e in self.context.entries() if e.layer != Layer.HISTORY or e.order > self._start]
+        entries = [e for e in self.context.entries() if self.shows(e)]
         for hook in self.hooks:
             entries = list(hook(entries))
         return entries

@@ -216,8 +216,7 @@ def logged_entries(source: LayeredContext | View, options: RenderOptions | None 
     entries = [e for e in ctx.entries() if e.layer != Layer.HISTORY] + history
     if isinstance(source, View):
         if source.anchor is not None:
-            start = int(ctx.tape.anchors[source.anchor].data["order"])
-            entries = [e for e in entries if e.layer != Layer.HISTORY or e.order > start]
+            entries = [e for e in entries if source.shows(e)]
         for hook in source.hooks:
             entries = list(hook(entries))
     return entries, revisions

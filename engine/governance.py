@@ -755,10 +755,8 @@ class GovernanceService:
             entry = _open_confirmation(instance, confirmation_id, conflict_key)
             entry["reason"] = reason
             entry["answered_by"] = actor
-            instance.main.record("human_decision", actor=actor, data={
-                "confirmation_id": entry["id"], "key": entry.get("key"), "value": value, "reason": reason})
-            try:
-                instance = self.engine.answer_confirmation(instance, entry["id"], value)
+            try:  # the engine puts the decision on the tape
+                instance = self.engine.answer_confirmation(instance, entry["id"], value, actor=actor, reason=reason)
             except ActivityError as err:  # raised before anything changed: not one of the options
                 raise InvalidAnswer(str(err)) from None
         return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}

@@ -272,16 +272,16 @@ class Engine:
         return self.run(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance, confirmation_id: str, value: Any, *, run: bool = True,
-                            timed_out: bool = False) -> Instance:
+                            timed_out: bool = False, actor: str = "person", reason: str | None = None) -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
         An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing."""
+        changes nothing. ``actor`` and ``reason`` go on the tape with the decision."""
         rt = _runtime_of(instance)
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
-            rt.answer(confirmation_id, value, timed_out=timed_out)
+            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason)
         except Exception as err:  # noqa: BLE001 - e.g. a person escalated: the join fails
             rt.fail(err)
             rt.settle()
@@ -1318,7 +1318,12 @@ class _Runtime:
               cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
         inst = self.instance
         ids = [spiff.bpmn_id_of(c) for c in taken]
-        branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
+        try:
+            branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
+        except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)
+            failed = ActivityError(f"gateway {gw!r}: {err}", task_id=gw)
+            failed.kind = err.kind
+            raise failed from None
         split_id = f"{gw}@{task.id}"
         for child, b in zip(taken, branches):
             name = b.context.name
@@ -1441,10 +1446,14 @@ class _Runtime:
         contexts = {infos[m]["branch_id"]: inst.contexts[m] for m in ordered}
         injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
         order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
-        answers = {cid: a["value"] for cid, a in self.answers.items()}
         # what a person was shown, for the answers given: the chain does not run again for them
         asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
                  if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
+        # the answers are saved with their confirmations: a join that asked several questions
+        # runs again once all are answered, maybe after a save and a load (`resume --answer`
+        # one at a time), when the answers given before are no longer in self.answers
+        answers = {cid: c["answer"] for cid, c in asked.items()}
+        answers.update({cid: a["value"] for cid, a in self.answers.items()})
         config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
         arbiter = self.engine.arbiter_for(self.process)
         try:
@@ -1523,10 +1532,19 @@ class _Runtime:
             out["documentation"] = getattr(task.task_spec, "documentation", None)
         return out
 
-    def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False) -> None:
-        """Record a person's answer; once a join has all its answers it runs again."""
+    def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
+               actor: str = "person", reason: str | None = None) -> None:
+        """Record a person's answer; once a join has all its answers it runs again.
+
+        The decision goes on the tape when it is made (a join with several confirmations
+        runs again, and records its resolutions, only once all are answered); an answer a
+        timeout gave is on the tape as ``confirmation_timed_out`` already."""
         inst = self.instance
         entry = self.check_answer(confirmation_id, value)
+        if not timed_out:
+            ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
+            ctx.record("human_decision", actor=actor, data={
+                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason})
         entry["answer"] = value
         entry["answered"] = True
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked

@@ -11,6 +11,17 @@ key by key (PROCESS only ever gains keys; merging it keeps a branch's additions,
 would otherwise be lost with the branch), EPHEMERAL is cleared, SYSTEM never changes.
 Reducer keys are reduced, the remaining conflicts go to the join's ``mergeStrategy``.
 
+Records (``activity:<task id>``, ``event:<id>``, ``compaction:<n>``, ... in HISTORY) are
+written by the engine and the compressor, one per activity run, never changed by a
+branch. Two branches that ran the same task (a task of a process both call) each add a
+record under the same key: those are two records, not a conflict. The first branch's
+keeps the key, the others get the next free one (``activity:stamp#2``, as a repeated
+activity's record does; ``compaction:<n + 1>``).
+
+Preserved keys: a key one branch's activities preserved stays preserved after the join,
+so a compression in another branch, which did not know, may not have changed it there:
+that branch's compressed value (or its fold) of a key of the base is not a change.
+
 Branch-scoped keys: what the split injected into a branch's WORKING
 (``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
 whose injected key still holds the injected value, in WORKING or in HISTORY after an
@@ -27,20 +38,20 @@ context, or was not forked from the join's snapshot, is compared key by key in f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from context_layers.canonical import thaw
 from context_layers.config import ActivityExtensionConfig
-from context_layers.context import LayeredContext, Snapshot
+from context_layers.context import LayeredContext, Snapshot, is_record_key
 from context_layers.errors import LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
 
 from .arbiter import ConflictArbiter
-from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value
+from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value, value_key
 from .policy import HumanRequest, ResolutionStep, resolve_conflicts
 from .strategies import apply_reducer
 
@@ -149,13 +160,29 @@ def _injected(branch: LayeredContext) -> dict[str, Any]:
     return {key: value for layer, key, value in first.changes if layer == Layer.WORKING and value is not DELETED}
 
 
-def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any]) -> dict[Layer, Mapping[str, Any]]:
-    """The branch's layers with every injected key it left alone put back to the base."""
+def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
+    """Of ``keys``, those whose last HISTORY change in ``branch`` was a compression's."""
+    last: dict[str, bool] = {}
+    for e in branch.tape:
+        for layer, key, _ in e.changes:
+            if layer == Layer.HISTORY and key in keys:
+                last[key] = e.data.get("note") == "compress"
+    return [key for key, by_compression in last.items() if by_compression]
+
+
+def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
+                   preserved: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
+    """The branch's layers with every injected key it left alone put back to the base, and
+    every base HISTORY key of ``preserved`` (the join's preserved keys) that only this
+    branch's compressor changed, not knowing another branch preserved it."""
     layers: dict[Layer, Mapping[str, Any]] = {layer: branch.layer(layer) for layer in MERGED_LAYERS}
     working, history = layers[Layer.WORKING], layers[Layer.HISTORY]
     base_w, base_h = base.layer(Layer.WORKING), base.layer(Layer.HISTORY)
     over_w: dict[str, Any] = {}
     over_h: dict[str, Any] = {}
+    unknown = {k for k in preserved - branch.preserved if k in base_h}
+    for key in _compressed(branch, unknown) if unknown else ():
+        over_h[key] = base_h[key]
     for key, value in injected.items():
         kept_in_history = key in history and same_value(history[key], value)
         if (key in working and same_value(working[key], value)) or (key not in working and kept_in_history):
@@ -187,13 +214,53 @@ def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, No
     return touched
 
 
-def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any]) -> list[KeyOutcome]:
+def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
+                   ) -> tuple[list[KeyOutcome], dict[str, tuple[str, str]]]:
+    """Outcomes in which records that several branches added under one key with different
+    values are kept apart (see the module doc); and each new key's (branch, key in branch)."""
+    out: list[KeyOutcome] = []
+    aliases: dict[str, tuple[str, str]] = {}
+    for o in outcomes:
+        if o.conflict is None or o.base_value is not DELETED or not is_record_key(o.key):
+            out.append(o)
+            continue
+        groups: dict[str, list[str]] = {}  # the value's key -> branches that added it, branch order
+        for b, value in o.results.items():
+            groups.setdefault(value_key(value), []).append(b)
+        for n, members in enumerate(groups.values()):
+            key = o.key
+            if n:
+                key = _free_record_key(o.key, [*taken, aliases])
+                aliases[key] = (members[0], o.key)
+            value = o.results[members[0]]
+            out.append(KeyOutcome(key, DELETED, value, tuple(members), None, {b: value for b in members}))
+    return out, aliases
+
+
+def _free_record_key(key: str, taken: list[Mapping[str, Any]]) -> str:
+    """The next key of ``key``'s series that none of ``taken`` holds."""
+    prefix, _, tail = key.partition(":")
+    if prefix == "compaction" and tail.isdigit():
+        stem, n, sep = "compaction:", int(tail) + 1, ""
+    else:
+        head, sep, number = key.rpartition("#")
+        stem, n, sep = (head, int(number) + 1, "#") if sep and number.isdigit() else (key, 2, "#")
+    while any(f"{stem}{sep}{n}" in m for m in taken):
+        n += 1
+    return f"{stem}{sep}{n}"
+
+
+def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any],
+             aliases: Mapping[str, tuple[str, str]] | None = None) -> list[KeyOutcome]:
     """Base keys in base order, then new keys in branch order (each branch's insertion order)."""
     existing = [o for o in outcomes if o.base_value is not DELETED]
     existing.sort(key=lambda o: base_layer.order_of(o.key))
     rank = {b: i for i, b in enumerate(branch_layers)}
 
     def new_key_order(o: KeyOutcome) -> tuple[int, int]:
+        if aliases and o.key in aliases:
+            b, key = aliases[o.key]
+            return rank[b], branch_layers[b].order_of(key)
         for b, layer in branch_layers.items():
             if o.key in layer:
                 return rank[b], layer.order_of(o.key)
@@ -227,7 +294,10 @@ def join_contexts(
     be resolved (see ``policy.resolve_conflicts``, which also explains ``asked``)."""
     config = config or ActivityExtensionConfig()
     order = list(branches)
-    scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx))
+    # keys a branch's activities preserved stay preserved after the join (see ``preserved`` below):
+    # no compression in another branch may have altered or dropped them
+    pinned = frozenset(k for ctx in branches.values() for k in ctx.preserved)
+    scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned)
               for b, ctx in branches.items()}
     touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
 
@@ -247,7 +317,10 @@ def join_contexts(
         found = [apply_reducer(config.reducers[o.key], o, branch_count=len(order)) if o.key in config.reducers else o
                  for o in found]
         raw_layers = {b: branches[b].layer(layer) for b in order}
-        outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers)
+        aliases: dict[str, tuple[str, str]] = {}
+        if layer == Layer.HISTORY:
+            found, aliases = _records_apart(found, [base_layer, *raw_layers.values()])
+        outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases)
 
     conflicts = sorted((o.conflict for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None),
                        key=lambda c: (c.key, int(c.layer)))

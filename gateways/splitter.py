@@ -20,6 +20,8 @@ from typing import Any
 from context_layers.canonical import thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import LayeredContext, Snapshot
+from context_layers.errors import ContextWriteDenied
+from context_layers.layers import Layer
 
 __all__ = ["BranchContext", "ContextSplitter", "branch_context_name"]
 
@@ -58,11 +60,21 @@ class ContextSplitter:
         repeated = sorted({b for b in ids if ids.count(b) > 1})
         if repeated:
             raise ValueError(f"split {gateway_id!r}: branch ids must be unique, repeated: {repeated}")
-        snapshot: Snapshot = ctx.snapshot(label=f"split:{gateway_id}", actor=actor)
         injects: dict[str, dict[str, Any]] = {}
         for branch_id in ids:
             branch_config = config.branch(branch_id) if config is not None else None
             injects[branch_id] = dict(branch_config.context_inject) if branch_config is not None else {}
+            for key in injects[branch_id]:
+                # an injection is a write to the branch's WORKING: the write rule holds, and a
+                # denial is on the parent's tape, before anything is forked
+                effective, reason = ctx.check_write(Layer.WORKING, key)
+                if reason is not None:
+                    reason = f"contextInject of branch {branch_id!r} at {gateway_id!r}: {reason}"
+                    ctx.record("denied", actor=actor, data={
+                        "op": "inject", "key": key, "requested": int(Layer.WORKING), "effective": int(effective),
+                        "reason": reason, "gateway_id": gateway_id, "branch_id": branch_id})
+                    raise ContextWriteDenied(key, Layer.WORKING, effective, reason)
+        snapshot: Snapshot = ctx.snapshot(label=f"split:{gateway_id}", actor=actor)
         data: dict[str, Any] = {"gateway_id": gateway_id, "snapshot_id": snapshot.id, "branches": ids,
                                 "inject": {b: thaw(v) for b, v in injects.items() if v}}
         if gateway_type:

@@ -285,6 +285,27 @@ def test_process_conflict_is_resolved_as_an_addition() -> None:
     assert ctx.layer(Layer.PROCESS)["decision_id"] == "D-2"
 
 
+def test_records_two_branches_add_under_one_key_are_kept_apart() -> None:
+    ctx = loan_parent()
+    activity(ctx, "stamp")  # the base already holds activity:stamp
+    a, b, c = split(ctx, ["a", "b", "c"])
+    for branch, notes in ((a, None), (b, "a longer note " * 5), (c, None)):
+        activity(branch.context, "stamp", {"notes": notes} if notes else {})  # activity:stamp#2 in each
+        branch.context.apply_changes([(Layer.HISTORY, "compaction:1", {"kind": "compaction",
+                                                                        "summary": "b" if notes else "a, c"})],
+                                     kind="compress", actor="compressor")
+    result = join(ctx, [a, b, c])
+    assert result.conflicts == [] and result.complete
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    keys = [k for k in history if k.startswith(("activity:stamp", "compaction:", "notes"))]
+    # a and c added the same records (changed identically): one of each; b's are kept apart, in b's order
+    assert keys == ["activity:stamp", "activity:stamp#2", "compaction:1", "notes", "activity:stamp#3", "compaction:2"]
+    assert "notes" in history["activity:stamp#3"]["keys"] and "notes" not in history["activity:stamp#2"]["keys"]
+    assert history["compaction:1"]["summary"] == "a, c" and history["compaction:2"]["summary"] == "b"
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
 def test_merged_conflicts_accumulate_over_joins() -> None:
     ctx = loan_parent()
     cfg = config_from_dict({"mergeStrategy": "LAST_WRITER_WINS"})
