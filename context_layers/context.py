@@ -62,7 +62,7 @@ class _State(NamedTuple):
     preserved: immutables.Map[str, bool] = _EMPTY
     counter: int = 0
     activity: str | None = None
-    activity_keys: tuple[str, ...] = ()
+    activity_keys: immutables.Map[str, int] = _EMPTY  # keys the open activity wrote -> write order
     begin_snapshot: str | None = None
     iterations: immutables.Map[str, int] = _EMPTY
 
@@ -437,7 +437,7 @@ class LayeredContext:
             moved_tokens += s.tokens[Layer.WORKING][key]
         for key in self.layer(Layer.EPHEMERAL):
             changes.append((Layer.EPHEMERAL, key, DELETED))
-        written = list(dict.fromkeys([*s.activity_keys, *working]))
+        written = list(dict.fromkeys([*sorted(s.activity_keys, key=s.activity_keys.__getitem__), *working]))
         # HISTORY itself decides the record key: a branch merged back at a join carries
         # its records but not its counters, and a record is never overwritten.
         history = s.layers[Layer.HISTORY]
@@ -547,7 +547,7 @@ class LayeredContext:
     def _apply(self, s: _State, e: Event) -> _State:
         if e.kind == EventKind.FORK:
             base = e.snapshot.state if e.snapshot is not None else _State.empty()
-            s = base._replace(activity=None, activity_keys=(), begin_snapshot=None, counter=max(base.counter, s.counter),
+            s = base._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None, counter=max(base.counter, s.counter),
                         layers=(*base.layers[:5], _EMPTY), tokens=(*base.tokens[:5], _EMPTY), totals=(*base.totals[:5], 0))
         elif e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None:
             # an abort undoes the failed activity in every layer but SYSTEM (it fixed nothing);
@@ -560,19 +560,19 @@ class LayeredContext:
         if e.changes:
             s = self._apply_changes(s, e.changes, e.seq)
         if e.kind == EventKind.BEGIN:
-            s = s._replace(activity=e.data["task_id"], activity_keys=(), begin_snapshot=e.data["snapshot_id"])
+            s = s._replace(activity=e.data["task_id"], activity_keys=_EMPTY, begin_snapshot=e.data["snapshot_id"])
         elif e.kind in (EventKind.WRITE, EventKind.DELETE) and s.activity is not None:
             key = e.changes[0][1]
             if key not in s.activity_keys:
-                s = s._replace(activity_keys=(*s.activity_keys, key))
+                s = s._replace(activity_keys=s.activity_keys.set(key, len(s.activity_keys)))
         elif e.kind == EventKind.COMPLETE:
             task_id = e.data["task_id"]
             record_key = e.data["record_key"]
             n = int(record_key.rsplit("#", 1)[1]) if "#" in record_key else 1
-            s = s._replace(activity=None, activity_keys=(), begin_snapshot=None,
+            s = s._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None,
                         iterations=s.iterations.set(task_id, n))
         elif e.kind == EventKind.ABORT:
-            s = s._replace(activity=None, activity_keys=(), begin_snapshot=None)
+            s = s._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None)
         preserve = e.data.get("preserve") if e.data else None
         if preserve:
             with s.preserved.mutate() as m:
