@@ -22,6 +22,7 @@ scenario makes; its engines keep their instances in sqlite. Then, per scenario:
 
 from __future__ import annotations
 
+import copy
 import inspect
 import itertools
 import json
@@ -103,7 +104,9 @@ def _cases(module: ModuleType) -> list[Case]:
         if set(inspect.signature(test).parameters) - {"tmp_path", *sets[0][1]}:
             continue  # a fixture of its own module (a CLI runner, a loan instance, ...)
         if f"{module.__name__}.{name}" not in NOT_SWEPT:
-            out += [Case(f"{module.__name__}.{name}" + (f"[{sid}]" if sid else ""), module, test, params)
+            # copies taken now, before pytest runs the test itself: a parameter may be used up by a
+            # run (a scripted fake model pops its replies)
+            out += [Case(f"{module.__name__}.{name}" + (f"[{sid}]" if sid else ""), module, test, copy.deepcopy(params))
                     for sid, params in sets]
     return out
 
@@ -192,7 +195,7 @@ def record(case: Case, tmp_path: Path) -> Recording:
         mp.setattr(Engine, "__init__", recording_init)
         for op in CALLS:
             mp.setattr(Engine, op, recording(op, getattr(Engine, op)))
-        kwargs = dict(case.params)
+        kwargs = copy.deepcopy(case.params)
         if "tmp_path" in inspect.signature(case.test).parameters:
             kwargs["tmp_path"] = tmp_path
         case.test(**kwargs)
