@@ -67,7 +67,7 @@ def play(engine: Engine, clock: Clock, instance: Instance, calls: list[dict[str,
 def instance_doc(instance: Instance) -> dict[str, Any]:
     """What a resumed run must share with an uninterrupted one: status, error, path, what it
     waits for, branches, conflicts, confirmations, and per context its layers, state, tokens
-    and tape. Wall-clock times (``time`` fields) and SpiffWorkflow's task ids are left out."""
+    and tape. The wall-clock time of each tape event and SpiffWorkflow's task ids are left out."""
     doc = {
         "status": instance.status,
         "error": instance.error if instance.status == "error" else None,
@@ -77,17 +77,10 @@ def instance_doc(instance: Instance) -> dict[str, Any]:
         "conflicts": instance.conflicts,
         "confirmations": instance.confirmations,
         "contexts": {name: {"layers": ctx.as_dict(), "state": json.loads(ctx.state_json()), "tokens": ctx.token_report(),
-                            "tape": ctx.tape.to_list()} for name, ctx in instance.contexts.items()},
+                            "tape": [{k: v for k, v in e.items() if k != "time"} for e in ctx.tape.to_list()]}
+                     for name, ctx in instance.contexts.items()},
     }
-    return _without_times(json.loads(_UUID.sub("<task id>", json.dumps(doc, default=str))))
-
-
-def _without_times(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_times(v) for k, v in value.items() if k != "time"}
-    if isinstance(value, list):
-        return [_without_times(v) for v in value]
-    return value
+    return json.loads(_UUID.sub("<task id>", json.dumps(doc, default=str)))  # type: ignore[no-any-return]
 
 
 def resume_jobs(jobs: dict[str, dict[str, Any]]) -> dict[str, Any]:
