@@ -526,7 +526,7 @@ class LayeredContext:
             changes.append((where, ctx._check_key(key), ctx._freeze(key, value)))
         ctx._emit(EventKind.FORK, actor, changes=changes, snapshot=snapshot,
                   data={"snapshot_id": snapshot.id, "parent": snapshot.context, "name": name,
-                        "branch_id": branch_id, "inject": thaw(dict(inject or {}))})
+                        "branch_id": branch_id, "inject": thaw(dict(inject or {})), "encoding": ctx.encoding})
         return ctx
 
     # ----- the one state transition ------------------------------------------------------
@@ -631,6 +631,7 @@ class LayeredContext:
             encoding = encoding or events[0].data.get("encoding")
         elif events and events[0].kind == EventKind.FORK:
             name = name or events[0].data.get("name")
+            encoding = encoding or events[0].data.get("encoding")
         ctx = cls(name=name or "main", branch_id=events[0].branch if events else None,
                   encoding=encoding or DEFAULT_ENCODING, _empty=True)
         for e in events:
@@ -665,10 +666,13 @@ class LayeredContext:
         fmt = data.get("format")
         if fmt != TAPE_FORMAT:
             raise LayerflowError(f"context record {data.get('name')!r} has format {fmt!r}; this layerflow reads format {TAPE_FORMAT}")
-        foreign = {sid: _load_snapshot(sid, d) for sid, d in data.get("snapshots", {}).items()}
+        # counted in this context's encoding, as the snapshot a branch is forked from was (the engine
+        # forks a branch in its parent's encoding)
+        encoding = data.get("encoding") or DEFAULT_ENCODING
+        foreign = {sid: _load_snapshot(sid, d, encoding) for sid, d in data.get("snapshots", {}).items()}
         events = [Event.from_dict(d, snapshot=foreign.get((d.get("data") or {}).get("snapshot_id")))
                   for d in data["tape"]]
-        return cls.replay(events, name=data["name"], encoding=data.get("encoding"))
+        return cls.replay(events, name=data["name"], encoding=encoding)
 
 
 def _default_summary(task_id: str, status: str, keys: list[str]) -> str:
@@ -688,7 +692,7 @@ def _dump_snapshot(snap: Snapshot) -> dict[str, Any]:
     }
 
 
-def _load_snapshot(sid: str, d: Mapping[str, Any]) -> Snapshot:
+def _load_snapshot(sid: str, d: Mapping[str, Any], encoding: str = DEFAULT_ENCODING) -> Snapshot:
     from .tokens import count_value as cv
 
     layers, tokens, totals = [], [], []
@@ -698,7 +702,7 @@ def _load_snapshot(sid: str, d: Mapping[str, Any]) -> Snapshot:
         for key, order, seq, value in items:
             fv = freeze(value)
             m[key] = (order, seq, fv)
-            t[key] = cv(fv)
+            t[key] = cv(fv, encoding)
         layers.append(immutables.Map(m))
         tokens.append(immutables.Map(t))
         totals.append(sum(t.values()))

@@ -1460,7 +1460,8 @@ class _Runtime:
             with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):
                 result = join_contexts(base, contexts, config=config, gateway_id=gw,
                                        arrival_order=order, answers=answers, arbiter=arbiter,
-                                       human_available=True, injected=injected, asked=asked)
+                                       human_available=True, injected=injected, asked=asked,
+                                       clock=self.engine.clock)
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})

@@ -649,18 +649,27 @@ class LayerflowScriptEngine(PythonScriptEngine):  # type: ignore[misc]
 
 # --------------------------------------------------------------------------- serializer
 
-class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):  # type: ignore[misc]
-    """Serializes a process spec once: specs never change after parsing, and the engine
-    serializes its workflow after every activity (the spec is half the work)."""
+def _spec_shape(spec: Any) -> int:
+    """What of a spec changes after parsing: SpiffWorkflow connects an event sub-process to
+    the start (and the end) of its process's spec the first time an event starts one
+    (``BpmnStartTask.trigger_wf``). A text of the spec from before no longer loads the
+    workflow: its sub-process task then has no way on and fails as it ends."""
+    start = getattr(spec, "start", None)
+    return len(start.outputs) if start is not None else 0
 
-    _cache: "weakref.WeakKeyDictionary[Any, dict[bool, Any]]" = weakref.WeakKeyDictionary()
+
+class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):  # type: ignore[misc]
+    """Serializes a process spec once per shape (``_spec_shape``): the engine serializes
+    its workflow after every activity, and the spec is half the work."""
+
+    _cache: "weakref.WeakKeyDictionary[Any, dict[tuple[bool, int], Any]]" = weakref.WeakKeyDictionary()
 
     def _spec(self, spec: Any) -> Any:
-        mode = bool(getattr(self.registry, "_encoder_mode", False))
+        key = (bool(getattr(self.registry, "_encoder_mode", False)), _spec_shape(spec))
         per_spec = self._cache.setdefault(spec, {})
-        if mode not in per_spec:
-            per_spec[mode] = self.registry.convert(spec)
-        return per_spec[mode]
+        if key not in per_spec:
+            per_spec[key] = self.registry.convert(spec)
+        return per_spec[key]
 
     def to_dict(self, workflow: Any) -> dict[str, Any]:
         dct = WorkflowConverter.to_dict(self, workflow)
@@ -685,8 +694,8 @@ _ENCODER = create_encoder(SERIALIZER.registry)
 # records as it is. Compact: it is stored after every activity.
 _ENCODE = _ENCODER(separators=(",", ":"), allow_nan=False).encode
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-# spec -> its JSON text (specs never change after parsing)
-_SPEC_JSON: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+# spec -> (its shape, its JSON text in that shape): see _spec_shape
+_SPEC_JSON: "weakref.WeakKeyDictionary[Any, tuple[int, str]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -713,7 +722,7 @@ def serialize_json(workflow: Any) -> str:
 
     The engine saves after every activity, and most of a save is the same text as the
     last one: the spec, and every task that did not change since. Both are kept as JSON
-    text: a spec once, a task until its fingerprint changes (state, time of the last
+    text: a spec once per shape (``_spec_shape``), a task until its fingerprint changes (state, time of the last
     state change, children, ``internal_data``). A task that has data of its own, or a
     parent with data, is converted every time, as are subprocesses and events. The
     result loads with ``SERIALIZER.deserialize_json`` to the same workflow (the same
@@ -758,10 +767,11 @@ def deserialize(workflow: str | Mapping[str, Any]) -> BpmnWorkflow:
 
 
 def _spec_json(spec: Any, registry: Any) -> str:
-    text = _SPEC_JSON.get(spec)
-    if text is None:
-        text = _SPEC_JSON[spec] = _ENCODE(registry.convert(spec))
-    return text
+    shape = _spec_shape(spec)
+    hit = _SPEC_JSON.get(spec)
+    if hit is None or hit[0] != shape:
+        hit = _SPEC_JSON[spec] = (shape, _ENCODE(registry.convert(spec)))
+    return hit[1]
 
 
 def _tasks_json(workflow: Any, registry: Any) -> str:
@@ -863,6 +873,13 @@ def _task_fingerprint(task: Any, with_data: set[Any]) -> tuple[Any, ...] | None:
 
 
 def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> BpmnWorkflow:
+    if spec.start.trigger_specs:
+        # An event can start an event sub-process here, and SpiffWorkflow then connects it to
+        # the start of the spec itself (see _spec_shape). The instances of a process share its
+        # spec: every later one would run that sub-process as a branch and wait for its event.
+        # Such a workflow runs on a spec of its own, from the spec's text (as a loaded one does;
+        # SpiffWorkflow's dict of a spec shares its lists of inputs and outputs with the spec).
+        spec = SERIALIZER.registry.restore(json.loads(_spec_json(spec, SERIALIZER.registry)))
     return BpmnWorkflow(spec, subprocess_specs or {}, script_engine=LayerflowScriptEngine())
 
 

@@ -241,6 +241,21 @@ def test_tape_roundtrip_through_json(ctx):
     assert LayeredContext.from_dict(json.loads(json.dumps(fork.to_dict()))) == fork
 
 
+def test_a_branch_in_another_encoding_loads_and_replays_with_its_token_counts():
+    """A branch's base snapshot, loaded from its record, was counted again in the default
+    encoding, and a replay of a branch's tape counted its writes in the default encoding."""
+    text = "Darlehen über 50 000 € brauchen zwei Freigaben; 融资审批需要两名审核人. " * 4
+    main = LayeredContext(system={"policy": text}, encoding="o200k_base")
+    main.write(Layer.WORKING, "note", text, actor="a")
+    branch = LayeredContext.fork(main.snapshot(), name="main/b", branch_id="b", encoding="o200k_base")
+    branch.write(Layer.WORKING, "reply", text[:80], actor="b")
+    loaded = LayeredContext.from_dict(json.loads(json.dumps(branch.to_dict())))
+    replayed = LayeredContext.replay(branch.tape)
+    for rebuilt in (loaded, replayed):
+        assert rebuilt.encoding == "o200k_base" and rebuilt.token_report() == branch.token_report()
+        assert rebuilt.key_tokens(Layer.WORKING, "reply") == branch.key_tokens(Layer.WORKING, "reply")
+
+
 def test_anchor_and_view(ctx):
     ctx.begin_activity("a")
     ctx.write(Layer.WORKING, "old", 1, actor="a")

@@ -89,15 +89,19 @@ def test_a_branch_waiting_for_a_person_holds_the_end_until_answered(tmp_path: Pa
     assert variables(instance.main) == {"a": 1, "signed_by": "ann"}
 
 
-def test_conflicting_branches_are_resolved_at_the_process_end(tmp_path: Path) -> None:
+def _conflict_end(tmp_path: Path) -> Path:
+    """Two branches end in end events of their own, having set ``status`` differently."""
     body = ('    <bpmn:startEvent id="start"/>\n    <bpmn:parallelGateway id="fork"/>\n'
             + _script("init", "status = 'pending'")
             + _script("a", "status = 'approved'") + _script("b", "status = 'rejected'")
             + '    <bpmn:endEvent id="end_a"/>\n    <bpmn:endEvent id="end_b"/>\n'
             + _flows("start->init", "init->fork", "fork->a", "fork->b", "a->end_a", "b->end_b"))
-    path = _write(tmp_path, "conflict_end", body)
+    return _write(tmp_path, "conflict_end", body)
+
+
+def test_conflicting_branches_are_resolved_at_the_process_end(tmp_path: Path) -> None:
     engine = Engine()
-    instance = engine.run(engine.start(load_process(path), {}))
+    instance = engine.run(engine.start(load_process(_conflict_end(tmp_path)), {}))
     # nothing is silently lost: with no policy for the key, a person decides
     assert instance.status == "waiting"
     [item] = instance.waiting_for
@@ -109,6 +113,18 @@ def test_conflicting_branches_are_resolved_at_the_process_end(tmp_path: Path) ->
     assert instance.status == "completed", instance.error
     assert instance.main.resolve("status") == "rejected"
     assert instance.conflicts[0]["resolution"]["resolver"] == "human"
+
+
+def test_a_join_conflict_is_stamped_by_the_engine_clock(tmp_path: Path) -> None:
+    """The conflict kept in the context (``_mergedConflicts``) once took the wall clock, while the
+    confirmation it asks for took the engine's: a run on a given clock was not reproducible."""
+    engine = Engine(clock=lambda: 1_700_000_000.0)
+    instance = engine.run(engine.start(load_process(_conflict_end(tmp_path)), {}))
+    assert instance.confirmations[0]["created"] == 1_700_000_000.0
+    instance = engine.answer_confirmation(instance, "conflict_end.EndJoin/status", "rejected")
+    assert instance.status == "completed", instance.error
+    [merged] = instance.main.resolve("_mergedConflicts")
+    assert merged["time"] == "2023-11-14T22:13:20.000Z"
 
 
 def test_separate_ends_inside_a_sub_process_merge_before_the_process_goes_on(tmp_path: Path) -> None:

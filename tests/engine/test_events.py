@@ -91,6 +91,21 @@ BOUNDARY = HEAD + """  <bpmn:process id="boundary" isExecutable="true">
     </bpmn:subProcess>
 """ + TAIL
 
+# an event sub-process started by a message, whose step waits for a person
+EVENT_SUB_WAITS = HEAD + """  <bpmn:process id="event_sub_waits" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:userTask id="review"/>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>review", "review>end") + """
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:userTask id="check_docs"/>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="check_docs"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="check_docs" targetRef="docs_end"/>
+    </bpmn:subProcess>
+""" + TAIL
+
 # the same message twice, correlated by the claim id it carries
 CORRELATED = HEAD + """  <bpmn:collaboration id="collab">
     <bpmn:participant id="p" processRef="correlated"/>
@@ -246,6 +261,41 @@ def test_a_message_starts_an_event_sub_process_and_the_user_task_still_waits(tmp
     assert [w["task_id"] for w in after.waiting_for] == ["review", "cancelled", "docs_start"]  # it may come again
     done = engine.complete_user_task(after, "review", {"ok": True})
     assert done.status == "completed", done.error
+
+
+def test_an_event_sub_process_that_waits_for_a_person_goes_on_after_a_load(tmp_path: Path) -> None:
+    """SpiffWorkflow connects an event sub-process to the start of its process's spec the first
+    time an event starts one. The saved spec once missed that (it was encoded once, at the
+    first save): loaded, the instance failed with an opaque WorkflowException as the
+    sub-process ended."""
+    engine, instance = started(tmp_path, EVENT_SUB_WAITS)
+    instance = engine.send_event(instance, "documents_received", {"files": ["a"]})
+    assert [w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task"] == ["check_docs", "review"]
+    instance = engine.complete_user_task(engine.load(instance.id), "check_docs", {"checked": True})
+    assert instance.status == "waiting", instance.error
+    done = engine.complete_user_task(engine.load(instance.id), "review", {"ok": True})
+
+    assert done.status == "completed", done.error
+    assert path_of(done.workflow) == ["start", "docs_start", "check_docs", "docs_end", "on_docs", "review", "end"]
+    assert done.main.resolve("checked") is True and done.main.resolve("files") == ["a"]
+
+
+def test_an_event_sub_process_one_instance_started_does_not_run_in_the_next(tmp_path: Path) -> None:
+    """Instances of one ``Process`` share its spec (the REST API's catalog keeps one per process),
+    and SpiffWorkflow makes that connection in the spec itself: every later instance once ran
+    the event sub-process as a branch of its own and waited for the message forever."""
+    process = load_process(write(tmp_path, "process", BOUNDARY))
+    engine = Engine()
+    first = engine.run(engine.start(process))
+    first = engine.send_event(first, "documents_received", {"files": ["a"]})
+    first = engine.complete_user_task(first, "review", {"ok": True})
+    assert first.status == "completed", first.error
+    second = engine.run(engine.start(process))
+    assert [w["task_id"] for w in second.waiting_for] == ["review", "cancelled", "docs_start"]
+    second = engine.complete_user_task(second, "review", {"ok": True})
+
+    assert second.status == "completed", second.waiting_for
+    assert path_of(second.workflow) == ["start", "review", "end"]
 
 
 def test_the_event_record_cannot_be_forged_by_an_activity(tmp_path: Path) -> None:
