@@ -256,8 +256,10 @@ class Engine:
 
     def complete_user_task(self, instance: Instance, task_id: str, data: Mapping[str, Any] | None = None, *,
                            run: bool = True) -> Instance:
-        """Complete a waiting user (or manual) task with ``data`` (written to WORKING), then run on."""
+        """Complete a waiting user (or manual) task with ``data`` (written to WORKING), then run on.
+        An instance in ``error`` is resumed first (``resume``, which takes the answers too)."""
         rt = _runtime_of(instance)
+        _refuse_if_failed(instance, f"complete {task_id!r}")
         task = rt.find_waiting_task(task_id)
         rt.user_data[str(task.id)] = dict(data or {})
         instance.status = "running"
@@ -278,6 +280,7 @@ class Engine:
         An answer that is not one of the offered options raises ``ActivityError`` and
         changes nothing. ``actor`` and ``reason`` go on the tape with the decision."""
         rt = _runtime_of(instance)
+        _refuse_if_failed(instance, f"answer {confirmation_id!r}")
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
@@ -304,11 +307,7 @@ class Engine:
         None of them changes the instance otherwise.
         """
         _runtime_of(instance)  # an instance from Engine.start / Engine.load
-        if instance.status == "error":
-            from .governance import InstanceStateError
-
-            raise InstanceStateError(f"instance {instance.id} is in error ({(instance.error or {}).get('message')}); "
-                                     "resume it first, then send the event")
+        _refuse_if_failed(instance, "send the event")
         tape = instance.tape_length()
         try:
             events.deliver(instance.workflow, instance.contexts, name, payload, kind=kind, actor=actor,
@@ -447,6 +446,17 @@ class Engine:
             self._save(instance)
             return True
         return False
+
+
+def _refuse_if_failed(instance: Instance, what: str) -> None:
+    """A failed instance runs nothing until it is resumed: work done beside the failure would
+    run on past it, and its error would be replaced by a join that can never fire."""
+    if instance.status == "error":
+        from .governance import InstanceStateError
+
+        raise InstanceStateError(f"instance {instance.id} is in error ({(instance.error or {}).get('message')}); "
+                                 f"fix the cause and resume it first (`layerflow resume {instance.id}`, which takes "
+                                 f"--answer/--answers too), then {what}")
 
 
 def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> None:

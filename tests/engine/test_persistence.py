@@ -155,3 +155,45 @@ def test_start_can_choose_the_store(tmp_path: Path) -> None:
     assert stored.status == "waiting" and stored.main == instance.main
     with pytest.raises(ContextKeyError):
         engine.load(instance.id)                  # not in the engine's own store
+
+
+FAIL_BESIDE_A_PERSON = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">
+  <bpmn:process id="beside" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:scriptTask id="bad"><bpmn:script>y = 1 / x</bpmn:script></bpmn:scriptTask>
+    <bpmn:userTask id="ask"/>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="split"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="split" targetRef="bad"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="split" targetRef="ask"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="bad" targetRef="join"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="ask" targetRef="join"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="join" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_a_failed_instance_takes_no_answer_until_resumed(tmp_path: Path) -> None:
+    """A user task beside a failed activity was completed, the run went on to the join that
+    can never fire, and the activity's error was replaced by 'neither completed nor waits'."""
+    from engine import Engine, load_process
+    from engine.governance import InstanceStateError
+
+    path = tmp_path / "beside.bpmn"
+    path.write_text(FAIL_BESIDE_A_PERSON, encoding="utf-8")
+    engine = Engine("memory://")
+    failed = engine.run(engine.start(load_process(path), {}))
+    assert failed.status == "error" and "NameError" in failed.error["message"]
+    version, tape = failed.version, failed.tape_length()
+    with pytest.raises(InstanceStateError, match=r"is in error \(activity 'bad' .*resume it first.*complete 'ask'"):
+        engine.complete_user_task(failed, "ask", {"ok": True})
+    assert failed.status == "error" and "NameError" in failed.error["message"]
+    assert (failed.version, failed.tape_length()) == (version, tape)  # nothing ran, nothing saved
+    engine.inject(failed, {"x": 2})  # into the failed task's context
+    done = engine.resume(failed, answers={"user_tasks": {"ask": {"ok": True}}})
+    assert done.status == "completed" and done.error is None
+    assert done.main.get("y") == 0.5 and done.main.get("ok") is True
