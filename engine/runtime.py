@@ -551,7 +551,13 @@ class _Runtime:
                 wf.refresh_timers()
                 if not any(t.id not in before and (not t.task_spec.manual or self._runs_unattended(t.task_spec))
                            for t in _ready_tasks(wf)):
-                    break
+                    # a cycle timer whose last repetition fired completes on its next update
+                    done = [t for t in _all_tasks(wf, TaskState.WAITING)
+                            if spiff.is_cycle(t) and t.internal_data.get("event_fired")]
+                    for task in done:
+                        task.task_spec._update(task)
+                    if not any(t.state == TaskState.READY for t in done):
+                        break
 
     def _run_ready(self, wf: Any) -> int:
         count = 0
@@ -599,8 +605,11 @@ class _Runtime:
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
         for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):
             due = spiff.timer_due(task)
-            waiting.append({"kind": "timer", "id": str(task.id), "task_id": spiff.timer_event_id(task),
-                            "due": due.isoformat() if due is not None else None})
+            item = {"kind": "timer", "id": str(task.id), "task_id": spiff.timer_event_id(task),
+                    "due": due.isoformat() if due is not None else None}
+            if spiff.is_cycle(task):
+                item["repetitions_left"] = spiff.cycle_repetitions_left(task)
+            waiting.append(item)
         # a message or signal catch says which event it waits for, and is listed even beside a
         # user task or a timer (a boundary message on a user task): `send` can deliver it
         caught = events.waiting_items(wf)
@@ -812,11 +821,15 @@ class _Runtime:
             child.data = {}
         self._activity_done(ctx, cfg, bpmn_id)
 
+    def now(self) -> datetime:
+        """The engine's clock, as SpiffWorkflow's timers read it (a cycle timer's repetitions)."""
+        return datetime.fromtimestamp(self.engine.clock(), timezone.utc)
+
     def timer(self, task: Any) -> None:
         """A timer event is (re)checked: its due time is fixed by the engine's clock when it starts
         waiting, and it fires once the engine's clock reaches it (SpiffWorkflow also fires it by
         the wall clock; with the default clock they agree)."""
-        now = datetime.fromtimestamp(self.engine.clock(), timezone.utc)
+        now = self.now()
         try:
             due = spiff.timer_due(task, now)
         except Exception as err:  # noqa: BLE001

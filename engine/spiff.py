@@ -50,7 +50,7 @@ import math
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from json.encoder import encode_basestring_ascii
 from typing import Any, Callable, Iterator, Protocol
 
@@ -71,6 +71,7 @@ from SpiffWorkflow.bpmn.specs.mixins.events.start_event import StartEvent
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
+    CycleTimerEventDefinition,
     DurationTimerEventDefinition,
     TimeDateEventDefinition,
     TimerEventDefinition,
@@ -108,6 +109,9 @@ __all__ = [
     "timer_definition",
     "timer_event_id",
     "timer_due",
+    "is_cycle",
+    "cycle_repetitions_left",
+    "EngineCycleTimerEventDefinition",
     "loop_of",
     "io_names",
     "multi_instance_of",
@@ -142,6 +146,7 @@ class Driver(Protocol):
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
     def complete_multi(self, task: Any) -> None: ...
     def timer(self, task: Any) -> None: ...
+    def now(self) -> datetime: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
     def boundary_path(self, task: Any) -> None: ...
@@ -421,6 +426,61 @@ def data_name(ref: Any) -> str | None:
     return str(getattr(ref, "bpmn_id", None) or getattr(ref, "name", None) or "") or None
 
 
+def _engine_now(task: Any) -> datetime:
+    """The engine's clock for ``task`` (UTC); the wall clock for a workflow no engine drives."""
+    driver = driver_of(task)
+    return driver.now() if driver is not None else datetime.now(timezone.utc)
+
+
+def _parse_cycle(expression: str, now: datetime) -> tuple[int, datetime, timedelta]:
+    """SpiffWorkflow's reading of an ISO 8601 repeating interval (cycles, first due time,
+    period), except that an interval with no start or end date starts at ``now`` (the
+    engine's clock), where SpiffWorkflow takes the wall clock."""
+    components = expression.upper().replace("--", "/").strip("R").split("/")
+    if len(components) == 2 and components[1].startswith("P"):
+        cycles = int(components[0]) if components[0] else -1
+        parsed = TimerEventDefinition.parse_iso_duration(components[1])
+        period: timedelta = TimerEventDefinition.get_timedelta_from_start(parsed, now)
+        return cycles, now + period, period
+    cycles, start, period = TimerEventDefinition.parse_iso_recurring_interval(expression)
+    return int(cycles), start, period
+
+
+class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignore[misc]
+    """A repeating timer (``timeCycle``) on the engine's clock.
+
+    SpiffWorkflow's ``CycleTimerEventDefinition`` with its clock swapped; the rest is its
+    semantics: "R<n>/..." fires n times ("R/..." without end), the first one period after the
+    wait starts (or at the interval's start date), each next one a period after the previous
+    due time; each firing starts the event's outgoing path once; after the last one the event
+    itself completes (an interrupting boundary event cancels its activity only then). The
+    state is SpiffWorkflow's own ``event_value`` (``cycles``, ``next``, ``duration``), saved
+    with the task. One difference: once the last repetition fires, the event is marked fired
+    at once (SpiffWorkflow marks it on its next update), so a run that has nothing else to do
+    still completes it."""
+
+    def cycle_complete(self, my_task: Any) -> bool:
+        now = _engine_now(my_task)
+        event_value = my_task.internal_data.get("event_value")
+        if event_value is None:
+            expression = my_task.workflow.script_engine.evaluate(my_task, self.expression)
+            cycles, start, period = _parse_cycle(str(expression), now)
+            event_value = {"cycles": cycles, "next": start.isoformat(), "duration": period.total_seconds()}
+        ready = False
+        if event_value["cycles"] != 0:
+            next_event = datetime.fromisoformat(event_value["next"])
+            if next_event <= now:  # due at its time, as layerflow's other timers
+                event_value["next"] = (next_event + timedelta(seconds=event_value["duration"])).isoformat()
+                event_value["cycles"] -= 1
+                ready = True
+        if event_value["cycles"] == 0:
+            my_task.internal_data.pop("event_value", None)
+            my_task.internal_data["event_fired"] = True
+            return ready
+        my_task.internal_data["event_value"] = event_value
+        return ready
+
+
 _TIMERS = (DurationTimerEventDefinition, TimeDateEventDefinition)
 
 
@@ -433,10 +493,24 @@ def timer_definition(spec: Any) -> Any:
     return ed if isinstance(ed, _TIMERS) else None
 
 
+def is_cycle(task: Any) -> bool:
+    """A repeating timer (``timeCycle``) on the engine's clock: a start, catch or boundary event."""
+    return isinstance(getattr(task.task_spec, "event_definition", None), EngineCycleTimerEventDefinition)
+
+
+def cycle_repetitions_left(task: Any) -> int | None:
+    """How many times a cycle timer still fires; None when it repeats without end."""
+    value = task.internal_data.get("event_value")
+    if not isinstance(value, Mapping):
+        return 0
+    cycles = int(value["cycles"])
+    return cycles if cycles >= 0 else None
+
+
 def is_timer(task: Any) -> bool:
-    """A timer event (duration or date) that layerflow times: catch events, boundary events, and
-    the timer branch of an event-based gateway."""
-    return timer_definition(task.task_spec) is not None
+    """A timer event that layerflow times: catch events, boundary events, the timer branch of an
+    event-based gateway (duration or date), and cycle timers."""
+    return timer_definition(task.task_spec) is not None or is_cycle(task)
 
 
 def timer_event_id(task: Any) -> str:
@@ -454,7 +528,11 @@ def timer_event_id(task: Any) -> str:
 
 def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
     """When a timer event's task is due (UTC), fixing it from ``now`` the first time (a duration
-    starts when the task starts waiting); None for other tasks, or a timer not yet started."""
+    starts when the task starts waiting); None for other tasks, or a timer not yet started.
+    A cycle timer: its next repetition (fixed by the cycle itself, ``now`` is not used)."""
+    if is_cycle(task):
+        cycle = task.internal_data.get("event_value")
+        return datetime.fromisoformat(cycle["next"]) if isinstance(cycle, Mapping) and cycle["cycles"] != 0 else None
     ed = timer_definition(task.task_spec)
     if ed is None:
         return None
@@ -571,6 +649,14 @@ class _ExtensionsParserMixin:
                 .get(sequence_flow.get("targetRef"))
         return cond
 
+    def parse_timer_event(self, event: Any) -> Any:
+        definition = super().parse_timer_event(event)  # type: ignore[misc]
+        if type(definition) is CycleTimerEventDefinition:
+            # a cycle timer runs on the engine's clock, as the duration and date timers do
+            definition = EngineCycleTimerEventDefinition(definition.name, definition.expression,
+                                                         description=definition.description)
+        return definition
+
     def create_task(self) -> Any:
         task = super().create_task()  # type: ignore[misc]
         twin = TWINS.get(type(task))
@@ -684,6 +770,7 @@ def _serializer() -> BpmnWorkflowSerializer:
     config = dict(SPIFF_CONFIG)
     for stock, twin in TWINS.items():
         config[twin] = config[stock]
+    config[EngineCycleTimerEventDefinition] = config[CycleTimerEventDefinition]
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 
