@@ -236,3 +236,58 @@ def test_each_repetition_is_on_the_tape(tmp_path: Path, clock: Clock) -> None:
     assert [k for k in history if k.startswith("activity:")] == ["activity:remind", "activity:remind#2"]
     assert history["sent"] == 2
     assert LayeredContext.replay(instance.main.tape) == instance.main
+
+
+# ----- against plain SpiffWorkflow, its clock patched ------------------------------------------------
+
+def _plain_runs(path: Path, monkeypatch: pytest.MonkeyPatch, start: float,
+                steps: list[float]) -> list[tuple[int, int | None]]:
+    """Plain SpiffWorkflow on ``path``, its timer clock moved by ``steps`` hours, each followed
+    by ``refresh_timers(); do_engine_steps()``: after each step, how often ``remind`` ran and
+    the cycles SpiffWorkflow has left."""
+    from SpiffWorkflow.bpmn.specs.event_definitions import timer as spiff_timer
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+    now = [datetime.fromtimestamp(start, timezone.utc)]
+
+    class PatchedDatetime(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return now[0]
+
+    monkeypatch.setattr(spiff_timer, "datetime", PatchedDatetime)
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec(parser.get_process_ids()[0]))
+    wf.do_engine_steps()
+    seen = []
+    for hours in steps:
+        now[0] += timedelta(hours=hours)
+        wf.refresh_timers()
+        wf.do_engine_steps()
+        (tick,) = wf.get_tasks(spec_name="tick")
+        value = tick.internal_data.get("event_value")
+        left = None if tick.state == TaskState.COMPLETED else value["cycles"]
+        seen.append((sum(t.state == TaskState.COMPLETED for t in wf.get_tasks(spec_name="remind")), left))
+    return seen
+
+
+@pytest.mark.parametrize("expression, steps", [
+    ('"R3/PT1H"', [0.5, 0.6, 1, 1, 1]),          # one repetition per period, then no more
+    ('"R5/PT1H"', [3.5, 0.4, 5]),                  # a late run catches up every missed period
+    ('"R/PT10M"', [0.25, 1]),                      # endless
+])
+def test_repetitions_match_plain_spiffworkflow(tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch,
+                                               expression: str, steps: list[float]) -> None:
+    path = reminders(tmp_path, expression)
+    engine = Engine(clock=clock)
+    instance = engine.run(engine.start(load_process(path), {}))
+    ours = []
+    for hours in steps:
+        instance = later(engine, instance, clock, hours)
+        left = [w["repetitions_left"] for w in timers(instance)]
+        ours.append((count(instance, "remind"), (left[0] if left[0] is not None else -1) if left else None))
+    plain = _plain_runs(path, monkeypatch, clock.now - sum(steps) * HOUR, steps)
+    # SpiffWorkflow counts an endless cycle down from -1; layerflow says None (-1 above)
+    assert [(runs, left if left is None or left >= 0 else -1) for runs, left in plain] == ours
