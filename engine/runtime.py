@@ -828,9 +828,14 @@ class _Runtime:
     def timer(self, task: Any) -> None:
         """A timer event is (re)checked: its due time is fixed by the engine's clock when it starts
         waiting, and it fires once the engine's clock reaches it (SpiffWorkflow also fires it by
-        the wall clock; with the default clock they agree)."""
+        the wall clock; with the default clock they agree). A cycle timer's first due time is
+        fixed here too, so that an expression that is no repeating interval names the timer."""
         now = self.now()
         try:
+            if spiff.is_cycle(task):
+                # its repetitions fire by the cycle itself (spiff.EngineCycleTimerEventDefinition)
+                spiff.start_cycle(task, now)
+                return
             due = spiff.timer_due(task, now)
         except Exception as err:  # noqa: BLE001
             raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {type(err).__name__}: {err}",

@@ -110,6 +110,7 @@ __all__ = [
     "timer_event_id",
     "timer_due",
     "is_cycle",
+    "start_cycle",
     "cycle_repetitions_left",
     "EngineCycleTimerEventDefinition",
     "loop_of",
@@ -222,7 +223,7 @@ class _LayerflowSpecMixin:
         if CTX_KEY not in my_task.internal_data:
             parent = _parent_across_subprocess(my_task)
             my_task.internal_data[CTX_KEY] = context_name_of(parent) if parent is not None else MAIN_CONTEXT
-        if timer_definition(self) is not None:
+        if timer_definition(self) is not None or is_cycle(my_task):
             driver = driver_of(my_task)
             if driver is not None:
                 driver.timer(my_task)
@@ -446,6 +447,18 @@ def _parse_cycle(expression: str, now: datetime) -> tuple[int, datetime, timedel
     return int(cycles), start, period
 
 
+def start_cycle(task: Any, now: datetime) -> dict[str, Any]:
+    """A cycle timer's state (SpiffWorkflow's ``event_value``: ``cycles`` left, ``next`` due
+    time, ``duration`` in seconds), fixed from ``now`` the first time its task waits."""
+    event_value = task.internal_data.get("event_value")
+    if event_value is None:
+        expression = task.workflow.script_engine.evaluate(task, task.task_spec.event_definition.expression)
+        cycles, start, period = _parse_cycle(str(expression), now)
+        event_value = {"cycles": cycles, "next": start.isoformat(), "duration": period.total_seconds()}
+        task.internal_data["event_value"] = event_value
+    return dict(event_value)
+
+
 class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignore[misc]
     """A repeating timer (``timeCycle``) on the engine's clock.
 
@@ -461,11 +474,7 @@ class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignor
 
     def cycle_complete(self, my_task: Any) -> bool:
         now = _engine_now(my_task)
-        event_value = my_task.internal_data.get("event_value")
-        if event_value is None:
-            expression = my_task.workflow.script_engine.evaluate(my_task, self.expression)
-            cycles, start, period = _parse_cycle(str(expression), now)
-            event_value = {"cycles": cycles, "next": start.isoformat(), "duration": period.total_seconds()}
+        event_value = start_cycle(my_task, now)
         ready = False
         if event_value["cycles"] != 0:
             next_event = datetime.fromisoformat(event_value["next"])

@@ -291,3 +291,11 @@ def test_repetitions_match_plain_spiffworkflow(tmp_path: Path, clock: Clock, mon
     plain = _plain_runs(path, monkeypatch, clock.now - sum(steps) * HOUR, steps)
     # SpiffWorkflow counts an endless cycle down from -1; layerflow says None (-1 above)
     assert [(runs, left if left is None or left >= 0 else -1) for runs, left in plain] == ours
+
+
+def test_a_cycle_that_is_no_repeating_interval_stops_the_instance_naming_the_timer(tmp_path: Path,
+                                                                                  clock: Clock) -> None:
+    engine = Engine(clock=clock)
+    instance = engine.run(engine.start(load_process(reminders(tmp_path, '"R3/soon"')), {}))
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "tick" and "timer 'tick'" in instance.error["message"]
