@@ -140,7 +140,10 @@ def describe_waiting(waiting_for: Sequence[Mapping[str, Any]]) -> str:
         elif kind == "user_task":
             parts.append(f"user task {item.get('task_id')}")
         elif kind == "timer":
-            parts.append(f"timer {item.get('task_id')} (due {item.get('due')})")
+            left = item.get("repetitions_left", 0)
+            repeats = "" if "repetitions_left" not in item else (
+                ", repeats without end" if left is None else f", {left} repetition(s) left")
+            parts.append(f"timer {item.get('task_id')} (due {item.get('due')}{repeats})")
         elif kind == "confirmation":
             parts.append(f"confirmation {item.get('id')}")
         else:

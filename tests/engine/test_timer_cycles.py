@@ -30,6 +30,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from context_layers import Layer, LayeredContext
 from engine import Engine, load_process
+from engine.governance import InstanceStateError
 
 from engine_helpers import path_of
 
@@ -299,3 +300,11 @@ def test_a_cycle_that_is_no_repeating_interval_stops_the_instance_naming_the_tim
     instance = engine.run(engine.start(load_process(reminders(tmp_path, '"R3/soon"')), {}))
     assert instance.status == "error"
     assert instance.error["task_id"] == "tick" and "timer 'tick'" in instance.error["message"]
+
+
+def test_an_event_sent_to_a_cycle_timer_is_refused_with_what_it_waits_for(tmp_path: Path, clock: Clock) -> None:
+    engine = Engine(clock=clock)
+    instance = engine.run(engine.start(load_process(reminders(tmp_path)), {}))
+    with pytest.raises(InstanceStateError) as refused:
+        engine.send_event(instance, "tick", {})
+    assert "timer tick (due " in str(refused.value) and "3 repetition(s) left)" in str(refused.value)
