@@ -937,18 +937,21 @@ class _Runtime:
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
 
-    def boundary_path(self, task: Any) -> None:
+    def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
         to, in the same context, unless that activity is open there (a multi-instance activity
         whose instances wait for people): then in a branch of its own, forked from the context
-        and merged back where the path joins (at the latest, at the end of the process)."""
+        and merged back where the path joins (at the latest, at the end of the process).
+        ``path``: the first task of the path when it is not ``task`` itself (each repetition of a
+        cycle timer starts one)."""
         ctx = self.context_of(task)
         if ctx.current_activity is None:
             return
-        self._fork(task, ctx.name, ctx, spiff.bpmn_id_of(task), None, [task])
+        start = task if path is None else path
+        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(task), None, [start])
         # the context it came from goes on meanwhile: the path's changes come back at its join as
         # they stand (``_merge_side``), not by a three-way merge against an untouched parent
-        self.instance.branches[spiff.context_name_of(task)]["status"] = "side"
+        self.instance.branches[spiff.context_name_of(start)]["status"] = "side"
 
     def _merge_side(self, gw: str, name: str) -> str:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it

@@ -27,7 +27,7 @@ The driver protocol (implemented by ``engine.runtime``)::
     complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
     io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
-    boundary_path(task) -> None                      # a non-interrupting boundary event fires: its path starts
+    boundary_path(task, path=None) -> None           # a non-interrupting boundary event (or a cycle repetition) fires: its path starts
     caught(task, values) -> None                     # a catching event ran with the payload of an event the
                                                      # process threw itself: {variable: payload}
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
@@ -150,7 +150,7 @@ class Driver(Protocol):
     def now(self) -> datetime: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
-    def boundary_path(self, task: Any) -> None: ...
+    def boundary_path(self, task: Any, path: Any = None) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
 
@@ -259,7 +259,8 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
-        if isinstance(self, BoundaryEvent) and not self.cancel_activity:
+        if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
+            # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.boundary_path(my_task)
         if isinstance(self, CatchingEvent):
             # SpiffWorkflow puts a caught payload into task.data (a messageVariable, a signal's,
@@ -488,6 +489,20 @@ class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignor
             return ready
         my_task.internal_data["event_value"] = event_value
         return ready
+
+    def update_task(self, my_task: Any) -> None:
+        if not self.cycle_complete(my_task):
+            return
+        driver = driver_of(my_task)
+        for output in my_task.task_spec.outputs:
+            child = my_task._add_child(output, TaskState.FUTURE)
+            if driver is not None and isinstance(my_task.task_spec, BoundaryEvent):
+                # the repetition's path runs beside the activity, which goes on (an interrupting
+                # cycle cancels it only after its last repetition), as a non-interrupting
+                # boundary event's path does
+                driver.boundary_path(my_task, child)
+            child.task_spec._predict(child, mask=TaskState.NOT_FINISHED_MASK)
+            child.task_spec._update(child)
 
 
 _TIMERS = (DurationTimerEventDefinition, TimeDateEventDefinition)

@@ -308,3 +308,30 @@ def test_an_event_sent_to_a_cycle_timer_is_refused_with_what_it_waits_for(tmp_pa
     with pytest.raises(InstanceStateError) as refused:
         engine.send_event(instance, "tick", {})
     assert "timer tick (due " in str(refused.value) and "3 repetition(s) left)" in str(refused.value)
+
+
+def test_a_cycle_reminds_beside_a_multi_instance_activity_that_waits_for_people(tmp_path: Path,
+                                                                                clock: Clock) -> None:
+    """The activity is open while its instances wait: each repetition's path runs in a branch of
+    its own (as a non-interrupting boundary path does), not in the context the activity holds."""
+    path = write(tmp_path, "votes", [
+        '<bpmn:startEvent id="start"/>', script("init", "voters = ['ann', 'bob']"),
+        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="voter" name="voter"/><bpmn:outputDataItem id="ballot" name="ballot"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        f'<bpmn:boundaryEvent id="tick" attachedToRef="vote" cancelActivity="false">{cycle(chr(34) + "R2/PT1H" + chr(34))}'
+        "</bpmn:boundaryEvent>", script("remind", "reminded = True"), '<bpmn:endEvent id="end_reminded"/>',
+        script("count", "outcome = 'counted ' + str(len(ballots))"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "vote"), flow("vote", "count"), flow("count", "end"),
+        flow("tick", "remind"), flow("remind", "end_reminded"),
+    ])
+    engine = Engine(clock=clock)
+    instance = engine.run(engine.start(load_process(path), {}))
+    instance = later(engine, instance, clock, 2)
+    assert instance.status == "waiting", instance.error
+    assert count(instance, "remind") == 2 and [w["kind"] for w in instance.waiting_for] == ["user_task"] * 2
+    for item in list(instance.waiting_for):
+        instance = engine.complete_user_task(instance, item["id"], {"ballot": "yes"})
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("outcome") == "counted 2" and instance.main.resolve("reminded") is True
