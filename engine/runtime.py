@@ -548,16 +548,14 @@ class _Runtime:
             if not self._run_ready(wf) and len(wf.get_active_subprocesses()) <= len(active):
                 # timers that are due (by the engine's clock) fire now, and the run goes on
                 before = {t.id for t in _ready_tasks(wf)}
+                cycles = _cycle_states(wf)
                 wf.refresh_timers()
+                # a cycle timer fires one repetition per refresh (or, after its last one, completes
+                # on the next): refresh until none moves, so a late run catches up every missed
+                # period, as SpiffWorkflow's do_engine_steps does, even when a path waits for a person
                 if not any(t.id not in before and (not t.task_spec.manual or self._runs_unattended(t.task_spec))
-                           for t in _ready_tasks(wf)):
-                    # a cycle timer whose last repetition fired completes on its next update
-                    done = [t for t in _all_tasks(wf, TaskState.WAITING)
-                            if spiff.is_cycle(t) and t.internal_data.get("event_fired")]
-                    for task in done:
-                        task.task_spec._update(task)
-                    if not any(t.state == TaskState.READY for t in done):
-                        break
+                           for t in _ready_tasks(wf)) and _cycle_states(wf) == cycles:
+                    break
 
     def _run_ready(self, wf: Any) -> int:
         count = 0
@@ -1693,6 +1691,12 @@ def _condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]
         text = json.dumps(plain, ensure_ascii=False, sort_keys=True, default=str)
         out[key] = plain if len(text) <= limit else text[:limit] + "..."
     return out
+
+
+def _cycle_states(wf: Any) -> dict[Any, tuple[Any, ...]]:
+    """Where each waiting cycle timer stands (repetitions left, next due time, fired)."""
+    return {t.id: (repr(t.internal_data.get("event_value")), t.internal_data.get("event_fired"))
+            for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_cycle(t)}
 
 
 def _ready_tasks(wf: Any) -> list[Any]:

@@ -335,3 +335,18 @@ def test_a_cycle_reminds_beside_a_multi_instance_activity_that_waits_for_people(
         instance = engine.complete_user_task(instance, item["id"], {"ballot": "yes"})
     assert instance.status == "completed", instance.error
     assert instance.main.resolve("outcome") == "counted 2" and instance.main.resolve("reminded") is True
+
+
+def test_a_cycle_whose_path_waits_for_a_person_completes_after_its_last_repetition(tmp_path: Path,
+                                                                                   clock: Clock) -> None:
+    path = write(tmp_path, "checks", [
+        '<bpmn:startEvent id="start"/>', f'<bpmn:intermediateCatchEvent id="tick">{cycle(chr(34) + "R2/PT1H" + chr(34))}'
+        '</bpmn:intermediateCatchEvent>', '<bpmn:userTask id="check"/>', '<bpmn:endEvent id="checked"/>',
+        flow("start", "tick"), flow("tick", "check"), flow("check", "checked"),
+    ])
+    engine = Engine(clock=clock)
+    instance = engine.run(engine.start(load_process(path), {}))
+    instance = later(engine, instance, clock, 2)
+    # two checks wait; the timer is done (it is not listed without a due time)
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("user_task", "check")] * 2
+    assert count(instance, "tick") == 1
