@@ -25,9 +25,12 @@ The driver protocol (implemented by ``engine.runtime``)::
     begin_multi(task) -> None                        # a multi-instance task, before spiff makes instances
     abort_multi(task, err) -> None                   # ... when spiff failed to make them
     complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
-    timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?)
+    timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?
+                                                     # a cycle: its first due time)
+    now() -> datetime                                # the engine's clock (a cycle timer's repetitions)
     io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
-    boundary_path(task, path=None) -> None           # a non-interrupting boundary event (or a cycle repetition) fires: its path starts
+    boundary_path(task, path=None) -> None           # a non-interrupting boundary event fires, or a cycle
+                                                     # timer's repetition (``path``: its first task): a path starts
     caught(task, values) -> None                     # a catching event ran with the payload of an event the
                                                      # process threw itself: {variable: payload}
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's

@@ -1,7 +1,7 @@
 """Repeating timers (``timeCycle``: "R3/PT1H", "R/PT10M") on the engine's clock.
 
 SpiffWorkflow 3.2's semantics, measured with plain SpiffWorkflow on a patched clock
-(``test_plain_spiffworkflow_catches_up_every_missed_period`` keeps the measurement honest):
+(``test_repetitions_match_plain_spiffworkflow`` keeps the measurement honest):
 
 * "R<n>/<duration>" fires n times, the first one duration after the wait starts, then every
   duration after the previous due time (the schedule is kept, not restarted from "now");
@@ -11,7 +11,10 @@ SpiffWorkflow 3.2's semantics, measured with plain SpiffWorkflow on a patched cl
   interrupting one cancels its activity only then; an intermediate catch event and a start
   event run their path once per repetition.
 * a run or resume after several periods fires every missed repetition, one after another
-  (plain SpiffWorkflow does the same after ``refresh_timers(); do_engine_steps()``).
+  (plain SpiffWorkflow does the same in one ``refresh_timers(); do_engine_steps()``).
+
+One difference, kept from layerflow's other timers: a repetition is due when the engine's
+clock reaches its time (SpiffWorkflow: once the wall clock has passed it).
 
 Under layerflow the times come from ``Engine(clock=...)``; the tests move that clock and
 never sleep. The clock starts at the wall clock's time because SpiffWorkflow compares the
