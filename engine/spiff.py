@@ -458,6 +458,9 @@ def start_cycle(task: Any, now: datetime) -> dict[str, Any]:
     if event_value is None:
         expression = task.workflow.script_engine.evaluate(task, task.task_spec.event_definition.expression)
         cycles, start, period = _parse_cycle(str(expression), now)
+        if cycles < 0 and period.total_seconds() <= 0:  # it would fire without end at one instant
+            raise ValueError(f"{expression!r} repeats without end with no time between repetitions; give it "
+                             "a period above zero (\"R/PT10M\") or a count (\"R3/PT0S\")")
         event_value = {"cycles": cycles, "next": start.isoformat(), "duration": period.total_seconds()}
         task.internal_data["event_value"] = event_value
     return dict(event_value)

@@ -353,3 +353,14 @@ def test_a_cycle_whose_path_waits_for_a_person_completes_after_its_last_repetiti
     # two checks wait; the timer is done (it is not listed without a due time)
     assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("user_task", "check")] * 2
     assert count(instance, "tick") == 1
+
+
+def test_an_endless_cycle_with_no_period_stops_the_instance_instead_of_hanging(tmp_path: Path,
+                                                                                 clock: Clock) -> None:
+    """"R/PT0S" would fire without end at one instant (the run never returned)."""
+    engine = Engine("memory://", clock=clock)
+    instance = engine.run(engine.start(load_process(reminders(tmp_path, '"R/PT0S"')), {}))
+    assert instance.status == "error" and instance.error["task_id"] == "tick"
+    assert "repeats without end with no time between repetitions" in instance.error["message"]
+    counted = engine.run(engine.start(load_process(reminders(tmp_path, '"R2/PT0S"')), {}))
+    assert counted.status == "waiting" and count(counted, "remind") == 2  # a count ends it
