@@ -53,6 +53,7 @@ not make ``report.ok`` false:
                                       ``<process>.EndJoin``): the element is lost or replaces that task
 ``implicit_split``                    a task or event (no gateway, no start event) with several outgoing
                                       flows: SpiffWorkflow cannot load it
+``branches_ignored`` W                ``branches`` on a gateway with one outgoing flow: nothing splits there
 ``condition_ignored`` W               a conditionExpression on a flow that leaves no exclusive or inclusive
                                       gateway: it is never evaluated, the flow is always taken
 ``no_outgoing_flow`` W                an activity, intermediate event or gateway with no outgoing flow: its
@@ -660,8 +661,13 @@ class _Validator:
             elif cfg.branches:
                 flows = _outgoing(node.element)
                 targets = [f.get("targetRef") for f in flows]
+                if len(flows) == 1:
+                    self.add("branches_ignored", f"gateway {node.id!r} has one outgoing flow, so it splits nothing "
+                             "and its branches (their contextInject and condition) are never used; configure them "
+                             "on the gateway where the paths split", file=src.file, line=src.line_of("branches"),
+                             element_id=src.element_id, field="branches", severity="warning")
                 by_flow = {f.get("id"): f.get("targetRef") for f in flows}
-                for i, branch in enumerate(cfg.branches):
+                for i, branch in enumerate(cfg.branches if len(flows) > 1 else ()):
                     if branch.id in targets:
                         continue
                     if branch.id in by_flow:

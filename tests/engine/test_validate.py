@@ -559,3 +559,21 @@ def test_a_service_task_operator_is_not_a_handler(tmp_path: Path) -> None:
     path.write_text(chain_bpmn("op", [task]), encoding="utf-8")
     (warning,) = [p for p in validate_process(path).warnings if p.code == "no_implementation"]
     assert warning.element_id == "call" and "serviceTaskOperator 'http/GetRequest'" in warning.message
+
+
+def test_branches_on_a_gateway_that_splits_nothing_warn(tmp_path: Path) -> None:
+    """A gateway with one outgoing flow never splits: its branches' contextInject was ignored
+    without a word."""
+    from engine_helpers import chain_bpmn
+
+    path = tmp_path / "one.bpmn"
+    path.write_text(chain_bpmn("one", ['<bpmn:exclusiveGateway id="gw"/>',
+                                       '<bpmn:scriptTask id="work"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>']),
+                    encoding="utf-8")
+    (tmp_path / "one.layerflow.yaml").write_text(
+        "gw:\n  branches:\n    - {id: work, contextInject: {track: fast}}\n", encoding="utf-8")
+    report = validate_process(path)
+    assert report.ok
+    (warning,) = [p for p in report.problems if p.code == "branches_ignored"]
+    assert (warning.element_id, warning.field, warning.line) == ("gw", "branches", 2)
+    assert "one outgoing flow" in warning.message and not [p for p in report.problems if p.code == "branch_not_outgoing"]
