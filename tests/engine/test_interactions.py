@@ -90,6 +90,11 @@ def check_contract(instance: Any, *, system: dict[str, Any] | None = None) -> di
     return doc
 
 
+def branch_of(instance: Any, branch_id: str) -> str:
+    [name] = [n for n, info in instance.branches.items() if info["branch_id"] == branch_id]
+    return name
+
+
 def check_saved(engine: Engine, instance: Any) -> None:
     """As loaded from the store, the instance is what ran: same document, and each context replays."""
     loaded = engine.load(instance.id)
@@ -231,3 +236,57 @@ def test_llm_branch_conflict_answered_with_cli_resume(tmp_path: Path, model_env:
     assert doc["layers"]["L3"]["outcome"] == "reject"
     assert doc["layers"]["L0"] == {"policy": SYSTEM_POLICY}
     check_contract(Engine(store).load(doc["instance_id"]), system={"policy": SYSTEM_POLICY})
+
+
+# ===== 2. compression inside a branch, the join, compression again after it ======================
+
+def text(tag: str, n: int = 40) -> str:
+    return " ".join(f"{tag} sentence {i} about the customer file and its many details." for i in range(n))
+
+
+KEPT_A = {"score": 42, "factors": ["new business", "cross border"], "memo": text("kept-a", 8)}
+KEPT_B = text("kept-b", 6)
+COMPRESS_ELEMENTS = [
+    '<bpmn:startEvent id="start"/>',
+    script_task("prep", f"case_id = 'C-9'\nbackground = {text('background')!r}"),
+    '<bpmn:parallelGateway id="fork"/>',
+    script_task("a1", f"risk = {KEPT_A!r}\nthoughts_a = {{'kind': 'reasoning_chain', 'text': {text('thoughts-a')!r}}}"),
+    script_task("a2", f"notes_a = {text('notes-a')!r}\nrisk_label = 'medium'"),
+    script_task("b1", f"kept_b = {KEPT_B!r}\nthoughts_b = {{'kind': 'reasoning_chain', 'text': {text('thoughts-b')!r}}}"),
+    '<bpmn:parallelGateway id="join"/>',
+    script_task("after1", f"late = {text('late')!r}"),
+    script_task("after2", "final = risk['score'] + 1"),
+    '<bpmn:endEvent id="end"/>',
+]
+COMPRESS_FLOWS = [*chain("start", "prep", "fork"), *chain("fork", "a1", "a2", "join"), *chain("fork", "b1", "join"),
+                  *chain("join", "after1", "after2", "end")]
+GREEDY = ("  compressRules:\n    - {pattern: '*', action: summarize, maxTokens: 12}\n"
+          "  attentionThresholds: {density: 0, redundancy: 1, decay: 0, conflict: 1, toolEfficiency: 0}\n")
+COMPRESS_CONFIG = ("a2:\n  compressTokenThreshold: 300\n  preserveKeys: [risk, risk_label]\n" + GREEDY
+                   + "b1:\n  preserveKeys: [kept_b]\n"
+                   + "after2:\n  compressTokenThreshold: 300\n  preserveKeys: [final]\n" + GREEDY)
+
+
+def test_compression_in_a_branch_then_the_join_then_again(tmp_path: Path) -> None:
+    path = write_bpmn(tmp_path, "squeeze", COMPRESS_ELEMENTS, COMPRESS_FLOWS, COMPRESS_CONFIG)
+    engine = Engine(f"sqlite:///{tmp_path / 'squeeze.db'}")
+    instance = engine.run(engine.start(load_process(path), DATA))
+    assert instance.status == "completed", instance.error
+    doc = check_contract(instance)
+    assert [c["activity_id"] for c in doc["compressions"]] == ["a2", "after2"], doc["compressions"]
+    for entry in doc["compressions"]:
+        assert entry["tokens_after"] < entry["tokens_before"] and entry["triggers"] == ["token_threshold"]
+    assert doc["conflicts"] == []
+    history = doc["layers"]["L3"]
+    # preserved in a branch (compressed there, or beside a compression in the other branch):
+    # intact after the join and after the compression that followed it
+    assert history["risk"] == KEPT_A and history["risk_label"] == "medium" and history["kept_b"] == KEPT_B
+    assert history["final"] == 43
+    assert {"risk", "risk_label", "kept_b", "final"} <= instance.main.preserved
+    # what was not preserved was compressed: in the branch, and after the join
+    first, second = instance.compressions
+    assert "thoughts_a" in first["folded"] and first["context"] == branch_of(instance, "a1")
+    assert "late" in second["folded"] and second["context"] == "main"
+    assert not {"thoughts_a", "late", "thoughts_b"} & set(history)
+    assert [k for k in history if k.startswith("compaction:")] == [second["compaction_key"]]
+    check_saved(engine, instance)
