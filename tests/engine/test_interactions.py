@@ -290,3 +290,35 @@ def test_compression_in_a_branch_then_the_join_then_again(tmp_path: Path) -> Non
     assert not {"thoughts_a", "late", "thoughts_b"} & set(history)
     assert [k for k in history if k.startswith("compaction:")] == [second["compaction_key"]]
     check_saved(engine, instance)
+
+
+@pytest.mark.parametrize("other", ["rewrites", "also-compresses"])
+def test_a_compression_in_one_branch_is_not_a_change_against_another_branch(tmp_path: Path, other: str) -> None:
+    """Branch a's compression folds ``background`` (a key of the split's base) into a summary;
+    branch b writes a new value of it, or compresses it its own way. A compression is not a
+    decision about the value: the join takes b's value (or keeps the base) and asks nobody.
+    (It was a conflict, ``{'$deleted': True}`` against b's value, waiting for a person.)"""
+    elements = list(COMPRESS_ELEMENTS)
+    b1 = ("background = 'rewritten by b'\nkept_b = 'x'" if other == "rewrites"
+          else f"kept_b = 'x'\nthoughts_b = {{'kind': 'reasoning_chain', 'text': {text('thoughts-b')!r}}}")
+    elements[5] = script_task("b1", b1)
+    config = COMPRESS_CONFIG
+    if other == "also-compresses":
+        config = config.replace("b1:\n  preserveKeys: [kept_b]\n",
+                                "b1:\n  compressTokenThreshold: 300\n  preserveKeys: [kept_b]\n"
+                                "  compressRules:\n    - {pattern: '*', action: extract_keys, extractKeys: [kind]}\n"
+                                "  attentionThresholds: {density: 0, redundancy: 1, decay: 0, conflict: 1, "
+                                "toolEfficiency: 0}\n")
+    path = write_bpmn(tmp_path, "squeeze", elements, COMPRESS_FLOWS, config)
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(path), DATA))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    doc = check_contract(instance)
+    assert [c for c in doc["conflicts"] if c["key"] == "background"] == []
+    joined = [e for e in instance.main.tape if e.kind == "changes" and (e.data or {}).get("gateway_id") == "join"]
+    assert joined, "the join event is on the main tape"
+    if other == "rewrites":
+        [event] = joined
+        assert (int(Layer.HISTORY), "background", "rewritten by b") in [tuple(c) for c in event.changes]
+    else:
+        assert {"a2", "b1"} <= {c["activity_id"] for c in doc["compressions"]}
