@@ -322,3 +322,70 @@ def test_a_compression_in_one_branch_is_not_a_change_against_another_branch(tmp_
         assert (int(Layer.HISTORY), "background", "rewritten by b") in [tuple(c) for c in event.changes]
     else:
         assert {"a2", "b1"} <= {c["activity_id"] for c in doc["compressions"]}
+
+
+# ===== 3. a user task in one branch, a confirmation in another; resumed in a new process ==========
+
+WAIT_ELEMENTS = [
+    '<bpmn:startEvent id="start"/>', script_task("prep", "case_id = 'C-7'"), '<bpmn:parallelGateway id="fork"/>',
+    '<bpmn:userTask id="approve_form" name="Approve the form"/>', script_task("after_form", "form_done = approved"),
+    '<bpmn:parallelGateway id="inner_fork"/>',
+    llm_task("finance", 'decision = "approve"\nfinance_note = "income verified"'),
+    llm_task("risk", 'decision = "reject"\nrisk_note = "debt ratio too high"'),
+    '<bpmn:parallelGateway id="inner_join"/>', script_task("after_vote", "voted = decision"),
+    '<bpmn:parallelGateway id="join"/>', script_task("close", "outcome = [form_done, voted]"),
+    '<bpmn:endEvent id="end"/>',
+]
+WAIT_FLOWS = [*chain("start", "prep", "fork"), *chain("fork", "approve_form", "after_form", "join"),
+              *chain("fork", "inner_fork"), *chain("inner_fork", "finance", "inner_join"),
+              *chain("inner_fork", "risk", "inner_join"), *chain("inner_join", "after_vote", "join"),
+              *chain("join", "close", "end")]
+WAIT_CONFIG = (f"system:\n  policy: {SYSTEM_POLICY}\n"
+               "inner_join:\n  humanConfirm: {timeout: 600}\n")
+USER = {"op": "complete_user_task", "args": {"task_id": "approve_form", "data": {"approved": True}}}
+CONFIRM = {"op": "answer_confirmation", "args": {"confirmation_id": "inner_join/decision", "value": "reject"}}
+
+
+@pytest.mark.parametrize("order", [(USER, CONFIRM), (CONFIRM, USER)], ids=["form-first", "confirmation-first"])
+def test_user_task_and_confirmation_in_branches_resumed_in_a_new_process(tmp_path: Path,
+                                                                       order: tuple[dict[str, Any], ...]) -> None:
+    path = write_bpmn(tmp_path, "waits", WAIT_ELEMENTS, WAIT_FLOWS, WAIT_CONFIG)
+    process = load_process(path)
+    calls = [{**call, "clock": 2000.0 + 100 * i} for i, call in enumerate(order)]
+
+    def started(store: str) -> tuple[Engine, Clock, Any]:
+        clock = Clock()
+        clock.now = 1000.0
+        engine = Engine(store, clock=clock)
+        instance = engine.run(engine.start(process, DATA, instance_id="waits-1"))
+        assert instance.status == "waiting", instance.error
+        assert sorted((w["kind"], w["task_id"]) for w in instance.waiting_for) == \
+            [("confirmation", "inner_join"), ("user_task", "approve_form")]
+        check_contract(instance, system={"policy": SYSTEM_POLICY})
+        return engine, clock, instance
+
+    # uninterrupted, in this process
+    engine, clock, instance = started("memory://")
+    from tape_helpers import play
+    instance, steps = play(engine, clock, instance, calls, reload=False)
+    assert [s["raised"] for s in steps] == [None, None]
+    assert instance.status == "completed", instance.error
+    doc = check_contract(instance, system={"policy": SYSTEM_POLICY})
+    assert doc["layers"]["L3"]["outcome"] == [True, "reject"]
+    [asked] = doc["confirmations"]
+    assert asked["answer"] == "reject" and asked["id"] == "inner_join/decision"
+
+    # saved at the wait, loaded and answered in a new Python process
+    store = f"sqlite:///{tmp_path / 'waits.db'}"
+    started(store)
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps({"w": {"store": store, "instance_id": "waits-1", "calls": calls}}), encoding="utf-8")
+    child = subprocess.run([sys.executable, str(HERE / "tape_helpers.py"), str(jobs)], capture_output=True, text=True,
+                           cwd=HERE.parents[1], timeout=120)
+    assert child.returncode == 0, child.stderr
+    resumed = json.loads(child.stdout)["w"]
+    assert "crash" not in resumed, resumed
+    assert [s["raised"] for s in resumed[1:]] == [None, None]
+    assert resumed[-1]["doc"] == instance_doc(instance)
+    assert resumed[-1]["doc"] == steps[-1]["doc"]
+    check_contract(Engine(store).load("waits-1"), system={"policy": SYSTEM_POLICY})
