@@ -389,3 +389,57 @@ def test_user_task_and_confirmation_in_branches_resumed_in_a_new_process(tmp_pat
     assert resumed[-1]["doc"] == instance_doc(instance)
     assert resumed[-1]["doc"] == steps[-1]["doc"]
     check_contract(Engine(store).load("waits-1"), system={"policy": SYSTEM_POLICY})
+
+
+# ===== 4. multi-instance and sub-processes inside branches, contextInject at the split =============
+
+MI_TASK = ('<bpmn:scriptTask id="each"><bpmn:multiInstanceLoopCharacteristics isSequential="{seq}">'
+           "<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>scaled</bpmn:loopDataOutputRef>"
+           '<bpmn:inputDataItem id="item" name="item"/><bpmn:outputDataItem id="res" name="res"/>'
+           "</bpmn:multiInstanceLoopCharacteristics><bpmn:script>res = item * factor</bpmn:script></bpmn:scriptTask>")
+SQUARES = ('<bpmn:subProcess id="square"><bpmn:multiInstanceLoopCharacteristics isSequential="{seq}">'
+           "<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>squares</bpmn:loopDataOutputRef>"
+           '<bpmn:inputDataItem id="number" name="number"/><bpmn:outputDataItem id="result" name="result"/>'
+           '</bpmn:multiInstanceLoopCharacteristics><bpmn:startEvent id="square_start"/>'
+           + script_task("twice", "partial = number * number") + script_task("hand_back", "result = partial")
+           + '<bpmn:endEvent id="square_end"/>' + "".join(flow(a, b) for a, b in chain(
+               "square_start", "twice", "hand_back", "square_end")) + "</bpmn:subProcess>")
+REVIEW = ('<bpmn:subProcess id="review"><bpmn:startEvent id="review_start"/>'
+          + script_task("r1", "sub_seen = [track, _branch_id]") + script_task("r2", "sub_note = 'checked ' + case_id")
+          + '<bpmn:endEvent id="review_end"/>'
+          + "".join(flow(a, b) for a, b in chain("review_start", "r1", "r2", "review_end")) + "</bpmn:subProcess>")
+NEST_CONFIG = ("fork:\n  branches:\n"
+               "    - {id: each, contextInject: {factor: 10, track: mi}}\n"
+               "    - {id: review, contextInject: {track: sub}}\n"
+               "    - {id: square, contextInject: {track: squares}}\n"
+               "r2:\n  preserveKeys: [sub_note]\n")
+
+
+@pytest.mark.parametrize("seq", ["false", "true"], ids=["parallel-mi", "sequential-mi"])
+def test_multi_instance_and_sub_processes_inside_branches(tmp_path: Path, seq: str) -> None:
+    elements = ['<bpmn:startEvent id="start"/>', script_task("prep", "items = [1, 2, 3]\ncase_id = 'C-3'"),
+                '<bpmn:parallelGateway id="fork"/>', MI_TASK.format(seq=seq),
+                script_task("sum_mi", "mi_total = sum(scaled)\nmi_track = track"), REVIEW,
+                SQUARES.format(seq=seq), script_task("sum_sq", "sq_total = sum(squares)\nsq_track = track"),
+                '<bpmn:parallelGateway id="join"/>', script_task("close", "summary = [mi_total, sq_total, sub_note]"),
+                '<bpmn:endEvent id="end"/>']
+    flows = [*chain("start", "prep", "fork"), *chain("fork", "each", "sum_mi", "join"), *chain("fork", "review", "join"),
+             *chain("fork", "square", "sum_sq", "join"), *chain("join", "close", "end")]
+    path = write_bpmn(tmp_path, "nest", elements, flows, NEST_CONFIG)
+    engine = Engine(f"sqlite:///{tmp_path / 'nest.db'}")
+    instance = engine.run(engine.start(load_process(path), DATA))
+    assert instance.status == "completed", instance.error
+    doc = check_contract(instance)
+    assert doc["conflicts"] == []
+    history = doc["layers"]["L3"]
+    assert history["scaled"] == [10, 20, 30] and history["squares"] == [1, 4, 9]
+    assert history["summary"] == [60, 14, "checked C-3"]
+    assert history["sub_seen"] == ["sub", "review"]
+    assert (history["mi_track"], history["sq_track"]) == ("mi", "squares")
+    # what the split injected belongs to its branch: not left behind after the join
+    merged = {**doc["layers"]["L3"], **doc["layers"]["L4"]}
+    assert not {"factor", "track", "_branch_id", "_snapshot_id"} & set(merged), sorted(merged)
+    assert "sub_note" in instance.main.preserved
+    # the sub-processes' and the instances' scopes never leak their own keys into the main line
+    assert not {"item", "res", "number", "result", "partial"} & set(merged), sorted(merged)
+    check_saved(engine, instance)
