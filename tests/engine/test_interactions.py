@@ -443,3 +443,53 @@ def test_multi_instance_and_sub_processes_inside_branches(tmp_path: Path, seq: s
     # the sub-processes' and the instances' scopes never leak their own keys into the main line
     assert not {"item", "res", "number", "result", "partial"} & set(merged), sorted(merged)
     check_saved(engine, instance)
+
+
+# ===== 5. an error in one branch, fixed by an injection, resumed ===================================
+
+FAIL_ELEMENTS = [
+    '<bpmn:startEvent id="start"/>', script_task("prep", "case_id = 'C-5'"), '<bpmn:parallelGateway id="fork"/>',
+    script_task("a1", "a_work = 'gathered'"), script_task("a2", "ratio = amount / divisor"),
+    script_task("b1", "b_work = 'reviewed ' + case_id"), '<bpmn:userTask id="b2" name="Sign off"/>',
+    script_task("b3", "b_signed = signed"),
+    '<bpmn:parallelGateway id="join"/>', script_task("close", "outcome = [a_work, ratio, b_work, b_signed]"),
+    '<bpmn:endEvent id="end"/>',
+]
+FAIL_FLOWS = [*chain("start", "prep", "fork"), *chain("fork", "a1", "a2", "join"),
+              *chain("fork", "b1", "b2", "b3", "join"), *chain("join", "close", "end")]
+
+
+@pytest.mark.parametrize("sign_off", ["before-the-fix", "after-the-fix"])
+def test_an_error_in_one_branch_fixed_and_resumed_keeps_the_other_branch(tmp_path: Path, sign_off: str) -> None:
+    path = write_bpmn(tmp_path, "fail", FAIL_ELEMENTS, FAIL_FLOWS, "a2:\n  preserveKeys: [ratio]\n")
+    store = f"sqlite:///{tmp_path / 'fail.db'}"
+    engine = Engine(store)
+    instance = engine.run(engine.start(load_process(path), DATA))
+    assert instance.status == "error", instance.waiting_for
+    doc = check_contract(instance)
+    assert doc["error"]["task_id"] == "a2" and "divisor" in doc["error"]["message"], doc["error"]
+    b_context = branch_of(instance, "b1")
+    assert instance.contexts[b_context].resolve("b_work") == "reviewed C-5"
+    if sign_off == "before-the-fix":
+        # an instance in error takes no answer until it is resumed; nothing changes
+        before = instance_doc(engine.load(instance.id))
+        with pytest.raises(Exception, match="resume"):
+            engine.complete_user_task(engine.load(instance.id), "b2", {"signed": True})
+        assert instance_doc(engine.load(instance.id)) == before
+    instance = engine.inject(engine.load(instance.id), {"divisor": 4})
+    assert instance.contexts[branch_of(instance, "a1")].resolve("divisor") == 4
+    assert "divisor" not in instance.main, "the fix went to the failed branch's context"
+    instance = engine.resume(engine.load(instance.id))
+    assert instance.status == "waiting", instance.error
+    assert [w["task_id"] for w in instance.waiting_for] == ["b2"]
+    instance = engine.complete_user_task(engine.load(instance.id), "b2", {"signed": True})
+    assert instance.status == "completed", instance.error
+    doc = check_contract(instance)
+    history = doc["layers"]["L3"]
+    # the other branch's work, done before the failure, is kept; so is the failed branch's, done before it
+    assert history["outcome"] == ["gathered", 12500.0, "reviewed C-5", True]
+    assert history["b_work"] == "reviewed C-5" and history["ratio"] == 12500.0
+    assert doc["error"] is None and doc["conflicts"] == []
+    tape = [e for ctx in instance.contexts.values() for e in ctx.tape]
+    assert [e.actor for e in tape if e.kind == "write" and e.changes and e.changes[0][1] == "divisor"] == ["operator"]
+    check_saved(engine, instance)
