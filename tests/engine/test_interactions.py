@@ -493,3 +493,67 @@ def test_an_error_in_one_branch_fixed_and_resumed_keeps_the_other_branch(tmp_pat
     tape = [e for ctx in instance.contexts.values() for e in ctx.tape]
     assert [e.actor for e in tape if e.kind == "write" and e.changes and e.changes[0][1] == "divisor"] == ["operator"]
     check_saved(engine, instance)
+
+
+# ===== 3b. a model's human_confirm (LLM tools) in one branch, a user task in the other ================
+
+def tool_call(name: str, arguments: dict[str, Any]) -> Reply:
+    body = {"id": "chatcmpl-tools-1", "object": "chat.completion", "created": 1700000000, "model": "stub-model",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                "role": "assistant", "content": None,
+                "tool_calls": [{"id": "call_1", "type": "function",
+                                "function": {"name": name, "arguments": json.dumps(arguments)}}]}}],
+            "usage": {"prompt_tokens": 50, "completion_tokens": 10, "total_tokens": 60}}
+    return Reply(body=json.dumps(body))
+
+
+TOOLS_ELEMENTS = ['<bpmn:startEvent id="start"/>', script_task("prep", "case_id = 'C-8'"),
+                  '<bpmn:parallelGateway id="fork"/>', '<bpmn:task id="review" name="Review the case"/>',
+                  '<bpmn:userTask id="sign" name="Sign off"/>', '<bpmn:parallelGateway id="join"/>',
+                  script_task("close", "outcome = [decision, signed]"), '<bpmn:endEvent id="end"/>']
+TOOLS_FLOWS = [*chain("start", "prep", "fork"), *chain("fork", "review", "join"), *chain("fork", "sign", "join"),
+               *chain("join", "close", "end")]
+TOOLS_CONFIG = (f"system:\n  policy: {SYSTEM_POLICY}\n"
+                "review:\n  llm:\n    model: openai/stub\n    tools: true\n    instructions: Decide on the case.\n"
+                "    outputKeys: [decision]\n    maxRetries: 1\n    timeout: 5\n")
+ASK = {"type": "decision_review", "message": "Approve the case?", "options": [{"label": "approve it", "value": "approve"}, {"label": "reject it", "value": "reject"}],
+       "timeout": 600, "default": "reject"}
+
+
+def test_model_confirmation_in_one_branch_user_task_in_the_other_resumed_in_a_new_process(
+        tmp_path: Path, model_env: Any) -> None:
+    stub = model_env()
+    path = write_bpmn(tmp_path, "tools", TOOLS_ELEMENTS, TOOLS_FLOWS, TOOLS_CONFIG)
+    store = f"sqlite:///{tmp_path / 'tools.db'}"
+    stub.arbiter = tool_call("human_confirm", ASK)  # the routing stub's fallback: the review's first turn
+    clock = Clock()
+    clock.now = 1000.0
+    engine = Engine(store, clock=clock)
+    instance = engine.run(engine.start(load_process(path), DATA, instance_id="tools-1"))
+    assert instance.status == "waiting", instance.error
+    assert sorted(w["kind"] for w in instance.waiting_for) == ["confirmation", "user_task"], instance.waiting_for
+    confirmation = next(w["id"] for w in instance.waiting_for if w["kind"] == "confirmation")
+    check_contract(instance, system={"policy": SYSTEM_POLICY})
+    stub.arbiter = Reply.json({"decision": "approve"})  # the review's answer once the person said yes
+
+    calls = [{"op": "complete_user_task", "args": {"task_id": "sign", "data": {"signed": True}}, "clock": 1100.0},
+             {"op": "answer_confirmation", "args": {"confirmation_id": confirmation, "value": "approve"},
+              "clock": 1200.0}]
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps({"t": {"store": store, "instance_id": "tools-1", "calls": calls}}), encoding="utf-8")
+    child = subprocess.run([sys.executable, str(HERE / "tape_helpers.py"), str(jobs)], capture_output=True, text=True,
+                           cwd=HERE.parents[1], timeout=120)
+    assert child.returncode == 0, child.stderr
+    resumed = json.loads(child.stdout)["t"]
+    assert "crash" not in resumed, resumed
+    assert [s["raised"] for s in resumed[1:]] == [None, None], resumed
+    final = Engine(store).load("tools-1")
+    assert final.status == "completed", final.error
+    doc = check_contract(final, system={"policy": SYSTEM_POLICY})
+    assert doc["layers"]["L3"]["outcome"] == ["approve", True]
+    [asked] = doc["confirmations"]
+    assert asked["answer"] == "approve" and asked["timed_out"] is False
+    assert not final.suspended
+    # the new process reached the model (the stub, here) with the person's answer as the tool's result
+    told = json.loads(stub.requests[-1]["messages"][-1]["content"])
+    assert told == {"confirmation_id": confirmation, "status": "answered", "answer": "approve", "timed_out": False}
