@@ -11,6 +11,8 @@ every context's tape replays to its saved layers, and no branch changed SYSTEM o
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,14 +81,11 @@ def check_contract(instance: Any, *, system: dict[str, Any] | None = None) -> di
     for name, ctx in instance.contexts.items():
         assert LayeredContext.replay(list(ctx.tape)) == ctx, f"context {name!r} does not replay from its tape"
         assert dict(ctx.layer(Layer.SYSTEM)) == dict(main_ctx.layer(Layer.SYSTEM)), name
-        for key, value in ctx.layer(Layer.PROCESS).items():  # what a branch saw of PROCESS is the main line's
+        for key, value in DATA.items():  # the initial data in PROCESS: the same in every context
             if key in main_ctx.layer(Layer.PROCESS):
-                assert main_ctx.layer(Layer.PROCESS)[key] == value, (name, key)
+                assert ctx.layer(Layer.PROCESS)[key] == value, (name, key)
     if system is not None:
         assert dict(main_ctx.layer(Layer.SYSTEM)) == system
-    for key, value in DATA.items():
-        if key in main_ctx.layer(Layer.PROCESS):
-            assert main_ctx.layer(Layer.PROCESS)[key] == value
     return doc
 
 
@@ -557,3 +556,40 @@ def test_model_confirmation_in_one_branch_user_task_in_the_other_resumed_in_a_ne
     # the new process reached the model (the stub, here) with the person's answer as the tool's result
     told = json.loads(stub.requests[-1]["messages"][-1]["content"])
     assert told == {"confirmation_id": confirmation, "status": "answered", "answer": "approve", "timed_out": False}
+
+
+def _stable(doc: dict[str, Any]) -> dict[str, Any]:
+    """A ``--json`` document without what differs between two runs of one process: ids and wall-clock times."""
+    text = json.dumps({k: v for k, v in doc.items() if k not in ("instance_id",)}, sort_keys=True)
+    text = re.sub(r'"(created|deadline|answered_at|time|at|resolved_at)": ([0-9.e+]+|"[0-9T:.Z-]+")', r'"\1": 0', text)
+    text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<task id>", text)
+    return json.loads(text)  # type: ignore[no-any-return]
+
+
+def test_cli_resume_answers_a_user_task_and_a_confirmation_in_a_new_process(tmp_path: Path) -> None:
+    """`layerflow run` stops at both waits; `layerflow resume ID --answer ... --answer ...`, in a
+    new Python process, answers both; the result is the run given both answers in advance."""
+    path = write_bpmn(tmp_path, "waits", WAIT_ELEMENTS, WAIT_FLOWS, WAIT_CONFIG)
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+
+    def cli(*args: str) -> tuple[int, dict[str, Any]]:
+        child = subprocess.run([sys.executable, "-c", "from engine.cli import main; main()", *args, "--store", store,
+                                "--json"], capture_output=True, text=True, cwd=HERE.parents[1], timeout=120,
+                               env={**os.environ, "PYTHONPATH": str(HERE.parents[1])}, stdin=subprocess.DEVNULL)
+        return child.returncode, json.loads(child.stdout)
+
+    code, doc = cli("run", str(path), "--data", json.dumps(DATA))
+    assert code == 3 and doc["status"] == "waiting", doc["error"]
+    assert sorted(w["task_id"] for w in doc["waiting_for"]) == ["approve_form", "inner_join"]
+    code, resumed = cli("resume", doc["instance_id"], "--answer", 'approve_form={"approved": true}',
+                        "--answer", "inner_join/decision=reject")
+    assert code == 0 and resumed["status"] == "completed", resumed["error"]
+    assert resumed["layers"]["L3"]["outcome"] == [True, "reject"]
+    check_contract(Engine(store).load(doc["instance_id"]), system={"policy": SYSTEM_POLICY})
+
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"approve_form": {"approved": True}},
+                                   "confirmations": {"inner_join/decision": "reject"}}), encoding="utf-8")
+    code, direct = cli("run", str(path), "--data", json.dumps(DATA), "--answers", str(answers))
+    assert code == 0, direct["error"]
+    assert _stable(resumed) == _stable(direct)
