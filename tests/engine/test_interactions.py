@@ -593,3 +593,40 @@ def test_cli_resume_answers_a_user_task_and_a_confirmation_in_a_new_process(tmp_
     code, direct = cli("run", str(path), "--data", json.dumps(DATA), "--answers", str(answers))
     assert code == 0, direct["error"]
     assert _stable(resumed) == _stable(direct)
+
+
+# ===== 2b. governance on a branch's context once its join has merged it ==============================
+
+@pytest.mark.parametrize("op", ["inject", "decompress", "rollback"])
+def test_a_merged_branch_context_takes_no_more_changes(tmp_path: Path, op: str) -> None:
+    """After the join, a branch's context is history: a change there (an injected fix, the undoing
+    of the compression that ran in the branch, a rollback) would reach nothing the process reads.
+    It is refused with where to make it instead; it used to succeed and change nothing."""
+    from engine.governance import CompressArgs, GovernanceService, InjectArgs, InstanceStateError, RollbackArgs
+
+    elements = list(COMPRESS_ELEMENTS)
+    elements[8] = '<bpmn:userTask id="after2" name="Look at it"/>'
+    path = write_bpmn(tmp_path, "squeeze", elements, COMPRESS_FLOWS, COMPRESS_CONFIG.split("after2:")[0])
+    engine = Engine(f"sqlite:///{tmp_path / 'squeeze.db'}")
+    instance = engine.run(engine.start(load_process(path), DATA))
+    assert instance.status == "waiting", instance.error
+    [compression] = instance.compressions
+    branch = compression["context"]
+    assert instance.branches[branch]["status"] == "joined"
+    service = GovernanceService(engine)
+    before = instance_doc(engine.load(instance.id))
+    change = {
+        "inject": lambda: service.inject(instance.id, InjectArgs(values={"fix": 1}, context="a1")),
+        "decompress": lambda: service.compress(instance.id, CompressArgs(
+            action="decompress", snapshot_id=compression["snapshot_id"], context=branch)),
+        "rollback": lambda: service.rollback(instance.id, RollbackArgs(snapshot_id=compression["snapshot_id"],
+                                                                       context=branch)),
+    }[op]
+    with pytest.raises(InstanceStateError, match="merged") as refused:
+        change()
+    assert "'main'" in str(refused.value), refused.value
+    assert instance_doc(engine.load(instance.id)) == before
+    # the main line itself still takes the change
+    if op == "inject":
+        service.inject(instance.id, InjectArgs(values={"fix": 1}))
+        assert engine.load(instance.id).main.resolve("fix") == 1
