@@ -208,7 +208,8 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
     counts: dict[str, int] = {}
     for b, ctx in branches.items():
         history = ctx.layer(Layer.HISTORY)
-        for key in touched[b][Layer.HISTORY] if touched[b][Layer.HISTORY] is not None else base_h:
+        keys = touched[b][Layer.HISTORY]
+        for key in keys if keys is not None else base_h:
             if key in base_h and (key not in history or not same_value(history[key], base_h[key])):
                 counts[key] = counts.get(key, 0) + 1
     return frozenset(k for k, n in counts.items() if n > 1)
