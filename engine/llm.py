@@ -598,6 +598,10 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     ``view`` (default: the whole context) and ``options`` shape what the model sees;
     ``completion`` replaces ``litellm.completion`` (same keyword arguments).
     """
+    # an instance of a multi-instance activity (the engine's ActivityContext) keeps its items in a
+    # scope of its own: its output item goes there, never to the WORKING its sibling instances see
+    scope: dict[str, Any] | None = getattr(ctx, "scope", None)
+    scoped: frozenset[str] = frozenset(getattr(ctx, "scoped", ()) or ())
     ctx, task_id, cfg, chosen = _activity_call(ctx, task_id, llm_config, model_override or model)
     endpoint = Endpoint.of(chosen, cfg)
     messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory,
@@ -607,7 +611,9 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who)
     answer = caller.run(messages, lambda text: parse_answer(text, schema=cfg.output_schema, keys=cfg.output_keys),
                         task_id=task_id, on_attempt=record)
-    _write_answer(ctx, answer, who)
+    _write_answer(ctx, {k: v for k, v in answer.items() if k not in scoped}, who)
+    if scope is not None:
+        scope.update((k, v) for k, v in answer.items() if k in scoped)
     return dict(answer)
 
 

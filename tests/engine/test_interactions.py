@@ -630,3 +630,48 @@ def test_a_merged_branch_context_takes_no_more_changes(tmp_path: Path, op: str) 
     if op == "inject":
         service.inject(instance.id, InjectArgs(values={"fix": 1}))
         assert engine.load(instance.id).main.resolve("fix") == 1
+
+
+class ScalingStub(StubLLM):
+    """Answers a multi-instance LLM activity: its output item, from the input item it was sent."""
+
+    def _next(self, body: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.requests.append(body)
+        found = re.search(r'key="item"[^>]*><!\[CDATA\[(\d+)\]\]>', body["messages"][-1]["content"])
+        return Reply.json({"res": int(found.group(1)) * 100}) if found else Reply.error(500, "no item sent")
+
+
+@pytest.mark.parametrize("seq", ["false", "true"], ids=["parallel-mi", "sequential-mi"])
+def test_multi_instance_llm_activity_inside_a_branch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     seq: str) -> None:
+    """Each instance's model answer is its output item, scoped to the instance: it reaches the
+    output collection only. (The answer was also written to the activity's WORKING: the next
+    instance's request showed the previous instance's output, and the last one's was left in
+    HISTORY after the activity, in the branch and, after the join, in the main line.)"""
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test-key")
+    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
+    elements = ['<bpmn:startEvent id="start"/>', script_task("prep", "items = [1, 2, 3]\ncase_id = 'C-3'"),
+                '<bpmn:parallelGateway id="fork"/>', MI_TASK.format(seq=seq),
+                script_task("sum_mi", "mi_total = sum(scaled)"), REVIEW, '<bpmn:parallelGateway id="join"/>',
+                script_task("close", "summary = [mi_total, sub_note]"), '<bpmn:endEvent id="end"/>']
+    flows = [*chain("start", "prep", "fork"), *chain("fork", "each", "sum_mi", "join"),
+             *chain("fork", "review", "join"), *chain("join", "close", "end")]
+    config = (NEST_CONFIG.replace("    - {id: square, contextInject: {track: squares}}\n", "")
+              + "each:\n  llm:\n    instructions: Scale the item.\n    outputKeys: [res]\n    maxRetries: 1\n"
+                "    timeout: 5\n")
+    path = write_bpmn(tmp_path, "nest", elements, flows, config)
+    with ScalingStub() as stub:
+        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", stub.url)
+        engine = Engine(f"sqlite:///{tmp_path / 'nest.db'}", model=MODEL)
+        instance = engine.run(engine.start(load_process(path), DATA))
+    assert instance.status == "completed", instance.error
+    doc = check_contract(instance)
+    assert doc["layers"]["L3"]["scaled"] == [100, 200, 300] and doc["layers"]["L3"]["summary"] == [600, "checked C-3"]
+    assert len(stub.requests) == 3
+    for request in stub.requests:  # no instance was shown another's output
+        assert 'key="res"' not in request["messages"][-1]["content"]
+    for name in ("main", branch_of(instance, "each")):
+        ctx = instance.contexts[name]
+        assert "res" not in ctx.layer(Layer.HISTORY) and "res" not in ctx.layer(Layer.WORKING), name
+    check_saved(engine, instance)
