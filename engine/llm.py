@@ -43,7 +43,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -643,7 +643,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
                           state: Mapping[str, Any] | None = None, answers: Mapping[str, Any] | None = None,
                           completion: Completion | None = None, retry: RetryPolicy | None = None,
                           sleep: Callable[[float], None] = time.sleep, actor: str | None = None,
-                          max_turns: int = MAX_TOOL_TURNS) -> ToolOutcome:
+                          max_turns: int = MAX_TOOL_TURNS, scoped: Collection[str] = ()) -> ToolOutcome:
     """An LLM activity that may call tools before it answers (``llm.tools: true``).
 
     The first request is the activity's normal one (``activity_request``) with the tool
@@ -656,6 +656,9 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     engine keeps the activity open and calls again with ``state`` and ``answers``
     (confirmation id -> ``{"answer", "timed_out"}``) once a person answered; the model then
     sees the answer as that tool call's result and goes on.
+
+    ``scoped``: names of a multi-instance activity's instance (its items); the answer's keys
+    among them are not written to WORKING (the caller keeps them in the instance's scope).
     """
     cfg = llm_config or LLMConfig()
     endpoint = Endpoint.of(model, cfg)
@@ -693,7 +696,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         turns += 1
         result, history = caller.run_reply(history, check, task_id=task_id, on_attempt=record, tools=schemas)
         if not isinstance(result, Reply):
-            _write_answer(ctx, result, who)
+            _write_answer(ctx, {k: v for k, v in result.items() if k not in scoped}, who)
             return ToolOutcome(answer=dict(result))
         turn: dict[str, Any] = {"role": "assistant", "tool_calls": [dict(c) for c in result.tool_calls]}
         if result.content is not None:  # no content key at all otherwise: litellm leaves a None out

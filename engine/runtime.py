@@ -1121,7 +1121,7 @@ class _Runtime:
 
         outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
                                         schemas=tool_schemas(), answers=answers,
-                                        state=None if suspended is None else suspended["state"])
+                                        state=None if suspended is None else suspended["state"], scoped=actx.scoped)
         if outcome.answer is not None:
             return outcome.answer
         inst.suspended[key] = {"task_id": bpmn_id, "context": actx.context.name,

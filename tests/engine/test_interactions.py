@@ -642,9 +642,10 @@ class ScalingStub(StubLLM):
         return Reply.json({"res": int(found.group(1)) * 100}) if found else Reply.error(500, "no item sent")
 
 
+@pytest.mark.parametrize("tools", [False, True], ids=["plain", "tools"])
 @pytest.mark.parametrize("seq", ["false", "true"], ids=["parallel-mi", "sequential-mi"])
 def test_multi_instance_llm_activity_inside_a_branch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     seq: str) -> None:
+                                                     seq: str, tools: bool) -> None:
     """Each instance's model answer is its output item, scoped to the instance: it reaches the
     output collection only. (The answer was also written to the activity's WORKING: the next
     instance's request showed the previous instance's output, and the last one's was left in
@@ -659,7 +660,7 @@ def test_multi_instance_llm_activity_inside_a_branch(tmp_path: Path, monkeypatch
              *chain("fork", "review", "join"), *chain("join", "close", "end")]
     config = (NEST_CONFIG.replace("    - {id: square, contextInject: {track: squares}}\n", "")
               + "each:\n  llm:\n    instructions: Scale the item.\n    outputKeys: [res]\n    maxRetries: 1\n"
-                "    timeout: 5\n")
+                f"    timeout: 5\n    tools: {str(tools).lower()}\n")
     path = write_bpmn(tmp_path, "nest", elements, flows, config)
     with ScalingStub() as stub:
         monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", stub.url)
