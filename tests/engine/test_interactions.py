@@ -515,7 +515,8 @@ TOOLS_FLOWS = [*chain("start", "prep", "fork"), *chain("fork", "review", "join")
 TOOLS_CONFIG = (f"system:\n  policy: {SYSTEM_POLICY}\n"
                 "review:\n  llm:\n    model: openai/stub\n    tools: true\n    instructions: Decide on the case.\n"
                 "    outputKeys: [decision]\n    maxRetries: 1\n    timeout: 5\n")
-ASK = {"type": "decision_review", "message": "Approve the case?", "options": [{"label": "approve it", "value": "approve"}, {"label": "reject it", "value": "reject"}],
+ASK = {"type": "decision_review", "message": "Approve the case?",
+       "options": [{"label": "approve it", "value": "approve"}, {"label": "reject it", "value": "reject"}],
        "timeout": 600, "default": "reject"}
 
 
@@ -676,3 +677,37 @@ def test_multi_instance_llm_activity_inside_a_branch(tmp_path: Path, monkeypatch
         ctx = instance.contexts[name]
         assert "res" not in ctx.layer(Layer.HISTORY) and "res" not in ctx.layer(Layer.WORKING), name
     check_saved(engine, instance)
+
+
+def test_compression_in_a_branch_then_a_wait_in_the_other_resumed_in_a_new_process(tmp_path: Path) -> None:
+    """Branch a compresses; branch b stops at a user task; the instance, saved there, is loaded and
+    finished in a new Python process (sqlite), and equals the run that never stopped."""
+    elements = [*COMPRESS_ELEMENTS, '<bpmn:userTask id="b2" name="Check"/>']
+    flows = [f for f in COMPRESS_FLOWS if f != ("b1", "join")] + [("b1", "b2"), ("b2", "join")]
+    path = write_bpmn(tmp_path, "squeeze", elements, flows, COMPRESS_CONFIG)
+    calls = [{"op": "complete_user_task", "args": {"task_id": "b2", "data": {"b_ok": True}}, "clock": 2000.0}]
+
+    def started(store: str) -> tuple[Engine, Clock, Any]:
+        clock = Clock()
+        clock.now = 1000.0
+        engine = Engine(store, clock=clock)
+        instance = engine.run(engine.start(load_process(path), DATA, instance_id="squeeze-1"))
+        assert instance.status == "waiting" and [c["activity_id"] for c in instance.compressions] == ["a2"]
+        check_contract(instance)
+        return engine, clock, instance
+
+    from tape_helpers import play
+    instance = play(*started("memory://"), calls, reload=False)[0]
+    assert instance.status == "completed" and [c["activity_id"] for c in instance.compressions] == ["a2", "after2"]
+    assert instance.main.resolve("risk") == KEPT_A and instance.contexts[branch_of(instance, "b1")].resolve("b_ok")
+    store = f"sqlite:///{tmp_path / 'squeeze.db'}"
+    started(store)
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps({"s": {"store": store, "instance_id": "squeeze-1", "calls": calls}}), encoding="utf-8")
+    child = subprocess.run([sys.executable, str(HERE / "tape_helpers.py"), str(jobs)], capture_output=True, text=True,
+                           cwd=HERE.parents[1], timeout=120)
+    assert child.returncode == 0, child.stderr
+    resumed = json.loads(child.stdout)["s"]
+    assert "crash" not in resumed, resumed
+    assert resumed[-1]["doc"] == instance_doc(instance)
+    check_contract(Engine(store).load("squeeze-1"))
