@@ -711,3 +711,37 @@ def test_compression_in_a_branch_then_a_wait_in_the_other_resumed_in_a_new_proce
     assert "crash" not in resumed, resumed
     assert resumed[-1]["doc"] == instance_doc(instance)
     check_contract(Engine(store).load("squeeze-1"))
+
+
+FAILING_REVIEW = ('<bpmn:subProcess id="review"><bpmn:startEvent id="review_start"/>'
+                  + script_task("r1", "sub_seen = track") + script_task("r2", "sub_note = 'ratio ' + str(amount / divisor)")
+                  + '<bpmn:endEvent id="review_end"/>'
+                  + "".join(flow(a, b) for a, b in chain("review_start", "r1", "r2", "review_end")) + "</bpmn:subProcess>")
+
+
+@pytest.mark.parametrize("reload", [False, True], ids=["same-process", "loaded"])
+def test_an_error_inside_a_sub_process_inside_a_branch_fixed_and_resumed(tmp_path: Path, reload: bool) -> None:
+    """The retry of a task inside a sub-process makes SpiffWorkflow reset the sub-process task too,
+    and its reset clears the task's internal data: the sub-process, first task of its branch,
+    lost the tag naming the branch's context. It then ran on in the main context, and the join
+    failed ("received branches of different splits (main/a@3, main)"), the branch's work lost."""
+    elements = ['<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', script_task("a", "a_work = 1"),
+                FAILING_REVIEW, '<bpmn:parallelGateway id="join"/>',
+                script_task("close", "summary = [a_work, sub_seen, sub_note]"), '<bpmn:endEvent id="end"/>']
+    flows = [*chain("start", "fork"), *chain("fork", "a", "join"), *chain("fork", "review", "join"),
+             *chain("join", "close", "end")]
+    config = "fork:\n  branches:\n    - {id: review, contextInject: {track: sub}}\n"
+    path = write_bpmn(tmp_path, "subfail", elements, flows, config)
+    engine = Engine(f"sqlite:///{tmp_path / 'subfail.db'}")
+    instance = engine.run(engine.start(load_process(path), DATA))
+    assert instance.status == "error" and instance.error["task_id"] == "r2", instance.error
+    branch = branch_of(instance, "review")
+    again = (lambda i: engine.load(i.id)) if reload else (lambda i: i)
+    instance = engine.inject(again(instance), {"divisor": 5})
+    assert instance.contexts[branch].resolve("divisor") == 5
+    instance = engine.resume(again(instance))
+    assert instance.status == "completed", instance.error
+    doc = check_contract(instance)
+    assert doc["layers"]["L3"]["summary"] == [1, "sub", "ratio 10000.0"]
+    assert instance.branches[branch]["status"] == "joined"
+    check_saved(engine, instance)
