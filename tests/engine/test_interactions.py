@@ -745,3 +745,26 @@ def test_an_error_inside_a_sub_process_inside_a_branch_fixed_and_resumed(tmp_pat
     assert doc["layers"]["L3"]["summary"] == [1, "sub", "ratio 10000.0"]
     assert instance.branches[branch]["status"] == "joined"
     check_saved(engine, instance)
+
+
+@pytest.mark.parametrize("event_first", [True, False], ids=["event-first", "confirmation-first"])
+def test_a_message_in_one_branch_and_a_confirmation_in_another(tmp_path: Path, event_first: bool) -> None:
+    elements = list(WAIT_ELEMENTS)
+    elements[3] = ('<bpmn:intermediateCatchEvent id="approve_form"><bpmn:messageEventDefinition messageRef="m_docs"/>'
+                   "</bpmn:intermediateCatchEvent>")
+    elements[4] = script_task("after_form", "form_done = files")
+    path = write_bpmn(tmp_path, "ev", elements, WAIT_FLOWS, WAIT_CONFIG)
+    path.write_text(path.read_text(encoding="utf-8").replace(
+        '  <bpmn:process id="ev"', '  <bpmn:message id="m_docs" name="documents_received"/>\n  <bpmn:process id="ev"'),
+        encoding="utf-8")
+    engine = Engine(f"sqlite:///{tmp_path / 'ev.db'}")
+    instance = engine.run(engine.start(load_process(path), DATA))
+    assert sorted(w["kind"] for w in instance.waiting_for) == ["confirmation", "event"]
+    steps = [lambda i: engine.send_event(i, "documents_received", {"files": ["a.pdf"]}),
+             lambda i: engine.answer_confirmation(i, "inner_join/decision", "reject")]
+    for step in steps if event_first else steps[::-1]:
+        instance = step(engine.load(instance.id))
+        check_contract(instance)
+    assert instance.status == "completed", instance.error
+    assert instance.main.layer(Layer.HISTORY)["outcome"] == [["a.pdf"], "reject"]
+    check_saved(engine, instance)
