@@ -436,7 +436,17 @@ class GovernanceService:
     @staticmethod
     def _writable(instance: Instance, ctx: LayeredContext, op: str) -> LayeredContext:
         """A context whose split branches are still open must stay as the split left it (the
-        join merges the branches against that snapshot): refuse to change it."""
+        join merges the branches against that snapshot): refuse to change it. A branch (or
+        scope) context already merged, or cancelled, is read by nothing any more: a change
+        there would look applied and reach nothing; refuse it too."""
+        info = instance.branches.get(ctx.name)
+        if info is not None and info.get("status") in ("joined", "cancelled"):
+            parent = info.get("parent") or MAIN
+            done = (f"already merged into {parent!r}" + (f" at {info['join']!r}" if info.get("join") else "")
+                    if info["status"] == "joined" else "cancelled")
+            raise InstanceStateError(f"{op}: context {ctx.name!r} of instance {instance.id} (branch "
+                                     f"{info.get('branch_id') or ctx.name!r}) is {done}; nothing reads it any more. "
+                                     f"Change the context the process goes on in instead (`context`: {parent!r})")
         open_ = sorted(i.get("branch_id") or n for n, i in instance.branches.items()
                        if i.get("parent") == ctx.name and i.get("status") == "open")
         if open_:

@@ -43,7 +43,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -598,6 +598,10 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     ``view`` (default: the whole context) and ``options`` shape what the model sees;
     ``completion`` replaces ``litellm.completion`` (same keyword arguments).
     """
+    # an instance of a multi-instance activity (the engine's ActivityContext) keeps its items in a
+    # scope of its own: its output item goes there, never to the WORKING its sibling instances see
+    scope: dict[str, Any] | None = getattr(ctx, "scope", None)
+    scoped: frozenset[str] = frozenset(getattr(ctx, "scoped", ()) or ())
     ctx, task_id, cfg, chosen = _activity_call(ctx, task_id, llm_config, model_override or model)
     endpoint = Endpoint.of(chosen, cfg)
     messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory,
@@ -607,7 +611,9 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who)
     answer = caller.run(messages, lambda text: parse_answer(text, schema=cfg.output_schema, keys=cfg.output_keys),
                         task_id=task_id, on_attempt=record)
-    _write_answer(ctx, answer, who)
+    _write_answer(ctx, {k: v for k, v in answer.items() if k not in scoped}, who)
+    if scope is not None:
+        scope.update((k, v) for k, v in answer.items() if k in scoped)
     return dict(answer)
 
 
@@ -637,7 +643,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
                           state: Mapping[str, Any] | None = None, answers: Mapping[str, Any] | None = None,
                           completion: Completion | None = None, retry: RetryPolicy | None = None,
                           sleep: Callable[[float], None] = time.sleep, actor: str | None = None,
-                          max_turns: int = MAX_TOOL_TURNS) -> ToolOutcome:
+                          max_turns: int = MAX_TOOL_TURNS, scoped: Collection[str] = ()) -> ToolOutcome:
     """An LLM activity that may call tools before it answers (``llm.tools: true``).
 
     The first request is the activity's normal one (``activity_request``) with the tool
@@ -650,6 +656,9 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     engine keeps the activity open and calls again with ``state`` and ``answers``
     (confirmation id -> ``{"answer", "timed_out"}``) once a person answered; the model then
     sees the answer as that tool call's result and goes on.
+
+    ``scoped``: names of a multi-instance activity's instance (its items); the answer's keys
+    among them are not written to WORKING (the caller keeps them in the instance's scope).
     """
     cfg = llm_config or LLMConfig()
     endpoint = Endpoint.of(model, cfg)
@@ -687,7 +696,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         turns += 1
         result, history = caller.run_reply(history, check, task_id=task_id, on_attempt=record, tools=schemas)
         if not isinstance(result, Reply):
-            _write_answer(ctx, result, who)
+            _write_answer(ctx, {k: v for k, v in result.items() if k not in scoped}, who)
             return ToolOutcome(answer=dict(result))
         turn: dict[str, Any] = {"role": "assistant", "tool_calls": [dict(c) for c in result.tool_calls]}
         if result.content is not None:  # no content key at all otherwise: litellm leaves a None out

@@ -655,14 +655,21 @@ class _Runtime:
         for task in _all_tasks(inst.workflow, TaskState.ERROR):
             # a failed instance of a multi-instance activity: the whole activity runs again
             task = spiff.multi_instance_of(task) or task
-            keep = {k: task.internal_data[k] for k in (spiff.CTX_KEY, spiff.BRANCH_KEY) if k in task.internal_data}
+            # spiff resets each enclosing sub-process task too, clearing its internal data: keep
+            # their tags as well (a sub-process that starts a branch names the branch's context)
+            tagged = [task]
+            while tagged[-1].workflow.parent_task_id is not None:
+                tagged.append(tagged[-1].workflow.top_workflow.get_task_from_id(tagged[-1].workflow.parent_task_id))
+            kept = [{k: t.internal_data[k] for k in (spiff.CTX_KEY, spiff.BRANCH_KEY) if k in t.internal_data}
+                    for t in tagged]
             wf = task.workflow.top_workflow
-            self._restore[task.id] = keep  # a multi-instance task begins its activity during the reset
+            self._restore[task.id] = kept[0]  # a multi-instance task begins its activity during the reset
             try:
                 wf.reset_from_task_id(task.id)
             finally:
                 self._restore.pop(task.id, None)
-            task.internal_data.update(keep)
+            for t, keep in zip(tagged, kept):
+                t.internal_data.update(keep)
         inst.status = "running"
         inst.error = None
         inst.error_task = None
@@ -1140,7 +1147,7 @@ class _Runtime:
 
         outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
                                         schemas=tool_schemas(), answers=answers,
-                                        state=None if suspended is None else suspended["state"])
+                                        state=None if suspended is None else suspended["state"], scoped=actx.scoped)
         if outcome.answer is not None:
             return outcome.answer
         inst.suspended[key] = {"task_id": bpmn_id, "context": actx.context.name,

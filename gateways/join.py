@@ -21,6 +21,9 @@ activity's record does; ``compaction:<n + 1>``).
 Preserved keys: a key one branch's activities preserved stays preserved after the join,
 so a compression in another branch, which did not know, may not have changed it there:
 that branch's compressed value (or its fold) of a key of the base is not a change.
+Nor is it when another branch changed the key too: a compression is not a decision about
+the value, so a branch's new value is taken (two compressions of one key keep the base)
+instead of a conflict between the value and the fold.
 
 Branch-scoped keys: what the split injected into a branch's WORKING
 (``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
@@ -171,16 +174,18 @@ def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
 
 
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
-                   preserved: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
+                   preserved: frozenset[str] = frozenset(),
+                   contested: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
     """The branch's layers with every injected key it left alone put back to the base, and
-    every base HISTORY key of ``preserved`` (the join's preserved keys) that only this
-    branch's compressor changed, not knowing another branch preserved it."""
+    every base HISTORY key that only this branch's compressor changed when the key is in
+    ``preserved`` (the join's preserved keys: another branch preserved it) or in
+    ``contested`` (another branch changed it too)."""
     layers: dict[Layer, Mapping[str, Any]] = {layer: branch.layer(layer) for layer in MERGED_LAYERS}
     working, history = layers[Layer.WORKING], layers[Layer.HISTORY]
     base_w, base_h = base.layer(Layer.WORKING), base.layer(Layer.HISTORY)
     over_w: dict[str, Any] = {}
     over_h: dict[str, Any] = {}
-    unknown = {k for k in preserved - branch.preserved if k in base_h}
+    unknown = {k for k in preserved - branch.preserved if k in base_h} | {k for k in contested if k in base_h}
     for key in _compressed(branch, unknown) if unknown else ():
         over_h[key] = base_h[key]
     for key, value in injected.items():
@@ -194,6 +199,20 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     if over_h:
         layers[Layer.HISTORY] = _Overlay(history, over_h)
     return layers
+
+
+def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
+               touched: Mapping[str, Mapping[Layer, dict[str, None] | None]]) -> frozenset[str]:
+    """Base HISTORY keys that two or more branches changed (a compression's fold counts)."""
+    base_h = base.layer(Layer.HISTORY)
+    counts: dict[str, int] = {}
+    for b, ctx in branches.items():
+        history = ctx.layer(Layer.HISTORY)
+        keys = touched[b][Layer.HISTORY]
+        for key in keys if keys is not None else base_h:
+            if key in base_h and (key not in history or not same_value(history[key], base_h[key])):
+                counts[key] = counts.get(key, 0) + 1
+    return frozenset(k for k, n in counts.items() if n > 1)
 
 
 def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, None] | None]:
@@ -297,9 +316,11 @@ def join_contexts(
     # keys a branch's activities preserved stay preserved after the join (see ``preserved`` below):
     # no compression in another branch may have altered or dropped them
     pinned = frozenset(k for ctx in branches.values() for k in ctx.preserved)
-    scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned)
-              for b, ctx in branches.items()}
     touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
+    contested = _contested(base, branches, touched)
+    scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
+                                contested)
+              for b, ctx in branches.items()}
 
     outcomes: dict[Layer, list[KeyOutcome]] = {}
     for layer in MERGED_LAYERS:
