@@ -336,8 +336,13 @@ class Engine:
         The context defaults to the one of the failed task, else the main context. Writes
         obey the layer rules (a PROCESS key cannot be changed).
         """
+        from .governance import GovernanceService
+
         rt = _runtime_of(instance)
         ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
+        # a branch already merged (or cancelled) is read by nothing, and a context whose branches
+        # are open is merged against its split snapshot: a write there would reach nothing
+        GovernanceService._writable(instance, ctx, "inject")
         for key, value in values.items():
             ctx.write(layer, key, value, actor=actor)
         self._save(instance)

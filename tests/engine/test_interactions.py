@@ -629,6 +629,10 @@ def test_a_merged_branch_context_takes_no_more_changes(tmp_path: Path, op: str) 
     assert instance_doc(engine.load(instance.id)) == before
     # the main line itself still takes the change
     if op == "inject":
+        loaded = engine.load(instance.id)
+        with pytest.raises(InstanceStateError, match="merged"):  # the Python API refuses it the same way
+            engine.inject(loaded, {"fix": 1}, context=branch)
+        assert instance_doc(engine.load(instance.id)) == before
         service.inject(instance.id, InjectArgs(values={"fix": 1}))
         assert engine.load(instance.id).main.resolve("fix") == 1
 
