@@ -94,6 +94,19 @@ def branch_of(instance: Any, branch_id: str) -> str:
     return name
 
 
+def play_in_a_new_process(tmp_path: Path, store: str, instance_id: str, calls: list[Any]) -> list[dict[str, Any]]:
+    """Load the saved instance in a new Python process, make ``calls`` there (tape_helpers.py),
+    and give what each call returned."""
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps({"job": {"store": store, "instance_id": instance_id, "calls": calls}}), encoding="utf-8")
+    child = subprocess.run([sys.executable, str(HERE / "tape_helpers.py"), str(jobs)], capture_output=True, text=True,
+                           cwd=HERE.parents[1], timeout=120)
+    assert child.returncode == 0, child.stderr
+    resumed: list[dict[str, Any]] = json.loads(child.stdout)["job"]
+    assert "crash" not in resumed, resumed
+    return resumed
+
+
 def check_saved(engine: Engine, instance: Any) -> None:
     """As loaded from the store, the instance is what ran: same document, and each context replays."""
     loaded = engine.load(instance.id)
@@ -377,13 +390,7 @@ def test_user_task_and_confirmation_in_branches_resumed_in_a_new_process(tmp_pat
     # saved at the wait, loaded and answered in a new Python process
     store = f"sqlite:///{tmp_path / 'waits.db'}"
     started(store)
-    jobs = tmp_path / "jobs.json"
-    jobs.write_text(json.dumps({"w": {"store": store, "instance_id": "waits-1", "calls": calls}}), encoding="utf-8")
-    child = subprocess.run([sys.executable, str(HERE / "tape_helpers.py"), str(jobs)], capture_output=True, text=True,
-                           cwd=HERE.parents[1], timeout=120)
-    assert child.returncode == 0, child.stderr
-    resumed = json.loads(child.stdout)["w"]
-    assert "crash" not in resumed, resumed
+    resumed = play_in_a_new_process(tmp_path, store, "waits-1", calls)
     assert [s["raised"] for s in resumed[1:]] == [None, None]
     assert resumed[-1]["doc"] == instance_doc(instance)
     assert resumed[-1]["doc"] == steps[-1]["doc"]
@@ -539,13 +546,7 @@ def test_model_confirmation_in_one_branch_user_task_in_the_other_resumed_in_a_ne
     calls = [{"op": "complete_user_task", "args": {"task_id": "sign", "data": {"signed": True}}, "clock": 1100.0},
              {"op": "answer_confirmation", "args": {"confirmation_id": confirmation, "value": "approve"},
               "clock": 1200.0}]
-    jobs = tmp_path / "jobs.json"
-    jobs.write_text(json.dumps({"t": {"store": store, "instance_id": "tools-1", "calls": calls}}), encoding="utf-8")
-    child = subprocess.run([sys.executable, str(HERE / "tape_helpers.py"), str(jobs)], capture_output=True, text=True,
-                           cwd=HERE.parents[1], timeout=120)
-    assert child.returncode == 0, child.stderr
-    resumed = json.loads(child.stdout)["t"]
-    assert "crash" not in resumed, resumed
+    resumed = play_in_a_new_process(tmp_path, store, "tools-1", calls)
     assert [s["raised"] for s in resumed[1:]] == [None, None], resumed
     final = Engine(store).load("tools-1")
     assert final.status == "completed", final.error
@@ -706,13 +707,7 @@ def test_compression_in_a_branch_then_a_wait_in_the_other_resumed_in_a_new_proce
     assert instance.main.resolve("risk") == KEPT_A and instance.contexts[branch_of(instance, "b1")].resolve("b_ok")
     store = f"sqlite:///{tmp_path / 'squeeze.db'}"
     started(store)
-    jobs = tmp_path / "jobs.json"
-    jobs.write_text(json.dumps({"s": {"store": store, "instance_id": "squeeze-1", "calls": calls}}), encoding="utf-8")
-    child = subprocess.run([sys.executable, str(HERE / "tape_helpers.py"), str(jobs)], capture_output=True, text=True,
-                           cwd=HERE.parents[1], timeout=120)
-    assert child.returncode == 0, child.stderr
-    resumed = json.loads(child.stdout)["s"]
-    assert "crash" not in resumed, resumed
+    resumed = play_in_a_new_process(tmp_path, store, "squeeze-1", calls)
     assert resumed[-1]["doc"] == instance_doc(instance)
     check_contract(Engine(store).load("squeeze-1"))
 
