@@ -599,6 +599,59 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
         sys.exit(_exit_code(instance))
 
 
+@main.command()
+@click.option("--fire", is_flag=True, help="resume every instance with a due timer (run this from cron)")
+@_store_option
+@_model_option
+@_json_option
+def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> None:
+    """Timers of waiting instances that are due by now; with --fire, resume those instances.
+
+    Nothing fires a timer by itself: a run or resume after its due time does. Each instance is
+    resumed under its lease, as `resume` does; one that another process holds is skipped."""
+    out = _Out(as_json)
+    engine = _engine(store, model, out, as_json)
+    due = engine.due_timers()
+    fired: list[dict[str, Any]] = []
+    if fire:
+        for instance_id in dict.fromkeys(item["instance_id"] for item in due):
+            fired.append(_fire(engine, instance_id))
+    if as_json:
+        out.doc({"due": due, "fired": fired})
+        return
+    for item in due:
+        click.echo(f"{item['instance_id']}  timer {item['task_id']}  due {item['due']}")
+    for f in fired:
+        click.echo(f"{f['instance_id']}  " + (f"skipped: {f['skipped']}" if "skipped" in f else f"-> {f['status']}"))
+    if not due:
+        click.echo("no timer is due", err=True)
+
+
+def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
+    """Resume one instance whose timer is due, holding its lease; what came of it."""
+    from .worker import _Heartbeat
+
+    found = getattr(engine.store, "store", engine.store)
+    lease_store = found if isinstance(found, LeaseStore) else None  # an engine on a records-only store: none
+    owner = f"cli-timers-{socket.gethostname()}-{os.getpid()}"
+    if lease_store is not None and not lease_store.acquire_lease(instance_id, owner, LEASE_TTL):
+        return {"instance_id": instance_id, "skipped": f"held by {lease_store.lease_owner(instance_id) or 'another process'}"}
+    heartbeat = _Heartbeat(lease_store, instance_id, owner, LEASE_TTL) if lease_store is not None else None
+    try:
+        instance = engine.load(instance_id)
+        if instance.status != "waiting":
+            return {"instance_id": instance_id, "skipped": f"now {instance.status}"}
+        instance = engine.resume(instance)
+        return {"instance_id": instance_id, "status": instance.status, "version": instance.version}
+    except LayerflowError as err:
+        return {"instance_id": instance_id, "skipped": str(err)}
+    finally:
+        if heartbeat is not None and lease_store is not None:
+            heartbeat.stop()
+            with contextlib.suppress(LayerflowError):
+                lease_store.release_lease(instance_id, owner)
+
+
 @main.command("list")
 @_store_option
 @_json_option

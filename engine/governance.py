@@ -64,7 +64,7 @@ from context_layers.tape import EventKind
 
 from .process import Process, load_process
 from .runtime import Engine, Instance
-from .store import InstanceRecords
+from .store import record_head
 
 __all__ = [
     "AnswerArgs",
@@ -577,7 +577,7 @@ class GovernanceService:
                 known = self._open.get(iid)
             if known is None or known[0] != version:
                 try:
-                    head = self._record_head(iid)
+                    head = record_head(self.engine.store, iid)
                 except ContextKeyError:
                     continue  # deleted meanwhile
                 known = (head["version"], _open_of(iid, head["version"], head.get("engine", {}).get("confirmations", [])))
@@ -588,12 +588,6 @@ class GovernanceService:
             for gone in self._open.keys() - {r["id"] for r in rows}:
                 del self._open[gone]
         return out
-
-    def _record_head(self, instance_id: str) -> dict[str, Any]:
-        store = self.engine.store
-        if isinstance(store, InstanceRecords):
-            return store.load_head(instance_id)
-        return store.load(instance_id)  # a store of its own: the whole record
 
     # ----- changes -------------------------------------------------------------------
 

@@ -58,7 +58,7 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
-from context_layers.errors import ActivityError, ContextWriteDenied, LayerflowError, MergeConflictError
+from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import events, spiff
 from gateways.conditions import is_flow_sentence
@@ -352,6 +352,27 @@ class Engine:
         """Load a saved instance (for ``resume``, ``inspect``, another process)."""
         return from_record(self, self.store.load(instance_id))
 
+    def due_timers(self) -> list[dict[str, Any]]:
+        """The timers of waiting instances in the store that are due by the engine's clock,
+        earliest first: their ``waiting_for`` items with ``instance_id`` and ``version``. Read
+        from the record heads (no instance rebuilt). Nothing fires a timer by itself: resume
+        these instances (``layerflow timers --fire``, run from cron, does)."""
+        from .store import record_head
+
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        due = []
+        for row in self.store.list():
+            if row.get("status") != "waiting":
+                continue
+            try:
+                head = record_head(self.store, row["id"])
+            except ContextKeyError:
+                continue  # deleted meanwhile
+            for item in head.get("engine", {}).get("waiting_for", []):
+                if item.get("kind") == "timer" and item.get("due") and _utc(item["due"]) <= now:
+                    due.append({**item, "instance_id": row["id"], "version": head["version"]})
+        return sorted(due, key=lambda item: _utc(item["due"]))
+
     def run_process(self, process: Process, data: Mapping[str, Any] | None = None, **kw: Any) -> Instance:
         return self.run(self.start(process, data), **kw)
 
@@ -451,6 +472,12 @@ class Engine:
             self._save(instance)
             return True
         return False
+
+
+def _utc(iso: str) -> datetime:
+    """A stored due time; one without a zone is UTC."""
+    when = datetime.fromisoformat(iso)
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
 
 
 def _refuse_if_failed(instance: Instance, what: str) -> None:

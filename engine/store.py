@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from context_layers import stores
 from context_layers.stores import InstanceRecords, InvalidRecord, JSONText, json_text
 
-__all__ = ["RECORD_FORMAT", "READ_FORMATS", "Store", "InstanceRecords", "InvalidRecord", "JSONText", "json_text",
+__all__ = ["RECORD_FORMAT", "READ_FORMATS", "Store", "record_head", "InstanceRecords", "InvalidRecord", "JSONText", "json_text",
            "open_store", "default_store_url"]
 
 #: Format of the records ``to_record`` writes. 1: the workflow is its JSON text, in a
@@ -44,6 +44,14 @@ class Store(Protocol):
     def save(self, record: Mapping[str, Any], expected_version: int) -> int: ...
 
     def list(self) -> list[dict[str, Any]]: ...
+
+
+def record_head(store: Store, instance_id: str) -> dict[str, Any]:
+    """An instance's record without its tapes (``version`` inside): what a listing reads. A
+    store of the engine's own kind reads no tape; another store gives its whole record."""
+    if isinstance(store, InstanceRecords):
+        return store.load_head(instance_id)
+    return store.load(instance_id)
 
 
 def default_store_url() -> str:

@@ -1,0 +1,103 @@
+"""Due timers of waiting instances: ``Engine.due_timers`` and ``layerflow timers [--fire]``.
+
+Nothing fires a timer by itself; a run or resume after its due time does. These find the
+instances whose time has come (from record heads) and resume them, as cron would."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from engine import Engine, load_process
+from engine.cli import main
+
+from engine_helpers import chain_bpmn, script_task
+
+HOUR = 3600.0
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timer_process(tmp_path: Path, pid: str = "wait_an_hour", duration: str = "PT1H") -> Path:
+    path = tmp_path / f"{pid}.bpmn"
+    path.write_text(chain_bpmn(pid, [
+        f'<bpmn:intermediateCatchEvent id="an_hour"><bpmn:timerEventDefinition><bpmn:timeDuration>"{duration}"'
+        "</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>",
+        script_task("after", "done = True")]), encoding="utf-8")
+    return path
+
+
+def person_process(tmp_path: Path) -> Path:
+    path = tmp_path / "person.bpmn"
+    path.write_text(chain_bpmn("person", ['<bpmn:userTask id="review"/>']), encoding="utf-8")
+    return path
+
+
+def test_due_timers_lists_what_is_due_by_the_engine_clock_and_resume_fires_it(tmp_path: Path) -> None:
+    clock = Clock(float(int(time.time())))
+    engine = Engine(f"sqlite:///{tmp_path / 'timers.db'}", clock=clock)
+    first = engine.run(engine.start(load_process(timer_process(tmp_path)), {}))
+    clock.now += HOUR / 2
+    second = engine.run(engine.start(load_process(timer_process(tmp_path)), {}))
+    person = engine.run(engine.start(load_process(person_process(tmp_path)), {}))
+    assert first.status == second.status == person.status == "waiting"
+    assert engine.due_timers() == []  # waiting, not due
+    clock.now += HOUR / 2
+    (only,) = engine.due_timers()
+    assert (only["instance_id"], only["task_id"], only["kind"]) == (first.id, "an_hour", "timer")
+    assert only["version"] == first.version
+    clock.now += HOUR
+    due = engine.due_timers()
+    assert [d["instance_id"] for d in due] == [first.id, second.id]  # earliest first; the person's not
+    for item in due:
+        done = engine.resume(engine.load(item["instance_id"]))
+        assert done.status == "completed" and done.main.get("done") is True
+    assert engine.due_timers() == []
+
+
+def test_layerflow_timers_lists_and_fires_due_timers(tmp_path: Path, monkeypatch) -> None:
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("LAYERFLOW_STORE", store)
+    # the CLI reads the wall clock (as SpiffWorkflow's timers do): a one-second timer, waited out
+    engine = Engine(store)
+    late = engine.run(engine.start(load_process(timer_process(tmp_path, "soon", "PT1S")), {}))
+    fresh = engine.run(engine.start(load_process(timer_process(tmp_path, "fresh")), {}))
+    assert late.status == fresh.status == "waiting"
+    time.sleep(1.2)
+    runner = CliRunner()
+    listed = runner.invoke(main, ["timers", "--json"], catch_exceptions=False)
+    assert listed.exit_code == 0, listed.output
+    doc = json.loads(listed.stdout)
+    assert [d["instance_id"] for d in doc["due"]] == [late.id] and doc["fired"] == []
+    fired = runner.invoke(main, ["timers", "--fire", "--json"], catch_exceptions=False)
+    assert fired.exit_code == 0, fired.output
+    assert json.loads(fired.stdout)["fired"] == [{"instance_id": late.id, "status": "completed",
+                                                  "version": Engine(store).load(late.id).version}]
+    assert Engine(store).load(late.id).main.get("done") is True
+    assert Engine(store).load(fresh.id).status == "waiting"  # not due: left alone
+    quiet = runner.invoke(main, ["timers"], catch_exceptions=False)
+    assert quiet.exit_code == 0 and quiet.stdout == "" and "no timer is due" in quiet.stderr
+
+
+def test_layerflow_timers_skips_an_instance_another_process_holds(tmp_path: Path, monkeypatch) -> None:
+    from context_layers.stores import open_store
+
+    store = f"sqlite:///{tmp_path / 'held.db'}"
+    monkeypatch.setenv("LAYERFLOW_STORE", store)
+    engine = Engine(store)
+    late = engine.run(engine.start(load_process(timer_process(tmp_path, "soon", "PT1S")), {}))
+    time.sleep(1.2)
+    raw = open_store(store)
+    assert raw.acquire_lease(late.id, "worker-7", 60)
+    fired = CliRunner().invoke(main, ["timers", "--fire", "--json"], catch_exceptions=False)
+    assert json.loads(fired.stdout)["fired"] == [{"instance_id": late.id, "skipped": "held by worker-7"}]
+    assert Engine(store).load(late.id).status == "waiting"
