@@ -68,7 +68,7 @@ from gateways.splitter import branch_context_name
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
-from .store import READ_FORMATS, RECORD_FORMAT, InvalidRecord, JSONText, Store, json_text, open_store
+from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
 
@@ -160,7 +160,8 @@ class Instance:
 class Engine:
     """Starts, runs, resumes and persists instances.
 
-    ``store``: a ``Store`` or a URL (``memory://``, ``sqlite:///path``); default memory.
+    ``store``: a ``Store`` (an engine record store, or a ``context_layers.stores`` store, which it
+    wraps) or a URL (``memory://``, ``sqlite:///path``); default memory.
     ``handlers``: extra ``{name: fn}`` looked up before the ``@activity`` registry.
     ``retriever``: replaces the BM25 default (one per process folder).
     ``model``: the model name for activities with ``llm`` config (none: offline handlers), and
@@ -184,7 +185,11 @@ class Engine:
             raise ValueError(f"save={save!r}: use 'activity' or 'stop'")
         self.save_after_activity = save == "activity"
         self.compress = compress
-        self.store: Store = open_store(store) if not hasattr(store, "save") else store  # type: ignore[assignment]
+        if isinstance(store, str) or store is None:
+            store = open_store(store)
+        elif hasattr(store, "acquire_lease"):  # a context_layers store (tapes, leases): the engine's view of it
+            store = InstanceRecords(store)  # type: ignore[arg-type]
+        self.store: Store = store
         if isinstance(handlers, HandlerRegistry):
             self.handlers = handlers
         else:
@@ -196,6 +201,7 @@ class Engine:
         self.clock = clock
         self.progress = progress
         self._retrievers: dict[str, Retriever] = {}
+        self._timers_seen: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # due_timers: id -> (version, timers)
 
     # ----- lifecycle ---------------------------------------------------------------
 
@@ -361,16 +367,22 @@ class Engine:
 
         now = datetime.fromtimestamp(self.clock(), timezone.utc)
         due = []
-        for row in self.store.list():
-            if row.get("status") != "waiting":
-                continue
-            try:
-                head = record_head(self.store, row["id"])
-            except ContextKeyError:
-                continue  # deleted meanwhile
-            for item in head.get("engine", {}).get("waiting_for", []):
-                if item.get("kind") == "timer" and item.get("due") and _utc(item["due"]) <= now:
-                    due.append({**item, "instance_id": row["id"], "version": head["version"]})
+        seen = self._timers_seen  # id -> (version, its timers): a record head is read again only once it changed
+        waiting = [row for row in self.store.list() if row.get("status") == "waiting"]
+        for row in waiting:
+            known = seen.get(row["id"])
+            if known is None or known[0] != row.get("version"):
+                try:
+                    head = record_head(self.store, row["id"])
+                except ContextKeyError:
+                    continue  # deleted meanwhile
+                known = seen[row["id"]] = (head["version"], [
+                    {**item, "instance_id": row["id"], "version": head["version"]}
+                    for item in head.get("engine", {}).get("waiting_for", [])
+                    if item.get("kind") == "timer" and item.get("due")])
+            due += [item for item in known[1] if _utc(item["due"]) <= now]
+        for gone in seen.keys() - {row["id"] for row in waiting}:
+            del seen[gone]
         return sorted(due, key=lambda item: _utc(item["due"]))
 
     def run_process(self, process: Process, data: Mapping[str, Any] | None = None, **kw: Any) -> Instance:

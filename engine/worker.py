@@ -77,6 +77,7 @@ import re
 import signal
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -113,6 +114,7 @@ class WorkerStats:
     conflicts: int = 0        # saves that lost to another writer (work dropped, entry kept)
     failures: int = 0         # failed deliveries: store unavailable, a record that does not load, ...
     dead: int = 0             # entries moved to the dead-letter stream (and acknowledged)
+    timers: int = 0           # instances with a due timer this worker put on the stream
     statuses: dict[str, int] = field(default_factory=dict)
 
 
@@ -190,9 +192,25 @@ def _ensure_group(client: Any, stream: str, group: str) -> None:
             raise
 
 
-def enqueue(client: Any, instance_id: str, *, stream: str = DEFAULT_STREAM) -> str:
-    """XADD the instance id; returns the entry id."""
-    return str(client.xadd(stream, {"instance_id": instance_id}))
+def enqueue(client: Any, instance_id: str, *, stream: str = DEFAULT_STREAM, wake: str | None = None) -> str:
+    """XADD the instance id; returns the entry id. ``wake="timer"``: the instance waits for a
+    timer that is due, and the worker runs it although it is at rest."""
+    fields = {"instance_id": instance_id, **({"wake": wake} if wake else {})}
+    return str(client.xadd(stream, fields))
+
+
+def enqueue_due_timers(engine: Engine, client: Any, stream: str = DEFAULT_STREAM, *, interval: float) -> int:
+    """One worker per ``interval`` (a Redis key set NX) puts every instance with a due timer on
+    the stream, once per due time; how many it put there."""
+    if not client.set(f"{stream}:timer-scan", "1", nx=True, px=max(1, int(interval * 1000))):
+        return 0  # another worker scans this round
+    queued = 0
+    for item in engine.due_timers():
+        marker = f"{stream}:timer:{item['instance_id']}:{item['id']}:{item['due']}"
+        if client.set(marker, "1", nx=True, ex=24 * 3600):  # this due time is queued once
+            enqueue(client, item["instance_id"], stream=stream, wake="timer")
+            queued += 1
+    return queued
 
 
 def dead_letters(client: Any, stream: str = DEFAULT_STREAM, *, dead_stream: str | None = None,
@@ -359,7 +377,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                lease_ttl: float | None = None, block_ms: int = 1000, stop_after: int | None = None,
                stop: threading.Event | None = None, handlers: Mapping[str, Any] | None = None,
                model: str | None = None, client: Any = None, max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-               dead_stream: str | None = None) -> WorkerStats:
+               dead_stream: str | None = None, timer_interval: float | None = 5.0) -> WorkerStats:
     """Process stream entries until ``stop_after`` entries are acknowledged (finished or
     dead-lettered), ``stop`` is set, or SIGTERM / Ctrl-C (the entry in hand is finished first).
 
@@ -371,6 +389,9 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
 
     ``max_deliveries``: failed deliveries of one entry before it moves to ``dead_stream``
     (default ``<stream>:dead``); which outcomes count is in the module doc.
+
+    ``timer_interval``: every this many seconds one of the workers puts the instances whose
+    timer is due on the stream (``enqueue_due_timers``); None or 0: this worker never does.
     """
     if max_deliveries < 1:
         raise LayerflowError(f"max_deliveries must be at least 1, not {max_deliveries}")
@@ -390,9 +411,13 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     restore = _stop_on_signals(stop)
     cursor = "0-0"
     pause = 0.0
+    next_scan = 0.0
     try:
         while not stop.is_set() and (stop_after is None or stats.acked + stats.dead < stop_after):
             try:
+                if timer_interval and time.monotonic() >= next_scan:
+                    next_scan = time.monotonic() + timer_interval
+                    stats.timers += enqueue_due_timers(engine, client, stream, interval=timer_interval)
                 # entries of dead workers first, then new ones
                 cursor, claimed, _deleted = client.xautoclaim(stream, group, consumer, min_idle_time=idle_ms,
                                                               start_id=cursor, count=1)
@@ -445,7 +470,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
                 return
         try:
-            _run_to_rest(engine, entry_id, instance_id, stats)
+            _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"))
         except VersionConflict as err:
             stats.conflicts += 1
             log.info("entry %s: %s; leaving it pending", entry_id, err)
@@ -476,14 +501,16 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             pass  # it expires
 
 
-def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats) -> None:
-    """Load the instance and run it until it is at rest; raises what stops that."""
+def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
+                 wake: str | None = None) -> None:
+    """Load the instance and run it until it is at rest; raises what stops that. Woken for a
+    due timer, a waiting instance runs too (the timer fires)."""
     try:
         instance = engine.load(instance_id)
     except InstanceNotFound:
         log.warning("entry %s: instance %r is not in the store; dropping the entry", entry_id, instance_id)
         return
-    if instance.status not in AT_REST:
+    if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         instance = engine.run(instance)
         stats.ran += 1
     if instance.status not in AT_REST:

@@ -101,3 +101,14 @@ def test_layerflow_timers_skips_an_instance_another_process_holds(tmp_path: Path
     fired = CliRunner().invoke(main, ["timers", "--fire", "--json"], catch_exceptions=False)
     assert json.loads(fired.stdout)["fired"] == [{"instance_id": late.id, "skipped": "held by worker-7"}]
     assert Engine(store).load(late.id).status == "waiting"
+
+
+def test_an_engine_takes_a_context_layers_store_as_it_is(tmp_path: Path) -> None:
+    """A ``context_layers.stores`` store (what workers share) is wrapped in the engine's record
+    view; it used to be taken as one and failed at the first load."""
+    from context_layers.stores import open_store
+
+    raw = open_store(f"sqlite:///{tmp_path / 'raw.db'}")
+    engine = Engine(raw)
+    instance = engine.run(engine.start(load_process(person_process(tmp_path)), {}))
+    assert engine.load(instance.id).status == "waiting" and engine.store.list()[0]["id"] == instance.id

@@ -89,3 +89,51 @@ def test_a_store_that_is_not_redis_needs_a_queue(monkeypatch):
     monkeypatch.delenv("REDIS_URL", raising=False)
     with pytest.raises(LayerflowError, match="--queue redis://"):
         queue_client("sqlite:///x.db")
+
+
+def test_workers_fire_a_due_timer_once(stream, tmp_path):
+    """Nothing else fires a timer: one worker per interval puts the instances whose timer is due
+    on the stream (once per due time, however many workers scan), and a worker runs them on."""
+    client, key = stream
+    path = tmp_path / "nap.bpmn"
+    path.write_text("""<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">
+  <bpmn:process id="napping" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:intermediateCatchEvent id="nap"><bpmn:timerEventDefinition><bpmn:timeDuration>"PT1S"</bpmn:timeDuration>
+    </bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>
+    <bpmn:scriptTask id="wake"><bpmn:script>woke = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="nap"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="nap" targetRef="wake"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="wake" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+""", encoding="utf-8")
+    store = open_store(f"memory://timers-{uuid.uuid4().hex}")
+    ids = [submit(store, path, {}, stream=key, client=client) for _ in range(2)]
+    stop = threading.Event()
+    stats = []
+
+    def work(name: str) -> None:
+        stats.append(run_worker(store, queue_url=REDIS_URL, stream=key, consumer=name, idle_ms=5000, block_ms=100,
+                                stop=stop, timer_interval=0.2))
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and sorted(s["status"] for s in store.list_instances()) != ["completed"] * 2:
+        time.sleep(0.05)
+    time.sleep(0.5)  # further scans find nothing due
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    assert sorted(s["status"] for s in store.list_instances()) == ["completed"] * 2
+    assert sum(s.timers for s in stats) == 2, stats  # each due time queued once, by one of the two
+    assert sum(s.ran for s in stats) == 4, stats  # each instance: to its timer, then past it
+    from engine import Engine
+
+    assert all(Engine(store).load(iid).main.get("woke") is True for iid in ids)
+    for key_ in client.scan_iter(f"{key}:timer*"):
+        client.delete(key_)
