@@ -476,29 +476,40 @@ LEASE_TTL = 60.0  # seconds; renewed every third of it while the command runs
 
 
 @contextlib.contextmanager
-def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
-    """Hold the instance's lease while a command runs it, as a worker does: a worker that is
-    handed the instance meanwhile leaves it alone, and a second ``resume`` is refused up front
-    instead of running the same activities and losing at the save."""
+def _lease(engine: Engine, instance_id: str, owner: str) -> Iterator[str | None]:
+    """Hold the instance's lease while the block runs (renewed by a heartbeat); yields None, or
+    who holds it when someone else does (then nothing is held). An engine on a records-only
+    store has no leases: None."""
     from .worker import _Heartbeat
 
     store = getattr(engine.store, "store", engine.store)
-    if not isinstance(store, LeaseStore):  # an engine on a records-only store: nothing to hold
-        yield
+    if not isinstance(store, LeaseStore):
+        yield None
         return
-    owner = f"cli-{socket.gethostname()}-{os.getpid()}"
     if not store.acquire_lease(instance_id, owner, LEASE_TTL):
-        holder = store.lease_owner(instance_id) or "another process"
-        _fail(f"instance {instance_id!r} is being run by {holder} right now (it holds the instance's lease); nothing "
-              f"was changed. Wait until it is at rest (`layerflow inspect {instance_id}`), then resume it if it "
-              f"still waits; if that process is gone, its lease runs out within {LEASE_TTL:.0f} s", as_json=as_json, kind="invalid_state", details={"instance_id": instance_id})
+        yield store.lease_owner(instance_id) or "another process"
+        return
     heartbeat = _Heartbeat(store, instance_id, owner, LEASE_TTL)
     try:
-        yield
+        yield None
     finally:
         heartbeat.stop()
         with contextlib.suppress(LayerflowError):
             store.release_lease(instance_id, owner)
+
+
+@contextlib.contextmanager
+def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
+    """Hold the instance's lease while a command runs it, as a worker does: a worker that is
+    handed the instance meanwhile leaves it alone, and a second ``resume`` is refused up front
+    instead of running the same activities and losing at the save."""
+    with _lease(engine, instance_id, f"cli-{socket.gethostname()}-{os.getpid()}") as holder:
+        if holder is not None:
+            _fail(f"instance {instance_id!r} is being run by {holder} right now (it holds the instance's lease); "
+                  f"nothing was changed. Wait until it is at rest (`layerflow inspect {instance_id}`), then resume "
+                  f"it if it still waits; if that process is gone, its lease runs out within {LEASE_TTL:.0f} s",
+                  as_json=as_json, kind="invalid_state", details={"instance_id": instance_id})
+        yield
 
 
 @main.command()
@@ -629,27 +640,17 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
 
 def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
     """Resume one instance whose timer is due, holding its lease; what came of it."""
-    from .worker import _Heartbeat
-
-    found = getattr(engine.store, "store", engine.store)
-    lease_store = found if isinstance(found, LeaseStore) else None  # an engine on a records-only store: none
-    owner = f"cli-timers-{socket.gethostname()}-{os.getpid()}"
-    if lease_store is not None and not lease_store.acquire_lease(instance_id, owner, LEASE_TTL):
-        return {"instance_id": instance_id, "skipped": f"held by {lease_store.lease_owner(instance_id) or 'another process'}"}
-    heartbeat = _Heartbeat(lease_store, instance_id, owner, LEASE_TTL) if lease_store is not None else None
-    try:
-        instance = engine.load(instance_id)
-        if instance.status != "waiting":
-            return {"instance_id": instance_id, "skipped": f"now {instance.status}"}
-        instance = engine.resume(instance)
+    with _lease(engine, instance_id, f"cli-timers-{socket.gethostname()}-{os.getpid()}") as holder:
+        if holder is not None:
+            return {"instance_id": instance_id, "skipped": f"held by {holder}"}
+        try:
+            instance = engine.load(instance_id)
+            if instance.status != "waiting":
+                return {"instance_id": instance_id, "skipped": f"now {instance.status}"}
+            instance = engine.resume(instance)
+        except LayerflowError as err:
+            return {"instance_id": instance_id, "skipped": str(err)}
         return {"instance_id": instance_id, "status": instance.status, "version": instance.version}
-    except LayerflowError as err:
-        return {"instance_id": instance_id, "skipped": str(err)}
-    finally:
-        if heartbeat is not None and lease_store is not None:
-            heartbeat.stop()
-            with contextlib.suppress(LayerflowError):
-                lease_store.release_lease(instance_id, owner)
 
 
 @main.command("list")
