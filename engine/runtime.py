@@ -63,7 +63,7 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from . import events, spiff
 from gateways.conditions import is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
-from gateways.splitter import branch_context_name
+from gateways.splitter import branch_context_name, check_inject
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
@@ -1387,7 +1387,12 @@ class _Runtime:
         return verdicts
 
     def _split_in_place(self, ctx: LayeredContext, gw: str, branch_id: str, inject: Mapping[str, Any]) -> None:
-        """XOR: only one branch goes on, so the context goes on with it."""
+        """XOR: only one branch goes on, so the context goes on with it. A contextInject the
+        write rule refuses stops the instance, as at a parallel split."""
+        try:
+            check_inject(ctx, gw, branch_id, inject, actor=gw)
+        except ContextWriteDenied as err:  # on the tape already
+            raise _gateway_denied(gw, err) from None
         snap = ctx.snapshot(label=f"split:{gw}", actor=gw)
         ctx.record("split", actor=gw, data={"gateway": gw, "type": "exclusive", "branches": [branch_id],
                                              "snapshot_id": snap.id, "inject": dict(inject)})
@@ -1401,9 +1406,7 @@ class _Runtime:
         try:
             branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
         except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)
-            failed = ActivityError(f"gateway {gw!r}: {err}", task_id=gw)
-            failed.kind = err.kind
-            raise failed from None
+            raise _gateway_denied(gw, err) from None
         split_id = f"{gw}@{task.id}"
         for child, b in zip(taken, branches):
             name = b.context.name
@@ -1796,10 +1799,17 @@ def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str,
     return dict(b.context_inject) if b is not None else {}
 
 
+def _gateway_denied(gw: str, err: ContextWriteDenied) -> ActivityError:
+    failed = ActivityError(f"gateway {gw!r}: {err}", task_id=gw)
+    failed.kind = err.kind
+    return failed
+
+
 def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data: Mapping[str, Any]) -> None:
     """Inject into WORKING, or into the layer that already holds the key (else a lower
-    layer's copy would shadow the injected value). SYSTEM and PROCESS keys are never
-    injected over; that is recorded."""
+    layer's copy would shadow the injected value). The config's keys are checked before
+    (``check_inject``); an engine marker (``_branch_id``) that a process fixed in SYSTEM or
+    PROCESS is left as it is, and that is recorded."""
     changes = []
     refused = []
     for key, value in values.items():

@@ -23,7 +23,7 @@ from context_layers.context import LayeredContext, Snapshot
 from context_layers.errors import ContextWriteDenied
 from context_layers.layers import Layer
 
-__all__ = ["BranchContext", "ContextSplitter", "branch_context_name"]
+__all__ = ["BranchContext", "ContextSplitter", "branch_context_name", "check_inject"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,22 @@ def branch_context_name(parent: str, branch_id: str, split_seq: int) -> str:
     """``main/finance@12``: unique per split, so snapshot ids of two passes through a
     loop never collide."""
     return f"{parent}/{branch_id}@{split_seq}"
+
+
+def check_inject(ctx: LayeredContext, gateway_id: str, branch_id: str, inject: Mapping[str, Any], *,
+                 actor: str = "engine") -> None:
+    """Refuse a branch's ``contextInject`` that the write rule refuses (a key SYSTEM or
+    PROCESS fixed): an injection is a write to the branch's WORKING. The denial goes on
+    ``ctx``'s tape, naming gateway and branch, before anything is split; every split type
+    (XOR, AND, inclusive) checks the same way."""
+    for key in inject:
+        effective, reason = ctx.check_write(Layer.WORKING, key)
+        if reason is not None:
+            reason = f"contextInject of branch {branch_id!r} at {gateway_id!r}: {reason}"
+            ctx.record("denied", actor=actor, data={
+                "op": "inject", "key": key, "requested": int(Layer.WORKING), "effective": int(effective),
+                "reason": reason, "gateway_id": gateway_id, "branch_id": branch_id})
+            raise ContextWriteDenied(key, Layer.WORKING, effective, reason)
 
 
 class ContextSplitter:
@@ -64,16 +80,7 @@ class ContextSplitter:
         for branch_id in ids:
             branch_config = config.branch(branch_id) if config is not None else None
             injects[branch_id] = dict(branch_config.context_inject) if branch_config is not None else {}
-            for key in injects[branch_id]:
-                # an injection is a write to the branch's WORKING: the write rule holds, and a
-                # denial is on the parent's tape, before anything is forked
-                effective, reason = ctx.check_write(Layer.WORKING, key)
-                if reason is not None:
-                    reason = f"contextInject of branch {branch_id!r} at {gateway_id!r}: {reason}"
-                    ctx.record("denied", actor=actor, data={
-                        "op": "inject", "key": key, "requested": int(Layer.WORKING), "effective": int(effective),
-                        "reason": reason, "gateway_id": gateway_id, "branch_id": branch_id})
-                    raise ContextWriteDenied(key, Layer.WORKING, effective, reason)
+            check_inject(ctx, gateway_id, branch_id, injects[branch_id], actor=actor)
         snapshot: Snapshot = ctx.snapshot(label=f"split:{gateway_id}", actor=actor)
         data: dict[str, Any] = {"gateway_id": gateway_id, "snapshot_id": snapshot.id, "branches": ids,
                                 "inject": {b: thaw(v) for b, v in injects.items() if v}}

@@ -347,29 +347,40 @@ def test_what_changed_after_the_anchor_is_visible(fmt: str) -> None:
 
 # =============================================================================== gateways
 
-INJECTING = process("inject", "\n".join([
-    '    <bpmn:startEvent id="s"/>',
-    '    <bpmn:parallelGateway id="fork"/>',
-    script("ta", "a = 1"),
-    script("tb", "b = 1"),
-    '    <bpmn:parallelGateway id="join"/>',
-    '    <bpmn:endEvent id="e"/>']),
-    [("s", "fork"), ("fork", "ta"), ("fork", "tb"), ("ta", "join"), ("tb", "join"), ("join", "e")])
+def _injecting(kind: str) -> str:
+    """s -> fork -> (ta | tb) -> join -> e; an XOR or inclusive fork takes only ta."""
+    default = ' default="f_tb"' if kind != "parallel" else ""
+    into_ta = "<bpmn:conditionExpression>True</bpmn:conditionExpression>" if kind != "parallel" else ""
+    return "\n".join([
+        '  <bpmn:process id="inject" isExecutable="true">',
+        '    <bpmn:startEvent id="s"/>', f'    <bpmn:{kind}Gateway id="fork"{default}/>',
+        script("ta", "a = 1"), script("tb", "b = 1"), f'    <bpmn:{kind}Gateway id="join"/>',
+        '    <bpmn:endEvent id="e"/>',
+        '    <bpmn:sequenceFlow id="f_s" sourceRef="s" targetRef="fork"/>',
+        f'    <bpmn:sequenceFlow id="f_ta" sourceRef="fork" targetRef="ta">{into_ta}</bpmn:sequenceFlow>',
+        '    <bpmn:sequenceFlow id="f_tb" sourceRef="fork" targetRef="tb"/>',
+        '    <bpmn:sequenceFlow id="f_ja" sourceRef="ta" targetRef="join"/>',
+        '    <bpmn:sequenceFlow id="f_jb" sourceRef="tb" targetRef="join"/>',
+        '    <bpmn:sequenceFlow id="f_e" sourceRef="join" targetRef="e"/>',
+        "  </bpmn:process>"])
 
 
-def test_a_split_that_would_inject_over_process_is_denied_on_the_tape(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["parallel", "inclusive", "exclusive"])
+def test_a_split_that_would_inject_over_process_is_denied_on_the_tape(tmp_path: Path, kind: str) -> None:
     """"Denied writes raise `ContextWriteDenied` with the key, the target and the effective
     layer, and are recorded on the tape" -- a branch's `contextInject` (WORKING, on split)
-    included: it cannot change what PROCESS fixed."""
+    included: it cannot change what PROCESS fixed, at every kind of split (an XOR split
+    once went on, with the refused key left out)."""
     config = "fork:\n  branches:\n    - {id: ta, contextInject: {track: fast, amount: 999}}\n"
-    bpmn = write_bpmn(tmp_path, "inject", INJECTING, config=config)
+    bpmn = write_bpmn(tmp_path, "inject", _injecting(kind), config=config)
     engine = Engine("memory://")
     instance = engine.run(engine.start(load_process(str(bpmn)), {"amount": 5}))
     assert instance.status == "error" and instance.error["kind"] == "permission_denied"
     assert "amount" in instance.error["message"] and instance.error["task_id"] == "fork"
-    assert instance.main.resolve("amount") == 5
-    denials = [e for e in instance.main.tape if "amount" in json.dumps(dict(e.data)) and "denied" in str(e.to_dict())]
-    assert denials, [e.to_dict() for e in instance.main.tape]
+    assert "'fork'" in instance.error["message"] and "'ta'" in instance.error["message"]
+    assert instance.main.resolve("amount") == 5 and "track" not in instance.main
+    denials = [e for e in instance.main.tape if e.data.get("note") == "denied" and e.data.get("key") == "amount"]
+    assert [(d.data["gateway_id"], d.data["branch_id"]) for d in denials] == [("fork", "ta")]
 
 
 LONG = " ".join(f"step {i} of the reviewer's reasoning weighs the figures again." for i in range(40))
