@@ -339,6 +339,7 @@ class _Validator:
             self._check_config_file(config, main)
         self._check_merges()
         self._check_branches()
+        self._check_injects(config)
         self._check_join_fields()
         self._check_config_ids()
         self._check_knowledge()
@@ -686,6 +687,27 @@ class _Validator:
                              f"the process{_did_you_mean(bid, sorted(self.nodes))}; list the ids of the branches' "
                              "first elements", file=src.file, line=src.line_of("branchPriority", i),
                              element_id=src.element_id, field=f"branchPriority.{i}")
+
+    def _check_injects(self, config: ProcessConfigFile | None) -> None:
+        """A contextInject of a key the config fixes in SYSTEM (``system:``) is refused at the
+        split (the run would stop there); one of a split's own markers (``_branch_id``,
+        ``_snapshot_id``) is overwritten by the split."""
+        system = config.system if config is not None else {}
+        for src in self.sources:
+            for i, branch in enumerate(src.config.branches):
+                for key in branch.context_inject:
+                    if key in system:
+                        why, severity = ("which the config's system: fixes in L0 SYSTEM: the split would refuse it "
+                                         "and stop the instance", "error")
+                    elif key in _SPLIT_MARKERS:
+                        why, severity = ("which the split sets itself (the branch's id, the split's snapshot) over "
+                                         "the injected value", "warning")
+                    else:
+                        continue
+                    self.add("inject_fixed_key", f"branch {branch.id!r} injects {key!r}, {why}; inject a different "
+                             "key", file=src.file, line=src.line_of("branches", i, "contextInject", key),
+                             element_id=src.element_id, field=f"branches.{i}.contextInject.{key}",
+                             severity="error" if severity == "error" else "warning")
 
     def _check_join_fields(self) -> None:
         """Join settings where no join reads them: a designer who put ``mergeStrategy:
@@ -1327,6 +1349,9 @@ def _python_instead(source: str, dialect: str) -> str:
     except SyntaxError:
         return "rewrite it as a Python expression over the process variables"
     return f"write {inner!r}"
+
+
+_SPLIT_MARKERS = frozenset({"_branch_id", "_snapshot_id"})
 
 
 def _did_you_mean(word: str, candidates: Iterable[str]) -> str:

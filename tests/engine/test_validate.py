@@ -577,3 +577,53 @@ def test_branches_on_a_gateway_that_splits_nothing_warn(tmp_path: Path) -> None:
     (warning,) = [p for p in report.problems if p.code == "branches_ignored"]
     assert (warning.element_id, warning.field, warning.line) == ("gw", "branches", 2)
     assert "one outgoing flow" in warning.message and not [p for p in report.problems if p.code == "branch_not_outgoing"]
+
+
+SPLITTING = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="t">
+  <bpmn:process id="split" isExecutable="true">
+    <bpmn:startEvent id="s"/>
+    <bpmn:parallelGateway id="fork"/>
+    <bpmn:scriptTask id="a"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="b"><bpmn:script>y = 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:endEvent id="e"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="s" targetRef="fork"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="fork" targetRef="a"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="fork" targetRef="b"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="a" targetRef="join"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="b" targetRef="join"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="join" targetRef="e"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_a_context_inject_the_split_would_refuse_or_overwrite_is_reported(tmp_path: Path) -> None:
+    """A branch injecting a key the config fixes in SYSTEM stops the run at the split: an
+    error before anything runs, naming file, line, gateway and field. Injecting a split
+    marker (``_branch_id``) is overwritten by the split: a warning."""
+    from engine import Engine, load_process
+
+    path = tmp_path / "split.bpmn"
+    path.write_text(SPLITTING, encoding="utf-8")
+    (tmp_path / "split.layerflow.yaml").write_text(
+        "system:\n  policy: strict\nfork:\n  branches:\n"
+        "    - id: a\n      contextInject: {track: fast, policy: lax}\n"
+        "    - id: b\n      contextInject: {_branch_id: mine}\n", encoding="utf-8")
+    report = validate_process(path)
+    found = {(p.field, p.severity): p for p in report.problems if p.code == "inject_fixed_key"}
+    assert set(found) == {("branches.0.contextInject.policy", "error"), ("branches.1.contextInject._branch_id", "warning")}
+    error = found["branches.0.contextInject.policy", "error"]
+    assert (error.file, error.line, error.element_id) == (str(tmp_path / "split.layerflow.yaml"), 6, "fork")
+    assert "'policy'" in error.message and "SYSTEM" in error.message and "inject a different key" in error.message
+    with pytest.raises(ProcessError, match="policy"):
+        load_process(path)
+    # without the SYSTEM key the process runs, and the split's marker wins
+    (tmp_path / "split.layerflow.yaml").write_text(
+        "fork:\n  branches:\n    - id: b\n      contextInject: {_branch_id: mine}\n", encoding="utf-8")
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "completed", instance.error
+    (branch,) = [c for c in instance.contexts.values() if c.branch_id == "b"]
+    assert branch.resolve("_branch_id") == "b"
