@@ -42,7 +42,9 @@ from .governance import (
     RollbackArgs,
     SendEventArgs,
     SnapshotArgs,
+    ResumeArgs,
     StartArgs,
+    UserTaskArgs,
 )
 from .runtime import Engine
 
@@ -139,6 +141,14 @@ class StartRequest(StartArgs):
 class SendEventRequest(SendEventArgs):
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who sends it (recorded on the tape as the actor)")
+
+
+class UserTaskRequest(UserTaskArgs):
+    expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
+
+
+class ResumeRequest(ResumeArgs):
+    expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
 
 
 class ErrorDetail(BaseModel):
@@ -317,6 +327,23 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         instance runs on. Nothing waits for it: 409, naming what the instance waits for."""
         return s.send_event(instance_id, SendEventArgs.model_validate(_args(body, SendEventArgs)),
                             expected_version=body.expected_version, actor=body.user or "api")
+
+    @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], responses=_ERRORS)
+    def complete_user_task(instance_id: PathId, task_id: str, body: UserTaskRequest,
+                           s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Complete a user task the instance waits for (``task_id``: the ``id`` of its
+        ``waiting_for`` item, or its BPMN id) with the person's ``data``; the instance runs on.
+        Not waiting for it: 409, naming what the instance waits for."""
+        return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
+                                    expected_version=body.expected_version)
+
+    @app.post("/api/instances/{instance_id}/resume", tags=["instances"], responses=_ERRORS)
+    def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
+        for what it waits for, after a timer came due, or to retry the failed activity of an
+        instance in ``error`` once its cause is fixed."""
+        return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
+                        expected_version=body.expected_version)
 
     @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=_ERRORS)
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,

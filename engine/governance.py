@@ -84,10 +84,12 @@ __all__ = [
     "InstanceStateError",
     "InvalidAnswer",
     "ResolveArgs",
+    "ResumeArgs",
     "RollbackArgs",
     "SendEventArgs",
     "SnapshotArgs",
     "StartArgs",
+    "UserTaskArgs",
 ]
 
 MAIN = "main"
@@ -284,9 +286,23 @@ class SendEventArgs(_Args):
                                                    "messageVariable)")
 
 
+class UserTaskArgs(_Args):
+    """Complete a user (or manual) task the instance waits for, with what the person entered."""
+
+    data: dict[str, Any] = Field(default_factory=dict, description="the person's input: its keys go to WORKING of "
+                                                                    "the task's context, through the layer rules")
+
+
 class StartAnswers(_Args):
     user_tasks: dict[str, dict[str, Any]] = Field(default_factory=dict)
     confirmations: dict[str, Any] = Field(default_factory=dict)
+
+
+class ResumeArgs(_Args):
+    """Run a waiting instance on (a timer that came due), with answers for what it waits for,
+    as ``layerflow resume ID --answers``; an instance in ``error`` retries its failed activity."""
+
+    answers: StartAnswers | None = None
 
 
 class StartArgs(_Args):
@@ -773,6 +789,34 @@ class GovernanceService:
             instance = self.load(instance_id)
             self._check_version(instance, expected_version)
             instance = self.engine.send_event(instance, args.name, args.payload, kind=args.kind, actor=actor)
+        return {**instance.to_document(), "version": instance.version}
+
+    def complete_user_task(self, instance_id: str, task_id: str, args: UserTaskArgs, *,
+                           expected_version: int | None = None) -> dict[str, Any]:
+        """Complete a user task the instance waits for (``task_id``: the ``id`` of its
+        ``waiting_for`` item, or its BPMN id), then run the instance on. A task it does not
+        wait for: ``InstanceStateError`` naming what it waits for, nothing changed."""
+        with self._lock(instance_id):
+            instance = self.load(instance_id)
+            self._check_version(instance, expected_version)
+            waiting = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
+            if instance.status != "waiting" or not any(task_id in (w.get("id"), w.get("task_id")) for w in waiting):
+                shown = ", ".join(f"{w['task_id']} ({w['id']})" for w in waiting) or "no user task"
+                raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
+                                         f"{task_id!r}; it waits for {shown}")
+            instance = self.engine.complete_user_task(instance, task_id, args.data)
+        return {**instance.to_document(), "version": instance.version}
+
+    def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None) -> dict[str, Any]:
+        """``Engine.resume`` with the answers given (``layerflow resume ID --answers``): what is
+        answered runs on, the rest still waits; a completed instance: ``InstanceStateError``."""
+        with self._lock(instance_id):
+            instance = self.load(instance_id)
+            self._check_version(instance, expected_version)
+            if instance.status == "completed":
+                raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
+            answers = args.answers.model_dump() if args.answers is not None else None
+            instance = self.engine.resume(instance, answers=answers)
         return {**instance.to_document(), "version": instance.version}
 
     def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",

@@ -146,6 +146,8 @@ ENDPOINTS = [
     ("POST", "/api/instances", {"process_id": "notes_review"}),
     ("GET", "/api/instances/x", None),
     ("GET", "/api/instances/x/tape", None),
+    ("POST", "/api/instances/x/user-tasks/approve", {"data": {"decision": "approved"}}),
+    ("POST", "/api/instances/x/resume", {}),
     ("GET", "/api/confirmations", None),
     ("POST", f"/api/confirmations/{CONFIRMATION}", {"value": "approved"}),
     ("GET", "/api/processes", None),
@@ -385,3 +387,55 @@ def test_one_expected_version_wins_once(tmp_path):
         with ThreadPoolExecutor(8) as pool:
             codes = sorted(pool.map(write, range(8)))
     assert codes == [200] + [409] * 7
+
+
+# ----------------------------------------------------------------------------- people's steps over HTTP
+
+def test_a_user_task_is_completed_over_http(tmp_path):
+    """A waiting user task is completed by its BPMN id or by its waiting item's id, and the
+    instance runs on; what it does not wait for is 409 naming what it waits for, a stale
+    version 409, data that is not an object 422, an unknown instance 404."""
+    with ServerThread(create_app("memory://", make_catalog(tmp_path), TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        first, second = (c.post("/api/instances", json={"process_id": "notes_review", "data": NOTES}).json()
+                         for _ in range(2))
+        iid = first["instance_id"]
+        (item,) = first["waiting_for"]
+        assert item["kind"] == "user_task" and item["task_id"] == "approve"
+        url = f"/api/instances/{iid}/user-tasks"
+        wrong = error_of(c.post(f"{url}/finish", json={"data": {"decision": "approved"}}), 409, "invalid_state")
+        assert "'finish'" in wrong["message"] and f"approve ({item['id']})" in wrong["message"]
+        error_of(c.post(f"{url}/approve", json={"data": ["approved"]}), 422, "validation_error")
+        error_of(c.post(f"{url}/approve", json={"data": {}, "expected_version": first["version"] + 5}),
+                 409, "version_conflict")
+        error_of(c.post("/api/instances/nosuch/user-tasks/approve", json={"data": {}}), 404, "not_found")
+        assert c.get(f"/api/instances/{iid}").json()["version"] == first["version"]  # nothing changed
+
+        done = c.post(f"{url}/approve", json={"data": {"decision": "approved"}, "expected_version": first["version"]})
+        assert done.status_code == 200, done.text
+        doc = done.json()
+        assert doc["status"] == "completed" and doc["waiting_for"] == [] and doc["version"] > first["version"]
+        assert doc["layers"]["L3"]["outcome"] == "approved RA-APP9"
+        error_of(c.post(f"{url}/approve", json={"data": {"decision": "approved"}}), 409, "invalid_state")
+
+        (other,) = second["waiting_for"]  # by the waiting item's id
+        doc = c.post(f"/api/instances/{second['instance_id']}/user-tasks/{other['id']}",
+                     json={"data": {"decision": "rejected"}}).json()
+        assert doc["status"] == "completed" and doc["layers"]["L3"]["outcome"] == "rejected RA-APP9"
+        tape = c.get(f"/api/instances/{second['instance_id']}/tape", params={"key": "decision"}).json()["events"]
+        assert [e["activity"] for e in tape if e["kind"] == "write"] == ["approve"]
+
+
+def test_resume_over_http_takes_the_answers_file_shape(tmp_path):
+    """``POST /api/instances/{id}/resume`` is ``layerflow resume ID --answers``: without an
+    answer the instance still waits, with one it runs on; a completed one is 409."""
+    with ServerThread(create_app("memory://", make_catalog(tmp_path), TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        iid = c.post("/api/instances", json={"process_id": "notes_review", "data": NOTES}).json()["instance_id"]
+        still = c.post(f"/api/instances/{iid}/resume", json={}).json()
+        assert still["status"] == "waiting" and [w["task_id"] for w in still["waiting_for"]] == ["approve"]
+        error_of(c.post(f"/api/instances/{iid}/resume", json={"answers": {"user_task": {}}}), 422, "validation_error")
+        doc = c.post(f"/api/instances/{iid}/resume", json={
+            "answers": {"user_tasks": {"approve": {"decision": "approved"}}}, "expected_version": still["version"]}).json()
+        assert doc["status"] == "completed" and doc["layers"]["L3"]["outcome"] == "approved RA-APP9"
+        assert "completed" in error_of(c.post(f"/api/instances/{iid}/resume", json={}), 409, "invalid_state")["message"]
