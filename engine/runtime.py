@@ -642,8 +642,12 @@ class _Runtime:
                 waiting.append(item)
         for task in _ready_tasks(wf):
             if task.task_spec.manual:
-                waiting.append({"kind": "user_task", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
-                                "name": task.task_spec.bpmn_name})
+                item = {"kind": "user_task", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
+                        "name": task.task_spec.bpmn_name}
+                doc = getattr(task.task_spec, "documentation", None)
+                if doc:  # what the person is asked to enter
+                    item["documentation"] = doc
+                waiting.append(item)
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
         for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):
             due = spiff.timer_due(task)

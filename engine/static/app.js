@@ -286,6 +286,7 @@
       state.tape = tape.events || [];
       renderHeader(doc);
       renderConfirmations(open);
+      renderUserTasks(doc);
       renderContexts(doc);
       renderTapeFilters();
       renderTape();
@@ -393,6 +394,59 @@
       error.hidden = false;
       for (const b of group.querySelectorAll("button")) b.disabled = false;
       if (err.status === 409) { state.drafts[c.id] = text; await loadInstance(true); }
+    }
+  }
+
+  // ----- user tasks: a person enters the task's data as a JSON object
+
+  function renderUserTasks(doc) {
+    const tasks = (doc.waiting_for || []).filter((w) => w.kind === "user_task");
+    const list = $("ut-list");
+    for (const area of list.querySelectorAll("textarea")) state.drafts["task:" + area.dataset.id] = area.value;
+    clear(list);
+    $("user-tasks").hidden = !tasks.length;
+    tasks.forEach((t, n) => {
+      const dataId = "ut-data-" + n, errId = "ut-err-" + n;
+      const area = el("textarea", { id: dataId, rows: 3, "data-id": t.id, class: "mono", spellcheck: "false",
+                                    "aria-describedby": errId });
+      area.value = state.drafts["task:" + t.id] || "{}";
+      const error = el("p", { id: errId, class: "error", role: "alert", hidden: true });
+      const submit = el("button", { type: "button", class: "option", onclick: () => completeTask(t, area, error, submit) },
+                        "Complete " + (t.name || t.task_id));
+      list.append(el("article", { class: "confirmation user-task", "data-id": t.id, "aria-labelledby": "ut-h-" + n },
+        el("h3", { id: "ut-h-" + n }, t.name || t.task_id, " ", el("code", { text: t.task_id })),
+        t.documentation ? el("p", { class: "message", text: t.documentation }) : null,
+        el("label", { for: dataId }, "Data (a JSON object; its keys go to the task's WORKING layer)"),
+        area, error, el("div", { class: "options" }, submit)));
+    });
+  }
+
+  async function completeTask(t, area, error, button) {
+    let data;
+    try { data = JSON.parse(area.value || "{}"); } catch (e) { data = undefined; }
+    if (data === null || typeof data !== "object" || Array.isArray(data)) {
+      error.textContent = "Enter a JSON object, e.g. {\"approved\": true}.";
+      error.hidden = false;
+      area.focus();
+      return;
+    }
+    error.hidden = true;
+    button.disabled = true;
+    try {
+      const result = await api("/api/instances/" + enc(state.instanceId) + "/user-tasks/" + enc(t.id), { method: "POST",
+        body: { data: data, expected_version: state.doc ? state.doc.version : null } });
+      delete state.drafts["task:" + t.id];
+      setState($("inst-state"), "Completed " + (t.name || t.task_id) + "; the instance is now " + result.status + ".", "ok");
+      await loadInstance(true);
+      $("inst-state").focus();
+    } catch (err) {
+      if (err.status === 401) return;
+      error.textContent = err.status === 409
+        ? "The instance changed meanwhile (" + err.message + "). It has been reloaded: check it and submit again."
+        : "The data was not accepted: " + err.message;
+      error.hidden = false;
+      button.disabled = false;
+      if (err.status === 409) { state.drafts["task:" + t.id] = area.value; await loadInstance(true); }
     }
   }
 

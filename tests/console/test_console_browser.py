@@ -221,3 +221,43 @@ def test_a_loan_officer_answers_the_conflict(server: Server, conflict: str, cont
         path = url[len(server.url):]
         assert any(m == method and rx.match(path) for m, rx in patterns), f"undocumented call: {call}"
     page.close()
+
+
+def test_a_reviewer_completes_a_user_task(server: Server, context: Any) -> None:
+    """A user task waiting in a parallel branch is completed in the console: what the task's
+    documentation asks is shown, data that is not a JSON object is refused on the page, and
+    the submitted object reaches the join and the script after it."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT)
+    doc = server.api("POST", "/api/instances", json={"process_id": "parallel_user_task", "data": {"title": "Q3 plan"}})
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["review"]
+    iid = doc["instance_id"]
+    page = context.new_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(server.url + "/")
+    page.fill("#token", TOKEN)
+    page.fill("#user", OFFICER)
+    page.click("#login-submit")
+    page.locator("#list-view").wait_for(state="visible")
+    page.goto(f"{server.url}/#/instances/{iid}")
+    card = page.locator("#ut-list .user-task")
+    expect(card).to_have_count(1)
+    assert "Review the draft" in card.inner_text() and '"approved": true|false' in card.inner_text()
+    expect(page.locator("#confirmations")).to_be_hidden()
+
+    area = card.locator("textarea")
+    area.fill('["not", "an object"]')
+    card.locator("button", has_text="Complete").click()
+    expect(card.locator(".error")).to_contain_text("JSON object")
+    assert server.api("GET", f"/api/instances/{iid}")["status"] == "waiting"
+
+    area.fill('{"approved": true, "reviewer": "Ann"}')
+    card.locator("button", has_text="Complete").click()
+    page.locator("#inst-status", has_text="completed").wait_for()
+    expect(page.locator("#user-tasks")).to_be_hidden()
+    done = server.api("GET", f"/api/instances/{iid}")
+    assert done["status"] == "completed"
+    assert done["layers"]["L3"]["outcome"] == "published by Ann, cost 120"
+    shot(page, "user-task-completed-1280x800", full_page=True)
+    page.close()
