@@ -31,6 +31,7 @@ from context_layers.errors import LayerflowError
 from .governance import (
     AnswerArgs,
     BranchEvaluateArgs,
+    CancelArgs,
     Catalog,
     CompressArgs,
     ConfigArgs,
@@ -145,6 +146,12 @@ class SendEventRequest(SendEventArgs):
 
 class UserTaskRequest(UserTaskArgs):
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
+    user: str | None = Field(default=None, description="who completes it (recorded on the tape as the actor)")
+
+
+class CancelRequest(CancelArgs):
+    expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
+    user: str | None = Field(default=None, description="who cancels (recorded on the tape as the actor)")
 
 
 class ResumeRequest(ResumeArgs):
@@ -335,7 +342,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         ``waiting_for`` item, or its BPMN id) with the person's ``data``; the instance runs on.
         Not waiting for it: 409, naming what the instance waits for."""
         return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
-                                    expected_version=body.expected_version)
+                                    expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/instances/{instance_id}/resume", tags=["instances"], responses=_ERRORS)
     def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
@@ -344,6 +351,14 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         instance in ``error`` once its cause is fixed."""
         return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
                         expected_version=body.expected_version)
+
+    @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], responses=_ERRORS)
+    def cancel(instance_id: PathId, body: CancelRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Stop an unfinished instance for good: its open tasks are cancelled, its pending
+        confirmations closed, and nothing of it runs again; who and why are on its tape.
+        A completed or cancelled instance: 409."""
+        return s.cancel(instance_id, CancelArgs.model_validate(_args(body, CancelArgs)),
+                        expected_version=body.expected_version, actor=body.user or "api")
 
     @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=_ERRORS)
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,

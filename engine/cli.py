@@ -122,8 +122,11 @@ def _summary(out: _Out, instance: Instance) -> None:
         out.doc(doc)
         return
     lines = [f"instance {instance.id} ({instance.process_id}): {instance.status}"]
-    if instance.error:
+    if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
+    if instance.cancelled:
+        lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
+                     f"{instance.cancelled['reason']}")
     for c in doc["conflicts"]:
         res = c.get("resolution")
         how = f"-> {json.dumps(res['value'])} by {res['resolver']} ({res['reason']})" if res else "-> unresolved"
@@ -533,6 +536,11 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         if instance.status == "completed":
             _summary(out, instance)
             sys.exit(EXIT_OK)
+        if instance.status == "cancelled":
+            info = instance.cancelled or {}
+            _fail(f"instance {instance.id} was cancelled by {info.get('by')!r} ({info.get('reason')}); nothing of it "
+                  "runs again: start a new instance", as_json=as_json, kind="invalid_state",
+                  details={"instance_id": instance.id})
         if sets:
             values = {}
             for item in sets:
@@ -571,6 +579,27 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _invalid_answer(out, instance, err, source)
         _summary(out, instance)
         sys.exit(_exit_code(instance))
+
+
+@main.command()
+@click.argument("instance_id")
+@click.option("--reason", required=True, help="why: recorded on the tape with who cancelled")
+@_store_option
+@_json_option
+def cancel(instance_id: str, reason: str, store: str | None, as_json: bool) -> None:
+    """Stop an unfinished instance for good: its open tasks are cancelled, its pending
+    confirmations closed, and nothing of it runs again (resume, answers, events, timers are
+    refused). Nothing is deleted; the reason is on its tape."""
+    out = _Out(as_json)
+    engine = _engine(store, None, out, as_json)
+    with _holding(engine, instance_id, as_json):
+        instance = _load(engine, instance_id, as_json)
+        try:
+            instance = engine.cancel(instance, reason=reason, actor="cli")
+        except LayerflowError as err:
+            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+        _summary(out, instance)
+        sys.exit(EXIT_OK)
 
 
 @main.command()

@@ -71,6 +71,7 @@ __all__ = [
     "BadRequest",
     "BranchArgs",
     "BranchEvaluateArgs",
+    "CancelArgs",
     "Catalog",
     "CompressArgs",
     "ConfigArgs",
@@ -305,6 +306,12 @@ class ResumeArgs(_Args):
     answers: StartAnswers | None = None
 
 
+class CancelArgs(_Args):
+    """Stop an unfinished instance for good (nothing of it runs again); the reason goes on its tape."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="why: recorded on the tape with who cancelled")
+
+
 class StartArgs(_Args):
     """Start a process registered in the server's catalog (by process id, never BPMN)."""
 
@@ -417,6 +424,10 @@ class GovernanceService:
         with self._lock(instance_id):
             instance = self.load(instance_id)
             self._check_version(instance, expected)
+            if instance.status == "cancelled":
+                info = instance.cancelled or {}
+                raise InstanceStateError(f"instance {instance_id} was cancelled by {info.get('by')!r} "
+                                         f"({info.get('reason')}); {op} changes nothing of it any more")
             before = instance.tape_length()
             try:
                 result = fn(instance)
@@ -585,7 +596,7 @@ class GovernanceService:
         if instance_id is not None:
             inst = self.load(instance_id)
             return _open_of(inst.id, inst.version, inst.confirmations)
-        rows = [r for r in self.list_instances() if r.get("status") != "completed"]
+        rows = [r for r in self.list_instances() if r.get("status") not in ("completed", "cancelled")]
         out = []
         for row in rows:
             iid, version = row["id"], row.get("version")
@@ -792,7 +803,7 @@ class GovernanceService:
         return {**instance.to_document(), "version": instance.version}
 
     def complete_user_task(self, instance_id: str, task_id: str, args: UserTaskArgs, *,
-                           expected_version: int | None = None) -> dict[str, Any]:
+                           expected_version: int | None = None, actor: str = "operator") -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
         ``waiting_for`` item, or its BPMN id), then run the instance on. A task it does not
         wait for: ``InstanceStateError`` naming what it waits for, nothing changed."""
@@ -804,7 +815,7 @@ class GovernanceService:
                 shown = ", ".join(f"{w['task_id']} ({w['id']})" for w in waiting) or "no user task"
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}; it waits for {shown}")
-            instance = self.engine.complete_user_task(instance, task_id, args.data)
+            instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
         return {**instance.to_document(), "version": instance.version}
 
     def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None) -> dict[str, Any]:
@@ -817,6 +828,15 @@ class GovernanceService:
                 raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
             answers = args.answers.model_dump() if args.answers is not None else None
             instance = self.engine.resume(instance, answers=answers)
+        return {**instance.to_document(), "version": instance.version}
+
+    def cancel(self, instance_id: str, args: CancelArgs, *, expected_version: int | None = None,
+               actor: str = "operator") -> dict[str, Any]:
+        """``Engine.cancel``: stop an unfinished instance for good, with the reason on its tape."""
+        with self._lock(instance_id):
+            instance = self.load(instance_id)
+            self._check_version(instance, expected_version)
+            instance = self.engine.cancel(instance, reason=args.reason, actor=actor)
         return {**instance.to_document(), "version": instance.version}
 
     def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",

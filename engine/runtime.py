@@ -72,7 +72,7 @@ from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, 
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
 
-STATUSES = ("running", "completed", "waiting", "error")
+STATUSES = ("running", "completed", "waiting", "error", "cancelled")
 MAIN = spiff.MAIN_CONTEXT
 _WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 
@@ -112,6 +112,8 @@ class Instance:
     # task uuid -> {"task_id", "context", "confirmations", "state"}: LLM activities with tools
     # that wait, open, for a person's answer to their human_confirm (see _Runtime.run_with_tools)
     suspended: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # {"by", "reason", "time", "status"} once cancelled (``Engine.cancel``); status: what it was before
+    cancelled: dict[str, Any] | None = None
     # the store this instance lives in, when ``start(store=...)`` chose one other than the engine's
     store: Any = field(default=None, repr=False, compare=False)
 
@@ -146,6 +148,7 @@ class Instance:
             "confirmations": list(self.confirmations),
             "waiting_for": list(self.waiting_for),
             "tape_length": self.tape_length(),
+            "cancelled": self.cancelled,
             "contexts": {
                 name: {"parent": info["parent"], "branch_id": info["branch_id"], "gateway": info["gateway"],
                        "status": info["status"], "tokens": self.contexts[name].tokens()}
@@ -237,7 +240,7 @@ class Engine:
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
         leave the instance waiting).
         """
-        if instance.status == "error":
+        if instance.status in ("error", "cancelled"):
             return instance
         from .governance import InvalidAnswer
 
@@ -261,13 +264,14 @@ class Engine:
         return instance
 
     def complete_user_task(self, instance: Instance, task_id: str, data: Mapping[str, Any] | None = None, *,
-                           run: bool = True) -> Instance:
+                           run: bool = True, actor: str = "person") -> Instance:
         """Complete a waiting user (or manual) task with ``data`` (written to WORKING), then run on.
+        Who gave the data (``actor``) is on the tape (``user_input``), before the task's writes.
         An instance in ``error`` is resumed first (``resume``, which takes the answers too)."""
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"complete {task_id!r}")
         task = rt.find_waiting_task(task_id)
-        rt.user_data[str(task.id)] = dict(data or {})
+        rt.give_user_data(task, data, actor=actor)
         instance.status = "running"
         try:
             task.run()
@@ -331,9 +335,45 @@ class Engine:
         """Continue an instance: retry the failed activity of an ``error`` instance (its context
         is as before the activity; fix the cause first, e.g. with ``inject``), or run on."""
         rt = _runtime_of(instance)
+        _refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
             rt.reset_failed()
         return self.run(instance, answers=answers, ask=ask)
+
+    def cancel(self, instance: Instance, *, reason: str, actor: str = "operator") -> Instance:
+        """Stop an instance for good: nothing of it runs again (resume, answers, events and
+        timers are refused), its open tasks are cancelled, an activity left open (waiting for
+        a person's answer) is put back as it was before it began, and its pending
+        confirmations are closed. ``reason`` and ``actor`` go on the main context's tape
+        (``cancelled``) and into the instance's ``cancelled``; nothing is deleted. A
+        completed or already cancelled instance raises ``InstanceStateError``."""
+        from .governance import InstanceStateError
+
+        _runtime_of(instance)
+        if instance.status in ("completed", "cancelled"):
+            raise InstanceStateError(f"instance {instance.id} is {instance.status}; only an unfinished instance "
+                                     "(waiting or in error) can be cancelled")
+        if not reason or not reason.strip():
+            raise InstanceStateError("give a reason for cancelling: it is recorded on the tape")
+        before = instance.status
+        for ctx in instance.contexts.values():
+            if ctx.current_activity is not None:
+                ctx.abort_activity(ctx.current_activity, reason=f"instance cancelled: {reason}", actor=actor)
+        instance.workflow.cancel()
+        closed = [c["id"] for c in instance.confirmations if not c.get("answered")]
+        for c in instance.confirmations:
+            if not c.get("answered"):
+                c["answered"] = True
+                c["cancelled"] = True
+        instance.suspended.clear()
+        instance.main.record("cancelled", actor=actor, data={
+            "reason": reason, "status": before, "waiting_for": [w.get("id") for w in instance.waiting_for],
+            "confirmations": closed})
+        instance.cancelled = {"by": actor, "reason": reason, "time": self.clock(), "status": before}
+        instance.status = "cancelled"
+        instance.waiting_for = []
+        self._save(instance)
+        return instance
 
     def inject(self, instance: Instance, values: Mapping[str, Any], *, layer: Layer | str = Layer.WORKING,
                context: str | None = None, actor: str = "operator") -> Instance:
@@ -474,7 +514,7 @@ class Engine:
             instance.status = "running"
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
-                rt.user_data[str(task.id)] = dict(value or {})
+                rt.give_user_data(task, value, actor="person")
                 task.run()
             elif item["kind"] == "confirmation":
                 rt.check_answer(item["id"], value)
@@ -492,9 +532,20 @@ def _utc(iso: str) -> datetime:
     return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
 
 
+def _refuse_if_cancelled(instance: Instance, what: str) -> None:
+    if instance.status == "cancelled":
+        from .governance import InstanceStateError
+
+        info = instance.cancelled or {}
+        raise InstanceStateError(f"instance {instance.id} was cancelled by {info.get('by')!r} ({info.get('reason')}); "
+                                 f"nothing of it runs again, so it cannot {what}: start a new instance")
+
+
 def _refuse_if_failed(instance: Instance, what: str) -> None:
     """A failed instance runs nothing until it is resumed: work done beside the failure would
-    run on past it, and its error would be replaced by a join that can never fire."""
+    run on past it, and its error would be replaced by a join that can never fire. A
+    cancelled one never runs again."""
+    _refuse_if_cancelled(instance, what)
     if instance.status == "error":
         from .governance import InstanceStateError
 
@@ -625,7 +676,7 @@ class _Runtime:
     def settle(self) -> None:
         """Work out status and what the instance waits for."""
         inst = self.instance
-        if inst.status == "error":
+        if inst.status in ("error", "cancelled"):
             inst.waiting_for = []
             return
         wf = inst.workflow
@@ -722,6 +773,13 @@ class _Runtime:
         inst.error = None
         inst.error_task = None
         self._xor.clear()
+
+    def give_user_data(self, task: Any, data: Mapping[str, Any] | None, *, actor: str) -> None:
+        """The data a person entered for a waiting user task, for its run; noted on its context's tape."""
+        given = dict(data or {})
+        self.user_data[str(task.id)] = given
+        self.context_of(task).record("user_input", actor=actor, data={"task_id": spiff.bpmn_id_of(task),
+                                                                      "keys": list(given)})
 
     def find_waiting_task(self, task_id: str) -> Any:
         for task in _ready_tasks(self.instance.workflow):
@@ -1962,6 +2020,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "error_task": instance.error_task,
             "activities": instance.activities,
             "suspended": instance.suspended,
+            "cancelled": instance.cancelled,
         },
         "process": _process_part(instance),
         "workflow": workflow,
@@ -2051,6 +2110,7 @@ def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
         version=int(record["version"]), created=float(record.get("created", time.time())),
         updated=float(record.get("updated", time.time())), error_task=eng.get("error_task"),
         activities=int(eng.get("activities", 0)), suspended=dict(eng.get("suspended", {})),
+        cancelled=eng.get("cancelled"),
     )
     _Runtime(engine, instance)
     return instance

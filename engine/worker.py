@@ -98,7 +98,7 @@ __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerS
 DEFAULT_STREAM = "layerflow:ready"
 DEFAULT_GROUP = "workers"
 DEFAULT_MAX_DELIVERIES = 5
-AT_REST = ("completed", "waiting", "error")
+AT_REST = ("completed", "waiting", "error", "cancelled")
 ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may quote a whole record
 
 log = logging.getLogger("layerflow.worker")

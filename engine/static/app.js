@@ -10,6 +10,7 @@
   const TOKEN_KEY = "layerflow.token";
   const USER_KEY = "layerflow.user";
   const REFRESH_MS = 5000;
+  const FINAL = ["completed", "cancelled"];  // statuses that never change again
   // The attention thresholds fire in one direction each (DESIGN.md "Compression").
   const FIRES_BELOW = { density: true, redundancy: false, decay: true, conflict: false, toolEfficiency: true };
   const LAYER_NAMES = ["SYSTEM", "PROCESS", "KNOWLEDGE", "HISTORY", "WORKING", "EPHEMERAL"];
@@ -259,7 +260,7 @@
     document.title = "Instance " + id + " \u2014 layerflow console";
     loadInstance(true);
     state.timer = setInterval(() => {
-      if ($("inst-auto").checked && state.doc && state.doc.status !== "completed") loadInstance(false);
+      if ($("inst-auto").checked && state.doc && !FINAL.includes(state.doc.status)) loadInstance(false);
     }, REFRESH_MS);
     state.ticker = setInterval(tick, 1000);
     $("main").focus();
@@ -294,7 +295,7 @@
       renderCompressions(doc);
       $("inst-body").hidden = false;
       setState($("inst-state"), "Updated " + new Date().toLocaleTimeString() +
-               (doc.status === "completed" ? "" : " \u00b7 refreshes every " + REFRESH_MS / 1000 + " s"), "quiet");
+               (FINAL.includes(doc.status) ? "" : " \u00b7 refreshes every " + REFRESH_MS / 1000 + " s"), "quiet");
       await Promise.all([loadDiagram(id), loadContext()]);
     } catch (err) {
       if (err.status === 401) return;
@@ -318,6 +319,7 @@
       ["Tape events", String(doc.tape_length)],
     ];
     if (doc.error) pairs.push(["Error", (doc.error.kind || "") + ": " + (doc.error.message || "")]);
+    if (doc.cancelled) pairs.push(["Cancelled", "by " + doc.cancelled.by + ": " + doc.cancelled.reason]);
     for (const [k, v] of pairs) facts.append(el("div", {}, el("dt", { text: k }), el("dd", { text: v })));
   }
 
@@ -434,7 +436,8 @@
     button.disabled = true;
     try {
       const result = await api("/api/instances/" + enc(state.instanceId) + "/user-tasks/" + enc(t.id), { method: "POST",
-        body: { data: data, expected_version: state.doc ? state.doc.version : null } });
+        body: { data: data, user: sessionStorage.getItem(USER_KEY) || "console",
+                expected_version: state.doc ? state.doc.version : null } });
       delete state.drafts["task:" + t.id];
       setState($("inst-state"), "Completed " + (t.name || t.task_id) + "; the instance is now " + result.status + ".", "ok");
       await loadInstance(true);

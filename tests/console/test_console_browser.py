@@ -259,5 +259,16 @@ def test_a_reviewer_completes_a_user_task(server: Server, context: Any) -> None:
     done = server.api("GET", f"/api/instances/{iid}")
     assert done["status"] == "completed"
     assert done["layers"]["L3"]["outcome"] == "published by Ann, cost 120"
+    tape = server.api("GET", f"/api/instances/{iid}/tape", params={"kind": "note"})
+    given = [e for e in tape["events"] if e.get("data", {}).get("note") == "user_input"]
+    assert [(e["actor"], e["data"]["keys"]) for e in given] == [(OFFICER, ["approved", "reviewer"])]
     shot(page, "user-task-completed-1280x800", full_page=True)
+
+    # a cancelled one: its badge, who and why, and nothing to complete
+    other = server.api("POST", "/api/instances", json={"process_id": "parallel_user_task", "data": {"title": "Q4"}})
+    server.api("POST", f"/api/instances/{other['instance_id']}/cancel", json={"reason": "plan dropped", "user": "Bo"})
+    page.goto(f"{server.url}/#/instances/{other['instance_id']}")
+    page.locator("#inst-status.status-cancelled", has_text="cancelled").wait_for()
+    expect(page.locator("#inst-facts")).to_contain_text("by Bo: plan dropped")
+    expect(page.locator("#user-tasks")).to_be_hidden()
     page.close()

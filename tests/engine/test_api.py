@@ -420,10 +420,15 @@ def test_a_user_task_is_completed_over_http(tmp_path):
 
         (other,) = second["waiting_for"]  # by the waiting item's id
         doc = c.post(f"/api/instances/{second['instance_id']}/user-tasks/{other['id']}",
-                     json={"data": {"decision": "rejected"}}).json()
+                     json={"data": {"decision": "rejected"}, "user": "Ann Officer"}).json()
         assert doc["status"] == "completed" and doc["layers"]["L3"]["outcome"] == "rejected RA-APP9"
         tape = c.get(f"/api/instances/{second['instance_id']}/tape", params={"key": "decision"}).json()["events"]
         assert [e["activity"] for e in tape if e["kind"] == "write"] == ["approve"]
+        # who gave the data is on the tape, before the task's writes
+        for iid_, who in ((iid, "api"), (second["instance_id"], "Ann Officer")):
+            notes = [e for e in c.get(f"/api/instances/{iid_}/tape").json()["events"]
+                     if e.get("data", {}).get("note") == "user_input"]
+            assert [(e["actor"], e["data"]["task_id"], e["data"]["keys"]) for e in notes] == [(who, "approve", ["decision"])]
 
 
 def test_resume_over_http_takes_the_answers_file_shape(tmp_path):
