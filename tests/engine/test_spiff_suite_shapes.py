@@ -1,0 +1,68 @@
+"""Process shapes from a sweep of SpiffWorkflow's own test processes run under layerflow.
+
+Each test runs a small BPMN written here (the shape of a SpiffWorkflow test process, not a
+copy of it) under plain SpiffWorkflow and under layerflow, and compares the status, the path
+taken (the completed tasks' BPMN ids, in order) and the variables, as test_conformance.py does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+from engine import Engine, load_process
+
+from engine_helpers import ROOT, path_of, run_plain, variables
+
+HEAD = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  id="suite_shapes_defs" targetNamespace="https://layerflow.dev/tests">
+"""
+
+
+def script(task_id: str, text: str) -> str:
+    return f'<bpmn:scriptTask id="{task_id}"><bpmn:script>{escape(text)}</bpmn:script></bpmn:scriptTask>'
+
+
+def flow(source: str, target: str, condition: str | None = None) -> str:
+    if condition is None:
+        return f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}"/>'
+    return (f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}">'
+            f'<bpmn:conditionExpression>{escape(condition)}</bpmn:conditionExpression></bpmn:sequenceFlow>')
+
+
+def write(tmp_path: Path, pid: str, elements: list[str], extra: str = "") -> Path:
+    body = "\n    ".join(elements)
+    path = tmp_path / f"{pid}.bpmn"
+    path.write_text(f'{HEAD}  <bpmn:process id="{pid}" isExecutable="true">\n    {body}\n  </bpmn:process>\n'
+                    f"{extra}</bpmn:definitions>\n", encoding="utf-8")
+    return path
+
+
+def run_ours(path: Path, data: dict[str, Any] | None = None) -> Any:
+    engine = Engine()
+    return engine.run(engine.start(load_process(path), data or {}))
+
+
+# ----- a script that prints, under `layerflow run --json` -------------------------------------------
+
+def test_a_script_that_prints_leaves_run_json_one_document(tmp_path: Path) -> None:
+    """Scripts may print (SpiffWorkflow's call-activity tests do); under ``--json`` what they
+    print went to stdout before the document, and the document no longer parsed."""
+    path = write(tmp_path, "chatty", [
+        '<bpmn:startEvent id="start"/>', script("greet", "name = 'World'\nprint('Hello', name)"),
+        '<bpmn:endEvent id="end"/>', flow("start", "greet"), flow("greet", "end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(path), "--json", "--store", "memory://"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+    document = json.loads(done.stdout)  # one document and nothing else
+    assert done.returncode == 0 and document["status"] == "completed"
+    assert "Hello World" in done.stderr  # the print is kept, on stderr
+    assert document["layers"]["L3"]["name"] == plain_vars["name"] == "World"
+    assert path_of(plain_wf) == ["start", "greet", "end"]
