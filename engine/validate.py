@@ -70,6 +70,8 @@ not make ``report.ok`` false:
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
+``data_store_unsupported``            a bpmn:dataStore: SpiffWorkflow needs a class registered for its
+                                      name, and layerflow registers none
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
@@ -1118,6 +1120,16 @@ class _Validator:
                 continue  # already reported with a better message
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
+            store = _data_store_of(err, self.docs)
+            if store is not None:
+                # SpiffWorkflow names neither the element nor the file; the store's name finds both
+                el, store_doc = store
+                self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} (name {el.get('name')!r}) has no "
+                         "implementation: SpiffWorkflow reads and writes a data store only through a class registered "
+                         "for its name, and layerflow registers none; keep the value in the process context instead "
+                         "(a bpmn:dataObject, or a variable the tasks write)", file=store_doc.file, line=el.sourceline,
+                         element_id=el.get("id"))
+                continue
             node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
             file = getattr(err, "file_name", None) or (node.file if node else origin.file if origin else self._files())
             line = getattr(err, "line_number", None) or (node.line if node else None)
@@ -1250,6 +1262,21 @@ def _flow_node_id(el: Any) -> str | None:
     """The id of the task, event or gateway an element (a timer, a loop's condition) belongs to."""
     owner = next((a for a in el.iterancestors() if a.tag in _FLOW_NODES), None)
     return owner.get("id") if owner is not None else None
+
+
+_NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation")
+
+
+def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc] | None:
+    """The bpmn:dataStore (element, file) SpiffWorkflow found no implementation for, else None."""
+    found = _NO_DATA_STORE.match(str(err).strip())
+    if found is None:
+        return None
+    for doc in docs:
+        for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
+            if el.get("name") == found.group(1):
+                return el, doc
+    return None
 
 
 def _off_the_flow(el: Any) -> bool:

@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
 
+import pytest
+from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+
+from context_layers.errors import ProcessError
 from engine import Engine, load_process
+from engine.validate import validate_process
 
 from engine_helpers import ROOT, path_of, run_plain, variables
 
@@ -66,3 +71,26 @@ def test_a_script_that_prints_leaves_run_json_one_document(tmp_path: Path) -> No
     assert "Hello World" in done.stderr  # the print is kept, on stderr
     assert document["layers"]["L3"]["name"] == plain_vars["name"] == "World"
     assert path_of(plain_wf) == ["start", "greet", "end"]
+
+
+# ----- a data store that nothing implements ----------------------------------------------------------
+
+def test_a_data_store_without_an_implementation_is_refused_naming_the_store(tmp_path: Path) -> None:
+    """SpiffWorkflow loads a bpmn:dataStore only through a class registered for its name; its error
+    names neither the element nor the file, and validate once passed that on as "fix the BPMN
+    element named here" with no element named."""
+    path = write(tmp_path, "stored", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:scriptTask id="keep"><bpmn:dataOutputAssociation id="keep_out"><bpmn:targetRef>shelf_ref'
+        "</bpmn:targetRef></bpmn:dataOutputAssociation><bpmn:script>shelf = 'jar'</bpmn:script></bpmn:scriptTask>",
+        '<bpmn:dataStoreReference id="shelf_ref" dataStoreRef="shelf"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "keep"), flow("keep", "end"),
+    ], '<bpmn:dataStore id="shelf" name="pantry"/>\n')
+    with pytest.raises(ValidationException, match="pantry"):
+        run_plain(path, {}, {})
+
+    problems = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.file) for p in problems] == [("data_store_unsupported", "shelf", str(path))]
+    assert "'pantry'" in problems[0].message and "bpmn:dataObject" in problems[0].message
+    with pytest.raises(ProcessError, match="'shelf'"):
+        load_process(path)
