@@ -37,6 +37,8 @@ not make ``report.ok`` false:
                                       folder of .md/.txt files beside the process (the default
                                       retriever finds nothing; a custom retriever may serve it)
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
+``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
+                                      store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
@@ -858,6 +860,7 @@ class _Validator:
                          f"task, event or gateway of this {'process' if scope is proc.element else 'subprocess'}"
                          f"{_did_you_mean(ref or '', ids)}; point it at an existing element",
                          file=proc.file, line=flow.sourceline, element_id=flow.get("id"), field=attr)
+        self._check_data_references(proc)
         for call in proc.element.iter(_bpmn("callActivity")):
             called = call.get("calledElement")
             if called in process_ids:
@@ -876,6 +879,30 @@ class _Validator:
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
+
+    def _check_data_references(self, proc: _Node) -> None:
+        """Data associations that name no data object or data store reference: SpiffWorkflow's own
+        error for one names an lxml element (``<Element ... at 0x...>``), not the id it missed."""
+        root = proc.element.getroottree()
+        objects = {el.get("id") for el in root.iter(_bpmn("dataObject"))}
+        targets = {el.get("id"): el for tag in ("dataObjectReference", "dataStoreReference")
+                   for el in root.iter(_bpmn(tag))}
+        for tag, attr in (("dataInputAssociation", "sourceRef"), ("dataOutputAssociation", "targetRef")):
+            for assoc in proc.element.iter(_bpmn(tag)):
+                owner = assoc.getparent().get("id")
+                for ref_el in assoc.findall(_bpmn(attr)):
+                    ref = (ref_el.text or "").strip()
+                    target = targets.get(ref)
+                    if target is None:
+                        problem = (f"which is no dataObjectReference or dataStoreReference of this file"
+                                   f"{_did_you_mean(ref, list(targets))}; point it at one")
+                    elif target.tag == _bpmn("dataObjectReference") and target.get("dataObjectRef") not in objects:
+                        problem = (f"whose dataObjectRef={target.get('dataObjectRef')!r} is no bpmn:dataObject of this "
+                                   "file; add that dataObject or fix dataObjectRef")
+                    else:
+                        continue
+                    self.add("data_ref_unknown", f"{tag} {assoc.get('id')!r} of {owner!r} has {attr} {ref!r}, {problem}",
+                             file=proc.file, line=ref_el.sourceline, element_id=owner, field=attr)
 
     def _check_code(self, proc: _Node) -> None:
         """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""

@@ -94,3 +94,29 @@ def test_a_data_store_without_an_implementation_is_refused_naming_the_store(tmp_
     assert "'pantry'" in problems[0].message and "bpmn:dataObject" in problems[0].message
     with pytest.raises(ProcessError, match="'shelf'"):
         load_process(path)
+
+
+# ----- a data association to a reference that is not there -------------------------------------------
+
+@pytest.mark.parametrize(("reference", "words"), [
+    ('<bpmn:dataObjectReference id="note_ref" dataObjectRef="note"/>',
+     ["'write' has targetRef 'note_rfe'", "no dataObjectReference", "did you mean 'note_ref'"]),
+    ('<bpmn:dataObjectReference id="note_rfe" dataObjectRef="nothing"/>',
+     ["'write' has targetRef 'note_rfe'", "dataObjectRef='nothing' is no bpmn:dataObject"]),
+])
+def test_a_dangling_data_association_names_the_reference(tmp_path: Path, reference: str, words: list[str]) -> None:
+    """SpiffWorkflow refuses the process too, but its message shows an lxml element and a memory
+    address ("Cannot resolve dataOutputAssociation <Element ... at 0x...>"), not the id it missed."""
+    path = write(tmp_path, "noted", [
+        '<bpmn:dataObject id="note"/>', reference, '<bpmn:startEvent id="start"/>',
+        '<bpmn:scriptTask id="write"><bpmn:dataOutputAssociation id="write_out"><bpmn:targetRef>note_rfe'
+        "</bpmn:targetRef></bpmn:dataOutputAssociation><bpmn:script>note = 'hi'</bpmn:script></bpmn:scriptTask>",
+        '<bpmn:endEvent id="end"/>', flow("start", "write"), flow("write", "end"),
+    ])
+    with pytest.raises(ValidationException, match="Cannot resolve dataOutputAssociation"):
+        run_plain(path, {}, {})
+
+    problems = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in problems] == [("data_ref_unknown", "write", "targetRef")]
+    assert all(w in problems[0].message for w in words), problems[0].message
+    assert " at 0x" not in problems[0].message
