@@ -120,3 +120,39 @@ def test_a_dangling_data_association_names_the_reference(tmp_path: Path, referen
     assert [(p.code, p.element_id, p.field) for p in problems] == [("data_ref_unknown", "write", "targetRef")]
     assert all(w in problems[0].message for w in words), problems[0].message
     assert " at 0x" not in problems[0].message
+
+
+# ----- what leaves a task with an ioSpecification ----------------------------------------------------
+
+def _io(task_id: str, given: str, made: str) -> str:
+    return (f'<bpmn:ioSpecification><bpmn:dataInput id="{given}" name="{given}"/>'
+            f'<bpmn:dataOutput id="{made}" name="{made}"/><bpmn:inputSet id="{task_id}_in">'
+            f"<bpmn:dataInputRefs>{given}</bpmn:dataInputRefs></bpmn:inputSet><bpmn:outputSet id=\"{task_id}_out\">"
+            f"<bpmn:dataOutputRefs>{made}</bpmn:dataOutputRefs></bpmn:outputSet></bpmn:ioSpecification>")
+
+
+def test_only_the_data_outputs_leave_a_task_with_an_io_specification(tmp_path: Path) -> None:
+    """SpiffWorkflow narrows a task's data to its data outputs when it completes; under layerflow
+    a script's temporary and a person's extra form field once stayed in the context. (Keys the
+    context held before the task stay, see test_conformance.)"""
+    path = write(tmp_path, "taxed", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "net = 100"),
+        f'<bpmn:scriptTask id="tax">{_io("tax", "net", "gross")}<bpmn:script>rate = 0.25\ngross = net * (1 + rate)'
+        "</bpmn:script></bpmn:scriptTask>",
+        script("make_bill", "bill = str(gross)"),
+        f'<bpmn:userTask id="check">{_io("check", "bill", "approved")}</bpmn:userTask>', '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "tax"), flow("tax", "make_bill"), flow("make_bill", "check"),
+        flow("check", "end"),
+    ])
+    answer = {"approved": True, "remark": "looks right"}
+    plain_wf, plain_vars = run_plain(path, {}, {"check": answer})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], answer)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    ours = variables(instance.main)
+    # held before the tasks that take them as inputs: plain SpiffWorkflow drops them there
+    assert (ours.pop("net"), ours.pop("gross"), ours.pop("bill")) == (100, 125.0, "125.0")
+    assert ours == plain_vars == {"approved": True}
