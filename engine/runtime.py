@@ -838,9 +838,12 @@ class _Runtime:
         out = spiff.data_name(spec.data_output)
         if out is not None and out != name:
             value = ctx.get(out, _ABSENT)
-            # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time
+            # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time, but
+            # is handed over: SpiffWorkflow collects into a list, whatever the input collection is
             if isinstance(value, Mapping):
                 data[out] = thaw(value)
+            elif value is not _ABSENT and isinstance(thaw(value), list):
+                data[out] = []
         return data
 
     def abort_multi(self, task: Any, err: BaseException) -> None:

@@ -156,3 +156,27 @@ def test_only_the_data_outputs_leave_a_task_with_an_io_specification(tmp_path: P
     # held before the tasks that take them as inputs: plain SpiffWorkflow drops them there
     assert (ours.pop("net"), ours.pop("gross"), ours.pop("bill")) == (100, 125.0, "125.0")
     assert ours == plain_vars == {"approved": True}
+
+
+# ----- the type of an existing output collection ------------------------------------------------------
+
+def test_an_empty_list_as_output_collection_collects_a_map_input_into_a_list(tmp_path: Path) -> None:
+    """SpiffWorkflow collects into the output collection the process holds: an empty list gets
+    the instances' output items in order, whatever the input collection is. Under layerflow the
+    list was not handed over (a list starts empty each time), so a map input made a map output."""
+    path = write(tmp_path, "doubled", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "pieces = {'a': 1, 'b': 2, 'c': 3}\nresults = []"),
+        '<bpmn:scriptTask id="double"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>pieces</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="piece" name="piece"/><bpmn:outputDataItem id="result" name="result"/>'
+        "</bpmn:multiInstanceLoopCharacteristics><bpmn:script>result = piece * 2</bpmn:script></bpmn:scriptTask>",
+        script("total", "total = sum(results)"), '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "double"), flow("double", "total"), flow("total", "end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {
+        "pieces": {"a": 1, "b": 2, "c": 3}, "results": [2, 4, 6], "total": 12}
