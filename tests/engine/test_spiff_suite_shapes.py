@@ -2,7 +2,8 @@
 
 Each test runs a small BPMN written here (the shape of a SpiffWorkflow test process, not a
 copy of it) under plain SpiffWorkflow and under layerflow, and compares the status, the path
-taken (the completed tasks' BPMN ids, in order) and the variables, as test_conformance.py does."""
+taken (the completed tasks' BPMN ids, in order) and the variables, as test_conformance.py does;
+for a process both refuse, that ``layerflow validate`` names the element and says what to do."""
 
 from __future__ import annotations
 
