@@ -249,6 +249,12 @@ class LayeredContext:
         return self._state.activity
 
     @property
+    def activity_writes(self) -> tuple[str, ...]:
+        """The keys the open activity wrote so far, in write order (empty when none is open)."""
+        keys = self._state.activity_keys
+        return tuple(sorted(keys, key=keys.__getitem__))
+
+    @property
     def next_snapshot_id(self) -> str:
         """The id the next ``snapshot()`` will get (ids are deterministic: name and tape seq)."""
         return f"snap:{self.name}:{self._tape.next_seq}"

@@ -70,7 +70,20 @@ class _Out:
         click.echo(text, err=True)
 
     def doc(self, document: Any) -> None:
-        click.echo(json.dumps(document, ensure_ascii=False, indent=None if not sys.stdout.isatty() else 2, default=str))
+        stdout = json_stdout() or sys.stdout
+        click.echo(json.dumps(document, ensure_ascii=False, indent=None if not stdout.isatty() else 2, default=str),
+                   file=stdout)
+
+
+_JSON_STDOUT: list[Any] = []  # the real stdout of the running --json command (innermost last)
+
+
+def json_stdout() -> Any:
+    """Where a ``--json`` command writes its document (None outside one: click's default).
+
+    While a ``--json`` command runs, ``sys.stdout`` is stderr: a BPMN script's ``print`` must
+    not land before the one document scripts parse."""
+    return _JSON_STDOUT[-1] if _JSON_STDOUT else None
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, kind: str = "bad_input",
@@ -80,7 +93,7 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, ki
         document = _error_document(error)
         if isinstance(error.get("instance_id"), str):
             document["instance_id"] = error["instance_id"]
-        click.echo(json.dumps(document, ensure_ascii=False, default=str))
+        click.echo(json.dumps(document, ensure_ascii=False, default=str), file=json_stdout())
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(code)
@@ -282,6 +295,16 @@ class _Command(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))
+        if not as_json:
+            return self._invoke(ctx, as_json)
+        _JSON_STDOUT.append(sys.stdout)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                return self._invoke(ctx, as_json)
+        finally:
+            _JSON_STDOUT.pop()
+
+    def _invoke(self, ctx: click.Context, as_json: bool) -> Any:
         try:
             return super().invoke(ctx)
         except VersionConflict as err:

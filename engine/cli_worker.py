@@ -19,7 +19,7 @@ from click.core import ParameterSource
 from context_layers.errors import LayerflowError
 from context_layers.stores import open_store
 
-from .cli import EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, main
+from .cli import EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, json_stdout, main
 from .store import default_store_url
 from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, DEFAULT_STREAM, dead_letters, dead_stream_of,
                      queue_client, requeue, run_worker, submit)
@@ -94,7 +94,7 @@ def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str
     doc = dataclasses.asdict(stats)
     click.echo(json.dumps(doc) if as_json else
                f"worker {stats.consumer}: {stats.acked} done, {stats.ran} run, {stats.reclaimed} taken over, "
-               f"{stats.conflicts} conflicts, {stats.dead} dead-lettered")
+               f"{stats.conflicts} conflicts, {stats.dead} dead-lettered", file=json_stdout())
 
 
 def _on_queue(store: str | None, queue: str | None, as_json: bool, action: Callable[[Any], Any]) -> Any:
@@ -126,7 +126,7 @@ def worker_dead(store: str | None, queue: str | None, stream: str, dead_stream: 
     dead = dead_stream or dead_stream_of(stream)
     letters = _on_queue(store, queue, as_json, lambda client: dead_letters(client, stream, dead_stream=dead))
     if as_json:
-        click.echo(json.dumps({"stream": dead, "dead_letters": [dataclasses.asdict(d) for d in letters]}))
+        click.echo(json.dumps({"stream": dead, "dead_letters": [dataclasses.asdict(d) for d in letters]}), file=json_stdout())
         return
     for d in letters:
         error = f"{d.error_type}: {d.error}" if d.error_type else d.error
@@ -150,7 +150,7 @@ def worker_requeue(dead_id: str, store: str | None, queue: str | None, stream: s
     dead = dead_stream or dead_stream_of(stream)
     entry_id = _on_queue(store, queue, as_json, lambda client: requeue(client, dead_id, stream, dead_stream=dead))
     click.echo(json.dumps({"requeued": dead_id, "entry_id": entry_id, "stream": stream}) if as_json else
-               f"dead letter {dead_id} is back on {stream} as entry {entry_id}")
+               f"dead letter {dead_id} is back on {stream} as entry {entry_id}", file=json_stdout())
 
 
 @main.command("submit")
@@ -175,4 +175,4 @@ def submit_command(bpmn: str, config: str | None, process_id: str | None, data_f
                       client=client) for _ in range(count)]
     except LayerflowError as err:
         _fail(str(err), as_json=as_json, kind=err.kind)
-    click.echo(json.dumps({"instance_ids": ids, "stream": stream}) if as_json else "\n".join(ids))
+    click.echo(json.dumps({"instance_ids": ids, "stream": stream}) if as_json else "\n".join(ids), file=json_stdout())

@@ -823,11 +823,19 @@ class _Runtime:
             postscript = getattr(spec, "postscript", None)
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
-            missing = [name for name in spiff.io_names(spec, "data_outputs") if name not in ctx]
+            outputs = spiff.io_names(spec, "data_outputs")
+            missing = [name for name in outputs if name not in ctx]
             if missing:
                 raise ActivityError(f"task {bpmn_id!r} did not set the data output(s) {', '.join(map(repr, missing))} "
                                     "that its ioSpecification names; set them in the task (its script, handler or "
                                     "form data) or remove them from its dataOutput", task_id=bpmn_id)
+            if outputs:
+                # as in SpiffWorkflow, only its data outputs leave a task with an ioSpecification: the
+                # other keys it wrote itself (a script's temporaries, extra form fields) end with it
+                kept = {*outputs, *(ref.bpmn_id for ref in getattr(spec, "data_output_associations", None) or [])}
+                for key in ctx.activity_writes:
+                    if key not in kept and ctx.locate(key) is Layer.WORKING:
+                        ctx.delete(Layer.WORKING, key, actor=bpmn_id)
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
             self.instance.suspended.pop(str(task.id), None)  # e.g. llm.tools turned off while it waited
@@ -892,9 +900,12 @@ class _Runtime:
         out = spiff.data_name(spec.data_output)
         if out is not None and out != name:
             value = ctx.get(out, _ABSENT)
-            # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time
+            # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time, but
+            # is handed over: SpiffWorkflow collects into a list, whatever the input collection is
             if isinstance(value, Mapping):
                 data[out] = thaw(value)
+            elif value is not _ABSENT and isinstance(thaw(value), list):
+                data[out] = []
         return data
 
     def abort_multi(self, task: Any, err: BaseException) -> None:

@@ -37,6 +37,8 @@ not make ``report.ok`` false:
                                       folder of .md/.txt files beside the process (the default
                                       retriever finds nothing; a custom retriever may serve it)
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
+``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
+                                      store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
@@ -70,6 +72,8 @@ not make ``report.ok`` false:
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
+``data_store_unsupported``            a bpmn:dataStore: SpiffWorkflow needs a class registered for its
+                                      name, and layerflow registers none
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
@@ -878,6 +882,7 @@ class _Validator:
                          f"task, event or gateway of this {'process' if scope is proc.element else 'subprocess'}"
                          f"{_did_you_mean(ref or '', ids)}; point it at an existing element",
                          file=proc.file, line=flow.sourceline, element_id=flow.get("id"), field=attr)
+        self._check_data_references(proc)
         for call in proc.element.iter(_bpmn("callActivity")):
             called = call.get("calledElement")
             if called in process_ids:
@@ -896,6 +901,30 @@ class _Validator:
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
+
+    def _check_data_references(self, proc: _Node) -> None:
+        """Data associations that name no data object or data store reference: SpiffWorkflow's own
+        error for one names an lxml element (``<Element ... at 0x...>``), not the id it missed."""
+        root = proc.element.getroottree()
+        objects = {el.get("id") for el in root.iter(_bpmn("dataObject"))}
+        targets = {el.get("id"): el for tag in ("dataObjectReference", "dataStoreReference")
+                   for el in root.iter(_bpmn(tag))}
+        for tag, attr in (("dataInputAssociation", "sourceRef"), ("dataOutputAssociation", "targetRef")):
+            for assoc in proc.element.iter(_bpmn(tag)):
+                owner = assoc.getparent().get("id")
+                for ref_el in assoc.findall(_bpmn(attr)):
+                    ref = (ref_el.text or "").strip()
+                    target = targets.get(ref)
+                    if target is None:
+                        problem = (f"which is no dataObjectReference or dataStoreReference of this file"
+                                   f"{_did_you_mean(ref, list(targets))}; point it at one")
+                    elif target.tag == _bpmn("dataObjectReference") and target.get("dataObjectRef") not in objects:
+                        problem = (f"whose dataObjectRef={target.get('dataObjectRef')!r} is no bpmn:dataObject of this "
+                                   "file; add that dataObject or fix dataObjectRef")
+                    else:
+                        continue
+                    self.add("data_ref_unknown", f"{tag} {assoc.get('id')!r} of {owner!r} has {attr} {ref!r}, {problem}",
+                             file=proc.file, line=ref_el.sourceline, element_id=owner, field=attr)
 
     def _check_code(self, proc: _Node) -> None:
         """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""
@@ -1140,6 +1169,16 @@ class _Validator:
                 continue  # already reported with a better message
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
+            store = _data_store_of(err, self.docs)
+            if store is not None:
+                # SpiffWorkflow names neither the element nor the file; the store's name finds both
+                el, store_doc = store
+                self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} (name {el.get('name')!r}) has no "
+                         "implementation: SpiffWorkflow reads and writes a data store only through a class registered "
+                         "for its name, and layerflow registers none; keep the value in the process context instead "
+                         "(a bpmn:dataObject, or a variable the tasks write)", file=store_doc.file, line=el.sourceline,
+                         element_id=el.get("id"))
+                continue
             node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
             file = getattr(err, "file_name", None) or (node.file if node else origin.file if origin else self._files())
             line = getattr(err, "line_number", None) or (node.line if node else None)
@@ -1272,6 +1311,21 @@ def _flow_node_id(el: Any) -> str | None:
     """The id of the task, event or gateway an element (a timer, a loop's condition) belongs to."""
     owner = next((a for a in el.iterancestors() if a.tag in _FLOW_NODES), None)
     return owner.get("id") if owner is not None else None
+
+
+_NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation")
+
+
+def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc] | None:
+    """The bpmn:dataStore (element, file) SpiffWorkflow found no implementation for, else None."""
+    found = _NO_DATA_STORE.match(str(err).strip())
+    if found is None:
+        return None
+    for doc in docs:
+        for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
+            if el.get("name") == found.group(1):
+                return el, doc
+    return None
 
 
 def _off_the_flow(el: Any) -> bool:

@@ -1,0 +1,183 @@
+"""Process shapes from a sweep of SpiffWorkflow's own test processes run under layerflow.
+
+Each test runs a small BPMN written here (the shape of a SpiffWorkflow test process, not a
+copy of it) under plain SpiffWorkflow and under layerflow, and compares the status, the path
+taken (the completed tasks' BPMN ids, in order) and the variables, as test_conformance.py does;
+for a process both refuse, that ``layerflow validate`` names the element and says what to do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+import pytest
+from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+
+from context_layers.errors import ProcessError
+from engine import Engine, load_process
+from engine.validate import validate_process
+
+from engine_helpers import ROOT, path_of, run_plain, variables
+
+HEAD = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  id="suite_shapes_defs" targetNamespace="https://layerflow.dev/tests">
+"""
+
+
+def script(task_id: str, text: str) -> str:
+    return f'<bpmn:scriptTask id="{task_id}"><bpmn:script>{escape(text)}</bpmn:script></bpmn:scriptTask>'
+
+
+def flow(source: str, target: str, condition: str | None = None) -> str:
+    if condition is None:
+        return f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}"/>'
+    return (f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}">'
+            f'<bpmn:conditionExpression>{escape(condition)}</bpmn:conditionExpression></bpmn:sequenceFlow>')
+
+
+def write(tmp_path: Path, pid: str, elements: list[str], extra: str = "") -> Path:
+    body = "\n    ".join(elements)
+    path = tmp_path / f"{pid}.bpmn"
+    path.write_text(f'{HEAD}  <bpmn:process id="{pid}" isExecutable="true">\n    {body}\n  </bpmn:process>\n'
+                    f"{extra}</bpmn:definitions>\n", encoding="utf-8")
+    return path
+
+
+def run_ours(path: Path, data: dict[str, Any] | None = None) -> Any:
+    engine = Engine()
+    return engine.run(engine.start(load_process(path), data or {}))
+
+
+# ----- a script that prints, under `layerflow run --json` -------------------------------------------
+
+def test_a_script_that_prints_leaves_run_json_one_document(tmp_path: Path) -> None:
+    """Scripts may print (SpiffWorkflow's call-activity tests do); under ``--json`` what they
+    print went to stdout before the document, and the document no longer parsed."""
+    path = write(tmp_path, "chatty", [
+        '<bpmn:startEvent id="start"/>', script("greet", "name = 'World'\nprint('Hello', name)"),
+        '<bpmn:endEvent id="end"/>', flow("start", "greet"), flow("greet", "end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(path), "--json", "--store", "memory://"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+    document = json.loads(done.stdout)  # one document and nothing else
+    assert done.returncode == 0 and document["status"] == "completed"
+    assert "Hello World" in done.stderr  # the print is kept, on stderr
+    assert document["layers"]["L3"]["name"] == plain_vars["name"] == "World"
+    assert path_of(plain_wf) == ["start", "greet", "end"]
+
+
+# ----- a data store that nothing implements ----------------------------------------------------------
+
+def test_a_data_store_without_an_implementation_is_refused_naming_the_store(tmp_path: Path) -> None:
+    """SpiffWorkflow loads a bpmn:dataStore only through a class registered for its name; its error
+    names neither the element nor the file, and validate once passed that on as "fix the BPMN
+    element named here" with no element named."""
+    path = write(tmp_path, "stored", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:scriptTask id="keep"><bpmn:dataOutputAssociation id="keep_out"><bpmn:targetRef>shelf_ref'
+        "</bpmn:targetRef></bpmn:dataOutputAssociation><bpmn:script>shelf = 'jar'</bpmn:script></bpmn:scriptTask>",
+        '<bpmn:dataStoreReference id="shelf_ref" dataStoreRef="shelf"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "keep"), flow("keep", "end"),
+    ], '<bpmn:dataStore id="shelf" name="pantry"/>\n')
+    with pytest.raises(ValidationException, match="pantry"):
+        run_plain(path, {}, {})
+
+    problems = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.file) for p in problems] == [("data_store_unsupported", "shelf", str(path))]
+    assert "'pantry'" in problems[0].message and "bpmn:dataObject" in problems[0].message
+    with pytest.raises(ProcessError, match="'shelf'"):
+        load_process(path)
+
+
+# ----- a data association to a reference that is not there -------------------------------------------
+
+@pytest.mark.parametrize(("reference", "words"), [
+    ('<bpmn:dataObjectReference id="note_ref" dataObjectRef="note"/>',
+     ["'write' has targetRef 'note_rfe'", "no dataObjectReference", "did you mean 'note_ref'"]),
+    ('<bpmn:dataObjectReference id="note_rfe" dataObjectRef="nothing"/>',
+     ["'write' has targetRef 'note_rfe'", "dataObjectRef='nothing' is no bpmn:dataObject"]),
+])
+def test_a_dangling_data_association_names_the_reference(tmp_path: Path, reference: str, words: list[str]) -> None:
+    """SpiffWorkflow refuses the process too, but its message shows an lxml element and a memory
+    address ("Cannot resolve dataOutputAssociation <Element ... at 0x...>"), not the id it missed."""
+    path = write(tmp_path, "noted", [
+        '<bpmn:dataObject id="note"/>', reference, '<bpmn:startEvent id="start"/>',
+        '<bpmn:scriptTask id="write"><bpmn:dataOutputAssociation id="write_out"><bpmn:targetRef>note_rfe'
+        "</bpmn:targetRef></bpmn:dataOutputAssociation><bpmn:script>note = 'hi'</bpmn:script></bpmn:scriptTask>",
+        '<bpmn:endEvent id="end"/>', flow("start", "write"), flow("write", "end"),
+    ])
+    with pytest.raises(ValidationException, match="Cannot resolve dataOutputAssociation"):
+        run_plain(path, {}, {})
+
+    problems = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in problems] == [("data_ref_unknown", "write", "targetRef")]
+    assert all(w in problems[0].message for w in words), problems[0].message
+    assert " at 0x" not in problems[0].message
+
+
+# ----- what leaves a task with an ioSpecification ----------------------------------------------------
+
+def _io(task_id: str, given: str, made: str) -> str:
+    return (f'<bpmn:ioSpecification><bpmn:dataInput id="{given}" name="{given}"/>'
+            f'<bpmn:dataOutput id="{made}" name="{made}"/><bpmn:inputSet id="{task_id}_in">'
+            f"<bpmn:dataInputRefs>{given}</bpmn:dataInputRefs></bpmn:inputSet><bpmn:outputSet id=\"{task_id}_out\">"
+            f"<bpmn:dataOutputRefs>{made}</bpmn:dataOutputRefs></bpmn:outputSet></bpmn:ioSpecification>")
+
+
+def test_only_the_data_outputs_leave_a_task_with_an_io_specification(tmp_path: Path) -> None:
+    """SpiffWorkflow narrows a task's data to its data outputs when it completes; under layerflow
+    a script's temporary and a person's extra form field once stayed in the context. (Keys the
+    context held before the task stay, see test_conformance.)"""
+    path = write(tmp_path, "taxed", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "net = 100"),
+        f'<bpmn:scriptTask id="tax">{_io("tax", "net", "gross")}<bpmn:script>rate = 0.25\ngross = net * (1 + rate)'
+        "</bpmn:script></bpmn:scriptTask>",
+        script("make_bill", "bill = str(gross)"),
+        f'<bpmn:userTask id="check">{_io("check", "bill", "approved")}</bpmn:userTask>', '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "tax"), flow("tax", "make_bill"), flow("make_bill", "check"),
+        flow("check", "end"),
+    ])
+    answer = {"approved": True, "remark": "looks right"}
+    plain_wf, plain_vars = run_plain(path, {}, {"check": answer})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], answer)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    ours = variables(instance.main)
+    # held before the tasks that take them as inputs: plain SpiffWorkflow drops them there
+    assert (ours.pop("net"), ours.pop("gross"), ours.pop("bill")) == (100, 125.0, "125.0")
+    assert ours == plain_vars == {"approved": True}
+
+
+# ----- the type of an existing output collection ------------------------------------------------------
+
+def test_an_empty_list_as_output_collection_collects_a_map_input_into_a_list(tmp_path: Path) -> None:
+    """SpiffWorkflow collects into the output collection the process holds: an empty list gets
+    the instances' output items in order, whatever the input collection is. Under layerflow the
+    list was not handed over (a list starts empty each time), so a map input made a map output."""
+    path = write(tmp_path, "doubled", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "pieces = {'a': 1, 'b': 2, 'c': 3}\nresults = []"),
+        '<bpmn:scriptTask id="double"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>pieces</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="piece" name="piece"/><bpmn:outputDataItem id="result" name="result"/>'
+        "</bpmn:multiInstanceLoopCharacteristics><bpmn:script>result = piece * 2</bpmn:script></bpmn:scriptTask>",
+        script("total", "total = sum(results)"), '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "double"), flow("double", "total"), flow("total", "end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {
+        "pieces": {"a": 1, "b": 2, "c": 3}, "results": [2, 4, 6], "total": 12}
