@@ -337,11 +337,17 @@ class _LayerflowSpecMixin:
         driver = driver_of(my_task)
         if driver is None:
             return super().execute_script(my_task, script)  # type: ignore[misc]
-        if self.lf_role == "multi" and script != getattr(self, "postscript", None):
-            # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
-            # once, before the instances are made, inside the activity; its postScript runs in
-            # Runtime.complete_multi
-            driver.exec_script(my_task, script)
+        # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
+        # once, before the instances are made, inside the activity (its postScript runs in
+        # Runtime.complete_multi); a sub-process, call activity, send or receive task has no
+        # activity to run them in: SpiffWorkflow runs the preScript before the task starts (before
+        # a call copies its inputs) and the postScript as it completes (after the outputs came back)
+        if (self.lf_role == "multi" and script != getattr(self, "postscript", None)) or self.lf_role == "flow":
+            try:
+                driver.exec_script(my_task, script)
+            except Exception:
+                my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
+                raise
         return None
 
 

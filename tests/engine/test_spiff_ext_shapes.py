@@ -1,0 +1,158 @@
+"""SpiffWorkflow's own extensions (spiffworkflow: preScript/postScript, variableName, ...) in
+shapes that once ran differently under layerflow than under plain SpiffWorkflow.
+
+Each test runs a small BPMN written here under both and compares the status, the path taken
+(the completed tasks' BPMN ids, in order) and the variables, as test_conformance.py does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+import pytest
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.util.task import TaskState
+
+from engine import Engine, load_process
+
+from engine_helpers import path_of, variables
+from test_conformance import flow, run_ours, script, write
+
+
+def _scripts(pre: str | None, post: str | None) -> str:
+    parts = [f"<spiffworkflow:{tag}>{escape(text)}</spiffworkflow:{tag}>"
+             for tag, text in (("preScript", pre), ("postScript", post)) if text is not None]
+    return f"<bpmn:extensionElements>{''.join(parts)}</bpmn:extensionElements>"
+
+
+def _plain(paths: list[Path], pid: str, data: dict[str, Any] | None = None,
+           forms: dict[str, dict[str, Any]] | None = None) -> BpmnWorkflow:
+    """Plain SpiffWorkflow; a ready user task gets its form the way SpiffWorkflow's own forms do."""
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(p) for p in paths])
+    wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
+    wf.task_tree.data.update(data or {})
+    wf.do_engine_steps()
+    while not wf.is_completed():
+        [task] = wf.get_tasks(state=TaskState.READY, manual=True)
+        task.task_spec.add_data_from_form(task, (forms or {})[task.task_spec.bpmn_id])
+        task.run()
+        wf.do_engine_steps()
+    return wf
+
+
+# ----- the pre- and postScript of a sub-process or a call activity ------------------------------
+
+def _packing(tmp_path: Path, kind: str) -> list[Path]:
+    """The preScript prepares what the sub-process (or the called process) reads; the postScript
+    reads what it produced."""
+    pre, post = "weight_kg = grams / 1000", "label = 'PARCEL ' + tag"
+    inner = [script("weigh", "tag = str(weight_kg) + ' kg'")]
+    if kind == "call activity":
+        called = write(tmp_path, "weigh_parcel", [
+            '<bpmn:startEvent id="w_start"/>', *inner, '<bpmn:endEvent id="w_end"/>',
+            flow("w_start", "weigh"), flow("weigh", "w_end")])
+        activity = (f'<bpmn:callActivity id="pack" calledElement="weigh_parcel">{_scripts(pre, post)}'
+                    "</bpmn:callActivity>")
+        extra = [called]
+    else:
+        activity = (f'<bpmn:subProcess id="pack">{_scripts(pre, post)}<bpmn:startEvent id="w_start"/>{inner[0]}'
+                    f'<bpmn:endEvent id="w_end"/>{flow("w_start", "weigh")}{flow("weigh", "w_end")}</bpmn:subProcess>')
+        extra = []
+    caller = write(tmp_path, "packing", [
+        '<bpmn:startEvent id="start"/>', script("order", "grams = 2500"), activity, '<bpmn:endEvent id="end"/>',
+        flow("start", "order"), flow("order", "pack"), flow("pack", "end")])
+    return [caller, *extra]
+
+
+@pytest.mark.parametrize("kind", ["call activity", "sub-process"])
+def test_the_pre_and_post_script_of_a_sub_process_run_around_it(tmp_path: Path, kind: str) -> None:
+    """SpiffWorkflow runs a sub-process's (call activity's) preScript before it starts and its
+    postScript after it ends; under layerflow both were skipped, silently: the sub-process failed
+    on a name the preScript sets, or the postScript's keys were missing."""
+    paths = _packing(tmp_path, kind)
+    plain = _plain(paths, "packing")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(paths)))
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {
+        "grams": 2500, "weight_kg": 2.5, "tag": "2.5 kg", "label": "PARCEL 2.5 kg"}
+
+
+def test_a_call_activity_pre_script_sets_the_called_process_data_input(tmp_path: Path) -> None:
+    """The called process's ioSpecification needs ``net``, which only the call activity's
+    preScript sets: the call was refused for a missing data input before the preScript ran."""
+    called = write(tmp_path, "add_vat", [
+        '<bpmn:ioSpecification><bpmn:dataInput id="net" name="net"/><bpmn:dataOutput id="gross" name="gross"/>'
+        '<bpmn:inputSet id="vat_in"><bpmn:dataInputRefs>net</bpmn:dataInputRefs></bpmn:inputSet>'
+        '<bpmn:outputSet id="vat_out"><bpmn:dataOutputRefs>gross</bpmn:dataOutputRefs></bpmn:outputSet>'
+        "</bpmn:ioSpecification>",
+        '<bpmn:startEvent id="v_start"/>', script("vat", "gross = net * 2"), '<bpmn:endEvent id="v_end"/>',
+        flow("v_start", "vat"), flow("vat", "v_end")])
+    caller = write(tmp_path, "bill", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:callActivity id="price" calledElement="add_vat">{_scripts("net = amount", "total = gross")}'
+        "</bpmn:callActivity>", '<bpmn:endEvent id="end"/>', flow("start", "price"), flow("price", "end")])
+    plain = _plain([caller, called], "bill", {"amount": 21})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process([caller, called]), {"amount": 21}))
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {"amount": 21, "net": 21, "gross": 42, "total": 42}
+
+
+def test_a_failing_pre_script_of_a_sub_process_names_it(tmp_path: Path) -> None:
+    path = write(tmp_path, "broken_pre", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:subProcess id="inner">{_scripts("x = missing_name", None)}<bpmn:startEvent id="i_start"/>'
+        f'<bpmn:endEvent id="i_end"/>{flow("i_start", "i_end")}</bpmn:subProcess>',
+        '<bpmn:endEvent id="end"/>', flow("start", "inner"), flow("inner", "end")])
+    instance = run_ours(path)
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "inner"
+    assert "preScript" in instance.error["message"] and "missing_name" in instance.error["message"]
+
+
+# ----- a user task's spiffworkflow:variableName ---------------------------------------------------
+
+def test_the_form_of_a_user_task_with_a_variable_name_lands_under_that_name(tmp_path: Path) -> None:
+    """SpiffWorkflow keeps a user task's form under its ``spiffworkflow:variableName`` (one key);
+    under layerflow the fields landed as keys of their own, and a script reading the variable failed."""
+    path = write(tmp_path, "address_form", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:userTask id="ask_address"><bpmn:extensionElements><spiffworkflow:variableName>address'
+        "</spiffworkflow:variableName></bpmn:extensionElements></bpmn:userTask>",
+        script("label", "line = address['street'] + ', ' + address['city']"), '<bpmn:endEvent id="end"/>',
+        flow("start", "ask_address"), flow("ask_address", "label"), flow("label", "end")])
+    form = {"street": "Main St 1", "city": "Springfield"}
+    plain = _plain([path], "address_form", forms={"ask_address": form})
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, "ask_address", form)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {
+        "address": form, "line": "Main St 1, Springfield"}
+
+
+# ----- a multi-instance activity's preScript that fails ------------------------------------------
+
+def test_a_failing_pre_script_of_a_multi_instance_activity_names_it(tmp_path: Path) -> None:
+    """The preScript of a multi-instance activity runs once before its instances; a failure there
+    once left the instance's error without a task id."""
+    path = write(tmp_path, "mi_pre", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:userTask id="rate">{_scripts("items = [i for i in missing_items]", None)}'
+        "<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>"
+        '<bpmn:inputDataItem id="item" name="item"/></bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "rate"), flow("rate", "end")])
+    instance = run_ours(path)
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "rate"
+    assert "missing_items" in instance.error["message"]
