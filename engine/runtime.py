@@ -41,7 +41,7 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
@@ -782,6 +782,13 @@ class _Runtime:
             if value is not _ABSENT:
                 task.data[name] = thaw(value)
         return True if result is None else result
+
+    def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]:
+        """The values of ``names`` that the task's context holds (a loop's items first)."""
+        ctx = self.context_of(task)
+        scope = self.loop_scope(task) or {}
+        found = {name: thaw(ctx.resolve(name)) for name in names if name in ctx and name not in scope}
+        return {**found, **{name: scope[name] for name in names if name in scope}}
 
     def _form_data(self, task: Any) -> dict[str, Any] | None:
         """What a person gave a waiting task; under a user task's ``spiffworkflow:variableName`` as

@@ -48,6 +48,7 @@ completes (then empties the wrapper's data, so no successor inherits any of it).
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import weakref
@@ -55,7 +56,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from json.encoder import encode_basestring_ascii
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
@@ -153,6 +154,7 @@ class Driver(Protocol):
     def now(self) -> datetime: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
+    def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]: ...
     def boundary_path(self, task: Any, path: Any = None) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
@@ -249,6 +251,20 @@ class _LayerflowSpecMixin:
                 except BaseException as err:
                     driver.abort_multi(my_task, err)
                     raise
+        correlations = getattr(getattr(self, "event_definition", None), "process_correlations", None)
+        if correlations:
+            driver = driver_of(my_task)
+            if driver is not None:
+                # a catch event's spiffworkflow:processVariableCorrelation expressions are evaluated
+                # over task.data as it starts waiting; under layerflow the names they read are in
+                # the context (task.data stays empty)
+                saved = my_task.data
+                my_task.data = {**saved, **driver.lookup(my_task, _names_in(
+                    p.retrieval_expression for p in correlations))}
+                try:
+                    return super()._update_hook(my_task)  # type: ignore[misc]
+                finally:
+                    my_task.data = saved
         return super()._update_hook(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
@@ -349,6 +365,18 @@ class _LayerflowSpecMixin:
                 my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
                 raise
         return None
+
+
+def _names_in(expressions: Iterable[str]) -> set[str]:
+    """The variable names Python expressions read (a name that does not parse reads nothing)."""
+    names: set[str] = set()
+    for expression in expressions:
+        try:
+            tree = ast.parse((expression or "").strip(), mode="eval")
+        except SyntaxError:
+            continue
+        names.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+    return names
 
 
 def _twin(cls: type, role: str) -> type:

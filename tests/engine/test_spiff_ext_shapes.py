@@ -156,3 +156,66 @@ def test_a_failing_pre_script_of_a_multi_instance_activity_names_it(tmp_path: Pa
     assert instance.status == "error"
     assert instance.error["task_id"] == "rate"
     assert "missing_items" in instance.error["message"]
+
+
+# ----- a catch event whose correlation reads a process variable ----------------------------------
+
+def _awaiting_payment(tmp_path: Path) -> Path:
+    """The catch event matches a payment to the order by ``spiffworkflow:processVariableCorrelation``
+    (the order id, a variable an earlier task set)."""
+    path = tmp_path / "await_payment.bpmn"
+    path.write_text(f"""<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"
+                  id="await_defs" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:message id="m_paid" name="paid"/>
+  <bpmn:correlationProperty id="order_ref" name="order_ref">
+    <bpmn:correlationPropertyRetrievalExpression messageRef="m_paid">
+      <bpmn:formalExpression>order</bpmn:formalExpression>
+    </bpmn:correlationPropertyRetrievalExpression>
+  </bpmn:correlationProperty>
+  <bpmn:process id="await_payment" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    {script("place", "order_id = 'O-' + str(7 * 6)")}
+    <bpmn:intermediateCatchEvent id="paid" spiffworkflow:isMatchingCorrelation="true">
+      <bpmn:messageEventDefinition messageRef="m_paid"><bpmn:extensionElements>
+        <spiffworkflow:messageVariable>payment</spiffworkflow:messageVariable>
+        <spiffworkflow:processVariableCorrelation><spiffworkflow:propertyId>order_ref</spiffworkflow:propertyId>
+          <spiffworkflow:expression>order_id</spiffworkflow:expression></spiffworkflow:processVariableCorrelation>
+      </bpmn:extensionElements></bpmn:messageEventDefinition>
+    </bpmn:intermediateCatchEvent>
+    {script("book", "booked = payment['amount']")}
+    <bpmn:endEvent id="end"/>
+    {flow("start", "place")}{flow("place", "paid")}{flow("paid", "book")}{flow("book", "end")}
+  </bpmn:process>
+</bpmn:definitions>
+""", encoding="utf-8")
+    return path
+
+
+def test_a_process_variable_correlation_reads_the_context(tmp_path: Path) -> None:
+    """SpiffWorkflow evaluates the correlation's expression over task data as the event starts to
+    wait; under layerflow (task data empty) that failed with a NameError naming no task."""
+    from SpiffWorkflow.bpmn.util import BpmnEvent
+
+    path = _awaiting_payment(tmp_path)
+    payment = {"order": "O-42", "amount": 30}
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("await_payment"))
+    plain.do_engine_steps()
+    [waiting] = plain.get_tasks(state=TaskState.WAITING, spec_name="paid")
+    assert plain.correlations == {"MainCorrelationKey": {"order_ref": "O-42"}}  # from the process variable
+    definition = waiting.task_spec.event_definition
+    plain.send_event(BpmnEvent(definition, payment, definition.get_correlations(waiting, payment)))
+    plain.do_engine_steps()
+
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    assert instance.status == "waiting", instance.error
+    assert instance.workflow.correlations == plain.correlations
+    instance = engine.send_event(instance, "paid", payment)
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {"order_id": "O-42", "payment": payment, "booked": 30}
