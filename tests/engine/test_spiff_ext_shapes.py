@@ -219,3 +219,41 @@ def test_a_process_variable_correlation_reads_the_context(tmp_path: Path) -> Non
     assert plain.is_completed() and instance.status == "completed", instance.error
     assert path_of(instance.workflow) == path_of(plain)
     assert variables(instance.main) == plain.last_task.data == {"order_id": "O-42", "payment": payment, "booked": 30}
+
+
+# ----- a Camunda message payload (camunda:expression) that only Camunda's parser reads -----------
+
+def test_a_camunda_message_payload_is_named_by_validate_and_the_rest_runs(tmp_path: Path) -> None:
+    """SpiffWorkflow's CamundaParser sends a camunda:expression as the message's payload (the catching
+    event holds it as ``<event id>_Response``); layerflow parses with SpiffWorkflow's own parser,
+    which ignores it. The process runs the same path without the payload, and ``validate`` names
+    the file, the event and what to write instead (it said the process was valid)."""
+    from SpiffWorkflow.camunda.parser import CamundaParser
+
+    from engine.validate import validate_process
+
+    path = write(tmp_path, "tardy", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+        '<bpmn:intermediateThrowEvent id="tell"><bpmn:messageEventDefinition messageRef="m_late" '
+        'camunda:expression="&quot;running late&quot;"/></bpmn:intermediateThrowEvent>',
+        '<bpmn:intermediateCatchEvent id="hear"><bpmn:messageEventDefinition messageRef="m_late"/>'
+        "</bpmn:intermediateCatchEvent>", '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "hear"), flow("fork", "tell"), flow("tell", "join"),
+        flow("hear", "join"), flow("join", "end"),
+    ], '<bpmn:message id="m_late" name="late"/>\n')
+    path.write_text(path.read_text(encoding="utf-8").replace(
+        "<bpmn:definitions ", '<bpmn:definitions xmlns:camunda="http://camunda.org/schema/1.0/bpmn" ', 1),
+        encoding="utf-8")
+    parser = CamundaParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("tardy"))
+    plain.do_engine_steps()
+    instance = run_ours(path)
+
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert plain.last_task.data == {"hear_Response": "running late"}
+    assert variables(instance.main) == {}
+    [warning] = [p for p in validate_process(path, discover_config=False).problems if p.code == "foreign_extension"]
+    assert warning.severity == "warning" and warning.element_id == "tell" and warning.field == "camunda:expression"
+    assert warning.file == str(path) and "spiffworkflow:messagePayload" in warning.message
