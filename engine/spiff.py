@@ -250,6 +250,10 @@ class _LayerflowSpecMixin:
                     return super()._update_hook(my_task)  # type: ignore[misc]
                 except BaseException as err:
                     driver.abort_multi(my_task, err)
+                    if isinstance(err, Exception):
+                        # e.g. a loopCardinality that gives no number: the error names the activity
+                        # (SpiffWorkflow raises it bare), and resume retries it
+                        my_task._set_state(TaskState.ERROR)
                     raise
         correlations = getattr(getattr(self, "event_definition", None), "process_correlations", None)
         if correlations:

@@ -257,3 +257,25 @@ def test_a_camunda_message_payload_is_named_by_validate_and_the_rest_runs(tmp_pa
     [warning] = [p for p in validate_process(path, discover_config=False).problems if p.code == "foreign_extension"]
     assert warning.severity == "warning" and warning.element_id == "tell" and warning.field == "camunda:expression"
     assert warning.file == str(path) and "spiffworkflow:messagePayload" in warning.message
+
+
+def test_a_multi_instance_cardinality_that_is_no_number_names_the_activity(tmp_path: Path) -> None:
+    """A Camunda file's loop counts a collection (``loopCardinality`` names a list, which Camunda's
+    parser pairs with camunda:collection); SpiffWorkflow's own parser fails on it with a bare
+    TypeError. Under layerflow the error named no task."""
+    path = write(tmp_path, "count_each", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:task id="each"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopCardinality>items'
+        "</bpmn:loopCardinality></bpmn:multiInstanceLoopCharacteristics></bpmn:task>",
+        '<bpmn:endEvent id="end"/>', flow("start", "each"), flow("each", "end")])
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("count_each"))
+    plain.task_tree.data["items"] = ["a", "b"]
+    with pytest.raises(TypeError):
+        plain.do_engine_steps()
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), {"items": ["a", "b"]}))
+
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "each" and "TypeError" in instance.error["message"]
