@@ -279,3 +279,34 @@ def test_a_multi_instance_cardinality_that_is_no_number_names_the_activity(tmp_p
 
     assert instance.status == "error"
     assert instance.error["task_id"] == "each" and "TypeError" in instance.error["message"]
+
+
+def test_a_message_for_other_correlation_values_is_refused_naming_them(tmp_path: Path) -> None:
+    """Plain SpiffWorkflow refuses a message whose correlation values differ from the instance's;
+    layerflow refused it too, but said the instance did not wait for the message while listing that
+    very message as what it waits for."""
+    from SpiffWorkflow.bpmn.util import BpmnEvent
+
+    from engine.governance import InstanceStateError
+
+    path = _awaiting_payment(tmp_path)
+    other = {"order": "O-7", "amount": 30}
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("await_payment"))
+    plain.do_engine_steps()
+    [waiting] = plain.get_tasks(state=TaskState.WAITING, spec_name="paid")
+    definition = waiting.task_spec.event_definition
+    from SpiffWorkflow.exceptions import WorkflowException
+
+    with pytest.raises(WorkflowException):  # "This process is not waiting for paid"
+        plain.send_event(BpmnEvent(definition, other, definition.get_correlations(waiting, other)))
+    assert waiting.state == TaskState.WAITING
+
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    with pytest.raises(InstanceStateError) as refused:
+        engine.send_event(instance, "paid", other)
+    message = str(refused.value)
+    assert "other correlation values" in message and "'O-7'" in message and "'O-42'" in message
+    assert engine.load(instance.id).status == "waiting"
