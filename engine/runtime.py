@@ -1304,11 +1304,20 @@ class _Runtime:
         # a pre/post script of a task that is no activity (a sub-process, a call activity, a send
         # or receive task) runs as one of its own, so its writes move into HISTORY as any activity's
         own = not multi and ctx.current_activity is None
+        # an instance of a multi-instance sub-process (spiffworkflow:scriptsOnInstances) reads and
+        # sets its own items, which SpiffWorkflow keeps in the instance's task data
+        owner = None if multi else spiff.multi_instance_of(task)
+        scoped = {n for n in (spiff.data_name(owner.task_spec.input_item),
+                              spiff.data_name(owner.task_spec.output_item)
+                              if owner.task_spec.data_output is not None else None) if n is not None} \
+            if owner is not None else set()
+        actx = ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id,
+                               scope={n: task.data[n] for n in scoped if n in task.data}, scoped=scoped)
         if own:
             ctx.begin_activity(bpmn_id, actor=bpmn_id)
         try:
-            run_script(script, ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id),
-                       filename=_script_name(where, bpmn_id))
+            run_script(script, actx, filename=_script_name(where, bpmn_id))
+            task.data.update({n: actx.scope[n] for n in scoped if n in actx.scope})
         except BaseException as err:
             if own:
                 ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")

@@ -310,3 +310,27 @@ def test_a_message_for_other_correlation_values_is_refused_naming_them(tmp_path:
     message = str(refused.value)
     assert "other correlation values" in message and "'O-7'" in message and "'O-42'" in message
     assert engine.load(instance.id).status == "waiting"
+
+
+@pytest.mark.parametrize("sequential", ["true", "false"])
+def test_scripts_on_the_instances_of_a_multi_instance_sub_process_read_and_set_their_items(tmp_path: Path,
+                                                                                          sequential: str) -> None:
+    """With spiffworkflow:scriptsOnInstances each instance of a sub-process runs the preScript (its
+    input item before the instance starts) and the postScript (its output item as it ends); under
+    layerflow they once did not run, then failed: the items were not in the script's names."""
+    path = write(tmp_path, "shifted_squares", [
+        '<bpmn:startEvent id="start"/>', script("init", "numbers = [1, 2, 3]"),
+        f'<bpmn:subProcess id="square">{_scripts("number = number + 10", "result = result + 1")}'
+        f'<bpmn:multiInstanceLoopCharacteristics isSequential="{sequential}" spiffworkflow:scriptsOnInstances="true">'
+        "<bpmn:loopDataInputRef>numbers</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>squares</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="number" name="number"/><bpmn:outputDataItem id="result" name="result"/>'
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:startEvent id="square_start"/>'
+        + script("times", "result = number * number") + '<bpmn:endEvent id="square_end"/>'
+        + flow("square_start", "times") + flow("times", "square_end") + "</bpmn:subProcess>",
+        '<bpmn:endEvent id="end"/>', flow("start", "init"), flow("init", "square"), flow("square", "end")])
+    plain = _plain([path], "shifted_squares")
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {"numbers": [1, 2, 3], "squares": [122, 145, 170]}
