@@ -1095,9 +1095,11 @@ class _Validator:
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
+        # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
-                 f"layerflow, like SpiffWorkflow, does not run: {'; '.join(todo)}", file=file, line=el.sourceline,
-                 element_id=eid, severity="warning")
+                 f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
+                 line=el.sourceline, element_id=eid, severity="warning")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 

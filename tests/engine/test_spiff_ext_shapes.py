@@ -334,3 +334,40 @@ def test_scripts_on_the_instances_of_a_multi_instance_sub_process_read_and_set_t
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow) == path_of(plain)
     assert variables(instance.main) == plain.last_task.data == {"numbers": [1, 2, 3], "squares": [122, 145, 170]}
+
+
+def test_a_camunda_collection_on_a_loop_is_a_warning_that_does_not_blame_spiffworkflow(tmp_path: Path) -> None:
+    """SpiffWorkflow's CamundaParser collects a camunda:collection (here each instance's index);
+    layerflow runs the loop's cardinality only. The warning said SpiffWorkflow did not run it either."""
+    from SpiffWorkflow.camunda.parser import CamundaParser
+
+    from engine.validate import validate_process
+
+    path = write(tmp_path, "three_times", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:userTask id="ask"><bpmn:multiInstanceLoopCharacteristics isSequential="true" '
+        'camunda:collection="answers" camunda:elementVariable="answer"><bpmn:loopCardinality>3</bpmn:loopCardinality>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:endEvent id="end"/>', flow("start", "ask"), flow("ask", "end")])
+    path.write_text(path.read_text(encoding="utf-8").replace(
+        "<bpmn:definitions ", '<bpmn:definitions xmlns:camunda="http://camunda.org/schema/1.0/bpmn" ', 1),
+        encoding="utf-8")
+    parser = CamundaParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("three_times"))
+    plain.do_engine_steps()
+    while not plain.is_completed():
+        plain.get_tasks(state=TaskState.READY, manual=True)[0].run()
+        plain.do_engine_steps()
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    while instance.status == "waiting":
+        instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert plain.last_task.data == {"answers": [0, 1, 2]} and variables(instance.main) == {}
+    [warning] = [p for p in validate_process(path, discover_config=False).problems if p.code == "foreign_extension"]
+    assert warning.severity == "warning" and warning.element_id == "ask" and warning.file == str(path)
+    assert "camunda:collection" in warning.message and "bpmn:loopDataInputRef" in warning.message
+    assert "like SpiffWorkflow" not in warning.message
