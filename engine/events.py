@@ -239,6 +239,14 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
         catches = [c for c in catches if c.task is None or
                    (c.task.task_spec.catches(c.task, event) and c.definition.catches(c.task, event))]
     if event is None or not catches:
+        expected = getattr(workflow, "correlations", None) or {}
+        clash = {key: value for key, value in (event.correlations if event is not None else {}).items()
+                 if key in expected and expected[key] != value}
+        if clash:  # SpiffWorkflow catches a correlated message only when its keys match the instance's
+            raise InstanceStateError(
+                f"instance {instance_id} waits for {kind} {name!r}, but for other correlation values: the message "
+                f"carries {clash}, the instance has {({key: expected[key] for key in clash})}; send the message "
+                "meant for this instance (its payload's correlation properties decide which instance it is for)")
         raise InstanceStateError(f"instance {instance_id} does not wait for {kind} {name!r}; it waits for: "
                                  f"{describe_waiting(waiting_for)}")
 

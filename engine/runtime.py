@@ -41,7 +41,7 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
@@ -812,7 +812,7 @@ class _Runtime:
             if cfg is not None and cfg.knowledge_config is not None and not resuming:
                 self._retrieve(ctx, cfg, task)
             actx = ActivityContext(ctx, task_id=bpmn_id, task_name=spec.bpmn_name, config=cfg,
-                                   instance_id=self.instance.id, data=self.user_data.pop(str(task.id), None),
+                                   instance_id=self.instance.id, data=self._form_data(task),
                                    documentation=getattr(spec, "documentation", None))
             prescript = getattr(spec, "prescript", None)
             if prescript and not resuming:
@@ -852,6 +852,20 @@ class _Runtime:
             if value is not _ABSENT:
                 task.data[name] = thaw(value)
         return True if result is None else result
+
+    def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]:
+        """The values of ``names`` that the task's context holds (a loop's items first)."""
+        ctx = self.context_of(task)
+        scope = self.loop_scope(task) or {}
+        found = {name: thaw(ctx.resolve(name)) for name in names if name in ctx and name not in scope}
+        return {**found, **{name: scope[name] for name in names if name in scope}}
+
+    def _form_data(self, task: Any) -> dict[str, Any] | None:
+        """What a person gave a waiting task; under a user task's ``spiffworkflow:variableName`` as
+        one value, as SpiffWorkflow's ``add_data_from_form`` keeps it (a form's fields, one key)."""
+        data = self.user_data.pop(str(task.id), None)
+        variable = getattr(task.task_spec, "variable", None) if isinstance(task.task_spec, UserTaskMixin) else None
+        return {variable: data} if data is not None and variable else data
 
     def io_inputs(self, task: Any) -> dict[str, Any]:
         """An activity's ``ioSpecification`` data inputs, from its context (SpiffWorkflow checks
@@ -1150,7 +1164,7 @@ class _Runtime:
             if cfg is not None and cfg.knowledge_config is not None:
                 self._retrieve(ctx, cfg, task)
             actx = ActivityContext(ctx, task_id=bpmn_id, task_name=spec.bpmn_name, config=cfg,
-                                   instance_id=self.instance.id, data=self.user_data.pop(str(task.id), None),
+                                   instance_id=self.instance.id, data=self._form_data(task),
                                    documentation=getattr(spec, "documentation", None), scope=scope, scoped=scoped)
             prescript = getattr(spec, "prescript", None)
             if prescript:
@@ -1356,9 +1370,34 @@ class _Runtime:
     def exec_script(self, task: Any, script: str) -> None:
         ctx = self.context_of(task)
         bpmn_id = spiff.bpmn_id_of(task)
-        multi = spiff.is_multi(task.task_spec) and task.internal_data.get(spiff.MULTI_KEY)
-        run_script(script, ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id),
-                   filename=_script_name("preScript" if multi else "script", bpmn_id))
+        spec = task.task_spec
+        multi = spiff.is_multi(spec) and task.internal_data.get(spiff.MULTI_KEY)
+        where = ("preScript" if script == getattr(spec, "prescript", None)
+                 else "postScript" if script == getattr(spec, "postscript", None) else "script")
+        # a pre/post script of a task that is no activity (a sub-process, a call activity, a send
+        # or receive task) runs as one of its own, so its writes move into HISTORY as any activity's
+        own = not multi and ctx.current_activity is None
+        # an instance of a multi-instance sub-process (spiffworkflow:scriptsOnInstances) reads and
+        # sets its own items, which SpiffWorkflow keeps in the instance's task data
+        owner = None if multi else spiff.multi_instance_of(task)
+        scoped = {n for n in (spiff.data_name(owner.task_spec.input_item),
+                              spiff.data_name(owner.task_spec.output_item)
+                              if owner.task_spec.data_output is not None else None) if n is not None} \
+            if owner is not None else set()
+        actx = ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id,
+                               scope={n: task.data[n] for n in scoped if n in task.data}, scoped=scoped)
+        if own:
+            ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        try:
+            run_script(script, actx, filename=_script_name(where, bpmn_id))
+            task.data.update({n: actx.scope[n] for n in scoped if n in actx.scope})
+        except BaseException as err:
+            if own:
+                ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
+            raise _activity_error(bpmn_id, err) from err
+        if own:
+            ctx.complete_activity(bpmn_id, summary=f"{where} of {bpmn_id}", actor=bpmn_id)
+            self._activity_done(ctx, self.process.config(bpmn_id), bpmn_id)
         if multi:  # the preScript of a multi-instance activity, in its activity: SpiffWorkflow reads the collections next
             task.data.update(self._multi_data(task, ctx, required=True))
 

@@ -48,6 +48,7 @@ completes (then empties the wrapper's data, so no successor inherits any of it).
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import weakref
@@ -55,7 +56,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from json.encoder import encode_basestring_ascii
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
@@ -153,6 +154,7 @@ class Driver(Protocol):
     def now(self) -> datetime: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
+    def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]: ...
     def boundary_path(self, task: Any, path: Any = None) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
@@ -248,7 +250,25 @@ class _LayerflowSpecMixin:
                     return super()._update_hook(my_task)  # type: ignore[misc]
                 except BaseException as err:
                     driver.abort_multi(my_task, err)
+                    if isinstance(err, Exception):
+                        # e.g. a loopCardinality that gives no number: the error names the activity
+                        # (SpiffWorkflow raises it bare), and resume retries it
+                        my_task._set_state(TaskState.ERROR)
                     raise
+        correlations = getattr(getattr(self, "event_definition", None), "process_correlations", None)
+        if correlations:
+            driver = driver_of(my_task)
+            if driver is not None:
+                # a catch event's spiffworkflow:processVariableCorrelation expressions are evaluated
+                # over task.data as it starts waiting; under layerflow the names they read are in
+                # the context (task.data stays empty)
+                saved = my_task.data
+                my_task.data = {**saved, **driver.lookup(my_task, _names_in(
+                    p.retrieval_expression for p in correlations))}
+                try:
+                    return super()._update_hook(my_task)  # type: ignore[misc]
+                finally:
+                    my_task.data = saved
         return super()._update_hook(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
@@ -337,12 +357,30 @@ class _LayerflowSpecMixin:
         driver = driver_of(my_task)
         if driver is None:
             return super().execute_script(my_task, script)  # type: ignore[misc]
-        if self.lf_role == "multi" and script != getattr(self, "postscript", None):
-            # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
-            # once, before the instances are made, inside the activity; its postScript runs in
-            # Runtime.complete_multi
-            driver.exec_script(my_task, script)
+        # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
+        # once, before the instances are made, inside the activity (its postScript runs in
+        # Runtime.complete_multi); a sub-process, call activity, send or receive task has no
+        # activity to run them in: SpiffWorkflow runs the preScript before the task starts (before
+        # a call copies its inputs) and the postScript as it completes (after the outputs came back)
+        if (self.lf_role == "multi" and script != getattr(self, "postscript", None)) or self.lf_role == "flow":
+            try:
+                driver.exec_script(my_task, script)
+            except Exception:
+                my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
+                raise
         return None
+
+
+def _names_in(expressions: Iterable[str]) -> set[str]:
+    """The variable names Python expressions read (a name that does not parse reads nothing)."""
+    names: set[str] = set()
+    for expression in expressions:
+        try:
+            tree = ast.parse((expression or "").strip(), mode="eval")
+        except SyntaxError:
+            continue
+        names.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+    return names
 
 
 def _twin(cls: type, role: str) -> type:

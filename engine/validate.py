@@ -1133,12 +1133,24 @@ class _Validator:
                 found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
+        for definition in el.iterfind(_bpmn("messageEventDefinition")):
+            # the payload of a thrown message as Camunda writes it (SpiffWorkflow's CamundaParser reads
+            # it; its catching events then hold it as <event id>_Response): here nothing reads it
+            for name in [q for q in map(_foreign_name, definition.attrib) if q and q.endswith(":expression")]:
+                self.add("foreign_extension", f"bpmn:{tag} {eid!r}: its bpmn:messageEventDefinition has {name}, "
+                         "the message's payload in another engine's terms, which layerflow (a SpiffWorkflow "
+                         "parser) does not read: the message goes out with no payload; write the payload as a "
+                         "Python expression in a spiffworkflow:messagePayload in the messageEventDefinition's "
+                         "extensionElements, and a spiffworkflow:messageVariable where it is caught", file=file,
+                         line=definition.sourceline, element_id=eid, field=name, severity="warning")
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
+        # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
-                 f"layerflow, like SpiffWorkflow, does not run: {'; '.join(todo)}", file=file, line=el.sourceline,
-                 element_id=eid, severity="warning")
+                 f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
+                 line=el.sourceline, element_id=eid, severity="warning")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 

@@ -313,7 +313,8 @@ def test_a_correlated_message_is_caught_only_with_the_instance_s_keys(tmp_path: 
         engine.send_event(instance, "documents_received", {"files": []})
     after = engine.send_event(instance, "documents_received", {"claim_id": "CL-1", "n": 1})
     assert after.status == "waiting" and after.main.resolve("n") == 1
-    with pytest.raises(InstanceStateError, match="does not wait for message 'documents_received'"):
+    with pytest.raises(InstanceStateError,
+                       match="waits for message 'documents_received', but for other correlation values"):
         engine.send_event(engine.load(after.id), "documents_received", {"claim_id": "CL-2", "n": 2})
     done = engine.send_event(engine.load(after.id), "documents_received", {"claim_id": "CL-1", "n": 3})
     assert done.status == "completed", done.error
