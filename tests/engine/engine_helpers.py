@@ -83,3 +83,29 @@ def write_process(tmp_path: Path, pid: str, tasks: list[str], config: str | None
     if config is not None:
         (tmp_path / f"{pid}.layerflow.yaml").write_text(config, encoding="utf-8")
     return path
+
+
+HEAD = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+                  xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core"
+                  id="test_defs" targetNamespace="https://layerflow.dev/tests">
+"""
+
+
+def flow(source: str, target: str, condition: str | None = None) -> str:
+    """A sequence flow ``<source>_to_<target>``, with a condition expression when given."""
+    from xml.sax.saxutils import escape
+
+    if condition is None:
+        return f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}"/>'
+    return (f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}">'
+            f'<bpmn:conditionExpression>{escape(condition)}</bpmn:conditionExpression></bpmn:sequenceFlow>')
+
+
+def write_elements(tmp_path: Path, pid: str, elements: list[str], extra: str = "") -> Path:
+    """A file holding process ``pid`` made of ``elements`` (XML, flows included), then ``extra``."""
+    body = "\n    ".join(elements)
+    path = tmp_path / f"{pid}.bpmn"
+    path.write_text(f'{HEAD}  <bpmn:process id="{pid}" isExecutable="true">\n    {body}\n  </bpmn:process>\n'
+                    f"{extra}</bpmn:definitions>\n", encoding="utf-8")
+    return path

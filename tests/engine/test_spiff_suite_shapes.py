@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import escape
 
 import pytest
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
@@ -21,31 +20,9 @@ from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import ROOT, path_of, run_plain, variables
-
-HEAD = """<?xml version="1.0" encoding="UTF-8"?>
-<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
-                  id="suite_shapes_defs" targetNamespace="https://layerflow.dev/tests">
-"""
-
-
-def script(task_id: str, text: str) -> str:
-    return f'<bpmn:scriptTask id="{task_id}"><bpmn:script>{escape(text)}</bpmn:script></bpmn:scriptTask>'
-
-
-def flow(source: str, target: str, condition: str | None = None) -> str:
-    if condition is None:
-        return f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}"/>'
-    return (f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}">'
-            f'<bpmn:conditionExpression>{escape(condition)}</bpmn:conditionExpression></bpmn:sequenceFlow>')
-
-
-def write(tmp_path: Path, pid: str, elements: list[str], extra: str = "") -> Path:
-    body = "\n    ".join(elements)
-    path = tmp_path / f"{pid}.bpmn"
-    path.write_text(f'{HEAD}  <bpmn:process id="{pid}" isExecutable="true">\n    {body}\n  </bpmn:process>\n'
-                    f"{extra}</bpmn:definitions>\n", encoding="utf-8")
-    return path
+from engine_helpers import ROOT, flow, path_of, run_plain, variables
+from engine_helpers import script_task as script
+from engine_helpers import write_elements as write
 
 
 def run_ours(path: Path, data: dict[str, Any] | None = None) -> Any:
