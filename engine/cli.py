@@ -31,7 +31,7 @@ from context_layers.stores import Store as LeaseStore
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer
 from .process import load_process
-from .runtime import Engine, Instance
+from .runtime import Engine, Instance, refuse_if_cancelled
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -559,11 +559,10 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         if instance.status == "completed":
             _summary(out, instance)
             sys.exit(EXIT_OK)
-        if instance.status == "cancelled":
-            info = instance.cancelled or {}
-            _fail(f"instance {instance.id} was cancelled by {info.get('by')!r} ({info.get('reason')}); nothing of it "
-                  "runs again: start a new instance", as_json=as_json, kind="invalid_state",
-                  details={"instance_id": instance.id})
+        try:
+            refuse_if_cancelled(instance, "resume it")
+        except LayerflowError as err:
+            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
         if sets:
             values = {}
             for item in sets:

@@ -63,7 +63,7 @@ from context_layers.errors import (
 from context_layers.tape import EventKind
 
 from .process import Process, load_process
-from .runtime import Engine, Instance
+from .runtime import Engine, Instance, refuse_if_cancelled
 from .store import record_head
 
 __all__ = [
@@ -424,10 +424,7 @@ class GovernanceService:
         with self._lock(instance_id):
             instance = self.load(instance_id)
             self._check_version(instance, expected)
-            if instance.status == "cancelled":
-                info = instance.cancelled or {}
-                raise InstanceStateError(f"instance {instance_id} was cancelled by {info.get('by')!r} "
-                                         f"({info.get('reason')}); {op} changes nothing of it any more")
+            refuse_if_cancelled(instance, f"take {op}")
             before = instance.tape_length()
             try:
                 result = fn(instance)
@@ -792,52 +789,50 @@ class GovernanceService:
                 raise InvalidAnswer(str(err)) from None
         return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}
 
+    def _run_on(self, instance_id: str, expected: int | None, step: Callable[[Instance], Instance]) -> dict[str, Any]:
+        """Load the instance under its lock, check the version, let ``step`` (an ``Engine``
+        call, which saves) run it on; the document it ends with, and its version."""
+        with self._lock(instance_id):
+            instance = self.load(instance_id)
+            self._check_version(instance, expected)
+            instance = step(instance)
+        return {**instance.to_document(), "version": instance.version}
+
     def send_event(self, instance_id: str, args: SendEventArgs, *, expected_version: int | None = None,
                    actor: str = "operator") -> dict[str, Any]:
         """Deliver a message or signal (``Engine.send_event``), then run the instance on. A refused
         payload key is on the tape of the catching context already (the engine saved it)."""
-        with self._lock(instance_id):
-            instance = self.load(instance_id)
-            self._check_version(instance, expected_version)
-            instance = self.engine.send_event(instance, args.name, args.payload, kind=args.kind, actor=actor)
-        return {**instance.to_document(), "version": instance.version}
+        return self._run_on(instance_id, expected_version, lambda instance: self.engine.send_event(
+            instance, args.name, args.payload, kind=args.kind, actor=actor))
 
     def complete_user_task(self, instance_id: str, task_id: str, args: UserTaskArgs, *,
                            expected_version: int | None = None, actor: str = "operator") -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
         ``waiting_for`` item, or its BPMN id), then run the instance on. A task it does not
         wait for: ``InstanceStateError`` naming what it waits for, nothing changed."""
-        with self._lock(instance_id):
-            instance = self.load(instance_id)
-            self._check_version(instance, expected_version)
+        def step(instance: Instance) -> Instance:
             waiting = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
             if instance.status != "waiting" or not any(task_id in (w.get("id"), w.get("task_id")) for w in waiting):
                 shown = ", ".join(f"{w['task_id']} ({w['id']})" for w in waiting) or "no user task"
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}; it waits for {shown}")
-            instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
-        return {**instance.to_document(), "version": instance.version}
+            return self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
+        return self._run_on(instance_id, expected_version, step)
 
     def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None) -> dict[str, Any]:
         """``Engine.resume`` with the answers given (``layerflow resume ID --answers``): what is
         answered runs on, the rest still waits; a completed instance: ``InstanceStateError``."""
-        with self._lock(instance_id):
-            instance = self.load(instance_id)
-            self._check_version(instance, expected_version)
+        def step(instance: Instance) -> Instance:
             if instance.status == "completed":
                 raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
-            answers = args.answers.model_dump() if args.answers is not None else None
-            instance = self.engine.resume(instance, answers=answers)
-        return {**instance.to_document(), "version": instance.version}
+            return self.engine.resume(instance, answers=args.answers.model_dump() if args.answers else None)
+        return self._run_on(instance_id, expected_version, step)
 
     def cancel(self, instance_id: str, args: CancelArgs, *, expected_version: int | None = None,
                actor: str = "operator") -> dict[str, Any]:
         """``Engine.cancel``: stop an unfinished instance for good, with the reason on its tape."""
-        with self._lock(instance_id):
-            instance = self.load(instance_id)
-            self._check_version(instance, expected_version)
-            instance = self.engine.cancel(instance, reason=args.reason, actor=actor)
-        return {**instance.to_document(), "version": instance.version}
+        return self._run_on(instance_id, expected_version,
+                            lambda instance: self.engine.cancel(instance, reason=args.reason, actor=actor))
 
     def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",
                              answer: Any = None, answered: bool = False) -> dict[str, Any]:

@@ -335,7 +335,7 @@ class Engine:
         """Continue an instance: retry the failed activity of an ``error`` instance (its context
         is as before the activity; fix the cause first, e.g. with ``inject``), or run on."""
         rt = _runtime_of(instance)
-        _refuse_if_cancelled(instance, "resume it")
+        refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
             rt.reset_failed()
         return self.run(instance, answers=answers, ask=ask)
@@ -360,11 +360,11 @@ class Engine:
             if ctx.current_activity is not None:
                 ctx.abort_activity(ctx.current_activity, reason=f"instance cancelled: {reason}", actor=actor)
         instance.workflow.cancel()
-        closed = [c["id"] for c in instance.confirmations if not c.get("answered")]
+        closed = []
         for c in instance.confirmations:
             if not c.get("answered"):
-                c["answered"] = True
-                c["cancelled"] = True
+                c.update(answered=True, cancelled=True)
+                closed.append(c["id"])
         instance.suspended.clear()
         instance.main.record("cancelled", actor=actor, data={
             "reason": reason, "status": before, "waiting_for": [w.get("id") for w in instance.waiting_for],
@@ -532,7 +532,8 @@ def _utc(iso: str) -> datetime:
     return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
 
 
-def _refuse_if_cancelled(instance: Instance, what: str) -> None:
+def refuse_if_cancelled(instance: Instance, what: str) -> None:
+    """``InstanceStateError`` naming who cancelled ``instance`` and why, when it is cancelled."""
     if instance.status == "cancelled":
         from .governance import InstanceStateError
 
@@ -545,7 +546,7 @@ def _refuse_if_failed(instance: Instance, what: str) -> None:
     """A failed instance runs nothing until it is resumed: work done beside the failure would
     run on past it, and its error would be replaced by a join that can never fire. A
     cancelled one never runs again."""
-    _refuse_if_cancelled(instance, what)
+    refuse_if_cancelled(instance, what)
     if instance.status == "error":
         from .governance import InstanceStateError
 
