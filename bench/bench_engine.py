@@ -13,7 +13,8 @@ saving only when the run stops (``Engine(save="stop")``), and without the compre
 hook (``Engine(compress=False)``); the differences are the costs of per-activity
 persistence and of compression (attention scoring after every configured activity). Per-activity overhead = (layerflow - plain) / activities.
 Targets (issue 3): under 1 ms per activity at 1,000 context keys, under 2x plain
-SpiffWorkflow end to end.
+SpiffWorkflow end to end. The rows of a workload run interleaved, one run each per round,
+so a slower stretch of the shared machine hits them alike.
 
 Then, for each workload, where layerflow's time goes (median ms per run by phase, save
 after every activity, in separate runs with a timer around each phase), and how much of
@@ -238,15 +239,23 @@ def breakdown(path: Path, data: dict[str, Any], save: str, compress: bool, runs:
     return {k: v for k, v in per_run.items() if k}, per_run[""]
 
 
-def timed(fn: Callable[[], int], runs: int) -> tuple[float, int]:
-    fn()  # warm up (imports, caches)
-    times = []
-    count = 0
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        count = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1000, count
+def interleaved(runners: dict[str, Callable[[], int]], runs: int) -> dict[str, tuple[float, int]]:
+    """Median milliseconds per run of each runner, and what its last run returned.
+
+    The runners take turns, one run each per round, in an order that rotates from round to
+    round: a slower stretch of a shared machine falls on every row alike, so the ratios
+    between rows hold even when the absolute times drift."""
+    for fn in runners.values():
+        fn()  # warm up (imports, caches)
+    names = list(runners)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    counts = dict.fromkeys(names, 0)
+    for i in range(runs):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            t0 = time.perf_counter()
+            counts[name] = runners[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (statistics.median(times[name]) * 1000, counts[name]) for name in names}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,14 +279,19 @@ def main(argv: list[str] | None = None) -> int:
         ("loan (full review)", LOAN, LOAN_DATA, LayerflowBpmnParser, loan_handler_map),
         (f"chain{CHAIN_LENGTH} @ {CONTEXT_KEYS} keys", chain, chain_data, SpiffBpmnParser, None),
     ]
+    modes = (("activity", True), ("stop", True), ("stop", False))
     rows = []
     for name, path, data, parser_class, handlers in workloads:
-        plain_ms, _ = timed(plain_runner(path, data, parser_class, handlers), runs)
-        persisted = {mode: timed(plain_runner(path, data, parser_class, handlers, save=mode), runs)
-                     for mode in ("activity", "stop")}
-        for save, compress in (("activity", True), ("stop", True), ("stop", False)):
-            lf_ms, activities = timed(layerflow_runner(path, data, save, compress), runs)
-            like_ms, plain_saves = persisted[save]
+        runners = {"plain": plain_runner(path, data, parser_class, handlers)}
+        for mode in ("activity", "stop"):
+            runners[f"plain+{mode}"] = plain_runner(path, data, parser_class, handlers, save=mode)
+        for save, compress in modes:
+            runners[f"layerflow {save} {compress}"] = layerflow_runner(path, data, save, compress)
+        measured = interleaved(runners, runs)
+        plain_ms = measured["plain"][0]
+        for save, compress in modes:
+            lf_ms, activities = measured[f"layerflow {save} {compress}"]
+            like_ms, plain_saves = measured[f"plain+{save}"]
             if save == "activity":
                 assert plain_saves == activities, (plain_saves, activities)  # the same number of saves
             rows.append({"workload": name, "save": save + ("" if compress else ", no compress"),
@@ -287,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
 
     header = f"{'workload':<22} {'save after':<19} {'acts':>4} {'plain ms':>8} {'+saves ms':>9} " \
              f"{'layerflow ms':>12} {'overhead/act ms':>15} {'x plain':>7} {'x +saves':>8}"
-    print(f"bench_engine: median of {runs} runs each (Python {sys.version.split()[0]})")
+    print(f"bench_engine: median of {runs} runs each, the rows of a workload interleaved run by run "
+          f"(Python {sys.version.split()[0]})")
     print(header)
     print("-" * len(header))
     for r in rows:
