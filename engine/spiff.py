@@ -13,6 +13,9 @@ built this way (see shared/notes/spiffworkflow-3.2.md):
   (the engine sets it after creating or deserializing a workflow). Without a driver the
   twins behave exactly like the stock classes, so a layerflow-parsed spec still runs
   under plain SpiffWorkflow.
+* SpiffWorkflow 3.2 sees no task deeper than 1,000 levels, and a loop adds levels with
+  every pass: ``engine.deep_trees`` lifts that limit (and the recursion that comes with
+  deep trees) when this module is imported.
 
 The driver protocol (implemented by ``engine.runtime``)::
 
@@ -87,6 +90,10 @@ from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
 from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.task import TaskState
+
+from . import deep_trees
+
+deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
 
 __all__ = [
     "LAYERFLOW_NS",
