@@ -33,7 +33,7 @@ from SpiffWorkflow.task import Task
 from SpiffWorkflow.util.task import TaskIterator, TaskState
 from SpiffWorkflow.workflow import Workflow
 
-__all__ = ["lift", "STOCK_MAX_DEPTH"]
+__all__ = ["STOCK", "STOCK_MAX_DEPTH", "lift"]
 
 STOCK_MAX_DEPTH = 1000  # SpiffWorkflow 3.2's default
 
@@ -117,11 +117,21 @@ def _remove_task(self: Workflow, task_id: Any) -> None:
         self._task_removed_notify(task)
 
 
+# the methods lift() replaces, as SpiffWorkflow defines them: (owner, name) -> function
+STOCK: dict[tuple[type, str], Any] = {}
+_TWINS: tuple[tuple[type, str, Any], ...] = (
+    (Task, "is_descendant_of", _is_descendant_of),
+    (Task, "find_ancestor", _find_ancestor),
+    (Task, "cancel", _cancel),
+    (Task, "_drop_children", _drop_children),
+    (Workflow, "_remove_task", _remove_task),
+)
+
+
 def lift() -> None:
+    """Lift the depth limit and put the iterative twins in place (idempotent)."""
     _unbounded_default(TaskIterator)
     _unbounded_default(BpmnTaskIterator)
-    Task.is_descendant_of = _is_descendant_of  # type: ignore[method-assign]
-    Task.find_ancestor = _find_ancestor  # type: ignore[method-assign]
-    Task.cancel = _cancel  # type: ignore[method-assign]
-    Task._drop_children = _drop_children  # type: ignore[method-assign]
-    Workflow._remove_task = _remove_task  # type: ignore[method-assign]
+    for owner, name, twin in _TWINS:
+        STOCK.setdefault((owner, name), vars(owner)[name])
+        setattr(owner, name, twin)
