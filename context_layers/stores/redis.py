@@ -270,7 +270,8 @@ class RedisStore:
                 self._fill_due_script = self.redis.register_script(_FILL_DUE)
                 self._timer_index_ready = False
                 meta = self._k("meta")
-                self.redis.hsetnx(meta, "format", STORE_FORMAT)
+                if self.redis.hsetnx(meta, "format", STORE_FORMAT):  # a new prefix: nothing to fill the index from
+                    self.redis.hsetnx(meta, "timer_index", TIMER_INDEX)
                 check_format(f"redis store {self._url_for_errors} prefix {prefix!r}", self.redis.hget(meta, "format"))
         except ValueError as exc:  # redis-py's own URL parsing
             raise InvalidStoreURL(f"redis store URL {self._url_for_errors}: {exc}; write "

@@ -136,8 +136,9 @@ class SQLiteStore:
                 c.execute("ALTER TABLE instances ADD COLUMN due REAL")  # a file from before the timer index
             c.execute(_DUE_INDEX)
             row = c.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
-            if row is None:
-                c.execute("INSERT INTO meta (key, value) VALUES ('format', ?)", (str(STORE_FORMAT),))
+            if row is None:  # a new file: nothing to fill the timer index from
+                c.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                              [("format", str(STORE_FORMAT)), ("timer_index", str(TIMER_INDEX))])
             else:
                 check_format(f"sqlite store {self.path!r}", row[0])
 

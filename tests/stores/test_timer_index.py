@@ -149,6 +149,7 @@ def _on_disk(backend: Backend) -> None:
 def test_an_older_store_is_indexed_from_its_records_on_the_first_call(backend):
     _on_disk(backend)
     store = backend.open()
+    assert _marker(backend) == str(TIMER_INDEX), "a new store has nothing to fill: it is marked filled at once"
     store.create(waiting("old-due", at(5)))
     store.create(waiting("old-later", at(50)))
     store.create(waiting("old-done", at(1), status="completed"))
