@@ -59,6 +59,14 @@ class Backend:
         self.opened.append(store)
         return store
 
+    @property
+    def sqlite_path(self) -> str:
+        return self.url.split("://", 1)[1][1:]
+
+    @property
+    def redis_prefix(self) -> str:
+        return self.url.rsplit("prefix=", 1)[1]
+
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
@@ -103,18 +111,16 @@ def forget_timer_index(backend: Backend) -> None:
     if backend.name == "sqlite":
         import sqlite3
 
-        path = backend.url.split("://", 1)[1][1:]
-        with sqlite3.connect(path) as c:
+        with sqlite3.connect(backend.sqlite_path) as c:
             c.execute("UPDATE instances SET due = NULL")
             c.execute("DELETE FROM meta WHERE key = 'timer_index'")
         return
     if backend.name == "redis":
         import redis
 
-        prefix = backend.url.rsplit("prefix=", 1)[1]
         client = redis.Redis.from_url(REDIS_URL)
-        client.delete(f"{prefix}:due")
-        client.hdel(f"{prefix}:meta", "timer_index")
+        client.delete(f"{backend.redis_prefix}:due")
+        client.hdel(f"{backend.redis_prefix}:meta", "timer_index")
         client.close()
         return
     raise ValueError(f"a {backend.name} store holds nothing from before the timer index")
@@ -128,12 +134,12 @@ def indexed(backend: Backend) -> set[str]:
     if backend.name == "sqlite":
         import sqlite3
 
-        with sqlite3.connect(backend.url.split("://", 1)[1][1:]) as c:
+        with sqlite3.connect(backend.sqlite_path) as c:
             return {r[0] for r in c.execute("SELECT id FROM instances WHERE due IS NOT NULL")}
     import redis
 
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        return set(client.zrange(f"{backend.url.rsplit('prefix=', 1)[1]}:due", 0, -1))
+        return set(client.zrange(f"{backend.redis_prefix}:due", 0, -1))
     finally:
         client.close()

@@ -192,30 +192,26 @@ def _put_raw_record(backend: Backend, record: dict) -> None:
     """Write a record the way an older layerflow could have, without today's checks."""
     text = json.dumps(record)
     if backend.name == "sqlite":
-        with sqlite3.connect(backend.url.split("://", 1)[1][1:]) as c:
+        with sqlite3.connect(backend.sqlite_path) as c:
             c.execute("UPDATE instances SET record = ?, status = ? WHERE id = ?", (text, record["status"], record["id"]))
         return
     import redis
 
     client = redis.Redis.from_url(REDIS_URL)
-    client.hset(f"{_prefix(backend)}:i:{{{record['id']}}}", mapping={"record": text, "status": record["status"]})
+    client.hset(f"{backend.redis_prefix}:i:{{{record['id']}}}", mapping={"record": text, "status": record["status"]})
     client.close()
-
-
-def _prefix(backend: Backend) -> str:
-    return backend.url.rsplit("prefix=", 1)[1]
 
 
 def _marker(backend: Backend) -> str | None:
     if backend.name == "sqlite":
-        with sqlite3.connect(backend.url.split("://", 1)[1][1:]) as c:
+        with sqlite3.connect(backend.sqlite_path) as c:
             row = c.execute("SELECT value FROM meta WHERE key = 'timer_index'").fetchone()
         return row[0] if row else None
     import redis
 
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     try:
-        return client.hget(f"{_prefix(backend)}:meta", "timer_index")  # type: ignore[no-any-return]
+        return client.hget(f"{backend.redis_prefix}:meta", "timer_index")  # type: ignore[no-any-return]
     finally:
         client.close()
 
