@@ -1,5 +1,5 @@
-"""Store backends: tape append latency, save / load throughput, and loan-demo instances
-per second with 1 and 2 workers.
+"""Store backends: tape append latency, save / load throughput, finding due timers, and
+loan-demo instances per second with 1 and 2 workers.
 
     python bench/bench_store.py            # memory, sqlite, redis ($REDIS_URL or 127.0.0.1:6379)
     python bench/bench_store.py --quick    # CI: fewer operations
@@ -7,6 +7,13 @@ per second with 1 and 2 workers.
 Appends are single events (``append_events``: one transaction / one script each);
 a save replaces a ~10 KB record and appends 3 events in the same transaction, as an
 engine step does. Redis is skipped with a note when no server answers.
+
+Due timers: ``Engine.due_timers()`` over 5,000 instances waiting for a timer, of which 10 are
+due (``--quick``: 500 and 5), on the timer index (``Store.due_instances``) and on the full
+scan it replaced (every instance listed, the record head of every waiting one read), in the
+same run: the first call (``layerflow timers``, a new process) and the next one with nothing
+changed (a worker's scan every ``--timer-interval``); plus the one-time filling of the index
+of a store written before it existed.
 
 Workers: N loan-demo instances ("full" scenario: risk assessment, two parallel reviews,
 join, decision) are created first; the clock runs from putting their ids on a fresh
@@ -179,6 +186,93 @@ def bench_workers(name: str, workers: int, n: int) -> float:
     return n / elapsed
 
 
+def timer_record(iid: str, due: float) -> dict[str, Any]:
+    """A record as the engine saves an instance waiting for a timer: ~10 KB, the timer in its
+    engine part."""
+    from datetime import datetime, timezone
+
+    when = datetime.fromtimestamp(due, timezone.utc).isoformat()
+    return {"id": iid, "process_id": "wait_an_hour", "status": "waiting", "workflow": "w" * 10_000,
+            "engine": {"waiting_for": [{"kind": "timer", "id": f"t-{iid}", "task_id": "an_hour", "due": when}]}}
+
+
+def bench_due_timers(name: str, waiting: int, due: int) -> list[tuple[str, float, int, float, int]]:
+    """Rows ``(call, full scan ms, its head reads, index ms, its head reads)``; raises if the
+    two ways ever disagree."""
+    from context_layers.stores import InstanceRecords
+    from engine import Engine
+
+    class FullScan(InstanceRecords):
+        """``due_timers`` as it was before the index: every waiting instance is a candidate."""
+
+        heads = 0
+
+        def list_due(self, until: Any) -> list[dict[str, Any]]:
+            return [row for row in self.list() if row["status"] == "waiting"]
+
+        def load_head(self, instance_id: str) -> dict[str, Any]:
+            self.heads += 1
+            return super().load_head(instance_id)
+
+    class Indexed(InstanceRecords):
+        heads = 0
+
+        def load_head(self, instance_id: str) -> dict[str, Any]:
+            self.heads += 1
+            return super().load_head(instance_id)
+
+    now = time.time()
+    with backend(name) as store:
+        for i in range(waiting):  # the first `due` came due a minute ago, the rest in an hour
+            store.create(timer_record(f"i{i:06d}", now - 60 if i < due else now + 3600))
+        rows = []
+        scan, index = FullScan(store), Indexed(store)
+        engines = Engine(scan, clock=lambda: now), Engine(index, clock=lambda: now)
+        for call in ("first call", "next call"):
+            scan.heads = index.heads = 0
+            scan_ms, expected = timed_call(engines[0].due_timers)
+            index_ms, got = timed_call(engines[1].due_timers)
+            if got != expected or len(got) != due:
+                raise RuntimeError(f"{name}: the index found {len(got)} due timers, the scan {len(expected)}")
+            rows.append((call, scan_ms, scan.heads, index_ms, index.heads))
+        if name != "memory":  # a store from before the index: the first call fills it, once
+            forget_index(name, store)
+            older = Indexed(reopen(store))
+            fill_ms, got = timed_call(Engine(older, clock=lambda: now).due_timers)
+            if len(got) != due:
+                raise RuntimeError(f"{name}: after filling, the index found {len(got)} due timers, not {due}")
+            rows.append(("first call, index to fill", float("nan"), 0, fill_ms, older.heads))
+            older.store.close()
+    return rows
+
+
+def timed_call(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    result = fn()
+    return (time.perf_counter() - t0) * 1e3, result
+
+
+def forget_index(name: str, store: Store) -> None:
+    """Make ``store`` look as a layerflow before the timer index left it."""
+    if name.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(store.path) as c:  # type: ignore[attr-defined]
+            c.execute("UPDATE instances SET due = NULL")
+            c.execute("DELETE FROM meta WHERE key = 'timer_index'")
+    else:
+        prefix = store.prefix  # type: ignore[attr-defined]
+        store.redis.delete(f"{prefix}:due")  # type: ignore[attr-defined]
+        store.redis.hdel(f"{prefix}:meta", "timer_index")  # type: ignore[attr-defined]
+
+
+def reopen(store: Store) -> Store:
+    """A new handle on the same store (a new process after an upgrade)."""
+    if hasattr(store, "prefix"):
+        return open_store(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={store.prefix}")
+    return open_store(store.url)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer operations (CI)")
@@ -199,6 +293,26 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"| {name} | {r['append_median_ms']:.3f} | {r['append_p99_ms']:.3f} | "
               f"{r['saves_per_s']:,.0f} | {r['loads_per_s']:,.0f} |")
+
+    waiting, due = (500, 5) if args.quick else (5000, 10)
+    print(f"\ndue timers: Engine.due_timers() over {waiting:,} instances waiting for a timer, {due} due; "
+          "full scan vs timer index, same run")
+    print("| backend | call | full scan (ms) | heads read | index (ms) | heads read | x faster |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name in args.backends.split(","):
+        if name == "sqlite-normal":
+            continue  # the index is read, not written, here: synchronous changes nothing
+        try:
+            rows = bench_due_timers(name, waiting, due)
+        except StoreUnavailable as exc:
+            print(f"| {name} | skipped: {exc} | | | | | |")
+            continue
+        for call, scan_ms, scan_heads, index_ms, index_heads in rows:
+            if scan_ms != scan_ms:  # nan: no scan to compare with
+                print(f"| {name} | {call} | | | {index_ms:,.1f} | {index_heads:,} | |")
+            else:
+                print(f"| {name} | {call} | {scan_ms:,.1f} | {scan_heads:,} | {index_ms:,.1f} | {index_heads:,} | "
+                      f"{scan_ms / index_ms:,.0f}x |")
     if args.no_workers:
         return 0
     from engine.worker import queue_client

@@ -59,3 +59,22 @@ def test_bench_confirmations_quick():
     assert [r[0] for r in rows] == ["baseline: rebuild every unfinished instance", "record heads, first listing",
                                     "record heads, nothing changed", "record heads, one instance answered"], out
     assert float(rows[0][2]) == 1.0
+
+
+@pytest.mark.slow
+def test_bench_store_quick_compares_the_timer_index_with_the_full_scan():
+    from stores.conftest import redis_or_skip
+
+    redis_or_skip()
+    out = _bench("bench/bench_store.py", "--quick", "--backends", "sqlite,redis", "--no-workers")
+    assert "over 500 instances waiting for a timer, 5 due" in out, out
+    rows = re.findall(r"^\| (sqlite|redis) \| (first call|next call) \| ([0-9.,]+) \| ([0-9,]+) \| ([0-9.,]+) \| "
+                      r"([0-9,]+) \| ([0-9,]+)x \|$", out, re.M)
+    assert [(r[0], r[1]) for r in rows] == [("sqlite", "first call"), ("sqlite", "next call"),
+                                           ("redis", "first call"), ("redis", "next call")], out
+    for backend, call, _scan_ms, scan_heads, _index_ms, index_heads, _faster in rows:
+        # the scan reads every waiting instance's head on a first call, the index only the due ones;
+        # a next call with nothing changed reads none either way
+        assert (int(scan_heads.replace(",", "")), int(index_heads)) == ((500, 5) if call == "first call" else (0, 0))
+    filled = re.findall(r"^\| (sqlite|redis) \| first call, index to fill \| \| \| [0-9.,]+ \| 5 \| \|$", out, re.M)
+    assert filled == ["sqlite", "redis"], out

@@ -15,7 +15,10 @@ A store keeps, per instance:
   append behind another writer's back;
 * **snapshots** by id, content-addressed (see ``split_snapshot``);
 * **confirmations**: pending human decisions, answered exactly once;
-* **leases**: which worker runs an instance right now, with an expiry.
+* **leases**: which worker runs an instance right now, with an expiry;
+* the **timer index**: per waiting instance, the earliest due time of its pending timers
+  (``timer_due``), written in the same transaction as the record, so that ``due_instances``
+  finds the instances whose time has come without reading every record.
 
 Errors (all ``LayerflowError``; ``VersionConflict`` and ``ContextKeyError`` live in
 ``context_layers.errors``)::
@@ -42,9 +45,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from json.encoder import encode_basestring
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
@@ -53,6 +58,7 @@ from ..errors import ContextKeyError, LayerflowError, VersionConflict
 
 __all__ = [
     "STORE_FORMAT",
+    "TIMER_INDEX",
     "BLOB_MIN_BYTES",
     "Store",
     "InstanceSummary",
@@ -72,6 +78,7 @@ __all__ = [
     "VersionConflict",
     "JSONText",
     "json_text",
+    "timer_due",
     "split_snapshot",
     "join_snapshot",
 ]
@@ -79,6 +86,11 @@ __all__ = [
 #: Format of everything a store writes (instance rows, snapshot manifests,
 #: confirmations, the store's own meta record). Bump it with a migration.
 STORE_FORMAT = 1
+
+#: Version of the timer index (``timer_due``) a store keeps. A store that does not say it
+#: holds this version (one written before the index existed) fills the index from its
+#: records, once, on the first ``due_instances``, and then records the version.
+TIMER_INDEX = 1
 
 #: Snapshot parts whose JSON is at least this long are stored once, by hash.
 BLOB_MIN_BYTES = 128
@@ -253,6 +265,23 @@ class Store(Protocol):
         """Summaries, oldest first."""
         ...
 
+    def due_instances(self, until: float | datetime) -> list[InstanceSummary]:
+        """Summaries of the instances with a pending timer due at or before ``until``
+        (seconds since the epoch, or a datetime; one without a zone is UTC), earliest due
+        first, ties by instance id.
+
+        It reads the timer index, not the records: per instance, ``timer_due(record)`` of
+        its last saved record (the earliest ``due`` of the ``engine.waiting_for`` items of
+        kind ``timer`` while ``status`` is ``"waiting"``), kept in the same transaction as
+        the record, and dropped with it (``delete``) or when a save leaves no such timer
+        (fired, completed, error, cancelled). A store written before the index existed is
+        indexed from its records, once, by the first call (``TIMER_INDEX``); a stored
+        record whose ``due`` is not ISO 8601 text fails that call with ``InvalidRecord``
+        naming the instance and the field. A listed instance has a timer due by ``until``;
+        which of its timers are due is in its record.
+        """
+        ...
+
     def delete(self, instance_id: str) -> bool:
         """Remove the instance with its tapes, snapshots, blobs, confirmations and lease."""
         ...
@@ -368,6 +397,7 @@ class PreparedRecord:
     process_id: str
     status: str
     text: str
+    due: float | None = None  # the timer index value: timer_due(record)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,7 +442,66 @@ def prepare_record(record: Mapping[str, Any], instance_id: str | None = None) ->
         if not isinstance(value, str):
             raise InvalidRecord(f"instance record {rid!r} needs a str {name!r}, got {value!r}")
         fields[name] = value
-    return PreparedRecord(rid, fields["process_id"], fields["status"], encode_record(record, f"instance record {rid!r}"))
+    text = encode_record(record, f"instance record {rid!r}")
+    return PreparedRecord(rid, fields["process_id"], fields["status"], text,
+                          timer_due(record, "write each due time as datetime.isoformat() text"))
+
+
+def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerflow cancel ID --reason ...) "
+              "or delete it") -> float | None:
+    """The timer index value of an instance record: the earliest ``due`` (ISO 8601 text; one
+    without a zone is UTC) of its ``engine.waiting_for`` items of kind ``timer``, in seconds
+    since the epoch; None while the record's ``status`` is not ``"waiting"`` or it waits
+    for no timer with a due time. This is the one place the stores read the engine's part
+    of a record (a mapping here: nothing of the engine is imported).
+
+    A due time that is not ISO 8601 text raises ``InvalidRecord`` naming the instance and
+    the field, and saying what to do (``fix``): a timer the index cannot place would never
+    be found, so a save refuses it rather than keep it silently.
+    """
+    if record.get("status") != "waiting":
+        return None
+    engine = record.get("engine")
+    if isinstance(engine, JSONText):
+        engine = json.loads(engine.text)
+    waiting = engine.get("waiting_for") if isinstance(engine, Mapping) else None
+    if not waiting:
+        return None
+    rid = record.get("id")
+    if not isinstance(waiting, (list, tuple)):
+        raise InvalidRecord(f"instance record {rid!r}: engine.waiting_for is a {type(waiting).__name__}, not a "
+                            f"list of items; {fix}")
+    earliest: float | None = None
+    for n, item in enumerate(waiting):
+        if not isinstance(item, Mapping) or item.get("kind") != "timer" or not item.get("due"):
+            continue  # no due time (SpiffWorkflow could not tell one): nothing to index, as nothing is listed
+        when = _seconds(item["due"])
+        if when is None:
+            raise InvalidRecord(f"instance record {rid!r}: engine.waiting_for[{n}].due is {item['due']!r}, not an "
+                                "ISO 8601 time such as '2026-01-05T09:00:00+00:00', so the timer index cannot place "
+                                f"its timer; {fix}")
+        earliest = when if earliest is None else min(earliest, when)
+    return earliest
+
+
+def _seconds(due: Any) -> float | None:
+    """ISO 8601 text (no zone: UTC) -> seconds since the epoch; None when it is not that."""
+    if not isinstance(due, str):
+        return None
+    try:
+        when = datetime.fromisoformat(due)
+        return (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).timestamp()
+    except (ValueError, OverflowError):
+        return None
+
+
+def until_seconds(until: float | datetime) -> float:
+    """``due_instances``' bound as seconds since the epoch (a datetime without a zone is UTC)."""
+    if isinstance(until, datetime):
+        return (until if until.tzinfo is not None else until.replace(tzinfo=timezone.utc)).timestamp()
+    if isinstance(until, bool) or not isinstance(until, (int, float)) or math.isnan(until):
+        raise TypeError(f"due_instances(until={until!r}): give seconds since the epoch (time.time()) or a datetime")
+    return float(until)
 
 
 def encode_record(record: Mapping[str, Any], what: str) -> str:

@@ -11,10 +11,11 @@ a record and its tapes always come from the same version even while others save.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
-from .base import Store, TapeSequenceError, version_conflict
+from .base import InstanceSummary, Store, TapeSequenceError, version_conflict
 
 __all__ = ["InstanceRecords", "save_instance", "load_instance", "split_tapes"]
 
@@ -144,14 +145,25 @@ class InstanceRecords:
             while len(self._heads) > self.HEADS_KEPT:
                 del self._heads[next(iter(self._heads))]  # the least recently written
 
+    def list_due(self, until: float | datetime) -> list[dict[str, Any]]:
+        """The rows of ``list()`` (same shape, same order) of the instances with a timer due by
+        ``until``, found by the store's timer index (``Store.due_instances``), not by a scan."""
+        oldest_first = sorted(self.store.due_instances(until), key=lambda s: (s["created"], s["instance_id"]))
+        return _rows(oldest_first)
+
     def list(self) -> list[dict[str, Any]]:
         """Summaries ``{"id", "process_id", "status", "version", "updated"}``, newest first."""
-        rows = [{"id": s["instance_id"], "process_id": s["process_id"], "status": s["status"],
-                 "version": s["version"], "updated": s["updated"]} for s in self.store.list_instances()]
-        return sorted(rows, key=lambda r: r["updated"], reverse=True)
+        return _rows(self.store.list_instances())
 
     def close(self) -> None:
         self.store.close()
+
+
+def _rows(summaries: Iterable[InstanceSummary]) -> list[dict[str, Any]]:
+    """``list()`` rows of store summaries given oldest first (``list_instances`` order): newest first."""
+    rows = [{"id": s["instance_id"], "process_id": s["process_id"], "status": s["status"],
+             "version": s["version"], "updated": s["updated"]} for s in summaries]
+    return sorted(rows, key=lambda r: r["updated"], reverse=True)
 
 
 def _without_version(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from .base import (
@@ -34,6 +35,7 @@ from .base import (
     split_snapshot,
     summary,
     tape_gap,
+    until_seconds,
     version_conflict,
 )
 
@@ -49,6 +51,7 @@ class _Instance:
     created: float
     updated: float
     format: int = STORE_FORMAT
+    due: float | None = None  # the timer index: timer_due of the record
     tapes: dict[str, list[str]] = field(default_factory=dict)
     snapshots: dict[str, str] = field(default_factory=dict)
     blobs: dict[str, str] = field(default_factory=dict)
@@ -84,7 +87,7 @@ class MemoryStore:
                 raise InstanceExists(f"instance {w.record.instance_id!r} already exists; load and save it, "
                                      "or create it under a new id")
             now = self._clock()
-            inst = _Instance(w.record.text, w.record.process_id, w.record.status, 0, now, now)
+            inst = _Instance(w.record.text, w.record.process_id, w.record.status, 0, now, now, due=w.record.due)
             self._check_appends(w.record.instance_id, inst, w)
             self._instances[w.record.instance_id] = inst
             self._apply(w.record.instance_id, inst, w)
@@ -121,6 +124,7 @@ class MemoryStore:
     def _apply(self, instance_id: str, inst: _Instance, w: PreparedWrite) -> None:
         if w.record is not None:
             inst.record, inst.process_id, inst.status = w.record.text, w.record.process_id, w.record.status
+            inst.due = w.record.due
         for a in w.appends:
             inst.tapes.setdefault(a.context, []).extend(a.events)
         for s in w.snapshots:
@@ -137,6 +141,15 @@ class MemoryStore:
             items = [(iid, i) for iid, i in self._instances.items() if status is None or i.status == status]
             return [summary(iid, i.process_id, i.status, i.version, i.created, i.updated)
                     for iid, i in sorted(items, key=lambda kv: (kv[1].created, kv[0]))]
+
+    def due_instances(self, until: float | datetime) -> list[InstanceSummary]:
+        # every record came through _apply, so the index is whole: a scan of the instances
+        # (no record decoded) is all an in-process store needs
+        bound = until_seconds(until)
+        with self._lock:
+            due = [(i.due, iid, i) for iid, i in self._instances.items() if i.due is not None and i.due <= bound]
+            return [summary(iid, i.process_id, i.status, i.version, i.created, i.updated)
+                    for _, iid, i in sorted(due, key=lambda d: d[:2])]
 
     def delete(self, instance_id: str) -> bool:
         with self._lock:

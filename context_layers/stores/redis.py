@@ -5,8 +5,9 @@ Every write that must be atomic is one Lua script (Redis runs a script alone, an
 checks and all the writes of a save happen in one step, every check before any write,
 so a failed check writes nothing. Keys, all under ``<prefix>:``::
 
-    meta                      hash   format
+    meta                      hash   format, timer_index (the version of ``due``; absent: fill it)
     index                     zset   instance id, scored by creation time
+    due                       zset   waiting instance id, scored by its earliest timer due time
     i:{id}                    hash   record, version, format, process_id, status, created, updated
     i:{id}:heads              hash   context -> last seq
     i:{id}:t:<context>        list   event JSON; element n-1 is seq n
@@ -25,11 +26,13 @@ import contextlib
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from .base import (
     STORE_FORMAT,
+    TIMER_INDEX,
     BlobStats,
     Confirmation,
     ConfirmationNotFound,
@@ -54,6 +57,8 @@ from .base import (
     split_snapshot,
     summary,
     tape_gap,
+    timer_due,
+    until_seconds,
     version_conflict,
 )
 
@@ -103,9 +108,10 @@ def _db_of(url: str) -> str:
     path = urlsplit(url).path.strip("/")
     return path or dict(parse_qsl(urlsplit(url).query)).get("db", "0")
 
-# KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9.. tapes
+# KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9 due, 10.. tapes
 # ARGV: 1 mode (create | save | side), 2 expected version or "", 3 record or "", 4 process_id, 5 status,
-#       6 now, 7 format, 8 instance id, 9 #appends, then per append: context, first seq, n, n events;
+#       6 now, 7 format, 8 instance id, 9 the record's due time or "" (none), 10 #appends, then per append:
+#       context, first seq, n, n events;
 #       then #snapshots, per snapshot: id, manifest, #blobs, (hash, body) pairs; then #confs, (id, JSON) pairs.
 _WRITE = """
 local mode = ARGV[1]
@@ -118,8 +124,8 @@ end
 local version = 0
 if exists then version = tonumber(redis.call('HGET', KEYS[1], 'version')) end
 if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {'conflict', version} end
-local n_app = tonumber(ARGV[9])
-local pos = 10
+local n_app = tonumber(ARGV[10])
+local pos = 11
 for a = 1, n_app do
   local first, n = tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
   local last = tonumber(redis.call('HGET', KEYS[3], ARGV[pos]) or '0')
@@ -136,15 +142,20 @@ if mode ~= 'side' then
   redis.call('HSET', KEYS[1], 'version', version, 'updated', ARGV[6], 'format', ARGV[7])
   if ARGV[3] ~= '' then
     redis.call('HSET', KEYS[1], 'record', ARGV[3], 'process_id', ARGV[4], 'status', ARGV[5])
+    if ARGV[9] == '' then
+      redis.call('ZREM', KEYS[9], ARGV[8])
+    else
+      redis.call('ZADD', KEYS[9], ARGV[9], ARGV[8])
+    end
   end
 end
-pos = 10
+pos = 11
 for a = 1, n_app do
   local first, n = tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
   local i = pos + 3
   while i <= pos + 2 + n do
     local j = math.min(i + 499, pos + 2 + n)
-    redis.call('RPUSH', KEYS[8 + a], unpack(ARGV, i, j))
+    redis.call('RPUSH', KEYS[9 + a], unpack(ARGV, i, j))
     i = j + 1
   end
   redis.call('HSET', KEYS[3], ARGV[pos], first + n - 1)
@@ -182,7 +193,7 @@ redis.call('SREM', KEYS[2], ARGV[1])
 return 'ok'
 """
 
-# KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9 lease
+# KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9 due, 10 lease
 # ARGV: 1 instance id, 2 tape key prefix
 _DELETE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -191,8 +202,23 @@ for _, cid in ipairs(redis.call('SMEMBERS', KEYS[6])) do
   redis.call('HDEL', KEYS[7], cid)
   redis.call('SREM', KEYS[8], cid)
 end
-redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[9])
+redis.call('DEL', KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[10])
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[9], ARGV[1])
+return 1
+"""
+
+# Filling the timer index of instances saved before it existed, a batch at a time: an index
+# value is written only if the instance still has the version it was computed from (a save
+# since then wrote its own). KEYS: 1 due; ARGV: instance key prefix, then (id, version, due or "")
+# triples.
+_FILL_DUE = """
+for i = 2, #ARGV, 3 do
+  local id, due = ARGV[i], ARGV[i + 2]
+  if redis.call('HGET', ARGV[1] .. id .. '}', 'version') == ARGV[i + 1] then
+    if due == '' then redis.call('ZREM', KEYS[1], id) else redis.call('ZADD', KEYS[1], due, id) end
+  end
+end
 return 1
 """
 
@@ -241,8 +267,11 @@ class RedisStore:
                 self._answer_script = self.redis.register_script(_ANSWER)
                 self._delete_script = self.redis.register_script(_DELETE)
                 self._lease_script = self.redis.register_script(_LEASE)
+                self._fill_due_script = self.redis.register_script(_FILL_DUE)
+                self._timer_index_ready = False
                 meta = self._k("meta")
-                self.redis.hsetnx(meta, "format", STORE_FORMAT)
+                if self.redis.hsetnx(meta, "format", STORE_FORMAT):  # a new prefix: nothing to fill the index from
+                    self.redis.hsetnx(meta, "timer_index", TIMER_INDEX)
                 check_format(f"redis store {self._url_for_errors} prefix {prefix!r}", self.redis.hget(meta, "format"))
         except ValueError as exc:  # redis-py's own URL parsing
             raise InvalidStoreURL(f"redis store URL {self._url_for_errors}: {exc}; write "
@@ -280,7 +309,7 @@ class RedisStore:
     def _instance_keys(self, instance_id: str) -> list[str]:
         return [self._ik(instance_id), self._k("index"), self._ik(instance_id, "heads"),
                 self._ik(instance_id, "snaps"), self._ik(instance_id, "blobs"), self._ik(instance_id, "confs"),
-                self._k("confs"), self._k("confs", "pending")]
+                self._k("confs"), self._k("confs", "pending"), self._k("due")]
 
     # ----- the one write path ------------------------------------------------------------------
 
@@ -289,7 +318,7 @@ class RedisStore:
         r = w.record
         args: list[Any] = [mode, "" if expected_version is None else expected_version, r.text if r else "",
                            r.process_id if r else "", r.status if r else "", repr(time.time()), STORE_FORMAT,
-                           instance_id, len(w.appends)]
+                           instance_id, "" if r is None or r.due is None else repr(r.due), len(w.appends)]
         for a in w.appends:
             keys.append(self._ik(instance_id, "t", a.context))
             args += [a.context, a.first_seq, len(a.events), *a.events]
@@ -342,9 +371,51 @@ class RedisStore:
         return self._run_write("save", instance_id, w, expected_version)
 
     def list_instances(self, status: str | None = None) -> list[InstanceSummary]:
-        fields = ("process_id", "status", "version", "created", "updated")
         with self._mapped():
             ids = self.redis.zrange(self._k("index"), 0, -1)
+        return self._summaries(ids, status)
+
+    def due_instances(self, until: float | datetime) -> list[InstanceSummary]:
+        bound = until_seconds(until)
+        if not self._timer_index_ready:
+            self._fill_timer_index()
+        with self._mapped():
+            ids = self.redis.zrangebyscore(self._k("due"), "-inf", repr(bound))  # ties: by id, as Redis orders them
+        return self._summaries(ids, None)
+
+    def _fill_timer_index(self, batch: int = 500) -> None:
+        """Index the instances of a prefix written before the timer index, once. Records are read
+        in batches outside any transaction; ``_FILL_DUE`` writes a value only where the version is
+        still the one read, so a save in between (which indexed itself) is never overwritten."""
+        meta = self._k("meta")
+        with self._mapped():
+            found = self.redis.hget(meta, "timer_index")
+            if found is None or int(found) < TIMER_INDEX:
+                ids = self.redis.zrange(self._k("index"), 0, -1)
+                for start in range(0, len(ids), batch):
+                    chunk = ids[start:start + batch]
+                    pipe = self.redis.pipeline(transaction=False)
+                    for iid in chunk:
+                        pipe.hget(self._ik(iid), "status")
+                    waiting = [iid for iid, st in zip(chunk, pipe.execute()) if st == "waiting"]  # only they have one
+                    if not waiting:
+                        continue
+                    pipe = self.redis.pipeline(transaction=False)
+                    for iid in waiting:
+                        pipe.hmget(self._ik(iid), "record", "version")
+                    args: list[Any] = [self._k("i", "{")]
+                    for iid, (text, version) in zip(waiting, pipe.execute()):
+                        if text is None:
+                            continue  # deleted meanwhile
+                        due = timer_due(json.loads(text))
+                        args += [iid, version, "" if due is None else repr(due)]
+                    self._fill_due_script(keys=[self._k("due")], args=args)
+                self.redis.hset(meta, "timer_index", TIMER_INDEX)
+        self._timer_index_ready = True
+
+    def _summaries(self, ids: Sequence[str], status: str | None) -> list[InstanceSummary]:
+        fields = ("process_id", "status", "version", "created", "updated")
+        with self._mapped():
             pipe = self.redis.pipeline(transaction=False)
             for iid in ids:
                 pipe.hmget(self._ik(iid), *fields)

@@ -4,6 +4,10 @@ WAL mode (readers never block the writer), one connection per thread, and every 
 in one ``BEGIN IMMEDIATE`` transaction: the version check, the tape-continuity check
 and all the rows of a save commit together or not at all. Several processes may share
 the file (workers on one machine); the write lock serializes them.
+
+The timer index is the ``due`` column of ``instances`` (``timer_due`` of the record, NULL
+for most rows) with a partial index on it; a file from before the column gets it on open
+and is filled from its records on the first ``due_instances`` (meta ``timer_index``).
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from .base import (
     STORE_FORMAT,
+    TIMER_INDEX,
     BlobStats,
     Confirmation,
     ConfirmationNotFound,
@@ -41,6 +47,8 @@ from .base import (
     split_snapshot,
     summary,
     tape_gap,
+    timer_due,
+    until_seconds,
     version_conflict,
 )
 
@@ -51,7 +59,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS instances (
     id TEXT PRIMARY KEY, format INTEGER NOT NULL, version INTEGER NOT NULL,
     process_id TEXT NOT NULL, status TEXT NOT NULL, record TEXT NOT NULL,
-    created REAL NOT NULL, updated REAL NOT NULL);
+    created REAL NOT NULL, updated REAL NOT NULL, due REAL);
 CREATE INDEX IF NOT EXISTS instances_by_status ON instances (status, created);
 CREATE TABLE IF NOT EXISTS events (
     instance_id TEXT NOT NULL, context TEXT NOT NULL, seq INTEGER NOT NULL, event TEXT NOT NULL,
@@ -67,6 +75,9 @@ CREATE TABLE IF NOT EXISTS confirmations (
 CREATE INDEX IF NOT EXISTS confirmations_by_instance ON confirmations (instance_id, status);
 CREATE TABLE IF NOT EXISTS leases (instance_id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires REAL NOT NULL);
 """
+
+# after the migration that adds the column to an older file; partial: only waiting rows have a due
+_DUE_INDEX = "CREATE INDEX IF NOT EXISTS instances_by_due ON instances (due, id) WHERE due IS NOT NULL"
 
 
 @contextlib.contextmanager
@@ -108,6 +119,7 @@ class SQLiteStore:
         self._synchronous = synchronous.upper()
         self._timeout = busy_timeout
         self._clock = clock
+        self._timer_index_ready = False
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
@@ -120,9 +132,13 @@ class SQLiteStore:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     c.execute(statement)
+            if "due" not in {r[1] for r in c.execute("PRAGMA table_info(instances)")}:
+                c.execute("ALTER TABLE instances ADD COLUMN due REAL")  # a file from before the timer index
+            c.execute(_DUE_INDEX)
             row = c.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
-            if row is None:
-                c.execute("INSERT INTO meta (key, value) VALUES ('format', ?)", (str(STORE_FORMAT),))
+            if row is None:  # a new file: nothing to fill the timer index from
+                c.executemany("INSERT INTO meta (key, value) VALUES (?, ?)",
+                              [("format", str(STORE_FORMAT)), ("timer_index", str(TIMER_INDEX))])
             else:
                 check_format(f"sqlite store {self.path!r}", row[0])
 
@@ -189,9 +205,9 @@ class SQLiteStore:
                 raise InstanceExists(f"instance {r.instance_id!r} already exists; load and save it, "
                                      "or create it under a new id")
             now = self._clock()
-            c.execute("INSERT INTO instances (id, format, version, process_id, status, record, created, updated) "
-                      "VALUES (?, ?, 1, ?, ?, ?, ?, ?)",
-                      (r.instance_id, STORE_FORMAT, r.process_id, r.status, r.text, now, now))
+            c.execute("INSERT INTO instances (id, format, version, process_id, status, record, created, updated, due) "
+                      "VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?)",
+                      (r.instance_id, STORE_FORMAT, r.process_id, r.status, r.text, now, now, r.due))
             self._check_and_insert(c, r.instance_id, w)
         return 1
 
@@ -219,8 +235,9 @@ class SQLiteStore:
             now = self._clock()
             if w.record is not None:
                 c.execute("UPDATE instances SET version = ?, record = ?, process_id = ?, status = ?, updated = ?, "
-                          "format = ? WHERE id = ?", (version + 1, w.record.text, w.record.process_id,
-                                                      w.record.status, now, STORE_FORMAT, instance_id))
+                          "format = ?, due = ? WHERE id = ?", (version + 1, w.record.text, w.record.process_id,
+                                                               w.record.status, now, STORE_FORMAT, w.record.due,
+                                                               instance_id))
             else:
                 c.execute("UPDATE instances SET version = ?, updated = ? WHERE id = ?", (version + 1, now, instance_id))
             self._check_and_insert(c, instance_id, w)
@@ -263,6 +280,26 @@ class SQLiteStore:
         with _mapped(self.path):
             rows = self._conn().execute(sql + " ORDER BY created, id", args).fetchall()
         return [summary(r[0], r[1], r[2], int(r[3]), float(r[4]), float(r[5])) for r in rows]
+
+    def due_instances(self, until: float | datetime) -> list[InstanceSummary]:
+        bound = until_seconds(until)
+        if not self._timer_index_ready:
+            self._fill_timer_index()
+        with _mapped(self.path):
+            rows = self._conn().execute("SELECT id, process_id, status, version, created, updated FROM instances "
+                                        "WHERE due <= ? ORDER BY due, id", (bound,)).fetchall()
+        return [summary(r[0], r[1], r[2], int(r[3]), float(r[4]), float(r[5])) for r in rows]
+
+    def _fill_timer_index(self) -> None:
+        """Index the records of a file written before the timer index, once: in one write
+        transaction, so no save slips between the read of a record and its index value."""
+        with self._tx() as c:
+            row = c.execute("SELECT value FROM meta WHERE key = 'timer_index'").fetchone()
+            if row is None or int(row[0]) < TIMER_INDEX:
+                for iid, text in c.execute("SELECT id, record FROM instances WHERE status = 'waiting'").fetchall():
+                    c.execute("UPDATE instances SET due = ? WHERE id = ?", (timer_due(json.loads(text)), iid))
+                c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('timer_index', ?)", (str(TIMER_INDEX),))
+        self._timer_index_ready = True
 
     def delete(self, instance_id: str) -> bool:
         with self._tx() as c:

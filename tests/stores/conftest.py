@@ -59,6 +59,14 @@ class Backend:
         self.opened.append(store)
         return store
 
+    @property
+    def sqlite_path(self) -> str:
+        return self.url.split("://", 1)[1][1:]
+
+    @property
+    def redis_prefix(self) -> str:
+        return self.url.rsplit("prefix=", 1)[1]
+
 
 @pytest.fixture(params=["memory", "sqlite", "redis"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
@@ -94,3 +102,44 @@ def record() -> Callable[..., dict]:
         return {"id": instance_id, "process_id": "loan_approval", "status": "running",
                 "workflow": '{"spec": "loan"}', "engine": {"activities": 0}, **fields}
     return make
+
+
+def forget_timer_index(backend: Backend) -> None:
+    """Make the store look as a layerflow before the timer index left it: no index values, no
+    ``timer_index`` marker (the records are as they were). Open a new handle afterwards: a
+    handle that has seen the marker does not look again."""
+    if backend.name == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(backend.sqlite_path) as c:
+            c.execute("UPDATE instances SET due = NULL")
+            c.execute("DELETE FROM meta WHERE key = 'timer_index'")
+        return
+    if backend.name == "redis":
+        import redis
+
+        client = redis.Redis.from_url(REDIS_URL)
+        client.delete(f"{backend.redis_prefix}:due")
+        client.hdel(f"{backend.redis_prefix}:meta", "timer_index")
+        client.close()
+        return
+    raise ValueError(f"a {backend.name} store holds nothing from before the timer index")
+
+
+def indexed(backend: Backend) -> set[str]:
+    """The instance ids the backend's timer index holds, read from its storage rather than
+    through ``due_instances`` (which skips ids whose record is gone): nothing left behind."""
+    if backend.name == "memory":
+        return {iid for iid, inst in backend.open()._instances.items() if inst.due is not None}  # type: ignore[attr-defined]
+    if backend.name == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(backend.sqlite_path) as c:
+            return {r[0] for r in c.execute("SELECT id FROM instances WHERE due IS NOT NULL")}
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        return set(client.zrange(f"{backend.redis_prefix}:due", 0, -1))
+    finally:
+        client.close()
