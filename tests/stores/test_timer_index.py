@@ -141,13 +141,12 @@ def test_until_must_be_a_time(store, until):
 
 # ---------------------------------------------------- stores written before the index existed
 
-def _on_disk(backend: Backend) -> None:
-    if backend.name == "memory":
-        pytest.skip("a memory store holds nothing from before the timer index")
+# a memory store holds nothing from before the timer index
+on_disk = pytest.mark.parametrize("backend", ["sqlite", "redis"], indirect=True)
 
 
+@on_disk
 def test_an_older_store_is_indexed_from_its_records_on_the_first_call(backend):
-    _on_disk(backend)
     store = backend.open()
     assert _marker(backend) == str(TIMER_INDEX), "a new store has nothing to fill: it is marked filled at once"
     store.create(waiting("old-due", at(5)))
@@ -216,10 +215,10 @@ def _marker(backend: Backend) -> str | None:
         client.close()
 
 
+@on_disk
 def test_an_older_record_with_a_bad_due_time_stops_the_filling_naming_it(backend):
     """Deliberate: the index is not marked filled with a timer left out (it would never fire);
     the error names the instance, the field, and what to do, and the next call tries again."""
-    _on_disk(backend)
     store = backend.open()
     store.create(waiting("fine", at(5)))
     store.create(waiting("broken", at(5)))
@@ -237,11 +236,10 @@ def test_an_older_record_with_a_bad_due_time_stops_the_filling_naming_it(backend
     assert _marker(backend) == str(TIMER_INDEX)
 
 
+@pytest.mark.parametrize("backend", ["redis"], indirect=True)  # sqlite fills in one write transaction
 def test_redis_filling_never_overwrites_what_a_save_in_between_indexed(backend, monkeypatch):
     """The records are read outside any transaction; a save between the read and the index write
     (which indexed the instance itself) wins."""
-    if backend.name != "redis":
-        pytest.skip("sqlite fills the index in one write transaction; memory has nothing to fill")
     import context_layers.stores.redis as redis_store
 
     store = backend.open()
