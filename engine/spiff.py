@@ -230,6 +230,19 @@ class _LayerflowSpecMixin:
     lf_role = "flow"  # "activity" | "gateway" | "multi" | "flow"
 
     def _update_hook(self, my_task: Any) -> Any:
+        if self.lf_role == "activity" and multi_instance_of(my_task) is not None and driver_of(my_task) is not None:
+            # An instance of a multi-instance activity would inherit a deep copy of the activity's
+            # task data (the whole input and output collections, which the driver put there for
+            # SpiffWorkflow): n instances, n copies of n items, each converted again at every save.
+            # It keeps the input item SpiffWorkflow gave it; the rest of its data is the context's.
+            own = set(my_task.data)
+            try:
+                return self._update_task(my_task)
+            finally:
+                my_task.data = {k: v for k, v in my_task.data.items() if k in own}
+        return self._update_task(my_task)
+
+    def _update_task(self, my_task: Any) -> Any:
         # Tag before spiff's own update: a join cancels its sibling instances there,
         # and the join needs every arrived instance tagged.
         if CTX_KEY not in my_task.internal_data:
@@ -885,8 +898,9 @@ def serialize_json(workflow: Any) -> str:
     The engine saves after every activity, and most of a save is the same text as the
     last one: the spec, and every task that did not change since. Both are kept as JSON
     text: a spec once per shape (``_spec_shape``), a task until its fingerprint changes (state, time of the last
-    state change, children, ``internal_data``). A task that has data of its own, or a
-    parent with data, is converted every time, as are subprocesses and events. The
+    state change, children, ``internal_data``, and for the instances of a multi-instance
+    activity their scalar items and the keys of the activity's data). A task with other data
+    is converted every time, as are subprocesses and events. The
     result loads with ``SERIALIZER.deserialize_json`` to the same workflow (the same
     JSON value as SpiffWorkflow's own text; only the order of the top-level keys and the
     spacing differ). It is strict JSON: a value JSON cannot hold (NaN, an object the
@@ -942,12 +956,9 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
         texts = _TASK_JSON[workflow] = _TaskTexts()
     cache = texts.tasks
     tasks = workflow.tasks
-    # tasks whose children are converted every time; usually none (the engine keeps data
-    # in its contexts). Asked once here rather than per task: UUIDs hash in Python.
-    with_data = {tid for tid, task in tasks.items() if task.data}
     parts = []
     for tid, task in tasks.items():
-        mark = _task_fingerprint(task, with_data)
+        mark = _task_fingerprint(task, tasks)
         hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
@@ -968,9 +979,9 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-# does _plain_task_json write what the registry builds? checked once for a root task
-# (False) and once for a task with a parent (True)
-_PLAIN_TASKS: dict[bool, bool] = {}
+# does _plain_task_json write what the registry builds? checked once for each form: (has a
+# parent, has data or a parent with data)
+_PLAIN_TASKS: dict[tuple[bool, bool], bool] = {}
 
 
 def _scalar_json(value: Any) -> str:
@@ -992,18 +1003,26 @@ def _key_json(key: Any) -> str:
 
 def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
     """The JSON text of SpiffWorkflow's ``TaskConverter.to_dict`` (with its typename) for a
-    task that has no data of its own, nor its parent, and only scalars in ``internal_data``:
-    written directly, its fields being ids, numbers and names (a dict and an encoder
-    call would cost more than the text). The first use of each form (root, child)
-    compares it with the registry's own result; on a difference that form is never used
-    again (None)."""
-    has_parent = task.parent is not None
-    if _PLAIN_TASKS.get(has_parent) is False:
+    task its fingerprint describes (``_task_fingerprint``): written directly, its fields being
+    ids, numbers, names and scalar data (a dict and an encoder call would cost more than the
+    text). A task with a parent stores its data as a delta against the parent's: with no key
+    in common, every key of its own is an update and every key of the parent's a deletion.
+    The first use of each form compares it with the registry's own result; on a difference
+    that form is never used again (None)."""
+    has_parent = task._parent is not None
+    parent_data = task.parent.data if has_parent else {}
+    form = (has_parent, bool(task.data or parent_data))
+    if _PLAIN_TASKS.get(form) is False:
         return None
     parent = texts.quoted(task._parent) if has_parent else "null"
     children = ",".join(map(texts.quoted, task._children))
-    delta = '{"updates":{},"deletions":[]}' if has_parent else "{}"
     try:
+        if has_parent:
+            updates = ",".join(f"{_key_json(k)}:{_scalar_json(v)}" for k, v in task.data.items())
+            deletions = ",".join(map(_key_json, parent_data))
+            delta = f'{{"updates":{{{updates}}},"deletions":[{deletions}]}}'
+        else:
+            delta = "{}"
         internal = ",".join(f"{_key_json(k)}:{_scalar_json(v)}" for k, v in task.internal_data.items())
         text = (f'{{"id":{texts.quoted(task.id)},"parent":{parent},"children":[{children}],'
                 f'"last_state_change":{_scalar_json(task.last_state_change)},"state":{_scalar_json(task._state)},'
@@ -1012,26 +1031,43 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
                 f'"typename":{_scalar_json(registry.typenames.get(type(task)))}}}')
     except ValueError:
         return None
-    if has_parent not in _PLAIN_TASKS:
-        _PLAIN_TASKS[has_parent] = json.loads(text) == registry.convert(task)
-        if not _PLAIN_TASKS[has_parent]:
+    if form not in _PLAIN_TASKS:
+        _PLAIN_TASKS[form] = json.loads(text) == registry.convert(task)
+        if not _PLAIN_TASKS[form]:
             return None
     return text
 
 
-def _task_fingerprint(task: Any, with_data: set[Any]) -> tuple[Any, ...] | None:
+def _task_fingerprint(task: Any, tasks: Mapping[Any, Any]) -> tuple[Any, ...] | None:
     """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
 
-    Data is stored as changes against the parent's data: with no data on either side
-    the delta is empty, whatever else happened, so only emptiness is checked (live)."""
-    if task.data or (with_data and task._parent in with_data):
+    Data is stored as changes against the parent's data. A task whose own data holds only
+    scalars under keys its parent's data does not have (an instance of a multi-instance
+    activity: its input and output items) stores them all as updates and the parent's keys
+    as deletions, whatever the parent's values: its own items and the parent's keys
+    decide its text. The engine keeps every other task's data empty."""
+    data = task.data
+    parent_keys: tuple[Any, ...] = ()
+    if task._parent is not None:
+        parent = tasks.get(task._parent)
+        if parent is not None and parent.data:
+            parent_keys = tuple(parent.data)
+            if data and any(k in parent.data for k in data):
+                return None
+    elif data:
         return None
+    items: tuple[Any, ...] = ()
+    if data:
+        items = tuple(data.items())
+        for key, value in items:
+            if type(key) is not str or type(value) not in _SCALARS:
+                return None
     internal = tuple(task.internal_data.items())
     for _, value in internal:
         if type(value) not in _SCALARS:
             return None
     return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal, task._parent,
-            task.task_spec.name)
+            task.task_spec.name, items, parent_keys)
 
 
 def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> BpmnWorkflow:

@@ -242,6 +242,54 @@ def test_the_workflow_text_is_spiffworkflows_whatever_a_task_holds(internal: dic
     assert json.loads(spiff.serialize_json(wf)) == json.loads(spiff.SERIALIZER.serialize_json(wf))
 
 
+def _waiting_instances(folder: Path) -> Any:
+    """A workflow whose multi-instance activity waits on its instances (data on both sides)."""
+    task = """<bpmn:userTask id="each"><bpmn:multiInstanceLoopCharacteristics isSequential="false">
+      <bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>out</bpmn:loopDataOutputRef>
+      <bpmn:inputDataItem id="item" name="item"/><bpmn:outputDataItem id="res" name="res"/>
+      </bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>"""
+    (folder / "mi.bpmn").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" '
+        'id="d" targetNamespace="t"><bpmn:process id="mi" isExecutable="true"><bpmn:startEvent id="start"/>'
+        f'{task}<bpmn:endEvent id="end"/><bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="each"/>'
+        '<bpmn:sequenceFlow id="f2" sourceRef="each" targetRef="end"/></bpmn:process></bpmn:definitions>', encoding="utf-8")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(folder / "mi.bpmn"), {"items": [1, "two", 3.5, None]}))
+    assert instance.status == "waiting"
+    return instance.workflow
+
+
+@pytest.mark.parametrize("change", [
+    "none", "item value", "item not scalar", "key shared with the activity", "same value as the activity",
+    "activity gains a key", "activity value changes", "activity loses its data", "instance gains a key"])
+def test_the_text_of_an_instance_with_items_is_spiffworkflows_before_and_after_a_change(change: str,
+                                                                                         tmp_path: Path) -> None:
+    """Instances of a multi-instance activity are kept as text between saves, by their scalar
+    items and the activity's keys: every change that alters SpiffWorkflow's text alters it."""
+    wf = _waiting_instances(tmp_path)
+    assert json.loads(spiff.serialize_json(wf)) == json.loads(spiff.SERIALIZER.serialize_json(wf))  # and kept
+    parent = next(t for t in wf.tasks.values() if t.task_spec.name == "each")
+    child = next(t for t in wf.tasks.values() if t.task_spec.name == "each [child]")
+    assert parent.data and child.data
+    if change == "item value":
+        child.data["item"] = "changed"
+    elif change == "item not scalar":
+        child.data["item"] = [1, {"a": 2}]
+    elif change == "key shared with the activity":
+        parent.data["flag"], child.data["flag"] = 1, 2
+    elif change == "same value as the activity":
+        parent.data["flag"], child.data["flag"] = 1, 1
+    elif change == "activity gains a key":
+        parent.data["extra"] = 1
+    elif change == "activity value changes":
+        parent.data["out"] = [9]
+    elif change == "activity loses its data":
+        parent.data = {}
+    elif change == "instance gains a key":
+        child.data["note"] = "n"
+    assert json.loads(spiff.serialize_json(wf)) == json.loads(spiff.SERIALIZER.serialize_json(wf))
+
+
 def test_what_is_kept_between_saves_goes_with_the_instance() -> None:
     engine = Engine()
 

@@ -191,14 +191,7 @@ def test_resume_after_a_failed_instance_runs_the_whole_activity_again(tmp_path: 
 
 
 def test_multi_instance_user_tasks_wait_and_collect_answers(tmp_path: Path) -> None:
-    task = """<bpmn:userTask id="each">
-      <bpmn:multiInstanceLoopCharacteristics isSequential="false">
-        <bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>
-        <bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>
-        <bpmn:inputDataItem id="item" name="item"/>
-        <bpmn:outputDataItem id="res" name="res"/>
-      </bpmn:multiInstanceLoopCharacteristics>
-    </bpmn:userTask>"""
+    task = _MI_USERS
     engine = Engine()
     inst = _run(_mi_process(tmp_path, task=task), {"items": ["x", "y"]}, engine=engine)
     assert inst.status == "waiting"
@@ -213,6 +206,35 @@ def test_multi_instance_user_tasks_wait_and_collect_answers(tmp_path: Path) -> N
     out = variables(inst.main)
     assert out["note"] == "n"
     assert sorted(out["results"]) == ["first", "second"]
+
+
+_MI_USERS = """<bpmn:userTask id="each">
+      <bpmn:multiInstanceLoopCharacteristics isSequential="false">
+        <bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>
+        <bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>
+        <bpmn:inputDataItem id="item" name="item"/>
+        <bpmn:outputDataItem id="res" name="res"/>
+      </bpmn:multiInstanceLoopCharacteristics>
+    </bpmn:userTask>"""
+
+
+def test_an_instance_holds_its_own_item_not_a_copy_of_the_collections(tmp_path: Path) -> None:
+    """SpiffWorkflow gives every instance a deep copy of the activity's data (the input and
+    output collections): n copies of n items, written again at every save."""
+    engine = Engine()
+    items = [f"doc-{i}" for i in range(40)]
+    inst = _run(_mi_process(tmp_path, task=_MI_USERS), {"items": items}, engine=engine)
+    instances = [t for t in inst.workflow.tasks.values() if t.task_spec.name == "each [child]"]
+    assert sorted(t.data["item"] for t in instances) == sorted(items)
+    assert all(set(t.data) == {"item"} for t in instances)
+    # the saved workflow holds the collection once (the activity's), not once per instance
+    saved = engine.store.load(inst.id)["workflow"]
+    assert str(saved).count("doc-39") == 2  # the collection, and the item of its instance
+    ids = [w["id"] for w in inst.waiting_for]
+    for n, task_id in enumerate(ids):
+        inst = engine.complete_user_task(engine.load(inst.id), task_id, {"res": n})
+    assert inst.status == "completed", inst.error
+    assert sorted(variables(inst.main)["results"]) == list(range(40))
 
 
 # ----------------------------------------------------------------- standard loops
