@@ -16,6 +16,11 @@ Targets (issue 3): under 1 ms per activity at 1,000 context keys, under 2x plain
 SpiffWorkflow end to end. The rows of a workload run interleaved, one run each per round,
 so a slower stretch of the shared machine hits them alike.
 
+Then larger runs, a few times each: the loop example for 800 passes and a multi-instance
+script task over 500 items, against plain SpiffWorkflow with and without a save after every
+activity (every loop pass stays in SpiffWorkflow's task tree, and every instance is a task
+of its own, so a step costs more the more came before it, in both).
+
 Then, for each workload, where layerflow's time goes (median ms per run by phase, save
 after every activity, in separate runs with a timer around each phase), and how much of
 it is work that plain SpiffWorkflow does too: plain SpiffWorkflow keeps no context
@@ -67,6 +72,21 @@ def chain_bpmn(n: int) -> str:
             '<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="b">\n'
             '<bpmn:process id="chain" isExecutable="true">\n<bpmn:startEvent id="start"/>\n'
             f'{tasks}<bpmn:endEvent id="end"/>\n{flows}</bpmn:process>\n</bpmn:definitions>\n')
+
+
+def multi_instance_bpmn() -> str:
+    """A parallel multi-instance script task over ``items``, collecting ``out``."""
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="b">\n'
+            '<bpmn:process id="mi" isExecutable="true">\n<bpmn:startEvent id="start"/>\n'
+            '<bpmn:scriptTask id="each"><bpmn:multiInstanceLoopCharacteristics>'
+            '<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>out</bpmn:loopDataOutputRef>'
+            '<bpmn:inputDataItem id="item"/><bpmn:outputDataItem id="res"/></bpmn:multiInstanceLoopCharacteristics>'
+            '<bpmn:script>res = item * 2</bpmn:script></bpmn:scriptTask>\n'
+            '<bpmn:scriptTask id="fin"><bpmn:script>total = sum(out)</bpmn:script></bpmn:scriptTask>\n'
+            '<bpmn:endEvent id="end"/>\n<bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="each"/>\n'
+            '<bpmn:sequenceFlow id="f2" sourceRef="each" targetRef="fin"/>\n'
+            '<bpmn:sequenceFlow id="f3" sourceRef="fin" targetRef="end"/>\n</bpmn:process>\n</bpmn:definitions>\n')
 
 
 # ----------------------------------------------------------------------------- plain SpiffWorkflow
@@ -239,14 +259,15 @@ def breakdown(path: Path, data: dict[str, Any], save: str, compress: bool, runs:
     return {k: v for k, v in per_run.items() if k}, per_run[""]
 
 
-def interleaved(runners: dict[str, Callable[[], int]], runs: int) -> dict[str, tuple[float, int]]:
+def interleaved(runners: dict[str, Callable[[], int]], runs: int, *, warm: bool = True) -> dict[str, tuple[float, int]]:
     """Median milliseconds per run of each runner, and what its last run returned.
 
     The runners take turns, one run each per round, in an order that rotates from round to
     round: a slower stretch of a shared machine falls on every row alike, so the ratios
     between rows hold even when the absolute times drift."""
     for fn in runners.values():
-        fn()  # warm up (imports, caches)
+        if warm:
+            fn()  # warm up (imports, caches)
     names = list(runners)
     times: dict[str, list[float]] = {name: [] for name in names}
     counts = dict.fromkeys(names, 0)
@@ -317,6 +338,27 @@ def main(argv: list[str] | None = None) -> int:
           f"({'met' if worst < 1 else 'NOT met'}); < 2x plain end to end -> worst "
           f"{max(r['ratio'] for r in rows):.2f}x against plain, {max(r['ratio_saved'] for r in rows):.2f}x against "
           "plain with the same saves")
+
+    # How a run grows with the work in it: every pass of a loop stays in SpiffWorkflow's task
+    # tree, and a multi-instance activity makes one task per item (each saved, under layerflow).
+    passes, items = (100, 50) if args.quick or runs < 10 else (800, 500)
+    mi = tmp / "mi.bpmn"
+    mi.write_text(multi_instance_bpmn(), encoding="utf-8")
+    growing = [(f"loop, {passes} passes", ROOT / "bpmn_examples" / "xor_loop.bpmn", {"batch_size": passes}),
+               (f"multi-instance, {items} items", mi, {"items": list(range(items))})]
+    rounds = 1 if args.quick or runs < 10 else 3
+    print(f"\nlarger runs: median of {rounds} interleaved runs each (plain SpiffWorkflow sees a loop past ~500 "
+          "passes only with engine.deep_trees in place, as here)")
+    head = f"{'workload':<30} {'plain ms':>9} {'+saves ms':>10} {'layerflow ms':>13} {'x plain':>8} {'x +saves':>9}"
+    print(head)
+    print("-" * len(head))
+    for name, path, data in growing:
+        measured = interleaved({"plain": plain_runner(path, data, SpiffBpmnParser, None),
+                                "plain+activity": plain_runner(path, data, SpiffBpmnParser, None, save="activity"),
+                                "layerflow": layerflow_runner(path, data, "activity", True)}, rounds, warm=False)
+        plain_ms, saved_ms, lf_ms = (measured[k][0] for k in ("plain", "plain+activity", "layerflow"))
+        print(f"{name:<30} {plain_ms:>9.1f} {saved_ms:>10.1f} {lf_ms:>13.1f} {lf_ms / plain_ms:>8.2f} "
+              f"{lf_ms / saved_ms:>9.2f}")
 
     # Where layerflow's time goes, per run (separate runs with timers around each phase).
     for name, path, data, _, _ in workloads:
