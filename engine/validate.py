@@ -61,6 +61,8 @@ not make ``report.ok`` false:
 ``no_outgoing_flow`` W                an activity, intermediate event or gateway with no outgoing flow: its
                                       path ends there, and in a branch of a split its writes are dropped
 ``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
+``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
+                                      SpiffWorkflow starts there and cancels the others, whose paths never run
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
@@ -1094,6 +1096,26 @@ class _Validator:
                          severity="warning")
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
+        for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
+            self._check_starts(scope, file)
+
+    def _check_starts(self, scope: Any, file: str) -> None:
+        """SpiffWorkflow starts a (sub-)process with several start events at the first one to fire and
+        cancels the others: a start event with no trigger fires at once, so the starts after it never do."""
+        starts = list(scope.iterchildren(_bpmn("startEvent")))
+        plain = [s for s in starts if not any(isinstance(c.tag, str) and c.tag.endswith("EventDefinition")
+                                              for c in s)]
+        if len(starts) < 2 or not plain:
+            return
+        first = plain[0].get("id")
+        for start in (s for s in starts if s is not plain[0]):
+            sid = start.get("id")
+            self.add("start_event_never_runs", f"start event {sid!r} never runs: {scope.get('id')!r} has "
+                     f"{len(starts)} start events and SpiffWorkflow starts it at the first one to fire, {first!r} "
+                     "(it has no trigger, so it fires at once), and cancels the others, here and in SpiffWorkflow; "
+                     f"to run both paths draw one start event and a parallel gateway after it, or give {sid!r} a "
+                     "trigger and its own process", file=file, line=start.sourceline, element_id=sid,
+                     severity="warning")
 
     def _check_implementation(self, el: Any, eid: str, tag: str, file: str) -> None:
         cfg = self.merged.get(eid)
@@ -1351,6 +1373,7 @@ def _off_the_flow(el: Any) -> bool:
 
 
 _CONDITIONAL_SOURCES = frozenset({"exclusiveGateway", "inclusiveGateway"})
+_SCOPES = tuple(_bpmn(t) for t in ("subProcess", "transaction"))
 _PATH_NODES = frozenset({
     "task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask", "businessRuleTask",
     "callActivity", "subProcess", "transaction", "intermediateCatchEvent", "intermediateThrowEvent",

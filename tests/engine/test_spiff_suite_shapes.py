@@ -158,3 +158,70 @@ def test_an_empty_list_as_output_collection_collects_a_map_input_into_a_list(tmp
     assert path_of(instance.workflow) == path_of(plain_wf)
     assert variables(instance.main) == plain_vars == {
         "pieces": {"a": 1, "b": 2, "c": 3}, "results": [2, 4, 6], "total": 12}
+
+
+# ----- several start events with no trigger ------------------------------------------------------
+
+def test_a_second_start_event_with_no_trigger_is_a_warning_naming_the_path_that_never_runs(tmp_path: Path) -> None:
+    """SpiffWorkflow starts a process with several start events at the first one that fires and
+    cancels the others; with two plain start events (two lanes, each with its own start) the
+    second path never runs, in SpiffWorkflow and under layerflow. ``validate`` said it was valid."""
+    path = write(tmp_path, "two_starts", [
+        '<bpmn:startEvent id="start_a"/>', script("a", "x = 1"), '<bpmn:endEvent id="end_a"/>',
+        '<bpmn:startEvent id="start_b"/>', script("b", "y = 2"), '<bpmn:endEvent id="end_b"/>',
+        flow("start_a", "a"), flow("a", "end_a"), flow("start_b", "b"), flow("b", "end_b"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert "b" not in path_of(plain_wf) and "b" not in path_of(instance.workflow)
+    assert variables(instance.main) == plain_vars == {"x": 1}
+    report = validate_process([path])
+    [warning] = [p for p in report.problems if p.code == "start_event_never_runs"]
+    assert (warning.severity, warning.element_id, warning.file) == ("warning", "start_b", str(path))
+    assert "'start_a'" in warning.message and "parallel gateway" in warning.message
+    assert report.ok
+
+
+def test_one_start_event_per_scope_and_event_starts_are_no_warning(tmp_path: Path) -> None:
+    """A sub-process's own start, an event sub-process's start and one start per process are the
+    normal shapes: no warning for them."""
+    path = write(tmp_path, "scoped_starts", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="inner"><bpmn:startEvent id="inner_start"/>' + script("work", "x = 1")
+        + '<bpmn:endEvent id="inner_end"/>' + flow("inner_start", "work") + flow("work", "inner_end")
+        + "</bpmn:subProcess>",
+        '<bpmn:subProcess id="on_stop" triggeredByEvent="true"><bpmn:startEvent id="stop_start">'
+        '<bpmn:signalEventDefinition signalRef="stop"/></bpmn:startEvent><bpmn:endEvent id="stop_end"/>'
+        + flow("stop_start", "stop_end") + "</bpmn:subProcess>",
+        '<bpmn:endEvent id="end"/>', flow("start", "inner"), flow("inner", "end"),
+    ], '<bpmn:signal id="stop" name="stop"/>\n')
+    assert [p for p in validate_process([path]).problems if p.code == "start_event_never_runs"] == []
+
+
+# ----- a join that fires before every branch of its split arrived --------------------------------
+
+def test_a_join_that_fires_with_part_of_a_split_names_the_split_and_the_missing_branch(tmp_path: Path) -> None:
+    """A three-way split whose join has two incoming flows, two branches merging in an exclusive
+    gateway before it: the join fires with the first two branches to arrive, and plain SpiffWorkflow
+    fires it again for the third. layerflow merges a split's branches at one join, and stops there
+    with an error that said the join received branches of *different* splits, where they were
+    branches of one split, not all there."""
+    path = write(tmp_path, "short_join", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', script("a", "x = 1"),
+        '<bpmn:userTask id="b"/>', '<bpmn:userTask id="c"/>', '<bpmn:exclusiveGateway id="either"/>',
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "a"), flow("fork", "b"), flow("fork", "c"), flow("a", "join"),
+        flow("b", "either"), flow("c", "either"), flow("either", "join"), flow("join", "end"),
+    ])
+    plain_wf, _ = run_plain(path, {}, {"b": {}, "c": {}})
+    assert path_of(plain_wf).count("join") == 2
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {})
+
+    assert instance.status == "error" and instance.error["task_id"] == "join"
+    message = instance.error["message"]
+    assert "different splits" not in message
+    assert "'fork'" in message and "2 of the 3 branches" in message and "'c' had not arrived" in message
