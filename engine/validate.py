@@ -66,7 +66,8 @@ not make ``report.ok`` false:
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
-``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for
+``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
+                                      adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
 ``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
                                       them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
@@ -952,12 +953,6 @@ class _Validator:
                     self._check_script_language(task, script, language, proc.file)
                 else:
                     self._compile(script.text, "exec", script, proc.file, task.get("id"), "script_syntax", "script")
-        for adhoc in proc.element.iter(_bpmn("adHocSubProcess")):
-            if not _condition_text(adhoc, "completionCondition"):
-                self.add("condition_syntax", f"ad-hoc sub-process {adhoc.get('id')!r} has no completionCondition, "
-                         "which SpiffWorkflow evaluates after each of its tasks: add <bpmn:completionCondition> with "
-                         "a Python expression (e.g. done)", file=proc.file, line=adhoc.sourceline,
-                         element_id=adhoc.get("id"), field="completionCondition")
         for tag in ("preScript", "postScript"):
             for el in proc.element.iter(f"{{{SPIFF_NS}}}{tag}"):
                 if (el.text or "").strip():
@@ -1053,6 +1048,15 @@ class _Validator:
                 self.add("unsupported_element", f"complex gateway {eid!r}: SpiffWorkflow has no complex gateway; draw "
                          "an inclusive gateway (its flows' conditions choose the paths, its join waits for the paths "
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
+            if tag == "adHocSubProcess":
+                done = _condition_text(el, "completionCondition") or "its completion condition"
+                self.add("unsupported_element", f"ad-hoc sub-process {eid!r}: SpiffWorkflow 3.2 cannot run one to its "
+                         "end (its bookkeeping of the paths fails after the first task, and one holding a data "
+                         "object cannot be saved) and evaluates the completionCondition over its own data, not "
+                         "the context; draw the choice as a loop instead: a user task that picks the next step, "
+                         "an exclusive gateway to the task picked, a flow from each task back to the user task, "
+                         f"and a flow out of the gateway when {done} holds",
+                         file=file, line=el.sourceline, element_id=eid)
             if eid in ("Start", "End") or eid.endswith((".EndJoin", ".BoundaryEventSplit", ".BoundaryEventJoin")):
                 self.add("reserved_id", f"id {eid!r} is the name SpiffWorkflow gives a task of its own in every "
                          f"process, so this bpmn:{tag} takes its place (the process fails to start or skips "

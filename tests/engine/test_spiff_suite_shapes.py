@@ -225,3 +225,43 @@ def test_a_join_that_fires_with_part_of_a_split_names_the_split_and_the_missing_
     message = instance.error["message"]
     assert "different splits" not in message
     assert "'fork'" in message and "2 of the 3 branches" in message and "'c' had not arrived" in message
+
+
+# ----- an ad-hoc sub-process ---------------------------------------------------------------------
+
+def _pick_in_any_order(tmp_path: Path, data_object: bool = False) -> Path:
+    inner = '<bpmn:dataObject id="notes"/>' if data_object else ""
+    return write(tmp_path, "any_order", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:adHocSubProcess id="pick">{inner}<bpmn:userTask id="call_client"/><bpmn:userTask id="write_offer"/>'
+        "<bpmn:completionCondition>offer_sent</bpmn:completionCondition></bpmn:adHocSubProcess>",
+        script("archive", "archived = offer_sent"), '<bpmn:endEvent id="end"/>',
+        flow("start", "pick"), flow("pick", "archive"), flow("archive", "end"),
+    ])
+
+
+@pytest.mark.parametrize("data_object", [False, True], ids=["tasks only", "with a data object"])
+def test_an_ad_hoc_sub_process_is_refused_naming_it(tmp_path: Path, data_object: bool) -> None:
+    """SpiffWorkflow 3.2 cannot keep an ad-hoc sub-process: with tasks only, its path bookkeeping
+    raises KeyError 'data_objects' after the first task; with a data object inside, it runs in
+    memory but its serializer cannot save the workflow. layerflow let validate pass it, then failed
+    at run time naming no element: a NameError for the completion condition (which SpiffWorkflow
+    evaluates over its own data, not the context), or a save error at start."""
+    from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
+    from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
+
+    path = _pick_in_any_order(tmp_path, data_object)
+    answers = {"call_client": {}, "write_offer": {"offer_sent": True}}
+    if data_object:
+        plain_wf, _ = run_plain(path, {"offer_sent": False}, answers)
+        with pytest.raises(TypeError, match="DataObject"):
+            BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(SPIFF_CONFIG)).serialize_json(plain_wf)
+    else:
+        with pytest.raises(KeyError, match="data_objects"):
+            run_plain(path, {"offer_sent": False}, answers)
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.file) for p in errors] == [("unsupported_element", "pick", str(path))]
+    assert "ad-hoc" in errors[0].message and "exclusive gateway" in errors[0].message
+    with pytest.raises(ProcessError, match="'pick'"):
+        load_process(path)
