@@ -61,6 +61,7 @@ not make ``report.ok`` false:
 ``no_outgoing_flow`` W                an activity, intermediate event or gateway with no outgoing flow: its
                                       path ends there, and in a branch of a split its writes are dropped
 ``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
+``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
 ``no_implementation`` W               a script task without a script, a service task without a
@@ -1048,6 +1049,8 @@ class _Validator:
                 self.add("unsupported_element", f"complex gateway {eid!r}: SpiffWorkflow has no complex gateway; draw "
                          "an inclusive gateway (its flows' conditions choose the paths, its join waits for the paths "
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
+            if tag == "boundaryEvent" and el.find(_bpmn("cancelEventDefinition")) is not None:
+                self._check_cancel(el, eid, file)
             if tag == "adHocSubProcess":
                 done = _condition_text(el, "completionCondition") or "its completion condition"
                 self.add("unsupported_element", f"ad-hoc sub-process {eid!r}: SpiffWorkflow 3.2 cannot run one to its "
@@ -1102,6 +1105,21 @@ class _Validator:
             self._check_foreign(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
+
+    def _check_cancel(self, event: Any, eid: str, file: str) -> None:
+        """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming
+        only the activity it is attached to."""
+        attached = event.get("attachedToRef")
+        parent = event.getparent()
+        target = next((n for n in parent.iterchildren() if n.get("id") == attached), None) if parent is not None else None
+        if target is None or target.tag == _bpmn("transaction"):
+            return
+        self.related.add(attached)
+        self.add("cancel_outside_transaction", f"cancel boundary event {eid!r} is attached to "
+                 f"bpmn:{etree.QName(target).localname} {attached!r}, and a cancel event belongs to a bpmn:transaction "
+                 f"(SpiffWorkflow refuses it anywhere else): make {attached!r} a transaction that a cancel end event "
+                 "inside it ends, or catch an error or escalation event instead", file=file, line=event.sourceline,
+                 element_id=eid, field="attachedToRef")
 
     def _check_starts(self, scope: Any, file: str) -> None:
         """SpiffWorkflow starts a (sub-)process with several start events at the first one to fire and

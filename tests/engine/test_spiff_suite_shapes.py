@@ -265,3 +265,25 @@ def test_an_ad_hoc_sub_process_is_refused_naming_it(tmp_path: Path, data_object:
     assert "ad-hoc" in errors[0].message and "exclusive gateway" in errors[0].message
     with pytest.raises(ProcessError, match="'pick'"):
         load_process(path)
+
+
+# ----- a cancel boundary event on something that is no transaction ---------------------------------
+
+def test_a_cancel_boundary_event_outside_a_transaction_is_refused_naming_the_event(tmp_path: Path) -> None:
+    """SpiffWorkflow refuses a cancel event anywhere but on a transaction, and names the task it is
+    attached to; validate passed that on ("fix the BPMN element named here") without naming the
+    event to change or saying what to draw instead."""
+    path = write(tmp_path, "cancel_on_task", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="count"/>',
+        '<bpmn:boundaryEvent id="reset" attachedToRef="count"><bpmn:cancelEventDefinition/></bpmn:boundaryEvent>',
+        script("note", "reset_seen = True"), '<bpmn:endEvent id="end"/>', '<bpmn:endEvent id="end_reset"/>',
+        flow("start", "count"), flow("count", "end"), flow("reset", "note"), flow("note", "end_reset"),
+    ])
+    with pytest.raises(ValidationException, match="Cancel Events may only be used with transactions"):
+        run_plain(path, {}, {})
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in errors] == [("cancel_outside_transaction", "reset", "attachedToRef")]
+    assert "'count'" in errors[0].message and "bpmn:transaction" in errors[0].message
+    with pytest.raises(ProcessError, match="'reset'"):
+        load_process(path)
