@@ -62,6 +62,8 @@ not make ``report.ok`` false:
                                       path ends there, and in a branch of a split its writes are dropped
 ``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
 ``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
+``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
+                                      which then fires before every branch has arrived
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
 ``no_implementation`` W               a script task without a script, a service task without a
@@ -355,6 +357,7 @@ class _Validator:
         for proc in self.processes:
             if _executable(proc.element):
                 self._check_gateways(proc)
+                self._check_split_merges(proc)
                 self._check_code(proc)
                 self._check_references(proc)
                 self._check_shapes(proc)
@@ -867,6 +870,50 @@ class _Validator:
                          f"when no condition holds the instance fails: add a default flow (default=\"FLOW_ID\") "
                          "or a condition for the missing values", file=file, line=gw.sourceline,
                          element_id=gid, field="default", severity="error" if certain else "warning")
+
+    def _check_split_merges(self, proc: _Node) -> None:
+        """Branches of one split that meet before their join (in an exclusive gateway, or a task with
+        several incoming flows) go on from there one at a time, so the join fires before all of them
+        arrive. Each branch is followed from the split up to the first join (a parallel or inclusive
+        gateway with several incoming flows); end events are no merge (the process's end joins)."""
+        for scope in (proc.element, *proc.element.iter(*_SCOPES)):
+            nodes = {n.get("id"): n for n in scope.iterchildren() if n.tag in _FLOW_NODES}
+            after: dict[str, list[str]] = {}
+            for f in scope.iterchildren(_bpmn("sequenceFlow")):
+                after.setdefault(f.get("sourceRef"), []).append(f.get("targetRef"))
+            for n in nodes.values():
+                if n.get("attachedToRef") in nodes:  # a boundary event continues its activity's branch
+                    after.setdefault(n.get("attachedToRef"), []).append(n.get("id"))
+            joins = {i for i, n in nodes.items() if etree.QName(n).localname in _JOIN_TAGS and len(_incoming(n)) > 1}
+            warned: set[str] = set()
+            for sid, split in nodes.items():
+                tag = etree.QName(split).localname
+                if len(_outgoing(split)) < 2 or tag not in (*_JOIN_TAGS, "startEvent"):
+                    continue
+                reach: dict[str, set[str]] = {}
+                for branch in after.get(sid, []):
+                    todo = [branch]
+                    while todo:
+                        nid = todo.pop()
+                        if nid == sid or nid in joins or nid not in nodes or branch in reach.setdefault(nid, set()):
+                            continue
+                        reach[nid].add(branch)
+                        todo.extend(after.get(nid, []))
+                for mid, merge in nodes.items():
+                    sources = [f.get("sourceRef") for f in _incoming(merge)]
+                    kinds = [{mid} if src == sid else reach.get(src, set()) for src in sources]
+                    seen = {b for k in kinds for b in k}
+                    if (mid in warned or len(sources) < 2 or mid in joins or len(seen) < 2
+                            or etree.QName(merge).localname == "endEvent" or all(k == kinds[0] for k in kinds)):
+                        continue
+                    warned.add(mid)
+                    self.add("split_branches_merged", f"bpmn:{etree.QName(merge).localname} {mid!r} merges the "
+                             f"branches {', '.join(map(repr, sorted(seen)))} of split {sid!r}, which go on from it one "
+                             f"at a time: a join after it may fire before every branch of {sid!r} has arrived (at a parallel "
+                             "join layerflow then stops the instance; SpiffWorkflow runs the join again for each late "
+                             f"branch); merge them in a parallel gateway instead, or give the join one incoming flow "
+                             f"per branch of {sid!r}", file=proc.file, line=merge.sourceline, element_id=mid,
+                             severity="warning")
 
     def _check_references(self, proc: _Node) -> None:
         """Sequence flows that name no element of their scope; call activities that call no loaded process."""

@@ -208,13 +208,7 @@ def test_a_join_that_fires_with_part_of_a_split_names_the_split_and_the_missing_
     fires it again for the third. layerflow merges a split's branches at one join, and stops there
     with an error that said the join received branches of *different* splits, where they were
     branches of one split, not all there."""
-    path = write(tmp_path, "short_join", [
-        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', script("a", "x = 1"),
-        '<bpmn:userTask id="b"/>', '<bpmn:userTask id="c"/>', '<bpmn:exclusiveGateway id="either"/>',
-        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
-        flow("start", "fork"), flow("fork", "a"), flow("fork", "b"), flow("fork", "c"), flow("a", "join"),
-        flow("b", "either"), flow("c", "either"), flow("either", "join"), flow("join", "end"),
-    ])
+    path = _short_join(tmp_path)
     plain_wf, _ = run_plain(path, {}, {"b": {}, "c": {}})
     assert path_of(plain_wf).count("join") == 2
     engine = Engine()
@@ -225,6 +219,42 @@ def test_a_join_that_fires_with_part_of_a_split_names_the_split_and_the_missing_
     message = instance.error["message"]
     assert "different splits" not in message
     assert "'fork'" in message and "2 of the 3 branches" in message and "'c' had not arrived" in message
+
+
+def _short_join(tmp_path: Path) -> Path:
+    return write(tmp_path, "short_join", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', script("a", "x = 1"),
+        '<bpmn:userTask id="b"/>', '<bpmn:userTask id="c"/>', '<bpmn:exclusiveGateway id="either"/>',
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "a"), flow("fork", "b"), flow("fork", "c"), flow("a", "join"),
+        flow("b", "either"), flow("c", "either"), flow("either", "join"), flow("join", "end"),
+    ])
+
+
+def test_branches_of_one_split_merged_before_the_join_are_a_warning_naming_the_merge(tmp_path: Path) -> None:
+    """The shape above (two branches of a split meet in an exclusive gateway, so the join has fewer
+    incoming flows than the split has branches) passed validate and stopped the instance at run time."""
+    report = validate_process([_short_join(tmp_path)])
+    [warning] = [p for p in report.problems if p.code == "split_branches_merged"]
+    assert (warning.severity, warning.element_id) == ("warning", "either")
+    assert all(w in warning.message for w in ("'fork'", "'b'", "'c'", "parallel gateway")), warning.message
+    assert report.ok
+
+
+def test_a_merge_inside_one_branch_or_at_an_end_event_is_no_warning(tmp_path: Path) -> None:
+    """An exclusive choice and its merge inside one branch, and branches that end at one end event
+    (the process's end joins them), are the normal shapes."""
+    path = write(tmp_path, "tidy", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', '<bpmn:exclusiveGateway id="pick" default="p2"/>',
+        script("p1_task", "p = 1"), script("p2_task", "p = 2"), '<bpmn:exclusiveGateway id="picked"/>',
+        script("other", "o = 1"), '<bpmn:parallelGateway id="join"/>', script("tail_a", "t = 1"), script("tail_b", "u = 1"),
+        '<bpmn:parallelGateway id="fork2"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "pick"), flow("fork", "other"),
+        flow("pick", "p1_task", "o == 0"), '<bpmn:sequenceFlow id="p2" sourceRef="pick" targetRef="p2_task"/>',
+        flow("p1_task", "picked"), flow("p2_task", "picked"), flow("picked", "join"), flow("other", "join"),
+        flow("join", "fork2"), flow("fork2", "tail_a"), flow("fork2", "tail_b"), flow("tail_a", "end"), flow("tail_b", "end"),
+    ])
+    assert [p for p in validate_process([path]).problems if p.code == "split_branches_merged"] == []
 
 
 # ----- an ad-hoc sub-process ---------------------------------------------------------------------
