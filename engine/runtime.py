@@ -1585,8 +1585,16 @@ class _Runtime:
                     "that merges branches of one split, e.g. in an exclusive gateway, brings them to the join one "
                     "at a time): layerflow merges every branch of a split at one join, so give the join one "
                     f"incoming flow per branch of {siblings[0]['gateway']!r}")
-        return (f"join {gw!r} received branches of different splits ({', '.join(current)}); "
-                "layerflow joins the branches of one split at a time: add the matching join")
+        def described(name: str) -> str:
+            info = branches.get(name)
+            if info is not None:
+                return f"branch {info['branch_id']!r} of split {info['gateway']!r}"
+            return "the process outside any split" if name == MAIN else f"the context {name!r}"
+
+        return (f"join {gw!r} received what no one split sent together: {'; '.join(map(described, current))} "
+                "(a path that goes back into the branches of a split from outside it, e.g. a loop through an "
+                "exclusive gateway, brings them here apart); layerflow merges the branches of one split at a time: "
+                "close each split with its own join, and let a loop go back before the split")
 
     def terminate(self, task: Any) -> None:
         """A terminate end event in a branch: the branch that reached it merges into its

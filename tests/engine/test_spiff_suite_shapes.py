@@ -257,6 +257,38 @@ def test_a_merge_inside_one_branch_or_at_an_end_event_is_no_warning(tmp_path: Pa
     assert [p for p in validate_process([path]).problems if p.code == "split_branches_merged"] == []
 
 
+def test_a_join_reached_by_a_loop_back_into_a_split_names_the_branches_in_bpmn_terms(tmp_path: Path) -> None:
+    """A loop goes back into the branches of a parallel section through exclusive merges, from a second
+    split: the join gets a branch of that split and the context of the first pass. Plain SpiffWorkflow
+    crashes at the end (AttributeError); layerflow stops at the join, but its error listed internal
+    context names ("main, main/to_right@14/to_right@8") that appear nowhere in the BPMN."""
+    path = write(tmp_path, "rounds", [
+        '<bpmn:startEvent id="start"/>', script("init", "n = 0"), '<bpmn:parallelGateway id="first_split"/>',
+        '<bpmn:exclusiveGateway id="to_left" default="to_left_join"/>', script("right_work", "r = 1"),
+        '<bpmn:exclusiveGateway id="to_right" default="to_right_join"/>', '<bpmn:parallelGateway id="join"/>',
+        script("count", "n = n + 1"), '<bpmn:exclusiveGateway id="again" default="again_end"/>',
+        '<bpmn:parallelGateway id="round_split"/>', '<bpmn:userTask id="review"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "first_split"), flow("first_split", "to_left"),
+        flow("first_split", "right_work"), flow("right_work", "to_right"),
+        '<bpmn:sequenceFlow id="to_left_join" sourceRef="to_left" targetRef="join"/>',
+        '<bpmn:sequenceFlow id="to_right_join" sourceRef="to_right" targetRef="join"/>', flow("join", "count"),
+        flow("count", "again"), flow("again", "round_split", "n < 3"),
+        '<bpmn:sequenceFlow id="again_end" sourceRef="again" targetRef="end"/>',
+        flow("round_split", "review"), flow("round_split", "to_right"), flow("review", "to_left"),
+    ])
+    with pytest.raises(AttributeError):
+        run_plain(path, {}, {"review": {}})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    while instance.status == "waiting":
+        instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {})
+
+    assert instance.status == "error" and instance.error["task_id"] == "join"
+    message = instance.error["message"]
+    assert "main/" not in message and "@" not in message, message
+    assert "branch 'to_right' of split 'round_split'" in message and "outside any split" in message, message
+
+
 # ----- an ad-hoc sub-process ---------------------------------------------------------------------
 
 def _pick_in_any_order(tmp_path: Path, data_object: bool = False) -> Path:
