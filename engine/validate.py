@@ -1179,12 +1179,13 @@ class _Validator:
         first = plain[0].get("id")
         for start in (s for s in starts if s is not plain[0]):
             sid = start.get("id")
+            fix = ("to run both paths draw one start event and a parallel gateway after it" if start in plain else
+                   f"to wait for {sid!r}'s trigger make it the only start event of its process, or the start of an "
+                   "event sub-process")
             self.add("start_event_never_runs", f"start event {sid!r} never runs: {scope.get('id')!r} has "
                      f"{len(starts)} start events and SpiffWorkflow starts it at the first one to fire, {first!r} "
                      "(it has no trigger, so it fires at once), and cancels the others, here and in SpiffWorkflow; "
-                     f"to run both paths draw one start event and a parallel gateway after it, or give {sid!r} a "
-                     "trigger and its own process", file=file, line=start.sourceline, element_id=sid,
-                     severity="warning")
+                     f"{fix}", file=file, line=start.sourceline, element_id=sid, severity="warning")
 
     def _check_implementation(self, el: Any, eid: str, tag: str, file: str) -> None:
         cfg = self.merged.get(eid)

@@ -184,6 +184,23 @@ def test_a_second_start_event_with_no_trigger_is_a_warning_naming_the_path_that_
     assert report.ok
 
 
+def test_a_message_start_beside_a_start_with_no_trigger_is_a_warning_saying_where_to_put_it(tmp_path: Path) -> None:
+    """The start with no trigger fires at once and cancels the message start: its message is never
+    waited for, in SpiffWorkflow and under layerflow."""
+    path = write(tmp_path, "two_kinds", [
+        '<bpmn:startEvent id="start"/>', script("a", "x = 1"), '<bpmn:endEvent id="end_a"/>',
+        '<bpmn:startEvent id="on_order"><bpmn:messageEventDefinition messageRef="order"/></bpmn:startEvent>',
+        script("b", "y = 2"), '<bpmn:endEvent id="end_b"/>',
+        flow("start", "a"), flow("a", "end_a"), flow("on_order", "b"), flow("b", "end_b"),
+    ], '<bpmn:message id="order" name="order"/>\n')
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+    assert instance.status == "completed" and instance.waiting_for == []
+    assert path_of(instance.workflow) == path_of(plain_wf) == ["start", "a", "end_a"]
+    [warning] = [p for p in validate_process([path]).problems if p.code == "start_event_never_runs"]
+    assert warning.element_id == "on_order" and "event sub-process" in warning.message
+
+
 def test_one_start_event_per_scope_and_event_starts_are_no_warning(tmp_path: Path) -> None:
     """A sub-process's own start, an event sub-process's start and one start per process are the
     normal shapes: no warning for them."""
