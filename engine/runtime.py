@@ -1574,11 +1574,36 @@ class _Runtime:
                 return False
             current = list(dict.fromkeys(parent_name if n in members else n for n in current))
         if len(current) != 1:
-            raise MergeConflictError(f"join {gw!r} received branches of different splits ({', '.join(current)}); "
-                                     "layerflow joins the branches of one split at a time: add the matching join",
-                                     gateway_id=gw)
+            raise MergeConflictError(self._unmatched_join(gw, current), gateway_id=gw)
         task.internal_data[spiff.CTX_KEY] = current[0]
         return True
+
+    def _unmatched_join(self, gw: str, current: list[str]) -> str:
+        """Why a join cannot merge what arrived: some branches of one split are missing (they reach
+        the join by another flow, later), or the branches come from different splits."""
+        branches = self.instance.branches
+        splits = {branches[n]["split"] for n in current if n in branches and branches[n]["status"] == "open"}
+        if len(splits) == 1 and all(n in branches for n in current):
+            [split] = splits
+            siblings = [i for i in branches.values() if i["split"] == split]
+            missing = [i["branch_id"] for i in siblings if i["status"] == "open" and
+                       not any(branches[n] is i for n in current)]
+            here = ", ".join(repr(branches[n]["branch_id"]) for n in current)
+            return (f"join {gw!r} fired with {len(current)} of the {len(siblings)} branches of split "
+                    f"{siblings[0]['gateway']!r} ({here}); {', '.join(map(repr, missing))} had not arrived (a path "
+                    "that merges branches of one split, e.g. in an exclusive gateway, brings them to the join one "
+                    "at a time): layerflow merges every branch of a split at one join, so give the join one "
+                    f"incoming flow per branch of {siblings[0]['gateway']!r}")
+        def described(name: str) -> str:
+            info = branches.get(name)
+            if info is not None:
+                return f"branch {info['branch_id']!r} of split {info['gateway']!r}"
+            return "the process outside any split" if name == MAIN else f"the context {name!r}"
+
+        return (f"join {gw!r} received what no one split sent together: {'; '.join(map(described, current))} "
+                "(a path that goes back into the branches of a split from outside it, e.g. a loop through an "
+                "exclusive gateway, brings them here apart); layerflow merges the branches of one split at a time: "
+                "close each split with its own join, and let a loop go back before the split")
 
     def terminate(self, task: Any) -> None:
         """A terminate end event in a branch: the branch that reached it merges into its

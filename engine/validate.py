@@ -61,10 +61,16 @@ not make ``report.ok`` false:
 ``no_outgoing_flow`` W                an activity, intermediate event or gateway with no outgoing flow: its
                                       path ends there, and in a branch of a split its writes are dropped
 ``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
+``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
+``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
+                                      which then fires before every branch has arrived
+``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
+                                      SpiffWorkflow starts there and cancels the others, whose paths never run
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
-``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for
+``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
+                                      adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
 ``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
                                       them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
@@ -351,6 +357,7 @@ class _Validator:
         for proc in self.processes:
             if _executable(proc.element):
                 self._check_gateways(proc)
+                self._check_split_merges(proc)
                 self._check_code(proc)
                 self._check_references(proc)
                 self._check_shapes(proc)
@@ -864,6 +871,50 @@ class _Validator:
                          "or a condition for the missing values", file=file, line=gw.sourceline,
                          element_id=gid, field="default", severity="error" if certain else "warning")
 
+    def _check_split_merges(self, proc: _Node) -> None:
+        """Branches of one split that meet before their join (in an exclusive gateway, or a task with
+        several incoming flows) go on from there one at a time, so the join fires before all of them
+        arrive. Each branch is followed from the split up to the first join (a parallel or inclusive
+        gateway with several incoming flows); end events are no merge (the process's end joins)."""
+        for scope in (proc.element, *proc.element.iter(*_SCOPES)):
+            nodes = {n.get("id"): n for n in scope.iterchildren() if n.tag in _FLOW_NODES}
+            after: dict[str, list[str]] = {}
+            for f in scope.iterchildren(_bpmn("sequenceFlow")):
+                after.setdefault(f.get("sourceRef"), []).append(f.get("targetRef"))
+            for n in nodes.values():
+                if n.get("attachedToRef") in nodes:  # a boundary event continues its activity's branch
+                    after.setdefault(n.get("attachedToRef"), []).append(n.get("id"))
+            joins = {i for i, n in nodes.items() if etree.QName(n).localname in _JOIN_TAGS and len(_incoming(n)) > 1}
+            warned: set[str] = set()
+            for sid, split in nodes.items():
+                tag = etree.QName(split).localname
+                if len(_outgoing(split)) < 2 or tag not in (*_JOIN_TAGS, "startEvent"):
+                    continue
+                reach: dict[str, set[str]] = {}
+                for branch in after.get(sid, []):
+                    todo = [branch]
+                    while todo:
+                        nid = todo.pop()
+                        if nid == sid or nid in joins or nid not in nodes or branch in reach.setdefault(nid, set()):
+                            continue
+                        reach[nid].add(branch)
+                        todo.extend(after.get(nid, []))
+                for mid, merge in nodes.items():
+                    sources = [f.get("sourceRef") for f in _incoming(merge)]
+                    kinds = [{mid} if src == sid else reach.get(src, set()) for src in sources]
+                    seen = {b for k in kinds for b in k}
+                    if (mid in warned or len(sources) < 2 or mid in joins or len(seen) < 2
+                            or etree.QName(merge).localname == "endEvent" or all(k == kinds[0] for k in kinds)):
+                        continue
+                    warned.add(mid)
+                    self.add("split_branches_merged", f"bpmn:{etree.QName(merge).localname} {mid!r} merges the "
+                             f"branches {', '.join(map(repr, sorted(seen)))} of split {sid!r}, which go on from it one "
+                             f"at a time: a join after it may fire before every branch of {sid!r} has arrived (at a parallel "
+                             "join layerflow then stops the instance; SpiffWorkflow runs the join again for each late "
+                             f"branch); merge them in a parallel gateway instead, or give the join one incoming flow "
+                             f"per branch of {sid!r}", file=proc.file, line=merge.sourceline, element_id=mid,
+                             severity="warning")
+
     def _check_references(self, proc: _Node) -> None:
         """Sequence flows that name no element of their scope; call activities that call no loaded process."""
         process_ids = [p.id for p in self.processes]
@@ -950,12 +1001,6 @@ class _Validator:
                     self._check_script_language(task, script, language, proc.file)
                 else:
                     self._compile(script.text, "exec", script, proc.file, task.get("id"), "script_syntax", "script")
-        for adhoc in proc.element.iter(_bpmn("adHocSubProcess")):
-            if not _condition_text(adhoc, "completionCondition"):
-                self.add("condition_syntax", f"ad-hoc sub-process {adhoc.get('id')!r} has no completionCondition, "
-                         "which SpiffWorkflow evaluates after each of its tasks: add <bpmn:completionCondition> with "
-                         "a Python expression (e.g. done)", file=proc.file, line=adhoc.sourceline,
-                         element_id=adhoc.get("id"), field="completionCondition")
         for tag in ("preScript", "postScript"):
             for el in proc.element.iter(f"{{{SPIFF_NS}}}{tag}"):
                 if (el.text or "").strip():
@@ -1051,6 +1096,17 @@ class _Validator:
                 self.add("unsupported_element", f"complex gateway {eid!r}: SpiffWorkflow has no complex gateway; draw "
                          "an inclusive gateway (its flows' conditions choose the paths, its join waits for the paths "
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
+            if tag == "boundaryEvent" and el.find(_bpmn("cancelEventDefinition")) is not None:
+                self._check_cancel(el, eid, file)
+            if tag == "adHocSubProcess":
+                done = _condition_text(el, "completionCondition") or "its completion condition"
+                self.add("unsupported_element", f"ad-hoc sub-process {eid!r}: SpiffWorkflow 3.2 cannot run one to its "
+                         "end (its bookkeeping of the paths fails after the first task, and one holding a data "
+                         "object cannot be saved) and evaluates the completionCondition over its own data, not "
+                         "the context; draw the choice as a loop instead: a user task that picks the next step, "
+                         "an exclusive gateway to the task picked, a flow from each task back to the user task, "
+                         f"and a flow out of the gateway when {done} holds",
+                         file=file, line=el.sourceline, element_id=eid)
             if eid in ("Start", "End") or eid.endswith((".EndJoin", ".BoundaryEventSplit", ".BoundaryEventJoin")):
                 self.add("reserved_id", f"id {eid!r} is the name SpiffWorkflow gives a task of its own in every "
                          f"process, so this bpmn:{tag} takes its place (the process fails to start or skips "
@@ -1094,6 +1150,42 @@ class _Validator:
                          severity="warning")
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
+        for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
+            self._check_starts(scope, file)
+
+    def _check_cancel(self, event: Any, eid: str, file: str) -> None:
+        """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming
+        only the activity it is attached to."""
+        attached = event.get("attachedToRef")
+        parent = event.getparent()
+        target = next((n for n in parent.iterchildren() if n.get("id") == attached), None) if parent is not None else None
+        if target is None or target.tag == _bpmn("transaction"):
+            return
+        self.related.add(attached)
+        self.add("cancel_outside_transaction", f"cancel boundary event {eid!r} is attached to "
+                 f"bpmn:{etree.QName(target).localname} {attached!r}, and a cancel event belongs to a bpmn:transaction "
+                 f"(SpiffWorkflow refuses it anywhere else): make {attached!r} a transaction that a cancel end event "
+                 "inside it ends, or catch an error or escalation event instead", file=file, line=event.sourceline,
+                 element_id=eid, field="attachedToRef")
+
+    def _check_starts(self, scope: Any, file: str) -> None:
+        """SpiffWorkflow starts a (sub-)process with several start events at the first one to fire and
+        cancels the others: a start event with no trigger fires at once, so the starts after it never do."""
+        starts = list(scope.iterchildren(_bpmn("startEvent")))
+        plain = [s for s in starts if not any(isinstance(c.tag, str) and c.tag.endswith("EventDefinition")
+                                              for c in s)]
+        if len(starts) < 2 or not plain:
+            return
+        first = plain[0].get("id")
+        for start in (s for s in starts if s is not plain[0]):
+            sid = start.get("id")
+            fix = ("to run both paths draw one start event and a parallel gateway after it" if start in plain else
+                   f"to wait for {sid!r}'s trigger make it the only start event of its process, or the start of an "
+                   "event sub-process")
+            self.add("start_event_never_runs", f"start event {sid!r} never runs: {scope.get('id')!r} has "
+                     f"{len(starts)} start events and SpiffWorkflow starts it at the first one to fire, {first!r} "
+                     "(it has no trigger, so it fires at once), and cancels the others, here and in SpiffWorkflow; "
+                     f"{fix}", file=file, line=start.sourceline, element_id=sid, severity="warning")
 
     def _check_implementation(self, el: Any, eid: str, tag: str, file: str) -> None:
         cfg = self.merged.get(eid)
@@ -1351,6 +1443,7 @@ def _off_the_flow(el: Any) -> bool:
 
 
 _CONDITIONAL_SOURCES = frozenset({"exclusiveGateway", "inclusiveGateway"})
+_SCOPES = tuple(_bpmn(t) for t in ("subProcess", "transaction"))
 _PATH_NODES = frozenset({
     "task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask", "businessRuleTask",
     "callActivity", "subProcess", "transaction", "intermediateCatchEvent", "intermediateThrowEvent",

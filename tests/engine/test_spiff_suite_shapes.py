@@ -158,3 +158,211 @@ def test_an_empty_list_as_output_collection_collects_a_map_input_into_a_list(tmp
     assert path_of(instance.workflow) == path_of(plain_wf)
     assert variables(instance.main) == plain_vars == {
         "pieces": {"a": 1, "b": 2, "c": 3}, "results": [2, 4, 6], "total": 12}
+
+
+# ----- several start events with no trigger ------------------------------------------------------
+
+def test_a_second_start_event_with_no_trigger_is_a_warning_naming_the_path_that_never_runs(tmp_path: Path) -> None:
+    """SpiffWorkflow starts a process with several start events at the first one that fires and
+    cancels the others; with two plain start events (two lanes, each with its own start) the
+    second path never runs, in SpiffWorkflow and under layerflow. ``validate`` said it was valid."""
+    path = write(tmp_path, "two_starts", [
+        '<bpmn:startEvent id="start_a"/>', script("a", "x = 1"), '<bpmn:endEvent id="end_a"/>',
+        '<bpmn:startEvent id="start_b"/>', script("b", "y = 2"), '<bpmn:endEvent id="end_b"/>',
+        flow("start_a", "a"), flow("a", "end_a"), flow("start_b", "b"), flow("b", "end_b"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.error
+    assert "b" not in path_of(plain_wf) and "b" not in path_of(instance.workflow)
+    assert variables(instance.main) == plain_vars == {"x": 1}
+    report = validate_process([path])
+    [warning] = [p for p in report.problems if p.code == "start_event_never_runs"]
+    assert (warning.severity, warning.element_id, warning.file) == ("warning", "start_b", str(path))
+    assert "'start_a'" in warning.message and "parallel gateway" in warning.message
+    assert report.ok
+
+
+def test_a_message_start_beside_a_start_with_no_trigger_is_a_warning_saying_where_to_put_it(tmp_path: Path) -> None:
+    """The start with no trigger fires at once and cancels the message start: its message is never
+    waited for, in SpiffWorkflow and under layerflow."""
+    path = write(tmp_path, "two_kinds", [
+        '<bpmn:startEvent id="start"/>', script("a", "x = 1"), '<bpmn:endEvent id="end_a"/>',
+        '<bpmn:startEvent id="on_order"><bpmn:messageEventDefinition messageRef="order"/></bpmn:startEvent>',
+        script("b", "y = 2"), '<bpmn:endEvent id="end_b"/>',
+        flow("start", "a"), flow("a", "end_a"), flow("on_order", "b"), flow("b", "end_b"),
+    ], '<bpmn:message id="order" name="order"/>\n')
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+    assert instance.status == "completed" and instance.waiting_for == []
+    assert path_of(instance.workflow) == path_of(plain_wf) == ["start", "a", "end_a"]
+    [warning] = [p for p in validate_process([path]).problems if p.code == "start_event_never_runs"]
+    assert warning.element_id == "on_order" and "event sub-process" in warning.message
+
+
+def test_one_start_event_per_scope_and_event_starts_are_no_warning(tmp_path: Path) -> None:
+    """A sub-process's own start, an event sub-process's start and one start per process are the
+    normal shapes: no warning for them."""
+    path = write(tmp_path, "scoped_starts", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="inner"><bpmn:startEvent id="inner_start"/>' + script("work", "x = 1")
+        + '<bpmn:endEvent id="inner_end"/>' + flow("inner_start", "work") + flow("work", "inner_end")
+        + "</bpmn:subProcess>",
+        '<bpmn:subProcess id="on_stop" triggeredByEvent="true"><bpmn:startEvent id="stop_start">'
+        '<bpmn:signalEventDefinition signalRef="stop"/></bpmn:startEvent><bpmn:endEvent id="stop_end"/>'
+        + flow("stop_start", "stop_end") + "</bpmn:subProcess>",
+        '<bpmn:endEvent id="end"/>', flow("start", "inner"), flow("inner", "end"),
+    ], '<bpmn:signal id="stop" name="stop"/>\n')
+    assert [p for p in validate_process([path]).problems if p.code == "start_event_never_runs"] == []
+
+
+# ----- a join that fires before every branch of its split arrived --------------------------------
+
+def test_a_join_that_fires_with_part_of_a_split_names_the_split_and_the_missing_branch(tmp_path: Path) -> None:
+    """A three-way split whose join has two incoming flows, two branches merging in an exclusive
+    gateway before it: the join fires with the first two branches to arrive, and plain SpiffWorkflow
+    fires it again for the third. layerflow merges a split's branches at one join, and stops there
+    with an error that said the join received branches of *different* splits, where they were
+    branches of one split, not all there."""
+    path = _short_join(tmp_path)
+    plain_wf, _ = run_plain(path, {}, {"b": {}, "c": {}})
+    assert path_of(plain_wf).count("join") == 2
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {})
+
+    assert instance.status == "error" and instance.error["task_id"] == "join"
+    message = instance.error["message"]
+    assert "different splits" not in message
+    assert "'fork'" in message and "2 of the 3 branches" in message and "'c' had not arrived" in message
+
+
+def _short_join(tmp_path: Path) -> Path:
+    return write(tmp_path, "short_join", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', script("a", "x = 1"),
+        '<bpmn:userTask id="b"/>', '<bpmn:userTask id="c"/>', '<bpmn:exclusiveGateway id="either"/>',
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "a"), flow("fork", "b"), flow("fork", "c"), flow("a", "join"),
+        flow("b", "either"), flow("c", "either"), flow("either", "join"), flow("join", "end"),
+    ])
+
+
+def test_branches_of_one_split_merged_before_the_join_are_a_warning_naming_the_merge(tmp_path: Path) -> None:
+    """The shape above (two branches of a split meet in an exclusive gateway, so the join has fewer
+    incoming flows than the split has branches) passed validate and stopped the instance at run time."""
+    report = validate_process([_short_join(tmp_path)])
+    [warning] = [p for p in report.problems if p.code == "split_branches_merged"]
+    assert (warning.severity, warning.element_id) == ("warning", "either")
+    assert all(w in warning.message for w in ("'fork'", "'b'", "'c'", "parallel gateway")), warning.message
+    assert report.ok
+
+
+def test_a_merge_inside_one_branch_or_at_an_end_event_is_no_warning(tmp_path: Path) -> None:
+    """An exclusive choice and its merge inside one branch, and branches that end at one end event
+    (the process's end joins them), are the normal shapes."""
+    path = write(tmp_path, "tidy", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', '<bpmn:exclusiveGateway id="pick" default="p2"/>',
+        script("p1_task", "p = 1"), script("p2_task", "p = 2"), '<bpmn:exclusiveGateway id="picked"/>',
+        script("other", "o = 1"), '<bpmn:parallelGateway id="join"/>', script("tail_a", "t = 1"), script("tail_b", "u = 1"),
+        '<bpmn:parallelGateway id="fork2"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "pick"), flow("fork", "other"),
+        flow("pick", "p1_task", "o == 0"), '<bpmn:sequenceFlow id="p2" sourceRef="pick" targetRef="p2_task"/>',
+        flow("p1_task", "picked"), flow("p2_task", "picked"), flow("picked", "join"), flow("other", "join"),
+        flow("join", "fork2"), flow("fork2", "tail_a"), flow("fork2", "tail_b"), flow("tail_a", "end"), flow("tail_b", "end"),
+    ])
+    assert [p for p in validate_process([path]).problems if p.code == "split_branches_merged"] == []
+
+
+def test_a_join_reached_by_a_loop_back_into_a_split_names_the_branches_in_bpmn_terms(tmp_path: Path) -> None:
+    """A loop goes back into the branches of a parallel section through exclusive merges, from a second
+    split: the join gets a branch of that split and the context of the first pass. Plain SpiffWorkflow
+    crashes at the end (AttributeError); layerflow stops at the join, but its error listed internal
+    context names ("main, main/to_right@14/to_right@8") that appear nowhere in the BPMN."""
+    path = write(tmp_path, "rounds", [
+        '<bpmn:startEvent id="start"/>', script("init", "n = 0"), '<bpmn:parallelGateway id="first_split"/>',
+        '<bpmn:exclusiveGateway id="to_left" default="to_left_join"/>', script("right_work", "r = 1"),
+        '<bpmn:exclusiveGateway id="to_right" default="to_right_join"/>', '<bpmn:parallelGateway id="join"/>',
+        script("count", "n = n + 1"), '<bpmn:exclusiveGateway id="again" default="again_end"/>',
+        '<bpmn:parallelGateway id="round_split"/>', '<bpmn:userTask id="review"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "first_split"), flow("first_split", "to_left"),
+        flow("first_split", "right_work"), flow("right_work", "to_right"),
+        '<bpmn:sequenceFlow id="to_left_join" sourceRef="to_left" targetRef="join"/>',
+        '<bpmn:sequenceFlow id="to_right_join" sourceRef="to_right" targetRef="join"/>', flow("join", "count"),
+        flow("count", "again"), flow("again", "round_split", "n < 3"),
+        '<bpmn:sequenceFlow id="again_end" sourceRef="again" targetRef="end"/>',
+        flow("round_split", "review"), flow("round_split", "to_right"), flow("review", "to_left"),
+    ])
+    with pytest.raises(AttributeError):
+        run_plain(path, {}, {"review": {}})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    while instance.status == "waiting":
+        instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {})
+
+    assert instance.status == "error" and instance.error["task_id"] == "join"
+    message = instance.error["message"]
+    assert "main/" not in message and "@" not in message, message
+    assert "branch 'to_right' of split 'round_split'" in message and "outside any split" in message, message
+
+
+# ----- an ad-hoc sub-process ---------------------------------------------------------------------
+
+def _pick_in_any_order(tmp_path: Path, data_object: bool = False) -> Path:
+    inner = '<bpmn:dataObject id="notes"/>' if data_object else ""
+    return write(tmp_path, "any_order", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:adHocSubProcess id="pick">{inner}<bpmn:userTask id="call_client"/><bpmn:userTask id="write_offer"/>'
+        "<bpmn:completionCondition>offer_sent</bpmn:completionCondition></bpmn:adHocSubProcess>",
+        script("archive", "archived = offer_sent"), '<bpmn:endEvent id="end"/>',
+        flow("start", "pick"), flow("pick", "archive"), flow("archive", "end"),
+    ])
+
+
+@pytest.mark.parametrize("data_object", [False, True], ids=["tasks only", "with a data object"])
+def test_an_ad_hoc_sub_process_is_refused_naming_it(tmp_path: Path, data_object: bool) -> None:
+    """SpiffWorkflow 3.2 cannot keep an ad-hoc sub-process: with tasks only, its path bookkeeping
+    raises KeyError 'data_objects' after the first task; with a data object inside, it runs in
+    memory but its serializer cannot save the workflow. layerflow let validate pass it, then failed
+    at run time naming no element: a NameError for the completion condition (which SpiffWorkflow
+    evaluates over its own data, not the context), or a save error at start."""
+    from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
+    from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
+
+    path = _pick_in_any_order(tmp_path, data_object)
+    answers = {"call_client": {}, "write_offer": {"offer_sent": True}}
+    if data_object:
+        plain_wf, _ = run_plain(path, {"offer_sent": False}, answers)
+        with pytest.raises(TypeError, match="DataObject"):
+            BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(SPIFF_CONFIG)).serialize_json(plain_wf)
+    else:
+        with pytest.raises(KeyError, match="data_objects"):
+            run_plain(path, {"offer_sent": False}, answers)
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.file) for p in errors] == [("unsupported_element", "pick", str(path))]
+    assert "ad-hoc" in errors[0].message and "exclusive gateway" in errors[0].message
+    with pytest.raises(ProcessError, match="'pick'"):
+        load_process(path)
+
+
+# ----- a cancel boundary event on something that is no transaction ---------------------------------
+
+def test_a_cancel_boundary_event_outside_a_transaction_is_refused_naming_the_event(tmp_path: Path) -> None:
+    """SpiffWorkflow refuses a cancel event anywhere but on a transaction, and names the task it is
+    attached to; validate passed that on ("fix the BPMN element named here") without naming the
+    event to change or saying what to draw instead."""
+    path = write(tmp_path, "cancel_on_task", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="count"/>',
+        '<bpmn:boundaryEvent id="reset" attachedToRef="count"><bpmn:cancelEventDefinition/></bpmn:boundaryEvent>',
+        script("note", "reset_seen = True"), '<bpmn:endEvent id="end"/>', '<bpmn:endEvent id="end_reset"/>',
+        flow("start", "count"), flow("count", "end"), flow("reset", "note"), flow("note", "end_reset"),
+    ])
+    with pytest.raises(ValidationException, match="Cancel Events may only be used with transactions"):
+        run_plain(path, {}, {})
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in errors] == [("cancel_outside_transaction", "reset", "attachedToRef")]
+    assert "'count'" in errors[0].message and "bpmn:transaction" in errors[0].message
+    with pytest.raises(ProcessError, match="'reset'"):
+        load_process(path)
