@@ -73,7 +73,10 @@ def test_plain_tasks_are_written_without_the_registry() -> None:
     task format shows up here, not as wrong records)."""
     engine = Engine()
     engine.run(engine.start(load_process(EXAMPLES / "parallel_scripts.bpmn")))
-    assert spiff._PLAIN_TASKS == {False: True, True: True}
+    # the instances of a multi-instance activity: their items, and the keys of the activity's data
+    engine.run(engine.start(load_process(EXAMPLES / "multi_instance_parallel.bpmn")))
+    # forms: (has a parent, has data or a parent with data)
+    assert spiff._PLAIN_TASKS == {(False, False): True, (True, False): True, (True, True): True}
 
 
 def test_a_task_with_data_is_converted_every_time() -> None:
