@@ -16,8 +16,8 @@ Targets (issue 3): under 1 ms per activity at 1,000 context keys, under 2x plain
 SpiffWorkflow end to end. The rows of a workload run interleaved, one run each per round,
 so a slower stretch of the shared machine hits them alike.
 
-Then larger runs, a few times each: the loop example for 800 passes and a multi-instance
-script task over 500 items, against plain SpiffWorkflow with and without a save after every
+Then larger runs, a few times each: the loop example for 800 passes, a multi-instance
+script task over 500 items and a loop through a sub-process for 200 passes, against plain SpiffWorkflow with and without a save after every
 activity (every loop pass stays in SpiffWorkflow's task tree, and every instance is a task
 of its own, so a step costs more the more came before it, in both).
 
@@ -87,6 +87,23 @@ def multi_instance_bpmn() -> str:
             '<bpmn:endEvent id="end"/>\n<bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="each"/>\n'
             '<bpmn:sequenceFlow id="f2" sourceRef="each" targetRef="fin"/>\n'
             '<bpmn:sequenceFlow id="f3" sourceRef="fin" targetRef="end"/>\n</bpmn:process>\n</bpmn:definitions>\n')
+
+
+def subprocess_loop_bpmn() -> str:
+    """A loop back through a sub-process (one script task) until ``count`` reaches ``n``."""
+    flow = '<bpmn:sequenceFlow id="{0}_{1}" sourceRef="{0}" targetRef="{1}"/>'
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
+            '<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="b">\n'
+            '<bpmn:process id="subloop" isExecutable="true">\n<bpmn:startEvent id="start"/>\n'
+            '<bpmn:scriptTask id="init"><bpmn:script>count = 0</bpmn:script></bpmn:scriptTask>\n'
+            '<bpmn:subProcess id="sub"><bpmn:startEvent id="s_start"/>'
+            '<bpmn:scriptTask id="s_work"><bpmn:script>count = count + 1</bpmn:script></bpmn:scriptTask>'
+            f'<bpmn:endEvent id="s_end"/>{flow.format("s_start", "s_work")}{flow.format("s_work", "s_end")}'
+            '</bpmn:subProcess>\n<bpmn:exclusiveGateway id="more" default="more_end"/>\n<bpmn:endEvent id="end"/>\n'
+            f'{flow.format("start", "init")}{flow.format("init", "sub")}{flow.format("sub", "more")}'
+            '<bpmn:sequenceFlow id="again" sourceRef="more" targetRef="sub">'
+            '<bpmn:conditionExpression>count &lt; n</bpmn:conditionExpression></bpmn:sequenceFlow>'
+            f'{flow.format("more", "end")}\n</bpmn:process>\n</bpmn:definitions>\n')
 
 
 # ----------------------------------------------------------------------------- plain SpiffWorkflow
@@ -341,12 +358,15 @@ def main(argv: list[str] | None = None) -> int:
 
     # How a run grows with the work in it: every pass of a loop stays in SpiffWorkflow's task
     # tree, and a multi-instance activity makes one task per item (each saved, under layerflow).
-    passes, items = (100, 50) if args.quick or runs < 10 else (800, 500)
-    mi = tmp / "mi.bpmn"
+    small = args.quick or runs < 10
+    passes, items, sub_passes = (100, 50, 20) if small else (800, 500, 200)
+    mi, subloop = tmp / "mi.bpmn", tmp / "subloop.bpmn"
     mi.write_text(multi_instance_bpmn(), encoding="utf-8")
+    subloop.write_text(subprocess_loop_bpmn(), encoding="utf-8")
     growing = [(f"loop, {passes} passes", ROOT / "bpmn_examples" / "xor_loop.bpmn", {"batch_size": passes}),
-               (f"multi-instance, {items} items", mi, {"items": list(range(items))})]
-    rounds = 1 if args.quick or runs < 10 else 3
+               (f"multi-instance, {items} items", mi, {"items": list(range(items))}),
+               (f"sub-process loop, {sub_passes} passes", subloop, {"n": sub_passes})]
+    rounds = 1 if small else 3
     print(f"\nlarger runs: median of {rounds} interleaved runs each (plain SpiffWorkflow sees a loop past ~500 "
           "passes only with engine.deep_trees in place, as here)")
     head = f"{'workload':<30} {'plain ms':>9} {'+saves ms':>10} {'layerflow ms':>13} {'x plain':>8} {'x +saves':>9}"

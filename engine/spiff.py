@@ -916,19 +916,39 @@ def serialize_json(workflow: Any) -> str:
             "success": workflow.success,
             "completed": workflow.completed,
             "root": str(workflow.task_tree.id),
-            "subprocesses": {str(k): registry.convert(v) for k, v in workflow.subprocesses.items()},
             "bpmn_events": registry.convert(workflow.bpmn_events),
             "typename": registry.typenames[type(workflow)],
             SERIALIZER.VERSION_KEY: SERIALIZER.VERSION,
         }
         text = _ENCODE(head)
         tasks = _tasks_json(workflow, registry)
+        quoted = _texts_of(workflow).quoted
+        subprocesses = ",".join(f"{quoted(k)}:{_subworkflow_json(v, registry)}" for k, v in workflow.subprocesses.items())
         subspecs = ",".join(f"{encode_basestring_ascii(str(k))}:{_spec_json(v, registry)}"
                             for k, v in workflow.subprocess_specs.items())
         spec = _spec_json(workflow.spec, registry)
     finally:
         registry._encoder_mode = False
-    return f'{text[:-1]},"tasks":{tasks},"spec":{spec},"subprocess_specs":{{{subspecs}}}}}'
+    return (f'{text[:-1]},"tasks":{tasks},"subprocesses":{{{subprocesses}}},"spec":{spec},'
+            f'"subprocess_specs":{{{subspecs}}}}}')
+
+
+def _subworkflow_json(sub: Any, registry: Any) -> str:
+    """What SpiffWorkflow's ``BpmnSubWorkflowConverter`` writes for a sub-process, its tasks
+    kept as text between saves as the workflow's are (a loop through a sub-process leaves one
+    finished sub-workflow per pass, each written again at every save)."""
+    head = {
+        "data": registry.convert(registry.clean(sub.data)),
+        "correlations": sub.correlations,
+        "last_task": str(sub.last_task.id) if sub.last_task is not None else None,
+        "success": sub.success,
+        "completed": sub.completed,
+        "root": str(sub.task_tree.id),
+        "parent_task_id": str(sub.parent_task_id),
+        "spec": sub.spec.name,
+        "typename": registry.typenames[type(sub)],
+    }
+    return f'{_ENCODE(head)[:-1]},"tasks":{_tasks_json(sub, registry)}}}'
 
 
 def deserialize(workflow: str | Mapping[str, Any]) -> BpmnWorkflow:
@@ -950,10 +970,15 @@ def _spec_json(spec: Any, registry: Any) -> str:
     return hit[1]
 
 
-def _tasks_json(workflow: Any, registry: Any) -> str:
+def _texts_of(workflow: Any) -> _TaskTexts:
     texts = _TASK_JSON.get(workflow)
     if texts is None:
         texts = _TASK_JSON[workflow] = _TaskTexts()
+    return texts
+
+
+def _tasks_json(workflow: Any, registry: Any) -> str:
+    texts = _texts_of(workflow)
     cache = texts.tasks
     tasks = workflow.tasks
     parts = []
@@ -1009,8 +1034,9 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
     in common, every key of its own is an update and every key of the parent's a deletion.
     The first use of each form compares it with the registry's own result; on a difference
     that form is never used again (None)."""
-    has_parent = task._parent is not None
-    parent_data = task.parent.data if has_parent else {}
+    parent_task = task.parent
+    has_parent = parent_task is not None
+    parent_data = parent_task.data if has_parent else {}
     form = (has_parent, bool(task.data or parent_data))
     if _PLAIN_TASKS.get(form) is False:
         return None
@@ -1048,14 +1074,14 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any]) -> tuple[Any, ...] | 
     decide its text. The engine keeps every other task's data empty."""
     data = task.data
     parent_keys: tuple[Any, ...] = ()
-    if task._parent is not None:
-        parent = tasks.get(task._parent)
-        if parent is not None and parent.data:
+    parent = tasks.get(task._parent) if task._parent is not None else None
+    if parent is not None:
+        if parent.data:
             parent_keys = tuple(parent.data)
             if data and any(k in parent.data for k in data):
                 return None
     elif data:
-        return None
+        return None  # a root task's data is written whole
     items: tuple[Any, ...] = ()
     if data:
         items = tuple(data.items())

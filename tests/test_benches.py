@@ -35,9 +35,10 @@ def test_bench_engine_prints_every_row_against_both_baselines():
         assert float(per_act) == pytest.approx((float(layerflow) - float(plain)) / int(acts), rel=0.02, abs=0.002)
     assert "target: < 1 ms overhead per activity" in out
     # the larger runs: a long loop and a multi-instance activity, against both baselines
-    larger = re.findall(r"^(loop, \d+ passes|multi-instance, \d+ items)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)"
+    larger = re.findall(r"^(loop, \d+ passes|multi-instance, \d+ items|sub-process loop, \d+ passes)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)"
                         r"\s+([0-9.]+)\s+([0-9.]+)$", out, re.M)
-    assert [name for name, *_ in larger] == ["loop, 100 passes", "multi-instance, 50 items"], out
+    assert [name for name, *_ in larger] == ["loop, 100 passes", "multi-instance, 50 items",
+                                                "sub-process loop, 20 passes"], out
     for _, plain, saved, layerflow, ratio, ratio_saved in larger:
         assert float(ratio) == pytest.approx(float(layerflow) / float(plain), rel=0.02, abs=0.01)
         assert float(ratio_saved) == pytest.approx(float(layerflow) / float(saved), rel=0.02, abs=0.01)

@@ -231,6 +231,22 @@ def test_every_saved_record_is_the_long_ways_record() -> None:
     assert len(instance.contexts) > 1, "branch contexts, with the snapshot they were forked from, were saved"
 
 
+@pytest.mark.parametrize(("example", "data"), [
+    ("subprocess_parallel.bpmn", {"amount": 120000}), ("call_activity.bpmn", {"amount": 5000}),
+    ("error_boundary.bpmn", {"years_in_business": 3}), ("multi_instance_parallel.bpmn", {}),
+    ("xor_loop.bpmn", {"batch_size": 4})])
+def test_every_saved_record_of_sub_processes_loops_and_instances_is_the_long_ways_record(example: str,
+                                                                                         data: dict[str, Any]) -> None:
+    """Sub-workflows and the instances of a multi-instance activity are kept as text between
+    saves too: every save writes what SpiffWorkflow's serializer writes."""
+    engine = _Engine()
+    engine.store = _CheckingRecords(open_store("memory://"), engine)
+    before = _CheckingRecords.checked
+    instance = engine.run(engine.start(load_process(EXAMPLES / example), data))
+    assert instance.status == "completed", instance.error
+    assert _CheckingRecords.checked - before >= instance.activities > 0
+
+
 @pytest.mark.parametrize("internal", [{5: "x"}, {"k": 1.5, "flag": False}, {"k": [1, {"a": None}]}, {"k": "ü\n"}],
                          ids=["int-key", "scalars", "not-scalar", "escaped"])
 def test_the_workflow_text_is_spiffworkflows_whatever_a_task_holds(internal: dict[Any, Any]) -> None:
