@@ -175,3 +175,17 @@ def test_remove_task_removes_a_subtree_as_the_original_does(half_run: str) -> No
     _stock(Workflow, "_remove_task")(theirs, branch)
     assert _shape(mine) == _shape(theirs)
     assert len(mine_gone) > 1 and mine_gone == theirs_gone  # a subtree, children first, in order
+
+
+def test_the_twins_replace_the_methods_they_were_written_against() -> None:
+    """The twins mirror SpiffWorkflow 3.2's recursive methods line by line; a release that
+    changes one of them fails here, so the twin is reviewed rather than silently kept."""
+    import hashlib
+    import inspect
+
+    reviewed = {("Task", "is_descendant_of"): "e3322602ff369793", ("Task", "find_ancestor"): "2c421b50e170644c",
+                ("Task", "cancel"): "16a6cc6f7ea48468", ("Task", "_drop_children"): "eca5081a4b520d8d",
+                ("Workflow", "_remove_task"): "3be421d7182884f3"}
+    found = {(owner.__name__, name): hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()[:16]
+             for (owner, name), fn in deep_trees.STOCK.items()}
+    assert found == reviewed
