@@ -160,7 +160,7 @@ def plain_runner(path: Path, data: dict[str, Any], parser_class: type, handlers:
     def after(task: Any) -> None:
         spec = task.task_spec
         if is_activity(spec) or is_activity(TWINS.get(type(spec))):  # twins, or a stock parser's specs
-            saved["instance"] = serializer.serialize_json(task.workflow)
+            saved["instance"] = serializer.serialize_json(task.workflow.top_workflow)  # the whole instance, from a sub-process too
             saved["saves"] += 1
 
     def run() -> int:

@@ -981,9 +981,12 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     texts = _texts_of(workflow)
     cache = texts.tasks
     tasks = workflow.tasks
+    # the tasks with data (usually none: the engine keeps data in its contexts), found once
+    # here rather than per task (UUIDs hash in Python)
+    with_data = {tid: task for tid, task in tasks.items() if task.data}
     parts = []
     for tid, task in tasks.items():
-        mark = _task_fingerprint(task, tasks)
+        mark = _task_fingerprint(task, tasks, with_data)
         hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
@@ -1064,7 +1067,7 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
     return text
 
 
-def _task_fingerprint(task: Any, tasks: Mapping[Any, Any]) -> tuple[Any, ...] | None:
+def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[Any, Any]) -> tuple[Any, ...] | None:
     """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
 
     Data is stored as changes against the parent's data. A task whose own data holds only
@@ -1074,7 +1077,10 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any]) -> tuple[Any, ...] | 
     decide its text. The engine keeps every other task's data empty."""
     data = task.data
     parent_keys: tuple[Any, ...] = ()
-    parent = tasks.get(task._parent) if task._parent is not None else None
+    if data:
+        parent = tasks.get(task._parent) if task._parent is not None else None
+    else:  # only a parent with data matters
+        parent = with_data.get(task._parent) if with_data and task._parent is not None else None
     if parent is not None:
         if parent.data:
             parent_keys = tuple(parent.data)
