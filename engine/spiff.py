@@ -70,6 +70,7 @@ from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
+from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
@@ -91,7 +92,7 @@ from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.task import TaskState
 
-from . import deep_trees
+from . import deep_trees, inclusive_join
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
 
@@ -290,6 +291,13 @@ class _LayerflowSpecMixin:
                 finally:
                     my_task.data = saved
         return super()._update_hook(my_task)  # type: ignore[misc]
+
+    def _check_threshold_unstructured(self, my_task: Any) -> Any:
+        if isinstance(self, InclusiveGateway):
+            # SpiffWorkflow's check misses the second path of a branch that splits and merges
+            # again, and the join fires twice (engine.inclusive_join)
+            return inclusive_join.may_fire(self, my_task)
+        return super()._check_threshold_unstructured(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
         driver = driver_of(my_task)

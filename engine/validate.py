@@ -129,6 +129,7 @@ from pydantic import ValidationError
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
 from gateways.conditions import expression_dialect, is_flow_sentence
+from gateways.splitter import SPLIT_MARKERS
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
@@ -1510,7 +1511,7 @@ def _python_instead(source: str, dialect: str) -> str:
     return f"write {inner!r}"
 
 
-_SPLIT_MARKERS = frozenset({"_branch_id", "_snapshot_id"})
+_SPLIT_MARKERS = frozenset(SPLIT_MARKERS)
 
 
 def _did_you_mean(word: str, candidates: Iterable[str]) -> str:

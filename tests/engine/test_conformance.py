@@ -642,3 +642,53 @@ def test_a_boundary_path_that_writes_a_key_the_flow_also_writes_is_a_listed_conf
     assert "boundary path 'nudge'" in conflict["resolution"]["reason"]
     [note] = [e for e in instance.main.tape if e.data.get("note") == "side_conflict"]
     assert note.data["keys"][0]["dropped"] == "reminded"
+
+
+# ----- found by the random processes (test_random_processes) -----------------------------------
+
+def test_an_exclusive_choice_inside_parallel_branches_is_no_conflict_at_the_join(tmp_path: Path) -> None:
+    """An exclusive split writes its markers (_branch_id, _snapshot_id) into the context that
+    goes on; in two parallel branches they differed, and the join asked a person about them."""
+    path = write(tmp_path, "xor_in_branches", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+        '<bpmn:exclusiveGateway id="left" default="left_to_l2"/>', script("l1", "a = 1"), script("l2", "a = 2"),
+        '<bpmn:exclusiveGateway id="left_done"/>',
+        '<bpmn:exclusiveGateway id="right" default="right_to_r2"/>', script("r1", "b = 1"), script("r2", "b = 2"),
+        '<bpmn:exclusiveGateway id="right_done"/>', '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "left"), flow("fork", "right"),
+        flow("left", "l1", "x > 0"), flow("left", "l2"), flow("l1", "left_done"), flow("l2", "left_done"),
+        flow("right", "r1", "x > 5"), flow("right", "r2"), flow("r1", "right_done"), flow("r2", "right_done"),
+        flow("left_done", "join"), flow("right_done", "join"), flow("join", "end")])
+    plain_wf, plain_vars = run_plain(path, {"x": 3}, {})
+    ours = run_ours(path, {"x": 3})
+    assert ours.status == "completed", (ours.error, ours.waiting_for)
+    assert variables(ours.main) == plain_vars == {"x": 3, "a": 1, "b": 2}
+    assert path_of(ours.workflow) == path_of(plain_wf)
+    # the parent keeps its own markers: none, outside any split
+    assert "_branch_id" not in ours.main and "_snapshot_id" not in ours.main
+
+
+def test_an_inclusive_join_waits_for_a_branch_that_chooses_inside(tmp_path: Path) -> None:
+    """SpiffWorkflow's inclusive join looks back along the first incoming flow of each element
+    only, and shares what it has visited between the inputs it checks: a branch holding
+    choices inside choices was not waited for, the join fired once for each branch and ran the
+    step after it twice (found by test_random_processes; plain SpiffWorkflow still does)."""
+    path = write(tmp_path, "or_with_choices", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:inclusiveGateway id="fork" default="fork_to_idle"/>',
+        script("idle", "i = 1"), script("quick", "q = 1"),
+        '<bpmn:exclusiveGateway id="outer" default="outer_to_plain"/>', '<bpmn:exclusiveGateway id="inner" default="inner_to_deep"/>',
+        script("shallow", "s = 1"), script("deep", "d = 1"), '<bpmn:exclusiveGateway id="inner_done"/>',
+        script("plain", "p = 1"), '<bpmn:exclusiveGateway id="outer_done"/>', '<bpmn:inclusiveGateway id="join"/>',
+        script("after", "runs = 1"), '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "idle"), flow("idle", "join"),
+        flow("fork", "quick", "x % 3 != 0"), flow("quick", "join"),
+        flow("fork", "outer", "x % 4 != 0"), flow("outer", "inner", "x % 2 == 0"), flow("inner", "shallow", "x % 3 == 0"),
+        flow("inner", "deep"), flow("shallow", "inner_done"), flow("deep", "inner_done"), flow("outer", "plain"),
+        flow("inner_done", "outer_done"), flow("plain", "outer_done"), flow("outer_done", "join"),
+        flow("join", "after"), flow("after", "end")])
+    ours = run_ours(path, {"x": 22})
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == {"x": 22, "q": 1, "d": 1, "runs": 1}
+    done = path_of(ours.workflow)
+    assert done.count("after") == 1 and done.count("join") == 1
+    assert done.index("join") > max(done.index("quick"), done.index("outer_done"))  # after both branches
