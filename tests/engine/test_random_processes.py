@@ -1,7 +1,8 @@
 """Random block-structured processes run the same under layerflow as under plain SpiffWorkflow.
 
 Hypothesis draws a process from sequences, exclusive choices (on the start data), parallel
-blocks (two or three branches), inclusive blocks and counted loops, nested. Every script task
+blocks (two or three branches), inclusive blocks, counted loops and embedded sub-processes,
+nested. Every script task
 writes a key of its own from keys that are set on every path to it, so no two branches write
 the same key (plain SpiffWorkflow's join keeps only the last branch's value of a key several
 branches wrote; layerflow keeps them or asks a person: that difference is tested elsewhere).
@@ -85,6 +86,15 @@ class _Writer:
             # an inclusive block runs the default branch or some of the others: nothing more is
             # set on every path after it
             return jid, after, (kind, nodes)
+        if kind == "sub":
+            sid = self.new("s")
+            inner = _Writer(elements=[f'<bpmn:startEvent id="{sid}_start"/>'], n=self.n)
+            exit_, keys, node = inner.block(tree[1], f"{sid}_start", known)
+            inner.elements += [f'<bpmn:endEvent id="{sid}_end"/>', flow(exit_, f"{sid}_end")]
+            self.n = inner.n
+            self.elements += [f'<bpmn:subProcess id="{sid}">{"".join(inner.elements)}</bpmn:subProcess>',
+                              flow(entry, sid)]
+            return sid, keys, ("seq", [node])
         if kind == "loop":
             counter = self.new("c")
             init, step, gate = f"{counter}_init", f"{counter}_step", f"{counter}_more"
@@ -122,6 +132,7 @@ def _blocks(depth: int) -> st.SearchStrategy[Any]:
         st.tuples(st.just("and"), st.lists(inner, min_size=2, max_size=3)),
         st.tuples(st.just("or"), st.lists(inner, min_size=2, max_size=3)),
         st.tuples(st.just("loop"), st.integers(1, 3), inner),
+        st.tuples(st.just("sub"), inner),
     )
 
 
@@ -182,7 +193,7 @@ def _plain(path: Path, x: int) -> Counter[str]:
     the tasks of earlier passes of a loop from its tree)."""
     parser = SpiffBpmnParser()
     parser.add_bpmn_file(str(path))
-    wf = BpmnWorkflow(parser.get_spec("random"))
+    wf = BpmnWorkflow(parser.get_spec("random"), parser.get_subprocess_specs("random"))
     wf.task_tree.data["x"] = x
     runs: Counter[str] = Counter()
 
