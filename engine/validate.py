@@ -40,6 +40,9 @@ not make ``report.ok`` false:
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given
+``call_activity_recursion``           call activities that call their own process back on every path (no
+                                      gateway, loop or boundary event before any of them): the calls
+                                      never end, and the run would hang starting new instances
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
@@ -361,6 +364,7 @@ class _Validator:
                 self._check_code(proc)
                 self._check_references(proc)
                 self._check_shapes(proc)
+        self._check_recursion()
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
         for doc in good:
@@ -953,6 +957,30 @@ class _Validator:
                      "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
 
+    def _check_recursion(self) -> None:
+        """A call activity that starts its own process again, directly or through other called processes,
+        with no decision on the way: every instance starts the next one, without end. SpiffWorkflow (whose
+        parser once refused any recursive call) then creates called processes until the run is killed."""
+        calls: dict[str, list[tuple[Any, str]]] = {}  # process id -> the calls every run of it makes
+        for proc in self.processes:
+            calls[proc.id] = [(call, call.get("calledElement")) for call in proc.element.iter(_bpmn("callActivity"))
+                              if call.get("calledElement") and _always_reached(call, proc.element)]
+        reported: set[str] = set()
+        for proc in self.processes:
+            chain = _call_cycle(proc.id, calls)
+            if chain is None or chain[0][0].get("id") in reported:
+                continue
+            reported.update(call.get("id") for call, _ in chain)
+            call, called = chain[0]
+            through = " -> ".join([proc.id, *(target for _, target in chain)])
+            self.related.add(call.get("id"))
+            self.add("call_activity_recursion", f"call activity {call.get('id')!r} calls process {called!r}, and "
+                     f"every run of it calls again ({through}) with no gateway, loop or boundary event on the way: "
+                     "the calls never end (SpiffWorkflow starts a new instance of the called process at each one and "
+                     "the run hangs); put an exclusive gateway with a condition that ends the recursion before the "
+                     "call, or call another process", file=proc.file, line=call.sourceline,
+                     element_id=call.get("id"), field="calledElement")
+
     def _check_data_references(self, proc: _Node) -> None:
         """Data associations that name no data object or data store reference: SpiffWorkflow's own
         error for one names an lxml element (``<Element ... at 0x...>``), not the id it missed."""
@@ -1415,6 +1443,56 @@ def _flow_node_id(el: Any) -> str | None:
     """The id of the task, event or gateway an element (a timer, a loop's condition) belongs to."""
     owner = next((a for a in el.iterancestors() if a.tag in _FLOW_NODES), None)
     return owner.get("id") if owner is not None else None
+
+
+_DECISIONS = frozenset(_bpmn(t) for t in ("exclusiveGateway", "inclusiveGateway", "eventBasedGateway",
+                                            "complexGateway"))
+
+
+def _always_reached(node: Any, process: Any) -> bool:
+    """Whether every run of ``process`` reaches ``node``, as far as the drawing tells: from the first start
+    event without a trigger of each scope around it, through flows that leave no gateway that decides and
+    no activity with a boundary event, to a node that neither loops nor is an event sub-process."""
+    current = node
+    while current is not process:
+        scope = current.getparent()
+        if (scope is None or current.find(_bpmn("standardLoopCharacteristics")) is not None
+                or current.find(_bpmn("multiInstanceLoopCharacteristics")) is not None
+                or scope.get("triggeredByEvent") == "true" or scope.tag == _bpmn("adHocSubProcess")):
+            return False
+        start = next((s for s in scope.iterchildren(_bpmn("startEvent"))
+                      if not any(isinstance(c.tag, str) and c.tag.endswith("EventDefinition") for c in s)), None)
+        if start is None:
+            return False
+        bounded = {b.get("attachedToRef") for b in scope.iterchildren(_bpmn("boundaryEvent"))}
+        nodes = {el.get("id"): el for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES}
+        seen, todo = set(), [start]
+        while todo and current not in todo:
+            el = todo.pop()
+            if el.get("id") in seen or el.tag in _DECISIONS or el.get("id") in bounded:
+                continue
+            seen.add(el.get("id"))
+            todo.extend(nodes[f.get("targetRef")] for f in _outgoing(el) if f.get("targetRef") in nodes)
+        if current not in todo:
+            return False
+        current = scope
+    return True
+
+
+def _call_cycle(start: str, calls: Mapping[str, list[tuple[Any, str]]]) -> list[tuple[Any, str]] | None:
+    """The calls (call activity, called process) that lead from process ``start`` back to it, each made by
+    every run of its process, or None."""
+    todo: list[tuple[str, list[tuple[Any, str]]]] = [(start, [])]
+    seen: set[str] = set()
+    while todo:
+        pid, chain = todo.pop()
+        for call, called in calls.get(pid, []):
+            if called == start:
+                return [*chain, (call, called)]
+            if called not in seen:
+                seen.add(called)
+                todo.append((called, [*chain, (call, called)]))
+    return None
 
 
 _NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation")

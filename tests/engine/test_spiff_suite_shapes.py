@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
 from context_layers.errors import ProcessError
 from engine import Engine, load_process
@@ -366,3 +368,56 @@ def test_a_cancel_boundary_event_outside_a_transaction_is_refused_naming_the_eve
     assert "'count'" in errors[0].message and "bpmn:transaction" in errors[0].message
     with pytest.raises(ProcessError, match="'reset'"):
         load_process(path)
+
+
+# ----- a call activity that calls its own process back ------------------------------------------------
+
+def _call(call_id: str, process: str) -> str:
+    return f'<bpmn:callActivity id="{call_id}" calledElement="{process}"/>'
+
+
+def _countdown(tmp_path: Path, decided: bool) -> list[Path]:
+    """``main`` calls ``countdown``, which counts ``left`` down and calls itself again: behind a gateway
+    that stops at zero (``decided``), or on every run."""
+    main = write(tmp_path, "main", [
+        '<bpmn:startEvent id="start"/>', script("init", "left = 3"), _call("count", "countdown"),
+        '<bpmn:endEvent id="end"/>', flow("start", "init"), flow("init", "count"), flow("count", "end")])
+    again = [_call("again", "countdown"), '<bpmn:endEvent id="c_end"/>', flow("again", "c_end")]
+    if decided:
+        again += ['<bpmn:exclusiveGateway id="more" default="tick_to_c_done"/>', '<bpmn:endEvent id="c_done"/>',
+                  flow("tick", "more"), flow("more", "again", "left > 0"),
+                  '<bpmn:sequenceFlow id="tick_to_c_done" sourceRef="more" targetRef="c_done"/>']
+    else:
+        again.append(flow("tick", "again"))
+    countdown = write(tmp_path, "countdown", [
+        '<bpmn:startEvent id="c_start"/>', script("tick", "left = left - 1"), flow("c_start", "tick"), *again])
+    return [main, countdown]
+
+
+def test_a_call_activity_that_calls_its_own_process_on_every_run_is_refused(tmp_path: Path) -> None:
+    """SpiffWorkflow starts a new instance of the called process at each call, without end (its parser
+    once refused recursive calls; 3.2 hangs); validate passed such a process and `layerflow run`
+    hung until it was killed."""
+    paths = _countdown(tmp_path, decided=False)
+
+    errors = [p for p in validate_process(paths).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field, p.file) for p in errors] == [
+        ("call_activity_recursion", "again", "calledElement", str(paths[1]))]
+    assert "countdown -> countdown" in errors[0].message and "exclusive gateway" in errors[0].message
+    with pytest.raises(ProcessError, match="'again'"):
+        load_process(paths)
+
+
+def test_a_call_activity_that_calls_its_own_process_behind_a_gateway_runs_as_in_spiffworkflow(tmp_path: Path) -> None:
+    paths = _countdown(tmp_path, decided=True)
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(p) for p in paths])
+    plain = BpmnWorkflow(parser.get_spec("main"), parser.get_subprocess_specs("main"))
+    plain.do_engine_steps()
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(paths)))
+
+    assert [p.code for p in validate_process(paths).problems] == []
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {"left": 0}
