@@ -48,7 +48,8 @@ not make ``report.ok`` false:
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
-                                      cardinality or completion condition) is not valid Python; one
+                                      cardinality or completion condition, a correlation property's
+                                      retrieval expression) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
@@ -348,6 +349,7 @@ class _Validator:
         main = self._select_process(config)
         for doc in good:
             self._check_extensions(doc)
+            self._check_correlations(doc)
         if config is not None:
             self._check_config_file(config, main)
         self._check_merges()
@@ -1034,6 +1036,16 @@ class _Validator:
                 if (el.text or "").strip():
                     owner = _owner_id(el.getparent())
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _check_correlations(self, doc: _Doc) -> None:
+        """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
+        payload when the message is sent or caught: one that is not Python fails every delivery."""
+        for prop in doc.root.iter(_bpmn("correlationPropertyRetrievalExpression")):
+            for expr in prop.iter(_bpmn("formalExpression")):
+                if (expr.text or "").strip():
+                    self._compile(expr.text, "eval", expr, doc.file, prop.getparent().get("id"), "condition_syntax",
+                                  "formalExpression", what=f"correlation retrieval expression (over the payload of message "
+                                       f"{prop.get('messageRef')!r})")
 
     def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
                  code: str, field: str, *, what: str | None = None) -> ast.AST | None:

@@ -421,3 +421,33 @@ def test_a_call_activity_that_calls_its_own_process_behind_a_gateway_runs_as_in_
     assert plain.is_completed() and instance.status == "completed", instance.error
     assert path_of(instance.workflow) == path_of(plain)
     assert variables(instance.main) == plain.last_task.data == {"left": 0}
+
+
+# ----- a correlation property's retrieval expression that is no Python ---------------------------------
+
+def test_a_correlation_expression_that_is_not_python_is_refused_naming_the_property(tmp_path: Path) -> None:
+    """SpiffWorkflow evaluates a correlation property's retrieval expression over a message's payload
+    when the message is sent or caught; validate passed one that is no Python (a payload key that is a
+    keyword), and every delivery then failed with a SyntaxError that named neither the property nor the
+    file (under layerflow: "the payload must carry its correlation properties", which no payload can)."""
+    path = write(tmp_path, "ordering", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:intermediateCatchEvent id="paid"><bpmn:messageEventDefinition messageRef="payment"/>'
+        "</bpmn:intermediateCatchEvent>", '<bpmn:endEvent id="end"/>', flow("start", "paid"), flow("paid", "end"),
+    ], '<bpmn:message id="payment" name="Payment"/>\n<bpmn:correlationProperty id="order_ref" name="Order">'
+       '<bpmn:correlationPropertyRetrievalExpression messageRef="payment"><bpmn:formalExpression>global.ref'
+       "</bpmn:formalExpression></bpmn:correlationPropertyRetrievalExpression></bpmn:correlationProperty>\n")
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("ordering"))
+    plain.do_engine_steps()
+    [waiting] = [t for t in plain.get_tasks() if t.task_spec.bpmn_id == "paid"]
+    definition = waiting.task_spec.event_definition
+    with pytest.raises(SyntaxError):
+        definition.calculate_correlations(plain.script_engine, definition.correlation_properties, {"global": 1})
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in errors] == [("condition_syntax", "order_ref", "formalExpression")]
+    assert "'global.ref'" in errors[0].message and "'payment'" in errors[0].message
+    with pytest.raises(ProcessError, match="'order_ref'"):
+        load_process(path)
