@@ -39,7 +39,8 @@ not make ``report.ok`` false:
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
-``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given
+``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
+                                      one whose isExecutable is not "true" (SpiffWorkflow runs none of those)
 ``call_activity_recursion``           call activities that call their own process back on every path (no
                                       gateway, loop or boundary event before any of them): the calls
                                       never end, and the run would hang starting new instances
@@ -942,6 +943,15 @@ class _Validator:
         self._check_data_references(proc)
         for call in proc.element.iter(_bpmn("callActivity")):
             called = call.get("calledElement")
+            target = next((p for p in self.processes if p.id == called), None)
+            if target is not None and not _executable(target.element):
+                self.related.add(target.id)
+                self.add("call_activity_unknown_process", f"call activity {call.get('id')!r} calls process {called!r} "
+                         f"({target.file}:{target.line}), which has isExecutable="
+                         f"{target.element.get('isExecutable')!r}: SpiffWorkflow runs no process that is not "
+                         "executable, a called one neither; set isExecutable=\"true\" on that process",
+                         file=proc.file, line=call.sourceline, element_id=call.get("id"), field="calledElement")
+                continue
             if called in process_ids:
                 continue
             self.related.add(called or "")

@@ -451,3 +451,29 @@ def test_a_correlation_expression_that_is_not_python_is_refused_naming_the_prope
     assert "'global.ref'" in errors[0].message and "'payment'" in errors[0].message
     with pytest.raises(ProcessError, match="'order_ref'"):
         load_process(path)
+
+
+# ----- a call activity that calls a process that is not executable ---------------------------------------
+
+def test_a_call_of_a_process_that_is_not_executable_names_the_call_and_what_to_set(tmp_path: Path) -> None:
+    """SpiffWorkflow loads no process with isExecutable="false", a called one neither; validate passed
+    its message on ("Process ... is not executable ...; fix the BPMN element named here"), naming the
+    called process but not the call activity, nor the attribute to change."""
+    main = write(tmp_path, "shipping", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:callActivity id="label" calledElement="print_label"/>',
+        '<bpmn:endEvent id="end"/>', flow("start", "label"), flow("label", "end")])
+    called = write(tmp_path, "print_label", [
+        '<bpmn:startEvent id="p_start"/>', script("render", "label_text = 'TO: ACME'"), '<bpmn:endEvent id="p_end"/>',
+        flow("p_start", "render"), flow("render", "p_end")])
+    called.write_text(called.read_text().replace('isExecutable="true"', 'isExecutable="false"'))
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(main), str(called)])
+    with pytest.raises(ValidationException, match="not executable"):
+        parser.get_subprocess_specs("shipping")
+
+    errors = [p for p in validate_process([main, called]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field, p.file) for p in errors] == [
+        ("call_activity_unknown_process", "label", "calledElement", str(main))]
+    assert "'print_label'" in errors[0].message and 'isExecutable="true"' in errors[0].message
+    with pytest.raises(ProcessError, match="'label'"):
+        load_process([main, called])
