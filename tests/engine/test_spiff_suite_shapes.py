@@ -477,3 +477,29 @@ def test_a_call_of_a_process_that_is_not_executable_names_the_call_and_what_to_s
     assert "'print_label'" in errors[0].message and 'isExecutable="true"' in errors[0].message
     with pytest.raises(ProcessError, match="'label'"):
         load_process([main, called])
+
+
+# ----- a timer whose expression gives no date or duration ------------------------------------------------
+
+@pytest.mark.parametrize(("field", "given", "plain_error"), [
+    ("timeDate", "soon", "Invalid isoformat string"),
+    ("timeDate", 5, "has no attribute"),
+    ("timeDuration", "an hour", "Invalid duration"),
+])
+def test_a_timer_value_that_is_no_iso_8601_says_what_to_write(tmp_path: Path, field: str, given: Any,
+                                                              plain_error: str) -> None:
+    """A timer's expression is Python over the context (SpiffWorkflow's timer tests give a variable);
+    a value that is no ISO 8601 text stopped the instance with Python's own words about it
+    ("'int' object has no attribute 'isoformat'"), not what the timer needs."""
+    path = write(tmp_path, "reminder", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:intermediateCatchEvent id="wait"><bpmn:timerEventDefinition><bpmn:{field}>due</bpmn:{field}>'
+        "</bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>", '<bpmn:endEvent id="end"/>',
+        flow("start", "wait"), flow("wait", "end")])
+    with pytest.raises(Exception, match=plain_error):
+        run_plain(path, {"due": given}, {})
+
+    instance = run_ours(path, {"due": given})
+    assert instance.status == "error" and instance.error["task_id"] == "wait"
+    message = instance.error["message"]
+    assert f"timer 'wait': its {field} 'due' gave {given!r}" in message and "ISO 8601 text such as" in message
