@@ -503,3 +503,34 @@ def test_a_timer_value_that_is_no_iso_8601_says_what_to_write(tmp_path: Path, fi
     assert instance.status == "error" and instance.error["task_id"] == "wait"
     message = instance.error["message"]
     assert f"timer 'wait': its {field} 'due' gave {given!r}" in message and "ISO 8601 text such as" in message
+
+
+# ----- an exclusive choice inside each branch of a parallel split ------------------------------------------
+
+def test_an_exclusive_choice_in_each_parallel_branch_merges_without_asking(tmp_path: Path) -> None:
+    """Each branch of a parallel split decides something at an exclusive gateway before the join
+    (the shape of SpiffWorkflow's Parallel-Join-Long-Inclusive). The exclusive split rewrote the
+    branch's ``_branch_id`` and ``_snapshot_id``, and the join asked a person which branch's
+    engine markers the process should continue with; the instance waited forever."""
+    def choice(side: str, limit: int) -> list[str]:
+        return [script(f"{side}_count", f"{side} = {limit}"),
+                f'<bpmn:exclusiveGateway id="{side}_big" default="{side}_small_flow"/>',
+                script(f"{side}_large", f"{side}_size = 'large'"), script(f"{side}_small", f"{side}_size = 'small'"),
+                f'<bpmn:exclusiveGateway id="{side}_sized"/>',
+                flow("split", f"{side}_count"), flow(f"{side}_count", f"{side}_big"),
+                flow(f"{side}_big", f"{side}_large", f"{side} > 3"),
+                f'<bpmn:sequenceFlow id="{side}_small_flow" sourceRef="{side}_big" targetRef="{side}_small"/>',
+                flow(f"{side}_large", f"{side}_sized"), flow(f"{side}_small", f"{side}_sized"),
+                flow(f"{side}_sized", "join")]
+    path = write(tmp_path, "sizing", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>', *choice("boxes", 1),
+        *choice("crates", 5), '<bpmn:inclusiveGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("join", "end")])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.waiting_for or instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {"boxes": 1, "boxes_size": "small", "crates": 5,
+                                                      "crates_size": "large"}
+    assert instance.to_document()["conflicts"] == []
