@@ -11,7 +11,7 @@ not make ``report.ok`` false:
 ``bpmn_file_not_found``               a BPMN path that cannot be read
 ``xml_malformed``                     not well-formed XML (file, line, column from lxml)
 ``bpmn_namespace``                    root is not ``{BPMN 2.0 MODEL}definitions``
-``duplicate_id``                      two elements of one file share an id
+``duplicate_id``                      two elements of one file share an id, or two files define one process id
 ``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
 ``process_not_found``                 ``process_id`` (argument or ``process:`` in the config) absent
 ``process_not_executable``            the chosen process has ``isExecutable`` other than "true"
@@ -433,6 +433,15 @@ class _Validator:
             node = _Node(eid, etree.QName(el).localname, doc.file, el.sourceline,
                          proc.get("id") if proc is not None else None, el)
             if el.tag == _bpmn("process"):
+                twin = next((p for p in self.processes if p.id == eid), None)
+                if twin is not None:
+                    # SpiffWorkflow refuses it too, naming neither file; one process is kept
+                    self.related.add(eid)
+                    self.add("duplicate_id", f"process {eid!r} is defined in {twin.file} (line {twin.line}) too: "
+                             "SpiffWorkflow loads one process per id; give only one of the files, or rename one "
+                             "process (and the calledElement of the calls meant for it)", file=doc.file,
+                             line=el.sourceline, element_id=eid)
+                    continue
                 self.processes.append(node)
                 self.other_ids.setdefault(eid, node)
             elif el.tag in _FLOW_NODES and proc is not None:

@@ -534,3 +534,24 @@ def test_an_exclusive_choice_in_each_parallel_branch_merges_without_asking(tmp_p
     assert variables(instance.main) == plain_vars == {"boxes": 1, "boxes_size": "small", "crates": 5,
                                                       "crates_size": "large"}
     assert instance.to_document()["conflicts"] == []
+
+
+# ----- two files that define one process id ------------------------------------------------------------
+
+def test_two_files_that_define_one_process_id_are_named_in_one_error(tmp_path: Path) -> None:
+    """SpiffWorkflow refuses a second process with an id it has ("Duplicate process ID"), naming no
+    file; validate passed that on, and first asked for a process id to choose between 'Level2' and
+    'Level2' (--process would not have helped)."""
+    first = write(tmp_path, "billing", ['<bpmn:startEvent id="start"/>', '<bpmn:userTask id="bill"/>',
+                                        '<bpmn:endEvent id="end"/>', flow("start", "bill"), flow("bill", "end")])
+    second = tmp_path / "billing_v2.bpmn"
+    second.write_text(first.read_text().replace('id="bill"', 'id="invoice"').replace('"bill"', '"invoice"'))
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Duplicate process ID"):
+        parser.add_bpmn_files([str(first), str(second)])
+
+    errors = [p for p in validate_process([first, second]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.file) for p in errors] == [("duplicate_id", "billing", str(second))]
+    assert str(first) in errors[0].message and "give only one of the files" in errors[0].message
+    with pytest.raises(ProcessError, match="'billing'"):
+        load_process([first, second])
