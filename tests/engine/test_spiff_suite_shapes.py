@@ -22,7 +22,7 @@ from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import ROOT, flow, path_of, run_plain, variables
+from engine_helpers import ROOT, flow, path_of, run_plain, run_plain_files, variables
 from engine_helpers import script_task as script
 from engine_helpers import write_elements as write
 
@@ -410,10 +410,7 @@ def test_a_call_activity_that_calls_its_own_process_on_every_run_is_refused(tmp_
 
 def test_a_call_activity_that_calls_its_own_process_behind_a_gateway_runs_as_in_spiffworkflow(tmp_path: Path) -> None:
     paths = _countdown(tmp_path, decided=True)
-    parser = SpiffBpmnParser()
-    parser.add_bpmn_files([str(p) for p in paths])
-    plain = BpmnWorkflow(parser.get_spec("main"), parser.get_subprocess_specs("main"))
-    plain.do_engine_steps()
+    plain = run_plain_files(paths, "main")
     engine = Engine()
     instance = engine.run(engine.start(load_process(paths)))
 
