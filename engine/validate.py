@@ -83,8 +83,8 @@ not make ``report.ok`` false:
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
-``data_store_unsupported``            a bpmn:dataStore: SpiffWorkflow needs a class registered for its
-                                      name, and layerflow registers none
+``data_store_unsupported``            a bpmn:dataStore (with a name or without): SpiffWorkflow needs a class
+                                      registered for its name, and layerflow registers none
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
@@ -1336,7 +1336,8 @@ class _Validator:
             if store is not None:
                 # SpiffWorkflow names neither the element nor the file; the store's name finds both
                 el, store_doc = store
-                self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} (name {el.get('name')!r}) has no "
+                named = f"name {el.get('name')!r}" if el.get("name") else "it has no name either"
+                self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} ({named}) has no "
                          "implementation: SpiffWorkflow reads and writes a data store only through a class registered "
                          "for its name, and layerflow registers none; keep the value in the process context instead "
                          "(a bpmn:dataObject, or a variable the tasks write)", file=store_doc.file, line=el.sourceline,
@@ -1530,13 +1531,16 @@ _NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation")
 
 
 def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc] | None:
-    """The bpmn:dataStore (element, file) SpiffWorkflow found no implementation for, else None."""
-    found = _NO_DATA_STORE.match(str(err).strip())
-    if found is None:
+    """The bpmn:dataStore (element, file) SpiffWorkflow found no implementation for, or that has
+    no name (its message then names nothing), else None."""
+    text = str(err).strip()
+    found = _NO_DATA_STORE.match(text)
+    unnamed = text.startswith("Data Store name is missing")
+    if found is None and not unnamed:
         return None
     for doc in docs:
         for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
-            if el.get("name") == found.group(1):
+            if (el.get("name") or None) == (found.group(1) if found else None):
                 return el, doc
     return None
 

@@ -552,3 +552,23 @@ def test_two_files_that_define_one_process_id_are_named_in_one_error(tmp_path: P
     assert str(first) in errors[0].message and "give only one of the files" in errors[0].message
     with pytest.raises(ProcessError, match="'billing'"):
         load_process([first, second])
+
+
+# ----- a data store without a name ---------------------------------------------------------------------
+
+def test_a_data_store_without_a_name_is_refused_naming_the_store(tmp_path: Path) -> None:
+    """SpiffWorkflow refuses a bpmn:dataStore with no name ("Data Store name is missing from bpmn
+    xml"), naming neither the element nor the file; validate passed that on as "fix the BPMN element
+    named here" with no element named (SpiffWorkflow's just_data_store_reference shape)."""
+    path = write(tmp_path, "shelved", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:endEvent id="end"/>', flow("start", "end"),
+        '<bpmn:dataStoreReference id="shelf_ref" dataStoreRef="shelf"/>',
+    ], '<bpmn:dataStore id="shelf"/>\n')
+    with pytest.raises(ValidationException, match="Data Store name is missing"):
+        run_plain(path, {}, {})
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.file) for p in errors] == [("data_store_unsupported", "shelf", str(path))]
+    assert "no name" in errors[0].message and "bpmn:dataObject" in errors[0].message
+    with pytest.raises(ProcessError, match="'shelf'"):
+        load_process(path)
