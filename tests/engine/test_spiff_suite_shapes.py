@@ -55,23 +55,28 @@ def test_a_script_that_prints_leaves_run_json_one_document(tmp_path: Path) -> No
 
 # ----- a data store that nothing implements ----------------------------------------------------------
 
-def test_a_data_store_without_an_implementation_is_refused_naming_the_store(tmp_path: Path) -> None:
-    """SpiffWorkflow loads a bpmn:dataStore only through a class registered for its name; its error
-    names neither the element nor the file, and validate once passed that on as "fix the BPMN
-    element named here" with no element named."""
+@pytest.mark.parametrize(("store", "plain_says", "words"), [
+    ('<bpmn:dataStore id="shelf" name="pantry"/>', "pantry", "'pantry'"),
+    ('<bpmn:dataStore id="shelf"/>', "Data Store name is missing", "no name"),  # SpiffWorkflow's just_data_store_reference
+])
+def test_a_data_store_without_an_implementation_is_refused_naming_the_store(tmp_path: Path, store: str,
+                                                                            plain_says: str, words: str) -> None:
+    """SpiffWorkflow loads a bpmn:dataStore only through a class registered for its name, and refuses
+    one with no name; its error names neither the element nor the file, and validate once passed
+    that on as "fix the BPMN element named here" with no element named."""
     path = write(tmp_path, "stored", [
         '<bpmn:startEvent id="start"/>',
         '<bpmn:scriptTask id="keep"><bpmn:dataOutputAssociation id="keep_out"><bpmn:targetRef>shelf_ref'
         "</bpmn:targetRef></bpmn:dataOutputAssociation><bpmn:script>shelf = 'jar'</bpmn:script></bpmn:scriptTask>",
         '<bpmn:dataStoreReference id="shelf_ref" dataStoreRef="shelf"/>', '<bpmn:endEvent id="end"/>',
         flow("start", "keep"), flow("keep", "end"),
-    ], '<bpmn:dataStore id="shelf" name="pantry"/>\n')
-    with pytest.raises(ValidationException, match="pantry"):
+    ], f"{store}\n")
+    with pytest.raises(ValidationException, match=plain_says):
         run_plain(path, {}, {})
 
     problems = [p for p in validate_process([path]).problems if p.severity == "error"]
     assert [(p.code, p.element_id, p.file) for p in problems] == [("data_store_unsupported", "shelf", str(path))]
-    assert "'pantry'" in problems[0].message and "bpmn:dataObject" in problems[0].message
+    assert words in problems[0].message and "bpmn:dataObject" in problems[0].message
     with pytest.raises(ProcessError, match="'shelf'"):
         load_process(path)
 
@@ -553,22 +558,3 @@ def test_two_files_that_define_one_process_id_are_named_in_one_error(tmp_path: P
     with pytest.raises(ProcessError, match="'billing'"):
         load_process([first, second])
 
-
-# ----- a data store without a name ---------------------------------------------------------------------
-
-def test_a_data_store_without_a_name_is_refused_naming_the_store(tmp_path: Path) -> None:
-    """SpiffWorkflow refuses a bpmn:dataStore with no name ("Data Store name is missing from bpmn
-    xml"), naming neither the element nor the file; validate passed that on as "fix the BPMN element
-    named here" with no element named (SpiffWorkflow's just_data_store_reference shape)."""
-    path = write(tmp_path, "shelved", [
-        '<bpmn:startEvent id="start"/>', '<bpmn:endEvent id="end"/>', flow("start", "end"),
-        '<bpmn:dataStoreReference id="shelf_ref" dataStoreRef="shelf"/>',
-    ], '<bpmn:dataStore id="shelf"/>\n')
-    with pytest.raises(ValidationException, match="Data Store name is missing"):
-        run_plain(path, {}, {})
-
-    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
-    assert [(p.code, p.element_id, p.file) for p in errors] == [("data_store_unsupported", "shelf", str(path))]
-    assert "no name" in errors[0].message and "bpmn:dataObject" in errors[0].message
-    with pytest.raises(ProcessError, match="'shelf'"):
-        load_process(path)
