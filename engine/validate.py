@@ -1060,11 +1060,11 @@ class _Validator:
         """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
         payload when the message is sent or caught: one that is not Python fails every delivery."""
         for prop in doc.root.iter(_bpmn("correlationPropertyRetrievalExpression")):
+            what = f"correlation retrieval expression (over the payload of message {prop.get('messageRef')!r})"
             for expr in prop.iter(_bpmn("formalExpression")):
                 if (expr.text or "").strip():
                     self._compile(expr.text, "eval", expr, doc.file, prop.getparent().get("id"), "condition_syntax",
-                                  "formalExpression", what=f"correlation retrieval expression (over the payload of message "
-                                       f"{prop.get('messageRef')!r})")
+                                  "formalExpression", what=what)
 
     def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
                  code: str, field: str, *, what: str | None = None) -> ast.AST | None:
