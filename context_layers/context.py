@@ -27,9 +27,13 @@ from .markers import DELETED
 from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape
 from .tokens import DEFAULT_ENCODING, count_value
 
-__all__ = ["LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind", "is_record_key"]
+__all__ = ["BRANCH_MARKERS", "LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind",
+           "is_record_key"]
 
 LAYERS = tuple(Layer)
+# What a split writes into each branch's WORKING besides its contextInject: the branch's own
+# bookkeeping, never a value the process decided (a join keeps the parent's, see gateways.join).
+BRANCH_MARKERS = ("_branch_id", "_snapshot_id")
 # HISTORY keys that only the engine and the compressor write (records, not data).
 RECORD_PREFIXES = ("activity:", "summary:", "compaction:", "tool:", "event:")
 

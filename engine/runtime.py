@@ -984,8 +984,8 @@ class _Runtime:
                 return
             due = spiff.timer_due(task, now)
         except Exception as err:  # noqa: BLE001
-            raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {type(err).__name__}: {err}",
-                                task_id=spiff.bpmn_id_of(task)) from err
+            detail = str(err) if isinstance(err, (ActivityError, ValueError)) else f"{type(err).__name__}: {err}"
+            raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {detail}", task_id=spiff.bpmn_id_of(task)) from err
         if due is not None and due <= now and not task.internal_data.get("event_fired"):
             task.internal_data["event_fired"] = True
 

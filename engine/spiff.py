@@ -638,16 +638,33 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
             return None
         expression = task.workflow.script_engine.evaluate(task, ed.expression)
         if isinstance(ed, DurationTimerEventDefinition):
-            parsed = TimerEventDefinition.parse_iso_duration(str(expression))
+            try:
+                parsed = TimerEventDefinition.parse_iso_duration(str(expression))
+            except Exception as err:
+                raise ValueError(_timer_value_problem("timeDuration", ed.expression, expression,
+                                                      '"PT1H" or "P2DT30M"')) from err
             value = (now + TimerEventDefinition.get_timedelta_from_start(parsed, now)).isoformat()
         else:
-            value = expression if isinstance(expression, str) else expression.isoformat()
+            value = expression if isinstance(expression, str) else getattr(expression, "isoformat", lambda: None)()
+            try:
+                parsed_date = TimerEventDefinition.parse_time_or_duration(value) if isinstance(value, str) else None
+            except Exception:  # noqa: BLE001 - reported below with what to write
+                parsed_date = None
+            if not isinstance(parsed_date, datetime):
+                raise ValueError(_timer_value_problem("timeDate", ed.expression, expression,
+                                                      '"2026-01-05T09:00:00+00:00"'))
         task.internal_data["event_value"] = value
     if isinstance(ed, DurationTimerEventDefinition):
         when: datetime = TimerEventDefinition.get_datetime(value)
         return when
     due = TimerEventDefinition.parse_time_or_duration(value)
     return due if isinstance(due, datetime) else None
+
+
+def _timer_value_problem(field: str, expression: str, value: Any, example: str) -> str:
+    what = "duration" if field == "timeDuration" else "date and time"
+    return (f"its {field} {expression!r} gave {value!r} ({type(value).__name__}), which is no ISO 8601 {what}: "
+            f"make the expression give ISO 8601 text such as {example}")
 
 
 def payload_variables(event_definition: Any) -> list[str]:

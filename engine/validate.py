@@ -11,7 +11,7 @@ not make ``report.ok`` false:
 ``bpmn_file_not_found``               a BPMN path that cannot be read
 ``xml_malformed``                     not well-formed XML (file, line, column from lxml)
 ``bpmn_namespace``                    root is not ``{BPMN 2.0 MODEL}definitions``
-``duplicate_id``                      two elements of one file share an id
+``duplicate_id``                      two elements of one file share an id, or two files define one process id
 ``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
 ``process_not_found``                 ``process_id`` (argument or ``process:`` in the config) absent
 ``process_not_executable``            the chosen process has ``isExecutable`` other than "true"
@@ -39,13 +39,18 @@ not make ``report.ok`` false:
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
-``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given
+``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
+                                      one whose isExecutable is not "true" (SpiffWorkflow runs none of those)
+``call_activity_recursion``           call activities that call their own process back on every path (no
+                                      gateway, loop or boundary event before any of them): the calls
+                                      never end, and the run would hang starting new instances
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
-                                      cardinality or completion condition) is not valid Python; one
+                                      cardinality or completion condition, a correlation property's
+                                      retrieval expression) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
@@ -78,8 +83,8 @@ not make ``report.ok`` false:
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
-``data_store_unsupported``            a bpmn:dataStore: SpiffWorkflow needs a class registered for its
-                                      name, and layerflow registers none
+``data_store_unsupported``            a bpmn:dataStore (with a name or without): SpiffWorkflow needs a class
+                                      registered for its name, and layerflow registers none
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
@@ -127,9 +132,9 @@ from lxml import etree
 from pydantic import ValidationError
 
 from context_layers.config import ActivityExtensionConfig, config_from_dict
+from context_layers.context import BRANCH_MARKERS
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
 from gateways.conditions import expression_dialect, is_flow_sentence
-from gateways.splitter import SPLIT_MARKERS
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
@@ -346,6 +351,7 @@ class _Validator:
         main = self._select_process(config)
         for doc in good:
             self._check_extensions(doc)
+            self._check_correlations(doc)
         if config is not None:
             self._check_config_file(config, main)
         self._check_merges()
@@ -362,6 +368,7 @@ class _Validator:
                 self._check_code(proc)
                 self._check_references(proc)
                 self._check_shapes(proc)
+        self._check_recursion()
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
         for doc in good:
@@ -427,6 +434,15 @@ class _Validator:
             node = _Node(eid, etree.QName(el).localname, doc.file, el.sourceline,
                          proc.get("id") if proc is not None else None, el)
             if el.tag == _bpmn("process"):
+                twin = next((p for p in self.processes if p.id == eid), None)
+                if twin is not None:
+                    # SpiffWorkflow refuses it too, naming neither file; one process is kept
+                    self.related.add(eid)
+                    self.add("duplicate_id", f"process {eid!r} is defined in {twin.file} (line {twin.line}) too: "
+                             "SpiffWorkflow loads one process per id; give only one of the files, or rename one "
+                             "process (and the calledElement of the calls meant for it)", file=doc.file,
+                             line=el.sourceline, element_id=eid)
+                    continue
                 self.processes.append(node)
                 self.other_ids.setdefault(eid, node)
             elif el.tag in _FLOW_NODES and proc is not None:
@@ -937,6 +953,15 @@ class _Validator:
         self._check_data_references(proc)
         for call in proc.element.iter(_bpmn("callActivity")):
             called = call.get("calledElement")
+            target = next((p for p in self.processes if p.id == called), None)
+            if target is not None and not _executable(target.element):
+                self.related.add(target.id)
+                self.add("call_activity_unknown_process", f"call activity {call.get('id')!r} calls process {called!r} "
+                         f"({target.file}:{target.line}), which has isExecutable="
+                         f"{target.element.get('isExecutable')!r}: SpiffWorkflow runs no process that is not "
+                         "executable, a called one neither; set isExecutable=\"true\" on that process",
+                         file=proc.file, line=call.sourceline, element_id=call.get("id"), field="calledElement")
+                continue
             if called in process_ids:
                 continue
             self.related.add(called or "")
@@ -952,6 +977,30 @@ class _Validator:
             self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
+                     element_id=call.get("id"), field="calledElement")
+
+    def _check_recursion(self) -> None:
+        """A call activity that starts its own process again, directly or through other called processes,
+        with no decision on the way: every instance starts the next one, without end. SpiffWorkflow (whose
+        parser once refused any recursive call) then creates called processes until the run is killed."""
+        calls: dict[str, list[tuple[Any, str]]] = {}  # process id -> the calls every run of it makes
+        for proc in self.processes:
+            calls[proc.id] = [(call, call.get("calledElement")) for call in proc.element.iter(_bpmn("callActivity"))
+                              if call.get("calledElement") and _always_reached(call, proc.element)]
+        reported: set[str] = set()
+        for proc in self.processes:
+            chain = _call_cycle(proc.id, calls)
+            if chain is None or chain[0][0].get("id") in reported:
+                continue
+            reported.update(call.get("id") for call, _ in chain)
+            call, called = chain[0]
+            through = " -> ".join([proc.id, *(target for _, target in chain)])
+            self.related.add(call.get("id"))
+            self.add("call_activity_recursion", f"call activity {call.get('id')!r} calls process {called!r}, and "
+                     f"every run of it calls again ({through}) with no gateway, loop or boundary event on the way: "
+                     "the calls never end (SpiffWorkflow starts a new instance of the called process at each one and "
+                     "the run hangs); put an exclusive gateway with a condition that ends the recursion before the "
+                     "call, or call another process", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
 
     def _check_data_references(self, proc: _Node) -> None:
@@ -1007,6 +1056,16 @@ class _Validator:
                 if (el.text or "").strip():
                     owner = _owner_id(el.getparent())
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _check_correlations(self, doc: _Doc) -> None:
+        """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
+        payload when the message is sent or caught: one that is not Python fails every delivery."""
+        for prop in doc.root.iter(_bpmn("correlationPropertyRetrievalExpression")):
+            what = f"correlation retrieval expression (over the payload of message {prop.get('messageRef')!r})"
+            for expr in prop.iter(_bpmn("formalExpression")):
+                if (expr.text or "").strip():
+                    self._compile(expr.text, "eval", expr, doc.file, prop.getparent().get("id"), "condition_syntax",
+                                  "formalExpression", what=what)
 
     def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
                  code: str, field: str, *, what: str | None = None) -> ast.AST | None:
@@ -1278,7 +1337,8 @@ class _Validator:
             if store is not None:
                 # SpiffWorkflow names neither the element nor the file; the store's name finds both
                 el, store_doc = store
-                self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} (name {el.get('name')!r}) has no "
+                named = f"name {el.get('name')!r}" if el.get("name") else "it has no name either"
+                self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} ({named}) has no "
                          "implementation: SpiffWorkflow reads and writes a data store only through a class registered "
                          "for its name, and layerflow registers none; keep the value in the process context instead "
                          "(a bpmn:dataObject, or a variable the tasks write)", file=store_doc.file, line=el.sourceline,
@@ -1418,17 +1478,70 @@ def _flow_node_id(el: Any) -> str | None:
     return owner.get("id") if owner is not None else None
 
 
+_DECISIONS = frozenset(_bpmn(t) for t in ("exclusiveGateway", "inclusiveGateway", "eventBasedGateway",
+                                            "complexGateway"))
+
+
+def _always_reached(node: Any, process: Any) -> bool:
+    """Whether every run of ``process`` reaches ``node``, as far as the drawing tells: from the first start
+    event without a trigger of each scope around it, through flows that leave no gateway that decides and
+    no activity with a boundary event, to a node that neither loops nor is an event sub-process."""
+    current = node
+    while current is not process:
+        scope = current.getparent()
+        if (scope is None or current.find(_bpmn("standardLoopCharacteristics")) is not None
+                or current.find(_bpmn("multiInstanceLoopCharacteristics")) is not None
+                or scope.get("triggeredByEvent") == "true" or scope.tag == _bpmn("adHocSubProcess")):
+            return False
+        start = next((s for s in scope.iterchildren(_bpmn("startEvent"))
+                      if not any(isinstance(c.tag, str) and c.tag.endswith("EventDefinition") for c in s)), None)
+        if start is None:
+            return False
+        bounded = {b.get("attachedToRef") for b in scope.iterchildren(_bpmn("boundaryEvent"))}
+        nodes = {el.get("id"): el for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES}
+        seen, todo = set(), [start]
+        while todo and current not in todo:
+            el = todo.pop()
+            if el.get("id") in seen or el.tag in _DECISIONS or el.get("id") in bounded:
+                continue
+            seen.add(el.get("id"))
+            todo.extend(nodes[f.get("targetRef")] for f in _outgoing(el) if f.get("targetRef") in nodes)
+        if current not in todo:
+            return False
+        current = scope
+    return True
+
+
+def _call_cycle(start: str, calls: Mapping[str, list[tuple[Any, str]]]) -> list[tuple[Any, str]] | None:
+    """The calls (call activity, called process) that lead from process ``start`` back to it, each made by
+    every run of its process, or None."""
+    todo: list[tuple[str, list[tuple[Any, str]]]] = [(start, [])]
+    seen: set[str] = set()
+    while todo:
+        pid, chain = todo.pop()
+        for call, called in calls.get(pid, []):
+            if called == start:
+                return [*chain, (call, called)]
+            if called not in seen:
+                seen.add(called)
+                todo.append((called, [*chain, (call, called)]))
+    return None
+
+
 _NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation")
 
 
 def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc] | None:
-    """The bpmn:dataStore (element, file) SpiffWorkflow found no implementation for, else None."""
-    found = _NO_DATA_STORE.match(str(err).strip())
-    if found is None:
+    """The bpmn:dataStore (element, file) SpiffWorkflow found no implementation for, or that has
+    no name (its message then names nothing), else None."""
+    text = str(err).strip()
+    found = _NO_DATA_STORE.match(text)
+    unnamed = text.startswith("Data Store name is missing")
+    if found is None and not unnamed:
         return None
     for doc in docs:
         for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
-            if el.get("name") == found.group(1):
+            if (el.get("name") or None) == (found.group(1) if found else None):
                 return el, doc
     return None
 
@@ -1511,7 +1624,7 @@ def _python_instead(source: str, dialect: str) -> str:
     return f"write {inner!r}"
 
 
-_SPLIT_MARKERS = frozenset(SPLIT_MARKERS)
+_SPLIT_MARKERS = frozenset(BRANCH_MARKERS)
 
 
 def _did_you_mean(word: str, candidates: Iterable[str]) -> str:

@@ -30,9 +30,9 @@ Branch-scoped keys: what the split injected into a branch's WORKING
 whose injected key still holds the injected value, in WORKING or in HISTORY after an
 activity moved it there, has not changed that key; so ``review_type=finance`` in one
 branch and ``review_type=risk`` in another never conflict, and injected keys do not
-survive the join unless a branch changed them. The split markers (``_branch_id``,
-``_snapshot_id``) never do: they say where a context is, and an exclusive split inside a
-branch writes its own into the branch's context; the parent keeps its own.
+survive the join unless a branch changed them. The markers (``BRANCH_MARKERS``) never survive
+it: a split inside a branch (an exclusive gateway's choice, too) rewrites them, which is no
+change the branch made to the process's data, so the parent keeps its own.
 
 Cost: only the keys a branch's tape says it touched since the fork are compared (the
 fork, writes, deletes, moves, privileged changes all list their keys), so a join costs
@@ -50,7 +50,7 @@ from typing import Any
 
 from context_layers.canonical import thaw
 from context_layers.config import ActivityExtensionConfig
-from context_layers.context import LayeredContext, Snapshot, is_record_key
+from context_layers.context import BRANCH_MARKERS, LayeredContext, Snapshot, is_record_key
 from context_layers.errors import LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
@@ -58,7 +58,6 @@ from context_layers.tape import Event, EventKind
 from .arbiter import ConflictArbiter
 from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value, value_key
 from .policy import HumanRequest, ResolutionStep, resolve_conflicts
-from .splitter import SPLIT_MARKERS
 from .strategies import apply_reducer
 
 __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "join_contexts"]
@@ -191,16 +190,13 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     unknown = {k for k in preserved - branch.preserved if k in base_h} | {k for k in contested if k in base_h}
     for key in _compressed(branch, unknown) if unknown else ():
         over_h[key] = base_h[key]
-    for key in SPLIT_MARKERS:
-        # a split's markers say where a context is: a branch's (from its fork, or from an
-        # exclusive split inside it, which writes them in place) never reach the parent, which
-        # keeps its own, whatever the branches did
+    for key in BRANCH_MARKERS:
         if key in working or key in base_w:
             over_w[key] = base_w[key] if key in base_w else DELETED
         if key in history or key in base_h:
             over_h[key] = base_h[key] if key in base_h else DELETED
     for key, value in injected.items():
-        if key in SPLIT_MARKERS:
+        if key in BRANCH_MARKERS:
             continue
         kept_in_history = key in history and same_value(history[key], value)
         if (key in working and same_value(working[key], value)) or (key not in working and kept_in_history):

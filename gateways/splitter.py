@@ -23,11 +23,7 @@ from context_layers.context import LayeredContext, Snapshot
 from context_layers.errors import ContextWriteDenied
 from context_layers.layers import Layer
 
-__all__ = ["SPLIT_MARKERS", "BranchContext", "ContextSplitter", "branch_context_name", "check_inject"]
-
-# what every split writes into the context of each branch it starts (an exclusive split into
-# the one context that goes on): which branch, and the snapshot it was split from
-SPLIT_MARKERS = ("_branch_id", "_snapshot_id")
+__all__ = ["BranchContext", "ContextSplitter", "branch_context_name", "check_inject"]
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,16 @@ def run_plain(path: Path, data: dict[str, Any], user_tasks: dict[str, dict[str, 
     return wf, dict(wf.last_task.data)
 
 
+def run_plain_files(paths: list[Path], pid: str) -> BpmnWorkflow:
+    """Run process ``pid`` of several files (a caller and the processes it calls) with stock
+    SpiffWorkflow, as far as its engine steps go."""
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(p) for p in paths])
+    wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
+    wf.do_engine_steps()
+    return wf
+
+
 def variables(ctx: Any) -> dict[str, Any]:
     """A context's resolved data keys, as a script would see them (no records, no branch keys)."""
     return {k: thaw(v) for k, v in ctx.resolved().items()

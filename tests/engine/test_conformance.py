@@ -14,7 +14,7 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import HEAD, flow, path_of, run_plain, variables
+from engine_helpers import HEAD, flow, path_of, run_plain, run_plain_files, variables
 from engine_helpers import script_task as script
 from engine_helpers import write_elements as write
 
@@ -335,13 +335,7 @@ def test_a_called_process_with_an_io_specification_gives_back_its_outputs_only(t
     """SpiffWorkflow copies the data inputs in and only the data outputs out (``rate`` stays in
     the called process); under layerflow the call once failed: the inputs were not in task data."""
     paths = _io_processes(tmp_path, "net = 100")
-    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
-    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
-
-    parser = SpiffBpmnParser()
-    parser.add_bpmn_files([str(p) for p in paths])
-    plain = BpmnWorkflow(parser.get_spec("invoice"), parser.get_subprocess_specs("invoice"))
-    plain.do_engine_steps()
+    plain = run_plain_files(paths, "invoice")
     engine = Engine()
     instance = engine.run(engine.start(load_process(paths)))
 

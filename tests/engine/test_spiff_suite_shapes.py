@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
 from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import ROOT, flow, path_of, run_plain, variables
+from engine_helpers import ROOT, flow, path_of, run_plain, run_plain_files, variables
 from engine_helpers import script_task as script
 from engine_helpers import write_elements as write
 
@@ -53,23 +55,28 @@ def test_a_script_that_prints_leaves_run_json_one_document(tmp_path: Path) -> No
 
 # ----- a data store that nothing implements ----------------------------------------------------------
 
-def test_a_data_store_without_an_implementation_is_refused_naming_the_store(tmp_path: Path) -> None:
-    """SpiffWorkflow loads a bpmn:dataStore only through a class registered for its name; its error
-    names neither the element nor the file, and validate once passed that on as "fix the BPMN
-    element named here" with no element named."""
+@pytest.mark.parametrize(("store", "plain_says", "words"), [
+    ('<bpmn:dataStore id="shelf" name="pantry"/>', "pantry", "'pantry'"),
+    ('<bpmn:dataStore id="shelf"/>', "Data Store name is missing", "no name"),  # SpiffWorkflow's just_data_store_reference
+])
+def test_a_data_store_without_an_implementation_is_refused_naming_the_store(tmp_path: Path, store: str,
+                                                                            plain_says: str, words: str) -> None:
+    """SpiffWorkflow loads a bpmn:dataStore only through a class registered for its name, and refuses
+    one with no name; its error names neither the element nor the file, and validate once passed
+    that on as "fix the BPMN element named here" with no element named."""
     path = write(tmp_path, "stored", [
         '<bpmn:startEvent id="start"/>',
         '<bpmn:scriptTask id="keep"><bpmn:dataOutputAssociation id="keep_out"><bpmn:targetRef>shelf_ref'
         "</bpmn:targetRef></bpmn:dataOutputAssociation><bpmn:script>shelf = 'jar'</bpmn:script></bpmn:scriptTask>",
         '<bpmn:dataStoreReference id="shelf_ref" dataStoreRef="shelf"/>', '<bpmn:endEvent id="end"/>',
         flow("start", "keep"), flow("keep", "end"),
-    ], '<bpmn:dataStore id="shelf" name="pantry"/>\n')
-    with pytest.raises(ValidationException, match="pantry"):
+    ], f"{store}\n")
+    with pytest.raises(ValidationException, match=plain_says):
         run_plain(path, {}, {})
 
     problems = [p for p in validate_process([path]).problems if p.severity == "error"]
     assert [(p.code, p.element_id, p.file) for p in problems] == [("data_store_unsupported", "shelf", str(path))]
-    assert "'pantry'" in problems[0].message and "bpmn:dataObject" in problems[0].message
+    assert words in problems[0].message and "bpmn:dataObject" in problems[0].message
     with pytest.raises(ProcessError, match="'shelf'"):
         load_process(path)
 
@@ -366,3 +373,188 @@ def test_a_cancel_boundary_event_outside_a_transaction_is_refused_naming_the_eve
     assert "'count'" in errors[0].message and "bpmn:transaction" in errors[0].message
     with pytest.raises(ProcessError, match="'reset'"):
         load_process(path)
+
+
+# ----- a call activity that calls its own process back ------------------------------------------------
+
+def _call(call_id: str, process: str) -> str:
+    return f'<bpmn:callActivity id="{call_id}" calledElement="{process}"/>'
+
+
+def _countdown(tmp_path: Path, decided: bool) -> list[Path]:
+    """``main`` calls ``countdown``, which counts ``left`` down and calls itself again: behind a gateway
+    that stops at zero (``decided``), or on every run."""
+    main = write(tmp_path, "main", [
+        '<bpmn:startEvent id="start"/>', script("init", "left = 3"), _call("count", "countdown"),
+        '<bpmn:endEvent id="end"/>', flow("start", "init"), flow("init", "count"), flow("count", "end")])
+    again = [_call("again", "countdown"), '<bpmn:endEvent id="c_end"/>', flow("again", "c_end")]
+    if decided:
+        again += ['<bpmn:exclusiveGateway id="more" default="tick_to_c_done"/>', '<bpmn:endEvent id="c_done"/>',
+                  flow("tick", "more"), flow("more", "again", "left > 0"),
+                  '<bpmn:sequenceFlow id="tick_to_c_done" sourceRef="more" targetRef="c_done"/>']
+    else:
+        again.append(flow("tick", "again"))
+    countdown = write(tmp_path, "countdown", [
+        '<bpmn:startEvent id="c_start"/>', script("tick", "left = left - 1"), flow("c_start", "tick"), *again])
+    return [main, countdown]
+
+
+def test_a_call_activity_that_calls_its_own_process_on_every_run_is_refused(tmp_path: Path) -> None:
+    """SpiffWorkflow starts a new instance of the called process at each call, without end (its parser
+    once refused recursive calls; 3.2 hangs); validate passed such a process and `layerflow run`
+    hung until it was killed."""
+    paths = _countdown(tmp_path, decided=False)
+
+    errors = [p for p in validate_process(paths).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field, p.file) for p in errors] == [
+        ("call_activity_recursion", "again", "calledElement", str(paths[1]))]
+    assert "countdown -> countdown" in errors[0].message and "exclusive gateway" in errors[0].message
+    with pytest.raises(ProcessError, match="'again'"):
+        load_process(paths)
+
+
+def test_a_call_activity_that_calls_its_own_process_behind_a_gateway_runs_as_in_spiffworkflow(tmp_path: Path) -> None:
+    paths = _countdown(tmp_path, decided=True)
+    plain = run_plain_files(paths, "main")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(paths)))
+
+    assert [p.code for p in validate_process(paths).problems] == []
+    assert plain.is_completed() and instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.main) == plain.last_task.data == {"left": 0}
+
+
+# ----- a correlation property's retrieval expression that is no Python ---------------------------------
+
+def test_a_correlation_expression_that_is_not_python_is_refused_naming_the_property(tmp_path: Path) -> None:
+    """SpiffWorkflow evaluates a correlation property's retrieval expression over a message's payload
+    when the message is sent or caught; validate passed one that is no Python (a payload key that is a
+    keyword), and every delivery then failed with a SyntaxError that named neither the property nor the
+    file (under layerflow: "the payload must carry its correlation properties", which no payload can)."""
+    path = write(tmp_path, "ordering", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:intermediateCatchEvent id="paid"><bpmn:messageEventDefinition messageRef="payment"/>'
+        "</bpmn:intermediateCatchEvent>", '<bpmn:endEvent id="end"/>', flow("start", "paid"), flow("paid", "end"),
+    ], '<bpmn:message id="payment" name="Payment"/>\n<bpmn:correlationProperty id="order_ref" name="Order">'
+       '<bpmn:correlationPropertyRetrievalExpression messageRef="payment"><bpmn:formalExpression>global.ref'
+       "</bpmn:formalExpression></bpmn:correlationPropertyRetrievalExpression></bpmn:correlationProperty>\n")
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("ordering"))
+    plain.do_engine_steps()
+    [waiting] = [t for t in plain.get_tasks() if t.task_spec.bpmn_id == "paid"]
+    definition = waiting.task_spec.event_definition
+    with pytest.raises(SyntaxError):
+        definition.calculate_correlations(plain.script_engine, definition.correlation_properties, {"global": 1})
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in errors] == [("condition_syntax", "order_ref", "formalExpression")]
+    assert "'global.ref'" in errors[0].message and "'payment'" in errors[0].message
+    with pytest.raises(ProcessError, match="'order_ref'"):
+        load_process(path)
+
+
+# ----- a call activity that calls a process that is not executable ---------------------------------------
+
+def test_a_call_of_a_process_that_is_not_executable_names_the_call_and_what_to_set(tmp_path: Path) -> None:
+    """SpiffWorkflow loads no process with isExecutable="false", a called one neither; validate passed
+    its message on ("Process ... is not executable ...; fix the BPMN element named here"), naming the
+    called process but not the call activity, nor the attribute to change."""
+    main = write(tmp_path, "shipping", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:callActivity id="label" calledElement="print_label"/>',
+        '<bpmn:endEvent id="end"/>', flow("start", "label"), flow("label", "end")])
+    called = write(tmp_path, "print_label", [
+        '<bpmn:startEvent id="p_start"/>', script("render", "label_text = 'TO: ACME'"), '<bpmn:endEvent id="p_end"/>',
+        flow("p_start", "render"), flow("render", "p_end")])
+    called.write_text(called.read_text().replace('isExecutable="true"', 'isExecutable="false"'))
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(main), str(called)])
+    with pytest.raises(ValidationException, match="not executable"):
+        parser.get_subprocess_specs("shipping")
+
+    errors = [p for p in validate_process([main, called]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field, p.file) for p in errors] == [
+        ("call_activity_unknown_process", "label", "calledElement", str(main))]
+    assert "'print_label'" in errors[0].message and 'isExecutable="true"' in errors[0].message
+    with pytest.raises(ProcessError, match="'label'"):
+        load_process([main, called])
+
+
+# ----- a timer whose expression gives no date or duration ------------------------------------------------
+
+@pytest.mark.parametrize(("field", "given", "plain_error"), [
+    ("timeDate", "soon", "Invalid isoformat string"),
+    ("timeDate", 5, "has no attribute"),
+    ("timeDuration", "an hour", "Invalid duration"),
+])
+def test_a_timer_value_that_is_no_iso_8601_says_what_to_write(tmp_path: Path, field: str, given: Any,
+                                                              plain_error: str) -> None:
+    """A timer's expression is Python over the context (SpiffWorkflow's timer tests give a variable);
+    a value that is no ISO 8601 text stopped the instance with Python's own words about it
+    ("'int' object has no attribute 'isoformat'"), not what the timer needs."""
+    path = write(tmp_path, "reminder", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:intermediateCatchEvent id="wait"><bpmn:timerEventDefinition><bpmn:{field}>due</bpmn:{field}>'
+        "</bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>", '<bpmn:endEvent id="end"/>',
+        flow("start", "wait"), flow("wait", "end")])
+    with pytest.raises(Exception, match=plain_error):
+        run_plain(path, {"due": given}, {})
+
+    instance = run_ours(path, {"due": given})
+    assert instance.status == "error" and instance.error["task_id"] == "wait"
+    message = instance.error["message"]
+    assert f"timer 'wait': its {field} 'due' gave {given!r}" in message and "ISO 8601 text such as" in message
+
+
+# ----- an exclusive choice inside each branch of a parallel split ------------------------------------------
+
+def test_an_exclusive_choice_in_each_parallel_branch_merges_without_asking(tmp_path: Path) -> None:
+    """Each branch of a parallel split decides something at an exclusive gateway before the join
+    (the shape of SpiffWorkflow's Parallel-Join-Long-Inclusive). The exclusive split rewrote the
+    branch's ``_branch_id`` and ``_snapshot_id``, and the join asked a person which branch's
+    engine markers the process should continue with; the instance waited forever."""
+    def choice(side: str, limit: int) -> list[str]:
+        return [script(f"{side}_count", f"{side} = {limit}"),
+                f'<bpmn:exclusiveGateway id="{side}_big" default="{side}_small_flow"/>',
+                script(f"{side}_large", f"{side}_size = 'large'"), script(f"{side}_small", f"{side}_size = 'small'"),
+                f'<bpmn:exclusiveGateway id="{side}_sized"/>',
+                flow("split", f"{side}_count"), flow(f"{side}_count", f"{side}_big"),
+                flow(f"{side}_big", f"{side}_large", f"{side} > 3"),
+                f'<bpmn:sequenceFlow id="{side}_small_flow" sourceRef="{side}_big" targetRef="{side}_small"/>',
+                flow(f"{side}_large", f"{side}_sized"), flow(f"{side}_small", f"{side}_sized"),
+                flow(f"{side}_sized", "join")]
+    path = write(tmp_path, "sizing", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>', *choice("boxes", 1),
+        *choice("crates", 5), '<bpmn:inclusiveGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("join", "end")])
+    plain_wf, plain_vars = run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "completed", instance.waiting_for or instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == plain_vars == {"boxes": 1, "boxes_size": "small", "crates": 5,
+                                                      "crates_size": "large"}
+    assert instance.to_document()["conflicts"] == []
+
+
+# ----- two files that define one process id ------------------------------------------------------------
+
+def test_two_files_that_define_one_process_id_are_named_in_one_error(tmp_path: Path) -> None:
+    """SpiffWorkflow refuses a second process with an id it has ("Duplicate process ID"), naming no
+    file; validate passed that on, and first asked for a process id to choose between 'Level2' and
+    'Level2' (--process would not have helped)."""
+    first = write(tmp_path, "billing", ['<bpmn:startEvent id="start"/>', '<bpmn:userTask id="bill"/>',
+                                        '<bpmn:endEvent id="end"/>', flow("start", "bill"), flow("bill", "end")])
+    second = tmp_path / "billing_v2.bpmn"
+    second.write_text(first.read_text().replace('id="bill"', 'id="invoice"').replace('"bill"', '"invoice"'))
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Duplicate process ID"):
+        parser.add_bpmn_files([str(first), str(second)])
+
+    errors = [p for p in validate_process([first, second]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.file) for p in errors] == [("duplicate_id", "billing", str(second))]
+    assert str(first) in errors[0].message and "give only one of the files" in errors[0].message
+    with pytest.raises(ProcessError, match="'billing'"):
+        load_process([first, second])
+

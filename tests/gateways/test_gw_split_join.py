@@ -273,6 +273,23 @@ def test_injected_key_that_the_parent_holds_in_working() -> None:
     assert ctx.layer(Layer.WORKING)["review_type"] == "general" and "review_type" not in ctx.layer(Layer.HISTORY)
 
 
+def test_markers_a_split_inside_each_branch_rewrote_are_no_conflict() -> None:
+    """An exclusive gateway inside a branch rewrites the branch's ``_branch_id`` and ``_snapshot_id``
+    (a split of its own); two such branches once met as a conflict on both markers, which a person
+    was asked to decide."""
+    ctx = loan_parent()
+    ctx.write(Layer.WORKING, "_branch_id", "outer", actor="engine")
+    a, b = split(ctx, ["a", "b"])
+    for branch, choice in ((a, "a_small"), (b, "b_large")):
+        branch.context.write(Layer.WORKING, "_branch_id", choice, actor="xor")
+        branch.context.write(Layer.WORKING, "_snapshot_id", f"snap:{choice}", actor="xor")
+        activity(branch.context, choice, {"size": choice})  # the markers move into HISTORY with the size
+    result = join(ctx, [a, b], answers={"review_join/size": "a_small"})
+    assert [c.key for c, _ in result.conflicts] == ["size"]
+    apply_join(ctx, result)
+    assert ctx.resolve("_branch_id") == "outer" and "_snapshot_id" not in ctx.resolved()
+
+
 def test_process_conflict_is_resolved_as_an_addition() -> None:
     ctx = loan_parent()
     a, b = split(ctx, ["a", "b"])
