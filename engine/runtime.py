@@ -1563,9 +1563,12 @@ class _Runtime:
                 if info is not None and info["status"] == "open":
                     open_groups.setdefault(info["split"], []).append(name)
             # A split's branches merge once all of its open branches are here; a nested
-            # split's branches (deeper) merge before their parent's.
+            # split's branches (deeper) merge before their parent's. Only a split of this join's
+            # own workflow: the end of a sub-process that a branch runs through is no join of
+            # that branch's split, even when the branch is the only one the split sent
             ready = [members for split, members in open_groups.items()
-                     if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}]
+                     if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}
+                     and self._in_workflow(members[0], task.workflow)]
             if not ready:
                 break
             members = max(ready, key=lambda m: self._depth(m[0]))

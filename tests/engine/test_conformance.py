@@ -686,3 +686,22 @@ def test_an_inclusive_join_waits_for_a_branch_that_chooses_inside(tmp_path: Path
     done = path_of(ours.workflow)
     assert done.count("after") == 1 and done.count("join") == 1
     assert done.index("join") > max(done.index("quick"), done.index("outer_done"))  # after both branches
+
+
+@pytest.mark.parametrize("x", [0, 1], ids=["only-the-sub-process", "only-the-task"])
+def test_an_inclusive_split_that_takes_only_a_sub_process_branch_joins_it(tmp_path: Path, x: int) -> None:
+    """A split that sent one branch, through a sub-process: the sub-process's end (the join
+    every process ends in) merged the branch, as if it were the split's join, and the real
+    join then found nothing to merge and failed the instance (found by test_random_processes)."""
+    sub = ('<bpmn:subProcess id="sub"><bpmn:startEvent id="sub_start"/>' + script("inside", "y = 1")
+           + '<bpmn:endEvent id="sub_end"/>' + flow("sub_start", "inside") + flow("inside", "sub_end") + "</bpmn:subProcess>")
+    path = write(tmp_path, "or_into_sub", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:inclusiveGateway id="fork" default="fork_to_sub"/>', sub,
+        script("task", "z = 1"), '<bpmn:inclusiveGateway id="join"/>', script("after", "done = True"),
+        '<bpmn:endEvent id="end"/>', flow("start", "fork"), flow("fork", "sub"), flow("fork", "task", "x > 0"),
+        flow("sub", "join"), flow("task", "join"), flow("join", "after"), flow("after", "end")])
+    plain_wf, plain_vars = run_plain(path, {"x": x}, {})
+    ours = run_ours(path, {"x": x})
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == plain_vars == {"x": x, ("y" if x == 0 else "z"): 1, "done": True}
+    assert path_of(ours.workflow) == path_of(plain_wf)
