@@ -10,8 +10,13 @@ exclusive choice inside a branch) hides its second path. The join then fires bef
 branch arrives, and fires again when it does, running everything after it twice. The
 workflow ends "completed" with no error.
 
-``may_fire`` answers the same question over every path. It uses the same tokens as
-SpiffWorkflow (the READY and WAITING tasks above the gateway) and the same arrivals. The
+A loop back through the gateway has the same effect: SpiffWorkflow looks for tokens and
+arrivals from the root of the task tree and stops at the gateway's earlier firing, below
+which every task of the next pass is. It sees none of them, so each arrival fires alone.
+
+``may_fire`` answers the same question over every path, for the tokens and arrivals of
+this pass: the READY and WAITING tasks above the gateway, as SpiffWorkflow takes them,
+looked for below the gateway's previous firing when there is one. The
 layerflow twin of the inclusive gateway asks it instead of SpiffWorkflow's walk.
 """
 
@@ -36,14 +41,27 @@ def _reach(start: Any, gateway: Any) -> set[Any]:
     return seen
 
 
+def _this_pass(gateway: Any, my_task: Any) -> list[Any]:
+    """Where the tokens of this activation are: below the gateway's previous firing when a loop
+    brought the flow back through it (SpiffWorkflow looks from the root, stops at that firing
+    and sees none of them, so in a loop's second pass every arrival fired on its own)."""
+    task = my_task.parent
+    while task is not None:
+        if task.task_spec == gateway and task.state == TaskState.COMPLETED:
+            return list(task.children)
+        task = task.parent
+    return [my_task.workflow.task_tree]
+
+
 def may_fire(gateway: Any, my_task: Any) -> bool:
     """Whether the joining inclusive ``gateway`` fires for ``my_task`` now."""
     arrivals, sources = [], []
-    for task in my_task.workflow.get_tasks(end_at_spec=gateway.name):
-        if task.task_spec == gateway:
-            arrivals.append(task)
-        elif task.has_state(TaskState.READY | TaskState.WAITING):
-            sources.append(task.task_spec)
+    for root in _this_pass(gateway, my_task):
+        for task in my_task.workflow.get_tasks(first_task=root, end_at_spec=gateway.name):
+            if task.task_spec == gateway:
+                arrivals.append(task)
+            elif task.has_state(TaskState.READY | TaskState.WAITING):
+                sources.append(task.task_spec)
     filled = {t.parent.task_spec for t in arrivals if t.parent.state == TaskState.COMPLETED}
     # an input whose task is on its way (a definite task not yet finished) is not there yet
     if any(t.parent.has_state(TaskState.DEFINITE_MASK) and t.parent.task_spec not in filled for t in arrivals):

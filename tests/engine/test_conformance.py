@@ -12,6 +12,7 @@ from xml.sax.saxutils import escape
 
 import pytest
 
+from context_layers import Layer
 from engine import Engine, load_process
 
 from engine_helpers import HEAD, flow, path_of, run_plain, run_plain_files, variables
@@ -705,3 +706,25 @@ def test_an_inclusive_split_that_takes_only_a_sub_process_branch_joins_it(tmp_pa
     assert ours.status == "completed", ours.error
     assert variables(ours.main) == plain_vars == {"x": x, ("y" if x == 0 else "z"): 1, "done": True}
     assert path_of(ours.workflow) == path_of(plain_wf)
+
+
+def test_an_inclusive_join_inside_a_loop_fires_once_per_pass(tmp_path: Path) -> None:
+    """In the second pass SpiffWorkflow looked for the join's tokens from the root of the task
+    tree, stopped at the join's first firing (every task of the second pass is below it) and
+    let each branch fire the join alone: the loop's exit ran twice (found by
+    test_random_processes; plain SpiffWorkflow still does)."""
+    path = write(tmp_path, "or_in_loop", [
+        '<bpmn:startEvent id="start"/>', script("init", "n = 0"), script("step", "n = n + 1"),
+        '<bpmn:inclusiveGateway id="fork" default="fork_to_a"/>', script("a", "a = n"), script("b", "b = n"),
+        script("c", "c = n"), script("c2", "c2 = n"), script("c3", "c3 = n"), '<bpmn:inclusiveGateway id="join"/>',
+        '<bpmn:exclusiveGateway id="more" default="more_to_out"/>', script("out", "exits = n"), '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "step"), flow("step", "fork"), flow("fork", "a"), flow("a", "join"),
+        flow("fork", "b", "n > 0"), flow("b", "join"), flow("fork", "c", "n > 0"), flow("c", "c2"), flow("c2", "c3"),
+        flow("c3", "join"), flow("join", "more"), flow("more", "step", "n < 2"), flow("more", "out"), flow("out", "end")])
+    engine = Engine(store="memory://")
+    ours = engine.run(engine.start(load_process(path), {}))
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == {"n": 2, "b": 2, "c": 2, "c2": 2, "c3": 2, "exits": 2}
+    records = [k for k in ours.main.layer(Layer.HISTORY) if k.startswith("activity:")]
+    assert sorted(records) == sorted(["activity:init", "activity:out", *(f"activity:{t}{n}" for t in (
+        "step", "b", "c", "c2", "c3") for n in ("", "#2"))])
