@@ -1,8 +1,9 @@
 """Random block-structured processes run the same under layerflow as under plain SpiffWorkflow.
 
-Hypothesis draws a process from sequences, exclusive choices (on the start data), parallel
-blocks (two or three branches), inclusive blocks, counted loops and embedded sub-processes,
-nested. Every script task
+Hypothesis draws a process from script and user tasks, sequences, exclusive choices (on the
+start data), parallel blocks (two or three branches), inclusive blocks, counted loops and
+embedded sub-processes, nested. Each user task is answered on the instance loaded anew from
+a sqlite store. Every script task
 writes a key of its own from keys that are set on every path to it, so no two branches write
 the same key (plain SpiffWorkflow's join keeps only the last branch's value of a key several
 branches wrote; layerflow keeps them or asks a person: that difference is tested elsewhere).
@@ -22,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.util.task import TaskState
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
 from context_layers import Layer
@@ -52,6 +54,10 @@ class _Writer:
             expr = " + ".join([*reads, str(self.n)])
             self.elements += [script_task(tid, f"v_{tid} = {expr}"), flow(entry, tid)]
             return tid, [*known, f"v_{tid}"], ("task", tid, reads, self.n)
+        if kind == "user":
+            uid = self.new("u")
+            self.elements += [f'<bpmn:userTask id="{uid}"/>', flow(entry, uid)]
+            return uid, [*known, f"v_{uid}"], ("user", uid, self.n)
         if kind == "seq":
             nodes = []
             for child in tree[1]:
@@ -121,7 +127,8 @@ class _Writer:
 
 
 def _blocks(depth: int) -> st.SearchStrategy[Any]:
-    task = st.tuples(st.just("task"), st.lists(st.integers(0, 30), max_size=2))
+    task = st.one_of(st.tuples(st.just("task"), st.lists(st.integers(0, 30), max_size=2)),
+                     st.tuples(st.just("user")))
     if depth == 0:
         return task
     inner = _blocks(depth - 1)
@@ -151,6 +158,10 @@ def _expected(node: Any, env: dict[str, int], runs: Counter[str]) -> None:
         _, tid, reads, n = node
         env[f"v_{tid}"] = sum(env[r] for r in reads) + n
         runs[tid] += 1
+    elif kind == "user":
+        _, uid, n = node
+        env[f"v_{uid}"] = n  # the person's answer: the task's number
+        runs[uid] += 1
     elif kind == "seq":
         for child in node[1]:
             _expected(child, env, runs)
@@ -178,11 +189,21 @@ def _expected(node: Any, env: dict[str, int], runs: Counter[str]) -> None:
         runs[out] += 1
 
 
+def _answer(task_id: str) -> dict[str, int]:
+    """What the person enters in user task ``u<n>``: ``v_u<n> = n``."""
+    return {f"v_{task_id}": int(task_id[1:])}
+
+
 def _ours(path: Path, x: int) -> tuple[Any, Counter[str]]:
-    """layerflow's run, and how often each script task ran (its activity records, which the
-    joins bring back from the branches)."""
-    engine = Engine(store="memory://")
+    """layerflow's run (every user task answered on an instance loaded anew from a sqlite
+    store), and how often each task ran (its activity records, which the joins bring back
+    from the branches)."""
+    engine = Engine(store=f"sqlite:///{path.parent / 'instances.db'}")
     instance = engine.run(engine.start(load_process(path), {"x": x}))
+    while instance.status == "waiting":
+        waiting = [w for w in instance.waiting_for if w["kind"] == "user_task"]
+        assert waiting, instance.waiting_for
+        instance = engine.complete_user_task(engine.load(instance.id), waiting[0]["id"], _answer(waiting[0]["task_id"]))
     runs = Counter(record["activity"] for key, record in instance.main.layer(Layer.HISTORY).items()
                    if key.startswith("activity:"))
     return instance, runs
@@ -201,7 +222,12 @@ def _plain(path: Path, x: int) -> Counter[str]:
         if isinstance(task.task_spec, ScriptTask):
             runs[task.task_spec.bpmn_id] += 1
     wf.do_engine_steps(did_complete_task=count)
-    assert wf.is_completed()
+    while not wf.is_completed():
+        task = wf.get_tasks(state=TaskState.READY, manual=True)[0]
+        task.data.update(_answer(task.task_spec.bpmn_id))
+        task.run()
+        runs[task.task_spec.bpmn_id] += 1
+        wf.do_engine_steps(did_complete_task=count)
     return runs
 
 
