@@ -16,7 +16,9 @@ which every task of the next pass is. It sees none of them, so each arrival fire
 
 ``may_fire`` answers the same question over every path, for the tokens and arrivals of
 this pass: the READY and WAITING tasks above the gateway, as SpiffWorkflow takes them,
-looked for below the gateway's previous firing when there is one. The
+looked for below the gateway's previous firing when there is one, and the STARTED ones (a
+running sub-process holds its token: SpiffWorkflow missed it and fired without waiting
+for the sub-process). The
 layerflow twin of the inclusive gateway asks it instead of SpiffWorkflow's walk.
 """
 
@@ -60,7 +62,8 @@ def may_fire(gateway: Any, my_task: Any) -> bool:
         for task in my_task.workflow.get_tasks(first_task=root, end_at_spec=gateway.name):
             if task.task_spec == gateway:
                 arrivals.append(task)
-            elif task.has_state(TaskState.READY | TaskState.WAITING):
+            elif task.has_state(TaskState.READY | TaskState.WAITING | TaskState.STARTED):
+                # (STARTED: a sub-process or call activity still running holds its token)
                 sources.append(task.task_spec)
     filled = {t.parent.task_spec for t in arrivals if t.parent.state == TaskState.COMPLETED}
     # an input whose task is on its way (a definite task not yet finished) is not there yet

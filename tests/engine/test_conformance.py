@@ -728,3 +728,4 @@ def test_an_inclusive_join_inside_a_loop_fires_once_per_pass(tmp_path: Path) -> 
     records = [k for k in ours.main.layer(Layer.HISTORY) if k.startswith("activity:")]
     assert sorted(records) == sorted(["activity:init", "activity:out", *(f"activity:{t}{n}" for t in (
         "step", "b", "c", "c2", "c3") for n in ("", "#2"))])
+

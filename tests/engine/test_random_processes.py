@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
@@ -231,6 +231,19 @@ def _plain(path: Path, x: int) -> Counter[str]:
     return runs
 
 
+# shapes that once failed, each fixed (see the commit log): an exclusive choice in each
+# parallel branch (the join asked a person about the split markers); an inclusive join after
+# choices inside choices, inside a loop, or waiting for a sub-process behind a choice in a loop
+# (it fired once per branch); a split that sent one branch, through a sub-process (the
+# sub-process's end merged it)
+@example(tree=("seq", [("and", [("loop", 1, ("task", [])), ("xor", 2, ("task", []), ("task", []))])]), x=0)
+@example(tree=("seq", [("or", [("task", []), ("task", []), ("xor", 2, ("xor", 3, ("task", []), ("task", [])),
+                                                         ("task", []))]), ("task", [])]), x=22)
+@example(tree=("seq", [("xor", 2, ("task", []), ("loop", 2, ("or", [("task", []), ("task", []), ("seq", [
+    ("task", []), ("task", []), ("task", [])])])))]), x=1)
+@example(tree=("seq", [("or", [("task", []), ("task", []), ("loop", 1, ("xor", 2, ("task", []), ("sub", ("task", []))))]),
+                       ("task", [])]), x=1)
+@example(tree=("seq", [("or", [("sub", ("task", [])), ("task", [])])]), x=0)
 @given(tree=st.tuples(st.just("seq"), st.lists(_blocks(3), min_size=1, max_size=3)), x=st.integers(0, 24))
 def test_a_random_process_runs_as_its_diagram_says_and_as_under_plain_spiffworkflow(tree: Any, x: int) -> None:
     folder = Path(tempfile.mkdtemp())
