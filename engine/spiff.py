@@ -934,17 +934,8 @@ def serialize_json(workflow: Any) -> str:
     registry = SERIALIZER.registry
     registry._encoder_mode = True
     try:
-        head = {
-            "data": registry.convert(registry.clean(workflow.data)),
-            "correlations": workflow.correlations,
-            "last_task": str(workflow.last_task.id) if workflow.last_task is not None else None,
-            "success": workflow.success,
-            "completed": workflow.completed,
-            "root": str(workflow.task_tree.id),
-            "bpmn_events": registry.convert(workflow.bpmn_events),
-            "typename": registry.typenames[type(workflow)],
-            SERIALIZER.VERSION_KEY: SERIALIZER.VERSION,
-        }
+        head = {**_workflow_head(workflow, registry), "bpmn_events": registry.convert(workflow.bpmn_events),
+                SERIALIZER.VERSION_KEY: SERIALIZER.VERSION}
         text = _ENCODE(head)
         tasks = _tasks_json(workflow, registry)
         quoted = _texts_of(workflow).quoted
@@ -958,21 +949,25 @@ def serialize_json(workflow: Any) -> str:
             f'"subprocess_specs":{{{subspecs}}}}}')
 
 
+def _workflow_head(workflow: Any, registry: Any) -> dict[str, Any]:
+    """What SpiffWorkflow's ``WorkflowConverter`` writes for a workflow or a sub-workflow, but
+    its tasks, and the typename the registry adds."""
+    return {
+        "data": registry.convert(registry.clean(workflow.data)),
+        "correlations": workflow.correlations,
+        "last_task": str(workflow.last_task.id) if workflow.last_task is not None else None,
+        "success": workflow.success,
+        "completed": workflow.completed,
+        "root": str(workflow.task_tree.id),
+        "typename": registry.typenames[type(workflow)],
+    }
+
+
 def _subworkflow_json(sub: Any, registry: Any) -> str:
     """What SpiffWorkflow's ``BpmnSubWorkflowConverter`` writes for a sub-process, its tasks
     kept as text between saves as the workflow's are (a loop through a sub-process leaves one
     finished sub-workflow per pass, each written again at every save)."""
-    head = {
-        "data": registry.convert(registry.clean(sub.data)),
-        "correlations": sub.correlations,
-        "last_task": str(sub.last_task.id) if sub.last_task is not None else None,
-        "success": sub.success,
-        "completed": sub.completed,
-        "root": str(sub.task_tree.id),
-        "parent_task_id": str(sub.parent_task_id),
-        "spec": sub.spec.name,
-        "typename": registry.typenames[type(sub)],
-    }
+    head = {**_workflow_head(sub, registry), "parent_task_id": str(sub.parent_task_id), "spec": sub.spec.name}
     return f'{_ENCODE(head)[:-1]},"tasks":{_tasks_json(sub, registry)}}}'
 
 
