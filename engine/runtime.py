@@ -1597,6 +1597,7 @@ class _Runtime:
                     "that merges branches of one split, e.g. in an exclusive gateway, brings them to the join one "
                     "at a time): layerflow merges every branch of a split at one join, so give the join one "
                     f"incoming flow per branch of {siblings[0]['gateway']!r}")
+
         def described(name: str) -> str:
             info = branches.get(name)
             if info is not None:

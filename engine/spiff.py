@@ -11,8 +11,9 @@ built this way (see shared/notes/spiffworkflow-3.2.md):
   name of its context in ``task.internal_data`` (serialized, never merged).
 * The twins call a per-workflow *driver* found at ``workflow.top_workflow.layerflow``
   (the engine sets it after creating or deserializing a workflow). Without a driver the
-  twins behave exactly like the stock classes, so a layerflow-parsed spec still runs
-  under plain SpiffWorkflow.
+  twins behave like the stock classes, so a layerflow-parsed spec still runs under plain
+  SpiffWorkflow; one exception, with or without a driver: an inclusive gateway joins by
+  BPMN's rule (``engine.inclusive_join``), where SpiffWorkflow's own check fires it early.
 * SpiffWorkflow 3.2 sees no task deeper than 1,000 levels, and a loop adds levels with
   every pass: ``engine.deep_trees`` lifts that limit (and the recursion that comes with
   deep trees) when this module is imported.
@@ -924,8 +925,8 @@ def serialize_json(workflow: Any) -> str:
     last one: the spec, and every task that did not change since. Both are kept as JSON
     text: a spec once per shape (``_spec_shape``), a task until its fingerprint changes (state, time of the last
     state change, children, ``internal_data``, and for the instances of a multi-instance
-    activity their scalar items and the keys of the activity's data). A task with other data
-    is converted every time, as are subprocesses and events. The
+    activity their scalar items and the keys of the activity's data); a sub-workflow's tasks
+    the same way. A task with other data is converted every time, as are events. The
     result loads with ``SERIALIZER.deserialize_json`` to the same workflow (the same
     JSON value as SpiffWorkflow's own text; only the order of the top-level keys and the
     spacing differ). It is strict JSON: a value JSON cannot hold (NaN, an object the
