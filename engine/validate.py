@@ -52,6 +52,8 @@ not make ``report.ok`` false:
                                       cardinality or completion condition, a correlation property's
                                       retrieval expression) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
+``condition_literal``                 (warning) a condition reads ``true``, ``false`` or ``null`` (JavaScript,
+                                      FEEL): Python names no context holds, so it fails at run time
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
@@ -1076,7 +1078,7 @@ class _Validator:
         else:
             first, source = 0, text
         try:
-            return ast.parse(source, mode=mode)
+            tree = ast.parse(source, mode=mode)
         except SyntaxError as err:
             what = what or ("condition" if mode == "eval" else "script")
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
@@ -1095,6 +1097,22 @@ class _Validator:
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
+        if mode == "eval":
+            self._check_literals(tree, source, el, file, element_id, field, what or "condition")
+        return tree
+
+    def _check_literals(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None,
+                        field: str, what: str) -> None:
+        """``true`` / ``false`` / ``null`` written as in JavaScript, FEEL or JUEL parse as Python names
+        the context almost never holds: the expression fails at run time with a NameError."""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in _FOREIGN_LITERALS:
+                line = el.sourceline if el is not None else None
+                self.add("condition_literal", f"{what} {source!r} reads {node.id!r}, a name no Python literal has "
+                         f"(it fails at run time unless the context holds a key {node.id!r}); "
+                         f"write {_FOREIGN_LITERALS[node.id]}", file=file, line=line,
+                         element_id=element_id, field=field, severity="warning")
+                return
 
     def _check_timer(self, el: Any, tag: str, file: str) -> None:
         """SpiffWorkflow evaluates a timer's text as a Python expression: modelers write ISO 8601 bare."""
@@ -1565,6 +1583,7 @@ _PATH_NODES = frozenset({
 _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
+_FOREIGN_LITERALS = {"true": "True", "false": "False", "null": "None"}
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
 # Camunda (7 and 8), Activiti and Flowable: their modelers write execution settings in these
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",

@@ -459,6 +459,18 @@ def test_a_default_flow_makes_any_conditions_safe(tmp_path: Path) -> None:
     assert gateway_report(tmp_path, ["x < 5", "x > 5"], default=True).problems == ()
 
 
+def test_lowercase_literals_in_a_condition_warn_naming_the_flow(tmp_path: Path) -> None:
+    report = gateway_report(tmp_path, ["approved == true", "approved == false or note == null"], default=True)
+    found = [(p.code, p.element_id, p.field, p.severity) for p in report.problems]
+    assert found == [("condition_literal", "f0", "conditionExpression", "warning"),
+                     ("condition_literal", "f1", "conditionExpression", "warning")], format_report(report)
+    assert "'approved == true' reads 'true'" in report.problems[0].message
+    assert report.problems[0].message.endswith("write True")
+    assert report.problems[1].message.endswith("write False")  # the first one read is named
+    assert report.ok  # a context may hold a key named true: the process still runs
+    assert gateway_report(tmp_path, ["approved == True", "approved is None"], default=True).problems == ()
+
+
 # The interval algebra against brute force: every interval endpoint is one of CONSTANTS, so
 # the constants, the midpoints between them and one point beyond each end decide coverage.
 CONSTANTS = (0, 1, 2.5, 5)
