@@ -245,6 +245,7 @@ class Engine:
         from .governance import InvalidAnswer
 
         rt = _runtime_of(instance)
+        mark = rt.change_mark()
         instance.status = "running"
         try:
             while True:
@@ -260,7 +261,8 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - every failure becomes the instance's error
             rt.fail(err)
             rt.settle()
-        self._save(instance)
+        if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
+            self._save(instance)
         return instance
 
     def complete_user_task(self, instance: Instance, task_id: str, data: Mapping[str, Any] | None = None, *,
@@ -682,6 +684,16 @@ class _Runtime:
             return False
         cfg = self.process.config(spec.bpmn_id)
         return self._handler_for(spec.bpmn_id, cfg) is not None or bool(cfg and cfg.llm and self._model_for(cfg))
+
+    def change_mark(self) -> tuple[Any, ...]:
+        """What a run changes when it does anything: the status, what the instance waits for, the
+        tapes, the confirmations, the error and every task's state (sub-workflows too)."""
+        inst, wf = self.instance, self.instance.workflow
+        states = [(t.id, t.state) for t in wf.tasks.values()]
+        for sp in wf.subprocesses.values():
+            states.extend((t.id, t.state) for t in sp.tasks.values())
+        return (inst.status, [dict(w) for w in inst.waiting_for], inst.tape_length(), inst.activities, inst.error and dict(inst.error),
+                [dict(c) for c in inst.confirmations], states)
 
     def settle(self) -> None:
         """Work out status and what the instance waits for."""

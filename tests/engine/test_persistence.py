@@ -58,6 +58,25 @@ def test_a_stale_instance_cannot_overwrite_a_newer_save(tmp_path: Path) -> None:
         engine.answer_confirmation(instance, "review_join/approval_status", "rejected")
 
 
+def test_a_resume_with_nothing_to_do_writes_nothing(tmp_path: Path) -> None:
+    """A poller resuming a waiting instance (nothing answered, no timer due) must not make
+    another client's copy stale: no save, no new version, the same tapes."""
+    url = f"sqlite:///{tmp_path / 'lf.db'}"
+    engine = Engine(url)
+    instance = engine.run(engine.start(load_process(LOAN), LOAN_CONFLICT))
+    version, tape = instance.version, instance.tape_length()
+    held = Engine(url).load(instance.id)  # a console holding the instance
+    for _ in range(2):
+        again = Engine(url).resume(Engine(url).load(instance.id))
+        assert again.status == "waiting" and again.version == version and again.tape_length() == tape
+    assert Engine(url).load(instance.id).version == version
+    done = Engine(url).answer_confirmation(held, "review_join/approval_status", "pending_dual_approval")
+    assert done.status == "completed" and done.version > version
+    final = done.version
+    assert Engine(url).resume(Engine(url).load(instance.id)).version == final  # completed: nothing to run
+    assert Engine(url).load(instance.id).status == "completed"
+
+
 def _normalized(doc: dict[str, Any]) -> dict[str, Any]:
     """Contexts and tapes without wall-clock times."""
     out = {}
