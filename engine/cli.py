@@ -179,12 +179,12 @@ def _summary(out: _Out, instance: Instance) -> None:
 
 def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
     """An object from a JSON or YAML file (by its extension), from stdin (``-``, JSON) or written
-    on the command line (``--data '{"amount": 20000}'``: a value starting with ``{`` that names no
-    file)."""
+    on the command line (``--data '{"amount": 20000}'``: a value starting with ``{`` or ``[`` that
+    names no file)."""
     if path is None:
         return {}
     yaml_file = False
-    if path.lstrip().startswith("{") and not Path(path).exists():
+    if path.lstrip().startswith(("{", "[")) and not Path(path).exists():  # a list is refused below, by name
         text, source = path, f"inline {what}"
     elif path == "-":
         text, source = sys.stdin.read(), f"{what} from stdin"

@@ -144,6 +144,9 @@ def test_data_inline_or_from_stdin(cli, tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "inline data is not valid JSON" in _doc(bad)["error"]["message"]
     not_object = runner.invoke(main, ["run", str(path), "--json", "--data", "-"], input="[1, 2]")
     assert not_object.exit_code == 2 and "data from stdin must hold an object, got list" in _doc(not_object)["error"]["message"]
+    inline_list = cli("run", str(path), "--json", "--data", "[1, 2]")
+    assert inline_list.exit_code == 2
+    assert "inline data must hold an object, got list" in _doc(inline_list)["error"]["message"]
     missing = cli("run", str(path), "--data", "nowhere.json")
     assert missing.exit_code == 2
     assert "cannot read data file nowhere.json" in missing.stderr and "inline JSON object" in missing.stderr
