@@ -273,7 +273,13 @@ class Engine:
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"complete {task_id!r}")
         task = rt.find_waiting_task(task_id)
-        rt.give_user_data(task, data, actor=actor)
+        tape = instance.tape_length()
+        try:
+            rt.give_user_data(task, data, actor=actor)
+        except ContextWriteDenied:
+            if instance.tape_length() != tape:
+                self._save(instance)  # the refusal is on the tape; the task still waits
+            raise
         instance.status = "running"
         try:
             task.run()
@@ -522,10 +528,19 @@ class Engine:
                 continue
             if item["kind"] == "confirmation":
                 _check_given_answer(rt, item["id"], value)
-            instance.status = "running"
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
-                rt.give_user_data(task, value, actor="person")
+                try:
+                    rt.give_user_data(task, value, actor="person")
+                except ContextWriteDenied as err:  # saved by run, the task still waiting
+                    from .governance import InvalidAnswer
+
+                    refused = InvalidAnswer(f"the answer to user task {item['task_id']!r} writes what the layer "
+                                            f"rules refuse: {err}", instance_id=instance.id)
+                    refused.task_id = item["task_id"]
+                    raise refused from err
+            instance.status = "running"
+            if item["kind"] == "user_task":
                 task.run()
             elif item["kind"] == "confirmation":
                 rt.check_answer(item["id"], value)
@@ -797,11 +812,28 @@ class _Runtime:
         self._xor.clear()
 
     def give_user_data(self, task: Any, data: Mapping[str, Any] | None, *, actor: str) -> None:
-        """The data a person entered for a waiting user task, for its run; noted on its context's tape."""
+        """The data a person entered for a waiting user task, for its run; noted on its context's tape.
+
+        A key the layer rules refuse (a SYSTEM key, a PROCESS key already set, a HISTORY record) is
+        the person's mistake, not the process's: the refusal goes on the tape and
+        ``ContextWriteDenied`` is raised before anything else changes, so the task still waits
+        for a corrected answer (the instance does not fail)."""
         given = dict(data or {})
+        self._check_user_data(task, given, actor)
         self.user_data[str(task.id)] = given
         self.context_of(task).record("user_input", actor=actor, data={"task_id": spiff.bpmn_id_of(task),
                                                                       "keys": list(given)})
+
+    def _check_user_data(self, task: Any, given: dict[str, Any], actor: str) -> None:
+        ctx = self.context_of(task)
+        form = self._form_of(task, given)
+        scope = self.loop_scope(task) or {}
+        for key, value in form.items():
+            if key in scope or not isinstance(key, str):
+                continue  # an instance's own item; a bad key is refused by the write, naming it
+            reason = ctx.check_write(Layer.WORKING, key)[1]
+            if reason is not None and not (key in ctx and json_equal(ctx.resolve(key), value)):
+                ctx.write(Layer.WORKING, key, value, actor=actor)  # puts the refusal on the tape, raises
 
     def find_waiting_task(self, task_id: str) -> Any:
         for task in _ready_tasks(self.instance.workflow):
@@ -886,8 +918,12 @@ class _Runtime:
         """What a person gave a waiting task; under a user task's ``spiffworkflow:variableName`` as
         one value, as SpiffWorkflow's ``add_data_from_form`` keeps it (a form's fields, one key)."""
         data = self.user_data.pop(str(task.id), None)
+        return self._form_of(task, data) if data is not None else None
+
+    @staticmethod
+    def _form_of(task: Any, data: dict[str, Any]) -> dict[str, Any]:
         variable = getattr(task.task_spec, "variable", None) if isinstance(task.task_spec, UserTaskMixin) else None
-        return {variable: data} if data is not None and variable else data
+        return {variable: data} if variable else data
 
     def io_inputs(self, task: Any) -> dict[str, Any]:
         """An activity's ``ioSpecification`` data inputs, from its context (SpiffWorkflow checks

@@ -431,6 +431,27 @@ def test_a_user_task_is_completed_over_http(tmp_path):
             assert [(e["actor"], e["data"]["task_id"], e["data"]["keys"]) for e in notes] == [(who, "approve", ["decision"])]
 
 
+def test_user_task_data_the_layer_rules_refuse_is_403_and_the_task_still_waits(tmp_path):
+    """A person's answer that would change a PROCESS key is refused (403, the refusal on the
+    tape), the instance is not failed: it still waits, and a corrected answer completes it."""
+    with ServerThread(create_app("memory://", make_catalog(tmp_path), TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        first = c.post("/api/instances", json={"process_id": "notes_review", "data": NOTES}).json()
+        iid = first["instance_id"]
+        url = f"/api/instances/{iid}/user-tasks/approve"
+        denied = error_of(c.post(url, json={"data": {"decision": "approved", "applicant": "APP1"}}), 403,
+                          "permission_denied")
+        assert "'applicant'" in denied["message"] and "L1" in denied["message"]
+        doc = c.get(f"/api/instances/{iid}").json()
+        assert doc["status"] == "waiting" and [w["task_id"] for w in doc["waiting_for"]] == ["approve"]
+        assert doc["layers"]["L1"]["applicant"] == "APP9" and "decision" not in doc["layers"]["L4"]
+        events = c.get(f"/api/instances/{iid}/tape").json()["events"]
+        assert [(e["kind"], e["data"]["key"]) for e in events if e["kind"] == "denied"] == [("denied", "applicant")]
+        assert not [e for e in events if e.get("data", {}).get("note") == "user_input"]
+        same = c.post(url, json={"data": {"decision": "approved", "applicant": "APP9"}}).json()  # unchanged: fine
+        assert same["status"] == "completed" and same["layers"]["L3"]["outcome"] == "approved RA-APP9"
+
+
 def test_resume_over_http_takes_the_answers_file_shape(tmp_path):
     """``POST /api/instances/{id}/resume`` is ``layerflow resume ID --answers``: without an
     answer the instance still waits, with one it runs on; a completed one is 409."""

@@ -63,6 +63,25 @@ def test_answers_file_and_resume(cli, tmp_path: Path) -> None:
     assert doc["instance_id"] == waiting["instance_id"] and doc["layers"]["L3"]["outcome"].startswith("published")
 
 
+def test_an_answer_the_layer_rules_refuse_is_bad_input_and_the_task_still_waits(cli, tmp_path: Path) -> None:
+    """``title`` is a PROCESS key (from --data): an answer changing it exits 2 naming the task,
+    the key and the layer; the instance is saved still waiting, and a corrected answer completes it."""
+    waiting = _doc(cli("run", str(EXAMPLES / "parallel_user_task.bpmn"), "--json",
+                       "--data", _json(tmp_path, "data.json", {"title": "T"})))
+    iid = waiting["instance_id"]
+    bad = cli("resume", iid, "--answer", 'review={"approved": true, "reviewer": "ann", "title": "U"}', "--json")
+    assert bad.exit_code == 2
+    doc = _doc(bad)
+    assert doc["error"]["kind"] == "invalid_answer" and doc["error"]["task_id"] == "review"
+    assert "user task 'review'" in doc["error"]["message"] and "'title' to L1" in doc["error"]["message"]
+    assert doc["error"]["instance_status"] == "waiting" and doc["layers"]["L1"]["title"] == "T"
+    tape = _doc(cli("tape", iid, "--kind", "denied", "--json"))
+    assert [e["data"]["key"] for e in tape] == ["title"]
+    good = cli("resume", iid, "--answer", 'review={"approved": true, "reviewer": "ann"}', "--json")
+    assert good.exit_code == 0, good.stdout
+    assert _doc(good)["layers"]["L3"]["outcome"].startswith("published")
+
+
 def test_error_then_resume_with_a_fix(cli, tmp_path: Path) -> None:
     path = write_process(tmp_path, "failing", [script_task("prepare", "divisor = 0"),
                                                script_task("compute", "ratio = 8 / divisor")])
