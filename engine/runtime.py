@@ -700,6 +700,20 @@ class _Runtime:
         cfg = self.process.config(spec.bpmn_id)
         return self._handler_for(spec.bpmn_id, cfg) is not None or bool(cfg and cfg.llm and self._model_for(cfg))
 
+    @staticmethod
+    def _instance_of(task: Any) -> dict[str, Any]:
+        """Which instance of a multi-instance user task this is (several wait under one BPMN id):
+        ``instance`` (from 1, in SpiffWorkflow's order) and ``input``, its input data item."""
+        multi = spiff.multi_instance_of(task)
+        if multi is None:
+            return {}
+        instances = [c for c in multi.children if c.task_spec is task.task_spec]
+        out: dict[str, Any] = {"instance": instances.index(task) + 1 if task in instances else None}
+        name = spiff.data_name(multi.task_spec.input_item)
+        if name is not None and name in task.data:
+            out["input"] = {name: thaw(task.data[name])}
+        return out
+
     def change_mark(self) -> tuple[Any, ...]:
         """What a run changes when it does anything: the status, what the instance waits for, the
         tapes, the confirmations, the error and every task's state (sub-workflows too)."""
@@ -735,6 +749,7 @@ class _Runtime:
                 doc = getattr(task.task_spec, "documentation", None)
                 if doc:  # what the person is asked to enter
                     item["documentation"] = doc
+                item.update(self._instance_of(task))
                 waiting.append(item)
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
         for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):

@@ -208,6 +208,27 @@ def test_multi_instance_user_tasks_wait_and_collect_answers(tmp_path: Path) -> N
     assert sorted(out["results"]) == ["first", "second"]
 
 
+def test_each_waiting_instance_says_which_it_is_and_its_input(tmp_path: Path) -> None:
+    """Several instances of one user task wait under one BPMN id: each waiting item names its
+    instance and input item, so a person (or a script) answers the right one."""
+    engine = Engine()
+    inst = _run(_mi_process(tmp_path, task=_MI_USERS), {"items": ["x", "y", "z"]}, engine=engine)
+    assert [(w["task_id"], w["instance"], w["input"]) for w in inst.waiting_for] == [
+        ("each", 1, {"item": "x"}), ("each", 2, {"item": "y"}), ("each", 3, {"item": "z"})]
+    for w in reversed(inst.waiting_for):
+        inst = engine.complete_user_task(engine.load(inst.id), w["id"], {"res": f"for {w['input']['item']}"})
+        assert [v["input"]["item"] for v in inst.waiting_for] == [v for v in "xyz" if v < w["input"]["item"]]
+    assert inst.status == "completed", inst.error
+    # as in SpiffWorkflow, a list collects its outputs in the order the instances completed
+    assert variables(inst.main)["results"] == ["for z", "for y", "for x"]
+    sequential = _run(_mi_process(tmp_path, task=_MI_USERS.replace('"false"', '"true"')), {"items": ["x", "y"]},
+                      engine=engine)
+    [first] = sequential.waiting_for
+    assert (first["instance"], first["input"]) == (1, {"item": "x"})
+    [second] = engine.complete_user_task(sequential, first["id"], {"res": 1}).waiting_for
+    assert (second["instance"], second["input"]) == (2, {"item": "y"})
+
+
 _MI_USERS = """<bpmn:userTask id="each">
       <bpmn:multiInstanceLoopCharacteristics isSequential="false">
         <bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>
