@@ -260,9 +260,67 @@ def format_validation_error(err: ValidationError, *, source: str = "", element_i
         field = ".".join(str(p) for p in e["loc"]) or "(config)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling (camelCase or snake_case)"
+            msg = _unknown_field(tuple(e["loc"]))
         problems.append({"file": source, "id": element_id, "field": field, "message": msg})
     return problems
+
+
+def _fields(model: type[BaseModel]) -> dict[str, str]:
+    """Every name a model's fields accept (camelCase alias and snake_case) -> the alias."""
+    out = {}
+    for name, info in model.model_fields.items():
+        alias = info.alias or name
+        out[name] = out[alias] = alias
+    return out
+
+
+# where a field given in the wrong place belongs (checked in this order)
+_HOMES: tuple[tuple[type[BaseModel], str], ...] = (
+    (BranchConfig, "a field of one branch of a split gateway: put it under the gateway's "
+                   "branches: [{id: BRANCH_FIRST_ELEMENT_ID, ...}]"),
+    (ContextStrategy, "a field of contextStrategy"),
+    (KnowledgeConfig, "a field of knowledgeConfig"),
+    (LLMConfig, "a field of llm"),
+    (HumanConfirmConfig, "a field of humanConfirm"),
+    (ConflictPolicy, "a field of conflictPolicy"),
+)
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose field ``loc[-1]`` was looked up in (list indexes skipped)."""
+    model: Any = ActivityExtensionConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        inner = [a for a in getattr(field.annotation, "__args__", (field.annotation,))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:  # list[Model] keeps its model one level down
+            inner = [a for arg in getattr(field.annotation, "__args__", ())
+                     for a in getattr(arg, "__args__", (arg,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            return None
+        model = inner[0]
+    return model
+
+
+def _unknown_field(loc: tuple[Any, ...]) -> str:
+    """What to do about a field the config does not know: where it belongs, or the name it resembles."""
+    import difflib
+
+    name = str(loc[-1]) if loc else ""
+    model = _model_at(loc)
+    known = _fields(model) if model is not None else {}
+    homes = [(home, where) for home, where in _HOMES if home is not model and name in _fields(home)]
+    if homes and name not in known:
+        alias = _fields(homes[0][0])[name]
+        return f"unknown field here; {alias!r} is " + ", or ".join(where for _, where in homes)
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    if close:
+        return f"unknown field; did you mean {known[close[0]]!r}?"
+    return "unknown field; check the spelling (camelCase or snake_case)"
 
 
 def config_from_dict(data: Any, *, source: str = "", element_id: str | None = None) -> ActivityExtensionConfig:
