@@ -303,7 +303,7 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
         if not inner:
             return None
         model = inner[0]
-    return model
+    return model if isinstance(model, type) else None
 
 
 def _unknown_field(loc: tuple[Any, ...]) -> str:

@@ -107,14 +107,17 @@ class BadRequest(LayerflowError):
 class InvalidAnswer(BadRequest):
     kind = "invalid_answer"
 
-    def __init__(self, message: str, *, instance_id: str | None = None) -> None:
+    def __init__(self, message: str, *, instance_id: str | None = None, task_id: str | None = None) -> None:
         super().__init__(message)
         self.instance_id = instance_id  # the instance that still waits for a valid answer
+        self.task_id = task_id  # the BPMN id of what was answered, when known
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         if self.instance_id is not None:
             out["instance_id"] = self.instance_id
+        if self.task_id is not None:
+            out["task_id"] = self.task_id
         return out
 
 

@@ -535,10 +535,9 @@ class Engine:
                 except ContextWriteDenied as err:  # saved by run, the task still waiting
                     from .governance import InvalidAnswer
 
-                    refused = InvalidAnswer(f"the answer to user task {item['task_id']!r} writes what the layer "
-                                            f"rules refuse: {err}", instance_id=instance.id)
-                    refused.task_id = item["task_id"]
-                    raise refused from err
+                    raise InvalidAnswer(f"the answer to user task {item['task_id']!r} writes what the layer "
+                                        f"rules refuse: {err}", instance_id=instance.id,
+                                        task_id=item["task_id"]) from err
             instance.status = "running"
             if item["kind"] == "user_task":
                 task.run()
