@@ -423,7 +423,9 @@ class _Validator:
             if not isinstance(el.tag, str):  # comments, processing instructions
                 continue
             eid = el.get("id")
-            if not eid:
+            if not eid or etree.QName(el).namespace != BPMN_NS:
+                # ids on other namespaces' elements (a modeler's extensions, diagram shapes) are
+                # theirs: SpiffWorkflow looks none of them up, and Camunda repeats form-field ones
                 continue
             if eid in seen:
                 self.add("duplicate_id", f"id {eid!r} is used twice in this file (first on line {seen[eid]}); "

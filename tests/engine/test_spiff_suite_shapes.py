@@ -558,3 +558,41 @@ def test_two_files_that_define_one_process_id_are_named_in_one_error(tmp_path: P
     with pytest.raises(ProcessError, match="'billing'"):
         load_process([first, second])
 
+
+
+# ----- ids inside another engine's extension elements -------------------------------------------------
+
+def test_the_same_id_twice_inside_extension_elements_is_no_duplicate_bpmn_id(tmp_path: Path) -> None:
+    """Camunda's modeler writes ids on its own extension elements (a form field's properties), and two
+    of them may share one (SpiffWorkflow's ParallelTasksNavigation: ``camunda:property id="repeat"``
+    on two fields). They are no BPMN ids: SpiffWorkflow runs the process; validate refused it as a
+    duplicate id, and so did ``load_process``."""
+    form = ('<bpmn:extensionElements><camunda:formData xmlns:camunda="http://camunda.org/schema/1.0/bpmn">'
+            + "".join(f'<camunda:formField id="{field}" type="string"><camunda:properties>'
+                      '<camunda:property id="repeat" value="things"/></camunda:properties></camunda:formField>'
+                      for field in ("first", "second"))
+            + "</camunda:formData></bpmn:extensionElements>")
+    path = write(tmp_path, "favourites", [
+        '<bpmn:startEvent id="start"/>', f'<bpmn:userTask id="ask">{form}</bpmn:userTask>',
+        script("count", "n = len(first) + len(second)"), '<bpmn:endEvent id="end"/>',
+        flow("start", "ask"), flow("ask", "count"), flow("count", "end"),
+    ])
+    answer = {"first": "tea", "second": "cake"}
+    plain_wf, plain_vars = run_plain(path, {}, {"ask": answer})
+
+    assert [p.code for p in validate_process([path]).problems] == []
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], answer)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf) == ["start", "ask", "count", "end"]
+    assert variables(instance.main) == plain_vars == {"first": "tea", "second": "cake", "n": 7}
+
+
+def test_the_same_bpmn_id_twice_is_still_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "twice", [
+        '<bpmn:startEvent id="start"/>', script("work", "x = 1"), script("work", "x = 2"), '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("work", "end"),
+    ])
+    assert [(p.code, p.element_id) for p in validate_process([path]).problems if p.severity == "error"] == [
+        ("duplicate_id", "work")]
