@@ -618,6 +618,20 @@ def _runtime_of(instance: Instance) -> "_Runtime":
     return rt
 
 
+# what modelers write for literals in other expression languages (JavaScript, FEEL, JSON)
+_FOREIGN_LITERALS = frozenset({"true", "false", "null", "none", "undefined", "nil"})
+
+
+def _name_hint(err: BaseException, where: str | None) -> str:
+    """What to do about a name an expression reads and the context does not hold."""
+    if not isinstance(err, NameError) or not err.name:
+        return ""
+    if err.name in _FOREIGN_LITERALS:
+        return f"; expressions are Python: write True, False or None, not {err.name!r}"
+    return (f"; the context holds no key {err.name!r} here: give {err.name!r} a value before {where!r} "
+            "(the start data or an earlier task's output), or correct the expression")
+
+
 class _Runtime:
     """The per-instance driver that the spec twins call (see ``engine.spiff.Driver``)."""
 
@@ -1374,8 +1388,9 @@ class _Runtime:
         try:
             return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
-            raise ActivityError(f"condition {expression.strip()!r} at {spiff.bpmn_id_of(task)!r} failed: "
-                                f"{type(err).__name__}: {err}", task_id=spiff.bpmn_id_of(task)) from err
+            where = spiff.bpmn_id_of(task)
+            raise ActivityError(f"condition {expression.strip()!r} at {where!r} failed: "
+                                f"{type(err).__name__}: {err}{_name_hint(err, where)}", task_id=where) from err
 
     def exec_script(self, task: Any, script: str) -> None:
         ctx = self.context_of(task)

@@ -52,6 +52,8 @@ not make ``report.ok`` false:
                                       cardinality or completion condition, a correlation property's
                                       retrieval expression) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
+``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
+                                      language's literals) as a context key
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
@@ -158,6 +160,10 @@ LAYERFLOW_NS = "https://layerflow.dev/bpmn"
 _LF_CONFIG = f"{{{LAYERFLOW_NS}}}config"
 _SPIFF_CONFIG = f"{{{SPIFF_NS}}}activityConfig"
 _CONFIG_TAGS = (_SPIFF_CONFIG, _LF_CONFIG)  # merge order: the own namespace wins
+
+
+# literals of other expression languages (JavaScript, FEEL, JSON) that are mere names in Python
+_FOREIGN_LITERALS = frozenset({"true", "false", "null", "none", "undefined", "nil"})
 
 
 def _bpmn(tag: str) -> str:
@@ -1078,7 +1084,7 @@ class _Validator:
         else:
             first, source = 0, text
         try:
-            return ast.parse(source, mode=mode)
+            tree = ast.parse(source, mode=mode)
         except SyntaxError as err:
             what = what or ("condition" if mode == "eval" else "script")
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
@@ -1097,6 +1103,16 @@ class _Validator:
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
+        if mode == "eval":
+            literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _FOREIGN_LITERALS})
+            if literals:
+                what = what or "condition"
+                self.add("condition_literal_name", f"{what} {source!r} reads {', '.join(map(repr, literals))} as a "
+                         "context key (unless the context holds one, the run stops there with a NameError): "
+                         "expressions are Python, write True, False or None", file=file,
+                         line=el.sourceline if el is not None else None, element_id=element_id, field=field,
+                         severity="warning")
+        return tree
 
     def _check_timer(self, el: Any, tag: str, file: str) -> None:
         """SpiffWorkflow evaluates a timer's text as a Python expression: modelers write ISO 8601 bare."""

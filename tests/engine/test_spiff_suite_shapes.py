@@ -596,3 +596,34 @@ def test_the_same_bpmn_id_twice_is_still_refused(tmp_path: Path) -> None:
     ])
     assert [(p.code, p.element_id) for p in validate_process([path]).problems if p.severity == "error"] == [
         ("duplicate_id", "work")]
+
+
+# ----- a condition that reads a name the context does not hold -----------------------------------------
+
+@pytest.mark.parametrize(("condition", "says"), [
+    ("approved == true", "write True, False or None"),  # SpiffWorkflow's Nav* processes: `true`, `false`
+    ("aproved", "give 'aproved' a value before 'check'"),  # a typo (SpiffWorkflow's `tru`)
+])
+def test_a_condition_on_a_name_the_context_lacks_says_what_to_write(tmp_path: Path, condition: str, says: str) -> None:
+    """SpiffWorkflow evaluates conditions as Python over the task data: ``true`` (a modeler's JavaScript
+    or FEEL literal) or a misspelt key is a NameError at the gateway. validate passed it, and the run
+    stopped with Python's words ("name 'true' is not defined") and nothing about what to change."""
+    path = write(tmp_path, "checking", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="ask"/>',
+        '<bpmn:exclusiveGateway id="check" default="check_to_no"/>', script("yes", "outcome = 'yes'"),
+        script("no", "outcome = 'no'"), '<bpmn:endEvent id="end"/>',
+        flow("start", "ask"), flow("ask", "check"), flow("check", "yes", condition),
+        '<bpmn:sequenceFlow id="check_to_no" sourceRef="check" targetRef="no"/>', flow("yes", "end"), flow("no", "end"),
+    ])
+    with pytest.raises(Exception, match="Error evaluating expression"):
+        run_plain(path, {}, {"ask": {"approved": True}})
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"approved": True})
+    assert instance.status == "error" and instance.error["task_id"] == "check"
+    assert says in instance.error["message"], instance.error["message"]
+    if "true" in condition:
+        [warning] = [p for p in validate_process([path]).problems if p.code == "condition_literal_name"]
+        assert (warning.severity, warning.element_id, warning.field) == ("warning", "check_to_yes", "conditionExpression")
+        assert "'true'" in warning.message and "True" in warning.message
