@@ -1098,8 +1098,12 @@ class _Validator:
             language = el.get("language") if el is not None else None
             said = (f" (its language={language!r} is not read: {what}s are Python)"
                     if language and "python" not in language.lower() else "")
-            todo = (f"scripts run exactly as written: start top-level lines at column 0"
-                    if isinstance(err, IndentationError) and mode == "exec" else f"fix the {what}")
+            if isinstance(err, IndentationError) and mode == "exec":
+                todo = "scripts run exactly as written: start top-level lines at column 0"
+            else:
+                compared = _comparison_instead(source) if mode == "eval" else None
+                todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
+                        else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
@@ -1619,6 +1623,22 @@ def _foreign_name(tag: str) -> str | None:
 _JUEL_OPERATORS = ((r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "), (r"\beq\b", "=="), (r"\bne\b", "!="),
                    (r"\blt\b", "<"), (r"\bgt\b", ">"), (r"\ble\b", "<="), (r"\bge\b", ">="),
                    (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
+
+
+def _comparison_instead(source: str) -> str | None:
+    """``x = 1`` written as a condition: the comparison ``x == 1`` when that is what it reads as."""
+    try:
+        tree = ast.parse(source, mode="exec")
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
+        return None
+    compared = re.sub(r"(?<![<>!=])=(?!=)", "==", source, count=1)
+    try:
+        ast.parse(compared, mode="eval")
+    except SyntaxError:
+        return None
+    return compared
 
 
 def _python_instead(source: str, dialect: str) -> str:

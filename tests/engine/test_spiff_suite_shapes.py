@@ -627,3 +627,21 @@ def test_a_condition_on_a_name_the_context_lacks_says_what_to_write(tmp_path: Pa
         [warning] = [p for p in validate_process([path]).problems if p.code == "condition_literal_name"]
         assert (warning.severity, warning.element_id, warning.field) == ("warning", "check_to_yes", "conditionExpression")
         assert "'true'" in warning.message and "True" in warning.message
+
+
+def test_a_condition_that_assigns_says_to_compare_with_two_equals_signs(tmp_path: Path) -> None:
+    """SpiffWorkflow's Scripts test process has ``priority = 'Emergency'`` on a flow: SpiffWorkflow
+    refuses it when the gateway runs; validate refused it saying only "invalid syntax; fix the condition"."""
+    path = write(tmp_path, "urgency", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:exclusiveGateway id="urgent" default="urgent_to_normal"/>',
+        script("rush", "fast = True"), script("normal", "fast = False"), '<bpmn:endEvent id="end"/>',
+        flow("start", "urgent"), flow("urgent", "rush", "priority = 'Emergency'"),
+        '<bpmn:sequenceFlow id="urgent_to_normal" sourceRef="urgent" targetRef="normal"/>',
+        flow("rush", "end"), flow("normal", "end"),
+    ])
+    with pytest.raises(Exception, match="Error evaluating expression"):
+        run_plain(path, {"priority": "Emergency"}, {})
+
+    [error] = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert (error.code, error.element_id, error.field) == ("condition_syntax", "urgent_to_rush", "conditionExpression")
+    assert "write \"priority == 'Emergency'\"" in error.message, error.message
