@@ -645,3 +645,74 @@ def test_a_condition_that_assigns_says_to_compare_with_two_equals_signs(tmp_path
     [error] = [p for p in validate_process([path]).problems if p.severity == "error"]
     assert (error.code, error.element_id, error.field) == ("condition_syntax", "urgent_to_rush", "conditionExpression")
     assert "write \"priority == 'Emergency'\"" in error.message, error.message
+
+
+# ----- a correlated message the instance waits for but SpiffWorkflow will not catch ----------------------
+
+def _two_conversations(tmp_path: Path, inner: bool) -> Path:
+    """An order message correlates the instance by ``order_no`` (key ``by_order``); the payment message
+    that follows correlates by ``payment_ref`` only (key ``by_payment``). ``inner``: inside a sub-process."""
+    waits = [
+        '<bpmn:intermediateCatchEvent id="ordered"><bpmn:messageEventDefinition messageRef="order"/></bpmn:intermediateCatchEvent>',
+        '<bpmn:intermediateCatchEvent id="paid"><bpmn:messageEventDefinition messageRef="payment"/></bpmn:intermediateCatchEvent>',
+    ]
+    if inner:
+        body = ['<bpmn:subProcess id="deal"><bpmn:startEvent id="deal_start"/>' + "".join(waits)
+                + '<bpmn:endEvent id="deal_end"/>' + flow("deal_start", "ordered") + flow("ordered", "paid")
+                + flow("paid", "deal_end") + "</bpmn:subProcess>", flow("start", "deal"), flow("deal", "end")]
+    else:
+        body = [*waits, flow("start", "ordered"), flow("ordered", "paid"), flow("paid", "end")]
+    keys = ('<bpmn:collaboration id="talks"><bpmn:participant id="shop" processRef="selling"/>'
+            '<bpmn:correlationKey name="by_order"><bpmn:correlationPropertyRef>order_no</bpmn:correlationPropertyRef>'
+            '</bpmn:correlationKey><bpmn:correlationKey name="by_payment"><bpmn:correlationPropertyRef>payment_ref'
+            "</bpmn:correlationPropertyRef></bpmn:correlationKey></bpmn:collaboration>\n")
+    props = ('<bpmn:message id="order" name="order"/><bpmn:message id="payment" name="payment"/>\n'
+             '<bpmn:correlationProperty id="order_no" name="order_no"><bpmn:correlationPropertyRetrievalExpression '
+             'messageRef="order"><bpmn:formalExpression>number</bpmn:formalExpression>'
+             "</bpmn:correlationPropertyRetrievalExpression></bpmn:correlationProperty>\n"
+             '<bpmn:correlationProperty id="payment_ref" name="payment_ref"><bpmn:correlationPropertyRetrievalExpression '
+             'messageRef="payment"><bpmn:formalExpression>ref</bpmn:formalExpression>'
+             "</bpmn:correlationPropertyRetrievalExpression></bpmn:correlationProperty>\n")
+    path = write(tmp_path, "selling", ['<bpmn:startEvent id="start"/>', '<bpmn:endEvent id="end"/>', *body], props)
+    path.write_text(path.read_text().replace("<bpmn:process ", keys + "  <bpmn:process ", 1))
+    return path
+
+
+@pytest.mark.parametrize("inner", [False, True], ids=["in the process", "in a sub-process"])
+def test_a_message_correlated_by_a_key_the_instance_lacks_says_why_it_is_not_caught(tmp_path: Path, inner: bool) -> None:
+    """SpiffWorkflow catches a correlated message only when one of its correlation keys matches a key the
+    instance (its sub-process, for a catch inside one) already holds; SpiffWorkflow's
+    correlation_two_conversations has this shape. The refusal said the instance "does not wait for message
+    'payment'; it waits for: message 'payment' at paid", and, inside a sub-process, also for a message
+    whose key had another value (the keys were looked up on the top workflow only)."""
+    from engine.governance import InstanceStateError
+
+    from SpiffWorkflow.bpmn.util.event import BpmnEvent
+    from SpiffWorkflow.util.task import TaskState
+
+    path = _two_conversations(tmp_path, inner)
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("selling"), parser.get_subprocess_specs("selling"))
+    plain.do_engine_steps()
+    for name, payload in (("order", {"number": 7}), ("payment", {"ref": "P-1"})):
+        [task] = [t for t in plain.get_tasks(state=TaskState.WAITING) if t.task_spec.bpmn_id in ("ordered", "paid")]
+        definition = task.task_spec.event_definition
+        plain.catch(BpmnEvent(definition, payload, definition.calculate_correlations(
+            plain.script_engine, definition.correlation_properties, payload)))
+        plain.do_engine_steps()
+    assert [t.task_spec.bpmn_id for t in plain.get_tasks(state=TaskState.WAITING)
+            if t.task_spec.bpmn_id in ("ordered", "paid")] == ["paid"]  # SpiffWorkflow does not catch it either
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.send_event(instance, "order", {"number": 7})
+    assert [w["task_id"] for w in instance.waiting_for] == ["paid"]
+
+    with pytest.raises(InstanceStateError) as refused:
+        engine.send_event(instance, "payment", {"ref": "P-1"})
+    message = str(refused.value)
+    assert "does not wait" not in message, message
+    assert "'by_payment'" in message and "'by_order'" in message and "correlation key" in message, message
+    assert instance.status == "waiting"
+
