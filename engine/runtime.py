@@ -116,6 +116,8 @@ class Instance:
     cancelled: dict[str, Any] | None = None
     # the store this instance lives in, when ``start(store=...)`` chose one other than the engine's
     store: Any = field(default=None, repr=False, compare=False)
+    # what the last ``run`` wants its caller to know (an answer it did not give again); not saved
+    notices: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def process_id(self) -> str:
@@ -246,11 +248,13 @@ class Engine:
 
         rt = _runtime_of(instance)
         instance.status = "running"
+        instance.notices = []
+        given: set[str] = set()  # each answer given in this run, with the state it was given in
         try:
             while True:
                 rt.step()
                 rt.settle()
-                if not self._answer_from(instance, answers, ask):
+                if not self._answer_from(instance, answers, ask, given):
                     break
         except InvalidAnswer:
             # a given answer that is not an offered option is bad input, not a failure of the
@@ -492,13 +496,27 @@ class Engine:
     _save = save
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
-                     ask: Callable[[dict[str, Any]], Any] | None) -> bool:
-        """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered."""
+                     ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None) -> bool:
+        """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered.
+
+        An answer from ``answers`` is given each time its step comes back, but not twice in one run
+        to the same step with every context as it was the time before: the process would only go
+        round again, for ever (a loop back to a person's step on that answer). Such a step is left
+        waiting, with a note in ``instance.notices``."""
         if instance.status != "waiting":
             return False
         rt = _runtime_of(instance)
         for item in list(instance.waiting_for):
             value = _lookup_answer(answers, item)
+            if value is not _NO_ANSWER and given is not None and item["kind"] in ("user_task", "confirmation"):
+                mark = _answer_mark(instance, item, value)
+                if mark in given:
+                    instance.notices.append(
+                        f"{item['kind'].replace('_', ' ')} {item.get('task_id')!r}: the given answer was given here "
+                        "before in this run and nothing changed since (the process would go round the same way "
+                        "for ever); left waiting for another answer")
+                    continue
+                given.add(mark)
             if value is _NO_ANSWER and item["kind"] == "confirmation" and rt.overdue(item["id"]):
                 # An explicit answer (answers file, --answer) beats the deadline; the deadline beats the prompt.
                 if rt.time_out(item["id"]):
@@ -578,6 +596,30 @@ def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> Non
 
 _NO_ANSWER = object()
 _SUSPENDED = object()  # a handler's result: the activity waits, open, for a person
+
+
+_LOOP_COUNTERS = ("iteration", "key_or_index", "current")  # SpiffWorkflow's loop and multi-instance bookkeeping
+
+
+def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> str:
+    """An answer to a waiting step with the state it is given in: every context's data keys (records
+    name their task and differ each round), what the instance waits for, and the counters of the
+    loops and multi-instance activities the step is in (the next instance of a sequential
+    multi-instance activity is no round again)."""
+    state = {name: _condition_context(ctx, limit=10**9) for name, ctx in instance.contexts.items()}
+    waits = sorted((w["kind"], str(w.get("task_id"))) for w in instance.waiting_for)
+    counters = []
+    task = _runtime_of(instance).find_waiting_task(item["id"]) if item["kind"] == "user_task" else None
+    while task is not None:
+        found = {k: task.internal_data[k] for k in _LOOP_COUNTERS if k in task.internal_data}
+        if found:
+            counters.append([task.task_spec.name, found])
+        parent, wf = task.parent, task.workflow
+        if parent is None and getattr(wf, "parent_workflow", None) is not None:  # a sub-process: go on in its caller
+            parent = wf.parent_workflow.get_task_from_id(wf.parent_task_id)
+        task = parent
+    return json.dumps([item["kind"], item.get("task_id"), item.get("key"), value, waits, state, counters],
+                      sort_keys=True, default=str)
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:

@@ -716,3 +716,63 @@ def test_a_message_correlated_by_a_key_the_instance_lacks_says_why_it_is_not_cau
     assert "'by_payment'" in message and "'by_order'" in message and "correlation key" in message, message
     assert instance.status == "waiting"
 
+
+
+# ----- an answers file that sends a loop round again and again -------------------------------------------
+
+def _ask_again(tmp_path: Path, counted: bool) -> Path:
+    """A person is asked whether to go round again; ``counted``: a script counts the rounds and the
+    gateway stops at three whatever the answer."""
+    again = "again and n < 3" if counted else "again"
+    return write(tmp_path, "rounds_asked", [
+        '<bpmn:startEvent id="start"/>', script("init", "n = 0"), '<bpmn:userTask id="ask"/>',
+        script("count", "n = n + 1" if counted else "seen = True"),
+        '<bpmn:exclusiveGateway id="more" default="more_to_end"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "ask"), flow("ask", "count"), flow("count", "more"),
+        flow("more", "ask", again), '<bpmn:sequenceFlow id="more_to_end" sourceRef="more" targetRef="end"/>',
+    ])
+
+
+@pytest.mark.parametrize("counted", [False, True], ids=["the same round each time", "rounds that count"])
+def test_an_answer_that_only_repeats_a_round_leaves_the_instance_waiting(tmp_path: Path, counted: bool) -> None:
+    """An answers file answers a user task each time the process comes back to it. SpiffWorkflow's
+    LoopBackNav and BacktrackNavigation go back to the asking task on one answer: given that answer,
+    ``layerflow run --json`` went round for ever and never printed its document. A round that changes
+    nothing, answered as the round before, is now left waiting for a person; rounds that change the
+    context still run."""
+    path = _ask_again(tmp_path, counted)
+    (tmp_path / "answers.json").write_text(json.dumps({"user_tasks": {"ask": {"again": True}}}))
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(path), "--json", "--store", "memory://",
+                           "--answers", str(tmp_path / "answers.json")], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120, stdin=subprocess.DEVNULL, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    document = json.loads(done.stdout)
+    if counted:
+        assert (done.returncode, document["status"]) == (0, "completed"), done.stderr
+        assert document["layers"]["L3"]["n"] == 3
+    else:
+        assert (done.returncode, document["status"]) == (3, "waiting"), done.stderr
+        assert [w["task_id"] for w in document["waiting_for"]] == ["ask"]
+        assert "'ask'" in done.stderr and "nothing changed" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("inside", ["task", "sub-process"])
+def test_the_instances_of_a_sequential_multi_instance_step_are_answered_each_from_one_answer(tmp_path: Path,
+                                                                                           inside: str) -> None:
+    """The next instance of a sequential multi-instance step, answered as the one before with nothing
+    changed, is no round again: an answers file completes every instance."""
+    loop = ('<bpmn:multiInstanceLoopCharacteristics isSequential="true"><bpmn:loopCardinality>3</bpmn:loopCardinality>'
+            "</bpmn:multiInstanceLoopCharacteristics>")
+    if inside == "task":
+        step = f'<bpmn:userTask id="sign">{loop}</bpmn:userTask>'
+    else:
+        step = (f'<bpmn:subProcess id="sign">{loop}<bpmn:startEvent id="s"/><bpmn:userTask id="sign_one"/>'
+                f'<bpmn:endEvent id="e"/>{flow("s", "sign_one")}{flow("sign_one", "e")}</bpmn:subProcess>')
+    path = write(tmp_path, "signing", ['<bpmn:startEvent id="start"/>', step, '<bpmn:endEvent id="end"/>',
+                                       flow("start", "sign"), flow("sign", "end")])
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)),
+                          answers={"user_tasks": {"sign": {}, "sign_one": {}}})
+    assert instance.status == "completed", instance.waiting_for
+    assert instance.notices == []
+    done = path_of(instance.workflow)
+    assert (done.count("sign_one") if inside == "sub-process" else done.count("sign") - 1) == 3  # - the activity itself
