@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
+from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
@@ -599,6 +600,11 @@ _SUSPENDED = object()  # a handler's result: the activity waits, open, for a per
 
 
 _LOOP_COUNTERS = ("iteration", "key_or_index", "current")  # SpiffWorkflow's loop and multi-instance bookkeeping
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> str:
@@ -1484,6 +1490,27 @@ class _Runtime:
             return
         if taken:
             self._fork(task, parent_name, parent, gw, cfg, taken)
+
+    def no_branch_taken(self, task: Any) -> ActivityError:
+        """The error of a gateway that finds no outgoing flow to take: no condition holds and it
+        has no default flow. Names the conditions, the values they read, and what to add."""
+        spec = task.task_spec
+        gw = spiff.bpmn_id_of(task)
+        conditions: list[str] = []
+        for condition, name in spec.cond_task_specs:
+            if condition is not None:
+                target = task.workflow.spec.get_task_spec_from_name(name)
+                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {str(condition.args[0]).strip()}")
+        ctx = self.context_of(task)
+        read = []
+        for name in sorted(spiff.names_in(str(c.args[0]) for c, _ in spec.cond_task_specs if c is not None)):
+            value = ctx.get(name, _NO_ANSWER)
+            read.append(f"no {name!r}" if value is _NO_ANSWER else f"{name}={_short(thaw(value))}")
+        kind = "inclusive" if isinstance(spec, InclusiveGateway) else "exclusive"
+        return ActivityError(
+            f"{kind} gateway {gw!r}: no condition of its outgoing flows holds ({'; '.join(conditions)}) and it has "
+            f"no default flow; the context has {', '.join(read) or 'nothing these conditions read'}: add a default "
+            "flow (default=\"FLOW_ID\" on the gateway) or a condition for this case", task_id=gw)
 
     def decide_exclusive(self, task: Any) -> dict[str, bool] | None:
         """Decide an XOR gateway whose config gives natural-language conditions: the verdict of

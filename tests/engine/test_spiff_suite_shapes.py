@@ -776,3 +776,54 @@ def test_the_instances_of_a_sequential_multi_instance_step_are_answered_each_fro
     assert instance.notices == []
     done = path_of(instance.workflow)
     assert (done.count("sign_one") if inside == "sub-process" else done.count("sign") - 1) == 3  # - the activity itself
+
+
+# ----- a gateway where no condition holds -----------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["exclusiveGateway", "inclusiveGateway"])
+def test_a_gateway_where_no_condition_holds_names_the_values_and_what_to_add(tmp_path: Path, kind: str) -> None:
+    """SpiffWorkflow's ExclusiveGatewayNavigation asks which branch, 'a' or 'b': an answer 'c' finds no
+    flow to take. The run stopped with SpiffWorkflow's words ("No conditions satisfied for ...") and
+    nothing about the values or what to change."""
+    path = write(tmp_path, "branching", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="ask"/>', f'<bpmn:{kind} id="which"/>',
+        script("do_a", "done = 'a'"), script("do_b", "done = 'b'"), '<bpmn:endEvent id="end"/>',
+        flow("start", "ask"), flow("ask", "which"), flow("which", "do_a", "branch == 'a'"),
+        flow("which", "do_b", "branch == 'b'"), flow("do_a", "end"), flow("do_b", "end"),
+    ])
+    with pytest.raises(Exception, match="No conditions satisfied"):
+        run_plain(path, {}, {"ask": {"branch": "c"}})
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"branch": "c"})
+    assert instance.status == "error" and instance.error["task_id"] == "which"
+    message = instance.error["message"]
+    assert "No conditions satisfied" not in message, message
+    assert all(w in message for w in ("'which'", "branch == 'a'", "branch == 'b'", "branch='c'", "default")), message
+
+
+# ----- a process or sub-process with no start event ------------------------------------------------
+
+@pytest.mark.parametrize("inside", [False, True], ids=["process", "sub-process"])
+def test_a_scope_with_no_start_event_says_where_to_draw_one(tmp_path: Path, inside: bool) -> None:
+    """SpiffWorkflow's Invalid-Workflows/No-Start-Event: SpiffWorkflow refuses the process ("No start event
+    found", or for a sub-process "Exactly one start event is required in a SubWorkflow Task; found 0");
+    validate passed that on with "fix the BPMN element named here", not saying what to draw or where."""
+    steps = [script("first", "x = 1"), '<bpmn:userTask id="second"/>', '<bpmn:endEvent id="done"/>',
+             flow("first", "second"), flow("second", "done")]
+    if inside:
+        path = write(tmp_path, "startless", [
+            '<bpmn:startEvent id="start"/>', '<bpmn:subProcess id="inner">' + "".join(steps) + "</bpmn:subProcess>",
+            '<bpmn:endEvent id="end"/>', flow("start", "inner"), flow("inner", "end")])
+    else:
+        path = write(tmp_path, "startless", steps)
+    with pytest.raises(ValidationException, match="start event"):
+        run_plain(path, {}, {})
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    scope = "inner" if inside else "startless"
+    assert [(p.code, p.element_id) for p in errors] == [("no_start_event", scope)], errors
+    assert "bpmn:startEvent" in errors[0].message and "'first'" in errors[0].message, errors[0].message
+    with pytest.raises(ProcessError, match=f"'{scope}'"):
+        load_process(path)
