@@ -71,6 +71,7 @@ not make ``report.ok`` false:
 ``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
+``no_start_event``                    a process or sub-process with no start event
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
 ``no_implementation`` W               a script task without a script, a service task without a
@@ -1254,6 +1255,9 @@ class _Validator:
         """SpiffWorkflow starts a (sub-)process with several start events at the first one to fire and
         cancels the others: a start event with no trigger fires at once, so the starts after it never do."""
         starts = list(scope.iterchildren(_bpmn("startEvent")))
+        if not starts:
+            self._check_no_start(scope, file)
+            return
         plain = [s for s in starts if not any(isinstance(c.tag, str) and c.tag.endswith("EventDefinition")
                                               for c in s)]
         if len(starts) < 2 or not plain:
@@ -1268,6 +1272,23 @@ class _Validator:
                      f"{len(starts)} start events and SpiffWorkflow starts it at the first one to fire, {first!r} "
                      "(it has no trigger, so it fires at once), and cancels the others, here and in SpiffWorkflow; "
                      f"{fix}", file=file, line=start.sourceline, element_id=sid, severity="warning")
+
+    def _check_no_start(self, scope: Any, file: str) -> None:
+        """SpiffWorkflow starts a process or sub-process at its start event and refuses one without
+        ("No start event found", "Exactly one start event is required in a SubWorkflow Task")."""
+        kind = etree.QName(scope).localname
+        if kind == "process" and scope.get("isExecutable", "true") != "true":
+            return  # not run: process_not_executable says so when it is the one chosen
+        targets = {f.get("targetRef") for f in scope.iterchildren(_bpmn("sequenceFlow"))}
+        first = [el.get("id") for el in scope.iterchildren(*_FLOW_NODES)
+                 if el.get("id") not in targets and etree.QName(el).localname != "boundaryEvent"
+                 and el.get("triggeredByEvent") != "true"]
+        where = (f" to {' and '.join(map(repr, first))} (no flow leads there)" if first
+                 else " to the step the process begins with")
+        self.add("no_start_event", f"bpmn:{kind} {scope.get('id')!r} has no start event, and SpiffWorkflow begins a "
+                 f"{'process' if kind == 'process' else 'sub-process'} at its start event: draw a bpmn:startEvent in "
+                 f"it and a sequence flow from it{where}", file=file, line=scope.sourceline,
+                 element_id=scope.get("id"))
 
     def _check_implementation(self, el: Any, eid: str, tag: str, file: str) -> None:
         cfg = self.merged.get(eid)

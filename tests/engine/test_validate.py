@@ -128,8 +128,10 @@ CASES = [
     Case("duplicate_id", "duplicate_id.bpmn", "duplicate_id", ("duplicate_id.bpmn", '<bpmn:task id="x"/>\n'), "x", None,
          ("id 'x' is used twice in this file (first on line 9)",)),
     # (i) SpiffWorkflow's own parser, last
-    Case("spiff_validation", "spiff_rejects.bpmn", "spiff_validation", ("spiff_rejects.bpmn", '<bpmn:subProcess id="x">'),
-         "x", None, ("SpiffWorkflow cannot load the process", "Exactly one start event is required")),
+    Case("no_start_event", "no_start_event.bpmn", "no_start_event", ("no_start_event.bpmn", '<bpmn:subProcess id="x">'),
+         "x", None, ("bpmn:subProcess 'x' has no start event", "draw a bpmn:startEvent in it", "to 'inner'")),
+    Case("spiff_validation", "spiff_rejects.bpmn", "spiff_validation", ("spiff_rejects.bpmn", '<bpmn:task id="x">'),
+         "x", None, ("SpiffWorkflow cannot load the process", "must specify a cardinality or a loop input")),
     # warnings: reported, but the process is still ok
     Case("process_executable_unset", "executable_unset.bpmn", "process_executable_unset",
          ("executable_unset.bpmn", 'id="unset"'), "unset", "isExecutable", ('add isExecutable="true"',),
