@@ -62,7 +62,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import events, spiff
-from gateways.conditions import is_flow_sentence
+from gateways.conditions import FOREIGN_LITERALS, is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.splitter import branch_context_name, check_inject
 
@@ -666,15 +666,11 @@ def _runtime_of(instance: Instance) -> "_Runtime":
     return rt
 
 
-# what modelers write for literals in other expression languages (JavaScript, FEEL, JSON)
-_FOREIGN_LITERALS = frozenset({"true", "false", "null", "none", "undefined", "nil"})
-
-
 def _name_hint(err: BaseException, where: str | None) -> str:
     """What to do about a name an expression reads and the context does not hold."""
     if not isinstance(err, NameError) or not err.name:
         return ""
-    if err.name in _FOREIGN_LITERALS:
+    if err.name in FOREIGN_LITERALS:
         return f"; expressions are Python: write True, False or None, not {err.name!r}"
     return (f"; the context holds no key {err.name!r} here: give {err.name!r} a value before {where!r} "
             "(the start data or an earlier task's output), or correct the expression")
@@ -1504,8 +1500,7 @@ class _Runtime:
         ctx = self.context_of(task)
         read = []
         for name in sorted(spiff.names_in(str(c.args[0]) for c, _ in spec.cond_task_specs if c is not None)):
-            value = ctx.get(name, _NO_ANSWER)
-            read.append(f"no {name!r}" if value is _NO_ANSWER else f"{name}={_short(thaw(value))}")
+            read.append(f"{name}={_short(thaw(ctx.resolve(name)))}" if name in ctx else f"no {name!r}")
         kind = "inclusive" if isinstance(spec, InclusiveGateway) else "exclusive"
         return ActivityError(
             f"{kind} gateway {gw!r}: no condition of its outgoing flows holds ({'; '.join(conditions)}) and it has "

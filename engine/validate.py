@@ -137,7 +137,7 @@ from pydantic import ValidationError
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import BRANCH_MARKERS
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
-from gateways.conditions import expression_dialect, is_flow_sentence
+from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
@@ -161,10 +161,6 @@ LAYERFLOW_NS = "https://layerflow.dev/bpmn"
 _LF_CONFIG = f"{{{LAYERFLOW_NS}}}config"
 _SPIFF_CONFIG = f"{{{SPIFF_NS}}}activityConfig"
 _CONFIG_TAGS = (_SPIFF_CONFIG, _LF_CONFIG)  # merge order: the own namespace wins
-
-
-# literals of other expression languages (JavaScript, FEEL, JSON) that are mere names in Python
-_FOREIGN_LITERALS = frozenset({"true", "false", "null", "none", "undefined", "nil"})
 
 
 def _bpmn(tag: str) -> str:
@@ -1109,7 +1105,7 @@ class _Validator:
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
         if mode == "eval":
-            literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _FOREIGN_LITERALS})
+            literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
             if literals:
                 what = what or "condition"
                 self.add("condition_literal_name", f"{what} {source!r} reads {', '.join(map(repr, literals))} as a "
