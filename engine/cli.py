@@ -352,6 +352,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
     except InvalidAnswer as err:
         _invalid_answer(out, instance, err, _answers_source(answers_file, answer))
+    for notice in instance.notices:
+        out.info(f"layerflow: {notice}")
     _summary(out, instance)
     sys.exit(_exit_code(instance))
 
@@ -599,6 +601,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
         except InvalidAnswer as err:
             _invalid_answer(out, instance, err, source)
+        for notice in instance.notices:
+            out.info(f"layerflow: {notice}")
         _summary(out, instance)
         sys.exit(_exit_code(instance))
 

@@ -169,6 +169,33 @@ def _event(workflow: Any, definition: Any, payload: Any, bad_request: type[Excep
     return BpmnEvent(definition, payload=payload, correlations=correlations)
 
 
+def _refuse_uncorrelated(named: Sequence[Catch], event: BpmnEvent | None, workflow: Any, kind: str, name: str,
+                         instance_id: str, refusal: type[Exception]) -> None:
+    """Raise ``refusal`` saying why catches that wait for ``event`` did not take it, when its correlation
+    keys decide: SpiffWorkflow compares them with the keys of the workflow (or sub-process) the catch is
+    in, and catches only when one of the message's keys is there with the same value."""
+    if event is None or not event.correlations:
+        return
+    held: dict[str, Any] = {}
+    for c in named:
+        held.update(getattr(c.task.workflow if c.task is not None else workflow, "correlations", None) or {})
+    if not held:
+        return
+    where = ", ".join(sorted({c.event_id for c in named}))
+    clash = {key: value for key, value in event.correlations.items() if key in held and held[key] != value}
+    if clash:
+        raise refusal(
+            f"instance {instance_id} waits for {kind} {name!r}, but for other correlation values: the "
+            f"message carries {clash}, the instance has {({key: held[key] for key in clash})}; send the message "
+            "meant for this instance (its payload's correlation properties decide which instance it is for)")
+    raise refusal(
+        f"instance {instance_id} waits for {kind} {name!r} at {where}, but SpiffWorkflow catches a correlated "
+        f"message only when one of its correlation keys is one the instance already holds: the message has "
+        f"correlation key {', '.join(map(repr, sorted(event.correlations)))}, the instance "
+        f"{', '.join(map(repr, sorted(held)))}; correlate message {name!r} through a key the instance holds "
+        "(a correlationProperty of that key with a retrieval expression for the message)")
+
+
 def _mark_delivered(workflow: Any, catches: Sequence[Catch]) -> None:
     """Tell the catching tasks that this payload is in the context already (``spiff.DELIVERED_KEY``):
     SpiffWorkflow still hands it to them (as the variable's value) when they run."""
@@ -233,20 +260,14 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
 
     if kind not in EVENT_KINDS:
         raise ValueError(f"kind={kind!r}: use 'message' or 'signal'")
-    catches = [c for c in waiting_catches(workflow) if c.kind == kind and c.name == name]
-    event = _event(workflow, catches[0].definition, payload, BadRequest) if catches else None
+    named = [c for c in waiting_catches(workflow) if c.kind == kind and c.name == name]
+    event = _event(workflow, named[0].definition, payload, BadRequest) if named else None
+    catches = named
     if event is not None:  # SpiffWorkflow's own test (e.g. a boundary event only catches while it waits)
-        catches = [c for c in catches if c.task is None or
+        catches = [c for c in named if c.task is None or
                    (c.task.task_spec.catches(c.task, event) and c.definition.catches(c.task, event))]
     if event is None or not catches:
-        expected = getattr(workflow, "correlations", None) or {}
-        clash = {key: value for key, value in (event.correlations if event is not None else {}).items()
-                 if key in expected and expected[key] != value}
-        if clash:  # SpiffWorkflow catches a correlated message only when its keys match the instance's
-            raise InstanceStateError(
-                f"instance {instance_id} waits for {kind} {name!r}, but for other correlation values: the message "
-                f"carries {clash}, the instance has {({key: expected[key] for key in clash})}; send the message "
-                "meant for this instance (its payload's correlation properties decide which instance it is for)")
+        _refuse_uncorrelated(named, event, workflow, kind, name, instance_id, InstanceStateError)
         raise InstanceStateError(f"instance {instance_id} does not wait for {kind} {name!r}; it waits for: "
                                  f"{describe_waiting(waiting_for)}")
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
+from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
@@ -61,7 +62,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import events, spiff
-from gateways.conditions import is_flow_sentence
+from gateways.conditions import FOREIGN_LITERALS, is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.splitter import branch_context_name, check_inject
 
@@ -116,6 +117,8 @@ class Instance:
     cancelled: dict[str, Any] | None = None
     # the store this instance lives in, when ``start(store=...)`` chose one other than the engine's
     store: Any = field(default=None, repr=False, compare=False)
+    # what the last ``run`` wants its caller to know (an answer it did not give again); not saved
+    notices: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def process_id(self) -> str:
@@ -247,11 +250,13 @@ class Engine:
         rt = _runtime_of(instance)
         mark = rt.change_mark()
         instance.status = "running"
+        instance.notices = []
+        given: set[str] = set()  # each answer given in this run, with the state it was given in
         try:
             while True:
                 rt.step()
                 rt.settle()
-                if not self._answer_from(instance, answers, ask):
+                if not self._answer_from(instance, answers, ask, given):
                     break
         except InvalidAnswer:
             # a given answer that is not an offered option is bad input, not a failure of the
@@ -500,13 +505,27 @@ class Engine:
     _save = save
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
-                     ask: Callable[[dict[str, Any]], Any] | None) -> bool:
-        """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered."""
+                     ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None) -> bool:
+        """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered.
+
+        An answer from ``answers`` is given each time its step comes back, but not twice in one run
+        to the same step with every context as it was the time before: the process would only go
+        round again, for ever (a loop back to a person's step on that answer). Such a step is left
+        waiting, with a note in ``instance.notices``."""
         if instance.status != "waiting":
             return False
         rt = _runtime_of(instance)
         for item in list(instance.waiting_for):
             value = _lookup_answer(answers, item)
+            if value is not _NO_ANSWER and given is not None and item["kind"] in ("user_task", "confirmation"):
+                mark = _answer_mark(instance, item, value)
+                if mark in given:
+                    instance.notices.append(
+                        f"{item['kind'].replace('_', ' ')} {item.get('task_id')!r}: the given answer was given here "
+                        "before in this run and nothing changed since (the process would go round the same way "
+                        "for ever); left waiting for another answer")
+                    continue
+                given.add(mark)
             if value is _NO_ANSWER and item["kind"] == "confirmation" and rt.overdue(item["id"]):
                 # An explicit answer (answers file, --answer) beats the deadline; the deadline beats the prompt.
                 if rt.time_out(item["id"]):
@@ -596,6 +615,35 @@ _NO_ANSWER = object()
 _SUSPENDED = object()  # a handler's result: the activity waits, open, for a person
 
 
+_LOOP_COUNTERS = ("iteration", "key_or_index", "current")  # SpiffWorkflow's loop and multi-instance bookkeeping
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> str:
+    """An answer to a waiting step with the state it is given in: every context's data keys (records
+    name their task and differ each round), what the instance waits for, and the counters of the
+    loops and multi-instance activities the step is in (the next instance of a sequential
+    multi-instance activity is no round again)."""
+    state = {name: _condition_context(ctx, limit=10**9) for name, ctx in instance.contexts.items()}
+    waits = sorted((w["kind"], str(w.get("task_id"))) for w in instance.waiting_for)
+    counters = []
+    task = _runtime_of(instance).find_waiting_task(item["id"]) if item["kind"] == "user_task" else None
+    while task is not None:
+        found = {k: task.internal_data[k] for k in _LOOP_COUNTERS if k in task.internal_data}
+        if found:
+            counters.append([task.task_spec.name, found])
+        parent, wf = task.parent, task.workflow
+        if parent is None and getattr(wf, "parent_workflow", None) is not None:  # a sub-process: go on in its caller
+            parent = wf.parent_workflow.get_task_from_id(wf.parent_task_id)
+        task = parent
+    return json.dumps([item["kind"], item.get("task_id"), item.get("key"), value, waits, state, counters],
+                      sort_keys=True, default=str)
+
+
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
     if not answers:
         return _NO_ANSWER
@@ -632,6 +680,16 @@ def _runtime_of(instance: Instance) -> "_Runtime":
     if not isinstance(rt, _Runtime):
         raise LayerflowError(f"instance {instance.id} has no engine attached; load it with Engine.load")
     return rt
+
+
+def _name_hint(err: BaseException, where: str | None) -> str:
+    """What to do about a name an expression reads and the context does not hold."""
+    if not isinstance(err, NameError) or not err.name:
+        return ""
+    if err.name in FOREIGN_LITERALS:
+        return f"; expressions are Python: write True, False or None, not {err.name!r}"
+    return (f"; the context holds no key {err.name!r} here: give {err.name!r} a value before {where!r} "
+            "(the start data or an earlier task's output), or correct the expression")
 
 
 class _Runtime:
@@ -1436,8 +1494,9 @@ class _Runtime:
         try:
             return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
-            raise ActivityError(f"condition {expression.strip()!r} at {spiff.bpmn_id_of(task)!r} failed: "
-                                f"{type(err).__name__}: {err}", task_id=spiff.bpmn_id_of(task)) from err
+            where = spiff.bpmn_id_of(task)
+            raise ActivityError(f"condition {expression.strip()!r} at {where!r} failed: "
+                                f"{type(err).__name__}: {err}{_name_hint(err, where)}", task_id=where) from err
 
     def exec_script(self, task: Any, script: str) -> None:
         ctx = self.context_of(task)
@@ -1489,6 +1548,26 @@ class _Runtime:
             return
         if taken:
             self._fork(task, parent_name, parent, gw, cfg, taken)
+
+    def no_branch_taken(self, task: Any) -> ActivityError:
+        """The error of a gateway that finds no outgoing flow to take: no condition holds and it
+        has no default flow. Names the conditions, the values they read, and what to add."""
+        spec = task.task_spec
+        gw = spiff.bpmn_id_of(task)
+        conditions: list[str] = []
+        for condition, name in spec.cond_task_specs:
+            if condition is not None:
+                target = task.workflow.spec.get_task_spec_from_name(name)
+                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {str(condition.args[0]).strip()}")
+        ctx = self.context_of(task)
+        read = []
+        for name in sorted(spiff.names_in(str(c.args[0]) for c, _ in spec.cond_task_specs if c is not None)):
+            read.append(f"{name}={_short(thaw(ctx.resolve(name)))}" if name in ctx else f"no {name!r}")
+        kind = "inclusive" if isinstance(spec, InclusiveGateway) else "exclusive"
+        return ActivityError(
+            f"{kind} gateway {gw!r}: no condition of its outgoing flows holds ({'; '.join(conditions)}) and it has "
+            f"no default flow; the context has {', '.join(read) or 'nothing these conditions read'}: add a default "
+            "flow (default=\"FLOW_ID\" on the gateway) or a condition for this case", task_id=gw)
 
     def decide_exclusive(self, task: Any) -> dict[str, bool] | None:
         """Decide an XOR gateway whose config gives natural-language conditions: the verdict of

@@ -71,6 +71,7 @@ from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
+from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
@@ -86,6 +87,7 @@ from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
     TimerEventDefinition,
 )
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.exceptions import WorkflowException
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
 from SpiffWorkflow.spiff.parser.task_spec import ServiceTaskParser, SpiffTaskParser
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
@@ -167,6 +169,7 @@ class Driver(Protocol):
     def boundary_path(self, task: Any, path: Any = None) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
+    def no_branch_taken(self, task: Any) -> Exception: ...
 
 
 def driver_of(task: Any) -> Driver | None:
@@ -285,7 +288,7 @@ class _LayerflowSpecMixin:
                 # over task.data as it starts waiting; under layerflow the names they read are in
                 # the context (task.data stays empty)
                 saved = my_task.data
-                my_task.data = {**saved, **driver.lookup(my_task, _names_in(
+                my_task.data = {**saved, **driver.lookup(my_task, names_in(
                     p.retrieval_expression for p in correlations))}
                 try:
                     return super()._update_hook(my_task)  # type: ignore[misc]
@@ -326,6 +329,13 @@ class _LayerflowSpecMixin:
             if values and not delivered:
                 driver.caught(my_task, values)
             return result
+        if isinstance(self, (ExclusiveGateway, InclusiveGateway)):
+            try:
+                return super()._run_hook(my_task)  # type: ignore[misc]
+            except WorkflowException as err:
+                if "No conditions satisfied" not in str(err):
+                    raise
+                raise driver.no_branch_taken(my_task) from None
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
@@ -400,7 +410,7 @@ class _LayerflowSpecMixin:
         return None
 
 
-def _names_in(expressions: Iterable[str]) -> set[str]:
+def names_in(expressions: Iterable[str]) -> set[str]:
     """The variable names Python expressions read (a name that does not parse reads nothing)."""
     names: set[str] = set()
     for expression in expressions:

@@ -52,8 +52,8 @@ not make ``report.ok`` false:
                                       cardinality or completion condition, a correlation property's
                                       retrieval expression) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
-``condition_literal``                 (warning) a condition reads ``true``, ``false`` or ``null`` (JavaScript,
-                                      FEEL): Python names no context holds, so it fails at run time
+``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
+                                      language's literals) as a context key
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
@@ -71,6 +71,7 @@ not make ``report.ok`` false:
 ``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
+``no_start_event``                    a process or sub-process with no start event
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
 ``no_implementation`` W               a script task without a script, a service task without a
@@ -136,7 +137,7 @@ from pydantic import ValidationError
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import BRANCH_MARKERS
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
-from gateways.conditions import expression_dialect, is_flow_sentence
+from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
@@ -425,7 +426,9 @@ class _Validator:
             if not isinstance(el.tag, str):  # comments, processing instructions
                 continue
             eid = el.get("id")
-            if not eid:
+            if not eid or etree.QName(el).namespace != BPMN_NS:
+                # ids on other namespaces' elements (a modeler's extensions, diagram shapes) are
+                # theirs: SpiffWorkflow looks none of them up, and Camunda repeats form-field ones
                 continue
             if eid in seen:
                 self.add("duplicate_id", f"id {eid!r} is used twice in this file (first on line {seen[eid]}); "
@@ -1092,27 +1095,25 @@ class _Validator:
             language = el.get("language") if el is not None else None
             said = (f" (its language={language!r} is not read: {what}s are Python)"
                     if language and "python" not in language.lower() else "")
-            todo = (f"scripts run exactly as written: start top-level lines at column 0"
-                    if isinstance(err, IndentationError) and mode == "exec" else f"fix the {what}")
+            if isinstance(err, IndentationError) and mode == "exec":
+                todo = "scripts run exactly as written: start top-level lines at column 0"
+            else:
+                compared = _comparison_instead(source) if mode == "eval" else None
+                todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
+                        else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
         if mode == "eval":
-            self._check_literals(tree, source, el, file, element_id, field, what or "condition")
+            literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
+            if literals:
+                what = what or "condition"
+                self.add("condition_literal_name", f"{what} {source!r} reads {', '.join(map(repr, literals))} as a "
+                         "context key (unless the context holds one, the run stops there with a NameError): "
+                         "expressions are Python, write True, False or None", file=file,
+                         line=el.sourceline if el is not None else None, element_id=element_id, field=field,
+                         severity="warning")
         return tree
-
-    def _check_literals(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None,
-                        field: str, what: str) -> None:
-        """``true`` / ``false`` / ``null`` written as in JavaScript, FEEL or JUEL parse as Python names
-        the context almost never holds: the expression fails at run time with a NameError."""
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and node.id in _FOREIGN_LITERALS:
-                line = el.sourceline if el is not None else None
-                self.add("condition_literal", f"{what} {source!r} reads {node.id!r}, a name no Python literal has "
-                         f"(it fails at run time unless the context holds a key {node.id!r}); "
-                         f"write {_FOREIGN_LITERALS[node.id]}", file=file, line=line,
-                         element_id=element_id, field=field, severity="warning")
-                return
 
     def _check_timer(self, el: Any, tag: str, file: str) -> None:
         """SpiffWorkflow evaluates a timer's text as a Python expression: modelers write ISO 8601 bare."""
@@ -1250,6 +1251,9 @@ class _Validator:
         """SpiffWorkflow starts a (sub-)process with several start events at the first one to fire and
         cancels the others: a start event with no trigger fires at once, so the starts after it never do."""
         starts = list(scope.iterchildren(_bpmn("startEvent")))
+        if not starts:
+            self._check_no_start(scope, file)
+            return
         plain = [s for s in starts if not any(isinstance(c.tag, str) and c.tag.endswith("EventDefinition")
                                               for c in s)]
         if len(starts) < 2 or not plain:
@@ -1264,6 +1268,23 @@ class _Validator:
                      f"{len(starts)} start events and SpiffWorkflow starts it at the first one to fire, {first!r} "
                      "(it has no trigger, so it fires at once), and cancels the others, here and in SpiffWorkflow; "
                      f"{fix}", file=file, line=start.sourceline, element_id=sid, severity="warning")
+
+    def _check_no_start(self, scope: Any, file: str) -> None:
+        """SpiffWorkflow starts a process or sub-process at its start event and refuses one without
+        ("No start event found", "Exactly one start event is required in a SubWorkflow Task")."""
+        kind = etree.QName(scope).localname
+        if kind == "process" and scope.get("isExecutable", "true") != "true":
+            return  # not run: process_not_executable says so when it is the one chosen
+        targets = {f.get("targetRef") for f in scope.iterchildren(_bpmn("sequenceFlow"))}
+        first = [el.get("id") for el in scope.iterchildren(*_FLOW_NODES)
+                 if el.get("id") not in targets and etree.QName(el).localname != "boundaryEvent"
+                 and el.get("triggeredByEvent") != "true"]
+        where = (f" to {' and '.join(map(repr, first))} (no flow leads there)" if first
+                 else " to the step the process begins with")
+        self.add("no_start_event", f"bpmn:{kind} {scope.get('id')!r} has no start event, and SpiffWorkflow begins a "
+                 f"{'process' if kind == 'process' else 'sub-process'} at its start event: draw a bpmn:startEvent in "
+                 f"it and a sequence flow from it{where}", file=file, line=scope.sourceline,
+                 element_id=scope.get("id"))
 
     def _check_implementation(self, el: Any, eid: str, tag: str, file: str) -> None:
         cfg = self.merged.get(eid)
@@ -1583,7 +1604,6 @@ _PATH_NODES = frozenset({
 _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
-_FOREIGN_LITERALS = {"true": "True", "false": "False", "null": "None"}
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
 # Camunda (7 and 8), Activiti and Flowable: their modelers write execution settings in these
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
@@ -1620,6 +1640,22 @@ def _foreign_name(tag: str) -> str | None:
 _JUEL_OPERATORS = ((r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "), (r"\beq\b", "=="), (r"\bne\b", "!="),
                    (r"\blt\b", "<"), (r"\bgt\b", ">"), (r"\ble\b", "<="), (r"\bge\b", ">="),
                    (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
+
+
+def _comparison_instead(source: str) -> str | None:
+    """``x = 1`` written as a condition: the comparison ``x == 1`` when that is what it reads as."""
+    try:
+        tree = ast.parse(source, mode="exec")
+    except SyntaxError:
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
+        return None
+    compared = re.sub(r"(?<![<>!=])=(?!=)", "==", source, count=1)
+    try:
+        ast.parse(compared, mode="eval")
+    except SyntaxError:
+        return None
+    return compared
 
 
 def _python_instead(source: str, dialect: str) -> str:

@@ -37,6 +37,7 @@ __all__ = [
     "BranchChooser",
     "BranchOption",
     "BranchQuestion",
+    "FOREIGN_LITERALS",
     "ask_branch",
     "expression_dialect",
     "build_branch_prompt",
@@ -64,6 +65,9 @@ def is_natural_language(text: str | None) -> bool:
         return True
     return isinstance(tree.body, ast.Name) and bool(_CJK.search(text))
 
+
+#: literals of other expression languages (JavaScript, FEEL, JSON) that are mere names in Python
+FOREIGN_LITERALS = frozenset({"true", "false", "null", "none", "undefined", "nil"})
 
 _WORD = re.compile(r"[^\W\d_]{2,}")
 _JUEL = re.compile(r"\s*[$#]\{.*\}\s*", re.S)

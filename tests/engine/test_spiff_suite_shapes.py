@@ -558,3 +558,272 @@ def test_two_files_that_define_one_process_id_are_named_in_one_error(tmp_path: P
     with pytest.raises(ProcessError, match="'billing'"):
         load_process([first, second])
 
+
+
+# ----- ids inside another engine's extension elements -------------------------------------------------
+
+def test_the_same_id_twice_inside_extension_elements_is_no_duplicate_bpmn_id(tmp_path: Path) -> None:
+    """Camunda's modeler writes ids on its own extension elements (a form field's properties), and two
+    of them may share one (SpiffWorkflow's ParallelTasksNavigation: ``camunda:property id="repeat"``
+    on two fields). They are no BPMN ids: SpiffWorkflow runs the process; validate refused it as a
+    duplicate id, and so did ``load_process``."""
+    form = ('<bpmn:extensionElements><camunda:formData xmlns:camunda="http://camunda.org/schema/1.0/bpmn">'
+            + "".join(f'<camunda:formField id="{field}" type="string"><camunda:properties>'
+                      '<camunda:property id="repeat" value="things"/></camunda:properties></camunda:formField>'
+                      for field in ("first", "second"))
+            + "</camunda:formData></bpmn:extensionElements>")
+    path = write(tmp_path, "favourites", [
+        '<bpmn:startEvent id="start"/>', f'<bpmn:userTask id="ask">{form}</bpmn:userTask>',
+        script("count", "n = len(first) + len(second)"), '<bpmn:endEvent id="end"/>',
+        flow("start", "ask"), flow("ask", "count"), flow("count", "end"),
+    ])
+    answer = {"first": "tea", "second": "cake"}
+    plain_wf, plain_vars = run_plain(path, {}, {"ask": answer})
+
+    assert [p.code for p in validate_process([path]).problems] == []
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], answer)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf) == ["start", "ask", "count", "end"]
+    assert variables(instance.main) == plain_vars == {"first": "tea", "second": "cake", "n": 7}
+
+
+def test_the_same_bpmn_id_twice_is_still_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "twice", [
+        '<bpmn:startEvent id="start"/>', script("work", "x = 1"), script("work", "x = 2"), '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("work", "end"),
+    ])
+    assert [(p.code, p.element_id) for p in validate_process([path]).problems if p.severity == "error"] == [
+        ("duplicate_id", "work")]
+
+
+# ----- a condition that reads a name the context does not hold -----------------------------------------
+
+@pytest.mark.parametrize(("condition", "says"), [
+    ("approved == true", "write True, False or None"),  # SpiffWorkflow's Nav* processes: `true`, `false`
+    ("aproved", "give 'aproved' a value before 'check'"),  # a typo (SpiffWorkflow's `tru`)
+])
+def test_a_condition_on_a_name_the_context_lacks_says_what_to_write(tmp_path: Path, condition: str, says: str) -> None:
+    """SpiffWorkflow evaluates conditions as Python over the task data: ``true`` (a modeler's JavaScript
+    or FEEL literal) or a misspelt key is a NameError at the gateway. validate passed it, and the run
+    stopped with Python's words ("name 'true' is not defined") and nothing about what to change."""
+    path = write(tmp_path, "checking", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="ask"/>',
+        '<bpmn:exclusiveGateway id="check" default="check_to_no"/>', script("yes", "outcome = 'yes'"),
+        script("no", "outcome = 'no'"), '<bpmn:endEvent id="end"/>',
+        flow("start", "ask"), flow("ask", "check"), flow("check", "yes", condition),
+        '<bpmn:sequenceFlow id="check_to_no" sourceRef="check" targetRef="no"/>', flow("yes", "end"), flow("no", "end"),
+    ])
+    with pytest.raises(Exception, match="Error evaluating expression"):
+        run_plain(path, {}, {"ask": {"approved": True}})
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"approved": True})
+    assert instance.status == "error" and instance.error["task_id"] == "check"
+    assert says in instance.error["message"], instance.error["message"]
+    if "true" in condition:
+        [warning] = [p for p in validate_process([path]).problems if p.code == "condition_literal_name"]
+        assert (warning.severity, warning.element_id, warning.field) == ("warning", "check_to_yes", "conditionExpression")
+        assert "'true'" in warning.message and "True" in warning.message
+
+
+def test_a_condition_that_assigns_says_to_compare_with_two_equals_signs(tmp_path: Path) -> None:
+    """SpiffWorkflow's Scripts test process has ``priority = 'Emergency'`` on a flow: SpiffWorkflow
+    refuses it when the gateway runs; validate refused it saying only "invalid syntax; fix the condition"."""
+    path = write(tmp_path, "urgency", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:exclusiveGateway id="urgent" default="urgent_to_normal"/>',
+        script("rush", "fast = True"), script("normal", "fast = False"), '<bpmn:endEvent id="end"/>',
+        flow("start", "urgent"), flow("urgent", "rush", "priority = 'Emergency'"),
+        '<bpmn:sequenceFlow id="urgent_to_normal" sourceRef="urgent" targetRef="normal"/>',
+        flow("rush", "end"), flow("normal", "end"),
+    ])
+    with pytest.raises(Exception, match="Error evaluating expression"):
+        run_plain(path, {"priority": "Emergency"}, {})
+
+    [error] = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert (error.code, error.element_id, error.field) == ("condition_syntax", "urgent_to_rush", "conditionExpression")
+    assert "write \"priority == 'Emergency'\"" in error.message, error.message
+
+
+# ----- a correlated message the instance waits for but SpiffWorkflow will not catch ----------------------
+
+def _two_conversations(tmp_path: Path, inner: bool) -> Path:
+    """An order message correlates the instance by ``order_no`` (key ``by_order``); the payment message
+    that follows correlates by ``payment_ref`` only (key ``by_payment``). ``inner``: inside a sub-process."""
+    waits = [
+        '<bpmn:intermediateCatchEvent id="ordered"><bpmn:messageEventDefinition messageRef="order"/></bpmn:intermediateCatchEvent>',
+        '<bpmn:intermediateCatchEvent id="paid"><bpmn:messageEventDefinition messageRef="payment"/></bpmn:intermediateCatchEvent>',
+    ]
+    if inner:
+        body = ['<bpmn:subProcess id="deal"><bpmn:startEvent id="deal_start"/>' + "".join(waits)
+                + '<bpmn:endEvent id="deal_end"/>' + flow("deal_start", "ordered") + flow("ordered", "paid")
+                + flow("paid", "deal_end") + "</bpmn:subProcess>", flow("start", "deal"), flow("deal", "end")]
+    else:
+        body = [*waits, flow("start", "ordered"), flow("ordered", "paid"), flow("paid", "end")]
+    keys = ('<bpmn:collaboration id="talks"><bpmn:participant id="shop" processRef="selling"/>'
+            '<bpmn:correlationKey name="by_order"><bpmn:correlationPropertyRef>order_no</bpmn:correlationPropertyRef>'
+            '</bpmn:correlationKey><bpmn:correlationKey name="by_payment"><bpmn:correlationPropertyRef>payment_ref'
+            "</bpmn:correlationPropertyRef></bpmn:correlationKey></bpmn:collaboration>\n")
+    props = ('<bpmn:message id="order" name="order"/><bpmn:message id="payment" name="payment"/>\n'
+             '<bpmn:correlationProperty id="order_no" name="order_no"><bpmn:correlationPropertyRetrievalExpression '
+             'messageRef="order"><bpmn:formalExpression>number</bpmn:formalExpression>'
+             "</bpmn:correlationPropertyRetrievalExpression></bpmn:correlationProperty>\n"
+             '<bpmn:correlationProperty id="payment_ref" name="payment_ref"><bpmn:correlationPropertyRetrievalExpression '
+             'messageRef="payment"><bpmn:formalExpression>ref</bpmn:formalExpression>'
+             "</bpmn:correlationPropertyRetrievalExpression></bpmn:correlationProperty>\n")
+    path = write(tmp_path, "selling", ['<bpmn:startEvent id="start"/>', '<bpmn:endEvent id="end"/>', *body], props)
+    path.write_text(path.read_text().replace("<bpmn:process ", keys + "  <bpmn:process ", 1))
+    return path
+
+
+@pytest.mark.parametrize("inner", [False, True], ids=["in the process", "in a sub-process"])
+def test_a_message_correlated_by_a_key_the_instance_lacks_says_why_it_is_not_caught(tmp_path: Path, inner: bool) -> None:
+    """SpiffWorkflow catches a correlated message only when one of its correlation keys matches a key the
+    instance (its sub-process, for a catch inside one) already holds; SpiffWorkflow's
+    correlation_two_conversations has this shape. The refusal said the instance "does not wait for message
+    'payment'; it waits for: message 'payment' at paid", and, inside a sub-process, also for a message
+    whose key had another value (the keys were looked up on the top workflow only)."""
+    from engine.governance import InstanceStateError
+
+    from SpiffWorkflow.bpmn.util.event import BpmnEvent
+    from SpiffWorkflow.util.task import TaskState
+
+    path = _two_conversations(tmp_path, inner)
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("selling"), parser.get_subprocess_specs("selling"))
+    plain.do_engine_steps()
+    for name, payload in (("order", {"number": 7}), ("payment", {"ref": "P-1"})):
+        [task] = [t for t in plain.get_tasks(state=TaskState.WAITING) if t.task_spec.bpmn_id in ("ordered", "paid")]
+        definition = task.task_spec.event_definition
+        plain.catch(BpmnEvent(definition, payload, definition.calculate_correlations(
+            plain.script_engine, definition.correlation_properties, payload)))
+        plain.do_engine_steps()
+    assert [t.task_spec.bpmn_id for t in plain.get_tasks(state=TaskState.WAITING)
+            if t.task_spec.bpmn_id in ("ordered", "paid")] == ["paid"]  # SpiffWorkflow does not catch it either
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.send_event(instance, "order", {"number": 7})
+    assert [w["task_id"] for w in instance.waiting_for] == ["paid"]
+
+    with pytest.raises(InstanceStateError) as refused:
+        engine.send_event(instance, "payment", {"ref": "P-1"})
+    message = str(refused.value)
+    assert "does not wait" not in message, message
+    assert "'by_payment'" in message and "'by_order'" in message and "correlation key" in message, message
+    assert instance.status == "waiting"
+
+
+
+# ----- an answers file that sends a loop round again and again -------------------------------------------
+
+def _ask_again(tmp_path: Path, counted: bool) -> Path:
+    """A person is asked whether to go round again; ``counted``: a script counts the rounds and the
+    gateway stops at three whatever the answer."""
+    again = "again and n < 3" if counted else "again"
+    return write(tmp_path, "rounds_asked", [
+        '<bpmn:startEvent id="start"/>', script("init", "n = 0"), '<bpmn:userTask id="ask"/>',
+        script("count", "n = n + 1" if counted else "seen = True"),
+        '<bpmn:exclusiveGateway id="more" default="more_to_end"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "ask"), flow("ask", "count"), flow("count", "more"),
+        flow("more", "ask", again), '<bpmn:sequenceFlow id="more_to_end" sourceRef="more" targetRef="end"/>',
+    ])
+
+
+@pytest.mark.parametrize("counted", [False, True], ids=["the same round each time", "rounds that count"])
+def test_an_answer_that_only_repeats_a_round_leaves_the_instance_waiting(tmp_path: Path, counted: bool) -> None:
+    """An answers file answers a user task each time the process comes back to it. SpiffWorkflow's
+    LoopBackNav and BacktrackNavigation go back to the asking task on one answer: given that answer,
+    ``layerflow run --json`` went round for ever and never printed its document. A round that changes
+    nothing, answered as the round before, is now left waiting for a person; rounds that change the
+    context still run."""
+    path = _ask_again(tmp_path, counted)
+    (tmp_path / "answers.json").write_text(json.dumps({"user_tasks": {"ask": {"again": True}}}))
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(path), "--json", "--store", "memory://",
+                           "--answers", str(tmp_path / "answers.json")], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120, stdin=subprocess.DEVNULL, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    document = json.loads(done.stdout)
+    if counted:
+        assert (done.returncode, document["status"]) == (0, "completed"), done.stderr
+        assert document["layers"]["L3"]["n"] == 3
+    else:
+        assert (done.returncode, document["status"]) == (3, "waiting"), done.stderr
+        assert [w["task_id"] for w in document["waiting_for"]] == ["ask"]
+        assert "'ask'" in done.stderr and "nothing changed" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("inside", ["task", "sub-process"])
+def test_the_instances_of_a_sequential_multi_instance_step_are_answered_each_from_one_answer(tmp_path: Path,
+                                                                                           inside: str) -> None:
+    """The next instance of a sequential multi-instance step, answered as the one before with nothing
+    changed, is no round again: an answers file completes every instance."""
+    loop = ('<bpmn:multiInstanceLoopCharacteristics isSequential="true"><bpmn:loopCardinality>3</bpmn:loopCardinality>'
+            "</bpmn:multiInstanceLoopCharacteristics>")
+    if inside == "task":
+        step = f'<bpmn:userTask id="sign">{loop}</bpmn:userTask>'
+    else:
+        step = (f'<bpmn:subProcess id="sign">{loop}<bpmn:startEvent id="s"/><bpmn:userTask id="sign_one"/>'
+                f'<bpmn:endEvent id="e"/>{flow("s", "sign_one")}{flow("sign_one", "e")}</bpmn:subProcess>')
+    path = write(tmp_path, "signing", ['<bpmn:startEvent id="start"/>', step, '<bpmn:endEvent id="end"/>',
+                                       flow("start", "sign"), flow("sign", "end")])
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)),
+                          answers={"user_tasks": {"sign": {}, "sign_one": {}}})
+    assert instance.status == "completed", instance.waiting_for
+    assert instance.notices == []
+    done = path_of(instance.workflow)
+    assert (done.count("sign_one") if inside == "sub-process" else done.count("sign") - 1) == 3  # - the activity itself
+
+
+# ----- a gateway where no condition holds -----------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["exclusiveGateway", "inclusiveGateway"])
+def test_a_gateway_where_no_condition_holds_names_the_values_and_what_to_add(tmp_path: Path, kind: str) -> None:
+    """SpiffWorkflow's ExclusiveGatewayNavigation asks which branch, 'a' or 'b': an answer 'c' finds no
+    flow to take. The run stopped with SpiffWorkflow's words ("No conditions satisfied for ...") and
+    nothing about the values or what to change."""
+    path = write(tmp_path, "branching", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="ask"/>', f'<bpmn:{kind} id="which"/>',
+        script("do_a", "done = 'a'"), script("do_b", "done = 'b'"), '<bpmn:endEvent id="end"/>',
+        flow("start", "ask"), flow("ask", "which"), flow("which", "do_a", "branch == 'a'"),
+        flow("which", "do_b", "branch == 'b'"), flow("do_a", "end"), flow("do_b", "end"),
+    ])
+    with pytest.raises(Exception, match="No conditions satisfied"):
+        run_plain(path, {}, {"ask": {"branch": "c"}})
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"branch": "c"})
+    assert instance.status == "error" and instance.error["task_id"] == "which"
+    message = instance.error["message"]
+    assert "No conditions satisfied" not in message, message
+    assert all(w in message for w in ("'which'", "branch == 'a'", "branch == 'b'", "branch='c'", "default")), message
+
+
+# ----- a process or sub-process with no start event ------------------------------------------------
+
+@pytest.mark.parametrize("inside", [False, True], ids=["process", "sub-process"])
+def test_a_scope_with_no_start_event_says_where_to_draw_one(tmp_path: Path, inside: bool) -> None:
+    """SpiffWorkflow's Invalid-Workflows/No-Start-Event: SpiffWorkflow refuses the process ("No start event
+    found", or for a sub-process "Exactly one start event is required in a SubWorkflow Task; found 0");
+    validate passed that on with "fix the BPMN element named here", not saying what to draw or where."""
+    steps = [script("first", "x = 1"), '<bpmn:userTask id="second"/>', '<bpmn:endEvent id="done"/>',
+             flow("first", "second"), flow("second", "done")]
+    if inside:
+        path = write(tmp_path, "startless", [
+            '<bpmn:startEvent id="start"/>', '<bpmn:subProcess id="inner">' + "".join(steps) + "</bpmn:subProcess>",
+            '<bpmn:endEvent id="end"/>', flow("start", "inner"), flow("inner", "end")])
+    else:
+        path = write(tmp_path, "startless", steps)
+    with pytest.raises(ValidationException, match="start event"):
+        run_plain(path, {}, {})
+
+    errors = [p for p in validate_process([path]).problems if p.severity == "error"]
+    scope = "inner" if inside else "startless"
+    assert [(p.code, p.element_id) for p in errors] == [("no_start_event", scope)], errors
+    assert "bpmn:startEvent" in errors[0].message and "'first'" in errors[0].message, errors[0].message
+    with pytest.raises(ProcessError, match=f"'{scope}'"):
+        load_process(path)

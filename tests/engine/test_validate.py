@@ -128,8 +128,10 @@ CASES = [
     Case("duplicate_id", "duplicate_id.bpmn", "duplicate_id", ("duplicate_id.bpmn", '<bpmn:task id="x"/>\n'), "x", None,
          ("id 'x' is used twice in this file (first on line 9)",)),
     # (i) SpiffWorkflow's own parser, last
-    Case("spiff_validation", "spiff_rejects.bpmn", "spiff_validation", ("spiff_rejects.bpmn", '<bpmn:subProcess id="x">'),
-         "x", None, ("SpiffWorkflow cannot load the process", "Exactly one start event is required")),
+    Case("no_start_event", "no_start_event.bpmn", "no_start_event", ("no_start_event.bpmn", '<bpmn:subProcess id="x">'),
+         "x", None, ("bpmn:subProcess 'x' has no start event", "draw a bpmn:startEvent in it", "to 'inner'")),
+    Case("spiff_validation", "spiff_rejects.bpmn", "spiff_validation", ("spiff_rejects.bpmn", '<bpmn:task id="x">'),
+         "x", None, ("SpiffWorkflow cannot load the process", "must specify a cardinality or a loop input")),
     # warnings: reported, but the process is still ok
     Case("process_executable_unset", "executable_unset.bpmn", "process_executable_unset",
          ("executable_unset.bpmn", 'id="unset"'), "unset", "isExecutable", ('add isExecutable="true"',),
@@ -462,11 +464,11 @@ def test_a_default_flow_makes_any_conditions_safe(tmp_path: Path) -> None:
 def test_lowercase_literals_in_a_condition_warn_naming_the_flow(tmp_path: Path) -> None:
     report = gateway_report(tmp_path, ["approved == true", "approved == false or note == null"], default=True)
     found = [(p.code, p.element_id, p.field, p.severity) for p in report.problems]
-    assert found == [("condition_literal", "f0", "conditionExpression", "warning"),
-                     ("condition_literal", "f1", "conditionExpression", "warning")], format_report(report)
-    assert "'approved == true' reads 'true'" in report.problems[0].message
-    assert report.problems[0].message.endswith("write True")
-    assert report.problems[1].message.endswith("write False")  # the first one read is named
+    assert found == [("condition_literal_name", "f0", "conditionExpression", "warning"),
+                     ("condition_literal_name", "f1", "conditionExpression", "warning")], format_report(report)
+    assert "'approved == true' reads 'true' as a context key" in report.problems[0].message
+    assert "reads 'false', 'null'" in report.problems[1].message  # every one, in one warning
+    assert "write True, False or None" in report.problems[1].message
     assert report.ok  # a context may hold a key named true: the process still runs
     assert gateway_report(tmp_path, ["approved == True", "approved is None"], default=True).problems == ()
 
