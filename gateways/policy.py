@@ -246,7 +246,8 @@ def build_human_request(
 
     wants = "; ".join(f"{b} wants {_show(v)}" + (f" because {reasons[b]!r}" if reasons.get(b) else "")
                       for b, v in conflict.conflicting_values.items())
-    message = f"Parallel branches of {gateway_id!r} disagree on {conflict.key!r} (was {_show(conflict.base_value)}): {wants}."
+    before = "not set before the split" if conflict.base_value is DELETED else f"was {_show(conflict.base_value)}"
+    message = f"Parallel branches of {gateway_id!r} disagree on {conflict.key!r} ({before}): {wants}."
     if suggestion is not None:
         message += f" The {suggestion.resolver} suggests {_show(suggestion.value)}: {suggestion.reason}."
     message += " Which value should the process continue with?"

@@ -321,6 +321,10 @@ def test_human_request_groups_agreeing_branches_and_adds_extra_options() -> None
     no_default = build_human_request(conflict, gateway_id="g", config=config())
     assert (no_default.default, no_default.on_timeout, no_default.timeout) == (None, "escalate", 300)
     assert json.loads(json.dumps(request.to_dict()))["id"] == "g/s"
+    assert request.message.startswith("Parallel branches of 'g' disagree on 's' (was \"new\"): a wants \"x\"")
+    unset = build_human_request(MergedConflict("s", DELETED, {"a": "x", "b": "y"}, ("a", "b")), gateway_id="g",
+                                config=config())
+    assert "disagree on 's' (not set before the split): a wants" in unset.message
 
 
 # ---- a conflict a person was already asked about ----------------------------------------------
