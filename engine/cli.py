@@ -31,7 +31,7 @@ from context_layers.stores import Store as LeaseStore
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer
 from .process import load_process
-from .runtime import Engine, Instance, refuse_if_cancelled
+from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -350,8 +350,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
     try:
         instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
-    except InvalidAnswer as err:
-        _invalid_answer(out, instance, err, _answers_source(answers_file, answer))
+    except (InvalidAnswer, AnswerWriteDenied) as err:
+        _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
     for notice in instance.notices:
         out.info(f"layerflow: {notice}")
     _summary(out, instance)
@@ -599,8 +599,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                     _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
         try:
             instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
-        except InvalidAnswer as err:
-            _invalid_answer(out, instance, err, source)
+        except (InvalidAnswer, AnswerWriteDenied) as err:
+            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         for notice in instance.notices:
             out.info(f"layerflow: {notice}")
         _summary(out, instance)

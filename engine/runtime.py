@@ -258,9 +258,10 @@ class Engine:
                 rt.settle()
                 if not self._answer_from(instance, answers, ask, given):
                     break
-        except InvalidAnswer:
-            # a given answer that is not an offered option is bad input, not a failure of the
-            # process: nothing was applied, the instance is saved still waiting for that answer
+        except (InvalidAnswer, AnswerWriteDenied):
+            # a given answer that is not an offered option, or data the layer rules refuse, is
+            # bad input, not a failure of the process: nothing of it was applied, the instance
+            # is saved (a refusal is on the tape) still waiting for that answer
             self._save(instance)
             raise
         except Exception as err:  # noqa: BLE001 - every failure becomes the instance's error
@@ -549,14 +550,7 @@ class Engine:
                 _check_given_answer(rt, item["id"], value)
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
-                try:
-                    rt.give_user_data(task, value, actor="person")
-                except ContextWriteDenied as err:  # saved by run, the task still waiting
-                    from .governance import InvalidAnswer
-
-                    raise InvalidAnswer(f"the answer to user task {item['task_id']!r} writes what the layer "
-                                        f"rules refuse: {err}", instance_id=instance.id,
-                                        task_id=item["task_id"]) from err
+                rt.give_user_data(task, value, actor="person")  # AnswerWriteDenied: saved by run, still waiting
             instance.status = "running"
             if item["kind"] == "user_task":
                 task.run()
@@ -568,6 +562,22 @@ class Engine:
             self._save(instance)
             return True
         return False
+
+
+class AnswerWriteDenied(ContextWriteDenied):
+    """A person's answer to a user task writes what the layer rules refuse (a SYSTEM key, a
+    PROCESS key already set): refused before anything of it was applied, the refusal on the
+    tape, the task still waiting. ``task_id``: the user task's BPMN id."""
+
+    def __init__(self, denied: ContextWriteDenied, *, task_id: str) -> None:
+        super().__init__(denied.key, denied.requested, denied.effective, denied.reason)
+        self.task_id = task_id
+
+    def __str__(self) -> str:
+        return f"the answer to user task {self.task_id!r} writes what the layer rules refuse: {super().__str__()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "task_id": self.task_id}
 
 
 def _utc(iso: str) -> datetime:
@@ -888,7 +898,7 @@ class _Runtime:
 
         A key the layer rules refuse (a SYSTEM key, a PROCESS key already set, a HISTORY record) is
         the person's mistake, not the process's: the refusal goes on the tape and
-        ``ContextWriteDenied`` is raised before anything else changes, so the task still waits
+        ``AnswerWriteDenied`` (a ``ContextWriteDenied``) is raised before anything else changes, so the task still waits
         for a corrected answer (the instance does not fail)."""
         given = dict(data or {})
         self._check_user_data(task, given, actor)
@@ -905,7 +915,10 @@ class _Runtime:
                 continue  # an instance's own item; a bad key is refused by the write, naming it
             reason = ctx.check_write(Layer.WORKING, key)[1]
             if reason is not None and not (key in ctx and json_equal(ctx.resolve(key), value)):
-                ctx.write(Layer.WORKING, key, value, actor=actor)  # puts the refusal on the tape, raises
+                try:
+                    ctx.write(Layer.WORKING, key, value, actor=actor)  # puts the refusal on the tape, raises
+                except ContextWriteDenied as err:
+                    raise AnswerWriteDenied(err, task_id=spiff.bpmn_id_of(task)) from None
 
     def find_waiting_task(self, task_id: str) -> Any:
         for task in _ready_tasks(self.instance.workflow):

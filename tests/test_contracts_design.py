@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from context_layers import Layer, LayeredContext, render
+from context_layers import ContextWriteDenied, Layer, LayeredContext, render
 from engine import Engine, load_process
 from gateways import ContextSplitter
 
@@ -112,17 +112,29 @@ SEQ_USER = process("seq_user", "\n".join([
 @pytest.mark.parametrize("answer, key", [({"policy": "anything goes"}, "policy"), ({"amount": 1}, "amount")])
 def test_a_persons_answer_cannot_shadow_system_or_process(tmp_path: Path, answer: dict[str, Any], key: str) -> None:
     """"nothing an activity writes can shadow what the system or the process fixed" (a
-    user task's answer is what that activity writes)."""
+    user task's answer is what that activity writes). "Denied writes raise
+    ContextWriteDenied with the key, the target and the effective layer, and are recorded on
+    the tape": the person's answer is refused whole and the task still waits for another."""
     bpmn = write_bpmn(tmp_path, "seq", SEQ_USER, config="system: {policy: fixed by the engine}\n")
     engine = Engine("memory://")
     instance = engine.run(engine.start(load_process(str(bpmn)), {"amount": 7}))
     assert instance.status == "waiting"
     tape = len(instance.main.tape)
-    instance = engine.run(instance, answers={"user_tasks": {"review": {**answer, "ok": True}}})
-    assert instance.status == "error" and instance.error["kind"] == "permission_denied"
-    assert key in instance.error["message"] and instance.error["task_id"] == "review"
-    assert instance.main.resolve("policy") == "fixed by the engine" and instance.main.resolve("amount") == 7
-    assert any(key in json.dumps(dict(e.data)) for e in list(instance.main.tape)[tape:])  # the denial is on the tape
+    effective = Layer.SYSTEM if key == "policy" else Layer.PROCESS
+    for give in (lambda: engine.run(instance, answers={"user_tasks": {"review": {**answer, "ok": True}}}),
+                 lambda: engine.complete_user_task(instance, "review", {**answer, "ok": True})):
+        with pytest.raises(ContextWriteDenied) as denied:
+            give()
+        assert (denied.value.key, denied.value.target, denied.value.effective) == (key, Layer.WORKING, effective)
+        assert "'review'" in str(denied.value)
+        stored = engine.load(instance.id)
+        assert stored.status == "waiting" and [w["task_id"] for w in stored.waiting_for] == ["review"]
+        assert stored.main.resolve("policy") == "fixed by the engine" and stored.main.resolve("amount") == 7
+        assert "ok" not in stored.main
+    denials = [e for e in list(engine.load(instance.id).main.tape)[tape:] if e.kind == "denied"]
+    assert [e.data["key"] for e in denials] == [key, key]  # each refusal is on the tape
+    done = engine.complete_user_task(engine.load(instance.id), "review", {"ok": True})
+    assert done.status == "completed" and done.main.resolve("done") is True
 
 
 # =============================================================================== tape, snapshots, views
