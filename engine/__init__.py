@@ -7,11 +7,12 @@ persists its instances. Handlers are registered with ``@activity("name")``.
 from .handlers import ActivityContext, HandlerRegistry, activity
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, load_process
-from .runtime import Engine, Instance, TimedOut
+from .runtime import AnswerWriteDenied, Engine, Instance, TimedOut
 from .store import InstanceRecords, Store, open_store
 
 __all__ = [
     "ActivityContext",
+    "AnswerWriteDenied",
     "BM25Retriever",
     "Engine",
     "GovernanceService",
