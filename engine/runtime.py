@@ -922,7 +922,9 @@ class _Runtime:
             if value is not _ABSENT:
                 data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
-        if out is not None and out != name:
+        # over a count (loopCardinality) SpiffWorkflow starts the output list itself: its check of an
+        # output that exists fails (a typo, ``data_ouput``), and it could only append to a map
+        if out is not None and out != name and name is not None:
             value = ctx.get(out, _ABSENT)
             # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time, but
             # is handed over: SpiffWorkflow collects into a list, whatever the input collection is

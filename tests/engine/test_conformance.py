@@ -729,3 +729,23 @@ def test_an_inclusive_join_inside_a_loop_fires_once_per_pass(tmp_path: Path) -> 
     assert sorted(records) == sorted(["activity:init", "activity:out", *(f"activity:{t}{n}" for t in (
         "step", "b", "c", "c2", "c3") for n in ("", "#2"))])
 
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_a_multi_instance_task_over_a_count_runs_again_in_a_loop(tmp_path: Path, sequential: bool) -> None:
+    """On the second pass of a loop the output list of a multi-instance task with a
+    loopCardinality was handed to SpiffWorkflow, whose check of an existing output has a typo
+    (``data_ouput``): the instance failed with a NameError (found by
+    test_random_processes_more; plain SpiffWorkflow fails the same way)."""
+    path = write(tmp_path, "count_in_loop", [
+        '<bpmn:startEvent id="start"/>', script("init", "n = 0"), script("step", "n = n + 1"),
+        f'<bpmn:scriptTask id="each"><bpmn:multiInstanceLoopCharacteristics isSequential="{str(sequential).lower()}">'
+        "<bpmn:loopCardinality>n + 1</bpmn:loopCardinality><bpmn:loopDataOutputRef>squares</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="i" name="i"/><bpmn:outputDataItem id="sq" name="sq"/>'
+        "</bpmn:multiInstanceLoopCharacteristics><bpmn:script>sq = i * i</bpmn:script></bpmn:scriptTask>",
+        '<bpmn:exclusiveGateway id="more" default="more_to_end"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "step"), flow("step", "each"), flow("each", "more"),
+        flow("more", "step", "n < 2"), flow("more", "end")])
+    ours = run_ours(path)
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == {"n": 2, "squares": [0, 1, 4]}
