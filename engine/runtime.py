@@ -1088,12 +1088,15 @@ class _Runtime:
     def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
         to, in the same context, unless that activity is open there (a multi-instance activity
-        whose instances wait for people): then in a branch of its own, forked from the context
-        and merged back where the path joins (at the latest, at the end of the process).
+        whose instances wait for people) or is a sub-process or call activity (whose tasks run in
+        that context): then in a branch of its own, forked from the context and merged back where
+        the path joins (at the latest, at the end of the process).
         ``path``: the first task of the path when it is not ``task`` itself (each repetition of a
         cycle timer starts one)."""
         ctx = self.context_of(task)
-        if ctx.current_activity is None:
+        # a sub-process goes on in this context meanwhile: its splits and activities must not
+        # see the path's writes come and go
+        if ctx.current_activity is None and not spiff.boundary_of_subworkflow(task):
             return
         start = task if path is None else path
         self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(task), None, [start])

@@ -69,6 +69,7 @@ from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
 from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
+from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
 from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
@@ -454,6 +455,14 @@ def is_activity(spec: Any) -> bool:
 
 def is_join(spec: Any) -> bool:
     return isinstance(spec, UnstructuredJoin) and (len(spec.inputs) > 1 or isinstance(spec, _EndJoin))
+
+
+def boundary_of_subworkflow(task: Any) -> bool:
+    """Whether boundary event ``task`` is attached to a sub-process or call activity (its
+    sibling under the boundary event split that is no boundary event)."""
+    split = task.parent
+    return split is not None and any(isinstance(c.task_spec, SubWorkflowTask) for c in split.children
+                                     if not isinstance(c.task_spec, BoundaryEvent))
 
 
 def is_end_join(spec: Any) -> bool:

@@ -749,3 +749,47 @@ def test_a_multi_instance_task_over_a_count_runs_again_in_a_loop(tmp_path: Path,
     ours = run_ours(path)
     assert ours.status == "completed", ours.error
     assert variables(ours.main) == {"n": 2, "squares": [0, 1, 4]}
+
+
+_ESCALATION = '<bpmn:escalation id="heads_up" name="heads_up" escalationCode="H1"/>\n'
+
+
+def _escalating_work(tmp_path: Path, inside: list[str]) -> Path:
+    """A sub-process that throws an escalation and goes on (``inside``: its elements after the
+    throw ``raise_it``, up to its end ``work_end``); a non-interrupting boundary event on it
+    runs ``side``."""
+    return write(tmp_path, "escalating", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/>'
+        '<bpmn:intermediateThrowEvent id="raise_it"><bpmn:escalationEventDefinition escalationRef="heads_up"/>'
+        '</bpmn:intermediateThrowEvent>' + "".join(inside) + '<bpmn:endEvent id="work_end"/>'
+        + flow("work_start", "raise_it") + "</bpmn:subProcess>",
+        '<bpmn:boundaryEvent id="noticed" attachedToRef="work" cancelActivity="false">'
+        '<bpmn:escalationEventDefinition escalationRef="heads_up"/></bpmn:boundaryEvent>',
+        script("side", "noted = True"), '<bpmn:endEvent id="side_end"/>', script("after", "done = True"),
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("noticed", "side"), flow("side", "side_end"), flow("work", "after"), flow("after", "end"),
+    ], _ESCALATION)
+
+
+@pytest.mark.parametrize("inside", [
+    [script("a", "a = 1"), flow("raise_it", "a"), flow("a", "work_end")],
+    ['<bpmn:parallelGateway id="fork"/>', '<bpmn:userTask id="check"/>', script("b", "b = 1"),
+     '<bpmn:parallelGateway id="join"/>', flow("raise_it", "fork"), flow("fork", "check"), flow("fork", "b"),
+     flow("check", "join"), flow("b", "join"), flow("join", "work_end")],
+    [script("init", "items = [1, 2]"), '<bpmn:userTask id="each"><bpmn:multiInstanceLoopCharacteristics>'
+     "<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef></bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+     flow("raise_it", "init"), flow("init", "each"), flow("each", "work_end")],
+], ids=["a-task", "parallel-branches", "multi-instance"])
+def test_a_non_interrupting_boundary_path_runs_beside_the_sub_process_it_left(tmp_path: Path, inside: list[str]) -> None:
+    """The path of a non-interrupting escalation boundary event on a sub-process ran in the
+    context the sub-process's own tasks run in: a split inside then found that context changed
+    at its join, and an activity that had begun there made the path's task fail (found by
+    test_random_processes_more)."""
+    engine = Engine()
+    ours = run_ours(_escalating_work(tmp_path, inside), engine=engine)
+    while ours.status == "waiting":
+        ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"seen": 1})
+    assert ours.status == "completed", ours.error
+    assert {"noted": True, "done": True}.items() <= variables(ours.main).items()
+    assert path_of(ours.workflow).count("side") == 1 and path_of(ours.workflow).count("after") == 1

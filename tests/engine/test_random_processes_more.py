@@ -255,10 +255,13 @@ def _ours(paths: list[Path], x: int) -> tuple[Any, Counter[str]]:
         waiting = [w for w in instance.waiting_for if w["kind"] == "user_task"]
         assert waiting, instance.waiting_for
         instance = engine.complete_user_task(engine.load(instance.id), waiting[0]["id"], _answer(waiting[0]["task_id"]))
-    scopes = [name for name, info in instance.branches.items()
-              if info["status"] == "joined" and "#" in str(info["branch_id"])]
-    runs = Counter(record["activity"] for name in ["main", *scopes]
-                   for key, record in instance.contexts[name].layer(Layer.HISTORY).items() if key.startswith("activity:"))
+    runs = Counter(record["activity"] for key, record in instance.main.layer(Layer.HISTORY).items()
+                   if key.startswith("activity:"))
+    for name, info in instance.branches.items():
+        if info["status"] == "joined" and "#" in str(info["branch_id"]):  # a multi-instance scope
+            before = instance.contexts[info["parent"]].get_snapshot(info["snapshot_id"]).layer(Layer.HISTORY)
+            runs.update(record["activity"] for key, record in instance.contexts[name].layer(Layer.HISTORY).items()
+                        if key.startswith("activity:") and key not in before)
     return instance, runs
 
 
@@ -317,10 +320,11 @@ def check(tree: Any, x: int) -> None:
     text = "\n".join(p.read_text() for p in paths)
     assert ours.status == "completed", (ours.error, ours.waiting_for, text)
     tasks = Counter({tid: n for tid, n in runs.items() if not tid.endswith("_more")})
-    assert ours_runs == tasks, text
-    assert variables(ours.main) == env, text
+    assert ours_runs == tasks, (ours_runs, tasks, text)
+    assert variables(ours.main) == env, (variables(ours.main), env, text)
     if not _has(tree, "or") and not _multi_in_loop(tree):
-        assert _plain(paths, x) == tasks, text
+        plain = _plain(paths, x)
+        assert plain == tasks, (plain, tasks, text)
 
 
 @given(tree=st.tuples(st.just("seq"), st.lists(_blocks(3, _more), min_size=1, max_size=3)), x=st.integers(0, 24))
