@@ -1108,11 +1108,15 @@ class _Runtime:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it
         changed since it forked, in its layer, unless the parent changed that key too (then the
         parent's value stays, both are on the tape as ``side_conflict`` and the clash is listed in
-        the run's ``conflicts``, settled by that rule). Returns the parent."""
+        the run's ``conflicts``, settled by that rule). Returns the context it merged into."""
         inst = self.instance
         info = inst.branches[name]
-        branch, parent = inst.contexts[name], inst.contexts[info["parent"]]
-        base = parent.get_snapshot(info["snapshot_id"])
+        branch, base = inst.contexts[name], inst.contexts[info["parent"]].get_snapshot(info["snapshot_id"])
+        # a path that outlived the branch it left (joined meanwhile) merges where that branch went
+        into = str(info["parent"])
+        while into in inst.branches and inst.branches[into]["status"] == "joined":
+            into = str(inst.branches[into]["parent"])
+        parent = inst.contexts[into]
         changes: list[tuple[Layer, str, Any]] = []
         kept: list[dict[str, Any]] = []
         for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
@@ -1133,7 +1137,7 @@ class _Runtime:
             parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
             # keeps its value (the path ran beside it, from a copy); never only on the tape
-            side, own = str(info.get("branch_id") or name), str(info["parent"])
+            side, own = str(info.get("branch_id") or name), into
             reason = (f"the boundary path {side!r} ran beside the activity and changed this key, and so did "
                       f"{own!r}; the value of {own!r} stays (a boundary path never overwrites the flow it "
                       "left); the path's value is on the tape (side_conflict)")
@@ -1145,8 +1149,8 @@ class _Runtime:
                 resolved=True)
         info["status"] = "joined"
         info["join"] = gw
-        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": info["parent"]})
-        return str(info["parent"])
+        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})
+        return into
 
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""

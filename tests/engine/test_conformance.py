@@ -793,3 +793,30 @@ def test_a_non_interrupting_boundary_path_runs_beside_the_sub_process_it_left(tm
     assert ours.status == "completed", ours.error
     assert {"noted": True, "done": True}.items() <= variables(ours.main).items()
     assert path_of(ours.workflow).count("side") == 1 and path_of(ours.workflow).count("after") == 1
+
+
+def test_a_boundary_path_that_outlives_the_branch_it_left_merges_where_that_branch_went(tmp_path: Path) -> None:
+    """The path of a non-interrupting boundary event on a sub-process in a parallel branch waits
+    for a person after the branch joined; the path ends at the end of the process, where it
+    merged into the branch's context, joined and gone by then (found by
+    test_random_processes_more)."""
+    work = ('<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/><bpmn:intermediateThrowEvent id="raise_it">'
+            '<bpmn:escalationEventDefinition escalationRef="heads_up"/></bpmn:intermediateThrowEvent>'
+            + script("w", "w = 1") + '<bpmn:endEvent id="work_end"/>' + flow("work_start", "raise_it")
+            + flow("raise_it", "w") + flow("w", "work_end") + "</bpmn:subProcess>")
+    path = write(tmp_path, "outlived", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', script("a", "a = 1"), work,
+        '<bpmn:boundaryEvent id="noticed" attachedToRef="work" cancelActivity="false">'
+        '<bpmn:escalationEventDefinition escalationRef="heads_up"/></bpmn:boundaryEvent>',
+        '<bpmn:userTask id="note_it"/>', '<bpmn:endEvent id="side_end"/>', '<bpmn:parallelGateway id="join"/>',
+        script("after", "done = a + w"), '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "a"), flow("fork", "work"), flow("a", "join"), flow("work", "join"),
+        flow("noticed", "note_it"), flow("note_it", "side_end"), flow("join", "after"), flow("after", "end"),
+    ], _ESCALATION)
+    engine = Engine()
+    ours = run_ours(path, engine=engine)
+    assert ours.status == "waiting", ours.error
+    assert "after" in path_of(ours.workflow)
+    ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"noted": True})
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == {"a": 1, "w": 1, "done": 2, "noted": True}
