@@ -63,6 +63,8 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from . import events, spiff
 from gateways.conditions import is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
+from context_layers.context import RECORD_PREFIXES
+from gateways.join import free_record_key
 from gateways.splitter import branch_context_name, check_inject
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
@@ -1126,6 +1128,11 @@ class _Runtime:
                 if key.startswith("_") or _same(old, new):
                     continue
                 current = now.get(key, _ABSENT)
+                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is _ABSENT and current is not _ABSENT:
+                    # another run of the same activity (a path of each pass of a loop) got there first:
+                    # two records, no conflict (as at a join)
+                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
+                    current = _ABSENT
                 if not _same(current, old) and not _same(current, new):
                     kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
                                  "base": None if old is _ABSENT else _plain(old)})

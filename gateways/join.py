@@ -258,14 +258,14 @@ def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
         for n, members in enumerate(groups.values()):
             key = o.key
             if n:
-                key = _free_record_key(o.key, [*taken, aliases])
+                key = free_record_key(o.key, [*taken, aliases])
                 aliases[key] = (members[0], o.key)
             value = o.results[members[0]]
             out.append(KeyOutcome(key, DELETED, value, tuple(members), None, {b: value for b in members}))
     return out, aliases
 
 
-def _free_record_key(key: str, taken: list[Mapping[str, Any]]) -> str:
+def free_record_key(key: str, taken: list[Mapping[str, Any]]) -> str:
     """The next key of ``key``'s series that none of ``taken`` holds."""
     prefix, _, tail = key.partition(":")
     if prefix == "compaction" and tail.isdigit():

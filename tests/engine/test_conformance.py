@@ -820,3 +820,32 @@ def test_a_boundary_path_that_outlives_the_branch_it_left_merges_where_that_bran
     ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"noted": True})
     assert ours.status == "completed", ours.error
     assert variables(ours.main) == {"a": 1, "w": 1, "done": 2, "noted": True}
+
+
+def test_the_boundary_paths_of_each_pass_of_a_loop_keep_their_records(tmp_path: Path) -> None:
+    """Each pass of a loop through a sub-process with a non-interrupting boundary event runs the
+    path once; both paths merge at the end of the process, and the second one's activity
+    record was taken for a clash with the first one's (listed as a conflict, the record lost)
+    (found by test_random_processes_more)."""
+    path = write(tmp_path, "side_in_loop", [
+        '<bpmn:startEvent id="start"/>', script("init", "n = 0"), script("step", "n = n + 1"),
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/><bpmn:intermediateThrowEvent id="raise_it">'
+        '<bpmn:escalationEventDefinition escalationRef="heads_up"/></bpmn:intermediateThrowEvent>'
+        '<bpmn:userTask id="check"/><bpmn:endEvent id="work_end"/>' + flow("work_start", "raise_it")
+        + flow("raise_it", "check") + flow("check", "work_end") + "</bpmn:subProcess>",
+        '<bpmn:boundaryEvent id="noticed" attachedToRef="work" cancelActivity="false">'
+        '<bpmn:escalationEventDefinition escalationRef="heads_up"/></bpmn:boundaryEvent>',
+        script("side", "noted = True"), '<bpmn:endEvent id="side_end"/>',
+        '<bpmn:exclusiveGateway id="more" default="more_to_end"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "init"), flow("init", "step"), flow("step", "work"), flow("work", "more"),
+        flow("more", "step", "n < 2"), flow("more", "end"), flow("noticed", "side"), flow("side", "side_end"),
+    ], _ESCALATION)
+    engine = Engine()
+    ours = run_ours(path, engine=engine)
+    while ours.status == "waiting":
+        ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"seen": 1})
+    assert ours.status == "completed", ours.error
+    assert ours.conflicts == []
+    records = [k for k in ours.main.layer(Layer.HISTORY) if k.startswith("activity:side")]
+    assert sorted(records) == ["activity:side", "activity:side#2"]
+    assert variables(ours.main) == {"n": 2, "seen": 1, "noted": True}
