@@ -268,6 +268,10 @@ class _LayerflowSpecMixin:
         if self.lf_role == "multi":
             driver = driver_of(my_task)
             if driver is not None:
+                if my_task.has_state(TaskState.PREDICTED_MASK):
+                    # its predecessor completed, so it runs; but SpiffWorkflow leaves the tasks on a
+                    # boundary event's path predicted, and a predicted task cannot add its instances
+                    my_task._set_state(TaskState.FUTURE)
                 driver.begin_multi(my_task)
                 try:
                     return super()._update_hook(my_task)  # type: ignore[misc]

@@ -849,3 +849,32 @@ def test_the_boundary_paths_of_each_pass_of_a_loop_keep_their_records(tmp_path: 
     records = [k for k in ours.main.layer(Layer.HISTORY) if k.startswith("activity:side")]
     assert sorted(records) == ["activity:side", "activity:side#2"]
     assert variables(ours.main) == {"n": 2, "seen": 1, "noted": True}
+
+
+@pytest.mark.parametrize("kind", ["task", "sub-process"])
+def test_a_multi_instance_activity_on_the_path_after_a_boundary_event(tmp_path: Path, kind: str) -> None:
+    """SpiffWorkflow leaves the tasks on a boundary event's path predicted (MAYBE) until each
+    runs; a multi-instance activity there failed to add its instances ("Attempt to add
+    non-predicted child to predicted task"; found by test_random_processes_more; plain
+    SpiffWorkflow still fails)."""
+    loop = ('<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>'
+            '<bpmn:loopDataOutputRef>doubled</bpmn:loopDataOutputRef><bpmn:inputDataItem id="item" name="item"/>'
+            '<bpmn:outputDataItem id="twice" name="twice"/></bpmn:multiInstanceLoopCharacteristics>')
+    each = (f'<bpmn:scriptTask id="each">{loop}<bpmn:script>twice = item * 2</bpmn:script></bpmn:scriptTask>'
+            if kind == "task" else
+            f'<bpmn:subProcess id="each">{loop}<bpmn:startEvent id="each_start"/>' + script("double", "twice = item * 2")
+            + '<bpmn:endEvent id="each_end"/>' + flow("each_start", "double") + flow("double", "each_end") + "</bpmn:subProcess>")
+    path = write(tmp_path, "recover_each", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/>' + script("try_it", "items = [1, 2]")
+        + '<bpmn:endEvent id="work_failed"><bpmn:errorEventDefinition errorRef="problem"/></bpmn:endEvent>'
+        + flow("work_start", "try_it") + flow("try_it", "work_failed") + "</bpmn:subProcess>",
+        '<bpmn:boundaryEvent id="on_problem" attachedToRef="work"><bpmn:errorEventDefinition errorRef="problem"/>'
+        "</bpmn:boundaryEvent>", script("prepare", "items = [3, 4]"), each, '<bpmn:endEvent id="end_problem"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("work", "end"), flow("on_problem", "prepare"), flow("prepare", "each"),
+        flow("each", "end_problem"),
+    ], '<bpmn:error id="problem" name="problem" errorCode="P1"/>\n')
+    ours = run_ours(path)
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main)["doubled"] == [6, 8]
