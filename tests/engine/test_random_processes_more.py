@@ -134,10 +134,12 @@ class _MoreWriter(_Writer):
             self.elements += [f'<bpmn:subProcess id="{sid}">{"".join(inner.elements)}</bpmn:subProcess>', flow(entry, sid),
                               f'<bpmn:boundaryEvent id="{sid}_caught" attachedToRef="{sid}" cancelActivity="false">'
                               f'<bpmn:escalationEventDefinition escalationRef="{sid}_e"/></bpmn:boundaryEvent>',
-                              script_task(side, f"v_{side} = {known[-1]} + {self.n}"), flow(f"{sid}_caught", side),
+                              script_task(side, f"v_{side} = {self.n}"), flow(f"{sid}_caught", side),
                               f'<bpmn:endEvent id="{sid}_side_end"/>', flow(side, f"{sid}_side_end")]
-            # the side task's key is set beside the flow: no later task reads it
-            return sid, keys, ("esc", first, ("task", side, [known[-1]], self.n), second)
+            # the side task's key is set beside the flow: no later task reads it. It writes the same
+            # value on each pass of a loop: the paths of two passes merge at the end of the process,
+            # and there two different values would be a conflict (the first stays)
+            return sid, keys, ("esc", first, ("task", side, [], self.n), second)
         if kind == "term":
             _, m, scripts, rest = tree
             sid = self.new("ts")
@@ -322,11 +324,25 @@ def check(tree: Any, x: int) -> None:
     tasks = Counter({tid: n for tid, n in runs.items() if not tid.endswith("_more")})
     assert ours_runs == tasks, (ours_runs, tasks, text)
     assert variables(ours.main) == env, (variables(ours.main), env, text)
-    if not _has(tree, "or") and not _multi_in_loop(tree):
+    # plain SpiffWorkflow refuses a multi-instance activity on the second pass of a loop, and on
+    # the path after a boundary event (engine.spiff keeps that path from being predicted)
+    multi = _has(tree, "mi") or _has(tree, "mis")
+    if not _has(tree, "or") and not _multi_in_loop(tree) and not (multi and _has(tree, "err")):
         plain = _plain(paths, x)
         assert plain == tasks, (plain, tasks, text)
 
 
+# shapes that once failed, each fixed (see the commit log and test_conformance): a multi-instance
+# task over a count in a loop (SpiffWorkflow's check of the output list of the pass before); the
+# path of a non-interrupting boundary event on a sub-process whose branches wait (it changed their
+# parent context), that outlives its branch's join, or that runs once per pass of a loop (two
+# records of one activity); a multi-instance activity after an error boundary event (a predicted
+# task could not add its instances)
+@example(tree=("seq", [("loop", 2, ("mi", False, "card", 2, []))]), x=1)
+@example(tree=("seq", [("esc", ("user",), ("and", [("user",), ("user",)]))]), x=0)
+@example(tree=("seq", [("and", [("task", []), ("esc", ("task", []), ("user",))])]), x=0)
+@example(tree=("seq", [("loop", 2, ("esc", ("task", []), ("user",)))]), x=0)
+@example(tree=("seq", [("err", 1, ("user",), ("mi", False, "list", 1, []))]), x=1)
 @given(tree=st.tuples(st.just("seq"), st.lists(_blocks(3, _more), min_size=1, max_size=3)), x=st.integers(0, 24))
 def test_a_random_process_with_more_kinds_runs_as_its_diagram_says(tree: Any, x: int) -> None:
     check(tree, x)
