@@ -1626,8 +1626,8 @@ class _Runtime:
                 "close each split with its own join, and let a loop go back before the split")
 
     def terminate(self, task: Any) -> None:
-        """A terminate end event in a branch: the branch that reached it merges into its
-        parent (and on up, to the context the terminated workflow started in); the
+        """A terminate (or error) end event in a branch: the branch that reached it merges into
+        its parent (and on up, to the context the terminated workflow started in); the
         branches it cancels are closed as ``cancelled``, their changes dropped, as the
         terminate drops their tokens."""
         name = spiff.context_name_of(task)

@@ -74,9 +74,10 @@ from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ErrorEventDefinition, ItemAwareEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
+from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.start_event import StartEvent
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
@@ -334,7 +335,11 @@ class _LayerflowSpecMixin:
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
-        if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition):
+        definition = getattr(self, "event_definition", None)
+        # an error end event ends its (sub-)process as a terminate end event does: the boundary
+        # event that catches it goes on with what the branch that threw it wrote
+        if isinstance(definition, TerminateEventDefinition) or (isinstance(self, EndEvent)
+                                                                and isinstance(definition, ErrorEventDefinition)):
             driver = driver_of(my_task)
             if driver is not None:
                 driver.terminate(my_task)  # before the throw cancels the other branches

@@ -878,3 +878,29 @@ def test_a_multi_instance_activity_on_the_path_after_a_boundary_event(tmp_path: 
     ours = run_ours(path)
     assert ours.status == "completed", ours.error
     assert variables(ours.main)["doubled"] == [6, 8]
+
+
+def test_an_error_end_event_in_a_branch_keeps_what_the_branch_wrote(tmp_path: Path) -> None:
+    """An error end event in one of two parallel branches of a sub-process, caught by a boundary
+    event on it: what the sub-process wrote stays (as when the error ends its main line, see
+    test_an_end_event_payload_reaches_the_boundary_that_catches_it), so the branch that threw
+    merges as at a terminate end event and the other one is dropped. The throwing branch's
+    writes and records were lost (found by test_random_processes_more)."""
+    path = write(tmp_path, "error_in_branch", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/><bpmn:parallelGateway id="fork"/>'
+        + script("try_it", "outcome = 'failed'")
+        + '<bpmn:endEvent id="work_failed"><bpmn:errorEventDefinition errorRef="problem"/></bpmn:endEvent>'
+        + '<bpmn:userTask id="wait"/>' + script("late", "late = True") + '<bpmn:endEvent id="work_end"/>'
+        + flow("work_start", "fork") + flow("fork", "try_it") + flow("try_it", "work_failed") + flow("fork", "wait")
+        + flow("wait", "late") + flow("late", "work_end") + "</bpmn:subProcess>",
+        '<bpmn:boundaryEvent id="on_problem" attachedToRef="work"><bpmn:errorEventDefinition errorRef="problem"/>'
+        "</bpmn:boundaryEvent>", script("report", "report = 'problem: ' + outcome"), '<bpmn:endEvent id="end_problem"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("work", "end"), flow("on_problem", "report"), flow("report", "end_problem"),
+    ], '<bpmn:error id="problem" name="problem" errorCode="P1"/>\n')
+    ours = run_ours(path)
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == {"outcome": "failed", "report": "problem: failed"}
+    assert "activity:try_it" in ours.main.layer(Layer.HISTORY)
+    assert [info["status"] for info in ours.branches.values()] == ["joined", "cancelled"]

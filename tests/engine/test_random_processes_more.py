@@ -46,7 +46,7 @@ from context_layers import Layer
 from engine import Engine, load_process
 
 from engine_helpers import HEAD, flow, script_task, variables, write_elements
-from test_random_processes import _answer, _blocks, _expected, _has, _Writer
+from test_random_processes import _blocks, _expected, _has, _Writer
 
 
 @dataclass
@@ -72,6 +72,30 @@ class _MoreWriter(_Writer):
                 f"<bpmn:script>r_{tid} = {expr}</bpmn:script></bpmn:scriptTask>", flow(first, tid)]
             # the output list is no key a later script sums: only the numbers are
             return tid, known, ("mi", tid, source, n, reads, self.n)
+        if kind == "miu":
+            _, seq, source, n = tree
+            uid = self.new("mu")
+            items, first = self._collection(uid, source, n, entry)
+            self.elements += [f'<bpmn:userTask id="{uid}">{self._loop(uid, seq, source, n)}</bpmn:userTask>',
+                              flow(first, uid)]
+            return uid, known, ("miu", uid, source, n, self.n)
+        if kind == "mic":
+            _, seq, source, n, file, body = tree
+            cid = self.new("mc")
+            items, first = self._collection(cid, source, n, entry)
+            inner = replace(self, elements=[f'<bpmn:startEvent id="{cid}_start"/>'], file=file)
+            exit_, keys, node = inner.block(body, f"{cid}_start", [*known, f"i_{cid}"])
+            made = [k for k in keys if k not in known and k != f"i_{cid}"]
+            inner.elements += [script_task(f"{cid}_out", f"r_{cid} = " + " + ".join([f"i_{cid}", *made])),
+                               flow(exit_, f"{cid}_out"), f'<bpmn:endEvent id="{cid}_end"/>',
+                               flow(f"{cid}_out", f"{cid}_end")]
+            self.n = inner.n
+            body_xml = "\n    ".join(inner.elements)
+            self.processes.append((file, f'  <bpmn:process id="called_{cid}" isExecutable="true">\n    {body_xml}\n'
+                                         "  </bpmn:process>\n"))
+            self.elements += [f'<bpmn:callActivity id="{cid}" calledElement="called_{cid}">'
+                              f"{self._loop(cid, seq, source, n)}</bpmn:callActivity>", flow(first, cid)]
+            return cid, known, ("mis", cid, source, n, node, made)
         if kind == "mis":
             _, seq, source, n, body = tree
             sid = self.new("ms")
@@ -119,6 +143,28 @@ class _MoreWriter(_Writer):
             rec_exit, _, rec = self.block(recovery, f"{sid}_caught", known)
             self.elements.append(flow(rec_exit, f"{sid}_after"))
             return f"{sid}_after", known, ("err", m, node, rec)
+        if kind == "errp":
+            _, m, scripts, rest, recovery = tree
+            sid = self.new("ep")
+            inner = replace(self, elements=[f'<bpmn:startEvent id="{sid}_start"/>',
+                                            f'<bpmn:parallelGateway id="{sid}_fork"/>', flow(f"{sid}_start", f"{sid}_fork")])
+            exit_, keys, first = inner.block(("seq", [("task", reads) for reads in scripts]), f"{sid}_fork", known)
+            inner.elements += [f'<bpmn:exclusiveGateway id="{sid}_fail" default="{sid}_fail_d"/>', flow(exit_, f"{sid}_fail"),
+                               f'<bpmn:endEvent id="{sid}_end_a"/>', self._flow_id(f"{sid}_fail", f"{sid}_end_a", f"{sid}_fail_d"),
+                               f'<bpmn:endEvent id="{sid}_error"><bpmn:errorEventDefinition errorRef="{sid}_e"/>'
+                               "</bpmn:endEvent>", flow(f"{sid}_fail", f"{sid}_error", f"x % {m} == 0")]
+            # the other branch waits for a person first, so the error (if any) always comes before it
+            exit_b, _, second = inner.block(("seq", [("user",), rest]), f"{sid}_fork", known)
+            inner.elements += [f'<bpmn:endEvent id="{sid}_end_b"/>', flow(exit_b, f"{sid}_end_b")]
+            self.n = inner.n
+            self.extras.append((self.file, f'  <bpmn:error id="{sid}_e" name="{sid}_e" errorCode="{sid}_code"/>\n'))
+            self.elements += [f'<bpmn:subProcess id="{sid}">{"".join(inner.elements)}</bpmn:subProcess>', flow(entry, sid),
+                              f'<bpmn:boundaryEvent id="{sid}_caught" attachedToRef="{sid}">'
+                              f'<bpmn:errorEventDefinition errorRef="{sid}_e"/></bpmn:boundaryEvent>',
+                              f'<bpmn:exclusiveGateway id="{sid}_after"/>', flow(sid, f"{sid}_after")]
+            rec_exit, _, rec = self.block(recovery, f"{sid}_caught", known)
+            self.elements.append(flow(rec_exit, f"{sid}_after"))
+            return f"{sid}_after", known, ("errp", m, first, second, rec)
         if kind == "esc":
             _, before, after = tree
             sid = self.new("sc")
@@ -187,6 +233,9 @@ def _more(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
         st.tuples(st.just("err"), st.integers(1, 3), inner, inner),
         st.tuples(st.just("esc"), inner, inner),
         st.tuples(st.just("term"), st.integers(1, 3), scripts, inner),
+        st.tuples(st.just("miu"), *loop),
+        st.tuples(st.just("mic"), *loop, st.integers(0, 1), inner),
+        st.tuples(st.just("errp"), st.integers(1, 3), scripts, inner, inner),
     ]
 
 
@@ -201,12 +250,16 @@ def _items(env: dict[str, Any], node: Any) -> list[int]:
 
 def _more_expected(node: Any, env: dict[str, Any], runs: Counter[str]) -> None:
     kind = node[0]
-    if kind in ("mi", "mis") and node[2] == "list":
+    if kind in ("mi", "mis", "miu") and node[2] == "list":
         runs[f"{node[1]}_list"] += 1
     if kind == "mi":
         _, tid, _, _, reads, n = node
         env[f"v_{tid}"] = [i * 2 + sum(env[r] for r in reads) + n for i in _items(env, node)]
         runs[tid] += 1  # one activity, however many instances
+    elif kind == "miu":
+        _, uid, _, _, n = node
+        env[f"v_{uid}"] = [n for _ in _items(env, node)]  # each person's answer: the task's number
+        runs[uid] += 1  # one activity, however many instances
     elif kind == "mis":
         _, sid, _, _, body, made = node
         out = []
@@ -222,6 +275,13 @@ def _more_expected(node: Any, env: dict[str, Any], runs: Counter[str]) -> None:
         _expected(body, env, runs, _more_expected)
         if env["x"] % m == 0:
             _expected(recovery, env, runs, _more_expected)
+    elif kind == "errp":
+        _, m, first, second, recovery = node
+        _expected(first, env, runs, _more_expected)
+        if env["x"] % m == 0:
+            _expected(recovery, env, runs, _more_expected)
+        else:
+            _expected(second, env, runs, _more_expected)
     elif kind == "esc":
         for part in node[1:]:
             _expected(part, env, runs, _more_expected)
@@ -245,6 +305,14 @@ def _write(folder: Path, tree: Any) -> tuple[list[Path], Any]:
         paths[1].write_text(HEAD + "".join(xml for f, xml in w.processes + w.extras if f == 1) + "</bpmn:definitions>\n",
                             encoding="utf-8")
     return paths, node
+
+
+def _answer(task_id: str) -> dict[str, int]:
+    """What the person enters in user task ``u<n>`` (``v_u<n> = n``) or in an instance of
+    multi-instance user task ``mu<n>`` (its output item ``r_mu<n> = n``)."""
+    if task_id.startswith("mu"):
+        return {f"r_{task_id}": int(task_id[2:])}
+    return {f"v_{task_id}": int(task_id[1:])}
 
 
 def _ours(paths: list[Path], x: int) -> tuple[Any, Counter[str]]:
@@ -307,7 +375,7 @@ def _multi_in_loop(tree: Any, in_loop: bool = False) -> bool:
         return any(_multi_in_loop(part, in_loop) for part in tree)
     if not isinstance(tree, tuple):
         return False
-    if tree[0] in ("mi", "mis") and in_loop:
+    if tree[0] in ("mi", "mis", "miu", "mic") and in_loop:
         return True
     return any(_multi_in_loop(part, in_loop or tree[0] == "loop") for part in tree[1:])
 
@@ -326,8 +394,8 @@ def check(tree: Any, x: int) -> None:
     assert variables(ours.main) == env, (variables(ours.main), env, text)
     # plain SpiffWorkflow refuses a multi-instance activity on the second pass of a loop, and on
     # the path after a boundary event (engine.spiff keeps that path from being predicted)
-    multi = _has(tree, "mi") or _has(tree, "mis")
-    if not _has(tree, "or") and not _multi_in_loop(tree) and not (multi and _has(tree, "err")):
+    multi = any(_has(tree, kind) for kind in ("mi", "mis", "miu", "mic"))
+    if not _has(tree, "or") and not _multi_in_loop(tree) and not (multi and (_has(tree, "err") or _has(tree, "errp"))):
         plain = _plain(paths, x)
         assert plain == tasks, (plain, tasks, text)
 
