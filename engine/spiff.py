@@ -269,10 +269,6 @@ class _LayerflowSpecMixin:
         if self.lf_role == "multi":
             driver = driver_of(my_task)
             if driver is not None:
-                if my_task.has_state(TaskState.PREDICTED_MASK):
-                    # its predecessor completed, so it runs; but SpiffWorkflow leaves the tasks on a
-                    # boundary event's path predicted, and a predicted task cannot add its instances
-                    my_task._set_state(TaskState.FUTURE)
                 driver.begin_multi(my_task)
                 try:
                     return super()._update_hook(my_task)  # type: ignore[misc]
@@ -358,6 +354,14 @@ class _LayerflowSpecMixin:
             driver = driver_of(my_task)
             if driver is not None:
                 driver.split(my_task)
+        if isinstance(self, BoundaryEvent) and not is_cycle(my_task) and driver_of(my_task) is not None:
+            # SpiffWorkflow leaves the path of a fired boundary event predicted (MAYBE) until each of
+            # its tasks runs: a split there would see no branch taken, a multi-instance activity could
+            # not add its instances. It fired, so its path is certain (as an event-based gateway's;
+            # a cycle timer's paths are made with each repetition, EngineCycleTimerEventDefinition).
+            my_task._sync_children(self.outputs, TaskState.FUTURE)
+            for child in my_task.children:
+                child.task_spec._predict(child, mask=TaskState.FUTURE | TaskState.PREDICTED_MASK)
         if self.lf_role == "flow" and driver_of(my_task) is not None:
             # a caught message's or signal's payload went into the context (engine.events), so
             # SpiffWorkflow's variable for it (left empty) stays out of task.data

@@ -904,3 +904,33 @@ def test_an_error_end_event_in_a_branch_keeps_what_the_branch_wrote(tmp_path: Pa
     assert variables(ours.main) == {"outcome": "failed", "report": "problem: failed"}
     assert "activity:try_it" in ours.main.layer(Layer.HISTORY)
     assert [info["status"] for info in ours.branches.values()] == ["joined", "cancelled"]
+
+
+def test_a_split_on_the_path_after_a_boundary_event_gives_each_branch_its_context(tmp_path: Path) -> None:
+    """SpiffWorkflow leaves the tasks on a boundary event's path predicted (MAYBE) until each
+    runs: a parallel split there found no branch taken and forked no context, so a split inside
+    one of its branches found the shared context changed by the other branch at its join
+    (found by test_random_processes_more)."""
+    path = write(tmp_path, "split_after_boundary", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/>'
+        '<bpmn:endEvent id="work_failed"><bpmn:errorEventDefinition errorRef="problem"/></bpmn:endEvent>'
+        + flow("work_start", "work_failed") + "</bpmn:subProcess>",
+        '<bpmn:boundaryEvent id="on_problem" attachedToRef="work"><bpmn:errorEventDefinition errorRef="problem"/>'
+        "</bpmn:boundaryEvent>",
+        '<bpmn:parallelGateway id="fork"/>', '<bpmn:inclusiveGateway id="ask"/>',
+        '<bpmn:userTask id="first"/>', '<bpmn:userTask id="second"/>', '<bpmn:inclusiveGateway id="asked"/>',
+        script("other", "other = 1"), '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end_problem"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "work"), flow("work", "end"), flow("on_problem", "fork"), flow("fork", "ask"), flow("fork", "other"),
+        flow("ask", "first", "True"), flow("ask", "second", "True"), flow("first", "asked"), flow("second", "asked"),
+        flow("asked", "join"), flow("other", "join"), flow("join", "end_problem"),
+    ], '<bpmn:error id="problem" name="problem" errorCode="P1"/>\n')
+    engine = Engine()
+    ours = run_ours(path, engine=engine)
+    while ours.status == "waiting":
+        task_id = ours.waiting_for[0]["task_id"]
+        ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {task_id: 1})
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == {"other": 1, "first": 1, "second": 1}
+    assert sorted(info["branch_id"] for info in ours.branches.values() if info["gateway"] == "fork") == ["ask", "other"]
