@@ -6,22 +6,26 @@ The block trees of test_random_processes gain these kinds:
 * ``mi``: a multi-instance script task, parallel or sequential, over a list made just before
   it (``loopDataInputRef``) or over a count (``loopCardinality``), both from the start data
   (possibly none); each instance writes its output item from its input item and known keys;
+* ``miu``: a multi-instance user task like it; each person enters the output item;
 * ``mis``: a multi-instance embedded sub-process holding a block; each instance runs the
   block in a scope of its own and hands back one output item that sums what the block set;
+  ``mic``: the same as a multi-instance call activity;
 * ``call``: a call activity of a process holding a block, written in the same file or in a
-  second file loaded with it;
+  second file loaded with it (``mic`` too);
 * ``err``: a sub-process that runs a block, then ends in an error end event or not (by the
   start data); an interrupting error boundary event on it leads to a recovery block;
+  ``errp``: the error end event in one of two parallel branches, as ``term`` below;
 * ``esc``: a sub-process that throws an escalation between two blocks; a non-interrupting
   escalation boundary event on it runs a side task;
 * ``term``: a sub-process with two parallel branches, script tasks that may end in a
   terminate end event (by the start data), and a user task and a block that the terminate
   then cancels.
 
-layerflow keeps what an interrupted sub-process wrote (plain SpiffWorkflow drops it) and
-starts a multi-instance output list empty on each pass of a loop (plain SpiffWorkflow
-refuses the second pass); only the runs of the tasks are compared with plain SpiffWorkflow,
-and not where these differ.
+layerflow keeps what an interrupted sub-process wrote (plain SpiffWorkflow drops it; so no
+task after the recovery block reads it), starts a multi-instance output list empty on each
+pass of a loop (plain SpiffWorkflow refuses the second pass) and runs a multi-instance
+activity on the path after a boundary event (plain SpiffWorkflow fails there). Only the runs
+of the tasks are compared with plain SpiffWorkflow, and not where these differ.
 """
 
 from __future__ import annotations
@@ -404,13 +408,16 @@ def check(tree: Any, x: int) -> None:
 # task over a count in a loop (SpiffWorkflow's check of the output list of the pass before); the
 # path of a non-interrupting boundary event on a sub-process whose branches wait (it changed their
 # parent context), that outlives its branch's join, or that runs once per pass of a loop (two
-# records of one activity); a multi-instance activity after an error boundary event (a predicted
-# task could not add its instances)
+# records of one activity); a multi-instance activity or a split after an error boundary event
+# (the path was left predicted: no instances, no branches); an error end event in a parallel
+# branch (what the branch wrote was lost)
 @example(tree=("seq", [("loop", 2, ("mi", False, "card", 2, []))]), x=1)
 @example(tree=("seq", [("esc", ("user",), ("and", [("user",), ("user",)]))]), x=0)
 @example(tree=("seq", [("and", [("task", []), ("esc", ("task", []), ("user",))])]), x=0)
 @example(tree=("seq", [("loop", 2, ("esc", ("task", []), ("user",)))]), x=0)
 @example(tree=("seq", [("err", 1, ("user",), ("mi", False, "list", 1, []))]), x=1)
+@example(tree=("seq", [("err", 1, ("task", []), ("and", [("or", [("user",), ("user",)]), ("task", [])]))]), x=0)
+@example(tree=("seq", [("errp", 2, [[0]], ("task", []), ("task", []))]), x=0)
 @given(tree=st.tuples(st.just("seq"), st.lists(_blocks(3, _more), min_size=1, max_size=3)), x=st.integers(0, 24))
 def test_a_random_process_with_more_kinds_runs_as_its_diagram_says(tree: Any, x: int) -> None:
     check(tree, x)
