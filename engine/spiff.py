@@ -87,11 +87,14 @@ from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
     TimeDateEventDefinition,
     TimerEventDefinition,
 )
+from SpiffWorkflow.bpmn.util.event import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
 from SpiffWorkflow.spiff.parser.task_spec import ServiceTaskParser, SpiffTaskParser
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
 from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
+from SpiffWorkflow.spiff.specs.event_definitions import ErrorEventDefinition as SpiffErrorEventDefinition
+from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinition as SpiffEscalationEventDefinition
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.task import TaskState
 
@@ -128,6 +131,9 @@ __all__ = [
     "start_cycle",
     "cycle_repetitions_left",
     "EngineCycleTimerEventDefinition",
+    "EngineErrorEventDefinition",
+    "EngineEscalationEventDefinition",
+    "boundary_of_subworkflow",
     "loop_of",
     "io_names",
     "multi_instance_of",
@@ -555,6 +561,31 @@ def start_cycle(task: Any, now: datetime) -> dict[str, Any]:
     return dict(event_value)
 
 
+class _ThrownToItsProcess:
+    """An error or escalation goes to the process it is thrown in, then to the one around it, and
+    so on, as in BPMN (and in SpiffWorkflow's own bpmn flavour). The spiff flavour throws it to
+    every waiting boundary event of its code: an error in one instance of a multi-instance
+    sub-process interrupted every instance."""
+
+    expression: Any
+
+    def throw(self, my_task: Any) -> None:
+        payload = None if self.expression is None else my_task.workflow.script_engine.evaluate(my_task, self.expression)
+        my_task.workflow.top_workflow.catch(BpmnEvent(self, payload=payload, target=my_task.workflow))
+
+
+class EngineErrorEventDefinition(_ThrownToItsProcess, SpiffErrorEventDefinition):  # type: ignore[misc]
+    """An error event thrown to its own process first (``_ThrownToItsProcess``)."""
+
+
+class EngineEscalationEventDefinition(_ThrownToItsProcess, SpiffEscalationEventDefinition):  # type: ignore[misc]
+    """An escalation event thrown to its own process first (``_ThrownToItsProcess``)."""
+
+
+_THROWN_TO_ITS_PROCESS = {SpiffErrorEventDefinition: EngineErrorEventDefinition,
+                          SpiffEscalationEventDefinition: EngineEscalationEventDefinition}
+
+
 class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignore[misc]
     """A repeating timer (``timeCycle``) on the engine's clock.
 
@@ -793,6 +824,12 @@ class _ExtensionsParserMixin:
                                                          description=definition.description)
         return definition
 
+    def parse_error_event(self, event: Any) -> Any:
+        return _thrown_to_its_process(super().parse_error_event(event))  # type: ignore[misc]
+
+    def parse_escalation_event(self, event: Any) -> Any:
+        return _thrown_to_its_process(super().parse_escalation_event(event))  # type: ignore[misc]
+
     def create_task(self) -> Any:
         task = super().create_task()  # type: ignore[misc]
         twin = TWINS.get(type(task))
@@ -801,6 +838,13 @@ class _ExtensionsParserMixin:
             # adds methods only, so changing the class of the fresh object is safe.
             task.__class__ = twin
         return task
+
+
+def _thrown_to_its_process(definition: Any) -> Any:
+    engine_class = _THROWN_TO_ITS_PROCESS.get(type(definition))
+    if engine_class is not None:
+        definition.__class__ = engine_class  # the subclass adds a method only
+    return definition
 
 
 class _LayerflowServiceTaskParser(ServiceTaskParser):  # type: ignore[misc]
@@ -907,6 +951,8 @@ def _serializer() -> BpmnWorkflowSerializer:
     for stock, twin in TWINS.items():
         config[twin] = config[stock]
     config[EngineCycleTimerEventDefinition] = config[CycleTimerEventDefinition]
+    for stock, engine_class in _THROWN_TO_ITS_PROCESS.items():
+        config[engine_class] = config[stock]
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 

@@ -934,3 +934,36 @@ def test_a_split_on_the_path_after_a_boundary_event_gives_each_branch_its_contex
     assert ours.status == "completed", ours.error
     assert variables(ours.main) == {"other": 1, "first": 1, "second": 1}
     assert sorted(info["branch_id"] for info in ours.branches.values() if info["gateway"] == "fork") == ["ask", "other"]
+
+
+@pytest.mark.parametrize("kind", ["error", "escalation"])
+def test_an_error_in_one_instance_of_a_multi_instance_sub_process_interrupts_that_instance_only(
+        tmp_path: Path, kind: str) -> None:
+    """Each instance asks a person, then its inner sub-process ends in an error (escalation) that
+    a boundary event on it catches. SpiffWorkflow's spiff flavour throws the event to every
+    waiting boundary event of that code: the first instance's error interrupted the other
+    instance too, whose person was never asked (found by test_random_processes_more; plain
+    SpiffWorkflow still does)."""
+    path = write(tmp_path, "instances_fail", [
+        '<bpmn:startEvent id="start"/>', script("init", "items = [1, 2]"),
+        '<bpmn:subProcess id="each"><bpmn:multiInstanceLoopCharacteristics>'
+        "<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="item" name="item"/><bpmn:outputDataItem id="result" name="result"/>'
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:startEvent id="each_start"/>'
+        '<bpmn:subProcess id="work"><bpmn:startEvent id="work_start"/><bpmn:userTask id="ask"/>'
+        f'<bpmn:endEvent id="work_failed"><bpmn:{kind}EventDefinition {kind}Ref="problem"/></bpmn:endEvent>'
+        + flow("work_start", "ask") + flow("ask", "work_failed") + "</bpmn:subProcess>"
+        f'<bpmn:boundaryEvent id="on_problem" attachedToRef="work"><bpmn:{kind}EventDefinition {kind}Ref="problem"/>'
+        "</bpmn:boundaryEvent>" + script("recover", "result = item * answer") + '<bpmn:endEvent id="each_end"/>'
+        + '<bpmn:endEvent id="each_done"/>' + flow("each_start", "work") + flow("work", "each_done")
+        + flow("on_problem", "recover") + flow("recover", "each_end") + "</bpmn:subProcess>",
+        '<bpmn:endEvent id="end"/>', flow("start", "init"), flow("init", "each"), flow("each", "end"),
+    ], f'<bpmn:{kind} id="problem" name="problem" {kind}Code="P1"/>\n')
+    engine = Engine()
+    ours = run_ours(path, engine=engine)
+    assert ours.status == "waiting" and len(ours.waiting_for) == 2, ours.error
+    ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"answer": 10})
+    assert ours.status == "waiting" and len(ours.waiting_for) == 1, ours.error
+    ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"answer": 100})
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == {"items": [1, 2], "results": [10, 200]}
