@@ -15,6 +15,8 @@ The block trees of test_random_processes gain these kinds:
 * ``err``: a sub-process that runs a block, then ends in an error end event or not (by the
   start data); an interrupting error boundary event on it leads to a recovery block;
   ``errp``: the error end event in one of two parallel branches, as ``term`` below;
+* ``sl``: a script task with a standard loop (``loopCondition`` on a counter it increments,
+  tested before or after each pass); ``sls``: the same around a sub-process holding a block;
 * ``esc``: a sub-process that throws an escalation between two blocks; a non-interrupting
   escalation boundary event on it runs a side task;
 * ``term``: a sub-process with two parallel branches, script tasks that may end in a
@@ -147,6 +149,25 @@ class _MoreWriter(_Writer):
             rec_exit, _, rec = self.block(recovery, f"{sid}_caught", known)
             self.elements.append(flow(rec_exit, f"{sid}_after"))
             return f"{sid}_after", known, ("err", m, node, rec)
+        if kind in ("sl", "sls"):
+            test_before, k = tree[1], tree[2]
+            lid = self.new("sl")
+            runs = k if test_before else max(k, 1)
+            loop = (f'<bpmn:standardLoopCharacteristics testBefore="{str(test_before).lower()}">'
+                    f"<bpmn:loopCondition>c_{lid} &lt; {k}</bpmn:loopCondition></bpmn:standardLoopCharacteristics>")
+            self.elements += [script_task(f"{lid}_init", f"c_{lid} = 0"), flow(entry, f"{lid}_init")]
+            if kind == "sl":
+                self.elements += [f'<bpmn:scriptTask id="{lid}">{loop}<bpmn:script>c_{lid} = c_{lid} + 1\n'
+                                  f"v_{lid} = c_{lid} * 10 + {self.n}</bpmn:script></bpmn:scriptTask>", flow(f"{lid}_init", lid)]
+                return lid, [*known, f"c_{lid}", *([f"v_{lid}"] if runs else [])], ("sl", lid, runs, None, self.n)
+            inner = replace(self, elements=[f'<bpmn:startEvent id="{lid}_start"/>', script_task(f"{lid}_step", f"c_{lid} = c_{lid} + 1"),
+                                            flow(f"{lid}_start", f"{lid}_step")])
+            exit_, keys, node = inner.block(tree[3], f"{lid}_step", [*known, f"c_{lid}"])
+            inner.elements += [f'<bpmn:endEvent id="{lid}_end"/>', flow(exit_, f"{lid}_end")]
+            self.n = inner.n
+            self.elements += [f'<bpmn:subProcess id="{lid}">{loop}{"".join(inner.elements)}</bpmn:subProcess>',
+                              flow(f"{lid}_init", lid)]
+            return lid, keys if runs else [*known, f"c_{lid}"], ("sl", lid, runs, node, 0)
         if kind == "errp":
             _, m, scripts, rest, recovery = tree
             sid = self.new("ep")
@@ -238,6 +259,8 @@ def _more(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
         st.tuples(st.just("esc"), inner, inner),
         st.tuples(st.just("term"), st.integers(1, 3), scripts, inner),
         st.tuples(st.just("miu"), *loop),
+        st.tuples(st.just("sl"), st.booleans(), st.integers(0, 3)),
+        st.tuples(st.just("sls"), st.booleans(), st.integers(0, 3), inner),
         st.tuples(st.just("mic"), *loop, st.integers(0, 1), inner),
         st.tuples(st.just("errp"), st.integers(1, 3), scripts, inner, inner),
     ]
@@ -279,6 +302,18 @@ def _more_expected(node: Any, env: dict[str, Any], runs: Counter[str]) -> None:
         _expected(body, env, runs, _more_expected)
         if env["x"] % m == 0:
             _expected(recovery, env, runs, _more_expected)
+    elif kind == "sl":
+        _, lid, count, body, n = node
+        env[f"c_{lid}"] = 0
+        runs[f"{lid}_init"] += 1
+        for _ in range(count):
+            env[f"c_{lid}"] += 1
+            if body is None:
+                env[f"v_{lid}"] = env[f"c_{lid}"] * 10 + n
+                runs[lid] += 1  # each pass is an activity of its own
+            else:
+                runs[f"{lid}_step"] += 1
+                _expected(body, env, runs, _more_expected)
     elif kind == "errp":
         _, m, first, second, recovery = node
         _expected(first, env, runs, _more_expected)
