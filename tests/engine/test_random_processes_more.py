@@ -433,12 +433,12 @@ def check(tree: Any, x: int) -> None:
     tasks = Counter({tid: n for tid, n in runs.items() if not tid.endswith("_more")})
     assert ours_runs == tasks, (ours_runs, tasks, text)
     assert variables(ours.main) == env, (variables(ours.main), env, text)
-    # plain SpiffWorkflow refuses a multi-instance activity on the second pass of a loop, and on
-    # the path after a boundary event (engine.spiff makes that path certain); and an error in one
-    # instance of a multi-instance sub-process interrupts every instance there
-    # (engine.spiff._ThrownToItsProcess)
+    # plain SpiffWorkflow refuses a multi-instance activity on the second pass of a loop (a
+    # standard loop too) and on the path after a boundary event (engine.spiff makes that path
+    # certain); and an error in one instance of a multi-instance sub-process interrupts every
+    # instance there (engine.spiff._ThrownToItsProcess)
     errors = _has(tree, "err") or _has(tree, "errp")
-    if not (_has(tree, "or") or _nested(tree, ("loop",), _MULTI) or (errors and any(_has(tree, k) for k in _MULTI))):
+    if not (_has(tree, "or") or _nested(tree, ("loop", "sls"), _MULTI) or (errors and any(_has(tree, k) for k in _MULTI))):
         plain = _plain(paths, x)
         assert plain == tasks, (plain, tasks, text)
 
