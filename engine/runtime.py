@@ -58,12 +58,12 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
+from context_layers.context import RECORD_PREFIXES
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import events, spiff
 from gateways.conditions import is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
-from context_layers.context import RECORD_PREFIXES
 from gateways.join import free_record_key
 from gateways.splitter import branch_context_name, check_inject
 

@@ -60,7 +60,7 @@ from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable
 from .policy import HumanRequest, ResolutionStep, resolve_conflicts
 from .strategies import apply_reducer
 
-__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "join_contexts"]
+__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "free_record_key", "join_contexts"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
