@@ -134,6 +134,7 @@ __all__ = [
     "EngineErrorEventDefinition",
     "EngineEscalationEventDefinition",
     "boundary_of_subworkflow",
+    "error_is_caught",
     "loop_of",
     "io_names",
     "multi_instance_of",
@@ -154,6 +155,7 @@ CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
+CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
 MAIN_CONTEXT = "main"
 
 
@@ -319,6 +321,9 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
+        if isinstance(self, EndEvent) and isinstance(getattr(self, "event_definition", None), ErrorEventDefinition):
+            # asked before the throw, which readies the event that catches it
+            my_task.internal_data[CAUGHT_KEY] = error_is_caught(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
             # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.boundary_path(my_task)
@@ -337,14 +342,13 @@ class _LayerflowSpecMixin:
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
-        definition = getattr(self, "event_definition", None)
-        # an error end event ends its (sub-)process as a terminate end event does: the boundary
-        # event that catches it goes on with what the branch that threw it wrote
-        if isinstance(definition, TerminateEventDefinition) or (isinstance(self, EndEvent)
-                                                                and isinstance(definition, ErrorEventDefinition)):
+        # an error end event that an event catches ends its (sub-)process as a terminate end event
+        # does: the catching event's path goes on with what the branch that threw it wrote
+        if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \
+                or my_task.internal_data.pop(CAUGHT_KEY, False):
             driver = driver_of(my_task)
             if driver is not None:
-                driver.terminate(my_task)  # before the throw cancels the other branches
+                driver.terminate(my_task)  # before SpiffWorkflow cancels the other branches
         super()._on_complete_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "activity" and driver_of(my_task):
             # the data objects and data outputs were set from the context (Runtime.run_activity):
@@ -482,6 +486,19 @@ def boundary_of_subworkflow(task: Any) -> bool:
     split = task.parent
     return split is not None and any(isinstance(c.task_spec, SubWorkflowTask) for c in split.children
                                      if not isinstance(c.task_spec, BoundaryEvent))
+
+
+def error_is_caught(task: Any) -> bool:
+    """Whether an event waits for the error that end event ``task`` is about to throw, in its
+    workflow or one around it (where ``EngineErrorEventDefinition`` sends it)."""
+    event = BpmnEvent(task.task_spec.event_definition)
+    waiting = list(task.workflow.top_workflow.event_manager.tasks.values())
+    workflow = task.workflow
+    while workflow is not None:
+        if any(t.workflow is workflow and t.task_spec.event_definition.catches(t, event) for t in waiting):
+            return True
+        workflow = workflow.parent_workflow
+    return False
 
 
 def is_end_join(spec: Any) -> bool:

@@ -967,3 +967,22 @@ def test_an_error_in_one_instance_of_a_multi_instance_sub_process_interrupts_tha
     ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"answer": 100})
     assert ours.status == "completed", ours.error
     assert variables(ours.main) == {"items": [1, 2], "results": [10, 200]}
+
+
+def test_an_error_end_event_nothing_catches_leaves_the_other_branches_running(tmp_path: Path) -> None:
+    """An error end event in a branch that no event waits for ends that branch only (as in
+    SpiffWorkflow): the other branch goes on in its own context and merges as usual."""
+    path = write(tmp_path, "uncaught", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>', script("a", "a = 1"),
+        '<bpmn:endEvent id="failed"><bpmn:errorEventDefinition errorRef="problem"/></bpmn:endEvent>',
+        '<bpmn:userTask id="wait"/>', script("b", "b = 1"), '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "a"), flow("a", "failed"), flow("fork", "wait"), flow("wait", "b"),
+        flow("b", "end"),
+    ], '<bpmn:error id="problem" name="problem" errorCode="P1"/>\n')
+    plain_wf, plain_vars = run_plain(path, {}, {"wait": {"w": 1}})
+    engine = Engine()
+    ours = run_ours(path, engine=engine)
+    ours = engine.complete_user_task(ours, ours.waiting_for[0]["id"], {"w": 1})
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main) == plain_vars == {"a": 1, "w": 1, "b": 1}
+    assert path_of(ours.workflow) == path_of(plain_wf)
