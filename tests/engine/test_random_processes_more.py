@@ -14,7 +14,8 @@ The block trees of test_random_processes gain these kinds:
   second file loaded with it (``mic`` too);
 * ``err``: a sub-process that runs a block, then ends in an error end event or not (by the
   start data); an interrupting error boundary event on it leads to a recovery block;
-  ``errc``: the same with a call activity; ``errp``: the error end event in one of two
+  ``errc``: the same with a call activity; ``escx``: with an escalation end event and an
+  interrupting escalation boundary event; ``errp``: the error end event in one of two
   parallel branches, as ``term`` below;
 * ``sl``: a script task with a standard loop (``loopCondition`` on a counter it increments,
   tested before or after each pass); ``sls``: the same around a sub-process holding a block;
@@ -130,18 +131,20 @@ class _MoreWriter(_Writer):
                                          "  </bpmn:process>\n"))
             self.elements += [f'<bpmn:callActivity id="{cid}" calledElement="{pid}"/>', flow(entry, cid)]
             return cid, keys, ("seq", [node])
-        if kind in ("err", "errc"):
-            # errc: the same with a call activity of a process (in this file or the second one)
-            m, body, recovery, file = (*tree[1:], self.file) if kind == "err" else (tree[1], *tree[3:], tree[2])
+        if kind in ("err", "errc", "escx"):
+            # errc: the same with a call activity of a process (in this file or the second one);
+            # escx: with an escalation, caught by an interrupting boundary event
+            m, body, recovery, file = (tree[1], *tree[3:], tree[2]) if kind == "errc" else (*tree[1:], self.file)
+            event = "escalation" if kind == "escx" else "error"
             sid = self.new("es")
             inner = replace(self, elements=[f'<bpmn:startEvent id="{sid}_start"/>'], file=file)
             exit_, keys, node = inner.block(body, f"{sid}_start", known)
             inner.elements += [f'<bpmn:exclusiveGateway id="{sid}_fail" default="{sid}_fail_d"/>', flow(exit_, f"{sid}_fail"),
                                f'<bpmn:endEvent id="{sid}_end"/>', self._flow_id(f"{sid}_fail", f"{sid}_end", f"{sid}_fail_d"),
-                               f'<bpmn:endEvent id="{sid}_error"><bpmn:errorEventDefinition errorRef="{sid}_e"/>'
+                               f'<bpmn:endEvent id="{sid}_error"><bpmn:{event}EventDefinition {event}Ref="{sid}_e"/>'
                                "</bpmn:endEvent>", flow(f"{sid}_fail", f"{sid}_error", f"x % {m} == 0")]
             self.n = inner.n
-            rec = self._caught(sid, inner.elements, entry, known, recovery, file if kind == "errc" else None)
+            rec = self._caught(sid, inner.elements, entry, known, recovery, file if kind == "errc" else None, event)
             return f"{sid}_after", known, ("err", m, node, rec)
         if kind in ("sl", "sls"):
             test_before, k = tree[1], tree[2]
@@ -176,7 +179,7 @@ class _MoreWriter(_Writer):
             exit_b, _, second = inner.block(("seq", [("user",), rest]), f"{sid}_fork", known)
             inner.elements += [f'<bpmn:endEvent id="{sid}_end_b"/>', flow(exit_b, f"{sid}_end_b")]
             self.n = inner.n
-            rec = self._caught(sid, inner.elements, entry, known, recovery, None)
+            rec = self._caught(sid, inner.elements, entry, known, recovery, None, "error")
             return f"{sid}_after", known, ("errp", m, first, second, rec)
         if kind == "esc":
             _, before, after = tree
@@ -218,14 +221,15 @@ class _MoreWriter(_Writer):
         return super().block(tree, entry, known)
 
     def _caught(self, sid: str, elements: list[str], entry: str, known: list[str], recovery: Any,
-                call_file: int | None) -> Any:
+                call_file: int | None, event: str) -> Any:
         """A sub-process ``sid`` of ``elements`` (or a call activity of a process of them, in file
-        ``call_file``) after ``entry``, an error boundary event on it that leads to ``recovery``,
+        ``call_file``) after ``entry``, an interrupting boundary event on it for the ``event``
+        (error or escalation) ``<sid>_e`` that leads to ``recovery``,
         and the exclusive gateway ``<sid>_after`` where both paths meet; returns the recovery's
         node. layerflow keeps what the sub-process wrote on the recovery path, plain SpiffWorkflow
         drops it: the recovery reads only ``known``, so both take the same path."""
         for f in dict.fromkeys([self.file, self.file if call_file is None else call_file]):
-            self.extras.append((f, f'  <bpmn:error id="{sid}_e" name="{sid}_e" errorCode="{sid}_code"/>\n'))
+            self.extras.append((f, f'  <bpmn:{event} id="{sid}_e" name="{sid}_e" {event}Code="{sid}_code"/>\n'))
         if call_file is None:
             self.elements.append(f'<bpmn:subProcess id="{sid}">{"".join(elements)}</bpmn:subProcess>')
         else:
@@ -234,7 +238,7 @@ class _MoreWriter(_Writer):
                                               "  </bpmn:process>\n"))
             self.elements.append(f'<bpmn:callActivity id="{sid}" calledElement="called_{sid}"/>')
         self.elements += [flow(entry, sid), f'<bpmn:boundaryEvent id="{sid}_caught" attachedToRef="{sid}">'
-                          f'<bpmn:errorEventDefinition errorRef="{sid}_e"/></bpmn:boundaryEvent>',
+                          f'<bpmn:{event}EventDefinition {event}Ref="{sid}_e"/></bpmn:boundaryEvent>',
                           f'<bpmn:exclusiveGateway id="{sid}_after"/>', flow(sid, f"{sid}_after")]
         rec_exit, _, rec = self.block(recovery, f"{sid}_caught", known)
         self.elements.append(flow(rec_exit, f"{sid}_after"))
@@ -268,6 +272,7 @@ def _more(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
         st.tuples(st.just("call"), st.integers(0, 1), inner),
         st.tuples(st.just("err"), st.integers(1, 3), inner, inner),
         st.tuples(st.just("errc"), st.integers(1, 3), st.integers(0, 1), inner, inner),
+        st.tuples(st.just("escx"), st.integers(1, 3), inner, inner),
         st.tuples(st.just("esc"), inner, inner),
         st.tuples(st.just("term"), st.integers(1, 3), scripts, inner),
         st.tuples(st.just("miu"), *loop),
@@ -449,7 +454,7 @@ def check(tree: Any, x: int) -> None:
     # standard loop too) and on the path after a boundary event (engine.spiff makes that path
     # certain); and an error in one instance of a multi-instance sub-process interrupts every
     # instance there (engine.spiff._ThrownToItsProcess)
-    errors = any(_has(tree, kind) for kind in ("err", "errc", "errp"))
+    errors = any(_has(tree, kind) for kind in ("err", "errc", "errp", "escx"))
     if not (_has(tree, "or") or _nested(tree, ("loop", "sls"), _MULTI) or (errors and any(_has(tree, k) for k in _MULTI))):
         plain = _plain(paths, x)
         assert plain == tasks, (plain, tasks, text)
