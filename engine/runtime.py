@@ -956,7 +956,10 @@ class _Runtime:
                                     f"in context {ctx.name!r}", task_id=bpmn_id)
             actx = ActivityContext(ctx, task_id=bpmn_id, config=cfg, instance_id=self.instance.id)
             if out is not None and out in task.data:
-                write_result(actx, {out: task.data[out]})
+                collected = task.data[out]
+                if isinstance(collected, list):
+                    collected = spiff.in_instance_order(task, collected)
+                write_result(actx, {out: collected})
             postscript = getattr(spec, "postscript", None)  # on the activity: once, after every instance
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))

@@ -139,6 +139,7 @@ __all__ = [
     "io_names",
     "multi_instance_of",
     "data_name",
+    "in_instance_order",
     "MULTI_KEY",
     "DELIVERED_KEY",
     "arrived_branch_tasks",
@@ -534,6 +535,23 @@ def multi_instance_of(task: Any) -> Any:
     """The multi-instance task (the activity) that ``task`` is one instance of, else None."""
     loop = loop_of(task)
     return loop if loop is not None and isinstance(loop.task_spec, MultiInstanceTask) else None
+
+
+def in_instance_order(task: Any, collected: list[Any]) -> list[Any]:
+    """The output list of multi-instance task ``task`` in the order of its instances (the
+    positions of their input items, or their numbers over a cardinality). SpiffWorkflow appends
+    each output item as its instance finishes: parallel instances that wait for people finish
+    in any order."""
+    merged = task.internal_data.get("merged", [])
+    instances = {str(c.id): c.internal_data for c in task.children}
+    # a sequential activity over a count keeps the number as the instance's item only
+    by_count = task.task_spec.data_input is None
+    positions = [instances[i].get("key_or_index", instances[i].get("item") if by_count else None)
+                 if i in instances else None for i in merged]
+    if len(positions) != len(collected) or not all(type(p) is int for p in positions):
+        return collected
+    order = sorted(range(len(positions)), key=lambda n: int(positions[n]))
+    return [collected[n] for n in order]
 
 
 def data_name(ref: Any) -> str | None:

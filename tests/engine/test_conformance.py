@@ -986,3 +986,27 @@ def test_an_error_end_event_nothing_catches_leaves_the_other_branches_running(tm
     assert ours.status == "completed", ours.error
     assert variables(ours.main) == plain_vars == {"a": 1, "w": 1, "b": 1}
     assert path_of(ours.workflow) == path_of(plain_wf)
+
+
+@pytest.mark.parametrize("source", ["list", "cardinality"])
+def test_the_output_list_of_parallel_instances_follows_their_items_not_their_finish(tmp_path: Path, source: str) -> None:
+    """People answer the instances of a parallel multi-instance user task in any order; the
+    output list was in the order they finished (SpiffWorkflow appends each output item as its
+    instance completes), so ``results[i]`` no longer belonged to ``items[i]`` (found by
+    test_random_processes_more, answering in reverse; plain SpiffWorkflow still does)."""
+    loop = ("<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>" if source == "list"
+            else "<bpmn:loopCardinality>3</bpmn:loopCardinality>")
+    path = write(tmp_path, "answers", [
+        '<bpmn:startEvent id="start"/>', script("init", "items = ['a', 'b', 'c']"),
+        f'<bpmn:userTask id="each"><bpmn:multiInstanceLoopCharacteristics>{loop}'
+        "<bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="item" name="item"/><bpmn:outputDataItem id="res" name="res"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:endEvent id="end"/>', flow("start", "init"), flow("init", "each"), flow("each", "end")])
+    engine = Engine(f"sqlite:///{tmp_path / 'answers.db'}")
+    ours = run_ours(path, engine=engine)
+    for answer in ("third", "second", "first"):
+        waiting = ours.waiting_for[-1]  # the last instance first
+        ours = engine.complete_user_task(engine.load(ours.id), waiting["id"], {"res": answer})
+    assert ours.status == "completed", ours.error
+    assert variables(ours.main)["results"] == ["first", "second", "third"]
