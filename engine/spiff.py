@@ -546,12 +546,11 @@ def in_instance_order(task: Any, collected: list[Any]) -> list[Any]:
     instances = {str(c.id): c.internal_data for c in task.children}
     # a sequential activity over a count keeps the number as the instance's item only
     by_count = task.task_spec.data_input is None
-    positions = [instances[i].get("key_or_index", instances[i].get("item") if by_count else None)
-                 if i in instances else None for i in merged]
+    positions: list[Any] = [instances[i].get("key_or_index", instances[i].get("item") if by_count else None)
+                            if i in instances else None for i in merged]
     if len(positions) != len(collected) or not all(type(p) is int for p in positions):
         return collected
-    order = sorted(range(len(positions)), key=lambda n: int(positions[n]))
-    return [collected[n] for n in order]
+    return [value for _, value in sorted(zip(positions, collected), key=lambda pair: int(pair[0]))]
 
 
 def data_name(ref: Any) -> str | None:
