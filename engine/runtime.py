@@ -59,11 +59,13 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
+from context_layers.context import RECORD_PREFIXES
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, MergeConflictError
 
 from . import events, spiff
 from gateways.conditions import FOREIGN_LITERALS, is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
+from gateways.join import free_record_key
 from gateways.splitter import branch_context_name, check_inject
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
@@ -1055,7 +1057,9 @@ class _Runtime:
             if value is not _ABSENT:
                 data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
-        if out is not None and out != name:
+        # over a count (loopCardinality) SpiffWorkflow starts the output list itself: its check of an
+        # output that exists fails (a typo, ``data_ouput``), and it could only append to a map
+        if out is not None and out != name and name is not None:
             value = ctx.get(out, _ABSENT)
             # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time, but
             # is handed over: SpiffWorkflow collects into a list, whatever the input collection is
@@ -1085,7 +1089,10 @@ class _Runtime:
                                     f"in context {ctx.name!r}", task_id=bpmn_id)
             actx = ActivityContext(ctx, task_id=bpmn_id, config=cfg, instance_id=self.instance.id)
             if out is not None and out in task.data:
-                write_result(actx, {out: task.data[out]})
+                collected = task.data[out]
+                if isinstance(collected, list):
+                    collected = spiff.in_instance_order(task, collected)
+                write_result(actx, {out: collected})
             postscript = getattr(spec, "postscript", None)  # on the activity: once, after every instance
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
@@ -1219,12 +1226,15 @@ class _Runtime:
     def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
         to, in the same context, unless that activity is open there (a multi-instance activity
-        whose instances wait for people): then in a branch of its own, forked from the context
-        and merged back where the path joins (at the latest, at the end of the process).
+        whose instances wait for people) or is a sub-process or call activity (whose tasks run in
+        that context): then in a branch of its own, forked from the context and merged back where
+        the path joins (at the latest, at the end of the process).
         ``path``: the first task of the path when it is not ``task`` itself (each repetition of a
         cycle timer starts one)."""
         ctx = self.context_of(task)
-        if ctx.current_activity is None:
+        # a sub-process goes on in this context meanwhile: its splits and activities must not
+        # see the path's writes come and go
+        if ctx.current_activity is None and not spiff.boundary_of_subworkflow(task):
             return
         start = task if path is None else path
         self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(task), None, [start])
@@ -1236,11 +1246,15 @@ class _Runtime:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it
         changed since it forked, in its layer, unless the parent changed that key too (then the
         parent's value stays, both are on the tape as ``side_conflict`` and the clash is listed in
-        the run's ``conflicts``, settled by that rule). Returns the parent."""
+        the run's ``conflicts``, settled by that rule). Returns the context it merged into."""
         inst = self.instance
         info = inst.branches[name]
-        branch, parent = inst.contexts[name], inst.contexts[info["parent"]]
-        base = parent.get_snapshot(info["snapshot_id"])
+        branch, base = inst.contexts[name], inst.contexts[info["parent"]].get_snapshot(info["snapshot_id"])
+        # a path that outlived the branch it left (joined meanwhile) merges where that branch went
+        into = str(info["parent"])
+        while into in inst.branches and inst.branches[into]["status"] == "joined":
+            into = str(inst.branches[into]["parent"])
+        parent = inst.contexts[into]
         changes: list[tuple[Layer, str, Any]] = []
         kept: list[dict[str, Any]] = []
         for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
@@ -1250,6 +1264,11 @@ class _Runtime:
                 if key.startswith("_") or _same(old, new):
                     continue
                 current = now.get(key, _ABSENT)
+                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is _ABSENT and current is not _ABSENT:
+                    # another run of the same activity (a path of each pass of a loop) got there first:
+                    # two records, no conflict (as at a join)
+                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
+                    current = _ABSENT
                 if not _same(current, old) and not _same(current, new):
                     kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
                                  "base": None if old is _ABSENT else _plain(old)})
@@ -1261,7 +1280,7 @@ class _Runtime:
             parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
             # keeps its value (the path ran beside it, from a copy); never only on the tape
-            side, own = str(info.get("branch_id") or name), str(info["parent"])
+            side, own = str(info.get("branch_id") or name), into
             reason = (f"the boundary path {side!r} ran beside the activity and changed this key, and so did "
                       f"{own!r}; the value of {own!r} stays (a boundary path never overwrites the flow it "
                       "left); the path's value is on the tape (side_conflict)")
@@ -1273,8 +1292,8 @@ class _Runtime:
                 resolved=True)
         info["status"] = "joined"
         info["join"] = gw
-        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": info["parent"]})
-        return str(info["parent"])
+        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})
+        return into
 
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""
@@ -1764,8 +1783,8 @@ class _Runtime:
                 "close each split with its own join, and let a loop go back before the split")
 
     def terminate(self, task: Any) -> None:
-        """A terminate end event in a branch: the branch that reached it merges into its
-        parent (and on up, to the context the terminated workflow started in); the
+        """A terminate (or error) end event in a branch: the branch that reached it merges into
+        its parent (and on up, to the context the terminated workflow started in); the
         branches it cancels are closed as ``cancelled``, their changes dropped, as the
         terminate drops their tokens."""
         name = spiff.context_name_of(task)

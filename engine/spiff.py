@@ -69,14 +69,16 @@ from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
 from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
+from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
 from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ItemAwareEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ErrorEventDefinition, ItemAwareEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
+from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.start_event import StartEvent
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
@@ -86,12 +88,15 @@ from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
     TimeDateEventDefinition,
     TimerEventDefinition,
 )
+from SpiffWorkflow.bpmn.util.event import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.exceptions import WorkflowException
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
 from SpiffWorkflow.spiff.parser.task_spec import ServiceTaskParser, SpiffTaskParser
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
 from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
+from SpiffWorkflow.spiff.specs.event_definitions import ErrorEventDefinition as SpiffErrorEventDefinition
+from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinition as SpiffEscalationEventDefinition
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.task import TaskState
 
@@ -128,10 +133,15 @@ __all__ = [
     "start_cycle",
     "cycle_repetitions_left",
     "EngineCycleTimerEventDefinition",
+    "EngineErrorEventDefinition",
+    "EngineEscalationEventDefinition",
+    "boundary_of_subworkflow",
+    "error_is_caught",
     "loop_of",
     "io_names",
     "multi_instance_of",
     "data_name",
+    "in_instance_order",
     "MULTI_KEY",
     "DELIVERED_KEY",
     "arrived_branch_tasks",
@@ -148,6 +158,7 @@ CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
+CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
 MAIN_CONTEXT = "main"
 
 
@@ -314,6 +325,9 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
+        if isinstance(self, EndEvent) and isinstance(getattr(self, "event_definition", None), ErrorEventDefinition):
+            # asked before the throw, which readies the event that catches it
+            my_task.internal_data[CAUGHT_KEY] = error_is_caught(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
             # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.boundary_path(my_task)
@@ -339,10 +353,13 @@ class _LayerflowSpecMixin:
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
-        if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition):
+        # an error end event that an event catches ends its (sub-)process as a terminate end event
+        # does: the catching event's path goes on with what the branch that threw it wrote
+        if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \
+                or my_task.internal_data.pop(CAUGHT_KEY, False):
             driver = driver_of(my_task)
             if driver is not None:
-                driver.terminate(my_task)  # before the throw cancels the other branches
+                driver.terminate(my_task)  # before SpiffWorkflow cancels the other branches
         super()._on_complete_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "activity" and driver_of(my_task):
             # the data objects and data outputs were set from the context (Runtime.run_activity):
@@ -358,6 +375,14 @@ class _LayerflowSpecMixin:
             driver = driver_of(my_task)
             if driver is not None:
                 driver.split(my_task)
+        if isinstance(self, BoundaryEvent) and not is_cycle(my_task) and driver_of(my_task) is not None:
+            # SpiffWorkflow leaves the path of a fired boundary event predicted (MAYBE) until each of
+            # its tasks runs: a split there would see no branch taken, a multi-instance activity could
+            # not add its instances. It fired, so its path is certain (as an event-based gateway's;
+            # a cycle timer's paths are made with each repetition, EngineCycleTimerEventDefinition).
+            my_task._sync_children(self.outputs, TaskState.FUTURE)
+            for child in my_task.children:
+                child.task_spec._predict(child, mask=TaskState.FUTURE | TaskState.PREDICTED_MASK)
         if self.lf_role == "flow" and driver_of(my_task) is not None:
             # a caught message's or signal's payload went into the context (engine.events), so
             # SpiffWorkflow's variable for it (left empty) stays out of task.data
@@ -466,6 +491,27 @@ def is_join(spec: Any) -> bool:
     return isinstance(spec, UnstructuredJoin) and (len(spec.inputs) > 1 or isinstance(spec, _EndJoin))
 
 
+def boundary_of_subworkflow(task: Any) -> bool:
+    """Whether boundary event ``task`` is attached to a sub-process or call activity (its
+    sibling under the boundary event split that is no boundary event)."""
+    split = task.parent
+    return split is not None and any(isinstance(c.task_spec, SubWorkflowTask) for c in split.children
+                                     if not isinstance(c.task_spec, BoundaryEvent))
+
+
+def error_is_caught(task: Any) -> bool:
+    """Whether an event waits for the error that end event ``task`` is about to throw, in its
+    workflow or one around it (where ``EngineErrorEventDefinition`` sends it)."""
+    event = BpmnEvent(task.task_spec.event_definition)
+    waiting = list(task.workflow.top_workflow.event_manager.tasks.values())
+    workflow = task.workflow
+    while workflow is not None:
+        if any(t.workflow is workflow and t.task_spec.event_definition.catches(t, event) for t in waiting):
+            return True
+        workflow = workflow.parent_workflow
+    return False
+
+
 def is_end_join(spec: Any) -> bool:
     return isinstance(spec, _EndJoin)
 
@@ -499,6 +545,22 @@ def multi_instance_of(task: Any) -> Any:
     """The multi-instance task (the activity) that ``task`` is one instance of, else None."""
     loop = loop_of(task)
     return loop if loop is not None and isinstance(loop.task_spec, MultiInstanceTask) else None
+
+
+def in_instance_order(task: Any, collected: list[Any]) -> list[Any]:
+    """The output list of multi-instance task ``task`` in the order of its instances (the
+    positions of their input items, or their numbers over a cardinality). SpiffWorkflow appends
+    each output item as its instance finishes: parallel instances that wait for people finish
+    in any order."""
+    merged = task.internal_data.get("merged", [])
+    instances = {str(c.id): c.internal_data for c in task.children}
+    # a sequential activity over a count keeps the number as the instance's item only
+    by_count = task.task_spec.data_input is None
+    positions: list[Any] = [instances[i].get("key_or_index", instances[i].get("item") if by_count else None)
+                            if i in instances else None for i in merged]
+    if len(positions) != len(collected) or not all(type(p) is int for p in positions):
+        return collected
+    return [value for _, value in sorted(zip(positions, collected), key=lambda pair: int(pair[0]))]
 
 
 def data_name(ref: Any) -> str | None:
@@ -541,6 +603,31 @@ def start_cycle(task: Any, now: datetime) -> dict[str, Any]:
         event_value = {"cycles": cycles, "next": start.isoformat(), "duration": period.total_seconds()}
         task.internal_data["event_value"] = event_value
     return dict(event_value)
+
+
+class _ThrownToItsProcess:
+    """An error or escalation goes to the process it is thrown in, then to the one around it, and
+    so on, as in BPMN (and in SpiffWorkflow's own bpmn flavour). The spiff flavour throws it to
+    every waiting boundary event of its code: an error in one instance of a multi-instance
+    sub-process interrupted every instance."""
+
+    expression: Any
+
+    def throw(self, my_task: Any) -> None:
+        payload = None if self.expression is None else my_task.workflow.script_engine.evaluate(my_task, self.expression)
+        my_task.workflow.top_workflow.catch(BpmnEvent(self, payload=payload, target=my_task.workflow))
+
+
+class EngineErrorEventDefinition(_ThrownToItsProcess, SpiffErrorEventDefinition):  # type: ignore[misc]
+    """An error event thrown to its own process first (``_ThrownToItsProcess``)."""
+
+
+class EngineEscalationEventDefinition(_ThrownToItsProcess, SpiffEscalationEventDefinition):  # type: ignore[misc]
+    """An escalation event thrown to its own process first (``_ThrownToItsProcess``)."""
+
+
+_THROWN_TO_ITS_PROCESS = {SpiffErrorEventDefinition: EngineErrorEventDefinition,
+                          SpiffEscalationEventDefinition: EngineEscalationEventDefinition}
 
 
 class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignore[misc]
@@ -781,6 +868,12 @@ class _ExtensionsParserMixin:
                                                          description=definition.description)
         return definition
 
+    def parse_error_event(self, event: Any) -> Any:
+        return _thrown_to_its_process(super().parse_error_event(event))  # type: ignore[misc]
+
+    def parse_escalation_event(self, event: Any) -> Any:
+        return _thrown_to_its_process(super().parse_escalation_event(event))  # type: ignore[misc]
+
     def create_task(self) -> Any:
         task = super().create_task()  # type: ignore[misc]
         twin = TWINS.get(type(task))
@@ -789,6 +882,13 @@ class _ExtensionsParserMixin:
             # adds methods only, so changing the class of the fresh object is safe.
             task.__class__ = twin
         return task
+
+
+def _thrown_to_its_process(definition: Any) -> Any:
+    engine_class = _THROWN_TO_ITS_PROCESS.get(type(definition))
+    if engine_class is not None:
+        definition.__class__ = engine_class  # the subclass adds a method only
+    return definition
 
 
 class _LayerflowServiceTaskParser(ServiceTaskParser):  # type: ignore[misc]
@@ -895,6 +995,8 @@ def _serializer() -> BpmnWorkflowSerializer:
     for stock, twin in TWINS.items():
         config[twin] = config[stock]
     config[EngineCycleTimerEventDefinition] = config[CycleTimerEventDefinition]
+    for stock, engine_class in _THROWN_TO_ITS_PROCESS.items():
+        config[engine_class] = config[stock]
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 

@@ -60,7 +60,7 @@ from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable
 from .policy import HumanRequest, ResolutionStep, resolve_conflicts
 from .strategies import apply_reducer
 
-__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "join_contexts"]
+__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "free_record_key", "join_contexts"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -258,14 +258,14 @@ def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
         for n, members in enumerate(groups.values()):
             key = o.key
             if n:
-                key = _free_record_key(o.key, [*taken, aliases])
+                key = free_record_key(o.key, [*taken, aliases])
                 aliases[key] = (members[0], o.key)
             value = o.results[members[0]]
             out.append(KeyOutcome(key, DELETED, value, tuple(members), None, {b: value for b in members}))
     return out, aliases
 
 
-def _free_record_key(key: str, taken: list[Mapping[str, Any]]) -> str:
+def free_record_key(key: str, taken: list[Mapping[str, Any]]) -> str:
     """The next key of ``key``'s series that none of ``taken`` holds."""
     prefix, _, tail = key.partition(":")
     if prefix == "compaction" and tail.isdigit():

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -94,7 +94,7 @@ class _Writer:
             return jid, after, (kind, nodes)
         if kind == "sub":
             sid = self.new("s")
-            inner = _Writer(elements=[f'<bpmn:startEvent id="{sid}_start"/>'], n=self.n)
+            inner = replace(self, elements=[f'<bpmn:startEvent id="{sid}_start"/>'])
             exit_, keys, node = inner.block(tree[1], f"{sid}_start", known)
             inner.elements += [f'<bpmn:endEvent id="{sid}_end"/>', flow(exit_, f"{sid}_end")]
             self.n = inner.n
@@ -126,12 +126,16 @@ class _Writer:
         return f'<bpmn:sequenceFlow id="{fid}" sourceRef="{source}" targetRef="{target}"/>'
 
 
-def _blocks(depth: int) -> st.SearchStrategy[Any]:
+Kinds = Callable[[st.SearchStrategy[Any]], list[st.SearchStrategy[Any]]]
+
+
+def _blocks(depth: int, more: Kinds | None = None) -> st.SearchStrategy[Any]:
+    """Block trees of at most ``depth`` levels; ``more`` adds block kinds (given the inner blocks)."""
     task = st.one_of(st.tuples(st.just("task"), st.lists(st.integers(0, 30), max_size=2)),
                      st.tuples(st.just("user")))
     if depth == 0:
         return task
-    inner = _blocks(depth - 1)
+    inner = _blocks(depth - 1, more)
     return st.one_of(
         task,
         st.tuples(st.just("seq"), st.lists(inner, min_size=2, max_size=3)),
@@ -140,6 +144,7 @@ def _blocks(depth: int) -> st.SearchStrategy[Any]:
         st.tuples(st.just("or"), st.lists(inner, min_size=2, max_size=3)),
         st.tuples(st.just("loop"), st.integers(1, 3), inner),
         st.tuples(st.just("sub"), inner),
+        *(more(inner) if more is not None else []),
     )
 
 
@@ -150,9 +155,13 @@ def _write(folder: Path, tree: Any) -> tuple[Path, Any]:
     return write_elements(folder, "random", w.elements), node
 
 
-def _expected(node: Any, env: dict[str, int], runs: Counter[str]) -> None:
+Interpreter = Callable[[Any, dict[str, Any], Counter[str]], None]
+
+
+def _expected(node: Any, env: dict[str, Any], runs: Counter[str], more: Interpreter | None = None) -> None:
     """What the process does, run as the BPMN says (branches one after the other: no branch
-    reads a key another writes, so their order does not matter)."""
+    reads a key another writes, so their order does not matter); ``more`` runs the block kinds
+    this one does not know, and is given to the blocks inside."""
     kind = node[0]
     if kind == "task":
         _, tid, reads, n = node
@@ -164,16 +173,16 @@ def _expected(node: Any, env: dict[str, int], runs: Counter[str]) -> None:
         runs[uid] += 1
     elif kind == "seq":
         for child in node[1]:
-            _expected(child, env, runs)
+            _expected(child, env, runs, more)
     elif kind == "xor":
-        _expected(node[2] if env["x"] % node[1] == 0 else node[3], env, runs)
+        _expected(node[2] if env["x"] % node[1] == 0 else node[3], env, runs, more)
     elif kind == "and":
         for child in node[1]:
-            _expected(child, env, runs)
+            _expected(child, env, runs, more)
     elif kind == "or":
         chosen = [child for i, child in enumerate(node[1]) if i and env["x"] % (i + 2) != 0]
         for child in chosen or node[1][:1]:
-            _expected(child, env, runs)
+            _expected(child, env, runs, more)
     elif kind == "loop":
         _, counter, limit, body, out = node
         env[f"n_{counter}"] = 0
@@ -181,12 +190,15 @@ def _expected(node: Any, env: dict[str, int], runs: Counter[str]) -> None:
         while True:
             env[f"n_{counter}"] += 1
             runs[f"{counter}_step"] += 1
-            _expected(body, env, runs)
+            _expected(body, env, runs, more)
             runs[f"{counter}_more"] += 1
             if env[f"n_{counter}"] >= limit:
                 break
         env[f"v_{out}"] = env[f"n_{counter}"]
         runs[out] += 1
+    else:
+        assert more is not None, kind
+        more(node, env, runs)
 
 
 def _answer(task_id: str) -> dict[str, int]:
