@@ -219,8 +219,8 @@ def test_each_waiting_instance_says_which_it_is_and_its_input(tmp_path: Path) ->
         inst = engine.complete_user_task(engine.load(inst.id), w["id"], {"res": f"for {w['input']['item']}"})
         assert [v["input"]["item"] for v in inst.waiting_for] == [v for v in "xyz" if v < w["input"]["item"]]
     assert inst.status == "completed", inst.error
-    # as in SpiffWorkflow, a list collects its outputs in the order the instances completed
-    assert variables(inst.main)["results"] == ["for z", "for y", "for x"]
+    # answered last to first, each output at its item's place
+    assert variables(inst.main)["results"] == ["for x", "for y", "for z"]
     sequential = _run(_mi_process(tmp_path, task=_MI_USERS.replace('"false"', '"true"')), {"items": ["x", "y"]},
                       engine=engine)
     [first] = sequential.waiting_for
