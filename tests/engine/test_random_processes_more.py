@@ -91,13 +91,7 @@ class _MoreWriter(_Writer):
             _, seq, source, n, file, body = tree
             cid = self.new("mc")
             items, first = self._collection(cid, source, n, entry)
-            inner = replace(self, elements=[f'<bpmn:startEvent id="{cid}_start"/>'], file=file)
-            exit_, keys, node = inner.block(body, f"{cid}_start", [*known, f"i_{cid}"])
-            made = [k for k in keys if k not in known and k != f"i_{cid}"]
-            inner.elements += [script_task(f"{cid}_out", f"r_{cid} = " + " + ".join([f"i_{cid}", *made])),
-                               flow(exit_, f"{cid}_out"), f'<bpmn:endEvent id="{cid}_end"/>',
-                               flow(f"{cid}_out", f"{cid}_end")]
-            self.n = inner.n
+            inner, node, made = self._instance_body(cid, body, known, file)
             body_xml = "\n    ".join(inner.elements)
             self.processes.append((file, f'  <bpmn:process id="called_{cid}" isExecutable="true">\n    {body_xml}\n'
                                          "  </bpmn:process>\n"))
@@ -108,13 +102,7 @@ class _MoreWriter(_Writer):
             _, seq, source, n, body = tree
             sid = self.new("ms")
             items, first = self._collection(sid, source, n, entry)
-            inner = replace(self, elements=[f'<bpmn:startEvent id="{sid}_start"/>'])
-            exit_, keys, node = inner.block(body, f"{sid}_start", [*known, f"i_{sid}"])
-            made = [k for k in keys if k not in known and k != f"i_{sid}"]
-            inner.elements += [script_task(f"{sid}_out", f"r_{sid} = " + " + ".join([f"i_{sid}", *made])),
-                               flow(exit_, f"{sid}_out"), f'<bpmn:endEvent id="{sid}_end"/>',
-                               flow(f"{sid}_out", f"{sid}_end")]
-            self.n = inner.n
+            inner, node, made = self._instance_body(sid, body, known, self.file)
             self.elements += [f'<bpmn:subProcess id="{sid}">{self._loop(sid, seq, source, n)}'
                               f'{"".join(inner.elements)}</bpmn:subProcess>', flow(first, sid)]
             return sid, known, ("mis", sid, source, n, node, made)
@@ -243,6 +231,19 @@ class _MoreWriter(_Writer):
         rec_exit, _, rec = self.block(recovery, f"{sid}_caught", known)
         self.elements.append(flow(rec_exit, f"{sid}_after"))
         return rec
+
+    def _instance_body(self, oid: str, body: Any, known: list[str], file: int) -> tuple[Any, Any, list[str]]:
+        """The block one instance of a multi-instance sub-process or call activity ``oid`` runs
+        (from its own start event, its input item ``i_<oid>`` known), ending in the script that
+        writes its output item ``r_<oid>``; the writer holding it, its tree and the keys it made."""
+        inner = replace(self, elements=[f'<bpmn:startEvent id="{oid}_start"/>'], file=file)
+        exit_, keys, node = inner.block(body, f"{oid}_start", [*known, f"i_{oid}"])
+        made = [k for k in keys if k not in known and k != f"i_{oid}"]
+        inner.elements += [script_task(f"{oid}_out", f"r_{oid} = " + " + ".join([f"i_{oid}", *made])),
+                           flow(exit_, f"{oid}_out"), f'<bpmn:endEvent id="{oid}_end"/>',
+                           flow(f"{oid}_out", f"{oid}_end")]
+        self.n = inner.n
+        return inner, node, made
 
     def _collection(self, tid: str, source: str, n: int, entry: str) -> tuple[list[str], str]:
         """For a loop over a list: the task that makes the list ``l_<tid>`` (its length from the
