@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from xml.etree import ElementTree
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
@@ -271,9 +271,10 @@ class HumanConfirmArgs(_Args):
 
 
 class AnswerArgs(_Args):
-    """A person's answer to a pending confirmation."""
+    """A person's answer to a pending confirmation (``value``; ``answer``, the field's name in the
+    confirmation and in ``--answers``, is taken too)."""
 
-    value: Any
+    value: Any = Field(validation_alias=AliasChoices("value", "answer"))
     reason: str | None = None
     user: str | None = None
     instance_id: InstanceId | None = Field(default=None, description="needed when several instances have this confirmation id")

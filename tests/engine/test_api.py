@@ -120,6 +120,10 @@ def test_resolve_and_confirmation_endpoints(client, loan):
     tape = client.get(f"/api/instances/{other['instance_id']}/tape", params={"kind": "human_decision"},
                       headers=AUTH).json()
     assert tape["events"][0]["actor"] == "bob" and tape["events"][0]["data"]["reason"] == "finance is sure"
+    third = start(client, "loan_approval", LOAN_CONFLICT)  # "answer", as the confirmation names it, is taken too
+    r = client.post(f"/api/confirmations/{CONFIRMATION}", headers=AUTH,
+                    json={"instance_id": third["instance_id"], "answer": "rejected"})
+    assert r.status_code == 200 and r.json()["layers"]["L3"]["approval_status"] == "rejected"
 
 
 def test_openapi_and_docs_are_open(client):
