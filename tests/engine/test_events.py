@@ -280,6 +280,47 @@ def test_an_event_sub_process_that_waits_for_a_person_goes_on_after_a_load(tmp_p
     assert done.main.resolve("checked") is True and done.main.resolve("files") == ["a"]
 
 
+# an event sub-process started while the process's parallel branches wait for people
+EVENT_SUB_BESIDE_BRANCHES = HEAD + """  <bpmn:process id="event_sub_beside" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:userTask id="review"/>
+    <bpmn:userTask id="approve"/>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="total"><bpmn:script>total = noted + len(files)</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>split", "split>review", "split>approve", "review>join", "approve>join", "join>total",
+            "total>end") + """
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:scriptTask id="note_docs"><bpmn:script>noted = len(files)</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="note_docs"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="note_docs" targetRef="docs_end"/>
+    </bpmn:subProcess>
+""" + TAIL
+
+
+@pytest.mark.parametrize("sent_after", [0, 1], ids=["before_any_answer", "after_one_answer"])
+def test_an_event_sub_process_beside_parallel_branches_comes_back_at_their_join(tmp_path: Path, sent_after: int) -> None:
+    """The event sub-process wrote its payload and its task's keys into the context its process's
+    branches were split from, while they ran: their join then failed ("context 'main' changed
+    after the split's snapshot"). It runs in a context of its own, merged back once the
+    branches have joined."""
+    engine, instance = started(tmp_path, EVENT_SUB_BESIDE_BRANCHES)
+    people = ["review", "approve"]
+    for task in people[:sent_after]:
+        instance = engine.complete_user_task(engine.load(instance.id), task, {f"{task}_ok": True})
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a", "b"]})
+    assert instance.status == "waiting", instance.error
+    for task in people[sent_after:]:
+        instance = engine.complete_user_task(engine.load(instance.id), task, {f"{task}_ok": True})
+
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("total") == 4 and instance.main.resolve("review_ok") is True
+    assert instance.main.resolve("event:docs_start")["event_kind"] == "message"
+
+
 def test_an_event_sub_process_one_instance_started_does_not_run_in_the_next(tmp_path: Path) -> None:
     """Instances of one ``Process`` share its spec (the REST API's catalog keeps one per process),
     and SpiffWorkflow makes that connection in the spec itself: every later instance once ran
