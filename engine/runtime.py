@@ -1154,10 +1154,11 @@ class _Runtime:
                                 "called process's dataInput", task_id=bpmn_id)
         multi = spiff.multi_instance_of(task)
         outputs = spiff.io_names(subworkflow.spec, "data_outputs")
-        if spiff.is_event_subprocess(task) and self._splits_open(ctx.name):
-            # the branches split from this context run: it must stay as their split left it (their
-            # join merges against it), so the event sub-process, the payload that started it
-            # included, runs in a side branch, merged back once they have joined
+        if spiff.is_event_subprocess(task):
+            # the process goes on meanwhile, and may split this context: it must then stay as the
+            # split left it (the join merges against it), so the event sub-process, the payload
+            # that started it included, runs in a side branch, merged back as it ends, or once
+            # the branches split meanwhile have joined
             self._fork(task, ctx.name, ctx, bpmn_id, None, [task])
             name = spiff.context_name_of(task)
             self.instance.branches[name]["status"] = "event"

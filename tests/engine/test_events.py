@@ -321,6 +321,40 @@ def test_an_event_sub_process_beside_parallel_branches_comes_back_at_their_join(
     assert instance.main.resolve("event:docs_start")["event_kind"] == "message"
 
 
+# an event sub-process that waits for a person, and parallel branches after the first user task
+EVENT_SUB_THEN_BRANCHES = HEAD + """  <bpmn:process id="event_sub_then_branches" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:userTask id="review"/>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:scriptTask id="a"><bpmn:script>a = 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:userTask id="approve"/>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>review", "review>split", "split>a", "split>approve", "a>join", "approve>join", "join>end") + """
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:userTask id="check_docs"/>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="check_docs"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="check_docs" targetRef="docs_end"/>
+    </bpmn:subProcess>
+""" + TAIL
+
+
+def test_an_event_sub_process_that_outlives_a_split_of_its_process_comes_back_at_the_join(tmp_path: Path) -> None:
+    """Started before the split, it wrote into the context the split was taken from while the
+    branches ran, and their join failed."""
+    engine, instance = started(tmp_path, EVENT_SUB_THEN_BRANCHES)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a"]})
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {"reviewed": True})
+    instance = engine.complete_user_task(engine.load(instance.id), "check_docs", {"checked": True})
+    instance = engine.complete_user_task(engine.load(instance.id), "approve", {"approved": True})
+
+    assert instance.status == "completed", instance.error
+    assert {k: instance.main.resolve(k) for k in ("files", "checked", "reviewed", "approved", "a")} == {
+        "files": ["a"], "checked": True, "reviewed": True, "approved": True, "a": 1}
+
+
 def test_an_event_sub_process_one_instance_started_does_not_run_in_the_next(tmp_path: Path) -> None:
     """Instances of one ``Process`` share its spec (the REST API's catalog keeps one per process),
     and SpiffWorkflow makes that connection in the spec itself: every later instance once ran
