@@ -11,9 +11,10 @@ import pytest
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import Layer, LayeredContext
-from context_layers.errors import ContextValueError, ContextWriteDenied
+from context_layers.errors import ContextValueError, ContextWriteDenied, ProcessError
 from engine import Engine, Instance, load_process
 from engine.governance import BadRequest, InstanceStateError
+from engine.validate import validate_process
 
 from engine_helpers import EXAMPLES, path_of
 
@@ -353,6 +354,57 @@ def test_an_event_sub_process_that_outlives_a_split_of_its_process_comes_back_at
     assert instance.status == "completed", instance.error
     assert {k: instance.main.resolve(k) for k in ("files", "checked", "reviewed", "approved", "a")} == {
         "files": ["a"], "checked": True, "reviewed": True, "approved": True, "a": 1}
+
+
+def _event_sub(start: str, *, nested: bool = False) -> str:
+    """A process whose event sub-process starts at ``start`` (XML), at the top level or inside a
+    sub-process, and notes that it ran."""
+    handler = f"""<bpmn:subProcess id="on_event" triggeredByEvent="true">{start}
+      <bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="on_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="on_start" targetRef="note"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="note" targetRef="on_end"/></bpmn:subProcess>"""
+    body = f"""<bpmn:startEvent id="s_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="s_end"/>
+      <bpmn:sequenceFlow id="h1" sourceRef="s_start" targetRef="review"/>
+      <bpmn:sequenceFlow id="h2" sourceRef="review" targetRef="s_end"/>"""
+    return HEAD + """  <bpmn:error id="e_bad" name="bad" errorCode="bad"/>
+  <bpmn:process id="event_subs" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:endEvent id="end"/>
+""" + f'<bpmn:subProcess id="sub">{body}{handler if nested else ""}</bpmn:subProcess>' + (
+        "" if nested else handler) + flows("start>sub", "sub>end") + TAIL
+
+
+MESSAGE_START = '<bpmn:startEvent id="on_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>'
+
+
+@pytest.mark.parametrize(("start", "nested", "code"), [
+    ('<bpmn:startEvent id="on_start"><bpmn:errorEventDefinition errorRef="e_bad"/></bpmn:startEvent>', False,
+     "unsupported_start_event"),
+    ('<bpmn:startEvent id="on_start"><bpmn:errorEventDefinition errorRef="e_bad"/></bpmn:startEvent>', True,
+     "unsupported_start_event"),
+    (MESSAGE_START, True, "event_subprocess_never_starts"),
+], ids=["error_start", "nested_error_start", "nested_message_start"])
+def test_an_event_sub_process_spiffworkflow_would_run_wrongly_is_refused(tmp_path: Path, start: str, nested: bool,
+                                                                      code: str) -> None:
+    """SpiffWorkflow 3.2 reads an error start event as one with no trigger (the event sub-process
+    ran at once, with no error), and starts a message event sub-process inside a sub-process
+    never (the message was refused: nothing waited for it)."""
+    path = write(tmp_path, "process", _event_sub(start, nested=nested))
+    assert [(p.code, p.severity, p.element_id) for p in validate_process(path).problems] == [(code, "error", "on_start")]
+    with pytest.raises(ProcessError, match="SpiffWorkflow 3.2"):
+        load_process(path)
+
+
+def test_an_interrupting_event_sub_process_is_loaded_with_a_warning_and_runs_beside_the_process(tmp_path: Path) -> None:
+    """SpiffWorkflow 3.2 does not read isInterrupting: the process goes on beside the event sub-process."""
+    text = _event_sub(MESSAGE_START.replace(' isInterrupting="false"', ""))
+    report = validate_process(write(tmp_path, "process", text))
+    assert [(p.code, p.severity, p.element_id) for p in report.problems] == [
+        ("event_subprocess_not_interrupting", "warning", "on_start")]
+    engine, instance = started(tmp_path, text)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": []})
+    assert [w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task"] == ["review"]
+    done = engine.complete_user_task(engine.load(instance.id), "review", {})
+    assert done.status == "completed" and done.main.resolve("noted") is True
 
 
 def test_an_event_sub_process_one_instance_started_does_not_run_in_the_next(tmp_path: Path) -> None:
