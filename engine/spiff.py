@@ -519,7 +519,8 @@ def is_end_join(spec: Any) -> bool:
 def is_event_subprocess(task: Any) -> bool:
     """Whether ``task`` is an event sub-process an event started (``BpmnStartTask.trigger_wf``;
     SpiffBpmnParser builds it as a plain sub-process)."""
-    return bool(task.triggered) and isinstance(task.task_spec, SubWorkflowTask)
+    return (isinstance(task.task_spec, SubWorkflowTask)
+            and task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ()))
 
 
 def is_split(spec: Any) -> bool:

@@ -264,7 +264,7 @@ def _write(folder: Path, tree: Any) -> tuple[Path, Any, Sends]:
     w = _EventWriter(elements=['<bpmn:startEvent id="start"/>'])
     exit_, _, node = w.block(tree, "start", ["x"])
     w.elements += ['<bpmn:endEvent id="end"/>', flow(exit_, "end"), *w.handlers]
-    extras = "".join(dict.fromkeys(xml for _, xml in w.extras))
+    extras = "".join(xml for _, xml in w.processes) + "".join(dict.fromkeys(xml for _, xml in w.extras))
     return write_elements(folder, "random", w.elements, extras), node, w.sends
 
 
