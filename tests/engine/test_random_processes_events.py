@@ -9,6 +9,8 @@ The block trees of test_random_processes gain these kinds, each with a name of i
   signal (an intermediate throw event or a send task) with the person's answer as payload,
   and goes on with a block, while the first branch catches it (into a variable it names) and
   goes on with a block that may read it;
+* ``sig2``: a parallel block whose two branches wait for one signal the driver sends (both
+  write its payload, the same value: no conflict at the join), then go on with a block;
 * ``ebg``: an event-based gateway between a message and a message or a timer, each followed
   by a block; the tree says which event comes;
 * ``tmr``: an intermediate timer catch event;
@@ -110,6 +112,23 @@ class _EventWriter(_MoreWriter):
             self.elements.append(flow(entry, cid))
             self.sends[name] = ("signal" if how == "signal" else "message", {f"p_{cid}": self.n}, None)
             return cid, [*known, f"p_{cid}"], ("msg", cid, self.n, how == "receive")
+        if kind == "sig2":
+            _, first, second = tree
+            gid = self.new("sg")
+            name = f"e_{gid}"
+            definition = self._event(name, True)
+            self.elements += [f'<bpmn:parallelGateway id="{gid}"/>', flow(entry, gid), f'<bpmn:parallelGateway id="{gid}_join"/>']
+            nodes, after = [], list(known)
+            for i, branch in enumerate((first, second)):
+                cid = f"{gid}_{'ab'[i]}"
+                self.elements += [f'<bpmn:intermediateCatchEvent id="{cid}">{definition}</bpmn:intermediateCatchEvent>',
+                                  flow(gid, cid)]
+                exit_, keys, node = self.block(branch, cid, [*known, f"p_{gid}"])
+                self.elements.append(flow(exit_, f"{gid}_join"))
+                nodes.append(node)
+                after += [k for k in keys if k not in after]
+            self.sends[name] = ("signal", {f"p_{gid}": self.n}, None)
+            return f"{gid}_join", after, ("seq", [("sent", {f"p_{gid}": self.n}), *nodes])
         if kind == "thr":
             _, how, first, second = tree
             gid = self.new("th")
@@ -241,6 +260,7 @@ def _events(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
         st.tuples(st.just("msg"), st.sampled_from(["catch", "receive", "signal"])),
         st.tuples(st.just("thr"), st.sampled_from(["message", "send", "signal"]), inner, inner),
         st.tuples(st.just("ebg"), st.booleans(), st.booleans(), inner, inner),
+        st.tuples(st.just("sig2"), inner, inner),
         st.tuples(st.just("tmr"), st.integers(1, 3)),
         st.tuples(st.just("btu"), st.sampled_from(["timer", "message"]), st.booleans(), st.booleans(), inner),
         st.tuples(st.just("bts"), st.sampled_from(["timer", "message"]), st.booleans(), st.booleans(), scripts, inner, inner),
