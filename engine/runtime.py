@@ -1257,7 +1257,7 @@ class _Runtime:
         # they stand (``_merge_side``), not by a three-way merge against an untouched parent
         self.instance.branches[spiff.context_name_of(start)]["status"] = "side"
 
-    def _merge_side(self, gw: str, name: str) -> str:
+    def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it
         changed since it forked, in its layer, unless the parent changed that key too (then the
         parent's value stays, both are on the tape as ``side_conflict`` and the clash is listed in
@@ -1296,9 +1296,9 @@ class _Runtime:
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
             # keeps its value (the path ran beside it, from a copy); never only on the tape
             side, own = str(info.get("branch_id") or name), into
-            reason = (f"the boundary path {side!r} ran beside the activity and changed this key, and so did "
-                      f"{own!r}; the value of {own!r} stays (a boundary path never overwrites the flow it "
-                      "left); the path's value is on the tape (side_conflict)")
+            reason = (f"the {what} {side!r} ran beside the flow and changed this key, and so did "
+                      f"{own!r}; the value of {own!r} stays (a {what} never overwrites the flow it "
+                      "left); its value is on the tape (side_conflict)")
             self._set_conflicts(gw, [
                 {"gateway_id": gw, "layer": k["layer"], "key": k["key"],
                  "base_value": k["base"],
@@ -1322,7 +1322,7 @@ class _Runtime:
         for branch, info in list(self.instance.branches.items()):
             if info["parent"] == name and info["status"] == "event_done":
                 info["status"] = "side"
-                self._merge_side(str(info["gateway"]), branch)
+                self._merge_side(str(info["gateway"]), branch, "event sub-process")
 
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""

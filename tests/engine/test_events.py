@@ -356,6 +356,21 @@ def test_an_event_sub_process_that_outlives_a_split_of_its_process_comes_back_at
         "files": ["a"], "checked": True, "reviewed": True, "approved": True, "a": 1}
 
 
+def test_a_key_the_process_and_its_event_sub_process_both_change_keeps_the_process_value(tmp_path: Path) -> None:
+    """The event sub-process runs beside the flow, from a copy: where both changed a key the flow's
+    value stays, and the clash is listed with the run's conflicts, settled by that rule."""
+    engine, instance = started(tmp_path, EVENT_SUB_WAITS)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a"]})
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {"verdict": "flow"})
+    instance = engine.complete_user_task(engine.load(instance.id), "check_docs", {"verdict": "docs"})
+
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("verdict") == "flow" and instance.main.resolve("files") == ["a"]
+    [conflict] = instance.conflicts
+    assert conflict["key"] == "verdict" and conflict["values"] == {"on_docs": "docs", "main": "flow"}
+    assert conflict["resolution"]["resolver"] == "strategy" and "event sub-process" in conflict["resolution"]["reason"]
+
+
 def _event_sub(start: str, *, nested: bool = False) -> str:
     """A process whose event sub-process starts at ``start`` (XML), at the top level or inside a
     sub-process, and notes that it ran."""
