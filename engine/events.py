@@ -23,6 +23,10 @@ SpiffWorkflow an empty payload:
   layerflow as under plain SpiffWorkflow); otherwise the payload's keys (a JSON object;
   none when it is empty or absent).
 * a signal caught by several branches writes into each branch's own context.
+* an event sub-process runs in a side context of its own, forked from its process's as it
+  starts (the process goes on meanwhile, and may split): the payload that started it is
+  written there, and all of it comes back when it ends, or once the branches split meanwhile
+  have joined (``engine.runtime``, ``enter_subworkflow``).
 
 Everything is checked before anything changes: an event nobody waits for, a payload
 that is not an object, a value that is not JSON, a key the layer rules refuse in any
@@ -321,7 +325,7 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
     workflow.send_event(event)
     started = _mark_delivered(workflow, catches)
     for c, ctx, values in writes:
-        if c.task is None and id(c) in started:  # the event sub-process it started may run in a context of its own
+        if c.task is None and id(c) in started:  # the event sub-process it started runs in a context of its own
             ctx = contexts[started[id(c)]]
         if id(c) in inside:  # the open activity takes the payload; its record notes the event
             ctx.write_many(Layer.WORKING, values, actor=actor)
