@@ -23,6 +23,10 @@ SpiffWorkflow an empty payload:
   layerflow as under plain SpiffWorkflow); otherwise the payload's keys (a JSON object;
   none when it is empty or absent).
 * a signal caught by several branches writes into each branch's own context.
+* an event sub-process runs in a side context of its own, forked from its process's as it
+  starts (the process goes on meanwhile, and may split): the payload that started it is
+  written there, and all of it comes back when it ends, or once the branches split meanwhile
+  have joined (``engine.runtime``, ``enter_subworkflow``).
 
 Everything is checked before anything changes: an event nobody waits for, a payload
 that is not an object, a value that is not JSON, a key the layer rules refuse in any
@@ -196,9 +200,11 @@ def _refuse_uncorrelated(named: Sequence[Catch], event: BpmnEvent | None, workfl
         "(a correlationProperty of that key with a retrieval expression for the message)")
 
 
-def _mark_delivered(workflow: Any, catches: Sequence[Catch]) -> None:
+def _mark_delivered(workflow: Any, catches: Sequence[Catch]) -> dict[int, str]:
     """Tell the catching tasks that this payload is in the context already (``spiff.DELIVERED_KEY``):
-    SpiffWorkflow still hands it to them (as the variable's value) when they run."""
+    SpiffWorkflow still hands it to them (as the variable's value) when they run. Returns the
+    context of each event sub-process's start event that caught it (by ``id`` of its catch)."""
+    started: dict[int, str] = {}
     for c in catches:
         if c.task is not None:
             c.task.internal_data[spiff.DELIVERED_KEY] = True
@@ -209,6 +215,8 @@ def _mark_delivered(workflow: Any, catches: Sequence[Catch]) -> None:
                 if (spiff.bpmn_id_of(task) == c.event_id and c.definition.name in task.internal_data
                         and not task.has_state(TaskState.FINISHED_MASK)):
                     task.internal_data[spiff.DELIVERED_KEY] = True
+                    started[id(c)] = spiff.context_name_of(task)
+    return started
 
 
 def _open_multi_instance(catch: Catch, activity: str) -> Any:
@@ -315,8 +323,10 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
         multi.internal_data.pop(spiff.MULTI_KEY, None)
         multi.data = {}
     workflow.send_event(event)
-    _mark_delivered(workflow, catches)
+    started = _mark_delivered(workflow, catches)
     for c, ctx, values in writes:
+        if c.task is None and id(c) in started:  # the event sub-process it started runs in a context of its own
+            ctx = contexts[started[id(c)]]
         if id(c) in inside:  # the open activity takes the payload; its record notes the event
             ctx.write_many(Layer.WORKING, values, actor=actor)
             ctx.record("event", actor=actor, data={"event": name, "event_kind": c.kind, "caught_at": c.event_id,

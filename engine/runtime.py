@@ -105,7 +105,8 @@ class Instance:
     confirmations: list[dict[str, Any]] = field(default_factory=list)
     # branch context name -> {"parent", "branch_id", "gateway", "split", "snapshot_id", "inject", "status", "join"};
     # status "open" (a split's branch), "scope" (a sub-process instance's, see enter_subworkflow), "side" (a
-    # boundary path beside an open activity, see boundary_path), "joined", "cancelled"
+    # boundary path beside an open activity, see boundary_path), "event" / "event_done" (an event sub-process
+    # beside open branches, running / finished, see enter_subworkflow), "joined", "cancelled"
     branches: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: int = 0
     created: float = field(default_factory=time.time)
@@ -1153,6 +1154,16 @@ class _Runtime:
                                 "called process's dataInput", task_id=bpmn_id)
         multi = spiff.multi_instance_of(task)
         outputs = spiff.io_names(subworkflow.spec, "data_outputs")
+        if spiff.is_event_subprocess(task):
+            # the process goes on meanwhile, and may split this context: it must then stay as the
+            # split left it (the join merges against it), so the event sub-process, the payload
+            # that started it included, runs in a side branch, merged back as it ends, or once
+            # the branches split meanwhile have joined
+            self._fork(task, ctx.name, ctx, bpmn_id, None, [task])
+            name = spiff.context_name_of(task)
+            self.instance.branches[name]["status"] = "event"
+            subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name
+            return
         if multi is None and not outputs:
             return
         inject: dict[str, Any] = {}
@@ -1183,6 +1194,10 @@ class _Runtime:
         """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""
         name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
         info = self.instance.branches.get(name) if name is not None else None
+        if info is not None and info["status"] == "event":
+            info["status"] = "event_done"
+            self._merge_events(str(info["parent"]))
+            return
         if info is None or info["status"] != "scope":
             return
         bpmn_id = spiff.bpmn_id_of(task)
@@ -1242,7 +1257,7 @@ class _Runtime:
         # they stand (``_merge_side``), not by a three-way merge against an untouched parent
         self.instance.branches[spiff.context_name_of(start)]["status"] = "side"
 
-    def _merge_side(self, gw: str, name: str) -> str:
+    def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it
         changed since it forked, in its layer, unless the parent changed that key too (then the
         parent's value stays, both are on the tape as ``side_conflict`` and the clash is listed in
@@ -1281,9 +1296,9 @@ class _Runtime:
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
             # keeps its value (the path ran beside it, from a copy); never only on the tape
             side, own = str(info.get("branch_id") or name), into
-            reason = (f"the boundary path {side!r} ran beside the activity and changed this key, and so did "
-                      f"{own!r}; the value of {own!r} stays (a boundary path never overwrites the flow it "
-                      "left); the path's value is on the tape (side_conflict)")
+            reason = (f"the {what} {side!r} ran beside the flow and changed this key, and so did "
+                      f"{own!r}; the value of {own!r} stays (a {what} never overwrites the flow it "
+                      "left); its value is on the tape (side_conflict)")
             self._set_conflicts(gw, [
                 {"gateway_id": gw, "layer": k["layer"], "key": k["key"],
                  "base_value": k["base"],
@@ -1294,6 +1309,20 @@ class _Runtime:
         info["join"] = gw
         branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})
         return into
+
+    def _splits_open(self, name: str) -> bool:
+        """Whether branches split from context ``name`` run (not yet joined)."""
+        return any(info["parent"] == name and info["status"] == "open" for info in self.instance.branches.values())
+
+    def _merge_events(self, name: str) -> None:
+        """Bring the finished event sub-processes that ran beside the branches of context ``name``
+        (``enter_subworkflow``) back into it, once no branch split from it runs."""
+        if self._splits_open(name):
+            return
+        for branch, info in list(self.instance.branches.items()):
+            if info["parent"] == name and info["status"] == "event_done":
+                info["status"] = "side"
+                self._merge_side(str(info["gateway"]), branch, "event sub-process")
 
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""
@@ -1752,6 +1781,7 @@ class _Runtime:
         if len(current) != 1:
             raise MergeConflictError(self._unmatched_join(gw, current), gateway_id=gw)
         task.internal_data[spiff.CTX_KEY] = current[0]
+        self._merge_events(current[0])
         return True
 
     def _unmatched_join(self, gw: str, current: list[str]) -> str:

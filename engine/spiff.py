@@ -516,6 +516,13 @@ def is_end_join(spec: Any) -> bool:
     return isinstance(spec, _EndJoin)
 
 
+def is_event_subprocess(task: Any) -> bool:
+    """Whether ``task`` is an event sub-process an event started (``BpmnStartTask.trigger_wf``;
+    SpiffBpmnParser builds it as a plain sub-process)."""
+    return (isinstance(task.task_spec, SubWorkflowTask)
+            and task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ()))
+
+
 def is_split(spec: Any) -> bool:
     return getattr(spec, "lf_role", None) == "gateway" and len(spec.outputs) > 1
 

@@ -74,6 +74,13 @@ not make ``report.ok`` false:
 ``no_start_event``                    a process or sub-process with no start event
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
+``unsupported_start_event``           an error, escalation or compensation start event of an event sub-process:
+                                      SpiffWorkflow 3.2 reads none of them, and starts the event sub-process at
+                                      once, without the event
+``event_subprocess_never_starts``     an event sub-process with a message or signal start inside a sub-process:
+                                      SpiffWorkflow 3.2 starts those at the top level of the process only
+``event_subprocess_not_interrupting`` W  an interrupting event sub-process start: SpiffWorkflow 3.2 never
+                                      interrupts, the process goes on beside it
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
@@ -1231,6 +1238,42 @@ class _Validator:
             self._check_foreign(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
+        for sub in proc.element.iter(_bpmn("subProcess")):
+            if sub.get("triggeredByEvent") == "true":
+                self._check_event_subprocess(sub, file)
+
+    def _check_event_subprocess(self, sub: Any, file: str) -> None:
+        """SpiffWorkflow 3.2 parses message, signal, timer and conditional start events only (any
+        other runs as a start event with no trigger, at once); it starts an event sub-process by a
+        message or signal only at the top level of the process it runs; and it never interrupts:
+        isInterrupting is not read."""
+        sid = sub.get("id")
+        for start in sub.iterchildren(_bpmn("startEvent")):
+            eid = start.get("id")
+            kinds = [etree.QName(c).localname.removesuffix("EventDefinition") for c in start
+                     if isinstance(c.tag, str) and c.tag.endswith("EventDefinition")]
+            other = [k for k in kinds if k not in ("message", "signal", "timer", "conditional")]
+            if other:
+                self.add("unsupported_start_event", f"start event {eid!r} of event sub-process {sid!r} has a {other[0]} "
+                         "trigger, and SpiffWorkflow 3.2 reads no such trigger on a start event: it would start "
+                         f"{sid!r} at once, whenever its scope starts, without any {other[0]}; catch the {other[0]} "
+                         "with a boundary event on a sub-process around the steps that throw it", file=file,
+                         line=start.sourceline, element_id=eid)
+                continue
+            parent = sub.getparent()
+            if any(k in ("message", "signal") for k in kinds) and parent is not None and parent.tag != _bpmn("process"):
+                self.add("event_subprocess_never_starts", f"event sub-process {sid!r} is inside "
+                         f"bpmn:{etree.QName(parent).localname} {parent.get('id')!r}, and SpiffWorkflow 3.2 starts an "
+                         f"event sub-process by a {kinds[0]} only at the top level of the process: {eid!r} would never "
+                         f"catch it; move {sid!r} to the process, or catch the {kinds[0]} with a boundary event on "
+                         f"{parent.get('id')!r}", file=file, line=start.sourceline, element_id=eid)
+                continue
+            if kinds and start.get("isInterrupting", "true") == "true":
+                self.add("event_subprocess_not_interrupting", f"start event {eid!r} of event sub-process {sid!r} is "
+                         "interrupting (isInterrupting is true, or absent: BPMN's default), and SpiffWorkflow 3.2 "
+                         f"never interrupts: {sid!r} runs beside the rest of the process, which goes on; set "
+                         "isInterrupting=\"false\" to say so, or draw the steps it should stop in a sub-process with "
+                         "an interrupting boundary event", file=file, line=start.sourceline, element_id=eid, severity="warning")
 
     def _check_cancel(self, event: Any, eid: str, file: str) -> None:
         """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming

@@ -11,9 +11,10 @@ import pytest
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import Layer, LayeredContext
-from context_layers.errors import ContextValueError, ContextWriteDenied
+from context_layers.errors import ContextValueError, ContextWriteDenied, ProcessError
 from engine import Engine, Instance, load_process
 from engine.governance import BadRequest, InstanceStateError
+from engine.validate import validate_process
 
 from engine_helpers import EXAMPLES, path_of
 
@@ -278,6 +279,147 @@ def test_an_event_sub_process_that_waits_for_a_person_goes_on_after_a_load(tmp_p
     assert done.status == "completed", done.error
     assert path_of(done.workflow) == ["start", "docs_start", "check_docs", "docs_end", "on_docs", "review", "end"]
     assert done.main.resolve("checked") is True and done.main.resolve("files") == ["a"]
+
+
+# an event sub-process started while the process's parallel branches wait for people
+EVENT_SUB_BESIDE_BRANCHES = HEAD + """  <bpmn:process id="event_sub_beside" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:userTask id="review"/>
+    <bpmn:userTask id="approve"/>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="total"><bpmn:script>total = noted + len(files)</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>split", "split>review", "split>approve", "review>join", "approve>join", "join>total",
+            "total>end") + """
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:scriptTask id="note_docs"><bpmn:script>noted = len(files)</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="note_docs"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="note_docs" targetRef="docs_end"/>
+    </bpmn:subProcess>
+""" + TAIL
+
+
+@pytest.mark.parametrize("sent_after", [0, 1], ids=["before_any_answer", "after_one_answer"])
+def test_an_event_sub_process_beside_parallel_branches_comes_back_at_their_join(tmp_path: Path, sent_after: int) -> None:
+    """The event sub-process wrote its payload and its task's keys into the context its process's
+    branches were split from, while they ran: their join then failed ("context 'main' changed
+    after the split's snapshot"). It runs in a context of its own, merged back once the
+    branches have joined."""
+    engine, instance = started(tmp_path, EVENT_SUB_BESIDE_BRANCHES)
+    people = ["review", "approve"]
+    for task in people[:sent_after]:
+        instance = engine.complete_user_task(engine.load(instance.id), task, {f"{task}_ok": True})
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a", "b"]})
+    assert instance.status == "waiting", instance.error
+    for task in people[sent_after:]:
+        instance = engine.complete_user_task(engine.load(instance.id), task, {f"{task}_ok": True})
+
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("total") == 4 and instance.main.resolve("review_ok") is True
+    assert instance.main.resolve("event:docs_start")["event_kind"] == "message"
+
+
+# an event sub-process that waits for a person, and parallel branches after the first user task
+EVENT_SUB_THEN_BRANCHES = HEAD + """  <bpmn:process id="event_sub_then_branches" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:userTask id="review"/>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:scriptTask id="a"><bpmn:script>a = 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:userTask id="approve"/>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:endEvent id="end"/>
+""" + flows("start>review", "review>split", "split>a", "split>approve", "a>join", "approve>join", "join>end") + """
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:userTask id="check_docs"/>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="check_docs"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="check_docs" targetRef="docs_end"/>
+    </bpmn:subProcess>
+""" + TAIL
+
+
+def test_an_event_sub_process_that_outlives_a_split_of_its_process_comes_back_at_the_join(tmp_path: Path) -> None:
+    """Started before the split, it wrote into the context the split was taken from while the
+    branches ran, and their join failed."""
+    engine, instance = started(tmp_path, EVENT_SUB_THEN_BRANCHES)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a"]})
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {"reviewed": True})
+    instance = engine.complete_user_task(engine.load(instance.id), "check_docs", {"checked": True})
+    instance = engine.complete_user_task(engine.load(instance.id), "approve", {"approved": True})
+
+    assert instance.status == "completed", instance.error
+    assert {k: instance.main.resolve(k) for k in ("files", "checked", "reviewed", "approved", "a")} == {
+        "files": ["a"], "checked": True, "reviewed": True, "approved": True, "a": 1}
+
+
+def test_a_key_the_process_and_its_event_sub_process_both_change_keeps_the_process_value(tmp_path: Path) -> None:
+    """The event sub-process runs beside the flow, from a copy: where both changed a key the flow's
+    value stays, and the clash is listed with the run's conflicts, settled by that rule."""
+    engine, instance = started(tmp_path, EVENT_SUB_WAITS)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a"]})
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {"verdict": "flow"})
+    instance = engine.complete_user_task(engine.load(instance.id), "check_docs", {"verdict": "docs"})
+
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("verdict") == "flow" and instance.main.resolve("files") == ["a"]
+    [conflict] = instance.conflicts
+    assert conflict["key"] == "verdict" and conflict["values"] == {"on_docs": "docs", "main": "flow"}
+    assert conflict["resolution"]["resolver"] == "strategy" and "event sub-process" in conflict["resolution"]["reason"]
+
+
+def _event_sub(start: str, *, nested: bool = False) -> str:
+    """A process whose event sub-process starts at ``start`` (XML), at the top level or inside a
+    sub-process, and notes that it ran."""
+    handler = f"""<bpmn:subProcess id="on_event" triggeredByEvent="true">{start}
+      <bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="on_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="on_start" targetRef="note"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="note" targetRef="on_end"/></bpmn:subProcess>"""
+    body = f"""<bpmn:startEvent id="s_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="s_end"/>
+      <bpmn:sequenceFlow id="h1" sourceRef="s_start" targetRef="review"/>
+      <bpmn:sequenceFlow id="h2" sourceRef="review" targetRef="s_end"/>"""
+    return HEAD + """  <bpmn:error id="e_bad" name="bad" errorCode="bad"/>
+  <bpmn:process id="event_subs" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:endEvent id="end"/>
+""" + f'<bpmn:subProcess id="sub">{body}{handler if nested else ""}</bpmn:subProcess>' + (
+        "" if nested else handler) + flows("start>sub", "sub>end") + TAIL
+
+
+MESSAGE_START = '<bpmn:startEvent id="on_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>'
+
+
+@pytest.mark.parametrize(("start", "nested", "code"), [
+    ('<bpmn:startEvent id="on_start"><bpmn:errorEventDefinition errorRef="e_bad"/></bpmn:startEvent>', False,
+     "unsupported_start_event"),
+    ('<bpmn:startEvent id="on_start"><bpmn:errorEventDefinition errorRef="e_bad"/></bpmn:startEvent>', True,
+     "unsupported_start_event"),
+    (MESSAGE_START, True, "event_subprocess_never_starts"),
+], ids=["error_start", "nested_error_start", "nested_message_start"])
+def test_an_event_sub_process_spiffworkflow_would_run_wrongly_is_refused(tmp_path: Path, start: str, nested: bool,
+                                                                      code: str) -> None:
+    """SpiffWorkflow 3.2 reads an error start event as one with no trigger (the event sub-process
+    ran at once, with no error), and starts a message event sub-process inside a sub-process
+    never (the message was refused: nothing waited for it)."""
+    path = write(tmp_path, "process", _event_sub(start, nested=nested))
+    assert [(p.code, p.severity, p.element_id) for p in validate_process(path).problems] == [(code, "error", "on_start")]
+    with pytest.raises(ProcessError, match="SpiffWorkflow 3.2"):
+        load_process(path)
+
+
+def test_an_interrupting_event_sub_process_is_loaded_with_a_warning_and_runs_beside_the_process(tmp_path: Path) -> None:
+    """SpiffWorkflow 3.2 does not read isInterrupting: the process goes on beside the event sub-process."""
+    text = _event_sub(MESSAGE_START.replace(' isInterrupting="false"', ""))
+    report = validate_process(write(tmp_path, "process", text))
+    assert [(p.code, p.severity, p.element_id) for p in report.problems] == [
+        ("event_subprocess_not_interrupting", "warning", "on_start")]
+    engine, instance = started(tmp_path, text)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": []})
+    assert [w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task"] == ["review"]
+    done = engine.complete_user_task(engine.load(instance.id), "review", {})
+    assert done.status == "completed" and done.main.resolve("noted") is True
 
 
 def test_an_event_sub_process_one_instance_started_does_not_run_in_the_next(tmp_path: Path) -> None:
