@@ -79,6 +79,9 @@ not make ``report.ok`` false:
                                       once, without the event
 ``event_subprocess_never_starts``     an event sub-process with a message or signal start inside a sub-process:
                                       SpiffWorkflow 3.2 starts those at the top level of the process only
+``called_event_subprocess_never_starts`` W  a process the one to run calls (a call activity) has an event
+                                      sub-process with a message or signal start: SpiffWorkflow 3.2 starts
+                                      those in the top-level process only, never in a called one
 ``event_subprocess_not_interrupting`` W  an interrupting event sub-process start: SpiffWorkflow 3.2 never
                                       interrupts, the process goes on beside it
 ``no_implementation`` W               a script task without a script, a service task without a
@@ -371,6 +374,7 @@ class _Validator:
         self._check_config_ids()
         self._check_knowledge()
         self._check_handlers()
+        self._check_called_event_subprocesses(main)
         for proc in self.processes:
             if _executable(proc.element):
                 self._check_gateways(proc)
@@ -1241,6 +1245,35 @@ class _Validator:
         for sub in proc.element.iter(_bpmn("subProcess")):
             if sub.get("triggeredByEvent") == "true":
                 self._check_event_subprocess(sub, file)
+
+    def _check_called_event_subprocesses(self, main: str | None) -> None:
+        """A message or signal event sub-process of a process that ``main`` calls never starts: SpiffWorkflow
+        3.2 delivers those to the event sub-processes of the top-level process only (a warning: run on
+        its own, that process catches them)."""
+        by_id = {p.id: p for p in self.processes}
+        calls: dict[str, str] = {}  # called process id -> the call activity that first reaches it
+        todo = [main] if main in by_id else []
+        while todo:
+            for call in by_id[todo.pop()].element.iter(_bpmn("callActivity")):
+                called = call.get("calledElement")
+                if called in by_id and called != main and called not in calls:
+                    calls[called] = call.get("id")
+                    todo.append(called)
+        for pid, call_id in calls.items():
+            proc = by_id[pid]
+            for sub in proc.element.iterchildren(_bpmn("subProcess")):
+                if sub.get("triggeredByEvent") != "true":
+                    continue
+                for start in sub.iterchildren(_bpmn("startEvent")):
+                    kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
+                    if kinds:
+                        self.add("called_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of "
+                                 f"process {pid!r} starts on a {kinds[0]}, and {pid!r} runs here as a called process "
+                                 f"(call activity {call_id!r}): SpiffWorkflow 3.2 starts such event sub-processes "
+                                 f"in the top-level process only, so {start.get('id')!r} never catches it; catch the "
+                                 f"{kinds[0]} with a boundary event on {call_id!r}, or in an event sub-process of "
+                                 f"{main!r}", file=proc.file, line=start.sourceline, element_id=start.get("id"),
+                                 severity="warning")
 
     def _check_event_subprocess(self, sub: Any, file: str) -> None:
         """SpiffWorkflow 3.2 parses message, signal, timer and conditional start events only (any

@@ -641,3 +641,54 @@ def test_a_context_inject_the_split_would_refuse_or_overwrite_is_reported(tmp_pa
     assert instance.status == "completed", instance.error
     (branch,) = [c for c in instance.contexts.values() if c.branch_id == "b"]
     assert branch.resolve("_branch_id") == "b"
+
+
+_CALLED_WITH_EVENT_SUBPROCESS = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">
+  <bpmn:message id="m_ping" name="ping"/>
+  <bpmn:process id="main" isExecutable="true">
+    <bpmn:startEvent id="s"/>
+    <bpmn:callActivity id="c" calledElement="called"/>
+    <bpmn:endEvent id="e"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="s" targetRef="c"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="c" targetRef="e"/>
+  </bpmn:process>
+  <bpmn:process id="called" isExecutable="true">
+    <bpmn:startEvent id="cs"/>
+    <bpmn:userTask id="wait"/>
+    <bpmn:endEvent id="ce"/>
+    <bpmn:sequenceFlow id="g1" sourceRef="cs" targetRef="wait"/>
+    <bpmn:sequenceFlow id="g2" sourceRef="wait" targetRef="ce"/>
+    <bpmn:subProcess id="evs" triggeredByEvent="true">
+      <bpmn:startEvent id="es" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_ping"/></bpmn:startEvent>
+      <bpmn:scriptTask id="on_ping"><bpmn:script>pinged = 1</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="ee"/>
+      <bpmn:sequenceFlow id="h1" sourceRef="es" targetRef="on_ping"/>
+      <bpmn:sequenceFlow id="h2" sourceRef="on_ping" targetRef="ee"/>
+    </bpmn:subProcess>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_a_message_event_sub_process_of_a_called_process_warns_that_it_never_starts(tmp_path: Path) -> None:
+    """SpiffWorkflow 3.2 starts message and signal event sub-processes of the top-level process
+    only: called, the process never catches the message (run on its own, it does)."""
+    from engine import Engine, load_process
+    from engine.governance import InstanceStateError
+
+    path = tmp_path / "calls.bpmn"
+    path.write_text(_CALLED_WITH_EVENT_SUBPROCESS)
+    report = validate_process(path, process_id="main", discover_config=False)
+    found = [(p.code, p.element_id, p.severity, p.line) for p in report.problems]
+    assert found == [("called_event_subprocess_never_starts", "es", "warning", 18)], format_report(report)
+    assert "call activity 'c'" in report.problems[0].message and "boundary event on 'c'" in report.problems[0].message
+    assert validate_process(path, process_id="called", discover_config=False).problems == ()
+    engine = Engine("memory://")
+    called = engine.run(engine.start(load_process(path, "main")))
+    assert [w["task_id"] for w in called.waiting_for] == ["wait"]
+    with pytest.raises(InstanceStateError, match="does not wait for message 'ping'"):
+        engine.send_event(called, "ping", {})
+    alone = engine.run(engine.start(load_process(path, "called")))
+    alone = engine.send_event(alone, "ping", {})
+    assert alone.main.resolve("pinged") == 1
