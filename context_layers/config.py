@@ -7,6 +7,7 @@ fields, wrong types and bad values are errors that name the field
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from typing import Any, Literal
 
@@ -286,35 +287,31 @@ _HOMES: tuple[tuple[type[BaseModel], str], ...] = (
 )
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config model an annotation holds (``Model``, ``Model | None``, ``list[Model]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in getattr(annotation, "__args__", ()) if (m := _model_in(a)) is not None), None)
+
+
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model whose field ``loc[-1]`` was looked up in (list indexes skipped)."""
-    model: Any = ActivityExtensionConfig
+    model: type[BaseModel] | None = ActivityExtensionConfig
     for part in loc[:-1]:
-        if isinstance(part, int):
+        if isinstance(part, int) or model is None:
             continue
         field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
-        if field is None:
-            return None
-        inner = [a for a in getattr(field.annotation, "__args__", (field.annotation,))
-                 if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not inner:  # list[Model] keeps its model one level down
-            inner = [a for arg in getattr(field.annotation, "__args__", ())
-                     for a in getattr(arg, "__args__", (arg,)) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not inner:
-            return None
-        model = inner[0]
-    return model if isinstance(model, type) else None
+        model = _model_in(field.annotation) if field is not None else None
+    return model
 
 
 def _unknown_field(loc: tuple[Any, ...]) -> str:
     """What to do about a field the config does not know: where it belongs, or the name it resembles."""
-    import difflib
-
     name = str(loc[-1]) if loc else ""
     model = _model_at(loc)
     known = _fields(model) if model is not None else {}
     homes = [(home, where) for home, where in _HOMES if home is not model and name in _fields(home)]
-    if homes and name not in known:
+    if homes:
         alias = _fields(homes[0][0])[name]
         return f"unknown field here; {alias!r} is " + ", or ".join(where for _, where in homes)
     close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)

@@ -282,12 +282,10 @@ class Engine:
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"complete {task_id!r}")
         task = rt.find_waiting_task(task_id)
-        tape = instance.tape_length()
         try:
             rt.give_user_data(task, data, actor=actor)
-        except ContextWriteDenied:
-            if instance.tape_length() != tape:
-                self._save(instance)  # the refusal is on the tape; the task still waits
+        except AnswerWriteDenied:
+            self._save(instance)  # the refusal is on the tape; the task still waits
             raise
         instance.status = "running"
         try:
@@ -778,7 +776,7 @@ class _Runtime:
         if multi is None:
             return {}
         instances = [c for c in multi.children if c.task_spec is task.task_spec]
-        out: dict[str, Any] = {"instance": instances.index(task) + 1 if task in instances else None}
+        out: dict[str, Any] = {"instance": instances.index(task) + 1}
         name = spiff.data_name(multi.task_spec.input_item)
         if name is not None and name in task.data:
             out["input"] = {name: thaw(task.data[name])}
@@ -791,8 +789,8 @@ class _Runtime:
         states = [(t.id, t.state) for t in wf.tasks.values()]
         for sp in wf.subprocesses.values():
             states.extend((t.id, t.state) for t in sp.tasks.values())
-        return (inst.status, [dict(w) for w in inst.waiting_for], inst.tape_length(), inst.activities, inst.error and dict(inst.error),
-                [dict(c) for c in inst.confirmations], states)
+        return (inst.status, [dict(w) for w in inst.waiting_for], inst.tape_length(), inst.activities,
+                inst.error and dict(inst.error), [dict(c) for c in inst.confirmations], states)
 
     def settle(self) -> None:
         """Work out status and what the instance waits for."""
@@ -901,8 +899,8 @@ class _Runtime:
 
         A key the layer rules refuse (a SYSTEM key, a PROCESS key already set, a HISTORY record) is
         the person's mistake, not the process's: the refusal goes on the tape and
-        ``AnswerWriteDenied`` (a ``ContextWriteDenied``) is raised before anything else changes, so the task still waits
-        for a corrected answer (the instance does not fail)."""
+        ``AnswerWriteDenied`` (a ``ContextWriteDenied``) is raised before anything else changes,
+        so the task still waits for a corrected answer (the instance does not fail)."""
         given = dict(data or {})
         self._check_user_data(task, given, actor)
         self.user_data[str(task.id)] = given

@@ -57,6 +57,23 @@ SIGNAL = HEAD + """  <bpmn:process id="signal" isExecutable="true">
 """ + flows("start>split", "split>a_prep", "a_prep>a_wait", "split>b_wait", "a_wait>a_do", "b_wait>b_do",
             "a_do>join", "b_do>join", "join>total", "total>end") + TAIL
 
+def _on_docs(step_id: str, step: str) -> str:
+    """An event sub-process started by the documents message (non-interrupting), running ``step``."""
+    return f"""
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      {step}
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="{step_id}"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="{step_id}" targetRef="docs_end"/>
+    </bpmn:subProcess>
+"""
+
+
+ON_DOCS_NOTE = _on_docs("note_docs", '<bpmn:scriptTask id="note_docs"><bpmn:script>noted = len(files)</bpmn:script></bpmn:scriptTask>')
+ON_DOCS_CHECK = _on_docs("check_docs", '<bpmn:userTask id="check_docs"/>')
+
+
 # an event-based gateway: the documents, or a timer
 GATEWAY = HEAD + """  <bpmn:process id="gateway" isExecutable="true">
     <bpmn:startEvent id="start"/>
@@ -82,30 +99,14 @@ BOUNDARY = HEAD + """  <bpmn:process id="boundary" isExecutable="true">
     <bpmn:scriptTask id="withdraw"><bpmn:script>outcome = "withdrawn: " + reason</bpmn:script></bpmn:scriptTask>
     <bpmn:endEvent id="end"/>
     <bpmn:endEvent id="end_cancelled"/>
-""" + flows("start>review", "review>end", "cancelled>withdraw", "withdraw>end_cancelled") + """
-    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
-      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
-      <bpmn:scriptTask id="note_docs"><bpmn:script>noted = len(files)</bpmn:script></bpmn:scriptTask>
-      <bpmn:endEvent id="docs_end"/>
-      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="note_docs"/>
-      <bpmn:sequenceFlow id="g2" sourceRef="note_docs" targetRef="docs_end"/>
-    </bpmn:subProcess>
-""" + TAIL
+""" + flows("start>review", "review>end", "cancelled>withdraw", "withdraw>end_cancelled") + ON_DOCS_NOTE + TAIL
 
 # an event sub-process started by a message, whose step waits for a person
 EVENT_SUB_WAITS = HEAD + """  <bpmn:process id="event_sub_waits" isExecutable="true">
     <bpmn:startEvent id="start"/>
     <bpmn:userTask id="review"/>
     <bpmn:endEvent id="end"/>
-""" + flows("start>review", "review>end") + """
-    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
-      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
-      <bpmn:userTask id="check_docs"/>
-      <bpmn:endEvent id="docs_end"/>
-      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="check_docs"/>
-      <bpmn:sequenceFlow id="g2" sourceRef="check_docs" targetRef="docs_end"/>
-    </bpmn:subProcess>
-""" + TAIL
+""" + flows("start>review", "review>end") + ON_DOCS_CHECK + TAIL
 
 # the same message twice, correlated by the claim id it carries
 CORRELATED = HEAD + """  <bpmn:collaboration id="collab">
@@ -291,15 +292,7 @@ EVENT_SUB_BESIDE_BRANCHES = HEAD + """  <bpmn:process id="event_sub_beside" isEx
     <bpmn:scriptTask id="total"><bpmn:script>total = noted + len(files)</bpmn:script></bpmn:scriptTask>
     <bpmn:endEvent id="end"/>
 """ + flows("start>split", "split>review", "split>approve", "review>join", "approve>join", "join>total",
-            "total>end") + """
-    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
-      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
-      <bpmn:scriptTask id="note_docs"><bpmn:script>noted = len(files)</bpmn:script></bpmn:scriptTask>
-      <bpmn:endEvent id="docs_end"/>
-      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="note_docs"/>
-      <bpmn:sequenceFlow id="g2" sourceRef="note_docs" targetRef="docs_end"/>
-    </bpmn:subProcess>
-""" + TAIL
+            "total>end") + ON_DOCS_NOTE + TAIL
 
 
 @pytest.mark.parametrize("sent_after", [0, 1], ids=["before_any_answer", "after_one_answer"])
@@ -331,15 +324,7 @@ EVENT_SUB_THEN_BRANCHES = HEAD + """  <bpmn:process id="event_sub_then_branches"
     <bpmn:userTask id="approve"/>
     <bpmn:parallelGateway id="join"/>
     <bpmn:endEvent id="end"/>
-""" + flows("start>review", "review>split", "split>a", "split>approve", "a>join", "approve>join", "join>end") + """
-    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
-      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
-      <bpmn:userTask id="check_docs"/>
-      <bpmn:endEvent id="docs_end"/>
-      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="check_docs"/>
-      <bpmn:sequenceFlow id="g2" sourceRef="check_docs" targetRef="docs_end"/>
-    </bpmn:subProcess>
-""" + TAIL
+""" + flows("start>review", "review>split", "split>a", "split>approve", "a>join", "approve>join", "join>end") + ON_DOCS_CHECK + TAIL
 
 
 def test_an_event_sub_process_that_outlives_a_split_of_its_process_comes_back_at_the_join(tmp_path: Path) -> None:

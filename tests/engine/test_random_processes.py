@@ -221,13 +221,19 @@ def _ours(path: Path, x: int) -> tuple[Any, Counter[str]]:
     return instance, runs
 
 
+def plain_workflow(paths: list[Path], x: int) -> Any:
+    """Plain SpiffWorkflow's workflow of process ``random`` in ``paths``, started with ``x``."""
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(p) for p in paths])
+    wf = BpmnWorkflow(parser.get_spec("random"), parser.get_subprocess_specs("random"))
+    wf.task_tree.data["x"] = x
+    return wf
+
+
 def _plain(path: Path, x: int) -> Counter[str]:
     """How often each script task ran under plain SpiffWorkflow (counted as they run: it drops
     the tasks of earlier passes of a loop from its tree)."""
-    parser = SpiffBpmnParser()
-    parser.add_bpmn_file(str(path))
-    wf = BpmnWorkflow(parser.get_spec("random"), parser.get_subprocess_specs("random"))
-    wf.task_tree.data["x"] = x
+    wf = plain_workflow([path], x)
     runs: Counter[str] = Counter()
 
     def count(task: Any) -> None:

@@ -51,7 +51,6 @@ from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask
 from SpiffWorkflow.bpmn.util import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
-from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition, SignalEventDefinition
 from SpiffWorkflow.util.task import TaskState
 
@@ -60,7 +59,7 @@ from context_layers import Layer
 from engine import Engine, load_process
 
 from engine_helpers import flow, script_task, variables, write_elements
-from test_random_processes import _blocks, _expected, _has
+from test_random_processes import _blocks, _expected, _has, plain_workflow
 from test_random_processes_more import _MoreWriter
 
 NEAR, FAR = "PT{}H", "P1000D"  # a timer that fires (hours), one that never does
@@ -347,10 +346,7 @@ def _due(gate: str | None, at: dict[str, str], sent: set[tuple[str, str]], name:
 def _plain(path: Path, x: int, sends: Sends) -> Counter[str]:
     """How often each script and user task ran under plain SpiffWorkflow, driven in the same
     order (messages and signals only: its timers run on the wall clock)."""
-    parser = SpiffBpmnParser()
-    parser.add_bpmn_file(str(path))
-    wf = BpmnWorkflow(parser.get_spec("random"), parser.get_subprocess_specs("random"))
-    wf.task_tree.data["x"] = x
+    wf = plain_workflow([path], x)
     runs: Counter[str] = Counter()
 
     def count(task: Any) -> None:

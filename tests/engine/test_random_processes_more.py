@@ -45,8 +45,6 @@ from hypothesis import strategies as st
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask
-from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
-from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import Layer
@@ -54,7 +52,7 @@ from context_layers import Layer
 from engine import Engine, load_process
 
 from engine_helpers import HEAD, flow, script_task, variables, write_elements
-from test_random_processes import _blocks, _expected, _has, _Writer
+from test_random_processes import _blocks, _expected, _has, _Writer, plain_workflow
 
 
 @dataclass
@@ -156,17 +154,8 @@ class _MoreWriter(_Writer):
         if kind == "errp":
             _, m, scripts, rest, recovery = tree
             sid = self.new("ep")
-            inner = replace(self, elements=[f'<bpmn:startEvent id="{sid}_start"/>',
-                                            f'<bpmn:parallelGateway id="{sid}_fork"/>', flow(f"{sid}_start", f"{sid}_fork")])
-            exit_, keys, first = inner.block(("seq", [("task", reads) for reads in scripts]), f"{sid}_fork", known)
-            inner.elements += [f'<bpmn:exclusiveGateway id="{sid}_fail" default="{sid}_fail_d"/>', flow(exit_, f"{sid}_fail"),
-                               f'<bpmn:endEvent id="{sid}_end_a"/>', self._flow_id(f"{sid}_fail", f"{sid}_end_a", f"{sid}_fail_d"),
-                               f'<bpmn:endEvent id="{sid}_error"><bpmn:errorEventDefinition errorRef="{sid}_e"/>'
-                               "</bpmn:endEvent>", flow(f"{sid}_fail", f"{sid}_error", f"x % {m} == 0")]
-            # the other branch waits for a person first, so the error (if any) always comes before it
-            exit_b, _, second = inner.block(("seq", [("user",), rest]), f"{sid}_fork", known)
-            inner.elements += [f'<bpmn:endEvent id="{sid}_end_b"/>', flow(exit_b, f"{sid}_end_b")]
-            self.n = inner.n
+            inner, keys, first, second = self._fork_that_ends(
+                sid, m, scripts, rest, known, "fail", "error", f'<bpmn:errorEventDefinition errorRef="{sid}_e"/>')
             rec = self._caught(sid, inner.elements, entry, known, recovery, None, "error")
             return f"{sid}_after", known, ("errp", m, first, second, rec)
         if kind == "esc":
@@ -193,20 +182,31 @@ class _MoreWriter(_Writer):
         if kind == "term":
             _, m, scripts, rest = tree
             sid = self.new("ts")
-            inner = replace(self, elements=[f'<bpmn:startEvent id="{sid}_start"/>',
-                                            f'<bpmn:parallelGateway id="{sid}_fork"/>', flow(f"{sid}_start", f"{sid}_fork")])
-            exit_, keys, first = inner.block(("seq", [("task", reads) for reads in scripts]), f"{sid}_fork", known)
-            inner.elements += [f'<bpmn:exclusiveGateway id="{sid}_stop" default="{sid}_stop_d"/>', flow(exit_, f"{sid}_stop"),
-                               f'<bpmn:endEvent id="{sid}_end_a"/>', self._flow_id(f"{sid}_stop", f"{sid}_end_a", f"{sid}_stop_d"),
-                               f'<bpmn:endEvent id="{sid}_kill"><bpmn:terminateEventDefinition/></bpmn:endEvent>',
-                               flow(f"{sid}_stop", f"{sid}_kill", f"x % {m} == 0")]
-            # the other branch waits for a person first, so the terminate (if any) always comes before it
-            exit_b, _, second = inner.block(("seq", [("user",), rest]), f"{sid}_fork", known)
-            inner.elements += [f'<bpmn:endEvent id="{sid}_end_b"/>', flow(exit_b, f"{sid}_end_b")]
-            self.n = inner.n
+            inner, keys, first, second = self._fork_that_ends(
+                sid, m, scripts, rest, known, "stop", "kill", "<bpmn:terminateEventDefinition/>")
             self.elements += [f'<bpmn:subProcess id="{sid}">{"".join(inner.elements)}</bpmn:subProcess>', flow(entry, sid)]
             return sid, keys, ("term", m, first, second)
         return super().block(tree, entry, known)
+
+    def _fork_that_ends(self, sid: str, m: int, scripts: Any, rest: Any, known: list[str], gate: str,
+                        end: str, definition: str) -> tuple[Any, list[str], Any, Any]:
+        """The body of sub-process ``sid``: a parallel fork whose first branch runs ``scripts`` then
+        reaches end event ``<sid>_<end>`` (of event ``definition``: an error, a terminate) through gateway
+        ``<sid>_<gate>`` when ``x % m == 0``, else a plain end; the second branch waits for a person
+        first, so the end event (if reached) always comes before it, then runs ``rest``. The writer
+        holding it, the keys after the first branch, and both branches' trees."""
+        inner = replace(self, elements=[f'<bpmn:startEvent id="{sid}_start"/>',
+                                        f'<bpmn:parallelGateway id="{sid}_fork"/>', flow(f"{sid}_start", f"{sid}_fork")])
+        exit_, keys, first = inner.block(("seq", [("task", reads) for reads in scripts]), f"{sid}_fork", known)
+        inner.elements += [f'<bpmn:exclusiveGateway id="{sid}_{gate}" default="{sid}_{gate}_d"/>',
+                           flow(exit_, f"{sid}_{gate}"), f'<bpmn:endEvent id="{sid}_end_a"/>',
+                           self._flow_id(f"{sid}_{gate}", f"{sid}_end_a", f"{sid}_{gate}_d"),
+                           f'<bpmn:endEvent id="{sid}_{end}">{definition}</bpmn:endEvent>',
+                           flow(f"{sid}_{gate}", f"{sid}_{end}", f"x % {m} == 0")]
+        exit_b, _, second = inner.block(("seq", [("user",), rest]), f"{sid}_fork", known)
+        inner.elements += [f'<bpmn:endEvent id="{sid}_end_b"/>', flow(exit_b, f"{sid}_end_b")]
+        self.n = inner.n
+        return inner, keys, first, second
 
     def _caught(self, sid: str, elements: list[str], entry: str, known: list[str], recovery: Any,
                 call_file: int | None, event: str) -> Any:
@@ -400,10 +400,7 @@ def _plain(paths: list[Path], x: int) -> Counter[str]:
     drops the tasks of earlier passes of a loop from its tree) and from the tree after each
     round of engine steps (a task that a multi-instance activity without instances readies
     completes with no callback)."""
-    parser = SpiffBpmnParser()
-    parser.add_bpmn_files([str(p) for p in paths])
-    wf = BpmnWorkflow(parser.get_spec("random"), parser.get_subprocess_specs("random"))
-    wf.task_tree.data["x"] = x
+    wf = plain_workflow(paths, x)
     done: dict[Any, str] = {}
 
     def count(task: Any) -> None:
