@@ -2121,10 +2121,13 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
         for sp in wf.subprocesses.values():
             tasks.extend(t for t in sp.tasks.values() if t.state == state)
         return tasks
-    tasks = list(wf.get_tasks(state=state))
+    # SpiffWorkflow's iterator goes down into the sub-processes that have not finished, and
+    # the sub-processes are searched again for those below a finished task: each task once
+    tasks = {t.id: t for t in wf.get_tasks(state=state)}
     for sp in wf.subprocesses.values():
-        tasks.extend(sp.get_tasks(state=state))
-    return tasks
+        for t in sp.get_tasks(state=state):
+            tasks.setdefault(t.id, t)
+    return list(tasks.values())
 
 
 def _gateway_type(spec: Any) -> str:

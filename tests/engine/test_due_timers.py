@@ -112,3 +112,39 @@ def test_an_engine_takes_a_context_layers_store_as_it_is(tmp_path: Path) -> None
     engine = Engine(raw)
     instance = engine.run(engine.start(load_process(person_process(tmp_path)), {}))
     assert engine.load(instance.id).status == "waiting" and engine.store.list()[0]["id"] == instance.id
+
+
+def _in_a_sub_process(tmp_path: Path, timer: str) -> Path:
+    path = tmp_path / "in_sub.bpmn"
+    path.write_text(chain_bpmn("in_sub", [
+        '<bpmn:subProcess id="sub"><bpmn:startEvent id="s0"/>'
+        f'<bpmn:intermediateCatchEvent id="wait"><bpmn:timerEventDefinition>{timer}</bpmn:timerEventDefinition>'
+        '</bpmn:intermediateCatchEvent><bpmn:endEvent id="s1"/>'
+        '<bpmn:sequenceFlow id="s_a" sourceRef="s0" targetRef="wait"/>'
+        '<bpmn:sequenceFlow id="s_b" sourceRef="wait" targetRef="s1"/></bpmn:subProcess>',
+        script_task("after", "done = True")]), encoding="utf-8")
+    return path
+
+
+def test_timers_fire_by_the_engine_clock_only_even_behind_the_wall_clock(tmp_path: Path) -> None:
+    """SpiffWorkflow checks its duration and date timers against the wall clock: under an engine
+    whose clock is a year behind, a timer due in an hour of that clock fired at once."""
+    clock = Clock(time.time() - 365 * 24 * HOUR)
+    engine = Engine(f"sqlite:///{tmp_path / 'timers.db'}", clock=clock)
+    for path in (timer_process(tmp_path), _in_a_sub_process(tmp_path, '<bpmn:timeDuration>"PT1H"</bpmn:timeDuration>')):
+        instance = engine.run(engine.start(load_process(path), {}))
+        assert instance.status == "waiting" and instance.main.get("done") is None
+        instance = engine.resume(engine.load(instance.id))
+        assert instance.status == "waiting", "not due yet by the engine's clock"
+    clock.now += HOUR
+    for item in engine.due_timers():
+        assert engine.resume(engine.load(item["instance_id"])).main.get("done") is True
+
+
+def test_a_timer_in_a_sub_process_is_listed_once(tmp_path: Path) -> None:
+    """SpiffWorkflow's task iterator goes down into a running sub-process, and the sub-processes
+    were searched again: every timer in one was listed twice in ``waiting_for``."""
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(_in_a_sub_process(tmp_path, '<bpmn:timeDuration>"PT1H"'
+                                                                                 '</bpmn:timeDuration>')), {}))
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("timer", "wait")]
