@@ -1153,6 +1153,11 @@ class _Runtime:
         multi = spiff.multi_instance_of(task)
         outputs = spiff.io_names(subworkflow.spec, "data_outputs")
         if spiff.is_event_subprocess(task):
+            if spiff.starts_by_timer(subworkflow):
+                # made as its process starts, it waits for its timer there: it gets its context as
+                # the timer fires, from the process's as it stands then (event_started)
+                task.internal_data[spiff.EVENT_FORK_KEY] = True
+                return
             # the process goes on meanwhile, and may split this context: it must then stay as the
             # split left it (the join merges against it), so the event sub-process, the payload
             # that started it included, runs in a side branch, merged back as it ends, or once
@@ -1188,6 +1193,75 @@ class _Runtime:
             "status": "scope", "join": None}
         subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
 
+    def event_started(self, start: Any, interrupting: bool) -> None:
+        """The start event of an event sub-process fired. One whose start is a timer gets its side
+        context now (``enter_subworkflow``), forked from its process's context as it stands. An
+        interrupting one then cancels the rest of its process (``interrupt``)."""
+        esp: Any = spiff.event_subprocess_of(start)
+        if esp.internal_data.pop(spiff.EVENT_FORK_KEY, False):
+            ctx = self.context_of(esp)
+            self._fork(esp, ctx.name, ctx, spiff.bpmn_id_of(esp), None, [esp])
+            name = spiff.context_name_of(esp)
+            self.instance.branches[name]["status"] = "event"
+            start.workflow.task_tree.internal_data[spiff.CTX_KEY] = name  # what leave_subworkflow merges
+            for t in start.workflow.tasks.values():
+                if t.internal_data.get(spiff.CTX_KEY) == ctx.name:
+                    t.internal_data[spiff.CTX_KEY] = name
+        if interrupting:
+            self.interrupt(esp, spiff.bpmn_id_of(start))
+
+    def interrupt(self, esp: Any, by: str) -> None:
+        """An interrupting event sub-process started: the rest of the (sub-)process it belongs to
+        stops, as BPMN says. Every other unfinished task of that process is cancelled (running
+        sub-processes, waiting people and timers, other event sub-processes); the branches of its
+        splits and the contexts of what it cancels are closed as ``cancelled``, their changes
+        dropped, as their tokens are; an activity left open is put back as it was before it began,
+        and the confirmations it waited for are closed. What finished before stays. When the event
+        sub-process ends, so does its process (its end join has nothing else to wait for)."""
+        wf = esp.workflow
+        top = wf.top_workflow
+        keep = {esp.id}
+        stack = list(esp.children)
+        while stack:
+            t = stack.pop()
+            keep.add(t.id)
+            stack.extend(t.children)
+        doomed = [t for t in wf.get_tasks(state=TaskState.NOT_FINISHED_MASK) if t.workflow is wf and t.id not in keep]
+        doomed_ids = {t.id for t in doomed}
+
+        def inside(workflow: Any) -> bool:  # below a doomed task (a sub-process in a cancelled one too)
+            while workflow is not None and workflow.parent_task_id is not None:
+                if workflow.parent_task_id in doomed_ids:
+                    return True
+                workflow = top.get_task_from_id(workflow.parent_task_id).workflow
+            return False
+
+        gone_workflows = [w for w in top.subprocesses.values() if inside(w)]
+        inst = self.instance
+        own = spiff.context_name_of(esp)
+        for name, info in inst.branches.items():
+            if name == own or info["status"] not in ("open", "event", "side", "scope"):
+                continue
+            split_id = uuid.UUID(info["split"].rsplit("@", 1)[1])
+            if split_id in wf.tasks or any(split_id in w.tasks for w in gone_workflows):
+                info["status"] = "cancelled"
+                info["join"] = by
+                inst.contexts[name].record("cancelled", actor=by, data={"by": by})
+        gone_keys = {str(i) for i in doomed_ids} | {str(t) for w in gone_workflows for t in w.tasks}
+        for c in inst.confirmations:
+            if not c.get("answered") and c.get("task") in gone_keys:
+                c.update(answered=True, cancelled=True)
+        for key in [k for k in inst.suspended if k in gone_keys]:
+            del inst.suspended[key]
+        for t in doomed:
+            if t.parent is None or t.parent.id not in doomed_ids:
+                t.cancel()
+        for name, ctx in inst.contexts.items():
+            status = inst.branches[name]["status"] if name in inst.branches else None
+            if ctx.current_activity is not None and status not in ("cancelled", "joined") and name != own:
+                ctx.abort_activity(ctx.current_activity, reason=f"interrupted by event sub-process "
+                                   f"{spiff.bpmn_id_of(esp)!r}", actor=by)
+
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None:
         """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""
         name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
@@ -1195,6 +1269,11 @@ class _Runtime:
         if info is not None and info["status"] == "event":
             info["status"] = "event_done"
             self._merge_events(str(info["parent"]))
+            if info["status"] == "joined":
+                # merged back: what follows it (its process's end join) runs in that context
+                for t in [task, *task.children]:
+                    if t.internal_data.get(spiff.CTX_KEY) in (None, name):
+                        t.internal_data[spiff.CTX_KEY] = info["parent"]
             return
         if info is None or info["status"] != "scope":
             return
@@ -2123,11 +2202,11 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
         return tasks
     # SpiffWorkflow's iterator goes down into the sub-processes that have not finished, and
     # the sub-processes are searched again for those below a finished task: each task once
-    tasks = {t.id: t for t in wf.get_tasks(state=state)}
+    once = {t.id: t for t in wf.get_tasks(state=state)}
     for sp in wf.subprocesses.values():
         for t in sp.get_tasks(state=state):
-            tasks.setdefault(t.id, t)
-    return list(tasks.values())
+            once.setdefault(t.id, t)
+    return list(once.values())
 
 
 def _gateway_type(spec: Any) -> str:

@@ -64,13 +64,14 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
+from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
 from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
-from SpiffWorkflow.bpmn.specs.control import _EndJoin
+from SpiffWorkflow.bpmn.specs.control import BpmnStartTask, _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
@@ -98,7 +99,7 @@ from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
 from SpiffWorkflow.spiff.specs.event_definitions import ErrorEventDefinition as SpiffErrorEventDefinition
 from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinition as SpiffEscalationEventDefinition
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
-from SpiffWorkflow.util.task import TaskState
+from SpiffWorkflow.util.task import TaskIterator, TaskState
 
 from . import deep_trees, inclusive_join
 
@@ -159,6 +160,7 @@ BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
+EVENT_FORK_KEY = "lf_event_fork"  # on a timer's event sub-process: its context is forked as the timer fires
 MAIN_CONTEXT = "main"
 
 
@@ -168,6 +170,7 @@ class Driver(Protocol):
     def exec_script(self, task: Any, script: str) -> None: ...
     def join(self, task: Any) -> bool: ...
     def terminate(self, task: Any) -> None: ...
+    def event_started(self, start: Any, interrupting: bool) -> None: ...
     def split(self, task: Any) -> None: ...
     def begin_multi(self, task: Any) -> None: ...
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
@@ -353,6 +356,11 @@ class _LayerflowSpecMixin:
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
+        if isinstance(self, StartEvent) and self.lf_role == "flow":
+            driver = driver_of(my_task)
+            if driver is not None and event_subprocess_of(my_task) is not None:
+                # before its path is made: the path runs in the context the event sub-process gets now
+                driver.event_started(my_task, bool(getattr(self, "lf_interrupting", False)))
         # an error end event that an event catches ends its (sub-)process as a terminate end event
         # does: the catching event's path goes on with what the branch that threw it wrote
         if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \
@@ -477,10 +485,66 @@ for _stock in [spec for _, spec in _STOCK_TAGS.values()] + list(_EXTRA_SPECS):
     if _stock not in TWINS:
         TWINS[_stock] = _twin(_stock, _role_of(_stock))
         globals()[TWINS[_stock].__name__] = TWINS[_stock]
+
+
+def _dormant_event_subprocess(task: Any) -> bool:
+    """Whether ``task`` is an event sub-process whose start event has not fired: nothing in it
+    but start events has begun (a timer start's event sub-process is made as its process
+    starts, and waits there)."""
+    if not is_event_subprocess(task):
+        return False
+    sub = task.workflow.top_workflow.subprocesses.get(task.id)
+    if sub is None:
+        return True
+    begun = TaskState.READY | TaskState.STARTED | TaskState.WAITING | TaskState.COMPLETED | TaskState.ERROR
+    for t in sub.tasks.values():
+        if isinstance(t.task_spec, BpmnStartTask):
+            continue
+        if isinstance(t.task_spec, StartEvent) and t.state == TaskState.WAITING:
+            continue  # listening
+        if t.has_state(begun):
+            return False
+    return True
+
+
+class LayerflowEndJoin(_LayerflowSpecMixin, _EndJoin):  # type: ignore[misc]
+    """The implicit join every (sub-)process ends in. As SpiffWorkflow's, it fires once every
+    other task of its process has finished, except that an event sub-process whose start event
+    has not fired does not hold it: in BPMN an event sub-process listens only while its process
+    runs, so it is cancelled as the process ends (SpiffWorkflow waited for its timer)."""
+
+    lf_role = "gateway"
+
+    def _check_threshold_unstructured(self, my_task: Any) -> bool:
+        dormant: list[Any] = []
+        for task in TaskIterator(my_task.workflow.task_tree, state=TaskState.NOT_FINISHED_MASK,
+                                 end_at_spec=self.name):
+            if task == my_task or any(task is d or task.is_descendant_of(d) for d in dormant):
+                continue
+            if _dormant_event_subprocess(task):
+                dormant.append(task)
+                continue
+            return False
+        for task in dormant:
+            task.cancel()
+        return True
+
+
 # The implicit join every process ends in: all its end events lead to it, so branches of a
 # split that end in end events of their own (no joining gateway) merge there, as in
 # SpiffWorkflow, where it merges their data.
-TWINS[_EndJoin] = LayerflowEndJoin = _twin(_EndJoin, "gateway")
+TWINS[_EndJoin] = LayerflowEndJoin
+
+
+_START_EVENT_TWIN = TWINS[_STOCK_TAGS[full_tag("startEvent")][1]]
+
+
+class LayerflowInterruptingEventStart(_START_EVENT_TWIN):  # type: ignore[misc,valid-type]
+    """The start event of an interrupting event sub-process (``isInterrupting`` true, BPMN's
+    default). SpiffWorkflow does not read the attribute; this class records it, and as the
+    event fires the rest of its (sub-)process is cancelled (``_Runtime.event_started``)."""
+
+    lf_interrupting = True
 
 
 def is_activity(spec: Any) -> bool:
@@ -517,10 +581,28 @@ def is_end_join(spec: Any) -> bool:
 
 
 def is_event_subprocess(task: Any) -> bool:
-    """Whether ``task`` is an event sub-process an event started (``BpmnStartTask.trigger_wf``;
-    SpiffBpmnParser builds it as a plain sub-process)."""
-    return (isinstance(task.task_spec, SubWorkflowTask)
-            and task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ()))
+    """Whether ``task`` is an event sub-process (SpiffBpmnParser builds it as a plain sub-process):
+    one an event started (``BpmnStartTask.trigger_wf``), or one whose start is a timer, which
+    SpiffWorkflow starts with its process (the internal start task is its parent) to wait there."""
+    if not isinstance(task.task_spec, SubWorkflowTask):
+        return False
+    return (task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ())
+            or task.parent is not None and isinstance(task.parent.task_spec, BpmnStartTask))
+
+
+def starts_by_timer(subworkflow: Any) -> bool:
+    """Whether the event sub-process ``subworkflow`` starts with a timer."""
+    return any(isinstance(spec, StartEvent) and isinstance(getattr(spec, "event_definition", None), TimerEventDefinition)
+               for spec in subworkflow.spec.task_specs.values())
+
+
+def event_subprocess_of(task: Any) -> Any:
+    """The event sub-process task whose workflow ``task`` is in; None outside one."""
+    pid = task.workflow.parent_task_id
+    if pid is None:
+        return None
+    parent = task.workflow.top_workflow.get_task_from_id(pid)
+    return parent if parent is not None and is_event_subprocess(parent) else None
 
 
 def is_split(spec: Any) -> bool:
@@ -915,7 +997,18 @@ class _ExtensionsParserMixin:
             # UserTaskParser and BusinessRuleTaskParser name their class in code; the twin
             # adds methods only, so changing the class of the fresh object is safe.
             task.__class__ = twin
+        if type(task) is _START_EVENT_TWIN and _interrupting_event_start(self.node):
+            task.__class__ = LayerflowInterruptingEventStart  # adds one attribute
         return task
+
+
+def _interrupting_event_start(node: Any) -> bool:
+    """Whether a startEvent element starts an interrupting event sub-process: an event (not a
+    plain start) in a ``triggeredByEvent`` sub-process, ``isInterrupting`` not false."""
+    parent = node.getparent()
+    return (parent is not None and _local(parent.tag) == "subProcess" and parent.get("triggeredByEvent") == "true"
+            and node.get("isInterrupting", "true") != "false"
+            and any(_local(c.tag).endswith("EventDefinition") for c in node))
 
 
 def _thrown_to_its_process(definition: Any) -> Any:
@@ -1031,6 +1124,7 @@ def _serializer() -> BpmnWorkflowSerializer:
     config[EngineCycleTimerEventDefinition] = config[CycleTimerEventDefinition]
     for stock, engine_class in (*_THROWN_TO_ITS_PROCESS.items(), *_ON_THE_ENGINE_CLOCK.items()):
         config[engine_class] = config[stock]
+    config[LayerflowInterruptingEventStart] = config[_STOCK_TAGS[full_tag("startEvent")][1]]
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 

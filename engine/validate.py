@@ -82,8 +82,6 @@ not make ``report.ok`` false:
 ``called_event_subprocess_never_starts`` W  a process the one to run calls (a call activity) has an event
                                       sub-process with a message or signal start: SpiffWorkflow 3.2 starts
                                       those in the top-level process only, never in a called one
-``event_subprocess_not_interrupting`` W  an interrupting event sub-process start: SpiffWorkflow 3.2 never
-                                      interrupts, the process goes on beside it
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
@@ -1278,8 +1276,8 @@ class _Validator:
     def _check_event_subprocess(self, sub: Any, file: str) -> None:
         """SpiffWorkflow 3.2 parses message, signal, timer and conditional start events only (any
         other runs as a start event with no trigger, at once); it starts an event sub-process by a
-        message or signal only at the top level of the process it runs; and it never interrupts:
-        isInterrupting is not read."""
+        message or signal only at the top level of the process it runs. (It does not read
+        isInterrupting either; layerflow does: ``spiff.LayerflowInterruptingEventStart``.)"""
         sid = sub.get("id")
         for start in sub.iterchildren(_bpmn("startEvent")):
             eid = start.get("id")
@@ -1301,12 +1299,6 @@ class _Validator:
                          f"catch it; move {sid!r} to the process, or catch the {kinds[0]} with a boundary event on "
                          f"{parent.get('id')!r}", file=file, line=start.sourceline, element_id=eid)
                 continue
-            if kinds and start.get("isInterrupting", "true") == "true":
-                self.add("event_subprocess_not_interrupting", f"start event {eid!r} of event sub-process {sid!r} is "
-                         "interrupting (isInterrupting is true, or absent: BPMN's default), and SpiffWorkflow 3.2 "
-                         f"never interrupts: {sid!r} runs beside the rest of the process, which goes on; set "
-                         "isInterrupting=\"false\" to say so, or draw the steps it should stop in a sub-process with "
-                         "an interrupting boundary event", file=file, line=start.sourceline, element_id=eid, severity="warning")
 
     def _check_cancel(self, event: Any, eid: str, file: str) -> None:
         """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming

@@ -4,6 +4,7 @@ refusals that change nothing."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -394,17 +395,138 @@ def test_an_event_sub_process_spiffworkflow_would_run_wrongly_is_refused(tmp_pat
         load_process(path)
 
 
-def test_an_interrupting_event_sub_process_is_loaded_with_a_warning_and_runs_beside_the_process(tmp_path: Path) -> None:
-    """SpiffWorkflow 3.2 does not read isInterrupting: the process goes on beside the event sub-process."""
-    text = _event_sub(MESSAGE_START.replace(' isInterrupting="false"', ""))
-    report = validate_process(write(tmp_path, "process", text))
-    assert [(p.code, p.severity, p.element_id) for p in report.problems] == [
-        ("event_subprocess_not_interrupting", "warning", "on_start")]
-    engine, instance = started(tmp_path, text)
-    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": []})
-    assert [w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task"] == ["review"]
-    done = engine.complete_user_task(engine.load(instance.id), "review", {})
-    assert done.status == "completed" and done.main.resolve("noted") is True
+class Clock:
+    def __init__(self) -> None:
+        self.now = float(int(time.time()))
+
+    def __call__(self) -> float:
+        return self.now
+
+
+TIMER_START = ('<bpmn:startEvent id="on_start"{interrupting}><bpmn:timerEventDefinition><bpmn:timeDuration>"PT1H"'
+               '</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:startEvent>')
+MESSAGE_START_AT = '<bpmn:startEvent id="on_start"{interrupting}><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>'
+
+
+def _guarded(start: str, *, interrupting: bool, nested: bool, parallel: bool = False) -> str:
+    """A case: ``open_case`` sets its reference, then a person reviews it (two people, in parallel
+    branches, each after a step of their own, when ``parallel``), then ``after`` runs. An event
+    sub-process (in the sub-process around the review when ``nested``) escalates: it reads the
+    reference and writes ``escalated``."""
+    start = start.format(interrupting="" if interrupting else ' isInterrupting="false"')
+    handler = f"""<bpmn:subProcess id="on_event" triggeredByEvent="true">{start}
+      <bpmn:scriptTask id="escalate"><bpmn:script>escalated = "escalated " + case_ref</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="on_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="on_start" targetRef="escalate"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="escalate" targetRef="on_end"/></bpmn:subProcess>"""
+    if parallel:
+        review = """<bpmn:parallelGateway id="fork"/><bpmn:parallelGateway id="merge"/>
+      <bpmn:scriptTask id="a_prep"><bpmn:script>a_seen = True</bpmn:script></bpmn:scriptTask>
+      <bpmn:scriptTask id="b_prep"><bpmn:script>b_seen = True</bpmn:script></bpmn:scriptTask>
+      <bpmn:userTask id="review"/><bpmn:userTask id="second_review"/>
+      <bpmn:sequenceFlow id="r1" sourceRef="s_start" targetRef="fork"/>
+      <bpmn:sequenceFlow id="r2" sourceRef="fork" targetRef="a_prep"/><bpmn:sequenceFlow id="r3" sourceRef="a_prep" targetRef="review"/>
+      <bpmn:sequenceFlow id="r4" sourceRef="fork" targetRef="b_prep"/><bpmn:sequenceFlow id="r5" sourceRef="b_prep" targetRef="second_review"/>
+      <bpmn:sequenceFlow id="r6" sourceRef="review" targetRef="merge"/><bpmn:sequenceFlow id="r7" sourceRef="second_review" targetRef="merge"/>
+      <bpmn:sequenceFlow id="r8" sourceRef="merge" targetRef="s_end"/>"""
+    else:
+        review = """<bpmn:userTask id="review"/>
+      <bpmn:sequenceFlow id="r1" sourceRef="s_start" targetRef="review"/>
+      <bpmn:sequenceFlow id="r2" sourceRef="review" targetRef="s_end"/>"""
+    body = f'<bpmn:startEvent id="s_start"/>{review}<bpmn:endEvent id="s_end"/>'
+    return HEAD + """  <bpmn:process id="guarded" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="open_case"><bpmn:script>case_ref = "CL-" + str(number)</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="after"><bpmn:script>closed = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+""" + f'<bpmn:subProcess id="sub">{body}{handler if nested else ""}</bpmn:subProcess>' + (
+        "" if nested else handler) + flows("start>open_case", "open_case>sub", "sub>after", "after>end") + TAIL
+
+
+def _fire(engine: Engine, clock: Clock, instance: Instance, start: str) -> Instance:
+    """The event sub-process's event comes, on an instance loaded from the store."""
+    instance = engine.load(instance.id)
+    if start is TIMER_START:
+        clock.now += 2 * 3600
+        return engine.resume(instance)
+    return engine.send_event(instance, "documents_received", {"files": []})
+
+
+def _replays(instance: Instance) -> None:
+    for ctx in instance.contexts.values():
+        assert LayeredContext.replay(ctx.tape).as_dict() == ctx.as_dict()
+
+
+# (a message event sub-process inside a sub-process is refused: event_subprocess_never_starts)
+@pytest.mark.parametrize(("start", "nested"), [(TIMER_START, False), (TIMER_START, True), (MESSAGE_START_AT, False)],
+                         ids=["timer_top", "timer_in_sub_process", "message_top"])
+@pytest.mark.parametrize("parallel", [False, True], ids=["one_person", "parallel_people"])
+def test_an_interrupting_event_sub_process_cancels_the_rest_of_its_process(tmp_path: Path, start: str, nested: bool,
+                                                                          parallel: bool) -> None:
+    """BPMN: an interrupting event sub-process (isInterrupting true, the default) stops the rest
+    of its (sub-)process as it starts. SpiffWorkflow 3.2 does not read the attribute: the people
+    still waited, and the process went on after the event sub-process. Here the waiting people
+    are no longer asked, the branches are dropped, and the (sub-)process ends with the event
+    sub-process; a process around the interrupted sub-process goes on."""
+    path = write(tmp_path, "guarded", _guarded(start, interrupting=True, nested=nested, parallel=parallel))
+    assert not validate_process(path).problems
+    clock = Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'esp.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(path), {"number": 7}))
+    people = ["review", "second_review"] if parallel else ["review"]
+    assert [w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task"] == people
+
+    done = _fire(engine, clock, instance, start)
+
+    assert done.status == "completed", (done.error, done.waiting_for)
+    assert done.waiting_for == []
+    assert done.main.resolve("escalated") == "escalated CL-7"  # it read what the process had written
+    assert done.main.get("closed") is (True if nested else None)  # the process around it goes on
+    assert done.main.get("a_seen") is None and done.main.get("b_seen") is None  # cancelled branches: dropped
+    ran = path_of(done.workflow)
+    assert "escalate" in ran and "review" not in ran
+    assert ("after" in ran) is nested
+    assert engine.load(done.id).status == "completed"
+    _replays(done)
+
+
+@pytest.mark.parametrize("interrupting", [True, False], ids=["interrupting", "non_interrupting"])
+@pytest.mark.parametrize("nested", [False, True], ids=["top", "in_sub_process"])
+def test_an_event_sub_process_whose_timer_has_not_come_ends_with_its_process(tmp_path: Path, interrupting: bool,
+                                                                           nested: bool) -> None:
+    """An event sub-process listens while its process runs. SpiffWorkflow 3.2 starts a timer's
+    event sub-process with its process, and the process then waited for the timer after its
+    last step: a one-hour escalation kept every case open for an hour, even when done at once."""
+    path = write(tmp_path, "guarded", _guarded(TIMER_START, interrupting=interrupting, nested=nested))
+    clock = Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'esp.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(path), {"number": 7}))
+    assert [w["task_id"] for w in instance.waiting_for] == ["review", "on_start"]
+
+    done = engine.complete_user_task(engine.load(instance.id), "review", {"ok": True})
+
+    assert done.status == "completed" and done.waiting_for == []
+    assert done.main.get("closed") is True and done.main.get("escalated") is None
+    assert "escalate" not in path_of(done.workflow)
+    _replays(done)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["top", "in_sub_process"])
+def test_a_non_interrupting_timer_event_sub_process_runs_beside_the_person_who_still_waits(tmp_path: Path,
+                                                                                         nested: bool) -> None:
+    path = write(tmp_path, "guarded", _guarded(TIMER_START, interrupting=False, nested=nested))
+    clock = Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'esp.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(path), {"number": 7}))
+    instance = _fire(engine, clock, instance, TIMER_START)
+    assert [w["task_id"] for w in instance.waiting_for] == ["review"]
+    assert instance.main.resolve("escalated") == "escalated CL-7"
+
+    done = engine.complete_user_task(engine.load(instance.id), "review", {"ok": True})
+
+    assert done.status == "completed" and done.main.get("closed") is True
+    assert done.main.resolve("escalated") == "escalated CL-7"
+    _replays(done)
 
 
 def test_an_event_sub_process_one_instance_started_does_not_run_in_the_next(tmp_path: Path) -> None:
