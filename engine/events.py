@@ -284,7 +284,9 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
     inside: set[int] = set()  # catches whose payload joins the open activity they are attached to
     for c in catches:
         ctx = contexts[c.context]
-        if ctx.current_activity is not None:
+        # (an event sub-process's start: its payload goes into the context the event sub-process
+        # gets, forked from this one, never into an open activity's)
+        if ctx.current_activity is not None and c.task is not None:
             multi = _open_multi_instance(c, ctx.current_activity)
             if multi is None:
                 raise InstanceStateError(f"instance {instance_id}: {c.kind} {name!r} is caught at {c.event_id} in "

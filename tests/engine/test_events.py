@@ -651,3 +651,39 @@ def test_an_unknown_kind_is_a_programming_error(tmp_path: Path) -> None:
     engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
     with pytest.raises(ValueError, match="'message' or 'signal'"):
         engine.send_event(instance, "documents_received", kind="email")
+
+
+@pytest.mark.parametrize("interrupting", [True, False], ids=["interrupting", "non_interrupting"])
+def test_a_message_starts_an_event_sub_process_while_people_of_a_multi_instance_step_answer(
+        tmp_path: Path, interrupting: bool) -> None:
+    """The context of a multi-instance step whose instances wait for people has that step open.
+    The message was refused ("answer it first"), though its payload goes into the event
+    sub-process's own context, forked from that one."""
+    start = MESSAGE_START_AT.format(interrupting="" if interrupting else ' isInterrupting="false"')
+    text = HEAD + f"""  <bpmn:process id="votes" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef>
+      <bpmn:inputDataItem id="voter"/></bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>
+    <bpmn:scriptTask id="count"><bpmn:script>counted = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:subProcess id="on_event" triggeredByEvent="true">{start}
+      <bpmn:scriptTask id="note"><bpmn:script>noted = len(voters) + len(files)</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="on_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="on_start" targetRef="note"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="note" targetRef="on_end"/></bpmn:subProcess>
+""" + flows("start>vote", "vote>count", "count>end") + TAIL
+    engine, instance = started(tmp_path, text, {"voters": ["ann", "bob"]})
+    first = next(w for w in instance.waiting_for if w.get("instance") == 1)
+    instance = engine.complete_user_task(engine.load(instance.id), first["id"], {"yes": True})
+
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a.pdf"]})
+
+    assert instance.main.resolve("noted") == 3
+    if interrupting:
+        assert instance.status == "completed" and instance.main.get("counted") is None
+    else:
+        (bob,) = [w for w in instance.waiting_for if w["kind"] == "user_task"]
+        assert bob["input"] == {"voter": "bob"}
+        instance = engine.complete_user_task(engine.load(instance.id), bob["id"], {"yes": False})
+        assert instance.status == "completed" and instance.main.get("counted") is True
+    _replays(instance)
