@@ -687,3 +687,33 @@ def test_a_message_starts_an_event_sub_process_while_people_of_a_multi_instance_
         instance = engine.complete_user_task(engine.load(instance.id), bob["id"], {"yes": False})
         assert instance.status == "completed" and instance.main.get("counted") is True
     _replays(instance)
+
+
+def test_an_interrupting_event_sub_process_closes_the_confirmation_a_join_waited_for(tmp_path: Path) -> None:
+    """A join waits for a person to settle a conflict; the event sub-process cancels the join, so
+    nobody is asked any more: the confirmation is closed (cancelled) and the instance completes."""
+    text = HEAD + """  <bpmn:process id="asks" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:parallelGateway id="split"/><bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="a"><bpmn:script>decision = "yes"</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="b"><bpmn:script>decision = "no"</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="after"><bpmn:script>done = decision</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:subProcess id="on_event" triggeredByEvent="true">
+      <bpmn:startEvent id="on_start"><bpmn:messageEventDefinition messageRef="m_cancel"/></bpmn:startEvent>
+      <bpmn:scriptTask id="withdraw"><bpmn:script>withdrawn = True</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="on_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="on_start" targetRef="withdraw"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="withdraw" targetRef="on_end"/></bpmn:subProcess>
+""" + flows("start>split", "split>a", "split>b", "a>join", "b>join", "join>after", "after>end") + TAIL
+    path = write(tmp_path, "asks", text)
+    (tmp_path / "asks.layerflow.yaml").write_text("join:\n  humanConfirm:\n    timeout: 300\n", encoding="utf-8")
+    engine, instance = started(tmp_path, path)
+    assert [w["id"] for w in instance.waiting_for if w["kind"] == "confirmation"] == ["join/decision"]
+
+    done = engine.send_event(engine.load(instance.id), "cancel", {})
+
+    assert done.status == "completed" and done.waiting_for == []
+    assert [(c["id"], c["answered"], c.get("cancelled")) for c in done.confirmations] == [("join/decision", True, True)]
+    assert done.main.resolve("withdrawn") is True and done.main.get("done") is None
+    assert done.main.get("decision") is None  # the branches never merged
+    _replays(done)
