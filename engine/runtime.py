@@ -1770,7 +1770,14 @@ class _Runtime:
                      if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}
                      and self._in_workflow(members[0], task.workflow)]
             if not ready:
-                break
+                part = self._part_of_split(task, open_groups)
+                if part is None:
+                    break
+                group = self._merge_part(task, gw, part, arrival=arrived)
+                if group is None:
+                    return False
+                current = list(dict.fromkeys(group if n in part else n for n in current))
+                continue
             members = max(ready, key=lambda m: self._depth(m[0]))
             parent_name = branches[members[0]]["parent"]
             if not self._merge_group(task, gw, parent_name, members, arrival=arrived):
@@ -1781,6 +1788,56 @@ class _Runtime:
         task.internal_data[spiff.CTX_KEY] = current[0]
         self._merge_events(current[0])
         return True
+
+    def _part_of_split(self, task: Any, open_groups: Mapping[str, list[str]]) -> list[str] | None:
+        """Two or more branches of one split that met at this join while their siblings never
+        can (no path leads from where a sibling starts to this join): the join closes that part
+        of the split, as SpiffWorkflow's does. A sibling that may still come stays an error."""
+        for split, members in open_groups.items():
+            if len(members) < 2 or not self._in_workflow(members[0], task.workflow):
+                continue
+            others = [i for n, i in self.instance.branches.items()
+                      if i["split"] == split and i["status"] == "open" and n not in members]
+            if others and not any(self._may_reach(task, i["branch_id"]) for i in others):
+                return members
+        return None
+
+    @staticmethod
+    def _may_reach(task: Any, start_id: str) -> bool:
+        """Whether the flow from the element ``start_id`` of ``task``'s workflow can reach
+        ``task``'s element (True when the element is not found: assume it can)."""
+        specs = task.workflow.spec.task_specs.values()
+        todo = [s for s in specs if getattr(s, "bpmn_id", None) == start_id]
+        if not todo:
+            return True
+        seen: set[str] = set()
+        while todo:
+            spec = todo.pop()
+            if spec is task.task_spec:
+                return True
+            if spec.name not in seen:
+                seen.add(spec.name)
+                todo.extend(spec.outputs)
+        return False
+
+    def _merge_part(self, task: Any, gw: str, members: list[str], *, arrival: list[str]) -> str | None:
+        """Merge ``members``, part of a split's branches, into one new branch of that split,
+        forked from the split's snapshot and named by this join: it goes on in their place and
+        merges with the other branches where they meet (at the latest where the scope ends).
+        None while the merge waits for a person."""
+        inst = self.instance
+        info = inst.branches[members[0]]
+        name = f"{info['parent']}/{gw}@{task.id}"  # one per firing of the join
+        if name not in inst.contexts:  # kept while the merge waits for answers
+            parent = inst.contexts[info["parent"]]
+            inst.contexts[name] = LayeredContext.fork(parent.get_snapshot(info["snapshot_id"]), name=name,
+                                                      branch_id=gw, actor=gw, encoding=parent.encoding)
+        if not self._merge_group(task, gw, name, members, arrival=arrival):
+            return None
+        inst.branches[name] = {
+            "parent": info["parent"], "branch_id": gw, "gateway": info["gateway"], "split": info["split"],
+            "snapshot_id": info["snapshot_id"], "injected": {}, "status": "open", "join": None}
+        return name
 
     def _unmatched_join(self, gw: str, current: list[str]) -> str:
         """Why a join cannot merge what arrived: some branches of one split are missing (they reach
@@ -1875,7 +1932,8 @@ class _Runtime:
         inst = self.instance
         parent = inst.contexts[parent_name]
         infos = {m: inst.branches[m] for m in members}
-        base = parent.get_snapshot(infos[members[0]]["snapshot_id"])
+        # the split's context; ``parent_name`` is another one when part of the split merges (_merge_part)
+        base = inst.contexts[infos[members[0]]["parent"]].get_snapshot(infos[members[0]]["snapshot_id"])
         # branch order: the split's order of outgoing flows
         ordered = sorted(members, key=list(inst.branches).index)
         contexts = {infos[m]["branch_id"]: inst.contexts[m] for m in ordered}
@@ -1902,6 +1960,8 @@ class _Runtime:
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
             self._set_conflicts(gw, [_failed_conflict_record(gw, c) for c in records], resolved=False)
             raise
+        if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
+            result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
         apply_join(parent, result, actor=gw)
         self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)
         if not result.complete:

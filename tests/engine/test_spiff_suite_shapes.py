@@ -18,6 +18,7 @@ from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
+from context_layers import LayeredContext
 from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.validate import validate_process
@@ -827,3 +828,50 @@ def test_a_scope_with_no_start_event_says_where_to_draw_one(tmp_path: Path, insi
     assert "bpmn:startEvent" in errors[0].message and "'first'" in errors[0].message, errors[0].message
     with pytest.raises(ProcessError, match=f"'{scope}'"):
         load_process(path)
+
+
+# ----- joins that each close part of one split ----------------------------------------------------
+
+@pytest.mark.parametrize("inside", [False, True], ids=["process", "sub-process"])
+def test_joins_that_each_close_part_of_a_split_merge_their_branches_and_the_rest_at_the_end(
+        tmp_path: Path, inside: bool) -> None:
+    """SpiffWorkflow's Parallel-Many-Threads-At-Same-Point-Nested: a split of four branches, one
+    parallel join for two of them and one for the other two, both going on to one task and the end.
+    Each join fires when its two branches are in, and the task runs once after each (plain
+    SpiffWorkflow completes it). layerflow stopped the instance at the first join ("fired with 2 of
+    the 4 branches"), though the other two never reach that join; validate had said it was valid."""
+    steps = [
+        '<bpmn:parallelGateway id="split"/>', script("a", "a = 1"), script("b", "b = 2"), script("c", "c = 3"),
+        '<bpmn:userTask id="d"/>', '<bpmn:parallelGateway id="join_ab"/>', '<bpmn:parallelGateway id="join_cd"/>',
+        script("sum_ab", "ab = a + b"), script("sum_cd", "cd = c + d"), script("done", "seen = True"),
+        '<bpmn:endEvent id="finish"/>',
+        *(flow("split", t) for t in "abcd"), flow("a", "join_ab"), flow("b", "join_ab"), flow("c", "join_cd"),
+        flow("d", "join_cd"), flow("join_ab", "sum_ab"), flow("join_cd", "sum_cd"), flow("sum_ab", "done"),
+        flow("sum_cd", "done"), flow("done", "finish"),
+    ]
+    if inside:
+        elements = ['<bpmn:startEvent id="start"/>',
+                    '<bpmn:subProcess id="inner"><bpmn:startEvent id="inner_start"/>' + "".join(steps)
+                    + flow("inner_start", "split") + "</bpmn:subProcess>",
+                    script("after", "total = ab + cd"), '<bpmn:endEvent id="end"/>',
+                    flow("start", "inner"), flow("inner", "after"), flow("after", "end")]
+    else:
+        elements = ['<bpmn:startEvent id="start"/>', *steps, flow("start", "split")]
+    path = write(tmp_path, "four_ways", elements)
+    plain_wf, _ = run_plain(path, {}, {"d": {"d": 4}})
+    assert validate_process([path]).ok
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    engine = Engine(store=store)
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "waiting", instance.error
+    instance = Engine(store=store).load(instance.id)  # the first join's merge, saved and loaded
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"d": 4})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    expected = {"a": 1, "b": 2, "c": 3, "d": 4, "ab": 3, "cd": 7, "seen": True}
+    assert variables(instance.main) == ({**expected, "total": 10} if inside else expected)
+    assert instance.conflicts == []
+    for ctx in instance.contexts.values():
+        assert LayeredContext.replay(ctx.tape) == ctx
