@@ -65,7 +65,7 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from . import events, spiff
 from gateways.conditions import FOREIGN_LITERALS, is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
-from gateways.join import free_record_key
+from gateways.join import MERGED_CONFLICTS_KEY, free_record_key
 from gateways.splitter import branch_context_name, check_inject
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
@@ -2194,14 +2194,16 @@ def _gateway_type(spec: Any) -> str:
 
 
 def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionConfig | None
-                 ) -> ActivityExtensionConfig | None:
+                 ) -> ActivityExtensionConfig:
     """The join's config, with the split's ``branches`` (their ``reasonKey``) when the join names none:
-    a branch is declared once, at the split where it starts."""
-    if split is None or not split.branches or (join is not None and join.branches):
-        return join
-    if join is None:
-        return ActivityExtensionConfig(branches=list(split.branches))
-    return join.model_copy(update={"branches": list(split.branches)})
+    a branch is declared once, at the split where it starts. ``_mergedConflicts`` is a log that
+    only grows: what branches' own joins added to it is appended, never a conflict."""
+    config = join or ActivityExtensionConfig()
+    if split is not None and split.branches and not config.branches:
+        config = config.model_copy(update={"branches": list(split.branches)})
+    if MERGED_CONFLICTS_KEY not in config.reducers:
+        config = config.model_copy(update={"reducers": {**config.reducers, MERGED_CONFLICTS_KEY: "append"}})
+    return config
 
 
 def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str, Any]:

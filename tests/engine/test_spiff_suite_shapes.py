@@ -875,3 +875,32 @@ def test_joins_that_each_close_part_of_a_split_merge_their_branches_and_the_rest
     assert instance.conflicts == []
     for ctx in instance.contexts.values():
         assert LayeredContext.replay(ctx.tape) == ctx
+
+
+# ----- nested splits whose inner joins each settled a conflict -------------------------------------
+
+def test_the_conflict_logs_of_nested_joins_add_up_at_the_outer_join(tmp_path: Path) -> None:
+    """SpiffWorkflow's Parallel-Multiple-Splits-And-Joins, with branches that disagree: each outer branch
+    splits again, and each inner join settles a conflict (answered in advance). Each inner join adds
+    its entry to ``_mergedConflicts``; the outer join then saw two branches change that log differently
+    and asked a person to pick one of the two lists (dropping the other's entries)."""
+    path = write(tmp_path, "nested_votes", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="outer"/>',
+        '<bpmn:parallelGateway id="split_1"/>', script("one_a", "x = 'a'"), script("one_b", "x = 'b'"),
+        '<bpmn:parallelGateway id="join_1"/>', '<bpmn:parallelGateway id="split_2"/>', script("two_a", "y = 'a'"),
+        script("two_b", "y = 'b'"), '<bpmn:parallelGateway id="join_2"/>', '<bpmn:parallelGateway id="outer_join"/>',
+        '<bpmn:endEvent id="end"/>', flow("start", "outer"), flow("outer", "split_1"), flow("outer", "split_2"),
+        flow("split_1", "one_a"), flow("split_1", "one_b"), flow("one_a", "join_1"), flow("one_b", "join_1"),
+        flow("split_2", "two_a"), flow("split_2", "two_b"), flow("two_a", "join_2"), flow("two_b", "join_2"),
+        flow("join_1", "outer_join"), flow("join_2", "outer_join"), flow("outer_join", "end"),
+    ])
+    plain_wf, _ = run_plain(path, {}, {})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)), answers={"confirmations": {"join_1/x": "a", "join_2/y": "b"}})
+
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == {"x": "a", "y": "b"}
+    log = instance.main.resolve("_mergedConflicts")
+    assert [(e["gatewayId"], e["key"], e["resolution"]["value"]) for e in log] == [("join_1", "x", "a"), ("join_2", "y", "b")]
+    assert [(c["gateway_id"], c["key"]) for c in instance.conflicts] == [("join_1", "x"), ("join_2", "y")]
