@@ -1798,14 +1798,15 @@ class _Runtime:
                 continue
             others = [i for n, i in self.instance.branches.items()
                       if i["split"] == split and i["status"] == "open" and n not in members]
-            if others and not any(self._may_reach(task, i["branch_id"]) for i in others):
+            if others and not any(self._may_reach(task, i["branch_id"], i["gateway"]) for i in others):
                 return members
         return None
 
     @staticmethod
-    def _may_reach(task: Any, start_id: str) -> bool:
+    def _may_reach(task: Any, start_id: str, split_id: str) -> bool:
         """Whether the flow from the element ``start_id`` of ``task``'s workflow can reach
-        ``task``'s element (True when the element is not found: assume it can)."""
+        ``task``'s element without passing the split ``split_id`` again (a loop back through the
+        split brings new branches). True when the element is not found: assume it can."""
         specs = task.workflow.spec.task_specs.values()
         todo = [s for s in specs if getattr(s, "bpmn_id", None) == start_id]
         if not todo:
@@ -1815,7 +1816,7 @@ class _Runtime:
             spec = todo.pop()
             if spec is task.task_spec:
                 return True
-            if spec.name not in seen:
+            if spec.name not in seen and getattr(spec, "bpmn_id", None) != split_id:
                 seen.add(spec.name)
                 todo.extend(spec.outputs)
         return False

@@ -904,3 +904,31 @@ def test_the_conflict_logs_of_nested_joins_add_up_at_the_outer_join(tmp_path: Pa
     log = instance.main.resolve("_mergedConflicts")
     assert [(e["gatewayId"], e["key"], e["resolution"]["value"]) for e in log] == [("join_1", "x", "a"), ("join_2", "y", "b")]
     assert [(c["gateway_id"], c["key"]) for c in instance.conflicts] == [("join_1", "x"), ("join_2", "y")]
+
+
+def test_a_join_that_closes_part_of_a_split_in_a_loop_merges_each_pass(tmp_path: Path) -> None:
+    """Two of three branches meet at a first join, the third at a second one after it; the process
+    goes round again. The third branch reaches the first join only through the split again (with
+    new branches), so it never comes to this pass's first join. (Plain SpiffWorkflow 3.2 does not run
+    this loop: its engine steps end in a RecursionError; each branch here reads ``n`` as the split left it.)"""
+    path = write(tmp_path, "staged_rounds", [
+        '<bpmn:startEvent id="start"/>', script("count", "n = 0"), '<bpmn:parallelGateway id="split"/>',
+        script("a", "n = n + 1"),
+        script("b", "b = n * 10"), '<bpmn:userTask id="c"/>', '<bpmn:parallelGateway id="join_ab"/>',
+        script("sum_ab", "ab = n + b"), '<bpmn:parallelGateway id="join_all"/>',
+        '<bpmn:exclusiveGateway id="again" default="done"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "count"), flow("count", "split"), *(flow("split", t) for t in "abc"), flow("a", "join_ab"),
+        flow("b", "join_ab"),
+        flow("join_ab", "sum_ab"), flow("sum_ab", "join_all"), flow("c", "join_all"), flow("join_all", "again"),
+        flow("again", "split", "n < 2"), '<bpmn:sequenceFlow id="done" sourceRef="again" targetRef="end"/>',
+    ])
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)), answers={"user_tasks": {"c": {"c": "seen"}}})
+
+    assert instance.status == "completed", instance.error
+    taken = path_of(instance.workflow)
+    assert (taken.count("a"), taken.count("c"), taken[-2:]) == (2, 2, ["again", "end"]), taken
+    assert variables(instance.main) == {"n": 2, "b": 10, "ab": 12, "c": "seen"}
+    joins = [e.data.get("gateway_id") for e in instance.main.tape if e.changes and e.data.get("gateway_id")]
+    assert joins == ["join_all", "join_all"]  # once a pass; join_ab merged into a branch of the split
+    assert instance.conflicts == []
