@@ -1210,7 +1210,12 @@ class _Runtime:
             if out is not None:
                 # SpiffWorkflow collects the instance's output item from its data
                 value = scope.get(out, _ABSENT)
-                task.data = {} if value is _ABSENT else {out: thaw(value)}
+                if value is _ABSENT:
+                    index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
+                    err = _no_output_item(mspec.bpmn_id, index, mspec.output_item)
+                    self.abort_multi(multi, err)  # as when an instance's script fails
+                    raise err
+                task.data = {out: thaw(value)}
             else:
                 # no output collection: what the instance changed reaches the activity (SpiffWorkflow
                 # merges each instance's data in turn)
@@ -1366,8 +1371,7 @@ class _Runtime:
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             if out is not None and out not in actx.scope:
-                raise ActivityError(f"instance {index!r} of multi-instance activity {bpmn_id!r} set no output item "
-                                    f"{out!r} (outputDataItem)", task_id=bpmn_id)
+                raise _no_output_item(bpmn_id, index, mspec.output_item)
             if item is not None and item in ctx.layer(Layer.EPHEMERAL):
                 ctx.apply_changes([(Layer.EPHEMERAL, item, DELETED)], kind="instance_done", actor=bpmn_id,
                                   data={"activity": bpmn_id, "instance": _jsonable(index),
@@ -2205,6 +2209,16 @@ def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionC
     if MERGED_CONFLICTS_KEY not in config.reducers:
         config = config.model_copy(update={"reducers": {**config.reducers, MERGED_CONFLICTS_KEY: "append"}})
     return config
+
+
+def _no_output_item(bpmn_id: str, index: Any, output_item: Any) -> ActivityError:
+    """An instance of a multi-instance activity ended without its output item."""
+    out = spiff.data_name(output_item)
+    name = getattr(output_item, "bpmn_name", None)
+    hint = (f"; SpiffWorkflow names an outputDataItem by its id, not by its name {name!r}: set {out!r}, or give "
+            f"the item id={name!r}") if name and name != out else f": set {out!r} in each instance"
+    return ActivityError(f"instance {index!r} of multi-instance activity {bpmn_id!r} set no output item {out!r} "
+                         f"(outputDataItem){hint}", task_id=bpmn_id)
 
 
 def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str, Any]:

@@ -932,3 +932,33 @@ def test_a_join_that_closes_part_of_a_split_in_a_loop_merges_each_pass(tmp_path:
     joins = [e.data.get("gateway_id") for e in instance.main.tape if e.changes and e.data.get("gateway_id")]
     assert joins == ["join_all", "join_all"]  # once a pass; join_ab merged into a branch of the split
     assert instance.conflicts == []
+
+
+# ----- a multi-instance sub-process whose instances set no output item ------------------------------
+
+@pytest.mark.parametrize("kind", ["scriptTask", "subProcess"])
+def test_an_output_item_named_by_its_name_not_its_id_names_the_activity_and_the_id(tmp_path: Path, kind: str) -> None:
+    """SpiffWorkflow reads a multi-instance activity's outputDataItem by its id; a modeler that gives
+    it an id like DataOutput_1 and the name the script writes makes every instance end without it.
+    Plain SpiffWorkflow raises "Expected an output item."; for a sub-process layerflow passed that on
+    as an engine error naming no task."""
+    loop = ('<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>pieces</bpmn:loopDataInputRef>'
+            '<bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef><bpmn:inputDataItem id="piece" name="piece"/>'
+            '<bpmn:outputDataItem id="DataOutput_1" name="result"/></bpmn:multiInstanceLoopCharacteristics>')
+    if kind == "scriptTask":
+        body = f'<bpmn:scriptTask id="double">{loop}<bpmn:script>result = piece * 2</bpmn:script></bpmn:scriptTask>'
+    else:
+        body = (f'<bpmn:subProcess id="double">{loop}<bpmn:startEvent id="inner_start"/>' + script("calc", "result = piece * 2")
+                + '<bpmn:endEvent id="inner_end"/>' + flow("inner_start", "calc") + flow("calc", "inner_end") + "</bpmn:subProcess>")
+    path = write(tmp_path, "doubles", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "pieces = [1, 2]"), body, '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "double"), flow("double", "end"),
+    ])
+    with pytest.raises(Exception, match="Expected an output item"):
+        run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "error" and instance.error["task_id"] == "double", instance.error
+    message = instance.error["message"]
+    assert "'DataOutput_1'" in message and "its id" in message and "'result'" in message, message
+    assert "WorkflowDataException" not in message
