@@ -93,6 +93,8 @@ not make ``report.ok`` false:
                                       them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
+``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem whose name is not its
+                                      id: SpiffWorkflow names the item's variable by its id
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
@@ -1240,6 +1242,7 @@ class _Validator:
                          severity="warning")
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
+            self._check_data_items(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
         for sub in proc.element.iter(_bpmn("subProcess")):
@@ -1418,6 +1421,20 @@ class _Validator:
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
                  f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
                  line=el.sourceline, element_id=eid, severity="warning")
+
+    def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A multi-instance item is the variable its id names; a modeler's generated id (DataInput_1)
+        beside the name the scripts use makes every instance fail at run time."""
+        loop = el.find(_bpmn("multiInstanceLoopCharacteristics"))
+        for kind, what in (("inputDataItem", "reads"), ("outputDataItem", "must set")):
+            item = loop.find(_bpmn(kind)) if loop is not None else None
+            if item is None or not item.get("name") or item.get("name") == item.get("id"):
+                continue
+            item_id, name = item.get("id"), item.get("name")
+            self.add("data_item_named_apart", f"bpmn:{tag} {eid!r}: its bpmn:{kind} has id={item_id!r} and "
+                     f"name={name!r}; SpiffWorkflow names the item's variable by its id, so each instance {what} "
+                     f"{item_id!r}, not {name!r}: give the item id={name!r}", file=file, line=item.sourceline,
+                     element_id=eid, field=kind, severity="warning")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 

@@ -962,3 +962,31 @@ def test_an_output_item_named_by_its_name_not_its_id_names_the_activity_and_the_
     message = instance.error["message"]
     assert "'DataOutput_1'" in message and "its id" in message and "'result'" in message, message
     assert "WorkflowDataException" not in message
+
+
+@pytest.mark.parametrize(("item", "reads"), [
+    ('<bpmn:inputDataItem id="DataInput_1" name="piece"/><bpmn:outputDataItem id="result" name="result"/>', "piece"),
+    ('<bpmn:inputDataItem id="piece" name="piece"/><bpmn:outputDataItem id="DataOutput_1" name="result"/>', "result"),
+], ids=["input", "output"])
+def test_validate_warns_of_a_data_item_whose_name_is_not_its_id(tmp_path: Path, item: str, reads: str) -> None:
+    """The variable of a multi-instance item is its id; a script written for its name fails at run time
+    (NameError for the input item, no output item) though validate had said nothing."""
+    path = write(tmp_path, "items", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "pieces = [1, 2]"),
+        '<bpmn:scriptTask id="double"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>pieces'
+        '</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>' + item +
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:script>result = piece * 2</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "prepare"), flow("prepare", "double"), flow("double", "end"),
+    ])
+    report = validate_process([path])
+    [warning] = [p for p in report.problems if p.code == "data_item_named_apart"]
+    assert (warning.severity, warning.element_id) == ("warning", "double")
+    assert f"name={reads!r}" in warning.message and f"id={reads!r}" in warning.message, warning.message
+    assert report.ok
+    assert run_ours(path).status == "error"
+
+    fixed = path.read_text(encoding="utf-8").replace('id="DataInput_1"', 'id="piece"').replace('id="DataOutput_1"',
+                                                                                                 'id="result"')
+    path.write_text(fixed, encoding="utf-8")
+    assert [p for p in validate_process([path]).problems if p.code == "data_item_named_apart"] == []
+    assert run_ours(path).status == "completed"
