@@ -93,8 +93,9 @@ not make ``report.ok`` false:
                                       them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
-``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem whose name is not its
-                                      id: SpiffWorkflow names the item's variable by its id
+``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
+                                      dataOutput, whose name is not its id: SpiffWorkflow names the
+                                      variable by its id
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
@@ -1423,18 +1424,23 @@ class _Validator:
                  line=el.sourceline, element_id=eid, severity="warning")
 
     def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:
-        """A multi-instance item is the variable its id names; a modeler's generated id (DataInput_1)
-        beside the name the scripts use makes every instance fail at run time."""
+        """A multi-instance item, or a task's data input or output, is the variable its id names; a
+        modeler's generated id (DataInput_1) beside the name the scripts use fails at run time."""
         loop = el.find(_bpmn("multiInstanceLoopCharacteristics"))
-        for kind, what in (("inputDataItem", "reads"), ("outputDataItem", "must set")):
-            item = loop.find(_bpmn(kind)) if loop is not None else None
-            if item is None or not item.get("name") or item.get("name") == item.get("id"):
-                continue
+        io = el.find(_bpmn("ioSpecification"))
+        found = [(kind, item, who) for holder, who in ((loop, "each instance"), (io, "the task"))
+                 if holder is not None
+                 for kind in ("inputDataItem", "outputDataItem", "dataInput", "dataOutput")
+                 for item in holder.iterfind(_bpmn(kind))]
+        for kind, item, who in found:
             item_id, name = item.get("id"), item.get("name")
+            if not name or name == item_id:
+                continue
+            what = f"{who} reads" if kind in ("inputDataItem", "dataInput") else f"{who} must set"
             self.add("data_item_named_apart", f"bpmn:{tag} {eid!r}: its bpmn:{kind} has id={item_id!r} and "
-                     f"name={name!r}; SpiffWorkflow names the item's variable by its id, so each instance {what} "
-                     f"{item_id!r}, not {name!r}: give the item id={name!r}", file=file, line=item.sourceline,
-                     element_id=eid, field=kind, severity="warning")
+                     f"name={name!r}; SpiffWorkflow names the variable by its id, so {what} {item_id!r}, not "
+                     f"{name!r}: give it id={name!r} (and use that id where it is referenced)", file=file,
+                     line=item.sourceline, element_id=eid, field=kind, severity="warning")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 

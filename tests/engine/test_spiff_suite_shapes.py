@@ -990,3 +990,21 @@ def test_validate_warns_of_a_data_item_whose_name_is_not_its_id(tmp_path: Path, 
     path.write_text(fixed, encoding="utf-8")
     assert [p for p in validate_process([path]).problems if p.code == "data_item_named_apart"] == []
     assert run_ours(path).status == "completed"
+
+
+def test_validate_warns_of_a_task_data_input_whose_name_is_not_its_id(tmp_path: Path) -> None:
+    """The same for a task's ioSpecification: the run stopped with "needs the data input(s)
+    'DataInput_1'" though the context held 'net', the input's name."""
+    io = ('<bpmn:ioSpecification><bpmn:dataInput id="DataInput_1" name="net"/><bpmn:inputSet id="tax_in">'
+          '<bpmn:dataInputRefs>DataInput_1</bpmn:dataInputRefs></bpmn:inputSet><bpmn:outputSet id="tax_out"/>'
+          '</bpmn:ioSpecification>')
+    path = write(tmp_path, "taxing", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "net = 100"),
+        f'<bpmn:scriptTask id="tax">{io}<bpmn:script>gross = net * 2</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "prepare"), flow("prepare", "tax"), flow("tax", "end"),
+    ])
+    with pytest.raises(Exception, match="Missing data input"):
+        run_plain(path, {}, {})
+    [warning] = [p for p in validate_process([path]).problems if p.code == "data_item_named_apart"]
+    assert (warning.element_id, warning.field) == ("tax", "dataInput")
+    assert "id='DataInput_1'" in warning.message and "give it id='net'" in warning.message, warning.message
