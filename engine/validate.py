@@ -93,6 +93,8 @@ not make ``report.ok`` false:
                                       them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
+``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
+                                      no bpmn:message / bpmn:signal: nothing can send it, it never fires
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -1244,6 +1246,7 @@ class _Validator:
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
             self._check_data_items(el, eid, tag, file)
+            self._check_event_refs(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
         for sub in proc.element.iter(_bpmn("subProcess")):
@@ -1441,6 +1444,22 @@ class _Validator:
                      f"name={name!r}; SpiffWorkflow names the variable by its id, so {what} {item_id!r}, not "
                      f"{name!r}: give it id={name!r} (and use that id where it is referenced)", file=file,
                      line=item.sourceline, element_id=eid, field=kind, severity="warning")
+
+    def _check_event_refs(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A message or signal catch event that names none: no one can send it (SpiffWorkflow loads it
+        and waits for an event named None), so the path after it never runs."""
+        if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
+            return
+        for kind, ref, what in (("messageEventDefinition", "messageRef", "message"),
+                                ("signalEventDefinition", "signalRef", "signal")):
+            for definition in el.iterfind(_bpmn(kind)):
+                if definition.get(ref):
+                    continue
+                self.add("event_without_ref", f"bpmn:{tag} {eid!r} waits for a {what} but its bpmn:{kind} names "
+                         f"none: nothing can send it, so it never fires and the path after it never runs; add "
+                         f'{ref}="ID" naming a bpmn:{what} of the file (`layerflow send` delivers it by that '
+                         f"{what}'s name)", file=file, line=definition.sourceline, element_id=eid, field=ref,
+                         severity="warning")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 

@@ -1008,3 +1008,30 @@ def test_validate_warns_of_a_task_data_input_whose_name_is_not_its_id(tmp_path: 
     [warning] = [p for p in validate_process([path]).problems if p.code == "data_item_named_apart"]
     assert (warning.element_id, warning.field) == ("tax", "dataInput")
     assert "id='DataInput_1'" in warning.message and "give it id='net'" in warning.message, warning.message
+
+
+# ----- a catch event that names no message or signal -----------------------------------------------
+
+@pytest.mark.parametrize(("definition", "ref"), [
+    ('<bpmn:messageEventDefinition id="no_message"/>', "messageRef"),
+    ('<bpmn:signalEventDefinition id="no_signal"/>', "signalRef"),
+])
+def test_a_catch_event_with_no_message_or_signal_named_is_a_warning(tmp_path: Path, definition: str, ref: str) -> None:
+    """SpiffWorkflow's Invalid-Workflows (Multiple-Start-Events, Unsupported-Task) and boundary_event_split
+    attach a message or signal boundary event that names no bpmn:message or bpmn:signal. SpiffWorkflow
+    loads it; nothing can ever send it (`layerflow send` names the message), so the path after it never
+    runs, and the instance listed it in waiting_for as an event named null. validate said nothing."""
+    path = write(tmp_path, "unnamed", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="work"/>',
+        f'<bpmn:boundaryEvent id="poke" attachedToRef="work" cancelActivity="false">{definition}</bpmn:boundaryEvent>',
+        script("react", "poked = True"), '<bpmn:endEvent id="end"/>', '<bpmn:endEvent id="poke_end"/>',
+        flow("start", "work"), flow("work", "end"), flow("poke", "react"), flow("react", "poke_end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {"work": {"done": True}})
+    assert "react" not in path_of(plain_wf)
+
+    report = validate_process([path])
+    [warning] = [p for p in report.problems if p.code == "event_without_ref"]
+    assert (warning.severity, warning.element_id, warning.field) == ("warning", "poke", ref)
+    assert f"{ref}=" in warning.message and "never" in warning.message, warning.message
+    assert report.ok
