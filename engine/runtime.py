@@ -65,7 +65,7 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from . import events, spiff
 from gateways.conditions import FOREIGN_LITERALS, is_flow_sentence
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
-from gateways.join import free_record_key
+from gateways.join import MERGED_CONFLICTS_KEY, free_record_key
 from gateways.splitter import branch_context_name, check_inject
 
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
@@ -1289,7 +1289,12 @@ class _Runtime:
             if out is not None:
                 # SpiffWorkflow collects the instance's output item from its data
                 value = scope.get(out, _ABSENT)
-                task.data = {} if value is _ABSENT else {out: thaw(value)}
+                if value is _ABSENT:
+                    index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
+                    err = _no_output_item(mspec.bpmn_id, index, mspec.output_item)
+                    self.abort_multi(multi, err)  # as when an instance's script fails
+                    raise err
+                task.data = {out: thaw(value)}
             else:
                 # no output collection: what the instance changed reaches the activity (SpiffWorkflow
                 # merges each instance's data in turn)
@@ -1445,8 +1450,7 @@ class _Runtime:
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             if out is not None and out not in actx.scope:
-                raise ActivityError(f"instance {index!r} of multi-instance activity {bpmn_id!r} set no output item "
-                                    f"{out!r} (outputDataItem)", task_id=bpmn_id)
+                raise _no_output_item(bpmn_id, index, mspec.output_item)
             if item is not None and item in ctx.layer(Layer.EPHEMERAL):
                 ctx.apply_changes([(Layer.EPHEMERAL, item, DELETED)], kind="instance_done", actor=bpmn_id,
                                   data={"activity": bpmn_id, "instance": _jsonable(index),
@@ -1849,7 +1853,14 @@ class _Runtime:
                      if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}
                      and self._in_workflow(members[0], task.workflow)]
             if not ready:
-                break
+                part = self._part_of_split(task, open_groups)
+                if part is None:
+                    break
+                group = self._merge_part(task, gw, part, arrival=arrived)
+                if group is None:
+                    return False
+                current = list(dict.fromkeys(group if n in part else n for n in current))
+                continue
             members = max(ready, key=lambda m: self._depth(m[0]))
             parent_name = branches[members[0]]["parent"]
             if not self._merge_group(task, gw, parent_name, members, arrival=arrived):
@@ -1860,6 +1871,57 @@ class _Runtime:
         task.internal_data[spiff.CTX_KEY] = current[0]
         self._merge_events(current[0])
         return True
+
+    def _part_of_split(self, task: Any, open_groups: Mapping[str, list[str]]) -> list[str] | None:
+        """Two or more branches of one split that met at this join while their siblings never
+        can (no path leads from where a sibling starts to this join): the join closes that part
+        of the split, as SpiffWorkflow's does. A sibling that may still come stays an error."""
+        for split, members in open_groups.items():
+            if len(members) < 2 or not self._in_workflow(members[0], task.workflow):
+                continue
+            others = [i for n, i in self.instance.branches.items()
+                      if i["split"] == split and i["status"] == "open" and n not in members]
+            if others and not any(self._may_reach(task, i["branch_id"], i["gateway"]) for i in others):
+                return members
+        return None
+
+    @staticmethod
+    def _may_reach(task: Any, start_id: str, split_id: str) -> bool:
+        """Whether the flow from the element ``start_id`` of ``task``'s workflow can reach
+        ``task``'s element without passing the split ``split_id`` again (a loop back through the
+        split brings new branches). True when the element is not found: assume it can."""
+        specs = task.workflow.spec.task_specs.values()
+        todo = [s for s in specs if getattr(s, "bpmn_id", None) == start_id]
+        if not todo:
+            return True
+        seen: set[str] = set()
+        while todo:
+            spec = todo.pop()
+            if spec is task.task_spec:
+                return True
+            if spec.name not in seen and getattr(spec, "bpmn_id", None) != split_id:
+                seen.add(spec.name)
+                todo.extend(spec.outputs)
+        return False
+
+    def _merge_part(self, task: Any, gw: str, members: list[str], *, arrival: list[str]) -> str | None:
+        """Merge ``members``, part of a split's branches, into one new branch of that split,
+        forked from the split's snapshot and named by this join: it goes on in their place and
+        merges with the other branches where they meet (at the latest where the scope ends).
+        None while the merge waits for a person."""
+        inst = self.instance
+        info = inst.branches[members[0]]
+        name = f"{info['parent']}/{gw}@{task.id}"  # one per firing of the join
+        if name not in inst.contexts:  # kept while the merge waits for answers
+            parent = inst.contexts[info["parent"]]
+            inst.contexts[name] = LayeredContext.fork(parent.get_snapshot(info["snapshot_id"]), name=name,
+                                                      branch_id=gw, actor=gw, encoding=parent.encoding)
+        if not self._merge_group(task, gw, name, members, arrival=arrival):
+            return None
+        inst.branches[name] = {
+            "parent": info["parent"], "branch_id": gw, "gateway": info["gateway"], "split": info["split"],
+            "snapshot_id": info["snapshot_id"], "injected": {}, "status": "open", "join": None}
+        return name
 
     def _unmatched_join(self, gw: str, current: list[str]) -> str:
         """Why a join cannot merge what arrived: some branches of one split are missing (they reach
@@ -1954,7 +2016,8 @@ class _Runtime:
         inst = self.instance
         parent = inst.contexts[parent_name]
         infos = {m: inst.branches[m] for m in members}
-        base = parent.get_snapshot(infos[members[0]]["snapshot_id"])
+        # the split's context; ``parent_name`` is another one when part of the split merges (_merge_part)
+        base = inst.contexts[infos[members[0]]["parent"]].get_snapshot(infos[members[0]]["snapshot_id"])
         # branch order: the split's order of outgoing flows
         ordered = sorted(members, key=list(inst.branches).index)
         contexts = {infos[m]["branch_id"]: inst.contexts[m] for m in ordered}
@@ -1981,6 +2044,8 @@ class _Runtime:
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
             self._set_conflicts(gw, [_failed_conflict_record(gw, c) for c in records], resolved=False)
             raise
+        if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
+            result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
         apply_join(parent, result, actor=gw)
         self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)
         if not result.complete:
@@ -2216,14 +2281,26 @@ def _gateway_type(spec: Any) -> str:
 
 
 def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionConfig | None
-                 ) -> ActivityExtensionConfig | None:
+                 ) -> ActivityExtensionConfig:
     """The join's config, with the split's ``branches`` (their ``reasonKey``) when the join names none:
-    a branch is declared once, at the split where it starts."""
-    if split is None or not split.branches or (join is not None and join.branches):
-        return join
-    if join is None:
-        return ActivityExtensionConfig(branches=list(split.branches))
-    return join.model_copy(update={"branches": list(split.branches)})
+    a branch is declared once, at the split where it starts. ``_mergedConflicts`` is a log that
+    only grows: what branches' own joins added to it is appended, never a conflict."""
+    config = join or ActivityExtensionConfig()
+    if split is not None and split.branches and not config.branches:
+        config = config.model_copy(update={"branches": list(split.branches)})
+    if MERGED_CONFLICTS_KEY not in config.reducers:
+        config = config.model_copy(update={"reducers": {**config.reducers, MERGED_CONFLICTS_KEY: "append"}})
+    return config
+
+
+def _no_output_item(bpmn_id: str, index: Any, output_item: Any) -> ActivityError:
+    """An instance of a multi-instance activity ended without its output item."""
+    out = spiff.data_name(output_item)
+    name = getattr(output_item, "bpmn_name", None)
+    hint = (f"; SpiffWorkflow names an outputDataItem by its id, not by its name {name!r}: set {out!r}, or give "
+            f"the item id={name!r}") if name and name != out else f": set {out!r} in each instance"
+    return ActivityError(f"instance {index!r} of multi-instance activity {bpmn_id!r} set no output item {out!r} "
+                         f"(outputDataItem){hint}", task_id=bpmn_id)
 
 
 def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str, Any]:

@@ -91,6 +91,11 @@ not make ``report.ok`` false:
                                       them (the throw ends its path, the catch never runs)
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
+``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
+                                      no bpmn:message / bpmn:signal: nothing can send it, it never fires
+``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
+                                      dataOutput, whose name is not its id: SpiffWorkflow names the
+                                      variable by its id
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
@@ -1238,6 +1243,8 @@ class _Validator:
                          severity="warning")
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
+            self._check_data_items(el, eid, tag, file)
+            self._check_event_refs(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
         for sub in proc.element.iter(_bpmn("subProcess")):
@@ -1410,6 +1417,41 @@ class _Validator:
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
                  f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
                  line=el.sourceline, element_id=eid, severity="warning")
+
+    def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A multi-instance item, or a task's data input or output, is the variable its id names; a
+        modeler's generated id (DataInput_1) beside the name the scripts use fails at run time."""
+        loop = el.find(_bpmn("multiInstanceLoopCharacteristics"))
+        io = el.find(_bpmn("ioSpecification"))
+        found = [(kind, item, who) for holder, who in ((loop, "each instance"), (io, "the task"))
+                 if holder is not None
+                 for kind in ("inputDataItem", "outputDataItem", "dataInput", "dataOutput")
+                 for item in holder.iterfind(_bpmn(kind))]
+        for kind, item, who in found:
+            item_id, name = item.get("id"), item.get("name")
+            if not name or name == item_id:
+                continue
+            what = f"{who} reads" if kind in ("inputDataItem", "dataInput") else f"{who} must set"
+            self.add("data_item_named_apart", f"bpmn:{tag} {eid!r}: its bpmn:{kind} has id={item_id!r} and "
+                     f"name={name!r}; SpiffWorkflow names the variable by its id, so {what} {item_id!r}, not "
+                     f"{name!r}: give it id={name!r} (and use that id where it is referenced)", file=file,
+                     line=item.sourceline, element_id=eid, field=kind, severity="warning")
+
+    def _check_event_refs(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A message or signal catch event that names none: no one can send it (SpiffWorkflow loads it
+        and waits for an event named None), so the path after it never runs."""
+        if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
+            return
+        for kind, ref, what in (("messageEventDefinition", "messageRef", "message"),
+                                ("signalEventDefinition", "signalRef", "signal")):
+            for definition in el.iterfind(_bpmn(kind)):
+                if definition.get(ref):
+                    continue
+                self.add("event_without_ref", f"bpmn:{tag} {eid!r} waits for a {what} but its bpmn:{kind} names "
+                         f"none: nothing can send it, so it never fires and the path after it never runs; add "
+                         f'{ref}="ID" naming a bpmn:{what} of the file (`layerflow send` delivers it by that '
+                         f"{what}'s name)", file=file, line=definition.sourceline, element_id=eid, field=ref,
+                         severity="warning")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 

@@ -18,6 +18,7 @@ from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
+from context_layers import LayeredContext
 from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.validate import validate_process
@@ -827,3 +828,210 @@ def test_a_scope_with_no_start_event_says_where_to_draw_one(tmp_path: Path, insi
     assert "bpmn:startEvent" in errors[0].message and "'first'" in errors[0].message, errors[0].message
     with pytest.raises(ProcessError, match=f"'{scope}'"):
         load_process(path)
+
+
+# ----- joins that each close part of one split ----------------------------------------------------
+
+@pytest.mark.parametrize("inside", [False, True], ids=["process", "sub-process"])
+def test_joins_that_each_close_part_of_a_split_merge_their_branches_and_the_rest_at_the_end(
+        tmp_path: Path, inside: bool) -> None:
+    """SpiffWorkflow's Parallel-Many-Threads-At-Same-Point-Nested: a split of four branches, one
+    parallel join for two of them and one for the other two, both going on to one task and the end.
+    Each join fires when its two branches are in, and the task runs once after each (plain
+    SpiffWorkflow completes it). layerflow stopped the instance at the first join ("fired with 2 of
+    the 4 branches"), though the other two never reach that join; validate had said it was valid."""
+    steps = [
+        '<bpmn:parallelGateway id="split"/>', script("a", "a = 1"), script("b", "b = 2"), script("c", "c = 3"),
+        '<bpmn:userTask id="d"/>', '<bpmn:parallelGateway id="join_ab"/>', '<bpmn:parallelGateway id="join_cd"/>',
+        script("sum_ab", "ab = a + b"), script("sum_cd", "cd = c + d"), script("done", "seen = True"),
+        '<bpmn:endEvent id="finish"/>',
+        *(flow("split", t) for t in "abcd"), flow("a", "join_ab"), flow("b", "join_ab"), flow("c", "join_cd"),
+        flow("d", "join_cd"), flow("join_ab", "sum_ab"), flow("join_cd", "sum_cd"), flow("sum_ab", "done"),
+        flow("sum_cd", "done"), flow("done", "finish"),
+    ]
+    if inside:
+        elements = ['<bpmn:startEvent id="start"/>',
+                    '<bpmn:subProcess id="inner"><bpmn:startEvent id="inner_start"/>' + "".join(steps)
+                    + flow("inner_start", "split") + "</bpmn:subProcess>",
+                    script("after", "total = ab + cd"), '<bpmn:endEvent id="end"/>',
+                    flow("start", "inner"), flow("inner", "after"), flow("after", "end")]
+    else:
+        elements = ['<bpmn:startEvent id="start"/>', *steps, flow("start", "split")]
+    path = write(tmp_path, "four_ways", elements)
+    plain_wf, _ = run_plain(path, {}, {"d": {"d": 4}})
+    assert validate_process([path]).ok
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    engine = Engine(store=store)
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "waiting", instance.error
+    instance = Engine(store=store).load(instance.id)  # the first join's merge, saved and loaded
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"d": 4})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    expected = {"a": 1, "b": 2, "c": 3, "d": 4, "ab": 3, "cd": 7, "seen": True}
+    assert variables(instance.main) == ({**expected, "total": 10} if inside else expected)
+    assert instance.conflicts == []
+    for ctx in instance.contexts.values():
+        assert LayeredContext.replay(ctx.tape) == ctx
+
+
+# ----- nested splits whose inner joins each settled a conflict -------------------------------------
+
+def test_the_conflict_logs_of_nested_joins_add_up_at_the_outer_join(tmp_path: Path) -> None:
+    """SpiffWorkflow's Parallel-Multiple-Splits-And-Joins, with branches that disagree: each outer branch
+    splits again, and each inner join settles a conflict (answered in advance). Each inner join adds
+    its entry to ``_mergedConflicts``; the outer join then saw two branches change that log differently
+    and asked a person to pick one of the two lists (dropping the other's entries)."""
+    path = write(tmp_path, "nested_votes", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="outer"/>',
+        '<bpmn:parallelGateway id="split_1"/>', script("one_a", "x = 'a'"), script("one_b", "x = 'b'"),
+        '<bpmn:parallelGateway id="join_1"/>', '<bpmn:parallelGateway id="split_2"/>', script("two_a", "y = 'a'"),
+        script("two_b", "y = 'b'"), '<bpmn:parallelGateway id="join_2"/>', '<bpmn:parallelGateway id="outer_join"/>',
+        '<bpmn:endEvent id="end"/>', flow("start", "outer"), flow("outer", "split_1"), flow("outer", "split_2"),
+        flow("split_1", "one_a"), flow("split_1", "one_b"), flow("one_a", "join_1"), flow("one_b", "join_1"),
+        flow("split_2", "two_a"), flow("split_2", "two_b"), flow("two_a", "join_2"), flow("two_b", "join_2"),
+        flow("join_1", "outer_join"), flow("join_2", "outer_join"), flow("outer_join", "end"),
+    ])
+    plain_wf, _ = run_plain(path, {}, {})
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)), answers={"confirmations": {"join_1/x": "a", "join_2/y": "b"}})
+
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert path_of(instance.workflow) == path_of(plain_wf)
+    assert variables(instance.main) == {"x": "a", "y": "b"}
+    log = instance.main.resolve("_mergedConflicts")
+    assert [(e["gatewayId"], e["key"], e["resolution"]["value"]) for e in log] == [("join_1", "x", "a"), ("join_2", "y", "b")]
+    assert [(c["gateway_id"], c["key"]) for c in instance.conflicts] == [("join_1", "x"), ("join_2", "y")]
+
+
+def test_a_join_that_closes_part_of_a_split_in_a_loop_merges_each_pass(tmp_path: Path) -> None:
+    """Two of three branches meet at a first join, the third at a second one after it; the process
+    goes round again. The third branch reaches the first join only through the split again (with
+    new branches), so it never comes to this pass's first join. (Plain SpiffWorkflow 3.2 does not run
+    this loop: its engine steps end in a RecursionError; each branch here reads ``n`` as the split left it.)"""
+    path = write(tmp_path, "staged_rounds", [
+        '<bpmn:startEvent id="start"/>', script("count", "n = 0"), '<bpmn:parallelGateway id="split"/>',
+        script("a", "n = n + 1"),
+        script("b", "b = n * 10"), '<bpmn:userTask id="c"/>', '<bpmn:parallelGateway id="join_ab"/>',
+        script("sum_ab", "ab = n + b"), '<bpmn:parallelGateway id="join_all"/>',
+        '<bpmn:exclusiveGateway id="again" default="done"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "count"), flow("count", "split"), *(flow("split", t) for t in "abc"), flow("a", "join_ab"),
+        flow("b", "join_ab"),
+        flow("join_ab", "sum_ab"), flow("sum_ab", "join_all"), flow("c", "join_all"), flow("join_all", "again"),
+        flow("again", "split", "n < 2"), '<bpmn:sequenceFlow id="done" sourceRef="again" targetRef="end"/>',
+    ])
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)), answers={"user_tasks": {"c": {"c": "seen"}}})
+
+    assert instance.status == "completed", instance.error
+    taken = path_of(instance.workflow)
+    assert (taken.count("a"), taken.count("c"), taken[-2:]) == (2, 2, ["again", "end"]), taken
+    assert variables(instance.main) == {"n": 2, "b": 10, "ab": 12, "c": "seen"}
+    joins = [e.data.get("gateway_id") for e in instance.main.tape if e.changes and e.data.get("gateway_id")]
+    assert joins == ["join_all", "join_all"]  # once a pass; join_ab merged into a branch of the split
+    assert instance.conflicts == []
+
+
+# ----- a multi-instance sub-process whose instances set no output item ------------------------------
+
+@pytest.mark.parametrize("kind", ["scriptTask", "subProcess"])
+def test_an_output_item_named_by_its_name_not_its_id_names_the_activity_and_the_id(tmp_path: Path, kind: str) -> None:
+    """SpiffWorkflow reads a multi-instance activity's outputDataItem by its id; a modeler that gives
+    it an id like DataOutput_1 and the name the script writes makes every instance end without it.
+    Plain SpiffWorkflow raises "Expected an output item."; for a sub-process layerflow passed that on
+    as an engine error naming no task."""
+    loop = ('<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>pieces</bpmn:loopDataInputRef>'
+            '<bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef><bpmn:inputDataItem id="piece" name="piece"/>'
+            '<bpmn:outputDataItem id="DataOutput_1" name="result"/></bpmn:multiInstanceLoopCharacteristics>')
+    if kind == "scriptTask":
+        body = f'<bpmn:scriptTask id="double">{loop}<bpmn:script>result = piece * 2</bpmn:script></bpmn:scriptTask>'
+    else:
+        body = (f'<bpmn:subProcess id="double">{loop}<bpmn:startEvent id="inner_start"/>' + script("calc", "result = piece * 2")
+                + '<bpmn:endEvent id="inner_end"/>' + flow("inner_start", "calc") + flow("calc", "inner_end") + "</bpmn:subProcess>")
+    path = write(tmp_path, "doubles", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "pieces = [1, 2]"), body, '<bpmn:endEvent id="end"/>',
+        flow("start", "prepare"), flow("prepare", "double"), flow("double", "end"),
+    ])
+    with pytest.raises(Exception, match="Expected an output item"):
+        run_plain(path, {}, {})
+    instance = run_ours(path)
+
+    assert instance.status == "error" and instance.error["task_id"] == "double", instance.error
+    message = instance.error["message"]
+    assert "'DataOutput_1'" in message and "its id" in message and "'result'" in message, message
+    assert "WorkflowDataException" not in message
+
+
+@pytest.mark.parametrize(("item", "reads"), [
+    ('<bpmn:inputDataItem id="DataInput_1" name="piece"/><bpmn:outputDataItem id="result" name="result"/>', "piece"),
+    ('<bpmn:inputDataItem id="piece" name="piece"/><bpmn:outputDataItem id="DataOutput_1" name="result"/>', "result"),
+], ids=["input", "output"])
+def test_validate_warns_of_a_data_item_whose_name_is_not_its_id(tmp_path: Path, item: str, reads: str) -> None:
+    """The variable of a multi-instance item is its id; a script written for its name fails at run time
+    (NameError for the input item, no output item) though validate had said nothing."""
+    path = write(tmp_path, "items", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "pieces = [1, 2]"),
+        '<bpmn:scriptTask id="double"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>pieces'
+        '</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>results</bpmn:loopDataOutputRef>' + item +
+        '</bpmn:multiInstanceLoopCharacteristics><bpmn:script>result = piece * 2</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "prepare"), flow("prepare", "double"), flow("double", "end"),
+    ])
+    report = validate_process([path])
+    [warning] = [p for p in report.problems if p.code == "data_item_named_apart"]
+    assert (warning.severity, warning.element_id) == ("warning", "double")
+    assert f"name={reads!r}" in warning.message and f"id={reads!r}" in warning.message, warning.message
+    assert report.ok
+    assert run_ours(path).status == "error"
+
+    fixed = path.read_text(encoding="utf-8").replace('id="DataInput_1"', 'id="piece"').replace('id="DataOutput_1"',
+                                                                                                 'id="result"')
+    path.write_text(fixed, encoding="utf-8")
+    assert [p for p in validate_process([path]).problems if p.code == "data_item_named_apart"] == []
+    assert run_ours(path).status == "completed"
+
+
+def test_validate_warns_of_a_task_data_input_whose_name_is_not_its_id(tmp_path: Path) -> None:
+    """The same for a task's ioSpecification: the run stopped with "needs the data input(s)
+    'DataInput_1'" though the context held 'net', the input's name."""
+    io = ('<bpmn:ioSpecification><bpmn:dataInput id="DataInput_1" name="net"/><bpmn:inputSet id="tax_in">'
+          '<bpmn:dataInputRefs>DataInput_1</bpmn:dataInputRefs></bpmn:inputSet><bpmn:outputSet id="tax_out"/>'
+          '</bpmn:ioSpecification>')
+    path = write(tmp_path, "taxing", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "net = 100"),
+        f'<bpmn:scriptTask id="tax">{io}<bpmn:script>gross = net * 2</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "prepare"), flow("prepare", "tax"), flow("tax", "end"),
+    ])
+    with pytest.raises(Exception, match="Missing data input"):
+        run_plain(path, {}, {})
+    [warning] = [p for p in validate_process([path]).problems if p.code == "data_item_named_apart"]
+    assert (warning.element_id, warning.field) == ("tax", "dataInput")
+    assert "id='DataInput_1'" in warning.message and "give it id='net'" in warning.message, warning.message
+
+
+# ----- a catch event that names no message or signal -----------------------------------------------
+
+@pytest.mark.parametrize(("definition", "ref"), [
+    ('<bpmn:messageEventDefinition id="no_message"/>', "messageRef"),
+    ('<bpmn:signalEventDefinition id="no_signal"/>', "signalRef"),
+])
+def test_a_catch_event_with_no_message_or_signal_named_is_a_warning(tmp_path: Path, definition: str, ref: str) -> None:
+    """SpiffWorkflow's Invalid-Workflows (Multiple-Start-Events, Unsupported-Task) and boundary_event_split
+    attach a message or signal boundary event that names no bpmn:message or bpmn:signal. SpiffWorkflow
+    loads it; nothing can ever send it (`layerflow send` names the message), so the path after it never
+    runs, and the instance listed it in waiting_for as an event named null. validate said nothing."""
+    path = write(tmp_path, "unnamed", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="work"/>',
+        f'<bpmn:boundaryEvent id="poke" attachedToRef="work" cancelActivity="false">{definition}</bpmn:boundaryEvent>',
+        script("react", "poked = True"), '<bpmn:endEvent id="end"/>', '<bpmn:endEvent id="poke_end"/>',
+        flow("start", "work"), flow("work", "end"), flow("poke", "react"), flow("react", "poke_end"),
+    ])
+    plain_wf, plain_vars = run_plain(path, {}, {"work": {"done": True}})
+    assert "react" not in path_of(plain_wf)
+
+    report = validate_process([path])
+    [warning] = [p for p in report.problems if p.code == "event_without_ref"]
+    assert (warning.severity, warning.element_id, warning.field) == ("warning", "poke", ref)
+    assert f"{ref}=" in warning.message and "never" in warning.message, warning.message
+    assert report.ok
