@@ -103,6 +103,16 @@ class KnowledgeConfig(_Model):
     top_k: int = Field(default=3, gt=0)
     query: str | None = None
 
+    @field_validator("rag_collections")
+    @classmethod
+    def _plain_names(cls, v: list[str]) -> list[str]:
+        # a collection is a folder of knowledge/ beside the process, named, never a path
+        for name in v:
+            if not name or name in (".", "..") or "/" in name or "\\" in name:
+                raise ValueError(f"collection {name!r} is not a folder name; name a folder of knowledge/ "
+                                 "beside the process (no '/', '\\' or '..')")
+        return v
+
 
 class BranchConfig(_Model):
     """One outgoing branch of a split gateway; ``id`` is the BPMN id of the branch's first element."""

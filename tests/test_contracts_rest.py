@@ -203,6 +203,19 @@ def test_runtime_config_cannot_carry_scripts(server: str, config: dict[str, Any]
     assert _get(server, f"/api/instances/{doc['instance_id']}").json()["tape_length"] == doc["tape_length"]
 
 
+@pytest.mark.parametrize("name", ["../../secret", "..", "a/b", "/etc", "a\\b", "."])
+def test_runtime_config_cannot_read_files_outside_the_knowledge_folder(server: str, name: str) -> None:
+    # a knowledge collection is a folder of knowledge/ beside the process; a path would let a
+    # runtime config change read any .md/.txt file of the server into the instance's KNOWLEDGE
+    doc = _start(server, "par_proc")
+    r = _post(server, "/api/context-governance/config",
+              {"instance_id": doc["instance_id"], "activity_id": "after",
+               "config": {"knowledgeConfig": {"ragCollections": [name]}}})
+    assert r.status_code == 422, r.text
+    assert "ragCollections" in r.text
+    assert _get(server, f"/api/instances/{doc['instance_id']}").json()["tape_length"] == doc["tape_length"]
+
+
 def test_runtime_config_change_is_validated_and_applied(server: str) -> None:
     doc = _start(server, "par_proc")
     iid = doc["instance_id"]
