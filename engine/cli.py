@@ -149,7 +149,9 @@ def _summary(out: _Out, instance: Instance) -> None:
                      f"({', '.join(c.get('triggers') or [])})")
     for w in doc["waiting_for"]:
         if w["kind"] == "confirmation":
-            entry = next((c for c in instance.confirmations if c["id"] == w["id"]), {})
+            # the open one: a loop back through a join asks again under the same id, with new options
+            same = [c for c in instance.confirmations if c["id"] == w["id"]]
+            entry = next((c for c in same if not c.get("answered")), same[-1] if same else {})
             values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in entry.get("options", []))
             how = f"--answer {w['id']}=VALUE` (VALUE: {values})"
             if w.get("escalated"):

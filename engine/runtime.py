@@ -516,6 +516,8 @@ class Engine:
         waiting, with a note in ``instance.notices``."""
         if instance.status != "waiting":
             return False
+        from .governance import InvalidAnswer
+
         rt = _runtime_of(instance)
         for item in list(instance.waiting_for):
             value = _lookup_answer(answers, item)
@@ -548,7 +550,18 @@ class Engine:
             if value is _NO_ANSWER:
                 continue
             if item["kind"] == "confirmation":
-                _check_given_answer(rt, item["id"], value)
+                try:
+                    _check_given_answer(rt, item["id"], value)
+                except InvalidAnswer:
+                    if not any(c["id"] == item["id"] and c.get("answered") and json_equal(c.get("answer"), value)
+                               for c in instance.confirmations):
+                        raise
+                    # the answer was taken by an earlier round of this step (a loop back through the
+                    # join); this round offers other options, so it waits for its own answer
+                    instance.notices.append(
+                        f"confirmation {item['id']!r}: the given answer {_short(value)} answered an earlier round of "
+                        "it and is not one of the options offered now; left waiting for another answer")
+                    continue
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
                 rt.give_user_data(task, value, actor="person")  # AnswerWriteDenied: saved by run, still waiting
@@ -1960,7 +1973,9 @@ class _Runtime:
     def describe(self, item: Mapping[str, Any]) -> dict[str, Any]:
         """What a person is asked: the confirmation (message, options, default) or the user task."""
         if item["kind"] == "confirmation":
-            entry = next((c for c in self.instance.confirmations if c["id"] == item["id"]), {})
+            # the open one: a loop back through a join asks again under the same id, with new options
+            entry = next((c for c in self.instance.confirmations if c["id"] == item["id"] and not c.get("answered")),
+                         next((c for c in self.instance.confirmations if c["id"] == item["id"]), {}))
             return {**entry, **item}
         out = dict(item)
         if item["kind"] == "user_task":

@@ -491,3 +491,63 @@ def test_set_never_writes_under_open_branches(cli: Cli) -> None:
     doc = _bad(cli, "resume", waiting["instance_id"], "--set", "x=1", words=("open branches",))
     assert doc["instance_id"] == waiting["instance_id"]
     assert cli.doc("inspect", waiting["instance_id"], code=0)["tape_length"] == waiting["tape_length"]
+
+
+# a conflict at a join inside a loop: every round asks again under the same id, with new options
+LOOP_JOIN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">
+  <bpmn:process id="loop_join" isExecutable="true">
+    <bpmn:startEvent id="s"/>
+    <bpmn:scriptTask id="init"><bpmn:script>round = 0
+verdict = "none"</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="fork"/>
+    <bpmn:scriptTask id="rev_a"><bpmn:script>verdict = f"a{round}"</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="rev_b"><bpmn:script>verdict = f"b{round}"</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="count"><bpmn:script>round = round + 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:exclusiveGateway id="again" default="f_done"/>
+    <bpmn:endEvent id="e"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="s" targetRef="init"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="init" targetRef="fork"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="fork" targetRef="rev_a"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="fork" targetRef="rev_b"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="rev_a" targetRef="join"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="rev_b" targetRef="join"/>
+    <bpmn:sequenceFlow id="f7" sourceRef="join" targetRef="count"/>
+    <bpmn:sequenceFlow id="f8" sourceRef="count" targetRef="again"/>
+    <bpmn:sequenceFlow id="f_loop" sourceRef="again" targetRef="fork">
+      <bpmn:conditionExpression>round &lt; 3</bpmn:conditionExpression></bpmn:sequenceFlow>
+    <bpmn:sequenceFlow id="f_done" sourceRef="again" targetRef="e"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_an_answer_taken_by_an_earlier_round_leaves_the_next_round_waiting(cli: Cli) -> None:
+    # the answer is valid and is taken by the first round; the second round offers a1/b1, so it
+    # waits for its own answer (exit 3), not a refusal of input that was good (exit 2)
+    cli.file("loop_join.bpmn", LOOP_JOIN)
+    answers = cli.file("answers.json", {"confirmations": {"join/verdict": "b0"}})
+    out = cli("run", "loop_join.bpmn", "--answers", answers, "--json")
+    assert out.returncode == 3, (out.stdout[-800:], out.stderr[-800:])
+    doc = one_document(out.stdout)
+    assert doc["status"] == "waiting" and doc["error"] is None
+    assert [w["id"] for w in doc["waiting_for"]] == ["join/verdict"]
+    assert [c["answer"] for c in doc["confirmations"]] == ["b0", None]
+    assert "earlier round" in out.stderr
+    # resume answers the open round; its answer is not reapplied as bad input to the third
+    done = cli.doc("resume", doc["instance_id"], "--answer", "join/verdict=a1", code=3)
+    assert [c["answer"] for c in done["confirmations"]] == ["b0", "a1", None]
+    # a value no round ever offered is still bad input
+    cli.file("bad.json", {"confirmations": {"join/verdict": "zz"}})
+    _bad(cli, "run", "loop_join.bpmn", "--answers", "bad.json", words=("zz",))
+
+
+def test_the_waiting_hint_offers_the_open_rounds_options(cli: Cli) -> None:
+    cli.file("loop_join.bpmn", LOOP_JOIN)
+    waiting = cli.doc("run", "loop_join.bpmn", code=3)
+    cli("resume", waiting["instance_id"], "--answer", "join/verdict=a0")  # the first round; the second waits
+    out = cli("resume", waiting["instance_id"])
+    assert out.returncode == 3, out.stderr[-800:]
+    hint = next(line for line in out.stdout.splitlines() if "waiting for confirmation" in line)
+    assert '"a1" | "b1"' in hint and '"a0"' not in hint, hint
