@@ -29,7 +29,7 @@ from context_layers.stores import InstanceNotFound, StoreError
 from context_layers.stores import Store as LeaseStore
 
 from .confirm import TerminalPrompt, stdin_is_terminal
-from .governance import InvalidAnswer
+from .governance import InvalidAnswer, event_document
 from .process import load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
 from .store import default_store_url, open_store
@@ -1082,7 +1082,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
                    err=True)
     if as_json:
-        _Out(True).doc([{"context": name, **e.to_dict()} for _, name, e in events])
+        _Out(True).doc([event_document(name, e) for _, name, e in events])
         return
     for _, name, e in events:
         note = e.data.get("note") if e.data else None

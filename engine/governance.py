@@ -518,7 +518,7 @@ class GovernanceService:
         if limit is not None:
             rows = rows[:limit]
         return {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-                "events": [{"context": name, **e.to_dict()} for _, name, e in rows]}
+                "events": [event_document(name, e) for _, name, e in rows]}
 
     def inspect(self, instance_id: str, args: InspectArgs) -> dict[str, Any]:
         instance = self.load(instance_id)
@@ -885,6 +885,13 @@ class GovernanceService:
 
 
 # ============================================================================ helpers
+
+def event_document(context_name: str, event: Any) -> dict[str, Any]:
+    """A tape event as the CLI and the REST API show it: every event names its context, seq,
+    kind, time, actor, activity and branch (null when it has none; the stored form leaves
+    them out)."""
+    return {"context": context_name, "activity": None, "branch": None, **event.to_dict()}
+
 
 def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
     """Validate a runtime config change: the config schema, and nothing that runs code

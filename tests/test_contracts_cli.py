@@ -551,3 +551,15 @@ def test_the_waiting_hint_offers_the_open_rounds_options(cli: Cli) -> None:
     assert out.returncode == 3, out.stderr[-800:]
     hint = next(line for line in out.stdout.splitlines() if "waiting for confirmation" in line)
     assert '"a1" | "b1"' in hint and '"a0"' not in hint, hint
+
+
+def test_every_tape_event_names_its_seq_time_actor_activity_and_branch(cli: Cli) -> None:
+    # DESIGN "Tape": every event carries a sequence number, time, actor, activity and branch
+    # (null when it has none), in the main context and in the branches' alike
+    waiting = cli.doc("run", "par.bpmn", code=3)
+    events = cli.doc("tape", waiting["instance_id"], code=0)
+    assert events
+    for e in events:
+        assert {"context", "seq", "kind", "time", "actor", "activity", "branch"} <= set(e), e
+    assert any(e["branch"] is None for e in events) and any(e["branch"] == "marker" for e in events)
+    assert any(e["activity"] == "init" for e in events)

@@ -133,6 +133,8 @@ def test_instance_endpoints_give_the_run_document(server: str) -> None:
     assert again["layers"] == doc["layers"] and again["status"] == "waiting"
     tape = _get(server, f"/api/instances/{doc['instance_id']}/tape").json()
     assert tape["events"] and all({"seq", "kind", "time", "actor"} <= set(e) for e in tape["events"])
+    # DESIGN "Tape": activity and branch too, null when the event has none
+    assert all({"activity", "branch"} <= set(e) for e in tape["events"])
     assert _get(server, "/api/instances/no-such-instance").status_code == 404
 
 
