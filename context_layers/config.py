@@ -146,6 +146,12 @@ class ConflictPolicy(_Model):
 
 
 class HumanConfirmConfig(_Model):
+    """How a person is asked about a join conflict. ``message`` opens the question (the
+    branches' values follow it); ``options`` (values, or ``{label, value}``) are offered
+    besides the branches' values, as ``extraOptions`` are."""
+
+    message: str | None = None
+    options: list[Any] = Field(default_factory=list)
     timeout: float = Field(default=300, gt=0)
     default: Any = None
     on_timeout: Literal["default", "escalate"] = "default"

@@ -563,3 +563,19 @@ def test_every_tape_event_names_its_seq_time_actor_activity_and_branch(cli: Cli)
         assert {"context", "seq", "kind", "time", "actor", "activity", "branch"} <= set(e), e
     assert any(e["branch"] is None for e in events) and any(e["branch"] == "marker" for e in events)
     assert any(e["activity"] == "init" for e in events)
+
+
+def test_human_confirm_takes_the_message_and_options_design_names(cli: Cli) -> None:
+    # DESIGN "Resolution": human_confirm (message, options, timeout, default on timeout)
+    cli.file("par.layerflow.yaml", "merge:\n  humanConfirm:\n"
+             "    message: Reviewers disagree on the level; pick one.\n"
+             "    options: [{label: hold for a second review, value: 3}, 9]\n"
+             "    timeout: 60\n    default: 3\n")
+    doc = cli.doc("run", "par.bpmn", code=3)
+    [confirmation] = doc["confirmations"]
+    assert confirmation["message"].startswith("Reviewers disagree on the level; pick one.")
+    values = [o["value"] for o in confirmation["options"]]
+    assert {5, 0, 3, 9} <= set(values) and len(values) == len(set(map(json.dumps, values)))
+    assert confirmation["default"] == 3
+    done = cli.doc("resume", doc["instance_id"], "--answer", "merge/level=3", code=0)
+    assert done["layers"]["L3"]["level"] == 3
