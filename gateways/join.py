@@ -178,7 +178,8 @@ def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
                    preserved: frozenset[str] = frozenset(),
                    contested: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
-    """The branch's layers with every injected key it left alone put back to the base, and
+    """The branch's layers with every key of WORKING at the split (the base's and the injected
+    ones) it left alone put back to the base, and
     every base HISTORY key that only this branch's compressor changed when the key is in
     ``preserved`` (the join's preserved keys: another branch preserved it) or in
     ``contested`` (another branch changed it too)."""
@@ -195,7 +196,9 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
             over_w[key] = base_w[key] if key in base_w else DELETED
         if key in history or key in base_h:
             over_h[key] = base_h[key] if key in base_h else DELETED
-    for key, value in injected.items():
+    # what was in WORKING at the split (the base's, then this split's injection): a branch
+    # whose activity only moved such a key into HISTORY with the value it had left it alone
+    for key, value in {**dict(base_w.items()), **injected}.items():
         if key in BRANCH_MARKERS:
             continue
         kept_in_history = key in history and same_value(history[key], value)
