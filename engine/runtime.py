@@ -41,7 +41,7 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
@@ -621,6 +621,18 @@ def _refuse_if_failed(instance: Instance, what: str) -> None:
         raise InstanceStateError(f"instance {instance.id} is in error ({(instance.error or {}).get('message')}); "
                                  f"fix the cause and resume it first (`layerflow resume {instance.id}`, which takes "
                                  f"--answer/--answers too), then {what}")
+
+
+def _typed_option(options: Sequence[Mapping[str, Any]], value: Any) -> str | None:
+    """The string option value an answer stands for when it is that text read as JSON
+    (``--answer KEY=true`` for the option "true"), and no option is the answer itself."""
+    if isinstance(value, str) or any(json_equal(value, o.get("value")) for o in options):
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return next((o["value"] for o in options if isinstance(o.get("value"), str) and o["value"] == text), None)
 
 
 def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> None:
@@ -1960,7 +1972,7 @@ class _Runtime:
             raise ActivityError(f"instance {inst.id} has no open confirmation {confirmation_id!r}; open: "
                                 f"{', '.join(open_ids) or 'none'}")
         options = entry.get("options") or []
-        ok = (not options or value == "escalate"
+        ok = (not options or value == "escalate" or _typed_option(options, value) is not None
               or any(json_equal(value, o.get("value")) or value == o.get("label")
                      or (isinstance(value, str) and value == json.dumps(o.get("value"), ensure_ascii=False))
                      for o in options))
@@ -1992,6 +2004,9 @@ class _Runtime:
         timeout gave is on the tape as ``confirmation_timed_out`` already."""
         inst = self.instance
         entry = self.check_answer(confirmation_id, value)
+        typed = _typed_option(entry.get("options") or [], value)
+        if typed is not None:
+            value = typed
         if not timed_out:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
             ctx.record("human_decision", actor=actor, data={

@@ -579,3 +579,15 @@ def test_human_confirm_takes_the_message_and_options_design_names(cli: Cli) -> N
     assert confirmation["default"] == 3
     done = cli.doc("resume", doc["instance_id"], "--answer", "merge/level=3", code=0)
     assert done["layers"]["L3"]["level"] == 3
+
+
+@pytest.mark.parametrize("typed, chosen", [("true", "true"), ("0", "0"), ('"0"', "0")])
+def test_answer_typed_as_the_offered_string_option_picks_it(cli: Cli, typed: str, chosen: str) -> None:
+    # `--answer KEY=VALUE`: the waiting hint shows the option values "true" and "0"; typing them
+    # as shown picks them (the JSON reading of VALUE, true or 0, is no option here)
+    cli.file("strs.bpmn", PAR.replace("level = 5", 'level = "true"').replace("level = 0", 'level = "0"'))
+    waiting = cli.doc("run", "strs.bpmn", code=3)
+    done = cli.doc("resume", waiting["instance_id"], "--answer", f"merge/level={typed}", code=0)
+    assert done["layers"]["L3"]["level"] == chosen and done["layers"]["L3"]["final"] == chosen
+    [conflict] = done["conflicts"]
+    assert conflict["resolution"]["value"] == chosen
