@@ -553,7 +553,9 @@ class Engine:
                 try:
                     _check_given_answer(rt, item["id"], value)
                 except InvalidAnswer:
-                    if not any(c["id"] == item["id"] and c.get("answered") and json_equal(c.get("answer"), value)
+                    if not any(c["id"] == item["id"] and c.get("answered")
+                               and (json_equal(c.get("answer"), value)
+                                    or c.get("answer") == _typed_option(c.get("options") or [], value))
                                for c in instance.confirmations):
                         raise
                     # the answer was taken by an earlier round of this step (a loop back through the
