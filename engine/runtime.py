@@ -56,6 +56,7 @@ from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMix
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.canonical import freeze
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
@@ -941,6 +942,15 @@ class _Runtime:
         for key, value in form.items():
             if key in scope or not isinstance(key, str):
                 continue  # an instance's own item; a bad key is refused by the write, naming it
+            try:
+                freeze(value)
+            except ValueError as err:  # NaN, Infinity, a lone surrogate: no JSON value, the person's mistake
+                from .governance import InvalidAnswer
+
+                bpmn_id = spiff.bpmn_id_of(task)
+                raise InvalidAnswer(f"the answer to user task {bpmn_id!r} gives key {key!r} a value that is not "
+                                    f"JSON: {err}; answer with null, true/false, numbers, text, lists or objects",
+                                    instance_id=self.instance.id, task_id=bpmn_id) from None
             reason = ctx.check_write(Layer.WORKING, key)[1]
             if reason is not None and not (key in ctx and json_equal(ctx.resolve(key), value)):
                 try:

@@ -591,3 +591,15 @@ def test_answer_typed_as_the_offered_string_option_picks_it(cli: Cli, typed: str
     assert done["layers"]["L3"]["level"] == chosen and done["layers"]["L3"]["final"] == chosen
     [conflict] = done["conflicts"]
     assert conflict["resolution"]["value"] == chosen
+
+
+def test_a_user_task_answer_that_is_no_json_value_is_bad_input_and_the_task_waits(cli: Cli) -> None:
+    # like an answer the layer rules refuse: the person's mistake, not a failure of the process
+    path = cli.folder / "nan.json"
+    path.write_text('{"user_tasks": {"approve": {"ok": NaN}}}')  # Python reads NaN; JSON cannot hold it
+    doc = cli.doc("run", "seq.bpmn", "--data", "data.json", "--answers", str(path), code=2)
+    assert doc["error"]["kind"] == "invalid_answer" and "ok" in doc["error"]["message"]
+    assert doc["error"]["task_id"] == "approve"
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["approve"]
+    done = cli.doc("resume", doc["instance_id"], "--answer", 'approve={"ok": true}', code=0)
+    assert done["layers"]["L3"]["outcome"] == "accepted"
