@@ -1983,6 +1983,12 @@ class _Runtime:
             open_ids = [c["id"] for c in inst.confirmations if not c.get("answered")]
             raise ActivityError(f"instance {inst.id} has no open confirmation {confirmation_id!r}; open: "
                                 f"{', '.join(open_ids) or 'none'}")
+        try:
+            freeze(value)
+        except ValueError as err:  # NaN, Infinity, a lone surrogate: the person's mistake, not the process's
+            raise ActivityError(f"answer {_short(value)} for confirmation {confirmation_id!r} is not a JSON value: "
+                                f"{err}; answer with one of the offered option values",
+                                task_id=entry.get("task_id")) from None
         options = entry.get("options") or []
         ok = (not options or value == "escalate" or _typed_option(options, value) is not None
               or any(json_equal(value, o.get("value")) or value == o.get("label")

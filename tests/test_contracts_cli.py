@@ -603,3 +603,12 @@ def test_a_user_task_answer_that_is_no_json_value_is_bad_input_and_the_task_wait
     assert [w["task_id"] for w in doc["waiting_for"]] == ["approve"]
     done = cli.doc("resume", doc["instance_id"], "--answer", 'approve={"ok": true}', code=0)
     assert done["layers"]["L3"]["outcome"] == "accepted"
+
+
+def test_a_confirmation_answer_that_is_no_json_value_is_bad_input_and_the_join_waits(cli: Cli) -> None:
+    path = cli.folder / "nan.json"
+    path.write_text('{"confirmations": {"*": NaN}}')  # Python reads NaN; JSON cannot hold it
+    doc = cli.doc("run", "par.bpmn", "--answers", str(path), code=2)
+    assert doc["error"]["kind"] == "invalid_answer" and "merge/level" in doc["error"]["message"]
+    assert [w["id"] for w in doc["waiting_for"]] == ["merge/level"]
+    assert cli.doc("resume", doc["instance_id"], "--answer", "merge/level=5", code=0)["layers"]["L3"]["final"] == 5
