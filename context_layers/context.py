@@ -547,9 +547,13 @@ class LayeredContext:
         seq = self._tape.next_seq
         if kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
             data["snapshot_id"] = self.next_snapshot_id
+        try:
+            frozen = freeze(data)
+        except ValueError as err:  # a label, reason or note that no tape can carry (NaN, a lone surrogate)
+            raise ContextValueError(f"{kind.value} event data", str(err)) from None
         event = Event(seq=seq, kind=kind, time=time.time(), actor=actor,
                       activity=activity if activity is not None else self._state.activity,
-                      branch=self.branch_id, changes=tuple(changes), data=freeze(data), snapshot=snapshot)
+                      branch=self.branch_id, changes=tuple(changes), data=frozen, snapshot=snapshot)
         self._state = self._apply(self._state, event)
         self._tape._append(event)
         return event

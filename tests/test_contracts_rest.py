@@ -259,6 +259,17 @@ def test_compress_snapshot_rollback(server: str) -> None:
     assert missing.status_code == 404 and "nope" in missing.text
 
 
+def test_a_label_or_reason_that_is_no_text_is_bad_input_not_a_server_failure(server: str) -> None:
+    # a lone surrogate (valid as a JSON escape, no Unicode text) cannot go on a tape: 400, nothing written
+    doc = _start(server, "seq_proc", data={"amount": 7})
+    iid = doc["instance_id"]
+    raw = '{"instance_id": "%s", "label": "\\ud800"}' % iid
+    r = httpx.post(f"{server}/api/context-governance/snapshot", content=raw.encode(),
+                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
+    assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == doc["tape_length"]
+
+
 def test_an_invalid_answer_at_start_names_the_waiting_instance(server: str) -> None:
     r = _post(server, "/api/instances", {"process_id": "par_proc", "answers": {"confirmations": {"merge/level": 42}}})
     assert r.status_code == 400
