@@ -268,6 +268,10 @@ def test_a_label_or_reason_that_is_no_text_is_bad_input_not_a_server_failure(ser
                    headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
     assert r.status_code in (400, 422), r.text
     assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == doc["tape_length"]
+    raw = '{"instance_id": "%s", "required_keys": ["\\udfff"]}' % iid  # echoed back, it could not be sent
+    r = httpx.post(f"{server}/api/context-governance/branch-evaluate", content=raw.encode(),
+                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
 
 
 def test_an_invalid_answer_at_start_names_the_waiting_instance(server: str) -> None:
