@@ -1222,8 +1222,12 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
         else:
             click.echo("\n".join(_snapshot_lines(known)) or "no snapshots")
         return
+    from pydantic import ValidationError
+
     try:
         result = service.snapshot(instance.id, SnapshotArgs(label=label, context=ctx.name), actor="cli")
+    except ValidationError as err:
+        _fail(f"snapshot: {err.errors()[0]['msg']}", as_json=as_json)
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="snapshot: ")
     if as_json:

@@ -612,3 +612,11 @@ def test_a_confirmation_answer_that_is_no_json_value_is_bad_input_and_the_join_w
     assert doc["error"]["kind"] == "invalid_answer" and "merge/level" in doc["error"]["message"]
     assert [w["id"] for w in doc["waiting_for"]] == ["merge/level"]
     assert cli.doc("resume", doc["instance_id"], "--answer", "merge/level=5", code=0)["layers"]["L3"]["final"] == 5
+
+
+def test_a_label_that_is_no_text_is_bad_input_with_one_document(cli: Cli) -> None:
+    # bytes that are no UTF-8 on the command line arrive as lone surrogates: no tape can carry them
+    waiting = cli.doc("run", "par.bpmn", code=3)
+    doc = cli.doc("snapshot", waiting["instance_id"], "--label", "bad\udcff", code=2)
+    assert doc["status"] == "error" and "label" in doc["error"]["message"]
+    assert cli.doc("inspect", waiting["instance_id"], code=0)["tape_length"] == waiting["tape_length"]
