@@ -103,6 +103,16 @@ class KnowledgeConfig(_Model):
     top_k: int = Field(default=3, gt=0)
     query: str | None = None
 
+    @field_validator("rag_collections")
+    @classmethod
+    def _plain_names(cls, v: list[str]) -> list[str]:
+        # a collection is a folder of knowledge/ beside the process, named, never a path
+        for name in v:
+            if not name or name in (".", "..") or "/" in name or "\\" in name:
+                raise ValueError(f"collection {name!r} is not a folder name; name a folder of knowledge/ "
+                                 "beside the process (no '/', '\\' or '..')")
+        return v
+
 
 class BranchConfig(_Model):
     """One outgoing branch of a split gateway; ``id`` is the BPMN id of the branch's first element."""
@@ -136,6 +146,12 @@ class ConflictPolicy(_Model):
 
 
 class HumanConfirmConfig(_Model):
+    """How a person is asked about a join conflict. ``message`` opens the question (the
+    branches' values follow it); ``options`` (values, or ``{label, value}``) are offered
+    besides the branches' values, as ``extraOptions`` are."""
+
+    message: str | None = None
+    options: list[Any] = Field(default_factory=list)
     timeout: float = Field(default=300, gt=0)
     default: Any = None
     on_timeout: Literal["default", "escalate"] = "default"

@@ -547,9 +547,13 @@ class LayeredContext:
         seq = self._tape.next_seq
         if kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
             data["snapshot_id"] = self.next_snapshot_id
+        try:
+            frozen = freeze(data)
+        except ValueError as err:  # a label, reason or note that no tape can carry (NaN, a lone surrogate)
+            raise ContextValueError(f"{kind.value} event data", str(err)) from None
         event = Event(seq=seq, kind=kind, time=time.time(), actor=actor,
                       activity=activity if activity is not None else self._state.activity,
-                      branch=self.branch_id, changes=tuple(changes), data=freeze(data), snapshot=snapshot)
+                      branch=self.branch_id, changes=tuple(changes), data=frozen, snapshot=snapshot)
         self._state = self._apply(self._state, event)
         self._tape._append(event)
         return event
@@ -632,22 +636,27 @@ class LayeredContext:
     # ----- replay and persistence -----------------------------------------------------
 
     @classmethod
-    def replay(cls, events: Iterable[Event], *, until: int | None = None, name: str | None = None,
+    def replay(cls, events: Iterable[Event | Mapping[str, Any]], *, until: int | None = None, name: str | None = None,
                encoding: str | None = None) -> "LayeredContext":
-        """Rebuild a context from its tape (up to sequence number ``until``)."""
-        events = list(events)
-        if events and events[0].kind == EventKind.INIT:
-            name = name or events[0].data.get("name", "main")
-            encoding = encoding or events[0].data.get("encoding")
-        elif events and events[0].kind == EventKind.FORK:
-            name = name or events[0].data.get("name")
-            encoding = encoding or events[0].data.get("encoding")
-        ctx = cls(name=name or "main", branch_id=events[0].branch if events else None,
+        """Rebuild a context from its tape (up to sequence number ``until``). The events may
+        also be the tape as JSON gives it (``Event.to_dict()`` dicts, extra keys ignored)."""
+        tape: list[Event] = [_event_of(e, i) if isinstance(e, Mapping) else e for i, e in enumerate(events)]
+        if tape and tape[0].kind == EventKind.INIT:
+            name = name or tape[0].data.get("name", "main")
+            encoding = encoding or tape[0].data.get("encoding")
+        elif tape and tape[0].kind == EventKind.FORK:
+            name = name or tape[0].data.get("name")
+            encoding = encoding or tape[0].data.get("encoding")
+        ctx = cls(name=name or "main", branch_id=tape[0].branch if tape else None,
                   encoding=encoding or DEFAULT_ENCODING, _empty=True)
-        for e in events:
+        for e in tape:
             if until is not None and e.seq > until:
                 break
             if e.kind == EventKind.FORK:
+                if e.snapshot is None:  # a branch's tape as JSON: the parent's snapshot is not in it
+                    raise ContextKeyError(f"event {e.seq} of {ctx.name!r} forks the branch from snapshot "
+                                          f"{e.data.get('snapshot_id')!r}, which the events do not carry; replay a "
+                                          "branch from its context's tape (ctx.tape) or its record (from_dict)")
                 ctx._base = e.snapshot
             if e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.data.get("snapshot_id"):
                 # snapshots taken in this context are re-created by the replay itself
@@ -772,3 +781,12 @@ class View:
         for e in self.entries():
             out[str(e.layer)][e.key] = e.value
         return out
+
+
+def _event_of(d: Mapping[str, Any], index: int) -> Event:
+    """A tape event from its JSON form; a clear error when it is not one."""
+    try:
+        return Event.from_dict(d)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
+        raise ValueError(f"tape event #{index + 1} is not an event as Event.to_dict() writes it "
+                         f"(seq, kind, time, actor, ...): {type(err).__name__}: {err}") from err

@@ -29,7 +29,7 @@ from context_layers.stores import InstanceNotFound, StoreError
 from context_layers.stores import Store as LeaseStore
 
 from .confirm import TerminalPrompt, stdin_is_terminal
-from .governance import InvalidAnswer
+from .governance import InvalidAnswer, event_document
 from .process import load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
 from .store import default_store_url, open_store
@@ -149,7 +149,9 @@ def _summary(out: _Out, instance: Instance) -> None:
                      f"({', '.join(c.get('triggers') or [])})")
     for w in doc["waiting_for"]:
         if w["kind"] == "confirmation":
-            entry = next((c for c in instance.confirmations if c["id"] == w["id"]), {})
+            # the open one: a loop back through a join asks again under the same id, with new options
+            same = [c for c in instance.confirmations if c["id"] == w["id"]]
+            entry = next((c for c in same if not c.get("answered")), same[-1] if same else {})
             values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in entry.get("options", []))
             how = f"--answer {w['id']}=VALUE` (VALUE: {values})"
             if w.get("escalated"):
@@ -1080,7 +1082,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
                    err=True)
     if as_json:
-        _Out(True).doc([{"context": name, **e.to_dict()} for _, name, e in events])
+        _Out(True).doc([event_document(name, e) for _, name, e in events])
         return
     for _, name, e in events:
         note = e.data.get("note") if e.data else None
@@ -1220,8 +1222,12 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
         else:
             click.echo("\n".join(_snapshot_lines(known)) or "no snapshots")
         return
+    from pydantic import ValidationError
+
     try:
         result = service.snapshot(instance.id, SnapshotArgs(label=label, context=ctx.name), actor="cli")
+    except ValidationError as err:
+        _fail(f"snapshot: {err.errors()[0]['msg']}", as_json=as_json)
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="snapshot: ")
     if as_json:

@@ -40,7 +40,7 @@ from context_layers.tape import EventKind
 
 from .api import ErrorBody
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
-from .governance import GovernanceService
+from .governance import GovernanceService, event_document
 from .runtime import Instance
 
 __all__ = ["STATIC_DIR", "mount_console", "replay_document", "summary_of"]
@@ -271,5 +271,5 @@ def replay_document(instance: Instance, ctx: LayeredContext, until: int | None) 
                 for k, v in view.items()]
         layers[str(layer)] = {"name": layer.name, "tokens": sum(k["tokens"] for k in keys), "keys": keys}
     return {"context": ctx.name, "branch_id": ctx.branch_id, "until": stop, "tape_last_seq": last,
-            "event": {"context": ctx.name, **event.to_dict()} if event is not None else None,
+            "event": event_document(ctx.name, event) if event is not None else None,
             "tokens": rebuilt.token_report(), "layers": layers}

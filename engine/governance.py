@@ -49,6 +49,7 @@ from xml.etree import ElementTree
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
+from context_layers.canonical import text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import RuleDrivenCompressor, decompress, evaluate
 from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict, format_validation_error
@@ -141,6 +142,16 @@ ContextName = Annotated[str | None, Field(default=None, description="a context n
 
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _text_only(self) -> "_Args":
+        # a lone surrogate is a valid JSON escape but no text: no answer, tape or log could carry it
+        for name, value in self:
+            for item in value if isinstance(value, list) else [value]:
+                problem = text_problem(item) if isinstance(item, str) else None
+                if problem:
+                    raise ValueError(f"{name} {problem}")
+        return self
 
 
 class InspectFilter(_Args):
@@ -518,7 +529,7 @@ class GovernanceService:
         if limit is not None:
             rows = rows[:limit]
         return {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-                "events": [{"context": name, **e.to_dict()} for _, name, e in rows]}
+                "events": [event_document(name, e) for _, name, e in rows]}
 
     def inspect(self, instance_id: str, args: InspectArgs) -> dict[str, Any]:
         instance = self.load(instance_id)
@@ -885,6 +896,13 @@ class GovernanceService:
 
 
 # ============================================================================ helpers
+
+def event_document(context_name: str, event: Any) -> dict[str, Any]:
+    """A tape event as the CLI and the REST API show it: every event names its context, seq,
+    kind, time, actor, activity and branch (null when it has none; the stored form leaves
+    them out)."""
+    return {"context": context_name, "activity": None, "branch": None, **event.to_dict()}
+
 
 def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
     """Validate a runtime config change: the config schema, and nothing that runs code

@@ -107,9 +107,9 @@ class BM25Retriever:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
     def _load(self, name: str) -> _Collection:
-        coll = self._collections.get(name)
-        if coll is not None:
-            return coll
+        # no early return from self._collections: an Engine keeps its retriever as long as it
+        # runs, and a folder added or a document edited since must be read again (the shared
+        # index below is reused while the files' names, sizes and times are the same)
         folder = self.root / name if self.root is not None else None
         files = sorted([*folder.glob("*.md"), *folder.glob("*.txt")]) if folder is not None and folder.is_dir() else []
         # Indexes are shared by every retriever of this Python process (a new Engine does

@@ -41,7 +41,7 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
@@ -56,6 +56,7 @@ from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMix
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.canonical import freeze
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
@@ -516,6 +517,8 @@ class Engine:
         waiting, with a note in ``instance.notices``."""
         if instance.status != "waiting":
             return False
+        from .governance import InvalidAnswer
+
         rt = _runtime_of(instance)
         for item in list(instance.waiting_for):
             value = _lookup_answer(answers, item)
@@ -548,7 +551,20 @@ class Engine:
             if value is _NO_ANSWER:
                 continue
             if item["kind"] == "confirmation":
-                _check_given_answer(rt, item["id"], value)
+                try:
+                    _check_given_answer(rt, item["id"], value)
+                except InvalidAnswer:
+                    if not any(c["id"] == item["id"] and c.get("answered")
+                               and (json_equal(c.get("answer"), value)
+                                    or c.get("answer") == _typed_option(c.get("options") or [], value))
+                               for c in instance.confirmations):
+                        raise
+                    # the answer was taken by an earlier round of this step (a loop back through the
+                    # join); this round offers other options, so it waits for its own answer
+                    instance.notices.append(
+                        f"confirmation {item['id']!r}: the given answer {_short(value)} answered an earlier round of "
+                        "it and is not one of the options offered now; left waiting for another answer")
+                    continue
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
                 rt.give_user_data(task, value, actor="person")  # AnswerWriteDenied: saved by run, still waiting
@@ -608,6 +624,18 @@ def _refuse_if_failed(instance: Instance, what: str) -> None:
         raise InstanceStateError(f"instance {instance.id} is in error ({(instance.error or {}).get('message')}); "
                                  f"fix the cause and resume it first (`layerflow resume {instance.id}`, which takes "
                                  f"--answer/--answers too), then {what}")
+
+
+def _typed_option(options: Sequence[Mapping[str, Any]], value: Any) -> str | None:
+    """The string option value an answer stands for when it is that text read as JSON
+    (``--answer KEY=true`` for the option "true"), and no option is the answer itself."""
+    if isinstance(value, str) or any(json_equal(value, o.get("value")) for o in options):
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return next((o["value"] for o in options if isinstance(o.get("value"), str) and o["value"] == text), None)
 
 
 def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> None:
@@ -914,6 +942,15 @@ class _Runtime:
         for key, value in form.items():
             if key in scope or not isinstance(key, str):
                 continue  # an instance's own item; a bad key is refused by the write, naming it
+            try:
+                freeze(value)
+            except ValueError as err:  # NaN, Infinity, a lone surrogate: no JSON value, the person's mistake
+                from .governance import InvalidAnswer
+
+                bpmn_id = spiff.bpmn_id_of(task)
+                raise InvalidAnswer(f"the answer to user task {bpmn_id!r} gives key {key!r} a value that is not "
+                                    f"JSON: {err}; answer with null, true/false, numbers, text, lists or objects",
+                                    instance_id=self.instance.id, task_id=bpmn_id) from None
             reason = ctx.check_write(Layer.WORKING, key)[1]
             if reason is not None and not (key in ctx and json_equal(ctx.resolve(key), value)):
                 try:
@@ -2090,8 +2127,14 @@ class _Runtime:
             open_ids = [c["id"] for c in inst.confirmations if not c.get("answered")]
             raise ActivityError(f"instance {inst.id} has no open confirmation {confirmation_id!r}; open: "
                                 f"{', '.join(open_ids) or 'none'}")
+        try:
+            freeze(value)
+        except ValueError as err:  # NaN, Infinity, a lone surrogate: the person's mistake, not the process's
+            raise ActivityError(f"answer {_short(value)} for confirmation {confirmation_id!r} is not a JSON value: "
+                                f"{err}; answer with one of the offered option values",
+                                task_id=entry.get("task_id")) from None
         options = entry.get("options") or []
-        ok = (not options or value == "escalate"
+        ok = (not options or value == "escalate" or _typed_option(options, value) is not None
               or any(json_equal(value, o.get("value")) or value == o.get("label")
                      or (isinstance(value, str) and value == json.dumps(o.get("value"), ensure_ascii=False))
                      for o in options))
@@ -2104,7 +2147,9 @@ class _Runtime:
     def describe(self, item: Mapping[str, Any]) -> dict[str, Any]:
         """What a person is asked: the confirmation (message, options, default) or the user task."""
         if item["kind"] == "confirmation":
-            entry = next((c for c in self.instance.confirmations if c["id"] == item["id"]), {})
+            # the open one: a loop back through a join asks again under the same id, with new options
+            entry = next((c for c in self.instance.confirmations if c["id"] == item["id"] and not c.get("answered")),
+                         next((c for c in self.instance.confirmations if c["id"] == item["id"]), {}))
             return {**entry, **item}
         out = dict(item)
         if item["kind"] == "user_task":
@@ -2121,6 +2166,9 @@ class _Runtime:
         timeout gave is on the tape as ``confirmation_timed_out`` already."""
         inst = self.instance
         entry = self.check_answer(confirmation_id, value)
+        typed = _typed_option(entry.get("options") or [], value)
+        if typed is not None:
+            value = typed
         if not timed_out:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
             ctx.record("human_decision", actor=actor, data={

@@ -177,8 +177,10 @@ def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
 
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
                    preserved: frozenset[str] = frozenset(),
-                   contested: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
-    """The branch's layers with every injected key it left alone put back to the base, and
+                   contested: frozenset[str] = frozenset(),
+                   changed_working: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
+    """The branch's layers with every injected key it left alone put back to the base, so is
+    every key of the base's WORKING in ``changed_working`` (another branch changed it), and
     every base HISTORY key that only this branch's compressor changed when the key is in
     ``preserved`` (the join's preserved keys: another branch preserved it) or in
     ``contested`` (another branch changed it too)."""
@@ -195,7 +197,9 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
             over_w[key] = base_w[key] if key in base_w else DELETED
         if key in history or key in base_h:
             over_h[key] = base_h[key] if key in base_h else DELETED
-    for key, value in injected.items():
+    # a branch whose activity only moved a key of WORKING at the split into HISTORY, with the
+    # value it had, left it alone; another branch's change of it is then no conflict
+    for key, value in {**{k: base_w[k] for k in changed_working if k in base_w}, **injected}.items():
         if key in BRANCH_MARKERS:
             continue
         kept_in_history = key in history and same_value(history[key], value)
@@ -208,6 +212,21 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     if over_h:
         layers[Layer.HISTORY] = _Overlay(history, over_h)
     return layers
+
+
+def _left_alone(branch: LayeredContext, key: str, value: Any) -> bool:
+    """Whether ``key`` holds ``value`` in the branch's WORKING, or, moved there by an activity, in its HISTORY."""
+    working, history = branch.layer(Layer.WORKING), branch.layer(Layer.HISTORY)
+    if key in working:
+        return same_value(working[key], value)
+    return key in history and same_value(history[key], value)
+
+
+def _changed_working(base: Snapshot, branches: Mapping[str, LayeredContext]) -> frozenset[str]:
+    """Keys of the base's WORKING (other than the branch markers) that some branch changed."""
+    base_w = base.layer(Layer.WORKING)
+    return frozenset(k for k in base_w if k not in BRANCH_MARKERS
+                     and any(not _left_alone(ctx, k, base_w[k]) for ctx in branches.values()))
 
 
 def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
@@ -327,8 +346,9 @@ def join_contexts(
     pinned = frozenset(k for ctx in branches.values() for k in ctx.preserved)
     touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
     contested = _contested(base, branches, touched)
+    changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
-                                contested)
+                                contested, changed_working)
               for b, ctx in branches.items()}
 
     outcomes: dict[Layer, list[KeyOutcome]] = {}

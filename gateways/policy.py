@@ -240,8 +240,13 @@ def build_human_request(
         options.append({"label": f"{_show(suggestion.value)} (suggested by {suggestion.resolver}: {suggestion.reason})",
                         "value": jsonable(suggestion.value)})
     hc = config.human_confirm
-    for extra in hc.extra_options if hc else ():
-        options.append({"label": str(extra.get("label", _show(extra.get("value")))), "value": extra.get("value")})
+    extras = [*(hc.options if hc else ()), *(hc.extra_options if hc else ())]
+    for extra in extras:
+        if not (isinstance(extra, Mapping) and "value" in extra):
+            extra = {"value": extra}
+        if any(same_value(o["value"], extra["value"]) for o in options):
+            continue  # offered already (a branch's value or the suggestion)
+        options.append({"label": str(extra.get("label", _show(extra["value"]))), "value": jsonable(extra["value"])})
     options.append({"label": "escalate (stop the instance for an administrator)", "value": ESCALATE})
 
     wants = "; ".join(f"{b} wants {_show(v)}" + (f" because {reasons[b]!r}" if reasons.get(b) else "")
@@ -251,6 +256,8 @@ def build_human_request(
     if suggestion is not None:
         message += f" The {suggestion.resolver} suggests {_show(suggestion.value)}: {suggestion.reason}."
     message += " Which value should the process continue with?"
+    if hc is not None and hc.message:
+        message = f"{hc.message} {message}"
 
     if hc is not None and hc.default is not None:
         default, on_timeout = hc.default, hc.on_timeout

@@ -191,6 +191,20 @@ def test_the_tape_is_append_only_and_replay_rebuilds_the_context(ctx: LayeredCon
     assert [e.seq for e in list(ctx.tape)[: len(tape)]] == seqs
 
 
+def test_replay_takes_the_tape_as_json(ctx: LayeredContext) -> None:
+    # the tape as `layerflow tape --json` and the REST API give it (plain dicts) rebuilds the context too
+    _busy(ctx)
+    events = json.loads(json.dumps([{"context": "main", **e.to_dict()} for e in ctx.tape]))
+    assert LayeredContext.replay(events) == ctx
+    assert LayeredContext.replay(events, until=3) == LayeredContext.replay(ctx.tape, until=3)
+    with pytest.raises(ValueError, match="seq"):
+        LayeredContext.replay([{"kind": "write"}])
+    # a branch's JSON tape lacks the parent's snapshot it was forked from: said, never a wrong context
+    branch = ContextSplitter().split(ctx, "g", ["b1", "b2"])[0].context
+    with pytest.raises(KeyError, match="snapshot"):
+        LayeredContext.replay([e.to_dict() for e in branch.tape])
+
+
 def test_replay_rebuilds_any_sequence_number(ctx: LayeredContext) -> None:
     states = {}
     states[ctx.tape[-1].seq] = _layers(ctx)

@@ -491,3 +491,132 @@ def test_set_never_writes_under_open_branches(cli: Cli) -> None:
     doc = _bad(cli, "resume", waiting["instance_id"], "--set", "x=1", words=("open branches",))
     assert doc["instance_id"] == waiting["instance_id"]
     assert cli.doc("inspect", waiting["instance_id"], code=0)["tape_length"] == waiting["tape_length"]
+
+
+# a conflict at a join inside a loop: every round asks again under the same id, with new options
+LOOP_JOIN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">
+  <bpmn:process id="loop_join" isExecutable="true">
+    <bpmn:startEvent id="s"/>
+    <bpmn:scriptTask id="init"><bpmn:script>round = 0
+verdict = "none"</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="fork"/>
+    <bpmn:scriptTask id="rev_a"><bpmn:script>verdict = f"a{round}"</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="rev_b"><bpmn:script>verdict = f"b{round}"</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="count"><bpmn:script>round = round + 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:exclusiveGateway id="again" default="f_done"/>
+    <bpmn:endEvent id="e"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="s" targetRef="init"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="init" targetRef="fork"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="fork" targetRef="rev_a"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="fork" targetRef="rev_b"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="rev_a" targetRef="join"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="rev_b" targetRef="join"/>
+    <bpmn:sequenceFlow id="f7" sourceRef="join" targetRef="count"/>
+    <bpmn:sequenceFlow id="f8" sourceRef="count" targetRef="again"/>
+    <bpmn:sequenceFlow id="f_loop" sourceRef="again" targetRef="fork">
+      <bpmn:conditionExpression>round &lt; 3</bpmn:conditionExpression></bpmn:sequenceFlow>
+    <bpmn:sequenceFlow id="f_done" sourceRef="again" targetRef="e"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_an_answer_taken_by_an_earlier_round_leaves_the_next_round_waiting(cli: Cli) -> None:
+    # the answer is valid and is taken by the first round; the second round offers a1/b1, so it
+    # waits for its own answer (exit 3), not a refusal of input that was good (exit 2)
+    cli.file("loop_join.bpmn", LOOP_JOIN)
+    answers = cli.file("answers.json", {"confirmations": {"join/verdict": "b0"}})
+    out = cli("run", "loop_join.bpmn", "--answers", answers, "--json")
+    assert out.returncode == 3, (out.stdout[-800:], out.stderr[-800:])
+    doc = one_document(out.stdout)
+    assert doc["status"] == "waiting" and doc["error"] is None
+    assert [w["id"] for w in doc["waiting_for"]] == ["join/verdict"]
+    assert [c["answer"] for c in doc["confirmations"]] == ["b0", None]
+    assert "earlier round" in out.stderr
+    # resume answers the open round; its answer is not reapplied as bad input to the third
+    done = cli.doc("resume", doc["instance_id"], "--answer", "join/verdict=a1", code=3)
+    assert [c["answer"] for c in done["confirmations"]] == ["b0", "a1", None]
+    # a value no round ever offered is still bad input
+    cli.file("bad.json", {"confirmations": {"join/verdict": "zz"}})
+    _bad(cli, "run", "loop_join.bpmn", "--answers", "bad.json", words=("zz",))
+
+
+def test_the_waiting_hint_offers_the_open_rounds_options(cli: Cli) -> None:
+    cli.file("loop_join.bpmn", LOOP_JOIN)
+    waiting = cli.doc("run", "loop_join.bpmn", code=3)
+    cli("resume", waiting["instance_id"], "--answer", "join/verdict=a0")  # the first round; the second waits
+    out = cli("resume", waiting["instance_id"])
+    assert out.returncode == 3, out.stderr[-800:]
+    hint = next(line for line in out.stdout.splitlines() if "waiting for confirmation" in line)
+    assert '"a1" | "b1"' in hint and '"a0"' not in hint, hint
+
+
+def test_every_tape_event_names_its_seq_time_actor_activity_and_branch(cli: Cli) -> None:
+    # DESIGN "Tape": every event carries a sequence number, time, actor, activity and branch
+    # (null when it has none), in the main context and in the branches' alike
+    waiting = cli.doc("run", "par.bpmn", code=3)
+    events = cli.doc("tape", waiting["instance_id"], code=0)
+    assert events
+    for e in events:
+        assert {"context", "seq", "kind", "time", "actor", "activity", "branch"} <= set(e), e
+    assert any(e["branch"] is None for e in events) and any(e["branch"] == "marker" for e in events)
+    assert any(e["activity"] == "init" for e in events)
+
+
+def test_human_confirm_takes_the_message_and_options_design_names(cli: Cli) -> None:
+    # DESIGN "Resolution": human_confirm (message, options, timeout, default on timeout)
+    cli.file("par.layerflow.yaml", "merge:\n  humanConfirm:\n"
+             "    message: Reviewers disagree on the level; pick one.\n"
+             "    options: [{label: hold for a second review, value: 3}, 9]\n"
+             "    timeout: 60\n    default: 3\n")
+    doc = cli.doc("run", "par.bpmn", code=3)
+    [confirmation] = doc["confirmations"]
+    assert confirmation["message"].startswith("Reviewers disagree on the level; pick one.")
+    values = [o["value"] for o in confirmation["options"]]
+    assert {5, 0, 3, 9} <= set(values) and len(values) == len(set(map(json.dumps, values)))
+    assert confirmation["default"] == 3
+    done = cli.doc("resume", doc["instance_id"], "--answer", "merge/level=3", code=0)
+    assert done["layers"]["L3"]["level"] == 3
+
+
+@pytest.mark.parametrize("typed, chosen", [("true", "true"), ("0", "0"), ('"0"', "0")])
+def test_answer_typed_as_the_offered_string_option_picks_it(cli: Cli, typed: str, chosen: str) -> None:
+    # `--answer KEY=VALUE`: the waiting hint shows the option values "true" and "0"; typing them
+    # as shown picks them (the JSON reading of VALUE, true or 0, is no option here)
+    cli.file("strs.bpmn", PAR.replace("level = 5", 'level = "true"').replace("level = 0", 'level = "0"'))
+    waiting = cli.doc("run", "strs.bpmn", code=3)
+    done = cli.doc("resume", waiting["instance_id"], "--answer", f"merge/level={typed}", code=0)
+    assert done["layers"]["L3"]["level"] == chosen and done["layers"]["L3"]["final"] == chosen
+    [conflict] = done["conflicts"]
+    assert conflict["resolution"]["value"] == chosen
+
+
+def test_a_user_task_answer_that_is_no_json_value_is_bad_input_and_the_task_waits(cli: Cli) -> None:
+    # like an answer the layer rules refuse: the person's mistake, not a failure of the process
+    path = cli.folder / "nan.json"
+    path.write_text('{"user_tasks": {"approve": {"ok": NaN}}}')  # Python reads NaN; JSON cannot hold it
+    doc = cli.doc("run", "seq.bpmn", "--data", "data.json", "--answers", str(path), code=2)
+    assert doc["error"]["kind"] == "invalid_answer" and "ok" in doc["error"]["message"]
+    assert doc["error"]["task_id"] == "approve"
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["approve"]
+    done = cli.doc("resume", doc["instance_id"], "--answer", 'approve={"ok": true}', code=0)
+    assert done["layers"]["L3"]["outcome"] == "accepted"
+
+
+def test_a_confirmation_answer_that_is_no_json_value_is_bad_input_and_the_join_waits(cli: Cli) -> None:
+    path = cli.folder / "nan.json"
+    path.write_text('{"confirmations": {"*": NaN}}')  # Python reads NaN; JSON cannot hold it
+    doc = cli.doc("run", "par.bpmn", "--answers", str(path), code=2)
+    assert doc["error"]["kind"] == "invalid_answer" and "merge/level" in doc["error"]["message"]
+    assert [w["id"] for w in doc["waiting_for"]] == ["merge/level"]
+    assert cli.doc("resume", doc["instance_id"], "--answer", "merge/level=5", code=0)["layers"]["L3"]["final"] == 5
+
+
+def test_a_label_that_is_no_text_is_bad_input_with_one_document(cli: Cli) -> None:
+    # bytes that are no UTF-8 on the command line arrive as lone surrogates: no tape can carry them
+    waiting = cli.doc("run", "par.bpmn", code=3)
+    doc = cli.doc("snapshot", waiting["instance_id"], "--label", "bad\udcff", code=2)
+    assert doc["status"] == "error" and "label" in doc["error"]["message"]
+    assert cli.doc("inspect", waiting["instance_id"], code=0)["tape_length"] == waiting["tape_length"]

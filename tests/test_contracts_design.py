@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from context_layers import ContextWriteDenied, Layer, LayeredContext, render
+from context_layers import ActivityExtensionConfig, ContextWriteDenied, Layer, LayeredContext, render
 from engine import Engine, load_process
 from gateways import ContextSplitter
 
@@ -495,6 +495,48 @@ def test_merged_history_is_base_first_then_each_branchs_new_keys_in_branch_order
                     "b_one", "activity:second", "c_one", "activity:third"]
     assert instance.main.resolve("status") == "approved"
     assert plain(instance.main.resolve("doc")) == {"a": 1, "b": [1, 2]}
+
+
+NESTED_INJECT = process("nested_inject", "\n".join([
+    '    <bpmn:startEvent id="s"/>',
+    '    <bpmn:parallelGateway id="outer"/>',
+    '    <bpmn:parallelGateway id="inner"/>',
+    script("a", 'lane = "a-changed"'),
+    script("b", 'other = 1'),
+    '    <bpmn:parallelGateway id="inner_join"/>',
+    script("c", 'cc = 1'),
+    '    <bpmn:parallelGateway id="outer_join"/>',
+    '    <bpmn:endEvent id="e"/>']),
+    [("s", "outer"), ("outer", "inner"), ("outer", "c"), ("inner", "a"), ("inner", "b"), ("a", "inner_join"),
+     ("b", "inner_join"), ("inner_join", "outer_join"), ("c", "outer_join"), ("outer_join", "e")])
+
+
+def test_a_key_in_working_at_the_split_that_one_branch_left_alone_is_no_conflict(tmp_path: Path) -> None:
+    """"'changed' means the value differs from the split's snapshot" -- also for a key in
+    WORKING at the split (here the outer split's contextInject, as the inner split sees it):
+    a branch whose activity only moved it into HISTORY with the value it had did not change it."""
+    bpmn = write_bpmn(tmp_path, "nested_inject", NESTED_INJECT,
+                      config="outer:\n  branches:\n    - {id: inner, contextInject: {lane: inner-lane}}\n")
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(str(bpmn))))
+    assert instance.status == "completed", (instance.waiting_for, instance.conflicts)
+    assert instance.conflicts == []
+    assert instance.main.resolve("other") == 1 and instance.main.resolve("cc") == 1
+    assert LayeredContext.replay(instance.main.tape) == instance.main
+    # the same with the public names alone
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.write(Layer.WORKING, "k", 1, actor="op")
+    ctx.write(Layer.WORKING, "both", 1, actor="op")
+    a, b = (branch.context for branch in ContextSplitter().split(ctx, "fork", ["a", "b"]))
+    a.begin_activity("ta"); a.write(Layer.WORKING, "k", 2, actor="ta"); a.complete_activity("ta")  # noqa: E702
+    a.begin_activity("ta2"); a.write(Layer.WORKING, "both", 5, actor="ta2"); a.complete_activity("ta2")  # noqa: E702
+    b.begin_activity("tb"); b.write(Layer.WORKING, "both", 6, actor="tb"); b.complete_activity("tb")  # noqa: E702
+    from gateways import join_contexts
+
+    snapshot = ctx.get_snapshot(a.resolve("_snapshot_id"))
+    result = join_contexts(snapshot, {"a": a, "b": b}, gateway_id="join",
+                           config=ActivityExtensionConfig.model_validate({"mergeStrategy": "LAST_WRITER_WINS"}))
+    assert [c.key for c, _ in result.conflicts] == ["both"]  # changed differently in both: still a conflict
 
 
 # =============================================================================== rendering

@@ -133,6 +133,8 @@ def test_instance_endpoints_give_the_run_document(server: str) -> None:
     assert again["layers"] == doc["layers"] and again["status"] == "waiting"
     tape = _get(server, f"/api/instances/{doc['instance_id']}/tape").json()
     assert tape["events"] and all({"seq", "kind", "time", "actor"} <= set(e) for e in tape["events"])
+    # DESIGN "Tape": activity and branch too, null when the event has none
+    assert all({"activity", "branch"} <= set(e) for e in tape["events"])
     assert _get(server, "/api/instances/no-such-instance").status_code == 404
 
 
@@ -203,6 +205,19 @@ def test_runtime_config_cannot_carry_scripts(server: str, config: dict[str, Any]
     assert _get(server, f"/api/instances/{doc['instance_id']}").json()["tape_length"] == doc["tape_length"]
 
 
+@pytest.mark.parametrize("name", ["../../secret", "..", "a/b", "/etc", "a\\b", "."])
+def test_runtime_config_cannot_read_files_outside_the_knowledge_folder(server: str, name: str) -> None:
+    # a knowledge collection is a folder of knowledge/ beside the process; a path would let a
+    # runtime config change read any .md/.txt file of the server into the instance's KNOWLEDGE
+    doc = _start(server, "par_proc")
+    r = _post(server, "/api/context-governance/config",
+              {"instance_id": doc["instance_id"], "activity_id": "after",
+               "config": {"knowledgeConfig": {"ragCollections": [name]}}})
+    assert r.status_code == 422, r.text
+    assert "ragCollections" in r.text
+    assert _get(server, f"/api/instances/{doc['instance_id']}").json()["tape_length"] == doc["tape_length"]
+
+
 def test_runtime_config_change_is_validated_and_applied(server: str) -> None:
     doc = _start(server, "par_proc")
     iid = doc["instance_id"]
@@ -242,6 +257,21 @@ def test_compress_snapshot_rollback(server: str) -> None:
     assert restored["tape_length"] > now["tape_length"]  # a rollback adds an event, deletes nothing
     missing = _post(server, "/api/context-governance/rollback", {"instance_id": iid, "snapshot_id": "nope"})
     assert missing.status_code == 404 and "nope" in missing.text
+
+
+def test_a_label_or_reason_that_is_no_text_is_bad_input_not_a_server_failure(server: str) -> None:
+    # a lone surrogate (valid as a JSON escape, no Unicode text) cannot go on a tape: 400, nothing written
+    doc = _start(server, "seq_proc", data={"amount": 7})
+    iid = doc["instance_id"]
+    raw = '{"instance_id": "%s", "label": "\\ud800"}' % iid
+    r = httpx.post(f"{server}/api/context-governance/snapshot", content=raw.encode(),
+                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
+    assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == doc["tape_length"]
+    raw = '{"instance_id": "%s", "required_keys": ["\\udfff"]}' % iid  # echoed back, it could not be sent
+    r = httpx.post(f"{server}/api/context-governance/branch-evaluate", content=raw.encode(),
+                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
 
 
 def test_an_invalid_answer_at_start_names_the_waiting_instance(server: str) -> None:
