@@ -2121,10 +2121,12 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
         for sp in wf.subprocesses.values():
             tasks.extend(t for t in sp.tasks.values() if t.state == state)
         return tasks
-    tasks = list(wf.get_tasks(state=state))
+    # by id: the workflow's iterator also reaches the tasks of some sub-processes (an event
+    # sub-process's timer was listed two or three times)
+    found: dict[Any, Any] = {t.id: t for t in wf.get_tasks(state=state)}
     for sp in wf.subprocesses.values():
-        tasks.extend(sp.get_tasks(state=state))
-    return tasks
+        found.update((t.id, t) for t in sp.get_tasks(state=state) if t.id not in found)
+    return list(found.values())
 
 
 def _gateway_type(spec: Any) -> str:

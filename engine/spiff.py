@@ -312,10 +312,20 @@ class _LayerflowSpecMixin:
             # SpiffWorkflow's check misses the second path of a branch that splits and merges
             # again, and the join fires twice (engine.inclusive_join)
             return inclusive_join.may_fire(self, my_task)
+        listening = listening_event_subprocesses(my_task.workflow) if isinstance(self, _EndJoin) else []
+        if listening:
+            # SpiffWorkflow 3.2 starts a timer event sub-process with its (sub-)process, and the end
+            # waited for it: for a timer that had not fired yet, forever. It only listens: once
+            # nothing else runs, the (sub-)process ends (and the end cancels it, ``_run_hook``)
+            return not any(task is not my_task and not _below_listening(task, listening) for task in
+                           my_task.workflow.get_tasks(state=TaskState.NOT_FINISHED_MASK, end_at_spec=my_task.task_spec.name))
         return super()._check_threshold_unstructured(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
         driver = driver_of(my_task)
+        if isinstance(self, _EndJoin):
+            for listening in listening_event_subprocesses(my_task.workflow):
+                listening.cancel()  # its timer has not fired: it ends with its scope
         if driver is None:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "activity":
@@ -521,6 +531,34 @@ def is_event_subprocess(task: Any) -> bool:
     SpiffBpmnParser builds it as a plain sub-process)."""
     return (isinstance(task.task_spec, SubWorkflowTask)
             and task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ()))
+
+
+def listening_event_subprocesses(workflow: Any) -> list[Any]:
+    """The timer event sub-processes of ``workflow`` (one scope, not the ones inside it) that wait
+    for their timer, none of their paths running: they listen, and hold no token. (SpiffWorkflow
+    3.2 starts them with their scope; an event starts a message or signal one when it comes.)"""
+    out = []
+    for task in workflow.tasks.values():
+        # (saved and loaded, its spec is a plain sub-process: SpiffWorkflow's serializer says so)
+        if not (isinstance(task.task_spec, SubWorkflowTask) and task.state == TaskState.STARTED
+                and task.parent is not None and task.parent.task_spec is workflow.spec.start):
+            continue
+        sub = workflow.top_workflow.subprocesses.get(task.id)
+        active = [t for t in sub.tasks.values() if t.has_state(TaskState.READY | TaskState.WAITING | TaskState.STARTED)
+                  ] if sub is not None else []
+        if active and all(isinstance(t.task_spec, StartEvent) and t.state == TaskState.WAITING for t in active):
+            out.append(task)
+    return out
+
+
+def _below_listening(task: Any, listening: list[Any]) -> bool:
+    """Whether ``task`` is one of the ``listening`` event sub-processes or a task after or inside one."""
+    while task is not None:
+        if task in listening:
+            return True
+        parent_id = getattr(task.workflow, "parent_task_id", None) if task.parent is None else None
+        task = task.workflow.top_workflow.get_task_from_id(parent_id) if parent_id is not None else task.parent
+    return False
 
 
 def is_split(spec: Any) -> bool:

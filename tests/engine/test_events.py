@@ -529,3 +529,48 @@ def test_an_unknown_kind_is_a_programming_error(tmp_path: Path) -> None:
     engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
     with pytest.raises(ValueError, match="'message' or 'signal'"):
         engine.send_event(instance, "documents_received", kind="email")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = float(int(__import__("time").time()))
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timer_start(definition: str) -> str:
+    return f'<bpmn:startEvent id="on_start" isInterrupting="false"><bpmn:timerEventDefinition>{definition}' \
+           "</bpmn:timerEventDefinition></bpmn:startEvent>"
+
+
+TIMER_STARTS = {"duration": '<bpmn:timeDuration>"P1000D"</bpmn:timeDuration>',
+                "cycle": '<bpmn:timeCycle>"R2/P1000D"</bpmn:timeCycle>'}
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+@pytest.mark.parametrize("timer", sorted(TIMER_STARTS))
+def test_a_timer_event_sub_process_that_has_not_fired_ends_with_its_scope(tmp_path: Path, timer: str,
+                                                                        nested: bool) -> None:
+    """A non-interrupting timer event sub-process listens while its (sub-)process runs, and no
+    longer: SpiffWorkflow 3.2 starts it with the process and its end waited for the timer, so the
+    process waited 1000 days after its last step (found by the random processes)."""
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    path = write(tmp_path, "process", _event_sub(_timer_start(TIMER_STARTS[timer]), nested=nested))
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {})
+    assert instance.status == "completed", instance.waiting_for
+    assert "noted" not in instance.main
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+def test_the_timer_of_an_event_sub_process_is_listed_once(tmp_path: Path, nested: bool) -> None:
+    """Its task lives in a sub-workflow that SpiffWorkflow's iterator also reaches from the
+    process: it was listed two or three times (found by the random processes)."""
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=_Clock())
+    path = write(tmp_path, "process", _event_sub(_timer_start(TIMER_STARTS["duration"]), nested=nested))
+    instance = engine.run(engine.start(load_process(path)))
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("user_task", "review"), ("timer", "on_start")]
+    assert [(w["kind"], w["task_id"]) for w in engine.load(instance.id).waiting_for] == [
+        ("user_task", "review"), ("timer", "on_start")]
