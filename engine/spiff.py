@@ -406,7 +406,10 @@ class _LayerflowSpecMixin:
                 # an interrupting event (a boundary event, a terminate end event) cancels the
                 # activity while its instances run or wait: it closes, its writes undone
                 driver.abort_multi(my_task, ActivityCancelled(f"activity {bpmn_id_of(my_task)!r} was cancelled"))
-        return super()._on_cancel(my_task)  # type: ignore[misc]
+        result = super()._on_cancel(my_task)  # type: ignore[misc]
+        if self.lf_role == "multi":
+            _cancel_orphaned_subprocesses(my_task.workflow.top_workflow)
+        return result
 
     def copy_data(self, my_task: Any, subworkflow: Any) -> Any:
         # SubWorkflowTask only: what SpiffWorkflow copies into a sub-process is in the context
@@ -491,6 +494,20 @@ for _stock in [spec for _, spec in _STOCK_TAGS.values()] + list(_EXTRA_SPECS):
 # split that end in end events of their own (no joining gateway) merge there, as in
 # SpiffWorkflow, where it merges their data.
 TWINS[_EndJoin] = LayerflowEndJoin = _twin(_EndJoin, "gateway")
+
+
+def _cancel_orphaned_subprocesses(top: Any) -> None:
+    """Cancel and forget the sub-processes whose task is gone. SpiffWorkflow drops the instances of
+    a cancelled multi-instance activity from its tree without cancelling them: the sub-processes of
+    its instances ran on, and the next step (which looks for their tasks) failed with "A task with
+    id ... was not found", as a load would."""
+    while True:
+        known = set(top.tasks).union(*(sp.tasks for sp in top.subprocesses.values()))
+        orphans = [key for key, sp in top.subprocesses.items() if sp.parent_task_id not in known]
+        if not orphans:
+            return
+        for key in orphans:
+            top.cancel(top.subprocesses.pop(key))
 
 
 def is_activity(spec: Any) -> bool:

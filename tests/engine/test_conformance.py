@@ -535,6 +535,48 @@ def test_a_timer_interrupts_a_multi_instance_activity_that_waits_for_people(tmp_
     assert variables(instance.main) == {"voters": ["ann", "bob"], "outcome": "void"}
 
 
+def _reviews(tmp_path: Path, boundary: str, sequential: bool) -> Path:
+    """Each instance of a multi-instance sub-process waits for a person; an interrupting boundary
+    event on the sub-process stops them all."""
+    return write(tmp_path, "reviews", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:subProcess id="review"><bpmn:multiInstanceLoopCharacteristics isSequential="{str(sequential).lower()}">'
+        "<bpmn:loopCardinality>2</bpmn:loopCardinality><bpmn:loopDataOutputRef>notes</bpmn:loopDataOutputRef>"
+        '<bpmn:outputDataItem id="note" name="note"/></bpmn:multiInstanceLoopCharacteristics>'
+        '<bpmn:startEvent id="r_start"/><bpmn:userTask id="read"/><bpmn:endEvent id="r_end"/>'
+        f'{flow("r_start", "read")}{flow("read", "r_end")}</bpmn:subProcess>',
+        f'<bpmn:boundaryEvent id="stop" attachedToRef="review">{boundary}</bpmn:boundaryEvent>',
+        script("void", "outcome = 'void'"), '<bpmn:endEvent id="end_void"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "review"), flow("review", "end"), flow("stop", "void"), flow("void", "end_void"),
+    ], '<bpmn:message id="m_stop" name="stop_review"/>\n')
+
+
+@pytest.mark.parametrize("sequential", [False, True], ids=["parallel", "sequential"])
+@pytest.mark.parametrize("trigger", ["timer", "message"])
+def test_an_interrupting_boundary_event_stops_a_multi_instance_sub_process_whose_instances_wait(
+        tmp_path: Path, trigger: str, sequential: bool) -> None:
+    """SpiffWorkflow drops the instances of a cancelled multi-instance activity from its tree but
+    keeps their sub-processes running, and its next step looks for their tasks: the instance
+    stopped with "A task with id ... was not found" (plain SpiffWorkflow too; found by the random
+    processes)."""
+    clock = _Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    boundary = ('<bpmn:timerEventDefinition><bpmn:timeDuration>"P2D"</bpmn:timeDuration></bpmn:timerEventDefinition>'
+                if trigger == "timer" else '<bpmn:messageEventDefinition messageRef="m_stop"/>')
+    instance = run_ours(_reviews(tmp_path, boundary, sequential), engine=engine)
+    assert [w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task"] == ["read"] * (1 if sequential else 2)
+    if trigger == "timer":
+        clock.now += 3 * 86400
+        instance = engine.resume(engine.load(instance.id))
+    else:
+        instance = engine.send_event(engine.load(instance.id), "stop_review")
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["stop", "void", "end_void"]
+    assert variables(instance.main) == {"outcome": "void"}
+    assert engine.load(instance.id).status == "completed"
+
+
 def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_its_instances(tmp_path: Path) -> None:
     """Without spiffworkflow:scriptsOnInstances SpiffWorkflow runs a multi-instance task's preScript
     once before it makes the instances and its postScript once after; under layerflow neither ran."""
