@@ -399,6 +399,16 @@ class _LayerflowSpecMixin:
             for name in payload_variables(getattr(self, "event_definition", None)):
                 my_task.data.pop(name, None)
 
+    def merge_child(self, workflow: Any, child: Any) -> Any:
+        # (multi-instance twins only: SpiffWorkflow calls it as an instance completes)
+        if interrupted(child.parent):
+            # an interrupting boundary event on the activity caught an event (an error an instance
+            # threw, which ended that instance): the activity is cancelled next, and nothing is
+            # collected or started. SpiffWorkflow merged the instance's output item first (it has
+            # none: "Expected an output item") or started the next instance
+            return None
+        return super().merge_child(workflow, child)  # type: ignore[misc]
+
     def _on_cancel(self, my_task: Any) -> Any:
         if self.lf_role == "multi" and my_task.internal_data.get(MULTI_KEY):
             driver = driver_of(my_task)
@@ -494,6 +504,15 @@ for _stock in [spec for _, spec in _STOCK_TAGS.values()] + list(_EXTRA_SPECS):
 # split that end in end events of their own (no joining gateway) merge there, as in
 # SpiffWorkflow, where it merges their data.
 TWINS[_EndJoin] = LayerflowEndJoin = _twin(_EndJoin, "gateway")
+
+
+def interrupted(task: Any) -> bool:
+    """Whether an interrupting boundary event attached to ``task`` has caught its event (it is
+    about to cancel ``task``: SpiffWorkflow's ``BoundaryEventJoin`` test)."""
+    split = task.parent
+    return split is not None and any(
+        isinstance(t.task_spec, BoundaryEvent) and t.task_spec.cancel_activity
+        and t.has_state(TaskState.READY | TaskState.COMPLETED) for t in split.children)
 
 
 def _cancel_orphaned_subprocesses(top: Any) -> None:
