@@ -53,6 +53,7 @@ from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
 from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMixin
+from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
@@ -1235,6 +1236,20 @@ class _Runtime:
         info["status"] = "joined"
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity is cancelled (an interrupting event): what its steps wrote
+        stays, and so does what the paths of its non-interrupting boundary events that ran to their
+        end inside it wrote. Such a path runs in a branch of its own (``boundary_path``), merged where
+        it ends, at the end of the sub-process, which now never comes: it merges now. (A path that
+        still runs is cancelled with the sub-process, as the branches of its splits are.)"""
+        gw = spiff.bpmn_id_of(task)
+        running = {spiff.context_name_of(t) for t in subworkflow.tasks.values()
+                   if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING)
+                   and not isinstance(t.task_spec, Join)}  # a path that ended waits at joins only
+        for name, info in list(self.instance.branches.items()):
+            if info["status"] == "side" and name not in running and self._in_workflow(name, subworkflow):
+                self._merge_side(gw, name)
 
     def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached

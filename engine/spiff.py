@@ -180,6 +180,7 @@ class Driver(Protocol):
     def boundary_path(self, task: Any, path: Any = None) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
+    def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def no_branch_taken(self, task: Any) -> Exception: ...
 
 
@@ -410,6 +411,11 @@ class _LayerflowSpecMixin:
         return super().merge_child(workflow, child)  # type: ignore[misc]
 
     def _on_cancel(self, my_task: Any) -> Any:
+        if isinstance(self, SubWorkflowTask):
+            driver = driver_of(my_task)
+            subworkflow = my_task.workflow.top_workflow.subprocesses.get(my_task.id)
+            if driver is not None and subworkflow is not None:
+                driver.cancel_subworkflow(my_task, subworkflow)  # before its tasks are cancelled
         if self.lf_role == "multi" and my_task.internal_data.get(MULTI_KEY):
             driver = driver_of(my_task)
             if driver is not None:

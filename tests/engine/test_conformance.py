@@ -609,6 +609,42 @@ def test_an_error_from_one_instance_is_caught_by_a_boundary_event_on_the_multi_i
     assert instance.main.current_activity is None
 
 
+def test_a_boundary_path_that_ended_inside_an_interrupted_sub_process_keeps_what_it_wrote(tmp_path: Path) -> None:
+    """A message starts the path of a non-interrupting boundary event on the inner of two nested
+    sub-processes; it runs to its end inside the outer one, beside the inner one (in a branch of
+    its own, merged where its path ends: the outer one's end). A timer then interrupts the outer
+    one: what the path wrote was lost with its branch, though what the interrupted steps wrote
+    stays (found by the random processes)."""
+    clock = _Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    inner = ('<bpmn:subProcess id="inner"><bpmn:startEvent id="i_start"/>' + script("prepare", "prepared = True")
+             + '<bpmn:userTask id="review"/><bpmn:endEvent id="i_end"/>' + flow("i_start", "prepare")
+             + flow("prepare", "review") + flow("review", "i_end") + "</bpmn:subProcess>")
+    outer = ('<bpmn:subProcess id="outer"><bpmn:startEvent id="o_start"/>' + inner
+             + '<bpmn:boundaryEvent id="poke" attachedToRef="inner" cancelActivity="false">'
+             '<bpmn:messageEventDefinition messageRef="m_poke"/></bpmn:boundaryEvent>'
+             + script("note", "noted = True") + '<bpmn:endEvent id="noted_end"/><bpmn:endEvent id="o_end"/>'
+             + flow("o_start", "inner") + flow("inner", "o_end") + flow("poke", "note") + flow("note", "noted_end")
+             + "</bpmn:subProcess>")
+    path = write(tmp_path, "nested", [
+        '<bpmn:startEvent id="start"/>', outer,
+        '<bpmn:boundaryEvent id="late" attachedToRef="outer"><bpmn:timerEventDefinition>'
+        '<bpmn:timeDuration>"PT1H"</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:boundaryEvent>',
+        script("escalate", "escalated = True"), '<bpmn:endEvent id="end_late"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "outer"), flow("outer", "end"), flow("late", "escalate"), flow("escalate", "end_late"),
+    ], '<bpmn:message id="m_poke" name="poke"/>\n')
+    instance = run_ours(path, engine=engine)
+    instance = engine.send_event(engine.load(instance.id), "poke")
+    assert instance.status == "waiting" and "note" in path_of(instance.workflow)
+    clock.now += 2 * 3600
+    instance = engine.resume(engine.load(instance.id))
+
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"prepared": True, "noted": True, "escalated": True}
+    records = [r["activity"] for k, r in instance.main.layer(Layer.HISTORY).items() if k.startswith("activity:")]
+    assert sorted(records) == ["escalate", "note", "prepare"]
+
+
 def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_its_instances(tmp_path: Path) -> None:
     """Without spiffworkflow:scriptsOnInstances SpiffWorkflow runs a multi-instance task's preScript
     once before it makes the instances and its postScript once after; under layerflow neither ran."""
