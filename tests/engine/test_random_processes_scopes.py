@@ -57,13 +57,13 @@ from engine import Engine, load_process
 from engine.validate import validate_process
 
 from engine_helpers import flow, script_task, variables, write_elements
-from test_random_processes import _blocks, _expected
+from test_random_processes import _blocks, _expected, _has
 from test_random_processes_events import FAR, NEAR, Sends, _Clock, _due, _events, _events_expected, _EventWriter, _timer
 from test_random_processes_more import _items, _more_expected, _nested
 
 
-def _cycle(times: int) -> str:
-    return (f'<bpmn:timerEventDefinition><bpmn:timeCycle>"R{times}/PT1H"</bpmn:timeCycle>'
+def _cycle(times: int, period: str = "PT1H") -> str:
+    return (f'<bpmn:timerEventDefinition><bpmn:timeCycle>"R{times}/{period}"</bpmn:timeCycle>'
             "</bpmn:timerEventDefinition>")
 
 
@@ -146,7 +146,9 @@ class _ScopeWriter(_EventWriter):
             elif trigger == "timer":
                 definition = _timer(NEAR.format(1) if fires else FAR)
             else:
-                definition = _cycle(fires or 1) if fires else _timer(FAR)
+                # a day apart: each run of the handler ends before the next starts (it waits for
+                # no person: ``_overlapping``), so two runs never write one key by turns
+                definition = _cycle(fires, "P1D") if fires else _timer(FAR)
             ev = replace(self, elements=[f'<bpmn:startEvent id="{sid}_on" isInterrupting="false">{definition}</bpmn:startEvent>'])
             ev_exit, _, on = ev.block(handler, f"{sid}_on", ["x"])
             ev.elements += [f'<bpmn:endEvent id="{sid}_on_end"/>', flow(ev_exit, f"{sid}_on_end")]
@@ -380,6 +382,17 @@ def engine_contexts(instance: Any) -> list[tuple[str, Any]]:
     return list(instance.contexts.items())
 
 
+def _overlapping(tree: Any) -> bool:
+    """Whether the handler of a cycle event sub-process waits for a person (then its runs overlap)."""
+    if isinstance(tree, list):
+        return any(_overlapping(part) for part in tree)
+    if not isinstance(tree, tuple):
+        return False
+    if tree[0] == "evt" and tree[1] == "cycle":
+        return any(_has(tree[4], kind) for kind in ("user", "btu", "bts", "thr", "bmi", "nbe", "btc"))
+    return any(_overlapping(part) for part in tree[1:])
+
+
 # no event sub-process of the process, no throw between branches inside a multi-instance body (see the module doc)
 _MULTI = ("mis", "bmi", "emi")
 
@@ -397,6 +410,7 @@ _MULTI = ("mis", "bmi", "emi")
 @given(tree=_trees(), x=st.integers(0, 12))
 def test_a_random_process_with_scoped_events_runs_as_its_diagram_says(tree: Any, x: int) -> None:
     assume(not _nested(tree, _MULTI, ("evs", "thr", "evt")) and not _nested(tree, ("evt",), ("evs", "thr", "evt")))
+    assume(not _overlapping(tree))
     check(tree, x)
 
 
