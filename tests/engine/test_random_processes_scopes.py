@@ -12,6 +12,10 @@ The block trees of test_random_processes_events gain these kinds (and keep their
 * ``bmi``: a multi-instance user task or sub-process (its instances wait for a person) with a
   boundary timer or message on the activity, interrupting (to a recovery block) or not (to a
   side task), that fires while the instances wait or never;
+* ``mco``: a multi-instance sub-process (parallel or sequential) whose instances each wait for a
+  message correlated by their input item (``spiffworkflow:processVariableCorrelation``), then run
+  a block; the driver sends one message per instance, in the order the tree says, each caught by
+  its instance only (a message no instance waits for is refused and changes nothing);
 * ``emi``: a sequential multi-instance sub-process over a count whose instance ``k`` ends in an
   error end event, caught by an interrupting error boundary event on the activity;
 * ``cyc``: a sub-process around an intermediate cycle timer ("R<k>/PT1H") whose path counts
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,7 @@ from hypothesis import strategies as st
 from context_layers import Layer, LayeredContext
 
 from engine import Engine, load_process
+from engine.governance import InstanceStateError
 from engine.validate import validate_process
 
 from engine_helpers import flow, script_task, variables, write_elements
@@ -69,10 +74,40 @@ def _cycle(times: int, period: str = "PT1H") -> str:
 
 @dataclass
 class _ScopeWriter(_EventWriter):
-    """A writer that also knows the kinds of the module doc."""
+    """A writer that also knows the kinds of the module doc. ``keyed`` (shared by the writers of
+    nested blocks): the messages the driver sends to one instance each, by correlation, in order."""
+
+    keyed: dict[str, list[dict[str, int]]] = field(default_factory=dict)
 
     def block(self, tree: Any, entry: str, known: list[str]) -> tuple[str, list[str], Any]:
         kind = tree[0]
+        if kind == "mco":
+            _, seq, n, order, body = tree
+            sid = self.new("mo")
+            name = f"e_{sid}"
+            self.extras.append((0, f'  <bpmn:message id="{name}" name="{name}"/>\n  <bpmn:correlationProperty '
+                                   f'id="ref_{sid}" name="ref_{sid}"><bpmn:correlationPropertyRetrievalExpression '
+                                   f'messageRef="{name}"><bpmn:formalExpression>key</bpmn:formalExpression>'
+                                   "</bpmn:correlationPropertyRetrievalExpression></bpmn:correlationProperty>\n"))
+            inner, node, made = self._instance_body(sid, ("seq", [("mcatch", sid), body]), known, self.file)
+            self.elements += [f'<bpmn:subProcess id="{sid}">{self._loop(sid, seq, "card", n)}'
+                              f'{"".join(inner.elements)}</bpmn:subProcess>', flow(entry, sid)]
+            self.keyed[name] = [{"key": i, "v": i * 7 + int(sid[2:])} for i in order if i < n]
+            # over a count of n: x % (n + 1) instances, so the tree's n says how many at most
+            return sid, known, ("mis", sid, "card", n, node, made)
+        if kind == "mcatch":
+            sid = tree[1]
+            name = f"e_{sid}"
+            correlation = (f"<spiffworkflow:processVariableCorrelation><spiffworkflow:propertyId>ref_{sid}"
+                           f"</spiffworkflow:propertyId><spiffworkflow:expression>i_{sid}</spiffworkflow:expression>"
+                           "</spiffworkflow:processVariableCorrelation>")
+            self.elements += [f'<bpmn:intermediateCatchEvent id="{sid}_paid"><bpmn:messageEventDefinition '
+                              f'messageRef="{name}"><bpmn:extensionElements><spiffworkflow:messageVariable>q_{sid}'
+                              f"</spiffworkflow:messageVariable>{correlation}</bpmn:extensionElements>"
+                              "</bpmn:messageEventDefinition></bpmn:intermediateCatchEvent>",
+                              flow(entry, f"{sid}_paid"), script_task(f"{sid}_v", f"w_{sid} = q_{sid}['v']"),
+                              flow(f"{sid}_paid", f"{sid}_v")]
+            return f"{sid}_v", [*known, f"w_{sid}"], ("mcatch", sid, int(sid[2:]))
         if kind == "bmi":
             _, seq, n, body, trigger, interrupting, fires, recovery = tree
             aid = self.new("bm")
@@ -222,6 +257,7 @@ def _scope_kinds(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
     return [
         *_events(inner),
         st.tuples(st.just("mis"), *loop, inner),
+        st.tuples(st.just("mco"), st.booleans(), st.integers(1, 3), st.permutations(range(3)), inner),
         st.tuples(st.just("bmi"), st.booleans(), st.integers(0, 3), st.sampled_from(["user", "sub"]), *boundary, inner),
         st.tuples(st.just("emi"), st.integers(0, 3), st.integers(0, 2), scripts, inner),
         st.tuples(st.just("cyc"), st.integers(1, 3)),
@@ -259,6 +295,12 @@ def _scopes_expected(node: Any, env: dict[str, Any], runs: Counter[str]) -> None
         runs[sid] += 1
     elif kind == "miu":
         _more_expected(node, env, runs)
+    elif kind == "mcatch":
+        _, sid, n = node
+        item = env[f"i_{sid}"]
+        env[f"q_{sid}"] = {"key": item, "v": item * 7 + n}  # the message sent to this instance
+        env[f"w_{sid}"] = item * 7 + n
+        runs[f"{sid}_v"] += 1
     elif kind == "bmi":
         _, n, activity, rec, interrupting, fires = node
         waits = env["x"] % (n + 1) > 0
@@ -308,7 +350,10 @@ def _write(folder: Path, tree: Any) -> tuple[Path, Any, Sends]:
     exit_, _, node = w.block(tree, "start", ["x"])
     w.elements += ['<bpmn:endEvent id="end"/>', flow(exit_, "end"), *w.handlers]
     extras = "".join(xml for _, xml in w.processes) + "".join(dict.fromkeys(xml for _, xml in w.extras))
-    return write_elements(folder, "random", w.elements, extras), node, w.sends
+    sends: Sends = dict(w.sends)
+    for name, payloads in w.keyed.items():
+        sends[name] = ("keyed", payloads, None)  # type: ignore[assignment]
+    return write_elements(folder, "random", w.elements, extras), node, sends
 
 
 def _answer(task_id: str) -> dict[str, int]:
@@ -335,7 +380,20 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
                         if w["kind"] == "timer" and w["due"] is not None
                         and datetime.fromisoformat(w["due"]).timestamp() < clock.now + 10 * 86400)
         loaded = engine.load(instance.id)
-        if events:
+        if events and sends[events[0]["event"]][0] == "keyed":
+            # a message for one instance: the first of the tree's order that an instance waits for (the
+            # others are refused, changing nothing: no instance waits for them, or not now)
+            name, payloads = events[0]["event"], sends[events[0]["event"]][1]
+            for payload in payloads:  # type: ignore[union-attr]
+                try:
+                    instance = engine.send_event(engine.load(instance.id), name, payload)
+                except InstanceStateError:
+                    continue
+                steps.append(f"send {name} {payload['key']}")
+                break
+            else:
+                raise AssertionError(f"no instance takes {name} {payloads}")
+        elif events:
             kind, payload, gate = sends[events[0]["event"]]
             if gate is not None:
                 sent.add((events[0]["event"], at[gate]))
@@ -394,7 +452,7 @@ def _overlapping(tree: Any) -> bool:
 
 
 # no event sub-process of the process, no throw between branches inside a multi-instance body (see the module doc)
-_MULTI = ("mis", "bmi", "emi")
+_MULTI = ("mis", "bmi", "emi", "mco")
 
 
 # shapes that once failed, each fixed (see test_events and test_conformance): a timer event
