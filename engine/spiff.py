@@ -309,6 +309,11 @@ class _LayerflowSpecMixin:
         return super()._update_hook(my_task)  # type: ignore[misc]
 
     def _check_threshold_unstructured(self, my_task: Any) -> Any:
+        if not isinstance(self, _EndJoin) and len(self.inputs) == 1:  # type: ignore[attr-defined]
+            # a gateway with one incoming flow joins nothing: each token goes on at once. SpiffWorkflow
+            # waited while the task before it was unfinished, as a cycle timer is between repetitions,
+            # and the next repetition's token then cancelled the waiting one
+            return True
         if isinstance(self, InclusiveGateway):
             # SpiffWorkflow's check misses the second path of a branch that splits and merges
             # again, and the join fires twice (engine.inclusive_join)

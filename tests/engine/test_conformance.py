@@ -645,6 +645,39 @@ def test_a_boundary_path_that_ended_inside_an_interrupted_sub_process_keeps_what
     assert sorted(records) == ["escalate", "note", "prepare"]
 
 
+@pytest.mark.parametrize("where", ["catch", "event_sub_process"])
+def test_a_parallel_split_after_a_cycle_timer_runs_once_per_repetition(tmp_path: Path, where: str) -> None:
+    """Each repetition of a cycle timer ("R2/PT1H") starts its path once, here a parallel split and
+    join. SpiffWorkflow's split (a join too, of one incoming flow) waited while the timer could still
+    fire, and the next repetition's split cancelled it: one repetition's path was lost (plain
+    SpiffWorkflow ran none; found by the random processes)."""
+    clock = _Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    timer = ('<bpmn:timerEventDefinition><bpmn:timeCycle>"R2/PT1H"</bpmn:timeCycle></bpmn:timerEventDefinition>')
+    fork = ['<bpmn:parallelGateway id="fork"/>', script("a", "a = 1"), script("b", "b = 2"),
+            '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="forked"/>', flow("tick", "fork"),
+            flow("fork", "a"), flow("fork", "b"), flow("a", "join"), flow("b", "join"), flow("join", "forked")]
+    if where == "catch":
+        elements = ['<bpmn:startEvent id="start"/>', f'<bpmn:intermediateCatchEvent id="tick">{timer}'
+                    "</bpmn:intermediateCatchEvent>", flow("start", "tick"), *fork]
+    else:
+        elements = ['<bpmn:startEvent id="start"/>', '<bpmn:userTask id="review"/>', '<bpmn:endEvent id="end"/>',
+                    flow("start", "review"), flow("review", "end"),
+                    '<bpmn:subProcess id="on_tick" triggeredByEvent="true">'
+                    f'<bpmn:startEvent id="tick" isInterrupting="false">{timer}</bpmn:startEvent>'
+                    + "".join(fork) + "</bpmn:subProcess>"]
+    instance = run_ours(write(tmp_path, "ticks", elements), engine=engine)
+    for _ in range(2):
+        clock.now += 3600
+        instance = engine.resume(engine.load(instance.id))
+    if where != "catch":
+        instance = engine.complete_user_task(engine.load(instance.id), "review", {})
+
+    assert instance.status == "completed", instance.error
+    records = [r["activity"] for k, r in instance.main.layer(Layer.HISTORY).items() if k.startswith("activity:")]
+    assert sorted(r for r in records if r in ("a", "b")) == ["a", "a", "b", "b"], records
+
+
 def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_its_instances(tmp_path: Path) -> None:
     """Without spiffworkflow:scriptsOnInstances SpiffWorkflow runs a multi-instance task's preScript
     once before it makes the instances and its postScript once after; under layerflow neither ran."""
