@@ -23,8 +23,10 @@ The block trees of test_random_processes_events gain these kinds (and keep their
   task per repetition), or interrupting inside a sub-process (the side task per repetition, then
   the user task is cancelled);
 * ``evt``: a user task beside a non-interrupting event sub-process started by a timer, a cycle
-  timer or a signal, of the process or (timers) of a sub-process around the user task; the
-  timer fires before the person answers or never, the signal is sent once while they wait;
+  timer (a day apart) or a signal: a signal one of the process, a timer one of a sub-process
+  around the user task, or of the process as the process's first block (its timer runs from the
+  start of the process, whichever path it takes later); the timer fires before the person
+  answers (each repetition of a cycle) or never, the signal is sent once while they wait;
 * ``nbe``: a sub-process inside a sub-process (script tasks, then a user task), each with a
   boundary timer or message, interrupting (to script tasks) or not (a side task); the events
   fire in the order the tree says (messages first, then timers by their hour) or never.
@@ -33,7 +35,9 @@ Not drawn, as SpiffWorkflow 3.2 cannot run them (``engine.validate`` refuses the
 ``test_validate_refuses_what_is_not_drawn``): a signal or message event sub-process inside a
 sub-process (it never starts). Not drawn inside a multi-instance body: an event sub-process of
 the process and a throw between branches (``evs``, ``thr``: one event would reach every
-instance, or the instance a person answers first, which the reference does not model).
+instance, or the instance a person answers first, which the reference does not model); a
+person in the handler of a cycle event sub-process (its runs would overlap and write one key by
+turns, as BPMN's shared data says, which the reference does not model either).
 
 The driver is test_random_processes_events's (sends first, then the earliest timer, then the
 first user task; each step on the instance loaded anew from a sqlite store, time on a fake
@@ -432,12 +436,8 @@ def check(tree: Any, x: int) -> None:
     tasks = Counter({tid: n for tid, n in runs.items() if not tid.endswith("_more")})
     assert ours_runs == tasks, (ours_runs, tasks, steps, text)
     assert variables(ours.main) == env, (variables(ours.main), env, steps, text)
-    for name, ctx in engine_contexts(ours):
+    for name, ctx in ours.contexts.items():
         assert LayeredContext.replay(ctx.tape) == ctx, (name, steps, text)
-
-
-def engine_contexts(instance: Any) -> list[tuple[str, Any]]:
-    return list(instance.contexts.items())
 
 
 def _overlapping(tree: Any) -> bool:
