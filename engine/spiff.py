@@ -279,6 +279,12 @@ class _LayerflowSpecMixin:
                 result = super()._update_hook(my_task)  # type: ignore[misc]
                 my_task.data = {}
                 return result
+        if self.lf_role == "multi" and my_task.state in (TaskState.STARTED, TaskState.READY) \
+                and "merged" in my_task.internal_data:
+            # its instances are made (or done), and SpiffWorkflow would make them again: a cycle
+            # timer that completes after its last repetition updates every unfinished task after
+            # it, the activity a repetition started too. (A reset clears "merged".)
+            return None  # it stays as it is
         if self.lf_role == "multi":
             driver = driver_of(my_task)
             if driver is not None:

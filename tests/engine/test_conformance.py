@@ -678,6 +678,35 @@ def test_a_parallel_split_after_a_cycle_timer_runs_once_per_repetition(tmp_path:
     assert sorted(r for r in records if r in ("a", "b")) == ["a", "a", "b", "b"], records
 
 
+@pytest.mark.parametrize("times", [1, 2])
+def test_a_multi_instance_activity_after_a_cycle_timer_makes_its_instances_once(tmp_path: Path, times: int) -> None:
+    """The cycle timer completes after its last repetition, and SpiffWorkflow then updates every
+    unfinished task after it, the multi-instance activity its repetition started too, which made
+    its instances again (over a count: "NameError: name 'data_ouput' is not defined"; found by the
+    random processes)."""
+    clock = _Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    path = write(tmp_path, "polls", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:intermediateCatchEvent id="tick"><bpmn:timerEventDefinition><bpmn:timeCycle>"R{times}/PT1H"'
+        "</bpmn:timeCycle></bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>",
+        '<bpmn:scriptTask id="poll"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopCardinality>2'
+        "</bpmn:loopCardinality><bpmn:loopDataOutputRef>polls</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="i" name="i"/><bpmn:outputDataItem id="r" name="r"/>'
+        "</bpmn:multiInstanceLoopCharacteristics><bpmn:script>r = i * 10</bpmn:script></bpmn:scriptTask>",
+        '<bpmn:endEvent id="end"/>', flow("start", "tick"), flow("tick", "poll"), flow("poll", "end"),
+    ])
+    instance = run_ours(path, engine=engine)
+    for _ in range(times):
+        clock.now += 3600
+        instance = engine.resume(engine.load(instance.id))
+
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"polls": [0, 10]}
+    records = [r["activity"] for k, r in instance.main.layer(Layer.HISTORY).items() if k.startswith("activity:")]
+    assert records == ["poll"] * times
+
+
 def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_its_instances(tmp_path: Path) -> None:
     """Without spiffworkflow:scriptsOnInstances SpiffWorkflow runs a multi-instance task's preScript
     once before it makes the instances and its postScript once after; under layerflow neither ran."""
