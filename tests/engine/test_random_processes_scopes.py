@@ -11,7 +11,9 @@ The block trees of test_random_processes_events gain these kinds (and keep their
   waits for it (layerflow delivers it to every catch that waits for its name);
 * ``bmi``: a multi-instance user task or sub-process (its instances wait for a person) with a
   boundary timer or message on the activity, interrupting (to a recovery block) or not (to a
-  side task), that fires while the instances wait or never;
+  side task), that fires while the instances wait or never; or a cycle timer ("R2/PT1H") whose
+  path (a side task) runs once per repetition, interrupting (then the activity is cancelled
+  after the last one, inside a sub-process around both) or not;
 * ``mco``: a multi-instance sub-process (parallel or sequential) whose instances each wait for a
   message correlated by their input item (``spiffworkflow:processVariableCorrelation``), then run
   a block; the driver sends one message per instance, in the order the tree says, each caught by
@@ -116,17 +118,35 @@ class _ScopeWriter(_EventWriter):
             _, seq, n, body, trigger, interrupting, fires, recovery = tree
             aid = self.new("bm")
             if body == "user":
-                self.elements += [f'<bpmn:userTask id="{aid}">{self._loop(aid, seq, "card", n)}</bpmn:userTask>',
-                                  flow(entry, aid)]
+                activity = f'<bpmn:userTask id="{aid}">{self._loop(aid, seq, "card", n)}</bpmn:userTask>'
                 node: Any = ("miu", aid, "card", n, self.n)
             else:
                 inner, inner_node, made = self._instance_body(aid, ("user",), known, self.file)
-                self.elements += [f'<bpmn:subProcess id="{aid}">{self._loop(aid, seq, "card", n)}'
-                                  f'{"".join(inner.elements)}</bpmn:subProcess>', flow(entry, aid)]
+                activity = (f'<bpmn:subProcess id="{aid}">{self._loop(aid, seq, "card", n)}'
+                            f'{"".join(inner.elements)}</bpmn:subProcess>')
                 node = ("mis", aid, "card", n, inner_node, made)
-            rec = self._boundary(aid, trigger, interrupting, fires, recovery, known)
             # with no instance the activity ends at once: its boundary event never waits
-            return (f"{aid}_after" if interrupting else aid), known, ("bmi", n, node, rec, interrupting, fires)
+            if trigger != "cycle":
+                self.elements += [activity, flow(entry, aid)]
+                rec = self._boundary(aid, trigger, interrupting, fires, recovery, known)
+                return (f"{aid}_after" if interrupting else aid), known, ("bmi", n, node, rec, interrupting, fires)
+            # a cycle timer runs its path once per repetition (two, an hour apart, or a thousand days:
+            # never): a side task. Interrupting, it cancels the activity after the last one, inside a
+            # sub-process around both (the paths end there)
+            side = f"{aid}_side"
+            parts = [f'<bpmn:boundaryEvent id="{aid}_b" attachedToRef="{aid}" cancelActivity="{str(interrupting).lower()}">'
+                     f'{_cycle(2, "PT1H" if fires else "P1000D")}</bpmn:boundaryEvent>',
+                     script_task(side, f"v_{side} = {self.n}"), f'<bpmn:endEvent id="{side}_end"/>',
+                     flow(f"{aid}_b", side), flow(side, f"{side}_end")]
+            rec = ("seq", [("task", side, [], self.n)] * 2)
+            if not interrupting:
+                self.elements += [activity, flow(entry, aid), *parts]
+                return aid, known, ("bmi", n, node, rec, interrupting, fires)
+            wrap = f"{aid}_in"
+            self.elements += [f'<bpmn:subProcess id="{wrap}"><bpmn:startEvent id="{wrap}_start"/>{activity}'
+                              f'{"".join(parts)}<bpmn:endEvent id="{wrap}_end"/>{flow(f"{wrap}_start", aid)}'
+                              f'{flow(aid, f"{wrap}_end")}</bpmn:subProcess>', flow(entry, wrap)]
+            return wrap, known, ("bmi", n, node, rec, interrupting, fires)
         if kind == "emi":
             _, n, k, scripts, recovery = tree
             sid = self.new("em")
@@ -253,7 +273,6 @@ class _ScopeWriter(_EventWriter):
 def _scope_kinds(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
     scripts = st.lists(st.lists(st.integers(0, 30), max_size=2), min_size=1, max_size=2)
     loop = (st.booleans(), st.sampled_from(["list", "card"]), st.integers(0, 3))
-    boundary = (st.sampled_from(["timer", "message"]), st.booleans(), st.booleans())
     nested_event = st.tuples(st.sampled_from(["timer", "message"]), st.booleans(), st.integers(0, 2))
     # two events that fire never fire at once (two messages, two timers of one hour): their order decides
     nested = st.tuples(st.just("nbe"), scripts, nested_event, nested_event, scripts, scripts).filter(
@@ -262,7 +281,8 @@ def _scope_kinds(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
         *_events(inner),
         st.tuples(st.just("mis"), *loop, inner),
         st.tuples(st.just("mco"), st.booleans(), st.integers(1, 3), st.permutations(range(3)), inner),
-        st.tuples(st.just("bmi"), st.booleans(), st.integers(0, 3), st.sampled_from(["user", "sub"]), *boundary, inner),
+        st.tuples(st.just("bmi"), st.booleans(), st.integers(0, 3), st.sampled_from(["user", "sub"]),
+                  st.sampled_from(["timer", "message", "cycle"]), st.booleans(), st.booleans(), inner),
         st.tuples(st.just("emi"), st.integers(0, 3), st.integers(0, 2), scripts, inner),
         st.tuples(st.just("cyc"), st.integers(1, 3)),
         st.tuples(st.just("btc"), st.integers(1, 3), st.booleans()),
