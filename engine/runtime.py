@@ -741,6 +741,8 @@ class _Runtime:
                 before = {t.id for t in _ready_tasks(wf)}
                 cycles = _cycle_states(wf)
                 wf.refresh_timers()
+                for scope in (wf, *wf.get_active_subprocesses()):
+                    spiff.wake_end_joins(scope)
                 # a cycle timer fires one repetition per refresh (or, after its last one, completes
                 # on the next): refresh until none moves, so a late run catches up every missed
                 # period, as SpiffWorkflow's do_engine_steps does, even when a path waits for a person

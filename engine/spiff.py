@@ -590,7 +590,9 @@ def listening_event_subprocesses(workflow: Any) -> list[Any]:
     """The timer event sub-processes of ``workflow`` (one scope, not the ones inside it) that wait
     for their timer, none of their paths running: they listen, and hold no token. (SpiffWorkflow
     3.2 starts them with their scope; an event starts a message or signal one when it comes.)"""
-    out = []
+    out: list[Any] = []
+    if not any(isinstance(spec, SubWorkflowTask) for spec in workflow.spec.start.outputs):
+        return out  # (the cheap test: no timer event sub-process in this scope)
     for task in workflow.tasks.values():
         # (saved and loaded, its spec is a plain sub-process: SpiffWorkflow's serializer says so)
         if not (isinstance(task.task_spec, SubWorkflowTask) and task.state == TaskState.STARTED
@@ -599,9 +601,20 @@ def listening_event_subprocesses(workflow: Any) -> list[Any]:
         sub = workflow.top_workflow.subprocesses.get(task.id)
         active = [t for t in sub.tasks.values() if t.has_state(TaskState.READY | TaskState.WAITING | TaskState.STARTED)
                   ] if sub is not None else []
-        if active and all(isinstance(t.task_spec, StartEvent) and t.state == TaskState.WAITING for t in active):
+        # (its own end waits for the start event: a path an event started has ended)
+        if active and all(t.state == TaskState.WAITING and isinstance(t.task_spec, (StartEvent, _EndJoin))
+                          for t in active) and any(isinstance(t.task_spec, StartEvent) for t in active):
             out.append(task)
     return out
+
+
+def wake_end_joins(workflow: Any) -> None:
+    """Check the waiting end of ``workflow`` again when a timer event sub-process there only listens
+    now: the path its event started has ended since the end began to wait (nothing else wakes it)."""
+    if listening_event_subprocesses(workflow):
+        for task in list(workflow.tasks.values()):
+            if isinstance(task.task_spec, _EndJoin) and task.state == TaskState.WAITING:
+                task.task_spec._update(task)
 
 
 def _below_listening(task: Any, listening: list[Any]) -> bool:

@@ -574,3 +574,30 @@ def test_the_timer_of_an_event_sub_process_is_listed_once(tmp_path: Path, nested
     assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("user_task", "review"), ("timer", "on_start")]
     assert [(w["kind"], w["task_id"]) for w in engine.load(instance.id).waiting_for] == [
         ("user_task", "review"), ("timer", "on_start")]
+
+
+def _reviewed_on_tick(nested: bool) -> str:
+    """A person reviews; a cycle timer event sub-process ("R2/P1D") asks another person to check."""
+    start = _timer_start('<bpmn:timeCycle>"R2/P1D"</bpmn:timeCycle>')
+    return _event_sub(start, nested=nested).replace(
+        '<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:userTask id="note"/>')
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+def test_a_cycle_event_sub_process_ends_with_its_scope_once_its_path_has_ended(tmp_path: Path, nested: bool) -> None:
+    """Its first repetition's path still ran when the review was done, so the end waited for it;
+    once that path ended, the cycle only listened for its second repetition, and the process waited
+    for it (a day later) all the same (found by the random processes)."""
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(write(tmp_path, "process", _reviewed_on_tick(nested)))))
+    clock.now += 25 * 3600
+    instance = engine.resume(engine.load(instance.id))
+    assert sorted(w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task") == ["note", "review"]
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {"reviewed": True})
+    assert [w["task_id"] for w in instance.waiting_for] == ["note", "on_start"]
+    instance = engine.complete_user_task(engine.load(instance.id), "note", {"checked": True})
+
+    assert instance.status == "completed", instance.waiting_for
+    assert {k: instance.main.resolve(k) for k in ("reviewed", "checked")} == {"reviewed": True, "checked": True}
