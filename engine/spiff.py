@@ -350,6 +350,14 @@ class _LayerflowSpecMixin:
         if isinstance(self, EndEvent) and isinstance(getattr(self, "event_definition", None), ErrorEventDefinition):
             # asked before the throw, which readies the event that catches it
             my_task.internal_data[CAUGHT_KEY] = error_is_caught(my_task)
+        if isinstance(self, BoundaryEvent) and self.cancel_activity and my_task.parent is not None:
+            # the multi-instance activity it interrupts closes now (its writes undone), before its path
+            # begins: SpiffWorkflow cancels it only after, and an activity at the start of the path
+            # began while it was still open (a message closes it first: engine.events.deliver)
+            for main in my_task.parent.children:
+                if not isinstance(main.task_spec, BoundaryEvent) and main.internal_data.get(MULTI_KEY):
+                    driver.abort_multi(main, ActivityCancelled(
+                        f"activity {bpmn_id_of(main)!r} was interrupted by {bpmn_id_of(my_task)!r}"))
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
             # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.boundary_path(my_task)

@@ -707,6 +707,38 @@ def test_a_multi_instance_activity_after_a_cycle_timer_makes_its_instances_once(
     assert records == ["poll"] * times
 
 
+@pytest.mark.parametrize("count", [0, 2])
+def test_a_timer_that_interrupts_a_multi_instance_activity_leads_to_another_one(tmp_path: Path, count: int) -> None:
+    """The path of the interrupting timer begins with a multi-instance activity, which begins as the
+    timer's path is made, before SpiffWorkflow cancels the interrupted one: "activity 'vote' is still
+    open" (a message closed it first, a timer did not; found by the random processes)."""
+    clock = _Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    path = write(tmp_path, "votes_late", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:userTask id="vote"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopCardinality>2</bpmn:loopCardinality>'
+        '<bpmn:loopDataOutputRef>ballots</bpmn:loopDataOutputRef><bpmn:outputDataItem id="ballot" name="ballot"/>'
+        "</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>",
+        '<bpmn:boundaryEvent id="late" attachedToRef="vote"><bpmn:timerEventDefinition><bpmn:timeDuration>"P2D"'
+        "</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:boundaryEvent>",
+        f'<bpmn:scriptTask id="remind"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopCardinality>{count}'
+        "</bpmn:loopCardinality><bpmn:loopDataOutputRef>reminders</bpmn:loopDataOutputRef>"
+        '<bpmn:inputDataItem id="i" name="i"/><bpmn:outputDataItem id="r" name="r"/>'
+        "</bpmn:multiInstanceLoopCharacteristics><bpmn:script>r = i + 1</bpmn:script></bpmn:scriptTask>",
+        '<bpmn:endEvent id="end_late"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "vote"), flow("vote", "end"), flow("late", "remind"), flow("remind", "end_late"),
+    ])
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    clock.now += 3 * 86400
+    instance = engine.resume(engine.load(instance.id))
+
+    assert instance.status == "completed", instance.error
+    assert {"late", "remind", "end_late"} <= set(path_of(instance.workflow)) and "end" not in path_of(instance.workflow)
+    assert variables(instance.main) == {"reminders": list(range(1, count + 1))}
+    assert instance.main.current_activity is None
+
+
 def test_the_pre_and_post_script_of_a_multi_instance_activity_run_once_around_its_instances(tmp_path: Path) -> None:
     """Without spiffworkflow:scriptsOnInstances SpiffWorkflow runs a multi-instance task's preScript
     once before it makes the instances and its postScript once after; under layerflow neither ran."""

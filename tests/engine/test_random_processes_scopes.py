@@ -482,13 +482,15 @@ _MULTI = ("mis", "bmi", "emi", "mco")
 # the path of a boundary event on the inner sub-process, ended inside the outer one, which a timer
 # then interrupts (what the path wrote was lost); a parallel split in the handler of a cycle event
 # sub-process (one repetition's path was lost); a multi-instance activity there (the cycle's end
-# made its instances again)
+# made its instances again); a multi-instance activity after a timer that interrupts one (it began
+# while the interrupted one was open)
 @example(tree=("seq", [("evt", "timer", False, 0, ("user",))]), x=0)
 @example(tree=("seq", [("bmi", False, 1, "sub", "timer", True, True, ("task", []))]), x=1)
 @example(tree=("seq", [("emi", 1, 0, [[]], ("task", []))]), x=1)
 @example(tree=("seq", [("nbe", [[]], ("message", False, 1), ("timer", True, 1), [[]], [[]])]), x=0)
 @example(tree=("seq", [("evt", "cycle", True, 2, ("and", [("task", []), ("task", [])]))]), x=0)
 @example(tree=("seq", [("evt", "cycle", False, 1, ("mis", False, "card", 1, ("task", [])))]), x=1)
+@example(tree=("seq", [("bmi", False, 1, "user", "timer", True, True, ("mis", False, "card", 0, ("task", [])))]), x=1)
 @given(tree=_trees(), x=st.integers(0, 12))
 def test_a_random_process_with_scoped_events_runs_as_its_diagram_says(tree: Any, x: int) -> None:
     assume(not _nested(tree, _MULTI, ("evs", "thr", "evt")) and not _nested(tree, ("evt",), ("evs", "thr", "evt")))
