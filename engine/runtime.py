@@ -1240,18 +1240,52 @@ class _Runtime:
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
 
     def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None:
-        """A sub-process or call activity is cancelled (an interrupting event): what its steps wrote
-        stays, and so does what the paths of its non-interrupting boundary events that ran to their
-        end inside it wrote. Such a path runs in a branch of its own (``boundary_path``), merged where
-        it ends, at the end of the sub-process, which now never comes: it merges now. (A path that
-        still runs is cancelled with the sub-process, as the branches of its splits are.)"""
+        """A sub-process or call activity is cancelled (an interrupting event; a timer event
+        sub-process that only listens, at the end of its scope): what its steps wrote stays, and
+        so does what the paths of its non-interrupting boundary events (or of its timer start
+        event) that ran to their end inside it wrote. Such a path runs in a branch of its own
+        (``boundary_path``, ``event_path``), merged where it ends, at the end of the sub-process,
+        which now never comes: it merges now. (A path that still runs is cancelled with the
+        sub-process, as the branches of its splits are.)"""
         gw = spiff.bpmn_id_of(task)
-        running = {spiff.context_name_of(t) for t in subworkflow.tasks.values()
-                   if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING)
-                   and not isinstance(t.task_spec, Join)}  # a path that ended waits at joins only
+        running = self._running_contexts(subworkflow)
         for name, info in list(self.instance.branches.items()):
             if info["status"] == "side" and name not in running and self._in_workflow(name, subworkflow):
                 self._merge_side(gw, name)
+        for parent in self._end_event_paths(subworkflow):
+            self._merge_events(parent)
+
+    @staticmethod
+    def _running_contexts(workflow: Any) -> set[str]:
+        """The contexts of the paths of ``workflow`` that still run (a path that ended waits at joins only)."""
+        return {spiff.context_name_of(t) for t in workflow.tasks.values()
+                if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING)
+                and not isinstance(t.task_spec, Join)}
+
+    def _end_event_paths(self, workflow: Any) -> list[str]:
+        """Mark the paths a timer started in ``workflow`` (``event_path``) that have ended as done;
+        returns the contexts they came from."""
+        running = self._running_contexts(workflow)
+        parents = []
+        for name, info in self.instance.branches.items():
+            if info.get("event_path") and info["status"] == "event" and name not in running \
+                    and self._in_workflow(name, workflow):
+                info["status"] = "event_done"
+                parents.append(str(info["parent"]))
+        return list(dict.fromkeys(parents))
+
+    def event_path(self, task: Any, path: Any = None) -> None:
+        """A timer starts the path of an event sub-process (``task``: its start event; ``path``: the
+        first task of one repetition's path, for a cycle). SpiffWorkflow started the event
+        sub-process with its scope, whose context its tasks run in; the process went on meanwhile
+        and may have split that context: the path runs in a context of its own, forked from it
+        now, and comes back at the end of the event sub-process, or once the branches split
+        meanwhile have joined (as a message event sub-process does, ``enter_subworkflow``)."""
+        start = task if path is None else path
+        ctx = self.context_of(task)
+        owner = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
+        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(owner), None, [start])
+        self.instance.branches[spiff.context_name_of(start)].update(status="event", event_path=True)
 
     def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
@@ -1769,6 +1803,12 @@ class _Runtime:
         # ones its firing cancelled); their branches were merged (or closed) back then
         arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
                    if name not in branches or branches[name]["status"] not in ("joined", "cancelled")]
+        if spiff.is_end_join(task.task_spec):
+            # the paths a timer started here (``event_path``) have ended, each repetition's of a cycle
+            # too (SpiffWorkflow cancelled the end it waited at): they come back with ``_merge_events``
+            self._end_event_paths(task.workflow)
+        arrived = [str(branches[n]["parent"]) if n in branches and branches[n].get("event_path")
+                   and branches[n]["status"] == "event_done" else n for n in arrived]
         current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
                                      else n for n in arrived))
         if spiff.is_end_join(task.task_spec):

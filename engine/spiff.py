@@ -181,6 +181,7 @@ class Driver(Protocol):
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
+    def event_path(self, task: Any, path: Any = None) -> None: ...
     def no_branch_taken(self, task: Any) -> Exception: ...
 
 
@@ -358,6 +359,9 @@ class _LayerflowSpecMixin:
                 if not isinstance(main.task_spec, BoundaryEvent) and main.internal_data.get(MULTI_KEY):
                     driver.abort_multi(main, ActivityCancelled(
                         f"activity {bpmn_id_of(main)!r} was interrupted by {bpmn_id_of(my_task)!r}"))
+        if isinstance(self, StartEvent) and not is_cycle(my_task) and in_timer_event_subprocess(my_task):
+            # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
+            driver.event_path(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
             # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.boundary_path(my_task)
@@ -616,6 +620,17 @@ def listening_event_subprocesses(workflow: Any) -> list[Any]:
     return out
 
 
+def in_timer_event_subprocess(task: Any) -> bool:
+    """Whether ``task`` belongs to an event sub-process that SpiffWorkflow started with its scope
+    (a timer one: ``listening_event_subprocesses``)."""
+    parent_id = getattr(task.workflow, "parent_task_id", None)
+    if parent_id is None:
+        return False
+    parent = task.workflow.top_workflow.get_task_from_id(parent_id)
+    return (isinstance(parent.task_spec, SubWorkflowTask) and parent.parent is not None
+            and parent.parent.task_spec is parent.workflow.spec.start)
+
+
 def wake_end_joins(workflow: Any) -> None:
     """Check the waiting end of ``workflow`` again when a timer event sub-process there only listens
     now: the path its event started has ended since the end began to wait (nothing else wakes it)."""
@@ -790,6 +805,8 @@ class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignor
                 # cycle cancels it only after its last repetition), as a non-interrupting
                 # boundary event's path does
                 driver.boundary_path(my_task, child)
+            elif driver is not None and in_timer_event_subprocess(my_task):
+                driver.event_path(my_task, child)  # beside the rest of the process, which goes on
             child.task_spec._predict(child, mask=TaskState.NOT_FINISHED_MASK)
             child.task_spec._update(child)
 

@@ -601,3 +601,44 @@ def test_a_cycle_event_sub_process_ends_with_its_scope_once_its_path_has_ended(t
 
     assert instance.status == "completed", instance.waiting_for
     assert {k: instance.main.resolve(k) for k in ("reviewed", "checked")} == {"reviewed": True, "checked": True}
+
+
+def _split_while_reminded(nested: bool) -> str:
+    """A person reviews, then two people sign in parallel; a timer event sub-process ("PT1H") asks
+    another person to check, and notes it."""
+    text = _event_sub(_timer_start('<bpmn:timeDuration>"PT1H"</bpmn:timeDuration>'), nested=nested)
+    text = text.replace('<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>',
+                        '<bpmn:userTask id="check"/><bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script>'
+                        '</bpmn:scriptTask><bpmn:sequenceFlow id="g0" sourceRef="check" targetRef="note"/>')
+    text = text.replace('sourceRef="on_start" targetRef="note"', 'sourceRef="on_start" targetRef="check"')
+    fork = ('<bpmn:parallelGateway id="fork"/><bpmn:userTask id="sign_a"/><bpmn:userTask id="sign_b"/>'
+            '<bpmn:parallelGateway id="joined"/>'
+            '<bpmn:sequenceFlow id="k1" sourceRef="review" targetRef="fork"/>'
+            '<bpmn:sequenceFlow id="k2" sourceRef="fork" targetRef="sign_a"/>'
+            '<bpmn:sequenceFlow id="k3" sourceRef="fork" targetRef="sign_b"/>'
+            '<bpmn:sequenceFlow id="k4" sourceRef="sign_a" targetRef="joined"/>'
+            '<bpmn:sequenceFlow id="k5" sourceRef="sign_b" targetRef="joined"/>'
+            '<bpmn:sequenceFlow id="k6" sourceRef="joined" targetRef="s_end"/>')
+    return text.replace('<bpmn:sequenceFlow id="h2" sourceRef="review" targetRef="s_end"/>', fork)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+def test_a_timer_event_sub_process_that_runs_beside_parallel_branches_comes_back_at_their_join(
+        tmp_path: Path, nested: bool) -> None:
+    """Its path wrote into the context the branches were split from while they ran, and their join
+    failed ("context 'main' changed after the split's snapshot"); as a message event sub-process's
+    path, it runs in a context of its own, brought back once they have joined (found by the random
+    processes)."""
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(write(tmp_path, "process", _split_while_reminded(nested)))))
+    clock.now += 2 * 3600
+    instance = engine.resume(engine.load(instance.id))
+    for task_id, data in [("review", {"reviewed": True}), ("sign_a", {"a": 1}), ("check", {"checked": True}),
+                          ("sign_b", {"b": 2})]:
+        instance = engine.complete_user_task(engine.load(instance.id), task_id, data)
+
+    assert instance.status == "completed", instance.error
+    assert {k: instance.main.resolve(k) for k in ("reviewed", "a", "b", "checked", "noted")} == {
+        "reviewed": True, "a": 1, "b": 2, "checked": True, "noted": True}
+    assert LayeredContext.replay(instance.main.tape) == instance.main
