@@ -1803,15 +1803,14 @@ class _Runtime:
         # ones its firing cancelled); their branches were merged (or closed) back then
         arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
                    if name not in branches or branches[name]["status"] not in ("joined", "cancelled")]
+        current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
+                                     else n for n in arrived))
         if spiff.is_end_join(task.task_spec):
             # the paths a timer started here (``event_path``) have ended, each repetition's of a cycle
             # too (SpiffWorkflow cancelled the end it waited at): they come back with ``_merge_events``
             self._end_event_paths(task.workflow)
-        arrived = [str(branches[n]["parent"]) if n in branches and branches[n].get("event_path")
-                   and branches[n]["status"] == "event_done" else n for n in arrived]
-        current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
-                                     else n for n in arrived))
-        if spiff.is_end_join(task.task_spec):
+            current = list(dict.fromkeys(str(branches[n]["parent"]) if n in branches and branches[n].get("event_path")
+                                         and branches[n]["status"] == "event_done" else n for n in current))
             self._cancel_branches(task, keep=current)
         while True:
             open_groups: dict[str, list[str]] = {}

@@ -494,6 +494,8 @@ _MULTI = ("mis", "bmi", "emi", "mco")
 @example(tree=("seq", [("evt", "cycle", False, 1, ("mis", False, "card", 1, ("task", [])))]), x=1)
 @example(tree=("seq", [("bmi", False, 1, "user", "timer", True, True, ("mis", False, "card", 0, ("task", [])))]), x=1)
 @example(tree=("seq", [("evt", "timer", False, 1, ("user",)), ("and", [("user",), ("user",)])]), x=3)
+@example(tree=("seq", [("evt", "timer", False, 1, ("bts", "timer", False, True, [[]], ("task", []), ("task", [])))]),
+         x=0)
 @given(tree=_trees(), x=st.integers(0, 12))
 def test_a_random_process_with_scoped_events_runs_as_its_diagram_says(tree: Any, x: int) -> None:
     assume(not _nested(tree, _MULTI, ("evs", "thr", "evt")) and not _nested(tree, ("evt",), ("evs", "thr", "evt")))
