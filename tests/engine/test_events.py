@@ -642,3 +642,34 @@ def test_a_timer_event_sub_process_that_runs_beside_parallel_branches_comes_back
     assert {k: instance.main.resolve(k) for k in ("reviewed", "a", "b", "checked", "noted")} == {
         "reviewed": True, "a": 1, "b": 2, "checked": True, "noted": True}
     assert LayeredContext.replay(instance.main.tape) == instance.main
+
+
+def test_a_timer_event_sub_process_whose_path_holds_a_boundary_path_brings_both_back(tmp_path: Path) -> None:
+    """The path of the timer event sub-process runs a sub-process with a non-interrupting boundary
+    timer, whose own path ends inside the event sub-process: both come back at its end (its end saw
+    them apart: "received what no one split sent together")."""
+    inner = ('<bpmn:subProcess id="gather"><bpmn:startEvent id="g_start"/><bpmn:userTask id="collect"/>'
+             '<bpmn:endEvent id="g_end"/><bpmn:sequenceFlow id="m1" sourceRef="g_start" targetRef="collect"/>'
+             '<bpmn:sequenceFlow id="m2" sourceRef="collect" targetRef="g_end"/></bpmn:subProcess>'
+             '<bpmn:boundaryEvent id="slow" attachedToRef="gather" cancelActivity="false"><bpmn:timerEventDefinition>'
+             '<bpmn:timeDuration>"PT2H"</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:boundaryEvent>'
+             '<bpmn:scriptTask id="nudge"><bpmn:script>nudged = True</bpmn:script></bpmn:scriptTask>'
+             '<bpmn:endEvent id="nudged_end"/><bpmn:sequenceFlow id="m3" sourceRef="slow" targetRef="nudge"/>'
+             '<bpmn:sequenceFlow id="m4" sourceRef="nudge" targetRef="nudged_end"/>')
+    text = _event_sub(_timer_start('<bpmn:timeDuration>"PT1H"</bpmn:timeDuration>'))
+    text = text.replace('<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>',
+                        inner + '<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>'
+                        '<bpmn:sequenceFlow id="m5" sourceRef="gather" targetRef="note"/>')
+    text = text.replace('sourceRef="on_start" targetRef="note"', 'sourceRef="on_start" targetRef="gather"')
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(write(tmp_path, "process", text))))
+    for hours in (1, 2):  # the event sub-process starts, then its sub-process's boundary timer fires
+        clock.now += hours * 3600
+        instance = engine.resume(engine.load(instance.id))
+    instance = engine.complete_user_task(engine.load(instance.id), "collect", {"collected": True})
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {})
+
+    assert instance.status == "completed", instance.error
+    assert {k: instance.main.resolve(k) for k in ("collected", "nudged", "noted")} == {
+        "collected": True, "nudged": True, "noted": True}
