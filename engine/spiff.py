@@ -825,6 +825,9 @@ class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignor
                 event_value["next"] = (next_event + timedelta(seconds=event_value["duration"])).isoformat()
                 event_value["cycles"] -= 1
                 ready = True
+                if getattr(my_task.task_spec, "lf_interrupting", False):
+                    # an interrupting event sub-process starts once: the rest of its process stops
+                    event_value["cycles"] = 0
         if event_value["cycles"] == 0:
             my_task.internal_data.pop("event_value", None)
             my_task.internal_data["event_fired"] = True

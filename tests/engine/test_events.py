@@ -861,3 +861,25 @@ def test_a_timer_event_sub_process_whose_path_holds_a_boundary_path_brings_both_
     assert instance.status == "completed", instance.error
     assert {k: instance.main.resolve(k) for k in ("collected", "nudged", "noted")} == {
         "collected": True, "nudged": True, "noted": True}
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["top", "in_sub_process"])
+def test_an_interrupting_cycle_event_sub_process_interrupts_at_its_first_repetition_once(tmp_path: Path,
+                                                                                       nested: bool) -> None:
+    """A cycle timer's start event completes after its last repetition: the process was interrupted
+    only then, hours after the event sub-process first ran. It starts once, at the first."""
+    start = ('<bpmn:startEvent id="on_start"{interrupting}><bpmn:timerEventDefinition><bpmn:timeCycle>"R3/PT1H"'
+             '</bpmn:timeCycle></bpmn:timerEventDefinition></bpmn:startEvent>')
+    path = write(tmp_path, "guarded", _guarded(start, interrupting=True, nested=nested))
+    clock = Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'esp.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(path), {"number": 7}))
+    clock.now += 3601
+
+    done = engine.resume(engine.load(instance.id))
+
+    assert done.status == "completed" and done.waiting_for == []
+    assert done.main.resolve("escalated") == "escalated CL-7"
+    assert path_of(done.workflow).count("escalate") == 1 and "review" not in path_of(done.workflow)
+    assert done.main.get("closed") is (True if nested else None)
+    _replays(done)
