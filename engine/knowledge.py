@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -97,9 +98,14 @@ class BM25Retriever:
     k1 = 1.5
     b = 0.75
 
+    #: how long a collection read stands before its folder is looked at again (an Engine keeps its
+    #: retriever while it runs: a document added or edited is seen within this time)
+    recheck_seconds = 1.0
+
     def __init__(self, root: str | Path | None) -> None:
         self.root = Path(root) if root is not None else None
         self._collections: dict[str, _Collection] = {}
+        self._read_at: dict[str, float] = {}
 
     def collections(self) -> list[str]:
         if self.root is None or not self.root.is_dir():
@@ -107,9 +113,15 @@ class BM25Retriever:
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
 
     def _load(self, name: str) -> _Collection:
-        # no early return from self._collections: an Engine keeps its retriever as long as it
-        # runs, and a folder added or a document edited since must be read again (the shared
-        # index below is reused while the files' names, sizes and times are the same)
+        # an Engine keeps its retriever as long as it runs, and a folder added or a document
+        # edited since must be read again (the shared index below is reused while the files'
+        # names, sizes and times are the same); listing the folder costs more than a search of
+        # a small collection, so a read stands for ``recheck_seconds``
+        now = time.monotonic()
+        known = self._collections.get(name)
+        if known is not None and now - self._read_at.get(name, -math.inf) < self.recheck_seconds:
+            return known
+        self._read_at[name] = now
         folder = self.root / name if self.root is not None else None
         files = sorted([*folder.glob("*.md"), *folder.glob("*.txt")]) if folder is not None and folder.is_dir() else []
         # Indexes are shared by every retriever of this Python process (a new Engine does

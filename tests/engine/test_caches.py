@@ -126,19 +126,25 @@ def test_shingles_of_frozen_values_come_from_the_cache_and_equal_the_long_way() 
     assert word_sets([("k", mutable)])[0] != before
 
 
-def test_the_engines_retriever_sees_a_collection_added_or_edited_while_it_runs(tmp_path: Any) -> None:
+def test_the_engines_retriever_sees_a_collection_added_or_edited_while_it_runs(tmp_path: Any, monkeypatch: Any) -> None:
     # an Engine keeps one retriever per knowledge folder for as long as it runs (a server, a
     # worker): a collection asked for before its folder existed, or a document edited since,
     # is read again, not remembered empty or old
+    # (a read stands for ``recheck_seconds``: a clock steps past it here)
     retriever = BM25Retriever(tmp_path)
+    clock = [1000.0]
+    monkeypatch.setattr("engine.knowledge.time.monotonic", lambda: clock[0])
     assert retriever.retrieve("rules", "second signature", top_k=3) == []
     folder = tmp_path / "rules"
     folder.mkdir()
     doc = folder / "a.md"
     doc.write_text("# Limits\n\nLoans above fifty thousand need a second signature.\n", encoding="utf-8")
+    assert retriever.retrieve("rules", "second signature", top_k=3) == []  # read less than a second ago
+    clock[0] += retriever.recheck_seconds
     assert [h.source for h in retriever.retrieve("rules", "second signature", top_k=3)] == ["rules/a.md#1"]
     doc.write_text("# Limits\n\nEvery loan needs a collateral register entry.\n", encoding="utf-8")
     (folder / "b.md").write_text("A second signature is kept for ten years.\n", encoding="utf-8")
+    clock[0] += retriever.recheck_seconds
     assert [h.source for h in retriever.retrieve("rules", "second signature", top_k=3)] == ["rules/b.md#1"]
 
 
