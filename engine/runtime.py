@@ -1257,6 +1257,8 @@ class _Runtime:
         sub-process ends, so does its process (its end join has nothing else to wait for)."""
         wf = esp.workflow
         top = wf.top_workflow
+        # its message / signal starts listen no more (``events.waiting_catches``)
+        wf.task_tree.internal_data[spiff.INTERRUPTED_KEY] = by
         keep = {esp.id}
         stack = list(esp.children)
         while stack:

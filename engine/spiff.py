@@ -161,6 +161,7 @@ MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in 
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
 EVENT_FORK_KEY = "lf_event_fork"  # on a timer's event sub-process: its context is forked as the timer fires
+INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
 

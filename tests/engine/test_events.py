@@ -717,3 +717,31 @@ def test_an_interrupting_event_sub_process_closes_the_confirmation_a_join_waited
     assert done.main.resolve("withdrawn") is True and done.main.get("done") is None
     assert done.main.get("decision") is None  # the branches never merged
     _replays(done)
+
+
+def test_an_interrupting_event_sub_process_stops_the_other_message_starts_of_its_process(tmp_path: Path) -> None:
+    """Once an interrupting event sub-process started, the rest of its process is over: its other
+    message-started event sub-processes (and this one's start) no longer listen. They were still
+    listed in ``waiting_for``, and a message started them beside the running one, its changes
+    merged into the interrupted process (a second ``cancel`` started the handler again)."""
+    text = HEAD + f"""  <bpmn:process id="twice" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:userTask id="review"/><bpmn:endEvent id="end"/>
+    <bpmn:subProcess id="on_cancel" triggeredByEvent="true">
+      <bpmn:startEvent id="cancel_start"><bpmn:messageEventDefinition messageRef="m_cancel"/></bpmn:startEvent>
+      <bpmn:userTask id="confirm_cancel"/><bpmn:endEvent id="cancel_end"/>
+      <bpmn:sequenceFlow id="c1" sourceRef="cancel_start" targetRef="confirm_cancel"/>
+      <bpmn:sequenceFlow id="c2" sourceRef="confirm_cancel" targetRef="cancel_end"/></bpmn:subProcess>
+{ON_DOCS_NOTE}""" + flows("start>review", "review>end") + TAIL
+    engine, instance = started(tmp_path, text)
+    instance = engine.send_event(engine.load(instance.id), "cancel", {})
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("user_task", "confirm_cancel")]
+    for name in ("documents_received", "cancel"):
+        with pytest.raises(InstanceStateError, match=f"does not wait for message {name!r}"):
+            engine.send_event(engine.load(instance.id), name, {"files": ["a"]})
+
+    done = engine.complete_user_task(engine.load(instance.id), "confirm_cancel", {"ok": True})
+
+    assert done.status == "completed", done.error
+    assert done.main.get("noted") is None and done.main.get("files") is None
+    assert path_of(done.workflow) == ["start", "cancel_start", "confirm_cancel", "cancel_end", "on_cancel"]
+    _replays(done)
