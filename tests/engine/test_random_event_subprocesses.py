@@ -58,6 +58,7 @@ HEAD = """<?xml version="1.0" encoding="UTF-8"?>
                   id="defs_{pid}" targetNamespace="https://layerflow.dev/tests">
 """
 START = {"x0": 1}
+_ABSENT = object()
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -71,13 +72,14 @@ class Esp:
     comes: bool
     hours: int = 0
     reads: list[str] = field(default_factory=list)
+    shared: bool = False  # its script writes ``shared`` too
 
     @property
     def start(self) -> str:
         return f"{self.eid}_st"
 
     def body(self) -> list[tuple[Any, ...]]:
-        items: list[tuple[Any, ...]] = [("s", f"{self.eid}_s", self.reads)]
+        items: list[tuple[Any, ...]] = [("s", f"{self.eid}_s", self.reads, self.shared)]
         if self.user:
             items.append(("u", f"{self.eid}_u"))
         return items
@@ -101,24 +103,34 @@ def plans(draw: Any) -> Plan:
     keys: list[str] = []
     scripts: list[tuple[str, list[str]]] = []  # each script's key and reads, filled in once every key is known
 
-    def item(prefix: str) -> tuple[Any, ...]:
+    def item(prefix: str, kind: str | None = None, *, shared: bool = False) -> tuple[Any, ...]:
         n = f"{prefix}{next(counter)}"
-        if draw(st.booleans()):
+        if (kind or draw(st.sampled_from("su"))) == "s":
             reads: list[str] = []
             scripts.append((f"k_{n}", reads))
             keys.append(f"k_{n}")
-            return ("s", n, reads)
+            return ("s", n, reads, shared and draw(st.booleans()))
         keys.append(f"a_{n}")
         return ("u", n)
 
-    def seq(prefix: str, lo: int, hi: int) -> list[tuple[Any, ...]]:
-        return [item(prefix) for _ in range(draw(st.integers(lo, hi)))]
+    def seq(prefix: str, lo: int, hi: int, *, shared: bool = False) -> list[tuple[Any, ...]]:
+        return [item(prefix, shared=shared) for _ in range(draw(st.integers(lo, hi)))]
+
+    def sub(*, shared: bool) -> tuple[Any, ...]:
+        sid = f"sp{next(counter)}"
+        body = seq(f"{sid}i", 1, 3, shared=shared)
+        return ("sub", sid, body, esp(f"{sid}e", timer=True, shared=shared) if draw(st.booleans()) else None)
+
+    def branch(prefix: str) -> list[tuple[Any, ...]]:
+        # (nothing in a branch writes ``shared``: two branches that did would conflict at the join)
+        return [sub(shared=False) if draw(st.integers(0, 4)) == 0 else item(prefix)
+                for _ in range(draw(st.integers(1, 2)))]
 
     hours = iter(draw(st.permutations([1, 2, 3, 4, 5, 6])))
 
-    def esp(eid: str, *, timer: bool | None = None) -> Esp:
+    def esp(eid: str, *, timer: bool | None = None, shared: bool = True) -> Esp:
         e = Esp(eid, timer=draw(st.booleans()) if timer is None else timer, interrupting=draw(st.booleans()),
-                user=draw(st.booleans()), comes=draw(st.booleans()))
+                user=draw(st.booleans()), comes=draw(st.booleans()), shared=shared and draw(st.booleans()))
         e.hours = next(hours)
         scripts.append((f"k_{eid}_s", e.reads))
         keys.append(f"k_{eid}_s")
@@ -134,17 +146,15 @@ def plans(draw: Any) -> Plan:
     for _ in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["s", "u", "par", "sub", "call"] if called is None else ["s", "u", "par", "sub"]))
         if kind in ("s", "u"):
-            blocks.append(item("t") if kind == "s" else item("t"))
+            blocks.append(item("t", kind, shared=True))
         elif kind == "par":
             pid = f"p{next(counter)}"
-            blocks.append(("par", pid, seq(f"{pid}a", 1, 2), seq(f"{pid}b", 1, 2)))
+            blocks.append(("par", pid, branch(f"{pid}a"), branch(f"{pid}b")))
         elif kind == "sub":
-            sid = f"sp{next(counter)}"
-            body = seq(f"{sid}i", 1, 3)
-            blocks.append(("sub", sid, body, esp(f"{sid}e", timer=True) if draw(st.booleans()) else None))
+            blocks.append(sub(shared=True))
         else:
             cid = f"c{next(counter)}"
-            called = [item("cs"), item("cu")]
+            called = [item("cs", "s", shared=True), item("cu", "u")]
             called_esp = esp("ce", timer=True) if draw(st.booleans()) else None
             blocks.append(("call", cid))
     esps = [esp(f"ev{i}") for i in range(draw(st.integers(0, 2)))]
@@ -155,11 +165,13 @@ def plans(draw: Any) -> Plan:
 
 # ----------------------------------------------------------------------------- the diagram
 
-def _script(n: str, reads: list[str]) -> str:
+def _script(n: str, reads: list[str], shared: bool) -> str:
     key = f"k_{n}"
     lines = [f"{key} = {_number(n)}"]
     for r in reads:
         lines += ["try:", f"    {key} = {key} + {r}", "except NameError:", "    pass"]
+    if shared:
+        lines.append(f"shared = {n!r}")
     return f'<bpmn:scriptTask id="{n}"><bpmn:script>{escape(chr(10).join(lines))}</bpmn:script></bpmn:scriptTask>'
 
 
@@ -182,7 +194,7 @@ class _Writer:
     def element(self, it: tuple[Any, ...]) -> tuple[str, str, list[str]]:
         kind, n = it[0], it[1]
         if kind == "s":
-            return n, n, [_script(n, it[2])]
+            return n, n, [_script(n, it[2], it[3])]
         if kind == "u":
             return n, n, [f'<bpmn:userTask id="{n}"/>']
         if kind == "par":
@@ -289,6 +301,7 @@ class _Model:
         self.waits: list[_Wait] = []
         self.ran: Counter[str] = Counter()
         self.main: dict[str, Any] = dict(START)
+        self.conflicts: list[tuple[str, Any, Any]] = []  # key, kept, dropped
         self.done = False
         self.top = self.scope(list(plan.blocks), self.main, plan.esps, self._finish)
 
@@ -341,6 +354,8 @@ class _Model:
                     if r in th.ctx:
                         value += th.ctx[r]
                 th.ctx[f"k_{n}"] = value
+                if it[3]:
+                    th.ctx["shared"] = n
                 self.ran[n] += 1
                 th.pos += 1
             elif kind == "u":
@@ -455,7 +470,14 @@ class _Model:
                     self.cancel(other)
 
         def ended() -> None:
-            sc.ctx.update({k: v for k, v in side.items() if k not in base or base[k] != v})
+            for k, v in side.items():
+                if k in base and base[k] == v:
+                    continue
+                now = sc.ctx.get(k, _ABSENT)
+                if now != base.get(k, _ABSENT) and now != v:  # both changed it: the process's value stays
+                    self.conflicts.append((k, now, v))
+                else:
+                    sc.ctx[k] = v
             self.ran[run.esp.eid] += 1
             run.running.remove(th)
             self.check(sc)
@@ -561,6 +583,10 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
         ran = Counter(t for t in path_of(instance.workflow) if t in ids)
         assert ran == model.ran, (sorted(ran.items()), sorted(model.ran.items()))
         assert variables(instance.main) == model.main
+        conflicts = [(c["key"], c["resolution"]["value"], next(v for v in c["values"].values()
+                                                             if v != c["resolution"]["value"]))
+                     for c in instance.conflicts]
+        assert sorted(conflicts) == sorted(model.conflicts)
         _replays(instance)
         _replays(engine.load(instance.id))
 
