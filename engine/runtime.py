@@ -1202,6 +1202,7 @@ class _Runtime:
             self._fork(task, ctx.name, ctx, bpmn_id, None, [task])
             name = spiff.context_name_of(task)
             self.instance.branches[name]["status"] = "event"
+            self._event_forked(name)
             subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name
             return
         if multi is None and not outputs:
@@ -1240,6 +1241,7 @@ class _Runtime:
             self._fork(esp, ctx.name, ctx, spiff.bpmn_id_of(esp), None, [esp])
             name = spiff.context_name_of(esp)
             self.instance.branches[name]["status"] = "event"
+            self._event_forked(name)
             start.workflow.task_tree.internal_data[spiff.CTX_KEY] = name  # what leave_subworkflow merges
             for t in start.workflow.tasks.values():
                 if t.internal_data.get(spiff.CTX_KEY) == ctx.name:
@@ -1385,31 +1387,12 @@ class _Runtime:
         the run's ``conflicts``, settled by that rule). Returns the context it merged into."""
         inst = self.instance
         info = inst.branches[name]
-        branch, base = inst.contexts[name], inst.contexts[info["parent"]].get_snapshot(info["snapshot_id"])
         # a path that outlived the branch it left (joined meanwhile) merges where that branch went
         into = str(info["parent"])
         while into in inst.branches and inst.branches[into]["status"] == "joined":
             into = str(inst.branches[into]["parent"])
-        parent = inst.contexts[into]
-        changes: list[tuple[Layer, str, Any]] = []
-        kept: list[dict[str, Any]] = []
-        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
-            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
-            for key in dict.fromkeys([*before, *after]):
-                old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
-                if key.startswith("_") or _same(old, new):
-                    continue
-                current = now.get(key, _ABSENT)
-                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is _ABSENT and current is not _ABSENT:
-                    # another run of the same activity (a path of each pass of a loop) got there first:
-                    # two records, no conflict (as at a join)
-                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
-                    current = _ABSENT
-                if not _same(current, old) and not _same(current, new):
-                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
-                                 "base": None if old is _ABSENT else _plain(old)})
-                    continue
-                changes.append((layer, key, DELETED if new is _ABSENT else new))
+        branch, parent = inst.contexts[name], inst.contexts[into]
+        changes, kept = self._side_changes(name, parent)
         if changes:
             parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
         if kept:
@@ -1430,6 +1413,53 @@ class _Runtime:
         info["join"] = gw
         branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})
         return into
+
+    def _side_changes(self, name: str, parent: LayeredContext
+                      ) -> tuple[list[tuple[Layer, str, Any]], list[dict[str, Any]]]:
+        """What side branch ``name`` brings into ``parent`` (``_merge_side``): the changes to apply,
+        and the keys both changed, where ``parent``'s value stays."""
+        info = self.instance.branches[name]
+        branch = self.instance.contexts[name]
+        # (an event sub-process that read what others had done before it started: ``_event_forked``)
+        base = self.instance.contexts[info.get("base_context", info["parent"])].get_snapshot(
+            info.get("base_snapshot", info["snapshot_id"]))
+        changes: list[tuple[Layer, str, Any]] = []
+        kept: list[dict[str, Any]] = []
+        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
+            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
+            for key in dict.fromkeys([*before, *after]):
+                old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
+                if key.startswith("_") or _same(old, new):
+                    continue
+                current = now.get(key, _ABSENT)
+                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is _ABSENT and current is not _ABSENT:
+                    # another run of the same activity (a path of each pass of a loop) got there first:
+                    # two records, no conflict (as at a join)
+                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
+                    current = _ABSENT
+                if not _same(current, old) and not _same(current, new):
+                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
+                                 "base": None if old is _ABSENT else _plain(old)})
+                    continue
+                changes.append((layer, key, DELETED if new is _ABSENT else new))
+        return changes, kept
+
+    def _event_forked(self, name: str) -> None:
+        """Event sub-process context ``name`` was forked from its process's. The event
+        sub-processes that ended before it started but wait to merge back (branches split from
+        that context run: ``_merge_events``) are part of what it reads: their changes come into
+        it as they will into the process's, and it merges back against the context so made."""
+        inst = self.instance
+        info, ctx = inst.branches[name], inst.contexts[name]
+        done = [b for b, i in inst.branches.items() if i["parent"] == info["parent"] and i["status"] == "event_done"]
+        for other in done:
+            changes, _ = self._side_changes(other, ctx)
+            if changes:
+                ctx.apply_changes(changes, kind="side_merge", actor=str(info["gateway"]),
+                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"])})
+        if done:
+            info["base_context"] = name
+            info["base_snapshot"] = ctx.snapshot(label=f"event:{info['gateway']}", actor=str(info["gateway"])).id
 
     def _splits_open(self, name: str) -> bool:
         """Whether branches split from context ``name`` run (not yet joined)."""

@@ -745,3 +745,39 @@ def test_an_interrupting_event_sub_process_stops_the_other_message_starts_of_its
     assert done.main.get("noted") is None and done.main.get("files") is None
     assert path_of(done.workflow) == ["start", "cancel_start", "confirm_cancel", "cancel_end", "on_cancel"]
     _replays(done)
+
+
+def test_an_event_sub_process_reads_what_one_that_ended_before_it_wrote_while_branches_run(tmp_path: Path) -> None:
+    """Two non-interrupting event sub-processes, one after the other, while the process waits in a
+    parallel branch. The first one's changes wait for the join to merge back (the branches merge
+    against the context as the split left it), yet it has ended: the second, which starts after,
+    reads them. It read the context without them (``KeyError``), though they came back later."""
+    text = HEAD + """  <bpmn:process id="later" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:parallelGateway id="split"/><bpmn:parallelGateway id="join"/>
+    <bpmn:userTask id="review"/><bpmn:scriptTask id="prep"><bpmn:script>prepared = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:scriptTask id="note_docs"><bpmn:script>noted = len(files)</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="d1" sourceRef="docs_start" targetRef="note_docs"/>
+      <bpmn:sequenceFlow id="d2" sourceRef="note_docs" targetRef="docs_end"/></bpmn:subProcess>
+    <bpmn:subProcess id="on_cancel" triggeredByEvent="true">
+      <bpmn:startEvent id="cancel_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_cancel"/></bpmn:startEvent>
+      <bpmn:scriptTask id="weigh"><bpmn:script>weighed = noted + 1</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="cancel_end"/>
+      <bpmn:sequenceFlow id="c1" sourceRef="cancel_start" targetRef="weigh"/>
+      <bpmn:sequenceFlow id="c2" sourceRef="weigh" targetRef="cancel_end"/></bpmn:subProcess>
+""" + flows("start>split", "split>review", "split>prep", "review>join", "prep>join", "join>end") + TAIL
+    engine, instance = started(tmp_path, text)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a", "b"]})
+    instance = engine.send_event(engine.load(instance.id), "cancel", {})
+    assert instance.status == "waiting", instance.error
+
+    done = engine.complete_user_task(engine.load(instance.id), "review", {"ok": True})
+
+    assert done.status == "completed", done.error
+    assert (done.main.resolve("noted"), done.main.resolve("weighed")) == (2, 3)
+    assert done.conflicts == [] and done.main.resolve("prepared") is True
+    _replays(done)
+    _replays(engine.load(done.id))

@@ -603,5 +603,11 @@ _EXAMPLES = 8 if _EXAMPLES <= 60 else _EXAMPLES
 # own) listened on (test_an_interrupting_event_sub_process_stops_the_other_message_starts_of_its_process)
 @example(Plan([("u", "t1")], [Esp("ev0", timer=False, interrupting=False, user=False, comes=False),
                               Esp("ev1", timer=False, interrupting=True, user=True, comes=True)]), [1])
+# while a branch waits, one message event sub-process ends, then another starts: it read the
+# context without the first one's changes, which wait for the join to merge back
+# (test_an_event_sub_process_reads_what_one_that_ended_before_it_wrote_while_branches_run)
+@example(Plan([("par", "p1", [("u", "p1a2")], [("s", "p1b3", [], False)])],
+              [Esp("ev0", timer=False, interrupting=False, user=False, comes=True, reads=["k_ev1_s"]),
+               Esp("ev1", timer=False, interrupting=False, user=False, comes=True)]), [2, 1])
 def test_random_event_subprocesses_run_as_the_diagram_says(plan: Plan, picks: list[int]) -> None:
     check_plan(plan, picks)
