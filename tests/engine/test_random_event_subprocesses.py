@@ -14,7 +14,10 @@ A process is a main flow of blocks:
 
 Beside them, 0 to 2 event sub-processes of the main process, started by a timer or a message,
 interrupting or not, whose body is a script task (reading any key, guarded) and maybe a user
-task. A message carries ``{m_<id>: n}`` into the event sub-process's context.
+task. A message carries ``{m_<id>: n}`` into the event sub-process's context; one that
+starts a non-interrupting event sub-process without a person may come twice (two runs of it).
+Scripts outside branches and of event sub-processes may also write ``shared``: when an event
+sub-process and the process both changed it, the process's value stays, listed in ``conflicts``.
 
 The driver and the reference interpreter (``_Model``) go in lockstep: at each step the model
 offers what may happen next (answer any waiting user task; the earliest timer that is drawn to
@@ -32,7 +35,7 @@ A non-interrupting one runs beside, in a context forked as its start fires, merg
 it ends (keys here are never written twice, so no conflicts). One whose event has not come
 when the rest of its scope ends is cancelled with it.
 
-Timers that come last hours (distinct per timer); those that never come, a thousand days.
+Timers that come last hours (distinct powers of two); those that never come, a thousand days.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class Esp:
     hours: int = 0
     reads: list[str] = field(default_factory=list)
     shared: bool = False  # its script writes ``shared`` too
+    twice: bool = False  # a non-interrupting message start without a person: the message may come twice
 
     @property
     def start(self) -> str:
@@ -126,12 +130,15 @@ def plans(draw: Any) -> Plan:
         return [sub(shared=False) if draw(st.integers(0, 4)) == 0 else item(prefix)
                 for _ in range(draw(st.integers(1, 2)))]
 
-    hours = iter(draw(st.permutations([1, 2, 3, 4, 5, 6])))
+    # powers of two: the clock only moves to a timer's due time, so each due time is the sum of
+    # the hours of a chain of timers, and no two timers are due at once
+    hours = iter(draw(st.permutations([1, 2, 4, 8, 16, 32])))
 
     def esp(eid: str, *, timer: bool | None = None, shared: bool = True) -> Esp:
         e = Esp(eid, timer=draw(st.booleans()) if timer is None else timer, interrupting=draw(st.booleans()),
                 user=draw(st.booleans()), comes=draw(st.booleans()), shared=shared and draw(st.booleans()))
         e.hours = next(hours)
+        e.twice = not (e.timer or e.interrupting or e.user) and draw(st.booleans())
         scripts.append((f"k_{eid}_s", e.reads))
         keys.append(f"k_{eid}_s")
         if e.user:
@@ -268,7 +275,7 @@ class _EspRun:
     esp: Esp
     listening: bool = True
     running: list[_Thread] = field(default_factory=list)
-    sent: bool = False
+    sent: int = 0
 
 
 @dataclass(eq=False)
@@ -436,7 +443,8 @@ class _Model:
         if timers:
             out.append(("timer", timers[0]))
         out += [("message", w) for w in self.waits
-                if w.kind == "event" and w.run is not None and w.run.esp.comes and not w.run.sent]
+                if w.kind == "event" and w.run is not None and w.run.esp.comes
+                and w.run.sent < (2 if w.run.esp.twice else 1)]
         return out
 
     def answer(self, w: _Wait) -> dict[str, Any]:
@@ -454,7 +462,7 @@ class _Model:
         assert run is not None and sc is not None
         if w.kind == "timer":
             self.now = w.due
-        run.sent = True
+        run.sent += 1
         if w.kind == "timer" or run.esp.interrupting:
             self.waits.remove(w)  # a non-interrupting message start listens on (BPMN: it may come again)
             run.listening = False
