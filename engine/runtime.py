@@ -1309,6 +1309,7 @@ class _Runtime:
         info = self.instance.branches.get(name) if name is not None else None
         if info is not None and info["status"] == "event":
             info["status"] = "event_done"
+            info["ended"] = sum(1 for i in self.instance.branches.values() if "ended" in i)
             self._merge_events(str(info["parent"]))
             if info["status"] == "joined":
                 # merged back: what follows it (its process's end join) runs in that context
@@ -1451,7 +1452,7 @@ class _Runtime:
         it as they will into the process's, and it merges back against the context so made."""
         inst = self.instance
         info, ctx = inst.branches[name], inst.contexts[name]
-        done = [b for b, i in inst.branches.items() if i["parent"] == info["parent"] and i["status"] == "event_done"]
+        done = self._events_done(str(info["parent"]))
         for other in done:
             changes, _ = self._side_changes(other, ctx)
             if changes:
@@ -1470,10 +1471,16 @@ class _Runtime:
         (``enter_subworkflow``) back into it, once no branch split from it runs."""
         if self._splits_open(name):
             return
-        for branch, info in list(self.instance.branches.items()):
-            if info["parent"] == name and info["status"] == "event_done":
-                info["status"] = "side"
-                self._merge_side(str(info["gateway"]), branch, "event sub-process")
+        for branch in self._events_done(name):
+            info = self.instance.branches[branch]
+            info["status"] = "side"
+            self._merge_side(str(info["gateway"]), branch, "event sub-process")
+
+    def _events_done(self, name: str) -> list[str]:
+        """The finished event sub-processes of context ``name`` that wait to merge back, in the
+        order they ended (``leave_subworkflow``), as each would have merged then."""
+        done = [b for b, i in self.instance.branches.items() if i["parent"] == name and i["status"] == "event_done"]
+        return sorted(done, key=lambda b: int(self.instance.branches[b].get("ended", 0)))
 
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""

@@ -781,3 +781,41 @@ def test_an_event_sub_process_reads_what_one_that_ended_before_it_wrote_while_br
     assert done.conflicts == [] and done.main.resolve("prepared") is True
     _replays(done)
     _replays(engine.load(done.id))
+
+
+def test_event_sub_processes_that_ended_while_branches_ran_merge_back_in_the_order_they_ended(tmp_path: Path) -> None:
+    """Two non-interrupting event sub-processes end while the process waits in a parallel branch;
+    their changes come back at the join. The one that started first (it waited for a person) ended
+    last: the other's value was in the process by then, and stays (a side conflict). They merged
+    in the order they started, so the later value won."""
+    text = HEAD + """  <bpmn:process id="order" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:parallelGateway id="split"/><bpmn:parallelGateway id="join"/>
+    <bpmn:userTask id="review"/><bpmn:scriptTask id="prep"><bpmn:script>prepared = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:userTask id="check_docs"/>
+      <bpmn:scriptTask id="docs_verdict"><bpmn:script>verdict = "documents"</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="d1" sourceRef="docs_start" targetRef="check_docs"/>
+      <bpmn:sequenceFlow id="d2" sourceRef="check_docs" targetRef="docs_verdict"/>
+      <bpmn:sequenceFlow id="d3" sourceRef="docs_verdict" targetRef="docs_end"/></bpmn:subProcess>
+    <bpmn:subProcess id="on_cancel" triggeredByEvent="true">
+      <bpmn:startEvent id="cancel_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_cancel"/></bpmn:startEvent>
+      <bpmn:scriptTask id="cancel_verdict"><bpmn:script>verdict = "cancelled"</bpmn:script></bpmn:scriptTask>
+      <bpmn:endEvent id="cancel_end"/>
+      <bpmn:sequenceFlow id="c1" sourceRef="cancel_start" targetRef="cancel_verdict"/>
+      <bpmn:sequenceFlow id="c2" sourceRef="cancel_verdict" targetRef="cancel_end"/></bpmn:subProcess>
+""" + flows("start>split", "split>review", "split>prep", "review>join", "prep>join", "join>end") + TAIL
+    engine, instance = started(tmp_path, text)
+    instance = engine.send_event(engine.load(instance.id), "documents_received", {"files": []})
+    instance = engine.send_event(engine.load(instance.id), "cancel", {})
+    instance = engine.complete_user_task(engine.load(instance.id), "check_docs", {"ok": True})
+
+    done = engine.complete_user_task(engine.load(instance.id), "review", {"ok": True})
+
+    assert done.status == "completed", done.error
+    assert done.main.resolve("verdict") == "cancelled"
+    assert [(c["key"], c["resolution"]["value"], sorted(c["values"].values())) for c in done.conflicts] == [
+        ("verdict", "cancelled", ["cancelled", "documents"])]
+    _replays(done)

@@ -617,5 +617,11 @@ _EXAMPLES = 8 if _EXAMPLES <= 60 else _EXAMPLES
 @example(Plan([("par", "p1", [("u", "p1a2")], [("s", "p1b3", [], False)])],
               [Esp("ev0", timer=False, interrupting=False, user=False, comes=True, reads=["k_ev1_s"]),
                Esp("ev1", timer=False, interrupting=False, user=False, comes=True)]), [2, 1])
+# while a branch waits, two event sub-processes end, the one that started first last: they merged
+# back at the join in the order they started, so its value won over the one already there
+# (test_event_sub_processes_that_ended_while_branches_ran_merge_back_in_the_order_they_ended)
+@example(Plan([("par", "p1", [("u", "p1a2")], [("s", "p1b3", [], False)])],
+              [Esp("ev0", timer=False, interrupting=False, user=True, comes=True, shared=True),
+               Esp("ev1", timer=False, interrupting=False, user=False, comes=True, shared=True)]), [1, 2, 1])
 def test_random_event_subprocesses_run_as_the_diagram_says(plan: Plan, picks: list[int]) -> None:
     check_plan(plan, picks)
