@@ -7,10 +7,10 @@ A process is a main flow of blocks:
   (each read guarded by ``except NameError``: what a task can see is what is checked);
 * ``u``: a user task; the answer writes ``a_<id>``;
 * ``par``: a parallel split and join of two branches, each a short sequence of ``s``/``u``;
-* ``sub``: an embedded sub-process holding a sequence of ``s``/``u``, optionally with a timer
-  event sub-process of its own;
+* ``sub``: an embedded sub-process holding a sequence of ``s``/``u`` (and maybe a ``sub``),
+  optionally with a timer event sub-process of its own; a branch may hold one too;
 * ``call``: a call activity to ``called`` (another file: a script task and a user task),
-  optionally with a timer event sub-process there.
+  optionally with a timer event sub-process there; a second ``call`` runs it again.
 
 Beside them, 0 to 2 event sub-processes of the main process, started by a timer or a message,
 interrupting or not, whose body is a script task (reading any key, guarded) and maybe a user
@@ -120,9 +120,11 @@ def plans(draw: Any) -> Plan:
     def seq(prefix: str, lo: int, hi: int, *, shared: bool = False) -> list[tuple[Any, ...]]:
         return [item(prefix, shared=shared) for _ in range(draw(st.integers(lo, hi)))]
 
-    def sub(*, shared: bool) -> tuple[Any, ...]:
+    def sub(*, shared: bool, depth: int = 0) -> tuple[Any, ...]:
         sid = f"sp{next(counter)}"
         body = seq(f"{sid}i", 1, 3, shared=shared)
+        if depth == 0 and draw(st.integers(0, 3)) == 0:  # a sub-process in it
+            body.insert(draw(st.integers(0, len(body))), sub(shared=shared, depth=1))
         return ("sub", sid, body, esp(f"{sid}e", timer=True, shared=shared) if draw(st.booleans()) else None)
 
     def branch(prefix: str) -> list[tuple[Any, ...]]:
@@ -132,7 +134,7 @@ def plans(draw: Any) -> Plan:
 
     # powers of two: the clock only moves to a timer's due time, so each due time is the sum of
     # the hours of a chain of timers, and no two timers are due at once
-    hours = iter(draw(st.permutations([1, 2, 4, 8, 16, 32])))
+    hours = iter(draw(st.permutations([2 ** i for i in range(12)])))
 
     def esp(eid: str, *, timer: bool | None = None, shared: bool = True) -> Esp:
         e = Esp(eid, timer=draw(st.booleans()) if timer is None else timer, interrupting=draw(st.booleans()),
@@ -151,7 +153,7 @@ def plans(draw: Any) -> Plan:
     called: list[tuple[Any, ...]] | None = None
     called_esp: Esp | None = None
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["s", "u", "par", "sub", "call"] if called is None else ["s", "u", "par", "sub"]))
+        kind = draw(st.sampled_from(["s", "u", "par", "sub", "call"]))
         if kind in ("s", "u"):
             blocks.append(item("t", kind, shared=True))
         elif kind == "par":
@@ -161,8 +163,9 @@ def plans(draw: Any) -> Plan:
             blocks.append(sub(shared=True))
         else:
             cid = f"c{next(counter)}"
-            called = [item("cs", "s", shared=True), item("cu", "u")]
-            called_esp = esp("ce", timer=True) if draw(st.booleans()) else None
+            if called is None:  # a second call activity runs the same called process again
+                called = [item("cs", "s", shared=True), item("cu", "u")]
+                called_esp = esp("ce", timer=True) if draw(st.booleans()) else None
             blocks.append(("call", cid))
     esps = [esp(f"ev{i}") for i in range(draw(st.integers(0, 2)))]
     for own, reads in scripts:
@@ -573,6 +576,7 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
             kind, w = options[picks[step] % len(options) if step < len(picks) else 0]
             note(f"{kind} {w.task_id}")
             instance = engine.load(instance.id)
+            assert _waits(instance) == got  # as saved
             if kind == "answer":
                 item = next(i for i in instance.waiting_for if i["kind"] == "user_task" and i["task_id"] == w.task_id)
                 answer = model.answer(w)
@@ -596,7 +600,9 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
                      for c in instance.conflicts]
         assert sorted(conflicts) == sorted(model.conflicts)
         _replays(instance)
-        _replays(engine.load(instance.id))
+        stored = engine.load(instance.id)
+        assert (stored.status, variables(stored.main)) == (instance.status, model.main)
+        _replays(stored)
 
 
 # an example costs about a second (a sqlite store, loaded anew at every step): the ci profile
