@@ -599,6 +599,9 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
                                                              if v != c["resolution"]["value"]))
                      for c in instance.conflicts]
         assert sorted(conflicts) == sorted(model.conflicts)
+        if model.done:  # every branch context merged back or dropped
+            assert {n: i["status"] for n, i in instance.branches.items()
+                    if i["status"] not in ("joined", "cancelled")} == {}
         _replays(instance)
         stored = engine.load(instance.id)
         assert (stored.status, variables(stored.main)) == (instance.status, model.main)
