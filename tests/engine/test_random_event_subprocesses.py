@@ -7,7 +7,8 @@ A process is a main flow of blocks:
   (each read guarded by ``except NameError``: what a task can see is what is checked);
 * ``u``: a user task; the answer writes ``a_<id>``;
 * ``par``: a parallel split and join of two branches, each a short sequence of ``s``/``u``;
-* ``sub``: an embedded sub-process holding a sequence of ``s``/``u`` (and maybe a ``sub``),
+* ``sub``: an embedded sub-process holding a sequence of ``s``/``u`` (and maybe a ``sub``, a
+  ``par``),
   optionally with a timer event sub-process of its own; a branch may hold one too;
 * ``call``: a call activity to ``called`` (another file: a script task and a user task),
   optionally with a timer event sub-process there; a second ``call`` runs it again.
@@ -125,6 +126,9 @@ def plans(draw: Any) -> Plan:
         body = seq(f"{sid}i", 1, 3, shared=shared)
         if depth == 0 and draw(st.integers(0, 3)) == 0:  # a sub-process in it
             body.insert(draw(st.integers(0, len(body))), sub(shared=shared, depth=1))
+        if draw(st.integers(0, 3)) == 0:  # a parallel split in it
+            pid = f"p{next(counter)}"
+            body.insert(draw(st.integers(0, len(body))), ("par", pid, seq(f"{pid}a", 1, 2), seq(f"{pid}b", 1, 2)))
         return ("sub", sid, body, esp(f"{sid}e", timer=True, shared=shared) if draw(st.booleans()) else None)
 
     def branch(prefix: str) -> list[tuple[Any, ...]]:
@@ -514,7 +518,8 @@ def _activities(plan: Plan) -> set[str]:
 
     def items(its: list[tuple[Any, ...]]) -> None:
         for it in its:
-            ids.add(it[1])
+            if it[0] != "par":  # (a gateway is no activity)
+                ids.add(it[1])
             if it[0] == "par":
                 items(it[2])
                 items(it[3])
@@ -534,9 +539,6 @@ def _activities(plan: Plan) -> set[str]:
         items(plan.called)
         if plan.called_esp is not None:
             esp(plan.called_esp)
-    for it in plan.blocks:
-        if it[0] == "par":
-            ids.discard(it[1])
     return ids
 
 
