@@ -53,6 +53,7 @@ from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
 from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMixin
+from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
@@ -768,6 +769,8 @@ class _Runtime:
                 before = {t.id for t in _ready_tasks(wf)}
                 cycles = _cycle_states(wf)
                 wf.refresh_timers()
+                for scope in (wf, *wf.get_active_subprocesses()):
+                    spiff.wake_end_joins(scope)
                 # a cycle timer fires one repetition per refresh (or, after its last one, completes
                 # on the next): refresh until none moves, so a late run catches up every missed
                 # period, as SpiffWorkflow's do_engine_steps does, even when a path waits for a person
@@ -1191,9 +1194,8 @@ class _Runtime:
         outputs = spiff.io_names(subworkflow.spec, "data_outputs")
         if spiff.is_event_subprocess(task):
             if spiff.starts_by_timer(subworkflow):
-                # made as its process starts, it waits for its timer there: it gets its context as
-                # the timer fires, from the process's as it stands then (event_started)
-                task.internal_data[spiff.EVENT_FORK_KEY] = True
+                # made as its process starts, it waits for its timer there: each path the timer
+                # starts gets a context of its own as it fires (event_path)
                 return
             # the process goes on meanwhile, and may split this context: it must then stay as the
             # split left it (the join merges against it), so the event sub-process, the payload
@@ -1232,24 +1234,13 @@ class _Runtime:
         subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
 
     def event_started(self, start: Any, interrupting: bool) -> None:
-        """The start event of an event sub-process fired. One whose start is a timer gets its side
-        context now (``enter_subworkflow``), forked from its process's context as it stands. An
-        interrupting one then cancels the rest of its process (``interrupt``)."""
-        esp: Any = spiff.event_subprocess_of(start)
-        if esp.internal_data.pop(spiff.EVENT_FORK_KEY, False):
-            ctx = self.context_of(esp)
-            self._fork(esp, ctx.name, ctx, spiff.bpmn_id_of(esp), None, [esp])
-            name = spiff.context_name_of(esp)
-            self.instance.branches[name]["status"] = "event"
-            self._event_forked(name)
-            start.workflow.task_tree.internal_data[spiff.CTX_KEY] = name  # what leave_subworkflow merges
-            for t in start.workflow.tasks.values():
-                if t.internal_data.get(spiff.CTX_KEY) == ctx.name:
-                    t.internal_data[spiff.CTX_KEY] = name
+        """The start event of an event sub-process fired (its path has its context: a message's
+        event sub-process got it as it started, ``enter_subworkflow``; a timer's path gets it as
+        the timer fires, ``event_path``). An interrupting one cancels the rest of its process."""
         if interrupting:
-            self.interrupt(esp, spiff.bpmn_id_of(start))
+            self.interrupt(spiff.event_subprocess_of(start), start)
 
-    def interrupt(self, esp: Any, by: str) -> None:
+    def interrupt(self, esp: Any, start: Any) -> None:
         """An interrupting event sub-process started: the rest of the (sub-)process it belongs to
         stops, as BPMN says. Every other unfinished task of that process is cancelled (running
         sub-processes, waiting people and timers, other event sub-processes); the branches of its
@@ -1257,6 +1248,7 @@ class _Runtime:
         dropped, as their tokens are; an activity left open is put back as it was before it began,
         and the confirmations it waited for are closed. What finished before stays. When the event
         sub-process ends, so does its process (its end join has nothing else to wait for)."""
+        by = spiff.bpmn_id_of(start)
         wf = esp.workflow
         top = wf.top_workflow
         # its message / signal starts listen no more (``events.waiting_catches``)
@@ -1279,9 +1271,14 @@ class _Runtime:
 
         gone_workflows = [w for w in top.subprocesses.values() if inside(w)]
         inst = self.instance
-        own = spiff.context_name_of(esp)
+        own = spiff.context_name_of(start)  # the context the event sub-process's path runs in
+        mine = set()  # ... and the contexts that one came from
+        name = own
+        while name in inst.branches and name not in mine:
+            mine.add(name)
+            name = str(inst.branches[name]["parent"])
         for name, info in inst.branches.items():
-            if name == own or info["status"] not in ("open", "event", "side", "scope"):
+            if name in mine or info["status"] not in ("open", "event", "side", "scope"):
                 continue
             split_id = uuid.UUID(info["split"].rsplit("@", 1)[1])
             if split_id in wf.tasks or any(split_id in w.tasks for w in gone_workflows):
@@ -1308,8 +1305,7 @@ class _Runtime:
         name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
         info = self.instance.branches.get(name) if name is not None else None
         if info is not None and info["status"] == "event":
-            info["status"] = "event_done"
-            info["ended"] = sum(1 for i in self.instance.branches.values() if "ended" in i)
+            self._event_done(info)
             self._merge_events(str(info["parent"]))
             if info["status"] == "joined":
                 # merged back: what follows it (its process's end join) runs in that context
@@ -1331,12 +1327,17 @@ class _Runtime:
             if out is not None:
                 # SpiffWorkflow collects the instance's output item from its data
                 value = scope.get(out, _ABSENT)
-                if value is _ABSENT:
+                if value is _ABSENT and spiff.interrupted(multi):
+                    # an error the instance threw ended it, caught by an interrupting boundary event
+                    # on the activity: nothing is collected (``merge_child``)
+                    task.data = {}
+                elif value is _ABSENT:
                     index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
                     err = _no_output_item(mspec.bpmn_id, index, mspec.output_item)
                     self.abort_multi(multi, err)  # as when an instance's script fails
                     raise err
-                task.data = {out: thaw(value)}
+                else:
+                    task.data = {out: thaw(value)}
             else:
                 # no output collection: what the instance changed reaches the activity (SpiffWorkflow
                 # merges each instance's data in turn)
@@ -1361,6 +1362,61 @@ class _Runtime:
         info["status"] = "joined"
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity is cancelled (an interrupting event; a timer event
+        sub-process that only listens, at the end of its scope): what its steps wrote stays, and
+        so does what the paths of its non-interrupting boundary events (or of its timer start
+        event) that ran to their end inside it wrote. Such a path runs in a branch of its own
+        (``boundary_path``, ``event_path``), merged where it ends, at the end of the sub-process,
+        which now never comes: it merges now. (A path that still runs is cancelled with the
+        sub-process, as the branches of its splits are.)"""
+        gw = spiff.bpmn_id_of(task)
+        running = self._running_contexts(subworkflow)
+        for name, info in list(self.instance.branches.items()):
+            if info["status"] == "side" and name not in running and self._in_workflow(name, subworkflow):
+                self._merge_side(gw, name)
+        for parent in self._end_event_paths(subworkflow):
+            self._merge_events(parent)
+
+    @staticmethod
+    def _running_contexts(workflow: Any) -> set[str]:
+        """The contexts of the paths of ``workflow`` that still run (a path that ended waits at joins only)."""
+        return {spiff.context_name_of(t) for t in workflow.tasks.values()
+                if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING)
+                and not isinstance(t.task_spec, Join)}
+
+    def _end_event_paths(self, workflow: Any) -> list[str]:
+        """Mark the paths a timer started in ``workflow`` (``event_path``) that have ended as done;
+        returns the contexts they came from."""
+        running = self._running_contexts(workflow)
+        parents = []
+        for name, info in self.instance.branches.items():
+            if info.get("event_path") and info["status"] == "event" and name not in running \
+                    and self._in_workflow(name, workflow):
+                self._event_done(info)
+                parents.append(str(info["parent"]))
+        return list(dict.fromkeys(parents))
+
+    def event_path(self, task: Any, path: Any = None) -> None:
+        """A timer starts the path of an event sub-process (``task``: its start event; ``path``: the
+        first task of one repetition's path, for a cycle). SpiffWorkflow started the event
+        sub-process with its scope, whose context its tasks run in; the process went on meanwhile
+        and may have split that context: the path runs in a context of its own, forked from it
+        now, and comes back at the end of the event sub-process, or once the branches split
+        meanwhile have joined (as a message event sub-process does, ``enter_subworkflow``)."""
+        start = task if path is None else path
+        ctx = self.context_of(task)
+        owner = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
+        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(owner), None, [start])
+        self.instance.branches[spiff.context_name_of(start)].update(status="event", event_path=True)
+        self._event_forked(spiff.context_name_of(start))
+
+    def _event_done(self, info: dict[str, Any]) -> None:
+        """An event sub-process (a timer's path) ended: it merges back once no branch split from
+        its context runs, after those that ended before it (``_events_done``)."""
+        info["status"] = "event_done"
+        info["ended"] = sum(1 for i in self.instance.branches.values() if "ended" in i)
 
     def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
@@ -1914,6 +1970,11 @@ class _Runtime:
         current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
                                      else n for n in arrived))
         if spiff.is_end_join(task.task_spec):
+            # the paths a timer started here (``event_path``) have ended, each repetition's of a cycle
+            # too (SpiffWorkflow cancelled the end it waited at): they come back with ``_merge_events``
+            self._end_event_paths(task.workflow)
+            current = list(dict.fromkeys(str(branches[n]["parent"]) if n in branches and branches[n].get("event_path")
+                                         and branches[n]["status"] == "event_done" else n for n in current))
             self._cancel_branches(task, keep=current)
         while True:
             open_groups: dict[str, list[str]] = {}

@@ -160,7 +160,6 @@ BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
-EVENT_FORK_KEY = "lf_event_fork"  # on a timer's event sub-process: its context is forked as the timer fires
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -184,6 +183,8 @@ class Driver(Protocol):
     def boundary_path(self, task: Any, path: Any = None) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
+    def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
+    def event_path(self, task: Any, path: Any = None) -> None: ...
     def no_branch_taken(self, task: Any) -> Exception: ...
 
 
@@ -282,6 +283,12 @@ class _LayerflowSpecMixin:
                 result = super()._update_hook(my_task)  # type: ignore[misc]
                 my_task.data = {}
                 return result
+        if self.lf_role == "multi" and my_task.state in (TaskState.STARTED, TaskState.READY) \
+                and "merged" in my_task.internal_data:
+            # its instances are made (or done), and SpiffWorkflow would make them again: a cycle
+            # timer that completes after its last repetition updates every unfinished task after
+            # it, the activity a repetition started too. (A reset clears "merged".)
+            return None  # it stays as it is
         if self.lf_role == "multi":
             driver = driver_of(my_task)
             if driver is not None:
@@ -312,14 +319,29 @@ class _LayerflowSpecMixin:
         return super()._update_hook(my_task)  # type: ignore[misc]
 
     def _check_threshold_unstructured(self, my_task: Any) -> Any:
+        if not isinstance(self, _EndJoin) and len(self.inputs) == 1:  # type: ignore[attr-defined]
+            # a gateway with one incoming flow joins nothing: each token goes on at once. SpiffWorkflow
+            # waited while the task before it was unfinished, as a cycle timer is between repetitions,
+            # and the next repetition's token then cancelled the waiting one
+            return True
         if isinstance(self, InclusiveGateway):
             # SpiffWorkflow's check misses the second path of a branch that splits and merges
             # again, and the join fires twice (engine.inclusive_join)
             return inclusive_join.may_fire(self, my_task)
+        listening = listening_event_subprocesses(my_task.workflow) if isinstance(self, _EndJoin) else []
+        if listening:
+            # SpiffWorkflow 3.2 starts a timer event sub-process with its (sub-)process, and the end
+            # waited for it: for a timer that had not fired yet, forever. It only listens: once
+            # nothing else runs, the (sub-)process ends (and the end cancels it, ``_run_hook``)
+            return not any(task is not my_task and not _below_listening(task, listening) for task in
+                           my_task.workflow.get_tasks(state=TaskState.NOT_FINISHED_MASK, end_at_spec=my_task.task_spec.name))
         return super()._check_threshold_unstructured(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
         driver = driver_of(my_task)
+        if isinstance(self, _EndJoin):
+            for listening in listening_event_subprocesses(my_task.workflow):
+                listening.cancel()  # its timer has not fired: it ends with its scope
         if driver is None:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "activity":
@@ -332,6 +354,17 @@ class _LayerflowSpecMixin:
         if isinstance(self, EndEvent) and isinstance(getattr(self, "event_definition", None), ErrorEventDefinition):
             # asked before the throw, which readies the event that catches it
             my_task.internal_data[CAUGHT_KEY] = error_is_caught(my_task)
+        if isinstance(self, BoundaryEvent) and self.cancel_activity and my_task.parent is not None:
+            # the multi-instance activity it interrupts closes now (its writes undone), before its path
+            # begins: SpiffWorkflow cancels it only after, and an activity at the start of the path
+            # began while it was still open (a message closes it first: engine.events.deliver)
+            for main in my_task.parent.children:
+                if not isinstance(main.task_spec, BoundaryEvent) and main.internal_data.get(MULTI_KEY):
+                    driver.abort_multi(main, ActivityCancelled(
+                        f"activity {bpmn_id_of(main)!r} was interrupted by {bpmn_id_of(my_task)!r}"))
+        if isinstance(self, StartEvent) and timer_definition(self) is not None and in_timer_event_subprocess(my_task):
+            # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
+            driver.event_path(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
             # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.boundary_path(my_task)
@@ -398,14 +431,32 @@ class _LayerflowSpecMixin:
             for name in payload_variables(getattr(self, "event_definition", None)):
                 my_task.data.pop(name, None)
 
+    def merge_child(self, workflow: Any, child: Any) -> Any:
+        # (multi-instance twins only: SpiffWorkflow calls it as an instance completes)
+        if interrupted(child.parent):
+            # an interrupting boundary event on the activity caught an event (an error an instance
+            # threw, which ended that instance): the activity is cancelled next, and nothing is
+            # collected or started. SpiffWorkflow merged the instance's output item first (it has
+            # none: "Expected an output item") or started the next instance
+            return None
+        return super().merge_child(workflow, child)  # type: ignore[misc]
+
     def _on_cancel(self, my_task: Any) -> Any:
+        if isinstance(self, SubWorkflowTask):
+            driver = driver_of(my_task)
+            subworkflow = my_task.workflow.top_workflow.subprocesses.get(my_task.id)
+            if driver is not None and subworkflow is not None:
+                driver.cancel_subworkflow(my_task, subworkflow)  # before its tasks are cancelled
         if self.lf_role == "multi" and my_task.internal_data.get(MULTI_KEY):
             driver = driver_of(my_task)
             if driver is not None:
                 # an interrupting event (a boundary event, a terminate end event) cancels the
                 # activity while its instances run or wait: it closes, its writes undone
                 driver.abort_multi(my_task, ActivityCancelled(f"activity {bpmn_id_of(my_task)!r} was cancelled"))
-        return super()._on_cancel(my_task)  # type: ignore[misc]
+        result = super()._on_cancel(my_task)  # type: ignore[misc]
+        if self.lf_role == "multi":
+            _cancel_orphaned_subprocesses(my_task.workflow.top_workflow)
+        return result
 
     def copy_data(self, my_task: Any, subworkflow: Any) -> Any:
         # SubWorkflowTask only: what SpiffWorkflow copies into a sub-process is in the context
@@ -488,53 +539,10 @@ for _stock in [spec for _, spec in _STOCK_TAGS.values()] + list(_EXTRA_SPECS):
         globals()[TWINS[_stock].__name__] = TWINS[_stock]
 
 
-def _dormant_event_subprocess(task: Any) -> bool:
-    """Whether ``task`` is an event sub-process whose start event has not fired: nothing in it
-    but start events has begun (a timer start's event sub-process is made as its process
-    starts, and waits there)."""
-    if not is_event_subprocess(task):
-        return False
-    sub = task.workflow.top_workflow.subprocesses.get(task.id)
-    if sub is None:
-        return True
-    begun = TaskState.READY | TaskState.STARTED | TaskState.WAITING | TaskState.COMPLETED | TaskState.ERROR
-    for t in sub.tasks.values():
-        if isinstance(t.task_spec, BpmnStartTask):
-            continue
-        if isinstance(t.task_spec, StartEvent) and t.state == TaskState.WAITING:
-            continue  # listening
-        if t.has_state(begun):
-            return False
-    return True
-
-
-class LayerflowEndJoin(_LayerflowSpecMixin, _EndJoin):  # type: ignore[misc]
-    """The implicit join every (sub-)process ends in. As SpiffWorkflow's, it fires once every
-    other task of its process has finished, except that an event sub-process whose start event
-    has not fired does not hold it: in BPMN an event sub-process listens only while its process
-    runs, so it is cancelled as the process ends (SpiffWorkflow waited for its timer)."""
-
-    lf_role = "gateway"
-
-    def _check_threshold_unstructured(self, my_task: Any) -> bool:
-        dormant: list[Any] = []
-        for task in TaskIterator(my_task.workflow.task_tree, state=TaskState.NOT_FINISHED_MASK,
-                                 end_at_spec=self.name):
-            if task == my_task or any(task is d or task.is_descendant_of(d) for d in dormant):
-                continue
-            if _dormant_event_subprocess(task):
-                dormant.append(task)
-                continue
-            return False
-        for task in dormant:
-            task.cancel()
-        return True
-
-
 # The implicit join every process ends in: all its end events lead to it, so branches of a
 # split that end in end events of their own (no joining gateway) merge there, as in
 # SpiffWorkflow, where it merges their data.
-TWINS[_EndJoin] = LayerflowEndJoin
+TWINS[_EndJoin] = LayerflowEndJoin = _twin(_EndJoin, "gateway")
 
 
 _START_EVENT_TWIN = TWINS[_STOCK_TAGS[full_tag("startEvent")][1]]
@@ -546,6 +554,29 @@ class LayerflowInterruptingEventStart(_START_EVENT_TWIN):  # type: ignore[misc,v
     event fires the rest of its (sub-)process is cancelled (``_Runtime.event_started``)."""
 
     lf_interrupting = True
+
+
+def interrupted(task: Any) -> bool:
+    """Whether an interrupting boundary event attached to ``task`` has caught its event (it is
+    about to cancel ``task``: SpiffWorkflow's ``BoundaryEventJoin`` test)."""
+    split = task.parent
+    return split is not None and any(
+        isinstance(t.task_spec, BoundaryEvent) and t.task_spec.cancel_activity
+        and t.has_state(TaskState.READY | TaskState.COMPLETED) for t in split.children)
+
+
+def _cancel_orphaned_subprocesses(top: Any) -> None:
+    """Cancel and forget the sub-processes whose task is gone. SpiffWorkflow drops the instances of
+    a cancelled multi-instance activity from its tree without cancelling them: the sub-processes of
+    its instances ran on, and the next step (which looks for their tasks) failed with "A task with
+    id ... was not found", as a load would."""
+    while True:
+        known = set(top.tasks).union(*(sp.tasks for sp in top.subprocesses.values()))
+        orphans = [key for key, sp in top.subprocesses.items() if sp.parent_task_id not in known]
+        if not orphans:
+            return
+        for key in orphans:
+            top.cancel(top.subprocesses.pop(key))
 
 
 def is_activity(spec: Any) -> bool:
@@ -604,6 +635,58 @@ def event_subprocess_of(task: Any) -> Any:
         return None
     parent = task.workflow.top_workflow.get_task_from_id(pid)
     return parent if parent is not None and is_event_subprocess(parent) else None
+
+
+def listening_event_subprocesses(workflow: Any) -> list[Any]:
+    """The timer event sub-processes of ``workflow`` (one scope, not the ones inside it) that wait
+    for their timer, none of their paths running: they listen, and hold no token. (SpiffWorkflow
+    3.2 starts them with their scope; an event starts a message or signal one when it comes.)"""
+    out: list[Any] = []
+    if not any(isinstance(spec, SubWorkflowTask) for spec in workflow.spec.start.outputs):
+        return out  # (the cheap test: no timer event sub-process in this scope)
+    for task in workflow.tasks.values():
+        # (saved and loaded, its spec is a plain sub-process: SpiffWorkflow's serializer says so)
+        if not (isinstance(task.task_spec, SubWorkflowTask) and task.state == TaskState.STARTED
+                and task.parent is not None and task.parent.task_spec is workflow.spec.start):
+            continue
+        sub = workflow.top_workflow.subprocesses.get(task.id)
+        active = [t for t in sub.tasks.values() if t.has_state(TaskState.READY | TaskState.WAITING | TaskState.STARTED)
+                  ] if sub is not None else []
+        # (its own end waits for the start event: a path an event started has ended)
+        if active and all(t.state == TaskState.WAITING and isinstance(t.task_spec, (StartEvent, _EndJoin))
+                          for t in active) and any(isinstance(t.task_spec, StartEvent) for t in active):
+            out.append(task)
+    return out
+
+
+def in_timer_event_subprocess(task: Any) -> bool:
+    """Whether ``task`` belongs to an event sub-process that SpiffWorkflow started with its scope
+    (a timer one: ``listening_event_subprocesses``)."""
+    parent_id = getattr(task.workflow, "parent_task_id", None)
+    if parent_id is None:
+        return False
+    parent = task.workflow.top_workflow.get_task_from_id(parent_id)
+    return (isinstance(parent.task_spec, SubWorkflowTask) and parent.parent is not None
+            and parent.parent.task_spec is parent.workflow.spec.start)
+
+
+def wake_end_joins(workflow: Any) -> None:
+    """Check the waiting end of ``workflow`` again when a timer event sub-process there only listens
+    now: the path its event started has ended since the end began to wait (nothing else wakes it)."""
+    if listening_event_subprocesses(workflow):
+        for task in list(workflow.tasks.values()):
+            if isinstance(task.task_spec, _EndJoin) and task.state == TaskState.WAITING:
+                task.task_spec._update(task)
+
+
+def _below_listening(task: Any, listening: list[Any]) -> bool:
+    """Whether ``task`` is one of the ``listening`` event sub-processes or a task after or inside one."""
+    while task is not None:
+        if task in listening:
+            return True
+        parent_id = getattr(task.workflow, "parent_task_id", None) if task.parent is None else None
+        task = task.workflow.top_workflow.get_task_from_id(parent_id) if parent_id is not None else task.parent
+    return False
 
 
 def is_split(spec: Any) -> bool:
@@ -761,6 +844,8 @@ class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignor
                 # cycle cancels it only after its last repetition), as a non-interrupting
                 # boundary event's path does
                 driver.boundary_path(my_task, child)
+            elif driver is not None and in_timer_event_subprocess(my_task):
+                driver.event_path(my_task, child)  # beside the rest of the process, which goes on
             child.task_spec._predict(child, mask=TaskState.NOT_FINISHED_MASK)
             child.task_spec._update(child)
 

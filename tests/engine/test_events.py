@@ -719,6 +719,150 @@ def test_an_interrupting_event_sub_process_closes_the_confirmation_a_join_waited
     _replays(done)
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = float(int(__import__("time").time()))
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timer_start(definition: str) -> str:
+    return f'<bpmn:startEvent id="on_start" isInterrupting="false"><bpmn:timerEventDefinition>{definition}' \
+           "</bpmn:timerEventDefinition></bpmn:startEvent>"
+
+
+TIMER_STARTS = {"duration": '<bpmn:timeDuration>"P1000D"</bpmn:timeDuration>',
+                "cycle": '<bpmn:timeCycle>"R2/P1000D"</bpmn:timeCycle>'}
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+@pytest.mark.parametrize("timer", sorted(TIMER_STARTS))
+def test_a_timer_event_sub_process_that_has_not_fired_ends_with_its_scope(tmp_path: Path, timer: str,
+                                                                        nested: bool) -> None:
+    """A non-interrupting timer event sub-process listens while its (sub-)process runs, and no
+    longer: SpiffWorkflow 3.2 starts it with the process and its end waited for the timer, so the
+    process waited 1000 days after its last step (found by the random processes)."""
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    path = write(tmp_path, "process", _event_sub(_timer_start(TIMER_STARTS[timer]), nested=nested))
+    instance = engine.run(engine.start(load_process(path)))
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {})
+    assert instance.status == "completed", instance.waiting_for
+    assert "noted" not in instance.main
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+def test_the_timer_of_an_event_sub_process_is_listed_once(tmp_path: Path, nested: bool) -> None:
+    """Its task lives in a sub-workflow that SpiffWorkflow's iterator also reaches from the
+    process: it was listed two or three times (found by the random processes)."""
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=_Clock())
+    path = write(tmp_path, "process", _event_sub(_timer_start(TIMER_STARTS["duration"]), nested=nested))
+    instance = engine.run(engine.start(load_process(path)))
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("user_task", "review"), ("timer", "on_start")]
+    assert [(w["kind"], w["task_id"]) for w in engine.load(instance.id).waiting_for] == [
+        ("user_task", "review"), ("timer", "on_start")]
+
+
+def _reviewed_on_tick(nested: bool) -> str:
+    """A person reviews; a cycle timer event sub-process ("R2/P1D") asks another person to check."""
+    start = _timer_start('<bpmn:timeCycle>"R2/P1D"</bpmn:timeCycle>')
+    return _event_sub(start, nested=nested).replace(
+        '<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:userTask id="note"/>')
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+def test_a_cycle_event_sub_process_ends_with_its_scope_once_its_path_has_ended(tmp_path: Path, nested: bool) -> None:
+    """Its first repetition's path still ran when the review was done, so the end waited for it;
+    once that path ended, the cycle only listened for its second repetition, and the process waited
+    for it (a day later) all the same (found by the random processes)."""
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(write(tmp_path, "process", _reviewed_on_tick(nested)))))
+    clock.now += 25 * 3600
+    instance = engine.resume(engine.load(instance.id))
+    assert sorted(w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task") == ["note", "review"]
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {"reviewed": True})
+    assert [w["task_id"] for w in instance.waiting_for] == ["note", "on_start"]
+    instance = engine.complete_user_task(engine.load(instance.id), "note", {"checked": True})
+
+    assert instance.status == "completed", instance.waiting_for
+    assert {k: instance.main.resolve(k) for k in ("reviewed", "checked")} == {"reviewed": True, "checked": True}
+
+
+def _split_while_reminded(nested: bool) -> str:
+    """A person reviews, then two people sign in parallel; a timer event sub-process ("PT1H") asks
+    another person to check, and notes it."""
+    text = _event_sub(_timer_start('<bpmn:timeDuration>"PT1H"</bpmn:timeDuration>'), nested=nested)
+    text = text.replace('<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>',
+                        '<bpmn:userTask id="check"/><bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script>'
+                        '</bpmn:scriptTask><bpmn:sequenceFlow id="g0" sourceRef="check" targetRef="note"/>')
+    text = text.replace('sourceRef="on_start" targetRef="note"', 'sourceRef="on_start" targetRef="check"')
+    fork = ('<bpmn:parallelGateway id="fork"/><bpmn:userTask id="sign_a"/><bpmn:userTask id="sign_b"/>'
+            '<bpmn:parallelGateway id="joined"/>'
+            '<bpmn:sequenceFlow id="k1" sourceRef="review" targetRef="fork"/>'
+            '<bpmn:sequenceFlow id="k2" sourceRef="fork" targetRef="sign_a"/>'
+            '<bpmn:sequenceFlow id="k3" sourceRef="fork" targetRef="sign_b"/>'
+            '<bpmn:sequenceFlow id="k4" sourceRef="sign_a" targetRef="joined"/>'
+            '<bpmn:sequenceFlow id="k5" sourceRef="sign_b" targetRef="joined"/>'
+            '<bpmn:sequenceFlow id="k6" sourceRef="joined" targetRef="s_end"/>')
+    return text.replace('<bpmn:sequenceFlow id="h2" sourceRef="review" targetRef="s_end"/>', fork)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["process", "sub_process"])
+def test_a_timer_event_sub_process_that_runs_beside_parallel_branches_comes_back_at_their_join(
+        tmp_path: Path, nested: bool) -> None:
+    """Its path wrote into the context the branches were split from while they ran, and their join
+    failed ("context 'main' changed after the split's snapshot"); as a message event sub-process's
+    path, it runs in a context of its own, brought back once they have joined (found by the random
+    processes)."""
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(write(tmp_path, "process", _split_while_reminded(nested)))))
+    clock.now += 2 * 3600
+    instance = engine.resume(engine.load(instance.id))
+    for task_id, data in [("review", {"reviewed": True}), ("sign_a", {"a": 1}), ("check", {"checked": True}),
+                          ("sign_b", {"b": 2})]:
+        instance = engine.complete_user_task(engine.load(instance.id), task_id, data)
+
+    assert instance.status == "completed", instance.error
+    assert {k: instance.main.resolve(k) for k in ("reviewed", "a", "b", "checked", "noted")} == {
+        "reviewed": True, "a": 1, "b": 2, "checked": True, "noted": True}
+    assert LayeredContext.replay(instance.main.tape) == instance.main
+
+
+def test_a_timer_event_sub_process_whose_path_holds_a_boundary_path_brings_both_back(tmp_path: Path) -> None:
+    """The path of the timer event sub-process runs a sub-process with a non-interrupting boundary
+    timer, whose own path ends inside the event sub-process: both come back at its end (its end saw
+    them apart: "received what no one split sent together")."""
+    inner = ('<bpmn:subProcess id="gather"><bpmn:startEvent id="g_start"/><bpmn:userTask id="collect"/>'
+             '<bpmn:endEvent id="g_end"/><bpmn:sequenceFlow id="m1" sourceRef="g_start" targetRef="collect"/>'
+             '<bpmn:sequenceFlow id="m2" sourceRef="collect" targetRef="g_end"/></bpmn:subProcess>'
+             '<bpmn:boundaryEvent id="slow" attachedToRef="gather" cancelActivity="false"><bpmn:timerEventDefinition>'
+             '<bpmn:timeDuration>"PT2H"</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:boundaryEvent>'
+             '<bpmn:scriptTask id="nudge"><bpmn:script>nudged = True</bpmn:script></bpmn:scriptTask>'
+             '<bpmn:endEvent id="nudged_end"/><bpmn:sequenceFlow id="m3" sourceRef="slow" targetRef="nudge"/>'
+             '<bpmn:sequenceFlow id="m4" sourceRef="nudge" targetRef="nudged_end"/>')
+    text = _event_sub(_timer_start('<bpmn:timeDuration>"PT1H"</bpmn:timeDuration>'))
+    text = text.replace('<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>',
+                        inner + '<bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask>'
+                        '<bpmn:sequenceFlow id="m5" sourceRef="gather" targetRef="note"/>')
+    text = text.replace('sourceRef="on_start" targetRef="note"', 'sourceRef="on_start" targetRef="gather"')
+    clock = _Clock()
+    engine = Engine(store=f"sqlite:///{tmp_path / 'i.db'}", clock=clock)
+    instance = engine.run(engine.start(load_process(write(tmp_path, "process", text))))
+    for hours in (1, 2):  # the event sub-process starts, then its sub-process's boundary timer fires
+        clock.now += hours * 3600
+        instance = engine.resume(engine.load(instance.id))
+    instance = engine.complete_user_task(engine.load(instance.id), "collect", {"collected": True})
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {})
+
+    assert instance.status == "completed", instance.error
+    assert {k: instance.main.resolve(k) for k in ("collected", "nudged", "noted")} == {
+        "collected": True, "nudged": True, "noted": True}
+
+
 def test_an_interrupting_event_sub_process_stops_the_other_message_starts_of_its_process(tmp_path: Path) -> None:
     """Once an interrupting event sub-process started, the rest of its process is over: its other
     message-started event sub-processes (and this one's start) no longer listen. They were still
