@@ -610,10 +610,10 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
         _replays(stored)
 
 
-# an example costs about a second (a sqlite store, loaded anew at every step): the ci profile
-# runs a few; `HYPOTHESIS_PROFILE=thorough` runs its count
+# an example costs up to a third of a second (a sqlite store, the instance loaded anew at every
+# step): the ci profile runs 15; `HYPOTHESIS_PROFILE=thorough` runs its 2000 (about 4 minutes)
 _EXAMPLES = settings.default.max_examples
-_EXAMPLES = 8 if _EXAMPLES <= 60 else _EXAMPLES
+_EXAMPLES = 15 if _EXAMPLES <= 60 else _EXAMPLES
 
 
 @settings(max_examples=_EXAMPLES)
