@@ -13,10 +13,10 @@ A process is a main flow of blocks:
 * ``call``: a call activity to ``called`` (another file: a script task and a user task),
   optionally with a timer event sub-process there; a second ``call`` runs it again.
 
-Beside them, 0 to 2 event sub-processes of the main process, started by a timer or a message,
-interrupting or not, whose body is a script task (reading any key, guarded) and maybe a user
-task. A message carries ``{m_<id>: n}`` into the event sub-process's context; one that
-starts a non-interrupting event sub-process without a person may come twice (two runs of it).
+Beside them, 0 to 2 event sub-processes of the main process, started by a timer, a message or a
+signal, interrupting or not, whose body is a script task (reading any key, guarded) and maybe a
+user task. A message (or signal) carries ``{m_<id>: n}`` into the event sub-process's context;
+one that starts a non-interrupting event sub-process without a person may come twice (two runs).
 Scripts outside branches and of event sub-processes may also write ``shared``: when an event
 sub-process and the process both changed it, the process's value stays, listed in ``conflicts``.
 
@@ -78,6 +78,7 @@ class Esp:
     reads: list[str] = field(default_factory=list)
     shared: bool = False  # its script writes ``shared`` too
     twice: bool = False  # a non-interrupting message start without a person: the message may come twice
+    signal: bool = False  # started by a signal rather than a message (not a timer)
 
     @property
     def start(self) -> str:
@@ -144,6 +145,7 @@ def plans(draw: Any) -> Plan:
         e = Esp(eid, timer=draw(st.booleans()) if timer is None else timer, interrupting=draw(st.booleans()),
                 user=draw(st.booleans()), comes=draw(st.booleans()), shared=shared and draw(st.booleans()))
         e.hours = next(hours)
+        e.signal = not e.timer and draw(st.booleans())
         e.twice = not (e.timer or e.interrupting or e.user) and draw(st.booleans())
         scripts.append((f"k_{eid}_s", e.reads))
         keys.append(f"k_{eid}_s")
@@ -233,8 +235,9 @@ class _Writer:
             definition = (f'<bpmn:timerEventDefinition><bpmn:timeDuration>"{duration}"</bpmn:timeDuration>'
                           "</bpmn:timerEventDefinition>")
         else:
-            self.messages.append(f'  <bpmn:message id="msg_{e.eid}" name="go_{e.eid}"/>\n')
-            definition = f'<bpmn:messageEventDefinition messageRef="msg_{e.eid}"/>'
+            tag = "signal" if e.signal else "message"
+            self.messages.append(f'  <bpmn:{tag} id="msg_{e.eid}" name="go_{e.eid}"/>\n')
+            definition = f'<bpmn:{tag}EventDefinition {tag}Ref="msg_{e.eid}"/>'
         inner = [f'<bpmn:startEvent id="{e.start}"{attr}>{definition}</bpmn:startEvent>',
                  f'<bpmn:endEvent id="{e.eid}_end"/>']
         inner += self.chain(e.body(), e.start, f"{e.eid}_end")
@@ -592,7 +595,8 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
                 assert w.run is not None
                 payload = {f"m_{w.run.esp.eid}": _number(w.run.esp.eid) + 1000}
                 model.fire(w, payload)
-                instance = engine.send_event(instance, f"go_{w.run.esp.eid}", payload)
+                instance = engine.send_event(instance, f"go_{w.run.esp.eid}", payload,
+                                             kind="signal" if w.run.esp.signal else "message")
         assert instance.status == ("completed" if model.done else "waiting"), (instance.status, instance.error)
         ran = Counter(t for t in path_of(instance.workflow) if t in ids)
         assert ran == model.ran, (sorted(ran.items()), sorted(model.ran.items()))
