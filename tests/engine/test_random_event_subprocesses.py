@@ -6,7 +6,10 @@ A process is a main flow of blocks:
 * ``s``: a script task writing its own key ``k_<id>`` from any keys of the diagram it can see
   (each read guarded by ``except NameError``: what a task can see is what is checked);
 * ``u``: a user task; the answer writes ``a_<id>``;
-* ``par``: a parallel split and join of two branches, each a short sequence of ``s``/``u``;
+* ``par``: a parallel split and join of two branches, each a short sequence of ``s``/``u`` (or a
+  ``sub``); at the top level both branches may end writing ``c_<id>``, each its own value: the
+  join asks a person (``humanConfirm``), who answers ``"b"`` (the conflict is listed, settled;
+  an interrupting event sub-process closes the confirmation, and the conflict stays unsettled);
 * ``sub``: an embedded sub-process holding a sequence of ``s``/``u`` (and maybe a ``sub``, a
   ``par``),
   optionally with a timer event sub-process of its own; a branch may hold one too;
@@ -164,7 +167,11 @@ def plans(draw: Any) -> Plan:
             blocks.append(item("t", kind, shared=True))
         elif kind == "par":
             pid = f"p{next(counter)}"
-            blocks.append(("par", pid, branch(f"{pid}a"), branch(f"{pid}b")))
+            left, right = branch(f"{pid}a"), branch(f"{pid}b")
+            if draw(st.integers(0, 2)) == 0:  # both write c_<pid>: a person settles it at the join
+                left.append(("c", f"{pid}ac", f"c_{pid}", "a"))
+                right.append(("c", f"{pid}bc", f"c_{pid}", "b"))
+            blocks.append(("par", pid, left, right))
         elif kind == "sub":
             blocks.append(sub(shared=True))
         else:
@@ -213,6 +220,8 @@ class _Writer:
             return n, n, [_script(n, it[2], it[3])]
         if kind == "u":
             return n, n, [f'<bpmn:userTask id="{n}"/>']
+        if kind == "c":
+            return n, n, [f'<bpmn:scriptTask id="{n}"><bpmn:script>{it[2]} = {it[3]!r}</bpmn:script></bpmn:scriptTask>']
         if kind == "par":
             _, pid, left, right = it
             out = [f'<bpmn:parallelGateway id="{pid}"/>', f'<bpmn:parallelGateway id="{pid}_j"/>']
@@ -258,6 +267,10 @@ def _flow(a: str, b: str) -> str:
 def write_plan(plan: Plan, folder: Path) -> list[Path]:
     paths = [folder / "main.bpmn"]
     paths[0].write_text(_Writer().process("main", plan.blocks, plan.esps), encoding="utf-8")
+    asks = [it[1] for it in plan.blocks if it[0] == "par" and any(i[0] == "c" for i in it[2])]
+    if asks:  # a person settles each conflict (a timeout no clock here reaches)
+        (folder / "main.layerflow.yaml").write_text("".join(f"{p}_j:\n  humanConfirm:\n    timeout: 1000000000\n"
+                                                            for p in asks), encoding="utf-8")
     if plan.called is not None:
         paths.append(folder / "called.bpmn")
         paths[1].write_text(_Writer().process("called", plan.called,
@@ -307,6 +320,8 @@ class _Wait:
     run: _EspRun | None = None
     scope: _Scope | None = None
     due: int = 0
+    settle: Callable[[Any], None] | None = None  # a confirmation's answer
+    keys: tuple[str, ...] = ()  # a confirmation's keys
 
 
 class _Model:
@@ -375,6 +390,10 @@ class _Model:
                     th.ctx["shared"] = n
                 self.ran[n] += 1
                 th.pos += 1
+            elif kind == "c":
+                th.ctx[it[2]] = it[3]
+                self.ran[it[1]] += 1
+                th.pos += 1
             elif kind == "u":
                 self.waits.append(_Wait("user_task", it[1], thread=th))
                 return
@@ -401,9 +420,23 @@ class _Model:
         def joined() -> None:
             left_done.append(True)
             if len(left_done) == 2:
-                for b in branches:
-                    th.ctx.update({k: v for k, v in b.ctx.items() if k not in base or base[k] != v})
-                self._next(th)
+                changes = [{k: v for k, v in b.ctx.items() if k not in base or base[k] != v} for b in branches]
+                clash = {k for k in changes[0] if k in changes[1] and changes[0][k] != changes[1][k]}
+                if not clash:
+                    for c in changes:
+                        th.ctx.update(c)
+                    self._next(th)
+                    return
+
+                def settled(value: Any) -> None:  # the join merges nothing until then
+                    for c in changes:
+                        th.ctx.update({k: v for k, v in c.items() if k not in clash})
+                    for k in clash:
+                        th.ctx[k] = value
+                        self.conflicts.append((k, value, next(c[k] for c in changes if c[k] != value)))
+                    self._next(th)
+
+                self.waits.append(_Wait("confirmation", f"{pid}_j", thread=th, settle=settled, keys=tuple(clash)))
 
         branches = [_Thread(list(items), dict(base), joined) for items in (left, right)]
         th.children = list(branches)
@@ -428,6 +461,8 @@ class _Model:
     def cancel(self, node: Any) -> None:
         if isinstance(node, _Thread):
             node.alive = False
+            # a conflict a person was to settle stays listed, unsettled (the confirmation is closed)
+            self.conflicts += [(k, None, None) for w in self.waits if w.thread is node for k in w.keys]
             self.waits = [w for w in self.waits if w.thread is not node]
             for c in node.children:
                 self.cancel(c)
@@ -448,6 +483,7 @@ class _Model:
     # what comes from outside
     def options(self) -> list[tuple[str, Any]]:
         out: list[tuple[str, Any]] = [("answer", w) for w in self.waits if w.kind == "user_task"]
+        out += [("confirm", w) for w in self.waits if w.kind == "confirmation"]
         timers = sorted((w for w in self.waits if w.kind == "timer" and w.run is not None and w.run.esp.comes),
                         key=lambda w: w.due)
         if timers:
@@ -586,7 +622,14 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
                 item = next(i for i in instance.waiting_for if i["kind"] == "user_task" and i["task_id"] == w.task_id)
                 answer = model.answer(w)
                 instance = engine.complete_user_task(instance, item["id"], answer)
+            elif kind == "confirm":
+                item = next(i for i in instance.waiting_for if i["kind"] == "confirmation" and i["task_id"] == w.task_id)
+                model.waits.remove(w)
+                assert w.settle is not None
+                w.settle("b")
+                instance = engine.answer_confirmation(instance, item["id"], "b")
             elif kind == "timer":
+                # two timers due at once: which fires first is no part of the diagram
                 assume(not any(o.kind == "timer" and o is not w and o.due == w.due for o in model.waits))
                 model.fire(w)
                 clock.now = clock.start + w.due * 3600 + 1
@@ -601,11 +644,13 @@ def check_plan(plan: Plan, picks: list[int]) -> None:
         ran = Counter(t for t in path_of(instance.workflow) if t in ids)
         assert ran == model.ran, (sorted(ran.items()), sorted(model.ran.items()))
         assert variables(instance.main) == model.main
-        conflicts = [(c["key"], c["resolution"]["value"], next(v for v in c["values"].values()
-                                                             if v != c["resolution"]["value"]))
+        conflicts = [(c["key"], None, None) if c["resolution"] is None else
+                     (c["key"], c["resolution"]["value"], next(v for v in c["values"].values()
+                                                               if v != c["resolution"]["value"]))
                      for c in instance.conflicts]
         assert sorted(conflicts) == sorted(model.conflicts)
-        if model.done:  # every branch context merged back or dropped
+        if model.done:  # every branch context merged back or dropped, every confirmation closed
+            assert all(c.get("answered") for c in instance.confirmations), instance.confirmations
             assert {n: i["status"] for n, i in instance.branches.items()
                     if i["status"] not in ("joined", "cancelled")} == {}
         _replays(instance)
