@@ -117,9 +117,10 @@ def waiting_catches(workflow: Any) -> list[Catch]:
         for definition, event_id in _members(task.task_spec):
             out.append(Catch(definition.name, str(kind_of(definition)), event_id, spiff.bpmn_id_of(task), task,
                              spiff.context_name_of(task), _variable(definition), definition))
-    # event sub-processes with a message / signal start: SpiffWorkflow starts one when it is caught
+    # event sub-processes with a message / signal start: SpiffWorkflow starts one when it is caught,
+    # unless an interrupting one started (``_Runtime.interrupt``): then the process is over but for it
     root = workflow.task_tree
-    for name in workflow.spec.start.trigger_specs:
+    for name in [] if root.internal_data.get(spiff.INTERRUPTED_KEY) else workflow.spec.start.trigger_specs:
         sp_spec = workflow.subprocess_specs.get(name)
         for start in getattr(sp_spec, "bpmn_start_events", None) or []:
             definition = start.event_definition

@@ -1204,6 +1204,7 @@ class _Runtime:
             self._fork(task, ctx.name, ctx, bpmn_id, None, [task])
             name = spiff.context_name_of(task)
             self.instance.branches[name]["status"] = "event"
+            self._event_forked(name)
             subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name
             return
         if multi is None and not outputs:
@@ -1250,6 +1251,8 @@ class _Runtime:
         by = spiff.bpmn_id_of(start)
         wf = esp.workflow
         top = wf.top_workflow
+        # its message / signal starts listen no more (``events.waiting_catches``)
+        wf.task_tree.internal_data[spiff.INTERRUPTED_KEY] = by
         keep = {esp.id}
         stack = list(esp.children)
         while stack:
@@ -1302,7 +1305,7 @@ class _Runtime:
         name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
         info = self.instance.branches.get(name) if name is not None else None
         if info is not None and info["status"] == "event":
-            info["status"] = "event_done"
+            self._event_done(info)
             self._merge_events(str(info["parent"]))
             if info["status"] == "joined":
                 # merged back: what follows it (its process's end join) runs in that context
@@ -1391,7 +1394,7 @@ class _Runtime:
         for name, info in self.instance.branches.items():
             if info.get("event_path") and info["status"] == "event" and name not in running \
                     and self._in_workflow(name, workflow):
-                info["status"] = "event_done"
+                self._event_done(info)
                 parents.append(str(info["parent"]))
         return list(dict.fromkeys(parents))
 
@@ -1407,6 +1410,13 @@ class _Runtime:
         owner = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
         self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(owner), None, [start])
         self.instance.branches[spiff.context_name_of(start)].update(status="event", event_path=True)
+        self._event_forked(spiff.context_name_of(start))
+
+    def _event_done(self, info: dict[str, Any]) -> None:
+        """An event sub-process (a timer's path) ended: it merges back once no branch split from
+        its context runs, after those that ended before it (``_events_done``)."""
+        info["status"] = "event_done"
+        info["ended"] = sum(1 for i in self.instance.branches.values() if "ended" in i)
 
     def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
@@ -1434,31 +1444,12 @@ class _Runtime:
         the run's ``conflicts``, settled by that rule). Returns the context it merged into."""
         inst = self.instance
         info = inst.branches[name]
-        branch, base = inst.contexts[name], inst.contexts[info["parent"]].get_snapshot(info["snapshot_id"])
         # a path that outlived the branch it left (joined meanwhile) merges where that branch went
         into = str(info["parent"])
         while into in inst.branches and inst.branches[into]["status"] == "joined":
             into = str(inst.branches[into]["parent"])
-        parent = inst.contexts[into]
-        changes: list[tuple[Layer, str, Any]] = []
-        kept: list[dict[str, Any]] = []
-        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
-            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
-            for key in dict.fromkeys([*before, *after]):
-                old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
-                if key.startswith("_") or _same(old, new):
-                    continue
-                current = now.get(key, _ABSENT)
-                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is _ABSENT and current is not _ABSENT:
-                    # another run of the same activity (a path of each pass of a loop) got there first:
-                    # two records, no conflict (as at a join)
-                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
-                    current = _ABSENT
-                if not _same(current, old) and not _same(current, new):
-                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
-                                 "base": None if old is _ABSENT else _plain(old)})
-                    continue
-                changes.append((layer, key, DELETED if new is _ABSENT else new))
+        branch, parent = inst.contexts[name], inst.contexts[into]
+        changes, kept = self._side_changes(name, parent)
         if changes:
             parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
         if kept:
@@ -1480,6 +1471,53 @@ class _Runtime:
         branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})
         return into
 
+    def _side_changes(self, name: str, parent: LayeredContext
+                      ) -> tuple[list[tuple[Layer, str, Any]], list[dict[str, Any]]]:
+        """What side branch ``name`` brings into ``parent`` (``_merge_side``): the changes to apply,
+        and the keys both changed, where ``parent``'s value stays."""
+        info = self.instance.branches[name]
+        branch = self.instance.contexts[name]
+        # (an event sub-process that read what others had done before it started: ``_event_forked``)
+        base = self.instance.contexts[info.get("base_context", info["parent"])].get_snapshot(
+            info.get("base_snapshot", info["snapshot_id"]))
+        changes: list[tuple[Layer, str, Any]] = []
+        kept: list[dict[str, Any]] = []
+        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
+            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
+            for key in dict.fromkeys([*before, *after]):
+                old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
+                if key.startswith("_") or _same(old, new):
+                    continue
+                current = now.get(key, _ABSENT)
+                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is _ABSENT and current is not _ABSENT:
+                    # another run of the same activity (a path of each pass of a loop) got there first:
+                    # two records, no conflict (as at a join)
+                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
+                    current = _ABSENT
+                if not _same(current, old) and not _same(current, new):
+                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
+                                 "base": None if old is _ABSENT else _plain(old)})
+                    continue
+                changes.append((layer, key, DELETED if new is _ABSENT else new))
+        return changes, kept
+
+    def _event_forked(self, name: str) -> None:
+        """Event sub-process context ``name`` was forked from its process's. The event
+        sub-processes that ended before it started but wait to merge back (branches split from
+        that context run: ``_merge_events``) are part of what it reads: their changes come into
+        it as they will into the process's, and it merges back against the context so made."""
+        inst = self.instance
+        info, ctx = inst.branches[name], inst.contexts[name]
+        done = self._events_done(str(info["parent"]))
+        for other in done:
+            changes, _ = self._side_changes(other, ctx)
+            if changes:
+                ctx.apply_changes(changes, kind="side_merge", actor=str(info["gateway"]),
+                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"])})
+        if done:
+            info["base_context"] = name
+            info["base_snapshot"] = ctx.snapshot(label=f"event:{info['gateway']}", actor=str(info["gateway"])).id
+
     def _splits_open(self, name: str) -> bool:
         """Whether branches split from context ``name`` run (not yet joined)."""
         return any(info["parent"] == name and info["status"] == "open" for info in self.instance.branches.values())
@@ -1489,10 +1527,16 @@ class _Runtime:
         (``enter_subworkflow``) back into it, once no branch split from it runs."""
         if self._splits_open(name):
             return
-        for branch, info in list(self.instance.branches.items()):
-            if info["parent"] == name and info["status"] == "event_done":
-                info["status"] = "side"
-                self._merge_side(str(info["gateway"]), branch, "event sub-process")
+        for branch in self._events_done(name):
+            info = self.instance.branches[branch]
+            info["status"] = "side"
+            self._merge_side(str(info["gateway"]), branch, "event sub-process")
+
+    def _events_done(self, name: str) -> list[str]:
+        """The finished event sub-processes of context ``name`` that wait to merge back, in the
+        order they ended (``leave_subworkflow``), as each would have merged then."""
+        done = [b for b, i in self.instance.branches.items() if i["parent"] == name and i["status"] == "event_done"]
+        return sorted(done, key=lambda b: int(self.instance.branches[b].get("ended", 0)))
 
     def caught(self, task: Any, values: dict[str, Any]) -> None:
         """A catching event ran with the payload of an event this process threw: into its context."""

@@ -160,6 +160,7 @@ BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
+INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
 

@@ -82,6 +82,9 @@ not make ``report.ok`` false:
 ``called_event_subprocess_never_starts`` W  a process the one to run calls (a call activity) has an event
                                       sub-process with a message or signal start: SpiffWorkflow 3.2 starts
                                       those in the top-level process only, never in a called one
+``event_subprocess_after_interrupt`` W an interrupting event sub-process throws a message or signal that
+                                      starts an event sub-process of the same process: BPMN starts nothing
+                                      there once it interrupted, SpiffWorkflow 3.2 starts it anyway
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
@@ -1306,6 +1309,32 @@ class _Validator:
                          f"catch it; move {sid!r} to the process, or catch the {kinds[0]} with a boundary event on "
                          f"{parent.get('id')!r}", file=file, line=start.sourceline, element_id=eid)
                 continue
+            if start.get("isInterrupting", "true") != "false" and parent is not None:
+                self._check_thrown_after_interrupt(sub, parent, file)
+
+    def _check_thrown_after_interrupt(self, sub: Any, scope: Any, file: str) -> None:
+        """Once an interrupting event sub-process started, the rest of its process is over, its other
+        event sub-processes too; SpiffWorkflow 3.2 still starts one by a message or signal the
+        interrupting one throws itself (layerflow stops only those sent from outside)."""
+        starts: dict[tuple[str, str], str] = {}
+        for other in scope.iterchildren(_bpmn("subProcess")):
+            if other.get("triggeredByEvent") == "true":
+                for start in other.iterchildren(_bpmn("startEvent")):
+                    for kind in ("message", "signal"):
+                        for d in start.iterchildren(_bpmn(f"{kind}EventDefinition")):
+                            starts.setdefault((kind, d.get(f"{kind}Ref") or ""), str(other.get("id")))
+        for throw in sub.iter(_bpmn("intermediateThrowEvent"), _bpmn("endEvent")):
+            for kind in ("message", "signal"):
+                for d in throw.iterchildren(_bpmn(f"{kind}EventDefinition")):
+                    started = starts.get((kind, d.get(f"{kind}Ref") or ""))
+                    if started is not None:
+                        self.add("event_subprocess_after_interrupt", f"{throw.get('id')!r} in interrupting event "
+                                 f"sub-process {sub.get('id')!r} throws the {kind} {d.get(f'{kind}Ref')!r} that starts "
+                                 f"event sub-process {started!r}: once {sub.get('id')!r} started, the rest of its process "
+                                 f"is cancelled, yet SpiffWorkflow 3.2 starts {started!r} and it runs; make "
+                                 f"{sub.get('id')!r} non-interrupting (isInterrupting=\"false\"), or do what "
+                                 f"{started!r} does in {sub.get('id')!r} itself", file=file, line=throw.sourceline,
+                                 element_id=throw.get("id"), severity="warning")
 
     def _check_cancel(self, event: Any, eid: str, file: str) -> None:
         """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming
