@@ -380,7 +380,7 @@ class Engine:
         closed = []
         for c in instance.confirmations:
             if not c.get("answered"):
-                c.update(answered=True, cancelled=True)
+                _close_cancelled(instance, c)
                 closed.append(c["id"])
         instance.suspended.clear()
         instance.main.record("cancelled", actor=actor, data={
@@ -1288,7 +1288,7 @@ class _Runtime:
         gone_keys = {str(i) for i in doomed_ids} | {str(t) for w in gone_workflows for t in w.tasks}
         for c in inst.confirmations:
             if not c.get("answered") and c.get("task") in gone_keys:
-                c.update(answered=True, cancelled=True)
+                _close_cancelled(inst, c)
         for key in [k for k in inst.suspended if k in gone_keys]:
             del inst.suspended[key]
         for t in doomed:
@@ -2403,6 +2403,16 @@ def _ready_tasks(wf: Any) -> list[Any]:
         tasks.update((t.id, t) for t in sp.get_tasks(state=TaskState.READY))
     tasks.update((t.id, t) for t in wf.get_tasks(state=TaskState.READY) if t.id not in tasks)
     return list(tasks.values())
+
+
+def _close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
+    """Close a confirmation nobody will answer (its instance or its join was cancelled); the join
+    conflict it asked about stays unresolved, and says so: ``"cancelled": true``."""
+    confirmation.update(answered=True, cancelled=True)
+    for conflict in instance.conflicts:
+        if conflict.get("resolution") is None and conflict.get("gateway_id") == confirmation.get("task_id") \
+                and conflict.get("key") == confirmation.get("key"):
+            conflict["cancelled"] = True
 
 
 def _all_tasks(wf: Any, state: int) -> list[Any]:

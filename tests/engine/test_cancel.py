@@ -106,6 +106,9 @@ def test_pending_confirmations_close_and_governance_changes_are_refused(tmp_path
     assert service.confirmations(iid) == []
     (entry,) = out["confirmations"]
     assert entry["cancelled"] is True and entry.get("answer") is None
+    # the conflict it asked about was never settled, and says why
+    assert [(c["key"], c["resolution"], c.get("cancelled")) for c in out["conflicts"]] == [
+        ("approval_status", None, True)]
     with pytest.raises(InstanceStateError, match="cancelled by 'officer'"):
         service.inject(iid, InjectArgs(values={"note": "late"}))
     from engine.governance import AnswerArgs

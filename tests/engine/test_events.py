@@ -714,6 +714,8 @@ def test_an_interrupting_event_sub_process_closes_the_confirmation_a_join_waited
 
     assert done.status == "completed" and done.waiting_for == []
     assert [(c["id"], c["answered"], c.get("cancelled")) for c in done.confirmations] == [("join/decision", True, True)]
+    # the conflict it asked about was never settled, and says why
+    assert [(c["key"], c["resolution"], c.get("cancelled")) for c in done.conflicts] == [("decision", None, True)]
     assert done.main.resolve("withdrawn") is True and done.main.get("done") is None
     assert done.main.get("decision") is None  # the branches never merged
     _replays(done)
