@@ -608,7 +608,8 @@ def listening_event_subprocesses(workflow: Any) -> list[Any]:
     for task in workflow.tasks.values():
         # (saved and loaded, its spec is a plain sub-process: SpiffWorkflow's serializer says so)
         if not (isinstance(task.task_spec, SubWorkflowTask) and task.state == TaskState.STARTED
-                and task.parent is not None and task.parent.task_spec is workflow.spec.start):
+                and task.parent is not None and task.parent.task_spec is workflow.spec.start
+                and not is_event_subprocess(task)):  # (a message or signal one: started by its event)
             continue
         sub = workflow.top_workflow.subprocesses.get(task.id)
         active = [t for t in sub.tasks.values() if t.has_state(TaskState.READY | TaskState.WAITING | TaskState.STARTED)
@@ -628,7 +629,7 @@ def in_timer_event_subprocess(task: Any) -> bool:
         return False
     parent = task.workflow.top_workflow.get_task_from_id(parent_id)
     return (isinstance(parent.task_spec, SubWorkflowTask) and parent.parent is not None
-            and parent.parent.task_spec is parent.workflow.spec.start)
+            and parent.parent.task_spec is parent.workflow.spec.start and not is_event_subprocess(parent))
 
 
 def wake_end_joins(workflow: Any) -> None:
