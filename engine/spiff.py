@@ -618,8 +618,14 @@ def is_event_subprocess(task: Any) -> bool:
     SpiffWorkflow starts with its process (the internal start task is its parent) to wait there."""
     if not isinstance(task.task_spec, SubWorkflowTask):
         return False
-    return (task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ())
-            or task.parent is not None and isinstance(task.parent.task_spec, BpmnStartTask))
+    return started_by_its_event(task) or task.parent is not None and isinstance(task.parent.task_spec, BpmnStartTask)
+
+
+def started_by_its_event(task: Any) -> bool:
+    """Whether ``task`` is an event sub-process that a message or signal started (SpiffWorkflow
+    makes it as the event comes, ``BpmnStartTask.trigger_wf``); a timer's is made with its scope."""
+    return isinstance(task.task_spec, SubWorkflowTask) and \
+        task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ())
 
 
 def starts_by_timer(subworkflow: Any) -> bool:
@@ -647,7 +653,8 @@ def listening_event_subprocesses(workflow: Any) -> list[Any]:
     for task in workflow.tasks.values():
         # (saved and loaded, its spec is a plain sub-process: SpiffWorkflow's serializer says so)
         if not (isinstance(task.task_spec, SubWorkflowTask) and task.state == TaskState.STARTED
-                and task.parent is not None and task.parent.task_spec is workflow.spec.start):
+                and task.parent is not None and task.parent.task_spec is workflow.spec.start
+                and not started_by_its_event(task)):  # (a message or signal one)
             continue
         sub = workflow.top_workflow.subprocesses.get(task.id)
         active = [t for t in sub.tasks.values() if t.has_state(TaskState.READY | TaskState.WAITING | TaskState.STARTED)
@@ -667,7 +674,7 @@ def in_timer_event_subprocess(task: Any) -> bool:
         return False
     parent = task.workflow.top_workflow.get_task_from_id(parent_id)
     return (isinstance(parent.task_spec, SubWorkflowTask) and parent.parent is not None
-            and parent.parent.task_spec is parent.workflow.spec.start)
+            and parent.parent.task_spec is parent.workflow.spec.start and not started_by_its_event(parent))
 
 
 def wake_end_joins(workflow: Any) -> None:

@@ -1015,3 +1015,46 @@ def test_validate_warns_of_an_interrupting_event_sub_process_that_starts_another
     quiet = text.replace('<bpmn:startEvent id="cancel_start">', '<bpmn:startEvent id="cancel_start" isInterrupting="false">')
     assert not [p for p in validate_process(write(tmp_path, "quiet", quiet)).problems
                 if p.code == "event_subprocess_after_interrupt"]
+
+
+def _escalating_instances(on_body: bool) -> str:
+    """Each of two instances of a multi-instance sub-process escalates; a non-interrupting escalation
+    boundary event catches it, on the activity or (``on_body``) on a sub-process inside each instance."""
+    throw = ('<bpmn:startEvent id="w_start"/><bpmn:intermediateThrowEvent id="raise"><bpmn:escalationEventDefinition '
+             'escalationRef="esc"/></bpmn:intermediateThrowEvent><bpmn:endEvent id="w_end"/>'
+             '<bpmn:sequenceFlow id="w1" sourceRef="w_start" targetRef="raise"/>'
+             '<bpmn:sequenceFlow id="w2" sourceRef="raise" targetRef="w_end"/>')
+    catch = ('<bpmn:boundaryEvent id="heard" attachedToRef="{on}" cancelActivity="false"><bpmn:escalationEventDefinition '
+             'escalationRef="esc"/></bpmn:boundaryEvent><bpmn:scriptTask id="tell"><bpmn:script>told = True'
+             '</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="told_end"/>'
+             '<bpmn:sequenceFlow id="t1" sourceRef="heard" targetRef="tell"/>'
+             '<bpmn:sequenceFlow id="t2" sourceRef="tell" targetRef="told_end"/>')
+    body = (f'<bpmn:startEvent id="e_start"/><bpmn:subProcess id="work">{throw}</bpmn:subProcess>'
+            '<bpmn:endEvent id="e_end"/><bpmn:sequenceFlow id="e1" sourceRef="e_start" targetRef="work"/>'
+            '<bpmn:sequenceFlow id="e2" sourceRef="work" targetRef="e_end"/>' if on_body else throw)
+    return HEAD + """  <bpmn:escalation id="esc" name="esc" escalationCode="E1"/>
+  <bpmn:process id="escalations" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:endEvent id="end"/>
+    <bpmn:subProcess id="each"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopCardinality>2</bpmn:loopCardinality>
+    </bpmn:multiInstanceLoopCharacteristics>""" + body + (catch.format(on="work") if on_body else "") + \
+        "</bpmn:subProcess>" + ("" if on_body else catch.format(on="each")) + flows("start>each", "each>end") + TAIL
+
+
+@pytest.mark.parametrize("on_body", [False, True], ids=["on_the_activity", "inside_each_instance"])
+def test_a_non_interrupting_boundary_event_on_a_multi_instance_activity_is_warned_of(tmp_path: Path,
+                                                                                     on_body: bool) -> None:
+    """SpiffWorkflow 3.2 fires a non-interrupting boundary event once per run of its activity: on a
+    multi-instance activity whose instances each escalate, its path ran once for two escalations
+    (plain SpiffWorkflow too; found by the random processes). validate warns, naming the event and
+    what to draw instead: the boundary event on a sub-process inside each instance, which catches
+    each instance's."""
+    path = write(tmp_path, "process", _escalating_instances(on_body))
+    problems = [(p.code, p.severity, p.element_id) for p in validate_process(path).problems]
+    assert problems == ([] if on_body else [("boundary_fires_once", "warning", "heard")])
+    engine = Engine(f"sqlite:///{tmp_path / 'i.db'}")
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "completed", instance.error
+    # the scope of each instance (``each#<n>``) keeps what it caught; the activity's path is the main context's
+    told = {name: sum(k.startswith("activity:tell") for k in ctx.layer(Layer.HISTORY))
+            for name, ctx in instance.contexts.items() if name == "main" or ("#" in name and name.count("/") == 1)}
+    assert (told.pop("main"), sum(told.values())) == ((0, 2) if on_body else (1, 0)), told

@@ -18,6 +18,9 @@ The block trees of test_random_processes_events gain these kinds (and keep their
   message correlated by their input item (``spiffworkflow:processVariableCorrelation``), then run
   a block; the driver sends one message per instance, in the order the tree says, each caught by
   its instance only (a message no instance waits for is refused and changes nothing);
+* ``esc`` (test_random_processes_more's): a sub-process that throws an escalation between two
+  blocks, caught by a non-interrupting escalation boundary event on it (a side task), drawn here
+  inside multi-instance bodies too: each instance catches its own;
 * ``emi``: a sequential multi-instance sub-process over a count whose instance ``k`` ends in an
   error end event, caught by an interrupting error boundary event on the activity;
 * ``cyc``: a sub-process around an intermediate cycle timer ("R<k>/PT1H") whose path counts
@@ -33,7 +36,10 @@ The block trees of test_random_processes_events gain these kinds (and keep their
   boundary timer or message, interrupting (to script tasks) or not (a side task); the events
   fire in the order the tree says (messages first, then timers by their hour) or never.
 
-Not drawn, as SpiffWorkflow 3.2 cannot run them (``engine.validate`` refuses them, checked by
+Not drawn: a non-interrupting boundary event on a multi-instance activity that each instance
+triggers (an escalation each throws): SpiffWorkflow 3.2 fires it once per run of the activity, not
+per instance (``validate`` warns ``boundary_fires_once``; ``esc`` inside the body is the shape to
+draw instead). Not drawn, as SpiffWorkflow 3.2 cannot run them (``engine.validate`` refuses them, checked by
 ``test_validate_refuses_what_is_not_drawn``): a signal or message event sub-process inside a
 sub-process (it never starts). Not drawn inside a multi-instance body: an event sub-process of
 the process and a throw between branches (``evs``, ``thr``: one event would reach every
@@ -283,6 +289,7 @@ def _scope_kinds(inner: st.SearchStrategy[Any]) -> list[st.SearchStrategy[Any]]:
         st.tuples(st.just("mco"), st.booleans(), st.integers(1, 3), st.permutations(range(3)), inner),
         st.tuples(st.just("bmi"), st.booleans(), st.integers(0, 3), st.sampled_from(["user", "sub"]),
                   st.sampled_from(["timer", "message", "cycle"]), st.booleans(), st.booleans(), inner),
+        st.tuples(st.just("esc"), inner, inner),
         st.tuples(st.just("emi"), st.integers(0, 3), st.integers(0, 2), scripts, inner),
         st.tuples(st.just("cyc"), st.integers(1, 3)),
         st.tuples(st.just("btc"), st.integers(1, 3), st.booleans()),
@@ -319,6 +326,9 @@ def _scopes_expected(node: Any, env: dict[str, Any], runs: Counter[str]) -> None
         runs[sid] += 1
     elif kind == "miu":
         _more_expected(node, env, runs)
+    elif kind == "esc":
+        for part in node[1:]:
+            _expected(part, env, runs, _scopes_expected)
     elif kind == "mcatch":
         _, sid, n = node
         item = env[f"i_{sid}"]
