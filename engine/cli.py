@@ -1182,8 +1182,10 @@ def rollback(instance_id: str, snapshot_id: str | None, context_name: str | None
             parsed = [Layer.parse(x) for x in chosen]
         except ValueError as err:
             _fail(f"--layers {layers}: {err}", as_json=as_json)
-        if not any(x >= Layer.KNOWLEDGE for x in parsed):
-            _fail(f"--layers {layers}: SYSTEM and PROCESS never roll back; name layers among L2..L5",
+        fixed = [str(x) for x in parsed if x < Layer.KNOWLEDGE]
+        if fixed:
+            _fail(f"--layers {layers}: {', '.join(fixed)}: SYSTEM and PROCESS never roll back (SYSTEM is frozen, "
+                  "PROCESS only grows); name layers among L2..L5, or leave --layers out for all of them",
                   as_json=as_json)
     try:
         args = RollbackArgs(snapshot_id=snapshot_id, layers=chosen, context=ctx.name if ctx else None, reason=reason)

@@ -218,6 +218,15 @@ class RollbackArgs(_Args):
     context: ContextName = None
     reason: str | None = None
 
+    @model_validator(mode="after")
+    def _no_fixed_layer(self) -> "RollbackArgs":
+        # named explicitly, SYSTEM or PROCESS would be skipped without a word: refused instead
+        fixed = [name for name in self.layers or [] if Layer.parse(name) < Layer.KNOWLEDGE]
+        if fixed:
+            raise ValueError(f"layers {', '.join(fixed)}: SYSTEM and PROCESS never roll back (SYSTEM is frozen, "
+                             "PROCESS only grows); name layers among L2..L5, or none for all of them")
+        return self
+
 
 class ConfigArgs(_Args):
     """Change an activity's config for this instance at run time."""

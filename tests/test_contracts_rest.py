@@ -257,6 +257,11 @@ def test_compress_snapshot_rollback(server: str) -> None:
     assert restored["tape_length"] > now["tape_length"]  # a rollback adds an event, deletes nothing
     missing = _post(server, "/api/context-governance/rollback", {"instance_id": iid, "snapshot_id": "nope"})
     assert missing.status_code == 404 and "nope" in missing.text
+    # PROCESS named beside HISTORY: refused, not skipped without a word; nothing is written
+    fixed = _post(server, "/api/context-governance/rollback",
+                  {"instance_id": iid, "snapshot_id": snap, "layers": ["L1", "L3"]})
+    assert fixed.status_code in (400, 422) and "never roll back" in fixed.text, fixed.text
+    assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == restored["tape_length"]
 
 
 def test_a_label_or_reason_that_is_no_text_is_bad_input_not_a_server_failure(server: str) -> None:

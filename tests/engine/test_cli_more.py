@@ -277,6 +277,8 @@ def test_snapshot_of_a_branch(cli, conflict) -> None:
     ([], "bad_input", ["--snapshot SNAPSHOT_ID", "recent snapshots"]),
     (["--snapshot", "{sid}", "--layers", "L9"], "bad_input", ["unknown layer 'L9'"]),
     (["--snapshot", "{sid}", "--layers", "SYSTEM,L1"], "bad_input", ["never roll back"]),
+    # named beside a layer that does roll back, PROCESS was skipped without a word
+    (["--snapshot", "{sid}", "--layers", "L1,L3"], "bad_input", ["L1: SYSTEM and PROCESS never roll back"]),
     (["--snapshot", "{sid}", "--context", "nowhere"], "not_found", ["'nowhere'", "contexts: main"]),
 ])
 def test_rollback_bad_input_exits_2(cli, full, args, kind, says) -> None:
