@@ -49,7 +49,7 @@ from xml.etree import ElementTree
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
-from context_layers.canonical import text_problem
+from context_layers.canonical import freeze, text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import RuleDrivenCompressor, decompress, evaluate
 from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict, format_validation_error
@@ -749,6 +749,10 @@ class GovernanceService:
 
     def config(self, instance_id: str, args: ConfigArgs, *, expected_version: int | None = None,
                actor: str = "operator") -> dict[str, Any]:
+        try:
+            freeze(args.config)  # a value no JSON document can carry (NaN parses) would be saved as null
+        except (TypeError, ValueError) as err:
+            raise BadRequest(f"runtime config for {args.activity_id!r}: {err}") from None
         change = runtime_config(args.config, element_id=args.activity_id)
 
         def apply(instance: Instance) -> dict[str, Any]:

@@ -279,6 +279,18 @@ def test_a_label_or_reason_that_is_no_text_is_bad_input_not_a_server_failure(ser
     assert r.status_code in (400, 422), r.text
 
 
+def test_a_runtime_config_value_that_is_no_json_is_bad_input(server: str) -> None:
+    # NaN parses (Python's JSON reader takes it) but is no JSON value: it was stored as null
+    doc = _start(server, "seq_proc", data={"amount": 7})
+    iid = doc["instance_id"]
+    raw = '{"instance_id": "%s", "activity_id": "approve", "config": {"humanConfirm": {"default": NaN}}}' % iid
+    r = httpx.post(f"{server}/api/context-governance/config", content=raw.encode(),
+                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    assert r.status_code in (400, 422), r.text
+    assert "humanConfirm.default is nan" in r.text
+    assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == doc["tape_length"]
+
+
 def test_an_invalid_answer_at_start_names_the_waiting_instance(server: str) -> None:
     r = _post(server, "/api/instances", {"process_id": "par_proc", "answers": {"confirmations": {"merge/level": 42}}})
     assert r.status_code == 400
