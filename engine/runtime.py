@@ -1193,7 +1193,7 @@ class _Runtime:
         multi = spiff.multi_instance_of(task)
         outputs = spiff.io_names(subworkflow.spec, "data_outputs")
         if spiff.is_event_subprocess(task):
-            if spiff.starts_by_timer(subworkflow):
+            if spiff.is_timer_event_subprocess(task):
                 # made as its process starts, it waits for its timer there: each path the timer
                 # starts gets a context of its own as it fires (event_path)
                 return
@@ -1232,13 +1232,6 @@ class _Runtime:
             "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
             "status": "scope", "join": None}
         subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
-
-    def event_started(self, start: Any, interrupting: bool) -> None:
-        """The start event of an event sub-process fired (its path has its context: a message's
-        event sub-process got it as it started, ``enter_subworkflow``; a timer's path gets it as
-        the timer fires, ``event_path``). An interrupting one cancels the rest of its process."""
-        if interrupting:
-            self.interrupt(spiff.event_subprocess_of(start), start)
 
     def interrupt(self, esp: Any, start: Any) -> None:
         """An interrupting event sub-process started: the rest of the (sub-)process it belongs to

@@ -99,7 +99,7 @@ from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
 from SpiffWorkflow.spiff.specs.event_definitions import ErrorEventDefinition as SpiffErrorEventDefinition
 from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinition as SpiffEscalationEventDefinition
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
-from SpiffWorkflow.util.task import TaskIterator, TaskState
+from SpiffWorkflow.util.task import TaskState
 
 from . import deep_trees, inclusive_join
 
@@ -170,7 +170,7 @@ class Driver(Protocol):
     def exec_script(self, task: Any, script: str) -> None: ...
     def join(self, task: Any) -> bool: ...
     def terminate(self, task: Any) -> None: ...
-    def event_started(self, start: Any, interrupting: bool) -> None: ...
+    def interrupt(self, esp: Any, start: Any) -> None: ...
     def split(self, task: Any) -> None: ...
     def begin_multi(self, task: Any) -> None: ...
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
@@ -390,11 +390,11 @@ class _LayerflowSpecMixin:
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def _on_complete_hook(self, my_task: Any) -> None:
-        if isinstance(self, StartEvent) and self.lf_role == "flow":
+        if getattr(self, "lf_interrupting", False):
             driver = driver_of(my_task)
-            if driver is not None and event_subprocess_of(my_task) is not None:
-                # before its path is made: the path runs in the context the event sub-process gets now
-                driver.event_started(my_task, bool(getattr(self, "lf_interrupting", False)))
+            esp = event_subprocess_of(my_task)
+            if driver is not None and esp is not None:
+                driver.interrupt(esp, my_task)  # before its path begins
         # an error end event that an event catches ends its (sub-)process as a terminate end event
         # does: the catching event's path goes on with what the branch that threw it wrote
         if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \
@@ -551,7 +551,7 @@ _START_EVENT_TWIN = TWINS[_STOCK_TAGS[full_tag("startEvent")][1]]
 class LayerflowInterruptingEventStart(_START_EVENT_TWIN):  # type: ignore[misc,valid-type]
     """The start event of an interrupting event sub-process (``isInterrupting`` true, BPMN's
     default). SpiffWorkflow does not read the attribute; this class records it, and as the
-    event fires the rest of its (sub-)process is cancelled (``_Runtime.event_started``)."""
+    event fires the rest of its (sub-)process is cancelled (``_Runtime.interrupt``)."""
 
     lf_interrupting = True
 
@@ -628,10 +628,10 @@ def started_by_its_event(task: Any) -> bool:
         task.task_spec.name in getattr(task.workflow.spec.start, "trigger_specs", ())
 
 
-def starts_by_timer(subworkflow: Any) -> bool:
-    """Whether the event sub-process ``subworkflow`` starts with a timer."""
-    return any(isinstance(spec, StartEvent) and isinstance(getattr(spec, "event_definition", None), TimerEventDefinition)
-               for spec in subworkflow.spec.task_specs.values())
+def is_timer_event_subprocess(task: Any) -> bool:
+    """Whether ``task`` is an event sub-process that SpiffWorkflow made with its scope, to wait
+    there for its timer (not one a message or signal started)."""
+    return is_event_subprocess(task) and not started_by_its_event(task)
 
 
 def event_subprocess_of(task: Any) -> Any:
@@ -652,9 +652,7 @@ def listening_event_subprocesses(workflow: Any) -> list[Any]:
         return out  # (the cheap test: no timer event sub-process in this scope)
     for task in workflow.tasks.values():
         # (saved and loaded, its spec is a plain sub-process: SpiffWorkflow's serializer says so)
-        if not (isinstance(task.task_spec, SubWorkflowTask) and task.state == TaskState.STARTED
-                and task.parent is not None and task.parent.task_spec is workflow.spec.start
-                and not started_by_its_event(task)):  # (a message or signal one)
+        if not (task.state == TaskState.STARTED and is_timer_event_subprocess(task)):
             continue
         sub = workflow.top_workflow.subprocesses.get(task.id)
         active = [t for t in sub.tasks.values() if t.has_state(TaskState.READY | TaskState.WAITING | TaskState.STARTED)
@@ -669,12 +667,8 @@ def listening_event_subprocesses(workflow: Any) -> list[Any]:
 def in_timer_event_subprocess(task: Any) -> bool:
     """Whether ``task`` belongs to an event sub-process that SpiffWorkflow started with its scope
     (a timer one: ``listening_event_subprocesses``)."""
-    parent_id = getattr(task.workflow, "parent_task_id", None)
-    if parent_id is None:
-        return False
-    parent = task.workflow.top_workflow.get_task_from_id(parent_id)
-    return (isinstance(parent.task_spec, SubWorkflowTask) and parent.parent is not None
-            and parent.parent.task_spec is parent.workflow.spec.start and not started_by_its_event(parent))
+    esp = event_subprocess_of(task)
+    return esp is not None and is_timer_event_subprocess(esp)
 
 
 def wake_end_joins(workflow: Any) -> None:

@@ -75,6 +75,12 @@ def _post(url: str, path: str, body: dict[str, Any], *, auth: bool = True) -> ht
     return httpx.post(f"{url}{path}", json=body, headers=AUTH if auth else {}, timeout=120)
 
 
+def _post_raw(url: str, path: str, raw: str) -> httpx.Response:
+    """A body as written: JSON escapes and NaN that ``json=`` would not send as they are."""
+    return httpx.post(f"{url}{path}", content=raw.encode(), headers={**AUTH, "content-type": "application/json"},
+                      timeout=120)
+
+
 def _get(url: str, path: str, *, auth: bool = True) -> httpx.Response:
     return httpx.get(f"{url}{path}", headers=AUTH if auth else {}, timeout=120)
 
@@ -269,13 +275,11 @@ def test_a_label_or_reason_that_is_no_text_is_bad_input_not_a_server_failure(ser
     doc = _start(server, "seq_proc", data={"amount": 7})
     iid = doc["instance_id"]
     raw = '{"instance_id": "%s", "label": "\\ud800"}' % iid
-    r = httpx.post(f"{server}/api/context-governance/snapshot", content=raw.encode(),
-                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    r = _post_raw(server, "/api/context-governance/snapshot", raw)
     assert r.status_code in (400, 422), r.text
     assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == doc["tape_length"]
     raw = '{"instance_id": "%s", "required_keys": ["\\udfff"]}' % iid  # echoed back, it could not be sent
-    r = httpx.post(f"{server}/api/context-governance/branch-evaluate", content=raw.encode(),
-                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    r = _post_raw(server, "/api/context-governance/branch-evaluate", raw)
     assert r.status_code in (400, 422), r.text
 
 
@@ -284,8 +288,7 @@ def test_a_runtime_config_value_that_is_no_json_is_bad_input(server: str) -> Non
     doc = _start(server, "seq_proc", data={"amount": 7})
     iid = doc["instance_id"]
     raw = '{"instance_id": "%s", "activity_id": "approve", "config": {"humanConfirm": {"default": NaN}}}' % iid
-    r = httpx.post(f"{server}/api/context-governance/config", content=raw.encode(),
-                   headers={"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"})
+    r = _post_raw(server, "/api/context-governance/config", raw)
     assert r.status_code in (400, 422), r.text
     assert "humanConfirm.default is nan" in r.text
     assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == doc["tape_length"]
