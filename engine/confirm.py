@@ -6,7 +6,7 @@ stdin, ``/dev/null`` or CI never get a prompt, and the instance waits instead (e
 3). The prompt counts down to the confirmation's persisted ``deadline`` (so a resumed
 instance does not get a fresh timeout); when it runs out the prompt returns
 ``TimedOut`` and the engine applies the confirmation's own rule (its default, or an
-escalation; see ``engine.runtime._Runtime.time_out``). An escalated confirmation has
+escalation; see ``engine.gateway_steps.GatewaySteps.time_out``). An escalated confirmation has
 no countdown any more: a supervisor answers it, or leaves it waiting.
 """
 

@@ -33,6 +33,11 @@ and may change. The driver (``_Runtime``) is attached to the workflow
   catches it; its payload goes into the catching task's context: see ``engine.events``.
 
 The instance is saved after every activity.
+
+The driver's steps at gateways (splits, XOR decisions, joins, the confirmations joins wait
+for) are in ``engine.gateway_steps``; its steps for timers, sub-processes, event
+sub-processes and boundary-event paths in ``engine.scope_steps``: base classes of
+``_Runtime``, kept apart so each module reads in one sitting.
 """
 
 from __future__ import annotations
@@ -41,19 +46,16 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
-from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
 from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMixin
-from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
@@ -61,18 +63,16 @@ from context_layers.canonical import freeze
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
-from context_layers.context import RECORD_PREFIXES
-from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, MergeConflictError
+from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError
 
 from . import events, spiff
-from gateways.conditions import FOREIGN_LITERALS, is_flow_sentence
-from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
-from gateways.join import MERGED_CONFLICTS_KEY, free_record_key
-from gateways.splitter import branch_context_name, check_inject
+from gateways.conditions import FOREIGN_LITERALS
 
+from .gateway_steps import GatewaySteps, condition_context, short, typed_option
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
+from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
@@ -380,7 +380,7 @@ class Engine:
         closed = []
         for c in instance.confirmations:
             if not c.get("answered"):
-                _close_cancelled(instance, c)
+                close_cancelled(instance, c)
                 closed.append(c["id"])
         instance.suspended.clear()
         instance.main.record("cancelled", actor=actor, data={
@@ -557,13 +557,13 @@ class Engine:
                 except InvalidAnswer:
                     if not any(c["id"] == item["id"] and c.get("answered")
                                and (json_equal(c.get("answer"), value)
-                                    or c.get("answer") == _typed_option(c.get("options") or [], value))
+                                    or c.get("answer") == typed_option(c.get("options") or [], value))
                                for c in instance.confirmations):
                         raise
                     # the answer was taken by an earlier round of this step (a loop back through the
                     # join); this round offers other options, so it waits for its own answer
                     instance.notices.append(
-                        f"confirmation {item['id']!r}: the given answer {_short(value)} answered an earlier round of "
+                        f"confirmation {item['id']!r}: the given answer {short(value)} answered an earlier round of "
                         "it and is not one of the options offered now; left waiting for another answer")
                     continue
             if item["kind"] == "user_task":
@@ -627,18 +627,6 @@ def _refuse_if_failed(instance: Instance, what: str) -> None:
                                  f"--answer/--answers too), then {what}")
 
 
-def _typed_option(options: Sequence[Mapping[str, Any]], value: Any) -> str | None:
-    """The string option value an answer stands for when it is that text read as JSON
-    (``--answer KEY=true`` for the option "true"), and no option is the answer itself."""
-    if isinstance(value, str) or any(json_equal(value, o.get("value")) for o in options):
-        return None
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return None
-    return next((o["value"] for o in options if isinstance(o.get("value"), str) and o["value"] == text), None)
-
-
 def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> None:
     """Raise ``InvalidAnswer`` (bad input) before anything changes when ``value`` is not offered."""
     try:
@@ -658,17 +646,12 @@ _SUSPENDED = object()  # a handler's result: the activity waits, open, for a per
 _LOOP_COUNTERS = ("iteration", "key_or_index", "current")  # SpiffWorkflow's loop and multi-instance bookkeeping
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> str:
     """An answer to a waiting step with the state it is given in: every context's data keys (records
     name their task and differ each round), what the instance waits for, and the counters of the
     loops and multi-instance activities the step is in (the next instance of a sequential
     multi-instance activity is no round again)."""
-    state = {name: _condition_context(ctx, limit=10**9) for name, ctx in instance.contexts.items()}
+    state = {name: condition_context(ctx, limit=10**9) for name, ctx in instance.contexts.items()}
     waits = sorted((w["kind"], str(w.get("task_id"))) for w in instance.waiting_for)
     counters = []
     task = _runtime_of(instance).find_waiting_task(item["id"]) if item["kind"] == "user_task" else None
@@ -705,14 +688,6 @@ def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -
     return _NO_ANSWER
 
 
-def _failed_conflict_record(gateway_id: str, conflict: Any) -> dict[str, Any]:
-    """A conflict of a join that failed (FAIL_ON_CONFLICT), in the ``--json`` ``conflicts`` shape."""
-    record = dict(conflict.to_dict()) if hasattr(conflict, "to_dict") else dict(conflict)
-    return {"gateway_id": gateway_id, "layer": record.get("layer"), "key": record.get("key"),
-            "base_value": record.get("base_value"), "values": dict(record.get("conflicting_values") or {}),
-            "resolution": None, **{k: v for k, v in record.items() if k not in ("layer", "key", "base_value")}}
-
-
 # =============================================================================== driver
 
 def _runtime_of(instance: Instance) -> "_Runtime":
@@ -732,7 +707,7 @@ def _name_hint(err: BaseException, where: str | None) -> str:
             "(the start data or an earlier task's output), or correct the expression")
 
 
-class _Runtime:
+class _Runtime(ScopeSteps, GatewaySteps):
     """The per-instance driver that the spec twins call (see ``engine.spiff.Driver``)."""
 
     def __init__(self, engine: Engine, instance: Instance) -> None:
@@ -1028,8 +1003,8 @@ class _Runtime:
         # from task.data into the workflow's data objects when the task completes
         for name in [ref.bpmn_id for ref in getattr(spec, "data_output_associations", None) or []] + \
                 spiff.io_names(spec, "data_outputs"):
-            value = ctx.get(name, _ABSENT)
-            if value is not _ABSENT:
+            value = ctx.get(name, ABSENT)
+            if value is not ABSENT:
                 task.data[name] = thaw(value)
         return True if result is None else result
 
@@ -1089,22 +1064,22 @@ class _Runtime:
         data: dict[str, Any] = {}
         name = spiff.data_name(spec.data_input)
         if name is not None:
-            value = ctx.get(name, _ABSENT)
-            if value is _ABSENT and required:
+            value = ctx.get(name, ABSENT)
+            if value is ABSENT and required:
                 raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
                                     f"(loopDataInputRef) is in no layer of the context", task_id=spec.bpmn_id)
-            if value is not _ABSENT:
+            if value is not ABSENT:
                 data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
         # over a count (loopCardinality) SpiffWorkflow starts the output list itself: its check of an
         # output that exists fails (a typo, ``data_ouput``), and it could only append to a map
         if out is not None and out != name and name is not None:
-            value = ctx.get(out, _ABSENT)
+            value = ctx.get(out, ABSENT)
             # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time, but
             # is handed over: SpiffWorkflow collects into a list, whatever the input collection is
             if isinstance(value, Mapping):
                 data[out] = thaw(value)
-            elif value is not _ABSENT and isinstance(thaw(value), list):
+            elif value is not ABSENT and isinstance(thaw(value), list):
                 data[out] = []
         return data
 
@@ -1146,395 +1121,6 @@ class _Runtime:
             child.data = {}
         self._activity_done(ctx, cfg, bpmn_id)
 
-    def now(self) -> datetime:
-        """The engine's clock, as SpiffWorkflow's timers read it (a cycle timer's repetitions)."""
-        return datetime.fromtimestamp(self.engine.clock(), timezone.utc)
-
-    def timer(self, task: Any) -> None:
-        """A timer event is (re)checked: its due time is fixed by the engine's clock when it starts
-        waiting, and it fires once the engine's clock reaches it (SpiffWorkflow also fires it by
-        the wall clock; with the default clock they agree). A cycle timer's first due time is
-        fixed here too, so that an expression that is no repeating interval names the timer."""
-        now = self.now()
-        try:
-            if spiff.is_cycle(task):
-                # its repetitions fire by the cycle itself (spiff.EngineCycleTimerEventDefinition)
-                spiff.start_cycle(task, now)
-                return
-            due = spiff.timer_due(task, now)
-        except Exception as err:  # noqa: BLE001
-            detail = str(err) if isinstance(err, (ActivityError, ValueError)) else f"{type(err).__name__}: {err}"
-            raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {detail}", task_id=spiff.bpmn_id_of(task)) from err
-        if due is not None and due <= now and not task.internal_data.get("event_fired"):
-            task.internal_data["event_fired"] = True
-
-    # ----- sub-processes and call activities ----------------------------------------------
-
-    def enter_subworkflow(self, task: Any, subworkflow: Any) -> None:
-        """A sub-process or call activity starts. Its tasks run in the context of ``task``, except:
-
-        * an instance of a multi-instance sub-process runs in a scope of its own (a context
-          forked from the activity's), its input item in WORKING, so parallel instances never
-          see nor overwrite each other's items;
-        * a called process whose ``ioSpecification`` names data outputs runs in a scope of its
-          own too: only those outputs come back (``leave_subworkflow``), as in SpiffWorkflow.
-
-        The called process's data inputs must be in the context (SpiffWorkflow's check)."""
-        spec = task.task_spec
-        bpmn_id = spiff.bpmn_id_of(task)
-        ctx = self.context_of(task)
-        inputs = spiff.io_names(subworkflow.spec, "data_inputs")
-        missing = [name for name in inputs if name not in ctx]
-        if missing:
-            raise ActivityError(f"{bpmn_id!r} calls {spec.spec!r}, whose ioSpecification needs the data input(s) "
-                                f"{', '.join(map(repr, missing))}; none is in the context. Set them before "
-                                f"{bpmn_id!r} (an earlier task, the instance's data) or remove them from the "
-                                "called process's dataInput", task_id=bpmn_id)
-        multi = spiff.multi_instance_of(task)
-        outputs = spiff.io_names(subworkflow.spec, "data_outputs")
-        if spiff.is_event_subprocess(task):
-            if spiff.is_timer_event_subprocess(task):
-                # made as its process starts, it waits for its timer there: each path the timer
-                # starts gets a context of its own as it fires (event_path)
-                return
-            # the process goes on meanwhile, and may split this context: it must then stay as the
-            # split left it (the join merges against it), so the event sub-process, the payload
-            # that started it included, runs in a side branch, merged back as it ends, or once
-            # the branches split meanwhile have joined
-            self._fork(task, ctx.name, ctx, bpmn_id, None, [task])
-            name = spiff.context_name_of(task)
-            self.instance.branches[name]["status"] = "event"
-            self._event_forked(name)
-            subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name
-            return
-        if multi is None and not outputs:
-            return
-        inject: dict[str, Any] = {}
-        if multi is not None:
-            item = spiff.data_name(multi.task_spec.input_item)
-            if item is not None and item in task.data:
-                inject[item] = task.data[item]
-        if multi is not None:
-            instances = [c for c in multi.children if c.task_spec is spec]
-            branch_id = f"{bpmn_id}#{instances.index(task) + 1}"
-        else:
-            branch_id = bpmn_id
-        parent_name = ctx.name
-        snap = ctx.snapshot(label=f"scope:{branch_id}", actor=bpmn_id)
-        name = branch_context_name(parent_name, branch_id, snap.seq)
-        scope = LayeredContext.fork(snap, name=name, branch_id=branch_id, inject=inject, actor=bpmn_id,
-                                    encoding=ctx.encoding)
-        ctx.record("scope", actor=bpmn_id, data={"activity": bpmn_id, "context": name, "snapshot_id": snap.id,
-                                                  "inject": thaw(dict(inject))})
-        self.instance.contexts[name] = scope
-        self.instance.branches[name] = {
-            "parent": parent_name, "branch_id": branch_id, "gateway": bpmn_id, "split": f"{bpmn_id}@{task.id}",
-            "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
-            "status": "scope", "join": None}
-        subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
-
-    def interrupt(self, esp: Any, start: Any) -> None:
-        """An interrupting event sub-process started: the rest of the (sub-)process it belongs to
-        stops, as BPMN says. Every other unfinished task of that process is cancelled (running
-        sub-processes, waiting people and timers, other event sub-processes); the branches of its
-        splits and the contexts of what it cancels are closed as ``cancelled``, their changes
-        dropped, as their tokens are; an activity left open is put back as it was before it began,
-        and the confirmations it waited for are closed. What finished before stays. When the event
-        sub-process ends, so does its process (its end join has nothing else to wait for)."""
-        by = spiff.bpmn_id_of(start)
-        wf = esp.workflow
-        top = wf.top_workflow
-        # its message / signal starts listen no more (``events.waiting_catches``)
-        wf.task_tree.internal_data[spiff.INTERRUPTED_KEY] = by
-        keep = {esp.id}
-        stack = list(esp.children)
-        while stack:
-            t = stack.pop()
-            keep.add(t.id)
-            stack.extend(t.children)
-        doomed = [t for t in wf.get_tasks(state=TaskState.NOT_FINISHED_MASK) if t.workflow is wf and t.id not in keep]
-        doomed_ids = {t.id for t in doomed}
-
-        def inside(workflow: Any) -> bool:  # below a doomed task (a sub-process in a cancelled one too)
-            while workflow is not None and workflow.parent_task_id is not None:
-                if workflow.parent_task_id in doomed_ids:
-                    return True
-                workflow = top.get_task_from_id(workflow.parent_task_id).workflow
-            return False
-
-        gone_workflows = [w for w in top.subprocesses.values() if inside(w)]
-        inst = self.instance
-        own = spiff.context_name_of(start)  # the context the event sub-process's path runs in
-        mine = set()  # ... and the contexts that one came from
-        name = own
-        while name in inst.branches and name not in mine:
-            mine.add(name)
-            name = str(inst.branches[name]["parent"])
-        for name, info in inst.branches.items():
-            if name in mine or info["status"] not in ("open", "event", "side", "scope"):
-                continue
-            split_id = uuid.UUID(info["split"].rsplit("@", 1)[1])
-            if split_id in wf.tasks or any(split_id in w.tasks for w in gone_workflows):
-                info["status"] = "cancelled"
-                info["join"] = by
-                inst.contexts[name].record("cancelled", actor=by, data={"by": by})
-        gone_keys = {str(i) for i in doomed_ids} | {str(t) for w in gone_workflows for t in w.tasks}
-        for c in inst.confirmations:
-            if not c.get("answered") and c.get("task") in gone_keys:
-                _close_cancelled(inst, c)
-        for key in [k for k in inst.suspended if k in gone_keys]:
-            del inst.suspended[key]
-        for t in doomed:
-            if t.parent is None or t.parent.id not in doomed_ids:
-                t.cancel()
-        for name, ctx in inst.contexts.items():
-            status = inst.branches[name]["status"] if name in inst.branches else None
-            if ctx.current_activity is not None and status not in ("cancelled", "joined") and name != own:
-                ctx.abort_activity(ctx.current_activity, reason=f"interrupted by event sub-process "
-                                   f"{spiff.bpmn_id_of(esp)!r}", actor=by)
-
-    def leave_subworkflow(self, task: Any, subworkflow: Any) -> None:
-        """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""
-        name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
-        info = self.instance.branches.get(name) if name is not None else None
-        if info is not None and info["status"] == "event":
-            self._event_done(info)
-            self._merge_events(str(info["parent"]))
-            if info["status"] == "joined":
-                # merged back: what follows it (its process's end join) runs in that context
-                for t in [task, *task.children]:
-                    if t.internal_data.get(spiff.CTX_KEY) in (None, name):
-                        t.internal_data[spiff.CTX_KEY] = info["parent"]
-            return
-        if info is None or info["status"] != "scope":
-            return
-        bpmn_id = spiff.bpmn_id_of(task)
-        scope = self.instance.contexts[name]
-        parent = self.instance.contexts[info["parent"]]
-        outputs = spiff.io_names(subworkflow.spec, "data_outputs")
-        multi = spiff.multi_instance_of(task)
-        if multi is not None:
-            mspec = multi.task_spec
-            out = spiff.data_name(mspec.output_item) if mspec.data_output is not None else None
-            item = spiff.data_name(mspec.input_item)
-            if out is not None:
-                # SpiffWorkflow collects the instance's output item from its data
-                value = scope.get(out, _ABSENT)
-                if value is _ABSENT and spiff.interrupted(multi):
-                    # an error the instance threw ended it, caught by an interrupting boundary event
-                    # on the activity: nothing is collected (``merge_child``)
-                    task.data = {}
-                elif value is _ABSENT:
-                    index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
-                    err = _no_output_item(mspec.bpmn_id, index, mspec.output_item)
-                    self.abort_multi(multi, err)  # as when an instance's script fails
-                    raise err
-                else:
-                    task.data = {out: thaw(value)}
-            else:
-                # no output collection: what the instance changed reaches the activity (SpiffWorkflow
-                # merges each instance's data in turn)
-                base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
-                changed = {k: thaw(v) for k, v in scope.resolved().items()
-                           if not k.startswith(_RECORD_PREFIXES) and k != item
-                           and (k not in base or not json_equal(base[k], v))}
-                for key, value in changed.items():
-                    parent.write(Layer.WORKING, key, value, actor=bpmn_id)
-                task.data = {}
-        else:
-            missing = [o for o in outputs if o not in scope]
-            if missing:
-                raise ActivityError(f"{bpmn_id!r} calls {task.task_spec.spec!r}, whose ioSpecification names the data "
-                                    f"output(s) {', '.join(map(repr, missing))}; the called process set none of "
-                                    "them. Set them in the called process or remove them from its dataOutput",
-                                    task_id=bpmn_id)
-            parent.begin_activity(bpmn_id, actor=bpmn_id)
-            parent.write_many(Layer.WORKING, {o: scope.resolve(o) for o in outputs}, actor=bpmn_id)
-            parent.complete_activity(bpmn_id, summary=f"outputs of {task.task_spec.spec}: {', '.join(outputs)}",
-                                     actor=bpmn_id)
-        info["status"] = "joined"
-        info["join"] = bpmn_id
-        scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
-
-    def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None:
-        """A sub-process or call activity is cancelled (an interrupting event; a timer event
-        sub-process that only listens, at the end of its scope): what its steps wrote stays, and
-        so does what the paths of its non-interrupting boundary events (or of its timer start
-        event) that ran to their end inside it wrote. Such a path runs in a branch of its own
-        (``boundary_path``, ``event_path``), merged where it ends, at the end of the sub-process,
-        which now never comes: it merges now. (A path that still runs is cancelled with the
-        sub-process, as the branches of its splits are.)"""
-        gw = spiff.bpmn_id_of(task)
-        running = self._running_contexts(subworkflow)
-        for name, info in list(self.instance.branches.items()):
-            if info["status"] == "side" and name not in running and self._in_workflow(name, subworkflow):
-                self._merge_side(gw, name)
-        for parent in self._end_event_paths(subworkflow):
-            self._merge_events(parent)
-
-    @staticmethod
-    def _running_contexts(workflow: Any) -> set[str]:
-        """The contexts of the paths of ``workflow`` that still run (a path that ended waits at joins only)."""
-        return {spiff.context_name_of(t) for t in workflow.tasks.values()
-                if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING)
-                and not isinstance(t.task_spec, Join)}
-
-    def _end_event_paths(self, workflow: Any) -> list[str]:
-        """Mark the paths a timer started in ``workflow`` (``event_path``) that have ended as done;
-        returns the contexts they came from."""
-        running = self._running_contexts(workflow)
-        parents = []
-        for name, info in self.instance.branches.items():
-            if info.get("event_path") and info["status"] == "event" and name not in running \
-                    and self._in_workflow(name, workflow):
-                self._event_done(info)
-                parents.append(str(info["parent"]))
-        return list(dict.fromkeys(parents))
-
-    def event_path(self, task: Any, path: Any = None) -> None:
-        """A timer starts the path of an event sub-process (``task``: its start event; ``path``: the
-        first task of one repetition's path, for a cycle). SpiffWorkflow started the event
-        sub-process with its scope, whose context its tasks run in; the process went on meanwhile
-        and may have split that context: the path runs in a context of its own, forked from it
-        now, and comes back at the end of the event sub-process, or once the branches split
-        meanwhile have joined (as a message event sub-process does, ``enter_subworkflow``)."""
-        start = task if path is None else path
-        ctx = self.context_of(task)
-        owner = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
-        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(owner), None, [start])
-        self.instance.branches[spiff.context_name_of(start)].update(status="event", event_path=True)
-        self._event_forked(spiff.context_name_of(start))
-
-    def _event_done(self, info: dict[str, Any]) -> None:
-        """An event sub-process (a timer's path) ended: it merges back once no branch split from
-        its context runs, after those that ended before it (``_events_done``)."""
-        info["status"] = "event_done"
-        info["ended"] = sum(1 for i in self.instance.branches.values() if "ended" in i)
-
-    def boundary_path(self, task: Any, path: Any = None) -> None:
-        """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
-        to, in the same context, unless that activity is open there (a multi-instance activity
-        whose instances wait for people) or is a sub-process or call activity (whose tasks run in
-        that context): then in a branch of its own, forked from the context and merged back where
-        the path joins (at the latest, at the end of the process).
-        ``path``: the first task of the path when it is not ``task`` itself (each repetition of a
-        cycle timer starts one)."""
-        ctx = self.context_of(task)
-        # a sub-process goes on in this context meanwhile: its splits and activities must not
-        # see the path's writes come and go
-        if ctx.current_activity is None and not spiff.boundary_of_subworkflow(task):
-            return
-        start = task if path is None else path
-        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(task), None, [start])
-        # the context it came from goes on meanwhile: the path's changes come back at its join as
-        # they stand (``_merge_side``), not by a three-way merge against an untouched parent
-        self.instance.branches[spiff.context_name_of(start)]["status"] = "side"
-
-    def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str:
-        """Bring a side branch (``boundary_path``) back into the context it came from: every key it
-        changed since it forked, in its layer, unless the parent changed that key too (then the
-        parent's value stays, both are on the tape as ``side_conflict`` and the clash is listed in
-        the run's ``conflicts``, settled by that rule). Returns the context it merged into."""
-        inst = self.instance
-        info = inst.branches[name]
-        # a path that outlived the branch it left (joined meanwhile) merges where that branch went
-        into = str(info["parent"])
-        while into in inst.branches and inst.branches[into]["status"] == "joined":
-            into = str(inst.branches[into]["parent"])
-        branch, parent = inst.contexts[name], inst.contexts[into]
-        changes, kept = self._side_changes(name, parent)
-        if changes:
-            parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
-        if kept:
-            parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
-            # listed with the run's conflicts too, settled by this rule: the flow the activity is on
-            # keeps its value (the path ran beside it, from a copy); never only on the tape
-            side, own = str(info.get("branch_id") or name), into
-            reason = (f"the {what} {side!r} ran beside the flow and changed this key, and so did "
-                      f"{own!r}; the value of {own!r} stays (a {what} never overwrites the flow it "
-                      "left); its value is on the tape (side_conflict)")
-            self._set_conflicts(gw, [
-                {"gateway_id": gw, "layer": k["layer"], "key": k["key"],
-                 "base_value": k["base"],
-                 "values": {side: k["dropped"], own: k["kept"]},
-                 "resolution": {"value": k["kept"], "resolver": "strategy", "reason": reason}} for k in kept],
-                resolved=True)
-        info["status"] = "joined"
-        info["join"] = gw
-        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})
-        return into
-
-    def _side_changes(self, name: str, parent: LayeredContext
-                      ) -> tuple[list[tuple[Layer, str, Any]], list[dict[str, Any]]]:
-        """What side branch ``name`` brings into ``parent`` (``_merge_side``): the changes to apply,
-        and the keys both changed, where ``parent``'s value stays."""
-        info = self.instance.branches[name]
-        branch = self.instance.contexts[name]
-        # (an event sub-process that read what others had done before it started: ``_event_forked``)
-        base = self.instance.contexts[info.get("base_context", info["parent"])].get_snapshot(
-            info.get("base_snapshot", info["snapshot_id"]))
-        changes: list[tuple[Layer, str, Any]] = []
-        kept: list[dict[str, Any]] = []
-        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
-            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
-            for key in dict.fromkeys([*before, *after]):
-                old, new = before.get(key, _ABSENT), after.get(key, _ABSENT)
-                if key.startswith("_") or _same(old, new):
-                    continue
-                current = now.get(key, _ABSENT)
-                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is _ABSENT and current is not _ABSENT:
-                    # another run of the same activity (a path of each pass of a loop) got there first:
-                    # two records, no conflict (as at a join)
-                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
-                    current = _ABSENT
-                if not _same(current, old) and not _same(current, new):
-                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
-                                 "base": None if old is _ABSENT else _plain(old)})
-                    continue
-                changes.append((layer, key, DELETED if new is _ABSENT else new))
-        return changes, kept
-
-    def _event_forked(self, name: str) -> None:
-        """Event sub-process context ``name`` was forked from its process's. The event
-        sub-processes that ended before it started but wait to merge back (branches split from
-        that context run: ``_merge_events``) are part of what it reads: their changes come into
-        it as they will into the process's, and it merges back against the context so made."""
-        inst = self.instance
-        info, ctx = inst.branches[name], inst.contexts[name]
-        done = self._events_done(str(info["parent"]))
-        for other in done:
-            changes, _ = self._side_changes(other, ctx)
-            if changes:
-                ctx.apply_changes(changes, kind="side_merge", actor=str(info["gateway"]),
-                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"])})
-        if done:
-            info["base_context"] = name
-            info["base_snapshot"] = ctx.snapshot(label=f"event:{info['gateway']}", actor=str(info["gateway"])).id
-
-    def _splits_open(self, name: str) -> bool:
-        """Whether branches split from context ``name`` run (not yet joined)."""
-        return any(info["parent"] == name and info["status"] == "open" for info in self.instance.branches.values())
-
-    def _merge_events(self, name: str) -> None:
-        """Bring the finished event sub-processes that ran beside the branches of context ``name``
-        (``enter_subworkflow``) back into it, once no branch split from it runs."""
-        if self._splits_open(name):
-            return
-        for branch in self._events_done(name):
-            info = self.instance.branches[branch]
-            info["status"] = "side"
-            self._merge_side(str(info["gateway"]), branch, "event sub-process")
-
-    def _events_done(self, name: str) -> list[str]:
-        """The finished event sub-processes of context ``name`` that wait to merge back, in the
-        order they ended (``leave_subworkflow``), as each would have merged then."""
-        done = [b for b, i in self.instance.branches.items() if i["parent"] == name and i["status"] == "event_done"]
-        return sorted(done, key=lambda b: int(self.instance.branches[b].get("ended", 0)))
-
-    def caught(self, task: Any, values: dict[str, Any]) -> None:
-        """A catching event ran with the payload of an event this process threw: into its context."""
-        events.catch_thrown(self.context_of(task), task, values)
-
     def _run_instance(self, task: Any, multi: Any, default_run: Callable[[], Any]) -> Any:
         """One instance of a multi-instance activity, inside the activity of ``multi``: its input
         item in EPHEMERAL and in its scope, its output item kept in its scope (then handed to
@@ -1575,7 +1161,7 @@ class _Runtime:
             if postscript:
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             if out is not None and out not in actx.scope:
-                raise _no_output_item(bpmn_id, index, mspec.output_item)
+                raise no_output_item(bpmn_id, index, mspec.output_item)
             if item is not None and item in ctx.layer(Layer.EPHEMERAL):
                 ctx.apply_changes([(Layer.EPHEMERAL, item, DELETED)], kind="instance_done", actor=bpmn_id,
                                   data={"activity": bpmn_id, "instance": _jsonable(index),
@@ -1799,589 +1385,13 @@ class _Runtime:
         if multi:  # the preScript of a multi-instance activity, in its activity: SpiffWorkflow reads the collections next
             task.data.update(self._multi_data(task, ctx, required=True))
 
-    # ----- gateways ------------------------------------------------------------------
-
-    def split(self, task: Any) -> None:
-        spec = task.task_spec
-        gw = spec.bpmn_id
-        cfg = self.process.config(gw)
-        taken = [c for c in task.children if c.has_state(TaskState.DEFINITE_MASK)]
-        parent_name = spiff.context_name_of(task)
-        parent = self.instance.contexts[parent_name]
-        if isinstance(spec, ExclusiveGateway):
-            self._xor.pop(str(task.id), None)
-            for child in taken:  # one child: the taken flow
-                self._split_in_place(parent, gw, spiff.bpmn_id_of(child), _inject_of(cfg, spiff.bpmn_id_of(child)))
-            return
-        if taken:
-            self._fork(task, parent_name, parent, gw, cfg, taken)
-
-    def no_branch_taken(self, task: Any) -> ActivityError:
-        """The error of a gateway that finds no outgoing flow to take: no condition holds and it
-        has no default flow. Names the conditions, the values they read, and what to add."""
-        spec = task.task_spec
-        gw = spiff.bpmn_id_of(task)
-        conditions: list[str] = []
-        for condition, name in spec.cond_task_specs:
-            if condition is not None:
-                target = task.workflow.spec.get_task_spec_from_name(name)
-                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {str(condition.args[0]).strip()}")
-        ctx = self.context_of(task)
-        read = []
-        for name in sorted(spiff.names_in(str(c.args[0]) for c, _ in spec.cond_task_specs if c is not None)):
-            read.append(f"{name}={_short(thaw(ctx.resolve(name)))}" if name in ctx else f"no {name!r}")
-        kind = "inclusive" if isinstance(spec, InclusiveGateway) else "exclusive"
-        return ActivityError(
-            f"{kind} gateway {gw!r}: no condition of its outgoing flows holds ({'; '.join(conditions)}) and it has "
-            f"no default flow; the context has {', '.join(read) or 'nothing these conditions read'}: add a default "
-            "flow (default=\"FLOW_ID\" on the gateway) or a condition for this case", task_id=gw)
-
-    def decide_exclusive(self, task: Any) -> dict[str, bool] | None:
-        """Decide an XOR gateway whose config gives natural-language conditions: the verdict of
-        each outgoing flow's condition text, for SpiffWorkflow's flow-by-flow evaluation.
-        None when the config gives no sentence (SpiffWorkflow evaluates the expressions).
-
-        Who decides, in SpiffWorkflow's order of the flows:
-
-        1. the BPMN condition expressions. The first flow whose expression holds is taken,
-           and an expression that does not hold keeps its flow closed, whatever the model
-           says. The expression is the designer's reviewed rule: deterministic (a replay
-           takes the same branch) and not open to persuasion by text in the context (an
-           applicant's "please fast-track this"), which a model reading that context is.
-        2. the model, which reads every branch's sentence and the context and names one
-           branch. Its answer is the check of step 1: when it names another branch than
-           the one taken, ``condition_disagreement`` goes on the tape (both branches, the
-           model's rationale) so a person can review the expression against its sentence.
-           It is followed only for a flow with no expression (a sentence as the flow's own
-           ``conditionExpression``, which ``validate`` accepts with a warning), and only when
-           no expression holds.
-        3. the default flow; without one, SpiffWorkflow's "no conditions satisfied" error.
-
-        Offline (no model) the expressions decide and nothing imports litellm. A model
-        that fails (unreachable, or malformed twice) is recorded as
-        ``condition_model_failed`` and the expressions decide. Every decision is recorded
-        as ``condition_decision``.
-        """
-        spec = task.task_spec
-        gw = spec.bpmn_id
-        cfg = self.process.config(gw)
-        sentences = {b.id: b.condition for b in (cfg.branches if cfg is not None else [])
-                     if b.condition and is_natural_language(b.condition)}
-        flows: list[tuple[str, str | None]] = []  # (branch id, condition text; None: the default flow)
-        for condition, name in spec.cond_task_specs:
-            target = task.workflow.spec.get_task_spec_from_name(name)
-            flows.append((str(getattr(target, "bpmn_id", None) or name), None if condition is None else condition.args[0]))
-        spoken = {b for b, text in flows if text is not None and is_natural_language(text)}
-        # A sentence written as the flow's own conditionExpression is that branch's condition
-        # too (the config's sentence, when it gives one, wins).
-        for b, text in flows:
-            if b in spoken and is_flow_sentence(text):
-                sentences.setdefault(b, str(text).strip())
-        if not sentences:
-            return None
-        ctx = self.context_of(task)
-        default = next((b for b, text in flows if text is None), None)
-        by_expression = next((b for b, text in flows if text is not None and b not in spoken
-                              and self._evaluate(task, text)), None)
-
-        answer = None
-        chooser = self.engine.chooser_for(self.process, gw)
-        if chooser is not None:
-            options = tuple(BranchOption(b, sentences.get(b) or text, default=text is None) for b, text in flows)
-            with self._noting_calls(chooser, ctx, gw, "condition"):
-                answer, failures = ask_branch(chooser, BranchQuestion(gw, options, _condition_context(ctx)))
-            for note in failures:
-                ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
-
-        chosen: str | None
-        if by_expression is not None:
-            chosen, by = by_expression, "expression"
-        elif answer is not None and answer.branch in spoken:
-            chosen, by = answer.branch, "model"
-        else:
-            chosen, by = default, "default"
-        model = None if answer is None else {"branch": answer.branch, "rationale": answer.rationale}
-        ctx.record("condition_decision", actor=gw, data={
-            "gateway": gw, "branch": chosen, "decided_by": by, "expression_branch": by_expression or default,
-            "model": model, "model_configured": chooser is not None, "conditions": sentences})
-        if answer is not None and answer.branch != chosen:
-            ctx.record("condition_disagreement", actor=gw, data={
-                "gateway": gw, "followed": chosen, "followed_by": by, "model_branch": answer.branch,
-                "model_rationale": answer.rationale,
-                "conditions": {b: sentences.get(b) for b in (chosen, answer.branch) if b is not None}})
-        verdicts: dict[str, bool] = {}
-        for branch, text in flows:
-            if text is not None:
-                verdicts[text] = verdicts.get(text, False) or branch == chosen
-        self._xor[str(task.id)] = verdicts
-        return verdicts
-
-    def _split_in_place(self, ctx: LayeredContext, gw: str, branch_id: str, inject: Mapping[str, Any]) -> None:
-        """XOR: only one branch goes on, so the context goes on with it. A contextInject the
-        write rule refuses stops the instance, as at a parallel split."""
-        try:
-            check_inject(ctx, gw, branch_id, inject, actor=gw)
-        except ContextWriteDenied as err:  # on the tape already
-            raise _gateway_denied(gw, err) from None
-        snap = ctx.snapshot(label=f"split:{gw}", actor=gw)
-        ctx.record("split", actor=gw, data={"gateway": gw, "type": "exclusive", "branches": [branch_id],
-                                             "snapshot_id": snap.id, "inject": dict(inject)})
-        values = {**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}
-        _inject(ctx, values, actor=gw, data={"gateway": gw, "branch_id": branch_id})
-
-    def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
-              cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
-        inst = self.instance
-        ids = [spiff.bpmn_id_of(c) for c in taken]
-        try:
-            branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
-        except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)
-            raise _gateway_denied(gw, err) from None
-        split_id = f"{gw}@{task.id}"
-        for child, b in zip(taken, branches):
-            name = b.context.name
-            inst.contexts[name] = b.context
-            inst.branches[name] = {
-                "parent": parent_name, "branch_id": b.branch_id, "gateway": gw, "split": split_id,
-                "snapshot_id": b.snapshot_id, "injected": thaw(dict(b.injected)), "status": "open", "join": None}
-            child.internal_data[spiff.CTX_KEY] = name
-            child.internal_data[spiff.BRANCH_KEY] = b.branch_id
-
-    def join(self, task: Any) -> bool:
-        """Merge the arrived branch contexts; False when the join waits for a person.
-
-        The implicit join a (sub-)process ends in (``spiff.is_end_join``) fires once every
-        other task of its workflow is finished: a branch of a split in that workflow that
-        did not arrive never will (an interrupting event cancelled it), so it is closed as
-        ``cancelled`` and its siblings merge without it."""
-        gw = spiff.bpmn_id_of(task)
-        branches = self.instance.branches
-        # SpiffWorkflow keeps the instances of this join from an earlier pass of a loop (the
-        # ones its firing cancelled); their branches were merged (or closed) back then
-        arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
-                   if name not in branches or branches[name]["status"] not in ("joined", "cancelled")]
-        current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
-                                     else n for n in arrived))
-        if spiff.is_end_join(task.task_spec):
-            # the paths a timer started here (``event_path``) have ended, each repetition's of a cycle
-            # too (SpiffWorkflow cancelled the end it waited at): they come back with ``_merge_events``
-            self._end_event_paths(task.workflow)
-            current = list(dict.fromkeys(str(branches[n]["parent"]) if n in branches and branches[n].get("event_path")
-                                         and branches[n]["status"] == "event_done" else n for n in current))
-            self._cancel_branches(task, keep=current)
-        while True:
-            open_groups: dict[str, list[str]] = {}
-            for name in current:
-                info = branches.get(name)
-                if info is not None and info["status"] == "open":
-                    open_groups.setdefault(info["split"], []).append(name)
-            # A split's branches merge once all of its open branches are here; a nested
-            # split's branches (deeper) merge before their parent's. Only a split of this join's
-            # own workflow: the end of a sub-process that a branch runs through is no join of
-            # that branch's split, even when the branch is the only one the split sent
-            ready = [members for split, members in open_groups.items()
-                     if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}
-                     and self._in_workflow(members[0], task.workflow)]
-            if not ready:
-                part = self._part_of_split(task, open_groups)
-                if part is None:
-                    break
-                group = self._merge_part(task, gw, part, arrival=arrived)
-                if group is None:
-                    return False
-                current = list(dict.fromkeys(group if n in part else n for n in current))
-                continue
-            members = max(ready, key=lambda m: self._depth(m[0]))
-            parent_name = branches[members[0]]["parent"]
-            if not self._merge_group(task, gw, parent_name, members, arrival=arrived):
-                return False
-            current = list(dict.fromkeys(parent_name if n in members else n for n in current))
-        if len(current) != 1:
-            raise MergeConflictError(self._unmatched_join(gw, current), gateway_id=gw)
-        task.internal_data[spiff.CTX_KEY] = current[0]
-        self._merge_events(current[0])
-        return True
-
-    def _part_of_split(self, task: Any, open_groups: Mapping[str, list[str]]) -> list[str] | None:
-        """Two or more branches of one split that met at this join while their siblings never
-        can (no path leads from where a sibling starts to this join): the join closes that part
-        of the split, as SpiffWorkflow's does. A sibling that may still come stays an error."""
-        for split, members in open_groups.items():
-            if len(members) < 2 or not self._in_workflow(members[0], task.workflow):
-                continue
-            others = [i for n, i in self.instance.branches.items()
-                      if i["split"] == split and i["status"] == "open" and n not in members]
-            if others and not any(self._may_reach(task, i["branch_id"], i["gateway"]) for i in others):
-                return members
-        return None
-
-    @staticmethod
-    def _may_reach(task: Any, start_id: str, split_id: str) -> bool:
-        """Whether the flow from the element ``start_id`` of ``task``'s workflow can reach
-        ``task``'s element without passing the split ``split_id`` again (a loop back through the
-        split brings new branches). True when the element is not found: assume it can."""
-        specs = task.workflow.spec.task_specs.values()
-        todo = [s for s in specs if getattr(s, "bpmn_id", None) == start_id]
-        if not todo:
-            return True
-        seen: set[str] = set()
-        while todo:
-            spec = todo.pop()
-            if spec is task.task_spec:
-                return True
-            if spec.name not in seen and getattr(spec, "bpmn_id", None) != split_id:
-                seen.add(spec.name)
-                todo.extend(spec.outputs)
-        return False
-
-    def _merge_part(self, task: Any, gw: str, members: list[str], *, arrival: list[str]) -> str | None:
-        """Merge ``members``, part of a split's branches, into one new branch of that split,
-        forked from the split's snapshot and named by this join: it goes on in their place and
-        merges with the other branches where they meet (at the latest where the scope ends).
-        None while the merge waits for a person."""
-        inst = self.instance
-        info = inst.branches[members[0]]
-        name = f"{info['parent']}/{gw}@{task.id}"  # one per firing of the join
-        if name not in inst.contexts:  # kept while the merge waits for answers
-            parent = inst.contexts[info["parent"]]
-            inst.contexts[name] = LayeredContext.fork(parent.get_snapshot(info["snapshot_id"]), name=name,
-                                                      branch_id=gw, actor=gw, encoding=parent.encoding)
-        if not self._merge_group(task, gw, name, members, arrival=arrival):
-            return None
-        inst.branches[name] = {
-            "parent": info["parent"], "branch_id": gw, "gateway": info["gateway"], "split": info["split"],
-            "snapshot_id": info["snapshot_id"], "injected": {}, "status": "open", "join": None}
-        return name
-
-    def _unmatched_join(self, gw: str, current: list[str]) -> str:
-        """Why a join cannot merge what arrived: some branches of one split are missing (they reach
-        the join by another flow, later), or the branches come from different splits."""
-        branches = self.instance.branches
-        splits = {branches[n]["split"] for n in current if n in branches and branches[n]["status"] == "open"}
-        if len(splits) == 1 and all(n in branches for n in current):
-            [split] = splits
-            siblings = [i for i in branches.values() if i["split"] == split]
-            missing = [i["branch_id"] for i in siblings if i["status"] == "open" and
-                       not any(branches[n] is i for n in current)]
-            here = ", ".join(repr(branches[n]["branch_id"]) for n in current)
-            return (f"join {gw!r} fired with {len(current)} of the {len(siblings)} branches of split "
-                    f"{siblings[0]['gateway']!r} ({here}); {', '.join(map(repr, missing))} had not arrived (a path "
-                    "that merges branches of one split, e.g. in an exclusive gateway, brings them to the join one "
-                    "at a time): layerflow merges every branch of a split at one join, so give the join one "
-                    f"incoming flow per branch of {siblings[0]['gateway']!r}")
-
-        def described(name: str) -> str:
-            info = branches.get(name)
-            if info is not None:
-                return f"branch {info['branch_id']!r} of split {info['gateway']!r}"
-            return "the process outside any split" if name == MAIN else f"the context {name!r}"
-
-        return (f"join {gw!r} received what no one split sent together: {'; '.join(map(described, current))} "
-                "(a path that goes back into the branches of a split from outside it, e.g. a loop through an "
-                "exclusive gateway, brings them here apart); layerflow merges the branches of one split at a time: "
-                "close each split with its own join, and let a loop go back before the split")
-
-    def terminate(self, task: Any) -> None:
-        """A terminate (or error) end event in a branch: the branch that reached it merges into
-        its parent (and on up, to the context the terminated workflow started in); the
-        branches it cancels are closed as ``cancelled``, their changes dropped, as the
-        terminate drops their tokens."""
-        name = spiff.context_name_of(task)
-        branches = self.instance.branches
-        gw = spiff.bpmn_id_of(task)
-        while name in branches and branches[name]["status"] == "open" and self._in_workflow(name, task.workflow):
-            info = branches[name]
-            self._cancel_branches(task, keep=[name], split=info["split"])
-            if not self._merge_group(task, gw, info["parent"], [name], arrival=[name]):
-                raise MergeConflictError(f"terminate end event {gw!r}: branch {info['branch_id']!r} could not be "
-                                         "merged into its parent context", gateway_id=gw)
-            name = info["parent"]
-        task.internal_data[spiff.CTX_KEY] = name
-
-    def _cancel_branches(self, task: Any, *, keep: list[str], split: str | None = None) -> None:
-        """Close the open branches of ``split`` (default: of every split in ``task``'s
-        workflow) that are not in ``keep``."""
-        for name, info in self.instance.branches.items():
-            if info["status"] != "open" or name in keep:
-                continue
-            if (info["split"] == split) if split is not None else self._in_workflow(name, task.workflow):
-                by = spiff.bpmn_id_of(task)
-                info["status"] = "cancelled"
-                info["join"] = by
-                self.instance.contexts[name].record("cancelled", actor=by, data={"by": by})
-
-    def _in_workflow(self, name: str, workflow: Any) -> bool:
-        """Whether branch ``name`` was split off by a gateway of ``workflow`` (not of a
-        sub-process in it, nor of the process around it)."""
-        split_task_id = self.instance.branches[name]["split"].rsplit("@", 1)[1]
-        return uuid.UUID(split_task_id) in workflow.tasks
-
-    @contextmanager
-    def _noting_calls(self, client: Any, ctx: LayeredContext, element_id: str, purpose: str) -> Iterator[None]:
-        """While a model client (the arbiter, a condition chooser) works for ``element_id``,
-        every attempt, its request, reply and error, is noted as ``llm_call`` on ``ctx``'s tape,
-        as an LLM activity's are: a garbage answer is on the tape, not only its consequence."""
-        if client is None or not hasattr(client, "on_attempt") or not hasattr(client, "endpoint"):
-            yield
-            return
-        from .llm import call_recorder
-
-        before = client.on_attempt
-        client.on_attempt = call_recorder(ctx, task_id=element_id, endpoint=client.endpoint,
-                                          attempts=int(client.attempts), actor=element_id,
-                                          agent=f"{client.endpoint.model}#{purpose}", purpose=purpose)
-        try:
-            yield
-        finally:
-            client.on_attempt = before
-
-    def _depth(self, name: str) -> int:
-        d = 0
-        while name in self.instance.branches:
-            name = self.instance.branches[name]["parent"]
-            d += 1
-        return d
-
-    def _merge_group(self, task: Any, gw: str, parent_name: str, members: list[str], *, arrival: list[str]) -> bool:
-        inst = self.instance
-        parent = inst.contexts[parent_name]
-        infos = {m: inst.branches[m] for m in members}
-        # the split's context; ``parent_name`` is another one when part of the split merges (_merge_part)
-        base = inst.contexts[infos[members[0]]["parent"]].get_snapshot(infos[members[0]]["snapshot_id"])
-        # branch order: the split's order of outgoing flows
-        ordered = sorted(members, key=list(inst.branches).index)
-        contexts = {infos[m]["branch_id"]: inst.contexts[m] for m in ordered}
-        injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
-        order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
-        # what a person was shown, for the answers given: the chain does not run again for them
-        asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
-                 if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
-        # the answers are saved with their confirmations: a join that asked several questions
-        # runs again once all are answered, maybe after a save and a load (`resume --answer`
-        # one at a time), when the answers given before are no longer in self.answers
-        answers = {cid: c["answer"] for cid, c in asked.items()}
-        answers.update({cid: a["value"] for cid, a in self.answers.items()})
-        config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
-        arbiter = self.engine.arbiter_for(self.process)
-        try:
-            with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):
-                result = join_contexts(base, contexts, config=config, gateway_id=gw,
-                                       arrival_order=order, answers=answers, arbiter=arbiter,
-                                       human_available=True, injected=injected, asked=asked,
-                                       clock=self.engine.clock)
-        except MergeConflictError as err:
-            records = getattr(err, "conflicts", None) or []
-            parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
-            self._set_conflicts(gw, [_failed_conflict_record(gw, c) for c in records], resolved=False)
-            raise
-        if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
-            result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
-        apply_join(parent, result, actor=gw)
-        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)
-        if not result.complete:
-            self._add_confirmations(task, gw, result.pending, context=parent_name)
-            return False
-        self._close_confirmations(gw, result)
-        for m in members:
-            inst.branches[m]["status"] = "joined"
-            inst.branches[m]["join"] = gw
-            inst.contexts[m].record("joined", actor=gw, data={"gateway_id": gw, "into": parent_name})
-        return True
-
-    def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool) -> None:
-        """The ``conflicts`` list shows each join's conflicts once: pending ones are replaced when settled."""
-        inst = self.instance
-        inst.conflicts = [c for c in inst.conflicts if not (c.get("gateway_id") == gw and c.get("resolution") is None)]
-        inst.conflicts.extend(records)
-
-    def _add_confirmations(self, task: Any, gw: str, pending: list[Any], *, context: str) -> None:
-        inst = self.instance
-        known = {c["id"] for c in inst.confirmations if not c.get("answered")}
-        now = self.engine.clock()
-        for req in pending:
-            if req.id in known:
-                continue
-            entry = {**req.to_dict(), "answer": None, "timed_out": False, "answered": False,
-                     "task_id": gw, "task": str(task.id), "context": context,
-                     "created": now, "deadline": now + float(req.timeout)}
-            inst.confirmations.append(entry)
-
-    def _close_confirmations(self, gw: str, result: Any) -> None:
-        for c in self.instance.confirmations:
-            if c.get("task_id") == gw and c.get("answered") and "resolved" not in c:
-                c["resolved"] = True
-                self.answers.pop(c["id"], None)
-
-    def check_answer(self, confirmation_id: str, value: Any) -> dict[str, Any]:
-        """The open confirmation, if ``value`` is one of its options (value, label or its JSON text)."""
-        inst = self.instance
-        entry = next((c for c in inst.confirmations if c["id"] == confirmation_id and not c.get("answered")), None)
-        if entry is None:
-            open_ids = [c["id"] for c in inst.confirmations if not c.get("answered")]
-            raise ActivityError(f"instance {inst.id} has no open confirmation {confirmation_id!r}; open: "
-                                f"{', '.join(open_ids) or 'none'}")
-        try:
-            freeze(value)
-        except ValueError as err:  # NaN, Infinity, a lone surrogate: the person's mistake, not the process's
-            raise ActivityError(f"answer {_short(value)} for confirmation {confirmation_id!r} is not a JSON value: "
-                                f"{err}; answer with one of the offered option values",
-                                task_id=entry.get("task_id")) from None
-        options = entry.get("options") or []
-        ok = (not options or value == "escalate" or _typed_option(options, value) is not None
-              or any(json_equal(value, o.get("value")) or value == o.get("label")
-                     or (isinstance(value, str) and value == json.dumps(o.get("value"), ensure_ascii=False))
-                     for o in options))
-        if not ok:
-            offered = ", ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in options)
-            raise ActivityError(f"answer {value!r} for confirmation {confirmation_id!r} is not one of the "
-                                f"offered option values: {offered}", task_id=entry.get("task_id"))
-        return entry
-
-    def describe(self, item: Mapping[str, Any]) -> dict[str, Any]:
-        """What a person is asked: the confirmation (message, options, default) or the user task."""
-        if item["kind"] == "confirmation":
-            # the open one: a loop back through a join asks again under the same id, with new options
-            entry = next((c for c in self.instance.confirmations if c["id"] == item["id"] and not c.get("answered")),
-                         next((c for c in self.instance.confirmations if c["id"] == item["id"]), {}))
-            return {**entry, **item}
-        out = dict(item)
-        if item["kind"] == "user_task":
-            task = self.find_waiting_task(item["id"])
-            out["documentation"] = getattr(task.task_spec, "documentation", None)
-        return out
-
-    def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
-               actor: str = "person", reason: str | None = None) -> None:
-        """Record a person's answer; once a join has all its answers it runs again.
-
-        The decision goes on the tape when it is made (a join with several confirmations
-        runs again, and records its resolutions, only once all are answered); an answer a
-        timeout gave is on the tape as ``confirmation_timed_out`` already."""
-        inst = self.instance
-        entry = self.check_answer(confirmation_id, value)
-        typed = _typed_option(entry.get("options") or [], value)
-        if typed is not None:
-            value = typed
-        if not timed_out:
-            ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
-            ctx.record("human_decision", actor=actor, data={
-                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason})
-        entry["answer"] = value
-        entry["answered"] = True
-        entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked
-        self.answers[confirmation_id] = {"value": value, "resolver": resolver}
-        task_uuid = entry.get("task")
-        if task_uuid and not any(c.get("task") == task_uuid and not c.get("answered") for c in inst.confirmations):
-            task = inst.workflow.get_task_from_id(uuid.UUID(task_uuid))
-            if task is not None and task.state == TaskState.STARTED:
-                task.run()
-
-
-    def _open(self, confirmation_id: str) -> dict[str, Any] | None:
-        return next((c for c in self.instance.confirmations if c["id"] == confirmation_id and not c.get("answered")),
-                    None)
-
-    def overdue(self, confirmation_id: str) -> bool:
-        """Past its deadline and not yet timed out (an escalated one waits for a person, no longer for a clock)."""
-        entry = self._open(confirmation_id)
-        if entry is None or entry.get("escalated"):
-            return False
-        deadline = _deadline(entry)
-        return deadline is not None and self.engine.clock() >= deadline
-
-    def time_out(self, confirmation_id: str) -> bool:
-        """Apply a confirmation's timeout rule; True when that answered it.
-
-        ``onTimeout: default`` with a default that is one of the options: the default is
-        the answer (the join runs again; its resolution says it was the timeout's).
-        Otherwise (``onTimeout: escalate``, or no usable default) the confirmation is marked
-        ``escalated`` and stays open: a loan officer expects an unanswered dual approval
-        to land on a supervisor's desk, not to be decided by the clock nor to fail the
-        instance (which would lose the question). Either way ``timed_out`` is set and a
-        ``confirmation_timed_out`` event goes on the tape of the join's context.
-        """
-        entry = self._open(confirmation_id)
-        if entry is None or entry.get("escalated"):
-            return False
-        now = self.engine.clock()
-        ctx = self.instance.contexts.get(entry.get("context") or MAIN, self.instance.main)
-        data = {"confirmation_id": confirmation_id, "deadline": _deadline(entry), "timeout": entry.get("timeout"),
-                "at": now}
-        entry["timed_out"] = True
-        default = entry.get("default")
-        why = None
-        if entry.get("on_timeout", "default") != "default":
-            why = "onTimeout is escalate"
-        elif default is None:
-            why = "no default is configured"
-        else:
-            try:
-                self.check_answer(confirmation_id, default)
-            except ActivityError as err:
-                why = f"the default is not one of the options ({err})"
-        if why is None:
-            ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "default", "value": default})
-            entry["answered_by_timeout"] = True
-            self.answer(confirmation_id, default, timed_out=True)
-            return True
-        entry["escalated"] = True
-        entry["escalated_at"] = now
-        for item in self.instance.waiting_for:
-            if item.get("kind") == "confirmation" and item.get("id") == confirmation_id:
-                item["escalated"] = True
-        ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "escalated", "reason": why})
-        return False
-
-
 # =============================================================================== helpers
 
 _FAR = datetime.max.replace(tzinfo=timezone.utc)
 
 
-def _same(a: Any, b: Any) -> bool:
-    if a is _ABSENT or b is _ABSENT:
-        return a is b
-    return json_equal(a, b)
-
-
-def _plain(value: Any) -> Any:
-    return None if value is _ABSENT else thaw(value)
-
-
-def _snapshot_values(snap: Any) -> dict[str, Any]:
-    """Every key of a snapshot with the value a read would have given (the lowest layer wins)."""
-    out: dict[str, Any] = {}
-    for layer in reversed(list(Layer)):
-        out.update(snap.layer(layer).items())
-    return out
-
-
 def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
-
-
-def _deadline(entry: Mapping[str, Any]) -> float | None:
-    if entry.get("deadline") is not None:
-        return float(entry["deadline"])
-    if entry.get("created") is not None and entry.get("timeout") is not None:
-        return float(entry["created"]) + float(entry["timeout"])
-    return None
-
-
-_RECORD_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:", "event:")
-
-
-def _condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:
-    """The data keys a branch condition may speak of (no records, no knowledge passages),
-    each value cut to ``limit`` characters of JSON so one large value cannot crowd out the rest."""
-    out: dict[str, Any] = {}
-    for key, value in ctx.resolved().items():
-        if key.startswith(_RECORD_PREFIXES):
-            continue
-        plain = thaw(value)
-        text = json.dumps(plain, ensure_ascii=False, sort_keys=True, default=str)
-        out[key] = plain if len(text) <= limit else text[:limit] + "..."
-    return out
 
 
 def _cycle_states(wf: Any) -> dict[Any, tuple[Any, ...]]:
@@ -2396,16 +1406,6 @@ def _ready_tasks(wf: Any) -> list[Any]:
         tasks.update((t.id, t) for t in sp.get_tasks(state=TaskState.READY))
     tasks.update((t.id, t) for t in wf.get_tasks(state=TaskState.READY) if t.id not in tasks)
     return list(tasks.values())
-
-
-def _close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
-    """Close a confirmation nobody will answer (its instance or its join was cancelled); the join
-    conflict it asked about stays unresolved, and says so: ``"cancelled": true``."""
-    confirmation.update(answered=True, cancelled=True)
-    for conflict in instance.conflicts:
-        if conflict.get("resolution") is None and conflict.get("gateway_id") == confirmation.get("task_id") \
-                and conflict.get("key") == confirmation.get("key"):
-            conflict["cancelled"] = True
 
 
 def _all_tasks(wf: Any, state: int) -> list[Any]:
@@ -2423,69 +1423,6 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
         for t in sp.get_tasks(state=state):
             once.setdefault(t.id, t)
     return list(once.values())
-
-
-def _gateway_type(spec: Any) -> str:
-    name = type(spec).__name__.removeprefix("Layerflow")
-    return {"ParallelGateway": "parallel", "InclusiveGateway": "inclusive", "ExclusiveGateway": "exclusive",
-            "StartEvent": "parallel"}.get(name, name)  # a start event splits only as an implicit parallel split
-
-
-def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionConfig | None
-                 ) -> ActivityExtensionConfig:
-    """The join's config, with the split's ``branches`` (their ``reasonKey``) when the join names none:
-    a branch is declared once, at the split where it starts. ``_mergedConflicts`` is a log that
-    only grows: what branches' own joins added to it is appended, never a conflict."""
-    config = join or ActivityExtensionConfig()
-    if split is not None and split.branches and not config.branches:
-        config = config.model_copy(update={"branches": list(split.branches)})
-    if MERGED_CONFLICTS_KEY not in config.reducers:
-        config = config.model_copy(update={"reducers": {**config.reducers, MERGED_CONFLICTS_KEY: "append"}})
-    return config
-
-
-def _no_output_item(bpmn_id: str, index: Any, output_item: Any) -> ActivityError:
-    """An instance of a multi-instance activity ended without its output item."""
-    out = spiff.data_name(output_item)
-    name = getattr(output_item, "bpmn_name", None)
-    hint = (f"; SpiffWorkflow names an outputDataItem by its id, not by its name {name!r}: set {out!r}, or give "
-            f"the item id={name!r}") if name and name != out else f": set {out!r} in each instance"
-    return ActivityError(f"instance {index!r} of multi-instance activity {bpmn_id!r} set no output item {out!r} "
-                         f"(outputDataItem){hint}", task_id=bpmn_id)
-
-
-def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str, Any]:
-    if cfg is None:
-        return {}
-    b = cfg.branch(branch_id)
-    return dict(b.context_inject) if b is not None else {}
-
-
-def _gateway_denied(gw: str, err: ContextWriteDenied) -> ActivityError:
-    failed = ActivityError(f"gateway {gw!r}: {err}", task_id=gw)
-    failed.kind = err.kind
-    return failed
-
-
-def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data: Mapping[str, Any]) -> None:
-    """Inject into WORKING, or into the layer that already holds the key (else a lower
-    layer's copy would shadow the injected value). The config's keys are checked before
-    (``check_inject``); an engine marker (``_branch_id``) that a process fixed in SYSTEM or
-    PROCESS is left as it is, and that is recorded."""
-    changes = []
-    refused = []
-    for key, value in values.items():
-        where = ctx.locate(key)
-        if where in (Layer.SYSTEM, Layer.PROCESS):
-            refused.append(key)
-            continue
-        layer = where if where is not None and where < Layer.WORKING else Layer.WORKING
-        changes.append((layer, key, value))
-    if changes:
-        ctx.apply_changes(changes, kind="inject", actor=actor, data=dict(data))
-    if refused:
-        ctx.record("inject_refused", actor=actor, data={**data, "keys": refused,
-                                                          "reason": "the key is fixed in SYSTEM or PROCESS"})
 
 
 def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> str:
@@ -2511,13 +1448,10 @@ class _Fields(dict):  # type: ignore[type-arg]
         self._ctx = ctx
 
     def __missing__(self, key: str) -> Any:
-        value = self._ctx.get(key, _ABSENT)
-        out = "" if value is _ABSENT else thaw(value)
+        value = self._ctx.get(key, ABSENT)
+        out = "" if value is ABSENT else thaw(value)
         self[key] = out
         return out
-
-
-_ABSENT = object()
 
 
 def _script_name(kind: str, bpmn_id: str) -> str:

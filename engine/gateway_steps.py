@@ -1,0 +1,693 @@
+"""The driver's steps at gateways (a base class of ``engine.runtime._Runtime``).
+
+* a **split**: XOR continues in the same context (the taken branch's ``contextInject``,
+  ``_branch_id``, ``_snapshot_id`` injected, a snapshot and a split note on the tape); AND /
+  inclusive fork one context per taken branch from one snapshot.
+* an **XOR decision** with natural-language conditions: the expressions rule, the model
+  checks them and decides the flows that have only a sentence (``decide_exclusive``).
+* a **join**: the arrived branch contexts are merged three-way against the split snapshot
+  into the context the split came from; conflicts are resolved by policy, the join's
+  strategy, the model or a person (a confirmation the instance waits for, answered or
+  timed out here).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
+from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
+from SpiffWorkflow.util.task import TaskState
+
+from context_layers import Layer, LayeredContext, json_equal, thaw
+from context_layers.canonical import freeze
+from context_layers.config import ActivityExtensionConfig
+from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
+from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
+from gateways.conditions import is_flow_sentence
+from gateways.join import MERGED_CONFLICTS_KEY
+from gateways.splitter import check_inject
+
+from . import spiff
+
+if TYPE_CHECKING:
+    from .process import Process
+    from .runtime import Engine, Instance
+
+MAIN = spiff.MAIN_CONTEXT
+
+
+def short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def typed_option(options: Sequence[Mapping[str, Any]], value: Any) -> str | None:
+    """The string option value an answer stands for when it is that text read as JSON
+    (``--answer KEY=true`` for the option "true"), and no option is the answer itself."""
+    if isinstance(value, str) or any(json_equal(value, o.get("value")) for o in options):
+        return None
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return next((o["value"] for o in options if isinstance(o.get("value"), str) and o["value"] == text), None)
+
+
+def _failed_conflict_record(gateway_id: str, conflict: Any) -> dict[str, Any]:
+    """A conflict of a join that failed (FAIL_ON_CONFLICT), in the ``--json`` ``conflicts`` shape."""
+    record = dict(conflict.to_dict()) if hasattr(conflict, "to_dict") else dict(conflict)
+    return {"gateway_id": gateway_id, "layer": record.get("layer"), "key": record.get("key"),
+            "base_value": record.get("base_value"), "values": dict(record.get("conflicting_values") or {}),
+            "resolution": None, **{k: v for k, v in record.items() if k not in ("layer", "key", "base_value")}}
+
+
+def _deadline(entry: Mapping[str, Any]) -> float | None:
+    if entry.get("deadline") is not None:
+        return float(entry["deadline"])
+    if entry.get("created") is not None and entry.get("timeout") is not None:
+        return float(entry["created"]) + float(entry["timeout"])
+    return None
+
+
+RECORD_KEY_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:", "event:")
+
+
+def condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:
+    """The data keys a branch condition may speak of (no records, no knowledge passages),
+    each value cut to ``limit`` characters of JSON so one large value cannot crowd out the rest."""
+    out: dict[str, Any] = {}
+    for key, value in ctx.resolved().items():
+        if key.startswith(RECORD_KEY_PREFIXES):
+            continue
+        plain = thaw(value)
+        text = json.dumps(plain, ensure_ascii=False, sort_keys=True, default=str)
+        out[key] = plain if len(text) <= limit else text[:limit] + "..."
+    return out
+
+
+def _gateway_type(spec: Any) -> str:
+    name = type(spec).__name__.removeprefix("Layerflow")
+    return {"ParallelGateway": "parallel", "InclusiveGateway": "inclusive", "ExclusiveGateway": "exclusive",
+            "StartEvent": "parallel"}.get(name, name)  # a start event splits only as an implicit parallel split
+
+
+def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionConfig | None
+                 ) -> ActivityExtensionConfig:
+    """The join's config, with the split's ``branches`` (their ``reasonKey``) when the join names none:
+    a branch is declared once, at the split where it starts. ``_mergedConflicts`` is a log that
+    only grows: what branches' own joins added to it is appended, never a conflict."""
+    config = join or ActivityExtensionConfig()
+    if split is not None and split.branches and not config.branches:
+        config = config.model_copy(update={"branches": list(split.branches)})
+    if MERGED_CONFLICTS_KEY not in config.reducers:
+        config = config.model_copy(update={"reducers": {**config.reducers, MERGED_CONFLICTS_KEY: "append"}})
+    return config
+
+
+def _inject_of(cfg: ActivityExtensionConfig | None, branch_id: str) -> dict[str, Any]:
+    if cfg is None:
+        return {}
+    b = cfg.branch(branch_id)
+    return dict(b.context_inject) if b is not None else {}
+
+
+def _gateway_denied(gw: str, err: ContextWriteDenied) -> ActivityError:
+    failed = ActivityError(f"gateway {gw!r}: {err}", task_id=gw)
+    failed.kind = err.kind
+    return failed
+
+
+def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data: Mapping[str, Any]) -> None:
+    """Inject into WORKING, or into the layer that already holds the key (else a lower
+    layer's copy would shadow the injected value). The config's keys are checked before
+    (``check_inject``); an engine marker (``_branch_id``) that a process fixed in SYSTEM or
+    PROCESS is left as it is, and that is recorded."""
+    changes = []
+    refused = []
+    for key, value in values.items():
+        where = ctx.locate(key)
+        if where in (Layer.SYSTEM, Layer.PROCESS):
+            refused.append(key)
+            continue
+        layer = where if where is not None and where < Layer.WORKING else Layer.WORKING
+        changes.append((layer, key, value))
+    if changes:
+        ctx.apply_changes(changes, kind="inject", actor=actor, data=dict(data))
+    if refused:
+        ctx.record("inject_refused", actor=actor, data={**data, "keys": refused,
+                                                          "reason": "the key is fixed in SYSTEM or PROCESS"})
+
+
+class GatewaySteps:
+    """Splits, XOR decisions, joins and the confirmations joins wait for."""
+
+    engine: Engine
+    instance: Instance
+    process: Process
+    answers: dict[str, dict[str, Any]]
+    _xor: dict[str, dict[str, bool]]
+
+    if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.scope_steps.ScopeSteps
+        def context_of(self, task: Any) -> LayeredContext: ...
+        def find_waiting_task(self, task_id: str) -> Any: ...
+        def _evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any: ...
+        def _end_event_paths(self, workflow: Any) -> list[str]: ...
+        def _merge_events(self, name: str) -> None: ...
+        def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str: ...
+
+    def split(self, task: Any) -> None:
+        spec = task.task_spec
+        gw = spec.bpmn_id
+        cfg = self.process.config(gw)
+        taken = [c for c in task.children if c.has_state(TaskState.DEFINITE_MASK)]
+        parent_name = spiff.context_name_of(task)
+        parent = self.instance.contexts[parent_name]
+        if isinstance(spec, ExclusiveGateway):
+            self._xor.pop(str(task.id), None)
+            for child in taken:  # one child: the taken flow
+                self._split_in_place(parent, gw, spiff.bpmn_id_of(child), _inject_of(cfg, spiff.bpmn_id_of(child)))
+            return
+        if taken:
+            self._fork(task, parent_name, parent, gw, cfg, taken)
+
+    def no_branch_taken(self, task: Any) -> ActivityError:
+        """The error of a gateway that finds no outgoing flow to take: no condition holds and it
+        has no default flow. Names the conditions, the values they read, and what to add."""
+        spec = task.task_spec
+        gw = spiff.bpmn_id_of(task)
+        conditions: list[str] = []
+        for condition, name in spec.cond_task_specs:
+            if condition is not None:
+                target = task.workflow.spec.get_task_spec_from_name(name)
+                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {str(condition.args[0]).strip()}")
+        ctx = self.context_of(task)
+        read = []
+        for name in sorted(spiff.names_in(str(c.args[0]) for c, _ in spec.cond_task_specs if c is not None)):
+            read.append(f"{name}={short(thaw(ctx.resolve(name)))}" if name in ctx else f"no {name!r}")
+        kind = "inclusive" if isinstance(spec, InclusiveGateway) else "exclusive"
+        return ActivityError(
+            f"{kind} gateway {gw!r}: no condition of its outgoing flows holds ({'; '.join(conditions)}) and it has "
+            f"no default flow; the context has {', '.join(read) or 'nothing these conditions read'}: add a default "
+            "flow (default=\"FLOW_ID\" on the gateway) or a condition for this case", task_id=gw)
+
+    def decide_exclusive(self, task: Any) -> dict[str, bool] | None:
+        """Decide an XOR gateway whose config gives natural-language conditions: the verdict of
+        each outgoing flow's condition text, for SpiffWorkflow's flow-by-flow evaluation.
+        None when the config gives no sentence (SpiffWorkflow evaluates the expressions).
+
+        Who decides, in SpiffWorkflow's order of the flows:
+
+        1. the BPMN condition expressions. The first flow whose expression holds is taken,
+           and an expression that does not hold keeps its flow closed, whatever the model
+           says. The expression is the designer's reviewed rule: deterministic (a replay
+           takes the same branch) and not open to persuasion by text in the context (an
+           applicant's "please fast-track this"), which a model reading that context is.
+        2. the model, which reads every branch's sentence and the context and names one
+           branch. Its answer is the check of step 1: when it names another branch than
+           the one taken, ``condition_disagreement`` goes on the tape (both branches, the
+           model's rationale) so a person can review the expression against its sentence.
+           It is followed only for a flow with no expression (a sentence as the flow's own
+           ``conditionExpression``, which ``validate`` accepts with a warning), and only when
+           no expression holds.
+        3. the default flow; without one, SpiffWorkflow's "no conditions satisfied" error.
+
+        Offline (no model) the expressions decide and nothing imports litellm. A model
+        that fails (unreachable, or malformed twice) is recorded as
+        ``condition_model_failed`` and the expressions decide. Every decision is recorded
+        as ``condition_decision``.
+        """
+        spec = task.task_spec
+        gw = spec.bpmn_id
+        cfg = self.process.config(gw)
+        sentences = {b.id: b.condition for b in (cfg.branches if cfg is not None else [])
+                     if b.condition and is_natural_language(b.condition)}
+        flows: list[tuple[str, str | None]] = []  # (branch id, condition text; None: the default flow)
+        for condition, name in spec.cond_task_specs:
+            target = task.workflow.spec.get_task_spec_from_name(name)
+            flows.append((str(getattr(target, "bpmn_id", None) or name), None if condition is None else condition.args[0]))
+        spoken = {b for b, text in flows if text is not None and is_natural_language(text)}
+        # A sentence written as the flow's own conditionExpression is that branch's condition
+        # too (the config's sentence, when it gives one, wins).
+        for b, text in flows:
+            if b in spoken and is_flow_sentence(text):
+                sentences.setdefault(b, str(text).strip())
+        if not sentences:
+            return None
+        ctx = self.context_of(task)
+        default = next((b for b, text in flows if text is None), None)
+        by_expression = next((b for b, text in flows if text is not None and b not in spoken
+                              and self._evaluate(task, text)), None)
+
+        answer = None
+        chooser = self.engine.chooser_for(self.process, gw)
+        if chooser is not None:
+            options = tuple(BranchOption(b, sentences.get(b) or text, default=text is None) for b, text in flows)
+            with self._noting_calls(chooser, ctx, gw, "condition"):
+                answer, failures = ask_branch(chooser, BranchQuestion(gw, options, condition_context(ctx)))
+            for note in failures:
+                ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
+
+        chosen: str | None
+        if by_expression is not None:
+            chosen, by = by_expression, "expression"
+        elif answer is not None and answer.branch in spoken:
+            chosen, by = answer.branch, "model"
+        else:
+            chosen, by = default, "default"
+        model = None if answer is None else {"branch": answer.branch, "rationale": answer.rationale}
+        ctx.record("condition_decision", actor=gw, data={
+            "gateway": gw, "branch": chosen, "decided_by": by, "expression_branch": by_expression or default,
+            "model": model, "model_configured": chooser is not None, "conditions": sentences})
+        if answer is not None and answer.branch != chosen:
+            ctx.record("condition_disagreement", actor=gw, data={
+                "gateway": gw, "followed": chosen, "followed_by": by, "model_branch": answer.branch,
+                "model_rationale": answer.rationale,
+                "conditions": {b: sentences.get(b) for b in (chosen, answer.branch) if b is not None}})
+        verdicts: dict[str, bool] = {}
+        for branch, text in flows:
+            if text is not None:
+                verdicts[text] = verdicts.get(text, False) or branch == chosen
+        self._xor[str(task.id)] = verdicts
+        return verdicts
+
+    def _split_in_place(self, ctx: LayeredContext, gw: str, branch_id: str, inject: Mapping[str, Any]) -> None:
+        """XOR: only one branch goes on, so the context goes on with it. A contextInject the
+        write rule refuses stops the instance, as at a parallel split."""
+        try:
+            check_inject(ctx, gw, branch_id, inject, actor=gw)
+        except ContextWriteDenied as err:  # on the tape already
+            raise _gateway_denied(gw, err) from None
+        snap = ctx.snapshot(label=f"split:{gw}", actor=gw)
+        ctx.record("split", actor=gw, data={"gateway": gw, "type": "exclusive", "branches": [branch_id],
+                                             "snapshot_id": snap.id, "inject": dict(inject)})
+        values = {**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}
+        _inject(ctx, values, actor=gw, data={"gateway": gw, "branch_id": branch_id})
+
+    def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
+              cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
+        inst = self.instance
+        ids = [spiff.bpmn_id_of(c) for c in taken]
+        try:
+            branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
+        except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)
+            raise _gateway_denied(gw, err) from None
+        split_id = f"{gw}@{task.id}"
+        for child, b in zip(taken, branches):
+            name = b.context.name
+            inst.contexts[name] = b.context
+            inst.branches[name] = {
+                "parent": parent_name, "branch_id": b.branch_id, "gateway": gw, "split": split_id,
+                "snapshot_id": b.snapshot_id, "injected": thaw(dict(b.injected)), "status": "open", "join": None}
+            child.internal_data[spiff.CTX_KEY] = name
+            child.internal_data[spiff.BRANCH_KEY] = b.branch_id
+
+    def join(self, task: Any) -> bool:
+        """Merge the arrived branch contexts; False when the join waits for a person.
+
+        The implicit join a (sub-)process ends in (``spiff.is_end_join``) fires once every
+        other task of its workflow is finished: a branch of a split in that workflow that
+        did not arrive never will (an interrupting event cancelled it), so it is closed as
+        ``cancelled`` and its siblings merge without it."""
+        gw = spiff.bpmn_id_of(task)
+        branches = self.instance.branches
+        # SpiffWorkflow keeps the instances of this join from an earlier pass of a loop (the
+        # ones its firing cancelled); their branches were merged (or closed) back then
+        arrived = [name for name in (spiff.context_name_of(t) for t in spiff.arrived_branch_tasks(task))
+                   if name not in branches or branches[name]["status"] not in ("joined", "cancelled")]
+        current = list(dict.fromkeys(self._merge_side(gw, n) if n in branches and branches[n]["status"] == "side"
+                                     else n for n in arrived))
+        if spiff.is_end_join(task.task_spec):
+            # the paths a timer started here (``event_path``) have ended, each repetition's of a cycle
+            # too (SpiffWorkflow cancelled the end it waited at): they come back with ``_merge_events``
+            self._end_event_paths(task.workflow)
+            current = list(dict.fromkeys(str(branches[n]["parent"]) if n in branches and branches[n].get("event_path")
+                                         and branches[n]["status"] == "event_done" else n for n in current))
+            self._cancel_branches(task, keep=current)
+        while True:
+            open_groups: dict[str, list[str]] = {}
+            for name in current:
+                info = branches.get(name)
+                if info is not None and info["status"] == "open":
+                    open_groups.setdefault(info["split"], []).append(name)
+            # A split's branches merge once all of its open branches are here; a nested
+            # split's branches (deeper) merge before their parent's. Only a split of this join's
+            # own workflow: the end of a sub-process that a branch runs through is no join of
+            # that branch's split, even when the branch is the only one the split sent
+            ready = [members for split, members in open_groups.items()
+                     if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}
+                     and self._in_workflow(members[0], task.workflow)]
+            if not ready:
+                part = self._part_of_split(task, open_groups)
+                if part is None:
+                    break
+                group = self._merge_part(task, gw, part, arrival=arrived)
+                if group is None:
+                    return False
+                current = list(dict.fromkeys(group if n in part else n for n in current))
+                continue
+            members = max(ready, key=lambda m: self._depth(m[0]))
+            parent_name = branches[members[0]]["parent"]
+            if not self._merge_group(task, gw, parent_name, members, arrival=arrived):
+                return False
+            current = list(dict.fromkeys(parent_name if n in members else n for n in current))
+        if len(current) != 1:
+            raise MergeConflictError(self._unmatched_join(gw, current), gateway_id=gw)
+        task.internal_data[spiff.CTX_KEY] = current[0]
+        self._merge_events(current[0])
+        return True
+
+    def _part_of_split(self, task: Any, open_groups: Mapping[str, list[str]]) -> list[str] | None:
+        """Two or more branches of one split that met at this join while their siblings never
+        can (no path leads from where a sibling starts to this join): the join closes that part
+        of the split, as SpiffWorkflow's does. A sibling that may still come stays an error."""
+        for split, members in open_groups.items():
+            if len(members) < 2 or not self._in_workflow(members[0], task.workflow):
+                continue
+            others = [i for n, i in self.instance.branches.items()
+                      if i["split"] == split and i["status"] == "open" and n not in members]
+            if others and not any(self._may_reach(task, i["branch_id"], i["gateway"]) for i in others):
+                return members
+        return None
+
+    @staticmethod
+    def _may_reach(task: Any, start_id: str, split_id: str) -> bool:
+        """Whether the flow from the element ``start_id`` of ``task``'s workflow can reach
+        ``task``'s element without passing the split ``split_id`` again (a loop back through the
+        split brings new branches). True when the element is not found: assume it can."""
+        specs = task.workflow.spec.task_specs.values()
+        todo = [s for s in specs if getattr(s, "bpmn_id", None) == start_id]
+        if not todo:
+            return True
+        seen: set[str] = set()
+        while todo:
+            spec = todo.pop()
+            if spec is task.task_spec:
+                return True
+            if spec.name not in seen and getattr(spec, "bpmn_id", None) != split_id:
+                seen.add(spec.name)
+                todo.extend(spec.outputs)
+        return False
+
+    def _merge_part(self, task: Any, gw: str, members: list[str], *, arrival: list[str]) -> str | None:
+        """Merge ``members``, part of a split's branches, into one new branch of that split,
+        forked from the split's snapshot and named by this join: it goes on in their place and
+        merges with the other branches where they meet (at the latest where the scope ends).
+        None while the merge waits for a person."""
+        inst = self.instance
+        info = inst.branches[members[0]]
+        name = f"{info['parent']}/{gw}@{task.id}"  # one per firing of the join
+        if name not in inst.contexts:  # kept while the merge waits for answers
+            parent = inst.contexts[info["parent"]]
+            inst.contexts[name] = LayeredContext.fork(parent.get_snapshot(info["snapshot_id"]), name=name,
+                                                      branch_id=gw, actor=gw, encoding=parent.encoding)
+        if not self._merge_group(task, gw, name, members, arrival=arrival):
+            return None
+        inst.branches[name] = {
+            "parent": info["parent"], "branch_id": gw, "gateway": info["gateway"], "split": info["split"],
+            "snapshot_id": info["snapshot_id"], "injected": {}, "status": "open", "join": None}
+        return name
+
+    def _unmatched_join(self, gw: str, current: list[str]) -> str:
+        """Why a join cannot merge what arrived: some branches of one split are missing (they reach
+        the join by another flow, later), or the branches come from different splits."""
+        branches = self.instance.branches
+        splits = {branches[n]["split"] for n in current if n in branches and branches[n]["status"] == "open"}
+        if len(splits) == 1 and all(n in branches for n in current):
+            [split] = splits
+            siblings = [i for i in branches.values() if i["split"] == split]
+            missing = [i["branch_id"] for i in siblings if i["status"] == "open" and
+                       not any(branches[n] is i for n in current)]
+            here = ", ".join(repr(branches[n]["branch_id"]) for n in current)
+            return (f"join {gw!r} fired with {len(current)} of the {len(siblings)} branches of split "
+                    f"{siblings[0]['gateway']!r} ({here}); {', '.join(map(repr, missing))} had not arrived (a path "
+                    "that merges branches of one split, e.g. in an exclusive gateway, brings them to the join one "
+                    "at a time): layerflow merges every branch of a split at one join, so give the join one "
+                    f"incoming flow per branch of {siblings[0]['gateway']!r}")
+
+        def described(name: str) -> str:
+            info = branches.get(name)
+            if info is not None:
+                return f"branch {info['branch_id']!r} of split {info['gateway']!r}"
+            return "the process outside any split" if name == MAIN else f"the context {name!r}"
+
+        return (f"join {gw!r} received what no one split sent together: {'; '.join(map(described, current))} "
+                "(a path that goes back into the branches of a split from outside it, e.g. a loop through an "
+                "exclusive gateway, brings them here apart); layerflow merges the branches of one split at a time: "
+                "close each split with its own join, and let a loop go back before the split")
+
+    def terminate(self, task: Any) -> None:
+        """A terminate (or error) end event in a branch: the branch that reached it merges into
+        its parent (and on up, to the context the terminated workflow started in); the
+        branches it cancels are closed as ``cancelled``, their changes dropped, as the
+        terminate drops their tokens."""
+        name = spiff.context_name_of(task)
+        branches = self.instance.branches
+        gw = spiff.bpmn_id_of(task)
+        while name in branches and branches[name]["status"] == "open" and self._in_workflow(name, task.workflow):
+            info = branches[name]
+            self._cancel_branches(task, keep=[name], split=info["split"])
+            if not self._merge_group(task, gw, info["parent"], [name], arrival=[name]):
+                raise MergeConflictError(f"terminate end event {gw!r}: branch {info['branch_id']!r} could not be "
+                                         "merged into its parent context", gateway_id=gw)
+            name = info["parent"]
+        task.internal_data[spiff.CTX_KEY] = name
+
+    def _cancel_branches(self, task: Any, *, keep: list[str], split: str | None = None) -> None:
+        """Close the open branches of ``split`` (default: of every split in ``task``'s
+        workflow) that are not in ``keep``."""
+        for name, info in self.instance.branches.items():
+            if info["status"] != "open" or name in keep:
+                continue
+            if (info["split"] == split) if split is not None else self._in_workflow(name, task.workflow):
+                by = spiff.bpmn_id_of(task)
+                info["status"] = "cancelled"
+                info["join"] = by
+                self.instance.contexts[name].record("cancelled", actor=by, data={"by": by})
+
+    def _in_workflow(self, name: str, workflow: Any) -> bool:
+        """Whether branch ``name`` was split off by a gateway of ``workflow`` (not of a
+        sub-process in it, nor of the process around it)."""
+        split_task_id = self.instance.branches[name]["split"].rsplit("@", 1)[1]
+        return uuid.UUID(split_task_id) in workflow.tasks
+
+    @contextmanager
+    def _noting_calls(self, client: Any, ctx: LayeredContext, element_id: str, purpose: str) -> Iterator[None]:
+        """While a model client (the arbiter, a condition chooser) works for ``element_id``,
+        every attempt, its request, reply and error, is noted as ``llm_call`` on ``ctx``'s tape,
+        as an LLM activity's are: a garbage answer is on the tape, not only its consequence."""
+        if client is None or not hasattr(client, "on_attempt") or not hasattr(client, "endpoint"):
+            yield
+            return
+        from .llm import call_recorder
+
+        before = client.on_attempt
+        client.on_attempt = call_recorder(ctx, task_id=element_id, endpoint=client.endpoint,
+                                          attempts=int(client.attempts), actor=element_id,
+                                          agent=f"{client.endpoint.model}#{purpose}", purpose=purpose)
+        try:
+            yield
+        finally:
+            client.on_attempt = before
+
+    def _depth(self, name: str) -> int:
+        d = 0
+        while name in self.instance.branches:
+            name = self.instance.branches[name]["parent"]
+            d += 1
+        return d
+
+    def _merge_group(self, task: Any, gw: str, parent_name: str, members: list[str], *, arrival: list[str]) -> bool:
+        inst = self.instance
+        parent = inst.contexts[parent_name]
+        infos = {m: inst.branches[m] for m in members}
+        # the split's context; ``parent_name`` is another one when part of the split merges (_merge_part)
+        base = inst.contexts[infos[members[0]]["parent"]].get_snapshot(infos[members[0]]["snapshot_id"])
+        # branch order: the split's order of outgoing flows
+        ordered = sorted(members, key=list(inst.branches).index)
+        contexts = {infos[m]["branch_id"]: inst.contexts[m] for m in ordered}
+        injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
+        order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
+        # what a person was shown, for the answers given: the chain does not run again for them
+        asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
+                 if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
+        # the answers are saved with their confirmations: a join that asked several questions
+        # runs again once all are answered, maybe after a save and a load (`resume --answer`
+        # one at a time), when the answers given before are no longer in self.answers
+        answers = {cid: c["answer"] for cid, c in asked.items()}
+        answers.update({cid: a["value"] for cid, a in self.answers.items()})
+        config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
+        arbiter = self.engine.arbiter_for(self.process)
+        try:
+            with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):
+                result = join_contexts(base, contexts, config=config, gateway_id=gw,
+                                       arrival_order=order, answers=answers, arbiter=arbiter,
+                                       human_available=True, injected=injected, asked=asked,
+                                       clock=self.engine.clock)
+        except MergeConflictError as err:
+            records = getattr(err, "conflicts", None) or []
+            parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
+            self._set_conflicts(gw, [_failed_conflict_record(gw, c) for c in records], resolved=False)
+            raise
+        if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
+            result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
+        apply_join(parent, result, actor=gw)
+        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)
+        if not result.complete:
+            self._add_confirmations(task, gw, result.pending, context=parent_name)
+            return False
+        self._close_confirmations(gw, result)
+        for m in members:
+            inst.branches[m]["status"] = "joined"
+            inst.branches[m]["join"] = gw
+            inst.contexts[m].record("joined", actor=gw, data={"gateway_id": gw, "into": parent_name})
+        return True
+
+    def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool) -> None:
+        """The ``conflicts`` list shows each join's conflicts once: pending ones are replaced when settled."""
+        inst = self.instance
+        inst.conflicts = [c for c in inst.conflicts if not (c.get("gateway_id") == gw and c.get("resolution") is None)]
+        inst.conflicts.extend(records)
+
+    def _add_confirmations(self, task: Any, gw: str, pending: list[Any], *, context: str) -> None:
+        inst = self.instance
+        known = {c["id"] for c in inst.confirmations if not c.get("answered")}
+        now = self.engine.clock()
+        for req in pending:
+            if req.id in known:
+                continue
+            entry = {**req.to_dict(), "answer": None, "timed_out": False, "answered": False,
+                     "task_id": gw, "task": str(task.id), "context": context,
+                     "created": now, "deadline": now + float(req.timeout)}
+            inst.confirmations.append(entry)
+
+    def _close_confirmations(self, gw: str, result: Any) -> None:
+        for c in self.instance.confirmations:
+            if c.get("task_id") == gw and c.get("answered") and "resolved" not in c:
+                c["resolved"] = True
+                self.answers.pop(c["id"], None)
+
+    def check_answer(self, confirmation_id: str, value: Any) -> dict[str, Any]:
+        """The open confirmation, if ``value`` is one of its options (value, label or its JSON text)."""
+        inst = self.instance
+        entry = next((c for c in inst.confirmations if c["id"] == confirmation_id and not c.get("answered")), None)
+        if entry is None:
+            open_ids = [c["id"] for c in inst.confirmations if not c.get("answered")]
+            raise ActivityError(f"instance {inst.id} has no open confirmation {confirmation_id!r}; open: "
+                                f"{', '.join(open_ids) or 'none'}")
+        try:
+            freeze(value)
+        except ValueError as err:  # NaN, Infinity, a lone surrogate: the person's mistake, not the process's
+            raise ActivityError(f"answer {short(value)} for confirmation {confirmation_id!r} is not a JSON value: "
+                                f"{err}; answer with one of the offered option values",
+                                task_id=entry.get("task_id")) from None
+        options = entry.get("options") or []
+        ok = (not options or value == "escalate" or typed_option(options, value) is not None
+              or any(json_equal(value, o.get("value")) or value == o.get("label")
+                     or (isinstance(value, str) and value == json.dumps(o.get("value"), ensure_ascii=False))
+                     for o in options))
+        if not ok:
+            offered = ", ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in options)
+            raise ActivityError(f"answer {value!r} for confirmation {confirmation_id!r} is not one of the "
+                                f"offered option values: {offered}", task_id=entry.get("task_id"))
+        return entry
+
+    def describe(self, item: Mapping[str, Any]) -> dict[str, Any]:
+        """What a person is asked: the confirmation (message, options, default) or the user task."""
+        if item["kind"] == "confirmation":
+            # the open one: a loop back through a join asks again under the same id, with new options
+            entry = next((c for c in self.instance.confirmations if c["id"] == item["id"] and not c.get("answered")),
+                         next((c for c in self.instance.confirmations if c["id"] == item["id"]), {}))
+            return {**entry, **item}
+        out = dict(item)
+        if item["kind"] == "user_task":
+            task = self.find_waiting_task(item["id"])
+            out["documentation"] = getattr(task.task_spec, "documentation", None)
+        return out
+
+    def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
+               actor: str = "person", reason: str | None = None) -> None:
+        """Record a person's answer; once a join has all its answers it runs again.
+
+        The decision goes on the tape when it is made (a join with several confirmations
+        runs again, and records its resolutions, only once all are answered); an answer a
+        timeout gave is on the tape as ``confirmation_timed_out`` already."""
+        inst = self.instance
+        entry = self.check_answer(confirmation_id, value)
+        typed = typed_option(entry.get("options") or [], value)
+        if typed is not None:
+            value = typed
+        if not timed_out:
+            ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
+            ctx.record("human_decision", actor=actor, data={
+                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason})
+        entry["answer"] = value
+        entry["answered"] = True
+        entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked
+        self.answers[confirmation_id] = {"value": value, "resolver": resolver}
+        task_uuid = entry.get("task")
+        if task_uuid and not any(c.get("task") == task_uuid and not c.get("answered") for c in inst.confirmations):
+            task = inst.workflow.get_task_from_id(uuid.UUID(task_uuid))
+            if task is not None and task.state == TaskState.STARTED:
+                task.run()
+
+
+    def _open(self, confirmation_id: str) -> dict[str, Any] | None:
+        return next((c for c in self.instance.confirmations if c["id"] == confirmation_id and not c.get("answered")),
+                    None)
+
+    def overdue(self, confirmation_id: str) -> bool:
+        """Past its deadline and not yet timed out (an escalated one waits for a person, no longer for a clock)."""
+        entry = self._open(confirmation_id)
+        if entry is None or entry.get("escalated"):
+            return False
+        deadline = _deadline(entry)
+        return deadline is not None and self.engine.clock() >= deadline
+
+    def time_out(self, confirmation_id: str) -> bool:
+        """Apply a confirmation's timeout rule; True when that answered it.
+
+        ``onTimeout: default`` with a default that is one of the options: the default is
+        the answer (the join runs again; its resolution says it was the timeout's).
+        Otherwise (``onTimeout: escalate``, or no usable default) the confirmation is marked
+        ``escalated`` and stays open: a loan officer expects an unanswered dual approval
+        to land on a supervisor's desk, not to be decided by the clock nor to fail the
+        instance (which would lose the question). Either way ``timed_out`` is set and a
+        ``confirmation_timed_out`` event goes on the tape of the join's context.
+        """
+        entry = self._open(confirmation_id)
+        if entry is None or entry.get("escalated"):
+            return False
+        now = self.engine.clock()
+        ctx = self.instance.contexts.get(entry.get("context") or MAIN, self.instance.main)
+        data = {"confirmation_id": confirmation_id, "deadline": _deadline(entry), "timeout": entry.get("timeout"),
+                "at": now}
+        entry["timed_out"] = True
+        default = entry.get("default")
+        why = None
+        if entry.get("on_timeout", "default") != "default":
+            why = "onTimeout is escalate"
+        elif default is None:
+            why = "no default is configured"
+        else:
+            try:
+                self.check_answer(confirmation_id, default)
+            except ActivityError as err:
+                why = f"the default is not one of the options ({err})"
+        if why is None:
+            ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "default", "value": default})
+            entry["answered_by_timeout"] = True
+            self.answer(confirmation_id, default, timed_out=True)
+            return True
+        entry["escalated"] = True
+        entry["escalated_at"] = now
+        for item in self.instance.waiting_for:
+            if item.get("kind") == "confirmation" and item.get("id") == confirmation_id:
+                item["escalated"] = True
+        ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "escalated", "reason": why})
+        return False

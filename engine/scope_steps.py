@@ -1,0 +1,479 @@
+"""The driver's steps for scopes and events (a base class of ``engine.runtime._Runtime``).
+
+* **timers** are due by the engine's clock (``Engine(clock=...)``), not the wall clock.
+* a **sub-process or call activity** runs in the context of the task that starts it; an
+  **event sub-process** runs in a context forked as its event comes (a timer's, a
+  message's) and is merged back when it ends; an interrupting one cancels the rest of
+  its scope (``interrupt``).
+* a **boundary event's path** runs in a side branch of its own, merged back where the
+  path it left goes (``boundary_path``, ``_merge_side``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from SpiffWorkflow.specs.Join import Join
+from SpiffWorkflow.util.task import TaskState
+
+from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.config import ActivityExtensionConfig
+from context_layers.context import RECORD_PREFIXES
+from context_layers.errors import ActivityError
+from gateways.join import free_record_key
+from gateways.splitter import branch_context_name
+
+from . import events, spiff
+from .gateway_steps import RECORD_KEY_PREFIXES
+
+if TYPE_CHECKING:
+    from .process import Process
+    from .runtime import Engine, Instance
+
+
+ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is ABSENT or b is ABSENT:
+        return a is b
+    return json_equal(a, b)
+
+
+def _plain(value: Any) -> Any:
+    return None if value is ABSENT else thaw(value)
+
+
+def _snapshot_values(snap: Any) -> dict[str, Any]:
+    """Every key of a snapshot with the value a read would have given (the lowest layer wins)."""
+    out: dict[str, Any] = {}
+    for layer in reversed(list(Layer)):
+        out.update(snap.layer(layer).items())
+    return out
+
+
+def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
+    """Close a confirmation nobody will answer (its instance or its join was cancelled); the join
+    conflict it asked about stays unresolved, and says so: ``"cancelled": true``."""
+    confirmation.update(answered=True, cancelled=True)
+    for conflict in instance.conflicts:
+        if conflict.get("resolution") is None and conflict.get("gateway_id") == confirmation.get("task_id") \
+                and conflict.get("key") == confirmation.get("key"):
+            conflict["cancelled"] = True
+
+
+def no_output_item(bpmn_id: str, index: Any, output_item: Any) -> ActivityError:
+    """An instance of a multi-instance activity ended without its output item."""
+    out = spiff.data_name(output_item)
+    name = getattr(output_item, "bpmn_name", None)
+    hint = (f"; SpiffWorkflow names an outputDataItem by its id, not by its name {name!r}: set {out!r}, or give "
+            f"the item id={name!r}") if name and name != out else f": set {out!r} in each instance"
+    return ActivityError(f"instance {index!r} of multi-instance activity {bpmn_id!r} set no output item {out!r} "
+                         f"(outputDataItem){hint}", task_id=bpmn_id)
+
+
+class ScopeSteps:
+    """Timers, sub-processes, event sub-processes and boundary-event paths."""
+
+    engine: Engine
+    instance: Instance
+    process: Process
+
+    if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.gateway_steps.GatewaySteps
+        def context_of(self, task: Any) -> LayeredContext: ...
+        def abort_multi(self, task: Any, err: BaseException) -> None: ...
+        def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
+                  cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None: ...
+        def _in_workflow(self, name: str, workflow: Any) -> bool: ...
+        def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool) -> None: ...
+
+    def now(self) -> datetime:
+        """The engine's clock, as SpiffWorkflow's timers read it (a cycle timer's repetitions)."""
+        return datetime.fromtimestamp(self.engine.clock(), timezone.utc)
+
+    def timer(self, task: Any) -> None:
+        """A timer event is (re)checked: its due time is fixed by the engine's clock when it starts
+        waiting, and it fires once the engine's clock reaches it (SpiffWorkflow also fires it by
+        the wall clock; with the default clock they agree). A cycle timer's first due time is
+        fixed here too, so that an expression that is no repeating interval names the timer."""
+        now = self.now()
+        try:
+            if spiff.is_cycle(task):
+                # its repetitions fire by the cycle itself (spiff.EngineCycleTimerEventDefinition)
+                spiff.start_cycle(task, now)
+                return
+            due = spiff.timer_due(task, now)
+        except Exception as err:  # noqa: BLE001
+            detail = str(err) if isinstance(err, (ActivityError, ValueError)) else f"{type(err).__name__}: {err}"
+            raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {detail}", task_id=spiff.bpmn_id_of(task)) from err
+        if due is not None and due <= now and not task.internal_data.get("event_fired"):
+            task.internal_data["event_fired"] = True
+
+    # ----- sub-processes and call activities ----------------------------------------------
+
+    def enter_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity starts. Its tasks run in the context of ``task``, except:
+
+        * an instance of a multi-instance sub-process runs in a scope of its own (a context
+          forked from the activity's), its input item in WORKING, so parallel instances never
+          see nor overwrite each other's items;
+        * a called process whose ``ioSpecification`` names data outputs runs in a scope of its
+          own too: only those outputs come back (``leave_subworkflow``), as in SpiffWorkflow.
+
+        The called process's data inputs must be in the context (SpiffWorkflow's check)."""
+        spec = task.task_spec
+        bpmn_id = spiff.bpmn_id_of(task)
+        ctx = self.context_of(task)
+        inputs = spiff.io_names(subworkflow.spec, "data_inputs")
+        missing = [name for name in inputs if name not in ctx]
+        if missing:
+            raise ActivityError(f"{bpmn_id!r} calls {spec.spec!r}, whose ioSpecification needs the data input(s) "
+                                f"{', '.join(map(repr, missing))}; none is in the context. Set them before "
+                                f"{bpmn_id!r} (an earlier task, the instance's data) or remove them from the "
+                                "called process's dataInput", task_id=bpmn_id)
+        multi = spiff.multi_instance_of(task)
+        outputs = spiff.io_names(subworkflow.spec, "data_outputs")
+        if spiff.is_event_subprocess(task):
+            if spiff.is_timer_event_subprocess(task):
+                # made as its process starts, it waits for its timer there: each path the timer
+                # starts gets a context of its own as it fires (event_path)
+                return
+            # the process goes on meanwhile, and may split this context: it must then stay as the
+            # split left it (the join merges against it), so the event sub-process, the payload
+            # that started it included, runs in a side branch, merged back as it ends, or once
+            # the branches split meanwhile have joined
+            self._fork(task, ctx.name, ctx, bpmn_id, None, [task])
+            name = spiff.context_name_of(task)
+            self.instance.branches[name]["status"] = "event"
+            self._event_forked(name)
+            subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name
+            return
+        if multi is None and not outputs:
+            return
+        inject: dict[str, Any] = {}
+        if multi is not None:
+            item = spiff.data_name(multi.task_spec.input_item)
+            if item is not None and item in task.data:
+                inject[item] = task.data[item]
+        if multi is not None:
+            instances = [c for c in multi.children if c.task_spec is spec]
+            branch_id = f"{bpmn_id}#{instances.index(task) + 1}"
+        else:
+            branch_id = bpmn_id
+        parent_name = ctx.name
+        snap = ctx.snapshot(label=f"scope:{branch_id}", actor=bpmn_id)
+        name = branch_context_name(parent_name, branch_id, snap.seq)
+        scope = LayeredContext.fork(snap, name=name, branch_id=branch_id, inject=inject, actor=bpmn_id,
+                                    encoding=ctx.encoding)
+        ctx.record("scope", actor=bpmn_id, data={"activity": bpmn_id, "context": name, "snapshot_id": snap.id,
+                                                  "inject": thaw(dict(inject))})
+        self.instance.contexts[name] = scope
+        self.instance.branches[name] = {
+            "parent": parent_name, "branch_id": branch_id, "gateway": bpmn_id, "split": f"{bpmn_id}@{task.id}",
+            "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
+            "status": "scope", "join": None}
+        subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
+
+    def interrupt(self, esp: Any, start: Any) -> None:
+        """An interrupting event sub-process started: the rest of the (sub-)process it belongs to
+        stops, as BPMN says. Every other unfinished task of that process is cancelled (running
+        sub-processes, waiting people and timers, other event sub-processes); the branches of its
+        splits and the contexts of what it cancels are closed as ``cancelled``, their changes
+        dropped, as their tokens are; an activity left open is put back as it was before it began,
+        and the confirmations it waited for are closed. What finished before stays. When the event
+        sub-process ends, so does its process (its end join has nothing else to wait for)."""
+        by = spiff.bpmn_id_of(start)
+        wf = esp.workflow
+        top = wf.top_workflow
+        # its message / signal starts listen no more (``events.waiting_catches``)
+        wf.task_tree.internal_data[spiff.INTERRUPTED_KEY] = by
+        keep = {esp.id}
+        stack = list(esp.children)
+        while stack:
+            t = stack.pop()
+            keep.add(t.id)
+            stack.extend(t.children)
+        doomed = [t for t in wf.get_tasks(state=TaskState.NOT_FINISHED_MASK) if t.workflow is wf and t.id not in keep]
+        doomed_ids = {t.id for t in doomed}
+
+        def inside(workflow: Any) -> bool:  # below a doomed task (a sub-process in a cancelled one too)
+            while workflow is not None and workflow.parent_task_id is not None:
+                if workflow.parent_task_id in doomed_ids:
+                    return True
+                workflow = top.get_task_from_id(workflow.parent_task_id).workflow
+            return False
+
+        gone_workflows = [w for w in top.subprocesses.values() if inside(w)]
+        inst = self.instance
+        own = spiff.context_name_of(start)  # the context the event sub-process's path runs in
+        mine = set()  # ... and the contexts that one came from
+        name = own
+        while name in inst.branches and name not in mine:
+            mine.add(name)
+            name = str(inst.branches[name]["parent"])
+        for name, info in inst.branches.items():
+            if name in mine or info["status"] not in ("open", "event", "side", "scope"):
+                continue
+            split_id = uuid.UUID(info["split"].rsplit("@", 1)[1])
+            if split_id in wf.tasks or any(split_id in w.tasks for w in gone_workflows):
+                info["status"] = "cancelled"
+                info["join"] = by
+                inst.contexts[name].record("cancelled", actor=by, data={"by": by})
+        gone_keys = {str(i) for i in doomed_ids} | {str(t) for w in gone_workflows for t in w.tasks}
+        for c in inst.confirmations:
+            if not c.get("answered") and c.get("task") in gone_keys:
+                close_cancelled(inst, c)
+        for key in [k for k in inst.suspended if k in gone_keys]:
+            del inst.suspended[key]
+        for t in doomed:
+            if t.parent is None or t.parent.id not in doomed_ids:
+                t.cancel()
+        for name, ctx in inst.contexts.items():
+            status = inst.branches[name]["status"] if name in inst.branches else None
+            if ctx.current_activity is not None and status not in ("cancelled", "joined") and name != own:
+                ctx.abort_activity(ctx.current_activity, reason=f"interrupted by event sub-process "
+                                   f"{spiff.bpmn_id_of(esp)!r}", actor=by)
+
+    def leave_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""
+        name = subworkflow.task_tree.internal_data.get(spiff.CTX_KEY)
+        info = self.instance.branches.get(name) if name is not None else None
+        if info is not None and info["status"] == "event":
+            self._event_done(info)
+            self._merge_events(str(info["parent"]))
+            if info["status"] == "joined":
+                # merged back: what follows it (its process's end join) runs in that context
+                for t in [task, *task.children]:
+                    if t.internal_data.get(spiff.CTX_KEY) in (None, name):
+                        t.internal_data[spiff.CTX_KEY] = info["parent"]
+            return
+        if info is None or info["status"] != "scope":
+            return
+        bpmn_id = spiff.bpmn_id_of(task)
+        scope = self.instance.contexts[name]
+        parent = self.instance.contexts[info["parent"]]
+        outputs = spiff.io_names(subworkflow.spec, "data_outputs")
+        multi = spiff.multi_instance_of(task)
+        if multi is not None:
+            mspec = multi.task_spec
+            out = spiff.data_name(mspec.output_item) if mspec.data_output is not None else None
+            item = spiff.data_name(mspec.input_item)
+            if out is not None:
+                # SpiffWorkflow collects the instance's output item from its data
+                value = scope.get(out, ABSENT)
+                if value is ABSENT and spiff.interrupted(multi):
+                    # an error the instance threw ended it, caught by an interrupting boundary event
+                    # on the activity: nothing is collected (``merge_child``)
+                    task.data = {}
+                elif value is ABSENT:
+                    index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
+                    err = no_output_item(mspec.bpmn_id, index, mspec.output_item)
+                    self.abort_multi(multi, err)  # as when an instance's script fails
+                    raise err
+                else:
+                    task.data = {out: thaw(value)}
+            else:
+                # no output collection: what the instance changed reaches the activity (SpiffWorkflow
+                # merges each instance's data in turn)
+                base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
+                changed = {k: thaw(v) for k, v in scope.resolved().items()
+                           if not k.startswith(RECORD_KEY_PREFIXES) and k != item
+                           and (k not in base or not json_equal(base[k], v))}
+                for key, value in changed.items():
+                    parent.write(Layer.WORKING, key, value, actor=bpmn_id)
+                task.data = {}
+        else:
+            missing = [o for o in outputs if o not in scope]
+            if missing:
+                raise ActivityError(f"{bpmn_id!r} calls {task.task_spec.spec!r}, whose ioSpecification names the data "
+                                    f"output(s) {', '.join(map(repr, missing))}; the called process set none of "
+                                    "them. Set them in the called process or remove them from its dataOutput",
+                                    task_id=bpmn_id)
+            parent.begin_activity(bpmn_id, actor=bpmn_id)
+            parent.write_many(Layer.WORKING, {o: scope.resolve(o) for o in outputs}, actor=bpmn_id)
+            parent.complete_activity(bpmn_id, summary=f"outputs of {task.task_spec.spec}: {', '.join(outputs)}",
+                                     actor=bpmn_id)
+        info["status"] = "joined"
+        info["join"] = bpmn_id
+        scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None:
+        """A sub-process or call activity is cancelled (an interrupting event; a timer event
+        sub-process that only listens, at the end of its scope): what its steps wrote stays, and
+        so does what the paths of its non-interrupting boundary events (or of its timer start
+        event) that ran to their end inside it wrote. Such a path runs in a branch of its own
+        (``boundary_path``, ``event_path``), merged where it ends, at the end of the sub-process,
+        which now never comes: it merges now. (A path that still runs is cancelled with the
+        sub-process, as the branches of its splits are.)"""
+        gw = spiff.bpmn_id_of(task)
+        running = self._running_contexts(subworkflow)
+        for name, info in list(self.instance.branches.items()):
+            if info["status"] == "side" and name not in running and self._in_workflow(name, subworkflow):
+                self._merge_side(gw, name)
+        for parent in self._end_event_paths(subworkflow):
+            self._merge_events(parent)
+
+    @staticmethod
+    def _running_contexts(workflow: Any) -> set[str]:
+        """The contexts of the paths of ``workflow`` that still run (a path that ended waits at joins only)."""
+        return {spiff.context_name_of(t) for t in workflow.tasks.values()
+                if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING)
+                and not isinstance(t.task_spec, Join)}
+
+    def _end_event_paths(self, workflow: Any) -> list[str]:
+        """Mark the paths a timer started in ``workflow`` (``event_path``) that have ended as done;
+        returns the contexts they came from."""
+        running = self._running_contexts(workflow)
+        parents = []
+        for name, info in self.instance.branches.items():
+            if info.get("event_path") and info["status"] == "event" and name not in running \
+                    and self._in_workflow(name, workflow):
+                self._event_done(info)
+                parents.append(str(info["parent"]))
+        return list(dict.fromkeys(parents))
+
+    def event_path(self, task: Any, path: Any = None) -> None:
+        """A timer starts the path of an event sub-process (``task``: its start event; ``path``: the
+        first task of one repetition's path, for a cycle). SpiffWorkflow started the event
+        sub-process with its scope, whose context its tasks run in; the process went on meanwhile
+        and may have split that context: the path runs in a context of its own, forked from it
+        now, and comes back at the end of the event sub-process, or once the branches split
+        meanwhile have joined (as a message event sub-process does, ``enter_subworkflow``)."""
+        start = task if path is None else path
+        ctx = self.context_of(task)
+        owner = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
+        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(owner), None, [start])
+        self.instance.branches[spiff.context_name_of(start)].update(status="event", event_path=True)
+        self._event_forked(spiff.context_name_of(start))
+
+    def _event_done(self, info: dict[str, Any]) -> None:
+        """An event sub-process (a timer's path) ended: it merges back once no branch split from
+        its context runs, after those that ended before it (``_events_done``)."""
+        info["status"] = "event_done"
+        info["ended"] = sum(1 for i in self.instance.branches.values() if "ended" in i)
+
+    def boundary_path(self, task: Any, path: Any = None) -> None:
+        """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
+        to, in the same context, unless that activity is open there (a multi-instance activity
+        whose instances wait for people) or is a sub-process or call activity (whose tasks run in
+        that context): then in a branch of its own, forked from the context and merged back where
+        the path joins (at the latest, at the end of the process).
+        ``path``: the first task of the path when it is not ``task`` itself (each repetition of a
+        cycle timer starts one)."""
+        ctx = self.context_of(task)
+        # a sub-process goes on in this context meanwhile: its splits and activities must not
+        # see the path's writes come and go
+        if ctx.current_activity is None and not spiff.boundary_of_subworkflow(task):
+            return
+        start = task if path is None else path
+        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(task), None, [start])
+        # the context it came from goes on meanwhile: the path's changes come back at its join as
+        # they stand (``_merge_side``), not by a three-way merge against an untouched parent
+        self.instance.branches[spiff.context_name_of(start)]["status"] = "side"
+
+    def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str:
+        """Bring a side branch (``boundary_path``) back into the context it came from: every key it
+        changed since it forked, in its layer, unless the parent changed that key too (then the
+        parent's value stays, both are on the tape as ``side_conflict`` and the clash is listed in
+        the run's ``conflicts``, settled by that rule). Returns the context it merged into."""
+        inst = self.instance
+        info = inst.branches[name]
+        # a path that outlived the branch it left (joined meanwhile) merges where that branch went
+        into = str(info["parent"])
+        while into in inst.branches and inst.branches[into]["status"] == "joined":
+            into = str(inst.branches[into]["parent"])
+        branch, parent = inst.contexts[name], inst.contexts[into]
+        changes, kept = self._side_changes(name, parent)
+        if changes:
+            parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
+        if kept:
+            parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
+            # listed with the run's conflicts too, settled by this rule: the flow the activity is on
+            # keeps its value (the path ran beside it, from a copy); never only on the tape
+            side, own = str(info.get("branch_id") or name), into
+            reason = (f"the {what} {side!r} ran beside the flow and changed this key, and so did "
+                      f"{own!r}; the value of {own!r} stays (a {what} never overwrites the flow it "
+                      "left); its value is on the tape (side_conflict)")
+            self._set_conflicts(gw, [
+                {"gateway_id": gw, "layer": k["layer"], "key": k["key"],
+                 "base_value": k["base"],
+                 "values": {side: k["dropped"], own: k["kept"]},
+                 "resolution": {"value": k["kept"], "resolver": "strategy", "reason": reason}} for k in kept],
+                resolved=True)
+        info["status"] = "joined"
+        info["join"] = gw
+        branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})
+        return into
+
+    def _side_changes(self, name: str, parent: LayeredContext
+                      ) -> tuple[list[tuple[Layer, str, Any]], list[dict[str, Any]]]:
+        """What side branch ``name`` brings into ``parent`` (``_merge_side``): the changes to apply,
+        and the keys both changed, where ``parent``'s value stays."""
+        info = self.instance.branches[name]
+        branch = self.instance.contexts[name]
+        # (an event sub-process that read what others had done before it started: ``_event_forked``)
+        base = self.instance.contexts[info.get("base_context", info["parent"])].get_snapshot(
+            info.get("base_snapshot", info["snapshot_id"]))
+        changes: list[tuple[Layer, str, Any]] = []
+        kept: list[dict[str, Any]] = []
+        for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
+            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
+            for key in dict.fromkeys([*before, *after]):
+                old, new = before.get(key, ABSENT), after.get(key, ABSENT)
+                if key.startswith("_") or _same(old, new):
+                    continue
+                current = now.get(key, ABSENT)
+                if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is ABSENT and current is not ABSENT:
+                    # another run of the same activity (a path of each pass of a loop) got there first:
+                    # two records, no conflict (as at a join)
+                    key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
+                    current = ABSENT
+                if not _same(current, old) and not _same(current, new):
+                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
+                                 "base": None if old is ABSENT else _plain(old)})
+                    continue
+                changes.append((layer, key, DELETED if new is ABSENT else new))
+        return changes, kept
+
+    def _event_forked(self, name: str) -> None:
+        """Event sub-process context ``name`` was forked from its process's. The event
+        sub-processes that ended before it started but wait to merge back (branches split from
+        that context run: ``_merge_events``) are part of what it reads: their changes come into
+        it as they will into the process's, and it merges back against the context so made."""
+        inst = self.instance
+        info, ctx = inst.branches[name], inst.contexts[name]
+        done = self._events_done(str(info["parent"]))
+        for other in done:
+            changes, _ = self._side_changes(other, ctx)
+            if changes:
+                ctx.apply_changes(changes, kind="side_merge", actor=str(info["gateway"]),
+                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"])})
+        if done:
+            info["base_context"] = name
+            info["base_snapshot"] = ctx.snapshot(label=f"event:{info['gateway']}", actor=str(info["gateway"])).id
+
+    def _splits_open(self, name: str) -> bool:
+        """Whether branches split from context ``name`` run (not yet joined)."""
+        return any(info["parent"] == name and info["status"] == "open" for info in self.instance.branches.values())
+
+    def _merge_events(self, name: str) -> None:
+        """Bring the finished event sub-processes that ran beside the branches of context ``name``
+        (``enter_subworkflow``) back into it, once no branch split from it runs."""
+        if self._splits_open(name):
+            return
+        for branch in self._events_done(name):
+            info = self.instance.branches[branch]
+            info["status"] = "side"
+            self._merge_side(str(info["gateway"]), branch, "event sub-process")
+
+    def _events_done(self, name: str) -> list[str]:
+        """The finished event sub-processes of context ``name`` that wait to merge back, in the
+        order they ended (``leave_subworkflow``), as each would have merged then."""
+        done = [b for b, i in self.instance.branches.items() if i["parent"] == name and i["status"] == "event_done"]
+        return sorted(done, key=lambda b: int(self.instance.branches[b].get("ended", 0)))
+
+    def caught(self, task: Any, values: dict[str, Any]) -> None:
+        """A catching event ran with the payload of an event this process threw: into its context."""
+        events.catch_thrown(self.context_of(task), task, values)
