@@ -6,7 +6,7 @@ flow's own ``conditionExpression`` may be one too (``is_flow_sentence``). The
 model is asked which branch the sentences pick for the context; ``engine`` sends the
 question through litellm (the ``BranchChooser`` protocol). Everything here is pure.
 
-Who decides is the engine's rule (``engine.runtime``, ``_Runtime.decide_exclusive``):
+Who decides is the engine's rule (``engine.gateway_steps``, ``GatewaySteps.decide_exclusive``):
 the BPMN condition expression of a flow, when it has one, is authoritative and the
 model's answer is its check; a disagreement is recorded, never followed.
 
