@@ -22,6 +22,7 @@ each other's items. ``ActivityContext.scope`` holds them after the handler ran.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
@@ -339,8 +340,7 @@ def run_script(script: str, actx: ActivityContext, *, filename: str = "<string>"
     Errors propagate with the script's line in their traceback (``filename`` marks it).
     """
     ns = ScriptNamespace(actx.context, {"ctx": actx, "__builtins__": __builtins__, **actx.scope}, actx.scoped)
-    code = compile(script, filename, "exec")
-    exec(code, ns)
+    exec(_compiled(script, filename, "exec"), ns)
     for key in actx.scoped:
         if dict.__contains__(ns, key):
             actx.scope[key] = dict.__getitem__(ns, key)
@@ -361,4 +361,11 @@ def evaluate_expression(expression: str, context: LayeredContext, scope: Mapping
     """A BPMN condition (Python expression) over the resolved context; reads only what it names.
     ``scope`` (a multi-instance item, its collections) is read before the context."""
     ns = ScriptNamespace(context, {"__builtins__": __builtins__, **(scope or {})})
-    return eval(compile(expression.strip(), "<condition>", "eval"), ns)
+    return eval(_compiled(expression.strip(), "<condition>", "eval"), ns)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str, filename: str, mode: str) -> types.CodeType:
+    """A script or condition compiled once: a process runs the same ones on every instance
+    and every loop pass (a code object is immutable; a SyntaxError is not kept)."""
+    return compile(source, filename, mode)
