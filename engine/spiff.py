@@ -89,7 +89,7 @@ from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
     TimeDateEventDefinition,
     TimerEventDefinition,
 )
-from SpiffWorkflow.bpmn.util.event import BpmnEvent
+from SpiffWorkflow.bpmn.util.event import BpmnEvent, EventManager
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.exceptions import WorkflowException
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
@@ -1464,10 +1464,26 @@ def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> B
     return BpmnWorkflow(spec, subprocess_specs or {}, script_engine=LayerflowScriptEngine())
 
 
+class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
+    """SpiffWorkflow's routing of messages and signals, except that a process an interrupting
+    event sub-process interrupted (``_Runtime.interrupt``) starts none of its other event
+    sub-processes: it is over but for the interrupting one. SpiffWorkflow started one for a
+    message or signal the interrupting one threw itself (layerflow refuses those sent from
+    outside before they reach SpiffWorkflow: ``events.waiting_catches``)."""
+
+    def update_collaboration(self, event: Any) -> None:
+        if self.workflow.task_tree.internal_data.get(INTERRUPTED_KEY) is None:
+            super().update_collaboration(event)
+
+
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:
     """Make ``driver`` the hook object of ``wf`` (after creating or deserializing it)."""
     wf.script_engine = LayerflowScriptEngine()
     wf.layerflow = driver
+    if type(wf.event_manager) is EventManager:
+        events = _InterruptAwareEvents(wf)
+        events.tasks = wf.event_manager.tasks  # the tasks waiting for an event, as loaded
+        wf.event_manager = events
     return wf
 
 

@@ -86,8 +86,8 @@ not make ``report.ok`` false:
                                       sub-process with a message or signal start: SpiffWorkflow 3.2 starts
                                       those in the top-level process only, never in a called one
 ``event_subprocess_after_interrupt`` W an interrupting event sub-process throws a message or signal that
-                                      starts an event sub-process of the same process: BPMN starts nothing
-                                      there once it interrupted, SpiffWorkflow 3.2 starts it anyway
+                                      would start an event sub-process of the same process: it starts
+                                      nothing there, the process being interrupted (likely not what was meant)
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
@@ -1296,8 +1296,8 @@ class _Validator:
 
     def _check_thrown_after_interrupt(self, sub: Any, scope: Any, file: str) -> None:
         """Once an interrupting event sub-process started, the rest of its process is over, its other
-        event sub-processes too; SpiffWorkflow 3.2 still starts one by a message or signal the
-        interrupting one throws itself (layerflow stops only those sent from outside)."""
+        event sub-processes too: a message or signal it throws itself starts none of them
+        (``spiff._InterruptAwareEvents``). Drawn so, it was most likely meant to."""
         starts: dict[tuple[str, str], str] = {}
         for other in scope.iterchildren(_bpmn("subProcess")):
             if other.get("triggeredByEvent") == "true":
@@ -1311,9 +1311,9 @@ class _Validator:
                     started = starts.get((kind, d.get(f"{kind}Ref") or ""))
                     if started is not None:
                         self.add("event_subprocess_after_interrupt", f"{throw.get('id')!r} in interrupting event "
-                                 f"sub-process {sub.get('id')!r} throws the {kind} {d.get(f'{kind}Ref')!r} that starts "
+                                 f"sub-process {sub.get('id')!r} throws the {kind} {d.get(f'{kind}Ref')!r} that would start "
                                  f"event sub-process {started!r}: once {sub.get('id')!r} started, the rest of its process "
-                                 f"is cancelled, yet SpiffWorkflow 3.2 starts {started!r} and it runs; make "
+                                 f"is cancelled, {started!r} with it, so the {kind} starts nothing here; make "
                                  f"{sub.get('id')!r} non-interrupting (isInterrupting=\"false\"), or do what "
                                  f"{started!r} does in {sub.get('id')!r} itself", file=file, line=throw.sourceline,
                                  element_id=throw.get("id"), severity="warning")

@@ -989,11 +989,11 @@ def test_event_sub_processes_that_ended_while_branches_ran_merge_back_in_the_ord
     _replays(done)
 
 
-def test_validate_warns_of_an_interrupting_event_sub_process_that_starts_another_of_its_process(
+def test_a_signal_an_interrupting_event_sub_process_throws_starts_no_other_of_its_process(
         tmp_path: Path) -> None:
-    """Not fixed: a signal the interrupting event sub-process throws itself still starts another
-    event sub-process of its (interrupted) process (SpiffWorkflow starts it as it routes the
-    signal; only events sent from outside are refused). ``validate`` says so, naming the throw."""
+    """Once an interrupting event sub-process started, the rest of its process is over, its other
+    event sub-processes too: a signal it throws itself starts none of them (SpiffWorkflow started
+    it as it routed the signal). ``validate`` warns of the shape, naming the throw."""
     text = HEAD + """  <bpmn:process id="thrown" isExecutable="true">
     <bpmn:startEvent id="start"/><bpmn:userTask id="review"/><bpmn:endEvent id="end"/>
     <bpmn:subProcess id="on_cancel" triggeredByEvent="true">
@@ -1009,9 +1009,34 @@ def test_validate_warns_of_an_interrupting_event_sub_process_that_starts_another
       <bpmn:sequenceFlow id="e2" sourceRef="went" targetRef="go_end"/></bpmn:subProcess>
 """ + flows("start>review", "review>end") + TAIL
     path = write(tmp_path, "thrown", text)
+    engine, instance = started(tmp_path, path)
+    done = engine.send_event(engine.load(instance.id), "cancel", {})
+    assert done.status == "completed", done.error
+    assert "gone" not in done.main
+    ran = {spiff_id for spiff_id in (getattr(t.task_spec, "bpmn_id", None) for t in done.workflow.get_tasks()) if spiff_id}
+    assert "shout" in ran and not {"on_go", "went"} & ran
+    _replays(done)
+    # thrown after a reload (a person answers first inside 'on_cancel'): the same
+    waits = write(tmp_path, "thrown_later", text.replace(
+        '<bpmn:sequenceFlow id="c1" sourceRef="cancel_start" targetRef="shout"/>',
+        '<bpmn:userTask id="confirm_cancel"/><bpmn:sequenceFlow id="c1" sourceRef="cancel_start" '
+        'targetRef="confirm_cancel"/><bpmn:sequenceFlow id="c0" sourceRef="confirm_cancel" targetRef="shout"/>'))
+    engine, instance = started(tmp_path, waits)
+    instance = engine.send_event(engine.load(instance.id), "cancel", {})
+    assert [w["task_id"] for w in instance.waiting_for] == ["confirm_cancel"]
+    later = engine.complete_user_task(engine.load(instance.id), "confirm_cancel", {})
+    assert later.status == "completed", later.error
+    assert "gone" not in later.main
+    # not interrupting: the signal starts 'on_go', which runs beside
+    quiet_path = write(tmp_path, "quiet_run", text.replace('<bpmn:startEvent id="cancel_start">',
+                                                           '<bpmn:startEvent id="cancel_start" isInterrupting="false">'))
+    engine, instance = started(tmp_path, quiet_path)
+    instance = engine.send_event(engine.load(instance.id), "cancel", {})
+    assert instance.status == "waiting" and instance.main.resolve("gone") is True
     (warning,) = [p for p in validate_process(path).problems if p.code == "event_subprocess_after_interrupt"]
     assert warning.severity == "warning" and warning.element_id == "shout"
     assert "'on_go'" in warning.message and 'isInterrupting="false"' in warning.message
+    assert "starts nothing here" in warning.message
     quiet = text.replace('<bpmn:startEvent id="cancel_start">', '<bpmn:startEvent id="cancel_start" isInterrupting="false">')
     assert not [p for p in validate_process(write(tmp_path, "quiet", quiet)).problems
                 if p.code == "event_subprocess_after_interrupt"]
