@@ -77,8 +77,14 @@ class Catch:
 
     def item(self) -> dict[str, Any]:
         """The ``waiting_for`` entry: kind ``event``, plus the event it waits for."""
-        return {"kind": "event", "id": str(self.task.id) if self.task is not None else self.event_id,
+        item = {"kind": "event", "id": str(self.task.id) if self.task is not None else self.event_id,
                 "task_id": self.task_id, "event": self.name, "event_kind": self.kind}
+        activity = spiff.attached_activity(self.task) if self.task is not None else None
+        if activity is not None:
+            # a boundary event: the run of the activity it waits on (a non-interrupting one waits
+            # anew after each event it catches, under a new id, while that run goes on)
+            item["attached_to"] = str(activity.id)
+        return item
 
 
 def kind_of(definition: Any) -> str | None:

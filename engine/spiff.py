@@ -76,7 +76,8 @@ from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefi
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import ErrorEventDefinition, ItemAwareEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (ErrorEventDefinition, EscalationEventDefinition,
+                                                                    ItemAwareEventDefinition, SignalEventDefinition)
 from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
@@ -389,6 +390,12 @@ class _LayerflowSpecMixin:
                 raise driver.no_branch_taken(my_task) from None
         return super()._run_hook(my_task)  # type: ignore[misc]
 
+    def catch(self, my_task: Any, event: Any) -> None:
+        # (catching events only: SpiffWorkflow's event manager calls it)
+        super().catch(my_task, event)  # type: ignore[misc]
+        if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver_of(my_task) is not None:
+            rearm_boundary(my_task)
+
     def _on_complete_hook(self, my_task: Any) -> None:
         if getattr(self, "lf_interrupting", False):
             driver = driver_of(my_task)
@@ -554,6 +561,33 @@ class LayerflowInterruptingEventStart(_START_EVENT_TWIN):  # type: ignore[misc,v
     event fires the rest of its (sub-)process is cancelled (``_Runtime.interrupt``)."""
 
     lf_interrupting = True
+
+
+def rearm_boundary(task: Any) -> None:
+    """A non-interrupting boundary event that a message, signal or escalation fired waits for the
+    next one while its activity runs, as BPMN says: a fresh event waits beside the one that fired
+    (each firing runs the path once). SpiffWorkflow 3.2 fired it once per run of the activity: a
+    second message was refused, and the escalation of a second instance of a multi-instance
+    activity was lost. Timers keep their own rule (a duration or date fires once; a cycle repeats
+    by itself), and a conditional event would fire again at once."""
+    if not isinstance(task.task_spec.event_definition, _REARMED):
+        return
+    main = attached_activity(task)
+    if main is None or main.has_state(TaskState.FINISHED_MASK):
+        return
+    fresh = task.parent._add_child(task.task_spec, TaskState.WAITING)
+    fresh.task_spec._update(fresh)  # waits: SpiffWorkflow's event manager lists it
+
+
+_REARMED = (MessageEventDefinition, SignalEventDefinition, EscalationEventDefinition)
+
+
+def attached_activity(task: Any) -> Any:
+    """The run of the activity boundary event ``task`` is attached to (its sibling under the
+    boundary event split that is no boundary event); None for any other task."""
+    if not isinstance(task.task_spec, BoundaryEvent) or task.parent is None:
+        return None
+    return next((c for c in task.parent.children if not isinstance(c.task_spec, BoundaryEvent)), None)
 
 
 def interrupted(task: Any) -> bool:

@@ -69,9 +69,6 @@ not make ``report.ok`` false:
                                       path ends there, and in a branch of a split its writes are dropped
 ``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
 ``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
-``boundary_fires_once`` W             a non-interrupting boundary event (no timer cycle) on a multi-instance
-                                      activity: SpiffWorkflow 3.2 fires it once per run of the activity, so
-                                      it catches the first instance's event only
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
 ``no_start_event``                    a process or sub-process with no start event
@@ -1174,8 +1171,6 @@ class _Validator:
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
             if tag == "boundaryEvent" and el.find(_bpmn("cancelEventDefinition")) is not None:
                 self._check_cancel(el, eid, file)
-            if tag == "boundaryEvent" and el.get("cancelActivity") == "false":
-                self._check_fires_once(el, eid, file)
             if tag == "adHocSubProcess":
                 done = _condition_text(el, "completionCondition") or "its completion condition"
                 self.add("unsupported_element", f"ad-hoc sub-process {eid!r}: SpiffWorkflow 3.2 cannot run one to its "
@@ -1317,24 +1312,6 @@ class _Validator:
                                  f"{sub.get('id')!r} non-interrupting (isInterrupting=\"false\"), or do what "
                                  f"{started!r} does in {sub.get('id')!r} itself", file=file, line=throw.sourceline,
                                  element_id=throw.get("id"), severity="warning")
-
-    def _check_fires_once(self, event: Any, eid: str, file: str) -> None:
-        """SpiffWorkflow 3.2 fires a non-interrupting boundary event once per run of its activity (a
-        cycle timer once per repetition): on a multi-instance activity it catches the event of the
-        first instance that throws or waits for it, and no other (measured with an escalation each
-        instance throws: the boundary path ran once, under plain SpiffWorkflow too)."""
-        attached = event.get("attachedToRef")
-        parent = event.getparent()
-        target = next((n for n in parent.iterchildren() if n.get("id") == attached), None) if parent is not None else None
-        if target is None or target.find(_bpmn("multiInstanceLoopCharacteristics")) is None:
-            return
-        if any(d.find(_bpmn("timeCycle")) is not None for d in event.iterchildren(_bpmn("timerEventDefinition"))):
-            return
-        self.add("boundary_fires_once", f"non-interrupting boundary event {eid!r} is attached to multi-instance "
-                 f"activity {attached!r}, and SpiffWorkflow 3.2 fires it once per run of the activity, not once "
-                 "per instance: the event of a second instance is not caught; to catch each instance's, draw the "
-                 f"instance's steps as a sub-process inside {attached!r} and attach {eid!r} to that sub-process",
-                 file=file, line=event.sourceline, element_id=eid, severity="warning")
 
     def _check_cancel(self, event: Any, eid: str, file: str) -> None:
         """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming

@@ -312,7 +312,7 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
         users = [w for w in waiting if w["kind"] == "user_task"]
         at = {w["task_id"]: w["id"] for w in users}
         events = [w for w in waiting if w["kind"] == "event" and w.get("event") in sends
-                  and _due(sends[w["event"]][2], at, sent, w["event"])]
+                  and _due(sends[w["event"]][2], at, sent, w)]
         timers = sorted((datetime.fromisoformat(w["due"]).timestamp(), w["task_id"]) for w in waiting
                         if w["kind"] == "timer" and w["due"] is not None
                         and datetime.fromisoformat(w["due"]).timestamp() < clock.now + 10 * 86400)
@@ -321,6 +321,8 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
             kind, payload, gate = sends[events[0]["event"]]
             if gate is not None:
                 sent.add((events[0]["event"], at[gate]))
+            if "attached_to" in events[0]:
+                sent.add((events[0]["event"], events[0]["attached_to"]))
             steps.append(f"send {events[0]['event']}")
             instance = engine.send_event(loaded, events[0]["event"], payload, kind=kind)
         elif timers:
@@ -337,9 +339,14 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
     return instance, runs, steps
 
 
-def _due(gate: str | None, at: dict[str, str], sent: set[tuple[str, str]], name: str) -> bool:
-    """Whether the driver sends event ``name`` now: whenever something waits for it, or once
-    while user task ``gate`` waits (``at``: the waiting user tasks' ids by BPMN id)."""
+def _due(gate: str | None, at: dict[str, str], sent: set[tuple[str, str]], item: dict[str, Any]) -> bool:
+    """Whether the driver sends the event waiting ``item`` waits for now: once per run of the
+    activity a boundary event waits on (``attached_to``; a non-interrupting one waits anew after
+    each event it catches); else whenever something waits for it, or once while user task
+    ``gate`` waits (``at``: the waiting user tasks' ids by BPMN id)."""
+    name = item["event"]
+    if "attached_to" in item:
+        return (name, item["attached_to"]) not in sent
     return gate is None or (gate in at and (name, at[gate]) not in sent)
 
 
@@ -359,7 +366,8 @@ def _plain(path: Path, x: int, sends: Sends) -> Counter[str]:
             break
         ready = wf.get_tasks(state=TaskState.READY, manual=True)
         at = {t.task_spec.bpmn_id: str(t.id) for t in ready}
-        waiting = [name for name in sends if _due(sends[name][2], at, sent, name) and _plain_waits(wf, name, sends[name][2])]
+        waiting = [name for name in sends
+                   if _due(sends[name][2], at, sent, {"event": name}) and _plain_waits(wf, name, sends[name][2])]
         if waiting:
             kind, payload, gate = sends[waiting[0]]
             if gate is not None:

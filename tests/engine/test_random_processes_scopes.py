@@ -37,9 +37,8 @@ The block trees of test_random_processes_events gain these kinds (and keep their
   fire in the order the tree says (messages first, then timers by their hour) or never.
 
 Not drawn: a non-interrupting boundary event on a multi-instance activity that each instance
-triggers (an escalation each throws): SpiffWorkflow 3.2 fires it once per run of the activity, not
-per instance (``validate`` warns ``boundary_fires_once``; ``esc`` inside the body is the shape to
-draw instead). Not drawn, as SpiffWorkflow 3.2 cannot run them (``engine.validate`` refuses them, checked by
+triggers (an escalation each throws; test_events checks it catches every one: SpiffWorkflow 3.2
+caught the first only). Not drawn, as SpiffWorkflow 3.2 cannot run them (``engine.validate`` refuses them, checked by
 ``test_validate_refuses_what_is_not_drawn``): a signal or message event sub-process inside a
 sub-process (it never starts). Not drawn inside a multi-instance body: an event sub-process of
 the process and a throw between branches (``evs``, ``thr``: one event would reach every
@@ -409,7 +408,7 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
         users = [w for w in waiting if w["kind"] == "user_task"]
         at = {w["task_id"]: w["id"] for w in users}
         events = [w for w in waiting if w["kind"] == "event" and w.get("event") in sends
-                  and _due(sends[w["event"]][2], at, sent, w["event"])]
+                  and _due(sends[w["event"]][2], at, sent, w)]
         timers = sorted((datetime.fromisoformat(w["due"]).timestamp(), w["task_id"]) for w in waiting
                         if w["kind"] == "timer" and w["due"] is not None
                         and datetime.fromisoformat(w["due"]).timestamp() < clock.now + 10 * 86400)
@@ -431,6 +430,8 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
             kind, payload, gate = sends[events[0]["event"]]
             if gate is not None:
                 sent.add((events[0]["event"], at[gate]))
+            if "attached_to" in events[0]:
+                sent.add((events[0]["event"], events[0]["attached_to"]))
             steps.append(f"send {events[0]['event']}")
             instance = engine.send_event(loaded, events[0]["event"], payload, kind=kind)
         elif timers:
