@@ -75,6 +75,23 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 _dumps = _ENCODER.encode
 
 
+def _refuse(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON-compatible")
+
+
+# The same encoding for the items of a list that may be cut, one call each: ``encode``
+# builds its C encoder anew at every call, which costs more than a small item. Items
+# reach it only once their event encoded whole (no cycle, nothing but JSON), so it
+# keeps no cycle check.
+_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's; None elsewhere
+_item_encoder = None if _C_ENCODER is None else _C_ENCODER(
+    None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+
+def _item_text(value: Any) -> str:
+    return _dumps(value) if _item_encoder is None else "".join(_item_encoder(value, 0))
+
+
 class PartWriter:
     """Encodes the events of one write; ``parts`` collects the parts they need (hash -> JSON).
 
@@ -91,16 +108,16 @@ class PartWriter:
         if self._limit is None or len(text) < self._limit:
             return text  # nothing in it is long
         self._cut = False
-        encoded = self._encode(event, text, self._limit)
+        encoded = self._encode(event, self._limit)
         if not self._cut:
             return text
         return _dumps({_PARTS: PARTS_FORMAT, _EVENT: encoded})
 
-    def _encode(self, value: Any, text: str, limit: int) -> Any:
-        """``value`` (whose JSON is ``text``) encoded: long lists and strings cut into parts, and
-        dicts that look like a mark escaped."""
-        if len(text) < limit and '"$' not in text:
-            return value  # nothing long, and no mark to escape (every mark starts with "$)
+    def _encode(self, value: Any, limit: int) -> Any:
+        """``value`` encoded: long lists and strings cut into parts, dicts that look like a mark
+        escaped. Only the items of a list that may be cut are encoded to JSON here (once each):
+        the dicts and short lists above a long value (the event, its changes, a change) are
+        walked, not encoded again at every level."""
         if isinstance(value, str):
             if len(value) < limit:
                 return value
@@ -109,19 +126,20 @@ class PartWriter:
             self._cut = True
             return {_STR: [self._tree(leaves), value[whole:]]}
         if isinstance(value, Mapping):
-            node = {k: self._encode(v, _dumps(v), limit) for k, v in value.items()}
+            node = {k: self._encode(v, limit) for k, v in value.items()}
             if len(node) == 1 and next(iter(node)) in _MARKS:
                 return {_LIT: node}
             return node
         if isinstance(value, (list, tuple)):
+            if len(value) < MIN_ITEMS:
+                return [self._encode(v, limit) for v in value]
             items = list(value)
-            texts = [_dumps(v) for v in items]
+            texts = list(map(_item_text, items))
             for i, t in enumerate(texts):
-                if len(t) >= limit or '"$' in t:
-                    e = self._encode(items[i], t, limit)
-                    if e is not items[i]:
-                        items[i], texts[i] = e, _dumps(e)
-            if len(items) < MIN_ITEMS or sum(map(len, texts)) + len(texts) + 1 < limit:
+                if len(t) >= limit or '"$' in t:  # may hold a long value or a mark (every mark starts with "$)
+                    items[i] = self._encode(items[i], limit)
+                    texts[i] = _dumps(items[i])
+            if sum(map(len, texts)) + len(texts) + 1 < limit:
                 return items
             leaves, start, size = [], 0, 0
             for i, t in enumerate(texts):
