@@ -53,10 +53,10 @@ from ..canonical import FrozenDict, FrozenList
 __all__ = ["PART_BYTES", "FANOUT", "MIN_ITEMS", "PARTS_FORMAT", "PartWriter", "PartReader", "read_events"]
 
 #: Lists and strings whose JSON reaches this many characters are stored in parts of about this size.
-PART_BYTES = 1024
+PART_BYTES = 512
 
 #: Parts per node: an event keeps at most FANOUT - 1 hashes per level of the tree.
-FANOUT = 8
+FANOUT = 4
 
 #: A list of fewer items is never cut (its long items are cut themselves): the small lists
 #: that hold a long value (a change, an event's changes) would otherwise make a part of

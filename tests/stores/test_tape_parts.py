@@ -40,7 +40,7 @@ from context_layers.stores import (
     save_instance,
 )
 from context_layers.stores.base import INSTANCE_FORMAT
-from context_layers.stores.tape_parts import PartWriter, read_events
+from context_layers.stores.tape_parts import PART_BYTES, PartWriter, read_events
 from stores.conftest import REDIS_URL, Backend
 
 FIXTURES = Path(__file__).with_name("fixtures")
@@ -226,7 +226,7 @@ def _load_bytes(store: Store) -> int:
 
 def test_loading_a_tape_in_parts_takes_a_fraction_of_the_memory_of_whole_values() -> None:
     sizes = []
-    for part_bytes in (None, 1024):
+    for part_bytes in (None, PART_BYTES):
         store = MemoryStore(tape_part_bytes=part_bytes)
         save_passes(store, "i", 200)
         sizes.append(_load_bytes(store))
