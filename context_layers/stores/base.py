@@ -303,7 +303,9 @@ class Store(Protocol):
         ...
 
     def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> list[dict[str, Any]]:
-        """Events with ``seq > since_seq`` (pass the last seq you hold), in order."""
+        """Events with ``seq > since_seq`` (pass the last seq you hold), in order, each whole as it
+        was appended (its long values are stored in parts, ``tape_parts``, and put back here;
+        they come back frozen, shared by the events that hold them)."""
         ...
 
     def tape_heads(self, instance_id: str) -> dict[str, int]:

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Any
 
 from ..canonical import FrozenDict, FrozenList
@@ -135,18 +136,21 @@ class PartWriter:
                 return [self._encode(v, limit) for v in value]
             items = list(value)
             texts = list(map(_item_text, items))
-            for i, t in enumerate(texts):
-                if len(t) >= limit or '"$' in t:  # may hold a long value or a mark (every mark starts with "$)
-                    items[i] = self._encode(items[i], limit)
-                    texts[i] = _dumps(items[i])
-            if sum(map(len, texts)) + len(texts) + 1 < limit:
-                return items
-            leaves, start, size = [], 0, 0
-            for i, t in enumerate(texts):
-                size += len(t) + 1
-                if size >= limit:
-                    leaves.append("[" + ",".join(texts[start:i + 1]) + "]")
-                    start, size = i + 1, 0
+            if max(map(len, texts)) >= limit or '"$' in "".join(texts):
+                for i, t in enumerate(texts):
+                    if len(t) >= limit or '"$' in t:  # may hold a long value or a mark (every mark starts with "$)
+                        items[i] = self._encode(items[i], limit)
+                        texts[i] = _dumps(items[i])
+            # ends[i]: the JSON length of items[:i + 1], a comma each; a part closes at the first
+            # item that takes it to ``limit`` since the last close
+            ends = list(accumulate(len(t) + 1 for t in texts))
+            leaves, start = [], 0
+            while True:
+                i = bisect_left(ends, (ends[start - 1] if start else 0) + limit, start)
+                if i == len(ends):
+                    break
+                leaves.append("[" + ",".join(texts[start:i + 1]) + "]")
+                start = i + 1
             if not leaves:
                 return items
             self._cut = True
