@@ -6,9 +6,10 @@ HISTORY, a join's result). Stored whole, such a tape grows with the square of th
 passes. So the stores keep every list or string whose JSON reaches ``PART_BYTES``
 (anywhere in an event) cut into parts:
 
-* a list (of at least ``MIN_ITEMS`` items) is cut greedily from its start, a part closing once its items' JSON reaches
-  ``PART_BYTES``; a string every ``PART_BYTES`` characters. Appending never moves an
-  earlier cut: the list of the next pass has the same parts, and at most a new one;
+* a list (of at least ``MIN_ITEMS`` items) is cut greedily from its start, a part
+  closing once its items' JSON reaches ``PART_BYTES``; a string every ``PART_BYTES``
+  characters. Appending never moves an earlier cut: the list of the next pass has the
+  same parts, and at most a new one;
 * each whole part is stored once per instance, under the sha256 of its JSON, in the
   instance's blobs (beside the snapshot parts, ``split_snapshot``), in the same
   transaction as the events that need it;
@@ -17,12 +18,14 @@ passes. So the stores keep every list or string whose JSON reaches ``PART_BYTES`
   ``FANOUT`` aligned parts of a level make a part of the next (a node: their hashes),
   and the event keeps at most ``FANOUT - 1`` hashes per level.
 
-An event so stores O(log n) bytes for a list of n items, not O(n), and needs no other
-event to be read (a read from any ``since_seq`` fetches only parts). Delta chains
-(an event naming the one it extends) would store less per event, but a read from a
-middle ``since_seq`` would have to walk back to a full value, and every K-th value
-stored whole would keep the growth quadratic; parts by hash have neither problem, and
-the move of a value from WORKING to HISTORY, or a branch's copy, costs only hashes.
+An event so stores O(log n) bytes for a list of n items (and its tail), not O(n), and
+needs no other event to be read (a read from any ``since_seq`` fetches only parts).
+Delta chains (an event naming the one it extends) would store less per event, but a
+read from a middle ``since_seq`` would have to walk back to a full value, and every
+K-th value stored whole would keep the growth quadratic; parts by hash have neither
+problem, and the move of a value from WORKING to HISTORY, or a branch's copy, costs
+only hashes. A save sends the parts of its long values again (the store keeps the
+first copy): what it writes per event is O(n), as before; what stays is O(log n).
 
 Stored forms (JSON)::
 
