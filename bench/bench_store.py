@@ -15,6 +15,14 @@ same run: the first call (``layerflow timers``, a new process) and the next one 
 changed (a worker's scan every ``--timer-interval``); plus the one-time filling of the index
 of a store written before it existed.
 
+Tapes of an agent loop: a process whose step appends a message to a list on every pass
+(``messages = messages + [...]``), run for 100, 300 and 1,000 passes (``--quick``: 30, 100,
+300) with the engine saving after every activity, once with every tape value stored whole
+(``tape_part_bytes=None``: the format before tape parts, the baseline) and once in parts
+(the default), same run: the bytes its tape takes in the store (event texts and parts),
+the time of all its saves, and the time to load the finished instance. Whole, the bytes
+grow with the square of the passes; in parts, with the passes.
+
 Workers: N loan-demo instances ("full" scenario: risk assessment, two parallel reviews,
 join, decision) are created first; the clock runs from putting their ids on a fresh
 stream to the last acknowledgement. Workers on memory:// are threads of this process
@@ -25,6 +33,7 @@ processes (``run_worker`` in a subprocess each), as in production.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -39,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from context_layers.stores import Store, StoreUnavailable, open_store  # noqa: E402
+from context_layers.stores.tape_parts import PART_BYTES  # noqa: E402
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -50,17 +60,17 @@ def sqlite_url(name: str, directory: str) -> str:
 
 
 @contextmanager
-def backend(name: str) -> Iterator[Store]:
+def backend(name: str, **options: Any) -> Iterator[Store]:
     if name == "memory":
-        yield open_store("memory://")
+        yield open_store("memory://", **options)
     elif name.startswith("sqlite"):
         with tempfile.TemporaryDirectory() as d:
-            store = open_store(sqlite_url(name, d))
+            store = open_store(sqlite_url(name, d), **options)
             yield store
             store.close()
     else:
         prefix = f"lfbench-{uuid.uuid4().hex[:8]}"
-        store = open_store(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={prefix}")
+        store = open_store(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}prefix={prefix}", **options)
         try:
             yield store
         finally:
@@ -273,6 +283,75 @@ def reopen(store: Store) -> Store:
     return open_store(store.url)
 
 
+AGENT_LOOP = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+    xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" id="defs" targetNamespace="https://layerflow.dev/bench">
+  <bpmn:process id="agent_loop" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="init"><bpmn:script>messages = []
+n = 0</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="step"><bpmn:script>messages = messages + [{"role": "assistant", "content": "step %d ..." % n}]
+n = n + 1</bpmn:script></bpmn:scriptTask>
+    <bpmn:exclusiveGateway id="more" default="again"/>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="init"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="init" targetRef="step"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="step" targetRef="more"/>
+    <bpmn:sequenceFlow id="again" sourceRef="more" targetRef="step"/>
+    <bpmn:sequenceFlow id="done" sourceRef="more" targetRef="end">
+      <bpmn:conditionExpression xsi:type="bpmn:tFormalExpression">n &gt;= passes</bpmn:conditionExpression>
+    </bpmn:sequenceFlow>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def tape_bytes(store: Store, instance_id: str) -> int:
+    """Bytes the instance's tapes take in the store: its stored event texts and its parts."""
+    if hasattr(store, "_instances"):
+        texts = [t for tape in store._instances[instance_id].tapes.values() for t in tape]
+    elif hasattr(store, "path"):
+        import sqlite3
+
+        with sqlite3.connect(store.path) as c:
+            texts = [r[0] for r in c.execute("SELECT event FROM events WHERE instance_id = ?", (instance_id,))]
+    else:
+        texts = [t for ctx in store.tape_heads(instance_id)
+                 for t in store.redis.lrange(store._ik(instance_id, "t", ctx), 0, -1)]  # type: ignore[attr-defined]
+    return sum(len(t.encode()) for t in texts) + store.blob_stats(instance_id).bytes
+
+
+def bench_tape(name: str, passes: int, part_bytes: int | None) -> dict[str, float]:
+    """The agent loop run for ``passes`` on backend ``name``, tape values whole (``None``) or in parts."""
+    from context_layers.stores import InstanceRecords
+    from engine import Engine, load_process
+
+    class TimedRecords(InstanceRecords):
+        seconds = 0.0
+
+        def save(self, record: Any, expected_version: int) -> int:
+            t0 = time.perf_counter()
+            try:
+                return super().save(record, expected_version)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+    with tempfile.TemporaryDirectory() as d, backend(name, tape_part_bytes=part_bytes) as store:
+        (Path(d) / "agent_loop.bpmn").write_text(AGENT_LOOP)
+        records = TimedRecords(store)
+        engine = Engine(records)
+        instance = engine.run(engine.start(load_process(Path(d) / "agent_loop.bpmn"), {"passes": passes}))
+        if instance.status != "completed":
+            raise RuntimeError(f"{name}: the agent loop ended {instance.status}: {instance.error}")
+        t0 = time.perf_counter()
+        loaded = Engine(InstanceRecords(store)).load(instance.id)
+        load_s = time.perf_counter() - t0
+        if loaded.main.state_json() != instance.main.state_json() or len(loaded.main.tape) != len(instance.main.tape):
+            raise RuntimeError(f"{name}: the loaded instance differs from the one that ran")
+        return {"bytes": tape_bytes(store, instance.id), "save_s": records.seconds, "load_s": load_s,
+                "list_bytes": len(json.dumps(instance.main.resolve("messages"), separators=(",", ":")))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer operations (CI)")
@@ -313,6 +392,24 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"| {name} | {call} | {scan_ms:,.1f} | {scan_heads:,} | {index_ms:,.1f} | {index_heads:,} | "
                       f"{scan_ms / index_ms:,.0f}x |")
+    tape_passes = (30, 100, 300) if args.quick else (100, 300, 1000)
+    print("\ntape of an agent loop (a message appended to a list each pass, a save after every activity): "
+          "values stored whole (baseline) vs in parts, same run")
+    print("| backend | passes | final list (KB) | tape whole (KB) | tape in parts (KB) | x smaller | "
+          "saves whole (s) | saves in parts (s) | load whole (ms) | load in parts (ms) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in args.backends.split(","):
+        if name == "sqlite-normal":
+            continue  # fsync or not changes no byte of a tape
+        try:
+            for passes in tape_passes:
+                whole, parts = bench_tape(name, passes, None), bench_tape(name, passes, PART_BYTES)
+                print(f"| {name} | {passes:,} | {parts['list_bytes'] / 1e3:,.1f} | {whole['bytes'] / 1e3:,.0f} | "
+                      f"{parts['bytes'] / 1e3:,.0f} | {whole['bytes'] / parts['bytes']:,.1f} | "
+                      f"{whole['save_s']:,.2f} | {parts['save_s']:,.2f} | {whole['load_s'] * 1e3:,.0f} | "
+                      f"{parts['load_s'] * 1e3:,.0f} |")
+        except StoreUnavailable as exc:
+            print(f"| {name} | skipped: {exc} | | | | | | | | |")
     if args.no_workers:
         return 0
     from engine.worker import queue_client

@@ -86,3 +86,13 @@ def test_bench_store_quick_compares_the_timer_index_with_the_full_scan():
         assert (int(scan_heads.replace(",", "")), int(index_heads)) == ((500, 5) if call == "first call" else (0, 0))
     filled = re.findall(r"^\| (sqlite|redis) \| first call, index to fill \| \| \| [0-9.,]+ \| 5 \| \|$", out, re.M)
     assert filled == ["sqlite", "redis"], out
+    # the agent loop's tape: bytes (not times) are deterministic. Stored whole they grow with the
+    # square of the passes (100 -> 300: ~9x); in parts with the passes (~3x, a hash per level more)
+    tape = re.findall(r"^\| (sqlite|redis) \| ([0-9,]+) \| [0-9.,]+ \| ([0-9,]+) \| ([0-9,]+) \| [0-9.,]+ \|"
+                      r"( [0-9.,]+ \|){4}$", out, re.M)
+    assert [(r[0], r[1]) for r in tape] == [(b, p) for b in ("sqlite", "redis") for p in ("30", "100", "300")], out
+    for b in ("sqlite", "redis"):
+        (_, whole_100, parts_100), (_, whole_300, parts_300) = [
+            (p, int(w.replace(",", "")), int(q.replace(",", ""))) for n, p, w, q, _ in tape if n == b][1:]
+        assert whole_300 > 6 * whole_100 and parts_300 < 4 * parts_100, tape
+        assert parts_300 < whole_300 / 3, tape

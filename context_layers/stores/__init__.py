@@ -10,7 +10,9 @@
     rediss://...              the same over TLS
 
 Every backend follows the ``Store`` protocol (``base.py``); one contract suite
-(``tests/stores``) runs against all of them. The redis backend is imported only when
+(``tests/stores``) runs against all of them. All of them store long tape values in
+content-addressed parts (``tape_parts.py``) and read them back whole;
+``open_store(url, tape_part_bytes=None)`` stores them whole (the form before parts). The redis backend is imported only when
 a ``redis://`` URL is opened.
 """
 

@@ -12,8 +12,11 @@ A store keeps, per instance:
 * **tapes**, one per context name: event dicts with gap-free sequence numbers from 1.
   Appends go in with the save they belong to, in one transaction, and every change
   of a tape bumps the instance version, so a writer holding a stale version can never
-  append behind another writer's back;
-* **snapshots** by id, content-addressed (see ``split_snapshot``);
+  append behind another writer's back. Long lists and strings in events are stored in
+  content-addressed parts (``tape_parts``), in the same transaction; a read gives every
+  event whole, as it was appended;
+* **snapshots** by id, content-addressed (see ``split_snapshot``); their parts and the
+  tapes' share the instance's blobs;
 * **confirmations**: pending human decisions, answered exactly once;
 * **leases**: which worker runs an instance right now, with an expiry;
 * the **timer index**: per waiting instance, the earliest due time of its pending timers
@@ -48,16 +51,18 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from json.encoder import encode_basestring
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from ..canonical import json_equal
 from ..errors import ContextKeyError, LayerflowError, VersionConflict
+from .tape_parts import PART_BYTES, PartWriter
 
 __all__ = [
     "STORE_FORMAT",
+    "INSTANCE_FORMAT",
     "TIMER_INDEX",
     "BLOB_MIN_BYTES",
     "Store",
@@ -83,9 +88,14 @@ __all__ = [
     "join_snapshot",
 ]
 
-#: Format of everything a store writes (instance rows, snapshot manifests,
+#: Format of everything a store writes but instance rows (snapshot manifests,
 #: confirmations, the store's own meta record). Bump it with a migration.
 STORE_FORMAT = 1
+
+#: Format of an instance row (record and tapes). 2: its tapes may hold events stored in
+#: parts (``tape_parts``), which a layerflow reading format 1 would take for values; it
+#: reads format 1 rows as they are.
+INSTANCE_FORMAT = 2
 
 #: Version of the timer index (``timer_due``) a store keeps. A store that does not say it
 #: holds this version (one written before the index existed) fills the index from its
@@ -181,8 +191,8 @@ def confirmation_answered(stored: Mapping[str, Any]) -> ConfirmationAnswered:
         f"{stored.get('answer')!r} by {stored.get('actor')!r}; an answer is final")
 
 
-def format_error(what: str, found: Any) -> StoreFormatError:
-    return StoreFormatError(f"{what} has store format {found!r}; this layerflow reads format {STORE_FORMAT}. "
+def format_error(what: str, found: Any, newest: int = STORE_FORMAT) -> StoreFormatError:
+    return StoreFormatError(f"{what} has store format {found!r}; this layerflow reads format {newest}. "
                             "Upgrade layerflow to read it")
 
 
@@ -293,7 +303,9 @@ class Store(Protocol):
         ...
 
     def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> list[dict[str, Any]]:
-        """Events with ``seq > since_seq`` (pass the last seq you hold), in order."""
+        """Events with ``seq > since_seq`` (pass the last seq you hold), in order, each whole as it
+        was appended (its long values are stored in parts, ``tape_parts``, and put back here;
+        they come back frozen, shared by the events that hold them)."""
         ...
 
     def tape_heads(self, instance_id: str) -> dict[str, int]:
@@ -311,7 +323,7 @@ class Store(Protocol):
     def list_snapshots(self, instance_id: str) -> list[str]: ...
 
     def blob_stats(self, instance_id: str) -> BlobStats:
-        """How many distinct snapshot parts the instance stores, and their bytes."""
+        """How many distinct parts (of snapshots and of tape events) the instance stores, and their bytes."""
         ...
 
     # ----- confirmations -----------------------------------------------------------
@@ -404,7 +416,8 @@ class PreparedRecord:
 class PreparedAppend:
     context: str
     first_seq: int
-    events: tuple[str, ...]  # JSON text, seq first_seq, first_seq + 1, ...
+    events: tuple[str, ...]  # stored JSON text (tape_parts), seq first_seq, first_seq + 1, ...
+    parts: Mapping[str, str] = field(default_factory=dict)  # sha256 -> JSON: the parts the events name
 
     @property
     def last_seq(self) -> int:
@@ -574,7 +587,10 @@ def _part(what: str, path: tuple[Any, ...]) -> str:
     return what + "".join(f"[{key!r}]" for key in path)
 
 
-def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str, Any]]) -> PreparedAppend | None:
+def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str, Any]],
+                   part_bytes: int | None = PART_BYTES) -> PreparedAppend | None:
+    """The events checked and encoded as stored (``tape_parts``; ``part_bytes=None``: every
+    value whole)."""
     if not isinstance(context, str) or not context:
         raise InvalidRecord(f"tape appends of instance {instance_id!r} need a non-empty str context name, got {context!r}")
     if not events:
@@ -590,13 +606,14 @@ def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str,
         if seq != prev + 1:
             raise TapeSequenceError(f"events appended to tape {context!r} of instance {instance_id!r} must have "
                                     f"consecutive seqs; {seq} follows {prev}. Nothing was written")
+    writer = PartWriter(part_bytes)
     try:
-        texts = tuple(map(dumps, events))
+        texts = tuple(map(writer.text, events))
     except (TypeError, ValueError):
         for e in events:  # which one
             dumps_checked(e, f"event {e['seq']} of tape {context!r}")
         raise
-    return PreparedAppend(context, seqs[0], texts)
+    return PreparedAppend(context, seqs[0], texts, writer.parts)
 
 
 def prepare_confirmation(confirmation: Mapping[str, Any], instance_id: str | None = None,
@@ -616,10 +633,11 @@ def prepare_confirmation(confirmation: Mapping[str, Any], instance_id: str | Non
 
 def prepare_write(instance_id: str | None, record: Mapping[str, Any] | None, tape_appends: TapeAppends | None,
                   snapshots: Mapping[str, Mapping[str, Any]] | None,
-                  confirmations: Sequence[Mapping[str, Any]]) -> PreparedWrite:
+                  confirmations: Sequence[Mapping[str, Any]], part_bytes: int | None = PART_BYTES) -> PreparedWrite:
     prepared = prepare_record(record, instance_id) if record is not None else None
     iid = instance_id if instance_id is not None else prepared.instance_id  # type: ignore[union-attr]
-    appends = tuple(a for a in (prepare_append(iid, ctx, evs) for ctx, evs in (tape_appends or {}).items()) if a)
+    appends = tuple(a for a in (prepare_append(iid, ctx, evs, part_bytes) for ctx, evs in (tape_appends or {}).items())
+                    if a)
     snaps = tuple(PreparedSnapshot(sid, *split_snapshot(s)) for sid, s in (snapshots or {}).items())
     now = time.time()
     confs = tuple(prepare_confirmation(c, iid, now) for c in confirmations)
@@ -640,9 +658,9 @@ def answered(stored: Mapping[str, Any], answer: Any, actor: str) -> dict[str, An
     return {**stored, "status": "answered", "answer": answer, "actor": actor, "answered_at": time.time()}
 
 
-def check_format(what: str, found: Any) -> None:
-    if found is not None and int(found) > STORE_FORMAT:
-        raise format_error(what, found)
+def check_format(what: str, found: Any, newest: int = STORE_FORMAT) -> None:
+    if found is not None and int(found) > newest:
+        raise format_error(what, found, newest)
 
 
 # ================================================================ content addressing

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from .base import (
-    STORE_FORMAT,
+    INSTANCE_FORMAT,
     BlobStats,
     Confirmation,
     ConfirmationNotFound,
@@ -38,6 +38,7 @@ from .base import (
     until_seconds,
     version_conflict,
 )
+from .tape_parts import PART_BYTES, read_events
 
 __all__ = ["MemoryStore"]
 
@@ -50,7 +51,7 @@ class _Instance:
     version: int
     created: float
     updated: float
-    format: int = STORE_FORMAT
+    format: int = INSTANCE_FORMAT
     due: float | None = None  # the timer index: timer_due of the record
     tapes: dict[str, list[str]] = field(default_factory=dict)
     snapshots: dict[str, str] = field(default_factory=dict)
@@ -58,9 +59,11 @@ class _Instance:
 
 
 class MemoryStore:
-    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time,
+                 tape_part_bytes: int | None = PART_BYTES) -> None:
         self.url = url
         self._clock = clock
+        self._part_bytes = tape_part_bytes  # None: tape values stored whole (tape_parts)
         self._lock = threading.RLock()
         self._instances: dict[str, _Instance] = {}
         self._confirmations: dict[str, str] = {}
@@ -80,7 +83,7 @@ class MemoryStore:
     def create(self, record: Mapping[str, Any], *, tape_appends: TapeAppends | None = None,
                snapshots: Mapping[str, Mapping[str, Any]] | None = None,
                confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
-        w = prepare_write(None, record, tape_appends, snapshots, confirmations)
+        w = prepare_write(None, record, tape_appends, snapshots, confirmations, self._part_bytes)
         assert w.record is not None
         with self._lock:
             if w.record.instance_id in self._instances:
@@ -102,7 +105,7 @@ class MemoryStore:
              tape_appends: TapeAppends | None = None, *,
              snapshots: Mapping[str, Mapping[str, Any]] | None = None,
              confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
-        w = prepare_write(instance_id, record, tape_appends, snapshots, confirmations)
+        w = prepare_write(instance_id, record, tape_appends, snapshots, confirmations, self._part_bytes)
         return self._write(instance_id, w, expected_version)
 
     def _write(self, instance_id: str, w: PreparedWrite, expected_version: int | None) -> int:
@@ -127,6 +130,8 @@ class MemoryStore:
             inst.due = w.record.due
         for a in w.appends:
             inst.tapes.setdefault(a.context, []).extend(a.events)
+            for digest, text in a.parts.items():
+                inst.blobs.setdefault(digest, text)
         for s in w.snapshots:
             for digest, text in s.blobs.items():
                 inst.blobs.setdefault(digest, text)
@@ -164,13 +169,18 @@ class MemoryStore:
 
     def append_events(self, instance_id: str, context_name: str, events: Sequence[Mapping[str, Any]],
                       expected_version: int | None = None) -> int:
-        a = prepare_append(instance_id, context_name, events)
+        a = prepare_append(instance_id, context_name, events, self._part_bytes)
         return self._write(instance_id, PreparedWrite(None, (a,) if a else (), (), ()), expected_version)
 
     def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> list[dict[str, Any]]:
         with self._lock:
-            tape = self._get(instance_id).tapes.get(context_name, [])
-            return [json.loads(t) for t in tape[max(since_seq, 0):]]
+            inst = self._get(instance_id)
+            texts = inst.tapes.get(context_name, [])[max(since_seq, 0):]
+
+            def fetch(hashes: Iterable[str]) -> dict[str, str]:
+                return {h: inst.blobs[h] for h in hashes if h in inst.blobs}
+
+            return read_events(texts, fetch, f"tape {context_name!r} of instance {instance_id!r}")
 
     def tape_heads(self, instance_id: str) -> dict[str, int]:
         with self._lock:

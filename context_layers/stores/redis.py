@@ -11,7 +11,7 @@ so a failed check writes nothing. Keys, all under ``<prefix>:``::
     i:{id}                    hash   record, version, format, process_id, status, created, updated
     i:{id}:heads              hash   context -> last seq
     i:{id}:t:<context>        list   event JSON; element n-1 is seq n
-    i:{id}:snaps / :blobs     hash   snapshot id -> manifest / sha256 -> part
+    i:{id}:snaps / :blobs     hash   snapshot id -> manifest / sha256 -> part (of snapshots and tapes)
     i:{id}:confs              set    confirmation ids of the instance
     confs / confs:pending     hash / set   confirmation id -> JSON / ids not yet answered
     lease:{id}                string owner, with a PX expiry
@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from .base import (
+    INSTANCE_FORMAT,
     STORE_FORMAT,
     TIMER_INDEX,
     BlobStats,
@@ -61,6 +62,7 @@ from .base import (
     until_seconds,
     version_conflict,
 )
+from .tape_parts import PART_BYTES, read_events
 
 try:
     import redis as _redis
@@ -111,7 +113,7 @@ def _db_of(url: str) -> str:
 # KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9 due, 10.. tapes
 # ARGV: 1 mode (create | save | side), 2 expected version or "", 3 record or "", 4 process_id, 5 status,
 #       6 now, 7 format, 8 instance id, 9 the record's due time or "" (none), 10 #appends, then per append:
-#       context, first seq, n, n events;
+#       context, first seq, n, n events; then #tape parts, (hash, part) pairs;
 #       then #snapshots, per snapshot: id, manifest, #blobs, (hash, body) pairs; then #confs, (id, JSON) pairs.
 _WRITE = """
 local mode = ARGV[1]
@@ -161,6 +163,11 @@ for a = 1, n_app do
   redis.call('HSET', KEYS[3], ARGV[pos], first + n - 1)
   pos = pos + 3 + n
 end
+local n_parts = tonumber(ARGV[pos])
+for b = 0, n_parts - 1 do
+  redis.call('HSETNX', KEYS[5], ARGV[pos + 1 + 2 * b], ARGV[pos + 2 + 2 * b])
+end
+pos = pos + 1 + 2 * n_parts
 local n_snap = tonumber(ARGV[pos])
 pos = pos + 1
 for s = 1, n_snap do
@@ -250,8 +257,9 @@ def map_redis_error(exc: BaseException, url: str) -> StoreError:
 
 class RedisStore:
     def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "layerflow",
-                 client: Any = None) -> None:
+                 client: Any = None, tape_part_bytes: int | None = PART_BYTES) -> None:
         self.url = url
+        self._part_bytes = tape_part_bytes  # None: tape values stored whole (tape_parts)
         self.prefix = prefix
         self._url_for_errors = _redact(url)
         if not isinstance(prefix, str) or not prefix or ":" in prefix:
@@ -317,11 +325,16 @@ class RedisStore:
         keys = self._instance_keys(instance_id)
         r = w.record
         args: list[Any] = [mode, "" if expected_version is None else expected_version, r.text if r else "",
-                           r.process_id if r else "", r.status if r else "", repr(time.time()), STORE_FORMAT,
+                           r.process_id if r else "", r.status if r else "", repr(time.time()), INSTANCE_FORMAT,
                            instance_id, "" if r is None or r.due is None else repr(r.due), len(w.appends)]
+        parts: dict[str, str] = {}
         for a in w.appends:
             keys.append(self._ik(instance_id, "t", a.context))
             args += [a.context, a.first_seq, len(a.events), *a.events]
+            parts.update(a.parts)
+        args.append(len(parts))
+        for digest, body in parts.items():
+            args += [digest, body]
         args.append(len(w.snapshots))
         for s in w.snapshots:
             args += [s.snapshot_id, s.manifest, len(s.blobs)]
@@ -351,7 +364,7 @@ class RedisStore:
     def create(self, record: Mapping[str, Any], *, tape_appends: TapeAppends | None = None,
                snapshots: Mapping[str, Mapping[str, Any]] | None = None,
                confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
-        w = prepare_write(None, record, tape_appends, snapshots, confirmations)
+        w = prepare_write(None, record, tape_appends, snapshots, confirmations, self._part_bytes)
         assert w.record is not None
         return self._run_write("create", w.record.instance_id, w, None)
 
@@ -360,14 +373,14 @@ class RedisStore:
             text, version, fmt = self.redis.hmget(self._ik(instance_id), "record", "version", "format")
         if text is None:
             raise InstanceNotFound(instance_id)
-        check_format(f"instance {instance_id!r}", fmt)
+        check_format(f"instance {instance_id!r}", fmt, INSTANCE_FORMAT)
         return json.loads(text), int(version)
 
     def save(self, instance_id: str, record: Mapping[str, Any], expected_version: int,
              tape_appends: TapeAppends | None = None, *,
              snapshots: Mapping[str, Mapping[str, Any]] | None = None,
              confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
-        w = prepare_write(instance_id, record, tape_appends, snapshots, confirmations)
+        w = prepare_write(instance_id, record, tape_appends, snapshots, confirmations, self._part_bytes)
         return self._run_write("save", instance_id, w, expected_version)
 
     def list_instances(self, status: str | None = None) -> list[InstanceSummary]:
@@ -436,7 +449,7 @@ class RedisStore:
 
     def append_events(self, instance_id: str, context_name: str, events: Sequence[Mapping[str, Any]],
                       expected_version: int | None = None) -> int:
-        a = prepare_append(instance_id, context_name, events)
+        a = prepare_append(instance_id, context_name, events, self._part_bytes)
         return self._run_write("save", instance_id, PreparedWrite(None, (a,) if a else (), (), ()), expected_version)
 
     def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> list[dict[str, Any]]:
@@ -447,7 +460,18 @@ class RedisStore:
             exists, texts = pipe.execute()
         if not exists:
             raise InstanceNotFound(instance_id)
-        return [json.loads(t) for t in texts]
+        blobs_key = self._ik(instance_id, "blobs")
+
+        def fetch(hashes: Iterable[str]) -> dict[str, str]:
+            # parts are never removed but with their instance: one missing means it was deleted meanwhile
+            hashes = list(hashes)
+            with self._mapped():
+                bodies = self.redis.hmget(blobs_key, hashes)
+                if None in bodies and not self.redis.exists(self._ik(instance_id)):
+                    raise InstanceNotFound(instance_id)
+            return {h: b for h, b in zip(hashes, bodies) if b is not None}
+
+        return read_events(texts, fetch, f"tape {context_name!r} of instance {instance_id!r}")
 
     def tape_heads(self, instance_id: str) -> dict[str, int]:
         with self._mapped():

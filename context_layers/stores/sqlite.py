@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import (
+    INSTANCE_FORMAT,
     STORE_FORMAT,
     TIMER_INDEX,
     BlobStats,
@@ -51,6 +52,7 @@ from .base import (
     until_seconds,
     version_conflict,
 )
+from .tape_parts import PART_BYTES, read_events
 
 __all__ = ["SQLiteStore"]
 
@@ -111,8 +113,10 @@ def _mapped(path: str) -> Iterator[None]:
 
 class SQLiteStore:
     def __init__(self, path: str | Path, *, url: str | None = None, synchronous: str = "FULL",
-                 busy_timeout: float = 30.0, clock: Callable[[], float] = time.time) -> None:
+                 busy_timeout: float = 30.0, clock: Callable[[], float] = time.time,
+                 tape_part_bytes: int | None = PART_BYTES) -> None:
         self.path = str(path)
+        self._part_bytes = tape_part_bytes  # None: tape values stored whole (tape_parts)
         self.url = url or f"sqlite:///{self.path}"
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise StoreError(f"synchronous={synchronous!r}: use off, normal, full or extra")
@@ -197,7 +201,7 @@ class SQLiteStore:
     def create(self, record: Mapping[str, Any], *, tape_appends: TapeAppends | None = None,
                snapshots: Mapping[str, Mapping[str, Any]] | None = None,
                confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
-        w = prepare_write(None, record, tape_appends, snapshots, confirmations)
+        w = prepare_write(None, record, tape_appends, snapshots, confirmations, self._part_bytes)
         assert w.record is not None
         r = w.record
         with self._tx() as c:
@@ -207,7 +211,7 @@ class SQLiteStore:
             now = self._clock()
             c.execute("INSERT INTO instances (id, format, version, process_id, status, record, created, updated, due) "
                       "VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?)",
-                      (r.instance_id, STORE_FORMAT, r.process_id, r.status, r.text, now, now, r.due))
+                      (r.instance_id, INSTANCE_FORMAT, r.process_id, r.status, r.text, now, now, r.due))
             self._check_and_insert(c, r.instance_id, w)
         return 1
 
@@ -217,15 +221,15 @@ class SQLiteStore:
                                        (instance_id,)).fetchone()
         if row is None:
             raise InstanceNotFound(instance_id)
-        check_format(f"instance {instance_id!r}", row[2])
+        check_format(f"instance {instance_id!r}", row[2], INSTANCE_FORMAT)
         return json.loads(row[0]), int(row[1])
 
     def save(self, instance_id: str, record: Mapping[str, Any], expected_version: int,
              tape_appends: TapeAppends | None = None, *,
              snapshots: Mapping[str, Mapping[str, Any]] | None = None,
              confirmations: Sequence[Mapping[str, Any]] = ()) -> int:
-        return self._write(instance_id, prepare_write(instance_id, record, tape_appends, snapshots, confirmations),
-                           expected_version)
+        return self._write(instance_id, prepare_write(instance_id, record, tape_appends, snapshots, confirmations,
+                                                      self._part_bytes), expected_version)
 
     def _write(self, instance_id: str, w: PreparedWrite, expected_version: int | None) -> int:
         with self._tx() as c:
@@ -236,7 +240,7 @@ class SQLiteStore:
             if w.record is not None:
                 c.execute("UPDATE instances SET version = ?, record = ?, process_id = ?, status = ?, updated = ?, "
                           "format = ?, due = ? WHERE id = ?", (version + 1, w.record.text, w.record.process_id,
-                                                               w.record.status, now, STORE_FORMAT, w.record.due,
+                                                               w.record.status, now, INSTANCE_FORMAT, w.record.due,
                                                                instance_id))
             else:
                 c.execute("UPDATE instances SET version = ?, updated = ? WHERE id = ?", (version + 1, now, instance_id))
@@ -254,6 +258,8 @@ class SQLiteStore:
         for a in w.appends:
             c.executemany("INSERT INTO events (instance_id, context, seq, event) VALUES (?, ?, ?, ?)",
                           [(instance_id, a.context, a.first_seq + i, text) for i, text in enumerate(a.events)])
+            c.executemany("INSERT OR IGNORE INTO blobs (instance_id, hash, body) VALUES (?, ?, ?)",
+                          [(instance_id, h, b) for h, b in a.parts.items()])
         for s in w.snapshots:
             self._insert_snapshot(c, instance_id, s.snapshot_id, s.manifest, s.blobs)
         for cid, text in w.confirmations:
@@ -313,7 +319,7 @@ class SQLiteStore:
 
     def append_events(self, instance_id: str, context_name: str, events: Sequence[Mapping[str, Any]],
                       expected_version: int | None = None) -> int:
-        a = prepare_append(instance_id, context_name, events)
+        a = prepare_append(instance_id, context_name, events, self._part_bytes)
         return self._write(instance_id, PreparedWrite(None, (a,) if a else (), (), ()), expected_version)
 
     def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> list[dict[str, Any]]:
@@ -321,7 +327,8 @@ class SQLiteStore:
             self._version(c, instance_id)
             rows = c.execute("SELECT event FROM events WHERE instance_id = ? AND context = ? AND seq > ? ORDER BY seq",
                              (instance_id, context_name, since_seq)).fetchall()
-        return [json.loads(r[0]) for r in rows]
+            return read_events((r[0] for r in rows), lambda hashes: self._blobs(c, instance_id, hashes),
+                               f"tape {context_name!r} of instance {instance_id!r}")
 
     def tape_heads(self, instance_id: str) -> dict[str, int]:
         with self._read() as c:
@@ -348,17 +355,20 @@ class SQLiteStore:
                                                  (instance_id,))]
                 raise snapshot_not_found(instance_id, snapshot_id, known)
 
-            def fetch(hashes: Iterable[str]) -> dict[str, str]:
-                hashes = list(hashes)
-                out: dict[str, str] = {}
-                for i in range(0, len(hashes), 500):  # SQLite's bound-parameter limit
-                    chunk = hashes[i:i + 500]
-                    marks = ",".join("?" * len(chunk))
-                    out.update(c.execute(f"SELECT hash, body FROM blobs WHERE instance_id = ? AND hash IN ({marks})",
-                                         (instance_id, *chunk)).fetchall())
-                return out
+            return join_snapshot(row[0], lambda hashes: self._blobs(c, instance_id, hashes),
+                                 f"snapshot {snapshot_id!r} of instance {instance_id!r}")
 
-            return join_snapshot(row[0], fetch, f"snapshot {snapshot_id!r} of instance {instance_id!r}")
+    @staticmethod
+    def _blobs(c: sqlite3.Connection, instance_id: str, hashes: Iterable[str]) -> dict[str, str]:
+        """The stored parts of these hashes (inside the caller's transaction)."""
+        hashes = list(hashes)
+        out: dict[str, str] = {}
+        for i in range(0, len(hashes), 500):  # SQLite's bound-parameter limit
+            chunk = hashes[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            out.update(c.execute(f"SELECT hash, body FROM blobs WHERE instance_id = ? AND hash IN ({marks})",
+                                 (instance_id, *chunk)).fetchall())
+        return out
 
     def list_snapshots(self, instance_id: str) -> list[str]:
         with self._read() as c:

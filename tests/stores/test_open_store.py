@@ -86,7 +86,7 @@ def test_newer_sqlite_formats_are_refused(tmp_path):
     with sqlite3.connect(path) as c:
         c.execute("UPDATE instances SET format = 99")
     store = open_store(f"sqlite:///{path}")
-    with pytest.raises(StoreFormatError, match="format 99.*reads format 1"):
+    with pytest.raises(StoreFormatError, match="format 99.*reads format 2"):
         store.load("i")
     store.close()
     with sqlite3.connect(path) as c:
