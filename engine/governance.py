@@ -30,6 +30,9 @@ Errors are the ``LayerflowError`` tree; this module adds::
     ├── BadRequest          kind="bad_request"     well-formed, but cannot be applied as asked
     │   └── InvalidAnswer   kind="invalid_answer"  not one of a confirmation's options
     └── InstanceStateError  kind="invalid_state"   the instance's status does not allow it
+
+A second answer to a confirmation raises the stores' ``ConfirmationAnswered``
+(kind ``already_answered``), naming the answer that stands.
 """
 
 from __future__ import annotations
@@ -61,8 +64,10 @@ from context_layers.errors import (
     LayerflowError,
     VersionConflict,
 )
+from context_layers.stores import ConfirmationAnswered
 from context_layers.tape import EventKind
 
+from .gateway_steps import short
 from .process import Process, load_process
 from .runtime import Engine, Instance, refuse_if_cancelled
 from .store import record_head
@@ -991,6 +996,15 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
         return found[0]
     wanted = confirmation_id or conflict_key
     if not found:
+        done = [c for c in instance.confirmations
+                if c.get("answered") and not c.get("cancelled") and wanted in (c["id"], c.get("key"))]
+        if done:  # a second answer (two people at once, a retry): the first stands
+            last = done[-1]
+            who = last.get("answered_by") or ("its timeout" if last.get("timed_out") else "a person")
+            raise ConfirmationAnswered(
+                f"confirmation {last['id']!r} of instance {instance.id} was already answered "
+                f"{short(last.get('answer'))} by {who}; an answer is final. "
+                f"Open: {', '.join(c['id'] for c in pending) or 'none'}")
         raise ContextKeyError(f"instance {instance.id} has no open confirmation or conflict {wanted!r}; open: "
                               f"{', '.join(c['id'] for c in pending) or 'none'}")
     raise BadRequest(f"conflict key {wanted!r} is open at several gateways ({', '.join(c['id'] for c in found)}); "
