@@ -26,10 +26,10 @@ import click
 from context_layers import Layer, LayeredContext, thaw
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, StoreError
-from context_layers.stores import Store as LeaseStore
 
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, event_document
+from .leases import LEASE_TTL, holding
 from .process import load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
 from .store import default_store_url, open_store
@@ -502,38 +502,12 @@ def _load(engine: Engine, instance_id: str, as_json: bool) -> Instance:
         _fail(str(err), EXIT_ERROR, as_json=as_json, kind=err.kind)
 
 
-LEASE_TTL = 60.0  # seconds; renewed every third of it while the command runs
-
-
-@contextlib.contextmanager
-def _lease(engine: Engine, instance_id: str, owner: str) -> Iterator[str | None]:
-    """Hold the instance's lease while the block runs (renewed by a heartbeat); yields None, or
-    who holds it when someone else does (then nothing is held). An engine on a records-only
-    store has no leases: None."""
-    from .worker import _Heartbeat
-
-    store = getattr(engine.store, "store", engine.store)
-    if not isinstance(store, LeaseStore):
-        yield None
-        return
-    if not store.acquire_lease(instance_id, owner, LEASE_TTL):
-        yield store.lease_owner(instance_id) or "another process"
-        return
-    heartbeat = _Heartbeat(store, instance_id, owner, LEASE_TTL)
-    try:
-        yield None
-    finally:
-        heartbeat.stop()
-        with contextlib.suppress(LayerflowError):
-            store.release_lease(instance_id, owner)
-
-
 @contextlib.contextmanager
 def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
     """Hold the instance's lease while a command runs it, as a worker does: a worker that is
     handed the instance meanwhile leaves it alone, and a second ``resume`` is refused up front
     instead of running the same activities and losing at the save."""
-    with _lease(engine, instance_id, f"cli-{socket.gethostname()}-{os.getpid()}") as holder:
+    with holding(engine.store, instance_id, f"cli-{socket.gethostname()}-{os.getpid()}") as holder:
         if holder is not None:
             _fail(f"instance {instance_id!r} is being run by {holder} right now (it holds the instance's lease); "
                   f"nothing was changed. Wait until it is at rest (`layerflow inspect {instance_id}`), then resume "
@@ -697,7 +671,7 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
 
 def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
     """Resume one instance whose timer is due, holding its lease; what came of it."""
-    with _lease(engine, instance_id, f"cli-timers-{socket.gethostname()}-{os.getpid()}") as holder:
+    with holding(engine.store, instance_id, f"cli-timers-{socket.gethostname()}-{os.getpid()}") as holder:
         if holder is not None:
             return {"instance_id": instance_id, "skipped": f"held by {holder}"}
         try:

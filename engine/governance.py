@@ -22,22 +22,32 @@ Concurrency: every change loads the instance, checks ``expected_version`` when t
 caller sent one, and saves with the version it loaded; the store refuses a stale save
 (``VersionConflict``), so an update is never lost: it is applied on the latest state
 or refused. Changes to one instance through one service are serialised by a
-per-instance lock, so callers of one server who send no version do not refuse each other.
+per-instance lock, so callers of one server who send no version do not refuse each other,
+and every change holds the instance's lease in the store (``engine.leases``) while it runs,
+as workers and ``layerflow resume`` do: an instance a worker runs right now is waited for
+(``LEASE_WAIT``), then refused (``InstanceStateError``), never run twice at once.
 
 Errors are the ``LayerflowError`` tree; this module adds::
 
     LayerflowError
     ├── BadRequest          kind="bad_request"     well-formed, but cannot be applied as asked
     │   └── InvalidAnswer   kind="invalid_answer"  not one of a confirmation's options
-    └── InstanceStateError  kind="invalid_state"   the instance's status does not allow it
+    └── InstanceStateError  kind="invalid_state"   the instance's status does not allow it,
+                                                   or another process runs it right now
+
+A second answer to a confirmation raises the stores' ``ConfirmationAnswered``
+(kind ``already_answered``), naming the answer that stands.
 """
 
 from __future__ import annotations
 
 import ast
 import fnmatch
+import os
+import socket
 import string
 import threading
+import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -61,8 +71,11 @@ from context_layers.errors import (
     LayerflowError,
     VersionConflict,
 )
+from context_layers.stores import ConfirmationAnswered
 from context_layers.tape import EventKind
 
+from .gateway_steps import short
+from .leases import holding
 from .process import Process, load_process
 from .runtime import Engine, Instance, refuse_if_cancelled
 from .store import record_head
@@ -95,6 +108,9 @@ __all__ = [
 ]
 
 MAIN = "main"
+#: Seconds a change waits for the lease of an instance that a worker or the CLI runs right now
+#: (a run is usually short) before it is refused with ``InstanceStateError``.
+LEASE_WAIT = 5.0
 METRICS = ("token_count", "key_count", "attention_score", "last_modified", "size_bytes", "top_keys", "keys")
 # Keys a runtime config change may not carry: code runs in-process (DESIGN.md "Interfaces").
 FORBIDDEN_CONFIG_KEYS = frozenset({"handler", "script", "scripts", "prescript", "postscript", "code", "exec",
@@ -406,10 +422,11 @@ class GovernanceService:
     """The governance operations on the instances of ``engine.store``."""
 
     def __init__(self, engine: Engine, catalog: Catalog | str | Path | None = None, *,
-                 compressor: RuleDrivenCompressor | None = None) -> None:
+                 compressor: RuleDrivenCompressor | None = None, lease_wait: float = LEASE_WAIT) -> None:
         self.engine = engine
         self.catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
         self.compressor = compressor or RuleDrivenCompressor()
+        self.lease_wait = lease_wait
         self._gates: weakref.WeakValueDictionary[str, _Gate] = weakref.WeakValueDictionary()
         self._gates_lock = threading.Lock()
         # instance id -> (version, its open confirmations): a listing reads only what changed
@@ -420,13 +437,23 @@ class GovernanceService:
 
     @contextmanager
     def _lock(self, instance_id: str) -> Iterator[None]:
-        """One lock per instance id while someone holds it (a long run blocks no other instance)."""
+        """One lock per instance id while someone holds it (a long run blocks no other instance),
+        and the instance's lease in the store (``engine.leases``), so that no worker and no
+        ``layerflow resume`` runs it meanwhile. Held by another for longer than ``lease_wait``
+        seconds: ``InstanceStateError``, nothing loaded or changed."""
         with self._gates_lock:
             gate = self._gates.get(instance_id)
             if gate is None:
                 gate = self._gates[instance_id] = _Gate()
         with gate.lock:
-            yield
+            owner = f"api-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+            with holding(self.engine.store, instance_id, owner, wait=self.lease_wait) as holder:
+                if holder is not None:
+                    raise InstanceStateError(
+                        f"instance {instance_id} is being run by {holder} right now (it holds the instance's lease, "
+                        f"and kept it for {self.lease_wait:g} s); nothing was changed. Repeat the request once the "
+                        f"instance is at rest (GET /api/instances/{instance_id})")
+                yield
 
     def load(self, instance_id: str) -> Instance:
         return self.engine.load(instance_id)
@@ -991,6 +1018,15 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
         return found[0]
     wanted = confirmation_id or conflict_key
     if not found:
+        done = [c for c in instance.confirmations
+                if c.get("answered") and not c.get("cancelled") and wanted in (c["id"], c.get("key"))]
+        if done:  # a second answer (two people at once, a retry): the first stands
+            last = done[-1]
+            who = last.get("answered_by") or ("its timeout" if last.get("timed_out") else "a person")
+            raise ConfirmationAnswered(
+                f"confirmation {last['id']!r} of instance {instance.id} was already answered "
+                f"{short(last.get('answer'))} by {who}; an answer is final. "
+                f"Open: {', '.join(c['id'] for c in pending) or 'none'}")
         raise ContextKeyError(f"instance {instance.id} has no open confirmation or conflict {wanted!r}; open: "
                               f"{', '.join(c['id'] for c in pending) or 'none'}")
     raise BadRequest(f"conflict key {wanted!r} is open at several gateways ({', '.join(c['id'] for c in found)}); "

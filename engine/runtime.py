@@ -63,7 +63,8 @@ from context_layers.canonical import freeze
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
-from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError
+from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
+from context_layers.stores import StoreUnavailable
 
 from . import events, spiff
 from gateways.conditions import FOREIGN_LITERALS
@@ -269,7 +270,13 @@ class Engine:
             # is saved (a refusal is on the tape) still waiting for that answer
             self._save(instance)
             raise
-        except Exception as err:  # noqa: BLE001 - every failure becomes the instance's error
+        except (VersionConflict, StoreUnavailable):
+            # a save between two steps lost to another writer, or the store did not answer: not a
+            # failure of the process. Nothing after the last committed save stands; whoever runs it
+            # next (a worker retrying its entry) starts from there. Turned into the instance's error,
+            # a blip of the store would be saved as one by the save below, once the store is back.
+            raise
+        except Exception as err:  # noqa: BLE001 - every other failure becomes the instance's error
             rt.fail(err)
             rt.settle()
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)

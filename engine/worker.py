@@ -89,6 +89,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from context_layers.errors import ContextKeyError, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, InstanceRecords, Store, StoreError, StoreUnavailable, open_store
 
+from .leases import Heartbeat
 from .process import load_process
 from .runtime import Engine
 
@@ -348,30 +349,6 @@ def submit(store_url: str | Store, process_path: str | Path, data: Mapping[str, 
 
 # ----------------------------------------------------------------------------- the worker
 
-class _Heartbeat:
-    """Renews the lease every ttl/3 while an instance runs."""
-
-    def __init__(self, store: Store, instance_id: str, owner: str, ttl: float) -> None:
-        self._stop = threading.Event()
-        self.lost = False
-
-        def beat() -> None:
-            while not self._stop.wait(ttl / 3):
-                try:
-                    if not store.renew_lease(instance_id, owner, ttl):
-                        self.lost = True  # the version check will refuse our save
-                        return
-                except StoreError:
-                    pass
-
-        self._thread = threading.Thread(target=beat, name=f"lease-{instance_id}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
 def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: str = DEFAULT_STREAM,
                group: str = DEFAULT_GROUP, consumer: str | None = None, idle_ms: int = 30_000,
                lease_ttl: float | None = None, block_ms: int = 1000, stop_after: int | None = None,
@@ -458,7 +435,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
         stats.busy += 1  # a live worker runs it; its entry (or this one, later) gets acknowledged
         queue.give_back(entry_id)
         return
-    heartbeat = _Heartbeat(store, instance_id, consumer, ttl)
+    heartbeat = Heartbeat(store, instance_id, consumer, ttl)
     try:
         if taken_over:
             # more deliveries than allowed and no failure recorded: its workers died on it;

@@ -307,3 +307,15 @@ def test_settling_a_confirmation_from_inside_the_activity_is_refused(tmp_path, s
     assert call.data["error"] == "invalid_state"
     told = json.loads(stub.requests[1]["messages"][-1]["content"])
     assert "cannot settle confirmation 'approval_status' while it runs" in told["error"]["message"]
+
+
+def test_the_tools_of_an_activity_a_worker_runs_do_not_wait_for_its_lease(tmp_path, stub):
+    """A tool call governs the live instance, whose runner (here a worker) holds its lease: the
+    lease the REST API waits for is not the tools' to take."""
+    bpmn = write_process(tmp_path, "tool_review", PROCESS, config(["risk_score"]))
+    engine = Engine("memory://", model=MODEL)
+    instance = engine.start(load_process(bpmn), {"applicant_id": "APP-7"})
+    assert engine.store.store.acquire_lease(instance.id, "worker-1", 60)  # type: ignore[attr-defined]
+    stub.push(tool_reply(1, *ASK))
+    instance = engine.run(instance)
+    assert instance.status == "waiting" and instance.waiting_for[0]["id"] == "model:1", instance.error

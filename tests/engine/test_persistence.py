@@ -216,3 +216,41 @@ def test_a_failed_instance_takes_no_answer_until_resumed(tmp_path: Path) -> None
     done = engine.resume(failed, answers={"user_tasks": {"ask": {"ok": True}}})
     assert done.status == "completed" and done.error is None
     assert done.main.get("y") == 0.5 and done.main.get("ok") is True
+
+
+class _Blip(MemoryStore):
+    """A store whose ``nth`` save does not answer (a dropped connection), and then answers again."""
+
+    def __init__(self, nth: int) -> None:
+        super().__init__()
+        self.saves, self.nth = 0, nth
+
+    def save(self, *args: Any, **kwargs: Any) -> int:
+        self.saves += 1
+        if self.saves == self.nth:
+            from context_layers.stores import StoreUnavailable
+
+            raise StoreUnavailable("the store did not answer (scripted)")
+        return super().save(*args, **kwargs)  # type: ignore[no-any-return]
+
+
+def test_a_store_that_misses_one_save_mid_run_leaves_the_instance_to_retry_not_in_error() -> None:
+    """A save between two activities that the store does not answer ends the run with the store's
+    error (a worker leaves its entry pending and retries); the instance stays as last committed.
+    It used to become the instance's own error, saved as one by the run's last save: a blip of
+    Redis put a healthy instance in status ``error`` until someone resumed it by hand."""
+    from context_layers.stores import StoreUnavailable
+
+    blip = _Blip(nth=2)
+    engine = Engine(blip)
+    process = load_process(ROOT / "tests" / "stores" / "fixtures" / "slow_process.bpmn")
+    instance = engine.start(process, {"amount": 3})
+    with pytest.raises(StoreUnavailable, match="scripted"):
+        engine.run(instance)
+    record, version = blip.load(instance.id)
+    assert (record["status"], version) == ("running", 2), "only what was committed before the blip stands"
+    retried = engine.run(engine.load(instance.id))
+    assert retried.status == "completed" and retried.error is None
+    plain = Engine("memory://")
+    reference = plain.run(plain.start(process, {"amount": 3}))
+    assert retried.main == reference.main

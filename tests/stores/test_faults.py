@@ -35,7 +35,7 @@ def free_port() -> int:
 class OwnRedis:
     """A redis-server of this test's own: loopback, AOF with fsync on every write."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, durable: bool = True) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             message = "redis-server is not installed (apt-get install redis-server)"
@@ -46,6 +46,9 @@ class OwnRedis:
         self.dir = directory
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        # durable: AOF with fsync on every write (the kill tests); else nothing on disk (faster)
+        self.persistence = (["--appendonly", "yes", "--appendfsync", "always"] if durable
+                            else ["--appendonly", "no"])
 
     @property
     def url(self) -> str:
@@ -55,7 +58,7 @@ class OwnRedis:
         log = open(self.dir / "redis.log", "ab")
         self.proc = subprocess.Popen(
             [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"],
+             *self.persistence, "--save", "", "--daemonize", "no"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + 15

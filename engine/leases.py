@@ -1,0 +1,83 @@
+"""Who runs an instance right now: the store's lease, held while a block runs it.
+
+Everything that runs or changes a stored instance takes its lease first and loads it after:
+a worker (``engine.worker``), ``layerflow resume`` and the other CLI commands that run one
+(``engine.cli``), and the REST API (``engine.governance``). So two of them never run one
+instance at once. The version check alone would keep every update, but only by refusing the
+later save: the activities the loser ran (a handler's side effect, a model call) would have
+run for nothing, and run again by whoever retries.
+
+``holding`` yields None while the block holds the lease (renewed by a ``Heartbeat`` every
+third of its ttl), or the name of who holds it when someone else does; then nothing is held
+and the caller refuses (a worker gives its entry back, the CLI exits, the API answers 409).
+A store without leases (a records-only ``engine.store.Store``) holds nothing and yields None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from context_layers.stores import Store, StoreError
+
+__all__ = ["LEASE_TTL", "Heartbeat", "holding", "lease_store"]
+
+LEASE_TTL = 60.0  # seconds; renewed every third of it while the block runs
+
+
+class Heartbeat:
+    """Renews the lease every ttl/3 until ``stop``; ``lost`` once someone else took it (the
+    version check then refuses the holder's save)."""
+
+    def __init__(self, store: Store, instance_id: str, owner: str, ttl: float) -> None:
+        self._stop = threading.Event()
+        self.lost = False
+
+        def beat() -> None:
+            while not self._stop.wait(ttl / 3):
+                try:
+                    if not store.renew_lease(instance_id, owner, ttl):
+                        self.lost = True
+                        return
+                except StoreError:
+                    pass
+
+        self._thread = threading.Thread(target=beat, name=f"lease-{instance_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def lease_store(engine_store: Any) -> Store | None:
+    """The lease-keeping store behind an engine's store (``InstanceRecords`` wraps one), or None."""
+    store = getattr(engine_store, "store", engine_store)
+    return store if isinstance(store, Store) else None
+
+
+@contextlib.contextmanager
+def holding(engine_store: Any, instance_id: str, owner: str, *, ttl: float = LEASE_TTL,
+            wait: float = 0.0) -> Iterator[str | None]:
+    """Hold ``instance_id``'s lease as ``owner`` while the block runs; yields None, or who holds
+    it when someone else still does after ``wait`` seconds (then nothing is held)."""
+    store = lease_store(engine_store)
+    if store is None:
+        yield None
+        return
+    give_up = time.monotonic() + wait
+    while not store.acquire_lease(instance_id, owner, ttl):
+        if time.monotonic() >= give_up:
+            yield store.lease_owner(instance_id) or "another process"
+            return
+        time.sleep(0.05)
+    heartbeat = Heartbeat(store, instance_id, owner, ttl)
+    try:
+        yield None
+    finally:
+        heartbeat.stop()
+        with contextlib.suppress(StoreError):
+            store.release_lease(instance_id, owner)
