@@ -785,9 +785,11 @@ class GovernanceService:
         return self._change(instance_id, expected_version, "config", actor, apply)
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
-                actor: str = "operator") -> dict[str, Any]:
+                actor: str = "operator", resolver: str = "human") -> dict[str, Any]:
+        """Settle a pending confirmation; ``resolver``: who decided (``"model"`` when a model's
+        ``context_branch`` tool call does), as the conflict's resolution names it."""
         return self._answer(instance_id, args.confirmation_id, args.conflict_key, args.resolution, args.reason,
-                            actor, expected_version)
+                            actor, expected_version, resolver=resolver)
 
     def answer(self, confirmation_id: str, args: AnswerArgs, *, actor: str = "operator") -> dict[str, Any]:
         instance_id = args.instance_id
@@ -804,7 +806,7 @@ class GovernanceService:
                             args.expected_version)
 
     def _answer(self, instance_id: str, confirmation_id: str | None, conflict_key: str | None, value: Any,
-                reason: str | None, actor: str, expected: int | None) -> dict[str, Any]:
+                reason: str | None, actor: str, expected: int | None, *, resolver: str = "human") -> dict[str, Any]:
         with self._lock(instance_id):
             instance = self.load(instance_id)
             self._check_version(instance, expected)
@@ -812,7 +814,8 @@ class GovernanceService:
             entry["reason"] = reason
             entry["answered_by"] = actor
             try:  # the engine puts the decision on the tape
-                instance = self.engine.answer_confirmation(instance, entry["id"], value, actor=actor, reason=reason)
+                instance = self.engine.answer_confirmation(instance, entry["id"], value, actor=actor, reason=reason,
+                                                           resolver=resolver)
             except ActivityError as err:  # raised before anything changed: not one of the options
                 raise InvalidAnswer(str(err)) from None
         return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}

@@ -301,17 +301,20 @@ class Engine:
         return self.run(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance, confirmation_id: str, value: Any, *, run: bool = True,
-                            timed_out: bool = False, actor: str = "person", reason: str | None = None) -> Instance:
+                            timed_out: bool = False, actor: str = "person", reason: str | None = None,
+                            resolver: str = "human") -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
         An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing. ``actor`` and ``reason`` go on the tape with the decision."""
+        changes nothing. ``actor`` and ``reason`` go on the tape with the decision;
+        ``resolver`` is who decided (``"model"``: a model settled it with its tools), as the
+        conflict's resolution names it."""
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"answer {confirmation_id!r}")
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
-            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason)
+            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason, resolver=resolver)
         except Exception as err:  # noqa: BLE001 - e.g. a person escalated: the join fails
             rt.fail(err)
             rt.settle()
@@ -2265,7 +2268,10 @@ class _Runtime:
         if not timed_out:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
             ctx.record("human_decision", actor=actor, data={
-                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason})
+                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason,
+                **({"resolver": resolver} if resolver != "human" else {})})
+        if resolver != "human":
+            entry["resolver"] = resolver  # the join's resolution names who decided
         entry["answer"] = value
         entry["answered"] = True
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked

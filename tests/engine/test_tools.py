@@ -106,6 +106,30 @@ def test_resolve_conflict_tool(service):
     assert done["status"] == "completed" and done["confirmation_id"] == "review_join/approval_status"
 
 
+def test_a_conflict_the_model_settles_names_the_model(service):
+    # DESIGN: every conflict lands in _mergedConflicts with its resolution, resolver and reason; a
+    # model settling it with context_branch is the "model" resolver, not "a person" (it said human)
+    loan = service.start(StartArgs(process_id="loan_approval", data=LOAN_CONFLICT))["instance_id"]
+    done = dispatch_tool(service, loan, "context_branch", {
+        "action": "resolve_conflict", "conflict_key": "approval_status", "resolution": "approved", "reason": "r"})
+    resolution = done["conflicts"][0]["resolution"]
+    assert resolution["resolver"] == "model" and resolution["value"] == "approved"
+    assert "person" not in resolution["reason"] and resolution["reason"].endswith(": r")
+    instance = service.engine.load(loan)
+    logged = instance.main.resolve("_mergedConflicts")[0]["resolution"]
+    assert logged["resolver"] == "model"
+    decision = [e for e in instance.main.tape if e.data.get("note") == "human_decision"][-1]
+    assert decision.actor == "model" and decision.data["resolver"] == "model"
+    steps = [e.data for e in instance.main.tape if e.data.get("note") == "resolution" and e.data["outcome"] == "answered"]
+    assert steps[-1]["resolver"] == "model"
+    # a person's answer through the same REST operation stays the person's
+    other = service.start(StartArgs(process_id="loan_approval", data=LOAN_CONFLICT))["instance_id"]
+    from engine.governance import ResolveArgs
+    by_person = service.resolve(other, ResolveArgs(conflict_key="approval_status", resolution="approved", reason="r"),
+                                actor="ann")
+    assert by_person["conflicts"][0]["resolution"]["resolver"] == "human"
+
+
 def test_human_confirm_asks_or_waits(service, notes):
     asked: list[dict[str, Any]] = []
     answered = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP},
