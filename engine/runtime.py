@@ -57,7 +57,7 @@ from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
-from context_layers.canonical import freeze
+from context_layers.canonical import freeze, text_problem
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
@@ -946,8 +946,16 @@ class _Runtime:
         form = self._form_of(task, given)
         scope = self.loop_scope(task) or {}
         for key, value in form.items():
-            if key in scope or not isinstance(key, str):
-                continue  # an instance's own item; a bad key is refused by the write, naming it
+            problem = ("is not a non-empty string" if not isinstance(key, str) or not key else text_problem(key))
+            if problem is not None:  # no context key can be named so: the person's mistake, as a bad value is
+                from .governance import InvalidAnswer
+
+                bpmn_id = spiff.bpmn_id_of(task)
+                raise InvalidAnswer(f"the answer to user task {bpmn_id!r} has the key {key!r}, which {problem}; "
+                                    "name every field with non-empty text", instance_id=self.instance.id,
+                                    task_id=bpmn_id)
+            if key in scope:
+                continue  # an instance's own item
             try:
                 freeze(value)
             except ValueError as err:  # NaN, Infinity, a lone surrogate: no JSON value, the person's mistake

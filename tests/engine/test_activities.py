@@ -192,6 +192,23 @@ def test_a_plain_task_without_handler_waits_for_a_person(tmp_path: Path) -> None
     assert instance.main.resolve("done") == "ann"
 
 
+@pytest.mark.parametrize("key", ["", "x\ud800"])
+def test_a_user_task_answer_with_a_key_no_context_can_hold_is_bad_input(tmp_path: Path, key: str) -> None:
+    # as a value that is no JSON: the person's mistake, the task still waits (the instance failed)
+    from engine.governance import InvalidAnswer
+
+    engine = Engine()
+    path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
+    instance = engine.run(engine.start(load_process(path)))
+    with pytest.raises(InvalidAnswer, match="'sign'") as err:
+        engine.complete_user_task(instance, "sign", {key: 1, "signed_by": "ann"})
+    assert err.value.task_id == "sign"
+    again = engine.load(instance.id)
+    assert again.status == "waiting" and again.waiting_for[0]["task_id"] == "sign"
+    done = engine.complete_user_task(again, "sign", {"signed_by": "ann"})
+    assert done.status == "completed" and done.main.resolve("done") == "ann"
+
+
 # ----------------------------------------------------------------------------- loading
 
 def test_config_from_both_extension_namespaces_on_tasks_and_gateways(tmp_path: Path) -> None:
