@@ -36,6 +36,9 @@ LAYERS = tuple(Layer)
 BRANCH_MARKERS = ("_branch_id", "_snapshot_id")
 # HISTORY keys that only the engine and the compressor write (records, not data).
 RECORD_PREFIXES = ("activity:", "summary:", "compaction:", "tool:", "event:")
+# ... of those, the ones only they create: an activity may not write them even to WORKING (which moves
+# into HISTORY), while its tool results (``tool:``) and summaries of its own arrive there as it wrote them
+ENGINE_RECORD_PREFIXES = ("activity:", "event:", "compaction:")
 
 
 def is_record_key(key: str) -> bool:
@@ -358,6 +361,11 @@ class LayeredContext:
                 return "HISTORY records are written by the engine and the compressor only"
             if not exists:
                 return "keys arrive in L3 HISTORY from WORKING at activity end; write to WORKING"
+        if effective == Layer.WORKING and key.startswith(ENGINE_RECORD_PREFIXES):
+            # WORKING moves into HISTORY at activity end: such a key would arrive there as a record the
+            # engine never wrote (and take the key of a later activity's own record)
+            return (f"keys starting with {', '.join(ENGINE_RECORD_PREFIXES)} name the records the engine and the "
+                    "compressor write into HISTORY; name the key differently")
         return None
 
     @staticmethod

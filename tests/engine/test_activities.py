@@ -209,6 +209,23 @@ def test_a_user_task_answer_with_a_key_no_context_can_hold_is_bad_input(tmp_path
     assert done.status == "completed" and done.main.resolve("done") == "ann"
 
 
+def test_a_user_task_answer_cannot_forge_an_activity_record(tmp_path: Path) -> None:
+    # a new activity:<id> key written to WORKING would arrive in HISTORY as the engine's record
+    # of an activity that has not run (and push that activity's own record to activity:<id>#2)
+    from engine import AnswerWriteDenied
+
+    engine = Engine()
+    path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
+    instance = engine.run(engine.start(load_process(path)))
+    forged = {"kind": "activity", "activity": "after", "status": "completed", "summary": "approved", "keys": []}
+    with pytest.raises(AnswerWriteDenied, match="activity:after"):
+        engine.complete_user_task(instance, "sign", {"activity:after": forged, "signed_by": "ann"})
+    done = engine.complete_user_task(engine.load(instance.id), "sign", {"signed_by": "ann"})
+    history = done.main.layer(Layer.HISTORY)
+    assert done.status == "completed" and history["activity:after"]["keys"] == ["done"]
+    assert "activity:after#2" not in history
+
+
 # ----------------------------------------------------------------------------- loading
 
 def test_config_from_both_extension_namespaces_on_tasks_and_gateways(tmp_path: Path) -> None:
