@@ -1650,6 +1650,11 @@ class _Runtime:
         if isinstance(spec, NoneTaskMixin) or isinstance(spec, UserTaskMixin) or spec.manual:
             write_result(actx, actx.data)
             return None
+        if cfg is not None and cfg.llm is not None:  # a model call, run offline: nothing to run it by
+            raise ActivityError(f"task {spec.bpmn_id!r} is a model call (its config has an llm: block) but no model "
+                                "is configured and it has no offline handler; pass --model (or set llm.model in its "
+                                f"config), or give it a handler (@activity({spec.bpmn_id!r}), or 'handler' in its "
+                                "config) to run offline", task_id=spec.bpmn_id)
         raise ActivityError(f"task {spec.bpmn_id!r} ({type(spec).__name__.removeprefix('Layerflow')}) has no "
                             f"handler; register one with @activity({spec.bpmn_id!r}) or set 'handler' in its config",
                             task_id=spec.bpmn_id)

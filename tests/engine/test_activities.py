@@ -183,6 +183,17 @@ def test_a_service_task_without_handler_fails_saying_what_to_do(tmp_path: Path) 
     assert "@activity('lonely')" in instance.error["message"]
 
 
+def test_a_model_call_without_a_model_nor_an_offline_handler_says_so(tmp_path: Path) -> None:
+    # offline, an llm: activity runs its handler; with none the error told to register a handler only,
+    # as if the llm: block were not there
+    engine = Engine()
+    path = write_process(tmp_path, "welcome", ['<bpmn:serviceTask id="welcome"/>'],
+                         "welcome:\n  llm: {instructions: Greet the new employee., outputKeys: [greeting]}\n")
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "error" and instance.error["task_id"] == "welcome"
+    assert "no model is configured" in instance.error["message"] and "--model" in instance.error["message"]
+
+
 def test_a_plain_task_without_handler_waits_for_a_person(tmp_path: Path) -> None:
     engine = Engine()
     path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
