@@ -187,7 +187,7 @@ def test_a_model_call_without_a_model_nor_an_offline_handler_says_so(tmp_path: P
     # offline, an llm: activity runs its handler; with none the error told to register a handler only,
     # as if the llm: block were not there
     engine = Engine()
-    path = write_process(tmp_path, "welcome", ['<bpmn:serviceTask id="welcome"/>'],
+    path = write_process(tmp_path, "onboarding", ['<bpmn:serviceTask id="welcome"/>'],
                          "welcome:\n  llm: {instructions: Greet the new employee., outputKeys: [greeting]}\n")
     instance = engine.run(engine.start(load_process(path)))
     assert instance.status == "error" and instance.error["task_id"] == "welcome"
