@@ -52,6 +52,9 @@ not make ``report.ok`` false:
                                       cardinality or completion condition, a correlation property's
                                       retrieval expression) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
+``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
+                                      policy can evaluate (a syntax error, a call or name outside the safe
+                                      subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
@@ -379,6 +382,7 @@ class _Validator:
         self._check_merges()
         self._check_branches()
         self._check_injects(config)
+        self._check_policy_rules()
         self._check_join_fields()
         self._check_config_ids()
         self._check_knowledge()
@@ -761,6 +765,23 @@ class _Validator:
                              "key", file=src.file, line=src.line_of("branches", i, "contextInject", key),
                              element_id=src.element_id, field=f"branches.{i}.contextInject.{key}",
                              severity="error" if severity == "error" else "warning")
+
+    def _check_policy_rules(self) -> None:
+        """A ``conflictPolicy`` rule's ``when`` is checked where it runs, at the join, when a
+        conflict on its key comes: one it cannot evaluate would stop the instance there."""
+        from gateways.expressions import ExpressionError, check_expression
+
+        for src in self.sources:
+            policy = src.config.conflict_policy
+            for i, rule in enumerate(policy.rules if policy is not None else ()):
+                try:
+                    check_expression(rule.when)
+                except ExpressionError as err:
+                    self.add("policy_rule_expression", f"conflictPolicy rule {i} (key {rule.key!r}): its when "
+                             f"{rule.when!r} cannot be evaluated: {err}; write a Python expression over the "
+                             "context (e.g. risk_level == \"high\" and amount > 100000)", file=src.file,
+                             line=src.line_of("conflictPolicy", "rules", i, "when"), element_id=src.element_id,
+                             field=f"conflictPolicy.rules.{i}.when")
 
     def _check_join_fields(self) -> None:
         """Join settings where no join reads them: a designer who put ``mergeStrategy:

@@ -119,6 +119,11 @@ CASES = [
     Case("branch_priority_unknown_id", "valid.bpmn", "branch_priority_unknown_id",
          ("branch_priority.layerflow.yaml", "branchPriority:"), "merge", "branchPriority.1",
          ("'fast_trak'", "did you mean 'fast_track'"), config="branch_priority.layerflow.yaml"),
+    # a policy rule the join could not evaluate: validate said "valid", the join stopped the instance
+    Case("policy_rule_expression", "valid.bpmn", "policy_rule_expression",
+         ("policy_rule.layerflow.yaml", 'when: "amount >"'), "merge", "conflictPolicy.rules.1.when",
+         ("conflictPolicy rule 1 (key 'approval_status')", "syntax error", "write a Python expression"),
+         config="policy_rule.layerflow.yaml"),
     # references SpiffWorkflow would report crudely or not at all
     Case("flow_ref_unknown", "flow_ref_unknown.bpmn", "flow_ref_unknown", ("flow_ref_unknown.bpmn", 'id="f_lost"'),
          "f_lost", "targetRef", ("targetRef='archive'", "point it at an existing element")),
