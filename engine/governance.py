@@ -870,7 +870,12 @@ class GovernanceService:
         """The model's ``human_confirm``: a pending confirmation that a person answers later
         (``POST /api/confirmations/{id}``); or, with ``answered``, one a person answered at once."""
         def apply(instance: Instance) -> dict[str, Any]:
-            return self._add_confirmation(instance, instance.main, args, actor=actor, answer=answer, answered=answered)
+            # a timeout runs from now: a run or resume after the deadline takes the default (as for a
+            # join's confirmation); without ``created`` / ``deadline`` it never came
+            now = self.engine.clock()
+            extra = {"created": now, **({"deadline": now + args.timeout} if args.timeout is not None else {})}
+            return self._add_confirmation(instance, instance.main, args, actor=actor, answer=answer, answered=answered,
+                                          extra=extra)
         return self._change(instance_id, None, "human_confirm", actor, apply)
 
     @staticmethod

@@ -142,6 +142,24 @@ def test_human_confirm_asks_or_waits(service, notes):
     assert [c["id"] for c in service.confirmations(notes)] == [pending["confirmation_id"]]
 
 
+def test_a_human_confirm_with_a_timeout_takes_its_default_after_the_deadline(tmp_path):
+    # the schema says "seconds until the default is taken": the confirmation had no deadline, so a
+    # run or resume after the timeout left it waiting for ever
+    now = [1000.0]
+    service = GovernanceService(Engine("memory://", clock=lambda: now[0]), make_catalog(tmp_path))
+    notes = service.start(StartArgs(process_id="notes_review", data=NOTES))["instance_id"]
+    pending = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP, "timeout": 300,
+                                                              "default": "keep"})
+    untimed = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP})
+    engine = service.engine
+    assert engine.resume(engine.load(notes)).confirmations[-2]["answered"] is False  # not yet
+    now[0] += 301
+    instance = engine.resume(engine.load(notes))
+    entry = next(c for c in instance.confirmations if c["id"] == pending["confirmation_id"])
+    assert entry["answered"] and entry["answer"] == "keep" and entry["timed_out"]
+    assert [c["id"] for c in service.confirmations(notes)] == [untimed["confirmation_id"]]
+
+
 # ----------------------------------------------------------------------------- the loop
 
 def _call(name: str, arguments: dict[str, Any], n: int) -> dict[str, Any]:
