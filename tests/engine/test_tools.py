@@ -142,11 +142,17 @@ def test_human_confirm_asks_or_waits(service, notes):
     assert [c["id"] for c in service.confirmations(notes)] == [pending["confirmation_id"]]
 
 
-def test_a_human_confirm_with_a_timeout_takes_its_default_after_the_deadline(tmp_path):
+@pytest.fixture
+def clocked(tmp_path):
+    """A service whose engine reads a clock the test moves (``now[0]``)."""
+    now = [1000.0]
+    return GovernanceService(Engine("memory://", clock=lambda: now[0]), make_catalog(tmp_path)), now
+
+
+def test_a_human_confirm_with_a_timeout_takes_its_default_after_the_deadline(clocked):
     # the schema says "seconds until the default is taken": the confirmation had no deadline, so a
     # run or resume after the timeout left it waiting for ever
-    now = [1000.0]
-    service = GovernanceService(Engine("memory://", clock=lambda: now[0]), make_catalog(tmp_path))
+    service, now = clocked
     notes = service.start(StartArgs(process_id="notes_review", data=NOTES))["instance_id"]
     pending = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP, "timeout": 300,
                                                               "default": "keep"})
