@@ -381,7 +381,7 @@ class LayeredContext:
     def _deny(self, op: str, key: str, requested: Layer, effective: Layer, reason: str, actor: str) -> None:
         self._emit(EventKind.DENIED, actor, data={
             "op": op, "key": key, "requested": int(requested), "effective": int(effective), "reason": reason})
-        raise ContextWriteDenied(key, requested, effective, reason)
+        raise ContextWriteDenied(key, requested, effective, reason, op="delete" if op == "delete" else "write")
 
     def _check_key(self, key: Any) -> str:
         if not isinstance(key, str) or not key:

@@ -143,6 +143,17 @@ def test_an_activity_cannot_write_a_record_key_that_would_move_into_history(ctx)
     assert LayeredContext.replay(ctx.tape) == ctx
 
 
+def test_a_denied_delete_says_delete(ctx):
+    # the message of a refused delete read "write of key ... denied"
+    ctx.write(Layer.PROCESS, "amount", 5, actor="a")
+    with pytest.raises(ContextWriteDenied) as denied:
+        ctx.delete(Layer.WORKING, "amount", actor="a")
+    assert str(denied.value).startswith("delete of key 'amount' from L1 (requested L4, auto-promoted) denied")
+    assert denied.value.op == "delete" and ctx.tape[-1].data["op"] == "delete"
+    with pytest.raises(ContextWriteDenied, match="^write of key 'amount' to L1"):
+        ctx.write(Layer.WORKING, "amount", 6, actor="a")
+
+
 def test_repeated_activity_gets_numbered_records(ctx):
     for _ in range(3):
         ctx.begin_activity("loop")
