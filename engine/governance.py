@@ -772,6 +772,7 @@ class GovernanceService:
                 raise ConfigError(f"runtime config for {args.activity_id!r}: merged with the current config it is "
                                   "invalid: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems),
                                   problems=problems) from None
+            _check_element_ids(new, instance, args.activity_id)
             main = instance.main
             version = 1 + sum(1 for e in main.tape.filter(kind="config_change")
                               if e.data.get("activity_id") == args.activity_id)
@@ -966,6 +967,21 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
         raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in found),
                           problems=listed)
     return cfg
+
+
+def _check_element_ids(cfg: ActivityExtensionConfig, instance: Instance, element_id: str) -> None:
+    """The ids a runtime config names (``branchPriority``, ``branches``) are elements of the
+    instance's process, as ``layerflow validate`` checks for the file: a branchPriority that names
+    none of the join's branches stopped the instance at the join."""
+    known = set(instance.process.element_ids())
+    found = [(f"branchPriority.{i}", b) for i, b in enumerate(cfg.branch_priority) if b not in known]
+    found += [(f"branches.{i}.id", b.id) for i, b in enumerate(cfg.branches) if b.id not in known]
+    if found:
+        listed = [{"file": "runtime config", "id": element_id, "field": f,
+                   "message": f"{b!r} is no element of process {instance.process_id!r}; name the BPMN ids of the "
+                              "branches' first elements"} for f, b in found]
+        raise ConfigError(f"runtime config for {element_id!r}:\n  " + "\n  ".join(
+            f"field {p['field']}: {p['message']}" for p in listed), problems=listed)
 
 
 def _unsafe_expression(expression: str, *, natural_language_ok: bool) -> str | None:
