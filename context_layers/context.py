@@ -455,7 +455,11 @@ class LayeredContext:
             moved_tokens += s.tokens[Layer.WORKING][key]
         for key in self.layer(Layer.EPHEMERAL):
             changes.append((Layer.EPHEMERAL, key, DELETED))
-        written = list(dict.fromkeys([*sorted(s.activity_keys, key=s.activity_keys.__getitem__), *working]))
+        # the keys the activity wrote, then the other data keys WORKING hands on with it (a branch's
+        # contextInject, an injected fix); the engine's own bookkeeping there (a split's _branch_id and
+        # _snapshot_id, a join's _mergedConflicts) moves too, but the activity did not write it
+        written = list(dict.fromkeys([*sorted(s.activity_keys, key=s.activity_keys.__getitem__),
+                                      *(k for k in working if not k.startswith("_"))]))
         # HISTORY itself decides the record key: a branch merged back at a join carries
         # its records but not its counters, and a record is never overwritten.
         history = s.layers[Layer.HISTORY]
