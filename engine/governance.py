@@ -641,6 +641,7 @@ class GovernanceService:
 
     def start(self, args: StartArgs, *, actor: str = "api") -> dict[str, Any]:
         process = self.catalog.load(args.process_id)
+        _check_answered_tasks(process, args.answers)
         instance = self.engine.start(process, args.data)
         instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
         if args.run:
@@ -857,6 +858,7 @@ class GovernanceService:
         def step(instance: Instance) -> Instance:
             if instance.status == "completed":
                 raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
+            _check_answered_tasks(instance.process, args.answers)
             return self.engine.resume(instance, answers=args.answers.model_dump() if args.answers else None)
         return self._run_on(instance_id, expected_version, step)
 
@@ -967,6 +969,18 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
         raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in found),
                           problems=listed)
     return cfg
+
+
+def _check_answered_tasks(process: Any, answers: StartAnswers | None) -> None:
+    """Answers that name a task the process does not have are a typo (``layerflow run --answers``
+    refuses them too): say so, instead of leaving the task waiting with its answer unused."""
+    if answers is None:
+        return
+    ids = set(process.element_ids())
+    unknown = [task_id for task_id in answers.user_tasks if task_id not in ids]
+    if unknown:
+        raise BadRequest(f"answers.user_tasks names {', '.join(repr(t) for t in unknown)}, not an element of process "
+                         f"{process.id!r}; key user_tasks by the BPMN id of a user task")
 
 
 def _check_element_ids(cfg: ActivityExtensionConfig, instance: Instance, element_id: str) -> None:
