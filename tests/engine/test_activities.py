@@ -194,6 +194,15 @@ def test_a_model_call_without_a_model_nor_an_offline_handler_says_so(tmp_path: P
     assert "no model is configured" in instance.error["message"] and "--model" in instance.error["message"]
 
 
+def test_initial_data_that_is_no_mapping_is_refused_saying_so(tmp_path: Path) -> None:
+    # it failed with "AttributeError: 'list' object has no attribute 'items'"
+    engine = Engine()
+    process = load_process(write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>']))
+    with pytest.raises(TypeError, match="initial data must be a mapping .* got list"):
+        engine.start(process, [("amount", 1)])  # type: ignore[arg-type]
+    assert engine.store.list() == []
+
+
 def test_a_plain_task_without_handler_waits_for_a_person(tmp_path: Path) -> None:
     engine = Engine()
     path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
