@@ -221,7 +221,7 @@ class Engine:
         """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
         ``data_layers`` says) and save it, in ``store`` (a URL or a store) when given, else
         in the engine's. ``run`` advances it."""
-        if data is not None and not isinstance(data, Mapping):
+        if data is not None and not isinstance(data, Mapping):  # a caller's programming slip: a plain TypeError
             raise TypeError(f"Engine.start: initial data must be a mapping of context keys to values (a JSON "
                             f"object), got {type(data).__name__}")
         ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
