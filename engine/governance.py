@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import json
 import string
 import threading
 import weakref
@@ -46,10 +47,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from xml.etree import ElementTree
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
-from context_layers.canonical import freeze, text_problem
+from context_layers.canonical import freeze, json_equal, text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import RuleDrivenCompressor, decompress, evaluate
 from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict, format_validation_error
@@ -287,7 +289,20 @@ class HumanConfirmArgs(_Args):
     message: str = Field(min_length=1)
     options: list[ConfirmOption] = Field(min_length=1)
     timeout: float | None = Field(default=None, gt=0, description="seconds until the default is taken")
-    default: Any = None
+    default: Any = Field(default=None, description="the value taken when the timeout passes: one of the options' "
+                                                   "values (or labels)")
+
+    @field_validator("default")
+    @classmethod
+    def _default_is_an_option(cls, default: Any, info: ValidationInfo) -> Any:
+        # a default no option offers could never be taken: the timeout would only escalate it
+        options = info.data.get("options") or []
+        if default is not None and options and not any(json_equal(default, o.value) or default == o.label
+                                                       for o in options):
+            offered = ", ".join(json.dumps(o.value, ensure_ascii=False) for o in options)
+            raise ValueError(f"{json.dumps(default, ensure_ascii=False)} is none of the options' values ({offered}); "
+                             "make it one of them")
+        return default
 
 
 class AnswerArgs(_Args):

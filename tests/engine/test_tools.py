@@ -142,6 +142,18 @@ def test_human_confirm_asks_or_waits(service, notes):
     assert [c["id"] for c in service.confirmations(notes)] == [pending["confirmation_id"]]
 
 
+def test_a_human_confirm_default_must_be_one_of_its_options(service, notes):
+    # one no option offers could never be taken when the timeout passed (it only escalated): the
+    # model is told at once, naming the field
+    wrong = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP, "timeout": 60,
+                                                             "default": "maybe"})
+    assert wrong["error"]["kind"] == "validation_error"
+    assert [p["field"] for p in wrong["error"]["problems"]] == ["default"] and '"maybe"' in wrong["error"]["message"]
+    assert service.confirmations(notes) == []
+    by_label = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP, "default": "undo it"})
+    assert by_label["status"] == "pending"
+
+
 @pytest.fixture
 def clocked(tmp_path):
     """A service whose engine reads a clock the test moves (``now[0]``)."""
