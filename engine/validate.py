@@ -33,6 +33,8 @@ not make ``report.ok`` false:
                                       reads them at a join only
 ``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
                                       element than the one it is keyed by (or attached to)
+``knowledge_query_template`` W        a ``knowledgeConfig.query`` that is no template of context keys (an
+                                      unclosed brace, attribute or index access): it is sent as written
 ``knowledge_collection_not_found`` W  a ``ragCollections`` name with no ``knowledge/<name>/``
                                       folder of .md/.txt files beside the process (the default
                                       retriever finds nothing; a custom retriever may serve it)
@@ -827,6 +829,8 @@ class _Validator:
             kc = src.config.knowledge_config
             if kc is None:
                 continue
+            if kc.query:
+                self._check_query_template(src, kc.query)
             for i, name in enumerate(kc.rag_collections):
                 folder = root / name
                 if folder.is_dir() and any(p.suffix in (".md", ".txt") for p in folder.iterdir()):
@@ -837,6 +841,27 @@ class _Validator:
                          "the collection's documents there or fix the name (an Engine given its own retriever "
                          "may serve it)", file=src.file, line=src.line_of("knowledgeConfig", "ragCollections", i),
                          element_id=src.element_id, field=f"knowledgeConfig.ragCollections.{i}", severity="warning")
+
+    def _check_query_template(self, src: Any, query: str) -> None:
+        """A retrieval query is a template of context keys (``{industry}``); one that does not parse
+        is sent as written, braces and all (a runtime config change refuses it)."""
+        import string
+
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(query) if f is not None]
+        except ValueError as err:
+            problem: str | None = f"is not a template ({err}): it is sent as written, braces and all"
+        else:
+            empty = [f for f in fields if not f]
+            reach = [f for f in fields if "." in f or "[" in f]
+            problem = ("has an empty field {}: the query is sent as written, braces and all" if empty else
+                       f"reads {reach[0]!r}, an attribute or item of a value's Python object, not a context key"
+                       if reach else None)
+        if problem is not None:
+            self.add("knowledge_query_template", f"knowledgeConfig.query {query!r} {problem}; write {{key}} for each "
+                     "context key the query should hold",
+                     file=src.file, line=src.line_of("knowledgeConfig", "query"), element_id=src.element_id,
+                     field="knowledgeConfig.query", severity="warning")
 
     # -- gateways and scripts --------------------------------------------------------------
 

@@ -124,6 +124,11 @@ CASES = [
          ("policy_rule.layerflow.yaml", 'when: "amount >"'), "merge", "conflictPolicy.rules.1.when",
          ("conflictPolicy rule 1 (key 'approval_status')", "syntax error", "write a Python expression"),
          config="policy_rule.layerflow.yaml"),
+    # a retrieval query that is no template went out as written, braces and all, with no word from validate
+    Case("knowledge_query_template", "valid.bpmn", "knowledge_query_template",
+         ("query_template.layerflow.yaml", "query:"), "risk_assessment", "knowledgeConfig.query",
+         ("'risk rules for {industry'", "is not a template", "write {key}"), config="query_template.layerflow.yaml",
+         severity="warning"),
     # references SpiffWorkflow would report crudely or not at all
     Case("flow_ref_unknown", "flow_ref_unknown.bpmn", "flow_ref_unknown", ("flow_ref_unknown.bpmn", 'id="f_lost"'),
          "f_lost", "targetRef", ("targetRef='archive'", "point it at an existing element")),
