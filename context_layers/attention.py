@@ -532,6 +532,11 @@ class TriggerDecision:
     suppressed: list[str] = field(default_factory=list)
     min_attention_tokens: int = 0
 
+    def __bool__(self) -> bool:
+        """Whether compression should run: ``if detector.detect(ctx, config):`` reads as the
+        seed's ``boolean detect(...)`` (a dataclass is otherwise always true)."""
+        return self.fired
+
     def to_dict(self) -> dict[str, Any]:
         return {"fired": self.fired, "triggers": list(self.triggers), "values": dict(self.values),
                 "thresholds": dict(self.thresholds), "attention": self.attention.to_dict(),

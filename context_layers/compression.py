@@ -701,13 +701,43 @@ class DecompressResult:
 
 
 def decompress(ctx: LayeredContext, snapshot_id: str, *, actor: str = "compressor") -> DecompressResult:
-    """Put HISTORY back as it was in ``snapshot_id`` (one restore event; the compressed
-    version stays on the tape, so a later ``restore`` can bring it back too)."""
+    """Undo the compression that took ``snapshot_id``: HISTORY as it was in that snapshot (one
+    restore event; the compressed version stays on the tape, so a later ``restore`` can bring it
+    back too), plus what HISTORY gained or changed since the compression (the activities that ran
+    after it, a later compression), re-applied in one more event: undoing a compression drops
+    nothing written after it. A snapshot no compression took is restored as it is."""
     try:
-        ctx.get_snapshot(snapshot_id)
+        snap = ctx.get_snapshot(snapshot_id)
     except ContextKeyError as exc:
         raise ContextKeyError(f"cannot decompress: {exc}; pass the snapshot_id of a CompressResult") from None
+    since = _history_since_compression(ctx, snap)
     before = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
     event = ctx.restore(snapshot_id, layers=[Layer.HISTORY], actor=actor)
+    restored = ctx.layer(Layer.HISTORY)
+    changes = [(Layer.HISTORY, k, v) for k, v in since if not (v is DELETED and k not in restored)]
+    if changes:
+        event = ctx.apply_changes(changes, kind="decompress", actor=actor,
+                                  data={"snapshot_id": snapshot_id, "kept": [k for _, k, _ in changes]})
     after = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
     return DecompressResult(snapshot_id=snapshot_id, tokens_before=before, tokens_after=after, event_seq=event.seq)
+
+
+def _history_since_compression(ctx: LayeredContext, snap: Any) -> list[tuple[str, Any]]:
+    """HISTORY's changes (``(key, value | DELETED)``) between the end of the compression that took
+    ``snap`` and now: the entries a decompression must keep. Empty when no compression took it."""
+    event = next((e for e in reversed(ctx.tape)
+                  if e.data.get("note") == "compress" and e.data.get("snapshot_id") == snap.id), None)
+    if event is None:
+        return []
+    then = dict(snap.layer(Layer.HISTORY).items())
+    for layer, key, value in event.changes:
+        if layer == Layer.HISTORY:
+            if value is DELETED:
+                then.pop(key, None)
+            else:
+                then[key] = value
+    now = ctx.layer(Layer.HISTORY)
+    out: list[tuple[str, Any]] = [(k, v) for k, v in now.items()
+                                  if k not in then or not (then[k] is v or canonical_json(then[k]) == canonical_json(v))]
+    out += [(k, DELETED) for k in then if k not in now]
+    return out

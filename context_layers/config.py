@@ -171,6 +171,73 @@ class LLMConfig(_Model):
     tools: bool = False
     render_format: Literal["xml", "json", "plain"] = "xml"
 
+    @field_validator("output_schema")
+    @classmethod
+    def _checked_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        # the model's answer is checked against it at every call: a keyword the checker cannot
+        # read (required: 5, an unknown type) failed each call as a model error, or passed every answer
+        if v is not None:
+            problem = _schema_problem(v, "")
+            if problem is None and "type" in v and "object" not in _type_names(v["type"]):
+                problem = "/type: the answer is one JSON object, so the top-level type must be \"object\""
+            if problem is not None:
+                raise ValueError(f"not a JSON Schema the answer can be checked against: {problem}")
+        return v
+
+
+_SCHEMA_TYPES = ("object", "array", "string", "boolean", "null", "integer", "number")
+
+
+def _type_names(types: Any) -> list[Any]:
+    return [types] if isinstance(types, str) else list(types) if isinstance(types, list) else [types]
+
+
+def _schema_problem(schema: Any, path: str) -> str | None:
+    """Why ``schema`` (at JSON pointer ``path``) is not one the answer checker
+    (``engine.answer.validate_schema``) reads, or None. Keywords it does not know are ignored,
+    as JSON Schema says; the ones it knows must have the shape JSON Schema gives them."""
+    if isinstance(schema, bool):
+        return None
+    if not isinstance(schema, dict):
+        return f"{path or '/'}: a schema is an object, got {type(schema).__name__}"
+    if "type" in schema:
+        names = _type_names(schema["type"])
+        bad = [t for t in names if t not in _SCHEMA_TYPES]
+        if bad or not names:
+            return (f"{path}/type: {bad[0] if bad else schema['type']!r} is no JSON Schema type; use "
+                    f"{', '.join(_SCHEMA_TYPES)}")
+    if "required" in schema and not (isinstance(schema["required"], list)
+                                     and all(isinstance(k, str) for k in schema["required"])):
+        return f"{path}/required: a list of key names, got {schema['required']!r}"
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        return f"{path}/enum: a list of the allowed values, got {schema['enum']!r}"
+    for word in ("minimum", "maximum"):
+        if word in schema and (isinstance(schema[word], bool) or not isinstance(schema[word], (int, float))):
+            return f"{path}/{word}: a number, got {schema[word]!r}"
+    for word in ("minLength", "maxLength", "minItems", "maxItems"):
+        if word in schema and (isinstance(schema[word], bool) or not isinstance(schema[word], int) or schema[word] < 0):
+            return f"{path}/{word}: a whole number >= 0, got {schema[word]!r}"
+    if "properties" in schema:
+        if not isinstance(schema["properties"], dict):
+            return f"{path}/properties: an object of key -> schema, got {schema['properties']!r}"
+        for key, sub in schema["properties"].items():
+            found = _schema_problem(sub, f"{path}/properties/{key}")
+            if found:
+                return found
+    for word in ("items", "additionalProperties"):
+        if word in schema:
+            found = _schema_problem(schema[word], f"{path}/{word}")
+            if found:
+                return found
+    if "anyOf" in schema:
+        if not isinstance(schema["anyOf"], list) or not schema["anyOf"]:
+            return f"{path}/anyOf: a non-empty list of schemas, got {schema['anyOf']!r}"
+        for i, sub in enumerate(schema["anyOf"]):
+            found = _schema_problem(sub, f"{path}/anyOf/{i}")
+            if found:
+                return found
+    return None
+
 
 class ActivityExtensionConfig(_Model):
     """Config of one BPMN element (task or gateway), keyed by its BPMN id."""

@@ -36,6 +36,9 @@ LAYERS = tuple(Layer)
 BRANCH_MARKERS = ("_branch_id", "_snapshot_id")
 # HISTORY keys that only the engine and the compressor write (records, not data).
 RECORD_PREFIXES = ("activity:", "summary:", "compaction:", "tool:", "event:")
+# ... of those, the ones only they create: an activity may not write them even to WORKING (which moves
+# into HISTORY), while its tool results (``tool:``) and summaries of its own arrive there as it wrote them
+ENGINE_RECORD_PREFIXES = ("activity:", "event:", "compaction:")
 
 
 def is_record_key(key: str) -> bool:
@@ -358,6 +361,11 @@ class LayeredContext:
                 return "HISTORY records are written by the engine and the compressor only"
             if not exists:
                 return "keys arrive in L3 HISTORY from WORKING at activity end; write to WORKING"
+        if effective == Layer.WORKING and key.startswith(ENGINE_RECORD_PREFIXES):
+            # WORKING moves into HISTORY at activity end: such a key would arrive there as a record the
+            # engine never wrote (and take the key of a later activity's own record)
+            return (f"keys starting with {', '.join(ENGINE_RECORD_PREFIXES)} name the records the engine and the "
+                    "compressor write into HISTORY; name the key differently")
         return None
 
     @staticmethod
@@ -373,7 +381,7 @@ class LayeredContext:
     def _deny(self, op: str, key: str, requested: Layer, effective: Layer, reason: str, actor: str) -> None:
         self._emit(EventKind.DENIED, actor, data={
             "op": op, "key": key, "requested": int(requested), "effective": int(effective), "reason": reason})
-        raise ContextWriteDenied(key, requested, effective, reason)
+        raise ContextWriteDenied(key, requested, effective, reason, op="delete" if op == "delete" else "write")
 
     def _check_key(self, key: Any) -> str:
         if not isinstance(key, str) or not key:
@@ -447,7 +455,11 @@ class LayeredContext:
             moved_tokens += s.tokens[Layer.WORKING][key]
         for key in self.layer(Layer.EPHEMERAL):
             changes.append((Layer.EPHEMERAL, key, DELETED))
-        written = list(dict.fromkeys([*sorted(s.activity_keys, key=s.activity_keys.__getitem__), *working]))
+        # the keys the activity wrote, then the other data keys WORKING hands on with it (a branch's
+        # contextInject, an injected fix); the engine's own bookkeeping there (a split's _branch_id and
+        # _snapshot_id, a join's _mergedConflicts) moves too, but the activity did not write it
+        written = list(dict.fromkeys([*sorted(s.activity_keys, key=s.activity_keys.__getitem__),
+                                      *(k for k in working if not k.startswith("_"))]))
         # HISTORY itself decides the record key: a branch merged back at a join carries
         # its records but not its counters, and a record is never overwritten.
         history = s.layers[Layer.HISTORY]

@@ -53,13 +53,15 @@ class LayerflowError(Exception):
 class ContextWriteDenied(LayerflowError):
     kind = "permission_denied"
 
-    def __init__(self, key: str, requested: Any, effective: Any, reason: str) -> None:
+    def __init__(self, key: str, requested: Any, effective: Any, reason: str, *, op: str = "write") -> None:
         self.key = key
         self.requested = requested
         self.effective = effective
         self.reason = reason
+        self.op = op  # "write" or "delete"
         where = f"{effective}" if effective == requested else f"{effective} (requested {requested}, auto-promoted)"
-        super().__init__(f"write of key {key!r} to {where} denied: {reason}")
+        what = f"delete of key {key!r} from" if op == "delete" else f"write of key {key!r} to"
+        super().__init__(f"{what} {where} denied: {reason}")
 
     @property
     def target(self) -> Any:

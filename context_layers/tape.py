@@ -123,7 +123,10 @@ class Tape(Sequence[Event]):
         def keep(e: Event) -> bool:
             if kind is not None and e.kind != kind and e.data.get("note") != kind:
                 return False
-            if activity is not None and e.activity != activity:
+            # a gateway's events (split, join, conflict, resolution) happen between activities: they
+            # name the gateway as gateway_id, and filtering by its BPMN id finds them too
+            if activity is not None and e.activity != activity and not (
+                    e.activity is None and e.data.get("gateway_id") == activity):
                 return False
             if branch is not None and e.branch != branch:
                 return False

@@ -625,7 +625,10 @@ class GatewaySteps:
         if not timed_out:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
             ctx.record("human_decision", actor=actor, data={
-                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason})
+                "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason,
+                **({"resolver": resolver} if resolver != "human" else {})})
+        if resolver != "human":
+            entry["resolver"] = resolver  # the join's resolution names who decided
         entry["answer"] = value
         entry["answered"] = True
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked

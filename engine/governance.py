@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import json
 import os
 import socket
 import string
@@ -56,10 +57,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from xml.etree import ElementTree
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
-from context_layers.canonical import freeze, text_problem
+from context_layers.canonical import freeze, json_equal, text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import RuleDrivenCompressor, decompress, evaluate
 from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict, format_validation_error
@@ -303,7 +305,20 @@ class HumanConfirmArgs(_Args):
     message: str = Field(min_length=1)
     options: list[ConfirmOption] = Field(min_length=1)
     timeout: float | None = Field(default=None, gt=0, description="seconds until the default is taken")
-    default: Any = None
+    default: Any = Field(default=None, description="the value taken when the timeout passes: one of the options' "
+                                                   "values (or labels)")
+
+    @field_validator("default")
+    @classmethod
+    def _default_is_an_option(cls, default: Any, info: ValidationInfo) -> Any:
+        # a default no option offers could never be taken: the timeout would only escalate it
+        options = info.data.get("options") or []
+        if default is not None and options and not any(json_equal(default, o.value) or default == o.label
+                                                       for o in options):
+            offered = ", ".join(json.dumps(o.value, ensure_ascii=False) for o in options)
+            raise ValueError(f"{json.dumps(default, ensure_ascii=False)} is none of the options' values ({offered}); "
+                             "make it one of them")
+        return default
 
 
 class AnswerArgs(_Args):
@@ -668,6 +683,7 @@ class GovernanceService:
 
     def start(self, args: StartArgs, *, actor: str = "api") -> dict[str, Any]:
         process = self.catalog.load(args.process_id)
+        _check_answered_tasks(process, args.answers)
         instance = self.engine.start(process, args.data)
         instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
         if args.run:
@@ -799,6 +815,7 @@ class GovernanceService:
                 raise ConfigError(f"runtime config for {args.activity_id!r}: merged with the current config it is "
                                   "invalid: " + "; ".join(f"{p['field']}: {p['message']}" for p in problems),
                                   problems=problems) from None
+            _check_element_ids(new, instance, args.activity_id)
             main = instance.main
             version = 1 + sum(1 for e in main.tape.filter(kind="config_change")
                               if e.data.get("activity_id") == args.activity_id)
@@ -812,9 +829,11 @@ class GovernanceService:
         return self._change(instance_id, expected_version, "config", actor, apply)
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
-                actor: str = "operator") -> dict[str, Any]:
+                actor: str = "operator", resolver: str = "human") -> dict[str, Any]:
+        """Settle a pending confirmation; ``resolver``: who decided (``"model"`` when a model's
+        ``context_branch`` tool call does), as the conflict's resolution names it."""
         return self._answer(instance_id, args.confirmation_id, args.conflict_key, args.resolution, args.reason,
-                            actor, expected_version)
+                            actor, expected_version, resolver=resolver)
 
     def answer(self, confirmation_id: str, args: AnswerArgs, *, actor: str = "operator") -> dict[str, Any]:
         instance_id = args.instance_id
@@ -831,7 +850,7 @@ class GovernanceService:
                             args.expected_version)
 
     def _answer(self, instance_id: str, confirmation_id: str | None, conflict_key: str | None, value: Any,
-                reason: str | None, actor: str, expected: int | None) -> dict[str, Any]:
+                reason: str | None, actor: str, expected: int | None, *, resolver: str = "human") -> dict[str, Any]:
         with self._lock(instance_id):
             instance = self.load(instance_id)
             self._check_version(instance, expected)
@@ -839,7 +858,8 @@ class GovernanceService:
             entry["reason"] = reason
             entry["answered_by"] = actor
             try:  # the engine puts the decision on the tape
-                instance = self.engine.answer_confirmation(instance, entry["id"], value, actor=actor, reason=reason)
+                instance = self.engine.answer_confirmation(instance, entry["id"], value, actor=actor, reason=reason,
+                                                           resolver=resolver)
             except ActivityError as err:  # raised before anything changed: not one of the options
                 raise InvalidAnswer(str(err)) from None
         return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}
@@ -880,6 +900,7 @@ class GovernanceService:
         def step(instance: Instance) -> Instance:
             if instance.status == "completed":
                 raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
+            _check_answered_tasks(instance.process, args.answers)
             return self.engine.resume(instance, answers=args.answers.model_dump() if args.answers else None)
         return self._run_on(instance_id, expected_version, step)
 
@@ -894,7 +915,12 @@ class GovernanceService:
         """The model's ``human_confirm``: a pending confirmation that a person answers later
         (``POST /api/confirmations/{id}``); or, with ``answered``, one a person answered at once."""
         def apply(instance: Instance) -> dict[str, Any]:
-            return self._add_confirmation(instance, instance.main, args, actor=actor, answer=answer, answered=answered)
+            # a timeout runs from now: a run or resume after the deadline takes the default (as for a
+            # join's confirmation); without ``created`` / ``deadline`` it never came
+            now = self.engine.clock()
+            extra = {"created": now, **({"deadline": now + args.timeout} if args.timeout is not None else {})}
+            return self._add_confirmation(instance, instance.main, args, actor=actor, answer=answer, answered=answered,
+                                          extra=extra)
         return self._change(instance_id, None, "human_confirm", actor, apply)
 
     @staticmethod
@@ -985,6 +1011,33 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
         raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in found),
                           problems=listed)
     return cfg
+
+
+def _check_answered_tasks(process: Any, answers: StartAnswers | None) -> None:
+    """Answers that name a task the process does not have are a typo (``layerflow run --answers``
+    refuses them too): say so, instead of leaving the task waiting with its answer unused."""
+    if answers is None:
+        return
+    ids = set(process.element_ids())
+    unknown = [task_id for task_id in answers.user_tasks if task_id not in ids]
+    if unknown:
+        raise BadRequest(f"answers.user_tasks names {', '.join(repr(t) for t in unknown)}, not an element of process "
+                         f"{process.id!r}; key user_tasks by the BPMN id of a user task")
+
+
+def _check_element_ids(cfg: ActivityExtensionConfig, instance: Instance, element_id: str) -> None:
+    """The ids a runtime config names (``branchPriority``, ``branches``) are elements of the
+    instance's process, as ``layerflow validate`` checks for the file: a branchPriority that names
+    none of the join's branches stopped the instance at the join."""
+    known = set(instance.process.element_ids())
+    found = [(f"branchPriority.{i}", b) for i, b in enumerate(cfg.branch_priority) if b not in known]
+    found += [(f"branches.{i}.id", b.id) for i, b in enumerate(cfg.branches) if b.id not in known]
+    if found:
+        listed = [{"file": "runtime config", "id": element_id, "field": f,
+                   "message": f"{b!r} is no element of process {instance.process_id!r}; name the BPMN ids of the "
+                              "branches' first elements"} for f, b in found]
+        raise ConfigError(f"runtime config for {element_id!r}:\n  " + "\n  ".join(
+            f"field {p['field']}: {p['message']}" for p in listed), problems=listed)
 
 
 def _unsafe_expression(expression: str, *, natural_language_ok: bool) -> str | None:

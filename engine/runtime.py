@@ -59,7 +59,7 @@ from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMix
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
-from context_layers.canonical import freeze
+from context_layers.canonical import freeze, text_problem
 from context_layers.tape import TAPE_FORMAT
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
@@ -222,6 +222,9 @@ class Engine:
         """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
         ``data_layers`` says) and save it, in ``store`` (a URL or a store) when given, else
         in the engine's. ``run`` advances it."""
+        if data is not None and not isinstance(data, Mapping):  # a caller's programming slip: a plain TypeError
+            raise TypeError(f"Engine.start: initial data must be a mapping of context keys to values (a JSON "
+                            f"object), got {type(data).__name__}")
         ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
         if data:
             # One event for all initial data. The layers' rules still hold: SYSTEM keys are
@@ -308,17 +311,20 @@ class Engine:
         return self.run(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance, confirmation_id: str, value: Any, *, run: bool = True,
-                            timed_out: bool = False, actor: str = "person", reason: str | None = None) -> Instance:
+                            timed_out: bool = False, actor: str = "person", reason: str | None = None,
+                            resolver: str = "human") -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
         An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing. ``actor`` and ``reason`` go on the tape with the decision."""
+        changes nothing. ``actor`` and ``reason`` go on the tape with the decision;
+        ``resolver`` is who decided (``"model"``: a model settled it with its tools), as the
+        conflict's resolution names it."""
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"answer {confirmation_id!r}")
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
-            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason)
+            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason, resolver=resolver)
         except Exception as err:  # noqa: BLE001 - e.g. a person escalated: the join fails
             rt.fail(err)
             rt.settle()
@@ -925,8 +931,16 @@ class _Runtime(ScopeSteps, GatewaySteps):
         form = self._form_of(task, given)
         scope = self.loop_scope(task) or {}
         for key, value in form.items():
-            if key in scope or not isinstance(key, str):
-                continue  # an instance's own item; a bad key is refused by the write, naming it
+            problem = ("is not a non-empty string" if not isinstance(key, str) or not key else text_problem(key))
+            if problem is not None:  # no context key can be named so: the person's mistake, as a bad value is
+                from .governance import InvalidAnswer
+
+                bpmn_id = spiff.bpmn_id_of(task)
+                raise InvalidAnswer(f"the answer to user task {bpmn_id!r} has the key {key!r}, which {problem}; "
+                                    "name every field with non-empty text", instance_id=self.instance.id,
+                                    task_id=bpmn_id)
+            if key in scope:
+                continue  # an instance's own item
             try:
                 freeze(value)
             except ValueError as err:  # NaN, Infinity, a lone surrogate: no JSON value, the person's mistake
@@ -1232,6 +1246,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if isinstance(spec, NoneTaskMixin) or isinstance(spec, UserTaskMixin) or spec.manual:
             write_result(actx, actx.data)
             return None
+        if cfg is not None and cfg.llm is not None:  # a model call, run offline: nothing to run it by
+            raise ActivityError(f"task {spec.bpmn_id!r} is a model call (its config has an llm: block) but no model "
+                                "is configured and it has no offline handler; pass --model (or set llm.model in its "
+                                f"config), or give it a handler (@activity({spec.bpmn_id!r}), or 'handler' in its "
+                                "config) to run offline", task_id=spec.bpmn_id)
         raise ActivityError(f"task {spec.bpmn_id!r} ({type(spec).__name__.removeprefix('Layerflow')}) has no "
                             f"handler; register one with @activity({spec.bpmn_id!r}) or set 'handler' in its config",
                             task_id=spec.bpmn_id)

@@ -156,7 +156,7 @@ def _run(service: GovernanceService, instance_id: str, name: str, args: Any, *, 
             return service.snapshot(instance_id, SnapshotArgs(label=args.label, layers=args.layers), actor=actor)
         done = service.resolve(instance_id, ResolveArgs(confirmation_id=args.confirmation_id,
                                                         conflict_key=args.conflict_key, resolution=args.resolution,
-                                                        reason=args.reason or ""), actor=actor)
+                                                        reason=args.reason or ""), actor=actor, resolver="model")
         return {k: done[k] for k in ("instance_id", "version", "confirmation_id", "status", "conflicts", "error")}
     assert isinstance(args, HumanConfirmArgs)
     return _human_confirm(service, instance_id, args, actor=actor, ask=ask)
@@ -227,7 +227,7 @@ class LiveGovernance(GovernanceService):
                                 expected_version=expected_version, actor=actor)
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
-                actor: str = "operator") -> dict[str, Any]:
+                actor: str = "operator", resolver: str = "human") -> dict[str, Any]:
         # Settling a confirmation runs its join (or resumes its activity) at once: inside a
         # running activity that would run the process from within one of its own tasks.
         raise InstanceStateError(

@@ -33,6 +33,8 @@ not make ``report.ok`` false:
                                       reads them at a join only
 ``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
                                       element than the one it is keyed by (or attached to)
+``knowledge_query_template`` W        a ``knowledgeConfig.query`` that is no template of context keys (an
+                                      unclosed brace, attribute or index access): it is sent as written
 ``knowledge_collection_not_found`` W  a ``ragCollections`` name with no ``knowledge/<name>/``
                                       folder of .md/.txt files beside the process (the default
                                       retriever finds nothing; a custom retriever may serve it)
@@ -52,6 +54,9 @@ not make ``report.ok`` false:
                                       cardinality or completion condition, a correlation property's
                                       retrieval expression) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
+``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
+                                      policy can evaluate (a syntax error, a call or name outside the safe
+                                      subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
@@ -361,6 +366,7 @@ class _Validator:
         self._check_merges()
         self._check_branches()
         self._check_injects(config)
+        self._check_policy_rules()
         self._check_join_fields()
         self._check_config_ids()
         self._check_knowledge()
@@ -744,6 +750,23 @@ class _Validator:
                              element_id=src.element_id, field=f"branches.{i}.contextInject.{key}",
                              severity="error" if severity == "error" else "warning")
 
+    def _check_policy_rules(self) -> None:
+        """A ``conflictPolicy`` rule's ``when`` is checked where it runs, at the join, when a
+        conflict on its key comes: one it cannot evaluate would stop the instance there."""
+        from gateways.expressions import ExpressionError, check_expression
+
+        for src in self.sources:
+            policy = src.config.conflict_policy
+            for i, rule in enumerate(policy.rules if policy is not None else ()):
+                try:
+                    check_expression(rule.when)
+                except ExpressionError as err:
+                    self.add("policy_rule_expression", f"conflictPolicy rule {i} (key {rule.key!r}): its when "
+                             f"{rule.when!r} cannot be evaluated: {err}; write a Python expression over the "
+                             "context (e.g. risk_level == \"high\" and amount > 100000)", file=src.file,
+                             line=src.line_of("conflictPolicy", "rules", i, "when"), element_id=src.element_id,
+                             field=f"conflictPolicy.rules.{i}.when")
+
     def _check_join_fields(self) -> None:
         """Join settings where no join reads them: a designer who put ``mergeStrategy:
         FAIL_ON_CONFLICT`` on the split (or on a task) would see conflicts go to people."""
@@ -788,6 +811,8 @@ class _Validator:
             kc = src.config.knowledge_config
             if kc is None:
                 continue
+            if kc.query:
+                self._check_query_template(src, kc.query)
             for i, name in enumerate(kc.rag_collections):
                 folder = root / name
                 if folder.is_dir() and any(p.suffix in (".md", ".txt") for p in folder.iterdir()):
@@ -798,6 +823,27 @@ class _Validator:
                          "the collection's documents there or fix the name (an Engine given its own retriever "
                          "may serve it)", file=src.file, line=src.line_of("knowledgeConfig", "ragCollections", i),
                          element_id=src.element_id, field=f"knowledgeConfig.ragCollections.{i}", severity="warning")
+
+    def _check_query_template(self, src: Any, query: str) -> None:
+        """A retrieval query is a template of context keys (``{industry}``); one that does not parse
+        is sent as written, braces and all (a runtime config change refuses it)."""
+        import string
+
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(query) if f is not None]
+        except ValueError as err:
+            problem: str | None = f"is not a template ({err}): it is sent as written, braces and all"
+        else:
+            empty = [f for f in fields if not f]
+            reach = [f for f in fields if "." in f or "[" in f]
+            problem = ("has an empty field {}: the query is sent as written, braces and all" if empty else
+                       f"reads {reach[0]!r}, an attribute or item of a value's Python object, not a context key"
+                       if reach else None)
+        if problem is not None:
+            self.add("knowledge_query_template", f"knowledgeConfig.query {query!r} {problem}; write {{key}} for each "
+                     "context key the query should hold",
+                     file=src.file, line=src.line_of("knowledgeConfig", "query"), element_id=src.element_id,
+                     field="knowledgeConfig.query", severity="warning")
 
     # -- gateways and scripts --------------------------------------------------------------
 

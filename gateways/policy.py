@@ -311,16 +311,18 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: lis
     return None
 
 
-def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool) -> str:
+def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool,
+                   resolver: str = "human") -> str:
     suggestion = request.suggestion
     if timed_out:
         reason = f"no answer within {request.timeout:g}s: the configured default {_show(value)} was taken"
         if suggestion is not None and same_value(value, suggestion.value):
             reason += f" (the {suggestion.resolver} suggestion: {suggestion.reason})"
         return reason
+    who = "the model" if resolver == "model" else "a person"
     if suggestion is not None and same_value(value, suggestion.value):
-        return f"a person confirmed the {suggestion.resolver} suggestion: {suggestion.reason}"
-    return f"a person chose {option['label']}"
+        return f"{who} confirmed the {suggestion.resolver} suggestion: {suggestion.reason}"
+    return f"{who} chose {option['label']}"
 
 
 def resolve_conflicts(
@@ -358,17 +360,19 @@ def resolve_conflicts(
         if prior is not None and f"{gateway_id}/{key}" in answers:
             shown = HumanRequest.from_dict(prior)
             picked = match_answer(shown, answers[shown.id])
+            # who answered: a person, or a model settling it with its context_branch tool
+            by = "model" if prior.get("resolver") == "model" else "human"
             if picked["value"] == ESCALATE:
-                steps.append(ResolutionStep(key, "human", "escalated", f"answer for {shown.id!r}"))
+                steps.append(ResolutionStep(key, by, "escalated", f"answer for {shown.id!r}"))
                 escalated.append(conflict)
                 continue
             value = from_json_value(picked["value"])
-            reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")))
+            reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by)
             stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)
             if isinstance(stated, str) and stated.strip():
                 reason = f"{reason}: {stated.strip()}"
-            steps.append(ResolutionStep(key, "human", "answered", reason))
-            resolved.append((conflict, Resolution(value, "human", reason)))
+            steps.append(ResolutionStep(key, by, "answered", reason))
+            resolved.append((conflict, Resolution(value, by, reason)))
             continue
         if policy is not None:
             found = resolve_by_policy(conflict, policy, variables, steps=steps)

@@ -286,3 +286,16 @@ def test_attention_triggers_wait_for_the_cliff_target() -> None:
     assert decision.triggers == [] and decision.suppressed == ["redundancy"]
     assert decision.min_attention_tokens == tokens * 2
     assert CompressTriggerDetector(min_attention_tokens=0).detect(ctx, config).triggers == ["redundancy"]
+
+
+def test_a_decision_is_true_exactly_when_a_trigger_fired() -> None:
+    # the seed's detector returns a boolean; the decision was always true (a plain dataclass), so
+    # ``if detector.detect(ctx, config):`` compressed a context nothing fired on
+    ctx = LayeredContext()
+    ctx.begin_activity("a")
+    ctx.write(Layer.WORKING, "note", "a few words", actor="a")
+    ctx.complete_activity("a")
+    quiet = CompressTriggerDetector().detect(ctx, ActivityExtensionConfig(compress_token_threshold=10_000))
+    assert not quiet.fired and not quiet and bool(quiet) is False
+    loud = CompressTriggerDetector().detect(ctx, ActivityExtensionConfig(compress_token_threshold=1))
+    assert loud.fired and loud and loud.triggers == ["token_threshold"]

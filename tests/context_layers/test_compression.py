@@ -306,6 +306,33 @@ def test_decompress_restores_byte_identical_layers() -> None:
         decompress(ctx, "snap:nope")
 
 
+def test_decompress_after_later_activities_keeps_what_they_wrote() -> None:
+    # decompress put HISTORY back to the snapshot whole: an activity that ran after the compression
+    # lost its keys and its record from the live context (a preserved key written since, too)
+    ctx = LayeredContext()
+    for i in range(3):
+        ctx.begin_activity(f"search{i}")
+        ctx.write(Layer.WORKING, f"hit{i}", {"kind": "tool_call_result", "status": "ok",
+                                             "data": {"id": i, "blob": "x " * 300}}, actor="s")
+        ctx.complete_activity(f"search{i}")
+    config = config_from_dict({"compressRules": [
+        {"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status", "data.id"]}]})
+    full = {k: canonical_json(v) for k, v in ctx.layer(Layer.HISTORY).items()}
+    result = RuleDrivenCompressor().compress(ctx, config, triggers=["manual"])
+    assert result.entries_affected == 3
+    ctx.begin_activity("decide")
+    ctx.write(Layer.WORKING, "risk_level", "high", actor="decide")
+    ctx.write(Layer.WORKING, "hit1", {"kind": "tool_call_result", "status": "redone"}, actor="decide")
+    ctx.complete_activity("decide", preserve_keys=["risk_level"])
+    decompress(ctx, result.snapshot_id)
+    history = ctx.layer(Layer.HISTORY)
+    assert canonical_json(history["hit0"]) == full["hit0"] and canonical_json(history["hit2"]) == full["hit2"]
+    assert history["hit1"] == {"kind": "tool_call_result", "status": "redone"}  # changed since: kept
+    assert history["risk_level"] == "high" and history["activity:decide"]["keys"] == ["risk_level", "hit1"]
+    assert list(history)[-2:] == ["risk_level", "activity:decide"]
+    assert LayeredContext.replay(ctx.tape) == ctx and LayeredContext.from_dict(ctx.to_dict()) == ctx
+
+
 def test_evaluate_reports_a_changed_preserved_key() -> None:
     ctx, config = loan_context(3)
     result = RuleDrivenCompressor().compress(ctx, config, triggers=[])

@@ -66,6 +66,26 @@ def test_bad_config_names_file_id_and_field(data, field, fragment):
     assert "loan.layerflow.yaml" in str(info.value) and "risk_assessment" in str(info.value)
 
 
+@pytest.mark.parametrize("schema, fragment", [
+    ({"type": "object", "required": 5}, "/required: a list of key names"),
+    ({"type": "objekt"}, "/type: 'objekt' is no JSON Schema type"),
+    ({"type": "object", "properties": {"risk": {"type": "string", "enum": "low"}}}, "/properties/risk/enum"),
+    ({"type": "object", "properties": {"n": {"type": "number", "minimum": "0"}}}, "/properties/n/minimum"),
+    ({"type": "string"}, "top-level type must be \"object\""),
+])
+def test_an_output_schema_the_answer_cannot_be_checked_against_is_a_config_error(schema, fragment):
+    # it was accepted, then every model call failed as a model error ("TypeError: 'int' object is not
+    # iterable; check that the model server is reachable"), or an unknown type let every answer through
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"llm": {"outputSchema": schema}}, source="review.layerflow.yaml", element_id="summarize")
+    problems = info.value.problems
+    assert any(p["field"] == "llm.outputSchema" and fragment in p["message"] for p in problems), problems
+    good = {"type": "object", "required": ["verdict"], "additionalProperties": False,
+            "properties": {"verdict": {"enum": ["ok", "bad"]}, "score": {"type": ["integer", "null"], "minimum": 0},
+                           "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5}}}
+    assert config_from_dict({"llm": {"outputSchema": good}}).llm.output_schema == good
+
+
 def test_json_schema_export():
     schema = config_json_schema()
     assert "preserveKeys" in schema["properties"] and "mergeStrategy" in schema["properties"]

@@ -126,6 +126,34 @@ def test_history_data_key_update_is_promoted_records_are_not_writable(ctx):
     assert ctx.layer(Layer.HISTORY)["activity:b"]["keys"] == ["status"]
 
 
+def test_an_activity_cannot_write_a_record_key_that_would_move_into_history(ctx):
+    # not only an existing record: a new activity:/event:/compaction: key in WORKING arrives in
+    # HISTORY at activity end as a record the engine never wrote
+    ctx.begin_activity("a")
+    for key in ("activity:later", "event:wait_docs", "compaction:1"):
+        with pytest.raises(ContextWriteDenied, match="name the key differently"):
+            ctx.write(Layer.WORKING, key, {"kind": "activity", "summary": "forged"}, actor="a")
+        assert ctx.tape[-1].kind == "denied" and ctx.tape[-1].data["key"] == key
+    ctx.write(Layer.WORKING, "tool:search", {"kind": "tool_call_result", "status": "ok"}, actor="a")  # its own
+    ctx.complete_activity("a")
+    assert list(ctx.layer(Layer.HISTORY)) == ["tool:search", "activity:a"]
+    ctx.begin_activity("later")
+    ctx.complete_activity("later")
+    assert ctx.layer(Layer.HISTORY)["activity:later"]["activity"] == "later"
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_a_denied_delete_says_delete(ctx):
+    # the message of a refused delete read "write of key ... denied"
+    ctx.write(Layer.PROCESS, "amount", 5, actor="a")
+    with pytest.raises(ContextWriteDenied) as denied:
+        ctx.delete(Layer.WORKING, "amount", actor="a")
+    assert str(denied.value).startswith("delete of key 'amount' from L1 (requested L4, auto-promoted) denied")
+    assert denied.value.op == "delete" and ctx.tape[-1].data["op"] == "delete"
+    with pytest.raises(ContextWriteDenied, match="^write of key 'amount' to L1"):
+        ctx.write(Layer.WORKING, "amount", 6, actor="a")
+
+
 def test_repeated_activity_gets_numbered_records(ctx):
     for _ in range(3):
         ctx.begin_activity("loop")

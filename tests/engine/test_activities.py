@@ -183,6 +183,26 @@ def test_a_service_task_without_handler_fails_saying_what_to_do(tmp_path: Path) 
     assert "@activity('lonely')" in instance.error["message"]
 
 
+def test_a_model_call_without_a_model_nor_an_offline_handler_says_so(tmp_path: Path) -> None:
+    # offline, an llm: activity runs its handler; with none the error told to register a handler only,
+    # as if the llm: block were not there
+    engine = Engine()
+    path = write_process(tmp_path, "onboarding", ['<bpmn:serviceTask id="welcome"/>'],
+                         "welcome:\n  llm: {instructions: Greet the new employee., outputKeys: [greeting]}\n")
+    instance = engine.run(engine.start(load_process(path)))
+    assert instance.status == "error" and instance.error["task_id"] == "welcome"
+    assert "no model is configured" in instance.error["message"] and "--model" in instance.error["message"]
+
+
+def test_initial_data_that_is_no_mapping_is_refused_saying_so(tmp_path: Path) -> None:
+    # it failed with "AttributeError: 'list' object has no attribute 'items'"
+    engine = Engine()
+    process = load_process(write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>']))
+    with pytest.raises(TypeError, match="initial data must be a mapping .* got list"):
+        engine.start(process, [("amount", 1)])  # type: ignore[arg-type]
+    assert engine.store.list() == []
+
+
 def test_a_plain_task_without_handler_waits_for_a_person(tmp_path: Path) -> None:
     engine = Engine()
     path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
@@ -190,6 +210,40 @@ def test_a_plain_task_without_handler_waits_for_a_person(tmp_path: Path) -> None
     assert instance.status == "waiting" and instance.waiting_for[0]["task_id"] == "sign"
     instance = engine.complete_user_task(instance, "sign", {"signed_by": "ann"})
     assert instance.main.resolve("done") == "ann"
+
+
+@pytest.mark.parametrize("key", ["", "x\ud800"])
+def test_a_user_task_answer_with_a_key_no_context_can_hold_is_bad_input(tmp_path: Path, key: str) -> None:
+    # as a value that is no JSON: the person's mistake, the task still waits (the instance failed)
+    from engine.governance import InvalidAnswer
+
+    engine = Engine()
+    path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
+    instance = engine.run(engine.start(load_process(path)))
+    with pytest.raises(InvalidAnswer, match="'sign'") as err:
+        engine.complete_user_task(instance, "sign", {key: 1, "signed_by": "ann"})
+    assert err.value.task_id == "sign"
+    again = engine.load(instance.id)
+    assert again.status == "waiting" and again.waiting_for[0]["task_id"] == "sign"
+    done = engine.complete_user_task(again, "sign", {"signed_by": "ann"})
+    assert done.status == "completed" and done.main.resolve("done") == "ann"
+
+
+def test_a_user_task_answer_cannot_forge_an_activity_record(tmp_path: Path) -> None:
+    # a new activity:<id> key written to WORKING would arrive in HISTORY as the engine's record
+    # of an activity that has not run (and push that activity's own record to activity:<id>#2)
+    from engine import AnswerWriteDenied
+
+    engine = Engine()
+    path = write_process(tmp_path, "manual", ['<bpmn:task id="sign"/>', script_task("after", "done = signed_by")])
+    instance = engine.run(engine.start(load_process(path)))
+    forged = {"kind": "activity", "activity": "after", "status": "completed", "summary": "approved", "keys": []}
+    with pytest.raises(AnswerWriteDenied, match="activity:after"):
+        engine.complete_user_task(instance, "sign", {"activity:after": forged, "signed_by": "ann"})
+    done = engine.complete_user_task(engine.load(instance.id), "sign", {"signed_by": "ann"})
+    history = done.main.layer(Layer.HISTORY)
+    assert done.status == "completed" and history["activity:after"]["keys"] == ["done"]
+    assert "activity:after#2" not in history
 
 
 # ----------------------------------------------------------------------------- loading

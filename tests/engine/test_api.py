@@ -469,3 +469,20 @@ def test_resume_over_http_takes_the_answers_file_shape(tmp_path):
             "answers": {"user_tasks": {"approve": {"decision": "approved"}}}, "expected_version": still["version"]}).json()
         assert doc["status"] == "completed" and doc["layers"]["L3"]["outcome"] == "approved RA-APP9"
         assert "completed" in error_of(c.post(f"/api/instances/{iid}/resume", json={}), 409, "invalid_state")["message"]
+
+
+def test_answers_for_a_task_the_process_does_not_have_are_refused(tmp_path):
+    # `layerflow run/resume --answers` refuse a user_tasks key that names no element (a typo); over
+    # HTTP it was dropped without a word and the task went on waiting
+    with ServerThread(create_app("memory://", make_catalog(tmp_path), TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        typo = {"user_tasks": {"aprove": {"decision": "approved"}}}
+        refused = error_of(c.post("/api/instances", json={"process_id": "notes_review", "data": NOTES,
+                                                         "answers": typo}), 400, "bad_request")
+        assert "'aprove'" in refused["message"] and "answers.user_tasks" in refused["message"]
+        assert c.get("/api/instances").json() == []  # nothing was started
+        iid = c.post("/api/instances", json={"process_id": "notes_review", "data": NOTES}).json()["instance_id"]
+        version = c.get(f"/api/instances/{iid}").json()["version"]
+        assert "'aprove'" in error_of(c.post(f"/api/instances/{iid}/resume", json={"answers": typo}), 400,
+                                      "bad_request")["message"]
+        assert c.get(f"/api/instances/{iid}").json()["version"] == version

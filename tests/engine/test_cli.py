@@ -127,6 +127,18 @@ def test_inspect_tape_replay_list_validate(cli) -> None:
     assert ok.exit_code == 0 and "is valid" in ok.stdout
 
 
+def test_tape_of_a_gateway_by_its_bpmn_id(cli) -> None:
+    # a join's conflict and resolution events name it as gateway_id, between activities (activity
+    # null): `tape --activity review_join` found none of them
+    iid = _doc(cli("demo", "loan", "--scenario", "conflict", "--json"))["instance_id"]
+    events = _doc(cli("tape", iid, "--json", "--activity", "review_join"))
+    notes = [e["data"].get("note") for e in events]
+    assert "conflict" in notes and "resolution" in notes and "confirmation_pending" in notes
+    assert all(e["data"].get("gateway_id") == "review_join" for e in events)
+    split = _doc(cli("tape", iid, "--json", "--activity", "parallel_review", "--kind", "split"))
+    assert [e["data"]["branches"] for e in split] == [["finance_review", "risk_review"]]
+
+
 def test_plain_lines_when_not_a_terminal(cli) -> None:
     result = cli("demo", "loan", "--scenario", "fast")
     assert result.exit_code == 0

@@ -287,6 +287,20 @@ def test_runtime_config_allows_safe_conditions_and_sentences():
     assert [b.id for b in cfg.branches] == ["a", "b"]
 
 
+def test_runtime_config_names_only_elements_of_the_process(service, notes):
+    # validate refuses a branchPriority naming no element; the runtime change took it, and the
+    # instance stopped at its join ("changed by no branch listed in branchPriority")
+    version = service.document(notes)["version"]
+    with pytest.raises(ConfigError) as caught:
+        service.config(notes, ConfigArgs(activity_id="finish", config={
+            "mergeStrategy": "BRANCH_PRIORITY", "branchPriority": ["finish", "nope"]}))
+    assert [p["field"] for p in caught.value.problems] == ["branchPriority.1"]
+    assert "'nope' is no element" in str(caught.value)
+    with pytest.raises(ConfigError, match="branches.0.id"):
+        service.config(notes, ConfigArgs(activity_id="finish", config={"branches": [{"id": "ghost"}]}))
+    assert service.document(notes)["version"] == version  # nothing changed, nothing on the tape
+
+
 def test_config_of_an_unknown_activity(service, notes):
     with pytest.raises(ContextKeyError, match="no element 'nope'"):
         service.config(notes, ConfigArgs(activity_id="nope", config={}))

@@ -106,6 +106,30 @@ def test_resolve_conflict_tool(service):
     assert done["status"] == "completed" and done["confirmation_id"] == "review_join/approval_status"
 
 
+def test_a_conflict_the_model_settles_names_the_model(service):
+    # DESIGN: every conflict lands in _mergedConflicts with its resolution, resolver and reason; a
+    # model settling it with context_branch is the "model" resolver, not "a person" (it said human)
+    loan = service.start(StartArgs(process_id="loan_approval", data=LOAN_CONFLICT))["instance_id"]
+    done = dispatch_tool(service, loan, "context_branch", {
+        "action": "resolve_conflict", "conflict_key": "approval_status", "resolution": "approved", "reason": "r"})
+    resolution = done["conflicts"][0]["resolution"]
+    assert resolution["resolver"] == "model" and resolution["value"] == "approved"
+    assert "person" not in resolution["reason"] and resolution["reason"].endswith(": r")
+    instance = service.engine.load(loan)
+    logged = instance.main.resolve("_mergedConflicts")[0]["resolution"]
+    assert logged["resolver"] == "model"
+    decision = [e for e in instance.main.tape if e.data.get("note") == "human_decision"][-1]
+    assert decision.actor == "model" and decision.data["resolver"] == "model"
+    steps = [e.data for e in instance.main.tape if e.data.get("note") == "resolution" and e.data["outcome"] == "answered"]
+    assert steps[-1]["resolver"] == "model"
+    # a person's answer through the same REST operation stays the person's
+    other = service.start(StartArgs(process_id="loan_approval", data=LOAN_CONFLICT))["instance_id"]
+    from engine.governance import ResolveArgs
+    by_person = service.resolve(other, ResolveArgs(conflict_key="approval_status", resolution="approved", reason="r"),
+                                actor="ann")
+    assert by_person["conflicts"][0]["resolution"]["resolver"] == "human"
+
+
 def test_human_confirm_asks_or_waits(service, notes):
     asked: list[dict[str, Any]] = []
     answered = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP},
@@ -116,6 +140,42 @@ def test_human_confirm_asks_or_waits(service, notes):
     pending = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP}, ask=lambda _: None)
     assert pending["status"] == "pending"
     assert [c["id"] for c in service.confirmations(notes)] == [pending["confirmation_id"]]
+
+
+def test_a_human_confirm_default_must_be_one_of_its_options(service, notes):
+    # one no option offers could never be taken when the timeout passed (it only escalated): the
+    # model is told at once, naming the field
+    wrong = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP, "timeout": 60,
+                                                             "default": "maybe"})
+    assert wrong["error"]["kind"] == "validation_error"
+    assert [p["field"] for p in wrong["error"]["problems"]] == ["default"] and '"maybe"' in wrong["error"]["message"]
+    assert service.confirmations(notes) == []
+    by_label = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP, "default": "undo it"})
+    assert by_label["status"] == "pending"
+
+
+@pytest.fixture
+def clocked(tmp_path):
+    """A service whose engine reads a clock the test moves (``now[0]``)."""
+    now = [1000.0]
+    return GovernanceService(Engine("memory://", clock=lambda: now[0]), make_catalog(tmp_path)), now
+
+
+def test_a_human_confirm_with_a_timeout_takes_its_default_after_the_deadline(clocked):
+    # the schema says "seconds until the default is taken": the confirmation had no deadline, so a
+    # run or resume after the timeout left it waiting for ever
+    service, now = clocked
+    notes = service.start(StartArgs(process_id="notes_review", data=NOTES))["instance_id"]
+    pending = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP, "timeout": 300,
+                                                              "default": "keep"})
+    untimed = dispatch_tool(service, notes, "human_confirm", {"message": "Keep?", "options": KEEP})
+    engine = service.engine
+    assert engine.resume(engine.load(notes)).confirmations[-2]["answered"] is False  # not yet
+    now[0] += 301
+    instance = engine.resume(engine.load(notes))
+    entry = next(c for c in instance.confirmations if c["id"] == pending["confirmation_id"])
+    assert entry["answered"] and entry["answer"] == "keep" and entry["timed_out"]
+    assert [c["id"] for c in service.confirmations(notes)] == [untimed["confirmation_id"]]
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -117,6 +117,16 @@ CASES = [
     Case("branch_priority_unknown_id", "valid.bpmn", "branch_priority_unknown_id",
          ("branch_priority.layerflow.yaml", "branchPriority:"), "merge", "branchPriority.1",
          ("'fast_trak'", "did you mean 'fast_track'"), config="branch_priority.layerflow.yaml"),
+    # a policy rule the join could not evaluate: validate said "valid", the join stopped the instance
+    Case("policy_rule_expression", "valid.bpmn", "policy_rule_expression",
+         ("policy_rule.layerflow.yaml", 'when: "amount >"'), "merge", "conflictPolicy.rules.1.when",
+         ("conflictPolicy rule 1 (key 'approval_status')", "syntax error", "write a Python expression"),
+         config="policy_rule.layerflow.yaml"),
+    # a retrieval query that is no template went out as written, braces and all, with no word from validate
+    Case("knowledge_query_template", "valid.bpmn", "knowledge_query_template",
+         ("query_template.layerflow.yaml", "query:"), "risk_assessment", "knowledgeConfig.query",
+         ("'risk rules for {industry'", "is not a template", "write {key}"), config="query_template.layerflow.yaml",
+         severity="warning"),
     # references SpiffWorkflow would report crudely or not at all
     Case("flow_ref_unknown", "flow_ref_unknown.bpmn", "flow_ref_unknown", ("flow_ref_unknown.bpmn", 'id="f_lost"'),
          "f_lost", "targetRef", ("targetRef='archive'", "point it at an existing element")),

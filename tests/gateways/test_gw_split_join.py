@@ -426,3 +426,26 @@ def test_gateways_imports_no_engine_web_or_model_client() -> None:
             "('SpiffWorkflow', 'litellm', 'fastapi', 'engine', 'uvicorn')]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_activity_record_lists_the_keys_it_wrote_not_the_engine_s_markers() -> None:
+    # a branch's first activity listed the split's _branch_id / _snapshot_id as keys it wrote, the
+    # activity after a join the join's _mergedConflicts (they move to HISTORY with WORKING all the same)
+    ctx = LayeredContext(system={"policy": "p"})
+    config = config_from_dict({"branches": [{"id": "a", "contextInject": {"role": "legal"}}, {"id": "b"}]})
+    branches = {b.branch_id: b.context for b in ContextSplitter().split(ctx, "fork", ["a", "b"], config)}
+    for bid, verdict in (("a", "accept"), ("b", "reject")):
+        branches[bid].begin_activity(bid)
+        branches[bid].write(Layer.WORKING, "verdict", verdict, actor=bid)
+        record = branches[bid].complete_activity(bid)
+        assert record["keys"] == (["verdict", "role"] if bid == "a" else ["verdict"])
+        assert "_branch_id" in branches[bid].layer(Layer.HISTORY)  # moved all the same
+    snapshot = ctx.get_snapshot(branches["a"].tape[0].data["snapshot_id"])
+    result = join_contexts(snapshot, branches, gateway_id="merge", answers={"merge/verdict": "reject"})
+    apply_join(ctx, result, branches=branches)
+    assert MERGED_CONFLICTS_KEY in ctx.layer(Layer.WORKING)
+    ctx.begin_activity("publish")
+    ctx.write(Layer.WORKING, "published", False, actor="publish")
+    record = ctx.complete_activity("publish")
+    assert record["keys"] == ["published"] and MERGED_CONFLICTS_KEY in ctx.layer(Layer.HISTORY)
+    assert LayeredContext.replay(ctx.tape) == ctx
