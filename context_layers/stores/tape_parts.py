@@ -54,7 +54,7 @@ from typing import Any
 
 from ..canonical import FrozenDict, FrozenList
 
-__all__ = ["PART_BYTES", "FANOUT", "MIN_ITEMS", "PARTS_FORMAT", "PartWriter", "PartReader", "read_events"]
+__all__ = ["PART_BYTES", "FANOUT", "MIN_ITEMS", "WALK_PARTS", "PARTS_FORMAT", "PartWriter", "PartReader", "read_events"]
 
 #: Lists and strings whose JSON reaches this many characters are stored in parts of about this size.
 PART_BYTES = 512
@@ -66,6 +66,11 @@ FANOUT = 4
 #: that hold a long value (a change, an event's changes) would otherwise make a part of
 #: their own at every event.
 MIN_ITEMS = 8
+
+#: An event is searched for long values only once its JSON reaches this many parts' worth:
+#: a shorter one stores whole at no more than that, and most events of a run (activity
+#: records, small writes, joins of small values) are not walked at every save.
+WALK_PARTS = 4
 
 #: Version of the stored form above; a reader refuses a higher one.
 PARTS_FORMAT = 1
@@ -109,8 +114,8 @@ class PartWriter:
     def text(self, event: Mapping[str, Any]) -> str:
         """The stored JSON text of ``event`` (raises TypeError / ValueError when it is not JSON)."""
         text = _dumps(event)
-        if self._limit is None or len(text) < self._limit:
-            return text  # nothing in it is long
+        if self._limit is None or len(text) < self._limit * WALK_PARTS:
+            return text  # nothing in it is long enough to be worth parts
         self._cut = False
         encoded = self._encode(event, self._limit)
         if not self._cut:

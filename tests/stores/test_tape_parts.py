@@ -40,6 +40,7 @@ from context_layers.stores import (
     save_instance,
 )
 from context_layers.stores.base import INSTANCE_FORMAT
+from context_layers.stores import tape_parts
 from context_layers.stores.tape_parts import PART_BYTES, PartWriter, read_events
 from stores.conftest import REDIS_URL, Backend
 
@@ -266,8 +267,12 @@ def _put_old(backend: Backend, store: Store, old: dict[str, Any]) -> None:
         client.close()
 
 
-def test_a_tape_stored_whole_before_parts_loads_resumes_and_saves(backend: Backend) -> None:
+def test_a_tape_stored_whole_before_parts_loads_resumes_and_saves(backend: Backend,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from engine import Engine
+
+    # the fixture's lists are short (30 messages): every event that holds a part's worth is searched
+    monkeypatch.setattr(tape_parts, "WALK_PARTS", 1)
 
     old = json.loads(OLD_TAPE.read_text())
     assert old["format"] == 1
@@ -302,7 +307,7 @@ def test_a_tape_stored_whole_before_parts_loads_resumes_and_saves(backend: Backe
 # --------------------------------------------------------------------- the store's care
 
 def test_a_failed_save_writes_no_part(store: Store) -> None:
-    ctx = loop(40)
+    ctx = loop(100)  # its last lists reach WALK_PARTS parts
     version = save_instance(store, {"id": "i", "process_id": "p", "status": "running", "contexts": {}})
     before = store.blob_stats("i")
     with pytest.raises(TapeSequenceError):
@@ -316,7 +321,7 @@ def test_a_failed_save_writes_no_part(store: Store) -> None:
 
 def test_a_newer_parts_format_and_a_missing_part_are_refused() -> None:
     store = MemoryStore()
-    ctx = loop(40)
+    ctx = loop(100)  # its last lists reach WALK_PARTS parts
     store.create({"id": "i", "process_id": "p", "status": "running"}, tape_appends={"main": ctx.tape.to_list()})
     inst = store._instances["i"]
     stored = inst.tapes["main"]
