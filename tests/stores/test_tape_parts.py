@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,16 +62,22 @@ def stored_bytes(backend: Backend, store: Store, iid: str) -> int:
     return sum(len(t.encode()) for t in texts) + store.blob_stats(iid).bytes
 
 
-def loop(passes: int, step: Any = None) -> LayeredContext:
-    """An agent loop: each pass writes the list one message longer to WORKING, which moves
-    into HISTORY when the pass completes."""
-    ctx = LayeredContext(system={"policy": "p"}, name="main")
+def passes_of(ctx: LayeredContext, passes: int) -> Iterator[int]:
+    """An agent loop's passes: each writes the list one message longer to WORKING, which moves
+    into HISTORY when the pass completes; yields after each."""
     messages: list[Any] = []
     for n in range(passes):
         ctx.begin_activity("step")
         messages = [*messages, {"role": "assistant", "content": f"step {n} ..."}]
         ctx.write(Layer.WORKING, "messages", messages, actor="step")
         ctx.complete_activity("step")
+        yield n
+
+
+def loop(passes: int) -> LayeredContext:
+    ctx = LayeredContext(system={"policy": "p"}, name="main")
+    for _ in passes_of(ctx, passes):
+        pass
     return ctx
 
 
@@ -79,12 +86,7 @@ def save_passes(store: Store, iid: str, passes: int) -> LayeredContext:
     ctx = LayeredContext(system={"policy": "p"}, name="main")
     version = save_instance(store, {"id": iid, "process_id": "loop", "status": "running",
                                     "contexts": {"main": ctx.to_dict()}})
-    messages: list[Any] = []
-    for n in range(passes):
-        ctx.begin_activity("step")
-        messages = [*messages, {"role": "assistant", "content": f"step {n} ..."}]
-        ctx.write(Layer.WORKING, "messages", messages, actor="step")
-        ctx.complete_activity("step")
+    for _ in passes_of(ctx, passes):
         version = save_instance(store, {"id": iid, "process_id": "loop", "status": "running",
                                         "contexts": {"main": ctx.to_dict()}}, version)
     return ctx
