@@ -622,11 +622,8 @@ def is_join(spec: Any) -> bool:
 
 
 def boundary_of_subworkflow(task: Any) -> bool:
-    """Whether boundary event ``task`` is attached to a sub-process or call activity (its
-    sibling under the boundary event split that is no boundary event)."""
-    split = task.parent
-    return split is not None and any(isinstance(c.task_spec, SubWorkflowTask) for c in split.children
-                                     if not isinstance(c.task_spec, BoundaryEvent))
+    """Whether boundary event ``task`` is attached to a sub-process or call activity."""
+    return isinstance(getattr(attached_activity(task), "task_spec", None), SubWorkflowTask)
 
 
 def error_is_caught(task: Any) -> bool:
