@@ -1,6 +1,6 @@
 """The README's commands outside the tour block (which tests/test_readme.py runs), pasted
 as written: the workers section (on a private Redis key prefix), the config snippet of
-"Configuring activities", the handler snippet; and a handler reference that cannot be
+"Configuring activities", the handler snippet, the REST endpoint table; and a handler reference that cannot be
 found is refused by ``validate`` and ``run`` before anything runs."""
 
 from __future__ import annotations
@@ -129,3 +129,37 @@ def test_a_handler_that_cannot_be_found_is_refused_before_anything_runs(scratch:
     listed = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--json"], cwd=scratch, env=env,
                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert json.loads(listed.stdout) == []  # nothing half-written
+
+
+def _readme_endpoints() -> list[tuple[str, str]]:
+    """Each `METHOD /path` the README's endpoint table names, `{a,b}` spelled out."""
+    table = README.split("| endpoint | what |", 1)[1].split("\n\n", 1)[0]
+    found = []
+    for method, path in re.findall(r"`(GET|POST) (/[^`?]*)", table):
+        alternatives = re.search(r"\{([\w-]+(?:,[\w-]+)+)\}", path)
+        names = alternatives.group(1).split(",") if alternatives else [None]
+        found += [(method, path.replace(alternatives.group(0), n) if n else path) for n in names]
+    return found
+
+
+def test_the_endpoint_table_names_served_routes_and_the_start_body_works(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    app = create_app("memory://", ROOT / "bpmn_examples", "t0ken")
+    def shape(path: str) -> str:
+        return re.sub(r"\{[^}]+\}", "{}", path)
+
+    served = {(m, shape(r.path)) for r in app.routes for m in getattr(r, "methods", ())}
+    named = [(m, shape(p)) for m, p in _readme_endpoints()]
+    assert ("POST", "/api/instances") in named and ("GET", "/api/processes") in named
+    assert not [e for e in named if e not in served], served
+    body = re.search(r"start one with `(\{.*?\})`", README).group(1)
+    assert '"process_id"' in body and '"data"' in body  # the fields the request below sends
+    with TestClient(app) as client:
+        auth = {"Authorization": "Bearer t0ken"}
+        ids = [p["id"] for p in client.get("/api/processes", headers=auth).json()]
+        started = client.post("/api/instances", headers=auth, json={
+            "process_id": "loan_approval", "data": {"amount": 20000, "applicant_id": "A1", "purpose": "x"}})
+    assert "loan_approval" in ids and started.status_code == 201 and started.json()["status"] == "completed"
