@@ -66,6 +66,8 @@ def test_the_page_and_its_files_are_open_and_locked_down(client, loan):
     assert page.headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]
     assert "connect-src 'self'" in page.headers["content-security-policy"]
     assert loan not in page.text  # the page holds no data; it asks the API with the token
+    # an inline icon (CSP img-src allows data:): browsers ask for no /favicon.ico, which is a 404
+    assert '<link rel="icon" href="data:,">' in page.text and "img-src 'self' data:" in page.headers["content-security-policy"]
     for name, kind in (("app.js", "javascript"), ("app.css", "text/css")):
         r = client.get(f"/console/{name}")
         assert r.status_code == 200 and kind in r.headers["content-type"]
