@@ -490,6 +490,7 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         instance = engine.run(instance)
         stats.ran += 1
+        log.info("instance %s (%s): %s", instance_id, instance.process_id, instance.status)
     if instance.status not in AT_REST:
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")

@@ -225,3 +225,17 @@ def test_the_dead_and_requeue_commands(queue):
     assert json.loads(out.stdout.strip().splitlines()[-1])["statuses"] == {"completed": 1}
     out = runner.invoke(main, ["worker", "dead", *where, "--json"])
     assert json.loads(out.stdout)["dead_letters"] == []
+
+
+def test_the_worker_says_what_it_reads_and_each_instance_it_ran(queue, caplog) -> None:
+    from engine.cli import main
+
+    client, stream = queue
+    url = f"memory://worker-says-{uuid.uuid4().hex}"
+    instance_id = submit(url, LOAN, FULL, stream=stream, client=client)
+    caplog.set_level("INFO", logger="layerflow.worker")
+    out = CliRunner().invoke(main, ["worker", "--store", url, "--queue", REDIS_URL, "--stream", stream,
+                                    "--stop-after", "1"])
+    assert out.exit_code == 0, out.output
+    assert f"running instances of {url} from stream {stream!r}" in out.stderr and "Ctrl-C or SIGTERM" in out.stderr
+    assert f"instance {instance_id} (loan_approval): completed" in caplog.text
