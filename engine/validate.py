@@ -92,6 +92,8 @@ not make ``report.ok`` false:
                                       nothing there, the process being interrupted (likely not what was meant)
 ``no_implementation`` W               a script task without a script, a service task without a
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
+``llm_without_handler`` W             a task whose llm: block names no model and whose config gives no
+                                      handler: it runs only with a model (--model), offline it stops there
 ``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
 ``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
                                       adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
@@ -1423,6 +1425,14 @@ class _Validator:
                      "with a handler (handler: file.py:function) or an llm: block in its config", file=file,
                      line=el.sourceline, element_id=eid)
             return
+        if handled and cfg is not None and cfg.llm is not None and not cfg.llm.model and not cfg.handler \
+                and eid not in REGISTRY:
+            name = _TASK_NAMES.get(tag, f"bpmn:{tag}")
+            self.add("llm_without_handler", f"{name} {eid!r} has an llm: block with no model "
+                     "and no handler: it runs only when a model is given (--model NAME); without one the instance "
+                     f"stops with an error there. Set llm.model, or give it an offline handler (handler: "
+                     f"file.py:function, or @activity({eid!r}) in Python)", file=file, line=el.sourceline,
+                     element_id=eid, severity="warning")
         if handled or eid in REGISTRY:  # registered already by code that ran before validate
             return
         if tag == "scriptTask" and not _condition_text(el, "script"):

@@ -630,3 +630,25 @@ def test_a_message_event_sub_process_of_a_called_process_warns_that_it_never_sta
     alone = engine.run(engine.start(load_process(path, "called")))
     alone = engine.send_event(alone, "ping", {})
     assert alone.main.resolve("pinged") == 1
+
+
+def test_an_llm_block_with_no_model_and_no_handler_is_a_warning(tmp_path: Path, monkeypatch) -> None:
+    """Offline, a model step runs its handler; with neither a model nor a handler the run stops
+    there, so validate says so (a warning: a run with --model is fine)."""
+    from engine.handlers import REGISTRY
+    from engine_helpers import chain_bpmn
+
+    path = tmp_path / "llm.bpmn"
+    path.write_text(chain_bpmn("llm", ['<bpmn:serviceTask id="classify"/>', '<bpmn:serviceTask id="offline"/>',
+                                       '<bpmn:serviceTask id="named"/>']), encoding="utf-8")
+    (tmp_path / "llm.layerflow.yaml").write_text(
+        "classify:\n  llm: {instructions: classify it, outputKeys: [category]}\n"
+        "offline:\n  handler: h\n  llm: {instructions: x}\n"
+        "named:\n  llm: {model: openai/gpt-4o-mini}\n", encoding="utf-8")
+    report = validate_process(path)
+    assert report.ok
+    found = [p for p in report.warnings if p.code == "llm_without_handler"]
+    assert [p.element_id for p in found] == ["classify"] and "--model" in found[0].message
+    assert not [p for p in report.warnings if p.code == "no_implementation"]
+    monkeypatch.setitem(REGISTRY._handlers, "classify", lambda ctx: {})
+    assert not [p for p in validate_process(path).warnings if p.code == "llm_without_handler"]
