@@ -19,8 +19,7 @@ from click.core import ParameterSource
 from context_layers.errors import LayerflowError
 from context_layers.stores import open_store
 
-from .cli import (EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, _shown_url, json_stdout,
-                  main)
+from .cli import EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, json_stdout, main
 from .store import default_store_url
 from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, DEFAULT_STREAM, dead_letters, dead_stream_of,
                      queue_client, requeue, run_worker, submit)
@@ -86,11 +85,8 @@ def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str
         return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("layerflow.worker").setLevel(logging.INFO)
-    url = _shared_store(store, "worker", as_json)
-    click.echo(f"worker: running instances of {_shown_url(url)} from stream {stream!r} (group {group!r}); "
-               "Ctrl-C or SIGTERM stops it after the instance in hand", err=True)
     try:
-        stats = run_worker(url, queue_url=queue, stream=stream, group=group,
+        stats = run_worker(_shared_store(store, "worker", as_json), queue_url=queue, stream=stream, group=group,
                            consumer=consumer, idle_ms=idle_ms, stop_after=stop_after, model=model,
                            max_deliveries=max_deliveries, dead_stream=dead_stream, timer_interval=timer_interval)
     except LayerflowError as err:

@@ -385,6 +385,8 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
         client.xgroup_createconsumer(stream, group, consumer)  # visible in XINFO CONSUMERS before its first entry
     except _redis_down() as err:
         raise _queue_down(client, err) from err
+    log.info("worker %s: running the instances put on stream %r (group %r); Ctrl-C or SIGTERM stops it after the "
+             "instance in hand", consumer, stream, group)
     restore = _stop_on_signals(stop)
     cursor = "0-0"
     pause = 0.0

@@ -237,5 +237,5 @@ def test_the_worker_says_what_it_reads_and_each_instance_it_ran(queue, caplog) -
     out = CliRunner().invoke(main, ["worker", "--store", url, "--queue", REDIS_URL, "--stream", stream,
                                     "--stop-after", "1"])
     assert out.exit_code == 0, out.output
-    assert f"running instances of {url} from stream {stream!r}" in out.stderr and "Ctrl-C or SIGTERM" in out.stderr
+    assert f"running the instances put on stream {stream!r}" in caplog.text and "Ctrl-C or SIGTERM" in caplog.text
     assert f"instance {instance_id} (loan_approval): completed" in caplog.text
