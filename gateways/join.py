@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from context_layers.canonical import thaw
+from context_layers.canonical import canonical_key, thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import BRANCH_MARKERS, LayeredContext, Snapshot, is_record_key
 from context_layers.errors import LayerflowError
@@ -444,8 +444,14 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         raise LayerflowError(f"join {result.gateway_id!r}: context {ctx.name!r} changed after the split's snapshot "
                              f"{result.snapshot_id!r} (events {moved}); the parent must stay untouched while its "
                              "branches run, so join into the context the split was taken from")
+    # a join that waited for a person runs again once answered: its conflicts are on the tape already
+    noted = {canonical_key(_without_note(e.data)) for e in ctx.tape.since(snapshot.seq + 1)
+             if e.kind == EventKind.NOTE and e.data.get("note") == "conflict"
+             and e.data.get("gateway_id") == result.gateway_id}
     for conflict, _ in result.conflicts:
-        ctx.record("conflict", actor=actor, data={"gateway_id": result.gateway_id, **conflict.to_dict()})
+        data = {"gateway_id": result.gateway_id, **conflict.to_dict()}
+        if canonical_key(data) not in noted:
+            ctx.record("conflict", actor=actor, data=data)
     for step in result.steps:
         ctx.record("resolution", actor=actor, data={"gateway_id": result.gateway_id, **step.to_dict()})
     if result.pending:
@@ -459,3 +465,7 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
                                                    "parent_seq": event.seq})
     return event
+
+
+def _without_note(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k != "note"}

@@ -80,6 +80,10 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["tape", doc["instance_id"], "--kind", "resolution", "--json"])
     steps = [(e["data"]["resolver"], e["data"]["outcome"]) for e in json.loads(result.stdout)]
     assert steps == [("policy", "suggested"), ("human", "pending"), ("human", "answered")]
+    # the conflict once, though the join ran again once answered
+    result = CliRunner().invoke(main, ["tape", doc["instance_id"], "--kind", "conflict", "--json"])
+    assert [(e["data"]["key"], e["data"]["conflicting_values"]) for e in json.loads(result.stdout)] == [
+        ("approval_status", {"finance_review": "approved", "risk_review": "rejected"})]
 
 
 def test_without_dual_approval_the_ranking_settles_it(cli, tmp_path: Path) -> None:
