@@ -120,7 +120,7 @@ def build_conflict_prompt(request: ArbitrationRequest) -> list[dict[str, str]]:
     ]
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_FENCE = re.compile(r"^```[A-Za-z]*\s*(.*?)\s*```$", re.DOTALL)
 
 
 def _reject_constant(name: str) -> Any:

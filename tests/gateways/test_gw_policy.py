@@ -125,6 +125,7 @@ def test_unsafe_policy_condition_is_a_config_error() -> None:
 @pytest.mark.parametrize(("text", "value", "escalate"), [
     ('{"final_value": "rejected", "rationale": "risk wins", "escalate": false}', "rejected", False),
     ('```json\n{"final_value": null, "rationale": "r", "escalate": true}\n```', None, True),
+    ('```JSON\n{"final_value": "x", "rationale": "r", "escalate": true}\n```', "x", True),
     ('  {"final_value": {"a": [1]}, "rationale": "r"}  ', {"a": [1]}, False),
 ])
 def test_parse_arbiter_answer(text: str, value: Any, escalate: bool) -> None:
