@@ -443,6 +443,18 @@ def test_parse_plan_from_fenced_camel_case_answer() -> None:
             parse_compression_plan(bad)
 
 
+@pytest.mark.parametrize("bad", [
+    '{"keep_points": ["amount \\ud800 80000"]}',   # a JSON escape of a lone surrogate: no text
+    '{"summarize": ["\\udc00"]}',
+    {"drop": ["a\udfff"]},
+])
+def test_a_plan_the_context_cannot_hold_is_a_model_error(bad) -> None:
+    # the keep points went into the compaction record, whose write refused them and
+    # stopped the instance (invalid_value) instead of the rules taking over
+    with pytest.raises(ModelError, match="lone surrogate"):
+        parse_compression_plan(bad)
+
+
 def test_execute_plan_folds_named_activities_and_drops_keys() -> None:
     ctx, config = loan_context(4)
     plan = CompressionPlan(summarize=["review_0", "activity:review_1", "ghost"], keep_points=["income verified"],
