@@ -363,6 +363,16 @@ def resolve_conflicts(
             # who answered: a person, or a model settling it with its context_branch tool
             by = "model" if prior.get("resolver") == "model" else "human"
             if picked["value"] == ESCALATE:
+                # The answer is final, so it never settles the conflict; what an administrator
+                # changed since (a conflictPolicy rule or ranking that needs no person, given as
+                # runtime config) does, on the next resume. Before that, the policy either did
+                # not settle the conflict or asked a person: that is why one was asked.
+                settled = resolve_by_policy(conflict, policy, variables) if policy is not None else None
+                if settled is not None and not settled.needs_human:
+                    reason = f"{settled.reason} (after {shown.id!r} was escalated)"
+                    steps.append(ResolutionStep(key, "policy", "resolved", reason))
+                    resolved.append((conflict, Resolution(settled.value, "policy", reason)))
+                    continue
                 steps.append(ResolutionStep(key, by, "escalated", f"answer for {shown.id!r}"))
                 escalated.append(conflict)
                 continue
@@ -430,10 +440,14 @@ def resolve_conflicts(
             parts.append(f"unresolved ({', '.join(missing)}): {', '.join(repr(c.key) for c in unresolved)}")
         if escalated:
             parts.append(f"escalated by a person: {', '.join(repr(c.key) for c in escalated)}")
-        err = conflict_error(
-            [*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts),
-            todo=("Add a conflictPolicy rule, configure a model, answer the confirmation "
-                  f"(--answer {gateway_id}/KEY=VALUE), or choose another mergeStrategy."))
+        todo = ("Add a conflictPolicy rule, configure a model, answer the confirmation "
+                f"(--answer {gateway_id}/KEY=VALUE), or choose another mergeStrategy.") if unresolved else ""
+        if escalated:
+            todo += (" " if todo else "") + (
+                "An escalation is final: an administrator settles it with a conflictPolicy rule (without "
+                "confirm) or another mergeStrategy for this join, given as runtime config "
+                "(POST /api/context-governance/config), then resumes the instance (layerflow resume ID).")
+        err = conflict_error([*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts), todo=todo)
         err.steps = [s.to_dict() for s in steps]  # type: ignore[attr-defined]
         raise err
     return ResolutionOutcome(resolved, pending, steps)
