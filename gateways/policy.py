@@ -209,6 +209,15 @@ def _related(conflict: MergedConflict, policy: ConflictPolicy | None, variables:
     return out
 
 
+def _policy_text(policy: ConflictPolicy | None, variables: Mapping[str, Any]) -> str | None:
+    """The company policy the model is shown: the join's ``policyText``, else the
+    instance's SYSTEM ``policy`` (where DESIGN.md puts it) when that is text."""
+    if policy is not None and policy.policy_text:
+        return policy.policy_text
+    fallback = variables.get("policy")
+    return fallback if isinstance(fallback, str) and fallback.strip() else None
+
+
 def build_human_request(
     conflict: MergedConflict,
     *,
@@ -399,7 +408,7 @@ def resolve_conflicts(
                 gateway_id=gateway_id, key=key, base_value=conflict.base_value, values=conflict.conflicting_values,
                 reasons={b: (reasons or {}).get(b) for b in conflict.source_branches},
                 related=_related(conflict, policy, variables, related),
-                policy_text=policy.policy_text if policy else None,
+                policy_text=_policy_text(policy, variables),
                 layer=None if conflict.layer is None else str(conflict.layer))
             found = _ask_model(arbiter, request, steps)
             if found is not None and not found.needs_human:

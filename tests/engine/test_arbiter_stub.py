@@ -122,6 +122,23 @@ def test_model_resolves_the_conflict(stub, cli, vote) -> None:
                                 {"branch": "risk", "value": "reject", "reason": "debt ratio too high"}]
 
 
+def test_without_a_conflict_policy_the_prompt_still_has_the_policy_and_the_facts(stub, cli, vote, tmp_path) -> None:
+    # DESIGN: the conflict prompt carries related context and the policy. Without a
+    # conflictPolicy the model was sent "related_context": {} and "company_policy": null,
+    # though SYSTEM holds the policy and PROCESS the application's facts.
+    (tmp_path / "vote.layerflow.yaml").write_text(
+        "system:\n  policy: Two approvals above 100,000.\n"
+        "fork:\n  branches:\n    - {id: finance, reasonKey: finance_note}\n    - {id: risk, reasonKey: risk_note}\n",
+        encoding="utf-8")
+    stub.push(arbiter_reply("reject"))
+    code, doc = cli("run", vote, "--model", MODEL, "--json", "--data", '{"amount": 120000, "_internal": 1}')
+    assert code == 0, doc["error"]
+    [request] = stub.requests
+    body = json.loads(request["messages"][-1]["content"].split("\n", 1)[1])
+    assert body["company_policy"] == "Two approvals above 100,000."
+    assert body["related_context"] == {"amount": 120000}
+
+
 def test_malformed_then_valid_answer(stub, cli, vote) -> None:
     stub.push(Reply.text("I would reject it."), arbiter_reply("reject"))
     code, doc = cli("run", vote, "--model", MODEL, "--json")
