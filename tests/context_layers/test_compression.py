@@ -225,6 +225,15 @@ def test_compress_is_a_cliff_to_the_target_in_one_event() -> None:
     assert report.tokens_before == result.tokens_before and report.tokens_after == result.tokens_after
 
 
+def test_the_result_answers_to_the_seed_names() -> None:
+    # the seed's CompressResult: beforeTokens, afterTokens, compressionRatio = 1 - after / before
+    ctx, config = loan_context()
+    result = RuleDrivenCompressor().compress(ctx, config)
+    assert (result.before_tokens, result.after_tokens) == (result.tokens_before, result.tokens_after)
+    assert result.compression_ratio == pytest.approx(1.0 - result.tokens_after / result.tokens_before)
+    assert result.compression_ratio > 0.5
+
+
 def test_target_ratio_sets_the_depth() -> None:
     ctx, config = loan_context()
     strategy = config.context_strategy.model_copy(update={"compress_target_ratio": 0.3})
