@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from engine import Engine
+from engine import Engine, load_process
 from engine.cli import main
 
 from engine_helpers import BPMN_HEAD
@@ -355,3 +355,21 @@ def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> 
     assert doc["layers"]["L3"]["track"] == "full"
     prompt = stub.requests[0]["messages"][-1]["content"]
     assert "其他情况走完整审核流程" in prompt and "如果风险等级为低且金额小于5万" in prompt
+
+
+def test_offline_the_seeds_sentences_stop_the_gateway_naming_them_as_sentences(tmp_path) -> None:
+    # the error said "the context has no '其他情况走完整审核流程'": a sentence read as a variable name
+    bpmn = SENTENCE_FLOW.replace('<bpmn:exclusiveGateway id="gw" default="f_full"/>', '<bpmn:exclusiveGateway id="gw"/>')
+    bpmn = bpmn.replace("If the risk level is low and the amount is below 50,000, take the fast track",
+                        "如果风险等级为低且金额小于5万，走快速通道")
+    bpmn = bpmn.replace('<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full"/>',
+                        '<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full">'
+                        '<bpmn:conditionExpression>其他情况走完整审核流程</bpmn:conditionExpression></bpmn:sequenceFlow>')
+    path = tmp_path / "seed_xor.bpmn"
+    path.write_text(bpmn, encoding="utf-8")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(str(path)), {"amount": 20000, "risk_level": "low"}))
+    assert instance.status == "error" and instance.error["task_id"] == "gw"
+    message = instance.error["message"]
+    assert "其他情况走完整审核流程 (a sentence: only the model decides it" in message
+    assert "no '其他情况走完整审核流程'" not in message and "--model" in message
