@@ -120,6 +120,20 @@ class CompressResult:
     def reduction(self) -> float:
         return 1.0 - self.ratio
 
+    # The seed's names (its CompressResult: beforeTokens, afterTokens, and compressionRatio
+    # = 1 - after / before, the share saved, which is ``reduction`` here, not ``ratio``).
+    @property
+    def before_tokens(self) -> int:
+        return self.tokens_before
+
+    @property
+    def after_tokens(self) -> int:
+        return self.tokens_after
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.reduction
+
     @property
     def changed(self) -> bool:
         return self.entries_affected > 0

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from .attention import COMPACTED, AttentionScore, is_activity_record, segment_history
+from .canonical import freeze
 from .compression import CompressResult, RuleDrivenCompressor, _Directive
 from .config import ActivityExtensionConfig
 from .context import LayeredContext
@@ -102,6 +103,10 @@ def parse_compression_plan(answer: str | Mapping[str, Any]) -> CompressionPlan:
             data = json.loads(text[start:end + 1])
         except json.JSONDecodeError as exc:
             raise ModelError(f"the compression plan is not valid JSON ({exc.msg} at {exc.pos}): {answer[:200]!r}") from None
+    try:
+        freeze(data)  # what the context can hold: no lone surrogates, NaN or Infinity in the points
+    except (ValueError, TypeError) as err:
+        raise ModelError(f"invalid compression plan: {err}") from None
     try:
         return CompressionPlan.model_validate(data)
     except ValidationError as err:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from .canonical import text_problem
 from .errors import ConfigError
 
 __all__ = [
@@ -38,6 +40,30 @@ MERGE_STRATEGIES = ("MERGE_WITH_CONFLICT_DETECT", "LAST_WRITER_WINS", "BRANCH_PR
 REDUCERS = ("append", "union", "sum", "max", "min")
 
 
+def _json_problem(value: Any, path: str) -> str | None:
+    """Why ``value`` (free-form config JSON; nested config models are checked on their
+    own) is no JSON a context can hold, or None."""
+    if isinstance(value, BaseModel):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}, which JSON cannot represent"
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return None if problem is None else f"{path} {problem}"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _json_problem(k, f"{path} key") if isinstance(k, str) else None
+            found = found or _json_problem(v, f"{path}.{k}")
+            if found:
+                return found
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = _json_problem(v, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -45,7 +71,20 @@ class _Model(BaseModel):
         extra="forbid",
         frozen=True,
         str_strip_whitespace=True,
+        allow_inf_nan=False,  # no JSON document (an instance record, the tape) can hold them
     )
+
+    @model_validator(mode="after")
+    def _json_values(self) -> "_Model":
+        # free-form values (contextInject, a rule's value, a default, extra options) end up
+        # in contexts, records and the tape: NaN, Infinity or a lone surrogate there would
+        # pass validation and fail the run far from the config that holds it
+        for name, value in self:
+            if isinstance(value, (dict, list, float, str)):
+                problem = _json_problem(value, to_camel(name))
+                if problem is not None:
+                    raise ValueError(problem)
+        return self
 
     def dump(self) -> dict[str, Any]:
         """camelCase JSON as in the seed, only fields that were set or differ from defaults."""

@@ -182,19 +182,28 @@ class GatewaySteps:
         spec = task.task_spec
         gw = spiff.bpmn_id_of(task)
         conditions: list[str] = []
+        sentences = False
         for condition, name in spec.cond_task_specs:
             if condition is not None:
                 target = task.workflow.spec.get_task_spec_from_name(name)
-                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {str(condition.args[0]).strip()}")
+                text = str(condition.args[0]).strip()
+                spoken = is_flow_sentence(text)
+                sentences = sentences or spoken
+                why = " (a sentence: only the model decides it, and none did)" if spoken else ""
+                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {text}{why}")
         ctx = self.context_of(task)
         read = []
-        for name in sorted(spiff.names_in(str(c.args[0]) for c, _ in spec.cond_task_specs if c is not None)):
+        # a sentence reads no context key, however much of it parses as a (CJK) name
+        expressions = (str(c.args[0]) for c, _ in spec.cond_task_specs
+                       if c is not None and not is_flow_sentence(str(c.args[0]).strip()))
+        for name in sorted(spiff.names_in(expressions)):
             read.append(f"{name}={short(thaw(ctx.resolve(name)))}" if name in ctx else f"no {name!r}")
         kind = "inclusive" if isinstance(spec, InclusiveGateway) else "exclusive"
         return ActivityError(
             f"{kind} gateway {gw!r}: no condition of its outgoing flows holds ({'; '.join(conditions)}) and it has "
             f"no default flow; the context has {', '.join(read) or 'nothing these conditions read'}: add a default "
-            "flow (default=\"FLOW_ID\" on the gateway) or a condition for this case", task_id=gw)
+            "flow (default=\"FLOW_ID\" on the gateway) or a condition for this case"
+            + ("; run with a model (--model) for the sentences" if sentences else ""), task_id=gw)
 
     def decide_exclusive(self, task: Any) -> dict[str, bool] | None:
         """Decide an XOR gateway whose config gives natural-language conditions: the verdict of

@@ -159,7 +159,7 @@ ContextName = Annotated[str | None, Field(default=None, description="a context n
 
 
 class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _text_only(self) -> "_Args":

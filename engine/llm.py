@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections import OrderedDict
@@ -47,7 +48,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from context_layers.canonical import canonical_json
+from context_layers.canonical import canonical_json, text_problem
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext, View
 from context_layers.errors import ContextWriteDenied, LayerflowError, ModelError
@@ -196,6 +197,9 @@ class Reply:
     cost: float | None
     latency_ms: int
     tool_calls: tuple[dict[str, Any], ...] = ()
+    # why ``content`` as received could not be text (a lone surrogate, sent as a JSON
+    # escape); ``content`` then has U+FFFD in its place, so the tape can keep the reply
+    problem: str | None = None
 
     def response_record(self) -> dict[str, Any]:
         """The reply as an ``llm_call`` note keeps it."""
@@ -250,6 +254,9 @@ def _tool_calls(message: Any) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
 def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Mapping[str, Any]],
               max_tokens: int | None = None, tools: Sequence[Mapping[str, Any]] | None = None) -> Reply:
     kwargs: dict[str, Any] = {"model": endpoint.model, "messages": [dict(m) for m in messages],
@@ -272,7 +279,11 @@ def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Map
     message = _field(choices[0], "message") if choices else None
     content = _field(message, "content") if message is not None else None
     usage = _plain(_field(response, "usage"))
-    return Reply(content=content if isinstance(content, str) else None,
+    text = content if isinstance(content, str) else None
+    problem = text_problem(text) if text is not None else None
+    if text is not None and problem is not None:
+        text = _SURROGATES.sub("\ufffd", text)
+    return Reply(content=text, problem=problem,
                  finish_reason=_field(choices[0], "finish_reason") if choices else None,
                  response_id=_field(response, "id"), usage=usage if isinstance(usage, dict) else None,
                  cost=_cost(response), latency_ms=latency,
@@ -348,6 +359,9 @@ class _Caller:
             reply: Reply | None = None
             try:
                 reply = _complete(self._completion(), self.endpoint, convo, max_tokens, tools)
+                if reply.problem is not None:
+                    raise AnswerError([f"the reply {reply.problem}; answer in plain Unicode text"],
+                                      text=reply.content or "")
                 result = check(reply)
             except AnswerError as err:
                 last = err

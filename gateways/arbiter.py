@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
+from context_layers.canonical import freeze
 from context_layers.errors import ModelError
 
 from .conflicts import DELETED, jsonable
@@ -119,7 +120,11 @@ def build_conflict_prompt(request: ArbitrationRequest) -> list[dict[str, str]]:
     ]
 
 
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_FENCE = re.compile(r"^```[A-Za-z]*\s*(.*?)\s*```$", re.DOTALL)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -137,9 +142,15 @@ def load_json_answer(text: Any, model: type[M], error: Callable[..., ModelError]
     if fenced:
         stripped = fenced.group(1)
     try:
-        data = json.loads(stripped)
+        data = json.loads(stripped, parse_constant=_reject_constant)
     except json.JSONDecodeError as err:
         raise error(f"the reply is not JSON ({err.msg} at {err.pos})", text=text) from None
+    except ValueError as err:
+        raise error(f"the reply is not plain JSON ({err})", text=text) from None
+    try:
+        freeze(data)  # what a context accepts: no 1e999 (parsed as inf), no lone surrogates
+    except (ValueError, TypeError) as err:
+        raise error(f"the reply is not plain JSON ({err})", text=text) from None
     if not isinstance(data, dict):
         raise error(f"the reply is a JSON {type(data).__name__}, not an object", text=text)
     for name in required:

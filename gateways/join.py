@@ -386,9 +386,13 @@ def join_contexts(
         if branch_config is not None and branch_config.reason_key:
             reason = branches[b].get(branch_config.reason_key)
             reasons[b] = None if reason is None else str(reason)
+    # what the model is shown beside the keys the policy's rules name: the facts the
+    # process fixed (PROCESS), as the seed's conflict prompt shows the amount
+    facts = {k: v for k, v in merged_view(Layer.PROCESS).items() if not k.startswith("_")} if arbiter else None
     outcome = resolve_conflicts(
         conflicts, config=config, variables=variables, gateway_id=gateway_id, arbiter=arbiter, answers=answers,
-        human_available=human_available, reasons=reasons, arrival_order=list(arrival_order or order), asked=asked)
+        human_available=human_available, reasons=reasons, related=facts, arrival_order=list(arrival_order or order),
+        asked=asked)
     resolutions = {(int(c.layer), c.key): r for c, r in outcome.resolved}
 
     changes: dict[Layer, list[tuple[str, Any]]] = {}

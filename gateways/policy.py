@@ -209,6 +209,15 @@ def _related(conflict: MergedConflict, policy: ConflictPolicy | None, variables:
     return out
 
 
+def _policy_text(policy: ConflictPolicy | None, variables: Mapping[str, Any]) -> str | None:
+    """The company policy the model is shown: the join's ``policyText``, else the
+    instance's SYSTEM ``policy`` (where DESIGN.md puts it) when that is text."""
+    if policy is not None and policy.policy_text:
+        return policy.policy_text
+    fallback = variables.get("policy")
+    return fallback if isinstance(fallback, str) and fallback.strip() else None
+
+
 def build_human_request(
     conflict: MergedConflict,
     *,
@@ -363,6 +372,16 @@ def resolve_conflicts(
             # who answered: a person, or a model settling it with its context_branch tool
             by = "model" if prior.get("resolver") == "model" else "human"
             if picked["value"] == ESCALATE:
+                # The answer is final, so it never settles the conflict; what an administrator
+                # changed since (a conflictPolicy rule or ranking that needs no person, given as
+                # runtime config) does, on the next resume. Before that, the policy either did
+                # not settle the conflict or asked a person: that is why one was asked.
+                settled = resolve_by_policy(conflict, policy, variables) if policy is not None else None
+                if settled is not None and not settled.needs_human:
+                    reason = f"{settled.reason} (after {shown.id!r} was escalated)"
+                    steps.append(ResolutionStep(key, "policy", "resolved", reason))
+                    resolved.append((conflict, Resolution(settled.value, "policy", reason)))
+                    continue
                 steps.append(ResolutionStep(key, by, "escalated", f"answer for {shown.id!r}"))
                 escalated.append(conflict)
                 continue
@@ -389,7 +408,7 @@ def resolve_conflicts(
                 gateway_id=gateway_id, key=key, base_value=conflict.base_value, values=conflict.conflicting_values,
                 reasons={b: (reasons or {}).get(b) for b in conflict.source_branches},
                 related=_related(conflict, policy, variables, related),
-                policy_text=policy.policy_text if policy else None,
+                policy_text=_policy_text(policy, variables),
                 layer=None if conflict.layer is None else str(conflict.layer))
             found = _ask_model(arbiter, request, steps)
             if found is not None and not found.needs_human:
@@ -430,10 +449,14 @@ def resolve_conflicts(
             parts.append(f"unresolved ({', '.join(missing)}): {', '.join(repr(c.key) for c in unresolved)}")
         if escalated:
             parts.append(f"escalated by a person: {', '.join(repr(c.key) for c in escalated)}")
-        err = conflict_error(
-            [*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts),
-            todo=("Add a conflictPolicy rule, configure a model, answer the confirmation "
-                  f"(--answer {gateway_id}/KEY=VALUE), or choose another mergeStrategy."))
+        todo = ("Add a conflictPolicy rule, configure a model, answer the confirmation "
+                f"(--answer {gateway_id}/KEY=VALUE), or choose another mergeStrategy.") if unresolved else ""
+        if escalated:
+            todo += (" " if todo else "") + (
+                "An escalation is final: an administrator settles it with a conflictPolicy rule (without "
+                "confirm) or another mergeStrategy for this join, given as runtime config "
+                "(POST /api/context-governance/config), then resumes the instance (layerflow resume ID).")
+        err = conflict_error([*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts), todo=todo)
         err.steps = [s.to_dict() for s in steps]  # type: ignore[attr-defined]
         raise err
     return ResolutionOutcome(resolved, pending, steps)

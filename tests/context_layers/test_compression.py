@@ -225,6 +225,15 @@ def test_compress_is_a_cliff_to_the_target_in_one_event() -> None:
     assert report.tokens_before == result.tokens_before and report.tokens_after == result.tokens_after
 
 
+def test_the_result_answers_to_the_seed_names() -> None:
+    # the seed's CompressResult: beforeTokens, afterTokens, compressionRatio = 1 - after / before
+    ctx, config = loan_context()
+    result = RuleDrivenCompressor().compress(ctx, config)
+    assert (result.before_tokens, result.after_tokens) == (result.tokens_before, result.tokens_after)
+    assert result.compression_ratio == pytest.approx(1.0 - result.tokens_after / result.tokens_before)
+    assert result.compression_ratio > 0.5
+
+
 def test_target_ratio_sets_the_depth() -> None:
     ctx, config = loan_context()
     strategy = config.context_strategy.model_copy(update={"compress_target_ratio": 0.3})
@@ -441,6 +450,18 @@ def test_parse_plan_from_fenced_camel_case_answer() -> None:
     for bad in ("no json here", '{"summarize": "a"}', '{"drop": [], "extra": 1}', '{"max_tokens": 0}', "{nope}"):
         with pytest.raises(ModelError):
             parse_compression_plan(bad)
+
+
+@pytest.mark.parametrize("bad", [
+    '{"keep_points": ["amount \\ud800 80000"]}',   # a JSON escape of a lone surrogate: no text
+    '{"summarize": ["\\udc00"]}',
+    {"drop": ["a\udfff"]},
+])
+def test_a_plan_the_context_cannot_hold_is_a_model_error(bad) -> None:
+    # the keep points went into the compaction record, whose write refused them and
+    # stopped the instance (invalid_value) instead of the rules taking over
+    with pytest.raises(ModelError, match="lone surrogate"):
+        parse_compression_plan(bad)
 
 
 def test_execute_plan_folds_named_activities_and_drops_keys() -> None:

@@ -57,6 +57,13 @@ def test_gateway_branches():
     ({"knowledgeConfig": {"confidenceThreshold": 2}}, "knowledgeConfig.confidenceThreshold", "less than or equal to 1"),
     ({"preserveKeys": "risk_level"}, "preserveKeys", "list"),
     ({"mergeStrategy": "BRANCH_PRIORITY"}, "(config)", "branchPriority"),
+    # what no JSON record can hold passed validation, then failed the run (invalid_record /
+    # invalid_value naming the data file or "note event data", not the config)
+    ({"humanConfirm": {"timeout": float("inf")}}, "humanConfirm.timeout", "finite number"),
+    ({"humanConfirm": {"default": float("inf")}}, "humanConfirm", "default is inf"),
+    ({"branches": [{"id": "b", "contextInject": {"score": float("nan")}}]}, "branches.0", "contextInject.score is nan"),
+    ({"conflictPolicy": {"rules": [{"key": "k", "when": "True", "value": ["\ud800"], "reason": "r"}]}},
+     "conflictPolicy.rules.0", "lone surrogate"),
 ])
 def test_bad_config_names_file_id_and_field(data, field, fragment):
     with pytest.raises(ConfigError) as info:

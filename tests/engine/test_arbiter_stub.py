@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from engine import Engine
+from engine import Engine, load_process
 from engine.cli import main
 
 from engine_helpers import BPMN_HEAD
@@ -120,6 +120,23 @@ def test_model_resolves_the_conflict(stub, cli, vote) -> None:
     assert body["key"] == "decision" and body["company_policy"] == "Prefer caution when the reviews disagree."
     assert body["branches"] == [{"branch": "finance", "value": "approve", "reason": "income verified"},
                                 {"branch": "risk", "value": "reject", "reason": "debt ratio too high"}]
+
+
+def test_without_a_conflict_policy_the_prompt_still_has_the_policy_and_the_facts(stub, cli, vote, tmp_path) -> None:
+    # DESIGN: the conflict prompt carries related context and the policy. Without a
+    # conflictPolicy the model was sent "related_context": {} and "company_policy": null,
+    # though SYSTEM holds the policy and PROCESS the application's facts.
+    (tmp_path / "vote.layerflow.yaml").write_text(
+        "system:\n  policy: Two approvals above 100,000.\n"
+        "fork:\n  branches:\n    - {id: finance, reasonKey: finance_note}\n    - {id: risk, reasonKey: risk_note}\n",
+        encoding="utf-8")
+    stub.push(arbiter_reply("reject"))
+    code, doc = cli("run", vote, "--model", MODEL, "--json", "--data", '{"amount": 120000, "_internal": 1}')
+    assert code == 0, doc["error"]
+    [request] = stub.requests
+    body = json.loads(request["messages"][-1]["content"].split("\n", 1)[1])
+    assert body["company_policy"] == "Two approvals above 100,000."
+    assert body["related_context"] == {"amount": 120000}
 
 
 def test_malformed_then_valid_answer(stub, cli, vote) -> None:
@@ -338,3 +355,21 @@ def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> 
     assert doc["layers"]["L3"]["track"] == "full"
     prompt = stub.requests[0]["messages"][-1]["content"]
     assert "其他情况走完整审核流程" in prompt and "如果风险等级为低且金额小于5万" in prompt
+
+
+def test_offline_the_seeds_sentences_stop_the_gateway_naming_them_as_sentences(tmp_path) -> None:
+    # the error said "the context has no '其他情况走完整审核流程'": a sentence read as a variable name
+    bpmn = SENTENCE_FLOW.replace('<bpmn:exclusiveGateway id="gw" default="f_full"/>', '<bpmn:exclusiveGateway id="gw"/>')
+    bpmn = bpmn.replace("If the risk level is low and the amount is below 50,000, take the fast track",
+                        "如果风险等级为低且金额小于5万，走快速通道")
+    bpmn = bpmn.replace('<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full"/>',
+                        '<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full">'
+                        '<bpmn:conditionExpression>其他情况走完整审核流程</bpmn:conditionExpression></bpmn:sequenceFlow>')
+    path = tmp_path / "seed_xor.bpmn"
+    path.write_text(bpmn, encoding="utf-8")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(str(path)), {"amount": 20000, "risk_level": "low"}))
+    assert instance.status == "error" and instance.error["task_id"] == "gw"
+    message = instance.error["message"]
+    assert "其他情况走完整审核流程 (a sentence: only the model decides it" in message
+    assert "no '其他情况走完整审核流程'" not in message and "--model" in message

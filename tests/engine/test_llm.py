@@ -277,6 +277,25 @@ def test_summarizer_without_prefix_and_failure(stub):
         s.summarize("text", 10)
 
 
+def test_a_reply_with_a_lone_surrogate_is_retried_and_the_tape_keeps_it(stub):
+    # "\ud800" is a valid JSON escape but no text: the reply used to reach the tape as is and
+    # the llm_call note refused it, stopping the instance (invalid_value) in the compression
+    from engine.llm import Endpoint, call_recorder
+
+    stub.push(Reply.text("risk high \ud800 and pending"), Reply.text("risk high, pending"))
+    ctx = loan()
+    recorder = call_recorder(ctx, task_id="risk", endpoint=Endpoint.of(MODEL, None, api_base=stub.url),
+                             attempts=2, actor="risk", purpose="summary")
+    summarizer = LiteLLMSummarizer(MODEL, api_base=stub.url, timeout=2, retry=FAST, on_attempt=recorder)
+    assert summarizer.summarize("risk high; approval pending", 20) == "risk high, pending"
+    first, second = calls(ctx)
+    assert first.data["status"] == "invalid_answer" and "lone surrogate U+D800" in first.data["error"]["message"]
+    assert first.data["response"]["content"] == "risk high \ufffd and pending"
+    assert "lone surrogate" in stub.requests[1]["messages"][-1]["content"]
+    assert second.data["status"] == "ok"
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
 def test_arbiter_through_the_stub(stub):
     from gateways.arbiter import ArbiterAnswerError, ArbitrationRequest
 

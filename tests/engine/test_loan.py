@@ -99,6 +99,29 @@ def test_escalation_fails_the_instance_naming_the_key(process) -> None:
     assert instance.status == "error"
     assert instance.error["kind"] == "merge_conflict"
     assert "approval_status" in instance.error["message"]
+    assert "An escalation is final" in instance.error["message"]
+
+
+def test_an_escalated_conflict_is_settled_by_the_rule_an_administrator_adds(process) -> None:
+    # The error named "Add a conflictPolicy rule" as a way out, but the person's "$escalate"
+    # was consulted first on every resume, so no rule could ever settle the conflict.
+    from engine.governance import ConfigArgs, GovernanceService, ResumeArgs
+
+    engine = Engine()
+    instance = engine.run(engine.start(process, LOAN_CONFLICT))
+    instance = engine.answer_confirmation(instance, "review_join/approval_status", "escalate")
+    assert instance.status == "error"
+    service = GovernanceService(engine)
+    again = service.resume(instance.id, ResumeArgs())  # nothing changed: still escalated
+    assert again["status"] == "error" and "escalated by a person" in again["error"]["message"]
+    rule = {"key": "approval_status", "when": "True", "value": "pending_dual_approval", "reason": "board decision"}
+    service.config(instance.id, ConfigArgs(activity_id="review_join", config={"conflictPolicy": {"rules": [rule]}}))
+    done = service.resume(instance.id, ResumeArgs())
+    assert done["status"] == "completed", done["error"]
+    (conflict,) = done["conflicts"]
+    assert conflict["resolution"]["resolver"] == "policy" and conflict["resolution"]["value"] == "pending_dual_approval"
+    assert "escalated" in conflict["resolution"]["reason"]
+    assert engine.load(instance.id).main.resolve("approval_status") == "pending_dual_approval"
 
 
 @pytest.mark.parametrize("data", [LOAN_FULL, LOAN_CONFLICT], ids=["full-review", "conflict"])

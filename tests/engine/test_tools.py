@@ -92,6 +92,8 @@ def test_inspect_result_has_the_seeds_shape(service, notes):
     ("context_compress", {"action": "decompress", "snapshot_id": "snap:main:404"}, "not_found"),
     ("context_branch", {"action": "resolve_conflict", "conflict_key": "k", "resolution": 1, "reason": "r"}, "not_found"),
     ("human_confirm", {"message": "ok?", "options": []}, "validation_error"),
+    # an endless timeout passed validation and failed the save (invalid_record, no field named)
+    ("human_confirm", '{"message": "ok?", "options": [{"label": "yes"}], "timeout": 1e999}', "validation_error"),
 ])
 def test_tool_errors_go_back_to_the_model(service, notes, name, arguments, kind):
     result = dispatch_tool(service, notes, name, arguments)

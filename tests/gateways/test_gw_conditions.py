@@ -60,6 +60,9 @@ def test_prompt_is_deterministic_and_keeps_the_context_as_data() -> None:
 @pytest.mark.parametrize("text", [
     '{"branch": "fast_track", "rationale": "low risk, small amount"}',
     '```json\n{"branch": "fast_track", "rationale": "r"}\n```',
+    # other fence tags models write (the activity answers took them; this one refused them)
+    '```JSON\n{"branch": "fast_track", "rationale": "r"}\n```',
+    '```javascript\n{"branch": "fast_track", "rationale": "r"}\n```',
 ])
 def test_parse_branch_answer(text: str) -> None:
     assert parse_branch_answer(text, QUESTION).branch == "fast_track"

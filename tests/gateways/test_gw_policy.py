@@ -125,6 +125,7 @@ def test_unsafe_policy_condition_is_a_config_error() -> None:
 @pytest.mark.parametrize(("text", "value", "escalate"), [
     ('{"final_value": "rejected", "rationale": "risk wins", "escalate": false}', "rejected", False),
     ('```json\n{"final_value": null, "rationale": "r", "escalate": true}\n```', None, True),
+    ('```JSON\n{"final_value": "x", "rationale": "r", "escalate": true}\n```', "x", True),
     ('  {"final_value": {"a": [1]}, "rationale": "r"}  ', {"a": [1]}, False),
 ])
 def test_parse_arbiter_answer(text: str, value: Any, escalate: bool) -> None:
@@ -140,6 +141,10 @@ def test_parse_arbiter_answer(text: str, value: Any, escalate: bool) -> None:
     ('{"final_value": 1, "escalate": false}', "rationale"),
     ('{"final_value": 1, "rationale": "r", "escalate": "yes"}', "escalate"),
     ('{"final_value": 1, "rationale": "r", "confidence": 0.9}', "confidence"),
+    # not JSON a context can hold: the join stopped with an engine_error instead of retrying
+    ('{"final_value": NaN, "rationale": "r", "escalate": false}', "NaN is not a JSON number"),
+    ('{"final_value": [Infinity], "rationale": "r"}', "Infinity is not a JSON number"),
+    ('{"final_value": 1e999, "rationale": "r"}', "JSON cannot represent"),
 ])
 def test_parse_arbiter_answer_rejects_malformed(text: str, message: str) -> None:
     with pytest.raises(ArbiterAnswerError, match=message) as info:
