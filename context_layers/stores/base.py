@@ -58,7 +58,7 @@ from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from ..canonical import json_equal
 from ..errors import ContextKeyError, LayerflowError, VersionConflict
-from .tape_parts import PART_BYTES, PartWriter
+from .tape_parts import PART_BYTES, PartWriter, fetch_parts
 
 __all__ = [
     "STORE_FORMAT",
@@ -731,17 +731,7 @@ def join_snapshot(manifest: str, fetch: Callable[[Iterable[str]], Mapping[str, s
     parts: dict[str, Any] = {}
     wanted: set[str] = set()
     _refs(doc["root"], wanted)
-    while wanted:
-        got = fetch(sorted(wanted))
-        missing = wanted - set(got)
-        if missing:
-            raise StoreError(f"{what} refers to {len(missing)} missing blob(s) ({sorted(missing)[0]}...); "
-                             "the store is damaged: restore it from a backup")
-        wanted = set()
-        for digest, text in got.items():
-            parts[digest] = node = json.loads(text)
-            _refs(node, wanted)
-        wanted -= set(parts)
+    fetch_parts(fetch, wanted, _refs, parts, what)
 
     def join(node: Any) -> Any:
         if isinstance(node, dict):

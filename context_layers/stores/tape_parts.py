@@ -185,6 +185,26 @@ class PartWriter:
 Fetch = Callable[[Iterable[str]], Mapping[str, str]]
 
 
+def fetch_parts(fetch: Fetch, wanted: set[str], named: Callable[[Any, set[str]], None], docs: dict[str, Any],
+                what: str) -> None:
+    """Fetch the parts ``wanted`` and every part they name (``named(doc, out)`` adds the hashes a
+    parsed part names), one round trip per level, into ``docs`` (hash -> parsed part). Tape parts
+    and snapshot parts alike; a part that is not there means a damaged store."""
+    while wanted:
+        got = fetch(sorted(wanted))
+        missing = wanted - set(got)
+        if missing:
+            from .base import StoreError  # base imports this module
+
+            raise StoreError(f"{what} refers to {len(missing)} missing part(s) ({sorted(missing)[0]}...); "
+                             "the store is damaged: restore it from a backup")
+        wanted = set()
+        for digest, text in got.items():
+            docs[digest] = doc = json.loads(text)
+            named(doc, wanted)
+        wanted -= set(docs)
+
+
 class PartReader:
     """Decodes stored events, fetching the parts they name with ``fetch(hashes)`` (one
     round trip per level of parts). Parts and equal values decoded once are shared."""
@@ -216,22 +236,13 @@ class PartReader:
         return docs
 
     def _load(self, wanted: set[str]) -> None:
-        while wanted:
-            got = self._fetch(sorted(wanted))
-            missing = wanted - set(got)
-            if missing:
-                from .base import StoreError
+        def named(doc: Any, out: set[str]) -> None:
+            if isinstance(doc, dict):
+                out.update(doc[_NODE])
+            elif isinstance(doc, list):
+                _hashes_in(doc, out)
 
-                raise StoreError(f"{self._what} refers to {len(missing)} missing part(s) ({sorted(missing)[0]}...); "
-                                 "the store is damaged: restore it from a backup")
-            wanted = set()
-            for digest, text in got.items():
-                self._docs[digest] = doc = json.loads(text)
-                if isinstance(doc, dict):
-                    wanted.update(doc[_NODE])
-                elif isinstance(doc, list):
-                    _hashes_in(doc, wanted)
-            wanted -= set(self._docs)
+        fetch_parts(self._fetch, wanted, named, self._docs, self._what)
 
     def _value(self, node: Any) -> Any:
         if isinstance(node, dict):

@@ -338,9 +338,8 @@ def test_condition_attempts_are_noted_on_the_tape(stub, cli) -> None:
     assert len(calls) == 2 and all(c.data["task_id"] == "approval_split" for c in calls)
 
 
-def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> None:
-    """The seed's XOR sentences written as the flows' conditions; "其他情况走完整审核流程" parses
-    as a Python name and was evaluated as one (an undefined variable) instead of read by the model."""
+def _seed_sentence_flows(tmp_path) -> Path:
+    """The seed's XOR sentences written as the flows' conditions, no default flow."""
     bpmn = SENTENCE_FLOW.replace('<bpmn:exclusiveGateway id="gw" default="f_full"/>', '<bpmn:exclusiveGateway id="gw"/>')
     bpmn = bpmn.replace("If the risk level is low and the amount is below 50,000, take the fast track",
                         "如果风险等级为低且金额小于5万，走快速通道")
@@ -349,6 +348,13 @@ def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> 
                         '<bpmn:conditionExpression>其他情况走完整审核流程</bpmn:conditionExpression></bpmn:sequenceFlow>')
     path = tmp_path / "seed_xor.bpmn"
     path.write_text(bpmn, encoding="utf-8")
+    return path
+
+
+def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> None:
+    """The seed's XOR sentences written as the flows' conditions; "其他情况走完整审核流程" parses
+    as a Python name and was evaluated as one (an undefined variable) instead of read by the model."""
+    path = _seed_sentence_flows(tmp_path)
     stub.push(branch_reply("full"))
     code, doc = cli("run", str(path), "--json", "--model", MODEL)
     assert code == 0, doc["error"]
@@ -359,14 +365,7 @@ def test_the_seeds_chinese_sentences_as_flow_conditions(stub, cli, tmp_path) -> 
 
 def test_offline_the_seeds_sentences_stop_the_gateway_naming_them_as_sentences(tmp_path) -> None:
     # the error said "the context has no '其他情况走完整审核流程'": a sentence read as a variable name
-    bpmn = SENTENCE_FLOW.replace('<bpmn:exclusiveGateway id="gw" default="f_full"/>', '<bpmn:exclusiveGateway id="gw"/>')
-    bpmn = bpmn.replace("If the risk level is low and the amount is below 50,000, take the fast track",
-                        "如果风险等级为低且金额小于5万，走快速通道")
-    bpmn = bpmn.replace('<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full"/>',
-                        '<bpmn:sequenceFlow id="f_full" sourceRef="gw" targetRef="full">'
-                        '<bpmn:conditionExpression>其他情况走完整审核流程</bpmn:conditionExpression></bpmn:sequenceFlow>')
-    path = tmp_path / "seed_xor.bpmn"
-    path.write_text(bpmn, encoding="utf-8")
+    path = _seed_sentence_flows(tmp_path)
     engine = Engine()
     instance = engine.run(engine.start(load_process(str(path)), {"amount": 20000, "risk_level": "low"}))
     assert instance.status == "error" and instance.error["task_id"] == "gw"
