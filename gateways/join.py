@@ -297,6 +297,44 @@ def free_record_key(key: str, taken: list[Mapping[str, Any]]) -> str:
     return f"{stem}{sep}{n}"
 
 
+def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snapshot,
+                             scoped: Mapping[str, Mapping[Layer, Mapping[str, Any]]],
+                             skip: Collection[str] = ()) -> None:
+    """Make a conflict of a key that branches changed to different values in different layers.
+
+    One branch may add ``decision`` to PROCESS while another's activity writes it to WORKING
+    (HISTORY by the join): each layer alone has one change and no conflict, but a read after
+    the join would silently give the first branch's value. Such a key is compared as a read
+    sees it: each branch's value is the one its first layer holding the key gives, and two
+    branches with different values make a conflict in the lowest layer involved (its base value: what a
+    read gave at the split), whose resolution a read then sees. The key's other layers keep their merged values. A key with
+    a conflict within one layer already is left to it; reducer keys (``skip``) to their reducer."""
+    layers_of: dict[str, list[Layer]] = {}
+    for layer in MERGED_LAYERS:
+        for o in outcomes[layer]:
+            if o.changed_by and not is_record_key(o.key) and o.key not in BRANCH_MARKERS \
+                    and o.key != MERGED_CONFLICTS_KEY and o.key not in skip:
+                layers_of.setdefault(o.key, []).append(layer)
+    for key, layers in layers_of.items():
+        if len(layers) < 2 or any(o.key == key and o.conflict is not None for layer in layers for o in outcomes[layer]):
+            continue
+        base_value = next((base.layer(layer)[key] for layer in MERGED_LAYERS if key in base.layer(layer)), DELETED)
+        base_k = value_key(base_value)
+        results: dict[str, Any] = {}
+        for b, branch_layers in scoped.items():
+            value = next((branch_layers[layer][key] for layer in MERGED_LAYERS if key in branch_layers[layer]), DELETED)
+            if value_key(value) != base_k:
+                results[b] = value
+        if len({value_key(v) for v in results.values()}) < 2:
+            continue
+        lowest = layers[0]
+        held = base.layer(lowest)[key] if key in base.layer(lowest) else DELETED
+        conflict = MergedConflict(key=key, base_value=base_value, conflicting_values=results,
+                                  source_branches=tuple(results), layer=lowest)
+        outcomes[lowest] = [KeyOutcome(key, held, held, tuple(results), conflict, results) if o.key == key else o
+                            for o in outcomes[lowest]]
+
+
 def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any],
              aliases: Mapping[str, tuple[str, str]] | None = None) -> list[KeyOutcome]:
     """Base keys in base order, then new keys in branch order (each branch's insertion order)."""
@@ -371,6 +409,7 @@ def join_contexts(
         if layer == Layer.HISTORY:
             found, aliases = _records_apart(found, [base_layer, *raw_layers.values()])
         outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases)
+    _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
     conflicts = sorted((o.conflict for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None),
                        key=lambda c: (c.key, int(c.layer)))

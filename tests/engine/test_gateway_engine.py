@@ -472,3 +472,25 @@ def test_a_flow_without_a_condition_and_no_config_for_its_branch_is_still_refuse
 def _validate_json(bpmn: Path) -> tuple[int, dict[str, Any]]:
     result = CliRunner().invoke(main, ["validate", str(bpmn), "--json"])
     return result.exit_code, json.loads(result.stdout)
+
+
+# ----- a key two branches write to different layers -----------------------------------------------
+
+def test_branches_writing_one_key_to_different_layers_conflict_at_the_join(cli, tmp_path: Path) -> None:
+    from engine_helpers import flow, script_task, write_elements
+
+    path = write_elements(tmp_path, "cross_layer", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>',
+        script_task("fix", "ctx.write('L1', 'decision', 'approve')"),  # fixed for the process
+        script_task("review", "decision = 'reject'"),  # WORKING, HISTORY once the task ends
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("split", "fix"), flow("split", "review"),
+        flow("fix", "join"), flow("review", "join"), flow("join", "end")])
+    code, doc = cli("run", str(path), "--json")
+    assert code == 3 and doc["status"] == "waiting"
+    assert doc["conflicts"] == [{"gateway_id": "join", "layer": "L1", "key": "decision", "base_value": {"$deleted": True},
+                                 "values": {"fix": "approve", "review": "reject"}, "resolution": None}]
+    code, doc = cli("resume", doc["instance_id"], "--answer", "join/decision=reject", "--json")
+    assert code == 0 and doc["status"] == "completed"
+    assert doc["layers"]["L1"]["decision"] == "reject" and doc["layers"]["L3"]["decision"] == "reject"
+    assert doc["conflicts"][0]["resolution"]["resolver"] == "human"

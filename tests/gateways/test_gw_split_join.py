@@ -26,6 +26,7 @@ from gateways import (
     apply_join,
     join_contexts,
 )
+from gateways.conflicts import same_value
 
 LOAN_CONFIG = {
     "gatewayId": "review_join",
@@ -302,6 +303,45 @@ def test_process_conflict_is_resolved_as_an_addition() -> None:
     assert ctx.layer(Layer.PROCESS)["decision_id"] == "D-2"
 
 
+def test_a_key_two_branches_change_in_different_layers_is_a_conflict() -> None:
+    ctx = loan_parent()
+    a, b, c = split(ctx, ["a", "b", "c"])
+    a.context.write(Layer.PROCESS, "decision", "approve", actor="t")  # a fixes it for the process
+    activity(b.context, "t1", {"decision": "reject"})  # b's activity: WORKING, then HISTORY
+    activity(c.context, "t2", {"decision": "reject", "note": "same as b"})
+    result = join(ctx, [a, b, c], answers={"review_join/decision": "reject"})
+    [(conflict, resolution)] = result.conflicts
+    assert (conflict.key, conflict.layer, conflict.base_value) == ("decision", Layer.PROCESS, DELETED)
+    assert conflict.conflicting_values == {"a": "approve", "b": "reject", "c": "reject"}
+    assert resolution is not None and resolution.resolver == "human"
+    apply_join(ctx, result)
+    assert ctx.resolve("decision") == "reject" and ctx.layer(Layer.PROCESS)["decision"] == "reject"
+    assert [e["key"] for e in ctx.resolve(MERGED_CONFLICTS_KEY)] == ["decision"]
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_a_key_changed_in_different_layers_to_one_value_is_no_conflict() -> None:
+    ctx = loan_parent()
+    a, b = split(ctx, ["a", "b"])
+    a.context.write(Layer.KNOWLEDGE, "rate", 0.05, actor="rag")
+    activity(b.context, "t1", {"rate": 0.05})
+    activity(a.context, "t0", {"counter": 1})  # the value it had: no change
+    result = join(ctx, [a, b])
+    assert result.conflicts == []
+    apply_join(ctx, result)
+    assert ctx.layer(Layer.KNOWLEDGE)["rate"] == 0.05 and ctx.layer(Layer.HISTORY)["rate"] == 0.05
+
+
+def test_a_cross_layer_conflict_under_a_strategy() -> None:
+    ctx = loan_parent()
+    cfg = config_from_dict({"mergeStrategy": "FAIL_ON_CONFLICT"})
+    a, b = split(ctx, ["a", "b"], cfg)
+    a.context.write(Layer.KNOWLEDGE, "rate", 0.05, actor="rag")
+    activity(b.context, "t1", {"rate": 0.07})
+    with pytest.raises(MergeConflictError, match=r"'rate' in L2 \(base DELETED\): a=0.05, b=0.07"):
+        join(ctx, [a, b], cfg)
+
+
 def test_records_two_branches_add_under_one_key_are_kept_apart() -> None:
     ctx = loan_parent()
     activity(ctx, "stamp")  # the base already holds activity:stamp
@@ -401,13 +441,21 @@ def test_join_by_touched_keys_equals_full_comparison(branch_ops: list[list[tuple
         full = join(ctx, branches, cfg, human_available=True)
     assert fast.changes == full.changes
     assert [c for c, _ in fast.conflicts] == [c for c, _ in full.conflicts]
-    # and both agree with the plain three-way merge of each layer, where nothing was injected
+    # and both agree with the plain three-way merge of each layer, where nothing was injected,
+    # but for keys branches changed to different values in different layers: conflicts too
     snapshot = ctx.get_snapshot(branches[0].snapshot_id)
     for layer in (Layer.KNOWLEDGE,):
-        plain = gateways.three_way_merge(dict(snapshot.layer(layer)), {b.branch_id: dict(b.context.layer(layer))
-                                                                        for b in branches})
-        assert [(k, v) for k, v in fast.changes.get(layer, [])] == plain.changes
-        assert [c.key for c, _ in fast.conflicts if c.layer == layer] == [c.key for c in plain.conflicts]
+        base_layer = dict(snapshot.layer(layer))
+        plain = gateways.three_way_merge(base_layer, {b.branch_id: dict(b.context.layer(layer)) for b in branches})
+        across = {c.key for c, _ in fast.conflicts if c.layer == layer} - {c.key for c in plain.conflicts}
+        for key in across:
+            [conflict] = [c for c, _ in fast.conflicts if c.key == key]
+            in_layer = {b.branch_id for b in branches
+                        if not same_value(b.context.layer(layer).get(key, DELETED), base_layer.get(key, DELETED))}
+            assert set(conflict.source_branches) - in_layer, key  # a branch that changed it elsewhere
+        assert [(k, v) for k, v in fast.changes.get(layer, [])] == [(k, v) for k, v in plain.changes if k not in across]
+        assert [c.key for c, _ in fast.conflicts if c.layer == layer and c.key not in across] == \
+            [c.key for c in plain.conflicts]
 
 
 # ---- package contract --------------------------------------------------------------------
