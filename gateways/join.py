@@ -43,7 +43,7 @@ context, or was not forked from the join's snapshot, is compared key by key in f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -455,7 +455,9 @@ def join_contexts(
     pending = list({r.id: r for r in outcome.pending}.values())
     stamp = _now(clock)
     entries = [{"gatewayId": gateway_id, "layer": str(c.layer), "key": c.key, "baseValue": jsonable(c.base_value),
-                "conflictingValues": {b: jsonable(v) for b, v in c.conflicting_values.items()},
+                # the seed's shape: the distinct values, in branch order; ``values`` says whose
+                "conflictingValues": _distinct(jsonable(v) for v in c.conflicting_values.values()),
+                "values": {b: jsonable(v) for b, v in c.conflicting_values.items()},
                 "sourceBranches": list(c.source_branches),
                 "resolution": None if (r := resolutions.get((int(c.layer), c.key))) is None else r.to_dict(),
                 "time": stamp} for c in conflicts]
@@ -508,6 +510,13 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
                                                    "parent_seq": event.seq})
     return event
+
+
+def _distinct(values: Iterable[Any]) -> list[Any]:
+    first: dict[str, Any] = {}
+    for value in values:
+        first.setdefault(canonical_key(value), value)
+    return list(first.values())
 
 
 def _without_note(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -72,7 +72,8 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     assert confirmation["answer"] == "pending_dual_approval" and confirmation["timed_out"] is False
     [merged] = done["layers"]["L3"]["_mergedConflicts"]
     assert merged["key"] == "approval_status" and merged["sourceBranches"] == ["finance_review", "risk_review"]
-    assert merged["conflictingValues"] == {"finance_review": "approved", "risk_review": "rejected"}
+    assert merged["conflictingValues"] == ["approved", "rejected"] and merged["baseValue"] == "pending"
+    assert merged["values"] == {"finance_review": "approved", "risk_review": "rejected"}
     assert merged["resolution"]["resolver"] == "human" and merged["time"]
     assert done["layers"]["L3"]["disbursement"] == "hold_for_second_approval"
 

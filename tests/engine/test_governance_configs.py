@@ -326,7 +326,7 @@ def test_conflict_trigger_on_unresolved_merged_conflicts(threshold: float, fires
         ctx.write(Layer.WORKING, key, 1, actor="a1")
     ctx.complete_activity("a1")
     ctx.begin_activity("a2")
-    ctx.write(Layer.WORKING, "_mergedConflicts", [{"key": "b", "baseValue": 1, "conflictingValues": {"x": 2, "y": 3},
+    ctx.write(Layer.WORKING, "_mergedConflicts", [{"key": "b", "baseValue": 1, "conflictingValues": [2, 3],
                                                    "resolution": None}], actor="a2")
     assert AttentionScore.compute(ctx).conflict == pytest.approx(0.1)
     decision = CompressTriggerDetector().detect(ctx, config_from_dict({"attentionThresholds": {"conflict": threshold}}))

@@ -150,8 +150,9 @@ def test_parallel_review_resolved_by_policy_and_a_person() -> None:
     [entry] = ctx.layer(Layer.WORKING)[MERGED_CONFLICTS_KEY]
     assert entry == {
         "gatewayId": "review_join", "layer": "L3", "key": "approval_status", "baseValue": {"$deleted": True},
-        "conflictingValues": {"finance_review": "approved", "risk_review": "rejected"},
+        "conflictingValues": ["approved", "rejected"],
         "sourceBranches": ["finance_review", "risk_review"],
+        "values": {"finance_review": "approved", "risk_review": "rejected"},
         "resolution": {"value": "pending_dual_approval", "resolver": "human",
                        "reason": "a person confirmed the policy suggestion: high risk and high amount need dual approval"},
         "time": "1970-01-01T00:00:00.000Z"}
@@ -316,7 +317,9 @@ def test_a_key_two_branches_change_in_different_layers_is_a_conflict() -> None:
     assert resolution is not None and resolution.resolver == "human"
     apply_join(ctx, result)
     assert ctx.resolve("decision") == "reject" and ctx.layer(Layer.PROCESS)["decision"] == "reject"
-    assert [e["key"] for e in ctx.resolve(MERGED_CONFLICTS_KEY)] == ["decision"]
+    [entry] = ctx.resolve(MERGED_CONFLICTS_KEY)
+    assert (entry["key"], entry["layer"], entry["conflictingValues"]) == ("decision", "L1", ["approve", "reject"])
+    assert entry["values"] == {"a": "approve", "b": "reject", "c": "reject"}
     assert LayeredContext.replay(ctx.tape) == ctx
 
 
