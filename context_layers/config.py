@@ -12,7 +12,7 @@ import fnmatch
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .canonical import text_problem
@@ -278,6 +278,19 @@ def _schema_problem(schema: Any, path: str) -> str | None:
     return None
 
 
+# fields the seed writes at the top level and inside contextStrategy alike
+_EITHER_PLACE = frozenset({"preserve_keys", "compress_rules", "compress_token_threshold",
+                           "compress_message_threshold", "attention_thresholds"})
+
+
+def _once(rules: list[CompressRule]) -> list[CompressRule]:
+    out: list[CompressRule] = []
+    for rule in rules:
+        if rule not in out:
+            out.append(rule)
+    return out
+
+
 class ActivityExtensionConfig(_Model):
     """Config of one BPMN element (task or gateway), keyed by its BPMN id."""
 
@@ -302,6 +315,8 @@ class ActivityExtensionConfig(_Model):
     knowledge_config: KnowledgeConfig | None = None
     branches: list[BranchConfig] = Field(default_factory=list)
     llm: LLMConfig | None = None
+    # of _EITHER_PLACE, the fields written (at the top level or in contextStrategy)
+    _written: frozenset[str] = PrivateAttr(default=frozenset())
 
     @field_validator("preserve_keys")
     @classmethod
@@ -319,31 +334,50 @@ class ActivityExtensionConfig(_Model):
             raise ValueError(f"branch ids must be unique, repeated: {dup}")
         if self.merge_strategy == "BRANCH_PRIORITY" and not self.branch_priority:
             raise ValueError("mergeStrategy BRANCH_PRIORITY needs branchPriority (ordered branch ids)")
+        return self._one_strategy()
+
+    def _one_strategy(self) -> "ActivityExtensionConfig":
+        """The seed writes ``preserveKeys``, ``compressRules``, the thresholds and
+        ``attentionThresholds`` both at the top level and inside ``contextStrategy``. Both
+        places then hold the same, effective values (the keys and rules of both, in that
+        order, once; a threshold written at the top level over the nested one), so
+        ``config.preserve_keys`` and ``config.context_strategy.preserve_keys`` agree."""
+        cs = self.context_strategy
+        self._written = frozenset((self.model_fields_set | cs.model_fields_set) & _EITHER_PLACE)
+        effective: dict[str, Any] = {
+            "preserve_keys": list(dict.fromkeys([*cs.preserve_keys, *self.preserve_keys])),
+            "compress_rules": _once([*cs.compress_rules, *self.compress_rules]),
+            "compress_token_threshold": self.compress_token_threshold or cs.compress_token_threshold,
+            "compress_message_threshold": self.compress_message_threshold or cs.compress_message_threshold,
+            "attention_thresholds": self.attention_thresholds or cs.attention_thresholds,
+        }
+        if all(getattr(self, k) == v and getattr(cs, k) == v for k, v in effective.items()):
+            return self
+        for name, value in effective.items():
+            object.__setattr__(self, name, value)  # frozen: set once, while validating
+        object.__setattr__(self, "context_strategy", cs.model_copy(update=effective))
         return self
 
-    # Effective values: top-level fields and contextStrategy together.
+    # Effective values (top-level fields and contextStrategy agree: ``_one_strategy``).
     @property
     def effective_preserve_keys(self) -> list[str]:
-        seen: dict[str, None] = {}
-        for k in [*self.context_strategy.preserve_keys, *self.preserve_keys]:
-            seen.setdefault(k, None)
-        return list(seen)
+        return self.preserve_keys
 
     @property
     def effective_compress_rules(self) -> list[CompressRule]:
-        return [*self.context_strategy.compress_rules, *self.compress_rules]
+        return self.compress_rules
 
     @property
     def effective_token_threshold(self) -> int | None:
-        return self.compress_token_threshold or self.context_strategy.compress_token_threshold
+        return self.compress_token_threshold
 
     @property
     def effective_message_threshold(self) -> int | None:
-        return self.compress_message_threshold or self.context_strategy.compress_message_threshold
+        return self.compress_message_threshold
 
     @property
     def effective_attention_thresholds(self) -> AttentionThresholds:
-        return self.attention_thresholds or self.context_strategy.attention_thresholds or AttentionThresholds()
+        return self.attention_thresholds or AttentionThresholds()
 
     @property
     def explicit_attention_scores(self) -> frozenset[str]:
@@ -370,9 +404,21 @@ class ActivityExtensionConfig(_Model):
         return None
 
     def merged_with(self, override: "ActivityExtensionConfig") -> "ActivityExtensionConfig":
-        """Fields set in ``override`` replace ours (the config file over the BPMN extension)."""
+        """Fields set in ``override`` replace ours (the config file over the BPMN extension),
+        those of ``contextStrategy`` one by one; a field the seed lets either place hold
+        (``preserveKeys``, ``compressRules``, ...) is replaced wherever ``override`` wrote it."""
         data = self.model_dump(exclude_unset=True)
-        data.update(override.model_dump(exclude_unset=True))
+        over = override.model_dump(exclude_unset=True)
+        for name in _EITHER_PLACE - override._written:  # normalized there, never written
+            over.pop(name, None)
+            over.get("context_strategy", {}).pop(name, None)
+        for name in override._written:
+            data.pop(name, None)
+            data.get("context_strategy", {}).pop(name, None)
+        strategy = {**data.get("context_strategy", {}), **over.get("context_strategy", {})}
+        data.update(over)
+        if strategy:
+            data["context_strategy"] = strategy
         return ActivityExtensionConfig.model_validate(data)
 
 

@@ -24,6 +24,34 @@ def test_seed_camel_case_accepted_exactly():
     assert cfg.knowledge_config.rag_collections == ["risk_kb", "policy_kb"]
 
 
+@pytest.mark.parametrize("build", [config_from_dict, ActivityExtensionConfig.model_validate,
+                                   lambda d: ActivityExtensionConfig(**d)])
+def test_both_places_of_the_seed_read_the_same(build):
+    """The seed writes preserveKeys and the compression fields inside contextStrategy in one
+    example and at the top level in another: either place holds what both wrote."""
+    cfg = build({**SEED, "preserveKeys": ["risk_factors", "risk_level"], "compressMessageThreshold": 12})
+    for where in (cfg, cfg.context_strategy):
+        assert where.preserve_keys == ["risk_level", "assessment_id", "risk_factors"]
+        assert [r.pattern for r in where.compress_rules] == ["tool_call_result"]
+        assert (where.compress_token_threshold, where.compress_message_threshold) == (4000, 12)
+        assert where.attention_thresholds.density == 0.15
+    assert cfg.explicit_attention_scores == {"density", "redundancy"}
+    assert ActivityExtensionConfig.model_validate(cfg.model_dump(by_alias=True)) == cfg  # a round trip adds nothing
+
+
+def test_a_config_file_replaces_a_field_wherever_either_wrote_it():
+    bpmn = config_from_dict({**SEED, "preserveKeys": ["x"], "contextStrategy": {
+        **SEED["contextStrategy"], "requiredContext": ["amount"]}})
+    file = config_from_dict({"preserveKeys": ["z"], "contextStrategy": {"compressTargetRatio": 0.3}})
+    merged = bpmn.merged_with(file)
+    assert merged.preserve_keys == merged.context_strategy.preserve_keys == ["z"]
+    assert merged.compress_token_threshold == 4000 and merged.context_strategy.required_context == ["amount"]
+    assert merged.context_strategy.compress_target_ratio == 0.3
+    nested = bpmn.merged_with(config_from_dict({"contextStrategy": {"compressTokenThreshold": 99}}))
+    assert (nested.preserve_keys, nested.compress_token_threshold) == (["risk_level", "assessment_id", "x"], 99)
+    assert ActivityExtensionConfig().merged_with(bpmn) == bpmn
+
+
 def test_top_level_seed_forms_and_snake_case():
     cfg = config_from_dict({
         "activity_id": "x",
