@@ -214,30 +214,48 @@ def _all_keys(base: Mapping[str, Any], branches: Mapping[str, Mapping[str, Any]]
     return list(seen)
 
 
+def _named(branches: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+    """Branches by id; a list of branch maps is named ``branch_0``, ``branch_1``, ... as
+    the seed's detector names them."""
+    if isinstance(branches, Mapping):
+        return branches
+    if isinstance(branches, (str, bytes)) or not isinstance(branches, Sequence):
+        raise TypeError(f"branches must map branch ids to their layer maps (or be a list of layer maps), "
+                        f"got {type(branches).__name__}")
+    for i, b in enumerate(branches):
+        if not isinstance(b, Mapping):
+            raise TypeError(f"branch {i} must be a mapping of keys to values, got {type(b).__name__}")
+    return {f"branch_{i}": b for i, b in enumerate(branches)}
+
+
 class ConflictDetector:
     """``detect_conflicts(base, branches)``: every key two or more branches changed to
-    different results, sorted by key (see the module doc for the rules)."""
+    different results, sorted by key (see the module doc for the rules). ``branches`` maps
+    branch ids to their maps, or is a list of maps (``branch_0``, ``branch_1``, ...)."""
 
     def detect_conflicts(
         self,
         base: Mapping[str, Any],
-        branches: Mapping[str, Mapping[str, Any]],
+        branches: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
         *,
         layer: Any = None,
     ) -> list[MergedConflict]:
+        branches = _named(branches)
         outcomes = merge_keys(base, branches, _all_keys(base, branches), layer=layer)
         return sorted((o.conflict for o in outcomes if o.conflict is not None), key=lambda c: c.key)
 
 
 def three_way_merge(
     base: Mapping[str, Any],
-    branches: Mapping[str, Mapping[str, Any]],
+    branches: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
     *,
     branch_order: Sequence[str] | None = None,
     layer: Any = None,
 ) -> MergeOutcome:
-    """Merge every key of ``base`` and ``branches``; ``branch_order`` (default: the
-    order of ``branches``) decides the order of new keys and of conflicting values."""
+    """Merge every key of ``base`` and ``branches`` (as for ``ConflictDetector``);
+    ``branch_order`` (default: the order of ``branches``) decides the order of new keys
+    and of conflicting values."""
+    branches = _named(branches)
     if branch_order is not None:
         missing = [b for b in branch_order if b not in branches]
         extra = [b for b in branches if b not in branch_order]

@@ -195,3 +195,15 @@ def test_merged_conflict_is_frozen() -> None:
     c = MergedConflict("a", 1, {"x": 2}, ("x",))
     with pytest.raises(AttributeError):
         c.key = "b"  # type: ignore[misc]
+
+
+def test_a_list_of_branches_is_named_as_the_seed_names_them() -> None:
+    base = {"approval_status": "pending", "amount": 120000}
+    found = ConflictDetector().detect_conflicts(base, [{**base, "approval_status": "approved"},
+                                                       {**base, "approval_status": "rejected"}, dict(base)])
+    assert [(c.key, c.conflicting_values, c.source_branches) for c in found] == [
+        ("approval_status", {"branch_0": "approved", "branch_1": "rejected"}, ("branch_0", "branch_1"))]
+    assert three_way_merge(base, [base, {**base, "note": 1}]).changes == [("note", 1)]
+    for bad, named in (("ab", "str"), ([{"a": 1}, 2], "branch 1 must be a mapping")):
+        with pytest.raises(TypeError, match=named):
+            ConflictDetector().detect_conflicts(base, bad)  # type: ignore[arg-type]
