@@ -301,8 +301,9 @@ class LayeredContext:
 
     # ----- writing -------------------------------------------------------------------
 
-    def write(self, layer: Layer | int | str, key: str, value: Any, *, actor: str) -> Layer:
+    def write(self, layer: Layer | int | str, key: str, value: Any, *, actor: str | None = None) -> Layer:
         """Write ``key`` (auto-promoted to the lowest layer holding it), or raise ``ContextWriteDenied``."""
+        actor = self._actor_of(actor)
         requested = Layer.parse(layer)
         self._check_key(key)
         frozen = self._freeze(key, value)
@@ -322,9 +323,10 @@ class LayeredContext:
         effective = requested if existing is None or existing > requested else existing
         return effective, self._write_denial(requested, effective, key, exists=existing == effective)
 
-    def write_many(self, layer: Layer | int | str, values: Mapping[str, Any], *, actor: str) -> dict[str, Layer]:
+    def write_many(self, layer: Layer | int | str, values: Mapping[str, Any], *, actor: str | None = None) -> dict[str, Layer]:
         """Write several keys all or nothing: every value and permission is checked before
         the first write, so a denied or invalid key leaves the context as it was."""
+        actor = self._actor_of(actor)
         requested = Layer.parse(layer)
         frozen = {self._check_key(key): self._freeze(key, value) for key, value in values.items()}
         plan = {}
@@ -338,7 +340,8 @@ class LayeredContext:
                        data={"requested": int(requested)} if requested != plan[key] else {})
         return plan
 
-    def delete(self, layer: Layer | int | str, key: str, *, actor: str) -> Layer:
+    def delete(self, layer: Layer | int | str, key: str, *, actor: str | None = None) -> Layer:
+        actor = self._actor_of(actor)
         requested = Layer.parse(layer)
         effective = self.locate(key)
         if effective is None or effective > requested:
@@ -349,6 +352,10 @@ class LayeredContext:
         self._emit(EventKind.DELETE, actor, changes=[(effective, key, DELETED)],
                    data={"requested": int(requested)} if requested != effective else {})
         return effective
+
+    def _actor_of(self, actor: str | None) -> str:
+        """Who the tape names for a change: ``actor``, else the open activity, else ``anonymous``."""
+        return actor or self._state.activity or "anonymous"
 
     @staticmethod
     def _write_denial(requested: Layer, effective: Layer, key: str, *, exists: bool) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from context_layers.canonical import thaw
-from context_layers.config import ActivityExtensionConfig
+from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import LayeredContext, Snapshot
 from context_layers.errors import ContextWriteDenied
 from context_layers.layers import Layer
@@ -63,15 +63,31 @@ class ContextSplitter:
     def split(
         self,
         ctx: LayeredContext,
-        gateway_id: str,
-        branch_ids: Sequence[str],
+        gateway_id: str | ActivityExtensionConfig | Mapping[str, Any],
+        branch_ids: Sequence[str] | None = None,
         config: ActivityExtensionConfig | None = None,
         *,
         actor: str = "engine",
         gateway_type: str | None = None,
     ) -> list[BranchContext]:
         """Snapshot ``ctx``, record the split on it, and fork one context per branch, in
-        the order of ``branch_ids``."""
+        the order of ``branch_ids``. As in the seed, the gateway's config may stand in for
+        the id and the branches: ``split(ctx, config)`` splits into ``config.branches``
+        (an ``ActivityExtensionConfig`` or its JSON form, with ``gatewayId``)."""
+        if not isinstance(gateway_id, str):
+            if config is not None:
+                raise TypeError("split: pass the gateway's config once, as the second argument or as config=")
+            config = gateway_id if isinstance(gateway_id, ActivityExtensionConfig) else config_from_dict(
+                dict(gateway_id), source="split")
+            if not config.gateway_id:
+                raise ValueError("split: the gateway's config has no gatewayId; write it, or call "
+                                 "split(ctx, gateway_id, branch_ids, config)")
+            gateway_id = config.gateway_id
+        if branch_ids is None:
+            branch_ids = [b.id for b in config.branches] if config is not None else []
+            if not branch_ids:
+                raise ValueError(f"split {gateway_id!r}: no branches: pass branch_ids, or a config whose "
+                                 "branches name them")
         ids = list(branch_ids)
         repeated = sorted({b for b in ids if ids.count(b) > 1})
         if repeated:

@@ -378,3 +378,19 @@ def test_a_write_in_a_long_activity_does_not_copy_what_the_activity_wrote_before
     assert late < early + 8_000, (early, late)  # a copy of 10,000 keys is 80,000 bytes
     keys = ctx.complete_activity("t")["keys"]  # in write order, each once
     assert keys[:3] == ["k0", "k1", "k2"] and keys[-1] == "k10040" and len(keys) == len(set(keys)) == 10_041
+
+
+def test_a_change_without_an_actor_is_the_open_activity_s() -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.write(Layer.PROCESS, "amount", 1)  # as the seed's sketch writes: no actor
+    ctx.begin_activity("review")
+    ctx.write(Layer.WORKING, "note", "ok")
+    ctx.write_many(Layer.WORKING, {"a": 1})
+    ctx.delete(Layer.WORKING, "a")
+    with pytest.raises(ContextWriteDenied):
+        ctx.write(Layer.WORKING, "policy", "x")
+    ctx.complete_activity("review")
+    assert [(e.kind, e.actor) for e in ctx.tape][1:5] == [("write", "anonymous"), ("begin", "review"),
+                                                          ("write", "review"), ("write", "review")]
+    assert [e.actor for e in ctx.tape if e.kind in ("delete", "denied")] == ["review", "review"]
+    assert LayeredContext.replay(ctx.tape) == ctx

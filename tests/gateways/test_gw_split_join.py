@@ -500,3 +500,17 @@ def test_an_activity_record_lists_the_keys_it_wrote_not_the_engine_s_markers() -
     record = ctx.complete_activity("publish")
     assert record["keys"] == ["published"] and MERGED_CONFLICTS_KEY in ctx.layer(Layer.HISTORY)
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_the_gateway_s_config_stands_in_for_its_id_and_branches() -> None:
+    ctx = loan_parent()
+    by_config = ContextSplitter().split(ctx, config_from_dict(LOAN_CONFIG))  # the seed's split(source, gateway)
+    assert [(b.branch_id, b.context.resolve("review_type")) for b in by_config] == [
+        ("finance_review", "finance"), ("risk_review", "risk")]
+    assert ctx.tape[-1].data["gateway_id"] == "review_join"
+    by_json = ContextSplitter().split(ctx, {"gatewayId": "g2", "branches": [{"id": "a"}, {"id": "b"}]})
+    assert [b.branch_id for b in by_json] == ["a", "b"] and ctx.tape[-1].data["gateway_id"] == "g2"
+    with pytest.raises(ValueError, match="no gatewayId"):
+        ContextSplitter().split(ctx, {"branches": [{"id": "a"}]})
+    with pytest.raises(ValueError, match="'g3': no branches"):
+        ContextSplitter().split(ctx, "g3")
