@@ -608,6 +608,14 @@ class CompressTriggerDetector:
         config = config or ActivityExtensionConfig()
         return self.decide(Scope.of(ctx, config), config, attention=attention)
 
+    def calculate_attention_score(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None
+                                  ) -> AttentionScore:
+        """The five scores ``detect`` compares (the seed's name for ``AttentionScore.compute``)."""
+        from .config import ActivityExtensionConfig
+
+        return AttentionScore.of_scope(Scope.of(ctx, config or ActivityExtensionConfig()),
+                                       recent_activities=self.recent_activities)
+
     def decide(self, scope: Scope, config: ActivityExtensionConfig, *,
                attention: AttentionScore | None = None) -> TriggerDecision:
         """``detect`` on a scope already built (``Scope.of(ctx, config)``)."""

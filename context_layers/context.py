@@ -278,6 +278,17 @@ class LayeredContext:
     def key_tokens(self, layer: Layer | int | str, key: str) -> int:
         return self._state.tokens[Layer.parse(layer)][key]
 
+    # the seed's names: context.getLayer(L3), getTokenCount(L3), getMessageCount(L3)
+    def get_layer(self, layer: Layer | int | str) -> LayerView:
+        return self.layer(layer)
+
+    def get_token_count(self, layer: Layer | int | str | None = None) -> int:
+        return self.tokens(layer)
+
+    def get_message_count(self, layer: Layer | int | str = Layer.HISTORY) -> int:
+        """Entries of ``layer`` (HISTORY: data keys and records alike)."""
+        return len(self._state.layers[Layer.parse(layer)])
+
     def token_report(self) -> dict[str, int]:
         report = {str(layer): self._state.totals[layer] for layer in LAYERS}
         report["total"] = sum(self._state.totals)
