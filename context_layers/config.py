@@ -406,15 +406,19 @@ class ActivityExtensionConfig(_Model):
     def merged_with(self, override: "ActivityExtensionConfig") -> "ActivityExtensionConfig":
         """Fields set in ``override`` replace ours (the config file over the BPMN extension),
         those of ``contextStrategy`` one by one; a field the seed lets either place hold
-        (``preserveKeys``, ``compressRules``, ...) is replaced wherever ``override`` wrote it."""
+        (``compressRules``, the thresholds, ...) is replaced wherever ``override`` wrote it.
+        ``preserveKeys`` add up: a key the process preserves stays preserved."""
         data = self.model_dump(exclude_unset=True)
         over = override.model_dump(exclude_unset=True)
         for name in _EITHER_PLACE - override._written:  # normalized there, never written
             over.pop(name, None)
             over.get("context_strategy", {}).pop(name, None)
-        for name in override._written:
+        for name in override._written - {"preserve_keys"}:
             data.pop(name, None)
             data.get("context_strategy", {}).pop(name, None)
+        if "preserve_keys" in override._written:
+            over["preserve_keys"] = list(dict.fromkeys([*self.preserve_keys, *override.preserve_keys]))
+            over.get("context_strategy", {}).pop("preserve_keys", None)
         strategy = {**data.get("context_strategy", {}), **over.get("context_strategy", {})}
         data.update(over)
         if strategy:

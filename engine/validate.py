@@ -374,13 +374,15 @@ class _Validator:
         self._check_knowledge()
         self._check_handlers()
         self._check_called_event_subprocesses(main)
-        for proc in self.processes:
-            if _executable(proc.element):
-                self._check_gateways(proc)
-                self._check_split_merges(proc)
-                self._check_code(proc)
-                self._check_references(proc)
-                self._check_shapes(proc)
+        # Only executable processes run: the others are often pools drawn for the reader. When none
+        # is executable, all are checked, so every problem of the one to run is reported at once.
+        checked = [p for p in self.processes if _executable(p.element) or p.id == self.process_id] or self.processes
+        for proc in checked:
+            self._check_gateways(proc)
+            self._check_split_merges(proc)
+            self._check_code(proc)
+            self._check_references(proc)
+            self._check_shapes(proc)
         self._check_recursion()
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
@@ -1402,8 +1404,9 @@ class _Validator:
         """SpiffWorkflow starts a process or sub-process at its start event and refuses one without
         ("No start event found", "Exactly one start event is required in a SubWorkflow Task")."""
         kind = etree.QName(scope).localname
-        if kind == "process" and scope.get("isExecutable", "true") != "true":
-            return  # not run: process_not_executable says so when it is the one chosen
+        if kind == "process" and scope.get("isExecutable", "true") != "true" and any(
+                _executable(p.element) for p in self.processes):
+            return  # not run (another is): process_not_executable says so when it is the one chosen
         targets = {f.get("targetRef") for f in scope.iterchildren(_bpmn("sequenceFlow"))}
         first = [el.get("id") for el in scope.iterchildren(*_FLOW_NODES)
                  if el.get("id") not in targets and etree.QName(el).localname != "boundaryEvent"

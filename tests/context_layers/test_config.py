@@ -44,7 +44,8 @@ def test_a_config_file_replaces_a_field_wherever_either_wrote_it():
         **SEED["contextStrategy"], "requiredContext": ["amount"]}})
     file = config_from_dict({"preserveKeys": ["z"], "contextStrategy": {"compressTargetRatio": 0.3}})
     merged = bpmn.merged_with(file)
-    assert merged.preserve_keys == merged.context_strategy.preserve_keys == ["z"]
+    # preserved keys add up (a key the process preserves stays preserved); the rest is replaced
+    assert merged.preserve_keys == merged.context_strategy.preserve_keys == ["risk_level", "assessment_id", "x", "z"]
     assert merged.compress_token_threshold == 4000 and merged.context_strategy.required_context == ["amount"]
     assert merged.context_strategy.compress_target_ratio == 0.3
     nested = bpmn.merged_with(config_from_dict({"contextStrategy": {"compressTokenThreshold": 99}}))

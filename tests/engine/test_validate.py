@@ -208,7 +208,7 @@ def test_valid_process_with_config_beside_it_has_no_problems() -> None:
     # The effective config: extension elements, then the config file over them.
     configs = report.element_configs
     assert set(configs) == {"risk_assessment", "route", "full_review"}
-    assert configs["risk_assessment"].effective_preserve_keys == ["assessment_id", "risk_level"]
+    assert configs["risk_assessment"].effective_preserve_keys == ["risk_level", "assessment_id"]
     assert configs["risk_assessment"].effective_token_threshold == 2000
     assert [b.id for b in configs["route"].branches] == ["fast_track", "full_review"]
     assert configs["full_review"].human_confirm is not None and configs["full_review"].human_confirm.timeout == 60
@@ -245,6 +245,34 @@ def test_several_problems_in_one_file_are_all_reported() -> None:
     assert [Path(p.file or "").name for p in report.problems] == [bpmn] * 4 + [cfg] * 3
     lines = format_report(report).splitlines()
     assert len(lines) == 8 and lines[-1].endswith("7 errors; nothing runs until they are fixed")
+
+
+@pytest.mark.parametrize("process_id", [None, "draft"])
+def test_a_process_that_is_not_executable_has_its_other_problems_reported_too(tmp_path: Path,
+                                                                               process_id: str | None) -> None:
+    """Making it executable must not reveal a second round of errors: all at once."""
+    path = tmp_path / "draft.bpmn"
+    path.write_text(f"""<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="{BPMN_NS}" id="defs" targetNamespace="t">
+  <bpmn:process id="draft" isExecutable="false">
+    <bpmn:startEvent id="start"/>
+    <bpmn:exclusiveGateway id="decide"/>
+    <bpmn:endEvent id="big"/><bpmn:endEvent id="small"/>
+    <bpmn:sequenceFlow id="f0" sourceRef="start" targetRef="decide"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="decide" targetRef="big"><bpmn:conditionExpression>amount &gt; 10</bpmn:conditionExpression></bpmn:sequenceFlow>
+    <bpmn:sequenceFlow id="f2" sourceRef="decide" targetRef="small"><bpmn:conditionExpression>amount &lt; 5</bpmn:conditionExpression></bpmn:sequenceFlow>
+  </bpmn:process>
+  <bpmn:process id="customer_pool" isExecutable="false">
+    <bpmn:exclusiveGateway id="drawn_only"/>
+  </bpmn:process>
+</bpmn:definitions>
+""", encoding="utf-8")
+    report = validate_process(path, process_id=process_id)
+    codes = {(p.code, p.element_id) for p in report.problems}
+    assert ("gateway_coverage_gap", "decide") in codes
+    assert codes & {("no_executable_process", "draft"), ("process_not_executable", "draft")}
+    if process_id is not None:  # the pool drawn beside it is not the one to run: not checked
+        assert not {c for c in codes if c[1] == "customer_pool" or c[1] == "drawn_only"}
 
 
 def test_raise_for_problems_names_every_error() -> None:
