@@ -12,7 +12,7 @@ import fnmatch
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .canonical import text_problem
@@ -315,8 +315,6 @@ class ActivityExtensionConfig(_Model):
     knowledge_config: KnowledgeConfig | None = None
     branches: list[BranchConfig] = Field(default_factory=list)
     llm: LLMConfig | None = None
-    # of _EITHER_PLACE, the fields written (at the top level or in contextStrategy)
-    _written: frozenset[str] = PrivateAttr(default=frozenset())
 
     @field_validator("preserve_keys")
     @classmethod
@@ -343,7 +341,6 @@ class ActivityExtensionConfig(_Model):
         order, once; a threshold written at the top level over the nested one), so
         ``config.preserve_keys`` and ``config.context_strategy.preserve_keys`` agree."""
         cs = self.context_strategy
-        self._written = frozenset((self.model_fields_set | cs.model_fields_set) & _EITHER_PLACE)
         effective: dict[str, Any] = {
             "preserve_keys": list(dict.fromkeys([*cs.preserve_keys, *self.preserve_keys])),
             "compress_rules": _once([*cs.compress_rules, *self.compress_rules]),
@@ -353,10 +350,32 @@ class ActivityExtensionConfig(_Model):
         }
         if all(getattr(self, k) == v and getattr(cs, k) == v for k, v in effective.items()):
             return self
+        # frozen: set once, while validating; model_fields_set keeps what was written where
+        mirrored = cs.model_copy()
         for name, value in effective.items():
-            object.__setattr__(self, name, value)  # frozen: set once, while validating
-        object.__setattr__(self, "context_strategy", cs.model_copy(update=effective))
+            object.__setattr__(self, name, value)
+            object.__setattr__(mirrored, name, value)
+        object.__setattr__(self, "context_strategy", mirrored)
         return self
+
+    @property
+    def _written(self) -> frozenset[str]:
+        """Of the fields either place may hold, those written (at the top level or nested)."""
+        return frozenset((self.model_fields_set | self.context_strategy.model_fields_set) & _EITHER_PLACE)
+
+    def dump(self) -> dict[str, Any]:
+        """As ``_Model.dump``, each field in the place it was written (not mirrored: ``_one_strategy``)."""
+        data = super().dump()
+        for name in _EITHER_PLACE:
+            alias = to_camel(name)
+            if name not in self.model_fields_set:
+                data.pop(alias, None)
+            nested = data.get("contextStrategy")
+            if isinstance(nested, dict) and name not in self.context_strategy.model_fields_set:
+                nested.pop(alias, None)
+        if data.get("contextStrategy") == {}:
+            del data["contextStrategy"]
+        return data
 
     # Effective values (top-level fields and contextStrategy agree: ``_one_strategy``).
     @property

@@ -37,6 +37,10 @@ def test_both_places_of_the_seed_read_the_same(build):
         assert where.attention_thresholds.density == 0.15
     assert cfg.explicit_attention_scores == {"density", "redundancy"}
     assert ActivityExtensionConfig.model_validate(cfg.model_dump(by_alias=True)) == cfg  # a round trip adds nothing
+    # shown as written: each field where it was written
+    assert cfg.dump()["preserveKeys"] == ["risk_level", "assessment_id", "risk_factors"]  # the effective list
+    assert "compressTokenThreshold" not in cfg.dump() and "compressMessageThreshold" not in cfg.dump()["contextStrategy"]
+    assert config_from_dict({"preserveKeys": ["a"]}).dump() == {"preserveKeys": ["a"]}
 
 
 def test_a_config_file_replaces_a_field_wherever_either_wrote_it():
