@@ -65,7 +65,7 @@ class ContextSplitter:
         ctx: LayeredContext,
         gateway_id: str | ActivityExtensionConfig | Mapping[str, Any],
         branch_ids: Sequence[str] | None = None,
-        config: ActivityExtensionConfig | None = None,
+        config: ActivityExtensionConfig | Mapping[str, Any] | None = None,
         *,
         actor: str = "engine",
         gateway_type: str | None = None,
@@ -74,6 +74,8 @@ class ContextSplitter:
         the order of ``branch_ids``. As in the seed, the gateway's config may stand in for
         the id and the branches: ``split(ctx, config)`` splits into ``config.branches``
         (an ``ActivityExtensionConfig`` or its JSON form, with ``gatewayId``)."""
+        if config is not None and not isinstance(config, ActivityExtensionConfig):
+            config = config_from_dict(dict(config), source="split")
         if not isinstance(gateway_id, str):
             if config is not None:
                 raise TypeError("split: pass the gateway's config once, as the second argument or as config=")

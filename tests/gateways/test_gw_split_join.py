@@ -510,6 +510,8 @@ def test_the_gateway_s_config_stands_in_for_its_id_and_branches() -> None:
     assert ctx.tape[-1].data["gateway_id"] == "review_join"
     by_json = ContextSplitter().split(ctx, {"gatewayId": "g2", "branches": [{"id": "a"}, {"id": "b"}]})
     assert [b.branch_id for b in by_json] == ["a", "b"] and ctx.tape[-1].data["gateway_id"] == "g2"
+    as_json = ContextSplitter().split(ctx, "g4", ["a", "b"], {"branches": [{"id": "a", "contextInject": {"t": 1}}]})
+    assert as_json[0].context.resolve("t") == 1 and "t" not in as_json[1].context
     with pytest.raises(ValueError, match="no gatewayId"):
         ContextSplitter().split(ctx, {"branches": [{"id": "a"}]})
     with pytest.raises(ValueError, match="'g3': no branches"):
