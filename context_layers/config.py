@@ -91,6 +91,9 @@ class _Model(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
+_KEY_SEPARATORS = frozenset("_:.-#/@")
+
+
 class CompressRule(_Model):
     """A rule applied to HISTORY entries whose kind or key matches ``pattern`` (glob)."""
 
@@ -107,7 +110,14 @@ class CompressRule(_Model):
         return self
 
     def matches(self, kind: str | None, key: str) -> bool:
-        return fnmatch.fnmatchcase(key, self.pattern) or (kind is not None and fnmatch.fnmatchcase(kind, self.pattern))
+        """``pattern`` is a glob on the key or the kind; a plain word (no ``*?[``) also matches
+        the keys it begins up to a separator: ``tool_call_result`` matches ``tool_call_result_1``
+        and ``tool_call_result:search``, not ``tool_call_results``."""
+        pattern = self.pattern
+        if fnmatch.fnmatchcase(key, pattern) or (kind is not None and fnmatch.fnmatchcase(kind, pattern)):
+            return True
+        return (len(key) > len(pattern) and key[len(pattern)] in _KEY_SEPARATORS and key.startswith(pattern)
+                and not any(c in pattern for c in "*?["))
 
 
 class AttentionThresholds(_Model):

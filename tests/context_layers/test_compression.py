@@ -85,6 +85,20 @@ def loan_context(activities: int = 10) -> tuple[LayeredContext, ActivityExtensio
 # ----- the three actions -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("pattern, key, kind, hit", [
+    ("tool_call_result", "tool_call_result", None, True),
+    ("tool_call_result", "tool:1", "tool_call_result", True),  # by kind
+    ("tool_call_result", "tool_call_result_1", None, True),  # a plain word: the keys it begins
+    ("tool_call_result", "tool_call_result:search", None, True),
+    ("tool_call_result", "tool_call_results", None, False),  # not up to a separator
+    ("tool_call_result", "my_tool_call_result", None, False),
+    ("tool_*", "tool_call_result_1", None, True),
+    ("tool_?", "tool_call_result", None, False),  # a glob matches as a glob only
+])
+def test_what_a_rule_pattern_matches(pattern: str, key: str, kind: str | None, hit: bool) -> None:
+    assert CompressRule(pattern=pattern, action="count_only").matches(kind, key) is hit
+
+
 def test_extract_keys_keeps_paths_and_reports_missing_ones() -> None:
     items = [("tool:1", tool_result(1)), ("tool:2", {"kind": "tool_call_result", "status": "ok"}), ("x", "text")]
     rule = CompressRule(pattern="tool_call_result", action="extract_keys", extract_keys=["status", "data.id", "data.nope"])
