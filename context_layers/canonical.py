@@ -130,6 +130,46 @@ def freeze(value: Any, _path: str = "") -> Any:
     Raises ``ValueError``/``TypeError`` with the path of the offending part; the
     caller adds the context key.
     """
+    # Every context write and every tape event freezes its value: the common case (plain
+    # JSON types, valid) runs without building the path of each part; only a value that
+    # fails is walked again, with paths, for the message.
+    try:
+        return _freeze_plain(value)
+    except (TypeError, ValueError):
+        pass
+    return _freeze_at(value, _path)
+
+
+def _freeze_plain(value: Any) -> Any:
+    """``freeze`` for exact JSON types, without paths: raises a bare error on anything else
+    (``freeze`` then walks the value again with paths, for the message, or for a subclass
+    of a JSON type, which it accepts)."""
+    t = type(value)
+    if t is str:
+        if value.isascii() or _SURROGATE.search(value) is None:
+            return value
+        raise ValueError
+    if t is int or t is bool or value is None:
+        return value
+    if t is float:
+        if math.isfinite(value):
+            return value
+        raise ValueError
+    if t is FrozenDict or t is FrozenList:
+        return value
+    if t is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str or not (k.isascii() or _SURROGATE.search(k) is None):
+                raise TypeError
+            out[k] = _freeze_plain(v)
+        return FrozenDict(out)
+    if t is list or t is tuple:
+        return FrozenList([_freeze_plain(v) for v in value])
+    raise TypeError
+
+
+def _freeze_at(value: Any, _path: str) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -153,10 +193,10 @@ def freeze(value: Any, _path: str = "") -> Any:
             problem = text_problem(k)
             if problem is not None:
                 raise ValueError(f"{_path or 'value'} has a key {k!r} that {problem}")
-            out[k] = freeze(v, f"{_path}.{k}" if _path else k)
+            out[k] = _freeze_at(v, f"{_path}.{k}" if _path else k)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):
-        return FrozenList(freeze(v, f"{_path}[{i}]") for i, v in enumerate(value))
+        return FrozenList(_freeze_at(v, f"{_path}[{i}]") for i, v in enumerate(value))
     raise TypeError(f"{_path or 'value'} is of type {type(value).__name__}, which is not JSON-compatible")
 
 

@@ -590,7 +590,8 @@ class LayeredContext:
         elif e.kind in (EventKind.WRITE, EventKind.DELETE) and s.activity is not None:
             key = e.changes[0][1]
             if key not in s.activity_keys:
-                s = s._replace(activity_keys=s.activity_keys.set(key, len(s.activity_keys)))
+                s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, s.activity,
+                           s.activity_keys.set(key, len(s.activity_keys)), s.begin_snapshot, s.iterations)
         elif e.kind == EventKind.COMPLETE:
             task_id = e.data["task_id"]
             record_key = e.data["record_key"]
@@ -611,6 +612,8 @@ class LayeredContext:
         return s
 
     def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int) -> _State:
+        if type(changes) is tuple and len(changes) == 1 and changes[0][2] is not DELETED:
+            return self._apply_one(s, changes[0], seq)
         layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
         counter = s.counter
         touched: dict[int, tuple[Any, Any]] = {}
@@ -643,7 +646,31 @@ class LayeredContext:
             totals[layer] += n
         for layer, (m, t) in touched.items():
             layers[layer], tokens[layer] = m.finish(), t.finish()
-        return s._replace(layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals), counter=counter)
+        # _State(...) rather than s._replace(...): this runs for every change, and NamedTuple's
+        # _replace costs more than the rest of a one-key write
+        return _State(tuple(layers), tuple(tokens), tuple(totals), s.preserved, counter, s.activity, s.activity_keys,
+                      s.begin_snapshot, s.iterations)
+
+    def _apply_one(self, s: _State, change: Change, seq: int) -> _State:
+        """``_apply_changes`` of one set (a write): two ``Map.set`` instead of two mutations."""
+        layer, key, value = change
+        m, t = s.layers[layer], s.tokens[layer]
+        old = m.get(key)
+        counter = s.counter
+        total = s.totals[layer]
+        if old is None:
+            counter += 1
+            order = counter
+        else:
+            order = old[0]
+            total -= t[key]
+        n = count_value(value, self.encoding)
+        layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
+        layers[layer] = m.set(key, (order, seq, value))
+        tokens[layer] = t.set(key, n)
+        totals[layer] = total + n
+        return _State(tuple(layers), tuple(tokens), tuple(totals), s.preserved, counter, s.activity, s.activity_keys,
+                      s.begin_snapshot, s.iterations)
 
     # ----- replay and persistence -----------------------------------------------------
 
