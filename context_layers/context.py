@@ -99,9 +99,11 @@ class Snapshot:
     def preserved(self) -> frozenset[str]:
         return frozenset(self.state.preserved.keys())
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able record of all six layers (with insertion order and seqs)."""
-        return _dump_snapshot(self)
+    def to_dict(self, *, copy: bool = True) -> dict[str, Any]:
+        """JSON-able record of all six layers (with insertion order and seqs). ``copy=False``:
+        the values as the snapshot holds them (immutable; the same JSON), for a caller that
+        only encodes the record."""
+        return _dump_snapshot(self, copy=copy)
 
     @classmethod
     def from_dict(cls, snapshot_id: str, data: Mapping[str, Any]) -> "Snapshot":
@@ -738,16 +740,21 @@ def _default_summary(task_id: str, status: str, keys: list[str]) -> str:
     return f"{task_id} {status}" if keys else f"{task_id} {status}; no keys written"
 
 
-def _dump_snapshot(snap: Snapshot) -> dict[str, Any]:
+def _dump_snapshot(snap: Snapshot, *, copy: bool = True) -> dict[str, Any]:
     s = snap.state
+    value = thaw if copy else _same
     return {
         "context": snap.context,
         "seq": snap.seq,
         "counter": s.counter,
-        "layers": [[[k, o, q, thaw(v)] for k, (o, q, v) in sorted(m.items(), key=lambda kv: kv[1][0])] for m in s.layers],
+        "layers": [[[k, o, q, value(v)] for k, (o, q, v) in sorted(m.items(), key=lambda kv: kv[1][0])] for m in s.layers],
         "preserved": sorted(s.preserved.keys()),
         "iterations": dict(s.iterations.items()),
     }
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _load_snapshot(sid: str, d: Mapping[str, Any], encoding: str = DEFAULT_ENCODING) -> Snapshot:

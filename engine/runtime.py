@@ -1632,7 +1632,7 @@ class _RecordCache:
             if snap is not None and snap.context != ctx.name and snap.id not in cached.snapshots:
                 known = self._foreign.get(snap.id)
                 if known is None or known[0] is not snap:
-                    known = self._foreign[snap.id] = (snap, json_text(snap.to_dict(), f"snapshot {snap.id!r}").text)
+                    known = self._foreign[snap.id] = (snap, json_text(snap.to_dict(copy=False), f"snapshot {snap.id!r}").text)
                 cached.snapshots[snap.id] = known[1]
                 cached.snapshots_text = None
         return cached
