@@ -1011,9 +1011,9 @@ def payload_variables(event_definition: Any) -> list[str]:
     return []
 
 
-def tasks_in_state(wf: Any, state: int) -> list[Any]:
-    """``wf.get_tasks(state=state)`` (a workflow or a sub-workflow), the same tasks in the same
-    order, for one state or mask.
+def tasks_in_state(wf: Any, state: int = TaskState.ANY_MASK, spec_name: str | None = None) -> list[Any]:
+    """``wf.get_tasks(state=state, spec_name=spec_name)`` (a workflow or a sub-workflow), the
+    same tasks in the same order, for one state or mask (and the tasks of one spec).
 
     The engine asks for the READY tasks after every task it runs, and SpiffWorkflow's
     ``BpmnTaskIterator`` spends most of its time on bookkeeping this search does not need:
@@ -1034,7 +1034,7 @@ def tasks_in_state(wf: Any, state: int) -> list[Any]:
     while stack:
         task = stack.pop()
         current = task._state
-        if current & state:
+        if current & state and (spec_name is None or task.task_spec.name == spec_name):
             out.append(task)
         sub = subprocesses.get(task.id) if subprocesses else None
         if sub is not None:
@@ -1054,7 +1054,7 @@ def arrived_branch_tasks(join_task: Any) -> list[Any]:
     """
     wf = join_task.workflow
     others = [
-        t for t in wf.get_tasks(spec_name=join_task.task_spec.name)
+        t for t in tasks_in_state(wf, spec_name=join_task.task_spec.name)
         if t is not join_task and t.has_state(TaskState.FINISHED_MASK) and not join_task.is_descendant_of(t)
     ]
     others.sort(key=lambda t: t.last_state_change)

@@ -247,8 +247,8 @@ _STATES = ("MAYBE", "LIKELY", "FUTURE", "WAITING", "READY", "STARTED", "COMPLETE
 def test_tasks_in_state_finds_what_get_tasks_finds(monkeypatch: pytest.MonkeyPatch, name: str, data: dict[str, Any],
                                                    user_tasks: dict[str, dict[str, Any]]) -> None:
     """``spiff.tasks_in_state`` (the engine's search for READY tasks after every task) gives the
-    tasks SpiffWorkflow's ``get_tasks(state=...)`` gives, in its order, for every state and mask,
-    at every point the engine asks, sub-processes and multi-instance tasks included."""
+    tasks SpiffWorkflow's ``get_tasks(state=..., spec_name=...)`` gives, in its order, for every
+    state and mask, at every point the engine asks, sub-processes and multi-instance tasks included."""
     from SpiffWorkflow.util.task import TaskState
 
     from engine import spiff
@@ -256,12 +256,14 @@ def test_tasks_in_state_finds_what_get_tasks_finds(monkeypatch: pytest.MonkeyPat
     ours = spiff.tasks_in_state
     checked = []
 
-    def checking(wf: Any, state: int) -> list[Any]:
+    def checking(wf: Any, state: int = TaskState.ANY_MASK, spec_name: str | None = None) -> list[Any]:
         for each in _STATES:
             mask = getattr(TaskState, each)
-            assert [t.id for t in ours(wf, mask)] == [t.id for t in wf.get_tasks(state=mask)], (name, each)
+            for spec in {None, spec_name}:
+                assert [t.id for t in ours(wf, mask, spec)] == [t.id for t in wf.get_tasks(state=mask, spec_name=spec)], \
+                    (name, each, spec)
         checked.append(state)
-        return ours(wf, state)
+        return ours(wf, state, spec_name)
 
     monkeypatch.setattr(spiff, "tasks_in_state", checking)
     engine = Engine()
