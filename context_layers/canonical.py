@@ -162,7 +162,9 @@ def _freeze_plain(value: Any) -> Any:
         for k, v in value.items():
             if type(k) is not str or not (k.isascii() or _SURROGATE.search(k) is None):
                 raise TypeError
-            out[k] = _freeze_plain(v)
+            tv = type(v)
+            # the scalars a record is mostly made of, without a call each
+            out[k] = v if tv is int or tv is bool or v is None or (tv is str and v.isascii()) else _freeze_plain(v)
         return FrozenDict(out)
     if t is list or t is tuple:
         return FrozenList([_freeze_plain(v) for v in value])
