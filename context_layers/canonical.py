@@ -31,8 +31,22 @@ V = TypeVar("V")
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+# ... and that encoder's C part, built once too: ``encode`` builds it anew at every call, which
+# costs as much as encoding a small value (every write counts the tokens of its value's canonical
+# text). It keeps no cycle check: a cycle ends in RecursionError, and ``encode`` then raises the
+# ValueError that names it, as before.
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's; None elsewhere
+_CANONICAL_C: Any = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
+    None, _CANONICAL.default, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+
+
 def canonical_json(value: Any) -> str:
-    return _CANONICAL.encode(value)
+    if _CANONICAL_C is None:
+        return _CANONICAL.encode(value)
+    try:
+        return "".join(_CANONICAL_C(value, 0))
+    except RecursionError:
+        return _CANONICAL.encode(value)
 
 
 def _normalize(value: Any) -> Any:
