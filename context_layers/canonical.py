@@ -31,8 +31,22 @@ V = TypeVar("V")
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+# ... and that encoder's C part, built once too: ``encode`` builds it anew at every call, which
+# costs as much as encoding a small value (every write counts the tokens of its value's canonical
+# text). It keeps no cycle check: a cycle ends in RecursionError, and ``encode`` then raises the
+# ValueError that names it, as before.
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's; None elsewhere
+_CANONICAL_C: Any = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
+    None, _CANONICAL.default, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+
+
 def canonical_json(value: Any) -> str:
-    return _CANONICAL.encode(value)
+    if _CANONICAL_C is None:
+        return _CANONICAL.encode(value)
+    try:
+        return "".join(_CANONICAL_C(value, 0))
+    except RecursionError:
+        return _CANONICAL.encode(value)
 
 
 def _normalize(value: Any) -> Any:
@@ -130,6 +144,48 @@ def freeze(value: Any, _path: str = "") -> Any:
     Raises ``ValueError``/``TypeError`` with the path of the offending part; the
     caller adds the context key.
     """
+    # Every context write and every tape event freezes its value: the common case (plain
+    # JSON types, valid) runs without building the path of each part; only a value that
+    # fails is walked again, with paths, for the message.
+    try:
+        return _freeze_plain(value)
+    except (TypeError, ValueError):
+        pass
+    return _freeze_at(value, _path)
+
+
+def _freeze_plain(value: Any) -> Any:
+    """``freeze`` for exact JSON types, without paths: raises a bare error on anything else
+    (``freeze`` then walks the value again with paths, for the message, or for a subclass
+    of a JSON type, which it accepts)."""
+    t = type(value)
+    if t is str:
+        if value.isascii() or _SURROGATE.search(value) is None:
+            return value
+        raise ValueError
+    if t is int or t is bool or value is None:
+        return value
+    if t is float:
+        if math.isfinite(value):
+            return value
+        raise ValueError
+    if t is FrozenDict or t is FrozenList:
+        return value
+    if t is dict:
+        out = {}
+        for k, v in value.items():
+            if type(k) is not str or not (k.isascii() or _SURROGATE.search(k) is None):
+                raise TypeError
+            tv = type(v)
+            # the scalars a record is mostly made of, without a call each
+            out[k] = v if tv is int or tv is bool or v is None or (tv is str and v.isascii()) else _freeze_plain(v)
+        return FrozenDict(out)
+    if t is list or t is tuple:
+        return FrozenList([_freeze_plain(v) for v in value])
+    raise TypeError
+
+
+def _freeze_at(value: Any, _path: str) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -153,10 +209,10 @@ def freeze(value: Any, _path: str = "") -> Any:
             problem = text_problem(k)
             if problem is not None:
                 raise ValueError(f"{_path or 'value'} has a key {k!r} that {problem}")
-            out[k] = freeze(v, f"{_path}.{k}" if _path else k)
+            out[k] = _freeze_at(v, f"{_path}.{k}" if _path else k)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):
-        return FrozenList(freeze(v, f"{_path}[{i}]") for i, v in enumerate(value))
+        return FrozenList(_freeze_at(v, f"{_path}[{i}]") for i, v in enumerate(value))
     raise TypeError(f"{_path or 'value'} is of type {type(value).__name__}, which is not JSON-compatible")
 
 

@@ -130,6 +130,11 @@ class AttentionThresholds(_Model):
     tool_efficiency: float = Field(default=0.5, ge=0, le=1)
 
 
+# DESIGN.md's defaults, validated once: the model is frozen, and the compression hook asks
+# for the thresholds after every activity (validation costs more than the rest of a check)
+_DEFAULT_THRESHOLDS = AttentionThresholds()
+
+
 class ContextStrategy(_Model):
     preserve_keys: list[str] = Field(default_factory=list)
     compress_rules: list[CompressRule] = Field(default_factory=list)
@@ -406,7 +411,7 @@ class ActivityExtensionConfig(_Model):
 
     @property
     def effective_attention_thresholds(self) -> AttentionThresholds:
-        return self.attention_thresholds or AttentionThresholds()
+        return self.attention_thresholds or _DEFAULT_THRESHOLDS
 
     @property
     def explicit_attention_scores(self) -> frozenset[str]:

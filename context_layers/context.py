@@ -99,9 +99,11 @@ class Snapshot:
     def preserved(self) -> frozenset[str]:
         return frozenset(self.state.preserved.keys())
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able record of all six layers (with insertion order and seqs)."""
-        return _dump_snapshot(self)
+    def to_dict(self, *, copy: bool = True) -> dict[str, Any]:
+        """JSON-able record of all six layers (with insertion order and seqs). ``copy=False``:
+        the values as the snapshot holds them (immutable; the same JSON), for a caller that
+        only encodes the record."""
+        return _dump_snapshot(self, copy=copy)
 
     @classmethod
     def from_dict(cls, snapshot_id: str, data: Mapping[str, Any]) -> "Snapshot":
@@ -608,7 +610,8 @@ class LayeredContext:
         elif e.kind in (EventKind.WRITE, EventKind.DELETE) and s.activity is not None:
             key = e.changes[0][1]
             if key not in s.activity_keys:
-                s = s._replace(activity_keys=s.activity_keys.set(key, len(s.activity_keys)))
+                s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, s.activity,
+                           s.activity_keys.set(key, len(s.activity_keys)), s.begin_snapshot, s.iterations)
         elif e.kind == EventKind.COMPLETE:
             task_id = e.data["task_id"]
             record_key = e.data["record_key"]
@@ -629,6 +632,8 @@ class LayeredContext:
         return s
 
     def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int) -> _State:
+        if type(changes) is tuple and len(changes) == 1 and changes[0][2] is not DELETED:
+            return self._apply_one(s, changes[0], seq)
         layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
         counter = s.counter
         touched: dict[int, tuple[Any, Any]] = {}
@@ -661,7 +666,31 @@ class LayeredContext:
             totals[layer] += n
         for layer, (m, t) in touched.items():
             layers[layer], tokens[layer] = m.finish(), t.finish()
-        return s._replace(layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals), counter=counter)
+        # _State(...) rather than s._replace(...): this runs for every change, and NamedTuple's
+        # _replace costs more than the rest of a one-key write
+        return _State(tuple(layers), tuple(tokens), tuple(totals), s.preserved, counter, s.activity, s.activity_keys,
+                      s.begin_snapshot, s.iterations)
+
+    def _apply_one(self, s: _State, change: Change, seq: int) -> _State:
+        """``_apply_changes`` of one set (a write): two ``Map.set`` instead of two mutations."""
+        layer, key, value = change
+        m, t = s.layers[layer], s.tokens[layer]
+        old = m.get(key)
+        counter = s.counter
+        total = s.totals[layer]
+        if old is None:
+            counter += 1
+            order = counter
+        else:
+            order = old[0]
+            total -= t[key]
+        n = count_value(value, self.encoding)
+        layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
+        layers[layer] = m.set(key, (order, seq, value))
+        tokens[layer] = t.set(key, n)
+        totals[layer] = total + n
+        return _State(tuple(layers), tuple(tokens), tuple(totals), s.preserved, counter, s.activity, s.activity_keys,
+                      s.begin_snapshot, s.iterations)
 
     # ----- replay and persistence -----------------------------------------------------
 
@@ -729,16 +758,21 @@ def _default_summary(task_id: str, status: str, keys: list[str]) -> str:
     return f"{task_id} {status}" if keys else f"{task_id} {status}; no keys written"
 
 
-def _dump_snapshot(snap: Snapshot) -> dict[str, Any]:
+def _dump_snapshot(snap: Snapshot, *, copy: bool = True) -> dict[str, Any]:
     s = snap.state
+    value = thaw if copy else _same
     return {
         "context": snap.context,
         "seq": snap.seq,
         "counter": s.counter,
-        "layers": [[[k, o, q, thaw(v)] for k, (o, q, v) in sorted(m.items(), key=lambda kv: kv[1][0])] for m in s.layers],
+        "layers": [[[k, o, q, value(v)] for k, (o, q, v) in sorted(m.items(), key=lambda kv: kv[1][0])] for m in s.layers],
         "preserved": sorted(s.preserved.keys()),
         "iterations": dict(s.iterations.items()),
     }
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _load_snapshot(sid: str, d: Mapping[str, Any], encoding: str = DEFAULT_ENCODING) -> Snapshot:

@@ -97,12 +97,16 @@ def _gateway_type(spec: Any) -> str:
             "StartEvent": "parallel"}.get(name, name)  # a start event splits only as an implicit parallel split
 
 
+# a join without a config of its own, validated once (the model is frozen; model_copy makes the changed ones)
+_NO_CONFIG = ActivityExtensionConfig()
+
+
 def _join_config(join: ActivityExtensionConfig | None, split: ActivityExtensionConfig | None
                  ) -> ActivityExtensionConfig:
     """The join's config, with the split's ``branches`` (their ``reasonKey``) when the join names none:
     a branch is declared once, at the split where it starts. ``_mergedConflicts`` is a log that
     only grows: what branches' own joins added to it is appended, never a conflict."""
-    config = join or ActivityExtensionConfig()
+    config = join or _NO_CONFIG
     if split is not None and split.branches and not config.branches:
         config = config.model_copy(update={"branches": list(split.branches)})
     if MERGED_CONFLICTS_KEY not in config.reducers:

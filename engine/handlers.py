@@ -48,6 +48,10 @@ __all__ = [
     "load_handler_reference",
 ]
 
+# the config of an activity that has none, validated once (the model is frozen): an ActivityContext
+# is made for every activity, and validating an empty config costs more than running a small one
+_NO_CONFIG = ActivityExtensionConfig()
+
 Handler = Callable[["ActivityContext"], "Mapping[str, Any] | None"]
 
 
@@ -175,7 +179,7 @@ class ActivityContext:
         self.context = context
         self.task_id = task_id
         self.task_name = task_name or task_id
-        self.config = config or ActivityExtensionConfig()
+        self.config = config or _NO_CONFIG
         self.instance_id = instance_id
         self.data = dict(data or {})
         self.documentation = documentation

@@ -768,7 +768,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
     def _run_ready(self, wf: Any) -> int:
         count = 0
-        for task in wf.get_tasks(state=TaskState.READY):
+        for task in spiff.tasks_in_state(wf, TaskState.READY):
             if task.state != TaskState.READY:
                 continue
             if task.task_spec.manual and not self._runs_unattended(task.task_spec):
@@ -1429,8 +1429,8 @@ def _cycle_states(wf: Any) -> dict[Any, tuple[Any, ...]]:
 def _ready_tasks(wf: Any) -> list[Any]:
     tasks: dict[Any, Any] = {}  # by id: the workflow's iterator also reaches some sub-process tasks
     for sp in sorted(wf.get_active_subprocesses(), key=lambda s: s.depth, reverse=True):
-        tasks.update((t.id, t) for t in sp.get_tasks(state=TaskState.READY))
-    tasks.update((t.id, t) for t in wf.get_tasks(state=TaskState.READY) if t.id not in tasks)
+        tasks.update((t.id, t) for t in spiff.tasks_in_state(sp, TaskState.READY))
+    tasks.update((t.id, t) for t in spiff.tasks_in_state(wf, TaskState.READY) if t.id not in tasks)
     return list(tasks.values())
 
 
@@ -1444,9 +1444,9 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
         return tasks
     # SpiffWorkflow's iterator goes down into the sub-processes that have not finished, and
     # the sub-processes are searched again for those below a finished task: each task once
-    once = {t.id: t for t in wf.get_tasks(state=state)}
+    once = {t.id: t for t in spiff.tasks_in_state(wf, state)}
     for sp in wf.subprocesses.values():
-        for t in sp.get_tasks(state=state):
+        for t in spiff.tasks_in_state(sp, state):
             once.setdefault(t.id, t)
     return list(once.values())
 
@@ -1632,7 +1632,7 @@ class _RecordCache:
             if snap is not None and snap.context != ctx.name and snap.id not in cached.snapshots:
                 known = self._foreign.get(snap.id)
                 if known is None or known[0] is not snap:
-                    known = self._foreign[snap.id] = (snap, json_text(snap.to_dict(), f"snapshot {snap.id!r}").text)
+                    known = self._foreign[snap.id] = (snap, json_text(snap.to_dict(copy=False), f"snapshot {snap.id!r}").text)
                 cached.snapshots[snap.id] = known[1]
                 cached.snapshots_text = None
         return cached

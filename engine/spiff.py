@@ -1011,6 +1011,42 @@ def payload_variables(event_definition: Any) -> list[str]:
     return []
 
 
+def tasks_in_state(wf: Any, state: int = TaskState.ANY_MASK, spec_name: str | None = None) -> list[Any]:
+    """``wf.get_tasks(state=state, spec_name=spec_name)`` (a workflow or a sub-workflow), the
+    same tasks in the same order, for one state or mask (and the tasks of one spec).
+
+    The engine asks for the READY tasks after every task it runs, and SpiffWorkflow's
+    ``BpmnTaskIterator`` spends most of its time on bookkeeping this search does not need:
+    the depth of each task (``engine.deep_trees`` lifts its limit, so it decides nothing),
+    each parent looked up again on the way back up. This is the same walk without it:
+    depth first, a task before its children, a sub-process task's own workflow before its
+    children, below a task only while its state is at least the iterator's ``min_state``
+    (always below a sub-process task)."""
+    if state & TaskState.PREDICTED_MASK:
+        min_state = TaskState.MAYBE
+    elif state & TaskState.DEFINITE_MASK:
+        min_state = TaskState.FUTURE
+    else:
+        min_state = TaskState.COMPLETED
+    subprocesses = wf.top_workflow.subprocesses
+    out = []
+    stack = [wf.task_tree]
+    while stack:
+        task = stack.pop()
+        current = task._state
+        if current & state and (spec_name is None or task.task_spec.name == spec_name):
+            out.append(task)
+        sub = subprocesses.get(task.id) if subprocesses else None
+        if sub is not None:
+            tasks = task.workflow.tasks
+            stack.extend([tasks.get(c) for c in reversed(task._children)])
+            stack.append(sub.task_tree)
+        elif task._children and current >= min_state:
+            tasks = task.workflow.tasks
+            stack.extend([tasks.get(c) for c in reversed(task._children)])
+    return out
+
+
 def arrived_branch_tasks(join_task: Any) -> list[Any]:
     """The join instances that arrived, in arrival order, ``join_task`` (the one that fires) last.
 
@@ -1018,7 +1054,7 @@ def arrived_branch_tasks(join_task: Any) -> list[Any]:
     """
     wf = join_task.workflow
     others = [
-        t for t in wf.get_tasks(spec_name=join_task.task_spec.name)
+        t for t in tasks_in_state(wf, spec_name=join_task.task_spec.name)
         if t is not join_task and t.has_state(TaskState.FINISHED_MASK) and not join_task.is_descendant_of(t)
     ]
     others.sort(key=lambda t: t.last_state_change)

@@ -186,6 +186,11 @@ def merge_keys(
                 continue
             else:
                 value = DELETED
+            if (value is DELETED) != (base_value is DELETED):
+                # a key added or deleted differs from the base, whatever the value (no JSON text
+                # equals _DELETED_KEY): its text is needed only if another branch changed the key too
+                results[bid] = value
+                continue
             if base_k is None:
                 base_k = value_key(base_value)
             vk = value_key(value)
@@ -193,6 +198,10 @@ def merge_keys(
                 results[bid] = value
                 result_keys[bid] = vk
         changed_by = tuple(results)
+        if len(results) >= 2:
+            for bid, value in results.items():
+                if bid not in result_keys:
+                    result_keys[bid] = value_key(value)
         if len(set(result_keys.values())) >= 2:
             conflict = MergedConflict(key=key, base_value=base_value, conflicting_values=results,
                                       source_branches=changed_by, layer=layer)

@@ -113,7 +113,13 @@ class PartWriter:
 
     def text(self, event: Mapping[str, Any]) -> str:
         """The stored JSON text of ``event`` (raises TypeError / ValueError when it is not JSON)."""
-        text = _dumps(event)
+        try:
+            # the encoder built once (an event of a save costs little more than building one);
+            # it keeps no cycle check, so a cycle ends in RecursionError: encoded again the
+            # usual way, it raises the ValueError that names it
+            text = _item_text(event)
+        except RecursionError:
+            text = _dumps(event)
         if self._limit is None or len(text) < self._limit * WALK_PARTS:
             return text  # nothing in it is long enough to be worth parts
         self._cut = False

@@ -235,3 +235,39 @@ def test_message_wait_closes_the_claim_when_no_documents_come() -> None:
     assert instance.status == "completed", instance.error
     assert instance.main.resolve("status") == "closed: no documents within 14 days"
     assert "receive_documents" not in path_of(instance.workflow)
+
+
+_STATES = ("MAYBE", "LIKELY", "FUTURE", "WAITING", "READY", "STARTED", "COMPLETED", "ERROR", "CANCELLED",
+           "FINISHED_MASK", "DEFINITE_MASK", "PREDICTED_MASK", "NOT_FINISHED_MASK", "ANY_MASK")
+
+
+@pytest.mark.parametrize(("name", "data", "user_tasks"), [*CASES, ("loan_approval", {"amount": 120000, "applicant_id": "APP002", "purpose": "warehouse expansion",
+                                              "industry": "logistics"}, {})],
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_tasks_in_state_finds_what_get_tasks_finds(monkeypatch: pytest.MonkeyPatch, name: str, data: dict[str, Any],
+                                                   user_tasks: dict[str, dict[str, Any]]) -> None:
+    """``spiff.tasks_in_state`` (the engine's search for READY tasks after every task) gives the
+    tasks SpiffWorkflow's ``get_tasks(state=..., spec_name=...)`` gives, in its order, for every
+    state and mask, at every point the engine asks, sub-processes and multi-instance tasks included."""
+    from SpiffWorkflow.util.task import TaskState
+
+    from engine import spiff
+
+    ours = spiff.tasks_in_state
+    checked = []
+
+    def checking(wf: Any, state: int = TaskState.ANY_MASK, spec_name: str | None = None) -> list[Any]:
+        for each in _STATES:
+            mask = getattr(TaskState, each)
+            for spec in {None, spec_name}:
+                assert [t.id for t in ours(wf, mask, spec)] == [t.id for t in wf.get_tasks(state=mask, spec_name=spec)], \
+                    (name, each, spec)
+        checked.append(state)
+        return ours(wf, state, spec_name)
+
+    monkeypatch.setattr(spiff, "tasks_in_state", checking)
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(EXAMPLES / f"{name}.bpmn"), data),
+                          answers={"user_tasks": user_tasks, "confirmations": {"*": "approve"}})
+    assert instance.status in ("completed", "waiting"), instance.error
+    assert checked
