@@ -767,7 +767,7 @@ def _dump_snapshot(snap: Snapshot, *, copy: bool = True) -> dict[str, Any]:
         "counter": s.counter,
         "layers": [[[k, o, q, value(v)] for k, (o, q, v) in sorted(m.items(), key=lambda kv: kv[1][0])] for m in s.layers],
         "preserved": sorted(s.preserved.keys()),
-        "iterations": dict(s.iterations.items()),
+        "iterations": dict(sorted(s.iterations.items())),  # immutables.Map iterates in hash order
     }
 
 

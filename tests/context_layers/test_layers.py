@@ -394,3 +394,21 @@ def test_a_change_without_an_actor_is_the_open_activity_s() -> None:
                                                           ("write", "review"), ("write", "review")]
     assert [e.actor for e in ctx.tape if e.kind in ("delete", "denied")] == ["review", "review"]
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_a_stored_snapshot_does_not_depend_on_the_hash_seed() -> None:
+    """Two processes store the same snapshot as the same text (persistent maps iterate in hash order)."""
+    import subprocess
+    import sys
+
+    code = ("import json\nfrom context_layers import LayeredContext, Layer\n"
+            "from context_layers.context import _dump_snapshot\n"
+            "c = LayeredContext(system={'a': 1})\n"
+            "for i in range(3):\n"
+            "    for t in ('alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta'):\n"
+            "        c.begin_activity(t); c.write(Layer.WORKING, t + str(i), i)\n"
+            "        c.complete_activity(t, preserve_keys=[t + str(i)])\n"
+            "print(json.dumps(_dump_snapshot(c.snapshot())))\n")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+    assert len(outs) == 1
