@@ -252,6 +252,11 @@ class LayeredContext:
         return frozenset(self._state.preserved.keys())
 
     @property
+    def fork_snapshot(self) -> Snapshot | None:
+        """The parent's snapshot this branch was forked from (``None`` for a context that was not)."""
+        return self._base
+
+    @property
     def current_activity(self) -> str | None:
         return self._state.activity
 

@@ -49,15 +49,16 @@ from datetime import datetime, timezone
 from typing import Any
 
 from context_layers.canonical import canonical_key, thaw
-from context_layers.config import ActivityExtensionConfig
+from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import BRANCH_MARKERS, LayeredContext, Snapshot, is_record_key
-from context_layers.errors import LayerflowError
+from context_layers.errors import ContextKeyError, LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
 
 from .arbiter import ConflictArbiter
 from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value, value_key
 from .policy import HumanRequest, ResolutionStep, resolve_conflicts
+from .splitter import BranchContext
 from .strategies import apply_reducer
 
 __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "free_record_key", "join_contexts"]
@@ -360,12 +361,72 @@ def _now(clock: Callable[[], float]) -> str:
     return datetime.fromtimestamp(clock(), tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+BranchesArg = Mapping[str, "LayeredContext | BranchContext"] | Sequence["LayeredContext | BranchContext"]
+
+
+def _branch_contexts(branches: BranchesArg) -> dict[str, LayeredContext]:
+    """Branch id -> context, from a mapping or from the list ``ContextSplitter.split`` returned
+    (``BranchContext`` items, or bare branch contexts, named by their ``branch_id``)."""
+    items: list[tuple[str | None, Any]]
+    if isinstance(branches, Mapping):
+        items = list(branches.items())
+    elif isinstance(branches, (str, bytes)) or not isinstance(branches, Sequence):
+        raise TypeError(f"join: branches must map branch ids to their contexts, or be the list "
+                        f"ContextSplitter.split returned; got {type(branches).__name__}")
+    else:
+        items = [(None, b) for b in branches]
+    out: dict[str, LayeredContext] = {}
+    for bid, b in items:
+        ctx = b.context if isinstance(b, BranchContext) else b
+        if not isinstance(ctx, LayeredContext):
+            raise TypeError(f"join: branch {bid or len(out)} must be a LayeredContext or a BranchContext, "
+                            f"got {type(b).__name__}")
+        name = bid if bid is not None else (b.branch_id if isinstance(b, BranchContext) else ctx.branch_id)
+        if not name:
+            raise ValueError(f"join: branch context {ctx.name!r} has no branch_id; pass a mapping branch id -> context")
+        if name in out:
+            raise ValueError(f"join: branch {name!r} is given twice")
+        out[name] = ctx
+    return out
+
+
+def _join_base(base: "Snapshot | LayeredContext | str", branches: Mapping[str, LayeredContext]) -> Snapshot:
+    """The split's snapshot: as given, or the one the branches were forked from (``base`` the
+    parent context or the snapshot's id)."""
+    if isinstance(base, Snapshot):
+        return base
+    forked = {ctx.fork_snapshot.id: ctx.fork_snapshot for ctx in branches.values() if ctx.fork_snapshot is not None}
+    if isinstance(base, str):
+        if base in forked:
+            return forked[base]
+        raise ContextKeyError(f"join: no branch was forked from snapshot {base!r} (branches forked from: "
+                              f"{', '.join(sorted(forked)) or 'none'}); pass the split's snapshot or its parent context")
+    if isinstance(base, LayeredContext):
+        if len(forked) != 1:
+            raise ValueError(f"join: the branches were forked from {len(forked)} snapshots "
+                             f"({', '.join(sorted(forked)) or 'none'}); pass the split's snapshot as base")
+        [sid] = forked
+        try:
+            return base.get_snapshot(sid)
+        except ContextKeyError:
+            raise ContextKeyError(f"join: the branches were forked from snapshot {sid!r}, which context "
+                                  f"{base.name!r} did not take; join into the context the split was taken from") from None
+    raise TypeError(f"join: base must be the split's Snapshot, its id or the parent context, got {type(base).__name__}")
+
+
+def _gateway_of(base: Snapshot) -> str:
+    """The gateway id the split wrote into its snapshot's label (``split:<gateway id>``)."""
+    if base.label and base.label.startswith("split:"):
+        return base.label[len("split:"):]
+    raise ValueError(f"join: snapshot {base.id!r} was not taken by a split; pass gateway_id=")
+
+
 def join_contexts(
-    base: Snapshot,
-    branches: Mapping[str, LayeredContext],
+    base: "Snapshot | LayeredContext | str",
+    branches: BranchesArg,
     *,
-    config: ActivityExtensionConfig | None = None,
-    gateway_id: str,
+    config: ActivityExtensionConfig | Mapping[str, Any] | None = None,
+    gateway_id: str | None = None,
     arrival_order: Sequence[str] | None = None,
     answers: Mapping[str, Any] | None = None,
     arbiter: ConflictArbiter | None = None,
@@ -376,8 +437,19 @@ def join_contexts(
 ) -> JoinResult:
     """Merge ``branches`` (branch id -> its context at the join, in branch order) against
     ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
-    be resolved (see ``policy.resolve_conflicts``, which also explains ``asked``)."""
-    config = config or ActivityExtensionConfig()
+    be resolved (see ``policy.resolve_conflicts``, which also explains ``asked``).
+
+    As an outsider calls it after ``ContextSplitter.split``: ``base`` may also be the parent
+    context or the snapshot's id, ``branches`` the list the split returned, ``config`` the
+    join's JSON config, and ``gateway_id`` is the split's when not given."""
+    branches = _branch_contexts(branches)
+    base = _join_base(base, branches)
+    if gateway_id is None:
+        gateway_id = _gateway_of(base)
+    if config is None:
+        config = ActivityExtensionConfig()
+    elif not isinstance(config, ActivityExtensionConfig):
+        config = config_from_dict(dict(config), source="join", element_id=gateway_id)
     order = list(branches)
     # keys a branch's activities preserved stay preserved after the join (see ``preserved`` below):
     # no compression in another branch may have altered or dropped them

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from context_layers.canonical import thaw
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import LayeredContext, Snapshot
 from context_layers.errors import ContextWriteDenied
 from context_layers.layers import Layer
+
+if TYPE_CHECKING:
+    from .arbiter import ConflictArbiter
+    from .join import JoinResult
 
 __all__ = ["BranchContext", "ContextSplitter", "branch_context_name", "check_inject"]
 
@@ -113,3 +117,27 @@ class ContextSplitter:
             injected = {**injects[branch_id], "_branch_id": branch_id, "_snapshot_id": snapshot.id}
             out.append(BranchContext(branch_id, branch, snapshot.id, injected))
         return out
+
+    def join(
+        self,
+        ctx: LayeredContext,
+        branches: "Mapping[str, LayeredContext | BranchContext] | Sequence[LayeredContext | BranchContext]",
+        config: ActivityExtensionConfig | Mapping[str, Any] | None = None,
+        *,
+        gateway_id: str | None = None,
+        answers: Mapping[str, Any] | None = None,
+        arbiter: "ConflictArbiter | None" = None,
+        human_available: bool = False,
+        actor: str = "engine",
+    ) -> "JoinResult":
+        """The other half of ``split``: merge ``branches`` (what ``split`` returned) back into
+        ``ctx`` against the split's snapshot, resolve the conflicts by the join's ``config``
+        and apply the result (``gateways.join_contexts`` then ``apply_join``). With a conflict
+        still waiting for a person, nothing changes but the tape: answer it and join again."""
+        from .join import _branch_contexts, apply_join, join_contexts
+
+        named = _branch_contexts(branches)
+        result = join_contexts(ctx, named, config=config, gateway_id=gateway_id, answers=answers, arbiter=arbiter,
+                               human_available=human_available)
+        apply_join(ctx, result, actor=actor, branches=named)
+        return result

@@ -1,0 +1,78 @@
+"""The join as an outsider calls it after ``ContextSplitter().split``: with the list the split
+returned, the parent context or the snapshot id as base, the config as its JSON form, and the
+gateway id taken from the split when not given."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from context_layers import ActivityExtensionConfig, Layer, LayeredContext
+from gateways import BranchContext, ContextSplitter, JoinResult, apply_join, join_contexts
+
+
+def _split() -> tuple[LayeredContext, list[BranchContext]]:
+    ctx = LayeredContext(system={"policy": "dual approval above 100000"})
+    ctx.write(Layer.PROCESS, "amount", 120000)
+    branches = ContextSplitter().split(ctx, "review", ["finance", "risk"])
+    for branch, verdict in zip(branches, ("approved", "rejected")):
+        branch.context.begin_activity(branch.branch_id)
+        branch.context.write(Layer.WORKING, "approval_status", verdict)
+        branch.context.write(Layer.WORKING, f"{branch.branch_id}_comment", "ok")
+        branch.context.complete_activity(branch.branch_id)
+    return ctx, branches
+
+
+LWW = {"mergeStrategy": "LAST_WRITER_WINS"}
+
+CALLS: list[tuple[str, Callable[[LayeredContext, list[BranchContext]], JoinResult]]] = [
+    ("documented", lambda ctx, bs: join_contexts(ctx.get_snapshot(bs[0].snapshot_id), {b.branch_id: b.context for b in bs},
+                                                 gateway_id="review", config=ActivityExtensionConfig.model_validate(LWW))),
+    ("list of BranchContext", lambda ctx, bs: join_contexts(ctx.get_snapshot(bs[0].snapshot_id), bs, gateway_id="review",
+                                                            config=ActivityExtensionConfig.model_validate(LWW))),
+    ("dict of BranchContext", lambda ctx, bs: join_contexts(ctx.get_snapshot(bs[0].snapshot_id),
+                                                            {b.branch_id: b for b in bs}, gateway_id="review",
+                                                            config=ActivityExtensionConfig.model_validate(LWW))),
+    ("config as JSON", lambda ctx, bs: join_contexts(ctx.get_snapshot(bs[0].snapshot_id), bs, gateway_id="review",
+                                                     config=LWW)),
+    ("parent as base", lambda ctx, bs: join_contexts(ctx, bs, gateway_id="review", config=LWW)),
+    ("snapshot id as base", lambda ctx, bs: join_contexts(bs[0].snapshot_id, bs, gateway_id="review", config=LWW)),
+    ("gateway id from the split", lambda ctx, bs: join_contexts(ctx, bs, config=LWW)),
+    ("list of contexts", lambda ctx, bs: join_contexts(ctx, [b.context for b in bs], config=LWW)),
+]
+
+
+@pytest.mark.parametrize("call", [c for _, c in CALLS], ids=[n for n, _ in CALLS])
+def test_join_takes_what_the_split_returned(call: Callable[[LayeredContext, list[BranchContext]], JoinResult]) -> None:
+    ctx, branches = _split()
+    result = call(ctx, branches)
+    assert result.gateway_id == "review"
+    assert result.branches == ("finance", "risk")
+    apply_join(ctx, result)
+    assert ctx.resolve("approval_status") == "rejected"  # the last branch, by LAST_WRITER_WINS
+    assert ctx.resolve("finance_comment") == ctx.resolve("risk_comment") == "ok"
+    [entry] = ctx.resolve("_mergedConflicts")
+    assert entry["conflictingValues"] == ["approved", "rejected"]
+
+
+def test_a_snapshot_id_no_branch_was_forked_from_is_refused_by_name() -> None:
+    ctx, branches = _split()
+    with pytest.raises(KeyError, match="snap:nowhere"):
+        join_contexts("snap:nowhere", branches, config=LWW)
+
+
+def test_splitter_join_merges_into_the_parent() -> None:
+    ctx, branches = _split()
+    result = ContextSplitter().join(ctx, branches, LWW)
+    assert result.complete
+    assert ctx.resolve("approval_status") == "rejected"
+    assert [e.data.get("note") for e in ctx.tape if e.data.get("note") in ("conflict", "join")] == ["conflict", "join"]
+
+
+def test_splitter_join_with_a_pending_conflict_changes_nothing() -> None:
+    ctx, branches = _split()
+    before = ctx.as_dict()
+    result = ContextSplitter().join(ctx, branches, {"humanConfirm": {"timeout": 300}}, human_available=True)
+    assert not result.complete and result.pending
+    assert ctx.as_dict() == before
