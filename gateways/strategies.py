@@ -193,7 +193,7 @@ def resolve_by_strategy(
     if strategy == "BRANCH_PRIORITY":
         unresolved = []
         for c in conflicts:
-            first = next((b for b in config.branch_priority if b in c.conflicting_values), None)
+            first = next((b for b in config.branch_priority if b in c.source_branches), None)
             if first is None:
                 unresolved.append(c)
                 continue
