@@ -40,6 +40,14 @@ from .tokens import count_value
 if TYPE_CHECKING:
     from .config import ActivityExtensionConfig, AttentionThresholds
 
+
+def _as_config(config: "ActivityExtensionConfig | Mapping[str, Any] | None") -> ActivityExtensionConfig:
+    """The config as given, or its JSON form validated (as the seed writes it)."""
+    from .config import as_config
+
+    return as_config(config)
+
+
 __all__ = [
     "COMPACTED",
     "FIRE_BELOW",
@@ -112,11 +120,12 @@ class Scope:
         return segment_history([(e.key, e.value) for e in self.history])
 
     @classmethod
-    def of(cls, source: LayeredContext | Snapshot, config: ActivityExtensionConfig | None = None) -> Scope:
+    def of(cls, source: LayeredContext | Snapshot,
+           config: ActivityExtensionConfig | Mapping[str, Any] | None = None) -> Scope:
         """The scope of a context, or of a snapshot (for before/after comparisons)."""
         preserved = set(source.preserved)
         if config is not None:
-            preserved.update(config.effective_preserve_keys)
+            preserved.update(_as_config(config).effective_preserve_keys)
         return cls(history=_layer_entries(source, Layer.HISTORY), working=_layer_entries(source, Layer.WORKING),
                    preserved=frozenset(preserved), merged_conflicts=_resolve(source, MERGED_CONFLICTS_KEY))
 
@@ -479,7 +488,7 @@ class AttentionScore:
     details: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def compute(cls, ctx: LayeredContext | Snapshot, config: ActivityExtensionConfig | None = None, *,
+    def compute(cls, ctx: LayeredContext | Snapshot, config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                 recent_activities: int = RECENT_ACTIVITIES) -> AttentionScore:
         """Score a context (or a snapshot) on HISTORY + WORKING."""
         return cls.of_scope(Scope.of(ctx, config), recent_activities=recent_activities)
@@ -493,6 +502,10 @@ class AttentionScore:
         t, t_info = _tool_efficiency(scope)
         details = {**d_info, **r_info, **y_info, **c_info, **t_info, "recent_activities": recent_activities}
         return cls(density=d, redundancy=r, decay=y, conflict=c, tool_efficiency=t, details=details)
+
+    @property
+    def toolEfficiency(self) -> float:  # noqa: N802 - the seed's name (AttentionScore.getToolEfficiency)
+        return self.tool_efficiency
 
     def to_dict(self) -> dict[str, float]:
         return {"density": self.density, "redundancy": self.redundancy, "decay": self.decay,
@@ -601,20 +614,16 @@ class CompressTriggerDetector:
             fired.append("message_threshold")
         return fired, tokens
 
-    def detect(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
+    def detect(self, ctx: LayeredContext, config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                attention: AttentionScore | None = None) -> TriggerDecision:
-        from .config import ActivityExtensionConfig
-
-        config = config or ActivityExtensionConfig()
+        """Which triggers fire; ``config`` the model or its JSON (the seed's example)."""
+        config = _as_config(config)
         return self.decide(Scope.of(ctx, config), config, attention=attention)
 
-    def calculate_attention_score(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None
-                                  ) -> AttentionScore:
+    def calculate_attention_score(self, ctx: LayeredContext,
+                                  config: ActivityExtensionConfig | Mapping[str, Any] | None = None) -> AttentionScore:
         """The five scores ``detect`` compares (the seed's name for ``AttentionScore.compute``)."""
-        from .config import ActivityExtensionConfig
-
-        return AttentionScore.of_scope(Scope.of(ctx, config or ActivityExtensionConfig()),
-                                       recent_activities=self.recent_activities)
+        return AttentionScore.of_scope(Scope.of(ctx, _as_config(config)), recent_activities=self.recent_activities)
 
     def decide(self, scope: Scope, config: ActivityExtensionConfig, *,
                attention: AttentionScore | None = None) -> TriggerDecision:

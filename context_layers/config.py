@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,6 +32,7 @@ __all__ = [
     "PolicyRule",
     "MERGE_STRATEGIES",
     "REDUCERS",
+    "as_config",
     "config_from_dict",
     "config_json_schema",
     "format_validation_error",
@@ -519,6 +521,17 @@ def _unknown_field(loc: tuple[Any, ...]) -> str:
     if close:
         return f"unknown field; did you mean {known[close[0]]!r}?"
     return "unknown field; check the spelling (camelCase or snake_case)"
+
+
+def as_config(config: "ActivityExtensionConfig | Mapping[str, Any] | None", *, source: str = "config") -> ActivityExtensionConfig:
+    """A config as given: the model, its JSON form (validated, as the seed writes it), or none (the defaults)."""
+    if config is None:
+        return ActivityExtensionConfig()
+    if isinstance(config, ActivityExtensionConfig):
+        return config
+    if isinstance(config, Mapping):
+        return config_from_dict(dict(config), source=source)
+    raise TypeError(f"{source}: config must be an ActivityExtensionConfig or its JSON object, got {type(config).__name__}")
 
 
 def config_from_dict(data: Any, *, source: str = "", element_id: str | None = None) -> ActivityExtensionConfig:

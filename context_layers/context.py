@@ -776,10 +776,10 @@ class View:
     deterministic functions from entries to entries, applied in order.
     """
 
-    def __init__(self, ctx: LayeredContext, *, anchor: str | None = None, hooks: tuple[SelectHook, ...] = ()) -> None:
+    def __init__(self, ctx: LayeredContext, anchor: str | None = None, hooks: Iterable[SelectHook] = ()) -> None:
         self.context = ctx
         self.anchor = anchor
-        self.hooks = hooks
+        self.hooks = tuple(hooks)
         self._start = 0
         self._changed: frozenset[tuple[str, int]] = frozenset()  # (HISTORY key, seq) written after the anchor
         self._touched: frozenset[str] = frozenset()  # ... of those, keys written by more than a compression

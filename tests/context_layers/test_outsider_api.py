@@ -1,0 +1,89 @@
+"""The context model called the way an outsider would from DESIGN.md and the seed: the
+activity config as its JSON (the seed's ActivityExtensionConfig example) wherever a config is
+taken, the denial's layers under the names its message and ``to_dict`` use, a view built
+positionally, the seed's ``toolEfficiency``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+
+from context_layers import (ActivityExtensionConfig, AttentionScore, CompressTriggerDetector, ContextWriteDenied,
+                            Layer, LayeredContext, RuleDrivenCompressor, View, drop_tool_results, evaluate, render)
+
+SEED_CONFIG: dict[str, Any] = {
+    "activityId": "risk_assessment",
+    "contextStrategy": {
+        "preserveKeys": ["risk_level", "assessment_id"],
+        "compressRules": [{"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status", "data.id"]},
+                          {"pattern": "reasoning_chain", "action": "summarize", "maxTokens": 20}],
+        "compressTokenThreshold": 400,
+        "attentionThresholds": {"density": 0.15, "redundancy": 0.3},
+    },
+    "mergeStrategy": "MERGE_WITH_CONFLICT_DETECT",
+    "knowledgeConfig": {"ragCollections": ["risk_kb", "policy_kb"], "confidenceThreshold": 0.7},
+}
+
+
+def _context() -> LayeredContext:
+    ctx = LayeredContext(system={"policy": "dual approval above 100000"})
+    ctx.write(Layer.PROCESS, "amount", 120000)
+    for i in range(4):
+        ctx.begin_activity(f"step_{i}")
+        ctx.write(Layer.WORKING, f"tool_call_result_{i}",
+                  {"status": "ok", "data": {"id": i, "rows": ["a long row of data"] * 20}})
+        ctx.write(Layer.WORKING, f"reasoning_chain_{i}", "The applicant earns a steady income. " * 15)
+        if i == 0:
+            ctx.write(Layer.WORKING, "risk_level", "medium")
+        ctx.complete_activity(f"step_{i}")
+    return ctx
+
+
+CALLS: list[tuple[str, Callable[[LayeredContext, Any], Any]]] = [
+    ("detect", lambda ctx, cfg: CompressTriggerDetector().detect(ctx, cfg).triggers),
+    ("calculate_attention_score", lambda ctx, cfg: CompressTriggerDetector().calculate_attention_score(ctx, cfg)),
+    ("AttentionScore.compute", lambda ctx, cfg: AttentionScore.compute(ctx, cfg)),
+    ("compress", lambda ctx, cfg: RuleDrivenCompressor().compress(ctx, cfg).to_dict()["tokens_after"]),
+    ("compress then evaluate", lambda ctx, cfg: RuleDrivenCompressor().evaluate(
+        ctx, RuleDrivenCompressor().compress(ctx, cfg).snapshot_id, cfg).preserved_intact),
+    ("evaluate()", lambda ctx, cfg: evaluate(ctx, RuleDrivenCompressor().compress(ctx, cfg).snapshot_id, cfg).ratio),
+]
+
+
+@pytest.mark.parametrize("call", [c for _, c in CALLS], ids=[n for n, _ in CALLS])
+def test_a_config_may_be_given_as_the_seeds_json(call: Callable[[LayeredContext, Any], Any]) -> None:
+    as_model = call(_context(), ActivityExtensionConfig.model_validate(SEED_CONFIG))
+    as_json = call(_context(), SEED_CONFIG)
+    assert as_json == as_model
+
+
+def test_a_bad_json_config_names_the_field() -> None:
+    with pytest.raises(ValueError, match="compressTokenThreshold"):
+        CompressTriggerDetector().detect(_context(), {"compressTokenThreshold": "many"})
+
+
+def test_the_denial_names_its_layers_as_its_message_does() -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    with pytest.raises(ContextWriteDenied) as denied:
+        ctx.write(Layer.WORKING, "policy", "x", actor="rogue")
+    err = denied.value
+    assert (err.key, err.target, err.effective) == ("policy", Layer.WORKING, Layer.SYSTEM)
+    assert (err.target_layer, err.requested_layer, err.effective_layer) == (Layer.WORKING, Layer.WORKING, Layer.SYSTEM)
+    assert err.layer == Layer.SYSTEM  # the layer whose rule refused it
+
+
+def test_a_view_takes_its_anchor_and_hooks_positionally() -> None:
+    ctx = _context()
+    ctx.anchor("handoff")
+    ctx.begin_activity("late")
+    ctx.write(Layer.WORKING, "tool:search", {"kind": "tool_result", "result": "x"})
+    ctx.complete_activity("late")
+    positional = View(ctx, "handoff", [drop_tool_results])
+    keywords = View(ctx, anchor="handoff", hooks=(drop_tool_results,))
+    assert render(positional) == render(keywords) == render(ctx.view("handoff", [drop_tool_results]))
+
+
+def test_the_seeds_score_names() -> None:
+    score = CompressTriggerDetector().calculate_attention_score(_context())
+    assert score.toolEfficiency == score.tool_efficiency == score.to_dict()["toolEfficiency"]
