@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -336,6 +336,16 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
                             for o in outcomes[lowest]]
 
 
+def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
+    """The conflict with the base value a read gave at the split: a key the base held in WORKING
+    and the branches' activities moved into HISTORY conflicts there, where the base had no value,
+    but it was not unset at the split (the seed's ``_mergedConflicts`` shows ``pending``)."""
+    if conflict.base_value is not DELETED:
+        return conflict
+    read = next((base.layer(layer)[conflict.key] for layer in Layer if conflict.key in base.layer(layer)), DELETED)
+    return conflict if read is DELETED else replace(conflict, base_value=read)
+
+
 def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any],
              aliases: Mapping[str, tuple[str, str]] | None = None) -> list[KeyOutcome]:
     """Base keys in base order, then new keys in branch order (each branch's insertion order)."""
@@ -483,8 +493,8 @@ def join_contexts(
         outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases)
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
-    conflicts = sorted((o.conflict for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None),
-                       key=lambda c: (c.key, int(c.layer)))
+    conflicts = sorted((_read_base(o.conflict, base) for layer in MERGED_LAYERS for o in outcomes[layer]
+                        if o.conflict is not None), key=lambda c: (c.key, int(c.layer)))
 
     def merged_view(layer: Layer) -> Mapping[str, Any]:
         over = {o.key: o.value for o in outcomes[layer] if o.conflict is None}

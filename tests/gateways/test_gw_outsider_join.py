@@ -76,3 +76,24 @@ def test_splitter_join_with_a_pending_conflict_changes_nothing() -> None:
     result = ContextSplitter().join(ctx, branches, {"humanConfirm": {"timeout": 300}}, human_available=True)
     assert not result.complete and result.pending
     assert ctx.as_dict() == before
+
+
+def test_the_conflicts_base_value_is_what_a_read_gave_at_the_split() -> None:
+    """The seed's walk-through: ``approval_status`` is ``pending`` in the parent's WORKING at the
+    split; each branch's activity writes its verdict, which moves into that branch's HISTORY.
+    The conflict (in HISTORY, where the verdicts are) reports the base value a read gave at the
+    split, ``pending``, as the seed's ``_mergedConflicts`` does, not "absent"."""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.write(Layer.WORKING, "approval_status", "pending")
+    branches = ContextSplitter().split(ctx, "parallel_review", ["branch_finance", "branch_risk"])
+    for branch, verdict in zip(branches, ("approved", "rejected")):
+        branch.context.begin_activity(branch.branch_id)
+        branch.context.write(Layer.WORKING, "approval_status", verdict)
+        branch.context.complete_activity(branch.branch_id)
+    result = ContextSplitter().join(ctx, branches, LWW)
+    [(conflict, resolution)] = result.conflicts
+    assert conflict.base_value == "pending" and resolution is not None
+    [entry] = ctx.resolve("_mergedConflicts")
+    assert (entry["baseValue"], entry["conflictingValues"], entry["sourceBranches"]) == (
+        "pending", ["approved", "rejected"], ["branch_finance", "branch_risk"])
+    assert ctx.resolve("approval_status") == "rejected"
