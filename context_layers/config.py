@@ -175,16 +175,17 @@ class BranchConfig(_Model):
 
 
 class PolicyRule(_Model):
-    """Set ``key`` to ``value`` with ``reason`` when ``when`` (an expression over the context) holds.
+    """Set ``key`` to ``value`` with ``reason`` when ``when`` (an expression over the context) holds;
+    a rule without ``when`` always holds.
 
     ``confirm: true`` still sends the result to a person (human_confirm) with the rule's
     value as the suggested answer.
     """
 
     key: str = Field(min_length=1)
-    when: str = Field(min_length=1)
+    when: str = Field(default="True", min_length=1)
     value: Any = None
-    reason: str = Field(min_length=1)
+    reason: str = Field(default="the join's conflictPolicy rule for this key", min_length=1)
     confirm: bool = False
 
 

@@ -97,3 +97,12 @@ def test_the_conflicts_base_value_is_what_a_read_gave_at_the_split() -> None:
     assert (entry["baseValue"], entry["conflictingValues"], entry["sourceBranches"]) == (
         "pending", ["approved", "rejected"], ["branch_finance", "branch_risk"])
     assert ctx.resolve("approval_status") == "rejected"
+
+
+def test_a_policy_rule_without_a_condition_always_holds() -> None:
+    ctx, branches = _split()
+    ContextSplitter().join(ctx, branches, {"conflictPolicy": {"rules": [
+        {"key": "approval_status", "value": "pending_dual_approval"}]}})
+    assert ctx.resolve("approval_status") == "pending_dual_approval"
+    [entry] = ctx.resolve("_mergedConflicts")
+    assert entry["resolution"]["resolver"] == "policy" and entry["resolution"]["reason"]
