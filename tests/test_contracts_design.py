@@ -572,3 +572,15 @@ def test_volatile_parts_are_bound_late_at_the_end_of_the_last_user_message(fmt: 
     assert other[:-1] == messages[:-1]  # everything before the last message is the same bytes
     stable = last[: last.index("history_marker_2")]
     assert other[-1]["content"].startswith(stable)
+
+
+@pytest.mark.parametrize("store", ["memory://", "sqlite:///{tmp}/runs.db"])
+def test_an_instance_answers_by_the_names_of_its_json_document(store: str, tmp_path: Path) -> None:
+    """The ``--json`` document names the instance ``instance_id``; the Python instance answers
+    to that name as well as to ``id``, before and after a reload from the store."""
+    engine = Engine(store.format(tmp=tmp_path))
+    process_ = load_process("bpmn_examples/loan_approval.bpmn")
+    instance = engine.run(engine.start(process_, {"amount": 20000, "applicant_id": "A1", "purpose": "x"}))
+    assert instance.instance_id == instance.id == instance.to_document()["instance_id"]
+    again = engine.load(instance.instance_id)
+    assert again.instance_id == instance.id and again.main == instance.main
