@@ -216,6 +216,14 @@ class LayeredContext:
                 return slot[2]
         return default
 
+    # the seed's names: resolveKey (null when absent), findExistingLayer
+    def resolve_key(self, key: str) -> Any:
+        """``get(key)``: the value a read gives, ``None`` when no layer holds the key."""
+        return self.get(key)
+
+    def find_existing_layer(self, key: str) -> Layer | None:
+        return self.locate(key)
+
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.locate(key) is not None
 

@@ -87,3 +87,12 @@ def test_a_view_takes_its_anchor_and_hooks_positionally() -> None:
 def test_the_seeds_score_names() -> None:
     score = CompressTriggerDetector().calculate_attention_score(_context())
     assert score.toolEfficiency == score.tool_efficiency == score.to_dict()["toolEfficiency"]
+
+
+def test_the_seeds_read_names() -> None:
+    """The seed's ``resolveKey`` (null when absent) and ``findExistingLayer``, in Python spelling."""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.write(Layer.WORKING, "draft", 1)
+    assert ctx.resolve_key("policy") == "p" and ctx.resolve_key("draft") == 1
+    assert ctx.resolve_key("absent") is None
+    assert ctx.find_existing_layer("policy") is Layer.SYSTEM and ctx.find_existing_layer("absent") is None
