@@ -96,3 +96,10 @@ def test_the_seeds_read_names() -> None:
     assert ctx.resolve_key("policy") == "p" and ctx.resolve_key("draft") == 1
     assert ctx.resolve_key("absent") is None
     assert ctx.find_existing_layer("policy") is Layer.SYSTEM and ctx.find_existing_layer("absent") is None
+
+
+@pytest.mark.parametrize("fmt", ["xml", "json", "plain"])
+def test_render_takes_the_format_positionally_and_in_any_case(fmt: str) -> None:
+    ctx = _context()
+    expected = render(ctx, format=fmt)
+    assert render(ctx, fmt) == render(ctx, format=fmt.upper()) == render(ctx.view(), fmt.upper()) == expected
