@@ -325,7 +325,7 @@ class LayeredContext:
 
     # ----- writing -------------------------------------------------------------------
 
-    def write(self, layer: Layer | int | str, key: str, value: Any, *, actor: str | None = None) -> Layer:
+    def write(self, layer: Layer | int | str, key: str, value: Any, actor: str | None = None) -> Layer:
         """Write ``key`` (auto-promoted to the lowest layer holding it), or raise ``ContextWriteDenied``."""
         actor = self._actor_of(actor)
         requested = Layer.parse(layer)
@@ -364,7 +364,7 @@ class LayeredContext:
                        data={"requested": int(requested)} if requested != plan[key] else {})
         return plan
 
-    def delete(self, layer: Layer | int | str, key: str, *, actor: str | None = None) -> Layer:
+    def delete(self, layer: Layer | int | str, key: str, actor: str | None = None) -> Layer:
         actor = self._actor_of(actor)
         requested = Layer.parse(layer)
         effective = self.locate(key)

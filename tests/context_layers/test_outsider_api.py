@@ -103,3 +103,10 @@ def test_render_takes_the_format_positionally_and_in_any_case(fmt: str) -> None:
     ctx = _context()
     expected = render(ctx, format=fmt)
     assert render(ctx, fmt) == render(ctx, format=fmt.upper()) == render(ctx.view(), fmt.upper()) == expected
+
+
+def test_the_actor_may_be_passed_positionally() -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.write(Layer.WORKING, "draft", 1, "submit")
+    ctx.delete(Layer.WORKING, "draft", "cleanup")
+    assert [e.actor for e in ctx.tape][-2:] == ["submit", "cleanup"]
