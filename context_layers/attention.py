@@ -550,6 +550,17 @@ class TriggerDecision:
         seed's ``boolean detect(...)`` (a dataclass is otherwise always true)."""
         return self.fired
 
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, bool):  # ``detect(...) == True``, as the seed's boolean reads
+            return self.fired == other
+        if not isinstance(other, TriggerDecision):
+            return NotImplemented
+        return (self.fired, self.triggers, self.values, self.thresholds, self.attention, self.suppressed,
+                self.min_attention_tokens) == (other.fired, other.triggers, other.values, other.thresholds,
+                                               other.attention, other.suppressed, other.min_attention_tokens)
+
+    __hash__ = None  # type: ignore[assignment]  # holds lists and dicts
+
     def to_dict(self) -> dict[str, Any]:
         return {"fired": self.fired, "triggers": list(self.triggers), "values": dict(self.values),
                 "thresholds": dict(self.thresholds), "attention": self.attention.to_dict(),

@@ -110,3 +110,13 @@ def test_the_actor_may_be_passed_positionally() -> None:
     ctx.write(Layer.WORKING, "draft", 1, "submit")
     ctx.delete(Layer.WORKING, "draft", "cleanup")
     assert [e.actor for e in ctx.tape][-2:] == ["submit", "cleanup"]
+
+
+def test_a_detection_compares_equal_to_the_seeds_boolean() -> None:
+    """The seed's ``boolean detect(...)``: ``detect(...) == True`` reads as it does there."""
+    detector = CompressTriggerDetector()
+    fired = detector.detect(_context(), {"compressTokenThreshold": 10})
+    quiet = detector.detect(LayeredContext(system={"policy": "p"}), {"compressTokenThreshold": 10_000})
+    assert fired == True and fired != False  # noqa: E712 - the comparison is the point
+    assert quiet == False and quiet != True  # noqa: E712
+    assert fired == detector.detect(_context(), {"compressTokenThreshold": 10})
