@@ -120,3 +120,24 @@ def test_a_detection_compares_equal_to_the_seeds_boolean() -> None:
     assert fired == True and fired != False  # noqa: E712 - the comparison is the point
     assert quiet == False and quiet != True  # noqa: E712
     assert fired == detector.detect(_context(), {"compressTokenThreshold": 10})
+
+
+@pytest.mark.parametrize(("key", "value", "dropped"), [
+    ("search_1", {"kind": "tool_result", "rows": [1]}, True),
+    ("search_2", {"kind": "tool_call_result", "rows": [1]}, True),
+    ("tool:search", {"rows": [1]}, True),  # DESIGN's HISTORY records: tool results under tool:
+    ("tool_call_result", {"status": "ok"}, True),  # named as the seed's compressRules name them
+    ("tool_call_result_1", {"status": "ok"}, True),
+    ("tool_result:search", "3 rows", True),
+    ("tool:search_call", {"kind": "tool_call", "args": {}}, False),  # a call is kept
+    ("tool_call_results_summary", "kept", False),  # another word
+    ("risk_level", "medium", False),
+])
+def test_drop_tool_results_knows_a_result_by_its_kind_or_its_key(key: str, value: Any, dropped: bool) -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("search")
+    ctx.write(Layer.WORKING, key, value)
+    ctx.complete_activity("search")
+    shown = ctx.view(hooks=[drop_tool_results]).layer(Layer.HISTORY)
+    assert (key not in shown) is dropped
+    assert "activity:search" in shown and key in ctx.layer(Layer.HISTORY)  # the context keeps it
