@@ -32,7 +32,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .canonical import FrozenDict, Memo, canonical_key, remember_value
-from .context import LayeredContext, Snapshot, entry_kind, is_record_key
+from .context import TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key, names_tool_result
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
 from .tokens import count_value
@@ -338,13 +338,17 @@ def conflict(scope: Scope) -> float:
     return _conflict(scope)[0]
 
 
+_TOOL_KINDS = TOOL_RESULT_KINDS | {"tool_call"}
 _ERROR_STATUS = frozenset({"error", "failed", "failure", "timeout", "timed_out", "cancelled", "canceled"})
 _TOOL_META = frozenset({"kind", "_compressed", "call_id", "tool_call_id", "tool", "name", "args", "arguments",
                         "status", "ok", "is_error", "error", "duration_ms"})
 
 
 def is_tool_entry(key: str, value: Any) -> bool:
-    return key.startswith("tool:") or entry_kind(key, value) in ("tool_call", "tool_call_result")
+    """A tool call or result: of kind ``tool_call``, ``tool_call_result`` or ``tool_result``, or
+    without a kind of its own and keyed as a result (``tool:search``, ``tool_call_result_1``)."""
+    kind = entry_kind(key, value)
+    return key.startswith("tool:") or kind in _TOOL_KINDS or (kind == "data" and names_tool_result(key))
 
 
 def _empty(value: Any) -> bool:
@@ -459,8 +463,8 @@ def _tool_efficiency(scope: Scope) -> tuple[float, dict[str, Any]]:
 def tool_efficiency(scope: Scope) -> float:
     """toolEfficiency = useful results / tool calls.
 
-    Tool entries are scope entries with a ``tool:`` key or of kind ``tool_call`` or
-    ``tool_call_result``. Each entry of another kind than ``tool_call`` is one call
+    Tool entries are scope entries of kind ``tool_call``, ``tool_call_result`` or
+    ``tool_result``, or without a kind and keyed as a result (``is_tool_entry``). Each entry of another kind than ``tool_call`` is one call
     with its result; a ``tool_call`` entry is one more call unless a result carries
     its ``call_id`` (or ``tool_call_id``). A result is useful when it is not an error
     (no truthy ``error``, ``is_error`` not true, ``ok`` not false, ``status`` not one

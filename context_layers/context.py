@@ -45,6 +45,20 @@ def is_record_key(key: str) -> bool:
     return key.startswith(RECORD_PREFIXES)
 
 
+TOOL_RESULT_KINDS = frozenset({"tool_call_result", "tool_result"})
+_KEY_SEPARATORS = frozenset("_:.-#/@")
+
+
+def names_tool_result(key: str) -> bool:
+    """Whether a key says its entry is a tool's result: a ``tool:`` record (DESIGN.md's HISTORY
+    records), or a key that is, or begins up to a separator, ``tool_call_result``/``tool_result``
+    (as a compress rule's plain-word pattern matches it: ``tool_call_result_1``)."""
+    if key.startswith("tool:"):
+        return True
+    return any(key == name or (len(key) > len(name) and key.startswith(name) and key[len(name)] in _KEY_SEPARATORS)
+               for name in TOOL_RESULT_KINDS)
+
+
 def entry_kind(key: str, value: Any) -> str:
     """The kind of a HISTORY entry: a dict value's ``kind`` field, else ``"data"``."""
     if isinstance(value, dict):

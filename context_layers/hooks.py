@@ -26,15 +26,11 @@ from dataclasses import replace
 from typing import Any
 
 from .canonical import freeze
-from .context import Entry, SelectHook
+from .context import TOOL_RESULT_KINDS, Entry, SelectHook, names_tool_result
 
 __all__ = ["TOOL_RESULT_KINDS", "drop_tool_results", "is_tool_result", "newest_read_only", "redact"]
 
-TOOL_RESULT_KINDS = frozenset({"tool_call_result", "tool_result"})
 _READ_KINDS = frozenset({"read"}) | TOOL_RESULT_KINDS
-
-
-_SEPARATORS = frozenset("_:.-#/@")
 
 
 def is_tool_result(e: Entry) -> bool:
@@ -44,12 +40,7 @@ def is_tool_result(e: Entry) -> bool:
     plain-word pattern matches it). An entry of another kind (``tool_call``) is not one."""
     if e.kind in TOOL_RESULT_KINDS:
         return True
-    if e.kind != "data":
-        return False
-    if e.key.startswith("tool:"):
-        return True
-    return any(e.key == name or (e.key.startswith(name) and e.key[len(name)] in _SEPARATORS)
-               for name in TOOL_RESULT_KINDS if len(e.key) >= len(name))
+    return e.kind == "data" and names_tool_result(e.key)
 
 
 def drop_tool_results(entries: Sequence[Entry]) -> list[Entry]:

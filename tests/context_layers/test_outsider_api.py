@@ -141,3 +141,20 @@ def test_drop_tool_results_knows_a_result_by_its_kind_or_its_key(key: str, value
     shown = ctx.view(hooks=[drop_tool_results]).layer(Layer.HISTORY)
     assert (key not in shown) is dropped
     assert "activity:search" in shown and key in ctx.layer(Layer.HISTORY)  # the context keeps it
+
+
+@pytest.mark.parametrize(("results", "expected"), [
+    ({"tool_call_result_1": {"status": "ok", "data": {"id": 1}}, "tool_call_result_2": {"status": "error"},
+      "tool_call_result_3": {"status": "ok", "data": {}}}, 1 / 3),
+    ({"search_1": {"kind": "tool_result", "rows": [1]}, "search_2": {"kind": "tool_result", "error": "boom"}}, 1 / 2),
+    ({"tool:search": {"rows": [1]}, "tool:lookup": {"rows": []}}, 1 / 2),
+    ({"risk_level": "medium"}, 1.0),
+])
+def test_tool_efficiency_counts_the_seeds_tool_call_results(results: dict[str, Any], expected: float) -> None:
+    """toolEfficiency = useful tool results / tool calls, on entries named as the seed names them."""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("search")
+    for key, value in results.items():
+        ctx.write(Layer.WORKING, key, value)
+    ctx.complete_activity("search")
+    assert CompressTriggerDetector().calculate_attention_score(ctx).tool_efficiency == pytest.approx(expected)
