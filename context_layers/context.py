@@ -404,7 +404,8 @@ class LayeredContext:
         if effective == Layer.HISTORY:
             if is_record_key(key):
                 return "HISTORY records are written by the engine and the compressor only"
-            if not exists:
+            if not exists or requested == Layer.HISTORY:
+                # a WORKING write of a key HISTORY holds is auto-promoted and updates it there
                 return "keys arrive in L3 HISTORY from WORKING at activity end; write to WORKING"
         if effective == Layer.WORKING and key.startswith(ENGINE_RECORD_PREFIXES):
             # WORKING moves into HISTORY at activity end: such a key would arrive there as a record the

@@ -158,3 +158,18 @@ def test_tool_efficiency_counts_the_seeds_tool_call_results(results: dict[str, A
         ctx.write(Layer.WORKING, key, value)
     ctx.complete_activity("search")
     assert CompressTriggerDetector().calculate_attention_score(ctx).tool_efficiency == pytest.approx(expected)
+
+
+def test_history_is_not_written_directly_even_a_key_it_holds() -> None:
+    """HISTORY is filled at activity end (and rewritten by the compressor), never written
+    directly; a WORKING write of a key HISTORY holds is auto-promoted there, as before."""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("assess")
+    ctx.write(Layer.WORKING, "risk_level", "medium")
+    ctx.complete_activity("assess")
+    with pytest.raises(ContextWriteDenied) as denied:
+        ctx.write(Layer.HISTORY, "risk_level", "high", actor="rogue")
+    assert (denied.value.target, denied.value.effective) == (Layer.HISTORY, Layer.HISTORY)
+    assert ctx.tape[-1].kind == "denied" and ctx.resolve("risk_level") == "medium"
+    assert ctx.write(Layer.WORKING, "risk_level", "high", actor="review") is Layer.HISTORY
+    assert ctx.resolve("risk_level") == "high"
