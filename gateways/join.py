@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from context_layers.canonical import canonical_key, thaw
 from context_layers.config import ActivityExtensionConfig, config_from_dict
@@ -61,7 +61,7 @@ from .policy import HumanRequest, ResolutionStep, resolve_conflicts
 from .splitter import BranchContext
 from .strategies import apply_reducer
 
-__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "free_record_key", "join_contexts"]
+__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "apply_join", "free_record_key", "join_contexts"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -125,6 +125,20 @@ class _Resolved(Mapping[str, Any]):
         return sum(1 for _ in self)
 
 
+class ResolvedConflict(NamedTuple):
+    """One conflict of a join with its resolution (``None`` while pending). Unpacks as the
+    pair, ``for conflict, resolution in result.conflicts``, and reads as the conflict too
+    (``item.key``, ``item.conflicting_values``)."""
+
+    conflict: MergedConflict
+    resolution: Resolution | None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.conflict, name)
+
+
 @dataclass(frozen=True)
 class JoinResult:
     """What a join does to the parent. ``changes``: per layer, ``(key, value |
@@ -135,7 +149,7 @@ class JoinResult:
     snapshot_id: str
     branches: tuple[str, ...]
     changes: Mapping[Layer, list[tuple[str, Any]]]
-    conflicts: list[tuple[MergedConflict, Resolution | None]]
+    conflicts: list[ResolvedConflict]
     pending: list[HumanRequest] = field(default_factory=list)
     steps: list[ResolutionStep] = field(default_factory=list)
     merged_conflicts: list[dict[str, Any]] = field(default_factory=list)
@@ -554,7 +568,7 @@ def join_contexts(
         changes[target] = [*kept, (MERGED_CONFLICTS_KEY, log)]
     preserved = tuple(sorted({k for b in order for k in branches[b].preserved} - base.preserved))
     return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
-                      conflicts=[(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
+                      conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved)
 
 

@@ -106,3 +106,14 @@ def test_a_policy_rule_without_a_condition_always_holds() -> None:
     assert ctx.resolve("approval_status") == "pending_dual_approval"
     [entry] = ctx.resolve("_mergedConflicts")
     assert entry["resolution"]["resolver"] == "policy" and entry["resolution"]["reason"]
+
+
+def test_each_conflict_of_a_join_reads_as_the_conflict_and_unpacks_with_its_resolution() -> None:
+    ctx, branches = _split()
+    result = ContextSplitter().join(ctx, branches, LWW)
+    [item] = result.conflicts
+    conflict, resolution = item
+    assert item.key == conflict.key == "approval_status"
+    assert item.conflicting_values == ["approved", "rejected"] and item.source_branches == ["finance", "risk"]
+    assert item.resolution is resolution and resolution is not None and resolution.value == "rejected"
+    assert item.conflict is conflict and item == (conflict, resolution)
