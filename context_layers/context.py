@@ -106,6 +106,11 @@ class Snapshot:
         layer = Layer.parse(layer)
         return LayerView(self.state.layers[layer], layer)
 
+    @property
+    def snapshot_id(self) -> str:
+        """``id``, by the seed's name (``snapshotId``)."""
+        return self.id
+
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {str(layer): dict(self.layer(layer)) for layer in LAYERS}
 
@@ -566,6 +571,11 @@ class LayeredContext:
         self._snapshots.setdefault(snap.id, snap)
         return self._emit(EventKind.RESTORE, actor, snapshot=snap,
                           data={"snapshot_id": snap.id, "layers": [int(x) for x in chosen]})
+
+    def rollback(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
+                 actor: str = "engine") -> Event:
+        """``restore``, by the name the CLI, the REST API and the tape's events give it."""
+        return self.restore(snapshot, layers=layers, actor=actor)
 
     def anchor(self, name: str, *, actor: str = "engine", data: Mapping[str, Any] | None = None) -> Event:
         """A named point on the tape: views can start here. Deletes nothing."""

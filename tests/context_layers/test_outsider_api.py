@@ -173,3 +173,16 @@ def test_history_is_not_written_directly_even_a_key_it_holds() -> None:
     assert ctx.tape[-1].kind == "denied" and ctx.resolve("risk_level") == "medium"
     assert ctx.write(Layer.WORKING, "risk_level", "high", actor="review") is Layer.HISTORY
     assert ctx.resolve("risk_level") == "high"
+
+
+def test_rollback_is_a_restore_and_a_snapshot_has_its_id_by_the_seeds_name() -> None:
+    ctx = _context()
+    snap = ctx.snapshot("before")
+    assert snap.snapshot_id == snap.id
+    ctx.begin_activity("later")
+    ctx.write(Layer.WORKING, "late", 1)
+    ctx.complete_activity("later")
+    event = ctx.rollback(snap.snapshot_id, layers=["L3"])
+    assert event.kind == "restore" and dict(ctx.layer(Layer.HISTORY)) == dict(snap.layer(Layer.HISTORY))
+    ctx.rollback(snap)
+    assert ctx.as_dict() == snap.as_dict()
