@@ -186,3 +186,11 @@ def test_rollback_is_a_restore_and_a_snapshot_has_its_id_by_the_seeds_name() -> 
     assert event.kind == "restore" and dict(ctx.layer(Layer.HISTORY)) == dict(snap.layer(Layer.HISTORY))
     ctx.rollback(snap)
     assert ctx.as_dict() == snap.as_dict()
+
+
+def test_a_replayed_tape_equals_the_tape_it_was_replayed_from() -> None:
+    ctx = _context()
+    replayed = LayeredContext.replay(ctx.tape)
+    assert replayed.tape == ctx.tape and replayed.tape == list(ctx.tape)
+    assert LayeredContext.replay(ctx.tape, until=3).tape == ctx.tape[:3]
+    assert LayeredContext.replay(ctx.tape, until=3).tape != ctx.tape
