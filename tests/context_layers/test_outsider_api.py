@@ -194,3 +194,13 @@ def test_a_replayed_tape_equals_the_tape_it_was_replayed_from() -> None:
     assert replayed.tape == ctx.tape and replayed.tape == list(ctx.tape)
     assert LayeredContext.replay(ctx.tape, until=3).tape == ctx.tape[:3]
     assert LayeredContext.replay(ctx.tape, until=3).tape != ctx.tape
+
+
+@pytest.mark.parametrize("name", ["L4", "WORKING", "working", 4])
+def test_layer_by_its_names(name: Any) -> None:
+    assert Layer(name) is Layer.WORKING is Layer.parse(name)
+
+
+def test_an_unknown_layer_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Layer("L9")
