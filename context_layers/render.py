@@ -618,6 +618,9 @@ def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptio
             raise TypeError("render got the format twice: positionally and as format=")
         overrides = {**overrides, "format": options}
         options = None
+    carried = getattr(source, "context", None)
+    if not isinstance(source, (LayeredContext, View)) and isinstance(carried, LayeredContext):
+        source = carried  # a branch of a split (gateways.BranchContext) renders as its context
     opts = options or RenderOptions()
     if overrides:
         unknown = sorted(set(overrides) - set(RenderOptions.__dataclass_fields__))

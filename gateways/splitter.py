@@ -40,6 +40,13 @@ class BranchContext:
     snapshot_id: str
     injected: Mapping[str, Any] = field(default_factory=dict)
 
+    def __getattr__(self, name: str) -> Any:
+        """The branch's context answers what the branch does not (``branch.write(...)``,
+        ``branch.resolve(...)``): the seed's split returns the contexts themselves."""
+        if name.startswith("__") or name == "context":
+            raise AttributeError(name)
+        return getattr(self.context, name)
+
 
 def branch_context_name(parent: str, branch_id: str, split_seq: int) -> str:
     """``main/finance@12``: unique per split, so snapshot ids of two passes through a

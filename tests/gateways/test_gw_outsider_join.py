@@ -117,3 +117,24 @@ def test_each_conflict_of_a_join_reads_as_the_conflict_and_unpacks_with_its_reso
     assert item.conflicting_values == ["approved", "rejected"] and item.source_branches == ["finance", "risk"]
     assert item.resolution is resolution and resolution is not None and resolution.value == "rejected"
     assert item.conflict is conflict and item == (conflict, resolution)
+
+
+def test_a_branch_of_the_split_is_used_as_the_context_it_carries() -> None:
+    """The seed's split returns the branch contexts themselves: each BranchContext answers the
+    context's calls (write, resolve, layers, activities, tape) and renders as it."""
+    from context_layers import render
+
+    ctx = LayeredContext(system={"policy": "p"})
+    finance, risk = ContextSplitter().split(ctx, "review", ["finance", "risk"])
+    finance.begin_activity("finance")
+    finance.write(Layer.WORKING, "approval_status", "approved")
+    finance.complete_activity("finance")
+    assert finance.resolve("_branch_id") == "finance" and finance.resolve("approval_status") == "approved"
+    assert dict(finance.layer(Layer.HISTORY)) == dict(finance.context.layer(Layer.HISTORY))
+    assert finance.tape is finance.context.tape and finance.branch_id == "finance"
+    assert render(finance) == render(finance.context)
+    with pytest.raises(AttributeError):
+        finance.no_such_thing  # noqa: B018
+    risk.write(Layer.WORKING, "approval_status", "rejected")
+    result = ContextSplitter().join(ctx, [finance, risk], LWW)
+    assert result.complete and ctx.resolve("approval_status") == "rejected"
