@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from context_layers.canonical import thaw
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import LayeredContext, Snapshot
-from context_layers.errors import ContextWriteDenied
+from context_layers.errors import ContextWriteDenied, MergeConflictError
 from context_layers.layers import Layer
 
 if TYPE_CHECKING:
@@ -144,7 +144,12 @@ class ContextSplitter:
         from .join import _branch_contexts, apply_join, join_contexts
 
         named = _branch_contexts(branches)
-        result = join_contexts(ctx, named, config=config, gateway_id=gateway_id, answers=answers, arbiter=arbiter,
-                               human_available=human_available)
+        try:
+            result = join_contexts(ctx, named, config=config, gateway_id=gateway_id, answers=answers,
+                                   arbiter=arbiter, human_available=human_available)
+        except MergeConflictError as err:  # the conflicts go on the tape, as the engine records them
+            ctx.record("conflict_failed", actor=actor, data={
+                "gateway_id": err.gateway_id, "message": str(err)[:2000], "conflicts": list(err.conflicts)})
+            raise
         apply_join(ctx, result, actor=actor, branches=named)
         return result

@@ -138,3 +138,18 @@ def test_a_branch_of_the_split_is_used_as_the_context_it_carries() -> None:
     risk.write(Layer.WORKING, "approval_status", "rejected")
     result = ContextSplitter().join(ctx, [finance, risk], LWW)
     assert result.complete and ctx.resolve("approval_status") == "rejected"
+
+
+def test_a_join_that_fails_on_its_conflicts_leaves_them_on_the_tape() -> None:
+    """FAIL_ON_CONFLICT: the error names every conflict, and so does the parent's tape (as the
+    engine records it), while its layers stay as they were."""
+    from context_layers.errors import MergeConflictError
+
+    ctx, branches = _split()
+    before = ctx.as_dict()
+    with pytest.raises(MergeConflictError, match="approval_status"):
+        ContextSplitter().join(ctx, branches, {"mergeStrategy": "FAIL_ON_CONFLICT"})
+    failed = ctx.tape[-1]
+    assert failed.data["note"] == "conflict_failed" and failed.data["gateway_id"] == "review"
+    assert [c["key"] for c in failed.data["conflicts"]] == ["approval_status"]
+    assert ctx.as_dict() == before
