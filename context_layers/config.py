@@ -329,6 +329,14 @@ class ActivityExtensionConfig(_Model):
     branches: list[BranchConfig] = Field(default_factory=list)
     llm: LLMConfig | None = None
 
+    @field_validator("branches", mode="before")
+    @classmethod
+    def _branch_ids(cls, v: Any) -> Any:
+        """A branch named by its id alone (``branches: [finance, risk]``) is ``{id: finance}``."""
+        if isinstance(v, list):
+            return [{"id": b} if isinstance(b, str) else b for b in v]
+        return v
+
     @field_validator("preserve_keys")
     @classmethod
     def _no_empty_keys(cls, v: list[str]) -> list[str]:

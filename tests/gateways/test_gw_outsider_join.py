@@ -153,3 +153,11 @@ def test_a_join_that_fails_on_its_conflicts_leaves_them_on_the_tape() -> None:
     assert failed.data["note"] == "conflict_failed" and failed.data["gateway_id"] == "review"
     assert [c["key"] for c in failed.data["conflicts"]] == ["approval_status"]
     assert ctx.as_dict() == before
+
+
+def test_a_gateway_config_may_name_its_branches_by_id_only() -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    finance, risk = ContextSplitter().split(ctx, {"gatewayId": "review", "type": "AND_SPLIT",
+                                                  "branches": ["finance", {"id": "risk", "contextInject": {"t": 1}}]})
+    assert (finance.branch_id, risk.branch_id) == ("finance", "risk")
+    assert risk.resolve("t") == 1 and "t" not in finance.context
