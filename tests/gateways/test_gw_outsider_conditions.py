@@ -32,3 +32,16 @@ def test_a_condition_over_the_context_itself(expression: str, expected: bool) ->
 def test_an_unknown_name_in_a_context_is_named() -> None:
     with pytest.raises(UnknownNameError, match="missing"):
         evaluate("missing == 1", _ctx())
+
+
+def test_a_strategy_is_applied_to_detected_conflicts_with_the_config_as_json() -> None:
+    """resolve_by_strategy on what the detector found: the config as JSON, and with no arrival
+    order the branches' order stands for it (the last branch wrote last)."""
+    from gateways import ConflictDetector, resolve_by_strategy
+
+    conflicts = ConflictDetector().detect_conflicts({"s": "pending"}, {"finance": {"s": "approved"},
+                                                                      "risk": {"s": "rejected"}})
+    [(conflict, resolution)] = resolve_by_strategy(conflicts, {"mergeStrategy": "LAST_WRITER_WINS"})
+    assert conflict.key == "s" and resolution.value == "rejected" and resolution.resolver == "strategy"
+    [(_, first)] = resolve_by_strategy(conflicts, {"mergeStrategy": "BRANCH_PRIORITY", "branchPriority": ["finance"]})
+    assert first.value == "approved"
