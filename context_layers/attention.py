@@ -32,13 +32,21 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .canonical import FrozenDict, Memo, canonical_key, remember_value
-from .context import LayeredContext, Snapshot, entry_kind, is_record_key
+from .context import TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key, names_tool_result
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
 from .tokens import count_value
 
 if TYPE_CHECKING:
     from .config import ActivityExtensionConfig, AttentionThresholds
+
+
+def _as_config(config: "ActivityExtensionConfig | Mapping[str, Any] | None") -> ActivityExtensionConfig:
+    """The config as given, or its JSON form validated (as the seed writes it)."""
+    from .config import as_config
+
+    return as_config(config)
+
 
 __all__ = [
     "COMPACTED",
@@ -112,11 +120,12 @@ class Scope:
         return segment_history([(e.key, e.value) for e in self.history])
 
     @classmethod
-    def of(cls, source: LayeredContext | Snapshot, config: ActivityExtensionConfig | None = None) -> Scope:
+    def of(cls, source: LayeredContext | Snapshot,
+           config: ActivityExtensionConfig | Mapping[str, Any] | None = None) -> Scope:
         """The scope of a context, or of a snapshot (for before/after comparisons)."""
         preserved = set(source.preserved)
         if config is not None:
-            preserved.update(config.effective_preserve_keys)
+            preserved.update(_as_config(config).effective_preserve_keys)
         return cls(history=_layer_entries(source, Layer.HISTORY), working=_layer_entries(source, Layer.WORKING),
                    preserved=frozenset(preserved), merged_conflicts=_resolve(source, MERGED_CONFLICTS_KEY))
 
@@ -329,13 +338,17 @@ def conflict(scope: Scope) -> float:
     return _conflict(scope)[0]
 
 
+_TOOL_KINDS = TOOL_RESULT_KINDS | {"tool_call"}
 _ERROR_STATUS = frozenset({"error", "failed", "failure", "timeout", "timed_out", "cancelled", "canceled"})
 _TOOL_META = frozenset({"kind", "_compressed", "call_id", "tool_call_id", "tool", "name", "args", "arguments",
                         "status", "ok", "is_error", "error", "duration_ms"})
 
 
 def is_tool_entry(key: str, value: Any) -> bool:
-    return key.startswith("tool:") or entry_kind(key, value) in ("tool_call", "tool_call_result")
+    """A tool call or result: of kind ``tool_call``, ``tool_call_result`` or ``tool_result``, or
+    without a kind of its own and keyed as a result (``tool:search``, ``tool_call_result_1``)."""
+    kind = entry_kind(key, value)
+    return key.startswith("tool:") or kind in _TOOL_KINDS or (kind == "data" and names_tool_result(key))
 
 
 def _empty(value: Any) -> bool:
@@ -450,8 +463,8 @@ def _tool_efficiency(scope: Scope) -> tuple[float, dict[str, Any]]:
 def tool_efficiency(scope: Scope) -> float:
     """toolEfficiency = useful results / tool calls.
 
-    Tool entries are scope entries with a ``tool:`` key or of kind ``tool_call`` or
-    ``tool_call_result``. Each entry of another kind than ``tool_call`` is one call
+    Tool entries are scope entries of kind ``tool_call``, ``tool_call_result`` or
+    ``tool_result``, or without a kind and keyed as a result (``is_tool_entry``). Each entry of another kind than ``tool_call`` is one call
     with its result; a ``tool_call`` entry is one more call unless a result carries
     its ``call_id`` (or ``tool_call_id``). A result is useful when it is not an error
     (no truthy ``error``, ``is_error`` not true, ``ok`` not false, ``status`` not one
@@ -479,7 +492,7 @@ class AttentionScore:
     details: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def compute(cls, ctx: LayeredContext | Snapshot, config: ActivityExtensionConfig | None = None, *,
+    def compute(cls, ctx: LayeredContext | Snapshot, config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                 recent_activities: int = RECENT_ACTIVITIES) -> AttentionScore:
         """Score a context (or a snapshot) on HISTORY + WORKING."""
         return cls.of_scope(Scope.of(ctx, config), recent_activities=recent_activities)
@@ -493,6 +506,10 @@ class AttentionScore:
         t, t_info = _tool_efficiency(scope)
         details = {**d_info, **r_info, **y_info, **c_info, **t_info, "recent_activities": recent_activities}
         return cls(density=d, redundancy=r, decay=y, conflict=c, tool_efficiency=t, details=details)
+
+    @property
+    def toolEfficiency(self) -> float:  # noqa: N802 - the seed's name (AttentionScore.getToolEfficiency)
+        return self.tool_efficiency
 
     def to_dict(self) -> dict[str, float]:
         return {"density": self.density, "redundancy": self.redundancy, "decay": self.decay,
@@ -536,6 +553,17 @@ class TriggerDecision:
         """Whether compression should run: ``if detector.detect(ctx, config):`` reads as the
         seed's ``boolean detect(...)`` (a dataclass is otherwise always true)."""
         return self.fired
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, bool):  # ``detect(...) == True``, as the seed's boolean reads
+            return self.fired == other
+        if not isinstance(other, TriggerDecision):
+            return NotImplemented
+        return (self.fired, self.triggers, self.values, self.thresholds, self.attention, self.suppressed,
+                self.min_attention_tokens) == (other.fired, other.triggers, other.values, other.thresholds,
+                                               other.attention, other.suppressed, other.min_attention_tokens)
+
+    __hash__ = None  # type: ignore[assignment]  # holds lists and dicts
 
     def to_dict(self) -> dict[str, Any]:
         return {"fired": self.fired, "triggers": list(self.triggers), "values": dict(self.values),
@@ -601,20 +629,16 @@ class CompressTriggerDetector:
             fired.append("message_threshold")
         return fired, tokens
 
-    def detect(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
+    def detect(self, ctx: LayeredContext, config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                attention: AttentionScore | None = None) -> TriggerDecision:
-        from .config import ActivityExtensionConfig
-
-        config = config or ActivityExtensionConfig()
+        """Which triggers fire; ``config`` the model or its JSON (the seed's example)."""
+        config = _as_config(config)
         return self.decide(Scope.of(ctx, config), config, attention=attention)
 
-    def calculate_attention_score(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None
-                                  ) -> AttentionScore:
+    def calculate_attention_score(self, ctx: LayeredContext,
+                                  config: ActivityExtensionConfig | Mapping[str, Any] | None = None) -> AttentionScore:
         """The five scores ``detect`` compares (the seed's name for ``AttentionScore.compute``)."""
-        from .config import ActivityExtensionConfig
-
-        return AttentionScore.of_scope(Scope.of(ctx, config or ActivityExtensionConfig()),
-                                       recent_activities=self.recent_activities)
+        return AttentionScore.of_scope(Scope.of(ctx, _as_config(config)), recent_activities=self.recent_activities)
 
     def decide(self, scope: Scope, config: ActivityExtensionConfig, *,
                attention: AttentionScore | None = None) -> TriggerDecision:

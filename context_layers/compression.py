@@ -61,7 +61,7 @@ from .attention import (
 )
 from .canonical import canonical_json
 from .compress_rules import Judged, SummaryCache, apply_rules
-from .config import ActivityExtensionConfig
+from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext, entry_kind
 from .errors import ContextKeyError
 from .layers import Layer
@@ -184,18 +184,18 @@ class RuleDrivenCompressor:
         self.summary_tokens = summary_tokens
         self.detector = detector or CompressTriggerDetector(recent_activities=recent_activities)
 
-    def compress(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
+    def compress(self, ctx: LayeredContext, config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                  actor: str = "compressor", triggers: Sequence[str] | None = None,
                  target_tokens: int | None = None, attention: AttentionScore | None = None) -> CompressResult:
         """Compress HISTORY. ``triggers``: the triggers that fired (detected here when
         ``None``); ``target_tokens``: compress at least down to this many tokens;
         ``attention``: the context's score as it is now, when the caller has it already
         (a detection just before), so it is not computed twice."""
-        return self._run(ctx, config or ActivityExtensionConfig(), actor=actor, triggers=triggers,
+        return self._run(ctx, as_config(config, source="compress"), actor=actor, triggers=triggers,
                          target_tokens=target_tokens, directive=None, attention=attention)
 
     def evaluate(self, ctx: LayeredContext, before_snapshot_id: str,
-                 config: ActivityExtensionConfig | None = None) -> EvaluateReport:
+                 config: ActivityExtensionConfig | Mapping[str, Any] | None = None) -> EvaluateReport:
         return evaluate(ctx, before_snapshot_id, config, recent_activities=self.recent_activities)
 
     def decompress(self, ctx: LayeredContext, snapshot_id: str, *, actor: str = "compressor") -> DecompressResult:
@@ -682,12 +682,14 @@ class EvaluateReport:
                 "checked_preserved": list(self.checked_preserved)}
 
 
-def evaluate(ctx: LayeredContext, before_snapshot_id: str, config: ActivityExtensionConfig | None = None, *,
+def evaluate(ctx: LayeredContext, before_snapshot_id: str,
+             config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
              recent_activities: int = RECENT_ACTIVITIES) -> EvaluateReport:
     """Tokens and attention scores before (the snapshot) vs now, and whether every
     preserved key in HISTORY or WORKING before is still there with byte-identical
     canonical JSON (a key that moved between the two layers still counts as intact)."""
     snap = ctx.get_snapshot(before_snapshot_id)
+    config = as_config(config, source="evaluate")
     then = Scope.of(snap, config)
     now = Scope.of(ctx, config)
     pinned = then.preserved | now.preserved

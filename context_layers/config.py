@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,6 +32,7 @@ __all__ = [
     "PolicyRule",
     "MERGE_STRATEGIES",
     "REDUCERS",
+    "as_config",
     "config_from_dict",
     "config_json_schema",
     "format_validation_error",
@@ -178,16 +180,17 @@ class BranchConfig(_Model):
 
 
 class PolicyRule(_Model):
-    """Set ``key`` to ``value`` with ``reason`` when ``when`` (an expression over the context) holds.
+    """Set ``key`` to ``value`` with ``reason`` when ``when`` (an expression over the context) holds;
+    a rule without ``when`` always holds.
 
     ``confirm: true`` still sends the result to a person (human_confirm) with the rule's
     value as the suggested answer.
     """
 
     key: str = Field(min_length=1)
-    when: str = Field(min_length=1)
+    when: str = Field(default="True", min_length=1)
     value: Any = None
-    reason: str = Field(min_length=1)
+    reason: str = Field(default="the join's conflictPolicy rule for this key", min_length=1)
     confirm: bool = False
 
 
@@ -330,6 +333,14 @@ class ActivityExtensionConfig(_Model):
     knowledge_config: KnowledgeConfig | None = None
     branches: list[BranchConfig] = Field(default_factory=list)
     llm: LLMConfig | None = None
+
+    @field_validator("branches", mode="before")
+    @classmethod
+    def _branch_ids(cls, v: Any) -> Any:
+        """A branch named by its id alone (``branches: [finance, risk]``) is ``{id: finance}``."""
+        if isinstance(v, list):
+            return [{"id": b} if isinstance(b, str) else b for b in v]
+        return v
 
     @field_validator("preserve_keys")
     @classmethod
@@ -524,6 +535,17 @@ def _unknown_field(loc: tuple[Any, ...]) -> str:
     if close:
         return f"unknown field; did you mean {known[close[0]]!r}?"
     return "unknown field; check the spelling (camelCase or snake_case)"
+
+
+def as_config(config: "ActivityExtensionConfig | Mapping[str, Any] | None", *, source: str = "config") -> ActivityExtensionConfig:
+    """A config as given: the model, its JSON form (validated, as the seed writes it), or none (the defaults)."""
+    if config is None:
+        return ActivityExtensionConfig()
+    if isinstance(config, ActivityExtensionConfig):
+        return config
+    if isinstance(config, Mapping):
+        return config_from_dict(dict(config), source=source)
+    raise TypeError(f"{source}: config must be an ActivityExtensionConfig or its JSON object, got {type(config).__name__}")
 
 
 def config_from_dict(data: Any, *, source: str = "", element_id: str | None = None) -> ActivityExtensionConfig:

@@ -45,6 +45,20 @@ def is_record_key(key: str) -> bool:
     return key.startswith(RECORD_PREFIXES)
 
 
+TOOL_RESULT_KINDS = frozenset({"tool_call_result", "tool_result"})
+_KEY_SEPARATORS = frozenset("_:.-#/@")
+
+
+def names_tool_result(key: str) -> bool:
+    """Whether a key says its entry is a tool's result: a ``tool:`` record (DESIGN.md's HISTORY
+    records), or a key that is, or begins up to a separator, ``tool_call_result``/``tool_result``
+    (as a compress rule's plain-word pattern matches it: ``tool_call_result_1``)."""
+    if key.startswith("tool:"):
+        return True
+    return any(key == name or (len(key) > len(name) and key.startswith(name) and key[len(name)] in _KEY_SEPARATORS)
+               for name in TOOL_RESULT_KINDS)
+
+
 def entry_kind(key: str, value: Any) -> str:
     """The kind of a HISTORY entry: a dict value's ``kind`` field, else ``"data"``."""
     if isinstance(value, dict):
@@ -91,6 +105,11 @@ class Snapshot:
     def layer(self, layer: Layer | int | str) -> "LayerView":
         layer = Layer.parse(layer)
         return LayerView(self.state.layers[layer], layer)
+
+    @property
+    def snapshot_id(self) -> str:
+        """``id``, by the seed's name (``snapshotId``)."""
+        return self.id
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {str(layer): dict(self.layer(layer)) for layer in LAYERS}
@@ -218,6 +237,14 @@ class LayeredContext:
                 return slot[2]
         return default
 
+    # the seed's names: resolveKey (null when absent), findExistingLayer
+    def resolve_key(self, key: str) -> Any:
+        """``get(key)``: the value a read gives, ``None`` when no layer holds the key."""
+        return self.get(key)
+
+    def find_existing_layer(self, key: str) -> Layer | None:
+        return self.locate(key)
+
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.locate(key) is not None
 
@@ -252,6 +279,11 @@ class LayeredContext:
     @property
     def preserved(self) -> frozenset[str]:
         return frozenset(self._state.preserved.keys())
+
+    @property
+    def fork_snapshot(self) -> Snapshot | None:
+        """The parent's snapshot this branch was forked from (``None`` for a context that was not)."""
+        return self._base
 
     @property
     def current_activity(self) -> str | None:
@@ -314,7 +346,7 @@ class LayeredContext:
 
     # ----- writing -------------------------------------------------------------------
 
-    def write(self, layer: Layer | int | str, key: str, value: Any, *, actor: str | None = None) -> Layer:
+    def write(self, layer: Layer | int | str, key: str, value: Any, actor: str | None = None) -> Layer:
         """Write ``key`` (auto-promoted to the lowest layer holding it), or raise ``ContextWriteDenied``."""
         actor = self._actor_of(actor)
         requested = Layer.parse(layer)
@@ -353,7 +385,7 @@ class LayeredContext:
                        data={"requested": int(requested)} if requested != plan[key] else {})
         return plan
 
-    def delete(self, layer: Layer | int | str, key: str, *, actor: str | None = None) -> Layer:
+    def delete(self, layer: Layer | int | str, key: str, actor: str | None = None) -> Layer:
         actor = self._actor_of(actor)
         requested = Layer.parse(layer)
         effective = self.locate(key)
@@ -379,7 +411,8 @@ class LayeredContext:
         if effective == Layer.HISTORY:
             if is_record_key(key):
                 return "HISTORY records are written by the engine and the compressor only"
-            if not exists:
+            if not exists or requested == Layer.HISTORY:
+                # a WORKING write of a key HISTORY holds is auto-promoted and updates it there
                 return "keys arrive in L3 HISTORY from WORKING at activity end; write to WORKING"
         if effective == Layer.WORKING and key.startswith(ENGINE_RECORD_PREFIXES):
             # WORKING moves into HISTORY at activity end: such a key would arrive there as a record the
@@ -540,6 +573,11 @@ class LayeredContext:
         self._snapshots.setdefault(snap.id, snap)
         return self._emit(EventKind.RESTORE, actor, snapshot=snap,
                           data={"snapshot_id": snap.id, "layers": [int(x) for x in chosen]})
+
+    def rollback(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
+                 actor: str = "engine") -> Event:
+        """``restore``, by the name the CLI, the REST API and the tape's events give it."""
+        return self.restore(snapshot, layers=layers, actor=actor)
 
     def anchor(self, name: str, *, actor: str = "engine", data: Mapping[str, Any] | None = None) -> Event:
         """A named point on the tape: views can start here. Deletes nothing."""
@@ -805,10 +843,10 @@ class View:
     deterministic functions from entries to entries, applied in order.
     """
 
-    def __init__(self, ctx: LayeredContext, *, anchor: str | None = None, hooks: tuple[SelectHook, ...] = ()) -> None:
+    def __init__(self, ctx: LayeredContext, anchor: str | None = None, hooks: Iterable[SelectHook] = ()) -> None:
         self.context = ctx
         self.anchor = anchor
-        self.hooks = hooks
+        self.hooks = tuple(hooks)
         self._start = 0
         self._changed: frozenset[tuple[str, int]] = frozenset()  # (HISTORY key, seq) written after the anchor
         self._touched: frozenset[str] = frozenset()  # ... of those, keys written by more than a compression

@@ -68,6 +68,24 @@ class ContextWriteDenied(LayerflowError):
         """The layer the write asked for (DESIGN.md: "the key, the target and the effective layer")."""
         return self.requested
 
+    # the names ``to_dict`` and the message use
+    @property
+    def target_layer(self) -> Any:
+        return self.requested
+
+    @property
+    def requested_layer(self) -> Any:
+        return self.requested
+
+    @property
+    def effective_layer(self) -> Any:
+        """The layer whose rule refused the write (the one already holding the key, after auto-promotion)."""
+        return self.effective
+
+    @property
+    def layer(self) -> Any:
+        return self.effective
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,

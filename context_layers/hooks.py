@@ -5,10 +5,11 @@ are never touched (audit mode and token mode are two views of one tape). Every h
 here is deterministic and idempotent (``hook(hook(x)) == hook(x)``), keeps the order
 of what it keeps, and returns entries it does not concern unchanged.
 
-* ``drop_tool_results``: keep tool calls, drop their results (HISTORY entries of kind
-  ``tool_call_result`` or ``tool_result``).
+* ``drop_tool_results``: keep tool calls, drop their results (entries of kind
+  ``tool_call_result`` or ``tool_result``, or without a kind and keyed as one: ``tool:...``,
+  ``tool_call_result_1``; see ``is_tool_result``).
 * ``newest_read_only``: of repeated reads of the same resource keep only the newest.
-  A read is an entry of kind ``read``, or of kind ``tool_call_result``/``tool_result``
+  A read is an entry of kind ``read``, or a tool result (``is_tool_result``)
   whose value names the resource in a string ``resource`` or ``path`` field. Newest is
   the last changed (highest tape seq, then insertion order).
 * ``redact(patterns, replacement)``: values of keys matching any glob pattern
@@ -25,21 +26,30 @@ from dataclasses import replace
 from typing import Any
 
 from .canonical import freeze
-from .context import Entry, SelectHook
+from .context import TOOL_RESULT_KINDS, Entry, SelectHook, names_tool_result
 
-__all__ = ["TOOL_RESULT_KINDS", "drop_tool_results", "newest_read_only", "redact"]
+__all__ = ["TOOL_RESULT_KINDS", "drop_tool_results", "is_tool_result", "newest_read_only", "redact"]
 
-TOOL_RESULT_KINDS = frozenset({"tool_call_result", "tool_result"})
 _READ_KINDS = frozenset({"read"}) | TOOL_RESULT_KINDS
 
 
+def is_tool_result(e: Entry) -> bool:
+    """A tool's result: an entry of kind ``tool_call_result``/``tool_result``, or one with no kind
+    of its own whose key says so: a ``tool:`` record (DESIGN.md's HISTORY records), or a key that
+    is, or begins up to a separator, ``tool_call_result``/``tool_result`` (as a compress rule's
+    plain-word pattern matches it). An entry of another kind (``tool_call``) is not one."""
+    if e.kind in TOOL_RESULT_KINDS:
+        return True
+    return e.kind == "data" and names_tool_result(e.key)
+
+
 def drop_tool_results(entries: Sequence[Entry]) -> list[Entry]:
-    """Keep the calls, drop the results (see module doc)."""
-    return [e for e in entries if e.kind not in TOOL_RESULT_KINDS]
+    """Keep the calls, drop the results (see module doc and ``is_tool_result``)."""
+    return [e for e in entries if not is_tool_result(e)]
 
 
 def _resource(e: Entry) -> str | None:
-    if e.kind not in _READ_KINDS or not isinstance(e.value, Mapping):
+    if not (e.kind in _READ_KINDS or is_tool_result(e)) or not isinstance(e.value, Mapping):
         return None
     for field in ("resource", "path"):
         value = e.value.get(field)

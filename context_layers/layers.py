@@ -21,6 +21,17 @@ class Layer(IntEnum):
         return f"L{int(self)}"
 
     @classmethod
+    def _missing_(cls, value: object) -> "Layer | None":
+        """``Layer("L4")`` and ``Layer("WORKING")`` as ``Layer(4)``."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.upper().startswith("L") and text[1:].isdigit():
+                number = int(text[1:])
+                return cls(number) if 0 <= number <= 5 else None
+            return cls.__members__.get(text.upper())
+        return None
+
+    @classmethod
     def parse(cls, value: "Layer | int | str") -> "Layer":
         """Accept ``Layer.WORKING``, ``4``, ``"L4"``, ``"WORKING"`` or ``"working"``."""
         if isinstance(value, Layer):

@@ -116,6 +116,8 @@ class RenderOptions:
     encoding: str = "cl100k_base"
 
     def __post_init__(self) -> None:
+        if isinstance(self.format, str) and self.format.lower() in RENDER_FORMATS:
+            object.__setattr__(self, "format", self.format.lower())
         if self.format not in RENDER_FORMATS:
             raise ValueError(f"unknown render format {self.format!r}; use one of {', '.join(RENDER_FORMATS)}")
         object.__setattr__(self, "include_layers", tuple(Layer.parse(x) for x in self.include_layers))
@@ -602,14 +604,23 @@ def render_entries(entries: Sequence[Entry], options: RenderOptions, *, activity
     return messages
 
 
-def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | None = None,
+def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | str | None = None,
            **overrides: Any) -> list[Message]:
     """Messages for a model: ``[{"role": "system", ...}, {"role": "user", ...}]``.
 
     ``source`` is a context, a view (anchor + select hooks) or a list of entries.
-    Keyword arguments override fields of ``options`` (``render(ctx, format="json")``).
+    Keyword arguments override fields of ``options`` (``render(ctx, format="json")``);
+    ``options`` may also be just the format (``render(ctx, "json")``).
     Pure: the same input gives byte-identical output, and nothing is written anywhere.
     """
+    if isinstance(options, str):
+        if "format" in overrides:
+            raise TypeError("render got the format twice: positionally and as format=")
+        overrides = {**overrides, "format": options}
+        options = None
+    carried = getattr(source, "context", None)
+    if not isinstance(source, (LayeredContext, View)) and isinstance(carried, LayeredContext):
+        source = carried  # a branch of a split (gateways.BranchContext) renders as its context
     opts = options or RenderOptions()
     if overrides:
         unknown = sorted(set(overrides) - set(RenderOptions.__dataclass_fields__))
@@ -624,7 +635,7 @@ def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptio
     return render_entries(entries, opts, activity_start=_activity_start(source), revisions=revisions)
 
 
-def stable_prefix(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | None = None,
+def stable_prefix(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | str | None = None,
                   **overrides: Any) -> list[Message]:
     """The request without its late-bound block: the part that stays cached between requests.
 

@@ -107,6 +107,16 @@ class Tape(Sequence[Event]):
     def __repr__(self) -> str:
         return f"Tape({len(self._events)} events)"
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to a tape (or a list of events) with the same events in the same order."""
+        if isinstance(other, Tape):
+            return self._events == other._events
+        if isinstance(other, (list, tuple)):
+            return self._events == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # it grows
+
     @property
     def next_seq(self) -> int:
         return self._events[-1].seq + 1 if self._events else 1

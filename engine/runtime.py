@@ -131,6 +131,11 @@ class Instance:
         return self.process.id
 
     @property
+    def instance_id(self) -> str:
+        """``id``, by the name the ``--json`` document gives it."""
+        return self.id
+
+    @property
     def main(self) -> LayeredContext:
         return self.contexts[MAIN]
 

@@ -23,7 +23,7 @@ from .conditions import (
 )
 from .conflicts import DELETED, ConflictDetector, MergedConflict, MergeOutcome, Resolution, three_way_merge
 from .expressions import ExpressionError, UnknownNameError, UnsafeExpressionError, evaluate, evaluate_condition
-from .join import MERGED_CONFLICTS_KEY, JoinResult, apply_join, join_contexts
+from .join import MERGED_CONFLICTS_KEY, JoinResult, ResolvedConflict, apply_join, join_contexts
 from .policy import (
     HumanRequest,
     InvalidAnswerError,
@@ -59,6 +59,7 @@ __all__ = [
     "MergedConflict",
     "ReducerError",
     "Resolution",
+    "ResolvedConflict",
     "ResolutionOutcome",
     "ResolutionStep",
     "UnknownNameError",

@@ -45,6 +45,8 @@ from context_layers.markers import DELETED
 
 __all__ = [
     "DELETED",
+    "BranchIds",
+    "BranchValues",
     "ConflictDetector",
     "conflict_error",
     "KeyOutcome",
@@ -75,13 +77,66 @@ def jsonable(value: Any) -> Any:
     return DELETED.to_json() if value is DELETED else value
 
 
+class BranchValues(dict[str, Any]):
+    """Branch id -> its result, in branch order, that also reads as the seed's
+    ``conflictingValues``: it equals the list of the distinct results (``== ["approved",
+    "rejected"]``), and ``in`` finds a result as well as a branch id. Iterating gives the
+    branch ids, as any dict does."""
+
+    def distinct(self) -> list[Any]:
+        first: dict[str, Any] = {}
+        for value in self.values():
+            first.setdefault(value_key(value), value)
+        return list(first.values())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple)):
+            mine = self.distinct()
+            return len(mine) == len(other) and all(same_value(a, b) for a, b in zip(mine, other))
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __contains__(self, item: object) -> bool:
+        if isinstance(item, str) and dict.__contains__(self, item):
+            return True
+        try:
+            wanted = value_key(item)
+        except (TypeError, ValueError):
+            return False
+        return any(value_key(v) == wanted for v in self.values())
+
+    __hash__ = None
+
+
+class BranchIds(tuple[str, ...]):
+    """Branch ids in branch order; equal to a list of the same ids too (the seed's
+    ``sourceBranches`` is a list)."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, list):
+            return tuple.__eq__(self, tuple(other))
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
+
+
 @dataclass(frozen=True)
 class MergedConflict:
     """A key that two or more branches changed to different results.
 
     ``base_value`` is ``DELETED`` when the key was absent at the split;
     ``conflicting_values`` maps each branch that changed the key to its result
-    (``DELETED`` for a deletion), in branch order; ``source_branches`` are its keys.
+    (``DELETED`` for a deletion), in branch order, and equals the seed's list of the
+    distinct results too (see ``BranchValues``); ``source_branches`` are its keys.
+    The seed's constructor ``MergedConflict(key, base, [values], [branches])`` pairs the
+    values with the branches. The seed's names (``baseValue``, ``conflictingValues``,
+    ``sourceBranches``) give its JSON shape; ``resolution`` is ``None`` on a detected
+    conflict (a join pairs each conflict with its ``Resolution``).
     """
 
     key: str
@@ -89,10 +144,42 @@ class MergedConflict:
     conflicting_values: dict[str, Any]
     source_branches: tuple[str, ...]
     layer: Any = None
+    resolution: "Resolution | None" = None
+
+    def __post_init__(self) -> None:
+        values: Any = self.conflicting_values
+        branches = BranchIds(self.source_branches if isinstance(self.source_branches, (list, tuple)) else ())
+        if not isinstance(values, Mapping):
+            listed = list(values)
+            names = list(branches) if len(branches) == len(listed) else [f"branch_{i}" for i in range(len(listed))]
+            values = dict(zip(names, listed))
+        if not branches:
+            branches = BranchIds(values)
+        object.__setattr__(self, "conflicting_values", BranchValues(values))
+        object.__setattr__(self, "source_branches", branches)
 
     def __hash__(self) -> int:
-        return hash((self.key, value_key(self.base_value), self.source_branches,
+        return hash((self.key, value_key(self.base_value), tuple(self.source_branches),
                      tuple(value_key(v) for v in self.conflicting_values.values()), self.layer))
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Branch id -> its result (a plain dict)."""
+        return dict(self.conflicting_values)
+
+    @property
+    def baseValue(self) -> Any:  # noqa: N802 - the seed's name
+        return jsonable(self.base_value)
+
+    @property
+    def conflictingValues(self) -> list[Any]:  # noqa: N802 - the seed's name
+        """The distinct results, in branch order, as JSON (a deletion as ``{"$deleted": true}``)."""
+        values = self.conflicting_values
+        return [jsonable(v) for v in (values.distinct() if isinstance(values, BranchValues) else values.values())]
+
+    @property
+    def sourceBranches(self) -> list[str]:  # noqa: N802 - the seed's name
+        return list(self.source_branches)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +188,7 @@ class MergedConflict:
             "base_value": jsonable(self.base_value),
             "conflicting_values": {b: jsonable(v) for b, v in self.conflicting_values.items()},
             "source_branches": list(self.source_branches),
+            **({"resolution": self.resolution.to_dict()} if self.resolution is not None else {}),
         }
 
     def describe(self) -> str:

@@ -32,9 +32,10 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from context_layers.context import LayeredContext
 from context_layers.errors import ConfigError
 
 from .conflicts import same_value
@@ -230,8 +231,30 @@ class _Interpreter:
         raise UnsafeExpressionError(f"{type(node).__name__} is not allowed", expression=self.expression)
 
 
-def evaluate(expression: str, variables: Mapping[str, Any]) -> Any:
-    """The value of ``expression`` with names looked up in ``variables`` (see module doc)."""
+class _ContextVariables(Mapping[str, Any]):
+    """A context's keys as a read resolves them (L0 first)."""
+
+    def __init__(self, ctx: LayeredContext) -> None:
+        self._ctx = ctx
+
+    def __getitem__(self, key: str) -> Any:
+        return self._ctx.resolve(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._ctx
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ctx.keys())
+
+    def __len__(self) -> int:
+        return len(self._ctx.keys())
+
+
+def evaluate(expression: str, variables: Mapping[str, Any] | LayeredContext) -> Any:
+    """The value of ``expression`` with names looked up in ``variables`` (see module doc), a
+    mapping or a context (its keys as a read resolves them)."""
+    if isinstance(variables, LayeredContext):
+        variables = _ContextVariables(variables)
     tree = _parse(expression)
     try:
         result = _Interpreter(expression, variables).run(tree)
@@ -245,6 +268,6 @@ def evaluate(expression: str, variables: Mapping[str, Any]) -> Any:
     return result
 
 
-def evaluate_condition(expression: str, variables: Mapping[str, Any]) -> bool:
+def evaluate_condition(expression: str, variables: Mapping[str, Any] | LayeredContext) -> bool:
     """``bool(evaluate(...))``: whether a condition holds."""
     return bool(evaluate(expression, variables))

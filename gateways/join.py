@@ -44,23 +44,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from context_layers.canonical import canonical_key, thaw
-from context_layers.config import ActivityExtensionConfig
+from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import BRANCH_MARKERS, LayeredContext, Snapshot, is_record_key
-from context_layers.errors import LayerflowError
+from context_layers.errors import ContextKeyError, LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
 
 from .arbiter import ConflictArbiter
 from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, jsonable, merge_keys, same_value, value_key
 from .policy import HumanRequest, ResolutionStep, resolve_conflicts
+from .splitter import BranchContext
 from .strategies import apply_reducer
 
-__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "apply_join", "free_record_key", "join_contexts"]
+__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "apply_join", "free_record_key", "join_contexts"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -124,6 +125,20 @@ class _Resolved(Mapping[str, Any]):
         return sum(1 for _ in self)
 
 
+class ResolvedConflict(NamedTuple):
+    """One conflict of a join with its resolution (``None`` while pending). Unpacks as the
+    pair, ``for conflict, resolution in result.conflicts``, and reads as the conflict too
+    (``item.key``, ``item.conflicting_values``)."""
+
+    conflict: MergedConflict
+    resolution: Resolution | None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.conflict, name)
+
+
 @dataclass(frozen=True)
 class JoinResult:
     """What a join does to the parent. ``changes``: per layer, ``(key, value |
@@ -134,7 +149,7 @@ class JoinResult:
     snapshot_id: str
     branches: tuple[str, ...]
     changes: Mapping[Layer, list[tuple[str, Any]]]
-    conflicts: list[tuple[MergedConflict, Resolution | None]]
+    conflicts: list[ResolvedConflict]
     pending: list[HumanRequest] = field(default_factory=list)
     steps: list[ResolutionStep] = field(default_factory=list)
     merged_conflicts: list[dict[str, Any]] = field(default_factory=list)
@@ -335,6 +350,16 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
                             for o in outcomes[lowest]]
 
 
+def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
+    """The conflict with the base value a read gave at the split: a key the base held in WORKING
+    and the branches' activities moved into HISTORY conflicts there, where the base had no value,
+    but it was not unset at the split (the seed's ``_mergedConflicts`` shows ``pending``)."""
+    if conflict.base_value is not DELETED:
+        return conflict
+    read = next((base.layer(layer)[conflict.key] for layer in Layer if conflict.key in base.layer(layer)), DELETED)
+    return conflict if read is DELETED else replace(conflict, base_value=read)
+
+
 def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any],
              aliases: Mapping[str, tuple[str, str]] | None = None) -> list[KeyOutcome]:
     """Base keys in base order, then new keys in branch order (each branch's insertion order)."""
@@ -360,12 +385,72 @@ def _now(clock: Callable[[], float]) -> str:
     return datetime.fromtimestamp(clock(), tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+BranchesArg = Mapping[str, "LayeredContext | BranchContext"] | Sequence["LayeredContext | BranchContext"]
+
+
+def _branch_contexts(branches: BranchesArg) -> dict[str, LayeredContext]:
+    """Branch id -> context, from a mapping or from the list ``ContextSplitter.split`` returned
+    (``BranchContext`` items, or bare branch contexts, named by their ``branch_id``)."""
+    items: list[tuple[str | None, Any]]
+    if isinstance(branches, Mapping):
+        items = list(branches.items())
+    elif isinstance(branches, (str, bytes)) or not isinstance(branches, Sequence):
+        raise TypeError(f"join: branches must map branch ids to their contexts, or be the list "
+                        f"ContextSplitter.split returned; got {type(branches).__name__}")
+    else:
+        items = [(None, b) for b in branches]
+    out: dict[str, LayeredContext] = {}
+    for bid, b in items:
+        ctx = b.context if isinstance(b, BranchContext) else b
+        if not isinstance(ctx, LayeredContext):
+            raise TypeError(f"join: branch {bid or len(out)} must be a LayeredContext or a BranchContext, "
+                            f"got {type(b).__name__}")
+        name = bid if bid is not None else (b.branch_id if isinstance(b, BranchContext) else ctx.branch_id)
+        if not name:
+            raise ValueError(f"join: branch context {ctx.name!r} has no branch_id; pass a mapping branch id -> context")
+        if name in out:
+            raise ValueError(f"join: branch {name!r} is given twice")
+        out[name] = ctx
+    return out
+
+
+def _join_base(base: "Snapshot | LayeredContext | str", branches: Mapping[str, LayeredContext]) -> Snapshot:
+    """The split's snapshot: as given, or the one the branches were forked from (``base`` the
+    parent context or the snapshot's id)."""
+    if isinstance(base, Snapshot):
+        return base
+    forked = {ctx.fork_snapshot.id: ctx.fork_snapshot for ctx in branches.values() if ctx.fork_snapshot is not None}
+    if isinstance(base, str):
+        if base in forked:
+            return forked[base]
+        raise ContextKeyError(f"join: no branch was forked from snapshot {base!r} (branches forked from: "
+                              f"{', '.join(sorted(forked)) or 'none'}); pass the split's snapshot or its parent context")
+    if isinstance(base, LayeredContext):
+        if len(forked) != 1:
+            raise ValueError(f"join: the branches were forked from {len(forked)} snapshots "
+                             f"({', '.join(sorted(forked)) or 'none'}); pass the split's snapshot as base")
+        [sid] = forked
+        try:
+            return base.get_snapshot(sid)
+        except ContextKeyError:
+            raise ContextKeyError(f"join: the branches were forked from snapshot {sid!r}, which context "
+                                  f"{base.name!r} did not take; join into the context the split was taken from") from None
+    raise TypeError(f"join: base must be the split's Snapshot, its id or the parent context, got {type(base).__name__}")
+
+
+def _gateway_of(base: Snapshot) -> str:
+    """The gateway id the split wrote into its snapshot's label (``split:<gateway id>``)."""
+    if base.label and base.label.startswith("split:"):
+        return base.label[len("split:"):]
+    raise ValueError(f"join: snapshot {base.id!r} was not taken by a split; pass gateway_id=")
+
+
 def join_contexts(
-    base: Snapshot,
-    branches: Mapping[str, LayeredContext],
+    base: "Snapshot | LayeredContext | str",
+    branches: BranchesArg,
     *,
-    config: ActivityExtensionConfig | None = None,
-    gateway_id: str,
+    config: ActivityExtensionConfig | Mapping[str, Any] | None = None,
+    gateway_id: str | None = None,
     arrival_order: Sequence[str] | None = None,
     answers: Mapping[str, Any] | None = None,
     arbiter: ConflictArbiter | None = None,
@@ -376,8 +461,19 @@ def join_contexts(
 ) -> JoinResult:
     """Merge ``branches`` (branch id -> its context at the join, in branch order) against
     ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
-    be resolved (see ``policy.resolve_conflicts``, which also explains ``asked``)."""
-    config = config or ActivityExtensionConfig()
+    be resolved (see ``policy.resolve_conflicts``, which also explains ``asked``).
+
+    As an outsider calls it after ``ContextSplitter.split``: ``base`` may also be the parent
+    context or the snapshot's id, ``branches`` the list the split returned, ``config`` the
+    join's JSON config, and ``gateway_id`` is the split's when not given."""
+    branches = _branch_contexts(branches)
+    base = _join_base(base, branches)
+    if gateway_id is None:
+        gateway_id = _gateway_of(base)
+    if config is None:
+        config = ActivityExtensionConfig()
+    elif not isinstance(config, ActivityExtensionConfig):
+        config = config_from_dict(dict(config), source="join", element_id=gateway_id)
     order = list(branches)
     # keys a branch's activities preserved stay preserved after the join (see ``preserved`` below):
     # no compression in another branch may have altered or dropped them
@@ -411,8 +507,8 @@ def join_contexts(
         outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases)
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
-    conflicts = sorted((o.conflict for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None),
-                       key=lambda c: (c.key, int(c.layer)))
+    conflicts = sorted((_read_base(o.conflict, base) for layer in MERGED_LAYERS for o in outcomes[layer]
+                        if o.conflict is not None), key=lambda c: (c.key, int(c.layer)))
 
     def merged_view(layer: Layer) -> Mapping[str, Any]:
         over = {o.key: o.value for o in outcomes[layer] if o.conflict is None}
@@ -472,7 +568,7 @@ def join_contexts(
         changes[target] = [*kept, (MERGED_CONFLICTS_KEY, log)]
     preserved = tuple(sorted({k for b in order for k in branches[b].preserved} - base.preserved))
     return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
-                      conflicts=[(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
+                      conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved)
 
 

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from context_layers.canonical import thaw
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import LayeredContext, Snapshot
-from context_layers.errors import ContextWriteDenied
+from context_layers.errors import ContextWriteDenied, MergeConflictError
 from context_layers.layers import Layer
+
+if TYPE_CHECKING:
+    from .arbiter import ConflictArbiter
+    from .join import JoinResult
 
 __all__ = ["BranchContext", "ContextSplitter", "branch_context_name", "check_inject"]
 
@@ -35,6 +39,13 @@ class BranchContext:
     context: LayeredContext
     snapshot_id: str
     injected: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        """The branch's context answers what the branch does not (``branch.write(...)``,
+        ``branch.resolve(...)``): the seed's split returns the contexts themselves."""
+        if name.startswith("__") or name == "context":
+            raise AttributeError(name)
+        return getattr(self.context, name)
 
 
 def branch_context_name(parent: str, branch_id: str, split_seq: int) -> str:
@@ -113,3 +124,32 @@ class ContextSplitter:
             injected = {**injects[branch_id], "_branch_id": branch_id, "_snapshot_id": snapshot.id}
             out.append(BranchContext(branch_id, branch, snapshot.id, injected))
         return out
+
+    def join(
+        self,
+        ctx: LayeredContext,
+        branches: "Mapping[str, LayeredContext | BranchContext] | Sequence[LayeredContext | BranchContext]",
+        config: ActivityExtensionConfig | Mapping[str, Any] | None = None,
+        *,
+        gateway_id: str | None = None,
+        answers: Mapping[str, Any] | None = None,
+        arbiter: "ConflictArbiter | None" = None,
+        human_available: bool = False,
+        actor: str = "engine",
+    ) -> "JoinResult":
+        """The other half of ``split``: merge ``branches`` (what ``split`` returned) back into
+        ``ctx`` against the split's snapshot, resolve the conflicts by the join's ``config``
+        and apply the result (``gateways.join_contexts`` then ``apply_join``). With a conflict
+        still waiting for a person, nothing changes but the tape: answer it and join again."""
+        from .join import _branch_contexts, apply_join, join_contexts
+
+        named = _branch_contexts(branches)
+        try:
+            result = join_contexts(ctx, named, config=config, gateway_id=gateway_id, answers=answers,
+                                   arbiter=arbiter, human_available=human_available)
+        except MergeConflictError as err:  # the conflicts go on the tape, as the engine records them
+            ctx.record("conflict_failed", actor=actor, data={
+                "gateway_id": err.gateway_id, "message": str(err)[:2000], "conflicts": list(err.conflicts)})
+            raise
+        apply_join(ctx, result, actor=actor, branches=named)
+        return result

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from context_layers.config import ActivityExtensionConfig
+from context_layers.config import ActivityExtensionConfig, as_config
 from context_layers.errors import MergeConflictError
 
 from .conflicts import DELETED, KeyOutcome, MergedConflict, Resolution, conflict_error, value_key
@@ -164,14 +164,18 @@ def apply_reducer(name: str, outcome: KeyOutcome, *, branch_count: int) -> KeyOu
 
 def resolve_by_strategy(
     conflicts: Sequence[MergedConflict],
-    config: ActivityExtensionConfig,
+    config: ActivityExtensionConfig | Mapping[str, Any],
     *,
     arrival_order: Sequence[str] = (),
     gateway_id: str | None = None,
 ) -> list[tuple[MergedConflict, Resolution]]:
     """Settle ``conflicts`` with ``LAST_WRITER_WINS``, ``BRANCH_PRIORITY`` or
     ``FAIL_ON_CONFLICT`` (raises). ``MERGE_WITH_CONFLICT_DETECT`` is not a strategy
-    of this kind: use ``policy.resolve_conflicts``."""
+    of this kind: use ``policy.resolve_conflicts``. ``config`` may be its JSON; without an
+    ``arrival_order``, the branches' order stands for it (the last branch arrived last)."""
+    config = as_config(config, source="resolve_by_strategy")
+    if not arrival_order:
+        arrival_order = list(dict.fromkeys(b for c in conflicts for b in c.source_branches))
     strategy = config.merge_strategy
     if not conflicts:
         return []
@@ -193,7 +197,7 @@ def resolve_by_strategy(
     if strategy == "BRANCH_PRIORITY":
         unresolved = []
         for c in conflicts:
-            first = next((b for b in config.branch_priority if b in c.conflicting_values), None)
+            first = next((b for b in config.branch_priority if b in c.source_branches), None)
             if first is None:
                 unresolved.append(c)
                 continue

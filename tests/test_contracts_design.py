@@ -572,3 +572,43 @@ def test_volatile_parts_are_bound_late_at_the_end_of_the_last_user_message(fmt: 
     assert other[:-1] == messages[:-1]  # everything before the last message is the same bytes
     stable = last[: last.index("history_marker_2")]
     assert other[-1]["content"].startswith(stable)
+
+
+@pytest.mark.parametrize("store", ["memory://", "sqlite:///{tmp}/runs.db"])
+def test_an_instance_answers_by_the_names_of_its_json_document(store: str, tmp_path: Path) -> None:
+    """The ``--json`` document names the instance ``instance_id``; the Python instance answers
+    to that name as well as to ``id``, before and after a reload from the store."""
+    engine = Engine(store.format(tmp=tmp_path))
+    process_ = load_process("bpmn_examples/loan_approval.bpmn")
+    instance = engine.run(engine.start(process_, {"amount": 20000, "applicant_id": "A1", "purpose": "x"}))
+    assert instance.instance_id == instance.id == instance.to_document()["instance_id"]
+    again = engine.load(instance.instance_id)
+    assert again.instance_id == instance.id and again.main == instance.main
+
+
+@pytest.mark.parametrize("url", ["memory://", "sqlite:///{tmp}/runs.db", "redis://127.0.0.1:6379/15"])
+def test_the_store_engine_open_store_gives_holds_tapes_snapshots_and_confirmations(url: str, tmp_path: Path) -> None:
+    """"One ``Store`` protocol: instances (... with a version for optimistic concurrency), tapes
+    (append, read from a sequence number), snapshots, pending human confirmations.\" The store
+    ``engine.open_store`` gives answers all of it, not only the instance records."""
+    import engine as engine_package
+
+    if url.startswith("redis://"):
+        redis = pytest.importorskip("redis")
+        try:
+            redis.Redis.from_url(url).ping()
+        except Exception:
+            pytest.skip("no Redis server on 127.0.0.1:6379")
+    url = url.format(tmp=tmp_path)
+    runner = Engine(url)
+    instance = runner.run(runner.start(load_process("bpmn_examples/loan_approval.bpmn"),
+                                       {"amount": 20000, "applicant_id": "A1", "purpose": "x"}))
+    store = engine_package.open_store(url) if not url.startswith("memory") else runner.store
+    tape = [event.to_dict() for event in instance.main.tape]
+    assert plain(store.read_tape(instance.id, "main")) == plain(tape)
+    assert plain(store.read_tape(instance.id, "main", 3)) == plain(tape[3:])  # events after seq 3
+    assert store.tape_heads(instance.id)["main"] == tape[-1]["seq"]
+    assert isinstance(store.list_snapshots(instance.id), list)
+    assert store.list_confirmations(instance.id) == []
+    assert [s["instance_id"] for s in store.list_instances()].count(instance.id) == 1
+    assert store.load(instance.id)["version"] == instance.version

@@ -10,12 +10,13 @@ a record and its tapes always come from the same version even while others save.
 
 from __future__ import annotations
 
+import builtins
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from .base import InstanceSummary, Store, TapeSequenceError, version_conflict
+from .base import Confirmation, InstanceSummary, Store, TapeSequenceError, version_conflict
 
 __all__ = ["InstanceRecords", "save_instance", "load_instance", "split_tapes"]
 
@@ -157,6 +158,52 @@ class InstanceRecords:
 
     def close(self) -> None:
         self.store.close()
+
+    # The rest of the ``Store`` protocol, as the store has it: tapes, snapshots, confirmations,
+    # summaries (``create``/``load``/``save`` above take and give whole records instead).
+    def list_instances(self, status: str | None = None) -> builtins.list[InstanceSummary]:
+        return self.store.list_instances(status)
+
+    def due_instances(self, until: float | datetime) -> builtins.list[InstanceSummary]:
+        return self.store.due_instances(until)
+
+    def delete(self, instance_id: str) -> bool:
+        with self._heads_lock:
+            self._heads.pop(instance_id, None)
+        return self.store.delete(instance_id)
+
+    def append_events(self, instance_id: str, context_name: str, events: Sequence[Mapping[str, Any]],
+                      expected_version: int | None = None) -> int:
+        with self._heads_lock:
+            self._heads.pop(instance_id, None)  # the heads remembered are no longer the store's
+        return self.store.append_events(instance_id, context_name, events, expected_version)
+
+    def read_tape(self, instance_id: str, context_name: str, since_seq: int = 0) -> builtins.list[dict[str, Any]]:
+        return self.store.read_tape(instance_id, context_name, since_seq)
+
+    def tape_heads(self, instance_id: str) -> dict[str, int]:
+        return self.store.tape_heads(instance_id)
+
+    def put_snapshot(self, instance_id: str, snapshot_id: str, snapshot: Mapping[str, Any]) -> None:
+        self.store.put_snapshot(instance_id, snapshot_id, snapshot)
+
+    def get_snapshot(self, instance_id: str, snapshot_id: str) -> dict[str, Any]:
+        return self.store.get_snapshot(instance_id, snapshot_id)
+
+    def list_snapshots(self, instance_id: str) -> builtins.list[str]:
+        return self.store.list_snapshots(instance_id)
+
+    def put_confirmation(self, confirmation: Mapping[str, Any]) -> Confirmation:
+        return self.store.put_confirmation(confirmation)
+
+    def get_confirmation(self, confirmation_id: str) -> Confirmation:
+        return self.store.get_confirmation(confirmation_id)
+
+    def list_confirmations(self, instance_id: str | None = None, *, pending_only: bool = True) -> builtins.list[Confirmation]:
+        return self.store.list_confirmations(instance_id, pending_only=pending_only)
+
+    def answer_confirmation(self, confirmation_id: str, answer: Any, actor: str) -> Confirmation:
+        return self.store.answer_confirmation(confirmation_id, answer, actor)
 
 
 def _rows(summaries: Iterable[InstanceSummary]) -> list[dict[str, Any]]:
