@@ -1,0 +1,44 @@
+"""Data at the edges of the ``run --json`` contract: keys the engine uses itself, odd keys, odd values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from engine.cli import main
+
+from engine_helpers import flow, write_elements
+
+PARALLEL = [
+    '<bpmn:startEvent id="start"/>',
+    '<bpmn:parallelGateway id="split"/>',
+    '<bpmn:userTask id="a"/>',
+    '<bpmn:userTask id="b"/>',
+    '<bpmn:parallelGateway id="join"/>',
+    '<bpmn:endEvent id="end"/>',
+    flow("start", "split"), flow("split", "a"), flow("split", "b"), flow("a", "join"), flow("b", "join"),
+    flow("join", "end"),
+]
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, [*args, "--store", f"sqlite:///{tmp_path / 'edges.db'}", "--json"],
+                                catch_exceptions=False)
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("key", ["_branch_id", "_snapshot_id"])
+def test_initial_data_holding_an_engine_marker_still_splits_in_parallel(tmp_path: Path, key: str) -> None:
+    """A process's own data that happens to use a marker's name stays in PROCESS, as at an XOR
+    split; the parallel split does not fail blaming a contextInject nobody wrote."""
+    path = write_elements(tmp_path, "par", PARALLEL)
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"a": {"x": 1}, "b": {"y": 2}}}), encoding="utf-8")
+    code, doc = _run(tmp_path, "run", str(path), "--data", json.dumps({key: "mine"}), "--answers", str(answers))
+    assert doc["error"] is None, doc["error"]
+    assert code == 0 and doc["status"] == "completed"
+    assert doc["layers"]["L1"] == {key: "mine"}
+    assert doc["layers"]["L3"]["x"] == 1 and doc["layers"]["L3"]["y"] == 2
