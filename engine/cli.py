@@ -189,10 +189,11 @@ def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
     if path.lstrip().startswith(("{", "[")) and not Path(path).exists():  # a list is refused below, by name
         text, source = path, f"inline {what}"
     elif path == "-":
-        text, source = sys.stdin.read(), f"{what} from stdin"
+        text, source = sys.stdin.read().removeprefix("\ufeff"), f"{what} from stdin"
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            # utf-8-sig: a byte order mark (Notepad, PowerShell's Out-File) is not part of the JSON
+            text = Path(path).read_text(encoding="utf-8-sig")
         except OSError as err:
             _fail(f"cannot read {what} file {path}: {err.strerror}; give a JSON or YAML file, - for stdin, "
                   "or an inline JSON object", as_json=as_json)

@@ -42,3 +42,23 @@ def test_initial_data_holding_an_engine_marker_still_splits_in_parallel(tmp_path
     assert code == 0 and doc["status"] == "completed"
     assert doc["layers"]["L1"] == {key: "mine"}
     assert doc["layers"]["L3"]["x"] == 1 and doc["layers"]["L3"]["y"] == 2
+
+
+USER_TASK = ['<bpmn:startEvent id="start"/>', '<bpmn:userTask id="ask"/>',
+             '<bpmn:scriptTask id="work"><bpmn:script>n = amount + 1</bpmn:script></bpmn:scriptTask>',
+             '<bpmn:endEvent id="end"/>', flow("start", "ask"), flow("ask", "work"), flow("work", "end")]
+
+
+def test_json_files_saved_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
+    """Notepad and PowerShell's Out-File write a UTF-8 byte order mark before the JSON: the data,
+    answers and config files are read all the same (RFC 8259 lets a parser ignore it)."""
+    path = write_elements(tmp_path, "bom", USER_TASK)
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "bom.layerflow.json").write_bytes(bom + json.dumps({"work": {"preserveKeys": ["n"]}}).encode())
+    data, answers = tmp_path / "data.json", tmp_path / "answers.json"
+    data.write_bytes(bom + json.dumps({"amount": 41}).encode())
+    answers.write_bytes(bom + json.dumps({"user_tasks": {"ask": {"ok": True}}}).encode())
+    code, doc = _run(tmp_path, "run", str(path), "--data", str(data), "--answers", str(answers))
+    assert doc["error"] is None, doc["error"]
+    assert code == 0 and doc["layers"]["L1"] == {"amount": 41} and doc["layers"]["L3"]["n"] == 42
+    assert doc["layers"]["L3"]["ok"] is True
