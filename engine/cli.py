@@ -179,6 +179,17 @@ def _summary(out: _Out, instance: Instance) -> None:
 
 # ----------------------------------------------------------------------------- inputs
 
+def _is_inline(path: str) -> bool:
+    return path.lstrip().startswith(("{", "[")) and not Path(path).exists()
+
+
+def _source_name(path: str, what: str) -> str:
+    """How messages name where a ``--data``-like option's object came from."""
+    if _is_inline(path):
+        return f"inline {what}"
+    return f"{what} from stdin" if path == "-" else f"{what} file {path}"
+
+
 def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
     """An object from a JSON or YAML file (by its extension), from stdin (``-``, JSON) or written
     on the command line (``--data '{"amount": 20000}'``: a value starting with ``{`` or ``[`` that
@@ -186,10 +197,11 @@ def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
     if path is None:
         return {}
     yaml_file = False
-    if path.lstrip().startswith(("{", "[")) and not Path(path).exists():  # a list is refused below, by name
-        text, source = path, f"inline {what}"
+    source = _source_name(path, what)
+    if _is_inline(path):  # a list is refused below, by name
+        text = path
     elif path == "-":
-        text, source = sys.stdin.read().removeprefix("\ufeff"), f"{what} from stdin"
+        text = sys.stdin.read().removeprefix("\ufeff")
     else:
         try:
             # utf-8-sig: a byte order mark (Notepad, PowerShell's Out-File) is not part of the JSON
@@ -197,7 +209,7 @@ def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
         except OSError as err:
             _fail(f"cannot read {what} file {path}: {err.strerror}; give a JSON or YAML file, - for stdin, "
                   "or an inline JSON object", as_json=as_json)
-        source, yaml_file = f"{what} file {path}", path.endswith((".yaml", ".yml"))
+        yaml_file = path.endswith((".yaml", ".yml"))
     try:
         if yaml_file:
             import yaml
@@ -347,7 +359,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     try:
         instance = engine.start(process, data)
     except (ContextWriteDenied, LayerflowError) as err:
-        where = f"data file {data_file}" if data_file else "initial data"
+        where = _source_name(data_file, "data") if data_file else "initial data"
         _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
     if not as_json:
         out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")

@@ -62,3 +62,10 @@ def test_json_files_saved_with_a_byte_order_mark_are_read(tmp_path: Path) -> Non
     assert doc["error"] is None, doc["error"]
     assert code == 0 and doc["layers"]["L1"] == {"amount": 41} and doc["layers"]["L3"]["n"] == 42
     assert doc["layers"]["L3"]["ok"] is True
+
+
+def test_a_refused_inline_data_object_is_named_inline_data_not_a_file(tmp_path: Path) -> None:
+    path = write_elements(tmp_path, "inline", USER_TASK)
+    code, doc = _run(tmp_path, "run", str(path), "--data", '{"amount": 1, "_bad": 1e400}')
+    assert code == 2 and doc["status"] == "error"
+    assert doc["error"]["message"].startswith("inline data: ") and "'_bad'" in doc["error"]["message"]
