@@ -144,7 +144,7 @@ from pydantic import ValidationError
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import BRANCH_MARKERS
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
-from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence
+from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence, python_source
 from gateways.coverage import coverage_gap
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
@@ -1123,7 +1123,8 @@ class _Validator:
         else:
             first, source = 0, text
         try:
-            tree = ast.parse(source, mode=mode)
+            # a condition over several lines runs in parentheses (``python_source``), as Python continues lines
+            tree = ast.parse((python_source(source) or source) if mode == "eval" else source, mode=mode)
         except SyntaxError as err:
             what = what or ("condition" if mode == "eval" else "script")
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
@@ -1141,7 +1142,9 @@ class _Validator:
                 todo = "scripts run exactly as written: start top-level lines at column 0"
             else:
                 compared = _comparison_instead(source) if mode == "eval" else None
+                spelt = _operators_instead(source) if mode == "eval" else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
+                        else f"Python writes and, or, not: write {spelt!r}" if spelt is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
@@ -1828,6 +1831,18 @@ def _comparison_instead(source: str) -> str | None:
     except SyntaxError:
         return None
     return compared
+
+
+def _operators_instead(source: str) -> str | None:
+    """``a > 1 && !b`` (JavaScript's or Java's operators in a Python condition): ``a > 1 and not b``."""
+    pairs = ((r"===", "=="), (r"!==", "!="), (r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "))
+    spelt = source
+    for pattern, python in pairs:
+        spelt = re.sub(pattern, python, spelt)
+    spelt = " ".join(spelt.split())
+    if spelt == " ".join(source.split()) or python_source(spelt) is None:
+        return None
+    return spelt
 
 
 def _python_instead(source: str, dialect: str) -> str:

@@ -39,3 +39,51 @@ def test_two_empty_branches_straight_to_the_join_split_and_merge(tmp_path: Path,
     assert doc["error"] is None, doc["error"]
     assert code == 0 and doc["status"] == "completed"
     assert doc["layers"]["L3"]["x"] == 2 and doc["conflicts"] == []
+
+
+def _xor(tmp_path: Path, condition_xml: str) -> Path:
+    """start -> XOR (default: small) -> big | small -> end; ``condition_xml`` is the big flow's text, as written."""
+    return write_elements(tmp_path, "xor_text", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:exclusiveGateway id="gw" default="gw_to_small"/>',
+        '<bpmn:scriptTask id="big"><bpmn:script>path = "big"</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:scriptTask id="small"><bpmn:script>path = "small"</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "gw"), flow("gw", "small"), flow("big", "end"), flow("small", "end"),
+        '<bpmn:sequenceFlow id="gw_to_big" sourceRef="gw" targetRef="big">'
+        f'<bpmn:conditionExpression>{condition_xml}</bpmn:conditionExpression></bpmn:sequenceFlow>',
+    ])
+
+
+@pytest.mark.parametrize("condition_xml", [
+    "<![CDATA[amount > 1000 and\n      status == 'open']]>",
+    "<![CDATA[\n  amount > 1000\n  and status == 'open'   # the big open ones\n]]>",
+])
+def test_a_condition_written_over_several_lines_is_an_expression_not_a_sentence(tmp_path: Path,
+                                                                                  condition_xml: str) -> None:
+    """A modeler's text box wraps a long condition: it is the Python expression it reads as (in
+    parentheses, as Python continues lines), valid for validate and run, never a sentence for a
+    model that is not there (the flow silently not taken)."""
+    from engine.validate import validate_process
+
+    path = _xor(tmp_path, condition_xml)
+    report = validate_process(path)
+    assert report.problems == (), [str(p) for p in report.problems]
+    for amount, taken in ((5000, "big"), (10, "small")):
+        code, doc = _run(tmp_path, "run", str(path), "--data", json.dumps({"amount": amount, "status": "open"}))
+        assert code == 0 and doc["error"] is None, doc["error"]
+        assert doc["layers"]["L3"]["path"] == taken
+
+
+@pytest.mark.parametrize(("condition_xml", "python"), [
+    ('<![CDATA[amount > 1000 && status == "open"]]>', 'amount > 1000 and status == "open"'),
+    ("<![CDATA[amount > 1000 || !approved_before]]>", "amount > 1000 or not approved_before"),
+])
+def test_a_condition_with_javascript_operators_is_an_error_with_the_python_not_a_sentence(
+        tmp_path: Path, condition_xml: str, python: str) -> None:
+    from engine.validate import validate_process
+
+    report = validate_process(_xor(tmp_path, condition_xml))
+    assert [(p.code, p.severity, p.element_id, p.field) for p in report.problems] == [
+        ("condition_syntax", "error", "gw_to_big", "conditionExpression")]
+    assert f"write {python!r}" in str(report.problems[0])
