@@ -163,6 +163,11 @@ def _summary(out: _Out, instance: Instance) -> None:
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
                          f"`layerflow send {instance.id} {w['event']}{signal} --json-payload '{{...}}'`")
             continue
+        elif w.get("event_kind") == "conditional":
+            lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
+                         f"reads, `layerflow resume {instance.id} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
+                         "never changes)")
+            continue
         else:
             how = "` once the event has happened"
         lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id} {how}")

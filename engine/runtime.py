@@ -51,6 +51,7 @@ from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
@@ -720,6 +721,15 @@ def _name_hint(err: BaseException, where: str | None) -> str:
             "(the start data or an earlier task's output), or correct the expression")
 
 
+def _refresh_conditions(wf: Any) -> None:
+    """A waiting conditional catch fires once its condition holds (BPMN): SpiffWorkflow 3.2 checks
+    it only as the event becomes ready, and a condition false then waited for ever, whatever
+    changed later (a ``resume --set``, another activity's write the catch can read)."""
+    for task in list(wf.event_manager.tasks.values()):
+        if isinstance(task.task_spec.event_definition, ConditionalEventDefinition) and task.state == TaskState.WAITING:
+            task.task_spec._update(task)
+
+
 class _Runtime(ScopeSteps, GatewaySteps):
     """The per-instance driver that the spec twins call (see ``engine.spiff.Driver``)."""
 
@@ -757,6 +767,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 before = {t.id for t in _ready_tasks(wf)}
                 cycles = _cycle_states(wf)
                 wf.refresh_timers()
+                _refresh_conditions(wf)
                 for scope in (wf, *wf.get_active_subprocesses()):
                     spiff.wake_end_joins(scope)
                 # a cycle timer fires one repetition per refresh (or, after its last one, completes
@@ -853,7 +864,12 @@ class _Runtime(ScopeSteps, GatewaySteps):
             listed = {item["id"] for item in caught}
             for task in _all_tasks(wf, TaskState.WAITING):
                 if not spiff.is_join(task.task_spec) and str(task.id) not in listed:
-                    waiting.append({"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)})
+                    item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)}
+                    definition = getattr(task.task_spec, "event_definition", None)
+                    if isinstance(definition, ConditionalEventDefinition):
+                        # nothing sends it: it fires once what its condition reads changes (`resume --set`)
+                        item.update(event_kind="conditional", condition=str(definition.expression).strip())
+                    waiting.append(item)
         waiting.extend(caught)
         inst.waiting_for = waiting
         inst.status = "waiting" if waiting else "running"

@@ -87,3 +87,27 @@ def test_a_condition_with_javascript_operators_is_an_error_with_the_python_not_a
     assert [(p.code, p.severity, p.element_id, p.field) for p in report.problems] == [
         ("condition_syntax", "error", "gw_to_big", "conditionExpression")]
     assert f"write {python!r}" in str(report.problems[0])
+
+
+def test_a_conditional_catch_false_at_first_fires_once_its_condition_holds(tmp_path: Path) -> None:
+    """BPMN's conditional event waits until its condition holds. SpiffWorkflow 3.2 checked it only
+    as it became ready: false then, the instance waited for ever whatever changed. Now the wait
+    says what it waits for, and a resume after the operator set the key goes on."""
+    path = write_elements(tmp_path, "conditional", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:scriptTask id="prep"><bpmn:script>ready = False</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:intermediateCatchEvent id="until_ready"><bpmn:conditionalEventDefinition>'
+        '<bpmn:condition>ready</bpmn:condition></bpmn:conditionalEventDefinition></bpmn:intermediateCatchEvent>',
+        '<bpmn:scriptTask id="after"><bpmn:script>done = True</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "prep"), flow("prep", "until_ready"), flow("until_ready", "after"), flow("after", "end"),
+    ])
+    code, doc = _run(tmp_path, "run", str(path))
+    assert code == 3 and doc["status"] == "waiting"
+    [item] = doc["waiting_for"]
+    assert item["task_id"] == "until_ready" and item["event_kind"] == "conditional" and item["condition"] == "ready"
+    code, again = _run(tmp_path, "resume", doc["instance_id"])
+    assert code == 3 and again["waiting_for"] == doc["waiting_for"]
+    code, done = _run(tmp_path, "resume", doc["instance_id"], "--set", "ready=true")
+    assert done["error"] is None, done["error"]
+    assert code == 0 and done["status"] == "completed" and done["layers"]["L3"]["done"] is True
