@@ -109,8 +109,10 @@ not make ``report.ok`` false:
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
-``data_store_unsupported``            a bpmn:dataStore (with a name or without): SpiffWorkflow needs a class
-                                      registered for its name, and layerflow registers none
+``data_store_unsupported``            a bpmn:dataStore (with a name or without), or a data association of a
+                                      task that reads or writes a bpmn:dataStoreReference (as modelers draw
+                                      a data store): SpiffWorkflow needs a class registered for its name,
+                                      and layerflow registers none
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
@@ -1559,6 +1561,13 @@ class _Validator:
                          element_id=el.get("id"))
                 continue
             node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
+            unresolved = _unresolved_association(err, node, self.docs)
+            if unresolved is not None and node is not None:
+                association, field, what = unresolved
+                self.add("data_store_unsupported" if "data store" in what else "data_ref_unknown",
+                         f"bpmn:{node.tag} {node.id!r} {what}", file=node.file, line=association.sourceline,
+                         element_id=node.id, field=field)
+                continue
             file = getattr(err, "file_name", None) or (node.file if node else origin.file if origin else self._files())
             line = getattr(err, "line_number", None) or (node.line if node else None)
             kind = "" if isinstance(err, (ValidationException, LayerflowError)) else f"{type(err).__name__}: "
@@ -1757,6 +1766,38 @@ def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc]
         for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
             if (el.get("name") or None) == (found.group(1) if found else None):
                 return el, doc
+    return None
+
+
+_UNRESOLVED_ASSOCIATION = re.compile(r"Cannot resolve (dataInputAssociation|dataOutputAssociation)")
+
+
+def _unresolved_association(err: BaseException, node: Any, docs: Sequence[_Doc]) -> tuple[Any, str, str] | None:
+    """(association element, field, what is wrong and what to do) for SpiffWorkflow's "Cannot resolve
+    dataInputAssociation <Element ...>", which names neither the data nor why: a modeler's data store
+    drawn as a source or target (bpmn.io and Camunda Modeler draw them with no bpmn:dataStore), or an id
+    that is no data object reference."""
+    found = _UNRESOLVED_ASSOCIATION.match(str(err).strip())
+    if found is None or node is None or getattr(node, "element", None) is None:
+        return None
+    field = found.group(1)
+    ends = {"dataInputAssociation": ("sourceRef", "reads"), "dataOutputAssociation": ("targetRef", "writes")}
+    end, verb = ends[field]
+    elements = {el.get("id"): el for doc in docs if doc.root is not None for el in doc.root.iter() if el.get("id")}
+    for association in node.element.iter(_bpmn(field)):
+        for ref in association.iter(_bpmn(end)):
+            target = elements.get((ref.text or "").strip())
+            if target is not None and target.tag == _bpmn("dataStoreReference"):
+                name = f" {target.get('name')!r}" if target.get("name") else ""
+                return association, field, (
+                    f"{verb} the data store{name} (bpmn:dataStoreReference {target.get('id')!r}) through a "
+                    f"{field}: SpiffWorkflow reads and writes a data store only through a class registered for it, "
+                    "and layerflow registers none; delete the association (the data store may stay in the diagram "
+                    "as documentation), or keep the value in a bpmn:dataObject or a variable the tasks write")
+            if target is None or target.tag != _bpmn("dataObjectReference"):
+                return association, field, (
+                    f"{verb} {(ref.text or '').strip()!r} through a {field}, and that is no bpmn:dataObjectReference "
+                    f"of the process; point its {end} at a data object reference, or delete the association")
     return None
 
 

@@ -111,3 +111,31 @@ def test_a_conditional_catch_false_at_first_fires_once_its_condition_holds(tmp_p
     code, done = _run(tmp_path, "resume", doc["instance_id"], "--set", "ready=true")
     assert done["error"] is None, done["error"]
     assert code == 0 and done["status"] == "completed" and done["layers"]["L3"]["done"] is True
+
+
+@pytest.mark.parametrize(("association", "field", "verb"), [
+    ('<bpmn:property id="Property_1" name="__targetRef_placeholder"/>'
+     '<bpmn:dataInputAssociation id="read_crm"><bpmn:sourceRef>crm_store</bpmn:sourceRef>'
+     '<bpmn:targetRef>Property_1</bpmn:targetRef></bpmn:dataInputAssociation>', "dataInputAssociation", "reads"),
+    ('<bpmn:dataOutputAssociation id="write_crm"><bpmn:targetRef>crm_store</bpmn:targetRef></bpmn:dataOutputAssociation>',
+     "dataOutputAssociation", "writes"),
+])
+def test_a_data_store_drawn_as_camunda_modeler_draws_it_is_refused_naming_task_store_and_fix(
+        tmp_path: Path, association: str, field: str, verb: str) -> None:
+    """Camunda Modeler and bpmn.io draw a data store as a bpmn:dataStoreReference with no
+    bpmn:dataStore. SpiffWorkflow said only "Cannot resolve dataInputAssociation <Element ... at
+    0x7f...>"; validate names the task, the store and what to do."""
+    from engine.validate import validate_process
+
+    path = write_elements(tmp_path, "crm", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:scriptTask id="lookup">{association}<bpmn:script>n = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:dataStoreReference id="crm_store" name="CRM"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "lookup"), flow("lookup", "end"),
+    ])
+    errors = [p for p in validate_process(path).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in errors] == [("data_store_unsupported", "lookup", field)]
+    text = str(errors[0])
+    assert f"{verb} the data store 'CRM' (bpmn:dataStoreReference 'crm_store')" in text
+    assert "delete the association" in text and "0x" not in text
