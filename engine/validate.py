@@ -936,6 +936,29 @@ class _Validator:
                          f"when no condition holds the instance fails: add a default flow (default=\"FLOW_ID\") "
                          "or a condition for the missing values", file=file, line=gw.sourceline,
                          element_id=gid, field="default", severity="error" if gap.certain else "warning")
+        for gw in proc.element.iter(_bpmn("inclusiveGateway")):
+            self._check_inclusive_coverage(gw, proc.file)
+
+    def _check_inclusive_coverage(self, gw: Any, file: str) -> None:
+        """An inclusive gateway that takes no flow fails as an exclusive one does: the same gap,
+        a warning here (it ran before this check was written; its conditions are the designer's)."""
+        flows = _outgoing(gw)
+        if gw.get("default") or len(flows) < 2:
+            return
+        conditions: list[ast.expr] = []
+        for flow in flows:
+            text = _condition_text(flow)
+            source = python_source(text) if text else None
+            if source is None:
+                return  # no condition (reported elsewhere), or one that does not parse (condition_syntax)
+            conditions.append(ast.parse(source, mode="eval").body)
+        gap = coverage_gap(conditions)
+        if gap is not None:
+            gid = gw.get("id") or "(no id)"
+            self.add(gap.code, f"inclusive gateway {gid!r} has no default flow and its conditions {gap.text}; "
+                     "when no condition holds it takes no flow and the instance fails there: add a default flow "
+                     "(default=\"FLOW_ID\") or a condition for the missing values", file=file, line=gw.sourceline,
+                     element_id=gid, field="default", severity="warning")
 
     def _check_split_merges(self, proc: _Node) -> None:
         """Branches of one split that meet before their join (in an exclusive gateway, or a task with

@@ -139,3 +139,26 @@ def test_a_data_store_drawn_as_camunda_modeler_draws_it_is_refused_naming_task_s
     text = str(errors[0])
     assert f"{verb} the data store 'CRM' (bpmn:dataStoreReference 'crm_store')" in text
     assert "delete the association" in text and "0x" not in text
+
+
+def test_an_inclusive_gateway_whose_conditions_leave_a_gap_warns_as_an_exclusive_one_would(tmp_path: Path) -> None:
+    """No condition holding and no default flow stops the instance at an inclusive split as at an
+    exclusive one ("no condition of its outgoing flows holds"); validate says so before the run."""
+    from engine.validate import validate_process
+
+    path = write_elements(tmp_path, "incl_gap", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:inclusiveGateway id="split"/>',
+        '<bpmn:scriptTask id="big"><bpmn:script>b = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:scriptTask id="small"><bpmn:script>s = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:inclusiveGateway id="join"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("split", "big", "amount > 1000"), flow("split", "small", "amount < 10"),
+        flow("big", "join"), flow("small", "join"), flow("join", "end"),
+    ])
+    report = validate_process(path)
+    assert [(p.code, p.severity, p.element_id, p.field) for p in report.problems] == [
+        ("gateway_coverage_gap", "warning", "split", "default")]
+    assert "10 <= amount <= 1000" in str(report.problems[0])
+    code, doc = _run(tmp_path, "run", str(path), "--data", '{"amount": 50}')
+    assert code == 1 and doc["error"]["task_id"] == "split"
