@@ -48,7 +48,8 @@ not make ``report.ok`` false:
                                       never end, and the run would hang starting new instances
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
-``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
+``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (an
+                                      inclusive gateway's gap: a warning)
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
                                       cardinality or completion condition, a correlation property's
