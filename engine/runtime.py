@@ -721,6 +721,20 @@ def _name_hint(err: BaseException, where: str | None) -> str:
             "(the start data or an earlier task's output), or correct the expression")
 
 
+def _cardinality(task_id: str, expression: str, value: Any) -> int:
+    """A loopCardinality as SpiffWorkflow counts it (``range(value)``): a whole number. JSON has one
+    number type, so 3.0 (a JSON client's, a YAML file's) is 3; anything else stops the instance
+    naming the task and the value, not with Python's "'float' object cannot be interpreted"."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ActivityError(f"loopCardinality {expression.strip()!r} of multi-instance task {task_id!r} is "
+                        f"{short(thaw(value))} ({type(value).__name__}); it must be a whole number of instances: "
+                        "give that key an integer before the task, or write an expression that gives one "
+                        "(e.g. int(...) or len(...))", task_id=task_id)
+
+
 def _refresh_conditions(wf: Any) -> None:
     """A waiting conditional catch fires once its condition holds (BPMN): SpiffWorkflow 3.2 checks
     it only as the event becomes ready, and a condition false then waited for ever, whatever
@@ -1376,6 +1390,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 verdicts = self.decide_exclusive(task)
             if verdicts is not None and expression in verdicts:
                 return verdicts[expression]
+        if spiff.is_multi(task.task_spec) and expression == getattr(task.task_spec, "cardinality", None):
+            return _cardinality(spiff.bpmn_id_of(task), expression, self._evaluate(task, expression, external))
         return self._evaluate(task, expression, external)
 
     def _evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any:

@@ -69,3 +69,24 @@ def test_a_refused_inline_data_object_is_named_inline_data_not_a_file(tmp_path: 
     code, doc = _run(tmp_path, "run", str(path), "--data", '{"amount": 1, "_bad": 1e400}')
     assert code == 2 and doc["status"] == "error"
     assert doc["error"]["message"].startswith("inline data: ") and "'_bad'" in doc["error"]["message"]
+
+
+@pytest.mark.parametrize(("copies", "summary", "says"), [
+    (3.0, "t-1, t-2, t-3", None),     # JSON has one number type: 3.0 is 3
+    (2, "t-1, t-2", None),
+    ("3", None, "'3' (str)"),
+    (2.5, None, "2.5 (float)"),
+])
+def test_a_loop_cardinality_is_a_whole_number_however_json_spells_it(tmp_path: Path, copies, summary, says) -> None:
+    """A cardinality of 3.0 ran no instance: "TypeError: 'float' object cannot be interpreted as an
+    integer", kind engine_error, naming neither the field nor what to do."""
+    from engine_helpers import EXAMPLES
+
+    code, doc = _run(tmp_path, "run", str(EXAMPLES / "multi_instance_cardinality.bpmn"),
+                     "--data", json.dumps({"copies": copies, "title": "t"}))
+    if summary is not None:
+        assert doc["error"] is None and code == 0, doc["error"]
+        assert doc["layers"]["L3"]["summary"] == summary
+    else:
+        assert code == 1 and doc["error"]["kind"] == "activity_failed" and doc["error"]["task_id"] == "label"
+        assert "loopCardinality 'copies'" in doc["error"]["message"] and says in doc["error"]["message"]
