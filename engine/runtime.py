@@ -1120,6 +1120,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
                                     f"(loopDataInputRef) is in no layer of the context", task_id=spec.bpmn_id)
             if value is not ABSENT:
+                if value is None or isinstance(value, (bool, int, float)):
+                    # SpiffWorkflow iterates it: "TypeError: 'int' object is not iterable"
+                    raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
+                                        f"(loopDataInputRef) is {short(thaw(value))} ({type(value).__name__}), "
+                                        "nothing to run an instance per item of; give it a list (one instance per "
+                                        "item) or an object (one per key) before the task, or use a "
+                                        "loopCardinality for a count", task_id=spec.bpmn_id)
                 data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
         # over a count (loopCardinality) SpiffWorkflow starts the output list itself: its check of an

@@ -90,3 +90,18 @@ def test_a_loop_cardinality_is_a_whole_number_however_json_spells_it(tmp_path: P
     else:
         assert code == 1 and doc["error"]["kind"] == "activity_failed" and doc["error"]["task_id"] == "label"
         assert "loopCardinality 'copies'" in doc["error"]["message"] and says in doc["error"]["message"]
+
+
+@pytest.mark.parametrize("items", [5, None, 2.5, True])
+def test_a_multi_instance_input_collection_that_is_no_collection_names_task_key_and_fix(tmp_path: Path, items) -> None:
+    """It stopped with kind engine_error: "TypeError: 'int' object is not iterable"."""
+    from engine_helpers import EXAMPLES
+
+    text = (EXAMPLES / "multi_instance_parallel.bpmn").read_text(encoding="utf-8")
+    path = tmp_path / "squares.bpmn"
+    path.write_text(text.replace("<bpmn:script>items = [1, 2, 3]</bpmn:script>", "<bpmn:script>pass</bpmn:script>"),
+                    encoding="utf-8")
+    code, doc = _run(tmp_path, "run", str(path), "--data", json.dumps({"items": items}))
+    assert code == 1 and doc["error"]["kind"] == "activity_failed" and doc["error"]["task_id"] == "square"
+    message = doc["error"]["message"]
+    assert "input collection 'items' (loopDataInputRef)" in message and "give it a list" in message
