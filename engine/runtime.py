@@ -53,6 +53,7 @@ from typing import Any
 
 from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
+from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
@@ -721,6 +722,27 @@ def _name_hint(err: BaseException, where: str | None) -> str:
             "(the start data or an earlier task's output), or correct the expression")
 
 
+def _stuck_error(wf: Any) -> LayerflowError:
+    """Nothing ready, nothing to wait for: name the join that waits for branches that cannot
+    come (branches of an exclusive gateway met in a parallel one), when one does."""
+    joins: dict[str, Any] = {}
+    for task in _all_tasks(wf, TaskState.WAITING):
+        if spiff.is_join(task.task_spec) and not spiff.is_end_join(task.task_spec):
+            joins.setdefault(spiff.bpmn_id_of(task), task)
+    if not joins:
+        return LayerflowError("the process neither completed nor waits for anything; check gateways and joins of "
+                              "this process")
+    gw, task = next(iter(joins.items()))
+    kind = "parallel" if not isinstance(task.task_spec, InclusiveGateway) else "inclusive"
+    err = LayerflowError(
+        f"the process neither completed nor waits for anything: {kind} gateway {gw!r} waits for "
+        f"{len(task.task_spec.inputs)} incoming flows and the others can no longer arrive (their branches were "
+        "not taken, e.g. an exclusive gateway chose one path); branches of which only one runs meet in an "
+        "exclusive gateway, not a parallel one: change that join, or make every incoming path run")
+    err.task_id = gw  # type: ignore[attr-defined]
+    return err
+
+
 def _cardinality(task_id: str, expression: str, value: Any) -> int:
     """A loopCardinality as SpiffWorkflow counts it (``range(value)``): a whole number. JSON has one
     number type, so 3.0 (a JSON client's, a YAML file's) is 3; anything else stops the instance
@@ -889,8 +911,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         inst.status = "waiting" if waiting else "running"
         if not waiting:
             # nothing ready, nothing to wait for, not completed: the process is stuck
-            self.fail(LayerflowError("the process neither completed nor waits for anything; "
-                                     "check gateways and joins of this process"))
+            self.fail(_stuck_error(wf))
 
     def fail(self, err: BaseException) -> None:
         inst = self.instance

@@ -48,6 +48,8 @@ not make ``report.ok`` false:
                                       never end, and the run would hang starting new instances
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
+``join_never_complete`` W             a parallel join whose incoming flows come from different paths of one
+                                      exclusive or event-based gateway: it waits for ever
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (an
                                       inclusive gateway's gap: a warning)
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
@@ -381,6 +383,7 @@ class _Validator:
             if _executable(proc.element):
                 self._check_gateways(proc)
                 self._check_split_merges(proc)
+                self._check_exclusive_into_parallel(proc)
                 self._check_code(proc)
                 self._check_references(proc)
                 self._check_shapes(proc)
@@ -960,6 +963,30 @@ class _Validator:
                      "when no condition holds it takes no flow and the instance fails there: add a default flow "
                      "(default=\"FLOW_ID\") or a condition for the missing values", file=file, line=gw.sourceline,
                      element_id=gid, field="default", severity="warning")
+
+    def _check_exclusive_into_parallel(self, proc: _Node) -> None:
+        """Two incoming flows of a parallel join that go back, step by step through plain nodes, to
+        different flows of one exclusive (or event-based) gateway: only one of them ever carries a
+        token, and the join waits for the other for ever (the run then stops there)."""
+        for join in proc.element.iter(_bpmn("parallelGateway")):
+            incoming = _incoming(join)
+            if len(incoming) < 2:
+                continue
+            origins: dict[str, set[str]] = {}
+            for flow in incoming:
+                found = _choice_behind(flow)
+                if found is not None:
+                    origins.setdefault(found[0], set()).add(found[1])
+            for choice, branches in origins.items():
+                if len(branches) < 2:
+                    continue
+                jid = join.get("id") or "(no id)"
+                self.add("join_never_complete", f"parallel gateway {jid!r} joins flows that come from different "
+                         f"paths of {choice!r}, which takes only one of them: the join waits for the others for ever "
+                         f"and the instance stops there; merge them in an exclusive gateway instead (or make "
+                         f"{choice!r} a parallel or inclusive split)", file=proc.file, line=join.sourceline,
+                         element_id=jid, severity="warning")
+                break
 
     def _check_split_merges(self, proc: _Node) -> None:
         """Branches of one split that meet before their join (in an exclusive gateway, or a task with
@@ -1700,6 +1727,31 @@ def _owner_id(ext: Any) -> str | None:
 
 
 _JOIN_TAGS = ("parallelGateway", "inclusiveGateway")
+
+
+_CHOICES = ("exclusiveGateway", "eventBasedGateway")
+
+
+def _choice_behind(flow: Any) -> tuple[str, str] | None:
+    """(id of the exclusive or event-based gateway, id of its outgoing flow) that ``flow`` comes
+    from through nodes with one incoming and one outgoing flow each, else None."""
+    scope = flow.getparent()
+    if scope is None:
+        return None
+    nodes = {n.get("id"): n for n in scope.iterchildren() if n.get("id")}
+    seen: set[str] = set()
+    while True:
+        source = nodes.get(flow.get("sourceRef"))
+        if source is None or source.get("id") in seen:
+            return None
+        seen.add(source.get("id"))
+        outgoing = _outgoing(source)
+        if etree.QName(source).localname in _CHOICES and len(outgoing) > 1:
+            return source.get("id"), flow.get("id")
+        incoming = _incoming(source)
+        if len(incoming) != 1 or len(outgoing) != 1 or source.get("attachedToRef"):
+            return None
+        flow = incoming[0]
 
 
 def _incoming(node: Any) -> list[Any]:

@@ -162,3 +162,45 @@ def test_an_inclusive_gateway_whose_conditions_leave_a_gap_warns_as_an_exclusive
     assert "10 <= amount <= 1000" in str(report.problems[0])
     code, doc = _run(tmp_path, "run", str(path), "--data", '{"amount": 50}')
     assert code == 1 and doc["error"]["task_id"] == "split"
+
+
+def test_branches_of_an_exclusive_gateway_joined_in_a_parallel_one_are_named_before_and_when_stuck(
+        tmp_path: Path) -> None:
+    """A classic modelling slip: validate said the process was valid, and the run stopped with
+    "the process neither completed nor waits for anything; check gateways and joins" (task_id null)."""
+    from engine.validate import validate_process
+
+    path = write_elements(tmp_path, "xor_and", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:exclusiveGateway id="choose" default="choose_to_b"/>',
+        '<bpmn:scriptTask id="a"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:scriptTask id="b"><bpmn:script>y = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:parallelGateway id="both"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "choose"), flow("choose", "a", "go_a"), flow("choose", "b"), flow("a", "both"),
+        flow("b", "both"), flow("both", "end"),
+    ])
+    report = validate_process(path)
+    assert [(p.code, p.severity, p.element_id) for p in report.problems] == [
+        ("join_never_complete", "warning", "both")]
+    assert "'choose'" in str(report.problems[0]) and "exclusive gateway instead" in str(report.problems[0])
+    code, doc = _run(tmp_path, "run", str(path), "--data", '{"go_a": true}')
+    assert code == 1 and doc["status"] == "error" and doc["error"]["task_id"] == "both"
+    assert "parallel gateway 'both' waits for 2 incoming flows" in doc["error"]["message"]
+
+
+def test_a_parallel_split_and_join_and_a_loop_back_are_no_exclusive_join(tmp_path: Path) -> None:
+    from engine.validate import validate_process
+
+    path = write_elements(tmp_path, "and_and", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:parallelGateway id="split"/>',
+        '<bpmn:scriptTask id="a"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:scriptTask id="b"><bpmn:script>y = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:parallelGateway id="both"/>',
+        '<bpmn:exclusiveGateway id="again" default="again_to_end"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("split", "a"), flow("split", "b"), flow("a", "both"), flow("b", "both"),
+        flow("both", "again"), flow("again", "end"), flow("again", "split", "False"),
+    ])
+    assert [p.code for p in validate_process(path).problems if p.code == "join_never_complete"] == []
