@@ -142,7 +142,8 @@ def _summary(out: _Out, instance: Instance) -> None:
                      f"{instance.cancelled['reason']}")
     for c in doc["conflicts"]:
         res = c.get("resolution")
-        how = f"-> {json.dumps(res['value'])} by {res['resolver']} ({res['reason']})" if res else "-> unresolved"
+        how = (f"-> {json.dumps(res['value'], ensure_ascii=False)} by {res['resolver']} ({res['reason']})" if res
+               else "-> unresolved")
         lines.append(f"  conflict {c['gateway_id']}/{c['key']}: {json.dumps(c['values'], ensure_ascii=False)} {how}")
     for c in doc["compressions"]:
         lines.append(f"  compression at {c.get('activity_id')}: {c.get('tokens_before')} -> {c.get('tokens_after')} tokens "

@@ -105,3 +105,14 @@ def test_a_multi_instance_input_collection_that_is_no_collection_names_task_key_
     assert code == 1 and doc["error"]["kind"] == "activity_failed" and doc["error"]["task_id"] == "square"
     message = doc["error"]["message"]
     assert "input collection 'items' (loopDataInputRef)" in message and "give it a list" in message
+
+
+def test_the_plain_summary_shows_a_resolved_unicode_value_as_written(tmp_path: Path) -> None:
+    path = write_elements(tmp_path, "par", PARALLEL)
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"a": {"结果": "同意"}, "b": {"结果": "拒绝"}},
+                                   "confirmations": {"join/结果": "同意"}}, ensure_ascii=False), encoding="utf-8")
+    result = CliRunner().invoke(main, ["run", str(path), "--answers", str(answers),
+                                       "--store", f"sqlite:///{tmp_path / 'plain.db'}"], catch_exceptions=False)
+    assert result.exit_code == 0, result.stderr
+    assert 'conflict join/结果: {"a": "同意", "b": "拒绝"} -> "同意" by human' in result.stdout + result.stderr
