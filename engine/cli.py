@@ -426,15 +426,42 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], answer: tuple[str, ...]) -> None:
-    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr."""
+def _waiting_ids(instance: Instance) -> set[str]:
+    """What an --answer KEY may name of what the instance waits for now."""
     waiting = {"*"}
     for w in instance.waiting_for:
         waiting.update(str(w[k]) for k in ("id", "task_id") if w.get(k))
         if w.get("key"):
             waiting.add(f"{w['task_id']}/{w['key']}")
+    return waiting
+
+
+def _answer_keys(instance: Instance, answers: dict[str, Any], answer: tuple[str, ...]) -> list[str]:
+    """The KEY of each --answer KEY=VALUE. A context key may hold '=' (a conflict on 'k=v' waits as
+    'gw/k=v'): when the text before the first '=' names nothing the instance waits for and the text
+    before a later '=' does, that is the KEY, and the answer is moved to it."""
+    waiting = _waiting_ids(instance)
+    keys = []
     for item in answer:
-        key = item.partition("=")[0]
+        key, _, value = item.partition("=")
+        if key not in waiting:
+            cuts = [i for i, c in enumerate(item) if c == "=" and item[:i] in waiting]
+            if len(cuts) == 1:
+                for section in ("confirmations", "user_tasks"):
+                    answers[section].pop(key, None)
+                key, value = item[:cuts[0]], item[cuts[0] + 1:]
+                parsed = _parse_value(value)
+                answers["confirmations"][key] = parsed
+                if isinstance(parsed, dict):
+                    answers["user_tasks"][key] = parsed
+        keys.append(key)
+    return keys
+
+
+def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], keys: list[str]) -> None:
+    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr."""
+    waiting = _waiting_ids(instance)
+    for key in keys:
         if key not in waiting:
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
@@ -581,7 +608,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         source = _answers_source(answers_file, answer)
         _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
         _user_task_answers_are_objects(instance.process, answer, as_json)
-        _unused_answers(out, instance, answers, answer)
+        _unused_answers(out, instance, answers, _answer_keys(instance, answers, answer))
         for key, value in answers["confirmations"].items():
             if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
                 try:

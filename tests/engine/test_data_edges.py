@@ -116,3 +116,17 @@ def test_the_plain_summary_shows_a_resolved_unicode_value_as_written(tmp_path: P
                                        "--store", f"sqlite:///{tmp_path / 'plain.db'}"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     assert 'conflict join/结果: {"a": "同意", "b": "拒绝"} -> "同意" by human' in result.stdout + result.stderr
+
+
+def test_resume_answers_a_conflict_on_a_key_that_holds_an_equals_sign(tmp_path: Path) -> None:
+    """``--answer join/k=v=2``: the instance waits for ``join/k=v``, so that is the KEY and 2 the
+    VALUE; the answer was kept "for a later step" under ``join/k`` and the instance kept waiting."""
+    path = write_elements(tmp_path, "par", PARALLEL)
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"a": {"k=v": 1}, "b": {"k=v": 2}}}), encoding="utf-8")
+    code, doc = _run(tmp_path, "run", str(path), "--answers", str(answers))
+    assert code == 3 and [w["id"] for w in doc["waiting_for"]] == ["join/k=v"]
+    code, done = _run(tmp_path, "resume", doc["instance_id"], "--answer", "join/k=v=2")
+    assert done["error"] is None, done["error"]
+    assert code == 0 and done["layers"]["L3"]["k=v"] == 2
+    assert done["conflicts"][0]["resolution"]["resolver"] == "human"
