@@ -43,3 +43,21 @@ def test_resume_from_another_folder_finds_handlers_beside_the_process(tmp_path: 
     doc = json.loads(resumed.stdout)
     assert doc["error"] is None and doc["status"] == "completed", doc["error"]
     assert resumed.exit_code == 0
+
+
+def test_a_catalog_says_which_files_and_process_ids_it_leaves_out(tmp_path: Path) -> None:
+    """Two files defining one process id, and a file that is no XML: the server listed the first
+    and said nothing of the others (`layerflow serve` now prints these as warnings)."""
+    from engine.governance import Catalog
+
+    loan = (EXAMPLES / "loan_approval.bpmn").read_text(encoding="utf-8")
+    (tmp_path / "a_loan.bpmn").write_text(loan, encoding="utf-8")
+    (tmp_path / "b_loan_copy.bpmn").write_text(loan, encoding="utf-8")
+    (tmp_path / "c_broken.bpmn").write_text("<bpmn:definitions", encoding="utf-8")
+    catalog = Catalog(tmp_path)
+    assert catalog.entries() == {"loan_approval": {"id": "loan_approval", "name": "Loan approval",
+                                                   "file": "a_loan.bpmn"}}
+    problems = catalog.problems()
+    assert len(problems) == 2
+    assert problems[0].startswith("b_loan_copy.bpmn: process 'loan_approval' is left out") and "a_loan.bpmn" in problems[0]
+    assert problems[1].startswith("c_broken.bpmn: left out of the catalog") and "layerflow validate" in problems[1]
