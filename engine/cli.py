@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -154,7 +155,7 @@ def _summary(out: _Out, instance: Instance) -> None:
             same = [c for c in instance.confirmations if c["id"] == w["id"]]
             entry = next((c for c in same if not c.get("answered")), same[-1] if same else {})
             values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in entry.get("options", []))
-            how = f"--answer {w['id']}=VALUE` (VALUE: {values})"
+            how = f"--answer {shlex.quote(w['id'] + '=VALUE')}` (VALUE: {values})"  # a key may hold a space
             if w.get("escalated"):
                 how += " [escalated: no answer before the deadline]"
         elif w["kind"] == "user_task":
@@ -162,7 +163,7 @@ def _summary(out: _Out, instance: Instance) -> None:
         elif w.get("event"):
             signal = " --signal" if w.get("event_kind") == "signal" else ""
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
-                         f"`layerflow send {instance.id} {w['event']}{signal} --json-payload '{{...}}'`")
+                         f"`layerflow send {instance.id} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
             continue
         elif w.get("event_kind") == "conditional":
             lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
@@ -171,7 +172,8 @@ def _summary(out: _Out, instance: Instance) -> None:
             continue
         else:
             how = "` once the event has happened"
-        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id} {how}")
+        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}"
+                     f"{'' if how.startswith('`') else ' '}{how}")
     tokens = doc["tokens"]
     lines.append("  tokens " + " ".join(f"{k}={v}" for k, v in tokens.items()))
     if out.tty:

@@ -130,3 +130,26 @@ def test_resume_answers_a_conflict_on_a_key_that_holds_an_equals_sign(tmp_path: 
     assert done["error"] is None, done["error"]
     assert code == 0 and done["layers"]["L3"]["k=v"] == 2
     assert done["conflicts"][0]["resolution"]["resolver"] == "human"
+
+
+def test_the_waiting_hints_quote_names_with_spaces_so_they_can_be_pasted(tmp_path: Path) -> None:
+    """Camunda message names have spaces ("Documents received"), context keys may too: the hint
+    `layerflow send ID Documents received ...` ran `send` with the wrong name when pasted."""
+    path = write_elements(tmp_path, "par", PARALLEL, extra='  <bpmn:message id="m" name="Documents received"/>\n')
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"a": {"due date": 1}, "b": {"due date": 2}}}), encoding="utf-8")
+    store = f"sqlite:///{tmp_path / 'hints.db'}"
+    result = CliRunner().invoke(main, ["run", str(path), "--answers", str(answers), "--store", store],
+                                catch_exceptions=False)
+    assert result.exit_code == 3
+    assert "--answer 'join/due date=VALUE'" in result.stdout
+
+    catch = write_elements(tmp_path, "docs", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:intermediateCatchEvent id="wait"><bpmn:messageEventDefinition messageRef="m"/>'
+        '</bpmn:intermediateCatchEvent>',
+        '<bpmn:endEvent id="end"/>', flow("start", "wait"), flow("wait", "end")],
+        extra='  <bpmn:message id="m" name="Documents received"/>\n')
+    result = CliRunner().invoke(main, ["run", str(catch), "--store", store], catch_exceptions=False)
+    assert result.exit_code == 3
+    assert " 'Documents received' --json-payload" in result.stdout
