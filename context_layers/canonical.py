@@ -124,12 +124,22 @@ def text_problem(text: str) -> str | None:
             "Unicode text: no UTF-8 JSON document can carry it")
 
 
-def freeze(value: Any, _path: str = "") -> Any:
+#: how deeply objects and lists may nest in a context value: every walk over a value (freezing,
+#: comparing, rendering, storing) recurses once per level, and a deeper one ended the run with a
+#: RecursionError traceback instead of an error naming the key
+MAX_DEPTH = 200
+
+
+def freeze(value: Any, _path: str = "", _depth: int = 0) -> Any:
     """Validate a JSON-compatible value and return an immutable copy of it.
 
     Raises ``ValueError``/``TypeError`` with the path of the offending part; the
     caller adds the context key.
     """
+    if _depth > MAX_DEPTH:
+        where = _path if len(_path) <= 60 else _path[:40] + "..."
+        raise ValueError(f"{where or 'value'} is nested more than {MAX_DEPTH} objects or lists deep, which layerflow "
+                         "does not keep; flatten it, or store the deep part as a JSON string")
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -153,10 +163,10 @@ def freeze(value: Any, _path: str = "") -> Any:
             problem = text_problem(k)
             if problem is not None:
                 raise ValueError(f"{_path or 'value'} has a key {k!r} that {problem}")
-            out[k] = freeze(v, f"{_path}.{k}" if _path else k)
+            out[k] = freeze(v, f"{_path}.{k}" if _path else k, _depth + 1)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):
-        return FrozenList(freeze(v, f"{_path}[{i}]") for i, v in enumerate(value))
+        return FrozenList(freeze(v, f"{_path}[{i}]", _depth + 1) for i, v in enumerate(value))
     raise TypeError(f"{_path or 'value'} is of type {type(value).__name__}, which is not JSON-compatible")
 
 

@@ -188,7 +188,12 @@ def _summary(out: _Out, instance: Instance) -> None:
 # ----------------------------------------------------------------------------- inputs
 
 def _is_inline(path: str) -> bool:
-    return path.lstrip().startswith(("{", "[")) and not Path(path).exists()
+    if not path.lstrip().startswith(("{", "[")):
+        return False
+    try:
+        return not Path(path).exists()
+    except OSError:  # longer than a file name may be ("File name too long"): JSON written inline
+        return True
 
 
 def _source_name(path: str, what: str) -> str:

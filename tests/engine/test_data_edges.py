@@ -153,3 +153,32 @@ def test_the_waiting_hints_quote_names_with_spaces_so_they_can_be_pasted(tmp_pat
     result = CliRunner().invoke(main, ["run", str(catch), "--store", store], catch_exceptions=False)
     assert result.exit_code == 3
     assert " 'Documents received' --json-payload" in result.stdout
+
+
+def test_a_value_nested_too_deep_is_refused_naming_the_key_not_a_recursion_traceback(tmp_path: Path) -> None:
+    """JSON 500 lists deep parses, and the run ended in a RecursionError traceback (no JSON document)."""
+    from context_layers import ContextValueError, Layer, LayeredContext
+    from context_layers.canonical import MAX_DEPTH
+
+    path = write_elements(tmp_path, "deep", USER_TASK)
+    deep = "[" * 500 + "]" * 500
+    code, doc = _run(tmp_path, "run", str(path), "--data", '{"amount": 1, "deep": ' + deep + "}")
+    assert code == 2 and doc["error"]["kind"] == "invalid_value"
+    assert "key 'deep'" in doc["error"]["message"] and f"nested more than {MAX_DEPTH}" in doc["error"]["message"]
+    ctx = LayeredContext()
+    with pytest.raises(ContextValueError, match="nested more than"):
+        ctx.write(Layer.WORKING, "deep", json.loads(deep), actor="t")
+    ok = json.loads("[" * MAX_DEPTH + "]" * MAX_DEPTH)
+    ctx.write(Layer.WORKING, "fine", ok, actor="t")
+    assert ctx.resolve("fine") == ok
+
+
+def test_inline_data_longer_than_a_file_name_may_be_is_read_as_json(tmp_path: Path) -> None:
+    """`--data '{...}'` of more than 255 characters: checking whether a file of that name exists
+    raised "OSError: File name too long", a traceback instead of a run."""
+    path = write_elements(tmp_path, "long_inline", USER_TASK)
+    note = "x" * 400
+    code, doc = _run(tmp_path, "run", str(path), "--data", json.dumps({"amount": 1, "note": note}),
+                     "--answers", json.dumps({"user_tasks": {"ask": {"reply": note}}}))
+    assert doc["error"] is None, doc["error"]
+    assert code == 0 and doc["layers"]["L1"]["note"] == note and doc["layers"]["L3"]["reply"] == note
