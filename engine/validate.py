@@ -62,6 +62,8 @@ not make ``report.ok`` false:
                                       subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
+``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
+                                      ``count()``, ``contains()``): context values are never callable
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
@@ -133,6 +135,7 @@ engine runs them: an indented script fails with "unexpected indent" and is repor
 from __future__ import annotations
 
 import ast
+import builtins
 import difflib
 import json
 import re
@@ -1211,6 +1214,18 @@ class _Validator:
                          "expressions are Python, write True, False or None", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field,
                          severity="warning")
+            calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                            and not hasattr(builtins, n.func.id)})
+            if calls:
+                # context values are JSON, never callable, and an expression sees Python's builtins only
+                what = what or "condition"
+                hints = [f"{name}(...): {_FOREIGN_FUNCTIONS[name]}" for name in calls if name in _FOREIGN_FUNCTIONS]
+                self.add("condition_unknown_function", f"{what} {source!r} calls {', '.join(map(repr, calls))}, "
+                         "which is no Python builtin (another expression language's function?): the run stops there "
+                         "with a NameError; expressions are Python over the context"
+                         + (f" ({'; '.join(hints)})" if hints else ""), file=file,
+                         line=el.sourceline if el is not None else None, element_id=element_id, field=field,
+                         severity="warning")
         return tree
 
     def _check_timer(self, el: Any, tag: str, file: str) -> None:
@@ -1948,6 +1963,15 @@ def _comparison_instead(source: str) -> str | None:
     except SyntaxError:
         return None
     return compared
+
+
+#: FEEL's and JUEL's functions a condition may call by habit, and their Python
+_FOREIGN_FUNCTIONS = {
+    "count": "len(...)", "size": "len(...)", "length": "len(...)", "contains": "write 'PART in TEXT'",
+    "string": "str(...)", "number": "float(...) or int(...)", "lower": "write TEXT.lower()",
+    "upper": "write TEXT.upper()", "empty": "write 'not VALUE'", "is_defined": "write 'VALUE is not None'",
+    "now": "compare ISO 8601 text, or set the time in a task", "today": "compare ISO 8601 text, or set it in a task",
+}
 
 
 def _operators_instead(source: str) -> str | None:

@@ -204,3 +204,22 @@ def test_a_parallel_split_and_join_and_a_loop_back_are_no_exclusive_join(tmp_pat
         flow("both", "again"), flow("again", "end"), flow("again", "split", "False"),
     ])
     assert [p.code for p in validate_process(path).problems if p.code == "join_never_complete"] == []
+
+
+@pytest.mark.parametrize(("condition", "called", "hint"), [
+    ("count(items) > 0", "'count'", "len(...)"),
+    ('contains(name, "x")', "'contains'", "PART in TEXT"),
+])
+def test_a_condition_calling_another_languages_function_warns_naming_it_and_the_python(
+        tmp_path: Path, condition: str, called: str, hint: str) -> None:
+    """FEEL's count() or contains() in a condition passed validate and stopped the run with a NameError."""
+    from xml.sax.saxutils import escape
+
+    from engine.validate import validate_process
+
+    report = validate_process(_xor(tmp_path, escape(condition)))
+    assert [(p.code, p.severity, p.element_id, p.field) for p in report.problems] == [
+        ("condition_unknown_function", "warning", "gw_to_big", "conditionExpression")]
+    assert called in str(report.problems[0]) and hint in str(report.problems[0])
+    builtin_only = validate_process(_xor(tmp_path, escape("len(items) > 0 and max(items) < 5")))
+    assert builtin_only.problems == ()
