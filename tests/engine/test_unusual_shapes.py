@@ -223,3 +223,22 @@ def test_a_condition_calling_another_languages_function_warns_naming_it_and_the_
     assert called in str(report.problems[0]) and hint in str(report.problems[0])
     builtin_only = validate_process(_xor(tmp_path, escape("len(items) > 0 and max(items) < 5")))
     assert builtin_only.problems == ()
+
+
+def test_a_branch_id_yaml_reads_as_a_boolean_says_to_quote_it(tmp_path: Path) -> None:
+    """Tasks named yes and no: ``- id: no`` in the config file is False to YAML; the problem said only
+    "Input should be a valid string"."""
+    from engine.validate import validate_process
+
+    path = write_elements(tmp_path, "yes_no", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>',
+        '<bpmn:scriptTask id="yes"><bpmn:script>a = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:scriptTask id="no"><bpmn:script>b = 1</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("split", "yes"), flow("split", "no"), flow("yes", "join"), flow("no", "join"),
+        flow("join", "end")])
+    (tmp_path / "yes_no.layerflow.yaml").write_text(
+        "split:\n  branches:\n    - id: no\n      contextInject: {side: b}\n", encoding="utf-8")
+    [problem] = validate_process(path).problems
+    assert (problem.code, problem.element_id, problem.field) == ("invalid_config_field", "split", "branches.0.id")
+    assert "got False" in problem.message and "put the value in quotes" in problem.message
