@@ -345,6 +345,11 @@ class _Command(click.Command):
                   kind=err.kind, details={"instance_id": iid})
         except StoreError as err:
             _fail(str(err), EXIT_ERROR, as_json=as_json, kind=err.kind)
+        except OSError as err:
+            if err.filename is None:
+                raise
+            # a path the system refuses as a name ("File name too long"), met where a file is looked for
+            _fail(f"{err.filename}: {err.strerror or err}; check the path given", as_json=as_json)
 
 
 class _Commands(click.Group):

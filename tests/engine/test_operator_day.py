@@ -61,3 +61,12 @@ def test_a_catalog_says_which_files_and_process_ids_it_leaves_out(tmp_path: Path
     assert len(problems) == 2
     assert problems[0].startswith("b_loan_copy.bpmn: process 'loan_approval' is left out") and "a_loan.bpmn" in problems[0]
     assert problems[1].startswith("c_broken.bpmn: left out of the catalog") and "layerflow validate" in problems[1]
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_path_the_system_refuses_is_bad_input_not_a_traceback(tmp_path: Path, command: str) -> None:
+    name = str(tmp_path / ("a" * 300 + ".bpmn"))
+    result = CliRunner().invoke(main, [command, name, "--json"] + (["--store", "memory://"] if command == "run" else []))
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "File name too long" in (result.stdout + result.stderr)
