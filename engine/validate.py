@@ -62,6 +62,8 @@ not make ``report.ok`` false:
                                       subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
+``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
+                                      ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
                                       ``count()``, ``contains()``): context values are never callable
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
@@ -1214,6 +1216,18 @@ class _Validator:
                          "expressions are Python, write True, False or None", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field,
                          severity="warning")
+            camunda = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
+            if camunda:
+                what = what or "condition"
+                loop = next((a for a in el.iterancestors() if a.tag == _bpmn("multiInstanceLoopCharacteristics")),
+                            None) if el is not None else None
+                output = (loop.findtext(_bpmn("loopDataOutputRef")) or "").strip() if loop is not None else ""
+                instead = (f"count what is done with the output collection, len({output})" if output else
+                           "count what is done with an output collection (loopDataOutputRef), len(...)")
+                self.add("condition_camunda_variable", f"{what} {source!r} reads {', '.join(map(repr, camunda))}, "
+                         "the multi-instance counters Camunda sets and SpiffWorkflow does not (the run stops there "
+                         f"with a NameError): {instead}", file=file, line=el.sourceline if el is not None else None,
+                         element_id=element_id, field=field, severity="warning")
             calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                             and not hasattr(builtins, n.func.id)})
             if calls:
@@ -1964,6 +1978,9 @@ def _comparison_instead(source: str) -> str | None:
         return None
     return compared
 
+
+#: the variables Camunda sets inside a multi-instance activity, which SpiffWorkflow does not
+_CAMUNDA_LOOP_NAMES = frozenset({"nrOfInstances", "nrOfActiveInstances", "nrOfCompletedInstances", "loopCounter"})
 
 #: FEEL's and JUEL's functions a condition may call by habit, and their Python
 _FOREIGN_FUNCTIONS = {

@@ -242,3 +242,28 @@ def test_a_branch_id_yaml_reads_as_a_boolean_says_to_quote_it(tmp_path: Path) ->
     [problem] = validate_process(path).problems
     assert (problem.code, problem.element_id, problem.field) == ("invalid_config_field", "split", "branches.0.id")
     assert "got False" in problem.message and "put the value in quotes" in problem.message
+
+
+def test_a_completion_condition_on_camundas_counters_warns_and_the_suggested_one_runs(tmp_path: Path) -> None:
+    """``nrOfCompletedInstances >= 2`` (Camunda's counter) passed validate and stopped the run with a
+    NameError; the warning's ``len(labels) >= 2`` completes after two instances."""
+    from engine.validate import validate_process
+    from engine_helpers import EXAMPLES
+
+    text = (EXAMPLES / "multi_instance_cardinality.bpmn").read_text(encoding="utf-8")
+    anchor = '<bpmn:outputDataItem id="one_label" name="one_label"/>'
+
+    def with_condition(name: str, condition: str) -> Path:
+        path = tmp_path / f"{name}.bpmn"
+        path.write_text(text.replace(anchor, f"{anchor}<bpmn:completionCondition>{condition}"
+                                             "</bpmn:completionCondition>"), encoding="utf-8")
+        return path
+
+    [warning] = validate_process(with_condition("camunda", "nrOfCompletedInstances &gt;= 2")).problems
+    assert (warning.code, warning.severity, warning.element_id, warning.field) == (
+        "condition_camunda_variable", "warning", "label", "completionCondition")
+    assert "'nrOfCompletedInstances'" in warning.message and "len(labels)" in warning.message
+    fixed = with_condition("python", "len(labels) &gt;= 2")
+    assert validate_process(fixed).problems == ()
+    code, doc = _run(tmp_path, "run", str(fixed), "--data", '{"copies": 3, "title": "t"}')
+    assert code == 0 and doc["layers"]["L3"]["summary"] == "t-1, t-2"
