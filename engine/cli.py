@@ -236,7 +236,26 @@ def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         _fail(f"{source} must hold an object, got {type(data).__name__}", as_json=as_json)
+    if yaml_file:
+        dated = _yaml_date(data)
+        if dated is not None:
+            _fail(f"{source}: {dated[0]!r} is {dated[1]}, which YAML reads as a date, not text; quote it "
+                  f"('{dated[1]}') to pass it on as text", as_json=as_json)
     return data
+
+
+def _yaml_date(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(where, the date's text) of the first date or time an unquoted YAML value became."""
+    import datetime
+
+    if isinstance(value, (datetime.date, datetime.time)):
+        return path, value.isoformat()
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _yaml_date(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
 
 
 def _parse_value(text: str) -> Any:

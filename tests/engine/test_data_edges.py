@@ -182,3 +182,14 @@ def test_inline_data_longer_than_a_file_name_may_be_is_read_as_json(tmp_path: Pa
                      "--answers", json.dumps({"user_tasks": {"ask": {"reply": note}}}))
     assert doc["error"] is None, doc["error"]
     assert code == 0 and doc["layers"]["L1"]["note"] == note and doc["layers"]["L3"]["reply"] == note
+
+
+def test_a_yaml_data_file_with_an_unquoted_date_says_to_quote_it(tmp_path: Path) -> None:
+    """The message was "value is of type date, which is not JSON-compatible; write None, bool, ..."."""
+    path = write_elements(tmp_path, "dated", USER_TASK)
+    data = tmp_path / "data.yaml"
+    data.write_text("amount: 1\nclaim: {filed: 2024-01-05}\n", encoding="utf-8")
+    code, doc = _run(tmp_path, "run", str(path), "--data", str(data))
+    assert code == 2 and doc["error"]["kind"] == "bad_input"
+    assert "'claim.filed' is 2024-01-05, which YAML reads as a date" in doc["error"]["message"]
+    assert "quote it ('2024-01-05')" in doc["error"]["message"]
