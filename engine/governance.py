@@ -79,7 +79,7 @@ from context_layers.tape import EventKind
 from .gateway_steps import short
 from .leases import holding
 from .process import Process, load_process
-from .runtime import Engine, Instance, refuse_if_cancelled
+from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
 from .store import record_head
 
 __all__ = [
@@ -705,7 +705,14 @@ class GovernanceService:
         instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
         if args.run:
             answers = args.answers.model_dump() if args.answers is not None else None
-            instance = self.engine.run(instance, answers=answers)
+            try:
+                instance = self.engine.run(instance, answers=answers)
+            except (InvalidAnswer, AnswerWriteDenied) as err:
+                # the instance exists (saved, waiting for a valid answer): the refusal names it, or the
+                # client could neither correct the answer nor find what it started
+                if getattr(err, "instance_id", None) is None:
+                    err.instance_id = instance.id
+                raise
         else:
             self._save(instance)
         return {**instance.to_document(), "version": instance.version}

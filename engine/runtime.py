@@ -605,12 +605,16 @@ class AnswerWriteDenied(ContextWriteDenied):
     def __init__(self, denied: ContextWriteDenied, *, task_id: str) -> None:
         super().__init__(denied.key, denied.requested, denied.effective, denied.reason)
         self.task_id = task_id
+        self.instance_id: str | None = None  # set where the instance was just started (the caller has no id yet)
 
     def __str__(self) -> str:
         return f"the answer to user task {self.task_id!r} writes what the layer rules refuse: {super().__str__()}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "task_id": self.task_id}
+        out = {**super().to_dict(), "task_id": self.task_id}
+        if self.instance_id is not None:
+            out["instance_id"] = self.instance_id
+        return out
 
 
 def _utc(iso: str) -> datetime:
