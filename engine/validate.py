@@ -62,6 +62,8 @@ not make ``report.ok`` false:
                                       subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
+``error_end_uncaught`` W              an error end event at the top level of the process that runs: nothing
+                                      catches it, and the instance ends as completed
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -384,6 +386,7 @@ class _Validator:
         self._check_knowledge()
         self._check_handlers()
         self._check_called_event_subprocesses(main)
+        self._check_uncaught_errors(main)
         for proc in self.processes:
             if _executable(proc.element):
                 self._check_gateways(proc)
@@ -1363,6 +1366,27 @@ class _Validator:
         for sub in proc.element.iter(_bpmn("subProcess")):
             if sub.get("triggeredByEvent") == "true":
                 self._check_event_subprocess(sub, file)
+
+    def _check_uncaught_errors(self, main: str | None) -> None:
+        """An error end event at the top level of the process that runs: nothing around it can catch
+        the error (an error-started event sub-process is refused), and the instance ends there as
+        completed, as in SpiffWorkflow (and Camunda 7), which a reader of the diagram rarely expects."""
+        proc = next((p for p in self.processes if p.id == main), None)
+        if proc is None:
+            return
+        errors = {e.get("id"): e for doc in self.docs if doc.root is not None for e in doc.root.iter(_bpmn("error"))}
+        for end in proc.element.iterchildren(_bpmn("endEvent")):
+            definition = end.find(_bpmn("errorEventDefinition"))
+            if definition is None:
+                continue
+            error = errors.get(definition.get("errorRef") or "")
+            named = f" {error.get('name') or error.get('errorCode') or error.get('id')!r}" if error is not None else ""
+            self.add("error_end_uncaught", f"error end event {end.get('id')!r} throws the error{named} at the top "
+                     f"level of process {proc.id!r}, where nothing can catch it: the instance ends there with "
+                     "status completed (no error), as in SpiffWorkflow; to end it as failed, put the steps in a "
+                     "sub-process with an error boundary event that leads to a task that says so, or use a plain "
+                     "end event and record the outcome in the context", file=proc.file, line=end.sourceline,
+                     element_id=end.get("id"), severity="warning")
 
     def _check_called_event_subprocesses(self, main: str | None) -> None:
         """A message or signal event sub-process of a process that ``main`` calls never starts: SpiffWorkflow

@@ -267,3 +267,21 @@ def test_a_completion_condition_on_camundas_counters_warns_and_the_suggested_one
     assert validate_process(fixed).problems == ()
     code, doc = _run(tmp_path, "run", str(fixed), "--data", '{"copies": 3, "title": "t"}')
     assert code == 0 and doc["layers"]["L3"]["summary"] == "t-1, t-2"
+
+
+def test_an_error_end_event_nothing_can_catch_warns_that_the_instance_ends_completed(tmp_path: Path) -> None:
+    """The run ends with status completed and nothing on the tape says an error was thrown; the
+    diagram reads as a failure. validate says so before anyone relies on it."""
+    from engine.validate import validate_process
+
+    path = write_elements(tmp_path, "rejects", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:scriptTask id="check"><bpmn:script>ok = False</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="rejected"><bpmn:errorEventDefinition errorRef="rejection"/></bpmn:endEvent>',
+        flow("start", "check"), flow("check", "rejected")],
+        extra='  <bpmn:error id="rejection" name="Rejected" errorCode="REJ"/>\n')
+    [warning] = validate_process(path).problems
+    assert (warning.code, warning.severity, warning.element_id) == ("error_end_uncaught", "warning", "rejected")
+    assert "'Rejected'" in warning.message and "status completed" in warning.message
+    code, doc = _run(tmp_path, "run", str(path))
+    assert code == 0 and doc["status"] == "completed"
