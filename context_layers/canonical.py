@@ -138,7 +138,13 @@ def text_problem(text: str) -> str | None:
             "Unicode text: no UTF-8 JSON document can carry it")
 
 
-def freeze(value: Any, _path: str = "") -> Any:
+#: how deeply objects and lists may nest in a context value: every walk over a value (freezing,
+#: comparing, rendering, storing) recurses once per level, and a deeper one ended the run with a
+#: RecursionError traceback instead of an error naming the key
+MAX_DEPTH = 200
+
+
+def freeze(value: Any, _path: str = "", _depth: int = 0) -> Any:
     """Validate a JSON-compatible value and return an immutable copy of it.
 
     Raises ``ValueError``/``TypeError`` with the path of the offending part; the
@@ -148,16 +154,18 @@ def freeze(value: Any, _path: str = "") -> Any:
     # JSON types, valid) runs without building the path of each part; only a value that
     # fails is walked again, with paths, for the message.
     try:
-        return _freeze_plain(value)
+        return _freeze_plain(value, _depth)
     except (TypeError, ValueError):
         pass
-    return _freeze_at(value, _path)
+    return _freeze_at(value, _path, _depth)
 
 
-def _freeze_plain(value: Any) -> Any:
+def _freeze_plain(value: Any, depth: int = 0) -> Any:
     """``freeze`` for exact JSON types, without paths: raises a bare error on anything else
     (``freeze`` then walks the value again with paths, for the message, or for a subclass
     of a JSON type, which it accepts)."""
+    if depth > MAX_DEPTH:
+        raise ValueError
     t = type(value)
     if t is str:
         if value.isascii() or _SURROGATE.search(value) is None:
@@ -178,14 +186,18 @@ def _freeze_plain(value: Any) -> Any:
                 raise TypeError
             tv = type(v)
             # the scalars a record is mostly made of, without a call each
-            out[k] = v if tv is int or tv is bool or v is None or (tv is str and v.isascii()) else _freeze_plain(v)
+            out[k] = v if tv is int or tv is bool or v is None or (tv is str and v.isascii()) else _freeze_plain(v, depth + 1)
         return FrozenDict(out)
     if t is list or t is tuple:
-        return FrozenList([_freeze_plain(v) for v in value])
+        return FrozenList([_freeze_plain(v, depth + 1) for v in value])
     raise TypeError
 
 
-def _freeze_at(value: Any, _path: str) -> Any:
+def _freeze_at(value: Any, _path: str, _depth: int = 0) -> Any:
+    if _depth > MAX_DEPTH:
+        where = _path if len(_path) <= 60 else _path[:40] + "..."
+        raise ValueError(f"{where or 'value'} is nested more than {MAX_DEPTH} objects or lists deep, which layerflow "
+                         "does not keep; flatten it, or store the deep part as a JSON string")
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, str):
@@ -209,10 +221,10 @@ def _freeze_at(value: Any, _path: str) -> Any:
             problem = text_problem(k)
             if problem is not None:
                 raise ValueError(f"{_path or 'value'} has a key {k!r} that {problem}")
-            out[k] = _freeze_at(v, f"{_path}.{k}" if _path else k)
+            out[k] = _freeze_at(v, f"{_path}.{k}" if _path else k, _depth + 1)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):
-        return FrozenList(_freeze_at(v, f"{_path}[{i}]") for i, v in enumerate(value))
+        return FrozenList(_freeze_at(v, f"{_path}[{i}]", _depth + 1) for i, v in enumerate(value))
     raise TypeError(f"{_path or 'value'} is of type {type(value).__name__}, which is not JSON-compatible")
 
 

@@ -479,6 +479,10 @@ def format_validation_error(err: ValidationError, *, source: str = "", element_i
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = _unknown_field(tuple(e["loc"]))
+        elif e["type"] == "string_type" and isinstance(e.get("input"), bool):
+            # a YAML file's yes/no/on/off (an element id "no") arrive as booleans
+            msg = (f"{msg}, got {e['input']!r}; YAML reads an unquoted yes/no/on/off/true/false as a boolean: "
+                   "put the value in quotes")
         problems.append({"file": source, "id": element_id, "field": field, "message": msg})
     return problems
 

@@ -595,10 +595,17 @@ class LayeredContext:
         ctx._base = snapshot
         changes: list[Change] = []  # EPHEMERAL is emptied by the fork itself, in O(1)
         layers = snapshot.state.layers
-        for key, value in {**(inject or {}), "_branch_id": branch_id, "_snapshot_id": snapshot.id}.items():
+        markers = {"_branch_id": branch_id, "_snapshot_id": snapshot.id}
+        fixed: list[str] = []
+        for key, value in {**(inject or {}), **markers}.items():
             # the write rule holds for injections too: a key already in KNOWLEDGE or
             # HISTORY (e.g. ``_branch_id`` of an earlier split) is updated where reads find it
             where = next((layer for layer in LAYERS[:Layer.WORKING] if key in layers[layer]), Layer.WORKING)
+            if where <= Layer.PROCESS and key in markers and (inject is None or key not in inject):
+                # an engine marker the process itself fixed (initial data, the config's system:)
+                # stays as it is, as at an XOR split; the branch is known by its context's name
+                fixed.append(key)
+                continue
             if where <= Layer.PROCESS:
                 raise ContextWriteDenied(key, Layer.WORKING, where,
                                          f"contextInject of branch {branch_id!r} may not change a key that "
@@ -606,7 +613,8 @@ class LayeredContext:
             changes.append((where, ctx._check_key(key), ctx._freeze(key, value)))
         ctx._emit(EventKind.FORK, actor, changes=changes, snapshot=snapshot,
                   data={"snapshot_id": snapshot.id, "parent": snapshot.context, "name": name,
-                        "branch_id": branch_id, "inject": thaw(dict(inject or {})), "encoding": ctx.encoding})
+                        "branch_id": branch_id, "inject": thaw(dict(inject or {})), "encoding": ctx.encoding,
+                        **({"markers_fixed": fixed} if fixed else {})})
         return ctx
 
     # ----- the one state transition ------------------------------------------------------

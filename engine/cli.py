@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -142,7 +143,8 @@ def _summary(out: _Out, instance: Instance) -> None:
                      f"{instance.cancelled['reason']}")
     for c in doc["conflicts"]:
         res = c.get("resolution")
-        how = f"-> {json.dumps(res['value'])} by {res['resolver']} ({res['reason']})" if res else "-> unresolved"
+        how = (f"-> {json.dumps(res['value'], ensure_ascii=False)} by {res['resolver']} ({res['reason']})" if res
+               else "-> unresolved")
         lines.append(f"  conflict {c['gateway_id']}/{c['key']}: {json.dumps(c['values'], ensure_ascii=False)} {how}")
     for c in doc["compressions"]:
         lines.append(f"  compression at {c.get('activity_id')}: {c.get('tokens_before')} -> {c.get('tokens_after')} tokens "
@@ -153,7 +155,7 @@ def _summary(out: _Out, instance: Instance) -> None:
             same = [c for c in instance.confirmations if c["id"] == w["id"]]
             entry = next((c for c in same if not c.get("answered")), same[-1] if same else {})
             values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in entry.get("options", []))
-            how = f"--answer {w['id']}=VALUE` (VALUE: {values})"
+            how = f"--answer {shlex.quote(w['id'] + '=VALUE')}` (VALUE: {values})"  # a key may hold a space
             if w.get("escalated"):
                 how += " [escalated: no answer before the deadline]"
         elif w["kind"] == "user_task":
@@ -161,11 +163,17 @@ def _summary(out: _Out, instance: Instance) -> None:
         elif w.get("event"):
             signal = " --signal" if w.get("event_kind") == "signal" else ""
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
-                         f"`layerflow send {instance.id} {w['event']}{signal} --json-payload '{{...}}'`")
+                         f"`layerflow send {instance.id} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
+            continue
+        elif w.get("event_kind") == "conditional":
+            lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
+                         f"reads, `layerflow resume {instance.id} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
+                         "never changes)")
             continue
         else:
             how = "` once the event has happened"
-        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id} {how}")
+        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}"
+                     f"{'' if how.startswith('`') else ' '}{how}")
     tokens = doc["tokens"]
     lines.append("  tokens " + " ".join(f"{k}={v}" for k, v in tokens.items()))
     if out.tty:
@@ -179,6 +187,22 @@ def _summary(out: _Out, instance: Instance) -> None:
 
 # ----------------------------------------------------------------------------- inputs
 
+def _is_inline(path: str) -> bool:
+    if not path.lstrip().startswith(("{", "[")):
+        return False
+    try:
+        return not Path(path).exists()
+    except OSError:  # longer than a file name may be ("File name too long"): JSON written inline
+        return True
+
+
+def _source_name(path: str, what: str) -> str:
+    """How messages name where a ``--data``-like option's object came from."""
+    if _is_inline(path):
+        return f"inline {what}"
+    return f"{what} from stdin" if path == "-" else f"{what} file {path}"
+
+
 def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
     """An object from a JSON or YAML file (by its extension), from stdin (``-``, JSON) or written
     on the command line (``--data '{"amount": 20000}'``: a value starting with ``{`` or ``[`` that
@@ -186,17 +210,19 @@ def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
     if path is None:
         return {}
     yaml_file = False
-    if path.lstrip().startswith(("{", "[")) and not Path(path).exists():  # a list is refused below, by name
-        text, source = path, f"inline {what}"
+    source = _source_name(path, what)
+    if _is_inline(path):  # a list is refused below, by name
+        text = path
     elif path == "-":
-        text, source = sys.stdin.read(), f"{what} from stdin"
+        text = sys.stdin.read().removeprefix("\ufeff")
     else:
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            # utf-8-sig: a byte order mark (Notepad, PowerShell's Out-File) is not part of the JSON
+            text = Path(path).read_text(encoding="utf-8-sig")
         except OSError as err:
             _fail(f"cannot read {what} file {path}: {err.strerror}; give a JSON or YAML file, - for stdin, "
                   "or an inline JSON object", as_json=as_json)
-        source, yaml_file = f"{what} file {path}", path.endswith((".yaml", ".yml"))
+        yaml_file = path.endswith((".yaml", ".yml"))
     try:
         if yaml_file:
             import yaml
@@ -210,7 +236,26 @@ def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         _fail(f"{source} must hold an object, got {type(data).__name__}", as_json=as_json)
+    if yaml_file:
+        dated = _yaml_date(data)
+        if dated is not None:
+            _fail(f"{source}: {dated[0]!r} is {dated[1]}, which YAML reads as a date, not text; quote it "
+                  f"('{dated[1]}') to pass it on as text", as_json=as_json)
     return data
+
+
+def _yaml_date(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(where, the date's text) of the first date or time an unquoted YAML value became."""
+    import datetime
+
+    if isinstance(value, (datetime.date, datetime.time)):
+        return path, value.isoformat()
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _yaml_date(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
 
 
 def _parse_value(text: str) -> Any:
@@ -319,6 +364,11 @@ class _Command(click.Command):
                   kind=err.kind, details={"instance_id": iid})
         except StoreError as err:
             _fail(str(err), EXIT_ERROR, as_json=as_json, kind=err.kind)
+        except OSError as err:
+            if err.filename is None:
+                raise
+            # a path the system refuses as a name ("File name too long"), met where a file is looked for
+            _fail(f"{err.filename}: {err.strerror or err}; check the path given", as_json=as_json)
 
 
 class _Commands(click.Group):
@@ -346,7 +396,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     try:
         instance = engine.start(process, data)
     except (ContextWriteDenied, LayerflowError) as err:
-        where = f"data file {data_file}" if data_file else "initial data"
+        where = _source_name(data_file, "data") if data_file else "initial data"
         _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
     if not as_json:
         out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
@@ -407,15 +457,42 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], answer: tuple[str, ...]) -> None:
-    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr."""
+def _waiting_ids(instance: Instance) -> set[str]:
+    """What an --answer KEY may name of what the instance waits for now."""
     waiting = {"*"}
     for w in instance.waiting_for:
         waiting.update(str(w[k]) for k in ("id", "task_id") if w.get(k))
         if w.get("key"):
             waiting.add(f"{w['task_id']}/{w['key']}")
+    return waiting
+
+
+def _answer_keys(instance: Instance, answers: dict[str, Any], answer: tuple[str, ...]) -> list[str]:
+    """The KEY of each --answer KEY=VALUE. A context key may hold '=' (a conflict on 'k=v' waits as
+    'gw/k=v'): when the text before the first '=' names nothing the instance waits for and the text
+    before a later '=' does, that is the KEY, and the answer is moved to it."""
+    waiting = _waiting_ids(instance)
+    keys = []
     for item in answer:
-        key = item.partition("=")[0]
+        key, _, value = item.partition("=")
+        if key not in waiting:
+            cuts = [i for i, c in enumerate(item) if c == "=" and item[:i] in waiting]
+            if len(cuts) == 1:
+                for section in ("confirmations", "user_tasks"):
+                    answers[section].pop(key, None)
+                key, value = item[:cuts[0]], item[cuts[0] + 1:]
+                parsed = _parse_value(value)
+                answers["confirmations"][key] = parsed
+                if isinstance(parsed, dict):
+                    answers["user_tasks"][key] = parsed
+        keys.append(key)
+    return keys
+
+
+def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], keys: list[str]) -> None:
+    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr."""
+    waiting = _waiting_ids(instance)
+    for key in keys:
         if key not in waiting:
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
@@ -562,7 +639,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         source = _answers_source(answers_file, answer)
         _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
         _user_task_answers_are_objects(instance.process, answer, as_json)
-        _unused_answers(out, instance, answers, answer)
+        _unused_answers(out, instance, answers, _answer_keys(instance, answers, answer))
         for key, value in answers["confirmations"].items():
             if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
                 try:

@@ -77,5 +77,9 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
     except LayerflowError as err:
         click.echo(f"layerflow: {err}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    from .governance import Catalog
+
+    for problem in Catalog(catalog_dir).problems():
+        click.echo(f"layerflow: warning: {problem}", err=True)
     click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs)", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

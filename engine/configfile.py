@@ -193,7 +193,7 @@ class _Loader:
                          "name it PROCESS.layerflow.yaml, .yml or .json")
             return self.result()
         try:
-            text = self.path.read_text(encoding="utf-8")
+            text = self.path.read_text(encoding="utf-8-sig")  # a byte order mark is no part of the JSON
         except FileNotFoundError:
             self.problem("config_file_not_found", "config file not found; check the path given to --config")
             return self.result()

@@ -148,6 +148,17 @@ def _inject(ctx: LayeredContext, values: Mapping[str, Any], *, actor: str, data:
                                                           "reason": "the key is fixed in SYSTEM or PROCESS"})
 
 
+def _unique_branch_ids(targets: list[str]) -> list[str]:
+    """A branch is named by its first element; two flows of one split to the same element (two
+    empty branches straight to the join) are two branches: the second is ``<id>#2``."""
+    seen: dict[str, int] = {}
+    ids = []
+    for target in targets:
+        seen[target] = seen.get(target, 0) + 1
+        ids.append(target if seen[target] == 1 else f"{target}#{seen[target]}")
+    return ids
+
+
 class GatewaySteps:
     """Splits, XOR decisions, joins and the confirmations joins wait for."""
 
@@ -305,7 +316,7 @@ class GatewaySteps:
     def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
               cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
         inst = self.instance
-        ids = [spiff.bpmn_id_of(c) for c in taken]
+        ids = _unique_branch_ids([spiff.bpmn_id_of(c) for c in taken])
         try:
             branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
         except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)

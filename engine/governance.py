@@ -79,7 +79,7 @@ from context_layers.tape import EventKind
 from .gateway_steps import short
 from .leases import holding
 from .process import Process, load_process
-from .runtime import Engine, Instance, refuse_if_cancelled
+from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
 from .store import record_head
 
 __all__ = [
@@ -392,19 +392,36 @@ class Catalog:
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """process id -> {"id", "name", "file"} (the first file wins when two define one id)."""
+        return self._scan()[0]
+
+    def problems(self) -> list[str]:
+        """What of the directory the catalog leaves out, and why (a server says so as it starts):
+        files that do not parse, and a process id a later file defines again."""
+        return self._scan()[1]
+
+    def _scan(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
         out: dict[str, dict[str, Any]] = {}
+        problems: list[str] = []
         if self.directory is None or not self.directory.is_dir():
-            return out
+            return out, problems
         for path in sorted(self.directory.glob("*.bpmn")):
             try:
                 root = ElementTree.parse(path).getroot()
-            except (ElementTree.ParseError, OSError):
-                continue  # `layerflow validate` reports it; the catalog lists what can run
+            except (ElementTree.ParseError, OSError) as err:
+                # `layerflow validate` says more; the catalog lists what can run
+                problems.append(f"{path.name}: left out of the catalog, it cannot be read as XML ({err}); "
+                                f"`layerflow validate {path}` says what to fix")
+                continue
             for proc in root.iter(f"{_BPMN_NS}process"):
                 pid = proc.get("id")
-                if pid and proc.get("isExecutable", "true").lower() != "false" and pid not in out:
-                    out[pid] = {"id": pid, "name": proc.get("name"), "file": path.name}
-        return out
+                if not pid or proc.get("isExecutable", "true").lower() == "false":
+                    continue
+                if pid in out:
+                    problems.append(f"{path.name}: process {pid!r} is left out of the catalog: "
+                                    f"{out[pid]['file']} defines that process id first; rename one of them")
+                    continue
+                out[pid] = {"id": pid, "name": proc.get("name"), "file": path.name}
+        return out, problems
 
     def load(self, process_id: str) -> Process:
         entry = self.entries().get(process_id)
@@ -688,7 +705,14 @@ class GovernanceService:
         instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
         if args.run:
             answers = args.answers.model_dump() if args.answers is not None else None
-            instance = self.engine.run(instance, answers=answers)
+            try:
+                instance = self.engine.run(instance, answers=answers)
+            except (InvalidAnswer, AnswerWriteDenied) as err:
+                # the instance exists (saved, waiting for a valid answer): the refusal names it, or the
+                # client could neither correct the answer nor find what it started
+                if getattr(err, "instance_id", None) is None:
+                    err.instance_id = instance.id
+                raise
         else:
             self._save(instance)
         return {**instance.to_document(), "version": instance.version}

@@ -35,6 +35,7 @@ from typing import Any
 from context_layers import Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ConfigError, ContextKeyError
+from gateways.conditions import python_source
 
 __all__ = [
     "ActivityContext",
@@ -365,7 +366,7 @@ def evaluate_expression(expression: str, context: LayeredContext, scope: Mapping
     """A BPMN condition (Python expression) over the resolved context; reads only what it names.
     ``scope`` (a multi-instance item, its collections) is read before the context."""
     ns = ScriptNamespace(context, {"__builtins__": __builtins__, **(scope or {})})
-    return eval(_compiled(expression.strip(), "<condition>", "eval"), ns)
+    return eval(_compiled(python_source(expression) or expression.strip(), "<condition>", "eval"), ns)
 
 
 @functools.lru_cache(maxsize=1024)

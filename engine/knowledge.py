@@ -135,7 +135,7 @@ class BM25Retriever:
         else:
             passages: list[_Passage] = []
             for path in files:
-                for i, text in enumerate(_split_passages(path.read_text(encoding="utf-8")), start=1):
+                for i, text in enumerate(_split_passages(path.read_text(encoding="utf-8-sig")), start=1):
                     terms = tokenize(text)
                     if terms:
                         passages.append(_Passage(f"{name}/{path.name}#{i}", text, Counter(terms), len(terms)))

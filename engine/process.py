@@ -176,7 +176,10 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         id=pid, spec=spec, subprocess_specs=subprocess_specs, configs=configs,
         system=dict(file_cfg["system"]) if file_cfg else {},
         data_layers=dict(file_cfg["data_layers"]) if file_cfg else {},
-        paths=tuple(str(p) for p in paths), config_path=str(config_path) if config_path else None,
+        # absolute: an instance is resumed from wherever the operator stands, and its handler files
+        # and knowledge/ are found beside the process, not beside that working directory
+        paths=tuple(os.path.abspath(p) for p in paths),
+        config_path=os.path.abspath(config_path) if config_path else None,
         name=getattr(spec, "description", None),
     )
 

@@ -51,7 +51,9 @@ from datetime import datetime, timezone
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
+from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
@@ -608,12 +610,16 @@ class AnswerWriteDenied(ContextWriteDenied):
     def __init__(self, denied: ContextWriteDenied, *, task_id: str) -> None:
         super().__init__(denied.key, denied.requested, denied.effective, denied.reason)
         self.task_id = task_id
+        self.instance_id: str | None = None  # set where the instance was just started (the caller has no id yet)
 
     def __str__(self) -> str:
         return f"the answer to user task {self.task_id!r} writes what the layer rules refuse: {super().__str__()}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "task_id": self.task_id}
+        out = {**super().to_dict(), "task_id": self.task_id}
+        if self.instance_id is not None:
+            out["instance_id"] = self.instance_id
+        return out
 
 
 def _utc(iso: str) -> datetime:
@@ -725,6 +731,50 @@ def _name_hint(err: BaseException, where: str | None) -> str:
             "(the start data or an earlier task's output), or correct the expression")
 
 
+def _stuck_error(wf: Any) -> LayerflowError:
+    """Nothing ready, nothing to wait for: name the join that waits for branches that cannot
+    come (branches of an exclusive gateway met in a parallel one), when one does."""
+    joins: dict[str, Any] = {}
+    for task in _all_tasks(wf, TaskState.WAITING):
+        if spiff.is_join(task.task_spec) and not spiff.is_end_join(task.task_spec):
+            joins.setdefault(spiff.bpmn_id_of(task), task)
+    if not joins:
+        return LayerflowError("the process neither completed nor waits for anything; check gateways and joins of "
+                              "this process")
+    gw, task = next(iter(joins.items()))
+    kind = "parallel" if not isinstance(task.task_spec, InclusiveGateway) else "inclusive"
+    err = LayerflowError(
+        f"the process neither completed nor waits for anything: {kind} gateway {gw!r} waits for "
+        f"{len(task.task_spec.inputs)} incoming flows and the others can no longer arrive (their branches were "
+        "not taken, e.g. an exclusive gateway chose one path); branches of which only one runs meet in an "
+        "exclusive gateway, not a parallel one: change that join, or make every incoming path run")
+    err.task_id = gw  # type: ignore[attr-defined]
+    return err
+
+
+def _cardinality(task_id: str, expression: str, value: Any) -> int:
+    """A loopCardinality as SpiffWorkflow counts it (``range(value)``): a whole number. JSON has one
+    number type, so 3.0 (a JSON client's, a YAML file's) is 3; anything else stops the instance
+    naming the task and the value, not with Python's "'float' object cannot be interpreted"."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise ActivityError(f"loopCardinality {expression.strip()!r} of multi-instance task {task_id!r} is "
+                        f"{short(thaw(value))} ({type(value).__name__}); it must be a whole number of instances: "
+                        "give that key an integer before the task, or write an expression that gives one "
+                        "(e.g. int(...) or len(...))", task_id=task_id)
+
+
+def _refresh_conditions(wf: Any) -> None:
+    """A waiting conditional catch fires once its condition holds (BPMN): SpiffWorkflow 3.2 checks
+    it only as the event becomes ready, and a condition false then waited for ever, whatever
+    changed later (a ``resume --set``, another activity's write the catch can read)."""
+    for task in list(wf.event_manager.tasks.values()):
+        if isinstance(task.task_spec.event_definition, ConditionalEventDefinition) and task.state == TaskState.WAITING:
+            task.task_spec._update(task)
+
+
 class _Runtime(ScopeSteps, GatewaySteps):
     """The per-instance driver that the spec twins call (see ``engine.spiff.Driver``)."""
 
@@ -762,6 +812,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 before = {t.id for t in _ready_tasks(wf)}
                 cycles = _cycle_states(wf)
                 wf.refresh_timers()
+                _refresh_conditions(wf)
                 for scope in (wf, *wf.get_active_subprocesses()):
                     spiff.wake_end_joins(scope)
                 # a cycle timer fires one repetition per refresh (or, after its last one, completes
@@ -858,14 +909,18 @@ class _Runtime(ScopeSteps, GatewaySteps):
             listed = {item["id"] for item in caught}
             for task in _all_tasks(wf, TaskState.WAITING):
                 if not spiff.is_join(task.task_spec) and str(task.id) not in listed:
-                    waiting.append({"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)})
+                    item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)}
+                    definition = getattr(task.task_spec, "event_definition", None)
+                    if isinstance(definition, ConditionalEventDefinition):
+                        # nothing sends it: it fires once what its condition reads changes (`resume --set`)
+                        item.update(event_kind="conditional", condition=str(definition.expression).strip())
+                    waiting.append(item)
         waiting.extend(caught)
         inst.waiting_for = waiting
         inst.status = "waiting" if waiting else "running"
         if not waiting:
             # nothing ready, nothing to wait for, not completed: the process is stuck
-            self.fail(LayerflowError("the process neither completed nor waits for anything; "
-                                     "check gateways and joins of this process"))
+            self.fail(_stuck_error(wf))
 
     def fail(self, err: BaseException) -> None:
         inst = self.instance
@@ -1095,6 +1150,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
                                     f"(loopDataInputRef) is in no layer of the context", task_id=spec.bpmn_id)
             if value is not ABSENT:
+                if value is None or isinstance(value, (bool, int, float)):
+                    # SpiffWorkflow iterates it: "TypeError: 'int' object is not iterable"
+                    raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
+                                        f"(loopDataInputRef) is {short(thaw(value))} ({type(value).__name__}), "
+                                        "nothing to run an instance per item of; give it a list (one instance per "
+                                        "item) or an object (one per key) before the task, or use a "
+                                        "loopCardinality for a count", task_id=spec.bpmn_id)
                 data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
         # over a count (loopCardinality) SpiffWorkflow starts the output list itself: its check of an
@@ -1365,6 +1427,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 verdicts = self.decide_exclusive(task)
             if verdicts is not None and expression in verdicts:
                 return verdicts[expression]
+        if spiff.is_multi(task.task_spec) and expression == getattr(task.task_spec, "cardinality", None):
+            return _cardinality(spiff.bpmn_id_of(task), expression, self._evaluate(task, expression, external))
         return self._evaluate(task, expression, external)
 
     def _evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any:

@@ -102,6 +102,8 @@ from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinitio
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.task import TaskState
 
+from gateways.conditions import python_source
+
 from . import deep_trees, inclusive_join
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
@@ -507,7 +509,7 @@ def names_in(expressions: Iterable[str]) -> set[str]:
     names: set[str] = set()
     for expression in expressions:
         try:
-            tree = ast.parse((expression or "").strip(), mode="eval")
+            tree = ast.parse(python_source(expression or "") or "", mode="eval")
         except SyntaxError:
             continue
         names.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))

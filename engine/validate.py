@@ -48,7 +48,10 @@ not make ``report.ok`` false:
                                       never end, and the run would hang starting new instances
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
-``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered
+``join_never_complete`` W             a parallel join whose incoming flows come from different paths of one
+                                      exclusive or event-based gateway: it waits for ever
+``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (an
+                                      inclusive gateway's gap: a warning)
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
                                       cardinality or completion condition, a correlation property's
@@ -59,6 +62,12 @@ not make ``report.ok`` false:
                                       subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
+``error_end_uncaught`` W              an error end event at the top level of the process that runs: nothing
+                                      catches it, and the instance ends as completed
+``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
+                                      ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
+``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
+                                      ``count()``, ``contains()``): context values are never callable
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
@@ -109,8 +118,10 @@ not make ``report.ok`` false:
 ``condition_natural_language`` W      an XOR flow's condition is a sentence: the model decides it
 ``script_syntax``                     a script (scriptTask, pre/postScript) is not valid Python
 ``spiff_validation``                  SpiffWorkflow's own parser rejects the process
-``data_store_unsupported``            a bpmn:dataStore (with a name or without): SpiffWorkflow needs a class
-                                      registered for its name, and layerflow registers none
+``data_store_unsupported``            a bpmn:dataStore (with a name or without), or a data association of a
+                                      task that reads or writes a bpmn:dataStoreReference (as modelers draw
+                                      a data store): SpiffWorkflow needs a class registered for its name,
+                                      and layerflow registers none
 ``handler_not_found``                 ``handler: file.py:function`` whose file or function is absent, or
                                       ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
@@ -128,6 +139,7 @@ engine runs them: an indented script fails with "unexpected indent" and is repor
 from __future__ import annotations
 
 import ast
+import builtins
 import difflib
 import json
 import re
@@ -144,7 +156,7 @@ from pydantic import ValidationError
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.context import BRANCH_MARKERS
 from context_layers.errors import ConfigError, LayerflowError, ProcessError
-from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence
+from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence, python_source
 from gateways.coverage import coverage_gap
 
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
@@ -374,12 +386,14 @@ class _Validator:
         self._check_knowledge()
         self._check_handlers()
         self._check_called_event_subprocesses(main)
+        self._check_uncaught_errors(main)
         # Only executable processes run: the others are often pools drawn for the reader. When none
         # is executable, all are checked, so every problem of the one to run is reported at once.
         checked = [p for p in self.processes if _executable(p.element) or p.id == self.process_id] or self.processes
         for proc in checked:
             self._check_gateways(proc)
             self._check_split_merges(proc)
+            self._check_exclusive_into_parallel(proc)
             self._check_code(proc)
             self._check_references(proc)
             self._check_shapes(proc)
@@ -936,6 +950,53 @@ class _Validator:
                          f"when no condition holds the instance fails: add a default flow (default=\"FLOW_ID\") "
                          "or a condition for the missing values", file=file, line=gw.sourceline,
                          element_id=gid, field="default", severity="error" if gap.certain else "warning")
+        for gw in proc.element.iter(_bpmn("inclusiveGateway")):
+            self._check_inclusive_coverage(gw, proc.file)
+
+    def _check_inclusive_coverage(self, gw: Any, file: str) -> None:
+        """An inclusive gateway that takes no flow fails as an exclusive one does: the same gap,
+        a warning here (it ran before this check was written; its conditions are the designer's)."""
+        flows = _outgoing(gw)
+        if gw.get("default") or len(flows) < 2:
+            return
+        conditions: list[ast.expr] = []
+        for flow in flows:
+            text = _condition_text(flow)
+            source = python_source(text) if text else None
+            if source is None:
+                return  # no condition (reported elsewhere), or one that does not parse (condition_syntax)
+            conditions.append(ast.parse(source, mode="eval").body)
+        gap = coverage_gap(conditions)
+        if gap is not None:
+            gid = gw.get("id") or "(no id)"
+            self.add(gap.code, f"inclusive gateway {gid!r} has no default flow and its conditions {gap.text}; "
+                     "when no condition holds it takes no flow and the instance fails there: add a default flow "
+                     "(default=\"FLOW_ID\") or a condition for the missing values", file=file, line=gw.sourceline,
+                     element_id=gid, field="default", severity="warning")
+
+    def _check_exclusive_into_parallel(self, proc: _Node) -> None:
+        """Two incoming flows of a parallel join that go back, step by step through plain nodes, to
+        different flows of one exclusive (or event-based) gateway: only one of them ever carries a
+        token, and the join waits for the other for ever (the run then stops there)."""
+        for join in proc.element.iter(_bpmn("parallelGateway")):
+            incoming = _incoming(join)
+            if len(incoming) < 2:
+                continue
+            origins: dict[str, set[str]] = {}
+            for flow in incoming:
+                found = _choice_behind(flow)
+                if found is not None:
+                    origins.setdefault(found[0], set()).add(found[1])
+            for choice, branches in origins.items():
+                if len(branches) < 2:
+                    continue
+                jid = join.get("id") or "(no id)"
+                self.add("join_never_complete", f"parallel gateway {jid!r} joins flows that come from different "
+                         f"paths of {choice!r}, which takes only one of them: the join waits for the others for ever "
+                         f"and the instance stops there; merge them in an exclusive gateway instead (or make "
+                         f"{choice!r} a parallel or inclusive split)", file=proc.file, line=join.sourceline,
+                         element_id=jid, severity="warning")
+                break
 
     def _check_split_merges(self, proc: _Node) -> None:
         """Branches of one split that meet before their join (in an exclusive gateway, or a task with
@@ -1125,7 +1186,8 @@ class _Validator:
         else:
             first, source = 0, text
         try:
-            tree = ast.parse(source, mode=mode)
+            # a condition over several lines runs in parentheses (``python_source``), as Python continues lines
+            tree = ast.parse((python_source(source) or source) if mode == "eval" else source, mode=mode)
         except SyntaxError as err:
             what = what or ("condition" if mode == "eval" else "script")
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
@@ -1143,7 +1205,9 @@ class _Validator:
                 todo = "scripts run exactly as written: start top-level lines at column 0"
             else:
                 compared = _comparison_instead(source) if mode == "eval" else None
+                spelt = _operators_instead(source) if mode == "eval" else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
+                        else f"Python writes and, or, not: write {spelt!r}" if spelt is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
@@ -1155,6 +1219,30 @@ class _Validator:
                 self.add("condition_literal_name", f"{what} {source!r} reads {', '.join(map(repr, literals))} as a "
                          "context key (unless the context holds one, the run stops there with a NameError): "
                          "expressions are Python, write True, False or None", file=file,
+                         line=el.sourceline if el is not None else None, element_id=element_id, field=field,
+                         severity="warning")
+            camunda = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
+            if camunda:
+                what = what or "condition"
+                loop = next((a for a in el.iterancestors() if a.tag == _bpmn("multiInstanceLoopCharacteristics")),
+                            None) if el is not None else None
+                output = (loop.findtext(_bpmn("loopDataOutputRef")) or "").strip() if loop is not None else ""
+                instead = (f"count what is done with the output collection, len({output})" if output else
+                           "count what is done with an output collection (loopDataOutputRef), len(...)")
+                self.add("condition_camunda_variable", f"{what} {source!r} reads {', '.join(map(repr, camunda))}, "
+                         "the multi-instance counters Camunda sets and SpiffWorkflow does not (the run stops there "
+                         f"with a NameError): {instead}", file=file, line=el.sourceline if el is not None else None,
+                         element_id=element_id, field=field, severity="warning")
+            calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                            and not hasattr(builtins, n.func.id)})
+            if calls:
+                # context values are JSON, never callable, and an expression sees Python's builtins only
+                what = what or "condition"
+                hints = [f"{name}(...): {_FOREIGN_FUNCTIONS[name]}" for name in calls if name in _FOREIGN_FUNCTIONS]
+                self.add("condition_unknown_function", f"{what} {source!r} calls {', '.join(map(repr, calls))}, "
+                         "which is no Python builtin (another expression language's function?): the run stops there "
+                         "with a NameError; expressions are Python over the context"
+                         + (f" ({'; '.join(hints)})" if hints else ""), file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field,
                          severity="warning")
         return tree
@@ -1280,6 +1368,27 @@ class _Validator:
         for sub in proc.element.iter(_bpmn("subProcess")):
             if sub.get("triggeredByEvent") == "true":
                 self._check_event_subprocess(sub, file)
+
+    def _check_uncaught_errors(self, main: str | None) -> None:
+        """An error end event at the top level of the process that runs: nothing around it can catch
+        the error (an error-started event sub-process is refused), and the instance ends there as
+        completed, as in SpiffWorkflow (and Camunda 7), which a reader of the diagram rarely expects."""
+        proc = next((p for p in self.processes if p.id == main), None)
+        if proc is None:
+            return
+        errors = {e.get("id"): e for doc in self.docs if doc.root is not None for e in doc.root.iter(_bpmn("error"))}
+        for end in proc.element.iterchildren(_bpmn("endEvent")):
+            definition = end.find(_bpmn("errorEventDefinition"))
+            if definition is None:
+                continue
+            error = errors.get(definition.get("errorRef") or "")
+            named = f" {error.get('name') or error.get('errorCode') or error.get('id')!r}" if error is not None else ""
+            self.add("error_end_uncaught", f"error end event {end.get('id')!r} throws the error{named} at the top "
+                     f"level of process {proc.id!r}, where nothing can catch it: the instance ends there with "
+                     "status completed (no error), as in SpiffWorkflow; to end it as failed, put the steps in a "
+                     "sub-process with an error boundary event that leads to a task that says so, or use a plain "
+                     "end event and record the outcome in the context", file=proc.file, line=end.sourceline,
+                     element_id=end.get("id"), severity="warning")
 
     def _check_called_event_subprocesses(self, main: str | None) -> None:
         """A message or signal event sub-process of a process that ``main`` calls never starts: SpiffWorkflow
@@ -1559,6 +1668,13 @@ class _Validator:
                          element_id=el.get("id"))
                 continue
             node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
+            unresolved = _unresolved_association(err, node, self.docs)
+            if unresolved is not None and node is not None:
+                association, field, what = unresolved
+                self.add("data_store_unsupported" if "data store" in what else "data_ref_unknown",
+                         f"bpmn:{node.tag} {node.id!r} {what}", file=node.file, line=association.sourceline,
+                         element_id=node.id, field=field)
+                continue
             file = getattr(err, "file_name", None) or (node.file if node else origin.file if origin else self._files())
             line = getattr(err, "line_number", None) or (node.line if node else None)
             kind = "" if isinstance(err, (ValidationException, LayerflowError)) else f"{type(err).__name__}: "
@@ -1669,6 +1785,31 @@ def _owner_id(ext: Any) -> str | None:
 _JOIN_TAGS = ("parallelGateway", "inclusiveGateway")
 
 
+_CHOICES = ("exclusiveGateway", "eventBasedGateway")
+
+
+def _choice_behind(flow: Any) -> tuple[str, str] | None:
+    """(id of the exclusive or event-based gateway, id of its outgoing flow) that ``flow`` comes
+    from through nodes with one incoming and one outgoing flow each, else None."""
+    scope = flow.getparent()
+    if scope is None:
+        return None
+    nodes = {n.get("id"): n for n in scope.iterchildren() if n.get("id")}
+    seen: set[str] = set()
+    while True:
+        source = nodes.get(flow.get("sourceRef"))
+        if source is None or source.get("id") in seen:
+            return None
+        seen.add(source.get("id"))
+        outgoing = _outgoing(source)
+        if etree.QName(source).localname in _CHOICES and len(outgoing) > 1:
+            return source.get("id"), flow.get("id")
+        incoming = _incoming(source)
+        if len(incoming) != 1 or len(outgoing) != 1 or source.get("attachedToRef"):
+            return None
+        flow = incoming[0]
+
+
 def _incoming(node: Any) -> list[Any]:
     scope = node.getparent()
     nid = node.get("id")
@@ -1760,6 +1901,38 @@ def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc]
     return None
 
 
+_UNRESOLVED_ASSOCIATION = re.compile(r"Cannot resolve (dataInputAssociation|dataOutputAssociation)")
+
+
+def _unresolved_association(err: BaseException, node: Any, docs: Sequence[_Doc]) -> tuple[Any, str, str] | None:
+    """(association element, field, what is wrong and what to do) for SpiffWorkflow's "Cannot resolve
+    dataInputAssociation <Element ...>", which names neither the data nor why: a modeler's data store
+    drawn as a source or target (bpmn.io and Camunda Modeler draw them with no bpmn:dataStore), or an id
+    that is no data object reference."""
+    found = _UNRESOLVED_ASSOCIATION.match(str(err).strip())
+    if found is None or node is None or getattr(node, "element", None) is None:
+        return None
+    field = found.group(1)
+    ends = {"dataInputAssociation": ("sourceRef", "reads"), "dataOutputAssociation": ("targetRef", "writes")}
+    end, verb = ends[field]
+    elements = {el.get("id"): el for doc in docs if doc.root is not None for el in doc.root.iter() if el.get("id")}
+    for association in node.element.iter(_bpmn(field)):
+        for ref in association.iter(_bpmn(end)):
+            target = elements.get((ref.text or "").strip())
+            if target is not None and target.tag == _bpmn("dataStoreReference"):
+                name = f" {target.get('name')!r}" if target.get("name") else ""
+                return association, field, (
+                    f"{verb} the data store{name} (bpmn:dataStoreReference {target.get('id')!r}) through a "
+                    f"{field}: SpiffWorkflow reads and writes a data store only through a class registered for it, "
+                    "and layerflow registers none; delete the association (the data store may stay in the diagram "
+                    "as documentation), or keep the value in a bpmn:dataObject or a variable the tasks write")
+            if target is None or target.tag != _bpmn("dataObjectReference"):
+                return association, field, (
+                    f"{verb} {(ref.text or '').strip()!r} through a {field}, and that is no bpmn:dataObjectReference "
+                    f"of the process; point its {end} at a data object reference, or delete the association")
+    return None
+
+
 def _off_the_flow(el: Any) -> bool:
     """A node that sequence flows do not reach or leave: a compensation handler, the content of an
     ad-hoc sub-process, an event sub-process and its start, a link event."""
@@ -1831,6 +2004,30 @@ def _comparison_instead(source: str) -> str | None:
     except SyntaxError:
         return None
     return compared
+
+
+#: the variables Camunda sets inside a multi-instance activity, which SpiffWorkflow does not
+_CAMUNDA_LOOP_NAMES = frozenset({"nrOfInstances", "nrOfActiveInstances", "nrOfCompletedInstances", "loopCounter"})
+
+#: FEEL's and JUEL's functions a condition may call by habit, and their Python
+_FOREIGN_FUNCTIONS = {
+    "count": "len(...)", "size": "len(...)", "length": "len(...)", "contains": "write 'PART in TEXT'",
+    "string": "str(...)", "number": "float(...) or int(...)", "lower": "write TEXT.lower()",
+    "upper": "write TEXT.upper()", "empty": "write 'not VALUE'", "is_defined": "write 'VALUE is not None'",
+    "now": "compare ISO 8601 text, or set the time in a task", "today": "compare ISO 8601 text, or set it in a task",
+}
+
+
+def _operators_instead(source: str) -> str | None:
+    """``a > 1 && !b`` (JavaScript's or Java's operators in a Python condition): ``a > 1 and not b``."""
+    pairs = ((r"===", "=="), (r"!==", "!="), (r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "))
+    spelt = source
+    for pattern, python in pairs:
+        spelt = re.sub(pattern, python, spelt)
+    spelt = " ".join(spelt.split())
+    if spelt == " ".join(source.split()) or python_source(spelt) is None:
+        return None
+    return spelt
 
 
 def _python_instead(source: str, dialect: str) -> str:

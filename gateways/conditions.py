@@ -44,10 +44,28 @@ __all__ = [
     "is_flow_sentence",
     "is_natural_language",
     "parse_branch_answer",
+    "python_source",
 ]
 
 
 _CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+
+
+def python_source(text: str) -> str | None:
+    """The Python expression ``text`` is, as the engine evaluates it, or None when it is none.
+
+    Stripped; an expression written over several lines (``amount > 1000 and`` then
+    ``risk_level == "low"``, as a modeler's text box wraps it) is put in parentheses, which
+    is how Python continues a line, instead of failing to parse."""
+    source = text.strip()
+    candidates = [source, f"({source}\n)"] if "\n" in source else [source]
+    for candidate in candidates:
+        try:
+            ast.parse(candidate, mode="eval")
+        except (SyntaxError, ValueError):
+            continue
+        return candidate
+    return None
 
 
 def is_natural_language(text: str | None) -> bool:
@@ -59,10 +77,10 @@ def is_natural_language(text: str | None) -> bool:
     a bare name written in CJK is taken as the sentence it almost certainly is."""
     if not text or not text.strip():
         return False
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
+    source = python_source(text)
+    if source is None:
         return True
+    tree = ast.parse(source, mode="eval")
     return isinstance(tree.body, ast.Name) and bool(_CJK.search(text))
 
 
@@ -70,6 +88,7 @@ def is_natural_language(text: str | None) -> bool:
 FOREIGN_LITERALS = frozenset({"true", "false", "null", "none", "undefined", "nil"})
 
 _WORD = re.compile(r"[^\W\d_]{2,}")
+_CODE_OPERATOR = re.compile(r"&&|\|\||[=!<>]=")
 _JUEL = re.compile(r"\s*[$#]\{.*\}\s*", re.S)
 _FEEL = re.compile(r"\s*=(?!=)")
 
@@ -93,6 +112,8 @@ def is_flow_sentence(text: str | None) -> bool:
     if not is_natural_language(text) or expression_dialect(text) is not None:
         return False
     assert text is not None
+    if _CODE_OPERATOR.search(text):  # ``amount > 1000 && status == "open"``: code with a slip, no prose
+        return False
     return len(_WORD.findall(text)) >= 3 or bool(_CJK.search(text))
 
 

@@ -486,3 +486,18 @@ def test_answers_for_a_task_the_process_does_not_have_are_refused(tmp_path):
         assert "'aprove'" in error_of(c.post(f"/api/instances/{iid}/resume", json={"answers": typo}), 400,
                                       "bad_request")["message"]
         assert c.get(f"/api/instances/{iid}").json()["version"] == version
+
+
+def test_a_start_whose_answer_the_layer_rules_refuse_names_the_instance_it_started(client):
+    """The instance is started and saved, waiting for a valid answer; the 403 said nothing of it,
+    so the client could neither correct its answer nor find the instance (the CLI prints its id)."""
+    key = next(iter(NOTES))
+    refused = error_of(client.post("/api/instances", headers=AUTH, json={
+        "process_id": "notes_review", "data": NOTES,
+        "answers": {"user_tasks": {"approve": {key: "changed"}}}}), 403, "permission_denied")
+    assert refused["task_id"] == "approve" and refused["key"] == key
+    doc = client.get(f"/api/instances/{refused['instance_id']}", headers=AUTH).json()
+    assert doc["status"] == "waiting" and [w["task_id"] for w in doc["waiting_for"]] == ["approve"]
+    done = client.post(f"/api/instances/{refused['instance_id']}/user-tasks/approve", headers=AUTH,
+                       json={"data": {"decision": "approved"}}).json()
+    assert done["status"] == "completed"

@@ -278,7 +278,8 @@ def test_a_multi_instance_cardinality_that_is_no_number_names_the_activity(tmp_p
     instance = engine.run(engine.start(load_process(path), {"items": ["a", "b"]}))
 
     assert instance.status == "error"
-    assert instance.error["task_id"] == "each" and "TypeError" in instance.error["message"]
+    assert instance.error["task_id"] == "each"
+    assert "loopCardinality 'items'" in instance.error["message"] and "(list)" in instance.error["message"]
 
 
 def test_a_message_for_other_correlation_values_is_refused_naming_them(tmp_path: Path) -> None:
