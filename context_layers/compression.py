@@ -162,6 +162,11 @@ class _Directive:
     max_tokens: int | None = None
 
 
+#: the latest finished activities the engine's compression (the hook after an activity, the
+#: governance service) keeps whole: the next step reads what the activity just wrote
+HOOK_KEEP_RECENT = 1
+
+
 class RuleDrivenCompressor:
     """Compress a context's HISTORY (see the module doc for the algorithm).
 
@@ -169,12 +174,15 @@ class RuleDrivenCompressor:
     offline ``ExtractiveSummarizer`` when ``None``. ``prefix``: a function giving the
     activity's normal request messages (the engine passes its renderer), handed to the
     summarizer so a model summary request shares the cached prefix. ``keep_recent``:
-    the latest activities a cliff never folds. ``summary_tokens``: the compaction
+    the latest finished activities a cliff never folds: none for a compression asked
+    for directly (all of HISTORY but the protected keys may fold), ``HOOK_KEEP_RECENT``
+    in the engine's hook after an activity and its governance service, where the next
+    step reads what the activity just wrote. ``summary_tokens``: the compaction
     summary budget (default: a quarter of the token target, within 64..1024; 256
     without a target).
     """
 
-    def __init__(self, summarizer: Summarizer | None = None, *, keep_recent: int = 1,
+    def __init__(self, summarizer: Summarizer | None = None, *, keep_recent: int = 0,
                  recent_activities: int = RECENT_ACTIVITIES, prefix: PrefixFn | None = None,
                  summary_tokens: int | None = None, detector: CompressTriggerDetector | None = None) -> None:
         self.summarizer = summarizer
@@ -632,7 +640,7 @@ def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, 
     """
     if config is None or not config.compression_configured:
         return None
-    compressor = compressor or RuleDrivenCompressor()
+    compressor = compressor or RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT)
     detector = compressor.detector
     fired, tokens = detector.size_triggers(ctx, config)
     attention: AttentionScore | None = None

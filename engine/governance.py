@@ -63,7 +63,7 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field
 from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
 from context_layers.canonical import freeze, json_equal, text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
-from context_layers.compression import RuleDrivenCompressor, decompress, evaluate
+from context_layers.compression import HOOK_KEEP_RECENT, RuleDrivenCompressor, decompress, evaluate
 from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict, format_validation_error
 from context_layers.errors import (
     ActivityError,
@@ -457,7 +457,7 @@ class GovernanceService:
                  compressor: RuleDrivenCompressor | None = None, lease_wait: float = LEASE_WAIT) -> None:
         self.engine = engine
         self.catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
-        self.compressor = compressor or RuleDrivenCompressor()
+        self.compressor = compressor or RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT)
         self.lease_wait = lease_wait
         self._gates: weakref.WeakValueDictionary[str, _Gate] = weakref.WeakValueDictionary()
         self._gates_lock = threading.Lock()

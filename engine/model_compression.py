@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from context_layers.attention import AttentionScore, Scope
-from context_layers.compression import CompressResult, RuleDrivenCompressor, after_activity
+from context_layers.compression import HOOK_KEEP_RECENT, CompressResult, RuleDrivenCompressor, after_activity
 from context_layers.compression_plan import CompressionPlanRejected, execute_plan
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext
@@ -155,5 +155,5 @@ def compress_after_activity(ctx: LayeredContext, config: ActivityExtensionConfig
     if config is None or not config.compression_configured:
         return None
     compressor = ModelCompressor(ctx, task_id=task_id, model=model, llm_config=config.llm, completion=completion,
-                                 retry=retry, sleep=sleep)
+                                 retry=retry, sleep=sleep, keep_recent=HOOK_KEEP_RECENT)
     return after_activity(ctx, config, actor=task_id, compressor=compressor)

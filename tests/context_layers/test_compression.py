@@ -576,3 +576,28 @@ def test_bench_quick_runs() -> None:
     rows = json.loads(out.stdout)
     assert rows and all(r["preserved_retention"] == 1.0 for r in rows)
     assert all(r["tokens_after"] < r["tokens_before"] for r in rows)
+
+
+def test_a_compression_asked_for_directly_folds_the_latest_activity_too() -> None:
+    """Called directly, the compressor may fold all of HISTORY but the protected keys; the
+    engine's hook keeps the activity that just ended whole (``HOOK_KEEP_RECENT``): the next
+    step reads what it wrote."""
+    from context_layers.compression import HOOK_KEEP_RECENT
+
+    def one_activity() -> LayeredContext:
+        ctx = LayeredContext(system={"policy": "p"})
+        ctx.begin_activity("research")
+        for i in range(12):
+            ctx.write(Layer.WORKING, f"note_{i}", f"finding {i}: " + "the applicant's cash flow is steady " * 6)
+        ctx.complete_activity("research", preserve_keys=["note_0"])
+        return ctx
+
+    config = config_from_dict({"compressTokenThreshold": 200})
+    ctx = one_activity()
+    result = RuleDrivenCompressor().compress(ctx, config)
+    assert result.tokens_after < 200 < result.tokens_before  # under the threshold again
+    assert ctx.resolve("note_0").startswith("finding 0") and "note_5" not in ctx  # preserved; folded
+    hooked = one_activity()
+    kept = RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT).compress(hooked, config)
+    assert kept.entries_affected == 0 and "note_5" in hooked
+    assert after_activity(one_activity(), config) is None  # the hook keeps it
