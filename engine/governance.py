@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import json
+import re
 import os
 import socket
 import string
@@ -158,8 +159,27 @@ InstanceId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\w.:
 ContextName = Annotated[str | None, Field(default=None, description="a context name or branch id (default: the main context)")]
 
 
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), name)
+
+
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _camel_case(cls, data: Any) -> Any:
+        # the seed's configs are camelCase (preserveKeys, maxTokens): a camelCase name of a
+        # field is taken for it; given both ways, the camelCase one is left (an extra: 422)
+        if not isinstance(data, dict) or not any(isinstance(k, str) and k != k.lower() for k in data):
+            return data
+        out = dict(data)
+        for key in data:
+            if isinstance(key, str) and key != key.lower():
+                name = _snake(key)
+                if name != key and name in cls.model_fields and name not in out:
+                    out[name] = out.pop(key)
+        return out
 
     @model_validator(mode="after")
     def _text_only(self) -> "_Args":
@@ -212,6 +232,22 @@ class InjectArgs(_Args):
     context: ContextName = None
     reason: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_key(cls, data: Any) -> Any:
+        # {"key": K, "value": V} is {"values": {K: V}}
+        if isinstance(data, dict) and "values" not in data and ("key" in data or "value" in data):
+            out = dict(data)
+            if "key" not in out or "value" not in out:
+                raise ValueError("inject one key with both `key` and `value`, or several with `values: {key: value}`"
+                                 f"; `{'value' if 'key' in out else 'key'}` is missing")
+            key = out.pop("key")
+            if not isinstance(key, str) or not key:
+                raise ValueError("`key` must be a non-empty string (the context key to write)")
+            out["values"] = {key: out.pop("value")}
+            return out
+        return data
+
 
 class ResolveArgs(_Args):
     """Settle a pending conflict or confirmation with a value and a reason."""
@@ -253,6 +289,35 @@ class ConfigArgs(_Args):
     config: dict[str, Any] = Field(description="ActivityExtensionConfig fields (camelCase or snake_case); no handler or script")
     mode: Literal["merge", "replace"] = "merge"
     reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_shape(cls, data: Any) -> Any:
+        # the seed's ActivityExtensionConfig names its activity inside ({"activityId": ...,
+        # "contextStrategy": ...}); it may come as `config` or as the body itself
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        if "activityId" in out and "activity_id" not in out:
+            out["activity_id"] = out.pop("activityId")
+        if "config" not in out:
+            extra = {k: v for k, v in out.items() if k not in cls.model_fields and _snake(k) not in cls.model_fields}
+            if extra:
+                out = {k: v for k, v in out.items() if k not in extra}
+                out["config"] = extra
+        config = out.get("config")
+        if isinstance(config, dict):
+            inner = [k for k in ("activityId", "activity_id") if k in config]
+            if inner:
+                for k in inner:
+                    named = config[k]
+                    if "activity_id" not in out:
+                        out["activity_id"] = named
+                    elif out["activity_id"] != named:
+                        raise ValueError(f"activity_id {out['activity_id']!r} and the config's {k} {named!r} differ;"
+                                         " name the activity once")
+                out["config"] = {k: v for k, v in config.items() if k not in inner}
+        return out
 
 
 class SnapshotArgs(_Args):
@@ -630,7 +695,7 @@ class GovernanceService:
                 ranked = sorted(keys, key=lambda k: (-tokens[k], k))[: args.top]
                 info["top_keys"] = [{"key": k, "tokens": tokens[k], "last_modified": _iso(modified(layer, k)),
                                      "preserved": k in preserved} for k in ranked]
-            if "keys" in metrics:
+            if "keys" in metrics or "key_count" in metrics:  # the seed lists the keys it counts
                 info["keys"] = keys
             layers[str(layer)] = info
         decision = CompressTriggerDetector().detect(ctx, cfg)
