@@ -265,7 +265,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     def inspect(body: InspectRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
-        return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)))
+        return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)),
+                         dto=True)
 
     @app.post("/api/context-governance/compress", tags=["context-governance"], responses=_ERRORS)
     def compress(body: CompressRequest, instance_id: QueryId = None,

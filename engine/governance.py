@@ -664,7 +664,10 @@ class GovernanceService:
         return {"instance_id": instance.id, "version": instance.version, "count": len(rows),
                 "events": [event_document(name, e) for _, name, e in rows]}
 
-    def inspect(self, instance_id: str, args: InspectArgs) -> dict[str, Any]:
+    def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
+        """Per-layer statistics. ``dto``: add the seed's ContextGovernanceDTO fields
+        (``layer_infos`` of all six layers, ``attention_score``, ``knowledge_scores``,
+        ``merged_conflicts``, ``branch_infos``) -- for the REST API, not for a model's tokens."""
         instance = self.load(instance_id)
         ctx = self.context_of(instance, args.context)
         cfg = self._config_of(instance, args.activity_id)
@@ -699,7 +702,7 @@ class GovernanceService:
                 info["keys"] = keys
             layers[str(layer)] = info
         decision = CompressTriggerDetector().detect(ctx, cfg)
-        return {
+        report = {
             # each inspected layer also at the top level, as the seed's context_inspect returns
             # it ({"L3": {"token_count": ...}, "L4": {...}}); "layers" holds the same
             **layers,
@@ -716,6 +719,9 @@ class GovernanceService:
             "active_config": cfg.dump() if cfg is not None else None,
             "preserved": sorted(preserved),
         }
+        if dto:
+            report.update(_dto_fields(ctx, modified, report))
+        return report
 
     def branch_evaluate(self, instance_id: str, args: BranchEvaluateArgs) -> dict[str, Any]:
         instance = self.load(instance_id)
@@ -1221,6 +1227,29 @@ def _epoch(moment: datetime) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
+
+
+def _dto_fields(ctx: LayeredContext, modified: Callable[[Layer, str], float], report: Mapping[str, Any]
+                ) -> dict[str, Any]:
+    """The seed's ContextGovernanceDTO names: LayerInfo of every layer (unfiltered), and
+    the confidence of each KNOWLEDGE entry."""
+    infos = []
+    for layer in Layer:
+        view = ctx.layer(layer)
+        tokens = {k: ctx.key_tokens(layer, k) for k in view}
+        infos.append({"layer_id": str(layer), "token_count": sum(tokens.values()), "key_count": len(tokens),
+                      "size_bytes": len(canonical_json({k: thaw(v) for k, v in view.items()}).encode("utf-8")),
+                      "last_modified": _iso(max((modified(layer, k) for k in tokens), default=None)),
+                      "top_keys": sorted(tokens, key=lambda k: (-tokens[k], k))[:5]})
+    scores = []
+    for key, value in ctx.layer(Layer.KNOWLEDGE).items():
+        item = thaw(value)
+        confidence = item.get("confidence") if isinstance(item, dict) else None
+        if isinstance(confidence, (int, float)) and not isinstance(confidence, bool):
+            scores.append({"key": key, "confidence": confidence, "source": item.get("source") or key,
+                           "collection": item.get("collection")})
+    return {"layer_infos": infos, "attention_score": report["attention"], "knowledge_scores": scores,
+            "merged_conflicts": report["conflicts"], "branch_infos": report["branches"]}
 
 
 def _iso(t: float | None) -> str | None:

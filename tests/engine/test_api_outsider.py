@@ -117,3 +117,22 @@ def test_the_model_tools_are_served_over_rest(client, iid):
                        json={"instance_id": "nope", "arguments": {}}).status_code == 404
     assert client.post("/api/context-governance/tools/context_inspect",
                        json={"instance_id": iid, "arguments": {}}).status_code == 401
+
+
+def test_inspect_answers_with_the_seeds_dto_fields(client):
+    from governance_helpers import LOAN_CONFLICT
+    doc = client.post("/api/instances", json={"process_id": "loan_approval", "data": LOAN_CONFLICT}, headers=AUTH).json()
+    r = client.post("/api/context-governance/inspect", headers=AUTH, json={"instance_id": doc["instance_id"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    infos = body["layer_infos"]
+    assert [i["layer_id"] for i in infos] == ["L0", "L1", "L2", "L3", "L4", "L5"]
+    l3 = infos[3]
+    assert l3["token_count"] == doc["tokens"]["L3"] and l3["key_count"] == len(doc["layers"]["L3"])
+    assert {"size_bytes", "last_modified", "top_keys"} <= set(l3) and all(isinstance(k, str) for k in l3["top_keys"])
+    assert body["attention_score"] == body["attention"]
+    assert body["merged_conflicts"] == body["conflicts"] and body["merged_conflicts"][0]["key"] == "approval_status"
+    assert body["branch_infos"] == body["branches"] and body["compress_status"]
+    scores = body["knowledge_scores"]
+    assert scores and {s["key"] for s in scores} == set(doc["layers"]["L2"])
+    assert all(0 <= s["confidence"] <= 1 and s["source"] for s in scores)
