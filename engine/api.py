@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
+from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -30,6 +30,7 @@ from context_layers.errors import LayerflowError
 
 from .governance import (
     AnswerArgs,
+    BadRequest,
     BranchEvaluateArgs,
     CancelArgs,
     Catalog,
@@ -48,6 +49,7 @@ from .governance import (
     UserTaskArgs,
 )
 from .runtime import Engine
+from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 
 __all__ = ["STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app", "status_for"]
 
@@ -95,7 +97,7 @@ class _Body(BaseModel):
 
 
 class _Instance(_Body):
-    instance_id: InstanceId
+    instance_id: InstanceId | None = Field(default=None, description="the instance (required: here or as ?instance_id=)")
 
 
 class _Change(_Instance):
@@ -260,50 +262,94 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     # ----- governance ---------------------------------------------------------------
 
     @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=_ERRORS)
-    def inspect(body: InspectRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def inspect(body: InspectRequest, instance_id: QueryId = None,
+                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
-        return s.inspect(body.instance_id, InspectArgs.model_validate(_args(body, InspectArgs)))
+        return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)),
+                         dto=True)
 
     @app.post("/api/context-governance/compress", tags=["context-governance"], responses=_ERRORS)
-    def compress(body: CompressRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def compress(body: CompressRequest, instance_id: QueryId = None,
+                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
-        return s.compress(body.instance_id, CompressArgs.model_validate(_args(body, CompressArgs)),
+        return s.compress(_instance_of(body, instance_id), CompressArgs.model_validate(_args(body, CompressArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/inject", tags=["context-governance"], responses=_ERRORS)
-    def inject(body: InjectRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def inject(body: InjectRequest, instance_id: QueryId = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
-        return s.inject(body.instance_id, InjectArgs.model_validate(_args(body, InjectArgs)),
+        return s.inject(_instance_of(body, instance_id), InjectArgs.model_validate(_args(body, InjectArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/resolve", tags=["context-governance"], responses=_ERRORS)
-    def resolve(body: ResolveRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def resolve(body: ResolveRequest, instance_id: QueryId = None,
+                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
-        return s.resolve(body.instance_id, ResolveArgs.model_validate(_args(body, ResolveArgs)),
+        return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
                          expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=_ERRORS)
-    def rollback(body: RollbackRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def rollback(body: RollbackRequest, instance_id: QueryId = None,
+                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""
-        return s.rollback(body.instance_id, RollbackArgs.model_validate(_args(body, RollbackArgs)),
+        return s.rollback(_instance_of(body, instance_id), RollbackArgs.model_validate(_args(body, RollbackArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/config", tags=["context-governance"], responses=_ERRORS)
-    def config(body: ConfigRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def config(body: ConfigRequest, instance_id: QueryId = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
-        return s.config(body.instance_id, ConfigArgs.model_validate(_args(body, ConfigArgs)),
+        return s.config(_instance_of(body, instance_id), ConfigArgs.model_validate(_args(body, ConfigArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/snapshot", tags=["context-governance"], responses=_ERRORS)
-    def snapshot(body: SnapshotRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def snapshot(body: SnapshotRequest, instance_id: QueryId = None,
+                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
-        return s.snapshot(body.instance_id, SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
+        return s.snapshot(_instance_of(body, instance_id), SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"], responses=_ERRORS)
-    def branch_evaluate(body: BranchEvaluateRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def branch_evaluate(body: BranchEvaluateRequest, instance_id: QueryId = None,
+                        s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Whether a branch's context holds the required keys (and in which layer)."""
-        return s.branch_evaluate(body.instance_id, BranchEvaluateArgs.model_validate(_args(body, BranchEvaluateArgs)))
+        return s.branch_evaluate(_instance_of(body, instance_id), BranchEvaluateArgs.model_validate(_args(body, BranchEvaluateArgs)))
+
+    # ----- the model tools (DESIGN: served by the same governance service) -------------
+
+    @app.get("/api/context-governance/tools", tags=["model-tools"], responses=_ERRORS)
+    @app.get("/api/tools", tags=["model-tools"], responses=_ERRORS, include_in_schema=False)
+    def tools(s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
+        """context_inspect, context_compress, context_branch and human_confirm as OpenAI
+        function-calling schemas (``tools=`` entries)."""
+        return tool_schemas()
+
+    @app.post("/api/context-governance/tools/{name}", tags=["model-tools"], responses=_ERRORS)
+    @app.post("/api/tools/{name}", tags=["model-tools"], responses=_ERRORS, include_in_schema=False)
+    def call_tool(name: str, body: Annotated[dict[str, Any], Body(examples=[{"instance_id": "ID", "arguments": {
+                      "layers": ["L3", "L4"], "metrics": ["token_count", "attention_score"]}}])],
+                  instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Run one tool call on an instance, as a model's call is run: ``{"instance_id": ...,
+        "arguments": {...}}`` (``arguments`` may be the JSON text a model sends), or the
+        arguments themselves beside ``instance_id``. A bad argument: 422; an unknown tool: 404."""
+        if name not in TOOL_MODELS:
+            return _error("not_found", f"unknown tool {name!r}; tools: {', '.join(TOOL_MODELS)}")  # type: ignore[return-value]
+        rest = {k: v for k, v in body.items() if k not in ("instance_id", "instanceId", "user", "arguments")}
+        if "arguments" in body and rest:
+            raise BadRequest(f"give the tool's arguments in `arguments` or beside instance_id, not both "
+                             f"(also given: {', '.join(sorted(rest))})")
+        given = body.get("instance_id", body.get("instanceId"))
+        shell = _Instance.model_validate({"instance_id": given} if given is not None else {})
+        iid = _instance_of(shell, instance_id)
+        user = body.get("user")
+        result = dispatch_tool(s, iid, name, body["arguments"] if "arguments" in body else rest,
+                               actor=user if isinstance(user, str) and user else "model")
+        error = result.get("error") if isinstance(result, dict) and set(result) == {"error"} else None
+        if isinstance(error, dict):
+            detail = {k: v for k, v in error.items() if k not in ("kind", "message")}
+            return _error(str(error.get("kind")), str(error.get("message")), **detail)  # type: ignore[return-value]
+        return result
 
     # ----- instances ----------------------------------------------------------------
 
@@ -384,6 +430,20 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     mount_console(app)
 
     return app
+
+
+def _instance_of(body: _Instance, query: str | None) -> str:
+    """The instance a governance request is for: ``instance_id`` of the body, else of the query."""
+    if body.instance_id is not None and query is not None and body.instance_id != query:
+        raise RequestValidationError([{"loc": ("query", "instance_id"), "type": "value_error",
+                                       "msg": f"names {query!r} but the body's instance_id is {body.instance_id!r}; "
+                                              "give the instance once"}])
+    found = body.instance_id or query
+    if found is None:
+        raise RequestValidationError([{"loc": ("body", "instance_id"), "type": "missing",
+                                       "msg": "Field required: give the instance as instance_id in the body "
+                                              "(or ?instance_id= in the query)"}])
+    return found
 
 
 def _args(body: BaseModel, model: type[BaseModel]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import json
+import re
 import os
 import socket
 import string
@@ -158,8 +159,27 @@ InstanceId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\w.:
 ContextName = Annotated[str | None, Field(default=None, description="a context name or branch id (default: the main context)")]
 
 
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), name)
+
+
 class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _camel_case(cls, data: Any) -> Any:
+        # the seed's configs are camelCase (preserveKeys, maxTokens): a camelCase name of a
+        # field is taken for it; given both ways, the camelCase one is left (an extra: 422)
+        if not isinstance(data, dict) or not any(isinstance(k, str) and k != k.lower() for k in data):
+            return data
+        out = dict(data)
+        for key in data:
+            if isinstance(key, str) and key != key.lower():
+                name = _snake(key)
+                if name != key and name in cls.model_fields and name not in out:
+                    out[name] = out.pop(key)
+        return out
 
     @model_validator(mode="after")
     def _text_only(self) -> "_Args":
@@ -212,6 +232,22 @@ class InjectArgs(_Args):
     context: ContextName = None
     reason: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_key(cls, data: Any) -> Any:
+        # {"key": K, "value": V} is {"values": {K: V}}
+        if isinstance(data, dict) and "values" not in data and ("key" in data or "value" in data):
+            out = dict(data)
+            if "key" not in out or "value" not in out:
+                raise ValueError("inject one key with both `key` and `value`, or several with `values: {key: value}`"
+                                 f"; `{'value' if 'key' in out else 'key'}` is missing")
+            key = out.pop("key")
+            if not isinstance(key, str) or not key:
+                raise ValueError("`key` must be a non-empty string (the context key to write)")
+            out["values"] = {key: out.pop("value")}
+            return out
+        return data
+
 
 class ResolveArgs(_Args):
     """Settle a pending conflict or confirmation with a value and a reason."""
@@ -253,6 +289,35 @@ class ConfigArgs(_Args):
     config: dict[str, Any] = Field(description="ActivityExtensionConfig fields (camelCase or snake_case); no handler or script")
     mode: Literal["merge", "replace"] = "merge"
     reason: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_shape(cls, data: Any) -> Any:
+        # the seed's ActivityExtensionConfig names its activity inside ({"activityId": ...,
+        # "contextStrategy": ...}); it may come as `config` or as the body itself
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        if "activityId" in out and "activity_id" not in out:
+            out["activity_id"] = out.pop("activityId")
+        if "config" not in out:
+            extra = {k: v for k, v in out.items() if k not in cls.model_fields and _snake(k) not in cls.model_fields}
+            if extra:
+                out = {k: v for k, v in out.items() if k not in extra}
+                out["config"] = extra
+        config = out.get("config")
+        if isinstance(config, dict):
+            inner = [k for k in ("activityId", "activity_id") if k in config]
+            if inner:
+                for k in inner:
+                    named = config[k]
+                    if "activity_id" not in out:
+                        out["activity_id"] = named
+                    elif out["activity_id"] != named:
+                        raise ValueError(f"activity_id {out['activity_id']!r} and the config's {k} {named!r} differ;"
+                                         " name the activity once")
+                out["config"] = {k: v for k, v in config.items() if k not in inner}
+        return out
 
 
 class SnapshotArgs(_Args):
@@ -599,7 +664,10 @@ class GovernanceService:
         return {"instance_id": instance.id, "version": instance.version, "count": len(rows),
                 "events": [event_document(name, e) for _, name, e in rows]}
 
-    def inspect(self, instance_id: str, args: InspectArgs) -> dict[str, Any]:
+    def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
+        """Per-layer statistics. ``dto``: add the seed's ContextGovernanceDTO fields
+        (``layer_infos`` of all six layers, ``attention_score``, ``knowledge_scores``,
+        ``merged_conflicts``, ``branch_infos``) -- for the REST API, not for a model's tokens."""
         instance = self.load(instance_id)
         ctx = self.context_of(instance, args.context)
         cfg = self._config_of(instance, args.activity_id)
@@ -630,11 +698,11 @@ class GovernanceService:
                 ranked = sorted(keys, key=lambda k: (-tokens[k], k))[: args.top]
                 info["top_keys"] = [{"key": k, "tokens": tokens[k], "last_modified": _iso(modified(layer, k)),
                                      "preserved": k in preserved} for k in ranked]
-            if "keys" in metrics:
+            if "keys" in metrics or "key_count" in metrics:  # the seed lists the keys it counts
                 info["keys"] = keys
             layers[str(layer)] = info
         decision = CompressTriggerDetector().detect(ctx, cfg)
-        return {
+        report = {
             # each inspected layer also at the top level, as the seed's context_inspect returns
             # it ({"L3": {"token_count": ...}, "L4": {...}}); "layers" holds the same
             **layers,
@@ -651,6 +719,9 @@ class GovernanceService:
             "active_config": cfg.dump() if cfg is not None else None,
             "preserved": sorted(preserved),
         }
+        if dto:
+            report.update(_dto_fields(ctx, modified, report))
+        return report
 
     def branch_evaluate(self, instance_id: str, args: BranchEvaluateArgs) -> dict[str, Any]:
         instance = self.load(instance_id)
@@ -1156,6 +1227,29 @@ def _epoch(moment: datetime) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
+
+
+def _dto_fields(ctx: LayeredContext, modified: Callable[[Layer, str], float], report: Mapping[str, Any]
+                ) -> dict[str, Any]:
+    """The seed's ContextGovernanceDTO names: LayerInfo of every layer (unfiltered), and
+    the confidence of each KNOWLEDGE entry."""
+    infos = []
+    for layer in Layer:
+        view = ctx.layer(layer)
+        tokens = {k: ctx.key_tokens(layer, k) for k in view}
+        infos.append({"layer_id": str(layer), "token_count": sum(tokens.values()), "key_count": len(tokens),
+                      "size_bytes": len(canonical_json({k: thaw(v) for k, v in view.items()}).encode("utf-8")),
+                      "last_modified": _iso(max((modified(layer, k) for k in tokens), default=None)),
+                      "top_keys": sorted(tokens, key=lambda k: (-tokens[k], k))[:5]})
+    scores = []
+    for key, value in ctx.layer(Layer.KNOWLEDGE).items():
+        item = thaw(value)
+        confidence = item.get("confidence") if isinstance(item, dict) else None
+        if isinstance(confidence, (int, float)) and not isinstance(confidence, bool):
+            scores.append({"key": key, "confidence": confidence, "source": item.get("source") or key,
+                           "collection": item.get("collection")})
+    return {"layer_infos": infos, "attention_score": report["attention"], "knowledge_scores": scores,
+            "merged_conflicts": report["conflicts"], "branch_infos": report["branches"]}
 
 
 def _iso(t: float | None) -> str | None:

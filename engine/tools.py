@@ -218,8 +218,8 @@ class LiveGovernance(GovernanceService):
             return self.ctx
         return GovernanceService.context_of(instance, name)
 
-    def inspect(self, instance_id: str, args: InspectArgs) -> dict[str, Any]:
-        return super().inspect(instance_id, _for_activity(args, self.activity_id))
+    def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
+        return super().inspect(instance_id, _for_activity(args, self.activity_id), dto=dto)
 
     def compress(self, instance_id: str, args: CompressArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
