@@ -925,13 +925,17 @@ def _score(value: float) -> str:
 @click.option("--context", "context_name", default=None, help="a context name or branch id (default: main)")
 @click.option("--prompts", is_flag=True,
               help="also the recorded model requests: tokens per request and prefix stability")
+@click.option("--layer", "--layers", "only_layers", multiple=True, metavar="L3,L4",
+              help="only these layers (L0..L5 or their names; repeat or separate by commas)")
 @_store_option
 @_json_option
-def inspect(instance_id: str, context_name: str | None, prompts: bool, store: str | None, as_json: bool) -> None:
+def inspect(instance_id: str, context_name: str | None, prompts: bool, only_layers: tuple[str, ...],
+            store: str | None, as_json: bool) -> None:
     """The layers of an instance's context: keys, tokens, writers, attention, compressions."""
     from .governance import InspectArgs
 
     out = _Out(as_json)
+    shown_layers = _layer_names(only_layers, as_json)
     service = _service(store, as_json)
     instance = _load(service.engine, instance_id, as_json)
     ctx = _branch_context(service, instance, context_name, as_json)
@@ -946,6 +950,8 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, store: st
     tables: dict[str, list[dict[str, Any]]] = {}
     for layer in Layer:
         view = ctx.layer(layer)
+        if str(layer) not in shown_layers:
+            continue
         tables[str(layer)] = [{"key": k, "tokens": ctx.key_tokens(layer, k), "preview": _short(view[k]),
                                "preserved": k in preserved, "written_by": _writer(instance, ctx, layer, k)}
                               for k in view]
@@ -956,7 +962,8 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, store: st
 
     if as_json:
         doc = instance.to_document()  # the `run --json` fields, for this context
-        doc.update({"version": report["version"], "context": ctx.name, "layers": ctx.as_dict(),
+        layers = {name: values for name, values in ctx.as_dict().items() if name in shown_layers}
+        doc.update({"version": report["version"], "context": ctx.name, "layers": layers,
                     "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
                     "layer_stats": {name: {**report["layers"][name], "entries": rows}
                                     for name, rows in tables.items()},
@@ -975,6 +982,19 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, store: st
         _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx)
     else:
         _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx)
+
+
+def _layer_names(given: tuple[str, ...], as_json: bool) -> list[str]:
+    """The layers `--layer` names (all six when none), in layer order."""
+    if not given:
+        return [str(layer) for layer in Layer]
+    chosen: set[Layer] = set()
+    for text in (part for value in given for part in value.split(",") if part.strip()):
+        try:
+            chosen.add(Layer.parse(text))
+        except ValueError as err:
+            _fail(f"--layer {text.strip()}: {err}", as_json=as_json)
+    return [str(layer) for layer in sorted(chosen)]
 
 
 def _score_cells(row: dict[str, Any]) -> tuple[str, str, str]:
