@@ -1140,11 +1140,15 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
     else:
         names = list(instance.contexts)
+    kinds = _kind_names(kind)
     events = []
     for name in names:
         ctx = _context(instance, name, as_json)
-        for e in ctx.tape.filter(kind=kind, activity=activity, branch=branch, key=key):
-            if since is None or e.seq >= since:
+        found = (ctx.tape.filter(branch=branch, key=key) if activity is None
+                 else _activity_events(ctx, activity, branch, key))
+        for e in found:
+            if (since is None or e.seq >= since) and (kinds is None or e.kind in kinds
+                                                      or (e.data or {}).get("note") in kinds):
                 events.append((e.time, name, e))
     events.sort(key=lambda t: (t[0], t[2].seq))
     if not events and kind:
@@ -1159,17 +1163,63 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         note = e.data.get("note") if e.data else None
         what = f"{e.kind}{':' + note if note else ''}"
         changes = ", ".join(f"L{c[0]}.{c[1]}" for c in e.changes[:6]) + (" …" if len(e.changes) > 6 else "")
+        snap = (e.data or {}).get("snapshot_id") or (e.data or {}).get("snapshot")
+        if isinstance(snap, str):  # the id `rollback --snapshot` takes, where one was taken or restored
+            label = (e.data or {}).get("label")
+            changes = f"{snap}{' (' + label + ')' if isinstance(label, str) else ''}" + (f"\t{changes}" if changes else "")
         click.echo(f"{name}#{e.seq}\t{what}\t{e.actor}\t{e.activity or ''}\t{changes}".rstrip())
+
+
+# the names DESIGN gives the tape's events ("a rollback", "a move", "a compression", ...) for the
+# kinds and notes they are recorded as
+_KIND_ALIASES: dict[str, tuple[str, ...]] = {
+    "rollback": ("restore",), "move": ("complete",), "compression": ("compress", "decompress"),
+    "config": ("config_change",), "human": ("human_decision",), "decision": ("human_decision",),
+    "merge": ("join",), "resolve": ("resolution",), "deny": ("denied",), "denied_write": ("denied",),
+}
+
+
+def _kind_names(kind: str | None) -> set[str] | None:
+    if kind is None:
+        return None
+    text = kind.strip()
+    names = {text, *_KIND_ALIASES.get(text, ())}
+    if text.endswith("s") and len(text) > 1:  # conflicts, resolutions, writes
+        names |= {text[:-1], *_KIND_ALIASES.get(text[:-1], ())}
+    return names
+
+
+def _activity_events(ctx: LayeredContext, activity: str, branch: str | None, key: str | None) -> list[Any]:
+    """The events of an activity, and of a gateway by its BPMN id: its snapshot and split too."""
+    found = {e.seq for e in ctx.tape.filter(activity=activity, branch=branch, key=key)}
+    rest = ctx.tape.filter(branch=branch, key=key)
+    mine = [e for e in rest if e.activity is None
+            and activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))]
+    splits = {(e.data or {}).get("snapshot_id") for e in mine}
+    found |= {e.seq for e in mine}
+    found |= {e.seq for e in rest if e.kind == "snapshot" and (e.data or {}).get("snapshot_id") in splits}
+    return [e for e in rest if e.seq in found]
 
 
 @main.command()
 @click.argument("instance_id")
-@click.option("--until", "until", type=int, required=True, help="the sequence number to stop at (inclusive)")
+@click.argument("until_arg", metavar="[SEQ]", type=int, required=False)
+@click.option("--until", "until", type=int, default=None,
+              help="the sequence number to stop at (inclusive; or give it as the second argument)")
 @click.option("--context", "context_name", default=None, help="a branch context (default: main)")
 @_store_option
 @_json_option
-def replay(instance_id: str, until: int, context_name: str | None, store: str | None, as_json: bool) -> None:
+def replay(instance_id: str, until_arg: int | None, until: int | None, context_name: str | None,
+           store: str | None, as_json: bool) -> None:
     """The context as it was at a sequence number of its tape, rebuilt from the tape."""
+    if until is None and until_arg is None:
+        _fail("name the sequence number to stop at: --until SEQ (`layerflow tape ID` lists them)",
+              as_json=as_json, details={"instance_id": instance_id})
+    if until is not None and until_arg is not None and until != until_arg:
+        _fail(f"two sequence numbers given: {until_arg} and --until {until}; name one",
+              as_json=as_json, details={"instance_id": instance_id})
+    until = until if until is not None else until_arg
+    assert until is not None
     if until < 0:
         _fail(f"--until {until}: a tape sequence number counts from 1 (0: before the first event); "
               "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
@@ -1218,21 +1268,28 @@ def _recent(snapshots: list[dict[str, Any]], n: int = 5) -> str:
 
 @main.command()
 @click.argument("instance_id")
+@click.argument("snapshot_arg", metavar="[SNAPSHOT_ID]", required=False)
 @click.option("--snapshot", "snapshot_id", default=None, metavar="SNAPSHOT_ID",
-              help="the snapshot to go back to (`layerflow snapshot ID --list` shows them)")
+              help="the snapshot to go back to (`layerflow snapshot ID --list` and `layerflow tape ID "
+                   "--kind snapshot` show them); may be given as the second argument instead")
 @click.option("--context", "context_name", default=None,
               help="the context that took the snapshot (default: the one that did)")
-@click.option("--layers", default=None, metavar="L3,L4",
+@click.option("--layers", "--layer", "layers", default=None, metavar="L3,L4",
               help="only these layers (default: KNOWLEDGE..EPHEMERAL; SYSTEM and PROCESS never roll back)")
 @click.option("--reason", default=None, help="why, for the audit trail on the tape")
 @_store_option
 @_json_option
-def rollback(instance_id: str, snapshot_id: str | None, context_name: str | None, layers: str | None,
-             reason: str | None, store: str | None, as_json: bool) -> None:
+def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None, context_name: str | None,
+             layers: str | None, reason: str | None, store: str | None, as_json: bool) -> None:
     """Put a context's layers back to a snapshot: a restore event on the tape; nothing is deleted."""
     from pydantic import ValidationError
 
     from .governance import RollbackArgs
+
+    if snapshot_arg is not None and snapshot_id is not None and snapshot_arg != snapshot_id:
+        _fail(f"two snapshots given: {snapshot_arg!r} and --snapshot {snapshot_id!r}; name one",
+              as_json=as_json, details={"instance_id": instance_id})
+    snapshot_id = snapshot_id or snapshot_arg
 
     service = _service(store, as_json)
     instance = _load(service.engine, instance_id, as_json)
