@@ -18,7 +18,7 @@ import shlex
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -406,6 +406,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
     for notice in instance.notices:
         out.info(f"layerflow: {notice}")
+    _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
     _summary(out, instance)
     sys.exit(_exit_code(instance))
 
@@ -497,6 +498,22 @@ def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], k
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
                      f"(it waits for: {listed}); it is kept for a later step")
+
+
+def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> None:
+    """A confirmation answer (`--answers` file) that names no confirmation the instance ever had is a
+    typo or meant for another process: say so on stderr, with what it does wait for."""
+    known: set[str] = set()
+    for c in instance.confirmations:
+        known.add(str(c.get("id")))
+        if c.get("gateway_id") and c.get("key") is not None:
+            known.add(f"{c['gateway_id']}/{c['key']}")
+    for key in keys:
+        if key != "*" and key not in known:
+            waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
+            out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
+                     f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
+                     f"as `waiting_for` names it")
 
 
 def _store_name(store: str | None) -> str:
@@ -639,7 +656,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         source = _answers_source(answers_file, answer)
         _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
         _user_task_answers_are_objects(instance.process, answer, as_json)
-        _unused_answers(out, instance, answers, _answer_keys(instance, answers, answer))
+        given = _answer_keys(instance, answers, answer)
+        _unused_answers(out, instance, answers, given)
         for key, value in answers["confirmations"].items():
             if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
                 try:
@@ -656,6 +674,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         for notice in instance.notices:
             out.info(f"layerflow: {notice}")
+        # --answer keys were named above already, against what the instance waited for
+        _answers_never_used(out, instance, [k for k in answers["confirmations"]
+                                             if k not in given and k not in answers["user_tasks"]])
         _summary(out, instance)
         sys.exit(_exit_code(instance))
 

@@ -131,3 +131,24 @@ def test_replay_takes_the_sequence_number_as_an_argument_too(lf, review) -> None
     by_option = _doc(lf("replay", review, "--until", "3", "--json", code=0))
     assert _doc(lf("replay", review, "3", "--json", code=0)) == by_option
     assert "--until" in lf("replay", review, "3", "--until", "4", code=2).stderr
+
+
+@pytest.mark.parametrize("key", ["merge/nokey", "nogateway/verdict", "no-such-confirmation"])
+def test_an_answer_that_matches_no_confirmation_is_named_on_stderr(lf, tmp_path: Path, key) -> None:
+    path, answers = tmp_path / "review.bpmn", tmp_path / "answers.json"
+    path.write_text(REVIEW)
+    answers.write_text(json.dumps({"confirmations": {key: "approve"}}))
+    result = lf("run", str(path), "--answers", str(answers), "--json", code=3)
+    doc = _doc(result)
+    assert [w["id"] for w in doc["waiting_for"]] == ["merge/verdict"]
+    assert key in result.stderr and "merge/verdict" in result.stderr
+    resumed = lf("resume", doc["instance_id"], "--answers", str(answers), code=3)
+    assert key in resumed.stderr
+
+
+def test_a_user_task_answer_is_not_called_an_unused_confirmation(lf, tmp_path: Path) -> None:
+    path = tmp_path / "claims.bpmn"
+    path.write_text(CLAIMS)
+    result = lf("run", str(path), "--data", '{"amount": 5000}', "--answer", 'adjuster_review={"decision": "pay"}',
+                "--json", code=0)
+    assert "not used" not in result.stderr
