@@ -788,8 +788,8 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
 def list_instances(store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first."""
     rows = _engine(store, None, _Out(as_json), as_json).store.list()
-    if as_json:
-        _Out(True).doc(rows)
+    if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
+        _Out(True).doc([{"instance_id": r["id"], **r} for r in rows])
         return
     for r in rows:
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "

@@ -152,3 +152,8 @@ def test_a_user_task_answer_is_not_called_an_unused_confirmation(lf, tmp_path: P
     result = lf("run", str(path), "--data", '{"amount": 5000}', "--answer", 'adjuster_review={"decision": "pay"}',
                 "--json", code=0)
     assert "not used" not in result.stderr
+
+
+def test_list_json_names_each_instance_as_run_json_does(lf, claim) -> None:
+    rows = _doc(lf("list", "--json", code=0))
+    assert [r["instance_id"] for r in rows] == [claim] and rows[0]["id"] == claim
