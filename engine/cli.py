@@ -652,7 +652,14 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             try:
                 engine.inject(instance, values, actor="operator")
             except LayerflowError as err:
-                _fail(f"--set: {err}", as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                hint = ""
+                if isinstance(err, ContextWriteDenied) and Layer.parse(err.effective) == Layer.PROCESS:
+                    # the fix-and-retry an operator tries first: a wrong value of the run's --data
+                    hint = (f". PROCESS keys (the run's --data) are fixed for the life of instance {instance.id}: "
+                            f"to run with another {err.key!r}, `layerflow cancel {instance.id} --reason ...` and "
+                            f"start a new instance with the corrected --data")
+                _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
+                      details={"instance_id": instance.id, "key": getattr(err, "key", None)})
         source = _answers_source(answers_file, answer)
         _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
         _user_task_answers_are_objects(instance.process, answer, as_json)

@@ -157,3 +157,26 @@ def test_a_user_task_answer_is_not_called_an_unused_confirmation(lf, tmp_path: P
 def test_list_json_names_each_instance_as_run_json_does(lf, claim) -> None:
     rows = _doc(lf("list", "--json", code=0))
     assert [r["instance_id"] for r in rows] == [claim] and rows[0]["id"] == claim
+
+
+FAILING = _DEFS.format("""<bpmn:process id="calc" isExecutable="true">
+  <bpmn:startEvent id="start"><bpmn:outgoing>f1</bpmn:outgoing></bpmn:startEvent>
+  <bpmn:scriptTask id="compute"><bpmn:incoming>f1</bpmn:incoming><bpmn:outgoing>f2</bpmn:outgoing><bpmn:script>ratio = total / count</bpmn:script></bpmn:scriptTask>
+  <bpmn:endEvent id="end"><bpmn:incoming>f2</bpmn:incoming></bpmn:endEvent>
+  <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="compute"/>
+  <bpmn:sequenceFlow id="f2" sourceRef="compute" targetRef="end"/>
+</bpmn:process>""")
+
+
+def test_a_failed_script_is_fixed_with_set_and_resumed(lf, tmp_path: Path) -> None:
+    path = tmp_path / "calc.bpmn"
+    path.write_text(FAILING)
+    failed = _doc(lf("run", str(path), "--data", '{"total": 10, "count": 0}', "--json", code=1))
+    assert failed["error"]["task_id"] == "compute" and "ZeroDivisionError" in failed["error"]["message"]
+    iid = failed["instance_id"]
+    refused = _doc(lf("resume", iid, "--set", "count=2", "--json", code=2))  # count is a PROCESS key
+    assert refused["error"]["key"] == "count" and f"layerflow cancel {iid}" in refused["error"]["message"]
+    assert _doc(lf("inspect", iid, "--json", code=0))["status"] == "error"  # nothing changed
+    missing = _doc(lf("run", str(path), "--data", '{"total": 10}', "--json", code=1))
+    done = _doc(lf("resume", missing["instance_id"], "--set", "count=4", "--json", code=0))
+    assert done["status"] == "completed" and done["layers"]["L3"]["ratio"] == 2.5
