@@ -411,15 +411,18 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     sys.exit(_exit_code(instance))
 
 
-def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool) -> None:
-    """An answers file that names a task the process does not have is a typo: say so before running."""
+def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool,
+                        waiting: Iterable[str] = ()) -> None:
+    """An answers file that names a task the process does not have is a typo: say so before running.
+    On `resume`, a task's `waiting_for` id names it too, as `--answer ID={...}` and REST take it."""
     if not answers_file:
         return
-    ids = set(process.element_ids())
+    ids = set(process.element_ids()) | set(waiting)
     unknown = [task_id for task_id in user_tasks if task_id not in ids]
     if unknown:
         _fail(f"answers file {answers_file}: user_tasks names {', '.join(repr(t) for t in unknown)}, not an element "
-              f"of process {process.id!r}; key user_tasks by the BPMN id of a user task", as_json=as_json)
+              f"of process {process.id!r}; key user_tasks by the BPMN id of a user task (or, on resume, by its "
+              f"waiting_for id)", as_json=as_json)
 
 
 def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
@@ -661,7 +664,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
                       details={"instance_id": instance.id, "key": getattr(err, "key", None)})
         source = _answers_source(answers_file, answer)
-        _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
+        _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json,
+                            [str(w["id"]) for w in instance.waiting_for if w.get("id")])
         _user_task_answers_are_objects(instance.process, answer, as_json)
         given = _answer_keys(instance, answers, answer)
         _unused_answers(out, instance, answers, given)

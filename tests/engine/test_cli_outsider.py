@@ -180,3 +180,18 @@ def test_a_failed_script_is_fixed_with_set_and_resumed(lf, tmp_path: Path) -> No
     missing = _doc(lf("run", str(path), "--data", '{"total": 10}', "--json", code=1))
     done = _doc(lf("resume", missing["instance_id"], "--set", "count=4", "--json", code=0))
     assert done["status"] == "completed" and done["layers"]["L3"]["ratio"] == 2.5
+
+
+def test_resume_answers_a_user_task_by_its_waiting_for_id(lf, tmp_path: Path) -> None:
+    path, answers = tmp_path / "claims.bpmn", tmp_path / "answers.json"
+    path.write_text(CLAIMS)
+    waiting = _doc(lf("run", str(path), "--data", '{"amount": 5000}', "--json", code=3))
+    [item] = waiting["waiting_for"]
+    assert item["kind"] == "user_task" and item["task_id"] == "adjuster_review"
+    answers.write_text(json.dumps({"user_tasks": {item["id"]: {"decision": "deny"}}}))
+    done = _doc(lf("resume", waiting["instance_id"], "--answers", str(answers), "--json", code=0))
+    assert done["layers"]["L3"]["decision"] == "deny" and done["waiting_for"] == []
+    answers.write_text(json.dumps({"user_tasks": {"not-waiting": {"decision": "deny"}}}))
+    again = _doc(lf("run", str(path), "--data", '{"amount": 5000}', "--json", code=3))
+    refused = _doc(lf("resume", again["instance_id"], "--answers", str(answers), "--json", code=2))
+    assert "not-waiting" in refused["error"]["message"]
