@@ -1225,8 +1225,10 @@ def _activity_events(ctx: LayeredContext, activity: str, branch: str | None, key
     """The events of an activity, and of a gateway by its BPMN id: its snapshot and split too."""
     found = {e.seq for e in ctx.tape.filter(activity=activity, branch=branch, key=key)}
     rest = ctx.tape.filter(branch=branch, key=key)
+    # a person's decision on a join's conflict names the gateway in its confirmation id, GATEWAY/KEY
     mine = [e for e in rest if e.activity is None
-            and activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))]
+            and (activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))
+                 or str((e.data or {}).get("confirmation_id") or "").startswith(f"{activity}/"))]
     splits = {(e.data or {}).get("snapshot_id") for e in mine}
     found |= {e.seq for e in mine}
     found |= {e.seq for e in rest if e.kind == "snapshot" and (e.data or {}).get("snapshot_id") in splits}

@@ -116,6 +116,9 @@ def test_tape_activity_finds_the_split_of_a_gateway(lf, review, claim) -> None:
         events = _doc(lf("tape", iid, "--activity", gateway, "--json", code=0))
         notes = {e["data"].get("note") or e["kind"] for e in events}
         assert {"snapshot", "split"} <= notes, notes
+    lf("resume", review, "--answer", "merge/verdict=reject", code=0)
+    notes = {e["data"].get("note") for e in _doc(lf("tape", review, "--activity", "merge", "--json", code=0))}
+    assert {"conflict", "human_decision", "resolution", "join"} <= notes, notes
 
 
 def test_plain_tape_shows_the_snapshot_ids_rollback_takes(lf, claim) -> None:
