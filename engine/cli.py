@@ -138,6 +138,10 @@ def _summary(out: _Out, instance: Instance) -> None:
     lines = [f"instance {instance.id} ({instance.process_id}): {instance.status}"]
     if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
+        if instance.error["kind"] == "activity_failed" and instance.error.get("task_id"):
+            lines.append(f"  fix its cause, then `layerflow resume {instance.id}` runs {instance.error['task_id']} again "
+                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id} "
+                         f"--activity {instance.error['task_id']}` shows what it did)")
     if instance.cancelled:
         lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
                      f"{instance.cancelled['reason']}")

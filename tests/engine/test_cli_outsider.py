@@ -177,6 +177,8 @@ def test_a_failed_script_is_fixed_with_set_and_resumed(lf, tmp_path: Path) -> No
     failed = _doc(lf("run", str(path), "--data", '{"total": 10, "count": 0}', "--json", code=1))
     assert failed["error"]["task_id"] == "compute" and "ZeroDivisionError" in failed["error"]["message"]
     iid = failed["instance_id"]
+    plain = lf("resume", iid, code=1).stdout  # retried: fails the same way, and says what to do
+    assert "ZeroDivisionError" in plain and f"layerflow resume {iid}" in plain and "--set KEY=VALUE" in plain
     refused = _doc(lf("resume", iid, "--set", "count=2", "--json", code=2))  # count is a PROCESS key
     assert refused["error"]["key"] == "count" and f"layerflow cancel {iid}" in refused["error"]["message"]
     assert _doc(lf("inspect", iid, "--json", code=0))["status"] == "error"  # nothing changed
