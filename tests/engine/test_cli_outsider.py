@@ -200,3 +200,10 @@ def test_resume_answers_a_user_task_by_its_waiting_for_id(lf, tmp_path: Path) ->
     again = _doc(lf("run", str(path), "--data", '{"amount": 5000}', "--json", code=3))
     refused = _doc(lf("resume", again["instance_id"], "--answers", str(answers), "--json", code=2))
     assert "not-waiting" in refused["error"]["message"]
+
+
+def test_tape_json_names_the_key_each_write_changed(lf, review) -> None:
+    writes = _doc(lf("tape", review, "--kind", "write", "--json", code=0))
+    assert {(e["branch"], e["layer"], e["key"], e["value"]) for e in writes} == {
+        ("legal_review", "L4", "verdict", "approve"), ("tech_review", "L4", "verdict", "reject")}
+    assert all(e["changes"] == [[4, "verdict", e["value"]]] for e in writes)
