@@ -344,6 +344,19 @@ class _Command(click.Command):
     first (a second ``layerflow resume``, a worker, the REST API), or the store went away or
     refuses writes (a read-only file) while the command ran."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """A usage error (an unknown option, a missing argument, a value of the wrong type) of a
+        command called with ``--json`` still gives the one document scripts parse, beside click's
+        usage message on stderr."""
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as err:
+            if not wants_json or not any(p.name == "as_json" for p in self.params):
+                raise
+            err.show()
+            _fail(err.format_message(), as_json=True)
+
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))
         if not as_json:

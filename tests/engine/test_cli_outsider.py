@@ -207,3 +207,13 @@ def test_tape_json_names_the_key_each_write_changed(lf, review) -> None:
     assert {(e["branch"], e["layer"], e["key"], e["value"]) for e in writes} == {
         ("legal_review", "L4", "verdict", "approve"), ("tech_review", "L4", "verdict", "reject")}
     assert all(e["changes"] == [[4, "verdict", e["value"]]] for e in writes)
+
+
+@pytest.mark.parametrize("args", [
+    ("run", "x.bpmn", "--bogus"), ("run",), ("replay", "abc", "--until", "x"), ("inspect",),
+    ("tape", "abc", "--since", "soon"), ("rollback",)])
+def test_a_usage_error_with_json_is_still_one_document(lf, args) -> None:
+    result = lf(*args, "--json", code=2)
+    doc = _doc(result)
+    assert doc["status"] == "error" and doc["error"]["kind"] == "bad_input" and doc["error"]["message"]
+    assert "Usage:" in result.stderr
