@@ -18,7 +18,7 @@ import shlex
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -138,6 +138,10 @@ def _summary(out: _Out, instance: Instance) -> None:
     lines = [f"instance {instance.id} ({instance.process_id}): {instance.status}"]
     if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
+        if instance.error["kind"] == "activity_failed" and instance.error.get("task_id"):
+            lines.append(f"  fix its cause, then `layerflow resume {instance.id}` runs {instance.error['task_id']} again "
+                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id} "
+                         f"--activity {instance.error['task_id']}` shows what it did)")
     if instance.cancelled:
         lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
                      f"{instance.cancelled['reason']}")
@@ -340,6 +344,19 @@ class _Command(click.Command):
     first (a second ``layerflow resume``, a worker, the REST API), or the store went away or
     refuses writes (a read-only file) while the command ran."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """A usage error (an unknown option, a missing argument, a value of the wrong type) of a
+        command called with ``--json`` still gives the one document scripts parse, beside click's
+        usage message on stderr."""
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as err:
+            if not wants_json or not any(p.name == "as_json" for p in self.params):
+                raise
+            err.show()
+            _fail(err.format_message(), as_json=True)
+
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))
         if not as_json:
@@ -406,19 +423,23 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
     for notice in instance.notices:
         out.info(f"layerflow: {notice}")
+    _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
     _summary(out, instance)
     sys.exit(_exit_code(instance))
 
 
-def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool) -> None:
-    """An answers file that names a task the process does not have is a typo: say so before running."""
+def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool,
+                        waiting: Iterable[str] = ()) -> None:
+    """An answers file that names a task the process does not have is a typo: say so before running.
+    On `resume`, a task's `waiting_for` id names it too, as `--answer ID={...}` and REST take it."""
     if not answers_file:
         return
-    ids = set(process.element_ids())
+    ids = set(process.element_ids()) | set(waiting)
     unknown = [task_id for task_id in user_tasks if task_id not in ids]
     if unknown:
         _fail(f"answers file {answers_file}: user_tasks names {', '.join(repr(t) for t in unknown)}, not an element "
-              f"of process {process.id!r}; key user_tasks by the BPMN id of a user task", as_json=as_json)
+              f"of process {process.id!r}; key user_tasks by the BPMN id of a user task (or, on resume, by its "
+              f"waiting_for id)", as_json=as_json)
 
 
 def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
@@ -497,6 +518,22 @@ def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], k
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
                      f"(it waits for: {listed}); it is kept for a later step")
+
+
+def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> None:
+    """A confirmation answer (`--answers` file) that names no confirmation the instance ever had is a
+    typo or meant for another process: say so on stderr, with what it does wait for."""
+    known: set[str] = set()
+    for c in instance.confirmations:
+        known.add(str(c.get("id")))
+        if c.get("gateway_id") and c.get("key") is not None:
+            known.add(f"{c['gateway_id']}/{c['key']}")
+    for key in keys:
+        if key != "*" and key not in known:
+            waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
+            out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
+                     f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
+                     f"as `waiting_for` names it")
 
 
 def _store_name(store: str | None) -> str:
@@ -635,11 +672,20 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             try:
                 engine.inject(instance, values, actor="operator")
             except LayerflowError as err:
-                _fail(f"--set: {err}", as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                hint = ""
+                if isinstance(err, ContextWriteDenied) and Layer.parse(err.effective) == Layer.PROCESS:
+                    # the fix-and-retry an operator tries first: a wrong value of the run's --data
+                    hint = (f". PROCESS keys (the run's --data) are fixed for the life of instance {instance.id}: "
+                            f"to run with another {err.key!r}, `layerflow cancel {instance.id} --reason ...` and "
+                            f"start a new instance with the corrected --data")
+                _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
+                      details={"instance_id": instance.id, "key": getattr(err, "key", None)})
         source = _answers_source(answers_file, answer)
-        _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json)
+        _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json,
+                            [str(w["id"]) for w in instance.waiting_for if w.get("id")])
         _user_task_answers_are_objects(instance.process, answer, as_json)
-        _unused_answers(out, instance, answers, _answer_keys(instance, answers, answer))
+        given = _answer_keys(instance, answers, answer)
+        _unused_answers(out, instance, answers, given)
         for key, value in answers["confirmations"].items():
             if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
                 try:
@@ -656,6 +702,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         for notice in instance.notices:
             out.info(f"layerflow: {notice}")
+        # --answer keys were named above already, against what the instance waited for
+        _answers_never_used(out, instance, [k for k in answers["confirmations"]
+                                             if k not in given and k not in answers["user_tasks"]])
         _summary(out, instance)
         sys.exit(_exit_code(instance))
 
@@ -767,8 +816,8 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
 def list_instances(store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first."""
     rows = _engine(store, None, _Out(as_json), as_json).store.list()
-    if as_json:
-        _Out(True).doc(rows)
+    if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
+        _Out(True).doc([{"instance_id": r["id"], **r} for r in rows])
         return
     for r in rows:
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
@@ -925,13 +974,17 @@ def _score(value: float) -> str:
 @click.option("--context", "context_name", default=None, help="a context name or branch id (default: main)")
 @click.option("--prompts", is_flag=True,
               help="also the recorded model requests: tokens per request and prefix stability")
+@click.option("--layer", "--layers", "only_layers", multiple=True, metavar="L3,L4",
+              help="only these layers (L0..L5 or their names; repeat or separate by commas)")
 @_store_option
 @_json_option
-def inspect(instance_id: str, context_name: str | None, prompts: bool, store: str | None, as_json: bool) -> None:
+def inspect(instance_id: str, context_name: str | None, prompts: bool, only_layers: tuple[str, ...],
+            store: str | None, as_json: bool) -> None:
     """The layers of an instance's context: keys, tokens, writers, attention, compressions."""
     from .governance import InspectArgs
 
     out = _Out(as_json)
+    shown_layers = _layer_names(only_layers, as_json)
     service = _service(store, as_json)
     instance = _load(service.engine, instance_id, as_json)
     ctx = _branch_context(service, instance, context_name, as_json)
@@ -946,6 +999,8 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, store: st
     tables: dict[str, list[dict[str, Any]]] = {}
     for layer in Layer:
         view = ctx.layer(layer)
+        if str(layer) not in shown_layers:
+            continue
         tables[str(layer)] = [{"key": k, "tokens": ctx.key_tokens(layer, k), "preview": _short(view[k]),
                                "preserved": k in preserved, "written_by": _writer(instance, ctx, layer, k)}
                               for k in view]
@@ -956,7 +1011,8 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, store: st
 
     if as_json:
         doc = instance.to_document()  # the `run --json` fields, for this context
-        doc.update({"version": report["version"], "context": ctx.name, "layers": ctx.as_dict(),
+        layers = {name: values for name, values in ctx.as_dict().items() if name in shown_layers}
+        doc.update({"version": report["version"], "context": ctx.name, "layers": layers,
                     "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
                     "layer_stats": {name: {**report["layers"][name], "entries": rows}
                                     for name, rows in tables.items()},
@@ -975,6 +1031,19 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, store: st
         _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx)
     else:
         _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx)
+
+
+def _layer_names(given: tuple[str, ...], as_json: bool) -> list[str]:
+    """The layers `--layer` names (all six when none), in layer order."""
+    if not given:
+        return [str(layer) for layer in Layer]
+    chosen: set[Layer] = set()
+    for text in (part for value in given for part in value.split(",") if part.strip()):
+        try:
+            chosen.add(Layer.parse(text))
+        except ValueError as err:
+            _fail(f"--layer {text.strip()}: {err}", as_json=as_json)
+    return [str(layer) for layer in sorted(chosen)]
 
 
 def _score_cells(row: dict[str, Any]) -> tuple[str, str, str]:
@@ -1120,11 +1189,15 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
     else:
         names = list(instance.contexts)
+    kinds = _kind_names(kind)
     events = []
     for name in names:
         ctx = _context(instance, name, as_json)
-        for e in ctx.tape.filter(kind=kind, activity=activity, branch=branch, key=key):
-            if since is None or e.seq >= since:
+        found = (ctx.tape.filter(branch=branch, key=key) if activity is None
+                 else _activity_events(ctx, activity, branch, key))
+        for e in found:
+            if (since is None or e.seq >= since) and (kinds is None or e.kind in kinds
+                                                      or (e.data or {}).get("note") in kinds):
                 events.append((e.time, name, e))
     events.sort(key=lambda t: (t[0], t[2].seq))
     if not events and kind:
@@ -1139,17 +1212,65 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         note = e.data.get("note") if e.data else None
         what = f"{e.kind}{':' + note if note else ''}"
         changes = ", ".join(f"L{c[0]}.{c[1]}" for c in e.changes[:6]) + (" …" if len(e.changes) > 6 else "")
+        snap = (e.data or {}).get("snapshot_id") or (e.data or {}).get("snapshot")
+        if isinstance(snap, str):  # the id `rollback --snapshot` takes, where one was taken or restored
+            label = (e.data or {}).get("label")
+            changes = f"{snap}{' (' + label + ')' if isinstance(label, str) else ''}" + (f"\t{changes}" if changes else "")
         click.echo(f"{name}#{e.seq}\t{what}\t{e.actor}\t{e.activity or ''}\t{changes}".rstrip())
+
+
+# the names DESIGN gives the tape's events ("a rollback", "a move", "a compression", ...) for the
+# kinds and notes they are recorded as
+_KIND_ALIASES: dict[str, tuple[str, ...]] = {
+    "rollback": ("restore",), "move": ("complete",), "compression": ("compress", "decompress"),
+    "config": ("config_change",), "human": ("human_decision",), "decision": ("human_decision",),
+    "merge": ("join",), "resolve": ("resolution",), "deny": ("denied",), "denied_write": ("denied",),
+}
+
+
+def _kind_names(kind: str | None) -> set[str] | None:
+    if kind is None:
+        return None
+    text = kind.strip()
+    names = {text, *_KIND_ALIASES.get(text, ())}
+    if text.endswith("s") and len(text) > 1:  # conflicts, resolutions, writes
+        names |= {text[:-1], *_KIND_ALIASES.get(text[:-1], ())}
+    return names
+
+
+def _activity_events(ctx: LayeredContext, activity: str, branch: str | None, key: str | None) -> list[Any]:
+    """The events of an activity, and of a gateway by its BPMN id: its snapshot and split too."""
+    found = {e.seq for e in ctx.tape.filter(activity=activity, branch=branch, key=key)}
+    rest = ctx.tape.filter(branch=branch, key=key)
+    # a person's decision on a join's conflict names the gateway in its confirmation id, GATEWAY/KEY
+    mine = [e for e in rest if e.activity is None
+            and (activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))
+                 or str((e.data or {}).get("confirmation_id") or "").startswith(f"{activity}/"))]
+    splits = {(e.data or {}).get("snapshot_id") for e in mine}
+    found |= {e.seq for e in mine}
+    found |= {e.seq for e in rest if e.kind == "snapshot" and (e.data or {}).get("snapshot_id") in splits}
+    return [e for e in rest if e.seq in found]
 
 
 @main.command()
 @click.argument("instance_id")
-@click.option("--until", "until", type=int, required=True, help="the sequence number to stop at (inclusive)")
+@click.argument("until_arg", metavar="[SEQ]", type=int, required=False)
+@click.option("--until", "until", type=int, default=None,
+              help="the sequence number to stop at (inclusive; or give it as the second argument)")
 @click.option("--context", "context_name", default=None, help="a branch context (default: main)")
 @_store_option
 @_json_option
-def replay(instance_id: str, until: int, context_name: str | None, store: str | None, as_json: bool) -> None:
+def replay(instance_id: str, until_arg: int | None, until: int | None, context_name: str | None,
+           store: str | None, as_json: bool) -> None:
     """The context as it was at a sequence number of its tape, rebuilt from the tape."""
+    if until is None and until_arg is None:
+        _fail("name the sequence number to stop at: --until SEQ (`layerflow tape ID` lists them)",
+              as_json=as_json, details={"instance_id": instance_id})
+    if until is not None and until_arg is not None and until != until_arg:
+        _fail(f"two sequence numbers given: {until_arg} and --until {until}; name one",
+              as_json=as_json, details={"instance_id": instance_id})
+    until = until if until is not None else until_arg
+    assert until is not None
     if until < 0:
         _fail(f"--until {until}: a tape sequence number counts from 1 (0: before the first event); "
               "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
@@ -1198,21 +1319,28 @@ def _recent(snapshots: list[dict[str, Any]], n: int = 5) -> str:
 
 @main.command()
 @click.argument("instance_id")
+@click.argument("snapshot_arg", metavar="[SNAPSHOT_ID]", required=False)
 @click.option("--snapshot", "snapshot_id", default=None, metavar="SNAPSHOT_ID",
-              help="the snapshot to go back to (`layerflow snapshot ID --list` shows them)")
+              help="the snapshot to go back to (`layerflow snapshot ID --list` and `layerflow tape ID "
+                   "--kind snapshot` show them); may be given as the second argument instead")
 @click.option("--context", "context_name", default=None,
               help="the context that took the snapshot (default: the one that did)")
-@click.option("--layers", default=None, metavar="L3,L4",
+@click.option("--layers", "--layer", "layers", default=None, metavar="L3,L4",
               help="only these layers (default: KNOWLEDGE..EPHEMERAL; SYSTEM and PROCESS never roll back)")
 @click.option("--reason", default=None, help="why, for the audit trail on the tape")
 @_store_option
 @_json_option
-def rollback(instance_id: str, snapshot_id: str | None, context_name: str | None, layers: str | None,
-             reason: str | None, store: str | None, as_json: bool) -> None:
+def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None, context_name: str | None,
+             layers: str | None, reason: str | None, store: str | None, as_json: bool) -> None:
     """Put a context's layers back to a snapshot: a restore event on the tape; nothing is deleted."""
     from pydantic import ValidationError
 
     from .governance import RollbackArgs
+
+    if snapshot_arg is not None and snapshot_id is not None and snapshot_arg != snapshot_id:
+        _fail(f"two snapshots given: {snapshot_arg!r} and --snapshot {snapshot_id!r}; name one",
+              as_json=as_json, details={"instance_id": instance_id})
+    snapshot_id = snapshot_id or snapshot_arg
 
     service = _service(store, as_json)
     instance = _load(service.engine, instance_id, as_json)

@@ -995,7 +995,8 @@ class GovernanceService:
         def step(instance: Instance) -> Instance:
             if instance.status == "completed":
                 raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
-            _check_answered_tasks(instance.process, args.answers)
+            _check_answered_tasks(instance.process, args.answers,
+                                  {str(w["id"]) for w in instance.waiting_for if w.get("id")})
             return self.engine.resume(instance, answers=args.answers.model_dump() if args.answers else None)
         return self._run_on(instance_id, expected_version, step)
 
@@ -1061,8 +1062,15 @@ class GovernanceService:
 def event_document(context_name: str, event: Any) -> dict[str, Any]:
     """A tape event as the CLI and the REST API show it: every event names its context, seq,
     kind, time, actor, activity and branch (null when it has none; the stored form leaves
-    them out)."""
-    return {"context": context_name, "activity": None, "branch": None, **event.to_dict()}
+    them out). A write or delete of one key also names it flat, beside ``changes``
+    (``[[layer, key, value]]``): ``layer`` as ``"L4"``, ``key`` and ``value``."""
+    doc: dict[str, Any] = {"context": context_name, "activity": None, "branch": None, **event.to_dict()}
+    changes = doc.get("changes") or []
+    if doc.get("kind") in ("write", "delete") and len(changes) == 1 and len(changes[0]) == 3:
+        layer, key, value = changes[0]
+        flat = {"layer": f"L{layer}" if isinstance(layer, int) else str(layer), "key": key, "value": value}
+        doc.update({k: v for k, v in flat.items() if k not in doc})
+    return doc
 
 
 def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
@@ -1108,12 +1116,14 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
     return cfg
 
 
-def _check_answered_tasks(process: Any, answers: StartAnswers | None) -> None:
+def _check_answered_tasks(process: Any, answers: StartAnswers | None, waiting: Iterable[str] = ()) -> None:
     """Answers that name a task the process does not have are a typo (``layerflow run --answers``
-    refuses them too): say so, instead of leaving the task waiting with its answer unused."""
+    refuses them too): say so, instead of leaving the task waiting with its answer unused. A user
+    task may also be named by its ``waiting_for`` id (the README's way to answer one instance of a
+    multi-instance task), on an instance that waits for it."""
     if answers is None:
         return
-    ids = set(process.element_ids())
+    ids = set(process.element_ids()) | set(waiting)
     unknown = [task_id for task_id in answers.user_tasks if task_id not in ids]
     if unknown:
         raise BadRequest(f"answers.user_tasks names {', '.join(repr(t) for t in unknown)}, not an element of process "
