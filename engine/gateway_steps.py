@@ -24,13 +24,13 @@ from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.util.task import TaskState
 
-from context_layers import Layer, LayeredContext, json_equal, thaw
+from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.canonical import freeze
 from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
-from gateways.join import MERGED_CONFLICTS_KEY
+from gateways.join import MERGED_CONFLICTS_KEY, base_json
 from gateways.splitter import check_inject
 
 from . import spiff
@@ -62,9 +62,11 @@ def typed_option(options: Sequence[Mapping[str, Any]], value: Any) -> str | None
 def _failed_conflict_record(gateway_id: str, conflict: Any) -> dict[str, Any]:
     """A conflict of a join that failed (FAIL_ON_CONFLICT), in the ``--json`` ``conflicts`` shape."""
     record = dict(conflict.to_dict()) if hasattr(conflict, "to_dict") else dict(conflict)
+    absent = record.get("base_value") == DELETED.to_json()
     return {"gateway_id": gateway_id, "layer": record.get("layer"), "key": record.get("key"),
-            "base_value": record.get("base_value"), "values": dict(record.get("conflicting_values") or {}),
-            "resolution": None, **{k: v for k, v in record.items() if k not in ("layer", "key", "base_value")}}
+            "base_value": base_json(record.get("base_value")), "values": dict(record.get("conflicting_values") or {}),
+            "resolution": None, **({"base_absent": True} if absent else {}),
+            **{k: v for k, v in record.items() if k not in ("layer", "key", "base_value")}}
 
 
 def _deadline(entry: Mapping[str, Any]) -> float | None:

@@ -167,9 +167,16 @@ class JoinResult:
     def conflict_records(self) -> list[dict[str, Any]]:
         """The CLI's ``--json`` ``conflicts`` entries."""
         return [{"gateway_id": self.gateway_id, "layer": str(c.layer), "key": c.key,
-                 "base_value": jsonable(c.base_value),
+                 "base_value": base_json(c.base_value),
                  "values": {b: jsonable(v) for b, v in c.conflicting_values.items()},
-                 "resolution": None if r is None else r.to_dict()} for c, r in self.conflicts]
+                 "resolution": None if r is None else r.to_dict(),
+                 **({"base_absent": True} if c.base_value is DELETED else {})} for c, r in self.conflicts]
+
+
+def base_json(value: Any) -> Any:
+    """A conflict's base value in JSON: ``null`` for a key absent at the split (as the seed's
+    ``base.get(key)`` gives it; ``base_absent`` then tells it from a ``null`` value)."""
+    return None if value is DELETED or value == DELETED.to_json() else value
 
 
 def _injected(branch: LayeredContext) -> dict[str, Any]:
@@ -550,7 +557,8 @@ def join_contexts(
 
     pending = list({r.id: r for r in outcome.pending}.values())
     stamp = _now(clock)
-    entries = [{"gatewayId": gateway_id, "layer": str(c.layer), "key": c.key, "baseValue": jsonable(c.base_value),
+    entries = [{"gatewayId": gateway_id, "layer": str(c.layer), "key": c.key, "baseValue": base_json(c.base_value),
+                **({"baseAbsent": True} if c.base_value is DELETED else {}),
                 # the seed's shape: the distinct values, in branch order; ``values`` says whose
                 "conflictingValues": _distinct(jsonable(v) for v in c.conflicting_values.values()),
                 "values": {b: jsonable(v) for b, v in c.conflicting_values.items()},

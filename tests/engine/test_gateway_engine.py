@@ -489,8 +489,9 @@ def test_branches_writing_one_key_to_different_layers_conflict_at_the_join(cli, 
         flow("fix", "join"), flow("review", "join"), flow("join", "end")])
     code, doc = cli("run", str(path), "--json")
     assert code == 3 and doc["status"] == "waiting"
-    assert doc["conflicts"] == [{"gateway_id": "join", "layer": "L1", "key": "decision", "base_value": {"$deleted": True},
-                                 "values": {"fix": "approve", "review": "reject"}, "resolution": None}]
+    assert doc["conflicts"] == [{"gateway_id": "join", "layer": "L1", "key": "decision", "base_value": None,
+                                 "values": {"fix": "approve", "review": "reject"}, "resolution": None,
+                                 "base_absent": True}]
     code, doc = cli("resume", doc["instance_id"], "--answer", "join/decision=reject", "--json")
     assert code == 0 and doc["status"] == "completed"
     assert doc["layers"]["L1"]["decision"] == "reject" and doc["layers"]["L3"]["decision"] == "reject"

@@ -149,7 +149,7 @@ def test_parallel_review_resolved_by_policy_and_a_person() -> None:
     assert dict(ctx.layer(Layer.EPHEMERAL)) == {}
     [entry] = ctx.layer(Layer.WORKING)[MERGED_CONFLICTS_KEY]
     assert entry == {
-        "gatewayId": "review_join", "layer": "L3", "key": "approval_status", "baseValue": {"$deleted": True},
+        "gatewayId": "review_join", "layer": "L3", "key": "approval_status", "baseValue": None, "baseAbsent": True,
         "conflictingValues": ["approved", "rejected"],
         "sourceBranches": ["finance_review", "risk_review"],
         "values": {"finance_review": "approved", "risk_review": "rejected"},
@@ -159,9 +159,10 @@ def test_parallel_review_resolved_by_policy_and_a_person() -> None:
     notes = [e.data.get("note") for e in ctx.tape if e.kind == "note"]
     assert notes[-4:] == ["split", "conflict", "resolution", "resolution"]
     assert result.conflict_records() == [{
-        "gateway_id": "review_join", "layer": "L3", "key": "approval_status", "base_value": {"$deleted": True},
+        "gateway_id": "review_join", "layer": "L3", "key": "approval_status", "base_value": None,
         "values": {"finance_review": "approved", "risk_review": "rejected"},
-        "resolution": {"value": "pending_dual_approval", "resolver": "human", "reason": entry["resolution"]["reason"]}}]
+        "resolution": {"value": "pending_dual_approval", "resolver": "human", "reason": entry["resolution"]["reason"]},
+        "base_absent": True}]  # absent at the split: null, as the seed's base.get(key); base_absent tells it from null
     assert LayeredContext.replay(ctx.tape) == ctx
 
 
