@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from .canonical import text_problem
+from .context import key_begins
 from .errors import ConfigError
 
 __all__ = [
@@ -93,9 +94,6 @@ class _Model(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
-_KEY_SEPARATORS = frozenset("_:.-#/@")
-
-
 class CompressRule(_Model):
     """A rule applied to HISTORY entries whose kind or key matches ``pattern`` (glob)."""
 
@@ -118,8 +116,7 @@ class CompressRule(_Model):
         pattern = self.pattern
         if fnmatch.fnmatchcase(key, pattern) or (kind is not None and fnmatch.fnmatchcase(kind, pattern)):
             return True
-        return (len(key) > len(pattern) and key[len(pattern)] in _KEY_SEPARATORS and key.startswith(pattern)
-                and not any(c in pattern for c in "*?["))
+        return not any(c in pattern for c in "*?[") and key_begins(key, pattern)
 
 
 class AttentionThresholds(_Model):

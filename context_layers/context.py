@@ -49,14 +49,19 @@ TOOL_RESULT_KINDS = frozenset({"tool_call_result", "tool_result"})
 _KEY_SEPARATORS = frozenset("_:.-#/@")
 
 
+def key_begins(key: str, word: str) -> bool:
+    """Whether ``key`` begins with ``word`` up to a separator (``tool_call_result_1`` and
+    ``tool_call_result:search`` begin with ``tool_call_result``; ``tool_call_results`` does not)."""
+    return len(key) > len(word) and key[len(word)] in _KEY_SEPARATORS and key.startswith(word)
+
+
 def names_tool_result(key: str) -> bool:
     """Whether a key says its entry is a tool's result: a ``tool:`` record (DESIGN.md's HISTORY
     records), or a key that is, or begins up to a separator, ``tool_call_result``/``tool_result``
     (as a compress rule's plain-word pattern matches it: ``tool_call_result_1``)."""
     if key.startswith("tool:"):
         return True
-    return any(key == name or (len(key) > len(name) and key.startswith(name) and key[len(name)] in _KEY_SEPARATORS)
-               for name in TOOL_RESULT_KINDS)
+    return any(key == name or key_begins(key, name) for name in TOOL_RESULT_KINDS)
 
 
 def entry_kind(key: str, value: Any) -> str:

@@ -49,7 +49,7 @@ from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
 from context_layers.canonical import canonical_key, thaw
-from context_layers.config import ActivityExtensionConfig, config_from_dict
+from context_layers.config import ActivityExtensionConfig, as_config
 from context_layers.context import BRANCH_MARKERS, LayeredContext, Snapshot, is_record_key
 from context_layers.errors import ContextKeyError, LayerflowError
 from context_layers.layers import Layer
@@ -327,10 +327,10 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
     One branch may add ``decision`` to PROCESS while another's activity writes it to WORKING
     (HISTORY by the join): each layer alone has one change and no conflict, but a read after
     the join would silently give the first branch's value. Such a key is compared as a read
-    sees it: each branch's value is the one its first layer holding the key gives, and two
-    branches with different values make a conflict in the lowest layer involved (its base value: what a
-    read gave at the split), whose resolution a read then sees. The key's other layers keep their merged values. A key with
-    a conflict within one layer already is left to it; reducer keys (``skip``) to their reducer."""
+    sees it: each branch's value is the one its first layer holding the key gives. Two
+    branches with different values make a conflict in the lowest layer involved, whose
+    resolution a read then sees; the key's other layers keep their merged values. A key with
+    a conflict within one layer already is left to it, reducer keys (``skip``) to their reducer."""
     layers_of: dict[str, list[Layer]] = {}
     for layer in MERGED_LAYERS:
         for o in outcomes[layer]:
@@ -340,8 +340,8 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
     for key, layers in layers_of.items():
         if len(layers) < 2 or any(o.key == key and o.conflict is not None for layer in layers for o in outcomes[layer]):
             continue
-        base_value = next((base.layer(layer)[key] for layer in MERGED_LAYERS if key in base.layer(layer)), DELETED)
-        base_k = value_key(base_value)
+        base_k = value_key(next((base.layer(layer)[key] for layer in MERGED_LAYERS if key in base.layer(layer)),
+                                DELETED))
         results: dict[str, Any] = {}
         for b, branch_layers in scoped.items():
             value = next((branch_layers[layer][key] for layer in MERGED_LAYERS if key in branch_layers[layer]), DELETED)
@@ -351,7 +351,8 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
             continue
         lowest = layers[0]
         held = base.layer(lowest)[key] if key in base.layer(lowest) else DELETED
-        conflict = MergedConflict(key=key, base_value=base_value, conflicting_values=results,
+        # (its base value, when the lowest layer held none, is what a read gave: ``_read_base``)
+        conflict = MergedConflict(key=key, base_value=held, conflicting_values=results,
                                   source_branches=tuple(results), layer=lowest)
         outcomes[lowest] = [KeyOutcome(key, held, held, tuple(results), conflict, results) if o.key == key else o
                             for o in outcomes[lowest]]
@@ -477,10 +478,7 @@ def join_contexts(
     base = _join_base(base, branches)
     if gateway_id is None:
         gateway_id = _gateway_of(base)
-    if config is None:
-        config = ActivityExtensionConfig()
-    elif not isinstance(config, ActivityExtensionConfig):
-        config = config_from_dict(dict(config), source="join", element_id=gateway_id)
+    config = as_config(config, source=f"join {gateway_id!r}")
     order = list(branches)
     # keys a branch's activities preserved stay preserved after the join (see ``preserved`` below):
     # no compression in another branch may have altered or dropped them

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from context_layers.canonical import thaw
-from context_layers.config import ActivityExtensionConfig, config_from_dict
+from context_layers.config import ActivityExtensionConfig, as_config
 from context_layers.context import LayeredContext, Snapshot
 from context_layers.errors import ContextWriteDenied, MergeConflictError
 from context_layers.layers import Layer
@@ -85,13 +85,12 @@ class ContextSplitter:
         the order of ``branch_ids``. As in the seed, the gateway's config may stand in for
         the id and the branches: ``split(ctx, config)`` splits into ``config.branches``
         (an ``ActivityExtensionConfig`` or its JSON form, with ``gatewayId``)."""
-        if config is not None and not isinstance(config, ActivityExtensionConfig):
-            config = config_from_dict(dict(config), source="split")
+        if config is not None:
+            config = as_config(config, source="split")
         if not isinstance(gateway_id, str):
             if config is not None:
                 raise TypeError("split: pass the gateway's config once, as the second argument or as config=")
-            config = gateway_id if isinstance(gateway_id, ActivityExtensionConfig) else config_from_dict(
-                dict(gateway_id), source="split")
+            config = as_config(gateway_id, source="split")
             if not config.gateway_id:
                 raise ValueError("split: the gateway's config has no gatewayId; write it, or call "
                                  "split(ctx, gateway_id, branch_ids, config)")
