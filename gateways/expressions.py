@@ -95,15 +95,28 @@ _ALLOWED = (
 )
 
 
+def _parse_multiline(source: str) -> ast.Expression | None:
+    try:
+        return ast.parse(f"({source}\n)", mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def _parse(expression: str) -> ast.Expression:
     if not isinstance(expression, str) or not expression.strip():
         raise ExpressionError("empty condition", expression=str(expression))
     if len(expression) > MAX_LENGTH:
         raise UnsafeExpressionError(f"condition longer than {MAX_LENGTH} characters", expression=expression[:80] + "...")
+    source = expression.strip()
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        tree = ast.parse(source, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
-        raise ExpressionError(f"syntax error ({getattr(err, 'msg', err)})", expression=expression) from None
+        # a condition written over several lines (a YAML block, a modeler's wrapped text box)
+        # continues the way Python continues a line: inside parentheses
+        retry = _parse_multiline(source) if "\n" in source else None
+        if retry is None:
+            raise ExpressionError(f"syntax error ({getattr(err, 'msg', err)})", expression=expression) from None
+        tree = retry
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED):
             raise UnsafeExpressionError(f"{type(node).__name__} is not allowed (see gateways.expressions)",

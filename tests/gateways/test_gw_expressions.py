@@ -48,6 +48,9 @@ VALID = [
     ("int('42') + float('0.5')", 42.5),
     ("str(3) + 'x'", "3x"),
     ("'y' in {'y': 1}", True),
+    # written over several lines (a YAML block scalar, a wrapped text box): continued as in parentheses
+    ("risk_level == 'high'\n  and amount > 100000\n", True),
+    ("\nrisk_level == 'low'\nor amount < 50000", False),
 ]
 
 
@@ -92,6 +95,8 @@ def test_unsafe_expressions_are_refused_before_evaluation(expression: str) -> No
 BAD = [
     ("import os", "syntax error"),
     ("amount >", "syntax error"),
+    ("amount >\n", "syntax error"),
+    ("amount) or (score", "syntax error"),
     ("", "empty condition"),
     ("'a' > 1", "evaluation failed \\(TypeError"),
     ("amount / 0", "ZeroDivisionError"),
