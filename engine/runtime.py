@@ -70,6 +70,7 @@ from context_layers.stores import StoreUnavailable
 
 from . import events, spiff
 from gateways.conditions import FOREIGN_LITERALS
+from gateways.join import MERGED_CONFLICTS_KEY
 
 from .gateway_steps import GatewaySteps, condition_context, short, typed_option
 from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
@@ -241,6 +242,13 @@ class Engine:
             if clash:
                 raise ContextWriteDenied(clash[0], process.data_layers.get(clash[0], Layer.PROCESS), Layer.SYSTEM,
                                          "initial data cannot replace a SYSTEM key from the config's system:")
+            if MERGED_CONFLICTS_KEY in data:
+                # the joins append their conflicts to it (in WORKING): held in PROCESS, that log
+                # would be lost; a branch marker's name (_branch_id) stays the data's own key
+                layer = process.data_layers.get(MERGED_CONFLICTS_KEY, Layer.PROCESS)
+                raise ContextWriteDenied(MERGED_CONFLICTS_KEY, layer, layer, "the engine keeps this key: every "
+                                         "parallel join logs its conflicts in it; initial data cannot set it, rename "
+                                         "the key")
             ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
                               kind="input", actor="input")
         wf = spiff.new_workflow(process.spec, process.subprocess_specs)

@@ -44,6 +44,19 @@ def test_initial_data_holding_an_engine_marker_still_splits_in_parallel(tmp_path
     assert doc["layers"]["L3"]["x"] == 1 and doc["layers"]["L3"]["y"] == 2
 
 
+@pytest.mark.parametrize("layers", ["", "data_layers:\n  _mergedConflicts: WORKING\n"])
+def test_initial_data_cannot_set_the_joins_conflict_log(tmp_path: Path, layers: str) -> None:
+    """``_mergedConflicts`` is where every join logs its conflicts: set by the data, the log
+    would be lost (PROCESS keeps the data's value), so the run is refused before it starts."""
+    path = write_elements(tmp_path, "par", PARALLEL)
+    if layers:
+        (tmp_path / "par.layerflow.yaml").write_text(layers, encoding="utf-8")
+    code, doc = _run(tmp_path, "run", str(path), "--data", json.dumps({"_mergedConflicts": [], "x": 1}))
+    assert code == 2 and doc["status"] == "error" and doc["instance_id"] is None
+    assert doc["error"]["kind"] == "permission_denied"
+    assert "'_mergedConflicts'" in doc["error"]["message"] and "rename the key" in doc["error"]["message"]
+
+
 USER_TASK = ['<bpmn:startEvent id="start"/>', '<bpmn:userTask id="ask"/>',
              '<bpmn:scriptTask id="work"><bpmn:script>n = amount + 1</bpmn:script></bpmn:scriptTask>',
              '<bpmn:endEvent id="end"/>', flow("start", "ask"), flow("ask", "work"), flow("work", "end")]
