@@ -637,11 +637,14 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
 @_yes_option
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="write a corrected value (JSON, else text) into the failed activity's context before retrying")
+@click.option("--context", "context_name", metavar="NAME",
+              help="the context --set writes into: a branch id (the BPMN id of the branch's first element) or a "
+                   "context name (`inspect` lists them); default: the failed activity's, else the main context")
 @_store_option
 @_model_option
 @_json_option
 def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], yes: bool, sets: tuple[str, ...],
-           store: str | None, model: str | None, as_json: bool) -> None:
+           context_name: str | None, store: str | None, model: str | None, as_json: bool) -> None:
     """Continue a waiting instance, or retry the failed activity of one in error."""
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
@@ -655,6 +658,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             refuse_if_cancelled(instance, "resume it")
         except LayerflowError as err:
             _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+        if context_name is not None and not sets:
+            _fail("--context names the context --set writes into: give --set KEY=VALUE too", as_json=as_json)
         if sets:
             values = {}
             for item in sets:
@@ -662,15 +667,20 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 if not sep or not key:
                     _fail(f"--set {item!r}: write KEY=VALUE", as_json=as_json)
                 values[key] = _parse_value(value)
-            if instance.status != "error":  # into the main context: as REST inject, never under open branches
+            target: str | None = None
+            if context_name is not None or instance.status != "error":
+                # a named context, or the main one: as REST inject, never under open branches
                 from .governance import GovernanceService
 
                 try:
-                    GovernanceService._writable(instance, instance.main, "--set")
+                    ctx = GovernanceService.context_of(instance, context_name)
+                    GovernanceService._writable(instance, ctx, "--set")
                 except LayerflowError as err:
-                    _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                    message = str(err).replace("(`context`: ", "(`--context`: ")
+                    _fail(message, as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                target = ctx.name
             try:
-                engine.inject(instance, values, actor="operator")
+                engine.inject(instance, values, context=target, actor="operator")
             except LayerflowError as err:
                 hint = ""
                 if isinstance(err, ContextWriteDenied) and Layer.parse(err.effective) == Layer.PROCESS:

@@ -913,16 +913,21 @@ class _Runtime(ScopeSteps, GatewaySteps):
         # a message or signal catch says which event it waits for, and is listed even beside a
         # user task or a timer (a boundary message on a user task): `send` can deliver it
         caught = events.waiting_items(wf)
-        if not waiting:
-            listed = {item["id"] for item in caught}
-            for task in _all_tasks(wf, TaskState.WAITING):
-                if not spiff.is_join(task.task_spec) and str(task.id) not in listed:
-                    item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)}
-                    definition = getattr(task.task_spec, "event_definition", None)
-                    if isinstance(definition, ConditionalEventDefinition):
-                        # nothing sends it: it fires once what its condition reads changes (`resume --set`)
-                        item.update(event_kind="conditional", condition=str(definition.expression).strip())
-                    waiting.append(item)
+        listed = {item["id"] for item in caught}
+        nothing_else = not waiting
+        for task in _all_tasks(wf, TaskState.WAITING):
+            if spiff.is_join(task.task_spec) or str(task.id) in listed:
+                continue
+            definition = getattr(task.task_spec, "event_definition", None)
+            conditional = isinstance(definition, ConditionalEventDefinition)
+            # a conditional catch is listed even beside a user task or a timer, as a message
+            # catch is: nothing sends it, it fires once what its condition reads changes
+            # (`resume --set`); any other waiting task only when nothing else waits
+            if conditional or nothing_else:
+                item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)}
+                if conditional:
+                    item.update(event_kind="conditional", condition=str(definition.expression).strip())
+                waiting.append(item)
         waiting.extend(caught)
         inst.waiting_for = waiting
         inst.status = "waiting" if waiting else "running"

@@ -113,6 +113,39 @@ def test_a_conditional_catch_false_at_first_fires_once_its_condition_holds(tmp_p
     assert code == 0 and done["status"] == "completed" and done["layers"]["L3"]["done"] is True
 
 
+def test_a_conditional_catch_is_listed_beside_a_user_task_that_waits_too(tmp_path: Path) -> None:
+    """A conditional catch in one parallel branch and a user task in the other: both are what the
+    instance waits for (a message catch is listed beside a user task too), and each goes on."""
+    path = write_elements(tmp_path, "both", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:scriptTask id="prep"><bpmn:script>ready = False</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:parallelGateway id="split"/>',
+        '<bpmn:userTask id="approve"/>',
+        '<bpmn:intermediateCatchEvent id="until_ready"><bpmn:conditionalEventDefinition>'
+        '<bpmn:condition>ready</bpmn:condition></bpmn:conditionalEventDefinition></bpmn:intermediateCatchEvent>',
+        '<bpmn:parallelGateway id="join"/>',
+        '<bpmn:endEvent id="end"/>',
+        flow("start", "prep"), flow("prep", "split"), flow("split", "approve"), flow("split", "until_ready"),
+        flow("approve", "join"), flow("until_ready", "join"), flow("join", "end"),
+    ])
+    code, doc = _run(tmp_path, "run", str(path))
+    assert code == 3 and doc["status"] == "waiting"
+    assert sorted((w["kind"], w["task_id"], w.get("event_kind")) for w in doc["waiting_for"]) == [
+        ("event", "until_ready", "conditional"), ("user_task", "approve", None)]
+    # the main context waits for its branches: --set names the branch (by its first element's id)
+    code, refused = _run(tmp_path, "resume", doc["instance_id"], "--set", "ready=true")
+    assert code == 2 and "open branches (approve, until_ready)" in refused["error"]["message"]
+    assert "`--context`: a branch id" in refused["error"]["message"]
+    code, half = _run(tmp_path, "resume", doc["instance_id"], "--set", "ready=true", "--context", "until_ready")
+    assert half["error"] is None, half["error"]
+    assert code == 3 and [(w["kind"], w["task_id"]) for w in half["waiting_for"]] == [("user_task", "approve")]
+    code, alone = _run(tmp_path, "resume", doc["instance_id"], "--context", "approve")
+    assert code == 2 and "give --set KEY=VALUE too" in alone["error"]["message"]
+    code, done = _run(tmp_path, "resume", doc["instance_id"], "--answer", 'approve={"ok": true}')
+    assert done["error"] is None, done["error"]
+    assert code == 0 and done["status"] == "completed"
+
+
 @pytest.mark.parametrize(("association", "field", "verb"), [
     ('<bpmn:property id="Property_1" name="__targetRef_placeholder"/>'
      '<bpmn:dataInputAssociation id="read_crm"><bpmn:sourceRef>crm_store</bpmn:sourceRef>'
