@@ -22,7 +22,7 @@ from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 from context_layers import ActivityExtensionConfig, Layer, config_from_dict
 from context_layers.errors import ConfigError, ProcessError
 
-from . import configfile, spiff
+from . import configfile, dmn, spiff
 
 __all__ = ["Process", "load_process", "extension_configs"]
 
@@ -122,16 +122,24 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         raise ProcessError("no BPMN file given")
     for p in paths:
         if not p.is_file():
-            raise ProcessError(f"{p}: BPMN file not found")
+            raise ProcessError(f"{p}: {'DMN' if p.suffix.lower() == '.dmn' else 'BPMN'} file not found")
+    # DMN files given with the BPMN, and those beside it that define a decision a task names
+    paths = dmn.with_dmn_beside(paths)
+    decision_paths = [p for p in paths if dmn.is_dmn(p)]
+    bpmn_paths = [p for p in paths if p not in decision_paths]
+    if not bpmn_paths:
+        raise ProcessError(f"{paths[0]}: only DMN files given; give the BPMN file of the process too")
 
-    config_path = Path(config) if config is not None else _find_config(paths[0])
+    config_path = Path(config) if config is not None else _find_config(bpmn_paths[0])
     file_cfg = _load_config_file(config_path) if config_path is not None else None
 
     chosen = _validate(paths, config_path, process_id) if validate else None
 
     parser = spiff.LayerflowBpmnParser(branch_conditions=branch_conditions(file_cfg["elements"]) if file_cfg else None)
     try:
-        for p in paths:
+        for p in decision_paths:
+            parser.add_dmn_xml(dmn.read_dmn(p).root, filename=str(p))
+        for p in bpmn_paths:
             # from bytes, as validate reads them: the XML declaration names the encoding (SpiffWorkflow's
             # add_bpmn_files decodes every file as UTF-8 and fails on an ISO-8859-1 export)
             xml = etree.XMLParser(resolve_entities=False, no_network=True)  # as validate's: data, not a fetch
@@ -139,14 +147,14 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
     except ValidationException as err:
         raise ProcessError(_spiff_message(err)) from None
     except Exception as err:  # lxml syntax errors and the like
-        raise ProcessError(f"{paths[0]}: cannot parse BPMN: {err}") from None
+        raise ProcessError(f"{bpmn_paths[0]}: cannot parse BPMN: {err}") from None
 
     pid = process_id or (file_cfg.get("process_id") if file_cfg else None) or chosen
     executable = parser.get_process_ids()
     if pid is None:
         if len(executable) != 1:
             which = ", ".join(executable) or "none"
-            raise ProcessError(f"{paths[0]}: {len(executable)} executable processes ({which}); "
+            raise ProcessError(f"{bpmn_paths[0]}: {len(executable)} executable processes ({which}); "
                                "choose one with process_id (CLI: --process)")
         pid = executable[0]
     try:
@@ -156,7 +164,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         raise ProcessError(_spiff_message(err)) from None
     except Exception as err:
         known = ", ".join(executable) or "none"
-        raise ProcessError(f"{paths[0]}: process {pid!r} not found or not executable ({err}); "
+        raise ProcessError(f"{bpmn_paths[0]}: process {pid!r} not found or not executable ({err}); "
                            f"executable processes: {known}") from None
 
     configs = extension_configs([spec, *subprocess_specs.values()])
@@ -178,7 +186,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         data_layers=dict(file_cfg["data_layers"]) if file_cfg else {},
         # absolute: an instance is resumed from wherever the operator stands, and its handler files
         # and knowledge/ are found beside the process, not beside that working directory
-        paths=tuple(os.path.abspath(p) for p in paths),
+        paths=tuple(os.path.abspath(p) for p in [*bpmn_paths, *decision_paths]),
         config_path=os.path.abspath(config_path) if config_path else None,
         name=getattr(spec, "description", None),
     )

@@ -925,7 +925,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             # (`resume --set`); any other waiting task only when nothing else waits
             if conditional or nothing_else:
                 item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)}
-                if conditional:
+                if isinstance(definition, ConditionalEventDefinition):
                     item.update(event_kind="conditional", condition=str(definition.expression).strip())
                 waiting.append(item)
         waiting.extend(caught)

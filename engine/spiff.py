@@ -94,8 +94,9 @@ from SpiffWorkflow.bpmn.util.event import BpmnEvent, EventManager
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.exceptions import WorkflowException
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
-from SpiffWorkflow.spiff.parser.task_spec import ServiceTaskParser, SpiffTaskParser
+from SpiffWorkflow.spiff.parser.task_spec import BusinessRuleTaskParser, ServiceTaskParser, SpiffTaskParser
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
+from SpiffWorkflow.spiff.serializer.task_spec import BusinessRuleTaskConverter, SpiffBpmnTaskConverter
 from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
 from SpiffWorkflow.spiff.specs.event_definitions import ErrorEventDefinition as SpiffErrorEventDefinition
 from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinition as SpiffEscalationEventDefinition
@@ -1190,12 +1191,40 @@ class _LayerflowServiceTaskParser(ServiceTaskParser):  # type: ignore[misc]
         )
 
 
+CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
+
+
+def decision_ref(node: Any) -> str | None:
+    """The DMN decision a business rule task runs: ``spiffworkflow:calledDecisionId``, else
+    Camunda Modeler's ``camunda:decisionRef`` attribute; None when it names none."""
+    ref = SpiffTaskParser._parse_extensions(node).get("calledDecisionId") or node.get(f"{{{CAMUNDA_NS}}}decisionRef")
+    return str(ref).strip() or None if ref is not None else None
+
+
+class _LayerflowBusinessRuleTaskParser(BusinessRuleTaskParser):  # type: ignore[misc]
+    """A business rule task runs its DMN decision (named as SpiffArena or Camunda Modeler name
+    it), or, naming none, a registered handler (validate refuses it with neither)."""
+
+    @staticmethod
+    def get_decision_ref(node: Any) -> str | None:
+        return decision_ref(node)
+
+    def create_task(self) -> Any:
+        if decision_ref(self.node) is not None:
+            return super().create_task()
+        extensions = self.parse_extensions()
+        return self.spec_class(self.spec, self.bpmn_id, dmnEngine=None, prescript=extensions.get("preScript"),
+                               postscript=extensions.get("postScript"), **self.bpmn_attributes)
+
+
 _PARSER_TWINS: dict[type, type] = {}
 
 
 def _parser_twin(cls: type) -> type:
     if cls is ServiceTaskParser:
         cls = _LayerflowServiceTaskParser
+    elif cls is BusinessRuleTaskParser:
+        cls = _LayerflowBusinessRuleTaskParser
     if cls not in _PARSER_TWINS:
         _PARSER_TWINS[cls] = type(f"Layerflow{cls.__name__}", (_ExtensionsParserMixin, cls), {"__module__": __name__})
     return _PARSER_TWINS[cls]
@@ -1276,6 +1305,25 @@ class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):  # type: ignore[misc
         return dict(dct)
 
 
+class _BusinessRuleTaskConverter(BusinessRuleTaskConverter):  # type: ignore[misc]
+    """Also a business rule task that names no decision (run by a handler): no decision table."""
+
+    def to_dict(self, spec: Any) -> dict[str, Any]:
+        if spec.dmnEngine is not None:
+            return dict(super().to_dict(spec))
+        dct = dict(self.get_default_attributes(spec))
+        dct.update(SpiffBpmnTaskConverter.to_dict(self, spec))
+        dct["decision_table"] = None
+        return dct
+
+    def from_dict(self, dct: dict[str, Any]) -> Any:
+        if dct.get("decision_table") is not None:
+            return super().from_dict(dct)
+        dct.pop("decision_table", None)
+        dct["dmnEngine"] = None
+        return self.task_spec_from_dict(dct)
+
+
 def _serializer() -> BpmnWorkflowSerializer:
     config = dict(SPIFF_CONFIG)
     for stock, twin in TWINS.items():
@@ -1284,6 +1332,7 @@ def _serializer() -> BpmnWorkflowSerializer:
     for stock, engine_class in (*_THROWN_TO_ITS_PROCESS.items(), *_ON_THE_ENGINE_CLOCK.items()):
         config[engine_class] = config[stock]
     config[LayerflowInterruptingEventStart] = config[_STOCK_TAGS[full_tag("startEvent")][1]]
+    config[TWINS[spiff_defaults.BusinessRuleTask]] = _BusinessRuleTaskConverter
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 

@@ -103,7 +103,13 @@ not make ``report.ok`` false:
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``llm_without_handler`` W             a task whose llm: block names no model and whose config gives no
                                       handler: it runs only with a model (--model), offline it stops there
-``business_rule_without_dmn``         a businessRuleTask: layerflow loads no DMN decision to run it
+``business_rule_without_dmn``         a businessRuleTask that names no DMN decision (and has no handler), or
+                                      one whose decision no DMN file given or beside the process defines
+``dmn_namespace``                     a DMN file whose root is no DMN 1.1-1.3 ``definitions``
+``dmn_unsupported``                   a DMN file with no decision, with several (SpiffWorkflow 3.2 reads the
+                                      first only), a decision without exactly one decision table, or a hit
+                                      policy other than UNIQUE and COLLECT
+``dmn_invalid``                       SpiffWorkflow's DMN parser refuses the file
 ``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
                                       adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
 ``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
@@ -159,6 +165,7 @@ from context_layers.errors import ConfigError, LayerflowError, ProcessError
 from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence, python_source
 from gateways.coverage import coverage_gap
 
+from . import dmn
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
 
@@ -359,6 +366,7 @@ class _Validator:
         # Ids and names our own checks reported on; SpiffWorkflow's (single, cruder) error about
         # the same thing is then left out.
         self.related: set[str] = set()
+        self.dmn_files: list[dmn.DmnFile] = []
 
     def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
             element_id: str | None = None, field: str | None = None, column: int | None = None,
@@ -366,7 +374,10 @@ class _Validator:
         self.problems.append(Problem(code, message, file, line, element_id, field, column, severity))
 
     def run(self) -> ValidationReport:
-        self.docs = [self._load(p) for p in self.paths]
+        self.paths = dmn.with_dmn_beside(self.paths)
+        decision_paths = [p for p in self.paths if dmn.is_dmn(p)]
+        self.docs = [self._load(p) for p in self.paths if p not in decision_paths]
+        self.dmn_files = [f for f in map(self._load_dmn, decision_paths) if f is not None]
         good = [d for d in self.docs if d.root is not None]
         for doc in good:
             self._index(doc)
@@ -407,7 +418,9 @@ class _Validator:
                                 element_configs=MappingProxyType(self.merged))
 
     def _sorted(self) -> list[Problem]:
-        order = {d.file: i for i, d in enumerate(self.docs)}
+        # the BPMN files, then the DMN files, then anything else (the config file)
+        files = dict.fromkeys([*(d.file for d in self.docs), *map(str, self.paths)])
+        order = {f: i for i, f in enumerate(files)}
         return sorted(self.problems, key=lambda p: (order.get(p.file or "", len(order)), p.line or 0))
 
     # -- files -----------------------------------------------------------------------------
@@ -446,6 +459,53 @@ class _Validator:
         doc.root = root
         return doc
 
+    def _load_dmn(self, path: Path) -> dmn.DmnFile | None:
+        """A DMN file given (or found beside the process): readable, in a DMN namespace, one
+        decision with a decision table (what SpiffWorkflow 3.2 runs)."""
+        file = str(path)
+        try:
+            found = dmn.read_dmn(path)
+        except OSError as err:
+            self.add("bpmn_file_not_found", f"cannot read DMN file: {err.strerror or err}; check the path", file=file)
+            return None
+        except etree.XMLSyntaxError as err:
+            line, column = err.position if err.position else (err.lineno, None)
+            self.add("xml_malformed", f"not well-formed XML: {err.msg}; fix the XML at this position", file=file,
+                     line=line or None, column=column or None)
+            return None
+        root = found.root
+        if etree.QName(root).localname != "definitions" or found.namespace not in dmn.DMN_NAMESPACES:
+            self.add("dmn_namespace", f"root element {etree.QName(root).localname!r} in namespace "
+                     f"{found.namespace or '(none)'!r} is no DMN the engine reads: a DMN file starts with "
+                     f"'definitions' in one of {', '.join(sorted(dmn.DMN_NAMESPACES))} (DMN 1.1 to 1.3)",
+                     file=file, line=root.sourceline, field="xmlns")
+            return None
+        if not found.decisions:
+            self.add("dmn_unsupported", "the file defines no decision (dmn:decision with an id): a business rule "
+                     "task runs a decision; add one", file=file, line=root.sourceline)
+            return None
+        first, line = found.decisions[0]
+        if len(found.decisions) > 1:
+            others = ", ".join(repr(d) for d, _ in found.decisions[1:])
+            self.add("dmn_unsupported", f"the file defines {len(found.decisions)} decisions; SpiffWorkflow 3.2 "
+                     f"reads one decision per DMN file ({first!r}, the first): put {others} in a file of its own",
+                     file=file, line=found.decisions[1][1], element_id=found.decisions[1][0])
+        decision = next(el for el in root if isinstance(el.tag, str) and el.get("id") == first)
+        tables = [el for el in decision if isinstance(el.tag, str) and etree.QName(el).localname == "decisionTable"]
+        if len(tables) != 1:
+            self.add("dmn_unsupported", f"decision {first!r} has {len(tables) or 'no'} decision table"
+                     f"{'s' if len(tables) > 1 else ''}; SpiffWorkflow 3.2 runs a decision by exactly one "
+                     "dmn:decisionTable (no literal expressions, no requirement graphs)", file=file, line=line,
+                     element_id=first)
+        for table in tables:
+            policy = (table.get("hitPolicy") or "UNIQUE").upper()
+            if policy not in ("UNIQUE", "COLLECT"):
+                self.add("dmn_unsupported", f"decision table {table.get('id')!r} of decision {first!r} has hit policy "
+                         f"{policy}; SpiffWorkflow 3.2 runs UNIQUE (one rule matches) and COLLECT (every matching "
+                         "rule, outputs as lists) only: make the rules exclusive and use UNIQUE", file=file,
+                         line=table.sourceline, element_id=first, field="hitPolicy")
+        return found
+
     def _index(self, doc: _Doc) -> None:
         seen: dict[str, int | None] = {}
         for el in doc.root.iter():
@@ -483,8 +543,8 @@ class _Validator:
 
     def _load_config(self) -> ProcessConfigFile | None:
         path = self.config_path
-        if path is None and self.discover_config and self.paths:
-            found = configs_beside(self.paths[0])
+        if path is None and self.discover_config and self.docs:
+            found = configs_beside(self.docs[0].path)
             if len(found) > 1:
                 self.add("config_ambiguous", f"several config files beside the process ({', '.join(p.name for p in found)});"
                          f" using {found[0].name}: remove the others or pass --config",
@@ -1531,11 +1591,7 @@ class _Validator:
         cfg = self.merged.get(eid)
         handled = cfg is not None and (bool(cfg.handler) or cfg.llm is not None)
         if tag == "businessRuleTask":
-            self.related.add(eid)
-            self.add("business_rule_without_dmn", f"business rule task {eid!r}: SpiffWorkflow runs a business rule "
-                     "task by a DMN decision, and layerflow loads BPMN files only, no DMN; make it a bpmn:serviceTask "
-                     "with a handler (handler: file.py:function) or an llm: block in its config", file=file,
-                     line=el.sourceline, element_id=eid)
+            self._check_decision(el, eid, file, handled)
             return
         if handled and cfg is not None and cfg.llm is not None and not cfg.llm.model and not cfg.handler \
                 and eid not in REGISTRY:
@@ -1561,6 +1617,33 @@ class _Validator:
                  f"{', or write its Python script' if tag == 'scriptTask' else ''}", file=file, line=el.sourceline,
                  element_id=eid, severity="warning")
 
+    def _check_decision(self, el: Any, eid: str, file: str, handled: bool) -> None:
+        [(_, ref)] = dmn.decision_refs(el)
+        if ref is None:
+            if not handled:
+                self.related.add(eid)
+                self.add("business_rule_without_dmn", f"business rule task {eid!r} names no DMN decision: name it "
+                         "(<spiffworkflow:calledDecisionId> in its extensionElements, or camunda:decisionRef) and "
+                         "give the .dmn file (`layerflow run PROCESS.bpmn DECISION.dmn`, or put it beside the "
+                         "process), or give the task a handler (handler: file.py:function) or an llm: block in its "
+                         "config", file=file, line=el.sourceline, element_id=eid)
+            return
+        defined = {f.decision: f for f in self.dmn_files}
+        if ref in defined:
+            return
+        self.related.add(eid)
+        elsewhere = next((f for f in self.dmn_files if ref in {d for d, _ in f.decisions}), None)
+        if elsewhere is not None:
+            how = (f"{elsewhere.path} defines it after {elsewhere.decision!r}, and SpiffWorkflow 3.2 reads the first "
+                   "decision of a DMN file only: put it in a file of its own")
+        else:
+            given = ", ".join(str(f.path) for f in self.dmn_files)
+            how = (f"no DMN file given or beside the process defines it ({'given: ' + given if given else 'none given'})"
+                   "; give the .dmn file that does: `layerflow run PROCESS.bpmn DECISION.dmn`, or put it beside the "
+                   "process")
+        self.add("business_rule_without_dmn", f"business rule task {eid!r} runs DMN decision {ref!r}, but {how}",
+                 file=file, line=el.sourceline, element_id=eid, field="calledDecisionId")
+
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
         found: dict[str, None] = {}
@@ -1571,6 +1654,12 @@ class _Validator:
         for ext in el.iterfind(_bpmn("extensionElements")):
             for child in ext:
                 found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
+        if tag == "businessRuleTask" and el.get(f"{{{dmn.CAMUNDA_NS}}}resultVariable"):
+            self.add("foreign_extension", f"bpmn:businessRuleTask {eid!r} has camunda:resultVariable "
+                     f"{el.get(f'{{{dmn.CAMUNDA_NS}}}resultVariable')!r}, which the DMN engine here does not fill: "
+                     "each output of the decision becomes a context key of its own, named by the output's name; "
+                     "read those keys instead", file=file, line=el.sourceline, element_id=eid,
+                     field="camunda:resultVariable", severity="warning")
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
         for definition in el.iterfind(_bpmn("messageEventDefinition")):
@@ -1639,6 +1728,13 @@ class _Validator:
         parser.branch_conditions = branch_conditions(self.merged)
         reported = {p.element_id for p in self.problems if p.severity == "error" and p.element_id} | self.related
         failures: list[tuple[BaseException, _Doc | None]] = []
+        for found in self.dmn_files:
+            try:
+                parser.add_dmn_xml(found.root, filename=str(found.path))
+            except Exception as failure:  # noqa: BLE001 - SpiffWorkflow's parser refusing the table
+                self.add("dmn_invalid", f"SpiffWorkflow cannot read this DMN: {getattr(failure, 'error', failure)}",
+                         file=str(found.path), line=getattr(failure, "line_number", None) or None,
+                         element_id=getattr(failure, "id", None) or None)
         for doc in self.docs:
             try:
                 parser.add_bpmn_xml(etree.fromstring(doc.data, _xml_parser()), filename=doc.file)
@@ -1965,8 +2061,7 @@ _FOREIGN_SETTINGS = {
     "type": _RUN_BY_HANDLER, "topic": _RUN_BY_HANDLER, "taskDefinition": _RUN_BY_HANDLER, "connector": _RUN_BY_HANDLER,
     "resultVariable": "assign the variable in the script itself (total = a + b)",
     "script": "write the script in Python in the task's bpmn:script",
-    "decisionRef": "layerflow loads no DMN: " + _RUN_BY_HANDLER,
-    "calledDecision": "layerflow loads no DMN: " + _RUN_BY_HANDLER,
+    "calledDecision": "name the decision with the camunda:decisionRef attribute or <spiffworkflow:calledDecisionId>",
     "collection": "give the loop a bpmn:loopDataInputRef and a bpmn:inputDataItem",
     "elementVariable": "give the loop a bpmn:loopDataInputRef and a bpmn:inputDataItem",
     "loopCharacteristics": "give the loop a bpmn:loopDataInputRef and a bpmn:inputDataItem",

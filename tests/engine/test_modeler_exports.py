@@ -605,7 +605,8 @@ REFUSED: dict[str, tuple[Callable[[Path], Path], str, str | None, str, list[str]
     "business rule task (Camunda decisionRef, no DMN)": (_one("decide", [
         start(), '<bpmn:businessRuleTask id="dish" camunda:decisionRef="dish" camunda:resultVariable="dish" />', end(),
         *chain("StartEvent_1", "dish", "EndEvent_1")]),
-        "business_rule_without_dmn", "dish", None, ["no DMN", "serviceTask with a handler"]),
+        "business_rule_without_dmn", "dish", "calledDecisionId", ["decision 'dish'", "no DMN file given or beside",
+                                                                   "DECISION.dmn"]),
     "ad-hoc sub-process (SpiffWorkflow 3.2 cannot run one to its end)": (_one("adhoc", [
         start(), '<bpmn:adHocSubProcess id="pick"><bpmn:task id="one" /></bpmn:adHocSubProcess>', end(),
         *chain("StartEvent_1", "pick", "EndEvent_1")]),
