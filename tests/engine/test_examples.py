@@ -22,6 +22,7 @@ def run_plain(path: Any, data: dict[str, Any], user_tasks: dict[str, dict[str, A
 
     parser = SpiffBpmnParser()
     parser.add_bpmn_file(str(path))
+    parser.add_dmn_files([str(p) for p in path.parent.glob("*.dmn")])  # as layerflow finds them beside
     pid = parser.get_process_ids()[0]
     wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
     wf.task_tree.data.update(data)
@@ -71,6 +72,9 @@ CASES: list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = [
     ("error_boundary", {"years_in_business": 12}, {}),
     ("call_activity", {"amount": 120000}, {}),
     ("call_activity", {"amount": 5000}, {}),
+    ("business_rules", {"claim_type": "glass", "amount": 800}, {}),
+    ("business_rules", {"claim_type": "theft", "amount": 25000}, {"adjuster_review": {"approved": True}}),
+    ("business_rules", {"claim_type": "glass", "amount": 3000}, {"adjuster_review": {"approved": False}}),
 ]
 
 # Keys layerflow adds on purpose (a branch's contextInject) and what plain SpiffWorkflow
