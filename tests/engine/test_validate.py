@@ -680,3 +680,31 @@ def test_an_llm_block_with_no_model_and_no_handler_is_a_warning(tmp_path: Path, 
     assert not [p for p in report.warnings if p.code == "no_implementation"]
     monkeypatch.setitem(REGISTRY._handlers, "classify", lambda ctx: {})
     assert not [p for p in validate_process(path).warnings if p.code == "llm_without_handler"]
+
+
+@pytest.mark.parametrize("which", ["preScript", "postScript"])
+def test_a_pre_or_post_script_on_a_script_task_is_a_warning_as_it_never_runs(tmp_path: Path, which: str) -> None:
+    """SpiffWorkflow runs spiffworkflow:preScript / postScript on every task but a script task,
+    which ignores them (so does layerflow, to run as SpiffWorkflow runs): said, not silent."""
+    path = tmp_path / "scripted.bpmn"
+    path.write_text(f'''<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+    xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" id="d" targetNamespace="b">
+  <bpmn:process id="scripted" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="calc">
+      <bpmn:extensionElements><spiffworkflow:{which}>a = 1</spiffworkflow:{which}></bpmn:extensionElements>
+      <bpmn:script>b = 2</bpmn:script>
+    </bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="calc"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="calc" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+''', encoding="utf-8")
+    report = validate_process(path)
+    assert report.ok
+    [problem] = report.problems
+    assert (problem.code, problem.severity, problem.element_id, problem.field, problem.line) == (
+        "script_extension_ignored", "warning", "calc", which, 7)
+    assert "never runs" in problem.message
