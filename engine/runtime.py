@@ -900,6 +900,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 doc = getattr(task.task_spec, "documentation", None)
                 if doc:  # what the person is asked to enter
                     item["documentation"] = doc
+                extensions = getattr(task.task_spec, "extensions", None) or {}
+                if extensions.get("instructionsForEndUser"):  # SpiffArena's instructions (a template, as written)
+                    item["instructions"] = extensions["instructionsForEndUser"]
                 item.update(self._instance_of(task))
                 waiting.append(item)
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]

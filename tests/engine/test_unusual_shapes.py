@@ -146,6 +146,21 @@ def test_a_conditional_catch_is_listed_beside_a_user_task_that_waits_too(tmp_pat
     assert code == 0 and done["status"] == "completed"
 
 
+def test_a_waiting_user_task_says_what_the_person_is_asked(tmp_path: Path) -> None:
+    """Its bpmn:documentation and SpiffArena's spiffworkflow:instructionsForEndUser (as written)."""
+    path = write_elements(tmp_path, "asked", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:userTask id="approve" name="Approve"><bpmn:documentation>Check the invoice.</bpmn:documentation>'
+        '<bpmn:extensionElements><spiffworkflow:instructionsForEndUser>Approve {{amount}}?'
+        '</spiffworkflow:instructionsForEndUser></bpmn:extensionElements></bpmn:userTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "approve"), flow("approve", "end"),
+    ])
+    code, doc = _run(tmp_path, "run", str(path), "--data", '{"amount": 5}')
+    [item] = doc["waiting_for"]
+    assert code == 3 and (item["name"], item["documentation"], item["instructions"]) == (
+        "Approve", "Check the invoice.", "Approve {{amount}}?")
+
+
 @pytest.mark.parametrize(("association", "field", "verb"), [
     ('<bpmn:property id="Property_1" name="__targetRef_placeholder"/>'
      '<bpmn:dataInputAssociation id="read_crm"><bpmn:sourceRef>crm_store</bpmn:sourceRef>'
