@@ -380,6 +380,9 @@ class _Validator:
         decision_paths = [p for p in self.paths if dmn.is_dmn(p)]
         self.docs = [self._load(p) for p in self.paths if p not in decision_paths]
         self.dmn_files = [f for f in map(self._load_dmn, decision_paths) if f is not None]
+        if decision_paths and not self.docs:
+            self.add("bpmn_file_not_found", "only DMN files given: give the BPMN file of the process too (a DMN "
+                     "decision runs from a business rule task)", file=str(decision_paths[0]))
         good = [d for d in self.docs if d.root is not None]
         for doc in good:
             self._index(doc)

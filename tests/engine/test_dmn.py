@@ -220,6 +220,8 @@ def test_only_dmn_files_given_is_bad_input(tmp_path: Path) -> None:
     write(tmp_path, process(spiff_task()))
     with pytest.raises(Exception, match="only DMN files given"):
         load_process(tmp_path / "risk.dmn")
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "risk.dmn")])
+    assert result.exit_code == 2 and "only DMN files given" in result.output
 
 
 def test_the_loan_examples_are_unchanged_by_a_dmn_file_nobody_names(tmp_path: Path) -> None:
