@@ -171,7 +171,7 @@ class ActivityContext:
     """
 
     __slots__ = ("context", "task_id", "task_name", "config", "instance_id", "data", "_actor", "documentation",
-                 "scope", "scoped")
+                 "scope", "scoped", "params")
 
     def __init__(self, context: LayeredContext, *, task_id: str, task_name: str | None = None,
                  config: ActivityExtensionConfig | None = None, instance_id: str | None = None,
@@ -188,6 +188,8 @@ class ActivityContext:
         #: names local to this run (a multi-instance item): read first, written here
         self.scope: dict[str, Any] = dict(scope or {})
         self.scoped: frozenset[str] = frozenset(scoped or ()) | frozenset(self.scope)
+        #: a service task's spiffworkflow:serviceTaskOperator parameters, evaluated over the context
+        self.params: dict[str, Any] = {}
 
     def get(self, key: str, default: Any = None) -> Any:
         if key in self.scoped:

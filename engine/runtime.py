@@ -56,6 +56,7 @@ from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.script_task import ScriptTask as ScriptTaskMixin
+from SpiffWorkflow.bpmn.specs.mixins.service_task import ServiceTask as ServiceTaskMixin
 from SpiffWorkflow.bpmn.specs.mixins.user_task import UserTask as UserTaskMixin
 from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMixin
 from SpiffWorkflow.util.task import TaskState
@@ -1317,6 +1318,15 @@ class _Runtime(ScopeSteps, GatewaySteps):
             if actx.data:
                 write_result(actx, actx.data)
             return None
+        operator = self._operator_of(spec)
+        if operator is not None:
+            # a SpiffArena service task: the handler registered under its operator's name (a
+            # connector) gets the operator's parameters, evaluated over the context, in
+            # actx.params; what it returns is the task's result variable, as SpiffWorkflow sets it
+            actx.params = {name: evaluate_expression(str(param.get("value")), actx.context, actx.scope or None)
+                           for name, param in (spec.operation_params or {}).items()}
+            write_result(actx, {spec.result_variable: operator(actx)})
+            return None
         if isinstance(spec, ScriptTaskMixin):
             if not (spec.script or "").strip():  # SpiffWorkflow fails on it too (exec of None)
                 raise ActivityError(f"script task {spec.bpmn_id!r} has no script (an empty or missing bpmn:script; "
@@ -1407,6 +1417,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
             handler = self.engine.handlers.get(bpmn_id)
         self._handler_cache[key] = handler
         return handler
+
+    def _operator_of(self, spec: Any) -> Handler | None:
+        """The handler registered under a service task's spiffworkflow:serviceTaskOperator name."""
+        name = getattr(spec, "operation_name", None)
+        if not isinstance(spec, ServiceTaskMixin) or not name or name == spec.bpmn_id:
+            return None  # no operator: the parser names the operation after the task
+        return self.engine.handlers.get(name)
 
     def _model_for(self, cfg: ActivityExtensionConfig) -> str | None:
         if cfg.llm is None:

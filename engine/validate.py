@@ -1621,8 +1621,11 @@ class _Validator:
             what = "has no script (an empty or missing bpmn:script)"
         elif tag == "serviceTask":
             operator = el.find(f"{_bpmn('extensionElements')}/{{{SPIFF_NS}}}serviceTaskOperator")
+            if operator is not None and operator.get("id") in REGISTRY:
+                return  # the connector registered under the operator's name runs it
             what = ("has no handler" if operator is None else
-                    f"has a spiffworkflow:serviceTaskOperator {operator.get('id')!r}, which layerflow does not call")
+                    f"has a spiffworkflow:serviceTaskOperator {operator.get('id')!r} and no handler is registered "
+                    f"under that name (@activity({operator.get('id')!r}) gets its parameters in ctx.params)")
         else:
             return
         self.add("no_implementation", f"{_TASK_NAMES[tag]} {eid!r} {what}, and its config gives no handler or "

@@ -166,6 +166,48 @@ def test_handlers_by_task_id_by_config_name_and_by_engine(tmp_path: Path) -> Non
     assert override.run(override.start(load_process(path), {"amount": 7})).main.resolve("named_ran") == "override"
 
 
+@pytest.mark.parametrize(("result_variable", "key"), [(' resultVariable="credit_report"', "credit_report"),
+                                                     ("", "spiff__lookup_result")])
+def test_a_spiffarena_service_task_runs_the_handler_registered_under_its_operator(
+        tmp_path: Path, result_variable: str, key: str) -> None:
+    """A spiffworkflow:serviceTaskOperator (a SpiffArena connector): the handler registered under
+    the operator's name gets the parameters, evaluated over the context, in ``actx.params``; what
+    it returns is the task's result variable (SpiffWorkflow's default name when none is given)."""
+    registry = HandlerRegistry()
+    seen: list[dict] = []
+
+    @activity("http/GetRequest", registry=registry)
+    def get(actx: ActivityContext) -> dict:
+        seen.append(dict(actx.params))
+        return {"status": 200, "score": 710}
+
+    operator = (f'<spiffworkflow:serviceTaskOperator id="http/GetRequest"{result_variable}>'
+                '<spiffworkflow:parameters>'
+                '<spiffworkflow:parameter id="url" type="str" value="&quot;https://bureau.example/&quot; + applicant"/>'
+                '<spiffworkflow:parameter id="timeout" type="int" value="5"/>'
+                '</spiffworkflow:parameters></spiffworkflow:serviceTaskOperator>')
+    from engine_helpers import flow, write_elements
+
+    path = write_elements(tmp_path, "connector", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:serviceTask id="lookup"><bpmn:extensionElements>{operator}</bpmn:extensionElements></bpmn:serviceTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "lookup"), flow("lookup", "end")])
+    engine = Engine(handlers=registry)
+    instance = engine.run(engine.start(load_process(path), {"applicant": "APP7"}))
+    assert instance.status == "completed", instance.error
+    assert seen == [{"url": "https://bureau.example/APP7", "timeout": 5}]
+    assert instance.main.resolve(key) == {"status": 200, "score": 710}
+    assert instance.main.layer(Layer.HISTORY)["activity:lookup"]["keys"] == [key]
+    # with no handler under the operator's name, validate says what to register, and the run stops there
+    from engine.validate import validate_process
+
+    [warning] = validate_process(path).problems
+    assert warning.code == "no_implementation" and "@activity('http/GetRequest')" in warning.message
+    plain = Engine(handlers=HandlerRegistry())
+    failed = plain.run(plain.start(load_process(path), {"applicant": "APP7"}))
+    assert failed.status == "error" and failed.error["task_id"] == "lookup"
+
+
 def test_a_handler_from_a_file_beside_the_process(tmp_path: Path) -> None:
     (tmp_path / "my_handlers.py").write_text(
         "def double(ctx):\n    return {'doubled': ctx['amount'] * 2}\n", encoding="utf-8")
