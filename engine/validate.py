@@ -107,8 +107,9 @@ not make ``report.ok`` false:
                                       one whose decision no DMN file given or beside the process defines
 ``dmn_namespace``                     a DMN file whose root is no DMN 1.1-1.3 ``definitions``
 ``dmn_unsupported``                   a DMN file with no decision, with several (SpiffWorkflow 3.2 reads the
-                                      first only), a decision without exactly one decision table, or a hit
-                                      policy other than UNIQUE and COLLECT
+                                      first only), a decision without exactly one decision table, a hit
+                                      policy other than UNIQUE and COLLECT, or an entry that is FEEL, not the
+                                      Python SpiffWorkflow's DMN engine runs (a range, ``not(...)``)
 ``dmn_invalid``                       SpiffWorkflow's DMN parser refuses the file
 ``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
                                       adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
@@ -503,6 +504,7 @@ class _Validator:
                      "dmn:decisionTable (no literal expressions, no requirement graphs)", file=file, line=line,
                      element_id=first)
         for table in tables:
+            self._check_dmn_entries(table, first, file)
             policy = (table.get("hitPolicy") or "UNIQUE").upper()
             if policy not in ("UNIQUE", "COLLECT"):
                 self.add("dmn_unsupported", f"decision table {table.get('id')!r} of decision {first!r} has hit policy "
@@ -510,6 +512,41 @@ class _Validator:
                          "rule, outputs as lists) only: make the rules exclusive and use UNIQUE", file=file,
                          line=table.sourceline, element_id=first, field="hitPolicy")
         return found
+
+    def _check_dmn_entries(self, table: Any, decision: str, file: str) -> None:
+        """SpiffWorkflow's DMN engine runs entries as Python: an input entry is a value to compare
+        (``"glass"``), a comparison to finish (``< 50000``) or a test of ``?`` (``0 <= ? < 50000``);
+        an output entry is an expression. FEEL beyond that (ranges, ``not(...)``) fails at run time."""
+        def parses(text: str) -> bool:
+            try:
+                ast.parse(text, mode="eval")
+            except (SyntaxError, ValueError):
+                return False
+            return True
+
+        for row, rule in enumerate((r for r in table if isinstance(r.tag, str) and etree.QName(r).localname == "rule"),
+                                   start=1):
+            for entry in rule:
+                if not isinstance(entry.tag, str):
+                    continue
+                kind = etree.QName(entry).localname
+                text = (entry.findtext(f"{{{etree.QName(entry).namespace}}}text") or "").strip()
+                if kind not in ("inputEntry", "outputEntry") or not text or text == "-":
+                    continue
+                if kind == "inputEntry":
+                    test = text.replace("?", "dmninput")
+                    ok = parses(test) if "?" in text else parses(text) or parses(f"v {text}")
+                    if ok and re.match(r"not\s*\(", text):
+                        ok = False  # FEEL's negation: Python reads not("x") as False, matching nothing
+                    fix = ("write it as Python: a value (\"glass\"), a comparison to finish (< 50000, != \"glass\"), "
+                           "or a test of ? (0 <= ? < 50000); '-' or empty matches anything")
+                else:
+                    ok, fix = parses(text), "write a Python expression (\"low\", 50000, amount * 0.1)"
+                if not ok:
+                    self.add("dmn_unsupported", f"decision {decision!r}, rule {row} ({rule.get('id')!r}): "
+                             f"{kind} {text!r} is not what SpiffWorkflow's DMN engine runs (Python, not FEEL); "
+                             f"{fix}", file=file, line=entry.sourceline, element_id=entry.get("id") or rule.get("id"),
+                             field=kind)
 
     def _index(self, doc: _Doc) -> None:
         seen: dict[str, int | None] = {}

@@ -204,6 +204,10 @@ def test_a_business_rule_task_naming_no_decision_and_no_handler_is_refused(tmp_p
     (decision().replace('<decisionTable id="table_risk_decision" hitPolicy="UNIQUE">', '<literalExpression>')
      .replace("</decisionTable>", "</literalExpression>"), "dmn_unsupported", "risk_decision"),
     (decision(hit_policy="FIRST"), "dmn_unsupported", "risk_decision"),
+    # FEEL that SpiffWorkflow's Python-based DMN engine cannot run: a range, a negation, an output
+    (decision().replace("&lt; 50000", "[0..50000["), "dmn_unsupported", "e3"),
+    (decision().replace('!= "gambling"', 'not("gambling")', 1), "dmn_unsupported", "e4"),
+    (decision().replace('<text>"medium"</text>', "<text>if amount then</text>"), "dmn_unsupported", "o5"),
 ])
 def test_a_dmn_file_the_engine_cannot_run_is_named_with_its_line(tmp_path: Path, dmn_text: str, code: str,
                                                                    where: str | None) -> None:
@@ -214,6 +218,15 @@ def test_a_dmn_file_the_engine_cannot_run_is_named_with_its_line(tmp_path: Path,
     assert found[0].file == str(tmp_path / "risk.dmn") and found[0].line is not None
     assert found[0].element_id == where
     assert not report.ok
+
+
+def test_a_test_of_the_input_written_with_a_question_mark_runs(tmp_path: Path) -> None:
+    """``0 <= ? < 50000``: SpiffWorkflow's DMN engine reads ``?`` as the input's value."""
+    path = write(tmp_path, process(spiff_task()), decision().replace("&lt; 50000", "0 &lt;= ? &lt; 50000"))
+    assert validate_process(path).ok
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process(path), {"amount": 20000, "industry": "bakery"}))
+    assert instance.status == "completed" and instance.main.resolve("risk_level") == "low", instance.error
 
 
 def test_only_dmn_files_given_is_bad_input(tmp_path: Path) -> None:
