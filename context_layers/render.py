@@ -179,7 +179,12 @@ def _history_log(ctx: LayeredContext, max_revisions: int) -> tuple[list[Entry], 
             versions.setdefault(key, []).append((e.seq, value))
             counts[key] = counts.get(key, 0) + 1
         if e.kind == "changes" and (e.data or {}).get("note") == "compress":
-            versions = {k: v[-1:] for k, v in versions.items()}
+            # A compression rewrites entries where they stand: a rewritten value keeps the seq of
+            # the write it condenses, so HISTORY stays in the order things happened (it was
+            # shown after every later activity, as if written last); only the compressor's own
+            # new records (compaction, counters) are placed at the compression.
+            versions = {k: [(v[-2][0], v[-1][1]) if v[-1][0] == e.seq and len(v) > 1 else v[-1]]
+                        for k, v in versions.items()}
             counts = {k: 1 for k in versions}
     state = ctx.layer(Layer.HISTORY)
     if set(versions) != set(state):
