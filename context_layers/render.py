@@ -216,10 +216,14 @@ def logged_entries(source: LayeredContext | View, options: RenderOptions | None 
     that transform the entries first (a trimmer, an extra filter)."""
     options = options or RenderOptions()
     ctx = source.context if isinstance(source, View) else source
-    log = _history_log(ctx, options.max_revisions) if options.history == "log" else None
+    # "state" is the log's latest values: the same places in HISTORY, no revisions
+    state = options.history != "log"
+    log = _history_log(ctx, 1 if state else options.max_revisions)
     if log is None:
         return list(source.entries()), {}
     history, revisions = log
+    if state:
+        revisions = {}
     entries = [e for e in ctx.entries() if e.layer != Layer.HISTORY] + history
     if isinstance(source, View):
         if source.anchor is not None:
