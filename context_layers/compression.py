@@ -134,6 +134,11 @@ class CompressResult:
     def compression_ratio(self) -> float:
         return self.reduction
 
+    # ... as the seed spells them
+    beforeTokens = before_tokens
+    afterTokens = after_tokens
+    compressionRatio = compression_ratio
+
     @property
     def changed(self) -> bool:
         return self.entries_affected > 0
