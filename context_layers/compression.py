@@ -741,7 +741,7 @@ def decompress(ctx: LayeredContext, snapshot_id: str, *, actor: str = "compresso
         raise ContextKeyError(f"cannot decompress: {exc}; pass the snapshot_id of a CompressResult") from None
     since = _history_since_compression(ctx, snap)
     before = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
-    event = ctx.restore(snapshot_id, layers=[Layer.HISTORY], actor=actor)
+    event = ctx.restore(snapshot_id, layers=[Layer.HISTORY], actor=actor, note="decompress")
     restored = ctx.layer(Layer.HISTORY)
     changes = [(Layer.HISTORY, k, v) for k, v in since if not (v is DELETED and k not in restored)]
     if changes:

@@ -565,19 +565,22 @@ class LayeredContext:
                                   f"(latest: {known})") from None
 
     def restore(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
-                actor: str = "engine") -> Event:
+                actor: str = "engine", note: str | None = None) -> Event:
         """Set KNOWLEDGE .. EPHEMERAL (or the given subset) exactly as they were in ``snapshot``.
 
         SYSTEM and PROCESS are never rolled back: SYSTEM never changes, and a fact
         PROCESS fixed stays fixed (were it unfixed, a later write could change it).
-        Naming them in ``layers`` is allowed and leaves them as they are.
+        Naming them in ``layers`` is allowed and leaves them as they are. ``note`` says
+        what the restore is (``decompress``), as the tape's filters read it.
         """
         snap = self.get_snapshot(snapshot) if isinstance(snapshot, str) else snapshot
         chosen = sorted({Layer.parse(x) for x in layers}) if layers is not None else list(LAYERS)
         chosen = [x for x in chosen if x >= Layer.KNOWLEDGE]
         self._snapshots.setdefault(snap.id, snap)
-        return self._emit(EventKind.RESTORE, actor, snapshot=snap,
-                          data={"snapshot_id": snap.id, "layers": [int(x) for x in chosen]})
+        data: dict[str, Any] = {"snapshot_id": snap.id, "layers": [int(x) for x in chosen]}
+        if note is not None:
+            data["note"] = note
+        return self._emit(EventKind.RESTORE, actor, snapshot=snap, data=data)
 
     def rollback(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
                  actor: str = "engine") -> Event:
