@@ -195,6 +195,34 @@ class Entry:
 SelectHook = Callable[[list[Entry]], list[Entry]]
 
 
+def run_hooks(entries: Iterable[Entry], hooks: Iterable[SelectHook]) -> list[Entry]:
+    """Apply select hooks in order. A hook is user code: one that gives back anything but
+    entries with JSON values is named, with what a hook must return, rather than failing
+    later deep in rendering (``'dict' object has no attribute 'layer'``)."""
+    out = list(entries)
+    for hook in hooks:
+        name = getattr(hook, "__name__", None) or repr(hook)
+        what = ("a select hook takes the list of Entry it is shown and returns the entries to show "
+                "(dataclasses.replace(entry, value=...) changes one)")
+        given = {id(e) for e in out}
+        got = hook(out)
+        if got is None or isinstance(got, (str, bytes, Mapping)) or not isinstance(got, Iterable):
+            raise TypeError(f"select hook {name!r} returned {type(got).__name__}; {what}")
+        checked: list[Entry] = []
+        for e in got:
+            if not isinstance(e, Entry):
+                raise TypeError(f"select hook {name!r} returned a {type(e).__name__} among its entries; {what}")
+            if id(e) not in given:
+                try:
+                    e = replace(e, value=freeze(e.value))
+                except (TypeError, ValueError) as err:
+                    raise TypeError(f"select hook {name!r} gave key {e.key!r} ({e.layer}) a value that is not "
+                                    f"JSON: {err}; {what}") from None
+            checked.append(e)
+        out = checked
+    return out
+
+
 class LayeredContext:
     """The governed context of one activity path (the main path or one branch)."""
 
@@ -885,10 +913,7 @@ class View:
         return entry.key in self._touched and (entry.key, entry.seq) in self._changed
 
     def entries(self) -> list[Entry]:
-        entries = [e for e in self.context.entries() if self.shows(e)]
-        for hook in self.hooks:
-            entries = list(hook(entries))
-        return entries
+        return run_hooks((e for e in self.context.entries() if self.shows(e)), self.hooks)
 
     def layer(self, layer: Layer | int | str) -> dict[str, Any]:
         layer = Layer.parse(layer)

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .canonical import canonical_json
-from .context import Entry, LayeredContext, SelectHook, View
+from .context import Entry, LayeredContext, SelectHook, View, run_hooks
 from .layers import Layer
 from .markers import DELETED
 
@@ -228,8 +228,7 @@ def logged_entries(source: LayeredContext | View, options: RenderOptions | None 
     if isinstance(source, View):
         if source.anchor is not None:
             entries = [e for e in entries if source.shows(e)]
-        for hook in source.hooks:
-            entries = list(hook(entries))
+        entries = run_hooks(entries, source.hooks)
     return entries, revisions
 
 
@@ -273,8 +272,7 @@ class _Parts:
 
 def _select(entries: Sequence[Entry], options: RenderOptions, since: int | None = None,
             revisions: dict[tuple[str, int], int] | None = None) -> _Parts:
-    for hook in options.hooks:
-        entries = list(hook(list(entries)))
+    entries = run_hooks(entries, options.hooks)
     include = set(options.include_layers)
     entries = sorted((e for e in entries if e.layer in include), key=lambda e: (int(e.layer), e.order))
     by_layer: dict[Layer, list[Entry]] = {layer: [] for layer in Layer}

@@ -5,6 +5,7 @@ The first tests hold what such an audit found broken; the rest hold the contract
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -136,6 +137,29 @@ def test_redact_with_no_patterns_hides_the_usual_secrets(fmt: str) -> None:
 def test_redact_given_as_a_hook_itself_says_how_to_call_it() -> None:
     with pytest.raises(TypeError, match=r"hooks=\[redact\(\)\]"):
         secrets_context().view(hooks=[redact]).entries()  # type: ignore[list-item]
+
+
+def _not_entries(entries: list[Any]) -> Any:
+    return [{"key": e.key, "value": e.value} for e in entries]
+
+
+def _no_list(entries: list[Any]) -> Any:
+    return None
+
+
+def _set_value(entries: list[Any]) -> Any:
+    return [dataclasses.replace(e, value={1, 2}) for e in entries]
+
+
+@pytest.mark.parametrize("hook, says", [(_not_entries, "returned a dict among its entries"),
+                                        (_no_list, "returned NoneType"),
+                                        (_set_value, "gave key 'tool_call_1' (L3) a value that is not JSON")])
+def test_a_broken_select_hook_is_named_with_what_a_hook_returns(hook: Any, says: str) -> None:
+    ctx = reads()
+    for call in (lambda: render(ctx.view(hooks=[hook])), lambda: render(ctx, hooks=(hook,)),
+                 lambda: ctx.view(hooks=[hook]).entries()):
+        with pytest.raises(TypeError, match=rf"select hook '{hook.__name__}' {re.escape(says)}.*returns the entries"):
+            call()
 
 
 def test_newest_read_only_takes_the_seeds_read_file_events() -> None:
