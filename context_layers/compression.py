@@ -220,8 +220,8 @@ class RuleDrivenCompressor:
              triggers: Sequence[str] | None, target_tokens: int | None, directive: _Directive | None,
              source: str = "rules", attention: AttentionScore | None = None,
              scope: Scope | None = None) -> CompressResult:
+        scope = scope if scope is not None else Scope.of(ctx, config)  # TypeError for no context
         enc = ctx.encoding
-        scope = scope if scope is not None else Scope.of(ctx, config)
         before = attention if attention is not None else AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
         if triggers is None:
             fired = list(self.detector.detect(ctx, config, attention=before).triggers)

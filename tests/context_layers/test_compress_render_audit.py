@@ -162,6 +162,16 @@ def test_a_broken_select_hook_is_named_with_what_a_hook_returns(hook: Any, says:
             call()
 
 
+@pytest.mark.parametrize("call", [
+    lambda ctx: RuleDrivenCompressor().compress(ctx.as_dict(), SEED_CONFIG),
+    lambda ctx: AttentionScore.compute(ctx.view()),
+    lambda ctx: CompressTriggerDetector().detect(None, SEED_CONFIG),
+], ids=["compress-layers", "score-view", "detect-none"])
+def test_no_context_is_named_not_an_attribute_error(call: Callable[[LayeredContext], Any]) -> None:
+    with pytest.raises(TypeError, match="work on a LayeredContext .* got (dict|View|NoneType); pass the context"):
+        call(loan(1))
+
+
 def test_newest_read_only_takes_the_seeds_read_file_events() -> None:
     ctx = LayeredContext()
     activity(ctx, "a", {"ev1": {"kind": "event", "name": "read_file", "path": "a.py", "content": "OLD"}})
