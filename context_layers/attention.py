@@ -123,6 +123,9 @@ class Scope:
     def of(cls, source: LayeredContext | Snapshot,
            config: ActivityExtensionConfig | Mapping[str, Any] | None = None) -> Scope:
         """The scope of a context, or of a snapshot (for before/after comparisons)."""
+        if not isinstance(source, (LayeredContext, Snapshot)):
+            raise TypeError(f"attention and compression work on a LayeredContext (or a Snapshot of one), "
+                            f"got {type(source).__name__}; pass the context itself, not its layers or a view")
         preserved = set(source.preserved)
         if config is not None:
             preserved.update(_as_config(config).effective_preserve_keys)

@@ -16,7 +16,9 @@ second time. Invariants of every action:
 Actions:
 
 * ``extract_keys``: keep ``kind``, ``_compressed`` and the dotted ``extractKeys`` paths
-  (``data.id``; a numeric segment indexes a list) at the same paths; missing paths
+  (``data.id``) at the same paths, lists staying lists: a numeric segment indexes a
+  list (``rows.1.id`` keeps ``rows: [null, {"id": ...}]``, the slots before it ``null``),
+  a name segment on a list takes that field of each item (``rows.id``); missing paths
   are skipped and reported; an entry where no path resolves (or a value that is not
   an object) is left unchanged. With no ``extractKeys``: keep the top-level scalar
   fields of at most ``SHORT_FIELD_TOKENS`` tokens.
@@ -105,20 +107,62 @@ def get_path(value: Any, path: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _set_path(out: dict[str, Any], path: str, value: Any) -> None:
-    segs = path.split(".")
-    node = out
-    for seg in segs[:-1]:
-        nxt = node.get(seg)
-        if nxt is None:
-            nxt = {}
-        elif isinstance(nxt, dict):
-            nxt = dict(nxt)
-        else:
-            return  # a shorter path already took the whole value
-        node[seg] = nxt
-        node = nxt
-    node[segs[-1]] = thaw(value)
+class _Absent:
+    """What a path does not reach: a missing path, or a list slot no path picked."""
+
+
+_ABSENT = _Absent()
+
+
+def _pick(node: Any, segs: Sequence[str]) -> Any:
+    """The part of ``node`` that ``segs`` reaches, in the shape of ``node`` (a list stays a
+    list: ``rows.1.id`` gives ``[<absent>, {"id": ...}]``, so ``v["rows"][1]["id"]`` reads
+    it back), or ``_ABSENT``. A name segment on a list takes that field of every item
+    (``rows.id``), the one way to keep a field of each row whatever their number."""
+    if not segs:
+        return thaw(node)
+    seg, rest = segs[0], segs[1:]
+    if isinstance(node, dict):
+        if seg not in node:
+            return _ABSENT
+        sub = _pick(node[seg], rest)
+        return _ABSENT if sub is _ABSENT else {seg: sub}
+    if isinstance(node, list):
+        if seg.isdigit():
+            i = int(seg)
+            sub = _pick(node[i], rest) if i < len(node) else _ABSENT
+            return _ABSENT if sub is _ABSENT else [*([_ABSENT] * i), sub]
+        subs = [_pick(item, segs) for item in node]
+        return _ABSENT if all(s is _ABSENT for s in subs) else subs
+    return _ABSENT
+
+
+def _merge(a: Any, b: Any) -> Any:
+    """Two picks of one value together (what either reaches); a whole value wins over a part of it."""
+    if a is _ABSENT:
+        return b
+    if b is _ABSENT:
+        return a
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = _merge(out[k], v) if k in out else v
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        n = max(len(a), len(b))
+        return [_merge(a[i] if i < len(a) else _ABSENT, b[i] if i < len(b) else _ABSENT) for i in range(n)]
+    return a
+
+
+def _filled(value: Any) -> Any:
+    """A merged pick as JSON: list slots no path picked become ``null``."""
+    if value is _ABSENT:
+        return None
+    if isinstance(value, dict):
+        return {k: _filled(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_filled(v) for v in value]
+    return value
 
 
 def extract_paths(value: Any, paths: Sequence[str], *, encoding: str = DEFAULT_ENCODING) -> tuple[Any | None, list[str]]:
@@ -132,13 +176,18 @@ def extract_paths(value: Any, paths: Sequence[str], *, encoding: str = DEFAULT_E
     missing: list[str] = []
     found = False
     if paths:
+        picked: Any = _ABSENT
         for path in paths:
-            ok, v = get_path(value, path)
-            if ok:
-                found = True
-                _set_path(out, path, v)
-            else:
+            sub = _pick(value, path.split("."))
+            if sub is _ABSENT:
                 missing.append(path)
+            else:
+                found = True
+                picked = _merge(picked, sub)
+        if found:
+            for k, v in _filled(picked).items():
+                if k not in out:
+                    out[k] = v
     else:
         for k, v in value.items():
             if k in out or isinstance(v, (dict, list)):

@@ -134,6 +134,11 @@ class CompressResult:
     def compression_ratio(self) -> float:
         return self.reduction
 
+    # ... as the seed spells them
+    beforeTokens = before_tokens
+    afterTokens = after_tokens
+    compressionRatio = compression_ratio
+
     @property
     def changed(self) -> bool:
         return self.entries_affected > 0
@@ -215,8 +220,8 @@ class RuleDrivenCompressor:
              triggers: Sequence[str] | None, target_tokens: int | None, directive: _Directive | None,
              source: str = "rules", attention: AttentionScore | None = None,
              scope: Scope | None = None) -> CompressResult:
+        scope = scope if scope is not None else Scope.of(ctx, config)  # TypeError for no context
         enc = ctx.encoding
-        scope = scope if scope is not None else Scope.of(ctx, config)
         before = attention if attention is not None else AttentionScore.of_scope(scope, recent_activities=self.recent_activities)
         if triggers is None:
             fired = list(self.detector.detect(ctx, config, attention=before).triggers)
@@ -736,7 +741,7 @@ def decompress(ctx: LayeredContext, snapshot_id: str, *, actor: str = "compresso
         raise ContextKeyError(f"cannot decompress: {exc}; pass the snapshot_id of a CompressResult") from None
     since = _history_since_compression(ctx, snap)
     before = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
-    event = ctx.restore(snapshot_id, layers=[Layer.HISTORY], actor=actor)
+    event = ctx.restore(snapshot_id, layers=[Layer.HISTORY], actor=actor, note="decompress")
     restored = ctx.layer(Layer.HISTORY)
     changes = [(Layer.HISTORY, k, v) for k, v in since if not (v is DELETED and k not in restored)]
     if changes:

@@ -32,7 +32,7 @@ from pydantic.alias_generators import to_camel
 from .attention import COMPACTED, AttentionScore, is_activity_record, segment_history
 from .canonical import freeze
 from .compression import CompressResult, RuleDrivenCompressor, _Directive
-from .config import ActivityExtensionConfig
+from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext
 from .errors import ContextWriteDenied, ModelError
 from .layers import Layer
@@ -124,7 +124,7 @@ def _protected(ctx: LayeredContext, config: ActivityExtensionConfig) -> dict[str
     return reasons
 
 
-def build_compression_prompt(ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
+def build_compression_prompt(ctx: LayeredContext, config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                              attention: AttentionScore | None = None, required_context: Sequence[str] | None = None,
                              max_listed: int = 30) -> list[dict[str, str]]:
     """The messages asking the model for a compression plan (pure: same input, same text).
@@ -132,7 +132,7 @@ def build_compression_prompt(ctx: LayeredContext, config: ActivityExtensionConfi
     Values written by users or models (activity summaries, keys) appear only inside
     JSON strings, so none can pose as part of the prompt's structure.
     """
-    config = config or ActivityExtensionConfig()
+    config = as_config(config)
     score = attention or AttentionScore.compute(ctx, config)
     required = list(required_context if required_context is not None else config.context_strategy.required_context)
     protected = _protected(ctx, config)
@@ -184,14 +184,17 @@ def _kind(value: Any) -> str:
     return value["kind"] if isinstance(value, dict) and isinstance(value.get("kind"), str) else "data"
 
 
-def check_plan(ctx: LayeredContext, plan: CompressionPlan, config: ActivityExtensionConfig | None = None, *,
+def check_plan(ctx: LayeredContext, plan: CompressionPlan | Mapping[str, Any] | str,
+               config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                actor: str = "compressor") -> tuple[_Directive, list[str]]:
     """The plan as the compressor's directive, and what it named that HISTORY lacks.
 
     Raises ``CompressionPlanRejected`` (after recording ``compression_plan_rejected``)
     when it names a protected key.
     """
-    config = config or ActivityExtensionConfig()
+    config = as_config(config)
+    if not isinstance(plan, CompressionPlan):  # its JSON, or the model's answer as text
+        plan = parse_compression_plan(plan)
     protected = _protected(ctx, config)
     bad = {k: protected[k] for k in [*plan.drop, *plan.summarize] if k in protected}
     if bad:
@@ -220,11 +223,12 @@ def check_plan(ctx: LayeredContext, plan: CompressionPlan, config: ActivityExten
     return directive, ignored
 
 
-def execute_plan(ctx: LayeredContext, plan: CompressionPlan, config: ActivityExtensionConfig | None = None, *,
+def execute_plan(ctx: LayeredContext, plan: CompressionPlan | Mapping[str, Any] | str,
+                 config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                  compressor: RuleDrivenCompressor | None = None, actor: str = "compressor",
                  triggers: Sequence[str] | None = None) -> CompressResult:
     """Run a checked plan with ``compressor`` (a ``RuleDrivenCompressor()`` by default)."""
-    config = config or ActivityExtensionConfig()
+    config = as_config(config)
     directive, ignored = check_plan(ctx, plan, config, actor=actor)
     compressor = compressor or RuleDrivenCompressor()
     result = compressor._run(ctx, config, actor=actor, triggers=list(triggers) if triggers is not None else ["plan"],

@@ -11,7 +11,7 @@ import difflib
 import fnmatch
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -88,6 +88,15 @@ class _Model(BaseModel):
                 if problem is not None:
                     raise ValueError(problem)
         return self
+
+    if not TYPE_CHECKING:  # for mypy a misspelt field stays an error
+        def __getattr__(self, name: str) -> Any:
+            # the seed's camelCase names read the fields too (cfg.preserveKeys, rule.extractKeys,
+            # thresholds.toolEfficiency), as they are accepted when a config is built
+            for field_name, info in type(self).model_fields.items():
+                if info.alias == name and field_name != name:
+                    return getattr(self, field_name)
+            return super().__getattr__(name)
 
     def dump(self) -> dict[str, Any]:
         """camelCase JSON as in the seed, only fields that were set or differ from defaults."""

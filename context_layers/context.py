@@ -195,6 +195,34 @@ class Entry:
 SelectHook = Callable[[list[Entry]], list[Entry]]
 
 
+def run_hooks(entries: Iterable[Entry], hooks: Iterable[SelectHook]) -> list[Entry]:
+    """Apply select hooks in order. A hook is user code: one that gives back anything but
+    entries with JSON values is named, with what a hook must return, rather than failing
+    later deep in rendering (``'dict' object has no attribute 'layer'``)."""
+    out = list(entries)
+    for hook in hooks:
+        name = getattr(hook, "__name__", None) or repr(hook)
+        what = ("a select hook takes the list of Entry it is shown and returns the entries to show "
+                "(dataclasses.replace(entry, value=...) changes one)")
+        given = {id(e) for e in out}
+        got = hook(out)
+        if got is None or isinstance(got, (str, bytes, Mapping)) or not isinstance(got, Iterable):
+            raise TypeError(f"select hook {name!r} returned {type(got).__name__}; {what}")
+        checked: list[Entry] = []
+        for e in got:
+            if not isinstance(e, Entry):
+                raise TypeError(f"select hook {name!r} returned a {type(e).__name__} among its entries; {what}")
+            if id(e) not in given:
+                try:
+                    e = replace(e, value=freeze(e.value))
+                except (TypeError, ValueError) as err:
+                    raise TypeError(f"select hook {name!r} gave key {e.key!r} ({e.layer}) a value that is not "
+                                    f"JSON: {err}; {what}") from None
+            checked.append(e)
+        out = checked
+    return out
+
+
 class LayeredContext:
     """The governed context of one activity path (the main path or one branch)."""
 
@@ -565,19 +593,22 @@ class LayeredContext:
                                   f"(latest: {known})") from None
 
     def restore(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
-                actor: str = "engine") -> Event:
+                actor: str = "engine", note: str | None = None) -> Event:
         """Set KNOWLEDGE .. EPHEMERAL (or the given subset) exactly as they were in ``snapshot``.
 
         SYSTEM and PROCESS are never rolled back: SYSTEM never changes, and a fact
         PROCESS fixed stays fixed (were it unfixed, a later write could change it).
-        Naming them in ``layers`` is allowed and leaves them as they are.
+        Naming them in ``layers`` is allowed and leaves them as they are. ``note`` says
+        what the restore is (``decompress``), as the tape's filters read it.
         """
         snap = self.get_snapshot(snapshot) if isinstance(snapshot, str) else snapshot
         chosen = sorted({Layer.parse(x) for x in layers}) if layers is not None else list(LAYERS)
         chosen = [x for x in chosen if x >= Layer.KNOWLEDGE]
         self._snapshots.setdefault(snap.id, snap)
-        return self._emit(EventKind.RESTORE, actor, snapshot=snap,
-                          data={"snapshot_id": snap.id, "layers": [int(x) for x in chosen]})
+        data: dict[str, Any] = {"snapshot_id": snap.id, "layers": [int(x) for x in chosen]}
+        if note is not None:
+            data["note"] = note
+        return self._emit(EventKind.RESTORE, actor, snapshot=snap, data=data)
 
     def rollback(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
                  actor: str = "engine") -> Event:
@@ -882,10 +913,7 @@ class View:
         return entry.key in self._touched and (entry.key, entry.seq) in self._changed
 
     def entries(self) -> list[Entry]:
-        entries = [e for e in self.context.entries() if self.shows(e)]
-        for hook in self.hooks:
-            entries = list(hook(entries))
-        return entries
+        return run_hooks((e for e in self.context.entries() if self.shows(e)), self.hooks)
 
     def layer(self, layer: Layer | int | str) -> dict[str, Any]:
         layer = Layer.parse(layer)

@@ -9,13 +9,16 @@ of what it keeps, and returns entries it does not concern unchanged.
   ``tool_call_result`` or ``tool_result``, or without a kind and keyed as one: ``tool:...``,
   ``tool_call_result_1``; see ``is_tool_result``).
 * ``newest_read_only``: of repeated reads of the same resource keep only the newest.
-  A read is an entry of kind ``read``, or a tool result (``is_tool_result``)
+  A read is an entry of kind ``read`` or ``read_file``, a tool result (``is_tool_result``),
+  or an entry of another kind than ``tool_call`` naming the tool ``read_file`` in its
+  ``name`` or ``tool`` field (the seed's ``{"name": "read_file", "path": ...}`` event),
   whose value names the resource in a string ``resource`` or ``path`` field. Newest is
   the last changed (highest tape seq, then insertion order).
 * ``redact(patterns, replacement)``: values of keys matching any glob pattern
   (``fnmatch``, case-sensitive) become ``replacement``, in every layer, and so do
   nested object fields whose name matches. The entry stays, so the model still sees
-  that the key exists.
+  that the key exists. ``redact()`` with no patterns takes ``SECRET_PATTERNS`` (passwords,
+  secrets, API keys, access tokens, credentials, private keys), matched case-insensitively.
 """
 
 from __future__ import annotations
@@ -28,9 +31,16 @@ from typing import Any
 from .canonical import freeze
 from .context import TOOL_RESULT_KINDS, Entry, SelectHook, names_tool_result
 
-__all__ = ["TOOL_RESULT_KINDS", "drop_tool_results", "is_tool_result", "newest_read_only", "redact"]
+__all__ = ["SECRET_PATTERNS", "TOOL_RESULT_KINDS", "drop_tool_results", "is_tool_result", "newest_read_only", "redact"]
 
-_READ_KINDS = frozenset({"read"}) | TOOL_RESULT_KINDS
+_READ_KINDS = frozenset({"read", "read_file"}) | TOOL_RESULT_KINDS
+_READ_TOOLS = frozenset({"read_file"})
+
+# what ``redact()`` hides when given no patterns; not ``*token*``, which would hide the
+# token counts of activity records
+SECRET_PATTERNS = ("*password*", "*passwd*", "*secret*", "*api_key*", "*apikey*", "*api-key*",
+                   "token", "*_token", "*access_token*", "*refresh_token*", "*credential*",
+                   "*private_key*", "authorization")
 
 
 def is_tool_result(e: Entry) -> bool:
@@ -48,8 +58,15 @@ def drop_tool_results(entries: Sequence[Entry]) -> list[Entry]:
     return [e for e in entries if not is_tool_result(e)]
 
 
+def _is_read(e: Entry) -> bool:
+    if e.kind in _READ_KINDS or is_tool_result(e):
+        return True
+    return e.kind != "tool_call" and isinstance(e.value, Mapping) and any(
+        e.value.get(f) in _READ_TOOLS for f in ("name", "tool"))
+
+
 def _resource(e: Entry) -> str | None:
-    if not (e.kind in _READ_KINDS or is_tool_result(e)) or not isinstance(e.value, Mapping):
+    if not isinstance(e.value, Mapping) or not _is_read(e):
         return None
     for field in ("resource", "path"):
         value = e.value.get(field)
@@ -73,22 +90,29 @@ def newest_read_only(entries: Sequence[Entry]) -> list[Entry]:
     return [e for e in entries if _resource(e) is None or id(e) in keep]
 
 
-def _redact_value(value: Any, patterns: tuple[str, ...], replacement: Any) -> Any:
+def _redact_value(value: Any, patterns: tuple[str, ...], replacement: Any, fold: bool) -> Any:
     if isinstance(value, Mapping):
-        return {k: replacement if _matches(k, patterns) else _redact_value(v, patterns, replacement)
+        return {k: replacement if _matches(k, patterns, fold) else _redact_value(v, patterns, replacement, fold)
                 for k, v in value.items()}
     if isinstance(value, list):
-        return [_redact_value(v, patterns, replacement) for v in value]
+        return [_redact_value(v, patterns, replacement, fold) for v in value]
     return value
 
 
-def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+def _matches(key: str, patterns: tuple[str, ...], fold: bool = False) -> bool:
+    if fold:
+        key = key.lower()
     return any(fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
-def redact(patterns: str | Iterable[str], replacement: Any = "[REDACTED]") -> SelectHook:
-    """A hook that replaces the values of keys matching ``patterns`` (see module doc)."""
-    pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+def redact(patterns: str | Iterable[str] | None = None, replacement: Any = "[REDACTED]") -> SelectHook:
+    """A hook that replaces the values of keys matching ``patterns`` (see module doc);
+    ``SECRET_PATTERNS``, case-insensitively, when ``None``."""
+    fold = patterns is None
+    pats = SECRET_PATTERNS if patterns is None else (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    if pats and all(isinstance(p, Entry) for p in pats):
+        raise TypeError("redact(patterns) makes a select hook, it is not one: pass hooks=[redact()] "
+                        "(SECRET_PATTERNS) or hooks=[redact(['api_key', '*password*'])]")
     if not pats or not all(isinstance(p, str) and p for p in pats):
         raise ValueError(f"redact needs non-empty glob patterns, got {patterns!r}")
     frozen_replacement = freeze(replacement)
@@ -96,13 +120,13 @@ def redact(patterns: str | Iterable[str], replacement: Any = "[REDACTED]") -> Se
     def hook(entries: Sequence[Entry]) -> list[Entry]:
         out = []
         for e in entries:
-            if _matches(e.key, pats):
+            if _matches(e.key, pats, fold):
                 value = frozen_replacement
             else:
-                value = freeze(_redact_value(e.value, pats, frozen_replacement))
+                value = freeze(_redact_value(e.value, pats, frozen_replacement, fold))
             out.append(e if value == e.value and type(value) is type(e.value) else replace(e, value=value))
         return out
 
-    hook.__name__ = f"redact({', '.join(pats)})"
+    hook.__name__ = "redact()" if fold else f"redact({', '.join(pats)})"
     hook.__qualname__ = hook.__name__
     return hook

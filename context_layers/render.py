@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .canonical import canonical_json
-from .context import Entry, LayeredContext, SelectHook, View
+from .context import Entry, LayeredContext, SelectHook, View, run_hooks
 from .layers import Layer
 from .markers import DELETED
 
@@ -179,7 +179,12 @@ def _history_log(ctx: LayeredContext, max_revisions: int) -> tuple[list[Entry], 
             versions.setdefault(key, []).append((e.seq, value))
             counts[key] = counts.get(key, 0) + 1
         if e.kind == "changes" and (e.data or {}).get("note") == "compress":
-            versions = {k: v[-1:] for k, v in versions.items()}
+            # A compression rewrites entries where they stand: a rewritten value keeps the seq of
+            # the write it condenses, so HISTORY stays in the order things happened (it was
+            # shown after every later activity, as if written last); only the compressor's own
+            # new records (compaction, counters) are placed at the compression.
+            versions = {k: [(v[-2][0], v[-1][1]) if v[-1][0] == e.seq and len(v) > 1 else v[-1]]
+                        for k, v in versions.items()}
             counts = {k: 1 for k in versions}
     state = ctx.layer(Layer.HISTORY)
     if set(versions) != set(state):
@@ -211,16 +216,19 @@ def logged_entries(source: LayeredContext | View, options: RenderOptions | None 
     that transform the entries first (a trimmer, an extra filter)."""
     options = options or RenderOptions()
     ctx = source.context if isinstance(source, View) else source
-    log = _history_log(ctx, options.max_revisions) if options.history == "log" else None
+    # "state" is the log's latest values: the same places in HISTORY, no revisions
+    state = options.history != "log"
+    log = _history_log(ctx, 1 if state else options.max_revisions)
     if log is None:
         return list(source.entries()), {}
     history, revisions = log
+    if state:
+        revisions = {}
     entries = [e for e in ctx.entries() if e.layer != Layer.HISTORY] + history
     if isinstance(source, View):
         if source.anchor is not None:
             entries = [e for e in entries if source.shows(e)]
-        for hook in source.hooks:
-            entries = list(hook(entries))
+        entries = run_hooks(entries, source.hooks)
     return entries, revisions
 
 
@@ -264,8 +272,7 @@ class _Parts:
 
 def _select(entries: Sequence[Entry], options: RenderOptions, since: int | None = None,
             revisions: dict[tuple[str, int], int] | None = None) -> _Parts:
-    for hook in options.hooks:
-        entries = list(hook(list(entries)))
+    entries = run_hooks(entries, options.hooks)
     include = set(options.include_layers)
     entries = sorted((e for e in entries if e.layer in include), key=lambda e: (int(e.layer), e.order))
     by_layer: dict[Layer, list[Entry]] = {layer: [] for layer in Layer}

@@ -21,7 +21,7 @@ from .markers import DELETED
 if TYPE_CHECKING:
     from .context import Snapshot
 
-__all__ = ["Event", "EventKind", "Tape", "TAPE_FORMAT"]
+__all__ = ["Event", "EventKind", "KIND_ALIASES", "Tape", "TAPE_FORMAT", "kind_names"]
 
 TAPE_FORMAT = 1
 
@@ -40,6 +40,26 @@ class EventKind(StrEnum):
     ANCHOR = "anchor"
     CHANGES = "changes"  # privileged engine changes (join results, compression, injections)
     NOTE = "note"  # no state change: split, conflict, resolution, confirmation, llm call, ...
+
+
+# the names DESIGN gives the tape's events ("a rollback", "a move", "a compression", ...) for the
+# kinds and notes they are recorded as: the CLI, the REST API and ``Tape.filter`` take both
+KIND_ALIASES: dict[str, tuple[str, ...]] = {
+    "rollback": ("restore",), "move": ("complete",), "compression": ("compress", "decompress"),
+    "config": ("config_change",), "human": ("human_decision",), "decision": ("human_decision",),
+    "merge": ("join",), "resolve": ("resolution",), "deny": ("denied",), "denied_write": ("denied",),
+}
+
+
+def kind_names(kind: str | None) -> set[str] | None:
+    """The kinds and notes an event filter ``kind`` finds: itself, DESIGN's name for it, its singular."""
+    if kind is None:
+        return None
+    text = kind.strip()
+    names = {text, *KIND_ALIASES.get(text, ())}
+    if text.endswith("s") and len(text) > 1:  # conflicts, resolutions, writes
+        names |= {text[:-1], *KIND_ALIASES.get(text[:-1], ())}
+    return names
 
 
 Change = tuple[int, str, Any]
@@ -130,8 +150,10 @@ class Tape(Sequence[Event]):
 
     def filter(self, *, kind: str | None = None, activity: str | None = None, branch: str | None = None,
                key: str | None = None) -> list[Event]:
+        kinds = kind_names(kind)
+
         def keep(e: Event) -> bool:
-            if kind is not None and e.kind != kind and e.data.get("note") != kind:
+            if kinds is not None and e.kind not in kinds and e.data.get("note") not in kinds:
                 return False
             # a gateway's events (split, join, conflict, resolution) happen between activities: they
             # name the gateway as gateway_id, and filtering by its BPMN id finds them too

@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 import click
 
 from context_layers import Layer, LayeredContext, thaw
+from context_layers.tape import kind_names
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, StoreError
 
@@ -1199,7 +1200,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
     else:
         names = list(instance.contexts)
-    kinds = _kind_names(kind)
+    kinds = kind_names(kind)
     events = []
     for name in names:
         ctx = _context(instance, name, as_json)
@@ -1227,25 +1228,6 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             label = (e.data or {}).get("label")
             changes = f"{snap}{' (' + label + ')' if isinstance(label, str) else ''}" + (f"\t{changes}" if changes else "")
         click.echo(f"{name}#{e.seq}\t{what}\t{e.actor}\t{e.activity or ''}\t{changes}".rstrip())
-
-
-# the names DESIGN gives the tape's events ("a rollback", "a move", "a compression", ...) for the
-# kinds and notes they are recorded as
-_KIND_ALIASES: dict[str, tuple[str, ...]] = {
-    "rollback": ("restore",), "move": ("complete",), "compression": ("compress", "decompress"),
-    "config": ("config_change",), "human": ("human_decision",), "decision": ("human_decision",),
-    "merge": ("join",), "resolve": ("resolution",), "deny": ("denied",), "denied_write": ("denied",),
-}
-
-
-def _kind_names(kind: str | None) -> set[str] | None:
-    if kind is None:
-        return None
-    text = kind.strip()
-    names = {text, *_KIND_ALIASES.get(text, ())}
-    if text.endswith("s") and len(text) > 1:  # conflicts, resolutions, writes
-        names |= {text[:-1], *_KIND_ALIASES.get(text[:-1], ())}
-    return names
 
 
 def _activity_events(ctx: LayeredContext, activity: str, branch: str | None, key: str | None) -> list[Any]:

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 from context_layers.canonical import canonical_json, text_problem
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext, View
-from context_layers.errors import ContextWriteDenied, LayerflowError, ModelError
+from context_layers.errors import LayerflowError, ModelError
 from context_layers.layers import Layer
 from context_layers.prefix import common_prefix_tokens, request_text
 from context_layers.render import RenderOptions, render

@@ -115,7 +115,7 @@ def test_extract_keys_keeps_paths_and_reports_missing_ones() -> None:
 def test_extract_keys_list_index_default_and_unresolvable() -> None:
     value = {"kind": "k", "rows": [{"id": 7, "blob": "x" * 400}], "status": "ok", "big": {"a": "y" * 300}}
     reduced, missing = extract_paths(value, ["rows.0.id"])
-    assert reduced == {"kind": "k", "_compressed": "extract_keys", "rows": {"0": {"id": 7}}} and missing == []
+    assert reduced == {"kind": "k", "_compressed": "extract_keys", "rows": [{"id": 7}]} and missing == []
     again, _ = extract_paths(reduced, ["rows.0.id"])
     assert again == reduced
     # no extractKeys: short top-level scalars
