@@ -790,6 +790,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         self._xor: dict[str, dict[str, bool]] = {}
         # task id -> internal data a reset must give back before the task updates (see reset_failed)
         self._restore: dict[Any, dict[str, Any]] = {}
+        self._caught_starts: list[Any] = []  # see start_caught
         self.record_cache = _RecordCache()
         spiff.attach(instance.workflow, self)
 
@@ -832,6 +833,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
             before = self.instance.activities
             task.run()
             count += 1
+            while self._caught_starts:
+                # an error or escalation that task threw starts an interrupting event sub-process:
+                # it stops the rest of its scope before any other task there runs
+                start = self._caught_starts.pop(0)
+                if start.state == TaskState.READY:
+                    start.run()
+                    count += 1
             if self.instance.activities != before and self.engine.save_after_activity:
                 self.engine._save(self.instance)
         return count

@@ -81,6 +81,8 @@ class ScopeSteps:
     instance: Instance
     process: Process
 
+    _caught_starts: list[Any]  # start events to run next (``start_caught``)
+
     if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.gateway_steps.GatewaySteps
         def context_of(self, task: Any) -> LayeredContext: ...
         def abort_multi(self, task: Any, err: BaseException) -> None: ...
@@ -347,6 +349,20 @@ class ScopeSteps:
         self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(owner), None, [start])
         self.instance.branches[spiff.context_name_of(start)].update(status="event", event_path=True)
         self._event_forked(spiff.context_name_of(start))
+
+    def event_path_ended(self, task: Any) -> None:
+        """The paths of a non-interrupting error or escalation event sub-process have ended (``task``:
+        the end event of the last one): they merge back now, as the event sub-process would as it
+        ends (it does not: it waits for the next event until its scope ends), so that the next
+        path an event starts reads what they wrote (``_event_forked``)."""
+        for parent in self._end_event_paths(task.workflow):
+            self._merge_events(parent)
+
+    def start_caught(self, task: Any) -> None:
+        """The start event of an interrupting event sub-process caught an error or escalation its
+        scope threw: it runs as soon as the task that threw it has (``_Runtime._run_ready``), before
+        any other task of the scope it interrupts."""
+        self._caught_starts.append(task)
 
     def _event_done(self, info: dict[str, Any]) -> None:
         """An event sub-process (a timer's path) ended: it merges back once no branch split from

@@ -39,6 +39,13 @@ The driver protocol (implemented by ``engine.runtime``)::
                                                      # process threw itself: {variable: payload}
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
     leave_subworkflow(task, subworkflow) -> None     # copy_data / update_data: its data in and out)
+    cancel_subworkflow(task, subworkflow) -> None    # ... is cancelled, before its tasks are
+    event_path(task, path=None) -> None              # a timer, error or escalation starts a path of an event
+                                                     # sub-process made with its scope (its start event runs)
+    event_path_ended(task) -> None                   # an end event of a non-interrupting error or escalation
+                                                     # event sub-process completed, none of its paths running
+    start_caught(task) -> None                       # an interrupting event sub-process's start event caught an
+                                                     # error or escalation of its scope: it runs next
 
 Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
 instances (children of the wrapper, with the original task's spec) run their handlers
@@ -64,6 +71,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
+from SpiffWorkflow.bpmn.parser.event_parsers import ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
@@ -76,8 +84,9 @@ from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefi
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (ErrorEventDefinition, EscalationEventDefinition,
-                                                                    ItemAwareEventDefinition, SignalEventDefinition)
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (CodeEventDefinition, ErrorEventDefinition,
+                                                                    EscalationEventDefinition, ItemAwareEventDefinition,
+                                                                    SignalEventDefinition)
 from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
@@ -141,6 +150,8 @@ __all__ = [
     "EngineEscalationEventDefinition",
     "boundary_of_subworkflow",
     "error_is_caught",
+    "caught_in_scope",
+    "catching_scope",
     "loop_of",
     "io_names",
     "multi_instance_of",
@@ -188,6 +199,8 @@ class Driver(Protocol):
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def event_path(self, task: Any, path: Any = None) -> None: ...
+    def event_path_ended(self, task: Any) -> None: ...
+    def start_caught(self, task: Any) -> None: ...
     def no_branch_taken(self, task: Any) -> Exception: ...
 
 
@@ -365,7 +378,8 @@ class _LayerflowSpecMixin:
                 if not isinstance(main.task_spec, BoundaryEvent) and main.internal_data.get(MULTI_KEY):
                     driver.abort_multi(main, ActivityCancelled(
                         f"activity {bpmn_id_of(main)!r} was interrupted by {bpmn_id_of(my_task)!r}"))
-        if isinstance(self, StartEvent) and timer_definition(self) is not None and in_timer_event_subprocess(my_task):
+        if isinstance(self, StartEvent) and (timer_definition(self) is not None or caught_in_scope(self)) \
+                and in_timer_event_subprocess(my_task):
             # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.event_path(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
@@ -397,6 +411,16 @@ class _LayerflowSpecMixin:
         super().catch(my_task, event)  # type: ignore[misc]
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver_of(my_task) is not None:
             rearm_boundary(my_task)
+        driver = driver_of(my_task)
+        if caught_in_scope(self) and driver is not None:
+            if getattr(self, "lf_interrupting", False):
+                driver.start_caught(my_task)
+            else:
+                # a non-interrupting event sub-process starts again with each error or escalation
+                # its scope throws (each one runs its path once), as a boundary event does
+                fresh = my_task.parent._add_child(self, TaskState.FUTURE)
+                self._predict(fresh, mask=TaskState.NOT_FINISHED_MASK)  # its path, as the first one's
+                self._update(fresh)  # waits: SpiffWorkflow's event manager lists it
 
     def _on_complete_hook(self, my_task: Any) -> None:
         if getattr(self, "lf_interrupting", False):
@@ -434,6 +458,8 @@ class _LayerflowSpecMixin:
             my_task._sync_children(self.outputs, TaskState.FUTURE)
             for child in my_task.children:
                 child.task_spec._predict(child, mask=TaskState.FUTURE | TaskState.PREDICTED_MASK)
+        if isinstance(self, EndEvent) and driver_of(my_task) is not None and _repeating_path_ended(my_task):
+            driver_of(my_task).event_path_ended(my_task)  # type: ignore[union-attr]
         if self.lf_role == "flow" and driver_of(my_task) is not None:
             # a caught message's or signal's payload went into the context (engine.events), so
             # SpiffWorkflow's variable for it (left empty) stays out of task.data
@@ -635,10 +661,38 @@ def error_is_caught(task: Any) -> bool:
     waiting = list(task.workflow.top_workflow.event_manager.tasks.values())
     workflow = task.workflow
     while workflow is not None:
-        if any(t.workflow is workflow and t.task_spec.event_definition.catches(t, event) for t in waiting):
+        if any(catching_scope(t) is workflow and t.task_spec.event_definition.catches(t, event) for t in waiting):
             return True
         workflow = workflow.parent_workflow
     return False
+
+
+def caught_in_scope(spec: Any) -> bool:
+    """Whether ``spec`` is the start event of an event sub-process that waits for an error or an
+    escalation thrown in its scope (``_LayerflowProcessParser.add_tasks``)."""
+    return isinstance(spec, StartEvent) and isinstance(getattr(spec, "event_definition", None), CodeEventDefinition)
+
+
+def _repeating_path_ended(task: Any) -> bool:
+    """Whether end event ``task`` ended the last running path of a non-interrupting error or
+    escalation event sub-process: it only listens again (each event starts a path of its own)."""
+    workflow = task.workflow
+    if not any(caught_in_scope(s) and not getattr(s, "lf_interrupting", False) for s in workflow.spec.start.outputs):
+        return False
+    if not in_timer_event_subprocess(task):
+        return False
+    return all(t.state == TaskState.WAITING and isinstance(t.task_spec, (StartEvent, _EndJoin))
+               for t in workflow.tasks.values() if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING))
+
+
+def catching_scope(task: Any) -> Any:
+    """The workflow whose errors and escalations waiting task ``task`` catches: its own, but for
+    the start event of an error or escalation event sub-process, whose task waits in the
+    sub-workflow of the event sub-process: the scope around it."""
+    workflow = task.workflow
+    if caught_in_scope(task.task_spec) and workflow.parent_workflow is not None:
+        return workflow.parent_workflow
+    return workflow
 
 
 def is_end_join(spec: Any) -> bool:
@@ -1146,6 +1200,14 @@ class _ExtensionsParserMixin:
     def parse_error_event(self, event: Any) -> Any:
         return _thrown_to_its_process(super().parse_error_event(event))  # type: ignore[misc]
 
+    def get_event_definition(self, xpaths: list[str]) -> Any:
+        # (event parsers only) SpiffWorkflow's StartEventParser reads message, signal, timer and
+        # conditional triggers; the start event of an event sub-process may wait for an error or
+        # an escalation too (``_LayerflowProcessParser.add_tasks`` starts it with its scope)
+        if _local(self.node.tag) == "startEvent" and _in_event_subprocess(self.node):
+            xpaths = [*xpaths, ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH]
+        return super().get_event_definition(xpaths)  # type: ignore[misc]
+
     def parse_escalation_event(self, event: Any) -> Any:
         return _thrown_to_its_process(super().parse_escalation_event(event))  # type: ignore[misc]
 
@@ -1161,12 +1223,16 @@ class _ExtensionsParserMixin:
         return task
 
 
+def _in_event_subprocess(node: Any) -> bool:
+    """Whether an element is a child of a ``triggeredByEvent`` sub-process."""
+    parent = node.getparent()
+    return parent is not None and _local(parent.tag) == "subProcess" and parent.get("triggeredByEvent") == "true"
+
+
 def _interrupting_event_start(node: Any) -> bool:
     """Whether a startEvent element starts an interrupting event sub-process: an event (not a
     plain start) in a ``triggeredByEvent`` sub-process, ``isInterrupting`` not false."""
-    parent = node.getparent()
-    return (parent is not None and _local(parent.tag) == "subProcess" and parent.get("triggeredByEvent") == "true"
-            and node.get("isInterrupting", "true") != "false"
+    return (_in_event_subprocess(node) and node.get("isInterrupting", "true") != "false"
             and any(_local(c.tag).endswith("EventDefinition") for c in node))
 
 
@@ -1206,6 +1272,22 @@ class _LayerflowProcessParser(SpiffProcessParser):  # type: ignore[misc]
         spec = super().create_spec()
         spec.end.__class__ = LayerflowEndJoin  # made by BpmnProcessSpec itself, not by a task parser
         return spec
+
+    def add_tasks(self) -> None:
+        """An event sub-process whose start waits for an error or an escalation is made with its
+        scope, as a timer one is (``BpmnStartTask.connect_or_add_trigger``), and waits there: the
+        event is thrown to that scope (``_InterruptAwareEvents.catch``), in the process or in any
+        sub-process. SpiffWorkflow would list it with the message and signal ones, which it starts
+        only at the top level, as an event comes from outside (``trigger_specs``)."""
+        super().add_tasks()
+        start = self.spec.start
+        for name in list(start.trigger_specs):
+            task_spec = self.spec.task_specs[name]
+            sp_spec = self.parser.process_parsers[task_spec.spec].get_spec()
+            if any(isinstance(ts.event_definition, CodeEventDefinition) for ts in sp_spec.bpmn_start_events):
+                start.trigger_specs.remove(name)
+                start.connect(task_spec)
+                task_spec.connect(self.spec.end)
 
 
 class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
@@ -1543,6 +1625,26 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
     def update_collaboration(self, event: Any) -> None:
         if self.workflow.task_tree.internal_data.get(INTERRUPTED_KEY) is None:
             super().update_collaboration(event)
+
+    def catch(self, event: Any, internal: bool = True) -> int:
+        """An error or escalation thrown to its process (``_ThrownToItsProcess``) goes to the events
+        that wait for it there, then in the process around it, and so on: as in SpiffWorkflow, but
+        the start event of an error or escalation event sub-process waits in the scope around its
+        own sub-workflow (``catching_scope``)."""
+        target = event.target
+        if target is None:
+            return int(super().catch(event, internal))
+        while target is not None:
+            tasks = [t for t in self.tasks.values()
+                     if catching_scope(t) is target and t.task_spec.event_definition.catches(t, event)]
+            if tasks:
+                for task in tasks:
+                    task.task_spec.catch(task, event)
+                    task.task_spec._update(task)
+                return len(tasks)
+            target = target.parent_workflow
+        event.target = None  # caught nowhere on the way up: to any event of the instance that catches it
+        return int(super().catch(event, internal))
 
 
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:

@@ -88,9 +88,11 @@ not make ``report.ok`` false:
 ``no_start_event``                    a process or sub-process with no start event
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
-``unsupported_start_event``           an error, escalation or compensation start event of an event sub-process:
-                                      SpiffWorkflow 3.2 reads none of them, and starts the event sub-process at
-                                      once, without the event
+``unsupported_start_event``           a start event of an event sub-process with a trigger other than a
+                                      message, signal, timer, condition, error or escalation (a compensation
+                                      one): SpiffWorkflow 3.2 reads none of them, and would start the event
+                                      sub-process at once, without the event (error and escalation starts run:
+                                      ``spiff._LayerflowProcessParser.add_tasks``)
 ``event_subprocess_never_starts``     an event sub-process with a message or signal start inside a sub-process:
                                       SpiffWorkflow 3.2 starts those at the top level of the process only
 ``called_event_subprocess_never_starts`` W  a process the one to run calls (a call activity) has an event
@@ -1421,7 +1423,8 @@ class _Validator:
 
     def _check_event_subprocess(self, sub: Any, file: str) -> None:
         """SpiffWorkflow 3.2 parses message, signal, timer and conditional start events only (any
-        other runs as a start event with no trigger, at once); it starts an event sub-process by a
+        other runs as a start event with no trigger, at once; layerflow's parser reads error and
+        escalation starts of event sub-processes too); it starts an event sub-process by a
         message or signal only at the top level of the process it runs. (It does not read
         isInterrupting either; layerflow does: ``spiff.LayerflowInterruptingEventStart``.)"""
         sid = sub.get("id")
@@ -1429,7 +1432,7 @@ class _Validator:
             eid = start.get("id")
             kinds = [etree.QName(c).localname.removesuffix("EventDefinition") for c in start
                      if isinstance(c.tag, str) and c.tag.endswith("EventDefinition")]
-            other = [k for k in kinds if k not in ("message", "signal", "timer", "conditional")]
+            other = [k for k in kinds if k not in ("message", "signal", "timer", "conditional", "error", "escalation")]
             if other:
                 self.add("unsupported_start_event", f"start event {eid!r} of event sub-process {sid!r} has a {other[0]} "
                          "trigger, and SpiffWorkflow 3.2 reads no such trigger on a start event: it would start "
