@@ -834,8 +834,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             task.run()
             count += 1
             while self._caught_starts:
-                # an error or escalation that task threw starts an interrupting event sub-process:
-                # it stops the rest of its scope before any other task there runs
+                # an error or escalation that task threw starts an event sub-process: an interrupting
+                # one stops the rest of its scope before any other task there runs
                 start = self._caught_starts.pop(0)
                 if start.state == TaskState.READY:
                     start.run()

@@ -359,9 +359,9 @@ class ScopeSteps:
             self._merge_events(parent)
 
     def start_caught(self, task: Any) -> None:
-        """The start event of an interrupting event sub-process caught an error or escalation its
-        scope threw: it runs as soon as the task that threw it has (``_Runtime._run_ready``), before
-        any other task of the scope it interrupts."""
+        """The start event of an event sub-process caught an error or escalation its scope threw: it
+        runs as soon as the task that threw it has (``_Runtime._run_ready``), before any other task
+        of its scope (an interrupting one stops them)."""
         self._caught_starts.append(task)
 
     def _event_done(self, info: dict[str, Any]) -> None:

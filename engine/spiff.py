@@ -44,8 +44,8 @@ The driver protocol (implemented by ``engine.runtime``)::
                                                      # sub-process made with its scope (its start event runs)
     event_path_ended(task) -> None                   # an end event of a non-interrupting error or escalation
                                                      # event sub-process completed, none of its paths running
-    start_caught(task) -> None                       # an interrupting event sub-process's start event caught an
-                                                     # error or escalation of its scope: it runs next
+    start_caught(task) -> None                       # an event sub-process's start event caught an error or
+                                                     # escalation of its scope: it runs next
 
 Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
 instances (children of the wrapper, with the original task's spec) run their handlers
@@ -413,14 +413,13 @@ class _LayerflowSpecMixin:
             rearm_boundary(my_task)
         driver = driver_of(my_task)
         if caught_in_scope(self) and driver is not None:
-            if getattr(self, "lf_interrupting", False):
-                driver.start_caught(my_task)
-            else:
+            driver.start_caught(my_task)
+            if not getattr(self, "lf_interrupting", False):
                 # a non-interrupting event sub-process starts again with each error or escalation
                 # its scope throws (each one runs its path once), as a boundary event does
                 fresh = my_task.parent._add_child(self, TaskState.FUTURE)
-                self._predict(fresh, mask=TaskState.NOT_FINISHED_MASK)  # its path, as the first one's
-                self._update(fresh)  # waits: SpiffWorkflow's event manager lists it
+                fresh.task_spec._predict(fresh, mask=TaskState.NOT_FINISHED_MASK)  # its path, as the first one's
+                fresh.task_spec._update(fresh)  # waits: SpiffWorkflow's event manager lists it
 
     def _on_complete_hook(self, my_task: Any) -> None:
         if getattr(self, "lf_interrupting", False):

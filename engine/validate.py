@@ -62,8 +62,9 @@ not make ``report.ok`` false:
                                       subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
-``error_end_uncaught`` W              an error end event at the top level of the process that runs: nothing
-                                      catches it, and the instance ends as completed
+``error_end_uncaught`` W              an error end event at the top level of the process that runs that no
+                                      error event sub-process of the process catches: nothing catches it,
+                                      and the instance ends as completed
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -1372,18 +1373,27 @@ class _Validator:
                 self._check_event_subprocess(sub, file)
 
     def _check_uncaught_errors(self, main: str | None) -> None:
-        """An error end event at the top level of the process that runs: nothing around it can catch
-        the error (an error-started event sub-process is refused), and the instance ends there as
-        completed, as in SpiffWorkflow (and Camunda 7), which a reader of the diagram rarely expects."""
+        """An error end event at the top level of the process that runs, whose error no error event
+        sub-process of that process catches (one with the same errorCode, or one that names none):
+        nothing else can catch it, and the instance ends there as completed, as in SpiffWorkflow
+        (and Camunda 7), which a reader of the diagram rarely expects."""
         proc = next((p for p in self.processes if p.id == main), None)
         if proc is None:
             return
         errors = {e.get("id"): e for doc in self.docs if doc.root is not None for e in doc.root.iter(_bpmn("error"))}
+        caught: set[str | None] = set()  # the codes its error event sub-processes catch (None: any error)
+        for sub in proc.element.iterchildren(_bpmn("subProcess")):
+            for start in sub.iterchildren(_bpmn("startEvent")) if sub.get("triggeredByEvent") == "true" else []:
+                for definition in start.iterchildren(_bpmn("errorEventDefinition")):
+                    ref = errors.get(definition.get("errorRef") or "")
+                    caught.add(ref.get("errorCode") if ref is not None else None)
         for end in proc.element.iterchildren(_bpmn("endEvent")):
             definition = end.find(_bpmn("errorEventDefinition"))
             if definition is None:
                 continue
             error = errors.get(definition.get("errorRef") or "")
+            if None in caught or (error is not None and error.get("errorCode") in caught):
+                continue  # an event sub-process of the process catches it
             named = f" {error.get('name') or error.get('errorCode') or error.get('id')!r}" if error is not None else ""
             self.add("error_end_uncaught", f"error end event {end.get('id')!r} throws the error{named} at the top "
                      f"level of process {proc.id!r}, where nothing can catch it: the instance ends there with "
