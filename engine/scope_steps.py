@@ -215,6 +215,11 @@ class ScopeSteps:
         while name in inst.branches and name not in mine:
             mine.add(name)
             name = str(inst.branches[name]["parent"])
+        # the contexts the cancelled tasks ran in: an activity left open there is put back (one open
+        # in a context of the process around, e.g. the multi-instance activity whose instance this
+        # event sub-process interrupts, goes on)
+        affected = {spiff.context_name_of(t) for t in doomed}
+        affected.update(spiff.context_name_of(t) for w in gone_workflows for t in w.tasks.values())
         for name, info in inst.branches.items():
             if name in mine or info["status"] not in ("open", "event", "side", "scope"):
                 continue
@@ -223,6 +228,7 @@ class ScopeSteps:
                 info["status"] = "cancelled"
                 info["join"] = by
                 inst.contexts[name].record("cancelled", actor=by, data={"by": by})
+                affected.add(name)
         gone_keys = {str(i) for i in doomed_ids} | {str(t) for w in gone_workflows for t in w.tasks}
         for c in inst.confirmations:
             if not c.get("answered") and c.get("task") in gone_keys:
@@ -234,7 +240,8 @@ class ScopeSteps:
                 t.cancel()
         for name, ctx in inst.contexts.items():
             status = inst.branches[name]["status"] if name in inst.branches else None
-            if ctx.current_activity is not None and status not in ("cancelled", "joined") and name != own:
+            if ctx.current_activity is not None and status not in ("cancelled", "joined") and name != own \
+                    and name in affected:
                 ctx.abort_activity(ctx.current_activity, reason=f"interrupted by event sub-process "
                                    f"{spiff.bpmn_id_of(esp)!r}", actor=by)
 

@@ -87,7 +87,7 @@ from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (CodeEventDefinition, ErrorEventDefinition,
                                                                     EscalationEventDefinition, ItemAwareEventDefinition,
                                                                     SignalEventDefinition)
-from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
+from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent, ThrowingEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.start_event import StartEvent
@@ -173,7 +173,7 @@ CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
-CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
+CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -370,6 +370,11 @@ class _LayerflowSpecMixin:
         if isinstance(self, EndEvent) and isinstance(getattr(self, "event_definition", None), ErrorEventDefinition):
             # asked before the throw, which readies the event that catches it
             my_task.internal_data[CAUGHT_KEY] = error_is_caught(my_task)
+        elif isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
+                                                            EscalationEventDefinition):
+            # an escalation that starts an interrupting event sub-process ends its branch as an error does
+            my_task.internal_data[CAUGHT_KEY] = any(
+                getattr(t.task_spec, "lf_interrupting", False) for t in catching_tasks(my_task))
         if isinstance(self, BoundaryEvent) and self.cancel_activity and my_task.parent is not None:
             # the multi-instance activity it interrupts closes now (its writes undone), before its path
             # begins: SpiffWorkflow cancels it only after, and an activity at the start of the path
@@ -428,7 +433,8 @@ class _LayerflowSpecMixin:
             if driver is not None and esp is not None:
                 driver.interrupt(esp, my_task)  # before its path begins
         # an error end event that an event catches ends its (sub-)process as a terminate end event
-        # does: the catching event's path goes on with what the branch that threw it wrote
+        # does (and so does an escalation that starts an interrupting event sub-process): the
+        # catching event's path goes on with what the branch that threw it wrote
         if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \
                 or my_task.internal_data.pop(CAUGHT_KEY, False):
             driver = driver_of(my_task)
@@ -656,14 +662,22 @@ def boundary_of_subworkflow(task: Any) -> bool:
 def error_is_caught(task: Any) -> bool:
     """Whether an event waits for the error that end event ``task`` is about to throw, in its
     workflow or one around it (where ``EngineErrorEventDefinition`` sends it)."""
+    return bool(catching_tasks(task))
+
+
+def catching_tasks(task: Any) -> list[Any]:
+    """The waiting tasks that will catch the error or escalation throwing event ``task`` is about to
+    throw: those of the nearest workflow, its own or one around it, where one waits for it
+    (``_InterruptAwareEvents.catch``)."""
     event = BpmnEvent(task.task_spec.event_definition)
     waiting = list(task.workflow.top_workflow.event_manager.tasks.values())
     workflow = task.workflow
     while workflow is not None:
-        if any(catching_scope(t) is workflow and t.task_spec.event_definition.catches(t, event) for t in waiting):
-            return True
+        found = [t for t in waiting if catching_scope(t) is workflow and t.task_spec.event_definition.catches(t, event)]
+        if found:
+            return found
         workflow = workflow.parent_workflow
-    return False
+    return []
 
 
 def caught_in_scope(spec: Any) -> bool:

@@ -201,20 +201,68 @@ def test_an_unmatched_error_runs_as_without_the_event_sub_process(tmp_path: Path
     assert variables(with_other.main) == variables(without.main)
 
 
-def test_the_error_interrupts_parallel_branches_and_reads_the_throwing_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("thrown", ["error_end", "escalation_throw"])
+def test_the_event_interrupts_parallel_branches_and_reads_the_throwing_one(tmp_path: Path, thrown: str) -> None:
     """A split's branch throws: the other branch is cancelled before it goes on (its unmerged writes
     dropped, as a terminate end event drops them), and the event sub-process reads the throwing
     branch's writes."""
-    body = ('<bpmn:startEvent id="start"/><bpmn:parallelGateway id="split"/>' + script("b1", "one = 1")
-            + f'<bpmn:endEvent id="boom">{ERROR}</bpmn:endEvent>' + script("b2", "two = 2") + script("b3", "three = 3")
+    if thrown == "error_end":
+        throw, trigger, rest = f'<bpmn:endEvent id="boom">{ERROR}</bpmn:endEvent>', ERROR, ""
+    else:
+        throw = f'<bpmn:intermediateThrowEvent id="boom">{ESCALATION}</bpmn:intermediateThrowEvent>'
+        trigger, rest = ESCALATION, script("b1_more", "never = 1") + fl("boom>b1_more", "b1_more>join")
+    body = ('<bpmn:startEvent id="start"/><bpmn:parallelGateway id="split"/>' + script("b1", "one = 1") + throw
+            + script("b2", "two = 2") + script("b3", "three = 3") + rest
             + '<bpmn:parallelGateway id="join"/><bpmn:endEvent id="end"/>'
             + fl("start>split", "split>b1", "b1>boom", "split>b2", "b2>b3", "b3>join", "join>end")
-            + event_sub("h", ERROR, "seen = [one, 'two' in dir()]"))
+            + event_sub("h", trigger, "seen = [one, 'two' in dir()]"))
     instance = run(write(tmp_path, "parallel", body))
 
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow) == ["start", "split", "b1", "b2", "boom", "h_start", "h_do", "h_end", "h"]
     assert variables(instance.main) == {"one": 1, "seen": [1, False]}
+
+
+MULTI = ('<bpmn:multiInstanceLoopCharacteristics isSequential="{sequential}"><bpmn:loopCardinality>3'
+         "</bpmn:loopCardinality></bpmn:multiInstanceLoopCharacteristics>")
+
+
+@pytest.mark.parametrize("sequential", ["false", "true"])
+def test_each_instance_of_a_multi_instance_sub_process_catches_its_own_error(tmp_path: Path, sequential: str) -> None:
+    """Each instance's event sub-process catches that instance's error and interrupts that instance
+    only: the activity completes once every instance has, and the process goes on. (An interrupting
+    event sub-process closed the multi-instance activity itself, open in the process's context, and
+    the instance failed with "its activity is not open".)"""
+    body = ('<bpmn:startEvent id="start"/><bpmn:subProcess id="S">' + MULTI.format(sequential=sequential)
+            + '<bpmn:startEvent id="s_start"/>' + script("a", "a = 1") + f'<bpmn:endEvent id="boom">{ERROR}</bpmn:endEvent>'
+            + fl("s_start>a", "a>boom") + event_sub("h", ERROR, "handled = a + 1") + "</bpmn:subProcess>"
+            + AFTER + fl("start>S", "S>after", "after>end"))
+    instance = run(write(tmp_path, "multi", body))
+
+    assert instance.status == "completed", instance.error
+    done = path_of(instance.workflow)
+    assert done.count("h_do") == 3 and done.count("a") == 3 and done[-2:] == ["after", "end"]
+    assert variables(instance.main) == {"a": 1, "handled": 2, "after": 1}
+
+
+def test_an_interrupting_timer_event_sub_process_in_a_multi_instance_sub_process_interrupts_its_instance(
+        tmp_path: Path) -> None:
+    """The same for a timer: each waiting instance is interrupted, the activity around them goes on."""
+    timer = '<bpmn:timerEventDefinition><bpmn:timeDuration>"PT1H"</bpmn:timeDuration></bpmn:timerEventDefinition>'
+    body = ('<bpmn:startEvent id="start"/><bpmn:subProcess id="S">' + MULTI.format(sequential="false")
+            + '<bpmn:startEvent id="s_start"/><bpmn:userTask id="u"/><bpmn:endEvent id="s_end"/>'
+            + fl("s_start>u", "u>s_end") + event_sub("t", timer, "late = 1") + "</bpmn:subProcess>"
+            + AFTER + fl("start>S", "S>after", "after>end"))
+    now = [1_000_000.0]
+    engine = Engine(clock=lambda: now[0])
+    waiting = engine.run(engine.start(load_process(write(tmp_path, "timer", body)), {}))
+    assert [w["task_id"] for w in waiting.waiting_for].count("u") == 3
+    now[0] += 7200
+    done = engine.run(waiting)
+
+    assert done.status == "completed", done.error
+    assert path_of(done.workflow).count("t_do") == 3 and "u" not in path_of(done.workflow)
+    assert variables(done.main) == {"late": 1, "after": 1}
 
 
 # ----- the same scope throws again ----------------------------------------------------------------
@@ -324,3 +372,15 @@ def test_a_script_exception_is_no_bpmn_error_and_starts_no_catch_all(tmp_path: P
     assert done.status == "completed", done.error
     assert variables(done.main) == {"fix": 2, "q": 5.0, "after": 1}
     assert "h_do" not in path_of(done.workflow)
+
+
+# ----- validate -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("trigger", "warned"), [(ERROR, False), (ANY_ERROR, False), (OTHER_ERROR, True)])
+def test_an_error_end_event_an_event_sub_process_catches_is_no_uncaught_error(tmp_path: Path, trigger: str,
+                                                                               warned: bool) -> None:
+    body = ('<bpmn:startEvent id="start"/>' + script("set", "x = 1") + f'<bpmn:endEvent id="boom">{ERROR}</bpmn:endEvent>'
+            + fl("start>set", "set>boom") + event_sub("h", trigger, "handled = x"))
+    report = validate_process(write(tmp_path, "top", body))
+    assert report.ok
+    assert [(p.code, p.element_id) for p in report.problems] == ([("error_end_uncaught", "boom")] if warned else [])
