@@ -1656,8 +1656,17 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
                     task.task_spec._update(task)
                 return len(tasks)
             target = target.parent_workflow
-        event.target = None  # caught nowhere on the way up: to any event of the instance that catches it
-        return int(super().catch(event, internal))
+        # caught nowhere on the way up: to any event of the instance that catches it, as in
+        # SpiffWorkflow, but an event sub-process's start, which catches what its scope throws only
+        event.target = None
+        self.update_collaboration(event)
+        tasks = [t for t in self.tasks.values() if not caught_in_scope(t.task_spec) and t.task_spec.catches(t, event)]
+        if not tasks and internal:
+            self.workflow.bpmn_events.append(event)
+        for task in tasks:
+            task.task_spec.catch(task, event)
+            task.task_spec._update(task)
+        return len(tasks)
 
 
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:

@@ -265,6 +265,44 @@ def test_an_interrupting_timer_event_sub_process_in_a_multi_instance_sub_process
     assert variables(done.main) == {"late": 1, "after": 1}
 
 
+def test_an_event_sub_process_of_a_sibling_sub_process_does_not_catch_the_error(tmp_path: Path) -> None:
+    """An error goes up its scopes only: a catch-all event sub-process of a sub-process beside the one
+    that threw it does not start (SpiffWorkflow hands an error nothing on the way up caught to any
+    event of the instance that catches it: it interrupted the sibling, whose person was never asked)."""
+    body = ('<bpmn:startEvent id="start"/><bpmn:parallelGateway id="split"/>'
+            + '<bpmn:subProcess id="S1"><bpmn:startEvent id="s1_start"/>' + script("a", "a = 1")
+            + f'<bpmn:endEvent id="boom">{ERROR}</bpmn:endEvent>' + fl("s1_start>a", "a>boom") + "</bpmn:subProcess>"
+            + '<bpmn:subProcess id="S2"><bpmn:startEvent id="s2_start"/><bpmn:userTask id="u"/><bpmn:endEvent id="s2_end"/>'
+            + fl("s2_start>u", "u>s2_end") + event_sub("h", ANY_ERROR, "wrong = 1") + "</bpmn:subProcess>"
+            + '<bpmn:parallelGateway id="join"/><bpmn:endEvent id="end"/>'
+            + fl("start>split", "split>S1", "split>S2", "S1>join", "S2>join", "join>end"))
+    engine = Engine()
+    waiting = engine.run(engine.start(load_process(write(tmp_path, "siblings", body)), {}))
+    assert [w["task_id"] for w in waiting.waiting_for] == ["u"]
+    done = engine.complete_user_task(waiting, "u", {"ok": True})
+
+    assert done.status == "completed", done.error
+    assert "h_do" not in path_of(done.workflow)
+    assert variables(done.main) == {"a": 1, "ok": True}
+
+
+def test_an_event_sub_process_waits_for_its_error_across_a_save(tmp_path: Path) -> None:
+    body = ('<bpmn:startEvent id="start"/><bpmn:subProcess id="S"><bpmn:startEvent id="s_start"/><bpmn:userTask id="review"/>'
+            + f'<bpmn:endEvent id="boom">{ERROR}</bpmn:endEvent>' + fl("s_start>review", "review>boom")
+            + event_sub("h", ERROR, "handled = verdict") + "</bpmn:subProcess>" + AFTER
+            + fl("start>S", "S>after", "after>end"))
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    engine = Engine(url)
+    waiting = engine.run(engine.start(load_process(write(tmp_path, "listening", body)), {}))
+    assert [w["task_id"] for w in waiting.waiting_for] == ["review"]  # the error start is no waiting event
+    done = Engine(url).complete_user_task(Engine(url).load(waiting.id), "review", {"verdict": "bad"})
+
+    assert done.status == "completed", done.error
+    assert path_of(done.workflow) == ["start", "s_start", "review", "boom", "h_start", "h_do", "h_end", "h", "S",
+                                      "after", "end"]
+    assert variables(done.main) == {"verdict": "bad", "handled": "bad", "after": 1}
+
+
 # ----- the same scope throws again ----------------------------------------------------------------
 
 def test_a_loop_through_a_sub_process_throws_each_pass_and_its_event_sub_process_runs_each_time(
