@@ -303,6 +303,29 @@ def test_an_event_sub_process_waits_for_its_error_across_a_save(tmp_path: Path) 
     assert variables(done.main) == {"verdict": "bad", "handled": "bad", "after": 1}
 
 
+def test_the_error_payload_reaches_the_event_sub_process_under_its_variable(tmp_path: Path) -> None:
+    """The error's ``spiffworkflow:payloadExpression`` (evaluated over the thrower's context) goes
+    into the event sub-process's context under its ``spiffworkflow:variableName``, recorded as an
+    event the process threw itself."""
+    head = HEAD.replace('xmlns:bpmn=', 'xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" xmlns:bpmn=')
+    head = head.replace('<bpmn:error id="e_bad" name="bad" errorCode="bad"/>', (
+        '<bpmn:error id="e_bad" name="bad" errorCode="bad"><bpmn:extensionElements>'
+        '<spiffworkflow:payloadExpression>{"reason": why}</spiffworkflow:payloadExpression>'
+        "<spiffworkflow:variableName>err</spiffworkflow:variableName></bpmn:extensionElements></bpmn:error>"))
+    body = ('<bpmn:startEvent id="start"/>' + script("set", "why = 'no stock'")
+            + f'<bpmn:endEvent id="boom">{ERROR}</bpmn:endEvent>' + fl("start>set", "set>boom")
+            + event_sub("h", ERROR, "handled = err['reason']"))
+    path = tmp_path / "payload.bpmn"
+    path.write_text(head + body + TAIL, encoding="utf-8")
+    instance = run(path)
+
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"why": "no stock", "err": {"reason": "no stock"}, "handled": "no stock"}
+    record = instance.main.resolve("event:h_start")
+    assert (record["event"], record["event_kind"], record["sent_by"]) == ("bad", "error", "process")
+    assert record["summary"] == "error 'bad' caught at h_start: err"
+
+
 # ----- the same scope throws again ----------------------------------------------------------------
 
 def test_a_loop_through_a_sub_process_throws_each_pass_and_its_event_sub_process_runs_each_time(
