@@ -366,6 +366,25 @@ def test_a_non_interrupting_escalation_thrown_twice_starts_its_event_sub_process
     assert instance.conflicts == []
 
 
+def test_a_non_interrupting_event_sub_process_that_waits_for_a_person_keeps_its_process_open(tmp_path: Path) -> None:
+    """The escalation's path waits for a person while the rest of the process ends: the process
+    completes once that path has."""
+    body = ('<bpmn:startEvent id="start"/>' + script("set", "x = 1")
+            + f'<bpmn:intermediateThrowEvent id="raise">{ESCALATION}</bpmn:intermediateThrowEvent>'
+            + script("more", "more = 1") + '<bpmn:endEvent id="end"/>' + fl("start>set", "set>raise", "raise>more", "more>end")
+            + '<bpmn:subProcess id="h" triggeredByEvent="true"><bpmn:startEvent id="h_start" isInterrupting="false">'
+            + ESCALATION + '</bpmn:startEvent><bpmn:userTask id="ask"/>' + script("h_do", "got = answer + str(x)")
+            + '<bpmn:endEvent id="h_end"/>' + fl("h_start>ask", "ask>h_do", "h_do>h_end") + "</bpmn:subProcess>")
+    engine = Engine()
+    waiting = engine.run(engine.start(load_process(write(tmp_path, "beside", body)), {}))
+    assert waiting.status == "waiting" and [w["task_id"] for w in waiting.waiting_for] == ["ask"]
+    assert path_of(waiting.workflow) == ["start", "set", "raise", "h_start", "more", "end"]
+    done = engine.complete_user_task(waiting, "ask", {"answer": "A"})
+
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"x": 1, "more": 1, "answer": "A", "got": "A1"}
+
+
 def test_two_instances_of_one_loaded_process_each_catch_their_own_error(tmp_path: Path) -> None:
     process = load_process(MODELER)
     outputs_before = [s.name for s in process.spec.start.outputs]
