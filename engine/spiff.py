@@ -414,9 +414,9 @@ class _LayerflowSpecMixin:
     def catch(self, my_task: Any, event: Any) -> None:
         # (catching events only: SpiffWorkflow's event manager calls it)
         super().catch(my_task, event)  # type: ignore[misc]
-        if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver_of(my_task) is not None:
-            rearm_boundary(my_task)
         driver = driver_of(my_task)
+        if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver is not None:
+            rearm_boundary(my_task)
         if caught_in_scope(self) and driver is not None:
             driver.start_caught(my_task)
             if not getattr(self, "lf_interrupting", False):
@@ -463,8 +463,10 @@ class _LayerflowSpecMixin:
             my_task._sync_children(self.outputs, TaskState.FUTURE)
             for child in my_task.children:
                 child.task_spec._predict(child, mask=TaskState.FUTURE | TaskState.PREDICTED_MASK)
-        if isinstance(self, EndEvent) and driver_of(my_task) is not None and _repeating_path_ended(my_task):
-            driver_of(my_task).event_path_ended(my_task)  # type: ignore[union-attr]
+        if isinstance(self, EndEvent) and _repeating_path_ended(my_task):
+            driver = driver_of(my_task)
+            if driver is not None:
+                driver.event_path_ended(my_task)  # the next escalation's path reads what this one wrote
         if self.lf_role == "flow" and driver_of(my_task) is not None:
             # a caught message's or signal's payload went into the context (engine.events), so
             # SpiffWorkflow's variable for it (left empty) stays out of task.data
@@ -1244,9 +1246,11 @@ def _in_event_subprocess(node: Any) -> bool:
 
 def _interrupting_event_start(node: Any) -> bool:
     """Whether a startEvent element starts an interrupting event sub-process: an event (not a
-    plain start) in a ``triggeredByEvent`` sub-process, ``isInterrupting`` not false."""
-    return (_in_event_subprocess(node) and node.get("isInterrupting", "true") != "false"
-            and any(_local(c.tag).endswith("EventDefinition") for c in node))
+    plain start) in a ``triggeredByEvent`` sub-process, ``isInterrupting`` not false; an error
+    start always (BPMN's error start event interrupts, whatever the attribute says)."""
+    kinds = [_local(c.tag) for c in node if _local(c.tag).endswith("EventDefinition")]
+    return _in_event_subprocess(node) and bool(kinds) and (
+        node.get("isInterrupting", "true") != "false" or "errorEventDefinition" in kinds)
 
 
 def _thrown_to_its_process(definition: Any) -> Any:

@@ -94,6 +94,8 @@ not make ``report.ok`` false:
                                       one): SpiffWorkflow 3.2 reads none of them, and would start the event
                                       sub-process at once, without the event (error and escalation starts run:
                                       ``spiff._LayerflowProcessParser.add_tasks``)
+``error_start_non_interrupting`` W    an error start event of an event sub-process with ``isInterrupting="false"``:
+                                      an error always interrupts its scope, and so it runs
 ``event_subprocess_never_starts``     an event sub-process with a message or signal start inside a sub-process:
                                       SpiffWorkflow 3.2 starts those at the top level of the process only
 ``called_event_subprocess_never_starts`` W  a process the one to run calls (a call activity) has an event
@@ -1450,6 +1452,11 @@ class _Validator:
                          "with a boundary event on a sub-process around the steps that throw it", file=file,
                          line=start.sourceline, element_id=eid)
                 continue
+            if "error" in kinds and start.get("isInterrupting") == "false":
+                self.add("error_start_non_interrupting", f"error start event {eid!r} of event sub-process {sid!r} has "
+                         'isInterrupting="false", and an error start event always interrupts its scope (BPMN): it '
+                         f"runs as interrupting; remove the attribute, or throw and catch an escalation to let the "
+                         "scope go on", file=file, line=start.sourceline, element_id=eid, severity="warning")
             parent = sub.getparent()
             if any(k in ("message", "signal") for k in kinds) and parent is not None and parent.tag != _bpmn("process"):
                 self.add("event_subprocess_never_starts", f"event sub-process {sid!r} is inside "

@@ -464,3 +464,21 @@ def test_an_error_end_event_an_event_sub_process_catches_is_no_uncaught_error(tm
     report = validate_process(write(tmp_path, "top", body))
     assert report.ok
     assert [(p.code, p.element_id) for p in report.problems] == ([("error_end_uncaught", "boom")] if warned else [])
+
+
+def test_an_error_start_marked_non_interrupting_interrupts_and_validate_says_so(tmp_path: Path) -> None:
+    """BPMN's error start event always interrupts its scope: ``isInterrupting="false"`` on it is a
+    warning, and the scope is interrupted all the same."""
+    body = ('<bpmn:startEvent id="start"/>' + sub_throwing() + AFTER + fl("start>S", "S>after", "after>end")
+            + event_sub("h", ERROR, "handled = a", interrupting=False))
+    path = write(tmp_path, "marked", body)
+    report = validate_process(path)
+    assert report.ok
+    [problem] = report.problems
+    assert (problem.code, problem.element_id, problem.severity) == ("error_start_non_interrupting", "h_start", "warning")
+    assert 'isInterrupting="false"' in problem.message and "escalation" in problem.message
+
+    instance = run(path)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "s_start", "a", "boom", "h_start", "h_do", "h_end", "h"]
+    assert variables(instance.main) == {"a": 1, "handled": 1}
