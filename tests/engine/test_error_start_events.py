@@ -406,12 +406,17 @@ def test_two_instances_of_one_loaded_process_each_catch_their_own_error(tmp_path
     assert [s.name for s in process.spec.start.outputs] == outputs_before  # the shared spec is as parsed
 
 
-def test_a_called_process_catches_its_own_error_in_its_event_sub_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["called", "caller"])
+def test_an_error_of_a_called_process_starts_the_event_sub_process_of_the_nearest_scope(tmp_path: Path,
+                                                                                      where: str) -> None:
+    """The called process's own event sub-process catches its error first (the call then ends and the
+    caller goes on); without one, the caller's does, and the caller stops there."""
+    handler = event_sub("h", ERROR, "recovered = worked + 1")
     called = ('<bpmn:startEvent id="c_start"/>' + script("c_work", "worked = 1")
               + f'<bpmn:endEvent id="c_boom">{ERROR}</bpmn:endEvent>' + fl("c_start>c_work", "c_work>c_boom")
-              + event_sub("c_h", ERROR, "recovered = worked + 1"))
+              + (handler if where == "called" else ""))
     text = (HEAD + '<bpmn:startEvent id="start"/><bpmn:callActivity id="call" calledElement="called"/>' + AFTER
-            + fl("start>call", "call>after", "after>end") + "</bpmn:process>\n"
+            + fl("start>call", "call>after", "after>end") + (handler if where == "caller" else "") + "</bpmn:process>\n"
             + '<bpmn:process id="called" isExecutable="true">' + called + TAIL)
     path = tmp_path / "calls.bpmn"
     path.write_text(text, encoding="utf-8")
@@ -419,9 +424,13 @@ def test_a_called_process_catches_its_own_error_in_its_event_sub_process(tmp_pat
     instance = engine.run(engine.start(load_process(path, "p"), {}))
 
     assert instance.status == "completed", instance.error
-    assert path_of(instance.workflow) == ["start", "c_start", "c_work", "c_boom", "c_h_start", "c_h_do", "c_h_end",
-                                          "c_h", "call", "after", "end"]
-    assert variables(instance.main) == {"worked": 1, "recovered": 2, "after": 1}
+    handled = ["c_boom", "h_start", "h_do", "h_end", "h"]
+    if where == "called":
+        assert path_of(instance.workflow) == ["start", "c_start", "c_work", *handled, "call", "after", "end"]
+        assert variables(instance.main) == {"worked": 1, "recovered": 2, "after": 1}
+    else:
+        assert path_of(instance.workflow) == ["start", "c_start", "c_work", *handled]
+        assert variables(instance.main) == {"worked": 1, "recovered": 2}
 
 
 # ----- a script that raises -----------------------------------------------------------------------
