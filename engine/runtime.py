@@ -916,7 +916,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if not waiting:
             listed = {item["id"] for item in caught}
             for task in _all_tasks(wf, TaskState.WAITING):
-                if not spiff.is_join(task.task_spec) and str(task.id) not in listed:
+                # (an error or escalation event sub-process listens for what its scope throws: nothing
+                # outside can send it, and it holds no token)
+                if not spiff.is_join(task.task_spec) and str(task.id) not in listed \
+                        and not spiff.caught_in_scope(task.task_spec):
                     item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)}
                     definition = getattr(task.task_spec, "event_definition", None)
                     if isinstance(definition, ConditionalEventDefinition):

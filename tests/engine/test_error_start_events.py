@@ -326,6 +326,22 @@ def test_the_error_payload_reaches_the_event_sub_process_under_its_variable(tmp_
     assert record["summary"] == "error 'bad' caught at h_start: err"
 
 
+def test_a_listening_error_start_is_nothing_the_instance_waits_for(tmp_path: Path) -> None:
+    """A process stuck at a parallel join that can never fire is reported stuck, as without the
+    event sub-process: its error start waits for what the process itself throws, which no one can
+    send (it was listed as the one event the instance waited for)."""
+    body = ('<bpmn:startEvent id="start"/><bpmn:exclusiveGateway id="x" default="fl_x_a"/>' + script("a", "a = 1")
+            + script("b", "b = 1") + '<bpmn:parallelGateway id="j"/><bpmn:endEvent id="end"/>'
+            + fl("start>x", "x>a", "a>j", "b>j", "j>end") + event_sub("h", ERROR, "handled = 1")
+            + '<bpmn:sequenceFlow id="never" sourceRef="x" targetRef="b">'
+              "<bpmn:conditionExpression>False</bpmn:conditionExpression></bpmn:sequenceFlow>")
+    instance = run(write(tmp_path, "stuck", body))
+
+    assert instance.status == "error" and instance.waiting_for == []
+    assert instance.error is not None and instance.error["task_id"] == "j"
+    assert "neither completed nor waits for anything" in instance.error["message"]
+
+
 # ----- the same scope throws again ----------------------------------------------------------------
 
 def test_a_loop_through_a_sub_process_throws_each_pass_and_its_event_sub_process_runs_each_time(
