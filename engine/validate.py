@@ -1444,13 +1444,14 @@ class _Validator:
             eid = start.get("id")
             kinds = [etree.QName(c).localname.removesuffix("EventDefinition") for c in start
                      if isinstance(c.tag, str) and c.tag.endswith("EventDefinition")]
-            other = [k for k in kinds if k not in ("message", "signal", "timer", "conditional", "error", "escalation")]
+            other = [{"compensate": "compensation"}.get(k, k) for k in kinds
+                     if k not in ("message", "signal", "timer", "conditional", "error", "escalation")]
             if other:
                 self.add("unsupported_start_event", f"start event {eid!r} of event sub-process {sid!r} has a {other[0]} "
                          "trigger, and SpiffWorkflow 3.2 reads no such trigger on a start event: it would start "
-                         f"{sid!r} at once, whenever its scope starts, without any {other[0]}; catch the {other[0]} "
-                         "with a boundary event on a sub-process around the steps that throw it", file=file,
-                         line=start.sourceline, element_id=eid)
+                         f"{sid!r} at once, whenever its scope starts, without any {other[0]}; start it with a "
+                         "message, signal, timer, conditional, error or escalation event instead (e.g. an error or "
+                         "escalation that the steps to undo throw)", file=file, line=start.sourceline, element_id=eid)
                 continue
             if "error" in kinds and start.get("isInterrupting") == "false":
                 self.add("error_start_non_interrupting", f"error start event {eid!r} of event sub-process {sid!r} has "
