@@ -174,6 +174,7 @@ BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
+CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -367,14 +368,20 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
-        if isinstance(self, EndEvent) and isinstance(getattr(self, "event_definition", None), ErrorEventDefinition):
-            # asked before the throw, which readies the event that catches it
-            my_task.internal_data[CAUGHT_KEY] = error_is_caught(my_task)
-        elif isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
-                                                            EscalationEventDefinition):
-            # an escalation that starts an interrupting event sub-process ends its branch as an error does
-            my_task.internal_data[CAUGHT_KEY] = any(
-                getattr(t.task_spec, "lf_interrupting", False) for t in catching_tasks(my_task))
+        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None), CodeEventDefinition):
+            # asked before the throw, which readies the event that catches it: an error an event catches
+            # ends its branch (and an escalation that starts an interrupting event sub-process)
+            catchers = catching_tasks(my_task)
+            if isinstance(self.event_definition, ErrorEventDefinition):
+                my_task.internal_data[CAUGHT_KEY] = bool(catchers) and isinstance(self, EndEvent)
+            else:
+                my_task.internal_data[CAUGHT_KEY] = any(getattr(t.task_spec, "lf_interrupting", False)
+                                                        for t in catchers)
+            scopes = [catching_scope(t) for t in catchers if caught_in_scope(t.task_spec)]
+            if my_task.internal_data[CAUGHT_KEY] and scopes:
+                # an event sub-process of a scope around its own catches it: the branches it ran in
+                # there merge too (the event sub-process reads that scope's context)
+                my_task.internal_data[CAUGHT_UP_KEY] = _levels_up(my_task.workflow, scopes[0])
         if isinstance(self, BoundaryEvent) and self.cancel_activity and my_task.parent is not None:
             # the multi-instance activity it interrupts closes now (its writes undone), before its path
             # begins: SpiffWorkflow cancels it only after, and an activity at the start of the path
@@ -680,6 +687,15 @@ def catching_tasks(task: Any) -> list[Any]:
             return found
         workflow = workflow.parent_workflow
     return []
+
+
+def _levels_up(workflow: Any, around: Any) -> int:
+    """How many workflows up from ``workflow`` workflow ``around`` is (0: it is ``workflow``)."""
+    levels = 0
+    while workflow is not None and workflow is not around:
+        workflow = workflow.parent_workflow
+        levels += 1
+    return levels
 
 
 def caught_in_scope(spec: Any) -> bool:

@@ -223,6 +223,23 @@ def test_the_event_interrupts_parallel_branches_and_reads_the_throwing_one(tmp_p
     assert variables(instance.main) == {"one": 1, "seen": [1, False]}
 
 
+def test_an_error_from_a_sub_process_in_a_branch_reaches_the_event_sub_process_with_that_branch(
+        tmp_path: Path) -> None:
+    """Sub-process S runs in a branch of a split of the process and throws; the process's event
+    sub-process reads what that branch wrote before and inside S, not the other branch's writes
+    (cancelled with its branch), as when the branch throws itself."""
+    body = ('<bpmn:startEvent id="start"/><bpmn:parallelGateway id="split"/>' + script("pre", "pre = 1") + sub_throwing()
+            + script("b2", "two = 2") + '<bpmn:parallelGateway id="join"/><bpmn:endEvent id="end"/>'
+            + fl("start>split", "split>pre", "pre>S", "S>join", "split>b2", "b2>join", "join>end")
+            + event_sub("h", ERROR, "seen = ['pre' in dir(), 'a' in dir(), 'two' in dir()]"))
+    instance = run(write(tmp_path, "branch", body))
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "split", "pre", "b2", "s_start", "a", "boom", "h_start", "h_do",
+                                          "h_end", "h"]
+    assert variables(instance.main) == {"pre": 1, "a": 1, "seen": [True, True, False]}
+
+
 MULTI = ('<bpmn:multiInstanceLoopCharacteristics isSequential="{sequential}"><bpmn:loopCardinality>3'
          "</bpmn:loopCardinality></bpmn:multiInstanceLoopCharacteristics>")
 
