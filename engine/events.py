@@ -45,7 +45,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import SignalEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (ErrorEventDefinition, EscalationEventDefinition,
+                                                                    SignalEventDefinition)
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import EventBasedGateway
@@ -247,7 +248,10 @@ def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any]) -> N
     definitions = spec.event_definition.event_definitions if isinstance(spec.event_definition,
                                                                           MultipleEventDefinition) else [spec.event_definition]
     caught = next((d for d in definitions if set(spiff.payload_variables(d)) & set(values)), spec.event_definition)
-    kind = kind_of(caught) or type(caught).__name__.removesuffix("EventDefinition").lower()
+    # (layerflow's error and escalation classes are named Engine<...>: the record says "error")
+    kind = kind_of(caught) or ("error" if isinstance(caught, ErrorEventDefinition) else "escalation"
+                               if isinstance(caught, EscalationEventDefinition)
+                               else type(caught).__name__.removesuffix("EventDefinition").lower())
     name = getattr(caught, "name", None) or event_id
     ctx.begin_activity(event_id, actor=event_id)
     try:

@@ -469,13 +469,21 @@ class GatewaySteps:
 
     def terminate(self, task: Any) -> None:
         """A terminate (or error) end event in a branch: the branch that reached it merges into
-        its parent (and on up, to the context the terminated workflow started in); the
+        its parent (and on up, to the context the terminated workflow started in; for an error
+        an event sub-process of a scope around catches, to the context of that scope); the
         branches it cancels are closed as ``cancelled``, their changes dropped, as the
         terminate drops their tokens."""
         name = spiff.context_name_of(task)
         branches = self.instance.branches
         gw = spiff.bpmn_id_of(task)
-        while name in branches and branches[name]["status"] == "open" and self._in_workflow(name, task.workflow):
+        # an error (an escalation) that an event sub-process of a scope around caught: the branches of
+        # the workflows up to that scope merge too (``spiff.CAUGHT_UP_KEY``)
+        workflows = [task.workflow]
+        for _ in range(int(task.internal_data.pop(spiff.CAUGHT_UP_KEY, 0))):
+            if workflows[-1].parent_workflow is not None:
+                workflows.append(workflows[-1].parent_workflow)
+        while name in branches and branches[name]["status"] == "open" \
+                and any(self._in_workflow(name, w) for w in workflows):
             info = branches[name]
             self._cancel_branches(task, keep=[name], split=info["split"])
             if not self._merge_group(task, gw, info["parent"], [name], arrival=[name]):

@@ -799,6 +799,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         self._xor: dict[str, dict[str, bool]] = {}
         # task id -> internal data a reset must give back before the task updates (see reset_failed)
         self._restore: dict[Any, dict[str, Any]] = {}
+        self._caught_starts: list[Any] = []  # see start_caught
         self.record_cache = _RecordCache()
         spiff.attach(instance.workflow, self)
 
@@ -841,6 +842,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
             before = self.instance.activities
             task.run()
             count += 1
+            while self._caught_starts:
+                # an error or escalation that task threw starts an event sub-process: an interrupting
+                # one stops the rest of its scope before any other task there runs
+                start = self._caught_starts.pop(0)
+                if start.state == TaskState.READY:
+                    start.run()
+                    count += 1
             if self.instance.activities != before and self.engine.save_after_activity:
                 self.engine._save(self.instance)
         return count
@@ -920,7 +928,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
         listed = {item["id"] for item in caught}
         nothing_else = not waiting
         for task in _all_tasks(wf, TaskState.WAITING):
-            if spiff.is_join(task.task_spec) or str(task.id) in listed:
+            # (an error or escalation event sub-process listens for what its scope throws: nothing
+            # outside can send it, and it holds no token)
+            if spiff.is_join(task.task_spec) or str(task.id) in listed or spiff.caught_in_scope(task.task_spec):
                 continue
             definition = getattr(task.task_spec, "event_definition", None)
             conditional = isinstance(definition, ConditionalEventDefinition)

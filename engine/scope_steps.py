@@ -81,6 +81,8 @@ class ScopeSteps:
     instance: Instance
     process: Process
 
+    _caught_starts: list[Any]  # start events to run next (``start_caught``)
+
     if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.gateway_steps.GatewaySteps
         def context_of(self, task: Any) -> LayeredContext: ...
         def abort_multi(self, task: Any, err: BaseException) -> None: ...
@@ -213,6 +215,11 @@ class ScopeSteps:
         while name in inst.branches and name not in mine:
             mine.add(name)
             name = str(inst.branches[name]["parent"])
+        # the contexts the cancelled tasks ran in: an activity left open there is put back (one open
+        # in a context of the process around, e.g. the multi-instance activity whose instance this
+        # event sub-process interrupts, goes on)
+        affected = {spiff.context_name_of(t) for t in doomed}
+        affected.update(spiff.context_name_of(t) for w in gone_workflows for t in w.tasks.values())
         for name, info in inst.branches.items():
             if name in mine or info["status"] not in ("open", "event", "side", "scope"):
                 continue
@@ -221,6 +228,7 @@ class ScopeSteps:
                 info["status"] = "cancelled"
                 info["join"] = by
                 inst.contexts[name].record("cancelled", actor=by, data={"by": by})
+                affected.add(name)
         gone_keys = {str(i) for i in doomed_ids} | {str(t) for w in gone_workflows for t in w.tasks}
         for c in inst.confirmations:
             if not c.get("answered") and c.get("task") in gone_keys:
@@ -232,7 +240,8 @@ class ScopeSteps:
                 t.cancel()
         for name, ctx in inst.contexts.items():
             status = inst.branches[name]["status"] if name in inst.branches else None
-            if ctx.current_activity is not None and status not in ("cancelled", "joined") and name != own:
+            if ctx.current_activity is not None and status not in ("cancelled", "joined") and name != own \
+                    and name in affected:
                 ctx.abort_activity(ctx.current_activity, reason=f"interrupted by event sub-process "
                                    f"{spiff.bpmn_id_of(esp)!r}", actor=by)
 
@@ -347,6 +356,20 @@ class ScopeSteps:
         self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(owner), None, [start])
         self.instance.branches[spiff.context_name_of(start)].update(status="event", event_path=True)
         self._event_forked(spiff.context_name_of(start))
+
+    def event_path_ended(self, task: Any) -> None:
+        """The paths of a non-interrupting error or escalation event sub-process have ended (``task``:
+        the end event of the last one): they merge back now, as the event sub-process would as it
+        ends (it does not: it waits for the next event until its scope ends), so that the next
+        path an event starts reads what they wrote (``_event_forked``)."""
+        for parent in self._end_event_paths(task.workflow):
+            self._merge_events(parent)
+
+    def start_caught(self, task: Any) -> None:
+        """The start event of an event sub-process caught an error or escalation its scope threw: it
+        runs as soon as the task that threw it has (``_Runtime._run_ready``), before any other task
+        of its scope (an interrupting one stops them)."""
+        self._caught_starts.append(task)
 
     def _event_done(self, info: dict[str, Any]) -> None:
         """An event sub-process (a timer's path) ended: it merges back once no branch split from

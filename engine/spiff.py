@@ -39,6 +39,13 @@ The driver protocol (implemented by ``engine.runtime``)::
                                                      # process threw itself: {variable: payload}
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
     leave_subworkflow(task, subworkflow) -> None     # copy_data / update_data: its data in and out)
+    cancel_subworkflow(task, subworkflow) -> None    # ... is cancelled, before its tasks are
+    event_path(task, path=None) -> None              # a timer, error or escalation starts a path of an event
+                                                     # sub-process made with its scope (its start event runs)
+    event_path_ended(task) -> None                   # an end event of a non-interrupting error or escalation
+                                                     # event sub-process completed, none of its paths running
+    start_caught(task) -> None                       # an event sub-process's start event caught an error or
+                                                     # escalation of its scope: it runs next
 
 Multi-instance tasks: the wrapper (``MultiInstanceTask``) is *the* activity; its
 instances (children of the wrapper, with the original task's spec) run their handlers
@@ -64,6 +71,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
+from SpiffWorkflow.bpmn.parser.event_parsers import ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
@@ -76,9 +84,10 @@ from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefi
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (ErrorEventDefinition, EscalationEventDefinition,
-                                                                    ItemAwareEventDefinition, SignalEventDefinition)
-from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent
+from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (CodeEventDefinition, ErrorEventDefinition,
+                                                                    EscalationEventDefinition, ItemAwareEventDefinition,
+                                                                    SignalEventDefinition)
+from SpiffWorkflow.bpmn.specs.mixins.events.event_types import CatchingEvent, ThrowingEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.start_event import StartEvent
@@ -142,6 +151,8 @@ __all__ = [
     "EngineEscalationEventDefinition",
     "boundary_of_subworkflow",
     "error_is_caught",
+    "caught_in_scope",
+    "catching_scope",
     "loop_of",
     "io_names",
     "multi_instance_of",
@@ -163,7 +174,8 @@ CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
-CAUGHT_KEY = "lf_caught"  # on an error end event: an event waited for its error when it threw it
+CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
+CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -189,6 +201,8 @@ class Driver(Protocol):
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def event_path(self, task: Any, path: Any = None) -> None: ...
+    def event_path_ended(self, task: Any) -> None: ...
+    def start_caught(self, task: Any) -> None: ...
     def no_branch_taken(self, task: Any) -> Exception: ...
 
 
@@ -355,9 +369,20 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
-        if isinstance(self, EndEvent) and isinstance(getattr(self, "event_definition", None), ErrorEventDefinition):
-            # asked before the throw, which readies the event that catches it
-            my_task.internal_data[CAUGHT_KEY] = error_is_caught(my_task)
+        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None), CodeEventDefinition):
+            # asked before the throw, which readies the event that catches it: an error an event catches
+            # ends its branch (and an escalation that starts an interrupting event sub-process)
+            catchers = catching_tasks(my_task)
+            if isinstance(self.event_definition, ErrorEventDefinition):
+                my_task.internal_data[CAUGHT_KEY] = bool(catchers) and isinstance(self, EndEvent)
+            else:
+                my_task.internal_data[CAUGHT_KEY] = any(getattr(t.task_spec, "lf_interrupting", False)
+                                                        for t in catchers)
+            scopes = [catching_scope(t) for t in catchers if caught_in_scope(t.task_spec)]
+            if my_task.internal_data[CAUGHT_KEY] and scopes:
+                # an event sub-process of a scope around its own catches it: the branches it ran in
+                # there merge too (the event sub-process reads that scope's context)
+                my_task.internal_data[CAUGHT_UP_KEY] = _levels_up(my_task.workflow, scopes[0])
         if isinstance(self, BoundaryEvent) and self.cancel_activity and my_task.parent is not None:
             # the multi-instance activity it interrupts closes now (its writes undone), before its path
             # begins: SpiffWorkflow cancels it only after, and an activity at the start of the path
@@ -366,7 +391,8 @@ class _LayerflowSpecMixin:
                 if not isinstance(main.task_spec, BoundaryEvent) and main.internal_data.get(MULTI_KEY):
                     driver.abort_multi(main, ActivityCancelled(
                         f"activity {bpmn_id_of(main)!r} was interrupted by {bpmn_id_of(my_task)!r}"))
-        if isinstance(self, StartEvent) and timer_definition(self) is not None and in_timer_event_subprocess(my_task):
+        if isinstance(self, StartEvent) and (timer_definition(self) is not None or caught_in_scope(self)) \
+                and in_timer_event_subprocess(my_task):
             # (a cycle timer's paths started with each repetition: EngineCycleTimerEventDefinition)
             driver.event_path(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and not is_cycle(my_task):
@@ -396,8 +422,17 @@ class _LayerflowSpecMixin:
     def catch(self, my_task: Any, event: Any) -> None:
         # (catching events only: SpiffWorkflow's event manager calls it)
         super().catch(my_task, event)  # type: ignore[misc]
-        if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver_of(my_task) is not None:
+        driver = driver_of(my_task)
+        if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver is not None:
             rearm_boundary(my_task)
+        if caught_in_scope(self) and driver is not None:
+            driver.start_caught(my_task)
+            if not getattr(self, "lf_interrupting", False):
+                # a non-interrupting event sub-process starts again with each error or escalation
+                # its scope throws (each one runs its path once), as a boundary event does
+                fresh = my_task.parent._add_child(self, TaskState.FUTURE)
+                fresh.task_spec._predict(fresh, mask=TaskState.NOT_FINISHED_MASK)  # its path, as the first one's
+                fresh.task_spec._update(fresh)  # waits: SpiffWorkflow's event manager lists it
 
     def _on_complete_hook(self, my_task: Any) -> None:
         if getattr(self, "lf_interrupting", False):
@@ -406,7 +441,8 @@ class _LayerflowSpecMixin:
             if driver is not None and esp is not None:
                 driver.interrupt(esp, my_task)  # before its path begins
         # an error end event that an event catches ends its (sub-)process as a terminate end event
-        # does: the catching event's path goes on with what the branch that threw it wrote
+        # does (and so does an escalation that starts an interrupting event sub-process): the
+        # catching event's path goes on with what the branch that threw it wrote
         if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \
                 or my_task.internal_data.pop(CAUGHT_KEY, False):
             driver = driver_of(my_task)
@@ -435,6 +471,10 @@ class _LayerflowSpecMixin:
             my_task._sync_children(self.outputs, TaskState.FUTURE)
             for child in my_task.children:
                 child.task_spec._predict(child, mask=TaskState.FUTURE | TaskState.PREDICTED_MASK)
+        if isinstance(self, EndEvent) and _repeating_path_ended(my_task):
+            driver = driver_of(my_task)
+            if driver is not None:
+                driver.event_path_ended(my_task)  # the next escalation's path reads what this one wrote
         if self.lf_role == "flow" and driver_of(my_task) is not None:
             # a caught message's or signal's payload went into the context (engine.events), so
             # SpiffWorkflow's variable for it (left empty) stays out of task.data
@@ -632,14 +672,59 @@ def boundary_of_subworkflow(task: Any) -> bool:
 def error_is_caught(task: Any) -> bool:
     """Whether an event waits for the error that end event ``task`` is about to throw, in its
     workflow or one around it (where ``EngineErrorEventDefinition`` sends it)."""
+    return bool(catching_tasks(task))
+
+
+def catching_tasks(task: Any) -> list[Any]:
+    """The waiting tasks that will catch the error or escalation throwing event ``task`` is about to
+    throw: those of the nearest workflow, its own or one around it, where one waits for it
+    (``_InterruptAwareEvents.catch``)."""
     event = BpmnEvent(task.task_spec.event_definition)
     waiting = list(task.workflow.top_workflow.event_manager.tasks.values())
     workflow = task.workflow
     while workflow is not None:
-        if any(t.workflow is workflow and t.task_spec.event_definition.catches(t, event) for t in waiting):
-            return True
+        found = [t for t in waiting if catching_scope(t) is workflow and t.task_spec.event_definition.catches(t, event)]
+        if found:
+            return found
         workflow = workflow.parent_workflow
-    return False
+    return []
+
+
+def _levels_up(workflow: Any, around: Any) -> int:
+    """How many workflows up from ``workflow`` workflow ``around`` is (0: it is ``workflow``)."""
+    levels = 0
+    while workflow is not None and workflow is not around:
+        workflow = workflow.parent_workflow
+        levels += 1
+    return levels
+
+
+def caught_in_scope(spec: Any) -> bool:
+    """Whether ``spec`` is the start event of an event sub-process that waits for an error or an
+    escalation thrown in its scope (``_LayerflowProcessParser.add_tasks``)."""
+    return isinstance(spec, StartEvent) and isinstance(getattr(spec, "event_definition", None), CodeEventDefinition)
+
+
+def _repeating_path_ended(task: Any) -> bool:
+    """Whether end event ``task`` ended the last running path of a non-interrupting error or
+    escalation event sub-process: it only listens again (each event starts a path of its own)."""
+    workflow = task.workflow
+    if not any(caught_in_scope(s) and not getattr(s, "lf_interrupting", False) for s in workflow.spec.start.outputs):
+        return False
+    if not in_timer_event_subprocess(task):
+        return False
+    return all(t.state == TaskState.WAITING and isinstance(t.task_spec, (StartEvent, _EndJoin))
+               for t in workflow.tasks.values() if t.has_state(TaskState.READY | TaskState.STARTED | TaskState.WAITING))
+
+
+def catching_scope(task: Any) -> Any:
+    """The workflow whose errors and escalations waiting task ``task`` catches: its own, but for
+    the start event of an error or escalation event sub-process, whose task waits in the
+    sub-workflow of the event sub-process: the scope around it."""
+    workflow = task.workflow
+    if caught_in_scope(task.task_spec) and workflow.parent_workflow is not None:
+        return workflow.parent_workflow
+    return workflow
 
 
 def is_end_join(spec: Any) -> bool:
@@ -1147,6 +1232,14 @@ class _ExtensionsParserMixin:
     def parse_error_event(self, event: Any) -> Any:
         return _thrown_to_its_process(super().parse_error_event(event))  # type: ignore[misc]
 
+    def get_event_definition(self, xpaths: list[str]) -> Any:
+        # (event parsers only) SpiffWorkflow's StartEventParser reads message, signal, timer and
+        # conditional triggers; the start event of an event sub-process may wait for an error or
+        # an escalation too (``_LayerflowProcessParser.add_tasks`` starts it with its scope)
+        if _local(self.node.tag) == "startEvent" and _in_event_subprocess(self.node):
+            xpaths = [*xpaths, ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH]
+        return super().get_event_definition(xpaths)  # type: ignore[misc]
+
     def parse_escalation_event(self, event: Any) -> Any:
         return _thrown_to_its_process(super().parse_escalation_event(event))  # type: ignore[misc]
 
@@ -1162,13 +1255,19 @@ class _ExtensionsParserMixin:
         return task
 
 
+def _in_event_subprocess(node: Any) -> bool:
+    """Whether an element is a child of a ``triggeredByEvent`` sub-process."""
+    parent = node.getparent()
+    return parent is not None and _local(parent.tag) == "subProcess" and parent.get("triggeredByEvent") == "true"
+
+
 def _interrupting_event_start(node: Any) -> bool:
     """Whether a startEvent element starts an interrupting event sub-process: an event (not a
-    plain start) in a ``triggeredByEvent`` sub-process, ``isInterrupting`` not false."""
-    parent = node.getparent()
-    return (parent is not None and _local(parent.tag) == "subProcess" and parent.get("triggeredByEvent") == "true"
-            and node.get("isInterrupting", "true") != "false"
-            and any(_local(c.tag).endswith("EventDefinition") for c in node))
+    plain start) in a ``triggeredByEvent`` sub-process, ``isInterrupting`` not false; an error
+    start always (BPMN's error start event interrupts, whatever the attribute says)."""
+    kinds = [_local(c.tag) for c in node if _local(c.tag).endswith("EventDefinition")]
+    return _in_event_subprocess(node) and bool(kinds) and (
+        node.get("isInterrupting", "true") != "false" or "errorEventDefinition" in kinds)
 
 
 def _thrown_to_its_process(definition: Any) -> Any:
@@ -1235,6 +1334,22 @@ class _LayerflowProcessParser(SpiffProcessParser):  # type: ignore[misc]
         spec = super().create_spec()
         spec.end.__class__ = LayerflowEndJoin  # made by BpmnProcessSpec itself, not by a task parser
         return spec
+
+    def add_tasks(self) -> None:
+        """An event sub-process whose start waits for an error or an escalation is made with its
+        scope, as a timer one is (``BpmnStartTask.connect_or_add_trigger``), and waits there: the
+        event is thrown to that scope (``_InterruptAwareEvents.catch``), in the process or in any
+        sub-process. SpiffWorkflow would list it with the message and signal ones, which it starts
+        only at the top level, as an event comes from outside (``trigger_specs``)."""
+        super().add_tasks()
+        start = self.spec.start
+        for name in list(start.trigger_specs):
+            task_spec = self.spec.task_specs[name]
+            sp_spec = self.parser.process_parsers[task_spec.spec].get_spec()
+            if any(isinstance(ts.event_definition, CodeEventDefinition) for ts in sp_spec.bpmn_start_events):
+                start.trigger_specs.remove(name)
+                start.connect(task_spec)
+                task_spec.connect(self.spec.end)
 
 
 class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
@@ -1592,6 +1707,35 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
     def update_collaboration(self, event: Any) -> None:
         if self.workflow.task_tree.internal_data.get(INTERRUPTED_KEY) is None:
             super().update_collaboration(event)
+
+    def catch(self, event: Any, internal: bool = True) -> int:
+        """An error or escalation thrown to its process (``_ThrownToItsProcess``) goes to the events
+        that wait for it there, then in the process around it, and so on: as in SpiffWorkflow, but
+        the start event of an error or escalation event sub-process waits in the scope around its
+        own sub-workflow (``catching_scope``)."""
+        target = event.target
+        if target is None:
+            return int(super().catch(event, internal))
+        while target is not None:
+            tasks = [t for t in self.tasks.values()
+                     if catching_scope(t) is target and t.task_spec.event_definition.catches(t, event)]
+            if tasks:
+                for task in tasks:
+                    task.task_spec.catch(task, event)
+                    task.task_spec._update(task)
+                return len(tasks)
+            target = target.parent_workflow
+        # caught nowhere on the way up: to any event of the instance that catches it, as in
+        # SpiffWorkflow, but an event sub-process's start, which catches what its scope throws only
+        event.target = None
+        self.update_collaboration(event)
+        tasks = [t for t in self.tasks.values() if not caught_in_scope(t.task_spec) and t.task_spec.catches(t, event)]
+        if not tasks and internal:
+            self.workflow.bpmn_events.append(event)
+        for task in tasks:
+            task.task_spec.catch(task, event)
+            task.task_spec._update(task)
+        return len(tasks)
 
 
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:

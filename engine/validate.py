@@ -62,8 +62,9 @@ not make ``report.ok`` false:
                                       subset): the join would stop the instance with it
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
-``error_end_uncaught`` W              an error end event at the top level of the process that runs: nothing
-                                      catches it, and the instance ends as completed
+``error_end_uncaught`` W              an error end event at the top level of the process that runs that no
+                                      error event sub-process of the process catches: nothing catches it,
+                                      and the instance ends as completed
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -88,9 +89,13 @@ not make ``report.ok`` false:
 ``no_start_event``                    a process or sub-process with no start event
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
-``unsupported_start_event``           an error, escalation or compensation start event of an event sub-process:
-                                      SpiffWorkflow 3.2 reads none of them, and starts the event sub-process at
-                                      once, without the event
+``unsupported_start_event``           a start event of an event sub-process with a trigger other than a
+                                      message, signal, timer, condition, error or escalation (a compensation
+                                      one): SpiffWorkflow 3.2 reads none of them, and would start the event
+                                      sub-process at once, without the event (error and escalation starts run:
+                                      ``spiff._LayerflowProcessParser.add_tasks``)
+``error_start_non_interrupting`` W    an error start event of an event sub-process with ``isInterrupting="false"``:
+                                      an error always interrupts its scope, and so it runs
 ``event_subprocess_never_starts``     an event sub-process with a message or signal start inside a sub-process:
                                       SpiffWorkflow 3.2 starts those at the top level of the process only
 ``called_event_subprocess_never_starts`` W  a process the one to run calls (a call activity) has an event
@@ -1481,18 +1486,27 @@ class _Validator:
                 self._check_event_subprocess(sub, file)
 
     def _check_uncaught_errors(self, main: str | None) -> None:
-        """An error end event at the top level of the process that runs: nothing around it can catch
-        the error (an error-started event sub-process is refused), and the instance ends there as
-        completed, as in SpiffWorkflow (and Camunda 7), which a reader of the diagram rarely expects."""
+        """An error end event at the top level of the process that runs, whose error no error event
+        sub-process of that process catches (one with the same errorCode, or one that names none):
+        nothing else can catch it, and the instance ends there as completed, as in SpiffWorkflow
+        (and Camunda 7), which a reader of the diagram rarely expects."""
         proc = next((p for p in self.processes if p.id == main), None)
         if proc is None:
             return
         errors = {e.get("id"): e for doc in self.docs if doc.root is not None for e in doc.root.iter(_bpmn("error"))}
+        caught: set[str | None] = set()  # the codes its error event sub-processes catch (None: any error)
+        for sub in proc.element.iterchildren(_bpmn("subProcess")):
+            for start in sub.iterchildren(_bpmn("startEvent")) if sub.get("triggeredByEvent") == "true" else []:
+                for definition in start.iterchildren(_bpmn("errorEventDefinition")):
+                    ref = errors.get(definition.get("errorRef") or "")
+                    caught.add(ref.get("errorCode") if ref is not None else None)
         for end in proc.element.iterchildren(_bpmn("endEvent")):
             definition = end.find(_bpmn("errorEventDefinition"))
             if definition is None:
                 continue
             error = errors.get(definition.get("errorRef") or "")
+            if None in caught or (error is not None and error.get("errorCode") in caught):
+                continue  # an event sub-process of the process catches it
             named = f" {error.get('name') or error.get('errorCode') or error.get('id')!r}" if error is not None else ""
             self.add("error_end_uncaught", f"error end event {end.get('id')!r} throws the error{named} at the top "
                      f"level of process {proc.id!r}, where nothing can catch it: the instance ends there with "
@@ -1532,7 +1546,8 @@ class _Validator:
 
     def _check_event_subprocess(self, sub: Any, file: str) -> None:
         """SpiffWorkflow 3.2 parses message, signal, timer and conditional start events only (any
-        other runs as a start event with no trigger, at once); it starts an event sub-process by a
+        other runs as a start event with no trigger, at once; layerflow's parser reads error and
+        escalation starts of event sub-processes too); it starts an event sub-process by a
         message or signal only at the top level of the process it runs. (It does not read
         isInterrupting either; layerflow does: ``spiff.LayerflowInterruptingEventStart``.)"""
         sid = sub.get("id")
@@ -1540,14 +1555,20 @@ class _Validator:
             eid = start.get("id")
             kinds = [etree.QName(c).localname.removesuffix("EventDefinition") for c in start
                      if isinstance(c.tag, str) and c.tag.endswith("EventDefinition")]
-            other = [k for k in kinds if k not in ("message", "signal", "timer", "conditional")]
+            other = [{"compensate": "compensation"}.get(k, k) for k in kinds
+                     if k not in ("message", "signal", "timer", "conditional", "error", "escalation")]
             if other:
                 self.add("unsupported_start_event", f"start event {eid!r} of event sub-process {sid!r} has a {other[0]} "
                          "trigger, and SpiffWorkflow 3.2 reads no such trigger on a start event: it would start "
-                         f"{sid!r} at once, whenever its scope starts, without any {other[0]}; catch the {other[0]} "
-                         "with a boundary event on a sub-process around the steps that throw it", file=file,
-                         line=start.sourceline, element_id=eid)
+                         f"{sid!r} at once, whenever its scope starts, without any {other[0]}; start it with a "
+                         "message, signal, timer, conditional, error or escalation event instead (e.g. an error or "
+                         "escalation that the steps to undo throw)", file=file, line=start.sourceline, element_id=eid)
                 continue
+            if "error" in kinds and start.get("isInterrupting") == "false":
+                self.add("error_start_non_interrupting", f"error start event {eid!r} of event sub-process {sid!r} has "
+                         'isInterrupting="false", and an error start event always interrupts its scope (BPMN): it '
+                         f"runs as interrupting; remove the attribute, or throw and catch an escalation to let the "
+                         "scope go on", file=file, line=start.sourceline, element_id=eid, severity="warning")
             parent = sub.getparent()
             if any(k in ("message", "signal") for k in kinds) and parent is not None and parent.tag != _bpmn("process"):
                 self.add("event_subprocess_never_starts", f"event sub-process {sid!r} is inside "
