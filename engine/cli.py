@@ -92,8 +92,9 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, ki
     if as_json:
         error = {"kind": kind, "message": message, "task_id": None, **(details or {})}
         document = _error_document(error)
-        if isinstance(error.get("instance_id"), str):
-            document["instance_id"] = error["instance_id"]
+        for name in ("instance_id", "process_id"):
+            if isinstance(error.get(name), str):
+                document[name] = error[name]
         click.echo(json.dumps(document, ensure_ascii=False, default=str), file=json_stdout())
     else:
         click.echo(f"layerflow: {message}", err=True)
@@ -412,6 +413,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     engine = _engine(store, model, out, as_json)
     try:
         instance = engine.start(process, data)
+    except StoreError:
+        raise  # the store, not the data: exit 1 with the store's message (_Command)
     except (ContextWriteDenied, LayerflowError) as err:
         where = _source_name(data_file, "data") if data_file else "initial data"
         _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
@@ -421,11 +424,22 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
     except (InvalidAnswer, AnswerWriteDenied) as err:
         _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
+    except StoreError as err:
+        _store_failed_mid_run(instance, err, as_json)
     for notice in instance.notices:
         out.info(f"layerflow: {notice}")
     _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
     _summary(out, instance)
     sys.exit(_exit_code(instance))
+
+
+def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
+    """The store stopped answering (or refused a write) while the instance ran: name the instance,
+    which its last committed save keeps, so the user can continue it (the `--json` document
+    carries its id and process, not null)."""
+    _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
+          f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
+          as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
 def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool,
@@ -700,6 +714,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
+        except StoreError as err:
+            _store_failed_mid_run(instance, err, as_json)
         for notice in instance.notices:
             out.info(f"layerflow: {notice}")
         # --answer keys were named above already, against what the instance waited for
