@@ -18,6 +18,7 @@ import shlex
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -411,26 +412,31 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
     _user_task_answers_are_objects(process, answer, as_json)
     engine = _engine(store, model, out, as_json)
-    try:
-        instance = engine.start(process, data)
-    except StoreError:
-        raise  # the store, not the data: exit 1 with the store's message (_Command)
-    except (ContextWriteDenied, LayerflowError) as err:
-        where = _source_name(data_file, "data") if data_file else "initial data"
-        _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
-    if not as_json:
-        out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
-    try:
-        instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
-    except (InvalidAnswer, AnswerWriteDenied) as err:
-        _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
-    except StoreError as err:
-        _store_failed_mid_run(instance, err, as_json)
-    for notice in instance.notices:
-        out.info(f"layerflow: {notice}")
-    _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
-    _summary(out, instance)
-    sys.exit(_exit_code(instance))
+    # the new instance's lease is held from before it exists until the command ends, as `resume`
+    # holds it: a `resume`, worker or REST request that learns the id meanwhile leaves it alone
+    # instead of running the same activities beside this command
+    instance_id = uuid.uuid4().hex[:12]
+    with _holding(engine, instance_id, as_json):
+        try:
+            instance = engine.start(process, data, instance_id=instance_id)
+        except StoreError:
+            raise  # the store, not the data: exit 1 with the store's message (_Command)
+        except (ContextWriteDenied, LayerflowError) as err:
+            where = _source_name(data_file, "data") if data_file else "initial data"
+            _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
+        if not as_json:
+            out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
+        try:
+            instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+        except (InvalidAnswer, AnswerWriteDenied) as err:
+            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
+        except StoreError as err:
+            _store_failed_mid_run(instance, err, as_json)
+        for notice in instance.notices:
+            out.info(f"layerflow: {notice}")
+        _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
+        _summary(out, instance)
+        sys.exit(_exit_code(instance))
 
 
 def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:

@@ -100,13 +100,12 @@ def test_store_down_mid_run_names_the_instance(tmp_path: Path, command: str, as_
 
         # the server comes back with what it committed (AOF): s1 stands, resume runs s2 again
         server.start()
-        if command == "resume":
-            # the dead resume's lease outlives the outage (it runs out within LEASE_TTL): let it go
-            store = open_store(server.url)
-            owner = store.lease_owner(iid)
-            assert owner is not None and owner.startswith("cli-")
-            assert store.release_lease(iid, owner)
-            store.close()
+        # the failed command's lease outlives the outage (it runs out within LEASE_TTL): let it go
+        store = open_store(server.url)
+        owner = store.lease_owner(iid)
+        assert owner is not None and owner.startswith("cli-")
+        assert store.release_lease(iid, owner)
+        store.close()
         env["PAUSE"] = "0"
         done = subprocess.run([sys.executable, "-m", "engine.cli", "resume", iid, "--store", server.url, "--json"],
                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
