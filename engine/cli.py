@@ -19,6 +19,7 @@ import socket
 import sys
 import time
 import uuid
+from urllib.parse import urlsplit
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -132,17 +133,33 @@ def _progress(out: _Out) -> Callable[[Instance, str, LayeredContext], None]:
     return show
 
 
-def _summary(out: _Out, instance: Instance) -> None:
+def _store_hint(store: str | None) -> str:
+    """`` --store URL`` for the commands a summary suggests, when this command was given a store
+    (without it they would look in the default store and not find the instance); a Redis
+    password is not printed: the user writes it again."""
+    if not store:
+        return ""
+    parts = urlsplit(store)
+    if parts.password:
+        return " --store URL"
+    return f" --store {shlex.quote(store)}"
+
+
+def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     doc = instance.to_document()
     if out.as_json:
         out.doc(doc)
         return
     lines = [f"instance {instance.id} ({instance.process_id}): {instance.status}"]
+    if store is not None and store.lower().startswith("memory://") and instance.status in ("waiting", "error"):
+        lines.append(f"  store {store} lives only in this command: the instance is gone when it exits; run it "
+                     "with --store sqlite:///FILE (or set LAYERFLOW_STORE) to continue it later")
+    at = _store_hint(store)
     if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
         if instance.error["kind"] == "activity_failed" and instance.error.get("task_id"):
-            lines.append(f"  fix its cause, then `layerflow resume {instance.id}` runs {instance.error['task_id']} again "
-                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id} "
+            lines.append(f"  fix its cause, then `layerflow resume {instance.id}{at}` runs {instance.error['task_id']} again "
+                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
                          f"--activity {instance.error['task_id']}` shows what it did)")
     if instance.cancelled:
         lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
@@ -169,16 +186,16 @@ def _summary(out: _Out, instance: Instance) -> None:
         elif w.get("event"):
             signal = " --signal" if w.get("event_kind") == "signal" else ""
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
-                         f"`layerflow send {instance.id} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
+                         f"`layerflow send {instance.id}{at} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
             continue
         elif w.get("event_kind") == "conditional":
             lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
-                         f"reads, `layerflow resume {instance.id} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
+                         f"reads, `layerflow resume {instance.id}{at} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
                          "never changes)")
             continue
         else:
             how = "` once the event has happened"
-        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}"
+        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}{at}"
                      f"{'' if how.startswith('`') else ' '}{how}")
     tokens = doc["tokens"]
     lines.append("  tokens " + " ".join(f"{k}={v}" for k, v in tokens.items()))
@@ -435,7 +452,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         for notice in instance.notices:
             out.info(f"layerflow: {notice}")
         _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
-        _summary(out, instance)
+        _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
 
@@ -669,7 +686,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
         if instance.status == "completed":
-            _summary(out, instance)
+            _summary(out, instance, store)
             sys.exit(EXIT_OK)
         try:
             refuse_if_cancelled(instance, "resume it")
@@ -727,7 +744,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         # --answer keys were named above already, against what the instance waited for
         _answers_never_used(out, instance, [k for k in answers["confirmations"]
                                              if k not in given and k not in answers["user_tasks"]])
-        _summary(out, instance)
+        _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
 
@@ -748,7 +765,7 @@ def cancel(instance_id: str, reason: str, store: str | None, as_json: bool) -> N
             instance = engine.cancel(instance, reason=reason, actor="cli")
         except LayerflowError as err:
             _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
-        _summary(out, instance)
+        _summary(out, instance, store)
         sys.exit(EXIT_OK)
 
 
@@ -785,7 +802,7 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
             instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
         except LayerflowError as err:
             _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ")
-        _summary(out, instance)
+        _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
 
