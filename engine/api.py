@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from context_layers.errors import LayerflowError
+from context_layers.stores import InstanceNotFound
 
 from .governance import (
     AnswerArgs,
@@ -230,7 +231,11 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     @app.exception_handler(LayerflowError)
     async def _layerflow_error(request: Request, err: LayerflowError) -> JSONResponse:
         body = err.to_dict()
-        return _error(body.pop("kind"), body.pop("message"), **body)
+        message = body.pop("message")
+        if isinstance(err, InstanceNotFound):  # the store's hint names a Python call; a client lists by GET
+            message = (f"instance {err.instance_id!r} is not in this server's store; GET /api/instances lists "
+                       "the instances it holds")
+        return _error(body.pop("kind"), message, **body)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:

@@ -18,6 +18,8 @@ import shlex
 import socket
 import sys
 import time
+import uuid
+from urllib.parse import urlsplit
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -93,8 +95,9 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, ki
     if as_json:
         error = {"kind": kind, "message": message, "task_id": None, **(details or {})}
         document = _error_document(error)
-        if isinstance(error.get("instance_id"), str):
-            document["instance_id"] = error["instance_id"]
+        for name in ("instance_id", "process_id"):
+            if isinstance(error.get(name), str):
+                document[name] = error[name]
         click.echo(json.dumps(document, ensure_ascii=False, default=str), file=json_stdout())
     else:
         click.echo(f"layerflow: {message}", err=True)
@@ -131,17 +134,33 @@ def _progress(out: _Out) -> Callable[[Instance, str, LayeredContext], None]:
     return show
 
 
-def _summary(out: _Out, instance: Instance) -> None:
+def _store_hint(store: str | None) -> str:
+    """`` --store URL`` for the commands a summary suggests, when this command was given a store
+    (without it they would look in the default store and not find the instance); a Redis
+    password is not printed: the user writes it again."""
+    if not store:
+        return ""
+    parts = urlsplit(store)
+    if parts.password:
+        return " --store URL"
+    return f" --store {shlex.quote(store)}"
+
+
+def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     doc = instance.to_document()
     if out.as_json:
         out.doc(doc)
         return
     lines = [f"instance {instance.id} ({instance.process_id}): {instance.status}"]
+    if store is not None and store.lower().startswith("memory://") and instance.status in ("waiting", "error"):
+        lines.append(f"  store {store} lives only in this command: the instance is gone when it exits; run it "
+                     "with --store sqlite:///FILE (or set LAYERFLOW_STORE) to continue it later")
+    at = _store_hint(store)
     if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
         if instance.error["kind"] == "activity_failed" and instance.error.get("task_id"):
-            lines.append(f"  fix its cause, then `layerflow resume {instance.id}` runs {instance.error['task_id']} again "
-                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id} "
+            lines.append(f"  fix its cause, then `layerflow resume {instance.id}{at}` runs {instance.error['task_id']} again "
+                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
                          f"--activity {instance.error['task_id']}` shows what it did)")
     if instance.cancelled:
         lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
@@ -168,16 +187,16 @@ def _summary(out: _Out, instance: Instance) -> None:
         elif w.get("event"):
             signal = " --signal" if w.get("event_kind") == "signal" else ""
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
-                         f"`layerflow send {instance.id} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
+                         f"`layerflow send {instance.id}{at} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
             continue
         elif w.get("event_kind") == "conditional":
             lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
-                         f"reads, `layerflow resume {instance.id} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
+                         f"reads, `layerflow resume {instance.id}{at} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
                          "never changes)")
             continue
         else:
             how = "` once the event has happened"
-        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}"
+        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}{at}"
                      f"{'' if how.startswith('`') else ' '}{how}")
     tokens = doc["tokens"]
     lines.append("  tokens " + " ".join(f"{k}={v}" for k, v in tokens.items()))
@@ -411,22 +430,40 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
     _user_task_answers_are_objects(process, answer, as_json)
     engine = _engine(store, model, out, as_json)
-    try:
-        instance = engine.start(process, data)
-    except (ContextWriteDenied, LayerflowError) as err:
-        where = _source_name(data_file, "data") if data_file else "initial data"
-        _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
-    if not as_json:
-        out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
-    try:
-        instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
-    except (InvalidAnswer, AnswerWriteDenied) as err:
-        _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
-    for notice in instance.notices:
-        out.info(f"layerflow: {notice}")
-    _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
-    _summary(out, instance)
-    sys.exit(_exit_code(instance))
+    # the new instance's lease is held from before it exists until the command ends, as `resume`
+    # holds it: a `resume`, worker or REST request that learns the id meanwhile leaves it alone
+    # instead of running the same activities beside this command
+    instance_id = uuid.uuid4().hex[:12]
+    with _holding(engine, instance_id, as_json):
+        try:
+            instance = engine.start(process, data, instance_id=instance_id)
+        except StoreError:
+            raise  # the store, not the data: exit 1 with the store's message (_Command)
+        except (ContextWriteDenied, LayerflowError) as err:
+            where = _source_name(data_file, "data") if data_file else "initial data"
+            _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
+        if not as_json:
+            out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
+        try:
+            instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+        except (InvalidAnswer, AnswerWriteDenied) as err:
+            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
+        except StoreError as err:
+            _store_failed_mid_run(instance, err, as_json)
+        for notice in instance.notices:
+            out.info(f"layerflow: {notice}")
+        _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
+        _summary(out, instance, store)
+        sys.exit(_exit_code(instance))
+
+
+def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
+    """The store stopped answering (or refused a write) while the instance ran: name the instance,
+    which its last committed save keeps, so the user can continue it (the `--json` document
+    carries its id and process, not null)."""
+    _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
+          f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
+          as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
 def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool,
@@ -653,7 +690,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
         if instance.status == "completed":
-            _summary(out, instance)
+            _summary(out, instance, store)
             sys.exit(EXIT_OK)
         try:
             refuse_if_cancelled(instance, "resume it")
@@ -711,12 +748,14 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
+        except StoreError as err:
+            _store_failed_mid_run(instance, err, as_json)
         for notice in instance.notices:
             out.info(f"layerflow: {notice}")
         # --answer keys were named above already, against what the instance waited for
         _answers_never_used(out, instance, [k for k in answers["confirmations"]
                                              if k not in given and k not in answers["user_tasks"]])
-        _summary(out, instance)
+        _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
 
@@ -737,7 +776,7 @@ def cancel(instance_id: str, reason: str, store: str | None, as_json: bool) -> N
             instance = engine.cancel(instance, reason=reason, actor="cli")
         except LayerflowError as err:
             _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
-        _summary(out, instance)
+        _summary(out, instance, store)
         sys.exit(EXIT_OK)
 
 
@@ -774,7 +813,7 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
             instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
         except LayerflowError as err:
             _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ")
-        _summary(out, instance)
+        _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
 

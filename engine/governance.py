@@ -772,20 +772,24 @@ class GovernanceService:
     def start(self, args: StartArgs, *, actor: str = "api") -> dict[str, Any]:
         process = self.catalog.load(args.process_id)
         _check_answered_tasks(process, args.answers)
-        instance = self.engine.start(process, args.data)
-        instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
-        if args.run:
-            answers = args.answers.model_dump() if args.answers is not None else None
-            try:
-                instance = self.engine.run(instance, answers=answers)
-            except (InvalidAnswer, AnswerWriteDenied) as err:
-                # the instance exists (saved, waiting for a valid answer): the refusal names it, or the
-                # client could neither correct the answer nor find what it started
-                if getattr(err, "instance_id", None) is None:
-                    err.instance_id = instance.id
-                raise
-        else:
-            self._save(instance)
+        # held from before the instance exists, as every other change holds it: a request, worker
+        # or `layerflow resume` that finds the new id (GET /api/instances) waits for this run
+        instance_id = uuid.uuid4().hex[:12]
+        with self._lock(instance_id):
+            instance = self.engine.start(process, args.data, instance_id=instance_id)
+            instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
+            if args.run:
+                answers = args.answers.model_dump() if args.answers is not None else None
+                try:
+                    instance = self.engine.run(instance, answers=answers)
+                except (InvalidAnswer, AnswerWriteDenied) as err:
+                    # the instance exists (saved, waiting for a valid answer): the refusal names it, or the
+                    # client could neither correct the answer nor find what it started
+                    if getattr(err, "instance_id", None) is None:
+                        err.instance_id = instance.id
+                    raise
+            else:
+                self._save(instance)
         return {**instance.to_document(), "version": instance.version}
 
     def inject(self, instance_id: str, args: InjectArgs, *, expected_version: int | None = None,

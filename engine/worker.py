@@ -23,8 +23,10 @@ Two guards keep an instance from running twice at once and keep every update:
   saves gets ``VersionConflict``; its work is dropped, the entry stays pending and is
   picked up again, and the next run starts from what was committed.
 
-An entry is acknowledged once its instance is at rest (completed, waiting, error) or
-gone, or when it moves to the dead letters.
+An entry is acknowledged once its instance is at rest (completed, waiting, error), or
+when it moves to the dead letters. An instance the worker's store does not hold is a failed
+delivery, not a reason to drop the entry: a worker started on another store than ``submit``
+used must not empty the stream of the work of the others.
 
 **Dead letters.** An entry whose handling fails every time (a record that cannot be
 deserialized, a bug that escapes the engine; a failing *activity* is not one, the engine
@@ -35,7 +37,8 @@ fault is given back (XCLAIM ... RETRYCOUNT n-1), so the count is one of failed
 deliveries::
 
     outcome of a delivery                       the entry         counts
-    instance at rest, or not in the store       acknowledged      -
+    instance at rest                            acknowledged      -
+    instance not in the store (wrong --store)   left pending      yes
     lease held by another worker (busy)         left pending      no (given back)
     VersionConflict (another writer won)        left pending      no (given back)
     StoreUnavailable (store down / locked)      left pending      no (given back)
@@ -449,7 +452,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
                 return
         try:
-            _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"))
+            _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store)
         except VersionConflict as err:
             stats.conflicts += 1
             log.info("entry %s: %s; leaving it pending", entry_id, err)
@@ -480,15 +483,27 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             pass  # it expires
 
 
+def _store_label(store: Any) -> str:
+    """The store as errors name it (a Redis password masked, as the store's repr does)."""
+    label = repr(store)
+    return label[1:-1] if label.startswith("<") and label.endswith(">") else label
+
+
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
-                 wake: str | None = None) -> None:
+                 wake: str | None = None, store: Store | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
     due timer, a waiting instance runs too (the timer fires)."""
     try:
         instance = engine.load(instance_id)
     except InstanceNotFound:
-        log.warning("entry %s: instance %r is not in the store; dropping the entry", entry_id, instance_id)
-        return
+        # Not acknowledged: a worker started with another --store than `submit` used (another
+        # sqlite file, prefix or db) would otherwise empty the stream of the work of every
+        # worker. A failed delivery instead: a worker on the right store takes it over after
+        # idle_ms, and one that never finds it ends in the dead letters, to be requeued.
+        raise LayerflowError(
+            f"instance {instance_id!r} is not in this worker's store {_store_label(store or engine.store)}: either this "
+            f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
+            f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         instance = engine.run(instance)
         stats.ran += 1

@@ -115,6 +115,27 @@ def test_requeue_gives_a_fresh_count_and_a_repaired_instance_completes(queue, st
         requeue(client, again.id, stream)
 
 
+def test_a_worker_on_another_store_does_not_drop_the_entry(queue, store):
+    """A worker started with another --store than `submit` used (another sqlite file, prefix
+    or db) finds no instance: that is a failed delivery that names the store and the fix, not
+    an acknowledgement that would take the work away from the workers on the right store."""
+    client, stream = queue
+    instance_id = submit(store, LOAN, FULL, stream=stream, client=client)
+    elsewhere = open_store(f"memory://elsewhere-{uuid.uuid4().hex}")
+
+    stats = work(elsewhere, stream, max_deliveries=2)
+    assert (stats.acked, stats.dead, stats.failures) == (0, 1, 2), stats
+    [letter] = dead_letters(client, stream)
+    assert letter.instance_id == instance_id
+    assert instance_id in letter.error and "memory://elsewhere-" in letter.error and "--store" in letter.error
+    assert elsewhere.list_instances() == [] and elsewhere.lease_owner(instance_id) is None
+
+    requeue(client, letter.id, stream)  # the cause fixed: a worker on the store submit used
+    stats = work(store, stream)
+    assert (stats.acked, stats.statuses) == (1, {"completed": 1}), stats
+    assert store.load(instance_id)[0]["status"] == "completed"
+
+
 class Scripted:
     """A store whose deliveries go as scripted, one word per delivery (each starts with
     acquire_lease): "busy" (another worker holds the lease), "conflict" (the save loses),

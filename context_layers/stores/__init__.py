@@ -18,6 +18,7 @@ a ``redis://`` URL is opened.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from pathlib import Path
@@ -110,9 +111,21 @@ def open_store(url: str, **options: Any) -> Store:
 
         path, params = _sqlite_path(url)
         if "busy_timeout" in params:
-            options.setdefault("busy_timeout", float(params.pop("busy_timeout")))
+            text = params.pop("busy_timeout")
+            try:
+                seconds = float(text)
+            except ValueError:
+                seconds = math.nan
+            if not math.isfinite(seconds) or seconds < 0:
+                raise InvalidStoreURL(f"store URL {url!r}: busy_timeout={text!r} is not a number of seconds; "
+                                      "write busy_timeout=30 (how long a write waits for another writer)")
+            options.setdefault("busy_timeout", seconds)
         if "synchronous" in params:
-            options.setdefault("synchronous", params.pop("synchronous"))
+            mode = params.pop("synchronous")
+            if mode.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+                raise InvalidStoreURL(f"store URL {url!r}: synchronous={mode!r} is not a mode; use off, normal, "
+                                      "full or extra")
+            options.setdefault("synchronous", mode)
         if params:
             raise InvalidStoreURL(f"store URL {url!r}: unknown option(s) {', '.join(params)}; "
                                   "sqlite takes synchronous= and busy_timeout=")

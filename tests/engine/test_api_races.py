@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -161,3 +162,56 @@ def test_a_second_answer_to_a_confirmation_is_409_already_answered(tmp_path, how
         assert "'approved'" in error["message"] and "ann" in error["message"], error
         doc = client.get(f"/api/instances/{iid}", headers=AUTH).json()
         assert doc["layers"]["L3"]["approval_status"] == "approved"
+
+
+def test_a_started_instance_holds_its_lease_while_the_server_runs_it(tmp_path, monkeypatch):
+    """POST /api/instances runs the new instance under its lease, as every other change does:
+    a request (or a worker, or `layerflow resume`) that finds the new id while its first
+    activities run waits, then gets 409, instead of running beside it."""
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "slow_start.bpmn").write_text(BPMN_HEAD.format(pid="slow_start") + """
+    <bpmn:startEvent id="start"/>
+    <bpmn:serviceTask id="slow"/>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="slow"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="slow" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+""", encoding="utf-8")
+    (catalog / "slow_start.layerflow.yaml").write_text("slow: {handler: slow_start.py:slow}\n")
+    (catalog / "slow_start.py").write_text(
+        "import os, time\n\n\ndef slow(ctx):\n"
+        "    open(os.environ['SLOW_START_MARK'], 'w').write(ctx.instance_id)\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while not os.path.exists(os.environ['SLOW_START_GO']) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.02)\n"
+        "    return {'done': True}\n")
+    mark, go = tmp_path / "mark", tmp_path / "go"
+    monkeypatch.setenv("SLOW_START_MARK", str(mark))
+    monkeypatch.setenv("SLOW_START_GO", str(go))
+    store = MemoryStore()
+    service = GovernanceService(Engine(store), catalog, lease_wait=0.3)
+    started: dict[str, Any] = {}
+    with TestClient(create_app(service, token=TOKEN)) as client:
+        def start() -> None:
+            started["response"] = client.post("/api/instances", json={"process_id": "slow_start", "data": {}},
+                                              headers=AUTH)
+
+        runner = threading.Thread(target=start)
+        runner.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not mark.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            iid = mark.read_text()
+            assert (store.lease_owner(iid) or "").startswith("api-")
+            refused = client.post(f"/api/instances/{iid}/cancel", json={"reason": "too early"}, headers=AUTH)
+            assert refused.status_code == 409, refused.text
+            assert refused.json()["error"]["kind"] == "invalid_state"
+        finally:
+            go.write_text("go")
+            runner.join(timeout=30)
+    response = started["response"]
+    assert response.status_code == 201 and response.json()["status"] == "completed", response.text
+    assert store.lease_owner(iid) is None and store.load(iid)[0]["status"] == "completed"

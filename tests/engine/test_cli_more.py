@@ -365,3 +365,35 @@ def test_a_failure_before_any_instance_still_prints_the_whole_run_document(tmp_p
     assert set(doc) >= {"instance_id", "process_id", "status", "error", "layers", "tokens", "conflicts",
                         "compressions", "confirmations", "waiting_for", "tape_length"}
     assert doc["layers"] == {f"L{i}": {} for i in range(6)} and doc["tokens"]["total"] == 0
+
+
+@pytest.mark.parametrize("how", ["sqlite", "redis-with-password", "memory"])
+def test_the_suggested_next_command_names_the_store_it_ran_on(tmp_path, monkeypatch, capsys, how):
+    """`run --store URL` that leaves the instance waiting suggests `resume ID --store URL`: the
+    command as printed finds the instance (without --store it would look in the default store).
+    A Redis password is not printed; memory:// says the instance is gone when the command ends."""
+    monkeypatch.delenv("LAYERFLOW_STORE", raising=False)
+    monkeypatch.setattr(cli_module, "default_store_url", lambda: f"sqlite:///{tmp_path / 'default.db'}")
+    url = {"sqlite": f"sqlite:///{tmp_path / 'runs dir' / 'x.db'}", "memory": "memory://",
+           "redis-with-password": "redis://:s3cret@127.0.0.1:1/0"}[how]
+    if how == "redis-with-password":  # the summary alone: no server needed
+        engine = Engine("memory://")
+        instance = engine.run(engine.start(cli_module.load_process(EXAMPLES / "parallel_user_task.bpmn"),
+                                           {"title": "t"}))
+        cli_module._summary(cli_module._Out(False), instance, url)
+        text = capsys.readouterr().out
+        assert "s3cret" not in text and f"layerflow resume {instance.id} --store URL --answer" in text, text
+        return
+    result = CliRunner().invoke(main, ["run", str(EXAMPLES / "parallel_user_task.bpmn"), "--data", '{"title": "t"}',
+                                       "--store", url], catch_exceptions=False)
+    assert result.exit_code == 3, result.output
+    line = next(x for x in result.stdout.splitlines() if "layerflow resume" in x)
+    command = line.split("`")[1]
+    if how == "memory":
+        assert "lives only in this command" in result.stdout
+        return
+    iid = command.split()[2]
+    assert command.startswith(f"layerflow resume {iid} --store '{url}' --answer review="), command
+    answered = CliRunner().invoke(main, ["resume", iid, "--store", url, "--answer",
+                                         'review={"approved": true, "reviewer": "ann"}'], catch_exceptions=False)
+    assert answered.exit_code == 0, answered.output

@@ -30,11 +30,28 @@ from .conftest import REDIS_URL, drop_prefix, redis_or_skip
     ("sqlite:///:memory:", "memory://"),
     ("sqlite:///", "names no file"),
     ("sqlite:///x.db?journal=off", "unknown option"),
+    ("sqlite:///x.db?busy_timeout=abc", r"'sqlite:///x.db\?busy_timeout=abc': busy_timeout='abc' .*busy_timeout=30"),
+    ("sqlite:///x.db?busy_timeout=-5", "busy_timeout='-5' is not a number of seconds"),
+    ("sqlite:///x.db?busy_timeout=nan", "busy_timeout='nan'"),
+    ("sqlite:///x.db?synchronous=bogus", r"'sqlite:///x.db\?synchronous=bogus': synchronous='bogus' .*off, normal"),
 ])
-def test_bad_urls_say_what_to_write(url, message):
+def test_bad_urls_say_what_to_write(url, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative sqlite path that were accepted would land here
     with pytest.raises(InvalidStoreURL, match=message) as err:
         open_store(url)
     assert isinstance(err.value, ValueError) and err.value.kind == "invalid_config"
+    assert list(tmp_path.iterdir()) == [], "a refused URL creates nothing"
+
+
+def test_a_bad_sqlite_option_is_bad_input_for_the_cli(tmp_path):
+    """Exit 2 with the URL and what to write, not a traceback."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    result = CliRunner().invoke(main, ["list", "--store", f"sqlite:///{tmp_path}/x.db?busy_timeout=soon"])
+    assert result.exit_code == 2, result.output
+    assert "busy_timeout='soon'" in result.output and "busy_timeout=30" in result.output
 
 
 def test_sqlite_relative_and_absolute_paths(tmp_path, monkeypatch):
