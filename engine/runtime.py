@@ -846,8 +846,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
     @staticmethod
     def _instance_of(task: Any) -> dict[str, Any]:
         """Which instance of a multi-instance user task this is (several wait under one BPMN id):
-        ``instance`` (from 1, in SpiffWorkflow's order) and ``input``, its input data item."""
+        ``instance`` (from 1, in SpiffWorkflow's order) and ``input``, its input data item. A user
+        task inside a multi-instance sub-process (or call activity) waits once per instance of
+        that activity under one BPMN id too: it is told apart by the instance it runs in."""
         multi = spiff.multi_instance_of(task)
+        while multi is None and getattr(task.workflow, "parent_task_id", None) is not None:
+            task = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
+            multi = spiff.multi_instance_of(task)
         if multi is None:
             return {}
         instances = [c for c in multi.children if c.task_spec is task.task_spec]
