@@ -74,6 +74,18 @@ CASES: dict[str, tuple[list[str], dict[str, Any], dict[str, dict[str, Any]], lis
     "inclusive split of user tasks, standard loop on a user task": (["incident_response"], {
         "severity": 3, "customers_hit": 12}, {"ops_fix": {"fix": "restarted"}, "comms_notice": {"notice": "sent"},
                                              "verify_fix": {"verified": True}}, []),
+    "a loop around a sub-process with a parallel split and a timer catch": (["batch_loop"], {}, {}, []),
+    "terminate end event in a branch while the other waits for a person": (["order_abort"], {"credit_limit": 50}, {
+        "pack_order": {"packed": True}}, []),
+    "the branches meet at the join when nothing terminates": (["order_abort"], {"credit_limit": 500}, {
+        "pack_order": {"packed": True}}, []),
+    "escalation end event interrupts, timer event sub-process": (["budget_escalation"], {"budget": 10000}, {
+        "cfo_approval": {"cfo_says": "yes"}}, []),
+    "no escalation, timer event sub-process": (["budget_escalation"], {"budget": 20000}, {}, []),
+    "a plain task, pre- and post-scripts on a user task": (["visit_report"], {}, {
+        "drive_to_site": {}, "write_report": {"report": "Boiler pressure fine, valve 3 leaks slightly"}}, []),
+    "call activity with data inputs and outputs, sequential multi-instance user task": (["payroll", "tax_calc"], {}, {
+        "sign_payslip": {"signature": {"by": "clerk"}}}, []),
 }
 
 # what layerflow keeps that plain SpiffWorkflow loses: case -> {key: (plain value, layerflow value)}
@@ -85,6 +97,12 @@ KEPT: dict[str, dict[str, tuple[Any, Any]]] = {
     # what the sub-process wrote before its error end event (SpiffWorkflow drops the sub-process's data,
     # and request_docs, which reads `missing`, fails there)
     "called process ends in an error": {"suspicious": (None, True), "odd": (None, True)},
+    # the timer branch arrives last at the sub-process's join with the first pass's item count
+    # (10 each pass): SpiffWorkflow books 25, 50, 75 where the batches were 25, 100 and 225
+    "a loop around a sub-process with a parallel split and a timer catch": {
+        "items_in_batch": (10, 30), "totals": ([25.0, 50.0, 75.0], [25.0, 100.0, 225.0]), "grand": (150.0, 350.0)},
+    # what the sub-process wrote before its escalation end event interrupted it
+    "escalation end event interrupts, timer event sub-process": {"cost": (None, 12000), "estimated": (None, True)},
 }
 # a data object is a context key under layerflow; plain SpiffWorkflow keeps it in workflow.data_objects
 DATA_OBJECTS = {"data objects between tasks"}
