@@ -357,10 +357,10 @@ def test_validate_accepts_every_process_without_a_warning(files: tuple[str, ...]
 MISTAKES = [
     ("payment_or_cancel", 'messageRef="Message_cancel"', 'messageRef="Message_cancelled"', "cancelled_by_customer",
      ["messageRef='Message_cancelled'", "no bpmn:message", "did you mean 'Message_cancel'"]),
-    ("claim_documents", 'errorRef="Error_docs" /></bpmn:endEvent>', 'errorRef="Error_doc" /></bpmn:endEvent>',
+    ("claim_documents", 'id="ErrorEventDefinition_1" errorRef="Error_docs"', 'id="ErrorEventDefinition_1" errorRef="Error_doc"',
      "docs_missing_end", ["errorRef='Error_doc'", "no bpmn:error", 'add <bpmn:error id="Error_doc"']),
-    ("contract_escalation", 'escalationRef="Escalation_long" /></bpmn:intermediateThrowEvent>',
-     'escalationRef="Escalation_lng" /></bpmn:intermediateThrowEvent>', "notify_legal",
+    ("contract_escalation", 'id="EscalationEventDefinition_1" escalationRef="Escalation_long"',
+     'id="EscalationEventDefinition_1" escalationRef="Escalation_lng"', "notify_legal",
      ["escalationRef='Escalation_lng'", "no bpmn:escalation"]),
     ("sla_escalation", 'attachedToRef="approve_request"', 'attachedToRef="approve_requests"', "sla_breached",
      ["attachedToRef='approve_requests'", "no activity", "did you mean 'approve_request'", "attach it"]),
