@@ -400,3 +400,54 @@ def test_validate_names_file_line_and_element_of_a_mistake(tmp_path: Path, sourc
     # and `run` refuses it with the same message, exit 2, nothing started
     run = CliRunner().invoke(main, ["run", str(broken), "--json", "--store", "memory://"])
     assert run.exit_code == 2 and words[0] in json.loads(run.stdout)["error"]["message"]
+
+
+def test_two_reviewers_who_disagree_are_a_conflict_a_person_settles(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain SpiffWorkflow keeps the verdict the last branch to arrive at the join carries; layerflow
+    stops there (exit 3) with the conflict and its confirmation, and goes on with the answer.
+    The send task inside one branch's sub-process reaches the receive task of the third branch."""
+    monkeypatch.chdir(tmp_path)
+    answers = {"legal_review": {"verdict": "approve"}, "finance_review": {"verdict": "reject"}}
+    (tmp_path / "answers.json").write_text(json.dumps({"user_tasks": answers}))
+    store = f"sqlite:///{tmp_path / 'review.db'}"
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", str(UNSEEN / "dual_review.bpmn"), "--json", "--store", store,
+                                  "--answers", "answers.json"])
+    doc = json.loads(result.stdout)
+    _check_document(doc, result.exit_code, "dual_review")
+    assert doc["waiting_for"] == [{"kind": "confirmation", "id": "join_review/verdict", "task_id": "join_review",
+                                   "key": "verdict"}]
+    [conflict] = doc["conflicts"]
+    assert {k: conflict[k] for k in ("gateway_id", "key", "base_value", "values", "resolution")} == {
+        "gateway_id": "join_review", "key": "verdict", "base_value": "pending",
+        "values": {"legal_review": "approve", "finance_track": "reject"}, "resolution": None}
+    assert conflict["layer"] in LAYERS
+    [asked] = doc["confirmations"]
+    assert asked["id"] == "join_review/verdict" and asked["answer"] is None and not asked["timed_out"]
+    assert {"approve", "reject"} <= {option["value"] for option in asked["options"]}
+
+    result = runner.invoke(main, ["resume", doc["instance_id"], "--answer", "join_review/verdict=reject", "--json",
+                                  "--store", store])
+    doc = json.loads(result.stdout)
+    _check_document(doc, result.exit_code, "dual_review")
+    assert doc["status"] == "completed"
+    assert doc["conflicts"][0]["resolution"]["value"] == "reject"
+    assert doc["conflicts"][0]["resolution"]["resolver"] == "human"
+
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(UNSEEN / "dual_review.bpmn"))
+    plain = BpmnWorkflow(parser.get_spec("dual_review"), parser.get_subprocess_specs("dual_review"))
+    plain.do_engine_steps()
+    while not plain.is_completed():
+        task = plain.get_tasks(state=TaskState.READY, manual=True)[0]
+        task.data.update(answers[task.task_spec.bpmn_id])
+        task.run()
+        plain.do_engine_steps()
+    expected = dict(plain.last_task.data)
+    # the audit branch arrives last with the verdict of before the split: both reviewers' are lost
+    assert expected.pop("verdict") == "pending"
+    expected.pop("outcome")
+    ours = _data_keys(doc)
+    assert (ours.pop("verdict"), ours.pop("outcome")) == ("reject", "C-12: reject")
+    assert ours == expected
