@@ -90,6 +90,8 @@ CASES: dict[str, tuple[list[str], dict[str, Any], dict[str, dict[str, Any]], lis
     "error with a payload caught on the sub-process": (["shipment_exception"], {"weight_kg": 2000}, {}, []),
     "no error, the person confirms": (["shipment_exception"], {"weight_kg": 20}, {
         "confirm_pickup": {"pickup": "9:00"}}, []),
+    "pool, lanes, annotation, group, message flow to a second pool (SpiffArena export)": (["leave_request"], {}, {
+        "fill_form": {"days": 12}, "manager_decides": {"manager_ok": True}, "head_decides": {"head_ok": True}}, []),
 }
 
 # what layerflow keeps that plain SpiffWorkflow loses: case -> {key: (plain value, layerflow value)}
