@@ -92,6 +92,8 @@ CASES: dict[str, tuple[list[str], dict[str, Any], dict[str, dict[str, Any]], lis
         "confirm_pickup": {"pickup": "9:00"}}, []),
     "pool, lanes, annotation, group, message flow to a second pool (SpiffArena export)": (["leave_request"], {}, {
         "fill_form": {"days": 12}, "manager_decides": {"manager_ok": True}, "head_decides": {"head_ok": True}}, []),
+    "timer start event, non-interrupting cycle timer on a user task": (["nightly_sync"], {}, {
+        "approve_sync": {"ok": True}}, []),
 }
 
 # what layerflow keeps that plain SpiffWorkflow loses: case -> {key: (plain value, layerflow value)}
@@ -110,6 +112,8 @@ KEPT: dict[str, dict[str, tuple[Any, Any]]] = {
     # what the sub-process wrote before its escalation end event interrupted it
     "escalation end event interrupts, timer event sub-process": {"cost": (None, 12000), "estimated": (None, True)},
     "error with a payload caught on the sub-process": {"offer": ("absent", None)},
+    # each repetition's path counts its ping; SpiffWorkflow's boundary join keeps the user task path's 0
+    "timer start event, non-interrupting cycle timer on a user task": {"pings": (0, 2)},
 }
 # a data object is a context key under layerflow; plain SpiffWorkflow keeps it in workflow.data_objects
 DATA_OBJECTS = {"data objects between tasks"}
