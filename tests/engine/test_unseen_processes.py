@@ -457,3 +457,24 @@ def test_two_reviewers_who_disagree_are_a_conflict_a_person_settles(tmp_path: Pa
     ours = _data_keys(doc)
     assert (ours.pop("verdict"), ours.pop("outcome")) == ("reject", "C-12: reject")
     assert ours == expected
+
+
+def test_resume_answers_each_instance_of_a_multi_instance_sub_process_by_its_waiting_for_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a script does: run, read waiting_for, answer each wait by its id with what fits its
+    input item, resume once."""
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'panel.db'}"
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", str(UNSEEN / "panel_vote.bpmn"), "--json", "--store", store])
+    doc = json.loads(result.stdout)
+    _check_document(doc, result.exit_code, "panel_vote")
+    votes = {"ana": "no", "ben": "yes", "chloe": "yes"}
+    (tmp_path / "votes.json").write_text(json.dumps({"user_tasks": {
+        w["id"]: {"vote": votes[w["input"]["member"]]} for w in doc["waiting_for"]}}))
+    result = runner.invoke(main, ["resume", doc["instance_id"], "--answers", "votes.json", "--json", "--store", store])
+    doc = json.loads(result.stdout)
+    _check_document(doc, result.exit_code, "panel_vote")
+    assert doc["status"] == "completed"
+    assert doc["layers"]["L3"]["ballots"] == [{"member": m, "vote": v} for m, v in votes.items()]
+    assert (doc["layers"]["L3"]["yes"], doc["layers"]["L3"]["carried"]) == (2, True)
