@@ -116,8 +116,9 @@ not make ``report.ok`` false:
 ``event_ref_unknown``                 a messageRef / signalRef / errorRef / escalationRef (of an event definition,
                                       a send or receive task) that names no such element of the file:
                                       SpiffWorkflow fails to load it with an error of its own parser
-``boundary_not_attached``             a boundary event whose attachedToRef names no activity of its scope:
-                                      SpiffWorkflow drops it without a word, and its path never runs
+``boundary_not_attached``             a boundary event whose attachedToRef names no activity of the process, or
+                                      one drawn outside its activity's scope: SpiffWorkflow drops it without a
+                                      word, and its path never runs
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -1668,19 +1669,26 @@ class _Validator:
                          severity="warning")
 
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
-        """SpiffWorkflow finds a boundary event from the activity it is attached to: one attached to
-        nothing of its scope is dropped, and the path after it never runs."""
+        """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
+        elements of that activity's scope (nested ones too): one attached to no activity, or drawn
+        outside its activity's scope, is dropped, and the path after it never runs."""
         attached = el.get("attachedToRef")
-        activities = [a.get("id") for a in el.getparent() if isinstance(a.tag, str) and a.tag in _FLOW_NODES
-                      and a.tag not in _NOT_ACTIVITIES and a.get("id")]
-        if attached in activities:
+        process = next(a for a in el.iterancestors() if a.tag == _bpmn("process"))
+        activities = {a.get("id"): a for a in process.iter() if isinstance(a.tag, str) and a.tag in _FLOW_NODES
+                      and a.tag not in _NOT_ACTIVITIES and a.get("id")}
+        target = activities.get(attached or "")
+        if target is not None and any(a is target.getparent() for a in el.iterancestors()):
             return
         self.related.add(eid)
-        self.add("boundary_not_attached", f"boundary event {eid!r} has attachedToRef={attached!r}, which is no "
-                 f"activity of its {'process' if el.getparent().tag == _bpmn('process') else 'sub-process'}"
-                 f"{_did_you_mean(attached or '', activities)}: SpiffWorkflow would drop the event and the path "
-                 "after it would never run; attach it to the task, sub-process or call activity it watches",
-                 file=file, line=el.sourceline, element_id=eid, field="attachedToRef")
+        if target is None:
+            where = f"which is no activity of this process{_did_you_mean(attached or '', activities)}"
+        else:
+            where = (f"which is inside sub-process {target.getparent().get('id')!r}, while the event is drawn "
+                     "outside it")
+        self.add("boundary_not_attached", f"boundary event {eid!r} has attachedToRef={attached!r}, {where}: "
+                 "SpiffWorkflow would drop the event and the path after it would never run; attach it to the task, "
+                 "sub-process or call activity it watches, beside that activity", file=file, line=el.sourceline,
+                 element_id=eid, field="attachedToRef")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 
