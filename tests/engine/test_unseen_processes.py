@@ -481,3 +481,29 @@ def test_resume_answers_each_instance_of_a_multi_instance_sub_process_by_its_wai
     assert doc["status"] == "completed"
     assert doc["layers"]["L3"]["ballots"] == [{"member": m, "vote": v} for m, v in votes.items()]
     assert (doc["layers"]["L3"]["yes"], doc["layers"]["L3"]["carried"]) == (2, True)
+
+
+def test_a_parallel_multi_instance_user_task_ends_when_its_completion_condition_holds() -> None:
+    """Two of four board members voting yes is a quorum: the other two waits are cancelled and
+    the output collection holds the two ballots given. Plain SpiffWorkflow evaluates the
+    condition over the finishing instance's own copy of the data, where `votes` is the empty
+    list of before the activity, so it never holds there and every member votes."""
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(UNSEEN / "quorum_vote.bpmn"))
+    plain = BpmnWorkflow(parser.get_spec("quorum_vote"))
+    plain.do_engine_steps()
+    while not plain.is_completed():
+        task = plain.get_tasks(state=TaskState.READY, manual=True)[0]
+        task.data["ballot"] = "yes"
+        task.run()
+        plain.do_engine_steps()
+    assert plain.last_task.data["votes"] == ["yes"] * 4 and path_of(plain).count("vote") == 5
+
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(UNSEEN / "quorum_vote.bpmn")))
+    assert [(w["task_id"], w["input"]) for w in instance.waiting_for] == [("vote", {"member": m}) for m in "abcd"]
+    while instance.status == "waiting":
+        instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"board": ["a", "b", "c", "d"], "votes": ["yes", "yes"], "result": 2}
+    assert path_of(instance.workflow) == ["q_start", "invite", "vote", "vote", "vote", "tally", "q_end"]
