@@ -72,7 +72,7 @@ from . import events, spiff
 from gateways.conditions import FOREIGN_LITERALS
 
 from .gateway_steps import GatewaySteps, condition_context, short, typed_option
-from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
+from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
@@ -1393,9 +1393,19 @@ class _Runtime(ScopeSteps, GatewaySteps):
                     raise ActivityError(f"handler {name!r} of task {bpmn_id!r} is not registered; known: "
                                         f"{', '.join(self.engine.handlers.names()) or 'none'}", task_id=bpmn_id)
         else:
-            handler = self.engine.handlers.get(bpmn_id)
+            handler = self.engine.handlers.get(bpmn_id) or self._file_handler(bpmn_id)
         self._handler_cache[key] = handler
         return handler
+
+    def _file_handler(self, bpmn_id: str) -> Handler | None:
+        """A handler registered under ``bpmn_id`` by a handler file this process's config refers to."""
+        refs = dict.fromkeys(c.handler for c in self.process.configs.values() if c.handler and ".py:" in c.handler)
+        for ref in refs:
+            registry = file_handlers(ref, self.process.base_dir)
+            found = registry.get(bpmn_id) if registry is not None else None
+            if found is not None:
+                return found
+        return None
 
     def _model_for(self, cfg: ActivityExtensionConfig) -> str | None:
         if cfg.llm is None:

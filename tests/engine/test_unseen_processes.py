@@ -26,7 +26,7 @@ from SpiffWorkflow.util.task import TaskState
 from engine import Engine, load_process
 from engine.cli import main
 
-from engine_helpers import path_of, variables
+from engine_helpers import LOAN, LOAN_FAST, path_of, variables
 from stores.conftest import REDIS_URL, drop_prefix, redis_or_skip
 
 UNSEEN = Path(__file__).resolve().parent / "unseen"
@@ -426,7 +426,7 @@ def test_two_reviewers_who_disagree_are_a_conflict_a_person_settles(tmp_path: Pa
     doc = json.loads(result.stdout)
     _check_document(doc, result.exit_code, "dual_review")
     assert doc["waiting_for"] == [{"kind": "confirmation", "id": "join_review/verdict", "task_id": "join_review",
-                                   "key": "verdict"}]
+                                   "key": "verdict"}], (doc["status"], doc["error"], doc["conflicts"], result.stderr)
     [conflict] = doc["conflicts"]
     assert {k: conflict[k] for k in ("gateway_id", "key", "base_value", "values", "resolution")} == {
         "gateway_id": "join_review", "key": "verdict", "base_value": "pending",
@@ -507,3 +507,21 @@ def test_a_parallel_multi_instance_user_task_ends_when_its_completion_condition_
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"board": ["a", "b", "c", "d"], "votes": ["yes", "yes"], "result": 2}
     assert path_of(instance.workflow) == ["q_start", "invite", "vote", "vote", "vote", "tally", "q_end"]
+
+
+def test_a_handler_file_of_another_process_does_not_run_for_a_task_of_the_same_id() -> None:
+    """The loan example's handler file registers `finance_review` with @activity; once the loan
+    process ran in this Python process (a server, a worker, a test session), the user task
+    `finance_review` of this review process ran the loan's handler, which failed on a key of the
+    loan ("key 'assessment_id' is in no layer"), instead of waiting for the person."""
+    engine = Engine()
+    loan = engine.run(engine.start(load_process(LOAN), LOAN_FAST))
+    assert loan.status == "completed", loan.error  # the loan's own handlers still run by their ids
+    review = engine.run(engine.start(load_process(UNSEEN / "dual_review.bpmn")))
+    assert review.status == "waiting", review.error
+    assert sorted(w["task_id"] for w in review.waiting_for if w["kind"] == "user_task") == [
+        "finance_review", "legal_review"]
+    answers = {"legal_review": {"verdict": "approve"}, "finance_review": {"verdict": "approve"}}
+    review = engine.run(review, answers={"user_tasks": answers})
+    assert review.status == "completed", review.error
+    assert variables(review.main)["outcome"] == "C-12: approve"
