@@ -5,7 +5,10 @@ WORKING (auto-promotion decides the effective layer). Handlers are found, in ord
 
 1. the config's ``handler``: a registered name (``@activity("name")``), or
    ``module:function`` / ``file.py:function`` (a file relative to the process folder);
-2. a function registered under the task's BPMN id;
+2. a function registered under the task's BPMN id. The ``@activity`` names of a
+   ``file.py`` that a process's config refers to belong to that process (``file_handlers``):
+   loading the loan example's file must not make every other process's ``finance_review``
+   task run the loan's handler;
 3. the BPMN script of a script task;
 4. nothing (plain tasks, manual tasks and user tasks just record their data).
 
@@ -29,6 +32,7 @@ import os
 import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,7 @@ __all__ = [
     "run_script",
     "evaluate_expression",
     "load_handler_reference",
+    "file_handlers",
 ]
 
 # the config of an activity that has none, validated once (the model is frozen): an ActivityContext
@@ -106,9 +111,27 @@ def activity(name: str, *, registry: HandlerRegistry | None = None) -> Callable[
             return {"risk_level": "low"}
     """
     def deco(fn: Handler) -> Handler:
-        (registry or REGISTRY).register(name, fn)
+        (registry or _LOADING.get() or REGISTRY).register(name, fn)
         return fn
     return deco
+
+
+# the registry of the handler file being loaded (``_load_handler_reference``), if any
+_LOADING: ContextVar["HandlerRegistry | None"] = ContextVar("layerflow_loading_handler_file", default=None)
+_FILE_REGISTRIES: dict[str, "HandlerRegistry"] = {}
+
+
+def file_handlers(ref: str, base_dir: Path | None) -> "HandlerRegistry | None":
+    """The ``@activity`` names registered by the ``file.py`` of handler reference ``ref``
+    (loading it if needed); None for a ``module:function`` reference."""
+    module_ref = ref.rpartition(":")[0]
+    if not module_ref.endswith(".py"):
+        return None
+    path = Path(module_ref)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    load_handler_reference(ref, base_dir)
+    return _FILE_REGISTRIES.get(str(path.resolve()))
 
 
 _MODULES: dict[str, types.ModuleType] = {}
@@ -145,7 +168,12 @@ def _load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
-            spec.loader.exec_module(module)
+            own = _FILE_REGISTRIES.setdefault(key, HandlerRegistry())
+            loading = _LOADING.set(own)  # its @activity names are its processes', not every process's
+            try:
+                spec.loader.exec_module(module)
+            finally:
+                _LOADING.reset(loading)
             _MODULES[key] = module
     else:
         try:

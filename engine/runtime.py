@@ -74,7 +74,7 @@ from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
 from .gateway_steps import GatewaySteps, condition_context, short, typed_option
-from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, load_handler_reference, run_script, write_result
+from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
@@ -863,8 +863,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
     @staticmethod
     def _instance_of(task: Any) -> dict[str, Any]:
         """Which instance of a multi-instance user task this is (several wait under one BPMN id):
-        ``instance`` (from 1, in SpiffWorkflow's order) and ``input``, its input data item."""
+        ``instance`` (from 1, in SpiffWorkflow's order) and ``input``, its input data item. A user
+        task inside a multi-instance sub-process (or call activity) waits once per instance of
+        that activity under one BPMN id too: it is told apart by the instance it runs in."""
         multi = spiff.multi_instance_of(task)
+        while multi is None and getattr(task.workflow, "parent_task_id", None) is not None:
+            task = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
+            multi = spiff.multi_instance_of(task)
         if multi is None:
             return {}
         instances = [c for c in multi.children if c.task_spec is task.task_spec]
@@ -1424,7 +1429,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                     raise ActivityError(f"handler {name!r} of task {bpmn_id!r} is not registered; known: "
                                         f"{', '.join(self.engine.handlers.names()) or 'none'}", task_id=bpmn_id)
         else:
-            handler = self.engine.handlers.get(bpmn_id)
+            handler = self.engine.handlers.get(bpmn_id) or self._file_handler(bpmn_id)
         self._handler_cache[key] = handler
         return handler
 
@@ -1433,7 +1438,17 @@ class _Runtime(ScopeSteps, GatewaySteps):
         name = getattr(spec, "operation_name", None)
         if not isinstance(spec, ServiceTaskMixin) or not name or name == spec.bpmn_id:
             return None  # no operator: the parser names the operation after the task
-        return self.engine.handlers.get(name)
+        return self.engine.handlers.get(name) or self._file_handler(name)
+
+    def _file_handler(self, bpmn_id: str) -> Handler | None:
+        """A handler registered under ``bpmn_id`` by a handler file this process's config refers to."""
+        refs = dict.fromkeys(c.handler for c in self.process.configs.values() if c.handler and ".py:" in c.handler)
+        for ref in refs:
+            registry = file_handlers(ref, self.process.base_dir)
+            found = registry.get(bpmn_id) if registry is not None else None
+            if found is not None:
+                return found
+        return None
 
     def _model_for(self, cfg: ActivityExtensionConfig) -> str | None:
         if cfg.llm is None:

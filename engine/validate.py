@@ -70,7 +70,8 @@ not make ``report.ok`` false:
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
                                       ``count()``, ``contains()``): context values are never callable
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
-                                      expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``)
+                                      expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``),
+                                      or is quoted text that is no ISO 8601 duration / date / repeating interval
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
                                       Python (a warning when it parses as Python: it runs as Python)
 ``reserved_id``                       an element id SpiffWorkflow gives its own tasks (``Start``, ``End``,
@@ -124,6 +125,12 @@ not make ``report.ok`` false:
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: nothing can send it, it never fires
+``event_ref_unknown``                 a messageRef / signalRef / errorRef / escalationRef (of an event definition,
+                                      a send or receive task) that names no such element of the file:
+                                      SpiffWorkflow fails to load it with an error of its own parser
+``boundary_not_attached``             a boundary event whose attachedToRef names no activity of the process, or
+                                      one drawn outside its activity's scope: SpiffWorkflow drops it without a
+                                      word, and its path never runs
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -158,6 +165,7 @@ import difflib
 import json
 import re
 import threading
+from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,6 +217,12 @@ _FLOW_NODES = frozenset(_bpmn(t) for t in (
     "startEvent", "endEvent", "intermediateCatchEvent", "intermediateThrowEvent", "boundaryEvent",
     "exclusiveGateway", "parallelGateway", "inclusiveGateway", "eventBasedGateway", "complexGateway",
 ))
+_NOT_ACTIVITIES = frozenset(_bpmn(t) for t in (
+    "startEvent", "endEvent", "intermediateCatchEvent", "intermediateThrowEvent", "boundaryEvent",
+    "exclusiveGateway", "parallelGateway", "inclusiveGateway", "eventBasedGateway", "complexGateway",
+))
+_EVENT_REFS = (("messageEventDefinition", "messageRef", "message"), ("signalEventDefinition", "signalRef", "signal"),
+               ("errorEventDefinition", "errorRef", "error"), ("escalationEventDefinition", "escalationRef", "escalation"))
 _NO_JSON = object()
 _SCHEMA_LOCK = threading.Lock()
 _PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable",
@@ -1375,6 +1389,15 @@ class _Validator:
             self.add("timer_expression", f"timer {event!r}: {tag} {text!r} is not a Python expression ({err.msg}); "
                      f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
                      line=el.sourceline + first, element_id=event, field=tag)
+            return
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return  # an expression over the context: its value is known at run time only
+        if isinstance(value, str) and _timer_text_problem(tag, value) is not None:
+            self.add("timer_expression", f"timer {event!r}: {tag} {text} is no ISO 8601 {_TIMER_TEXT[tag][0]}, so "
+                     f"the timer fails when it is reached; write one such as {_TIMER_TEXT[tag][1]}", file=file,
+                     line=el.sourceline + first, element_id=event, field=tag)
 
     def _check_script_language(self, task: Any, script: Any, language: str, file: str) -> None:
         """SpiffWorkflow ignores ``scriptFormat`` and runs every script as Python: so does the engine."""
@@ -1777,7 +1800,25 @@ class _Validator:
 
     def _check_event_refs(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A message or signal catch event that names none: no one can send it (SpiffWorkflow loads it
-        and waits for an event named None), so the path after it never runs."""
+        and waits for an event named None), so the path after it never runs. A reference that names
+        nothing of the file: SpiffWorkflow's parser fails on it with an error of its own."""
+        root = el.getroottree().getroot()
+        holders = [(el, "messageRef", "message")] if tag in ("sendTask", "receiveTask") else []
+        holders += [(d, ref, what) for kind, ref, what in _EVENT_REFS for d in el.iterfind(_bpmn(kind))]
+        for holder, ref, what in holders:
+            named = holder.get(ref)
+            if named is None or (not named and what == "message"):  # SpiffWorkflow reads an empty messageRef as none
+                continue
+            known = [d.get("id") for d in root.iterfind(_bpmn(what)) if d.get("id")]
+            if named in known:
+                continue
+            self.related.add(eid)
+            self.add("event_ref_unknown", f"bpmn:{tag} {eid!r} has {ref}={named!r}, which is no bpmn:{what} of this "
+                     f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" name=\"...\"/> under "
+                     f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
+                     field=ref)
+        if tag == "boundaryEvent":
+            self._check_attached(el, eid, file)
         if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
             return
         for kind, ref, what in (("messageEventDefinition", "messageRef", "message"),
@@ -1790,6 +1831,28 @@ class _Validator:
                          f'{ref}="ID" naming a bpmn:{what} of the file (`layerflow send` delivers it by that '
                          f"{what}'s name)", file=file, line=definition.sourceline, element_id=eid, field=ref,
                          severity="warning")
+
+    def _check_attached(self, el: Any, eid: str, file: str) -> None:
+        """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
+        elements of that activity's scope (nested ones too): one attached to no activity, or drawn
+        outside its activity's scope, is dropped, and the path after it never runs."""
+        attached = el.get("attachedToRef")
+        process = next(a for a in el.iterancestors() if a.tag == _bpmn("process"))
+        activities = {a.get("id"): a for a in process.iter() if isinstance(a.tag, str) and a.tag in _FLOW_NODES
+                      and a.tag not in _NOT_ACTIVITIES and a.get("id")}
+        target = activities.get(attached or "")
+        if target is not None and any(a is target.getparent() for a in el.iterancestors()):
+            return
+        self.related.add(eid)
+        if target is None:
+            where = f"which is no activity of this process{_did_you_mean(attached or '', activities)}"
+        else:
+            where = (f"which is inside sub-process {target.getparent().get('id')!r}, while the event is drawn "
+                     "outside it")
+        self.add("boundary_not_attached", f"boundary event {eid!r} has attachedToRef={attached!r}, {where}: "
+                 "SpiffWorkflow would drop the event and the path after it would never run; attach it to the task, "
+                 "sub-process or call activity it watches, beside that activity", file=file, line=el.sourceline,
+                 element_id=eid, field="attachedToRef")
 
     # -- SpiffWorkflow and the schema --------------------------------------------------------
 
@@ -2222,6 +2285,31 @@ def _python_instead(source: str, dialect: str) -> str:
 
 
 _SPLIT_MARKERS = frozenset(BRANCH_MARKERS)
+
+
+_TIMER_TEXT = {"timeDuration": ("duration", '"PT15M" or "P2DT12H"'),
+               "timeDate": ("date and time", '"2026-01-05T09:00:00+00:00"'),
+               "timeCycle": ("repeating interval", '"R3/PT1H" or "R/P1D"')}
+
+
+def _timer_text_problem(tag: str, text: str) -> str | None:
+    """Why SpiffWorkflow (as the engine calls it) cannot read ``text`` as the value of a timer's
+    ``tag``; None when it can."""
+    from SpiffWorkflow.bpmn.specs.event_definitions.timer import TimerEventDefinition
+
+    from .spiff import _parse_cycle
+
+    try:
+        if tag == "timeDuration":
+            TimerEventDefinition.parse_iso_duration(text)
+        elif tag == "timeDate":
+            if not isinstance(TimerEventDefinition.parse_time_or_duration(text), datetime):
+                return "no date"
+        else:
+            _parse_cycle(text, datetime.now(timezone.utc))
+    except Exception as err:  # noqa: BLE001 - SpiffWorkflow's parsers raise bare Exception, ValueError, AttributeError
+        return str(err) or type(err).__name__
+    return None
 
 
 def _did_you_mean(word: str, candidates: Iterable[str]) -> str:

@@ -32,6 +32,7 @@ import pytest
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import Layer, LayeredContext
+from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.governance import InstanceStateError
 
@@ -299,8 +300,12 @@ def test_repetitions_match_plain_spiffworkflow(tmp_path: Path, clock: Clock, mon
 
 def test_a_cycle_that_is_no_repeating_interval_stops_the_instance_naming_the_timer(tmp_path: Path,
                                                                                   clock: Clock) -> None:
+    """Written in the file, validate refuses it before anything runs; read from the context, it
+    can only be found when the timer is reached."""
+    with pytest.raises(ProcessError, match="timer 'tick': timeCycle \"R3/soon\" is no ISO 8601 repeating interval"):
+        load_process(reminders(tmp_path, '"R3/soon"'))
     engine = Engine(clock=clock)
-    instance = engine.run(engine.start(load_process(reminders(tmp_path, '"R3/soon"')), {}))
+    instance = engine.run(engine.start(load_process(reminders(tmp_path, "every")), {"every": "R3/soon"}))
     assert instance.status == "error"
     assert instance.error["task_id"] == "tick" and "timer 'tick'" in instance.error["message"]
 
