@@ -542,7 +542,14 @@ class GovernanceService:
             gate = self._gates.get(instance_id)
             if gate is None:
                 gate = self._gates[instance_id] = _Gate()
-        with gate.lock:
+        # a request of this server that runs the instance holds the gate: wait for it no longer
+        # than for another process's lease (a long activity must not hang every other request)
+        if not gate.lock.acquire(timeout=self.lease_wait):
+            raise InstanceStateError(
+                f"instance {instance_id} is being run by another request of this server right now (for longer "
+                f"than {self.lease_wait:g} s); nothing was changed. Repeat the request once the instance is at rest "
+                f"(GET /api/instances/{instance_id})")
+        try:
             owner = f"api-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
             with holding(self.engine.store, instance_id, owner, wait=self.lease_wait) as holder:
                 if holder is not None:
@@ -551,6 +558,8 @@ class GovernanceService:
                         f"and kept it for {self.lease_wait:g} s); nothing was changed. Repeat the request once the "
                         f"instance is at rest (GET /api/instances/{instance_id})")
                 yield
+        finally:
+            gate.lock.release()
 
     def load(self, instance_id: str) -> Instance:
         return self.engine.load(instance_id)

@@ -209,6 +209,10 @@ def test_a_started_instance_holds_its_lease_while_the_server_runs_it(tmp_path, m
             refused = client.post(f"/api/instances/{iid}/cancel", json={"reason": "too early"}, headers=AUTH)
             assert refused.status_code == 409, refused.text
             assert refused.json()["error"]["kind"] == "invalid_state"
+            # refused because the run holds it, not because it completed meanwhile: the request waited
+            # lease_wait, not for the whole run (the handler still waits for "go")
+            assert "is being run by" in refused.json()["error"]["message"], refused.text
+            assert not go.exists() and runner.is_alive()
         finally:
             go.write_text("go")
             runner.join(timeout=30)
