@@ -20,7 +20,7 @@ from typing import Any
 
 from lxml import etree
 
-__all__ = ["DMN_NAMESPACES", "DmnFile", "decision_refs", "is_dmn", "read_dmn", "with_dmn_beside"]
+__all__ = ["CAMUNDA_NS", "DMN_NAMESPACES", "DmnFile", "decision_ref", "is_dmn", "read_dmn", "with_dmn_beside"]
 
 #: The DMN versions SpiffWorkflow 3.2 reads (1.1, 1.2, 1.3).
 DMN_NAMESPACES = frozenset({
@@ -80,26 +80,27 @@ def read_dmn(path: Path) -> DmnFile:
     return DmnFile(path, namespace, decisions, root)
 
 
-def decision_refs(root: Any) -> list[tuple[Any, str | None]]:
-    """``(business rule task element, decision id or None)`` for each business rule task."""
-    out = []
-    for el in root.iter(f"{{{_BPMN}}}businessRuleTask"):
-        ref = el.get(f"{{{CAMUNDA_NS}}}decisionRef")
-        for called in el.iter(f"{{{_SPIFF}}}calledDecisionId"):
-            ref = called.text
-            break
-        out.append((el, (ref or "").strip() or None))
-    return out
+def decision_ref(task: Any) -> str | None:
+    """The decision business rule task element ``task`` names: ``spiffworkflow:calledDecisionId``,
+    else ``camunda:decisionRef``; None when it names none. (The engine's parser reads it so too.)"""
+    ref = task.get(f"{{{CAMUNDA_NS}}}decisionRef")
+    for called in task.iter(f"{{{_SPIFF}}}calledDecisionId"):
+        ref = called.text
+        break
+    return (ref or "").strip() or None
 
 
 def _refs_of(paths: Iterable[Path]) -> set[str]:
     refs: set[str] = set()
     for path in paths:
         try:
-            root = etree.fromstring(path.read_bytes(), _parser())
+            data = path.read_bytes()
+            if b"businessRuleTask" not in data:
+                continue  # most processes: no need to parse the file again
+            root = etree.fromstring(data, _parser())
         except (OSError, etree.XMLSyntaxError):
             continue
-        refs.update(ref for _, ref in decision_refs(root) if ref)
+        refs.update(ref for ref in map(decision_ref, root.iter(f"{{{_BPMN}}}businessRuleTask")) if ref)
     return refs
 
 

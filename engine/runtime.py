@@ -1438,7 +1438,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
         name = getattr(spec, "operation_name", None)
         if not isinstance(spec, ServiceTaskMixin) or not name or name == spec.bpmn_id:
             return None  # no operator: the parser names the operation after the task
-        return self.engine.handlers.get(name) or self._file_handler(name)
+        key = f"operator:{name}"
+        if key not in self._handler_cache:
+            self._handler_cache[key] = self.engine.handlers.get(name) or self._file_handler(name)
+        return self._handler_cache[key]
 
     def _file_handler(self, bpmn_id: str) -> Handler | None:
         """A handler registered under ``bpmn_id`` by a handler file this process's config refers to."""

@@ -114,7 +114,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from gateways.conditions import python_source
 
-from . import deep_trees, inclusive_join
+from . import deep_trees, dmn, inclusive_join
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
 
@@ -150,7 +150,6 @@ __all__ = [
     "EngineErrorEventDefinition",
     "EngineEscalationEventDefinition",
     "boundary_of_subworkflow",
-    "error_is_caught",
     "caught_in_scope",
     "catching_scope",
     "loop_of",
@@ -667,12 +666,6 @@ def is_join(spec: Any) -> bool:
 def boundary_of_subworkflow(task: Any) -> bool:
     """Whether boundary event ``task`` is attached to a sub-process or call activity."""
     return isinstance(getattr(attached_activity(task), "task_spec", None), SubWorkflowTask)
-
-
-def error_is_caught(task: Any) -> bool:
-    """Whether an event waits for the error that end event ``task`` is about to throw, in its
-    workflow or one around it (where ``EngineErrorEventDefinition`` sends it)."""
-    return bool(catching_tasks(task))
 
 
 def catching_tasks(task: Any) -> list[Any]:
@@ -1290,26 +1283,16 @@ class _LayerflowServiceTaskParser(ServiceTaskParser):  # type: ignore[misc]
         )
 
 
-CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
-
-
-def decision_ref(node: Any) -> str | None:
-    """The DMN decision a business rule task runs: ``spiffworkflow:calledDecisionId``, else
-    Camunda Modeler's ``camunda:decisionRef`` attribute; None when it names none."""
-    ref = SpiffTaskParser._parse_extensions(node).get("calledDecisionId") or node.get(f"{{{CAMUNDA_NS}}}decisionRef")
-    return str(ref).strip() or None if ref is not None else None
-
-
 class _LayerflowBusinessRuleTaskParser(BusinessRuleTaskParser):  # type: ignore[misc]
     """A business rule task runs its DMN decision (named as SpiffArena or Camunda Modeler name
     it), or, naming none, a registered handler (validate refuses it with neither)."""
 
     @staticmethod
     def get_decision_ref(node: Any) -> str | None:
-        return decision_ref(node)
+        return dmn.decision_ref(node)
 
     def create_task(self) -> Any:
-        if decision_ref(self.node) is not None:
+        if dmn.decision_ref(self.node) is not None:
             return super().create_task()
         extensions = self.parse_extensions()
         return self.spec_class(self.spec, self.bpmn_id, dmnEngine=None, prescript=extensions.get("preScript"),

@@ -1716,7 +1716,7 @@ class _Validator:
                  element_id=eid, severity="warning")
 
     def _check_decision(self, el: Any, eid: str, file: str, handled: bool) -> None:
-        [(_, ref)] = dmn.decision_refs(el)
+        ref = dmn.decision_ref(el)
         if ref is None:
             if not handled:
                 self.related.add(eid)
