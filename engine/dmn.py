@@ -2,8 +2,12 @@
 define, and which DMN files beside the process a run needs.
 
 A business rule task runs a DMN decision (SpiffWorkflow's DMN engine, over the task's
-context). It names the decision by ``spiffworkflow:calledDecisionId`` (SpiffArena) or by
-the ``camunda:decisionRef`` attribute (Camunda Modeler). The DMN files are given with the
+context). It names the decision by ``spiffworkflow:calledDecisionId`` (SpiffArena), by
+the ``camunda:decisionRef`` attribute (Camunda 7 Modeler) or by ``zeebe:calledDecision
+decisionId`` (Camunda 8 Modeler). Each output of the matched rule becomes a key of its own,
+unless the task names a result variable (``camunda:resultVariable``, ``zeebe:calledDecision
+resultVariable``): then that one key holds the decision's result, shaped as Camunda shapes
+it (``decision_result``). The DMN files are given with the
 BPMN files (``layerflow run process.bpmn decisions.dmn``, ``load_process([bpmn, dmn])``);
 a decision that no given file defines is looked for in the ``*.dmn`` files beside the
 first BPMN file, as SpiffArena keeps a process model's decision tables beside it.
@@ -13,14 +17,15 @@ SpiffWorkflow 3.2 reads one decision (with one decision table) per DMN file: the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lxml import etree
 
-__all__ = ["CAMUNDA_NS", "DMN_NAMESPACES", "DmnFile", "decision_ref", "is_dmn", "read_dmn", "with_dmn_beside"]
+__all__ = ["CAMUNDA_NS", "DMN_NAMESPACES", "RESULT_MAPPINGS", "ZEEBE_NS", "DecisionResultError", "DmnFile",
+           "decision_ref", "decision_result", "is_dmn", "read_dmn", "result_variable", "with_dmn_beside"]
 
 #: The DMN versions SpiffWorkflow 3.2 reads (1.1, 1.2, 1.3).
 DMN_NAMESPACES = frozenset({
@@ -31,6 +36,18 @@ DMN_NAMESPACES = frozenset({
 _BPMN = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 _SPIFF = "http://spiffworkflow.org/bpmn/schema/1.0/core"
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
+ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
+
+#: ``camunda:mapDecisionResult`` values (Camunda 7; ``resultList`` is its default) and what each
+#: makes of the matched rules (each a dict of output name -> value)
+RESULT_MAPPINGS = {
+    "resultList": "the list of the matched rules, each a dict of its outputs",
+    "singleResult": "the one matched rule's dict of outputs (null when none matched)",
+    "singleEntry": "the one output of the one matched rule (null when none matched)",
+    "collectEntries": "the list of the one output's values, one per matched rule",
+}
+#: the mapping of Camunda 8 (zeebe:calledDecision resultVariable): the decision's own output
+DECISION_OUTPUT = "decision"
 
 
 def _parser() -> Any:
@@ -80,14 +97,75 @@ def read_dmn(path: Path) -> DmnFile:
     return DmnFile(path, namespace, decisions, root)
 
 
+def _zeebe_called_decision(task: Any) -> Any:
+    return next(task.iterfind(f"{{{_BPMN}}}extensionElements/{{{ZEEBE_NS}}}calledDecision"), None)
+
+
 def decision_ref(task: Any) -> str | None:
     """The decision business rule task element ``task`` names: ``spiffworkflow:calledDecisionId``,
-    else ``camunda:decisionRef``; None when it names none. (The engine's parser reads it so too.)"""
-    ref = task.get(f"{{{CAMUNDA_NS}}}decisionRef")
+    else ``camunda:decisionRef``, else ``zeebe:calledDecision decisionId``; None when it names none.
+    (The engine's parser reads it so too.)"""
+    zeebe = _zeebe_called_decision(task)
+    ref = task.get(f"{{{CAMUNDA_NS}}}decisionRef") or (zeebe.get("decisionId") if zeebe is not None else None)
     for called in task.iter(f"{{{_SPIFF}}}calledDecisionId"):
         ref = called.text
         break
     return (ref or "").strip() or None
+
+
+def result_variable(task: Any) -> tuple[str, str] | None:
+    """``(variable, mapping)`` when business rule task element ``task`` puts its decision's result
+    in one variable: ``camunda:resultVariable`` with its ``camunda:mapDecisionResult`` (default
+    ``resultList``, as in Camunda 7; the value as written, checked by ``validate``), or
+    ``zeebe:calledDecision resultVariable`` (mapping ``"decision"``, Camunda 8's)."""
+    name = (task.get(f"{{{CAMUNDA_NS}}}resultVariable") or "").strip()
+    if name:
+        return name, (task.get(f"{{{CAMUNDA_NS}}}mapDecisionResult") or "resultList").strip()
+    zeebe = _zeebe_called_decision(task)
+    name = (zeebe.get("resultVariable") or "").strip() if zeebe is not None else ""
+    return (name, DECISION_OUTPUT) if name else None
+
+
+class DecisionResultError(ValueError):
+    """The matched rules do not fit the result mapping (``singleEntry`` of two outputs ...)."""
+
+
+def decision_result(mapping: str, rows: Sequence[Mapping[str, Any]], *, outputs: Sequence[str],
+                    multiple_hits: bool) -> Any:
+    """What a result variable holds, from the matched rules' outputs (``rows``, in rule order).
+
+    Camunda 7 (``camunda:mapDecisionResult``, see ``RESULT_MAPPINGS``); Camunda 8
+    (``"decision"``): a single-hit table (UNIQUE) gives its one output's value, or a dict of its
+    outputs when it has several, null when no rule matched; a multiple-hit table (COLLECT) the
+    list of those, one per matched rule. Raises DecisionResultError when the rules do not fit
+    (Camunda fails the task so too)."""
+    rows = [dict(row) for row in rows]
+    if mapping == DECISION_OUTPUT:
+        shaped = [next(iter(row.values()), None) if len(outputs) == 1 else row for row in rows]
+        return shaped if multiple_hits else (shaped[0] if shaped else None)
+    if mapping == "resultList":
+        return rows
+    if mapping == "collectEntries":
+        several = next((row for row in rows if len(row) > 1), None)
+        if several is not None:
+            raise DecisionResultError(f"mapDecisionResult 'collectEntries' takes the values of one output, but the "
+                                      f"decision has the outputs {', '.join(map(repr, several))}: map with "
+                                      "'resultList', or give the table one output")
+        return [next(iter(row.values())) for row in rows if row]
+    if mapping not in ("singleResult", "singleEntry"):
+        raise DecisionResultError(f"mapDecisionResult {mapping!r} is none of {', '.join(RESULT_MAPPINGS)}")
+    if len(rows) > 1:
+        raise DecisionResultError(f"mapDecisionResult {mapping!r} takes one matched rule, but {len(rows)} matched: "
+                                  "map with 'resultList' (or 'collectEntries'), or make the rules exclusive")
+    if not rows:
+        return None
+    if mapping == "singleResult":
+        return rows[0]
+    if len(rows[0]) > 1:
+        raise DecisionResultError(f"mapDecisionResult 'singleEntry' takes one output, but the matched rule has the "
+                                  f"outputs {', '.join(map(repr, rows[0]))}: map with 'singleResult' (a dict of "
+                                  "them), or give the table one output")
+    return next(iter(rows[0].values()), None)
 
 
 def _refs_of(paths: Iterable[Path]) -> set[str]:

@@ -69,7 +69,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import StoreUnavailable
 
-from . import events, spiff
+from . import dmn, events, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
@@ -1350,6 +1350,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
             run_script(spec.script, actx, filename=_script_name("script", spec.bpmn_id))
             return None
         if isinstance(spec, BusinessRuleTaskMixin):
+            if getattr(spec, "result_variable", None):
+                self._run_decision_into_variable(task, actx)
+                return None
             return self._run_native(task, actx, default_run)
         if isinstance(spec, NoneTaskMixin) or isinstance(spec, UserTaskMixin) or spec.manual:
             write_result(actx, actx.data)
@@ -1413,6 +1416,25 @@ class _Runtime(ScopeSteps, GatewaySteps):
         finally:
             task.data = {}
         return result
+
+    @staticmethod
+    def _run_decision_into_variable(task: Any, actx: ActivityContext) -> None:
+        """A business rule task with a result variable (Camunda's ``resultVariable``): the
+        decision's result, shaped by ``engine.dmn.decision_result``, is the one key it writes."""
+        spec = task.task_spec
+        table = spec.dmnEngine.decision_table
+        task.data = {k: thaw(v) for k, v in actx.context.resolved().items()}
+        try:
+            rows = [dict(rule.output_as_dict(task)) for rule in spec.dmnEngine.decide(task)]
+        finally:
+            task.data = {}
+        try:
+            value = dmn.decision_result(spec.result_mapping, rows, outputs=[o.name or o.label for o in table.outputs],
+                                        multiple_hits=table.hit_policy == "COLLECT")
+        except dmn.DecisionResultError as err:
+            raise ActivityError(f"business rule task {spec.bpmn_id!r} cannot put the result of decision table "
+                                f"{table.id!r} in {spec.result_variable!r}: {err}", task_id=spec.bpmn_id) from None
+        write_result(actx, {spec.result_variable: value})
 
     def _handler_for(self, bpmn_id: str, cfg: ActivityExtensionConfig | None) -> Handler | None:
         name = cfg.handler if cfg is not None and cfg.handler else None

@@ -1293,7 +1293,10 @@ class _LayerflowBusinessRuleTaskParser(BusinessRuleTaskParser):  # type: ignore[
 
     def create_task(self) -> Any:
         if dmn.decision_ref(self.node) is not None:
-            return super().create_task()
+            task = super().create_task()
+            # the decision's result in one variable, as Camunda 7 and 8 name it (Runtime runs it)
+            task.result_variable, task.result_mapping = dmn.result_variable(self.node) or (None, None)
+            return task
         extensions = self.parse_extensions()
         return self.spec_class(self.spec, self.bpmn_id, dmnEngine=None, prescript=extensions.get("preScript"),
                                postscript=extensions.get("postScript"), **self.bpmn_attributes)
@@ -1404,22 +1407,31 @@ class _SpecCachingWorkflowConverter(BpmnWorkflowConverter):  # type: ignore[misc
 
 
 class _BusinessRuleTaskConverter(BusinessRuleTaskConverter):  # type: ignore[misc]
-    """Also a business rule task that names no decision (run by a handler): no decision table."""
+    """Also a business rule task that names no decision (run by a handler): no decision table;
+    and the result variable, when the task names one (absent from records saved before)."""
 
     def to_dict(self, spec: Any) -> dict[str, Any]:
         if spec.dmnEngine is not None:
-            return dict(super().to_dict(spec))
-        dct = dict(self.get_default_attributes(spec))
-        dct.update(SpiffBpmnTaskConverter.to_dict(self, spec))
-        dct["decision_table"] = None
+            dct = dict(super().to_dict(spec))
+        else:
+            dct = dict(self.get_default_attributes(spec))
+            dct.update(SpiffBpmnTaskConverter.to_dict(self, spec))
+            dct["decision_table"] = None
+        if getattr(spec, "result_variable", None):
+            dct["result_variable"] = spec.result_variable
+            dct["result_mapping"] = spec.result_mapping
         return dct
 
     def from_dict(self, dct: dict[str, Any]) -> Any:
+        result = dct.pop("result_variable", None), dct.pop("result_mapping", None)
         if dct.get("decision_table") is not None:
-            return super().from_dict(dct)
-        dct.pop("decision_table", None)
-        dct["dmnEngine"] = None
-        return self.task_spec_from_dict(dct)
+            spec = super().from_dict(dct)
+        else:
+            dct.pop("decision_table", None)
+            dct["dmnEngine"] = None
+            spec = self.task_spec_from_dict(dct)
+        spec.result_variable, spec.result_mapping = result
+        return spec
 
 
 def _serializer() -> BpmnWorkflowSerializer:

@@ -117,6 +117,8 @@ not make ``report.ok`` false:
                                       policy other than UNIQUE and COLLECT, or an entry that is FEEL, not the
                                       Python SpiffWorkflow's DMN engine runs (a range, ``not(...)``)
 ``dmn_invalid``                       SpiffWorkflow's DMN parser refuses the file
+``dmn_result_mapping``                a businessRuleTask's camunda:mapDecisionResult that is none of
+                                      resultList, singleResult, singleEntry, collectEntries
 ``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
                                       adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
 ``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
@@ -1717,6 +1719,13 @@ class _Validator:
 
     def _check_decision(self, el: Any, eid: str, file: str, handled: bool) -> None:
         ref = dmn.decision_ref(el)
+        result = dmn.result_variable(el)
+        if ref is not None and result is not None and result[1] not in (*dmn.RESULT_MAPPINGS, "decision"):
+            self.add("dmn_result_mapping", f"business rule task {eid!r} has camunda:mapDecisionResult "
+                     f"{result[1]!r}, which Camunda does not define: write one of "
+                     + "; ".join(f"{name} ({what})" for name, what in dmn.RESULT_MAPPINGS.items())
+                     + " (or leave it out: resultList)", file=file, line=el.sourceline, element_id=eid,
+                     field="camunda:mapDecisionResult")
         if ref is None:
             if not handled:
                 self.related.add(eid)
@@ -1752,12 +1761,9 @@ class _Validator:
         for ext in el.iterfind(_bpmn("extensionElements")):
             for child in ext:
                 found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
-        if tag == "businessRuleTask" and el.get(f"{{{dmn.CAMUNDA_NS}}}resultVariable"):
-            self.add("foreign_extension", f"bpmn:businessRuleTask {eid!r} has camunda:resultVariable "
-                     f"{el.get(f'{{{dmn.CAMUNDA_NS}}}resultVariable')!r}, which the DMN engine here does not fill: "
-                     "each output of the decision becomes a context key of its own, named by the output's name; "
-                     "read those keys instead", file=file, line=el.sourceline, element_id=eid,
-                     field="camunda:resultVariable", severity="warning")
+        if tag == "businessRuleTask":
+            # Camunda 7's decisionRef and resultVariable and Camunda 8's calledDecision are run here
+            found = {q: None for q in found if q != "zeebe:calledDecision"}
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
         for definition in el.iterfind(_bpmn("messageEventDefinition")):

@@ -247,3 +247,152 @@ def test_the_loan_examples_are_unchanged_by_a_dmn_file_nobody_names(tmp_path: Pa
     report = validate_process(examples / LOAN.name)
     assert report.ok, report.problems
     assert load_process(examples / LOAN.name).paths == (str(examples / LOAN.name),)
+
+
+# ----- the decision's result in one variable (Camunda 7's camunda:resultVariable, Camunda 8's
+# zeebe:calledDecision resultVariable) ------------------------------------------------------------
+
+ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
+
+
+def one_output_decision(decision_id: str = "risk_decision", *, hit_policy: str = "UNIQUE") -> str:
+    """``decision()`` with the risk level as its only output."""
+    text = decision(decision_id, hit_policy=hit_policy)
+    text = text.replace('      <output id="out_limit" label="Limit" name="approval_limit" typeRef="number"/>\n', "")
+    for entry in ("o2", "o4", "o6"):
+        text = "\n".join(line for line in text.splitlines() if f'id="{entry}"' not in line) + "\n"
+    return text
+
+
+def camunda7_task(attributes: str) -> str:
+    return f'<bpmn:businessRuleTask id="decide" camunda:decisionRef="risk_decision" {attributes}/>'
+
+
+def zeebe_task(result_variable: str | None = "risk", decision_id: str = "risk_decision") -> str:
+    result = f' resultVariable="{result_variable}"' if result_variable is not None else ""
+    return (f'<bpmn:businessRuleTask id="decide"><bpmn:extensionElements><zeebe:calledDecision '
+            f'decisionId="{decision_id}"{result}/></bpmn:extensionElements></bpmn:businessRuleTask>')
+
+
+def zeebe_process(rule_task: str, then: str = '<bpmn:scriptTask id="after"><bpmn:script>seen = risk'
+                  '</bpmn:script></bpmn:scriptTask>') -> str:
+    return process(rule_task, then=then).replace('xmlns:camunda=', f'xmlns:zeebe="{ZEEBE_NS}" xmlns:camunda=')
+
+
+def run_json(path: Path, data: dict[str, Any], *more: str) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(main, ["run", str(path), *more, "--data", json.dumps(data), "--store", "memory://",
+                                       "--json"], catch_exceptions=False)
+    return result.exit_code, json.loads(result.stdout)
+
+
+AFTER = '<bpmn:scriptTask id="after"><bpmn:script>seen = risk</bpmn:script></bpmn:scriptTask>'
+MEDIUM = {"amount": 120000, "industry": "retail"}
+BOTH = {"risk_level": "medium", "approval_limit": 200000}
+
+
+@pytest.mark.parametrize(("rule_task", "dmn_text", "expected"), [
+    # Camunda 7: camunda:mapDecisionResult says what the variable holds; resultList is its default
+    (camunda7_task('camunda:resultVariable="risk"'), decision(), [BOTH]),
+    (camunda7_task('camunda:resultVariable="risk" camunda:mapDecisionResult="resultList"'), decision(), [BOTH]),
+    (camunda7_task('camunda:resultVariable="risk" camunda:mapDecisionResult="singleResult"'), decision(), BOTH),
+    (camunda7_task('camunda:resultVariable="risk" camunda:mapDecisionResult="singleEntry"'),
+     one_output_decision(), "medium"),
+    (camunda7_task('camunda:resultVariable="risk" camunda:mapDecisionResult="collectEntries"'),
+     one_output_decision(), ["medium"]),
+    # Camunda 8: the decision's output: a single output's value, or a dict of the outputs
+    (zeebe_task(), one_output_decision(), "medium"),
+    (zeebe_task(), decision(), BOTH),
+])
+def test_the_decision_result_lands_in_the_result_variable(tmp_path: Path, rule_task: str, dmn_text: str,
+                                                          expected: Any) -> None:
+    path = write(tmp_path, zeebe_process(rule_task), dmn_text)
+    assert validate_process(path).ok, validate_process(path).problems
+    code, doc = run_json(path, MEDIUM)
+    assert (code, doc["status"], doc["error"]) == (0, "completed", None)
+    history = doc["layers"]["L3"]
+    assert history["risk"] == expected and history["seen"] == expected
+    # as in Camunda, the result variable is what the task writes: the outputs are no keys of their own
+    assert "risk_level" not in history and "approval_limit" not in history
+    assert sorted(history["activity:decide"]["keys"]) == ["risk"]
+
+
+@pytest.mark.parametrize(("rule_task", "data", "expected"), [
+    # no rule matches: Camunda 8 and Camunda 7's single mappings give null, the lists are empty
+    (zeebe_task(), {"amount": None, "industry": "retail"}, None),
+    (camunda7_task('camunda:resultVariable="risk" camunda:mapDecisionResult="singleEntry"'),
+     {"amount": None, "industry": "retail"}, None),
+    (camunda7_task('camunda:resultVariable="risk"'), {"amount": None, "industry": "retail"}, []),
+])
+def test_a_decision_no_rule_of_which_matches_gives_null_or_an_empty_list(tmp_path: Path, rule_task: str,
+                                                                         data: dict, expected: Any) -> None:
+    path = write(tmp_path, zeebe_process(rule_task), one_output_decision()
+                 .replace("<text>&lt; 50000</text>", "<text>? is not None and ? &lt; 50000</text>")
+                 .replace("<text>&gt;= 50000</text>", "<text>? is not None and ? &gt;= 50000</text>"))
+    code, doc = run_json(path, data)
+    assert (code, doc["error"]) == (0, None)
+    assert doc["layers"]["L3"]["risk"] == expected
+
+
+def test_a_collect_table_gives_a_list_in_the_result_variable(tmp_path: Path) -> None:
+    """Camunda 8: a multiple-hit table's result is the list of its matched rules' outputs."""
+    dmn_text = one_output_decision(hit_policy="COLLECT").replace('<text>!= "gambling"</text>', "<text>-</text>")
+    path = write(tmp_path, zeebe_process(zeebe_task()), dmn_text)
+    code, doc = run_json(path, {"amount": 20000, "industry": "gambling"})
+    assert (code, doc["error"]) == (0, None)
+    assert doc["layers"]["L3"]["risk"] == ["high", "low"]
+
+
+def test_a_single_entry_of_a_table_with_two_outputs_is_an_error_naming_the_task(tmp_path: Path) -> None:
+    path = write(tmp_path, zeebe_process(camunda7_task('camunda:resultVariable="risk" '
+                                                       'camunda:mapDecisionResult="singleEntry"')))
+    code, doc = run_json(path, MEDIUM)
+    assert (code, doc["status"]) == (1, "error")
+    message = doc["error"]["message"]
+    assert doc["error"]["task_id"] == "decide"
+    assert "singleEntry" in message and "approval_limit" in message and "singleResult" in message
+
+
+def test_an_unknown_map_decision_result_is_refused_by_validate(tmp_path: Path) -> None:
+    path = write(tmp_path, zeebe_process(camunda7_task('camunda:resultVariable="risk" '
+                                                       'camunda:mapDecisionResult="firstEntry"')))
+    problems = [p for p in validate_process(path).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.field) for p in problems] == [
+        ("dmn_result_mapping", "decide", "camunda:mapDecisionResult")]
+    assert "'firstEntry'" in problems[0].message and "singleEntry" in problems[0].message
+    code, doc = run_json(path, MEDIUM)
+    assert code == 2 and "firstEntry" in doc["error"]["message"]
+
+
+def test_a_zeebe_called_decision_is_the_decision_reference(tmp_path: Path) -> None:
+    """Camunda 8's zeebe:calledDecision names the decision (found beside the process); with no
+    resultVariable the outputs are keys of their own, as for SpiffArena's calledDecisionId."""
+    path = write(tmp_path, zeebe_process(zeebe_task(None), then=AFTER.replace("seen = risk", "seen = risk_level")))
+    report = validate_process(path)
+    assert report.ok and not report.problems, report.problems
+    code, doc = run_json(path, MEDIUM)
+    assert (code, doc["error"]) == (0, None)
+    assert doc["layers"]["L3"]["risk_level"] == "medium" and doc["layers"]["L3"]["seen"] == "medium"
+
+
+def test_a_zeebe_decision_nobody_gives_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, zeebe_process(zeebe_task(decision_id="credit_limits")))
+    [problem] = [p for p in validate_process(path).problems if p.severity == "error"]
+    assert (problem.code, problem.element_id) == ("business_rule_without_dmn", "decide")
+    assert "'credit_limits'" in problem.message
+
+
+def test_a_camunda_result_variable_is_no_warning_any_more(tmp_path: Path) -> None:
+    path = write(tmp_path, zeebe_process(camunda7_task('camunda:resultVariable="risk"')))
+    assert not validate_process(path).problems
+
+
+def test_the_result_variable_survives_a_save_and_a_new_engine(tmp_path: Path) -> None:
+    path = write(tmp_path, zeebe_process(zeebe_task(), then='<bpmn:userTask id="after"/>'), one_output_decision())
+    store = f"sqlite:///{tmp_path / 'dmn.db'}"
+    engine = Engine(store=store)
+    instance = engine.run(engine.start(load_process(path), MEDIUM))
+    assert instance.status == "waiting" and instance.main.resolve("risk") == "medium"
+    again = Engine(store=store)
+    resumed = again.load(instance.id)
+    spec = next(t.task_spec for t in resumed.workflow.get_tasks() if t.task_spec.name == "decide")
+    assert (spec.result_variable, spec.result_mapping) == ("risk", "decision")
