@@ -917,6 +917,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 extensions = getattr(task.task_spec, "extensions", None) or {}
                 if extensions.get("instructionsForEndUser"):  # SpiffArena's instructions (a template, as written)
                     item["instructions"] = extensions["instructionsForEndUser"]
+                prepared = task.internal_data.get(spiff.PREPARED_KEY)
+                if prepared:  # what its preScript set as it became ready: what the form starts from
+                    ctx = self.context_of(task)
+                    item["data"] = {key: thaw(ctx.resolve(key)) for key in prepared if key in ctx}
                 item.update(self._instance_of(task))
                 waiting.append(item)
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
@@ -1073,6 +1077,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         ctx = self.context_of(task)
         cfg = self.process.config(bpmn_id)
         resuming = str(task.id) in self.instance.suspended and ctx.current_activity == bpmn_id
+        # a task that waited for a person ran its preScript as it became ready (``prepare``)
+        prepared = spiff.PREPARED_KEY in task.internal_data
         if not resuming:
             self.instance.suspended.pop(str(task.id), None)
             ctx.begin_activity(bpmn_id, actor=bpmn_id)
@@ -1083,7 +1089,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                    instance_id=self.instance.id, data=self._form_data(task),
                                    documentation=getattr(spec, "documentation", None))
             prescript = getattr(spec, "prescript", None)
-            if prescript and not resuming:
+            if prescript and not resuming and not prepared:
                 run_script(prescript, actx, filename=_script_name("preScript", bpmn_id))
             result = self._run_handler(task, actx, cfg, default_run)
             if result is _SUSPENDED:
@@ -1120,6 +1126,34 @@ class _Runtime(ScopeSteps, GatewaySteps):
             if value is not ABSENT:
                 task.data[name] = thaw(value)
         return True if result is None else result
+
+    def prepare(self, task: Any) -> None:
+        """A user (or manual) task with a preScript becomes ready: SpiffWorkflow runs the preScript
+        now, before the task waits, so what it sets is there for the person (and for ``inspect``)
+        while the instance waits. It runs as a step of its own (its writes move into HISTORY under
+        the task's ``activity:`` record, status ``prepared``), once: the task's activity, when the
+        person answers, does not run it again, even in another process (``PREPARED_KEY`` is saved
+        with the task). A plain task that a handler runs, an instance of a multi-instance task and
+        a task whose context has an activity open run it inside their activity, as before."""
+        spec = task.task_spec
+        bpmn_id = spec.bpmn_id
+        ctx = self.context_of(task)
+        if spiff.PREPARED_KEY in task.internal_data or spiff.multi_instance_of(task) is not None \
+                or self._runs_unattended(spec) or ctx.current_activity is not None:
+            return
+        cfg = self.process.config(bpmn_id)
+        ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        try:
+            actx = ActivityContext(ctx, task_id=bpmn_id, task_name=spec.bpmn_name, config=cfg,
+                                   instance_id=self.instance.id, documentation=getattr(spec, "documentation", None))
+            run_script(spec.prescript, actx, filename=_script_name("preScript", bpmn_id))
+            written = list(ctx.activity_writes)
+            ctx.complete_activity(bpmn_id, status="prepared", actor=bpmn_id,
+                                  preserve_keys=cfg.effective_preserve_keys if cfg is not None else [])
+        except BaseException as err:
+            ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
+            raise _activity_error(bpmn_id, err) from err
+        task.internal_data[spiff.PREPARED_KEY] = written
 
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]:
         """The values of ``names`` that the task's context holds (a loop's items first)."""

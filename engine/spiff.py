@@ -24,6 +24,7 @@ The driver protocol (implemented by ``engine.runtime``)::
     evaluate(task, expression[, external]) -> Any    # gateway, loop and event conditions (external: names
                                                      # SpiffWorkflow offers besides task data, read last)
     exec_script(task, script) -> None                # spiff pre/post scripts
+    prepare(task) -> None                            # a user (manual) task with a preScript becomes ready
     join(task) -> bool                               # a joining gateway's _run_hook; False: wait
     split(task) -> None                              # a splitting gateway, once its children exist
     begin_multi(task) -> None                        # a multi-instance task, before spiff makes instances
@@ -172,6 +173,7 @@ _BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
+PREPARED_KEY = "lf_prepared"  # on a task that waits for a person: its preScript ran (the keys it wrote)
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
 CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
@@ -530,6 +532,15 @@ class _LayerflowSpecMixin:
         driver = driver_of(my_task)
         if driver is None:
             return super().execute_script(my_task, script)  # type: ignore[misc]
+        if self.lf_role == "activity" and self.manual and script == getattr(self, "prescript", None):  # type: ignore[attr-defined]
+            # a task that waits for a person: SpiffWorkflow runs its preScript as it becomes ready,
+            # so what it prepares is there while the task waits (Runtime.prepare)
+            try:
+                driver.prepare(my_task)
+            except Exception:
+                my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
+                raise
+            return None
         # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
         # once, before the instances are made, inside the activity (its postScript runs in
         # Runtime.complete_multi); a sub-process, call activity, send or receive task has no

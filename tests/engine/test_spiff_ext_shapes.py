@@ -372,3 +372,91 @@ def test_a_camunda_collection_on_a_loop_is_a_warning_that_does_not_blame_spiffwo
     assert warning.severity == "warning" and warning.element_id == "ask" and warning.file == str(path)
     assert "camunda:collection" in warning.message and "bpmn:loopDataInputRef" in warning.message
     assert "like SpiffWorkflow" not in warning.message
+
+
+# ----- the preScript of a user task runs as the task becomes ready ------------------------------
+
+def _form_process(tmp_path: Path) -> Path:
+    """A user task whose preScript prepares what the person is shown (and counts its runs)."""
+    from test_conformance import write as write_bpmn
+
+    scripts = _scripts("runs = runs + 1\ngreeting = 'Dear ' + name", "closing = greeting + '!'")
+    form = f'<bpmn:userTask id="fill" name="Fill the form">{scripts}</bpmn:userTask>'
+    return write_bpmn(tmp_path, "letter", [
+        '<bpmn:startEvent id="start"/>', script("setup", "runs = 0"), form, '<bpmn:endEvent id="end"/>',
+        flow("start", "setup"), flow("setup", "fill"), flow("fill", "end")])
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    """The CLI in a process of its own, as a person resuming the next day runs it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    return done.returncode, done.stdout
+
+
+def test_a_user_task_prescript_runs_as_the_task_becomes_ready_as_in_plain_spiffworkflow(tmp_path: Path) -> None:
+    import json
+
+    from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
+    from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
+
+    path = _form_process(tmp_path)
+    # plain SpiffWorkflow: the preScript has run while the task waits; a save and a restore
+    # later the person completes it, and the preScript does not run again
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("letter"))
+    wf.task_tree.data.update({"name": "Ann"})
+    wf.do_engine_steps()
+    [waiting] = wf.get_tasks(state=TaskState.READY, manual=True)
+    assert (waiting.data["runs"], waiting.data["greeting"]) == (1, "Dear Ann")
+    serializer = BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(SPIFF_CONFIG))
+    wf = serializer.deserialize_json(serializer.serialize_json(wf))
+    [waiting] = wf.get_tasks(state=TaskState.READY, manual=True)
+    waiting.task_spec.add_data_from_form(waiting, {"signed": True})
+    waiting.run()
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    plain = {k: v for k, v in wf.last_task.data.items() if k != "name"}
+    assert plain == {"runs": 1, "greeting": "Dear Ann", "closing": "Dear Ann!", "signed": True}
+
+    # layerflow: the same while it waits (run --json, inspect), and after a resume in a new process
+    store = f"sqlite:///{tmp_path / 'letters.db'}"
+    code, out = _cli("run", str(path), "--data", '{"name": "Ann"}', "--store", store, "--json")
+    doc = json.loads(out)
+    assert (code, doc["status"]) == (3, "waiting"), doc["error"]
+    values = {**doc["layers"]["L3"], **doc["layers"]["L4"]}
+    assert (values["runs"], values["greeting"]) == (1, "Dear Ann")
+    [item] = doc["waiting_for"]
+    assert (item["task_id"], item["data"]) == ("fill", {"runs": 1, "greeting": "Dear Ann"})
+    code, out = _cli("inspect", doc["instance_id"], "--store", store, "--json")
+    shown = json.loads(out)
+    assert code == 0 and "Dear Ann" in json.dumps(shown)
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"fill": {"signed": True}}}), encoding="utf-8")
+    code, out = _cli("resume", doc["instance_id"], "--answers", str(answers), "--store", store, "--json")
+    done = json.loads(out)
+    assert (code, done["status"]) == (0, "completed"), done["error"]
+    ours = {k: v for k, v in done["layers"]["L3"].items() if not k.startswith("activity:")}
+    assert ours == plain
+    # one run of the preScript on the tape, as the task became ready, before the wait
+    engine = Engine(store=store)
+    tape = engine.load(doc["instance_id"]).main.tape
+    runs = [e for e in tape if e.kind == "write" and any(change[1] == "runs" for change in e.changes)]
+    assert len(runs) == 2  # setup's runs = 0, the preScript's runs = 1
+
+
+def test_a_user_task_prescript_that_fails_stops_the_instance_naming_the_task(tmp_path: Path) -> None:
+    from test_conformance import write as write_bpmn
+
+    path = write_bpmn(tmp_path, "broken", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:userTask id="fill">{_scripts("greeting = missing_name", None)}</bpmn:userTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "fill"), flow("fill", "end")])
+    instance = run_ours(path)
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "fill" and "preScript" in instance.error["message"]
+    assert instance.main.current_activity is None
