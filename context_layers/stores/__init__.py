@@ -5,7 +5,7 @@
     memory://                 this process only, a new empty store (tests)
     memory://NAME             the same store for every open of NAME in this process
     sqlite:///relative.db     one file, no server (the default; parent dirs are created)
-    sqlite:////abs/path.db    ... with an absolute path
+    sqlite:////abs/path.db    ... with an absolute path (percent-decoded: %20 is a space)
     redis://host:6379/0       many workers on many machines; ?prefix=NAME namespaces the keys
     rediss://...              the same over TLS
 
@@ -23,7 +23,7 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from .base import (
     BLOB_MIN_BYTES,
@@ -150,7 +150,12 @@ def _sqlite_path(url: str) -> tuple[Path, dict[str, str]]:
     if not rest.startswith("/"):
         raise InvalidStoreURL(f"store URL {url!r}: write sqlite:///relative.db or sqlite:////absolute/path.db "
                               "(three slashes, then the path)")
-    path = rest[1:]
+    # a URL escapes what it cannot hold as it is: a space is %20, '#', '?' and '%' must be escaped
+    try:
+        path = unquote(rest[1:], errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidStoreURL(f"store URL {url!r}: its path has a %-escape that is no UTF-8 text; escape the "
+                              "file name's bytes as UTF-8 (a space is %20), or write the name as it is") from None
     if not path or path == ":memory:":
         raise InvalidStoreURL(f"store URL {url!r} names no file; for a store that lives in memory use memory://")
     return Path(path).expanduser(), dict(parse_qsl(query))

@@ -34,6 +34,7 @@ from .conftest import REDIS_URL, drop_prefix, redis_or_skip
     ("sqlite:///x.db?busy_timeout=-5", "busy_timeout='-5' is not a number of seconds"),
     ("sqlite:///x.db?busy_timeout=nan", "busy_timeout='nan'"),
     ("sqlite:///x.db?synchronous=bogus", r"'sqlite:///x.db\?synchronous=bogus': synchronous='bogus' .*off, normal"),
+    ("sqlite:///x%FF.db", "no UTF-8 text"),
 ])
 def test_bad_urls_say_what_to_write(url, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a relative sqlite path that were accepted would land here
@@ -64,6 +65,25 @@ def test_sqlite_relative_and_absolute_paths(tmp_path, monkeypatch):
     assert mode == "wal"
     rel.close()
     absolute.close()
+
+
+@pytest.mark.parametrize(("written", "name"), [
+    ("path%20with%20space.db", "path with space.db"),
+    ("caf%C3%A9%2350.db", "caf\u00e9#50.db"),
+    ("100%25.db", "100%.db"),
+])
+def test_a_sqlite_url_is_percent_decoded(tmp_path, monkeypatch, written, name):
+    """A URL spells a space as %20 (and '#', '?' and '%' must be escaped): the store is the file
+    the URL names, not one with the escapes in its name."""
+    monkeypatch.chdir(tmp_path)
+    store = open_store(f"sqlite:///{tmp_path}/a%20folder/{written}?synchronous=normal")
+    assert isinstance(store, SQLiteStore) and store.path == str(tmp_path / "a folder" / name)
+    store.close()
+    assert (tmp_path / "a folder" / name).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a folder"]
+    relative = open_store(f"sqlite:///{written}")
+    relative.close()
+    assert (tmp_path / name).exists()
 
 
 def test_memory_urls():
