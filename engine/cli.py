@@ -334,11 +334,18 @@ def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], A
     return None
 
 
-def _engine(store: str | None, model: str | None, out: _Out, as_json: bool) -> Engine:
+def _engine(store: str | None, model: str | None, out: _Out, as_json: bool, *, create: bool = True) -> Engine:
+    """The engine on the store --store / $LAYERFLOW_STORE names. ``create=False`` for a command on
+    stored instances: a store that is not there is a wrong path (exit 2), never made empty."""
     url = store or default_store_url()
     try:
-        st = open_store(url)
+        st = open_store(url, create=create)
     except LayerflowError as err:  # the store --store / $LAYERFLOW_STORE names cannot be used: bad input
+        asked = click.get_current_context(silent=True)
+        instance_id = asked.params.get("instance_id") if asked is not None else None
+        if err.kind == "not_found" and isinstance(instance_id, str):
+            _fail(f"instance {instance_id!r} cannot be loaded: {err}", as_json=as_json, kind=err.kind,
+                  details={"instance_id": instance_id})
         _fail(str(err), as_json=as_json, kind=err.kind)
     return Engine(st, model=model, progress=_progress(out))
 
@@ -686,7 +693,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     """Continue a waiting instance, or retry the failed activity of one in error."""
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
-    engine = _engine(store, model, out, as_json)
+    engine = _engine(store, model, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
         if instance.status == "completed":
@@ -769,7 +776,7 @@ def cancel(instance_id: str, reason: str, store: str | None, as_json: bool) -> N
     confirmations closed, and nothing of it runs again (resume, answers, events, timers are
     refused). Nothing is deleted; the reason is on its tape."""
     out = _Out(as_json)
-    engine = _engine(store, None, out, as_json)
+    engine = _engine(store, None, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
         try:
@@ -805,7 +812,7 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
             payload = json.loads(json_payload)
         except ValueError as err:
             _fail(f"--json-payload is not valid JSON: {err}", as_json=as_json)
-    engine = _engine(store, model, out, as_json)
+    engine = _engine(store, model, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):  # as resume: never beside a worker or another command
         instance = _load(engine, instance_id, as_json)
         kind = "signal" if signal else "message"
@@ -828,7 +835,7 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
     Nothing fires a timer by itself: a run or resume after its due time does. Each instance is
     resumed under its lease, as `resume` does; one that another process holds is skipped."""
     out = _Out(as_json)
-    engine = _engine(store, model, out, as_json)
+    engine = _engine(store, model, out, as_json, create=False)
     due = engine.due_timers()
     fired: list[dict[str, Any]] = []
     if fire:
@@ -865,7 +872,7 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
 @_json_option
 def list_instances(store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first."""
-    rows = _engine(store, None, _Out(as_json), as_json).store.list()
+    rows = _engine(store, None, _Out(as_json), as_json, create=False).store.list()
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc([{"instance_id": r["id"], **r} for r in rows])
         return
@@ -906,7 +913,7 @@ def _service(store: str | None, as_json: bool) -> Any:
     """The governance service the REST API serves, on the CLI's store: CLI and REST agree."""
     from .governance import GovernanceService
 
-    return GovernanceService(_engine(store, None, _Out(as_json), as_json))
+    return GovernanceService(_engine(store, None, _Out(as_json), as_json, create=False))
 
 
 def _branch_context(service: Any, instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
@@ -1233,7 +1240,7 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
 def tape(instance_id: str, context_name: str | None, kind: str | None, activity: str | None, key: str | None,
          branch: str | None, since: int | None, store: str | None, as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
-    engine = _engine(store, None, _Out(as_json), as_json)
+    engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _load(engine, instance_id, as_json)
     if context_name:  # a context name or a branch id, as inspect and snapshot take it
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
@@ -1305,7 +1312,7 @@ def replay(instance_id: str, until_arg: int | None, until: int | None, context_n
     if until < 0:
         _fail(f"--until {until}: a tape sequence number counts from 1 (0: before the first event); "
               "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
-    engine = _engine(store, None, _Out(as_json), as_json)
+    engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _load(engine, instance_id, as_json)
     # a context name or a branch id, as inspect and snapshot take it
     ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)

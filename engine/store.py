@@ -59,6 +59,7 @@ def default_store_url() -> str:
     return os.environ.get("LAYERFLOW_STORE") or stores.default_store_url()
 
 
-def open_store(url: str | None) -> Store:
-    """The store at ``url`` (``None``: a fresh ``memory://``)."""
-    return InstanceRecords(stores.open_store(url or "memory://"))
+def open_store(url: str | None, *, create: bool = True) -> Store:
+    """The store at ``url`` (``None``: a fresh ``memory://``); ``create=False``: a sqlite file
+    that is not there raises ``StoreNotFound`` (nothing is written)."""
+    return InstanceRecords(stores.open_store(url or "memory://", create=create))

@@ -42,6 +42,7 @@ from .base import (
     Store,
     StoreError,
     StoreFormatError,
+    StoreNotFound,
     StoreUnavailable,
     TapeSequenceError,
     VersionConflict,
@@ -70,6 +71,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreFormatError",
+    "StoreNotFound",
     "StoreUnavailable",
     "TapeSequenceError",
     "VersionConflict",
@@ -92,8 +94,11 @@ def default_store_url() -> str:
     return "sqlite:///" + str(Path(base) / "layerflow" / "layerflow.db")
 
 
-def open_store(url: str, **options: Any) -> Store:
-    """The store ``url`` names (see the module doc); ``options`` go to the backend."""
+def open_store(url: str, *, create: bool = True, **options: Any) -> Store:
+    """The store ``url`` names (see the module doc); ``options`` go to the backend.
+
+    ``create=False``: a sqlite file that is not there raises ``StoreNotFound`` and nothing is
+    written (what reads stored instances must not leave an empty store behind a wrong path)."""
     if not isinstance(url, str) or "://" not in url:
         raise InvalidStoreURL(f"store URL {url!r} has no scheme; use one of {', '.join(SCHEMES)}")
     scheme = url.split("://", 1)[0].lower()
@@ -129,6 +134,11 @@ def open_store(url: str, **options: Any) -> Store:
         if params:
             raise InvalidStoreURL(f"store URL {url!r}: unknown option(s) {', '.join(params)}; "
                                   "sqlite takes synchronous= and busy_timeout=")
+        if not create and not path.is_file():
+            raise StoreNotFound(f"there is no layerflow store at {path.absolute()} (store URL {url!r}), so no instance "
+                                "either; nothing was created. Point --store (or $LAYERFLOW_STORE) at the store the "
+                                "instances were run with: sqlite:///relative.db or sqlite:////absolute/path.db, "
+                                "redis://HOST:PORT/DB; `layerflow run` creates a store")
         return SQLiteStore(path, url=url, **options)
     if scheme in ("redis", "rediss", "unix"):
         from .redis import RedisStore

@@ -35,6 +35,7 @@ Errors (all ``LayerflowError``; ``VersionConflict`` and ``ContextKeyError`` live
         ├── StoreUnavailable           kind="store_unavailable" backend down / locked too long
         ├── StoreFormatError           kind="store_format"      stored by a newer layerflow
         ├── InvalidStoreURL (ValueError) kind="invalid_config"  unknown scheme, bad path
+        ├── StoreNotFound              kind="not_found"         open_store(create=False) of a missing file
         ├── InvalidRecord (ValueError) kind="invalid_record"    not JSON, missing field
         ├── InstanceExists             kind="already_exists"    create() of a taken id
         ├── TapeSequenceError          kind="tape_sequence"     gap or duplicate seq
@@ -73,6 +74,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreFormatError",
     "InvalidStoreURL",
+    "StoreNotFound",
     "InvalidRecord",
     "InstanceExists",
     "InstanceNotFound",
@@ -122,6 +124,12 @@ class StoreFormatError(StoreError):
 
 class InvalidStoreURL(StoreError, ValueError):
     kind = "invalid_config"
+
+
+class StoreNotFound(StoreError):
+    """A store to read from is not there (``open_store(url, create=False)``): nothing was created."""
+
+    kind = "not_found"
 
 
 class InvalidRecord(StoreError, ValueError):

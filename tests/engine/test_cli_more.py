@@ -325,7 +325,10 @@ def test_schema_prints_the_config_json_schema(cli) -> None:
     ["snapshot", "no-such-id", "--list"],
     ["tape", "no-such-id"],
 ])
-def test_unknown_instance_names_it_and_layerflow_list(cli, args) -> None:
+def test_unknown_instance_names_it_and_layerflow_list(cli, store_url, args) -> None:
+    from context_layers.stores import open_store
+
+    open_store(store_url).close()  # the store is there; the instance is not
     text = cli(*args)
     assert text.exit_code == 2 and text.stdout == ""
     assert "'no-such-id'" in text.stderr and "`layerflow list`" in text.stderr

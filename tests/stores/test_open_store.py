@@ -201,3 +201,58 @@ def test_public_names():
     for name in stores.__all__:
         assert hasattr(stores, name), name
     assert isinstance(MemoryStore(), Store), "the reference backend follows the protocol"
+
+
+READ_ONLY = [["list"], ["inspect", "some-id"], ["tape", "some-id"], ["replay", "some-id", "--until", "1"],
+             ["snapshot", "some-id", "--list"], ["timers"], ["resume", "some-id"], ["cancel", "some-id", "--reason", "x"],
+             ["rollback", "some-id", "--snapshot", "snap:main:1"], ["send", "some-id", "msg"]]
+
+
+@pytest.mark.parametrize("args", READ_ONLY, ids=lambda a: a[0] + ("-list" if "--list" in a else ""))
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_command_on_stored_instances_creates_no_store(tmp_path, monkeypatch, args, as_json):
+    """A store file that is not there is a wrong --store (or $LAYERFLOW_STORE): exit 2 naming the
+    file and how to point at the right store; nothing is written (no file, no folder)."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LAYERFLOW_STORE", raising=False)
+    missing = tmp_path / "nonexistent" / "or" / "new.db"
+    result = CliRunner().invoke(main, [*args, "--store", f"sqlite:///{missing}", *(["--json"] if as_json else [])])
+    assert result.exit_code == 2, result.output
+    message = json.loads(result.stdout)["error"]["message"] if as_json else result.stderr
+    assert str(missing) in message and "--store" in message and "LAYERFLOW_STORE" in message
+    if "some-id" in args:
+        assert "instance 'some-id'" in message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_default_store_is_not_created_by_a_listing_either(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    monkeypatch.delenv("LAYERFLOW_STORE", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    result = CliRunner().invoke(main, ["list"])
+    assert result.exit_code == 2 and str(tmp_path / "data" / "layerflow" / "layerflow.db") in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_store_that_is_there_is_read_and_a_relative_one_is_named_in_full(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    open_store("sqlite:///runs.db").close()
+    listed = CliRunner().invoke(main, ["list", "--store", "sqlite:///runs.db", "--json"])
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == []
+    missing = CliRunner().invoke(main, ["list", "--store", "sqlite:///other%20runs.db"])
+    assert missing.exit_code == 2 and str(tmp_path / "other runs.db") in missing.stderr
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("runs.db")) == []
+    with pytest.raises(StoreError, match="nothing was created"):
+        open_store("sqlite:///other.db", create=False)
+    assert not (tmp_path / "other.db").exists()
