@@ -442,6 +442,10 @@ def test_a_user_task_prescript_runs_as_the_task_becomes_ready_as_in_plain_spiffw
     assert (code, done["status"]) == (0, "completed"), done["error"]
     ours = {k: v for k, v in done["layers"]["L3"].items() if not k.startswith("activity:")}
     assert ours == plain
+    records = done["layers"]["L3"]
+    assert (records["activity:fill"]["status"], records["activity:fill"]["keys"]) == ("prepared", ["runs", "greeting"])
+    assert (records["activity:fill#2"]["status"], records["activity:fill#2"]["keys"]) == ("completed",
+                                                                                       ["signed", "closing"])
     # one run of the preScript on the tape, as the task became ready, before the wait
     engine = Engine(store=store)
     tape = engine.load(doc["instance_id"]).main.tape
