@@ -350,6 +350,20 @@ def _engine(store: str | None, model: str | None, out: _Out, as_json: bool, *, c
     return Engine(st, model=model, progress=_progress(out))
 
 
+def _existing_engine(store: str | None, model: str | None, as_json: bool) -> Engine | None:
+    """For a command that lists what a store holds (``list``, ``timers``): a sqlite file that
+    is not there yet holds nothing (None, a note on stderr), and is not made by asking."""
+    url = store or default_store_url()
+    try:
+        st = open_store(url, create=False)
+    except LayerflowError as err:
+        if err.kind != "not_found":
+            _fail(str(err), as_json=as_json, kind=err.kind)
+        click.echo(f"{err} (an empty listing)", err=True)
+        return None
+    return Engine(st, model=model, progress=_progress(_Out(as_json)))
+
+
 # ----------------------------------------------------------------------------- commands
 
 _store_option = click.option("--store", "store", default=None, metavar="URL",
@@ -835,8 +849,8 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
     Nothing fires a timer by itself: a run or resume after its due time does. Each instance is
     resumed under its lease, as `resume` does; one that another process holds is skipped."""
     out = _Out(as_json)
-    engine = _engine(store, model, out, as_json, create=False)
-    due = engine.due_timers()
+    engine = _existing_engine(store, model, as_json)
+    due = engine.due_timers() if engine is not None else []
     fired: list[dict[str, Any]] = []
     if fire:
         for instance_id in dict.fromkeys(item["instance_id"] for item in due):
@@ -872,7 +886,8 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
 @_json_option
 def list_instances(store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first."""
-    rows = _engine(store, None, _Out(as_json), as_json, create=False).store.list()
+    engine = _existing_engine(store, None, as_json)
+    rows = engine.store.list() if engine is not None else []
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc([{"instance_id": r["id"], **r} for r in rows])
         return

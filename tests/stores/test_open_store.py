@@ -203,8 +203,8 @@ def test_public_names():
     assert isinstance(MemoryStore(), Store), "the reference backend follows the protocol"
 
 
-READ_ONLY = [["list"], ["inspect", "some-id"], ["tape", "some-id"], ["replay", "some-id", "--until", "1"],
-             ["snapshot", "some-id", "--list"], ["timers"], ["resume", "some-id"], ["cancel", "some-id", "--reason", "x"],
+READ_ONLY = [["inspect", "some-id"], ["tape", "some-id"], ["replay", "some-id", "--until", "1"],
+             ["snapshot", "some-id", "--list"], ["resume", "some-id"], ["cancel", "some-id", "--reason", "x"],
              ["rollback", "some-id", "--snapshot", "snap:main:1"], ["send", "some-id", "msg"]]
 
 
@@ -229,16 +229,27 @@ def test_a_command_on_stored_instances_creates_no_store(tmp_path, monkeypatch, a
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_default_store_is_not_created_by_a_listing_either(tmp_path, monkeypatch):
+@pytest.mark.parametrize("args,empty", [(["list"], []), (["timers"], {"due": [], "fired": []}),
+                                        (["timers", "--fire"], {"due": [], "fired": []})])
+def test_a_listing_of_a_store_not_made_yet_is_empty_and_makes_none(tmp_path, monkeypatch, args, empty):
+    """`list` and `timers` (from cron, before anything ran) on a fresh install: nothing to list,
+    exit 0, a note naming the file on stderr; the default store is not created by asking."""
     from click.testing import CliRunner
 
     from engine.cli import main
 
     monkeypatch.delenv("LAYERFLOW_STORE", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    result = CliRunner().invoke(main, ["list"])
-    assert result.exit_code == 2 and str(tmp_path / "data" / "layerflow" / "layerflow.db") in result.stderr
+    default = str(tmp_path / "data" / "layerflow" / "layerflow.db")
+    plain = CliRunner().invoke(main, args)
+    assert plain.exit_code == 0 and plain.stdout == "" and default in plain.stderr
+    as_json = CliRunner().invoke(main, [*args, "--json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout) == empty
     assert not (tmp_path / "data").exists()
+    missing = tmp_path / "nonexistent" / "new.db"
+    named = CliRunner().invoke(main, [*args, "--store", f"sqlite:///{missing}", "--json"])
+    assert named.exit_code == 0 and json.loads(named.stdout) == empty and str(missing) in named.stderr
+    assert not (tmp_path / "nonexistent").exists()
 
 
 def test_a_store_that_is_there_is_read_and_a_relative_one_is_named_in_full(tmp_path, monkeypatch):
@@ -250,7 +261,7 @@ def test_a_store_that_is_there_is_read_and_a_relative_one_is_named_in_full(tmp_p
     open_store("sqlite:///runs.db").close()
     listed = CliRunner().invoke(main, ["list", "--store", "sqlite:///runs.db", "--json"])
     assert listed.exit_code == 0 and json.loads(listed.stdout) == []
-    missing = CliRunner().invoke(main, ["list", "--store", "sqlite:///other%20runs.db"])
+    missing = CliRunner().invoke(main, ["inspect", "some-id", "--store", "sqlite:///other%20runs.db"])
     assert missing.exit_code == 2 and str(tmp_path / "other runs.db") in missing.stderr
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("runs.db")) == []
     with pytest.raises(StoreError, match="nothing was created"):
