@@ -852,7 +852,7 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
     engine = _existing_engine(store, model, as_json)
     due = engine.due_timers() if engine is not None else []
     fired: list[dict[str, Any]] = []
-    if fire:
+    if fire and engine is not None:
         for instance_id in dict.fromkeys(item["instance_id"] for item in due):
             fired.append(_fire(engine, instance_id))
     if as_json:
