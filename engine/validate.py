@@ -85,6 +85,9 @@ not make ``report.ok`` false:
                                       path ends there, and in a branch of a split its writes are dropped
 ``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
 ``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
+``compensation_unsupported``          a compensation boundary, throw or end event: SpiffWorkflow 3.2 runs no
+                                      compensation (it cannot load the boundary event; it reads the throw as a
+                                      plain event, so the undo never runs)
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
 ``no_start_event``                    a process or sub-process with no start event
@@ -125,6 +128,9 @@ not make ``report.ok`` false:
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: nothing can send it, it never fires
+``message_extension_shadowed``        a spiffworkflow:messagePayload / messageVariable of an event (or send / receive
+                                      task) whose bpmn:message has one of its own: SpiffWorkflow then reads the
+                                      message's only, and the event's is lost (an empty payload, a variable never set)
 ``event_ref_unknown``                 a messageRef / signalRef / errorRef / escalationRef (of an event definition,
                                       a send or receive task) that names no such element of the file:
                                       SpiffWorkflow fails to load it with an error of its own parser
@@ -224,6 +230,7 @@ _NOT_ACTIVITIES = frozenset(_bpmn(t) for t in (
 _EVENT_REFS = (("messageEventDefinition", "messageRef", "message"), ("signalEventDefinition", "signalRef", "signal"),
                ("errorEventDefinition", "errorRef", "error"), ("escalationEventDefinition", "escalationRef", "escalation"))
 _NO_JSON = object()
+_MESSAGE_EXTENSIONS = ("messagePayload", "messageVariable")
 _SCHEMA_LOCK = threading.Lock()
 _PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable",
                                       "process_ambiguous"})
@@ -1439,6 +1446,8 @@ class _Validator:
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
             if tag == "boundaryEvent" and el.find(_bpmn("cancelEventDefinition")) is not None:
                 self._check_cancel(el, eid, file)
+            if el.find(_bpmn("compensateEventDefinition")) is not None and tag != "startEvent":
+                self._check_compensation(el, eid, tag, file)
             if tag == "adHocSubProcess":
                 done = _condition_text(el, "completionCondition") or "its completion condition"
                 self.add("unsupported_element", f"ad-hoc sub-process {eid!r}: SpiffWorkflow 3.2 cannot run one to its "
@@ -1642,6 +1651,24 @@ class _Validator:
                  "inside it ends, or catch an error or escalation event instead", file=file, line=event.sourceline,
                  element_id=eid, field="attachedToRef")
 
+    def _check_compensation(self, event: Any, eid: str, tag: str, file: str) -> None:
+        """SpiffWorkflow 3.2 has no compensation: it cannot load a compensation boundary event, and
+        reads a compensation throw or end event as a plain one, so the undo never runs and the
+        process completes as if it had. (A compensation start of an event sub-process is
+        ``unsupported_start_event``.)"""
+        self.related.add(eid)
+        handlers = [el.get("id") for el in event.getroottree().iter(*(_FLOW_NODES - _NOT_ACTIVITIES))
+                    if el.get("isForCompensation") == "true"]
+        undo = f" ({', '.join(map(repr, handlers))})" if handlers else ""
+        what = ("SpiffWorkflow cannot load a compensation boundary event" if tag == "boundaryEvent" else
+                "SpiffWorkflow reads a compensation throw as a plain event, so no compensation handler runs and "
+                "the process goes on as if it had been compensated")
+        self.add("compensation_unsupported", f"bpmn:{tag} {eid!r} is a compensation event, and SpiffWorkflow 3.2 "
+                 f"runs no compensation: {what}; draw the undo as part of the flow instead: sequence flows from "
+                 f"the failure path through the undo tasks{undo} (set isForCompensation=\"false\" on them), or an "
+                 "error boundary event on a sub-process whose path does the undo", file=file, line=event.sourceline,
+                 element_id=eid)
+
     def _check_starts(self, scope: Any, file: str) -> None:
         """SpiffWorkflow starts a (sub-)process with several start events at the first one to fire and
         cancels the others: a start event with no trigger fires at once, so the starts after it never do."""
@@ -1817,6 +1844,7 @@ class _Validator:
                      f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" name=\"...\"/> under "
                      f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
                      field=ref)
+        self._check_message_extensions(el, eid, tag, root, file)
         if tag == "boundaryEvent":
             self._check_attached(el, eid, file)
         if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
@@ -1831,6 +1859,36 @@ class _Validator:
                          f'{ref}="ID" naming a bpmn:{what} of the file (`layerflow send` delivers it by that '
                          f"{what}'s name)", file=file, line=definition.sourceline, element_id=eid, field=ref,
                          severity="warning")
+
+    def _check_message_extensions(self, el: Any, eid: str, tag: str, root: Any, file: str) -> None:
+        """SpiffWorkflow reads a message's payload and variable from its bpmn:message when that holds
+        either (the older place), and then ignores the event's own: a messagePayload on the throw
+        event goes out as an empty payload, a messageVariable on the catch is never set."""
+        definitions = [el] if tag in ("sendTask", "receiveTask") else list(el.iterfind(_bpmn("messageEventDefinition")))
+        for definition in definitions:
+            ref = definition.get("messageRef")
+            message = next((m for m in root.iterfind(_bpmn("message")) if ref and m.get("id") == ref), None)
+            if message is None:
+                continue
+            on_message = {name: (found.text or "").strip() for name in _MESSAGE_EXTENSIONS
+                          for found in message.iter(f"{{{SPIFF_NS}}}{name}")}
+            if not on_message:
+                continue
+            for name in _MESSAGE_EXTENSIONS:
+                for own in definition.iter(f"{{{SPIFF_NS}}}{name}"):
+                    text = (own.text or "").strip()
+                    if on_message.get(name) == text:
+                        continue
+                    read = ", ".join(f"spiffworkflow:{k} {v!r}" for k, v in on_message.items())
+                    lost = ("the message goes out with the message's payload instead" if name == "messagePayload"
+                            and "messagePayload" in on_message else "the message goes out with an empty payload"
+                            if name == "messagePayload" else f"{text!r} is never set")
+                    self.add("message_extension_shadowed", f"bpmn:{tag} {eid!r}: its spiffworkflow:{name} {text!r} "
+                             f"is never read: its bpmn:message {ref!r} has {read}, and SpiffWorkflow then reads the "
+                             f"message's settings only, so {lost}; move the bpmn:message's spiffworkflow:"
+                             "messagePayload / messageVariable into the messageEventDefinitions (or send / receive "
+                             "tasks) that throw and catch it, where SpiffWorkflow reads them", file=file,
+                             line=own.sourceline, element_id=eid, field=name)
 
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
         """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
@@ -2276,12 +2334,22 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
+    # Camunda's ways to read a variable, and the functions whose Python twin is a plain rename
+    inner = re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", inner)
+    inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
     inner = " ".join(inner.split())
     try:
-        ast.parse(inner, mode="eval")
+        tree = ast.parse(inner, mode="eval")
     except SyntaxError:
         return "rewrite it as a Python expression over the process variables"
-    return f"write {inner!r}"
+    calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id in _FOREIGN_FUNCTIONS})
+    left = [f"{dialect}'s {name}(): {_FOREIGN_FUNCTIONS[name]}" for name in calls]
+    attribute_calls = sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                              and isinstance(n.func.value, ast.Name) and n.func.value.id in ("execution", "task")})
+    left += [f"{name}() is Camunda's API, which is not here: read the variable by its name" for name in attribute_calls]
+    return f"write {inner!r}" + (f" ({'; '.join(left)})" if left else "")
 
 
 _SPLIT_MARKERS = frozenset(BRANCH_MARKERS)
