@@ -137,6 +137,9 @@ not make ``report.ok`` false:
 ``boundary_not_attached``             a boundary event whose attachedToRef names no activity of the process, or
                                       one drawn outside its activity's scope: SpiffWorkflow drops it without a
                                       word, and its path never runs
+``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
+                                      (camunda:collection) and which has no loopDataInputRef or loopCardinality:
+                                      SpiffWorkflow cannot load it; the message writes the BPMN to use
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -1797,6 +1800,12 @@ class _Validator:
                          "Python expression in a spiffworkflow:messagePayload in the messageEventDefinition's "
                          "extensionElements, and a spiffworkflow:messageVariable where it is caught", file=file,
                          line=definition.sourceline, element_id=eid, field=name, severity="warning")
+        if loop is not None and loop.find(_bpmn("loopDataInputRef")) is None and loop.find(_bpmn("loopCardinality")) is None:
+            collection = next((v for k, v in loop.attrib.items() if _foreign_name(k) in (
+                "camunda:collection", "activiti:collection", "flowable:collection")), None)
+            if collection is not None:
+                self._foreign_collection(loop, collection, eid, tag, file)
+                found = {q: None for q in found if not q.endswith((":collection", ":elementVariable"))}
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
@@ -1805,6 +1814,24 @@ class _Validator:
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
                  f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
                  line=el.sourceline, element_id=eid, severity="warning")
+
+    def _foreign_collection(self, loop: Any, collection: str, eid: str, tag: str, file: str) -> None:
+        """A multi-instance loop over Camunda's (Activiti's, Flowable's) collection attribute and
+        nothing BPMN's: SpiffWorkflow refuses a loop with neither a loopDataInputRef nor a
+        cardinality; say what to write, with the names this loop uses."""
+        self.related.add(eid)
+        inner = collection.strip()
+        inner = inner[2:-1].strip() if inner[:2] in ("${", "#{") and inner.endswith("}") else inner
+        name = inner if inner.isidentifier() else "COLLECTION"
+        item = next((v for k, v in loop.attrib.items() if (_foreign_name(k) or "").endswith(":elementVariable")), None)
+        item = item if item and item.isidentifier() else "ITEM"
+        self.add("multi_instance_foreign_collection", f"bpmn:{tag} {eid!r} is a multi-instance activity over "
+                 f"{_foreign_name(next(k for k, v in loop.attrib.items() if v == collection))}="
+                 f"{collection!r}, another engine's attribute that SpiffWorkflow does not read, and it has no "
+                 "bpmn:loopDataInputRef or bpmn:loopCardinality, so SpiffWorkflow cannot load it: write "
+                 f"<bpmn:loopDataInputRef>{name}</bpmn:loopDataInputRef> and <bpmn:inputDataItem id=\"{item}\" "
+                 f"name=\"{item}\"/> in its bpmn:multiInstanceLoopCharacteristics", file=file, line=loop.sourceline,
+                 element_id=eid, field="loopDataInputRef")
 
     def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A multi-instance item, or a task's data input or output, is the variable its id names; a
@@ -2349,6 +2376,9 @@ def _python_instead(source: str, dialect: str) -> str:
                               if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                               and isinstance(n.func.value, ast.Name) and n.func.value.id in ("execution", "task")})
     left += [f"{name}() is Camunda's API, which is not here: read the variable by its name" for name in attribute_calls]
+    counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
+    left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
+             "collection (loopDataOutputRef) instead, len(...)" for name in counters]
     return f"write {inner!r}" + (f" ({'; '.join(left)})" if left else "")
 
 
