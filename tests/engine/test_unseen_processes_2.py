@@ -1,0 +1,361 @@
+"""More processes as modelers save them (diagram included), in shapes ``test_unseen_processes``
+does not draw: collaborations of several pools where the executable one is not the first,
+lanes and message flows, data object references with states and input/output associations,
+signals and messages thrown and caught inside one process, conditional and escalation
+intermediate events, terminate end events inside a (multi-instance) sub-process, a transaction
+with a cancel end event, a standard loop with ``loopMaximum``, a sequential multi-instance call
+activity with a completion condition, call activities nested across three files, Camunda 7 and
+Camunda 8 exports, ids and names in German with umlauts and line breaks.
+
+Each runs through ``layerflow validate``, ``layerflow run --json`` (``--answers``, ``send``,
+``resume``), the Python API, and plain SpiffWorkflow 3.2 with the same data, answers and events:
+the path (completed tasks' BPMN ids, in order) and the final variables must be SpiffWorkflow's,
+except where plain SpiffWorkflow drops what an interrupted scope wrote (``KEPT``). What
+SpiffWorkflow 3.2 cannot run (compensation) or reads otherwise (another engine's expressions
+and settings) is refused by ``validate`` with the element's id and what to write instead.
+The files are in ``tests/engine/unseen2/``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import FunctionType, ModuleType
+from typing import Any, NamedTuple
+
+import pytest
+from click.testing import CliRunner
+from SpiffWorkflow.bpmn.util import BpmnEvent
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.util.task import TaskState
+
+from engine import Engine, load_process
+from engine.cli import main
+
+from engine_helpers import path_of, variables
+from test_unseen_processes import _check_document, _data_keys
+
+UNSEEN = Path(__file__).resolve().parent / "unseen2"
+
+
+class Case(NamedTuple):
+    files: list[str]  # the first holds the process run; its file name is the process id
+    data: dict[str, Any]
+    answers: dict[str, dict[str, Any]]  # user task id -> what the person enters
+    events: list[tuple[str, str, Any]]  # (kind, name, payload), sent as soon as something waits for it
+
+
+CASES: dict[str, Case] = {
+    "a signal thrown in one branch is caught in the other": Case(["stock_signal"], {}, {}, []),
+    "terminate end event inside a sub-process cancels the waiting person there only": Case(
+        ["quality_terminate"], {"samples": [3, 12]}, {"Activity_0lab": {"lab": "ok"}}, []),
+    "the sub-process's branches meet when nothing terminates": Case(
+        ["quality_terminate"], {"samples": [3, 1]}, {"Activity_0lab": {"lab": "ok"}}, []),
+    "transaction completes": Case(["payment_transaction"], {"amount": 10}, {}, []),
+    "cancel end event in a transaction, caught by its cancel boundary event": Case(
+        ["payment_transaction"], {"amount": 5000}, {}, []),
+    "three pools, the executable one second, lanes, a message from the supplier's pool": Case(
+        ["purchase_order"], {}, {"Activity_0fill": {"items": [{"price": 2000, "qty": 3}]},
+                                 "Activity_0head": {"head_ok": True}}, [("message", "supplier_conf", {"eta": "2026-12-10"})]),
+    "the same order under the head's limit": Case(
+        ["purchase_order"], {}, {"Activity_0fill": {"items": [{"price": 20, "qty": 3}]}},
+        [("message", "supplier_conf", {"eta": "2026-12-01"})]),
+    "Camunda 7 export: form data, assignee expression, async flags": Case(
+        ["camunda_claim"], {}, {"Activity_0assess": {"payout": 900, "fraud_suspected": False}}, []),
+    "Camunda 7 export, the other way": Case(
+        ["camunda_claim"], {}, {"Activity_0assess": {"payout": 900, "fraud_suspected": True}}, []),
+    "standard loop ended by its condition, sequential loopCardinality with a completion condition": Case(
+        ["retry_loop"], {"succeed_at": 2}, {"Activity_0review": {"ok": False}}, []),
+    "standard loop ended by loopMaximum": Case(["retry_loop"], {"succeed_at": 9}, {"Activity_0review": {"ok": True}}, []),
+    "call activities nested across three files": Case(
+        ["customer_onboarding", "kyc_check", "sanctions_screen"], {"name": "Zoë", "age": 30}, {}, []),
+    "an error end event two calls deep, caught on the outer call activity": Case(
+        ["customer_onboarding", "kyc_check", "sanctions_screen"], {"name": "Mallory", "age": 30}, {}, []),
+    "receive task, data object references with a state, data input and output associations, a group": Case(
+        ["invoice_data"], {}, {}, [("message", "invoice_msg", {"no": "R-17", "net": 100.0})]),
+    "non-interrupting escalation thrown mid-way, a message thrown to the other branch": Case(
+        ["repair_job"], {"hours": 5}, {}, []),
+    "German ids with umlauts, conditional event, signal to a non-interrupting boundary event": Case(
+        ["wartung_ablauf"], {}, {"Aufgabe_Prüfen": {"befund": "Lager defekt"}}, []),
+    "sequential multi-instance call activity of another file with a completion condition": Case(
+        ["bid_round", "ask_offer"], {"budget": 750, "markup": 1.0}, {}, []),
+    "event-based gateway: a receive task wins over a signal and a timer": Case(
+        ["approval_race"], {}, {}, [("message", "approval", {"by": "Ana"})]),
+    "event-based gateway: the signal wins": Case(["approval_race"], {}, {}, [("signal", "veto", {})]),
+    "terminate end event in one instance of a parallel multi-instance sub-process": Case(
+        ["parcel_batch"], {"parcels": [{"id": 1, "kg": 3}, {"id": 2, "kg": 45}, {"id": 3, "kg": 7}]}, {}, []),
+}
+
+# what layerflow keeps that plain SpiffWorkflow loses: case -> {key: (plain value, layerflow value)}
+KEPT: dict[str, dict[str, tuple[Any, Any]]] = {
+    # what the transaction wrote before its cancel end event (SpiffWorkflow drops the scope's data)
+    "cancel end event in a transaction, caught by its cancel boundary event": {"reserved": (None, 5000)},
+    # what the called processes wrote before the error end event interrupted them
+    "an error end event two calls deep, caught on the outer call activity": {
+        "blocked": (None, ["Mallory", "Eve"]), "hits": (None, ["Mallory"])},
+}
+# a data object is a context key under layerflow; plain SpiffWorkflow keeps it in workflow.data_objects
+DATA_OBJECTS = {"receive task, data object references with a state, data input and output associations, a group"}
+
+
+def _paths(files: list[str]) -> list[Path]:
+    return [UNSEEN / f"{name}.bpmn" for name in files]
+
+
+def _plain_waiting_for(wf: BpmnWorkflow, name: str) -> Any:
+    """The event definition named ``name`` a waiting task of plain SpiffWorkflow catches, else None."""
+    for task in wf.get_tasks(state=TaskState.WAITING):
+        definition = getattr(task.task_spec, "event_definition", None)
+        for each in getattr(definition, "event_definitions", None) or [definition]:
+            if getattr(each, "name", None) == name:
+                return each
+    return None
+
+
+def _run_plain(case: str) -> tuple[BpmnWorkflow, dict[str, Any]]:
+    """Events first, as soon as something waits for them; then the people, one task at a time."""
+    files, data, answers, events = CASES[case]
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_files([str(p) for p in _paths(files)])
+    wf = BpmnWorkflow(parser.get_spec(files[0]), parser.get_subprocess_specs(files[0]))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    pending = list(events)
+    while not wf.is_completed():
+        ready = wf.get_tasks(state=TaskState.READY, manual=True)
+        definition = _plain_waiting_for(wf, pending[0][1]) if pending else None
+        if definition is not None:
+            wf.send_event(BpmnEvent(definition, pending.pop(0)[2]))
+        elif ready:
+            ready[0].data.update(answers[ready[0].task_spec.bpmn_id])
+            ready[0].run()
+        else:
+            raise AssertionError(f"plain SpiffWorkflow is stuck at {path_of(wf)}")
+        wf.do_engine_steps()
+    assert not pending, f"nothing waited for {pending}"
+    return wf, {k: v for k, v in wf.last_task.data.items() if not isinstance(v, (ModuleType, type, FunctionType))}
+
+
+def _run_ours(case: str) -> Any:
+    files, data, answers, events = CASES[case]
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(_paths(files)), data))
+    pending = list(events)
+    while instance.status == "waiting":
+        waits = instance.waiting_for
+        if pending and any(w["kind"] == "event" and w["event"] == pending[0][1] for w in waits):
+            kind, name, payload = pending.pop(0)
+            instance = engine.send_event(instance, name, payload, kind=kind)
+            continue
+        before = [w["id"] for w in waits]
+        instance = engine.run(instance, answers={"user_tasks": answers})
+        if [w["id"] for w in instance.waiting_for] == before:
+            break
+    assert not pending, f"nothing waited for {pending}: {instance.waiting_for}"
+    return instance
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_it_runs_as_plain_spiffworkflow_runs_it(case: str) -> None:
+    instance = _run_ours(case)
+    assert instance.status == "completed", instance.error or instance.waiting_for
+    ours = variables(instance.main)
+    wf, plain = _run_plain(case)
+    assert path_of(instance.workflow) == path_of(wf)
+    for key, (plain_value, our_value) in KEPT.get(case, {}).items():
+        assert plain.pop(key, None) == plain_value, key
+        assert ours.pop(key) == our_value, key
+    if case in DATA_OBJECTS:
+        objects = {k: ours.pop(k) for k in list(ours) if k.startswith("DataObject_")}
+        assert objects == wf.data_objects and objects
+    assert ours == plain
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_run_json_gives_the_documented_document_and_the_python_api_result(case: str, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    files, data, answers, events = CASES[case]
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    (tmp_path / "answers.json").write_text(json.dumps({"user_tasks": answers}, ensure_ascii=False))
+    runner = CliRunner()
+    result = runner.invoke(main, ["run", *map(str, _paths(files)), "--json", "--store", store, "--data",
+                                  json.dumps(data), *([] if events else ["--answers", "answers.json"])])
+    doc = json.loads(result.stdout)  # exactly one document
+    _check_document(doc, result.exit_code, files[0])
+    pending = list(events)
+    while doc["status"] == "waiting":
+        if pending and any(w["kind"] == "event" and w["event"] == pending[0][1] for w in doc["waiting_for"]):
+            kind, name, payload = pending.pop(0)
+            command = ["send", doc["instance_id"], name, "--json-payload", json.dumps(payload),
+                       *(["--signal"] if kind == "signal" else [])]
+        else:
+            command = ["resume", doc["instance_id"], "--answers", "answers.json"]
+        before = doc["waiting_for"]
+        result = runner.invoke(main, [*command, "--json", "--store", store])
+        doc = json.loads(result.stdout)
+        _check_document(doc, result.exit_code, files[0])
+        assert doc["waiting_for"] != before, before
+    assert not pending
+    assert (doc["status"], result.exit_code) == ("completed", 0), doc["error"] or doc["waiting_for"]
+    assert _data_keys(doc) == variables(_run_ours(case).main)
+
+
+MAIN_FILES = sorted({tuple(case.files) for case in CASES.values()})
+
+
+@pytest.mark.parametrize("files", MAIN_FILES, ids=[f[0] for f in MAIN_FILES])
+def test_validate_accepts_every_process_without_a_warning(files: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(main, ["validate", *map(str, _paths(list(files)))])
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output and f"process {files[0]!r} is valid" in result.output
+
+
+# ----- what validate refuses, naming the element and what to write ----------------------------------
+
+
+def _validate(tmp_path: Path, name: str, replace: tuple[tuple[str, str], ...] = (), *others: str) -> tuple[int, str, Path]:
+    """``layerflow validate`` on a copy of ``name`` with the given replacements (each must match once)."""
+    text = (UNSEEN / f"{name}.bpmn").read_text(encoding="utf-8")
+    for old, new in replace:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.bpmn"
+    path.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(main, ["validate", str(path), *(str(UNSEEN / f"{o}.bpmn") for o in others)])
+    return result.exit_code, result.output, path
+
+
+def _problem(output: str, element: str, path: Path) -> str:
+    """The report line about ``element``; it starts with the file and a line number."""
+    row = next((r for r in output.splitlines() if f"element {element!r}" in r and "warning" not in r), None)
+    assert row is not None, output
+    assert row.startswith(f"{path}:") and row[len(str(path)) + 1:].split(":", 1)[0].isdigit(), row
+    return row
+
+
+def test_compensation_is_refused_with_what_to_draw_instead(tmp_path: Path) -> None:
+    """SpiffWorkflow 3.2 has no compensation: its parser fails on the boundary event with an XML dump
+    ("Unsupported Catch Event"), and reads the throw event as a plain one."""
+    code, output, path = _validate(tmp_path, "trip_booking")
+    assert code == 2, output
+    for element in ("Event_0hotelcomp", "Event_1undo"):
+        row = _problem(output, element, path)
+        assert "compensation" in row and "runs no compensation" in row and "'Activity_0cancelhotel'" in row, row
+        assert "isForCompensation" in row and "error boundary event" in row, row
+    assert "Unsupported Catch Event" not in output and "<bpmn:" not in output
+    run = CliRunner().invoke(main, ["run", str(path), "--json", "--store", "memory://"])
+    assert run.exit_code == 2 and "Event_0hotelcomp" in json.loads(run.stdout)["error"]["message"]
+
+
+def test_a_compensation_throw_alone_is_refused_not_run_past(tmp_path: Path) -> None:
+    """Without the boundary event SpiffWorkflow loads the process and completes it through the
+    throw as if the hotel had been cancelled: the undo never runs."""
+    boundary = (UNSEEN / "trip_booking.bpmn").read_text(encoding="utf-8")
+    start = boundary.index('    <bpmn:boundaryEvent id="Event_0hotelcomp"')
+    end = boundary.index("</bpmn:boundaryEvent>", start) + len("</bpmn:boundaryEvent>\n")
+    association = boundary[boundary.index('    <bpmn:association id="Association_0comp"'):]
+    association = association[:association.index("\n") + 1]
+    code, output, path = _validate(tmp_path, "trip_booking", ((boundary[start:end], ""), (association, "")))
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("trip_booking"))
+    plain.task_tree.data["seats"] = 0
+    plain.do_engine_steps()
+    assert plain.is_completed() and plain.last_task.data["hotel"] == "booked"  # never compensated
+    assert code == 2, output
+    row = _problem(output, "Event_1undo", path)
+    assert "no compensation handler runs" in row and "'Activity_0cancelhotel'" in row, row
+
+
+def test_a_payload_the_message_element_shadows_is_an_error(tmp_path: Path) -> None:
+    """A messageVariable left on the bpmn:message (where older SpiffArena wrote it) makes SpiffWorkflow
+    read the message's settings only: the throw's messagePayload is dropped, the catch gets an empty
+    payload, and the invoice step fails on a missing key."""
+    catch_variable = ("""        <bpmn:extensionElements>
+          <spiffworkflow:messageVariable>quote</spiffworkflow:messageVariable>
+        </bpmn:extensionElements>
+      </bpmn:messageEventDefinition>""", "      </bpmn:messageEventDefinition>")
+    on_message = ('<bpmn:message id="Message_quote" name="quote"/>', """<bpmn:message id="Message_quote" name="quote">
+    <bpmn:extensionElements>
+      <spiffworkflow:messageVariable>quote</spiffworkflow:messageVariable>
+    </bpmn:extensionElements>
+  </bpmn:message>""")
+    code, output, path = _validate(tmp_path, "repair_job", (catch_variable, on_message))
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    plain = BpmnWorkflow(parser.get_spec("repair_job"), parser.get_subprocess_specs("repair_job"))
+    plain.task_tree.data["hours"] = 5
+    with pytest.raises(Exception, match="cost"):
+        plain.do_engine_steps()
+    assert code == 2, output
+    row = _problem(output, "Event_0tellcustomer", path)
+    for words in ("spiffworkflow:messagePayload '{\"cost\": cost}' is never read", "bpmn:message 'Message_quote'",
+                  "spiffworkflow:messageVariable 'quote'", "empty payload", "move the bpmn:message's"):
+        assert words in row, (words, row)
+
+
+@pytest.mark.parametrize(("condition", "write"), [
+    ("=total &gt; 1000", "write 'total > 1000'"),
+    ("= count(items) &gt; 3", "write 'len(items) > 3'"),
+    ("${execution.getVariable(\"total\") &gt; 1000 &amp;&amp; !rush}", "write 'total > 1000 and not rush'"),
+    ("= contains(name, \"x\")", "FEEL's contains(): write 'PART in TEXT'"),
+    ("${nrOfCompletedInstances &gt;= 2}", "nrOfCompletedInstances is a multi-instance counter"),
+])
+def test_another_engines_condition_names_the_flow_and_the_python_to_write(tmp_path: Path, condition: str,
+                                                                         write: str) -> None:
+    code, output, path = _validate(tmp_path, "zeebe_order", (("=total &gt; 1000", condition),))
+    assert code == 2, output
+    row = _problem(output, "Flow_3", path)
+    assert "conditionExpression" in row and write in row, row
+    # the service task's Zeebe job type and mapping are reported, as warnings, with what to do instead
+    warning = next(r for r in output.splitlines() if "'Activity_0credit'" in r and "zeebe:taskDefinition" in r)
+    assert "warning" in warning and "zeebe:ioMapping" in warning and "handler" in warning
+
+
+def test_a_camunda_multi_instance_collection_is_one_error_that_writes_the_bpmn(tmp_path: Path) -> None:
+    code, output, path = _validate(tmp_path, "camunda_mi")
+    assert code == 2, output
+    rows = [r for r in output.splitlines() if "element 'Activity_0each'" in r and "warning" not in r]
+    assert len(rows) == 2, output  # the loop, the completion condition; not SpiffWorkflow's own message
+    assert "must specify a cardinality" not in output
+    loop = next(r for r in rows if "loopDataInputRef" in r.split(":", 3)[-1][:40])
+    assert "camunda:collection='${lines}'" in loop
+    assert '<bpmn:loopDataInputRef>lines</bpmn:loopDataInputRef>' in loop and '<bpmn:inputDataItem id="line"' in loop
+    # written as the messages say, it runs
+    fixed = path.read_text(encoding="utf-8").replace(
+        '<bpmn:multiInstanceLoopCharacteristics camunda:collection="${lines}" camunda:elementVariable="line">',
+        '<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>lines</bpmn:loopDataInputRef>'
+        '<bpmn:loopDataOutputRef>seen</bpmn:loopDataOutputRef><bpmn:inputDataItem id="line" name="line"/>'
+        '<bpmn:outputDataItem id="out" name="out"/>').replace(
+        "${nrOfCompletedInstances &gt;= 2}", "len(seen) &gt;= 2").replace("seen = line", "out = line * 10")
+    path.write_text(fixed, encoding="utf-8")
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), {"lines": [1, 2, 3]}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main)["seen"][:2] == [10, 20]
+
+
+def test_camunda_settings_no_one_runs_are_named_and_the_run_stops_at_the_task(tmp_path: Path) -> None:
+    """camunda:inputOutput, camunda:expression, camunda:class, an external task: each a warning naming
+    the element and what to do; the run stops at the first task that needs one, naming it."""
+    result = CliRunner().invoke(main, ["validate", str(UNSEEN / "camunda_io.bpmn")])
+    assert result.exit_code == 0, result.output
+    for element, setting in (("Activity_0calc", "camunda:inputOutput"), ("Activity_0notify", "camunda:expression"),
+                             ("Activity_0bill", "camunda:class"), ("Activity_0ext", "camunda:topic")):
+        assert any(f"element {element!r}" in r and setting in r and "warning" in r for r in result.output.splitlines()), \
+            (element, result.output)
+    run = CliRunner().invoke(main, ["run", str(UNSEEN / "camunda_io.bpmn"), "--json", "--store", "memory://",
+                                    "--data", '{"amount": 100}'])
+    doc = json.loads(run.stdout)
+    _check_document(doc, run.exit_code, "camunda_io")
+    assert (doc["status"], doc["error"]["task_id"]) == ("error", "Activity_0calc")
+    assert "'base'" in doc["error"]["message"]
+
+
+def test_a_call_activity_two_levels_down_whose_process_is_missing(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["validate", str(UNSEEN / "customer_onboarding.bpmn"),
+                                       str(UNSEEN / "kyc_check.bpmn")])
+    assert result.exit_code == 2, result.output
+    row = _problem(result.output, "Activity_0sanctions", UNSEEN / "kyc_check.bpmn")
+    assert "calledElement='sanctions_screen'" in row and "add the BPMN file that defines it" in row
