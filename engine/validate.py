@@ -1779,7 +1779,7 @@ class _Validator:
         for holder in (el, loop):
             for name in (holder.attrib if holder is not None else {}):
                 found.update({q: None for q in [_foreign_name(name)] if q})
-        for ext in el.iterfind(_bpmn("extensionElements")):
+        for ext in (e for holder in (el, loop) if holder is not None for e in holder.iterfind(_bpmn("extensionElements"))):
             for child in ext:
                 found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
         if tag == "businessRuleTask" and el.get(f"{{{dmn.CAMUNDA_NS}}}resultVariable"):
@@ -1801,36 +1801,59 @@ class _Validator:
                          "extensionElements, and a spiffworkflow:messageVariable where it is caught", file=file,
                          line=definition.sourceline, element_id=eid, field=name, severity="warning")
         if loop is not None and loop.find(_bpmn("loopDataInputRef")) is None and loop.find(_bpmn("loopCardinality")) is None:
-            collection = next((v for k, v in loop.attrib.items() if _foreign_name(k) in (
-                "camunda:collection", "activiti:collection", "flowable:collection")), None)
-            if collection is not None:
-                self._foreign_collection(loop, collection, eid, tag, file)
-                found = {q: None for q in found if not q.endswith((":collection", ":elementVariable"))}
+            # Camunda 7 (Activiti, Flowable): attributes of the loop; Camunda 8: a zeebe:loopCharacteristics in it
+            zeebe = loop.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}loopCharacteristics")
+            names = {(_foreign_name(k) or "").partition(":")[2]: (_foreign_name(k), v) for k, v in loop.attrib.items()}
+            if zeebe is not None:
+                names = {"collection": ("zeebe:loopCharacteristics inputCollection", zeebe.get("inputCollection", "")),
+                         "elementVariable": ("inputElement", zeebe.get("inputElement", "")),
+                         "outputCollection": ("outputCollection", zeebe.get("outputCollection", "")),
+                         "outputElement": ("outputElement", zeebe.get("outputElement", ""))}
+            if "collection" in names:
+                self._foreign_collection(loop, names, eid, tag, file)
+                found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
+                                                                   ":loopCharacteristics"))}
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        script = el.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}script")
+        if script is not None and (script.get("expression") or "").strip().startswith("=") and script.get("resultVariable"):
+            # Camunda 8's one-line script: a FEEL expression whose value lands in resultVariable
+            instead = _python_instead(script.get("expression", ""), "FEEL")
+            if instead.startswith("write '"):
+                line = f"{script.get('resultVariable')} = {instead[len('write '):].split(' (', 1)[0].strip(chr(39))}"
+                todo = [f"write {line!r} as its bpmn:script" if t == _FOREIGN_SETTINGS["script"] else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
                  f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
                  line=el.sourceline, element_id=eid, severity="warning")
 
-    def _foreign_collection(self, loop: Any, collection: str, eid: str, tag: str, file: str) -> None:
-        """A multi-instance loop over Camunda's (Activiti's, Flowable's) collection attribute and
-        nothing BPMN's: SpiffWorkflow refuses a loop with neither a loopDataInputRef nor a
-        cardinality; say what to write, with the names this loop uses."""
+    def _foreign_collection(self, loop: Any, names: dict[str, tuple[str | None, str]], eid: str, tag: str,
+                            file: str) -> None:
+        """A multi-instance loop over another engine's collection (camunda:collection, Camunda 8's
+        zeebe:loopCharacteristics) and nothing BPMN's: SpiffWorkflow refuses a loop with neither a
+        loopDataInputRef nor a cardinality; say what to write, with the names this loop uses."""
         self.related.add(eid)
-        inner = collection.strip()
-        inner = inner[2:-1].strip() if inner[:2] in ("${", "#{") and inner.endswith("}") else inner
-        name = inner if inner.isidentifier() else "COLLECTION"
-        item = next((v for k, v in loop.attrib.items() if (_foreign_name(k) or "").endswith(":elementVariable")), None)
-        item = item if item and item.isidentifier() else "ITEM"
+
+        def plain(key: str, default: str) -> str:
+            text = names.get(key, (None, ""))[1].strip()
+            if text[:2] in ("${", "#{") and text.endswith("}"):
+                text = text[2:-1].strip()
+            return text.lstrip("=").strip() if text.lstrip("=").strip().isidentifier() else default
+
+        what, collection = names["collection"]
+        item = plain("elementVariable", "ITEM")
+        write = (f"<bpmn:loopDataInputRef>{plain('collection', 'COLLECTION')}</bpmn:loopDataInputRef> and "
+                 f"<bpmn:inputDataItem id=\"{item}\" name=\"{item}\"/>")
+        if "outputCollection" in names and names["outputCollection"][1]:
+            out = plain("outputElement", "OUTPUT_ITEM")
+            write += (f", <bpmn:loopDataOutputRef>{plain('outputCollection', 'OUTPUT')}</bpmn:loopDataOutputRef> and "
+                      f"<bpmn:outputDataItem id=\"{out}\" name=\"{out}\"/>")
         self.add("multi_instance_foreign_collection", f"bpmn:{tag} {eid!r} is a multi-instance activity over "
-                 f"{_foreign_name(next(k for k, v in loop.attrib.items() if v == collection))}="
-                 f"{collection!r}, another engine's attribute that SpiffWorkflow does not read, and it has no "
+                 f"{what}={collection!r}, another engine's setting that SpiffWorkflow does not read, and it has no "
                  "bpmn:loopDataInputRef or bpmn:loopCardinality, so SpiffWorkflow cannot load it: write "
-                 f"<bpmn:loopDataInputRef>{name}</bpmn:loopDataInputRef> and <bpmn:inputDataItem id=\"{item}\" "
-                 f"name=\"{item}\"/> in its bpmn:multiInstanceLoopCharacteristics", file=file, line=loop.sourceline,
+                 f"{write} in its bpmn:multiInstanceLoopCharacteristics", file=file, line=loop.sourceline,
                  element_id=eid, field="loopDataInputRef")
 
     def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:
@@ -2364,6 +2387,8 @@ def _python_instead(source: str, dialect: str) -> str:
     # Camunda's ways to read a variable, and the functions whose Python twin is a plain rename
     inner = re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", inner)
     inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
+    # FEEL's temporal literals are ISO 8601 text, which is what a timer here evaluates to
+    inner = re.sub(r"(?<![\w.])(?:duration|date and time|date|time)\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1", inner)
     inner = " ".join(inner.split())
     try:
         tree = ast.parse(inner, mode="eval")

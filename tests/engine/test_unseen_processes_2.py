@@ -359,3 +359,42 @@ def test_a_call_activity_two_levels_down_whose_process_is_missing(tmp_path: Path
     assert result.exit_code == 2, result.output
     row = _problem(result.output, "Activity_0sanctions", UNSEEN / "kyc_check.bpmn")
     assert "calledElement='sanctions_screen'" in row and "add the BPMN file that defines it" in row
+
+
+def test_a_camunda_8_export_is_refused_with_the_bpmn_to_write_and_runs_once_written(tmp_path: Path) -> None:
+    """zeebe:calledElement, zeebe:loopCharacteristics, a FEEL timer and a zeebe:script: each message
+    says what to write; written so, the process runs (and waits for its timer)."""
+    code, output, path = _validate(tmp_path, "zeebe_more", (), "ask_offer")
+    assert code == 2, output
+    rows = output.splitlines()
+    loop = next(r for r in rows if "element 'Activity_0call'" in r and "loopDataInputRef" in r)
+    for words in ("zeebe:loopCharacteristics inputCollection='=bidders'",
+                  "<bpmn:loopDataInputRef>bidders</bpmn:loopDataInputRef>", '<bpmn:inputDataItem id="bidder"',
+                  "<bpmn:loopDataOutputRef>offers</bpmn:loopDataOutputRef>", '<bpmn:outputDataItem id="offer"'):
+        assert words in loop, (words, loop)
+    assert any("element 'Activity_0call'" in r and 'calledElement="ask_offer"' in r for r in rows), output
+    assert any("element 'Event_0wait'" in r and "write '\"PT1M\"'" in r for r in rows), output
+    assert any("element 'Activity_0sum'" in r and "write 'c = a + b' as its bpmn:script" in r for r in rows), output
+    assert "must specify a cardinality" not in output
+    text = path.read_text(encoding="utf-8")
+    for old, new in (('<bpmn:callActivity id="Activity_0call" name="Call">',
+                      '<bpmn:callActivity id="Activity_0call" name="Call" calledElement="ask_offer">'),
+                     ("<bpmn:multiInstanceLoopCharacteristics>",
+                      "<bpmn:multiInstanceLoopCharacteristics><bpmn:loopDataInputRef>bidders</bpmn:loopDataInputRef>"
+                      "<bpmn:loopDataOutputRef>offers</bpmn:loopDataOutputRef>"
+                      '<bpmn:inputDataItem id="bidder" name="bidder"/><bpmn:outputDataItem id="offer" name="offer"/>'),
+                     ('=duration("PT1M")', '"PT1M"'),
+                     ("<bpmn:outgoing>Flow_2</bpmn:outgoing>\n    </bpmn:scriptTask>",
+                      "<bpmn:outgoing>Flow_2</bpmn:outgoing>\n      <bpmn:script>c = a + b</bpmn:script>\n"
+                      "    </bpmn:scriptTask>")):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(main, ["validate", str(path), str(UNSEEN / "ask_offer.bpmn")])
+    assert result.exit_code == 0, result.output
+    engine = Engine()
+    instance = engine.run(engine.start(load_process([path, UNSEEN / "ask_offer.bpmn"]), {
+        "a": 1, "b": 2, "markup": 2, "bidders": [{"name": "Acme", "base": 10}, {"name": "Bolt", "base": 7}]}))
+    assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("timer", "Event_0wait")], instance.error
+    got = variables(instance.main)
+    assert got["c"] == 3 and got["offers"] == [{"name": "Acme", "price": 20}, {"name": "Bolt", "price": 14}]
