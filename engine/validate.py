@@ -1215,9 +1215,12 @@ class _Validator:
                          f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
                          line=call.sourceline, element_id=call.get("id"), field="calledElement")
                 continue
+            beside = _defined_beside(called, [Path(d.file) for d in self.docs])
+            where = (f" ({beside} defines it: `layerflow run {' '.join(d.file for d in self.docs)} {beside}`)"
+                     if beside is not None else "")
             self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
-                     "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
+                     f"to the files validated and run{where}, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
 
     def _check_recursion(self) -> None:
@@ -2432,6 +2435,23 @@ def _timer_text_problem(tag: str, text: str) -> str | None:
             _parse_cycle(text, datetime.now(timezone.utc))
     except Exception as err:  # noqa: BLE001 - SpiffWorkflow's parsers raise bare Exception, ValueError, AttributeError
         return str(err) or type(err).__name__
+    return None
+
+
+def _defined_beside(process_id: str, given: Sequence[Path]) -> Path | None:
+    """A .bpmn file in the folder of a given file, not given itself, that defines ``process_id``
+    (read as text: a hint for the message, not a parse)."""
+    pattern = re.compile(rf"<(?:\w+:)?process\b[^>]*\bid=[\"']{re.escape(process_id)}[\"']")
+    seen = {p.resolve() for p in given}
+    for folder in dict.fromkeys(p.parent for p in given):  # as the user wrote it, relative or not
+        for candidate in sorted(folder.glob("*.bpmn")):
+            if candidate.resolve() in seen:
+                continue
+            try:
+                if pattern.search(candidate.read_text(encoding="utf-8", errors="replace")):
+                    return candidate
+            except OSError:
+                continue
     return None
 
 

@@ -359,6 +359,20 @@ def test_a_call_activity_two_levels_down_whose_process_is_missing(tmp_path: Path
     assert result.exit_code == 2, result.output
     row = _problem(result.output, "Activity_0sanctions", UNSEEN / "kyc_check.bpmn")
     assert "calledElement='sanctions_screen'" in row and "add the BPMN file that defines it" in row
+    # the file beside that defines it, and the command that gives it
+    beside = UNSEEN / "sanctions_screen.bpmn"
+    assert (f"({beside} defines it: `layerflow run {UNSEEN / 'customer_onboarding.bpmn'} {UNSEEN / 'kyc_check.bpmn'} "
+            f"{beside}`)") in row, row
+
+
+def test_a_called_process_nowhere_beside_gets_no_hint(tmp_path: Path) -> None:
+    for name in ("customer_onboarding", "kyc_check"):
+        (tmp_path / f"{name}.bpmn").write_text((UNSEEN / f"{name}.bpmn").read_text(encoding="utf-8"), encoding="utf-8")
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "customer_onboarding.bpmn"),
+                                       str(tmp_path / "kyc_check.bpmn")])
+    assert result.exit_code == 2, result.output
+    row = _problem(result.output, "Activity_0sanctions", tmp_path / "kyc_check.bpmn")
+    assert "add the BPMN file that defines it to the files validated and run, or fix the id" in row, row
 
 
 def test_a_camunda_8_export_is_refused_with_the_bpmn_to_write_and_runs_once_written(tmp_path: Path) -> None:
