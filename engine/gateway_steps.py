@@ -188,7 +188,8 @@ class GatewaySteps:
         if isinstance(spec, ExclusiveGateway):
             self._xor.pop(str(task.id), None)
             for child in taken:  # one child: the taken flow
-                self._split_in_place(parent, gw, spiff.bpmn_id_of(child), _inject_of(cfg, spiff.bpmn_id_of(child)))
+                start = spiff.branch_start_id(child)
+                self._split_in_place(parent, gw, start, _inject_of(cfg, start))
             return
         if taken:
             self._fork(task, parent_name, parent, gw, cfg, taken)
@@ -318,7 +319,7 @@ class GatewaySteps:
     def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
               cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
         inst = self.instance
-        ids = _unique_branch_ids([spiff.bpmn_id_of(c) for c in taken])
+        ids = _unique_branch_ids([spiff.branch_start_id(c) for c in taken])
         try:
             branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
         except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)

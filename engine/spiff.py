@@ -79,7 +79,7 @@ from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
-from SpiffWorkflow.bpmn.specs.control import BpmnStartTask, _EndJoin
+from SpiffWorkflow.bpmn.specs.control import BoundaryEventSplit, BpmnStartTask, _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
@@ -162,6 +162,7 @@ __all__ = [
     "arrived_branch_tasks",
     "payload_variables",
     "bpmn_id_of",
+    "branch_start_id",
 ]
 
 LAYERFLOW_NS = "https://layerflow.dev/bpmn"
@@ -232,6 +233,18 @@ def context_name_of(task: Any) -> str:
 
 def bpmn_id_of(task: Any) -> str:
     return spec_bpmn_id(task.task_spec)
+
+
+def branch_start_id(task: Any) -> str:
+    """The BPMN id of the element a branch starts with, from the first task of the branch. An
+    activity with boundary events is entered through a split SpiffWorkflow adds before it
+    (``<id>.BoundaryEventSplit``, no BPMN id): the branch starts with that activity."""
+    spec = task.task_spec
+    if isinstance(spec, BoundaryEventSplit):
+        main = [s for s in spec.outputs if not isinstance(s, BoundaryEvent)]
+        if len(main) == 1:
+            return spec_bpmn_id(main[0])
+    return spec_bpmn_id(spec)
 
 
 def spec_bpmn_id(spec: Any) -> str:

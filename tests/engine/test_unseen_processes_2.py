@@ -412,3 +412,43 @@ def test_a_camunda_8_export_is_refused_with_the_bpmn_to_write_and_runs_once_writ
     assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("timer", "Event_0wait")], instance.error
     got = variables(instance.main)
     assert got["c"] == 3 and got["offers"] == [{"name": "Acme", "price": 20}, {"name": "Bolt", "price": 14}]
+
+
+# ----- branch ids: the BPMN id of the branch's first element, boundary events or not --------------------
+
+
+def test_a_branch_that_starts_with_an_activity_with_a_boundary_event_is_named_by_that_activity(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SpiffWorkflow enters an activity with boundary events through a split of its own
+    (``Aufgabe_Prüfen.BoundaryEventSplit``); the conflict named that as the branch, a branch's
+    contextInject keyed by the activity's id was never given to it, and branchPriority could not
+    name it. DESIGN: branch ids are the BPMN ids of the first element of each outgoing branch."""
+    monkeypatch.chdir(tmp_path)
+    text = (UNSEEN / "wartung_ablauf.bpmn").read_text(encoding="utf-8").replace(
+        "<bpmn:script>temperatur = 93</bpmn:script>", "<bpmn:script>temperatur = 93\nbefund = \"heiß\"</bpmn:script>")
+    (tmp_path / "wartung_ablauf.bpmn").write_text(text, encoding="utf-8")
+    (tmp_path / "wartung_ablauf.layerflow.yaml").write_text(
+        "Gabelung_1:\n  branches:\n    - id: Aufgabe_Prüfen\n      contextInject: {vor_ort: true}\n"
+        "    - id: Aufgabe_Messen\n      contextInject: {vor_ort: false}\n", encoding="utf-8")
+    (tmp_path / "answers.json").write_text(json.dumps({"user_tasks": {
+        "Aufgabe_Prüfen": {"befund": "gut"}}}), encoding="utf-8")
+    runner = CliRunner()
+    store = f"sqlite:///{tmp_path / 'w.db'}"
+    result = runner.invoke(main, ["run", "wartung_ablauf.bpmn", "--answers", "answers.json", "--json", "--store", store])
+    doc = json.loads(result.stdout)
+    _check_document(doc, result.exit_code, "wartung_ablauf")
+    [conflict] = doc["conflicts"]
+    assert (conflict["gateway_id"], conflict["key"]) == ("Zusammenführung_1", "befund")
+    assert conflict["values"] == {"Aufgabe_Prüfen": "gut", "Aufgabe_Messen": "heiß"}
+    assert doc["waiting_for"] == [{"kind": "confirmation", "id": "Zusammenführung_1/befund",
+                                   "task_id": "Zusammenführung_1", "key": "befund"}]
+    result = runner.invoke(main, ["resume", doc["instance_id"], "--answer", "Zusammenführung_1/befund=gut", "--json",
+                                  "--store", store])
+    doc = json.loads(result.stdout)
+    _check_document(doc, result.exit_code, "wartung_ablauf")
+    assert doc["status"] == "completed" and doc["layers"]["L3"]["bericht"] == "gut, 93 °C"
+    # each branch got its own contextInject, keyed by its first element's BPMN id
+    tape = json.loads(runner.invoke(main, ["tape", doc["instance_id"], "--json", "--store", store]).stdout)
+    forks = {e["branch"]: {c[1]: c[2] for c in e["changes"] if len(c) == 3} for e in tape if e["kind"] == "fork"}
+    assert {branch: values.get("vor_ort") for branch, values in forks.items()} == {
+        "Aufgabe_Prüfen": True, "Aufgabe_Messen": False}, forks
