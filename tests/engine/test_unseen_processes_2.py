@@ -82,6 +82,11 @@ CASES: dict[str, Case] = {
     "event-based gateway: a receive task wins over a signal and a timer": Case(
         ["approval_race"], {}, {}, [("message", "approval", {"by": "Ana"})]),
     "event-based gateway: the signal wins": Case(["approval_race"], {}, {}, [("signal", "veto", {})]),
+    "message start event beside a signal start, a script task with an ioSpecification": Case(
+        ["recall_run"], {"lot": "L-77"}, {}, [("message", "complaint", {"reporter": "shop 4"})]),
+    "the signal start event": Case(["recall_run"], {"lot": "L-12"}, {}, [("signal", "recall", {})]),
+    "a signal from a called process, a timer boundary event interrupting the call activity": Case(
+        ["field_service", "technician_visit"], {}, {}, []),
     "terminate end event in one instance of a parallel multi-instance sub-process": Case(
         ["parcel_batch"], {"parcels": [{"id": 1, "kg": 3}, {"id": 2, "kg": 45}, {"id": 3, "kg": 7}]}, {}, []),
 }
@@ -94,6 +99,13 @@ KEPT: dict[str, dict[str, tuple[Any, Any]]] = {
     "an error end event two calls deep, caught on the outer call activity": {
         "blocked": (None, ["Mallory", "Eve"]), "hits": (None, ["Mallory"])},
 }
+# SpiffWorkflow replaces the data of a task with an ioSpecification by its data outputs (what the
+# process knew before is gone, its initial data included); layerflow drops only what the task itself
+# wrote beyond its outputs, and drops no payload of a message without a messageVariable
+for _case, _extra in (("message start event beside a signal start, a script task with an ioSpecification",
+                       {"lot": (None, "L-77"), "reporter": (None, "shop 4")}),
+                      ("the signal start event", {"lot": (None, "L-12")})):
+    KEPT[_case] = _extra
 # a data object is a context key under layerflow; plain SpiffWorkflow keeps it in workflow.data_objects
 DATA_OBJECTS = {"receive task, data object references with a state, data input and output associations, a group"}
 
