@@ -208,7 +208,7 @@ class GatewaySteps:
                 spoken = is_flow_sentence(text)
                 sentences = sentences or spoken
                 why = " (a sentence: only the model decides it, and none did)" if spoken else ""
-                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {text}{why}")
+                conditions.append(f"to {spiff.flow_target_id(target)!r}: {text}{why}")
         ctx = self.context_of(task)
         read = []
         # a sentence reads no context key, however much of it parses as a (CJK) name
@@ -257,7 +257,7 @@ class GatewaySteps:
         flows: list[tuple[str, str | None]] = []  # (branch id, condition text; None: the default flow)
         for condition, name in spec.cond_task_specs:
             target = task.workflow.spec.get_task_spec_from_name(name)
-            flows.append((str(getattr(target, "bpmn_id", None) or name), None if condition is None else condition.args[0]))
+            flows.append((spiff.flow_target_id(target), None if condition is None else condition.args[0]))
         spoken = {b for b, text in flows if text is not None and is_natural_language(text)}
         # A sentence written as the flow's own conditionExpression is that branch's condition
         # too (the config's sentence, when it gives one, wins).

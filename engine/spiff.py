@@ -239,7 +239,12 @@ def branch_start_id(task: Any) -> str:
     """The BPMN id of the element a branch starts with, from the first task of the branch. An
     activity with boundary events is entered through a split SpiffWorkflow adds before it
     (``<id>.BoundaryEventSplit``, no BPMN id): the branch starts with that activity."""
-    spec = task.task_spec
+    return flow_target_id(task.task_spec)
+
+
+def flow_target_id(spec: Any) -> str:
+    """The BPMN id of the element a flow leads to, given the spec SpiffWorkflow connected it to
+    (``branch_start_id``)."""
     if isinstance(spec, BoundaryEventSplit):
         main = [s for s in spec.outputs if not isinstance(s, BoundaryEvent)]
         if len(main) == 1:

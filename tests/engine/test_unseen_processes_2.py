@@ -464,3 +464,47 @@ def test_a_branch_that_starts_with_an_activity_with_a_boundary_event_is_named_by
     forks = {e["branch"]: {c[1]: c[2] for c in e["changes"] if len(c) == 3} for e in tape if e["kind"] == "fork"}
     assert {branch: values.get("vor_ort") for branch, values in forks.items()} == {
         "Aufgabe_Prüfen": True, "Aufgabe_Messen": False}, forks
+
+
+def _with_head_deadline(tmp_path: Path, *replace: tuple[str, str]) -> Path:
+    """purchase_order with a timer boundary event on the head's approval (the XOR's target)."""
+    text = (UNSEEN / "purchase_order.bpmn").read_text(encoding="utf-8")
+    boundary = """    <bpmn:boundaryEvent id="Event_0headlate" name="2 days" attachedToRef="Activity_0head">
+      <bpmn:outgoing>Flow_late</bpmn:outgoing>
+      <bpmn:timerEventDefinition id="TimerEventDefinition_0hl">
+        <bpmn:timeDuration xsi:type="bpmn:tFormalExpression">"P2D"</bpmn:timeDuration>
+      </bpmn:timerEventDefinition>
+    </bpmn:boundaryEvent>
+    <bpmn:sequenceFlow id="Flow_late" sourceRef="Event_0headlate" targetRef="Gateway_1merge"/>
+  </bpmn:process>"""
+    for old, new in (("  </bpmn:process>\n  <bpmn:message", boundary + "\n  <bpmn:message"),
+                     ("<bpmn:incoming>Flow_p5</bpmn:incoming>",
+                      "<bpmn:incoming>Flow_p5</bpmn:incoming>\n      <bpmn:incoming>Flow_late</bpmn:incoming>"),
+                     *replace):
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "purchase_order.bpmn"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_failing_flow_condition_names_the_flow_s_target_even_with_a_boundary_event(tmp_path: Path) -> None:
+    path = _with_head_deadline(tmp_path)
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path)), answers={"user_tasks": {"Activity_0fill": {"items": 5}}})
+    assert instance.status == "error" and instance.error["task_id"] == "Gateway_0amount"
+    assert "of the flow to 'Activity_0head' at 'Gateway_0amount' failed: TypeError" in instance.error["message"]
+
+
+def test_no_condition_holding_names_the_flows_by_their_targets_even_with_a_boundary_event(tmp_path: Path) -> None:
+    path = _with_head_deadline(tmp_path, (' default="Flow_p4"', ""), (
+        '<bpmn:sequenceFlow id="Flow_p4" name="no" sourceRef="Gateway_0amount" targetRef="Gateway_1merge"/>',
+        '<bpmn:sequenceFlow id="Flow_p4" name="no" sourceRef="Gateway_0amount" targetRef="Gateway_1merge">'
+        '<bpmn:conditionExpression xsi:type="bpmn:tFormalExpression">urgent == "no"</bpmn:conditionExpression>'
+        '</bpmn:sequenceFlow>'), ('sum(i["price"] * i["qty"] for i in items) &gt; 5000', 'urgent == "yes"'))
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), {"urgent": "maybe"}),
+                          answers={"user_tasks": {"Activity_0fill": {"items": []}}})
+    assert instance.status == "error" and instance.error["task_id"] == "Gateway_0amount", instance.error
+    message = instance.error["message"]
+    assert "to 'Activity_0head': urgent == \"yes\"" in message and "BoundaryEventSplit" not in message, message
