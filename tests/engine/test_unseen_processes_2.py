@@ -508,3 +508,24 @@ def test_no_condition_holding_names_the_flows_by_their_targets_even_with_a_bound
     assert instance.status == "error" and instance.error["task_id"] == "Gateway_0amount", instance.error
     message = instance.error["message"]
     assert "to 'Activity_0head': urgent == \"yes\"" in message and "BoundaryEventSplit" not in message, message
+
+
+def test_a_branch_sentence_reaches_the_model_for_a_target_with_a_boundary_event(tmp_path: Path) -> None:
+    """The config's sentence for branch 'fast' (the gateway's target, an activity with a timer
+    boundary event) was matched against '<id>.BoundaryEventSplit' and never asked: offline and
+    with a model alike the default branch was taken."""
+    from test_gateway_engine import FakeChooser, _unconditioned, notes
+
+    bpmn = _unconditioned(tmp_path)
+    text = bpmn.read_text(encoding="utf-8").replace('    <bpmn:endEvent id="end"/>', """    <bpmn:boundaryEvent id="fast_late" attachedToRef="fast">
+      <bpmn:timerEventDefinition><bpmn:timeDuration>"P1D"</bpmn:timeDuration></bpmn:timerEventDefinition>
+    </bpmn:boundaryEvent>
+    <bpmn:sequenceFlow id="f_late" sourceRef="fast_late" targetRef="end"/>
+    <bpmn:endEvent id="end"/>""")
+    bpmn.write_text(text, encoding="utf-8")
+    engine = Engine(chooser=FakeChooser("fast"))
+    instance = engine.run(engine.start(load_process(bpmn), {"amount": 9000}))
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("path") == "fast"
+    [decision] = notes(instance, "condition_decision")
+    assert decision["decided_by"] == "model" and decision["conditions"]["fast"].startswith("If the risk")
