@@ -98,14 +98,13 @@ KEPT: dict[str, dict[str, tuple[Any, Any]]] = {
     # what the called processes wrote before the error end event interrupted them
     "an error end event two calls deep, caught on the outer call activity": {
         "blocked": (None, ["Mallory", "Eve"]), "hits": (None, ["Mallory"])},
+    # SpiffWorkflow replaces the data of a task with an ioSpecification by its data outputs (what the
+    # process knew before is gone, its start data included); layerflow drops only what the task wrote
+    # beyond its outputs. And it keeps the payload of a message that names no messageVariable.
+    "message start event beside a signal start, a script task with an ioSpecification": {
+        "lot": (None, "L-77"), "reporter": (None, "shop 4")},
+    "the signal start event": {"lot": (None, "L-12")},
 }
-# SpiffWorkflow replaces the data of a task with an ioSpecification by its data outputs (what the
-# process knew before is gone, its initial data included); layerflow drops only what the task itself
-# wrote beyond its outputs, and drops no payload of a message without a messageVariable
-for _case, _extra in (("message start event beside a signal start, a script task with an ioSpecification",
-                       {"lot": (None, "L-77"), "reporter": (None, "shop 4")}),
-                      ("the signal start event", {"lot": (None, "L-12")})):
-    KEPT[_case] = _extra
 # a data object is a context key under layerflow; plain SpiffWorkflow keeps it in workflow.data_objects
 DATA_OBJECTS = {"receive task, data object references with a state, data input and output associations, a group"}
 
@@ -529,3 +528,26 @@ def test_a_branch_sentence_reaches_the_model_for_a_target_with_a_boundary_event(
     assert instance.main.resolve("path") == "fast"
     [decision] = notes(instance, "condition_decision")
     assert decision["decided_by"] == "model" and decision["conditions"]["fast"].startswith("If the risk")
+
+
+@pytest.mark.parametrize(("priority", "winner"), [(["Activity_0legal", "Activity_0medical"], "low"),
+                                                  (["Activity_0medical", "Activity_0legal"], "high")])
+def test_branch_priority_names_a_branch_whose_sub_process_has_a_boundary_event(tmp_path: Path, priority: list[str],
+                                                                              winner: str) -> None:
+    """The medical branch starts with a sub-process with an error boundary event: it was the branch
+    'Activity_0medical.BoundaryEventSplit', which branchPriority could not name, so the legal
+    branch won even where the medical one ranked first."""
+    text = (UNSEEN / "triage_incl.bpmn").read_text(encoding="utf-8")
+    text = text.replace('"branchPriority": ["Activity_0legal", "Activity_0medical"]', f'"branchPriority": {json.dumps(priority)}')
+    path = tmp_path / "triage_incl.bpmn"
+    path.write_text(text, encoding="utf-8")
+    assert CliRunner().invoke(main, ["validate", str(path)]).exit_code == 0
+    engine = Engine()
+    instance = engine.run(engine.start(load_process(path), {"injured": True, "lawsuit": True}),
+                          answers={"user_tasks": {"Activity_0legal": {"priority": "low", "notes": ["legal"]}}})
+    assert instance.status == "completed", instance.error
+    [conflict] = instance.conflicts
+    assert conflict["values"] == {"Activity_0medical": "high", "Activity_0legal": "low"}
+    assert conflict["resolution"]["value"] == winner and conflict["resolution"]["resolver"] == "strategy"
+    got = variables(instance.main)
+    assert got["priority"] == winner and sorted(got["notes"]) == ["legal", "medical"]
