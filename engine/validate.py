@@ -65,6 +65,8 @@ not make ``report.ok`` false:
 ``error_end_uncaught`` W              an error end event at the top level of the process that runs that no
                                       error event sub-process of the process catches: nothing catches it,
                                       and the instance ends as completed
+``condition_camunda_api``              a condition calls Camunda's process API (``execution.getVariable("x")``,
+                                      a JavaScript or Groovy condition's habit): the message writes the Python
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -1347,6 +1349,22 @@ class _Validator:
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
         if mode == "eval":
+            api = _camunda_api_calls(tree)
+            if api:
+                what = what or "condition"
+                language = el.get("language") if el is not None else None
+                said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
+                instead = " ".join(_camunda_reads_instead(source).split())
+                try:
+                    todo = (f"write {instead!r}" if not _camunda_api_calls(ast.parse(instead, mode="eval"))
+                            else "read each variable by its name")
+                except SyntaxError:
+                    todo = "read each variable by its name"
+                self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, Camunda's process "
+                         f"API, which is not here{said}: the run would stop there with a NameError; expressions "
+                         f"are Python over the context, where a variable is read by its name: {todo}", file=file,
+                         line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+                return None
             literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
             if literals:
                 what = what or "condition"
@@ -2362,10 +2380,25 @@ _FOREIGN_FUNCTIONS = {
 }
 
 
+def _camunda_reads_instead(source: str) -> str:
+    """Camunda's ways to read a variable (``execution.getVariable("x")``) as the name they read."""
+    return re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
+
+
+def _camunda_api_calls(tree: ast.AST) -> list[str]:
+    """The calls of Camunda's process API in an expression (``execution.getVariable``,
+    ``task.hasVariable``): no context value has them (values are JSON)."""
+    return sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and isinstance(n.func.value, ast.Name)
+                   and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
+                        and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
 def _operators_instead(source: str) -> str | None:
     """``a > 1 && !b`` (JavaScript's or Java's operators in a Python condition): ``a > 1 and not b``."""
     pairs = ((r"===", "=="), (r"!==", "!="), (r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "))
-    spelt = source
+    spelt = _camunda_reads_instead(source)
     for pattern, python in pairs:
         spelt = re.sub(pattern, python, spelt)
     spelt = " ".join(spelt.split())
@@ -2387,8 +2420,7 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
-    # Camunda's ways to read a variable, and the functions whose Python twin is a plain rename
-    inner = re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", inner)
+    inner = _camunda_reads_instead(inner)
     inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
     # FEEL's temporal literals are ISO 8601 text, which is what a timer here evaluates to
     inner = re.sub(r"(?<![\w.])(?:duration|date and time|date|time)\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1", inner)

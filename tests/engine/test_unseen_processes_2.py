@@ -312,11 +312,18 @@ def test_a_payload_the_message_element_shadows_is_an_error(tmp_path: Path) -> No
     ("${execution.getVariable(\"total\") &gt; 1000 &amp;&amp; !rush}", "write 'total > 1000 and not rush'"),
     ("= contains(name, \"x\")", "FEEL's contains(): write 'PART in TEXT'"),
     ("${nrOfCompletedInstances &gt;= 2}", "nrOfCompletedInstances is a multi-instance counter"),
+    # a Camunda 7 JavaScript or Groovy condition: valid Python that calls Camunda's API
+    ("execution.getVariable(\"total\") &gt; 1000", "calls execution.getVariable, Camunda's process API"),
+    ("execution.getVariable(\"total\") &gt; 1000", "write 'total > 1000'"),
+    ("execution.getVariable(\"total\") &gt; 1000 &amp;&amp; !rush", "write 'total > 1000 and not rush'"),
 ])
 def test_another_engines_condition_names_the_flow_and_the_python_to_write(tmp_path: Path, condition: str,
                                                                          write: str) -> None:
     code, output, path = _validate(tmp_path, "zeebe_order", (("=total &gt; 1000", condition),))
     assert code == 2, output
+    engine = Engine()
+    with pytest.raises(Exception, match="Flow_3"):  # nothing starts
+        engine.start(load_process(path), {"total": 2000, "rush": False, "items": [], "name": "x"})
     row = _problem(output, "Flow_3", path)
     assert "conditionExpression" in row and write in row, row
     # the service task's Zeebe job type and mapping are reported, as warnings, with what to do instead
