@@ -67,6 +67,8 @@ not make ``report.ok`` false:
                                       and the instance ends as completed
 ``condition_camunda_api``              a condition calls Camunda's process API (``execution.getVariable("x")``,
                                       a JavaScript or Groovy condition's habit): the message writes the Python
+                                      (a script that calls it, in any scriptFormat: ``script_syntax`` /
+                                      ``script_language``, with the assignments to write)
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -1397,7 +1399,25 @@ class _Validator:
                          + (f" ({'; '.join(hints)})" if hints else ""), file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field,
                          severity="warning")
+        else:
+            self._camunda_script(tree, source, el, file, element_id, code, field, what or "script")
         return tree
+
+    def _camunda_script(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None, code: str,
+                        field: str, what: str) -> bool:
+        """A JavaScript or Groovy script of Camunda that happens to parse as Python (its
+        ``execution.setVariable("x", ...)`` calls do): an error with the Python to write."""
+        calls = _camunda_api_calls(tree)
+        if not calls:
+            return False
+        instead = _camunda_script_instead(source)
+        todo = (f"write it as {instead!r}" if instead is not None else
+                "set a variable by assigning it (fee = amount * 0.02), read one by its name")
+        self.add(code, f"{what} calls {', '.join(calls)}, Camunda's process API, which is not here: the run would "
+                 "stop there with a NameError; scripts are Python over the context, where a variable is read by "
+                 f"its name and set by assigning it: {todo}", file=file,
+                 line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+        return True
 
     def _check_timer(self, el: Any, tag: str, file: str) -> None:
         """SpiffWorkflow evaluates a timer's text as a Python expression: modelers write ISO 8601 bare."""
@@ -1434,13 +1454,16 @@ class _Validator:
         """SpiffWorkflow ignores ``scriptFormat`` and runs every script as Python: so does the engine."""
         tid = task.get("id")
         try:
-            ast.parse(script.text, mode="exec")
+            tree = ast.parse(script.text, mode="exec")
         except SyntaxError as err:
             self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
                      f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
                      f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
                      "the task a handler (handler: file.py:function in its config)", file=file,
                      line=script.sourceline + (err.lineno or 1) - 1, element_id=tid, field="scriptFormat")
+            return
+        if self._camunda_script(tree, script.text, script, file, tid, "script_language", "script",
+                                f"script task {tid!r} (scriptFormat={language!r}, run as Python, as SpiffWorkflow does)"):
             return
         self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, but layerflow runs scripts "
                  "as Python, as SpiffWorkflow does, and this one parses as Python: it runs as Python; check it "
@@ -2383,6 +2406,24 @@ _FOREIGN_FUNCTIONS = {
 def _camunda_reads_instead(source: str) -> str:
     """Camunda's ways to read a variable (``execution.getVariable("x")``) as the name they read."""
     return re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
+
+
+def _camunda_script_instead(source: str) -> str | None:
+    """A script of Camunda's ``execution.setVariable("x", value)`` lines as Python assignments,
+    when every call of Camunda's API in it is one of those or a variable read; else None."""
+    lines = []
+    for line in source.strip().splitlines():
+        line = _camunda_reads_instead(line.strip().rstrip(";").strip())
+        setter = re.fullmatch(r"(?:execution|task)\.setVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*,\s*(.+)\)",
+                              line)
+        value = setter.group(3).strip() if setter else ""
+        value = {"true": "True", "false": "False", "null": "None"}.get(value, value)
+        lines.append(f"{setter.group(2)} = {value}" if setter else line)
+    text = "\n".join(lines)
+    try:
+        return None if _camunda_api_calls(ast.parse(text)) else text
+    except SyntaxError:
+        return None
 
 
 def _camunda_api_calls(tree: ast.AST) -> list[str]:

@@ -558,3 +558,21 @@ def test_branch_priority_names_a_branch_whose_sub_process_has_a_boundary_event(t
     assert conflict["resolution"]["value"] == winner and conflict["resolution"]["resolver"] == "strategy"
     got = variables(instance.main)
     assert got["priority"] == winner and sorted(got["notes"]) == ["legal", "medical"]
+
+
+@pytest.mark.parametrize("script_format", ["javascript", "groovy", "python"])
+def test_a_camunda_script_that_parses_as_python_but_calls_camunda_s_api_is_an_error(tmp_path: Path,
+                                                                                     script_format: str) -> None:
+    """``execution.setVariable("fee", execution.getVariable("amount") * 0.02)`` is JavaScript, Groovy
+    and (Jython) Python at once: it passed validate (a warning for the script format) and stopped
+    the run with NameError: name 'execution' is not defined."""
+    code, output, path = _validate(tmp_path, "camunda_io", (
+        ('scriptFormat="python">', f'scriptFormat="{script_format}">'),
+        ("<bpmn:script>result = base * 0.02</bpmn:script>",
+         '<bpmn:script>execution.setVariable("fee", execution.getVariable("amount") * 0.02);\n'
+         'execution.setVariable(\'checked\', true)</bpmn:script>')))
+    assert code == 2, output
+    row = _problem(output, "Activity_0calc", path)
+    assert "calls execution.getVariable, execution.setVariable, Camunda's process API" in row, row
+    assert "write it as 'fee = amount * 0.02\\nchecked = True'" in row, row
+    assert "warning" not in row
