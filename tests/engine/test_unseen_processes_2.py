@@ -460,6 +460,11 @@ def test_a_branch_that_starts_with_an_activity_with_a_boundary_event_is_named_by
     assert conflict["values"] == {"Aufgabe_Prüfen": "gut", "Aufgabe_Messen": "heiß"}
     assert doc["waiting_for"] == [{"kind": "confirmation", "id": "Zusammenführung_1/befund",
                                    "task_id": "Zusammenführung_1", "key": "befund"}]
+    # --yes has nothing to take (no policy, no model, no default): stderr says why it still waits
+    result = runner.invoke(main, ["resume", doc["instance_id"], "--yes", "--json", "--store", store])
+    assert result.exit_code == 3 and json.loads(result.stdout)["waiting_for"] == doc["waiting_for"]
+    assert ("--yes: confirmation 'Zusammenführung_1/befund' has no suggestion to take" in result.stderr
+            and "--answer 'Zusammenführung_1/befund=VALUE' (VALUE: \"gut\" | \"heiß\"" in result.stderr), result.stderr
     result = runner.invoke(main, ["resume", doc["instance_id"], "--answer", "Zusammenführung_1/befund=gut", "--json",
                                   "--store", store])
     doc = json.loads(result.stdout)
