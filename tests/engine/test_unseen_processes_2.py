@@ -87,6 +87,8 @@ CASES: dict[str, Case] = {
     "the signal start event": Case(["recall_run"], {"lot": "L-12"}, {}, [("signal", "recall", {})]),
     "a signal from a called process, a timer boundary event interrupting the call activity": Case(
         ["field_service", "technician_visit"], {}, {}, []),
+    "a data object read inside a looping sub-process whose message interrupts a person in the other branch": Case(
+        ["warranty_claim"], {"serial": "SN-1"}, {"Activity_0inspect": {"ok": True}}, []),
     "terminate end event in one instance of a parallel multi-instance sub-process": Case(
         ["parcel_batch"], {"parcels": [{"id": 1, "kg": 3}, {"id": 2, "kg": 45}, {"id": 3, "kg": 7}]}, {}, []),
 }
@@ -106,7 +108,8 @@ KEPT: dict[str, dict[str, tuple[Any, Any]]] = {
     "the signal start event": {"lot": (None, "L-12")},
 }
 # a data object is a context key under layerflow; plain SpiffWorkflow keeps it in workflow.data_objects
-DATA_OBJECTS = {"receive task, data object references with a state, data input and output associations, a group"}
+DATA_OBJECTS = {"receive task, data object references with a state, data input and output associations, a group",
+                "a data object read inside a looping sub-process whose message interrupts a person in the other branch"}
 
 
 def _paths(files: list[str]) -> list[Path]:
