@@ -80,7 +80,7 @@ from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
 from SpiffWorkflow.bpmn.specs.control import BoundaryEventSplit, BpmnStartTask, _EndJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.simple import CancelEventDefinition, TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
@@ -386,11 +386,13 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
-        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None), CodeEventDefinition):
-            # asked before the throw, which readies the event that catches it: an error an event catches
-            # ends its branch (and an escalation that starts an interrupting event sub-process)
+        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
+                                                          (CodeEventDefinition, CancelEventDefinition)):
+            # asked before the throw, which readies the event that catches it: an error (a transaction's
+            # cancel) an event catches ends its branch (and an escalation that starts an interrupting
+            # event sub-process)
             catchers = catching_tasks(my_task)
-            if isinstance(self.event_definition, ErrorEventDefinition):
+            if isinstance(self.event_definition, (ErrorEventDefinition, CancelEventDefinition)):
                 my_task.internal_data[CAUGHT_KEY] = bool(catchers) and isinstance(self, EndEvent)
             else:
                 my_task.internal_data[CAUGHT_KEY] = any(getattr(t.task_spec, "lf_interrupting", False)
@@ -457,7 +459,7 @@ class _LayerflowSpecMixin:
             esp = event_subprocess_of(my_task)
             if driver is not None and esp is not None:
                 driver.interrupt(esp, my_task)  # before its path begins
-        # an error end event that an event catches ends its (sub-)process as a terminate end event
+        # an error (cancel) end event that an event catches ends its (sub-)process as a terminate end event
         # does (and so does an escalation that starts an interrupting event sub-process): the
         # catching event's path goes on with what the branch that threw it wrote
         if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \
