@@ -389,14 +389,15 @@ class _LayerflowSpecMixin:
         if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
                                                           (CodeEventDefinition, CancelEventDefinition)):
             # asked before the throw, which readies the event that catches it: an error (a transaction's
-            # cancel) an event catches ends its branch (and an escalation that starts an interrupting
-            # event sub-process)
+            # cancel) an event catches ends its branch, and so does an escalation that interrupts (an
+            # interrupting boundary event or event sub-process catches it)
             catchers = catching_tasks(my_task)
             if isinstance(self.event_definition, (ErrorEventDefinition, CancelEventDefinition)):
                 my_task.internal_data[CAUGHT_KEY] = bool(catchers) and isinstance(self, EndEvent)
-            else:
-                my_task.internal_data[CAUGHT_KEY] = any(getattr(t.task_spec, "lf_interrupting", False)
-                                                        for t in catchers)
+            else:  # an escalation: caught by an interrupting event sub-process or boundary event
+                my_task.internal_data[CAUGHT_KEY] = any(
+                    getattr(t.task_spec, "lf_interrupting", False)
+                    or isinstance(t.task_spec, BoundaryEvent) and t.task_spec.cancel_activity for t in catchers)
             scopes = [catching_scope(t) for t in catchers if caught_in_scope(t.task_spec)]
             if my_task.internal_data[CAUGHT_KEY] and scopes:
                 # an event sub-process of a scope around its own catches it: the branches it ran in

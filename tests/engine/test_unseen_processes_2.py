@@ -58,6 +58,8 @@ CASES: dict[str, Case] = {
         ["signed_payment"], {"amount": 10}, {"Activity_0sign": {"signed": True}}, []),
     "a cancel end event in one branch of a transaction cancels the person waiting in the other": Case(
         ["signed_payment"], {"amount": 5000}, {"Activity_0sign": {"signed": True}}, []),
+    "an escalation end event in one branch of a sub-process, caught by an interrupting boundary event": Case(
+        ["fraud_escalation"], {"amount": 5000}, {"Activity_0sign": {"signed": True}}, []),
     "three pools, the executable one second, lanes, a message from the supplier's pool": Case(
         ["purchase_order"], {}, {"Activity_0fill": {"items": [{"price": 2000, "qty": 3}]},
                                  "Activity_0head": {"head_ok": True}}, [("message", "supplier_conf", {"eta": "2026-12-10"})]),
@@ -103,6 +105,8 @@ KEPT: dict[str, dict[str, tuple[Any, Any]]] = {
     "cancel end event in a transaction, caught by its cancel boundary event": {"reserved": (None, 5000)},
     # what the branch that reached the cancel end event wrote (as for an error end event in a branch)
     "a cancel end event in one branch of a transaction cancels the person waiting in the other": {
+        "reserved": (None, 5000)},
+    "an escalation end event in one branch of a sub-process, caught by an interrupting boundary event": {
         "reserved": (None, 5000)},
     # what the called processes wrote before the error end event interrupted them
     "an error end event two calls deep, caught on the outer call activity": {
