@@ -88,6 +88,7 @@ CASES: dict[str, Case] = {
     "event-based gateway: a receive task wins over a signal and a timer": Case(
         ["approval_race"], {}, {}, [("message", "approval", {"by": "Ana"})]),
     "event-based gateway: the signal wins": Case(["approval_race"], {}, {}, [("signal", "veto", {})]),
+    "event-based gateway: a timeDate already past wins at once": Case(["approval_overdue"], {}, {}, []),
     "message start event beside a signal start, a script task with an ioSpecification": Case(
         ["recall_run"], {"lot": "L-77"}, {}, [("message", "complaint", {"reporter": "shop 4"})]),
     "the signal start event": Case(["recall_run"], {"lot": "L-12"}, {}, [("signal", "recall", {})]),
