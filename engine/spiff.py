@@ -163,6 +163,7 @@ __all__ = [
     "payload_variables",
     "bpmn_id_of",
     "branch_start_id",
+    "flow_target_id",
 ]
 
 LAYERFLOW_NS = "https://layerflow.dev/bpmn"
