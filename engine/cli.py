@@ -328,7 +328,20 @@ def _suggested(item: dict[str, Any]) -> Any:
 
 def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], Any] | None:
     if yes:
-        return _suggested
+        told: set[str] = set()
+
+        def suggested(item: dict[str, Any]) -> Any:
+            value = _suggested(item)
+            if value is None and item.get("kind") == "confirmation" and item.get("id") not in told:
+                # --yes takes a suggestion: say why this one is left waiting, and what answers it
+                told.add(item["id"])
+                values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in item.get("options", []))
+                out.info(f"--yes: confirmation {item['id']!r} has no suggestion to take (no conflictPolicy rule or "
+                         f"model suggested a value, and it has no default): it waits; answer it with --answer "
+                         f"{shlex.quote(item['id'] + '=VALUE')} (VALUE: {values})")
+            return value
+
+        return suggested
     if not answered and stdin_is_terminal():
         return TerminalPrompt()  # numbered options, the deadline counting down (engine.confirm)
     return None

@@ -188,7 +188,8 @@ class GatewaySteps:
         if isinstance(spec, ExclusiveGateway):
             self._xor.pop(str(task.id), None)
             for child in taken:  # one child: the taken flow
-                self._split_in_place(parent, gw, spiff.bpmn_id_of(child), _inject_of(cfg, spiff.bpmn_id_of(child)))
+                start = spiff.branch_start_id(child)
+                self._split_in_place(parent, gw, start, _inject_of(cfg, start))
             return
         if taken:
             self._fork(task, parent_name, parent, gw, cfg, taken)
@@ -207,7 +208,7 @@ class GatewaySteps:
                 spoken = is_flow_sentence(text)
                 sentences = sentences or spoken
                 why = " (a sentence: only the model decides it, and none did)" if spoken else ""
-                conditions.append(f"to {getattr(target, 'bpmn_id', None) or name!r}: {text}{why}")
+                conditions.append(f"to {spiff.flow_target_id(target)!r}: {text}{why}")
         ctx = self.context_of(task)
         read = []
         # a sentence reads no context key, however much of it parses as a (CJK) name
@@ -256,7 +257,7 @@ class GatewaySteps:
         flows: list[tuple[str, str | None]] = []  # (branch id, condition text; None: the default flow)
         for condition, name in spec.cond_task_specs:
             target = task.workflow.spec.get_task_spec_from_name(name)
-            flows.append((str(getattr(target, "bpmn_id", None) or name), None if condition is None else condition.args[0]))
+            flows.append((spiff.flow_target_id(target), None if condition is None else condition.args[0]))
         spoken = {b for b, text in flows if text is not None and is_natural_language(text)}
         # A sentence written as the flow's own conditionExpression is that branch's condition
         # too (the config's sentence, when it gives one, wins).
@@ -318,7 +319,7 @@ class GatewaySteps:
     def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
               cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
         inst = self.instance
-        ids = _unique_branch_ids([spiff.bpmn_id_of(c) for c in taken])
+        ids = _unique_branch_ids([spiff.branch_start_id(c) for c in taken])
         try:
             branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
         except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)

@@ -730,6 +730,16 @@ def _runtime_of(instance: Instance) -> "_Runtime":
     return rt
 
 
+def _flow_of(task: Any, expression: str) -> str:
+    """`` of the flow to 'X'`` when ``expression`` is the condition of a gateway's outgoing flow
+    (several flows leave a gateway: the message says which one failed), else nothing."""
+    for condition, name in getattr(task.task_spec, "cond_task_specs", None) or ():
+        if condition is not None and condition.args and condition.args[0] == expression:
+            target = task.workflow.spec.get_task_spec_from_name(name)
+            return f" of the flow to {spiff.flow_target_id(target)!r}"
+    return ""
+
+
 def _name_hint(err: BaseException, where: str | None) -> str:
     """What to do about a name an expression reads and the context does not hold."""
     if not isinstance(err, NameError) or not err.name:
@@ -1560,7 +1570,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
             where = spiff.bpmn_id_of(task)
-            raise ActivityError(f"condition {expression.strip()!r} at {where!r} failed: "
+            raise ActivityError(f"condition {expression.strip()!r}{_flow_of(task, expression)} at {where!r} failed: "
                                 f"{type(err).__name__}: {err}{_name_hint(err, where)}", task_id=where) from err
 
     def exec_script(self, task: Any, script: str) -> None:

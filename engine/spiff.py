@@ -80,8 +80,8 @@ from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
-from SpiffWorkflow.bpmn.specs.control import BpmnStartTask, _EndJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.simple import TerminateEventDefinition
+from SpiffWorkflow.bpmn.specs.control import BoundaryEventSplit, BpmnStartTask, _EndJoin
+from SpiffWorkflow.bpmn.specs.event_definitions.simple import CancelEventDefinition, TerminateEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
@@ -163,6 +163,8 @@ __all__ = [
     "arrived_branch_tasks",
     "payload_variables",
     "bpmn_id_of",
+    "branch_start_id",
+    "flow_target_id",
 ]
 
 LAYERFLOW_NS = "https://layerflow.dev/bpmn"
@@ -235,6 +237,23 @@ def context_name_of(task: Any) -> str:
 
 def bpmn_id_of(task: Any) -> str:
     return spec_bpmn_id(task.task_spec)
+
+
+def branch_start_id(task: Any) -> str:
+    """The BPMN id of the element a branch starts with, from the first task of the branch. An
+    activity with boundary events is entered through a split SpiffWorkflow adds before it
+    (``<id>.BoundaryEventSplit``, no BPMN id): the branch starts with that activity."""
+    return flow_target_id(task.task_spec)
+
+
+def flow_target_id(spec: Any) -> str:
+    """The BPMN id of the element a flow leads to, given the spec SpiffWorkflow connected it to
+    (``branch_start_id``)."""
+    if isinstance(spec, BoundaryEventSplit):
+        main = [s for s in spec.outputs if not isinstance(s, BoundaryEvent)]
+        if len(main) == 1:
+            return spec_bpmn_id(main[0])
+    return spec_bpmn_id(spec)
 
 
 def spec_bpmn_id(spec: Any) -> str:
@@ -371,15 +390,18 @@ class _LayerflowSpecMixin:
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
-        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None), CodeEventDefinition):
-            # asked before the throw, which readies the event that catches it: an error an event catches
-            # ends its branch (and an escalation that starts an interrupting event sub-process)
+        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
+                                                          (CodeEventDefinition, CancelEventDefinition)):
+            # asked before the throw, which readies the event that catches it: an error (a transaction's
+            # cancel) an event catches ends its branch, and so does an escalation that interrupts (an
+            # interrupting boundary event or event sub-process catches it)
             catchers = catching_tasks(my_task)
-            if isinstance(self.event_definition, ErrorEventDefinition):
+            if isinstance(self.event_definition, (ErrorEventDefinition, CancelEventDefinition)):
                 my_task.internal_data[CAUGHT_KEY] = bool(catchers) and isinstance(self, EndEvent)
-            else:
-                my_task.internal_data[CAUGHT_KEY] = any(getattr(t.task_spec, "lf_interrupting", False)
-                                                        for t in catchers)
+            else:  # an escalation: caught by an interrupting event sub-process or boundary event
+                my_task.internal_data[CAUGHT_KEY] = any(
+                    getattr(t.task_spec, "lf_interrupting", False)
+                    or isinstance(t.task_spec, BoundaryEvent) and t.task_spec.cancel_activity for t in catchers)
             scopes = [catching_scope(t) for t in catchers if caught_in_scope(t.task_spec)]
             if my_task.internal_data[CAUGHT_KEY] and scopes:
                 # an event sub-process of a scope around its own catches it: the branches it ran in
@@ -442,7 +464,7 @@ class _LayerflowSpecMixin:
             esp = event_subprocess_of(my_task)
             if driver is not None and esp is not None:
                 driver.interrupt(esp, my_task)  # before its path begins
-        # an error end event that an event catches ends its (sub-)process as a terminate end event
+        # an error (cancel) end event that an event catches ends its (sub-)process as a terminate end event
         # does (and so does an escalation that starts an interrupting event sub-process): the
         # catching event's path goes on with what the branch that threw it wrote
         if isinstance(getattr(self, "event_definition", None), TerminateEventDefinition) \

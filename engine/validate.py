@@ -65,6 +65,10 @@ not make ``report.ok`` false:
 ``error_end_uncaught`` W              an error end event at the top level of the process that runs that no
                                       error event sub-process of the process catches: nothing catches it,
                                       and the instance ends as completed
+``condition_camunda_api``              a condition calls Camunda's process API (``execution.getVariable("x")``,
+                                      a JavaScript or Groovy condition's habit): the message writes the Python
+                                      (a script that calls it, in any scriptFormat: ``script_syntax`` /
+                                      ``script_language``, with the assignments to write)
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -85,6 +89,9 @@ not make ``report.ok`` false:
                                       path ends there, and in a branch of a split its writes are dropped
 ``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
 ``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
+``compensation_unsupported``          a compensation boundary, throw or end event: SpiffWorkflow 3.2 runs no
+                                      compensation (it cannot load the boundary event; it reads the throw as a
+                                      plain event, so the undo never runs)
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
 ``no_start_event``                    a process or sub-process with no start event
@@ -127,12 +134,18 @@ not make ``report.ok`` false:
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: nothing can send it, it never fires
+``message_extension_shadowed``        a spiffworkflow:messagePayload / messageVariable of an event (or send / receive
+                                      task) whose bpmn:message has one of its own: SpiffWorkflow then reads the
+                                      message's only, and the event's is lost (an empty payload, a variable never set)
 ``event_ref_unknown``                 a messageRef / signalRef / errorRef / escalationRef (of an event definition,
                                       a send or receive task) that names no such element of the file:
                                       SpiffWorkflow fails to load it with an error of its own parser
 ``boundary_not_attached``             a boundary event whose attachedToRef names no activity of the process, or
                                       one drawn outside its activity's scope: SpiffWorkflow drops it without a
                                       word, and its path never runs
+``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
+                                      (camunda:collection) and which has no loopDataInputRef or loopCardinality:
+                                      SpiffWorkflow cannot load it; the message writes the BPMN to use
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -226,6 +239,7 @@ _NOT_ACTIVITIES = frozenset(_bpmn(t) for t in (
 _EVENT_REFS = (("messageEventDefinition", "messageRef", "message"), ("signalEventDefinition", "signalRef", "signal"),
                ("errorEventDefinition", "errorRef", "error"), ("escalationEventDefinition", "escalationRef", "escalation"))
 _NO_JSON = object()
+_MESSAGE_EXTENSIONS = ("messagePayload", "messageVariable")
 _SCHEMA_LOCK = threading.Lock()
 _PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable",
                                       "process_ambiguous"})
@@ -1207,9 +1221,12 @@ class _Validator:
                          f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
                          line=call.sourceline, element_id=call.get("id"), field="calledElement")
                 continue
+            beside = _defined_beside(called, [Path(d.file) for d in self.docs])
+            where = (f" ({beside} defines it: `layerflow run {' '.join(d.file for d in self.docs)} {beside}`)"
+                     if beside is not None else "")
             self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
-                     "to the files validated and run, or fix the id", file=proc.file, line=call.sourceline,
+                     f"to the files validated and run{where}, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
 
     def _check_recursion(self) -> None:
@@ -1336,6 +1353,22 @@ class _Validator:
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
         if mode == "eval":
+            api = _camunda_api_calls(tree)
+            if api:
+                what = what or "condition"
+                language = el.get("language") if el is not None else None
+                said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
+                instead = " ".join(_camunda_reads_instead(source).split())
+                try:
+                    todo = (f"write {instead!r}" if not _camunda_api_calls(ast.parse(instead, mode="eval"))
+                            else "read each variable by its name")
+                except SyntaxError:
+                    todo = "read each variable by its name"
+                self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, Camunda's process "
+                         f"API, which is not here{said}: the run would stop there with a NameError; expressions "
+                         f"are Python over the context, where a variable is read by its name: {todo}", file=file,
+                         line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+                return None
             literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
             if literals:
                 what = what or "condition"
@@ -1368,7 +1401,25 @@ class _Validator:
                          + (f" ({'; '.join(hints)})" if hints else ""), file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field,
                          severity="warning")
+        else:
+            self._camunda_script(tree, source, el, file, element_id, code, field, what or "script")
         return tree
+
+    def _camunda_script(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None, code: str,
+                        field: str, what: str) -> bool:
+        """A JavaScript or Groovy script of Camunda that happens to parse as Python (its
+        ``execution.setVariable("x", ...)`` calls do): an error with the Python to write."""
+        calls = _camunda_api_calls(tree)
+        if not calls:
+            return False
+        instead = _camunda_script_instead(source)
+        todo = (f"write it as {instead!r}" if instead is not None else
+                "set a variable by assigning it (fee = amount * 0.02), read one by its name")
+        self.add(code, f"{what} calls {', '.join(calls)}, Camunda's process API, which is not here: the run would "
+                 "stop there with a NameError; scripts are Python over the context, where a variable is read by "
+                 f"its name and set by assigning it: {todo}", file=file,
+                 line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+        return True
 
     def _check_timer(self, el: Any, tag: str, file: str) -> None:
         """SpiffWorkflow evaluates a timer's text as a Python expression: modelers write ISO 8601 bare."""
@@ -1405,13 +1456,16 @@ class _Validator:
         """SpiffWorkflow ignores ``scriptFormat`` and runs every script as Python: so does the engine."""
         tid = task.get("id")
         try:
-            ast.parse(script.text, mode="exec")
+            tree = ast.parse(script.text, mode="exec")
         except SyntaxError as err:
             self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
                      f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
                      f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
                      "the task a handler (handler: file.py:function in its config)", file=file,
                      line=script.sourceline + (err.lineno or 1) - 1, element_id=tid, field="scriptFormat")
+            return
+        if self._camunda_script(tree, script.text, script, file, tid, "script_language", "script",
+                                f"script task {tid!r} (scriptFormat={language!r}, run as Python, as SpiffWorkflow does)"):
             return
         self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, but layerflow runs scripts "
                  "as Python, as SpiffWorkflow does, and this one parses as Python: it runs as Python; check it "
@@ -1441,6 +1495,8 @@ class _Validator:
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
             if tag == "boundaryEvent" and el.find(_bpmn("cancelEventDefinition")) is not None:
                 self._check_cancel(el, eid, file)
+            if el.find(_bpmn("compensateEventDefinition")) is not None and tag != "startEvent":
+                self._check_compensation(el, eid, tag, file)
             if tag == "adHocSubProcess":
                 done = _condition_text(el, "completionCondition") or "its completion condition"
                 self.add("unsupported_element", f"ad-hoc sub-process {eid!r}: SpiffWorkflow 3.2 cannot run one to its "
@@ -1644,6 +1700,24 @@ class _Validator:
                  "inside it ends, or catch an error or escalation event instead", file=file, line=event.sourceline,
                  element_id=eid, field="attachedToRef")
 
+    def _check_compensation(self, event: Any, eid: str, tag: str, file: str) -> None:
+        """SpiffWorkflow 3.2 has no compensation: it cannot load a compensation boundary event, and
+        reads a compensation throw or end event as a plain one, so the undo never runs and the
+        process completes as if it had. (A compensation start of an event sub-process is
+        ``unsupported_start_event``.)"""
+        self.related.add(eid)
+        handlers = [el.get("id") for el in event.getroottree().iter(*(_FLOW_NODES - _NOT_ACTIVITIES))
+                    if el.get("isForCompensation") == "true"]
+        undo = f" ({', '.join(map(repr, handlers))})" if handlers else ""
+        what = ("SpiffWorkflow cannot load a compensation boundary event" if tag == "boundaryEvent" else
+                "SpiffWorkflow reads a compensation throw as a plain event, so no compensation handler runs and "
+                "the process goes on as if it had been compensated")
+        self.add("compensation_unsupported", f"bpmn:{tag} {eid!r} is a compensation event, and SpiffWorkflow 3.2 "
+                 f"runs no compensation: {what}; draw the undo as part of the flow instead: sequence flows from "
+                 f"the failure path through the undo tasks{undo} (set isForCompensation=\"false\" on them), or an "
+                 "error boundary event on a sub-process whose path does the undo", file=file, line=event.sourceline,
+                 element_id=eid)
+
     def _check_starts(self, scope: Any, file: str) -> None:
         """SpiffWorkflow starts a (sub-)process with several start events at the first one to fire and
         cancels the others: a start event with no trigger fires at once, so the starts after it never do."""
@@ -1758,7 +1832,7 @@ class _Validator:
         for holder in (el, loop):
             for name in (holder.attrib if holder is not None else {}):
                 found.update({q: None for q in [_foreign_name(name)] if q})
-        for ext in el.iterfind(_bpmn("extensionElements")):
+        for ext in (e for holder in (el, loop) if holder is not None for e in holder.iterfind(_bpmn("extensionElements"))):
             for child in ext:
                 found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
         if tag == "businessRuleTask":
@@ -1776,14 +1850,61 @@ class _Validator:
                          "Python expression in a spiffworkflow:messagePayload in the messageEventDefinition's "
                          "extensionElements, and a spiffworkflow:messageVariable where it is caught", file=file,
                          line=definition.sourceline, element_id=eid, field=name, severity="warning")
+        if loop is not None and loop.find(_bpmn("loopDataInputRef")) is None and loop.find(_bpmn("loopCardinality")) is None:
+            # Camunda 7 (Activiti, Flowable): attributes of the loop; Camunda 8: a zeebe:loopCharacteristics in it
+            zeebe = loop.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}loopCharacteristics")
+            names = {(_foreign_name(k) or "").partition(":")[2]: (_foreign_name(k), v) for k, v in loop.attrib.items()}
+            if zeebe is not None:
+                names = {"collection": ("zeebe:loopCharacteristics inputCollection", zeebe.get("inputCollection", "")),
+                         "elementVariable": ("inputElement", zeebe.get("inputElement", "")),
+                         "outputCollection": ("outputCollection", zeebe.get("outputCollection", "")),
+                         "outputElement": ("outputElement", zeebe.get("outputElement", ""))}
+            if "collection" in names:
+                self._foreign_collection(loop, names, eid, tag, file)
+                found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
+                                                                   ":loopCharacteristics"))}
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        script = el.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}script")
+        if script is not None and (script.get("expression") or "").strip().startswith("=") and script.get("resultVariable"):
+            # Camunda 8's one-line script: a FEEL expression whose value lands in resultVariable
+            instead = _python_instead(script.get("expression", ""), "FEEL")
+            if instead.startswith("write '"):
+                line = f"{script.get('resultVariable')} = {instead[len('write '):].split(' (', 1)[0].strip(chr(39))}"
+                todo = [f"write {line!r} as its bpmn:script" if t == _FOREIGN_SETTINGS["script"] else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
                  f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
                  line=el.sourceline, element_id=eid, severity="warning")
+
+    def _foreign_collection(self, loop: Any, names: dict[str, tuple[str | None, str]], eid: str, tag: str,
+                            file: str) -> None:
+        """A multi-instance loop over another engine's collection (camunda:collection, Camunda 8's
+        zeebe:loopCharacteristics) and nothing BPMN's: SpiffWorkflow refuses a loop with neither a
+        loopDataInputRef nor a cardinality; say what to write, with the names this loop uses."""
+        self.related.add(eid)
+
+        def plain(key: str, default: str) -> str:
+            text = names.get(key, (None, ""))[1].strip()
+            if text[:2] in ("${", "#{") and text.endswith("}"):
+                text = text[2:-1].strip()
+            return text.lstrip("=").strip() if text.lstrip("=").strip().isidentifier() else default
+
+        what, collection = names["collection"]
+        item = plain("elementVariable", "ITEM")
+        write = (f"<bpmn:loopDataInputRef>{plain('collection', 'COLLECTION')}</bpmn:loopDataInputRef> and "
+                 f"<bpmn:inputDataItem id=\"{item}\" name=\"{item}\"/>")
+        if "outputCollection" in names and names["outputCollection"][1]:
+            out = plain("outputElement", "OUTPUT_ITEM")
+            write += (f", <bpmn:loopDataOutputRef>{plain('outputCollection', 'OUTPUT')}</bpmn:loopDataOutputRef> and "
+                      f"<bpmn:outputDataItem id=\"{out}\" name=\"{out}\"/>")
+        self.add("multi_instance_foreign_collection", f"bpmn:{tag} {eid!r} is a multi-instance activity over "
+                 f"{what}={collection!r}, another engine's setting that SpiffWorkflow does not read, and it has no "
+                 "bpmn:loopDataInputRef or bpmn:loopCardinality, so SpiffWorkflow cannot load it: write "
+                 f"{write} in its bpmn:multiInstanceLoopCharacteristics", file=file, line=loop.sourceline,
+                 element_id=eid, field="loopDataInputRef")
 
     def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A multi-instance item, or a task's data input or output, is the variable its id names; a
@@ -1823,6 +1944,7 @@ class _Validator:
                      f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" name=\"...\"/> under "
                      f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
                      field=ref)
+        self._check_message_extensions(el, eid, tag, root, file)
         if tag == "boundaryEvent":
             self._check_attached(el, eid, file)
         if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
@@ -1837,6 +1959,36 @@ class _Validator:
                          f'{ref}="ID" naming a bpmn:{what} of the file (`layerflow send` delivers it by that '
                          f"{what}'s name)", file=file, line=definition.sourceline, element_id=eid, field=ref,
                          severity="warning")
+
+    def _check_message_extensions(self, el: Any, eid: str, tag: str, root: Any, file: str) -> None:
+        """SpiffWorkflow reads a message's payload and variable from its bpmn:message when that holds
+        either (the older place), and then ignores the event's own: a messagePayload on the throw
+        event goes out as an empty payload, a messageVariable on the catch is never set."""
+        definitions = [el] if tag in ("sendTask", "receiveTask") else list(el.iterfind(_bpmn("messageEventDefinition")))
+        for definition in definitions:
+            ref = definition.get("messageRef")
+            message = next((m for m in root.iterfind(_bpmn("message")) if ref and m.get("id") == ref), None)
+            if message is None:
+                continue
+            on_message = {name: (found.text or "").strip() for name in _MESSAGE_EXTENSIONS
+                          for found in message.iter(f"{{{SPIFF_NS}}}{name}")}
+            if not on_message:
+                continue
+            for name in _MESSAGE_EXTENSIONS:
+                for own in definition.iter(f"{{{SPIFF_NS}}}{name}"):
+                    text = (own.text or "").strip()
+                    if on_message.get(name) == text:
+                        continue
+                    read = ", ".join(f"spiffworkflow:{k} {v!r}" for k, v in on_message.items())
+                    lost = ("the message goes out with the message's payload instead" if name == "messagePayload"
+                            and "messagePayload" in on_message else "the message goes out with an empty payload"
+                            if name == "messagePayload" else f"{text!r} is never set")
+                    self.add("message_extension_shadowed", f"bpmn:{tag} {eid!r}: its spiffworkflow:{name} {text!r} "
+                             f"is never read: its bpmn:message {ref!r} has {read}, and SpiffWorkflow then reads the "
+                             f"message's settings only, so {lost}; move the bpmn:message's spiffworkflow:"
+                             "messagePayload / messageVariable into the messageEventDefinitions (or send / receive "
+                             "tasks) that throw and catch it, where SpiffWorkflow reads them", file=file,
+                             line=own.sourceline, element_id=eid, field=name)
 
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
         """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
@@ -2257,10 +2409,43 @@ _FOREIGN_FUNCTIONS = {
 }
 
 
+def _camunda_reads_instead(source: str) -> str:
+    """Camunda's ways to read a variable (``execution.getVariable("x")``) as the name they read."""
+    return re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
+
+
+def _camunda_script_instead(source: str) -> str | None:
+    """A script of Camunda's ``execution.setVariable("x", value)`` lines as Python assignments,
+    when every call of Camunda's API in it is one of those or a variable read; else None."""
+    lines = []
+    for line in source.strip().splitlines():
+        line = _camunda_reads_instead(line.strip().rstrip(";").strip())
+        setter = re.fullmatch(r"(?:execution|task)\.setVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*,\s*(.+)\)",
+                              line)
+        value = setter.group(3).strip() if setter else ""
+        value = {"true": "True", "false": "False", "null": "None"}.get(value, value)
+        lines.append(f"{setter.group(2)} = {value}" if setter else line)
+    text = "\n".join(lines)
+    try:
+        return None if _camunda_api_calls(ast.parse(text)) else text
+    except SyntaxError:
+        return None
+
+
+def _camunda_api_calls(tree: ast.AST) -> list[str]:
+    """The calls of Camunda's process API in an expression (``execution.getVariable``,
+    ``task.hasVariable``): no context value has them (values are JSON)."""
+    return sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and isinstance(n.func.value, ast.Name)
+                   and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
+                        and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
 def _operators_instead(source: str) -> str | None:
     """``a > 1 && !b`` (JavaScript's or Java's operators in a Python condition): ``a > 1 and not b``."""
     pairs = ((r"===", "=="), (r"!==", "!="), (r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "))
-    spelt = source
+    spelt = _camunda_reads_instead(source)
     for pattern, python in pairs:
         spelt = re.sub(pattern, python, spelt)
     spelt = " ".join(spelt.split())
@@ -2282,12 +2467,26 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
+    inner = _camunda_reads_instead(inner)
+    inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
+    # FEEL's temporal literals are ISO 8601 text, which is what a timer here evaluates to
+    inner = re.sub(r"(?<![\w.])(?:duration|date and time|date|time)\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1", inner)
     inner = " ".join(inner.split())
     try:
-        ast.parse(inner, mode="eval")
+        tree = ast.parse(inner, mode="eval")
     except SyntaxError:
         return "rewrite it as a Python expression over the process variables"
-    return f"write {inner!r}"
+    calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id in _FOREIGN_FUNCTIONS})
+    left = [f"{dialect}'s {name}(): {_FOREIGN_FUNCTIONS[name]}" for name in calls]
+    attribute_calls = sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                              and isinstance(n.func.value, ast.Name) and n.func.value.id in ("execution", "task")})
+    left += [f"{name}() is Camunda's API, which is not here: read the variable by its name" for name in attribute_calls]
+    counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
+    left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
+             "collection (loopDataOutputRef) instead, len(...)" for name in counters]
+    return f"write {inner!r}" + (f" ({'; '.join(left)})" if left else "")
 
 
 _SPLIT_MARKERS = frozenset(BRANCH_MARKERS)
@@ -2315,6 +2514,23 @@ def _timer_text_problem(tag: str, text: str) -> str | None:
             _parse_cycle(text, datetime.now(timezone.utc))
     except Exception as err:  # noqa: BLE001 - SpiffWorkflow's parsers raise bare Exception, ValueError, AttributeError
         return str(err) or type(err).__name__
+    return None
+
+
+def _defined_beside(process_id: str, given: Sequence[Path]) -> Path | None:
+    """A .bpmn file in the folder of a given file, not given itself, that defines ``process_id``
+    (read as text: a hint for the message, not a parse)."""
+    pattern = re.compile(rf"<(?:\w+:)?process\b[^>]*\bid=[\"']{re.escape(process_id)}[\"']")
+    seen = {p.resolve() for p in given}
+    for folder in dict.fromkeys(p.parent for p in given):  # as the user wrote it, relative or not
+        for candidate in sorted(folder.glob("*.bpmn")):
+            if candidate.resolve() in seen:
+                continue
+            try:
+                if pattern.search(candidate.read_text(encoding="utf-8", errors="replace")):
+                    return candidate
+            except OSError:
+                continue
     return None
 
 
