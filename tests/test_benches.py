@@ -75,6 +75,9 @@ def test_bench_store_quick_compares_the_timer_index_with_the_full_scan():
 
     redis_or_skip()
     out = _bench("bench/bench_store.py", "--quick", "--backends", "sqlite,redis", "--no-workers")
+    # the operations table (tests/stores/test_open_store.py runs the memory backend)
+    ops = re.findall(r"^\| (sqlite|redis) \| [0-9.]+ \| [0-9.]+ \| [0-9,]+ \| [0-9,]+ \|$", out, re.M)
+    assert ops == ["sqlite", "redis"], out
     assert "over 500 instances waiting for a timer, 5 due" in out, out
     rows = re.findall(r"^\| (sqlite|redis) \| (first call|next call) \| ([0-9.,]+) \| ([0-9,]+) \| ([0-9.,]+) \| "
                       r"([0-9,]+) \| ([0-9,]+)x \|$", out, re.M)
