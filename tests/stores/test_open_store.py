@@ -157,7 +157,8 @@ def test_every_sqlite_exception_is_mapped(cls):
                 raise cls("database is locked")
 
 
-def test_bench_quick_runs():
+def test_bench_quick_runs(tmp_path):
+    import os
     import re
     import subprocess
     import sys
@@ -167,7 +168,7 @@ def test_bench_quick_runs():
     # tests/test_benches.py (one quick run per backend is enough to keep the bench working)
     bench = Path(__file__).resolve().parents[2] / "bench" / "bench_store.py"
     out = subprocess.run([sys.executable, str(bench), "--quick", "--backends", "memory"],
-                         capture_output=True, text=True, timeout=120)
+                         env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("store backends, 200 operations each\n"), out.stdout
     assert re.search(r"^\| memory \| [0-9.]+ \| [0-9.]+ \| [0-9,]+ \| [0-9,]+ \|$", out.stdout, re.M), out.stdout
