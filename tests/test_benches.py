@@ -5,6 +5,7 @@ baseline in the same run and print the result; these tests keep them working and
 the shape and the invariants of what they print.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -15,15 +16,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench(*args: str) -> str:
-    out = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+@pytest.fixture
+def bench_tmp(tmp_path: Path) -> dict[str, str]:
+    """The bench's scratch files (its sqlite stores, ...) in the test's own folder: removed
+    after it, and on tmpfs when tests/conftest.py found one (no time is asserted here)."""
+    return {**os.environ, "TMPDIR": str(tmp_path)}
+
+
+def _bench(env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     return out.stdout
 
 
 @pytest.mark.slow
-def test_bench_engine_prints_every_row_against_both_baselines():
-    out = _bench("bench/bench_engine.py", "--runs", "2")
+def test_bench_engine_prints_every_row_against_both_baselines(bench_tmp):
+    out = _bench(bench_tmp, "bench/bench_engine.py", "--runs", "2")
     rows = re.findall(r"^(loan \(full review\)|chain50 @ 1000 keys)\s+(activity|stop|stop, no compress)\s+(\d+)"
                       r"\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+(-?[0-9.]+)\s+([0-9.]+)\s+([0-9.]+)$", out, re.M)
     assert len(rows) == 6, out
@@ -48,20 +56,20 @@ def test_bench_engine_prints_every_row_against_both_baselines():
 
 
 @pytest.mark.slow
-def test_bench_gateways_quick():
-    out = _bench("bench/bench_gateways.py", "--quick")
+def test_bench_gateways_quick(bench_tmp):
+    out = _bench(bench_tmp, "bench/bench_gateways.py", "--quick")
     assert re.search(r"join at 100,000 keys / at 1,000 keys: [0-9.]+x", out), out
 
 
 @pytest.mark.slow
-def test_bench_snapshot_quick():
-    out = _bench("bench/bench_snapshot.py", "--quick")
+def test_bench_snapshot_quick(bench_tmp):
+    out = _bench(bench_tmp, "bench/bench_snapshot.py", "--quick")
     assert re.search(r"speed-up over deepcopy at 100,000 keys: [0-9,]+x", out), out
 
 
 @pytest.mark.slow
-def test_bench_confirmations_quick():
-    out = _bench("bench/bench_confirmations.py", "--quick")
+def test_bench_confirmations_quick(bench_tmp):
+    out = _bench(bench_tmp, "bench/bench_confirmations.py", "--quick")
     rows = re.findall(r"^(baseline: rebuild every unfinished instance|record heads, [a-z ]+?)\s+([0-9.]+)\s+([0-9.]+)$",
                       out, re.M)
     assert [r[0] for r in rows] == ["baseline: rebuild every unfinished instance", "record heads, first listing",
@@ -70,11 +78,14 @@ def test_bench_confirmations_quick():
 
 
 @pytest.mark.slow
-def test_bench_store_quick_compares_the_timer_index_with_the_full_scan():
+def test_bench_store_quick_compares_the_timer_index_with_the_full_scan(bench_tmp):
     from stores.conftest import redis_or_skip
 
     redis_or_skip()
-    out = _bench("bench/bench_store.py", "--quick", "--backends", "sqlite,redis", "--no-workers")
+    out = _bench(bench_tmp, "bench/bench_store.py", "--quick", "--backends", "sqlite,redis", "--no-workers")
+    # the operations table (tests/stores/test_open_store.py runs the memory backend)
+    ops = re.findall(r"^\| (sqlite|redis) \| [0-9.]+ \| [0-9.]+ \| [0-9,]+ \| [0-9,]+ \|$", out, re.M)
+    assert ops == ["sqlite", "redis"], out
     assert "over 500 instances waiting for a timer, 5 due" in out, out
     rows = re.findall(r"^\| (sqlite|redis) \| (first call|next call) \| ([0-9.,]+) \| ([0-9,]+) \| ([0-9.,]+) \| "
                       r"([0-9,]+) \| ([0-9,]+)x \|$", out, re.M)

@@ -4,10 +4,9 @@ configurable through ``<spiffworkflow:activityConfig>`` JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import subprocess
-import sys
+import traceback
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import escape
@@ -90,15 +89,26 @@ def write(folder: Path, name: str, xml: str, yaml_text: str | None = None) -> Pa
 
 
 def cli(*args: str, cwd: Path | None = None) -> tuple[int, Any, str]:
-    """``layerflow ARGS`` in a subprocess: exit code, the stdout JSON (or None), stderr."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, stdin=subprocess.DEVNULL, timeout=120)
+    """``layerflow ARGS``: exit code, the stdout JSON (or None), stderr.
+
+    In this process (click's runner, empty stdin that is no terminal): what these tests check
+    is the governance config the command applies, not the process boundary, which
+    tests/test_contracts_cli.py crosses. An exception the command lets out is on stderr with
+    its traceback and exit code 1, as ``python -m engine.cli`` would show it."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    with contextlib.chdir(cwd) if cwd is not None else contextlib.nullcontext():
+        result = CliRunner().invoke(main, list(args), prog_name="layerflow")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
     try:
-        doc = json.loads(proc.stdout)
+        doc = json.loads(result.stdout)
     except ValueError:
         doc = None
-    return proc.returncode, doc, proc.stderr
+    return result.exit_code, doc, stderr
 
 
 def data_keys(layer: dict[str, Any]) -> dict[str, Any]:

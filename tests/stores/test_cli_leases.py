@@ -33,8 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 shared_backends = pytest.mark.parametrize("backend", ["sqlite", "redis"], indirect=True)
 
 
-def start_run(url: str, bpmn: Path, mark: Path, pause: float) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK": str(mark), "PAUSE": str(pause)}
+def start_run(url: str, bpmn: Path, mark: Path, pause: float, go: Path | None = None) -> subprocess.Popen[str]:
+    """`layerflow run`; its s2 waits ``pause`` seconds, or until the file ``go`` exists."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK": str(mark), "PAUSE": str(pause),
+           **({"GO": str(go)} if go is not None else {})}
     return subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(bpmn), "--store", url, "--json"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -55,9 +57,11 @@ def resume(url: str, iid: str, mark: Path) -> subprocess.CompletedProcess[str]:
 @shared_backends
 def test_resume_of_an_instance_run_is_running_is_refused(backend: Backend, tmp_path: Path) -> None:
     mark = tmp_path / "mark"
-    run = start_run(backend.url, write_process(tmp_path), mark, pause=4)
-    iid = wait_for_mark(mark)  # s2 is running in `run`
+    go = tmp_path / "go"
+    run = start_run(backend.url, write_process(tmp_path), mark, pause=60, go=go)
+    iid = wait_for_mark(mark)  # s2 is running in `run`, until `go` exists
     second = resume(backend.url, iid, mark)
+    go.touch()
     out, err = run.communicate(timeout=120)
     assert second.returncode == 2, (second.stdout[-1500:], second.stderr[-1500:])
     refusal = json.loads(second.stdout)

@@ -3,7 +3,8 @@ ends with exit 1 and names the instance (its id in the `--json` document, not nu
 continue it, never a traceback. What was saved before stands and `resume` continues from it.
 
 Each test starts a redis-server of its own (``OwnRedis``) and stops it mid-activity: the
-handler of the second step writes a mark and sleeps, the test kills the server meanwhile.
+handler of the second step writes a mark and waits, the test kills the server meanwhile and
+then lets the handler go on (it writes the ``GO`` file; ``PAUSE`` only caps the wait).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def s1(ctx):
 def s2(ctx):
     with open(os.environ["MARK"], "a") as f:
         f.write(ctx.instance_id + "\\n")
-    time.sleep(float(os.environ.get("PAUSE", "0")))
+    # wait until the test says go (it has done what it does mid-activity), at most PAUSE seconds
+    go = os.environ.get("GO")
+    deadline = time.monotonic() + float(os.environ.get("PAUSE", "0"))
+    while time.monotonic() < deadline and not (go and os.path.exists(go)):
+        time.sleep(0.01)
     return {"r2": 2}
 """
 
@@ -78,7 +83,8 @@ def test_store_down_mid_run_names_the_instance(tmp_path: Path, command: str, as_
         else:
             iid = Engine(server.url).start(load_process(str(bpmn)), {}).instance_id
             args = ["resume", iid]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK": str(mark), "PAUSE": "2"}
+        go = tmp_path / "go"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "MARK": str(mark), "PAUSE": "60", "GO": str(go)}
         proc = subprocess.Popen([sys.executable, "-m", "engine.cli", *args, "--store", server.url,
                                  *(["--json"] if as_json else [])], env=env, cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -87,6 +93,7 @@ def test_store_down_mid_run_names_the_instance(tmp_path: Path, command: str, as_
             time.sleep(0.05)
         iid = mark.read_text().split()[0]
         server.kill()  # s2 is running: its save after the activity meets no server
+        go.touch()
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 1, (proc.returncode, err[-2000:])
         assert "Traceback" not in err
