@@ -144,6 +144,9 @@ def _schema_fields(schema: Mapping[str, Any]) -> list[dict[str, Any]]:
                 options = [{"id": a["const"], "name": a.get("title") or a["const"]} for a in alts]
         if options is not None:
             field["options"] = options
+        for key, name in (("minimum", "min"), ("maximum", "max"), ("minLength", "minlength"), ("maxLength", "maxlength")):
+            if isinstance(prop.get(key), (int, float)) and not isinstance(prop.get(key), bool):
+                field[name] = prop[key]
         fields.append(field)
     return fields
 
@@ -303,7 +306,14 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
                 missing = next((f for f in err.validator_value if f not in seen), None)
                 problems.append((str(missing), "is required and missing"))
             else:
-                problems.append((str(path[0]) if path else "/", err.message))
+                name = str(path[0]) if path else "/"
+                field = next((f for f in fields if f["id"] == name), None)
+                if field is not None and field.get("options") is not None and len(path) == 1 \
+                        and err.validator in ("enum", "oneOf", "anyOf"):
+                    offered = ", ".join(json.dumps(o["id"], ensure_ascii=False) for o in field["options"])
+                    problems.append((name, f"{json.dumps(err.instance, ensure_ascii=False)} is not one of {offered}"))
+                else:
+                    problems.append((name, err.message))
         return answer, problems
     for field in fields:
         fid = field["id"]
