@@ -299,6 +299,9 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
     if schema is not None:
         import jsonschema
 
+        declared = schema.get("properties")
+        if isinstance(declared, Mapping):  # fields the form does not declare pass, as without a form
+            seen = {k: v for k, v in seen.items() if k in declared}
         validator = jsonschema.validators.validator_for(schema)(schema)
         for err in sorted(validator.iter_errors(seen), key=lambda e: list(map(str, e.absolute_path))):
             path = list(err.absolute_path)

@@ -18,7 +18,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     timer: null, ticker: null, view: null, instanceId: null,
-    doc: null, tape: [], context: "main", replay: null, drafts: {}, loading: false, scrolledFor: null,
+    doc: null, tape: [], context: "main", replay: null, drafts: {}, taskErrors: {}, loading: false, scrolledFor: null,
   };
 
   // ------------------------------------------------------------------ helpers
@@ -415,7 +415,9 @@
       const start = {};  // the form starts from its defaults, as the modeler's form would show them
       for (const f of fields) if (f.default !== null && f.default !== undefined) start[f.id] = f.default;
       area.value = state.drafts["task:" + t.id] || JSON.stringify(start);
-      const error = el("p", { id: errId, class: "error", role: "alert", hidden: true });
+      const error = el("p", { id: errId, class: "error", role: "alert", hidden: !state.taskErrors[t.id],
+                              text: state.taskErrors[t.id] || null });
+      delete state.taskErrors[t.id];
       const submit = el("button", { type: "button", class: "option", onclick: () => completeTask(t, area, error, submit) },
                         "Complete " + (t.name || t.task_id));
       list.append(el("article", { class: "confirmation user-task", "data-id": t.id, "aria-labelledby": "ut-h-" + n },
@@ -462,6 +464,12 @@
       error.hidden = false;
       button.disabled = false;
       if (err.status === 409) { state.drafts["task:" + t.id] = area.value; await loadInstance(true); }
+      else if (err.status === 400 || err.status === 403) {
+        // a refused answer is on the tape (a new version): reload, keeping the draft and the reason
+        state.drafts["task:" + t.id] = area.value;
+        state.taskErrors[t.id] = error.textContent;
+        await loadInstance(true);
+      }
     }
   }
 
