@@ -15,6 +15,7 @@ __all__ = [
     "AnswerWriteDenied",
     "BM25Retriever",
     "Engine",
+    "FormAnswerInvalid",
     "GovernanceService",
     "HandlerRegistry",
     "Hit",
@@ -37,6 +38,10 @@ def __getattr__(name: str) -> object:
         from .api import create_app
 
         return create_app
+    if name == "FormAnswerInvalid":
+        from .governance import FormAnswerInvalid
+
+        return FormAnswerInvalid
     if name == "GovernanceService":
         from .governance import GovernanceService
 

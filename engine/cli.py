@@ -184,6 +184,13 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                 how += " [escalated: no answer before the deadline]"
         elif w["kind"] == "user_task":
             how = f"--answer {w['task_id']}='{{...}}'` (a JSON object)"
+            form = w.get("form") or {}
+            if form.get("fields"):
+                from .forms import describe_field
+
+                how += f"; form: {', '.join(describe_field(f) for f in form['fields'])} (* required)"
+            elif form.get("form_key"):
+                how += f"; form {form['form_key']!r} ({form.get('source')})"
         elif w.get("event"):
             signal = " --signal" if w.get("event_kind") == "signal" else ""
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
@@ -544,6 +551,8 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
         document["error"] = {"kind": "invalid_answer", "message": message,
                              "task_id": task_id or getattr(cause, "task_id", None) or getattr(err, "task_id", None),
                              "instance_status": instance.status}
+        if getattr(err, "problems", None):  # an answer that does not fit the task's form: field by field
+            document["error"]["problems"] = [{"field": f, "problem": p} for f, p in err.problems]  # type: ignore[attr-defined]
         out.doc(document)
     else:
         click.echo(f"layerflow: {message}", err=True)

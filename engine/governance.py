@@ -31,7 +31,8 @@ Errors are the ``LayerflowError`` tree; this module adds::
 
     LayerflowError
     ├── BadRequest          kind="bad_request"     well-formed, but cannot be applied as asked
-    │   └── InvalidAnswer   kind="invalid_answer"  not one of a confirmation's options
+    │   └── InvalidAnswer   kind="invalid_answer"  not one of a confirmation's options, or not JSON
+    │       └── FormAnswerInvalid                  a user task's answer that does not fit its form
     └── InstanceStateError  kind="invalid_state"   the instance's status does not allow it,
                                                    or another process runs it right now
 
@@ -77,6 +78,7 @@ from context_layers.errors import (
 from context_layers.stores import ConfirmationAnswered
 from context_layers.tape import EventKind
 
+from . import forms
 from .gateway_steps import short
 from .leases import holding
 from .process import Process, load_process
@@ -100,6 +102,7 @@ __all__ = [
     "InspectFilter",
     "InstanceId",
     "InstanceStateError",
+    "FormAnswerInvalid",
     "InvalidAnswer",
     "ResolveArgs",
     "ResumeArgs",
@@ -138,6 +141,31 @@ class InvalidAnswer(BadRequest):
             out["instance_id"] = self.instance_id
         if self.task_id is not None:
             out["task_id"] = self.task_id
+        return out
+
+
+class FormAnswerInvalid(InvalidAnswer):
+    """A person's answer to a user task does not fit the form its modeler declared (a required
+    field missing, a value of the wrong type, not offered, out of range, against the JSON Schema):
+    bad input (kind ``invalid_answer``), refused before anything of it was written, the refusal
+    on the tape, the task still waiting. ``task_id``: the user task's BPMN id; ``problems``:
+    ``[(field, what is wrong)]``; ``fields``: what the form asks for."""
+
+    def __init__(self, task_id: str, problems: list[tuple[str, str]], form: Mapping[str, Any], *,
+                 instance_id: str | None = None) -> None:
+        self.problems = list(problems)
+        self.fields = [dict(f) for f in form.get("fields") or []]
+        self.source = form.get("source")
+        listed = "; ".join(f"field {f!r} {p}" for f, p in problems)
+        asked = ", ".join(forms.describe_field(f) for f in self.fields)
+        super().__init__(f"the answer to user task {task_id!r} does not fit its form ({self.source}): {listed}"
+                         + (f"; the form asks for: {asked} (* required)" if asked else "")
+                         + "; the task still waits for a corrected answer",
+                         instance_id=instance_id, task_id=task_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = super().to_dict()
+        out["problems"] = [{"field": f, "problem": p} for f, p in self.problems]
         return out
 
 

@@ -69,7 +69,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import StoreUnavailable
 
-from . import dmn, events, spiff
+from . import dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
@@ -310,10 +310,12 @@ class Engine:
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"complete {task_id!r}")
         task = rt.find_waiting_task(task_id)
+        tape = instance.tape_length()
         try:
             rt.give_user_data(task, data, actor=actor)
-        except AnswerWriteDenied:
-            self._save(instance)  # the refusal is on the tape; the task still waits
+        except LayerflowError:  # AnswerWriteDenied, or an answer that does not fit the task's form
+            if instance.tape_length() != tape:
+                self._save(instance)  # the refusal is on the tape; the task still waits
             raise
         instance.status = "running"
         try:
@@ -927,6 +929,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 extensions = getattr(task.task_spec, "extensions", None) or {}
                 if extensions.get("instructionsForEndUser"):  # SpiffArena's instructions (a template, as written)
                     item["instructions"] = extensions["instructionsForEndUser"]
+                if isinstance(extensions.get("form"), Mapping):  # the fields the modeler's form asks for
+                    item["form"] = forms.public_form(extensions["form"])
                 prepared = task.internal_data.get(spiff.PREPARED_KEY)
                 if prepared:  # what its preScript set as it became ready: what the form starts from
                     ctx = self.context_of(task)
@@ -1026,11 +1030,32 @@ class _Runtime(ScopeSteps, GatewaySteps):
         the person's mistake, not the process's: the refusal goes on the tape and
         ``AnswerWriteDenied`` (a ``ContextWriteDenied``) is raised before anything else changes,
         so the task still waits for a corrected answer (the instance does not fail)."""
-        given = dict(data or {})
+        given = self._check_form(task, dict(data or {}), actor)
         self._check_user_data(task, given, actor)
         self.user_data[str(task.id)] = given
         self.context_of(task).record("user_input", actor=actor, data={"task_id": spiff.bpmn_id_of(task),
                                                                       "keys": list(given)})
+
+    def _check_form(self, task: Any, given: dict[str, Any], actor: str) -> dict[str, Any]:
+        """The answer checked against the task's form (``engine.forms``), with the defaults of the
+        fields it omits; ``FormAnswerInvalid`` (bad input, the refusal on the tape) before anything
+        is written when it does not fit, so the task still waits for a corrected answer."""
+        form = (getattr(task.task_spec, "extensions", None) or {}).get("form")
+        if not isinstance(form, Mapping):
+            return given
+        ctx = self.context_of(task)
+        prepared = task.internal_data.get(spiff.PREPARED_KEY) or []
+        prefilled = {key: thaw(ctx.resolve(key)) for key in prepared if key in ctx}
+        answer, problems = forms.check_answer(form, given, prefilled)
+        if problems:
+            bpmn_id = spiff.bpmn_id_of(task)
+            ctx.record("answer_refused", actor=actor, data={
+                "task_id": bpmn_id, "form": form.get("source"),
+                "problems": [{"field": f, "problem": p} for f, p in problems]})
+            from .governance import FormAnswerInvalid
+
+            raise FormAnswerInvalid(bpmn_id, problems, form, instance_id=self.instance.id)
+        return answer
 
     def _check_user_data(self, task: Any, given: dict[str, Any], actor: str) -> None:
         ctx = self.context_of(task)

@@ -1231,6 +1231,12 @@ class _ExtensionsParserMixin:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]
         texts = element_config_texts(self.node if node is None else node)
         ext.update(texts)
+        if node is None and _local(self.node.tag) == "userTask":
+            from .forms import parse_form
+
+            form = parse_form(self.node, getattr(self, "filename", None))
+            if form is not None:  # travels with the spec: a resumed instance checks answers without the files
+                ext["form"] = form
         return ext
 
     def parse_condition(self, sequence_flow: Any) -> Any:

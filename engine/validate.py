@@ -426,6 +426,7 @@ class _Validator:
         main = self._select_process(config)
         for doc in good:
             self._check_extensions(doc)
+            self._check_forms(doc)
             self._check_correlations(doc)
         if config is not None:
             self._check_config_file(config, main)
@@ -738,6 +739,17 @@ class _Validator:
                 found.setdefault(owner_id, []).append((_CONFIG_TAGS.index(el.tag), data, el.sourceline))
         for owner_id, parts in found.items():
             self._extension_config(doc, owner_id, sorted(parts, key=lambda part: part[0]))
+
+    def _check_forms(self, doc: _Doc) -> None:
+        """A user task's form declaration (``engine.forms``): a Camunda field of an unknown type, an
+        enum with no values, a default that does not fit; a SpiffArena JSON Schema file that is
+        missing, not JSON, or not a JSON Schema."""
+        from .forms import form_problems
+
+        for el in doc.root.iter(_bpmn("userTask")):
+            for field_id, message in form_problems(el, str(doc.path)):
+                self.add("invalid_form", f"user task form: {message}", file=doc.file,
+                         line=el.sourceline, element_id=el.get("id"), field=field_id)
 
     def _extension_json(self, doc: _Doc, el: Any, owner_id: str, prefix: str) -> Any:
         text = el.text or ""

@@ -18,7 +18,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     timer: null, ticker: null, view: null, instanceId: null,
-    doc: null, tape: [], context: "main", replay: null, drafts: {}, loading: false, scrolledFor: null,
+    doc: null, tape: [], context: "main", replay: null, drafts: {}, taskErrors: {}, loading: false, scrolledFor: null,
   };
 
   // ------------------------------------------------------------------ helpers
@@ -411,13 +411,27 @@
       const dataId = "ut-data-" + n, errId = "ut-err-" + n;
       const area = el("textarea", { id: dataId, rows: 3, "data-id": t.id, class: "mono", spellcheck: "false",
                                     "aria-describedby": errId });
-      area.value = state.drafts["task:" + t.id] || "{}";
-      const error = el("p", { id: errId, class: "error", role: "alert", hidden: true });
+      const fields = (t.form && t.form.fields) || [];
+      const start = {};  // the form starts from its defaults, as the modeler's form would show them
+      for (const f of fields) if (f.default !== null && f.default !== undefined) start[f.id] = f.default;
+      area.value = state.drafts["task:" + t.id] || JSON.stringify(start);
+      const error = el("p", { id: errId, class: "error", role: "alert", hidden: !state.taskErrors[t.id],
+                              text: state.taskErrors[t.id] || null });
+      delete state.taskErrors[t.id];
       const submit = el("button", { type: "button", class: "option", onclick: () => completeTask(t, area, error, submit) },
                         "Complete " + (t.name || t.task_id));
       list.append(el("article", { class: "confirmation user-task", "data-id": t.id, "aria-labelledby": "ut-h-" + n },
         el("h3", { id: "ut-h-" + n }, t.name || t.task_id, " ", el("code", { text: t.task_id })),
         t.documentation ? el("p", { class: "message", text: t.documentation }) : null,
+        fields.length ? el("ul", { class: "form-fields", "aria-label": "Form fields (" + (t.form.source || "form") + ")" },
+          ...fields.map((f) => el("li", { "data-field": f.id },
+            el("code", { text: f.id }), " ", f.label && f.label !== f.id ? f.label + " " : "",
+            "(" + [f.type, f.required ? "required" : "optional",
+                   f.options ? "one of " + f.options.map((o) => JSON.stringify(o.id)).join(", ") : null,
+                   f.min !== undefined ? "min " + f.min : null, f.max !== undefined ? "max " + f.max : null,
+                   f.default !== null && f.default !== undefined ? "default " + JSON.stringify(f.default) : null]
+              .filter(Boolean).join(", ") + ")"))) : null,
+        t.form && t.form.form_key ? el("p", { class: "message", text: "Form " + t.form.form_key + " (" + t.form.source + ")" }) : null,
         el("label", { for: dataId }, "Data (a JSON object; its keys go to the task's WORKING layer)"),
         area, error, el("div", { class: "options" }, submit)));
     });
@@ -450,6 +464,12 @@
       error.hidden = false;
       button.disabled = false;
       if (err.status === 409) { state.drafts["task:" + t.id] = area.value; await loadInstance(true); }
+      else if (err.status === 400 || err.status === 403) {
+        // a refused answer is on the tape (a new version): reload, keeping the draft and the reason
+        state.drafts["task:" + t.id] = area.value;
+        state.taskErrors[t.id] = error.textContent;
+        await loadInstance(true);
+      }
     }
   }
 

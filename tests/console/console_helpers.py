@@ -67,15 +67,16 @@ class Server:
 
 
 @contextmanager
-def serve(tmp: Path, token: str) -> Iterator[Server]:
+def serve(tmp: Path, token: str, catalog: Path = EXAMPLES) -> Iterator[Server]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    prefix = "" if catalog == EXAMPLES else f"{catalog.name}-"  # a second server beside the first
     env = {k: v for k, v in os.environ.items() if k != "LAYERFLOW_API_TOKEN"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["LAYERFLOW_API_TOKEN"] = token
     cmd = [sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--catalog", str(EXAMPLES), "--store", f"sqlite:///{tmp / 'console.db'}", "--log-level", "warning"]
-    log = open(tmp / "serve.log", "w+")  # noqa: SIM115 - read back when the server fails
+           "--catalog", str(catalog), "--store", f"sqlite:///{tmp / (prefix + 'console.db')}", "--log-level", "warning"]
+    log = open(tmp / f"{prefix}serve.log", "w+")  # noqa: SIM115 - read back when the server fails
     proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60

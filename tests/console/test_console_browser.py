@@ -9,6 +9,7 @@ and no data. Screenshots at 1280x800 and 390x844 go to ``artifacts/`` (not commi
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,3 +273,47 @@ def test_a_reviewer_completes_a_user_task(server: Server, context: Any) -> None:
     expect(page.locator("#inst-facts")).to_contain_text("by Bo: plan dropped")
     expect(page.locator("#user-tasks")).to_be_hidden()
     page.close()
+
+
+def test_a_user_task_form_is_shown_and_checked(tmp_module: Path, context: Any) -> None:
+    """A user task whose modeler declared a form (Camunda formData): the console lists its fields
+    and starts the data from their defaults; an answer that does not fit the form is refused on
+    the page with the field named, and the instance still waits; a fitting one completes it."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT)
+    forms = Path(__file__).resolve().parents[1] / "engine" / "fixtures" / "forms"
+    with serve(tmp_module, TOKEN, catalog=forms) as server:
+        doc = server.api("POST", "/api/instances", json={"process_id": "invoice_approval", "data": {}})
+        iid = doc["instance_id"]
+        page = context.new_page()
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.goto(server.url + "/")
+        page.fill("#token", TOKEN)
+        page.fill("#user", OFFICER)
+        page.click("#login-submit")
+        page.locator("#list-view").wait_for(state="visible")
+        page.goto(f"{server.url}/#/instances/{iid}")
+        card = page.locator("#ut-list .user-task")
+        expect(card).to_have_count(1)
+        fields = card.locator(".form-fields li")
+        expect(fields).to_have_count(4)
+        assert [fields.nth(i).get_attribute("data-field") for i in range(4)] == \
+            ["approved", "amount", "cost_center", "comment"]
+        assert "Amount" in fields.nth(1).inner_text() and "required" in fields.nth(1).inner_text()
+        assert '"ops", "sales"' in fields.nth(2).inner_text()
+        area = card.locator("textarea")
+        assert json.loads(area.input_value()) == {"approved": False, "cost_center": "ops"}
+
+        area.fill('{"approved": true, "amount": "abc"}')
+        card.locator("button", has_text="Complete").click()
+        expect(card.locator(".error")).to_contain_text("field 'amount'")
+        assert server.api("GET", f"/api/instances/{iid}")["status"] == "waiting"
+
+        area.fill('{"approved": true, "amount": 120}')
+        card.locator("button", has_text="Complete").click()
+        page.locator("#inst-status", has_text="completed").wait_for()
+        done = server.api("GET", f"/api/instances/{iid}")
+        assert done["layers"]["L3"]["amount"] == 120 and done["layers"]["L3"]["cost_center"] == "ops"
+        shot(page, "user-task-form-1280x800", full_page=True)
+        page.close()

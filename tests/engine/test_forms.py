@@ -1,0 +1,248 @@
+"""User task forms as modelers declare them (Camunda 7 formData, SpiffArena JSON Schema, Camunda 8
+form keys): shown in ``waiting_for``, answers checked against them on every path (CLI, Python,
+REST), declarations checked by ``validate``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from engine import Engine, FormAnswerInvalid, load_process
+from engine.api import create_app
+from engine.cli import main
+
+from governance_helpers import TOKEN, ServerThread
+
+FORMS = Path(__file__).resolve().parent / "fixtures" / "forms"
+CAMUNDA = "camunda_approval.bpmn"
+SPIFF = "expense_request.bpmn"
+ZEEBE = "zeebe_review.bpmn"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def forms_dir(tmp_path: Path) -> Path:
+    target = tmp_path / "forms"
+    shutil.copytree(FORMS, target)
+    return target
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'forms.db'}")
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(main, list(args), catch_exceptions=False)
+    return invoke
+
+
+def _doc(result) -> dict:
+    return json.loads(result.stdout)
+
+
+def _item(doc: dict) -> dict:
+    (item,) = [w for w in doc["waiting_for"] if w["kind"] == "user_task"]
+    return item
+
+
+def test_waiting_items_carry_the_camunda_form(cli, forms_dir: Path) -> None:
+    result = cli("run", str(forms_dir / CAMUNDA), "--json")
+    assert result.exit_code == 3, result.stderr
+    item = _item(_doc(result))
+    assert item["documentation"] == "Check the invoice against the order."  # existing fields kept
+    assert item["form"] == {"source": "camunda:formData", "fields": [
+        {"id": "approved", "label": "Approve?", "type": "boolean", "required": True, "default": False},
+        {"id": "amount", "label": "Amount", "type": "long", "required": True, "default": None, "min": 1, "max": 100000},
+        {"id": "cost_center", "label": "Cost center", "type": "enum", "required": False, "default": "ops",
+         "options": [{"id": "ops", "name": "Operations"}, {"id": "sales", "name": "Sales"}]},
+        {"id": "comment", "label": "Comment", "type": "string", "required": False, "default": None, "maxlength": 200},
+    ]}
+
+
+def test_waiting_items_carry_the_spiffarena_and_zeebe_forms(cli, forms_dir: Path) -> None:
+    spiff = _item(_doc(cli("run", str(forms_dir / SPIFF), "--json")))
+    assert spiff["instructions"] == "Enter the expense you want refunded."
+    form = spiff["form"]
+    assert form["source"] == "expense-request-schema.json"
+    by_id = {f["id"]: f for f in form["fields"]}
+    assert list(by_id) == ["amount", "category", "currency", "note", "project"]
+    assert by_id["amount"] == {"id": "amount", "label": "Amount", "type": "number", "required": True,
+                               "default": None, "min": 0.01, "max": 5000}
+    assert [o["id"] for o in by_id["category"]["options"]] == ["travel", "meals", "equipment"]
+    assert by_id["currency"]["default"] == "EUR" and not by_id["currency"]["required"]
+    zeebe = _item(_doc(cli("run", str(forms_dir / ZEEBE), "--json")))
+    assert zeebe["form"] == {"fields": [], "source": "zeebe:formDefinition", "form_key": "claim-review-form"}
+
+
+def test_the_plain_waiting_line_lists_the_fields(cli, forms_dir: Path) -> None:
+    out = cli("run", str(forms_dir / CAMUNDA)).stdout
+    line = next(ln for ln in out.splitlines() if "waiting for user_task" in ln)
+    assert ('form: approved* boolean=false, amount* long 1..100000, cost_center enum(ops|sales)="ops", '
+            'comment string ..200 (* required)') in line
+    zeebe = cli("run", str(forms_dir / ZEEBE)).stdout
+    assert "form 'claim-review-form' (zeebe:formDefinition)" in zeebe
+
+
+BAD_ANSWERS = [
+    (CAMUNDA, "approve_invoice", {"approved": True}, "amount", "is required and missing"),
+    (CAMUNDA, "approve_invoice", {"approved": True, "amount": "abc"}, "amount", "is not a whole number"),
+    (CAMUNDA, "approve_invoice", {"approved": "yes", "amount": 5}, "approved", "is not true or false"),
+    (CAMUNDA, "approve_invoice", {"amount": 5, "cost_center": "legal"}, "cost_center", 'is not one of ops, sales'),
+    (CAMUNDA, "approve_invoice", {"amount": 0}, "amount", "below the minimum 1"),
+    (CAMUNDA, "approve_invoice", {"amount": 100001}, "amount", "above the maximum 100000"),
+    (CAMUNDA, "approve_invoice", {"amount": 5, "comment": "x" * 201}, "comment", "longer than 200"),
+    (SPIFF, "Activity_enter_expense", {"amount": 10}, "category", "is required and missing"),
+    (SPIFF, "Activity_enter_expense", {"amount": 10, "category": "food"}, "category",
+     '"food" is not one of "travel", "meals", "equipment"'),
+    (SPIFF, "Activity_enter_expense", {"amount": "ten", "category": "meals"}, "amount", "is not of type 'number'"),
+    (SPIFF, "Activity_enter_expense", {"amount": 9000, "category": "meals"}, "amount", "maximum of 5000"),
+]
+
+
+@pytest.mark.parametrize(("bpmn", "task", "answer", "field", "problem"), BAD_ANSWERS)
+def test_resume_refuses_an_answer_that_does_not_fit_the_form(cli, forms_dir, bpmn, task, answer, field,
+                                                              problem) -> None:
+    waiting = _doc(cli("run", str(forms_dir / bpmn), "--json"))
+    iid = waiting["instance_id"]
+    result = cli("resume", iid, "--json", "--answer", f"{task}={json.dumps(answer)}")
+    assert result.exit_code == 2, result.stdout
+    doc = _doc(result)
+    error = doc["error"]
+    assert error["kind"] == "invalid_answer" and error["task_id"] == task
+    assert f"user task {task!r}" in error["message"] and f"field {field!r}" in error["message"]
+    assert problem in error["message"] and "the form asks for:" in error["message"]
+    assert any(p["field"] == field and problem in p["problem"] for p in error["problems"])
+    # nothing written, still waiting for the same task; the refusal is on the tape
+    again = _doc(cli("resume", iid, "--json"))
+    assert again["status"] == "waiting" and _item(again)["task_id"] == task
+    assert all(not again["layers"][layer] for layer in ("L3", "L4"))
+    tape = cli("tape", iid).stdout
+    assert "answer_refused" in tape
+
+
+def test_a_good_answer_gets_the_defaults_and_undeclared_fields_pass(cli, forms_dir: Path) -> None:
+    iid = _doc(cli("run", str(forms_dir / CAMUNDA), "--json"))["instance_id"]
+    result = cli("resume", iid, "--json", "--answer",
+                 'approve_invoice={"amount": "250", "reviewer_note": "ok by phone"}')
+    assert result.exit_code == 0, result.stdout
+    history = _doc(result)["layers"]["L3"]
+    assert history["amount"] == 250  # a form posts text: a long field keeps the number
+    assert history["approved"] is False and history["cost_center"] == "ops"  # the defaults
+    assert history["reviewer_note"] == "ok by phone"  # not declared: accepted, as before
+    assert "comment" not in history
+
+
+def test_answers_file_through_run(cli, forms_dir: Path, tmp_path: Path) -> None:
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"Activity_enter_expense": {"amount": 12.5, "category": "travel"}}}))
+    doc = _doc(cli("run", str(forms_dir / SPIFF), "--json", "--answers", str(answers)))
+    assert doc["status"] == "completed"
+    assert {k: doc["layers"]["L3"][k] for k in ("amount", "category", "currency")} == \
+        {"amount": 12.5, "category": "travel", "currency": "EUR"}
+    answers.write_text(json.dumps({"user_tasks": {"Activity_enter_expense": {"amount": 12.5}}}))
+    bad = cli("run", str(forms_dir / SPIFF), "--json", "--answers", str(answers))
+    assert bad.exit_code == 2 and "field 'category' is required" in _doc(bad)["error"]["message"]
+
+
+def test_the_python_api_raises_and_the_task_still_waits(forms_dir: Path) -> None:
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(forms_dir / CAMUNDA)))
+    version = instance.version
+    with pytest.raises(FormAnswerInvalid) as caught:
+        engine.complete_user_task(instance, "approve_invoice", {"approved": "yes", "amount": 7})
+    err = caught.value
+    assert err.kind == "invalid_answer" and err.task_id == "approve_invoice" and err.instance_id == instance.id
+    assert err.problems == [("approved", '"yes" is not true or false (type boolean)')]
+    assert err.to_dict()["problems"] == [{"field": "approved", "problem": '"yes" is not true or false (type boolean)'}]
+    stored = engine.load(instance.id)
+    assert stored.version > version  # saved: the refusal is on the tape
+    assert stored.status == "waiting" and _item(stored.to_document())["task_id"] == "approve_invoice"
+    refused = [e for e in stored.main.tape if e.data.get("note") == "answer_refused"]
+    assert [e.data["problems"] for e in refused] == [[{"field": "approved",
+                                                       "problem": '"yes" is not true or false (type boolean)'}]]
+    assert not any(e.data.get("note") == "user_input" for e in stored.main.tape)
+    done = engine.complete_user_task(stored, "approve_invoice", {"approved": True, "amount": 7})
+    assert done.status == "completed" and done.main.resolve("approved") is True
+
+
+def test_the_form_travels_with_the_instance(forms_dir: Path, tmp_path: Path) -> None:
+    """Resumed where the schema file is gone, the stored instance still checks its answers."""
+    engine = Engine(f"sqlite:///{tmp_path / 'x.db'}")
+    iid = engine.run(engine.start(load_process(forms_dir / SPIFF))).id
+    (forms_dir / "expense-request-schema.json").unlink()
+    with pytest.raises(FormAnswerInvalid, match="field 'category'"):
+        engine.complete_user_task(engine.load(iid), "Activity_enter_expense", {"amount": 3})
+
+
+def test_rest_refuses_with_400_naming_task_and_field(forms_dir: Path) -> None:
+    with ServerThread(create_app("memory://", forms_dir, TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        started = c.post("/api/instances", json={"process_id": "invoice_approval", "data": {}})
+        assert started.status_code == 201, started.text
+        first = started.json()
+        assert _item(first)["form"]["source"] == "camunda:formData"
+        url = f"/api/instances/{first['instance_id']}/user-tasks/approve_invoice"
+        refused = c.post(url, json={"data": {"amount": 5, "cost_center": "legal"}})
+        assert refused.status_code == 400, refused.text
+        body = refused.json()["error"]
+        assert body["kind"] == "invalid_answer" and body["task_id"] == "approve_invoice"
+        assert body["problems"] == [{"field": "cost_center", "problem": '"legal" is not one of ops, sales'}]
+        doc = c.get(f"/api/instances/{first['instance_id']}").json()
+        assert doc["status"] == "waiting" and not doc["layers"]["L4"] and not doc["layers"]["L3"]
+        resumed = c.post(f"/api/instances/{first['instance_id']}/resume",
+                         json={"answers": {"user_tasks": {"approve_invoice": {"approved": "no"}}}})
+        assert resumed.status_code == 400 and "field 'approved'" in resumed.json()["error"]["message"]
+        done = c.post(url, json={"data": {"amount": 5, "approved": True}})
+        assert done.status_code == 200, done.text
+        assert done.json()["status"] == "completed" and done.json()["layers"]["L3"]["cost_center"] == "ops"
+
+
+BROKEN = [
+    ('type="long">', 'type="integer">', "amount", "type 'integer' is not a Camunda form field type"),
+    ('<camunda:value id="ops" name="Operations" />\n            <camunda:value id="sales" name="Sales" />', '',
+     "cost_center", "an enum field offers no <camunda:value>"),
+    ('defaultValue="false"', 'defaultValue="maybe"', "approved", "defaultValue 'maybe' is not true or false"),
+    ('defaultValue="ops"', 'defaultValue="legal"', "cost_center", "defaultValue 'legal' is not one of its values"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "field", "message"), BROKEN)
+def test_validate_names_a_broken_camunda_field(cli, forms_dir: Path, old, new, field, message) -> None:
+    path = forms_dir / CAMUNDA
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    result = cli("validate", str(path))
+    assert result.exit_code == 2
+    line = next(ln for ln in result.stdout.splitlines() if message in ln)
+    assert str(path) in line and "'approve_invoice'" in line and f"field {field!r}" in line
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no file"),
+    ("{not json", "is not valid JSON"),
+    ('{"type": "object", "properties": {"amount": {"type": "money"}}}', "is not a valid JSON Schema at properties/amount"),
+])
+def test_validate_names_a_broken_json_schema_file(cli, forms_dir: Path, content, message) -> None:
+    schema = forms_dir / "expense-request-schema.json"
+    if content is None:
+        schema.unlink()
+    else:
+        schema.write_text(content)
+    result = cli("validate", str(forms_dir / SPIFF))
+    assert result.exit_code == 2
+    line = next(ln for ln in result.stdout.splitlines() if message in ln)
+    assert "'Activity_enter_expense'" in line and "expense-request-schema.json" in line
+    assert str(forms_dir / SPIFF) in line
+
+
+def test_validate_accepts_the_saved_forms(cli, forms_dir: Path) -> None:
+    for name in (CAMUNDA, SPIFF, ZEEBE):
+        result = cli("validate", str(forms_dir / name))
+        assert result.exit_code == 0, result.stdout + result.stderr
