@@ -166,19 +166,26 @@ def _strip_dynamic(schema: Any) -> Any:
     return schema
 
 
-def _spiff_form(name: str, base: Path | None) -> tuple[dict[str, Any] | None, list[tuple[str | None, str]]]:
+_Problems = list[tuple[str | None, str]]
+
+
+def _spiff_form(name: str, base: Path | None) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
+    """The form of a SpiffArena JSON Schema file beside the BPMN, its problems, and its warnings:
+    a file that is not there leaves the task without a form (answers unchecked, as before forms
+    were read: a process exported without its schema files still runs), and says so."""
     if base is None:
-        return None, []
+        return None, [], []
     path = base / name
     where = f"formJsonSchemaFilename {name!r}"
     if not path.is_file():
-        return None, [(None, f"{where}: no file {path}; SpiffArena keeps the form's JSON Schema beside the BPMN")]
+        return None, [], [(None, f"{where}: no file {path}, so answers to this task are not checked against "
+                                 "a form; SpiffArena keeps the form's JSON Schema beside the BPMN: put it there")]
     try:
         schema = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:
-        return None, [(None, f"{where}: {path} is not valid JSON ({err})")]
+        return None, [(None, f"{where}: {path} is not valid JSON ({err})")], []
     if not isinstance(schema, dict):
-        return None, [(None, f"{where}: {path} holds a JSON {type(schema).__name__}, not a JSON Schema object")]
+        return None, [(None, f"{where}: {path} holds a JSON {type(schema).__name__}, not a JSON Schema object")], []
     schema = _strip_dynamic(schema)
     import jsonschema
 
@@ -186,17 +193,18 @@ def _spiff_form(name: str, base: Path | None) -> tuple[dict[str, Any] | None, li
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as err:
         at = "/".join(str(p) for p in err.absolute_path) or "the top"
-        return None, [(None, f"{where}: {path} is not a valid JSON Schema at {at}: {err.message}")]
-    return {"source": name, "fields": _schema_fields(schema), "schema": schema}, []
+        return None, [(None, f"{where}: {path} is not a valid JSON Schema at {at}: {err.message}")], []
+    return {"source": name, "fields": _schema_fields(schema), "schema": schema}, [], []
 
 
-def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, list[tuple[str | None, str]]]:
+def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
+    """A user task's form, the problems of its declaration, and warnings."""
     ext = _extension_elements(node)
     if ext is None:
-        return None, []
+        return None, [], []
     form_data = ext.find(_q(CAMUNDA_NS, "formData"))
     if form_data is not None:
-        return _camunda_form(form_data)
+        return (*_camunda_form(form_data), [])
     for prop in ext.iter(_q(SPIFF_NS, "property")):
         if prop.get("name") == "formJsonSchemaFilename" and (prop.get("value") or "").strip():
             return _spiff_form(prop.get("value").strip(), base)
@@ -204,8 +212,8 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, list[tup
         for el in ext.iter(_q(ZEEBE_NS, tag)):
             key = el.get("formKey") or el.get("formId") or el.get("externalReference")
             if key:
-                return {"source": "zeebe:formDefinition", "form_key": key, "fields": []}, []
-    return None, []
+                return {"source": "zeebe:formDefinition", "form_key": key, "fields": []}, [], []
+    return None, [], []
 
 
 def parse_form(node: Any, bpmn_file: str | None) -> dict[str, Any] | None:
@@ -215,9 +223,11 @@ def parse_form(node: Any, bpmn_file: str | None) -> dict[str, Any] | None:
     return _read(node, base)[0]
 
 
-def form_problems(node: Any, bpmn_file: str) -> list[tuple[str | None, str]]:
-    """(field id or None, message) of every problem of a user task's form declaration."""
-    return _read(node, Path(bpmn_file).resolve().parent)[1]
+def form_problems(node: Any, bpmn_file: str) -> tuple[_Problems, _Problems]:
+    """(field id or None, message) of every problem of a user task's form declaration, and of
+    every warning (a SpiffArena schema file that is not there)."""
+    _, problems, warnings = _read(node, Path(bpmn_file).resolve().parent)
+    return problems, warnings
 
 
 def public_form(form: Mapping[str, Any]) -> dict[str, Any]:

@@ -116,6 +116,11 @@ not make ``report.ok`` false:
                                       spiffworkflow:serviceTaskOperator, and no handler or llm in the config
 ``llm_without_handler`` W             a task whose llm: block names no model and whose config gives no
                                       handler: it runs only with a model (--model), offline it stops there
+``invalid_form``                      a user task's form: a camunda:formField with no id, of an unknown type,
+                                      an enum with no values, a default or constraint that does not fit; a
+                                      SpiffArena formJsonSchemaFilename file that is not JSON or no JSON Schema
+``form_schema_missing`` W             a SpiffArena formJsonSchemaFilename file that is not beside the BPMN:
+                                      the task runs, its answers unchecked against a form
 ``business_rule_without_dmn``         a businessRuleTask that names no DMN decision (and has no handler), or
                                       one whose decision no DMN file given or beside the process defines
 ``dmn_namespace``                     a DMN file whose root is no DMN 1.1-1.3 ``definitions``
@@ -747,9 +752,13 @@ class _Validator:
         from .forms import form_problems
 
         for el in doc.root.iter(_bpmn("userTask")):
-            for field_id, message in form_problems(el, str(doc.path)):
+            problems, warnings = form_problems(el, str(doc.path))
+            for field_id, message in problems:
                 self.add("invalid_form", f"user task form: {message}", file=doc.file,
                          line=el.sourceline, element_id=el.get("id"), field=field_id)
+            for field_id, message in warnings:
+                self.add("form_schema_missing", f"user task form: {message}", file=doc.file,
+                         line=el.sourceline, element_id=el.get("id"), field=field_id, severity="warning")
 
     def _extension_json(self, doc: _Doc, el: Any, owner_id: str, prefix: str) -> Any:
         text = el.text or ""

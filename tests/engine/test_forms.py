@@ -225,7 +225,6 @@ def test_validate_names_a_broken_camunda_field(cli, forms_dir: Path, old, new, f
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    (None, "no file"),
     ("{not json", "is not valid JSON"),
     ('{"type": "object", "properties": {"amount": {"type": "money"}}}', "is not a valid JSON Schema at properties/amount"),
 ])
@@ -240,6 +239,21 @@ def test_validate_names_a_broken_json_schema_file(cli, forms_dir: Path, content,
     line = next(ln for ln in result.stdout.splitlines() if message in ln)
     assert "'Activity_enter_expense'" in line and "expense-request-schema.json" in line
     assert str(forms_dir / SPIFF) in line
+
+
+def test_a_schema_file_not_beside_the_bpmn_is_a_warning_and_the_task_runs_unchecked(cli, forms_dir: Path) -> None:
+    """A SpiffArena export given without its schema files still runs (as it did before forms were
+    read); validate warns, naming the task and the file, and the answer is not checked."""
+    (forms_dir / "expense-request-schema.json").unlink()
+    checked = cli("validate", str(forms_dir / SPIFF))
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    line = next(ln for ln in (checked.stdout + checked.stderr).splitlines() if "no file" in ln)
+    assert "'Activity_enter_expense'" in line and "expense-request-schema.json" in line and "not checked" in line
+    run = cli("run", str(forms_dir / SPIFF), "--store", "memory://", "--json",
+              "--answer", 'Activity_enter_expense={"amount": "not a number"}')
+    doc = json.loads(run.stdout)
+    assert doc["error"] is None, doc["error"]
+    assert "form" not in next((w for w in doc["waiting_for"] if w["task_id"] == "Activity_enter_expense"), {})
 
 
 def test_validate_accepts_the_saved_forms(cli, forms_dir: Path) -> None:
