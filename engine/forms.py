@@ -293,15 +293,17 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
                  prefilled: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The answer with the defaults of the fields it omits, and its problems as (field, message).
 
-    ``prefilled``: what the form starts from besides its defaults (what the task's preScript
-    set); a required field it holds counts as answered, as the submitted form would carry it.
+    ``prefilled``: what the form starts from instead of its defaults (the values the context
+    already holds under the fields' ids: what the task's preScript or an earlier step set, a
+    SYSTEM key); a required field it holds counts as answered, and its default is not put in the
+    answer, as Camunda's form shows the variable, not the defaultValue, when there is one.
     """
     answer = dict(given)
     if not form or not form.get("fields") and not form.get("schema"):
         return answer, []
     fields = form.get("fields") or []
     for field in fields:
-        if field["id"] not in answer and field.get("default") is not None:
+        if field["id"] not in answer and field["id"] not in (prefilled or {}) and field.get("default") is not None:
             answer[field["id"]] = field["default"]
     seen = {**(prefilled or {}), **answer}
     problems: list[tuple[str, str]] = []

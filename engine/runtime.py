@@ -931,6 +931,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
                     item["instructions"] = extensions["instructionsForEndUser"]
                 if isinstance(extensions.get("form"), Mapping):  # the fields the modeler's form asks for
                     item["form"] = forms.public_form(extensions["form"])
+                    ctx = self.context_of(task)
+                    for fld in item["form"]["fields"]:  # what the form shows instead of the default
+                        if fld.get("id") in ctx:
+                            fld["value"] = thaw(ctx.resolve(fld["id"]))
                 prepared = task.internal_data.get(spiff.PREPARED_KEY)
                 if prepared:  # what its preScript set as it became ready: what the form starts from
                     ctx = self.context_of(task)
@@ -1044,8 +1048,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if not isinstance(form, Mapping):
             return given
         ctx = self.context_of(task)
-        prepared = task.internal_data.get(spiff.PREPARED_KEY) or []
-        prefilled = {key: thaw(ctx.resolve(key)) for key in prepared if key in ctx}
+        # a field starts from the value its key holds (the preScript's, an earlier step's, SYSTEM's),
+        # so a default never overwrites it, nor is written to a layer that refuses it
+        held = {str(f.get("id")) for f in form.get("fields") or []}
+        held.update(task.internal_data.get(spiff.PREPARED_KEY) or [])
+        prefilled = {key: thaw(ctx.resolve(key)) for key in held if key in ctx}
         answer, problems = forms.check_answer(form, given, prefilled)
         if problems:
             bpmn_id = spiff.bpmn_id_of(task)

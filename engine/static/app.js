@@ -412,8 +412,13 @@
       const area = el("textarea", { id: dataId, rows: 3, "data-id": t.id, class: "mono", spellcheck: "false",
                                     "aria-describedby": errId });
       const fields = (t.form && t.form.fields) || [];
-      const start = {};  // the form starts from its defaults, as the modeler's form would show them
-      for (const f of fields) if (f.default !== null && f.default !== undefined) start[f.id] = f.default;
+      // the form starts from what the context holds under a field's id (the preScript's value, an
+      // earlier step's, SYSTEM's), else from the field's default, as the modeler's form would show it
+      const start = {};
+      for (const f of fields) {
+        if (f.value !== undefined) start[f.id] = f.value;
+        else if (f.default !== null && f.default !== undefined) start[f.id] = f.default;
+      }
       area.value = state.drafts["task:" + t.id] || JSON.stringify(start);
       const error = el("p", { id: errId, class: "error", role: "alert", hidden: !state.taskErrors[t.id],
                               text: state.taskErrors[t.id] || null });

@@ -317,3 +317,29 @@ def test_a_user_task_form_is_shown_and_checked(tmp_module: Path, context: Any) -
         assert done["layers"]["L3"]["amount"] == 120 and done["layers"]["L3"]["cost_center"] == "ops"
         shot(page, "user-task-form-1280x800", full_page=True)
         page.close()
+
+
+def test_a_form_starts_from_the_value_the_prescript_set(tmp_module: Path, context: Any) -> None:
+    """A field whose key the task's preScript set starts from that value, not from its default:
+    completing the form as shown keeps it."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT)
+    forms = Path(__file__).resolve().parents[1] / "engine" / "fixtures" / "forms"
+    with serve(tmp_module, TOKEN, catalog=forms) as server:
+        iid = server.api("POST", "/api/instances", json={"process_id": "cost_center_review", "data": {}})["instance_id"]
+        page = context.new_page()
+        page.goto(server.url + "/")
+        page.fill("#token", TOKEN)
+        page.fill("#user", OFFICER)
+        page.click("#login-submit")
+        page.locator("#list-view").wait_for(state="visible")
+        page.goto(f"{server.url}/#/instances/{iid}")
+        card = page.locator("#ut-list .user-task")
+        expect(card).to_have_count(1)
+        area = card.locator("textarea")
+        assert json.loads(area.input_value()) == {"cost_center": "sales", "approved": False}
+        card.locator("button", has_text="Complete").click()
+        page.locator("#inst-status", has_text="completed").wait_for()
+        assert server.api("GET", f"/api/instances/{iid}")["layers"]["L3"]["cost_center"] == "sales"
+        page.close()

@@ -260,3 +260,61 @@ def test_validate_accepts_the_saved_forms(cli, forms_dir: Path) -> None:
     for name in (CAMUNDA, SPIFF, ZEEBE):
         result = cli("validate", str(forms_dir / name))
         assert result.exit_code == 0, result.stdout + result.stderr
+
+
+FIELD_HOLDER = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" xmlns:camunda="http://camunda.org/schema/1.0/bpmn"
+    xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" id="d" targetNamespace="x">
+  <bpmn:process id="held" isExecutable="true">
+    <bpmn:startEvent id="s"><bpmn:outgoing>f0</bpmn:outgoing></bpmn:startEvent>
+    <bpmn:sequenceFlow id="f0" sourceRef="s" targetRef="before"/>
+    <bpmn:scriptTask id="before"><bpmn:incoming>f0</bpmn:incoming><bpmn:outgoing>f1</bpmn:outgoing>
+      <bpmn:script>{before}</bpmn:script></bpmn:scriptTask>
+    <bpmn:sequenceFlow id="f1" sourceRef="before" targetRef="review"/>
+    <bpmn:userTask id="review">
+      <bpmn:extensionElements>
+        {pre}
+        <camunda:formData>
+          <camunda:formField id="cost_center" type="enum" defaultValue="ops">
+            <camunda:value id="ops" name="Operations" /><camunda:value id="sales" name="Sales" />
+          </camunda:formField>
+          <camunda:formField id="approved" type="boolean" defaultValue="false"/>
+        </camunda:formData>
+      </bpmn:extensionElements>
+      <bpmn:incoming>f1</bpmn:incoming><bpmn:outgoing>f2</bpmn:outgoing>
+    </bpmn:userTask>
+    <bpmn:sequenceFlow id="f2" sourceRef="review" targetRef="e"/>
+    <bpmn:endEvent id="e"><bpmn:incoming>f2</bpmn:incoming></bpmn:endEvent>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+@pytest.mark.parametrize(("before", "pre", "system"), [
+    ("note = 1", '<spiffworkflow:preScript>cost_center = "sales"</spiffworkflow:preScript>', None),
+    ('cost_center = "sales"', "", None),
+    ("note = 1", "", "sales"),
+], ids=["preScript", "earlier_task", "system"])
+def test_a_default_never_replaces_what_the_context_holds(tmp_path: Path, before, pre, system) -> None:
+    """A form field bound to a key the context already holds starts from that value, not from its
+    defaultValue (as Camunda's form shows the variable): the person who leaves it alone changes
+    nothing, and a SYSTEM key of the field's name is not written behind their back."""
+    bpmn = tmp_path / "held.bpmn"
+    bpmn.write_text(FIELD_HOLDER.replace("{before}", before).replace("{pre}", pre))
+    if system:
+        (tmp_path / "held.layerflow.yaml").write_text(f"system:\n  cost_center: {system}\n")
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(bpmn)))
+    assert waiting.status == "waiting"
+    done = engine.complete_user_task(waiting, "review", {"approved": True})
+    assert done.status == "completed"
+    assert done.main.resolve("cost_center") == "sales" and done.main.resolve("approved") is True
+    assert not any(e.kind == "denied" for e in done.main.tape)
+
+
+def test_the_waiting_item_shows_the_value_a_field_starts_from(cli, forms_dir: Path) -> None:
+    """prescript_review.bpmn: the user task's preScript sets cost_center, a field with a default."""
+    fields = _item(_doc(cli("run", str(forms_dir / "prescript_review.bpmn"), "--json")))["form"]["fields"]
+    assert [(f["id"], f.get("value"), f["default"]) for f in fields] == \
+        [("cost_center", "sales", "ops"), ("approved", None, False)]
+    assert "value" not in fields[1]  # the context holds no 'approved': the form starts from the default
