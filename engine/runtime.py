@@ -1510,7 +1510,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
         except dmn.DecisionResultError as err:
             raise ActivityError(f"business rule task {spec.bpmn_id!r} cannot put the result of decision table "
                                 f"{table.id!r} in {spec.result_variable!r}: {err}", task_id=spec.bpmn_id) from None
-        write_result(actx, {spec.result_variable: value})
+        try:
+            write_result(actx, {spec.result_variable: value})
+        except ContextWriteDenied as err:  # the modeler's name for the result, not a handler's key
+            raise ContextWriteDenied(err.key, err.requested, err.effective,
+                                     f"{err.reason}; it is the result variable {spec.result_variable!r} of business "
+                                     f"rule task {spec.bpmn_id!r}: name another result variable (resultVariable)",
+                                     op=err.op) from None
 
     def _handler_for(self, bpmn_id: str, cfg: ActivityExtensionConfig | None) -> Handler | None:
         name = cfg.handler if cfg is not None and cfg.handler else None

@@ -131,6 +131,8 @@ not make ``report.ok`` false:
 ``dmn_invalid``                       SpiffWorkflow's DMN parser refuses the file
 ``dmn_result_mapping``                a businessRuleTask's camunda:mapDecisionResult that is none of
                                       resultList, singleResult, singleEntry, collectEntries
+``dmn_result_variable``               a businessRuleTask's result variable that the config's system: fixes
+                                      in L0 SYSTEM, which no activity may write
 ``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
                                       adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
 ``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
@@ -409,6 +411,7 @@ class _Validator:
         # Ids and names our own checks reported on; SpiffWorkflow's (single, cruder) error about
         # the same thing is then left out.
         self.related: set[str] = set()
+        self.system_keys: frozenset[str] = frozenset()  # the config's system: (L0), once it is read
         self.dmn_files: list[dmn.DmnFile] = []
 
     def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
@@ -428,6 +431,7 @@ class _Validator:
         for doc in good:
             self._index(doc)
         config = self._load_config()
+        self.system_keys = frozenset(config.system) if config is not None else frozenset()
         main = self._select_process(config)
         for doc in good:
             self._check_extensions(doc)
@@ -1821,6 +1825,12 @@ class _Validator:
                      + "; ".join(f"{name} ({what})" for name, what in dmn.RESULT_MAPPINGS.items())
                      + " (or leave it out: resultList)", file=file, line=el.sourceline, element_id=eid,
                      field="camunda:mapDecisionResult")
+        if ref is not None and result is not None and result[0] in self.system_keys:
+            attribute = "zeebe:calledDecision resultVariable" if result[1] == "decision" else "camunda:resultVariable"
+            self.add("dmn_result_variable", f"business rule task {eid!r} puts its decision's result in {result[0]!r} "
+                     f"({attribute}), which the config's system: fixes in L0 SYSTEM: no activity may write it, so "
+                     "the instance would stop there; name another resultVariable", file=file, line=el.sourceline,
+                     element_id=eid, field=attribute)
         if ref is None:
             if not handled:
                 self.related.add(eid)

@@ -396,3 +396,29 @@ def test_the_result_variable_survives_a_save_and_a_new_engine(tmp_path: Path) ->
     resumed = again.load(instance.id)
     spec = next(t.task_spec for t in resumed.workflow.get_tasks() if t.task_spec.name == "decide")
     assert (spec.result_variable, spec.result_mapping) == ("risk", "decision")
+
+
+@pytest.mark.parametrize("rule_task", [zeebe_task("policy"), camunda7_task('camunda:resultVariable="policy"')])
+def test_a_result_variable_the_config_fixes_in_system_is_refused_by_validate(tmp_path: Path, rule_task: str) -> None:
+    """SYSTEM is never writable by activities: a result variable named like a key of the config's
+    system: would stop the instance at the task; validate says so before it runs."""
+    path = write(tmp_path, zeebe_process(rule_task).replace("seen = risk", "seen = policy"))
+    (tmp_path / "credit.layerflow.yaml").write_text("system:\n  policy: strict\n")
+    problems = [p for p in validate_process(path).problems if p.severity == "error"]
+    assert [(p.code, p.element_id) for p in problems] == [("dmn_result_variable", "decide")]
+    assert "'policy'" in problems[0].message and "SYSTEM" in problems[0].message
+    assert "resultVariable" in problems[0].message
+
+
+def test_a_result_variable_the_process_fixed_stops_the_run_naming_the_result_variable(tmp_path: Path) -> None:
+    """A result variable named like a PROCESS key (the data the instance started with) is refused by
+    the layer rules: the error names the task, the result variable and what to do."""
+    path = write(tmp_path, zeebe_process(zeebe_task("amount"), then=AFTER.replace("risk", "amount")),
+                 one_output_decision())
+    code, doc = run_json(path, MEDIUM)
+    assert (code, doc["status"]) == (1, "error")
+    error = doc["error"]
+    assert error["task_id"] == "decide" and error["kind"] == "permission_denied"
+    assert "result variable 'amount'" in error["message"] and "L1" in error["message"]
+    assert "name another result variable" in error["message"]
+    assert doc["layers"]["L1"]["amount"] == 120000
