@@ -1054,6 +1054,12 @@ class _Runtime(ScopeSteps, GatewaySteps):
         held.update(task.internal_data.get(spiff.PREPARED_KEY) or [])
         prefilled = {key: thaw(ctx.resolve(key)) for key in held if key in ctx}
         answer, problems = forms.check_answer(form, given, prefilled)
+        multi = spiff.multi_instance_of(task)
+        output_item = getattr(multi.task_spec, "output_item", None) if multi is not None else None
+        out = spiff.data_name(output_item) if output_item is not None else None
+        if out is not None and out in prefilled and out not in answer:
+            # an instance's output is what its form holds when submitted: the value it started from
+            answer[out] = prefilled[out]
         if problems:
             bpmn_id = spiff.bpmn_id_of(task)
             ctx.record("answer_refused", actor=actor, data={

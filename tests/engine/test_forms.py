@@ -318,3 +318,24 @@ def test_the_waiting_item_shows_the_value_a_field_starts_from(cli, forms_dir: Pa
     assert [(f["id"], f.get("value"), f["default"]) for f in fields] == \
         [("cost_center", "sales", "ops"), ("approved", None, False)]
     assert "value" not in fields[1]  # the context holds no 'approved': the form starts from the default
+
+
+def test_a_multi_instance_form_left_alone_gives_the_value_the_prescript_set(forms_dir: Path) -> None:
+    """prescript_votes.bpmn: each instance of a multi-instance user task has a form field that is
+    its output item, with a default, and the task's preScript sets it: an answer that leaves the
+    field alone gives the preScript's value as each instance's output, as the form shows it."""
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(forms_dir / "prescript_votes.bpmn")))
+    items = [w for w in waiting.to_document()["waiting_for"] if w["kind"] == "user_task"]
+    assert [f["value"] for w in items for f in w["form"]["fields"]] == [5, 5]
+    with pytest.raises(FormAnswerInvalid, match="field 'score'"):
+        engine.complete_user_task(waiting, "vote", {"score": 11})
+    done = engine.load(waiting.id)
+    for _ in items:  # the Python API answers one instance at a time
+        done = engine.complete_user_task(done, "vote", {})
+    assert done.status == "completed", done.to_document()["error"]
+    assert done.main.resolve("scores") == [5, 5]
+    chosen = engine.run(engine.start(load_process(forms_dir / "prescript_votes.bpmn")))
+    for score in (7, {}):
+        chosen = engine.complete_user_task(chosen, "vote", {"score": score} if score else {})
+    assert chosen.main.resolve("scores") == [7, 5]
