@@ -3,7 +3,8 @@
 The engine tests of ``SWEPT`` that need no fixture but ``tmp_path`` (test_conformance.py
 first: parallel gateways in loops, sub-processes, call activities, multi-instance,
 boundary events, event-based gateways, messages, signals, timers, user tasks,
-ioSpecification; then events, joins, the examples, governance, model tools, ...) run as
+ioSpecification; then events, joins, the examples, governance, model tools, DMN decisions,
+user task forms, ...) run as
 they are, imported, not copied, under a recorder that notes every state a context reaches
 (one per tape event), every instance the engine hands back, and every engine call the
 scenario makes; its engines keep their instances in sqlite. Then, per scenario:
@@ -48,9 +49,11 @@ import test_caches
 import test_call_activity_files
 import test_configfile
 import test_conformance
+import test_dmn
 import test_end_join
 import test_events
 import test_examples
+import test_forms
 import test_gateway_engine
 import test_governance
 import test_governance_configs
@@ -68,7 +71,7 @@ SWEPT: tuple[ModuleType, ...] = (
     test_conformance, test_events, test_multi_instance, test_end_join, test_examples, test_gateway_engine,
     test_call_activity_files, test_activities, test_governance, test_governance_configs, test_loan, test_llm,
     test_llm_tools, test_tools, test_model_compression, test_arbiter_stub, test_persistence, test_caches,
-    test_configfile,
+    test_configfile, test_dmn, test_forms,
 )
 # scenarios that keep two copies of one instance on purpose (the later save must fail): their calls
 # are not one history; and one whose own store fails a save on purpose (no other store does)
