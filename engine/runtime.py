@@ -385,7 +385,16 @@ class Engine:
         rt = _runtime_of(instance)
         refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
-            rt.reset_failed()
+            try:
+                rt.reset_failed()
+            except (VersionConflict, StoreUnavailable):
+                raise
+            except Exception as err:  # noqa: BLE001 - the retry failed again (a user task's preScript
+                # runs as the reset makes its task ready): the instance's error, as in ``run``
+                rt.fail(err)
+                rt.settle()
+                self._save(instance)
+                return instance
         return self.run(instance, answers=answers, ask=ask)
 
     def cancel(self, instance: Instance, *, reason: str, actor: str = "operator") -> Instance:

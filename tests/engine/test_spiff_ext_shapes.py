@@ -464,3 +464,28 @@ def test_a_user_task_prescript_that_fails_stops_the_instance_naming_the_task(tmp
     assert instance.status == "error"
     assert instance.error["task_id"] == "fill" and "preScript" in instance.error["message"]
     assert instance.main.current_activity is None
+
+
+def test_a_user_task_prescript_that_fails_again_on_resume_leaves_the_instance_in_error(tmp_path: Path) -> None:
+    """The retry of a failed preScript runs it as the task becomes ready again: failing once more,
+    the instance is saved in error with the preScript named (it was an uncaught exception); fixed
+    (``inject``), the next resume prepares the task and waits for the person."""
+    from test_conformance import write as write_bpmn
+
+    path = write_bpmn(tmp_path, "broken", [
+        '<bpmn:startEvent id="start"/>',
+        f'<bpmn:userTask id="fill">{_scripts("share = 100 // parts", None)}</bpmn:userTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "fill"), flow("fill", "end")])
+    engine = Engine(store=f"sqlite:///{tmp_path / 'broken.db'}")
+    failed = engine.run(engine.start(load_process(path)))
+    assert failed.status == "error" and "preScript" in failed.error["message"]
+    again = engine.resume(engine.load(failed.id))
+    assert again.status == "error", again.error
+    assert again.error["task_id"] == "fill" and "name 'parts' is not defined" in again.error["message"]
+    stored = engine.load(failed.id)
+    assert stored.status == "error" and stored.main.current_activity is None
+    fixed = engine.resume(engine.inject(stored, {"parts": 4}))
+    assert fixed.status == "waiting", fixed.error
+    assert fixed.main.resolve("share") == 25
+    done = engine.complete_user_task(fixed, "fill", {})
+    assert done.status == "completed"
