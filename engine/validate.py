@@ -186,6 +186,7 @@ import builtins
 import difflib
 import json
 import re
+import shlex
 import threading
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -1247,8 +1248,10 @@ class _Validator:
                          line=call.sourceline, element_id=call.get("id"), field="calledElement")
                 continue
             beside = _defined_beside(called, [Path(d.file) for d in self.docs])
-            where = (f" ({beside} defines it: `layerflow run {' '.join(d.file for d in self.docs)} {beside}`)"
-                     if beside is not None else "")
+            where = ""
+            if beside is not None:  # the command as a shell takes it (a folder may have a space)
+                command = " ".join(shlex.quote(str(f)) for f in [*(d.file for d in self.docs), beside])
+                where = f" ({beside} defines it: `layerflow run {command}`)"
             self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      f"to the files validated and run{where}, or fix the id", file=proc.file, line=call.sourceline,

@@ -398,6 +398,25 @@ def test_a_call_activity_two_levels_down_whose_process_is_missing(tmp_path: Path
             f"{beside}`)") in row, row
 
 
+def test_the_run_command_the_hint_gives_runs_as_written_from_a_folder_with_a_space(tmp_path: Path) -> None:
+    import re
+    import shlex
+
+    folder = tmp_path / "process models"
+    folder.mkdir()
+    for name in ("customer_onboarding", "kyc_check", "sanctions_screen"):
+        (folder / f"{name}.bpmn").write_text((UNSEEN / f"{name}.bpmn").read_text(encoding="utf-8"), encoding="utf-8")
+    result = CliRunner().invoke(main, ["validate", str(folder / "customer_onboarding.bpmn"),
+                                       str(folder / "kyc_check.bpmn")])
+    assert result.exit_code == 2, result.output
+    command = re.search(r"`(layerflow run [^`]*)`", result.output)
+    assert command is not None, result.output
+    words = shlex.split(command.group(1))
+    assert words[2:] == [str(folder / f"{n}.bpmn") for n in ("customer_onboarding", "kyc_check", "sanctions_screen")]
+    again = CliRunner().invoke(main, ["validate", *words[2:]])
+    assert again.exit_code == 0, again.output
+
+
 def test_a_called_process_nowhere_beside_gets_no_hint(tmp_path: Path) -> None:
     for name in ("customer_onboarding", "kyc_check"):
         (tmp_path / f"{name}.bpmn").write_text((UNSEEN / f"{name}.bpmn").read_text(encoding="utf-8"), encoding="utf-8")
