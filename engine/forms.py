@@ -276,6 +276,9 @@ def _field_problem(field: Mapping[str, Any], value: Any) -> str | None:
     elif kind == "enum":
         allowed = [o["id"] for o in field.get("options") or []]
         if value not in allowed:
+            if not isinstance(value, str):  # 1 is not the value "1": show the values as the text they are
+                shown = ", ".join(json.dumps(a, ensure_ascii=False) for a in allowed)
+                return f"{json.dumps(value, ensure_ascii=False)} is not one of {shown} (its values are text)"
             return f"{json.dumps(value, ensure_ascii=False)} is not one of {', '.join(map(str, allowed))}"
     elif kind in ("string", "date"):
         if not isinstance(value, str):

@@ -339,3 +339,15 @@ def test_a_multi_instance_form_left_alone_gives_the_value_the_prescript_set(form
     for score in (7, {}):
         chosen = engine.complete_user_task(chosen, "vote", {"score": score} if score else {})
     assert chosen.main.resolve("scores") == [7, 5]
+
+
+def test_a_number_for_an_enum_whose_values_are_digits_is_refused_saying_they_are_text(forms_dir: Path) -> None:
+    """star_rating.bpmn: an enum whose camunda:value ids are "1" and "2". A JSON answer of 1 is
+    not "1": the refusal shows the values as text (it read '1 is not one of 1, 2')."""
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(forms_dir / "star_rating.bpmn")))
+    with pytest.raises(FormAnswerInvalid) as caught:
+        engine.complete_user_task(waiting, "rate", {"stars": 1})
+    assert caught.value.problems == [("stars", '1 is not one of "1", "2" (its values are text)')]
+    done = engine.complete_user_task(engine.load(waiting.id), "rate", {"stars": "1"})
+    assert done.status == "completed" and done.main.resolve("stars") == "1"
