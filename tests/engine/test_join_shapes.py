@@ -200,3 +200,119 @@ def test_each_instance_of_a_multi_instance_sub_process_asks_about_its_own_join(c
     _, plain = run_plain(path, {}, {})  # SpiffWorkflow: the last instance's data wins (its m2 ran last)
     assert data_of(done)["x"] == plain["x"] == 200
     check_tape_and_replay(cli, done)
+
+
+# ----- conflicts deep inside the branches ---------------------------------------------------------
+
+def deep_process(tmp_path: Path) -> Path:
+    """Three branches: an XOR split and merge, a nested parallel split and join, a plain task
+    that deletes a key. ``k`` is written in all three, two of them agreeing when ``pick`` is a."""
+    return write_elements(tmp_path, "deep_writes", [
+        '<bpmn:startEvent id="start"/>',
+        script("init", "k = 0\nlst = [1, 2]\nd = {'a': 1, 'b': [1, 2]}\ngone = 'here'"),
+        '<bpmn:parallelGateway id="fork"/>', '<bpmn:parallelGateway id="meet"/>',
+        '<bpmn:exclusiveGateway id="choose" default="choose_to_kb"/>', script("ka", "k = 10"), script("kb", "k = 20"),
+        '<bpmn:exclusiveGateway id="chosen"/>',
+        *split_join("inner", "inner_join", {"p1": script("p1", "k = 30\nd = {'b': [1, 2], 'a': 1}"),
+                                            "p2": script("p2", "lst = [2, 1]")}),
+        script("drop", "del gone\nk = 10"), '<bpmn:endEvent id="end"/>',
+        *chain("start", "init", "fork"), flow("fork", "choose"), flow("choose", "ka", "pick == 'a'"),
+        flow("choose", "kb"), *chain("ka", "chosen"), *chain("kb", "chosen", "meet"),
+        flow("fork", "inner"), flow("inner_join", "meet"), *chain("fork", "drop", "meet"), flow("meet", "end")])
+
+
+@pytest.mark.parametrize("pick, values, answer", [
+    ("a", {"choose": 10, "inner": 30, "drop": 10}, "10"),   # two of three agree: still a conflict
+    ("b", {"choose": 20, "inner": 30, "drop": 10}, "30"),
+])
+def test_a_conflicting_write_deep_inside_the_branches(cli, tmp_path: Path, pick, values, answer) -> None:
+    path = deep_process(tmp_path)
+    doc = cli("run", str(path), "--data", json.dumps({"pick": pick}), code=3)
+    [c] = doc["conflicts"]  # d only reordered its keys, lst and gone changed in one branch each
+    assert (c["gateway_id"], c["layer"], c["key"], c["base_value"], c["values"], c["resolution"]) == \
+        ("meet", "L3", "k", 0, values, None)
+    assert doc["waiting_for"] == [{"kind": "confirmation", "id": "meet/k", "task_id": "meet", "key": "k"}]
+    done = cli("resume", doc["instance_id"], "--answer", f"meet/k={answer}", code=0)
+    [c] = done["conflicts"]
+    assert c["resolution"]["value"] == int(answer) and c["resolution"]["resolver"] == "human"
+    assert sorted(branch for branch, v in values.items() if v == int(answer)) == \
+        sorted(b for b in values if f"{b}" in c["resolution"]["reason"])
+    got = data_of(done)
+    assert "gone" not in got and got["lst"] == [2, 1] and got["d"] == {"a": 1, "b": [1, 2]} and got["k"] == int(answer)
+    [m] = merged(done)
+    assert m["sourceBranches"] == list(values) and m["conflictingValues"] == list(dict.fromkeys(values.values()))
+    [confirmation] = done["confirmations"]
+    assert confirmation["id"] == "meet/k" and confirmation["answer"] == int(answer)
+    check_tape_and_replay(cli, done)
+
+
+# ----- delete against write, list order, key order, and every strategy -------------------------------
+
+KINDS_BRANCHES = {
+    "ba": script("ba", "del gone\nlst = [2, 1]\nd = {'b': [1, 2], 'a': 1}\nn = n + 1\ntags = tags + ['a']\nm = 7"),
+    "bb": script("bb", "gone = 'changed'\nlst = [1, 2, 3]\nd = {'a': 1, 'b': [1, 2]}\nn = n + 10\ntags = tags + ['b']\nm = 3"),
+    "bc": script("bc", "d = {'b': [1, 2], 'a': 1}\nn = n + 100\ntags = ['t', 'c', 'a']\nm = 9"),
+}
+KINDS_INIT = "gone = 'here'\nlst = [1, 2]\nd = {'a': 1, 'b': [1, 2]}\nn = 1\ntags = ['t']\nm = 5"
+KINDS_VALUES = {
+    "gone": {"ba": {"$deleted": True}, "bb": "changed"}, "lst": {"ba": [2, 1], "bb": [1, 2, 3]},
+    "m": {"ba": 7, "bb": 3, "bc": 9}, "n": {"ba": 2, "bb": 11, "bc": 101},
+    "tags": {"ba": ["t", "a"], "bb": ["t", "b"], "bc": ["t", "c", "a"]},
+}
+
+
+def kinds_process(tmp_path: Path, config: str | None = None) -> Path:
+    path = write_elements(tmp_path, "value_kinds", [
+        '<bpmn:startEvent id="start"/>', script("init", KINDS_INIT), *split_join("fork", "meet", KINDS_BRANCHES),
+        '<bpmn:endEvent id="end"/>', *chain("start", "init", "fork"), flow("meet", "end")])
+    if config is not None:
+        (tmp_path / "value_kinds.layerflow.yaml").write_text(config, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("config, settled, data", [
+    ("meet: {mergeStrategy: LAST_WRITER_WINS}", {k: list(v.values())[-1] for k, v in KINDS_VALUES.items()},
+     {"gone": "changed", "lst": [1, 2, 3], "m": 9, "n": 101, "tags": ["t", "c", "a"]}),
+    ("meet: {mergeStrategy: BRANCH_PRIORITY, branchPriority: [ba, bb, bc]}",
+     {k: v.get("ba", v.get("bb")) for k, v in KINDS_VALUES.items()},
+     {"lst": [2, 1], "m": 7, "n": 2, "tags": ["t", "a"]}),
+    ("meet: {mergeStrategy: BRANCH_PRIORITY, branchPriority: [bc, bb, ba],\n"
+     "       reducers: {n: sum, tags: union, m: max, lst: union}}",
+     {"gone": "changed"}, {"gone": "changed", "lst": [1, 2, 3], "m": 9, "n": 112, "tags": ["t", "a", "b", "c"]}),
+    ("meet: {reducers: {n: sum, tags: append, m: min, lst: union, gone: max}, mergeStrategy: LAST_WRITER_WINS}",
+     None, "reducer 'max' for key 'gone': branch(es) ['ba'] deleted the key while ['bb'] wrote values"),
+])
+def test_strategies_and_reducers_on_every_kind_of_change(cli, tmp_path: Path, config, settled, data) -> None:
+    path = kinds_process(tmp_path, config)
+    doc = cli("run", str(path), code=0 if settled is not None else 1)
+    if settled is None:
+        assert doc["status"] == "error" and doc["error"]["kind"] == "merge_conflict"
+        assert data in doc["error"]["message"] and doc["error"]["task_id"] == "meet"
+        return
+    assert {c["key"]: c["resolution"]["value"] for c in doc["conflicts"]} == settled
+    assert all(c["resolution"]["resolver"] == "strategy" and c["values"] == KINDS_VALUES[c["key"]]
+               for c in doc["conflicts"])
+    got = data_of(doc)
+    assert {k: got.get(k, "(absent)") for k in data} == data
+    assert got["d"] == {"a": 1, "b": [1, 2]}
+    assert "gone" in got or settled.get("gone") == {"$deleted": True}
+    assert [m["key"] for m in merged(doc)] == sorted(settled)
+    if "LAST_WRITER_WINS" in config and "reducers" not in config:
+        # SpiffWorkflow takes the last branch's data whole: right for the keys that branch wrote
+        # (it drops the others' writes to lst and gone, which the merge keeps)
+        _, plain = run_plain(path, {}, {})
+        assert {k: got[k] for k in ("m", "n", "tags", "d")} == {k: plain[k] for k in ("m", "n", "tags", "d")}
+    check_tape_and_replay(cli, doc)
+
+
+def test_fail_on_conflict_names_every_conflict(cli, tmp_path: Path) -> None:
+    doc = cli("run", str(kinds_process(tmp_path, "meet: {mergeStrategy: FAIL_ON_CONFLICT}")), code=1)
+    message = doc["error"]["message"]
+    assert doc["error"]["kind"] == "merge_conflict" and doc["error"]["task_id"] == "meet"
+    assert "5 conflict(s)" in message and "FAIL_ON_CONFLICT" in message
+    for key, values in KINDS_VALUES.items():
+        assert f"'{key}' in L3" in message
+        assert all(f"{b}=" in message for b in values)
+    assert "ba=DELETED" in message
+    assert sorted(c["key"] for c in doc["conflicts"]) == sorted(KINDS_VALUES)
+    assert all(c["resolution"] is None for c in doc["conflicts"])
