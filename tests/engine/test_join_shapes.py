@@ -316,3 +316,72 @@ def test_fail_on_conflict_names_every_conflict(cli, tmp_path: Path) -> None:
     assert "ba=DELETED" in message
     assert sorted(c["key"] for c in doc["conflicts"]) == sorted(KINDS_VALUES)
     assert all(c["resolution"] is None for c in doc["conflicts"])
+
+
+# ----- a loop back through a parallel split and join -------------------------------------------------
+
+def loop_process(tmp_path: Path) -> Path:
+    return write_elements(tmp_path, "join_loop", [
+        '<bpmn:startEvent id="start"/>', script("init", "x = 0\nround = 0"), '<bpmn:exclusiveGateway id="again_in"/>',
+        *split_join("fork", "meet", {"la": script("la", "x = round * 10 + 1"), "lb": script("lb", "x = round * 10 + 2")}),
+        script("count", "round = round + 1"), '<bpmn:exclusiveGateway id="again" default="again_to_end"/>',
+        '<bpmn:endEvent id="end"/>', *chain("start", "init", "again_in", "fork"), *chain("meet", "count", "again"),
+        flow("again", "again_in", "round < 2"), flow("again", "end")])
+
+
+def test_a_join_reached_twice_merges_each_pass_against_its_own_split(cli, tmp_path: Path) -> None:
+    path = loop_process(tmp_path)
+    doc = cli("run", str(path), "--answer", "meet/x=2", code=3)
+    first, second = doc["conflicts"]
+    assert (first["base_value"], first["values"], first["resolution"]["value"]) == (0, {"la": 1, "lb": 2}, 2)
+    # the second pass's base is the second split's snapshot: what the first pass settled
+    assert (second["base_value"], second["values"], second["resolution"]) == (2, {"la": 11, "lb": 12}, None)
+    assert [w["id"] for w in doc["waiting_for"]] == ["meet/x"]
+    assert [(c["id"], c["answer"]) for c in doc["confirmations"]] == [("meet/x", 2), ("meet/x", None)]
+    assert [o["value"] for o in doc["confirmations"][1]["options"]] == [11, 12, "$escalate"]
+    done = cli("resume", doc["instance_id"], "--answer", "meet/x=11", code=0)
+    assert [c["resolution"]["value"] for c in done["conflicts"]] == [2, 11]
+    assert [m["baseValue"] for m in merged(done)] == [0, 2] and data_of(done)["x"] == 11
+    notes = cli("tape", done["instance_id"], "--kind", "conflict")
+    assert [n["data"]["base_value"] for n in notes] == [0, 2]
+    check_tape_and_replay(cli, done)
+    # one --answers file for both passes: each answer must be an option of the pass it answers
+    again = cli("run", str(path), "--answers", _answers(tmp_path, {"meet/x": 2}), code=3)
+    assert [c["resolution"] and c["resolution"]["value"] for c in again["conflicts"]] == [2, None]
+    answered = cli("run", str(path), "--answers", _answers(tmp_path, {"*": 2}), code=3)
+    assert answered["conflicts"][0]["resolution"]["value"] == 2
+
+
+# ----- policy rules, confirm, --yes, human_confirm ----------------------------------------------------
+
+@pytest.mark.parametrize("config, args, code, resolution", [
+    ("meet: {conflictPolicy: {rules: [{key: x, when: 'y == 5', value: fromY, reason: y says so}]}}", [], 0,
+     {"value": "fromY", "resolver": "policy", "reason": "y says so"}),
+    ("meet: {conflictPolicy: {rules: [{key: x, when: '\"B\" in _values', value: B, reason: B is there}]}}", [], 0,
+     {"value": "B", "resolver": "policy", "reason": "B is there"}),
+    ("meet: {conflictPolicy: {rankings: {x: [B, A]}}}", [], 0,
+     {"value": "B", "resolver": "policy", "reason": "policy ranking for 'x': \"B\" ranks above \"A\""}),
+    ("meet: {conflictPolicy: {rules: [{key: 'x*', when: 'True', value: A, reason: A first, confirm: true}]}}",
+     ["--yes"], 0, {"value": "A", "resolver": "human", "reason": "a person confirmed the policy suggestion: A first"}),
+    ("meet: {conflictPolicy: {rules: [{key: 'x*', when: 'True', value: A, reason: A first, confirm: true}]}}",
+     [], 3, None),
+    ("meet: {humanConfirm: {timeout: 60, default: A}}", ["--yes"], 0,     # --yes takes the default
+     {"value": "A", "resolver": "human", "reason": 'a person chose "A" (from a)'}),
+    ("meet: {humanConfirm: {timeout: 60, default: A}}", [], 3, None),
+])
+def test_policy_and_people_at_an_inclusive_join(cli, tmp_path: Path, config, args, code, resolution) -> None:
+    path = inclusive_process(tmp_path)
+    (tmp_path / "inclusive_some.layerflow.yaml").write_text(config, encoding="utf-8")
+    doc = cli("run", str(path), "--data", json.dumps({"go_a": True, "go_b": True}), *args, code=code)
+    [c] = doc["conflicts"]
+    assert c["values"] == {"a": "A", "b": "B"} and c["resolution"] == resolution
+    if resolution is None:
+        [w] = doc["waiting_for"]
+        assert w == {"kind": "confirmation", "id": "meet/x", "task_id": "meet", "key": "x"}
+        done = cli("resume", doc["instance_id"], "--answer", "meet/x=A", code=0)
+        assert done["conflicts"][0]["resolution"]["value"] == "A" and data_of(done)["z"] == "A"
+        doc = done
+    assert data_of(doc)["y"] == 5 and data_of(doc)["z"] == doc["conflicts"][0]["resolution"]["value"]
+    [m] = merged(doc)
+    assert m["resolution"] == doc["conflicts"][0]["resolution"]
+    check_tape_and_replay(cli, doc)
