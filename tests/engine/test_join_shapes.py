@@ -385,3 +385,15 @@ def test_policy_and_people_at_an_inclusive_join(cli, tmp_path: Path, config, arg
     [m] = merged(doc)
     assert m["resolution"] == doc["conflicts"][0]["resolution"]
     check_tape_and_replay(cli, doc)
+
+
+def test_branch_priority_that_leaves_out_the_writers_names_them(cli, tmp_path: Path) -> None:
+    """``branchPriority`` listing an element that is no branch of the join (here the task before
+    the split): the conflicts it cannot settle stop the instance, and the error names the
+    branches to add."""
+    path = kinds_process(tmp_path, "meet: {mergeStrategy: BRANCH_PRIORITY, branchPriority: [init, bc]}")
+    doc = cli("run", str(path), code=1)
+    message = doc["error"]["message"]
+    assert doc["error"]["kind"] == "merge_conflict" and "'gone' in L3" in message and "'lst' in L3" in message
+    assert "add 'ba', 'bb' to branchPriority" in message
+    assert "'init' is no branch that reached this join (the ones that did: 'ba', 'bb', 'bc')" in message
