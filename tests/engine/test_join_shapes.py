@@ -397,3 +397,20 @@ def test_branch_priority_that_leaves_out_the_writers_names_them(cli, tmp_path: P
     assert doc["error"]["kind"] == "merge_conflict" and "'gone' in L3" in message and "'lst' in L3" in message
     assert "add 'ba', 'bb' to branchPriority" in message
     assert "'init' is no branch that reached this join (the ones that did: 'ba', 'bb', 'bc')" in message
+
+
+def test_validate_warns_about_a_branch_priority_id_that_begins_no_branch(tmp_path: Path) -> None:
+    """An element of the process that no split's flow leads to is never a branch id: validate says
+    so before the join meets a conflict; the first elements of branches pass."""
+    path = kinds_process(tmp_path, "meet: {mergeStrategy: BRANCH_PRIORITY, branchPriority: [init, bc, ba, bb]}")
+    result = CliRunner().invoke(main, ["validate", str(path), "--json"], catch_exceptions=False)
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 0 and doc["ok"] is True  # a warning: the run may still settle its conflicts
+    [problem] = doc["problems"]
+    assert (problem["code"], problem["severity"], problem["element_id"], problem["field"]) == \
+        ("branch_priority_not_a_branch", "warning", "meet", "branchPriority.0")
+    assert "'init'" in problem["message"] and "'ba', 'bb', 'bc'" in problem["message"]
+    (tmp_path / "value_kinds.layerflow.yaml").write_text(
+        "meet: {mergeStrategy: BRANCH_PRIORITY, branchPriority: [bc, ba, bb]}", encoding="utf-8")
+    clean = json.loads(CliRunner().invoke(main, ["validate", str(path), "--json"]).stdout)
+    assert clean["problems"] == []
