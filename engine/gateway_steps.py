@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -549,13 +550,16 @@ class GatewaySteps:
         injected = {infos[m]["branch_id"]: infos[m]["injected"] for m in ordered}
         order = [infos[m]["branch_id"] for m in dict.fromkeys(a for a in arrival if a in infos)]
         # what a person was shown, for the answers given: the chain does not run again for them
-        asked = {c["id"]: {**c, "timed_out": bool(c.get("answered_by_timeout"))} for c in inst.confirmations
-                 if c.get("task_id") == gw and c.get("answered") and not c.get("resolved")}
+        # (this firing's only: a join that fires in two places at once, as a called process's join
+        # does when two branches call it, asks each under an id of its own, see _add_confirmations)
+        mine = [c for c in self._firing(gw, parent_name) if c.get("answered") and not c.get("resolved")]
+        asked = {_request_id(c): {**c, "id": _request_id(c), "timed_out": bool(c.get("answered_by_timeout"))}
+                 for c in mine}
         # the answers are saved with their confirmations: a join that asked several questions
         # runs again once all are answered, maybe after a save and a load (`resume --answer`
         # one at a time), when the answers given before are no longer in self.answers
-        answers = {cid: c["answer"] for cid, c in asked.items()}
-        answers.update({cid: a["value"] for cid, a in self.answers.items()})
+        answers = {_request_id(c): c["answer"] for c in mine}
+        answers.update({_request_id(c): self.answers[c["id"]]["value"] for c in mine if c["id"] in self.answers})
         config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
         arbiter = self.engine.arbiter_for(self.process)
         try:
@@ -567,31 +571,53 @@ class GatewaySteps:
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
-            self._set_conflicts(gw, [_failed_conflict_record(gw, c) for c in records], resolved=False)
+            self._set_conflicts(gw, [_failed_conflict_record(gw, c) for c in records], resolved=False,
+                               context=parent_name)
             raise
         if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
             result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
         apply_join(parent, result, actor=gw)
-        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete)
+        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete, context=parent_name)
         if not result.complete:
             self._add_confirmations(task, gw, result.pending, context=parent_name)
             return False
-        self._close_confirmations(gw, result)
+        self._close_confirmations(gw, parent_name)
         for m in members:
             inst.branches[m]["status"] = "joined"
             inst.branches[m]["join"] = gw
             inst.contexts[m].record("joined", actor=gw, data={"gateway_id": gw, "into": parent_name})
         return True
 
-    def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool) -> None:
-        """The ``conflicts`` list shows each join's conflicts once: pending ones are replaced when settled."""
+    def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool, context: str) -> None:
+        """The ``conflicts`` list shows each join's conflicts once: a pending one is replaced when
+        settled. The one replaced is the pending conflict of the same gateway, key and branch values:
+        a join that fires in two places at once (a called process's join, called from two branches)
+        leaves the other firing's conflicts as they are."""
         inst = self.instance
-        inst.conflicts = [c for c in inst.conflicts if not (c.get("gateway_id") == gw and c.get("resolution") is None)]
+        pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None]
+        elsewhere = any(c.get("task_id") == gw and c.get("context") != context and not c.get("answered")
+                        for c in inst.confirmations)
+        if not elsewhere:  # the usual case: every pending conflict of the gateway is this firing's
+            inst.conflicts = [c for c in inst.conflicts if not any(c is p for p in pending)]
+            pending = []
+        for record in records:
+            same = next((c for c in pending if c.get("key") == record.get("key")
+                         and json_equal(c.get("values"), record.get("values"))), None)
+            if same is not None:
+                pending.remove(same)
+                inst.conflicts.remove(same)
         inst.conflicts.extend(records)
+
+    def _firing(self, gw: str, context: str) -> list[dict[str, Any]]:
+        """The confirmations of one firing of join ``gw``: the ones it asked merging into ``context``
+        (two firings at once merge into different contexts; one after the other, in a loop, the
+        earlier one's are resolved)."""
+        return [c for c in self.instance.confirmations
+                if c.get("task_id") == gw and c.get("context", context) == context]
 
     def _add_confirmations(self, task: Any, gw: str, pending: list[Any], *, context: str) -> None:
         inst = self.instance
-        known = {c["id"] for c in inst.confirmations if not c.get("answered")}
+        known = {_request_id(c) for c in self._firing(gw, context) if not c.get("answered")}
         now = self.engine.clock()
         for req in pending:
             if req.id in known:
@@ -599,11 +625,16 @@ class GatewaySteps:
             entry = {**req.to_dict(), "answer": None, "timed_out": False, "answered": False,
                      "task_id": gw, "task": str(task.id), "context": context,
                      "created": now, "deadline": now + float(req.timeout)}
+            # the same question open for another firing of this join (GATEWAY/KEY answers both)
+            taken = {c["id"] for c in inst.confirmations if not c.get("answered")}
+            if req.id in taken:
+                entry["id"] = next(f"{req.id}#{n}" for n in itertools.count(2) if f"{req.id}#{n}" not in taken)
+                entry["request_id"] = req.id
             inst.confirmations.append(entry)
 
-    def _close_confirmations(self, gw: str, result: Any) -> None:
-        for c in self.instance.confirmations:
-            if c.get("task_id") == gw and c.get("answered") and "resolved" not in c:
+    def _close_confirmations(self, gw: str, context: str) -> None:
+        for c in self._firing(gw, context):
+            if c.get("answered") and "resolved" not in c:
                 c["resolved"] = True
                 self.answers.pop(c["id"], None)
 
@@ -729,3 +760,8 @@ class GatewaySteps:
                 item["escalated"] = True
         ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "escalated", "reason": why})
         return False
+
+
+def _request_id(confirmation: Mapping[str, Any]) -> str:
+    """The id the join asked under (``GATEWAY_ID/KEY``), whatever id the confirmation got."""
+    return str(confirmation.get("request_id") or confirmation["id"])

@@ -89,7 +89,8 @@ class ScopeSteps:
         def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
                   cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None: ...
         def _in_workflow(self, name: str, workflow: Any) -> bool: ...
-        def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool) -> None: ...
+        def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool,
+                           context: str) -> None: ...
 
     def now(self) -> datetime:
         """The engine's clock, as SpiffWorkflow's timers read it (a cycle timer's repetitions)."""
@@ -424,7 +425,7 @@ class ScopeSteps:
                  "base_value": k["base"],
                  "values": {side: k["dropped"], own: k["kept"]},
                  "resolution": {"value": k["kept"], "resolver": "strategy", "reason": reason}} for k in kept],
-                resolved=True)
+                resolved=True, context=into)
         info["status"] = "joined"
         info["join"] = gw
         branch.record("joined", actor=gw, data={"gateway_id": gw, "into": into})

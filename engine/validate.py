@@ -27,6 +27,8 @@ not make ``report.ok`` false:
 ``branches_on_non_gateway``           ``branches`` on an element that is not a gateway
 ``branch_not_outgoing``               a ``branches`` id that no outgoing flow of the gateway targets
 ``branch_priority_unknown_id``        a ``branchPriority`` id that is no element of the process
+``branch_priority_not_a_branch`` W    a ``branchPriority`` id that no split's outgoing flow leads to
+                                      (the join never meets it among its branches)
 ``join_config_on_non_join`` W         join settings (``mergeStrategy`` other than the default,
                                       ``branchPriority``, ``reducers``, ``conflictPolicy``) on a
                                       task, an event or a gateway that only splits: the engine
@@ -909,6 +911,14 @@ class _Validator:
                              f"the process{_did_you_mean(bid, sorted(self.nodes))}; list the ids of the branches' "
                              "first elements", file=src.file, line=src.line_of("branchPriority", i),
                              element_id=src.element_id, field=f"branchPriority.{i}")
+                elif not _may_begin_branch(self.nodes[bid].element):
+                    starts = _branch_starts(node.element)
+                    listed = f" (here: {', '.join(map(repr, starts))})" if starts else ""
+                    self.add("branch_priority_not_a_branch", f"branchPriority names {bid!r}, which begins no "
+                             "branch: no split's outgoing flow leads to it, so the join never meets it among its "
+                             "branches; list the ids of the branches' first elements, the targets of the split's "
+                             f"outgoing flows{listed}", file=src.file, line=src.line_of("branchPriority", i),
+                             element_id=src.element_id, field=f"branchPriority.{i}", severity="warning")
 
     def _check_injects(self, config: ProcessConfigFile | None) -> None:
         """A contextInject of a key the config fixes in SYSTEM (``system:``) is refused at the
@@ -2240,6 +2250,36 @@ def _incoming(node: Any) -> list[Any]:
     scope = node.getparent()
     nid = node.get("id")
     return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("targetRef") == nid] if scope is not None else []
+
+
+def _may_begin_branch(node: Any) -> bool:
+    """Whether a branch may be named by ``node``: the target of a flow out of a split (an element
+    with several outgoing flows, or a boundary event), a gateway (a join that closes part of a
+    split names the branch it merges into), or an event that starts a path of its own."""
+    tag = etree.QName(node).localname
+    if tag.endswith("Gateway") or tag in ("boundaryEvent", "startEvent"):
+        return True
+    scope = node.getparent()
+    if scope is None:
+        return True
+    by_id = {e.get("id"): e for e in scope.iterchildren()}
+    for flow in _incoming(node):
+        source = by_id.get(flow.get("sourceRef"))
+        if source is None or etree.QName(source).localname == "boundaryEvent" or len(_outgoing(source)) > 1:
+            return True
+    return False
+
+
+def _branch_starts(node: Any) -> list[str]:
+    """The targets of the flows out of the splits beside ``node`` (in its process or sub-process)."""
+    scope = node.getparent()
+    if scope is None:
+        return []
+    flows = list(scope.iterchildren(_bpmn("sequenceFlow")))
+    out_count: dict[str, int] = {}
+    for f in flows:
+        out_count[f.get("sourceRef")] = out_count.get(f.get("sourceRef"), 0) + 1
+    return sorted({str(f.get("targetRef")) for f in flows if out_count.get(f.get("sourceRef"), 0) > 1})
 
 
 def _outgoing(node: Any) -> list[Any]:

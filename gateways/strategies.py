@@ -174,6 +174,7 @@ def resolve_by_strategy(
     of this kind: use ``policy.resolve_conflicts``. ``config`` may be its JSON; without an
     ``arrival_order``, the branches' order stands for it (the last branch arrived last)."""
     config = as_config(config, source="resolve_by_strategy")
+    branches = list(arrival_order)  # every branch that reached the join, when the caller says
     if not arrival_order:
         arrival_order = list(dict.fromkeys(b for c in conflicts for b in c.source_branches))
     strategy = config.merge_strategy
@@ -204,8 +205,15 @@ def resolve_by_strategy(
             out.append((c, Resolution(c.conflicting_values[first], "strategy",
                                       f"BRANCH_PRIORITY: branch {first!r} ranks first in {list(config.branch_priority)}")))
         if unresolved:
+            missing = list(dict.fromkeys(b for c in unresolved for b in c.source_branches))
+            todo = (f"List every branch of the gateway in branchPriority: add {', '.join(map(repr, missing))} "
+                    "to branchPriority (a branch is named by its first element).")
+            strangers = [b for b in config.branch_priority if branches and b not in branches]
+            if strangers:
+                todo += (f" {', '.join(map(repr, strangers))} {'is' if len(strangers) == 1 else 'are'} no branch that "
+                         f"reached this join (the ones that did: {', '.join(map(repr, branches))}).")
             raise conflict_error(unresolved, gateway_id=gateway_id,
                                  why=f"changed by no branch listed in branchPriority {list(config.branch_priority)}",
-                                 todo="List every branch of the gateway in branchPriority.")
+                                 todo=todo)
         return out
     raise ValueError(f"mergeStrategy {strategy!r} is resolved by the conflict-resolution chain, not by a strategy")
