@@ -379,7 +379,7 @@ def _existing_engine(store: str | None, model: str | None, as_json: bool) -> Eng
     except LayerflowError as err:
         if err.kind != "not_found":
             _fail(str(err), as_json=as_json, kind=err.kind)
-        click.echo(f"{err} (an empty listing)", err=True)
+        click.echo(f"nothing to list: {err}", err=True)
         return None
     return Engine(st, model=model, progress=_progress(_Out(as_json)))
 
