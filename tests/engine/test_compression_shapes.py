@@ -266,3 +266,17 @@ def test_a_configured_attention_threshold_alone_names_only_itself(name: str) -> 
     ctx.complete_activity("a")
     cfg = {"preserveKeys": ["big"], "attentionThresholds": {"density": 0.99} if name == "density" else {"redundancy": 0.0}}
     assert CompressTriggerDetector().detect(ctx, cfg).triggers == [name]
+
+
+def test_a_key_a_branch_compressed_away_before_the_join_is_named_in_the_error(tmp_path: Path) -> None:
+    text = (EXAMPLES / "subprocess_parallel.bpmn").read_text(encoding="utf-8")
+    path = tmp_path / "subprocess_parallel.bpmn"
+    path.write_text(text.replace("fraud_points = base * 2", "fraud_points = base * 2\nfraud_log = 'fraud log entry ' * 30"),
+                    encoding="utf-8")
+    (tmp_path / "subprocess_parallel.layerflow.yaml").write_text(
+        "fraud_check:\n  compressMessageThreshold: 2\n  compressRules:\n    - {pattern: '*', action: count_only, keepLast: 0}\n",
+        encoding="utf-8")
+    instance = Engine("memory://").run_process(load_process(path), {"amount": 50000})
+    assert instance.status == "error" and instance.error["task_id"] == "score"
+    message = instance.error["message"]
+    assert "'fraud_points' was removed from HISTORY by the compression after activity 'fraud_check' in context" in message
