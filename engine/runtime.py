@@ -1173,7 +1173,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         except BaseException as err:
             self.instance.suspended.pop(str(task.id), None)
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
-            raise _activity_error(bpmn_id, err) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
         self._activity_done(ctx, cfg, bpmn_id)
         # data objects: the context is the source of truth; SpiffWorkflow copies what it needs
         # from task.data into the workflow's data objects when the task completes
@@ -1209,7 +1209,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                   preserve_keys=cfg.effective_preserve_keys if cfg is not None else [])
         except BaseException as err:
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
-            raise _activity_error(bpmn_id, err) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
         task.internal_data[spiff.PREPARED_KEY] = written
 
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]:
@@ -1325,7 +1325,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
         except BaseException as err:
             self.abort_multi(task, err)
-            raise _activity_error(bpmn_id, err) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
         task.internal_data.pop(spiff.MULTI_KEY, None)
         task.data = {}  # no successor inherits spiff's bookkeeping
         for child in task.children:
@@ -1379,7 +1379,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                         **({"output": {out: actx.scope[out]}} if out is not None else {})})
         except BaseException as err:
             self.abort_multi(multi, err)
-            raise _activity_error(bpmn_id, err) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
         task.data = {n: actx.scope[n] for n in (item, out) if n is not None and n in actx.scope}
         self.instance.activities += 1  # a save point: the instance is saved after each instance
         return True if result is None else result
@@ -1653,7 +1653,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         except BaseException as err:
             if own:
                 ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
-            raise _activity_error(bpmn_id, err) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
         if own:
             ctx.complete_activity(bpmn_id, summary=f"{where} of {bpmn_id}", actor=bpmn_id)
             self._activity_done(ctx, self.process.config(bpmn_id), bpmn_id)
@@ -1738,7 +1738,31 @@ def _one_line(err: BaseException) -> str:
     return text[:500]
 
 
-def _activity_error(bpmn_id: str, err: BaseException) -> LayerflowError:
+def _compressed_away(ctx: LayeredContext | None, err: BaseException,
+                     others: Iterable[LayeredContext] = ()) -> str:
+    """For a script's NameError on a key a compression removed from HISTORY (in the failing
+    context, else in a branch merged into it): which compression, and what to do (the bare
+    NameError does not say the data was there)."""
+    name = getattr(err, "name", None)
+    if ctx is None or not isinstance(err, NameError) or not isinstance(name, str) or ctx.get(name, ABSENT) is not ABSENT:
+        return ""
+    for where in [ctx, *(c for c in others if c is not ctx)]:
+        for e in reversed(list(where.tape)):
+            gone = any(Layer(layer) == Layer.HISTORY and key == name and value is DELETED for layer, key, value in e.changes)
+            if any(key == name and value is not DELETED for _, key, value in e.changes):
+                break
+            if gone:
+                if (e.data or {}).get("note") != "compress":
+                    break
+                branch = "" if where is ctx else f" in context {where.name!r}"
+                return (f"; {name!r} was removed from HISTORY by the compression after activity {e.activity or e.actor!r}"
+                        f"{branch} (event {e.seq}, snapshot {(e.data or {}).get('snapshot_id')}): add {name!r} to that"
+                        f" activity's preserveKeys or narrow its compressRules")
+    return ""
+
+
+def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
+                    others: Iterable[LayeredContext] = ()) -> LayerflowError:
     """The error an activity failure becomes: task id, script line, message."""
     if isinstance(err, ActivityError) and err.task_id is not None:
         return err
@@ -1753,7 +1777,7 @@ def _activity_error(bpmn_id: str, err: BaseException) -> LayerflowError:
         where = err.filename.strip("<>").split(" ")[0]
     what = f"{type(err).__name__}: {err}" if not isinstance(err, LayerflowError) else str(err)
     at = f" at line {line} of its {where}" if line is not None else ""
-    message = f"activity {bpmn_id!r} failed{at}: {what}"
+    message = f"activity {bpmn_id!r} failed{at}: {what}{_compressed_away(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):
         out.kind = err.kind

@@ -1,0 +1,282 @@
+"""Compression in process shapes: a loop that rewrites its keys each pass, preserved keys
+declared on one activity and compressed on another, a parallel join after compressions in
+both branches, a sub-process, a multi-instance; checked through ``run --json``, ``tape``,
+``rollback``, ``replay`` and the Python API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from context_layers import (CompressTriggerDetector, Layer, LayeredContext, RuleDrivenCompressor, render)
+from engine import Engine, load_process
+from engine.cli import main
+
+from engine_helpers import EXAMPLES, script_task, write_process
+
+LOOP_BPMN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+    xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" id="d" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:process id="loopc" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="init"><bpmn:script>count = 0
+items = []
+profile = {"id": "P-1", "tags": ["a", "b"], "nested": {"x": 1}}</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="work"><bpmn:script>count = count + 1
+items = items + ["item number %d with some padding text to grow the context quickly" % count]
+note = "pass %d note: " % count + "lorem ipsum dolor sit amet " * 10
+token = "T-%d" % count</bpmn:script></bpmn:scriptTask>
+    <bpmn:exclusiveGateway id="more" default="f_done"/>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:scriptTask id="a"><bpmn:script>a_out = "A " * 50</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="b"><bpmn:script>b_out = "B " * 50</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="done"><bpmn:script>result = len(items)
+seen = token + "/" + profile["id"]</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="init"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="init" targetRef="work"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="work" targetRef="more"/>
+    <bpmn:sequenceFlow id="f_again" sourceRef="more" targetRef="work"><bpmn:conditionExpression xsi:type="bpmn:tFormalExpression">count &lt; 8</bpmn:conditionExpression></bpmn:sequenceFlow>
+    <bpmn:sequenceFlow id="f_done" sourceRef="more" targetRef="split"/>
+    <bpmn:sequenceFlow id="s1" sourceRef="split" targetRef="a"/>
+    <bpmn:sequenceFlow id="s2" sourceRef="split" targetRef="b"/>
+    <bpmn:sequenceFlow id="j1" sourceRef="a" targetRef="join"/>
+    <bpmn:sequenceFlow id="j2" sourceRef="b" targetRef="join"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="join" targetRef="done"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="done" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+LOOP_CONFIG = """init:
+  preserveKeys: [profile]
+work:
+  preserveKeys: [token]
+  compressTokenThreshold: 300
+  compressRules:
+    - {pattern: "note*", action: summarize, maxTokens: 3}
+    - {pattern: "activity", action: count_only, keepLast: 50}
+a:
+  compressTokenThreshold: 200
+b:
+  compressMessageThreshold: 3
+"""
+
+PROFILE = {"id": "P-1", "tags": ["a", "b"], "nested": {"x": 1}}
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'cli.db'}")
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Any:
+        result = runner.invoke(main, list(args), catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+    return invoke
+
+
+def loop_process(tmp_path: Path) -> Path:
+    path = tmp_path / "loopc.bpmn"
+    path.write_text(LOOP_BPMN, encoding="utf-8")
+    (tmp_path / "loopc.layerflow.yaml").write_text(LOOP_CONFIG, encoding="utf-8")
+    return path
+
+
+def _token_at(history: dict[str, Any]) -> Any:
+    return history.get("token")
+
+
+def test_loop_keeps_preserved_keys_through_every_compression_join_rollback_and_replay(tmp_path: Path, cli: Any) -> None:
+    doc = cli("run", str(loop_process(tmp_path)), "--json")
+    assert doc["status"] == "completed", doc["error"]
+    work = [c for c in doc["compressions"] if c["activity_id"] == "work"]
+    assert len(work) >= 4  # fires again and again in the loop
+    assert {c["activity_id"] for c in doc["compressions"]} >= {"work", "a", "b"}
+    for c in doc["compressions"]:
+        assert c["snapshot_id"] and c["tokens_after"] < c["tokens_before"]
+        assert set(c["triggers"]) <= {"token_threshold", "message_threshold", "density", "redundancy", "decay",
+                                      "conflict", "toolEfficiency"}
+    assert "message_threshold" in next(c for c in doc["compressions"] if c["activity_id"] == "b")["triggers"]
+    assert "token_threshold" in next(c for c in doc["compressions"] if c["activity_id"] == "a")["triggers"]
+    history = doc["layers"]["L3"]
+    assert history["profile"] == PROFILE and history["token"] == "T-8" and history["result"] == 8
+    assert history["seen"] == "T-8/P-1"
+    assert doc["conflicts"] == []
+    iid = doc["instance_id"]
+    # after every compression of the main context, as replayed from its tape
+    tape = cli("tape", iid, "--kind", "compression", "--json")
+    events = tape["events"] if isinstance(tape, dict) else tape
+    seqs = [e["seq"] for e in events if e.get("context", "main") == "main"]
+    assert seqs
+    for seq in seqs:
+        first = cli("replay", iid, str(seq), "--json")
+        again = cli("replay", iid, str(seq), "--json")
+        assert first == again
+        layers = first["layers"]["L3"]
+        assert layers["profile"] == PROFILE
+        assert str(layers["token"]).startswith("T-")
+    # roll back to a snapshot taken before a compression: the preserved keys are as they were then
+    snap = work[3]["snapshot_id"]
+    before = cli("replay", iid, str(work[3]["event_seq"] - 1), "--json")["layers"]["L3"]
+    back = cli("rollback", iid, snap, "--json")
+    assert back["snapshot_id"] == snap
+    now = cli("inspect", iid, "--json")
+    assert now["layers"]["L3"]["token"] == before["token"]
+    assert now["layers"]["L3"]["profile"] == PROFILE
+
+
+def _run(path: Path, data: dict[str, Any] | None = None) -> Any:
+    instance = Engine("memory://").run_process(load_process(path), data or {})
+    assert instance.status == "completed", instance.error
+    return instance
+
+
+def test_a_key_a_rule_compressed_away_fails_the_next_step_with_an_error_naming_the_compression(tmp_path: Path) -> None:
+    """A rule matching every key (count_only, keepLast 0) runs after ``count`` and removes what it
+    wrote; the next step that reads it fails with an error that says which compression removed
+    it and what to do, not a bare NameError. A preserved key of another activity survives."""
+    tasks = [script_task("prepare", "old_log = 'prepare log line ' * 40\nsecret = {'id': 'S-1', 'inner': {'k': [1, 2]}}"),
+             script_task("count", "points = 7\ncount_log = 'count log line ' * 40"),
+             script_task("use", "total = points * 2")]
+    cfg = ("prepare:\n  preserveKeys: [secret]\n"
+           "count:\n  compressMessageThreshold: 2\n  compressRules:\n"
+           "    - {pattern: '*', action: count_only, keepLast: 0}\n")
+    instance = Engine("memory://").run_process(load_process(write_process(tmp_path, "gone", tasks, cfg)), {})
+    assert instance.status == "error"
+    message = instance.error["message"]
+    assert "NameError" in message and "'points' was removed from HISTORY by the compression after activity 'count'" in message
+    assert "preserveKeys" in message and instance.error["task_id"] == "use"
+    assert instance.contexts["main"].layer(Layer.HISTORY)["secret"] == {"id": "S-1", "inner": {"k": [1, 2]}}
+    # preserved, the key reaches the next step
+    cfg2 = cfg.replace("compressMessageThreshold: 2", "preserveKeys: [points]\n  compressMessageThreshold: 2")
+    (tmp_path / "gone.layerflow.yaml").write_text(cfg2, encoding="utf-8")
+    done = _run(tmp_path / "gone.bpmn")
+    assert done.contexts["main"].layer(Layer.HISTORY)["total"] == 14
+    assert [c["activity_id"] for c in done.compressions] == ["count"]
+
+
+def test_a_name_error_unrelated_to_compression_stays_plain(tmp_path: Path) -> None:
+    tasks = [script_task("use", "total = nowhere * 2")]
+    instance = Engine("memory://").run_process(load_process(write_process(tmp_path, "plain", tasks, None)), {})
+    assert instance.status == "error"
+    assert instance.error["message"].endswith("NameError: name 'nowhere' is not defined")
+
+
+def test_compression_in_parallel_branches_of_a_sub_process(tmp_path: Path) -> None:
+    text = (EXAMPLES / "subprocess_parallel.bpmn").read_text(encoding="utf-8")
+    text = text.replace("base = amount // 1000",
+                        'base = amount // 1000\nsecret = {"id": "S-1", "inner": {"k": [1, 2]}}\nfiller = "prep words " * 40')
+    text = text.replace("credit_points = base + 5", "credit_points = base + 5\ncredit_log = \"credit log entry \" * 30")
+    text = text.replace("fraud_points = base * 2", "fraud_points = base * 2\nfraud_log = \"fraud log entry \" * 30")
+    path = tmp_path / "subprocess_parallel.bpmn"
+    path.write_text(text, encoding="utf-8")
+    (tmp_path / "subprocess_parallel.layerflow.yaml").write_text(
+        "prepare:\n  preserveKeys: [secret]\n"
+        "credit_check:\n  preserveKeys: [credit_log]\n  compressTokenThreshold: 60\n  compressRules:\n"
+        "    - {pattern: '*_log', action: summarize, maxTokens: 2}\n"
+        "fraud_check:\n  compressMessageThreshold: 2\n  compressRules:\n"
+        "    - {pattern: '*_log', action: count_only, keepLast: 0}\n"
+        "score:\n  compressTokenThreshold: 50\n  compressRules:\n    - {pattern: '*', action: summarize, maxTokens: 1}\n",
+        encoding="utf-8")
+    instance = _run(path, {"amount": 50000})
+    history = instance.contexts["main"].layer(Layer.HISTORY)
+    assert history["verdict"] == "review"
+    assert history["secret"] == {"id": "S-1", "inner": {"k": [1, 2]}}
+    assert history["credit_log"] == "credit log entry " * 30
+    fired = {c["activity_id"]: c["triggers"] for c in instance.compressions}
+    assert "token_threshold" in fired["credit_check"] and "message_threshold" in fired["fraud_check"]
+
+
+def test_multi_instance_compression_keeps_a_preserved_key_rewritten_by_every_instance(tmp_path: Path) -> None:
+    text = (EXAMPLES / "multi_instance_parallel.bpmn").read_text(encoding="utf-8")
+    text = text.replace("items = [1, 2, 3]", 'items = [1, 2, 3, 4]\npad = "pad words " * 60')
+    text = text.replace("sq = item * item", 'sq = item * item\nkeepme = {"a": {"b": item}}\nlog = "square log " * 30')
+    path = tmp_path / "multi_instance_parallel.bpmn"
+    path.write_text(text, encoding="utf-8")
+    (tmp_path / "multi_instance_parallel.layerflow.yaml").write_text(
+        "square:\n  preserveKeys: [keepme, log]\n  compressTokenThreshold: 40\n  compressRules:\n"
+        "    - {pattern: '*', action: count_only, keepLast: 99}\n"
+        "    - {pattern: 'keep*', action: extract_keys, extractKeys: [zzz]}\n"
+        "total:\n  compressTokenThreshold: 20\n  compressRules:\n    - {pattern: '*', action: summarize, maxTokens: 1}\n",
+        encoding="utf-8")
+    instance = _run(path)
+    history = instance.contexts["main"].layer(Layer.HISTORY)
+    assert history["result"] == 30
+    assert history["log"] == "square log " * 30
+    assert history["keepme"]["a"]["b"] in {1, 2, 3, 4}
+    assert instance.compressions
+
+
+def _api_ctx() -> LayeredContext:
+    ctx = LayeredContext(system={"policy": "p"})
+    for i in range(6):
+        ctx.begin_activity(f"t{i}")
+        ctx.write(Layer.WORKING, f"tool_call_result_{i}",
+                  {"kind": "tool_call_result", "status": "ok", "data": {"id": i, "rows": [{"id": 1}, {"id": 2}]},
+                   "blob": "x " * 200}, actor=f"t{i}")
+        ctx.write(Layer.WORKING, f"reasoning_{i}", {"kind": "reasoning_chain", "text": "A long sentence about the "
+                  "reasoning of the model that goes on and on without any stop at all. " * 3}, actor=f"t{i}")
+        ctx.write(Layer.WORKING, "keep", {"a": {"b": [1, 2, {"c": i}]}}, actor=f"t{i}")
+        ctx.complete_activity(f"t{i}")
+    return ctx
+
+
+@pytest.mark.parametrize("rule", [
+    {"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["nope.deep.x", "data.rows.9.id", "status.x"]},
+    {"pattern": "reasoning_chain", "action": "summarize", "maxTokens": 1},
+    {"pattern": "tool_call_result*", "action": "count_only", "keepLast": 100},
+    {"pattern": "*", "action": "count_only", "keepLast": 0},
+    {"pattern": "*", "action": "summarize", "maxTokens": 2},
+])
+def test_api_rules_on_odd_settings_keep_preserved_keys_render_and_replay(rule: dict[str, Any]) -> None:
+    ctx = _api_ctx()
+    cfg = {"preserveKeys": ["keep", "tool_call_result_0"], "compressTokenThreshold": 50, "compressRules": [rule]}
+    kept = {k: json.dumps(ctx.resolve(k), sort_keys=True) for k in cfg["preserveKeys"]}
+    assert render(ctx, format="xml") == render(ctx, format="xml")
+    decision = CompressTriggerDetector().detect(ctx, cfg)
+    result = RuleDrivenCompressor().compress(ctx, cfg)
+    assert result.snapshot_id and result.tokens_after < result.tokens_before
+    assert list(result.triggers) == list(decision.triggers) and "token_threshold" in result.triggers
+    for key, value in kept.items():
+        assert json.dumps(ctx.resolve(key), sort_keys=True) == value
+    text = "".join(m["content"] for m in render(ctx, format="json"))
+    assert "tool_call_result_0" in text and '"c": 5' in text.replace('\\"', '"') or "keep" in text
+    assert render(ctx, format="xml") == render(ctx, format="xml")
+    replayed = LayeredContext.replay(ctx.tape)
+    assert replayed == ctx and render(replayed, format="xml") == render(ctx, format="xml")
+    RuleDrivenCompressor().decompress(ctx, result.snapshot_id)
+    for key, value in kept.items():
+        assert json.dumps(ctx.resolve(key), sort_keys=True) == value
+
+
+@pytest.mark.parametrize("name", ["density", "redundancy"])
+def test_a_configured_attention_threshold_alone_names_only_itself(name: str) -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("a")
+    ctx.write(Layer.WORKING, "big", "important words " * 30, actor="a")
+    ctx.write(Layer.WORKING, "x1", "alpha beta gamma", actor="a")
+    ctx.write(Layer.WORKING, "x2", "alpha beta gamma", actor="a")
+    ctx.complete_activity("a")
+    cfg = {"preserveKeys": ["big"], "attentionThresholds": {"density": 0.99} if name == "density" else {"redundancy": 0.0}}
+    assert CompressTriggerDetector().detect(ctx, cfg).triggers == [name]
+
+
+def test_a_key_a_branch_compressed_away_before_the_join_is_named_in_the_error(tmp_path: Path) -> None:
+    text = (EXAMPLES / "subprocess_parallel.bpmn").read_text(encoding="utf-8")
+    path = tmp_path / "subprocess_parallel.bpmn"
+    path.write_text(text.replace("fraud_points = base * 2", "fraud_points = base * 2\nfraud_log = 'fraud log entry ' * 30"),
+                    encoding="utf-8")
+    (tmp_path / "subprocess_parallel.layerflow.yaml").write_text(
+        "fraud_check:\n  compressMessageThreshold: 2\n  compressRules:\n    - {pattern: '*', action: count_only, keepLast: 0}\n",
+        encoding="utf-8")
+    instance = Engine("memory://").run_process(load_process(path), {"amount": 50000})
+    assert instance.status == "error" and instance.error["task_id"] == "score"
+    message = instance.error["message"]
+    assert "'fraud_points' was removed from HISTORY by the compression after activity 'fraud_check' in context" in message
