@@ -938,15 +938,15 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 extensions = getattr(task.task_spec, "extensions", None) or {}
                 if extensions.get("instructionsForEndUser"):  # SpiffArena's instructions (a template, as written)
                     item["instructions"] = extensions["instructionsForEndUser"]
-                if isinstance(extensions.get("form"), Mapping):  # the fields the modeler's form asks for
-                    item["form"] = forms.public_form(extensions["form"])
-                    ctx = self.context_of(task)
+                form = extensions.get("form")
+                prepared = task.internal_data.get(spiff.PREPARED_KEY)
+                ctx = self.context_of(task) if isinstance(form, Mapping) or prepared else None
+                if isinstance(form, Mapping) and ctx is not None:  # the fields the modeler's form asks for
+                    item["form"] = forms.public_form(form)
                     for fld in item["form"]["fields"]:  # what the form shows instead of the default
                         if fld.get("id") in ctx:
                             fld["value"] = thaw(ctx.resolve(fld["id"]))
-                prepared = task.internal_data.get(spiff.PREPARED_KEY)
-                if prepared:  # what its preScript set as it became ready: what the form starts from
-                    ctx = self.context_of(task)
+                if prepared and ctx is not None:  # what its preScript set as it became ready: what the form starts from
                     item["data"] = {key: thaw(ctx.resolve(key)) for key in prepared if key in ctx}
                 item.update(self._instance_of(task))
                 waiting.append(item)
