@@ -33,7 +33,7 @@ from engine import Engine, load_process
 from engine.cli import main
 
 from engine_helpers import path_of, variables
-from test_unseen_processes import _check_document, _data_keys
+from test_unseen_processes import _check_document, _data_keys, _plain_waiting_for
 
 UNSEEN = Path(__file__).resolve().parent / "unseen2"
 
@@ -126,16 +126,6 @@ DATA_OBJECTS = {"receive task, data object references with a state, data input a
 
 def _paths(files: list[str]) -> list[Path]:
     return [UNSEEN / f"{name}.bpmn" for name in files]
-
-
-def _plain_waiting_for(wf: BpmnWorkflow, name: str) -> Any:
-    """The event definition named ``name`` a waiting task of plain SpiffWorkflow catches, else None."""
-    for task in wf.get_tasks(state=TaskState.WAITING):
-        definition = getattr(task.task_spec, "event_definition", None)
-        for each in getattr(definition, "event_definitions", None) or [definition]:
-            if getattr(each, "name", None) == name:
-                return each
-    return None
 
 
 def _run_plain(case: str) -> tuple[BpmnWorkflow, dict[str, Any]]:
