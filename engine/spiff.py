@@ -72,6 +72,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
+from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 from SpiffWorkflow.bpmn.parser.event_parsers import ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
@@ -115,7 +116,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from gateways.conditions import python_source
 
-from . import deep_trees, dmn, inclusive_join
+from . import deep_trees, dmn, inclusive_join, links
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
 
@@ -1275,6 +1276,22 @@ class _ExtensionsParserMixin:
 
     def parse_escalation_event(self, event: Any) -> Any:
         return _thrown_to_its_process(super().parse_escalation_event(event))  # type: ignore[misc]
+
+    def parse_node(self) -> Any:
+        """A link throw event goes on at its catch event, which no sequence flow reaches: the
+        catch is parsed here, from the throw (``engine.links``), and the throw connected to it,
+        so the path runs through the catch (a none event: it fires at once) to its flows."""
+        spec = super().parse_node()  # type: ignore[misc]
+        if links.is_link_throw(self.node):
+            catches = links.catch_of(self.node)
+            if len(catches) != 1:
+                raise ValidationException(
+                    f"link throw event {self.bpmn_id!r} (link {links.link_name(self.node)!r}) has "
+                    f"{'no' if not catches else len(catches)} link catch event of its link in its process level; "
+                    "give exactly one intermediate catch event beside it the same link name",
+                    node=self.node, file_name=self.filename)
+            self.task.connect(self.process_parser.parse_node(catches[0]))
+        return spec
 
     def create_task(self) -> Any:
         task = super().create_task()  # type: ignore[misc]

@@ -89,7 +89,8 @@ not make ``report.ok`` false:
                                       gateway: it is never evaluated, the flow is always taken
 ``no_outgoing_flow`` W                an activity, intermediate event or gateway with no outgoing flow: its
                                       path ends there, and in a branch of a split its writes are dropped
-``unreachable`` W                     a flow node with no incoming flow that no event starts: it never runs
+``unreachable`` W                     a flow node with no incoming flow that no event starts (a link catch event
+                                      that no link throw event of its level jumps to): it never runs
 ``cancel_outside_transaction``        a cancel boundary event attached to anything but a bpmn:transaction
 ``compensation_unsupported``          a compensation boundary, throw or end event: SpiffWorkflow 3.2 runs no
                                       compensation (it cannot load the boundary event; it reads the throw as a
@@ -137,8 +138,14 @@ not make ``report.ok`` false:
                                       in L0 SYSTEM, which no activity may write
 ``unsupported_element``               a complexGateway, which SpiffWorkflow has no support for, or an
                                       adHocSubProcess, which SpiffWorkflow 3.2 cannot run to its end
-``link_event``                        an intermediate link throw or catch event: SpiffWorkflow does not run
-                                      them (the throw ends its path, the catch never runs)
+``link_unmatched``                    a link throw event whose link no link catch event of its process level
+                                      (process or sub-process) catches: its path would end there
+``link_duplicate``                    two link catch events of one name in one process level
+``link_name_missing``                 a link throw or catch event whose linkEventDefinition has no name (and no
+                                      ``bpmn:target`` / ``bpmn:source`` that pairs it)
+``link_flow``                         a sequence flow out of a link throw event or into a link catch event:
+                                      BPMN forbids a link event to be both target and source of flows
+``link_misplaced``                    a linkEventDefinition on a start, end or boundary event
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
@@ -206,7 +213,7 @@ from context_layers.errors import ConfigError, LayerflowError, ProcessError
 from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence, python_source
 from gateways.coverage import coverage_gap
 
-from . import dmn
+from . import dmn, links
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
 
@@ -1519,13 +1526,8 @@ class _Validator:
             if not isinstance(el.tag, str) or el.tag not in _FLOW_NODES:
                 continue
             eid, tag = el.get("id") or "(no id)", etree.QName(el).localname
-            link = el.find(_bpmn("linkEventDefinition"))
-            if link is not None:
-                self.add("link_event", f"bpmn:{tag} {eid!r} is a link event (link {link.get('name')!r}), and "
-                         "SpiffWorkflow does not run link events: a link throw ends its path there and a link catch "
-                         "never runs, so the process completes without the steps after it; draw a sequence flow "
-                         "from before the throw to after the catch instead", file=file, line=el.sourceline,
-                         element_id=eid)
+            if links.link_definition(el) is not None:
+                self._check_link(el, eid, tag, file)
             if tag == "complexGateway":
                 self.related.add(eid)
                 self.add("unsupported_element", f"complex gateway {eid!r}: SpiffWorkflow has no complex gateway; draw "
@@ -1603,6 +1605,71 @@ class _Validator:
         for sub in proc.element.iter(_bpmn("subProcess")):
             if sub.get("triggeredByEvent") == "true":
                 self._check_event_subprocess(sub, file)
+
+    def _check_link(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A link throw event jumps to the one link catch event of its name in its process level
+        (``engine.links``). BPMN (2.0.2, 10.5.6) forbids a link event to be both the target and the
+        source of sequence flows: a throw with an outgoing flow would fork there (the flow and the
+        jump both run), and a catch with an incoming flow would be a merge nobody drew; both errors."""
+        scope = el.getparent()
+        level = (f"process {scope.get('id')!r}" if scope.tag == _bpmn("process")
+                 else f"{etree.QName(scope).localname} {scope.get('id')!r}")
+        name = links.link_name(el)
+        if tag not in ("intermediateThrowEvent", "intermediateCatchEvent"):
+            self.add("link_misplaced", f"bpmn:{tag} {eid!r} has a linkEventDefinition, which BPMN allows on "
+                     "intermediate throw and catch events only (SpiffWorkflow reads it as a plain event); draw a "
+                     "link throw event and a link catch event of one name instead", file=file, line=el.sourceline,
+                     element_id=eid)
+            return
+        self.related.add(eid)  # SpiffWorkflow's parser says less about the same pairing
+        if tag == "intermediateThrowEvent":
+            for flow in _outgoing(el):
+                self.add("link_flow", f"link throw event {eid!r} has an outgoing sequence flow {flow.get('id')!r}: "
+                         "BPMN forbids a link event to be both the target and the source of sequence flows, and the "
+                         "run would fork there (the flow and the jump to the link's catch event both run); delete "
+                         f"the flow, or draw it from the element before {eid!r}", file=file, line=flow.sourceline,
+                         element_id=eid, field="outgoing")
+            if links.catch_of(el):
+                return
+            if not name and not el.find(_bpmn("linkEventDefinition")).findall(_bpmn("target")):
+                self.add("link_name_missing", f"link throw event {eid!r} has a linkEventDefinition with no name, so "
+                         f"it jumps nowhere and its path ends there; give its linkEventDefinition the name of the "
+                         f"link catch event in {level} it jumps to (name=\"...\")", file=file, line=el.sourceline,
+                         element_id=eid, field="name")
+                return
+            here = sorted({links.link_name(c) for c in links.link_catches(scope)} - {""})
+            elsewhere = sorted(c.get("id") for c in el.getroottree().iter(_bpmn("intermediateCatchEvent"))
+                               if links.link_definition(c) is not None and links.link_name(c) == name and name)
+            hint = (f"; {', '.join(map(repr, elsewhere))} has it in another process level, and a link never leaves "
+                    "its own (draw the pair in one level, or a sequence flow)" if elsewhere else
+                    _did_you_mean(name, here) + (f"; the links caught in {level}: {', '.join(map(repr, here))}"
+                                                 if here else ""))
+            self.add("link_unmatched", f"link throw event {eid!r} jumps to link {name!r}, and no link catch event "
+                     f"of {level} has that name: the path would end there; add an intermediate catch event with "
+                     f"<bpmn:linkEventDefinition name=\"{name}\"/> in {level}{hint}", file=file, line=el.sourceline,
+                     element_id=eid, field="name")
+            return
+        for flow in _incoming(el):
+            self.add("link_flow", f"link catch event {eid!r} has an incoming sequence flow {flow.get('id')!r}: BPMN "
+                     "forbids a link event to be both the target and the source of sequence flows, and its path "
+                     "starts at the link throw events that jump to it; delete the flow, or point it at the element "
+                     f"after {eid!r}", file=file, line=flow.sourceline, element_id=eid, field="incoming")
+        throws = [t for t in scope.iterchildren(_bpmn("intermediateThrowEvent"))
+                  if links.link_definition(t) is not None and el in links.catch_of(t)]
+        same = [c for c in links.link_catches(scope) if name and links.link_name(c) == name]
+        if len(same) > 1 and same[0] is not el:
+            self.add("link_duplicate", f"link catch event {eid!r} catches link {name!r}, as {same[0].get('id')!r} "
+                     f"does in {level}: a link throw event would not know where to go on; a link has one catch "
+                     "event (and as many throw events as you like): rename one of the links", file=file,
+                     line=el.sourceline, element_id=eid, field="name")
+        elif not name and not throws:
+            self.add("link_name_missing", f"link catch event {eid!r} has a linkEventDefinition with no name, so no "
+                     "link throw event can jump to it and it never runs; give its linkEventDefinition the name the "
+                     "throw events use (name=\"...\")", file=file, line=el.sourceline, element_id=eid, field="name")
+        elif not throws:
+            self.add("unreachable", f"link catch event {eid!r} (link {name!r}): no link throw event of {level} jumps "
+                     f"to it, so it never runs; add a link throw event named {name!r} where the path should go on "
+                     "here, or remove it", file=file, line=el.sourceline, element_id=eid, severity="warning")
 
     def _check_uncaught_errors(self, main: str | None) -> None:
         """An error end event at the top level of the process that runs, whose error no error event
@@ -2401,7 +2468,8 @@ def _unresolved_association(err: BaseException, node: Any, docs: Sequence[_Doc])
 
 def _off_the_flow(el: Any) -> bool:
     """A node that sequence flows do not reach or leave: a compensation handler, the content of an
-    ad-hoc sub-process, an event sub-process and its start, a link event."""
+    ad-hoc sub-process, an event sub-process and its start, a link event (a throw goes on at its
+    catch, and a catch is reached from its throws: ``_check_link``)."""
     parent = el.getparent()
     return (el.get("isForCompensation") == "true" or el.get("triggeredByEvent") == "true"
             or el.find(_bpmn("linkEventDefinition")) is not None
