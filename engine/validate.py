@@ -1642,8 +1642,8 @@ class _Validator:
                                if links.link_definition(c) is not None and links.link_name(c) == name and name)
             hint = (f"; {', '.join(map(repr, elsewhere))} has it in another process level, and a link never leaves "
                     "its own (draw the pair in one level, or a sequence flow)" if elsewhere else
-                    _did_you_mean(name, here) + (f"; the links caught in {level}: {', '.join(map(repr, here))}"
-                                                 if here else ""))
+                    _did_you_mean(name, here) or (f"; the links caught in {level}: {', '.join(map(repr, here))}"
+                                                  if here else ""))
             self.add("link_unmatched", f"link throw event {eid!r} jumps to link {name!r}, and no link catch event "
                      f"of {level} has that name: the path would end there; add an intermediate catch event with "
                      f"<bpmn:linkEventDefinition name=\"{name}\"/> in {level}{hint}", file=file, line=el.sourceline,

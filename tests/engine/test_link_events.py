@@ -25,6 +25,7 @@ from lxml import etree
 from engine import Engine, load_process
 from engine.cli import main
 from engine.diagram import layered_layout, parse_bpmn, render_svg
+from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain, variables
 
@@ -184,3 +185,100 @@ def test_validate_accepts_every_linked_process_and_the_diagram_draws_it(name: st
     process = etree.parse(str(LINKS / f"{name}.bpmn")).getroot().find(f"{BPMN}process")
     drawn = {el.get("id") for el in process} & _link_ids(LINKS / f"{name}.bpmn")  # a sub-process is one shape
     assert drawn and set(diagram.nodes) >= drawn and svg.startswith("<svg")
+
+
+# ----- what validate refuses, naming the file, the line, the element and what to do ---------------------
+
+
+def _mutated(tmp_path: Path, name: str, *replace: tuple[str, str]) -> Path:
+    """A copy of ``links/<name>.bpmn`` with the given replacements (each must match once)."""
+    text = (LINKS / f"{name}.bpmn").read_text(encoding="utf-8")
+    for old, new in replace:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.bpmn"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _line(path: Path, needle: str) -> int:
+    return next(n for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if needle in line)
+
+
+REFUSED = {
+    # name: (file, replacements, code, element, the line's text, what the message says)
+    "a throw whose link no catch of its level has": (
+        "two_pages", (('id="Link_catch_page3" name="page3"', 'id="Link_catch_page3" name="page_3"'),),
+        "link_unmatched", "Event_to_page3", 'id="Event_to_page3"',
+        ("link throw event 'Event_to_page3' jumps to link 'page3'", "no link catch event of process 'two_pages'",
+         "the path would end there", '<bpmn:linkEventDefinition name="page3"/>', "did you mean 'page_3'")),
+    "a throw in a sub-process whose link is caught one level up only": (
+        "in_subprocess", (('id="Link_inner_catch" name="next"', 'id="Link_inner_catch" name="onwards"'),),
+        "link_unmatched", "Event_inner_next", 'id="Event_inner_next"',
+        ("no link catch event of subProcess 'Activity_check' has that name", "'Event_top_here' has it in another "
+         "process level, and a link never leaves its own")),
+    "two catches of one link in one level": (
+        "several_throws", (('<bpmn:endEvent id="EndEvent_1"/>', '<bpmn:endEvent id="EndEvent_1"/>\n'
+                            '    <bpmn:intermediateCatchEvent id="Event_review_2"><bpmn:linkEventDefinition '
+                            'id="Link_review_2" name="review"/></bpmn:intermediateCatchEvent>'),),
+        "link_duplicate", "Event_review_2", 'id="Event_review_2"',
+        ("link catch event 'Event_review_2' catches link 'review', as 'Event_review' does in process "
+         "'several_throws'", "a link has one catch event", "rename one of the links")),
+    "a sequence flow into a catch": (
+        "loop_back", (('sourceRef="Gateway_more" targetRef="Event_again"', 'sourceRef="Gateway_more" '
+                                                                           'targetRef="Event_work"'),),
+        "link_flow", "Event_work", 'id="Flow_again"',
+        ("link catch event 'Event_work' has an incoming sequence flow 'Flow_again'", "BPMN forbids a link event "
+         "to be both the target and the source of sequence flows", "point it at the element after 'Event_work'")),
+    "a sequence flow out of a throw": (
+        "two_pages", (('<bpmn:sequenceFlow id="Flow_6"', '<bpmn:sequenceFlow id="Flow_x" sourceRef="Event_to_page2" '
+                                                         'targetRef="Activity_total"/>\n    <bpmn:sequenceFlow id="Flow_6"'),),
+        "link_flow", "Event_to_page2", 'id="Flow_x"',
+        ("link throw event 'Event_to_page2' has an outgoing sequence flow 'Flow_x'", "the run would fork there",
+         "delete the flow, or draw it from the element before 'Event_to_page2'")),
+    "a throw with no link name": (
+        "two_pages", (('id="Link_throw_page2" name="page2"', 'id="Link_throw_page2"'),),
+        "link_name_missing", "Event_to_page2", 'id="Event_to_page2"',
+        ("link throw event 'Event_to_page2' has a linkEventDefinition with no name", "give its linkEventDefinition "
+         "the name of the link catch event in process 'two_pages' it jumps to")),
+    "a catch with no link name": (
+        "two_pages", (('id="Link_catch_page2" name="page2"', 'id="Link_catch_page2"'),),
+        "link_name_missing", "Event_from_page1", 'id="Event_from_page1"',
+        ("link catch event 'Event_from_page1' has a linkEventDefinition with no name", "it never runs",
+         "give its linkEventDefinition the name the throw events use")),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_validate_refuses_a_link_it_cannot_pair_and_says_what_to_do(tmp_path: Path, name: str) -> None:
+    base, replace, code, element, at, says = REFUSED[name]
+    path = _mutated(tmp_path, base, *replace)
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    rows = [r for r in result.output.splitlines() if f"element {element!r}" in r and "warning" not in r]
+    assert len(rows) == 1, result.output
+    assert rows[0].startswith(f"{path}:{_line(path, at)}: element {element!r}: "), rows[0]
+    for words in says:
+        assert words in rows[0], (words, rows[0])
+    codes = [p.code for p in validate_process(path, discover_config=False).errors]
+    assert code in codes and "spiff_validation" not in codes, codes  # not SpiffWorkflow's cruder word too
+    run = CliRunner().invoke(main, ["run", str(path), "--json", "--store", "memory://"])
+    assert run.exit_code == 2 and element in json.loads(run.stdout)["error"]["message"]
+
+
+def test_a_catch_no_throw_jumps_to_is_a_warning(tmp_path: Path) -> None:
+    path = _mutated(tmp_path, "in_subprocess",
+                    ('id="Link_inner_catch" name="next"', 'id="Link_inner_catch" name="onwards"'))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    row = next(r for r in result.output.splitlines() if "element 'Event_inner_here'" in r)
+    assert "warning" in row and "no link throw event of subProcess 'Activity_check' jumps to it" in row, row
+
+
+def test_a_throw_names_its_catch_by_target_as_camunda_writes_it(tmp_path: Path) -> None:
+    """BPMN's ``<bpmn:target>`` (the catch's linkEventDefinition id) pairs a throw whatever the names."""
+    path = _mutated(tmp_path, "two_pages",
+                    ('id="Link_throw_page3" name="page3"/>', 'id="Link_throw_page3" name="to the total">'
+                     "<bpmn:target>Link_catch_page3</bpmn:target></bpmn:linkEventDefinition>"))
+    assert CliRunner().invoke(main, ["validate", str(path)]).exit_code == 0
+    ours = _run_ours(path, CASES["a process cut by two link pairs"])
+    assert variables(ours.main)["total"] == 33 and "Event_from_page2" in path_of(ours.workflow)
