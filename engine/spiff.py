@@ -14,6 +14,9 @@ built this way (see shared/notes/spiffworkflow-3.2.md):
   twins behave like the stock classes, so a layerflow-parsed spec still runs under plain
   SpiffWorkflow; one exception, with or without a driver: an inclusive gateway joins by
   BPMN's rule (``engine.inclusive_join``), where SpiffWorkflow's own check fires it early.
+* SpiffWorkflow 3.2 reads no link events: the parser connects a link throw event to its
+  catch event (``engine.links``) as it parses the throw, so the spec holds the jump as if a
+  sequence flow drew it, and runs under plain SpiffWorkflow too.
 * SpiffWorkflow 3.2 sees no task deeper than 1,000 levels, and a loop adds levels with
   every pass: ``engine.deep_trees`` lifts that limit (and the recursion that comes with
   deep trees) when this module is imported.
@@ -1227,6 +1230,9 @@ class _ExtensionsParserMixin:
 
     node: Any
     process_parser: Any
+    bpmn_id: str
+    filename: str | None
+    task: Any
 
     def parse_extensions(self, node: Any = None) -> dict[str, Any]:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]
@@ -1286,9 +1292,9 @@ class _ExtensionsParserMixin:
             catches = links.catch_of(self.node)
             if len(catches) != 1:
                 raise ValidationException(
-                    f"link throw event {self.bpmn_id!r} (link {links.link_name(self.node)!r}) has "
-                    f"{'no' if not catches else len(catches)} link catch event of its link in its process level; "
-                    "give exactly one intermediate catch event beside it the same link name",
+                    f"link throw event {self.bpmn_id!r} (link {links.link_name(self.node)!r}) finds "
+                    f"{len(catches) or 'no'} link catch events of its link in its process level; give exactly one "
+                    "intermediate catch event beside it that link's name (`layerflow validate` says more)",
                     node=self.node, file_name=self.filename)
             self.task.connect(self.process_parser.parse_node(catches[0]))
         return spec

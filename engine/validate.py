@@ -1188,9 +1188,13 @@ class _Validator:
             after: dict[str, list[str]] = {}
             for f in scope.iterchildren(_bpmn("sequenceFlow")):
                 after.setdefault(f.get("sourceRef"), []).append(f.get("targetRef"))
+            jumps: dict[str, list[str]] = {}  # a link catch event -> the throws that go on there
             for n in nodes.values():
                 if n.get("attachedToRef") in nodes:  # a boundary event continues its activity's branch
                     after.setdefault(n.get("attachedToRef"), []).append(n.get("id"))
+                for catch in links.catch_of(n) if links.is_link_throw(n) else ():
+                    after.setdefault(n.get("id"), []).append(catch.get("id"))
+                    jumps.setdefault(catch.get("id"), []).append(n.get("id"))
             joins = {i for i, n in nodes.items() if etree.QName(n).localname in _JOIN_TAGS and len(_incoming(n)) > 1}
             warned: set[str] = set()
             for sid, split in nodes.items():
@@ -1207,7 +1211,7 @@ class _Validator:
                         reach[nid].add(branch)
                         todo.extend(after.get(nid, []))
                 for mid, merge in nodes.items():
-                    sources = [f.get("sourceRef") for f in _incoming(merge)]
+                    sources = [f.get("sourceRef") for f in _incoming(merge)] + jumps.get(mid, [])
                     kinds = [{mid} if src == sid else reach.get(src, set()) for src in sources]
                     seen = {b for k in kinds for b in k}
                     if (mid in warned or len(sources) < 2 or mid in joins or len(seen) < 2

@@ -282,3 +282,17 @@ def test_a_throw_names_its_catch_by_target_as_camunda_writes_it(tmp_path: Path) 
     assert CliRunner().invoke(main, ["validate", str(path)]).exit_code == 0
     ours = _run_ours(path, CASES["a process cut by two link pairs"])
     assert variables(ours.main)["total"] == 33 and "Event_from_page2" in path_of(ours.workflow)
+
+
+def test_branches_of_a_split_that_meet_at_one_link_catch_are_a_warning(tmp_path: Path) -> None:
+    """Two throws of one link in two branches of a parallel split merge the branches at the catch,
+    as two flows into one task would: the join after it may fire early (``split_branches_merged``)."""
+    path = _mutated(tmp_path, "parallel_branch",
+                    ('sourceRef="Activity_fraud" targetRef="Gateway_join"', 'sourceRef="Activity_fraud" '
+                                                                            'targetRef="Event_fraud_limits"'),
+                    ('<bpmn:endEvent id="EndEvent_1"/>', '<bpmn:endEvent id="EndEvent_1"/>\n'
+                     '    <bpmn:intermediateThrowEvent id="Event_fraud_limits"><bpmn:linkEventDefinition '
+                     'name="limits"/></bpmn:intermediateThrowEvent>'))
+    report = validate_process(path, discover_config=False)
+    [merged] = [p for p in report.problems if p.code == "split_branches_merged"]
+    assert merged.element_id == "Event_limits" and "'Activity_credit', 'Activity_fraud'" in merged.message
