@@ -296,3 +296,22 @@ def test_branches_of_a_split_that_meet_at_one_link_catch_are_a_warning(tmp_path:
     report = validate_process(path, discover_config=False)
     [merged] = [p for p in report.problems if p.code == "split_branches_merged"]
     assert merged.element_id == "Event_limits" and "'Activity_credit', 'Activity_fraud'" in merged.message
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not CASES[c].answers])
+def test_the_spec_layerflow_parses_runs_the_links_under_plain_spiffworkflow(case: str, tmp_path: Path) -> None:
+    """The jump is in the spec, not in the engine: SpiffWorkflow with no driver runs it as the
+    drawn process runs."""
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+
+    from engine.spiff import LayerflowBpmnParser
+
+    linked = LINKS / f"{CASES[case].name}.bpmn"
+    parser = LayerflowBpmnParser()
+    parser.add_bpmn_file(str(linked))
+    wf = BpmnWorkflow(parser.get_spec(CASES[case].name), parser.get_subprocess_specs(CASES[case].name))
+    wf.task_tree.data.update(CASES[case].data)
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    plain, _ = run_plain(_drawn_with_flows(linked, tmp_path / "flows"), CASES[case].data, {})
+    assert [p for p in path_of(wf) if p not in _link_ids(linked)] == path_of(plain)
