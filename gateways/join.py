@@ -167,7 +167,7 @@ class JoinResult:
     # they stay preserved in the parent, so no compression after the join drops them
     preserved: tuple[str, ...] = ()
     # the branches' compaction records dropped as another kept one summarises their base entries
-    # (``_fold_choice``): ``{"branch", "key", "unfolded": [keys put back]}``
+    # (``_fold_choice``): ``{"branch", "key", "restored": [the branch's own entries it had folded]}``
     dropped_compactions: tuple[dict[str, Any], ...] = ()
 
     @property
@@ -704,7 +704,8 @@ def join_contexts(
     return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,
-                      dropped_compactions=tuple({"branch": f.branch, "key": f.key, "unfolded": list(f.undo or {})}
+                      dropped_compactions=tuple({"branch": f.branch, "key": f.key,
+                                                 "restored": [k for k in f.undo or {} if k not in base_h]}
                                                 for f in sorted(dropped, key=lambda f: (rank[f.branch], f.order))))
 
 

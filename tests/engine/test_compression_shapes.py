@@ -63,8 +63,10 @@ work:
     - {pattern: "activity", action: count_only, keepLast: 50}
 a:
   compressTokenThreshold: 200
+  preserveKeys: [items]
 b:
   compressMessageThreshold: 3
+  preserveKeys: [items]
 """
 
 PROFILE = {"id": "P-1", "tags": ["a", "b"], "nested": {"x": 1}}
@@ -108,6 +110,8 @@ def test_loop_keeps_preserved_keys_through_every_compression_join_rollback_and_r
     history = doc["layers"]["L3"]
     assert history["profile"] == PROFILE and history["token"] == "T-8" and history["result"] == 8
     assert history["seen"] == "T-8/P-1"
+    # both branches folded the loop's HISTORY: the join keeps one summary of it
+    assert len([k for k in history if k.startswith("compaction:")]) == 1
     assert doc["conflicts"] == []
     iid = doc["instance_id"]
     # after every compression of the main context, as replayed from its tape

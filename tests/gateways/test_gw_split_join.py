@@ -430,7 +430,7 @@ def test_a_join_of_folding_branches_is_the_same_whatever_the_arrival_order() -> 
                                for layer, key, value in result.all_changes()])
     assert changes(first) == changes(again)
     assert first.dropped_compactions == again.dropped_compactions
-    assert [(d["branch"], d["key"]) for d in first.dropped_compactions] == [("b", "compaction:1")]
+    assert first.dropped_compactions == ({"branch": "b", "key": "compaction:1", "restored": ["tb_note", "activity:tb1"]},)
 
 
 def test_merged_conflicts_accumulate_over_joins() -> None:
