@@ -341,8 +341,8 @@ def _unfold(key: str, record: Any, branch: LayeredContext, base_h: LayerView,
             made: Mapping[tuple[str, Any], Event], base_keys: set[str], undo: dict[str, tuple[Any, int]]) -> bool:
     """Add what compaction record ``key`` folded to ``base_keys`` (the base's keys) and ``undo``
     (each folded key's value and place before the fold; a record of the branch's it merged is
-    unfolded in turn). False when the branch's tape does not tell; ``base_keys`` then gets the
-    base keys the record's ``covers`` names."""
+    unfolded in turn). False when the branch's tape does not tell, for it or a record it merged;
+    ``base_keys`` then gets the base keys its ``covers`` names too."""
     value = thaw(record) if isinstance(record, Mapping) else {}
     covers = {k for k in value.get("covers") or () if isinstance(k, str)}
     event = made.get((key, value.get("snapshot_id")))
@@ -356,19 +356,19 @@ def _unfold(key: str, record: Any, branch: LayeredContext, base_h: LayerView,
     # ``covers`` names an activity folded whole by its record alone; a key a rule of the same
     # compression removed (count_only) is no part of the fold
     owner = segment_history(list(before.items())).owner
+    known = True
     for layer, k, new in event.changes:
         if layer != Layer.HISTORY or new is not DELETED or k not in before or (k not in covers
                                                                                   and owner.get(k) not in covers):
             continue
         old = before[k]
         if k.startswith("compaction:") and not (k in base_h and same_value(base_h[k], old)):
-            if not _unfold(k, old, branch, base_h, made, base_keys, undo):
-                return False
+            known = _unfold(k, old, branch, base_h, made, base_keys, undo) and known
             continue
         if k in base_h:
             base_keys.add(k)
         undo[k] = (old, before.order_of(k))
-    return True
+    return known
 
 
 def _fold_choice(folds: Iterable[_Fold], rank: Mapping[str, int]) -> list[_Fold]:
@@ -476,23 +476,25 @@ def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
 
 def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any],
              aliases: Mapping[str, tuple[str, str]] | None = None,
-             places: Mapping[str, Mapping[str, int]] | None = None) -> list[KeyOutcome]:
+             places: Mapping[str, Mapping[str, int | None]] | None = None) -> list[KeyOutcome]:
     """Base keys in base order, then new keys in branch order (each branch's insertion order;
-    ``places``: per branch, that of keys its HISTORY held before a fold the join undoes)."""
+    ``places``: per branch, that of keys its HISTORY held before a fold the join undoes, and
+    ``None`` for the compaction records the join drops, which place no key)."""
     existing = [o for o in outcomes if o.base_value is not DELETED]
     existing.sort(key=lambda o: base_layer.order_of(o.key))
     rank = {b: i for i, b in enumerate(branch_layers)}
     places = places or {}
 
     def place(b: str, key: str) -> int | None:
-        if key in branch_layers[b]:
-            return int(branch_layers[b].order_of(key))
-        return places[b].get(key) if b in places else None
+        if b in places and key in places[b]:
+            return places[b][key]
+        return int(branch_layers[b].order_of(key)) if key in branch_layers[b] else None
 
     def new_key_order(o: KeyOutcome) -> tuple[int, int]:
         if aliases and o.key in aliases:
             b, key = aliases[o.key]
-            return rank[b], place(b, key) or 0
+            at = place(b, key)
+            return rank[b], at if at is not None else 0
         for b in branch_layers:
             at = place(b, o.key)
             if at is not None:
@@ -605,12 +607,13 @@ def join_contexts(
                             for f in _branch_folds(base, b, ctx, touched[b][Layer.HISTORY])), rank)
     base_h = base.layer(Layer.HISTORY)
     unfolded: dict[str, dict[str, Any]] = {}
-    places: dict[str, dict[str, int]] = {}
+    places: dict[str, dict[str, int | None]] = {}
     for fold in sorted(dropped, key=lambda f: (rank[f.branch], f.order)):
         undo = fold.undo or {}
         unfolded.setdefault(fold.branch, {})[fold.key] = base_h[fold.key] if fold.key in base_h else DELETED
         unfolded[fold.branch].update({k: value for k, (value, _) in undo.items()})
-        places.setdefault(fold.branch, {}).update({k: at for k, (_, at) in undo.items()})
+        places.setdefault(fold.branch, {})[fold.key] = None
+        places[fold.branch].update({k: at for k, (_, at) in undo.items()})
     contested = _contested(base, branches, touched, unfolded)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,

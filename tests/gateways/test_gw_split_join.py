@@ -433,6 +433,43 @@ def test_a_join_of_folding_branches_is_the_same_whatever_the_arrival_order() -> 
     assert first.dropped_compactions == ({"branch": "b", "key": "compaction:1", "restored": ["tb_note", "activity:tb1"]},)
 
 
+@pytest.mark.parametrize(("shape", "kept", "dropped", "order"), [
+    # b compressed twice: its second record merged its first (the base's older half and nothing of
+    # its own); a tie with a's on the base, a's first in branch order: b's own entries come back
+    ("b_twice", "a", {"branch": "b", "key": "compaction:2", "restored": ["tb_note", "activity:tb1"]},
+     ["ta_out", "activity:ta", "compaction:1", "tb_note", "activity:tb1", "tb_out", "activity:tb2"]),
+    # a folded half of the base, b all of it (and its first activity): b's is kept though b comes
+    # second, in b's place
+    ("a_shallow", "b", {"branch": "a", "key": "compaction:1", "restored": []},
+     ["ta_out", "activity:ta", "tb_out", "activity:tb2", "compaction:1"]),
+])
+def test_the_join_keeps_the_summary_of_the_most_base_entries(shape: str, kept: str, dropped: dict[str, Any],
+                                                              order: list[str]) -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    for i, key in enumerate(PRE_SPLIT):
+        activity(ctx, f"pre{i}", {key: f"pre-split fact {i} " * 12})
+    a, b = split(ctx, ["a", "b"])
+    compressor = RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT)
+    activity(a.context, "ta", {"ta_out": "credit review " * 10})
+    target = a.context.tokens(Layer.HISTORY) - 60 if shape == "a_shallow" else 80
+    assert compressor.compress(a.context, {}, target_tokens=target).folded
+    activity(b.context, "tb1", {"tb_note": "fraud note " * 10})
+    if shape == "b_twice":
+        first = compressor.compress(b.context, {}, target_tokens=b.context.tokens(Layer.HISTORY) - 60)
+        assert first.folded == ["pre_0", "activity:pre0", "pre_1", "activity:pre1"]
+    activity(b.context, "tb2", {"tb_out": "fraud review " * 10})
+    assert compressor.compress(b.context, {}, target_tokens=80).folded
+    records = {name: branch.context.layer(Layer.HISTORY) for name, branch in (("a", a), ("b", b))}
+    result = join(ctx, [a, b])
+    assert result.dropped_compactions == (dropped,)
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    assert list(history) == order
+    [key] = [k for k in history if k.startswith("compaction:")]
+    assert history[key] == next(v for k, v in records[kept].items() if k.startswith("compaction:"))
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
 def test_merged_conflicts_accumulate_over_joins() -> None:
     ctx = loan_parent()
     cfg = config_from_dict({"mergeStrategy": "LAST_WRITER_WINS"})
