@@ -534,11 +534,9 @@ class LayeredContext:
         s = self._state
         working = self.layer(Layer.WORKING)
         changes: list[Change] = []
-        moved_tokens = 0
         for key in working:
             changes.append((Layer.WORKING, key, DELETED))
             changes.append((Layer.HISTORY, key, working[key]))
-            moved_tokens += s.tokens[Layer.WORKING][key]
         for key in self.layer(Layer.EPHEMERAL):
             changes.append((Layer.EPHEMERAL, key, DELETED))
         # the keys the activity wrote, then the other data keys WORKING hands on with it (a branch's
@@ -546,6 +544,9 @@ class LayeredContext:
         # _snapshot_id, a join's _mergedConflicts) moves too, but the activity did not write it
         written = list(dict.fromkeys([*sorted(s.activity_keys, key=s.activity_keys.__getitem__),
                                       *(k for k in working if not k.startswith("_"))]))
+        # what the activity wrote, wherever it landed: an update of a key HISTORY already holds is
+        # auto-promoted there at once and never passes through WORKING (a loop body's keys)
+        written_tokens = sum(self._written_tokens(key) for key in written)
         # HISTORY itself decides the record key: a branch merged back at a join carries
         # its records but not its counters, and a record is never overwritten.
         history = s.layers[Layer.HISTORY]
@@ -560,7 +561,7 @@ class LayeredContext:
             "status": status,
             "summary": summary if summary is not None else _default_summary(task_id, status, written),
             "keys": written,
-            "tokens": moved_tokens,
+            "tokens": written_tokens,
             **(details or {}),
         })
         changes.append((Layer.HISTORY, record_key, record))
@@ -569,6 +570,16 @@ class LayeredContext:
                    data={"task_id": task_id, "record_key": record_key, "status": status, "preserve": preserve})
         out: dict[str, Any] = thaw(record)
         return out
+
+    def _written_tokens(self, key: str) -> int:
+        """Tokens of ``key``'s value as an activity leaves it: WORKING's, which moves into HISTORY,
+        else the layer a read resolves it to; 0 for a key the activity deleted or left in
+        EPHEMERAL, which its completion clears."""
+        tokens = self._state.tokens
+        if key in tokens[Layer.WORKING]:
+            return tokens[Layer.WORKING][key]
+        layer = self.locate(key)
+        return 0 if layer is None or layer == Layer.EPHEMERAL else tokens[layer][key]
 
     def abort_activity(self, task_id: str, *, reason: str, actor: str | None = None) -> None:
         """Put every layer back as it was at ``begin_activity`` (the failed writes stay on the tape)."""

@@ -18,6 +18,15 @@ record under the same key: those are two records, not a conflict. The first bran
 keeps the key, the others get the next free one (``activity:stamp#2``, as a repeated
 activity's record does; ``compaction:<n + 1>``).
 
+Compactions: two branches whose compressions folded the same base HISTORY entries each add a
+``compaction:<n>`` record summarising them. Both kept, the model would be sent the same facts
+summarised twice and the join would undo what the compressions saved; so of the records that
+summarise a base entry one is kept (``_fold_choice``: the one summarising the most base entries,
+then branch order), and a branch whose record is dropped merges as if that compression had not
+folded: its own entries the record summarised come back as they were before the fold (the
+branch's snapshot the record names), the base entries only it folded stay. What a record
+folded is read from the branch's tape (the compress event and the snapshot before it).
+
 Preserved keys: a key one branch's activities preserved stays preserved after the join,
 so a compression in another branch, which did not know, may not have changed it there:
 that branch's compressed value (or its fold) of a key of the base is not a change.
@@ -48,9 +57,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
+from context_layers.attention import segment_history
 from context_layers.canonical import canonical_key, thaw
 from context_layers.config import ActivityExtensionConfig, as_config
-from context_layers.context import BRANCH_MARKERS, LayeredContext, Snapshot, is_record_key
+from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, is_record_key
 from context_layers.errors import ContextKeyError, LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
@@ -156,6 +166,9 @@ class JoinResult:
     # keys a branch's activities marked preserved (preserveKeys) that the base had not:
     # they stay preserved in the parent, so no compression after the join drops them
     preserved: tuple[str, ...] = ()
+    # the branches' compaction records dropped as another kept one summarises their base entries
+    # (``_fold_choice``): ``{"branch", "key", "restored": [the branch's own entries it had folded]}``
+    dropped_compactions: tuple[dict[str, Any], ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -200,12 +213,15 @@ def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
                    preserved: frozenset[str] = frozenset(),
                    contested: frozenset[str] = frozenset(),
-                   changed_working: frozenset[str] = frozenset()) -> dict[Layer, Mapping[str, Any]]:
+                   changed_working: frozenset[str] = frozenset(),
+                   unfolded: Mapping[str, Any] | None = None) -> dict[Layer, Mapping[str, Any]]:
     """The branch's layers with every injected key it left alone put back to the base, so is
     every key of the base's WORKING in ``changed_working`` (another branch changed it), and
     every base HISTORY key that only this branch's compressor changed when the key is in
     ``preserved`` (the join's preserved keys: another branch preserved it) or in
-    ``contested`` (another branch changed it too)."""
+    ``contested`` (another branch changed it too). ``unfolded``: HISTORY keys put back as they
+    were before a fold whose compaction record the join drops (``_fold_choice``), and that record
+    (``DELETED``)."""
     layers: dict[Layer, Mapping[str, Any]] = {layer: branch.layer(layer) for layer in MERGED_LAYERS}
     working, history = layers[Layer.WORKING], layers[Layer.HISTORY]
     base_w, base_h = base.layer(Layer.WORKING), base.layer(Layer.HISTORY)
@@ -229,6 +245,7 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
             over_w[key] = base_w[key] if key in base_w else DELETED
         if kept_in_history:
             over_h[key] = base_h[key] if key in base_h else DELETED
+    over_h.update(unfolded or {})
     if over_w:
         layers[Layer.WORKING] = _Overlay(working, over_w)
     if over_h:
@@ -252,12 +269,16 @@ def _changed_working(base: Snapshot, branches: Mapping[str, LayeredContext]) -> 
 
 
 def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
-               touched: Mapping[str, Mapping[Layer, dict[str, None] | None]]) -> frozenset[str]:
-    """Base HISTORY keys that two or more branches changed (a compression's fold counts)."""
+               touched: Mapping[str, Mapping[Layer, dict[str, None] | None]],
+               unfolded: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
+    """Base HISTORY keys that two or more branches changed (a compression's fold counts, unless the
+    join drops its record: ``unfolded``)."""
     base_h = base.layer(Layer.HISTORY)
     counts: dict[str, int] = {}
     for b, ctx in branches.items():
-        history = ctx.layer(Layer.HISTORY)
+        history: Mapping[str, Any] = ctx.layer(Layer.HISTORY)
+        if unfolded.get(b):
+            history = _Overlay(history, unfolded[b])
         keys = touched[b][Layer.HISTORY]
         for key in keys if keys is not None else base_h:
             if key in base_h and (key not in history or not same_value(history[key], base_h[key])):
@@ -281,6 +302,91 @@ def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, No
             if keys is not None:
                 keys.setdefault(key, None)
     return touched
+
+
+class _Fold(NamedTuple):
+    """A compaction record a branch added since the split."""
+
+    branch: str
+    key: str
+    order: int  # its place in the branch's HISTORY
+    base_keys: frozenset[str]  # the base HISTORY keys it summarises, through the records it merged too
+    # the keys it folded that the branch's HISTORY no longer holds -> (value, place) before the
+    # fold; None when the branch's tape does not tell (a record a join inside the branch brought)
+    undo: dict[str, tuple[Any, int]] | None
+
+
+def _branch_folds(base: Snapshot, branch_id: str, branch: LayeredContext,
+                  keys: Iterable[str] | None) -> list[_Fold]:
+    """The compaction records ``branch`` added to HISTORY since the split (of ``keys``, the
+    HISTORY keys its tape touched; ``None``: all)."""
+    base_h, history = base.layer(Layer.HISTORY), branch.layer(Layer.HISTORY)
+    new = [k for k in (keys if keys is not None else history) if k.startswith("compaction:") and k in history
+           and not (k in base_h and same_value(history[k], base_h[k]))]
+    if not new:
+        return []
+    made = {(e.data["compaction_key"], e.data.get("snapshot_id")): e for e in branch.tape
+            if e.data.get("note") == "compress" and e.data.get("compaction_key")}
+    folds = []
+    for key in new:
+        base_keys: set[str] = set()
+        undo: dict[str, tuple[Any, int]] = {}
+        known = _unfold(key, history[key], branch, base_h, made, base_keys, undo)
+        folds.append(_Fold(branch_id, key, history.order_of(key), frozenset(base_keys),
+                           {k: v for k, v in undo.items() if k not in history} if known else None))
+    return folds
+
+
+def _unfold(key: str, record: Any, branch: LayeredContext, base_h: LayerView,
+            made: Mapping[tuple[str, Any], Event], base_keys: set[str], undo: dict[str, tuple[Any, int]]) -> bool:
+    """Add what compaction record ``key`` folded to ``base_keys`` (the base's keys) and ``undo``
+    (each folded key's value and place before the fold; a record of the branch's it merged is
+    unfolded in turn). False when the branch's tape does not tell, for it or a record it merged;
+    ``base_keys`` then gets the base keys its ``covers`` names too."""
+    value = thaw(record) if isinstance(record, Mapping) else {}
+    covers = {k for k in value.get("covers") or () if isinstance(k, str)}
+    event = made.get((key, value.get("snapshot_id")))
+    try:
+        before = branch.get_snapshot(str(value.get("snapshot_id"))).layer(Layer.HISTORY) if event else None
+    except ContextKeyError:
+        before = None
+    if event is None or before is None:
+        base_keys.update(k for k in covers if k in base_h)
+        return False
+    # ``covers`` names an activity folded whole by its record alone; a key a rule of the same
+    # compression removed (count_only) is no part of the fold
+    owner = segment_history(list(before.items())).owner
+    known = True
+    for layer, k, new in event.changes:
+        if layer != Layer.HISTORY or new is not DELETED or k not in before or (k not in covers
+                                                                                  and owner.get(k) not in covers):
+            continue
+        old = before[k]
+        if k.startswith("compaction:") and not (k in base_h and same_value(base_h[k], old)):
+            known = _unfold(k, old, branch, base_h, made, base_keys, undo) and known
+            continue
+        if k in base_h:
+            base_keys.add(k)
+        undo[k] = (old, before.order_of(k))
+    return known
+
+
+def _fold_choice(folds: Iterable[_Fold], rank: Mapping[str, int]) -> list[_Fold]:
+    """The branches' compaction records a join drops so that each base HISTORY entry is summarised
+    at most once. Records that summarise base entries are kept in this order unless a kept one
+    summarises one of their base entries too: those the tape cannot unfold (kept always), then the
+    one summarising the most base entries (the deepest fold; a cliff folds oldest first, so the
+    others' base entries are mostly among its own), then branch order and the branch's HISTORY
+    order. Nothing here depends on the order the branches arrived in."""
+    summarised: set[str] = set()
+    dropped: list[_Fold] = []
+    for fold in sorted((f for f in folds if f.base_keys),
+                       key=lambda f: (f.undo is not None, -len(f.base_keys), rank[f.branch], f.order)):
+        if fold.undo is not None and fold.base_keys & summarised:
+            dropped.append(fold)
+        else:
+            summarised |= fold.base_keys
+    return dropped
 
 
 def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
@@ -369,19 +475,30 @@ def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
 
 
 def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping[str, Any],
-             aliases: Mapping[str, tuple[str, str]] | None = None) -> list[KeyOutcome]:
-    """Base keys in base order, then new keys in branch order (each branch's insertion order)."""
+             aliases: Mapping[str, tuple[str, str]] | None = None,
+             places: Mapping[str, Mapping[str, int | None]] | None = None) -> list[KeyOutcome]:
+    """Base keys in base order, then new keys in branch order (each branch's insertion order;
+    ``places``: per branch, that of keys its HISTORY held before a fold the join undoes, and
+    ``None`` for the compaction records the join drops, which place no key)."""
     existing = [o for o in outcomes if o.base_value is not DELETED]
     existing.sort(key=lambda o: base_layer.order_of(o.key))
     rank = {b: i for i, b in enumerate(branch_layers)}
+    places = places or {}
+
+    def place(b: str, key: str) -> int | None:
+        if b in places and key in places[b]:
+            return places[b][key]
+        return int(branch_layers[b].order_of(key)) if key in branch_layers[b] else None
 
     def new_key_order(o: KeyOutcome) -> tuple[int, int]:
         if aliases and o.key in aliases:
             b, key = aliases[o.key]
-            return rank[b], branch_layers[b].order_of(key)
-        for b, layer in branch_layers.items():
-            if o.key in layer:
-                return rank[b], layer.order_of(o.key)
+            at = place(b, key)
+            return rank[b], at if at is not None else 0
+        for b in branch_layers:
+            at = place(b, o.key)
+            if at is not None:
+                return rank[b], at
         return len(rank), 0
 
     new = [o for o in outcomes if o.base_value is DELETED]
@@ -484,10 +601,23 @@ def join_contexts(
     # no compression in another branch may have altered or dropped them
     pinned = frozenset(k for ctx in branches.values() for k in ctx.preserved)
     touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
-    contested = _contested(base, branches, touched)
+    # two branches' summaries of the same base entries: one is kept (see the module doc)
+    rank = {b: i for i, b in enumerate(order)}
+    dropped = _fold_choice((f for b, ctx in branches.items()
+                            for f in _branch_folds(base, b, ctx, touched[b][Layer.HISTORY])), rank)
+    base_h = base.layer(Layer.HISTORY)
+    unfolded: dict[str, dict[str, Any]] = {}
+    places: dict[str, dict[str, int | None]] = {}
+    for fold in sorted(dropped, key=lambda f: (rank[f.branch], f.order)):
+        undo = fold.undo or {}
+        unfolded.setdefault(fold.branch, {})[fold.key] = base_h[fold.key] if fold.key in base_h else DELETED
+        unfolded[fold.branch].update({k: value for k, (value, _) in undo.items()})
+        places.setdefault(fold.branch, {})[fold.key] = None
+        places[fold.branch].update({k: at for k, (_, at) in undo.items()})
+    contested = _contested(base, branches, touched, unfolded)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
-                                contested, changed_working)
+                                contested, changed_working, unfolded.get(b))
               for b, ctx in branches.items()}
 
     outcomes: dict[Layer, list[KeyOutcome]] = {}
@@ -509,7 +639,8 @@ def join_contexts(
         aliases: dict[str, tuple[str, str]] = {}
         if layer == Layer.HISTORY:
             found, aliases = _records_apart(found, [base_layer, *raw_layers.values()])
-        outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases)
+        outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases,
+                                   places if layer == Layer.HISTORY else None)
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
     conflicts = sorted((_read_base(o.conflict, base) for layer in MERGED_LAYERS for o in outcomes[layer]
@@ -575,7 +706,10 @@ def join_contexts(
     preserved = tuple(sorted({k for b in order for k in branches[b].preserved} - base.preserved))
     return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
-                      pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved)
+                      pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,
+                      dropped_compactions=tuple({"branch": f.branch, "key": f.key,
+                                                 "restored": [k for k in f.undo or {} if k not in base_h]}
+                                                for f in sorted(dropped, key=lambda f: (rank[f.branch], f.order))))
 
 
 def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine",
@@ -607,7 +741,8 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         return None
     event = ctx.apply_changes(result.all_changes(), kind="join", actor=actor, data={
         "gateway_id": result.gateway_id, "snapshot_id": result.snapshot_id, "branches": list(result.branches),
-        "conflicts": len(result.conflicts), **({"preserve": list(result.preserved)} if result.preserved else {})})
+        "conflicts": len(result.conflicts), **({"preserve": list(result.preserved)} if result.preserved else {}),
+        **({"dropped_compactions": [dict(d) for d in result.dropped_compactions]} if result.dropped_compactions else {})})
     for branch in (branches or {}).values():
         branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
                                                    "parent_seq": event.seq})

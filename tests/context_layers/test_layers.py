@@ -126,6 +126,22 @@ def test_history_data_key_update_is_promoted_records_are_not_writable(ctx):
     assert ctx.layer(Layer.HISTORY)["activity:b"]["keys"] == ["status"]
 
 
+def test_a_record_counts_the_tokens_of_what_the_activity_wrote_in_history_too(ctx):
+    # an update of a key HISTORY holds lands there at once, not in WORKING: the record counted
+    # only what moved from WORKING, 0 for a loop body that rewrites its keys each pass
+    ctx.begin_activity("a")
+    ctx.write(Layer.WORKING, "status", "draft", actor="a")
+    ctx.complete_activity("a")
+    ctx.begin_activity("b")
+    ctx.write(Layer.WORKING, "status", "final and signed by the reviewer", actor="b")
+    ctx.write(Layer.WORKING, "fresh", "new", actor="b")
+    record = ctx.complete_activity("b")
+    assert record["keys"] == ["status", "fresh"]
+    status, fresh = ctx.key_tokens(Layer.HISTORY, "status"), ctx.key_tokens(Layer.HISTORY, "fresh")
+    assert status > 1 and record["tokens"] == status + fresh
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
 def test_an_activity_cannot_write_a_record_key_that_would_move_into_history(ctx):
     # not only an existing record: a new activity:/event:/compaction: key in WORKING arrives in
     # HISTORY at activity end as a record the engine never wrote

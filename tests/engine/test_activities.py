@@ -328,3 +328,45 @@ def test_nothing_runs_on_a_process_that_does_not_validate(tmp_path: Path) -> Non
         load_process(path)
     text = str(err.value)
     assert "nope" in text and "'t'" in text  # every problem at once: the unknown id and the script syntax
+
+
+LOOP_BPMN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+    xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" id="d" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:process id="loop3" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="init"><bpmn:script>count = 0
+items = []</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="work"><bpmn:script>count = count + 1
+items = items + ["item number %d of the loop" % count]</bpmn:script></bpmn:scriptTask>
+    <bpmn:exclusiveGateway id="more" default="f_done"/>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="init"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="init" targetRef="work"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="work" targetRef="more"/>
+    <bpmn:sequenceFlow id="f_again" sourceRef="more" targetRef="work"><bpmn:conditionExpression xsi:type="bpmn:tFormalExpression">count &lt; 3</bpmn:conditionExpression></bpmn:sequenceFlow>
+    <bpmn:sequenceFlow id="f_done" sourceRef="more" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_each_loop_pass_record_names_its_keys_and_counts_their_tokens(tmp_path: Path) -> None:
+    # every pass rewrites keys HISTORY holds since the first: those writes land in HISTORY at
+    # once, and the record counted only WORKING's (0, or the split markers' tokens on one pass)
+    path = tmp_path / "loop3.bpmn"
+    path.write_text(LOOP_BPMN, encoding="utf-8")
+    instance = Engine("memory://").run_process(load_process(path), {})
+    assert instance.status == "completed", instance.error
+    ctx = instance.contexts["main"]
+    history = ctx.layer(Layer.HISTORY)
+    passes = [history[k] for k in ("activity:work", "activity:work#2", "activity:work#3")]
+    items_tokens = []
+    for record in passes:
+        assert record["keys"] == ["count", "items"]
+        items_tokens.append(record["tokens"])
+        assert record["tokens"] > 0
+    # the list grows each pass: so does what the pass wrote
+    assert items_tokens == sorted(items_tokens) and items_tokens[0] < items_tokens[-1]
+    assert passes[-1]["tokens"] == ctx.key_tokens(Layer.HISTORY, "count") + ctx.key_tokens(Layer.HISTORY, "items")
+    assert LayeredContext.replay(ctx.tape) == ctx

@@ -63,8 +63,10 @@ work:
     - {pattern: "activity", action: count_only, keepLast: 50}
 a:
   compressTokenThreshold: 200
+  preserveKeys: [items]
 b:
   compressMessageThreshold: 3
+  preserveKeys: [items]
 """
 
 PROFILE = {"id": "P-1", "tags": ["a", "b"], "nested": {"x": 1}}
@@ -108,6 +110,8 @@ def test_loop_keeps_preserved_keys_through_every_compression_join_rollback_and_r
     history = doc["layers"]["L3"]
     assert history["profile"] == PROFILE and history["token"] == "T-8" and history["result"] == 8
     assert history["seen"] == "T-8/P-1"
+    # both branches folded the loop's HISTORY: the join keeps one summary of it
+    assert len([k for k in history if k.startswith("compaction:")]) == 1
     assert doc["conflicts"] == []
     iid = doc["instance_id"]
     # after every compression of the main context, as replayed from its tape
@@ -280,3 +284,85 @@ def test_a_key_a_branch_compressed_away_before_the_join_is_named_in_the_error(tm
     assert instance.status == "error" and instance.error["task_id"] == "score"
     message = instance.error["message"]
     assert "'fraud_points' was removed from HISTORY by the compression after activity 'fraud_check' in context" in message
+
+
+FOLD_JOIN_BPMN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:process id="foldjoin" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="intake"><bpmn:script>profile = {"id": "P-1", "tags": ["a", "b"]}
+intake_notes = "intake notes about the applicant " * 8</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="research"><bpmn:script>research = "research findings on the market " * 8</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="rating"><bpmn:script>rating = "rating agency opinion text " * 8</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="split"/>
+    <bpmn:scriptTask id="credit"><bpmn:script>credit_out = "credit review text " * 6</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="fraud"><bpmn:script>fraud_out = "fraud review text " * 6</bpmn:script></bpmn:scriptTask>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:scriptTask id="done"><bpmn:script>result = profile["id"] + str(len(credit_out) + len(fraud_out))</bpmn:script></bpmn:scriptTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="intake"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="intake" targetRef="research"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="research" targetRef="rating"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="rating" targetRef="split"/>
+    <bpmn:sequenceFlow id="s1" sourceRef="split" targetRef="credit"/>
+    <bpmn:sequenceFlow id="s2" sourceRef="split" targetRef="fraud"/>
+    <bpmn:sequenceFlow id="j1" sourceRef="credit" targetRef="join"/>
+    <bpmn:sequenceFlow id="j2" sourceRef="fraud" targetRef="join"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="join" targetRef="done"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="done" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+FOLD_JOIN_CONFIG = """intake:
+  preserveKeys: [profile]
+credit:
+  compressTokenThreshold: 150
+fraud:
+  compressTokenThreshold: 150
+  compressRules:
+    - {pattern: "*notes", action: summarize, maxTokens: 4}
+"""
+
+
+def _fold_join(tmp_path: Path) -> Any:
+    path = tmp_path / "foldjoin.bpmn"
+    path.write_text(FOLD_JOIN_BPMN, encoding="utf-8")
+    (tmp_path / "foldjoin.layerflow.yaml").write_text(FOLD_JOIN_CONFIG, encoding="utf-8")
+    return _run(path)
+
+
+def test_both_branches_fold_the_base_history_and_the_join_keeps_one_summary(tmp_path: Path) -> None:
+    instance = _fold_join(tmp_path)
+    main = instance.contexts["main"]
+    [branch_a, branch_b] = [n for n, info in instance.branches.items() if info["gateway"] == "split"]
+    split = main.get_snapshot(instance.branches[branch_a]["snapshot_id"])
+    base = split.layer(Layer.HISTORY)
+    pre_split = [k for k in base if not k.startswith("_")]
+    assert {"intake_notes", "research", "rating", "activity:research"} <= set(pre_split)
+    for name in (branch_a, branch_b):  # each branch folded the base into a record of its own
+        history = instance.contexts[name].layer(Layer.HISTORY)
+        assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
+        assert instance.contexts[name].tokens(Layer.HISTORY) < split.tokens(Layer.HISTORY)
+    [join] = [e for e in main.tape if e.data.get("note") == "join"]
+    at_join = LayeredContext.replay(main.tape, until=join.seq)
+    history = at_join.layer(Layer.HISTORY)
+    # one summary of the base, kept once; the base entries it folded are not kept whole beside it
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
+    assert not set(history) & (set(pre_split) - {"profile"})
+    assert history["profile"] == {"id": "P-1", "tags": ["a", "b"]}
+    assert history["credit_out"] and history["fraud_out"]
+    assert [d["key"] for d in join.data["dropped_compactions"]] == ["compaction:1"]
+    # the compression's saving survives the join: HISTORY is smaller than at the split, and the
+    # second branch's summary of the same base is not there beside the first's
+    tokens = at_join.tokens(Layer.HISTORY)
+    assert tokens < split.tokens(Layer.HISTORY)
+    a, b = (instance.contexts[n] for n in (branch_a, branch_b))
+    assert tokens < a.tokens(Layer.HISTORY) + b.tokens(Layer.HISTORY) - b.key_tokens(Layer.HISTORY, "compaction:1")
+    assert main.layer(Layer.HISTORY)["result"].startswith("P-1")
+    assert LayeredContext.replay(main.tape) == main
+    # the same run, the same merged bytes
+    again = _fold_join(tmp_path).contexts["main"]
+    [join_again] = [e for e in again.tape if e.data.get("note") == "join"]
+    assert json.dumps(join.to_dict()["changes"], sort_keys=True) == json.dumps(join_again.to_dict()["changes"],
+                                                                              sort_keys=True)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import gateways
 import gateways.join as join_module
-from context_layers import Layer, LayeredContext
+from context_layers import Layer, LayeredContext, RuleDrivenCompressor, canonical_json
+from context_layers.compression import HOOK_KEEP_RECENT
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import LayerflowError, MergeConflictError
 from gateways import (
@@ -364,6 +365,108 @@ def test_records_two_branches_add_under_one_key_are_kept_apart() -> None:
     assert keys == ["activity:stamp", "activity:stamp#2", "compaction:1", "notes", "activity:stamp#3", "compaction:2"]
     assert "notes" in history["activity:stamp#3"]["keys"] and "notes" not in history["activity:stamp#2"]["keys"]
     assert history["compaction:1"]["summary"] == "a, c" and history["compaction:2"]["summary"] == "b"
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
+PRE_SPLIT = [f"pre_{i}" for i in range(4)]
+PROFILE = {"id": "P-1", "tags": ["a", "b"]}
+
+
+def _folding_branches() -> tuple[LayeredContext, list[BranchContext], int]:
+    """A parent whose HISTORY both branches' compressions fold into a ``compaction:1`` of their own:
+    ``a`` after one activity, ``b`` deeper, its first activity too. And the parent's HISTORY tokens."""
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("facts")
+    ctx.write(Layer.WORKING, "profile", PROFILE, actor="facts")
+    ctx.complete_activity("facts", preserve_keys=["profile"])
+    for i, key in enumerate(PRE_SPLIT):
+        activity(ctx, f"pre{i}", {key: f"pre-split fact {i} " * 12})
+    tokens = ctx.tokens(Layer.HISTORY)
+    a, b = split(ctx, ["a", "b"])
+    compressor = RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT)
+    activity(a.context, "ta", {"ta_out": "credit review " * 10})
+    assert compressor.compress(a.context, {"compressTokenThreshold": 120}).compaction_key == "compaction:1"
+    activity(b.context, "tb1", {"tb_note": "fraud note " * 10})
+    activity(b.context, "tb2", {"tb_out": "fraud review " * 10})
+    done = compressor.compress(b.context, {"compressTokenThreshold": 120}, target_tokens=60)
+    assert done.compaction_key == "compaction:1" and {"pre_0", "tb_note"} <= set(done.folded)
+    return ctx, [a, b], tokens
+
+
+def _summarised(history: Any, key: str) -> int:
+    """How many compaction records of ``history`` name ``key`` or the activity record owning it."""
+    owner = f"activity:pre{key[-1]}" if key.startswith("pre_") else key
+    return sum(1 for k, v in history.items() if k.startswith("compaction:") and {key, owner} & set(v["covers"]))
+
+
+def test_a_join_keeps_one_summary_of_the_base_history_both_branches_folded() -> None:
+    ctx, (a, b), before = _folding_branches()
+    b_before_fold = b.context.get_snapshot(b.context.layer(Layer.HISTORY)["compaction:1"]["snapshot_id"])
+    result = join(ctx, [a, b])
+    assert result.conflicts == [] and result.complete
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
+    assert history["compaction:1"] == a.context.layer(Layer.HISTORY)["compaction:1"]  # the first branch's
+    for key in PRE_SPLIT:  # each base entry: summarised once, not also kept whole
+        assert key not in history and _summarised(history, key) == 1
+    assert history["profile"] == PROFILE and "profile" in ctx.preserved
+    # b's own entries its dropped record had folded come back as they were; the base first, then
+    # each branch's new keys in branch order
+    assert history["tb_note"] == b_before_fold.layer(Layer.HISTORY)["tb_note"]
+    assert list(history) == ["profile", "ta_out", "activity:ta", "compaction:1",
+                             "tb_note", "activity:tb1", "tb_out", "activity:tb2"]
+    assert ctx.tokens(Layer.HISTORY) < before
+    assert LayeredContext.replay(ctx.tape) == ctx
+    assert canonical_json(dict(LayeredContext.replay(ctx.tape).layer(Layer.HISTORY))) == canonical_json(dict(history))
+
+
+def test_a_join_of_folding_branches_is_the_same_whatever_the_arrival_order() -> None:
+    ctx, branches, _ = _folding_branches()
+    first = join(ctx, branches, arrival_order=["a", "b"])
+    again = join(ctx, branches, arrival_order=["b", "a"])
+    def changes(result: JoinResult) -> str:
+        return canonical_json([(int(layer), key, DELETED.to_json() if value is DELETED else value)
+                               for layer, key, value in result.all_changes()])
+    assert changes(first) == changes(again)
+    assert first.dropped_compactions == again.dropped_compactions
+    assert first.dropped_compactions == ({"branch": "b", "key": "compaction:1", "restored": ["tb_note", "activity:tb1"]},)
+
+
+@pytest.mark.parametrize(("shape", "kept", "dropped", "order"), [
+    # b compressed twice: its second record merged its first (the base's older half and nothing of
+    # its own); a tie with a's on the base, a's first in branch order: b's own entries come back
+    ("b_twice", "a", {"branch": "b", "key": "compaction:2", "restored": ["tb_note", "activity:tb1"]},
+     ["ta_out", "activity:ta", "compaction:1", "tb_note", "activity:tb1", "tb_out", "activity:tb2"]),
+    # a folded half of the base, b all of it (and its first activity): b's is kept though b comes
+    # second, in b's place
+    ("a_shallow", "b", {"branch": "a", "key": "compaction:1", "restored": []},
+     ["ta_out", "activity:ta", "tb_out", "activity:tb2", "compaction:1"]),
+])
+def test_the_join_keeps_the_summary_of_the_most_base_entries(shape: str, kept: str, dropped: dict[str, Any],
+                                                              order: list[str]) -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    for i, key in enumerate(PRE_SPLIT):
+        activity(ctx, f"pre{i}", {key: f"pre-split fact {i} " * 12})
+    a, b = split(ctx, ["a", "b"])
+    compressor = RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT)
+    activity(a.context, "ta", {"ta_out": "credit review " * 10})
+    target = a.context.tokens(Layer.HISTORY) - 60 if shape == "a_shallow" else 80
+    assert compressor.compress(a.context, {}, target_tokens=target).folded
+    activity(b.context, "tb1", {"tb_note": "fraud note " * 10})
+    if shape == "b_twice":
+        first = compressor.compress(b.context, {}, target_tokens=b.context.tokens(Layer.HISTORY) - 60)
+        assert first.folded == ["pre_0", "activity:pre0", "pre_1", "activity:pre1"]
+    activity(b.context, "tb2", {"tb_out": "fraud review " * 10})
+    assert compressor.compress(b.context, {}, target_tokens=80).folded
+    records = {name: branch.context.layer(Layer.HISTORY) for name, branch in (("a", a), ("b", b))}
+    result = join(ctx, [a, b])
+    assert result.dropped_compactions == (dropped,)
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    assert list(history) == order
+    [key] = [k for k in history if k.startswith("compaction:")]
+    assert history[key] == next(v for k, v in records[kept].items() if k.startswith("compaction:"))
     assert LayeredContext.replay(ctx.tape) == ctx
 
 
