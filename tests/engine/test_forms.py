@@ -440,7 +440,8 @@ def test_the_waiting_item_shows_options_from_the_context_and_why_a_field_has_non
     assert "'budget_codes'" in budget["warning"] and "any value" in budget["warning"]
     plain = cli("run", str(forms_dir / PROJECT)).stdout
     line = next(ln for ln in plain.splitlines() if "waiting for user_task" in ln)
-    assert "project string(apollo|gemini)" in line and "request_id string read-only" in line
+    assert "project* string(apollo|gemini)" in line and "request_id string read-only" in line
+    assert "budget_code string(any value: no options in 'budget_codes')" in line and "start* string date" in line
 
 
 def test_options_from_a_key_the_context_does_not_hold_accept_any_value(forms_dir: Path) -> None:
@@ -479,7 +480,8 @@ def test_rest_refuses_a_readonly_change_and_an_option_not_offered_with_400(forms
         body = refused.json()["error"]
         assert body["task_id"] == "request_project"
         assert {p["field"] for p in body["problems"]} == {"project", "request_id"}
-        assert "'project' string(apollo|gemini)" not in body["message"] and "project string(apollo|gemini)" in body["message"]
+        assert "the form asks for: request_id string read-only" in body["message"]
+        assert "project* string(apollo|gemini)" in body["message"]  # the options it was checked against
         doc = c.get(f"/api/instances/{first['instance_id']}").json()
         assert doc["status"] == "waiting" and doc["layers"] == first["layers"]
         done = c.post(url, json={"data": {**GOOD_PROJECT, "request_id": "REQ-1"}})
