@@ -198,7 +198,8 @@ def _schema_fields(schema: Mapping[str, Any], slots: list[dict[str, Any]]) -> li
             field["readonly"] = True
         if isinstance(prop.get("format"), str):
             field["format"] = prop["format"]
-        from_context = [slot["var"] for slot in slots if slot["at"] == ["properties", fid]]
+        # a multiple choice (checkboxes) keeps its options in "items"
+        from_context = [slot["var"] for slot in slots if slot["at"] in (["properties", fid], ["properties", fid, "items"])]
         if from_context:
             field["options_from"] = from_context[0]
         options = None
@@ -374,7 +375,7 @@ def with_options(form: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, 
             node = node[step]
         node[slot["key"]] = ([o["id"] for o in options] if slot["key"] == "enum"
                              else [{"const": o["id"], "title": str(o["name"])} for o in options])
-        if field is not None and len(at) == 2:
+        if field is not None and at[2:] in ([], ["items"]):
             field["options"] = options
     out = {**form, "schema": schema, "fields": fields}
     if warnings:

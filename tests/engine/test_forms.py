@@ -383,6 +383,9 @@ REFUSED = [
      ['"2026-03-01 10:00" is not a date-time', "2026-01-31T09:30:00Z"]),
     (PROJECT, "request_project", {**GOOD_PROJECT, "contact": "nobody"}, "contact",
      ['"nobody" is not an email address']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "daily": "9:30"}, "daily", ['"9:30" is not a time', "09:30:00Z"]),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "helpers": ["red", "green"]}, "helpers",
+     ["'green' is not one of ['red', 'blue']"]),
 ]
 
 
@@ -417,8 +420,10 @@ def test_a_refused_answer_names_task_field_value_and_what_is_allowed_and_writes_
     (READONLY, "check_invoice", {"due": "2026-01-31T09:30:00+01:00"}, {"due": "2026-01-31T09:30:00+01:00"}),
     (PROJECT, "request_project", GOOD_PROJECT, {"request_id": "REQ-1", "priority": "normal", "project": "apollo"}),
     (PROJECT, "request_project", {**GOOD_PROJECT, "request_id": "REQ-1", "priority": "normal", "team": "blue",
-                                  "kickoff": "2026-03-02T09:30:00Z", "contact": "ana@example.org"},
-     {"team": "blue", "kickoff": "2026-03-02T09:30:00Z", "contact": "ana@example.org", "start": "2026-03-01"}),
+                                  "kickoff": "2026-03-02T09:30:00Z", "contact": "ana@example.org",
+                                  "daily": "09:30:00+01:00", "helpers": ["red", "blue"]},
+     {"team": "blue", "kickoff": "2026-03-02T09:30:00Z", "contact": "ana@example.org", "start": "2026-03-01",
+      "helpers": ["red", "blue"]}),
 ], ids=["readonly_omitted", "readonly_repeated", "date_camunda", "date_iso", "date_time", "schema_readonly_omitted",
         "schema_all_given"])
 def test_an_answer_that_fits_passes(forms_dir: Path, bpmn, task, answer, kept) -> None:
@@ -433,6 +438,7 @@ def test_the_waiting_item_shows_options_from_the_context_and_why_a_field_has_non
     fields = {f["id"]: f for f in _item(_doc(cli("run", str(forms_dir / PROJECT), "--json")))["form"]["fields"]}
     assert fields["project"]["options"] == [{"id": "apollo", "name": "Apollo"}, {"id": "gemini", "name": "Gemini"}]
     assert fields["team"]["options"] == [{"id": "red", "name": "red"}, {"id": "blue", "name": "blue"}]
+    assert fields["helpers"]["options"] == fields["team"]["options"]  # checkboxes: each item one of them
     assert fields["request_id"]["readonly"] is True and fields["request_id"]["value"] == "REQ-1"
     assert fields["start"]["format"] == "date"
     budget = fields["budget_code"]
