@@ -222,7 +222,8 @@ def _strip_dynamic(schema: Any, at: list[str | int], slots: list[dict[str, Any]]
     """The schema without SpiffArena's ``"options_from_task_data_var:X"`` placeholders (not JSON
     Schema: SpiffArena fills them from task data as it renders the form), each placeholder of an
     ``enum``/``oneOf``/``anyOf`` added to ``slots`` as ``{"at": path, "key": keyword, "var": X}`` for
-    ``with_options`` to fill; one elsewhere (``items``) is left open, anything passes there."""
+    ``with_options`` to fill; one in another keyword (SpiffArena's ``"items": [placeholder]``, field
+    schemas taken from task data) is left open: anything passes there."""
     if isinstance(schema, Mapping):
         out = {}
         for key, value in schema.items():
