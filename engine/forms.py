@@ -7,28 +7,33 @@ Three ways of declaring one are read from the BPMN, as the modelers save them:
   and ``<camunda:validation><camunda:constraint name config>`` (``required``, ``min``, ``max``,
   ``minlength``, ``maxlength``, ``readonly``);
 * SpiffArena: ``<spiffworkflow:property name="formJsonSchemaFilename" value="x-schema.json">``,
-  a JSON Schema file beside the BPMN (``formUiSchemaFilename`` only lays the form out);
+  a JSON Schema file beside the BPMN (``formUiSchemaFilename`` only lays the form out), whose
+  ``"anyOf" | "oneOf" | "enum": ["options_from_task_data_var:NAME"]`` take their options from the
+  context key NAME as the task waits (``with_options``);
 * Camunda 8: ``<zeebe:formDefinition formKey | formId>``: a form file of another tool, reported by
   its key, nothing checked.
 
 A form is a plain JSON value (``parse_form``), kept in the task spec's extensions under
 ``"form"``, so it travels with the workflow: an instance resumed elsewhere checks its answers
 without the files. ``check_answer`` fills omitted fields with their defaults (as the submitted
-form would carry them) and lists every problem; fields the form does not declare pass.
+form would carry them) and lists every problem; fields the form does not declare pass. A
+read-only field (Camunda ``readonly``, JSON Schema ``readOnly``) keeps the value the form shows.
 ``form_problems`` is what ``layerflow validate`` reports of a declaration.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CAMUNDA_NS", "ZEEBE_NS", "SPIFF_NS", "CAMUNDA_TYPES", "check_answer", "form_problems", "parse_form",
-           "public_form"]
+__all__ = ["CAMUNDA_NS", "ZEEBE_NS", "SPIFF_NS", "CAMUNDA_TYPES", "check_answer", "form_problems", "option_keys",
+           "parse_form", "public_form", "with_options"]
 
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
 ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
@@ -36,6 +41,7 @@ SPIFF_NS = "http://spiffworkflow.org/bpmn/schema/1.0/core"
 BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CAMUNDA_TYPES = ("string", "long", "boolean", "date", "enum")
 _DYNAMIC = "options_from_task_data_var:"  # SpiffArena's options filled from task data at render time
+_OPTION_KEYWORDS = ("enum", "oneOf", "anyOf")
 
 
 def _q(ns: str, local: str) -> str:
@@ -61,21 +67,74 @@ def _camunda_default(kind: str, text: str | None) -> tuple[Any, str | None]:
         if text.strip().lower() in ("true", "false"):
             return text.strip().lower() == "true", None
         return None, f"defaultValue {text!r} is not true or false (type boolean)"
-    if kind == "date" and text.strip() and "${" not in text and _parse_date(text) is None:
-        return text, f"defaultValue {text!r} is not a date (dd/MM/yyyy, as Camunda's forms write it, or ISO 8601)"
+    if kind == "date" and text.strip() and "${" not in text and not _is_camunda_date(text.strip()):
+        return text, f"defaultValue {text!r} is not a date ({_CAMUNDA_DATES})"
     return text, None
 
 
-def _parse_date(text: str) -> datetime | None:
+# What a Camunda ``date`` field takes: what Camunda 7's form posts (its default dateFormat), and the
+# JSON Schema ``date`` and ``date-time`` formats, checked by the same checker as a SpiffArena form's,
+# so one answer file fits either kind of form.
+_CAMUNDA_DATES = "dd/MM/yyyy as Camunda's forms post it, YYYY-MM-DD, or a date-time such as 2026-01-31T09:30:00Z"
+
+
+def _is_camunda_date(text: str) -> bool:
     for fmt in ("%d/%m/%Y", "%d/%m/%Y %H:%M:%S"):
         try:
-            return datetime.strptime(text.strip(), fmt)
+            datetime.strptime(text, fmt)
+            return True
         except ValueError:
             pass
-    try:
-        return datetime.fromisoformat(text.strip())
-    except ValueError:
-        return None
+    checker = _format_checker()
+    return bool(checker.conforms(text, "date") or checker.conforms(text, "date-time"))
+
+
+# jsonschema checks these formats with nothing but itself installed; the others it knows
+# (hostname, uri, iri, duration, json-pointer, uri-template, color, ...) need extra packages, so
+# which of them were checked would depend on what else happens to be installed: they pass unchecked.
+_JSONSCHEMA_FORMATS = ("date", "email", "idn-email", "ipv4", "ipv6", "regex", "uuid")
+# jsonschema needs rfc3339-validator for these two; forms ask for them often, so they are checked here
+_RFC3339_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+_RFC3339_TIME = re.compile(r"\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+_FORMAT_TEXT = {
+    "date": "a date (YYYY-MM-DD, e.g. 2026-01-31)",
+    "date-time": "a date-time (RFC 3339, e.g. 2026-01-31T09:30:00Z)",
+    "time": "a time (RFC 3339, e.g. 09:30:00Z)",
+    "email": "an email address (name@example.org)",
+    "idn-email": "an email address (name@example.org)",
+    "ipv4": "an IPv4 address (e.g. 192.0.2.1)",
+    "ipv6": "an IPv6 address (e.g. 2001:db8::1)",
+    "regex": "a regular expression",
+    "uuid": "a UUID (e.g. 123e4567-e89b-12d3-a456-426614174000)",
+}
+
+
+def _is_date_time(value: object) -> bool:
+    if not isinstance(value, str):
+        return True  # a format speaks of text only; "type" is checked apart
+    if not _RFC3339_DATE_TIME.fullmatch(value):
+        return False
+    datetime.fromisoformat(value.upper())  # raises ValueError on 2026-02-30T...
+    return True
+
+
+def _is_time(value: object) -> bool:
+    if not isinstance(value, str):
+        return True
+    if not _RFC3339_TIME.fullmatch(value):
+        return False
+    time.fromisoformat(value.upper())
+    return True
+
+
+@functools.cache
+def _format_checker() -> Any:
+    import jsonschema
+
+    checker = jsonschema.FormatChecker(formats=_JSONSCHEMA_FORMATS)
+    checker.checks("date-time", raises=ValueError)(_is_date_time)
+    checker.checks("time", raises=ValueError)(_is_time)
+    return checker
 
 
 def _number(text: str | None) -> float | int | None:
@@ -128,13 +187,21 @@ def _camunda_form(form_data: Any) -> tuple[dict[str, Any], list[tuple[str | None
     return {"source": "camunda:formData", "fields": fields}, problems
 
 
-def _schema_fields(schema: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _schema_fields(schema: Mapping[str, Any], slots: list[dict[str, Any]]) -> list[dict[str, Any]]:
     required = set(schema.get("required") or [])
     fields = []
     for fid, prop in (schema.get("properties") or {}).items():
         prop = prop if isinstance(prop, Mapping) else {}
         field: dict[str, Any] = {"id": fid, "label": prop.get("title") or fid, "type": prop.get("type") or "any",
                                  "required": fid in required, "default": prop.get("default")}
+        if prop.get("readOnly") is True:
+            field["readonly"] = True
+        if isinstance(prop.get("format"), str):
+            field["format"] = prop["format"]
+        # a multiple choice (checkboxes) keeps its options in "items"
+        from_context = [slot["var"] for slot in slots if slot["at"] in (["properties", fid], ["properties", fid, "items"])]
+        if from_context:
+            field["options_from"] = from_context[0]
         options = None
         if isinstance(prop.get("enum"), list):
             options = [{"id": v, "name": v} for v in prop["enum"]]
@@ -151,18 +218,25 @@ def _schema_fields(schema: Mapping[str, Any]) -> list[dict[str, Any]]:
     return fields
 
 
-def _strip_dynamic(schema: Any) -> Any:
-    """The schema with SpiffArena's ``"options_from_task_data_var:X"`` placeholders (filled from task
-    data when SpiffArena renders the form; not JSON Schema) left open: anything passes there."""
+def _strip_dynamic(schema: Any, at: list[str | int], slots: list[dict[str, Any]]) -> Any:
+    """The schema without SpiffArena's ``"options_from_task_data_var:X"`` placeholders (not JSON
+    Schema: SpiffArena fills them from task data as it renders the form), each placeholder of an
+    ``enum``/``oneOf``/``anyOf`` added to ``slots`` as ``{"at": path, "key": keyword, "var": X}`` for
+    ``with_options`` to fill; one in another keyword (SpiffArena's ``"items": [placeholder]``, field
+    schemas taken from task data) is left open: anything passes there."""
     if isinstance(schema, Mapping):
         out = {}
         for key, value in schema.items():
-            if isinstance(value, list) and any(isinstance(v, str) and v.startswith(_DYNAMIC) for v in value):
-                continue
-            out[key] = _strip_dynamic(value)
+            if isinstance(value, list):
+                found = [v for v in value if isinstance(v, str) and v.startswith(_DYNAMIC)]
+                if found:
+                    if key in _OPTION_KEYWORDS:
+                        slots.append({"at": list(at), "key": key, "var": found[0][len(_DYNAMIC):]})
+                    continue
+            out[key] = _strip_dynamic(value, [*at, key], slots)
         return out
     if isinstance(schema, list):
-        return [_strip_dynamic(v) for v in schema]
+        return [_strip_dynamic(v, [*at, n], slots) for n, v in enumerate(schema)]
     return schema
 
 
@@ -186,7 +260,8 @@ def _spiff_form(name: str, base: Path | None) -> tuple[dict[str, Any] | None, _P
         return None, [(None, f"{where}: {path} is not valid JSON ({err})")], []
     if not isinstance(schema, dict):
         return None, [(None, f"{where}: {path} holds a JSON {type(schema).__name__}, not a JSON Schema object")], []
-    schema = _strip_dynamic(schema)
+    slots: list[dict[str, Any]] = []
+    schema = _strip_dynamic(schema, [], slots)
     import jsonschema
 
     try:
@@ -194,7 +269,10 @@ def _spiff_form(name: str, base: Path | None) -> tuple[dict[str, Any] | None, _P
     except jsonschema.SchemaError as err:
         at = "/".join(str(p) for p in err.absolute_path) or "the top"
         return None, [(None, f"{where}: {path} is not a valid JSON Schema at {at}: {err.message}")], []
-    return {"source": name, "fields": _schema_fields(schema), "schema": schema}, [], []
+    form = {"source": name, "fields": _schema_fields(schema, slots), "schema": schema}
+    if slots:
+        form["option_slots"] = slots
+    return form, [], []
 
 
 def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
@@ -230,11 +308,89 @@ def form_problems(node: Any, bpmn_file: str) -> tuple[_Problems, _Problems]:
     return problems, warnings
 
 
+def option_keys(form: Mapping[str, Any]) -> list[str]:
+    """The context keys a form's options come from (SpiffArena's ``options_from_task_data_var:``)."""
+    return sorted({str(slot["var"]) for slot in form.get("option_slots") or []})
+
+
+def _options(key: str, data: Mapping[str, Any]) -> tuple[list[dict[str, Any]] | None, str]:
+    """The options the context key ``key`` offers, as SpiffArena reads them (a list of
+    ``{"value", "label"}`` or of plain values), or None and why not."""
+    usable = (f"so any value is accepted; set {key!r} before the task waits, to a list of "
+              '{"value": ..., "label": ...} or of plain values')
+    if key not in data:
+        return None, f"its options come from the context key {key!r}, which the context does not hold, {usable}"
+    listed = data[key]
+    if not isinstance(listed, list) or not listed:
+        held = "an empty list" if listed == [] else f"a JSON {_json_type(listed)}"
+        return None, f"its options come from the context key {key!r}, which holds {held}, {usable}"
+    options: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for entry in listed:
+        if isinstance(entry, Mapping):
+            if "value" not in entry:
+                return None, (f"its options come from the context key {key!r}, whose entry "
+                              f"{json.dumps(entry, ensure_ascii=False)} has no \"value\", {usable}")
+            option = {"id": entry["value"], "name": entry.get("label", entry["value"])}
+        elif isinstance(entry, list):
+            return None, f"its options come from the context key {key!r}, which holds a list in a list, {usable}"
+        else:
+            option = {"id": entry, "name": entry}
+        canonical = json.dumps(option["id"], sort_keys=True)
+        if canonical not in seen:  # a value listed twice would match two branches of a oneOf, and none
+            seen.add(canonical)
+            options.append(option)
+    return options, ""
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def with_options(form: Mapping[str, Any], data: Mapping[str, Any]) -> dict[str, Any]:
+    """The form with its options from the context filled in: ``data`` holds what the context holds
+    of ``option_keys(form)`` as the task waits. Its schema then checks answers against them, and
+    each such field shows them as ``options``; a field whose key is missing or holds no list of
+    options is left open (any value passes, as SpiffArena's form would not render at all) and
+    carries a ``warning`` that says why. A form without such placeholders comes back as it is."""
+    slots = form.get("option_slots") or []
+    if not slots:
+        return dict(form)
+    schema = copy.deepcopy(form["schema"])
+    fields = [dict(f) for f in form.get("fields") or []]
+    by_id = {f["id"]: f for f in fields}
+    warnings: list[str] = []
+    for slot in slots:
+        at = slot["at"]
+        field = by_id.get(at[1]) if len(at) >= 2 and at[0] == "properties" else None
+        options, why = _options(str(slot["var"]), data)
+        if options is None:
+            if field is not None:
+                field["warning"] = why
+            else:
+                warnings.append(f"at {'/'.join(map(str, at)) or 'the top'}: {why}")
+            continue
+        node = schema
+        for step in at:
+            node = node[step]
+        node[slot["key"]] = ([o["id"] for o in options] if slot["key"] == "enum"
+                             else [{"const": o["id"], "title": str(o["name"])} for o in options])
+        if field is not None and at[2:] in ([], ["items"]):
+            field["options"] = options
+    out = {**form, "schema": schema, "fields": fields}
+    if warnings:
+        out["warnings"] = warnings
+    return out
+
+
 def public_form(form: Mapping[str, Any]) -> dict[str, Any]:
     """What a ``waiting_for`` item shows of a form: its fields and where it comes from."""
     out = {"fields": [dict(f) for f in form.get("fields") or []], "source": form.get("source")}
     if form.get("form_key"):
         out["form_key"] = form["form_key"]
+    if form.get("warnings"):
+        out["warnings"] = list(form["warnings"])
     return out
 
 
@@ -243,11 +399,17 @@ def describe_field(field: Mapping[str, Any]) -> str:
     text = str(field["id"]) + ("*" if field.get("required") else "") + " " + str(field.get("type"))
     if field.get("options") is not None:
         text += "(" + "|".join(str(o["id"]) for o in field["options"]) + ")"
+    elif field.get("options_from"):
+        text += f"(any value: no options in {field['options_from']!r})"
+    if field.get("format"):
+        text += " " + str(field["format"])
     low, high = field.get("min", field.get("minlength")), field.get("max", field.get("maxlength"))
     if low is not None or high is not None:
         text += f" {'' if low is None else low}..{'' if high is None else high}"
     if field.get("default") is not None:
         text += "=" + json.dumps(field["default"], ensure_ascii=False)
+    if field.get("readonly"):
+        text += " read-only"
     return text
 
 
@@ -283,13 +445,33 @@ def _field_problem(field: Mapping[str, Any], value: Any) -> str | None:
     elif kind in ("string", "date"):
         if not isinstance(value, str):
             return f"{json.dumps(value, ensure_ascii=False)} is not text (type {kind})"
-        if kind == "date" and _parse_date(value) is None:
-            return f"{value!r} is not a date (dd/MM/yyyy or ISO 8601, e.g. 2026-01-31)"
+        if kind == "date" and not _is_camunda_date(value.strip()):
+            return f"{json.dumps(value, ensure_ascii=False)} is not a date ({_CAMUNDA_DATES})"
         if field.get("minlength") is not None and len(value) < field["minlength"]:
             return f"shorter than {field['minlength']} characters"
         if field.get("maxlength") is not None and len(value) > field["maxlength"]:
             return f"longer than {field['maxlength']} characters"
     return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values: 250 is 250.0, but true is not 1."""
+    number = (int, float)
+    if isinstance(a, number) and isinstance(b, number) and not isinstance(a, bool) and not isinstance(b, bool):
+        return a == b
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _readonly_problem(field: Mapping[str, Any], given: Any, shown: Any) -> str | None:
+    """A read-only field given another value than the form shows: what a person cannot do in the
+    modeler's form, so not through an answer file or the API either."""
+    value = given
+    if field.get("type") == "long" and isinstance(given, str) and re.fullmatch(r"[+-]?\d+", given.strip()):
+        value = int(given)  # a form posts text
+    if _same(value, shown):
+        return None
+    return (f"is read-only: the form shows {json.dumps(shown, ensure_ascii=False)}, the answer gives "
+            f"{json.dumps(given, ensure_ascii=False)}; leave it out or give the value shown")
 
 
 def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
@@ -299,17 +481,27 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
     ``prefilled``: what the form starts from instead of its defaults (the values the context
     already holds under the fields' ids: what the task's preScript or an earlier step set, a
     SYSTEM key); a required field it holds counts as answered, and its default is not put in the
-    answer, as Camunda's form shows the variable, not the defaultValue, when there is one.
+    answer, as Camunda's form shows the variable, not the defaultValue, when there is one. A
+    read-only field may be left out or given the value the form shows (``prefilled``, else its
+    default), nothing else. Fill a form's options from the context (``with_options``) before.
     """
     answer = dict(given)
     if not form or not form.get("fields") and not form.get("schema"):
         return answer, []
+    prefilled = prefilled or {}
     fields = form.get("fields") or []
-    for field in fields:
-        if field["id"] not in answer and field["id"] not in (prefilled or {}) and field.get("default") is not None:
-            answer[field["id"]] = field["default"]
-    seen = {**(prefilled or {}), **answer}
     problems: list[tuple[str, str]] = []
+    for field in fields:
+        fid = field["id"]
+        if field.get("readonly") and fid in given:
+            problem = _readonly_problem(field, given[fid], prefilled[fid] if fid in prefilled else field.get("default"))
+            if problem:
+                problems.append((fid, problem))
+    refused = {fid for fid, _ in problems}
+    for field in fields:
+        if field["id"] not in answer and field["id"] not in prefilled and field.get("default") is not None:
+            answer[field["id"]] = field["default"]
+    seen = {**prefilled, **answer}
     schema = form.get("schema")
     if schema is not None:
         import jsonschema
@@ -317,24 +509,31 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
         declared = schema.get("properties")
         if isinstance(declared, Mapping):  # fields the form does not declare pass, as without a form
             seen = {k: v for k, v in seen.items() if k in declared}
-        validator = jsonschema.validators.validator_for(schema)(schema)
+        validator = jsonschema.validators.validator_for(schema)(schema, format_checker=_format_checker())
         for err in sorted(validator.iter_errors(seen), key=lambda e: list(map(str, e.absolute_path))):
             path = list(err.absolute_path)
             if err.validator == "required" and not path:
                 missing = next((f for f in err.validator_value if f not in seen), None)
                 problems.append((str(missing), "is required and missing"))
+                continue
+            name = str(path[0]) if path else "/"
+            field = next((f for f in fields if f["id"] == name), None)
+            if name in refused:
+                continue  # its value is refused as read-only already; its checks would say less
+            if field is not None and field.get("options") is not None and len(path) == 1 \
+                    and err.validator in ("enum", "oneOf", "anyOf"):
+                offered = ", ".join(json.dumps(o["id"], ensure_ascii=False) for o in field["options"])
+                problems.append((name, f"{json.dumps(err.instance, ensure_ascii=False)} is not one of {offered}"))
+            elif err.validator == "format":
+                wanted = _FORMAT_TEXT.get(str(err.validator_value), f"of the format {err.validator_value!r}")
+                problems.append((name, f"{json.dumps(err.instance, ensure_ascii=False)} is not {wanted}"))
             else:
-                name = str(path[0]) if path else "/"
-                field = next((f for f in fields if f["id"] == name), None)
-                if field is not None and field.get("options") is not None and len(path) == 1 \
-                        and err.validator in ("enum", "oneOf", "anyOf"):
-                    offered = ", ".join(json.dumps(o["id"], ensure_ascii=False) for o in field["options"])
-                    problems.append((name, f"{json.dumps(err.instance, ensure_ascii=False)} is not one of {offered}"))
-                else:
-                    problems.append((name, err.message))
+                problems.append((name, err.message))
         return answer, problems
     for field in fields:
         fid = field["id"]
+        if fid in refused:
+            continue
         if field.get("required") and seen.get(fid) in (None, ""):
             problems.append((fid, "is required and missing"))
             continue

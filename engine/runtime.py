@@ -942,7 +942,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 prepared = task.internal_data.get(spiff.PREPARED_KEY)
                 ctx = self.context_of(task) if isinstance(form, Mapping) or prepared else None
                 if isinstance(form, Mapping) and ctx is not None:  # the fields the modeler's form asks for
-                    item["form"] = forms.public_form(form)
+                    item["form"] = forms.public_form(_with_options(form, ctx))
                     for fld in item["form"]["fields"]:  # what the form shows instead of the default
                         if fld.get("id") in ctx:
                             fld["value"] = thaw(ctx.resolve(fld["id"]))
@@ -1057,6 +1057,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if not isinstance(form, Mapping):
             return given
         ctx = self.context_of(task)
+        form = _with_options(form, ctx)  # the options the waiting item shows, from the same context
         # a field starts from the value its key holds (the preScript's, an earlier step's, SYSTEM's),
         # so a default never overwrites it, nor is written to a layer that refuses it
         held = {str(f.get("id")) for f in form.get("fields") or []}
@@ -1673,6 +1674,13 @@ def _cycle_states(wf: Any) -> dict[Any, tuple[Any, ...]]:
     """Where each waiting cycle timer stands (repetitions left, next due time, fired)."""
     return {t.id: (repr(t.internal_data.get("event_value")), t.internal_data.get("event_fired"))
             for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_cycle(t)}
+
+
+def _with_options(form: Mapping[str, Any], ctx: LayeredContext) -> dict[str, Any]:
+    """A user task's form with the options its fields take from the context (SpiffArena's
+    ``options_from_task_data_var:``) as the task waits: what its waiting item shows is what its
+    answer is checked against."""
+    return forms.with_options(form, {key: thaw(ctx.resolve(key)) for key in forms.option_keys(form) if key in ctx})
 
 
 def _ready_tasks(wf: Any) -> list[Any]:

@@ -433,9 +433,12 @@
             el("code", { text: f.id }), " ", f.label && f.label !== f.id ? f.label + " " : "",
             "(" + [f.type, f.required ? "required" : "optional",
                    f.options ? "one of " + f.options.map((o) => JSON.stringify(o.id)).join(", ") : null,
+                   f.format ? "format " + f.format : null,
                    f.min !== undefined ? "min " + f.min : null, f.max !== undefined ? "max " + f.max : null,
-                   f.default !== null && f.default !== undefined ? "default " + JSON.stringify(f.default) : null]
-              .filter(Boolean).join(", ") + ")"))) : null,
+                   f.default !== null && f.default !== undefined ? "default " + JSON.stringify(f.default) : null,
+                   f.readonly ? "read-only: keep the value shown" : null]
+              .filter(Boolean).join(", ") + ")",
+            f.warning ? el("span", { class: "warning", text: " " + f.warning }) : null))) : null,
         t.form && t.form.form_key ? el("p", { class: "message", text: "Form " + t.form.form_key + " (" + t.form.source + ")" }) : null,
         el("label", { for: dataId }, "Data (a JSON object; its keys go to the task's WORKING layer)"),
         area, error, el("div", { class: "options" }, submit)));

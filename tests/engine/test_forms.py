@@ -257,7 +257,7 @@ def test_a_schema_file_not_beside_the_bpmn_is_a_warning_and_the_task_runs_unchec
 
 
 def test_validate_accepts_the_saved_forms(cli, forms_dir: Path) -> None:
-    for name in (CAMUNDA, SPIFF, ZEEBE):
+    for name in (CAMUNDA, SPIFF, ZEEBE, READONLY, PROJECT):
         result = cli("validate", str(forms_dir / name))
         assert result.exit_code == 0, result.stdout + result.stderr
 
@@ -351,3 +351,145 @@ def test_a_number_for_an_enum_whose_values_are_digits_is_refused_saying_they_are
     assert caught.value.problems == [("stars", '1 is not one of "1", "2" (its values are text)')]
     done = engine.complete_user_task(engine.load(waiting.id), "rate", {"stars": "1"})
     assert done.status == "completed" and done.main.resolve("stars") == "1"
+
+
+# ----------------------------------------------------------------------------- read-only fields, formats,
+# options from the context
+
+READONLY = "readonly_invoice.bpmn"  # reference "INV-7", amount 250 set by a script; cost_center defaults to "ops"
+PROJECT = "project_request.bpmn"  # request_id "REQ-1", projects (value/label dicts) and teams (plain) set by a script
+GOOD_PROJECT = {"project": "apollo", "start": "2026-03-01"}
+
+REFUSED = [
+    (READONLY, "check_invoice", {"reference": "INV-8"}, "reference",
+     ['read-only', '"INV-8"', 'the form shows "INV-7"']),
+    (READONLY, "check_invoice", {"amount": 999}, "amount", ["read-only", "999", "the form shows 250"]),
+    (READONLY, "check_invoice", {"cost_center": "sales"}, "cost_center",
+     ["read-only", '"sales"', 'the form shows "ops"']),
+    (READONLY, "check_invoice", {"due": "2026-02-30"}, "due", ['"2026-02-30" is not a date', "dd/MM/yyyy", "YYYY-MM-DD"]),
+    (READONLY, "check_invoice", {"due": "31/02/2026"}, "due", ['"31/02/2026" is not a date']),
+    (READONLY, "check_invoice", {"due": "20260131"}, "due", ['"20260131" is not a date']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "request_id": "REQ-2"}, "request_id",
+     ["read-only", '"REQ-2"', 'the form shows "REQ-1"']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "priority": "high"}, "priority",
+     ["read-only", '"high"', 'the form shows "normal"']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "project": "mercury"}, "project",
+     ['"mercury" is not one of "apollo", "gemini"']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "team": "green"}, "team", ['"green" is not one of "red", "blue"']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "start": "2026-02-30"}, "start",
+     ['"2026-02-30" is not a date', "YYYY-MM-DD"]),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "start": "01/03/2026"}, "start", ['"01/03/2026" is not a date']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "kickoff": "2026-03-01 10:00"}, "kickoff",
+     ['"2026-03-01 10:00" is not a date-time', "2026-01-31T09:30:00Z"]),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "contact": "nobody"}, "contact",
+     ['"nobody" is not an email address']),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "daily": "9:30"}, "daily", ['"9:30" is not a time', "09:30:00Z"]),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "helpers": ["red", "green"]}, "helpers",
+     ["'green' is not one of ['red', 'blue']"]),
+]
+
+
+@pytest.mark.parametrize(("bpmn", "task", "answer", "field", "parts"), REFUSED,
+                         ids=[f"{r[3]}={json.dumps(r[2][r[3]])}" for r in REFUSED])
+def test_a_refused_answer_names_task_field_value_and_what_is_allowed_and_writes_nothing(
+        cli, forms_dir: Path, bpmn, task, answer, field, parts) -> None:
+    waiting = _doc(cli("run", str(forms_dir / bpmn), "--json"))
+    iid = waiting["instance_id"]
+    before = _doc(cli("tape", iid, "--json"))
+    result = cli("resume", iid, "--json", "--answer", f"{task}={json.dumps(answer)}")
+    assert result.exit_code == 2, result.stdout
+    error = _doc(result)["error"]
+    assert error["kind"] == "invalid_answer" and error["task_id"] == task
+    assert f"user task {task!r}" in error["message"] and f"field {field!r}" in error["message"]
+    (problem,) = [p["problem"] for p in error["problems"] if p["field"] == field]
+    assert all(part in problem for part in parts), problem
+    again = _doc(cli("resume", iid, "--json"))
+    assert again["status"] == "waiting" and _item(again)["task_id"] == task
+    assert again["layers"] == waiting["layers"]
+    after = _doc(cli("tape", iid, "--json"))
+    assert after[:len(before)] == before
+    assert [e["data"]["note"] for e in after[len(before):]] == ["answer_refused"]
+
+
+@pytest.mark.parametrize(("bpmn", "task", "answer", "kept"), [
+    (READONLY, "check_invoice", {}, {"reference": "INV-7", "amount": 250, "cost_center": "ops", "approved": False}),
+    (READONLY, "check_invoice", {"reference": "INV-7", "amount": "250", "cost_center": "ops", "approved": True},
+     {"reference": "INV-7", "amount": 250, "cost_center": "ops", "approved": True}),
+    (READONLY, "check_invoice", {"due": "31/01/2026"}, {"due": "31/01/2026"}),
+    (READONLY, "check_invoice", {"due": "2026-01-31"}, {"due": "2026-01-31"}),
+    (READONLY, "check_invoice", {"due": "2026-01-31T09:30:00+01:00"}, {"due": "2026-01-31T09:30:00+01:00"}),
+    (PROJECT, "request_project", GOOD_PROJECT, {"request_id": "REQ-1", "priority": "normal", "project": "apollo"}),
+    (PROJECT, "request_project", {**GOOD_PROJECT, "request_id": "REQ-1", "priority": "normal", "team": "blue",
+                                  "kickoff": "2026-03-02T09:30:00Z", "contact": "ana@example.org",
+                                  "daily": "09:30:00+01:00", "helpers": ["red", "blue"]},
+     {"team": "blue", "kickoff": "2026-03-02T09:30:00Z", "contact": "ana@example.org", "start": "2026-03-01",
+      "helpers": ["red", "blue"]}),
+], ids=["readonly_omitted", "readonly_repeated", "date_camunda", "date_iso", "date_time", "schema_readonly_omitted",
+        "schema_all_given"])
+def test_an_answer_that_fits_passes(forms_dir: Path, bpmn, task, answer, kept) -> None:
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(forms_dir / bpmn)))
+    done = engine.complete_user_task(waiting, task, answer)
+    assert done.status == "completed", done.to_document()["error"]
+    assert {key: done.main.resolve(key) for key in kept} == kept
+
+
+def test_the_waiting_item_shows_options_from_the_context_and_why_a_field_has_none(cli, forms_dir: Path) -> None:
+    fields = {f["id"]: f for f in _item(_doc(cli("run", str(forms_dir / PROJECT), "--json")))["form"]["fields"]}
+    assert fields["project"]["options"] == [{"id": "apollo", "name": "Apollo"}, {"id": "gemini", "name": "Gemini"}]
+    assert fields["team"]["options"] == [{"id": "red", "name": "red"}, {"id": "blue", "name": "blue"}]
+    assert fields["helpers"]["options"] == fields["team"]["options"]  # checkboxes: each item one of them
+    assert fields["request_id"]["readonly"] is True and fields["request_id"]["value"] == "REQ-1"
+    assert fields["start"]["format"] == "date"
+    budget = fields["budget_code"]
+    assert "options" not in budget and budget["options_from"] == "budget_codes"
+    assert "'budget_codes'" in budget["warning"] and "any value" in budget["warning"]
+    plain = cli("run", str(forms_dir / PROJECT)).stdout
+    line = next(ln for ln in plain.splitlines() if "waiting for user_task" in ln)
+    assert "project* string(apollo|gemini)" in line and "request_id string read-only" in line
+    assert "budget_code string(any value: no options in 'budget_codes')" in line and "start* string date" in line
+
+
+def test_options_from_a_key_the_context_does_not_hold_accept_any_value(forms_dir: Path) -> None:
+    """expense_request: 'project' takes its options from 'projects', which nothing sets."""
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(forms_dir / SPIFF)))
+    project = next(f for f in _item(waiting.to_document())["form"]["fields"] if f["id"] == "project")
+    assert "'projects'" in project["warning"]
+    done = engine.complete_user_task(waiting, "Activity_enter_expense",
+                                     {"amount": 3, "category": "meals", "project": "anything"})
+    assert done.status == "completed" and done.main.resolve("project") == "anything"
+
+
+@pytest.mark.parametrize("options", [
+    "not a list", [{"label": "no value"}], [],
+], ids=["not_a_list", "no_value", "empty"])
+def test_options_the_context_holds_in_another_shape_accept_any_value_and_say_why(
+        forms_dir: Path, options) -> None:
+    path = forms_dir / PROJECT
+    path.write_text(path.read_text().replace('teams = ["red", "blue"]', f"teams = {options!r}"))
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(path)))
+    team = next(f for f in _item(waiting.to_document())["form"]["fields"] if f["id"] == "team")
+    assert "options" not in team and "'teams'" in team["warning"] and "any value" in team["warning"]
+    done = engine.complete_user_task(waiting, "request_project", {**GOOD_PROJECT, "team": "green"})
+    assert done.status == "completed" and done.main.resolve("team") == "green"
+
+
+def test_rest_refuses_a_readonly_change_and_an_option_not_offered_with_400(forms_dir: Path) -> None:
+    with ServerThread(create_app("memory://", forms_dir, TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        first = c.post("/api/instances", json={"process_id": "project_request", "data": {}}).json()
+        url = f"/api/instances/{first['instance_id']}/user-tasks/request_project"
+        refused = c.post(url, json={"data": {**GOOD_PROJECT, "project": "mercury", "request_id": "REQ-9"}})
+        assert refused.status_code == 400, refused.text
+        body = refused.json()["error"]
+        assert body["task_id"] == "request_project"
+        assert {p["field"] for p in body["problems"]} == {"project", "request_id"}
+        assert "the form asks for: request_id string read-only" in body["message"]
+        assert "project* string(apollo|gemini)" in body["message"]  # the options it was checked against
+        doc = c.get(f"/api/instances/{first['instance_id']}").json()
+        assert doc["status"] == "waiting" and doc["layers"] == first["layers"]
+        done = c.post(url, json={"data": {**GOOD_PROJECT, "request_id": "REQ-1"}})
+        assert done.status_code == 200, done.text
+        assert done.json()["status"] == "completed"
