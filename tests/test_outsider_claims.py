@@ -203,9 +203,13 @@ def test_small_claim_takes_the_fast_track(variant: str, store: str, tmp_path: Pa
     assert resolve(doc, "claim_status") == "approved_fast"
     assert resolve(doc, "reserve_amount") == 1200
     assert resolve(doc, "settled_status") == "settled:approved_fast"
-    # the XOR branch's contextInject reached the branch that was taken
-    assert resolve(doc, "track_type") == "fast"
-    assert resolve(doc, "requires_adjuster") is False
+    # the XOR branch's contextInject reached the branch that was taken (settlement's
+    # compression folds it later, as it is not preserved: the tape keeps it)
+    code, injects = cli_json("tape", doc["instance_id"], "--store", store, "--kind", "inject")
+    assert code == 0
+    written = {(c[1], json.dumps(c[2])) for e in injects for c in e["changes"]}
+    assert {("track_type", '"fast"'), ("requires_adjuster", "false"),
+            ("_branch_id", '"fast_track"')} <= written
     assert doc["conflicts"] == []
     assert all(not k.startswith("fraud") for k in doc["layers"]["L3"])
 
@@ -506,8 +510,11 @@ def test_conflict_detector_as_the_seed_writes_it() -> None:
     assert [c.key for c in conflicts] == ["claim_status"]
     [conflict] = conflicts
     assert conflict.base_value == "open"
-    assert list(conflict.conflicting_values) == ["flagged", "covered"]
-    assert list(conflict.source_branches) == ["fraud_check", "coverage_check"]
+    # README: it equals the seed's list of distinct values while mapping each branch to its value
+    assert conflict.conflicting_values == ["flagged", "covered"]
+    assert conflict.conflicting_values["coverage_check"] == "covered"
+    assert conflict.conflictingValues == ["flagged", "covered"]
+    assert conflict.source_branches == ["fraud_check", "coverage_check"]
 
 
 def test_activity_extension_config_takes_the_seed_example_as_written() -> None:
@@ -548,7 +555,8 @@ def seed_history_context() -> Any:
     ctx.write(Layer.WORKING, "reasoning_chain_1", "Because the policy covers it. " * 80,
               actor="triage")
     for n in range(1, 4):
-        ctx.write(Layer.WORKING, f"error_retry_log_{n}", f"retry {n} failed", actor="triage")
+        trace = f"retry {n} failed: " + "Traceback: policy service timed out after 30 s. " * 6
+        ctx.write(Layer.WORKING, f"error_retry_log_{n}", trace, actor="triage")
     ctx.complete_activity("triage")
     return ctx
 
@@ -568,8 +576,8 @@ def test_rule_driven_compressor_applies_each_seed_action() -> None:
     from context_layers import CompressTriggerDetector, Layer, RuleDrivenCompressor
 
     ctx = seed_history_context()
-    config = {"activityId": "risk_assessment", **SEED_COMPRESS, "compressTokenThreshold": 100}
-    assert CompressTriggerDetector().detect(ctx, config)
+    config = {"activityId": "risk_assessment", **SEED_COMPRESS}
+    assert CompressTriggerDetector().detect(ctx, config), "density < 0.15 by default"
     result = RuleDrivenCompressor().compress(ctx, config)
     history = dict(ctx.layer(Layer.HISTORY))
     assert history["risk_level"] == "medium" and history["assessment_id"] == "RA001"
@@ -578,8 +586,9 @@ def test_rule_driven_compressor_applies_each_seed_action() -> None:
     assert "policy found" in dumped and "D1" in dumped, "extract_keys keeps data.id, data.summary"
     # count_only: the count, plus the last one
     assert "retry 3 failed" in dumped
-    assert "retry 1 failed" not in dumped
-    assert result is not None
+    assert "retry 1 failed" not in dumped and "retry 2 failed" not in dumped
+    assert re.search(r'"count": 3\b', dumped), dumped
+    assert result.tokens_after < result.tokens_before
 
 
 # --------------------------------------------------------------------------- rendering
@@ -654,7 +663,9 @@ def test_render_xml_keeps_hostile_values_as_text() -> None:
             continue
         tags = {element.tag for element in root.iter()}
         assert "x" not in tags, "a value's <x/> became an element"
-        assert list(root.iter("system")) == [], "a value's </system> became an element"
+        systems = list(root.iter("system"))
+        assert all(s.get("layer") == "L0" for s in systems), "a value's <system> became an element"
+        assert len(systems) <= 1
     joined = "".join("".join(xml_texts(m["content"])) if "<" in m["content"] else m["content"]
                      for m in messages)
     for value in HOSTILE.values():
@@ -736,6 +747,20 @@ def server(tmp_path: Path) -> Iterator[httpx.Client]:
         process.wait(timeout=30)
 
 
+def find_field(document: Any, name: str) -> Any:
+    """The first value of a field named `name` anywhere in a JSON document."""
+    if isinstance(document, dict):
+        if name in document:
+            return document[name]
+        document = list(document.values())
+    if isinstance(document, list):
+        for item in document:
+            found = find_field(item, name)
+            if found is not None:
+                return found
+    return None
+
+
 def started_large_claim(client: httpx.Client) -> str:
     response = client.post("/api/instances", json={"process_id": "claims_yaml", "data": CLAIM_DATA})
     assert response.status_code in (200, 201), response.text
@@ -775,10 +800,6 @@ def test_rest_governance_endpoints_with_the_seed_bodies(server: httpx.Client) ->
     assert type(l3["token_count"]) is int and type(l3["key_count"]) is int
     assert "density" in json.dumps(l3["attention_score"])
 
-    injected = server.post("/api/context-governance/inject", json={
-        "instance_id": instance, "values": {"adjuster_hint": "check the plumber's invoice"}})
-    assert injected.status_code == 200, injected.text
-
     resolved = server.post("/api/context-governance/resolve", json={
         "instance_id": instance, "conflict_key": "claim_status", "resolution": "covered",
         "reason": "coverage confirmed by the adjuster"})
@@ -788,6 +809,15 @@ def test_rest_governance_endpoints_with_the_seed_bodies(server: httpx.Client) ->
     assert resolve(state, "claim_status") == "covered"
     [conflict] = [c for c in state["conflicts"] if c["key"] == "claim_status"]
     assert conflict["resolution"]["value"] == "covered"
+
+    # the rest on an instance waiting for its intake (a completed one takes no changes,
+    # nor does a context whose branches are still open)
+    response = server.post("/api/instances", json={"process_id": "claims_yaml", "data": CLAIM_DATA})
+    assert response.status_code in (200, 201), response.text
+    instance = response.json()["instance_id"]
+    injected = server.post("/api/context-governance/inject", json={
+        "instance_id": instance, "values": {"adjuster_hint": "check the plumber's invoice"}})
+    assert injected.status_code == 200, injected.text
 
     compressed = server.post("/api/context-governance/compress", json={
         "instance_id": instance, "action": "compress", "target_layers": ["L3"],
@@ -813,10 +843,10 @@ def test_rest_governance_endpoints_with_the_seed_bodies(server: httpx.Client) ->
 
     snapshots = server.post("/api/context-governance/snapshot", json={"instance_id": instance})
     assert snapshots.status_code == 200, snapshots.text
-    snapshot_id = re.search(r'"(snap[^"]*)"', snapshots.text)
-    assert snapshot_id, snapshots.text
+    snapshot_id = find_field(snapshots.json(), "snapshot_id")
+    assert isinstance(snapshot_id, str), snapshots.text
     rolled = server.post("/api/context-governance/rollback", json={
-        "instance_id": instance, "snapshot_id": snapshot_id.group(1)})
+        "instance_id": instance, "snapshot_id": snapshot_id})
     assert rolled.status_code == 200, rolled.text
     tape = server.get(f"/api/instances/{instance}/tape", params={"kind": "rollback"})
     assert tape.status_code == 200 and tape.json(), tape.text
@@ -828,6 +858,12 @@ SEED_TOOL_CALLS = [
                                      "last_modified", "size_bytes"],
                          "filter": {"key_prefix": "claim_*",
                                     "modified_after": "2020-07-08T10:00:00Z"}}),
+    ("context_branch", {"action": "evaluate", "branch_id": "fraud_check",
+                        "required_keys": ["claim_amount", "claim_status"]}),
+    ("context_branch", {"action": "snapshot", "layers": ["L2", "L3", "L4"]}),
+]
+
+SEED_COMPRESS_CALLS = [
     ("context_compress", {"action": "compress", "target_layers": ["L3"],
                           "preserve_keys": ["claim_status", "reserve_amount"],
                           "compress_rules": [
@@ -836,9 +872,6 @@ SEED_TOOL_CALLS = [
                               {"pattern": "reasoning_chain", "action": "summarize",
                                "maxTokens": 100}],
                           "max_tokens": 2000}),
-    ("context_branch", {"action": "evaluate", "branch_id": "fraud_check",
-                        "required_keys": ["claim_amount", "claim_status"]}),
-    ("context_branch", {"action": "snapshot", "layers": ["L2", "L3", "L4"]}),
 ]
 
 
@@ -854,12 +887,21 @@ def test_model_tools_take_the_seed_arguments(server: httpx.Client) -> None:
                                json={"instance_id": instance, "arguments": arguments})
         assert response.status_code == 200, (name, arguments, response.text)
 
-    resolved = server.post("/api/context-governance/tools/context_branch", json={
-        "instance_id": instance, "arguments": {
-            "action": "resolve_conflict", "conflict_key": "claim_status",
-            "resolution": "covered", "reason": "coverage first, fraud follow-up later"}})
-    assert resolved.status_code == 200, resolved.text
-    assert resolve(server.get(f"/api/instances/{instance}").json(), "claim_status") == "covered"
+    # the main context waits for its branches at the join: a branch is compressed by its id
+    for name, arguments in SEED_COMPRESS_CALLS:
+        response = server.post(f"/api/context-governance/tools/{name}",
+                               json={"instance_id": instance,
+                                     "arguments": {**arguments, "context": "fraud_check"}})
+        assert response.status_code == 200, (name, arguments, response.text)
+        result = response.json()
+    snapshot_id = find_field(result, "snapshot_id")
+    assert isinstance(snapshot_id, str), json.dumps(result)
+    for arguments in ({"action": "evaluate", "before_snapshot_id": snapshot_id},
+                      {"action": "decompress", "snapshot_id": snapshot_id}):
+        response = server.post("/api/context-governance/tools/context_compress",
+                               json={"instance_id": instance,
+                                     "arguments": {**arguments, "context": "fraud_check"}})
+        assert response.status_code == 200, (arguments, response.text)
 
     asked = server.post("/api/context-governance/tools/human_confirm", json={
         "instance_id": instance, "arguments": {
@@ -870,6 +912,18 @@ def test_model_tools_take_the_seed_arguments(server: httpx.Client) -> None:
                         {"label": "two adjusters", "value": "escalate"}],
             "timeout": 300}})
     assert asked.status_code == 200, asked.text
+    asked_id = find_field(asked.json(), "id") or find_field(asked.json(), "confirmation_id")
+    assert isinstance(asked_id, str), asked.text
+    resolved = server.post("/api/context-governance/tools/context_branch", json={
+        "instance_id": instance, "arguments": {
+            "action": "resolve_conflict", "conflict_key": "claim_status",
+            "resolution": "covered", "reason": "coverage first, fraud follow-up later"}})
+    assert resolved.status_code == 200, resolved.text
+    assert resolve(server.get(f"/api/instances/{instance}").json(), "claim_status") == "covered"
+    answered = server.post(f"/api/confirmations/{asked_id}",
+                           json={"value": "covered", "instance_id": instance})
+    assert answered.status_code == 200, answered.text
+    assert server.get(f"/api/instances/{instance}").json()["status"] == "completed"
     bad = server.post("/api/context-governance/tools/context_compress", json={
         "instance_id": instance, "arguments": {"action": "squash"}})
     assert bad.status_code == 422, bad.text
