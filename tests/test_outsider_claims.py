@@ -930,3 +930,58 @@ def test_model_tools_take_the_seed_arguments(server: httpx.Client) -> None:
     unknown = server.post("/api/context-governance/tools/context_delete_all", json={
         "instance_id": instance, "arguments": {}})
     assert unknown.status_code == 404
+
+
+# --------------------------------------------------------------------------- other join settings
+
+
+def claims_with_join(tmp_path: Path, join: dict[str, Any]) -> Path:
+    """claims_yaml with another review_join config, in a folder of its own."""
+    import yaml
+
+    folder = tmp_path / "variant"
+    shutil.copytree(CLAIMS, folder)
+    config_file = folder / "claims_yaml.layerflow.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["review_join"] = join
+    config_file.write_text(yaml.safe_dump(config))
+    return folder / "claims_yaml.bpmn"
+
+
+def test_fail_on_conflict_stops_naming_every_conflict(store: str, tmp_path: Path) -> None:
+    bpmn = claims_with_join(tmp_path, {"mergeStrategy": "FAIL_ON_CONFLICT",
+                                       "reducers": {"review_notes": "append"}})
+    code, doc = cli_json("run", str(bpmn), "--data", json.dumps(CLAIM_DATA), "--store", store,
+                         "--answers", write_json(tmp_path / "a.json", intake_answers(80000)))
+    assert code == 1, doc
+    check_design_shape(doc)
+    assert doc["status"] == "error"
+    error = doc["error"]
+    assert error["task_id"] == "review_join"
+    assert "claim_status" in error["message"] and "reserve_amount" in error["message"]
+    assert "review_notes" not in error["message"], "a reducer settles it"
+    # both keys were absent before the split: nothing was deleted
+    assert "DELETED" not in error["message"], error["message"]
+    assert {c["key"] for c in doc["conflicts"]} == {"claim_status", "reserve_amount"}
+
+
+@pytest.mark.parametrize("join, status", [
+    ({"mergeStrategy": "LAST_WRITER_WINS"}, None),
+    ({"mergeStrategy": "BRANCH_PRIORITY", "branchPriority": ["coverage_check", "fraud_check"]},
+     "covered"),
+    ({"mergeStrategy": "BRANCH_PRIORITY", "branchPriority": ["fraud_check", "coverage_check"]},
+     "flagged_for_review"),
+])
+def test_strategies_settle_the_join_without_a_person(
+        join: dict[str, Any], status: str | None, store: str, tmp_path: Path) -> None:
+    bpmn = claims_with_join(tmp_path, join)
+    code, doc = cli_json("run", str(bpmn), "--data", json.dumps(CLAIM_DATA), "--store", store,
+                         "--answers", write_json(tmp_path / "a.json", intake_answers(80000)))
+    assert code == 0, doc
+    by_key = {c["key"]: c for c in doc["conflicts"]}
+    assert by_key["claim_status"]["resolution"]["resolver"] == "strategy"
+    final = resolve(doc, "claim_status")
+    assert final in ("covered", "flagged_for_review")
+    if status is not None:
+        assert final == status
+    assert by_key["claim_status"]["resolution"]["value"] == final
