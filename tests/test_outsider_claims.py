@@ -985,3 +985,30 @@ def test_strategies_settle_the_join_without_a_person(
     if status is not None:
         assert final == status
     assert by_key["claim_status"]["resolution"]["value"] == final
+
+
+# --------------------------------------------------------------------------- views
+
+BEARER = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZGp1c3RlciJ9.c2lnbmF0dXJlLXNpZ25hdHVyZQ"
+INSURER_KEY = "sk-live-4f9a8b7c6d5e4f3a2b1c0d9e"
+
+
+@pytest.mark.parametrize("fmt", ["xml", "json", "plain"])
+def test_redact_hides_secrets_written_inside_text(fmt: str) -> None:
+    """DESIGN: a view's select hooks "redact secrets"; a claims log line carries them in text."""
+    from context_layers import Layer, LayeredContext, redact, render
+
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("triage")
+    ctx.write(Layer.WORKING, "insurer_api_key", INSURER_KEY, actor="triage")
+    ctx.write(Layer.WORKING, "error_retry_log_1",
+              f"GET /policies/HO-77 with Authorization: Bearer {BEARER} -> 504", actor="triage")
+    ctx.write(Layer.WORKING, "tool_call_result_1",
+              {"status": "ok", "request": f"curl -H 'x-api-key: {INSURER_KEY}' /claims"}, actor="triage")
+    ctx.complete_activity("triage")
+    text = "".join(m["content"] for m in render(ctx.view(hooks=[redact()]), format=fmt))
+    assert BEARER not in text and INSURER_KEY not in text
+    assert "GET /policies/HO-77" in text, "the rest of the line stays"
+    assert ctx.resolve("error_retry_log_1").endswith("-> 504") and BEARER in ctx.resolve("error_retry_log_1")
+    again = ctx.view(hooks=[redact(), redact()])
+    assert render(again, format=fmt) == render(ctx.view(hooks=[redact()]), format=fmt)
