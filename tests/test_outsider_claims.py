@@ -780,6 +780,17 @@ def test_rest_needs_the_token_and_serves_the_catalog(server: httpx.Client) -> No
     anonymous = httpx.post(f"{server.base_url}/api/instances",
                            json={"process_id": "claims_yaml", "data": CLAIM_DATA})
     assert anonymous.status_code == 401
+    started = server.post("/api/instances", json={"process_id": "claims_yaml", "data": CLAIM_DATA})
+    assert started.status_code in (200, 201), started.text
+    instance = started.json()["instance_id"]
+    # contexts and tapes hold business data: reading them needs the token too
+    for path in (f"/api/instances/{instance}", f"/api/instances/{instance}/tape", "/api/instances",
+                 "/api/confirmations"):
+        assert httpx.get(f"{server.base_url}{path}").status_code == 401, path
+        assert server.get(path).status_code == 200, path
+    wrong = httpx.get(f"{server.base_url}/api/instances/{instance}",
+                      headers={"Authorization": "Bearer not-the-token"})
+    assert wrong.status_code == 401
     bpmn = (CLAIMS / "claims_yaml.bpmn").read_text()
     uploaded = server.post("/api/instances", json={"process_id": "claims_yaml", "bpmn": bpmn,
                                                    "data": CLAIM_DATA})
@@ -1012,3 +1023,48 @@ def test_redact_hides_secrets_written_inside_text(fmt: str) -> None:
     assert ctx.resolve("error_retry_log_1").endswith("-> 504") and BEARER in ctx.resolve("error_retry_log_1")
     again = ctx.view(hooks=[redact(), redact()])
     assert render(again, format=fmt) == render(ctx.view(hooks=[redact()]), format=fmt)
+
+
+# --------------------------------------------------------------------------- Python engine
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_python_engine_takes_the_confirmation_default_after_its_timeout(variant: str) -> None:
+    """DESIGN: human_confirm has a timeout and a default on timeout (humanConfirm of the join)."""
+    from engine import Engine, load_process
+
+    now = [1_800_000_000.0]
+    engine = Engine("memory://", clock=lambda: now[0])
+    instance = engine.run(engine.start(load_process(CLAIMS / f"{variant}.bpmn"), CLAIM_DATA))
+    assert instance.status == "waiting"
+    instance = engine.complete_user_task(instance, "intake",
+                                         {"claim_amount": 80000, "incident": "burst pipe"})
+    assert instance.status == "waiting"
+    now[0] += 299
+    assert engine.resume(instance).status == "waiting", "not yet timed out"
+    now[0] += 2
+    instance = engine.resume(instance)
+    assert instance.status == "completed"
+    assert instance.main.resolve("claim_status") == "pending_adjuster_review"
+    [entry] = [e for e in instance.main.resolve("_mergedConflicts") if e["key"] == "claim_status"]
+    assert entry["resolution"]["value"] == "pending_adjuster_review"
+
+
+def test_validate_warns_when_the_seeds_type_contradicts_the_bpmn(tmp_path: Path) -> None:
+    """The seed repeats a gateway's kind in its config ("type": "XOR_SPLIT"), as it repeats its
+    id; a config copied from the parallel split onto the XOR one must not pass unnoticed."""
+    import yaml
+
+    bpmn = claims_with_join(tmp_path, {"mergeStrategy": "MERGE_WITH_CONFLICT_DETECT"})
+    config_file = bpmn.parent / "claims_yaml.layerflow.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    config["amount_split"]["type"] = "AND_JOIN"
+    config["review_split"]["type"] = "PARALLEL_SPLIT"
+    config_file.write_text(yaml.safe_dump(config))
+    done = cli("validate", str(bpmn))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    warnings = [line for line in out.splitlines() if "type" in line and "warning" in line]
+    assert len(warnings) == 1, out
+    assert "amount_split" in warnings[0] and "AND_JOIN" in warnings[0]
+    assert "exclusiveGateway" in warnings[0] or "XOR" in warnings[0]
