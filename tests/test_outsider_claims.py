@@ -810,6 +810,8 @@ def test_rest_governance_endpoints_with_the_seed_bodies(server: httpx.Client) ->
     assert l3 is not None, report
     assert type(l3["token_count"]) is int and type(l3["key_count"]) is int
     assert "density" in json.dumps(l3["attention_score"])
+    listed = l3.get("keys")
+    assert listed and all(key.startswith("claim_") for key in listed), l3
 
     resolved = server.post("/api/context-governance/resolve", json={
         "instance_id": instance, "conflict_key": "claim_status", "resolution": "covered",
