@@ -437,8 +437,8 @@ def test_snapshot_and_rollback_undo_the_compression(
     code, after = cli_json("inspect", instance, "--store", store)
     assert "reasoning_chain_triage" in after["layers"]["L3"], "the pre-compression HISTORY"
     assert after["tape_length"] > finished["tape_length"], "a rollback is a tape event"
-    assert "rollback" in cli("tape", instance, "--store", store, "--kind", "rollback").stdout \
-        or cli("tape", instance, "--store", store, "--kind", "rollback").stdout.strip()
+    rollbacks = cli("tape", instance, "--store", store, "--kind", "rollback")
+    assert rollbacks.returncode == 0 and compression["snapshot_id"] in rollbacks.stdout, rollbacks.stdout
 
     forward = cli("rollback", instance, snapshot_id, "--store", store)
     assert forward.returncode == 0, forward.stderr
@@ -654,13 +654,7 @@ def test_render_xml_keeps_hostile_values_as_text() -> None:
         content = message["content"]
         if "<" not in content:
             continue
-        try:
-            root = ET.fromstring(f"<root>{content}</root>")
-        except ET.ParseError:
-            # content may mix prose and XML; the XML parts must still parse
-            parts = re.findall(r"<(\w[\w-]*)[^>]*>.*?</\1>", content, flags=re.S)
-            assert parts, content
-            continue
+        root = ET.fromstring(f"<root>{content}</root>")  # a value cannot break the XML
         tags = {element.tag for element in root.iter()}
         assert "x" not in tags, "a value's <x/> became an element"
         systems = list(root.iter("system"))
