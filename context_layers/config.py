@@ -489,8 +489,15 @@ def format_validation_error(err: ValidationError, *, source: str = "", element_i
             # a YAML file's yes/no/on/off (an element id "no") arrive as booleans
             msg = (f"{msg}, got {e['input']!r}; YAML reads an unquoted yes/no/on/off/true/false as a boolean: "
                    "put the value in quotes")
+        elif _quotable(e.get("input")) and e["type"] != "missing":
+            msg = f"{msg}, got {e['input']!r}"  # the offending value, so it can be found in the file
         problems.append({"file": source, "id": element_id, "field": field, "message": msg})
     return problems
+
+
+def _quotable(value: Any) -> bool:
+    """A value short enough to quote in a message (a scalar: a dict or list would drown it)."""
+    return isinstance(value, (str, int, float)) and len(repr(value)) <= 80
 
 
 def _fields(model: type[BaseModel]) -> dict[str, str]:

@@ -18,12 +18,15 @@ of what it keeps, and returns entries it does not concern unchanged.
   (``fnmatch``, case-sensitive) become ``replacement``, in every layer, and so do
   nested object fields whose name matches. The entry stays, so the model still sees
   that the key exists. ``redact()`` with no patterns takes ``SECRET_PATTERNS`` (passwords,
-  secrets, API keys, access tokens, credentials, private keys), matched case-insensitively.
+  secrets, API keys, access tokens, credentials, private keys), matched case-insensitively,
+  and also hides secrets written inside any string (``SECRET_TEXT``: a bearer token, a JWT,
+  an ``sk-`` key, an AWS access key id, a PEM private key), the rest of the text kept.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,7 +34,7 @@ from typing import Any
 from .canonical import freeze
 from .context import TOOL_RESULT_KINDS, Entry, SelectHook, names_tool_result
 
-__all__ = ["SECRET_PATTERNS", "TOOL_RESULT_KINDS", "drop_tool_results", "is_tool_result", "newest_read_only", "redact"]
+__all__ = ["SECRET_PATTERNS", "SECRET_TEXT", "TOOL_RESULT_KINDS", "drop_tool_results", "is_tool_result", "newest_read_only", "redact"]
 
 _READ_KINDS = frozenset({"read", "read_file"}) | TOOL_RESULT_KINDS
 _READ_TOOLS = frozenset({"read_file"})
@@ -41,6 +44,17 @@ _READ_TOOLS = frozenset({"read_file"})
 SECRET_PATTERNS = ("*password*", "*passwd*", "*secret*", "*api_key*", "*apikey*", "*api-key*",
                    "token", "*_token", "*access_token*", "*refresh_token*", "*credential*",
                    "*private_key*", "authorization")
+
+# Secrets by their shape, for a log line or a tool's request that carries one under an
+# innocent key. Only shapes no ordinary text has, so claims, names and ids stay readable;
+# group 1, where present, is kept (the "Bearer " that says what was hidden).
+SECRET_TEXT = re.compile(
+    r"(\bBearer\s+)[A-Za-z0-9._~+/-]{16,}=*"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+    r"|\bsk-[A-Za-z0-9_-]{16,}"
+    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
+    re.DOTALL)
 
 
 def is_tool_result(e: Entry) -> bool:
@@ -94,9 +108,16 @@ def _redact_value(value: Any, patterns: tuple[str, ...], replacement: Any, fold:
     if isinstance(value, Mapping):
         return {k: replacement if _matches(k, patterns, fold) else _redact_value(v, patterns, replacement, fold)
                 for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_redact_value(v, patterns, replacement, fold) for v in value]
+    if fold and isinstance(value, str):  # the default secrets: their shapes inside text too
+        return _redact_text(value, replacement)
     return value
+
+
+def _redact_text(text: str, replacement: Any) -> str:
+    mark = replacement if isinstance(replacement, str) else "[REDACTED]"
+    return SECRET_TEXT.sub(lambda m: (m.group(1) or "") + mark, text)
 
 
 def _matches(key: str, patterns: tuple[str, ...], fold: bool = False) -> bool:

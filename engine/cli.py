@@ -1310,7 +1310,18 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         if isinstance(snap, str):  # the id `rollback --snapshot` takes, where one was taken or restored
             label = (e.data or {}).get("label")
             changes = f"{snap}{' (' + label + ')' if isinstance(label, str) else ''}" + (f"\t{changes}" if changes else "")
+        if note and not changes:  # a note changes nothing: what it decided is the line's point
+            changes = _note_detail(e.data)
         click.echo(f"{name}#{e.seq}\t{what}\t{e.actor}\t{e.activity or ''}\t{changes}".rstrip())
+
+
+# What an auditor reads first in a note, in this order; the rest is in `tape --json`.
+_NOTE_FIELDS = ("key", "conflicting_values", "resolver", "outcome", "confirmation_id", "value", "branch",
+                "decided_by", "branches", "conflicts", "detail")
+
+
+def _note_detail(data: Mapping[str, Any]) -> str:
+    return ", ".join(f"{f}={_short(data[f])}" for f in _NOTE_FIELDS if data.get(f) is not None)
 
 
 def _activity_events(ctx: LayeredContext, activity: str, branch: str | None, key: str | None) -> list[Any]:

@@ -35,6 +35,9 @@ not make ``report.ok`` false:
                                       reads them at a join only
 ``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
                                       element than the one it is keyed by (or attached to)
+``config_type_mismatch`` W            the seed's ``type`` (``XOR_SPLIT``, ``AND_JOIN``, ...) inside a config
+                                      says another kind of gateway, or a split where the element joins
+                                      (or the other way round), than the BPMN draws
 ``knowledge_query_template`` W        a ``knowledgeConfig.query`` that is no template of context keys (an
                                       unclosed brace, attribute or index access): it is sent as written
 ``knowledge_collection_not_found`` W  a ``ragCollections`` name with no ``knowledge/<name>/``
@@ -455,6 +458,7 @@ class _Validator:
         self._check_policy_rules()
         self._check_join_fields()
         self._check_config_ids()
+        self._check_config_types()
         self._check_knowledge()
         self._check_handlers()
         self._check_called_event_subprocesses(main)
@@ -1001,6 +1005,36 @@ class _Validator:
                              f"applies to ({src.element_id!r}); the config applies to {src.element_id!r}: make "
                              f"{name} {src.element_id!r} or remove it", file=src.file, line=src.line_of(name),
                              element_id=src.element_id, field=name, severity="warning")
+
+    def _check_config_types(self) -> None:
+        """The seed's ``type`` repeats what the BPMN draws; the BPMN decides, so a ``type`` that
+        says otherwise is a config copied from another gateway (its branches, its join settings)."""
+        for src in self.sources:
+            declared = src.config.type
+            node = self.nodes.get(src.element_id)
+            if not declared or node is None:
+                continue
+            kind, _, role = declared.strip().upper().rpartition("_")
+            if role not in ("SPLIT", "JOIN") or kind not in _SEED_GATEWAY_KINDS:
+                if node.tag.endswith("Gateway"):
+                    self.add("config_type_mismatch", f"type {declared!r} is none of the seed's gateway types "
+                             f"(XOR_SPLIT, AND_JOIN, ...; kinds {', '.join(sorted(_SEED_GATEWAY_KINDS))}); "
+                             f"{src.element_id!r} is a bpmn:{node.tag}: correct the type or remove it",
+                             file=src.file, line=src.line_of("type"), element_id=src.element_id, field="type",
+                             severity="warning")
+                continue
+            problems = []
+            if node.tag != _SEED_GATEWAY_KINDS[kind]:
+                problems.append(f"a bpmn:{_SEED_GATEWAY_KINDS[kind]}, but {src.element_id!r} is a bpmn:{node.tag}")
+            splits, joins = len(_outgoing(node.element)) > 1, len(_incoming(node.element)) > 1
+            if role == "SPLIT" and joins and not splits or role == "JOIN" and splits and not joins:
+                drawn = "joins" if joins else "splits"
+                problems.append(f"a {role.lower()}, but {src.element_id!r} {drawn} its flows")
+            if problems:
+                self.add("config_type_mismatch", f"type {declared!r} says {' and '.join(problems)}; the BPMN "
+                         f"decides how it runs: is this config meant for another element? Correct the type or "
+                         f"remove it", file=src.file, line=src.line_of("type"), element_id=src.element_id,
+                         field="type", severity="warning")
 
     def _check_knowledge(self) -> None:
         root = (self.paths[0].resolve().parent if self.paths else Path.cwd()) / "knowledge"
@@ -2290,6 +2324,10 @@ def _owner_id(ext: Any) -> str | None:
 
 
 _JOIN_TAGS = ("parallelGateway", "inclusiveGateway")
+# the seed's gateway kinds (its "type": "XOR_SPLIT", "AND_JOIN") -> the BPMN element they name
+_SEED_GATEWAY_KINDS = {"XOR": "exclusiveGateway", "EXCLUSIVE": "exclusiveGateway", "AND": "parallelGateway",
+                       "PARALLEL": "parallelGateway", "OR": "inclusiveGateway", "INCLUSIVE": "inclusiveGateway",
+                       "EVENT": "eventBasedGateway", "EVENT_BASED": "eventBasedGateway"}
 
 
 _CHOICES = ("exclusiveGateway", "eventBasedGateway")

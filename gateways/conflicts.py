@@ -194,7 +194,9 @@ class MergedConflict:
     def describe(self) -> str:
         where = f" in {self.layer}" if self.layer is not None else ""
         values = ", ".join(f"{b}={v!r}" for b, v in self.conflicting_values.items())
-        return f"{self.key!r}{where} (base {self.base_value!r}): {values}"
+        # DELETED as a base means the key was not there: saying "deleted" would send the reader looking for a delete
+        base = "not set before the split" if self.base_value is DELETED else f"base {self.base_value!r}"
+        return f"{self.key!r}{where} ({base}): {values}"
 
 
 def conflict_error(conflicts: Sequence[MergedConflict], *, gateway_id: str | None, why: str,

@@ -343,7 +343,7 @@ def test_a_cross_layer_conflict_under_a_strategy() -> None:
     a, b = split(ctx, ["a", "b"], cfg)
     a.context.write(Layer.KNOWLEDGE, "rate", 0.05, actor="rag")
     activity(b.context, "t1", {"rate": 0.07})
-    with pytest.raises(MergeConflictError, match=r"'rate' in L2 \(base DELETED\): a=0.05, b=0.07"):
+    with pytest.raises(MergeConflictError, match=r"'rate' in L2 \(not set before the split\): a=0.05, b=0.07"):
         join(ctx, [a, b], cfg)
 
 
