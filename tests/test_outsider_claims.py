@@ -9,12 +9,13 @@ and thresholds) -> end. It is configured twice: in the BPMN's
 `<spiffworkflow:activityConfig>` JSON (claims_inline) and in `claims_yaml.layerflow.yaml`
 beside the BPMN (claims_yaml); both must behave alike.
 
-Only public entry points are used: the CLI in a subprocess, the public Python names, and
+Only public entry points are used: the CLI (click's runner, in this process), the public Python names, and
 HTTP to a real `layerflow serve`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -43,13 +45,21 @@ LAYER_NAMES = ["L0", "L1", "L2", "L3", "L4", "L5"]
 
 
 def cli(*args: str, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "LAYERFLOW_STORE"}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args],
-        capture_output=True, text=True, env=env, cwd=ROOT,
-        input=input_text if input_text is not None else "", timeout=120,
-    )
+    """``layerflow ARGS`` in this process (click's runner: stdin is no terminal, as in a
+    script): the CLI's process boundary is crossed by tests/test_contracts_cli.py, and ~30
+    interpreter starts here made this file the suite's slowest. An exception the command lets
+    out is on stderr with its traceback and exit code 1, as ``python -m engine.cli`` shows it."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    with contextlib.chdir(ROOT):
+        result = CliRunner(env={"LAYERFLOW_STORE": None}).invoke(
+            main, list(args), input=input_text if input_text is not None else "", prog_name="layerflow")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["layerflow", *args], result.exit_code, result.stdout, stderr)
 
 
 def cli_json(*args: str) -> tuple[int, dict[str, Any]]:
