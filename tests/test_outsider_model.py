@@ -294,7 +294,8 @@ def test_join_conflict_resolved_by_the_model(join: Path) -> None:
     assert conflict["resolution"]["resolver"] == "model"
     assert "dual approval" in conflict["resolution"]["reason"]
     assert doc["layers"]["L3"]["approval_status"] == "pending_dual_approval"
-    [logged] = doc["layers"]["L3"]["_mergedConflicts"]
+    # README: logged in _mergedConflicts, WORKING then HISTORY (no activity follows this join)
+    [logged] = doc["layers"]["L3"].get("_mergedConflicts") or doc["layers"]["L4"]["_mergedConflicts"]
     assert logged["resolution"]["value"] == "pending_dual_approval"
     # the seed's conflict prompt: key, base value, each branch's value and reason, context, policy
     text = _all_text(stub.requests[0])
@@ -340,7 +341,8 @@ def test_join_conflict_with_a_failing_model_waits_for_a_person(join: Path, reply
     [conflict] = doc["conflicts"]
     assert conflict["resolution"] is None
     assert doc["waiting_for"][0]["id"] == "review_join/approval_status"
-    assert "approval_status" in err
+    [confirmation] = doc["confirmations"]
+    assert confirmation["suggested"] is None  # nothing the failing model said is offered as its answer
 
 
 # --- compression: summarize by the model, an extractive fallback within maxTokens ------------
@@ -429,7 +431,7 @@ def test_summarize_by_the_model_within_max_tokens(compress: Path, answer: str, e
     activity_request, summary_request = stub.requests[0]["messages"], stub.requests[1]["messages"]
     # the summary request reuses the activity's prefix (same bytes), instruction last
     assert summary_request[0] == activity_request[0]
-    assert "reasoning_chain" in str(summary_request[-1]["content"])
+    assert "Step 39" in str(summary_request[-1]["content"])
 
 
 # --- the model tools ------------------------------------------------------------------------
@@ -501,13 +503,24 @@ def test_render_is_deterministic_and_wraps_values_models_or_users_wrote() -> Non
     for fmt in ("xml", "json", "plain"):
         first, second = render(build(), format=fmt), render(build(), format=fmt)
         assert json.dumps(first) == json.dumps(second), fmt
-    xml = "".join(m["content"] for m in render(build(), format="xml"))
-    assert attack not in xml
-    assert xml.count('<system layer="L0">') == 1
-    assert '<evil' not in xml
-    as_json = render(build(), format="json")
-    assert any(attack in json.dumps(json.loads(m["content"])) or attack in m["content"]
-               for m in as_json if m["content"].lstrip().startswith(("{", "[")))
+    import xml.etree.ElementTree as ET
+    parts = [ET.fromstring(m["content"]) for m in render(build(), format="xml")]
+    # structure: one SYSTEM section, holding only the engine's policy
+    systems = [el for part in parts for el in part.iter("system")]
+    assert len(systems) == 1 and [e.get("key") for e in systems[0]] == ["policy"]
+    entries = {e.get("key"): (e.text or "") for part in parts for e in part.iter("entry")}
+    assert entries["user_note"] == attack  # the text comes back whole, as data
+    assert entries['k"><evil'] == "value"
+    def strings(value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [s for k, v in value.items() for s in [k, *strings(v)]]
+        if isinstance(value, list):
+            return [s for v in value for s in strings(v)]
+        return [value] if isinstance(value, str) else []
+
+    # JSON: every message is one JSON document, the attack one string value inside it
+    found = [s for m in render(build(), format="json") for s in strings(json.loads(m["content"]))]
+    assert attack in found
 
 
 def test_rendered_prefix_is_stable_and_volatile_parts_come_last() -> None:
@@ -528,4 +541,54 @@ def test_rendered_prefix_is_stable_and_volatile_parts_come_last() -> None:
     assert first[-1]["role"] == "user"
     cut = a.index("VOLATILE-ONE")
     assert b[:cut] == a[:cut]
-    assert a.index("risk_level") < cut and a.index("120000") < cut or "120000" in first[0]["content"]
+    assert a.index("risk_level") < cut
+    assert "120000" in first[0]["content"] or a.index("120000") < cut
+
+
+def test_two_model_calls_of_one_run_share_a_stable_prefix(tmp_path: Path) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS, encoding="utf-8")
+    body = ('    <bpmn:startEvent id="start"/>\n'
+            '    <bpmn:serviceTask id="assess"/>\n    <bpmn:serviceTask id="explain"/>\n'
+            '    <bpmn:endEvent id="end"/>\n'
+            + _flow("f1", "start", "assess") + _flow("f2", "assess", "explain") + _flow("f3", "explain", "end"))
+    config = ASSESS_CONFIG + """
+    explain:
+      llm: {instructions: Explain the risk level., outputKeys: [explanation], maxRetries: 0}
+"""
+    bpmn = _write(tmp_path, "two_calls", body, config)
+    with StubLLM() as stub:
+        stub.push(Reply.json({"risk_level": "low"}), Reply.json({"explanation": "small amount"}))
+        code, doc, err = _run("run", str(bpmn), "--data", DATA, "--store", "memory://",
+                              "--model", "openai/stub-model", "--json", stub=stub)
+    _no_traceback(err)
+    assert code == 0, (doc, err)
+    assert doc["layers"]["L3"]["explanation"] == "small amount"
+    first, second = (r["messages"] for r in stub.requests[:2])
+    assert first[:-1] == second[:-1]  # the stable messages are the same bytes
+    a, b = first[-1]["content"], second[-1]["content"]
+    # what the first call saw of HISTORY is where the second one starts; the task comes last
+    cut = a.index("</history>") if "</history>" in a else a.index("Assess the risk")
+    assert b[:cut] == a[:cut]
+    assert b.rstrip().endswith(b[b.index("Explain the risk level."):].rstrip())
+    assert b.index("Explain the risk level.") > b.index('"low"' if '"low"' in b else "low")
+
+
+def test_an_answer_outside_the_output_schema_is_never_written(tmp_path: Path) -> None:
+    (tmp_path / "handlers.py").write_text(HANDLERS, encoding="utf-8")
+    config = ASSESS_CONFIG.replace(
+        "outputKeys: [risk_level]",
+        "outputSchema: {type: object, required: [risk_level],\n"
+        "                       properties: {risk_level: {enum: [low, medium, high]}}}")
+    bpmn = _write(tmp_path, "schema_proc", ASSESS_BODY, config)
+    with StubLLM(default=Reply.json({"risk_level": "catastrophic"})) as stub:
+        code, doc, err = _run("run", str(bpmn), "--data", DATA, "--store", "memory://",
+                              "--model", "openai/stub-model", "--json", stub=stub)
+    _no_traceback(err)
+    assert stub.requests
+    values = {doc["layers"][layer].get("risk_level") for layer in ("L3", "L4")} - {None}
+    assert "catastrophic" not in values
+    if doc["status"] == "completed":
+        assert values == {"offline-medium"}
+    else:
+        assert doc["status"] == "error" and doc["error"]["task_id"] == "assess", doc
+        assert "risk_level" in doc["error"]["message"]
