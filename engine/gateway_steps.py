@@ -229,26 +229,23 @@ class GatewaySteps:
         each outgoing flow's condition text, for SpiffWorkflow's flow-by-flow evaluation.
         None when the config gives no sentence (SpiffWorkflow evaluates the expressions).
 
-        Who decides, in SpiffWorkflow's order of the flows:
+        Who decides (DESIGN: "evaluated by the model with the expression as fallback"):
 
-        1. the BPMN condition expressions. The first flow whose expression holds is taken,
-           and an expression that does not hold keeps its flow closed, whatever the model
-           says. The expression is the designer's reviewed rule: deterministic (a replay
-           takes the same branch) and not open to persuasion by text in the context (an
-           applicant's "please fast-track this"), which a model reading that context is.
-        2. the model, which reads every branch's sentence and the context and names one
-           branch. Its answer is the check of step 1: when it names another branch than
-           the one taken, ``condition_disagreement`` goes on the tape (both branches, the
-           model's rationale) so a person can review the expression against its sentence.
-           It is followed only for a flow with no expression (a sentence as the flow's own
-           ``conditionExpression``, which ``validate`` accepts with a warning), and only when
-           no expression holds.
+        1. the model, which reads every branch's sentence (a flow with no sentence: its
+           expression) and the context, and names one branch. A valid answer naming one of
+           the gateway's branches is followed. The context reaches it wrapped as data, never
+           as instructions. When it names another branch than the expressions would take,
+           ``condition_disagreement`` goes on the tape (both branches, the model's
+           rationale) so a person can review the sentence against its expression.
+        2. the BPMN condition expressions, in SpiffWorkflow's order of the flows, when no
+           model is configured or it gave no valid answer: the first flow whose expression
+           holds is taken. A sentence has no expression: offline its flow is not taken.
         3. the default flow; without one, SpiffWorkflow's "no conditions satisfied" error.
 
         Offline (no model) the expressions decide and nothing imports litellm. A model
         that fails (unreachable, or malformed twice) is recorded as
         ``condition_model_failed`` and the expressions decide. Every decision is recorded
-        as ``condition_decision``.
+        as ``condition_decision``; a replay reads it from the tape, never asking again.
         """
         spec = task.task_spec
         gw = spec.bpmn_id
@@ -282,21 +279,26 @@ class GatewaySteps:
                 ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
 
         chosen: str | None
-        if by_expression is not None:
-            chosen, by = by_expression, "expression"
-        elif answer is not None and answer.branch in spoken:
+        if answer is not None and answer.branch in {b for b, _ in flows}:
             chosen, by = answer.branch, "model"
+        elif by_expression is not None:
+            chosen, by = by_expression, "expression"
         else:
             chosen, by = default, "default"
         model = None if answer is None else {"branch": answer.branch, "rationale": answer.rationale}
         ctx.record("condition_decision", actor=gw, data={
             "gateway": gw, "branch": chosen, "decided_by": by, "expression_branch": by_expression or default,
             "model": model, "model_configured": chooser is not None, "conditions": sentences})
-        if answer is not None and answer.branch != chosen:
+        expected = by_expression or default
+        # A flow whose only condition is a sentence is the model's alone: taking it over the
+        # default contradicts no expression.
+        if (answer is not None and answer.branch != expected
+                and (by_expression is not None or answer.branch not in spoken)):
             ctx.record("condition_disagreement", actor=gw, data={
                 "gateway": gw, "followed": chosen, "followed_by": by, "model_branch": answer.branch,
                 "model_rationale": answer.rationale,
-                "conditions": {b: sentences.get(b) for b in (chosen, answer.branch) if b is not None}})
+                "expression_branch": expected,
+                "conditions": {b: sentences.get(b) for b in (expected, answer.branch) if b is not None}})
         verdicts: dict[str, bool] = {}
         for branch, text in flows:
             if text is not None:

@@ -211,13 +211,14 @@ def loan_fast(cli) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def test_condition_checked_through_the_stub(stub, cli, replies, model_branch, disagrees, failures) -> None:
     stub.push(*replies)
     doc, events = loan_fast(cli)
-    assert doc["layers"]["L3"]["track_type"] == "fast"  # the expression decides either way
+    # the model decides (DESIGN: "evaluated by the model with the expression as fallback")
+    assert doc["layers"]["L3"]["track_type"] == ("full" if model_branch == "full_review" else "fast")
     decision = next(e for e in events if e["note"] == "condition_decision")
-    assert decision["branch"] == "fast_track" and decision["decided_by"] == "expression"
+    assert decision["branch"] == model_branch and decision["decided_by"] == "model"
     assert decision["model"]["branch"] == model_branch
     assert [e for e in events if e["note"] == "condition_disagreement"] == (
-        [{"note": "condition_disagreement", "gateway": "approval_split", "followed": "fast_track",
-          "followed_by": "expression", "model_branch": "full_review",
+        [{"note": "condition_disagreement", "gateway": "approval_split", "followed": "full_review",
+          "followed_by": "model", "model_branch": "full_review", "expression_branch": "fast_track",
           "model_rationale": "the context fits full_review",
           "conditions": {"fast_track": decision["conditions"]["fast_track"],
                          "full_review": "Otherwise take the full review"}}] if disagrees else [])
@@ -281,7 +282,7 @@ def test_a_sentence_as_the_flow_condition_is_decided_by_the_model(stub, cli, tmp
         assert "If the risk level is low and the amount is below 50,000" in prompt
     decision = next(e.data for e in Engine(cli.store).load(doc["instance_id"]).main.tape
                     if (e.data or {}).get("note") == "condition_decision")
-    assert decision["branch"] == taken and decision["decided_by"] == ("default" if offline or taken == "full" else "model")
+    assert decision["branch"] == taken and decision["decided_by"] == ("default" if offline else "model")
 
 
 def test_validate_warns_about_a_sentence_condition_and_still_refuses_a_broken_expression(tmp_path) -> None:

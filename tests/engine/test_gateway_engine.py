@@ -302,17 +302,17 @@ class FakeChooser:
 MALFORMED = BranchAnswerError("the reply is not JSON", text="sure")
 
 
-@pytest.mark.parametrize(("data", "replies", "taken", "model", "disagrees", "failures"), [
-    (LOAN_FAST, ["fast_track"], "fast_track", "fast_track", False, 0),
-    (LOAN_FAST, ["full_review"], "fast_track", "full_review", True, 0),      # the expression holds: it wins
-    (LOAN_FULL, ["fast_track"], "full_review", "fast_track", True, 0),       # the expression does not: no fast track
-    (LOAN_FAST, [MALFORMED, "fast_track"], "fast_track", "fast_track", False, 1),
-    (LOAN_FAST, [MALFORMED, MALFORMED], "fast_track", None, False, 2),
-    (LOAN_FAST, [ConnectionError("refused")], "fast_track", None, False, 1),
+@pytest.mark.parametrize(("data", "replies", "taken", "model", "disagrees", "failures", "decided_by"), [
+    (LOAN_FAST, ["fast_track"], "fast_track", "fast_track", False, 0, "model"),
+    (LOAN_FAST, ["full_review"], "full_review", "full_review", True, 0, "model"),  # the model decides
+    (LOAN_FULL, ["fast_track"], "fast_track", "fast_track", True, 0, "model"),     # whatever the expression says
+    (LOAN_FAST, [MALFORMED, "fast_track"], "fast_track", "fast_track", False, 1, "model"),
+    (LOAN_FAST, [MALFORMED, MALFORMED], "fast_track", None, False, 2, "expression"),  # the fallback
+    (LOAN_FAST, [ConnectionError("refused")], "fast_track", None, False, 1, "expression"),
 ], ids=["agree", "disagree-expression-holds", "disagree-expression-fails", "malformed-then-valid",
         "malformed-twice", "unreachable"])
-def test_natural_language_conditions_are_checked_by_the_model(loan, data, replies, taken, model, disagrees,
-                                                              failures) -> None:
+def test_natural_language_conditions_are_decided_by_the_model(loan, data, replies, taken, model, disagrees,
+                                                             failures, decided_by) -> None:
     chooser = FakeChooser(*replies)
     engine = Engine(chooser=chooser)
     instance = engine.run(engine.start(loan, data))
@@ -320,7 +320,7 @@ def test_natural_language_conditions_are_checked_by_the_model(loan, data, replie
     assert taken in path_of(instance.workflow)
     [decision] = notes(instance, "condition_decision")
     assert decision["branch"] == taken and decision["model_configured"] is True
-    assert decision["decided_by"] == ("expression" if taken == "fast_track" else "default")
+    assert decision["decided_by"] == decided_by
     assert (decision["model"] or {}).get("branch") == model
     disagreement = notes(instance, "condition_disagreement")
     assert bool(disagreement) is disagrees
@@ -371,7 +371,7 @@ SPOKEN_XOR = BPMN_HEAD.format(pid="spoken") + """
 
 @pytest.mark.parametrize(("chooser", "path", "decided_by"), [
     (FakeChooser("auto"), "auto", "model"),
-    (FakeChooser("manual"), "manual", "default"),
+    (FakeChooser("manual"), "manual", "model"),  # the model named the default flow
     (None, "manual", "default"),  # offline, a flow with only a sentence is not taken
 ])
 def test_a_flow_with_only_a_sentence_follows_the_model(tmp_path: Path, chooser, path, decided_by) -> None:
@@ -426,7 +426,7 @@ def _unconditioned(tmp_path: Path, *, default: bool = True, in_bpmn: bool = Fals
 @pytest.mark.parametrize("in_bpmn", [False, True], ids=["config-file", "extension-element"])
 @pytest.mark.parametrize(("reply", "path", "decided_by"), [
     ("fast", "fast", "model"),
-    ("full", "full", "default"),
+    ("full", "full", "model"),  # the model named the default flow
     (None, "full", "default"),  # offline: the sentence's flow is not taken, the default is
 ])
 def test_flows_without_conditions_take_the_configs_sentences(tmp_path: Path, in_bpmn, reply, path,
