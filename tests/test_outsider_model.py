@@ -8,11 +8,11 @@ No real provider is ever called.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import subprocess
-import sys
 import textwrap
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -51,21 +51,31 @@ def _write(tmp: Path, name: str, body: str, config: str | None = None) -> Path:
     return bpmn
 
 
-def _run(*args: str, stub: StubLLM | None = None, cwd: Path | None = None,
-         timeout: float = 240) -> tuple[int, dict[str, Any], str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAYERFLOW_MODEL", "OPENAI"))}
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("LAYERFLOW_STORE", None)
+def _run(*args: str, stub: StubLLM | None = None, cwd: Path | None = None) -> tuple[int, dict[str, Any], str]:
+    """``layerflow ARGS`` in this process (click's runner, stdin no terminal): litellm's client
+    is imported once rather than by every run (the CLI's process boundary is crossed in
+    tests/test_contracts_cli.py). The model settings come from the environment as the README
+    says; anything the caller's environment set for them is unset here. An exception the
+    command lets out is on stderr with its traceback, as ``python -m engine.cli`` shows it."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("LAYERFLOW_MODEL", "OPENAI"))}
+    env["LAYERFLOW_STORE"] = None
     if stub is not None:
         env["LAYERFLOW_MODEL_API_BASE"] = stub.url
         env["LAYERFLOW_MODEL_API_KEY"] = "test-key"
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=str(cwd or ROOT), timeout=timeout, stdin=subprocess.DEVNULL)
+    with contextlib.chdir(cwd or ROOT):
+        result = CliRunner(env=env).invoke(main, list(args), input="", prog_name="layerflow")
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
     try:
-        doc = json.loads(proc.stdout) if "--json" in args else {}
+        doc = json.loads(result.stdout) if "--json" in args else {}
     except json.JSONDecodeError:
-        raise AssertionError(f"--json printed no JSON document: {proc.stdout!r}\n{proc.stderr}")
-    return proc.returncode, doc, proc.stderr
+        raise AssertionError(f"--json printed no JSON document: {result.stdout!r}\n{stderr}")
+    return result.exit_code, doc, stderr
 
 
 def _no_traceback(stderr: str) -> None:
