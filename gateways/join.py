@@ -27,6 +27,14 @@ folded: its own entries the record summarised come back as they were before the 
 branch's snapshot the record names), the base entries only it folded stay. What a record
 folded is read from the branch's tape (the compress event and the snapshot before it).
 
+Counters: two branches whose ``count_only`` rules counted the same base HISTORY entries each
+change ``summary:count:<pattern>``. Kept apart, the same entries would be counted twice (and, as
+two compressions of one key keep the base, would come back whole beside both counts); so the
+branches' counters of one pattern become one (``_counters``): the base entries any of them
+removed counted once and removed, each branch's own removed entries counted, the entries each
+kept verbatim listed. Which entries a counter removed is read from the branch's tape (each
+compress event and the snapshot before it); when it does not tell, the counters stay apart.
+
 Preserved keys: a key one branch's activities preserved stays preserved after the join,
 so a compression in another branch, which did not know, may not have changed it there:
 that branch's compressed value (or its fold) of a key of the base is not a change.
@@ -59,8 +67,9 @@ from typing import Any, NamedTuple
 
 from context_layers.attention import segment_history
 from context_layers.canonical import canonical_key, thaw
-from context_layers.config import ActivityExtensionConfig, as_config
-from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, is_record_key
+from context_layers.compress_rules import count_key, is_protected_record
+from context_layers.config import ActivityExtensionConfig, CompressRule, as_config
+from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, entry_kind, is_record_key
 from context_layers.errors import ContextKeyError, LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
@@ -75,6 +84,7 @@ __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConfl
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
+COUNT_PREFIX = count_key("")
 
 
 class _Overlay(Mapping[str, Any]):
@@ -286,6 +296,19 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
     return frozenset(k for k, n in counts.items() if n > 1)
 
 
+def _counted_only(keys: Collection[str], base: Snapshot, branches: Mapping[str, LayeredContext],
+                  counted: Mapping[str, Mapping[str, _Counted | None]]) -> frozenset[str]:
+    """Of base HISTORY ``keys``, those every branch that changed them removed with a counter
+    (``_counters``): several branches' removals of one entry agree, none is a contest."""
+    base_h = base.layer(Layer.HISTORY)
+    by = {b: {k for c in counted.get(b, {}).values() if c is not None for k in c.removed} for b in branches}
+
+    def changed(ctx: LayeredContext, key: str) -> bool:
+        history = ctx.layer(Layer.HISTORY)
+        return key not in history or not same_value(history[key], base_h[key])
+    return frozenset(k for k in keys if all(k in by[b] for b, ctx in branches.items() if changed(ctx, k)))
+
+
 def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, None] | None]:
     """Per layer, the keys the branch's tape changed since its fork (``None``: compare all)."""
     events = list(branch.tape)
@@ -354,12 +377,13 @@ def _unfold(key: str, record: Any, branch: LayeredContext, base_h: LayerView,
         base_keys.update(k for k in covers if k in base_h)
         return False
     # ``covers`` names an activity folded whole by its record alone; a key a rule of the same
-    # compression removed (count_only) is no part of the fold
+    # compression removed (count_only), even one of such an activity, is no part of the fold
     owner = segment_history(list(before.items())).owner
+    counted = {k for found in _removed_by_counters(event, before).values() for k in found}
     known = True
     for layer, k, new in event.changes:
-        if layer != Layer.HISTORY or new is not DELETED or k not in before or (k not in covers
-                                                                                  and owner.get(k) not in covers):
+        if layer != Layer.HISTORY or new is not DELETED or k not in before or k in counted or (
+                k not in covers and owner.get(k) not in covers):
             continue
         old = before[k]
         if k.startswith("compaction:") and not (k in base_h and same_value(base_h[k], old)):
@@ -387,6 +411,90 @@ def _fold_choice(folds: Iterable[_Fold], rank: Mapping[str, int]) -> list[_Fold]
         else:
             summarised |= fold.base_keys
     return dropped
+
+
+class _Counted(NamedTuple):
+    """What one branch's ``count_only`` counter of a pattern removed since the split."""
+
+    record: Mapping[str, Any]  # the branch's counter as it stands
+    removed: frozenset[str]  # the HISTORY keys its rule removed
+
+
+def _removed_by_counters(event: Event, before: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Per ``summary:count:*`` counter a compress event wrote, the HISTORY keys its ``count_only``
+    rule removed: those of its pattern the event removed, but for the ones the counter kept. (The
+    rules run before the fold, so a key they removed is no part of the fold, whoever owned it.)"""
+    changed = {k: v for layer, k, v in event.changes if layer == Layer.HISTORY}
+    out: dict[str, set[str]] = {}
+    for key, value in changed.items():
+        record = thaw(value) if key.startswith(COUNT_PREFIX) and value is not DELETED else None
+        if not isinstance(record, Mapping) or not is_protected_record(key, record):
+            continue
+        rule = CompressRule(pattern=str(record.get("pattern") or key[len(COUNT_PREFIX):]), action="count_only")
+        kept = set(record.get("kept") or ())
+        out[key] = {k for k, v in changed.items() if v is DELETED and k in before and k not in kept
+                    and rule.matches(entry_kind(k, thaw(before[k])), k)}
+    return out
+
+
+def _branch_counts(base: Snapshot, branch: LayeredContext,
+                   keys: Iterable[str] | None) -> dict[str, _Counted | None]:
+    """The ``summary:count:*`` counters ``branch`` changed since the split (of ``keys``, the HISTORY
+    keys its tape touched; ``None``: all), each with what its rule removed (``None``: the tape does
+    not tell)."""
+    base_h, history = base.layer(Layer.HISTORY), branch.layer(Layer.HISTORY)
+    counters = [k for k in (keys if keys is not None else history) if k.startswith(COUNT_PREFIX) and k in history
+                and is_protected_record(k, thaw(history[k])) and not (k in base_h and same_value(history[k], base_h[k]))]
+    if not counters:
+        return {}
+    if keys is None:  # not forked from the join's snapshot: its tape may hold removals from before
+        return dict.fromkeys(counters)
+    removed: dict[str, set[str] | None] = {k: set() for k in counters}
+    for e in branch.tape:
+        if e.data.get("note") != "compress":
+            continue
+        mine = [k for layer, k, _ in e.changes if layer == Layer.HISTORY and k in removed]
+        if not mine:
+            continue
+        try:
+            before = branch.get_snapshot(str(e.data.get("snapshot_id"))).layer(Layer.HISTORY)
+        except ContextKeyError:
+            removed.update(dict.fromkeys(mine))
+            continue
+        by_counter = _removed_by_counters(e, before)
+        for key in mine:
+            found = removed[key]
+            if found is not None:
+                found.update(by_counter.get(key, ()))
+    return {k: None if found is None else _Counted(history[k], frozenset(found)) for k, found in removed.items()}
+
+
+def _counters(base: Snapshot, counted: Mapping[str, Mapping[str, _Counted | None]], order: Sequence[str],
+              pinned: Collection[str]) -> tuple[dict[str, dict[str, Any]], frozenset[str]]:
+    """One counter per pattern that several branches counted (see the module doc): per branch, the
+    counters to merge as (the same value in each branch that counted), and the base entries some
+    counter removed (each branch that changed one removed it: no branch's compression keeps it)."""
+    base_h = base.layer(Layer.HISTORY)
+    over: dict[str, dict[str, Any]] = {}
+    gone: set[str] = set()
+    for key in dict.fromkeys(k for b in order for k in counted.get(b, {})):
+        found = {b: counted[b][key] for b in order if key in counted.get(b, {})}
+        known = {b: c for b, c in found.items() if c is not None}
+        if len(found) < 2 or len(known) < len(found):
+            continue
+        # a key another branch preserved comes back (``_scoped_layers``): not removed, not counted
+        base_removed = {k for c in known.values() for k in c.removed if k in base_h and k not in pinned}
+        own = sum(len([k for k in c.removed if k not in base_h]) for c in known.values())
+        before = thaw(base_h[key]) if key in base_h else {}
+        dropped = int(before.get("dropped", 0) if isinstance(before, Mapping) else 0) + len(base_removed) + own
+        kept = [k for k in dict.fromkeys(k for c in known.values() for k in thaw(c.record).get("kept") or ())
+                if k not in base_removed]
+        record = {**thaw(next(iter(known.values())).record), "count": dropped + len(kept), "dropped": dropped,
+                  "kept": kept}
+        for b in known:
+            over.setdefault(b, {})[key] = record
+        gone |= base_removed
+    return over, frozenset(gone)
 
 
 def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
@@ -614,7 +722,11 @@ def join_contexts(
         unfolded[fold.branch].update({k: value for k, (value, _) in undo.items()})
         places.setdefault(fold.branch, {})[fold.key] = None
         places[fold.branch].update({k: at for k, (_, at) in undo.items()})
-    contested = _contested(base, branches, touched, unfolded)
+    counted = {b: _branch_counts(base, ctx, touched[b][Layer.HISTORY]) for b, ctx in branches.items()}
+    counters, counted_away = _counters(base, counted, order, pinned)
+    for b, records in counters.items():
+        unfolded.setdefault(b, {}).update(records)
+    contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
                                 contested, changed_working, unfolded.get(b))
