@@ -80,7 +80,8 @@ from .policy import HumanRequest, ResolutionStep, resolve_conflicts
 from .splitter import BranchContext
 from .strategies import apply_reducer
 
-__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "apply_join", "free_record_key", "join_contexts"]
+__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "Unfolded", "apply_join",
+           "free_record_key", "join_contexts", "single_summaries"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -497,6 +498,41 @@ def _counters(base: Snapshot, counted: Mapping[str, Mapping[str, _Counted | None
     return over, frozenset(gone)
 
 
+class Unfolded(NamedTuple):
+    """The compaction records a merge drops so that each base HISTORY entry is summarised once
+    (``single_summaries``), and what each branch merges as instead."""
+
+    dropped: list[_Fold]  # branch order, then the branch's HISTORY order
+    # per branch: the HISTORY keys put back as they were before a dropped fold, and the dropped
+    # record itself (its base value, or ``DELETED``)
+    values: dict[str, dict[str, Any]]
+    # per branch: where each key put back stood in its HISTORY (``None``: a dropped record)
+    places: dict[str, dict[str, int | None]]
+
+
+def single_summaries(base: Snapshot, branches: Mapping[str, LayeredContext],
+                     keys: Mapping[str, Iterable[str] | None], *, kept: Collection[str] = ()) -> Unfolded:
+    """Of the compaction records ``branches`` (in branch order) added since ``base``, those to drop
+    so that no base HISTORY entry is summarised twice (``_fold_choice``); ``keys``: per branch, the
+    HISTORY keys its tape touched (``None``: all). The records of the branches in ``kept`` stay
+    whatever they summarise: an event sub-process merging back beside the flow it left never
+    takes the flow's summary away (``engine.scope_steps``)."""
+    rank = {b: i for i, b in enumerate(branches)}
+    dropped = _fold_choice((f._replace(undo=None) if b in kept else f for b, ctx in branches.items()
+                            for f in _branch_folds(base, b, ctx, keys.get(b))), rank)
+    base_h = base.layer(Layer.HISTORY)
+    values: dict[str, dict[str, Any]] = {}
+    places: dict[str, dict[str, int | None]] = {}
+    dropped.sort(key=lambda f: (rank[f.branch], f.order))
+    for fold in dropped:
+        undo = fold.undo or {}
+        values.setdefault(fold.branch, {})[fold.key] = base_h[fold.key] if fold.key in base_h else DELETED
+        values[fold.branch].update({k: value for k, (value, _) in undo.items()})
+        places.setdefault(fold.branch, {})[fold.key] = None
+        places[fold.branch].update({k: at for k, (_, at) in undo.items()})
+    return Unfolded(dropped, values, places)
+
+
 def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
                    ) -> tuple[list[KeyOutcome], dict[str, tuple[str, str]]]:
     """Outcomes in which records that several branches added under one key with different
@@ -710,18 +746,8 @@ def join_contexts(
     pinned = frozenset(k for ctx in branches.values() for k in ctx.preserved)
     touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
     # two branches' summaries of the same base entries: one is kept (see the module doc)
-    rank = {b: i for i, b in enumerate(order)}
-    dropped = _fold_choice((f for b, ctx in branches.items()
-                            for f in _branch_folds(base, b, ctx, touched[b][Layer.HISTORY])), rank)
+    dropped, unfolded, places = single_summaries(base, branches, {b: touched[b][Layer.HISTORY] for b in order})
     base_h = base.layer(Layer.HISTORY)
-    unfolded: dict[str, dict[str, Any]] = {}
-    places: dict[str, dict[str, int | None]] = {}
-    for fold in sorted(dropped, key=lambda f: (rank[f.branch], f.order)):
-        undo = fold.undo or {}
-        unfolded.setdefault(fold.branch, {})[fold.key] = base_h[fold.key] if fold.key in base_h else DELETED
-        unfolded[fold.branch].update({k: value for k, (value, _) in undo.items()})
-        places.setdefault(fold.branch, {})[fold.key] = None
-        places[fold.branch].update({k: at for k, (_, at) in undo.items()})
     counted = {b: _branch_counts(base, ctx, touched[b][Layer.HISTORY]) for b, ctx in branches.items()}
     counters, counted_away = _counters(base, counted, order, pinned)
     for b, records in counters.items():
@@ -821,7 +847,7 @@ def join_contexts(
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,
                       dropped_compactions=tuple({"branch": f.branch, "key": f.key,
                                                  "restored": [k for k in f.undo or {} if k not in base_h]}
-                                                for f in sorted(dropped, key=lambda f: (rank[f.branch], f.order))))
+                                                for f in dropped))
 
 
 def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine",
