@@ -23,7 +23,7 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import RECORD_PREFIXES
 from context_layers.errors import ActivityError
-from gateways.join import free_record_key, single_summaries
+from gateways.join import free_record_key, single_counts, single_summaries
 from gateways.splitter import branch_context_name
 
 from . import events, spiff
@@ -462,6 +462,9 @@ class ScopeSteps:
         base = self.instance.contexts[info.get("base_context", info["parent"])].get_snapshot(
             info.get("base_snapshot", info["snapshot_id"]))
         history, dropped = _unfolded_history(base, branch, parent)
+        # both counted with one count_only rule: one counter, the flow's count in it (as at a join)
+        counters = single_counts(base, {"flow": parent, "side": branch}).get("side", {})
+        history.update(counters)
         changes: list[tuple[Layer, str, Any]] = []
         kept: list[dict[str, Any]] = []
         for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
@@ -472,6 +475,9 @@ class ScopeSteps:
                 if key.startswith("_") or _same(old, new):
                     continue
                 current = now.get(key, ABSENT)
+                if layer is Layer.HISTORY and key in counters:
+                    changes.append((layer, key, new))
+                    continue
                 if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is ABSENT and current is not ABSENT:
                     # another run of the same activity (a path of each pass of a loop) got there first:
                     # two records, no conflict (as at a join)

@@ -35,6 +35,9 @@ removed counted once and removed, each branch's own removed entries counted, the
 kept verbatim listed. Which entries a counter removed is read from the branch's tape (each
 compress event and the snapshot before it); when it does not tell, the counters stay apart.
 
+An event sub-process merging back into the flow it left is no join, but meets both problems:
+it reuses ``single_summaries`` (the flow's records always stay) and ``single_counts``.
+
 Preserved keys: a key one branch's activities preserved stays preserved after the join,
 so a compression in another branch, which did not know, may not have changed it there:
 that branch's compressed value (or its fold) of a key of the base is not a change.
@@ -81,7 +84,8 @@ from .splitter import BranchContext
 from .strategies import apply_reducer
 
 __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "Unfolded", "apply_join",
-           "free_record_key", "join_contexts", "single_summaries"]
+           "free_record_key", "join_contexts", "single_counts",
+           "single_summaries"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -297,6 +301,26 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
     return frozenset(k for k, n in counts.items() if n > 1)
 
 
+def single_counts(base: Snapshot, contexts: Mapping[str, LayeredContext]) -> dict[str, dict[str, Any]]:
+    """``_counters`` for a merge of ``contexts`` (in order) that are no branches of one split: an
+    event sub-process back into the flow it left (``engine.scope_steps``). Per context, the
+    counters it merges as. A context's changes since ``base`` are those after ``base`` in its
+    tape, or all of a context forked from ``base``; a counter of a context whose tape does not
+    tell stays as it is."""
+    counted: dict[str, dict[str, _Counted | None]] = {}
+    for name, ctx in contexts.items():
+        first = ctx.tape[0] if len(ctx.tape) else None
+        if base.context == ctx.name:
+            since = base.seq
+        elif first is not None and first.kind == EventKind.FORK and first.data.get("snapshot_id") == base.id:
+            since = -1
+        else:
+            continue
+        keys = {k: None for e in ctx.tape if e.seq > since for layer, k, _ in e.changes if layer == Layer.HISTORY}
+        counted[name] = _branch_counts(base, ctx, keys, since)
+    return _counters(base, counted, list(contexts), frozenset())[0]
+
+
 def _counted_only(keys: Collection[str], base: Snapshot, branches: Mapping[str, LayeredContext],
                   counted: Mapping[str, Mapping[str, _Counted | None]]) -> frozenset[str]:
     """Of base HISTORY ``keys``, those every branch that changed them removed with a counter
@@ -438,11 +462,11 @@ def _removed_by_counters(event: Event, before: Mapping[str, Any]) -> dict[str, s
     return out
 
 
-def _branch_counts(base: Snapshot, branch: LayeredContext,
-                   keys: Iterable[str] | None) -> dict[str, _Counted | None]:
+def _branch_counts(base: Snapshot, branch: LayeredContext, keys: Iterable[str] | None,
+                   since: int = -1) -> dict[str, _Counted | None]:
     """The ``summary:count:*`` counters ``branch`` changed since the split (of ``keys``, the HISTORY
     keys its tape touched; ``None``: all), each with what its rule removed (``None``: the tape does
-    not tell)."""
+    not tell); ``since``: the seq in its tape where the split is (a context that was not forked)."""
     base_h, history = base.layer(Layer.HISTORY), branch.layer(Layer.HISTORY)
     counters = [k for k in (keys if keys is not None else history) if k.startswith(COUNT_PREFIX) and k in history
                 and is_protected_record(k, thaw(history[k])) and not (k in base_h and same_value(history[k], base_h[k]))]
@@ -452,7 +476,7 @@ def _branch_counts(base: Snapshot, branch: LayeredContext,
         return dict.fromkeys(counters)
     removed: dict[str, set[str] | None] = {k: set() for k in counters}
     for e in branch.tape:
-        if e.data.get("note") != "compress":
+        if e.seq <= since or e.data.get("note") != "compress":
             continue
         mine = [k for layer, k, _ in e.changes if layer == Layer.HISTORY and k in removed]
         if not mine:

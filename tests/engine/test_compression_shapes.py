@@ -414,10 +414,10 @@ more_docs:
 """
 
 
-def _esp_fold(tmp_path: Path) -> Any:
+def _esp_fold(tmp_path: Path, text: str = ESP_FOLD_BPMN, config: str = ESP_FOLD_CONFIG) -> Any:
     path = tmp_path / "espfold.bpmn"
-    path.write_text(ESP_FOLD_BPMN, encoding="utf-8")
-    (tmp_path / "espfold.layerflow.yaml").write_text(ESP_FOLD_CONFIG, encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
+    (tmp_path / "espfold.layerflow.yaml").write_text(config, encoding="utf-8")
     engine = Engine("memory://")
     instance = engine.run(engine.start(load_process(path), {}))
     instance = engine.send_event(instance, "documents_received", {"files": ["a"]})
@@ -451,3 +451,31 @@ def test_an_event_sub_process_that_folded_what_the_flow_folded_merges_back_with_
     [merge_again] = [e for e in again.contexts["main"].tape if e.data.get("note") == "side_merge"]
     assert json.dumps(merge.to_dict()["changes"], sort_keys=True) == json.dumps(merge_again.to_dict()["changes"],
                                                                                sort_keys=True)
+
+
+# each step leaves a log line too; the flow's and the event sub-process's compressions count them
+ESP_COUNT_BPMN = (ESP_FOLD_BPMN
+                  .replace('intake_notes = "', 'log_intake = "intake log line " * 20\nintake_notes = "')
+                  .replace('research = "', 'log_research = "research log line " * 20\nresearch = "')
+                  .replace('wrap_out = "', 'log_wrap = "wrap log line " * 20\nwrap_out = "')
+                  .replace('docs_note = "', 'log_docs = "docs log line " * 20\ndocs_note = "'))
+ESP_COUNT_CONFIG = ESP_FOLD_CONFIG.replace("compressTokenThreshold: 150", "compressTokenThreshold: 150\n  compressRules:\n"
+                                           "    - {pattern: 'log_*', action: count_only, keepLast: 1}")
+
+
+def test_an_event_sub_process_that_counted_what_the_flow_counted_merges_back_with_one_count(tmp_path: Path) -> None:
+    instance, side, folded = _esp_fold(tmp_path, ESP_COUNT_BPMN, ESP_COUNT_CONFIG)
+    assert instance.status == "waiting", instance.error
+    for name, own in (("main", "log_wrap"), (side, "log_docs")):  # each counted the two base logs
+        assert folded[name]["summary:count:log_*"] == {"kind": "count", "_compressed": "count_only",
+                                                       "pattern": "log_*", "count": 3, "dropped": 2, "kept": [own]}
+    main = instance.contexts["main"]
+    history = main.layer(Layer.HISTORY)
+    # one counter: the base logs once, what each kept listed
+    assert [k for k in history if k.startswith("summary:count:")] == ["summary:count:log_*"]
+    assert history["summary:count:log_*"] == {"kind": "count", "_compressed": "count_only", "pattern": "log_*",
+                                              "count": 4, "dropped": 2, "kept": ["log_wrap", "log_docs"]}
+    assert [k for k in history if k.startswith("log_")] == ["log_wrap", "log_docs"]
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
+    assert history["profile"] == {"id": "P-1", "tags": ["a", "b"]} and "profile" in main.preserved
+    assert LayeredContext.replay(main.tape) == main
