@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from SpiffWorkflow.specs.Join import Join
@@ -61,6 +61,8 @@ def _unfolded_history(base: Any, branch: LayeredContext, parent: LayeredContext)
     behind, and the branch's own entries it folded come back where they stood, as a join does
     (``gateways.join.single_summaries``); the flow's record always stays. And the records left."""
     history = branch.layer(Layer.HISTORY)
+    if not any(k.startswith("compaction:") for k in history):
+        return dict(history.items()), []
     unfolded = single_summaries(base, {"flow": parent, "side": branch}, {"flow": None, "side": None},
                                 kept={"flow"})
     values, places = unfolded.values.get("side", {}), unfolded.places.get("side", {})
@@ -499,10 +501,11 @@ class ScopeSteps:
         info, ctx = inst.branches[name], inst.contexts[name]
         done = self._events_done(str(info["parent"]))
         for other in done:
-            changes, _, _ = self._side_changes(other, ctx)
+            changes, _, dropped = self._side_changes(other, ctx)
             if changes:
                 ctx.apply_changes(changes, kind="side_merge", actor=str(info["gateway"]),
-                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"])})
+                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"]),
+                                        **({"dropped_compactions": dropped} if dropped else {})})
         if done:
             info["base_context"] = name
             info["base_snapshot"] = ctx.snapshot(label=f"event:{info['gateway']}", actor=str(info["gateway"])).id

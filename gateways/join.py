@@ -307,6 +307,8 @@ def single_counts(base: Snapshot, contexts: Mapping[str, LayeredContext]) -> dic
     counters it merges as. A context's changes since ``base`` are those after ``base`` in its
     tape, or all of a context forked from ``base``; a counter of a context whose tape does not
     tell stays as it is."""
+    if not all(any(k.startswith(COUNT_PREFIX) for k in ctx.layer(Layer.HISTORY)) for ctx in contexts.values()):
+        return {}  # (the tapes are read only when every context holds a counter)
     counted: dict[str, dict[str, _Counted | None]] = {}
     for name, ctx in contexts.items():
         first = ctx.tape[0] if len(ctx.tape) else None
