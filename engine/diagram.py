@@ -8,6 +8,10 @@ depth-first walk (a path stays on its row, the other branches of a split go belo
 a long edge keeps the cells it crosses free), orthogonal edges, loops drawn under
 everything.
 
+A link throw event goes on at its catch event with no flow between them (``engine.links``):
+the jump is an edge of its own (``Edge.kind == "link"``), laid out as a flow is and drawn
+dotted, so a path cut by a link still reads as one.
+
 An instance's state is drawn as marks (``Marks``, built by ``marks_of``):
 
 * ``done``: finished activities, events and gateways;
@@ -31,6 +35,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
+
+from . import links
 
 __all__ = ["ConflictMark", "Diagram", "Edge", "Marks", "Node", "marks_of", "parse_bpmn", "render_svg"]
 
@@ -68,6 +74,7 @@ _WAITING = ("#fff6e0", "#a15c00", "2.5", "6 4")
 _CONFLICT = ("#fdeaea", "#b3261e", "3.5", None)
 _EDGE_STYLE = {"idle": ("#8a8f98", "1.5", None), "taken": ("#2e7d32", "2", None),
                "waiting": ("#a15c00", "2.5", "6 4")}
+_LINK_DASH = "2 4"  # apart from a waiting branch's "6 4"
 _TEXT = "#1d2330"
 
 
@@ -111,6 +118,9 @@ class Edge:
     target: str
     name: str | None = None
     points: tuple[tuple[float, float], ...] = ()
+    # "flow": a sequence flow; "link": a link throw event's jump to its catch event, which no flow
+    # draws (a modeler's off-page connector); drawn dotted, so the path reads on across it
+    kind: str = "flow"
 
 
 @dataclass(frozen=True)
@@ -204,6 +214,11 @@ def parse_bpmn(source: str | Path | bytes, process_id: str | None = None) -> Dia
                 edges.append(Edge(ident, str(el.get("sourceRef")), str(el.get("targetRef")), el.get("name")))
         elif kind in _EVENTS or kind in _GATEWAYS or kind in _ACTIVITIES:
             nodes[ident] = Node(ident, kind, el.get("name"))
+    for el in proc:
+        if links.is_link_throw(el) and el.get("id"):
+            edges.extend(Edge(f"{el.get('id')}->{catch.get('id')}", str(el.get("id")), str(catch.get("id")),
+                              links.link_name(el) or None, kind="link")
+                         for catch in links.catch_of(el, proc) if catch.get("id"))
     edges = [e for e in edges if e.source in nodes and e.target in nodes]
 
     shapes: dict[str, tuple[float, float, float, float]] = {}
@@ -245,7 +260,7 @@ def _from_interchange(diagram: Diagram, shapes: Mapping[str, tuple[float, float,
             points = tuple((x + dx, y + dy) for x, y in pts)
         else:
             points = _straight(placed[e.source], placed[e.target])
-        edges.append(Edge(e.id, e.source, e.target, e.name, points))
+        edges.append(Edge(e.id, e.source, e.target, e.name, points, e.kind))
     return Diagram(diagram.process_id, diagram.name, placed, tuple(edges), from_interchange=True)
 
 
@@ -376,7 +391,7 @@ def layered_layout(diagram: Diagram) -> Diagram:
             others = [n for n in placed.values() if n.id not in (a.id, b.id)]
             if any(_crosses(points, n) for n in others):  # a long edge blocked by a node: along a channel
                 points = _channel(a, b, gaps[0], gaps[1], splits=len(succs[e.source]) > 1)
-        edges.append(Edge(e.id, e.source, e.target, e.name, points))
+        edges.append(Edge(e.id, e.source, e.target, e.name, points, e.kind))
     return Diagram(diagram.process_id, diagram.name, placed, tuple(edges), from_interchange=False)
 
 
@@ -540,13 +555,19 @@ def render_svg(diagram: Diagram, marks: Marks | None = None, *, title: str | Non
     for e in diagram.edges:
         state = _edge_state(e, marks)
         colour, stroke_w, dash = _EDGE_STYLE[state]
-        g = _sub(edges_g, "g", class_=f"edge edge-{state}", data_id=e.id, data_source=e.source,
-                 data_target=e.target)
-        _sub(g, "title").text = f"{e.name or e.id}: {e.source} \u2192 {e.target}"
+        jump = e.kind == "link"
+        g = _sub(edges_g, "g", class_=f"edge edge-{state}" + (" edge-link" if jump else ""), data_id=e.id,
+                 data_source=e.source, data_target=e.target, data_kind=e.kind)
+        if jump:
+            dash = _LINK_DASH
+            _sub(g, "title").text = (f"link {e.name or ''!r}: {e.source} jumps to {e.target} (a link event, "
+                                     "no sequence flow)")
+        else:
+            _sub(g, "title").text = f"{e.name or e.id}: {e.source} \u2192 {e.target}"
         _sub(g, "polyline", points=" ".join(f"{_fmt(x)},{_fmt(y)}" for x, y in e.points), fill="none",
              stroke=colour, stroke_width=stroke_w, stroke_dasharray=dash, stroke_linejoin="round",
              marker_end=f"url(#arrow-{state})")
-        if e.name:
+        if e.name and not jump:  # a link's name labels its events already
             (x1, y1), (x2, y2) = e.points[0], e.points[1]
             _sub(g, "text", x=_fmt((x1 + x2) / 2 + 4), y=_fmt(min(y1, y2) - 5), font_size="10",
                  fill="#4a5160").text = e.name[:40]
@@ -565,7 +586,9 @@ def render_svg(diagram: Diagram, marks: Marks | None = None, *, title: str | Non
 
 
 def _description(diagram: Diagram, marks: Marks) -> str:
-    parts = [f"{len(diagram.nodes)} elements, {len(diagram.edges)} flows"]
+    jumps = sum(1 for e in diagram.edges if e.kind == "link")
+    parts = [f"{len(diagram.nodes)} elements, {len(diagram.edges) - jumps} flows"
+             + (f", {jumps} link jump{'s' if jumps > 1 else ''}" if jumps else "")]
     for label, ids in (("finished", marks.done), ("current", marks.current), ("failed", marks.failed),
                        ("waiting branch", marks.waiting)):
         shown = [diagram.nodes[i].label for i in diagram.nodes if i in ids]

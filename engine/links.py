@@ -4,7 +4,8 @@ A pair of link events is an off-page connector: the path that reaches an interme
 event with a ``linkEventDefinition`` goes on at the intermediate catch event of the same link
 in the same process level (the same process or sub-process; BPMN forbids links across levels).
 SpiffWorkflow 3.2 reads neither (``engine.spiff`` connects the pair as it parses the throw);
-``engine.validate`` refuses a pair it cannot match. Both find the catch here, on the XML.
+``engine.validate`` refuses a pair it cannot match; ``engine.diagram`` draws the jump. They all find
+the catch here, on the XML (lxml's elements, or ElementTree's given the throw's scope).
 
 A throw names its catch, in the order modelers write it: ``<bpmn:target>`` (the id of the
 catch's linkEventDefinition), a catch whose ``<bpmn:source>`` lists the throw's definition,
@@ -42,17 +43,18 @@ def link_name(node: Any) -> str:
 
 def link_catches(scope: Any) -> list[Any]:
     """The link catch events directly in a process or sub-process, in document order."""
-    return [el for el in scope.iterchildren(f"{_BPMN}intermediateCatchEvent") if link_definition(el) is not None]
+    return [el for el in scope.findall(f"{_BPMN}intermediateCatchEvent") if link_definition(el) is not None]
 
 
 def _refs(definition: Any, tag: str) -> list[str]:
-    return [(ref.text or "").strip() for ref in definition.iterchildren(f"{_BPMN}{tag}") if (ref.text or "").strip()]
+    return [(ref.text or "").strip() for ref in definition.findall(f"{_BPMN}{tag}") if (ref.text or "").strip()]
 
 
-def catch_of(throw: Any) -> list[Any]:
+def catch_of(throw: Any, scope: Any = None) -> list[Any]:
     """The catch events of the throw's process level that it jumps to (one, when the model is
-    sound; none or several are the model's error, which ``engine.validate`` reports)."""
-    scope = throw.getparent()
+    sound; none or several are the model's error, which ``engine.validate`` reports). ``scope``:
+    the throw's process or sub-process, which an ElementTree element cannot tell."""
+    scope = throw.getparent() if scope is None else scope
     definition = link_definition(throw)
     if scope is None or definition is None:
         return []

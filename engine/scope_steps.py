@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import RECORD_PREFIXES
 from context_layers.errors import ActivityError
-from gateways.join import free_record_key
+from gateways.join import free_record_key, single_counts, single_summaries
 from gateways.splitter import branch_context_name
 
 from . import events, spiff
@@ -52,6 +53,26 @@ def _snapshot_values(snap: Any) -> dict[str, Any]:
     for layer in reversed(list(Layer)):
         out.update(snap.layer(layer).items())
     return out
+
+
+def _unfolded_history(base: Any, branch: LayeredContext, parent: LayeredContext) -> tuple[dict[str, Any], list[str]]:
+    """The side branch's HISTORY as it merges into ``parent``: a compaction record of the branch
+    that summarises base entries a record ``parent`` added since ``base`` summarises too is left
+    behind, and the branch's own entries it folded come back where they stood, as a join does
+    (``gateways.join.single_summaries``); the flow's record always stays. And the records left."""
+    history = branch.layer(Layer.HISTORY)
+    if not any(k.startswith("compaction:") for k in history):
+        return dict(history.items()), []
+    unfolded = single_summaries(base, {"flow": parent, "side": branch}, {"flow": None, "side": None},
+                                kept={"flow"})
+    values, places = unfolded.values.get("side", {}), unfolded.places.get("side", {})
+    if not values:
+        return dict(history.items()), []
+    at = {k: history.order_of(k) for k in history}
+    at.update({k: n for k, n in places.items() if n is not None})
+    merged = {**dict(history.items()), **values}
+    return ({k: merged[k] for k in sorted(merged, key=lambda k: at.get(k, -1)) if merged[k] is not DELETED},
+            [f.key for f in unfolded.dropped])
 
 
 def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
@@ -409,9 +430,10 @@ class ScopeSteps:
         while into in inst.branches and inst.branches[into]["status"] == "joined":
             into = str(inst.branches[into]["parent"])
         branch, parent = inst.contexts[name], inst.contexts[into]
-        changes, kept = self._side_changes(name, parent)
+        changes, kept, dropped = self._side_changes(name, parent)
         if changes:
-            parent.apply_changes(changes, kind="side_merge", actor=gw, data={"branch": name, "gateway_id": gw})
+            parent.apply_changes(changes, kind="side_merge", actor=gw, data={
+                "branch": name, "gateway_id": gw, **({"dropped_compactions": dropped} if dropped else {})})
         if kept:
             parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
@@ -432,23 +454,32 @@ class ScopeSteps:
         return into
 
     def _side_changes(self, name: str, parent: LayeredContext
-                      ) -> tuple[list[tuple[Layer, str, Any]], list[dict[str, Any]]]:
+                      ) -> tuple[list[tuple[Layer, str, Any]], list[dict[str, Any]], list[str]]:
         """What side branch ``name`` brings into ``parent`` (``_merge_side``): the changes to apply,
-        and the keys both changed, where ``parent``'s value stays."""
+        the keys both changed, where ``parent``'s value stays, and the branch's compaction records
+        left behind because ``parent`` summarised the same entries (``_unfolded_history``)."""
         info = self.instance.branches[name]
         branch = self.instance.contexts[name]
         # (an event sub-process that read what others had done before it started: ``_event_forked``)
         base = self.instance.contexts[info.get("base_context", info["parent"])].get_snapshot(
             info.get("base_snapshot", info["snapshot_id"]))
+        history, dropped = _unfolded_history(base, branch, parent)
+        # both counted with one count_only rule: one counter, the flow's count in it (as at a join)
+        counters = single_counts(base, {"flow": parent, "side": branch}).get("side", {})
+        history.update(counters)
         changes: list[tuple[Layer, str, Any]] = []
         kept: list[dict[str, Any]] = []
         for layer in (Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING):
-            before, after, now = dict(base.layer(layer).items()), branch.layer(layer), parent.layer(layer)
+            before, now = dict(base.layer(layer).items()), parent.layer(layer)
+            after: Mapping[str, Any] = history if layer is Layer.HISTORY else branch.layer(layer)
             for key in dict.fromkeys([*before, *after]):
                 old, new = before.get(key, ABSENT), after.get(key, ABSENT)
                 if key.startswith("_") or _same(old, new):
                     continue
                 current = now.get(key, ABSENT)
+                if layer is Layer.HISTORY and key in counters:
+                    changes.append((layer, key, new))
+                    continue
                 if layer is Layer.HISTORY and key.startswith(RECORD_PREFIXES) and old is ABSENT and current is not ABSENT:
                     # another run of the same activity (a path of each pass of a loop) got there first:
                     # two records, no conflict (as at a join)
@@ -459,7 +490,7 @@ class ScopeSteps:
                                  "base": None if old is ABSENT else _plain(old)})
                     continue
                 changes.append((layer, key, DELETED if new is ABSENT else new))
-        return changes, kept
+        return changes, kept, dropped
 
     def _event_forked(self, name: str) -> None:
         """Event sub-process context ``name`` was forked from its process's. The event
@@ -470,10 +501,11 @@ class ScopeSteps:
         info, ctx = inst.branches[name], inst.contexts[name]
         done = self._events_done(str(info["parent"]))
         for other in done:
-            changes, _ = self._side_changes(other, ctx)
+            changes, _, dropped = self._side_changes(other, ctx)
             if changes:
                 ctx.apply_changes(changes, kind="side_merge", actor=str(info["gateway"]),
-                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"])})
+                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"]),
+                                        **({"dropped_compactions": dropped} if dropped else {})})
         if done:
             info["base_context"] = name
             info["base_snapshot"] = ctx.snapshot(label=f"event:{info['gateway']}", actor=str(info["gateway"])).id

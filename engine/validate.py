@@ -1226,7 +1226,7 @@ class _Validator:
             for n in nodes.values():
                 if n.get("attachedToRef") in nodes:  # a boundary event continues its activity's branch
                     after.setdefault(n.get("attachedToRef"), []).append(n.get("id"))
-                for catch in links.catch_of(n) if links.is_link_throw(n) else ():
+                for catch in _jump_targets(n):
                     after.setdefault(n.get("id"), []).append(catch.get("id"))
                     jumps.setdefault(catch.get("id"), []).append(n.get("id"))
             joins = {i for i, n in nodes.items() if etree.QName(n).localname in _JOIN_TAGS and len(_incoming(n)) > 1}
@@ -1893,7 +1893,7 @@ class _Validator:
         targets = {f.get("targetRef") for f in scope.iterchildren(_bpmn("sequenceFlow"))}
         first = [el.get("id") for el in scope.iterchildren(*_FLOW_NODES)
                  if el.get("id") not in targets and etree.QName(el).localname != "boundaryEvent"
-                 and el.get("triggeredByEvent") != "true"]
+                 and el.get("triggeredByEvent") != "true" and not _inbound(el)]
         where = (f" to {' and '.join(map(repr, first))} (no flow leads there)" if first
                  else " to the step the process begins with")
         self.add("no_start_event", f"bpmn:{kind} {scope.get('id')!r} has no start event, and SpiffWorkflow begins a "
@@ -2335,24 +2335,53 @@ _CHOICES = ("exclusiveGateway", "eventBasedGateway")
 
 def _choice_behind(flow: Any) -> tuple[str, str] | None:
     """(id of the exclusive or event-based gateway, id of its outgoing flow) that ``flow`` comes
-    from through nodes with one incoming and one outgoing flow each, else None."""
+    from through nodes with one way in and one way out each (a link's jump is one), else None."""
     scope = flow.getparent()
     if scope is None:
         return None
     nodes = {n.get("id"): n for n in scope.iterchildren() if n.get("id")}
     seen: set[str] = set()
-    while True:
-        source = nodes.get(flow.get("sourceRef"))
-        if source is None or source.get("id") in seen:
-            return None
+    source = nodes.get(flow.get("sourceRef"))
+    while source is not None and source.get("id") not in seen:
         seen.add(source.get("id"))
         outgoing = _outgoing(source)
         if etree.QName(source).localname in _CHOICES and len(outgoing) > 1:
             return source.get("id"), flow.get("id")
-        incoming = _incoming(source)
-        if len(incoming) != 1 or len(outgoing) != 1 or source.get("attachedToRef"):
+        inbound = _inbound(source)
+        if len(inbound) != 1 or len(outgoing) + len(_jump_targets(source)) != 1 or source.get("attachedToRef"):
             return None
-        flow = incoming[0]
+        source, via = inbound[0]
+        flow = via if via.tag == _bpmn("sequenceFlow") else flow
+    return None
+
+
+def _successors(node: Any) -> list[Any]:
+    """The nodes a path goes on to from ``node``: the targets of its outgoing flows and, from a link
+    throw event, the link's catch event, which no flow reaches (``engine.links``). Every walk along
+    the paths takes this step, so none stops at a link."""
+    scope = node.getparent()
+    if scope is None:
+        return []
+    targets = {f.get("targetRef") for f in _outgoing(node)}
+    return [el for el in scope.iterchildren() if el.get("id") in targets] + _jump_targets(node)
+
+
+def _jump_targets(node: Any) -> list[Any]:
+    """The link catch events a link throw event jumps to (none for any other node)."""
+    return links.catch_of(node) if links.is_link_throw(node) else []
+
+
+def _inbound(node: Any) -> list[tuple[Any, Any]]:
+    """How paths reach ``node``: (source node, the flow) per incoming flow whose source exists, and
+    (throw, throw) per link throw event that jumps to it."""
+    scope = node.getparent()
+    if scope is None:
+        return []
+    by_id = {el.get("id"): el for el in scope.iterchildren() if el.get("id")}
+    found = [(by_id[f.get("sourceRef")], f) for f in _incoming(node) if f.get("sourceRef") in by_id]
+    if links.is_link_catch(node):
+        found += [(t, t) for t in scope.iterchildren(_bpmn("intermediateThrowEvent")) if node in _jump_targets(t)]
+    return found
 
 
 def _incoming(node: Any) -> list[Any]:
@@ -2435,7 +2464,7 @@ def _always_reached(node: Any, process: Any) -> bool:
             if el.get("id") in seen or el.tag in _DECISIONS or el.get("id") in bounded:
                 continue
             seen.add(el.get("id"))
-            todo.extend(nodes[f.get("targetRef")] for f in _outgoing(el) if f.get("targetRef") in nodes)
+            todo.extend(n for n in _successors(el) if n.get("id") in nodes)
         if current not in todo:
             return False
         current = scope

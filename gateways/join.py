@@ -27,6 +27,17 @@ folded: its own entries the record summarised come back as they were before the 
 branch's snapshot the record names), the base entries only it folded stay. What a record
 folded is read from the branch's tape (the compress event and the snapshot before it).
 
+Counters: two branches whose ``count_only`` rules counted the same base HISTORY entries each
+change ``summary:count:<pattern>``. Kept apart, the same entries would be counted twice (and, as
+two compressions of one key keep the base, would come back whole beside both counts); so the
+branches' counters of one pattern become one (``_counters``): the base entries any of them
+removed counted once and removed, each branch's own removed entries counted, the entries each
+kept verbatim listed. Which entries a counter removed is read from the branch's tape (each
+compress event and the snapshot before it); when it does not tell, the counters stay apart.
+
+An event sub-process merging back into the flow it left is no join, but meets both problems:
+it reuses ``single_summaries`` (the flow's records always stay) and ``single_counts``.
+
 Preserved keys: a key one branch's activities preserved stays preserved after the join,
 so a compression in another branch, which did not know, may not have changed it there:
 that branch's compressed value (or its fold) of a key of the base is not a change.
@@ -59,8 +70,9 @@ from typing import Any, NamedTuple
 
 from context_layers.attention import segment_history
 from context_layers.canonical import canonical_key, thaw
-from context_layers.config import ActivityExtensionConfig, as_config
-from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, is_record_key
+from context_layers.compress_rules import count_key, is_protected_record
+from context_layers.config import ActivityExtensionConfig, CompressRule, as_config
+from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, entry_kind, is_record_key
 from context_layers.errors import ContextKeyError, LayerflowError
 from context_layers.layers import Layer
 from context_layers.tape import Event, EventKind
@@ -71,10 +83,12 @@ from .policy import HumanRequest, ResolutionStep, resolve_conflicts
 from .splitter import BranchContext
 from .strategies import apply_reducer
 
-__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "apply_join", "free_record_key", "join_contexts"]
+__all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "Unfolded", "apply_join",
+           "free_record_key", "join_contexts", "single_counts", "single_summaries"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
+COUNT_PREFIX = count_key("")
 
 
 class _Overlay(Mapping[str, Any]):
@@ -286,6 +300,41 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
     return frozenset(k for k, n in counts.items() if n > 1)
 
 
+def single_counts(base: Snapshot, contexts: Mapping[str, LayeredContext]) -> dict[str, dict[str, Any]]:
+    """``_counters`` for a merge of ``contexts`` (in order) that are no branches of one split: an
+    event sub-process back into the flow it left (``engine.scope_steps``). Per context, the
+    counters it merges as. A context's changes since ``base`` are those after ``base`` in its
+    tape, or all of a context forked from ``base``; a counter of a context whose tape does not
+    tell stays as it is."""
+    if not all(any(k.startswith(COUNT_PREFIX) for k in ctx.layer(Layer.HISTORY)) for ctx in contexts.values()):
+        return {}  # (the tapes are read only when every context holds a counter)
+    counted: dict[str, dict[str, _Counted | None]] = {}
+    for name, ctx in contexts.items():
+        first = ctx.tape[0] if len(ctx.tape) else None
+        if base.context == ctx.name:
+            since = base.seq
+        elif first is not None and first.kind == EventKind.FORK and first.data.get("snapshot_id") == base.id:
+            since = -1
+        else:
+            continue
+        keys = {k: None for e in ctx.tape if e.seq > since for layer, k, _ in e.changes if layer == Layer.HISTORY}
+        counted[name] = _branch_counts(base, ctx, keys, since)
+    return _counters(base, counted, list(contexts), frozenset())[0]
+
+
+def _counted_only(keys: Collection[str], base: Snapshot, branches: Mapping[str, LayeredContext],
+                  counted: Mapping[str, Mapping[str, _Counted | None]]) -> frozenset[str]:
+    """Of base HISTORY ``keys``, those every branch that changed them removed with a counter
+    (``_counters``): several branches' removals of one entry agree, none is a contest."""
+    base_h = base.layer(Layer.HISTORY)
+    by = {b: {k for c in counted.get(b, {}).values() if c is not None for k in c.removed} for b in branches}
+
+    def changed(ctx: LayeredContext, key: str) -> bool:
+        history = ctx.layer(Layer.HISTORY)
+        return key not in history or not same_value(history[key], base_h[key])
+    return frozenset(k for k in keys if all(k in by[b] for b, ctx in branches.items() if changed(ctx, k)))
+
+
 def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, None] | None]:
     """Per layer, the keys the branch's tape changed since its fork (``None``: compare all)."""
     events = list(branch.tape)
@@ -354,12 +403,13 @@ def _unfold(key: str, record: Any, branch: LayeredContext, base_h: LayerView,
         base_keys.update(k for k in covers if k in base_h)
         return False
     # ``covers`` names an activity folded whole by its record alone; a key a rule of the same
-    # compression removed (count_only) is no part of the fold
+    # compression removed (count_only), even one of such an activity, is no part of the fold
     owner = segment_history(list(before.items())).owner
+    counted = {k for found in _removed_by_counters(event, before).values() for k in found}
     known = True
     for layer, k, new in event.changes:
-        if layer != Layer.HISTORY or new is not DELETED or k not in before or (k not in covers
-                                                                                  and owner.get(k) not in covers):
+        if layer != Layer.HISTORY or new is not DELETED or k not in before or k in counted or (
+                k not in covers and owner.get(k) not in covers):
             continue
         old = before[k]
         if k.startswith("compaction:") and not (k in base_h and same_value(base_h[k], old)):
@@ -387,6 +437,125 @@ def _fold_choice(folds: Iterable[_Fold], rank: Mapping[str, int]) -> list[_Fold]
         else:
             summarised |= fold.base_keys
     return dropped
+
+
+class _Counted(NamedTuple):
+    """What one branch's ``count_only`` counter of a pattern removed since the split."""
+
+    record: Mapping[str, Any]  # the branch's counter as it stands
+    removed: frozenset[str]  # the HISTORY keys its rule removed
+
+
+def _removed_by_counters(event: Event, before: Mapping[str, Any]) -> dict[str, set[str]]:
+    """Per ``summary:count:*`` counter a compress event wrote, the HISTORY keys its ``count_only``
+    rule removed: those of its pattern the event removed, but for the ones the counter kept. (The
+    rules run before the fold, so a key they removed is no part of the fold, whoever owned it.)"""
+    changed = {k: v for layer, k, v in event.changes if layer == Layer.HISTORY}
+    out: dict[str, set[str]] = {}
+    for key, value in changed.items():
+        record = thaw(value) if key.startswith(COUNT_PREFIX) and value is not DELETED else None
+        if not isinstance(record, Mapping) or not is_protected_record(key, record):
+            continue
+        rule = CompressRule(pattern=str(record.get("pattern") or key[len(COUNT_PREFIX):]), action="count_only")
+        kept = set(record.get("kept") or ())
+        out[key] = {k for k, v in changed.items() if v is DELETED and k in before and k not in kept
+                    and rule.matches(entry_kind(k, thaw(before[k])), k)}
+    return out
+
+
+def _branch_counts(base: Snapshot, branch: LayeredContext, keys: Iterable[str] | None,
+                   since: int = -1) -> dict[str, _Counted | None]:
+    """The ``summary:count:*`` counters ``branch`` changed since the split (of ``keys``, the HISTORY
+    keys its tape touched; ``None``: all), each with what its rule removed (``None``: the tape does
+    not tell); ``since``: the seq in its tape where the split is (a context that was not forked)."""
+    base_h, history = base.layer(Layer.HISTORY), branch.layer(Layer.HISTORY)
+    counters = [k for k in (keys if keys is not None else history) if k.startswith(COUNT_PREFIX) and k in history
+                and is_protected_record(k, thaw(history[k])) and not (k in base_h and same_value(history[k], base_h[k]))]
+    if not counters:
+        return {}
+    if keys is None:  # not forked from the join's snapshot: its tape may hold removals from before
+        return dict.fromkeys(counters)
+    removed: dict[str, set[str] | None] = {k: set() for k in counters}
+    for e in branch.tape:
+        if e.seq <= since or e.data.get("note") != "compress":
+            continue
+        mine = [k for layer, k, _ in e.changes if layer == Layer.HISTORY and k in removed]
+        if not mine:
+            continue
+        try:
+            before = branch.get_snapshot(str(e.data.get("snapshot_id"))).layer(Layer.HISTORY)
+        except ContextKeyError:
+            removed.update(dict.fromkeys(mine))
+            continue
+        by_counter = _removed_by_counters(e, before)
+        for key in mine:
+            found = removed[key]
+            if found is not None:
+                found.update(by_counter.get(key, ()))
+    return {k: None if found is None else _Counted(history[k], frozenset(found)) for k, found in removed.items()}
+
+
+def _counters(base: Snapshot, counted: Mapping[str, Mapping[str, _Counted | None]], order: Sequence[str],
+              pinned: Collection[str]) -> tuple[dict[str, dict[str, Any]], frozenset[str]]:
+    """One counter per pattern that several branches counted (see the module doc): per branch, the
+    counters to merge as (the same value in each branch that counted), and the base entries some
+    counter removed (each branch that changed one removed it: no branch's compression keeps it)."""
+    base_h = base.layer(Layer.HISTORY)
+    over: dict[str, dict[str, Any]] = {}
+    gone: set[str] = set()
+    for key in dict.fromkeys(k for b in order for k in counted.get(b, {})):
+        found = {b: counted[b][key] for b in order if key in counted.get(b, {})}
+        known = {b: c for b, c in found.items() if c is not None}
+        if len(found) < 2 or len(known) < len(found):
+            continue
+        # a key another branch preserved comes back (``_scoped_layers``): not removed, not counted
+        base_removed = {k for c in known.values() for k in c.removed if k in base_h and k not in pinned}
+        own = sum(len([k for k in c.removed if k not in base_h]) for c in known.values())
+        before = thaw(base_h[key]) if key in base_h else {}
+        dropped = int(before.get("dropped", 0) if isinstance(before, Mapping) else 0) + len(base_removed) + own
+        kept = [k for k in dict.fromkeys(k for c in known.values() for k in thaw(c.record).get("kept") or ())
+                if k not in base_removed]
+        record = {**thaw(next(iter(known.values())).record), "count": dropped + len(kept), "dropped": dropped,
+                  "kept": kept}
+        for b in known:
+            over.setdefault(b, {})[key] = record
+        gone |= base_removed
+    return over, frozenset(gone)
+
+
+class Unfolded(NamedTuple):
+    """The compaction records a merge drops so that each base HISTORY entry is summarised once
+    (``single_summaries``), and what each branch merges as instead."""
+
+    dropped: list[_Fold]  # branch order, then the branch's HISTORY order
+    # per branch: the HISTORY keys put back as they were before a dropped fold, and the dropped
+    # record itself (its base value, or ``DELETED``)
+    values: dict[str, dict[str, Any]]
+    # per branch: where each key put back stood in its HISTORY (``None``: a dropped record)
+    places: dict[str, dict[str, int | None]]
+
+
+def single_summaries(base: Snapshot, branches: Mapping[str, LayeredContext],
+                     keys: Mapping[str, Iterable[str] | None], *, kept: Collection[str] = ()) -> Unfolded:
+    """Of the compaction records ``branches`` (in branch order) added since ``base``, those to drop
+    so that no base HISTORY entry is summarised twice (``_fold_choice``); ``keys``: per branch, the
+    HISTORY keys its tape touched (``None``: all). The records of the branches in ``kept`` stay
+    whatever they summarise: an event sub-process merging back beside the flow it left never
+    takes the flow's summary away (``engine.scope_steps``)."""
+    rank = {b: i for i, b in enumerate(branches)}
+    dropped = _fold_choice((f._replace(undo=None) if b in kept else f for b, ctx in branches.items()
+                            for f in _branch_folds(base, b, ctx, keys.get(b))), rank)
+    base_h = base.layer(Layer.HISTORY)
+    values: dict[str, dict[str, Any]] = {}
+    places: dict[str, dict[str, int | None]] = {}
+    dropped.sort(key=lambda f: (rank[f.branch], f.order))
+    for fold in dropped:
+        undo = fold.undo or {}
+        values.setdefault(fold.branch, {})[fold.key] = base_h[fold.key] if fold.key in base_h else DELETED
+        values[fold.branch].update({k: value for k, (value, _) in undo.items()})
+        places.setdefault(fold.branch, {})[fold.key] = None
+        places[fold.branch].update({k: at for k, (_, at) in undo.items()})
+    return Unfolded(dropped, values, places)
 
 
 def _records_apart(outcomes: list[KeyOutcome], taken: list[Mapping[str, Any]]
@@ -602,19 +771,13 @@ def join_contexts(
     pinned = frozenset(k for ctx in branches.values() for k in ctx.preserved)
     touched = {b: _touched(base, ctx) for b, ctx in branches.items()}
     # two branches' summaries of the same base entries: one is kept (see the module doc)
-    rank = {b: i for i, b in enumerate(order)}
-    dropped = _fold_choice((f for b, ctx in branches.items()
-                            for f in _branch_folds(base, b, ctx, touched[b][Layer.HISTORY])), rank)
+    dropped, unfolded, places = single_summaries(base, branches, {b: touched[b][Layer.HISTORY] for b in order})
     base_h = base.layer(Layer.HISTORY)
-    unfolded: dict[str, dict[str, Any]] = {}
-    places: dict[str, dict[str, int | None]] = {}
-    for fold in sorted(dropped, key=lambda f: (rank[f.branch], f.order)):
-        undo = fold.undo or {}
-        unfolded.setdefault(fold.branch, {})[fold.key] = base_h[fold.key] if fold.key in base_h else DELETED
-        unfolded[fold.branch].update({k: value for k, (value, _) in undo.items()})
-        places.setdefault(fold.branch, {})[fold.key] = None
-        places[fold.branch].update({k: at for k, (_, at) in undo.items()})
-    contested = _contested(base, branches, touched, unfolded)
+    counted = {b: _branch_counts(base, ctx, touched[b][Layer.HISTORY]) for b, ctx in branches.items()}
+    counters, counted_away = _counters(base, counted, order, pinned)
+    for b, records in counters.items():
+        unfolded.setdefault(b, {}).update(records)
+    contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
                                 contested, changed_working, unfolded.get(b))
@@ -709,7 +872,7 @@ def join_contexts(
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,
                       dropped_compactions=tuple({"branch": f.branch, "key": f.key,
                                                  "restored": [k for k in f.undo or {} if k not in base_h]}
-                                                for f in sorted(dropped, key=lambda f: (rank[f.branch], f.order))))
+                                                for f in dropped))
 
 
 def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine",

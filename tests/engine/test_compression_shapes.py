@@ -366,3 +366,116 @@ def test_both_branches_fold_the_base_history_and_the_join_keeps_one_summary(tmp_
     [join_again] = [e for e in again.tape if e.data.get("note") == "join"]
     assert json.dumps(join.to_dict()["changes"], sort_keys=True) == json.dumps(join_again.to_dict()["changes"],
                                                                               sort_keys=True)
+
+
+# the flow waits for a person while a non-interrupting event sub-process folds the HISTORY it
+# forked with; then the flow folds the same entries, and the event sub-process merges back
+ESP_FOLD_BPMN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="https://layerflow.dev/tests">
+  <bpmn:message id="m_docs" name="documents_received"/>
+  <bpmn:process id="espfold" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:scriptTask id="intake"><bpmn:script>profile = {"id": "P-1", "tags": ["a", "b"]}
+intake_notes = "intake notes about the applicant " * 8</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="research"><bpmn:script>research = "research findings on the market " * 8</bpmn:script></bpmn:scriptTask>
+    <bpmn:scriptTask id="rating"><bpmn:script>rating = "rating agency opinion text " * 8</bpmn:script></bpmn:scriptTask>
+    <bpmn:userTask id="review"/>
+    <bpmn:scriptTask id="wrap"><bpmn:script>wrap_out = "wrap up text " * 6</bpmn:script></bpmn:scriptTask>
+    <bpmn:userTask id="final"/>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="intake"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="intake" targetRef="research"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="research" targetRef="rating"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="rating" targetRef="review"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="review" targetRef="wrap"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="wrap" targetRef="final"/>
+    <bpmn:sequenceFlow id="f7" sourceRef="final" targetRef="end"/>
+    <bpmn:subProcess id="on_docs" triggeredByEvent="true">
+      <bpmn:startEvent id="docs_start" isInterrupting="false"><bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:startEvent>
+      <bpmn:scriptTask id="note_docs"><bpmn:script>docs_note = "documents note text " * 6</bpmn:script></bpmn:scriptTask>
+      <bpmn:scriptTask id="more_docs"><bpmn:script>docs_out = "documents review text " * 6</bpmn:script></bpmn:scriptTask>
+      <bpmn:userTask id="check_docs"/>
+      <bpmn:endEvent id="docs_end"/>
+      <bpmn:sequenceFlow id="g1" sourceRef="docs_start" targetRef="note_docs"/>
+      <bpmn:sequenceFlow id="g2" sourceRef="note_docs" targetRef="more_docs"/>
+      <bpmn:sequenceFlow id="g3" sourceRef="more_docs" targetRef="check_docs"/>
+      <bpmn:sequenceFlow id="g4" sourceRef="check_docs" targetRef="docs_end"/>
+    </bpmn:subProcess>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+ESP_FOLD_CONFIG = """intake:
+  preserveKeys: [profile]
+wrap:
+  compressTokenThreshold: 150
+more_docs:
+  compressTokenThreshold: 150
+"""
+
+
+def _esp_fold(tmp_path: Path, text: str = ESP_FOLD_BPMN, config: str = ESP_FOLD_CONFIG) -> Any:
+    path = tmp_path / "espfold.bpmn"
+    path.write_text(text, encoding="utf-8")
+    (tmp_path / "espfold.layerflow.yaml").write_text(config, encoding="utf-8")
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(load_process(path), {}))
+    instance = engine.send_event(instance, "documents_received", {"files": ["a"]})
+    [side] = [n for n in instance.contexts if n != "main"]
+    instance = engine.complete_user_task(engine.load(instance.id), "review", {"ok": True})
+    folded = {name: instance.contexts[name].layer(Layer.HISTORY) for name in ("main", side)}
+    instance = engine.complete_user_task(engine.load(instance.id), "check_docs", {"checked": True})
+    return instance, side, folded
+
+
+def test_an_event_sub_process_that_folded_what_the_flow_folded_merges_back_with_one_summary(tmp_path: Path) -> None:
+    instance, side, folded = _esp_fold(tmp_path)
+    assert instance.status == "waiting", instance.error
+    for name in ("main", side):  # each folded the HISTORY the event sub-process forked with
+        assert [k for k in folded[name] if k.startswith("compaction:")] == ["compaction:1"]
+        assert "activity:research" in folded[name]["compaction:1"]["covers"]
+    assert "activity:note_docs" in folded[side]["compaction:1"]["covers"] and "docs_note" not in folded[side]
+    main = instance.contexts["main"]
+    history = main.layer(Layer.HISTORY)
+    # the flow's summary alone; the event sub-process's own entries its record folded come back
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
+    assert history["compaction:1"] == folded["main"]["compaction:1"]
+    assert not {"intake_notes", "research", "rating"} & set(history)
+    assert history["docs_note"] == "documents note text " * 6 and history["docs_out"] and history["checked"] is True
+    assert list(history).index("docs_note") < list(history).index("docs_out")
+    assert history["profile"] == {"id": "P-1", "tags": ["a", "b"]} and "profile" in main.preserved
+    [merge] = [e for e in main.tape if e.data.get("note") == "side_merge"]
+    assert merge.data["dropped_compactions"] == ["compaction:1"]
+    assert LayeredContext.replay(main.tape) == main
+    again, _, _ = _esp_fold(tmp_path)
+    [merge_again] = [e for e in again.contexts["main"].tape if e.data.get("note") == "side_merge"]
+    assert json.dumps(merge.to_dict()["changes"], sort_keys=True) == json.dumps(merge_again.to_dict()["changes"],
+                                                                               sort_keys=True)
+
+
+# each step leaves a log line too; the flow's and the event sub-process's compressions count them
+ESP_COUNT_BPMN = (ESP_FOLD_BPMN
+                  .replace('intake_notes = "', 'log_intake = "intake log line " * 20\nintake_notes = "')
+                  .replace('research = "', 'log_research = "research log line " * 20\nresearch = "')
+                  .replace('wrap_out = "', 'log_wrap = "wrap log line " * 20\nwrap_out = "')
+                  .replace('docs_note = "', 'log_docs = "docs log line " * 20\ndocs_note = "'))
+ESP_COUNT_CONFIG = ESP_FOLD_CONFIG.replace("compressTokenThreshold: 150", "compressTokenThreshold: 150\n  compressRules:\n"
+                                           "    - {pattern: 'log_*', action: count_only, keepLast: 1}")
+
+
+def test_an_event_sub_process_that_counted_what_the_flow_counted_merges_back_with_one_count(tmp_path: Path) -> None:
+    instance, side, folded = _esp_fold(tmp_path, ESP_COUNT_BPMN, ESP_COUNT_CONFIG)
+    assert instance.status == "waiting", instance.error
+    for name, own in (("main", "log_wrap"), (side, "log_docs")):  # each counted the two base logs
+        assert folded[name]["summary:count:log_*"] == {"kind": "count", "_compressed": "count_only",
+                                                       "pattern": "log_*", "count": 3, "dropped": 2, "kept": [own]}
+    main = instance.contexts["main"]
+    history = main.layer(Layer.HISTORY)
+    # one counter: the base logs once, what each kept listed
+    assert [k for k in history if k.startswith("summary:count:")] == ["summary:count:log_*"]
+    assert history["summary:count:log_*"] == {"kind": "count", "_compressed": "count_only", "pattern": "log_*",
+                                              "count": 4, "dropped": 2, "kept": ["log_wrap", "log_docs"]}
+    assert [k for k in history if k.startswith("log_")] == ["log_wrap", "log_docs"]
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
+    assert history["profile"] == {"id": "P-1", "tags": ["a", "b"]} and "profile" in main.preserved
+    assert LayeredContext.replay(main.tape) == main

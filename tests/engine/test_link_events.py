@@ -315,3 +315,92 @@ def test_the_spec_layerflow_parses_runs_the_links_under_plain_spiffworkflow(case
     assert wf.is_completed()
     plain, _ = run_plain(_drawn_with_flows(linked, tmp_path / "flows"), CASES[case].data, {})
     assert [p for p in path_of(wf) if p not in _link_ids(linked)] == path_of(plain)
+
+
+# ----- validate's path checks take the jump: a problem drawn across a link is still found ----------
+
+
+def _process(body: str, pid: str = "across") -> str:
+    return ('<?xml version="1.0" encoding="UTF-8"?>\n<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/'
+            f'BPMN/20100524/MODEL" id="Definitions_{pid}" targetNamespace="https://layerflow.dev/tests/links">\n'
+            f'  <bpmn:process id="{pid}" isExecutable="true">\n{body}\n  </bpmn:process>\n</bpmn:definitions>\n')
+
+
+def _link(kind: str, eid: str, name: str) -> str:
+    tag = "intermediateThrowEvent" if kind == "throw" else "intermediateCatchEvent"
+    return f'    <bpmn:{tag} id="{eid}"><bpmn:linkEventDefinition name="{name}"/></bpmn:{tag}>'
+
+
+def _flows(*pairs: str) -> str:
+    return "\n".join(f'    <bpmn:sequenceFlow id="Flow_{i}" sourceRef="{p.split(">")[0]}" targetRef="{p.split(">")[1]}"/>'
+                     for i, p in enumerate(pairs, 1))
+
+
+ACROSS = {
+    # an exclusive gateway's two paths meet at a parallel join, one of them through a link
+    "join_never_complete": ("Gateway_join", "\n".join([
+        '    <bpmn:startEvent id="StartEvent_1"/>',
+        '    <bpmn:exclusiveGateway id="Gateway_choose" default="Flow_3"/>',
+        '    <bpmn:task id="Activity_a"/>', '    <bpmn:task id="Activity_b"/>',
+        _link("throw", "Event_to_b", "b"), _link("catch", "Event_b", "b"),
+        '    <bpmn:parallelGateway id="Gateway_join"/>', '    <bpmn:endEvent id="EndEvent_1"/>',
+        _flows("StartEvent_1>Gateway_choose", "Gateway_choose>Activity_a", "Gateway_choose>Event_to_b",
+               "Event_b>Activity_b", "Activity_a>Gateway_join", "Activity_b>Gateway_join", "Gateway_join>EndEvent_1"),
+    ]),
+        "joins flows that come from different paths of 'Gateway_choose'"),
+    # the call that starts the process again is reached on every run, but only through a link
+    "call_activity_recursion": ("Activity_again", "\n".join([
+        '    <bpmn:startEvent id="StartEvent_1"/>', _link("throw", "Event_to_call", "call"),
+        _link("catch", "Event_call", "call"), '    <bpmn:callActivity id="Activity_again" calledElement="across"/>',
+        '    <bpmn:endEvent id="EndEvent_1"/>',
+        _flows("StartEvent_1>Event_to_call", "Event_call>Activity_again", "Activity_again>EndEvent_1"),
+    ]), "every run of it calls again (across -> across)"),
+}
+
+
+@pytest.mark.parametrize("code", list(ACROSS))
+def test_validate_finds_a_path_problem_that_only_a_link_jump_reveals(tmp_path: Path, code: str) -> None:
+    element, body, says = ACROSS[code]
+    path = tmp_path / "across.bpmn"
+    path.write_text(_process(body), encoding="utf-8")
+    found = [p for p in validate_process(path, discover_config=False).problems if p.code == code]
+    assert [p.element_id for p in found] == [element], found
+    assert says in found[0].message, found[0].message
+    # drawn with flows instead of the link, the same problem: the link hid it, nothing else
+    flat = _drawn_with_flows(path, tmp_path / "flat")
+    assert [p.element_id for p in validate_process(flat, discover_config=False).problems if p.code == code] == [element]
+
+
+def test_a_scope_without_a_start_event_names_where_its_path_begins_not_a_link_catch(tmp_path: Path) -> None:
+    path = tmp_path / "across.bpmn"
+    path.write_text(_process("\n".join([
+        '    <bpmn:task id="Activity_first"/>', _link("throw", "Event_to_end", "end"), _link("catch", "Event_end", "end"),
+        '    <bpmn:endEvent id="EndEvent_1"/>', _flows("Activity_first>Event_to_end", "Event_end>EndEvent_1")])),
+        encoding="utf-8")
+    [problem] = [p for p in validate_process(path, discover_config=False).problems if p.code == "no_start_event"]
+    assert "a sequence flow from it to 'Activity_first' (no flow leads there)" in problem.message, problem.message
+
+
+@pytest.mark.parametrize("name", ["two_pages", "loop_back", "several_throws"])
+def test_the_diagram_draws_each_jump_dotted_from_throw_to_catch(name: str) -> None:
+    path = LINKS / f"{name}.bpmn"
+    process = etree.parse(str(path)).getroot().find(f"{BPMN}process")
+    throws = [el for el in process if el.tag == f"{BPMN}intermediateThrowEvent" and el.get("id") in _link_ids(path)]
+    catch_of = {el.find(f"{BPMN}linkEventDefinition").get("name"): el.get("id")
+                for el in process if el.tag == f"{BPMN}intermediateCatchEvent" and el.get("id") in _link_ids(path)}
+    expected = {(t.get("id"), catch_of[t.find(f"{BPMN}linkEventDefinition").get("name")]) for t in throws}
+    diagram = parse_bpmn(path)
+    assert {(e.source, e.target) for e in diagram.edges if e.kind == "link"} == expected
+    assert all(e.kind == "flow" for e in diagram.edges if (e.source, e.target) not in expected)
+    svg = etree.fromstring(render_svg(diagram).encode())
+    drawn = {(g.get("data-source"), g.get("data-target")): g for g in svg.iter("{http://www.w3.org/2000/svg}g")
+             if "edge-link" in (g.get("class") or "").split()}
+    assert set(drawn) == expected
+    for g in drawn.values():
+        line = g.find("{http://www.w3.org/2000/svg}polyline")
+        assert line.get("stroke-dasharray") == "2 4" and len(line.get("points").split()) >= 2
+        assert "jumps to" in g.find("{http://www.w3.org/2000/svg}title").text
+    # the layout places the catch after its throw, as it places a flow's target after its source
+    # (loop_back's jump goes back: a loop, drawn under everything)
+    for throw, catch in expected if name != "loop_back" else ():
+        assert diagram.nodes[catch].x > diagram.nodes[throw].x

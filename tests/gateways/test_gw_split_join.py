@@ -470,6 +470,61 @@ def test_the_join_keeps_the_summary_of_the_most_base_entries(shape: str, kept: s
     assert LayeredContext.replay(ctx.tape) == ctx
 
 
+COUNT_TOOLS = {"compressRules": [{"pattern": "tool:*", "action": "count_only", "keepLast": 1}]}
+
+
+def _tool(who: str, i: int) -> dict[str, Any]:
+    return {"kind": "tool_result", "out": f"{who} result {i} " * 8}
+
+
+@pytest.mark.parametrize(("shape", "dropped", "left"), [
+    # both count the four base results and one of their own each: 4 + 1 + 1, the base ones gone
+    ("fresh", 6, []),
+    # a preserves one base result, which b's counter removed: it stays, and no counter counts it
+    ("preserved", 5, ["tool:base3"]),
+    # the base had counted three already (kept base3): the branches' counts go on from it
+    ("counted_before", 6, []),
+    # the compressions fold the base's activities too (the join keeps a's record): the results
+    # the counters removed were no part of the folds, so b's dropped fold brings none back
+    ("folded", 6, []),
+])
+def test_a_join_keeps_one_count_of_the_base_entries_both_branches_counted(shape: str, dropped: int,
+                                                                          left: list[str]) -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.begin_activity("facts")
+    ctx.write(Layer.WORKING, "profile", PROFILE, actor="facts")
+    ctx.complete_activity("facts", preserve_keys=["profile"])
+    for i in range(4):
+        activity(ctx, f"pre{i}", {f"tool:base{i}": _tool("base", i)})
+    compressor = RuleDrivenCompressor()
+    if shape == "counted_before":
+        compressor.compress(ctx, COUNT_TOOLS, triggers=[])
+        assert ctx.layer(Layer.HISTORY)["summary:count:tool:*"]["dropped"] == 3
+    a, b = split(ctx, ["a", "b"])
+    if shape == "preserved":
+        a.context.begin_activity("keep")
+        a.context.complete_activity("keep", preserve_keys=["tool:base3"])
+    for name, branch in (("a", a), ("b", b)):
+        for j in range(2):
+            activity(branch.context, f"t{name}{j}", {f"tool:{name}{j}": _tool(name, j)})
+        done = compressor.compress(branch.context, COUNT_TOOLS, triggers=None if shape == "folded" else [])
+        assert done.changed and (done.compaction_key is not None) == (shape == "folded")
+    result = join(ctx, [a, b])
+    assert result.conflicts == [] and result.complete
+    assert join(ctx, [a, b], arrival_order=["b", "a"]).all_changes() == result.all_changes()
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    assert [k for k in history if k.startswith("summary:count:")] == ["summary:count:tool:*"]
+    assert history["summary:count:tool:*"] == {"kind": "count", "_compressed": "count_only", "pattern": "tool:*",
+                                               "count": dropped + 2, "dropped": dropped, "kept": ["tool:a1", "tool:b1"]}
+    assert [k for k in history if k.startswith("tool:")] == [*left, "tool:a1", "tool:b1"]
+    for key in left:
+        assert history[key] == _tool("base", int(key[-1]))
+    assert history["profile"] == PROFILE and "profile" in ctx.preserved
+    assert LayeredContext.replay(ctx.tape) == ctx
+    assert canonical_json(dict(LayeredContext.replay(ctx.tape).layer(Layer.HISTORY))) == canonical_json(dict(history))
+
+
 def test_merged_conflicts_accumulate_over_joins() -> None:
     ctx = loan_parent()
     cfg = config_from_dict({"mergeStrategy": "LAST_WRITER_WINS"})
