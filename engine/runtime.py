@@ -1499,8 +1499,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
     def _run_native(self, task: Any, actx: ActivityContext, default_run: Callable[[], Any]) -> Any:
         """SpiffWorkflow's own behaviour (DMN) on a task.data filled from the context, diffed back."""
-        before = {k: thaw(v) for k, v in actx.context.resolved().items()}
-        task.data = dict(before)
+        resolved = actx.context.resolved()
+        before = {k: thaw(v) for k, v in resolved.items()}
+        # thawed twice: a decision writing into a nested object (an output named
+        # ``claim.grade``) must not change the baseline its changes are diffed against
+        task.data = {k: thaw(v) for k, v in resolved.items()}
         try:
             result = default_run()
             changed = {k: v for k, v in task.data.items() if k not in before or not json_equal(before[k], v)}

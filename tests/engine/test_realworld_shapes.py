@@ -1,0 +1,50 @@
+"""Shapes met in public BPMN files (SpiffWorkflow's and Camunda's test and example processes)
+that layerflow ran differently from plain SpiffWorkflow 3.2, or refused although SpiffWorkflow
+runs them. Each is redrawn small in ``tests/engine/realworld/``; a case runs it through
+layerflow and, where SpiffWorkflow can, through plain SpiffWorkflow with the same data, and
+the final variables must agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
+
+from engine import Engine, load_process
+
+from engine_helpers import variables
+
+REALWORLD = Path(__file__).resolve().parent / "realworld"
+
+
+def plain_camunda(files: list[Path], process_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The final variables of plain SpiffWorkflow with its Camunda parser (camunda:decisionRef)."""
+    parser = CamundaParser()
+    parser.add_bpmn_files([str(f) for f in files if f.suffix == ".bpmn"])
+    parser.add_dmn_files([str(f) for f in files if f.suffix == ".dmn"])
+    wf = BpmnWorkflow(parser.get_spec(process_id))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    return dict(wf.last_task.data)
+
+
+def run(files: list[Path], data: dict[str, Any]) -> Any:
+    engine = Engine(store="memory://")
+    return engine.run(engine.start(load_process(files), data))
+
+
+def test_a_decision_output_named_with_a_dot_sets_a_key_of_an_object_the_process_holds() -> None:
+    """A DMN output named ``claim.grade`` (as Camunda Modeler users name outputs into an object)
+    adds ``grade`` to the ``claim`` an earlier task wrote; layerflow lost it, because the
+    decision ran on a copy of the context that shared its nested objects with the baseline the
+    changes were diffed against, so the change was in both and nothing was written."""
+    files = [REALWORLD / "nested_output.bpmn", REALWORLD / "claim_grade.dmn"]
+    expected = plain_camunda(files, "nested_output", {"score": 70})
+    assert expected["claim"] == {"score": 70, "notes": ["opened"], "grade": "A"}
+    instance = run(files, {"score": 70})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
+    assert instance.main.layer(3)["activity:grade"]["keys"] == ["claim"]
