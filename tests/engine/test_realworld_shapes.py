@@ -9,10 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+from click.testing import CliRunner
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
 
 from engine import Engine, load_process
+from engine.cli import main
+from engine.governance import InvalidAnswer
 
 from engine_helpers import variables
 
@@ -48,3 +52,22 @@ def test_a_decision_output_named_with_a_dot_sets_a_key_of_an_object_the_process_
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == expected
     assert instance.main.layer(3)["activity:grade"]["keys"] == ["claim"]
+
+
+def test_a_camunda_form_field_of_a_custom_type_is_a_warning_and_the_task_runs() -> None:
+    """``type="textarea"`` (a form plugin's type, common in processes written for SpiffWorkflow's
+    Camunda parser, which runs them) is not one of Camunda 7's built-in types: validate warns,
+    naming the file, the task and the field, and the run asks for it with its type unchecked;
+    validate refused the whole process."""
+    path = REALWORLD / "custom_field_type.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'textarea'" in ln)
+    assert "warning" in line and str(path) in line and "'describe_site'" in line and "field 'access_notes'" in line
+    answers = {"describe_site": {"visits": 2, "access_notes": "gate code at the lodge"}}
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}), answers={"user_tasks": answers})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == answers["describe_site"]
+    with pytest.raises(InvalidAnswer, match="visits"):  # the typed field beside it is still checked
+        engine.run(engine.start(load_process([path]), {}), answers={"user_tasks": {"describe_site": {"visits": "two"}}})
