@@ -2066,8 +2066,8 @@ class _Validator:
                  for item in holder.iterfind(_bpmn(kind))]
         for kind, item, who in found:
             item_id, name = item.get("id"), item.get("name")
-            if not name or name == item_id:
-                continue
+            if not name or name == item_id or not name.isidentifier():
+                continue  # a name no script can write ("parcel to weigh") is a label, not a variable
             what = f"{who} reads" if kind in ("inputDataItem", "dataInput") else f"{who} must set"
             self.add("data_item_named_apart", f"bpmn:{tag} {eid!r}: its bpmn:{kind} has id={item_id!r} and "
                      f"name={name!r}; SpiffWorkflow names the variable by its id, so {what} {item_id!r}, not "

@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
 from engine import Engine, load_process
 from engine.cli import main
@@ -71,3 +72,23 @@ def test_a_camunda_form_field_of_a_custom_type_is_a_warning_and_the_task_runs() 
     assert variables(instance.main) == answers["describe_site"]
     with pytest.raises(InvalidAnswer, match="visits"):  # the typed field beside it is still checked
         engine.run(engine.start(load_process([path]), {}), answers={"user_tasks": {"describe_site": {"visits": "two"}}})
+
+
+def test_a_data_item_whose_name_is_a_label_draws_no_warning() -> None:
+    """A multi-instance item with id="parcel" and name="parcel to weigh" (a label, as modelers
+    fill the name in; SpiffWorkflow's own test processes do) is read by its id, as the script
+    does: validate warned that the variable was its id and told to write id='parcel to weigh',
+    which is no valid XML id and no variable a script could name."""
+    path = REALWORLD / "labelled_items.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output, result.output
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("labelled_items"))
+    wf.task_tree.data.update({"parcels": [1.5, 2]})
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], {"parcels": [1.5, 2]})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"parcels": [1.5, 2], "weights": [1500.0, 2000]}
