@@ -92,3 +92,23 @@ def test_a_data_item_whose_name_is_a_label_draws_no_warning() -> None:
     instance = run([path], {"parcels": [1.5, 2]})
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == dict(wf.last_task.data) == {"parcels": [1.5, 2], "weights": [1500.0, 2000]}
+
+
+def test_a_correlation_over_a_message_nothing_exchanges_is_a_warning_and_the_process_runs() -> None:
+    """SpiffArena keeps the correlation properties of a whole collection of processes in each file;
+    one whose retrieval expression is no Python (``from.depot``: a keyword) over a message no element
+    sends or catches is never evaluated, and SpiffWorkflow runs the process: validate refused it.
+    It warns, naming the file, the property and the message."""
+    path = REALWORLD / "unused_correlation.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'from.depot'" in ln)
+    assert "warning" in line and str(path) in line and "'shipment_ref'" in line and "'shipment_notice'" in line
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("unused_correlation"))
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"boxes": 3}
