@@ -1454,9 +1454,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                 "is configured and it has no offline handler; pass --model (or set llm.model in its "
                                 f"config), or give it a handler (@activity({spec.bpmn_id!r}), or 'handler' in its "
                                 "config) to run offline", task_id=spec.bpmn_id)
+        operation = getattr(spec, "operation_name", None)
+        connector = (f"@activity({operation!r}) for its spiffworkflow:serviceTaskOperator (it gets the operator's "
+                     "parameters in ctx.params), " if isinstance(spec, ServiceTaskMixin) and operation
+                     and operation != spec.bpmn_id else "")
         raise ActivityError(f"task {spec.bpmn_id!r} ({type(spec).__name__.removeprefix('Layerflow')}) has no "
-                            f"handler; register one with @activity({spec.bpmn_id!r}) or set 'handler' in its config",
-                            task_id=spec.bpmn_id)
+                            f"handler; register one with {connector}@activity({spec.bpmn_id!r}) or set 'handler' "
+                            "in its config", task_id=spec.bpmn_id)
 
     def run_with_tools(self, task: Any, actx: ActivityContext, cfg: ActivityExtensionConfig,
                        model: str) -> dict[str, Any] | None:

@@ -112,3 +112,22 @@ def test_a_correlation_over_a_message_nothing_exchanges_is_a_warning_and_the_pro
     instance = run([path], {})
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == dict(wf.last_task.data) == {"boxes": 3}
+
+
+def test_a_connector_with_no_handler_stops_naming_its_operator() -> None:
+    """A SpiffArena service task names its connector (``spiffworkflow:serviceTaskOperator``); with
+    no handler registered, the run stopped telling the user to register one under the task's id
+    only, not under the operator name validate had pointed to (which also gets the parameters)."""
+    path = REALWORLD / "connector_without_handler.bpmn"
+    instance = run([path], {})
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "fetch_rate"
+    message = instance.error["message"]
+    assert "@activity('fx/LatestRate')" in message and "ctx.params" in message, message
+    assert "@activity('fetch_rate')" in message, message
+
+    engine = Engine(store="memory://")
+    engine.handlers.register("fx/LatestRate", lambda ctx: 0.92 if ctx.params["currency"] == "EUR" else None)
+    done = engine.run(engine.start(load_process([path]), {}))
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"rate": 0.92}
