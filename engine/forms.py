@@ -5,7 +5,8 @@ Three ways of declaring one are read from the BPMN, as the modelers save them:
 * Camunda 7: ``<camunda:formData>`` with ``<camunda:formField id label type defaultValue>``
   (types ``string``, ``long``, ``boolean``, ``date``, ``enum`` with ``<camunda:value id name>``)
   and ``<camunda:validation><camunda:constraint name config>`` (``required``, ``min``, ``max``,
-  ``minlength``, ``maxlength``, ``readonly``);
+  ``minlength``, ``maxlength``, ``readonly``); a field of another type (a form plugin's
+  ``textarea``) is asked for with its type unchecked, and validate warns;
 * SpiffArena: ``<spiffworkflow:property name="formJsonSchemaFilename" value="x-schema.json">``,
   a JSON Schema file beside the BPMN (``formUiSchemaFilename`` only lays the form out), whose
   ``"anyOf" | "oneOf" | "enum": ["options_from_task_data_var:NAME"]`` take their options from the

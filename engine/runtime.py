@@ -1511,10 +1511,26 @@ class _Runtime(ScopeSteps, GatewaySteps):
         try:
             result = default_run()
             changed = {k: v for k, v in task.data.items() if k not in before or not json_equal(before[k], v)}
-            write_result(actx, changed)
+            try:
+                write_result(actx, changed)
+            except ContextWriteDenied as err:  # the modeler named the key in the table, not in code
+                raise ContextWriteDenied(err.key, err.requested, err.effective,
+                                         f"{err.reason}; {self._decision_outputs_of(task.task_spec, err.key)}",
+                                         op=err.op) from None
         finally:
             task.data = {}
         return result
+
+    @staticmethod
+    def _decision_outputs_of(spec: Any, key: str) -> str:
+        """Which outputs of a business rule task's decision table write ``key``, and what to do."""
+        table = spec.dmnEngine.decision_table
+        names = [n for n in (o.name or o.label for o in table.outputs) if n and (n == key or n.startswith(f"{key}."))]
+        named = ", ".join(repr(n) for n in names) or repr(key)
+        instead = names[0].replace(".", "_") if names else f"{key}_result"
+        return (f"the output {named} of decision table {table.id!r} (business rule task {spec.bpmn_id!r}) writes it: "
+                f"name the output after a key of its own (e.g. {instead!r}), or keep {key!r} out of the data the "
+                "instance starts with")
 
     @staticmethod
     def _run_decision_into_variable(task: Any, actx: ActivityContext) -> None:

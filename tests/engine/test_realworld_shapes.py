@@ -131,3 +131,17 @@ def test_a_connector_with_no_handler_stops_naming_its_operator() -> None:
     done = engine.run(engine.start(load_process([path]), {}))
     assert done.status == "completed", done.error
     assert variables(done.main) == {"rate": 0.92}
+
+
+def test_a_decision_output_into_an_object_the_instance_started_with_is_refused_naming_the_output() -> None:
+    """The data an instance starts with is PROCESS (append-only), so a decision output named
+    ``claim.grade`` cannot change a ``claim`` given at the start; the refusal named the key and
+    the layer but not the decision output that wrote it, nor how to rename it."""
+    files = [REALWORLD / "grade_given_claim.bpmn", REALWORLD / "claim_grade.dmn"]
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process(files), {"claim": {"score": 70}}))
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "grade"
+    message = instance.error["message"]
+    assert "'claim'" in message and "'claim.grade'" in message and "'table_claim_grade'" in message, message
+    assert "'claim_grade'" in message, message  # the name to give the output instead
