@@ -5,7 +5,8 @@ Three ways of declaring one are read from the BPMN, as the modelers save them:
 * Camunda 7: ``<camunda:formData>`` with ``<camunda:formField id label type defaultValue>``
   (types ``string``, ``long``, ``boolean``, ``date``, ``enum`` with ``<camunda:value id name>``)
   and ``<camunda:validation><camunda:constraint name config>`` (``required``, ``min``, ``max``,
-  ``minlength``, ``maxlength``, ``readonly``);
+  ``minlength``, ``maxlength``, ``readonly``); a field of another type (a form plugin's
+  ``textarea``) is asked for with its type unchecked, and validate warns;
 * SpiffArena: ``<spiffworkflow:property name="formJsonSchemaFilename" value="x-schema.json">``,
   a JSON Schema file beside the BPMN (``formUiSchemaFilename`` only lays the form out), whose
   ``"anyOf" | "oneOf" | "enum": ["options_from_task_data_var:NAME"]`` take their options from the
@@ -147,9 +148,10 @@ def _number(text: str | None) -> float | int | None:
     return int(value) if value.is_integer() else value
 
 
-def _camunda_form(form_data: Any) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
+def _camunda_form(form_data: Any) -> tuple[dict[str, Any], _Problems, _Problems]:
     fields: list[dict[str, Any]] = []
     problems: list[tuple[str | None, str]] = []
+    warnings: list[tuple[str | None, str]] = []
     for el in form_data.findall(_q(CAMUNDA_NS, "formField")):
         fid = el.get("id") or ""
         kind = el.get("type") or "string"
@@ -157,8 +159,10 @@ def _camunda_form(form_data: Any) -> tuple[dict[str, Any], list[tuple[str | None
             problems.append((None, "a camunda:formField has no id; give every field the id its value is kept under"))
             continue
         if kind not in CAMUNDA_TYPES:
-            problems.append((fid, f"type {kind!r} is not a Camunda form field type; use one of "
-                                  f"{', '.join(CAMUNDA_TYPES)}"))
+            # a custom type (textarea, file, ...: form plugins and SpiffWorkflow-based tools use them)
+            # stops neither SpiffWorkflow nor the run: the field is asked for, its type unchecked
+            warnings.append((fid, f"type {kind!r} is not a Camunda form field type, so answers to it are not "
+                                  f"checked for a type; use one of {', '.join(CAMUNDA_TYPES)} to have them checked"))
         default, problem = _camunda_default(kind, el.get("defaultValue"))
         if problem:
             problems.append((fid, problem))
@@ -184,7 +188,7 @@ def _camunda_form(form_data: Any) -> tuple[dict[str, Any], list[tuple[str | None
                 else:
                     field[name] = bound
         fields.append(field)
-    return {"source": "camunda:formData", "fields": fields}, problems
+    return {"source": "camunda:formData", "fields": fields}, problems, warnings
 
 
 def _schema_fields(schema: Mapping[str, Any], slots: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -282,7 +286,7 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problem
         return None, [], []
     form_data = ext.find(_q(CAMUNDA_NS, "formData"))
     if form_data is not None:
-        return (*_camunda_form(form_data), [])
+        return _camunda_form(form_data)
     for prop in ext.iter(_q(SPIFF_NS, "property")):
         if prop.get("name") == "formJsonSchemaFilename" and (prop.get("value") or "").strip():
             return _spiff_form(prop.get("value").strip(), base)

@@ -1454,9 +1454,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                 "is configured and it has no offline handler; pass --model (or set llm.model in its "
                                 f"config), or give it a handler (@activity({spec.bpmn_id!r}), or 'handler' in its "
                                 "config) to run offline", task_id=spec.bpmn_id)
+        operation = getattr(spec, "operation_name", None)
+        connector = (f"@activity({operation!r}) for its spiffworkflow:serviceTaskOperator (it gets the operator's "
+                     "parameters in ctx.params), " if isinstance(spec, ServiceTaskMixin) and operation
+                     and operation != spec.bpmn_id else "")
         raise ActivityError(f"task {spec.bpmn_id!r} ({type(spec).__name__.removeprefix('Layerflow')}) has no "
-                            f"handler; register one with @activity({spec.bpmn_id!r}) or set 'handler' in its config",
-                            task_id=spec.bpmn_id)
+                            f"handler; register one with {connector}@activity({spec.bpmn_id!r}) or set 'handler' "
+                            "in its config", task_id=spec.bpmn_id)
 
     def run_with_tools(self, task: Any, actx: ActivityContext, cfg: ActivityExtensionConfig,
                        model: str) -> dict[str, Any] | None:
@@ -1499,15 +1503,34 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
     def _run_native(self, task: Any, actx: ActivityContext, default_run: Callable[[], Any]) -> Any:
         """SpiffWorkflow's own behaviour (DMN) on a task.data filled from the context, diffed back."""
-        before = {k: thaw(v) for k, v in actx.context.resolved().items()}
-        task.data = dict(before)
+        resolved = actx.context.resolved()
+        before = {k: thaw(v) for k, v in resolved.items()}
+        # thawed twice: a decision writing into a nested object (an output named
+        # ``claim.grade``) must not change the baseline its changes are diffed against
+        task.data = {k: thaw(v) for k, v in resolved.items()}
         try:
             result = default_run()
             changed = {k: v for k, v in task.data.items() if k not in before or not json_equal(before[k], v)}
-            write_result(actx, changed)
+            try:
+                write_result(actx, changed)
+            except ContextWriteDenied as err:  # the modeler named the key in the table, not in code
+                raise ContextWriteDenied(err.key, err.requested, err.effective,
+                                         f"{err.reason}; {self._decision_outputs_of(task.task_spec, err.key)}",
+                                         op=err.op) from None
         finally:
             task.data = {}
         return result
+
+    @staticmethod
+    def _decision_outputs_of(spec: Any, key: str) -> str:
+        """Which outputs of a business rule task's decision table write ``key``, and what to do."""
+        table = spec.dmnEngine.decision_table
+        names = [n for n in (o.name or o.label for o in table.outputs) if n and (n == key or n.startswith(f"{key}."))]
+        named = ", ".join(repr(n) for n in names) or repr(key)
+        instead = names[0].replace(".", "_") if names else f"{key}_result"
+        return (f"the output {named} of decision table {table.id!r} (business rule task {spec.bpmn_id!r}) writes it: "
+                f"name the output after a key of its own (e.g. {instead!r}), or keep {key!r} out of the data the "
+                "instance starts with")
 
     @staticmethod
     def _run_decision_into_variable(task: Any, actx: ActivityContext) -> None:

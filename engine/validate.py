@@ -202,7 +202,7 @@ import shlex
 import threading
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
@@ -1392,13 +1392,24 @@ class _Validator:
 
     def _check_correlations(self, doc: _Doc) -> None:
         """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
-        payload when the message is sent or caught: one that is not Python fails every delivery."""
+        payload when the message is sent or caught: one that is not Python fails every delivery. Over
+        a message that no element of the files sends or catches it is never evaluated (SpiffArena
+        keeps the correlations of a whole collection in each file), so it is a warning only."""
+        exchanged = {el.get("messageRef") for d in self.docs if d.root is not None for el in d.root.iter()
+                     if el.tag != _bpmn("correlationPropertyRetrievalExpression") and el.get("messageRef")}
         for prop in doc.root.iter(_bpmn("correlationPropertyRetrievalExpression")):
-            what = f"correlation retrieval expression (over the payload of message {prop.get('messageRef')!r})"
+            message = prop.get("messageRef")
+            what = f"correlation retrieval expression (over the payload of message {message!r})"
             for expr in prop.iter(_bpmn("formalExpression")):
                 if (expr.text or "").strip():
+                    found = len(self.problems)
                     self._compile(expr.text, "eval", expr, doc.file, prop.getparent().get("id"), "condition_syntax",
                                   "formalExpression", what=what)
+                    if message not in exchanged:
+                        self.problems[found:] = [
+                            replace(p, severity="warning", message=f"{p.message} (no element of these files sends "
+                                    f"or catches message {message!r}, so nothing evaluates it yet)")
+                            for p in self.problems[found:]]
 
     def _compile(self, text: str, mode: str, el: Any, file: str, element_id: str | None,
                  code: str, field: str, *, what: str | None = None) -> ast.AST | None:
@@ -2066,8 +2077,8 @@ class _Validator:
                  for item in holder.iterfind(_bpmn(kind))]
         for kind, item, who in found:
             item_id, name = item.get("id"), item.get("name")
-            if not name or name == item_id:
-                continue
+            if not name or name == item_id or not name.isidentifier():
+                continue  # a name no script can write ("parcel to weigh") is a label, not a variable
             what = f"{who} reads" if kind in ("inputDataItem", "dataInput") else f"{who} must set"
             self.add("data_item_named_apart", f"bpmn:{tag} {eid!r}: its bpmn:{kind} has id={item_id!r} and "
                      f"name={name!r}; SpiffWorkflow names the variable by its id, so {what} {item_id!r}, not "

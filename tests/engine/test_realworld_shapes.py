@@ -1,0 +1,147 @@
+"""Shapes met in public BPMN files (SpiffWorkflow's and Camunda's test and example processes)
+that layerflow ran differently from plain SpiffWorkflow 3.2, or refused although SpiffWorkflow
+runs them. Each is redrawn small in ``tests/engine/realworld/``; a case runs it through
+layerflow and, where SpiffWorkflow can, through plain SpiffWorkflow with the same data, and
+the final variables must agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+
+from engine import Engine, load_process
+from engine.cli import main
+from engine.governance import InvalidAnswer
+
+from engine_helpers import variables
+
+REALWORLD = Path(__file__).resolve().parent / "realworld"
+
+
+def plain_camunda(files: list[Path], process_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The final variables of plain SpiffWorkflow with its Camunda parser (camunda:decisionRef)."""
+    parser = CamundaParser()
+    parser.add_bpmn_files([str(f) for f in files if f.suffix == ".bpmn"])
+    parser.add_dmn_files([str(f) for f in files if f.suffix == ".dmn"])
+    wf = BpmnWorkflow(parser.get_spec(process_id))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    return dict(wf.last_task.data)
+
+
+def run(files: list[Path], data: dict[str, Any]) -> Any:
+    engine = Engine(store="memory://")
+    return engine.run(engine.start(load_process(files), data))
+
+
+def test_a_decision_output_named_with_a_dot_sets_a_key_of_an_object_the_process_holds() -> None:
+    """A DMN output named ``claim.grade`` (as Camunda Modeler users name outputs into an object)
+    adds ``grade`` to the ``claim`` an earlier task wrote; layerflow lost it, because the
+    decision ran on a copy of the context that shared its nested objects with the baseline the
+    changes were diffed against, so the change was in both and nothing was written."""
+    files = [REALWORLD / "nested_output.bpmn", REALWORLD / "claim_grade.dmn"]
+    expected = plain_camunda(files, "nested_output", {"score": 70})
+    assert expected["claim"] == {"score": 70, "notes": ["opened"], "grade": "A"}
+    instance = run(files, {"score": 70})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
+    assert instance.main.layer(3)["activity:grade"]["keys"] == ["claim"]
+
+
+def test_a_camunda_form_field_of_a_custom_type_is_a_warning_and_the_task_runs() -> None:
+    """``type="textarea"`` (a form plugin's type, common in processes written for SpiffWorkflow's
+    Camunda parser, which runs them) is not one of Camunda 7's built-in types: validate warns,
+    naming the file, the task and the field, and the run asks for it with its type unchecked;
+    validate refused the whole process."""
+    path = REALWORLD / "custom_field_type.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'textarea'" in ln)
+    assert "warning" in line and str(path) in line and "'describe_site'" in line and "field 'access_notes'" in line
+    answers = {"describe_site": {"visits": 2, "access_notes": "gate code at the lodge"}}
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}), answers={"user_tasks": answers})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == answers["describe_site"]
+    with pytest.raises(InvalidAnswer, match="visits"):  # the typed field beside it is still checked
+        engine.run(engine.start(load_process([path]), {}), answers={"user_tasks": {"describe_site": {"visits": "two"}}})
+
+
+def test_a_data_item_whose_name_is_a_label_draws_no_warning() -> None:
+    """A multi-instance item with id="parcel" and name="parcel to weigh" (a label, as modelers
+    fill the name in; SpiffWorkflow's own test processes do) is read by its id, as the script
+    does: validate warned that the variable was its id and told to write id='parcel to weigh',
+    which is no valid XML id and no variable a script could name."""
+    path = REALWORLD / "labelled_items.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.output, result.output
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("labelled_items"))
+    wf.task_tree.data.update({"parcels": [1.5, 2]})
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], {"parcels": [1.5, 2]})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"parcels": [1.5, 2], "weights": [1500.0, 2000]}
+
+
+def test_a_correlation_over_a_message_nothing_exchanges_is_a_warning_and_the_process_runs() -> None:
+    """SpiffArena keeps the correlation properties of a whole collection of processes in each file;
+    one whose retrieval expression is no Python (``from.depot``: a keyword) over a message no element
+    sends or catches is never evaluated, and SpiffWorkflow runs the process: validate refused it.
+    It warns, naming the file, the property and the message."""
+    path = REALWORLD / "unused_correlation.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'from.depot'" in ln)
+    assert "warning" in line and str(path) in line and "'shipment_ref'" in line and "'shipment_notice'" in line
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("unused_correlation"))
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"boxes": 3}
+
+
+def test_a_connector_with_no_handler_stops_naming_its_operator() -> None:
+    """A SpiffArena service task names its connector (``spiffworkflow:serviceTaskOperator``); with
+    no handler registered, the run stopped telling the user to register one under the task's id
+    only, not under the operator name validate had pointed to (which also gets the parameters)."""
+    path = REALWORLD / "connector_without_handler.bpmn"
+    instance = run([path], {})
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "fetch_rate"
+    message = instance.error["message"]
+    assert "@activity('fx/LatestRate')" in message and "ctx.params" in message, message
+    assert "@activity('fetch_rate')" in message, message
+
+    engine = Engine(store="memory://")
+    engine.handlers.register("fx/LatestRate", lambda ctx: 0.92 if ctx.params["currency"] == "EUR" else None)
+    done = engine.run(engine.start(load_process([path]), {}))
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"rate": 0.92}
+
+
+def test_a_decision_output_into_an_object_the_instance_started_with_is_refused_naming_the_output() -> None:
+    """The data an instance starts with is PROCESS (append-only), so a decision output named
+    ``claim.grade`` cannot change a ``claim`` given at the start; the refusal named the key and
+    the layer but not the decision output that wrote it, nor how to rename it."""
+    files = [REALWORLD / "grade_given_claim.bpmn", REALWORLD / "claim_grade.dmn"]
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process(files), {"claim": {"score": 70}}))
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "grade"
+    message = instance.error["message"]
+    assert "'claim'" in message and "'claim.grade'" in message and "'table_claim_grade'" in message, message
+    assert "'claim_grade'" in message, message  # the name to give the output instead
