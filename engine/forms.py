@@ -11,8 +11,13 @@ Three ways of declaring one are read from the BPMN, as the modelers save them:
   a JSON Schema file beside the BPMN (``formUiSchemaFilename`` only lays the form out), whose
   ``"anyOf" | "oneOf" | "enum": ["options_from_task_data_var:NAME"]`` take their options from the
   context key NAME as the task waits (``with_options``);
-* Camunda 8: ``<zeebe:formDefinition formKey | formId>``: a form file of another tool, reported by
-  its key, nothing checked.
+* Activiti, Flowable and Camunda 7's older form properties: ``<flowable:formProperty id name type
+  required writable variable default datePattern>`` (types ``string``, ``long``, ``double``,
+  ``boolean``, ``date``, ``enum`` with ``<flowable:value id name>``); a property with a
+  ``variable`` is asked for and kept under that variable, as those engines keep it; one neither
+  readable nor writable is not asked for; ``writable="false"`` is read-only;
+* Camunda 8: ``<zeebe:formDefinition formKey | formId>``, and a ``formKey`` attribute (Camunda 7,
+  Activiti, Flowable): a form file of another tool, reported by its key, nothing checked.
 
 A form is a plain JSON value (``parse_form``), kept in the task spec's extensions under
 ``"form"``, so it travels with the workflow: an instance resumed elsewhere checks its answers
@@ -41,6 +46,10 @@ ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
 SPIFF_NS = "http://spiffworkflow.org/bpmn/schema/1.0/core"
 BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CAMUNDA_TYPES = ("string", "long", "boolean", "date", "enum")
+PROPERTY_TYPES = ("string", "long", "double", "boolean", "date", "enum")
+# the engines whose modelers write <PREFIX:formProperty> and a PREFIX:formKey attribute
+PROPERTY_NAMESPACES = {"camunda": CAMUNDA_NS, "activiti": "http://activiti.org/bpmn",
+                       "flowable": "http://flowable.org/bpmn"}
 _DYNAMIC = "options_from_task_data_var:"  # SpiffArena's options filled from task data at render time
 _OPTION_KEYWORDS = ("enum", "oneOf", "anyOf")
 
@@ -191,6 +200,90 @@ def _camunda_form(form_data: Any) -> tuple[dict[str, Any], _Problems, _Problems]
     return {"source": "camunda:formData", "fields": fields}, problems, warnings
 
 
+# Java date patterns (SimpleDateFormat) as strptime formats: the letters form properties use
+_JAVA_DATE = {"yyyy": "%Y", "yy": "%y", "MM": "%m", "dd": "%d", "HH": "%H", "mm": "%M", "ss": "%S"}
+
+
+def _strptime_pattern(pattern: str) -> str | None:
+    """``dd-MM-yyyy`` as ``%d-%m-%Y``; None when the pattern has letters this does not know."""
+    out, rest = "", pattern
+    while rest:
+        token = next((t for t in _JAVA_DATE if rest.startswith(t)), None)
+        if token:
+            out, rest = out + _JAVA_DATE[token], rest[len(token):]
+        elif rest[0].isalpha():
+            return None
+        else:
+            out, rest = out + rest[0].replace("%", "%%"), rest[1:]
+    return out
+
+
+def _in_pattern(text: str, pattern: str) -> bool:
+    try:
+        datetime.strptime(text, _strptime_pattern(pattern) or "")
+    except ValueError:
+        return False
+    return True
+
+
+def _property_default(kind: str, text: str | None, pattern: str | None) -> tuple[Any, str | None]:
+    if text is not None and kind == "double":
+        number = _number(text.strip())
+        return (number, None) if number is not None else (None, f"default {text!r} is not a number (type double)")
+    if text is not None and kind == "date" and pattern and _strptime_pattern(pattern) and "${" not in text:
+        if not _in_pattern(text.strip(), pattern):
+            return text, f"default {text!r} is not a date in the pattern {pattern}"
+        return text, None
+    value, problem = _camunda_default(kind, text)
+    return value, problem and problem.replace("defaultValue", "default", 1)
+
+
+def _property_form(prefix: str, props: list[Any]) -> tuple[dict[str, Any], _Problems, _Problems]:
+    """``<PREFIX:formProperty>`` elements (Activiti, Flowable, Camunda 7) as a form."""
+    ns = PROPERTY_NAMESPACES[prefix]
+    fields: list[dict[str, Any]] = []
+    problems: list[tuple[str | None, str]] = []
+    warnings: list[tuple[str | None, str]] = []
+    for el in props:
+        pid = el.get("id") or ""
+        if not pid:
+            problems.append((None, f"a {prefix}:formProperty has no id; give every property the id its value "
+                                   "is kept under"))
+            continue
+        if el.get("readable") == "false" and el.get("writable") == "false":
+            continue  # neither shown nor asked for
+        kind = el.get("type") or "string"
+        fid = el.get("variable") or pid
+        if kind not in PROPERTY_TYPES:
+            warnings.append((fid, f"type {kind!r} is not a {prefix} form property type, so answers to it are not "
+                                  f"checked for a type; use one of {', '.join(PROPERTY_TYPES)} to have them checked"))
+        pattern = el.get("datePattern") if kind == "date" else None
+        default, problem = _property_default(kind, el.get("default"), pattern)
+        if problem:
+            problems.append((fid, problem))
+        field: dict[str, Any] = {"id": fid, "label": el.get("name") or pid, "type": kind,
+                                 "required": el.get("required") == "true", "default": default}
+        if el.get("writable") == "false":
+            field["readonly"] = True
+        if pattern:
+            if _strptime_pattern(pattern):
+                field["pattern"] = pattern
+            else:
+                warnings.append((fid, f"datePattern {pattern!r} has letters other than {', '.join(_JAVA_DATE)}; "
+                                      "answers are checked as dates in the usual forms instead"))
+        if kind == "enum":
+            values = [{"id": v.get("id"), "name": v.get("name") or v.get("id")} for v in el.findall(_q(ns, "value"))]
+            if not values:
+                problems.append((fid, f"an enum property offers no <{prefix}:value>; add the values a person "
+                                      "may choose"))
+            field["options"] = values
+            if default is not None and values and default not in [v["id"] for v in values]:
+                problems.append((fid, f"default {default!r} is not one of its values "
+                                      f"({', '.join(str(v['id']) for v in values)})"))
+        fields.append(field)
+    return {"source": f"{prefix}:formProperty", "fields": fields}, problems, warnings
+
+
 def _schema_fields(schema: Mapping[str, Any], slots: list[dict[str, Any]]) -> list[dict[str, Any]]:
     required = set(schema.get("required") or [])
     fields = []
@@ -283,10 +376,14 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problem
     """A user task's form, the problems of its declaration, and warnings."""
     ext = _extension_elements(node)
     if ext is None:
-        return None, [], []
+        return _form_key(node), [], []
     form_data = ext.find(_q(CAMUNDA_NS, "formData"))
     if form_data is not None:
         return _camunda_form(form_data)
+    for prefix, ns in PROPERTY_NAMESPACES.items():
+        props = ext.findall(_q(ns, "formProperty"))
+        if props:
+            return _property_form(prefix, props)
     for prop in ext.iter(_q(SPIFF_NS, "property")):
         if prop.get("name") == "formJsonSchemaFilename" and (prop.get("value") or "").strip():
             return _spiff_form(prop.get("value").strip(), base)
@@ -295,7 +392,16 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problem
             key = el.get("formKey") or el.get("formId") or el.get("externalReference")
             if key:
                 return {"source": "zeebe:formDefinition", "form_key": key, "fields": []}, [], []
-    return None, [], []
+    return _form_key(node), [], []
+
+
+def _form_key(node: Any) -> dict[str, Any] | None:
+    """A ``formKey`` attribute (Camunda 7, Activiti, Flowable): a form of the modeler's tool."""
+    for prefix, ns in PROPERTY_NAMESPACES.items():
+        key = (node.get(_q(ns, "formKey")) or "").strip()
+        if key:
+            return {"source": f"{prefix}:formKey", "form_key": key, "fields": []}
+    return None
 
 
 def parse_form(node: Any, bpmn_file: str | None) -> dict[str, Any] | None:
@@ -405,8 +511,8 @@ def describe_field(field: Mapping[str, Any]) -> str:
         text += "(" + "|".join(str(o["id"]) for o in field["options"]) + ")"
     elif field.get("options_from"):
         text += f"(any value: no options in {field['options_from']!r})"
-    if field.get("format"):
-        text += " " + str(field["format"])
+    if field.get("format") or field.get("pattern"):
+        text += " " + str(field.get("format") or field["pattern"])
     low, high = field.get("min", field.get("minlength")), field.get("max", field.get("maxlength"))
     if low is not None or high is not None:
         text += f" {'' if low is None else low}..{'' if high is None else high}"
@@ -436,6 +542,11 @@ def _field_problem(field: Mapping[str, Any], value: Any) -> str | None:
             return f"{value} is below the minimum {field['min']}"
         if field.get("max") is not None and value > field["max"]:
             return f"{value} is above the maximum {field['max']}"
+    elif kind == "double":
+        if isinstance(value, str):
+            value = _number(value.strip()) if value.strip() else value  # a form posts text
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{json.dumps(value, ensure_ascii=False)} is not a number (type double)"
     elif kind == "boolean":
         if not isinstance(value, bool):
             return f"{json.dumps(value, ensure_ascii=False)} is not true or false (type boolean)"
@@ -449,7 +560,10 @@ def _field_problem(field: Mapping[str, Any], value: Any) -> str | None:
     elif kind in ("string", "date"):
         if not isinstance(value, str):
             return f"{json.dumps(value, ensure_ascii=False)} is not text (type {kind})"
-        if kind == "date" and not _is_camunda_date(value.strip()):
+        if kind == "date" and field.get("pattern"):
+            if not _in_pattern(value.strip(), field["pattern"]):
+                return f"{json.dumps(value, ensure_ascii=False)} is not a date in the pattern {field['pattern']}"
+        elif kind == "date" and not _is_camunda_date(value.strip()):
             return f"{json.dumps(value, ensure_ascii=False)} is not a date ({_CAMUNDA_DATES})"
         if field.get("minlength") is not None and len(value) < field["minlength"]:
             return f"shorter than {field['minlength']} characters"
@@ -547,4 +661,6 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
                 problems.append((fid, problem))
             elif field.get("type") == "long" and isinstance(answer[fid], str):
                 answer[fid] = int(answer[fid])
+            elif field.get("type") == "double" and isinstance(answer[fid], str) and answer[fid].strip():
+                answer[fid] = _number(answer[fid].strip())
     return answer, problems
