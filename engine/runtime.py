@@ -1792,6 +1792,21 @@ def _compressed_away(ctx: LayeredContext | None, err: BaseException,
     return ""
 
 
+def _start_data(ctx: LayeredContext | None, err: BaseException, others: Iterable[LayeredContext]) -> str:
+    """Why a PROCESS key an activity tried to change is there, when it came with the instance's
+    start data (a counter or status the process updates, passed in with --data): where to map it."""
+    if not isinstance(err, ContextWriteDenied) or ctx is None or Layer.parse(err.effective) != Layer.PROCESS:
+        return ""
+    for where in [ctx, *others]:
+        for e in where.tape:
+            if e.actor == "input" and e.activity is None and any(
+                    Layer(layer) == Layer.PROCESS and key == err.key for layer, key, _ in e.changes):
+                return (f"; {err.key!r} came with the instance's start data, which goes to L1 PROCESS: to let "
+                        f"activities change it, map it to WORKING in the process's config "
+                        f"(data_layers: {{{err.key}: WORKING}} in PROCESS.layerflow.yaml or the --config file)")
+    return ""
+
+
 def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
                     others: Iterable[LayeredContext] = ()) -> LayerflowError:
     """The error an activity failure becomes: task id, script line, message."""
@@ -1808,7 +1823,7 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
         where = err.filename.strip("<>").split(" ")[0]
     what = f"{type(err).__name__}: {err}" if not isinstance(err, LayerflowError) else str(err)
     at = f" at line {line} of its {where}" if line is not None else ""
-    message = f"activity {bpmn_id!r} failed{at}: {what}{_compressed_away(ctx, err, others)}"
+    message = f"activity {bpmn_id!r} failed{at}: {what}{_compressed_away(ctx, err, others)}{_start_data(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):
         out.kind = err.kind

@@ -395,6 +395,31 @@ def test_an_activity_cannot_change_system(tmp_path: Path, script: str) -> None:
     assert dict(inst.main.layer(Layer.SYSTEM)) == {"policy": "two reviews above 100", "limits": {"max": 5}}
 
 
+@pytest.mark.parametrize("in_branch", [False, True])
+def test_changing_a_start_data_key_says_how_to_map_it_to_working(tmp_path: Path, in_branch: bool) -> None:
+    """A counter passed in with the start data and updated by the process (plain SpiffWorkflow runs
+    it): refused, since start data goes to append-only PROCESS, with the config line that allows it;
+    with that line the same process completes. In a parallel branch too (the start data is on the
+    main context's tape, not the branch's)."""
+    xml = (fork("c", "x = 1", [("b1", "tries = tries + 1"), ("b2", "y = 2")]) if in_branch
+           else chain("c", [("a1", "tries = tries + 1")]))
+    bpmn = write(tmp_path, "c", xml)
+    engine = Engine("memory://")
+    failed = engine.run(engine.start(load_process(bpmn), {"tries": 1}))
+    assert failed.status == "error" and failed.error["kind"] == "permission_denied"
+    assert ("'tries' came with the instance's start data, which goes to L1 PROCESS" in failed.error["message"]
+            and "data_layers: {tries: WORKING}" in failed.error["message"]), failed.error["message"]
+    # a key an activity itself put in PROCESS gets no such advice
+    other = write(tmp_path, "d", chain("d", [("a0", 'ctx.write("PROCESS", "z", 1)'), ("a1", "z = 2")]))
+    own = engine.run(engine.start(load_process(other), {"tries": 1}))
+    assert own.status == "error" and own.error["task_id"] == "a1", own.error
+    assert "PROCESS is append-only" in own.error["message"] and "data_layers" not in own.error["message"]
+    (tmp_path / "c.layerflow.yaml").write_text("data_layers:\n  tries: WORKING\n")
+    done = engine.run(engine.start(load_process(bpmn), {"tries": 1}))
+    assert done.status == "completed", done.error
+    assert done.context.resolve("tries") == 2
+
+
 # ----- layerflow validate --------------------------------------------------------------------------------
 
 def test_validate_names_file_id_and_field_of_every_problem(tmp_path: Path) -> None:
