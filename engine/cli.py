@@ -146,6 +146,23 @@ def _store_hint(store: str | None) -> str:
     return f" --store {shlex.quote(store)}"
 
 
+_FALLBACK_TEXT = {"expression": "its condition expressions decided", "default": "its default flow was taken",
+                  "extractive": "the summary was made without it (extractive)", "rules": "the compress rules ran"}
+
+
+def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:
+    """One line per element and purpose where the configured model gave no usable answer."""
+    grouped: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for f in fallbacks:
+        grouped.setdefault((f["element_id"], f["purpose"]), []).append(f)
+    for (element, purpose), items in grouped.items():
+        last = items[-1]
+        times = f", {len(items)} times" if len(items) > 1 else ""
+        error = f"; last error: {str(last['error'])[:200]}" if last.get("error") else ""
+        lines.append(f"  model fallback at {element} ({purpose}{times}): "
+                     f"{_FALLBACK_TEXT.get(str(last['fallback']), str(last['fallback']))}{error}")
+
+
 def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     doc = instance.to_document()
     if out.as_json:
@@ -173,6 +190,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     for c in doc["compressions"]:
         lines.append(f"  compression at {c.get('activity_id')}: {c.get('tokens_before')} -> {c.get('tokens_after')} tokens "
                      f"({', '.join(c.get('triggers') or [])})")
+    _fallback_lines(lines, doc.get("model_fallbacks") or [])
     for w in doc["waiting_for"]:
         if w["kind"] == "confirmation":
             # the open one: a loop back through a join asks again under the same id, with new options

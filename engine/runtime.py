@@ -63,7 +63,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.canonical import freeze, text_problem
-from context_layers.tape import TAPE_FORMAT
+from context_layers.tape import TAPE_FORMAT, EventKind
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
@@ -167,12 +167,47 @@ class Instance:
             "waiting_for": list(self.waiting_for),
             "tape_length": self.tape_length(),
             "cancelled": self.cancelled,
+            "model_fallbacks": self.model_fallbacks(),
             "contexts": {
                 name: {"parent": info["parent"], "branch_id": info["branch_id"], "gateway": info["gateway"],
                        "status": info["status"], "tokens": self.contexts[name].tokens()}
                 for name, info in self.branches.items() if name in self.contexts
             },
         }
+
+    def model_fallbacks(self) -> list[dict[str, Any]]:
+        """Where a configured model gave no usable answer and something else decided, from the
+        tapes: a natural-language XOR condition decided by its expression or the default flow,
+        a compression summary made extractively, a compression plan replaced by the rules.
+        Each ``{"element_id", "purpose", "fallback", "error", "context", "seq"}``: a run that
+        completed with the model unreachable says so, not only on the tape."""
+        found: list[dict[str, Any]] = []
+        for name, ctx in self.contexts.items():
+            failure: dict[str, str] = {}  # gateway -> its last failed attempt's error
+            for e in ctx.tape:
+                note = e.data.get("note") if e.kind == EventKind.NOTE else None
+                if note is None:
+                    continue
+                item: dict[str, Any] | None = None
+                if note == "condition_model_failed":
+                    failure[str(e.data.get("gateway"))] = str(e.data.get("error"))
+                elif note == "condition_decision" and e.data.get("model_configured") and e.data.get("decided_by") != "model":
+                    gw = str(e.data.get("gateway"))
+                    error = failure.pop(gw, None) or (
+                        f"the model named {e.data['model'].get('branch')!r}, no branch of the gateway"
+                        if e.data.get("model") else None)
+                    item = {"element_id": gw, "purpose": "condition", "fallback": str(e.data.get("decided_by")),
+                            "error": error}
+                elif note == "compression_model_failed":
+                    item = {"element_id": e.data.get("task_id"), "purpose": f"compression_{e.data.get('purpose')}",
+                            "fallback": e.data.get("fallback"), "error": e.data.get("error")}
+                elif note == "compression_fallback":
+                    item = {"element_id": e.data.get("task_id"), "purpose": "compression_plan",
+                            "fallback": e.data.get("fallback"),
+                            "error": e.data.get("error") or f"the plan was rejected ({e.data.get('reason')})"}
+                if item is not None:
+                    found.append({**item, "context": name, "seq": e.seq})
+        return found
 
     def __repr__(self) -> str:
         return f"<Instance {self.id} {self.process_id} {self.status}>"

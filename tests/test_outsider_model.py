@@ -72,7 +72,7 @@ def _run(*args: str, stub: StubLLM | None = None, cwd: Path | None = None) -> tu
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         stderr += "".join(traceback.format_exception(result.exception))
     try:
-        doc = json.loads(result.stdout) if "--json" in args else {}
+        doc = json.loads(result.stdout) if "--json" in args else {"stdout": result.stdout}
     except json.JSONDecodeError:
         raise AssertionError(f"--json printed no JSON document: {result.stdout!r}\n{stderr}")
     return result.exit_code, doc, stderr
@@ -244,6 +244,16 @@ def test_xor_falls_back_to_the_expression_when_the_model_fails(route: Path, repl
     assert code == 0, (doc, err)
     assert doc["layers"]["L3"]["track"] == "fast"
     assert stub.requests, "the model was asked"
+    # the run completed without the model: the document and the plain summary say so
+    (fallback,) = doc["model_fallbacks"]
+    assert (fallback["element_id"], fallback["purpose"], fallback["fallback"]) == ("approval_split", "condition",
+                                                                                  "expression")
+    with StubLLM(default=reply) as stub:
+        code, out, _ = _run("run", str(route), "--data", LOW_RISK, "--store", "memory://",
+                            "--model", "openai/stub-model", stub=stub)
+    plain = out["stdout"]
+    line = next((ln for ln in plain.splitlines() if "model fallback at approval_split (condition" in ln), None)
+    assert line is not None and "its condition expressions decided" in line, plain
 
 
 def test_xor_without_a_model_uses_the_expression(route: Path) -> None:
@@ -251,6 +261,7 @@ def test_xor_without_a_model_uses_the_expression(route: Path) -> None:
     _no_traceback(err)
     assert code == 0, (doc, err)
     assert doc["layers"]["L3"]["track"] == "fast"
+    assert doc["model_fallbacks"] == []  # no model configured: nothing fell back
 
 
 # --- a join conflict resolved by the model --------------------------------------------------

@@ -328,6 +328,13 @@ def test_natural_language_conditions_are_decided_by_the_model(loan, data, replie
         assert disagreement[0]["followed"] == taken and disagreement[0]["model_branch"] == model
         assert disagreement[0]["conditions"][model].startswith(("If the risk", "Otherwise"))
     assert len(notes(instance, "condition_model_failed")) == failures
+    fallbacks = instance.to_document()["model_fallbacks"]
+    if decided_by == "model":
+        assert fallbacks == []
+    else:  # the run completed without the model: the document says where and why
+        assert [(f["element_id"], f["purpose"], f["fallback"]) for f in fallbacks] == [
+            ("approval_split", "condition", "expression")]
+        assert ("refused" if failures == 1 else "not JSON") in fallbacks[0]["error"]
     question = chooser.questions[0]
     assert question.gateway_id == "approval_split" and question.ids == ["fast_track", "full_review"]
     assert question.branches[0].condition.startswith("If the risk level is low")

@@ -203,6 +203,10 @@ def test_server_down_the_rules_run_and_the_tape_says_so(tmp_path, monkeypatch, p
     else:
         (failure,) = notes(ctx, "compression_model_failed")
         assert failure.data["purpose"] == "summary" and failure.data["fallback"] == "extractive"
+    (shown,) = instance.to_document()["model_fallbacks"]
+    assert shown["purpose"] == ("compression_plan" if planner == "model" else "compression_summary")
+    assert shown["fallback"] == ("rules" if planner == "model" else "extractive")
+    assert "ModelCallFailed" in shown["error"] and shown["context"] == "main"
     (record,) = instance.compressions
     assert record["source"] == "rules" and record["tokens_after"] < record["tokens_before"]
     assert (planner == "model") is any("the rules ran instead" in n for n in record["notes"])
