@@ -158,8 +158,13 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
                                "choose one with process_id (CLI: --process)")
         pid = executable[0]
     try:
-        spec = parser.get_spec(pid)
-        subprocess_specs = parser.get_subprocess_specs(pid)
+        if pid in parser.collaborations and pid not in executable:
+            # its executable pools run together, exchanging messages (engine.collaboration)
+            spec, subprocess_specs = parser.get_collaboration(pid)
+            spec.description = _collaboration_name(bpmn_paths, pid)
+        else:
+            spec = parser.get_spec(pid)
+            subprocess_specs = parser.get_subprocess_specs(pid)
     except ValidationException as err:
         raise ProcessError(_spiff_message(err)) from None
     except Exception as err:
@@ -190,6 +195,15 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         config_path=os.path.abspath(config_path) if config_path else None,
         name=getattr(spec, "description", None),
     )
+
+
+def _collaboration_name(bpmn_paths: list[Path], collaboration_id: str) -> str | None:
+    for p in bpmn_paths:
+        root = etree.fromstring(p.read_bytes(), etree.XMLParser(resolve_entities=False, no_network=True))
+        for el in root.iter("{http://www.omg.org/spec/BPMN/20100524/MODEL}collaboration"):
+            if el.get("id") == collaboration_id:
+                return el.get("name")
+    return None
 
 
 def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig]:

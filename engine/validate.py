@@ -678,7 +678,7 @@ class _Validator:
                 if other is not None and other.tag == "participant" and other.element.get("processRef"):
                     what = f"; {wanted!r} is the pool (participant) of process {other.element.get('processRef')!r}"
                 elif other is not None and other.tag == "collaboration":
-                    what = f"; {wanted!r} is a collaboration: layerflow runs one of its pools' processes at a time"
+                    return self._select_collaboration(other, file, line)
                 else:
                     what = _did_you_mean(wanted, [p.id for p in self.processes])
                 self.add("process_not_found", f"process {wanted!r} is not in {self._files()}"
@@ -707,13 +707,112 @@ class _Validator:
         called = {c.get("calledElement") for p in self.processes for c in p.element.iter(_bpmn("callActivity"))}
         roots = [p for p in executable if p.id not in called] or executable
         if len(roots) > 1:
+            together = [c for c in self.other_ids.values() if c.tag == "collaboration"
+                        and {r.id for r in roots} <= {pid for _, pid in _pools(c.element)}]
+            talking = [c for c in together if _messages_between(c.element, {r.id for r in roots}, self.nodes)]
+            if len(talking) == 1:  # pools that exchange messages: they run together
+                return self._select_collaboration(talking[0], file, None)
+            hint = (f", or the collaboration {together[0].id!r} to run its pools together" if together else "")
             self.add("process_ambiguous", f"{len(roots)} executable processes ({', '.join(map(self._named, roots))}) "
-                     "and no process id; pass the id of the one to run (--process ID on the command line, "
+                     f"and no process id; pass the id of the one to run{hint} (--process ID on the command line, "
                      "process_id= in Python, or process.process_id in the config file)",
                      file=file, field="process_id")
             return None
         self._warn_unset(roots[0])
         return roots[0].id
+
+    def _select_collaboration(self, collab: _Node, file: str | None, line: int | None) -> str | None:
+        """A collaboration runs its executable pools together (``engine.collaboration``); its
+        message flows must be ones layerflow can carry. Returns its id, None when it cannot run."""
+        by_id = {p.id: p for p in self.processes}
+        pools = _pools(collab.element)
+        running = [pid for _, pid in pools if pid in by_id and _executable(by_id[pid].element)]
+        if not running:
+            drawn = ", ".join(f"{pool!r} -> {pid!r}" if pid else f"{pool!r} (no process)" for pool, pid in pools)
+            self.add("collaboration_not_executable", f"collaboration {collab.id!r} has no pool whose process is "
+                     f"executable (pools: {drawn or 'none'}); set isExecutable=\"true\" on the process of each pool "
+                     "to run", file=collab.file, line=collab.line, element_id=collab.id)
+            return None
+        for pid in running:
+            self._warn_unset(by_id[pid])
+        self._check_message_flows(collab, set(running))
+        return collab.id
+
+    def _check_message_flows(self, collab: _Node, running: set[str]) -> None:
+        """What layerflow carries between pools: a message a throw event, end event or send task of
+        one running pool sends, caught (by its message's name, as SpiffWorkflow routes it) by a catch
+        event, receive task or message start event of another. Correlation between pools is not
+        supported: one instance is one conversation."""
+        messages = {m.get("id"): m.get("name") or m.get("id") for doc in self.docs if doc.root is not None
+                    for m in doc.root.iter(_bpmn("message"))}
+        pools = dict(_pools(collab.element))
+        names = {el.get("id"): el.get("name") or el.get("id") for el in collab.element.iter(_bpmn("participant"))}
+        for flow in collab.element.iter(_bpmn("messageFlow")):
+            fid, ends = flow.get("id"), {}
+            for side in ("sourceRef", "targetRef"):
+                ref = flow.get(side) or ""
+                node = self.nodes.get(ref)
+                if node is not None:
+                    ends[side] = (node, node.process_id, _message_of(node.element, messages))
+                else:  # drawn to the pool's border (a pool drawn as a black box has no process)
+                    ends[side] = (None, pools.get(ref), None)
+            (src, src_pid, sent), (dst, dst_pid, wanted) = ends["sourceRef"], ends["targetRef"]
+            where = dict(file=collab.file, line=flow.sourceline, element_id=fid)
+
+            def pool_of(ref: str, pid: str | None) -> str:
+                pool = next((names[k] for k, v in pools.items() if v == pid), None) if pid else names.get(ref)
+                return repr(pool or pid or ref)
+
+            if dst_pid not in running:
+                self.add("message_flow_not_run", f"message flow {fid!r} leads to pool "
+                         f"{pool_of(flow.get('targetRef') or '', dst_pid)}, which layerflow does not run (its process "
+                         f"{'is not executable' if dst_pid else 'is not drawn: a black-box pool'}): what "
+                         f"{flow.get('sourceRef')!r} sends there is delivered to no one; set isExecutable=\"true\" "
+                         "on that pool's process to run it too, or keep the flow as documentation",
+                         severity="warning", **where)
+                continue
+            if src_pid not in running:
+                self.add("message_flow_from_outside", f"message flow {fid!r} comes from pool "
+                         f"{pool_of(flow.get('sourceRef') or '', src_pid)}, which layerflow does not run: the instance "
+                         f"waits at {flow.get('targetRef')!r} until that message is sent from outside (layerflow "
+                         "send INSTANCE_ID MESSAGE_NAME, or the REST API)", severity="warning", **where)
+                continue
+            if src is None or sent is None:
+                what = f"the border of pool {pool_of(flow.get('sourceRef') or '', src_pid)}" if src is None else \
+                    f"{src.tag} {src.id!r}"
+                self.add("message_flow_sends_nothing", f"message flow {fid!r} starts at {what}, which sends no "
+                         "message: SpiffWorkflow sends one only from a message intermediate throw event, message end "
+                         "event or send task (with a messageRef); draw the sender as one of those, with the "
+                         "bpmn:message the receiver waits for", **where)
+                continue
+            if dst is None:
+                catchers = [n for n in self.nodes.values() if n.process_id == dst_pid
+                            and _message_of(n.element, messages) == sent and n.tag in _CATCHING]
+                if not catchers:
+                    self.add("message_flow_receives_nothing", f"message flow {fid!r} carries message {sent!r} to "
+                             f"pool {pool_of('', dst_pid)}, where nothing waits for it: draw a message catch event, "
+                             "receive task or message start event for it in that pool's process", **where)
+                continue
+            if wanted is None:
+                self.add("message_flow_receives_nothing", f"message flow {fid!r} ends at {dst.tag} {dst.id!r}, which "
+                         "waits for no message: SpiffWorkflow delivers one only to a message catch event, receive "
+                         f"task, message boundary event or message start event; draw it as one waiting for {sent!r}",
+                         **where)
+            elif wanted != sent:
+                self.add("message_flow_mismatch", f"message flow {fid!r}: {src.id!r} sends message {sent!r} and "
+                         f"{dst.id!r} waits for message {wanted!r}; SpiffWorkflow routes a message by its name, not "
+                         "by the message flow: give both ends the same bpmn:message (messageRef)", **where)
+        correlated = sorted({m.getparent().get("messageRef") or "" for doc in self.docs if doc.root is not None
+                             for m in doc.root.iter(_bpmn("correlationPropertyRetrievalExpression"))} - {""})
+        keys = [k.get("id") or k.get("name") for k in collab.element.iter(_bpmn("correlationKey"))]
+        if keys or correlated:
+            what = (f"correlation key(s) {', '.join(map(repr, keys))}" if keys
+                    else f"correlation properties on message(s) {', '.join(map(repr, correlated))}")
+            self.add("collaboration_correlation", f"collaboration {collab.id!r} has {what}: layerflow runs a "
+                     "collaboration as one instance, one conversation, and does not correlate messages between its "
+                     "pools; remove the correlation keys and properties (each instance is one conversation), or run "
+                     "each pool as a process of its own (--process ID) and send its messages with layerflow send",
+                     file=collab.file, line=collab.line, element_id=collab.id)
 
     def _warn_unset(self, proc: _Node) -> None:
         if proc.element.get("isExecutable") is None:
@@ -2198,8 +2297,11 @@ class _Validator:
                 failures.append((failure, doc))
         if not failures and main is not None and not any(p.code in _PROCESS_SELECTION_CODES for p in self.problems):
             try:
-                parser.get_spec(main)
-                parser.get_subprocess_specs(main)
+                if main in getattr(parser, "collaborations", {}) and main not in parser.get_process_ids():
+                    parser.get_collaboration(main)
+                else:
+                    parser.get_spec(main)
+                    parser.get_subprocess_specs(main)
             except Exception as failure:
                 failures.append((failure, None))
         for err, origin in failures:
@@ -2323,6 +2425,37 @@ def _default_parser_factory() -> Callable[[], Any]:
 def _xml_parser() -> Any:
     # No entity expansion, no network: a BPMN file is data, not a fetch instruction.
     return etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
+
+
+_CATCHING = frozenset({"intermediateCatchEvent", "receiveTask", "boundaryEvent", "startEvent"})
+
+
+def _pools(collaboration: Any) -> list[tuple[str, str | None]]:
+    """(participant id, its processRef or None) for each pool of a collaboration."""
+    return [(p.get("id"), p.get("processRef")) for p in collaboration.iter(_bpmn("participant"))]
+
+
+def _message_of(element: Any, messages: Mapping[str, str]) -> str | None:
+    """The name of the message a flow node sends or waits for (its messageEventDefinition's or its
+    own messageRef, as a send or receive task has); None when it has none."""
+    definition = element.find(_bpmn("messageEventDefinition"))
+    ref = definition.get("messageRef") if definition is not None else element.get("messageRef")
+    if ref is None:
+        return None
+    return messages.get(ref, ref)
+
+
+def _messages_between(collaboration: Any, processes: set[str], nodes: Mapping[str, Any]) -> bool:
+    """Whether a message flow of ``collaboration`` joins two of ``processes`` (pools that talk)."""
+    pools = dict(_pools(collaboration))
+
+    def process_of(ref: str | None) -> str | None:
+        node = nodes.get(ref or "")
+        return node.process_id if node is not None else pools.get(ref or "")
+
+    return any(process_of(f.get("sourceRef")) in processes and process_of(f.get("targetRef")) in processes
+               and process_of(f.get("sourceRef")) != process_of(f.get("targetRef"))
+               for f in collaboration.iter(_bpmn("messageFlow")))
 
 
 def _executable(process: Any) -> bool:
