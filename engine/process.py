@@ -202,7 +202,8 @@ def _collaboration_name(bpmn_paths: list[Path], collaboration_id: str) -> str | 
         root = etree.fromstring(p.read_bytes(), etree.XMLParser(resolve_entities=False, no_network=True))
         for el in root.iter("{http://www.omg.org/spec/BPMN/20100524/MODEL}collaboration"):
             if el.get("id") == collaboration_id:
-                return el.get("name")
+                name = el.get("name")
+                return str(name) if name is not None else None
     return None
 
 

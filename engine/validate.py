@@ -15,8 +15,19 @@ not make ``report.ok`` false:
 ``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
 ``process_not_found``                 ``process_id`` (argument or ``process:`` in the config) absent
 ``process_not_executable``            the chosen process has ``isExecutable`` other than "true"
-``process_ambiguous``                 several executable processes no other one calls, and no process id
+``process_ambiguous``                 several executable processes no other one calls, and no process id (unless
+                                      a collaboration draws them as pools that exchange messages: it runs)
 ``process_executable_unset`` W        the chosen process has no ``isExecutable``
+``collaboration_not_executable``      the collaboration to run has no pool whose process is executable
+``message_flow_mismatch``             a message flow between two running pools whose ends send and wait for
+                                      different messages (SpiffWorkflow routes by the message's name)
+``message_flow_sends_nothing``        a message flow between running pools that starts at no message throw
+                                      event, end event or send task (or at a pool's border)
+``message_flow_receives_nothing``     ... that ends at no message catch (or at a pool where nothing waits for it)
+``message_flow_not_run`` W            a message flow to a pool layerflow does not run (not executable, black box)
+``message_flow_from_outside`` W       a message flow from such a pool: the instance waits until it is sent
+``collaboration_correlation``         correlation keys or properties in the collaboration to run: one instance
+                                      is one conversation, messages between its pools are not correlated
 ``unknown_element_id``                config for an id that is no element of the loaded processes
 ``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
 ``config_misplaced``                  ``layerflow:config`` outside ``bpmn:extensionElements``
@@ -748,7 +759,8 @@ class _Validator:
         pools = dict(_pools(collab.element))
         names = {el.get("id"): el.get("name") or el.get("id") for el in collab.element.iter(_bpmn("participant"))}
         for flow in collab.element.iter(_bpmn("messageFlow")):
-            fid, ends = flow.get("id"), {}
+            fid = flow.get("id")
+            ends: dict[str, tuple[_Node | None, str | None, str | None]] = {}
             for side in ("sourceRef", "targetRef"):
                 ref = flow.get(side) or ""
                 node = self.nodes.get(ref)
@@ -2442,7 +2454,7 @@ def _message_of(element: Any, messages: Mapping[str, str]) -> str | None:
     ref = definition.get("messageRef") if definition is not None else element.get("messageRef")
     if ref is None:
         return None
-    return messages.get(ref, ref)
+    return str(messages.get(ref, ref))
 
 
 def _messages_between(collaboration: Any, processes: set[str], nodes: Mapping[str, Any]) -> bool:
