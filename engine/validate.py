@@ -26,6 +26,9 @@ not make ``report.ok`` false:
 ``message_flow_receives_nothing``     ... that ends at no message catch (or at a pool where nothing waits for it)
 ``message_flow_not_run`` W            a message flow to a pool layerflow does not run (not executable, black box)
 ``message_flow_from_outside`` W       a message flow from such a pool: the instance waits until it is sent
+``collaboration_never_starts``        every executable pool of the collaboration starts with a message start event
+``pool_event_subprocess_never_starts`` W  a message or signal event sub-process in a pool's process (it runs as a
+                                      called process: SpiffWorkflow starts those at the top level only)
 ``collaboration_correlation``         correlation keys or properties in the collaboration to run: one instance
                                       is one conversation, messages between its pools are not correlated
 ``unknown_element_id``                config for an id that is no element of the loaded processes
@@ -287,6 +290,8 @@ class ValidationReport:
     config: ProcessConfigFile | None = field(default=None, repr=False, compare=False)
     # Effective config per element id: extension elements, then the config file over them.
     element_configs: Mapping[str, ActivityExtensionConfig] = field(default_factory=dict, repr=False, compare=False)
+    # When ``process_id`` is a collaboration's: the processes of its executable pools, which run together.
+    pools: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -304,6 +309,7 @@ class ValidationReport:
         return {
             "ok": self.ok,
             "process_id": self.process_id,
+            "pools": list(self.pools),
             "bpmn_files": [str(p) for p in self.bpmn_paths],
             "config_file": str(self.config_path) if self.config_path else None,
             "errors": len(self.errors),
@@ -322,6 +328,8 @@ def format_report(report: ValidationReport) -> str:
     n_err, n_warn = len(report.errors), len(report.warnings)
     if report.ok:
         what = f"process {report.process_id!r}" if report.process_id else "process"
+        if report.pools:
+            what = f"collaboration {report.process_id!r} (pools {', '.join(map(repr, report.pools))}, run together)"
         summary = f"{files}: {what} is valid"
         if n_warn:
             summary += f" ({_plural(n_warn, 'warning')})"
@@ -437,6 +445,7 @@ class _Validator:
         self.related: set[str] = set()
         self.system_keys: frozenset[str] = frozenset()  # the config's system: (L0), once it is read
         self.dmn_files: list[dmn.DmnFile] = []
+        self.pools: tuple[str, ...] = ()  # the executable pools' processes of the collaboration to run
 
     def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
             element_id: str | None = None, field: str | None = None, column: int | None = None,
@@ -491,7 +500,7 @@ class _Validator:
             self._check_schema(doc)
         return ValidationReport(problems=tuple(self._sorted()), bpmn_paths=tuple(self.paths),
                                 config_path=config.path if config else None, process_id=main, config=config,
-                                element_configs=MappingProxyType(self.merged))
+                                element_configs=MappingProxyType(self.merged), pools=self.pools)
 
     def _sorted(self) -> list[Problem]:
         # the BPMN files, then the DMN files, then anything else (the config file)
@@ -746,8 +755,39 @@ class _Validator:
             return None
         for pid in running:
             self._warn_unset(by_id[pid])
+        self.pools = tuple(running)
         self._check_message_flows(collab, set(running))
+        self._check_pool_starts(collab, [by_id[pid] for pid in running])
         return collab.id
+
+    def _check_pool_starts(self, collab: _Node, running: list[_Node]) -> None:
+        """A pool whose process starts on a message starts when another pool sends it; when every pool
+        does, nothing starts the conversation. A pool's message or signal event sub-process never starts:
+        its process runs as a called one (SpiffWorkflow starts those at the top level only)."""
+        def message_started(proc: _Node) -> bool:
+            starts = list(proc.element.iterchildren(_bpmn("startEvent")))
+            return bool(starts) and all(s.find(_bpmn("messageEventDefinition")) is not None for s in starts)
+
+        if all(message_started(p) for p in running):
+            self.add("collaboration_never_starts", f"collaboration {collab.id!r}: every pool's process starts with "
+                     f"a message start event ({', '.join(repr(p.id) for p in running)}), so nothing starts the "
+                     "conversation (a pool's message start event is started by another pool, not from outside); "
+                     "give the pool that begins it a plain start event", file=collab.file, line=collab.line,
+                     element_id=collab.id)
+        for proc in running:
+            for sub in proc.element.iterchildren(_bpmn("subProcess")):
+                if sub.get("triggeredByEvent") != "true":
+                    continue
+                for start in sub.iterchildren(_bpmn("startEvent")):
+                    kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
+                    if kinds:
+                        self.add("pool_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of pool "
+                                 f"process {proc.id!r} starts on a {kinds[0]}: in collaboration {collab.id!r} each "
+                                 "pool's process runs as a called process, and SpiffWorkflow 3.2 starts such event "
+                                 f"sub-processes in the top-level process only, so {start.get('id')!r} never catches "
+                                 f"it; catch the {kinds[0]} with a catch event or an event-based gateway on the "
+                                 "pool's path instead", file=proc.file, line=start.sourceline,
+                                 element_id=start.get("id"), severity="warning")
 
     def _check_message_flows(self, collab: _Node, running: set[str]) -> None:
         """What layerflow carries between pools: a message a throw event, end event or send task of

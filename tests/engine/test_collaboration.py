@@ -203,3 +203,73 @@ def test_a_pool_that_does_not_run_is_a_warning_naming_its_flows(tmp_path: Path) 
     codes = {p.code: p for p in report.problems}
     assert "flow_order" in codes["message_flow_not_run"].message and "Supplier" in codes["message_flow_not_run"].message
     assert "layerflow send" in codes["message_flow_from_outside"].message
+
+
+def test_a_message_from_a_pool_that_does_not_run_is_sent_from_outside_into_its_receivers_context(
+        tmp_path: Path) -> None:
+    path = _variant(tmp_path, ('id="supplier" name="Supplier" isExecutable="true"',
+                               'id="supplier" name="Supplier" isExecutable="false"'))
+    engine = Engine()
+    instance = engine.run_process(load_process(path, "order_collab"))
+    assert instance.status == "waiting"
+    assert [(w["task_id"], w["event"]) for w in instance.waiting_for] == [("receive_quote", "quote")]
+    instance = engine.send_event(instance, "quote", {"item": "widget", "price": 7})
+    assert instance.status == "completed", instance.error
+    customer = next(c for n, c in instance.contexts.items() if n.startswith("main/customer"))
+    assert customer.resolve("total") == 21
+    assert thaw(customer.layer(Layer.HISTORY)["event:receive_quote"])["sent_by"] != "process"
+    _assert_replays(instance)
+
+
+def test_a_pools_message_event_subprocess_is_a_warning_and_indeed_never_starts() -> None:
+    path = HERE / "pool_event_subprocess.bpmn"
+    report = validate_process(path)
+    assert report.ok and report.pools == ("customer", "supplier")
+    warning = next(p for p in report.problems if p.code == "pool_event_subprocess_never_starts")
+    assert warning.element_id == "note_in" and "'supplier'" in warning.message
+    instance = Engine().run_process(load_process(path))
+    assert instance.status == "completed" and "noted" not in instance.context
+    assert instance.context.resolve("total") == 15
+
+
+def test_every_pool_waiting_for_a_message_to_start_is_refused(tmp_path: Path) -> None:
+    path = _variant(tmp_path, ('<bpmn:startEvent id="c_start"><bpmn:outgoing>c1</bpmn:outgoing></bpmn:startEvent>',
+                               '<bpmn:startEvent id="c_start"><bpmn:outgoing>c1</bpmn:outgoing>'
+                               '<bpmn:messageEventDefinition id="c_start_def" messageRef="quote_msg" />'
+                               '</bpmn:startEvent>'),
+                    ('<bpmn:startEvent id="s_start"><bpmn:outgoing>s1</bpmn:outgoing></bpmn:startEvent>',
+                     '<bpmn:startEvent id="s_start"><bpmn:outgoing>s1</bpmn:outgoing>'
+                     '<bpmn:messageEventDefinition id="s_start_def" messageRef="order_msg" />'
+                     '</bpmn:startEvent>'))
+    report = validate_process(path)
+    problem = next(p for p in report.problems if p.code == "collaboration_never_starts")
+    assert not report.ok and problem.element_id == "order_collab" and "plain start event" in problem.message
+
+
+def test_the_catalog_lists_a_collaboration_and_loads_it() -> None:
+    from engine.governance import Catalog
+
+    catalog = Catalog(HERE)
+    assert catalog.entries()["purchase"] == {"id": "purchase", "name": "Purchase with approval",
+                                             "file": "quote_approval.bpmn"}
+    assert catalog.load("purchase").id == "purchase" and catalog.load("buyer").id == "buyer"
+
+
+def test_a_key_both_pools_set_is_their_own_until_the_end_join_where_it_is_a_conflict(tmp_path: Path) -> None:
+    path = _variant(tmp_path, ('qty = 3</bpmn:script>', 'qty = 3\nstatus = "ordered"</bpmn:script>'),
+                    ('offer = {"item": order["item"], "price": unit}</bpmn:script>',
+                     'offer = {"item": order["item"], "price": unit}\nstatus = "quoted"</bpmn:script>'),
+                    ('<bpmn:script>total = quote["price"] * qty</bpmn:script>',
+                     '<bpmn:script>total = quote["price"] * qty if status == "ordered" else -1</bpmn:script>'))
+    engine = Engine()
+    instance = engine.run_process(load_process(path))
+    # the supplier's status never reached the customer, who read its own
+    customer = next(c for n, c in instance.contexts.items() if n.startswith("main/customer"))
+    assert customer.resolve("total") == 15
+    assert instance.status == "waiting"
+    assert [w["id"] for w in instance.waiting_for] == ["order_collab.EndJoin/status"]
+    assert instance.conflicts[0]["values"] == {"customer": "ordered", "supplier": "quoted"}
+    instance = engine.answer_confirmation(instance, "order_collab.EndJoin/status", "quoted")
+    assert instance.status == "completed", instance.error
+    assert instance.context.resolve("status") == "quoted"
+    _assert_replays(instance)
