@@ -273,3 +273,42 @@ def test_a_key_both_pools_set_is_their_own_until_the_end_join_where_it_is_a_conf
     assert instance.status == "completed", instance.error
     assert instance.context.resolve("status") == "quoted"
     _assert_replays(instance)
+
+
+def test_a_message_sent_before_its_pool_waits_for_it_waits_across_a_save_and_a_load(tmp_path: Path) -> None:
+    """The supplier opens its shop (a person) before it takes orders: the customer's order, sent
+    meanwhile, waits for it (SpiffWorkflow keeps it in ``bpmn_events``, saved with the workflow)."""
+    path = _variant(tmp_path, (
+        '<bpmn:sequenceFlow id="s1" sourceRef="s_start" targetRef="receive_order" />',
+        '<bpmn:sequenceFlow id="s1" sourceRef="s_start" targetRef="open_shop" />'
+        '<bpmn:userTask id="open_shop" name="Open shop"><bpmn:incoming>s1</bpmn:incoming>'
+        '<bpmn:outgoing>s0</bpmn:outgoing></bpmn:userTask>'
+        '<bpmn:sequenceFlow id="s0" sourceRef="open_shop" targetRef="receive_order" />'),
+        ('<bpmn:incoming>s1</bpmn:incoming><bpmn:outgoing>s2</bpmn:outgoing>\n      <bpmn:messageEventDefinition '
+         'id="receive_order_def"', '<bpmn:incoming>s0</bpmn:incoming><bpmn:outgoing>s2</bpmn:outgoing>\n      '
+         '<bpmn:messageEventDefinition id="receive_order_def"'))
+    store = f"sqlite:///{tmp_path / 'pending.db'}"
+    first = Engine(store=store).run_process(load_process(path))
+    assert first.status == "waiting"
+    assert [w["task_id"] for w in first.waiting_for if w["kind"] == "user_task"] == ["open_shop"]
+    later = Engine(store=store)
+    again = later.load(first.instance_id)
+    assert [e.event_definition.name for e in again.workflow.bpmn_events] == ["order"]
+    task = next(w for w in again.waiting_for if w["kind"] == "user_task")
+    done = later.complete_user_task(again, task["id"], {})
+    assert done.status == "completed", done.error
+    assert done.context.resolve("total") == 15 and not done.workflow.bpmn_events
+    _assert_replays(done)
+
+
+def test_the_diagram_of_a_collaboration_draws_both_pools_and_the_message_flows() -> None:
+    from engine.diagram import marks_of, parse_bpmn, render_svg
+
+    diagram = parse_bpmn(PURCHASE, "purchase")
+    assert diagram.name == "Purchase with approval"
+    assert {"write_request", "book_sale", "s_split"} <= set(diagram.nodes)
+    assert sorted(e.id for e in diagram.edges if e.kind == "message") == ["flow_decision", "flow_offer", "flow_request"]
+    instance = Engine().run_process(load_process(PURCHASE), {"part": "gear"})
+    svg = render_svg(diagram, marks_of(instance))
+    assert 'data-kind="message"' in svg and "3 message flows" in svg
+    assert "approve_offer" in marks_of(instance).current
