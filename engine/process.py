@@ -180,6 +180,8 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
             pass
         else:
             known_ids = {ts.bpmn_id for s in [spec, *subprocess_specs.values()] for ts in spiff.iter_user_specs(s)}
+            if spiff.is_collaboration(spec):
+                known_ids.add(pid)  # its pools' branches, its end join's settings (engine.collaboration)
             unknown = [i for i in file_cfg["elements"] if i not in known_ids]
             if unknown:
                 raise ConfigError(f"{config_path}: config for element(s) {', '.join(map(repr, unknown))} that "

@@ -978,6 +978,9 @@ class _Validator:
         checkable = any(d.root is not None for d in self.docs)
         for eid in config.element_ids:
             line = config.line_of(eid)
+            if eid == main and self.pools:
+                self._check_collaboration_config(config, eid, file)
+                continue
             if eid not in self.nodes and checkable:
                 other = self.other_ids.get(eid)
                 if other is not None:
@@ -994,6 +997,27 @@ class _Validator:
             cfg = config.elements.get(eid)
             if cfg is not None:
                 self.sources.append(_Source(eid, file, cfg, lambda *path, _e=eid: config.line_of(_e, *path)))
+
+    def _check_collaboration_config(self, config: ProcessConfigFile, eid: str, file: str) -> None:
+        """The config of the collaboration that runs: its ``branches`` are its pools (each one's
+        ``contextInject`` goes into that pool's context as it starts), its join settings those of its
+        end join, where the pools' contexts merge (``engine.collaboration``)."""
+        cfg = config.elements.get(eid)
+        if cfg is None:
+            return
+        self.sources.append(_Source(eid, file, cfg, lambda *path, _e=eid: config.line_of(_e, *path)))
+        for i, branch in enumerate(cfg.branches):
+            if branch.id not in self.pools:
+                self.add("branch_not_outgoing", f"branch {branch.id!r} of collaboration {eid!r} is no pool that "
+                         f"runs{_did_you_mean(branch.id, list(self.pools))}; a collaboration's branches are its "
+                         f"pools, named by their process ids: {', '.join(map(repr, self.pools))}", file=file,
+                         line=config.line_of(eid, "branches", i, "id"), element_id=eid, field=f"branches.{i}.id")
+        for i, bid in enumerate(cfg.branch_priority):
+            if bid not in self.pools:
+                self.add("branch_priority_unknown_id", f"branchPriority names {bid!r}, which is no pool of collaboration "
+                         f"{eid!r} that runs{_did_you_mean(bid, list(self.pools))}; list its pools' process ids: "
+                         f"{', '.join(map(repr, self.pools))}", file=file, line=config.line_of(eid, "branchPriority", i),
+                         element_id=eid, field=f"branchPriority.{i}")
 
     def _not_a_flow_node(self, eid: str, tag: str, file: str, line: int | None) -> None:
         hint = ("; SpiffWorkflow ignores extensions on sequence flows: put per-branch settings in the "

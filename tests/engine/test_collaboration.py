@@ -312,3 +312,36 @@ def test_the_diagram_of_a_collaboration_draws_both_pools_and_the_message_flows()
     svg = render_svg(diagram, marks_of(instance))
     assert 'data-kind="message"' in svg and "3 message flows" in svg
     assert "approve_offer" in marks_of(instance).current
+
+
+def _configured(tmp_path: Path, config: str) -> Path:
+    path = _variant(tmp_path, ('qty = 3</bpmn:script>', 'qty = 3\nstatus = "ordered"</bpmn:script>'),
+                    ('offer = {"item": order["item"], "price": unit}</bpmn:script>',
+                     'offer = {"item": order["item"], "price": unit}\nstatus = "quoted by " + shop</bpmn:script>'))
+    (tmp_path / "variant.layerflow.yaml").write_text(config)
+    return path
+
+
+def test_the_collaborations_config_injects_into_a_pool_and_settles_its_end_join(tmp_path: Path) -> None:
+    path = _configured(tmp_path, "order_collab:\n  mergeStrategy: BRANCH_PRIORITY\n  branchPriority: [supplier, customer]\n"
+                                 "  branches:\n    - id: supplier\n      contextInject: {shop: north}\n")
+    assert validate_process(path).ok
+    instance = Engine().run_process(load_process(path))
+    assert instance.status == "completed", instance.error
+    supplier = next(c for n, c in instance.contexts.items() if n.startswith("main/supplier"))
+    customer = next(c for n, c in instance.contexts.items() if n.startswith("main/customer"))
+    assert supplier.resolve("shop") == "north" and "shop" not in customer
+    assert instance.context.resolve("status") == "quoted by north"
+    assert instance.conflicts[0]["resolution"]["resolver"] == "strategy"
+    _assert_replays(instance)
+
+
+def test_the_collaborations_config_names_pools(tmp_path: Path) -> None:
+    path = _configured(tmp_path, "order_collab:\n  branchPriority: [suplier]\n"
+                                 "  branches:\n    - id: supplier_pool\n      contextInject: {shop: north}\n")
+    report = validate_process(path)
+    problems = {p.code: p for p in report.problems}
+    assert not report.ok
+    assert "'supplier_pool'" in problems["branch_not_outgoing"].message
+    assert "'customer', 'supplier'" in problems["branch_not_outgoing"].message
+    assert "did you mean 'supplier'" in problems["branch_priority_unknown_id"].message.lower()
