@@ -345,3 +345,34 @@ def test_the_collaborations_config_names_pools(tmp_path: Path) -> None:
     assert "'supplier_pool'" in problems["branch_not_outgoing"].message
     assert "'customer', 'supplier'" in problems["branch_not_outgoing"].message
     assert "did you mean 'supplier'" in problems["branch_priority_unknown_id"].message.lower()
+
+
+def test_the_example_collaboration_runs_with_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'e.db'}")
+    (tmp_path / "answers.json").write_text(json.dumps({"user_tasks": {"approve_offer": {"approved": False}}}))
+    result = CliRunner().invoke(main, ["run", str(ROOT / "bpmn_examples" / "purchase_collaboration.bpmn"), "--data",
+                                       '{"part": "bolt"}', "--answers", str(tmp_path / "answers.json"), "--json"])
+    doc = json.loads(result.stdout)
+    assert (result.exit_code, doc["status"], doc["process_id"]) == (0, "completed", "purchase"), result.stdout
+    assert doc["layers"]["L3"]["offer"] == {"price": 70, "in_stock": True} and doc["layers"]["L3"]["booked"] == 0
+
+
+def test_the_rest_api_starts_a_collaboration_from_the_catalog_and_completes_its_user_task() -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    auth = {"Authorization": "Bearer collab-token"}
+    with TestClient(create_app("memory://", HERE, "collab-token")) as client:
+        listed = {p["id"] for p in client.get("/api/processes", headers=auth).json()}
+        assert {"purchase", "order_collab", "buyer"} <= listed
+        started = client.post("/api/instances", json={"process_id": "purchase", "data": {"part": "gear"}},
+                              headers=auth)
+        assert started.status_code == 201, started.text
+        doc = started.json()
+        assert (doc["process_id"], doc["status"]) == ("purchase", "waiting")
+        task = next(w for w in doc["waiting_for"] if w["kind"] == "user_task")
+        done = client.post(f"/api/instances/{doc['instance_id']}/user-tasks/{task['id']}",
+                           json={"data": {"approved": True}}, headers=auth)
+        assert done.status_code == 200, done.text
+        assert done.json()["status"] == "completed" and done.json()["layers"]["L3"]["booked"] == 80
