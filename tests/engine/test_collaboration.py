@@ -174,6 +174,12 @@ def _variant(tmp_path: Path, *edits: tuple[str, str]) -> Path:
      None, "message_flow_mismatch", ["flow_order", "'order'", "'quote'", "same bpmn:message"]),
     ([('sourceRef="send_order" targetRef="receive_order" />', 'sourceRef="prepare_order" targetRef="receive_order" />')],
      None, "message_flow_sends_nothing", ["flow_order", "prepare_order", "send task"]),
+    ([('sourceRef="send_order" targetRef="receive_order" />', 'sourceRef="send_order" targetRef="price_order" />')],
+     None, "message_flow_receives_nothing", ["flow_order", "price_order", "waits for no message", "'order'"]),
+    ([('sourceRef="send_order" targetRef="receive_order" />', 'sourceRef="send_order" targetRef="supplier_pool" />'),
+      ('<bpmn:messageEventDefinition id="receive_order_def" messageRef="order_msg">',
+       '<bpmn:messageEventDefinition id="receive_order_def" messageRef="quote_msg">')],
+     None, "message_flow_receives_nothing", ["flow_order", "'order'", "'Supplier'", "nothing waits"]),
     ([('<bpmn:messageFlow id="flow_quote"', '<bpmn:correlationKey id="order_key" name="order" />\n'
        '    <bpmn:messageFlow id="flow_quote"')],
      None, "collaboration_correlation", ["order_collab", "'order_key'", "--process"]),
@@ -191,6 +197,14 @@ def test_validate_names_the_message_flow_and_what_to_do(tmp_path: Path, edits: l
     result = CliRunner().invoke(main, ["validate", str(tmp_path / "variant.bpmn"),
                                        *(["--process", process_id] if process_id else [])])
     assert result.exit_code == 2 and found[0].message in result.stdout + result.stderr
+
+
+def test_a_message_flow_drawn_to_the_receiving_pools_border_is_carried(tmp_path: Path) -> None:
+    path = _variant(tmp_path, ('sourceRef="send_order" targetRef="receive_order" />',
+                               'sourceRef="send_order" targetRef="supplier_pool" />'))
+    report = validate_process(path)
+    assert report.ok and not report.problems, [str(p) for p in report.problems]
+    assert Engine().run_process(load_process(path)).context.resolve("total") == 15
 
 
 def test_a_pool_that_does_not_run_is_a_warning_naming_its_flows(tmp_path: Path) -> None:
