@@ -119,7 +119,8 @@ class Edge:
     name: str | None = None
     points: tuple[tuple[float, float], ...] = ()
     # "flow": a sequence flow; "link": a link throw event's jump to its catch event, which no flow
-    # draws (a modeler's off-page connector); drawn dotted, so the path reads on across it
+    # draws (a modeler's off-page connector); "message": a collaboration's message flow between two
+    # pools; the last two are drawn dotted, so a path reads on across them
     kind: str = "flow"
 
 
@@ -185,7 +186,9 @@ def _local(tag: str) -> str:
 
 def parse_bpmn(source: str | Path | bytes, process_id: str | None = None) -> Diagram:
     """The flow nodes and sequence flows of one process (default: the first executable one),
-    placed by the file's diagram interchange when it has a shape for every node, else laid out."""
+    placed by the file's diagram interchange when it has a shape for every node, else laid out.
+    A collaboration's id gives its executable pools together, its message flows drawn between
+    them as edges of their own (``Edge.kind == "message"``, dashed as a link's jump is)."""
     if isinstance(source, bytes):
         root = ET.fromstring(source)
     else:
@@ -193,6 +196,15 @@ def parse_bpmn(source: str | Path | bytes, process_id: str | None = None) -> Dia
     processes = list(root.iter(f"{BPMN}process"))
     if not processes:
         raise ValueError("the BPMN file defines no bpmn:process")
+    collaboration = None
+    if process_id is not None and not any(p.get("id") == process_id for p in processes):
+        collaboration = next((c for c in root.iter(f"{BPMN}collaboration") if c.get("id") == process_id), None)
+    if collaboration is not None:
+        refs = [p.get("processRef") for p in collaboration.iter(f"{BPMN}participant")]
+        pools = [p for p in processes if p.get("id") in refs and p.get("isExecutable", "true").lower() != "false"]
+        messages = [Edge(str(f.get("id")), str(f.get("sourceRef")), str(f.get("targetRef")), f.get("name"),
+                         kind="message") for f in collaboration.iter(f"{BPMN}messageFlow") if f.get("id")]
+        return _placed(root, str(collaboration.get("id")), collaboration.get("name"), pools, messages)
     if process_id is None:
         proc = next((p for p in processes if p.get("isExecutable", "true").lower() != "false"), processes[0])
     else:
@@ -201,24 +213,29 @@ def parse_bpmn(source: str | Path | bytes, process_id: str | None = None) -> Dia
             known = ", ".join(str(p.get("id")) for p in processes)
             raise ValueError(f"the BPMN file has no process {process_id!r}; processes: {known}")
         proc = found[0]
+    return _placed(root, str(proc.get("id")), proc.get("name"), [proc], [])
 
+
+def _placed(root: Any, ident: str, name: str | None, procs: list[Any], extra: list[Edge]) -> Diagram:
     nodes: dict[str, Node] = {}
     edges: list[Edge] = []
-    for el in proc:
-        kind = _local(el.tag)
-        ident = el.get("id")
-        if not ident:
-            continue
-        if kind == "sequenceFlow":
-            if el.get("sourceRef") and el.get("targetRef"):
-                edges.append(Edge(ident, str(el.get("sourceRef")), str(el.get("targetRef")), el.get("name")))
-        elif kind in _EVENTS or kind in _GATEWAYS or kind in _ACTIVITIES:
-            nodes[ident] = Node(ident, kind, el.get("name"))
-    for el in proc:
-        if links.is_link_throw(el) and el.get("id"):
-            edges.extend(Edge(f"{el.get('id')}->{catch.get('id')}", str(el.get("id")), str(catch.get("id")),
-                              links.link_name(el) or None, kind="link")
-                         for catch in links.catch_of(el, proc) if catch.get("id"))
+    for proc in procs:
+        for el in proc:
+            kind = _local(el.tag)
+            eid = el.get("id")
+            if not eid:
+                continue
+            if kind == "sequenceFlow":
+                if el.get("sourceRef") and el.get("targetRef"):
+                    edges.append(Edge(eid, str(el.get("sourceRef")), str(el.get("targetRef")), el.get("name")))
+            elif kind in _EVENTS or kind in _GATEWAYS or kind in _ACTIVITIES:
+                nodes[eid] = Node(eid, kind, el.get("name"))
+        for el in proc:
+            if links.is_link_throw(el) and el.get("id"):
+                edges.extend(Edge(f"{el.get('id')}->{catch.get('id')}", str(el.get("id")), str(catch.get("id")),
+                                  links.link_name(el) or None, kind="link")
+                             for catch in links.catch_of(el, proc) if catch.get("id"))
+    edges.extend(extra)
     edges = [e for e in edges if e.source in nodes and e.target in nodes]
 
     shapes: dict[str, tuple[float, float, float, float]] = {}
@@ -240,7 +257,7 @@ def parse_bpmn(source: str | Path | bytes, process_id: str | None = None) -> Dia
         if ref and len(pts) >= 2:
             waypoints[ref] = pts
 
-    diagram = Diagram(str(proc.get("id")), proc.get("name"), nodes, tuple(edges), from_interchange=False)
+    diagram = Diagram(ident, name, nodes, tuple(edges), from_interchange=False)
     if nodes and all(n in shapes for n in nodes):
         return _from_interchange(diagram, shapes, waypoints)
     return layered_layout(diagram)
@@ -556,12 +573,15 @@ def render_svg(diagram: Diagram, marks: Marks | None = None, *, title: str | Non
         state = _edge_state(e, marks)
         colour, stroke_w, dash = _EDGE_STYLE[state]
         jump = e.kind == "link"
-        g = _sub(edges_g, "g", class_=f"edge edge-{state}" + (" edge-link" if jump else ""), data_id=e.id,
-                 data_source=e.source, data_target=e.target, data_kind=e.kind)
+        g = _sub(edges_g, "g", class_=f"edge edge-{state}" + (f" edge-{e.kind}" if e.kind != "flow" else ""),
+                 data_id=e.id, data_source=e.source, data_target=e.target, data_kind=e.kind)
         if jump:
             dash = _LINK_DASH
             _sub(g, "title").text = (f"link {e.name or ''!r}: {e.source} jumps to {e.target} (a link event, "
                                      "no sequence flow)")
+        elif e.kind == "message":
+            dash = _LINK_DASH
+            _sub(g, "title").text = f"message flow {e.name or e.id}: {e.source} \u2192 {e.target} (between pools)"
         else:
             _sub(g, "title").text = f"{e.name or e.id}: {e.source} \u2192 {e.target}"
         _sub(g, "polyline", points=" ".join(f"{_fmt(x)},{_fmt(y)}" for x, y in e.points), fill="none",
@@ -587,8 +607,10 @@ def render_svg(diagram: Diagram, marks: Marks | None = None, *, title: str | Non
 
 def _description(diagram: Diagram, marks: Marks) -> str:
     jumps = sum(1 for e in diagram.edges if e.kind == "link")
-    parts = [f"{len(diagram.nodes)} elements, {len(diagram.edges) - jumps} flows"
-             + (f", {jumps} link jump{'s' if jumps > 1 else ''}" if jumps else "")]
+    messages = sum(1 for e in diagram.edges if e.kind == "message")
+    parts = [f"{len(diagram.nodes)} elements, {len(diagram.edges) - jumps - messages} flows"
+             + (f", {jumps} link jump{'s' if jumps > 1 else ''}" if jumps else "")
+             + (f", {messages} message flow{'s' if messages > 1 else ''}" if messages else "")]
     for label, ids in (("finished", marks.done), ("current", marks.current), ("failed", marks.failed),
                        ("waiting branch", marks.waiting)):
         shown = [diagram.nodes[i].label for i in diagram.nodes if i in ids]

@@ -127,7 +127,11 @@ def waiting_catches(workflow: Any) -> list[Catch]:
     # event sub-processes with a message / signal start: SpiffWorkflow starts one when it is caught,
     # unless an interrupting one started (``_Runtime.interrupt``): then the process is over but for it
     root = workflow.task_tree
-    for name in [] if root.internal_data.get(spiff.INTERRUPTED_KEY) else workflow.spec.start.trigger_specs:
+    # (a pool of a collaboration whose process starts on a message is started by the pool that sends it,
+    # never from outside: its payload would reach the instance's context, shared by every pool)
+    starts = [] if root.internal_data.get(spiff.INTERRUPTED_KEY) or spiff.is_collaboration(workflow.spec) \
+        else workflow.spec.start.trigger_specs
+    for name in starts:
         sp_spec = workflow.subprocess_specs.get(name)
         for start in getattr(sp_spec, "bpmn_start_events", None) or []:
             definition = start.event_definition

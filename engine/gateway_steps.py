@@ -562,7 +562,10 @@ class GatewaySteps:
         # one at a time), when the answers given before are no longer in self.answers
         answers = {_request_id(c): c["answer"] for c in mine}
         answers.update({_request_id(c): self.answers[c["id"]]["value"] for c in mine if c["id"] in self.answers})
-        config = _join_config(self.process.config(gw), self.process.config(infos[members[0]]["gateway"]))
+        own = self.process.config(gw)
+        if own is None and spiff.is_end_join(task.task_spec) and spiff.is_collaboration(task.workflow.spec):
+            own = self.process.config(str(task.workflow.spec.name))  # a collaboration's settings are its end join's
+        config = _join_config(own, self.process.config(infos[members[0]]["gateway"]))
         arbiter = self.engine.arbiter_for(self.process)
         try:
             with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):

@@ -476,7 +476,8 @@ _BPMN_NS = "{http://www.omg.org/spec/BPMN/20100524/MODEL}"
 
 class Catalog:
     """The processes a server may start: every executable process of the ``*.bpmn``
-    files in one directory (with their config files beside them), by process id."""
+    files in one directory (with their config files beside them), by process id, and every
+    collaboration of two or more executable pools there, by its id (its pools run together)."""
 
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = Path(directory).resolve() if directory is not None else None
@@ -514,6 +515,19 @@ class Catalog:
                                     f"{out[pid]['file']} defines that process id first; rename one of them")
                     continue
                 out[pid] = {"id": pid, "name": proc.get("name"), "file": path.name}
+            # a collaboration of two or more executable pools runs them together (engine.collaboration)
+            executable = {p.get("id") for p in root.iter(f"{_BPMN_NS}process")
+                          if p.get("isExecutable", "true").lower() != "false"}
+            for collab in root.iter(f"{_BPMN_NS}collaboration"):
+                cid = collab.get("id")
+                pools = [p.get("processRef") for p in collab.iter(f"{_BPMN_NS}participant")]
+                if not cid or sum(1 for ref in pools if ref in executable) < 2:
+                    continue
+                if cid in out:
+                    problems.append(f"{path.name}: collaboration {cid!r} is left out of the catalog: "
+                                    f"{out[cid]['file']} defines that id first; rename one of them")
+                    continue
+                out[cid] = {"id": cid, "name": collab.get("name"), "file": path.name}
         return out, problems
 
     def load(self, process_id: str) -> Process:

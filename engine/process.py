@@ -158,8 +158,13 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
                                "choose one with process_id (CLI: --process)")
         pid = executable[0]
     try:
-        spec = parser.get_spec(pid)
-        subprocess_specs = parser.get_subprocess_specs(pid)
+        if pid in parser.collaborations and pid not in executable:
+            # its executable pools run together, exchanging messages (engine.collaboration)
+            spec, subprocess_specs = parser.get_collaboration(pid)
+            spec.description = _collaboration_name(bpmn_paths, pid)
+        else:
+            spec = parser.get_spec(pid)
+            subprocess_specs = parser.get_subprocess_specs(pid)
     except ValidationException as err:
         raise ProcessError(_spiff_message(err)) from None
     except Exception as err:
@@ -175,6 +180,8 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
             pass
         else:
             known_ids = {ts.bpmn_id for s in [spec, *subprocess_specs.values()] for ts in spiff.iter_user_specs(s)}
+            if spiff.is_collaboration(spec):
+                known_ids.add(pid)  # its pools' branches, its end join's settings (engine.collaboration)
             unknown = [i for i in file_cfg["elements"] if i not in known_ids]
             if unknown:
                 raise ConfigError(f"{config_path}: config for element(s) {', '.join(map(repr, unknown))} that "
@@ -190,6 +197,16 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         config_path=os.path.abspath(config_path) if config_path else None,
         name=getattr(spec, "description", None),
     )
+
+
+def _collaboration_name(bpmn_paths: list[Path], collaboration_id: str) -> str | None:
+    for p in bpmn_paths:
+        root = etree.fromstring(p.read_bytes(), etree.XMLParser(resolve_entities=False, no_network=True))
+        for el in root.iter("{http://www.omg.org/spec/BPMN/20100524/MODEL}collaboration"):
+            if el.get("id") == collaboration_id:
+                name = el.get("name")
+                return str(name) if name is not None else None
+    return None
 
 
 def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig]:

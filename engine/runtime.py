@@ -69,7 +69,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import StoreUnavailable
 
-from . import dmn, events, forms, spiff
+from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
@@ -874,6 +874,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                     task = wf.get_task_from_id(sp.parent_task_id)
                     task.task_spec._update(task)
             if not self._run_ready(wf) and len(wf.get_active_subprocesses()) <= len(active):
+                if collaboration.deliver_pending(wf):
+                    continue  # a pool caught a message another pool sent before it waited for it
                 # timers that are due (by the engine's clock) fire now, and the run goes on
                 before = {t.id for t in _ready_tasks(wf)}
                 cycles = _cycle_states(wf)

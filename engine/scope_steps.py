@@ -22,9 +22,9 @@ from SpiffWorkflow.util.task import TaskState
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import RECORD_PREFIXES
-from context_layers.errors import ActivityError
+from context_layers.errors import ActivityError, ContextWriteDenied
 from gateways.join import free_record_key, single_counts, single_summaries
-from gateways.splitter import branch_context_name
+from gateways.splitter import ContextSplitter, branch_context_name
 
 from . import events, spiff
 from .gateway_steps import RECORD_KEY_PREFIXES
@@ -147,6 +147,9 @@ class ScopeSteps:
           own too: only those outputs come back (``leave_subworkflow``), as in SpiffWorkflow.
 
         The called process's data inputs must be in the context (SpiffWorkflow's check)."""
+        if spiff.is_pool(task):
+            self.enter_pool(task)
+            return
         spec = task.task_spec
         bpmn_id = spiff.bpmn_id_of(task)
         ctx = self.context_of(task)
@@ -199,6 +202,42 @@ class ScopeSteps:
             "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
             "status": "scope", "join": None}
         subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
+
+    def enter_pool(self, task: Any) -> None:
+        """A pool's process starts in a collaboration (``engine.collaboration``): with the others, or
+        when a message another pool sent starts it (its message start event). It runs in a branch
+        of its own, forked from the instance's context: SYSTEM and PROCESS shared, WORKING and
+        HISTORY its own, so no pool reads or overwrites another's. Every pool is a branch of one
+        split (the collaboration's start), merged at the collaboration's end join; branch id: the
+        pool's process id (``#2``, ``#3`` ... for further instances a message started)."""
+        inst = self.instance
+        start = task.parent  # the collaboration's start (SpiffWorkflow starts every pool from it)
+        gw = str(task.workflow.spec.name)  # the collaboration's id
+        if not task.children:
+            # one a message started (``BpmnStartTask.trigger_wf``) was made without its path to the
+            # collaboration's end join: SpiffWorkflow would end the collaboration without it
+            task._sync_children(task.task_spec.outputs, TaskState.FUTURE)
+            for child in task.children:
+                child.task_spec._predict(child, mask=TaskState.FUTURE | TaskState.PREDICTED_MASK)
+        parent_name = spiff.context_name_of(start)
+        parent = inst.contexts[parent_name]
+        split = f"{gw}@{start.id}"
+        pid = spiff.bpmn_id_of(task)
+        before = sum(1 for i in inst.branches.values() if i["split"] == split
+                     and str(i["branch_id"]).split("#", 1)[0] == pid)
+        branch_id = pid if not before else f"{pid}#{before + 1}"
+        cfg = self.process.config(gw)
+        try:
+            forked = ContextSplitter().split(parent, gw, [branch_id], cfg, actor=gw, gateway_type="parallel")[0]
+        except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)
+            raise ActivityError(f"collaboration {gw!r}: {err}", task_id=gw) from None
+        name = forked.context.name
+        inst.contexts[name] = forked.context
+        inst.branches[name] = {
+            "parent": parent_name, "branch_id": branch_id, "gateway": gw, "split": split,
+            "snapshot_id": forked.snapshot_id, "injected": thaw(dict(forked.injected)), "status": "open", "join": None}
+        task.internal_data[spiff.CTX_KEY] = name
+        task.internal_data[spiff.BRANCH_KEY] = branch_id
 
     def interrupt(self, esp: Any, start: Any) -> None:
         """An interrupting event sub-process started: the rest of the (sub-)process it belongs to

@@ -166,6 +166,9 @@ __all__ = [
     "DELIVERED_KEY",
     "arrived_branch_tasks",
     "payload_variables",
+    "is_collaboration",
+    "is_pool",
+    "LayerflowCollaborationStart",
     "bpmn_id_of",
     "branch_start_id",
     "flow_target_id",
@@ -632,6 +635,15 @@ for _stock in [spec for _, spec in _STOCK_TAGS.values()] + list(_EXTRA_SPECS):
 TWINS[_EndJoin] = LayerflowEndJoin = _twin(_EndJoin, "gateway")
 
 
+class LayerflowCollaborationStart(_LayerflowSpecMixin, BpmnStartTask):  # type: ignore[misc]
+    """The start of a collaboration (``LayerflowBpmnParser.get_collaboration``): SpiffWorkflow starts
+    each executable pool's process from it, as a call activity; each pool runs in a context of its
+    own (``engine.collaboration``), merged at the collaboration's end join (the spec's name is the
+    collaboration's id)."""
+
+    lf_role = "flow"  # it splits as each pool starts (``_Runtime.enter_pool``): some start later, by a message
+
+
 _START_EVENT_TWIN = TWINS[_STOCK_TAGS[full_tag("startEvent")][1]]
 
 
@@ -766,7 +778,7 @@ def is_event_subprocess(task: Any) -> bool:
     """Whether ``task`` is an event sub-process (SpiffBpmnParser builds it as a plain sub-process):
     one an event started (``BpmnStartTask.trigger_wf``), or one whose start is a timer, which
     SpiffWorkflow starts with its process (the internal start task is its parent) to wait there."""
-    if not isinstance(task.task_spec, SubWorkflowTask):
+    if not isinstance(task.task_spec, SubWorkflowTask) or is_pool(task):  # a pool starts from there too
         return False
     return started_by_its_event(task) or task.parent is not None and isinstance(task.parent.task_spec, BpmnStartTask)
 
@@ -838,6 +850,17 @@ def _below_listening(task: Any, listening: list[Any]) -> bool:
         parent_id = getattr(task.workflow, "parent_task_id", None) if task.parent is None else None
         task = task.workflow.top_workflow.get_task_from_id(parent_id) if parent_id is not None else task.parent
     return False
+
+
+def is_collaboration(spec: Any) -> bool:
+    """Whether a workflow spec is a collaboration's (its pools' processes start from it)."""
+    return isinstance(getattr(spec, "start", None), LayerflowCollaborationStart)
+
+
+def is_pool(task: Any) -> bool:
+    """Whether ``task`` is the call activity that runs a pool's process in a collaboration."""
+    return isinstance(task.task_spec, SubWorkflowTask) and task.workflow.parent_task_id is None \
+        and is_collaboration(task.workflow.spec)
 
 
 def is_split(spec: Any) -> bool:
@@ -1414,6 +1437,14 @@ class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
     OVERRIDE_PARSER_CLASSES = {tag: (_parser_twin(p), TWINS[s]) for tag, (p, s) in _STOCK_TAGS.items()}
     PROCESS_PARSER_CLASS = _LayerflowProcessParser
 
+    def get_collaboration(self, name: str) -> tuple[Any, dict[str, Any]]:
+        """SpiffWorkflow's collaboration spec (a call activity per executable pool, started together),
+        with layerflow's start (a split: ``LayerflowCollaborationStart``) and end join."""
+        spec, subprocess_specs = super().get_collaboration(name)
+        spec.start.__class__ = LayerflowCollaborationStart
+        spec.end.__class__ = LayerflowEndJoin
+        return spec, subprocess_specs
+
 
 # --------------------------------------------------------------------------- scripts
 
@@ -1505,6 +1536,7 @@ def _serializer() -> BpmnWorkflowSerializer:
     for stock, engine_class in (*_THROWN_TO_ITS_PROCESS.items(), *_ON_THE_ENGINE_CLOCK.items()):
         config[engine_class] = config[stock]
     config[LayerflowInterruptingEventStart] = config[_STOCK_TAGS[full_tag("startEvent")][1]]
+    config[LayerflowCollaborationStart] = config[BpmnStartTask]
     config[TWINS[spiff_defaults.BusinessRuleTask]] = _BusinessRuleTaskConverter
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))

@@ -15,8 +15,22 @@ not make ``report.ok`` false:
 ``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
 ``process_not_found``                 ``process_id`` (argument or ``process:`` in the config) absent
 ``process_not_executable``            the chosen process has ``isExecutable`` other than "true"
-``process_ambiguous``                 several executable processes no other one calls, and no process id
+``process_ambiguous``                 several executable processes no other one calls, and no process id (unless
+                                      a collaboration draws them as pools that exchange messages: it runs)
 ``process_executable_unset`` W        the chosen process has no ``isExecutable``
+``collaboration_not_executable``      the collaboration to run has no pool whose process is executable
+``message_flow_mismatch``             a message flow between two running pools whose ends send and wait for
+                                      different messages (SpiffWorkflow routes by the message's name)
+``message_flow_sends_nothing``        a message flow between running pools that starts at no message throw
+                                      event, end event or send task (or at a pool's border)
+``message_flow_receives_nothing``     ... that ends at no message catch (or at a pool where nothing waits for it)
+``message_flow_not_run`` W            a message flow to a pool layerflow does not run (not executable, black box)
+``message_flow_from_outside`` W       a message flow from such a pool: the instance waits until it is sent
+``collaboration_never_starts``        every executable pool of the collaboration starts with a message start event
+``pool_event_subprocess_never_starts`` W  a message or signal event sub-process in a pool's process (it runs as a
+                                      called process: SpiffWorkflow starts those at the top level only)
+``collaboration_correlation``         correlation keys or properties in the collaboration to run: one instance
+                                      is one conversation, messages between its pools are not correlated
 ``unknown_element_id``                config for an id that is no element of the loaded processes
 ``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
 ``config_misplaced``                  ``layerflow:config`` outside ``bpmn:extensionElements``
@@ -276,6 +290,8 @@ class ValidationReport:
     config: ProcessConfigFile | None = field(default=None, repr=False, compare=False)
     # Effective config per element id: extension elements, then the config file over them.
     element_configs: Mapping[str, ActivityExtensionConfig] = field(default_factory=dict, repr=False, compare=False)
+    # When ``process_id`` is a collaboration's: the processes of its executable pools, which run together.
+    pools: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -293,6 +309,7 @@ class ValidationReport:
         return {
             "ok": self.ok,
             "process_id": self.process_id,
+            "pools": list(self.pools),
             "bpmn_files": [str(p) for p in self.bpmn_paths],
             "config_file": str(self.config_path) if self.config_path else None,
             "errors": len(self.errors),
@@ -311,6 +328,8 @@ def format_report(report: ValidationReport) -> str:
     n_err, n_warn = len(report.errors), len(report.warnings)
     if report.ok:
         what = f"process {report.process_id!r}" if report.process_id else "process"
+        if report.pools:
+            what = f"collaboration {report.process_id!r} (pools {', '.join(map(repr, report.pools))}, run together)"
         summary = f"{files}: {what} is valid"
         if n_warn:
             summary += f" ({_plural(n_warn, 'warning')})"
@@ -426,6 +445,7 @@ class _Validator:
         self.related: set[str] = set()
         self.system_keys: frozenset[str] = frozenset()  # the config's system: (L0), once it is read
         self.dmn_files: list[dmn.DmnFile] = []
+        self.pools: tuple[str, ...] = ()  # the executable pools' processes of the collaboration to run
 
     def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
             element_id: str | None = None, field: str | None = None, column: int | None = None,
@@ -480,7 +500,7 @@ class _Validator:
             self._check_schema(doc)
         return ValidationReport(problems=tuple(self._sorted()), bpmn_paths=tuple(self.paths),
                                 config_path=config.path if config else None, process_id=main, config=config,
-                                element_configs=MappingProxyType(self.merged))
+                                element_configs=MappingProxyType(self.merged), pools=self.pools)
 
     def _sorted(self) -> list[Problem]:
         # the BPMN files, then the DMN files, then anything else (the config file)
@@ -678,7 +698,7 @@ class _Validator:
                 if other is not None and other.tag == "participant" and other.element.get("processRef"):
                     what = f"; {wanted!r} is the pool (participant) of process {other.element.get('processRef')!r}"
                 elif other is not None and other.tag == "collaboration":
-                    what = f"; {wanted!r} is a collaboration: layerflow runs one of its pools' processes at a time"
+                    return self._select_collaboration(other, file, line)
                 else:
                     what = _did_you_mean(wanted, [p.id for p in self.processes])
                 self.add("process_not_found", f"process {wanted!r} is not in {self._files()}"
@@ -707,13 +727,144 @@ class _Validator:
         called = {c.get("calledElement") for p in self.processes for c in p.element.iter(_bpmn("callActivity"))}
         roots = [p for p in executable if p.id not in called] or executable
         if len(roots) > 1:
+            together = [c for c in self.other_ids.values() if c.tag == "collaboration"
+                        and {r.id for r in roots} <= {pid for _, pid in _pools(c.element)}]
+            talking = [c for c in together if _messages_between(c.element, {r.id for r in roots}, self.nodes)]
+            if len(talking) == 1:  # pools that exchange messages: they run together
+                return self._select_collaboration(talking[0], file, None)
+            hint = (f", or the collaboration {together[0].id!r} to run its pools together" if together else "")
             self.add("process_ambiguous", f"{len(roots)} executable processes ({', '.join(map(self._named, roots))}) "
-                     "and no process id; pass the id of the one to run (--process ID on the command line, "
+                     f"and no process id; pass the id of the one to run{hint} (--process ID on the command line, "
                      "process_id= in Python, or process.process_id in the config file)",
                      file=file, field="process_id")
             return None
         self._warn_unset(roots[0])
         return roots[0].id
+
+    def _select_collaboration(self, collab: _Node, file: str | None, line: int | None) -> str | None:
+        """A collaboration runs its executable pools together (``engine.collaboration``); its
+        message flows must be ones layerflow can carry. Returns its id, None when it cannot run."""
+        by_id = {p.id: p for p in self.processes}
+        pools = _pools(collab.element)
+        running = [pid for _, pid in pools if pid in by_id and _executable(by_id[pid].element)]
+        if not running:
+            drawn = ", ".join(f"{pool!r} -> {pid!r}" if pid else f"{pool!r} (no process)" for pool, pid in pools)
+            self.add("collaboration_not_executable", f"collaboration {collab.id!r} has no pool whose process is "
+                     f"executable (pools: {drawn or 'none'}); set isExecutable=\"true\" on the process of each pool "
+                     "to run", file=collab.file, line=collab.line, element_id=collab.id)
+            return None
+        for pid in running:
+            self._warn_unset(by_id[pid])
+        self.pools = tuple(running)
+        self._check_message_flows(collab, set(running))
+        self._check_pool_starts(collab, [by_id[pid] for pid in running])
+        return collab.id
+
+    def _check_pool_starts(self, collab: _Node, running: list[_Node]) -> None:
+        """A pool whose process starts on a message starts when another pool sends it; when every pool
+        does, nothing starts the conversation. A pool's message or signal event sub-process never starts:
+        its process runs as a called one (SpiffWorkflow starts those at the top level only)."""
+        def message_started(proc: _Node) -> bool:
+            starts = list(proc.element.iterchildren(_bpmn("startEvent")))
+            return bool(starts) and all(s.find(_bpmn("messageEventDefinition")) is not None for s in starts)
+
+        if all(message_started(p) for p in running):
+            self.add("collaboration_never_starts", f"collaboration {collab.id!r}: every pool's process starts with "
+                     f"a message start event ({', '.join(repr(p.id) for p in running)}), so nothing starts the "
+                     "conversation (a pool's message start event is started by another pool, not from outside); "
+                     "give the pool that begins it a plain start event", file=collab.file, line=collab.line,
+                     element_id=collab.id)
+        for proc in running:
+            for sub in proc.element.iterchildren(_bpmn("subProcess")):
+                if sub.get("triggeredByEvent") != "true":
+                    continue
+                for start in sub.iterchildren(_bpmn("startEvent")):
+                    kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
+                    if kinds:
+                        self.add("pool_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of pool "
+                                 f"process {proc.id!r} starts on a {kinds[0]}: in collaboration {collab.id!r} each "
+                                 "pool's process runs as a called process, and SpiffWorkflow 3.2 starts such event "
+                                 f"sub-processes in the top-level process only, so {start.get('id')!r} never catches "
+                                 f"it; catch the {kinds[0]} with a catch event or an event-based gateway on the "
+                                 "pool's path instead", file=proc.file, line=start.sourceline,
+                                 element_id=start.get("id"), severity="warning")
+
+    def _check_message_flows(self, collab: _Node, running: set[str]) -> None:
+        """What layerflow carries between pools: a message a throw event, end event or send task of
+        one running pool sends, caught (by its message's name, as SpiffWorkflow routes it) by a catch
+        event, receive task or message start event of another. Correlation between pools is not
+        supported: one instance is one conversation."""
+        messages = {m.get("id"): m.get("name") or m.get("id") for doc in self.docs if doc.root is not None
+                    for m in doc.root.iter(_bpmn("message"))}
+        pools = dict(_pools(collab.element))
+        names = {el.get("id"): el.get("name") or el.get("id") for el in collab.element.iter(_bpmn("participant"))}
+        for flow in collab.element.iter(_bpmn("messageFlow")):
+            fid = flow.get("id")
+            ends: dict[str, tuple[_Node | None, str | None, str | None]] = {}
+            for side in ("sourceRef", "targetRef"):
+                ref = flow.get(side) or ""
+                node = self.nodes.get(ref)
+                if node is not None:
+                    ends[side] = (node, node.process_id, _message_of(node.element, messages))
+                else:  # drawn to the pool's border (a pool drawn as a black box has no process)
+                    ends[side] = (None, pools.get(ref), None)
+            (src, src_pid, sent), (dst, dst_pid, wanted) = ends["sourceRef"], ends["targetRef"]
+            where = dict(file=collab.file, line=flow.sourceline, element_id=fid)
+
+            def pool_of(ref: str, pid: str | None) -> str:
+                pool = next((names[k] for k, v in pools.items() if v == pid), None) if pid else names.get(ref)
+                return repr(pool or pid or ref)
+
+            if dst_pid not in running:
+                self.add("message_flow_not_run", f"message flow {fid!r} leads to pool "
+                         f"{pool_of(flow.get('targetRef') or '', dst_pid)}, which layerflow does not run (its process "
+                         f"{'is not executable' if dst_pid else 'is not drawn: a black-box pool'}): what "
+                         f"{flow.get('sourceRef')!r} sends there is delivered to no one; set isExecutable=\"true\" "
+                         "on that pool's process to run it too, or keep the flow as documentation",
+                         severity="warning", **where)
+                continue
+            if src_pid not in running:
+                self.add("message_flow_from_outside", f"message flow {fid!r} comes from pool "
+                         f"{pool_of(flow.get('sourceRef') or '', src_pid)}, which layerflow does not run: the instance "
+                         f"waits at {flow.get('targetRef')!r} until that message is sent from outside (layerflow "
+                         "send INSTANCE_ID MESSAGE_NAME, or the REST API)", severity="warning", **where)
+                continue
+            if src is None or sent is None:
+                what = f"the border of pool {pool_of(flow.get('sourceRef') or '', src_pid)}" if src is None else \
+                    f"{src.tag} {src.id!r}"
+                self.add("message_flow_sends_nothing", f"message flow {fid!r} starts at {what}, which sends no "
+                         "message: SpiffWorkflow sends one only from a message intermediate throw event, message end "
+                         "event or send task (with a messageRef); draw the sender as one of those, with the "
+                         "bpmn:message the receiver waits for", **where)
+                continue
+            if dst is None:
+                catchers = [n for n in self.nodes.values() if n.process_id == dst_pid
+                            and _message_of(n.element, messages) == sent and n.tag in _CATCHING]
+                if not catchers:
+                    self.add("message_flow_receives_nothing", f"message flow {fid!r} carries message {sent!r} to "
+                             f"pool {pool_of('', dst_pid)}, where nothing waits for it: draw a message catch event, "
+                             "receive task or message start event for it in that pool's process", **where)
+                continue
+            if wanted is None:
+                self.add("message_flow_receives_nothing", f"message flow {fid!r} ends at {dst.tag} {dst.id!r}, which "
+                         "waits for no message: SpiffWorkflow delivers one only to a message catch event, receive "
+                         f"task, message boundary event or message start event; draw it as one waiting for {sent!r}",
+                         **where)
+            elif wanted != sent:
+                self.add("message_flow_mismatch", f"message flow {fid!r}: {src.id!r} sends message {sent!r} and "
+                         f"{dst.id!r} waits for message {wanted!r}; SpiffWorkflow routes a message by its name, not "
+                         "by the message flow: give both ends the same bpmn:message (messageRef)", **where)
+        correlated = sorted({m.getparent().get("messageRef") or "" for doc in self.docs if doc.root is not None
+                             for m in doc.root.iter(_bpmn("correlationPropertyRetrievalExpression"))} - {""})
+        keys = [k.get("id") or k.get("name") for k in collab.element.iter(_bpmn("correlationKey"))]
+        if keys or correlated:
+            what = (f"correlation key(s) {', '.join(map(repr, keys))}" if keys
+                    else f"correlation properties on message(s) {', '.join(map(repr, correlated))}")
+            self.add("collaboration_correlation", f"collaboration {collab.id!r} has {what}: layerflow runs a "
+                     "collaboration as one instance, one conversation, and does not correlate messages between its "
+                     "pools; remove the correlation keys and properties (each instance is one conversation), or run "
+                     "each pool as a process of its own (--process ID) and send its messages with layerflow send",
+                     file=collab.file, line=collab.line, element_id=collab.id)
 
     def _warn_unset(self, proc: _Node) -> None:
         if proc.element.get("isExecutable") is None:
@@ -827,6 +978,9 @@ class _Validator:
         checkable = any(d.root is not None for d in self.docs)
         for eid in config.element_ids:
             line = config.line_of(eid)
+            if eid == main and self.pools:
+                self._check_collaboration_config(config, eid, file)
+                continue
             if eid not in self.nodes and checkable:
                 other = self.other_ids.get(eid)
                 if other is not None:
@@ -843,6 +997,27 @@ class _Validator:
             cfg = config.elements.get(eid)
             if cfg is not None:
                 self.sources.append(_Source(eid, file, cfg, lambda *path, _e=eid: config.line_of(_e, *path)))
+
+    def _check_collaboration_config(self, config: ProcessConfigFile, eid: str, file: str) -> None:
+        """The config of the collaboration that runs: its ``branches`` are its pools (each one's
+        ``contextInject`` goes into that pool's context as it starts), its join settings those of its
+        end join, where the pools' contexts merge (``engine.collaboration``)."""
+        cfg = config.elements.get(eid)
+        if cfg is None:
+            return
+        self.sources.append(_Source(eid, file, cfg, lambda *path, _e=eid: config.line_of(_e, *path)))
+        for i, branch in enumerate(cfg.branches):
+            if branch.id not in self.pools:
+                self.add("branch_not_outgoing", f"branch {branch.id!r} of collaboration {eid!r} is no pool that "
+                         f"runs{_did_you_mean(branch.id, list(self.pools))}; a collaboration's branches are its "
+                         f"pools, named by their process ids: {', '.join(map(repr, self.pools))}", file=file,
+                         line=config.line_of(eid, "branches", i, "id"), element_id=eid, field=f"branches.{i}.id")
+        for i, bid in enumerate(cfg.branch_priority):
+            if bid not in self.pools:
+                self.add("branch_priority_unknown_id", f"branchPriority names {bid!r}, which is no pool of collaboration "
+                         f"{eid!r} that runs{_did_you_mean(bid, list(self.pools))}; list its pools' process ids: "
+                         f"{', '.join(map(repr, self.pools))}", file=file, line=config.line_of(eid, "branchPriority", i),
+                         element_id=eid, field=f"branchPriority.{i}")
 
     def _not_a_flow_node(self, eid: str, tag: str, file: str, line: int | None) -> None:
         hint = ("; SpiffWorkflow ignores extensions on sequence flows: put per-branch settings in the "
@@ -2198,8 +2373,11 @@ class _Validator:
                 failures.append((failure, doc))
         if not failures and main is not None and not any(p.code in _PROCESS_SELECTION_CODES for p in self.problems):
             try:
-                parser.get_spec(main)
-                parser.get_subprocess_specs(main)
+                if main in getattr(parser, "collaborations", {}) and main not in parser.get_process_ids():
+                    parser.get_collaboration(main)
+                else:
+                    parser.get_spec(main)
+                    parser.get_subprocess_specs(main)
             except Exception as failure:
                 failures.append((failure, None))
         for err, origin in failures:
@@ -2323,6 +2501,37 @@ def _default_parser_factory() -> Callable[[], Any]:
 def _xml_parser() -> Any:
     # No entity expansion, no network: a BPMN file is data, not a fetch instruction.
     return etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
+
+
+_CATCHING = frozenset({"intermediateCatchEvent", "receiveTask", "boundaryEvent", "startEvent"})
+
+
+def _pools(collaboration: Any) -> list[tuple[str, str | None]]:
+    """(participant id, its processRef or None) for each pool of a collaboration."""
+    return [(p.get("id"), p.get("processRef")) for p in collaboration.iter(_bpmn("participant"))]
+
+
+def _message_of(element: Any, messages: Mapping[str, str]) -> str | None:
+    """The name of the message a flow node sends or waits for (its messageEventDefinition's or its
+    own messageRef, as a send or receive task has); None when it has none."""
+    definition = element.find(_bpmn("messageEventDefinition"))
+    ref = definition.get("messageRef") if definition is not None else element.get("messageRef")
+    if ref is None:
+        return None
+    return str(messages.get(ref, ref))
+
+
+def _messages_between(collaboration: Any, processes: set[str], nodes: Mapping[str, Any]) -> bool:
+    """Whether a message flow of ``collaboration`` joins two of ``processes`` (pools that talk)."""
+    pools = dict(_pools(collaboration))
+
+    def process_of(ref: str | None) -> str | None:
+        node = nodes.get(ref or "")
+        return node.process_id if node is not None else pools.get(ref or "")
+
+    return any(process_of(f.get("sourceRef")) in processes and process_of(f.get("targetRef")) in processes
+               and process_of(f.get("sourceRef")) != process_of(f.get("targetRef"))
+               for f in collaboration.iter(_bpmn("messageFlow")))
 
 
 def _executable(process: Any) -> bool:

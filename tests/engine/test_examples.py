@@ -88,7 +88,8 @@ PLAIN_SPIFF_LOSES = {"parallel_scripts": {"total": (0, 60), "summary": ("A-1: 0 
 
 def test_every_example_is_run_by_a_test() -> None:
     tested = {name for name, _, _ in CASES} | {"loan_approval",  # the loan demo: test_loan.py
-                                               "message_wait"}   # needs a message: the tests below
+                                               "message_wait",   # needs a message: the tests below
+                                               "purchase_collaboration"}  # two pools: test_collaboration.py
     assert {p.stem for p in EXAMPLES.glob("*.bpmn")} == tested
 
 

@@ -479,12 +479,27 @@ def test_paths_of_an_implicit_split_that_write_one_key_differently_are_a_listed_
 
 # ----- a collaboration: which pool to run ------------------------------------------------------------
 
-def test_two_pools_need_a_process_id_and_the_message_names_both_and_how(tmp_path: Path) -> None:
+def test_two_pools_that_exchange_a_message_run_together_as_their_collaboration(tmp_path: Path) -> None:
+    """No process named: the pools a message flow joins run as one instance (engine.collaboration),
+    the customer's send task delivering its message to the shop's catch event."""
     path = _pools(tmp_path)
+    result = cli("validate", str(path))
+    assert result.exit_code == 0 and "'Collaboration_1'" in result.stdout, result.stdout
+    code, doc = run_json(path)
+    assert (code, doc["status"], doc["process_id"]) == (0, "completed", "Collaboration_1"), doc["error"]
+    assert {k: v for k, v in doc["layers"]["L3"].items() if ":" not in k} == {"sent": True, "packed": True}
+    assert load_process(path).id == "Collaboration_1"
+
+
+def test_pools_that_exchange_no_message_need_a_process_id_naming_both_and_the_collaboration(tmp_path: Path) -> None:
+    path = _pools(tmp_path)
+    text = path.read_text()
+    path.write_text(text[:text.index('<bpmn:messageFlow')] + text[text.index('</bpmn:collaboration>'):])
     result = cli("validate", str(path))
     assert result.exit_code == 2
     assert all(w in result.stdout for w in (str(path), "'Process_customer' (pool 'Customer')",
-                                              "'Process_shop' (pool 'Shop')", "--process ID")), result.stdout
+                                              "'Process_shop' (pool 'Shop')", "--process ID",
+                                              "'Collaboration_1' to run its pools together")), result.stdout
     code, doc = run_json(path)
     assert (code, doc["status"], doc["error"]["kind"]) == (2, "error", "invalid_process")
     assert "--process ID" in doc["error"]["message"]
@@ -494,9 +509,8 @@ def test_two_pools_need_a_process_id_and_the_message_names_both_and_how(tmp_path
 
 @pytest.mark.parametrize(("wrong", "says"), [
     ("Participant_shop", "'Participant_shop' is the pool (participant) of process 'Process_shop'"),
-    ("Collaboration_1", "'Collaboration_1' is a collaboration"),
 ])
-def test_a_pool_or_collaboration_id_given_as_the_process_says_which_process_it_is(
+def test_a_pool_id_given_as_the_process_says_which_process_it_is(
         tmp_path: Path, wrong: str, says: str) -> None:
     result = cli("validate", str(_pools(tmp_path)), "--process", wrong)
     assert result.exit_code == 2 and says in result.stdout, result.stdout

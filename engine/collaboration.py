@@ -1,0 +1,56 @@
+"""Collaborations: several executable pools that exchange messages, run as one instance.
+
+A BPMN collaboration draws each party of a conversation as a pool (a participant whose
+``processRef`` names its process) and the messages between them as message flows.
+SpiffWorkflow runs one (``BpmnParser.get_collaboration``): a workflow whose start starts
+every executable pool's process as a call activity, and whose end waits for them all.
+layerflow runs that workflow (``load_process`` picks it, ``engine.validate`` decides when),
+and adds:
+
+* **a context per pool.** The collaboration's start splits as a parallel gateway does
+  (``spiff.LayerflowCollaborationStart``): each pool's process runs in a branch of its own,
+  forked from the instance's context (SYSTEM and PROCESS, the ``--data``, shared as at any
+  split; WORKING, HISTORY and KNOWLEDGE its own), branch id = the pool's process id. One
+  pool never reads nor overwrites what another pool wrote. At the collaboration's end join
+  (``<collaboration id>.EndJoin``) the pools' contexts merge as parallel branches do (a key
+  two pools set to different values is a conflict, resolved as any join's).
+* **messages, payload included, from pool to pool.** A message one pool throws is caught by
+  the catch event of the pool its message flow leads to (SpiffWorkflow matches the message's
+  name). The payload is evaluated in the sender's context and written into the receiver's
+  context as any message the process throws itself is (``events.catch_thrown``): WORKING, the
+  layer rules, an ``event:<catch id>`` record.
+* **messages wait for their receiver.** SpiffWorkflow drops a message nobody waits for at the
+  moment it is thrown into ``workflow.bpmn_events`` (for the application to deliver). In a
+  collaboration the receiving pool may simply not be there yet (the sender ran first): such a
+  message is handed to SpiffWorkflow again whenever the instance has nothing else to run
+  (``deliver_pending``), until a pool catches it. ``bpmn_events`` is saved with the workflow,
+  so a message waiting for a pool that waits for a person survives a save and a resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
+
+from . import spiff
+
+__all__ = ["deliver_pending", "pending_messages"]
+
+
+def pending_messages(workflow: Any) -> list[Any]:
+    """The messages a pool threw that no pool has caught yet (oldest first)."""
+    return [e for e in workflow.bpmn_events if isinstance(e.event_definition, MessageEventDefinition)]
+
+
+def deliver_pending(workflow: Any) -> bool:
+    """Hand the messages no pool caught yet to SpiffWorkflow again; True when one was caught.
+    Only a collaboration's: a message a single process throws to nobody is for the outside."""
+    if not spiff.is_collaboration(workflow.spec):
+        return False
+    caught = False
+    for event in pending_messages(workflow):
+        if workflow.event_manager.catch(event, internal=False):
+            workflow.bpmn_events.remove(event)
+            caught = True
+    return caught
