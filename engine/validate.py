@@ -1274,6 +1274,16 @@ class _Validator:
                 if ref in ids:
                     continue
                 self.related.update(r for r in (flow.get("sourceRef"), flow.get("targetRef")) if r)
+                if attr == "sourceRef" and not ref:
+                    # what a modeler leaves when the flow's source shape is deleted: nothing can
+                    # take the flow, and SpiffWorkflow (which follows flows out of their sources)
+                    # runs the process without it
+                    self.add("flow_ref_unknown", f"sequence flow {flow.get('id')!r} has no sourceRef, so no "
+                             "element leads into it and it is never taken (SpiffWorkflow runs the process without "
+                             f"it): remove it, or give it the sourceRef of the element it should leave",
+                             file=proc.file, line=flow.sourceline, element_id=flow.get("id"), field=attr,
+                             severity="warning")
+                    continue
                 self.add("flow_ref_unknown", f"sequence flow {flow.get('id')!r} has {attr}={ref!r}, which is no "
                          f"task, event or gateway of this {'process' if scope is proc.element else 'subprocess'}"
                          f"{_did_you_mean(ref or '', ids)}; point it at an existing element",

@@ -145,3 +145,23 @@ def test_a_decision_output_into_an_object_the_instance_started_with_is_refused_n
     message = instance.error["message"]
     assert "'claim'" in message and "'claim.grade'" in message and "'table_claim_grade'" in message, message
     assert "'claim_grade'" in message, message  # the name to give the output instead
+
+
+def test_a_flow_with_no_source_left_behind_by_the_modeler_is_a_warning_and_the_process_runs() -> None:
+    """A sequence flow whose source shape was deleted keeps its targetRef and loses its sourceRef
+    (SpiffArena's own send and receive task test processes carry one). Nothing can take such a
+    flow, and SpiffWorkflow runs the process without it; validate refused the whole process. It
+    warns, naming the file, the flow and what to do."""
+    path = REALWORLD / "dangling_flow.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'leftover'" in ln)
+    assert "warning" in line and str(path) in line and "sourceRef" in line and "remove" in line, line
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("dangling_flow"))
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"boxes": 2}
