@@ -44,6 +44,7 @@ not make ``report.ok`` false:
                                       folder of .md/.txt files beside the process (the default
                                       retriever finds nothing; a custom retriever may serve it)
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
+                                      (W when it has no sourceRef: nothing takes it, SpiffWorkflow runs without it)
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
@@ -165,6 +166,8 @@ not make ``report.ok`` false:
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
+``data_input_assignment``             a task's dataInput given its value by a bpmn:assignment (jBPM's task
+                                      parameters): SpiffWorkflow runs none, the input is never set
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -2081,12 +2084,15 @@ class _Validator:
         modeler's generated id (DataInput_1) beside the name the scripts use fails at run time."""
         loop = el.find(_bpmn("multiInstanceLoopCharacteristics"))
         io = el.find(_bpmn("ioSpecification"))
+        assigned = self._check_assigned_inputs(el, io, eid, tag, file)
         found = [(kind, item, who) for holder, who in ((loop, "each instance"), (io, "the task"))
                  if holder is not None
                  for kind in ("inputDataItem", "outputDataItem", "dataInput", "dataOutput")
                  for item in holder.iterfind(_bpmn(kind))]
         for kind, item, who in found:
             item_id, name = item.get("id"), item.get("name")
+            if item_id in assigned:
+                continue  # refused whole above: renaming its id would not give it a value
             if not name or name == item_id or not name.isidentifier():
                 continue  # a name no script can write ("parcel to weigh") is a label, not a variable
             what = f"{who} reads" if kind in ("inputDataItem", "dataInput") else f"{who} must set"
@@ -2094,6 +2100,29 @@ class _Validator:
                      f"name={name!r}; SpiffWorkflow names the variable by its id, so {what} {item_id!r}, not "
                      f"{name!r}: give it id={name!r} (and use that id where it is referenced)", file=file,
                      line=item.sourceline, element_id=eid, field=kind, severity="warning")
+
+    def _check_assigned_inputs(self, el: Any, io: Any, eid: str, tag: str, file: str) -> set[str]:
+        """A task's data inputs that a ``bpmn:assignment`` gives their values (jBPM saves a person's
+        task parameters so: TaskName, Skippable, ...). SpiffWorkflow runs no assignment and stops the
+        task when an input is not in its data, so the instance could never pass the task. The ids of
+        the inputs refused."""
+        if io is None:
+            return set()
+        inputs = {item.get("id"): item for item in io.iterfind(_bpmn("dataInput")) if item.get("id")}
+        assigned = [inputs[ref] for assoc in el.iterfind(_bpmn("dataInputAssociation"))
+                    if assoc.find(_bpmn("assignment")) is not None
+                    for ref in ((r.text or "").strip() for r in assoc.iterfind(_bpmn("targetRef")))
+                    if ref in inputs]
+        if not assigned:
+            return set()
+        shown = ", ".join(repr(item.get("name") or item.get("id")) for item in assigned)
+        self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
+                 "bpmn:assignment (another engine's task parameters, as jBPM saves them), which SpiffWorkflow does "
+                 f"not run: the inputs are never set, and the instance would stop at {eid!r} (as plain SpiffWorkflow "
+                 "does, 'Missing data input'); remove the task's ioSpecification and dataInputAssociations (a "
+                 "person's step needs neither), or set the values in a script before the task, with the inputs' "
+                 "ids as names", file=file, line=assigned[0].sourceline, element_id=eid, field="dataInput")
+        return {item.get("id") for item in assigned}
 
     def _check_event_refs(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A message or signal catch event that names none: no one can send it (SpiffWorkflow loads it

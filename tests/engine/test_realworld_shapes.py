@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from SpiffWorkflow.bpmn.exceptions import WorkflowDataException
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
@@ -165,3 +166,24 @@ def test_a_flow_with_no_source_left_behind_by_the_modeler_is_a_warning_and_the_p
     instance = run([path], {})
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == dict(wf.last_task.data) == {"boxes": 2}
+
+
+def test_task_inputs_given_by_bpmn_assignment_are_refused_naming_the_task_and_the_inputs() -> None:
+    """jBPM saves a person's task with its parameters (TaskName, Skippable, ...) as data inputs that
+    a bpmn:assignment gives their values. SpiffWorkflow runs no assignment, so the inputs are never
+    set and the task stops the instance, in layerflow as in plain SpiffWorkflow; validate passed it,
+    with a warning per input telling to rename its id to its name (which would not have helped).
+    It is refused, naming the file, the task, the inputs and what to do."""
+    path = REALWORLD / "assigned_inputs.bpmn2"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("assigned_inputs"))
+    with pytest.raises(WorkflowDataException, match="Missing data input"):
+        wf.do_engine_steps()
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "bpmn:assignment" in ln]
+    assert str(path) in line and "'review'" in line and "'TaskName'" in line and "'Skippable'" in line, line
+    assert "remove" in line and "script" in line, line
+    assert "give it id=" not in result.output, result.output  # renaming the ids would not set them
