@@ -83,7 +83,9 @@ not make ``report.ok`` false:
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``),
                                       or is quoted text that is no ISO 8601 duration / date / repeating interval
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
-                                      Python (a warning when it parses as Python: it runs as Python)
+                                      Python (a warning when it parses as Python: it runs as Python), or one
+                                      that calls Java's System.out or jBPM's kcontext (the message writes the
+                                      Python; in a Python script too: ``script_syntax``)
 ``reserved_id``                       an element id SpiffWorkflow gives its own tasks (``Start``, ``End``,
                                       ``<process>.EndJoin``): the element is lost or replaces that task
 ``implicit_split``                    a task or event (no gateway, no start event) with several outgoing
@@ -1518,13 +1520,29 @@ class _Validator:
         ``execution.setVariable("x", ...)`` calls do): an error with the Python to write."""
         calls = _camunda_api_calls(tree)
         if not calls:
-            return False
+            return self._java_script(tree, source, el, file, element_id, code, field, what)
         instead = _camunda_script_instead(source)
         todo = (f"write it as {instead!r}" if instead is not None else
                 "set a variable by assigning it (fee = amount * 0.02), read one by its name")
         self.add(code, f"{what} calls {', '.join(calls)}, Camunda's process API, which is not here: the run would "
                  "stop there with a NameError; scripts are Python over the context, where a variable is read by "
                  f"its name and set by assigning it: {todo}", file=file,
+                 line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+        return True
+
+    def _java_script(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None, code: str,
+                     field: str, what: str) -> bool:
+        """A Java script of jBPM that happens to parse as Python (``System.out.println("...")``,
+        ``kcontext.setVariable("x", v)`` lines do): an error with the Python to write."""
+        calls = _java_api_calls(tree)
+        if not calls:
+            return False
+        instead = _java_script_instead(source)
+        todo = (f"write it as {instead!r}" if instead is not None else
+                "print with print(...), set a variable by assigning it (packed = True), read one by its name")
+        self.add(code, f"{what} calls {', '.join(calls)}, Java's and jBPM's API (System.out, kcontext), which is not "
+                 "here: the run would stop there with a NameError; scripts are Python over the context, where a "
+                 f"variable is read by its name and set by assigning it: {todo}", file=file,
                  line=el.sourceline if el is not None else None, element_id=element_id, field=field)
         return True
 
@@ -2703,6 +2721,35 @@ def _camunda_api_calls(tree: ast.AST) -> list[str]:
                    and isinstance(n.func.value, ast.Name)
                    and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
                         and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
+def _java_api_calls(tree: ast.AST) -> list[str]:
+    """The calls of Java's console (``System.out.println``) and of jBPM's process context
+    (``kcontext.setVariable``) in a script: no context value has them."""
+    return sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and (ast.unparse(n.func).startswith(("System.out.", "System.err."))
+                        or isinstance(n.func.value, ast.Name) and n.func.value.id == "kcontext")})
+
+
+def _java_script_instead(source: str) -> str | None:
+    """A jBPM script of ``System.out.println(...)`` and ``kcontext.setVariable("x", v)`` lines
+    as Python (``print(...)``, ``x = v``), when nothing else of Java's API is left; else None."""
+    lines = []
+    for line in source.strip().splitlines():
+        line = line.strip().rstrip(";").strip()
+        line = re.sub(r"\bSystem\.(?:out|err)\.print(?:ln)?\(", "print(", line)
+        line = re.sub(r"\bkcontext\.getVariable\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", line)
+        setter = re.fullmatch(r"kcontext\.setVariable\(\s*(['\"])([A-Za-z_]\w*)\1\s*,\s*(.+)\)", line)
+        value = setter.group(3).strip() if setter else ""
+        value = {"true": "True", "false": "False", "null": "None"}.get(value, value)
+        lines.append(f"{setter.group(2)} = {value}" if setter else line)
+    text = "\n".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    return None if _java_api_calls(tree) or _camunda_api_calls(tree) else text
 
 
 def _operators_instead(source: str) -> str | None:

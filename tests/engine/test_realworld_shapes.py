@@ -187,3 +187,39 @@ def test_task_inputs_given_by_bpmn_assignment_are_refused_naming_the_task_and_th
     assert str(path) in line and "'review'" in line and "'TaskName'" in line and "'Skippable'" in line, line
     assert "remove" in line and "script" in line, line
     assert "give it id=" not in result.output, result.output  # renaming the ids would not set them
+
+
+def test_a_java_script_that_parses_as_python_is_refused_with_the_python_to_write(tmp_path: Path) -> None:
+    """jBPM's script tasks are Java (scriptFormat http://www.java.com/java): ``System.out.println(...)``
+    and ``kcontext.setVariable("x", v)`` lines happen to parse as Python, so validate passed the
+    process with a warning to check the script, and the run stopped with a NameError on 'System'
+    (plain SpiffWorkflow stops there too). It is refused, naming the file, the task and the calls,
+    with the Python to write; that Python runs, in layerflow as in plain SpiffWorkflow."""
+    path = REALWORLD / "java_script.bpmn2"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("java_script"))
+    wf.task_tree.data.update({"item": "books"})
+    with pytest.raises(Exception, match="System"):
+        wf.do_engine_steps()
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "System.out.println" in ln]
+    assert str(path) in line and "'pack'" in line and "kcontext.setVariable" in line, line
+    instead = 'print("Packing " + item)\npacked = True'
+    assert repr(instead) in line, line
+
+    fixed = tmp_path / "java_script.bpmn"
+    source = path.read_text()
+    start = source.index("<script>") + len("<script>")
+    fixed.write_text(source[:start] + instead + source[source.index("</script>"):])
+    assert CliRunner().invoke(main, ["validate", str(fixed)]).exit_code == 0
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(fixed))
+    wf = BpmnWorkflow(parser.get_spec("java_script"))
+    wf.task_tree.data.update({"item": "books"})
+    wf.do_engine_steps()
+    instance = run([fixed], {"item": "books"})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"item": "books", "packed": True}
