@@ -1391,6 +1391,20 @@ class _Validator:
         for tag in ("timeDuration", "timeDate", "timeCycle"):
             for el in proc.element.iter(_bpmn(tag)):
                 self._check_timer(el, tag, proc.file)
+        for definition in proc.element.iter(_bpmn("timerEventDefinition")):
+            if any((el.text or "").strip() for tag in ("timeDuration", "timeDate", "timeCycle")
+                   for el in definition.iterfind(_bpmn(tag))):
+                continue
+            # what a modeler saves for a timer whose type is not chosen yet; SpiffWorkflow's own
+            # words for it ("Unknown Time Specification") say neither what is missing nor what to write
+            event = _flow_node_id(definition)
+            self.related.add(event)
+            self.add("timer_expression", f"timer {event!r} says neither when nor how long: its "
+                     "bpmn:timerEventDefinition gives no timeDuration, timeDate or timeCycle (none, or an empty one: "
+                     "a timer whose type or value was not filled in in the modeler), so SpiffWorkflow cannot run it; "
+                     "give it one, e.g. "
+                     "<bpmn:timeDuration>\"PT1H\"</bpmn:timeDuration> (ISO 8601 text, quoted)", file=proc.file,
+                     line=definition.sourceline, element_id=event, field="timerEventDefinition")
         for task in proc.element.iter(_bpmn("scriptTask")):
             script = task.find(_bpmn("script"))
             if script is not None and (script.text or "").strip():

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from SpiffWorkflow.bpmn.exceptions import WorkflowDataException
+from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
@@ -223,3 +224,31 @@ def test_a_java_script_that_parses_as_python_is_refused_with_the_python_to_write
     instance = run([fixed], {"item": "books"})
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == dict(wf.last_task.data) == {"item": "books", "packed": True}
+
+
+def test_a_timer_whose_type_was_never_chosen_is_refused_naming_the_event_and_what_to_write(tmp_path: Path) -> None:
+    """Camunda Modeler and bpmn.io save a timer event whose type (duration, date, cycle) is not
+    chosen yet as an empty bpmn:timerEventDefinition. SpiffWorkflow cannot load it, and validate
+    passed its words on: 'Time Specification Error. Unknown Time Specification', which says
+    neither what is missing nor what to write. It names the event, the three choices and an example."""
+    path = REALWORLD / "empty_timer.bpmn"
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Unknown Time Specification"):
+        parser.add_bpmn_file(str(path))
+        parser.get_spec("empty_timer")
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "'cool_down'" in ln]
+    assert str(path) in line and "timeDuration" in line and "timeDate" in line and "timeCycle" in line, line
+    assert '"PT1H"' in line and "Unknown Time Specification" not in result.output, result.output
+
+    # a timer whose type was chosen but whose value was left empty: SpiffWorkflow fails when it is reached
+    empty_value = tmp_path / "empty_duration.bpmn"
+    empty_value.write_text(path.read_text().replace(
+        '<bpmn:timerEventDefinition id="cool_down_timer" />',
+        '<bpmn:timerEventDefinition id="cool_down_timer"><bpmn:timeDuration /></bpmn:timerEventDefinition>'))
+    result = CliRunner().invoke(main, ["validate", str(empty_value)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "'cool_down'" in ln]
+    assert "an empty one" in line and '"PT1H"' in line, line
