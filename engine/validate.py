@@ -1398,7 +1398,8 @@ class _Validator:
             # what a modeler saves for a timer whose type is not chosen yet; SpiffWorkflow's own
             # words for it ("Unknown Time Specification") say neither what is missing nor what to write
             event = _flow_node_id(definition)
-            self.related.add(event)
+            if event:
+                self.related.add(event)
             self.add("timer_expression", f"timer {event!r} says neither when nor how long: its "
                      "bpmn:timerEventDefinition gives no timeDuration, timeDate or timeCycle (none, or an empty one: "
                      "a timer whose type or value was not filled in in the modeler), so SpiffWorkflow cannot run it; "
