@@ -470,7 +470,12 @@ class _Validator:
         self._check_uncaught_errors(main)
         # Only executable processes run: the others are often pools drawn for the reader. When none
         # is executable, all are checked, so every problem of the one to run is reported at once.
+        # When one is chosen (--process, the config, or the only executable one), the others (a
+        # collaboration's other pools: SpiffWorkflow runs one process) are checked only when it calls them.
         checked = [p for p in self.processes if _executable(p.element) or p.id == self.process_id] or self.processes
+        if main is not None:
+            reached = self._reached_from(main)
+            checked = [p for p in checked if p.id in reached] or checked
         for proc in checked:
             self._check_gateways(proc)
             self._check_split_merges(proc)
@@ -1326,6 +1331,19 @@ class _Validator:
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      f"to the files validated and run{where}, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
+
+    def _reached_from(self, main: str) -> set[str]:
+        """The process ``main`` and every process its call activities call, at any depth."""
+        by_id = {p.id: p for p in self.processes}
+        reached, todo = {main}, [main]
+        while todo:
+            proc = by_id.get(todo.pop())
+            for call in proc.element.iter(_bpmn("callActivity")) if proc is not None else ():
+                called = call.get("calledElement")
+                if called and called not in reached:
+                    reached.add(called)
+                    todo.append(called)
+        return reached
 
     def _check_recursion(self) -> None:
         """A call activity that starts its own process again, directly or through other called processes,

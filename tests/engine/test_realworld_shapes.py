@@ -252,3 +252,28 @@ def test_a_timer_whose_type_was_never_chosen_is_refused_naming_the_event_and_wha
     assert result.exit_code == 2, result.output
     [line] = [ln for ln in result.output.splitlines() if "'cool_down'" in ln]
     assert "an empty one" in line and '"PT1H"' in line, line
+
+
+def test_a_pool_that_is_not_run_does_not_stop_the_one_chosen_with_process() -> None:
+    """A collaboration exported with every pool executable (the MIWG reference files, Signavio) runs
+    one pool, chosen with --process. A shape SpiffWorkflow cannot load in another pool (here an
+    implicit split) refused the chosen pool too, although plain SpiffWorkflow runs it; it is checked
+    when that pool is the one chosen (or one the chosen pool calls), and without --process."""
+    path = REALWORLD / "two_pools.bpmn"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("shipping"))
+    wf.do_engine_steps()
+    assert wf.is_completed()
+
+    chosen = CliRunner().invoke(main, ["validate", str(path), "--process", "shipping"])
+    assert chosen.exit_code == 0, chosen.output
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path], process_id="shipping"), {}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"shipped": 2}
+
+    other = CliRunner().invoke(main, ["validate", str(path), "--process", "billing"])
+    assert other.exit_code == 2 and "'bill' has 2 outgoing flows" in other.output, other.output
+    unchosen = CliRunner().invoke(main, ["validate", str(path)])
+    assert unchosen.exit_code == 2 and "'bill' has 2 outgoing flows" in unchosen.output, unchosen.output
