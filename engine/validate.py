@@ -168,6 +168,8 @@ not make ``report.ok`` false:
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
+``loop_without_gateway``              a loop of sequence flows through no exclusive, inclusive or event-based
+                                      gateway: SpiffWorkflow cannot start an instance (RecursionError)
 ``data_input_assignment``             a task's dataInput given its value by a bpmn:assignment (jBPM's task
                                       parameters): SpiffWorkflow runs none, the input is never set
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
@@ -483,6 +485,7 @@ class _Validator:
             self._check_code(proc)
             self._check_references(proc)
             self._check_shapes(proc)
+            self._check_loops(proc)
         self._check_recursion()
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
@@ -1331,6 +1334,36 @@ class _Validator:
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      f"to the files validated and run{where}, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
+
+    def _check_loops(self, proc: _Node) -> None:
+        """A loop of sequence flows that passes no exclusive, inclusive or event-based gateway (a
+        flow drawn straight back into a task or an event). SpiffWorkflow predicts the steps ahead of
+        a new instance, and stops only at a gateway that decides: on such a loop it predicts without
+        end and fails with a RecursionError before the first step runs."""
+        deciding = {_bpmn(t) for t in ("exclusiveGateway", "inclusiveGateway", "eventBasedGateway", "complexGateway")}
+        for scope in (proc.element, *proc.element.iter(*_SCOPES)):
+            nodes = [el.get("id") for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES
+                     and el.tag not in deciding and el.get("id")]
+            after: dict[str, list[str]] = {n: [] for n in nodes}
+            for flow in scope.iterfind(_bpmn("sequenceFlow")):
+                source, target = flow.get("sourceRef"), flow.get("targetRef")
+                if source in after and target in after:
+                    after[source].append(target)
+            for throw in scope.iterfind(_bpmn("intermediateThrowEvent")):
+                # the engine joins a link throw to its catch as a flow would (engine.links)
+                after.get(throw.get("id"), []).extend(c.get("id") for c in _jump_targets(throw)
+                                                      if c.get("id") in after)
+            cycle = _first_cycle(nodes, after)
+            if cycle is None:
+                continue
+            self.related.update(cycle)
+            shown = " -> ".join(repr(n) for n in [*cycle, cycle[0]])
+            el = next(e for e in scope if isinstance(e.tag, str) and e.get("id") == cycle[0])
+            self.add("loop_without_gateway", f"the flows {shown} make a loop that passes no exclusive, inclusive or "
+                     "event-based gateway: SpiffWorkflow cannot start an instance of this process (it predicts the "
+                     "loop's steps without end, RecursionError); draw an exclusive gateway where the loop comes "
+                     f"back, with the flow into {cycle[0]!r} and the flow back both into it, and a flow from it to "
+                     f"{cycle[0]!r}", file=proc.file, line=el.sourceline, element_id=cycle[0])
 
     def _reached_from(self, main: str) -> set[str]:
         """The process ``main`` and every process its call activities call, at any depth."""
@@ -2754,6 +2787,31 @@ def _camunda_api_calls(tree: ast.AST) -> list[str]:
                    and isinstance(n.func.value, ast.Name)
                    and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
                         and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
+def _first_cycle(nodes: list[str], after: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of the graph ``after`` (node -> its successors), as the list of its nodes from the
+    first one met in ``nodes`` order; None when there is none."""
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+    for root in nodes:
+        if root in state:
+            continue
+        path: list[str] = [root]
+        todo: list[list[str]] = [list(after[root])]
+        state[root] = 1
+        while path:
+            if not todo[-1]:
+                state[path.pop()] = 2
+                todo.pop()
+                continue
+            nxt = todo[-1].pop(0)
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):]
+            if nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(list(after[nxt]))
+    return None
 
 
 def _java_api_calls(tree: ast.AST) -> list[str]:

@@ -277,3 +277,25 @@ def test_a_pool_that_is_not_run_does_not_stop_the_one_chosen_with_process() -> N
     assert other.exit_code == 2 and "'bill' has 2 outgoing flows" in other.output, other.output
     unchosen = CliRunner().invoke(main, ["validate", str(path)])
     assert unchosen.exit_code == 2 and "'bill' has 2 outgoing flows" in unchosen.output, unchosen.output
+
+
+def test_a_loop_that_passes_no_deciding_gateway_is_refused_naming_it() -> None:
+    """A loop drawn straight back into an event or task (bpmn.io's pizza collaboration: the vendor
+    calms the customer and waits for the next complaint) passes no exclusive, inclusive or
+    event-based gateway. SpiffWorkflow cannot create an instance of such a process: it predicts the
+    loop's steps without end (RecursionError). Validate passed it and the run printed that
+    traceback (no JSON with --json); it is refused, naming the loop and the gateway to draw."""
+    path = REALWORLD / "loop_without_gateway.bpmn"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    with pytest.raises(RecursionError):
+        BpmnWorkflow(parser.get_spec("loop_without_gateway"))
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "'calm_customer'" in ln]
+    assert str(path) in line and "'complaint' -> 'calm_customer' -> 'complaint'" in line, line
+    assert "exclusive gateway" in line and "RecursionError" in line, line
+    run_result = CliRunner().invoke(main, ["run", str(path), "--store", "memory://", "--json"])
+    assert run_result.exit_code == 2, run_result.output
+    assert '"invalid_process"' in run_result.stdout and "calm_customer" in run_result.stdout
