@@ -17,6 +17,7 @@ from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
+from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.cli import main
 from engine.governance import InvalidAnswer
@@ -299,3 +300,7 @@ def test_a_loop_that_passes_no_deciding_gateway_is_refused_naming_it() -> None:
     run_result = CliRunner().invoke(main, ["run", str(path), "--store", "memory://", "--json"])
     assert run_result.exit_code == 2, run_result.output
     assert '"invalid_process"' in run_result.stdout and "calm_customer" in run_result.stdout
+
+    # loaded without validation, the engine refuses to start it with the same advice, not a traceback
+    with pytest.raises(ProcessError, match="loop that passes no exclusive"):
+        Engine(store="memory://").start(load_process([path], validate=False), {})
