@@ -56,8 +56,8 @@ not make ``report.ok`` false:
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
 ``join_never_complete`` W             a parallel join whose incoming flows come from different paths of one
                                       exclusive or event-based gateway: it waits for ever
-``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (an
-                                      inclusive gateway's gap: a warning)
+``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (a
+                                      warning when no natural number is left out, and for an inclusive gateway)
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
                                       cardinality or completion condition, a correlation property's

@@ -304,3 +304,25 @@ def test_a_loop_that_passes_no_deciding_gateway_is_refused_naming_it() -> None:
     # loaded without validation, the engine refuses to start it with the same advice, not a traceback
     with pytest.raises(ProcessError, match="loop that passes no exclusive"):
         Engine(store="memory://").start(load_process([path], validate=False), {})
+
+
+@pytest.mark.parametrize("data", [{"amount": 100, "credit": 30}, {"amount": 20, "credit": 30}])
+def test_an_amount_split_into_more_than_zero_and_zero_is_a_warning_and_runs(data: dict[str, int]) -> None:
+    """``remaining > 0`` / ``remaining == 0`` with no default flow (Camunda 8's payment example)
+    misses only negative numbers, which an amount or a count never is; plain SpiffWorkflow runs
+    the process. Validate refused it ("do not cover remaining < 0", an error) although it treated
+    the same doubt about fractions (``x <= 4`` / ``x >= 5``) as a warning; it warns now."""
+    path = REALWORLD / "amount_split.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'credit_enough'" in ln)
+    assert "warning" in line and "remaining < 0" in line, line
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("amount_split"))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], data)
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data)
