@@ -1553,6 +1553,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             rows = [dict(rule.output_as_dict(task)) for rule in spec.dmnEngine.decide(task)]
         finally:
             task.data = {}
+        if table.hit_policy in ("FIRST", "ANY"):
+            rows = rows[:1]  # decide() keeps every match of a table that is not UNIQUE; the first decides
         try:
             value = dmn.decision_result(spec.result_mapping, rows, outputs=[o.name or o.label for o in table.outputs],
                                         multiple_hits=table.hit_policy == "COLLECT")

@@ -578,11 +578,13 @@ class _Validator:
         for table in tables:
             self._check_dmn_entries(table, first, file)
             policy = (table.get("hitPolicy") or "UNIQUE").upper()
-            if policy not in ("UNIQUE", "COLLECT"):
+            # FIRST and ANY: SpiffWorkflow keeps every matching rule of a table that is not UNIQUE
+            # and gives the first one's outputs unless it is COLLECT, which is what they mean
+            if policy not in ("UNIQUE", "COLLECT", "FIRST", "ANY"):
                 self.add("dmn_unsupported", f"decision table {table.get('id')!r} of decision {first!r} has hit policy "
-                         f"{policy}; SpiffWorkflow 3.2 runs UNIQUE (one rule matches) and COLLECT (every matching "
-                         "rule, outputs as lists) only: make the rules exclusive and use UNIQUE", file=file,
-                         line=table.sourceline, element_id=first, field="hitPolicy")
+                         f"{policy}; SpiffWorkflow 3.2 runs UNIQUE, FIRST and ANY (the first matching rule decides) "
+                         "and COLLECT (every matching rule, outputs as lists) only: order the rules and use FIRST, "
+                         "or use COLLECT", file=file, line=table.sourceline, element_id=first, field="hitPolicy")
         return found
 
     def _check_dmn_entries(self, table: Any, decision: str, file: str) -> None:

@@ -326,3 +326,30 @@ def test_an_amount_split_into_more_than_zero_and_zero_is_a_warning_and_runs(data
     instance = run([path], data)
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == dict(wf.last_task.data)
+
+
+@pytest.mark.parametrize("score", [30, 70])
+def test_a_decision_table_with_hit_policy_first_runs_as_plain_spiffworkflow_runs_it(score: int) -> None:
+    """SpiffWorkflow 3.2 keeps every matching rule of a table that is not UNIQUE and gives the
+    first one's outputs unless the table is COLLECT: hit policy FIRST (common in Camunda's DMN)
+    runs as FIRST means. Validate refused it ("runs UNIQUE and COLLECT only"); it runs, and a
+    result variable mapped to singleResult gets the first matching rule, not an error for two."""
+    files = [REALWORLD / "first_hit.bpmn", REALWORLD / "first_hit.dmn"]
+    result = CliRunner().invoke(main, ["validate", *map(str, files)])
+    assert result.exit_code == 0, result.output
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(files[0]))
+    parser.add_dmn_file(str(files[1]))
+    wf = BpmnWorkflow(parser.get_spec("first_hit"))
+    wf.task_tree.data.update({"score": score})
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    expected = {"score": score, "route": "manual" if score < 50 else "auto"}
+    assert dict(wf.last_task.data) == expected
+    instance = run(files, {"score": score})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
+
+    mapped = run([REALWORLD / "first_hit_single_result.bpmn", files[1]], {"score": score})
+    assert mapped.status == "completed", mapped.error
+    assert variables(mapped.main) == {"score": score, "routing": {"route": expected["route"]}}
