@@ -616,6 +616,12 @@ class _Validator:
                            "or a test of ? (0 <= ? < 50000); '-' or empty matches anything")
                 else:
                     ok, fix = parses(text), "write a Python expression (\"low\", 50000, amount * 0.1)"
+                literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
+                if literals:
+                    # FEEL's true / false / null: in Python unknown names, the run fails on them
+                    ok = False
+                    fix = ", ".join(f"{name!r} is FEEL's: write {_PYTHON_LITERALS.get(name.lower(), 'None')}"
+                                    for name in literals)
                 if not ok:
                     self.add("dmn_unsupported", f"decision {decision!r}, rule {row} ({rule.get('id')!r}): "
                              f"{kind} {text!r} is not what SpiffWorkflow's DMN engine runs (Python, not FEEL); "
@@ -2789,6 +2795,22 @@ def _camunda_api_calls(tree: ast.AST) -> list[str]:
                    and isinstance(n.func.value, ast.Name)
                    and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
                         and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
+_PYTHON_LITERALS = {"true": "True", "false": "False", "null": "None", "none": "None", "nil": "None",
+                    "undefined": "None"}
+
+
+def _feel_literals(text: str, kind: str) -> list[str]:
+    """The names of another language's literals (FEEL's ``true``, ``null``) a DMN entry reads,
+    which SpiffWorkflow's Python DMN engine looks up as variables."""
+    for source in ([text] if kind == "outputEntry" else [text, f"v {text}"]):
+        try:
+            tree = ast.parse(source, mode="eval")
+        except (SyntaxError, ValueError):
+            continue
+        return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
+    return []
 
 
 def _first_cycle(nodes: list[str], after: dict[str, list[str]]) -> list[str] | None:

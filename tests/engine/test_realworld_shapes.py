@@ -353,3 +353,25 @@ def test_a_decision_table_with_hit_policy_first_runs_as_plain_spiffworkflow_runs
     mapped = run([REALWORLD / "first_hit_single_result.bpmn", files[1]], {"score": score})
     assert mapped.status == "completed", mapped.error
     assert variables(mapped.main) == {"score": score, "routing": {"route": expected["route"]}}
+
+
+def test_feel_booleans_in_a_decision_table_are_refused_with_the_python_to_write() -> None:
+    """Camunda's DMN editor writes a boolean output as FEEL's ``true`` / ``false``; SpiffWorkflow's
+    DMN engine evaluates entries as Python, where they are unknown names. Validate passed the table
+    and the run failed at the business rule task calling the entry a condition; it is refused,
+    naming the DMN file, the rule and entry, and what to write (True, False)."""
+    files = [REALWORLD / "feel_booleans.bpmn", REALWORLD / "feel_booleans.dmn"]
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(files[0]))
+    parser.add_dmn_file(str(files[1]))
+    wf = BpmnWorkflow(parser.get_spec("feel_booleans"))
+    wf.task_tree.data.update({"payment_type": "prepaid"})
+    with pytest.raises(Exception, match="false"):
+        wf.do_engine_steps()
+
+    result = CliRunner().invoke(main, ["validate", *map(str, files)])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if "outputEntry" in ln]
+    assert len(lines) == 2, result.output
+    assert str(files[1]) in lines[0] and "'prepaid'" in lines[0] and "'false'" in lines[0] and "False" in lines[0]
+    assert "'otherwise'" in lines[1] and "True" in lines[1]
