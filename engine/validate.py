@@ -2128,6 +2128,10 @@ class _Validator:
                 self._foreign_collection(loop, names, eid, tag, file)
                 found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
                                                                    ":loopCharacteristics"))}
+        cfg = self.merged.get(eid)
+        if cfg is not None and (cfg.handler or cfg.llm is not None):
+            # the step is run by its handler (or model): what the other engine ran it by is moot
+            found = {q: None for q in found if _FOREIGN_SETTINGS[q.partition(":")[2]] != _RUN_BY_HANDLER}
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
