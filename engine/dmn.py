@@ -135,7 +135,7 @@ def decision_result(mapping: str, rows: Sequence[Mapping[str, Any]], *, outputs:
     """What a result variable holds, from the matched rules' outputs (``rows``, in rule order).
 
     Camunda 7 (``camunda:mapDecisionResult``, see ``RESULT_MAPPINGS``); Camunda 8
-    (``"decision"``): a single-hit table (UNIQUE) gives its one output's value, or a dict of its
+    (``"decision"``): a single-hit table (UNIQUE, FIRST, ANY) gives its one output's value, or a dict of its
     outputs when it has several, null when no rule matched; a multiple-hit table (COLLECT) the
     list of those, one per matched rule. Raises DecisionResultError when the rules do not fit
     (Camunda fails the task so too)."""

@@ -66,7 +66,8 @@ from context_layers.canonical import freeze, text_problem
 from context_layers.tape import TAPE_FORMAT, EventKind
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
-from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
+from context_layers.errors import (ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, ProcessError,
+                                   VersionConflict)
 from context_layers.stores import StoreUnavailable
 
 from . import collaboration, dmn, events, forms, spiff
@@ -287,7 +288,16 @@ class Engine:
                                          "the key")
             ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
                               kind="input", actor="input")
-        wf = spiff.new_workflow(process.spec, process.subprocess_specs)
+        try:
+            wf = spiff.new_workflow(process.spec, process.subprocess_specs)
+        except RecursionError:
+            # SpiffWorkflow predicts the steps ahead of a new instance and stops only at a gateway
+            # that decides; validate refuses the shape (loop_without_gateway), this is for a process
+            # loaded without validation
+            raise ProcessError(f"process {process.id!r}: SpiffWorkflow cannot start an instance of it (a "
+                               "RecursionError while it predicts the steps ahead): a loop that passes no exclusive, "
+                               "inclusive or event-based gateway does this; run `layerflow validate` on "
+                               f"{', '.join(process.paths) or 'its BPMN'} to find it") from None
         instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx})
         _Runtime(self, instance)
         if store is not None:
@@ -1580,6 +1590,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             rows = [dict(rule.output_as_dict(task)) for rule in spec.dmnEngine.decide(task)]
         finally:
             task.data = {}
+        if table.hit_policy in ("FIRST", "ANY"):
+            rows = rows[:1]  # decide() keeps every match of a table that is not UNIQUE; the first decides
         try:
             value = dmn.decision_result(spec.result_mapping, rows, outputs=[o.name or o.label for o in table.outputs],
                                         multiple_hits=table.hit_policy == "COLLECT")

@@ -58,6 +58,7 @@ not make ``report.ok`` false:
                                       folder of .md/.txt files beside the process (the default
                                       retriever finds nothing; a custom retriever may serve it)
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
+                                      (W when it has no sourceRef: nothing takes it, SpiffWorkflow runs without it)
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
@@ -69,8 +70,8 @@ not make ``report.ok`` false:
 ``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
 ``join_never_complete`` W             a parallel join whose incoming flows come from different paths of one
                                       exclusive or event-based gateway: it waits for ever
-``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (an
-                                      inclusive gateway's gap: a warning)
+``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (a
+                                      warning when no natural number is left out, and for an inclusive gateway)
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
                                       cardinality or completion condition, a correlation property's
@@ -96,7 +97,9 @@ not make ``report.ok`` false:
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``),
                                       or is quoted text that is no ISO 8601 duration / date / repeating interval
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
-                                      Python (a warning when it parses as Python: it runs as Python)
+                                      Python (a warning when it parses as Python: it runs as Python), or one
+                                      that calls Java's System.out or jBPM's kcontext (the message writes the
+                                      Python; in a Python script too: ``script_syntax``)
 ``reserved_id``                       an element id SpiffWorkflow gives its own tasks (``Start``, ``End``,
                                       ``<process>.EndJoin``): the element is lost or replaces that task
 ``implicit_split``                    a task or event (no gateway, no start event) with several outgoing
@@ -179,6 +182,10 @@ not make ``report.ok`` false:
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
+``loop_without_gateway``              a loop of sequence flows through no exclusive, inclusive or event-based
+                                      gateway: SpiffWorkflow cannot start an instance (RecursionError)
+``data_input_assignment``             a task's dataInput given its value by a bpmn:assignment (jBPM's task
+                                      parameters): SpiffWorkflow runs none, the input is never set
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -485,7 +492,12 @@ class _Validator:
         self._check_uncaught_errors(main)
         # Only executable processes run: the others are often pools drawn for the reader. When none
         # is executable, all are checked, so every problem of the one to run is reported at once.
+        # When one is chosen (--process, the config, or the only executable one), the others (a
+        # collaboration's other pools: SpiffWorkflow runs one process) are checked only when it calls them.
         checked = [p for p in self.processes if _executable(p.element) or p.id == self.process_id] or self.processes
+        if main is not None:
+            reached = self._reached_from(main)
+            checked = [p for p in checked if p.id in reached] or checked
         for proc in checked:
             self._check_gateways(proc)
             self._check_split_merges(proc)
@@ -493,6 +505,7 @@ class _Validator:
             self._check_code(proc)
             self._check_references(proc)
             self._check_shapes(proc)
+            self._check_loops(proc)
         self._check_recursion()
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
@@ -585,11 +598,13 @@ class _Validator:
         for table in tables:
             self._check_dmn_entries(table, first, file)
             policy = (table.get("hitPolicy") or "UNIQUE").upper()
-            if policy not in ("UNIQUE", "COLLECT"):
+            # FIRST and ANY: SpiffWorkflow keeps every matching rule of a table that is not UNIQUE
+            # and gives the first one's outputs unless it is COLLECT, which is what they mean
+            if policy not in ("UNIQUE", "COLLECT", "FIRST", "ANY"):
                 self.add("dmn_unsupported", f"decision table {table.get('id')!r} of decision {first!r} has hit policy "
-                         f"{policy}; SpiffWorkflow 3.2 runs UNIQUE (one rule matches) and COLLECT (every matching "
-                         "rule, outputs as lists) only: make the rules exclusive and use UNIQUE", file=file,
-                         line=table.sourceline, element_id=first, field="hitPolicy")
+                         f"{policy}; SpiffWorkflow 3.2 runs UNIQUE, FIRST and ANY (the first matching rule decides) "
+                         "and COLLECT (every matching rule, outputs as lists) only: order the rules and use FIRST, "
+                         "or use COLLECT", file=file, line=table.sourceline, element_id=first, field="hitPolicy")
         return found
 
     def _check_dmn_entries(self, table: Any, decision: str, file: str) -> None:
@@ -621,6 +636,12 @@ class _Validator:
                            "or a test of ? (0 <= ? < 50000); '-' or empty matches anything")
                 else:
                     ok, fix = parses(text), "write a Python expression (\"low\", 50000, amount * 0.1)"
+                literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
+                if literals:
+                    # FEEL's true / false / null: in Python unknown names, the run fails on them
+                    ok = False
+                    fix = ", ".join(f"{name!r} is FEEL's: write {_PYTHON_LITERALS.get(name.lower(), 'None')}"
+                                    for name in literals)
                 if not ok:
                     self.add("dmn_unsupported", f"decision {decision!r}, rule {row} ({rule.get('id')!r}): "
                              f"{kind} {text!r} is not what SpiffWorkflow's DMN engine runs (Python, not FEEL); "
@@ -1449,6 +1470,16 @@ class _Validator:
                 if ref in ids:
                     continue
                 self.related.update(r for r in (flow.get("sourceRef"), flow.get("targetRef")) if r)
+                if attr == "sourceRef" and not ref:
+                    # what a modeler leaves when the flow's source shape is deleted: nothing can
+                    # take the flow, and SpiffWorkflow (which follows flows out of their sources)
+                    # runs the process without it
+                    self.add("flow_ref_unknown", f"sequence flow {flow.get('id')!r} has no sourceRef, so no "
+                             "element leads into it and it is never taken (SpiffWorkflow runs the process without "
+                             f"it): remove it, or give it the sourceRef of the element it should leave",
+                             file=proc.file, line=flow.sourceline, element_id=flow.get("id"), field=attr,
+                             severity="warning")
+                    continue
                 self.add("flow_ref_unknown", f"sequence flow {flow.get('id')!r} has {attr}={ref!r}, which is no "
                          f"task, event or gateway of this {'process' if scope is proc.element else 'subprocess'}"
                          f"{_did_you_mean(ref or '', ids)}; point it at an existing element",
@@ -1486,6 +1517,49 @@ class _Validator:
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      f"to the files validated and run{where}, or fix the id", file=proc.file, line=call.sourceline,
                      element_id=call.get("id"), field="calledElement")
+
+    def _check_loops(self, proc: _Node) -> None:
+        """A loop of sequence flows that passes no exclusive, inclusive or event-based gateway (a
+        flow drawn straight back into a task or an event). SpiffWorkflow predicts the steps ahead of
+        a new instance, and stops only at a gateway that decides: on such a loop it predicts without
+        end and fails with a RecursionError before the first step runs."""
+        deciding = {_bpmn(t) for t in ("exclusiveGateway", "inclusiveGateway", "eventBasedGateway", "complexGateway")}
+        for scope in (proc.element, *proc.element.iter(*_SCOPES)):
+            nodes = [el.get("id") for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES
+                     and el.tag not in deciding and el.get("id")]
+            after: dict[str, list[str]] = {n: [] for n in nodes}
+            for flow in scope.iterfind(_bpmn("sequenceFlow")):
+                source, target = flow.get("sourceRef"), flow.get("targetRef")
+                if source in after and target in after:
+                    after[source].append(target)
+            for throw in scope.iterfind(_bpmn("intermediateThrowEvent")):
+                # the engine joins a link throw to its catch as a flow would (engine.links)
+                after.get(throw.get("id"), []).extend(c.get("id") for c in _jump_targets(throw)
+                                                      if c.get("id") in after)
+            cycle = _first_cycle(nodes, after)
+            if cycle is None:
+                continue
+            self.related.update(cycle)
+            shown = " -> ".join(repr(n) for n in [*cycle, cycle[0]])
+            el = next(e for e in scope if isinstance(e.tag, str) and e.get("id") == cycle[0])
+            self.add("loop_without_gateway", f"the flows {shown} make a loop that passes no exclusive, inclusive or "
+                     "event-based gateway: SpiffWorkflow cannot start an instance of this process (it predicts the "
+                     "loop's steps without end, RecursionError); draw an exclusive gateway where the loop comes "
+                     f"back, with the flow into {cycle[0]!r} and the flow back both into it, and a flow from it to "
+                     f"{cycle[0]!r}", file=proc.file, line=el.sourceline, element_id=cycle[0])
+
+    def _reached_from(self, main: str) -> set[str]:
+        """The process ``main`` and every process its call activities call, at any depth."""
+        by_id = {p.id: p for p in self.processes}
+        reached, todo = {main}, [main]
+        while todo:
+            proc = by_id.get(todo.pop())
+            for call in proc.element.iter(_bpmn("callActivity")) if proc is not None else ():
+                called = call.get("calledElement")
+                if called and called not in reached:
+                    reached.add(called)
+                    todo.append(called)
+        return reached
 
     def _check_recursion(self) -> None:
         """A call activity that starts its own process again, directly or through other called processes,
@@ -1551,6 +1625,21 @@ class _Validator:
         for tag in ("timeDuration", "timeDate", "timeCycle"):
             for el in proc.element.iter(_bpmn(tag)):
                 self._check_timer(el, tag, proc.file)
+        for definition in proc.element.iter(_bpmn("timerEventDefinition")):
+            if any((el.text or "").strip() for tag in ("timeDuration", "timeDate", "timeCycle")
+                   for el in definition.iterfind(_bpmn(tag))):
+                continue
+            # what a modeler saves for a timer whose type is not chosen yet; SpiffWorkflow's own
+            # words for it ("Unknown Time Specification") say neither what is missing nor what to write
+            event = _flow_node_id(definition)
+            if event:
+                self.related.add(event)
+            self.add("timer_expression", f"timer {event!r} says neither when nor how long: its "
+                     "bpmn:timerEventDefinition gives no timeDuration, timeDate or timeCycle (none, or an empty one: "
+                     "a timer whose type or value was not filled in in the modeler), so SpiffWorkflow cannot run it; "
+                     "give it one, e.g. "
+                     "<bpmn:timeDuration>\"PT1H\"</bpmn:timeDuration> (ISO 8601 text, quoted)", file=proc.file,
+                     line=definition.sourceline, element_id=event, field="timerEventDefinition")
         for task in proc.element.iter(_bpmn("scriptTask")):
             script = task.find(_bpmn("script"))
             if script is not None and (script.text or "").strip():
@@ -1680,13 +1769,29 @@ class _Validator:
         ``execution.setVariable("x", ...)`` calls do): an error with the Python to write."""
         calls = _camunda_api_calls(tree)
         if not calls:
-            return False
+            return self._java_script(tree, source, el, file, element_id, code, field, what)
         instead = _camunda_script_instead(source)
         todo = (f"write it as {instead!r}" if instead is not None else
                 "set a variable by assigning it (fee = amount * 0.02), read one by its name")
         self.add(code, f"{what} calls {', '.join(calls)}, Camunda's process API, which is not here: the run would "
                  "stop there with a NameError; scripts are Python over the context, where a variable is read by "
                  f"its name and set by assigning it: {todo}", file=file,
+                 line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+        return True
+
+    def _java_script(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None, code: str,
+                     field: str, what: str) -> bool:
+        """A Java script of jBPM that happens to parse as Python (``System.out.println("...")``,
+        ``kcontext.setVariable("x", v)`` lines do): an error with the Python to write."""
+        calls = _java_api_calls(tree)
+        if not calls:
+            return False
+        instead = _java_script_instead(source)
+        todo = (f"write it as {instead!r}" if instead is not None else
+                "print with print(...), set a variable by assigning it (packed = True), read one by its name")
+        self.add(code, f"{what} calls {', '.join(calls)}, Java's and jBPM's API (System.out, kcontext), which is not "
+                 "here: the run would stop there with a NameError; scripts are Python over the context, where a "
+                 f"variable is read by its name and set by assigning it: {todo}", file=file,
                  line=el.sourceline if el is not None else None, element_id=element_id, field=field)
         return True
 
@@ -2198,6 +2303,10 @@ class _Validator:
                 self._foreign_collection(loop, names, eid, tag, file)
                 found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
                                                                    ":loopCharacteristics"))}
+        cfg = self.merged.get(eid)
+        if cfg is not None and (cfg.handler or cfg.llm is not None):
+            # the step is run by its handler (or model): what the other engine ran it by is moot
+            found = {q: None for q in found if _FOREIGN_SETTINGS[q.partition(":")[2]] != _RUN_BY_HANDLER}
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
@@ -2246,12 +2355,15 @@ class _Validator:
         modeler's generated id (DataInput_1) beside the name the scripts use fails at run time."""
         loop = el.find(_bpmn("multiInstanceLoopCharacteristics"))
         io = el.find(_bpmn("ioSpecification"))
+        assigned = self._check_assigned_inputs(el, io, eid, tag, file)
         found = [(kind, item, who) for holder, who in ((loop, "each instance"), (io, "the task"))
                  if holder is not None
                  for kind in ("inputDataItem", "outputDataItem", "dataInput", "dataOutput")
                  for item in holder.iterfind(_bpmn(kind))]
         for kind, item, who in found:
             item_id, name = item.get("id"), item.get("name")
+            if item_id in assigned:
+                continue  # refused whole above: renaming its id would not give it a value
             if not name or name == item_id or not name.isidentifier():
                 continue  # a name no script can write ("parcel to weigh") is a label, not a variable
             what = f"{who} reads" if kind in ("inputDataItem", "dataInput") else f"{who} must set"
@@ -2259,6 +2371,29 @@ class _Validator:
                      f"name={name!r}; SpiffWorkflow names the variable by its id, so {what} {item_id!r}, not "
                      f"{name!r}: give it id={name!r} (and use that id where it is referenced)", file=file,
                      line=item.sourceline, element_id=eid, field=kind, severity="warning")
+
+    def _check_assigned_inputs(self, el: Any, io: Any, eid: str, tag: str, file: str) -> set[str]:
+        """A task's data inputs that a ``bpmn:assignment`` gives their values (jBPM saves a person's
+        task parameters so: TaskName, Skippable, ...). SpiffWorkflow runs no assignment and stops the
+        task when an input is not in its data, so the instance could never pass the task. The ids of
+        the inputs refused."""
+        if io is None:
+            return set()
+        inputs = {item.get("id"): item for item in io.iterfind(_bpmn("dataInput")) if item.get("id")}
+        assigned = [inputs[ref] for assoc in el.iterfind(_bpmn("dataInputAssociation"))
+                    if assoc.find(_bpmn("assignment")) is not None
+                    for ref in ((r.text or "").strip() for r in assoc.iterfind(_bpmn("targetRef")))
+                    if ref in inputs]
+        if not assigned:
+            return set()
+        shown = ", ".join(repr(item.get("name") or item.get("id")) for item in assigned)
+        self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
+                 "bpmn:assignment (another engine's task parameters, as jBPM saves them), which SpiffWorkflow does "
+                 f"not run: the inputs are never set, and the instance would stop at {eid!r} (as plain SpiffWorkflow "
+                 "does, 'Missing data input'); remove the task's ioSpecification and dataInputAssociations (a "
+                 "person's step needs neither), or set the values in a script before the task, with the inputs' "
+                 "ids as names", file=file, line=assigned[0].sourceline, element_id=eid, field="dataInput")
+        return {item.get("id") for item in assigned}
 
     def _check_event_refs(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A message or signal catch event that names none: no one can send it (SpiffWorkflow loads it
@@ -2873,6 +3008,76 @@ def _camunda_api_calls(tree: ast.AST) -> list[str]:
                    and isinstance(n.func.value, ast.Name)
                    and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
                         and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
+_PYTHON_LITERALS = {"true": "True", "false": "False", "null": "None", "none": "None", "nil": "None",
+                    "undefined": "None"}
+
+
+def _feel_literals(text: str, kind: str) -> list[str]:
+    """The names of another language's literals (FEEL's ``true``, ``null``) a DMN entry reads,
+    which SpiffWorkflow's Python DMN engine looks up as variables."""
+    for source in ([text] if kind == "outputEntry" else [text, f"v {text}"]):
+        try:
+            tree = ast.parse(source, mode="eval")
+        except (SyntaxError, ValueError):
+            continue
+        return sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
+    return []
+
+
+def _first_cycle(nodes: list[str], after: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of the graph ``after`` (node -> its successors), as the list of its nodes from the
+    first one met in ``nodes`` order; None when there is none."""
+    state: dict[str, int] = {}  # 1: on the path being walked, 2: done
+    for root in nodes:
+        if root in state:
+            continue
+        path: list[str] = [root]
+        todo: list[list[str]] = [list(after[root])]
+        state[root] = 1
+        while path:
+            if not todo[-1]:
+                state[path.pop()] = 2
+                todo.pop()
+                continue
+            nxt = todo[-1].pop(0)
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):]
+            if nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                todo.append(list(after[nxt]))
+    return None
+
+
+def _java_api_calls(tree: ast.AST) -> list[str]:
+    """The calls of Java's console (``System.out.println``) and of jBPM's process context
+    (``kcontext.setVariable``) in a script: no context value has them."""
+    return sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and (ast.unparse(n.func).startswith(("System.out.", "System.err."))
+                        or isinstance(n.func.value, ast.Name) and n.func.value.id == "kcontext")})
+
+
+def _java_script_instead(source: str) -> str | None:
+    """A jBPM script of ``System.out.println(...)`` and ``kcontext.setVariable("x", v)`` lines
+    as Python (``print(...)``, ``x = v``), when nothing else of Java's API is left; else None."""
+    lines = []
+    for line in source.strip().splitlines():
+        line = line.strip().rstrip(";").strip()
+        line = re.sub(r"\bSystem\.(?:out|err)\.print(?:ln)?\(", "print(", line)
+        line = re.sub(r"\bkcontext\.getVariable\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", line)
+        setter = re.fullmatch(r"kcontext\.setVariable\(\s*(['\"])([A-Za-z_]\w*)\1\s*,\s*(.+)\)", line)
+        value = setter.group(3).strip() if setter else ""
+        value = {"true": "True", "false": "False", "null": "None"}.get(value, value)
+        lines.append(f"{setter.group(2)} = {value}" if setter else line)
+    text = "\n".join(lines)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    return None if _java_api_calls(tree) or _camunda_api_calls(tree) else text
 
 
 def _operators_instead(source: str) -> str | None:

@@ -12,7 +12,9 @@ without a default flow whose every outgoing condition is built from comparisons 
 * numbers (``<``, ``<=``, ``>``, ``>=``, ``==``, ``!=``, ``in``, chained ``0 <= x < 5``):
   the union of the conditions is computed as a set of intervals on the real line; any
   gap is reported (``x < 5`` and ``x > 5`` leave ``x == 5``). Integer-only variables are
-  not assumed: ``x <= 4`` / ``x >= 5`` leave ``4 < x < 5``.
+  not assumed: ``x <= 4`` / ``x >= 5`` leave ``4 < x < 5``, and neither are non-negative
+  ones: ``x > 0`` / ``x == 0`` leave ``x < 0``; such a gap, which misses no natural number,
+  is not ``certain``.
 * strings, booleans, ``None`` (``==``, ``!=``, ``in``, ``is``): the variable's set of
   possible values is unknown, so conditions that only accept a finite set are
   reported as not exhaustive; ``!=`` / ``not in`` conditions are complemented exactly.
@@ -40,8 +42,8 @@ class CoverageGap:
     accepts) or ``gateway_not_exhaustive`` (only a finite set of values is handled); ``text``
     completes "its conditions ..." (``do not cover x == 5``). ``certain``: the missed values
     surely exist. Equality tests against a set of values (the variable may never take another)
-    and gaps holding no integer (``x <= 4`` / ``x >= 5`` over counts) cannot be judged without
-    the data."""
+    and gaps holding no natural number (``x <= 4`` / ``x >= 5`` over counts, ``x > 0`` / ``x == 0``
+    over amounts) cannot be judged without the data."""
 
     code: str
     text: str
@@ -292,13 +294,18 @@ def _number(x: float) -> str:
 
 
 def _only_fractional_gaps(term: _Term) -> bool:
-    """Whether every value the numeric conditions miss lies strictly between two integers."""
+    """Whether the numeric conditions miss no natural number: every value they miss is negative
+    or lies strictly between two integers. Counts and amounts, which is what conditions compare
+    with 0 (``remaining > 0`` / ``remaining == 0``), are never negative nor, for counts, fractions."""
     if term.var is None or not isinstance(term.value, _Reals):
         return False
     for lo, lo_in, hi, hi_in in term.value.complement().parts:
-        if math.isinf(lo) or math.isinf(hi):
+        if math.isinf(hi):
             return False
-        first = math.floor(lo) + 1 if not lo_in or not float(lo).is_integer() else lo
+        if lo < 0:
+            first: float = 0.0
+        else:
+            first = lo if lo_in and float(lo).is_integer() else math.floor(lo) + 1
         if first < hi or (first == hi and hi_in):
             return False
     return True

@@ -11,10 +11,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from SpiffWorkflow.bpmn.exceptions import WorkflowDataException
+from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
+from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.cli import main
 from engine.governance import InvalidAnswer
@@ -145,3 +148,243 @@ def test_a_decision_output_into_an_object_the_instance_started_with_is_refused_n
     message = instance.error["message"]
     assert "'claim'" in message and "'claim.grade'" in message and "'table_claim_grade'" in message, message
     assert "'claim_grade'" in message, message  # the name to give the output instead
+
+
+def test_a_flow_with_no_source_left_behind_by_the_modeler_is_a_warning_and_the_process_runs() -> None:
+    """A sequence flow whose source shape was deleted keeps its targetRef and loses its sourceRef
+    (SpiffArena's own send and receive task test processes carry one). Nothing can take such a
+    flow, and SpiffWorkflow runs the process without it; validate refused the whole process. It
+    warns, naming the file, the flow and what to do."""
+    path = REALWORLD / "dangling_flow.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'leftover'" in ln)
+    assert "warning" in line and str(path) in line and "sourceRef" in line and "remove" in line, line
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("dangling_flow"))
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"boxes": 2}
+
+
+def test_task_inputs_given_by_bpmn_assignment_are_refused_naming_the_task_and_the_inputs() -> None:
+    """jBPM saves a person's task with its parameters (TaskName, Skippable, ...) as data inputs that
+    a bpmn:assignment gives their values. SpiffWorkflow runs no assignment, so the inputs are never
+    set and the task stops the instance, in layerflow as in plain SpiffWorkflow; validate passed it,
+    with a warning per input telling to rename its id to its name (which would not have helped).
+    It is refused, naming the file, the task, the inputs and what to do."""
+    path = REALWORLD / "assigned_inputs.bpmn2"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("assigned_inputs"))
+    with pytest.raises(WorkflowDataException, match="Missing data input"):
+        wf.do_engine_steps()
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "bpmn:assignment" in ln]
+    assert str(path) in line and "'review'" in line and "'TaskName'" in line and "'Skippable'" in line, line
+    assert "remove" in line and "script" in line, line
+    assert "give it id=" not in result.output, result.output  # renaming the ids would not set them
+
+
+def test_a_java_script_that_parses_as_python_is_refused_with_the_python_to_write(tmp_path: Path) -> None:
+    """jBPM's script tasks are Java (scriptFormat http://www.java.com/java): ``System.out.println(...)``
+    and ``kcontext.setVariable("x", v)`` lines happen to parse as Python, so validate passed the
+    process with a warning to check the script, and the run stopped with a NameError on 'System'
+    (plain SpiffWorkflow stops there too). It is refused, naming the file, the task and the calls,
+    with the Python to write; that Python runs, in layerflow as in plain SpiffWorkflow."""
+    path = REALWORLD / "java_script.bpmn2"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("java_script"))
+    wf.task_tree.data.update({"item": "books"})
+    with pytest.raises(Exception, match="System"):
+        wf.do_engine_steps()
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "System.out.println" in ln]
+    assert str(path) in line and "'pack'" in line and "kcontext.setVariable" in line, line
+    instead = 'print("Packing " + item)\npacked = True'
+    assert repr(instead) in line, line
+
+    fixed = tmp_path / "java_script.bpmn"
+    source = path.read_text()
+    start = source.index("<script>") + len("<script>")
+    fixed.write_text(source[:start] + instead + source[source.index("</script>"):])
+    assert CliRunner().invoke(main, ["validate", str(fixed)]).exit_code == 0
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(fixed))
+    wf = BpmnWorkflow(parser.get_spec("java_script"))
+    wf.task_tree.data.update({"item": "books"})
+    wf.do_engine_steps()
+    instance = run([fixed], {"item": "books"})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"item": "books", "packed": True}
+
+
+def test_a_timer_whose_type_was_never_chosen_is_refused_naming_the_event_and_what_to_write(tmp_path: Path) -> None:
+    """Camunda Modeler and bpmn.io save a timer event whose type (duration, date, cycle) is not
+    chosen yet as an empty bpmn:timerEventDefinition. SpiffWorkflow cannot load it, and validate
+    passed its words on: 'Time Specification Error. Unknown Time Specification', which says
+    neither what is missing nor what to write. It names the event, the three choices and an example."""
+    path = REALWORLD / "empty_timer.bpmn"
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Unknown Time Specification"):
+        parser.add_bpmn_file(str(path))
+        parser.get_spec("empty_timer")
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "'cool_down'" in ln]
+    assert str(path) in line and "timeDuration" in line and "timeDate" in line and "timeCycle" in line, line
+    assert '"PT1H"' in line and "Unknown Time Specification" not in result.output, result.output
+
+    # a timer whose type was chosen but whose value was left empty: SpiffWorkflow fails when it is reached
+    empty_value = tmp_path / "empty_duration.bpmn"
+    empty_value.write_text(path.read_text().replace(
+        '<bpmn:timerEventDefinition id="cool_down_timer" />',
+        '<bpmn:timerEventDefinition id="cool_down_timer"><bpmn:timeDuration /></bpmn:timerEventDefinition>'))
+    result = CliRunner().invoke(main, ["validate", str(empty_value)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "'cool_down'" in ln]
+    assert "an empty one" in line and '"PT1H"' in line, line
+
+
+def test_a_pool_that_is_not_run_does_not_stop_the_one_chosen_with_process() -> None:
+    """A collaboration exported with every pool executable (the MIWG reference files, Signavio) runs
+    one pool, chosen with --process. A shape SpiffWorkflow cannot load in another pool (here an
+    implicit split) refused the chosen pool too, although plain SpiffWorkflow runs it; it is checked
+    when that pool is the one chosen (or one the chosen pool calls), and without --process."""
+    path = REALWORLD / "two_pools.bpmn"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("shipping"))
+    wf.do_engine_steps()
+    assert wf.is_completed()
+
+    chosen = CliRunner().invoke(main, ["validate", str(path), "--process", "shipping"])
+    assert chosen.exit_code == 0, chosen.output
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path], process_id="shipping"), {}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data) == {"shipped": 2}
+
+    other = CliRunner().invoke(main, ["validate", str(path), "--process", "billing"])
+    assert other.exit_code == 2 and "'bill' has 2 outgoing flows" in other.output, other.output
+    unchosen = CliRunner().invoke(main, ["validate", str(path)])
+    assert unchosen.exit_code == 2 and "'bill' has 2 outgoing flows" in unchosen.output, unchosen.output
+
+
+def test_a_loop_that_passes_no_deciding_gateway_is_refused_naming_it() -> None:
+    """A loop drawn straight back into an event or task (bpmn.io's pizza collaboration: the vendor
+    calms the customer and waits for the next complaint) passes no exclusive, inclusive or
+    event-based gateway. SpiffWorkflow cannot create an instance of such a process: it predicts the
+    loop's steps without end (RecursionError). Validate passed it and the run printed that
+    traceback (no JSON with --json); it is refused, naming the loop and the gateway to draw."""
+    path = REALWORLD / "loop_without_gateway.bpmn"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    with pytest.raises(RecursionError):
+        BpmnWorkflow(parser.get_spec("loop_without_gateway"))
+
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    [line] = [ln for ln in result.output.splitlines() if "'calm_customer'" in ln]
+    assert str(path) in line and "'complaint' -> 'calm_customer' -> 'complaint'" in line, line
+    assert "exclusive gateway" in line and "RecursionError" in line, line
+    run_result = CliRunner().invoke(main, ["run", str(path), "--store", "memory://", "--json"])
+    assert run_result.exit_code == 2, run_result.output
+    assert '"invalid_process"' in run_result.stdout and "calm_customer" in run_result.stdout
+
+    # loaded without validation, the engine refuses to start it with the same advice, not a traceback
+    with pytest.raises(ProcessError, match="loop that passes no exclusive"):
+        Engine(store="memory://").start(load_process([path], validate=False), {})
+
+
+@pytest.mark.parametrize("data", [{"amount": 100, "credit": 30}, {"amount": 20, "credit": 30}])
+def test_an_amount_split_into_more_than_zero_and_zero_is_a_warning_and_runs(data: dict[str, int]) -> None:
+    """``remaining > 0`` / ``remaining == 0`` with no default flow (Camunda 8's payment example)
+    misses only negative numbers, which an amount or a count never is; plain SpiffWorkflow runs
+    the process. Validate refused it ("do not cover remaining < 0", an error) although it treated
+    the same doubt about fractions (``x <= 4`` / ``x >= 5``) as a warning; it warns now."""
+    path = REALWORLD / "amount_split.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if "'credit_enough'" in ln)
+    assert "warning" in line and "remaining < 0" in line, line
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("amount_split"))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    instance = run([path], data)
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == dict(wf.last_task.data)
+
+
+@pytest.mark.parametrize("score", [30, 70])
+def test_a_decision_table_with_hit_policy_first_runs_as_plain_spiffworkflow_runs_it(score: int) -> None:
+    """SpiffWorkflow 3.2 keeps every matching rule of a table that is not UNIQUE and gives the
+    first one's outputs unless the table is COLLECT: hit policy FIRST (common in Camunda's DMN)
+    runs as FIRST means. Validate refused it ("runs UNIQUE and COLLECT only"); it runs, and a
+    result variable mapped to singleResult gets the first matching rule, not an error for two."""
+    files = [REALWORLD / "first_hit.bpmn", REALWORLD / "first_hit.dmn"]
+    result = CliRunner().invoke(main, ["validate", *map(str, files)])
+    assert result.exit_code == 0, result.output
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(files[0]))
+    parser.add_dmn_file(str(files[1]))
+    wf = BpmnWorkflow(parser.get_spec("first_hit"))
+    wf.task_tree.data.update({"score": score})
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    expected = {"score": score, "route": "manual" if score < 50 else "auto"}
+    assert dict(wf.last_task.data) == expected
+    instance = run(files, {"score": score})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
+
+    mapped = run([REALWORLD / "first_hit_single_result.bpmn", files[1]], {"score": score})
+    assert mapped.status == "completed", mapped.error
+    assert variables(mapped.main) == {"score": score, "routing": {"route": expected["route"]}}
+
+
+def test_feel_booleans_in_a_decision_table_are_refused_with_the_python_to_write() -> None:
+    """Camunda's DMN editor writes a boolean output as FEEL's ``true`` / ``false``; SpiffWorkflow's
+    DMN engine evaluates entries as Python, where they are unknown names. Validate passed the table
+    and the run failed at the business rule task calling the entry a condition; it is refused,
+    naming the DMN file, the rule and entry, and what to write (True, False)."""
+    files = [REALWORLD / "feel_booleans.bpmn", REALWORLD / "feel_booleans.dmn"]
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(files[0]))
+    parser.add_dmn_file(str(files[1]))
+    wf = BpmnWorkflow(parser.get_spec("feel_booleans"))
+    wf.task_tree.data.update({"payment_type": "prepaid"})
+    with pytest.raises(Exception, match="false"):
+        wf.do_engine_steps()
+
+    result = CliRunner().invoke(main, ["validate", *map(str, files)])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if "outputEntry" in ln]
+    assert len(lines) == 2, result.output
+    assert str(files[1]) in lines[0] and "'prepaid'" in lines[0] and "'false'" in lines[0] and "False" in lines[0]
+    assert "'otherwise'" in lines[1] and "True" in lines[1]
+
+
+def test_a_camunda_worker_type_draws_no_warning_once_the_task_has_a_handler() -> None:
+    """A Camunda 8 service task names its job worker (zeebe:taskDefinition). Validate warned that
+    this is not run and told to run the step with a handler, also when the config beside the
+    process gave it one; the advice is left out then. The input mapping beside it, which the
+    handler does not replace, is still named."""
+    path = REALWORLD / "zeebe_worker.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    [line] = [ln for ln in result.output.splitlines() if "'send_mail'" in ln]
+    assert "zeebe:ioMapping" in line and "zeebe:taskDefinition" not in line, line
+    assert "run the step with a handler" not in line, line

@@ -473,6 +473,7 @@ COVERAGE = [
 @pytest.mark.parametrize(("conditions", "severity"), [
     (["x < 5", "x > 5"], "error"),            # x == 5 is certainly missed
     (["x <= 4", "x >= 5"], "warning"),        # only fractions are missed: fine for counts
+    (["x > 0", "x == 0"], "warning"),         # only negative numbers are missed: fine for amounts and counts
     (["x < 4", "x > 5"], "error"),            # 4, 5 missed
     (['decision == "a"', 'decision == "b"'], "warning"),
 ])

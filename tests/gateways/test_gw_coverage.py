@@ -19,6 +19,11 @@ def _parsed(*conditions: str) -> list[ast.expr]:
 @pytest.mark.parametrize(("conditions", "code", "text", "certain"), [
     (["x < 5", "x > 5"], "gateway_coverage_gap", "do not cover x == 5", True),
     (["x <= 4", "x >= 5"], "gateway_coverage_gap", "do not cover 4 < x < 5", False),  # no integer is missed
+    # only negative numbers are missed: amounts and counts (what is compared with 0) never are
+    (["amount > 0", "amount == 0"], "gateway_coverage_gap", "do not cover amount < 0", False),
+    (["x >= 1", "x == 0"], "gateway_coverage_gap", "do not cover x < 0 or 0 < x < 1", False),
+    (["x > 0"], "gateway_coverage_gap", "do not cover x <= 0", True),  # 0 is missed
+    (["x > 0", "x < -5"], "gateway_coverage_gap", "do not cover -5 <= x <= 0", True),  # so is 0 here
     (["s == 'a'", "s == 'b'"], "gateway_not_exhaustive", "only handle s == 'a', s == 'b': not exhaustive", False),
     (["approved"], "gateway_coverage_gap", "do not cover approved being false", True),
     (["False"], "gateway_coverage_gap", "can never be true", True),
