@@ -165,3 +165,126 @@ def test_the_endpoint_table_names_served_routes_and_the_start_body_works(tmp_pat
         started = client.post("/api/instances", headers=auth, json={
             "process_id": "loan_approval", "data": {"amount": 20000, "applicant_id": "A1", "purpose": "x"}})
     assert "loan_approval" in ids and started.status_code == 201 and started.json()["status"] == "completed"
+
+
+# ----------------------------------------------------------------- the prose's commands, options and settings
+
+_SUBCOMMANDS = ("run", "demo", "resume", "inspect", "tape", "replay", "snapshot", "rollback", "cancel", "send",
+                "timers", "list", "validate", "schema", "serve", "submit", "worker")
+
+
+def _prose() -> str:
+    """The README without its fenced blocks (which the tests above run)."""
+    return re.sub(r"```.*?```", "", README, flags=re.S)
+
+
+def _inline_commands() -> list[str]:
+    """Each code span of the prose that reads as a command: `layerflow SUB ...` or `SUB ID ...`."""
+    found = []
+    for span in re.findall(r"`([^`\n]+)`", _prose()):
+        words = span.split()
+        if words[0] == "layerflow" and len(words) > 1:
+            found.append(span)
+        elif words[0] in _SUBCOMMANDS and len(words) > 1 and words[1] == "ID":
+            found.append("layerflow " + span)
+    return found
+
+
+def test_every_command_the_prose_names_parses_against_the_cli() -> None:
+    """A subcommand, option or argument the README shows in passing exists: each span is parsed as
+    the CLI parses it (placeholders such as ID or SEQ stand for values; an option shown without its
+    value, `tape ID --kind`, is fine; an unknown option or a surplus argument is not)."""
+    import click
+
+    from engine.cli import main
+
+    spans = _inline_commands()
+    assert any(s.startswith("layerflow resume ID --set") for s in spans) and len(spans) > 20, spans
+    for span in spans:
+        words = shlex.split(span)[1:]
+        command: click.Command = main
+        while isinstance(command, click.Group) and words and words[0] in command.commands:
+            command = command.commands[words.pop(0)]
+        assert command is not main, f"README names no layerflow command in `{span}`"
+        try:
+            command.make_context(command.name or "layerflow", list(words))
+        except click.NoSuchOption as err:
+            raise AssertionError(f"README `{span}`: {err.format_message()}") from err
+        except click.UsageError as err:
+            assert "unexpected extra argument" not in err.format_message(), f"README `{span}`: {err}"
+
+
+def test_every_option_the_readme_names_exists() -> None:
+    import click
+
+    from engine.cli import main
+
+    have: set[str] = set()
+
+    def walk(command: click.Command) -> None:
+        for param in command.params:
+            have.update(o for o in (*param.opts, *param.secondary_opts) if o.startswith("--"))
+        for sub in getattr(command, "commands", {}).values():
+            walk(sub)
+
+    walk(main)
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", README)) - {"--quick"}  # --quick: the benches'
+    assert {"--answer", "--store", "--timer-interval"} <= named
+    assert not sorted(named - have)
+
+
+def test_every_setting_the_readme_names_is_read() -> None:
+    named = set(re.findall(r"\b(LAYERFLOW_[A-Z_]+)\b", README))
+    assert {"LAYERFLOW_STORE", "LAYERFLOW_API_TOKEN"} <= named
+    code = "\n".join(p.read_text() for d in ("engine", "context_layers") for p in (ROOT / d).rglob("*.py"))
+    assert not sorted(n for n in named if f'"{n}"' not in code)
+
+
+def test_the_default_store_is_where_the_readme_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from context_layers.stores import default_store_url
+
+    said = re.search(r"Runs are\s+kept in a SQLite file in your data directory \(`\$XDG_DATA_HOME/([^`]+)`,\s+"
+                     r"`~/\.local/share/([^`]+)` when it is unset", README)
+    assert said, "README no longer says where the default store is"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert default_store_url() == f"sqlite:///{tmp_path / 'data' / said.group(1)}"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_store_url() == f"sqlite:///{tmp_path / '.local' / 'share' / said.group(2)}"
+
+
+def test_the_benchmark_lines_name_every_bench() -> None:
+    named = re.findall(r"^python (bench/\S+\.py)", _block("## Benchmarks", "bash"), re.M)
+    shipped = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*.py")
+                     if p.name.startswith(("bench_", "eval_")))
+    assert sorted(named) == shipped
+
+
+def _run_span(span: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_layerflow(span) + ["--json"], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=180, stdin=subprocess.DEVNULL)
+
+
+def test_the_example_runs_the_prose_shows_work_as_written(scratch: Path) -> None:
+    """`layerflow run bpmn_examples/...` in the prose: each runs as pasted (completes, or waits where the
+    README says so) and the answer the README gives the one that waits completes it."""
+    env = _env(scratch)
+    runs = [s for s in _inline_commands() if s.startswith("layerflow run bpmn_examples/")]
+    assert {"xor_loop", "purchase_collaboration", "business_rules"} <= {s.split("/")[1].split(".")[0] for s in runs}
+    for span in runs:
+        out = _run_span(span, scratch, env)
+        doc = json.loads(out.stdout)
+        assert out.returncode in (0, 3) and doc["status"] in ("completed", "waiting"), (span, out.stderr[-1500:])
+        if "purchase_collaboration" in span:
+            assert doc["status"] == "waiting"
+            answer = re.search(r"`(layerflow resume ID --answer approve_offer=[^`]+)`", README)
+            assert answer, "README lost how to answer the collaboration's approval"
+            done = _run_span(answer.group(1).replace(" ID ", f" {doc['instance_id']} "), scratch, env)
+            assert done.returncode == 0 and json.loads(done.stdout)["status"] == "completed", done.stderr[-1500:]
+        else:
+            assert doc["status"] == "completed", span
+        if "business_rules" in span:
+            said = re.search(r"writes `route` `(\"\w+\")` and `priority` `(\"\w+\")`", README)
+            assert said, "README lost what the DMN example writes"
+            history = doc["layers"]["L3"]
+            assert [history["route"], history["priority"]] == [json.loads(said.group(1)), json.loads(said.group(2))]
