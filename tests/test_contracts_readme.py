@@ -288,3 +288,115 @@ def test_the_example_runs_the_prose_shows_work_as_written(scratch: Path) -> None
             assert said, "README lost what the DMN example writes"
             history = doc["layers"]["L3"]
             assert [history["route"], history["priority"]] == [json.loads(said.group(1)), json.loads(said.group(2))]
+
+
+def _table_row(endpoint: str) -> str:
+    table = README.split("| endpoint | what |", 1)[1].split("\n\n", 1)[0]
+    row = next((line for line in table.splitlines() if endpoint in line), None)
+    assert row, f"README's endpoint table lost {endpoint}"
+    return row
+
+
+def test_the_endpoint_table_bodies_drive_a_waiting_instance_to_its_end() -> None:
+    """The request bodies as the table spells them: a user task's `{"data": ...}`, a message's
+    `{"name": ..., "payload": ...}`, a cancel's `{"reason": ...}`, a confirmation's `{"value": ...}`
+    with `"instance_id"` when several instances wait on that id, a resume's `{"answers": ...}`."""
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    def fields(endpoint: str) -> list[str]:
+        return re.findall(r'"(\w+)"', " ".join(re.findall(r"`(\{[^`]*\})`", _table_row(endpoint))))
+
+    assert fields("/user-tasks/{task}") == ["data"]
+    assert fields("/events`") == ["name", "payload"]
+    assert fields("/cancel`") == ["reason"]
+    assert fields("/resume`") == ["answers"]
+    assert fields("/api/confirmations/{id}") == ["value"]
+    assert '`"answer"`' in _table_row("/api/confirmations/{id}") and '`"instance_id"`' in _table_row(
+        "/api/confirmations/{id}")
+    app = create_app("memory://", ROOT / "bpmn_examples", "t0ken")
+    with TestClient(app, headers={"Authorization": "Bearer t0ken"}) as client:
+        def start(process_id: str, data: dict) -> dict:
+            started = client.post("/api/instances", json={"process_id": process_id, "data": data})
+            assert started.status_code == 201, started.text
+            return started.json()
+
+        draft = start("parallel_user_task", {"title": "Q3 report"})
+        assert draft["status"] == "waiting" and draft["waiting_for"][0]["task_id"] == "review"
+        done = client.post(f"/api/instances/{draft['instance_id']}/user-tasks/review",
+                           json={"data": {"approved": True, "reviewer": "ann"}})
+        assert done.status_code == 200 and done.json()["status"] == "completed", done.text
+
+        claim = start("message_wait", {"claim_id": "CL-1042"})
+        sent = client.post(f"/api/instances/{claim['instance_id']}/events",
+                           json={"name": "documents_received", "payload": {"files": ["police_report.pdf"]}})
+        assert sent.status_code == 200 and sent.json()["status"] == "completed", sent.text
+        duplicate = start("message_wait", {"claim_id": "CL-1042"})
+        cancelled = client.post(f"/api/instances/{duplicate['instance_id']}/cancel", json={"reason": "duplicate claim"})
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+
+        conflict = {"amount": 120000, "applicant_id": "APP001", "purpose": "business loan", "industry": "gambling"}
+        first, second = start("loan_approval", conflict), start("loan_approval", conflict)
+        assert first["waiting_for"][0]["id"] == "review_join/approval_status"
+        confirmations = client.get("/api/confirmations").json()
+        assert {c["id"] for c in confirmations} == {"review_join/approval_status"}
+        ambiguous = client.post("/api/confirmations/review_join/approval_status", json={"value": "rejected"})
+        assert ambiguous.status_code == 400 and "instance_id" in ambiguous.text
+        answered = client.post("/api/confirmations/review_join/approval_status",
+                               json={"value": "pending_dual_approval", "instance_id": first["instance_id"]})
+        assert answered.status_code == 200 and answered.json()["status"] == "completed", answered.text
+        resumed = client.post(f"/api/instances/{second['instance_id']}/resume",
+                              json={"answers": {"confirmations": {"review_join/approval_status": "rejected"}}})
+        assert resumed.status_code == 200 and resumed.json()["status"] == "completed", resumed.text
+
+
+def test_every_api_endpoint_but_health_needs_the_token() -> None:
+    """README: every `/api/` endpoint but `/api/health` needs the bearer token; the console and the
+    docs are open."""
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    said = re.search(r"Every `/api/` endpoint but `(/api/\w+)` needs\s+`Authorization: Bearer \$LAYERFLOW_API_TOKEN`;"
+                     r" the console \(`/`\) and the docs \(`/docs`, `/openapi.json`\) are open", README)
+    assert said, "README no longer says which endpoints need the token"
+    app = create_app("memory://", ROOT / "bpmn_examples", "t0ken")
+    with TestClient(app) as client:
+        for route in app.routes:
+            path = getattr(route, "path", "")
+            if not path.startswith("/api/"):
+                continue
+            url = re.sub(r"\{[^}]+\}", "x", path)
+            for method in sorted(getattr(route, "methods", ())):
+                status = client.request(method, url, json={}).status_code
+                assert (status != 401) == (path == said.group(1)), (method, path, status)
+        assert [client.get(p).status_code for p in ("/", "/docs", "/openapi.json")] == [200, 200, 200]
+
+
+def test_serve_names_the_store_it_keeps_instances_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: the server keeps instances in the CLI's store (`--store`, else LAYERFLOW_STORE, else the
+    data directory's file) and names it as it starts."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    assert re.search(r"same store as the CLI \(`--store`, else\s+`LAYERFLOW_STORE`, else the file in your data "
+                     r"directory; it names it as it starts\)", README)
+    served: list[object] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)  # sqlite:///env.db is relative to it
+    runner = CliRunner()
+    for store_env, option, expected in ((None, [], f"sqlite:///{tmp_path / 'data' / 'layerflow' / 'layerflow.db'}"),
+                                        ("sqlite:///env.db", [], "sqlite:///env.db"),
+                                        ("sqlite:///env.db", ["--store", "memory://"], "memory://")):
+        if store_env:
+            monkeypatch.setenv("LAYERFLOW_STORE", store_env)
+        else:
+            monkeypatch.delenv("LAYERFLOW_STORE", raising=False)
+        out = runner.invoke(main, ["serve", "--catalog", str(ROOT / "bpmn_examples"), "--token", "t", *option])
+        assert out.exit_code == 0, out.output
+        assert f"store {expected}" in out.output, out.output
+    assert len(served) == 3
