@@ -400,3 +400,36 @@ def test_serve_names_the_store_it_keeps_instances_in(tmp_path: Path, monkeypatch
         assert out.exit_code == 0, out.output
         assert f"store {expected}" in out.output, out.output
     assert len(served) == 3
+
+
+def test_a_handler_file_named_in_the_config_is_found_beside_the_process(tmp_path: Path) -> None:
+    """README: `handler: file.py:function`, the file relative to the process's folder, a plain
+    function; or `package.module:function` on PYTHONPATH. Run from another folder."""
+    assert re.search(r"`handler: file\.py:function` \(the file relative to the\s+process's folder", README)
+    assert "`handler: package.module:function` (importable, on `PYTHONPATH`)" in README
+    folder = tmp_path / "processes"
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "check.bpmn").write_text(
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        '<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="t">\n'
+        '  <bpmn:process id="check" isExecutable="true">\n'
+        '    <bpmn:startEvent id="start"/><bpmn:serviceTask id="size"/><bpmn:serviceTask id="label"/>'
+        '<bpmn:endEvent id="end"/>\n'
+        '    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="size"/>'
+        '<bpmn:sequenceFlow id="f2" sourceRef="size" targetRef="label"/>'
+        '<bpmn:sequenceFlow id="f3" sourceRef="label" targetRef="end"/>\n'
+        '  </bpmn:process>\n</bpmn:definitions>\n')
+    (folder / "my_handlers.py").write_text("def size(ctx):\n    return {'big': ctx['n'] > 10}\n")
+    (folder / "pkg" / "__init__.py").write_text("")
+    (folder / "pkg" / "labels.py").write_text("def label(ctx):\n    return {'label': 'big' if ctx['big'] else 'small'}\n")
+    (folder / "check.layerflow.yaml").write_text("size:\n  handler: my_handlers.py:size\n"
+                                                 "label:\n  handler: pkg.labels:label\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _env(elsewhere)
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), env["PYTHONPATH"]])
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(folder / "check.bpmn"), "--data", '{"n": 12}',
+                          "--json"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["layers"]["L3"]["label"] == "big", out.stderr[-1500:]
