@@ -79,6 +79,13 @@ def test_the_workers_section_runs(scratch: Path) -> None:
                                cwd=scratch, env=env, capture_output=True, text=True, timeout=120,
                                stdin=subprocess.DEVNULL)
         assert json.loads(shown.stdout)["status"] == "completed", shown.stdout[-500:]
+        # the prose after the block: `layerflow list --store ...` shows what the workers ran
+        section = README.split("## Many workers", 1)[1].split("\n## ", 1)[0]
+        listing = re.search(r"`(layerflow list --store redis://127\.0\.0\.1:6379/0)`", section)
+        assert listing, "README lost how to see what the workers ran"
+        listed = subprocess.run(_layerflow(listing.group(1).replace("redis://127.0.0.1:6379/0", url)), cwd=scratch,
+                                env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        assert listed.returncode == 0 and f"{instance_id}  loan_approval  completed" in listed.stdout, listed.stdout
     finally:
         client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
         keys = list(client.scan_iter(f"{prefix}*"))
@@ -433,3 +440,48 @@ def test_a_handler_file_named_in_the_config_is_found_beside_the_process(tmp_path
                          stdin=subprocess.DEVNULL)
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["layers"]["L3"]["label"] == "big", out.stderr[-1500:]
+
+
+def test_the_rest_block_serves_and_its_curl_starts_an_instance(scratch: Path) -> None:
+    """The REST section's block as pasted (on a free port instead of 8765, a scratch store): the
+    server starts, and the block's curl commands get the answers the comments after them name."""
+    import shutil
+    import socket
+    import time
+
+    import httpx
+
+    if not shutil.which("curl"):
+        pytest.skip("no curl on this machine")
+    section = README.split("## REST API and console", 1)[1].split("\n## ", 1)[0]
+    block = "".join(re.findall(r"```bash\n(.*?)```", section, re.S))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    lines = [line for line in block.replace("8765", port).splitlines() if line.strip() and not line.startswith("#")]
+    exports = [line for line in lines if line.startswith("export ")]
+    serve = [line for line in lines if line.startswith("layerflow serve")]
+    curls = [line for line in lines if line.startswith("curl ")]
+    assert exports == ["export LAYERFLOW_API_TOKEN=change-me"] and len(serve) == 1 and curls, block
+    env = {**_env(scratch), "LAYERFLOW_API_TOKEN": "change-me"}
+    proc = subprocess.Popen(_layerflow(serve[0]) + ["--log-level", "warning"], cwd=scratch, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        for line in curls:
+            command, _, expected = line.partition("#")
+            out = subprocess.run(["bash", "-c", command], cwd=scratch, env=env, capture_output=True, text=True,
+                                 timeout=120, stdin=subprocess.DEVNULL)
+            assert out.returncode == 0, out.stderr
+            for word in re.findall(r'"[^"]+"', expected):  # the comment quotes what the answer holds
+                assert word.replace('"', "") in out.stdout.replace('"', ""), (line, out.stdout[-800:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert "store sqlite:///" in (proc.stderr.read() if proc.stderr else "")
