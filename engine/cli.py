@@ -640,7 +640,8 @@ def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> N
 
 
 def _store_name(store: str | None) -> str:
-    return store or default_store_url()
+    """The store as the started line names it: a password in its URL is not printed."""
+    return _shown_url(store or default_store_url())
 
 
 @main.command()

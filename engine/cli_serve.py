@@ -83,5 +83,8 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
     for problem in Catalog(catalog_dir).problems():
         click.echo(f"layerflow: warning: {problem}", err=True)
     # the store named as `run` names it: `layerflow inspect ID --store ...` finds what the server ran
-    click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs; store {store_url})", err=True)
+    from .cli import _shown_url
+
+    click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs; store {_shown_url(store_url)})",
+               err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

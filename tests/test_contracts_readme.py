@@ -487,3 +487,22 @@ def test_the_rest_block_serves_and_its_curl_starts_an_instance(scratch: Path) ->
         proc.terminate()
         proc.wait(timeout=15)
     assert "store sqlite:///" in (proc.stderr.read() if proc.stderr else "")
+
+
+def test_the_store_named_on_stderr_never_shows_a_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run` and `serve` name their store as they start; a Redis password in its URL is not printed."""
+    import uvicorn
+    from click.testing import CliRunner
+
+    from engine import cli as cli_module
+    from engine.cli import main
+
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    monkeypatch.setattr(cli_module, "default_store_url", lambda: "redis://:s3cret@127.0.0.1:1/0")
+    monkeypatch.setattr("engine.store.default_store_url", lambda: "redis://:s3cret@127.0.0.1:1/0")
+    monkeypatch.setattr("engine.api.create_app", lambda *a, **kw: object())
+    served = CliRunner().invoke(main, ["serve", "--catalog", str(ROOT / "bpmn_examples"), "--token", "t"])
+    assert served.exit_code == 0 and "store redis://***@127.0.0.1:1/0" in served.output, served.output
+    assert "s3cret" not in served.output
+    assert cli_module._store_name(None) == "redis://***@127.0.0.1:1/0"
+    assert cli_module._store_name("redis://user:pw@h:6379/2") == "redis://***@h:6379/2"
