@@ -506,3 +506,36 @@ def test_the_store_named_on_stderr_never_shows_a_password(tmp_path: Path, monkey
     assert "s3cret" not in served.output
     assert cli_module._store_name(None) == "redis://***@127.0.0.1:1/0"
     assert cli_module._store_name("redis://user:pw@h:6379/2") == "redis://***@h:6379/2"
+
+
+def test_the_governance_row_names_each_operation_s_required_fields() -> None:
+    """What the table says compress, resolve, rollback and branch-evaluate need is what the server
+    requires (besides `instance_id`), and a body with only those fields is accepted."""
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    row = _table_row("/api/context-governance/{inspect,")
+    said = re.search(r"compress takes `(\w+)` \(((?:`\w+`(?:, )?)+)\), resolve `(\w+)` and `(\w+)`, rollback `(\w+)`, "
+                     r"branch-evaluate `(\w+)`", row)
+    assert said, "README's governance row no longer names the operations' required fields"
+    action, actions, resolution, reason, snapshot_id, required_keys = said.groups()
+    app = create_app("memory://", ROOT / "bpmn_examples", "t0ken")
+    with TestClient(app, headers={"Authorization": "Bearer t0ken"}) as client:
+        schemas = client.get("/openapi.json").json()["components"]["schemas"]
+        required = {op: set(schemas[f"{name}Request"].get("required", [])) for op, name in (
+            ("compress", "Compress"), ("resolve", "Resolve"), ("rollback", "Rollback"),
+            ("branch-evaluate", "BranchEvaluate"))}
+        assert required == {"compress": {action}, "resolve": {resolution, reason}, "rollback": {snapshot_id},
+                            "branch-evaluate": {required_keys}}
+        assert re.findall(r"`(\w+)`", actions) == list(
+            schemas["CompressRequest"]["properties"][action].get("enum") or
+            [v for s in schemas["CompressRequest"]["properties"][action].get("anyOf", []) for v in s.get("enum", [])])
+        started = client.post("/api/instances", json={"process_id": "loan_approval", "data": {
+            "amount": 20000, "applicant_id": "A1", "purpose": "x"}}).json()
+        iid = started["instance_id"]
+        snap = client.post("/api/context-governance/snapshot", json={"instance_id": iid}).json()["snapshot_id"]
+        for op, body in (("compress", {action: "evaluate"}), ("rollback", {snapshot_id: snap}),
+                         ("branch-evaluate", {required_keys: ["risk_level"]})):
+            answer = client.post(f"/api/context-governance/{op}", json={"instance_id": iid, **body})
+            assert answer.status_code == 200, (op, answer.text)
