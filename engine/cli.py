@@ -223,6 +223,10 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             how = "` once the event has happened"
         lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}{at}"
                      f"{'' if how.startswith('`') else ' '}{how}")
+        for said in ("instructions", "documentation"):  # what the person is asked, as the BPMN says it
+            text = w.get(said) if w["kind"] == "user_task" else None
+            if isinstance(text, str) and text.strip():
+                lines.append(f"    {said}: " + "\n      ".join(line.rstrip() for line in text.strip().splitlines()))
     tokens = doc["tokens"]
     lines.append("  tokens " + " ".join(f"{k}={v}" for k, v in tokens.items()))
     if out.tty:
@@ -636,7 +640,8 @@ def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> N
 
 
 def _store_name(store: str | None) -> str:
-    return store or default_store_url()
+    """The store as the started line names it: a password in its URL is not printed."""
+    return _shown_url(store or default_store_url())
 
 
 @main.command()

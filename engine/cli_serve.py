@@ -72,8 +72,9 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
     from .api import create_app
     from .store import default_store_url
 
+    store_url = store or default_store_url()
     try:
-        app = create_app(store or default_store_url(), catalog_dir, token, model=model)
+        app = create_app(store_url, catalog_dir, token, model=model)
     except LayerflowError as err:
         click.echo(f"layerflow: {err}", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -81,5 +82,9 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
 
     for problem in Catalog(catalog_dir).problems():
         click.echo(f"layerflow: warning: {problem}", err=True)
-    click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs)", err=True)
+    # the store named as `run` names it: `layerflow inspect ID --store ...` finds what the server ran
+    from .cli import _shown_url
+
+    click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs; store {_shown_url(store_url)})",
+               err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

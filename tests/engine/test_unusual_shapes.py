@@ -159,6 +159,12 @@ def test_a_waiting_user_task_says_what_the_person_is_asked(tmp_path: Path) -> No
     [item] = doc["waiting_for"]
     assert code == 3 and (item["name"], item["documentation"], item["instructions"]) == (
         "Approve", "Check the invoice.", "Approve {{amount}}?")
+    # the plain summary shows it under the waiting line too: a person at a terminal sees what to answer
+    plain = CliRunner().invoke(main, ["resume", doc["instance_id"], "--store", f"sqlite:///{tmp_path / 'shapes.db'}"],
+                               catch_exceptions=False)
+    lines = plain.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if "waiting for user_task" in line)
+    assert lines[at + 1:at + 3] == ["    instructions: Approve {{amount}}?", "    documentation: Check the invoice."]
 
 
 @pytest.mark.parametrize(("association", "field", "verb"), [
