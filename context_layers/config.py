@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 MERGE_STRATEGIES = ("MERGE_WITH_CONFLICT_DETECT", "LAST_WRITER_WINS", "BRANCH_PRIORITY", "FAIL_ON_CONFLICT")
-REDUCERS = ("append", "union", "sum", "max", "min")
+REDUCERS = ("append", "union", "sum", "max", "min", "merge")
 
 
 def _json_problem(value: Any, path: str) -> str | None:
@@ -333,7 +333,7 @@ class ActivityExtensionConfig(_Model):
         "MERGE_WITH_CONFLICT_DETECT", "LAST_WRITER_WINS", "BRANCH_PRIORITY", "FAIL_ON_CONFLICT"
     ] = "MERGE_WITH_CONFLICT_DETECT"
     branch_priority: list[str] = Field(default_factory=list)
-    reducers: dict[str, Literal["append", "union", "sum", "max", "min"]] = Field(default_factory=dict)
+    reducers: dict[str, Literal["append", "union", "sum", "max", "min", "merge"]] = Field(default_factory=dict)
     conflict_policy: ConflictPolicy | None = None
     human_confirm: HumanConfirmConfig | None = None
     knowledge_config: KnowledgeConfig | None = None

@@ -48,7 +48,7 @@ from context_layers.errors import ConfigError
 from .arbiter import ArbiterAnswerError, ArbitrationRequest, ConflictArbiter, from_json_value
 from .conflicts import DELETED, MergedConflict, Resolution, conflict_error, jsonable, same_value
 from .expressions import ExpressionError, check_expression, evaluate, evaluate_condition, expression_names
-from .strategies import resolve_by_strategy
+from .strategies import ReducerError, reduce_values, resolve_by_strategy
 
 __all__ = [
     "ESCALATE",
@@ -218,6 +218,19 @@ def _policy_text(policy: ConflictPolicy | None, variables: Mapping[str, Any]) ->
     return fallback if isinstance(fallback, str) and fallback.strip() else None
 
 
+def _merged_entries(conflict: MergedConflict) -> Any:
+    """For a conflict on an object whose branches changed different entries: the object with
+    every branch's entries (the ``merge`` reducer's result); None otherwise."""
+    values = list(conflict.conflicting_values.values())
+    if not all(isinstance(v, Mapping) for v in values) or not (
+            conflict.base_value is DELETED or isinstance(conflict.base_value, Mapping)):
+        return None
+    try:
+        return reduce_values("merge", conflict.key, conflict.base_value, conflict.conflicting_values)
+    except ReducerError:
+        return None
+
+
 def build_human_request(
     conflict: MergedConflict,
     *,
@@ -248,6 +261,9 @@ def build_human_request(
     if suggestion is not None and not suggested_is_option:
         options.append({"label": f"{_show(suggestion.value)} (suggested by {suggestion.resolver}: {suggestion.reason})",
                         "value": jsonable(suggestion.value)})
+    merged = _merged_entries(conflict)
+    if merged is not None and not any(same_value(o["value"], merged) for o in options):
+        options.append({"label": f"{_show(merged)} (every branch's entries merged)", "value": jsonable(merged)})
     hc = config.human_confirm
     extras = [*(hc.options if hc else ()), *(hc.extra_options if hc else ())]
     for extra in extras:
@@ -264,6 +280,9 @@ def build_human_request(
     message = f"Parallel branches of {gateway_id!r} disagree on {conflict.key!r} ({before}): {wants}."
     if suggestion is not None:
         message += f" The {suggestion.resolver} suggests {_show(suggestion.value)}: {suggestion.reason}."
+    if merged is not None:
+        message += (f" The branches changed different entries of the object: the merged object is offered too "
+                    f"(reducers: {{{conflict.key}: merge}} in the join's config merges them without asking).")
     message += " Which value should the process continue with?"
     if hc is not None and hc.message:
         message = f"{hc.message} {message}"

@@ -16,6 +16,14 @@ base value). A key nobody changed keeps its base value.
   branch dropped from the base stays. An absent base counts as ``[]``.
 * ``max`` / ``min``: of every branch's final value (a branch that did not change the
   key holds the base value). Numbers, or strings, not mixed.
+* ``merge``: objects, entry by entry: the base object with every entry a branch added,
+  changed or removed against it (the same three-way rule as the join's, one level down,
+  and further down where the entries are objects too). Branches that each set their own
+  entry of one object (``approvals: {finance: ..., risk: ...}``) merge without a
+  conflict. Two branches that change one entry differently cannot be merged: the key
+  stays a conflict (``apply_reducer``) and is resolved as any conflict is, with the
+  branches' whole objects as its values; ``reduce_values`` raises ``ReducerError``
+  naming the entry. An absent base counts as ``{}``.
 
 Deletions: when every changing branch deleted the key, it is deleted (they agree).
 A deletion next to a value cannot be combined and raises ``ReducerError`` naming the
@@ -129,7 +137,50 @@ def _extreme(name: str, pick: Any) -> Any:
     return reduce
 
 
-_REDUCERS = {"sum": _sum, "append": _append, "union": _union, "max": _extreme("max", max), "min": _extreme("min", min)}
+class _EntryCollision(ReducerError):
+    """``merge``: two branches changed one entry of an object differently."""
+
+
+def _need_objects(key: str, values: Mapping[str, Any]) -> None:
+    for who, v in values.items():
+        if not isinstance(v, Mapping):
+            raise ReducerError(f"reducer 'merge' for key {key!r}: {who} holds {v!r} ({_json_type(v)}), not an "
+                               "object; write objects to this key or change its reducer")
+
+
+def _merge_objects(path: str, base: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    out = dict(base)
+    entries = list(dict.fromkeys([*base, *(e for v in changed.values() for e in v)]))
+    for entry in entries:
+        old = base.get(entry, DELETED)
+        news = {b: v.get(entry, DELETED) for b, v in changed.items()}
+        moved = {b: n for b, n in news.items() if value_key(n) != value_key(old)}
+        if not moved:
+            continue
+        if len({value_key(n) for n in moved.values()}) == 1:
+            new = next(iter(moved.values()))
+        elif all(isinstance(n, Mapping) for n in moved.values()) and (old is DELETED or isinstance(old, Mapping)):
+            new = _merge_objects(f"{path}.{entry}", old if isinstance(old, Mapping) else {}, moved)
+        else:
+            shown = ", ".join(f"{b!r}: {'(deleted)' if n is DELETED else repr(n)}" for b, n in moved.items())
+            raise _EntryCollision(f"reducer 'merge' for key {path.split('.', 1)[0]!r}: branches changed the entry "
+                                  f"{path.partition('.')[2] + '.' if '.' in path else ''}{entry} differently "
+                                  f"({shown}); give each branch its own entry, or resolve the key as a conflict")
+        if new is DELETED:
+            out.pop(entry, None)
+        else:
+            out[entry] = new
+    return out
+
+
+def _merge(key: str, base: Any, changed: Mapping[str, Any], unchanged: int) -> Any:
+    start = {} if base is DELETED else base
+    _need_objects(key, {"the base": start, **{f"branch {b!r}": v for b, v in changed.items()}})
+    return _merge_objects(key, start, changed)
+
+
+_REDUCERS = {"sum": _sum, "append": _append, "union": _union, "max": _extreme("max", max), "min": _extreme("min", min),
+             "merge": _merge}
 REDUCERS = tuple(_REDUCERS)
 
 
@@ -154,11 +205,16 @@ def reduce_values(name: str, key: str, base: Any, changed: Mapping[str, Any], *,
 
 
 def apply_reducer(name: str, outcome: KeyOutcome, *, branch_count: int) -> KeyOutcome:
-    """The outcome of a reducer key: its reduced value, never a conflict."""
+    """The outcome of a reducer key: its reduced value, and no conflict, but for ``merge``
+    meeting two branches that changed one entry differently: then the key's conflict stays,
+    for the strategy or the resolution chain."""
     if not outcome.changed_by:
         return outcome
-    value = reduce_values(name, outcome.key, outcome.base_value, outcome.results,
-                          unchanged=branch_count - len(outcome.changed_by))
+    try:
+        value = reduce_values(name, outcome.key, outcome.base_value, outcome.results,
+                              unchanged=branch_count - len(outcome.changed_by))
+    except _EntryCollision:
+        return outcome
     return replace(outcome, value=value, conflict=None)
 
 

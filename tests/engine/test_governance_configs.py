@@ -546,3 +546,57 @@ def test_an_activity_id_inside_a_config_that_names_another_element_is_reported(t
     found = {(Path(p["file"]).name, p["element_id"], p["field"]) for p in doc["problems"]
              if p["code"] == "config_id_mismatch" and p["severity"] == "warning"}
     assert found == {("i.layerflow.yaml", "lookup", "activityId"), ("i.bpmn", "prep", "activityId")}
+
+
+# ----- reducers: merge ------------------------------------------------------------------------------------
+
+APPROVALS = fork("approvals", 'approvals = {"finance": None, "risk": None, "legal": None}',
+                 [("finance", 'approvals["finance"] = True'), ("risk", 'approvals["risk"] = False'),
+                  ("legal", "note = 1")], after="decided = [k for k, v in approvals.items() if v is not None]")
+
+
+@pytest.mark.parametrize("reducer", [None, "merge"])
+def test_branches_that_each_set_their_own_entry_merge_with_the_merge_reducer(tmp_path: Path, reducer) -> None:
+    """Parallel approvals, each branch setting its entry of one dict (as SpiffArena's samples
+    draw them): a conflict on the whole key by default (the key's value differs per branch),
+    one object with every branch's entry with ``reducers: {approvals: merge}``."""
+    bpmn = write(tmp_path, "approvals", APPROVALS,
+                 None if reducer is None else f"join:\n  reducers: {{approvals: {reducer}}}\n")
+    engine = Engine("memory://")
+    inst = engine.run(engine.start(load_process(bpmn), {}))
+    if reducer is None:
+        assert inst.status == "waiting" and [c["key"] for c in inst.conflicts] == ["approvals"]
+        (asked,) = inst.confirmations
+        merged = {"finance": True, "risk": False, "legal": None}
+        assert [o["value"] for o in asked["options"]][2] == merged  # offered beside each branch's object
+        assert "reducers: {approvals: merge}" in asked["message"]
+        done = engine.answer_confirmation(inst, asked["id"], merged)
+        assert done.status == "completed", done.error
+        assert done.context.resolve("approvals") == merged
+        return
+    assert inst.status == "completed", inst.error
+    assert inst.context.resolve("approvals") == {"finance": True, "risk": False, "legal": None}
+    assert inst.context.resolve("decided") == ["finance", "risk"]
+    assert inst.conflicts == []
+
+
+def test_a_merge_of_one_entry_changed_twice_is_a_conflict_the_strategy_resolves(tmp_path: Path) -> None:
+    xml = fork("twice", 'approvals = {"finance": None, "risk": None}',
+               [("a", 'approvals["finance"] = "yes"'), ("b", 'approvals["finance"] = "no"')])
+    bpmn = write(tmp_path, "twice", xml, "join:\n  reducers: {approvals: merge}\n"
+                                         "  mergeStrategy: BRANCH_PRIORITY\n  branchPriority: [b, a]\n")
+    engine = Engine("memory://")
+    inst = engine.run(engine.start(load_process(bpmn), {}))
+    assert inst.status == "completed", inst.error
+    (conflict,) = inst.conflicts
+    assert conflict["key"] == "approvals" and conflict["resolution"]["resolver"] == "strategy"
+    assert conflict["values"] == {"a": {"finance": "yes", "risk": None}, "b": {"finance": "no", "risk": None}}
+    assert inst.context.resolve("approvals") == {"finance": "no", "risk": None}
+
+
+def test_validate_offers_merge_among_the_reducers(tmp_path: Path) -> None:
+    bpmn = write(tmp_path, "approvals", APPROVALS, "join:\n  reducers: {approvals: deep}\n")
+    rc, doc, err = cli("validate", str(bpmn), "--json")
+    assert rc == 2, err
+    (problem,) = [p for p in doc["problems"] if p["field"] == "reducers.approvals"]
+    assert "merge" in problem["message"], problem["message"]

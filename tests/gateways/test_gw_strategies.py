@@ -33,6 +33,15 @@ REDUCED = [
     ("max", "b", {"a": "c", "b": "a"}, 0, "c"),
     ("sum", 3, {"a": DELETED, "b": DELETED}, 0, DELETED),
     ("append", [1], {}, 2, [1]),
+    # merge: each branch sets its own entry of one object
+    ("merge", {"finance": None, "risk": None}, {"a": {"finance": True, "risk": None},
+                                                "b": {"finance": None, "risk": False}}, 0,
+     {"finance": True, "risk": False}),
+    ("merge", DELETED, {"a": {"x": 1}, "b": {"y": 2}}, 0, {"x": 1, "y": 2}),
+    ("merge", {"x": 1, "y": 2}, {"a": {"x": 1}, "b": {"x": 1, "y": 2, "z": 3}}, 1, {"x": 1, "z": 3}),  # a removed y
+    ("merge", {"n": {"p": 1}}, {"a": {"n": {"p": 1, "q": 2}}, "b": {"n": {"p": 1, "r": 3}}}, 0,
+     {"n": {"p": 1, "q": 2, "r": 3}}),  # nested objects merge entry by entry too
+    ("merge", {"x": 1}, {"a": {"x": 5}, "b": {"x": 5}}, 0, {"x": 5}),  # the same change twice
 ]
 
 
@@ -51,6 +60,9 @@ REDUCER_ERRORS = [
     ("max", 1, {"a": "x", "b": 2}, "not a number"),
     ("min", 1, {"a": DELETED, "b": 2}, "deleted the key while \\['b'\\] wrote values"),
     ("median", 1, {"a": 2}, "unknown reducer 'median'"),
+    ("merge", [1], {"a": {"x": 1}}, "the base holds \\[1\\] \\(array\\), not an object"),
+    ("merge", {"x": 1}, {"a": {"x": 2}, "b": {"x": 3}}, "changed the entry x differently \\('a': 2, 'b': 3\\)"),
+    ("merge", {"n": {"p": 1}}, {"a": {"n": {"p": 2}}, "b": {"n": {}}}, "the entry n.p differently"),
 ]
 
 
@@ -69,6 +81,22 @@ def test_reducer_key_never_conflicts() -> None:
     assert outcome.conflict is not None
     reduced = apply_reducer("sum", outcome, branch_count=2)
     assert reduced.conflict is None and reduced.value == 6
+
+
+def test_a_merge_that_meets_one_entry_changed_twice_stays_a_conflict() -> None:
+    """The join then resolves it as any conflict (strategy, policy, model, person), with the
+    branches' whole objects as its values."""
+    base = {"approvals": {"finance": None, "risk": None}}
+    clash = {"x": {"approvals": {"finance": "yes", "risk": None}}, "y": {"approvals": {"finance": "no", "risk": None}}}
+    [outcome] = merge_keys(base, clash, ["approvals"])
+    kept = apply_reducer("merge", outcome, branch_count=2)
+    assert kept.conflict is not None and kept.conflict.values == {"x": clash["x"]["approvals"],
+                                                                  "y": clash["y"]["approvals"]}
+    apart = {"x": {"approvals": {"finance": "yes", "risk": None}}, "y": {"approvals": {"finance": None, "risk": "no"}}}
+    [outcome] = merge_keys(base, apart, ["approvals"])
+    assert outcome.conflict is not None  # without the reducer: a conflict on the whole key
+    merged = apply_reducer("merge", outcome, branch_count=2)
+    assert merged.conflict is None and merged.value == {"finance": "yes", "risk": "no"}
 
 
 CONFLICTS = [
