@@ -147,7 +147,10 @@ def _store_hint(store: str | None) -> str:
 
 
 _FALLBACK_TEXT = {"expression": "its condition expressions decided", "default": "its default flow was taken",
-                  "extractive": "the summary was made without it (extractive)", "rules": "the compress rules ran"}
+                  "extractive": "the summary was made without it (extractive)", "rules": "the compress rules ran",
+                  "human": "a person is asked, with no suggestion from the model",
+                  "policy": "the join's policy decided", "strategy": "the join's merge strategy decided",
+                  "None": "nothing decided yet"}
 
 
 def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:

@@ -8,8 +8,10 @@ the API is never open, not even to other programs of the same machine.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import secrets
+import socket
 import sys
 from pathlib import Path
 
@@ -81,5 +83,22 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
 
     for problem in Catalog(catalog_dir).problems():
         click.echo(f"layerflow: warning: {problem}", err=True)
-    click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs)", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    # Bind before saying where: a port in use is bad input named here (uvicorn alone announced the
+    # address, then exited 3, the code of "waiting"), and --port 0 announces the port it got.
+    try:
+        listener = socket.create_server((host, port))
+    except OSError as err:
+        reason = "is in use" if err.errno == errno.EADDRINUSE else f"cannot be bound ({err.strerror or err})"
+        click.echo(f"layerflow: {_where(host, port)} {reason}; pass another --port (--port 0 takes a free one) "
+                   "or stop what listens there", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    bound = int(listener.getsockname()[1])
+    click.echo(f"layerflow: serving {catalog_dir} on http://{_where(host, bound)} (docs at /docs)", err=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=bound, log_level=log_level))
+    server.run(sockets=[listener])
+    if not server.started:  # uvicorn logged why
+        sys.exit(1)
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
