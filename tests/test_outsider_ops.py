@@ -269,6 +269,26 @@ def test_rest_claim_with_model_timer_and_message(server: httpx.Client, stub: Cla
     assert rolled.returncode == 0, rolled.stderr
 
 
+def test_rest_model_asks_a_person_through_human_confirm(server: httpx.Client, stub: ClaimsStub) -> None:
+    doc = server.post("/api/instances", json={"process_id": "ops_claims",
+                                              "data": {"claim_no": "ASK-1", "claimed": 7300}}).json()
+    iid = doc["instance_id"]
+    done = server.post(f"/api/instances/{iid}/user-tasks/intake", json={"data": {"incident": "wet floor"}})
+    assert done.status_code == 200, done.text
+    (waiting,) = done.json()["waiting_for"]
+    assert waiting["kind"] == "confirmation" and waiting["task_id"] == "classify"
+    listed = [c for c in server.get("/api/confirmations").json() if c.get("instance_id", iid) == iid
+              and c["id"] == waiting["id"]]
+    assert listed and listed[0]["message"] == "Is the water damage from a burst pipe?"
+    answered = server.post(f"/api/confirmations/{waiting['id']}", json={"value": "yes", "instance_id": iid})
+    assert answered.status_code == 200, answered.text
+    doc = answered.json()
+    assert doc["layers"]["L3"]["category"] == "water"
+    assert [w["id"] for w in doc["waiting_for"]] == ["checks_join/payout"]
+    tool_answer = [m for r in stub.requests if "ASK-1" in json.dumps(r) for m in r["messages"] if m["role"] == "tool"]
+    assert tool_answer and json.loads(tool_answer[-1]["content"])["answer"] == "yes"
+
+
 def test_workers_take_over_an_instance_whose_worker_was_killed(stub: ClaimsStub, redis_store: str) -> None:
     stream = f"opsaudit-{uuid.uuid4().hex[:8]}:ready"
     env = model_env(stub)
@@ -317,3 +337,26 @@ def test_model_fallbacks_when_the_model_fails_at_the_gateway_and_join(tmp_path: 
     assert summary.returncode == 3, summary.stderr
     assert "model fallback at checks_join (conflict_resolution): a person is asked" in summary.stdout + summary.stderr
     assert plain.returncode == 0
+
+
+def test_worker_log_says_why_an_instance_failed(redis_store: str, stub: ClaimsStub, tmp_path: Path) -> None:
+    """A worker on another machine, where the process's handler file is not: the instance stops
+    in error, and the worker's log says why and what to do (before: only "...: error")."""
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for f in OPS.glob("ops_*"):
+        shutil.copy(f, moved / f.name)
+    stream = f"opsaudit-{uuid.uuid4().hex[:8]}:ready"
+    code, submitted, _ = cli_json("submit", str(moved / "ops_claims.bpmn"), "--data",
+                                  '{"claim_no": "M-1", "claimed": 10}', "--store", redis_store, "--stream", stream)
+    assert code == 0
+    (iid,) = submitted["instance_ids"]
+    (moved / "ops_handlers.py").unlink()
+    env = model_env(stub)
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "worker", "--store", redis_store, "--stream", stream,
+                           "--stop-after", "1", "--timer-interval", "0"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"instance {iid} (ops_claims): error" in done.stderr
+    assert "ops_handlers.py not found" in done.stderr and "at prescreen" in done.stderr
+    assert f"layerflow resume {iid}" in done.stderr

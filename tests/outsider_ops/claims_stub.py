@@ -29,9 +29,22 @@ def answer(body: dict[str, Any]) -> Reply:
         return Reply.json({"priority": "urgent"}, delay=4.0 if "SLOW-" in text else 0.0)
     if "Review the claim for fraud" in text:
         return Reply.json({"payout": 4200, "fraud_note": "model: no indicators"})
+    if "Classify the claim" in text and "ASK-" in text and '"role": "tool"' not in json.dumps(body):
+        return ask_a_person("Is the water damage from a burst pipe?", ["yes", "no"])
     if "Classify the claim" in text:
         return Reply.json({"category": "water", "severity": "high"})
     return Reply.text("summary")
+
+
+def ask_a_person(message: str, options: list[str]) -> Reply:
+    """A reply that calls the ``human_confirm`` tool (a claim numbered ASK-... asks first)."""
+    call = {"id": "call_ask", "type": "function", "function": {"name": "human_confirm", "arguments": json.dumps(
+        {"message": message, "options": [{"label": o, "value": o} for o in options]})}}
+    return Reply(body=json.dumps({
+        "id": "chatcmpl-ask", "object": "chat.completion", "created": 1700000000, "model": "stub",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                     "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}))
 
 
 class ClaimsStub(StubLLM):
