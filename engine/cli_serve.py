@@ -45,7 +45,8 @@ def _default_catalog() -> str:
 @click.option("--catalog", default=None, metavar="DIR",
               help="the processes POST /api/instances may start (default: ./bpmn_examples)")
 @click.option("--store", default=None, metavar="URL",
-              help="memory://, sqlite:///FILE (default: $LAYERFLOW_STORE, else the user data folder)")
+              help="memory://, sqlite:///FILE, redis://HOST:PORT/DB[?prefix=P] (default: $LAYERFLOW_STORE, else the user "
+                   "data folder)")
 @click.option("--token", default=None, envvar="LAYERFLOW_API_TOKEN", show_envvar=True,
               help="the bearer token clients must send")
 @click.option("--model", default=None, metavar="NAME", help="model for activities with llm config")

@@ -360,3 +360,9 @@ def test_worker_log_says_why_an_instance_failed(redis_store: str, stub: ClaimsSt
     assert f"instance {iid} (ops_claims): error" in done.stderr
     assert "ops_handlers.py not found" in done.stderr and "at prescreen" in done.stderr
     assert f"layerflow resume {iid}" in done.stderr
+
+
+def test_serve_help_names_the_redis_store() -> None:
+    # before: "--store URL  memory://, sqlite:///FILE": a team with workers on Redis read that serve cannot share it
+    done = cli("serve", "--help")
+    assert done.returncode == 0 and "redis://HOST:PORT/DB" in done.stdout
