@@ -332,6 +332,8 @@ def test_model_fallbacks_when_the_model_fails_at_the_gateway_and_join(tmp_path: 
     (join,) = [f for f in doc["model_fallbacks"] if f["element_id"] == "checks_join"]
     assert join["purpose"] == "conflict_resolution" and join["key"] == "payout" and join["fallback"] == "human"
     assert all("stub is down" in (f["error"] or "") for f in doc["model_fallbacks"])
+    # before: "...; without --model the activity's offline handler runs instead" on a gateway and a join
+    assert not any("offline handler" in f["error"] for f in doc["model_fallbacks"]), doc["model_fallbacks"]
     plain = cli("inspect", doc["instance_id"], "--store", f"sqlite:///{tmp_path / 'f.db'}")
     summary = cli("resume", doc["instance_id"], "--store", f"sqlite:///{tmp_path / 'f.db'}")
     assert summary.returncode == 3, summary.stderr
