@@ -64,6 +64,14 @@ def stub() -> Iterator[ClaimsStub]:
         yield s
 
 
+STREAMS: list[str] = []  # the worker streams the tests made (removed with the store)
+
+
+def new_stream() -> str:
+    STREAMS.append(f"opsaudit-{uuid.uuid4().hex[:8]}:ready")
+    return STREAMS[-1]
+
+
 @pytest.fixture(scope="module")
 def redis_store() -> Iterator[str]:
     redis_or_skip()
@@ -74,6 +82,7 @@ def redis_store() -> Iterator[str]:
     yield f"{REDIS_URL}{sep}prefix={prefix}"
     client = redis.Redis.from_url(REDIS_URL)
     keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    keys += [k for s in STREAMS for k in (s, f"{s}:dead") if client.exists(k)]
     if keys:
         client.delete(*keys)
     client.close()
@@ -290,7 +299,7 @@ def test_rest_model_asks_a_person_through_human_confirm(server: httpx.Client, st
 
 
 def test_workers_take_over_an_instance_whose_worker_was_killed(stub: ClaimsStub, redis_store: str) -> None:
-    stream = f"opsaudit-{uuid.uuid4().hex[:8]}:ready"
+    stream = new_stream()
     env = model_env(stub)
     code, submitted, _ = cli_json("submit", BPMN, "--data", '{"claim_no": "SLOW-1", "claimed": 7300}',
                                   "--store", redis_store, "--stream", stream)
@@ -348,7 +357,7 @@ def test_worker_log_says_why_an_instance_failed(redis_store: str, stub: ClaimsSt
     moved.mkdir()
     for f in OPS.glob("ops_*"):
         shutil.copy(f, moved / f.name)
-    stream = f"opsaudit-{uuid.uuid4().hex[:8]}:ready"
+    stream = new_stream()
     code, submitted, _ = cli_json("submit", str(moved / "ops_claims.bpmn"), "--data",
                                   '{"claim_no": "M-1", "claimed": 10}', "--store", redis_store, "--stream", stream)
     assert code == 0
