@@ -377,3 +377,35 @@ def test_serve_help_names_the_redis_store() -> None:
     # before: "--store URL  memory://, sqlite:///FILE": a team with workers on Redis read that serve cannot share it
     done = cli("serve", "--help")
     assert done.returncode == 0 and "redis://HOST:PORT/DB" in done.stdout
+
+
+def test_timers_fire_from_cron_exits_1_when_a_fired_instance_fails(tmp_path: Path) -> None:
+    """`layerflow timers --fire` runs from cron: a timer whose path fails must not look like
+    success (before: "ID  -> error", exit 0, no word of what failed)."""
+    store = f"sqlite:///{tmp_path / 'cron.db'}"
+    code, doc, _ = cli_json("run", str(OPS / "overdue_escalation.bpmn"), "--data", '{"claim_no": "T-1"}',
+                            "--store", store)
+    assert code == 3
+    while cli_json("timers", "--store", store)[1]["due"] == []:
+        time.sleep(0.1)
+    fired = cli("timers", "--fire", "--store", store)
+    assert fired.returncode == 1, fired.stdout + fired.stderr
+    assert f"{doc['instance_id']}  -> error" in fired.stdout
+    assert "escalate" in fired.stdout and "on_call" in fired.stdout
+    assert f"layerflow resume {doc['instance_id']}" in fired.stdout + fired.stderr
+    code, again, _ = cli_json("timers", "--fire", "--store", store)   # nothing due any more: nothing failed now
+    assert code == 0 and again["fired"] == []
+    code, inspected, _ = cli_json("inspect", doc["instance_id"], "--store", store)
+    assert inspected["status"] == "error" and inspected["error"]["task_id"] == "escalate"
+
+
+def test_timers_fire_json_names_the_error_of_a_fired_instance(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'cron.db'}"
+    code, doc, _ = cli_json("run", str(OPS / "overdue_escalation.bpmn"), "--data", '{"claim_no": "T-2"}',
+                            "--store", store)
+    while cli_json("timers", "--store", store)[1]["due"] == []:
+        time.sleep(0.1)
+    code, fired, _ = cli_json("timers", "--fire", "--store", store)
+    assert code == 1
+    (item,) = fired["fired"]
+    assert item["status"] == "error" and item["error"]["task_id"] == "escalate"
