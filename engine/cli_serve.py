@@ -87,7 +87,12 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
     # Bind before saying where: a port in use is bad input named here (uvicorn alone announced the
     # address, then exited 3, the code of "waiting"), and --port 0 announces the port it got.
     try:
-        listener = socket.create_server((host, port))
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        listener = socket.create_server((host, port), family=family)
+    except socket.gaierror as err:
+        click.echo(f"layerflow: --host {host} is no address of this machine ({err.strerror or err}); pass one, "
+                   "e.g. --host 127.0.0.1", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     except OSError as err:
         reason = "is in use" if err.errno == errno.EADDRINUSE else f"cannot be bound ({err.strerror or err})"
         click.echo(f"layerflow: {_where(host, port)} {reason}; pass another --port (--port 0 takes a free one) "
