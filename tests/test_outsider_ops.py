@@ -211,6 +211,12 @@ def test_cli_offline_run_document_and_answers(tmp_path: Path) -> None:
     assert compression["activity_id"] == "settle" and "token_threshold" in compression["triggers"]
     assert compression["tokens_after"] < compression["tokens_before"]
     assert {w["kind"] for w in doc["waiting_for"]} == {"user_task", "timer"}
+    # a joined branch's context, rebuilt from its tape alone, is the one stored
+    seqs = re.findall(r"^main/fraud_review@\d+#(\d+)\t", cli("tape", iid, "--store", store).stdout, re.MULTILINE)
+    code, branch, _ = cli_json("inspect", iid, "--context", "fraud_review", "--store", store)
+    code2, replayed, _ = cli_json("replay", iid, "--context", "fraud_review", "--until", seqs[-1], "--store", store)
+    assert code == code2 == 0 and json.dumps(replayed["layers"]) == json.dumps(branch["layers"])
+    assert branch["layers"]["L3"]["payout"] == 4200
 
 
 # --------------------------------------------------------------------------- REST + Redis + model
