@@ -147,7 +147,10 @@ def _store_hint(store: str | None) -> str:
 
 
 _FALLBACK_TEXT = {"expression": "its condition expressions decided", "default": "its default flow was taken",
-                  "extractive": "the summary was made without it (extractive)", "rules": "the compress rules ran"}
+                  "extractive": "the summary was made without it (extractive)", "rules": "the compress rules ran",
+                  "human": "a person is asked, with no suggestion from the model",
+                  "policy": "the join's policy decided", "strategy": "the join's merge strategy decided",
+                  "None": "nothing decided yet"}
 
 
 def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:
@@ -892,7 +895,8 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
     """Timers of waiting instances that are due by now; with --fire, resume those instances.
 
     Nothing fires a timer by itself: a run or resume after its due time does. Each instance is
-    resumed under its lease, as `resume` does; one that another process holds is skipped."""
+    resumed under its lease, as `resume` does; one that another process holds is skipped. Exit 1
+    when a fired instance ends in error (named, with the `resume` that goes on), for cron."""
     out = _Out(as_json)
     engine = _existing_engine(store, model, as_json)
     due = engine.due_timers() if engine is not None else []
@@ -900,15 +904,26 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
     if fire and engine is not None:
         for instance_id in dict.fromkeys(item["instance_id"] for item in due):
             fired.append(_fire(engine, instance_id))
+    # run from cron: an instance whose timer path failed is an error of this run (exit 1), named
+    failed = [f for f in fired if f.get("status") == "error"]
     if as_json:
         out.doc({"due": due, "fired": fired})
+        if failed:
+            sys.exit(EXIT_ERROR)
         return
     for item in due:
         click.echo(f"{item['instance_id']}  timer {item['task_id']}  due {item['due']}")
     for f in fired:
-        click.echo(f"{f['instance_id']}  " + (f"skipped: {f['skipped']}" if "skipped" in f else f"-> {f['status']}"))
+        line = f"skipped: {f['skipped']}" if "skipped" in f else f"-> {f['status']}"
+        if f.get("error"):
+            err = f["error"]
+            line += (f" [{err.get('kind')}]" + (f" at {err['task_id']}" if err.get("task_id") else "")
+                     + f": {err.get('message')}; fix the cause, then `layerflow resume {f['instance_id']}`")
+        click.echo(f"{f['instance_id']}  {line}")
     if not due:
         click.echo("no timer is due", err=True)
+    if failed:
+        sys.exit(EXIT_ERROR)
 
 
 def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
@@ -923,7 +938,10 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
             instance = engine.resume(instance)
         except LayerflowError as err:
             return {"instance_id": instance_id, "skipped": str(err)}
-        return {"instance_id": instance_id, "status": instance.status, "version": instance.version}
+        result = {"instance_id": instance_id, "status": instance.status, "version": instance.version}
+        if instance.status == "error" and instance.error:
+            result["error"] = dict(instance.error)
+        return result
 
 
 @main.command("list")

@@ -8,8 +8,10 @@ the API is never open, not even to other programs of the same machine.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import secrets
+import socket
 import sys
 from pathlib import Path
 
@@ -43,7 +45,8 @@ def _default_catalog() -> str:
 @click.option("--catalog", default=None, metavar="DIR",
               help="the processes POST /api/instances may start (default: ./bpmn_examples)")
 @click.option("--store", default=None, metavar="URL",
-              help="memory://, sqlite:///FILE (default: $LAYERFLOW_STORE, else the user data folder)")
+              help="memory://, sqlite:///FILE, redis://HOST:PORT/DB[?prefix=P] (default: $LAYERFLOW_STORE, else the user "
+                   "data folder)")
 @click.option("--token", default=None, envvar="LAYERFLOW_API_TOKEN", show_envvar=True,
               help="the bearer token clients must send")
 @click.option("--model", default=None, metavar="NAME", help="model for activities with llm config")
@@ -82,9 +85,31 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
 
     for problem in Catalog(catalog_dir).problems():
         click.echo(f"layerflow: warning: {problem}", err=True)
+    # Bind before saying where: a port in use is bad input named here (uvicorn alone announced the
+    # address, then exited 3, the code of "waiting"), and --port 0 announces the port it got.
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        listener = socket.create_server((host, port), family=family)
+    except socket.gaierror as err:
+        click.echo(f"layerflow: --host {host} is no address of this machine ({err.strerror or err}); pass one, "
+                   "e.g. --host 127.0.0.1", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except OSError as err:
+        reason = "is in use" if err.errno == errno.EADDRINUSE else f"cannot be bound ({err.strerror or err})"
+        click.echo(f"layerflow: {_where(host, port)} {reason}; pass another --port (--port 0 takes a free one) "
+                   "or stop what listens there", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    bound = int(listener.getsockname()[1])
     # the store named as `run` names it: `layerflow inspect ID --store ...` finds what the server ran
     from .cli import _shown_url
 
-    click.echo(f"layerflow: serving {catalog_dir} on http://{host}:{port} (docs at /docs; store {_shown_url(store_url)})",
-               err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    click.echo(f"layerflow: serving {catalog_dir} on http://{_where(host, bound)} (docs at /docs; store "
+               f"{_shown_url(store_url)})", err=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=bound, log_level=log_level))
+    server.run(sockets=[listener])
+    if not server.started:  # uvicorn logged why
+        sys.exit(1)
+
+
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -314,7 +314,7 @@ def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
-def _hint(exc: BaseException | None) -> str:
+def _hint(exc: BaseException | None, *, activity: bool = True) -> str:
     status = getattr(exc, "status_code", None)
     if isinstance(exc, AnswerError):
         return "the model never gave the required JSON answer; tighten llm.instructions / outputSchema or use a stronger model"
@@ -322,8 +322,10 @@ def _hint(exc: BaseException | None) -> str:
         return f"check the API key ({ENV_API_KEY})"
     if status == 404:
         return "check the model name and the API base"
-    return (f"check that the model server is reachable ({ENV_API_BASE}) or raise llm.maxRetries / llm.timeout; "
-            "without --model the activity's offline handler runs instead")
+    hint = f"check that the model server is reachable ({ENV_API_BASE}) or raise llm.maxRetries / llm.timeout"
+    # only an activity has an offline handler; a gateway's condition, a join's conflict or a summary
+    # falls back as its caller says (model_fallbacks)
+    return hint + ("; without --model the activity's offline handler runs instead" if activity else "")
 
 
 class _Caller:
@@ -391,7 +393,7 @@ class _Caller:
         what = f"model call for activity {task_id!r}" if task_id else "model call"
         return ModelCallFailed(
             f"{what} failed after {attempts} attempt(s) (model {self.endpoint.model!r} at {self.endpoint.where}): "
-            f"{_describe(err)}; {_hint(err)}",
+            f"{_describe(err)}; {_hint(err, activity=bool(task_id))}",
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=err)
 
 

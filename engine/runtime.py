@@ -179,12 +179,15 @@ class Instance:
     def model_fallbacks(self) -> list[dict[str, Any]]:
         """Where a configured model gave no usable answer and something else decided, from the
         tapes: a natural-language XOR condition decided by its expression or the default flow,
-        a compression summary made extractively, a compression plan replaced by the rules.
+        a compression summary made extractively, a compression plan replaced by the rules, a join
+        conflict the model could not resolve (``"key"`` added; ``"fallback"``: the resolver that
+        took over, ``"human"`` for a person asked without the model's suggestion).
         Each ``{"element_id", "purpose", "fallback", "error", "context", "seq"}``: a run that
         completed with the model unreachable says so, not only on the tape."""
         found: list[dict[str, Any]] = []
         for name, ctx in self.contexts.items():
             failure: dict[str, str] = {}  # gateway -> its last failed attempt's error
+            arbiter_failed: dict[tuple[str, str], Any] = {}  # (join, key) -> the model's failed step
             for e in ctx.tape:
                 note = e.data.get("note") if e.kind == EventKind.NOTE else None
                 if note is None:
@@ -199,6 +202,14 @@ class Instance:
                         if e.data.get("model") else None)
                     item = {"element_id": gw, "purpose": "condition", "fallback": str(e.data.get("decided_by")),
                             "error": error}
+                elif note == "resolution" and e.data.get("resolver") == "model" and e.data.get("outcome") == "failed":
+                    arbiter_failed[(str(e.data.get("gateway_id")), str(e.data.get("key")))] = e
+                elif note == "resolution" and (str(e.data.get("gateway_id")), str(e.data.get("key"))) in arbiter_failed:
+                    # a join conflict the model could not resolve: what decided it instead (a person)
+                    failed = arbiter_failed.pop((str(e.data.get("gateway_id")), str(e.data.get("key"))))
+                    item = {"element_id": str(e.data.get("gateway_id")), "purpose": "conflict_resolution",
+                            "fallback": str(e.data.get("resolver")), "error": failed.data.get("detail"),
+                            "key": e.data.get("key")}
                 elif note == "compression_model_failed":
                     item = {"element_id": e.data.get("task_id"), "purpose": f"compression_{e.data.get('purpose')}",
                             "fallback": e.data.get("fallback"), "error": e.data.get("error")}
@@ -208,6 +219,9 @@ class Instance:
                             "error": e.data.get("error") or f"the plan was rejected ({e.data.get('reason')})"}
                 if item is not None:
                     found.append({**item, "context": name, "seq": e.seq})
+            for (gateway, key), failed in arbiter_failed.items():  # nothing decided after it (yet)
+                found.append({"element_id": gateway, "purpose": "conflict_resolution", "fallback": None,
+                              "error": failed.data.get("detail"), "key": key, "context": name, "seq": failed.seq})
         return found
 
     def __repr__(self) -> str:

@@ -507,7 +507,14 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         instance = engine.run(instance)
         stats.ran += 1
-        log.info("instance %s (%s): %s", instance_id, instance.process_id, instance.status)
+        if instance.status == "error" and instance.error:
+            # the outcome an operator must act on: what failed, where, and how to go on
+            task = instance.error.get("task_id")
+            log.warning("instance %s (%s): error [%s]%s: %s; fix the cause, then `layerflow resume %s` "
+                        "(with the same --store)", instance_id, instance.process_id, instance.error.get("kind"),
+                        f" at {task}" if task else "", instance.error.get("message"), instance_id)
+        else:
+            log.info("instance %s (%s): %s", instance_id, instance.process_id, instance.status)
     if instance.status not in AT_REST:
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")

@@ -394,7 +394,13 @@ def test_serve_names_the_store_it_keeps_instances_in(tmp_path: Path, monkeypatch
     assert re.search(r"same store as the CLI \(`--store`, else\s+`LAYERFLOW_STORE`, else the file in your data "
                      r"directory; it names it as it starts\)", README)
     served: list[object] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(app))
+
+    def run(server: uvicorn.Server, sockets: list[object] | None = None) -> None:
+        served.append(server.config.app)
+        server.started = True
+        for sock in sockets or []:
+            sock.close()  # type: ignore[attr-defined]
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)  # sqlite:///env.db is relative to it
     runner = CliRunner()
@@ -405,7 +411,8 @@ def test_serve_names_the_store_it_keeps_instances_in(tmp_path: Path, monkeypatch
             monkeypatch.setenv("LAYERFLOW_STORE", store_env)
         else:
             monkeypatch.delenv("LAYERFLOW_STORE", raising=False)
-        out = runner.invoke(main, ["serve", "--catalog", str(ROOT / "bpmn_examples"), "--token", "t", *option])
+        out = runner.invoke(main, ["serve", "--catalog", str(ROOT / "bpmn_examples"), "--token", "t", "--port", "0",
+                                   *option])
         assert out.exit_code == 0, out.output
         assert f"store {expected}" in out.output, out.output
     assert len(served) == 3
@@ -497,11 +504,16 @@ def test_the_store_named_on_stderr_never_shows_a_password(tmp_path: Path, monkey
     from engine import cli as cli_module
     from engine.cli import main
 
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: None)
+    def run(server: uvicorn.Server, sockets: list[object] | None = None) -> None:
+        server.started = True
+        for sock in sockets or []:
+            sock.close()  # type: ignore[attr-defined]
+    monkeypatch.setattr(uvicorn.Server, "run", run)
     monkeypatch.setattr(cli_module, "default_store_url", lambda: "redis://:s3cret@127.0.0.1:1/0")
     monkeypatch.setattr("engine.store.default_store_url", lambda: "redis://:s3cret@127.0.0.1:1/0")
     monkeypatch.setattr("engine.api.create_app", lambda *a, **kw: object())
-    served = CliRunner().invoke(main, ["serve", "--catalog", str(ROOT / "bpmn_examples"), "--token", "t"])
+    served = CliRunner().invoke(main, ["serve", "--catalog", str(ROOT / "bpmn_examples"), "--token", "t",
+                                       "--port", "0"])
     assert served.exit_code == 0 and "store redis://***@127.0.0.1:1/0" in served.output, served.output
     assert "s3cret" not in served.output
     assert cli_module._store_name(None) == "redis://***@127.0.0.1:1/0"
