@@ -20,7 +20,7 @@ from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.cli import main
-from engine.governance import InvalidAnswer
+from engine.governance import FormAnswerInvalid, InvalidAnswer
 
 from engine_helpers import variables
 
@@ -388,3 +388,24 @@ def test_a_camunda_worker_type_draws_no_warning_once_the_task_has_a_handler() ->
     [line] = [ln for ln in result.output.splitlines() if "'send_mail'" in ln]
     assert "zeebe:ioMapping" in line and "zeebe:taskDefinition" not in line, line
     assert "run the step with a handler" not in line, line
+
+
+def test_a_camunda_form_written_under_the_activiti_namespace_is_read_and_checked() -> None:
+    """Camunda Modeler before 3.0 (and the MIWG reference files, Camunda 7's generated-forms example)
+    bound ``camunda:`` to ``http://activiti.org/bpmn``: its ``camunda:formData`` was not read, so the
+    waiting task showed no form and an answer giving a boolean field ``"yes"`` or changing a read-only
+    field was taken unchecked. It is read as Camunda 7's form, and checked."""
+    path = REALWORLD / "legacy_camunda_form.bpmn"
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([path]), {"quantity": 3}))
+    (item,) = [w for w in waiting.to_document()["waiting_for"] if w["kind"] == "user_task"]
+    assert item["form"]["source"] == "camunda:formData"
+    assert [(f["id"], f["type"], f.get("readonly", False), f["required"]) for f in item["form"]["fields"]] == [
+        ("quantity", "long", True, False), ("accepted", "boolean", False, True)]
+    with pytest.raises(FormAnswerInvalid, match="accepted"):
+        engine.run(engine.start(load_process([path]), {"quantity": 3}),
+                   answers={"user_tasks": {"check_order": {"accepted": "yes"}}})
+    done = engine.run(engine.start(load_process([path]), {"quantity": 3}),
+                      answers={"user_tasks": {"check_order": {"accepted": True}}})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"quantity": 3, "accepted": True}
