@@ -59,6 +59,9 @@ not make ``report.ok`` false:
                                       retriever finds nothing; a custom retriever may serve it)
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
                                       (W when it has no sourceRef: nothing takes it, SpiffWorkflow runs without it)
+``flow_id_missing``                   a sequence flow with no id (BPMN allows it): SpiffWorkflow keys flows by
+                                      id and follows none of them, so the instance would skip every element
+                                      after it and complete
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
@@ -1465,6 +1468,14 @@ class _Validator:
             if scope not in scopes:
                 scopes[scope] = [el.get("id") for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES]
             ids = scopes[scope]
+            if not (flow.get("id") or "").strip():
+                self.related.update(r for r in (flow.get("sourceRef"), flow.get("targetRef")) if r)
+                self.add("flow_id_missing", f"the sequence flow from {flow.get('sourceRef')!r} to "
+                         f"{flow.get('targetRef')!r} has no id; SpiffWorkflow keys sequence flows by id and "
+                         "follows none without one (the instance would skip everything after it and complete): "
+                         'give it an id unique in the file, e.g. id="'
+                         f"{flow.get('sourceRef') or 'flow'}_to_{flow.get('targetRef') or 'next'}\"",
+                         file=proc.file, line=flow.sourceline, field="id")
             for attr in ("sourceRef", "targetRef"):
                 ref = flow.get(attr)
                 if ref in ids:

@@ -409,3 +409,25 @@ def test_a_camunda_form_written_under_the_activiti_namespace_is_read_and_checked
                       answers={"user_tasks": {"check_order": {"accepted": True}}})
     assert done.status == "completed", done.error
     assert variables(done.main) == {"quantity": 3, "accepted": True}
+
+
+def test_sequence_flows_without_ids_are_refused_naming_their_ends() -> None:
+    """BPMN lets a sequence flow go without an id, and hand-written processes (Flowable's and Activiti's
+    test processes) leave them out; SpiffWorkflow keys the flows by id, so it follows none of them: the
+    instance completed at once with every task skipped, and validate said the process was valid. It is
+    refused, each flow named by its ends and line, with what to write."""
+    path = REALWORLD / "flows_without_ids.bpmn"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("flows_without_ids"))
+    wf.do_engine_steps()
+    assert wf.is_completed() and dict(wf.last_task.data) == {}  # plain SpiffWorkflow: nothing ran
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if "has no id" in ln]
+    assert len(lines) == 4, result.output
+    assert f"{path}:6:" in lines[0] and "'start' to 'split'" in lines[0] and 'id="' in lines[0]
+    assert any("'pack' to 'join'" in ln for ln in lines)
+    assert not any("label_done" in ln for ln in lines)
+    with pytest.raises(ProcessError, match="has no id"):
+        load_process([path])
