@@ -455,6 +455,7 @@ class _Validator:
         self.related: set[str] = set()
         self.system_keys: frozenset[str] = frozenset()  # the config's system: (L0), once it is read
         self.dmn_files: list[dmn.DmnFile] = []
+        self.dmn_ids_missing = False  # a DMN element SpiffWorkflow reads the id of has none (reported)
         self.pools: tuple[str, ...] = ()  # the executable pools' processes of the collaboration to run
 
     def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
@@ -599,6 +600,7 @@ class _Validator:
                      "dmn:decisionTable (no literal expressions, no requirement graphs)", file=file, line=line,
                      element_id=first)
         for table in tables:
+            self._check_dmn_ids(table, first, file)
             self._check_dmn_entries(table, first, file)
             policy = (table.get("hitPolicy") or "UNIQUE").upper()
             # FIRST and ANY: SpiffWorkflow keeps every matching rule of a table that is not UNIQUE
@@ -609,6 +611,35 @@ class _Validator:
                          "and COLLECT (every matching rule, outputs as lists) only: order the rules and use FIRST, "
                          "or use COLLECT", file=file, line=table.sourceline, element_id=first, field="hitPolicy")
         return found
+
+    def _check_dmn_ids(self, table: Any, decision: str, file: str) -> None:
+        """SpiffWorkflow's DMN parser reads the id of a decision table, its inputs, outputs, rules and
+        their entries (a KeyError('id') otherwise, reported at the business rule task); Camunda's older
+        DMN editor wrote tables without one."""
+        def local(el: Any) -> str:
+            return str(etree.QName(el).localname) if isinstance(el.tag, str) else ""
+
+        def missing(el: Any, what: str) -> None:
+            if (el.get("id") or "").strip():
+                return
+            self.dmn_ids_missing = True
+            self.add("dmn_unsupported", f"{what} of decision {decision!r} has no id; SpiffWorkflow's DMN parser "
+                     "needs one on the decisionTable and on each of its input, output, rule, inputEntry and "
+                     f'outputEntry: add an id unique in the file (<{local(el)} id="..."), as DMN editors write',
+                     file=file, line=el.sourceline, element_id=decision, field="id")
+
+        missing(table, "the decisionTable")
+        rules = 0
+        for child in table:
+            kind = local(child)
+            if kind in ("input", "output"):
+                missing(child, f"{kind} {child.get('label') or child.get('name') or ''!r}".replace(" ''", ""))
+            elif kind == "rule":
+                rules += 1
+                missing(child, f"rule {rules}")
+                for entry in child:
+                    if local(entry) in ("inputEntry", "outputEntry"):
+                        missing(entry, f"an {local(entry)} of rule {rules} ({child.get('id') or 'no id'})")
 
     def _check_dmn_entries(self, table: Any, decision: str, file: str) -> None:
         """SpiffWorkflow's DMN engine runs entries as Python: an input entry is a value to compare
@@ -2532,6 +2563,8 @@ class _Validator:
                 continue  # already reported with a better message
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
+            if self.dmn_ids_missing and "KeyError('id')" in str(err):
+                continue  # SpiffWorkflow's DMN parser meeting the element without an id reported above
             store = _data_store_of(err, self.docs)
             if store is not None:
                 # SpiffWorkflow names neither the element nor the file; the store's name finds both

@@ -431,3 +431,41 @@ def test_sequence_flows_without_ids_are_refused_naming_their_ends() -> None:
     assert not any("label_done" in ln for ln in lines)
     with pytest.raises(ProcessError, match="has no id"):
         load_process([path])
+
+
+def test_a_decision_table_without_ids_is_refused_naming_the_dmn_file_and_what_lacks_one() -> None:
+    """Camunda's older DMN editor wrote ``<decisionTable hitPolicy="COLLECT">`` with no id (Camunda 7's
+    dinner-decisions example); SpiffWorkflow's DMN parser needs an id on the table, its inputs,
+    outputs, rules and entries. validate said "SpiffWorkflow cannot load the process: KeyError('id')
+    (at bpmn:businessRuleTask)", blaming the BPMN task; it names the DMN file, the line, the decision
+    and each element without an id."""
+    bpmn, table = REALWORLD / "unnamed_table.bpmn", REALWORLD / "unnamed_table.dmn"
+    parser = CamundaParser()
+    parser.add_bpmn_file(str(bpmn))
+    parser.add_dmn_file(str(table))
+    with pytest.raises(ValidationException, match="KeyError"):  # plain SpiffWorkflow: no more than that
+        parser.get_spec("unnamed_table")
+    result = CliRunner().invoke(main, ["validate", str(bpmn), str(table)])
+    assert result.exit_code == 2, result.output
+    assert "KeyError" not in result.output, result.output
+    lines = [ln for ln in result.output.splitlines() if "has no id" in ln]
+    assert [ln.split(": ", 1)[0] for ln in lines] == [f"{table}:5", f"{table}:14", f"{table}:16"], result.output
+    assert "decision 'shipping_mode'" in lines[0] and "decisionTable" in lines[0] and 'id="' in lines[0]
+    assert "rule 2" in lines[1] and "outputEntry" in lines[2]
+
+
+
+def test_a_decision_table_given_its_ids_runs_as_plain_spiffworkflow_runs_it(tmp_path: Path) -> None:
+    """The three ids validate asked for are all the table lacked: with them it runs, as in SpiffWorkflow."""
+    bpmn = REALWORLD / "unnamed_table.bpmn"
+    table = tmp_path / "unnamed_table.dmn"
+    table.write_text((REALWORLD / "unnamed_table.dmn").read_text().replace(
+        "<decisionTable ", '<decisionTable id="modes" ').replace("<rule>", '<rule id="heavy">').replace(
+        "<outputEntry>", '<outputEntry id="heavy_mode">'))
+    result = CliRunner().invoke(main, ["validate", str(bpmn), str(table)])
+    assert result.exit_code == 0, result.output
+    expected = plain_camunda([bpmn, table], "unnamed_table", {"weight": 5})
+    assert expected["mode"] == "parcel"
+    instance = run([bpmn, table], {"weight": 5})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
