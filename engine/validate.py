@@ -668,6 +668,13 @@ class _Validator:
                         ok = False  # FEEL's negation: Python reads not("x") as False, matching nothing
                     fix = ("write it as Python: a value (\"glass\"), a comparison to finish (< 50000, != \"glass\"), "
                            "or a test of ? (0 <= ? < 50000); '-' or empty matches anything")
+                    values = _feel_value_list(text) if ok and "?" not in text else None
+                    if values:
+                        # FEEL's list of the values to match: Python compares the input to the whole
+                        # tuple, so the rule never matches (and the next one silently decides)
+                        ok = False
+                        fix = (f"a list of values is FEEL's 'one of these'; SpiffWorkflow compares the input to the "
+                               f"whole tuple, so the rule never matches: write '? in ({', '.join(values)})'")
                 else:
                     ok, fix = parses(text), "write a Python expression (\"low\", 50000, amount * 0.1)"
                 literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
@@ -3242,3 +3249,16 @@ def _config_message(message: str) -> str:
     if message.startswith("Field required"):
         return f"{message}; add this field"
     return f"{message}; correct this value"
+
+
+def _feel_value_list(text: str) -> list[str] | None:
+    """The values of a DMN input entry that lists several (``"Fall","Winter"``, FEEL's "one of
+    these"), as written; None for any other entry."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    if not isinstance(tree.body, ast.Tuple) or len(tree.body.elts) < 2 or text.lstrip().startswith("("):
+        return None  # a tuple in parentheses is Python's own, compared to an input that may be one
+    values = [ast.get_source_segment(text, elt) for elt in tree.body.elts]
+    return None if any(v is None for v in values) else [str(v) for v in values]

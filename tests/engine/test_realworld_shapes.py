@@ -469,3 +469,24 @@ def test_a_decision_table_given_its_ids_runs_as_plain_spiffworkflow_runs_it(tmp_
     instance = run([bpmn, table], {"weight": 5})
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == expected
+
+
+def test_a_dmn_input_entry_listing_values_is_refused_with_the_python_test_to_write(tmp_path: Path) -> None:
+    """``"S","M"`` (FEEL: the input is one of these; Camunda 7's dinner example writes
+    ``"Fall","Winter","Spring"``) reads in Python as a tuple the input is compared to, so the rule never
+    matches: plain SpiffWorkflow silently took the next rule (a size "M" got the large box), and validate
+    passed it. It is refused naming the rule, with ``? in ("S", "M")``, which runs as FEEL meant."""
+    bpmn, table = REALWORLD / "one_of_list.bpmn", REALWORLD / "one_of_list.dmn"
+    assert plain_camunda([bpmn, table], "one_of_list", {"size": "M"})["box"] == "large box"
+    result = CliRunner().invoke(main, ["validate", str(bpmn), str(table)])
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "small_sizes" in ln]
+    assert line.startswith(f"{table}:11:") and "'? in (\"S\", \"M\")'" in line, line
+    fixed = tmp_path / "one_of_list.dmn"
+    fixed.write_text(table.read_text().replace('<text>"S","M"</text>', '<text>? in ("S", "M")</text>'))
+    assert CliRunner().invoke(main, ["validate", str(bpmn), str(fixed)]).exit_code == 0
+    expected = plain_camunda([bpmn, fixed], "one_of_list", {"size": "M"})
+    assert expected["box"] == "small box"
+    instance = run([bpmn, fixed], {"size": "M"})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
