@@ -31,6 +31,8 @@ not make ``report.ok`` false:
                                       called process: SpiffWorkflow starts those at the top level only)
 ``collaboration_correlation``         correlation keys or properties in the collaboration to run: one instance
                                       is one conversation, messages between its pools are not correlated
+``correlation_message_missing``       a correlation property's retrieval expression with no messageRef
+                                      (SpiffWorkflow cannot load the file)
 ``unknown_element_id``                config for an id that is no element of the loaded processes
 ``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
 ``config_misplaced``                  ``layerflow:config`` outside ``bpmn:extensionElements``
@@ -2572,6 +2574,17 @@ class _Validator:
                 continue  # the engine's parser re-raising a config problem reported above
             if self.dmn_ids_missing and "KeyError('id')" in str(err):
                 continue  # SpiffWorkflow's DMN parser meeting the element without an id reported above
+            retrieval = _retrieval_without_message(err, self.docs)
+            if retrieval is not None:
+                expr, prop, retrieval_doc = retrieval
+                text = (expr.findtext(f".//{_bpmn('formalExpression')}") or
+                        expr.findtext(f".//{_bpmn('messagePath')}") or "").strip()
+                self.add("correlation_message_missing", f"correlation property {prop.get('id')!r} has a retrieval expression "
+                         f"({text!r}) that names no message: SpiffWorkflow cannot load the file; add "
+                         "messageRef=\"ID\" naming the bpmn:message whose payload it reads, or remove the "
+                         "bpmn:correlationPropertyRetrievalExpression", file=retrieval_doc.file, line=expr.sourceline,
+                         element_id=prop.get("id"), field="messageRef")
+                continue
             store = _data_store_of(err, self.docs)
             if store is not None:
                 # SpiffWorkflow names neither the element nor the file; the store's name finds both
@@ -2908,6 +2921,22 @@ def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc]
         for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
             if (el.get("name") or None) == (found.group(1) if found else None):
                 return el, doc
+    return None
+
+
+def _retrieval_without_message(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, Any, _Doc] | None:
+    """(retrieval expression, correlation property, file) for SpiffWorkflow's "Message identifier is
+    missing from correlation property: ID", which names neither the file nor the line."""
+    found = re.match(r"Message identifier is missing from correlation property: (\S+)", str(err).strip())
+    if found is None:
+        return None
+    for doc in docs:
+        for prop in doc.root.iter(_bpmn("correlationProperty")) if doc.root is not None else ():
+            if prop.get("id") != found.group(1).rstrip("."):
+                continue
+            for expr in prop.iter(_bpmn("correlationPropertyRetrievalExpression")):
+                if not (expr.get("messageRef") or "").strip():
+                    return expr, prop, doc
     return None
 
 

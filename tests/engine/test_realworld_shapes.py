@@ -490,3 +490,21 @@ def test_a_dmn_input_entry_listing_values_is_refused_with_the_python_test_to_wri
     instance = run([bpmn, fixed], {"size": "M"})
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == expected
+
+
+def test_a_retrieval_expression_naming_no_message_is_refused_at_its_line() -> None:
+    """SpiffArena's modeler can leave a correlation property's retrieval expression without the
+    message it reads (its own collaboration test file has one). SpiffWorkflow refuses the file with
+    "Message identifier is missing from correlation property: parcel_ref", and validate passed that on
+    with no line and "fix the BPMN element named here". It names the file, the line, the property and
+    what to write."""
+    path = REALWORLD / "retrieval_without_message.bpmn"
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Message identifier is missing"):
+        parser.add_bpmn_file(str(path))
+        parser.get_spec("retrieval_without_message")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "'parcel_ref'" in ln]
+    assert line.startswith(f"{path}:9:") and "messageRef" in line and "'tracking_number'" in line, line
+    assert "fix the BPMN element named here" not in result.output
