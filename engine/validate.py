@@ -33,6 +33,8 @@ not make ``report.ok`` false:
                                       is one conversation, messages between its pools are not correlated
 ``correlation_message_missing``       a correlation property's retrieval expression with no messageRef
                                       (SpiffWorkflow cannot load the file)
+``script_unknown_function`` W         a script calls a name it does not define and Python has no builtin of
+                                      (SpiffArena's backend scripts): the run stops there with a NameError
 ``unknown_element_id``                config for an id that is no element of the loaded processes
 ``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
 ``config_misplaced``                  ``layerflow:config`` outside ``bpmn:extensionElements``
@@ -1810,9 +1812,40 @@ class _Validator:
                          + (f" ({'; '.join(hints)})" if hints else ""), file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field,
                          severity="warning")
-        else:
-            self._camunda_script(tree, source, el, file, element_id, code, field, what or "script")
+        elif not self._camunda_script(tree, source, el, file, element_id, code, field, what or "script"):
+            self._unknown_script_calls(tree, source, el, file, element_id, field, what or "script")
         return tree
+
+    def _unknown_script_calls(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None,
+                              field: str, what: str) -> None:
+        """A script that calls a name it neither defines nor imports and Python has no builtin of:
+        context values are JSON, never callable, so the run stops there with a NameError (SpiffArena's
+        backend scripts, get_current_user() and the like, exist only inside SpiffArena)."""
+        bound = {"ctx"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                bound.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                bound.add(node.name)
+        calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                        and n.func.id not in bound and not hasattr(builtins, n.func.id)})
+        if not calls:
+            return
+        spiffarena = [name for name in calls if name in _SPIFFARENA_SCRIPTS]
+        note = (f" ({', '.join(spiffarena)}: SpiffArena's backend script{'s' if len(spiffarena) > 1 else ''}, "
+                f"which {'exist' if len(spiffarena) > 1 else 'exists'} only inside SpiffArena)" if spiffarena else "")
+        self.add("script_unknown_function", f"{what} calls {', '.join(f'{name}()' for name in calls)}, which it "
+                 f"does not define and Python has no builtin of{note}: the run stops there with a NameError; "
+                 "compute the value in a handler (handler: file.py:function in the task's config), define the "
+                 "function in the script, or give the value in the start data", file=file,
+                 line=el.sourceline if el is not None else None, element_id=element_id, field=field,
+                 severity="warning")
 
     def _camunda_script(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None, code: str,
                         field: str, what: str) -> bool:
@@ -3049,6 +3082,15 @@ def _comparison_instead(source: str) -> str | None:
 _CAMUNDA_LOOP_NAMES = frozenset({"nrOfInstances", "nrOfActiveInstances", "nrOfCompletedInstances", "loopCounter"})
 
 #: FEEL's and JUEL's functions a condition may call by habit, and their Python
+# SpiffArena's backend scripts (spiffworkflow_backend/scripts): callable in its process models only
+_SPIFFARENA_SCRIPTS = frozenset({
+    "add_permission", "delete_process_instances_with_criteria", "get_all_permissions", "get_current_task_info",
+    "get_current_user", "get_data_sizes", "get_encoded_file_data", "get_env", "get_frontend_url",
+    "get_group_members", "get_last_user_completing_task", "get_localtime", "get_process_initiator_user",
+    "get_secret", "get_task_data_value", "get_toplevel_process_info", "get_url_for_task_with_bpmn_identifier",
+    "markdown_file_download_link", "refresh_permissions", "set_user_properties",
+})
+
 _FOREIGN_FUNCTIONS = {
     "count": "len(...)", "size": "len(...)", "length": "len(...)", "contains": "write 'PART in TEXT'",
     "string": "str(...)", "number": "float(...) or int(...)", "lower": "write TEXT.lower()",

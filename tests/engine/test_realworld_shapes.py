@@ -508,3 +508,18 @@ def test_a_retrieval_expression_naming_no_message_is_refused_at_its_line() -> No
     (line,) = [ln for ln in result.output.splitlines() if "'parcel_ref'" in ln]
     assert line.startswith(f"{path}:9:") and "messageRef" in line and "'tracking_number'" in line, line
     assert "fix the BPMN element named here" not in result.output
+
+
+def test_a_script_calling_a_function_nothing_defines_is_a_warning_naming_it() -> None:
+    """SpiffArena's process models call its backend scripts (``get_current_user()``,
+    ``get_frontend_url()``), which exist only inside SpiffArena: validate said the process was valid
+    and the run stopped with a NameError. It warns, naming the task, the function and what to do;
+    functions the script defines itself and Python's builtins draw nothing."""
+    path = REALWORLD / "backend_script_call.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "get_current_user" in ln]
+    assert "warning" in line and "'stamp'" in line and "SpiffArena" in line and "handler" in line, line
+    assert "twice" not in result.output and "'max'" not in result.output
+    instance = run([path], {})
+    assert instance.status == "error" and "get_current_user" in str(instance.error)
