@@ -1645,13 +1645,20 @@ class _Validator:
         objects = {el.get("id") for el in root.iter(_bpmn("dataObject"))}
         targets = {el.get("id"): el for tag in ("dataObjectReference", "dataStoreReference")
                    for el in root.iter(_bpmn(tag))}
+        # process variables as jBPM saves them: <bpmn:property> of the process, which the context holds by name
+        properties = {el.get("id") for el in proc.element.findall(_bpmn("property"))}
         for tag, attr in (("dataInputAssociation", "sourceRef"), ("dataOutputAssociation", "targetRef")):
             for assoc in proc.element.iter(_bpmn(tag)):
                 owner = assoc.getparent().get("id")
                 for ref_el in assoc.findall(_bpmn(attr)):
                     ref = (ref_el.text or "").strip()
                     target = targets.get(ref)
-                    if target is None:
+                    if target is None and ref in properties:
+                        problem = ("a bpmn:property of the process (a process variable, as jBPM saves them), which "
+                                   "SpiffWorkflow does not read or write through a data association: the context "
+                                   f"holds process variables by name, so remove the association and use {ref!r} by its "
+                                   "name (the start data, a script, a form's field), or draw a bpmn:dataObject")
+                    elif target is None:
                         problem = (f"which is no dataObjectReference or dataStoreReference of this file"
                                    f"{_did_you_mean(ref, list(targets))}; point it at one")
                     elif target.tag == _bpmn("dataObjectReference") and target.get("dataObjectRef") not in objects:
@@ -1659,7 +1666,8 @@ class _Validator:
                                    "file; add that dataObject or fix dataObjectRef")
                     else:
                         continue
-                    self.add("data_ref_unknown", f"{tag} {assoc.get('id')!r} of {owner!r} has {attr} {ref!r}, {problem}",
+                    named = f"{tag} {assoc.get('id')!r}" if assoc.get("id") else f"a {tag}"
+                    self.add("data_ref_unknown", f"{named} of {owner!r} has {attr} {ref!r}, {problem}",
                              file=proc.file, line=ref_el.sourceline, element_id=owner, field=attr)
 
     def _check_code(self, proc: _Node) -> None:

@@ -523,3 +523,21 @@ def test_a_script_calling_a_function_nothing_defines_is_a_warning_naming_it() ->
     assert "twice" not in result.output and "'max'" not in result.output
     instance = run([path], {})
     assert instance.status == "error" and "get_current_user" in str(instance.error)
+
+
+def test_a_data_association_with_a_process_variable_names_the_property_and_what_to_do() -> None:
+    """jBPM saves process variables as ``bpmn:property`` and maps them into a task by a data association
+    with no id; SpiffWorkflow refuses it ("Cannot resolve dataInputAssociation <Element ... at 0x...>"),
+    and validate said "dataInputAssociation None of 'pick' has sourceRef 'courier', which is no
+    dataObjectReference ...": a None for the missing id, and no word of the property it names. It names
+    the property, what SpiffWorkflow does with it and what to write."""
+    path = REALWORLD / "process_variable_association.bpmn"
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Cannot resolve dataInputAssociation"):
+        parser.add_bpmn_file(str(path))
+        parser.get_spec("process_variable_association")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "'courier'" in ln and "sourceRef" in ln]
+    assert line.startswith(f"{path}:16:") and "a dataInputAssociation of 'pick'" in line, line
+    assert "bpmn:property" in line and "by its name" in line and "None" not in line, line
