@@ -50,6 +50,9 @@ PROPERTY_TYPES = ("string", "long", "double", "boolean", "date", "enum")
 # the engines whose modelers write <PREFIX:formProperty> and a PREFIX:formKey attribute
 PROPERTY_NAMESPACES = {"camunda": CAMUNDA_NS, "activiti": "http://activiti.org/bpmn",
                        "flowable": "http://flowable.org/bpmn"}
+# where a <camunda:formData> is found: Camunda Modeler before 3.0 bound the camunda: prefix to
+# Activiti's namespace (as the BPMN MIWG files and Camunda 7's older examples still do)
+FORM_DATA_NAMESPACES = (CAMUNDA_NS, "http://activiti.org/bpmn")
 _DYNAMIC = "options_from_task_data_var:"  # SpiffArena's options filled from task data at render time
 _OPTION_KEYWORDS = ("enum", "oneOf", "anyOf")
 
@@ -157,11 +160,11 @@ def _number(text: str | None) -> float | int | None:
     return int(value) if value.is_integer() else value
 
 
-def _camunda_form(form_data: Any) -> tuple[dict[str, Any], _Problems, _Problems]:
+def _camunda_form(form_data: Any, ns: str = CAMUNDA_NS) -> tuple[dict[str, Any], _Problems, _Problems]:
     fields: list[dict[str, Any]] = []
     problems: list[tuple[str | None, str]] = []
     warnings: list[tuple[str | None, str]] = []
-    for el in form_data.findall(_q(CAMUNDA_NS, "formField")):
+    for el in form_data.findall(_q(ns, "formField")):
         fid = el.get("id") or ""
         kind = el.get("type") or "string"
         if not fid:
@@ -179,14 +182,14 @@ def _camunda_form(form_data: Any) -> tuple[dict[str, Any], _Problems, _Problems]
                                  "default": default}
         if kind == "enum":
             values = [{"id": v.get("id"), "name": v.get("name") or v.get("id")}
-                      for v in el.findall(_q(CAMUNDA_NS, "value"))]
+                      for v in el.findall(_q(ns, "value"))]
             if not values:
                 problems.append((fid, "an enum field offers no <camunda:value>; add the values a person may choose"))
             field["options"] = values
             if default is not None and values and default not in [v["id"] for v in values]:
                 problems.append((fid, f"defaultValue {default!r} is not one of its values "
                                       f"({', '.join(str(v['id']) for v in values)})"))
-        for constraint in el.iter(_q(CAMUNDA_NS, "constraint")):
+        for constraint in el.iter(_q(ns, "constraint")):
             name, config = constraint.get("name"), constraint.get("config")
             if name in ("required", "readonly"):
                 field[name] = True
@@ -377,9 +380,10 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problem
     ext = _extension_elements(node)
     if ext is None:
         return _form_key(node), [], []
-    form_data = ext.find(_q(CAMUNDA_NS, "formData"))
-    if form_data is not None:
-        return _camunda_form(form_data)
+    for ns in FORM_DATA_NAMESPACES:
+        form_data = ext.find(_q(ns, "formData"))
+        if form_data is not None:
+            return _camunda_form(form_data, ns)
     for prefix, ns in PROPERTY_NAMESPACES.items():
         props = ext.findall(_q(ns, "formProperty"))
         if props:

@@ -31,6 +31,10 @@ not make ``report.ok`` false:
                                       called process: SpiffWorkflow starts those at the top level only)
 ``collaboration_correlation``         correlation keys or properties in the collaboration to run: one instance
                                       is one conversation, messages between its pools are not correlated
+``correlation_message_missing``       a correlation property's retrieval expression with no messageRef
+                                      (SpiffWorkflow cannot load the file)
+``script_unknown_function`` W         a script calls a name it does not define and Python has no builtin of
+                                      (SpiffArena's backend scripts): the run stops there with a NameError
 ``unknown_element_id``                config for an id that is no element of the loaded processes
 ``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
 ``config_misplaced``                  ``layerflow:config`` outside ``bpmn:extensionElements``
@@ -59,6 +63,9 @@ not make ``report.ok`` false:
                                       retriever finds nothing; a custom retriever may serve it)
 ``flow_ref_unknown``                  a sequence flow's sourceRef/targetRef names no element of its scope
                                       (W when it has no sourceRef: nothing takes it, SpiffWorkflow runs without it)
+``flow_id_missing``                   a sequence flow with no id (BPMN allows it): SpiffWorkflow keys flows by
+                                      id and follows none of them, so the instance would skip every element
+                                      after it and complete
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
@@ -452,6 +459,7 @@ class _Validator:
         self.related: set[str] = set()
         self.system_keys: frozenset[str] = frozenset()  # the config's system: (L0), once it is read
         self.dmn_files: list[dmn.DmnFile] = []
+        self.dmn_ids_missing = False  # a DMN element SpiffWorkflow reads the id of has none (reported)
         self.pools: tuple[str, ...] = ()  # the executable pools' processes of the collaboration to run
 
     def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
@@ -596,6 +604,7 @@ class _Validator:
                      "dmn:decisionTable (no literal expressions, no requirement graphs)", file=file, line=line,
                      element_id=first)
         for table in tables:
+            self._check_dmn_ids(table, first, file)
             self._check_dmn_entries(table, first, file)
             policy = (table.get("hitPolicy") or "UNIQUE").upper()
             # FIRST and ANY: SpiffWorkflow keeps every matching rule of a table that is not UNIQUE
@@ -606,6 +615,35 @@ class _Validator:
                          "and COLLECT (every matching rule, outputs as lists) only: order the rules and use FIRST, "
                          "or use COLLECT", file=file, line=table.sourceline, element_id=first, field="hitPolicy")
         return found
+
+    def _check_dmn_ids(self, table: Any, decision: str, file: str) -> None:
+        """SpiffWorkflow's DMN parser reads the id of a decision table, its inputs, outputs, rules and
+        their entries (a KeyError('id') otherwise, reported at the business rule task); Camunda's older
+        DMN editor wrote tables without one."""
+        def local(el: Any) -> str:
+            return str(etree.QName(el).localname) if isinstance(el.tag, str) else ""
+
+        def missing(el: Any, what: str) -> None:
+            if (el.get("id") or "").strip():
+                return
+            self.dmn_ids_missing = True
+            self.add("dmn_unsupported", f"{what} of decision {decision!r} has no id; SpiffWorkflow's DMN parser "
+                     "needs one on the decisionTable and on each of its input, output, rule, inputEntry and "
+                     f'outputEntry: add an id unique in the file (<{local(el)} id="..."), as DMN editors write',
+                     file=file, line=el.sourceline, element_id=decision, field="id")
+
+        missing(table, "the decisionTable")
+        rules = 0
+        for child in table:
+            kind = local(child)
+            if kind in ("input", "output"):
+                missing(child, f"{kind} {child.get('label') or child.get('name') or ''!r}".replace(" ''", ""))
+            elif kind == "rule":
+                rules += 1
+                missing(child, f"rule {rules}")
+                for entry in child:
+                    if local(entry) in ("inputEntry", "outputEntry"):
+                        missing(entry, f"an {local(entry)} of rule {rules} ({child.get('id') or 'no id'})")
 
     def _check_dmn_entries(self, table: Any, decision: str, file: str) -> None:
         """SpiffWorkflow's DMN engine runs entries as Python: an input entry is a value to compare
@@ -634,6 +672,13 @@ class _Validator:
                         ok = False  # FEEL's negation: Python reads not("x") as False, matching nothing
                     fix = ("write it as Python: a value (\"glass\"), a comparison to finish (< 50000, != \"glass\"), "
                            "or a test of ? (0 <= ? < 50000); '-' or empty matches anything")
+                    values = _feel_value_list(text) if ok and "?" not in text else None
+                    if values:
+                        # FEEL's list of the values to match: Python compares the input to the whole
+                        # tuple, so the rule never matches (and the next one silently decides)
+                        ok = False
+                        fix = (f"a list of values is FEEL's 'one of these'; SpiffWorkflow compares the input to the "
+                               f"whole tuple, so the rule never matches: write '? in ({', '.join(values)})'")
                 else:
                     ok, fix = parses(text), "write a Python expression (\"low\", 50000, amount * 0.1)"
                 literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
@@ -1465,6 +1510,14 @@ class _Validator:
             if scope not in scopes:
                 scopes[scope] = [el.get("id") for el in scope if isinstance(el.tag, str) and el.tag in _FLOW_NODES]
             ids = scopes[scope]
+            if not (flow.get("id") or "").strip():
+                self.related.update(r for r in (flow.get("sourceRef"), flow.get("targetRef")) if r)
+                self.add("flow_id_missing", f"the sequence flow from {flow.get('sourceRef')!r} to "
+                         f"{flow.get('targetRef')!r} has no id; SpiffWorkflow keys sequence flows by id and "
+                         "follows none without one (the instance would skip everything after it and complete): "
+                         'give it an id unique in the file, e.g. id="'
+                         f"{flow.get('sourceRef') or 'flow'}_to_{flow.get('targetRef') or 'next'}\"",
+                         file=proc.file, line=flow.sourceline, field="id")
             for attr in ("sourceRef", "targetRef"):
                 ref = flow.get(attr)
                 if ref in ids:
@@ -1592,13 +1645,20 @@ class _Validator:
         objects = {el.get("id") for el in root.iter(_bpmn("dataObject"))}
         targets = {el.get("id"): el for tag in ("dataObjectReference", "dataStoreReference")
                    for el in root.iter(_bpmn(tag))}
+        # process variables as jBPM saves them: <bpmn:property> of the process, which the context holds by name
+        properties = {el.get("id") for el in proc.element.findall(_bpmn("property"))}
         for tag, attr in (("dataInputAssociation", "sourceRef"), ("dataOutputAssociation", "targetRef")):
             for assoc in proc.element.iter(_bpmn(tag)):
                 owner = assoc.getparent().get("id")
                 for ref_el in assoc.findall(_bpmn(attr)):
                     ref = (ref_el.text or "").strip()
                     target = targets.get(ref)
-                    if target is None:
+                    if target is None and ref in properties:
+                        problem = ("a bpmn:property of the process (a process variable, as jBPM saves them), which "
+                                   "SpiffWorkflow does not read or write through a data association: the context "
+                                   f"holds process variables by name, so remove the association and use {ref!r} by its "
+                                   "name (the start data, a script, a form's field), or draw a bpmn:dataObject")
+                    elif target is None:
                         problem = (f"which is no dataObjectReference or dataStoreReference of this file"
                                    f"{_did_you_mean(ref, list(targets))}; point it at one")
                     elif target.tag == _bpmn("dataObjectReference") and target.get("dataObjectRef") not in objects:
@@ -1606,7 +1666,8 @@ class _Validator:
                                    "file; add that dataObject or fix dataObjectRef")
                     else:
                         continue
-                    self.add("data_ref_unknown", f"{tag} {assoc.get('id')!r} of {owner!r} has {attr} {ref!r}, {problem}",
+                    named = f"{tag} {assoc.get('id')!r}" if assoc.get("id") else f"a {tag}"
+                    self.add("data_ref_unknown", f"{named} of {owner!r} has {attr} {ref!r}, {problem}",
                              file=proc.file, line=ref_el.sourceline, element_id=owner, field=attr)
 
     def _check_code(self, proc: _Node) -> None:
@@ -1759,9 +1820,40 @@ class _Validator:
                          + (f" ({'; '.join(hints)})" if hints else ""), file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field,
                          severity="warning")
-        else:
-            self._camunda_script(tree, source, el, file, element_id, code, field, what or "script")
+        elif not self._camunda_script(tree, source, el, file, element_id, code, field, what or "script"):
+            self._unknown_script_calls(tree, source, el, file, element_id, field, what or "script")
         return tree
+
+    def _unknown_script_calls(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None,
+                              field: str, what: str) -> None:
+        """A script that calls a name it neither defines nor imports and Python has no builtin of:
+        context values are JSON, never callable, so the run stops there with a NameError (SpiffArena's
+        backend scripts, get_current_user() and the like, exist only inside SpiffArena)."""
+        bound = {"ctx"}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                bound.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                bound.add(node.name)
+        calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                        and n.func.id not in bound and not hasattr(builtins, n.func.id)})
+        if not calls:
+            return
+        spiffarena = [name for name in calls if name in _SPIFFARENA_SCRIPTS]
+        note = (f" ({', '.join(spiffarena)}: SpiffArena's backend script{'s' if len(spiffarena) > 1 else ''}, "
+                f"which {'exist' if len(spiffarena) > 1 else 'exists'} only inside SpiffArena)" if spiffarena else "")
+        self.add("script_unknown_function", f"{what} calls {', '.join(f'{name}()' for name in calls)}, which it "
+                 f"does not define and Python has no builtin of{note}: the run stops there with a NameError; "
+                 "compute the value in a handler (handler: file.py:function in the task's config), define the "
+                 "function in the script, or give the value in the start data", file=file,
+                 line=el.sourceline if el is not None else None, element_id=element_id, field=field,
+                 severity="warning")
 
     def _camunda_script(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None, code: str,
                         field: str, what: str) -> bool:
@@ -2521,6 +2613,19 @@ class _Validator:
                 continue  # already reported with a better message
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
+            if self.dmn_ids_missing and "KeyError('id')" in str(err):
+                continue  # SpiffWorkflow's DMN parser meeting the element without an id reported above
+            retrieval = _retrieval_without_message(err, self.docs)
+            if retrieval is not None:
+                expr, prop, retrieval_doc = retrieval
+                text = (expr.findtext(f".//{_bpmn('formalExpression')}") or
+                        expr.findtext(f".//{_bpmn('messagePath')}") or "").strip()
+                self.add("correlation_message_missing", f"correlation property {prop.get('id')!r} has a retrieval expression "
+                         f"({text!r}) that names no message: SpiffWorkflow cannot load the file; add "
+                         "messageRef=\"ID\" naming the bpmn:message whose payload it reads, or remove the "
+                         "bpmn:correlationPropertyRetrievalExpression", file=retrieval_doc.file, line=expr.sourceline,
+                         element_id=prop.get("id"), field="messageRef")
+                continue
             store = _data_store_of(err, self.docs)
             if store is not None:
                 # SpiffWorkflow names neither the element nor the file; the store's name finds both
@@ -2860,6 +2965,22 @@ def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc]
     return None
 
 
+def _retrieval_without_message(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, Any, _Doc] | None:
+    """(retrieval expression, correlation property, file) for SpiffWorkflow's "Message identifier is
+    missing from correlation property: ID", which names neither the file nor the line."""
+    found = re.match(r"Message identifier is missing from correlation property: (\S+)", str(err).strip())
+    if found is None:
+        return None
+    for doc in docs:
+        for prop in doc.root.iter(_bpmn("correlationProperty")) if doc.root is not None else ():
+            if prop.get("id") != found.group(1).rstrip("."):
+                continue
+            for expr in prop.iter(_bpmn("correlationPropertyRetrievalExpression")):
+                if not (expr.get("messageRef") or "").strip():
+                    return expr, prop, doc
+    return None
+
+
 _UNRESOLVED_ASSOCIATION = re.compile(r"Cannot resolve (dataInputAssociation|dataOutputAssociation)")
 
 
@@ -2969,6 +3090,15 @@ def _comparison_instead(source: str) -> str | None:
 _CAMUNDA_LOOP_NAMES = frozenset({"nrOfInstances", "nrOfActiveInstances", "nrOfCompletedInstances", "loopCounter"})
 
 #: FEEL's and JUEL's functions a condition may call by habit, and their Python
+# SpiffArena's backend scripts (spiffworkflow_backend/scripts): callable in its process models only
+_SPIFFARENA_SCRIPTS = frozenset({
+    "add_permission", "delete_process_instances_with_criteria", "get_all_permissions", "get_current_task_info",
+    "get_current_user", "get_data_sizes", "get_encoded_file_data", "get_env", "get_frontend_url",
+    "get_group_members", "get_last_user_completing_task", "get_localtime", "get_process_initiator_user",
+    "get_secret", "get_task_data_value", "get_toplevel_process_info", "get_url_for_task_with_bpmn_identifier",
+    "markdown_file_download_link", "refresh_permissions", "set_user_properties",
+})
+
 _FOREIGN_FUNCTIONS = {
     "count": "len(...)", "size": "len(...)", "length": "len(...)", "contains": "write 'PART in TEXT'",
     "string": "str(...)", "number": "float(...) or int(...)", "lower": "write TEXT.lower()",
@@ -3198,3 +3328,16 @@ def _config_message(message: str) -> str:
     if message.startswith("Field required"):
         return f"{message}; add this field"
     return f"{message}; correct this value"
+
+
+def _feel_value_list(text: str) -> list[str] | None:
+    """The values of a DMN input entry that lists several (``"Fall","Winter"``, FEEL's "one of
+    these"), as written; None for any other entry."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    if not isinstance(tree.body, ast.Tuple) or len(tree.body.elts) < 2 or text.lstrip().startswith("("):
+        return None  # a tuple in parentheses is Python's own, compared to an input that may be one
+    values = [ast.get_source_segment(text, elt) for elt in tree.body.elts]
+    return None if any(v is None for v in values) else [str(v) for v in values]

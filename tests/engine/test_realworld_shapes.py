@@ -20,7 +20,7 @@ from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.cli import main
-from engine.governance import InvalidAnswer
+from engine.governance import FormAnswerInvalid, InvalidAnswer
 
 from engine_helpers import variables
 
@@ -388,3 +388,156 @@ def test_a_camunda_worker_type_draws_no_warning_once_the_task_has_a_handler() ->
     [line] = [ln for ln in result.output.splitlines() if "'send_mail'" in ln]
     assert "zeebe:ioMapping" in line and "zeebe:taskDefinition" not in line, line
     assert "run the step with a handler" not in line, line
+
+
+def test_a_camunda_form_written_under_the_activiti_namespace_is_read_and_checked() -> None:
+    """Camunda Modeler before 3.0 (and the MIWG reference files, Camunda 7's generated-forms example)
+    bound ``camunda:`` to ``http://activiti.org/bpmn``: its ``camunda:formData`` was not read, so the
+    waiting task showed no form and an answer giving a boolean field ``"yes"`` or changing a read-only
+    field was taken unchecked. It is read as Camunda 7's form, and checked."""
+    path = REALWORLD / "legacy_camunda_form.bpmn"
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([path]), {"quantity": 3}))
+    (item,) = [w for w in waiting.to_document()["waiting_for"] if w["kind"] == "user_task"]
+    assert item["form"]["source"] == "camunda:formData"
+    assert [(f["id"], f["type"], f.get("readonly", False), f["required"]) for f in item["form"]["fields"]] == [
+        ("quantity", "long", True, False), ("accepted", "boolean", False, True)]
+    with pytest.raises(FormAnswerInvalid, match="accepted"):
+        engine.run(engine.start(load_process([path]), {"quantity": 3}),
+                   answers={"user_tasks": {"check_order": {"accepted": "yes"}}})
+    done = engine.run(engine.start(load_process([path]), {"quantity": 3}),
+                      answers={"user_tasks": {"check_order": {"accepted": True}}})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"quantity": 3, "accepted": True}
+
+
+def test_sequence_flows_without_ids_are_refused_naming_their_ends() -> None:
+    """BPMN lets a sequence flow go without an id, and hand-written processes (Flowable's and Activiti's
+    test processes) leave them out; SpiffWorkflow keys the flows by id, so it follows none of them: the
+    instance completed at once with every task skipped, and validate said the process was valid. It is
+    refused, each flow named by its ends and line, with what to write."""
+    path = REALWORLD / "flows_without_ids.bpmn"
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec("flows_without_ids"))
+    wf.do_engine_steps()
+    assert wf.is_completed() and dict(wf.last_task.data) == {}  # plain SpiffWorkflow: nothing ran
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if "has no id" in ln]
+    assert len(lines) == 4, result.output
+    assert f"{path}:6:" in lines[0] and "'start' to 'split'" in lines[0] and 'id="' in lines[0]
+    assert any("'pack' to 'join'" in ln for ln in lines)
+    assert not any("label_done" in ln for ln in lines)
+    with pytest.raises(ProcessError, match="has no id"):
+        load_process([path])
+
+
+def test_a_decision_table_without_ids_is_refused_naming_the_dmn_file_and_what_lacks_one() -> None:
+    """Camunda's older DMN editor wrote ``<decisionTable hitPolicy="COLLECT">`` with no id (Camunda 7's
+    dinner-decisions example); SpiffWorkflow's DMN parser needs an id on the table, its inputs,
+    outputs, rules and entries. validate said "SpiffWorkflow cannot load the process: KeyError('id')
+    (at bpmn:businessRuleTask)", blaming the BPMN task; it names the DMN file, the line, the decision
+    and each element without an id."""
+    bpmn, table = REALWORLD / "unnamed_table.bpmn", REALWORLD / "unnamed_table.dmn"
+    parser = CamundaParser()
+    parser.add_bpmn_file(str(bpmn))
+    parser.add_dmn_file(str(table))
+    with pytest.raises(ValidationException, match="KeyError"):  # plain SpiffWorkflow: no more than that
+        parser.get_spec("unnamed_table")
+    result = CliRunner().invoke(main, ["validate", str(bpmn), str(table)])
+    assert result.exit_code == 2, result.output
+    assert "KeyError" not in result.output, result.output
+    lines = [ln for ln in result.output.splitlines() if "has no id" in ln]
+    assert [ln.split(": ", 1)[0] for ln in lines] == [f"{table}:5", f"{table}:14", f"{table}:16"], result.output
+    assert "decision 'shipping_mode'" in lines[0] and "decisionTable" in lines[0] and 'id="' in lines[0]
+    assert "rule 2" in lines[1] and "outputEntry" in lines[2]
+
+
+
+def test_a_decision_table_given_its_ids_runs_as_plain_spiffworkflow_runs_it(tmp_path: Path) -> None:
+    """The three ids validate asked for are all the table lacked: with them it runs, as in SpiffWorkflow."""
+    bpmn = REALWORLD / "unnamed_table.bpmn"
+    table = tmp_path / "unnamed_table.dmn"
+    table.write_text((REALWORLD / "unnamed_table.dmn").read_text().replace(
+        "<decisionTable ", '<decisionTable id="modes" ').replace("<rule>", '<rule id="heavy">').replace(
+        "<outputEntry>", '<outputEntry id="heavy_mode">'))
+    result = CliRunner().invoke(main, ["validate", str(bpmn), str(table)])
+    assert result.exit_code == 0, result.output
+    expected = plain_camunda([bpmn, table], "unnamed_table", {"weight": 5})
+    assert expected["mode"] == "parcel"
+    instance = run([bpmn, table], {"weight": 5})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
+
+
+def test_a_dmn_input_entry_listing_values_is_refused_with_the_python_test_to_write(tmp_path: Path) -> None:
+    """``"S","M"`` (FEEL: the input is one of these; Camunda 7's dinner example writes
+    ``"Fall","Winter","Spring"``) reads in Python as a tuple the input is compared to, so the rule never
+    matches: plain SpiffWorkflow silently took the next rule (a size "M" got the large box), and validate
+    passed it. It is refused naming the rule, with ``? in ("S", "M")``, which runs as FEEL meant."""
+    bpmn, table = REALWORLD / "one_of_list.bpmn", REALWORLD / "one_of_list.dmn"
+    assert plain_camunda([bpmn, table], "one_of_list", {"size": "M"})["box"] == "large box"
+    result = CliRunner().invoke(main, ["validate", str(bpmn), str(table)])
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "small_sizes" in ln]
+    assert line.startswith(f"{table}:11:") and "'? in (\"S\", \"M\")'" in line, line
+    fixed = tmp_path / "one_of_list.dmn"
+    fixed.write_text(table.read_text().replace('<text>"S","M"</text>', '<text>? in ("S", "M")</text>'))
+    assert CliRunner().invoke(main, ["validate", str(bpmn), str(fixed)]).exit_code == 0
+    expected = plain_camunda([bpmn, fixed], "one_of_list", {"size": "M"})
+    assert expected["box"] == "small box"
+    instance = run([bpmn, fixed], {"size": "M"})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == expected
+
+
+def test_a_retrieval_expression_naming_no_message_is_refused_at_its_line() -> None:
+    """SpiffArena's modeler can leave a correlation property's retrieval expression without the
+    message it reads (its own collaboration test file has one). SpiffWorkflow refuses the file with
+    "Message identifier is missing from correlation property: parcel_ref", and validate passed that on
+    with no line and "fix the BPMN element named here". It names the file, the line, the property and
+    what to write."""
+    path = REALWORLD / "retrieval_without_message.bpmn"
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Message identifier is missing"):
+        parser.add_bpmn_file(str(path))
+        parser.get_spec("retrieval_without_message")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "'parcel_ref'" in ln]
+    assert line.startswith(f"{path}:9:") and "messageRef" in line and "'tracking_number'" in line, line
+    assert "fix the BPMN element named here" not in result.output
+
+
+def test_a_script_calling_a_function_nothing_defines_is_a_warning_naming_it() -> None:
+    """SpiffArena's process models call its backend scripts (``get_current_user()``,
+    ``get_frontend_url()``), which exist only inside SpiffArena: validate said the process was valid
+    and the run stopped with a NameError. It warns, naming the task, the function and what to do;
+    functions the script defines itself and Python's builtins draw nothing."""
+    path = REALWORLD / "backend_script_call.bpmn"
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "get_current_user" in ln]
+    assert "warning" in line and "'stamp'" in line and "SpiffArena" in line and "handler" in line, line
+    assert "twice" not in result.output and "'max'" not in result.output
+    instance = run([path], {})
+    assert instance.status == "error" and "get_current_user" in str(instance.error)
+
+
+def test_a_data_association_with_a_process_variable_names_the_property_and_what_to_do() -> None:
+    """jBPM saves process variables as ``bpmn:property`` and maps them into a task by a data association
+    with no id; SpiffWorkflow refuses it ("Cannot resolve dataInputAssociation <Element ... at 0x...>"),
+    and validate said "dataInputAssociation None of 'pick' has sourceRef 'courier', which is no
+    dataObjectReference ...": a None for the missing id, and no word of the property it names. It names
+    the property, what SpiffWorkflow does with it and what to write."""
+    path = REALWORLD / "process_variable_association.bpmn"
+    parser = SpiffBpmnParser()
+    with pytest.raises(ValidationException, match="Cannot resolve dataInputAssociation"):
+        parser.add_bpmn_file(str(path))
+        parser.get_spec("process_variable_association")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    (line,) = [ln for ln in result.output.splitlines() if "'courier'" in ln and "sourceRef" in ln]
+    assert line.startswith(f"{path}:16:") and "a dataInputAssociation of 'pick'" in line, line
+    assert "bpmn:property" in line and "by its name" in line and "None" not in line, line
