@@ -1532,16 +1532,23 @@ class _Runtime(ScopeSteps, GatewaySteps):
                      default_run: Callable[[], Any]) -> Any:
         spec = task.task_spec
         model = self._model_for(cfg) if cfg is not None and cfg.llm is not None else None
-        if model is not None and cfg is not None and cfg.llm is not None and cfg.llm.tools:
-            answer = self.run_with_tools(task, actx, cfg, model)
-            if answer is None:
-                return _SUSPENDED
-            write_result(actx, answer)
-            return None
-        if model is not None:
-            from .llm import run_llm_activity
+        if model is not None and cfg is not None and cfg.llm is not None:
+            from .llm import ModelCallFailed, run_llm_activity
 
-            write_result(actx, run_llm_activity(actx, cfg, model=model))
+            try:
+                if cfg.llm.tools:
+                    answer = self.run_with_tools(task, actx, cfg, model)
+                    if answer is None:
+                        return _SUSPENDED
+                else:
+                    answer = run_llm_activity(actx, cfg, model=model)
+            except ModelCallFailed as err:
+                if cfg.llm.on_error is None:
+                    raise
+                # llm.onError.throw: the model's failure is the BPMN error the modeler drew a path for
+                raise BpmnError(cfg.llm.on_error.throw, str(err),
+                                {"failed_model": err.model, "model_attempts": err.attempts}) from err
+            write_result(actx, answer)
             return None
         handler = self._handler_for(spec.bpmn_id, cfg)
         if handler is not None:
