@@ -194,7 +194,8 @@ def test_a_thrown_error_leaves_the_branches_as_an_error_end_event_there_does(cod
 
 
 def test_an_error_nothing_catches_fails_the_instance_naming_task_and_code() -> None:
-    instance = run(NESTED, {"code": "lost"})
+    eng = Engine()
+    instance = eng.run(eng.start(load_process(NESTED), {"code": "lost"}))
 
     assert instance.status == "error"
     assert instance.error is not None
@@ -202,8 +203,16 @@ def test_an_error_nothing_catches_fails_the_instance_naming_task_and_code() -> N
     message = instance.error["message"]
     assert "activity 'pay' threw BPMN error 'lost'" in message and "nothing catches it" in message
     assert 'errorCode="lost"' in message
-    assert "activity:pay" not in instance.contexts  # no error_thrown record: it was not thrown anywhere
+    # no error_thrown record (it was thrown nowhere); the activity aborted, as a failing one
     assert not any(k.startswith("activity:pay") for ctx in instance.contexts.values() for k in ctx.resolved())
+    aborts = sum(1 for ctx in instance.contexts.values() for e in ctx.tape
+                 if e.kind.value == "abort" and e.activity == "pay")
+    assert aborts == 1
+
+    again = eng.resume(instance)  # resume runs the activity again: it throws again
+    assert again.status == "error" and again.error is not None and again.error["error_code"] == "lost"
+    assert sum(1 for ctx in again.contexts.values() for e in ctx.tape
+               if e.kind.value == "abort" and e.activity == "pay") == 2
 
 
 # ----- multi-instance ------------------------------------------------------------------------------
@@ -337,3 +346,36 @@ def test_cli_run_json_takes_the_boundary_path_and_resumes_in_another_process(tmp
     assert uncaught.returncode == 1
     error = json.loads(uncaught.stdout)["error"]
     assert error["task_id"] == "pay" and error["error_code"] == "lost" and "nothing catches it" in error["message"]
+
+
+# ----- the README's section ------------------------------------------------------------------------
+
+def test_the_readme_section_examples_hold() -> None:
+    import re
+
+    import yaml
+
+    from context_layers.config import ActivityExtensionConfig
+    from engine.handlers import HandlerRegistry
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Activities that throw BPMN errors"):]
+    section = section[:section.index("\n## ", 1)]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    config = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert code and config
+    registry = HandlerRegistry()
+    namespace: dict[str, Any] = {}
+    exec(code.group(1).replace('@activity("charge_card")', '@activity("charge_card", registry=registry)'),
+         {"registry": registry, **namespace})
+    handler = registry.get("charge_card")
+    assert handler is not None
+
+    eng = Engine(handlers={"charge_card": handler})
+    declined = eng.run(eng.start(load_process(CHARGE), {"amount": 3, "code": "", "card_blocked": True}))
+    assert declined.status == "completed" and variables(declined.main)["decline"] == {"reason": "blocked card"}
+    charged = eng.run(eng.start(load_process(CHARGE), {"amount": 3, "code": ""}))
+    assert variables(charged.main)["outcome"] == "charged R-1"
+
+    llm = ActivityExtensionConfig.model_validate(yaml.safe_load(config.group(1))["classify"]).llm
+    assert llm is not None and llm.on_error is not None and llm.on_error.throw == "model_failed"
