@@ -1417,8 +1417,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             scope[item] = task.data[item]
         scoped = {n for n in (item, out) if n is not None}
         task.data = {}
-        if ctx.current_activity != bpmn_id and spiff.interrupted(multi):
-            return None  # another instance threw a BPMN error its boundary event caught: the activity ends
+        if ctx.current_activity != bpmn_id and spiff.THROWN_KEY in multi.internal_data:
+            return None  # another instance threw a BPMN error, which ends the activity: its catcher runs next
         if ctx.current_activity != bpmn_id:
             raise ActivityError(f"an instance of multi-instance activity {bpmn_id!r} runs, but the activity is "
                                 f"not open in context {ctx.name!r}", task_id=bpmn_id)
@@ -1476,6 +1476,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         self._abort_thrower(task, ctx, multi, err)
         if not catchers:
             raise UncaughtBpmnError(err, bpmn_id)
+        if multi is not None:
+            multi.internal_data[spiff.THROWN_KEY] = err.code
         by = [spiff.bpmn_id_of(t) for t in catchers]
         ctx.begin_activity(bpmn_id, actor=bpmn_id)
         ctx.complete_activity(bpmn_id, status="error_thrown", actor=bpmn_id,

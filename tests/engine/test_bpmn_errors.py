@@ -379,3 +379,28 @@ def test_the_readme_section_examples_hold() -> None:
 
     llm = ActivityExtensionConfig.model_validate(yaml.safe_load(config.group(1))["classify"]).llm
     assert llm is not None and llm.on_error is not None and llm.on_error.throw == "model_failed"
+
+
+@pytest.mark.parametrize("items", [["bad", "a", "c"], ["a", "c", "bad"]])
+def test_an_instance_error_caught_by_the_sub_process_around_ends_the_other_instances(items: list[str],
+                                                                                    tmp_path: Path) -> None:
+    """The check runs inside sub-process "wrap", whose boundary event catches the error: the
+    instances still to run when one throws run no more (their activity is over)."""
+    src = BATCH.read_text(encoding="utf-8")
+    start = src.index('    <bpmn:scriptTask id="check">')
+    end = src.index("</bpmn:scriptTask>", start) + len("</bpmn:scriptTask>")
+    src = (src[:start] + '<bpmn:subProcess id="wrap"><bpmn:startEvent id="w_start"/>' + src[start:end]
+           + '<bpmn:endEvent id="w_end"/><bpmn:sequenceFlow id="w1" sourceRef="w_start" targetRef="check"/>'
+           '<bpmn:sequenceFlow id="w2" sourceRef="check" targetRef="w_end"/></bpmn:subProcess>' + src[end:])
+    src = (src.replace('attachedToRef="check"', 'attachedToRef="wrap"')
+           .replace('sourceRef="start" targetRef="check"', 'sourceRef="start" targetRef="wrap"')
+           .replace('sourceRef="check" targetRef="total"', 'sourceRef="wrap" targetRef="total"'))
+    path = tmp_path / "wrapped.bpmn"
+    path.write_text(src, encoding="utf-8")
+    instance = run(path, {"items": items})
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["on_bad", "report", "end_bad"]
+    assert variables(instance.main) == {"items": items, "bad": "bad", "error_code": "bad_item",
+                                        "error_message": "item rejected", "report": "rejected bad"}
+    assert_replays(instance)
