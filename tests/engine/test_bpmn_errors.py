@@ -404,3 +404,12 @@ def test_an_instance_error_caught_by_the_sub_process_around_ends_the_other_insta
     assert variables(instance.main) == {"items": items, "bad": "bad", "error_code": "bad_item",
                                         "error_message": "item rejected", "report": "rejected bad"}
     assert_replays(instance)
+
+
+def test_an_error_thrown_in_a_called_process_reaches_the_call_activity_boundary() -> None:
+    eng = Engine()
+    instance = eng.run(eng.start(load_process(HERE / "call.bpmn", process_id="main"), {}))
+
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["on_x", "after_x", "end_x"]
+    assert variables(instance.main) == {"error_code": "x", "error_message": "deep", "handled": "x"}
