@@ -413,3 +413,18 @@ def test_an_error_thrown_in_a_called_process_reaches_the_call_activity_boundary(
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow)[-3:] == ["on_x", "after_x", "end_x"]
     assert variables(instance.main) == {"error_code": "x", "error_message": "deep", "handled": "x"}
+
+
+def test_a_connector_throws_through_the_handler_of_its_operator() -> None:
+    def transfer(ctx: ActivityContext) -> dict[str, Any]:
+        if ctx.params["iban"].startswith("XX"):
+            raise BpmnError("iban_rejected", payload={"iban_checked": ctx.params["iban"]})
+        return {"ok": True}
+
+    eng = Engine(handlers={"bank/Transfer": transfer})
+    rejected = eng.run(eng.start(load_process(HERE / "connector.bpmn"), {"iban": "XX00"}))
+    assert rejected.status == "completed", rejected.error
+    assert variables(rejected.main)["route"] == "manual: iban_rejected XX00"
+    assert "transfer_result" not in rejected.main
+    sent = eng.run(eng.start(load_process(HERE / "connector.bpmn"), {"iban": "DE00"}))
+    assert sent.status == "completed" and variables(sent.main)["transfer_result"] == {"ok": True}
