@@ -221,6 +221,15 @@ class HumanConfirmConfig(_Model):
     extra_options: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class LLMOnError(_Model):
+    """What a model activity does when the model fails for good (unreachable, no valid answer
+    after its retries, an answer its ``outputSchema`` refuses): ``throw`` the BPMN error of this
+    errorCode at the task (an error boundary event or error event sub-process catches it),
+    instead of failing the instance."""
+
+    throw: str = Field(min_length=1)
+
+
 class LLMConfig(_Model):
     model: str | None = None
     instructions: str = ""
@@ -233,6 +242,7 @@ class LLMConfig(_Model):
     api_base: str | None = None
     tools: bool = False
     render_format: Literal["xml", "json", "plain"] = "xml"
+    on_error: LLMOnError | None = None
 
     @field_validator("output_schema")
     @classmethod

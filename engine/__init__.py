@@ -4,7 +4,7 @@
 persists its instances. Handlers are registered with ``@activity("name")``.
 """
 
-from .handlers import ActivityContext, HandlerRegistry, activity
+from .handlers import ActivityContext, BpmnError, HandlerRegistry, activity
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, TimedOut
@@ -14,6 +14,7 @@ __all__ = [
     "ActivityContext",
     "AnswerWriteDenied",
     "BM25Retriever",
+    "BpmnError",
     "Engine",
     "FormAnswerInvalid",
     "GovernanceService",

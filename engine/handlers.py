@@ -43,6 +43,7 @@ from gateways.conditions import python_source
 
 __all__ = [
     "ActivityContext",
+    "BpmnError",
     "Handler",
     "HandlerRegistry",
     "REGISTRY",
@@ -53,6 +54,32 @@ __all__ = [
     "load_handler_reference",
     "file_handlers",
 ]
+
+class BpmnError(Exception):
+    """Raised by an activity (a handler, a connector, a BPMN script, where it is ``BpmnError``):
+    the activity throws the BPMN error ``code`` at its task instead of failing.
+
+    An error boundary event on the task whose errorRef's errorCode is ``code`` (else one with
+    no errorRef or no code: a catch-all) interrupts it and the process goes on along the
+    boundary's path; else an error event sub-process of the enclosing scope, or an error
+    boundary event of an enclosing sub-process, catches it, as BPMN says. Nothing catching
+    it, the instance fails as for any other exception. What the activity wrote is dropped;
+    ``payload`` (a JSON object) reaches the catching path (``engine.runtime``)."""
+
+    def __init__(self, code: str, message: str | None = None, payload: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(code, str) or not code.strip():
+            raise TypeError(f"BpmnError(code={code!r}): the code is the errorCode of the bpmn:error to throw, a "
+                            "non-empty string")
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"BpmnError({code!r}, message={message!r}): the message is a string or None")
+        if payload is not None and not isinstance(payload, Mapping):
+            raise TypeError(f"BpmnError({code!r}, payload={payload!r}): the payload is a JSON object (a dict) "
+                            "or None; wrap a single value, e.g. payload={'detail': value}")
+        self.code = code.strip()
+        self.message = message
+        self.payload: dict[str, Any] = dict(payload or {})
+        super().__init__(f"BPMN error {self.code!r}" + (f": {message}" if message else ""))
+
 
 # the config of an activity that has none, validated once (the model is frozen): an ActivityContext
 # is made for every activity, and validating an empty config costs more than running a small one
@@ -374,7 +401,8 @@ def run_script(script: str, actx: ActivityContext, *, filename: str = "<string>"
 
     Errors propagate with the script's line in their traceback (``filename`` marks it).
     """
-    ns = ScriptNamespace(actx.context, {"ctx": actx, "__builtins__": __builtins__, **actx.scope}, actx.scoped)
+    ns = ScriptNamespace(actx.context, {"ctx": actx, "BpmnError": BpmnError, "__builtins__": __builtins__, **actx.scope},
+                         actx.scoped)
     exec(_compiled(script, filename, "exec"), ns)
     for key in actx.scoped:
         if dict.__contains__(ns, key):

@@ -75,7 +75,7 @@ from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
 from .gateway_steps import GatewaySteps, condition_context, short, typed_option
-from .handlers import REGISTRY, ActivityContext, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
+from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
@@ -681,6 +681,21 @@ class Engine:
         return False
 
 
+class UncaughtBpmnError(ActivityError):
+    """An activity threw a BPMN error (``engine.BpmnError``) that no event catches: the instance
+    fails, as for any exception of an activity (``resume`` runs the activity again)."""
+
+    def __init__(self, err: BpmnError, task_id: str) -> None:
+        self.error_code = err.code
+        self.error_message = err.message
+        what = f" ({err.message})" if err.message else ""
+        super().__init__(f"activity {task_id!r} threw BPMN error {err.code!r}{what} and nothing catches it: no error "
+                         f"boundary event on {task_id!r} or on a sub-process around it, and no error event "
+                         f"sub-process, catches code {err.code!r}. Add one whose errorRef names a bpmn:error with "
+                         f"errorCode=\"{err.code}\" (or an error event with no errorRef, which catches every error)",
+                         task_id=task_id)
+
+
 class AnswerWriteDenied(ContextWriteDenied):
     """A person's answer to a user task writes what the layer rules refuse (a SYSTEM key, a
     PROCESS key already set): refused before anything of it was applied, the refusal on the
@@ -1059,6 +1074,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         line = getattr(err, "line", None)
         if line is not None:
             inst.error["line"] = line
+        if isinstance(err, UncaughtBpmnError):
+            inst.error["error_code"] = err.error_code
         failed = _all_tasks(inst.workflow, TaskState.ERROR)
         inst.error_task = str(failed[0].id) if failed else None
         if task_id is None and failed:
@@ -1232,6 +1249,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
             self.instance.suspended.pop(str(task.id), None)  # e.g. llm.tools turned off while it waited
+        except BpmnError as err:
+            self.instance.suspended.pop(str(task.id), None)
+            return self._throw_error(task, ctx, err)
         except BaseException as err:
             self.instance.suspended.pop(str(task.id), None)
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
@@ -1411,6 +1431,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             scope[item] = task.data[item]
         scoped = {n for n in (item, out) if n is not None}
         task.data = {}
+        if ctx.current_activity != bpmn_id and spiff.THROWN_KEY in multi.internal_data:
+            return None  # another instance threw a BPMN error, which ends the activity: its catcher runs next
         if ctx.current_activity != bpmn_id:
             raise ActivityError(f"an instance of multi-instance activity {bpmn_id!r} runs, but the activity is "
                                 f"not open in context {ctx.name!r}", task_id=bpmn_id)
@@ -1439,12 +1461,69 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 ctx.apply_changes([(Layer.EPHEMERAL, item, DELETED)], kind="instance_done", actor=bpmn_id,
                                   data={"activity": bpmn_id, "instance": _jsonable(index),
                                         **({"output": {out: actx.scope[out]}} if out is not None else {})})
+        except BpmnError as err:
+            return self._throw_error(task, ctx, err, multi=multi)
         except BaseException as err:
             self.abort_multi(multi, err)
             raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
         task.data = {n: actx.scope[n] for n in (item, out) if n is not None and n in actx.scope}
         self.instance.activities += 1  # a save point: the instance is saved after each instance
         return True if result is None else result
+
+    def _throw_error(self, task: Any, ctx: LayeredContext, err: BpmnError, multi: Any = None) -> None:
+        """Activity ``task`` raised ``BpmnError``: what it wrote is dropped (its activity aborted, as
+        a failing one's), an ``activity:<id>`` record with status ``error_thrown`` (its code and
+        message) goes into HISTORY, and the error is thrown to the events that catch it
+        (``spiff.error_catchers``). Caught by an event sub-process or by a boundary event of a
+        sub-process around, the throwing branch ends as at an error end event: it merges up, the
+        other branches are dropped (``terminate``). The task stays STARTED until the catching event
+        cancels it. Nothing catching it, the instance fails (UncaughtBpmnError), and ``resume``
+        runs the activity again."""
+        bpmn_id = spiff.bpmn_id_of(task)
+        try:
+            payload = thaw(freeze(err.payload))
+        except (TypeError, ValueError) as bad:
+            self._abort_thrower(task, ctx, multi, bad)
+            raise ActivityError(f"activity {bpmn_id!r} threw BPMN error {err.code!r} with a payload that is not "
+                                f"JSON ({bad}); give BpmnError a payload of JSON values", task_id=bpmn_id) from bad
+        catchers, levels, own = spiff.error_catchers(task, err.code)
+        self._abort_thrower(task, ctx, multi, err)
+        if not catchers:
+            raise UncaughtBpmnError(err, bpmn_id)
+        if multi is not None:
+            multi.internal_data[spiff.THROWN_KEY] = err.code
+        by = [spiff.bpmn_id_of(t) for t in catchers]
+        ctx.begin_activity(bpmn_id, actor=bpmn_id)
+        ctx.complete_activity(bpmn_id, status="error_thrown", actor=bpmn_id,
+                              summary=f"threw BPMN error {err.code!r}" + (f": {err.message}" if err.message else "")
+                              + f"; caught by {', '.join(by)}",
+                              details={"error_code": err.code, "error_message": err.message, "caught_by": by})
+        self.instance.activities += 1
+        if not own:
+            # as an error end event in that branch: it merges up to the catching scope (``terminate``)
+            if levels and spiff.caught_in_scope(catchers[0].task_spec):
+                task.internal_data[spiff.CAUGHT_UP_KEY] = levels
+            self.terminate(task)
+        spiff.throw_activity_error(catchers, err.code, {"code": err.code, "message": err.message,
+                                                        "payload": payload, "by": bpmn_id})
+        return None
+
+    def _abort_thrower(self, task: Any, ctx: LayeredContext, multi: Any, err: BaseException) -> None:
+        bpmn_id = spiff.bpmn_id_of(task)
+        if multi is not None:
+            self.abort_multi(multi, err)
+        elif ctx.current_activity == bpmn_id:
+            ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
+
+    def caught_error(self, task: Any, thrown: dict[str, Any], variables: list[str]) -> None:
+        """The event that caught a BPMN error an activity threw runs: ``error_code`` and
+        ``error_message`` go into WORKING of its context, with the payload under the event's
+        error variable (``spiffworkflow:variableName``), else as its keys; recorded as
+        ``event:<catch event id>`` (``events.catch_thrown``)."""
+        payload = dict(thrown.get("payload") or {})
+        values: dict[str, Any] = {variables[0]: payload} if variables else payload
+        values.update(error_code=thrown["code"], error_message=thrown.get("message"))
+        events.catch_thrown(self.context_of(task), task, values)
 
     def _activity_done(self, ctx: LayeredContext, cfg: ActivityExtensionConfig | None, bpmn_id: str) -> None:
         self.instance.activities += 1
@@ -1469,16 +1548,23 @@ class _Runtime(ScopeSteps, GatewaySteps):
                      default_run: Callable[[], Any]) -> Any:
         spec = task.task_spec
         model = self._model_for(cfg) if cfg is not None and cfg.llm is not None else None
-        if model is not None and cfg is not None and cfg.llm is not None and cfg.llm.tools:
-            answer = self.run_with_tools(task, actx, cfg, model)
-            if answer is None:
-                return _SUSPENDED
-            write_result(actx, answer)
-            return None
-        if model is not None:
-            from .llm import run_llm_activity
+        if model is not None and cfg is not None and cfg.llm is not None:
+            from .llm import ModelCallFailed, run_llm_activity
 
-            write_result(actx, run_llm_activity(actx, cfg, model=model))
+            try:
+                if cfg.llm.tools:
+                    answer = self.run_with_tools(task, actx, cfg, model)
+                    if answer is None:
+                        return _SUSPENDED
+                else:
+                    answer = run_llm_activity(actx, cfg, model=model)
+            except ModelCallFailed as err:
+                if cfg.llm.on_error is None:
+                    raise
+                # llm.onError.throw: the model's failure is the BPMN error the modeler drew a path for
+                raise BpmnError(cfg.llm.on_error.throw, str(err),
+                                {"failed_model": err.model, "model_attempts": err.attempts}) from err
+            write_result(actx, answer)
             return None
         handler = self._handler_for(spec.bpmn_id, cfg)
         if handler is not None:

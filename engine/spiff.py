@@ -156,6 +156,9 @@ __all__ = [
     "EngineEscalationEventDefinition",
     "boundary_of_subworkflow",
     "caught_in_scope",
+    "error_catchers",
+    "throw_activity_error",
+    "THROWN_KEY",
     "catching_scope",
     "loop_of",
     "io_names",
@@ -186,6 +189,7 @@ PREPARED_KEY = "lf_prepared"  # on a task that waits for a person: its preScript
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
 CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
+THROWN_KEY = "lf_thrown"  # on a catching event: the BPMN error an activity threw (engine.BpmnError): code, message, ...
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -205,6 +209,7 @@ class Driver(Protocol):
     def timer(self, task: Any) -> None: ...
     def now(self) -> datetime: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
+    def caught_error(self, task: Any, thrown: dict[str, Any], variables: list[str]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]: ...
     def boundary_path(self, task: Any, path: Any = None) -> None: ...
@@ -438,7 +443,10 @@ class _LayerflowSpecMixin:
             delivered = my_task.internal_data.pop(DELIVERED_KEY, None)
             values = {name: my_task.data.pop(name) for name in payload_variables(self.event_definition)
                       if name in my_task.data}
-            if values and not delivered:
+            thrown = my_task.internal_data.pop(THROWN_KEY, None)
+            if thrown is not None:  # an activity threw it (throw_activity_error): code, message, payload
+                driver.caught_error(my_task, thrown, payload_variables(self.event_definition))
+            elif values and not delivered:
                 driver.caught(my_task, values)
             return result
         if isinstance(self, (ExclusiveGateway, InclusiveGateway)):
@@ -731,6 +739,60 @@ def catching_tasks(task: Any) -> list[Any]:
             return found
         workflow = workflow.parent_workflow
     return []
+
+
+def error_catchers(task: Any, code: str) -> tuple[list[Any], int, bool]:
+    """Where the BPMN error ``code`` that activity ``task`` throws (``engine.BpmnError``) is caught,
+    as BPMN says: the error boundary events of the activity (of its multi-instance activity, for
+    an instance); else the error event sub-processes of its (sub-)process; else the boundary
+    events of the sub-process (call activity) around, then its scope's event sub-processes, and
+    so on up. At each step the events whose errorCode is ``code`` win over catch-all ones (no
+    errorRef, or an error with no code). Returns the catching tasks, how many workflows up they
+    catch (0: the task's own), and whether they are boundary events of the activity itself."""
+    event = BpmnEvent(EngineErrorEventDefinition(code, code=code))
+    waiting = list(task.workflow.top_workflow.event_manager.tasks.values())
+
+    def catching(t: Any) -> bool:
+        return bool(t.task_spec.catches(t, event))
+
+    def best(found: list[Any]) -> list[Any]:
+        specific = [t for t in found if getattr(t.task_spec.event_definition, "code", None) == code]
+        return specific or found
+
+    attached = multi_instance_of(task) or task
+    workflow = task.workflow
+    levels = 0
+    while workflow is not None:
+        bounds = [t for t in waiting if isinstance(t.task_spec, BoundaryEvent)
+                  and isinstance(t.task_spec.event_definition, ErrorEventDefinition)
+                  and attached_activity(t) is attached and catching(t)]
+        if bounds:
+            return best(bounds), levels, levels == 0
+        starts = [t for t in waiting if caught_in_scope(t.task_spec)
+                  and isinstance(t.task_spec.event_definition, ErrorEventDefinition)
+                  and catching_scope(t) is workflow and catching(t)]
+        if starts:
+            return best(starts), levels, False
+        if workflow.parent_task_id is None:
+            break
+        owner = workflow.top_workflow.get_task_from_id(workflow.parent_task_id)
+        attached = multi_instance_of(owner) or owner
+        workflow = owner.workflow
+        levels += 1
+    return [], 0, False
+
+
+def throw_activity_error(catchers: list[Any], code: str, thrown: dict[str, Any]) -> None:
+    """Throw the BPMN error ``code`` an activity raised to the events ``error_catchers`` found:
+    each one fires (an interrupting boundary event cancels its activity once it runs; an error
+    event sub-process starts right after the throwing task, ``Driver.start_caught``). ``thrown``
+    (JSON: code, message, payload, the thrower's id) reaches the catching event's context
+    (``Driver.caught_error``)."""
+    for t in catchers:
+        t.internal_data[THROWN_KEY] = dict(thrown)
+        event = BpmnEvent(EngineErrorEventDefinition(code, code=code), target=t.workflow)
+        t.task_spec.catch(t, event)
+        t.task_spec._update(t)
 
 
 def _levels_up(workflow: Any, around: Any) -> int:
