@@ -396,6 +396,10 @@ class ScriptNamespace(dict):  # type: ignore[type-arg]
         return writes, deletes
 
 
+# the names a BPMN script finds besides the context's keys and Python's builtins (validate knows them)
+SCRIPT_GLOBALS = ("ctx", "BpmnError")
+
+
 def run_script(script: str, actx: ActivityContext, *, filename: str = "<string>") -> list[str]:
     """Run a BPMN script against the context; return the keys it wrote or deleted.
 

@@ -1829,7 +1829,9 @@ class _Validator:
         """A script that calls a name it neither defines nor imports and Python has no builtin of:
         context values are JSON, never callable, so the run stops there with a NameError (SpiffArena's
         backend scripts, get_current_user() and the like, exist only inside SpiffArena)."""
-        bound = {"ctx"}
+        from .handlers import SCRIPT_GLOBALS
+
+        bound = set(SCRIPT_GLOBALS)
         for node in ast.walk(tree):
             if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 bound.add(node.id)

@@ -525,6 +525,15 @@ def test_a_script_calling_a_function_nothing_defines_is_a_warning_naming_it() ->
     assert instance.status == "error" and "get_current_user" in str(instance.error)
 
 
+def test_a_script_raising_bpmn_error_draws_no_unknown_function_warning() -> None:
+    """``BpmnError`` is in every script's namespace (engine.BpmnError), as ``ctx`` is."""
+    path = Path(__file__).resolve().parent / "bpmn_errors" / "charge.bpmn"
+    assert "BpmnError(" in path.read_text()
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "script_unknown_function" not in result.output and "BpmnError()" not in result.output, result.output
+
+
 def test_a_data_association_with_a_process_variable_names_the_property_and_what_to_do() -> None:
     """jBPM saves process variables as ``bpmn:property`` and maps them into a task by a data association
     with no id; SpiffWorkflow refuses it ("Cannot resolve dataInputAssociation <Element ... at 0x...>"),
