@@ -181,7 +181,8 @@ class Instance:
         tapes: a natural-language XOR condition decided by its expression or the default flow,
         a compression summary made extractively, a compression plan replaced by the rules, a join
         conflict the model could not resolve (``"key"`` added; ``"fallback"``: the resolver that
-        took over, ``"human"`` for a person asked without the model's suggestion).
+        took over, ``"human"`` for a person asked without the model's suggestion), a model
+        activity whose failure its ``llm.onError`` threw as a BPMN error.
         Each ``{"element_id", "purpose", "fallback", "error", "context", "seq"}``: a run that
         completed with the model unreachable says so, not only on the tape."""
         found: list[dict[str, Any]] = []
@@ -210,6 +211,9 @@ class Instance:
                     item = {"element_id": str(e.data.get("gateway_id")), "purpose": "conflict_resolution",
                             "fallback": str(e.data.get("resolver")), "error": failed.data.get("detail"),
                             "key": e.data.get("key")}
+                elif note == "activity_model_failed":  # llm.onError.throw routed the failure
+                    item = {"element_id": e.data.get("task_id"), "purpose": "activity",
+                            "fallback": f"BPMN error {e.data.get('thrown')!r} thrown", "error": e.data.get("error")}
                 elif note == "compression_model_failed":
                     item = {"element_id": e.data.get("task_id"), "purpose": f"compression_{e.data.get('purpose')}",
                             "fallback": e.data.get("fallback"), "error": e.data.get("error")}
@@ -1562,6 +1566,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 if cfg.llm.on_error is None:
                     raise
                 # llm.onError.throw: the model's failure is the BPMN error the modeler drew a path for
+                self.context_of(task).record("activity_model_failed", actor=spec.bpmn_id, data={
+                    "task_id": spec.bpmn_id, "error": f"{type(err).__name__}: {err}"[:2000],
+                    "thrown": cfg.llm.on_error.throw})
                 raise BpmnError(cfg.llm.on_error.throw, str(err),
                                 {"failed_model": err.model, "model_attempts": err.attempts}) from err
             write_result(actx, answer)

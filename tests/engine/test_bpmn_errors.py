@@ -259,6 +259,10 @@ def test_a_failing_model_throws_the_configured_error_and_a_person_takes_over(stu
     assert got["error_code"] == "model_failed" and "stub failure" in got["error_message"]
     assert (got["failed_model"], got["model_attempts"]) == ("openai/stub-model", 1)
     assert waiting.main.resolve("activity:classify")["status"] == "error_thrown"
+    (fallback,) = waiting.to_document()["model_fallbacks"]  # the run went on without the model: said so
+    assert (fallback["element_id"], fallback["purpose"], fallback["fallback"]) == (
+        "classify", "activity", "BPMN error 'model_failed' thrown")
+    assert "stub failure" in fallback["error"]
     done = eng.complete_user_task(waiting, waiting.waiting_for[0]["id"], {"category": "hardware"})
     assert done.status == "completed" and variables(done.main)["category"] == "hardware"
 
