@@ -470,13 +470,18 @@
         ? "The instance changed meanwhile (" + err.message + "). It has been reloaded: check it and submit again."
         : "The data was not accepted: " + err.message;
       error.hidden = false;
-      button.disabled = false;
-      if (err.status === 409) { state.drafts["task:" + t.id] = area.value; await loadInstance(true); }
-      else if (err.status === 400 || err.status === 403) {
-        // a refused answer is on the tape (a new version): reload, keeping the draft and the reason
-        state.drafts["task:" + t.id] = area.value;
-        state.taskErrors[t.id] = error.textContent;
-        await loadInstance(true);
+      // A 409 and a refused answer (on the tape: a new version) reload the instance, keeping the
+      // draft and the reason; the button stays disabled until then, or a second submit would
+      // carry the version the server has already moved past (and be refused as stale)
+      try {
+        if (err.status === 409) { state.drafts["task:" + t.id] = area.value; await loadInstance(true); }
+        else if (err.status === 400 || err.status === 403) {
+          state.drafts["task:" + t.id] = area.value;
+          state.taskErrors[t.id] = error.textContent;
+          await loadInstance(true);
+        }
+      } finally {
+        button.disabled = false;
       }
     }
   }
