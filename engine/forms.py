@@ -1,6 +1,6 @@
 """The form a modeler declared on a user task: what a person is asked for, and the check of an answer.
 
-Three ways of declaring one are read from the BPMN, as the modelers save them:
+These ways of declaring one are read from the BPMN, as the modelers save them:
 
 * Camunda 7: ``<camunda:formData>`` with ``<camunda:formField id label type defaultValue>``
   (types ``string``, ``long``, ``boolean``, ``date``, ``enum`` with ``<camunda:value id name>``)
@@ -16,8 +16,15 @@ Three ways of declaring one are read from the BPMN, as the modelers save them:
   ``boolean``, ``date``, ``enum`` with ``<flowable:value id name>``); a property with a
   ``variable`` is asked for and kept under that variable, as those engines keep it; one neither
   readable nor writable is not asked for; ``writable="false"`` is read-only;
-* Camunda 8: ``<zeebe:formDefinition formKey | formId>``, and a ``formKey`` attribute (Camunda 7,
-  Activiti, Flowable): a form file of another tool, reported by its key, nothing checked.
+* Camunda 8: form-js JSON forms, embedded (``<zeebe:userTaskForm id="X">`` in the process's
+  extensionElements, ``<zeebe:formDefinition formKey="camunda-forms:bpmn:X">`` on the task) or
+  linked (``<zeebe:formDefinition formId="X">``: the ``*.form`` file with ``"id": "X"`` beside the
+  BPMN); keyed components become fields (``textfield``/``textarea`` string, ``number`` double,
+  ``checkbox`` boolean, ``select``/``radio`` enum, ``checklist``/``taglist`` list, ``datetime``
+  date with a ``format``), groups are flattened, display components skipped; a linked form not
+  found, a form that is not JSON or a component of an unknown type is a warning, left unchecked;
+* another ``zeebe:formDefinition formKey`` and a ``formKey`` attribute (Camunda 7, Activiti,
+  Flowable): a form file of another tool, reported by its key, nothing checked.
 
 A form is a plain JSON value (``parse_form``), kept in the task spec's extensions under
 ``"form"``, so it travels with the workflow: an instance resumed elsewhere checks its answers
@@ -422,13 +429,15 @@ def _is_formjs_value(text: str, fmt: str) -> bool:
 
 def _formjs_field(comp: Mapping[str, Any], kind: str, where: str, warnings: _Problems) -> dict[str, Any]:
     key = str(comp["key"])
-    validate = comp.get("validate") if isinstance(comp.get("validate"), Mapping) else {}
+    given = comp.get("validate")
+    validate: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
     label = comp.get("label") or (comp.get("dateLabel") or comp.get("timeLabel") if kind == "date" else None) or key
     field: dict[str, Any] = {"id": key, "label": str(label), "type": kind, "required": validate.get("required") is True,
                              "default": comp.get("defaultValue")}
     if comp.get("readonly") is True or comp.get("disabled") is True:
         field["readonly"] = True
-    hide = comp.get("conditional").get("hide") if isinstance(comp.get("conditional"), Mapping) else None
+    conditional = comp.get("conditional")
+    hide = conditional.get("hide") if isinstance(conditional, Mapping) else None
     if field["required"] and isinstance(hide, str) and hide.strip():
         # form-js drops a hidden field from what it submits; its FEEL condition is not evaluated here
         field["required"] = False

@@ -252,3 +252,21 @@ def test_a_required_field_hidden_by_a_condition_may_be_left_out_and_says_why(cli
     done = _doc(cli("run", str(forms_dir / LINKED), "--json", "--store", "memory://",
                     "--answer", 'decide_invoice={"decision": "approve"}'))
     assert done["error"] is None and done["status"] == "completed"
+
+
+@pytest.mark.parametrize(("fmt", "good", "bad"), [
+    ("date", ["2026-01-31"], ["2026-02-30", "31/01/2026", "2026-01-31T09:30"]),
+    ("time", ["09:30", "09:30Z", "23:59+01:00"], ["9:30", "24:00", "2026-01-31"]),
+    ("date-time", ["2026-01-31T09:30", "2026-01-31T09:30Z", "2026-01-31T09:30-05:00"],
+     ["2026-01-31", "2026-01-31 09:30", "2026-01-31T25:00"]),
+])
+def test_datetime_values_are_checked_as_form_js_posts_them(fmt, good, bad) -> None:
+    from engine.forms import check_answer
+
+    form = {"source": "x.form", "fields": [{"id": "when", "label": "When", "type": "date", "required": False,
+                                            "default": None, "format": fmt}]}
+    for value in good:
+        assert check_answer(form, {"when": value})[1] == [], value
+    for value in bad:
+        (problem,) = check_answer(form, {"when": value})[1]
+        assert problem[0] == "when" and f"{json.dumps(value)} is not a" in problem[1], value
