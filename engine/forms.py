@@ -1,6 +1,6 @@
 """The form a modeler declared on a user task: what a person is asked for, and the check of an answer.
 
-Three ways of declaring one are read from the BPMN, as the modelers save them:
+These ways of declaring one are read from the BPMN, as the modelers save them:
 
 * Camunda 7: ``<camunda:formData>`` with ``<camunda:formField id label type defaultValue>``
   (types ``string``, ``long``, ``boolean``, ``date``, ``enum`` with ``<camunda:value id name>``)
@@ -16,8 +16,15 @@ Three ways of declaring one are read from the BPMN, as the modelers save them:
   ``boolean``, ``date``, ``enum`` with ``<flowable:value id name>``); a property with a
   ``variable`` is asked for and kept under that variable, as those engines keep it; one neither
   readable nor writable is not asked for; ``writable="false"`` is read-only;
-* Camunda 8: ``<zeebe:formDefinition formKey | formId>``, and a ``formKey`` attribute (Camunda 7,
-  Activiti, Flowable): a form file of another tool, reported by its key, nothing checked.
+* Camunda 8: form-js JSON forms, embedded (``<zeebe:userTaskForm id="X">`` in the process's
+  extensionElements, ``<zeebe:formDefinition formKey="camunda-forms:bpmn:X">`` on the task) or
+  linked (``<zeebe:formDefinition formId="X">``: the ``*.form`` file with ``"id": "X"`` beside the
+  BPMN); keyed components become fields (``textfield``/``textarea`` string, ``number`` double,
+  ``checkbox`` boolean, ``select``/``radio`` enum, ``checklist``/``taglist`` list, ``datetime``
+  date with a ``format``), groups are flattened, display components skipped; a linked form not
+  found, a form that is not JSON or a component of an unknown type is a warning, left unchecked;
+* another ``zeebe:formDefinition formKey`` and a ``formKey`` attribute (Camunda 7, Activiti,
+  Flowable): a form file of another tool, reported by its key, nothing checked.
 
 A form is a plain JSON value (``parse_form``), kept in the task spec's extensions under
 ``"form"``, so it travels with the workflow: an instance resumed elsewhere checks its answers
@@ -375,6 +382,195 @@ def _spiff_form(name: str, base: Path | None) -> tuple[dict[str, Any] | None, _P
     return form, [], []
 
 
+# Camunda 8 forms: form-js JSON, embedded in the process (<zeebe:userTaskForm id>, referenced by
+# formKey="camunda-forms:bpmn:ID") or linked (formId="ID": a *.form file with that "id" deployed with
+# the BPMN, looked for beside it). What each keyed component is asked as:
+_FORMJS_EMBEDDED = "camunda-forms:bpmn:"
+_FORMJS_TYPES = {"textfield": "string", "textarea": "string", "number": "double", "checkbox": "boolean",
+                 "select": "enum", "radio": "enum", "checklist": "list", "taglist": "list", "datetime": "date",
+                 "filepicker": "any"}
+# shown, not asked for (no key), or computed by the form itself (expression, script)
+_FORMJS_SHOWN = {"text", "html", "image", "button", "spacer", "separator", "iframe", "documentPreview",
+                 "table", "expression", "script", "default"}
+_FORMJS_CONTAINERS = {"group", "dynamiclist"}
+_FORMJS_DATETIME = {"date": "date", "time": "time", "datetime": "date-time"}
+_FORMJS_VALUES = {
+    "date": "a date (YYYY-MM-DD, e.g. 2026-01-31)",
+    "time": "a time (HH:mm, optionally with Z or an offset, e.g. 09:30)",
+    "date-time": "a date-time (YYYY-MM-DDTHH:mm, optionally with Z or an offset, e.g. 2026-01-31T09:30)",
+}
+_FORMJS_TIME = r"\d{2}:\d{2}(:\d{2}(\.\d+)?)?([Zz]|[+-]\d{2}:\d{2})?"
+
+
+def _is_formjs_value(text: str, fmt: str) -> bool:
+    """A value as form-js's datetime component posts it: ``date`` YYYY-MM-DD, ``time`` HH:mm,
+    ``date-time`` both joined by ``T``; the time with Z, an offset or neither."""
+    date_part: str | None = text
+    time_part: str | None = None
+    if fmt == "time":
+        date_part, time_part = None, text
+    elif fmt == "date-time":
+        if "T" not in text:
+            return False
+        date_part, time_part = text.split("T", 1)
+    try:
+        if date_part is not None:
+            if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", date_part):
+                return False
+            datetime.strptime(date_part, "%Y-%m-%d")
+        if time_part is not None:
+            if not re.fullmatch(_FORMJS_TIME, time_part):
+                return False
+            time.fromisoformat(time_part[:5])
+    except ValueError:
+        return False
+    return True
+
+
+def _formjs_field(comp: Mapping[str, Any], kind: str, where: str, warnings: _Problems) -> dict[str, Any]:
+    key = str(comp["key"])
+    given = comp.get("validate")
+    validate: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+    label = comp.get("label") or (comp.get("dateLabel") or comp.get("timeLabel") if kind == "date" else None) or key
+    field: dict[str, Any] = {"id": key, "label": str(label), "type": kind, "required": validate.get("required") is True,
+                             "default": comp.get("defaultValue")}
+    if comp.get("readonly") is True or comp.get("disabled") is True:
+        field["readonly"] = True
+    conditional = comp.get("conditional")
+    hide = conditional.get("hide") if isinstance(conditional, Mapping) else None
+    if field["required"] and isinstance(hide, str) and hide.strip():
+        # form-js drops a hidden field from what it submits; its FEEL condition is not evaluated here
+        field["required"] = False
+        field["warning"] = (f"required only while shown (hidden when {hide.strip()}); that condition is FEEL, "
+                            "not evaluated here, so it may be left out")
+    if kind == "date":
+        subtype = comp.get("subtype") or "date"
+        if subtype not in _FORMJS_DATETIME:
+            warnings.append((key, f"{where}: datetime component {key!r} has the subtype {subtype!r}, not one of "
+                                  f"{', '.join(_FORMJS_DATETIME)}, so answers to it are not checked as dates"))
+            field["type"] = "string"
+        else:
+            field["format"] = _FORMJS_DATETIME[subtype]
+    if kind in ("enum", "list"):
+        values = comp.get("values")
+        if isinstance(values, list) and values:
+            field["options"] = [{"id": v.get("value"), "name": v.get("label", v.get("value"))}
+                                for v in values if isinstance(v, Mapping)]
+            default = field["default"]
+            offered = [o["id"] for o in field["options"]]
+            misfits = (default if isinstance(default, list) else [default]) if default is not None else []
+            if any(d not in offered for d in misfits):
+                warnings.append((key, f"{where}: the defaultValue {json.dumps(default, ensure_ascii=False)} of "
+                                      f"{key!r} is not among its values ({', '.join(map(str, offered))})"))
+        else:  # options from a variable (valuesKey) or an expression: known only as the form renders
+            source = comp.get("valuesKey") or comp.get("valuesExpression")
+            if source:
+                field["options_from"] = str(source)
+            if kind == "enum":
+                field["type"] = "any"
+    for name, out in (("min", "min"), ("max", "max"), ("minLength", "minlength"), ("maxLength", "maxlength")):
+        bound = validate.get(name)
+        if isinstance(bound, (int, float)) and not isinstance(bound, bool):
+            field[out] = bound
+    pattern = validate.get("pattern")
+    if isinstance(pattern, str) and pattern and kind == "string":
+        try:
+            re.compile(pattern)
+            field["pattern"] = pattern
+        except re.error as err:
+            warnings.append((key, f"{where}: the pattern {pattern!r} of {key!r} is no regular expression this "
+                                  f"engine reads ({err}), so answers to it are not checked against it"))
+    return field
+
+
+def _formjs_fields(components: Any, where: str, fields: list[dict[str, Any]], warnings: _Problems) -> None:
+    """The keyed components of a form-js form, a group's flattened in, in the order shown."""
+    if not isinstance(components, list):
+        warnings.append((None, f"{where}: \"components\" is not a list; answers to this task are not checked"))
+        return
+    for n, comp in enumerate(components):
+        if not isinstance(comp, Mapping):
+            warnings.append((None, f"{where}: component {n + 1} is not an object; it is not asked for"))
+            continue
+        ctype, key = comp.get("type"), comp.get("key")
+        if ctype in _FORMJS_CONTAINERS:
+            path = comp.get("path")
+            if ctype == "dynamiclist" and path:
+                fields.append({"id": str(path), "label": str(comp.get("label") or path), "type": "list",
+                               "required": False, "default": comp.get("defaultValue")})
+            elif path:
+                warnings.append((str(path), f"{where}: the fields of group {path!r} are kept under {path!r}, "
+                                            "so answers to them are not checked"))
+            else:
+                _formjs_fields(comp.get("components") or [], where, fields, warnings)
+        elif ctype in _FORMJS_SHOWN:
+            continue
+        elif ctype in _FORMJS_TYPES:
+            if not isinstance(key, str) or not key:
+                warnings.append((None, f"{where}: a {ctype} component has no key, so it is not asked for; give "
+                                       "it the key its value is kept under"))
+            elif any(f["id"] == key for f in fields):
+                warnings.append((key, f"{where}: the key {key!r} is used twice; the first component is checked"))
+            else:
+                fields.append(_formjs_field(comp, _FORMJS_TYPES[ctype], where, warnings))
+        else:
+            name = f"component {key!r}" if key else f"component {n + 1}"
+            warnings.append((str(key) if key else None,
+                             f"{where}: {name} has the type {ctype!r}, which is no form-js component type this "
+                             f"engine knows ({', '.join(sorted(_FORMJS_TYPES))}, groups and display components), "
+                             "so answers to it are not checked"))
+
+
+def _formjs_form(doc: Any, source: str, where: str) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
+    if not isinstance(doc, dict):
+        return None, [], [(None, f"{where} holds a JSON {_json_type(doc)}, not a form-js form "
+                                 "({\"components\": [...]}), so answers to this task are not checked")]
+    warnings: _Problems = []
+    fields: list[dict[str, Any]] = []
+    _formjs_fields(doc.get("components", []), where, fields, warnings)
+    return {"source": source, "fields": fields}, [], warnings
+
+
+def _zeebe_embedded(node: Any, form_key: str) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
+    """``formKey="camunda-forms:bpmn:ID"``: the ``<zeebe:userTaskForm id="ID">`` of the process."""
+    wanted = form_key[len(_FORMJS_EMBEDDED):]
+    found = next((el for el in node.getroottree().iter(_q(ZEEBE_NS, "userTaskForm")) if el.get("id") == wanted), None)
+    if found is None:
+        return None, [(None, f"zeebe:formDefinition formKey {form_key!r}: the file has no <zeebe:userTaskForm "
+                             f"id=\"{wanted}\"> (Camunda Modeler keeps it in the process's extensionElements); "
+                             "add it, or link a form with formId")], []
+    where = f"zeebe:userTaskForm {wanted!r}"
+    try:
+        doc = json.loads(found.text or "")
+    except ValueError as err:
+        return None, [], [(None, f"{where} is not valid JSON ({err}), so answers to this task are not checked; "
+                                 "save the form again from the form editor")]
+    return _formjs_form(doc, "zeebe:userTaskForm", where)
+
+
+def _zeebe_linked(form_id: str, base: Path | None) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
+    """``formId="ID"``: the ``*.form`` file beside the BPMN whose ``"id"`` is ID."""
+    if base is None:
+        return {"source": "zeebe:formDefinition", "form_key": form_id, "fields": []}, [], []
+    unread: list[str] = []
+    for path in sorted(base.glob("*.form")):
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            unread.append(f"{path.name} is not valid JSON ({err})")
+            continue
+        if not isinstance(doc, dict):
+            unread.append(f"{path.name} holds a JSON {_json_type(doc)}, not a form-js form")
+            continue
+        if doc.get("id") == form_id:
+            return _formjs_form(doc, path.name, f"form file {path}")
+    also = f" ({'; '.join(unread)})" if unread else ""
+    return ({"source": "zeebe:formDefinition", "form_key": form_id, "fields": []}, [],
+            [(None, f"zeebe:formDefinition formId {form_id!r}: no .form file with \"id\": \"{form_id}\" in "
+                    f"{base}{also}, so answers to this task are not checked against a form; Camunda deploys "
+                    "the form with the BPMN: put its .form file beside the BPMN")])
+
+
 def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
     """A user task's form, the problems of its declaration, and warnings."""
     ext = _extension_elements(node)
@@ -391,6 +587,11 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problem
     for prop in ext.iter(_q(SPIFF_NS, "property")):
         if prop.get("name") == "formJsonSchemaFilename" and (prop.get("value") or "").strip():
             return _spiff_form(prop.get("value").strip(), base)
+    for el in ext.iter(_q(ZEEBE_NS, "formDefinition")):
+        if (el.get("formKey") or "").strip().startswith(_FORMJS_EMBEDDED):
+            return _zeebe_embedded(node, el.get("formKey").strip())
+        if (el.get("formId") or "").strip():
+            return _zeebe_linked(el.get("formId").strip(), base)
     for tag in ("formDefinition", "userTask"):
         for el in ext.iter(_q(ZEEBE_NS, tag)):
             key = el.get("formKey") or el.get("formId") or el.get("externalReference")
@@ -551,6 +752,18 @@ def _field_problem(field: Mapping[str, Any], value: Any) -> str | None:
             value = _number(value.strip()) if value.strip() else value  # a form posts text
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"{json.dumps(value, ensure_ascii=False)} is not a number (type double)"
+        if field.get("min") is not None and value < field["min"]:
+            return f"{value} is below the minimum {field['min']}"
+        if field.get("max") is not None and value > field["max"]:
+            return f"{value} is above the maximum {field['max']}"
+    elif kind == "list":  # a form-js checklist or taglist: the values ticked
+        if not isinstance(value, list):
+            return f"{json.dumps(value, ensure_ascii=False)} is not a list (a checklist or taglist gives a list)"
+        if field.get("options") is not None:
+            allowed = [o["id"] for o in field["options"]]
+            for item in value:
+                if item not in allowed:
+                    return f"{json.dumps(item, ensure_ascii=False)} is not one of {', '.join(map(str, allowed))}"
     elif kind == "boolean":
         if not isinstance(value, bool):
             return f"{json.dumps(value, ensure_ascii=False)} is not true or false (type boolean)"
@@ -564,7 +777,13 @@ def _field_problem(field: Mapping[str, Any], value: Any) -> str | None:
     elif kind in ("string", "date"):
         if not isinstance(value, str):
             return f"{json.dumps(value, ensure_ascii=False)} is not text (type {kind})"
-        if kind == "date" and field.get("pattern"):
+        if kind == "date" and field.get("format") in _FORMJS_VALUES:
+            if not _is_formjs_value(value.strip(), field["format"]):
+                return f"{json.dumps(value, ensure_ascii=False)} is not {_FORMJS_VALUES[field['format']]}"
+        elif kind == "string" and field.get("pattern"):
+            if not re.search(field["pattern"], value):  # as form-js tests it: found anywhere, unless anchored
+                return f"{json.dumps(value, ensure_ascii=False)} does not match the pattern {field['pattern']}"
+        elif kind == "date" and field.get("pattern"):
             if not _in_pattern(value.strip(), field["pattern"]):
                 return f"{json.dumps(value, ensure_ascii=False)} is not a date in the pattern {field['pattern']}"
         elif kind == "date" and not _is_camunda_date(value.strip()):
@@ -656,7 +875,7 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
         fid = field["id"]
         if fid in refused:
             continue
-        if field.get("required") and seen.get(fid) in (None, ""):
+        if field.get("required") and seen.get(fid) in (None, "", []):
             problems.append((fid, "is required and missing"))
             continue
         if fid in answer:

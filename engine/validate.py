@@ -148,9 +148,12 @@ not make ``report.ok`` false:
                                       handler: it runs only with a model (--model), offline it stops there
 ``invalid_form``                      a user task's form: a camunda:formField with no id, of an unknown type,
                                       an enum with no values, a default or constraint that does not fit; a
-                                      SpiffArena formJsonSchemaFilename file that is not JSON or no JSON Schema
-``form_schema_missing`` W             a SpiffArena formJsonSchemaFilename file that is not beside the BPMN:
-                                      the task runs, its answers unchecked against a form
+                                      SpiffArena formJsonSchemaFilename file that is not JSON or no JSON Schema;
+                                      a camunda-forms:bpmn: formKey with no zeebe:userTaskForm in the file
+``form_schema_missing`` W             a SpiffArena formJsonSchemaFilename file that is not beside the BPMN,
+                                      a Camunda 8 formId with no .form file beside it, a form-js form that
+                                      is not JSON, a component of an unknown type: the task runs, those
+                                      answers unchecked against a form
 ``business_rule_without_dmn``         a businessRuleTask that names no DMN decision (and has no handler), or
                                       one whose decision no DMN file given or beside the process defines
 ``dmn_namespace``                     a DMN file whose root is no DMN 1.1-1.3 ``definitions``
