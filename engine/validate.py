@@ -232,7 +232,7 @@ import re
 import shlex
 import threading
 from datetime import datetime, timezone
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -844,19 +844,14 @@ class _Validator:
                      "give the pool that begins it a plain start event", file=collab.file, line=collab.line,
                      element_id=collab.id)
         for proc in running:
-            for sub in proc.element.iterchildren(_bpmn("subProcess")):
-                if sub.get("triggeredByEvent") != "true":
-                    continue
-                for start in sub.iterchildren(_bpmn("startEvent")):
-                    kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
-                    if kinds:
-                        self.add("pool_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of pool "
-                                 f"process {proc.id!r} starts on a {kinds[0]}: in collaboration {collab.id!r} each "
-                                 "pool's process runs as a called process, and SpiffWorkflow 3.2 starts such event "
-                                 f"sub-processes in the top-level process only, so {start.get('id')!r} never catches "
-                                 f"it; catch the {kinds[0]} with a catch event or an event-based gateway on the "
-                                 "pool's path instead", file=proc.file, line=start.sourceline,
-                                 element_id=start.get("id"), severity="warning")
+            for sub, start, kind in _message_event_subprocesses(proc.element):
+                self.add("pool_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of pool "
+                         f"process {proc.id!r} starts on a {kind}: in collaboration {collab.id!r} each "
+                         "pool's process runs as a called process, and SpiffWorkflow 3.2 starts such event "
+                         f"sub-processes in the top-level process only, so {start.get('id')!r} never catches "
+                         f"it; catch the {kind} with a catch event or an event-based gateway on the "
+                         "pool's path instead", file=proc.file, line=start.sourceline,
+                         element_id=start.get("id"), severity="warning")
 
     def _check_message_flows(self, collab: _Node, running: set[str]) -> None:
         """What layerflow carries between pools: a message a throw event, end event or send task of
@@ -2142,19 +2137,14 @@ class _Validator:
                     todo.append(called)
         for pid, call_id in calls.items():
             proc = by_id[pid]
-            for sub in proc.element.iterchildren(_bpmn("subProcess")):
-                if sub.get("triggeredByEvent") != "true":
-                    continue
-                for start in sub.iterchildren(_bpmn("startEvent")):
-                    kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
-                    if kinds:
-                        self.add("called_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of "
-                                 f"process {pid!r} starts on a {kinds[0]}, and {pid!r} runs here as a called process "
-                                 f"(call activity {call_id!r}): SpiffWorkflow 3.2 starts such event sub-processes "
-                                 f"in the top-level process only, so {start.get('id')!r} never catches it; catch the "
-                                 f"{kinds[0]} with a boundary event on {call_id!r}, or in an event sub-process of "
-                                 f"{main!r}", file=proc.file, line=start.sourceline, element_id=start.get("id"),
-                                 severity="warning")
+            for sub, start, kind in _message_event_subprocesses(proc.element):
+                self.add("called_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of "
+                         f"process {pid!r} starts on a {kind}, and {pid!r} runs here as a called process "
+                         f"(call activity {call_id!r}): SpiffWorkflow 3.2 starts such event sub-processes "
+                         f"in the top-level process only, so {start.get('id')!r} never catches it; catch the "
+                         f"{kind} with a boundary event on {call_id!r}, or in an event sub-process of "
+                         f"{main!r}", file=proc.file, line=start.sourceline, element_id=start.get("id"),
+                         severity="warning")
 
     def _check_event_subprocess(self, sub: Any, file: str) -> None:
         """SpiffWorkflow 3.2 parses message, signal, timer and conditional start events only (any
@@ -3060,6 +3050,18 @@ _FOREIGN_SETTINGS = {
     "taskListener": "do the listener's work in a task of the process",
     "calledElement": "name the called process in the bpmn:callActivity's calledElement attribute",
 }
+
+
+def _message_event_subprocesses(process: Any) -> Iterator[tuple[Any, Any, str]]:
+    """(event sub-process, start event, "message" | "signal") of the event sub-processes directly in
+    ``process`` (an lxml bpmn:process) that a message or signal starts."""
+    for sub in process.iterchildren(_bpmn("subProcess")):
+        if sub.get("triggeredByEvent") != "true":
+            continue
+        for start in sub.iterchildren(_bpmn("startEvent")):
+            kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
+            if kinds:
+                yield sub, start, kinds[0]
 
 
 def _foreign_name(tag: str) -> str | None:
