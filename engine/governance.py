@@ -506,28 +506,20 @@ class Catalog:
                 problems.append(f"{path.name}: left out of the catalog, it cannot be read as XML ({err}); "
                                 f"`layerflow validate {path}` says what to fix")
                 continue
-            for proc in root.iter(f"{_BPMN_NS}process"):
-                pid = proc.get("id")
-                if not pid or proc.get("isExecutable", "true").lower() == "false":
-                    continue
-                if pid in out:
-                    problems.append(f"{path.name}: process {pid!r} is left out of the catalog: "
-                                    f"{out[pid]['file']} defines that process id first; rename one of them")
-                    continue
-                out[pid] = {"id": pid, "name": proc.get("name"), "file": path.name}
+            processes = [p for p in root.iter(f"{_BPMN_NS}process") if p.get("isExecutable", "true").lower() != "false"]
+            executable = {p.get("id") for p in processes}
             # a collaboration of two or more executable pools runs them together (engine.collaboration)
-            executable = {p.get("id") for p in root.iter(f"{_BPMN_NS}process")
-                          if p.get("isExecutable", "true").lower() != "false"}
-            for collab in root.iter(f"{_BPMN_NS}collaboration"):
-                cid = collab.get("id")
-                pools = [p.get("processRef") for p in collab.iter(f"{_BPMN_NS}participant")]
-                if not cid or sum(1 for ref in pools if ref in executable) < 2:
+            collabs = [c for c in root.iter(f"{_BPMN_NS}collaboration")
+                       if sum(1 for p in c.iter(f"{_BPMN_NS}participant") if p.get("processRef") in executable) >= 2]
+            for kind, node in [*(("process", p) for p in processes), *(("collaboration", c) for c in collabs)]:
+                eid = node.get("id")
+                if not eid:
                     continue
-                if cid in out:
-                    problems.append(f"{path.name}: collaboration {cid!r} is left out of the catalog: "
-                                    f"{out[cid]['file']} defines that id first; rename one of them")
+                if eid in out:
+                    problems.append(f"{path.name}: {kind} {eid!r} is left out of the catalog: "
+                                    f"{out[eid]['file']} defines that id first; rename one of them")
                     continue
-                out[cid] = {"id": cid, "name": collab.get("name"), "file": path.name}
+                out[eid] = {"id": eid, "name": node.get("name"), "file": path.name}
         return out, problems
 
     def load(self, process_id: str) -> Process:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from SpiffWorkflow.util.task import TaskState
@@ -119,3 +121,19 @@ def write_elements(tmp_path: Path, pid: str, elements: list[str], extra: str = "
     path.write_text(f'{HEAD}  <bpmn:process id="{pid}" isExecutable="true">\n    {body}\n  </bpmn:process>\n'
                     f"{extra}</bpmn:definitions>\n", encoding="utf-8")
     return path
+
+
+@pytest.fixture(name="cli")
+def cli_in_a_tmp_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``cli(*args)``: the ``layerflow`` CLI in this process (click's runner), on a sqlite store of the
+    test's own; import it into a test module to have the fixture there."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'forms.db'}")
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Any:
+        return runner.invoke(main, list(args), catch_exceptions=False)
+    return invoke

@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 from engine import Engine, FormAnswerInvalid, load_process
-from engine.cli import main
+
+from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
 
 NAMESPACES = {"flowable": "http://flowable.org/bpmn", "activiti": "http://activiti.org/bpmn",
               "camunda": "http://camunda.org/schema/1.0/bpmn"}
@@ -58,11 +58,6 @@ def _write(tmp_path: Path, prefix: str, properties: str | None = None, form_key:
     return path
 
 
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'forms.db'}")
-    runner = CliRunner()
-    return lambda *args: runner.invoke(main, list(args), catch_exceptions=False)
 
 
 def _waiting_form(cli, path: Path) -> tuple[str, dict]:

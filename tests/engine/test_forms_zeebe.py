@@ -10,11 +10,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from click.testing import CliRunner
 
 from engine import Engine, FormAnswerInvalid, load_process
 from engine.api import create_app
-from engine.cli import main
+
+from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
 
 from governance_helpers import TOKEN, ServerThread
 
@@ -32,14 +32,6 @@ def forms_dir(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("LAYERFLOW_STORE", f"sqlite:///{tmp_path / 'forms.db'}")
-    runner = CliRunner()
-
-    def invoke(*args: str):
-        return runner.invoke(main, list(args), catch_exceptions=False)
-    return invoke
 
 
 def _doc(result) -> dict:
