@@ -96,6 +96,10 @@ not make ``report.ok`` false:
                                       a JavaScript or Groovy condition's habit): the message writes the Python
                                       (a script that calls it, in any scriptFormat: ``script_syntax`` /
                                       ``script_language``, with the assignments to write)
+``condition_javascript_api``           a condition reaches the variables as a JavaScript engine does
+                                      (bpmn-engine's ``this.environment.variables.x``, ``environment.output.x``):
+                                      the message writes the Python (a script that does, or calls ``next()`` or
+                                      ``console.log``: ``script_language`` / ``script_syntax``)
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -105,7 +109,8 @@ not make ``report.ok`` false:
                                       or is quoted text that is no ISO 8601 duration / date / repeating interval
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
                                       Python (a warning when it parses as Python: it runs as Python), or one
-                                      that calls Java's System.out or jBPM's kcontext (the message writes the
+                                      that calls Java's System.out or jBPM's kcontext, or uses a JavaScript
+                                      engine's runtime (``next()``, ``this.environment``; the message writes the
                                       Python; in a Python script too: ``script_syntax``)
 ``reserved_id``                       an element id SpiffWorkflow gives its own tasks (``Start``, ``End``,
                                       ``<process>.EndJoin``): the element is lost or replaces that task
@@ -1775,7 +1780,7 @@ class _Validator:
                 what = what or "condition"
                 language = el.get("language") if el is not None else None
                 said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
-                instead = " ".join(_camunda_reads_instead(source).split())
+                instead = " ".join(_foreign_reads_instead(source).split())
                 try:
                     todo = (f"write {instead!r}" if not _camunda_api_calls(ast.parse(instead, mode="eval"))
                             else "read each variable by its name")
@@ -1784,6 +1789,23 @@ class _Validator:
                 self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, Camunda's process "
                          f"API, which is not here{said}: the run would stop there with a NameError; expressions "
                          f"are Python over the context, where a variable is read by its name: {todo}", file=file,
+                         line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+                return None
+            reads = _javascript_api(tree)
+            if reads:
+                what = what or "condition"
+                language = el.get("language") if el is not None else None
+                said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
+                instead = " ".join(_foreign_reads_instead(source).split())
+                try:
+                    todo = (f"write {instead!r}" if not _javascript_api(ast.parse(instead, mode="eval"))
+                            else "read each variable by its name")
+                except SyntaxError:
+                    todo = "read each variable by its name"
+                self.add("condition_javascript_api", f"{what} {source!r} uses {', '.join(reads)}, a JavaScript "
+                         "engine's way (bpmn-engine's, bpmn-server's) to reach the process variables, which is not "
+                         f"here{said}: the run would stop there with a NameError; expressions are Python over the "
+                         f"context, where a variable is read by its name: {todo}", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field)
                 return None
             literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
@@ -1877,13 +1899,31 @@ class _Validator:
         ``kcontext.setVariable("x", v)`` lines do): an error with the Python to write."""
         calls = _java_api_calls(tree)
         if not calls:
-            return False
+            return self._javascript_script(tree, source, el, file, element_id, code, field, what)
         instead = _java_script_instead(source)
         todo = (f"write it as {instead!r}" if instead is not None else
                 "print with print(...), set a variable by assigning it (packed = True), read one by its name")
         self.add(code, f"{what} calls {', '.join(calls)}, Java's and jBPM's API (System.out, kcontext), which is not "
                  "here: the run would stop there with a NameError; scripts are Python over the context, where a "
                  f"variable is read by its name and set by assigning it: {todo}", file=file,
+                 line=el.sourceline if el is not None else None, element_id=element_id, field=field)
+        return True
+
+    def _javascript_script(self, tree: ast.AST, source: str, el: Any, file: str, element_id: str | None,
+                           code: str, field: str, what: str) -> bool:
+        """A JavaScript engine's script (bpmn-engine's, bpmn-server's) that happens to parse as Python
+        (``this.environment.variables.x += 1; next();`` does): an error with the Python to write."""
+        uses = _javascript_api(tree)
+        if not uses:
+            return False
+        instead = _javascript_script_instead(source)
+        todo = (f"write it as {instead!r}" if instead is not None else
+                "print with print(...), set a variable by assigning it (count += 1), read one by its name")
+        self.add(code, f"{what} uses {', '.join(uses)}, a JavaScript engine's runtime (bpmn-engine's, "
+                 "bpmn-server's: next() hands control back, environment.variables and this.environment hold the "
+                 "variables, console prints), which is not here: the run would stop there (NameError, or "
+                 "TypeError for next()); scripts are Python over the context, where a variable is read by its "
+                 f"name and set by assigning it: {todo}", file=file,
                  line=el.sourceline if el is not None else None, element_id=element_id, field=field)
         return True
 
@@ -3114,9 +3154,71 @@ _FOREIGN_FUNCTIONS = {
 }
 
 
-def _camunda_reads_instead(source: str) -> str:
-    """Camunda's ways to read a variable (``execution.getVariable("x")``) as the name they read."""
-    return re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
+#: how JavaScript engines (bpmn-engine, bpmn-server) reach a process variable: through their
+#: environment (``environment.variables.x``, ``environment.output.x``, ``this.environment...``),
+#: the old ``this.context.x``, and ``variables.x`` in their ``${...}`` expressions
+_JAVASCRIPT_READ = re.compile(r"(?<![\w.])(?:this\.)?(?:environment\.(?:variables|output)|context|variables)"
+                              r"\.([A-Za-z_]\w*)")
+
+
+def _foreign_reads_instead(source: str) -> str:
+    """Another engine's ways to read a variable as the name they read: Camunda's
+    ``execution.getVariable("x")``, a JavaScript engine's ``environment.variables.x``."""
+    source = re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
+    return _JAVASCRIPT_READ.sub(r"\1", source)
+
+
+#: the bases of a JavaScript engine's runtime that a script or condition can only mean as such
+_JAVASCRIPT_SERVICES = ("variables", "output", "services")
+
+
+def _javascript_api(tree: ast.AST) -> list[str]:
+    """What a JavaScript engine's script or condition uses of that engine's runtime, which parses as
+    Python and is not here: ``this.…`` (Python has no ``this``), ``environment.variables`` /
+    ``.output`` / ``.services`` (bpmn-engine's environment), ``console.…`` and ``next()`` (the
+    callback bpmn-engine's scripts hand control back with; Python's ``next`` needs an argument).
+    A name the script binds itself (``console = ...``) is its own."""
+    bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
+    chains: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next" \
+                and not node.args and not node.keywords and "next" not in bound:
+            chains.add("next()")
+        if not isinstance(node, ast.Attribute):
+            continue
+        base: ast.expr = node
+        while isinstance(base, ast.Attribute):
+            base = base.value
+        if not isinstance(base, ast.Name) or base.id in bound:
+            continue
+        chain = ast.unparse(node)
+        if base.id in ("this", "console") or (
+                base.id == "environment" and chain.split(".")[1] in _JAVASCRIPT_SERVICES):
+            chains.add(chain)
+    # the longest chain of each read: this.environment.variables.x, not also this.environment
+    return sorted(c for c in chains if not any(o.startswith(c + ".") for o in chains))
+
+
+def _javascript_script_instead(source: str) -> str | None:
+    """A JavaScript engine's script as Python, when a plain rewrite gives one with nothing of the
+    engine left: ``next();`` lines dropped, ``console.log(`` printed, variables read and set by
+    their names, ``x++`` counted, JavaScript's literals spelt as Python's; else None."""
+    lines = []
+    for line in source.strip().splitlines():
+        line = line.strip().rstrip(";").strip()
+        if line in ("next()", "next(null)"):
+            continue
+        line = re.sub(r"\bconsole\.(?:log|info|warn|error|debug)\(", "print(", line)
+        line = _foreign_reads_instead(line)
+        line = re.sub(r"^([A-Za-z_]\w*)\s*(\+\+|--)$", lambda m: f"{m.group(1)} {m.group(2)[0]}= 1", line)
+        line = re.sub(r"\b(true|false|null|undefined)\b", lambda m: _PYTHON_LITERALS[m.group(1)], line)
+        lines.append(line)
+    text = "\n".join(lines) or "pass"
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    return None if _javascript_api(tree) or _camunda_api_calls(tree) or _java_api_calls(tree) else text
 
 
 def _camunda_script_instead(source: str) -> str | None:
@@ -3124,7 +3226,7 @@ def _camunda_script_instead(source: str) -> str | None:
     when every call of Camunda's API in it is one of those or a variable read; else None."""
     lines = []
     for line in source.strip().splitlines():
-        line = _camunda_reads_instead(line.strip().rstrip(";").strip())
+        line = _foreign_reads_instead(line.strip().rstrip(";").strip())
         setter = re.fullmatch(r"(?:execution|task)\.setVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*,\s*(.+)\)",
                               line)
         value = setter.group(3).strip() if setter else ""
@@ -3220,7 +3322,7 @@ def _java_script_instead(source: str) -> str | None:
 def _operators_instead(source: str) -> str | None:
     """``a > 1 && !b`` (JavaScript's or Java's operators in a Python condition): ``a > 1 and not b``."""
     pairs = ((r"===", "=="), (r"!==", "!="), (r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "))
-    spelt = _camunda_reads_instead(source)
+    spelt = _foreign_reads_instead(source)
     for pattern, python in pairs:
         spelt = re.sub(pattern, python, spelt)
     spelt = " ".join(spelt.split())
@@ -3242,7 +3344,7 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
-    inner = _camunda_reads_instead(inner)
+    inner = _foreign_reads_instead(inner)
     inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
     # FEEL's temporal literals are ISO 8601 text, which is what a timer here evaluates to
     inner = re.sub(r"(?<![\w.])(?:duration|date and time|date|time)\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1", inner)

@@ -88,7 +88,9 @@ def is_natural_language(text: str | None) -> bool:
 FOREIGN_LITERALS = frozenset({"true", "false", "null", "none", "undefined", "nil"})
 
 _WORD = re.compile(r"[^\W\d_]{2,}")
-_CODE_OPERATOR = re.compile(r"&&|\|\||[=!<>]=")
+#: code, not prose: ``&&``, ``||``, ``==``-like comparisons, and a JavaScript or Java negation
+#: (``!environment.variables.stopLoop``, ``!(approved)``), which no sentence writes before a word
+_CODE_OPERATOR = re.compile(r"&&|\|\||[=!<>]=|(?:^|[\s(])!\(*[A-Za-z_$]")
 _JUEL = re.compile(r"\s*[$#]\{.*\}\s*", re.S)
 _FEEL = re.compile(r"\s*=(?!=)")
 
@@ -112,7 +114,7 @@ def is_flow_sentence(text: str | None) -> bool:
     if not is_natural_language(text) or expression_dialect(text) is not None:
         return False
     assert text is not None
-    if _CODE_OPERATOR.search(text):  # ``amount > 1000 && status == "open"``: code with a slip, no prose
+    if _CODE_OPERATOR.search(text):  # ``amount > 1000 && status == "open"``, ``!ok``: code, no prose
         return False
     return len(_WORD.findall(text)) >= 3 or bool(_CJK.search(text))
 

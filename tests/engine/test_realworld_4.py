@@ -1,0 +1,136 @@
+"""Shapes met in public BPMN and DMN files, round 4: processes written for JavaScript engines
+(bpmn-engine, bpmn-server), whose scripts and conditions often parse as Python and mean something
+else, and Camunda decision tables that call FEEL's functions. Each is redrawn small in
+``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run a shape, a case runs it there
+too and the outcome must agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from SpiffWorkflow.bpmn.exceptions import WorkflowTaskException
+from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+
+from engine import Engine, load_process
+from engine.cli import main
+from engine.validate import validate_process
+from gateways.conditions import is_flow_sentence
+
+from engine_helpers import variables
+
+REALWORLD = Path(__file__).resolve().parent / "realworld"
+
+
+def plain(path: Path, process_id: str, data: dict[str, Any]) -> BpmnWorkflow:
+    """Plain SpiffWorkflow 3.2 run of ``path`` with ``data`` (its engine steps only)."""
+    parser = BpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec(process_id))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    return wf
+
+
+def problems(*paths: Path) -> list[Any]:
+    return [p for p in validate_process(list(paths)).problems if p.severity == "error"]
+
+
+def rewritten(tmp_path: Path, source: Path, pairs: list[tuple[str, str]]) -> Path:
+    """A copy of ``source`` with each text replaced as validate said to write it."""
+    text = source.read_text()
+    for old, new in pairs:
+        assert old in text, old
+        text = text.replace(old, new)
+    out = tmp_path / source.name
+    out.write_text(text)
+    return out
+
+
+# -- JavaScript engines' processes ----------------------------------------------------------------
+
+
+def test_a_javascript_negation_is_not_a_sentence_and_is_refused_with_the_python_to_write(tmp_path: Path) -> None:
+    """``!environment.variables.stopLoop`` (bpmn-engine's mother-of-all process) has three words and
+    does not parse as Python, so layerflow took it for the designer's sentence: validate only warned,
+    and offline the run left the flow untaken and completed through the default flow, where plain
+    SpiffWorkflow stops on the expression. It is code: validate refuses it naming the flow, with the
+    Python that reads the variable by its name."""
+    path = REALWORLD / "javascript_negation.bpmn"
+    assert not is_flow_sentence("!environment.variables.stopLoop")
+    assert not is_flow_sentence("!(approved)")
+    assert is_flow_sentence("the applicant is known to us!")
+    with pytest.raises(WorkflowTaskException, match="stopLoop"):
+        plain(path, "javascript_negation", {"stopLoop": False})
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2, result.output
+    line = next(ln for ln in result.output.splitlines() if "'again'" in ln)
+    assert f"{path}:15:" in line and "not valid Python" in line and "language='JavaScript'" in line
+    assert "write 'not stopLoop'" in line
+    assert "sentence" not in result.output
+    fixed = rewritten(tmp_path, path, [("!environment.variables.stopLoop", "not stopLoop")])
+    for stop, end in ((False, "retry"), (True, None)):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed]), {"stopLoop": stop}))
+        assert instance.status == "completed", instance.error
+        expected = plain(fixed, "javascript_negation", {"stopLoop": stop}).last_task.data
+        assert variables(instance.main) == dict(expected)
+        assert ("activity:retry" in instance.main.layer(3)) == (end == "retry")
+
+
+def test_a_javascript_negation_reaching_the_engine_unvalidated_fails_as_in_spiffworkflow() -> None:
+    """The engine's own evaluation (a process loaded without validation) no longer sends the
+    expression to the model as a sentence, nor skips its flow offline: it fails at the gateway."""
+    path = REALWORLD / "javascript_negation.bpmn"
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path], validate=False), {"stopLoop": False}))
+    assert instance.status == "error"
+    assert instance.error is not None and "stopLoop" in instance.error["message"]
+    assert "finish" not in str(instance.main.layer(3))
+
+
+def test_juel_reads_of_a_javascript_engine_suggest_the_variable_by_its_name() -> None:
+    """``${variables.skipAll}`` and ``${environment.output.count > 2}`` (bpmn-engine's expressions read
+    its environment): validate said to write 'variables.skipAll', which stops with a NameError too.
+    It says to read the variable by its name."""
+    found = {p.element_id: p.message for p in problems(REALWORLD / "juel_engine_reads.bpmn")}
+    assert set(found) == {"skip", "many"}
+    assert found["skip"].endswith("write 'skipAll'")
+    assert found["many"].endswith("write 'count > 2'")
+
+
+def test_javascript_engine_scripts_and_conditions_that_parse_as_python_are_refused(tmp_path: Path) -> None:
+    """bpmn-engine's scripts hand control back with ``next()`` and reach the process variables through
+    ``this.environment.variables`` (``console.log`` prints); they parse as Python, so validate only
+    warned and the run stopped at the first one (TypeError: next expected at least 1 argument). A
+    condition reading ``this.environment.variables.rounds`` passed silently and stopped with a
+    NameError. Each is refused naming the task or flow, with the Python to write; that Python runs
+    as in plain SpiffWorkflow."""
+    path = REALWORLD / "javascript_engine_loop.bpmn"
+    found = {p.element_id: p for p in problems(path)}
+    assert set(found) == {"log_round", "count_round", "more"}, found
+    log, count, more = found["log_round"], found["count_round"], found["more"]
+    assert log.code == "script_language" and log.line == 12
+    assert "next()" in log.message and "console.log" in log.message
+    assert "write it as 'print(\"round\", rounds)'" in log.message
+    assert count.code == "script_language" and "write it as 'rounds += 1'" in count.message
+    assert more.code == "condition_javascript_api" and more.field == "conditionExpression"
+    assert "this.environment.variables.rounds" in more.message and "write 'rounds < 2'" in more.message
+    fixed = rewritten(tmp_path, path, [
+        ('console.log("round", environment.variables.rounds);\nnext();', 'print("round", rounds)'),
+        ("this.environment.variables.rounds += 1;\nnext();", "rounds += 1"),
+        ("this.environment.variables.rounds &lt; 2", "rounds &lt; 2"),
+        ('scriptFormat="JavaScript"', 'scriptFormat="python"')])
+    assert problems(fixed) == []
+    # the counter changes, so the start data gives it to WORKING (PROCESS keys are append-only)
+    (tmp_path / "javascript_engine_loop.layerflow.yaml").write_text("data_layers:\n  rounds: WORKING\n")
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([fixed]), {"rounds": 0}))
+    assert instance.status == "completed", instance.error
+    expected = plain(fixed, "javascript_engine_loop", {"rounds": 0})
+    assert expected.is_completed()
+    assert variables(instance.main) == dict(expected.last_task.data) == {"rounds": 2}
+
