@@ -664,6 +664,7 @@ class _Validator:
                 return False
             return True
 
+        self._check_dmn_inputs(table, decision, file)
         for row, rule in enumerate((r for r in table if isinstance(r.tag, str) and etree.QName(r).localname == "rule"),
                                    start=1):
             for entry in rule:
@@ -689,6 +690,14 @@ class _Validator:
                                f"whole tuple, so the rule never matches: write '? in ({', '.join(values)})'")
                 else:
                     ok, fix = parses(text), "write a Python expression (\"low\", 50000, amount * 0.1)"
+                temporal = sorted({m.group(1) for m in _FEEL_TEMPORAL.finditer(text)}) if ok else []
+                if temporal:
+                    # Python reads date and time("...") as the name date, and a call of time(): the run
+                    # stops with "name 'time' is not defined"
+                    ok = False
+                    fix = (f"{', '.join(f'FEEL{chr(39)}s {name}(...)' for name in temporal)} is no function here; "
+                           "ISO 8601 text compares in time order when written alike: write it as "
+                           f"{_FEEL_TEMPORAL.sub(lambda m: m.group(2), text)!r}")
                 literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
                 if literals:
                     # FEEL's true / false / null: in Python unknown names, the run fails on them
@@ -700,6 +709,34 @@ class _Validator:
                              f"{kind} {text!r} is not what SpiffWorkflow's DMN engine runs (Python, not FEEL); "
                              f"{fix}", file=file, line=entry.sourceline, element_id=entry.get("id") or rule.get("id"),
                              field=kind)
+
+    def _check_dmn_inputs(self, table: Any, decision: str, file: str) -> None:
+        """An input's inputExpression is a Python expression over the context in SpiffWorkflow's DMN
+        engine; Camunda's tables call FEEL's functions there (``upper case(country)``), which is no
+        Python: the run stopped with 'invalid syntax (<unknown>, line 1)', naming no input."""
+        for clause in table:
+            if not isinstance(clause.tag, str) or etree.QName(clause).localname != "input":
+                continue
+            ns = etree.QName(clause).namespace
+            expression = clause.find(f"{{{ns}}}inputExpression")
+            text_el = expression.find(f"{{{ns}}}text") if expression is not None else None
+            text = (text_el.text or "").strip() if text_el is not None else ""
+            if not text:
+                continue
+            parsed = python_source(text) is not None
+            if parsed and not _FEEL_TEMPORAL.search(text):
+                continue
+            instead = _FEEL_TEMPORAL.sub(lambda m: m.group(2), text)
+            for pattern, python in _FEEL_STRING_FUNCTIONS:
+                instead = re.sub(pattern, python, instead)
+            fix = (f"write it as {instead!r}" if instead != text and python_source(instead) is not None else
+                   "write a Python expression over the context (country.upper(), amount * 12)")
+            label = clause.get("label") or clause.get("name") or clause.get("id")
+            self.add("dmn_unsupported", f"decision {decision!r}, input {label!r} ({clause.get('id')!r}): "
+                     f"inputExpression {text!r} is not what SpiffWorkflow's DMN engine runs (Python, not FEEL); "
+                     f"{fix}", file=file, line=text_el.sourceline if text_el is not None else clause.sourceline,
+                     element_id=expression.get("id") or clause.get("id") if expression is not None else
+                     clause.get("id"), field="inputExpression")
 
     def _index(self, doc: _Doc) -> None:
         seen: dict[str, int | None] = {}
@@ -3248,6 +3285,18 @@ def _camunda_api_calls(tree: ast.AST) -> list[str]:
                    and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
                         and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
 
+
+#: FEEL's temporal literals (``date and time("2021-12-23T00:00")``), which are ISO 8601 text here
+_FEEL_TEMPORAL = re.compile(r"(?<![\w.])(date and time|date|time|duration)\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)")
+
+#: FEEL's string functions, as Python writes them (a name or dotted path as their argument)
+_FEEL_STRING_FUNCTIONS = (
+    (r"(?<![\w.])upper case\(\s*([A-Za-z_][\w.]*)\s*\)", r"\1.upper()"),
+    (r"(?<![\w.])lower case\(\s*([A-Za-z_][\w.]*)\s*\)", r"\1.lower()"),
+    (r"(?<![\w.])string length\(\s*([A-Za-z_][\w.]*)\s*\)", r"len(\1)"),
+    (r"(?<![\w.])starts with\(\s*([A-Za-z_][\w.]*)\s*,\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1.startswith(\2)"),
+    (r"(?<![\w.])ends with\(\s*([A-Za-z_][\w.]*)\s*,\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1.endswith(\2)"),
+)
 
 _PYTHON_LITERALS = {"true": "True", "false": "False", "null": "None", "none": "None", "nil": "None",
                     "undefined": "None"}

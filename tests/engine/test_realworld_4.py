@@ -134,3 +134,57 @@ def test_javascript_engine_scripts_and_conditions_that_parse_as_python_are_refus
     assert expected.is_completed()
     assert variables(instance.main) == dict(expected.last_task.data) == {"rounds": 2}
 
+
+# -- FEEL's functions in decision tables --------------------------------------------------------
+
+
+def plain_camunda(bpmn: Path, dmn: Path, process_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The final variables of plain SpiffWorkflow with its Camunda parser (camunda:decisionRef)."""
+    from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
+
+    parser = CamundaParser()
+    parser.add_bpmn_file(str(bpmn))
+    parser.add_dmn_file(str(dmn))
+    wf = BpmnWorkflow(parser.get_spec(process_id))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    return dict(wf.last_task.data)
+
+
+def test_feel_functions_in_a_decision_table_are_refused_with_the_python_to_write(tmp_path: Path) -> None:
+    """camunda-dmn-tester's tables read ``upper case(currentCountry)`` as an input and compare dates with
+    FEEL's ``date and time("...")``. validate checked neither: the input expression is no Python (the
+    run stopped with 'invalid syntax (<unknown>, line 1). Failed to execute DMN Rule on row 1', naming
+    neither the input nor FEEL), and ``date and time("...")`` parses as Python ``date and time(...)``
+    (the run stopped with "name 'time' is not defined", told to give 'time' a value). Each is refused
+    naming the DMN file, decision, input or rule, with the Python to write; that Python decides as
+    in plain SpiffWorkflow."""
+    bpmn, dmn = REALWORLD / "feel_functions.bpmn", REALWORLD / "feel_functions.dmn"
+    found = {p.element_id: p for p in problems(bpmn, dmn)}
+    assert set(found) == {"input_country_expr", "rule_late_swiss_date", "rule_late_swiss_out", "rule_other_out"}, found
+    assert all(p.code == "dmn_unsupported" and p.file == str(dmn) for p in found.values())
+    country = found["input_country_expr"]
+    assert country.line == 10 and country.field == "inputExpression"
+    assert "decision 'travel_review', input 'Country' ('input_country')" in country.message
+    assert "upper case(country)" in country.message and "write it as 'country.upper()'" in country.message
+    late = found["rule_late_swiss_date"]
+    assert "rule 1 ('rule_late_swiss')" in late.message and "FEEL's date and time(...)" in late.message
+    assert """write it as '> "2021-12-23T00:00"'""" in late.message
+    assert """write it as '"2022-01-10T00:00"'""" in found["rule_late_swiss_out"].message
+    assert """write it as '"2021-12-31"'""" in found["rule_other_out"].message
+    fixed_dmn = rewritten(tmp_path, dmn, [
+        ("upper case(country)", "country.upper()"),
+        ('&gt; date and time("2021-12-23T00:00")', '&gt; "2021-12-23T00:00"'),
+        ('date and time("2022-01-10T00:00")', '"2022-01-10T00:00"'),
+        ('date("2021-12-31")', '"2021-12-31"')])
+    assert problems(bpmn, fixed_dmn) == []
+    for data, review_by in (({"country": "ch", "travel_date": "2022-01-05"}, "2022-01-10T00:00"),
+                            ({"country": "ch", "travel_date": "2021-12-01"}, "2021-12-31"),
+                            ({"country": "de", "travel_date": "2022-01-05"}, "2021-12-31")):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([bpmn, fixed_dmn]), data))
+        assert instance.status == "completed", instance.error
+        expected = plain_camunda(bpmn, fixed_dmn, "feel_functions", data)
+        assert expected["review_by"] == review_by
+        assert variables(instance.main) == expected
