@@ -1795,6 +1795,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
         """``expression`` over the task's context (a loop's items first). ``external`` is read after
         the context, as SpiffWorkflow reads it after task data: a conditional event reads the
         workflow's data objects there, which another branch may have set."""
+        if not (expression or "").strip():
+            # a conditional event whose condition was never written (SpiffWorkflow: "Error evaluating
+            # expression 'None'"); validate refuses it, a process loaded without validation ends here
+            where = spiff.bpmn_id_of(task)
+            raise ActivityError(f"{where!r} has no condition to evaluate (an empty bpmn:condition, as a modeler "
+                                "saves a conditional event not filled in): write the Python expression over the "
+                                "context it waits to hold, e.g. approved == True", task_id=where)
         ctx = self.context_of(task)
         scope = self.loop_scope(task)
         if external:

@@ -1741,6 +1741,19 @@ class _Validator:
                      "give it one, e.g. "
                      "<bpmn:timeDuration>\"PT1H\"</bpmn:timeDuration> (ISO 8601 text, quoted)", file=proc.file,
                      line=definition.sourceline, element_id=event, field="timerEventDefinition")
+        for definition in proc.element.iter(_bpmn("conditionalEventDefinition")):
+            condition = definition.find(_bpmn("condition"))
+            if condition is not None and (condition.text or "").strip():
+                continue
+            # what a modeler saves for a conditional event not filled in: SpiffWorkflow evaluates
+            # the expression None there and stops ("Error evaluating expression 'None'")
+            event = _flow_node_id(definition)
+            self.add("condition_syntax", f"conditional event {event!r} has no condition (its bpmn:condition is "
+                     f"{'empty' if condition is not None else 'missing'}: a conditional event not filled in in the "
+                     "modeler), so the run stops when it is reached; write the Python expression over the context "
+                     "that it waits to hold, e.g. <bpmn:condition>approved == True</bpmn:condition>", file=proc.file,
+                     line=(condition if condition is not None else definition).sourceline, element_id=event,
+                     field="condition")
         for task in proc.element.iter(_bpmn("scriptTask")):
             script = task.find(_bpmn("script"))
             if script is not None and (script.text or "").strip():

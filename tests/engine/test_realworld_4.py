@@ -188,3 +188,28 @@ def test_feel_functions_in_a_decision_table_are_refused_with_the_python_to_write
         expected = plain_camunda(bpmn, fixed_dmn, "feel_functions", data)
         assert expected["review_by"] == review_by
         assert variables(instance.main) == expected
+
+
+# -- events left unfinished in the modeler ------------------------------------------------------
+
+
+def test_a_conditional_event_with_an_empty_condition_is_refused_naming_the_event() -> None:
+    """bpmn-js-token-simulation saves a conditional catch event whose condition was never written as
+    ``<condition xsi:type="tFormalExpression" />``. validate called the process valid; plain SpiffWorkflow
+    stops there ("Error evaluating expression 'None'") and layerflow stopped with an engine error,
+    "AttributeError: 'NoneType' object has no attribute 'strip'", naming no task. validate refuses it
+    naming the event and what to write; an engine that runs it unvalidated names the event too."""
+    path = REALWORLD / "empty_conditional_event.bpmn"
+    with pytest.raises(WorkflowTaskException, match="None"):
+        plain(path, "empty_conditional_event", {})
+    [problem] = problems(path)
+    assert (problem.code, problem.element_id, problem.line, problem.field) == (
+        "condition_syntax", "wait_for_stock", 18, "condition")
+    assert "conditional event 'wait_for_stock' has no condition" in problem.message
+    assert "<bpmn:condition>approved == True</bpmn:condition>" in problem.message
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path], validate=False), {}))
+    assert instance.status == "error"
+    assert instance.error is not None
+    assert instance.error["kind"] == "activity_failed" and instance.error["task_id"] == "wait_for_stock"
+    assert "has no condition" in instance.error["message"] and "AttributeError" not in instance.error["message"]
