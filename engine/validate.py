@@ -74,7 +74,7 @@ not make ``report.ok`` false:
                                       gateway, loop or boundary event before any of them): the calls
                                       never end, and the run would hang starting new instances
 ``gateway_default_invalid``           ``default=`` names a flow that does not leave the gateway
-``gateway_flow_without_condition``    a non-default outgoing flow of an XOR gateway has no condition
+``gateway_flow_without_condition``    a non-default outgoing flow of an XOR or inclusive gateway has no condition
 ``join_never_complete`` W             a parallel join whose incoming flows come from different paths of one
                                       exclusive or event-based gateway: it waits for ever
 ``gateway_coverage_gap``              XOR without default: numeric conditions leave values uncovered (a
@@ -1446,7 +1446,27 @@ class _Validator:
                          "or a condition for the missing values", file=file, line=gw.sourceline,
                          element_id=gid, field="default", severity="error" if gap.certain else "warning")
         for gw in proc.element.iter(_bpmn("inclusiveGateway")):
+            self._check_inclusive_flows(gw, proc.file)
             self._check_inclusive_coverage(gw, proc.file)
+
+    def _check_inclusive_flows(self, gw: Any, file: str) -> None:
+        """BPMN takes a flow of an inclusive gateway that has no condition always; SpiffWorkflow cannot
+        load one that is not the default ("Non-default exclusive outgoing sequence flow without
+        condition", naming the first such flow only). Each is named, with the condition to write."""
+        flows = _outgoing(gw)
+        if len(flows) < 2:
+            return  # a join's one flow: SpiffWorkflow takes it as the default
+        gid, default = gw.get("id") or "(no id)", gw.get("default")
+        for flow in flows:
+            fid = flow.get("id")
+            if fid == default or _condition_text(flow) or self._branch_condition(gid, flow.get("targetRef")):
+                continue
+            otherwise = "" if default else f", or set default=\"{fid}\" on the gateway to take it when no other does"
+            self.add("gateway_flow_without_condition", f"outgoing flow {fid!r} of inclusive gateway {gid!r} (to "
+                     f"{flow.get('targetRef')!r}) has no condition and is not the default flow: BPMN takes such a "
+                     "flow always, SpiffWorkflow cannot load it; write <bpmn:conditionExpression>True"
+                     "</bpmn:conditionExpression> in it to take it always, a condition to choose it"
+                     f"{otherwise}", file=file, line=flow.sourceline, element_id=fid, field="conditionExpression")
 
     def _check_inclusive_coverage(self, gw: Any, file: str) -> None:
         """An inclusive gateway that takes no flow fails as an exclusive one does: the same gap,

@@ -213,3 +213,33 @@ def test_a_conditional_event_with_an_empty_condition_is_refused_naming_the_event
     assert instance.error is not None
     assert instance.error["kind"] == "activity_failed" and instance.error["task_id"] == "wait_for_stock"
     assert "has no condition" in instance.error["message"] and "AttributeError" not in instance.error["message"]
+
+
+# -- gateways -------------------------------------------------------------------------------------
+
+
+def test_flows_of_an_inclusive_gateway_without_a_condition_are_refused_naming_each(tmp_path: Path) -> None:
+    """go-bpmn's inclusive-default process leaves the other flows of an inclusive gateway without a
+    condition (BPMN takes such a flow always). SpiffWorkflow cannot load it, and validate passed its
+    words on: 'Non-default exclusive outgoing sequence flow without condition (at bpmn:sequenceFlow); fix
+    the BPMN element named here', calling the gateway exclusive and naming only the first flow. Each
+    flow is named, with what to write; written so, the gateway takes them as plain SpiffWorkflow does."""
+    path = REALWORLD / "inclusive_flows_without_conditions.bpmn"
+    found = {p.element_id: p for p in problems(path)}
+    assert set(found) == {"by_mail", "by_phone"}, found
+    mail = found["by_mail"]
+    assert (mail.code, mail.line, mail.field) == ("gateway_flow_without_condition", 15, "conditionExpression")
+    assert "outgoing flow 'by_mail' of inclusive gateway 'notify' (to 'mail') has no condition" in mail.message
+    assert "<bpmn:conditionExpression>True</bpmn:conditionExpression>" in mail.message
+    assert "exclusive" not in mail.message
+    always = '<bpmn:sequenceFlow id="{0}" sourceRef="notify" targetRef="{1}"><bpmn:conditionExpression>True' \
+             '</bpmn:conditionExpression></bpmn:sequenceFlow>'
+    fixed = rewritten(tmp_path, path, [
+        ('<bpmn:sequenceFlow id="by_mail" sourceRef="notify" targetRef="mail"/>', always.format("by_mail", "mail")),
+        ('<bpmn:sequenceFlow id="by_phone" sourceRef="notify" targetRef="phone"/>', always.format("by_phone", "phone"))])
+    assert problems(fixed) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert instance.status == "completed", instance.error
+    expected = plain(fixed, "inclusive_flows_without_conditions", {})
+    assert variables(instance.main) == dict(expected.last_task.data) == {"mailed": True, "phoned": True}
