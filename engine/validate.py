@@ -3442,6 +3442,9 @@ def _python_instead(source: str, dialect: str) -> str:
                               if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                               and isinstance(n.func.value, ast.Name) and n.func.value.id in ("execution", "task")})
     left += [f"{name}() is Camunda's API, which is not here: read the variable by its name" for name in attribute_calls]
+    left += [f"{name} is a JavaScript engine's (bpmn-engine's) runtime, which is not here: compute the value in a "
+             "handler (handler: file.py:function in a task's config) and read it by its name"
+             for name in _javascript_api(tree)]
     counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
     left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
              "collection (loopDataOutputRef) instead, len(...)" for name in counters]

@@ -95,11 +95,15 @@ def test_a_javascript_negation_reaching_the_engine_unvalidated_fails_as_in_spiff
 def test_juel_reads_of_a_javascript_engine_suggest_the_variable_by_its_name() -> None:
     """``${variables.skipAll}`` and ``${environment.output.count > 2}`` (bpmn-engine's expressions read
     its environment): validate said to write 'variables.skipAll', which stops with a NameError too.
-    It says to read the variable by its name."""
+    It says to read the variable by its name, and that a call of the environment's services
+    (``environment.services.isAbove(...)``, bpmn-engine's escalation example) is none of Python's."""
     found = {p.element_id: p.message for p in problems(REALWORLD / "juel_engine_reads.bpmn")}
-    assert set(found) == {"skip", "many"}
+    assert set(found) == {"skip", "many", "big"}
     assert found["skip"].endswith("write 'skipAll'")
     assert found["many"].endswith("write 'count > 2'")
+    # a service of the engine's environment has no Python twin: the message says so, and where to compute it
+    assert "write 'environment.services.isAbove(10, amount)' (environment.services.isAbove is a JavaScript " \
+           "engine's (bpmn-engine's) runtime, which is not here: compute the value in a handler" in found["big"]
 
 
 def test_javascript_engine_scripts_and_conditions_that_parse_as_python_are_refused(tmp_path: Path) -> None:
