@@ -1839,7 +1839,7 @@ class _Validator:
                 compared = _comparison_instead(source) if mode == "eval" else None
                 spelt = _operators_instead(source) if mode == "eval" else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
-                        else f"Python writes and, or, not: write {spelt!r}" if spelt is not None
+                        else f"Python writes {_operators_said(source)}: write {spelt!r}" if spelt is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
@@ -1866,16 +1866,22 @@ class _Validator:
                 what = what or "condition"
                 language = el.get("language") if el is not None else None
                 said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
-                instead = " ".join(_foreign_reads_instead(source).split())
+                instead = " ".join(_javascript_expression_instead(source).split())
                 try:
                     todo = (f"write {instead!r}" if not _javascript_api(ast.parse(instead, mode="eval"))
                             else "read each variable by its name")
                 except SyntaxError:
                     todo = "read each variable by its name"
-                self.add("condition_javascript_api", f"{what} {source!r} uses {', '.join(reads)}, a JavaScript "
-                         "engine's way (bpmn-engine's, bpmn-server's) to reach the process variables, which is not "
-                         f"here{said}: the run would stop there with a NameError; expressions are Python over the "
-                         f"context, where a variable is read by its name: {todo}", file=file,
+                runtime = [r for r in reads if not r.endswith(".length")]
+                lengths = [r for r in reads if r.endswith(".length")]
+                uses = ([f"uses {', '.join(runtime)}, a JavaScript engine's way (bpmn-engine's, bpmn-server's) to "
+                         "reach the process variables, which is not here"] if runtime else []) + \
+                       ([f"reads {', '.join(lengths)}, JavaScript's length, which no context value has"]
+                        if lengths else [])
+                self.add("condition_javascript_api", f"{what} {source!r} {' and '.join(uses)}{said}: the run would "
+                         f"stop there ({'NameError' if runtime else 'AttributeError'}); expressions are Python over "
+                         "the context, where a variable is read by its name and len(x) is its length: "
+                         f"{todo}", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field)
                 return None
             literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
@@ -3238,6 +3244,16 @@ def _foreign_reads_instead(source: str) -> str:
     return _JAVASCRIPT_READ.sub(r"\1", source)
 
 
+#: JavaScript's length of a list or text, ``items.length``: Python's ``len(items)``
+_JAVASCRIPT_LENGTH = re.compile(r"(?<![\w.])([A-Za-z_][\w.]*)\.length\b(?!\s*\()")
+
+
+def _javascript_expression_instead(source: str) -> str:
+    """A JavaScript expression's reads and lengths as Python's: ``environment.variables.items.length``
+    is ``len(items)``; a statement's closing ``;`` is dropped."""
+    return _JAVASCRIPT_LENGTH.sub(r"len(\1)", _foreign_reads_instead(source)).strip().rstrip(";").strip()
+
+
 #: the bases of a JavaScript engine's runtime that a script or condition can only mean as such
 _JAVASCRIPT_SERVICES = ("variables", "output", "services")
 
@@ -3247,7 +3263,8 @@ def _javascript_api(tree: ast.AST) -> list[str]:
     Python and is not here: ``this.…`` (Python has no ``this``), ``environment.variables`` /
     ``.output`` / ``.services`` (bpmn-engine's environment), ``console.…`` and ``next()`` (the
     callback bpmn-engine's scripts hand control back with; Python's ``next`` needs an argument).
-    A name the script binds itself (``console = ...``) is its own."""
+    A name the script binds itself (``console = ...``) is its own. ``x.length`` (JavaScript's
+    length of a list or text) is reported too: Python writes ``len(x)``."""
     bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
     chains: set[str] = set()
     for node in ast.walk(tree):
@@ -3265,6 +3282,8 @@ def _javascript_api(tree: ast.AST) -> list[str]:
         if base.id in ("this", "console") or (
                 base.id == "environment" and chain.split(".")[1] in _JAVASCRIPT_SERVICES):
             chains.add(chain)
+        elif node.attr == "length" and base.id not in bound:
+            chains.add(chain)  # JavaScript's and Java's length: no JSON value has the attribute
     # the longest chain of each read: this.environment.variables.x, not also this.environment
     return sorted(c for c in chains if not any(o.startswith(c + ".") for o in chains))
 
@@ -3279,7 +3298,7 @@ def _javascript_script_instead(source: str) -> str | None:
         if line in ("next()", "next(null)"):
             continue
         line = re.sub(r"\bconsole\.(?:log|info|warn|error|debug)\(", "print(", line)
-        line = _foreign_reads_instead(line)
+        line = _JAVASCRIPT_LENGTH.sub(r"len(\1)", _foreign_reads_instead(line))
         line = re.sub(r"^([A-Za-z_]\w*)\s*(\+\+|--)$", lambda m: f"{m.group(1)} {m.group(2)[0]}= 1", line)
         line = re.sub(r"\b(true|false|null|undefined)\b", lambda m: _PYTHON_LITERALS[m.group(1)], line)
         lines.append(line)
@@ -3404,13 +3423,21 @@ def _java_script_instead(source: str) -> str | None:
 def _operators_instead(source: str) -> str | None:
     """``a > 1 && !b`` (JavaScript's or Java's operators in a Python condition): ``a > 1 and not b``."""
     pairs = ((r"===", "=="), (r"!==", "!="), (r"&&", " and "), (r"\|\|", " or "), (r"!(?!=)", " not "))
-    spelt = _foreign_reads_instead(source)
+    spelt = _javascript_expression_instead(source)
     for pattern, python in pairs:
         spelt = re.sub(pattern, python, spelt)
     spelt = " ".join(spelt.split())
     if spelt == " ".join(source.split()) or python_source(spelt) is None:
         return None
     return spelt
+
+
+def _operators_said(source: str) -> str:
+    """What ``_operators_instead`` rewrote, in Python's words: its operators, a length, a ';'."""
+    said = ["and, or, not"] if re.search(r"&&|\|\||===|!==|!(?!=)", source) else []
+    said += ["len(x) for x.length"] if _JAVASCRIPT_LENGTH.search(source) else []
+    said += ["no ';' after an expression"] if source.strip().endswith(";") else []
+    return ", ".join(said) or "a variable by its name"
 
 
 def _python_instead(source: str, dialect: str) -> str:

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from SpiffWorkflow.bpmn.exceptions import WorkflowTaskException
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
 from engine.cli import main
@@ -247,3 +248,27 @@ def test_flows_of_an_inclusive_gateway_without_a_condition_are_refused_naming_ea
     assert instance.status == "completed", instance.error
     expected = plain(fixed, "inclusive_flows_without_conditions", {})
     assert variables(instance.main) == dict(expected.last_task.data) == {"mailed": True, "phoned": True}
+
+
+def test_a_javascript_length_and_semicolon_in_conditions_are_refused_with_the_python_to_write(tmp_path: Path) -> None:
+    """Camunda 7's validate-claims example branches on ``resultCheckUniqueRspID.length == 0`` (JavaScript):
+    it parses as Python, so validate passed it and the run stopped with "'list' object has no attribute
+    'length'"; its twin ``... .length > 0;`` ends with JavaScript's semicolon, and validate said only 'fix
+    the condition'. Both are refused with the Python to write, which decides as plain SpiffWorkflow does."""
+    path = REALWORLD / "javascript_length.bpmn"
+    found = {p.element_id: p for p in problems(path)}
+    assert set(found) == {"none", "some"}, found
+    assert found["none"].code == "condition_javascript_api"
+    assert "duplicates.length" in found["none"].message and "write 'len(duplicates) == 0'" in found["none"].message
+    assert found["some"].code == "condition_syntax" and "write 'len(duplicates) > 0'" in found["some"].message
+    fixed = rewritten(tmp_path, path, [("duplicates.length == 0", "len(duplicates) == 0"),
+                                       ("duplicates.length > 0;", "len(duplicates) > 0")])
+    assert problems(fixed) == []
+    for duplicates, end in (([], "accepted"), (["R-7"], "rejected")):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed]), {"duplicates": duplicates}))
+        assert instance.status == "completed", instance.error
+        expected = plain(fixed, "javascript_length", {"duplicates": duplicates})
+        assert [t.task_spec.bpmn_id for t in expected.get_tasks() if t.task_spec.bpmn_id in ("accepted", "rejected")
+                and t.state == TaskState.COMPLETED] == [end]
+        assert variables(instance.main) == dict(expected.last_task.data) == {"duplicates": duplicates}
