@@ -622,6 +622,20 @@ class _Validator:
                          f"{policy}; SpiffWorkflow 3.2 runs UNIQUE, FIRST and ANY (the first matching rule decides) "
                          "and COLLECT (every matching rule, outputs as lists) only: order the rules and use FIRST, "
                          "or use COLLECT", file=file, line=table.sourceline, element_id=first, field="hitPolicy")
+            aggregation = (table.get("aggregation") or "").strip().upper()
+            if policy == "COLLECT" and aggregation:
+                # Camunda gives the SUM (COUNT, MIN, MAX) of the matched rules' outputs; SpiffWorkflow
+                # gives their list, whatever the table says
+                outputs = [o.get("name") for o in table
+                           if isinstance(o.tag, str) and etree.QName(o).localname == "output" and o.get("name")]
+                out = outputs[0] if len(outputs) == 1 else "result"
+                fn = {"SUM": "sum", "COUNT": "len", "MIN": "min", "MAX": "max"}.get(aggregation, "sum")
+                self.add("dmn_unsupported", f"decision table {table.get('id')!r} of decision {first!r} has hit "
+                         f"policy COLLECT with aggregation {aggregation}; SpiffWorkflow 3.2 ignores the aggregation "
+                         "and gives the list of every matched rule's output instead of one value: remove "
+                         f"aggregation=\"{table.get('aggregation')}\" and compute it in a script task after the "
+                         f"business rule task ({out} = {fn}({out}))", file=file, line=table.sourceline,
+                         element_id=first, field="aggregation")
         return found
 
     def _check_dmn_ids(self, table: Any, decision: str, file: str) -> None:

@@ -272,3 +272,33 @@ def test_a_javascript_length_and_semicolon_in_conditions_are_refused_with_the_py
         assert [t.task_spec.bpmn_id for t in expected.get_tasks() if t.task_spec.bpmn_id in ("accepted", "rejected")
                 and t.state == TaskState.COMPLETED] == [end]
         assert variables(instance.main) == dict(expected.last_task.data) == {"duplicates": duplicates}
+
+
+def test_a_collect_table_aggregation_is_refused_with_the_sum_to_write(tmp_path: Path) -> None:
+    """``hitPolicy="COLLECT" aggregation="SUM"`` (camunda-dmn-tester's collect-sum-numbers) gives the sum of
+    the matched rules' outputs in Camunda; SpiffWorkflow 3.2 ignores the aggregation and gives their
+    list, and validate called the table valid: ``surcharge`` was [5, 12] where the table says 17. It is
+    refused naming the DMN file, decision and table, with what to write instead; written so, the process
+    gives the sum, in layerflow as in plain SpiffWorkflow."""
+    bpmn, dmn = REALWORLD / "collect_sum.bpmn", REALWORLD / "collect_sum.dmn"
+    assert plain_camunda(bpmn, dmn, "collect_sum", {"weight": 30})["surcharge"] == [5, 12]
+    [problem] = problems(bpmn, dmn)
+    assert (problem.code, problem.file, problem.line, problem.element_id, problem.field) == (
+        "dmn_unsupported", str(dmn), 6, "surcharges", "aggregation")
+    assert "aggregation SUM" in problem.message and "[5, 12]" not in problem.message
+    assert "surcharge = sum(surcharge)" in problem.message
+    fixed_dmn = rewritten(tmp_path, dmn, [(' aggregation="SUM"', "")])
+    summed = '''<bpmn:sequenceFlow id="to_end" sourceRef="price" targetRef="total"/>
+    <bpmn:scriptTask id="total" scriptFormat="python"><bpmn:incoming>to_end</bpmn:incoming>
+      <bpmn:outgoing>to_done</bpmn:outgoing><bpmn:script>surcharge = sum(surcharge)</bpmn:script></bpmn:scriptTask>
+    <bpmn:sequenceFlow id="to_done" sourceRef="total" targetRef="end"/>
+    <bpmn:endEvent id="end"><bpmn:incoming>to_done</bpmn:incoming></bpmn:endEvent>'''
+    fixed_bpmn = rewritten(tmp_path, bpmn, [('''<bpmn:sequenceFlow id="to_end" sourceRef="price" targetRef="end"/>
+    <bpmn:endEvent id="end"><bpmn:incoming>to_end</bpmn:incoming></bpmn:endEvent>''', summed)])
+    assert problems(fixed_bpmn, fixed_dmn) == []
+    for weight, total in ((30, 17), (3, 5)):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed_bpmn, fixed_dmn]), {"weight": weight}))
+        assert instance.status == "completed", instance.error
+        expected = plain_camunda(fixed_bpmn, fixed_dmn, "collect_sum", {"weight": weight})
+        assert variables(instance.main) == expected == {"weight": weight, "surcharge": total}
