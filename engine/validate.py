@@ -3296,7 +3296,7 @@ def _javascript_api(tree: ast.AST) -> list[str]:
         if base.id in ("this", "console") or (
                 base.id == "environment" and chain.split(".")[1] in _JAVASCRIPT_SERVICES):
             chains.add(chain)
-        elif node.attr == "length" and base.id not in bound:
+        elif node.attr == "length":
             chains.add(chain)  # JavaScript's and Java's length: no JSON value has the attribute
     # the longest chain of each read: this.environment.variables.x, not also this.environment
     return sorted(c for c in chains if not any(o.startswith(c + ".") for o in chains))
@@ -3467,10 +3467,10 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
-    inner = _foreign_reads_instead(inner)
+    inner = _javascript_expression_instead(inner)
     inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
     # FEEL's temporal literals are ISO 8601 text, which is what a timer here evaluates to
-    inner = re.sub(r"(?<![\w.])(?:duration|date and time|date|time)\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1", inner)
+    inner = _FEEL_TEMPORAL.sub(lambda m: m.group(2), inner)
     inner = " ".join(inner.split())
     try:
         tree = ast.parse(inner, mode="eval")
