@@ -100,6 +100,9 @@ not make ``report.ok`` false:
                                       (bpmn-engine's ``this.environment.variables.x``, ``environment.output.x``):
                                       the message writes the Python (a script that does, or calls ``next()`` or
                                       ``console.log``: ``script_language`` / ``script_syntax``)
+``condition_attribute_read``           a condition reads an object's field by path (``order.weight``, as FEEL
+                                      and JUEL do): context values are JSON; the message writes the keys
+                                      (``order['weight']``)
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
@@ -1898,6 +1901,15 @@ class _Validator:
                          f"{todo}", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field)
                 return None
+            paths = _attribute_reads(tree)
+            if paths:
+                what = what or "condition"
+                self.add("condition_attribute_read", f"{what} {source!r} reads {', '.join(paths)} as attributes, as "
+                         "FEEL and JUEL read an object's fields, but context values are JSON, read by key: the run "
+                         "would stop there with an AttributeError ('dict' object has no attribute ...); write "
+                         f"{_keys_instead(tree)!r}", file=file, line=el.sourceline if el is not None else None,
+                         element_id=element_id, field=field)
+                return None
             literals = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in FOREIGN_LITERALS})
             if literals:
                 what = what or "condition"
@@ -3302,6 +3314,60 @@ def _javascript_api(tree: ast.AST) -> list[str]:
     return sorted(c for c in chains if not any(o.startswith(c + ".") for o in chains))
 
 
+#: attributes a JSON value has (a number's parts): reading them is no path into an object
+_JSON_ATTRIBUTES = frozenset({"real", "imag", "numerator", "denominator"})
+
+
+def _attribute_paths(tree: ast.AST) -> list[ast.Attribute]:
+    """The outermost ``a.b.c`` reads over a context key that are no method call (``a.b.lower()``
+    reads ``a.b``): no JSON value has such an attribute. Python's own names (``str.upper``) are
+    left alone."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    inner: set[int] = set()
+    found: list[ast.Attribute] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or id(node) in inner:
+            continue
+        if id(node) in called:
+            # a method call: its object may still be a path (order.customer in order.customer.lower())
+            continue
+        base: ast.expr = node
+        while isinstance(base, ast.Attribute):
+            inner.add(id(base.value))
+            base = base.value
+        if isinstance(base, ast.Name) and not hasattr(builtins, base.id) and node.attr not in _JSON_ATTRIBUTES \
+                and base.id not in ("this", "console", "environment") and node.attr != "length":
+            found.append(node)  # (a JavaScript engine's runtime and length: ``_javascript_api``)
+    return found
+
+
+def _attribute_reads(tree: ast.AST) -> list[str]:
+    """``_attribute_paths`` as the text they read, in the order written."""
+    return sorted({ast.unparse(n) for n in _attribute_paths(tree)},
+                  key=lambda text: ast.unparse(tree).find(text))
+
+
+def _keys_instead(tree: ast.AST) -> str:
+    """The expression with its attribute paths read by key: ``order.shipping.express`` is
+    ``order['shipping']['express']``."""
+    copy = ast.parse(ast.unparse(tree), mode="eval")
+    targets = {id(n) for n in _attribute_paths(copy)}
+
+    def by_key(node: ast.expr) -> ast.expr:
+        if isinstance(node, ast.Attribute):
+            return ast.Subscript(value=by_key(node.value), slice=ast.Constant(node.attr), ctx=ast.Load())
+        return node
+
+    class _ByKey(ast.NodeTransformer):
+        def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+            if id(node) in targets:
+                return by_key(node)
+            self.generic_visit(node)
+            return node
+
+    return ast.unparse(_ByKey().visit(copy))
+
+
 def _javascript_script_instead(source: str) -> str | None:
     """A JavaScript engine's script as Python, when a plain rewrite gives one with nothing of the
     engine left: ``next();`` lines dropped, ``console.log(`` printed, variables read and set by
@@ -3476,6 +3542,8 @@ def _python_instead(source: str, dialect: str) -> str:
         tree = ast.parse(inner, mode="eval")
     except SyntaxError:
         return "rewrite it as a Python expression over the process variables"
+    if _attribute_paths(tree):
+        inner = _keys_instead(tree)  # FEEL's and JUEL's paths into an object: its keys here
     calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                     and n.func.id in _FOREIGN_FUNCTIONS})
     left = [f"{dialect}'s {name}(): {_FOREIGN_FUNCTIONS[name]}" for name in calls]

@@ -302,3 +302,39 @@ def test_a_collect_table_aggregation_is_refused_with_the_sum_to_write(tmp_path: 
         assert instance.status == "completed", instance.error
         expected = plain_camunda(fixed_bpmn, fixed_dmn, "collect_sum", {"weight": weight})
         assert variables(instance.main) == expected == {"weight": weight, "surcharge": total}
+
+
+def test_conditions_reading_fields_by_path_are_refused_with_the_keys_to_write(tmp_path: Path) -> None:
+    """FEEL and JUEL read an object's fields by path (``=order.shipping.express``, as Camunda 8 models
+    do). validate told to write 'order.shipping.express', and passed ``order.weight > 20`` silently:
+    context values are JSON, so both stop the run with "'dict' object has no attribute ...", as in
+    plain SpiffWorkflow. Each is refused with the keys to write; a method call (``.lower()``) is
+    Python's own and stays. Written so, the gateway decides as plain SpiffWorkflow does."""
+    path = REALWORLD / "attribute_paths.bpmn"
+    order = {"shipping": {"express": False}, "weight": 30, "customer": "ACME"}
+    (tmp_path / "advised").mkdir()
+    advised = rewritten(tmp_path / "advised", path, [("=order.shipping.express", "order.shipping.express")])
+    with pytest.raises(WorkflowTaskException, match="order.shipping.express"):
+        plain(advised, "attribute_paths", {"order": order})  # what validate told to write
+    found = {p.element_id: p for p in problems(path)}
+    assert set(found) == {"express", "heavy"}, found
+    assert found["express"].code == "condition_syntax"
+    assert found["express"].message.endswith("""write "order['shipping']['express']\"""")
+    heavy = found["heavy"]
+    assert (heavy.code, heavy.line, heavy.field) == ("condition_attribute_read", 18, "conditionExpression")
+    assert "reads order.weight, order.customer as attributes" in heavy.message
+    assert """write "order['weight'] > 20 and order['customer'].lower() != 'walk-in'\"""" in heavy.message
+    fixed = rewritten(tmp_path, path, [
+        ("=order.shipping.express", "order['shipping']['express']"),
+        ('order.weight &gt; 20 and order.customer.lower() != "walk-in"',
+         "order['weight'] &gt; 20 and order['customer'].lower() != 'walk-in'")])
+    assert problems(fixed) == []
+    for express, weight, end in ((True, 30, "courier"), (False, 30, "freight"), (False, 5, "post")):
+        data = {"order": {**order, "shipping": {"express": express}, "weight": weight}}
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed]), data))
+        assert instance.status == "completed", instance.error
+        expected = plain(fixed, "attribute_paths", data)
+        assert [t.task_spec.bpmn_id for t in expected.get_tasks(state=TaskState.COMPLETED)
+                if t.task_spec.bpmn_id in ("courier", "freight", "post")] == [end]
+        assert variables(instance.main) == dict(expected.last_task.data) == data
