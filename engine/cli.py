@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import click
 
 from context_layers import Layer, LayeredContext, thaw
-from context_layers.tape import kind_names
+from context_layers.tape import EventKind, kind_names
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, StoreError
 
@@ -1353,6 +1353,9 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             changes = f"{snap}{' (' + label + ')' if isinstance(label, str) else ''}" + (f"\t{changes}" if changes else "")
         if note and not changes:  # a note changes nothing: what it decided is the line's point
             changes = _note_detail(e.data)
+        elif e.kind == EventKind.DENIED and e.data and "key" in e.data:  # what was refused, where
+            changes = (f"{e.data.get('op', 'write')} L{e.data.get('effective')}.{e.data['key']} refused"
+                       f" (requested L{e.data.get('requested')})")
         click.echo(f"{name}#{e.seq}\t{what}\t{e.actor}\t{e.activity or ''}\t{changes}".rstrip())
 
 

@@ -633,6 +633,24 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
                             for o in outcomes[lowest]]
 
 
+def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int) -> KeyOutcome:
+    """A reducer key's outcome in ``layer``. A key the base held in WORKING that the branches'
+    activities moved into HISTORY is new to HISTORY, but not new to the process: its reduction
+    starts from the value a read gave at the split (as ``_read_base`` does for a conflict), so
+    a ``sum`` adds each branch's delta to it once and an ``append`` log (``_mergedConflicts``
+    too) is not repeated once per branch that carried it. The key still counts as changed in
+    HISTORY (it arrives there), and WORKING's outcome (moved away by all) deletes it there."""
+    if layer != Layer.HISTORY or outcome.base_value is not DELETED or outcome.key not in base.layer(Layer.WORKING):
+        return apply_reducer(name, outcome, branch_count=branch_count)
+    read = base.layer(Layer.WORKING)[outcome.key]
+    changed = {b: v for b, v in outcome.results.items() if v is DELETED or not same_value(v, read)}
+    rebased = replace(outcome, base_value=read, changed_by=tuple(changed), results=changed)
+    if not changed:
+        return replace(outcome, value=read, conflict=None)
+    reduced = apply_reducer(name, rebased, branch_count=branch_count)  # a ``merge`` collision stays a conflict
+    return replace(outcome, value=reduced.value, conflict=reduced.conflict)
+
+
 def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
     """The conflict with the base value a read gave at the split: a key the base held in WORKING
     and the branches' activities moved into HISTORY conflicts there, where the base had no value,
@@ -796,8 +814,8 @@ def join_contexts(
             for b in order:
                 keys.update(touched[b][layer] or {})
         found = merge_keys(base_layer, branch_layers, keys, layer=layer)
-        found = [apply_reducer(config.reducers[o.key], o, branch_count=len(order)) if o.key in config.reducers else o
-                 for o in found]
+        found = [_reduce(config.reducers[o.key], o, base, layer, branch_count=len(order))
+                 if o.key in config.reducers else o for o in found]
         raw_layers = {b: branches[b].layer(layer) for b in order}
         aliases: dict[str, tuple[str, str]] = {}
         if layer == Layer.HISTORY:

@@ -1,0 +1,358 @@
+"""Processes written for this file (``tests/engine/unseen3/``), each combining layerflow's own
+governance with a shape the earlier unseen rounds and ``test_governance_configs`` do not:
+two model assessors whose conflicts the join's policy rules, rankings and a person settle;
+a human appeal behind an XOR whose branches inject context; three KYC checks of which two
+conflict, answered after a save and a resume in another process; nested parallel splits
+inside an inclusive gateway with reducers and a BRANCH_PRIORITY naming a branch that did not
+run; a review loop whose HISTORY grows until compression fires inside the loop; joins inside a
+sub-process and after it; a conflict at a join inside a multi-instance body; preserved keys
+across two compressions and a join; strategies and reducers on inclusive joins where only
+some branches ran (one reducer key starting in WORKING); PROCESS written twice; a
+natural-language XOR condition decided by a fake model.
+
+Every expected value here was derived by hand from DESIGN.md and README.md, then checked
+through ``layerflow run --json`` (in-process, click's CliRunner), ``--answers``, ``resume``,
+``tape``, ``replay --until``, ``rollback`` and the Python API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from click.testing import CliRunner
+
+from context_layers import Layer, LayeredContext, thaw
+from engine import Engine, load_process
+from engine.cli import main
+from gateways import ArbitrationAnswer, ArbitrationRequest
+from gateways.conditions import BranchAnswer, BranchQuestion
+
+from test_unseen_processes import _check_document
+
+UNSEEN = Path(__file__).resolve().parent / "unseen3"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Case(NamedTuple):
+    process: str
+    data: dict[str, Any]
+    answers: dict[str, Any]  # the --answers document ({} : none)
+    config: str | None  # --config FILE in unseen3 (None: PROCESS.layerflow.yaml or the BPMN's own)
+    status: str
+    values: dict[str, Any]  # data keys after the run (PROCESS and HISTORY), a subset
+    conflicts: list[tuple[str, str, dict[str, Any], Any, str | None]]  # gateway, key, values, resolution value, resolver
+    compressions: list[tuple[str, list[str]]]  # activity id, triggers
+    waiting: list[str]  # waiting_for ids
+
+
+CLAIMS = {"claim_no": 17, "claim_amount": 6000}
+CLAIM_CONFLICTS = [
+    ("assess_join", "next_step", {"medical_assessor": "pay", "fraud_assessor": "investigate"}, "investigate", "human"),
+    ("assess_join", "payout", {"medical_assessor": 4800, "fraud_assessor": 6000}, 0, "policy"),   # the rule
+    ("assess_join", "severity", {"medical_assessor": "moderate", "fraud_assessor": "high"}, "high", "policy")]  # ranking
+SHIPMENTS = {"shipments": [{"id": "S1", "kg": 3}, {"id": "S2", "kg": 20}]}
+CARRIER = ("carrier_join", "carrier", {"ask_dhl": "dhl", "ask_ups": "ups"})
+
+CASES: dict[str, Case] = {
+    "two AI assessors: a policy rule, a ranking and a person settle three conflicts": Case(
+        "claims_triage", CLAIMS, {"confirmations": {"assess_join/next_step": "investigate"}}, None, "completed",
+        {"claim_ref": "CL-17", "severity": "high", "payout": 0, "next_step": "investigate", "fraud_score": 0.72,
+         "medical_note": "fracture, 6 weeks",
+         "settlement": {"ref": "CL-17", "payout": 0, "severity": "high", "next": "investigate"}},
+        CLAIM_CONFLICTS, [], []),
+    "the same claim, nobody answers: the rule and the ranking settle theirs, the person's waits": Case(
+        "claims_triage", CLAIMS, {}, None, "waiting", {"claim_ref": "CL-17", "next_step": "triage"},
+        [(*c[:3], None, None) if c[1] == "next_step" else c for c in CLAIM_CONFLICTS], [], ["assess_join/next_step"]),
+    "content moderation: the appeal branch's contextInject, the person restores the post": Case(
+        "content_moderation", {"post_text": "buy spam now"},
+        {"user_tasks": {"human_appeal": {"appeal_decision": "restore"}}}, None, "completed",
+        {"verdict": "remove", "strikes": 1, "appeal_queue": "tier2", "sla_hours": 48, "appeal_decision": "restore",
+         "final_state": "visible", "seen_queue": "tier2"}, [], [], []),
+    "content moderation: the default branch gets its own contextInject": Case(
+        "content_moderation", {"post_text": "nice photo"}, {}, None, "completed",
+        {"verdict": "keep", "strikes": 0, "appeal_queue": "none", "final_state": "visible", "seen_queue": "none"},
+        [], [], []),
+    "KYC: two of three checks conflict, a person answers from --answers; an append reducer": Case(
+        "kyc_checks", {"customer_name": "Ivan Petrov"}, {"confirmations": {"kyc_join/risk_flag": "hit"}}, None,
+        "completed", {"risk_flag": "hit", "id_verified": True, "address_ok": True, "onboard": False,
+                      "checks_done": ["identity", "sanctions", "address"], "sanctions_list": "EU-2026-11"},
+        [("kyc_join", "risk_flag", {"identity_check": "clear", "sanctions_check": "hit"}, "hit", "human")], [], []),
+    "KYC: the checks agree, nothing to ask": Case(
+        "kyc_checks", {"customer_name": "Ana Silva"}, {}, None, "completed",
+        {"risk_flag": "clear", "onboard": True, "checks_done": ["identity", "sanctions", "address"]}, [], [], []),
+    "vendor onboarding: a nested parallel inside an inclusive split, the priority's first branch did not run": Case(
+        "vendor_onboarding", {"country": "FR", "contract_value": 50000}, {}, None, "completed",
+        {"findings": ["record created", "tax ok", "iso ok", "samples ok"], "cost": 450, "vendor_tier": "gold",
+         "iso_score": 91, "active": True},
+        [("checks_join", "vendor_tier", {"tax_check": "silver", "quality_split": "gold"}, "gold", "strategy")], [], []),
+    "vendor onboarding: the other two branches": Case(
+        "vendor_onboarding", {"country": "DE", "contract_value": 500000}, {}, None, "completed",
+        {"findings": ["record created", "iso ok", "samples ok", "legal ok"], "cost": 1250, "vendor_tier": "platinum"},
+        [("checks_join", "vendor_tier", {"quality_split": "gold", "legal_review": "platinum"}, "platinum", "strategy")],
+        [], []),
+    "a review loop: HISTORY grows each round until its message threshold folds it, twice": Case(
+        "review_loop", {"rounds": 3}, {}, None, "completed",
+        {"revision": 3, "feedback": "round 3: tighten the wording of the equipment clause and the security clause",
+         "published": "Remote work policy v2: staff may work remotely two days a week; laptops are encrypted."},
+        [], [("review", ["message_threshold"]), ("review", ["message_threshold"])], []),
+    "a join inside a sub-process (LAST_WRITER_WINS, a sum reducer), another right after it": Case(
+        "due_diligence", {}, {}, None, "completed",
+        {"rating": "C", "open_issues": 7, "ebitda_checked": True, "litigation": ["supplier dispute"],
+         "board_memo": "rating C, 7 open issues", "team_memo": "renegotiate"},
+        [("dd_join", "rating", {"finance_dd": "B", "legal_dd": "C"}, "C", "strategy")], [], []),
+    "a conflict at a join inside each instance of a multi-instance body, one answer for both": Case(
+        "shipment_quotes", SHIPMENTS, {"confirmations": {"carrier_join/carrier": "ups"}}, None, "completed",
+        {"quotes": [{"id": "S1", "carrier": "ups", "price": 18}, {"id": "S2", "carrier": "ups", "price": 35}],
+         "total": 53}, [(*CARRIER, "ups", "human")] * 2, [], []),
+    "the multi-instance conflicts unanswered: one question and one conflict per instance": Case(
+        "shipment_quotes", SHIPMENTS, {}, None, "waiting", {}, [(*CARRIER, None, None)] * 2, [],
+        ["carrier_join/carrier", "carrier_join/carrier#2"]),
+    "preserved keys across two compressions and a join": Case(
+        "customer_profile", {"customer_id": "C-88"}, {}, None, "completed",
+        {"profile": {"customer_id": "C-88", "segment": "smb", "contacts": ["ops@acme.example"]},
+         "consent": "marketing-no", "consent_seen": "marketing-no", "churn": 0.3, "upsell": 0.6,
+         "summary_line": "C-88 churn 0.3 upsell 0.6"},
+        [], [("enrich_crm", ["token_threshold"]), ("enrich_calls", ["token_threshold"])], []),
+    "inclusive join, two of three desks ran: BRANCH_PRIORITY skips the desk that did not": Case(
+        "desk_routing", {"regions": ["emea", "apac"], "fill_count": 10}, {}, "desk_routing.BRANCH_PRIORITY.yaml",
+        "completed", {"route": "apac", "desk_price": 99, "fill_count": 15, "confirmation": "apac at 99, fills 15"},
+        [("desk_join", "route", {"desk_emea": "emea", "desk_apac": "apac"}, "apac", "strategy")], [], []),
+    "inclusive join, two of three desks ran: LAST_WRITER_WINS": Case(
+        "desk_routing", {"regions": ["apac", "amer"], "fill_count": 10}, {}, "desk_routing.LAST_WRITER_WINS.yaml",
+        "completed", {"route": "amer", "desk_price": 99, "fill_count": 17},
+        [("desk_join", "route", {"desk_apac": "apac", "desk_amer": "amer"}, "amer", "strategy")], [], []),
+    "inclusive join, one desk ran: FAIL_ON_CONFLICT has nothing to fail on": Case(
+        "desk_routing", {"regions": ["amer"], "fill_count": 10}, {}, "desk_routing.FAIL_ON_CONFLICT.yaml",
+        "completed", {"route": "amer", "desk_price": 100, "fill_count": 14}, [], [], []),
+    "inclusive join, two desks conflict: FAIL_ON_CONFLICT stops the instance": Case(
+        "desk_routing", {"regions": ["emea", "amer"], "fill_count": 10}, {}, "desk_routing.FAIL_ON_CONFLICT.yaml",
+        "error", {}, [("desk_join", "route", {"desk_emea": "emea", "desk_amer": "amer"}, None, None)], [], []),
+    "PROCESS written twice: the second write is denied and stops the instance": Case(
+        "case_numbers", {"ticket": "T9", "tier": "gold"}, {}, None, "error",
+        {"case_no": "CASE-T9", "opened": True, "priority": "p2"}, [], [], []),
+    "a natural-language XOR without a model: the expressions decide": Case(
+        "refund_routing", {"message": "hi", "amount": 20, "previous_refunds": 0}, {}, None, "completed",
+        {"refunded": 20, "handled_by": "auto", "channel": "auto"}, [], [], []),
+}
+
+
+def _data(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc["layers"]["L3"].items() if not k.startswith(("_", "activity:", "compaction:"))} \
+        | doc["layers"]["L1"]
+
+
+def _cli(*args: str) -> tuple[int, Any, str]:
+    result = CliRunner().invoke(main, list(args))
+    try:
+        doc = json.loads(result.stdout) if "--json" in args else result.stdout
+    except json.JSONDecodeError:
+        raise AssertionError(f"not one JSON document: {result.stdout!r} {result.stderr!r}") from None
+    return result.exit_code, doc, result.stderr
+
+
+def _run(case: Case, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str, str]:
+    store = f"sqlite:///{tmp_path / 'u3.db'}"
+    args = ["run", str(UNSEEN / f"{case.process}.bpmn"), "--json", "--store", store, "--data", json.dumps(case.data)]
+    if case.answers:
+        (tmp_path / "answers.json").write_text(json.dumps(case.answers))
+        args += ["--answers", str(tmp_path / "answers.json")]
+    if case.config:
+        args += ["--config", str(UNSEEN / case.config)]
+    code, doc, err = _cli(*args, *extra)
+    return code, doc, err, store
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_run_json_gives_the_outcome_derived_by_hand(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    code, doc, err, _ = _run(case, tmp_path)
+    _check_document(doc, code, case.process)
+    assert doc["status"] == case.status, (doc["error"], err)
+    data = _data(doc)
+    assert {k: data.get(k, "<absent>") for k in case.values} == case.values
+    got = [(c["gateway_id"], c["key"], c["values"], (c["resolution"] or {}).get("value"),
+            (c["resolution"] or {}).get("resolver")) for c in doc["conflicts"]]
+    assert sorted(got, key=repr) == sorted(case.conflicts, key=repr)
+    assert [(c["activity_id"], c["triggers"]) for c in doc["compressions"]] == case.compressions
+    assert [w["id"] for w in doc["waiting_for"]] == case.waiting
+    # every conflict of a join that merged is logged once in _mergedConflicts of the context it merged into;
+    # a join still waiting for a person (or stopped by FAIL_ON_CONFLICT) has changed nothing yet; the log
+    # of a multi-instance body stays in each instance's scope (only the output item comes back)
+    logged = doc["layers"]["L3"].get("_mergedConflicts", []) + doc["layers"]["L4"].get("_mergedConflicts", [])
+    settled = [c for c in case.conflicts if c[4] is not None] if case.status == "completed" else []
+    if case.process != "shipment_quotes":
+        assert sorted(((e["gatewayId"], e["key"], e["values"], e["resolution"]["value"], e["resolution"]["resolver"])
+                       for e in logged), key=repr) == sorted(settled, key=repr)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_replay_rebuilds_every_snapshot_and_the_end_byte_for_byte(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    code, doc, _, store = _run(case, tmp_path)
+    engine = Engine(store)
+    instance = engine.load(doc["instance_id"])
+    for ctx in instance.contexts.values():
+        for snap in ctx.snapshots.values():
+            rebuilt = LayeredContext.replay(ctx.tape, until=snap.seq, name=ctx.name)
+            assert json.dumps(rebuilt.as_dict()) == json.dumps(
+                {layer: {k: thaw(v) for k, v in values.items()} for layer, values in snap.as_dict().items()})
+        assert LayeredContext.replay(ctx.tape, name=ctx.name) == ctx
+    end = instance.main.tape[-1].seq
+    rc, replayed, _ = _cli("replay", doc["instance_id"], "--until", str(end), "--store", store, "--json")
+    assert rc == 0 and json.dumps(replayed["layers"]) == json.dumps(doc["layers"])
+    rc, tape, _ = _cli("tape", doc["instance_id"], "--store", store, "--json")   # every context's: tape_length
+    assert rc == 0 and len(tape) == doc["tape_length"] == sum(len(c.tape) for c in instance.contexts.values())
+    assert [e["seq"] for e in tape if e["context"] == "main"] == list(range(1, end + 1))
+
+
+# ----- the governance features one at a time, on these processes -----------------------------------------
+
+def test_a_merged_conflicts_log_the_next_split_carries_is_not_doubled_at_its_join(tmp_path: Path) -> None:
+    """dd_join logs its conflict in WORKING; notify_split forks right after the sub-process, each branch's
+    activity moves the log into HISTORY unchanged: the notify join must not count it once per branch."""
+    code, doc, _, _ = _run(CASES["a join inside a sub-process (LAST_WRITER_WINS, a sum reducer), another right after it"],
+                           tmp_path)
+    assert code == 0
+    log = doc["layers"]["L3"]["_mergedConflicts"]
+    assert [(e["gatewayId"], e["key"]) for e in log] == [("dd_join", "rating")]
+    assert "_mergedConflicts" not in doc["layers"]["L4"]
+
+
+@pytest.mark.parametrize("regions, expected", [(["emea", "apac"], 15), (["emea", "apac", "amer"], 19), (["apac"], 13)])
+def test_a_sum_reducer_counts_a_working_start_value_once(regions: list[str], expected: int, tmp_path: Path) -> None:
+    """fill_count starts in WORKING (data_layers); each desk's activity moves it into HISTORY with its
+    addition: the sum is the start value plus each branch's delta, not the branches' totals added up."""
+    case = CASES["inclusive join, two of three desks ran: BRANCH_PRIORITY skips the desk that did not"]
+    code, doc, err, _ = _run(case._replace(data={"regions": regions, "fill_count": 10}), tmp_path)
+    assert code == 0, err
+    assert doc["layers"]["L3"]["fill_count"] == expected and "fill_count" not in doc["layers"]["L4"]
+
+
+def test_kyc_confirmation_answered_after_a_resume_in_another_process(tmp_path: Path) -> None:
+    case = CASES["KYC: the checks agree, nothing to ask"]._replace(data={"customer_name": "Ivan Petrov"})
+    code, doc, _, store = _run(case, tmp_path)
+    assert code == 3 and [w["id"] for w in doc["waiting_for"]] == ["kyc_join/risk_flag"]
+    [asked] = doc["confirmations"]
+    assert [o["value"] for o in asked["options"]] == ["clear", "hit", "$escalate"]
+    assert asked["default"] == "hit" and asked["timeout"] == 86400
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # a value not offered is bad input; the instance still waits
+    bad = subprocess.run([sys.executable, "-m", "engine.cli", "resume", doc["instance_id"], "--store", store,
+                          "--answer", "kyc_join/risk_flag=maybe", "--json"], capture_output=True, text=True, env=env,
+                         stdin=subprocess.DEVNULL, timeout=120)
+    assert bad.returncode == 2 and "maybe" in json.loads(bad.stdout)["error"]["message"]
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "resume", doc["instance_id"], "--store", store,
+                           "--answer", "kyc_join/risk_flag=clear", "--json"], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == 0, done.stderr
+    final = json.loads(done.stdout)
+    assert final["layers"]["L3"]["onboard"] is True and final["layers"]["L3"]["risk_flag"] == "clear"
+    assert final["conflicts"][0]["resolution"]["resolver"] == "human"
+    assert final["confirmations"][0]["answer"] == "clear" and final["confirmations"][0]["timed_out"] is False
+    rc, decisions, _ = _cli("tape", doc["instance_id"], "--kind", "human_decision", "--store", store, "--json")
+    assert rc == 0 and [e["data"].get("answer", e["data"].get("value")) for e in decisions] == ["clear"]
+
+
+def test_an_appeal_answer_that_rewrites_a_process_fact_is_refused_and_the_task_still_waits(tmp_path: Path) -> None:
+    case = CASES["content moderation: the default branch gets its own contextInject"]._replace(
+        data={"post_text": "buy spam now"})
+    code, doc, _, store = _run(case, tmp_path)
+    assert code == 3 and [w["task_id"] for w in doc["waiting_for"]] == ["human_appeal"]
+    assert doc["waiting_for"][0]["documentation"].startswith("The author appealed")
+    # the branch's injected keys are in WORKING while the person decides
+    assert {k: doc["layers"]["L4"][k] for k in ("appeal_queue", "sla_hours", "_branch_id")} == {
+        "appeal_queue": "tier2", "sla_hours": 48, "_branch_id": "human_appeal"}
+    rc, refused, _ = _cli("resume", doc["instance_id"], "--store", store, "--json",
+                          "--answer", 'human_appeal={"appeal_decision": "restore", "post_text": "edited"}')
+    assert rc == 2 and "post_text" in refused["error"]["message"]
+    rc, again, _ = _cli("resume", doc["instance_id"], "--store", store, "--json",
+                        "--answer", 'human_appeal={"appeal_decision": "uphold"}')
+    assert rc == 0 and again["layers"]["L1"] == {"post_text": "buy spam now"}
+    assert again["layers"]["L3"]["final_state"] == "removed"
+    rc, denied, _ = _cli("tape", doc["instance_id"], "--kind", "denied", "--store", store, "--json")
+    assert rc == 0 and [e["data"]["key"] for e in denied] == ["post_text"]
+
+
+def test_the_second_process_write_is_on_the_tape_and_denied_again_on_retry(tmp_path: Path) -> None:
+    code, doc, _, store = _run(CASES["PROCESS written twice: the second write is denied and stops the instance"],
+                               tmp_path)
+    assert code == 1 and doc["error"]["task_id"] == "renumber_case" and "case_no" in doc["error"]["message"]
+    assert doc["layers"]["L1"]["case_no"] == "CASE-T9" and "renumbered" not in doc["layers"]["L3"]
+    rc, again, _ = _cli("resume", doc["instance_id"], "--store", store, "--json")
+    assert rc == 1 and again["layers"]["L1"]["case_no"] == "CASE-T9"
+    rc, denied, _ = _cli("tape", doc["instance_id"], "--kind", "denied", "--store", store, "--json")
+    assert [(e["activity"], e["data"]["key"], e["data"]["effective"]) for e in denied] == [
+        ("renumber_case", "case_no", int(Layer.PROCESS))] * 2
+    rc, plain, _ = _cli("tape", doc["instance_id"], "--kind", "denied", "--store", store)
+    assert plain.count("case_no") == 2, plain
+
+
+def test_rollback_of_the_review_loop_to_its_first_compression(tmp_path: Path) -> None:
+    code, doc, _, store = _run(CASES["a review loop: HISTORY grows each round until its message threshold folds it, twice"],
+                               tmp_path)
+    first = doc["compressions"][0]["snapshot_id"]
+    engine = Engine(store)
+    snap = engine.load(doc["instance_id"]).main.get_snapshot(first)
+    # the snapshot before the first fold: after the second review round (9 HISTORY entries > 6: draft_text,
+    # revision, feedback, the records of draft, review, revise and review#2, and the XOR's _branch_id and
+    # _snapshot_id, which an activity moved from WORKING with its writes)
+    history = snap.layer(Layer.HISTORY)
+    assert history["revision"] == 2 and len(history) == 9 and history["_branch_id"] == "revise"
+    rc, _, err = _cli("rollback", doc["instance_id"], first, "--layers", "L3", "--store", store, "--json")
+    assert rc == 0, err
+    after = engine.load(doc["instance_id"]).main
+    assert dict(after.layer(Layer.HISTORY)) == dict(snap.layer(Layer.HISTORY))
+    assert LayeredContext.replay(after.tape) == after and len(after.tape) > doc["tape_length"]
+
+
+# ----- the model's parts, faked ------------------------------------------------------------------------
+
+class Chooser:
+    def __init__(self, branch: str) -> None:
+        self.branch, self.questions = branch, []
+
+    def choose(self, question: BranchQuestion) -> BranchAnswer:
+        self.questions.append(question)
+        return BranchAnswer(branch=self.branch, rationale=f"the sentences say {self.branch}")
+
+
+class Arbiter:
+    def __init__(self) -> None:
+        self.requests: list[ArbitrationRequest] = []
+
+    def arbitrate(self, request: ArbitrationRequest) -> ArbitrationAnswer:
+        self.requests.append(request)
+        return ArbitrationAnswer(final_value="investigate", rationale="fraud score above 0.7", escalate=False)
+
+
+@pytest.mark.parametrize("branch, refunded, disagrees", [("auto_refund", 20, False), ("agent_review", 0, True)])
+def test_the_model_decides_the_sentences_of_the_refund_route(branch: str, refunded: int, disagrees: bool) -> None:
+    chooser = Chooser(branch)
+    engine = Engine("memory://", chooser=chooser)
+    inst = engine.run(engine.start(load_process(UNSEEN / "refund_routing.bpmn"),
+                                   {"message": "hi", "amount": 20, "previous_refunds": 0}))
+    assert inst.status == "completed"
+    history = inst.main.layer(Layer.HISTORY)
+    assert (history["refunded"], history["handled_by"]) == (refunded, branch.split("_")[0])
+    [question] = chooser.questions
+    notes = [e.data["note"] for e in inst.main.tape if e.kind == "note"]
+    assert ("condition_disagreement" in notes) is disagrees
+
+
+def test_the_model_settles_what_the_claims_policy_leaves_open() -> None:
+    arbiter = Arbiter()
+    engine = Engine("memory://", arbiter=arbiter)
+    inst = engine.run(engine.start(load_process(UNSEEN / "claims_triage.bpmn"), CLAIMS))
+    assert inst.status == "completed"
+    [request] = arbiter.requests   # the rule and the ranking settled the other two
+    assert request.key == "next_step" and dict(request.values) == {"medical_assessor": "pay",
+                                                                  "fraud_assessor": "investigate"}
+    assert request.related["claim_amount"] == 6000 and "fraud" in (request.policy_text or "")
+    resolved = {c["key"]: c["resolution"]["resolver"] for c in inst.conflicts}
+    assert resolved == {"next_step": "model", "payout": "policy", "severity": "policy"}
+    assert inst.main.resolve("settlement")["next"] == "investigate"
