@@ -356,3 +356,66 @@ def test_the_model_settles_what_the_claims_policy_leaves_open() -> None:
     resolved = {c["key"]: c["resolution"]["resolver"] for c in inst.conflicts}
     assert resolved == {"next_step": "model", "payout": "policy", "severity": "policy"}
     assert inst.main.resolve("settlement")["next"] == "investigate"
+
+
+# ----- REST ------------------------------------------------------------------------------------------------
+
+def test_rest_lists_and_answers_each_instance_of_the_multi_instance_conflict(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    auth = {"Authorization": "Bearer unseen3-token"}
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'api.db'}", UNSEEN, "unseen3-token")) as client:
+        r = client.post("/api/instances", json={"process_id": "shipment_quotes", "data": SHIPMENTS}, headers=auth)
+        assert r.status_code == 201, r.text
+        doc = r.json()
+        assert doc["status"] == "waiting" and len(doc["conflicts"]) == 2
+        iid = doc["instance_id"]
+        listed = client.get("/api/confirmations", params={"instance_id": iid}, headers=auth).json()
+        assert sorted(c["id"] for c in listed) == ["carrier_join/carrier", "carrier_join/carrier#2"]
+        r = client.post("/api/confirmations/carrier_join/carrier", json={"value": "dhl", "instance_id": iid},
+                        headers=auth)
+        assert r.status_code == 200, r.text
+        half = client.get(f"/api/instances/{iid}", headers=auth).json()
+        assert half["status"] == "waiting" and [w["id"] for w in half["waiting_for"]] == ["carrier_join/carrier#2"]
+        assert sorted(json.dumps(c["resolution"]) for c in half["conflicts"]) == sorted(
+            [json.dumps(None), json.dumps({"value": "dhl", "resolver": "human",
+                                           "reason": 'a person chose "dhl" (from ask_dhl)'})])
+        r = client.post("/api/confirmations/carrier_join/carrier%232", json={"value": "ups", "instance_id": iid},
+                        headers=auth)
+        assert r.status_code == 200, r.text
+        done = client.get(f"/api/instances/{iid}", headers=auth).json()
+        assert done["status"] == "completed"
+        assert done["layers"]["L3"]["quotes"] == [{"id": "S1", "carrier": "dhl", "price": 16},
+                                                  {"id": "S2", "carrier": "ups", "price": 35}]
+        assert sorted(c["resolution"]["value"] for c in done["conflicts"]) == ["dhl", "ups"]
+        replayed = client.get(f"/api/instances/{iid}/replay", headers=auth).json()
+        # the console's replay: per layer, each key with its value (and its tokens, writer, ...)
+        assert json.dumps({layer: {k["key"]: k["value"] for k in replayed["layers"][layer]["keys"]}
+                           for layer in done["layers"]}) == json.dumps(done["layers"])
+
+
+@pytest.mark.parametrize("reducer, expected", [("sum", 11), ("max", 9), ("append", None)])
+def test_join_contexts_reduces_a_key_the_branches_moved_out_of_working_from_its_split_value(
+        reducer: str, expected: int | None) -> None:
+    """The pure API: ``n`` (or ``log``) is in the parent's WORKING at the split; each branch's activity
+    changes it and moves it into HISTORY, where the split's snapshot has no such key."""
+    from gateways import ContextSplitter, apply_join, join_contexts
+
+    ctx = LayeredContext()
+    ctx.write(Layer.WORKING, "n", 5, actor="intake")
+    ctx.write(Layer.WORKING, "log", ["opened"], actor="intake")
+    a, b = ContextSplitter().split(ctx, {"gatewayId": "fork", "branches": [{"id": "a"}, {"id": "b"}]})
+    for branch, n in ((a, 7), (b, 9)):
+        branch.context.begin_activity(branch.branch_id)
+        branch.context.write(Layer.WORKING, "n", n)
+        branch.context.write(Layer.WORKING, "log", ["opened", branch.branch_id])
+        branch.context.complete_activity(branch.branch_id)
+    key = "log" if expected is None else "n"
+    joined = join_contexts(ctx.get_snapshot(a.snapshot_id), {"a": a.context, "b": b.context}, gateway_id="fork",
+                           config={"reducers": {key: reducer}, "mergeStrategy": "LAST_WRITER_WINS"})
+    apply_join(ctx, joined)
+    assert ctx.resolve(key) == (["opened", "a", "b"] if expected is None else expected)
+    assert key in ctx.layer(Layer.HISTORY) and key not in ctx.layer(Layer.WORKING)
+    assert LayeredContext.replay(ctx.tape) == ctx
