@@ -117,14 +117,17 @@ CASES: dict[str, Case] = {
         {"profile": {"customer_id": "C-88", "segment": "smb", "contacts": ["ops@acme.example"]},
          "consent": "marketing-no", "consent_seen": "marketing-no", "churn": 0.3, "upsell": 0.6,
          "summary_line": "C-88 churn 0.3 upsell 0.6"},
-        [], [("enrich_crm", ["token_threshold"]), ("enrich_calls", ["token_threshold"])], []),
+        [], [("enrich_crm", ["token_threshold"]), ("enrich_calls", ["token_threshold"]),
+             ("upsell_score", ["token_threshold"])], []),
     "inclusive join, two of three desks ran: BRANCH_PRIORITY skips the desk that did not": Case(
         "desk_routing", {"regions": ["emea", "apac"], "fill_count": 10}, {}, "desk_routing.BRANCH_PRIORITY.yaml",
-        "completed", {"route": "apac", "desk_price": 99, "fill_count": 15, "confirmation": "apac at 99, fills 15"},
+        "completed", {"route": "apac", "desk_price": 99, "fill_count": 15, "confirmation": "apac at 99, fills 15",
+                      # each branch's contextInject: read there, not surviving the join (no branch changed it)
+                      "tz_emea": "CET", "tz_apac": "SGT", "tz_amer": "<absent>", "desk_tz": "<absent>"},
         [("desk_join", "route", {"desk_emea": "emea", "desk_apac": "apac"}, "apac", "strategy")], [], []),
     "inclusive join, two of three desks ran: LAST_WRITER_WINS": Case(
         "desk_routing", {"regions": ["apac", "amer"], "fill_count": 10}, {}, "desk_routing.LAST_WRITER_WINS.yaml",
-        "completed", {"route": "amer", "desk_price": 99, "fill_count": 17},
+        "completed", {"route": "amer", "desk_price": 99, "fill_count": 17, "tz_apac": "SGT", "tz_amer": "EST"},
         [("desk_join", "route", {"desk_apac": "apac", "desk_amer": "amer"}, "amer", "strategy")], [], []),
     "inclusive join, one desk ran: FAIL_ON_CONFLICT has nothing to fail on": Case(
         "desk_routing", {"regions": ["amer"], "fill_count": 10}, {}, "desk_routing.FAIL_ON_CONFLICT.yaml",
@@ -290,6 +293,26 @@ def test_the_second_process_write_is_on_the_tape_and_denied_again_on_retry(tmp_p
         ("renumber_case", "case_no", int(Layer.PROCESS))] * 2
     rc, plain, _ = _cli("tape", doc["instance_id"], "--kind", "denied", "--store", store)
     assert plain.count("case_no") == 2, plain
+
+
+def test_a_compression_inside_a_branch_folds_the_split_history_and_leaves_preserved_keys_alone(
+        tmp_path: Path) -> None:
+    """upsell_score's own compression (in its branch) folds compaction:1 and the enrich_calls entries
+    of the split's HISTORY into compaction:2; churn_score did not touch them, so the join takes the
+    fold (README: a compression is no decision about a value, and nothing here contradicts it)."""
+    code, doc, _, store = _run(CASES["preserved keys across two compressions and a join"], tmp_path)
+    assert code == 0
+    branch_fold = doc["compressions"][2]
+    assert branch_fold["context"].startswith("main/upsell_score@")
+    assert sorted(branch_fold["folded"]) == ["activity:enrich_calls", "call_notes", "compaction:1"]
+    history = doc["layers"]["L3"]
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:2"]
+    assert "call_notes" not in history and "crm_notes" not in history
+    assert history["upsell_notes"]["_compressed"] == "summarize"
+    assert list(history)[:2] == ["profile", "consent"]   # preserved, unchanged, first as they were written
+    rc, inspected, _ = _cli("inspect", doc["instance_id"], "--store", store, "--json")
+    assert rc == 0 and inspected["preserved"] == ["consent", "profile"]
+    assert [b["status"] for b in inspected["branches"]] == ["joined", "joined"]
 
 
 def test_rollback_of_the_review_loop_to_its_first_compression(tmp_path: Path) -> None:
