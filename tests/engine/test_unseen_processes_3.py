@@ -138,6 +138,18 @@ CASES: dict[str, Case] = {
     "PROCESS written twice: the second write is denied and stops the instance": Case(
         "case_numbers", {"ticket": "T9", "tier": "gold"}, {}, None, "error",
         {"case_no": "CASE-T9", "opened": True, "priority": "p2"}, [], [], []),
+    "a join in a loop: the person's answer is given again each round, a ranking settles the other key": Case(
+        "budget_rounds", {}, {"confirmations": {"review_join/verdict": "revise"}}, None, "completed",
+        {"round_no": 3, "verdict": "revise", "cap": 240, "decisions": ["revise@80", "revise@160", "revise@240"]},
+        [("review_join", key, {"cfo_review": cfo, "ops_review": ops}, won, resolver)
+         for n in (1, 2, 3)
+         for key, cfo, ops, won, resolver in (("cap", 100 * n, 80 * n, 80 * n, "policy"),
+                                              ("verdict", "approve", "revise", "revise", "human"))], [], []),
+    "the loop's person approves in the first round": Case(
+        "budget_rounds", {}, {"confirmations": {"review_join/verdict": "approve"}}, None, "completed",
+        {"round_no": 1, "verdict": "approve", "decisions": ["approve@80"]},
+        [("review_join", "cap", {"cfo_review": 100, "ops_review": 80}, 80, "policy"),
+         ("review_join", "verdict", {"cfo_review": "approve", "ops_review": "revise"}, "approve", "human")], [], []),
     "a natural-language XOR without a model: the expressions decide": Case(
         "refund_routing", {"message": "hi", "amount": 20, "previous_refunds": 0}, {}, None, "completed",
         {"refunded": 20, "handled_by": "auto", "channel": "auto"}, [], [], []),
