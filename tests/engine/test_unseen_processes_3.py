@@ -150,6 +150,10 @@ CASES: dict[str, Case] = {
         {"round_no": 1, "verdict": "approve", "decisions": ["approve@80"]},
         [("review_join", "cap", {"cfo_review": 100, "ops_review": 80}, 80, "policy"),
          ("review_join", "verdict", {"cfo_review": "approve", "ops_review": "revise"}, "approve", "human")], [], []),
+    "a person's task and a policy script in parallel branches: BRANCH_PRIORITY favours the person": Case(
+        "expense_approval", {"amount": 700}, {"user_tasks": {"manager_approval": {"approved": True, "approver": "kim"}}},
+        None, "completed", {"approved": True, "approver": "kim", "policy_note": "over limit", "paid": 700},
+        [("approval_join", "approved", {"manager_approval": True, "policy_check": False}, True, "strategy")], [], []),
     "a natural-language XOR without a model: the expressions decide": Case(
         "refund_routing", {"message": "hi", "amount": 20, "previous_refunds": 0}, {}, None, "completed",
         {"refunded": 20, "handled_by": "auto", "channel": "auto"}, [], [], []),
@@ -291,6 +295,23 @@ def test_an_appeal_answer_that_rewrites_a_process_fact_is_refused_and_the_task_s
     assert again["layers"]["L3"]["final_state"] == "removed"
     rc, denied, _ = _cli("tape", doc["instance_id"], "--kind", "denied", "--store", store, "--json")
     assert rc == 0 and [e["data"]["key"] for e in denied] == ["post_text"]
+
+
+def test_a_person_in_a_parallel_branch_cannot_change_a_system_key(tmp_path: Path) -> None:
+    case = CASES["a person's task and a policy script in parallel branches: BRANCH_PRIORITY favours the person"]
+    code, doc, _, store = _run(case._replace(answers={}), tmp_path)
+    assert code == 3 and doc["layers"]["L0"] == {"expense_limit": 500}
+    rc, refused, _ = _cli("resume", doc["instance_id"], "--store", store, "--json",
+                          "--answer", 'manager_approval={"approved": true, "expense_limit": 1000}')
+    assert rc == 2 and "expense_limit" in refused["error"]["message"]
+    assert [w["task_id"] for w in refused["waiting_for"]] == ["manager_approval"]
+    rc, denied, _ = _cli("tape", doc["instance_id"], "--kind", "denied", "--store", store, "--json")
+    assert [(e["data"]["key"], e["data"]["effective"], e["data"]["requested"], e["branch"]) for e in denied] == [
+        ("expense_limit", 0, 4, "manager_approval")]
+    rc, done, _ = _cli("resume", doc["instance_id"], "--store", store, "--json",
+                       "--answer", 'manager_approval={"approved": false}')
+    assert rc == 0 and done["layers"]["L3"]["paid"] == 0 and done["conflicts"] == []   # both branches said no
+    assert done["layers"]["L0"] == {"expense_limit": 500}
 
 
 def test_the_second_process_write_is_on_the_tape_and_denied_again_on_retry(tmp_path: Path) -> None:
