@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import click
 
 from context_layers import Layer, LayeredContext, thaw
-from context_layers.tape import EventKind, kind_names
+from context_layers.tape import EventKind, kind_names, matches_kind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, StoreError
 
@@ -1331,8 +1331,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         found = (ctx.tape.filter(branch=branch, key=key) if activity is None
                  else _activity_events(ctx, activity, branch, key))
         for e in found:
-            if (since is None or e.seq >= since) and (kinds is None or e.kind in kinds
-                                                      or (e.data or {}).get("note") in kinds):
+            if (since is None or e.seq >= since) and (kinds is None or matches_kind(e, kinds)):
                 events.append((e.time, name, e))
     events.sort(key=lambda t: (t[0], t[2].seq))
     if not events and kind:

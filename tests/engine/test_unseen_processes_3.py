@@ -475,3 +475,31 @@ def test_join_contexts_reduces_a_key_the_branches_moved_out_of_working_from_its_
     assert ctx.resolve(key) == (["opened", "a", "b"] if expected is None else expected)
     assert key in ctx.layer(Layer.HISTORY) and key not in ctx.layer(Layer.WORKING)
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+@pytest.mark.parametrize("name, branch_forks, xor_injects", [
+    ("inclusive join, two of three desks ran: BRANCH_PRIORITY skips the desk that did not", 2, 0),
+    ("content moderation: the appeal branch's contextInject, the person restores the post", 0, 1),
+])
+def test_tape_kind_inject_finds_every_context_inject(name: str, branch_forks: int, xor_injects: int,
+                                                     tmp_path: Path) -> None:
+    """DESIGN lists "inject" among the tape's events: a parallel or inclusive branch's contextInject is
+    written by its fork event, an XOR's by an inject change, an operator's (REST inject) by writes
+    and a governance note; ``tape --kind inject`` (and ``Tape.filter(kind="inject")``) finds them."""
+    code, doc, _, store = _run(CASES[name]._replace(answers={}), tmp_path)   # the appeal waits
+    rc, found, err = _cli("tape", doc["instance_id"], "--kind", "inject", "--store", store, "--json")
+    assert rc == 0, err
+    forks = [e for e in found if e["kind"] == "fork"]
+    assert len(forks) == branch_forks and all(e["data"]["inject"]["desk_tz"] for e in forks)
+    assert len([e for e in found if e["data"].get("note") == "inject"]) == xor_injects
+    assert len(found) == branch_forks + xor_injects
+    engine = Engine(store)
+    instance = engine.load(doc["instance_id"])
+    assert sum(len(c.tape.filter(kind="inject")) for c in instance.contexts.values()) == len(found)
+    from engine.governance import GovernanceService, InjectArgs
+
+    if doc["status"] == "completed":
+        return
+    GovernanceService(engine).inject(doc["instance_id"], InjectArgs(values={"hint": "x"}, reason="ops"))
+    rc, found, _ = _cli("tape", doc["instance_id"], "--kind", "inject", "--store", store, "--json")
+    assert [e["data"].get("op") for e in found][-1] == "inject"
