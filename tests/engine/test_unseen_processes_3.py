@@ -119,6 +119,12 @@ CASES: dict[str, Case] = {
          "summary_line": "C-88 churn 0.3 upsell 0.6"},
         [], [("enrich_crm", ["token_threshold"]), ("enrich_calls", ["token_threshold"]),
              ("upsell_score", ["token_threshold"])], []),
+    "both branches fold the same HISTORY: the join keeps one summary, the first branch's": Case(
+        "account_review", {"customer_id": "C-88"}, {}, None, "completed",
+        {"profile": {"customer_id": "C-88", "segment": "smb", "contacts": ["ops@acme.example"]},
+         "consent": "marketing-no", "churn": 0.3, "upsell": 0.6, "call_notes": "<absent>"},
+        [], [("enrich_crm", ["token_threshold"]), ("enrich_calls", ["token_threshold"]),
+             ("churn_score", ["token_threshold"]), ("upsell_score", ["token_threshold"])], []),
     "inclusive join, two of three desks ran: BRANCH_PRIORITY skips the desk that did not": Case(
         "desk_routing", {"regions": ["emea", "apac"], "fill_count": 10}, {}, "desk_routing.BRANCH_PRIORITY.yaml",
         "completed", {"route": "apac", "desk_price": 99, "fill_count": 15, "confirmation": "apac at 99, fills 15",
@@ -346,6 +352,19 @@ def test_a_compression_inside_a_branch_folds_the_split_history_and_leaves_preser
     rc, inspected, _ = _cli("inspect", doc["instance_id"], "--store", store, "--json")
     assert rc == 0 and inspected["preserved"] == ["consent", "profile"]
     assert [b["status"] for b in inspected["branches"]] == ["joined", "joined"]
+
+
+def test_two_branch_folds_of_one_history_leave_one_summary(tmp_path: Path) -> None:
+    code, doc, _, store = _run(CASES["both branches fold the same HISTORY: the join keeps one summary, the first branch's"],
+                               tmp_path)
+    assert code == 0
+    history = doc["layers"]["L3"]
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:2"]
+    assert history["compaction:2"]["snapshot_id"].startswith("snap:main/churn_score@")   # a tie: branch order
+    assert history["churn_notes"]["_compressed"] == history["upsell_notes"]["_compressed"] == "summarize"
+    rc, joins, _ = _cli("tape", doc["instance_id"], "--kind", "join", "--context", "main", "--store", store, "--json")
+    [join] = [e for e in joins if e["data"].get("gateway_id") == "score_join"]
+    assert join["data"]["dropped_compactions"] == [{"branch": "upsell_score", "key": "compaction:2", "restored": []}]
 
 
 def test_rollback_of_the_review_loop_to_its_first_compression(tmp_path: Path) -> None:
