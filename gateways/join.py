@@ -633,6 +633,49 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
                             for o in outcomes[lowest]]
 
 
+def _one_log(outcomes: dict[Layer, list[KeyOutcome]], base: Snapshot,
+             scoped: Mapping[str, Mapping[Layer, Mapping[str, Any]]]) -> None:
+    """``_mergedConflicts`` in one layer. A branch whose last step was a join inside it brings
+    that join's log in WORKING, a branch whose activity ran after its inner join brings its
+    log in HISTORY: merged layer by layer, HISTORY's log would hide WORKING's from a read, and
+    the next activity's move of WORKING would overwrite it. So the log is merged as a read
+    sees it: the split's log, then each branch's new entries in branch order, kept in
+    HISTORY (where a move brings it anyway) when anyone held it there, else in WORKING."""
+    key = MERGED_CONFLICTS_KEY
+    layers = (Layer.HISTORY, Layer.WORKING)
+    held = {layer for layer in layers if key in base.layer(layer)}
+    held |= {layer for b in scoped.values() for layer in layers if key in b[layer]}
+    if len(held) < 2:
+        return  # one layer: the append reducer did it
+
+    def read(layered: Mapping[Layer, Mapping[str, Any]]) -> list[Any]:
+        value = next((layered[layer][key] for layer in layers if key in layered[layer]), None)
+        return list(thaw(value)) if isinstance(thaw(value), list) else []
+
+    start = read({layer: base.layer(layer) for layer in layers})
+    seen = [value_key(e) for e in start]
+    log, changed = list(start), []
+    for b, layered in scoped.items():
+        entries = read(layered)
+        new = entries[len(start):] if [value_key(e) for e in entries[:len(start)]] == seen else \
+            [e for e in entries if value_key(e) not in seen]
+        if new:
+            log.extend(new)
+            changed.append(b)
+    place = Layer.HISTORY
+    for layer in layers:
+        base_value = base.layer(layer)[key] if key in base.layer(layer) else DELETED
+        value = log if layer == place else DELETED
+        if value is DELETED and base_value is DELETED:
+            merged = None
+        else:
+            merged = KeyOutcome(key, base_value, value, tuple(changed) or tuple(scoped), None,
+                                {b: value for b in (changed or scoped)})
+        rest = [o for o in outcomes[layer] if o.key != key]
+        at = next((i for i, o in enumerate(outcomes[layer]) if o.key == key), len(rest))
+        outcomes[layer] = rest[:at] + ([merged] if merged is not None else []) + rest[at:]
+
+
 def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int) -> KeyOutcome:
     """A reducer key's outcome in ``layer``. A key the base held in WORKING that the branches'
     activities moved into HISTORY is new to HISTORY, but not new to the process: its reduction
@@ -822,6 +865,8 @@ def join_contexts(
             found, aliases = _records_apart(found, [base_layer, *raw_layers.values()])
         outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases,
                                    places if layer == Layer.HISTORY else None)
+    if config.reducers.get(MERGED_CONFLICTS_KEY) == "append":
+        _one_log(outcomes, base, {b: scoped[b] for b in order})
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
     conflicts = sorted((_read_base(o.conflict, base) for layer in MERGED_LAYERS for o in outcomes[layer]

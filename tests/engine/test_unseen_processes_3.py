@@ -105,6 +105,13 @@ CASES: dict[str, Case] = {
         {"rating": "C", "open_issues": 7, "ebitda_checked": True, "litigation": ["supplier dispute"],
          "board_memo": "rating C, 7 open issues", "team_memo": "renegotiate"},
         [("dd_join", "rating", {"finance_dd": "B", "legal_dd": "C"}, "C", "strategy")], [], []),
+    "joins inside both branches, one branch ends at its inner join, the other runs a step after it": Case(
+        "site_audit", {}, {}, None, "completed",
+        {"fire_rating": "fail", "power_rating": "replace wiring", "power_summary": "power: replace wiring",
+         "report": "fail / replace wiring"},
+        [("fire_join", "fire_rating", {"fire_inspector_a": "pass", "fire_inspector_b": "fail"}, "fail", "strategy"),
+         ("power_join", "power_rating", {"power_inspector_a": "ok", "power_inspector_b": "replace wiring"},
+          "replace wiring", "strategy")], [], []),
     "a conflict at a join inside each instance of a multi-instance body, one answer for both": Case(
         "shipment_quotes", SHIPMENTS, {"confirmations": {"carrier_join/carrier": "ups"}}, None, "completed",
         {"quotes": [{"id": "S1", "carrier": "ups", "price": 18}, {"id": "S2", "carrier": "ups", "price": 35}],
@@ -246,6 +253,18 @@ def test_a_merged_conflicts_log_the_next_split_carries_is_not_doubled_at_its_joi
     log = doc["layers"]["L3"]["_mergedConflicts"]
     assert [(e["gatewayId"], e["key"]) for e in log] == [("dd_join", "rating")]
     assert "_mergedConflicts" not in doc["layers"]["L4"]
+
+
+def test_the_inner_joins_logs_meet_in_one_log_whatever_layer_each_branch_brings_it_in(tmp_path: Path) -> None:
+    """fire_join's log reaches audit_join in its branch's WORKING (no step after it), power_join's in
+    HISTORY (power_report moved it): one log, in branch order, in HISTORY; nothing left in WORKING
+    for the next step's move to overwrite HISTORY's with."""
+    code, doc, _, store = _run(CASES["joins inside both branches, one branch ends at its inner join, the other "
+                                     "runs a step after it"], tmp_path)
+    assert code == 0
+    assert [(e["gatewayId"], e["key"]) for e in doc["layers"]["L3"]["_mergedConflicts"]] == [
+        ("fire_join", "fire_rating"), ("power_join", "power_rating")]
+    assert doc["layers"]["L4"] == {}
 
 
 @pytest.mark.parametrize("regions, expected", [(["emea", "apac"], 15), (["emea", "apac", "amer"], 19), (["apac"], 13)])
