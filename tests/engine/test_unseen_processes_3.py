@@ -148,6 +148,10 @@ CASES: dict[str, Case] = {
     "inclusive join, two desks conflict: FAIL_ON_CONFLICT stops the instance": Case(
         "desk_routing", {"regions": ["emea", "amer"], "fill_count": 10}, {}, "desk_routing.FAIL_ON_CONFLICT.yaml",
         "error", {}, [("desk_join", "route", {"desk_emea": "emea", "desk_amer": "amer"}, None, None)], [], []),
+    "inclusive join, a policy rule over the reduced value suggests a third value a person confirms": Case(
+        "desk_routing", {"regions": ["emea", "amer"], "fill_count": 10}, {}, "desk_routing.confirm.yaml",
+        "waiting", {"fill_count": "<absent>"},   # the join has merged nothing yet
+        [("desk_join", "route", {"desk_emea": "emea", "desk_amer": "amer"}, None, None)], [], ["desk_join/route"]),
     "PROCESS written twice: the second write is denied and stops the instance": Case(
         "case_numbers", {"ticket": "T9", "tier": "gold"}, {}, None, "error",
         {"case_no": "CASE-T9", "opened": True, "priority": "p2"}, [], [], []),
@@ -275,6 +279,18 @@ def test_a_sum_reducer_counts_a_working_start_value_once(regions: list[str], exp
     code, doc, err, _ = _run(case._replace(data={"regions": regions, "fill_count": 10}), tmp_path)
     assert code == 0, err
     assert doc["layers"]["L3"]["fill_count"] == expected and "fill_count" not in doc["layers"]["L4"]
+
+
+def test_yes_takes_the_rule_suggestion_made_over_the_reduced_value(tmp_path: Path) -> None:
+    """The rule's ``when`` reads the merged context: fill_count is 10 + 2 + 4 = 16 there (> 12)."""
+    case = CASES["inclusive join, a policy rule over the reduced value suggests a third value a person confirms"]
+    code, doc, err, _ = _run(case, tmp_path, "--yes")
+    assert code == 0, err
+    [asked] = doc["confirmations"]
+    assert asked["suggested"] == "split_fill" and asked["answer"] == "split_fill"
+    assert [o["value"] for o in asked["options"]] == ["emea", "amer", "split_fill", "$escalate"]
+    assert doc["conflicts"][0]["resolution"]["resolver"] == "human"
+    assert doc["layers"]["L3"]["confirmation"] == "split_fill at 100, fills 16"
 
 
 def test_kyc_confirmation_answered_after_a_resume_in_another_process(tmp_path: Path) -> None:
