@@ -246,6 +246,23 @@ def test_replay_rebuilds_every_snapshot_and_the_end_byte_for_byte(name: str, tmp
     assert [e["seq"] for e in tape if e["context"] == "main"] == list(range(1, end + 1))
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_python_api_gives_what_the_cli_gives(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    code, doc, _, _ = _run(case, tmp_path)
+    process = load_process(UNSEEN / f"{case.process}.bpmn",
+                           config=UNSEEN / case.config if case.config else None)
+    engine = Engine("memory://")
+    instance = engine.run(engine.start(process, case.data), answers=case.answers or None)
+    ours = instance.to_document()
+    assert ours["status"] == doc["status"] and ours["waiting_for"] == [
+        {**w, "id": ours["waiting_for"][i]["id"]} for i, w in enumerate(doc["waiting_for"])]
+    assert _data(ours) == _data(doc) and ours["conflicts"] == doc["conflicts"]
+    assert [(c["activity_id"], c["triggers"], c["tokens_before"], c["tokens_after"]) for c in ours["compressions"]] \
+        == [(c["activity_id"], c["triggers"], c["tokens_before"], c["tokens_after"]) for c in doc["compressions"]]
+    assert ours["tape_length"] == doc["tape_length"]
+
+
 # ----- the governance features one at a time, on these processes -----------------------------------------
 
 def test_a_merged_conflicts_log_the_next_split_carries_is_not_doubled_at_its_join(tmp_path: Path) -> None:
