@@ -984,7 +984,9 @@ _SCORES = ("density", "redundancy", "decay", "conflict", "toolEfficiency")
 
 def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "") -> NoReturn:
     code = EXIT_BAD_INPUT if err.kind in _BAD_INPUT_KINDS else EXIT_ERROR
-    _fail(f"{prefix}{err}", code, as_json=as_json, kind=err.kind)
+    message = str(err)  # the service may name the operation itself ("rollback: context 'main' ...")
+    _fail(message if prefix and message.startswith(prefix) else f"{prefix}{message}", code, as_json=as_json,
+          kind=err.kind)
 
 
 def _service(store: str | None, as_json: bool) -> Any:

@@ -419,6 +419,18 @@ def test_two_branch_folds_of_one_history_leave_one_summary(tmp_path: Path) -> No
     assert join["data"]["dropped_compactions"] == [{"branch": "upsell_score", "key": "compaction:2", "restored": []}]
 
 
+def test_rollback_of_the_main_context_while_the_kyc_join_waits_is_refused(tmp_path: Path) -> None:
+    case = CASES["KYC: the checks agree, nothing to ask"]._replace(data={"customer_name": "Ivan Petrov"})
+    code, doc, _, store = _run(case, tmp_path)
+    assert code == 3
+    rc, refused, _ = _cli("rollback", doc["instance_id"], "snap:main:3", "--store", store, "--json")
+    assert rc == 2 and refused["error"]["message"].startswith("rollback: context 'main' of instance ")
+    assert "identity_check" in refused["error"]["message"] and "rollback: rollback:" not in refused["error"]["message"]
+    rc, done, _ = _cli("resume", doc["instance_id"], "--store", store, "--json", "--answer", "kyc_join/risk_flag=hit")
+    assert rc == 0 and done["layers"]["L3"]["onboard"] is False
+    assert not Engine(store).load(doc["instance_id"]).main.tape.filter(kind="rollback")   # the refusal changed nothing
+
+
 def test_rollback_of_the_review_loop_to_its_first_compression(tmp_path: Path) -> None:
     code, doc, _, store = _run(CASES["a review loop: HISTORY grows each round until its message threshold folds it, twice"],
                                tmp_path)
