@@ -586,3 +586,19 @@ def test_tape_kind_inject_finds_every_context_inject(name: str, branch_forks: in
     GovernanceService(engine).inject(doc["instance_id"], InjectArgs(values={"hint": "x"}, reason="ops"))
     rc, found, _ = _cli("tape", doc["instance_id"], "--kind", "inject", "--store", store, "--json")
     assert [e["data"].get("op") for e in found][-1] == "inject"
+
+
+def test_resolving_the_multi_instance_conflict_by_key_alone_is_ambiguous() -> None:
+    from engine.governance import BadRequest, GovernanceService, ResolveArgs
+
+    engine = Engine("memory://")
+    inst = engine.run(engine.start(load_process(UNSEEN / "shipment_quotes.bpmn"), SHIPMENTS))
+    service = GovernanceService(engine)
+    with pytest.raises(BadRequest, match=r"'carrier' is open in several confirmations \(carrier_join/carrier, "
+                                         r"carrier_join/carrier#2\); send confirmation_id"):
+        service.resolve(inst.id, ResolveArgs(conflict_key="carrier", resolution="dhl", reason="cheaper"))
+    out = service.resolve(inst.id, ResolveArgs(confirmation_id="carrier_join/carrier#2", resolution="ups",
+                                               reason="faster"))
+    assert out["status"] == "waiting" and [w["id"] for w in out["waiting_for"]] == ["carrier_join/carrier"]
+    assert sorted(json.dumps(c["resolution"]) for c in out["conflicts"]) == sorted([json.dumps(None), json.dumps(
+        {"value": "ups", "resolver": "human", "reason": 'a person chose "ups" (from ask_ups): faster'})])
