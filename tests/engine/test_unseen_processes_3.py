@@ -602,3 +602,25 @@ def test_resolving_the_multi_instance_conflict_by_key_alone_is_ambiguous() -> No
     assert out["status"] == "waiting" and [w["id"] for w in out["waiting_for"]] == ["carrier_join/carrier"]
     assert sorted(json.dumps(c["resolution"]) for c in out["conflicts"]) == sorted([json.dumps(None), json.dumps(
         {"value": "ups", "resolver": "human", "reason": 'a person chose "ups" (from ask_ups): faster'})])
+
+
+def test_a_gateway_condition_on_a_key_the_loop_compression_folded_names_the_compression(tmp_path: Path) -> None:
+    """record_round's message threshold folds the round's oldest entries (round_no, verdict, cap with
+    their activities' records) into compaction:1; the loop's XOR then reads verdict. The error says
+    which compression removed it and what to do, as it does for a script (README, "Configuring")."""
+    case = CASES["the loop's person approves in the first round"]._replace(
+        answers={"confirmations": {"review_join/verdict": "revise"}}, config="budget_rounds.compressed.yaml")
+    code, doc, _, _ = _run(case, tmp_path)
+    assert code == 1 and doc["error"]["task_id"] == "again"
+    [fold] = doc["compressions"]
+    assert fold["activity_id"] == "record_round" and "verdict" in fold["folded"]
+    message = doc["error"]["message"]
+    assert f"'verdict' was removed from HISTORY by the compression after activity 'record_round'" in message
+    assert fold["snapshot_id"] in message and "preserveKeys" in message
+    assert "give 'verdict' a value" not in message
+    fixed = tmp_path / "fixed.yaml"
+    fixed.write_text((UNSEEN / "budget_rounds.compressed.yaml").read_text().replace(
+        "preserveKeys: [decisions]", "preserveKeys: [decisions, verdict, round_no, cap]"))
+    code, doc, err, _ = _run(case._replace(config=str(fixed)), tmp_path)
+    assert code == 0, err
+    assert doc["layers"]["L3"]["decisions"] == ["revise@80", "revise@160", "revise@240"]
