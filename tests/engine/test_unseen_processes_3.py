@@ -624,3 +624,26 @@ def test_a_gateway_condition_on_a_key_the_loop_compression_folded_names_the_comp
     code, doc, err, _ = _run(case._replace(config=str(fixed)), tmp_path)
     assert code == 0, err
     assert doc["layers"]["L3"]["decisions"] == ["revise@80", "revise@160", "revise@240"]
+
+
+def test_one_firing_answered_the_other_timed_out_after_a_reload(tmp_path: Path) -> None:
+    now = [1000.0]
+    store = f"sqlite:///{tmp_path / 'timeout.db'}"
+    process = load_process(UNSEEN / "shipment_quotes.bpmn", config=UNSEEN / "shipment_quotes.timeout.yaml")
+    engine = Engine(store, clock=lambda: now[0])
+    inst = engine.run(engine.start(process, SHIPMENTS))
+    assert [w["id"] for w in inst.waiting_for] == ["carrier_join/carrier", "carrier_join/carrier#2"]
+    inst = engine.answer_confirmation(engine.load(inst.id), "carrier_join/carrier#2", "ups")
+    assert [w["id"] for w in inst.waiting_for] == ["carrier_join/carrier"]
+    now[0] += 59
+    assert Engine(store, clock=lambda: now[0]).resume(engine.load(inst.id)).status == "waiting"
+    now[0] += 2
+    later = Engine(store, clock=lambda: now[0])
+    inst = later.resume(later.load(inst.id))
+    doc = inst.to_document()
+    assert doc["status"] == "completed"
+    assert doc["layers"]["L3"]["quotes"] == [{"id": "S1", "carrier": "dhl", "price": 16},
+                                             {"id": "S2", "carrier": "ups", "price": 35}]
+    assert sorted((c["id"], c["answer"], c["timed_out"]) for c in doc["confirmations"]) == [
+        ("carrier_join/carrier", "dhl", True), ("carrier_join/carrier#2", "ups", False)]
+    assert sorted(c["resolution"]["value"] for c in doc["conflicts"]) == ["dhl", "ups"]
