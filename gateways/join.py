@@ -676,6 +676,23 @@ def _one_log(outcomes: dict[Layer, list[KeyOutcome]], base: Snapshot,
         outcomes[layer] = rest[:at] + ([merged] if merged is not None else []) + rest[at:]
 
 
+def _one_hit(outcome: KeyOutcome) -> KeyOutcome:
+    """Two branches that retrieved the same passage (one ``kb:`` key: same source, same text) have
+    found one fact, not disagreed about one: each retrieval scores it against its own query, so
+    their confidences differ. The hit with the highest confidence is kept (the first branch's on
+    a tie), no person is asked to choose between two copies of one passage. Hits whose texts
+    differ (the document changed between the retrievals) stay a conflict."""
+    if outcome.conflict is None:
+        return outcome
+    hits = [thaw(v) for v in outcome.results.values()]
+    if not all(isinstance(h, dict) and h.get("kind") == "knowledge" for h in hits):
+        return outcome
+    if len({(value_key(h.get("source")), value_key(h.get("text"))) for h in hits}) != 1:
+        return outcome
+    best = max(outcome.results.values(), key=lambda v: float(thaw(v).get("confidence") or 0.0))
+    return replace(outcome, value=best, conflict=None)
+
+
 def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int) -> KeyOutcome:
     """A reducer key's outcome in ``layer``. A key the base held in WORKING that the branches'
     activities moved into HISTORY is new to HISTORY, but not new to the process: its reduction
@@ -859,6 +876,8 @@ def join_contexts(
         found = merge_keys(base_layer, branch_layers, keys, layer=layer)
         found = [_reduce(config.reducers[o.key], o, base, layer, branch_count=len(order))
                  if o.key in config.reducers else o for o in found]
+        if layer == Layer.KNOWLEDGE:
+            found = [_one_hit(o) for o in found]
         raw_layers = {b: branches[b].layer(layer) for b in order}
         aliases: dict[str, tuple[str, str]] = {}
         if layer == Layer.HISTORY:

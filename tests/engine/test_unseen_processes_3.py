@@ -647,3 +647,21 @@ def test_one_firing_answered_the_other_timed_out_after_a_reload(tmp_path: Path) 
     assert sorted((c["id"], c["answer"], c["timed_out"]) for c in doc["confirmations"]) == [
         ("carrier_join/carrier", "dhl", True), ("carrier_join/carrier#2", "ups", False)]
     assert sorted(c["resolution"]["value"] for c in doc["conflicts"]) == ["dhl", "ups"]
+
+
+def test_two_assessors_retrieving_the_same_passages_merge_them_without_asking(tmp_path: Path) -> None:
+    """Both assessors' queries find both rule documents, each scored against its own query: one fact
+    each, not a disagreement. The join keeps each passage once, at its best confidence."""
+    case = CASES["two AI assessors: a policy rule, a ranking and a person settle three conflicts"]._replace(
+        config="claims_triage.knowledge.yaml")
+    code, doc, err, store = _run(case, tmp_path)
+    assert code == 0, err
+    assert [c["key"] for c in doc["conflicts"]] == ["next_step", "payout", "severity"]   # no kb: conflict
+    instance = Engine(store).load(doc["instance_id"])
+    branch_hits = [dict(ctx.layer(Layer.KNOWLEDGE)) for name, ctx in instance.contexts.items() if name != "main"]
+    assert len(branch_hits) == 2 and set(branch_hits[0]) == set(branch_hits[1]) == set(doc["layers"]["L2"]) == {
+        "kb:claims_rules/fraud.md#1", "kb:claims_rules/medical.md#1"}
+    for key, hit in doc["layers"]["L2"].items():
+        scores = [thaw(hits[key])["confidence"] for hits in branch_hits]
+        assert scores[0] != scores[1] and hit["confidence"] == max(scores)
+        assert hit["text"] == thaw(branch_hits[0][key])["text"] and hit["source"] == key.removeprefix("kb:")
