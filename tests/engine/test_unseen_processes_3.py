@@ -615,7 +615,7 @@ def test_a_gateway_condition_on_a_key_the_loop_compression_folded_names_the_comp
     [fold] = doc["compressions"]
     assert fold["activity_id"] == "record_round" and "verdict" in fold["folded"]
     message = doc["error"]["message"]
-    assert f"'verdict' was removed from HISTORY by the compression after activity 'record_round'" in message
+    assert "'verdict' was removed from HISTORY by the compression after activity 'record_round'" in message
     assert fold["snapshot_id"] in message and "preserveKeys" in message
     assert "give 'verdict' a value" not in message
     fixed = tmp_path / "fixed.yaml"
