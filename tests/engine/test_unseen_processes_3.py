@@ -665,3 +665,13 @@ def test_two_assessors_retrieving_the_same_passages_merge_them_without_asking(tm
         scores = [thaw(hits[key])["confidence"] for hits in branch_hits]
         assert scores[0] != scores[1] and hit["confidence"] == max(scores)
         assert hit["text"] == thaw(branch_hits[0][key])["text"] and hit["source"] == key.removeprefix("kb:")
+
+
+@pytest.mark.parametrize("bpmn, config", sorted({(c.process, c.config) for c in CASES.values()}, key=repr)
+                         + [("claims_triage", "claims_triage.knowledge.yaml"),
+                            ("budget_rounds", "budget_rounds.compressed.yaml"),
+                            ("shipment_quotes", "shipment_quotes.timeout.yaml")])
+def test_every_process_and_config_here_validates_clean(bpmn: str, config: str | None) -> None:
+    args = ["validate", str(UNSEEN / f"{bpmn}.bpmn"), "--json"] + (["--config", str(UNSEEN / config)] if config else [])
+    code, doc, _ = _cli(*args)
+    assert code == 0 and doc["ok"] is True and doc["problems"] == [], doc["problems"]
