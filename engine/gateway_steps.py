@@ -573,6 +573,7 @@ class GatewaySteps:
                 result = join_contexts(base, contexts, config=config, gateway_id=gw,
                                        arrival_order=order, answers=answers, arbiter=arbiter,
                                        human_available=True, injected=injected, asked=asked,
+                                       decided=self._model_decided(gw) if mine else None,
                                        clock=self.engine.clock)
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
@@ -595,6 +596,13 @@ class GatewaySteps:
             inst.contexts[m].record("joined", actor=gw, data={"gateway_id": gw, "into": parent_name})
         return True
 
+    def _model_decided(self, gw: str) -> dict[str, dict[str, Any]]:
+        """What the model settled when join ``gw`` ran before and waited for people (the latest report
+        of each key; the reports do not say which firing made them, and the same question keeps the
+        same answer): kept when the join runs again once they answered (``resolve_conflicts``)."""
+        return {c["key"]: c for c in self.instance.conflicts
+                if c.get("gateway_id") == gw and (c.get("resolution") or {}).get("resolver") == "model"}
+
     def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool, context: str,
                        refire: bool = False) -> None:
         """The ``conflicts`` list shows each join's conflicts once. A join that waited for a person
@@ -616,9 +624,10 @@ class GatewaySteps:
                 was_pending.remove(same[0])
                 _remove_item(inst.conflicts, same[0])
             elif refire and record.get("resolution") is not None:
+                # the latest report of this key is the pass before's (a model asked again may even
+                # have settled it otherwise this time): replaced, not kept beside the new one
                 before = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("key") == record.get("key")
-                          and c.get("resolution") is not None and json_equal(c.get("values"), record.get("values"))
-                          and json_equal(c.get("resolution"), record.get("resolution"))]
+                          and c.get("resolution") is not None and json_equal(c.get("values"), record.get("values"))]
                 if before:
                     _remove_item(inst.conflicts, before[-1])
         if not asked_elsewhere:  # the usual case: every pending conflict of the gateway was this firing's

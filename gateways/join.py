@@ -830,6 +830,7 @@ def join_contexts(
     injected: Mapping[str, Mapping[str, Any]] | None = None,
     clock: Callable[[], float] = time.time,
     asked: Mapping[str, Mapping[str, Any]] | None = None,
+    decided: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> JoinResult:
     """Merge ``branches`` (branch id -> its context at the join, in branch order) against
     ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
@@ -908,7 +909,7 @@ def join_contexts(
     outcome = resolve_conflicts(
         conflicts, config=config, variables=variables, gateway_id=gateway_id, arbiter=arbiter, answers=answers,
         human_available=human_available, reasons=reasons, related=facts, arrival_order=list(arrival_order or order),
-        asked=asked)
+        asked=asked, decided=decided)
     resolutions = {(int(c.layer), c.key): r for c, r in outcome.resolved}
 
     changes: dict[Layer, list[tuple[str, Any]]] = {}

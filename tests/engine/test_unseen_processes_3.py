@@ -668,10 +668,36 @@ def test_two_assessors_retrieving_the_same_passages_merge_them_without_asking(tm
 
 
 @pytest.mark.parametrize("bpmn, config", sorted({(c.process, c.config) for c in CASES.values()}, key=repr)
-                         + [("claims_triage", "claims_triage.knowledge.yaml"),
+                         + [("claims_triage", "claims_triage.knowledge.yaml"), ("claims_triage", "claims_triage.confirm.yaml"),
                             ("budget_rounds", "budget_rounds.compressed.yaml"),
                             ("shipment_quotes", "shipment_quotes.timeout.yaml")])
 def test_every_process_and_config_here_validates_clean(bpmn: str, config: str | None) -> None:
     args = ["validate", str(UNSEEN / f"{bpmn}.bpmn"), "--json"] + (["--config", str(UNSEEN / config)] if config else [])
     code, doc, _ = _cli(*args)
     assert code == 0 and doc["ok"] is True and doc["problems"] == [], doc["problems"]
+
+
+def test_the_model_is_not_asked_again_when_the_join_runs_on_after_a_persons_answer() -> None:
+    """The payout rule asks a person to confirm; the model settles next_step in the same run of the join.
+    Once the person answers, the join runs again: the model's decision, already reported (run --json
+    showed it while the instance waited), stays; a model asked again may answer otherwise."""
+    class FlipFlop:
+        calls = 0
+
+        def arbitrate(self, request: ArbitrationRequest) -> ArbitrationAnswer:
+            FlipFlop.calls += 1
+            return ArbitrationAnswer(final_value=["investigate", "pay"][(FlipFlop.calls - 1) % 2],
+                                     rationale=f"call {FlipFlop.calls}")
+
+    engine = Engine("memory://", arbiter=FlipFlop())
+    process = load_process(UNSEEN / "claims_triage.bpmn", config=UNSEEN / "claims_triage.confirm.yaml")
+    inst = engine.run(engine.start(process, CLAIMS))
+    assert inst.status == "waiting" and [w["id"] for w in inst.waiting_for] == ["assess_join/payout"]
+    shown = {c["key"]: c["resolution"] for c in inst.to_document()["conflicts"]}
+    assert shown["next_step"]["value"] == "investigate" and shown["payout"] is None
+    inst = engine.answer_confirmation(engine.load(inst.id), "assess_join/payout", 0)
+    assert inst.status == "completed" and FlipFlop.calls == 1
+    final = {c["key"]: c["resolution"] for c in inst.to_document()["conflicts"]}
+    assert len(inst.conflicts) == 3 and final["next_step"]["value"] == "investigate"
+    assert final["next_step"]["resolver"] == "model" and final["payout"]["resolver"] == "human"
+    assert inst.main.resolve("next_step") == "investigate"
