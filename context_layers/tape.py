@@ -21,7 +21,7 @@ from .markers import DELETED
 if TYPE_CHECKING:
     from .context import Snapshot
 
-__all__ = ["Event", "EventKind", "KIND_ALIASES", "Tape", "TAPE_FORMAT", "kind_names"]
+__all__ = ["Event", "EventKind", "KIND_ALIASES", "Tape", "TAPE_FORMAT", "kind_names", "matches_kind"]
 
 TAPE_FORMAT = 1
 
@@ -48,6 +48,9 @@ KIND_ALIASES: dict[str, tuple[str, ...]] = {
     "rollback": ("restore",), "move": ("complete",), "compression": ("compress", "decompress"),
     "config": ("config_change",), "human": ("human_decision",), "decision": ("human_decision",),
     "merge": ("join",), "resolve": ("resolution",), "deny": ("denied",), "denied_write": ("denied",),
+    # a branch's contextInject is written by its fork; an XOR's by an ``inject`` change; an operator's
+    # by writes and a ``governance`` note whose ``op`` is ``inject`` (``matches_kind``)
+    "inject": ("fork",),
 }
 
 
@@ -60,6 +63,16 @@ def kind_names(kind: str | None) -> set[str] | None:
     if text.endswith("s") and len(text) > 1:  # conflicts, resolutions, writes
         names |= {text[:-1], *KIND_ALIASES.get(text[:-1], ())}
     return names
+
+
+def matches_kind(event: "Event", kinds: set[str]) -> bool:
+    """Whether ``event`` is of one of ``kinds`` (``kind_names``): its kind, its note, or, for ``inject``,
+    the ``governance`` note of an operator's inject (its writes are plain writes; the operator's other
+    operations have events of their own: a rollback's ``restore``, a compression's ``compress``)."""
+    data = event.data or {}
+    note = data.get("note")
+    return (event.kind in kinds or note in kinds
+            or ("inject" in kinds and note == "governance" and data.get("op") == "inject"))
 
 
 Change = tuple[int, str, Any]
@@ -153,7 +166,7 @@ class Tape(Sequence[Event]):
         kinds = kind_names(kind)
 
         def keep(e: Event) -> bool:
-            if kinds is not None and e.kind not in kinds and e.data.get("note") not in kinds:
+            if kinds is not None and not matches_kind(e, kinds):
                 return False
             # a gateway's events (split, join, conflict, resolution) happen between activities: they
             # name the gateway as gateway_id, and filtering by its BPMN id finds them too

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 import click
 
 from context_layers import Layer, LayeredContext, thaw
-from context_layers.tape import kind_names
+from context_layers.tape import EventKind, kind_names, matches_kind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, StoreError
 
@@ -984,7 +984,9 @@ _SCORES = ("density", "redundancy", "decay", "conflict", "toolEfficiency")
 
 def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "") -> NoReturn:
     code = EXIT_BAD_INPUT if err.kind in _BAD_INPUT_KINDS else EXIT_ERROR
-    _fail(f"{prefix}{err}", code, as_json=as_json, kind=err.kind)
+    message = str(err)  # the service may name the operation itself ("rollback: context 'main' ...")
+    _fail(message if prefix and message.startswith(prefix) else f"{prefix}{message}", code, as_json=as_json,
+          kind=err.kind)
 
 
 def _service(store: str | None, as_json: bool) -> Any:
@@ -1331,8 +1333,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         found = (ctx.tape.filter(branch=branch, key=key) if activity is None
                  else _activity_events(ctx, activity, branch, key))
         for e in found:
-            if (since is None or e.seq >= since) and (kinds is None or e.kind in kinds
-                                                      or (e.data or {}).get("note") in kinds):
+            if (since is None or e.seq >= since) and (kinds is None or matches_kind(e, kinds)):
                 events.append((e.time, name, e))
     events.sort(key=lambda t: (t[0], t[2].seq))
     if not events and kind:
@@ -1353,6 +1354,9 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             changes = f"{snap}{' (' + label + ')' if isinstance(label, str) else ''}" + (f"\t{changes}" if changes else "")
         if note and not changes:  # a note changes nothing: what it decided is the line's point
             changes = _note_detail(e.data)
+        elif e.kind == EventKind.DENIED and e.data and "key" in e.data:  # what was refused, where
+            changes = (f"{e.data.get('op', 'write')} L{e.data.get('effective')}.{e.data['key']} refused"
+                       f" (requested L{e.data.get('requested')})")
         click.echo(f"{name}#{e.seq}\t{what}\t{e.actor}\t{e.activity or ''}\t{changes}".rstrip())
 
 

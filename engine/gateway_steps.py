@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -572,6 +573,7 @@ class GatewaySteps:
                 result = join_contexts(base, contexts, config=config, gateway_id=gw,
                                        arrival_order=order, answers=answers, arbiter=arbiter,
                                        human_available=True, injected=injected, asked=asked,
+                                       decided=self._model_decided(gw) if mine else None,
                                        clock=self.engine.clock)
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
@@ -582,7 +584,8 @@ class GatewaySteps:
         if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
             result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
         apply_join(parent, result, actor=gw)
-        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete, context=parent_name)
+        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete, context=parent_name,
+                            refire=bool(mine))
         if not result.complete:
             self._add_confirmations(task, gw, result.pending, context=parent_name)
             return False
@@ -593,24 +596,43 @@ class GatewaySteps:
             inst.contexts[m].record("joined", actor=gw, data={"gateway_id": gw, "into": parent_name})
         return True
 
-    def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool, context: str) -> None:
-        """The ``conflicts`` list shows each join's conflicts once: a pending one is replaced when
-        settled. The one replaced is the pending conflict of the same gateway, key and branch values:
-        a join that fires in two places at once (a called process's join, called from two branches)
-        leaves the other firing's conflicts as they are."""
+    def _model_decided(self, gw: str) -> dict[str, dict[str, Any]]:
+        """What the model settled when join ``gw`` ran before and waited for people (the latest report
+        of each key; the reports do not say which firing made them, and the same question keeps the
+        same answer): kept when the join runs again once they answered (``resolve_conflicts``)."""
+        return {c["key"]: c for c in self.instance.conflicts
+                if c.get("gateway_id") == gw and (c.get("resolution") or {}).get("resolver") == "model"}
+
+    def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool, context: str,
+                       refire: bool = False) -> None:
+        """The ``conflicts`` list shows each join's conflicts once. A join that waited for a person
+        runs again once answered (``refire``) and reports all its conflicts again: each replaces
+        its report of the pass before, the pending one (now answered) and the ones the policy or
+        the strategy settled then (settled the same way again), which would otherwise be listed
+        twice. A join that fires in several places at once (a called process's join called from
+        two branches, a join inside a parallel multi-instance body) asks each firing its own
+        questions: a pending conflict another firing still asks about stays listed, even when its
+        key and values are this firing's too; one per open question elsewhere."""
         inst = self.instance
-        pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None]
-        elsewhere = any(c.get("task_id") == gw and c.get("context") != context and not c.get("answered")
-                        for c in inst.confirmations)
-        if not elsewhere:  # the usual case: every pending conflict of the gateway is this firing's
-            inst.conflicts = [c for c in inst.conflicts if not any(c is p for p in pending)]
-            pending = []
+        was_pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None]
+        asked_elsewhere = Counter(c.get("key") for c in inst.confirmations
+                                  if c.get("task_id") == gw and c.get("context") != context and not c.get("answered"))
         for record in records:
-            same = next((c for c in pending if c.get("key") == record.get("key")
-                         and json_equal(c.get("values"), record.get("values"))), None)
-            if same is not None:
-                pending.remove(same)
-                inst.conflicts.remove(same)
+            same = [c for c in was_pending if c.get("key") == record.get("key")
+                    and json_equal(c.get("values"), record.get("values"))]
+            if len(same) > asked_elsewhere[record.get("key")]:
+                was_pending.remove(same[0])
+                _remove_item(inst.conflicts, same[0])
+            elif refire and record.get("resolution") is not None:
+                # the latest report of this key is the pass before's (a model asked again may even
+                # have settled it otherwise this time): replaced, not kept beside the new one
+                before = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("key") == record.get("key")
+                          and c.get("resolution") is not None and json_equal(c.get("values"), record.get("values"))]
+                if before:
+                    _remove_item(inst.conflicts, before[-1])
+        if not asked_elsewhere:  # the usual case: every pending conflict of the gateway was this firing's
+            for c in was_pending:
+                _remove_item(inst.conflicts, c)
         inst.conflicts.extend(records)
 
     def _firing(self, gw: str, context: str) -> list[dict[str, Any]]:
@@ -770,3 +792,11 @@ class GatewaySteps:
 def _request_id(confirmation: Mapping[str, Any]) -> str:
     """The id the join asked under (``GATEWAY_ID/KEY``), whatever id the confirmation got."""
     return str(confirmation.get("request_id") or confirmation["id"])
+
+
+def _remove_item(items: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    """Remove ``item`` itself (equal reports of two firings are different items)."""
+    for i, c in enumerate(items):
+        if c is item:
+            del items[i]
+            return

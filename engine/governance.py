@@ -1234,8 +1234,9 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
                 f"Open: {', '.join(c['id'] for c in pending) or 'none'}")
         raise ContextKeyError(f"instance {instance.id} has no open confirmation or conflict {wanted!r}; open: "
                               f"{', '.join(c['id'] for c in pending) or 'none'}")
-    raise BadRequest(f"conflict key {wanted!r} is open at several gateways ({', '.join(c['id'] for c in found)}); "
-                     "send confirmation_id")
+    # several joins, or one join that fired in several places at once (a multi-instance body)
+    raise BadRequest(f"conflict key {wanted!r} is open in several confirmations ({', '.join(c['id'] for c in found)}); "
+                     "send confirmation_id, one of those")
 
 
 def _key_matches(key: str, pattern: str | None) -> bool:

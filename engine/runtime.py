@@ -1810,8 +1810,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
             where = spiff.bpmn_id_of(task)
+            # a key a compression folded away was there: say which compression, not "give it a value"
+            hint = _compressed_away(ctx, err) or _name_hint(err, where)
             raise ActivityError(f"condition {expression.strip()!r}{_flow_of(task, expression)} at {where!r} failed: "
-                                f"{type(err).__name__}: {err}{_name_hint(err, where)}", task_id=where) from err
+                                f"{type(err).__name__}: {err}{hint}", task_id=where) from err
 
     def exec_script(self, task: Any, script: str) -> None:
         ctx = self.context_of(task)

@@ -633,6 +633,84 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
                             for o in outcomes[lowest]]
 
 
+def _one_log(outcomes: dict[Layer, list[KeyOutcome]], base: Snapshot,
+             scoped: Mapping[str, Mapping[Layer, Mapping[str, Any]]]) -> None:
+    """``_mergedConflicts`` in one layer. A branch whose last step was a join inside it brings
+    that join's log in WORKING, a branch whose activity ran after its inner join brings its
+    log in HISTORY: merged layer by layer, HISTORY's log would hide WORKING's from a read, and
+    the next activity's move of WORKING would overwrite it. So the log is merged as a read
+    sees it: the split's log, then each branch's new entries in branch order, kept in
+    HISTORY (where a move brings it anyway) when anyone held it there, else in WORKING."""
+    key = MERGED_CONFLICTS_KEY
+    layers = (Layer.HISTORY, Layer.WORKING)
+    held = {layer for layer in layers if key in base.layer(layer)}
+    held |= {layer for b in scoped.values() for layer in layers if key in b[layer]}
+    if len(held) < 2:
+        return  # one layer: the append reducer did it
+
+    def read(layered: Mapping[Layer, Mapping[str, Any]]) -> list[Any]:
+        value = next((layered[layer][key] for layer in layers if key in layered[layer]), None)
+        return list(thaw(value)) if isinstance(thaw(value), list) else []
+
+    start = read({layer: base.layer(layer) for layer in layers})
+    seen = [value_key(e) for e in start]
+    log, changed = list(start), []
+    for b, layered in scoped.items():
+        entries = read(layered)
+        new = entries[len(start):] if [value_key(e) for e in entries[:len(start)]] == seen else \
+            [e for e in entries if value_key(e) not in seen]
+        if new:
+            log.extend(new)
+            changed.append(b)
+    place = Layer.HISTORY
+    for layer in layers:
+        base_value = base.layer(layer)[key] if key in base.layer(layer) else DELETED
+        value = log if layer == place else DELETED
+        if value is DELETED and base_value is DELETED:
+            merged = None
+        else:
+            merged = KeyOutcome(key, base_value, value, tuple(changed) or tuple(scoped), None,
+                                {b: value for b in (changed or scoped)})
+        rest = [o for o in outcomes[layer] if o.key != key]
+        at = next((i for i, o in enumerate(outcomes[layer]) if o.key == key), len(rest))
+        outcomes[layer] = rest[:at] + ([merged] if merged is not None else []) + rest[at:]
+
+
+def _one_hit(outcome: KeyOutcome) -> KeyOutcome:
+    """Two branches that retrieved the same passage (one ``kb:`` key: same source, same text) have
+    found one fact, not disagreed about one: each retrieval scores it against its own query, so
+    their confidences differ. The hit with the highest confidence is kept (the first branch's on
+    a tie), no person is asked to choose between two copies of one passage. Hits whose texts
+    differ (the document changed between the retrievals) stay a conflict."""
+    if outcome.conflict is None:
+        return outcome
+    hits = [thaw(v) for v in outcome.results.values()]
+    if not all(isinstance(h, dict) and h.get("kind") == "knowledge" for h in hits):
+        return outcome
+    if len({(value_key(h.get("source")), value_key(h.get("text"))) for h in hits}) != 1:
+        return outcome
+    best = max(outcome.results.values(), key=lambda v: float(thaw(v).get("confidence") or 0.0))
+    return replace(outcome, value=best, conflict=None)
+
+
+def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int) -> KeyOutcome:
+    """A reducer key's outcome in ``layer``. A key the base held in WORKING that the branches'
+    activities moved into HISTORY is new to HISTORY, but not new to the process: its reduction
+    starts from the value a read gave at the split (as ``_read_base`` does for a conflict), so
+    a ``sum`` adds each branch's delta to it once and an ``append`` log (``_mergedConflicts``
+    too) is not repeated once per branch that carried it. The key still counts as changed in
+    HISTORY (it arrives there), and WORKING's outcome (moved away by all) deletes it there."""
+    if layer != Layer.HISTORY or outcome.base_value is not DELETED or outcome.key not in base.layer(Layer.WORKING):
+        return apply_reducer(name, outcome, branch_count=branch_count)
+    read = base.layer(Layer.WORKING)[outcome.key]
+    changed = {b: v for b, v in outcome.results.items() if v is DELETED or not same_value(v, read)}
+    rebased = replace(outcome, base_value=read, changed_by=tuple(changed), results=changed)
+    if not changed:
+        return replace(outcome, value=read, conflict=None)
+    reduced = apply_reducer(name, rebased, branch_count=branch_count)  # a ``merge`` collision stays a conflict
+    return replace(outcome, value=reduced.value, conflict=reduced.conflict)
+
+
 def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
     """The conflict with the base value a read gave at the split: a key the base held in WORKING
     and the branches' activities moved into HISTORY conflicts there, where the base had no value,
@@ -752,6 +830,7 @@ def join_contexts(
     injected: Mapping[str, Mapping[str, Any]] | None = None,
     clock: Callable[[], float] = time.time,
     asked: Mapping[str, Mapping[str, Any]] | None = None,
+    decided: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> JoinResult:
     """Merge ``branches`` (branch id -> its context at the join, in branch order) against
     ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
@@ -796,14 +875,18 @@ def join_contexts(
             for b in order:
                 keys.update(touched[b][layer] or {})
         found = merge_keys(base_layer, branch_layers, keys, layer=layer)
-        found = [apply_reducer(config.reducers[o.key], o, branch_count=len(order)) if o.key in config.reducers else o
-                 for o in found]
+        found = [_reduce(config.reducers[o.key], o, base, layer, branch_count=len(order))
+                 if o.key in config.reducers else o for o in found]
+        if layer == Layer.KNOWLEDGE:
+            found = [_one_hit(o) for o in found]
         raw_layers = {b: branches[b].layer(layer) for b in order}
         aliases: dict[str, tuple[str, str]] = {}
         if layer == Layer.HISTORY:
             found, aliases = _records_apart(found, [base_layer, *raw_layers.values()])
         outcomes[layer] = _ordered([o for o in found if o.changed_by], base_layer, raw_layers, aliases,
                                    places if layer == Layer.HISTORY else None)
+    if config.reducers.get(MERGED_CONFLICTS_KEY) == "append":
+        _one_log(outcomes, base, {b: scoped[b] for b in order})
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
     conflicts = sorted((_read_base(o.conflict, base) for layer in MERGED_LAYERS for o in outcomes[layer]
@@ -826,7 +909,7 @@ def join_contexts(
     outcome = resolve_conflicts(
         conflicts, config=config, variables=variables, gateway_id=gateway_id, arbiter=arbiter, answers=answers,
         human_available=human_available, reasons=reasons, related=facts, arrival_order=list(arrival_order or order),
-        asked=asked)
+        asked=asked, decided=decided)
     resolutions = {(int(c.layer), c.key): r for c, r in outcome.resolved}
 
     changes: dict[Layer, list[tuple[str, Any]]] = {}

@@ -366,11 +366,16 @@ def resolve_conflicts(
     related: Mapping[str, Any] | None = None,
     arrival_order: Sequence[str] = (),
     asked: Mapping[str, Mapping[str, Any]] | None = None,
+    decided: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ResolutionOutcome:
     """Settle ``conflicts`` per the join's ``mergeStrategy`` (see the module doc).
     ``reasons``: branch -> its stated reason; ``related``: extra context for the model;
     ``asked``: confirmation id -> the request a person was shown (``HumanRequest.to_dict``,
-    plus ``timed_out`` when the answer was a timeout's)."""
+    plus ``timed_out`` when the answer was a timeout's); ``decided``: key -> what the model
+    settled when this join ran before, waiting for people (``{"values": {branch: value},
+    "resolution": {"value", "reason"}}``): a join that runs again once they answered keeps the
+    model's decisions of the same conflicts instead of asking it again (it may answer otherwise,
+    and a run that reported a decision must not change it behind the reader's back)."""
     if config.merge_strategy != "MERGE_WITH_CONFLICT_DETECT":
         pairs = resolve_by_strategy(conflicts, config, arrival_order=arrival_order, gateway_id=gateway_id)
         return ResolutionOutcome(pairs, [], [ResolutionStep(c.key, "strategy", "resolved", r.reason) for c, r in pairs])
@@ -422,6 +427,14 @@ def resolve_conflicts(
                 steps.append(ResolutionStep(key, "policy", "suggested", f"{_show(found.value)}: {found.reason}; "
                                             "the rule asks a person to confirm"))
                 suggestion = found
+        earlier = (decided or {}).get(key)
+        if suggestion is None and arbiter is not None and earlier is not None and json.dumps(
+                earlier.get("values"), sort_keys=True) == json.dumps(
+                {b: jsonable(v) for b, v in conflict.conflicting_values.items()}, sort_keys=True):
+            reason = f"{earlier['resolution'].get('reason') or 'the model decided'} (decided when the join first ran)"
+            steps.append(ResolutionStep(key, "model", "resolved", reason))
+            resolved.append((conflict, Resolution(from_json_value(earlier["resolution"]["value"]), "model", reason)))
+            continue
         if suggestion is None and arbiter is not None:
             request = ArbitrationRequest(
                 gateway_id=gateway_id, key=key, base_value=conflict.base_value, values=conflict.conflicting_values,
