@@ -26,13 +26,15 @@ The driver protocol (implemented by ``engine.runtime``)::
     run_activity(task, default_run) -> bool | None   # an activity's _run_hook
     evaluate(task, expression[, external]) -> Any    # gateway, loop and event conditions (external: names
                                                      # SpiffWorkflow offers besides task data, read last)
-    exec_script(task, script) -> None                # spiff pre/post scripts
-    prepare(task) -> None                            # a user (manual) task with a preScript becomes ready
+    exec_script(task, script) -> bool                # spiff pre/post scripts (True: it threw a BPMN error,
+                                                     # thrown to its catching events)
+    prepare(task) -> bool                            # a user (manual) task with a preScript becomes ready
     join(task) -> bool                               # a joining gateway's _run_hook; False: wait
     split(task) -> None                              # a splitting gateway, once its children exist
     begin_multi(task) -> None                        # a multi-instance task, before spiff makes instances
     abort_multi(task, err) -> None                   # ... when spiff failed to make them
-    complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
+    complete_multi(task) -> bool                     # ... once every instance merged (its _run_hook; True:
+                                                     # its postScript threw a BPMN error)
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?
                                                      # a cycle: its first due time)
     now() -> datetime                                # the engine's clock (a cycle timer's repetitions)
@@ -158,6 +160,8 @@ __all__ = [
     "caught_in_scope",
     "error_catchers",
     "throw_activity_error",
+    "arm_error_boundaries",
+    "ScriptThrew",
     "THROWN_KEY",
     "catching_scope",
     "loop_of",
@@ -197,15 +201,15 @@ MAIN_CONTEXT = "main"
 class Driver(Protocol):
     def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any: ...
     def evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any: ...
-    def exec_script(self, task: Any, script: str) -> None: ...
-    def prepare(self, task: Any) -> None: ...
+    def exec_script(self, task: Any, script: str) -> bool: ...
+    def prepare(self, task: Any) -> bool: ...
     def join(self, task: Any) -> bool: ...
     def terminate(self, task: Any) -> None: ...
     def interrupt(self, esp: Any, start: Any) -> None: ...
     def split(self, task: Any) -> None: ...
     def begin_multi(self, task: Any) -> None: ...
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
-    def complete_multi(self, task: Any) -> None: ...
+    def complete_multi(self, task: Any) -> bool: ...
     def timer(self, task: Any) -> None: ...
     def now(self) -> datetime: ...
     def caught(self, task: Any, values: dict[str, Any]) -> None: ...
@@ -296,12 +300,25 @@ class ActivityCancelled(Exception):
     """Why an open activity closes without completing: an interrupting event cancelled its task."""
 
 
+class ScriptThrew(Exception):
+    """A preScript threw a BPMN error (``engine.BpmnError``) as its task became ready, and the driver
+    threw it to the events that catch it: the task stops there (STARTED, nothing of it made: no
+    sub-process started, no instance, no wait) until the catching event cancels it."""
+
+
 class _LayerflowSpecMixin:
     """Placed first in the MRO of every twin; ``lf_role`` is set per twin class."""
 
     lf_role = "flow"  # "activity" | "gateway" | "multi" | "flow"
 
     def _update_hook(self, my_task: Any) -> Any:
+        try:
+            return self._update_own(my_task)
+        except ScriptThrew:
+            my_task._set_state(TaskState.STARTED)
+            return None
+
+    def _update_own(self, my_task: Any) -> Any:
         if self.lf_role == "activity" and multi_instance_of(my_task) is not None and driver_of(my_task) is not None:
             # An instance of a multi-instance activity would inherit a deep copy of the activity's
             # task data (the whole input and output collections, which the driver put there for
@@ -346,6 +363,8 @@ class _LayerflowSpecMixin:
                 driver.begin_multi(my_task)
                 try:
                     return super()._update_hook(my_task)  # type: ignore[misc]
+                except ScriptThrew:
+                    raise  # its preScript threw a BPMN error: the activity closed as it was thrown
                 except BaseException as err:
                     driver.abort_multi(my_task, err)
                     if isinstance(err, Exception):
@@ -389,6 +408,19 @@ class _LayerflowSpecMixin:
         return super()._check_threshold_unstructured(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
+        result = self._run_own(my_task)
+        postscript = getattr(self, "postscript", None)
+        if result and postscript and self.lf_role == "flow":
+            driver = driver_of(my_task)
+            # a sub-process, call activity, loop, send or receive task: its postScript runs as it
+            # completes (after the outputs came back), here rather than in SpiffWorkflow's
+            # _on_complete_hook, so a BPMN error it throws leaves the task STARTED for the catching
+            # event to cancel, as an activity that throws (Runtime.exec_script)
+            if driver is not None and driver.exec_script(my_task, postscript):
+                return None
+        return result
+
+    def _run_own(self, my_task: Any) -> Any:
         driver = driver_of(my_task)
         if isinstance(self, _EndJoin):
             for listening in listening_event_subprocesses(my_task.workflow):
@@ -398,7 +430,8 @@ class _LayerflowSpecMixin:
         if self.lf_role == "activity":
             return driver.run_activity(my_task, lambda: super(_LayerflowSpecMixin, self)._run_hook(my_task))  # type: ignore[misc]
         if self.lf_role == "multi":
-            driver.complete_multi(my_task)
+            if driver.complete_multi(my_task):
+                return None  # its postScript threw a BPMN error: the catching event cancels the activity
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
@@ -543,7 +576,7 @@ class _LayerflowSpecMixin:
                 # activity while its instances run or wait: it closes, its writes undone
                 driver.abort_multi(my_task, ActivityCancelled(f"activity {bpmn_id_of(my_task)!r} was cancelled"))
         result = super()._on_cancel(my_task)  # type: ignore[misc]
-        if self.lf_role == "multi":
+        if isinstance(self, LoopTask):  # a multi-instance activity or a standard loop
             _cancel_orphaned_subprocesses(my_task.workflow.top_workflow)
         return result
 
@@ -574,22 +607,27 @@ class _LayerflowSpecMixin:
             # a task that waits for a person: SpiffWorkflow runs its preScript as it becomes ready,
             # so what it prepares is there while the task waits (Runtime.prepare)
             try:
-                driver.prepare(my_task)
+                thrown = driver.prepare(my_task)
             except Exception:
                 my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
                 raise
+            if thrown:
+                raise ScriptThrew(bpmn_id_of(my_task))
             return None
         # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
         # once, before the instances are made, inside the activity (its postScript runs in
         # Runtime.complete_multi); a sub-process, call activity, send or receive task has no
         # activity to run them in: SpiffWorkflow runs the preScript before the task starts (before
-        # a call copies its inputs) and the postScript as it completes (after the outputs came back)
-        if (self.lf_role == "multi" and script != getattr(self, "postscript", None)) or self.lf_role == "flow":
+        # a call copies its inputs) and the postScript as it completes (after the outputs came back,
+        # ``_run_hook``). A BPMN error a preScript throws stops the task where it is (``ScriptThrew``)
+        if self.lf_role in ("multi", "flow") and script != getattr(self, "postscript", None):
             try:
-                driver.exec_script(my_task, script)
+                thrown = driver.exec_script(my_task, script)
             except Exception:
                 my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
                 raise
+            if thrown:
+                raise ScriptThrew(bpmn_id_of(my_task))
         return None
 
 
@@ -759,7 +797,7 @@ def error_catchers(task: Any, code: str) -> tuple[list[Any], int, bool]:
         specific = [t for t in found if getattr(t.task_spec.event_definition, "code", None) == code]
         return specific or found
 
-    attached = multi_instance_of(task) or task
+    attached = loop_of(task) or task  # an instance of a multi-instance activity, a pass of a loop: the activity
     workflow = task.workflow
     levels = 0
     while workflow is not None:
@@ -776,10 +814,24 @@ def error_catchers(task: Any, code: str) -> tuple[list[Any], int, bool]:
         if workflow.parent_task_id is None:
             break
         owner = workflow.top_workflow.get_task_from_id(workflow.parent_task_id)
-        attached = multi_instance_of(owner) or owner
+        attached = loop_of(owner) or owner
         workflow = owner.workflow
         levels += 1
     return [], 0, False
+
+
+def arm_error_boundaries(task: Any) -> None:
+    """Make the error boundary events of ``task``'s activity wait before it throws from a preScript.
+    SpiffWorkflow updates the activity before its boundary events as their split completes, and a
+    preScript runs in that update: the events would not be waiting for the error yet."""
+    split = (loop_of(task) or task).parent
+    if split is None or not isinstance(split.task_spec, BoundaryEventSplit):
+        return
+    waiting = task.workflow.top_workflow.event_manager.tasks
+    for t in split.children:
+        if isinstance(t.task_spec, BoundaryEvent) and isinstance(t.task_spec.event_definition, ErrorEventDefinition) \
+                and t.id not in waiting and not t.has_state(TaskState.FINISHED_MASK):
+            t.task_spec._update(t)
 
 
 def throw_activity_error(catchers: list[Any], code: str, thrown: dict[str, Any]) -> None:
