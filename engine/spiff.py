@@ -41,8 +41,9 @@ The driver protocol (implemented by ``engine.runtime``)::
     io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
     boundary_path(task, path=None) -> None           # a non-interrupting boundary event fires, or a cycle
                                                      # timer's repetition (``path``: its first task): a path starts
-    caught(task, values) -> None                     # a catching event ran with the payload of an event the
-                                                     # process threw itself: {variable: payload}
+    caught(task, values, sent_from) -> None          # a catching event ran with the payload of an event the
+                                                     # process threw itself: {variable: payload}; sent_from:
+                                                     # a collaboration's sender (element, pool's process)
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
     leave_subworkflow(task, subworkflow) -> None     # copy_data / update_data: its data in and out)
     cancel_subworkflow(task, subworkflow) -> None    # ... is cancelled, before its tasks are
@@ -82,7 +83,7 @@ from SpiffWorkflow.bpmn.parser.event_parsers import ERROR_EVENT_XPATH, ESCALATIO
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
-from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
+from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnEventConverter, BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
@@ -175,6 +176,8 @@ __all__ = [
     "payload_variables",
     "is_collaboration",
     "is_pool",
+    "pool_process_of",
+    "SENT_FROM_KEY",
     "LayerflowCollaborationStart",
     "bpmn_id_of",
     "branch_start_id",
@@ -194,6 +197,7 @@ DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outsid
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
 CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
 THROWN_KEY = "lf_thrown"  # on a catching event: the BPMN error an activity threw (engine.BpmnError): code, message, ...
+SENT_FROM_KEY = "lf_sent_from"  # on a catching event of a collaboration: the pool and element that threw its message
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -212,7 +216,7 @@ class Driver(Protocol):
     def complete_multi(self, task: Any) -> bool: ...
     def timer(self, task: Any) -> None: ...
     def now(self) -> datetime: ...
-    def caught(self, task: Any, values: dict[str, Any]) -> None: ...
+    def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None) -> None: ...
     def caught_error(self, task: Any, thrown: dict[str, Any], variables: list[str]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]: ...
@@ -477,10 +481,11 @@ class _LayerflowSpecMixin:
             values = {name: my_task.data.pop(name) for name in payload_variables(self.event_definition)
                       if name in my_task.data}
             thrown = my_task.internal_data.pop(THROWN_KEY, None)
+            sent_from = my_task.internal_data.pop(SENT_FROM_KEY, None)
             if thrown is not None:  # an activity threw it (throw_activity_error): code, message, payload
                 driver.caught_error(my_task, thrown, payload_variables(self.event_definition))
-            elif values and not delivered:
-                driver.caught(my_task, values)
+            elif (values or sent_from is not None) and not delivered:
+                driver.caught(my_task, values, sent_from)
             return result
         if isinstance(self, (ExclusiveGateway, InclusiveGateway)):
             try:
@@ -489,11 +494,23 @@ class _LayerflowSpecMixin:
                 if "No conditions satisfied" not in str(err):
                     raise
                 raise driver.no_branch_taken(my_task) from None
+        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
+                                                          MessageEventDefinition):
+            # a pool's message names its sender to the pool that catches it (_InterruptAwareEvents.catch)
+            top = my_task.workflow.top_workflow
+            top.lf_throwing = my_task
+            try:
+                return super()._run_hook(my_task)  # type: ignore[misc]
+            finally:
+                top.lf_throwing = None
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def catch(self, my_task: Any, event: Any) -> None:
         # (catching events only: SpiffWorkflow's event manager calls it)
         super().catch(my_task, event)  # type: ignore[misc]
+        sent_from = getattr(event, "lf_sent_from", None)
+        if sent_from is not None:
+            my_task.internal_data[SENT_FROM_KEY] = dict(sent_from)  # saved with the task until it runs
         driver = driver_of(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver is not None:
             rearm_boundary(my_task)
@@ -975,6 +992,15 @@ def is_pool(task: Any) -> bool:
     """Whether ``task`` is the call activity that runs a pool's process in a collaboration."""
     return isinstance(task.task_spec, SubWorkflowTask) and task.workflow.parent_task_id is None \
         and is_collaboration(task.workflow.spec)
+
+
+def pool_process_of(task: Any) -> str:
+    """The process id of the pool ``task`` runs in (the workflow a pool's call activity started,
+    around any sub-process of it); a task outside a collaboration: its process's."""
+    workflow = task.workflow
+    while workflow.parent_workflow is not None and workflow.parent_workflow is not workflow.top_workflow:
+        workflow = workflow.parent_workflow
+    return str(workflow.spec.name)
 
 
 def is_split(spec: Any) -> bool:
@@ -1642,6 +1668,23 @@ class _BusinessRuleTaskConverter(BusinessRuleTaskConverter):  # type: ignore[mis
         return spec
 
 
+class _SenderKeepingEventConverter(BpmnEventConverter):  # type: ignore[misc]
+    """A message waiting for its receiver (``workflow.bpmn_events``) keeps its sender across a save."""
+
+    def to_dict(self, event: Any) -> dict[str, Any]:
+        dct: dict[str, Any] = super().to_dict(event)
+        sent_from = getattr(event, "lf_sent_from", None)
+        if sent_from is not None:
+            dct["lf_sent_from"] = dict(sent_from)
+        return dct
+
+    def from_dict(self, dct: dict[str, Any]) -> Any:
+        event = super().from_dict(dct)
+        if dct.get("lf_sent_from") is not None:
+            event.lf_sent_from = dict(dct["lf_sent_from"])
+        return event
+
+
 def _serializer() -> BpmnWorkflowSerializer:
     config = dict(SPIFF_CONFIG)
     for stock, twin in TWINS.items():
@@ -1653,6 +1696,7 @@ def _serializer() -> BpmnWorkflowSerializer:
     config[LayerflowCollaborationStart] = config[BpmnStartTask]
     config[TWINS[spiff_defaults.BusinessRuleTask]] = _BusinessRuleTaskConverter
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
+    config[BpmnEvent] = _SenderKeepingEventConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 
 
@@ -1916,7 +1960,13 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
         """An error or escalation thrown to its process (``_ThrownToItsProcess``) goes to the events
         that wait for it there, then in the process around it, and so on: as in SpiffWorkflow, but
         the start event of an error or escalation event sub-process waits in the scope around its
-        own sub-workflow (``catching_scope``)."""
+        own sub-workflow (``catching_scope``). A message a pool of a collaboration throws carries
+        its sender (``lf_sent_from``: the throwing element and its pool's process), saved with it
+        while it waits for its receiver."""
+        thrower = getattr(self.workflow, "lf_throwing", None)
+        if thrower is not None and isinstance(event.event_definition, MessageEventDefinition) \
+                and getattr(event, "lf_sent_from", None) is None and is_collaboration(self.workflow.spec):
+            event.lf_sent_from = {"element": bpmn_id_of(thrower), "process": pool_process_of(thrower)}
         target = event.target
         if target is None:
             return int(super().catch(event, internal))
