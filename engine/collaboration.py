@@ -93,8 +93,8 @@ def sender_of(paths: tuple[str, ...], collaboration_id: str, sent_from: dict[str
               receiving_process: str) -> dict[str, Any]:
     """Who sent the message catch event ``receiver`` (in pool ``receiving_process``) caught:
     ``sent_from`` (the throwing element and its pool's process) with the pool's participant id and
-    the message flow drawn from the thrower (or its pool) to the receiver (or its pool); None for
-    one the collaboration does not draw."""
+    the message flow drawn from the thrower (or its pool) to the receiver (or its pool): None
+    where the collaboration draws none."""
     pools, flows = _drawing(tuple(paths), collaboration_id)
     element, process = str(sent_from.get("element")), str(sent_from.get("process"))
     sender_pool, receiver_pool = pools.get(process), pools.get(receiving_process)
@@ -102,5 +102,6 @@ def sender_of(paths: tuple[str, ...], collaboration_id: str, sent_from: dict[str
              if source in (element, sender_pool) and target in (receiver, receiver_pool)]
     # the flow between the two elements first, then one that ends or starts at a pool's border
     exact = [fid for fid, source, target in flows if source == element and target == receiver]
+    found = exact or drawn
     return {"participant": sender_pool, "process": process, "element": element,
-            "message_flow": (exact or drawn or [None])[0]}
+            "message_flow": found[0] if found else None}
