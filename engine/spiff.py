@@ -1603,7 +1603,9 @@ class LayerflowScriptEngine(PythonScriptEngine):  # type: ignore[misc]
         driver = driver_of(task)
         if driver is None:
             return super().execute(task, script, external_context)
-        driver.exec_script(task, script)
+        if driver.exec_script(task, script):
+            # thrown to its catching events already: whatever ran the script must not go on as if it ran
+            raise ScriptThrew(bpmn_id_of(task))
         return True
 
 
