@@ -241,10 +241,13 @@ def _open_multi_instance(catch: Catch, activity: str) -> Any:
     return None
 
 
-def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any]) -> None:
+def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any], *,
+                 sent_from: Mapping[str, Any] | None = None) -> None:
     """The payload of an event the process threw itself (an intermediate throw or end event, a
     send task), where SpiffWorkflow put it for ``task`` (the catching event): into ``ctx``, as
-    an event sent from outside goes (``deliver``), recorded as ``event:<catch event id>``."""
+    an event sent from outside goes (``deliver``), recorded as ``event:<catch event id>``;
+    ``sent_from`` (a collaboration's message: the sending pool, ``collaboration.sender_of``) is
+    on the record."""
     spec = task.task_spec
     event_id = spiff.bpmn_id_of(task)
     if isinstance(spec, EventBasedGateway) and task.children:
@@ -263,9 +266,13 @@ def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any]) -> N
     except BaseException as err:
         ctx.abort_activity(event_id, reason=f"{type(err).__name__}: {err}"[:500], actor="engine")
         raise
-    ctx.complete_activity(event_id, summary=f"{kind} {name!r} caught at {event_id}: {', '.join(values)}",
+    sender = ""
+    if sent_from is not None:
+        sender = f" from {sent_from.get('element')!r} of pool {sent_from.get('participant') or sent_from.get('process')!r}"
+    ctx.complete_activity(event_id, summary=f"{kind} {name!r} caught at {event_id}{sender}: {', '.join(values)}",
                           actor=event_id, record_kind="event",
-                          details={"event": name, "event_kind": kind, "sent_by": "process"})
+                          details={"event": name, "event_kind": kind, "sent_by": "process",
+                                   **({"sent_from": dict(sent_from)} if sent_from is not None else {})})
 
 
 def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,

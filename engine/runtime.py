@@ -1270,7 +1270,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 task.data[name] = thaw(value)
         return True if result is None else result
 
-    def prepare(self, task: Any) -> None:
+    def prepare(self, task: Any) -> bool:
         """A user (or manual) task with a preScript becomes ready: SpiffWorkflow runs the preScript
         now, before the task waits, so what it sets is there for the person (and for ``inspect``)
         while the instance waits. It runs as a step of its own (its writes move into HISTORY under
@@ -1283,7 +1283,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         ctx = self.context_of(task)
         if spiff.PREPARED_KEY in task.internal_data or spiff.multi_instance_of(task) is not None \
                 or self._runs_unattended(spec) or ctx.current_activity is not None:
-            return
+            return False
         cfg = self.process.config(bpmn_id)
         ctx.begin_activity(bpmn_id, actor=bpmn_id)
         try:
@@ -1293,10 +1293,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
             written = list(ctx.activity_writes)
             ctx.complete_activity(bpmn_id, status="prepared", actor=bpmn_id,
                                   preserve_keys=cfg.effective_preserve_keys if cfg is not None else [])
+        except BpmnError as err:  # the task never waits: the catching event's path runs instead
+            self._throw_script_error(task, ctx, err)
+            return True
         except BaseException as err:
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
         task.internal_data[spiff.PREPARED_KEY] = written
+        return False
 
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]:
         """The values of ``names`` that the task's context holds (a loop's items first)."""
@@ -1387,8 +1391,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
         task.data = {}
 
-    def complete_multi(self, task: Any) -> None:
-        """Every instance merged: the output collection goes to WORKING, the activity completes."""
+    def complete_multi(self, task: Any) -> bool:
+        """Every instance merged: the output collection goes to WORKING, the activity completes.
+        True when its postScript threw a BPMN error instead: the activity is closed, what it wrote
+        (the output collection too) dropped, and the error thrown to the events that catch it."""
         spec = task.task_spec
         bpmn_id = spec.bpmn_id
         ctx = self.context_of(task)
@@ -1409,6 +1415,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 run_script(postscript, actx, filename=_script_name("postScript", bpmn_id))
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
+        except BpmnError as err:
+            self._throw_error(task, ctx, err, multi=task)
+            return True
         except BaseException as err:
             self.abort_multi(task, err)
             raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
@@ -1417,6 +1426,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         for child in task.children:
             child.data = {}
         self._activity_done(ctx, cfg, bpmn_id)
+        return False
 
     def _run_instance(self, task: Any, multi: Any, default_run: Callable[[], Any]) -> Any:
         """One instance of a multi-instance activity, inside the activity of ``multi``: its input
@@ -1815,7 +1825,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             raise ActivityError(f"condition {expression.strip()!r}{_flow_of(task, expression)} at {where!r} failed: "
                                 f"{type(err).__name__}: {err}{hint}", task_id=where) from err
 
-    def exec_script(self, task: Any, script: str) -> None:
+    def exec_script(self, task: Any, script: str) -> bool:
+        """A pre/post script SpiffWorkflow runs outside an activity's run (``spiff.execute_script``):
+        True when it threw a BPMN error, which is thrown to the events that catch it as an
+        activity's own (``_throw_error``); the task then goes no further."""
         ctx = self.context_of(task)
         bpmn_id = spiff.bpmn_id_of(task)
         spec = task.task_spec
@@ -1832,6 +1845,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                               spiff.data_name(owner.task_spec.output_item)
                               if owner.task_spec.data_output is not None else None) if n is not None} \
             if owner is not None else set()
+        if owner is not None and spiff.THROWN_KEY in owner.internal_data and ctx.current_activity != bpmn_id:
+            return True  # another instance threw a BPMN error, which ends the activity: its catcher runs next
         actx = ActivityContext(ctx, task_id=bpmn_id, instance_id=self.instance.id,
                                scope={n: task.data[n] for n in scoped if n in task.data}, scoped=scoped)
         if own:
@@ -1839,6 +1854,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
         try:
             run_script(script, actx, filename=_script_name(where, bpmn_id))
             task.data.update({n: actx.scope[n] for n in scoped if n in actx.scope})
+        except BpmnError as err:
+            # the script's activity (its own, the multi-instance activity it runs in) closes
+            self._throw_script_error(task, ctx, err, multi=task if multi else owner)
+            return True
         except BaseException as err:
             if own:
                 ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
@@ -1848,6 +1867,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
             self._activity_done(ctx, self.process.config(bpmn_id), bpmn_id)
         if multi:  # the preScript of a multi-instance activity, in its activity: SpiffWorkflow reads the collections next
             task.data.update(self._multi_data(task, ctx, required=True))
+        return False
+
+    def _throw_script_error(self, task: Any, ctx: LayeredContext, err: BpmnError, multi: Any = None) -> None:
+        """``_throw_error`` for a pre/post script SpiffWorkflow runs as the task updates or completes:
+        the activity's error boundary events may not wait yet (``spiff.arm_error_boundaries``)."""
+        spiff.arm_error_boundaries(task)
+        self._throw_error(task, ctx, err, multi=multi)
 
 # =============================================================================== helpers
 

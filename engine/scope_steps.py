@@ -26,7 +26,7 @@ from context_layers.errors import ActivityError, ContextWriteDenied
 from gateways.join import free_record_key, single_counts, single_summaries
 from gateways.splitter import ContextSplitter, branch_context_name
 
-from . import events, spiff
+from . import collaboration, events, spiff
 from .gateway_steps import RECORD_KEY_PREFIXES
 
 if TYPE_CHECKING:
@@ -569,6 +569,11 @@ class ScopeSteps:
         done = [b for b, i in self.instance.branches.items() if i["parent"] == name and i["status"] == "event_done"]
         return sorted(done, key=lambda b: int(self.instance.branches[b].get("ended", 0)))
 
-    def caught(self, task: Any, values: dict[str, Any]) -> None:
-        """A catching event ran with the payload of an event this process threw: into its context."""
-        events.catch_thrown(self.context_of(task), task, values)
+    def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None) -> None:
+        """A catching event ran with the payload of an event this process threw: into its context;
+        in a collaboration, the record names the pool and message flow that sent it."""
+        sender = None
+        if sent_from is not None:
+            sender = collaboration.sender_of(self.process.paths, self.process.id, sent_from, spiff.bpmn_id_of(task),
+                                             spiff.pool_process_of(task))
+        events.catch_thrown(self.context_of(task), task, values, sent_from=sender)

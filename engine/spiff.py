@@ -26,21 +26,24 @@ The driver protocol (implemented by ``engine.runtime``)::
     run_activity(task, default_run) -> bool | None   # an activity's _run_hook
     evaluate(task, expression[, external]) -> Any    # gateway, loop and event conditions (external: names
                                                      # SpiffWorkflow offers besides task data, read last)
-    exec_script(task, script) -> None                # spiff pre/post scripts
-    prepare(task) -> None                            # a user (manual) task with a preScript becomes ready
+    exec_script(task, script) -> bool                # spiff pre/post scripts (True: it threw a BPMN error,
+                                                     # thrown to its catching events)
+    prepare(task) -> bool                            # a user (manual) task with a preScript becomes ready
     join(task) -> bool                               # a joining gateway's _run_hook; False: wait
     split(task) -> None                              # a splitting gateway, once its children exist
     begin_multi(task) -> None                        # a multi-instance task, before spiff makes instances
     abort_multi(task, err) -> None                   # ... when spiff failed to make them
-    complete_multi(task) -> None                     # ... once every instance merged (its _run_hook)
+    complete_multi(task) -> bool                     # ... once every instance merged (its _run_hook; True:
+                                                     # its postScript threw a BPMN error)
     timer(task) -> None                              # a timer event's _update_hook (due by the engine's clock?
                                                      # a cycle: its first due time)
     now() -> datetime                                # the engine's clock (a cycle timer's repetitions)
     io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
     boundary_path(task, path=None) -> None           # a non-interrupting boundary event fires, or a cycle
                                                      # timer's repetition (``path``: its first task): a path starts
-    caught(task, values) -> None                     # a catching event ran with the payload of an event the
-                                                     # process threw itself: {variable: payload}
+    caught(task, values, sent_from) -> None          # a catching event ran with the payload of an event the
+                                                     # process threw itself: {variable: payload}; sent_from:
+                                                     # a collaboration's sender (element, pool's process)
     enter_subworkflow(task, subworkflow) -> None     # a sub-process / call activity starts (SpiffWorkflow's
     leave_subworkflow(task, subworkflow) -> None     # copy_data / update_data: its data in and out)
     cancel_subworkflow(task, subworkflow) -> None    # ... is cancelled, before its tasks are
@@ -80,7 +83,7 @@ from SpiffWorkflow.bpmn.parser.event_parsers import ERROR_EVENT_XPATH, ESCALATIO
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
-from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnWorkflowConverter, WorkflowConverter
+from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnEventConverter, BpmnWorkflowConverter, WorkflowConverter
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
@@ -158,6 +161,8 @@ __all__ = [
     "caught_in_scope",
     "error_catchers",
     "throw_activity_error",
+    "arm_error_boundaries",
+    "ScriptThrew",
     "THROWN_KEY",
     "catching_scope",
     "loop_of",
@@ -171,6 +176,8 @@ __all__ = [
     "payload_variables",
     "is_collaboration",
     "is_pool",
+    "pool_process_of",
+    "SENT_FROM_KEY",
     "LayerflowCollaborationStart",
     "bpmn_id_of",
     "branch_start_id",
@@ -190,6 +197,7 @@ DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outsid
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
 CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
 THROWN_KEY = "lf_thrown"  # on a catching event: the BPMN error an activity threw (engine.BpmnError): code, message, ...
+SENT_FROM_KEY = "lf_sent_from"  # on a catching event of a collaboration: the pool and element that threw its message
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -197,18 +205,18 @@ MAIN_CONTEXT = "main"
 class Driver(Protocol):
     def run_activity(self, task: Any, default_run: Callable[[], Any]) -> Any: ...
     def evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any: ...
-    def exec_script(self, task: Any, script: str) -> None: ...
-    def prepare(self, task: Any) -> None: ...
+    def exec_script(self, task: Any, script: str) -> bool: ...
+    def prepare(self, task: Any) -> bool: ...
     def join(self, task: Any) -> bool: ...
     def terminate(self, task: Any) -> None: ...
     def interrupt(self, esp: Any, start: Any) -> None: ...
     def split(self, task: Any) -> None: ...
     def begin_multi(self, task: Any) -> None: ...
     def abort_multi(self, task: Any, err: BaseException) -> None: ...
-    def complete_multi(self, task: Any) -> None: ...
+    def complete_multi(self, task: Any) -> bool: ...
     def timer(self, task: Any) -> None: ...
     def now(self) -> datetime: ...
-    def caught(self, task: Any, values: dict[str, Any]) -> None: ...
+    def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None) -> None: ...
     def caught_error(self, task: Any, thrown: dict[str, Any], variables: list[str]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]: ...
@@ -296,12 +304,25 @@ class ActivityCancelled(Exception):
     """Why an open activity closes without completing: an interrupting event cancelled its task."""
 
 
+class ScriptThrew(Exception):
+    """A preScript threw a BPMN error (``engine.BpmnError``) as its task became ready, and the driver
+    threw it to the events that catch it: the task stops there (STARTED, nothing of it made: no
+    sub-process started, no instance, no wait) until the catching event cancels it."""
+
+
 class _LayerflowSpecMixin:
     """Placed first in the MRO of every twin; ``lf_role`` is set per twin class."""
 
     lf_role = "flow"  # "activity" | "gateway" | "multi" | "flow"
 
     def _update_hook(self, my_task: Any) -> Any:
+        try:
+            return self._update_own(my_task)
+        except ScriptThrew:
+            my_task._set_state(TaskState.STARTED)
+            return None
+
+    def _update_own(self, my_task: Any) -> Any:
         if self.lf_role == "activity" and multi_instance_of(my_task) is not None and driver_of(my_task) is not None:
             # An instance of a multi-instance activity would inherit a deep copy of the activity's
             # task data (the whole input and output collections, which the driver put there for
@@ -346,6 +367,8 @@ class _LayerflowSpecMixin:
                 driver.begin_multi(my_task)
                 try:
                     return super()._update_hook(my_task)  # type: ignore[misc]
+                except ScriptThrew:
+                    raise  # its preScript threw a BPMN error: the activity closed as it was thrown
                 except BaseException as err:
                     driver.abort_multi(my_task, err)
                     if isinstance(err, Exception):
@@ -389,6 +412,19 @@ class _LayerflowSpecMixin:
         return super()._check_threshold_unstructured(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
+        result = self._run_own(my_task)
+        postscript = getattr(self, "postscript", None)
+        if result and postscript and self.lf_role == "flow":
+            driver = driver_of(my_task)
+            # a sub-process, call activity, loop, send or receive task: its postScript runs as it
+            # completes (after the outputs came back), here rather than in SpiffWorkflow's
+            # _on_complete_hook, so a BPMN error it throws leaves the task STARTED for the catching
+            # event to cancel, as an activity that throws (Runtime.exec_script)
+            if driver is not None and driver.exec_script(my_task, postscript):
+                return None
+        return result
+
+    def _run_own(self, my_task: Any) -> Any:
         driver = driver_of(my_task)
         if isinstance(self, _EndJoin):
             for listening in listening_event_subprocesses(my_task.workflow):
@@ -398,7 +434,8 @@ class _LayerflowSpecMixin:
         if self.lf_role == "activity":
             return driver.run_activity(my_task, lambda: super(_LayerflowSpecMixin, self)._run_hook(my_task))  # type: ignore[misc]
         if self.lf_role == "multi":
-            driver.complete_multi(my_task)
+            if driver.complete_multi(my_task):
+                return None  # its postScript threw a BPMN error: the catching event cancels the activity
             return super()._run_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "gateway" and is_join(self) and driver.join(my_task) is False:
             return None  # waits for a person; the engine runs the task again once answered
@@ -444,10 +481,11 @@ class _LayerflowSpecMixin:
             values = {name: my_task.data.pop(name) for name in payload_variables(self.event_definition)
                       if name in my_task.data}
             thrown = my_task.internal_data.pop(THROWN_KEY, None)
+            sent_from = my_task.internal_data.pop(SENT_FROM_KEY, None)
             if thrown is not None:  # an activity threw it (throw_activity_error): code, message, payload
                 driver.caught_error(my_task, thrown, payload_variables(self.event_definition))
-            elif values and not delivered:
-                driver.caught(my_task, values)
+            elif (values or sent_from is not None) and not delivered:
+                driver.caught(my_task, values, sent_from)
             return result
         if isinstance(self, (ExclusiveGateway, InclusiveGateway)):
             try:
@@ -456,11 +494,23 @@ class _LayerflowSpecMixin:
                 if "No conditions satisfied" not in str(err):
                     raise
                 raise driver.no_branch_taken(my_task) from None
+        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
+                                                          MessageEventDefinition):
+            # a pool's message names its sender to the pool that catches it (_InterruptAwareEvents.catch)
+            top = my_task.workflow.top_workflow
+            top.lf_throwing = my_task
+            try:
+                return super()._run_hook(my_task)  # type: ignore[misc]
+            finally:
+                top.lf_throwing = None
         return super()._run_hook(my_task)  # type: ignore[misc]
 
     def catch(self, my_task: Any, event: Any) -> None:
         # (catching events only: SpiffWorkflow's event manager calls it)
         super().catch(my_task, event)  # type: ignore[misc]
+        sent_from = getattr(event, "lf_sent_from", None)
+        if sent_from is not None:
+            my_task.internal_data[SENT_FROM_KEY] = dict(sent_from)  # saved with the task until it runs
         driver = driver_of(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver is not None:
             rearm_boundary(my_task)
@@ -543,7 +593,7 @@ class _LayerflowSpecMixin:
                 # activity while its instances run or wait: it closes, its writes undone
                 driver.abort_multi(my_task, ActivityCancelled(f"activity {bpmn_id_of(my_task)!r} was cancelled"))
         result = super()._on_cancel(my_task)  # type: ignore[misc]
-        if self.lf_role == "multi":
+        if isinstance(self, LoopTask):  # a multi-instance activity or a standard loop
             _cancel_orphaned_subprocesses(my_task.workflow.top_workflow)
         return result
 
@@ -574,22 +624,27 @@ class _LayerflowSpecMixin:
             # a task that waits for a person: SpiffWorkflow runs its preScript as it becomes ready,
             # so what it prepares is there while the task waits (Runtime.prepare)
             try:
-                driver.prepare(my_task)
+                thrown = driver.prepare(my_task)
             except Exception:
                 my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
                 raise
+            if thrown:
+                raise ScriptThrew(bpmn_id_of(my_task))
             return None
         # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
         # once, before the instances are made, inside the activity (its postScript runs in
         # Runtime.complete_multi); a sub-process, call activity, send or receive task has no
         # activity to run them in: SpiffWorkflow runs the preScript before the task starts (before
-        # a call copies its inputs) and the postScript as it completes (after the outputs came back)
-        if (self.lf_role == "multi" and script != getattr(self, "postscript", None)) or self.lf_role == "flow":
+        # a call copies its inputs) and the postScript as it completes (after the outputs came back,
+        # ``_run_hook``). A BPMN error a preScript throws stops the task where it is (``ScriptThrew``)
+        if self.lf_role in ("multi", "flow") and script != getattr(self, "postscript", None):
             try:
-                driver.exec_script(my_task, script)
+                thrown = driver.exec_script(my_task, script)
             except Exception:
                 my_task._set_state(TaskState.ERROR)  # as SpiffWorkflow's own execute_script: resume retries it
                 raise
+            if thrown:
+                raise ScriptThrew(bpmn_id_of(my_task))
         return None
 
 
@@ -759,7 +814,7 @@ def error_catchers(task: Any, code: str) -> tuple[list[Any], int, bool]:
         specific = [t for t in found if getattr(t.task_spec.event_definition, "code", None) == code]
         return specific or found
 
-    attached = multi_instance_of(task) or task
+    attached = loop_of(task) or task  # an instance of a multi-instance activity, a pass of a loop: the activity
     workflow = task.workflow
     levels = 0
     while workflow is not None:
@@ -776,10 +831,24 @@ def error_catchers(task: Any, code: str) -> tuple[list[Any], int, bool]:
         if workflow.parent_task_id is None:
             break
         owner = workflow.top_workflow.get_task_from_id(workflow.parent_task_id)
-        attached = multi_instance_of(owner) or owner
+        attached = loop_of(owner) or owner
         workflow = owner.workflow
         levels += 1
     return [], 0, False
+
+
+def arm_error_boundaries(task: Any) -> None:
+    """Make the error boundary events of ``task``'s activity wait before it throws from a preScript.
+    SpiffWorkflow updates the activity before its boundary events as their split completes, and a
+    preScript runs in that update: the events would not be waiting for the error yet."""
+    split = (loop_of(task) or task).parent
+    if split is None or not isinstance(split.task_spec, BoundaryEventSplit):
+        return
+    waiting = task.workflow.top_workflow.event_manager.tasks
+    for t in split.children:
+        if isinstance(t.task_spec, BoundaryEvent) and isinstance(t.task_spec.event_definition, ErrorEventDefinition) \
+                and t.id not in waiting and not t.has_state(TaskState.FINISHED_MASK):
+            t.task_spec._update(t)
 
 
 def throw_activity_error(catchers: list[Any], code: str, thrown: dict[str, Any]) -> None:
@@ -923,6 +992,15 @@ def is_pool(task: Any) -> bool:
     """Whether ``task`` is the call activity that runs a pool's process in a collaboration."""
     return isinstance(task.task_spec, SubWorkflowTask) and task.workflow.parent_task_id is None \
         and is_collaboration(task.workflow.spec)
+
+
+def pool_process_of(task: Any) -> str:
+    """The process id of the pool ``task`` runs in (the workflow a pool's call activity started,
+    around any sub-process of it); a task outside a collaboration: its process's."""
+    workflow = task.workflow
+    while workflow.parent_workflow is not None and workflow.parent_workflow is not workflow.top_workflow:
+        workflow = workflow.parent_workflow
+    return str(workflow.spec.name)
 
 
 def is_split(spec: Any) -> bool:
@@ -1525,7 +1603,9 @@ class LayerflowScriptEngine(PythonScriptEngine):  # type: ignore[misc]
         driver = driver_of(task)
         if driver is None:
             return super().execute(task, script, external_context)
-        driver.exec_script(task, script)
+        if driver.exec_script(task, script):
+            # thrown to its catching events already: whatever ran the script must not go on as if it ran
+            raise ScriptThrew(bpmn_id_of(task))
         return True
 
 
@@ -1590,6 +1670,23 @@ class _BusinessRuleTaskConverter(BusinessRuleTaskConverter):  # type: ignore[mis
         return spec
 
 
+class _SenderKeepingEventConverter(BpmnEventConverter):  # type: ignore[misc]
+    """A message waiting for its receiver (``workflow.bpmn_events``) keeps its sender across a save."""
+
+    def to_dict(self, event: Any) -> dict[str, Any]:
+        dct: dict[str, Any] = super().to_dict(event)
+        sent_from = getattr(event, "lf_sent_from", None)
+        if sent_from is not None:
+            dct["lf_sent_from"] = dict(sent_from)
+        return dct
+
+    def from_dict(self, dct: dict[str, Any]) -> Any:
+        event = super().from_dict(dct)
+        if dct.get("lf_sent_from") is not None:
+            event.lf_sent_from = dict(dct["lf_sent_from"])
+        return event
+
+
 def _serializer() -> BpmnWorkflowSerializer:
     config = dict(SPIFF_CONFIG)
     for stock, twin in TWINS.items():
@@ -1601,6 +1698,7 @@ def _serializer() -> BpmnWorkflowSerializer:
     config[LayerflowCollaborationStart] = config[BpmnStartTask]
     config[TWINS[spiff_defaults.BusinessRuleTask]] = _BusinessRuleTaskConverter
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
+    config[BpmnEvent] = _SenderKeepingEventConverter
     return BpmnWorkflowSerializer(BpmnWorkflowSerializer.configure(config))
 
 
@@ -1864,7 +1962,13 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
         """An error or escalation thrown to its process (``_ThrownToItsProcess``) goes to the events
         that wait for it there, then in the process around it, and so on: as in SpiffWorkflow, but
         the start event of an error or escalation event sub-process waits in the scope around its
-        own sub-workflow (``catching_scope``)."""
+        own sub-workflow (``catching_scope``). A message a pool of a collaboration throws carries
+        its sender (``lf_sent_from``: the throwing element and its pool's process), saved with it
+        while it waits for its receiver."""
+        thrower = getattr(self.workflow, "lf_throwing", None)
+        if thrower is not None and isinstance(event.event_definition, MessageEventDefinition) \
+                and getattr(event, "lf_sent_from", None) is None and is_collaboration(self.workflow.spec):
+            event.lf_sent_from = {"element": bpmn_id_of(thrower), "process": pool_process_of(thrower)}
         target = event.target
         if target is None:
             return int(super().catch(event, internal))

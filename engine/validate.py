@@ -1145,7 +1145,10 @@ class _Validator:
     def _not_a_flow_node(self, eid: str, tag: str, file: str, line: int | None) -> None:
         hint = ("; SpiffWorkflow ignores extensions on sequence flows: put per-branch settings in the "
                 "gateway's branches (id = the flow's target)" if tag == "sequenceFlow" else
-                "; process-level options go under process: in the config file" if tag == "process" else "")
+                "; process-level options go under process: in the config file" if tag == "process" else
+                "; layerflow reads a collaboration's options (its pools' branches, its end join's mergeStrategy) "
+                f"from the config file only: put them under '{eid}:' in the config file" if tag == "collaboration"
+                else "")
         self.add("config_not_a_flow_node", f"{eid!r} is a bpmn:{tag}, not a task, event or gateway; "
                  f"activity config applies only to those{hint}", file=file, line=line, element_id=eid)
 

@@ -390,3 +390,111 @@ def test_the_rest_api_starts_a_collaboration_from_the_catalog_and_completes_its_
                            json={"data": {"approved": True}}, headers=auth)
         assert done.status_code == 200, done.text
         assert done.json()["status"] == "completed" and done.json()["layers"]["L3"]["booked"] == 80
+
+
+# ----- the receiver's record names its sender; extension config inside pools ---------------------
+
+def _event_record(instance: Any, pool: str, catch_id: str) -> dict[str, Any]:
+    ctx = next(c for n, c in instance.contexts.items() if n.startswith(f"main/{pool}") and n.count("/") == 1)
+    return dict(thaw(ctx.layer(Layer.HISTORY)[f"event:{catch_id}"]))
+
+
+def test_the_receivers_record_and_tape_name_the_sending_pool_and_message_flow() -> None:
+    instance = Engine().run_process(load_process(ORDER))
+    assert instance.status == "completed", instance.error
+
+    received = _event_record(instance, "supplier", "receive_order")
+    assert received["sent_from"] == {"participant": "customer_pool", "process": "customer", "element": "send_order",
+                                     "message_flow": "flow_order"}
+    assert received["sent_by"] == "process"  # (as before)
+    assert received["summary"] == "message 'order' caught at receive_order from 'send_order' of pool 'customer_pool': order"
+    assert _event_record(instance, "customer", "receive_quote")["sent_from"] == {
+        "participant": "supplier_pool", "process": "supplier", "element": "send_quote", "message_flow": "flow_quote"}
+    # on the receiver's tape: the event that completes the catch carries the record
+    supplier = next(c for n, c in instance.contexts.items() if n.startswith("main/supplier") and n.count("/") == 1)
+    (complete,) = [e for e in supplier.tape if e.kind.value == "complete" and e.activity == "receive_order"]
+    records = [value for _layer, key, value in complete.changes if key == "event:receive_order"]
+    assert [thaw(r)["sent_from"]["participant"] for r in records] == ["customer_pool"]
+    _assert_replays(instance)
+
+
+def test_a_message_flow_to_the_pools_border_is_named_and_a_sender_survives_a_save(tmp_path: Path) -> None:
+    """The order waits (the supplier's person first opens the shop) across a save and a load; its
+    message flow is drawn to the supplier's pool, not to the catch event."""
+    path = _variant(tmp_path, (
+        '<bpmn:sequenceFlow id="s1" sourceRef="s_start" targetRef="receive_order" />',
+        '<bpmn:sequenceFlow id="s1" sourceRef="s_start" targetRef="open_shop" />'
+        '<bpmn:userTask id="open_shop" name="Open shop"><bpmn:incoming>s1</bpmn:incoming>'
+        '<bpmn:outgoing>s0</bpmn:outgoing></bpmn:userTask>'
+        '<bpmn:sequenceFlow id="s0" sourceRef="open_shop" targetRef="receive_order" />'),
+        ('<bpmn:incoming>s1</bpmn:incoming><bpmn:outgoing>s2</bpmn:outgoing>\n      <bpmn:messageEventDefinition '
+         'id="receive_order_def"', '<bpmn:incoming>s0</bpmn:incoming><bpmn:outgoing>s2</bpmn:outgoing>\n      '
+         '<bpmn:messageEventDefinition id="receive_order_def"'),
+        ('sourceRef="send_order" targetRef="receive_order" />', 'sourceRef="send_order" targetRef="supplier_pool" />'))
+    store = f"sqlite:///{tmp_path / 'sender.db'}"
+    first = Engine(store=store).run_process(load_process(path))
+    assert first.status == "waiting"
+    later = Engine(store=store)
+    again = later.load(first.instance_id)
+    assert [getattr(e, "lf_sent_from", None) for e in again.workflow.bpmn_events] == [
+        {"element": "send_order", "process": "customer"}]
+    task = next(w for w in again.waiting_for if w["kind"] == "user_task")
+    done = later.complete_user_task(again, task["id"], {})
+
+    assert done.status == "completed", done.error
+    assert done.context.resolve("event:receive_order")["sent_from"] == {
+        "participant": "customer_pool", "process": "customer", "element": "send_order", "message_flow": "flow_order"}
+
+
+def test_a_message_sent_from_outside_names_no_pool(tmp_path: Path) -> None:
+    path = _variant(tmp_path, ('id="supplier" name="Supplier" isExecutable="true"',
+                               'id="supplier" name="Supplier" isExecutable="false"'))
+    engine = Engine()
+    instance = engine.send_event(engine.run_process(load_process(path, "order_collab")), "quote",
+                                 {"item": "widget", "price": 7})
+    assert instance.status == "completed", instance.error
+    assert "sent_from" not in _event_record(instance, "customer", "receive_quote")
+
+
+def test_extension_config_on_elements_inside_a_pool_works_as_in_a_single_process(tmp_path: Path) -> None:
+    """A gateway's layerflow:config (a branch's contextInject) and a task's spiffworkflow:activityConfig
+    (preserveKeys) inside the seller's pool, as they work in a process of its own."""
+    text = PURCHASE.read_text().replace('xmlns:spiffworkflow=', 'xmlns:layerflow="https://layerflow.dev/bpmn" '
+                                        'xmlns:spiffworkflow=', 1)
+    edits = [('<bpmn:parallelGateway id="s_split">',
+              '<bpmn:parallelGateway id="s_split"><bpmn:extensionElements><layerflow:config>{"branches": [{"id": '
+              '"check_stock", "contextInject": {"max_count": 1}}]}</layerflow:config></bpmn:extensionElements>'),
+             ('in_stock = request["count"] &lt;= 5', 'in_stock = request["count"] &lt;= max_count'),
+             ('<bpmn:scriptTask id="set_price" name="Set price">',
+              '<bpmn:scriptTask id="set_price" name="Set price"><bpmn:extensionElements><spiffworkflow:activityConfig>'
+              '{"preserveKeys": ["price"]}</spiffworkflow:activityConfig></bpmn:extensionElements>')]
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "configured.bpmn"
+    path.write_text(text)
+    assert validate_process(path).ok
+    process = load_process(path)
+    assert process.config("set_price").effective_preserve_keys == ["price"]
+    instance = Engine().run_process(process, {"part": "gear"})
+
+    seller = next(c for n, c in instance.contexts.items() if n.startswith("main/seller") and n.count("/") == 1)
+    assert seller.resolve("in_stock") is False  # 2 parts ordered, max_count 1 injected into the branch
+    branch = next(c for n, c in instance.contexts.items() if n.startswith("main/seller") and "/check_stock" in n)
+    assert branch.resolve("max_count") == 1
+    assert not any("max_count" in c for n, c in instance.contexts.items() if "/check_stock" not in n)
+    pricing = next(c for n, c in instance.contexts.items() if n.startswith("main/seller") and "/set_price" in n)
+    (complete,) = [e for e in pricing.tape if e.kind.value == "complete" and e.activity == "set_price"]
+    assert complete.data["preserve"] == ["price"]
+
+
+def test_config_on_the_collaboration_element_says_where_it_goes(tmp_path: Path) -> None:
+    path = _variant(tmp_path, ('<bpmn:collaboration id="order_collab" name="Order and quote">',
+                               '<bpmn:collaboration id="order_collab" name="Order and quote"><bpmn:extensionElements>'
+                               '<spiffworkflow:activityConfig>{"mergeStrategy": "LAST_WRITER_WINS"}'
+                               '</spiffworkflow:activityConfig></bpmn:extensionElements>'))
+    report = validate_process(path)
+    (problem,) = [p for p in report.problems if p.code == "config_not_a_flow_node"]
+    assert problem.element_id == "order_collab"
+    assert "bpmn:collaboration" in problem.message
+    assert "put them under 'order_collab:' in the config file" in problem.message
