@@ -385,6 +385,23 @@ class Engine:
         An instance in ``error`` is resumed first (``resume``, which takes the answers too)."""
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"complete {task_id!r}")
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        due = [w for w in instance.waiting_for if w["kind"] == "timer" and w.get("due") and _utc(w["due"]) <= now]
+        if due:
+            # A timer that came due fires before the answer, as a run or resume after its due time
+            # fires it (``resume --answer``): a boundary timer that cancels this task wins whichever
+            # interface brings the answer, not whoever comes first, the person or ``timers --fire``.
+            instance = self.run(instance)
+            if not any(w["kind"] == "user_task" and task_id in (w["id"], w["task_id"]) for w in instance.waiting_for):
+                from .governance import InstanceStateError
+
+                timers = ", ".join(f"{w['task_id']!r} came due at {w['due']}" for w in due)
+                err = InstanceStateError(
+                    f"instance {instance.id} no longer waits for user task {task_id!r}: its boundary timer {timers} "
+                    f"and ran first (a timer that is due fires before any answer); the answer was not used, the "
+                    f"instance is {instance.status} now")
+                err.task_id = task_id  # type: ignore[attr-defined]
+                raise err
         task = rt.find_waiting_task(task_id)
         tape = instance.tape_length()
         try:

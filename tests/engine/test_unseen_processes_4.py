@@ -600,3 +600,39 @@ def test_an_answer_the_due_deadline_beat_is_not_used_and_resume_says_so(tmp_path
     code, doc, err = _cli("resume", instance.id, "--store", store, "--answer", 'agent_reply={"reply": "refunded"}',
                           "--json")
     assert code == 0 and doc["layers"]["L3"]["outcome"] == "answered: refunded" and "not used" not in err
+
+
+def test_rest_and_python_answers_the_due_deadline_beat_are_refused_as_resume_does(tmp_path: Path) -> None:
+    """The same late reply through REST and ``Engine.complete_user_task``: the deadline came due an
+    hour ago, so it fires first, as a resume after the due time fires it, whichever interface
+    brings the answer. Before, those two accepted the reply and closed the ticket, while
+    ``resume --answer`` escalated it: which happened depended on who came first, the cron's
+    ``timers --fire`` or the person."""
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    store = f"sqlite:///{tmp_path / 'late.db'}"
+    clock = Clock(float(int(time.time())) - 5 * HOUR)
+    late = [Engine(store, clock=clock).run_process(load_process(UNSEEN / "ticket_sla.bpmn"), TICKET).id
+            for _ in range(2)]
+    auth = {"Authorization": "Bearer unseen4"}
+    with TestClient(create_app(store, UNSEEN, "unseen4")) as client:
+        reply = client.post(f"/api/instances/{late[0]}/user-tasks/agent_reply", headers=auth,
+                            json={"data": {"reply": "refunded"}})
+        assert reply.status_code == 409, reply.text
+        assert "its boundary timer 'sla_breach' came due" in reply.json()["error"]["message"]
+        now = client.get(f"/api/instances/{late[0]}", headers=auth).json()
+        assert now["status"] == "completed" and now["layers"]["L3"]["outcome"] == "escalated"
+    engine = Engine(store)
+    with pytest.raises(Exception, match="its boundary timer 'sla_breach' came due") as err:
+        engine.complete_user_task(engine.load(late[1]), "agent_reply", {"reply": "refunded"})
+    assert getattr(err.value, "task_id", None) == "agent_reply"
+    done = engine.load(late[1])
+    assert done.status == "completed" and done.main.layer(3)["outcome"] == "escalated"
+    # before its due time the reply closes the ticket, through REST as through the CLI
+    in_time = Engine(store).run_process(load_process(UNSEEN / "ticket_sla.bpmn"), TICKET)
+    with TestClient(create_app(store, UNSEEN, "unseen4")) as client:
+        reply = client.post(f"/api/instances/{in_time.id}/user-tasks/agent_reply", headers=auth,
+                            json={"data": {"reply": "refunded"}})
+        assert reply.status_code == 200 and reply.json()["layers"]["L3"]["outcome"] == "answered: refunded"
