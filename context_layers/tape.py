@@ -169,9 +169,11 @@ class Tape(Sequence[Event]):
             if kinds is not None and not matches_kind(e, kinds):
                 return False
             # a gateway's events (split, join, conflict, resolution) happen between activities: they
-            # name the gateway as gateway_id, and filtering by its BPMN id finds them too
+            # name the gateway as gateway_id, and filtering by its BPMN id finds them too; so do the
+            # events the engine makes for an activity once it has closed (the snapshot and the
+            # compression after it, a model's summary for it): their actor is the activity
             if activity is not None and e.activity != activity and not (
-                    e.activity is None and e.data.get("gateway_id") == activity):
+                    e.activity is None and activity in (e.data.get("gateway_id"), e.actor)):
                 return False
             if branch is not None and e.branch != branch:
                 return False

@@ -340,11 +340,17 @@ class Engine:
         instance.status = "running"
         instance.notices = []
         given: set[str] = set()  # each answer given in this run, with the state it was given in
+        # user tasks waiting now with an answer given for them: one that stops waiting without it
+        # (a boundary timer that came due, an interrupting event) is named in the notices, so
+        # the person who answered learns it was not used
+        answered_for = [w for w in instance.waiting_for if w["kind"] == "user_task"
+                        and _lookup_answer(answers, w) is not _NO_ANSWER]
+        used: set[str] = set()
         try:
             while True:
                 rt.step()
                 rt.settle()
-                if not self._answer_from(instance, answers, ask, given):
+                if not self._answer_from(instance, answers, ask, given, used):
                     break
         except (InvalidAnswer, AnswerWriteDenied):
             # a given answer that is not an offered option, or data the layer rules refuse, is
@@ -361,6 +367,13 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - every other failure becomes the instance's error
             rt.fail(err)
             rt.settle()
+        still = {w["id"] for w in instance.waiting_for}
+        for item in answered_for:
+            if item["id"] not in used and item["id"] not in still:
+                instance.notices.append(
+                    f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
+                    f"cancelled before the answer could be given, by a boundary event or timer that came due "
+                    f"first); the instance is {instance.status} now")
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -372,6 +385,23 @@ class Engine:
         An instance in ``error`` is resumed first (``resume``, which takes the answers too)."""
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"complete {task_id!r}")
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        due = [w for w in instance.waiting_for if w["kind"] == "timer" and w.get("due") and _utc(w["due"]) <= now]
+        if due:
+            # A timer that came due fires before the answer, as a run or resume after its due time
+            # fires it (``resume --answer``): a boundary timer that cancels this task wins whichever
+            # interface brings the answer, not whoever comes first, the person or ``timers --fire``.
+            instance = self.run(instance)
+            if not any(w["kind"] == "user_task" and task_id in (w["id"], w["task_id"]) for w in instance.waiting_for):
+                from .governance import InstanceStateError
+
+                timers = ", ".join(f"{w['task_id']!r} came due at {w['due']}" for w in due)
+                err = InstanceStateError(
+                    f"instance {instance.id} no longer waits for user task {task_id!r}: its boundary timer {timers} "
+                    f"and ran first (a timer that is due fires before any answer); the answer was not used, the "
+                    f"instance is {instance.status} now")
+                err.task_id = task_id  # type: ignore[attr-defined]
+                raise err
         task = rt.find_waiting_task(task_id)
         tape = instance.tape_length()
         try:
@@ -612,7 +642,8 @@ class Engine:
     _save = save
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
-                     ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None) -> bool:
+                     ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None,
+                     used: set[str] | None = None) -> bool:
         """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered.
 
         An answer from ``answers`` is given each time its step comes back, but not twice in one run
@@ -672,6 +703,8 @@ class Engine:
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
                 rt.give_user_data(task, value, actor="person")  # AnswerWriteDenied: saved by run, still waiting
+                if used is not None:
+                    used.add(item["id"])
             instance.status = "running"
             if item["kind"] == "user_task":
                 task.run()

@@ -75,6 +75,20 @@ def _unfolded_history(base: Any, branch: LayeredContext, parent: LayeredContext)
             [f.key for f in unfolded.dropped])
 
 
+def _bring_side(parent: LayeredContext, branch: LayeredContext, changes: list[tuple[Layer, str, Any]],
+                dropped: list[str], *, branch_name: str, gateway: str, actor: str | None = None) -> None:
+    """Apply a side branch's changes to ``parent`` in one ``side_merge`` event, with the keys the
+    branch's activities preserved: they stay preserved after it merges back, as after a join
+    (no compression of ``parent`` may drop what the path's preserveKeys protected)."""
+    preserve = sorted(set(branch.preserved) - set(parent.preserved))
+    if changes:
+        parent.apply_changes(changes, kind="side_merge", actor=actor or gateway, data={
+            "branch": branch_name, "gateway_id": gateway, **({"dropped_compactions": dropped} if dropped else {}),
+            **({"preserve": preserve} if preserve else {})})
+    elif preserve:
+        parent.mark_preserved(preserve, actor=actor or gateway)
+
+
 def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
     """Close a confirmation nobody will answer (its instance or its join was cancelled); the join
     conflict it asked about stays unresolved, and says so: ``"cancelled": true``."""
@@ -470,9 +484,7 @@ class ScopeSteps:
             into = str(inst.branches[into]["parent"])
         branch, parent = inst.contexts[name], inst.contexts[into]
         changes, kept, dropped = self._side_changes(name, parent)
-        if changes:
-            parent.apply_changes(changes, kind="side_merge", actor=gw, data={
-                "branch": name, "gateway_id": gw, **({"dropped_compactions": dropped} if dropped else {})})
+        _bring_side(parent, branch, changes, dropped, branch_name=name, gateway=gw)
         if kept:
             parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
@@ -541,10 +553,8 @@ class ScopeSteps:
         done = self._events_done(str(info["parent"]))
         for other in done:
             changes, _, dropped = self._side_changes(other, ctx)
-            if changes:
-                ctx.apply_changes(changes, kind="side_merge", actor=str(info["gateway"]),
-                                  data={"branch": other, "gateway_id": str(inst.branches[other]["gateway"]),
-                                        **({"dropped_compactions": dropped} if dropped else {})})
+            _bring_side(ctx, inst.contexts[other], changes, dropped, branch_name=other,
+                        gateway=str(inst.branches[other]["gateway"]), actor=str(info["gateway"]))
         if done:
             info["base_context"] = name
             info["base_snapshot"] = ctx.snapshot(label=f"event:{info['gateway']}", actor=str(info["gateway"])).id
