@@ -24,7 +24,7 @@ from typing import Any
 
 from lxml import etree
 
-__all__ = ["CAMUNDA_NS", "DMN_NAMESPACES", "RESULT_MAPPINGS", "ZEEBE_NS", "DecisionResultError", "DmnFile",
+__all__ = ["CAMUNDA_7_NAMESPACES", "CAMUNDA_NS", "OPERATON_NS", "DMN_NAMESPACES", "RESULT_MAPPINGS", "ZEEBE_NS", "DecisionResultError", "DmnFile",
            "decision_ref", "decision_result", "is_dmn", "read_dmn", "result_variable", "with_dmn_beside"]
 
 #: The DMN versions SpiffWorkflow 3.2 reads (1.1, 1.2, 1.3).
@@ -36,6 +36,9 @@ DMN_NAMESPACES = frozenset({
 _BPMN = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 _SPIFF = "http://spiffworkflow.org/bpmn/schema/1.0/core"
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
+# Operaton (Camunda 7's open-source fork) writes the same attributes in a namespace of its own
+OPERATON_NS = "http://operaton.org/schema/1.0/bpmn"
+CAMUNDA_7_NAMESPACES = (CAMUNDA_NS, OPERATON_NS)
 ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
 
 #: ``camunda:mapDecisionResult`` values (Camunda 7; ``resultList`` is its default) and what each
@@ -97,6 +100,11 @@ def read_dmn(path: Path) -> DmnFile:
     return DmnFile(path, namespace, decisions, root)
 
 
+def _camunda_7(task: Any, name: str) -> str | None:
+    """The attribute ``camunda:NAME`` of element ``task``, or Operaton's ``operaton:NAME``."""
+    return next((value for ns in CAMUNDA_7_NAMESPACES if (value := task.get(f"{{{ns}}}{name}"))), None)
+
+
 def _zeebe_called_decision(task: Any) -> Any:
     return next(task.iterfind(f"{{{_BPMN}}}extensionElements/{{{ZEEBE_NS}}}calledDecision"), None)
 
@@ -106,7 +114,7 @@ def decision_ref(task: Any) -> str | None:
     else ``camunda:decisionRef``, else ``zeebe:calledDecision decisionId``; None when it names none.
     (The engine's parser reads it so too.)"""
     zeebe = _zeebe_called_decision(task)
-    ref = task.get(f"{{{CAMUNDA_NS}}}decisionRef") or (zeebe.get("decisionId") if zeebe is not None else None)
+    ref = _camunda_7(task, "decisionRef") or (zeebe.get("decisionId") if zeebe is not None else None)
     for called in task.iter(f"{{{_SPIFF}}}calledDecisionId"):
         ref = called.text
         break
@@ -118,9 +126,9 @@ def result_variable(task: Any) -> tuple[str, str] | None:
     in one variable: ``camunda:resultVariable`` with its ``camunda:mapDecisionResult`` (default
     ``resultList``, as in Camunda 7; the value as written, checked by ``validate``), or
     ``zeebe:calledDecision resultVariable`` (mapping ``"decision"``, Camunda 8's)."""
-    name = (task.get(f"{{{CAMUNDA_NS}}}resultVariable") or "").strip()
+    name = (_camunda_7(task, "resultVariable") or "").strip()
     if name:
-        return name, (task.get(f"{{{CAMUNDA_NS}}}mapDecisionResult") or "resultList").strip()
+        return name, (_camunda_7(task, "mapDecisionResult") or "resultList").strip()
     zeebe = _zeebe_called_decision(task)
     name = (zeebe.get("resultVariable") or "").strip() if zeebe is not None else ""
     return (name, DECISION_OUTPUT) if name else None

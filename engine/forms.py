@@ -49,17 +49,18 @@ __all__ = ["CAMUNDA_NS", "ZEEBE_NS", "SPIFF_NS", "CAMUNDA_TYPES", "check_answer"
            "parse_form", "public_form", "with_options"]
 
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
+OPERATON_NS = "http://operaton.org/schema/1.0/bpmn"  # Operaton, Camunda 7's fork: the same forms
 ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
 SPIFF_NS = "http://spiffworkflow.org/bpmn/schema/1.0/core"
 BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CAMUNDA_TYPES = ("string", "long", "boolean", "date", "enum")
 PROPERTY_TYPES = ("string", "long", "double", "boolean", "date", "enum")
 # the engines whose modelers write <PREFIX:formProperty> and a PREFIX:formKey attribute
-PROPERTY_NAMESPACES = {"camunda": CAMUNDA_NS, "activiti": "http://activiti.org/bpmn",
+PROPERTY_NAMESPACES = {"camunda": CAMUNDA_NS, "operaton": OPERATON_NS, "activiti": "http://activiti.org/bpmn",
                        "flowable": "http://flowable.org/bpmn"}
 # where a <camunda:formData> is found: Camunda Modeler before 3.0 bound the camunda: prefix to
 # Activiti's namespace (as the BPMN MIWG files and Camunda 7's older examples still do)
-FORM_DATA_NAMESPACES = (CAMUNDA_NS, "http://activiti.org/bpmn")
+FORM_DATA_NAMESPACES = (CAMUNDA_NS, OPERATON_NS, "http://activiti.org/bpmn")
 _DYNAMIC = "options_from_task_data_var:"  # SpiffArena's options filled from task data at render time
 _OPTION_KEYWORDS = ("enum", "oneOf", "anyOf")
 
@@ -207,7 +208,8 @@ def _camunda_form(form_data: Any, ns: str = CAMUNDA_NS) -> tuple[dict[str, Any],
                 else:
                     field[name] = bound
         fields.append(field)
-    return {"source": "camunda:formData", "fields": fields}, problems, warnings
+    source = "operaton:formData" if ns == OPERATON_NS else "camunda:formData"
+    return {"source": source, "fields": fields}, problems, warnings
 
 
 # Java date patterns (SimpleDateFormat) as strptime formats: the letters form properties use

@@ -3171,8 +3171,9 @@ _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
-# Camunda (7 and 8), Activiti and Flowable: their modelers write execution settings in these
+# Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
+                      "http://operaton.org/schema/1.0/bpmn": "operaton",
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
