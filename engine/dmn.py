@@ -25,7 +25,8 @@ from typing import Any
 from lxml import etree
 
 __all__ = ["CAMUNDA_7_NAMESPACES", "CAMUNDA_NS", "OPERATON_NS", "DMN_NAMESPACES", "RESULT_MAPPINGS", "ZEEBE_NS", "DecisionResultError", "DmnFile",
-           "decision_ref", "decision_result", "is_dmn", "read_dmn", "result_variable", "with_dmn_beside"]
+           "decision_outputs", "decision_ref", "decision_result", "is_dmn", "read_dmn", "required_decisions",
+           "result_variable", "with_dmn_beside"]
 
 #: The DMN versions SpiffWorkflow 3.2 reads (1.1, 1.2, 1.3).
 DMN_NAMESPACES = frozenset({
@@ -89,6 +90,31 @@ class DmnFile:
     def decision(self) -> str | None:
         """The decision SpiffWorkflow registers for this file."""
         return self.decisions[0][0] if self.decisions else None
+
+
+def _decision_element(root: Any, decision: str) -> Any:
+    return next((el for el in root if isinstance(el.tag, str) and etree.QName(el).localname == "decision"
+                 and el.get("id") == decision), None)
+
+
+def required_decisions(root: Any, decision: str) -> list[str]:
+    """The decisions that ``decision`` of DMN ``root`` requires (its ``informationRequirement``'s
+    ``requiredDecision href="#id"``: a decision requirements graph), in file order."""
+    el = _decision_element(root, decision)
+    if el is None:
+        return []
+    return [(req.get("href") or "").lstrip("#") for req in el.iter()
+            if isinstance(req.tag, str) and etree.QName(req).localname == "requiredDecision"
+            and (req.get("href") or "").lstrip("#")]
+
+
+def decision_outputs(root: Any, decision: str) -> list[str]:
+    """The output names of ``decision``'s decision table (what it gives the decisions that require it)."""
+    el = _decision_element(root, decision)
+    if el is None:
+        return []
+    return [str(out.get("name")) for out in el.iter()
+            if isinstance(out.tag, str) and etree.QName(out).localname == "output" and out.get("name")]
 
 
 def read_dmn(path: Path) -> DmnFile:

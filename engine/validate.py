@@ -699,6 +699,10 @@ class _Validator:
                     fix = ("write it as Python: a value (\"glass\"), a comparison to finish (< 50000, != \"glass\"), "
                            "or a test of ? (0 <= ? < 50000); '-' or empty matches anything")
                     values = _feel_value_list(text) if ok and "?" not in text else None
+                    interval = _feel_range(text) if not ok else None
+                    if interval:
+                        # FEEL's interval ([600..699], Camunda's and Operaton's tables): the same test of ?
+                        fix = f"a range is FEEL's; write it as Python: '{_FEEL_TEMPORAL.sub(lambda m: m.group(2), interval)}'"
                     if values:
                         # FEEL's list of the values to match: Python compares the input to the whole
                         # tuple, so the rule never matches (and the next one silently decides)
@@ -2480,6 +2484,7 @@ class _Validator:
             return
         defined = {f.decision: f for f in self.dmn_files}
         if ref in defined:
+            self._check_required_decisions(el, eid, ref, defined[ref], file)
             return
         self.related.add(eid)
         elsewhere = next((f for f in self.dmn_files if ref in {d for d, _ in f.decisions}), None)
@@ -2493,6 +2498,28 @@ class _Validator:
                    "process")
         self.add("business_rule_without_dmn", f"business rule task {eid!r} runs DMN decision {ref!r}, but {how}",
                  file=file, line=el.sourceline, element_id=eid, field="calledDecisionId")
+
+    def _check_required_decisions(self, el: Any, eid: str, ref: str, found: dmn.DmnFile, file: str) -> None:
+        """A decision that requires others (its informationRequirement: a decision requirements
+        graph, as Camunda and Operaton evaluate it): SpiffWorkflow 3.2 runs the one decision and
+        not the ones it requires, so the inputs they give have no value (NameError at the first
+        rule). Each must be run by a business rule task of its own, before this one."""
+        run = {r for doc in self.docs if doc.root is not None
+               for r in map(dmn.decision_ref, doc.root.iter(_bpmn("businessRuleTask"))) if r}
+        for required in dmn.required_decisions(found.root, ref):
+            if required in run:
+                continue
+            source = next((f for f in self.dmn_files if required in {d for d, _ in f.decisions}), found)
+            outputs = dmn.decision_outputs(source.root, required)
+            names = ", ".join(map(repr, outputs))
+            gives = f", the one that gives {names}" if outputs else ""
+            self.related.add(eid)
+            self.add("dmn_unsupported", f"business rule task {eid!r} runs DMN decision {ref!r}, which requires "
+                     f"decision {required!r} (its informationRequirement){gives}; SpiffWorkflow 3.2 evaluates no "
+                     f"required decision, so {names or 'what it gives'} {'have' if len(outputs) > 1 else 'has'} no "
+                     f"value and the run stops at the first rule: run {required!r} in a business rule task of its own "
+                     f"before {eid!r} (each decision in a DMN file of its own)", file=file, line=el.sourceline,
+                     element_id=eid, field="calledDecisionId")
 
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
@@ -3632,6 +3659,21 @@ def _config_message(message: str) -> str:
     if message.startswith("Field required"):
         return f"{message}; add this field"
     return f"{message}; correct this value"
+
+
+_FEEL_RANGE = re.compile(r"([\[\](])\s*(.+?)\s*\.\.\s*(.+?)\s*([\[\])])")
+
+
+def _feel_range(text: str) -> str | None:
+    """FEEL's interval ``[600..699]`` (``(`` or ``]`` opens it exclusive, ``)`` or ``[`` closes it so) as
+    the Python test of ``?`` it means (``600 <= ? <= 699``); None when it is no interval of values."""
+    found = _FEEL_RANGE.fullmatch(text.strip())
+    if found is None:
+        return None
+    opening, low, high, closing = found.groups()
+    if python_source(low) is None or python_source(high) is None:
+        return None
+    return f"{low} {'<=' if opening == '[' else '<'} ? {'<=' if closing == ']' else '<'} {high}"
 
 
 def _feel_value_list(text: str) -> list[str] | None:

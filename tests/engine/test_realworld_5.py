@@ -14,7 +14,7 @@ from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 
 from engine import Engine, FormAnswerInvalid, load_process
-from engine.validate import validate_process
+from engine.validate import _feel_range, validate_process
 
 from engine_helpers import variables
 
@@ -125,3 +125,93 @@ def test_operaton_loop_collection_and_bean_are_named_as_camunda_7s() -> None:
     bean = next(p for p in found if p.code == "foreign_extension")
     assert "has operaton:delegateExpression, another engine's settings" in bean.message
     assert "cannot load the process" not in " ".join(p.message for p in found)
+
+
+# -- decision requirements graphs, FEEL ranges ---------------------------------------------------------
+
+
+def plain_camunda(bpmn: Path, dmns: list[Path], process_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The final variables of plain SpiffWorkflow with its Camunda parser (camunda:decisionRef)."""
+    from SpiffWorkflow.camunda.parser.CamundaParser import CamundaParser
+
+    parser = CamundaParser()
+    parser.add_bpmn_file(str(bpmn))
+    for dmn in dmns:
+        parser.add_dmn_file(str(dmn))
+    wf = BpmnWorkflow(parser.get_spec(process_id))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    return dict(wf.last_task.data)
+
+
+def rewritten(tmp_path: Path, source: Path, pairs: list[tuple[str, str]]) -> Path:
+    """A copy of ``source`` with each text replaced as validate said to write it."""
+    text = source.read_text()
+    for old, new in pairs:
+        assert old in text, old
+        text = text.replace(old, new)
+    out = tmp_path / source.name
+    out.write_text(text)
+    return out
+
+
+def test_a_decision_that_requires_another_is_refused_with_the_task_to_add(tmp_path: Path) -> None:
+    """Operaton's dmn-decision example: the task runs 'credit-decision', whose table reads the
+    riskLevel that the decision it requires ('risk-level', an informationRequirement) gives.
+    SpiffWorkflow 3.2 evaluates no required decision. Validate said only to put each decision in a file
+    of its own; done so, it passed, and the run stopped at the first rule, "name 'riskLevel' is not
+    defined". It now names the required decision, what it gives, and the task to add; done so, the
+    process runs as in plain SpiffWorkflow."""
+    bpmn = REALWORLD / "required_decision.bpmn"
+    discount, tier = REALWORLD / "required_discount.dmn", REALWORLD / "required_tier.dmn"
+    with pytest.raises(Exception, match="customerTier"):
+        plain_camunda(bpmn, [discount, tier], "required_decision", {"spend": 2000})
+    [problem] = [p for p in errors(bpmn, discount, tier) if p.element_id == "price"]
+    assert (problem.code, problem.file, problem.line, problem.field) == (
+        "dmn_unsupported", str(bpmn), 8, "calledDecisionId")
+    assert problem.message == (
+        "business rule task 'price' runs DMN decision 'discount', which requires decision 'tier' (its "
+        "informationRequirement), the one that gives 'customerTier'; SpiffWorkflow 3.2 evaluates no required "
+        "decision, so 'customerTier' has no value and the run stops at the first rule: run 'tier' in a business "
+        "rule task of its own before 'price' (each decision in a DMN file of its own)")
+    # without the file of the decision it requires, the message still names it
+    [alone] = errors(bpmn, discount)
+    assert "requires decision 'tier' (its informationRequirement); SpiffWorkflow 3.2 evaluates no required " \
+           "decision, so what it gives has no value" in alone.message
+    fixed_bpmn = rewritten(tmp_path, bpmn, [
+        ('<bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="price" />',
+         '<bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="rate" />'
+         '<bpmn:businessRuleTask id="rate" camunda:decisionRef="tier"><bpmn:incoming>f1</bpmn:incoming>'
+         '<bpmn:outgoing>f0</bpmn:outgoing></bpmn:businessRuleTask>'
+         '<bpmn:sequenceFlow id="f0" sourceRef="rate" targetRef="price" />'),
+        ("<bpmn:incoming>f1</bpmn:incoming>\n      <bpmn:outgoing>f2</bpmn:outgoing>",
+         "<bpmn:incoming>f0</bpmn:incoming>\n      <bpmn:outgoing>f2</bpmn:outgoing>")])
+    fixed_tier = rewritten(tmp_path, tier, [("[1000..1000000]", "1000 &lt;= ? &lt;= 1000000"),
+                                            ("[100..1000)", "100 &lt;= ? &lt; 1000")])
+    assert errors(fixed_bpmn, discount, fixed_tier) == []
+    for spend, expected in ((2000, ("gold", 15)), (500, ("silver", 0)), (10, ("basic", 0))):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed_bpmn, discount, fixed_tier]), {"spend": spend}))
+        assert instance.status == "completed", instance.error
+        found = variables(instance.main)
+        assert (found["customerTier"], found["discount"]) == expected
+        assert found == plain_camunda(fixed_bpmn, [discount, fixed_tier], "required_decision", {"spend": spend})
+
+
+def test_a_feel_range_in_a_decision_table_gets_the_python_test_to_write(tmp_path: Path) -> None:
+    """Operaton's and Camunda's tables write intervals, ``[600..699]``; validate said only to write
+    Python ('a value, a comparison to finish, or a test of ?'). It now gives the test the range means,
+    each end inclusive or not as the brackets say (a FEEL date's text compares in order)."""
+    bpmn, discount, tier = (REALWORLD / "required_decision.bpmn", REALWORLD / "required_discount.dmn",
+                            REALWORLD / "required_tier.dmn")
+    found = {p.element_id: p.message for p in errors(bpmn, discount, tier) if p.file == str(tier)}
+    assert set(found) == {"tier_gold_in", "tier_silver_in"}
+    assert found["tier_gold_in"].endswith("a range is FEEL's; write it as Python: '1000 <= ? <= 1000000'")
+    assert found["tier_silver_in"].endswith("a range is FEEL's; write it as Python: '100 <= ? < 1000'")
+    dates = rewritten(tmp_path, tier, [("[100..1000)", '[date("2026-01-01")..date("2026-03-31")]')])
+    [quarter] = [p.message for p in errors(bpmn, discount, dates) if p.element_id == "tier_silver_in"]
+    assert quarter.endswith("""a range is FEEL's; write it as Python: '"2026-01-01" <= ? <= "2026-03-31"'""")
+    assert _feel_range("]1..10[") == "1 < ? < 10"
+    assert _feel_range('(date("2026-01-01")..date("2026-03-31")]') == 'date("2026-01-01") < ? <= date("2026-03-31")'
+    assert _feel_range("[1..2] or 3") is None and _feel_range("[a..") is None
