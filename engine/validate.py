@@ -197,6 +197,9 @@ not make ``report.ok`` false:
 ``boundary_not_attached``             a boundary event whose attachedToRef names no activity of the process, or
                                       one drawn outside its activity's scope: SpiffWorkflow drops it without a
                                       word, and its path never runs
+``call_mapping_renamed``              a call activity's camunda:in / camunda:out (operaton:, activiti:,
+                                      flowable:) whose target names another variable than its source:
+                                      no such mapping runs, the target is never set
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
@@ -2521,6 +2524,46 @@ class _Validator:
                      f"before {eid!r} (each decision in a DMN file of its own)", file=file, line=el.sourceline,
                      element_id=eid, field="calledDecisionId")
 
+    def _check_call_renames(self, el: Any, eid: str, file: str) -> bool:
+        """A call activity's camunda:in / camunda:out (Operaton's, Activiti's, Flowable's) that passes a
+        variable under another name (source="isValid" target="orderValid"): SpiffWorkflow runs no such
+        mapping and every variable crosses under its own name, so the target is never set, and the
+        first condition or script that reads it stops the run (NameError): an error where the files
+        read it, else a warning. True when one was reported (the mapping is said no more generally)."""
+        reported = False
+        for ext in el.iterfind(_bpmn("extensionElements")):
+            for child in ext:
+                name = _foreign_name(child.tag) if isinstance(child.tag, str) else None
+                source, target = (child.get("source") or "").strip(), (child.get("target") or "").strip()
+                if name is None or not name.endswith((":in", ":out")) or not source or not target or source == target:
+                    continue
+                read = self._reads_name(target)
+                reported = True
+                self.related.add(eid)
+                if name.endswith(":out"):
+                    where, fix = "the called process sets", (
+                        f"remove the mapping and read {source!r} where the process reads {target!r}, or add a script "
+                        f"task after {eid!r}: {target} = {source}")
+                else:
+                    where, fix = "the calling process has", (
+                        f"remove the mapping and read {source!r} in the called process where it reads {target!r}, "
+                        f"or add a script task before {eid!r}: {target} = {source}")
+                self.add("call_mapping_renamed", f"call activity {eid!r} has {name} source={source!r} "
+                         f"target={target!r}, another engine's mapping that layerflow (as SpiffWorkflow) does not run: "
+                         f"what {where} crosses under its own name ({source!r}), and nothing sets {target!r}"
+                         f"{', so the run stops where it is read' if read else ''}; {fix}", file=file,
+                         line=child.sourceline, element_id=eid, field=name, severity="error" if read else "warning")
+        return reported
+
+    def _reads_name(self, name: str) -> bool:
+        """A condition or script of the files given reads variable ``name`` (by the word: a guess that
+        errs on the side of reading)."""
+        word = re.compile(rf"(?<![\w.'\"]){re.escape(name)}(?![\w'\"])")
+        tags = {"conditionExpression", "condition", "script", "completionCondition", "loopCardinality"}
+        return any(word.search(el.text or "") for doc in self.docs if doc.root is not None
+                   for el in doc.root.iter() if isinstance(el.tag, str)
+                   and etree.QName(el).localname in tags | {"preScript", "postScript"})
+
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
         found: dict[str, None] = {}
@@ -2534,6 +2577,8 @@ class _Validator:
         if tag == "businessRuleTask":
             # Camunda 7's decisionRef and resultVariable and Camunda 8's calledDecision are run here
             found = {q: None for q in found if q != "zeebe:calledDecision"}
+        if tag == "callActivity" and self._check_call_renames(el, eid, file):
+            found = {q: None for q in found if not q.endswith((":in", ":out"))}  # said above, as an error
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
         for definition in el.iterfind(_bpmn("messageEventDefinition")):
