@@ -43,6 +43,8 @@ not make ``report.ok`` false:
 ``invalid_config_field``              ActivityExtensionConfig rejects a field (file, id, field)
 ``config_merge_invalid``              BPMN extension + config file entry are invalid together
 ``branches_on_non_gateway``           ``branches`` on an element that is not a gateway
+``handler_not_run``                   a ``handler`` or ``llm:`` block for a send or receive task, call activity
+                                      or sub-process: only a task that does the work itself runs one
 ``branch_not_outgoing``               a ``branches`` id that no outgoing flow of the gateway targets
 ``branch_priority_unknown_id``        a ``branchPriority`` id that is no element of the process
 ``branch_priority_not_a_branch`` W    a ``branchPriority`` id that no split's outgoing flow leads to
@@ -503,6 +505,7 @@ class _Validator:
             self._check_config_file(config, main)
         self._check_merges()
         self._check_branches()
+        self._check_handlers_run()
         self._check_injects(config)
         self._check_policy_rules()
         self._check_join_fields()
@@ -1188,6 +1191,20 @@ class _Validator:
             if problem:
                 self.add("handler_not_found", f"handler {ref!r}: {problem}", file=src.file,
                          line=src.line_of("handler"), element_id=src.element_id, field="handler")
+
+    def _check_handlers_run(self) -> None:
+        """A handler or an ``llm:`` block for an element that is run, not worked (a send or receive task
+        sends or waits for its message, a call activity or sub-process runs its steps): layerflow runs
+        none there, and the step it should do never happens, silently."""
+        for src in self.sources:
+            node = self.nodes.get(src.element_id)
+            if node is None or node.tag not in _NOT_WORKED or not (src.config.handler or src.config.llm is not None):
+                continue
+            what, instead = _NOT_WORKED[node.tag]
+            field = "handler" if src.config.handler else "llm"
+            self.add("handler_not_run", f"{node.id!r} is a bpmn:{node.tag}, which {what} and runs no handler or "
+                     f"llm: block, so its {field} never runs; {instead}", file=src.file, line=src.line_of(field),
+                     element_id=src.element_id, field=field)
 
     def _check_branches(self) -> None:
         for src in self.sources:
@@ -2605,12 +2622,15 @@ class _Validator:
                 found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
                                                                    ":loopCharacteristics"))}
         cfg = self.merged.get(eid)
-        if cfg is not None and (cfg.handler or cfg.llm is not None):
+        if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
             found = {q: None for q in found if _FOREIGN_SETTINGS[q.partition(":")[2]] != _RUN_BY_HANDLER}
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        if tag in ("sendTask", "receiveTask"):
+            # no handler runs there (handler_not_run): its work goes in a task of its own
+            todo = [_NOT_WORKED[tag][1] if t == _RUN_BY_HANDLER else t for t in todo]
         script = el.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}script")
         if script is not None and (script.get("expression") or "").strip().startswith("=") and script.get("resultVariable"):
             # Camunda 8's one-line script: a FEEL expression whose value lands in resultVariable
@@ -3248,6 +3268,16 @@ _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://c
                       "http://operaton.org/schema/1.0/bpmn": "operaton",
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
+_WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
+                "bpmn:serviceTask")
+# what runs in place of a handler on elements that are not tasks doing the work themselves
+_NOT_WORKED = {
+    "sendTask": ("sends its message (spiffworkflow:messagePayload, or nothing)", _WORK_BEFORE),
+    "receiveTask": ("waits for its message", _WORK_BEFORE.replace("before it", "after it")),
+    "callActivity": ("runs the process it calls", "give the handler to a task of the called process"),
+    "subProcess": ("runs the steps drawn inside it", "give the handler to a task inside it"),
+    "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
+}
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
 # settings that decide what a step does (what to do instead); forms, assignees, history and the
 # like change nothing here and are not reported

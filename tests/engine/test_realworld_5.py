@@ -262,3 +262,48 @@ def test_a_call_activity_mapping_that_renames_a_variable_is_refused_where_the_na
         assert variables(instance.main) == dict(expected.last_task.data)
         done = {t.task_spec.bpmn_id for t in expected.get_tasks(state=TaskState.COMPLETED)}
         assert end in done and ({"accepted", "rejected"} - {end}).isdisjoint(done)
+
+
+# -- handlers where none runs --------------------------------------------------------------------------
+
+
+def test_a_handler_for_a_send_task_is_refused_since_none_runs_there(tmp_path: Path) -> None:
+    """Operaton's expense-reimbursement example mails the requester from a bpmn:sendTask run by a
+    bean (operaton:delegateExpression). Validate said to run the step with a handler; given one in the
+    config, validate called the process valid with no word, and the run completed without it: a send
+    task sends its message, and no handler runs there. The handler is refused, naming the task and
+    what to draw instead; done so, it runs."""
+    path = REALWORLD / "send_task_delegate.bpmn"
+    found = [p for p in validate_process([path]).problems if p.element_id == "notify"]
+    assert [(p.code, p.severity, p.field) for p in found] == [
+        ("foreign_extension", "warning", None), ("handler_not_run", "error", "handler")]
+    assert found[0].message.endswith("has operaton:delegateExpression, another engine's settings that layerflow "
+                                     "does not run (nor does SpiffWorkflow's own parser): do its work in a "
+                                     "bpmn:serviceTask drawn before it (a handler or an llm: block there), or make "
+                                     "it a bpmn:serviceTask")
+    assert (found[1].file, found[1].line) == (str(REALWORLD / "send_task_delegate.layerflow.yaml"), 4)
+    assert found[1].message == (
+        "'notify' is a bpmn:sendTask, which sends its message (spiffworkflow:messagePayload, or nothing) and runs "
+        "no handler or llm: block, so its handler never runs; do its work in a bpmn:serviceTask drawn before it (a "
+        "handler or an llm: block there), or make it a bpmn:serviceTask")
+    fixed = rewritten(tmp_path, path, [('<bpmn:sendTask id="notify"', '<bpmn:serviceTask id="notify"'),
+                                       ("</bpmn:sendTask>", "</bpmn:serviceTask>")])
+    for name in ("send_task_delegate.layerflow.yaml", "send_task_delegate_handlers.py"):
+        (tmp_path / name).write_text((REALWORLD / name).read_text())
+    assert errors(fixed) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([fixed])))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"paid": True, "notified": True}
+    assert "activity:notify" in instance.main.layer(3)
+
+
+def test_a_handler_for_a_call_activity_or_sub_process_is_refused(tmp_path: Path) -> None:
+    """The same for a call activity and a sub-process: their steps run, never a handler of theirs."""
+    path = tmp_path / "called.bpmn"
+    path.write_text((REALWORLD / "subprocess_data_object.bpmn").read_text())
+    (tmp_path / "called.layerflow.yaml").write_text("drafting:\n  llm:\n    instructions: draft the claim\n")
+    [problem] = [p for p in errors(path) if p.code == "handler_not_run"]
+    assert (problem.element_id, problem.field, problem.line) == ("drafting", "llm", 2)
+    assert problem.message == ("'drafting' is a bpmn:subProcess, which runs the steps drawn inside it and runs no "
+                               "handler or llm: block, so its llm never runs; give the handler to a task inside it")
