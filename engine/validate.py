@@ -709,6 +709,9 @@ class _Validator:
                     if interval:
                         # FEEL's interval ([600..699], Camunda's and Operaton's tables): the same test of ?
                         fix = f"a range is FEEL's; write it as Python: '{_FEEL_TEMPORAL.sub(lambda m: m.group(2), interval)}'"
+                    negation = _feel_negation(text) if not ok else None
+                    if negation:
+                        fix = f"FEEL's not(...) matches any other value; write it as Python: '{negation}'"
                     if values:
                         # FEEL's list of the values to match: Python compares the input to the whole
                         # tuple, so the rule never matches (and the next one silently decides)
@@ -3749,6 +3752,25 @@ def _feel_range(text: str) -> str | None:
     if python_source(low) is None or python_source(high) is None:
         return None
     return f"{low} {'<=' if opening == '[' else '<'} ? {'<=' if closing == ']' else '<'} {high}"
+
+
+def _feel_negation(text: str) -> str | None:
+    """FEEL's ``not("LOW")`` (``not("a", "b")``, ``not([1..5])``) as the Python test of ``?`` it
+    means (``? != "LOW"``, ``? not in ("a", "b")``, ``? < 1 or ? > 5``); None for anything else."""
+    found = re.fullmatch(r"not\s*\((.*)\)", text.strip(), re.S)
+    inner = found.group(1).strip() if found else ""
+    if not inner:
+        return None
+    interval = _FEEL_RANGE.fullmatch(inner) if _feel_range(inner) else None
+    if interval:  # outside the interval: below its start or above its end, as its brackets say
+        opening, low, high, closing = interval.groups()
+        return f"? {'<' if opening == '[' else '<='} {low} or ? {'>' if closing == ']' else '>='} {high}"
+    values = _feel_value_list(inner)
+    if values:
+        return f"? not in ({', '.join(values)})"
+    if "?" not in inner and python_source(inner) is not None and not re.match(r"[<>=!]", inner):
+        return f"? != {inner}"
+    return None
 
 
 def _feel_value_list(text: str) -> list[str] | None:

@@ -15,7 +15,7 @@ from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, FormAnswerInvalid, load_process
-from engine.validate import _feel_range, validate_process
+from engine.validate import _feel_negation, _feel_range, validate_process
 
 from engine_helpers import variables
 
@@ -307,3 +307,30 @@ def test_a_handler_for_a_call_activity_or_sub_process_is_refused(tmp_path: Path)
     assert (problem.element_id, problem.field, problem.line) == ("drafting", "llm", 2)
     assert problem.message == ("'drafting' is a bpmn:subProcess, which runs the steps drawn inside it and runs no "
                                "handler or llm: block, so its llm never runs; give the handler to a task inside it")
+
+
+def test_a_feel_negation_in_a_decision_table_gets_the_python_test_to_write(tmp_path: Path) -> None:
+    """Operaton's account-risk table writes ``not("LOW")``; validate refused it with the general
+    advice ('a value, a comparison to finish, or a test of ?'). It now gives the test it means, for a
+    value, a list of values and a range; done so, the table decides as in plain SpiffWorkflow."""
+    bpmn, table = REALWORLD / "negated_entry.bpmn", REALWORLD / "negated_entry.dmn"
+    found = {p.element_id: p.message for p in errors(bpmn, table)}
+    advice = "FEEL's not(...) matches any other value; write it as Python: "
+    assert {k: v.split("(Python, not FEEL); ", 1)[1] for k, v in found.items()} == {
+        "risky_risk": advice + """'? != "LOW"'""", "abroad_country": advice + """'? not in ("DE", "AT")'""",
+        "odd_score_in": advice + "'? < 60 or ? > 100'"}
+    fixed = rewritten(tmp_path, table, [('not("LOW")', '? != "LOW"'), ('not("DE","AT")', '? not in ("DE", "AT")'),
+                                        ("not([60..100])", "? &lt; 60 or ? &gt; 100")])
+    assert errors(bpmn, fixed) == []
+    cases = [({"backgroundRisk": "HIGH", "country": "DE", "score": 80}, "risk"),
+             ({"backgroundRisk": "LOW", "country": "FR", "score": 80}, "abroad"),
+             ({"backgroundRisk": "LOW", "country": "AT", "score": 20}, "score"),
+             ({"backgroundRisk": "LOW", "country": "DE", "score": 70}, "none")]
+    for data, review in cases:
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([bpmn, fixed]), data))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main)["review"] == review
+        assert plain_camunda(bpmn, [fixed], "negated_entry", data)["review"] == review
+    assert _feel_negation("not((1..5])") == "? <= 1 or ? > 5"
+    assert _feel_negation("not(< 5)") is None and _feel_negation("notable") is None
