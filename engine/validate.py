@@ -3660,6 +3660,16 @@ def _python_instead(source: str, dialect: str) -> str:
     left += [f"{name} is a JavaScript engine's (bpmn-engine's) runtime, which is not here: compute the value in a "
              "handler (handler: file.py:function in a task's config) and read it by its name"
              for name in _javascript_api(tree)]
+    if dialect == "JUEL":
+        # ${orderBusinessLogic.getOrder(orderId).approved}: a Java bean of the Camunda application
+        # (a Spring or CDI bean) and its camelCase method; context values are JSON, and have none
+        beans = sorted({f"{n.func.value.id}.{n.func.attr}()" for n in ast.walk(tree)
+                        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id not in ("execution", "task")
+                        and re.fullmatch(r"[a-z]+[A-Z]\w*", n.func.attr)})
+        left += [f"{name} calls a Java bean of the Camunda application, which is not here: compute the value in a "
+                 "handler (handler: file.py:function in the config of a task before it) and read it by its name"
+                 for name in beans]
     counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
     left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
              "collection (loopDataOutputRef) instead, len(...)" for name in counters]

@@ -15,7 +15,7 @@ from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, FormAnswerInvalid, load_process
-from engine.validate import _feel_negation, _feel_range, validate_process
+from engine.validate import _feel_negation, _feel_range, _python_instead, validate_process
 
 from engine_helpers import variables
 
@@ -334,3 +334,21 @@ def test_a_feel_negation_in_a_decision_table_gets_the_python_test_to_write(tmp_p
         assert plain_camunda(bpmn, [fixed], "negated_entry", data)["review"] == review
     assert _feel_negation("not((1..5])") == "? <= 1 or ? > 5"
     assert _feel_negation("not(< 5)") is None and _feel_negation("notable") is None
+
+
+# -- JUEL ---------------------------------------------------------------------------------------------
+
+
+def test_a_juel_condition_calling_a_java_bean_says_the_bean_is_not_here() -> None:
+    """Camunda's pizza-order example decides by ``${orderBusinessLogic.getOrder(orderId).approved}``;
+    validate said only to write ``orderBusinessLogic.getOrder(orderId).approved``, which stops with
+    a NameError too. It now says the call is a bean of the Camunda application, and where to compute
+    the value (as round 4 does for a JavaScript engine's services)."""
+    [problem] = errors(REALWORLD / "juel_bean_call.bpmn")
+    assert (problem.element_id, problem.field) == ("review_flow", "conditionExpression")
+    assert problem.message.endswith(
+        "write 'riskService.isHighRisk(applicant).flagged' (riskService.isHighRisk() calls a Java bean of the "
+        "Camunda application, which is not here: compute the value in a handler (handler: file.py:function in the "
+        "config of a task before it) and read it by its name)")
+    # a Python method of a value (lower case, as str's) is no bean
+    assert "Java bean" not in _python_instead("${name.upper() == 'X'}", "JUEL")
