@@ -744,14 +744,14 @@ class _Validator:
         """An input's inputExpression is a Python expression over the context in SpiffWorkflow's DMN
         engine; Camunda's tables call FEEL's functions there (``upper case(country)``), which is no
         Python: the run stopped with 'invalid syntax (<unknown>, line 1)', naming no input."""
-        for clause in table:
-            if not isinstance(clause.tag, str) or etree.QName(clause).localname != "input":
-                continue
+        inputs = [c for c in table if isinstance(c.tag, str) and etree.QName(c).localname == "input"]
+        for column, clause in enumerate(inputs):
             ns = etree.QName(clause).namespace
             expression = clause.find(f"{{{ns}}}inputExpression")
             text_el = expression.find(f"{{{ns}}}text") if expression is not None else None
             text = (text_el.text or "").strip() if text_el is not None else ""
             if not text:
+                self._check_empty_input(table, clause, column, decision, file)
                 continue
             parsed = python_source(text) is not None
             if parsed and not _FEEL_TEMPORAL.search(text):
@@ -767,6 +767,31 @@ class _Validator:
                      f"{fix}", file=file, line=text_el.sourceline if text_el is not None else clause.sourceline,
                      element_id=expression.get("id") or clause.get("id") if expression is not None else
                      clause.get("id"), field="inputExpression")
+
+    def _check_empty_input(self, table: Any, clause: Any, column: int, decision: str, file: str) -> None:
+        """An input with an empty inputExpression (Camunda's DMN editor leaves one so until it is
+        written) that a rule tests: SpiffWorkflow then reads the variable named by the input's label,
+        and the run stopped with "WorkflowTaskException: 'Country'". An error where the label can be
+        no variable ("Customer Age"), a warning where the context may hold it."""
+        tested = [rule.get("id") for rule in table if isinstance(rule.tag, str)
+                  and etree.QName(rule).localname == "rule"
+                  for n, entry in enumerate(e for e in rule if isinstance(e.tag, str)
+                                            and etree.QName(e).localname == "inputEntry")
+                  if n == column and (entry.findtext(f"{{{etree.QName(entry).namespace}}}text") or "").strip()
+                  not in ("", "-")]
+        if not tested:
+            return  # no rule tests it: SpiffWorkflow never reads it
+        label = clause.get("label") or ""
+        name = re.sub(r"\W+", "_", label.strip().lower()).strip("_") or "value"
+        reads = (f"reads the variable named by its label, {label!r}, and the run stops unless the context holds "
+                 "that key" if label.isidentifier() else
+                 f"reads the variable named by its label, {label!r}, which no variable can be named, and the run "
+                 "stops there")
+        self.add("dmn_unsupported", f"decision {decision!r}, input {label or clause.get('id')!r} "
+                 f"({clause.get('id')!r}): its inputExpression is empty, and rule {tested[0]!r} tests it; SpiffWorkflow "
+                 f"then {reads}: write the context key the input reads as its inputExpression (<text>{name}</text>)",
+                 file=file, line=clause.sourceline, element_id=clause.get("id"), field="inputExpression",
+                 severity="warning" if label.isidentifier() else "error")
 
     def _index(self, doc: _Doc) -> None:
         seen: dict[str, int | None] = {}

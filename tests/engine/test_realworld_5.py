@@ -352,3 +352,35 @@ def test_a_juel_condition_calling_a_java_bean_says_the_bean_is_not_here() -> Non
         "config of a task before it) and read it by its name)")
     # a Python method of a value (lower case, as str's) is no bean
     assert "Java bean" not in _python_instead("${name.upper() == 'X'}", "JUEL")
+
+
+def test_a_decision_input_with_no_expression_that_a_rule_tests_is_named(tmp_path: Path) -> None:
+    """holunda-io/camunda-decision's legal_age table leaves two inputs' inputExpression empty, as
+    Camunda's DMN editor does until one is written. SpiffWorkflow then reads the variable named by the
+    input's label: validate passed, and the run stopped with "WorkflowTaskException: 'Country'.
+    Business Rule Task 'None'." Such an input is named with the key to write: an error when its
+    label can be no variable ('Customer Age'), a warning when the context may hold it ('Country'),
+    nothing when no rule tests it ('Note')."""
+    bpmn, table = REALWORLD / "empty_input_expression.bpmn", REALWORLD / "empty_input_expression.dmn"
+    with pytest.raises(Exception, match="'Country'"):
+        plain_camunda(bpmn, [table], "empty_input_expression", {"country": "USA", "age": 30})
+    found = [p for p in validate_process([bpmn, table]).problems if p.field == "inputExpression"]
+    assert [(p.element_id, p.severity, p.line) for p in found] == [("in_country", "warning", 8), ("in_age", "error", 9)]
+    assert found[0].message.endswith(
+        "its inputExpression is empty, and rule 'usa' tests it; SpiffWorkflow then reads the variable named by its "
+        "label, 'Country', and the run stops unless the context holds that key: write the context key the input "
+        "reads as its inputExpression (<text>country</text>)")
+    assert found[1].message == (
+        "decision 'adult', input 'Customer Age' ('in_age'): its inputExpression is empty, and rule 'usa' tests it; "
+        "SpiffWorkflow then reads the variable named by its label, 'Customer Age', which no variable can be named, "
+        "and the run stops there: write the context key the input reads as its inputExpression "
+        "(<text>customer_age</text>)")
+    fixed = rewritten(tmp_path, table, [('typeRef="string"><text></text>', 'typeRef="string"><text>country</text>'),
+                                        ('typeRef="integer"><text></text>', 'typeRef="integer"><text>age</text>')])
+    assert [p for p in validate_process([bpmn, fixed]).problems if p.field == "inputExpression"] == []
+    for data, adult in (({"country": "USA", "age": 25}, True), ({"country": "DE", "age": 16}, False)):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([bpmn, fixed]), data))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main)["adult"] is adult
+        assert plain_camunda(bpmn, [fixed], "empty_input_expression", data)["adult"] is adult
