@@ -384,3 +384,35 @@ def test_a_decision_input_with_no_expression_that_a_rule_tests_is_named(tmp_path
         assert instance.status == "completed", instance.error
         assert variables(instance.main)["adult"] is adult
         assert plain_camunda(bpmn, [fixed], "empty_input_expression", data)["adult"] is adult
+
+
+# -- Camunda 7's form-js forms --------------------------------------------------------------------------
+
+
+def test_a_camunda_7_form_js_form_beside_the_bpmn_checks_the_answers(tmp_path: Path) -> None:
+    """Camunda's task-camunda-forms example names its forms camunda:formKey="camunda-forms:app:
+    task-form.form": a form-js form deployed with the BPMN. layerflow showed the key and checked
+    nothing; it now reads the file beside the BPMN as it reads Camunda 8's linked forms, and a
+    missing file is a warning naming the key and the path."""
+    path = REALWORLD / "camunda7_form_js.bpmn"
+    assert errors(path) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path])))
+    [item] = instance.waiting_for
+    assert item["form"]["source"] == "approve-invoice.form"
+    assert [(f["id"], f["type"], f["required"]) for f in item["form"]["fields"]] == [
+        ("approved", "boolean", True), ("reason", "enum", False), ("amount", "double", False)]
+    with pytest.raises(FormAnswerInvalid) as refused:
+        engine.complete_user_task(instance, item["id"], {"approved": True, "reason": "cheap"})
+    assert refused.value.problems == [("reason", '"cheap" is not one of price, goods')]
+    instance = engine.complete_user_task(instance, item["id"], {"approved": True, "reason": "goods"})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"approved": True, "reason": "goods"}
+    alone = tmp_path / "camunda7_form_js.bpmn"
+    alone.write_text(path.read_text())
+    [warning] = [p for p in validate_process([alone]).problems if p.element_id == "approve_invoice"]
+    assert warning.severity == "warning"
+    assert warning.message.endswith(
+        f"camunda:formKey 'camunda-forms:app:approve-invoice.form': {tmp_path / 'approve-invoice.form'} is no such "
+        "file, so answers to this task are not checked against a form; Camunda deploys the form with the BPMN: put "
+        "its approve-invoice.form beside the BPMN")
