@@ -24,8 +24,9 @@ from typing import Any
 
 from lxml import etree
 
-__all__ = ["CAMUNDA_NS", "DMN_NAMESPACES", "RESULT_MAPPINGS", "ZEEBE_NS", "DecisionResultError", "DmnFile",
-           "decision_ref", "decision_result", "is_dmn", "read_dmn", "result_variable", "with_dmn_beside"]
+__all__ = ["CAMUNDA_7_NAMESPACES", "CAMUNDA_NS", "OPERATON_NS", "DMN_NAMESPACES", "RESULT_MAPPINGS", "ZEEBE_NS", "DecisionResultError", "DmnFile",
+           "decision_outputs", "decision_ref", "decision_result", "is_dmn", "read_dmn", "required_decisions",
+           "result_variable", "with_dmn_beside"]
 
 #: The DMN versions SpiffWorkflow 3.2 reads (1.1, 1.2, 1.3).
 DMN_NAMESPACES = frozenset({
@@ -36,6 +37,9 @@ DMN_NAMESPACES = frozenset({
 _BPMN = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 _SPIFF = "http://spiffworkflow.org/bpmn/schema/1.0/core"
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
+# Operaton (Camunda 7's open-source fork) writes the same attributes in a namespace of its own
+OPERATON_NS = "http://operaton.org/schema/1.0/bpmn"
+CAMUNDA_7_NAMESPACES = (CAMUNDA_NS, OPERATON_NS)
 ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
 
 #: ``camunda:mapDecisionResult`` values (Camunda 7; ``resultList`` is its default) and what each
@@ -88,6 +92,31 @@ class DmnFile:
         return self.decisions[0][0] if self.decisions else None
 
 
+def _decision_element(root: Any, decision: str) -> Any:
+    return next((el for el in root if isinstance(el.tag, str) and etree.QName(el).localname == "decision"
+                 and el.get("id") == decision), None)
+
+
+def required_decisions(root: Any, decision: str) -> list[str]:
+    """The decisions that ``decision`` of DMN ``root`` requires (its ``informationRequirement``'s
+    ``requiredDecision href="#id"``: a decision requirements graph), in file order."""
+    el = _decision_element(root, decision)
+    if el is None:
+        return []
+    return [(req.get("href") or "").lstrip("#") for req in el.iter()
+            if isinstance(req.tag, str) and etree.QName(req).localname == "requiredDecision"
+            and (req.get("href") or "").lstrip("#")]
+
+
+def decision_outputs(root: Any, decision: str) -> list[str]:
+    """The output names of ``decision``'s decision table (what it gives the decisions that require it)."""
+    el = _decision_element(root, decision)
+    if el is None:
+        return []
+    return [str(out.get("name")) for out in el.iter()
+            if isinstance(out.tag, str) and etree.QName(out).localname == "output" and out.get("name")]
+
+
 def read_dmn(path: Path) -> DmnFile:
     """Parse a DMN file (raises OSError, etree.XMLSyntaxError)."""
     root = etree.fromstring(path.read_bytes(), _parser())
@@ -95,6 +124,11 @@ def read_dmn(path: Path) -> DmnFile:
     decisions = tuple((str(el.get("id")), el.sourceline) for el in root
                       if isinstance(el.tag, str) and etree.QName(el).localname == "decision" and el.get("id"))
     return DmnFile(path, namespace, decisions, root)
+
+
+def _camunda_7(task: Any, name: str) -> str | None:
+    """The attribute ``camunda:NAME`` of element ``task``, or Operaton's ``operaton:NAME``."""
+    return next((value for ns in CAMUNDA_7_NAMESPACES if (value := task.get(f"{{{ns}}}{name}"))), None)
 
 
 def _zeebe_called_decision(task: Any) -> Any:
@@ -106,7 +140,7 @@ def decision_ref(task: Any) -> str | None:
     else ``camunda:decisionRef``, else ``zeebe:calledDecision decisionId``; None when it names none.
     (The engine's parser reads it so too.)"""
     zeebe = _zeebe_called_decision(task)
-    ref = task.get(f"{{{CAMUNDA_NS}}}decisionRef") or (zeebe.get("decisionId") if zeebe is not None else None)
+    ref = _camunda_7(task, "decisionRef") or (zeebe.get("decisionId") if zeebe is not None else None)
     for called in task.iter(f"{{{_SPIFF}}}calledDecisionId"):
         ref = called.text
         break
@@ -118,9 +152,9 @@ def result_variable(task: Any) -> tuple[str, str] | None:
     in one variable: ``camunda:resultVariable`` with its ``camunda:mapDecisionResult`` (default
     ``resultList``, as in Camunda 7; the value as written, checked by ``validate``), or
     ``zeebe:calledDecision resultVariable`` (mapping ``"decision"``, Camunda 8's)."""
-    name = (task.get(f"{{{CAMUNDA_NS}}}resultVariable") or "").strip()
+    name = (_camunda_7(task, "resultVariable") or "").strip()
     if name:
-        return name, (task.get(f"{{{CAMUNDA_NS}}}mapDecisionResult") or "resultList").strip()
+        return name, (_camunda_7(task, "mapDecisionResult") or "resultList").strip()
     zeebe = _zeebe_called_decision(task)
     name = (zeebe.get("resultVariable") or "").strip() if zeebe is not None else ""
     return (name, DECISION_OUTPUT) if name else None

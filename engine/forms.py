@@ -49,17 +49,20 @@ __all__ = ["CAMUNDA_NS", "ZEEBE_NS", "SPIFF_NS", "CAMUNDA_TYPES", "check_answer"
            "parse_form", "public_form", "with_options"]
 
 CAMUNDA_NS = "http://camunda.org/schema/1.0/bpmn"
+OPERATON_NS = "http://operaton.org/schema/1.0/bpmn"  # Operaton, Camunda 7's fork: the same forms
 ZEEBE_NS = "http://camunda.org/schema/zeebe/1.0"
 SPIFF_NS = "http://spiffworkflow.org/bpmn/schema/1.0/core"
 BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CAMUNDA_TYPES = ("string", "long", "boolean", "date", "enum")
 PROPERTY_TYPES = ("string", "long", "double", "boolean", "date", "enum")
 # the engines whose modelers write <PREFIX:formProperty> and a PREFIX:formKey attribute
-PROPERTY_NAMESPACES = {"camunda": CAMUNDA_NS, "activiti": "http://activiti.org/bpmn",
+PROPERTY_NAMESPACES = {"camunda": CAMUNDA_NS, "operaton": OPERATON_NS, "activiti": "http://activiti.org/bpmn",
                        "flowable": "http://flowable.org/bpmn"}
 # where a <camunda:formData> is found: Camunda Modeler before 3.0 bound the camunda: prefix to
 # Activiti's namespace (as the BPMN MIWG files and Camunda 7's older examples still do)
-FORM_DATA_NAMESPACES = (CAMUNDA_NS, "http://activiti.org/bpmn")
+FORM_DATA_NAMESPACES = (CAMUNDA_NS, OPERATON_NS, "http://activiti.org/bpmn")
+# Camunda 7's form-js forms (Camunda Forms), deployed beside the BPMN: camunda:formKey="camunda-forms:app:x.form"
+_FORMJS_KEYS = ("camunda-forms:app:", "camunda-forms:deployment:")
 _DYNAMIC = "options_from_task_data_var:"  # SpiffArena's options filled from task data at render time
 _OPTION_KEYWORDS = ("enum", "oneOf", "anyOf")
 
@@ -207,7 +210,8 @@ def _camunda_form(form_data: Any, ns: str = CAMUNDA_NS) -> tuple[dict[str, Any],
                 else:
                     field[name] = bound
         fields.append(field)
-    return {"source": "camunda:formData", "fields": fields}, problems, warnings
+    source = "operaton:formData" if ns == OPERATON_NS else "camunda:formData"
+    return {"source": source, "fields": fields}, problems, warnings
 
 
 # Java date patterns (SimpleDateFormat) as strptime formats: the letters form properties use
@@ -575,7 +579,7 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problem
     """A user task's form, the problems of its declaration, and warnings."""
     ext = _extension_elements(node)
     if ext is None:
-        return _form_key(node), [], []
+        return _form_key(node, base)
     for ns in FORM_DATA_NAMESPACES:
         form_data = ext.find(_q(ns, "formData"))
         if form_data is not None:
@@ -597,16 +601,36 @@ def _read(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problem
             key = el.get("formKey") or el.get("formId") or el.get("externalReference")
             if key:
                 return {"source": "zeebe:formDefinition", "form_key": key, "fields": []}, [], []
-    return _form_key(node), [], []
+    return _form_key(node, base)
 
 
-def _form_key(node: Any) -> dict[str, Any] | None:
-    """A ``formKey`` attribute (Camunda 7, Activiti, Flowable): a form of the modeler's tool."""
+def _form_key(node: Any, base: Path | None) -> tuple[dict[str, Any] | None, _Problems, _Problems]:
+    """A ``formKey`` attribute (Camunda 7, Activiti, Flowable): a form of the modeler's tool. Camunda 7's
+    ``camunda-forms:app:FILE.form`` (or ``camunda-forms:deployment:``) is a form-js form deployed with the
+    BPMN: the file beside it is read as Camunda 8's linked forms are."""
     for prefix, ns in PROPERTY_NAMESPACES.items():
         key = (node.get(_q(ns, "formKey")) or "").strip()
-        if key:
-            return {"source": f"{prefix}:formKey", "form_key": key, "fields": []}
-    return None
+        if not key:
+            continue
+        keyed: dict[str, Any] = {"source": f"{prefix}:formKey", "form_key": key, "fields": []}
+        name = next((key[len(p):] for p in _FORMJS_KEYS if key.startswith(p)), None)
+        if name is None or base is None:
+            return keyed, [], []
+        path = base / name
+        if not path.is_file() and (base / Path(name).name).is_file():
+            path = base / Path(name).name  # the project's resource folder, flattened beside the BPMN
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            why = "no such file" if isinstance(err, FileNotFoundError) else f"not valid JSON ({err})"
+            return keyed, [], [(None, f"{prefix}:formKey {key!r}: {path} is {why}, so answers to this task are "
+                                      "not checked against a form; Camunda deploys the form with the BPMN: put "
+                                      f"its {Path(name).name} beside the BPMN")]
+        if not isinstance(doc, dict):
+            return keyed, [], [(None, f"{prefix}:formKey {key!r}: {path.name} holds a JSON {_json_type(doc)}, not a "
+                                      "form-js form, so answers to this task are not checked against a form")]
+        return _formjs_form(doc, path.name, f"form file {path}")
+    return None, [], []
 
 
 def parse_form(node: Any, bpmn_file: str | None) -> dict[str, Any] | None:

@@ -120,6 +120,7 @@ from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinitio
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.task import TaskState
 
+from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
 from . import deep_trees, dmn, inclusive_join, links
@@ -537,6 +538,8 @@ class _LayerflowSpecMixin:
             driver = driver_of(my_task)
             if driver is not None:
                 driver.terminate(my_task)  # before SpiffWorkflow cancels the other branches
+        if self.lf_role != "activity":
+            _data_objects_from_context(self, my_task)
         super()._on_complete_hook(my_task)  # type: ignore[misc]
         if self.lf_role == "activity" and driver_of(my_task):
             # the data objects and data outputs were set from the context (Runtime.run_activity):
@@ -658,6 +661,27 @@ def names_in(expressions: Iterable[str]) -> set[str]:
             continue
         names.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
     return names
+
+
+def _data_objects_from_context(spec: Any, my_task: Any) -> None:
+    """A sub-process, call activity or event that writes a data object (its dataOutputAssociation):
+    SpiffWorkflow takes the value from the task's data as it completes; under layerflow the value
+    is in the context (the sub-process's steps wrote it there), so it is put in task.data for
+    SpiffWorkflow, which moves it into the data object. (An activity's are put there as it ends,
+    ``Runtime.run_activity``.) A value nothing set is an error naming the element and the object."""
+    names = [ref.bpmn_id for ref in getattr(spec, "data_output_associations", None) or []]
+    driver = driver_of(my_task) if names else None
+    if driver is None:
+        return
+    wanted = [name for name in names if name not in my_task.data]
+    found = driver.lookup(my_task, wanted)
+    missing = [name for name in wanted if name not in found]
+    if missing:
+        kind = "sub-process" if isinstance(spec, SubWorkflowTask) else "element"
+        raise ActivityError(f"{kind} {spec.bpmn_id!r} writes the data object(s) {', '.join(map(repr, missing))} "
+                            "(its dataOutputAssociation), and nothing in it set them; set them in a step "
+                            "before it ends, or remove the association", task_id=spec.bpmn_id)
+    my_task.data.update(found)
 
 
 def _twin(cls: type, role: str) -> type:

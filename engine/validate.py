@@ -43,6 +43,8 @@ not make ``report.ok`` false:
 ``invalid_config_field``              ActivityExtensionConfig rejects a field (file, id, field)
 ``config_merge_invalid``              BPMN extension + config file entry are invalid together
 ``branches_on_non_gateway``           ``branches`` on an element that is not a gateway
+``handler_not_run``                   a ``handler`` or ``llm:`` block for a send or receive task, call activity
+                                      or sub-process: only a task that does the work itself runs one
 ``branch_not_outgoing``               a ``branches`` id that no outgoing flow of the gateway targets
 ``branch_priority_unknown_id``        a ``branchPriority`` id that is no element of the process
 ``branch_priority_not_a_branch`` W    a ``branchPriority`` id that no split's outgoing flow leads to
@@ -197,6 +199,9 @@ not make ``report.ok`` false:
 ``boundary_not_attached``             a boundary event whose attachedToRef names no activity of the process, or
                                       one drawn outside its activity's scope: SpiffWorkflow drops it without a
                                       word, and its path never runs
+``call_mapping_renamed``              a call activity's camunda:in / camunda:out (operaton:, activiti:,
+                                      flowable:) whose target names another variable than its source:
+                                      no such mapping runs, the target is never set
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
@@ -500,6 +505,7 @@ class _Validator:
             self._check_config_file(config, main)
         self._check_merges()
         self._check_branches()
+        self._check_handlers_run()
         self._check_injects(config)
         self._check_policy_rules()
         self._check_join_fields()
@@ -699,6 +705,13 @@ class _Validator:
                     fix = ("write it as Python: a value (\"glass\"), a comparison to finish (< 50000, != \"glass\"), "
                            "or a test of ? (0 <= ? < 50000); '-' or empty matches anything")
                     values = _feel_value_list(text) if ok and "?" not in text else None
+                    interval = _feel_range(text) if not ok else None
+                    if interval:
+                        # FEEL's interval ([600..699], Camunda's and Operaton's tables): the same test of ?
+                        fix = f"a range is FEEL's; write it as Python: '{_FEEL_TEMPORAL.sub(lambda m: m.group(2), interval)}'"
+                    negation = _feel_negation(text) if not ok else None
+                    if negation:
+                        fix = f"FEEL's not(...) matches any other value; write it as Python: '{negation}'"
                     if values:
                         # FEEL's list of the values to match: Python compares the input to the whole
                         # tuple, so the rule never matches (and the next one silently decides)
@@ -731,14 +744,14 @@ class _Validator:
         """An input's inputExpression is a Python expression over the context in SpiffWorkflow's DMN
         engine; Camunda's tables call FEEL's functions there (``upper case(country)``), which is no
         Python: the run stopped with 'invalid syntax (<unknown>, line 1)', naming no input."""
-        for clause in table:
-            if not isinstance(clause.tag, str) or etree.QName(clause).localname != "input":
-                continue
+        inputs = [c for c in table if isinstance(c.tag, str) and etree.QName(c).localname == "input"]
+        for column, clause in enumerate(inputs):
             ns = etree.QName(clause).namespace
             expression = clause.find(f"{{{ns}}}inputExpression")
             text_el = expression.find(f"{{{ns}}}text") if expression is not None else None
             text = (text_el.text or "").strip() if text_el is not None else ""
             if not text:
+                self._check_empty_input(table, clause, column, decision, file)
                 continue
             parsed = python_source(text) is not None
             if parsed and not _FEEL_TEMPORAL.search(text):
@@ -754,6 +767,31 @@ class _Validator:
                      f"{fix}", file=file, line=text_el.sourceline if text_el is not None else clause.sourceline,
                      element_id=expression.get("id") or clause.get("id") if expression is not None else
                      clause.get("id"), field="inputExpression")
+
+    def _check_empty_input(self, table: Any, clause: Any, column: int, decision: str, file: str) -> None:
+        """An input with an empty inputExpression (Camunda's DMN editor leaves one so until it is
+        written) that a rule tests: SpiffWorkflow then reads the variable named by the input's label,
+        and the run stopped with "WorkflowTaskException: 'Country'". An error where the label can be
+        no variable ("Customer Age"), a warning where the context may hold it."""
+        tested = [rule.get("id") for rule in table if isinstance(rule.tag, str)
+                  and etree.QName(rule).localname == "rule"
+                  for n, entry in enumerate(e for e in rule if isinstance(e.tag, str)
+                                            and etree.QName(e).localname == "inputEntry")
+                  if n == column and (entry.findtext(f"{{{etree.QName(entry).namespace}}}text") or "").strip()
+                  not in ("", "-")]
+        if not tested:
+            return  # no rule tests it: SpiffWorkflow never reads it
+        label = clause.get("label") or ""
+        name = re.sub(r"\W+", "_", label.strip().lower()).strip("_") or "value"
+        reads = (f"reads the variable named by its label, {label!r}, and the run stops unless the context holds "
+                 "that key" if label.isidentifier() else
+                 f"reads the variable named by its label, {label!r}, which no variable can be named, and the run "
+                 "stops there")
+        self.add("dmn_unsupported", f"decision {decision!r}, input {label or clause.get('id')!r} "
+                 f"({clause.get('id')!r}): its inputExpression is empty, and rule {tested[0]!r} tests it; SpiffWorkflow "
+                 f"then {reads}: write the context key the input reads as its inputExpression (<text>{name}</text>)",
+                 file=file, line=clause.sourceline, element_id=clause.get("id"), field="inputExpression",
+                 severity="warning" if label.isidentifier() else "error")
 
     def _index(self, doc: _Doc) -> None:
         seen: dict[str, int | None] = {}
@@ -1184,6 +1222,20 @@ class _Validator:
             if problem:
                 self.add("handler_not_found", f"handler {ref!r}: {problem}", file=src.file,
                          line=src.line_of("handler"), element_id=src.element_id, field="handler")
+
+    def _check_handlers_run(self) -> None:
+        """A handler or an ``llm:`` block for an element that is run, not worked (a send or receive task
+        sends or waits for its message, a call activity or sub-process runs its steps): layerflow runs
+        none there, and the step it should do never happens, silently."""
+        for src in self.sources:
+            node = self.nodes.get(src.element_id)
+            if node is None or node.tag not in _NOT_WORKED or not (src.config.handler or src.config.llm is not None):
+                continue
+            what, instead = _NOT_WORKED[node.tag]
+            field = "handler" if src.config.handler else "llm"
+            self.add("handler_not_run", f"{node.id!r} is a bpmn:{node.tag}, which {what} and runs no handler or "
+                     f"llm: block, so its {field} never runs; {instead}", file=src.file, line=src.line_of(field),
+                     element_id=src.element_id, field=field)
 
     def _check_branches(self) -> None:
         for src in self.sources:
@@ -2483,6 +2535,7 @@ class _Validator:
             return
         defined = {f.decision: f for f in self.dmn_files}
         if ref in defined:
+            self._check_required_decisions(el, eid, ref, defined[ref], file)
             return
         self.related.add(eid)
         elsewhere = next((f for f in self.dmn_files if ref in {d for d, _ in f.decisions}), None)
@@ -2497,6 +2550,68 @@ class _Validator:
         self.add("business_rule_without_dmn", f"business rule task {eid!r} runs DMN decision {ref!r}, but {how}",
                  file=file, line=el.sourceline, element_id=eid, field="calledDecisionId")
 
+    def _check_required_decisions(self, el: Any, eid: str, ref: str, found: dmn.DmnFile, file: str) -> None:
+        """A decision that requires others (its informationRequirement: a decision requirements
+        graph, as Camunda and Operaton evaluate it): SpiffWorkflow 3.2 runs the one decision and
+        not the ones it requires, so the inputs they give have no value (NameError at the first
+        rule). Each must be run by a business rule task of its own, before this one."""
+        run = {r for doc in self.docs if doc.root is not None
+               for r in map(dmn.decision_ref, doc.root.iter(_bpmn("businessRuleTask"))) if r}
+        for required in dmn.required_decisions(found.root, ref):
+            if required in run:
+                continue
+            source = next((f for f in self.dmn_files if required in {d for d, _ in f.decisions}), found)
+            outputs = dmn.decision_outputs(source.root, required)
+            names = ", ".join(map(repr, outputs))
+            gives = f", the one that gives {names}" if outputs else ""
+            self.related.add(eid)
+            self.add("dmn_unsupported", f"business rule task {eid!r} runs DMN decision {ref!r}, which requires "
+                     f"decision {required!r} (its informationRequirement){gives}; SpiffWorkflow 3.2 evaluates no "
+                     f"required decision, so {names or 'what it gives'} {'have' if len(outputs) > 1 else 'has'} no "
+                     f"value and the run stops at the first rule: run {required!r} in a business rule task of its own "
+                     f"before {eid!r} (each decision in a DMN file of its own)", file=file, line=el.sourceline,
+                     element_id=eid, field="calledDecisionId")
+
+    def _check_call_renames(self, el: Any, eid: str, file: str) -> bool:
+        """A call activity's camunda:in / camunda:out (Operaton's, Activiti's, Flowable's) that passes a
+        variable under another name (source="isValid" target="orderValid"): SpiffWorkflow runs no such
+        mapping and every variable crosses under its own name, so the target is never set, and the
+        first condition or script that reads it stops the run (NameError): an error where the files
+        read it, else a warning. True when one was reported (the mapping is said no more generally)."""
+        reported = False
+        for ext in el.iterfind(_bpmn("extensionElements")):
+            for child in ext:
+                name = _foreign_name(child.tag) if isinstance(child.tag, str) else None
+                source, target = (child.get("source") or "").strip(), (child.get("target") or "").strip()
+                if name is None or not name.endswith((":in", ":out")) or not source or not target or source == target:
+                    continue
+                read = self._reads_name(target)
+                reported = True
+                self.related.add(eid)
+                if name.endswith(":out"):
+                    where, fix = "the called process sets", (
+                        f"remove the mapping and read {source!r} where the process reads {target!r}, or add a script "
+                        f"task after {eid!r}: {target} = {source}")
+                else:
+                    where, fix = "the calling process has", (
+                        f"remove the mapping and read {source!r} in the called process where it reads {target!r}, "
+                        f"or add a script task before {eid!r}: {target} = {source}")
+                self.add("call_mapping_renamed", f"call activity {eid!r} has {name} source={source!r} "
+                         f"target={target!r}, another engine's mapping that layerflow (as SpiffWorkflow) does not run: "
+                         f"what {where} crosses under its own name ({source!r}), and nothing sets {target!r}"
+                         f"{', so the run stops where it is read' if read else ''}; {fix}", file=file,
+                         line=child.sourceline, element_id=eid, field=name, severity="error" if read else "warning")
+        return reported
+
+    def _reads_name(self, name: str) -> bool:
+        """A condition or script of the files given reads variable ``name`` (by the word: a guess that
+        errs on the side of reading)."""
+        word = re.compile(rf"(?<![\w.'\"]){re.escape(name)}(?![\w'\"])")
+        tags = {"conditionExpression", "condition", "script", "completionCondition", "loopCardinality"}
+        return any(word.search(el.text or "") for doc in self.docs if doc.root is not None
+                   for el in doc.root.iter() if isinstance(el.tag, str)
+                   and etree.QName(el).localname in tags | {"preScript", "postScript"})
+
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
         found: dict[str, None] = {}
@@ -2510,6 +2625,8 @@ class _Validator:
         if tag == "businessRuleTask":
             # Camunda 7's decisionRef and resultVariable and Camunda 8's calledDecision are run here
             found = {q: None for q in found if q != "zeebe:calledDecision"}
+        if tag == "callActivity" and self._check_call_renames(el, eid, file):
+            found = {q: None for q in found if not q.endswith((":in", ":out"))}  # said above, as an error
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
         for definition in el.iterfind(_bpmn("messageEventDefinition")):
@@ -2536,12 +2653,15 @@ class _Validator:
                 found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
                                                                    ":loopCharacteristics"))}
         cfg = self.merged.get(eid)
-        if cfg is not None and (cfg.handler or cfg.llm is not None):
+        if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
             found = {q: None for q in found if _FOREIGN_SETTINGS[q.partition(":")[2]] != _RUN_BY_HANDLER}
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        if tag in ("sendTask", "receiveTask"):
+            # no handler runs there (handler_not_run): its work goes in a task of its own
+            todo = [_NOT_WORKED[tag][1] if t == _RUN_BY_HANDLER else t for t in todo]
         script = el.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}script")
         if script is not None and (script.get("expression") or "").strip().startswith("=") and script.get("resultVariable"):
             # Camunda 8's one-line script: a FEEL expression whose value lands in resultVariable
@@ -3174,10 +3294,21 @@ _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
-# Camunda (7 and 8), Activiti and Flowable: their modelers write execution settings in these
+# Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
+                      "http://operaton.org/schema/1.0/bpmn": "operaton",
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
+_WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
+                "bpmn:serviceTask")
+# what runs in place of a handler on elements that are not tasks doing the work themselves
+_NOT_WORKED = {
+    "sendTask": ("sends its message (spiffworkflow:messagePayload, or nothing)", _WORK_BEFORE),
+    "receiveTask": ("waits for its message", _WORK_BEFORE.replace("before it", "after it")),
+    "callActivity": ("runs the process it calls", "give the handler to a task of the called process"),
+    "subProcess": ("runs the steps drawn inside it", "give the handler to a task inside it"),
+    "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
+}
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
 # settings that decide what a step does (what to do instead); forms, assignees, history and the
 # like change nothing here and are not reported
@@ -3557,6 +3688,16 @@ def _python_instead(source: str, dialect: str) -> str:
     left += [f"{name} is a JavaScript engine's (bpmn-engine's) runtime, which is not here: compute the value in a "
              "handler (handler: file.py:function in a task's config) and read it by its name"
              for name in _javascript_api(tree)]
+    if dialect == "JUEL":
+        # ${orderBusinessLogic.getOrder(orderId).approved}: a Java bean of the Camunda application
+        # (a Spring or CDI bean) and its camelCase method; context values are JSON, and have none
+        beans = sorted({f"{n.func.value.id}.{n.func.attr}()" for n in ast.walk(tree)
+                        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id not in ("execution", "task")
+                        and re.fullmatch(r"[a-z]+[A-Z]\w*", n.func.attr)})
+        left += [f"{name} calls a Java bean of the Camunda application, which is not here: compute the value in a "
+                 "handler (handler: file.py:function in the config of a task before it) and read it by its name"
+                 for name in beans]
     counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
     left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
              "collection (loopDataOutputRef) instead, len(...)" for name in counters]
@@ -3634,6 +3775,40 @@ def _config_message(message: str) -> str:
     if message.startswith("Field required"):
         return f"{message}; add this field"
     return f"{message}; correct this value"
+
+
+_FEEL_RANGE = re.compile(r"([\[\](])\s*(.+?)\s*\.\.\s*(.+?)\s*([\[\])])")
+
+
+def _feel_range(text: str) -> str | None:
+    """FEEL's interval ``[600..699]`` (``(`` or ``]`` opens it exclusive, ``)`` or ``[`` closes it so) as
+    the Python test of ``?`` it means (``600 <= ? <= 699``); None when it is no interval of values."""
+    found = _FEEL_RANGE.fullmatch(text.strip())
+    if found is None:
+        return None
+    opening, low, high, closing = found.groups()
+    if python_source(low) is None or python_source(high) is None:
+        return None
+    return f"{low} {'<=' if opening == '[' else '<'} ? {'<=' if closing == ']' else '<'} {high}"
+
+
+def _feel_negation(text: str) -> str | None:
+    """FEEL's ``not("LOW")`` (``not("a", "b")``, ``not([1..5])``) as the Python test of ``?`` it
+    means (``? != "LOW"``, ``? not in ("a", "b")``, ``? < 1 or ? > 5``); None for anything else."""
+    found = re.fullmatch(r"not\s*\((.*)\)", text.strip(), re.S)
+    inner = found.group(1).strip() if found else ""
+    if not inner:
+        return None
+    interval = _FEEL_RANGE.fullmatch(inner) if _feel_range(inner) else None
+    if interval:  # outside the interval: below its start or above its end, as its brackets say
+        opening, low, high, closing = interval.groups()
+        return f"? {'<' if opening == '[' else '<='} {low} or ? {'>' if closing == ']' else '>='} {high}"
+    values = _feel_value_list(inner)
+    if values:
+        return f"? not in ({', '.join(values)})"
+    if "?" not in inner and python_source(inner) is not None and not re.match(r"[<>=!]", inner):
+        return f"? != {inner}"
+    return None
 
 
 def _feel_value_list(text: str) -> list[str] | None:

@@ -316,7 +316,7 @@ def _ending(name: str, definition: str, extra: str = "") -> Callable[[Path], Pat
 CONFORM: dict[str, tuple[Callable[[Path], Path], dict[str, Any], list[str]]] = {
     # name: (builder, person's answers by task id, validate's warning codes). A data object's value
     # stays in the context (plain SpiffWorkflow moves it out of task data, into the workflow's).
-    "camunda 7 export with forms and full DI": (_camunda7, {"Activity_approve": {"ok": True}}, []),
+    "camunda 7 export with forms and full DI": (_camunda7, {"Activity_approve": {"ok": True}}, ["form_schema_missing"]),
     "camunda 8 (zeebe) export": (_zeebe, {"ship": {"shipped": True}}, []),
     "bpmn2: prefix, no DI": (_prefixed("bpmn2", False), {"check": {}}, []),
     "default namespace (Signavio), with DI": (_prefixed("signavio", True), {"check": {}}, []),
