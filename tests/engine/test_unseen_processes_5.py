@@ -192,7 +192,7 @@ def test_supplier_onboarding_disagreeing_checks_wait_for_procurement(server: str
     assert ok(get(server, f"/api/instances/{iid}"))["tape_length"] == doc["tape_length"]
     done = ok(post(server, f"{GOV}/resolve", {"instance_id": iid, "conflict_key": "supplier_risk", "resolution": "high",
                                                "reason": "finance found unpaid invoices", "user": "procurement-lead"}))
-    assert done["status"] == "completed"
+    assert [(w["kind"], w["task_id"]) for w in done["waiting_for"]] == [("user_task", "welcome_call")]
     merged = done["layers"]["L3"].pop("_mergedConflicts")  # DESIGN: every conflict lands there
     assert [(m["key"], m["resolution"]["value"], m["resolution"]["resolver"]) for m in merged] == [
         ("supplier_risk", "high", "human")]
@@ -204,8 +204,27 @@ def test_supplier_onboarding_disagreeing_checks_wait_for_procurement(server: str
     decisions = [e for e in tape(server, iid) if (e.get("data") or {}).get("note") == "human_decision"]
     assert [(e["actor"], e["data"]["value"]) for e in decisions] == [("procurement-lead", "high")]
     again = refused(post(server, f"{GOV}/resolve", {"instance_id": iid, "conflict_key": "supplier_risk",
-                                                     "resolution": "low", "reason": "r"}), 409)
-    same_on_every_store(request, iid, [doc, bad, done, again])
+                                                     "resolution": "low", "reason": "r"}), 409, "procurement-lead")
+    # the engine's record of the conflict and its activity records are not data an inject may replace
+    # (written to WORKING they were auto-promoted into HISTORY: the resolution vanished from the context)
+    before = ok(get(server, f"/api/instances/{iid}"))
+    forged = [refused(post(server, f"{GOV}/inject", {"instance_id": iid, "values": {key: value}, "user": "mallory"}),
+                      403, repr(key), "bookkeeping")
+              for key, value in [("_mergedConflicts", []), ("_branch_id", "legal_check"),
+                                 ("activity:register", {"kind": "activity", "status": "skipped"}),
+                                 ("compaction:1", {"kind": "compaction", "summary": "nothing happened"})]]
+    assert [(f["requested_layer"], f["effective_layer"]) for f in forged] == [("L4", "L3"), ("L4", "L4"),
+                                                                              ("L4", "L3"), ("L4", "L4")]
+    after = ok(get(server, f"/api/instances/{iid}"))
+    assert after["layers"] == before["layers"]
+    assert [(e["actor"], e["data"]["key"]) for e in tape(server, iid)
+            if (e.get("data") or {}).get("note") == "governance_denied"] == [
+        ("mallory", "_mergedConflicts"), ("mallory", "_branch_id"), ("mallory", "activity:register"),
+        ("mallory", "compaction:1")]
+    finished = ok(post(server, f"/api/instances/{iid}/user-tasks/welcome_call", {"data": {"called": True}}))
+    assert finished["status"] == "completed"
+    assert finished["layers"]["L3"]["_mergedConflicts"] == merged
+    same_on_every_store(request, iid, [doc, bad, done, again, forged, finished])
 
 
 def test_incident_triage_compress_evaluate_and_decompress(server: str, request: pytest.FixtureRequest) -> None:
