@@ -1,4 +1,4 @@
-"""Unseen processes, round 5: eight small processes of tests/engine/unseen5 driven through a real
+"""Unseen processes, round 5: nine small processes of tests/engine/unseen5 driven through a real
 ``layerflow serve`` (port 0, bearer token) exactly as an outside client would, on every store
 backend. Expected outcomes were worked out by hand from DESIGN.md and the README first; each test
 also checks that memory://, sqlite:/// and redis:// give the same answers (ids and times aside).
@@ -421,6 +421,45 @@ def test_travel_booking_refuses_a_stale_version(server: str, request: pytest.Fix
     assert done["status"] == "completed" and done["layers"]["L3"]["booking"] == "BK-360"
     assert done["layers"]["L3"]["seat"] == "aisle"
     same_on_every_store(request, iid, [stale, written, lost, done])
+
+
+def test_hiring_panel_changes_branches_and_the_join_at_runtime(server: str, request: pytest.FixtureRequest) -> None:
+    doc = start(server, "hiring_panel", {"candidate": "K-1"})
+    iid = doc["instance_id"]
+    assert sorted(w["task_id"] for w in doc["waiting_for"]) == ["culture_interview", "tech_interview"]
+    # the main context has open branches: changes go to a branch (named by its first element's id)
+    main = refused(post(server, f"{GOV}/inject", {"instance_id": iid, "values": {"hint": "x"}}), 409,
+                   "culture_interview", "tech_interview")
+    squeeze = refused(post(server, f"{GOV}/compress", {"instance_id": iid, "action": "compress"}), 409, "branch")
+    branch = ok(post(server, f"{GOV}/inject", {"instance_id": iid, "context": "tech_interview",
+                                                "values": {"focus": "system design"}, "user": "hr"}))
+    nobranch = refused(post(server, f"{GOV}/inject", {"instance_id": iid, "context": "ceo_interview",
+                                                       "values": {"focus": "x"}}), 404, "ceo_interview")
+    unknown = refused(post(server, f"{GOV}/config", {"instance_id": iid, "activity_id": "panel_join", "config": {
+        "mergeStrategy": "BRANCH_PRIORITY", "branchPriority": ["ceo_interview"]}}), 422, "ceo_interview",
+        "branchPriority")
+    ok(post(server, f"{GOV}/config", {"instance_id": iid, "activity_id": "panel_join", "user": "hr", "config": {
+        "mergeStrategy": "BRANCH_PRIORITY", "branchPriority": ["tech_interview", "culture_interview"]}}))
+    assert ok(post(server, f"/api/instances/{iid}/user-tasks/tech_interview",
+                   {"data": {"recommendation": "hire"}}))["status"] == "waiting"
+    done = ok(post(server, f"/api/instances/{iid}/user-tasks/culture_interview", {"data": {"recommendation": "no_hire"}}))
+    assert done["status"] == "completed"
+    assert [(c["key"], c["values"], c["resolution"]["value"], c["resolution"]["resolver"]) for c in done["conflicts"]] == [
+        ("recommendation", {"tech_interview": "hire", "culture_interview": "no_hire"}, "hire", "strategy")]
+    history = records(done["layers"]["L3"])
+    history.pop("_mergedConflicts")
+    assert history == {"recommendation": "hire", "salary_band": "B2", "focus": "system design", "offer_made": True}
+    # FAIL_ON_CONFLICT set at runtime: the join stops the instance naming the conflict
+    other = start(server, "hiring_panel", {"candidate": "K-2"})["instance_id"]
+    ok(post(server, f"{GOV}/config", {"instance_id": other, "activity_id": "panel_join",
+                                       "config": {"mergeStrategy": "FAIL_ON_CONFLICT"}}))
+    ok(post(server, f"/api/instances/{other}/user-tasks/tech_interview", {"data": {"recommendation": "hire"}}))
+    failed = ok(post(server, f"/api/instances/{other}/user-tasks/culture_interview",
+                     {"data": {"recommendation": "no_hire"}}))
+    assert failed["status"] == "error" and failed["error"]["kind"] == "merge_conflict"
+    assert failed["error"]["task_id"] == "panel_join" and "'recommendation'" in failed["error"]["message"]
+    same_on_every_store(request, iid, [main, squeeze, branch, nobranch, unknown, done,
+                                       _normal(failed, other)])
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}],
