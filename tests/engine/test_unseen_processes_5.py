@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +43,19 @@ def _redis_ready() -> bool:
         return False
 
 
-@pytest.fixture(scope="module", params=["memory", "sqlite", "redis"])
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp(f"serve-{request.param}")
-    if request.param == "redis" and not _redis_ready():
+def _store_url(kind: str, folder: Path) -> str:
+    if kind == "redis" and not _redis_ready():
         pytest.skip(f"no Redis at {REDIS}")
-    store = {"memory": "memory://", "sqlite": f"sqlite:///{folder / 'u5.db'}", "redis": REDIS}[request.param]
+    return {"memory": "memory://", "sqlite": f"sqlite:///{folder / 'u5.db'}", "redis": REDIS}[kind]
+
+
+@contextmanager
+def serving(store: str, folder: Path) -> Iterator[str]:
+    """``layerflow serve --port 0`` on ``store``; its URL, read from the line it prints."""
     env = {k: v for k, v in os.environ.items() if k not in ("LAYERFLOW_API_TOKEN", "LAYERFLOW_MODEL", "LAYERFLOW_STORE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["LAYERFLOW_API_TOKEN"] = TOKEN
-    log = folder / "serve.err"
+    log = folder / f"serve-{time.monotonic_ns()}.err"
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", "0",
                                  "--catalog", str(CATALOG), "--store", store, "--log-level", "warning"],
@@ -74,6 +78,13 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module", params=["memory", "sqlite", "redis"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp(f"serve-{request.param}")
+    with serving(_store_url(request.param, folder), folder) as url:
+        yield url
 
 
 def post(url: str, path: str, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -500,3 +511,25 @@ def test_unknown_and_malformed_requests_name_the_field(server: str, request: pyt
     assert raw.status_code in (400, 422), raw.text
     assert ok(get(server, f"/api/instances/{iid}"))["tape_length"] == doc["tape_length"]  # nothing was written
     same_on_every_store(request, iid, answers)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_waiting_instance_outlives_its_server(kind: str, tmp_path: Path) -> None:
+    # a store that outlives the process: another server on it answers the user task and sees the tape
+    store = _store_url(kind, tmp_path)
+    with serving(store, tmp_path) as first:
+        doc = start(first, "purchase_request", {"quantity": 2, "unit_price": 40})
+        iid = doc["instance_id"]
+        ok(post(first, f"{GOV}/inject", {"instance_id": iid, "values": {"cost_center": "CC-7"}, "user": "finance"}))
+        before = ok(get(first, f"/api/instances/{iid}"))
+    with serving(store, tmp_path) as second:
+        again = ok(get(second, f"/api/instances/{iid}"))
+        assert (again["status"], again["layers"], again["version"]) == ("waiting", before["layers"], before["version"])
+        stale = refused(post(second, f"/api/instances/{iid}/user-tasks/budget_review",
+                             {"data": {"approved": False}, "expected_version": doc["version"]}), 409)
+        assert "version" in stale["message"]
+        done = ok(post(second, f"/api/instances/{iid}/user-tasks/budget_review",
+                       {"data": {"approved": False}, "expected_version": before["version"]}))
+        assert done["status"] == "completed" and done["layers"]["L3"]["order_status"] == "declined"
+        assert done["layers"]["L3"]["cost_center"] == "CC-7"
+        assert [e["actor"] for e in tape(second, iid) if (e.get("data") or {}).get("op") == "inject"] == ["finance"]
