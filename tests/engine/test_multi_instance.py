@@ -422,3 +422,23 @@ def test_an_input_item_without_an_output_collection_runs_each_instance(tmp_path:
         assert variables(inst.main) == {"items": [1, 2, 3], "last": 6}  # nothing collected, no item left
         assert all(not t.data for t in inst.workflow.get_tasks() if t.task_spec.name != "Start")
     assert seen == [1, 2, 3]
+
+
+def test_sequential_user_tasks_without_an_output_collection_each_wait_with_their_item(tmp_path: Path) -> None:
+    task = """<bpmn:userTask id="each">
+      <bpmn:multiInstanceLoopCharacteristics isSequential="true">
+        <bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>
+        <bpmn:inputDataItem id="item" name="item"/>
+      </bpmn:multiInstanceLoopCharacteristics>
+    </bpmn:userTask>"""
+    engine = Engine()
+    inst = _run(_mi_process(tmp_path, task=task), {"items": ["x", "y"]}, engine=engine)
+    answered = []
+    while inst.status == "waiting":  # saved and loaded between the answers
+        waiting = [w for w in inst.waiting_for if w["kind"] == "user_task"]
+        assert len(waiting) == 1 and waiting[0]["input"] == {"item": ["x", "y"][len(answered)]}
+        answered.append(waiting[0]["input"]["item"])
+        inst = engine.complete_user_task(engine.load(inst.id), waiting[0]["id"], {"seen": answered[-1]})
+    assert inst.status == "completed", inst.error
+    assert answered == ["x", "y"]
+    assert variables(inst.main) == {"items": ["x", "y"], "seen": "y"}
