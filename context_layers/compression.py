@@ -315,7 +315,8 @@ class RuleDrivenCompressor:
                                   entries_affected=0, snapshot_id=None, triggers=fired, attention_before=before,
                                   attention_after=before, missing_paths=missing, target_tokens=target,
                                   target_met=_met(scope.tokens, len(original), target, entry_target),
-                                  rules=_rule_report(rules, counts), source=source)
+                                  rules=_rule_report(rules, counts), source=source,
+                                  notes=self._unmet(seg, target, scope.tokens))
 
         snap = ctx.snapshot(label="before compress", actor=actor)
         if record is not None and compaction_key is not None and snap.id != predicted_id:
@@ -344,7 +345,19 @@ class RuleDrivenCompressor:
             missing_paths=missing, compaction_key=compaction_key, target_tokens=target,
             target_met=_met(tokens_after, len(ctx.layer(Layer.HISTORY)), target, entry_target),
             folded=folded, dropped=list(dropped), rules=_rule_report(rules, counts), event_seq=event.seq,
-            source=source)
+            source=source, notes=self._unmet(seg, target, tokens_after))
+
+    def _unmet(self, seg: Segments, target: int | None, tokens: int) -> list[str]:
+        """Why a token target was not met: without it a caller sees ``target_met: false``
+        and an unchanged HISTORY, and cannot tell what would help."""
+        if target is None or tokens <= target:
+            return []
+        kept = [key.split(":", 1)[-1] for key in seg.records if key in seg.recent(self.keep_recent)]
+        why = (f"the latest finished activit{'y' if len(kept) == 1 else 'ies'} ({', '.join(kept)}) "
+               f"{'is' if len(kept) == 1 else 'are'} kept whole, " if kept else "")
+        return [f"target of {target} tokens not met ({tokens} tokens after): {why}preserved keys, the open "
+                f"activity's WORKING and keys no activity wrote are never folded; add compress_rules "
+                f"(extract_keys, summarize, count_only) to shrink what stays"]
 
     def _targets(self, config: ActivityExtensionConfig, fired: Sequence[str], scope: Scope,
                  target_tokens: int | None) -> tuple[int | None, int | None, list[int]]:

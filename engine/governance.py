@@ -252,6 +252,25 @@ class CompressArgs(_Args):
     activity_id: str | None = Field(default=None, description="start from this activity's config")
 
 
+ENGINE_RECORD_PREFIXES = ("activity:", "compaction:")
+
+
+def refuse_engine_key(ctx: LayeredContext, layer: str, key: str) -> None:
+    """An inject may write data, never the engine's own entries: a join's ``_mergedConflicts``
+    (the conflict score and the audit of every resolution read it), a branch's ``_branch_id`` /
+    ``_snapshot_id``, any ``_``-prefixed bookkeeping, and the ``activity:`` / ``compaction:``
+    records of HISTORY. Written to WORKING they were auto-promoted into HISTORY (or moved there at
+    the activity's end), replacing or forging what the engine recorded."""
+    if key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES):
+        requested = Layer.parse(layer)
+        held = ctx.locate(key)
+        effective = held if held is not None and held < requested else requested
+        raise ContextWriteDenied(key, requested, effective,
+                                 "keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping "
+                                 "and records; inject a data key (resolve a conflict with "
+                                 "POST /api/context-governance/resolve)")
+
+
 class InjectArgs(_Args):
     """Write values into a layer of a waiting or running instance (the layer rules apply)."""
 
@@ -842,6 +861,8 @@ class GovernanceService:
                 raise InstanceStateError(f"instance {instance.id} is completed; inject writes into a waiting, "
                                          "running or failed instance")
             ctx = self.context_of(instance, args.context)
+            for key in args.values:
+                refuse_engine_key(ctx, args.layer, key)
             written = {}
             for key, value in args.values.items():  # the layer rules first: a SYSTEM key is denied, always
                 written[key] = str(ctx.write(args.layer, key, value, actor=actor))

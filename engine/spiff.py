@@ -581,7 +581,26 @@ class _LayerflowSpecMixin:
             # collected or started. SpiffWorkflow merged the instance's output item first (it has
             # none: "Expected an output item") or started the next instance
             return None
-        return super().merge_child(workflow, child)  # type: ignore[misc]
+        result = super().merge_child(workflow, child)  # type: ignore[misc]
+        self._drop_instance_items(child.parent)
+        return result
+
+    def create_child(self, my_task: Any, *args: Any) -> Any:
+        # (loop twins only) a sequential multi-instance activity adds its next instance from merge_child
+        if my_task.internal_data.get("merged"):
+            self._drop_instance_items(my_task)
+        return super().create_child(my_task, *args)  # type: ignore[misc]
+
+    def _drop_instance_items(self, my_task: Any) -> None:
+        if not isinstance(self, MultiInstanceTask) or self.data_output is not None:
+            return
+        # with no output collection SpiffWorkflow merges the whole instance's data into the
+        # activity's, its input (and output) item with it: the next sequential instance then
+        # finds its item "already exists" (SpiffWorkflow 3.2 fails so on its own). An item
+        # belongs to its instance; what the instance changed reached the context already
+        for spec_item in (self.input_item, self.output_item):
+            if spec_item is not None:
+                my_task.data.pop(spec_item.bpmn_id, None)
 
     def _on_cancel(self, my_task: Any) -> Any:
         if isinstance(self, SubWorkflowTask):

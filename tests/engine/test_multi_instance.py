@@ -391,3 +391,54 @@ def test_a_multi_instance_activity_in_a_parallel_branch_runs_in_the_branch_conte
     branch = next(n for n, i in inst.branches.items() if i["branch_id"] == "each")
     assert "activity:each" in inst.contexts[branch].layer(Layer.HISTORY)
     assert "results" not in inst.contexts[next(n for n in inst.branches if n != branch)]
+
+
+_NO_COLLECTION = """<bpmn:scriptTask id="each">
+      <bpmn:multiInstanceLoopCharacteristics isSequential="{seq}">
+        <bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>
+        <bpmn:inputDataItem id="item" name="item"/>{out}
+      </bpmn:multiInstanceLoopCharacteristics>
+      <bpmn:script>last = item * 2</bpmn:script>
+    </bpmn:scriptTask>"""
+
+
+@pytest.mark.parametrize("out", ["", '\n        <bpmn:outputDataItem id="res" name="res"/>'], ids=["no-output-item", "output-item"])
+@pytest.mark.parametrize("seq", [True, False], ids=["sequential", "parallel"])
+def test_an_input_item_without_an_output_collection_runs_each_instance(tmp_path: Path, seq: bool, out: str) -> None:
+    # SpiffWorkflow 3.2 merges a whole instance's data, its item with it, into the activity's: the
+    # next sequential instance failed with "Multiinstance input item item already exists"
+    seen: list[Any] = []
+
+    def handler(ctx: ActivityContext) -> dict[str, Any]:
+        seen.append(ctx["item"])
+        return {"last": ctx["item"] * 2}
+
+    task = _NO_COLLECTION.format(seq=str(seq).lower(), out=out)
+    for engine in (Engine(), Engine(handlers={"each": handler})):
+        inst = _run(_mi_process(tmp_path, task=task), {"items": [1, 2, 3]}, engine=engine)
+        assert inst.status == "completed", inst.error
+        items = [e.changes[0][2] for e in inst.main.tape if e.data.get("note") == "instance_item"]
+        assert items == [1, 2, 3]
+        assert variables(inst.main) == {"items": [1, 2, 3], "last": 6}  # nothing collected, no item left
+        assert all(not t.data for t in inst.workflow.get_tasks() if t.task_spec.name != "Start")
+    assert seen == [1, 2, 3]
+
+
+def test_sequential_user_tasks_without_an_output_collection_each_wait_with_their_item(tmp_path: Path) -> None:
+    task = """<bpmn:userTask id="each">
+      <bpmn:multiInstanceLoopCharacteristics isSequential="true">
+        <bpmn:loopDataInputRef>items</bpmn:loopDataInputRef>
+        <bpmn:inputDataItem id="item" name="item"/>
+      </bpmn:multiInstanceLoopCharacteristics>
+    </bpmn:userTask>"""
+    engine = Engine()
+    inst = _run(_mi_process(tmp_path, task=task), {"items": ["x", "y"]}, engine=engine)
+    answered = []
+    while inst.status == "waiting":  # saved and loaded between the answers
+        waiting = [w for w in inst.waiting_for if w["kind"] == "user_task"]
+        assert len(waiting) == 1 and waiting[0]["input"] == {"item": ["x", "y"][len(answered)]}
+        answered.append(waiting[0]["input"]["item"])
+        inst = engine.complete_user_task(engine.load(inst.id), waiting[0]["id"], {"seen": answered[-1]})
+    assert inst.status == "completed", inst.error
+    assert answered == ["x", "y"]
+    assert variables(inst.main) == {"items": ["x", "y"], "seen": "y"}
