@@ -507,7 +507,12 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             raise  # the store, not the data: exit 1 with the store's message (_Command)
         except (ContextWriteDenied, LayerflowError) as err:
             where = _source_name(data_file, "data") if data_file else "initial data"
-            _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"))
+            details = None
+            problems = getattr(err, "problems", None)
+            if problems:  # data that does not fit the start event's form: field by field
+                details = {"task_id": getattr(err, "task_id", None),
+                           "problems": [{"field": f, "problem": p} for f, p in problems]}
+            _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"), details=details)
         if not as_json:
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:

@@ -33,6 +33,7 @@ Errors are the ``LayerflowError`` tree; this module adds::
     ├── BadRequest          kind="bad_request"     well-formed, but cannot be applied as asked
     │   └── InvalidAnswer   kind="invalid_answer"  not one of a confirmation's options, or not JSON
     │       └── FormAnswerInvalid                  a user task's answer that does not fit its form
+    │           └── StartDataInvalid               start data that does not fit the start event's form
     └── InstanceStateError  kind="invalid_state"   the instance's status does not allow it,
                                                    or another process runs it right now
 
@@ -103,6 +104,7 @@ __all__ = [
     "InstanceId",
     "InstanceStateError",
     "FormAnswerInvalid",
+    "StartDataInvalid",
     "InvalidAnswer",
     "ResolveArgs",
     "ResumeArgs",
@@ -167,6 +169,25 @@ class FormAnswerInvalid(InvalidAnswer):
         out: dict[str, Any] = super().to_dict()
         out["problems"] = [{"field": f, "problem": p} for f, p in self.problems]
         return out
+
+
+class StartDataInvalid(FormAnswerInvalid):
+    """The data an instance is started with does not fit the form on the process's none start event
+    (Camunda 7 formData, a formProperty, a Camunda 8 form): refused as a user task's answer is, with
+    the same ``problems``, before any instance exists. ``task_id``: the start event's BPMN id."""
+
+    def __init__(self, event_id: str, problems: list[tuple[str, str]], form: Mapping[str, Any], *,
+                 process_id: str, file: str | None) -> None:
+        self.problems = list(problems)
+        self.fields = [dict(f) for f in form.get("fields") or []]
+        self.source = form.get("source")
+        listed = "; ".join(f"field {f!r} {p}" for f, p in problems)
+        asked = ", ".join(forms.describe_field(f) for f in self.fields)
+        where = f" in {file}" if file else ""
+        InvalidAnswer.__init__(self, f"the start data of process {process_id!r} does not fit the form of its start "
+                               f"event {event_id!r}{where} ({self.source}): {listed}"
+                               + (f"; the form asks for: {asked} (* required)" if asked else "")
+                               + "; no instance was created: correct the data and start again", task_id=event_id)
 
 
 class InstanceStateError(LayerflowError):

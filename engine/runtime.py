@@ -288,6 +288,7 @@ class Engine:
         if data is not None and not isinstance(data, Mapping):  # a caller's programming slip: a plain TypeError
             raise TypeError(f"Engine.start: initial data must be a mapping of context keys to values (a JSON "
                             f"object), got {type(data).__name__}")
+        data = _checked_start_data(process, data)
         ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
         if data:
             # One event for all initial data. The layers' rules still hold: SYSTEM keys are
@@ -1921,6 +1922,28 @@ def _cycle_states(wf: Any) -> dict[Any, tuple[Any, ...]]:
     """Where each waiting cycle timer stands (repetitions left, next due time, fired)."""
     return {t.id: (repr(t.internal_data.get("event_value")), t.internal_data.get("event_fired"))
             for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_cycle(t)}
+
+
+def _checked_start_data(process: Process, data: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The start data checked against the form on the process's none start event, as a user task's
+    answer is (``_Runtime._check_form``), with the defaults of the fields it omits; ``StartDataInvalid``
+    before anything exists when it does not fit."""
+    found = spiff.start_form(process.spec)
+    if found is None:
+        return data
+    event_id, form = found
+    given = dict(data or {})
+    # nothing holds a value yet but SYSTEM: what a field shows when its key is a SYSTEM key
+    held = {**given, **process.system}
+    form = forms.with_options(form, {key: held[key] for key in forms.option_keys(form) if key in held})
+    prefilled = {str(f["id"]): process.system[f["id"]] for f in form.get("fields") or [] if f["id"] in process.system}
+    answer, problems = forms.check_answer(form, given, prefilled)
+    if problems:
+        from .governance import StartDataInvalid
+
+        raise StartDataInvalid(event_id, problems, form, process_id=process.id,
+                               file=getattr(process.spec, "file", None))
+    return answer
 
 
 def _with_options(form: Mapping[str, Any], ctx: LayeredContext) -> dict[str, Any]:

@@ -88,7 +88,8 @@ from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
 from SpiffWorkflow.bpmn.specs.control import BoundaryEventSplit, BpmnStartTask, _EndJoin
-from SpiffWorkflow.bpmn.specs.event_definitions.simple import CancelEventDefinition, TerminateEventDefinition
+from SpiffWorkflow.bpmn.specs.event_definitions.simple import (CancelEventDefinition, NoneEventDefinition,
+                                                              TerminateEventDefinition)
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
@@ -916,6 +917,17 @@ def _levels_up(workflow: Any, around: Any) -> int:
     return levels
 
 
+def start_form(spec: Any) -> tuple[str, dict[str, Any]] | None:
+    """(start event id, form) of the form on the process's none start event, the one an instance
+    starts from, or None. A message, signal or timer start gets its data from what triggers it."""
+    for ts in spec.task_specs.values():
+        if isinstance(ts, StartEvent) and type(getattr(ts, "event_definition", None)) is NoneEventDefinition:
+            form = (getattr(ts, "extensions", None) or {}).get("form")
+            if isinstance(form, dict):
+                return str(ts.bpmn_id), form
+    return None
+
+
 def caught_in_scope(spec: Any) -> bool:
     """Whether ``spec`` is the start event of an event sub-process that waits for an error or an
     escalation thrown in its scope (``_LayerflowProcessParser.add_tasks``)."""
@@ -1444,11 +1456,13 @@ class _ExtensionsParserMixin:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]
         texts = element_config_texts(self.node if node is None else node)
         ext.update(texts)
-        if node is None and _local(self.node.tag) == "userTask":
+        if node is None and _local(self.node.tag) in ("userTask", "startEvent"):
             from .forms import parse_form
 
+            # a start event's form checks the start data (``start_form``); it travels with the spec
+            # as a user task's does: a resumed instance checks answers without the files
             form = parse_form(self.node, getattr(self, "filename", None))
-            if form is not None:  # travels with the spec: a resumed instance checks answers without the files
+            if form is not None:
                 ext["form"] = form
         return ext
 

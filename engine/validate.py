@@ -1081,13 +1081,24 @@ class _Validator:
         missing, not JSON, or not a JSON Schema."""
         from .forms import form_problems
 
-        for el in doc.root.iter(_bpmn("userTask")):
-            problems, warnings = form_problems(el, str(doc.path))
+        for el in doc.root.iter(_bpmn("userTask"), _bpmn("startEvent")):
+            if el.tag == _bpmn("startEvent"):
+                parent = el.getparent()
+                if parent is None or parent.tag != _bpmn("process") or any(
+                        isinstance(child.tag, str) and child.tag.endswith("EventDefinition") for child in el):
+                    continue  # a sub-process's, a message, signal or timer start: no start data to check
+                what = "start event form"
+                problems, warnings = form_problems(el, str(doc.path))
+                # form_problems speaks of a user task's answers: here the form checks the start data
+                warnings = [(f, m.replace("answers to this task are", "the start data is")) for f, m in warnings]
+            else:
+                what = "user task form"
+                problems, warnings = form_problems(el, str(doc.path))
             for field_id, message in problems:
-                self.add("invalid_form", f"user task form: {message}", file=doc.file,
+                self.add("invalid_form", f"{what}: {message}", file=doc.file,
                          line=el.sourceline, element_id=el.get("id"), field=field_id)
             for field_id, message in warnings:
-                self.add("form_schema_missing", f"user task form: {message}", file=doc.file,
+                self.add("form_schema_missing", f"{what}: {message}", file=doc.file,
                          line=el.sourceline, element_id=el.get("id"), field=field_id, severity="warning")
 
     def _extension_json(self, doc: _Doc, el: Any, owner_id: str, prefix: str) -> Any:
