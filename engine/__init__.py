@@ -24,6 +24,7 @@ __all__ = [
     "InstanceRecords",
     "Process",
     "Retriever",
+    "StartDataInvalid",
     "Store",
     "TimedOut",
     "activity",
@@ -43,6 +44,10 @@ def __getattr__(name: str) -> object:
         from .governance import FormAnswerInvalid
 
         return FormAnswerInvalid
+    if name == "StartDataInvalid":
+        from .governance import StartDataInvalid
+
+        return StartDataInvalid
     if name == "GovernanceService":
         from .governance import GovernanceService
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from context_layers.stores import open_store
-from engine import Engine, FormAnswerInvalid, load_process
+from engine import Engine, FormAnswerInvalid, StartDataInvalid, load_process
 from engine.api import create_app
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
@@ -36,9 +36,9 @@ def _engine() -> Engine:
     return Engine(f"memory://start-forms-{uuid.uuid4().hex}")
 
 
-def _refusal(name: str, data: dict) -> tuple[Engine, FormAnswerInvalid]:
+def _refusal(name: str, data: dict) -> tuple[Engine, StartDataInvalid]:
     engine = _engine()
-    with pytest.raises(FormAnswerInvalid) as caught:
+    with pytest.raises(StartDataInvalid) as caught:
         engine.start(load_process(START_FORMS / name), data)
     assert engine.store.list() == []  # nothing created
     return engine, caught.value
