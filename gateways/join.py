@@ -250,12 +250,16 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
         if key in history or key in base_h:
             over_h[key] = base_h[key] if key in base_h else DELETED
     # a branch whose activity only moved a key of WORKING at the split into HISTORY, with the
-    # value it had, left it alone; another branch's change of it is then no conflict
-    for key, value in {**{k: base_w[k] for k in changed_working if k in base_w}, **injected}.items():
+    # value it had, left it alone; another branch's change of it is then no conflict. An
+    # injected key is left alone holding the injected value or the split's (set back to it).
+    alone: dict[str, list[Any]] = {k: [base_w[k]] for k in changed_working if k in base_w}
+    for key, value in injected.items():
+        alone.setdefault(key, []).append(value)
+    for key, values in alone.items():
         if key in BRANCH_MARKERS:
             continue
-        kept_in_history = key in history and same_value(history[key], value)
-        if (key in working and same_value(working[key], value)) or (key not in working and kept_in_history):
+        kept_in_history = key in history and any(same_value(history[key], v) for v in values)
+        if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):
             over_w[key] = base_w[key] if key in base_w else DELETED
         if kept_in_history:
             over_h[key] = base_h[key] if key in base_h else DELETED

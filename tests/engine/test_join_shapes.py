@@ -414,3 +414,28 @@ def test_validate_warns_about_a_branch_priority_id_that_begins_no_branch(tmp_pat
         "meet: {mergeStrategy: BRANCH_PRIORITY, branchPriority: [bc, ba, bb]}", encoding="utf-8")
     clean = json.loads(CliRunner().invoke(main, ["validate", str(path), "--json"]).stdout)
     assert clean["problems"] == []
+
+
+# ----- an injected key a branch sets back to the value it had at the split ------------------------
+
+def test_a_branch_that_sets_its_injected_key_back_to_the_splits_value_has_not_changed_it(cli, tmp_path: Path) -> None:
+    """Found by test_random_governed: an exclusive branch injects ``k`` (WORKING at the parallel
+    split); one parallel branch, injected ``k = 'a'``, writes the split's value back, the other
+    writes ``'b'``. Only the second changed ``k`` (DESIGN: a branch that writes the value the
+    key already had has not changed it): no conflict, ``k == 'b'``. The join used to compare the
+    first branch with its injected value only, saw a change and asked a person."""
+    path = write_elements(tmp_path, "inject_back", [
+        '<bpmn:startEvent id="start"/>', script("init", "x = 0"),
+        '<bpmn:exclusiveGateway id="choose" default="choose_to_other"/>',
+        '<bpmn:sequenceFlow id="choose_to_other" sourceRef="choose" targetRef="other"/>',
+        flow("choose", "fork", "x == 0"), script("other", "pass"),
+        *split_join("fork", "meet", {"a": script("a", "k = 0"), "b": script("b", "k = 'b'")}),
+        '<bpmn:exclusiveGateway id="merge"/>', '<bpmn:endEvent id="end"/>',
+        *chain("start", "init", "choose"), *chain("meet", "merge"), *chain("other", "merge"), *chain("merge", "end")])
+    (tmp_path / "inject_back.layerflow.yaml").write_text(
+        "choose:\n  branches:\n    - {id: fork, contextInject: {k: 0}}\n"
+        "fork:\n  branches:\n    - {id: a, contextInject: {k: a}}\n", encoding="utf-8")
+    doc = cli("run", str(path), code=0)
+    assert (doc["status"], doc["conflicts"], doc["waiting_for"]) == ("completed", [], [])
+    assert data_of(doc)["k"] == "b"
+    check_tape_and_replay(cli, doc)
