@@ -439,3 +439,29 @@ def test_a_branch_that_sets_its_injected_key_back_to_the_splits_value_has_not_ch
     assert (doc["status"], doc["conflicts"], doc["waiting_for"]) == ("completed", [], [])
     assert data_of(doc)["k"] == "b"
     check_tape_and_replay(cli, doc)
+
+
+# ----- a key folded inside a nested join, changed by another branch, under a reducer --------------
+
+def test_a_fold_brought_by_a_join_inside_a_branch_is_no_deletion_for_the_reducer(cli, tmp_path: Path) -> None:
+    """Found by test_random_governed: the two tasks of an inner parallel block both fold the
+    split's ``r`` into a compaction (a cliff at two HISTORY entries), the inner join brings the
+    fold out, and the other outer branch sets ``r``. A compression is no decision about a value
+    (README), so the outer ``sum`` reducer adds that branch's change to the base. The outer join
+    used to read the inner join's removal as the branch deleting ``r`` and stopped the instance
+    ("a reducer cannot combine a deletion with values")."""
+    path = write_elements(tmp_path, "fold_in_join", [
+        '<bpmn:startEvent id="start"/>', script("init", "x = 0\nr = 2"),
+        '<bpmn:parallelGateway id="outer"/>', '<bpmn:parallelGateway id="outer_join"/>',
+        *split_join("inner", "inner_join", {"a": script("a", "pass"), "b": script("b", "pass")}),
+        script("c", "r = 5"), '<bpmn:endEvent id="end"/>',
+        *chain("start", "init", "outer", "inner"), *chain("inner_join", "outer_join"),
+        *chain("outer", "c", "outer_join"), *chain("outer_join", "end")])
+    task = "  compressMessageThreshold: 2\n  preserveKeys: [x]\n"
+    (tmp_path / "fold_in_join.layerflow.yaml").write_text(
+        "".join(f"{t}:\n{task}" for t in ("a", "b", "c")) + "outer_join:\n  reducers: {r: sum}\n", encoding="utf-8")
+    doc = cli("run", str(path), code=0)
+    assert (doc["status"], doc["error"], doc["conflicts"]) == ("completed", None, [])
+    assert doc["compressions"], "the tasks' cliff folded nothing: the test no longer draws the shape"
+    assert data_of(doc)["r"] == 5  # 2 + (5 - 2): the fold changed nothing
+    check_tape_and_replay(cli, doc)
