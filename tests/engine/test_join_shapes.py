@@ -465,3 +465,25 @@ def test_a_fold_brought_by_a_join_inside_a_branch_is_no_deletion_for_the_reducer
     assert doc["compressions"], "the tasks' cliff folded nothing: the test no longer draws the shape"
     assert data_of(doc)["r"] == 5  # 2 + (5 - 2): the fold changed nothing
     check_tape_and_replay(cli, doc)
+
+
+# ----- known bug, left: a nested join closes an inclusive split that left a branch out ----------
+
+@pytest.mark.xfail(strict=True, reason="the inner parallel join also closes the inclusive split's one taken "
+                                       "branch (engine.gateway_steps.join: the split's only open branch is "
+                                       "'ready'), so the inclusive join's union reducer never runs")
+def test_an_inclusive_split_with_one_branch_taken_is_joined_at_its_own_join(cli, tmp_path: Path) -> None:
+    """Found by test_random_governed: ``r = [2]``; an inclusive split takes only its first
+    branch, which runs a parallel block (one task sets ``r = [2, 2]``); the inclusive join has
+    ``reducers: {r: union}``, which drops the duplicate: ``r == [2]``."""
+    path = write_elements(tmp_path, "one_taken", [
+        '<bpmn:startEvent id="start"/>', script("init", "r = [2]\nx = 0"),
+        '<bpmn:inclusiveGateway id="outer"/>', '<bpmn:inclusiveGateway id="outer_join"/>',
+        *split_join("inner", "inner_join", {"a": script("a", "pass"), "b": script("b", "r = r + [2]")}),
+        script("c", "pass"), '<bpmn:endEvent id="end"/>',
+        flow("outer", "inner", "True"), flow("outer", "c", "x == 1"),
+        *chain("start", "init", "outer"), *chain("inner_join", "outer_join"), *chain("c", "outer_join"),
+        *chain("outer_join", "end")])
+    (tmp_path / "one_taken.layerflow.yaml").write_text("outer_join:\n  reducers: {r: union}\n", encoding="utf-8")
+    doc = cli("run", str(path), code=0)
+    assert data_of(doc)["r"] == [2]
