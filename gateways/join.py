@@ -183,6 +183,10 @@ class JoinResult:
     # the branches' compaction records dropped as another kept one summarises their base entries
     # (``_fold_choice``): ``{"branch", "key", "restored": [the branch's own entries it had folded]}``
     dropped_compactions: tuple[dict[str, Any], ...] = ()
+    # base HISTORY keys the join removes because every branch that removed them folded them (a
+    # compression, or a join inside the branch that did so): an enclosing join reads the
+    # removal as a compression's, no decision about the value (``_compressed``)
+    folded: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -215,12 +219,14 @@ def _injected(branch: LayeredContext) -> dict[str, Any]:
 
 
 def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
-    """Of ``keys``, those whose last HISTORY change in ``branch`` was a compression's."""
+    """Of ``keys``, those whose last HISTORY change in ``branch`` was a compression's (or a join's
+    that only brought the folds of the branches inside it: ``JoinResult.folded``)."""
     last: dict[str, bool] = {}
     for e in branch.tape:
         for layer, key, _ in e.changes:
             if layer == Layer.HISTORY and key in keys:
-                last[key] = e.data.get("note") == "compress"
+                last[key] = e.data.get("note") == "compress" or (
+                    e.data.get("note") == "join" and key in (e.data.get("folded") or ()))
     return [key for key, by_compression in last.items() if by_compression]
 
 
@@ -250,12 +256,16 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
         if key in history or key in base_h:
             over_h[key] = base_h[key] if key in base_h else DELETED
     # a branch whose activity only moved a key of WORKING at the split into HISTORY, with the
-    # value it had, left it alone; another branch's change of it is then no conflict
-    for key, value in {**{k: base_w[k] for k in changed_working if k in base_w}, **injected}.items():
+    # value it had, left it alone; another branch's change of it is then no conflict. An
+    # injected key is left alone holding the injected value or the split's (set back to it).
+    alone: dict[str, list[Any]] = {k: [base_w[k]] for k in changed_working if k in base_w}
+    for key, value in injected.items():
+        alone.setdefault(key, []).append(value)
+    for key, values in alone.items():
         if key in BRANCH_MARKERS:
             continue
-        kept_in_history = key in history and same_value(history[key], value)
-        if (key in working and same_value(working[key], value)) or (key not in working and kept_in_history):
+        kept_in_history = key in history and any(same_value(history[key], v) for v in values)
+        if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):
             over_w[key] = base_w[key] if key in base_w else DELETED
         if kept_in_history:
             over_h[key] = base_h[key] if key in base_h else DELETED
@@ -950,7 +960,10 @@ def join_contexts(
         kept = [(k, v) for k, v in changes.get(target, []) if k != MERGED_CONFLICTS_KEY]
         changes[target] = [*kept, (MERGED_CONFLICTS_KEY, log)]
     preserved = tuple(sorted({k for b in order for k in branches[b].preserved} - base.preserved))
-    return JoinResult(gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
+    folded = tuple(o.key for o in outcomes[Layer.HISTORY] if o.conflict is None and o.value is DELETED
+                   and o.key in base_h and o.changed_by
+                   and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
+    return JoinResult(folded=folded, gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,
                       dropped_compactions=tuple({"branch": f.branch, "key": f.key,
@@ -988,7 +1001,8 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
     event = ctx.apply_changes(result.all_changes(), kind="join", actor=actor, data={
         "gateway_id": result.gateway_id, "snapshot_id": result.snapshot_id, "branches": list(result.branches),
         "conflicts": len(result.conflicts), **({"preserve": list(result.preserved)} if result.preserved else {}),
-        **({"dropped_compactions": [dict(d) for d in result.dropped_compactions]} if result.dropped_compactions else {})})
+        **({"dropped_compactions": [dict(d) for d in result.dropped_compactions]} if result.dropped_compactions else {}),
+        **({"folded": list(result.folded)} if result.folded else {})})
     for branch in (branches or {}).values():
         branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
                                                    "parent_seq": event.seq})
