@@ -372,7 +372,7 @@ class GatewaySteps:
             # that branch's split, even when the branch is the only one the split sent
             ready = [members for split, members in open_groups.items()
                      if set(members) >= {n for n, i in branches.items() if i["split"] == split and i["status"] == "open"}
-                     and self._in_workflow(members[0], task.workflow)]
+                     and self._in_workflow(members[0], task.workflow) and self._closes_here(task, members)]
             if not ready:
                 part = self._part_of_split(task, open_groups)
                 if part is None:
@@ -405,6 +405,21 @@ class GatewaySteps:
             if others and not any(self._may_reach(task, i["branch_id"], i["gateway"]) for i in others):
                 return members
         return None
+
+    def _closes_here(self, task: Any, members: list[str]) -> bool:
+        """Whether this join is where ``members`` (all the open branches of their split) meet.
+        One branch alone of a split that did not take all its flows (an inclusive split that
+        took one) meets nothing at a join none of the flows it did not take can reach: the
+        join of a block nested in that branch. It goes on to its split's own join, whose
+        settings (reducers, strategy) are the ones that apply there."""
+        if len(members) > 1:
+            return True
+        info = self.instance.branches[members[0]]
+        taken = {i["branch_id"] for i in self.instance.branches.values() if i["split"] == info["split"]}
+        splits = [s for s in task.workflow.spec.task_specs.values() if getattr(s, "bpmn_id", None) == info["gateway"]]
+        untaken = [o.bpmn_id for s in splits for o in s.outputs
+                   if getattr(o, "bpmn_id", None) and o.bpmn_id not in taken]
+        return not untaken or any(self._may_reach(task, t, info["gateway"]) for t in untaken)
 
     @staticmethod
     def _may_reach(task: Any, start_id: str, split_id: str) -> bool:

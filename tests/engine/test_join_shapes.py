@@ -469,9 +469,6 @@ def test_a_fold_brought_by_a_join_inside_a_branch_is_no_deletion_for_the_reducer
 
 # ----- known bug, left: a nested join closes an inclusive split that left a branch out ----------
 
-@pytest.mark.xfail(strict=True, reason="the inner parallel join also closes the inclusive split's one taken "
-                                       "branch (engine.gateway_steps.join: the split's only open branch is "
-                                       "'ready'), so the inclusive join's union reducer never runs")
 def test_an_inclusive_split_with_one_branch_taken_is_joined_at_its_own_join(cli, tmp_path: Path) -> None:
     """Found by test_random_governed: ``r = [2]``; an inclusive split takes only its first
     branch, which runs a parallel block (one task sets ``r = [2, 2]``); the inclusive join has
