@@ -1933,12 +1933,7 @@ class _Validator:
                 what = what or "condition"
                 language = el.get("language") if el is not None else None
                 said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
-                instead = " ".join(_foreign_reads_instead(source).split())
-                try:
-                    todo = (f"write {instead!r}" if not _camunda_api_calls(ast.parse(instead, mode="eval"))
-                            else "read each variable by its name")
-                except SyntaxError:
-                    todo = "read each variable by its name"
+                todo = _rewrite_todo(_foreign_reads_instead(source), _camunda_api_calls)
                 self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, Camunda's process "
                          f"API, which is not here{said}: the run would stop there with a NameError; expressions "
                          f"are Python over the context, where a variable is read by its name: {todo}", file=file,
@@ -1949,12 +1944,7 @@ class _Validator:
                 what = what or "condition"
                 language = el.get("language") if el is not None else None
                 said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
-                instead = " ".join(_javascript_expression_instead(source).split())
-                try:
-                    todo = (f"write {instead!r}" if not _javascript_api(ast.parse(instead, mode="eval"))
-                            else "read each variable by its name")
-                except SyntaxError:
-                    todo = "read each variable by its name"
+                todo = _rewrite_todo(_javascript_expression_instead(source), _javascript_api)
                 runtime = [r for r in reads if not r.endswith(".length")]
                 lengths = [r for r in reads if r.endswith(".length")]
                 uses = ([f"uses {', '.join(runtime)}, a JavaScript engine's way (bpmn-engine's, bpmn-server's) to "
@@ -3457,6 +3447,18 @@ def _javascript_api(tree: ast.AST) -> list[str]:
             chains.add(chain)  # JavaScript's and Java's length: no JSON value has the attribute
     # the longest chain of each read: this.environment.variables.x, not also this.environment
     return sorted(c for c in chains if not any(o.startswith(c + ".") for o in chains))
+
+
+def _rewrite_todo(rewrite: str, still_foreign: Callable[[ast.AST], list[str]]) -> str:
+    """What to do about a foreign expression: write its Python ``rewrite`` when that holds
+    nothing ``still_foreign`` finds, else read each variable by its name."""
+    instead = " ".join(rewrite.split())
+    try:
+        if not still_foreign(ast.parse(instead, mode="eval")):
+            return f"write {instead!r}"
+    except SyntaxError:
+        pass
+    return "read each variable by its name"
 
 
 #: attributes a JSON value has (a number's parts): reading them is no path into an object

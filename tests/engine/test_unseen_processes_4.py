@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from click.testing import CliRunner
 
 from context_layers import LayeredContext, RuleDrivenCompressor, render, thaw
 from context_layers.tokens import count_text
 from engine import Engine, load_process
-from engine.cli import main
 
 from test_unseen_processes import _check_document
+from test_unseen_processes_3 import _cli
 
 UNSEEN = Path(__file__).resolve().parent / "unseen4"
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,15 +121,6 @@ CASES: dict[str, Case] = {
 def _data(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in doc["layers"]["L3"].items()
             if not k.startswith(("_", "activity:", "compaction:", "summary:", "event:"))} | doc["layers"]["L1"]
-
-
-def _cli(*args: str) -> tuple[int, Any, str]:
-    result = CliRunner().invoke(main, list(args))
-    try:
-        doc = json.loads(result.stdout) if "--json" in args else result.stdout
-    except json.JSONDecodeError:
-        raise AssertionError(f"not one JSON document: {result.stdout!r} {result.stderr!r}") from None
-    return result.exit_code, doc, result.stderr
 
 
 def _run(case: Case, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str, str]:
