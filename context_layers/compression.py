@@ -345,7 +345,9 @@ class RuleDrivenCompressor:
             missing_paths=missing, compaction_key=compaction_key, target_tokens=target,
             target_met=_met(tokens_after, len(ctx.layer(Layer.HISTORY)), target, entry_target),
             folded=folded, dropped=list(dropped), rules=_rule_report(rules, counts), event_seq=event.seq,
-            source=source, notes=self._unmet(seg, target, tokens_after))
+            source=source, notes=[*self._unmet(seg, target, tokens_after),
+                                  *_grew(record is not None, scope.tokens, tokens_after, len(original),
+                                         len(ctx.layer(Layer.HISTORY)))])
 
     def _unmet(self, seg: Segments, target: int | None, tokens: int) -> list[str]:
         """Why a token target was not met: without it a caller sees ``target_met: false``
@@ -524,6 +526,19 @@ class RuleDrivenCompressor:
         rest_tokens = sum(tok(v) for _, v in rest) + working_tokens
         record = _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
         return [*rest, (key, record)], record, key
+
+
+def _grew(folded: bool, before: int, after: int, entries_before: int, entries_after: int) -> list[str]:
+    """A cliff the message threshold asked for may fold tiny entries into a record that costs
+    more tokens than they did (the entry count is what it limits): say so rather than let a
+    compression grow the context silently."""
+    if not folded or after <= before:
+        return []
+    fewer = entries_before - entries_after
+    return [f"the message-threshold cliff made HISTORY {fewer} entr{'y' if fewer == 1 else 'ies'} shorter "
+            f"({entries_before} -> {entries_after}) but {after - before} tokens larger ({before} -> {after}): "
+            f"the compaction record costs more than the tiny entries it folds; raise compressMessageThreshold "
+            f"or use compressTokenThreshold to limit tokens"]
 
 
 def _fit_budget(budget: int, input_tokens: int) -> int:

@@ -601,3 +601,41 @@ def test_a_compression_asked_for_directly_folds_the_latest_activity_too() -> Non
     kept = RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT).compress(hooked, config)
     assert kept.entries_affected == 0 and "note_5" in hooked
     assert after_activity(one_activity(), config) is None  # the hook keeps it
+
+
+def test_a_message_threshold_cliff_that_costs_tokens_says_so() -> None:
+    """Found by the generative test (133 -> 156 tokens): the message threshold limits HISTORY
+    entries, so its cliff may fold two tiny entries into one record that costs more tokens than
+    they did; it is applied (the entry count is what the designer limits), but the result says
+    the tokens went up, by how much, and what to do, instead of reporting a silent growth."""
+    ctx = LayeredContext(system={"policy": "p"})
+    config = ActivityExtensionConfig(compressMessageThreshold=2, preserveKeys=["x"])
+    results = []
+    for i in range(2):
+        ctx.begin_activity(f"t{i}")
+        ctx.write(Layer.WORKING, f"k{i}", i, actor=f"t{i}")
+        ctx.complete_activity(f"t{i}")
+        results.append(after_activity(ctx, config))
+    assert results[0] is None
+    result = results[1]
+    assert result is not None and result.triggers == ["message_threshold"]
+    assert list(ctx.layer(Layer.HISTORY)) == ["k1", "activity:t1", "compaction:1"]
+    assert (result.tokens_before, result.tokens_after) == (60, 77)
+    assert result.notes == [
+        "the message-threshold cliff made HISTORY 1 entry shorter (4 -> 3) but 17 tokens larger "
+        "(60 -> 77): the compaction record costs more than the tiny entries it folds; raise "
+        "compressMessageThreshold or use compressTokenThreshold to limit tokens"]
+    assert result.to_dict()["notes"] == result.notes
+
+
+def test_a_token_saving_cliff_has_no_growth_note() -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    config = ActivityExtensionConfig(compressMessageThreshold=2)
+    result = None
+    for i in range(3):
+        ctx.begin_activity(f"t{i}")
+        ctx.write(Layer.WORKING, f"k{i}", "word " * 200, actor=f"t{i}")
+        ctx.complete_activity(f"t{i}")
+        result = after_activity(ctx, config) or result
+    assert result is not None and result.tokens_after < result.tokens_before
+    assert not [n for n in result.notes if "larger" in n]
