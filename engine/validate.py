@@ -1931,8 +1931,7 @@ class _Validator:
             api = _camunda_api_calls(tree)
             if api:
                 what = what or "condition"
-                language = el.get("language") if el is not None else None
-                said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
+                said = _language_not_read(el, what)
                 todo = _rewrite_todo(_foreign_reads_instead(source), _camunda_api_calls)
                 self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, Camunda's process "
                          f"API, which is not here{said}: the run would stop there with a NameError; expressions "
@@ -1942,8 +1941,7 @@ class _Validator:
             reads = _javascript_api(tree)
             if reads:
                 what = what or "condition"
-                language = el.get("language") if el is not None else None
-                said = f" (its language={language!r} is not read: {what}s are Python)" if language else ""
+                said = _language_not_read(el, what)
                 todo = _rewrite_todo(_javascript_expression_instead(source), _javascript_api)
                 runtime = [r for r in reads if not r.endswith(".length")]
                 lengths = [r for r in reads if r.endswith(".length")]
@@ -3447,6 +3445,12 @@ def _javascript_api(tree: ast.AST) -> list[str]:
             chains.add(chain)  # JavaScript's and Java's length: no JSON value has the attribute
     # the longest chain of each read: this.environment.variables.x, not also this.environment
     return sorted(c for c in chains if not any(o.startswith(c + ".") for o in chains))
+
+
+def _language_not_read(el: Any, what: str) -> str:
+    """What a message adds when the element declares a ``language``: layerflow reads Python only."""
+    language = el.get("language") if el is not None else None
+    return f" (its language={language!r} is not read: {what}s are Python)" if language else ""
 
 
 def _rewrite_todo(rewrite: str, still_foreign: Callable[[ast.AST], list[str]]) -> str:

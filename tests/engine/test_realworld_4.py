@@ -30,7 +30,7 @@ def plain(path: Path, process_id: str, data: dict[str, Any]) -> BpmnWorkflow:
     """Plain SpiffWorkflow 3.2 run of ``path`` with ``data`` (its engine steps only)."""
     parser = BpmnParser()
     parser.add_bpmn_file(str(path))
-    wf = BpmnWorkflow(parser.get_spec(process_id))
+    wf = BpmnWorkflow(parser.get_spec(process_id), parser.get_subprocess_specs(process_id))
     wf.task_tree.data.update(data)
     wf.do_engine_steps()
     return wf

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from SpiffWorkflow.bpmn.exceptions import WorkflowDataException
-from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.util.task import TaskState
 
@@ -18,22 +17,9 @@ from engine import Engine, FormAnswerInvalid, load_process
 from engine.validate import _feel_negation, _feel_range, _python_instead, validate_process
 
 from engine_helpers import variables
+from test_realworld_4 import plain, problems
 
 REALWORLD = Path(__file__).resolve().parent / "realworld"
-
-
-def plain(path: Path, process_id: str, data: dict[str, Any]) -> BpmnWorkflow:
-    """Plain SpiffWorkflow 3.2 run of ``path`` with ``data`` (its engine steps only)."""
-    parser = BpmnParser()
-    parser.add_bpmn_file(str(path))
-    wf = BpmnWorkflow(parser.get_spec(process_id), parser.get_subprocess_specs(process_id))
-    wf.task_tree.data.update(data)
-    wf.do_engine_steps()
-    return wf
-
-
-def errors(*paths: Path) -> list[Any]:
-    return [p for p in validate_process(list(paths)).problems if p.severity == "error"]
 
 
 # -- data objects --------------------------------------------------------------------------------
@@ -47,7 +33,7 @@ def test_a_sub_process_that_writes_a_data_object_hands_it_to_the_next_one() -> N
     no task named): SpiffWorkflow takes the value from the sub-process task's data, and under
     layerflow the value is in the context. It now runs as in plain SpiffWorkflow."""
     path = REALWORLD / "subprocess_data_object.bpmn"
-    assert errors(path) == []
+    assert problems(path) == []
     expected = plain(path, "subprocess_data_object", {"claim_id": "C-7"}).last_task.data
     assert expected["verdict"] == "C-7: small"
     engine = Engine(store="memory://")
@@ -90,7 +76,7 @@ def test_operaton_forms_and_decisions_are_read_as_camunda_7s() -> None:
     no decision ("name it ... or camunda:decisionRef"), and the form was not read, so any answer
     passed. They are read as Camunda 7's."""
     bpmn, table = REALWORLD / "operaton_expense.bpmn", REALWORLD / "operaton_expense.dmn"
-    assert errors(bpmn, table) == []
+    assert problems(bpmn, table) == []
     engine = Engine(store="memory://")
     instance = engine.run(engine.start(load_process([bpmn, table])))
     assert instance.status == "waiting"
@@ -168,7 +154,7 @@ def test_a_decision_that_requires_another_is_refused_with_the_task_to_add(tmp_pa
     discount, tier = REALWORLD / "required_discount.dmn", REALWORLD / "required_tier.dmn"
     with pytest.raises(Exception, match="customerTier"):
         plain_camunda(bpmn, [discount, tier], "required_decision", {"spend": 2000})
-    [problem] = [p for p in errors(bpmn, discount, tier) if p.element_id == "price"]
+    [problem] = [p for p in problems(bpmn, discount, tier) if p.element_id == "price"]
     assert (problem.code, problem.file, problem.line, problem.field) == (
         "dmn_unsupported", str(bpmn), 8, "calledDecisionId")
     assert problem.message == (
@@ -177,7 +163,7 @@ def test_a_decision_that_requires_another_is_refused_with_the_task_to_add(tmp_pa
         "decision, so 'customerTier' has no value and the run stops at the first rule: run 'tier' in a business "
         "rule task of its own before 'price' (each decision in a DMN file of its own)")
     # without the file of the decision it requires, the message still names it
-    [alone] = errors(bpmn, discount)
+    [alone] = problems(bpmn, discount)
     assert "requires decision 'tier' (its informationRequirement); SpiffWorkflow 3.2 evaluates no required " \
            "decision, so what it gives has no value" in alone.message
     fixed_bpmn = rewritten(tmp_path, bpmn, [
@@ -190,7 +176,7 @@ def test_a_decision_that_requires_another_is_refused_with_the_task_to_add(tmp_pa
          "<bpmn:incoming>f0</bpmn:incoming>\n      <bpmn:outgoing>f2</bpmn:outgoing>")])
     fixed_tier = rewritten(tmp_path, tier, [("[1000..1000000]", "1000 &lt;= ? &lt;= 1000000"),
                                             ("[100..1000)", "100 &lt;= ? &lt; 1000")])
-    assert errors(fixed_bpmn, discount, fixed_tier) == []
+    assert problems(fixed_bpmn, discount, fixed_tier) == []
     for spend, expected in ((2000, ("gold", 15)), (500, ("silver", 0)), (10, ("basic", 0))):
         engine = Engine(store="memory://")
         instance = engine.run(engine.start(load_process([fixed_bpmn, discount, fixed_tier]), {"spend": spend}))
@@ -206,12 +192,12 @@ def test_a_feel_range_in_a_decision_table_gets_the_python_test_to_write(tmp_path
     each end inclusive or not as the brackets say (a FEEL date's text compares in order)."""
     bpmn, discount, tier = (REALWORLD / "required_decision.bpmn", REALWORLD / "required_discount.dmn",
                             REALWORLD / "required_tier.dmn")
-    found = {p.element_id: p.message for p in errors(bpmn, discount, tier) if p.file == str(tier)}
+    found = {p.element_id: p.message for p in problems(bpmn, discount, tier) if p.file == str(tier)}
     assert set(found) == {"tier_gold_in", "tier_silver_in"}
     assert found["tier_gold_in"].endswith("a range is FEEL's; write it as Python: '1000 <= ? <= 1000000'")
     assert found["tier_silver_in"].endswith("a range is FEEL's; write it as Python: '100 <= ? < 1000'")
     dates = rewritten(tmp_path, tier, [("[100..1000)", '[date("2026-01-01")..date("2026-03-31")]')])
-    [quarter] = [p.message for p in errors(bpmn, discount, dates) if p.element_id == "tier_silver_in"]
+    [quarter] = [p.message for p in problems(bpmn, discount, dates) if p.element_id == "tier_silver_in"]
     assert quarter.endswith("""a range is FEEL's; write it as Python: '"2026-01-01" <= ? <= "2026-03-31"'""")
     assert _feel_range("]1..10[") == "1 < ? < 10"
     assert _feel_range('(date("2026-01-01")..date("2026-03-31")]') == 'date("2026-01-01") < ? <= date("2026-03-31")'
@@ -290,7 +276,7 @@ def test_a_handler_for_a_send_task_is_refused_since_none_runs_there(tmp_path: Pa
                                        ("</bpmn:sendTask>", "</bpmn:serviceTask>")])
     for name in ("send_task_delegate.layerflow.yaml", "send_task_delegate_handlers.py"):
         (tmp_path / name).write_text((REALWORLD / name).read_text())
-    assert errors(fixed) == []
+    assert problems(fixed) == []
     engine = Engine(store="memory://")
     instance = engine.run(engine.start(load_process([fixed])))
     assert instance.status == "completed", instance.error
@@ -303,7 +289,7 @@ def test_a_handler_for_a_call_activity_or_sub_process_is_refused(tmp_path: Path)
     path = tmp_path / "called.bpmn"
     path.write_text((REALWORLD / "subprocess_data_object.bpmn").read_text())
     (tmp_path / "called.layerflow.yaml").write_text("drafting:\n  llm:\n    instructions: draft the claim\n")
-    [problem] = [p for p in errors(path) if p.code == "handler_not_run"]
+    [problem] = [p for p in problems(path) if p.code == "handler_not_run"]
     assert (problem.element_id, problem.field, problem.line) == ("drafting", "llm", 2)
     assert problem.message == ("'drafting' is a bpmn:subProcess, which runs the steps drawn inside it and runs no "
                                "handler or llm: block, so its llm never runs; give the handler to a task inside it")
@@ -314,14 +300,14 @@ def test_a_feel_negation_in_a_decision_table_gets_the_python_test_to_write(tmp_p
     advice ('a value, a comparison to finish, or a test of ?'). It now gives the test it means, for a
     value, a list of values and a range; done so, the table decides as in plain SpiffWorkflow."""
     bpmn, table = REALWORLD / "negated_entry.bpmn", REALWORLD / "negated_entry.dmn"
-    found = {p.element_id: p.message for p in errors(bpmn, table)}
+    found = {p.element_id: p.message for p in problems(bpmn, table)}
     advice = "FEEL's not(...) matches any other value; write it as Python: "
     assert {k: v.split("(Python, not FEEL); ", 1)[1] for k, v in found.items()} == {
         "risky_risk": advice + """'? != "LOW"'""", "abroad_country": advice + """'? not in ("DE", "AT")'""",
         "odd_score_in": advice + "'? < 60 or ? > 100'"}
     fixed = rewritten(tmp_path, table, [('not("LOW")', '? != "LOW"'), ('not("DE","AT")', '? not in ("DE", "AT")'),
                                         ("not([60..100])", "? &lt; 60 or ? &gt; 100")])
-    assert errors(bpmn, fixed) == []
+    assert problems(bpmn, fixed) == []
     cases = [({"backgroundRisk": "HIGH", "country": "DE", "score": 80}, "risk"),
              ({"backgroundRisk": "LOW", "country": "FR", "score": 80}, "abroad"),
              ({"backgroundRisk": "LOW", "country": "AT", "score": 20}, "score"),
@@ -344,7 +330,7 @@ def test_a_juel_condition_calling_a_java_bean_says_the_bean_is_not_here() -> Non
     validate said only to write ``orderBusinessLogic.getOrder(orderId).approved``, which stops with
     a NameError too. It now says the call is a bean of the Camunda application, and where to compute
     the value (as round 4 does for a JavaScript engine's services)."""
-    [problem] = errors(REALWORLD / "juel_bean_call.bpmn")
+    [problem] = problems(REALWORLD / "juel_bean_call.bpmn")
     assert (problem.element_id, problem.field) == ("review_flow", "conditionExpression")
     assert problem.message.endswith(
         "write 'riskService.isHighRisk(applicant).flagged' (riskService.isHighRisk() calls a Java bean of the "
@@ -395,7 +381,7 @@ def test_a_camunda_7_form_js_form_beside_the_bpmn_checks_the_answers(tmp_path: P
     nothing; it now reads the file beside the BPMN as it reads Camunda 8's linked forms, and a
     missing file is a warning naming the key and the path."""
     path = REALWORLD / "camunda7_form_js.bpmn"
-    assert errors(path) == []
+    assert problems(path) == []
     engine = Engine(store="memory://")
     instance = engine.run(engine.start(load_process([path])))
     [item] = instance.waiting_for

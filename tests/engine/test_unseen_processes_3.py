@@ -191,6 +191,22 @@ def _cli(*args: str) -> tuple[int, Any, str]:
     return result.exit_code, doc, result.stderr
 
 
+def assert_replays(doc: dict[str, Any], store: str) -> Any:
+    """Every snapshot of every context of the run ``doc`` rebuilds from its tape byte for byte,
+    the whole tape rebuilds the context, and ``replay --until`` the end gives ``doc``'s layers."""
+    instance = Engine(store).load(doc["instance_id"])
+    for ctx in instance.contexts.values():
+        for snap in ctx.snapshots.values():
+            rebuilt = LayeredContext.replay(ctx.tape, until=snap.seq, name=ctx.name)
+            assert json.dumps(rebuilt.as_dict()) == json.dumps(
+                {layer: {k: thaw(v) for k, v in values.items()} for layer, values in snap.as_dict().items()})
+        assert LayeredContext.replay(ctx.tape, name=ctx.name) == ctx
+    end = instance.main.tape[-1].seq
+    rc, replayed, _ = _cli("replay", doc["instance_id"], "--until", str(end), "--store", store, "--json")
+    assert rc == 0 and json.dumps(replayed["layers"]) == json.dumps(doc["layers"])
+    return instance
+
+
 def _run(case: Case, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any], str, str]:
     store = f"sqlite:///{tmp_path / 'u3.db'}"
     args = ["run", str(UNSEEN / f"{case.process}.bpmn"), "--json", "--store", store, "--data", json.dumps(case.data)]
@@ -230,20 +246,10 @@ def test_run_json_gives_the_outcome_derived_by_hand(name: str, tmp_path: Path) -
 def test_replay_rebuilds_every_snapshot_and_the_end_byte_for_byte(name: str, tmp_path: Path) -> None:
     case = CASES[name]
     code, doc, _, store = _run(case, tmp_path)
-    engine = Engine(store)
-    instance = engine.load(doc["instance_id"])
-    for ctx in instance.contexts.values():
-        for snap in ctx.snapshots.values():
-            rebuilt = LayeredContext.replay(ctx.tape, until=snap.seq, name=ctx.name)
-            assert json.dumps(rebuilt.as_dict()) == json.dumps(
-                {layer: {k: thaw(v) for k, v in values.items()} for layer, values in snap.as_dict().items()})
-        assert LayeredContext.replay(ctx.tape, name=ctx.name) == ctx
-    end = instance.main.tape[-1].seq
-    rc, replayed, _ = _cli("replay", doc["instance_id"], "--until", str(end), "--store", store, "--json")
-    assert rc == 0 and json.dumps(replayed["layers"]) == json.dumps(doc["layers"])
+    instance = assert_replays(doc, store)
     rc, tape, _ = _cli("tape", doc["instance_id"], "--store", store, "--json")   # every context's: tape_length
     assert rc == 0 and len(tape) == doc["tape_length"] == sum(len(c.tape) for c in instance.contexts.values())
-    assert [e["seq"] for e in tape if e["context"] == "main"] == list(range(1, end + 1))
+    assert [e["seq"] for e in tape if e["context"] == "main"] == list(range(1, instance.main.tape[-1].seq + 1))
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -27,12 +27,12 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from context_layers import LayeredContext, RuleDrivenCompressor, render, thaw
+from context_layers import LayeredContext, RuleDrivenCompressor, render
 from context_layers.tokens import count_text
 from engine import Engine, load_process
 
 from test_unseen_processes import _check_document
-from test_unseen_processes_3 import _cli
+from test_unseen_processes_3 import _cli, assert_replays
 
 UNSEEN = Path(__file__).resolve().parent / "unseen4"
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,16 +163,7 @@ def test_run_json_gives_the_outcome_derived_by_hand(name: str, tmp_path: Path) -
 def test_replay_rebuilds_every_snapshot_and_the_end_byte_for_byte(name: str, tmp_path: Path) -> None:
     case = CASES[name]
     code, doc, _, store = _run(case, tmp_path)
-    instance = Engine(store).load(doc["instance_id"])
-    for ctx in instance.contexts.values():
-        for snap in ctx.snapshots.values():
-            rebuilt = LayeredContext.replay(ctx.tape, until=snap.seq, name=ctx.name)
-            assert json.dumps(rebuilt.as_dict()) == json.dumps(
-                {layer: {k: thaw(v) for k, v in values.items()} for layer, values in snap.as_dict().items()})
-        assert LayeredContext.replay(ctx.tape, name=ctx.name) == ctx
-    end = instance.main.tape[-1].seq
-    rc, replayed, _ = _cli("replay", doc["instance_id"], "--until", str(end), "--store", store, "--json")
-    assert rc == 0 and json.dumps(replayed["layers"]) == json.dumps(doc["layers"])
+    assert_replays(doc, store)
 
 
 @pytest.mark.parametrize("name", list(CASES))
