@@ -104,6 +104,15 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, ki
     sys.exit(code)
 
 
+def start_data_details(err: Exception) -> dict[str, Any] | None:
+    """The error fields of start data that does not fit the start event's form: the event's id and
+    the refused fields one by one, as a user task's refused answer lists them."""
+    problems = getattr(err, "problems", None)
+    if not problems:
+        return None
+    return {"task_id": getattr(err, "task_id", None), "problems": [{"field": f, "problem": p} for f, p in problems]}
+
+
 def _error_document(error: dict[str, Any]) -> dict[str, Any]:
     """The `run --json` document for a failure before any instance exists: every field of
     the contract is there (empty), so scripts can read it like any other result."""
@@ -507,12 +516,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             raise  # the store, not the data: exit 1 with the store's message (_Command)
         except (ContextWriteDenied, LayerflowError) as err:
             where = _source_name(data_file, "data") if data_file else "initial data"
-            details = None
-            problems = getattr(err, "problems", None)
-            if problems:  # data that does not fit the start event's form: field by field
-                details = {"task_id": getattr(err, "task_id", None),
-                           "problems": [{"field": f, "problem": p} for f, p in problems]}
-            _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"), details=details)
+            _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"),
+                  details=start_data_details(err))
         if not as_json:
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:

@@ -19,7 +19,8 @@ from click.core import ParameterSource
 from context_layers.errors import LayerflowError
 from context_layers.stores import open_store
 
-from .cli import EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, json_stdout, main
+from .cli import (EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, json_stdout, main,
+                  start_data_details)
 from .store import default_store_url
 from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, DEFAULT_STREAM, dead_letters, dead_stream_of,
                      queue_client, requeue, run_worker, submit)
@@ -174,5 +175,5 @@ def submit_command(bpmn: str, config: str | None, process_id: str | None, data_f
         ids = [submit(target, bpmn, data, config=config, process_id=process_id, stream=stream, group=group,
                       client=client) for _ in range(count)]
     except LayerflowError as err:
-        _fail(str(err), as_json=as_json, kind=err.kind)
+        _fail(str(err), as_json=as_json, kind=err.kind, details=start_data_details(err))
     click.echo(json.dumps({"instance_ids": ids, "stream": stream}) if as_json else "\n".join(ids), file=json_stdout())

@@ -155,6 +155,30 @@ def test_worker_submit_refuses_bad_start_data_and_queues_nothing() -> None:
         client.close()
 
 
+def test_cli_submit_refuses_bad_start_data_field_by_field_and_queues_nothing(cli) -> None:
+    """`layerflow submit --json` names the refused fields as `run --json` does (error.problems)."""
+    import engine.cli_worker  # noqa: F401 - registers the commands
+    from engine.worker import queue_client
+    from stores.conftest import REDIS_URL, redis_or_skip
+
+    redis_or_skip()
+    url = f"memory://start-forms-{uuid.uuid4().hex}"
+    stream = f"lftest-{uuid.uuid4().hex[:12]}:ready"
+    client = queue_client(queue_url=REDIS_URL)
+    try:
+        result = cli("submit", str(START_FORMS / "ticket_intake.bpmn"), "--data", json.dumps({"severity": "high"}),
+                     "--store", url, "--queue", REDIS_URL, "--stream", stream, "--json")
+        assert result.exit_code == 2, result.stderr
+        error = json.loads(result.stdout)["error"]
+        assert error["kind"] == "invalid_answer"
+        assert error["problems"] == [{"field": "subject", "problem": "is required and missing"}]
+        assert error["task_id"] is not None and error["task_id"] in error["message"]
+        assert open_store(url).list_instances() == [] and client.xlen(stream) == 0
+    finally:
+        client.delete(stream)
+        client.close()
+
+
 def test_validate_reports_a_start_form_linked_to_a_missing_form_file(cli, forms_dir: Path) -> None:
     (forms_dir / "ticket_start.form").unlink()
     result = cli("validate", str(forms_dir / "ticket_intake.bpmn"))
