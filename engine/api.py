@@ -363,6 +363,12 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         """The processes of the catalog (what POST /api/instances can start)."""
         return s.processes()
 
+    @app.get("/api/processes/{process_id}", tags=["instances"], responses=_ERRORS)
+    def process(process_id: str, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """One catalog process and what starting it asks for: ``start_form`` (the form on its none
+        start event, which POST /api/instances checks the data against: 400 field by field) or null."""
+        return s.process(process_id)
+
     @app.get("/api/instances", tags=["instances"], responses=_ERRORS)
     def list_instances(status: str | None = Query(default=None), s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:

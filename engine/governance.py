@@ -79,7 +79,7 @@ from context_layers.errors import (
 from context_layers.stores import ConfirmationAnswered
 from context_layers.tape import EventKind
 
-from . import forms
+from . import forms, spiff
 from .gateway_steps import short
 from .leases import holding
 from .process import Process, load_process
@@ -723,6 +723,20 @@ class GovernanceService:
 
     def processes(self) -> list[dict[str, Any]]:
         return list(self.catalog.entries().values())
+
+    def process(self, process_id: str) -> dict[str, Any]:
+        """One catalog entry, with what starting it asks for: ``start_form`` is the form on its none
+        start event (``event_id``, ``fields``, ``source``; the start data is checked against it) or
+        None. Options a field takes from a SYSTEM key are listed as the start would offer them."""
+        entry = self.catalog.entries().get(process_id)
+        process = self.catalog.load(process_id)  # unknown id: 404 naming the registered ones
+        found = spiff.start_form(process.spec)
+        start_form = None
+        if found is not None:
+            event_id, form = found
+            form = forms.with_options(form, {k: process.system[k] for k in forms.option_keys(form) if k in process.system})
+            start_form = {"event_id": event_id, **forms.public_form(form)}
+        return {**(entry or {"id": process_id}), "start_form": start_form}
 
     def list_instances(self, status: str | None = None) -> list[dict[str, Any]]:
         return [dict(r) for r in self.engine.store.list() if status is None or r.get("status") == status]

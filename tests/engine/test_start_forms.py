@@ -135,6 +135,34 @@ def test_rest_start_refuses_bad_start_data_with_400_and_creates_nothing(forms_di
         assert started.json()["layers"]["L1"] == {"employee": "kim", "days": 1, "paid": True}
 
 
+def test_rest_shows_a_catalog_process_start_form(forms_dir: Path) -> None:
+    """GET /api/processes/{id}: what POST /api/instances will check the data against, so a client
+    can build the start screen; null for a process whose start event has no form; 404 naming the
+    registered processes for an unknown id."""
+    (forms_dir / "plain_start.bpmn").write_text(
+        '<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">'
+        '<bpmn:process id="plain_start" isExecutable="true"><bpmn:startEvent id="go"/><bpmn:endEvent id="done"/>'
+        '<bpmn:sequenceFlow id="f" sourceRef="go" targetRef="done"/></bpmn:process></bpmn:definitions>')
+    with ServerThread(create_app("memory://", forms_dir, TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        shown = c.get("/api/processes/leave_request")
+        assert shown.status_code == 200, shown.text
+        body = shown.json()
+        assert body["id"] == "leave_request" and body["file"] == "leave_request.bpmn"
+        form = body["start_form"]
+        assert form["event_id"] == "request_leave"
+        fields = {f["id"]: f for f in form["fields"]}
+        assert fields["days"]["required"] is True
+        assert "employee" in fields and "paid" in fields
+        assert httpx.get(f"{server.url}/api/processes/leave_request", timeout=30).status_code == 401
+        assert c.get("/api/processes/order_intake").json()["start_form"]["event_id"] == "order_received"
+        assert c.get("/api/processes/plain_start").json() == {"id": "plain_start", "name": None,
+                                                              "file": "plain_start.bpmn", "start_form": None}
+        missing = c.get("/api/processes/no_such_process")
+        assert missing.status_code == 404
+        assert "leave_request" in missing.json()["error"]["message"]
+
+
 def test_worker_submit_refuses_bad_start_data_and_queues_nothing() -> None:
     from engine.worker import queue_client, submit
     from stores.conftest import REDIS_URL, redis_or_skip
