@@ -174,17 +174,19 @@ class FormAnswerInvalid(InvalidAnswer):
 class StartDataInvalid(FormAnswerInvalid):
     """The data an instance is started with does not fit the form on the process's none start event
     (Camunda 7 formData, a formProperty, a Camunda 8 form): refused as a user task's answer is, with
-    the same ``problems``, before any instance exists. ``task_id``: the start event's BPMN id."""
+    the same ``problems``, before any instance exists. ``task_id``: the start event's BPMN id; ``pool``:
+    in a collaboration, the process of the pool whose start event holds the form."""
 
     def __init__(self, event_id: str, problems: list[tuple[str, str]], form: Mapping[str, Any], *,
-                 process_id: str, file: str | None) -> None:
+                 process_id: str, file: str | None, pool: str | None = None) -> None:
         self.problems = list(problems)
         self.fields = [dict(f) for f in form.get("fields") or []]
         self.source = form.get("source")
         listed = "; ".join(f"field {f!r} {p}" for f, p in problems)
         asked = ", ".join(forms.describe_field(f) for f in self.fields)
         where = f" in {file}" if file else ""
-        InvalidAnswer.__init__(self, f"the start data of process {process_id!r} does not fit the form of its start "
+        owner = f"process {process_id!r}" + (f" (its pool {pool!r})" if pool else "")
+        InvalidAnswer.__init__(self, f"the start data of {owner} does not fit the form of its start "
                                f"event {event_id!r}{where} ({self.source}): {listed}"
                                + (f"; the form asks for: {asked} (* required)" if asked else "")
                                + "; no instance was created: correct the data and start again", task_id=event_id)
@@ -730,7 +732,7 @@ class GovernanceService:
         None. Options a field takes from a SYSTEM key are listed as the start would offer them."""
         entry = self.catalog.entries().get(process_id)
         process = self.catalog.load(process_id)  # unknown id: 404 naming the registered ones
-        found = spiff.start_form(process.spec)
+        found = spiff.start_form(process.spec, process.subprocess_specs)
         start_form = None
         if found is not None:
             event_id, form = found

@@ -1925,24 +1925,28 @@ def _cycle_states(wf: Any) -> dict[Any, tuple[Any, ...]]:
 
 
 def _checked_start_data(process: Process, data: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """The start data checked against the form on the process's none start event, as a user task's
-    answer is (``_Runtime._check_form``), with the defaults of the fields it omits; ``StartDataInvalid``
-    before anything exists when it does not fit."""
-    found = spiff.start_form(process.spec)
-    if found is None:
+    """The start data checked against the form on the process's none start event (in a collaboration,
+    on each pool's that starts with the instance), as a user task's answer is (``_Runtime._check_form``),
+    with the defaults of the fields it omits; ``StartDataInvalid`` before anything exists when it does
+    not fit."""
+    found = spiff.start_forms(process.spec, process.subprocess_specs)
+    if not found:
         return data
-    event_id, form = found
-    given = dict(data or {})
-    # nothing holds a value yet but SYSTEM: what a field shows when its key is a SYSTEM key
-    held = {**given, **process.system}
-    form = forms.with_options(form, {key: held[key] for key in forms.option_keys(form) if key in held})
-    prefilled = {str(f["id"]): process.system[f["id"]] for f in form.get("fields") or [] if f["id"] in process.system}
-    answer, problems = forms.check_answer(form, given, prefilled)
-    if problems:
-        from .governance import StartDataInvalid
+    answer: dict[str, Any] = dict(data or {})
+    for event_id, form, owner in found:
+        given = dict(data or {})
+        # nothing holds a value yet but SYSTEM: what a field shows when its key is a SYSTEM key
+        held = {**given, **process.system}
+        form = forms.with_options(form, {key: held[key] for key in forms.option_keys(form) if key in held})
+        prefilled = {str(f["id"]): process.system[f["id"]] for f in form.get("fields") or [] if f["id"] in process.system}
+        checked, problems = forms.check_answer(form, given, prefilled)
+        if problems:
+            from .governance import StartDataInvalid
 
-        raise StartDataInvalid(event_id, problems, form, process_id=process.id,
-                               file=getattr(process.spec, "file", None))
+            raise StartDataInvalid(event_id, problems, form, process_id=process.id, file=getattr(owner, "file", None),
+                                   pool=owner.name if owner is not process.spec else None)
+        fields = {str(f["id"]) for f in form.get("fields") or []}
+        answer.update({k: v for k, v in checked.items() if k in fields or k not in answer})
     return answer
 
 

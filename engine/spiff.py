@@ -917,15 +917,31 @@ def _levels_up(workflow: Any, around: Any) -> int:
     return levels
 
 
-def start_form(spec: Any) -> tuple[str, dict[str, Any]] | None:
+def start_form(spec: Any, subprocess_specs: Mapping[str, Any] | None = None) -> tuple[str, dict[str, Any]] | None:
     """(start event id, form) of the form on the process's none start event, the one an instance
     starts from, or None. A message, signal or timer start gets its data from what triggers it."""
-    for ts in spec.task_specs.values():
-        if isinstance(ts, StartEvent) and type(getattr(ts, "event_definition", None)) is NoneEventDefinition:
-            form = (getattr(ts, "extensions", None) or {}).get("form")
-            if isinstance(form, dict):
-                return str(ts.bpmn_id), form
-    return None
+    found = start_forms(spec, subprocess_specs)
+    return found[0][:2] if found else None
+
+
+def start_forms(spec: Any, subprocess_specs: Mapping[str, Any] | None = None
+                ) -> list[tuple[str, dict[str, Any], Any]]:
+    """(start event id, form, its process's spec) of every form the start data must fit: the process's none start
+    event's, or in a collaboration each pool's whose none start event starts with the instance
+    (``subprocess_specs`` holds the pools' processes)."""
+    specs = [spec]
+    if is_collaboration(spec) and subprocess_specs:
+        specs = [subprocess_specs[ts.spec] for ts in spec.task_specs.values()
+                 if isinstance(ts, SubWorkflowTask) and ts.spec in subprocess_specs]
+    out = []
+    for each in specs:
+        for ts in each.task_specs.values():
+            if isinstance(ts, StartEvent) and type(getattr(ts, "event_definition", None)) is NoneEventDefinition:
+                form = (getattr(ts, "extensions", None) or {}).get("form")
+                if isinstance(form, dict):
+                    out.append((str(ts.bpmn_id), form, each))
+                    break
+    return out
 
 
 def caught_in_scope(spec: Any) -> bool:

@@ -207,6 +207,34 @@ def test_cli_submit_refuses_bad_start_data_field_by_field_and_queues_nothing(cli
         client.close()
 
 
+def test_a_collaboration_checks_the_start_form_of_the_pool_that_starts_with_it(cli, forms_dir: Path) -> None:
+    """In a collaboration the requester pool's none start event holds the form (the supplier pool
+    starts on its message): the start data is checked against it on every path, the refusal names
+    the pool, and data that fits runs both pools with the form's default filled in."""
+    path = START_FORMS / "parts_request.bpmn"
+    engine, err = _refusal("parts_request.bpmn", {"count": 12})
+    assert err.task_id == "parts_needed"
+    assert err.problems == [("part", "is required and missing"), ("count", "12 is above the maximum 10")]
+    assert "process 'parts_request' (its pool 'requester')" in str(err) and str(path) in str(err)
+
+    instance = engine.run(engine.start(load_process(path), {"part": "gear"}))
+    assert instance.status == "completed"
+    doc = instance.to_document()
+    assert doc["layers"]["L1"] == {"part": "gear", "count": 1}
+    assert doc["layers"]["L3"]["picked"] == "gear x1"
+
+    result = cli("run", str(forms_dir / "parts_request.bpmn"), "--data", json.dumps({"count": 3}), "--json")
+    assert result.exit_code == 2, result.stderr
+    assert json.loads(result.stdout)["error"]["problems"] == [{"field": "part", "problem": "is required and missing"}]
+    with ServerThread(create_app("memory://", forms_dir, TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=30) as c:
+        shown = c.get("/api/processes/parts_request").json()["start_form"]
+        assert shown["event_id"] == "parts_needed" and [f["id"] for f in shown["fields"]] == ["part", "count"]
+        refused = c.post("/api/instances", json={"process_id": "parts_request", "data": {}})
+        assert refused.status_code == 400 and refused.json()["error"]["task_id"] == "parts_needed"
+        assert c.get("/api/instances").json() == []
+
+
 def test_validate_reports_a_start_form_linked_to_a_missing_form_file(cli, forms_dir: Path) -> None:
     (forms_dir / "ticket_start.form").unlink()
     result = cli("validate", str(forms_dir / "ticket_intake.bpmn"))
