@@ -112,7 +112,8 @@ from SpiffWorkflow.bpmn.util.event import BpmnEvent, EventManager
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.exceptions import WorkflowException
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
-from SpiffWorkflow.spiff.parser.task_spec import BusinessRuleTaskParser, ServiceTaskParser, SpiffTaskParser
+from SpiffWorkflow.spiff.parser.task_spec import (BusinessRuleTaskParser, CallActivityParser, ServiceTaskParser,
+                                                  SpiffTaskParser)
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
 from SpiffWorkflow.spiff.serializer.task_spec import BusinessRuleTaskConverter, SpiffBpmnTaskConverter
 from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
@@ -124,7 +125,7 @@ from SpiffWorkflow.util.task import TaskState
 from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
-from . import deep_trees, dmn, inclusive_join, links
+from . import call_mappings, deep_trees, dmn, inclusive_join, links
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
 
@@ -1601,6 +1602,25 @@ class _LayerflowBusinessRuleTaskParser(BusinessRuleTaskParser):  # type: ignore[
                                postscript=extensions.get("postScript"), **self.bpmn_attributes)
 
 
+class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
+    """A call activity's renaming ``in`` mappings run as its preScript does, in the caller's context
+    before the called process starts, and its ``out`` mappings as its postScript does, after it
+    ends (``call_mappings.renames``): a Camunda 7 model that passes ``claimId`` in as ``ref`` and gets
+    ``ok`` back as ``claimOk`` runs as it does there. A spiffworkflow:preScript runs before the
+    ``in`` mappings, a postScript after the ``out`` ones."""
+
+    def create_task(self) -> Any:
+        task = super().create_task()
+        mappings = call_mappings.renames(self.node)
+        ins = [(s, t) for d, s, t, _ in mappings if d == "in"]
+        outs = [(s, t) for d, s, t, _ in mappings if d == "out"]
+        if ins:
+            task.prescript = "\n".join(filter(None, [task.prescript, call_mappings.script(ins)]))
+        if outs:
+            task.postscript = "\n".join(filter(None, [call_mappings.script(outs), task.postscript]))
+        return task
+
+
 _PARSER_TWINS: dict[type, type] = {}
 
 
@@ -1609,6 +1629,8 @@ def _parser_twin(cls: type) -> type:
         cls = _LayerflowServiceTaskParser
     elif cls is BusinessRuleTaskParser:
         cls = _LayerflowBusinessRuleTaskParser
+    elif cls is CallActivityParser:
+        cls = _LayerflowCallActivityParser
     if cls not in _PARSER_TWINS:
         _PARSER_TWINS[cls] = type(f"Layerflow{cls.__name__}", (_ExtensionsParserMixin, cls), {"__module__": __name__})
     return _PARSER_TWINS[cls]

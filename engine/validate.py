@@ -199,9 +199,10 @@ not make ``report.ok`` false:
 ``boundary_not_attached``             a boundary event whose attachedToRef names no activity of the process, or
                                       one drawn outside its activity's scope: SpiffWorkflow drops it without a
                                       word, and its path never runs
-``call_mapping_renamed``              a call activity's camunda:in / camunda:out (operaton:, activiti:,
-                                      flowable:) whose target names another variable than its source:
-                                      no such mapping runs, the target is never set
+``call_mapping_expression``           a call activity's camunda:in / camunda:out (operaton:, activiti:,
+                                      flowable:) whose sourceExpression computes something (a JUEL
+                                      expression): nothing evaluates it, the target is never set
+                                      (a mapping from one variable to another runs)
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
@@ -260,7 +261,7 @@ from context_layers.errors import ConfigError, LayerflowError, ProcessError
 from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence, python_source
 from gateways.coverage import coverage_gap
 
-from . import dmn, links
+from . import call_mappings, dmn, links
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
 
@@ -2571,36 +2572,41 @@ class _Validator:
                      f"before {eid!r} (each decision in a DMN file of its own)", file=file, line=el.sourceline,
                      element_id=eid, field="calledDecisionId")
 
-    def _check_call_renames(self, el: Any, eid: str, file: str) -> bool:
-        """A call activity's camunda:in / camunda:out (Operaton's, Activiti's, Flowable's) that passes a
-        variable under another name (source="isValid" target="orderValid"): SpiffWorkflow runs no such
-        mapping and every variable crosses under its own name, so the target is never set, and the
-        first condition or script that reads it stops the run (NameError): an error where the files
-        read it, else a warning. True when one was reported (the mapping is said no more generally)."""
-        reported = False
+    def _check_call_mappings(self, el: Any, eid: str, file: str) -> bool:
+        """A call activity's camunda:in / camunda:out (Operaton's, Activiti's, Flowable's). A mapping
+        from one variable to another (source="isValid" target="orderValid", or a sourceExpression that
+        only names a variable) runs (``engine.call_mappings``); ``variables="all"`` is what happens
+        anyway (the called process runs in its caller's context); a sourceExpression that computes
+        something is another engine's expression, which nothing evaluates, so its target is never set:
+        an error where the files read it, else a warning. True when every in/out element is one of
+        these (the general "another engine's settings" warning then leaves them out)."""
+        run = call_mappings.renames(el)  # (held: an lxml element's id lasts as long as its proxy)
+        executed = {id(child) for _, _, _, child in run}
+        handled = True
         for ext in el.iterfind(_bpmn("extensionElements")):
             for child in ext:
                 name = _foreign_name(child.tag) if isinstance(child.tag, str) else None
-                source, target = (child.get("source") or "").strip(), (child.get("target") or "").strip()
-                if name is None or not name.endswith((":in", ":out")) or not source or not target or source == target:
+                if name is None or not name.endswith((":in", ":out")) or id(child) in executed:
                     continue
-                read = self._reads_name(target)
-                reported = True
-                self.related.add(eid)
-                if name.endswith(":out"):
-                    where, fix = "the called process sets", (
-                        f"remove the mapping and read {source!r} where the process reads {target!r}, or add a script "
-                        f"task after {eid!r}: {target} = {source}")
-                else:
-                    where, fix = "the calling process has", (
-                        f"remove the mapping and read {source!r} in the called process where it reads {target!r}, "
-                        f"or add a script task before {eid!r}: {target} = {source}")
-                self.add("call_mapping_renamed", f"call activity {eid!r} has {name} source={source!r} "
-                         f"target={target!r}, another engine's mapping that layerflow (as SpiffWorkflow) does not run: "
-                         f"what {where} crosses under its own name ({source!r}), and nothing sets {target!r}"
-                         f"{', so the run stops where it is read' if read else ''}; {fix}", file=file,
-                         line=child.sourceline, element_id=eid, field=name, severity="error" if read else "warning")
-        return reported
+                source, target = (child.get("source") or "").strip(), (child.get("target") or "").strip()
+                expression = (child.get("sourceExpression") or "").strip()
+                if (child.get("variables") or "").strip() == "all" or (source and source == target):
+                    continue  # every variable crosses under its own name
+                if expression and target:
+                    read = self._reads_name(target)
+                    self.related.add(eid)
+                    dialect = "JUEL" if expression[:2] in ("${", "#{") and expression.endswith("}") else None
+                    instead = _python_instead(expression, dialect) if dialect else "rewrite it as a Python expression"
+                    hook = "preScript" if name.endswith(":in") else "postScript"
+                    self.add("call_mapping_expression", f"call activity {eid!r} has {name} "
+                             f"sourceExpression={expression!r} target={target!r}, another engine's expression that "
+                             f"layerflow does not evaluate, so nothing sets {target!r}"
+                             f"{', and the run stops where it is read' if read else ''}: set it in a "
+                             f"spiffworkflow:{hook} of {eid!r} ({target} = ...; {instead})", file=file,
+                             line=child.sourceline, element_id=eid, field=name, severity="error" if read else "warning")
+                    continue
+                handled = False  # a businessKey, a mapping without a target: said generally
+        return handled
 
     def _reads_name(self, name: str) -> bool:
         """A condition or script of the files given reads variable ``name`` (by the word: a guess that
@@ -2624,8 +2630,8 @@ class _Validator:
         if tag == "businessRuleTask":
             # Camunda 7's decisionRef and resultVariable and Camunda 8's calledDecision are run here
             found = {q: None for q in found if q != "zeebe:calledDecision"}
-        if tag == "callActivity" and self._check_call_renames(el, eid, file):
-            found = {q: None for q in found if not q.endswith((":in", ":out"))}  # said above, as an error
+        if tag == "callActivity" and self._check_call_mappings(el, eid, file):
+            found = {q: None for q in found if not q.endswith((":in", ":out"))}  # run, or said above
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
         for definition in el.iterfind(_bpmn("messageEventDefinition")):

@@ -16,7 +16,7 @@ from SpiffWorkflow.util.task import TaskState
 from engine import Engine, FormAnswerInvalid, load_process
 from engine.validate import _feel_negation, _feel_range, _python_instead, validate_process
 
-from engine_helpers import variables
+from engine_helpers import path_of, variables
 from test_realworld_4 import plain, problems
 
 REALWORLD = Path(__file__).resolve().parent / "realworld"
@@ -207,47 +207,53 @@ def test_a_feel_range_in_a_decision_table_gets_the_python_test_to_write(tmp_path
 # -- call activities' variable mappings ----------------------------------------------------------
 
 
-def test_a_call_activity_mapping_that_renames_a_variable_is_refused_where_the_name_is_read(tmp_path: Path) -> None:
+def test_a_call_activity_mapping_that_renames_a_variable_runs(tmp_path: Path) -> None:
     """Operaton's call-activity example maps the called process's isValid to orderValid
     (``operaton:out source="isValid" target="orderValid"``) and its gateway reads orderValid.
-    SpiffWorkflow runs no such mapping: every variable crosses under its own name. Validate only
-    warned ('set the variables in a script, a handler or an ioSpecification') and the run stopped at
-    the gateway, "name 'orderValid' is not defined", as plain SpiffWorkflow stops in the called
-    process on the input it renamed. A renamed variable that is read is now refused, naming the
-    mapping, with the script to add; one nothing reads is a warning."""
+    SpiffWorkflow runs no such mapping: plain SpiffWorkflow stops in the called process on the input
+    it renamed ("name 'ref' is not defined"). layerflow runs the mappings, in as the call activity's
+    preScript and out as its postScript, so the process takes the path it takes in Camunda: nothing
+    to report, ``claimOk`` decides the gateway, and the renamed values sit beside the originals."""
     path = REALWORLD / "call_mapping_renamed.bpmn"
     with pytest.raises(Exception, match="name 'ref' is not defined"):
         plain(path, "claim_intake", {"claimId": "C-1"})
     found = [p for p in validate_process([path], process_id="claim_intake").problems
-             if p.code in ("call_mapping_renamed", "foreign_extension")]
-    assert [(p.code, p.line, p.field, p.severity) for p in found] == [
-        ("call_mapping_renamed", 12, "camunda:in", "error"), ("call_mapping_renamed", 13, "camunda:out", "error"),
-        ("call_mapping_renamed", 14, "camunda:out", "warning")]
-    assert found[0].message.endswith("nothing sets 'ref', so the run stops where it is read; remove the mapping and "
-                                     "read 'claimId' in the called process where it reads 'ref', or add a script "
-                                     "task before 'check': ref = claimId")
-    assert found[1].message == (
-        "call activity 'check' has camunda:out source='ok' target='claimOk', another engine's mapping that layerflow "
-        "(as SpiffWorkflow) does not run: what the called process sets crosses under its own name ('ok'), and nothing "
-        "sets 'claimOk', so the run stops where it is read; remove the mapping and read 'ok' where the process reads "
-        "'claimOk', or add a script task after 'check': claimOk = ok")
-    assert found[2].message.endswith("nothing sets 'checkedOn'; remove the mapping and read 'checkedAt' where the "
-                                     "process reads 'checkedOn', or add a script task after 'check': checkedOn = checkedAt")
-    # done as it says, the process validates and runs as in plain SpiffWorkflow
-    fixed = rewritten(tmp_path, path, [('<camunda:in source="claimId" target="ref" />', ""),
-                                       ('<camunda:out source="ok" target="claimOk" />', ""),
-                                       ('<camunda:out source="checkedAt" target="checkedOn" />', ""),
-                                       ("ok = ref.startswith", "ok = claimId.startswith"),
-                                       ("claimOk == False", "ok == False")])
-    assert [p for p in validate_process([fixed], process_id="claim_intake").problems if p.severity == "error"] == []
-    for claim, end in (("C-1", "accepted"), ("X-1", "rejected")):
+             if p.code in ("call_mapping_expression", "foreign_extension")]
+    assert found == []
+    for claim, ok, end in (("C-1", True, "accepted"), ("X-1", False, "rejected")):
         engine = Engine(store="memory://")
-        instance = engine.run(engine.start(load_process([fixed], process_id="claim_intake"), {"claimId": claim}))
+        instance = engine.run(engine.start(load_process([path], process_id="claim_intake"), {"claimId": claim}))
         assert instance.status == "completed", instance.error
-        expected = plain(fixed, "claim_intake", {"claimId": claim})
-        assert variables(instance.main) == dict(expected.last_task.data)
-        done = {t.task_spec.bpmn_id for t in expected.get_tasks(state=TaskState.COMPLETED)}
-        assert end in done and ({"accepted", "rejected"} - {end}).isdisjoint(done)
+        assert variables(instance.main) == {"claimId": claim, "ref": claim, "ok": ok, "checkedAt": "2026-01-31",
+                                            "claimOk": ok, "checkedOn": "2026-01-31"}
+        assert path_of(instance.workflow)[-3:] == ["check", "valid", end]
+
+
+def test_call_mappings_in_other_engines_spellings(tmp_path: Path) -> None:
+    """A sourceExpression that only names a variable runs as that source, Flowable's namespace as
+    Camunda's; ``variables="all"`` is what happens anyway (no warning); a missing source gives None;
+    a sourceExpression that computes something is refused where its target is read, with the
+    Python to write in a preScript."""
+    path = REALWORLD / "call_mapping_renamed.bpmn"
+    spelled = rewritten(tmp_path, path, [
+        ('<camunda:in source="claimId" target="ref" />',
+         '<camunda:in variables="all" /><flowable:in sourceExpression="${claimId}" target="ref" />'
+         '<camunda:in source="notSet" target="extra" />'),
+        ('xmlns:camunda=', 'xmlns:flowable="http://flowable.org/bpmn" xmlns:camunda=')])
+    assert [p for p in validate_process([spelled], process_id="claim_intake").problems] == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([spelled], process_id="claim_intake"), {"claimId": "C-3"}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main)["ref"] == "C-3" and variables(instance.main)["extra"] is None
+    assert variables(instance.main)["claimOk"] is True
+
+    computed = rewritten(tmp_path, path, [('<camunda:in source="claimId" target="ref" />',
+                                           '<camunda:in sourceExpression="${claimId.trim()}" target="ref" />')])
+    [problem] = [p for p in validate_process([computed], process_id="claim_intake").problems
+                 if p.code == "call_mapping_expression"]
+    assert (problem.severity, problem.element_id, problem.field, problem.line) == ("error", "check", "camunda:in", 12)
+    assert "sourceExpression='${claimId.trim()}' target='ref'" in problem.message
+    assert "spiffworkflow:preScript of 'check' (ref = ..." in problem.message
 
 
 # -- handlers where none runs --------------------------------------------------------------------------

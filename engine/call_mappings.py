@@ -1,0 +1,52 @@
+"""A call activity's ``in`` / ``out`` mappings as Camunda 7 (Operaton, Activiti, Flowable) write
+them: ``<camunda:in source="claimId" target="ref"/>`` passes the caller's ``claimId`` to the called
+process as ``ref``; ``<camunda:out source="ok" target="claimOk"/>`` gives its ``ok`` back as
+``claimOk``. layerflow runs a called process in its caller's context, so every variable crosses
+under its own name anyway (``variables="all"``); what a mapping adds is the other name, set by
+Python run as the call activity's preScript (``in``) and postScript (``out``)
+(``engine.spiff._LayerflowCallActivityParser``). Pure: lxml only, read by ``engine.validate`` too."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from lxml import etree
+
+#: namespaces whose ``in`` / ``out`` elements on a call activity pass variables under other names
+NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://operaton.org/schema/1.0/bpmn": "operaton",
+              "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
+_EXTENSIONS = "{http://www.omg.org/spec/BPMN/20100524/MODEL}extensionElements"
+_SIMPLE_EXPRESSION = re.compile(r"^\s*[$#]\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\s*$")
+
+
+def renames(node: Any) -> list[tuple[str, str, str, Any]]:
+    """The call activity element ``node``'s mappings that pass a variable under another name:
+    (``"in"`` or ``"out"``, source variable, target variable, the mapping element), in document
+    order. A ``sourceExpression`` that only names a variable (``${claimId}``) counts as that source;
+    one that computes something is not run (``engine.validate`` says so)."""
+    out = []
+    for ext in node.iterfind(_EXTENSIONS):
+        for child in ext:
+            if not isinstance(child.tag, str):
+                continue
+            qn = etree.QName(child.tag)
+            if qn.namespace not in NAMESPACES or qn.localname not in ("in", "out"):
+                continue
+            source = (child.get("source") or "").strip()
+            if not source:
+                simple = _SIMPLE_EXPRESSION.match(child.get("sourceExpression") or "")
+                source = simple.group(1) if simple else ""
+            target = (child.get("target") or "").strip()
+            if source and target and source != target and source.isidentifier() and target.isidentifier():
+                out.append((qn.localname, source, target, child))
+    return out
+
+
+def script(pairs: list[tuple[str, str]]) -> str:
+    """Python that sets each target from its source, and to None when the source is not set (Camunda
+    passes a variable that does not exist as null)."""
+    lines = []
+    for source, target in pairs:
+        lines += ["try:", f"    {target} = {source}", "except NameError:", f"    {target} = None"]
+    return "\n".join(lines)
