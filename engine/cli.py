@@ -203,6 +203,13 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
         lines.append(f"  compression at {c.get('activity_id')}: {c.get('tokens_before')} -> {c.get('tokens_after')} tokens "
                      f"({', '.join(c.get('triggers') or [])})")
     _fallback_lines(lines, doc.get("model_fallbacks") or [])
+    for m in doc.get("messages_out") or []:
+        signal = " --signal" if m["kind"] == "signal" else ""
+        payload = "" if m["payload"] is None else \
+            f" --json-payload {shlex.quote(json.dumps(m['payload'], ensure_ascii=False))}"
+        lines.append(f"  {m['kind']} {m['name']!r} thrown at {m['element_id']} left the instance (nothing in it waits "
+                     f"for it): `layerflow send OTHER_ID{at} {shlex.quote(str(m['name']))}{signal}{payload}` delivers "
+                     "it to an instance that does")
     for w in doc["waiting_for"]:
         if w["kind"] == "confirmation":
             # the open one: a loop back through a join asks again under the same id, with new options

@@ -169,12 +169,31 @@ class Instance:
             "tape_length": self.tape_length(),
             "cancelled": self.cancelled,
             "model_fallbacks": self.model_fallbacks(),
+            "messages_out": self.messages_out(),
             "contexts": {
                 name: {"parent": info["parent"], "branch_id": info["branch_id"], "gateway": info["gateway"],
                        "status": info["status"], "tokens": self.contexts[name].tokens()}
                 for name, info in self.branches.items() if name in self.contexts
             },
         }
+
+    def messages_out(self) -> list[dict[str, Any]]:
+        """The messages and signals the process threw that nothing in the instance caught, oldest
+        first: ``{"name", "kind" ("message" | "signal"), "element_id", "payload", "context", "seq"}``
+        (plus ``"correlations"`` when the message has them). They left the instance: deliver one to an
+        instance that waits for it with ``Engine.send_event`` (``layerflow send``, REST
+        ``POST /api/instances/{id}/events``)."""
+        found: list[tuple[float, int, dict[str, Any]]] = []
+        for name, ctx in self.contexts.items():
+            for e in ctx.tape:
+                if e.kind == EventKind.NOTE and e.data.get("note") == "message_out":
+                    item = {"name": e.data.get("event"), "kind": e.data.get("event_kind"),
+                            "element_id": e.data.get("element"), "payload": e.data.get("payload"),
+                            "context": name, "seq": e.seq}
+                    if e.data.get("correlations"):
+                        item["correlations"] = e.data["correlations"]
+                    found.append((e.time, e.seq, item))
+        return [item for _, _, item in sorted(found, key=lambda f: (f[0], f[1]))]
 
     def model_fallbacks(self) -> list[dict[str, Any]]:
         """Where a configured model gave no usable answer and something else decided, from the

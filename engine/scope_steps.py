@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -35,6 +36,11 @@ if TYPE_CHECKING:
 
 
 ABSENT = object()
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` as JSON holds it (a tape event's data is JSON): what is not JSON as its text."""
+    return json.loads(json.dumps(thaw(value), default=str))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -578,6 +584,20 @@ class ScopeSteps:
         order they ended (``leave_subworkflow``), as each would have merged then."""
         done = [b for b, i in self.instance.branches.items() if i["parent"] == name and i["status"] == "event_done"]
         return sorted(done, key=lambda b: int(self.instance.branches[b].get("ended", 0)))
+
+    def thrown_out(self, task: Any, event: Any) -> None:
+        """A message or signal ``task`` threw that nothing in the instance caught: a ``message_out``
+        note on the tape of its context (name, kind, payload, correlations), which
+        ``Instance.messages_out`` lists, so the run says it left rather than dropping it silently."""
+        definition = event.event_definition
+        kind = "signal" if type(definition).__name__.endswith("SignalEventDefinition") else "message"
+        bpmn_id = spiff.bpmn_id_of(task)
+        data: dict[str, Any] = {"event": str(getattr(definition, "name", "") or ""), "event_kind": kind,
+                                "element": bpmn_id, "payload": _json_safe(event.payload)}
+        correlations = getattr(event, "correlations", None)
+        if correlations:
+            data["correlations"] = _json_safe(dict(correlations))
+        self.context_of(task).record("message_out", actor=bpmn_id, data=data)
 
     def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None) -> None:
         """A catching event ran with the payload of an event this process threw: into its context;

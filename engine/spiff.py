@@ -41,6 +41,8 @@ The driver protocol (implemented by ``engine.runtime``)::
     io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
     boundary_path(task, path=None) -> None           # a non-interrupting boundary event fires, or a cycle
                                                      # timer's repetition (``path``: its first task): a path starts
+    thrown_out(task, event) -> None                  # a message or signal ``task`` threw left the instance:
+                                                     # nothing in it caught it (SpiffWorkflow's bpmn_events)
     caught(task, values, sent_from) -> None          # a catching event ran with the payload of an event the
                                                      # process threw itself: {variable: payload}; sent_from:
                                                      # a collaboration's sender (element, pool's process)
@@ -220,6 +222,7 @@ class Driver(Protocol):
     def timer(self, task: Any) -> None: ...
     def now(self) -> datetime: ...
     def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None) -> None: ...
+    def thrown_out(self, task: Any, event: Any) -> None: ...
     def caught_error(self, task: Any, thrown: dict[str, Any], variables: list[str]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]: ...
@@ -498,8 +501,9 @@ class _LayerflowSpecMixin:
                     raise
                 raise driver.no_branch_taken(my_task) from None
         if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
-                                                          MessageEventDefinition):
-            # a pool's message names its sender to the pool that catches it (_InterruptAwareEvents.catch)
+                                                          (MessageEventDefinition, SignalEventDefinition)):
+            # a pool's message names its sender to the pool that catches it, and one nothing catches
+            # is recorded as sent out of the instance by its element (_InterruptAwareEvents.catch)
             top = my_task.workflow.top_workflow
             top.lf_throwing = my_task
             try:
@@ -2066,7 +2070,10 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
             event.lf_sent_from = {"element": bpmn_id_of(thrower), "process": pool_process_of(thrower)}
         target = event.target
         if target is None:
-            return int(super().catch(event, internal))
+            caught = int(super().catch(event, internal))
+            if not caught and internal:
+                self._left_the_instance(thrower, event)
+            return caught
         while target is not None:
             tasks = [t for t in self.tasks.values()
                      if catching_scope(t) is target and t.task_spec.event_definition.catches(t, event)]
@@ -2083,10 +2090,20 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
         tasks = [t for t in self.tasks.values() if not caught_in_scope(t.task_spec) and t.task_spec.catches(t, event)]
         if not tasks and internal:
             self.workflow.bpmn_events.append(event)
+            self._left_the_instance(thrower, event)
         for task in tasks:
             task.task_spec.catch(task, event)
             task.task_spec._update(task)
         return len(tasks)
+
+    def _left_the_instance(self, thrower: Any, event: Any) -> None:
+        """A message or signal the process threw that nothing in the instance caught: SpiffWorkflow
+        leaves it in ``bpmn_events`` for the application; the driver records it (``thrown_out``).
+        In a collaboration a pool's message waits there for its receiver instead (``deliver_pending``)."""
+        driver = getattr(self.workflow, "layerflow", None)
+        if thrower is None or driver is None or is_collaboration(self.workflow.spec):
+            return
+        driver.thrown_out(thrower, event)
 
 
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:

@@ -199,3 +199,69 @@ def test_rest_needs_the_token_and_a_known_instance(server) -> None:
     assert r.status_code == 401
     r = server.post("/api/instances/no-such-id/events", json={"name": "go"})
     assert r.status_code == 404 and r.json()["error"]["kind"] == "not_found"
+
+
+# -- messages and signals that leave the instance ----------------------------------------------------
+
+MESSAGES_OUT = Path(__file__).resolve().parent / "fixtures" / "messages_out"
+
+
+def test_a_message_nothing_in_the_instance_catches_is_listed_as_sent_out_and_can_be_delivered(cli) -> None:
+    """A process that throws a message and a signal that nothing in its instance waits for: before,
+    both vanished without a trace (SpiffWorkflow leaves them for the application, and nothing showed
+    them). They are on the tape (a ``message_out`` note of the throwing element), in ``run --json``'s
+    ``messages_out`` and in the summary, with the `layerflow send` that delivers the message to the
+    instance of another process that starts on it."""
+    shop = cli("run", str(MESSAGES_OUT / "order_shop.bpmn"), "--data", '{"order_id": "O-9"}', "--json")
+    assert shop.exit_code == 0, shop.output
+    doc = json.loads(shop.stdout)
+    assert doc["status"] == "completed"
+    assert [{k: m[k] for k in ("name", "kind", "element_id", "payload", "context")} for m in doc["messages_out"]] == [
+        {"name": "order placed", "kind": "message", "element_id": "notify_warehouse",
+         "payload": {"id": "O-9", "items": 2}, "context": "main"},
+        {"name": "stock changed", "kind": "signal", "element_id": "announce_stock", "payload": None, "context": "main"}]
+    seqs = [m["seq"] for m in doc["messages_out"]]
+    tape = json.loads(cli("tape", doc["instance_id"], "--kind", "message_out", "--json").stdout)
+    assert [e["seq"] for e in tape] == seqs
+    assert [e["data"]["element"] for e in tape] == ["notify_warehouse", "announce_stock"]
+
+    text = cli("run", str(MESSAGES_OUT / "order_shop.bpmn"), "--data", '{"order_id": "O-9"}')
+    assert ("message 'order placed' thrown at notify_warehouse left the instance (nothing in it waits for it): "
+            "`layerflow send OTHER_ID 'order placed' --json-payload '{\"id\": \"O-9\", \"items\": 2}'`") in text.stdout
+    assert "`layerflow send OTHER_ID 'stock changed' --signal` delivers it" in text.stdout
+
+    warehouse = json.loads(cli("run", str(MESSAGES_OUT / "warehouse.bpmn"), "--json").stdout)
+    assert warehouse["status"] == "waiting" and warehouse["messages_out"] == []
+    message = doc["messages_out"][0]
+    sent = cli("send", warehouse["instance_id"], message["name"], "--json-payload", json.dumps(message["payload"]),
+               "--json")
+    assert sent.exit_code == 0, sent.output
+    done = json.loads(sent.stdout)
+    assert done["status"] == "completed" and done["layers"]["L3"]["picked"] == 2
+
+
+def test_a_message_caught_in_its_own_instance_is_not_sent_out(tmp_path: Path) -> None:
+    """Only what nothing in the instance caught leaves it: a branch that waits for the message
+    another branch throws catches it, and ``messages_out`` stays empty; the Python API lists the
+    same items as ``run --json``."""
+    from engine import load_process
+    from engine_helpers import flow, write_elements
+
+    definition = '<bpmn:messageEventDefinition messageRef="ping_msg"/>'
+    path = write_elements(tmp_path, "ping_self", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>',
+        f'<bpmn:intermediateCatchEvent id="wait_ping">{definition}</bpmn:intermediateCatchEvent>',
+        '<bpmn:scriptTask id="prepare"><bpmn:script>ready = True</bpmn:script></bpmn:scriptTask>',
+        f'<bpmn:intermediateThrowEvent id="ping">{definition}</bpmn:intermediateThrowEvent>',
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("split", "wait_ping"), flow("split", "prepare"), flow("prepare", "ping"),
+        flow("wait_ping", "join"), flow("ping", "join"), flow("join", "end")],
+        extra='<bpmn:message id="ping_msg" name="ping"/>\n')
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process(path), {}))
+    assert instance.status == "completed", instance.error
+    assert instance.messages_out() == [] and instance.to_document()["messages_out"] == []
+
+    shop = engine.run(engine.start(load_process(MESSAGES_OUT / "order_shop.bpmn"), {"order_id": "O-1"}))
+    assert [m["name"] for m in shop.messages_out()] == ["order placed", "stock changed"]
+    assert shop.to_document()["messages_out"] == shop.messages_out()
