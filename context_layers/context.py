@@ -281,6 +281,14 @@ class LayeredContext:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.locate(key) is not None
 
+    def __getitem__(self, key: str) -> Any:
+        """``ctx[key]`` is ``resolve(key)``: beside ``key in ctx``, the read a Python user tries first."""
+        return self.resolve(key)
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys (``keys()``); without it, ``__getitem__`` would make Python iterate ``ctx[0]``, ``ctx[1]``."""
+        return iter(self.keys())
+
     def keys(self) -> list[str]:
         """Every key, once, in resolution order (L0 first, insertion order within a layer)."""
         seen: dict[str, None] = {}
