@@ -324,14 +324,22 @@ class Engine:
         instance.version = self._store_of(instance).create(to_record(instance))
         return instance
 
-    def run(self, instance: Instance, *, answers: Mapping[str, Any] | None = None,
+    def run(self, instance: Instance | Process, data: Mapping[str, Any] | None = None, *,
+            answers: Mapping[str, Any] | None = None,
             ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
         """Advance until the instance completes, waits (user task, confirmation) or fails.
 
         ``answers`` (the ``--answers`` document) completes user tasks and answers
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
-        leave the instance waiting).
+        leave the instance waiting). Given a process (and its start ``data``), starts it
+        first: ``run(process, data)`` is ``run(start(process, data))``.
         """
+        if isinstance(instance, Process):
+            instance = self.start(instance, data)
+        elif data is not None:
+            raise TypeError(f"Engine.run: instance {instance.id!r} has started already; start data goes to "
+                            "Engine.start(process, data) or Engine.run(process, data), and a running instance "
+                            "takes answers= (or Engine.inject)")
         if instance.status in ("error", "cancelled"):
             return instance
         from .governance import InvalidAnswer

@@ -420,3 +420,42 @@ def test_stable_parts_first_volatile_last(ctx: LayeredContext) -> None:
     assert full.index("medium") < full.index("volatile-1") and "volatile-1" in first[-1]["content"]
     ctx.write(Layer.WORKING, "w", "volatile-2", actor="next")
     assert render(ctx, format="xml")[:-1] == first[:-1]
+
+
+# --- second pass -------------------------------------------------------------------
+
+def test_an_event_names_its_key(ctx: LayeredContext) -> None:
+    """gap: ``event.key`` (DESIGN: a denied write is recorded with its key)."""
+    write = ctx.tape.filter(kind="write")[-1]
+    assert (write.key, write.keys) == ("risk_level", ("risk_level",))
+    with pytest.raises(ContextWriteDenied):
+        ctx.write(Layer.WORKING, "policy", "x", actor="rogue")
+    assert ctx.tape[-1].key == "policy"
+    assert ctx.tape.filter(kind="complete")[-1].key is None  # moves several keys: see .keys
+    assert "risk_level" in ctx.tape.filter(kind="complete")[-1].keys
+    assert ctx.tape[0].keys == () or ctx.tape[0].kind == "init"
+
+
+def test_engine_runs_a_process_with_its_data() -> None:
+    """gap: ``engine.run(process, data)`` beside ``engine.run(engine.start(process, data))``."""
+    from pathlib import Path
+
+    from engine import Engine, load_process
+
+    process = load_process(Path(__file__).resolve().parent.parent / "bpmn_examples" / "loan_approval.bpmn")
+    engine = Engine("memory://")
+    data = {"amount": 20000, "applicant_id": "A1", "purpose": "equipment"}
+    instance = engine.run(process, data)
+    assert instance.status == "completed" and instance.main.resolve("amount") == 20000
+    assert engine.load(instance.id).status == "completed"
+    with pytest.raises(TypeError, match="Engine.start"):
+        engine.run(instance, data)
+
+
+def test_branch_tapes_replay_too(ctx: LayeredContext) -> None:
+    a, b = split_and_write(ctx, 1, 2, key="x")
+    assert LayeredContext.replay(a.context.tape) == a.context
+    ContextSplitter().join(ctx, [a, b], {"mergeStrategy": "LAST_WRITER_WINS"})
+    RuleDrivenCompressor().compress(ctx, {"compressTokenThreshold": 10})
+    again = LayeredContext.replay(ctx.tape)
+    assert again == ctx and json.dumps(render(again)) == json.dumps(render(ctx))
