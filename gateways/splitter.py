@@ -114,6 +114,8 @@ class ContextSplitter:
         (an ``ActivityExtensionConfig`` or its JSON form, with ``gatewayId``).
         ``branches=`` is another name for ``branch_ids``; either may list branch configs
         (``{"id": ..., "contextInject": {...}}``) beside plain ids."""
+        if not isinstance(ctx, LayeredContext):
+            raise TypeError(f"split: the first argument is the parent LayeredContext to split, got {type(ctx).__name__}")
         if branches is not None:
             if branch_ids is not None:
                 raise TypeError("split: pass the branches once, as branch_ids or as branches= (ids, or "

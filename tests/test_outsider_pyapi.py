@@ -459,3 +459,16 @@ def test_branch_tapes_replay_too(ctx: LayeredContext) -> None:
     RuleDrivenCompressor().compress(ctx, {"compressTokenThreshold": 10})
     again = LayeredContext.replay(ctx.tape)
     assert again == ctx and json.dumps(render(again)) == json.dumps(render(ctx))
+
+
+def test_wrong_arguments_name_what_to_pass(ctx: LayeredContext) -> None:
+    """gap: a dict for the parent context failed with "'dict' object has no attribute 'snapshot'",
+    a tape's Event objects given to a store with "needs an int 'seq' >= 1, got None"."""
+    from context_layers.stores import open_store
+    from context_layers.stores.base import InvalidRecord
+
+    with pytest.raises(TypeError, match="parent LayeredContext"):
+        ContextSplitter().split({"amount": 1}, "g", ["a", "b"])  # type: ignore[arg-type]
+    store = open_store("memory://")
+    with pytest.raises(InvalidRecord, match=r"Event\.to_dict\(\)"):
+        store.append_events("i1", "main", list(ctx.tape))  # type: ignore[arg-type]
