@@ -85,12 +85,12 @@ def as_summarizer(summarizer: object) -> Summarizer | None:
     if summarizer is None:
         return None
     method = getattr(summarizer, "summarize", None)
-    fn = method if callable(method) else summarizer if callable(summarizer) else None
+    fn: Callable[..., Any] | None = method if callable(method) else summarizer if callable(summarizer) else None
     if fn is None:
         raise TypeError(f"summarizer must have a summarize(text, max_tokens) method or be a function "
                         f"(text, max_tokens) -> str, got {type(summarizer).__name__} {summarizer!r:.60}; "
                         "leave it out for the offline extractive summaries")
-    if fn is method and _takes_prefix(fn):
+    if _takes_prefix(fn) and fn is method:
         return summarizer  # type: ignore[return-value]  # the protocol as it is
     return _Adapted(fn, _takes_prefix(fn), summarizer)
 

@@ -70,10 +70,6 @@ def check_inject(ctx: LayeredContext, gateway_id: str, branch_id: str, inject: M
             raise ContextWriteDenied(key, Layer.WORKING, effective, reason)
 
 
-def _ids(given: Sequence[str | BranchConfig | Mapping[str, Any]]) -> set[str]:
-    return {b if isinstance(b, str) else b.id if isinstance(b, BranchConfig) else str(b.get("id")) for b in given}
-
-
 def _with_branches(config: ActivityExtensionConfig | None, gateway_id: str,
                    given: Sequence[str | BranchConfig | Mapping[str, Any]]) -> ActivityExtensionConfig:
     """``config`` whose branches are ``given`` (in that order; a plain id keeps the branch config the
@@ -134,15 +130,17 @@ class ContextSplitter:
                 raise ValueError("split: the gateway's config has no gatewayId; write it, or call "
                                  "split(ctx, gateway_id, branch_ids, config)")
             gateway_id = config.gateway_id
-        if branch_ids is not None and any(not isinstance(b, str) for b in branch_ids):
-            config = _with_branches(config, gateway_id, branch_ids)
-            branch_ids = [b.id for b in config.branches if b.id in _ids(branch_ids)]
+        ids: list[str]
         if branch_ids is None:
-            branch_ids = [b.id for b in config.branches] if config is not None else []
-            if not branch_ids:
+            ids = [b.id for b in config.branches] if config is not None else []
+            if not ids:
                 raise ValueError(f"split {gateway_id!r}: no branches: pass branch_ids, or a config whose "
                                  "branches name them")
-        ids = list(branch_ids)
+        elif all(isinstance(b, str) for b in branch_ids):
+            ids = [str(b) for b in branch_ids]
+        else:
+            config = _with_branches(config, gateway_id, branch_ids)
+            ids = [b.id for b in config.branches]
         repeated = sorted({b for b in ids if ids.count(b) > 1})
         if repeated:
             raise ValueError(f"split {gateway_id!r}: branch ids must be unique, repeated: {repeated}")
