@@ -452,6 +452,27 @@ def test_engine_runs_a_process_with_its_data() -> None:
         engine.run(instance, data)
 
 
+def test_engine_calls_take_an_instance_id() -> None:
+    """gap: ``engine.resume(ID, answers=...)`` as ``layerflow resume ID`` (it failed with
+    "'str' object has no attribute 'workflow'")."""
+    from pathlib import Path
+
+    from engine import Engine, load_process
+
+    process = load_process(Path(__file__).resolve().parent.parent / "bpmn_examples" / "parallel_user_task.bpmn")
+    engine = Engine("memory://")
+    waiting = engine.run(process, {"title": "Q3 report"})
+    assert waiting.status == "waiting" and waiting.waiting_for[0]["task_id"] == "review"
+    done = engine.resume(waiting.id, answers={"user_tasks": {"review": {"approved": True, "reviewer": "ann"}}})
+    assert done.status == "completed" and done.main.resolve("reviewer") == "ann"
+    second = engine.run(process, {"title": "Q4 report"})
+    assert engine.complete_user_task(second.id, "review", {"approved": False, "reviewer": "bob"}).status == "completed"
+    with pytest.raises(KeyError, match="nope"):
+        engine.resume("nope")
+    with pytest.raises(TypeError, match="Instance"):
+        engine.resume(42)  # type: ignore[arg-type]
+
+
 def test_branch_tapes_replay_too(ctx: LayeredContext) -> None:
     a, b = split_and_write(ctx, 1, 2, key="x")
     assert LayeredContext.replay(a.context.tape) == a.context
