@@ -226,8 +226,8 @@ def run_hooks(entries: Iterable[Entry], hooks: Iterable[SelectHook]) -> list[Ent
 class LayeredContext:
     """The governed context of one activity path (the main path or one branch)."""
 
-    def __init__(self, system: Mapping[str, Any] | None = None, *, name: str = "main",
-                 branch_id: str | None = None, encoding: str = DEFAULT_ENCODING,
+    def __init__(self, system: Mapping[str, Any] | None = None, *, process: Mapping[str, Any] | None = None,
+                 name: str = "main", branch_id: str | None = None, encoding: str = DEFAULT_ENCODING,
                  actor: str = "engine", _empty: bool = False) -> None:
         self.name = name
         self.branch_id = branch_id
@@ -242,6 +242,10 @@ class LayeredContext:
         for key, value in (system or {}).items():
             changes.append((Layer.SYSTEM, self._check_key(key), self._freeze(key, value)))
         self._emit(EventKind.INIT, actor, changes=changes, data={"name": name, "encoding": encoding})
+        # the facts the process starts with (as the engine's start data): writes like any other,
+        # each on the tape, refused where SYSTEM holds the key
+        for key, value in (process or {}).items():
+            self.write(Layer.PROCESS, key, value, actor=actor)
 
     # ----- reading -------------------------------------------------------------------
 

@@ -493,3 +493,15 @@ def test_wrong_arguments_name_what_to_pass(ctx: LayeredContext) -> None:
     store = open_store("memory://")
     with pytest.raises(InvalidRecord, match=r"Event\.to_dict\(\)"):
         store.append_events("i1", "main", list(ctx.tape))  # type: ignore[arg-type]
+
+
+def test_a_context_starts_with_its_process_facts() -> None:
+    """gap: ``LayeredContext(system=..., process=...)``: PROCESS is what the process fixed at its start."""
+    c = LayeredContext(system={"policy": "p"}, process={"amount": 120000, "application_id": "A1"})
+    assert dict(c.layer(Layer.PROCESS)) == {"amount": 120000, "application_id": "A1"}
+    assert [e.key for e in c.tape.filter(kind="write")] == ["amount", "application_id"]
+    assert LayeredContext.replay(c.tape) == c
+    with pytest.raises(ContextWriteDenied):
+        c.write(Layer.PROCESS, "amount", 1)
+    with pytest.raises(ContextWriteDenied, match="policy"):
+        LayeredContext(system={"policy": "p"}, process={"policy": "mine"})
