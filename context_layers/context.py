@@ -73,6 +73,14 @@ def entry_kind(key: str, value: Any) -> str:
     return "data"
 
 
+def _check_task_id(task_id: object, op: str) -> None:
+    """An activity is named by its task's id: its record is ``activity:<task id>``, its events carry it
+    (a caller's programming slip: a plain TypeError, as ``Engine.start`` raises for its data)."""
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise TypeError(f"{op}: an activity needs its task id (a non-empty str, the BPMN id of the task), "
+                                f"got {task_id!r}")
+
+
 # A slot is (order, seq, value): insertion order within the layer, the tape seq of
 # the last change, the frozen value.
 Slot = tuple[int, int, Any]
@@ -527,6 +535,7 @@ class LayeredContext:
     # ----- activities ----------------------------------------------------------------
 
     def begin_activity(self, task_id: str, *, actor: str | None = None) -> None:
+        _check_task_id(task_id, "begin_activity")
         if self._state.activity is not None:
             raise LayerflowError(f"activity {self._state.activity!r} is still open in context {self.name!r}; "
                                  f"complete or abort it before beginning {task_id!r}")
@@ -539,6 +548,7 @@ class LayeredContext:
 
         ``record_kind`` is the record's kind and key prefix (the engine closes a caught message
         or signal with an ``event:<id>`` record); ``details`` are further fields of the record."""
+        _check_task_id(task_id, "complete_activity")
         if self._state.activity not in (None, task_id):
             raise LayerflowError(f"cannot complete {task_id!r}: activity {self._state.activity!r} is open in {self.name!r}")
         if f"{record_kind}:" not in RECORD_PREFIXES:

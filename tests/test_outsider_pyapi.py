@@ -505,3 +505,16 @@ def test_a_context_starts_with_its_process_facts() -> None:
         c.write(Layer.PROCESS, "amount", 1)
     with pytest.raises(ContextWriteDenied, match="policy"):
         LayeredContext(system={"policy": "p"}, process={"policy": "mine"})
+
+
+@pytest.mark.parametrize("task_id", ["", "  ", None, 7])
+def test_an_activity_needs_a_task_id(task_id: Any) -> None:
+    """gap: ``begin_activity("")`` opened an activity named '' (the next begin then said
+    "activity '' is still open")."""
+    c = LayeredContext()
+    with pytest.raises(TypeError, match="task id"):
+        c.begin_activity(task_id)
+    with pytest.raises(TypeError, match="task id"):
+        c.complete_activity(task_id)
+    c.begin_activity("next")  # nothing was opened
+    assert len(c.tape) == 2
