@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from context_layers import (ActivityExtensionConfig, AttentionScore, CompressResult, CompressTriggerDetector,
                             ContextWriteDenied, Layer, LayeredContext, RuleDrivenCompressor, render)
@@ -518,3 +520,79 @@ def test_an_activity_needs_a_task_id(task_id: Any) -> None:
         c.complete_activity(task_id)
     c.begin_activity("next")  # nothing was opened
     assert len(c.tape) == 2
+
+
+# --- DESIGN's rules against a reference written from its text ------------------------
+
+_ABSENT = object()
+_leaf = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(["a", "b"]))
+_value = st.recursive(_leaf, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["p", "q"]), inner, max_size=2)), max_leaves=5)
+_layer_map = st.dictionaries(st.sampled_from(["x", "y", "z"]), _value, max_size=3)
+
+
+def _canon(value: Any) -> str:
+    return "<absent>" if value is _ABSENT else json.dumps(value, sort_keys=True)
+
+
+@settings(deadline=None)
+@given(_layer_map, st.lists(_layer_map, min_size=2, max_size=4))
+def test_detection_matches_designs_rule(base: dict[str, Any], maps: list[dict[str, Any]]) -> None:
+    """A key is a conflict when two or more branches changed it (a delete counts) to different
+    results, compared as canonical JSON."""
+    found = {c.key for c in ConflictDetector().detect_conflicts(base, {f"b{i}": m for i, m in enumerate(maps)})}
+    expected = set()
+    for key in set(base).union(*maps):
+        was = _canon(base.get(key, _ABSENT))
+        if len({_canon(m.get(key, _ABSENT)) for m in maps} - {was}) >= 2:
+            expected.add(key)
+    assert found == expected
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["write", "delete", "activity", "snapshot", "restore", "deny", "process",
+                                           "knowledge", "ephemeral", "compress"]),
+                          st.sampled_from(["a", "b", "c"]), _value), max_size=20)
+
+
+@settings(deadline=None, max_examples=30)
+@given(_ops)
+def test_replay_rebuilds_every_sequence_number(ops: list[tuple[str, str, Any]]) -> None:
+    """The state of a context at any sequence number, rebuilt from the tape alone, renders the same bytes."""
+    c = LayeredContext(system={"policy": "p"})
+    seen: dict[int, tuple[str, str]] = {}
+    snaps: list[Any] = []
+    open_activity: str | None = None
+
+    def remember() -> None:
+        seen[c.tape[-1].seq] = (json.dumps(c.as_dict(), sort_keys=True), json.dumps(render(c)))
+
+    remember()
+    for i, (op, key, value) in enumerate(ops):
+        try:
+            if op == "write":
+                c.write(Layer.WORKING, key, value)
+            elif op == "delete":
+                c.delete(Layer.WORKING, key)
+            elif op == "activity" and open_activity:
+                c.complete_activity(open_activity)
+                open_activity = None
+            elif op == "activity":
+                open_activity = f"t{i}"
+                c.begin_activity(open_activity)
+            elif op == "snapshot":
+                snaps.append(c.snapshot())
+            elif op == "restore" and snaps:
+                c.restore(snaps[-1])
+            elif op == "deny":
+                c.write(Layer.WORKING, "policy", value)
+            elif op in ("process", "knowledge", "ephemeral"):
+                c.write(Layer[op.upper()], f"{key}_{op}", value)
+            elif op == "compress" and open_activity is None:
+                RuleDrivenCompressor().compress(c, {"compressTokenThreshold": 5})
+        except (ContextWriteDenied, KeyError):
+            pass
+        remember()
+    assert LayeredContext.replay(c.tape) == c
+    for seq, (layers, messages) in seen.items():
+        again = LayeredContext.replay(c.tape, until=seq)
+        assert (json.dumps(again.as_dict(), sort_keys=True), json.dumps(render(again))) == (layers, messages)
