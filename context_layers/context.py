@@ -78,7 +78,7 @@ def _check_task_id(task_id: object, op: str) -> None:
     (a caller's programming slip: a plain TypeError, as ``Engine.start`` raises for its data)."""
     if not isinstance(task_id, str) or not task_id.strip():
         raise TypeError(f"{op}: an activity needs its task id (a non-empty str, the BPMN id of the task), "
-                                f"got {task_id!r}")
+                        f"got {task_id!r}")
 
 
 # A slot is (order, seq, value): insertion order within the layer, the tape seq of

@@ -68,7 +68,9 @@ class _Adapted:
     def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Message] | None = None) -> str:
         out = (self._fn(text, max_tokens, prefix_messages=prefix_messages) if self._takes_prefix
                else self._fn(text, max_tokens))
-        return out if isinstance(out, str) else str(out)
+        if not isinstance(out, str):
+            raise TypeError(f"summarizer {self.source!r:.60} returned {type(out).__name__}; return the summary text")
+        return out
 
 
 def _takes_prefix(fn: Callable[..., Any]) -> bool:
