@@ -596,3 +596,21 @@ def test_replay_rebuilds_every_sequence_number(ops: list[tuple[str, str, Any]]) 
     for seq, (layers, messages) in seen.items():
         again = LayeredContext.replay(c.tape, until=seq)
         assert (json.dumps(again.as_dict(), sort_keys=True), json.dumps(render(again))) == (layers, messages)
+
+
+def test_errors_survive_pickle_and_copy() -> None:
+    """gap: ``pickle`` (a process pool, a worker) and ``copy`` of a ContextWriteDenied failed with
+    "__init__() missing 3 required positional arguments"; a ConfigError lost its problems."""
+    import copy
+    import pickle
+
+    from context_layers.errors import ConfigError
+
+    c = LayeredContext(system={"policy": "p"})
+    with pytest.raises(ContextWriteDenied) as info:
+        c.write(Layer.WORKING, "policy", "x", actor="rogue")
+    for again in (pickle.loads(pickle.dumps(info.value)), copy.copy(info.value)):
+        assert isinstance(again, ContextWriteDenied) and str(again) == str(info.value)
+        assert (again.key, again.target, again.effective_layer) == ("policy", Layer.WORKING, Layer.SYSTEM)
+    config_error = ConfigError("bad", problems=[{"field": "x"}])
+    assert pickle.loads(pickle.dumps(config_error)).problems == [{"field": "x"}]
