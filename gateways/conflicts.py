@@ -142,7 +142,7 @@ class MergedConflict:
     key: str
     base_value: Any
     conflicting_values: dict[str, Any]
-    source_branches: tuple[str, ...]
+    source_branches: tuple[str, ...] = ()  # left out: the branches ``conflicting_values`` names
     layer: Any = None
     resolution: "Resolution | None" = None
 

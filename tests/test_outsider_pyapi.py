@@ -614,3 +614,13 @@ def test_errors_survive_pickle_and_copy() -> None:
         assert (again.key, again.target, again.effective_layer) == ("policy", Layer.WORKING, Layer.SYSTEM)
     config_error = ConfigError("bad", problems=[{"field": "x"}])
     assert pickle.loads(pickle.dumps(config_error)).problems == [{"field": "x"}]
+
+
+def test_a_merged_conflict_is_built_from_its_branch_values() -> None:
+    """gap: ``MergedConflict(key=..., base_value=..., conflicting_values={branch: value})`` (as a
+    resolver's test builds one) needed ``source_branches`` repeated."""
+    built = MergedConflict(key="x", base_value=1, conflicting_values={"a": 2, "b": 3})
+    assert built.source_branches == ("a", "b") and built.conflicting_values == [2, 3]
+    assert built == ConflictDetector().detect_conflicts({"x": 1}, {"a": {"x": 2}, "b": {"x": 3}})[0]
+    listed = MergedConflict(key="x", base_value=1, conflicting_values=[2, 3])  # type: ignore[arg-type]
+    assert dict(listed.conflicting_values) == {"branch_0": 2, "branch_1": 3}
