@@ -624,3 +624,15 @@ def test_a_merged_conflict_is_built_from_its_branch_values() -> None:
     assert built == ConflictDetector().detect_conflicts({"x": 1}, {"a": {"x": 2}, "b": {"x": 3}})[0]
     listed = MergedConflict(key="x", base_value=1, conflicting_values=[2, 3])  # type: ignore[arg-type]
     assert dict(listed.conflicting_values) == {"branch_0": 2, "branch_1": 3}
+
+
+def test_branch_priority_without_its_strategy_is_named(ctx: LayeredContext) -> None:
+    """gap: a join with ``branchPriority`` but the default mergeStrategy failed on its conflict
+    without saying the priority was never read."""
+    from context_layers.errors import MergeConflictError
+
+    branches = split_and_write(ctx, "approved", "rejected")
+    with pytest.raises(MergeConflictError, match="mergeStrategy: BRANCH_PRIORITY"):
+        ContextSplitter().join(ctx, branches, {"branchPriority": ["b", "a"]})
+    ContextSplitter().join(ctx, branches, {"branchPriority": ["b", "a"], "mergeStrategy": "BRANCH_PRIORITY"})
+    assert ctx.resolve("approval_status") == "rejected"
