@@ -26,7 +26,7 @@ Words used throughout:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -567,6 +567,14 @@ class TriggerDecision:
                                                other.attention, other.suppressed, other.min_attention_tokens)
 
     __hash__ = None  # type: ignore[assignment]  # holds lists and dicts
+
+    def __iter__(self) -> Iterator[str]:
+        """The triggers that fired (none when it did not fire): ``for t in detect(...)``, ``list(...)``."""
+        return iter(self.triggers if self.fired else ())
+
+    def __contains__(self, trigger: object) -> bool:
+        """``"token_threshold" in detect(...)``: whether that trigger fired."""
+        return self.fired and trigger in self.triggers
 
     def to_dict(self) -> dict[str, Any]:
         return {"fired": self.fired, "triggers": list(self.triggers), "values": dict(self.values),

@@ -41,7 +41,7 @@ from typing import Any
 from .canonical import Memo, thaw
 from .config import CompressRule
 from .context import entry_kind
-from .summarize import ExtractiveSummarizer, Summarizer, fit_summary, value_text
+from .summarize import ExtractiveSummarizer, Summarizer, as_summarizer, fit_summary, value_text
 from .tokens import DEFAULT_ENCODING, count_text, count_value
 
 __all__ = [
@@ -76,7 +76,7 @@ class SummaryCache:
 
     def __init__(self, summarizer: Summarizer | None = None, *, encoding: str = DEFAULT_ENCODING,
                  prefix_messages: Callable[[], Sequence[Mapping[str, str]] | None] | None = None) -> None:
-        self.summarizer = summarizer or ExtractiveSummarizer(encoding=encoding)
+        self.summarizer = as_summarizer(summarizer) or ExtractiveSummarizer(encoding=encoding)
         self.encoding = encoding
         self._prefix = prefix_messages
         self._memo: dict[tuple[str, int], str] = {}

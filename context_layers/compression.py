@@ -67,7 +67,7 @@ from .errors import ContextKeyError
 from .layers import Layer
 from .markers import DELETED
 from .similarity import near_duplicate_clusters, word_sets
-from .summarize import Summarizer, cut_to_tokens, value_text
+from .summarize import Summarizer, as_summarizer, cut_to_tokens, value_text
 from .tokens import count_text, count_value
 
 __all__ = [
@@ -190,7 +190,7 @@ class RuleDrivenCompressor:
     def __init__(self, summarizer: Summarizer | None = None, *, keep_recent: int = 0,
                  recent_activities: int = RECENT_ACTIVITIES, prefix: PrefixFn | None = None,
                  summary_tokens: int | None = None, detector: CompressTriggerDetector | None = None) -> None:
-        self.summarizer = summarizer
+        self.summarizer = as_summarizer(summarizer)
         self.keep_recent = max(0, keep_recent)
         self.recent_activities = recent_activities
         self.prefix = prefix
@@ -207,11 +207,12 @@ class RuleDrivenCompressor:
         return self._run(ctx, as_config(config, source="compress"), actor=actor, triggers=triggers,
                          target_tokens=target_tokens, directive=None, attention=attention)
 
-    def evaluate(self, ctx: LayeredContext, before_snapshot_id: str,
-                 config: ActivityExtensionConfig | Mapping[str, Any] | None = None) -> EvaluateReport:
+    def evaluate(self, ctx: LayeredContext, before_snapshot_id: "SnapshotRef | ConfigArg" = None,
+                 config: ConfigArg = None) -> EvaluateReport:
         return evaluate(ctx, before_snapshot_id, config, recent_activities=self.recent_activities)
 
-    def decompress(self, ctx: LayeredContext, snapshot_id: str, *, actor: str = "compressor") -> DecompressResult:
+    def decompress(self, ctx: LayeredContext, snapshot_id: "SnapshotRef" = None, *,
+                   actor: str = "compressor") -> DecompressResult:
         return decompress(ctx, snapshot_id, actor=actor)
 
     # ----- the one algorithm ---------------------------------------------------------------
@@ -723,13 +724,53 @@ class EvaluateReport:
                 "checked_preserved": list(self.checked_preserved)}
 
 
-def evaluate(ctx: LayeredContext, before_snapshot_id: str,
-             config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
+ConfigArg = ActivityExtensionConfig | Mapping[str, Any] | None
+#: what names the compression to evaluate or undo: its snapshot id, its ``CompressResult``, or
+#: ``None`` for the latest compression of the context
+SnapshotRef = str | CompressResult | None
+
+
+def latest_compression(ctx: LayeredContext) -> str | None:
+    """The snapshot id of the latest compression on ``ctx``'s tape, ``None`` when none ran."""
+    for event in reversed(ctx.tape):
+        sid = event.data.get("snapshot_id")
+        if event.data.get("note") == "compress" and isinstance(sid, str):
+            return sid
+    return None
+
+
+def _snapshot_of(ctx: LayeredContext, ref: object, op: str) -> str:
+    if isinstance(ref, CompressResult):
+        if ref.snapshot_id is None:
+            raise ContextKeyError(f"cannot {op}: that compression changed nothing (no snapshot was taken)")
+        return ref.snapshot_id
+    if isinstance(ref, str):
+        return ref
+    if ref is None:
+        sid = latest_compression(ctx)
+        if sid is None:
+            raise ContextKeyError(f"cannot {op}: no compression ran on context {ctx.name!r}; compress first, "
+                                  "or pass the snapshot_id to compare with")
+        return sid
+    raise TypeError(f"{op}: pass the snapshot_id of a CompressResult (a str), the CompressResult itself, or "
+                    f"nothing for the latest compression; got {type(ref).__name__}")
+
+
+def evaluate(ctx: LayeredContext, before_snapshot_id: SnapshotRef | ConfigArg = None,
+             config: ConfigArg = None, *,
              recent_activities: int = RECENT_ACTIVITIES) -> EvaluateReport:
     """Tokens and attention scores before (the snapshot) vs now, and whether every
     preserved key in HISTORY or WORKING before is still there with byte-identical
-    canonical JSON (a key that moved between the two layers still counts as intact)."""
-    snap = ctx.get_snapshot(before_snapshot_id)
+    canonical JSON (a key that moved between the two layers still counts as intact).
+
+    ``before_snapshot_id`` may be a ``CompressResult``, or left out for the latest
+    compression; ``evaluate(ctx, config)`` is that too, with the config."""
+    if isinstance(before_snapshot_id, (Mapping, ActivityExtensionConfig)):
+        if config is not None:
+            raise TypeError("evaluate: pass the config once; the second argument is the snapshot_id of the "
+                            "compression to evaluate (or its CompressResult)")
+        before_snapshot_id, config = None, before_snapshot_id
+    snap = ctx.get_snapshot(_snapshot_of(ctx, before_snapshot_id, "evaluate"))
     config = as_config(config, source="evaluate")
     then = Scope.of(snap, config)
     now = Scope.of(ctx, config)
@@ -757,12 +798,14 @@ class DecompressResult:
                 "tokens_after": self.tokens_after, "event_seq": self.event_seq}
 
 
-def decompress(ctx: LayeredContext, snapshot_id: str, *, actor: str = "compressor") -> DecompressResult:
+def decompress(ctx: LayeredContext, snapshot_id: SnapshotRef = None, *, actor: str = "compressor") -> DecompressResult:
     """Undo the compression that took ``snapshot_id``: HISTORY as it was in that snapshot (one
     restore event; the compressed version stays on the tape, so a later ``restore`` can bring it
     back too), plus what HISTORY gained or changed since the compression (the activities that ran
     after it, a later compression), re-applied in one more event: undoing a compression drops
-    nothing written after it. A snapshot no compression took is restored as it is."""
+    nothing written after it. A snapshot no compression took is restored as it is.
+    ``snapshot_id`` may be the ``CompressResult``, or left out for the latest compression."""
+    snapshot_id = _snapshot_of(ctx, snapshot_id, "decompress")
     try:
         snap = ctx.get_snapshot(snapshot_id)
     except ContextKeyError as exc:

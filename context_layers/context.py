@@ -73,6 +73,14 @@ def entry_kind(key: str, value: Any) -> str:
     return "data"
 
 
+def _check_task_id(task_id: object, op: str) -> None:
+    """An activity is named by its task's id: its record is ``activity:<task id>``, its events carry it
+    (a caller's programming slip: a plain TypeError, as ``Engine.start`` raises for its data)."""
+    if not isinstance(task_id, str) or not task_id.strip():
+        raise TypeError(f"{op}: an activity needs its task id (a non-empty str, the BPMN id of the task), "
+                        f"got {task_id!r}")
+
+
 # A slot is (order, seq, value): insertion order within the layer, the tape seq of
 # the last change, the frozen value.
 Slot = tuple[int, int, Any]
@@ -226,8 +234,8 @@ def run_hooks(entries: Iterable[Entry], hooks: Iterable[SelectHook]) -> list[Ent
 class LayeredContext:
     """The governed context of one activity path (the main path or one branch)."""
 
-    def __init__(self, system: Mapping[str, Any] | None = None, *, name: str = "main",
-                 branch_id: str | None = None, encoding: str = DEFAULT_ENCODING,
+    def __init__(self, system: Mapping[str, Any] | None = None, *, process: Mapping[str, Any] | None = None,
+                 name: str = "main", branch_id: str | None = None, encoding: str = DEFAULT_ENCODING,
                  actor: str = "engine", _empty: bool = False) -> None:
         self.name = name
         self.branch_id = branch_id
@@ -242,6 +250,10 @@ class LayeredContext:
         for key, value in (system or {}).items():
             changes.append((Layer.SYSTEM, self._check_key(key), self._freeze(key, value)))
         self._emit(EventKind.INIT, actor, changes=changes, data={"name": name, "encoding": encoding})
+        # the facts the process starts with (as the engine's start data): writes like any other,
+        # each on the tape, refused where SYSTEM holds the key
+        for key, value in (process or {}).items():
+            self.write(Layer.PROCESS, key, value, actor=actor)
 
     # ----- reading -------------------------------------------------------------------
 
@@ -280,6 +292,14 @@ class LayeredContext:
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.locate(key) is not None
+
+    def __getitem__(self, key: str) -> Any:
+        """``ctx[key]`` is ``resolve(key)``: beside ``key in ctx``, the read a Python user tries first."""
+        return self.resolve(key)
+
+    def __iter__(self) -> Iterator[str]:
+        """The keys (``keys()``); without it, ``__getitem__`` would make Python iterate ``ctx[0]``, ``ctx[1]``."""
+        return iter(self.keys())
 
     def keys(self) -> list[str]:
         """Every key, once, in resolution order (L0 first, insertion order within a layer)."""
@@ -515,6 +535,7 @@ class LayeredContext:
     # ----- activities ----------------------------------------------------------------
 
     def begin_activity(self, task_id: str, *, actor: str | None = None) -> None:
+        _check_task_id(task_id, "begin_activity")
         if self._state.activity is not None:
             raise LayerflowError(f"activity {self._state.activity!r} is still open in context {self.name!r}; "
                                  f"complete or abort it before beginning {task_id!r}")
@@ -527,6 +548,7 @@ class LayeredContext:
 
         ``record_kind`` is the record's kind and key prefix (the engine closes a caught message
         or signal with an ``event:<id>`` record); ``details`` are further fields of the record."""
+        _check_task_id(task_id, "complete_activity")
         if self._state.activity not in (None, task_id):
             raise LayerflowError(f"cannot complete {task_id!r}: activity {self._state.activity!r} is open in {self.name!r}")
         if f"{record_kind}:" not in RECORD_PREFIXES:

@@ -43,8 +43,20 @@ __all__ = [
 ]
 
 
+def _rebuilt(cls: type["LayerflowError"], args: tuple[Any, ...], state: dict[str, Any]) -> "LayerflowError":
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
 class LayerflowError(Exception):
     kind = "error"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle and copy as built (message and every attribute): the subclasses take other
+        arguments than their message, which ``Exception``'s own reduce would pass them."""
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "message": str(self)}

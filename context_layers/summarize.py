@@ -12,9 +12,10 @@ result never exceeds ``max_tokens`` as counted by tiktoken.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .canonical import Memo, canonical_json
@@ -24,6 +25,7 @@ __all__ = [
     "SUMMARY_INSTRUCTION",
     "ExtractiveSummarizer",
     "Summarizer",
+    "as_summarizer",
     "build_summary_request",
     "cut_to_tokens",
     "fit_summary",
@@ -51,6 +53,48 @@ class Summarizer(Protocol):
     """
 
     def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Message] | None = None) -> str: ...
+
+
+class _Adapted:
+    """A summarizer written as DESIGN names it (``summarize(text, max_tokens)``, or a plain
+    function of those two) behind the full protocol: ``prefix_messages`` reaches it only
+    when it takes them."""
+
+    def __init__(self, fn: Callable[..., Any], takes_prefix: bool, source: object) -> None:
+        self._fn = fn
+        self._takes_prefix = takes_prefix
+        self.source = source
+
+    def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Message] | None = None) -> str:
+        out = (self._fn(text, max_tokens, prefix_messages=prefix_messages) if self._takes_prefix
+               else self._fn(text, max_tokens))
+        if not isinstance(out, str):
+            raise TypeError(f"summarizer {self.source!r:.60} returned {type(out).__name__}; return the summary text")
+        return out
+
+
+def _takes_prefix(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the protocol's call
+        return True
+    return any(p.name == "prefix_messages" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def as_summarizer(summarizer: object) -> Summarizer | None:
+    """``summarizer`` as the compressor calls it: ``None`` (the offline default), an object with
+    ``summarize(text, max_tokens[, prefix_messages=...])``, or a function ``(text, max_tokens) -> str``."""
+    if summarizer is None:
+        return None
+    method = getattr(summarizer, "summarize", None)
+    fn: Callable[..., Any] | None = method if callable(method) else summarizer if callable(summarizer) else None
+    if fn is None:
+        raise TypeError(f"summarizer must have a summarize(text, max_tokens) method or be a function "
+                        f"(text, max_tokens) -> str, got {type(summarizer).__name__} {summarizer!r:.60}; "
+                        "leave it out for the offline extractive summaries")
+    if _takes_prefix(fn) and fn is method:
+        return summarizer  # type: ignore[return-value]  # the protocol as it is
+    return _Adapted(fn, _takes_prefix(fn), summarizer)
 
 
 def build_summary_request(prefix_messages: Sequence[Message] | None, text: str, max_tokens: int, *,

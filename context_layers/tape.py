@@ -91,6 +91,23 @@ class Event:
     # the snapshot a fork/restore/abort started from; persisted apart from the event
     snapshot: "Snapshot | None" = field(default=None, compare=False, repr=False)
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The context keys the event is about: those it changed, else the one its ``data``
+        names (a denied write's, a conflict's), in order, once each."""
+        found = dict.fromkeys(key for _, key, _ in self.changes)
+        named = self.data.get("key") if self.data else None
+        if not found and isinstance(named, str):
+            found[named] = None
+        return tuple(found)
+
+    @property
+    def key(self) -> str | None:
+        """The one key the event is about (a write, a delete, a denied write, a conflict);
+        ``None`` for an event about no key or several (``keys`` lists them)."""
+        keys = self.keys
+        return keys[0] if len(keys) == 1 else None
+
     def to_dict(self) -> dict[str, Any]:
         # frozen values are dict/list subclasses: JSON-encodable as they are, no copy needed
         changes = [[layer, key] if value is DELETED else [layer, key, value] for layer, key, value in self.changes]

@@ -343,14 +343,25 @@ class Engine:
         instance.version = self._store_of(instance).create(to_record(instance))
         return instance
 
-    def run(self, instance: Instance, *, answers: Mapping[str, Any] | None = None,
+    def run(self, instance: Instance | Process | str, data: Mapping[str, Any] | None = None, *,
+            answers: Mapping[str, Any] | None = None,
             ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
         """Advance until the instance completes, waits (user task, confirmation) or fails.
 
         ``answers`` (the ``--answers`` document) completes user tasks and answers
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
-        leave the instance waiting).
+        leave the instance waiting). Given a process (and its start ``data``), starts it
+        first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
+        loads it.
         """
+        if isinstance(instance, Process):
+            instance = self.start(instance, data)
+        else:
+            instance = self._instance(instance)
+            if data is not None:
+                raise TypeError(f"Engine.run: instance {instance.id!r} has started already; start data goes to "
+                                "Engine.start(process, data) or Engine.run(process, data), and a running instance "
+                                "takes answers= (or Engine.inject)")
         if instance.status in ("error", "cancelled"):
             return instance
         from .governance import InvalidAnswer
@@ -398,11 +409,12 @@ class Engine:
             self._save(instance)
         return instance
 
-    def complete_user_task(self, instance: Instance, task_id: str, data: Mapping[str, Any] | None = None, *,
+    def complete_user_task(self, instance: Instance | str, task_id: str, data: Mapping[str, Any] | None = None, *,
                            run: bool = True, actor: str = "person") -> Instance:
         """Complete a waiting user (or manual) task with ``data`` (written to WORKING), then run on.
         Who gave the data (``actor``) is on the tape (``user_input``), before the task's writes.
         An instance in ``error`` is resumed first (``resume``, which takes the answers too)."""
+        instance = self._instance(instance)
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"complete {task_id!r}")
         now = datetime.fromtimestamp(self.clock(), timezone.utc)
@@ -441,7 +453,7 @@ class Engine:
         self._save(instance)
         return self.run(instance) if run else instance
 
-    def answer_confirmation(self, instance: Instance, confirmation_id: str, value: Any, *, run: bool = True,
+    def answer_confirmation(self, instance: Instance | str, confirmation_id: str, value: Any, *, run: bool = True,
                             timed_out: bool = False, actor: str = "person", reason: str | None = None,
                             resolver: str = "human") -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
@@ -450,6 +462,7 @@ class Engine:
         changes nothing. ``actor`` and ``reason`` go on the tape with the decision;
         ``resolver`` is who decided (``"model"``: a model settled it with its tools), as the
         conflict's resolution names it."""
+        instance = self._instance(instance)
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"answer {confirmation_id!r}")
         rt.check_answer(confirmation_id, value)
@@ -464,7 +477,7 @@ class Engine:
         self._save(instance)
         return self.run(instance) if run else instance
 
-    def send_event(self, instance: Instance, name: str, payload: Any = None, *, kind: str = "message",
+    def send_event(self, instance: Instance | str, name: str, payload: Any = None, *, kind: str = "message",
                    actor: str = "operator", run: bool = True) -> Instance:
         """Deliver a BPMN message named ``name`` (``kind="signal"``: broadcast a signal) to what
         waits for it (catch events, receive tasks, event-based gateways, boundary events, the
@@ -477,6 +490,7 @@ class Engine:
         is on the tape, and saved); a payload that is not an object raises ``BadRequest``.
         None of them changes the instance otherwise.
         """
+        instance = self._instance(instance)
         _runtime_of(instance)  # an instance from Engine.start / Engine.load
         _refuse_if_failed(instance, "send the event")
         tape = instance.tape_length()
@@ -491,10 +505,12 @@ class Engine:
         self._save(instance)
         return self.run(instance) if run else instance
 
-    def resume(self, instance: Instance, *, answers: Mapping[str, Any] | None = None,
+    def resume(self, instance: Instance | str, *, answers: Mapping[str, Any] | None = None,
                ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
         """Continue an instance: retry the failed activity of an ``error`` instance (its context
-        is as before the activity; fix the cause first, e.g. with ``inject``), or run on."""
+        is as before the activity; fix the cause first, e.g. with ``inject``), or run on.
+        ``instance`` may be its id (``layerflow resume ID``): it is loaded from the store."""
+        instance = self._instance(instance)
         rt = _runtime_of(instance)
         refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
@@ -510,7 +526,7 @@ class Engine:
                 return instance
         return self.run(instance, answers=answers, ask=ask)
 
-    def cancel(self, instance: Instance, *, reason: str, actor: str = "operator") -> Instance:
+    def cancel(self, instance: Instance | str, *, reason: str, actor: str = "operator") -> Instance:
         """Stop an instance for good: nothing of it runs again (resume, answers, events and
         timers are refused), its open tasks are cancelled, an activity left open (waiting for
         a person's answer) is put back as it was before it began, and its pending
@@ -519,6 +535,7 @@ class Engine:
         completed or already cancelled instance raises ``InstanceStateError``."""
         from .governance import InstanceStateError
 
+        instance = self._instance(instance)
         _runtime_of(instance)
         if instance.status in ("completed", "cancelled"):
             raise InstanceStateError(f"instance {instance.id} is {instance.status}; only an unfinished instance "
@@ -545,7 +562,7 @@ class Engine:
         self._save(instance)
         return instance
 
-    def inject(self, instance: Instance, values: Mapping[str, Any], *, layer: Layer | str = Layer.WORKING,
+    def inject(self, instance: Instance | str, values: Mapping[str, Any], *, layer: Layer | str = Layer.WORKING,
                context: str | None = None, actor: str = "operator") -> Instance:
         """Write values into a context from outside any activity (to fix the cause of an error).
 
@@ -554,6 +571,7 @@ class Engine:
         """
         from .governance import GovernanceService
 
+        instance = self._instance(instance)
         rt = _runtime_of(instance)
         ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
@@ -567,6 +585,15 @@ class Engine:
     def load(self, instance_id: str) -> Instance:
         """Load a saved instance (for ``resume``, ``inspect``, another process)."""
         return from_record(self, self.store.load(instance_id))
+
+    def _instance(self, instance: "Instance | str") -> Instance:
+        """The instance itself, or the one its id names in the store (``resume(ID)``, as the CLI)."""
+        if isinstance(instance, str):
+            return self.load(instance)
+        if not isinstance(instance, Instance):
+            raise TypeError(f"expected an Instance (from Engine.start or Engine.load) or its id, "
+                            f"got {type(instance).__name__}")
+        return instance
 
     def due_timers(self) -> list[dict[str, Any]]:
         """The timers of waiting instances in the store that are due by the engine's clock,

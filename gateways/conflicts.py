@@ -142,7 +142,7 @@ class MergedConflict:
     key: str
     base_value: Any
     conflicting_values: dict[str, Any]
-    source_branches: tuple[str, ...]
+    source_branches: tuple[str, ...] = ()  # left out: the branches ``conflicting_values`` names
     layer: Any = None
     resolution: "Resolution | None" = None
 
@@ -327,21 +327,62 @@ def _named(branches: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any
     return {f"branch_{i}": b for i, b in enumerate(branches)}
 
 
+def _contexts_given(base: Any, branches: Any) -> bool:
+    """Whether ``detect_conflicts`` was handed a split (contexts, snapshots) rather than layer maps."""
+    from context_layers.context import LayeredContext, Snapshot
+
+    from .splitter import BranchContext
+
+    if isinstance(base, (LayeredContext, Snapshot, str)):
+        return True
+    values = branches.values() if isinstance(branches, Mapping) else branches if isinstance(branches, Sequence) else ()
+    return any(isinstance(b, (LayeredContext, BranchContext)) for b in values)
+
+
 class ConflictDetector:
     """``detect_conflicts(base, branches)``: every key two or more branches changed to
     different results, sorted by key (see the module doc for the rules). ``branches`` maps
-    branch ids to their maps, or is a list of maps (``branch_0``, ``branch_1``, ...)."""
+    branch ids to their maps, or is a list of maps (``branch_0``, ``branch_1``, ...).
+
+    Given a split instead (``base`` the split's snapshot, its id or the parent context;
+    ``branches`` the branch contexts by id, or the list ``ContextSplitter.split`` returned),
+    it finds what the join would, in every layer (each conflict names its ``layer``), and
+    changes nothing: ``config`` is the join's (its ``reducers`` settle keys without a conflict)."""
 
     def detect_conflicts(
         self,
-        base: Mapping[str, Any],
-        branches: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+        base: Any,
+        branches: Any,
         *,
         layer: Any = None,
+        config: Any = None,
     ) -> list[MergedConflict]:
+        if _contexts_given(base, branches):
+            return self._split_conflicts(base, branches, layer=layer, config=config)
+        if config is not None:
+            raise TypeError("detect_conflicts: config= is the join's config, for a split's contexts; "
+                            "layer maps are compared as they are")
         branches = _named(branches)
         outcomes = merge_keys(base, branches, _all_keys(base, branches), layer=layer)
         return sorted((o.conflict for o in outcomes if o.conflict is not None), key=lambda c: c.key)
+
+    @staticmethod
+    def _split_conflicts(base: Any, branches: Any, *, layer: Any, config: Any) -> list[MergedConflict]:
+        from context_layers.layers import Layer
+
+        from .join import _branch_contexts, _join_base, join_contexts  # join builds on this module
+
+        named = _branch_contexts(branches)
+        snapshot = _join_base(base, named)
+        label = snapshot.label or ""
+        gateway = label[len("split:"):] if label.startswith("split:") else "detect_conflicts"
+        # a person "is available": nothing is decided or raised, every open conflict stays pending
+        result = join_contexts(snapshot, named, config=config, gateway_id=gateway, human_available=True)
+        found = [item.conflict for item in result.conflicts]
+        if layer is not None:
+            wanted = Layer.parse(layer)
+            found = [c for c in found if c.layer == wanted]
+        return found
 
 
 def three_way_merge(

@@ -483,6 +483,10 @@ def resolve_conflicts(
             parts.append(f"escalated by a person: {', '.join(repr(c.key) for c in escalated)}")
         todo = ("Add a conflictPolicy rule, configure a model, answer the confirmation "
                 f"(--answer {gateway_id}/KEY=VALUE), or choose another mergeStrategy.") if unresolved else ""
+        if unresolved and config.branch_priority:
+            # branchPriority alone looks like a choice made; it is read by BRANCH_PRIORITY only
+            todo += (f" branchPriority {list(config.branch_priority)} is set but mergeStrategy is "
+                     f"{config.merge_strategy}: write mergeStrategy: BRANCH_PRIORITY to let it decide.")
         if escalated:
             todo += (" " if todo else "") + (
                 "An escalation is final: an administrator settles it with a conflictPolicy rule (without "

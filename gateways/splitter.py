@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from context_layers.canonical import thaw
-from context_layers.config import ActivityExtensionConfig, as_config
+from context_layers.config import ActivityExtensionConfig, BranchConfig, as_config
 from context_layers.context import LayeredContext, Snapshot
 from context_layers.errors import ContextWriteDenied, MergeConflictError
 from context_layers.layers import Layer
@@ -70,21 +70,56 @@ def check_inject(ctx: LayeredContext, gateway_id: str, branch_id: str, inject: M
             raise ContextWriteDenied(key, Layer.WORKING, effective, reason)
 
 
+def _with_branches(config: ActivityExtensionConfig | None, gateway_id: str,
+                   given: Sequence[str | BranchConfig | Mapping[str, Any]]) -> ActivityExtensionConfig:
+    """``config`` whose branches are ``given`` (in that order; a plain id keeps the branch config the
+    gateway's config has for it), validated as any gateway config: an error names the field."""
+    items: list[Any] = []
+    for b in given:
+        if isinstance(b, str):
+            known = config.branch(b) if config is not None else None
+            items.append(known.model_dump(by_alias=True) if known is not None else {"id": b})
+        elif isinstance(b, BranchConfig):
+            items.append(b.model_dump(by_alias=True))
+        elif isinstance(b, Mapping):
+            items.append(dict(b))
+        else:
+            raise TypeError(f"split {gateway_id!r}: a branch is an id or a branch config "
+                            f"({{'id': ..., 'contextInject': {{...}}}}), got {type(b).__name__}")
+    checked = as_config({"gatewayId": gateway_id, "branches": items}, source=f"split {gateway_id!r}")
+    if config is None:
+        return checked
+    return config.model_copy(update={"branches": checked.branches})
+
+
 class ContextSplitter:
     def split(
         self,
         ctx: LayeredContext,
         gateway_id: str | ActivityExtensionConfig | Mapping[str, Any],
-        branch_ids: Sequence[str] | None = None,
+        branch_ids: Sequence[str | BranchConfig | Mapping[str, Any]] | None = None,
         config: ActivityExtensionConfig | Mapping[str, Any] | None = None,
         *,
+        branches: Sequence[str | BranchConfig | Mapping[str, Any]] | None = None,
         actor: str = "engine",
         gateway_type: str | None = None,
     ) -> list[BranchContext]:
         """Snapshot ``ctx``, record the split on it, and fork one context per branch, in
         the order of ``branch_ids``. As in the seed, the gateway's config may stand in for
         the id and the branches: ``split(ctx, config)`` splits into ``config.branches``
-        (an ``ActivityExtensionConfig`` or its JSON form, with ``gatewayId``)."""
+        (an ``ActivityExtensionConfig`` or its JSON form, with ``gatewayId``).
+        ``branches=`` is another name for ``branch_ids``; either may list branch configs
+        (``{"id": ..., "contextInject": {...}}``) beside plain ids."""
+        if not isinstance(ctx, LayeredContext):
+            raise TypeError(f"split: the first argument is the parent LayeredContext to split, got {type(ctx).__name__}")
+        if branches is not None:
+            if branch_ids is not None:
+                raise TypeError("split: pass the branches once, as branch_ids or as branches= (ids, or "
+                                "{'id': ..., 'contextInject': {...}} configs)")
+            branch_ids = branches
+        if isinstance(branch_ids, (str, bytes)):
+            raise TypeError(f"split: branches must be a list of branch ids, got the string {branch_ids!r}; "
+                            f"write [{branch_ids!r}]")
         if config is not None:
             config = as_config(config, source="split")
         if not isinstance(gateway_id, str):
@@ -95,12 +130,17 @@ class ContextSplitter:
                 raise ValueError("split: the gateway's config has no gatewayId; write it, or call "
                                  "split(ctx, gateway_id, branch_ids, config)")
             gateway_id = config.gateway_id
+        ids: list[str]
         if branch_ids is None:
-            branch_ids = [b.id for b in config.branches] if config is not None else []
-            if not branch_ids:
+            ids = [b.id for b in config.branches] if config is not None else []
+            if not ids:
                 raise ValueError(f"split {gateway_id!r}: no branches: pass branch_ids, or a config whose "
                                  "branches name them")
-        ids = list(branch_ids)
+        elif all(isinstance(b, str) for b in branch_ids):
+            ids = [str(b) for b in branch_ids]
+        else:
+            config = _with_branches(config, gateway_id, branch_ids)
+            ids = [b.id for b in config.branches]
         repeated = sorted({b for b in ids if ids.count(b) > 1})
         if repeated:
             raise ValueError(f"split {gateway_id!r}: branch ids must be unique, repeated: {repeated}")

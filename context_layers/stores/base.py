@@ -605,7 +605,10 @@ def prepare_append(instance_id: str, context: str, events: Sequence[Mapping[str,
         return None
     seqs = []
     for event in events:
-        seq = event.get("seq") if isinstance(event, (dict, Mapping)) else None
+        if not isinstance(event, Mapping):
+            raise InvalidRecord(f"events appended to tape {context!r} of instance {instance_id!r} are JSON objects, "
+                                f"got {type(event).__name__}; pass Event.to_dict() of each (ctx.tape.to_list())")
+        seq = event.get("seq")
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
             raise InvalidRecord(f"every event appended to tape {context!r} of instance {instance_id!r} needs an int "
                                 f"'seq' >= 1, got {seq!r}")
