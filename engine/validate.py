@@ -530,6 +530,7 @@ class _Validator:
             self._check_code(proc)
             self._check_references(proc)
             self._check_shapes(proc)
+            self._check_listeners(proc)
             self._check_loops(proc)
         self._check_recursion()
         if good and len(good) == len(self.docs):
@@ -566,6 +567,9 @@ class _Validator:
             self.add("xml_malformed", f"not well-formed XML: {err.msg}{hint}",
                      file=doc.file, line=line or None, column=column or None)
             return doc
+        # comments say nothing to run, and the engine's parser drops them too (a condition or script
+        # is then read whole, where its text was cut at a comment)
+        etree.strip_elements(root, etree.Comment, etree.ProcessingInstruction, with_tail=False)
         expected = _bpmn("definitions")
         if root.tag != expected:
             ns, _, local = root.tag[1:].partition("}") if root.tag.startswith("{") else ("", "", root.tag)
@@ -2611,6 +2615,29 @@ class _Validator:
                    for el in doc.root.iter() if isinstance(el.tag, str)
                    and etree.QName(el).localname in tags | {"preScript", "postScript"})
 
+    def _check_listeners(self, proc: _Node) -> None:
+        """Another engine's execution listeners where no step is: on a process (run as an instance
+        starts or ends) and on a sequence flow (run as it is taken). SpiffWorkflow runs none, and no
+        handler runs there: what they do (set a variable, call a service) does not happen. The ones
+        on a step or a sub-process are reported with its other settings (``_check_foreign``)."""
+        for el in proc.element.iter(_bpmn("process"), _bpmn("sequenceFlow")):
+            tag, eid = etree.QName(el).localname, el.get("id") or "(no id)"
+            names = [q for ext in el.iterfind(_bpmn("extensionElements")) for child in ext
+                     if isinstance(child.tag, str) for q in [_foreign_name(child.tag)]
+                     if q and q.partition(":")[2] in ("executionListener", "executionListeners")]
+            if not names:
+                continue
+            if tag == "sequenceFlow":
+                what = f"sequence flow {eid!r} has {names[0]}, run as the flow is taken"
+                todo = (f"draw a script task (or a task with a handler) on the flow, from {el.get('sourceRef')!r} "
+                        f"to {el.get('targetRef')!r}, that does the listener's work")
+            else:
+                what = f"process {eid!r} has {names[0]}, run as an instance starts or ends"
+                todo = "do the listener's work in a task after the start event (or before the end event)"
+            self.add("foreign_extension", f"{what}: another engine's listener that layerflow does not run (nor "
+                     f"does SpiffWorkflow's own parser), so what it does never happens; {todo}", file=proc.file,
+                     line=el.sourceline, element_id=eid, field=names[0], severity="warning")
+
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
         found: dict[str, None] = {}
@@ -2620,7 +2647,8 @@ class _Validator:
                 found.update({q: None for q in [_foreign_name(name)] if q})
         for ext in (e for holder in (el, loop) if holder is not None for e in holder.iterfind(_bpmn("extensionElements"))):
             for child in ext:
-                found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
+                # (an XML comment or processing instruction among them is no setting)
+                found.update({q: None for q in [_foreign_name(child.tag) if isinstance(child.tag, str) else None] if q})
         if tag == "businessRuleTask":
             # Camunda 7's decisionRef and resultVariable and Camunda 8's calledDecision are run here
             found = {q: None for q in found if q != "zeebe:calledDecision"}
@@ -3323,6 +3351,9 @@ _FOREIGN_SETTINGS = {
     "inputOutput": _MAP_IN_CODE, "ioMapping": _MAP_IN_CODE, "in": _MAP_IN_CODE, "out": _MAP_IN_CODE,
     "executionListener": "do the listener's work in a task of the process",
     "taskListener": "do the listener's work in a task of the process",
+    # Camunda 8 holds its listeners in a list element (zeebe:taskListeners, zeebe:executionListeners)
+    "executionListeners": "do the listener's work in a task of the process",
+    "taskListeners": "do the listener's work in a task of the process",
     "calledElement": "name the called process in the bpmn:callActivity's calledElement attribute",
 }
 
