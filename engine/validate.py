@@ -649,7 +649,36 @@ class _Validator:
                          f"aggregation=\"{table.get('aggregation')}\" and compute it in a script task after the "
                          f"business rule task ({out} = {fn}({out}))", file=file, line=table.sourceline,
                          element_id=first, field="aggregation")
+            self._check_dmn_defaults(table, first, policy, file)
         return found
+
+    def _check_dmn_defaults(self, table: Any, decision: str, policy: str, file: str) -> None:
+        """An output's defaultOutputEntry (DMN 1.2: the value when no rule matches, as Camunda's
+        and dmn-scala's tables write it): SpiffWorkflow 3.2 does not read it, and a table no rule
+        of which matches sets nothing, so the first condition or script that reads the output
+        stops the run (NameError). The same value from a last rule that matches anything: the first
+        matching rule decides, unless the table is COLLECT."""
+        inputs = sum(1 for el in table if isinstance(el.tag, str) and etree.QName(el).localname == "input")
+        for output in (o for o in table if isinstance(o.tag, str) and etree.QName(o).localname == "output"):
+            entry = next((el for el in output if isinstance(el.tag, str)
+                          and etree.QName(el).localname == "defaultOutputEntry"), None)
+            text = entry.findtext("{*}text") if entry is not None else None
+            if not (text or "").strip():
+                continue
+            name = output.get("name") or output.get("label") or output.get("id") or "(unnamed)"
+            value = (text or "").strip()
+            if policy == "COLLECT":
+                todo = (f"remove it and, in a script task after the business rule task, give {name!r} the value "
+                        f"when no rule matched: if not {name}: {name} = [{value}]")
+            else:
+                todo = (f"remove it and add a last rule whose {inputs} input entr{'ies are' if inputs != 1 else 'y is'}"
+                        f" empty (it matches anything) and whose output is {value}: the first matching rule decides, "
+                        "so it gives the value only when no other rule matches")
+            self.add("dmn_unsupported", f"decision {decision!r}, output {name!r}: its defaultOutputEntry ({value}) "
+                     "is the value when no rule matches, and SpiffWorkflow 3.2 does not read it: when no rule "
+                     f"matches, {name!r} is not set, and the first condition or script that reads it stops the "
+                     f"run; {todo}", file=file, line=entry.sourceline if entry is not None else output.sourceline,
+                     element_id=output.get("id") or decision, field="defaultOutputEntry")
 
     def _check_dmn_ids(self, table: Any, decision: str, file: str) -> None:
         """SpiffWorkflow's DMN parser reads the id of a decision table, its inputs, outputs, rules and

@@ -13,6 +13,7 @@ from engine.validate import validate_process
 
 from engine_helpers import variables
 from test_realworld_4 import plain, problems
+from test_realworld_5 import plain_camunda
 
 REALWORLD = Path(__file__).resolve().parent / "realworld"
 
@@ -107,3 +108,44 @@ def test_listeners_on_a_process_and_on_a_sequence_flow_are_named_as_not_run() ->
     instance = engine.run(engine.start(load_process([path])))
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"grams": 1200}
+
+
+# -- DMN ----------------------------------------------------------------------------------------------
+
+
+def test_a_default_output_entry_is_refused_with_the_catch_all_rule_to_write(tmp_path: Path) -> None:
+    """dmn-scala's and Camunda's tables give an output a defaultOutputEntry: its value when no rule
+    matches. Validate passed it, and SpiffWorkflow 3.2 does not read it: for a zone no rule names,
+    the fee was never set and the next script stopped with "NameError: name 'fee' is not defined"
+    (plain SpiffWorkflow likewise ends without it). Validate now refuses it, naming the output and
+    the rule to write; that rule gives the default in layerflow as in plain SpiffWorkflow."""
+    bpmn, table = REALWORLD / "default_output.bpmn", REALWORLD / "default_output.dmn"
+    [problem] = problems(bpmn, table)
+    assert (problem.code, problem.element_id, problem.field, problem.line) == (
+        "dmn_unsupported", "out_fee", "defaultOutputEntry", 11)
+    assert problem.file == str(table)
+    assert problem.message == (
+        "decision 'shipping_fee', output 'fee': its defaultOutputEntry (25) is the value when no rule matches, "
+        "and SpiffWorkflow 3.2 does not read it: when no rule matches, 'fee' is not set, and the first condition "
+        "or script that reads it stops the run; remove it and add a last rule whose 1 input entry is empty (it "
+        "matches anything) and whose output is 25: the first matching rule decides, so it gives the value only "
+        "when no other rule matches")
+    # as validate said: no default entry, a last rule that matches anything
+    source = table.read_text()
+    default = '<defaultOutputEntry id="out_fee_default"><text>25</text></defaultOutputEntry>'
+    assert default in source
+    source = source.replace(default, "").replace("    </decisionTable>", (
+        '      <rule id="elsewhere"><inputEntry id="elsewhere_zone"><text></text></inputEntry>'
+        '<outputEntry id="elsewhere_fee"><text>25</text></outputEntry></rule>\n    </decisionTable>'))
+    fixed = tmp_path / "default_output.dmn"
+    fixed.write_text(source)
+    fixed_bpmn = tmp_path / "default_output.bpmn"
+    fixed_bpmn.write_text(bpmn.read_text())
+    assert problems(fixed_bpmn, fixed) == []
+    for zone, fee in (("europe", 12), ("asia", 25)):
+        expected = plain_camunda(fixed_bpmn, [fixed], "default_output", {"zone": zone, "amount": 100})
+        assert expected["fee"] == fee
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed_bpmn, fixed]), {"zone": zone, "amount": 100}))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main) == expected
