@@ -619,7 +619,11 @@ class _Validator:
                      file=file, line=found.decisions[1][1], element_id=found.decisions[1][0])
         decision = next(el for el in root if isinstance(el.tag, str) and el.get("id") == first)
         tables = [el for el in decision if isinstance(el.tag, str) and etree.QName(el).localname == "decisionTable"]
-        if len(tables) != 1:
+        literal = next((el for el in decision if isinstance(el.tag, str)
+                        and etree.QName(el).localname == "literalExpression"), None)
+        if not tables and literal is not None and (literal.findtext("{*}text") or "").strip():
+            self._literal_decision(decision, literal, first, file, line)
+        elif len(tables) != 1:
             self.add("dmn_unsupported", f"decision {first!r} has {len(tables) or 'no'} decision table"
                      f"{'s' if len(tables) > 1 else ''}; SpiffWorkflow 3.2 runs a decision by exactly one "
                      "dmn:decisionTable (no literal expressions, no requirement graphs)", file=file, line=line,
@@ -651,6 +655,29 @@ class _Validator:
                          element_id=first, field="aggregation")
             self._check_dmn_defaults(table, first, policy, file)
         return found
+
+    def _literal_decision(self, decision: Any, literal: Any, first: str, file: str, line: int | None) -> None:
+        """A decision given by a literal expression (DMN's boxed expression, as the DMN TCK and
+        dmn-scala write a one-line decision): SpiffWorkflow 3.2 runs decision tables only, and its
+        parser fails at the business rule task (IndexError). It is one assignment: a script task."""
+        text = " ".join((literal.findtext("{*}text") or "").split())
+        variable = next((el for el in decision if isinstance(el.tag, str)
+                         and etree.QName(el).localname == "variable"), None)
+        name = (variable.get("name") if variable is not None else None) or decision.get("name") or first
+        name = name if name.isidentifier() else "result"
+        instead = _python_instead("=" + text, "FEEL")
+        if not instead.startswith("write '"):
+            try:
+                ast.parse(text, mode="eval")
+                instead = f"write {text!r}"
+            except SyntaxError:
+                instead = ""
+        todo = (f"{name} = {instead[len('write '):].split(' (', 1)[0].strip(chr(39))}" if instead.startswith("write ")
+                else f"{name} = (the expression in Python)")
+        self.add("dmn_unsupported", f"decision {first!r} is a literal expression ({text!r}), not a decision table; "
+                 "SpiffWorkflow 3.2 runs a decision by exactly one dmn:decisionTable: draw a script task in place "
+                 f"of the business rule task that runs it, with the script {todo}", file=file,
+                 line=literal.sourceline or line, element_id=first, field="literalExpression")
 
     def _check_dmn_defaults(self, table: Any, decision: str, policy: str, file: str) -> None:
         """An output's defaultOutputEntry (DMN 1.2: the value when no rule matches, as Camunda's
@@ -2567,6 +2594,9 @@ class _Validator:
             return
         defined = {f.decision: f for f in self.dmn_files}
         if ref in defined:
+            if any(p.file == str(defined[ref].path) and p.severity == "error" for p in self.problems):
+                # the DMN file's problem is said there: SpiffWorkflow's failure at this task says no more
+                self.related.add(eid)
             self._check_required_decisions(el, eid, ref, defined[ref], file)
             return
         self.related.add(eid)

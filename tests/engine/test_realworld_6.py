@@ -149,3 +149,34 @@ def test_a_default_output_entry_is_refused_with_the_catch_all_rule_to_write(tmp_
         instance = engine.run(engine.start(load_process([fixed_bpmn, fixed]), {"zone": zone, "amount": 100}))
         assert instance.status == "completed", instance.error
         assert variables(instance.main) == expected
+
+
+def test_a_literal_expression_decision_is_refused_once_with_the_script_to_write(tmp_path: Path) -> None:
+    """dmn-scala's greeting decision (and the DMN TCK's) is a literalExpression, not a table.
+    Validate said twice that it could not run it: at the DMN, "has no decision table ... (no
+    literal expressions ...)" with nothing to do, and at the business rule task, "SpiffWorkflow
+    cannot load the process: IndexError('list index out of range') ... fix the BPMN element named
+    here", where the BPMN is right. It now says it once, at the decision, with the script task
+    that computes the same, which then runs."""
+    bpmn, table = REALWORLD / "literal_decision.bpmn", REALWORLD / "literal_decision.dmn"
+    found = problems(bpmn, table)
+    assert [(p.code, p.file, p.element_id, p.field, p.line) for p in found] == [
+        ("dmn_unsupported", str(table), "vat", "literalExpression", 7)]
+    assert found[0].message == (
+        "decision 'vat' is a literal expression ('amount * 0.2'), not a decision table; SpiffWorkflow 3.2 runs "
+        "a decision by exactly one dmn:decisionTable: draw a script task in place of the business rule task "
+        "that runs it, with the script vat = amount * 0.2")
+    task = ('<bpmn:businessRuleTask id="tax" name="Work out the VAT" camunda:decisionRef="vat">\n'
+            '      <bpmn:incoming>f1</bpmn:incoming><bpmn:outgoing>f2</bpmn:outgoing>\n'
+            '    </bpmn:businessRuleTask>')
+    source = bpmn.read_text()
+    assert task in source
+    fixed = tmp_path / "literal_decision.bpmn"
+    fixed.write_text(source.replace(task, '<bpmn:scriptTask id="tax"><bpmn:incoming>f1</bpmn:incoming>'
+                                          '<bpmn:outgoing>f2</bpmn:outgoing><bpmn:script>vat = amount * 0.2'
+                                          '</bpmn:script></bpmn:scriptTask>'))
+    assert problems(fixed) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([fixed]), {"amount": 50}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"amount": 50, "vat": 10.0}
