@@ -2745,6 +2745,15 @@ class _Validator:
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        decision = _engine_dmn_task(el)
+        if decision is not None:
+            # Flowable's (Activiti's) DMN task: a service task of type "dmn" that names its decision
+            # in a field; layerflow runs a decision from a business rule task
+            key = repr(decision) if decision else "the decision"
+            todo = [f"it runs DMN decision {key} (the {_foreign_name_of_type(el)}=\"dmn\" task and its "
+                    "decisionTableReferenceKey field): draw a bpmn:businessRuleTask instead, with "
+                    f"camunda:decisionRef=\"{decision or 'DECISION_ID'}\" (or <spiffworkflow:calledDecisionId>), and "
+                    "give the .dmn file (`layerflow run PROCESS.bpmn DECISION.dmn`, or put it beside the process)"]
         if tag in ("sendTask", "receiveTask"):
             # no handler runs there (handler_not_run): its work goes in a task of its own
             todo = [_NOT_WORKED[tag][1] if t == _RUN_BY_HANDLER else t for t in todo]
@@ -3427,6 +3436,32 @@ def _message_event_subprocesses(process: Any) -> Iterator[tuple[Any, Any, str]]:
             kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
             if kinds:
                 yield sub, start, kinds[0]
+
+
+def _foreign_name_of_type(el: Any) -> str:
+    """``flowable:type`` (or ``activiti:type``, ...): the name of an element's engine ``type`` attribute."""
+    return next((q for q in map(_foreign_name, el.attrib) if q and q.endswith(":type")), "type")
+
+
+def _engine_dmn_task(el: Any) -> str | None:
+    """The decision a Flowable / Activiti DMN task runs (a service task with type="dmn" and a
+    decisionTableReferenceKey field, given as a string child or a stringValue / expression
+    attribute): its key, "" when it names none; None for any other element."""
+    if etree.QName(el).localname != "serviceTask" or not any(
+            q and q.endswith(":type") and (v or "").strip().lower() == "dmn"
+            for q, v in ((_foreign_name(k), v) for k, v in el.attrib.items())):
+        return None
+    for ext in el.iterfind(_bpmn("extensionElements")):
+        for field in ext:
+            if not isinstance(field.tag, str) or etree.QName(field).localname != "field":
+                continue
+            if field.get("name") != "decisionTableReferenceKey":
+                continue
+            value = field.get("stringValue") or field.get("expression") or "".join(
+                (child.text or "") for child in field if isinstance(child.tag, str)
+                and etree.QName(child).localname in ("string", "expression"))
+            return value.strip()
+    return ""
 
 
 def _foreign_name(tag: str) -> str | None:

@@ -180,3 +180,32 @@ def test_a_literal_expression_decision_is_refused_once_with_the_script_to_write(
     instance = engine.run(engine.start(load_process([fixed]), {"amount": 50}))
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"amount": 50, "vat": 10.0}
+
+
+def test_a_flowable_dmn_task_is_named_with_the_business_rule_task_to_draw(tmp_path: Path) -> None:
+    """Flowable's intro example runs its decision from a service task of flowable:type="dmn" whose
+    decisionTableReferenceKey field names it. Validate said to give the step a handler or an llm:
+    block, as for any service task of another engine, and the run stopped at the task for want of
+    a handler. It now names the decision and the business rule task to draw, which then runs it."""
+    path = REALWORLD / "flowable_dmn_task.bpmn"
+    [said] = [p for p in validate_process([path]).problems if p.code == "foreign_extension"]
+    assert (said.element_id, said.severity) == ("route", "warning")
+    assert said.message.endswith(
+        "it runs DMN decision 'route_claim' (the flowable:type=\"dmn\" task and its decisionTableReferenceKey "
+        "field): draw a bpmn:businessRuleTask instead, with camunda:decisionRef=\"route_claim\" (or "
+        "<spiffworkflow:calledDecisionId>), and give the .dmn file (`layerflow run PROCESS.bpmn DECISION.dmn`, "
+        "or put it beside the process)")
+    source = path.read_text()
+    task = source[source.index('<serviceTask id="route"'):source.index("</serviceTask>") + len("</serviceTask>")]
+    fixed = tmp_path / "flowable_dmn_task.bpmn"
+    fixed.write_text(source.replace(task, '<businessRuleTask id="route" camunda:decisionRef="route_claim" '
+                                          'xmlns:camunda="http://camunda.org/schema/1.0/bpmn" />'))
+    table = REALWORLD / "first_hit.dmn"
+    assert problems(fixed, table) == []
+    for score, route in ((20, "manual"), (80, "auto")):
+        expected = plain_camunda(fixed, [table], "flowable_dmn_task", {"score": score})
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed, table]), {"score": score}))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main) == expected
+        assert expected["route"] == route
