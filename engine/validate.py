@@ -1764,6 +1764,19 @@ class _Validator:
                          f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
                          line=call.sourceline, element_id=call.get("id"), field="calledElement")
                 continue
+            task = next((el for doc in self.docs if doc.root is not None for el in doc.root
+                         if isinstance(el.tag, str) and el.get("id") == called
+                         and etree.QName(el).localname.startswith("global")), None)
+            if task is not None:
+                # BPMN lets a call activity call a global task (bpmn:globalTask, globalUserTask, ...);
+                # SpiffWorkflow calls processes only
+                kind = etree.QName(task).localname
+                self.add("call_activity_unknown_process", f"calledElement={called!r} is the bpmn:{kind} of "
+                         f"{self._files()}, and SpiffWorkflow's call activity calls a bpmn:process only: draw the "
+                         f"task itself in place of call activity {call.get('id')!r}, or make {called!r} a "
+                         "bpmn:process (a start event, the task, an end event)", file=proc.file,
+                         line=call.sourceline, element_id=call.get("id"), field="calledElement")
+                continue
             beside = _defined_beside(called, [Path(d.file) for d in self.docs])
             where = ""
             if beside is not None:  # the command as a shell takes it (a folder may have a space)

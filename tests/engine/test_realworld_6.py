@@ -209,3 +209,21 @@ def test_a_flowable_dmn_task_is_named_with_the_business_rule_task_to_draw(tmp_pa
         assert instance.status == "completed", instance.error
         assert variables(instance.main) == expected
         assert expected["route"] == route
+
+
+# -- odd but valid BPMN -----------------------------------------------------------------------------------
+
+
+def test_a_call_activity_calling_a_global_task_is_named_as_such() -> None:
+    """BPMNspector's test processes call a bpmn:globalTask from a call activity. Validate said
+    "calledElement='GT_1' is no process of FILE; add the BPMN file that defines it to the files
+    validated and run, or fix the id", while the file given defines it, as a global task, which
+    SpiffWorkflow does not call. It now says what the element is and what to draw."""
+    path = REALWORLD / "call_global_task.bpmn"
+    [problem] = problems(path)
+    assert (problem.code, problem.element_id, problem.field, problem.line) == (
+        "call_activity_unknown_process", "sign_off", "calledElement", 8)
+    assert problem.message == (
+        f"calledElement='approve' is the bpmn:globalUserTask of {path}, and SpiffWorkflow's call activity calls a "
+        "bpmn:process only: draw the task itself in place of call activity 'sign_off', or make 'approve' a "
+        "bpmn:process (a start event, the task, an end event)")
