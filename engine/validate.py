@@ -1993,8 +1993,10 @@ class _Validator:
                 todo = "scripts run exactly as written: start top-level lines at column 0"
             else:
                 compared = _comparison_instead(source) if mode == "eval" else None
-                spelt = _operators_instead(source) if mode == "eval" else None
+                java = _java_return_instead(source) if mode == "eval" else None
+                spelt = _operators_instead(source) if mode == "eval" and java is None else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
+                        else java if java is not None
                         else f"Python writes {_operators_said(source)}: write {spelt!r}" if spelt is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
@@ -3799,6 +3801,37 @@ def _operators_instead(source: str) -> str | None:
     if spelt == " ".join(source.split()) or python_source(spelt) is None:
         return None
     return spelt
+
+
+_JAVA_EQUALS = re.compile(r"""("[^"]*"|'[^']*'|[A-Za-z_]\w*)\.(equals|equalsIgnoreCase)\(\s*([^()]*?)\s*\)""")
+
+
+def _java_return_instead(source: str) -> str | None:
+    """What to write for a condition written as a Java statement (jBPM's, Kogito's:
+    ``return "yes".equalsIgnoreCase(suspended);``): a condition is an expression, so no
+    ``return`` and no ``;``; ``a.equals(b)`` is ``a == b``, ``"x".equalsIgnoreCase(v)``
+    ``v.lower() == "x"``. None when it is no such statement; the instruction alone when some
+    other Java method is called (a context value is JSON: it has no methods)."""
+    text = source.strip()
+    if not re.match(r"return\s", text) and not text.endswith(";"):
+        return None
+    inner = re.sub(r"^return\s+", "", text).rstrip(";").strip()
+
+    def equals(m: re.Match[str]) -> str:
+        left, how, right = m.group(1), m.group(2), m.group(3)
+        if how == "equals":
+            return f"{right} == {left}" if left[0] in "\"'" else f"{left} == {right}"
+        if left[0] in "\"'":
+            return f"{right}.lower() == {left.lower()}"
+        return f"{left}.lower() == {right}.lower()"
+
+    spelt = _JAVA_EQUALS.sub(equals, inner)
+    spelt = _operators_instead(spelt) or spelt
+    said = "a condition is an expression: no 'return', no ';'"
+    if re.search(r"\w\.(?!lower\(\))[A-Za-z_]\w*\(", spelt) or python_source(spelt) is None:
+        return (f"{said}, and it is Python over the context, whose values have no Java methods: write the test "
+                f"of {inner!r} in Python")
+    return f"{said}; write {spelt!r}"
 
 
 def _operators_said(source: str) -> str:

@@ -12,7 +12,9 @@ from engine import Engine, load_process
 from engine.validate import validate_process
 
 from engine_helpers import variables
-from test_realworld_4 import plain, problems
+from gateways.conditions import is_flow_sentence
+
+from test_realworld_4 import plain, problems, rewritten
 from test_realworld_5 import plain_camunda
 
 REALWORLD = Path(__file__).resolve().parent / "realworld"
@@ -227,3 +229,52 @@ def test_a_call_activity_calling_a_global_task_is_named_as_such() -> None:
         f"calledElement='approve' is the bpmn:globalUserTask of {path}, and SpiffWorkflow's call activity calls a "
         "bpmn:process only: draw the task itself in place of call activity 'sign_off', or make 'approve' a "
         "bpmn:process (a start event, the task, an end event)")
+
+
+# -- jBPM / Kogito ------------------------------------------------------------------------------------
+
+
+def test_a_java_return_statement_as_a_condition_is_code_not_a_sentence(tmp_path: Path) -> None:
+    """Kogito's traffic-violation example branches on ``return "yes".equalsIgnoreCase(suspended);``
+    (language Java). Its words made it a designer's sentence: validate warned that a model would
+    decide the flow, and without one the flow was not taken. It is Java: refused with the Python to
+    write, which then runs as in plain SpiffWorkflow."""
+    for java in ('return "yes".equalsIgnoreCase(suspended);', "return driver.isValidLicense();",
+                 'status.equals("open");'):
+        assert not is_flow_sentence(java), java
+    assert is_flow_sentence("the customer is a returning customer")
+    assert is_flow_sentence("Ship it with DHL.com (express)")
+    path = REALWORLD / "java_return_conditions.bpmn"
+    found = problems(path)
+    assert [(p.code, p.element_id, p.field) for p in found] == [
+        ("condition_syntax", "yes", "conditionExpression"), ("condition_syntax", "no", "conditionExpression")]
+    assert found[0].message.endswith(
+        "invalid syntax in 'return \"yes\".equalsIgnoreCase(customsHold);'; a condition is an expression: no "
+        "'return', no ';'; write 'customsHold.lower() == \"yes\"'")
+    assert found[1].message.endswith(
+        "a condition is an expression: no 'return', no ';'; write "
+        "'not customsHold.lower() == \"yes\" and carrier == \"post\"'")
+    fixed = rewritten(tmp_path, path, [
+        ('return "yes".equalsIgnoreCase(customsHold);', 'customsHold.lower() == "yes"'),
+        ('return !"yes".equalsIgnoreCase(customsHold) && carrier.equals("post");',
+         'not customsHold.lower() == "yes" and carrier == "post"')])
+    assert problems(fixed) == []
+    for hold, step in (("YES", "release"), ("no", "deliver")):
+        data = {"customsHold": hold, "carrier": "post"}
+        expected = plain(fixed, "java_return_conditions", data).last_task.data
+        assert expected["step"] == step
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed]), data))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main) == dict(expected)
+
+
+def test_a_java_condition_calling_a_method_of_a_value_says_values_have_none(tmp_path: Path) -> None:
+    """``return driver.isValidLicense();``: no Python twin to suggest (a context value is JSON)."""
+    source = (REALWORLD / "java_return_conditions.bpmn").read_text()
+    path = tmp_path / "java_return_conditions.bpmn"
+    path.write_text(source.replace('return "yes".equalsIgnoreCase(customsHold);', "return parcel.isHeld();"))
+    said = next(p for p in problems(path) if p.element_id == "yes")
+    assert said.message.endswith(
+        "a condition is an expression: no 'return', no ';', and it is Python over the context, whose values have "
+        "no Java methods: write the test of 'parcel.isHeld()' in Python")
