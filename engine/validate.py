@@ -2281,6 +2281,7 @@ class _Validator:
                          severity="warning")
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
+            self._check_timer_settings(el, eid, tag, file)
             if tag == "scriptTask":
                 for ext in el.iterfind(_bpmn("extensionElements")):
                     for which in ("preScript", "postScript"):
@@ -2688,6 +2689,33 @@ class _Validator:
         return any(word.search(el.text or "") for doc in self.docs if doc.root is not None
                    for el in doc.root.iter() if isinstance(el.tag, str)
                    and etree.QName(el).localname in tags | {"preScript", "postScript"})
+
+    def _check_timer_settings(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """Activiti's and Flowable's settings of a timer (``activiti:endDate`` on a timeCycle: the
+        date the repetitions stop; ``businessCalendarName``: a duration counted in a business
+        calendar's working hours): SpiffWorkflow reads the ISO 8601 text only, so the timer fires
+        otherwise than the file says."""
+        for definition in el.iterchildren(_bpmn("timerEventDefinition")):
+            for holder in (definition, *(c for c in definition if isinstance(c.tag, str))):
+                for name, value in holder.attrib.items():
+                    qn = etree.QName(name)
+                    prefix = _ENGINE_NAMESPACES.get(qn.namespace or "")
+                    if prefix is None:
+                        continue
+                    setting = f"{prefix}:{qn.localname}"
+                    if qn.localname == "endDate":
+                        meant = ("sets the date its repetitions stop, and here the cycle repeats as many times as its R<n> "
+                                 "says (for ever when there is no n), whatever the date: give the count in the "
+                                 "cycle (R5/PT10S), or end the waiting by another path")
+                    elif qn.localname == "businessCalendarName":
+                        meant = ("names the calendar whose working hours the time is counted in, and here it is "
+                                 "counted in plain time, round the clock: write the time as plain time")
+                    else:
+                        meant = "changes how the timer fires, and here it fires by its ISO 8601 text alone: remove it"
+                    self.add("foreign_extension", f"timer {eid!r} (bpmn:{tag}) has {setting}={value!r}, another "
+                             f"engine's timer setting that layerflow does not run (nor does SpiffWorkflow): it "
+                             f"{meant}", file=file, line=holder.sourceline, element_id=eid, field=setting,
+                             severity="warning")
 
     def _check_listeners(self, proc: _Node) -> None:
         """Another engine's execution listeners where no step is: on a process (run as an instance

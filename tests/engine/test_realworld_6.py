@@ -278,3 +278,27 @@ def test_a_java_condition_calling_a_method_of_a_value_says_values_have_none(tmp_
     assert said.message.endswith(
         "a condition is an expression: no 'return', no ';', and it is Python over the context, whose values have "
         "no Java methods: write the test of 'parcel.isHeld()' in Python")
+
+
+# -- Activiti -------------------------------------------------------------------------------------------
+
+
+def test_activiti_timer_settings_are_named_as_not_run() -> None:
+    """Activiti's timer tests stop a cycle at activiti:endDate and count a duration in a business
+    calendar (activiti:businessCalendarName). Validate said nothing of either: the reminder would
+    repeat for ever past the end date, and the wait be counted round the clock."""
+    found = [p for p in validate_process([REALWORLD / "timer_engine_settings.bpmn"]).problems
+             if p.code == "foreign_extension"]
+    assert [(p.element_id, p.field, p.severity, p.line) for p in found] == [
+        ("cool_off", "activiti:businessCalendarName", "warning", 9),
+        ("remind", "activiti:endDate", "warning", 14)]
+    calendar, end = found
+    assert calendar.message == (
+        "timer 'cool_off' (bpmn:intermediateCatchEvent) has activiti:businessCalendarName='office', another "
+        "engine's timer setting that layerflow does not run (nor does SpiffWorkflow): it names the calendar whose "
+        "working hours the time is counted in, and here it is counted in plain time, round the clock: write the "
+        "time as plain time")
+    assert end.message.endswith(
+        "it sets the date its repetitions stop, and here the cycle repeats as many times as its R<n> says (for ever "
+        "when there is no n), whatever the date: give the count in the cycle (R5/PT10S), or end the waiting by "
+        "another path")
