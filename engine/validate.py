@@ -2788,6 +2788,11 @@ class _Validator:
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        starter = next((v for k, v in el.attrib.items() if (_foreign_name(k) or "").endswith(":initiator")), None)
+        if starter:
+            todo = [f"it names the variable ({starter!r}) that the engine sets to the user who started the "
+                    f"instance; nothing sets it here: give {starter!r} in the start data (--data)"
+                    if t == _FOREIGN_SETTINGS["initiator"] else t for t in todo]
         decision = _engine_dmn_task(el)
         if decision is not None:
             # Flowable's (Activiti's) DMN task: a service task of type "dmn" that names its decision
@@ -3466,6 +3471,8 @@ _FOREIGN_SETTINGS = {
     "executionListeners": "do the listener's work in a task of the process",
     "taskListeners": "do the listener's work in a task of the process",
     "calledElement": "name the called process in the bpmn:callActivity's calledElement attribute",
+    # a start event's variable that the engine sets to the id of the user who started the instance
+    "initiator": "give that variable in the start data (--data), as no user starts an instance here",
 }
 
 

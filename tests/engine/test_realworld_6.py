@@ -302,3 +302,21 @@ def test_activiti_timer_settings_are_named_as_not_run() -> None:
         "it sets the date its repetitions stop, and here the cycle repeats as many times as its R<n> says (for ever "
         "when there is no n), whatever the date: give the count in the cycle (R5/PT10S), or end the waiting by "
         "another path")
+
+
+def test_a_start_events_initiator_variable_is_named_with_the_start_data_to_give() -> None:
+    """Flowable's vacation request starts with flowable:initiator="employeeName": the engine sets
+    that variable to the user who started the instance, and a later step reads it. Validate said
+    nothing, and the step stopped with a NameError. It is now a warning naming the variable, and the
+    instance runs once the start data gives it."""
+    path = REALWORLD / "start_initiator.bpmn"
+    [said] = [p for p in validate_process([path]).problems if p.code == "foreign_extension"]
+    assert (said.element_id, said.severity) == ("start", "warning")
+    assert said.message.endswith(
+        "has camunda:initiator, another engine's settings that layerflow does not run (nor does SpiffWorkflow's "
+        "own parser): it names the variable ('requester') that the engine sets to the user who started the "
+        "instance; nothing sets it here: give 'requester' in the start data (--data)")
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {"requester": "ana"}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"requester": "ana", "greeting": "Dear ana"}
