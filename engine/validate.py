@@ -654,7 +654,29 @@ class _Validator:
                          f"business rule task ({out} = {fn}({out}))", file=file, line=table.sourceline,
                          element_id=first, field="aggregation")
             self._check_dmn_defaults(table, first, policy, file)
+            self._check_dmn_output_names(table, first, file)
         return found
+
+    def _check_dmn_output_names(self, table: Any, decision: str, file: str) -> None:
+        """An output with no name (dmn-js and Camunda's DMN editor leave it empty until one is
+        typed): SpiffWorkflow sets the variable its name gives, else its label; with neither, the
+        key is '' and the business rule task stops the run (no context key is empty). A label that
+        is no variable name is a key no condition or script can read by its name."""
+        for output in (o for o in table if isinstance(o.tag, str) and etree.QName(o).localname == "output"):
+            if (output.get("name") or "").strip():
+                continue
+            label, oid = (output.get("label") or "").strip(), output.get("id") or decision
+            if not label:
+                self.add("dmn_unsupported", f"decision {decision!r}, output {oid!r} has no name and no label: "
+                         "SpiffWorkflow sets the variable an output's name gives (else its label), so this "
+                         "one's value would go under an empty key, and the run stops at the business rule task; "
+                         "give the output the variable to set: name=\"...\"", file=file, line=output.sourceline,
+                         element_id=oid, field="name")
+            elif not label.isidentifier():
+                self.add("dmn_unsupported", f"decision {decision!r}, output {oid!r} has no name, so SpiffWorkflow "
+                         f"sets its label, {label!r}, which no condition or script can read by its name; give the "
+                         f"output the variable to set: name=\"{_identifier_for(label)}\"", file=file,
+                         line=output.sourceline, element_id=oid, field="name", severity="warning")
 
     def _literal_decision(self, decision: Any, literal: Any, first: str, file: str, line: int | None) -> None:
         """A decision given by a literal expression (DMN's boxed expression, as the DMN TCK and
@@ -3491,6 +3513,13 @@ def _message_event_subprocesses(process: Any) -> Iterator[tuple[Any, Any, str]]:
 def _foreign_name_of_type(el: Any) -> str:
     """``flowable:type`` (or ``activiti:type``, ...): the name of an element's engine ``type`` attribute."""
     return next((q for q in map(_foreign_name, el.attrib) if q and q.endswith(":type")), "type")
+
+
+def _identifier_for(label: str) -> str:
+    """A variable name for a label: ``Check Result`` gives ``check_result``."""
+    words = re.findall(r"[^\W_]+", label.lower())
+    name = "_".join(words) or "result"
+    return name if name.isidentifier() else f"v_{name}"
 
 
 def _engine_dmn_task(el: Any) -> str | None:

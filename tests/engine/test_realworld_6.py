@@ -320,3 +320,36 @@ def test_a_start_events_initiator_variable_is_named_with_the_start_data_to_give(
     instance = engine.run(engine.start(load_process([path]), {"requester": "ana"}))
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"requester": "ana", "greeting": "Dear ana"}
+
+
+def test_a_decision_output_with_no_name_is_named_before_the_run(tmp_path: Path) -> None:
+    """dmn-js's decision tables (its editor's test tables) hold an output whose name and label
+    were never typed. Validate passed, and the run stopped at the business rule task with "value
+    for key '' is not JSON-compatible: keys must be non-empty strings" (no DMN file, no output named,
+    nothing to do). Validate now refuses it at the output, and warns of an output whose label alone
+    gives its key; named, the table runs as in plain SpiffWorkflow."""
+    bpmn, table = REALWORLD / "unnamed_output.bpmn", REALWORLD / "unnamed_output.dmn"
+    found = [p for p in validate_process([bpmn, table]).problems if p.code == "dmn_unsupported"]
+    assert [(p.element_id, p.field, p.severity, p.line) for p in found] == [
+        ("out_unnamed", "name", "error", 11), ("out_review", "name", "warning", 12)]
+    assert found[0].file == str(table)
+    assert found[0].message == (
+        "decision 'bonus', output 'out_unnamed' has no name and no label: SpiffWorkflow sets the variable an "
+        "output's name gives (else its label), so this one's value would go under an empty key, and the run stops "
+        "at the business rule task; give the output the variable to set: name=\"...\"")
+    assert found[1].message == (
+        "decision 'bonus', output 'out_review' has no name, so SpiffWorkflow sets its label, 'Needs review', which "
+        "no condition or script can read by its name; give the output the variable to set: name=\"needs_review\"")
+    fixed = tmp_path / "unnamed_output.dmn"
+    fixed.write_text(table.read_text().replace('label="" typeRef', 'label="" name="amount" typeRef')
+                     .replace('label="Needs review"', 'label="Needs review" name="needs_review"'))
+    fixed_bpmn = tmp_path / "unnamed_output.bpmn"
+    fixed_bpmn.write_text(bpmn.read_text())
+    assert problems(fixed_bpmn, fixed) == []
+    for grade in ("A", "C"):
+        expected = plain_camunda(fixed_bpmn, [fixed], "unnamed_output", {"grade": grade})
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed_bpmn, fixed]), {"grade": grade}))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main) == expected
+    assert expected == {"grade": "C", "band": "low", "amount": 100, "needs_review": False}
