@@ -3493,6 +3493,8 @@ _FOREIGN_SETTINGS = {
     "executionListeners": "do the listener's work in a task of the process",
     "taskListeners": "do the listener's work in a task of the process",
     "calledElement": "name the called process in the bpmn:callActivity's calledElement attribute",
+    # a script task's script kept in a file of the deployment (camunda:resource="deployment://calc.py")
+    "resource": "copy the Python of the file it names into the task's bpmn:script",
     # a start event's variable that the engine sets to the id of the user who started the instance
     "initiator": "give that variable in the start data (--data), as no user starts an instance here",
 }

@@ -353,3 +353,14 @@ def test_a_decision_output_with_no_name_is_named_before_the_run(tmp_path: Path) 
         assert instance.status == "completed", instance.error
         assert variables(instance.main) == expected
     assert expected == {"grade": "C", "band": "low", "amount": 100, "needs_review": False}
+
+
+def test_a_script_kept_in_a_deployment_file_is_named_with_where_to_copy_it() -> None:
+    """camunda:resource="deployment://score.py" gives a script task its script from a file of the
+    deployment. Validate said the task has no script, with no word of the file it names."""
+    said = [p for p in validate_process([REALWORLD / "script_resource.bpmn"]).problems
+            if p.code == "foreign_extension"]
+    assert [(p.element_id, p.severity) for p in said] == [("score", "warning")]
+    assert said[0].message.endswith(
+        "has camunda:resource, another engine's settings that layerflow does not run (nor does SpiffWorkflow's own "
+        "parser): copy the Python of the file it names into the task's bpmn:script")
