@@ -3533,13 +3533,13 @@ def _engine_dmn_task(el: Any) -> str | None:
             for q, v in ((_foreign_name(k), v) for k, v in el.attrib.items())):
         return None
     for ext in el.iterfind(_bpmn("extensionElements")):
-        for field in ext:
-            if not isinstance(field.tag, str) or etree.QName(field).localname != "field":
+        for given in ext:
+            if not isinstance(given.tag, str) or etree.QName(given).localname != "field":
                 continue
-            if field.get("name") != "decisionTableReferenceKey":
+            if given.get("name") != "decisionTableReferenceKey":
                 continue
-            value = field.get("stringValue") or field.get("expression") or "".join(
-                (child.text or "") for child in field if isinstance(child.tag, str)
+            value = given.get("stringValue") or given.get("expression") or "".join(
+                (child.text or "") for child in given if isinstance(child.tag, str)
                 and etree.QName(child).localname in ("string", "expression"))
             return value.strip()
     return ""
