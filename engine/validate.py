@@ -810,6 +810,12 @@ class _Validator:
                     fix = (f"{', '.join(f'FEEL{chr(39)}s {name}(...)' for name in temporal)} is no function here; "
                            "ISO 8601 text compares in time order when written alike: write it as "
                            f"{_FEEL_TEMPORAL.sub(lambda m: m.group(2), text)!r}")
+                called = _feel_calls(text.replace("?", "dmninput")) if ok else None
+                if called is not None:
+                    # FEEL's string(), floor(), count(): Python calls of names nothing defines, and the
+                    # run stopped with "NameError: name 'string' is not defined", told to give it a value
+                    ok = False
+                    fix = called
                 literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
                 if literals:
                     # FEEL's true / false / null: in Python unknown names, the run fails on them
@@ -836,12 +842,14 @@ class _Validator:
                 self._check_empty_input(table, clause, column, decision, file)
                 continue
             parsed = python_source(text) is not None
-            if parsed and not _FEEL_TEMPORAL.search(text):
+            called = _feel_calls(text) if parsed else None
+            if parsed and not _FEEL_TEMPORAL.search(text) and called is None:
                 continue
             instead = _FEEL_TEMPORAL.sub(lambda m: m.group(2), text)
             for pattern, python in _FEEL_STRING_FUNCTIONS:
                 instead = re.sub(pattern, python, instead)
             fix = (f"write it as {instead!r}" if instead != text and python_source(instead) is not None else
+                   called if called is not None else
                    "write a Python expression over the context (country.upper(), amount * 12)")
             label = clause.get("label") or clause.get("name") or clause.get("id")
             self.add("dmn_unsupported", f"decision {decision!r}, input {label!r} ({clause.get('id')!r}): "
@@ -3786,6 +3794,46 @@ _FEEL_STRING_FUNCTIONS = (
     (r"(?<![\w.])starts with\(\s*([A-Za-z_][\w.]*)\s*,\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1.startswith(\2)"),
     (r"(?<![\w.])ends with\(\s*([A-Za-z_][\w.]*)\s*,\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1.endswith(\2)"),
 )
+
+# FEEL's built-in functions whose names are one word: they parse as Python calls of names that
+# nothing defines where SpiffWorkflow evaluates a table. Each with its Python (None: none here).
+_FEEL_FUNCTIONS: dict[str, str | None] = {
+    "string": "str", "number": "float", "count": "len", "decimal": "round", "floor": None, "ceiling": None,
+    "substring": None, "contains": None, "matches": None, "replace": None, "split": None, "append": None,
+    "concatenate": None, "mean": None, "median": None, "product": None, "flatten": None, "now": None,
+    "today": None, "duration": None, "date": None, "time": None, "modulo": None, "odd": None, "even": None,
+}
+_FEEL_HINTS = {
+    "floor": "int(x // 1)", "ceiling": "-int(-x // 1)", "substring": "s[start - 1:]", "contains": "'sub' in s",
+    "append": "items + [x]", "concatenate": "a + b", "mean": "sum(xs) / len(xs)", "modulo": "a % b",
+    "odd": "x % 2 == 1", "even": "x % 2 == 0", "replace": "s.replace(old, new)", "split": "s.split(sep)",
+}
+
+
+def _feel_calls(text: str) -> str | None:
+    """What to write for an entry or input expression that calls FEEL's one-word functions
+    (``string(amount) + " EUR"``, ``floor(x)``, ``count(items)``), which parse as Python calls of
+    names no context holds; None when it calls none."""
+    try:
+        tree = ast.parse(python_source(text) or text, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    names = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id in _FEEL_FUNCTIONS})
+    if not names:
+        return None
+    said = ", ".join(f"{name}()" for name in names)
+    instead = text
+    for name in names:
+        python = _FEEL_FUNCTIONS[name]
+        if python is not None:
+            instead = re.sub(rf"(?<![\w.]){name}\s*\(", f"{python}(", instead)
+    if all(_FEEL_FUNCTIONS[name] is not None for name in names):
+        return f"{said} {'is' if len(names) == 1 else 'are'} FEEL's, no function here: write it as {instead!r}"
+    hints = [f"{name}(x): {_FEEL_HINTS[name]}" for name in names if name in _FEEL_HINTS]
+    return (f"{said} {'is' if len(names) == 1 else 'are'} FEEL's, no function here: write it as a Python "
+            f"expression{' (' + '; '.join(hints) + ')' if hints else ''}")
+
 
 _PYTHON_LITERALS = {"true": "True", "false": "False", "null": "None", "none": "None", "nil": "None",
                     "undefined": "None"}

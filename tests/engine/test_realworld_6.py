@@ -364,3 +364,35 @@ def test_a_script_kept_in_a_deployment_file_is_named_with_where_to_copy_it() -> 
     assert said[0].message.endswith(
         "has camunda:resource, another engine's settings that layerflow does not run (nor does SpiffWorkflow's own "
         "parser): copy the Python of the file it names into the task's bpmn:script")
+
+
+def test_feel_one_word_functions_in_a_decision_table_are_refused_with_the_python_to_write(tmp_path: Path) -> None:
+    """A table's output entries call FEEL's string(), count() and floor(): each parses as Python, so
+    validate passed it, and the run stopped at the business rule task with "condition 'string(amount)
+    + " EUR"' ... NameError: name 'string' is not defined; ... give 'string' a value" (an output
+    entry called a condition, a function to give a value, no DMN file or rule). Each is refused at
+    its entry with the Python to write, which then decides as in plain SpiffWorkflow."""
+    bpmn, table = REALWORLD / "feel_builtin_calls.bpmn", REALWORLD / "feel_builtin_calls.dmn"
+    found = {p.element_id: p for p in problems(bpmn, table)}
+    assert set(found) == {"priced_label", "priced_lines", "priced_tens"}
+    assert all(p.code == "dmn_unsupported" and p.file == str(table) and p.field == "outputEntry"
+               for p in found.values())
+    assert found["priced_label"].message.endswith(
+        """outputEntry 'string(amount) + " EUR"' is not what SpiffWorkflow's DMN engine runs (Python, not FEEL); """
+        """string() is FEEL's, no function here: write it as 'str(amount) + " EUR"'""")
+    assert found["priced_lines"].message.endswith("count() is FEEL's, no function here: write it as 'len(items)'")
+    assert found["priced_tens"].message.endswith(
+        "floor() is FEEL's, no function here: write it as a Python expression (floor(x): int(x // 1))")
+    fixed = rewritten(tmp_path, table, [("string(amount)", "str(amount)"), ("count(items)", "len(items)"),
+                                        ("floor(amount / 10)", "int(amount / 10 // 1)")])
+    fixed_bpmn = tmp_path / "feel_builtin_calls.bpmn"
+    fixed_bpmn.write_text(bpmn.read_text())
+    assert problems(fixed_bpmn, fixed) == []
+    for amount in (42, 0):
+        data = {"amount": amount, "items": ["a", "b"]}
+        expected = plain_camunda(fixed_bpmn, [fixed], "feel_builtin_calls", data)
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed_bpmn, fixed]), data))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main) == expected
+    assert (expected["label"], expected["lines"]) == ("free", 0)
