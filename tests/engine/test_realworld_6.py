@@ -396,3 +396,23 @@ def test_feel_one_word_functions_in_a_decision_table_are_refused_with_the_python
         assert instance.status == "completed", instance.error
         assert variables(instance.main) == expected
     assert (expected["label"], expected["lines"]) == ("free", 0)
+
+
+def test_a_decision_entry_that_fails_at_run_time_is_named_as_an_entry_not_a_condition(tmp_path: Path) -> None:
+    """An output entry that reads a key the context does not hold (a variable, valid Python, so
+    validate passes it): the run stopped with "condition 'queue' at 'route' failed", a business rule
+    task having no condition. The error now names the entry, its rule and its table."""
+    table = tmp_path / "first_hit.dmn"
+    source = (REALWORLD / "first_hit.dmn").read_text()
+    assert source.count('<text>"manual"</text>') == 1
+    table.write_text(source.replace('<text>"manual"</text>', "<text>queue</text>"))
+    bpmn = tmp_path / "first_hit.bpmn"
+    bpmn.write_text((REALWORLD / "first_hit.bpmn").read_text())
+    assert problems(bpmn, table) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([bpmn, table]), {"score": 20}))
+    assert instance.status == "error"
+    message = instance.error["message"]
+    assert "output entry of rule 'low_score' of decision table 'table_route_claim': 'queue' at " in message
+    assert "condition 'queue'" not in message
+    assert "NameError: name 'queue' is not defined" in message
