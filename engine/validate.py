@@ -3966,6 +3966,11 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = _JUEL_OPERATORS
     else:  # FEEL: = is equality, and/or/not() are Python's already
         inner = inner[1:]
+        # is defined(x): whether the process holds x, which a condition asks its namespace
+        # ('x' in locals()), in layerflow as in SpiffWorkflow; not(...) of it is "not in"
+        inner = re.sub(r"(?<![\w.])not\s*\(\s*is defined\(\s*([A-Za-z_]\w*)\s*\)\s*\)", r"'\1' not in locals()",
+                       inner)
+        inner = re.sub(r"(?<![\w.])is defined\(\s*([A-Za-z_]\w*)\s*\)", r"'\1' in locals()", inner)
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)

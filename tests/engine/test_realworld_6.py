@@ -416,3 +416,28 @@ def test_a_decision_entry_that_fails_at_run_time_is_named_as_an_entry_not_a_cond
     assert "output entry of rule 'low_score' of decision table 'table_route_claim': 'queue' at " in message
     assert "condition 'queue'" not in message
     assert "NameError: name 'queue' is not defined" in message
+
+
+# -- Camunda 8 ------------------------------------------------------------------------------------------
+
+
+def test_a_feel_is_defined_condition_gets_the_python_test_to_write(tmp_path: Path) -> None:
+    """Camunda 8's get-up example branches on ``=is defined(breakfastPrepared)`` and
+    ``=not(is defined(breakfastPrepared))``. Validate refused them with "rewrite it as a Python
+    expression over the process variables", no Python to write. It now gives the test, which
+    decides as in plain SpiffWorkflow."""
+    path = REALWORLD / "feel_is_defined.bpmn"
+    found = {p.element_id: p for p in problems(path)}
+    assert set(found) == {"with_coupon", "without_coupon"}
+    assert found["with_coupon"].message.endswith("""write "'coupon' in locals()\"""")
+    assert found["without_coupon"].message.endswith("""write "'coupon' not in locals()\"""")
+    fixed = rewritten(tmp_path, path, [(">=is defined(coupon)<", ">'coupon' in locals()<"),
+                                       (">=not(is defined(coupon))<", ">'coupon' not in locals()<")])
+    assert problems(fixed) == []
+    for data, price in (({"coupon": "SPRING"}, 80), ({}, 100)):
+        expected = plain(fixed, "feel_is_defined", data).last_task.data
+        assert expected["price"] == price
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed]), data))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main) == dict(expected)
