@@ -816,6 +816,10 @@ class _Validator:
                     # run stopped with "NameError: name 'string' is not defined", told to give it a value
                     ok = False
                     fix = called
+                if kind == "inputEntry" and not ok and _FEEL_DURATION.search(text):
+                    # ISO 8601 durations do not compare in order as text ("P10D" sorts before "P2D",
+                    # "P1Y" before "P6M"): the test to write compares numbers
+                    fix = _duration_test_instead(text)
                 literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
                 if literals:
                     # FEEL's true / false / null: in Python unknown names, the run fails on them
@@ -4085,6 +4089,33 @@ def _config_message(message: str) -> str:
 
 
 _FEEL_RANGE = re.compile(r"([\[\](])\s*(.+?)\s*\.\.\s*(.+?)\s*([\[\])])")
+
+
+_FEEL_DURATION = re.compile(r"(?<!\w)(?<!\w\.)duration\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)")
+_YEAR_MONTH = re.compile(r"P(?:(\d+)Y)?(?:(\d+)M)?")
+_DAYS = re.compile(r"P(\d+)D")
+
+
+def _duration_test_instead(text: str) -> str:
+    """What to write for an input entry that compares FEEL durations (``< duration("P1M")``,
+    ``[duration("P1M")..duration("P2M")[``): the same test over a number of months (or days),
+    as ISO 8601 durations do not compare in order as text."""
+    said = ("FEEL's duration(...) is no function here, and ISO 8601 durations do not compare in order as text "
+            "(\"P10D\" sorts before \"P2D\", \"P1Y\" before \"P6M\"): give the input as a number of months (or "
+            "days) and compare numbers")
+    values = [m.group(1)[1:-1] for m in _FEEL_DURATION.finditer(text)]
+    if values and all(_YEAR_MONTH.fullmatch(v) and v != "P" for v in values):
+        unit = "months"
+        numbers = {v: int(_YEAR_MONTH.fullmatch(v).group(1) or 0) * 12 + int(_YEAR_MONTH.fullmatch(v).group(2) or 0)  # type: ignore[union-attr]
+                   for v in values}
+    elif values and all(_DAYS.fullmatch(v) for v in values):
+        unit = "days"
+        numbers = {v: int(_DAYS.fullmatch(v).group(1)) for v in values}  # type: ignore[union-attr]
+    else:
+        return said
+    test = _FEEL_DURATION.sub(lambda m: str(numbers[m.group(1)[1:-1]]), text)
+    test = _feel_range(test) or test
+    return f"{said}: in {unit}, write {test!r}"
 
 
 def _feel_range(text: str) -> str | None:

@@ -441,3 +441,33 @@ def test_a_feel_is_defined_condition_gets_the_python_test_to_write(tmp_path: Pat
         instance = engine.run(engine.start(load_process([fixed]), data))
         assert instance.status == "completed", instance.error
         assert variables(instance.main) == dict(expected)
+
+
+def test_feel_durations_compared_in_a_table_get_a_test_over_numbers(tmp_path: Path) -> None:
+    """dmn-js's tables compare yearMonthDuration inputs: ``< duration("P6M")``,
+    ``[duration("P6M")..duration("P2Y")[``. Validate said to write the ISO 8601 text, claiming it
+    "compares in time order when written alike": for durations it does not ("P1Y" sorts before
+    "P6M"), and a tenure of P1Y would have been rated "new". It now says so, with the same test over
+    months, which decides as in plain SpiffWorkflow."""
+    bpmn, table = REALWORLD / "feel_durations.bpmn", REALWORLD / "feel_durations.dmn"
+    found = {p.element_id: p for p in problems(bpmn, table)}
+    assert set(found) == {"new_tenure", "regular_tenure"}
+    for said in found.values():
+        assert "compares in time order" not in said.message
+        assert ("""ISO 8601 durations do not compare in order as text ("P10D" sorts before "P2D", "P1Y" """
+                """before "P6M"): give the input as a number of months (or days) and compare numbers""") in said.message
+    assert found["new_tenure"].message.endswith("in months, write '< 6'")
+    assert found["regular_tenure"].message.endswith("in months, write '6 <= ? < 24'")
+    fixed = rewritten(tmp_path, table, [('&lt; duration("P6M")', "&lt; 6"),
+                                        ('[duration("P6M")..duration("P2Y")[', "6 &lt;= ? &lt; 24"),
+                                        ('typeRef="yearMonthDuration"', 'typeRef="number"')])
+    fixed_bpmn = tmp_path / "feel_durations.bpmn"
+    fixed_bpmn.write_text(bpmn.read_text())
+    assert problems(fixed_bpmn, fixed) == []
+    for months, tier in ((3, "new"), (12, "regular"), (30, "loyal")):
+        expected = plain_camunda(fixed_bpmn, [fixed], "feel_durations", {"tenure": months})
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed_bpmn, fixed]), {"tenure": months}))
+        assert instance.status == "completed", instance.error
+        assert variables(instance.main) == expected
+        assert expected["tier"] == tier
