@@ -120,6 +120,8 @@ def decision_outputs(root: Any, decision: str) -> list[str]:
 def read_dmn(path: Path) -> DmnFile:
     """Parse a DMN file (raises OSError, etree.XMLSyntaxError)."""
     root = etree.fromstring(path.read_bytes(), _parser())
+    # comments say nothing to evaluate: an entry's text is then read whole (as the engine's parser reads it)
+    etree.strip_elements(root, etree.Comment, etree.ProcessingInstruction, with_tail=False)
     namespace = etree.QName(root).namespace
     decisions = tuple((str(el.get("id")), el.sourceline) for el in root
                       if isinstance(el.tag, str) and etree.QName(el).localname == "decision" and el.get("id"))

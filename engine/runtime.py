@@ -899,6 +899,24 @@ def _runtime_of(instance: Instance) -> "_Runtime":
     return rt
 
 
+def _expression_kind(task: Any, expression: str) -> str:
+    """What an expression SpiffWorkflow evaluates at ``task`` is: an entry of the decision table a
+    business rule task runs (its rule named), else a condition."""
+    engine = getattr(task.task_spec, "dmnEngine", None)
+    table = getattr(engine, "decision_table", None)
+    for rule in getattr(table, "rules", None) or ():
+        entries = [*(getattr(rule, "outputEntries", None) or ()), *(getattr(rule, "inputEntries", None) or ())]
+        for entry in entries:
+            texts = [getattr(entry, "text", None), *(getattr(entry, "lhs", None) or ())]
+            if any(isinstance(t, str) and t.strip() == expression.strip() for t in texts):
+                kind = "output" if entry in (getattr(rule, "outputEntries", None) or ()) else "input"
+                return (f"{kind} entry of rule {getattr(rule, 'id', '?')!r} of decision table "
+                        f"{getattr(table, 'id', '?')!r}:")
+    if table is not None:
+        return "decision table expression"
+    return "condition"
+
+
 def _flow_of(task: Any, expression: str) -> str:
     """`` of the flow to 'X'`` when ``expression`` is the condition of a gateway's outgoing flow
     (several flows leave a gateway: the message says which one failed), else nothing."""
@@ -1902,8 +1920,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
             where = spiff.bpmn_id_of(task)
             # a key a compression folded away was there: say which compression, not "give it a value"
             hint = _compressed_away(ctx, err) or _name_hint(err, where)
-            raise ActivityError(f"condition {expression.strip()!r}{_flow_of(task, expression)} at {where!r} failed: "
-                                f"{type(err).__name__}: {err}{hint}", task_id=where) from err
+            raise ActivityError(f"{_expression_kind(task, expression)} {expression.strip()!r}"
+                                f"{_flow_of(task, expression)} at {where!r} failed: {type(err).__name__}: {err}{hint}",
+                                task_id=where) from err
 
     def exec_script(self, task: Any, script: str) -> bool:
         """A pre/post script SpiffWorkflow runs outside an activity's run (``spiff.execute_script``):

@@ -1676,6 +1676,19 @@ class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
     OVERRIDE_PARSER_CLASSES = {tag: (_parser_twin(p), TWINS[s]) for tag, (p, s) in _STOCK_TAGS.items()}
     PROCESS_PARSER_CLASS = _LayerflowProcessParser
 
+    def add_bpmn_xml(self, bpmn: Any, filename: str | None = None) -> None:
+        """The file's XML without its comments and processing instructions, which say nothing to
+        run: SpiffWorkflow's Spiff parser takes every child of a script task for an element (a
+        comment there stopped the load with an AttributeError), and a script's text stops at a
+        comment inside it. Elements keep their line numbers."""
+        etree.strip_elements(bpmn, etree.Comment, etree.ProcessingInstruction, with_tail=False)
+        super().add_bpmn_xml(bpmn, filename=filename)
+
+    def add_dmn_xml(self, dmn: Any, filename: str | None = None) -> None:
+        """As ``add_bpmn_xml``, for a DMN file."""
+        etree.strip_elements(dmn, etree.Comment, etree.ProcessingInstruction, with_tail=False)
+        super().add_dmn_xml(dmn, filename=filename)
+
     def get_collaboration(self, name: str) -> tuple[Any, dict[str, Any]]:
         """SpiffWorkflow's collaboration spec (a call activity per executable pool, started together),
         with layerflow's start (a split: ``LayerflowCollaborationStart``) and end join."""

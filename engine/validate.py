@@ -531,6 +531,7 @@ class _Validator:
             self._check_code(proc)
             self._check_references(proc)
             self._check_shapes(proc)
+            self._check_listeners(proc)
             self._check_loops(proc)
         self._check_recursion()
         if good and len(good) == len(self.docs):
@@ -567,6 +568,9 @@ class _Validator:
             self.add("xml_malformed", f"not well-formed XML: {err.msg}{hint}",
                      file=doc.file, line=line or None, column=column or None)
             return doc
+        # comments say nothing to run, and the engine's parser drops them too (a condition or script
+        # is then read whole, where its text was cut at a comment)
+        etree.strip_elements(root, etree.Comment, etree.ProcessingInstruction, with_tail=False)
         expected = _bpmn("definitions")
         if root.tag != expected:
             ns, _, local = root.tag[1:].partition("}") if root.tag.startswith("{") else ("", "", root.tag)
@@ -616,7 +620,11 @@ class _Validator:
                      file=file, line=found.decisions[1][1], element_id=found.decisions[1][0])
         decision = next(el for el in root if isinstance(el.tag, str) and el.get("id") == first)
         tables = [el for el in decision if isinstance(el.tag, str) and etree.QName(el).localname == "decisionTable"]
-        if len(tables) != 1:
+        literal = next((el for el in decision if isinstance(el.tag, str)
+                        and etree.QName(el).localname == "literalExpression"), None)
+        if not tables and literal is not None and (literal.findtext("{*}text") or "").strip():
+            self._literal_decision(decision, literal, first, file, line)
+        elif len(tables) != 1:
             self.add("dmn_unsupported", f"decision {first!r} has {len(tables) or 'no'} decision table"
                      f"{'s' if len(tables) > 1 else ''}; SpiffWorkflow 3.2 runs a decision by exactly one "
                      "dmn:decisionTable (no literal expressions, no requirement graphs)", file=file, line=line,
@@ -646,7 +654,81 @@ class _Validator:
                          f"aggregation=\"{table.get('aggregation')}\" and compute it in a script task after the "
                          f"business rule task ({out} = {fn}({out}))", file=file, line=table.sourceline,
                          element_id=first, field="aggregation")
+            self._check_dmn_defaults(table, first, policy, file)
+            self._check_dmn_output_names(table, first, file)
         return found
+
+    def _check_dmn_output_names(self, table: Any, decision: str, file: str) -> None:
+        """An output with no name (dmn-js and Camunda's DMN editor leave it empty until one is
+        typed): SpiffWorkflow sets the variable its name gives, else its label; with neither, the
+        key is '' and the business rule task stops the run (no context key is empty). A label that
+        is no variable name is a key no condition or script can read by its name."""
+        for output in (o for o in table if isinstance(o.tag, str) and etree.QName(o).localname == "output"):
+            if (output.get("name") or "").strip():
+                continue
+            label, oid = (output.get("label") or "").strip(), output.get("id") or decision
+            if not label:
+                self.add("dmn_unsupported", f"decision {decision!r}, output {oid!r} has no name and no label: "
+                         "SpiffWorkflow sets the variable an output's name gives (else its label), so this "
+                         "one's value would go under an empty key, and the run stops at the business rule task; "
+                         "give the output the variable to set: name=\"...\"", file=file, line=output.sourceline,
+                         element_id=oid, field="name")
+            elif not label.isidentifier():
+                self.add("dmn_unsupported", f"decision {decision!r}, output {oid!r} has no name, so SpiffWorkflow "
+                         f"sets its label, {label!r}, which no condition or script can read by its name; give the "
+                         f"output the variable to set: name=\"{_identifier_for(label)}\"", file=file,
+                         line=output.sourceline, element_id=oid, field="name", severity="warning")
+
+    def _literal_decision(self, decision: Any, literal: Any, first: str, file: str, line: int | None) -> None:
+        """A decision given by a literal expression (DMN's boxed expression, as the DMN TCK and
+        dmn-scala write a one-line decision): SpiffWorkflow 3.2 runs decision tables only, and its
+        parser fails at the business rule task (IndexError). It is one assignment: a script task."""
+        text = " ".join((literal.findtext("{*}text") or "").split())
+        variable = next((el for el in decision if isinstance(el.tag, str)
+                         and etree.QName(el).localname == "variable"), None)
+        name = (variable.get("name") if variable is not None else None) or decision.get("name") or first
+        name = name if name.isidentifier() else "result"
+        instead = _python_instead("=" + text, "FEEL")
+        if not instead.startswith("write '"):
+            try:
+                ast.parse(text, mode="eval")
+                instead = f"write {text!r}"
+            except SyntaxError:
+                instead = ""
+        todo = (f"{name} = {instead[len('write '):].split(' (', 1)[0].strip(chr(39))}" if instead.startswith("write ")
+                else f"{name} = (the expression in Python)")
+        self.add("dmn_unsupported", f"decision {first!r} is a literal expression ({text!r}), not a decision table; "
+                 "SpiffWorkflow 3.2 runs a decision by exactly one dmn:decisionTable: draw a script task in place "
+                 f"of the business rule task that runs it, with the script {todo}", file=file,
+                 line=literal.sourceline or line, element_id=first, field="literalExpression")
+
+    def _check_dmn_defaults(self, table: Any, decision: str, policy: str, file: str) -> None:
+        """An output's defaultOutputEntry (DMN 1.2: the value when no rule matches, as Camunda's
+        and dmn-scala's tables write it): SpiffWorkflow 3.2 does not read it, and a table no rule
+        of which matches sets nothing, so the first condition or script that reads the output
+        stops the run (NameError). The same value from a last rule that matches anything: the first
+        matching rule decides, unless the table is COLLECT."""
+        inputs = sum(1 for el in table if isinstance(el.tag, str) and etree.QName(el).localname == "input")
+        for output in (o for o in table if isinstance(o.tag, str) and etree.QName(o).localname == "output"):
+            entry = next((el for el in output if isinstance(el.tag, str)
+                          and etree.QName(el).localname == "defaultOutputEntry"), None)
+            text = entry.findtext("{*}text") if entry is not None else None
+            if not (text or "").strip():
+                continue
+            name = output.get("name") or output.get("label") or output.get("id") or "(unnamed)"
+            value = (text or "").strip()
+            if policy == "COLLECT":
+                todo = (f"remove it and, in a script task after the business rule task, give {name!r} the value "
+                        f"when no rule matched: if not {name}: {name} = [{value}]")
+            else:
+                todo = (f"remove it and add a last rule whose {inputs} input entr{'ies are' if inputs != 1 else 'y is'}"
+                        f" empty (it matches anything) and whose output is {value}: the first matching rule decides, "
+                        "so it gives the value only when no other rule matches")
+            self.add("dmn_unsupported", f"decision {decision!r}, output {name!r}: its defaultOutputEntry ({value}) "
+                     "is the value when no rule matches, and SpiffWorkflow 3.2 does not read it: when no rule "
+                     f"matches, {name!r} is not set, and the first condition or script that reads it stops the "
+                     f"run; {todo}", file=file, line=entry.sourceline if entry is not None else output.sourceline,
+                     element_id=output.get("id") or decision, field="defaultOutputEntry")
 
     def _check_dmn_ids(self, table: Any, decision: str, file: str) -> None:
         """SpiffWorkflow's DMN parser reads the id of a decision table, its inputs, outputs, rules and
@@ -729,6 +811,16 @@ class _Validator:
                     fix = (f"{', '.join(f'FEEL{chr(39)}s {name}(...)' for name in temporal)} is no function here; "
                            "ISO 8601 text compares in time order when written alike: write it as "
                            f"{_FEEL_TEMPORAL.sub(lambda m: m.group(2), text)!r}")
+                called = _feel_calls(text.replace("?", "dmninput")) if ok else None
+                if called is not None:
+                    # FEEL's string(), floor(), count(): Python calls of names nothing defines, and the
+                    # run stopped with "NameError: name 'string' is not defined", told to give it a value
+                    ok = False
+                    fix = called
+                if kind == "inputEntry" and not ok and _FEEL_DURATION.search(text):
+                    # ISO 8601 durations do not compare in order as text ("P10D" sorts before "P2D",
+                    # "P1Y" before "P6M"): the test to write compares numbers
+                    fix = _duration_test_instead(text)
                 literals = _feel_literals(text.replace("?", "dmninput"), kind) if ok else []
                 if literals:
                     # FEEL's true / false / null: in Python unknown names, the run fails on them
@@ -755,12 +847,14 @@ class _Validator:
                 self._check_empty_input(table, clause, column, decision, file)
                 continue
             parsed = python_source(text) is not None
-            if parsed and not _FEEL_TEMPORAL.search(text):
+            called = _feel_calls(text) if parsed else None
+            if parsed and not _FEEL_TEMPORAL.search(text) and called is None:
                 continue
             instead = _FEEL_TEMPORAL.sub(lambda m: m.group(2), text)
             for pattern, python in _FEEL_STRING_FUNCTIONS:
                 instead = re.sub(pattern, python, instead)
             fix = (f"write it as {instead!r}" if instead != text and python_source(instead) is not None else
+                   called if called is not None else
                    "write a Python expression over the context (country.upper(), amount * 12)")
             label = clause.get("label") or clause.get("name") or clause.get("id")
             self.add("dmn_unsupported", f"decision {decision!r}, input {label!r} ({clause.get('id')!r}): "
@@ -1705,6 +1799,19 @@ class _Validator:
                          f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
                          line=call.sourceline, element_id=call.get("id"), field="calledElement")
                 continue
+            task = next((el for doc in self.docs if doc.root is not None for el in doc.root
+                         if isinstance(el.tag, str) and el.get("id") == called
+                         and etree.QName(el).localname.startswith("global")), None)
+            if task is not None:
+                # BPMN lets a call activity call a global task (bpmn:globalTask, globalUserTask, ...);
+                # SpiffWorkflow calls processes only
+                kind = etree.QName(task).localname
+                self.add("call_activity_unknown_process", f"calledElement={called!r} is the bpmn:{kind} of "
+                         f"{self._files()}, and SpiffWorkflow's call activity calls a bpmn:process only: draw the "
+                         f"task itself in place of call activity {call.get('id')!r}, or make {called!r} a "
+                         "bpmn:process (a start event, the task, an end event)", file=proc.file,
+                         line=call.sourceline, element_id=call.get("id"), field="calledElement")
+                continue
             beside = _defined_beside(called, [Path(d.file) for d in self.docs])
             where = ""
             if beside is not None:  # the command as a shell takes it (a folder may have a space)
@@ -1921,8 +2028,10 @@ class _Validator:
                 todo = "scripts run exactly as written: start top-level lines at column 0"
             else:
                 compared = _comparison_instead(source) if mode == "eval" else None
-                spelt = _operators_instead(source) if mode == "eval" else None
+                java = _java_return_instead(source) if mode == "eval" else None
+                spelt = _operators_instead(source) if mode == "eval" and java is None else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
+                        else java if java is not None
                         else f"Python writes {_operators_said(source)}: write {spelt!r}" if spelt is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
@@ -2207,6 +2316,7 @@ class _Validator:
                          severity="warning")
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
+            self._check_timer_settings(el, eid, tag, file)
             if tag == "scriptTask":
                 for ext in el.iterfind(_bpmn("extensionElements")):
                     for which in ("preScript", "postScript"):
@@ -2535,6 +2645,9 @@ class _Validator:
             return
         defined = {f.decision: f for f in self.dmn_files}
         if ref in defined:
+            if any(p.file == str(defined[ref].path) and p.severity == "error" for p in self.problems):
+                # the DMN file's problem is said there: SpiffWorkflow's failure at this task says no more
+                self.related.add(eid)
             self._check_required_decisions(el, eid, ref, defined[ref], file)
             return
         self.related.add(eid)
@@ -2617,6 +2730,56 @@ class _Validator:
                    for el in doc.root.iter() if isinstance(el.tag, str)
                    and etree.QName(el).localname in tags | {"preScript", "postScript"})
 
+    def _check_timer_settings(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """Activiti's and Flowable's settings of a timer (``activiti:endDate`` on a timeCycle: the
+        date the repetitions stop; ``businessCalendarName``: a duration counted in a business
+        calendar's working hours): SpiffWorkflow reads the ISO 8601 text only, so the timer fires
+        otherwise than the file says."""
+        for definition in el.iterchildren(_bpmn("timerEventDefinition")):
+            for holder in (definition, *(c for c in definition if isinstance(c.tag, str))):
+                for name, value in holder.attrib.items():
+                    qn = etree.QName(name)
+                    prefix = _ENGINE_NAMESPACES.get(qn.namespace or "")
+                    if prefix is None:
+                        continue
+                    setting = f"{prefix}:{qn.localname}"
+                    if qn.localname == "endDate":
+                        meant = ("sets the date its repetitions stop, and here the cycle repeats as many times as its R<n> "
+                                 "says (for ever when there is no n), whatever the date: give the count in the "
+                                 "cycle (R5/PT10S), or end the waiting by another path")
+                    elif qn.localname == "businessCalendarName":
+                        meant = ("names the calendar whose working hours the time is counted in, and here it is "
+                                 "counted in plain time, round the clock: write the time as plain time")
+                    else:
+                        meant = "changes how the timer fires, and here it fires by its ISO 8601 text alone: remove it"
+                    self.add("foreign_extension", f"timer {eid!r} (bpmn:{tag}) has {setting}={value!r}, another "
+                             f"engine's timer setting that layerflow does not run (nor does SpiffWorkflow): it "
+                             f"{meant}", file=file, line=holder.sourceline, element_id=eid, field=setting,
+                             severity="warning")
+
+    def _check_listeners(self, proc: _Node) -> None:
+        """Another engine's execution listeners where no step is: on a process (run as an instance
+        starts or ends) and on a sequence flow (run as it is taken). SpiffWorkflow runs none, and no
+        handler runs there: what they do (set a variable, call a service) does not happen. The ones
+        on a step or a sub-process are reported with its other settings (``_check_foreign``)."""
+        for el in proc.element.iter(_bpmn("process"), _bpmn("sequenceFlow")):
+            tag, eid = etree.QName(el).localname, el.get("id") or "(no id)"
+            names = [q for ext in el.iterfind(_bpmn("extensionElements")) for child in ext
+                     if isinstance(child.tag, str) for q in [_foreign_name(child.tag)]
+                     if q and q.partition(":")[2] in ("executionListener", "executionListeners")]
+            if not names:
+                continue
+            if tag == "sequenceFlow":
+                what = f"sequence flow {eid!r} has {names[0]}, run as the flow is taken"
+                todo = (f"draw a script task (or a task with a handler) on the flow, from {el.get('sourceRef')!r} "
+                        f"to {el.get('targetRef')!r}, that does the listener's work")
+            else:
+                what = f"process {eid!r} has {names[0]}, run as an instance starts or ends"
+                todo = "do the listener's work in a task after the start event (or before the end event)"
+            self.add("foreign_extension", f"{what}: another engine's listener that layerflow does not run (nor "
+                     f"does SpiffWorkflow's own parser), so what it does never happens; {todo}", file=proc.file,
+                     line=el.sourceline, element_id=eid, field=names[0], severity="warning")
+
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
         found: dict[str, None] = {}
@@ -2626,7 +2789,8 @@ class _Validator:
                 found.update({q: None for q in [_foreign_name(name)] if q})
         for ext in (e for holder in (el, loop) if holder is not None for e in holder.iterfind(_bpmn("extensionElements"))):
             for child in ext:
-                found.update({q: None for q in [_foreign_name(child.tag)] if isinstance(child.tag, str) and q})
+                # (an XML comment or processing instruction among them is no setting)
+                found.update({q: None for q in [_foreign_name(child.tag) if isinstance(child.tag, str) else None] if q})
         if tag == "businessRuleTask":
             # Camunda 7's decisionRef and resultVariable and Camunda 8's calledDecision are run here
             found = {q: None for q in found if q != "zeebe:calledDecision"}
@@ -2664,6 +2828,20 @@ class _Validator:
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        starter = next((v for k, v in el.attrib.items() if (_foreign_name(k) or "").endswith(":initiator")), None)
+        if starter:
+            todo = [f"it names the variable ({starter!r}) that the engine sets to the user who started the "
+                    f"instance; nothing sets it here: give {starter!r} in the start data (--data)"
+                    if t == _FOREIGN_SETTINGS["initiator"] else t for t in todo]
+        decision = _engine_dmn_task(el)
+        if decision is not None:
+            # Flowable's (Activiti's) DMN task: a service task of type "dmn" that names its decision
+            # in a field; layerflow runs a decision from a business rule task
+            key = repr(decision) if decision else "the decision"
+            todo = [f"it runs DMN decision {key} (the {_foreign_name_of_type(el)}=\"dmn\" task and its "
+                    "decisionTableReferenceKey field): draw a bpmn:businessRuleTask instead, with "
+                    f"camunda:decisionRef=\"{decision or 'DECISION_ID'}\" (or <spiffworkflow:calledDecisionId>), and "
+                    "give the .dmn file (`layerflow run PROCESS.bpmn DECISION.dmn`, or put it beside the process)"]
         if tag in ("sendTask", "receiveTask"):
             # no handler runs there (handler_not_run): its work goes in a task of its own
             todo = [_NOT_WORKED[tag][1] if t == _RUN_BY_HANDLER else t for t in todo]
@@ -3329,7 +3507,14 @@ _FOREIGN_SETTINGS = {
     "inputOutput": _MAP_IN_CODE, "ioMapping": _MAP_IN_CODE, "in": _MAP_IN_CODE, "out": _MAP_IN_CODE,
     "executionListener": "do the listener's work in a task of the process",
     "taskListener": "do the listener's work in a task of the process",
+    # Camunda 8 holds its listeners in a list element (zeebe:taskListeners, zeebe:executionListeners)
+    "executionListeners": "do the listener's work in a task of the process",
+    "taskListeners": "do the listener's work in a task of the process",
     "calledElement": "name the called process in the bpmn:callActivity's calledElement attribute",
+    # a script task's script kept in a file of the deployment (camunda:resource="deployment://calc.py")
+    "resource": "copy the Python of the file it names into the task's bpmn:script",
+    # a start event's variable that the engine sets to the id of the user who started the instance
+    "initiator": "give that variable in the start data (--data), as no user starts an instance here",
 }
 
 
@@ -3343,6 +3528,39 @@ def _message_event_subprocesses(process: Any) -> Iterator[tuple[Any, Any, str]]:
             kinds = [k for k in ("message", "signal") if start.find(_bpmn(f"{k}EventDefinition")) is not None]
             if kinds:
                 yield sub, start, kinds[0]
+
+
+def _foreign_name_of_type(el: Any) -> str:
+    """``flowable:type`` (or ``activiti:type``, ...): the name of an element's engine ``type`` attribute."""
+    return next((q for q in map(_foreign_name, el.attrib) if q and q.endswith(":type")), "type")
+
+
+def _identifier_for(label: str) -> str:
+    """A variable name for a label: ``Check Result`` gives ``check_result``."""
+    words = re.findall(r"[^\W_]+", label.lower())
+    name = "_".join(words) or "result"
+    return name if name.isidentifier() else f"v_{name}"
+
+
+def _engine_dmn_task(el: Any) -> str | None:
+    """The decision a Flowable / Activiti DMN task runs (a service task with type="dmn" and a
+    decisionTableReferenceKey field, given as a string child or a stringValue / expression
+    attribute): its key, "" when it names none; None for any other element."""
+    if etree.QName(el).localname != "serviceTask" or not any(
+            q and q.endswith(":type") and (v or "").strip().lower() == "dmn"
+            for q, v in ((_foreign_name(k), v) for k, v in el.attrib.items())):
+        return None
+    for ext in el.iterfind(_bpmn("extensionElements")):
+        for given in ext:
+            if not isinstance(given.tag, str) or etree.QName(given).localname != "field":
+                continue
+            if given.get("name") != "decisionTableReferenceKey":
+                continue
+            value = given.get("stringValue") or given.get("expression") or "".join(
+                (child.text or "") for child in given if isinstance(child.tag, str)
+                and etree.QName(child).localname in ("string", "expression"))
+            return value.strip()
+    return ""
 
 
 def _foreign_name(tag: str) -> str | None:
@@ -3587,6 +3805,46 @@ _FEEL_STRING_FUNCTIONS = (
     (r"(?<![\w.])ends with\(\s*([A-Za-z_][\w.]*)\s*,\s*(\"[^\"]*\"|'[^']*')\s*\)", r"\1.endswith(\2)"),
 )
 
+# FEEL's built-in functions whose names are one word: they parse as Python calls of names that
+# nothing defines where SpiffWorkflow evaluates a table. Each with its Python (None: none here).
+_FEEL_FUNCTIONS: dict[str, str | None] = {
+    "string": "str", "number": "float", "count": "len", "decimal": "round", "floor": None, "ceiling": None,
+    "substring": None, "contains": None, "matches": None, "replace": None, "split": None, "append": None,
+    "concatenate": None, "mean": None, "median": None, "product": None, "flatten": None, "now": None,
+    "today": None, "duration": None, "date": None, "time": None, "modulo": None, "odd": None, "even": None,
+}
+_FEEL_HINTS = {
+    "floor": "int(x // 1)", "ceiling": "-int(-x // 1)", "substring": "s[start - 1:]", "contains": "'sub' in s",
+    "append": "items + [x]", "concatenate": "a + b", "mean": "sum(xs) / len(xs)", "modulo": "a % b",
+    "odd": "x % 2 == 1", "even": "x % 2 == 0", "replace": "s.replace(old, new)", "split": "s.split(sep)",
+}
+
+
+def _feel_calls(text: str) -> str | None:
+    """What to write for an entry or input expression that calls FEEL's one-word functions
+    (``string(amount) + " EUR"``, ``floor(x)``, ``count(items)``), which parse as Python calls of
+    names no context holds; None when it calls none."""
+    try:
+        tree = ast.parse(python_source(text) or text, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    names = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                    and n.func.id in _FEEL_FUNCTIONS})
+    if not names:
+        return None
+    said = ", ".join(f"{name}()" for name in names)
+    instead = text
+    for name in names:
+        python = _FEEL_FUNCTIONS[name]
+        if python is not None:
+            instead = re.sub(rf"(?<![\w.]){name}\s*\(", f"{python}(", instead)
+    if all(_FEEL_FUNCTIONS[name] is not None for name in names):
+        return f"{said} {'is' if len(names) == 1 else 'are'} FEEL's, no function here: write it as {instead!r}"
+    hints = [f"{name}(x): {_FEEL_HINTS[name]}" for name in names if name in _FEEL_HINTS]
+    return (f"{said} {'is' if len(names) == 1 else 'are'} FEEL's, no function here: write it as a Python "
+            f"expression{' (' + '; '.join(hints) + ')' if hints else ''}")
+
+
 _PYTHON_LITERALS = {"true": "True", "false": "False", "null": "None", "none": "None", "nil": "None",
                     "undefined": "None"}
 
@@ -3669,6 +3927,37 @@ def _operators_instead(source: str) -> str | None:
     return spelt
 
 
+_JAVA_EQUALS = re.compile(r"""("[^"]*"|'[^']*'|[A-Za-z_]\w*)\.(equals|equalsIgnoreCase)\(\s*([^()]*?)\s*\)""")
+
+
+def _java_return_instead(source: str) -> str | None:
+    """What to write for a condition written as a Java statement (jBPM's, Kogito's:
+    ``return "yes".equalsIgnoreCase(suspended);``): a condition is an expression, so no
+    ``return`` and no ``;``; ``a.equals(b)`` is ``a == b``, ``"x".equalsIgnoreCase(v)``
+    ``v.lower() == "x"``. None when it is no such statement; the instruction alone when some
+    other Java method is called (a context value is JSON: it has no methods)."""
+    text = source.strip()
+    if not re.match(r"return\s", text) and not text.endswith(";"):
+        return None
+    inner = re.sub(r"^return\s+", "", text).rstrip(";").strip()
+
+    def equals(m: re.Match[str]) -> str:
+        left, how, right = m.group(1), m.group(2), m.group(3)
+        if how == "equals":
+            return f"{right} == {left}" if left[0] in "\"'" else f"{left} == {right}"
+        if left[0] in "\"'":
+            return f"{right}.lower() == {left.lower()}"
+        return f"{left}.lower() == {right}.lower()"
+
+    spelt = _JAVA_EQUALS.sub(equals, inner)
+    spelt = _operators_instead(spelt) or spelt
+    said = "a condition is an expression: no 'return', no ';'"
+    if re.search(r"\w\.(?!lower\(\))[A-Za-z_]\w*\(", spelt) or python_source(spelt) is None:
+        return (f"{said}, and it is Python over the context, whose values have no Java methods: write the test "
+                f"of {inner!r} in Python")
+    return f"{said}; write {spelt!r}"
+
+
 def _operators_said(source: str) -> str:
     """What ``_operators_instead`` rewrote, in Python's words: its operators, a length, a ';'."""
     said = ["and, or, not"] if re.search(r"&&|\|\||===|!==|!(?!=)", source) else []
@@ -3687,6 +3976,11 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = _JUEL_OPERATORS
     else:  # FEEL: = is equality, and/or/not() are Python's already
         inner = inner[1:]
+        # is defined(x): whether the process holds x, which a condition asks its namespace
+        # ('x' in locals()), in layerflow as in SpiffWorkflow; not(...) of it is "not in"
+        inner = re.sub(r"(?<![\w.])not\s*\(\s*is defined\(\s*([A-Za-z_]\w*)\s*\)\s*\)", r"'\1' not in locals()",
+                       inner)
+        inner = re.sub(r"(?<![\w.])is defined\(\s*([A-Za-z_]\w*)\s*\)", r"'\1' in locals()", inner)
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
@@ -3801,6 +4095,33 @@ def _config_message(message: str) -> str:
 
 
 _FEEL_RANGE = re.compile(r"([\[\](])\s*(.+?)\s*\.\.\s*(.+?)\s*([\[\])])")
+
+
+_FEEL_DURATION = re.compile(r"(?<!\w)(?<!\w\.)duration\s*\(\s*(\"[^\"]*\"|'[^']*')\s*\)")
+_YEAR_MONTH = re.compile(r"P(?:(\d+)Y)?(?:(\d+)M)?")
+_DAYS = re.compile(r"P(\d+)D")
+
+
+def _duration_test_instead(text: str) -> str:
+    """What to write for an input entry that compares FEEL durations (``< duration("P1M")``,
+    ``[duration("P1M")..duration("P2M")[``): the same test over a number of months (or days),
+    as ISO 8601 durations do not compare in order as text."""
+    said = ("FEEL's duration(...) is no function here, and ISO 8601 durations do not compare in order as text "
+            "(\"P10D\" sorts before \"P2D\", \"P1Y\" before \"P6M\"): give the input as a number of months (or "
+            "days) and compare numbers")
+    values = [m.group(1)[1:-1] for m in _FEEL_DURATION.finditer(text)]
+    if values and all(_YEAR_MONTH.fullmatch(v) and v != "P" for v in values):
+        unit = "months"
+        numbers = {v: int(_YEAR_MONTH.fullmatch(v).group(1) or 0) * 12 + int(_YEAR_MONTH.fullmatch(v).group(2) or 0)  # type: ignore[union-attr]
+                   for v in values}
+    elif values and all(_DAYS.fullmatch(v) for v in values):
+        unit = "days"
+        numbers = {v: int(_DAYS.fullmatch(v).group(1)) for v in values}  # type: ignore[union-attr]
+    else:
+        return said
+    test = _FEEL_DURATION.sub(lambda m: str(numbers[m.group(1)[1:-1]]), text)
+    test = _feel_range(test) or test
+    return f"{said}: in {unit}, write {test!r}"
 
 
 def _feel_range(text: str) -> str | None:

@@ -91,6 +91,9 @@ _WORD = re.compile(r"[^\W\d_]{2,}")
 #: code, not prose: ``&&``, ``||``, ``==``-like comparisons, and a JavaScript or Java negation
 #: (``!environment.variables.stopLoop``, ``!(approved)``), which no sentence writes before a word
 _CODE_OPERATOR = re.compile(r"&&|\|\||[=!<>]=|(?:^|[\s(])!\(*[A-Za-z_$]")
+# a statement's end, a return statement, a method call on a name or a literal: Java's (JavaScript's)
+# code, never a sentence
+_CODE_SHAPE = re.compile(r";\s*$|^\s*return\s|[\w\"')\]]\.[A-Za-z_$][\w$]*\(")
 _JUEL = re.compile(r"\s*[$#]\{.*\}\s*", re.S)
 _FEEL = re.compile(r"\s*=(?!=)")
 
@@ -115,6 +118,8 @@ def is_flow_sentence(text: str | None) -> bool:
         return False
     assert text is not None
     if _CODE_OPERATOR.search(text):  # ``amount > 1000 && status == "open"``, ``!ok``: code, no prose
+        return False
+    if _CODE_SHAPE.search(text):  # jBPM's Java: ``return "yes".equalsIgnoreCase(suspended);``
         return False
     return len(_WORD.findall(text)) >= 3 or bool(_CJK.search(text))
 
