@@ -203,6 +203,9 @@ not make ``report.ok`` false:
                                       flowable:) whose sourceExpression computes something (a JUEL
                                       expression): nothing evaluates it, the target is never set
                                       (a mapping from one variable to another runs)
+``call_mapping_system``               a call activity's camunda:in / camunda:out whose target is a key the
+                                      config's system: fixes (L0 SYSTEM): the mapping's write is denied and
+                                      the instance stops at the call activity
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
@@ -2695,6 +2698,14 @@ class _Validator:
         these (the general "another engine's settings" warning then leaves them out)."""
         run = call_mappings.renames(el)  # (held: an lxml element's id lasts as long as its proxy)
         executed = {id(child) for _, _, _, child in run}
+        for direction, source, target, child in run:
+            if target in self.system_keys:
+                name = _foreign_name(child.tag) or f"camunda:{direction}"
+                self.add("call_mapping_system", f"call activity {eid!r} has {name} source={source!r} "
+                         f"target={target!r}, a key the config's system: fixes in L0 SYSTEM: no activity may "
+                         f"write it, so the instance would stop at {eid!r}"
+                         f"{' after the called process ran' if direction == 'out' else ''}; name another target",
+                         file=file, line=child.sourceline, element_id=eid, field=name)
         handled = True
         for ext in el.iterfind(_bpmn("extensionElements")):
             for child in ext:
@@ -2705,6 +2716,17 @@ class _Validator:
                 expression = (child.get("sourceExpression") or "").strip()
                 if (child.get("variables") or "").strip() == "all" or (source and source == target):
                     continue  # every variable crosses under its own name
+                key = (child.get("businessKey") or "").strip()
+                if key and name.endswith(":in") and not source and not expression:
+                    # what Camunda Modeler adds to pass the caller's business key: said on its own, so
+                    # the warning does not read as if the renames beside it did not run either
+                    self.add("foreign_extension", f"call activity {eid!r} has {name} businessKey={key!r}: "
+                             "layerflow has no business key (an instance is known by its id), so nothing is "
+                             "passed; the called process runs in its caller's context and reads its variables, "
+                             "so keep what the business key stood for in a variable (in the start data, or set "
+                             "by a step before the call)", file=file, line=child.sourceline, element_id=eid,
+                             field=f"{name} businessKey", severity="warning")
+                    continue
                 if expression and target:
                     read = self._reads_name(target)
                     self.related.add(eid)
