@@ -158,7 +158,6 @@ class FormAnswerInvalid(InvalidAnswer):
         self.problems = list(problems)
         self.fields = [dict(f) for f in form.get("fields") or []]
         self.source = form.get("source")
-        self.process_id, self.pool = process_id, pool
         listed = "; ".join(f"field {f!r} {p}" for f, p in problems)
         asked = ", ".join(forms.describe_field(f) for f in self.fields)
         super().__init__(f"the answer to user task {task_id!r} does not fit its form ({self.source}): {listed}"
