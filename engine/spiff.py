@@ -81,7 +81,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
-from SpiffWorkflow.bpmn.parser.event_parsers import ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH
+from SpiffWorkflow.bpmn.parser.event_parsers import (CANCEL_EVENT_XPATH, ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH,
+                                                      MESSAGE_EVENT_XPATH, SIGNAL_EVENT_XPATH, TERMINATION_EVENT_XPATH)
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
@@ -113,6 +114,7 @@ from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
 from SpiffWorkflow.bpmn.util.event import BpmnEvent, EventManager
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.exceptions import WorkflowException
+from SpiffWorkflow.spiff.parser.event_parsers import SpiffEndEventParser
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
 from SpiffWorkflow.spiff.parser.task_spec import (BusinessRuleTaskParser, CallActivityParser, ServiceTaskParser,
                                                   SpiffTaskParser)
@@ -1625,11 +1627,27 @@ class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
         return task
 
 
+class _LayerflowEndEventParser(SpiffEndEventParser):  # type: ignore[misc]
+    """An end event that throws a signal (BPMN's signal end event) throws it as the path ends, as an
+    intermediate signal throw event does: SpiffWorkflow 3.2's parser looks for every other event
+    definition on an end event but that one, and ran it as a plain end event that threw nothing."""
+
+    def create_task(self) -> Any:
+        event_definition = self.get_event_definition(
+            [MESSAGE_EVENT_XPATH, SIGNAL_EVENT_XPATH, CANCEL_EVENT_XPATH, ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH,
+             TERMINATION_EVENT_XPATH])
+        task = self._create_task(event_definition)
+        task.connect(self.spec.end)
+        return task
+
+
 _PARSER_TWINS: dict[type, type] = {}
 
 
 def _parser_twin(cls: type) -> type:
-    if cls is ServiceTaskParser:
+    if cls is SpiffEndEventParser:
+        cls = _LayerflowEndEventParser
+    elif cls is ServiceTaskParser:
         cls = _LayerflowServiceTaskParser
     elif cls is BusinessRuleTaskParser:
         cls = _LayerflowBusinessRuleTaskParser
@@ -2112,11 +2130,31 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
     def _left_the_instance(self, thrower: Any, event: Any) -> None:
         """A message or signal the process threw that nothing in the instance caught: SpiffWorkflow
         leaves it in ``bpmn_events`` for the application; the driver records it (``thrown_out``).
-        In a collaboration a pool's message waits there for its receiver instead (``deliver_pending``)."""
+        In a collaboration a pool's message that a pool can catch waits there for its receiver
+        instead (``deliver_pending``); one no pool catches, and a signal (a broadcast, never kept
+        for later), leave the instance as a single process's do."""
         driver = getattr(self.workflow, "layerflow", None)
-        if thrower is None or driver is None or is_collaboration(self.workflow.spec):
+        if thrower is None or driver is None:
+            return
+        if is_collaboration(self.workflow.spec) and isinstance(event.event_definition, MessageEventDefinition) \
+                and event.event_definition.name in message_catch_names(self.workflow):
             return
         driver.thrown_out(thrower, event)
+
+
+def message_catch_names(workflow: Any) -> frozenset[str]:
+    """The names of the messages some catch event (a start, intermediate or boundary event, a receive
+    task) of ``workflow``'s process or of a process it runs (a pool, a called process) waits for."""
+    names: set[str] = set()
+    for spec in (workflow.spec, *workflow.subprocess_specs.values()):
+        for ts in spec.task_specs.values():
+            if not isinstance(ts, CatchingEvent):
+                continue
+            definition = ts.event_definition
+            for one in getattr(definition, "event_definitions", None) or [definition]:
+                if isinstance(one, MessageEventDefinition) and one.name:
+                    names.add(str(one.name))
+    return frozenset(names)
 
 
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:

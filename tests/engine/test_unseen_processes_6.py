@@ -128,6 +128,33 @@ def test_kyc_start_data_refused_field_by_field_names_the_process(cli: Any) -> No
     assert "units long 1.. =1" in collab["error"]["message"], collab["error"]["message"]
 
 
+def test_a_signal_end_event_releases_the_branch_that_waits_for_it(cli: Any) -> None:
+    """BPMN's signal end event throws its signal as the path ends (SpiffWorkflow 3.2 parsed it as a
+    plain end event and threw nothing): the backorder branch waits for the stock and ships it."""
+    doc = run_json(cli, "run", str(HERE / "stock_replenish.bpmn"), "--data", json.dumps({"backorder_units": 5}))
+    assert doc["status"] == "completed" and doc["waiting_for"] == []
+    assert data_keys(doc["layers"]["L3"]) == {"ordered_units": 10, "arrival": {"units": 10}, "shipped_units": 5}
+    assert doc["messages_out"] == []  # caught inside the instance
+
+
+def test_a_collaboration_records_what_its_pools_throw_to_nobody(cli: Any) -> None:
+    """README: a message or signal the process throws that nothing in its instance catches leaves it,
+    on the thrower's tape and in `messages_out`. In a collaboration a message waits for a pool that
+    catches it; one that no pool can ever catch (the vendor's price audit) and a signal nobody waits
+    for (the requester's quote_accepted) leave the instance as they would a single process."""
+    doc = run_json(cli, "run", str(HERE / "vendor_quote.bpmn"), "--data", json.dumps({"item": "bolt", "units": 3}))
+    assert doc["status"] == "completed"
+    assert sorted((m["name"], m["kind"], m["element_id"], json.dumps(m["payload"]), m["context"].split("@")[0])
+                  for m in doc["messages_out"]) == [
+        ("price_audit", "message", "v_end", json.dumps({"item": "bolt", "unit_price": 12}), "main/vendor"),
+        ("quote_accepted", "signal", "r_end", "null", "main/requester")]
+    # the messages between the pools did not leave: the rfq and the quote were caught
+    assert data_keys(doc["layers"]["L3"])["accepted_total"] == 36
+    plain = cli("run", str(HERE / "vendor_quote.bpmn"), "--data", json.dumps({"item": "nut"}))
+    said = plain.stdout + plain.stderr
+    assert "layerflow send OTHER_ID price_audit" in said and "layerflow send OTHER_ID quote_accepted --signal" in said
+
+
 def test_submit_json_lists_the_refused_fields_and_the_process(cli: Any) -> None:
     import engine.cli_worker  # noqa: F401 - registers the commands
     from stores.conftest import REDIS_URL, redis_or_skip
