@@ -190,6 +190,9 @@ not make ``report.ok`` false:
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: nothing can send it, it never fires
+``event_extension_misplaced``         a spiffworkflow:payloadExpression / variableName on a signal, error or
+                                      escalation event definition: SpiffWorkflow reads them from the
+                                      bpmn:signal (error, escalation) only, so they are never read
 ``message_extension_shadowed``        a spiffworkflow:messagePayload / messageVariable of an event (or send / receive
                                       task) whose bpmn:message has one of its own: SpiffWorkflow then reads the
                                       message's only, and the event's is lost (an empty payload, a variable never set)
@@ -2972,6 +2975,7 @@ class _Validator:
                      f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
                      field=ref)
         self._check_message_extensions(el, eid, tag, root, file)
+        self._check_item_extensions(el, eid, tag, file)
         if tag == "boundaryEvent":
             self._check_attached(el, eid, file)
         if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
@@ -3016,6 +3020,27 @@ class _Validator:
                              "messagePayload / messageVariable into the messageEventDefinitions (or send / receive "
                              "tasks) that throw and catch it, where SpiffWorkflow reads them", file=file,
                              line=own.sourceline, element_id=eid, field=name)
+
+    def _check_item_extensions(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A signal's, error's or escalation's payload and variable are read from the bpmn:signal
+        (error, escalation) the event names, as SpiffWorkflow's parser reads them; on the event's own
+        event definition, where a message's are written, nothing reads them: the signal goes out with
+        no payload, and the catch's variable is never set."""
+        for kind, ref, what in (("signalEventDefinition", "signalRef", "signal"),
+                                ("errorEventDefinition", "errorRef", "error"),
+                                ("escalationEventDefinition", "escalationRef", "escalation")):
+            for definition in el.iterfind(_bpmn(kind)):
+                named = definition.get(ref)
+                for name in ("payloadExpression", "variableName"):
+                    for own in definition.iter(f"{{{SPIFF_NS}}}{name}"):
+                        lost = (f"the {what} goes out without its payload" if name == "payloadExpression"
+                                else f"{(own.text or '').strip()!r} is never set where it is caught")
+                        where = f"bpmn:{what} {named!r}" if named else f"a bpmn:{what} (name it with {ref})"
+                        self.add("event_extension_misplaced", f"bpmn:{tag} {eid!r}: its spiffworkflow:{name} on "
+                                 f"bpmn:{kind} is never read, so {lost}: SpiffWorkflow reads a {what}'s "
+                                 f"payloadExpression and variableName from the {what} itself; move it into the "
+                                 f"extensionElements of {where}", file=file, line=own.sourceline, element_id=eid,
+                                 field=name)
 
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
         """SpiffWorkflow finds a boundary event from the activity it is attached to, among the

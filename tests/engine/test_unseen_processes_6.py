@@ -374,3 +374,33 @@ def test_validate_refuses_a_mapping_target_the_system_layer_fixes(cli: Any, tmp_
     assert result.exit_code == 2, result.stdout + result.stderr
     said = result.stdout + result.stderr
     assert "'policy'" in said and "'call'" in said and "camunda:out" in said and "SYSTEM" in said
+
+
+def test_validate_refuses_a_signal_payload_on_the_event_definition(cli: Any, tmp_path: Path) -> None:
+    """SpiffWorkflow reads a signal's (error's, escalation's) payloadExpression and variableName from
+    the bpmn:signal element: written on the event's signalEventDefinition, as a message's payload is
+    written on its messageEventDefinition, they are never read (the catch's variable is never set,
+    and the step that reads it stops the run). validate names each, with where to move it."""
+    text = (HERE / "stock_replenish.bpmn").read_text(encoding="utf-8")
+    text = text.replace('''  <bpmn:signal id="arrived_signal" name="stock_arrived">
+    <bpmn:extensionElements>
+      <spiffworkflow:payloadExpression>{"units": ordered_units}</spiffworkflow:payloadExpression>
+      <spiffworkflow:variableName>arrival</spiffworkflow:variableName>
+    </bpmn:extensionElements>
+  </bpmn:signal>''', '''  <bpmn:signal id="arrived_signal" name="stock_arrived"/>''')
+    text = text.replace('<bpmn:signalEventDefinition id="stock_in_def" signalRef="arrived_signal"/>',
+                        '<bpmn:signalEventDefinition id="stock_in_def" signalRef="arrived_signal"><bpmn:extensionElements>'
+                        '<spiffworkflow:payloadExpression>{"units": ordered_units}</spiffworkflow:payloadExpression>'
+                        '</bpmn:extensionElements></bpmn:signalEventDefinition>')
+    text = text.replace('<bpmn:signalEventDefinition id="wait_stock_def" signalRef="arrived_signal"/>',
+                        '<bpmn:signalEventDefinition id="wait_stock_def" signalRef="arrived_signal"><bpmn:extensionElements>'
+                        '<spiffworkflow:variableName>arrival</spiffworkflow:variableName>'
+                        '</bpmn:extensionElements></bpmn:signalEventDefinition>')
+    path = tmp_path / "stock_replenish.bpmn"
+    path.write_text(text, encoding="utf-8")
+    result = cli("validate", str(path))
+    assert result.exit_code == 2, result.stdout + result.stderr
+    said = result.stdout + result.stderr
+    for element, name in (("stock_in", "payloadExpression"), ("wait_stock", "variableName")):
+        line = next(x for x in said.splitlines() if f"'{element}'" in x and name in x)
+        assert "'arrived_signal'" in line and "bpmn:signal" in line, line
