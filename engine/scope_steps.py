@@ -27,7 +27,7 @@ from context_layers.errors import ActivityError, ContextWriteDenied
 from gateways.join import free_record_key, single_counts, single_summaries
 from gateways.splitter import ContextSplitter, branch_context_name
 
-from . import collaboration, events, spiff
+from . import call_mappings, collaboration, events, spiff
 from .gateway_steps import RECORD_KEY_PREFIXES
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class ScopeSteps:
     if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.gateway_steps.GatewaySteps
         def context_of(self, task: Any) -> LayeredContext: ...
         def abort_multi(self, task: Any, err: BaseException) -> None: ...
+        def exec_script(self, task: Any, script: str) -> bool: ...
         def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
                   cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None: ...
         def _in_workflow(self, name: str, workflow: Any) -> bool: ...
@@ -350,9 +351,14 @@ class ScopeSteps:
             mspec = multi.task_spec
             out = spiff.data_name(mspec.output_item) if mspec.data_output is not None else None
             item = spiff.data_name(mspec.input_item)
+            if out is not None and out not in task.data and out in scope:
+                task.data[out] = thaw(scope.resolve(out))  # the item the instance set, as its postScript reads it
+            if self._instance_postscript(task, name):
+                return  # it threw a BPMN error: its catcher runs next, nothing is collected
             if out is not None:
-                # SpiffWorkflow collects the instance's output item from its data
-                value = scope.get(out, ABSENT)
+                # SpiffWorkflow collects the instance's output item from its data (its postScript,
+                # an out mapping, may have set or changed it there)
+                value = task.data[out] if out in task.data else scope.get(out, ABSENT)
                 if value is ABSENT and spiff.interrupted(multi):
                     # an error the instance threw ended it, caught by an interrupting boundary event
                     # on the activity: nothing is collected (``merge_child``)
@@ -388,6 +394,32 @@ class ScopeSteps:
         info["status"] = "joined"
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    def _instance_postscript(self, task: Any, name: str) -> bool:
+        """The postScript of an instance of a multi-instance call activity that maps variables out
+        (camunda:out, ``call_mappings``) runs as the instance ends, in the instance's scope, before its
+        output item is collected: it reads what the called process set there and may set the item, as
+        Camunda maps each call's variables out. True when it threw a BPMN error. It runs once: the
+        task's own completion (``spiff._run_hook``) skips it."""
+        postscript = getattr(task.task_spec, "postscript", None)
+        if not postscript or call_mappings.OUT_MARK not in postscript or spiff.POSTSCRIPT_RAN_KEY in task.internal_data:
+            return False
+        held = task.internal_data.get(spiff.CTX_KEY)
+        task.internal_data[spiff.CTX_KEY] = name
+        try:
+            threw = self.exec_script(task, postscript)
+        finally:
+            if held is None:
+                task.internal_data.pop(spiff.CTX_KEY, None)
+            else:
+                task.internal_data[spiff.CTX_KEY] = held
+        scope = self.instance.contexts[name]
+        bpmn_id = spiff.bpmn_id_of(task)
+        if threw and scope.current_activity == bpmn_id:
+            # the error ends the instance (its multi-instance activity): the script's writes go with it
+            scope.abort_activity(bpmn_id, reason="its postScript threw a BPMN error", actor="engine")
+        task.internal_data[spiff.POSTSCRIPT_RAN_KEY] = "threw" if threw else "ran"
+        return threw
 
     def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None:
         """A sub-process or call activity is cancelled (an interrupting event; a timer event

@@ -203,6 +203,7 @@ PREPARED_KEY = "lf_prepared"  # on a task that waits for a person: its preScript
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
 CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
+POSTSCRIPT_RAN_KEY = "lf_postscript_ran"  # on an instance of a multi-instance call: its postScript ran in its scope
 THROWN_KEY = "lf_thrown"  # on a catching event: the BPMN error an activity threw (engine.BpmnError): code, message, ...
 SENT_FROM_KEY = "lf_sent_from"  # on a catching event of a collaboration: the pool and element that threw its message
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
@@ -422,7 +423,10 @@ class _LayerflowSpecMixin:
     def _run_hook(self, my_task: Any) -> Any:
         result = self._run_own(my_task)
         postscript = getattr(self, "postscript", None)
-        if result and postscript and self.lf_role == "flow":
+        ran = my_task.internal_data.pop(POSTSCRIPT_RAN_KEY, None)  # an instance's, in its scope
+        if ran == "threw":
+            return None
+        if result and postscript and self.lf_role == "flow" and ran is None:
             driver = driver_of(my_task)
             # a sub-process, call activity, loop, send or receive task: its postScript runs as it
             # completes (after the outputs came back), here rather than in SpiffWorkflow's
@@ -1617,14 +1621,28 @@ class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
 
     def create_task(self) -> Any:
         task = super().create_task()
+        self._lf_scripts = (task.prescript, task.postscript)  # the model's own, before the mappings
+        ins, outs = self._mapping_scripts()
+        task.prescript = "\n".join(filter(None, [task.prescript, ins])) or None
+        task.postscript = "\n".join(filter(None, [outs, task.postscript])) or None
+        return task
+
+    def _mapping_scripts(self) -> tuple[str | None, str | None]:
         mappings = call_mappings.renames(self.node)
         ins = [(s, t) for d, s, t, _ in mappings if d == "in"]
         outs = [(s, t) for d, s, t, _ in mappings if d == "out"]
-        if ins:
-            task.prescript = "\n".join(filter(None, [task.prescript, call_mappings.script(ins)]))
-        if outs:
-            task.postscript = "\n".join(filter(None, [call_mappings.script(outs), task.postscript]))
-        return task
+        return (call_mappings.script(ins) if ins else None, call_mappings.script(outs, out=True) if outs else None)
+
+    def _copy_task_attrs(self, original: Any, loop_characteristics: Any) -> None:
+        """A multi-instance call activity: the model's preScript and postScript go where
+        SpiffWorkflow puts them (the activity, or each instance with scriptsOnInstances), but the
+        mappings run on each instance, as Camunda maps each call of a multi-instance call activity
+        (the in mapping reads that instance's input item, the out mapping sets its output item)."""
+        ins, outs = self._mapping_scripts()
+        original.prescript, original.postscript = getattr(self, "_lf_scripts", (None, None))
+        super()._copy_task_attrs(original, loop_characteristics)
+        original.prescript = "\n".join(filter(None, [original.prescript, ins])) or None
+        original.postscript = "\n".join(filter(None, [outs, original.postscript])) or None
 
 
 class _LayerflowEndEventParser(SpiffEndEventParser):  # type: ignore[misc]

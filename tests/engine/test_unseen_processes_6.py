@@ -404,3 +404,14 @@ def test_validate_refuses_a_signal_payload_on_the_event_definition(cli: Any, tmp
     for element, name in (("stock_in", "payloadExpression"), ("wait_stock", "variableName")):
         line = next(x for x in said.splitlines() if f"'{element}'" in x and name in x)
         assert "'arrived_signal'" in line and "bpmn:signal" in line, line
+
+
+def test_a_multi_instance_call_activity_maps_each_instance_in_and_out(cli: Any) -> None:
+    """Camunda applies a multi-instance call activity's in / out mappings to each instance (each
+    call gets its own item as `invoice_amount`, each gives back its `paid_ref` as the output item
+    `ref`), as layerflow runs them: as each instance's preScript and postScript."""
+    assert cli("validate", str(HERE / "batch_payments.bpmn")).exit_code == 0
+    doc = run_json(cli, "run", str(HERE / "batch_payments.bpmn"), "--data", json.dumps({"invoices": [100, 250]}))
+    assert doc["status"] == "completed", doc["error"]
+    history = data_keys(doc["layers"]["L3"])
+    assert history["refs"] == ["P-100", "P-250"] and history["paid_count"] == 2
