@@ -255,6 +255,15 @@ def test_rest_start_forms_compression_and_governance() -> None:
         after = c.get(f"/api/instances/{iid}").json()["layers"]["L3"]
         assert after["tool_call_result_2"]["data"]["id"] == "SRC-2" and "compaction:1" not in after
         assert after["verdict"] == "publish"  # written after the compression: kept
+        # rollback is a tape event too: HISTORY as the compression's snapshot held it (before publish_decision)
+        rolled = c.post(f"{GOV}/rollback", json={"instance_id": iid, "snapshot_id": comp["snapshot_id"],
+                                                 "layers": ["L3"]})
+        assert rolled.status_code == 200, rolled.text
+        back = c.get(f"/api/instances/{iid}").json()["layers"]["L3"]
+        assert "verdict" not in back and back["tool_call_result_1"]["data"]["id"] == "SRC-1"
+        restores = c.get(f"/api/instances/{iid}/tape?kind=rollback").json()["events"]
+        # (the decompress above restored the same snapshot: it is a restore too)
+        assert [(e["actor"], e["data"]["snapshot_id"]) for e in restores] == [("api", comp["snapshot_id"])] * 2
 
         kyc_run = c.post("/api/instances", json={"process_id": "kyc_onboarding",
                                                  "data": {"customer_name": "Ann Lee", "risk_score": 20,
@@ -263,6 +272,11 @@ def test_rest_start_forms_compression_and_governance() -> None:
         denied = c.post(f"{GOV}/inject", json={"instance_id": kid, "context": "address_check",
                                                "key": "policy", "value": "x"})
         assert denied.status_code == 403 and "policy" in denied.json()["error"]["message"]
+        # the main context waits for the join; a branch takes an operator's note, merged at the join
+        assert c.post(f"{GOV}/inject", json={"instance_id": kid, "key": "officer_note", "value": "seen"}).status_code == 409
+        noted = c.post(f"{GOV}/inject", json={"instance_id": kid, "context": "address_check",
+                                              "key": "officer_note", "value": "passport seen"})
+        assert noted.status_code == 200 and noted.json()["written"] == {"officer_note": "L4"}
         configured = c.post(f"{GOV}/config", json={"instance_id": kid, "config": {
             "activityId": "open_account", "preserveKeys": ["kyc_status"]}})
         assert configured.status_code == 200, configured.text
@@ -274,6 +288,7 @@ def test_rest_start_forms_compression_and_governance() -> None:
         assert settled.status_code == 200 and settled.json()["status"] == "completed"
         final = c.get(f"/api/instances/{kid}").json()
         assert final["layers"]["L3"]["account_open"] is True
+        assert final["layers"]["L3"]["officer_note"] == "passport seen"
         assert final["conflicts"][0]["resolution"]["resolver"] == "human"
 
 
