@@ -778,6 +778,14 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
         if instance.status == "completed":
+            if sets:  # a correction of a finished context: as REST refuses an inject into it
+                _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
+                      "changed. Start a new instance with the corrected data", as_json=as_json,
+                      kind="invalid_state", details={"instance_id": instance.id})
+            for key in [*dict.fromkeys([*(a.partition("=")[0] for a in answer), *answers["confirmations"],
+                                        *answers["user_tasks"]])]:
+                out.info(f"layerflow: answer {key!r} was not used: instance {instance.id} is completed and "
+                         "waits for nothing")
             _summary(out, instance, store)
             sys.exit(EXIT_OK)
         try:

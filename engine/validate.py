@@ -2703,12 +2703,12 @@ class _Validator:
         executed = {id(child) for _, _, _, child in run}
         for direction, source, target, child in run:
             if target in self.system_keys:
-                name = _foreign_name(child.tag) or f"camunda:{direction}"
-                self.add("call_mapping_system", f"call activity {eid!r} has {name} source={source!r} "
+                mapping = _foreign_name(child.tag) or f"camunda:{direction}"
+                self.add("call_mapping_system", f"call activity {eid!r} has {mapping} source={source!r} "
                          f"target={target!r}, a key the config's system: fixes in L0 SYSTEM: no activity may "
                          f"write it, so the instance would stop at {eid!r}"
                          f"{' after the called process ran' if direction == 'out' else ''}; name another target",
-                         file=file, line=child.sourceline, element_id=eid, field=name)
+                         file=file, line=child.sourceline, element_id=eid, field=mapping)
         handled = True
         for ext in el.iterfind(_bpmn("extensionElements")):
             for child in ext:

@@ -430,3 +430,19 @@ def test_a_multi_instance_call_activity_maps_each_instance_in_and_out(cli: Any) 
     assert doc["status"] == "completed", doc["error"]
     history = data_keys(doc["layers"]["L3"])
     assert history["refs"] == ["P-100", "P-250"] and history["paid_count"] == 2
+
+
+def test_resume_of_a_completed_instance_says_what_it_did_not_use(cli: Any) -> None:
+    """A script that resumes an instance that has completed meanwhile: its answers are not used (stderr
+    says so, exit 0: nothing waits), and a --set, which would change a finished context, is refused
+    (exit 2), as REST refuses an inject into a completed instance (409)."""
+    doc = run_json(cli, "run", str(HERE / "procurement.bpmn"), "--data",
+                   json.dumps({"quantity": 1, "unit_price": 10, "country": "DE"}))
+    iid = doc["instance_id"]
+    answered = cli("resume", iid, "--answer", "checks_join/kyc_status=refer")
+    assert answered.exit_code == 0
+    assert "checks_join/kyc_status" in answered.stderr and "completed" in answered.stderr, answered.stderr
+    corrected = cli("resume", iid, "--set", "order_total=99")
+    assert corrected.exit_code == 2
+    assert "--set" in corrected.stderr and "completed" in corrected.stderr, corrected.stderr
+    assert run_json(cli, "inspect", iid)["layers"]["L3"]["order_total"] == 10
