@@ -43,15 +43,16 @@ def renames(node: Any) -> list[tuple[str, str, str, Any]]:
     return out
 
 
-#: the first line of the script of a call activity's out mappings: an instance of a multi-instance
-#: call activity runs it in its own scope, where the called process left what it maps
+#: the first line of the script of a call activity's in (out) mappings: an instance of a
+#: multi-instance call activity runs it in its own scope, which the called process runs in
+IN_MARK = "# in mappings of the call activity"
 OUT_MARK = "# out mappings of the call activity"
 
 
 def script(pairs: list[tuple[str, str]], *, out: bool = False) -> str:
     """Python that sets each target from its source, and to None when the source is not set (Camunda
-    passes a variable that does not exist as null); the out mappings' begins with ``OUT_MARK``."""
-    lines = [OUT_MARK] if out else []
+    passes a variable that does not exist as null); it begins with ``IN_MARK`` or ``OUT_MARK``."""
+    lines = [OUT_MARK if out else IN_MARK]
     for source, target in pairs:
         lines += ["try:", f"    {target} = {source}", "except NameError:", f"    {target} = None"]
     return "\n".join(lines)

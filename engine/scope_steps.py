@@ -223,6 +223,13 @@ class ScopeSteps:
             "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
             "status": "scope", "join": None}
         subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
+        prescript = getattr(spec, "prescript", None)
+        if multi is not None and prescript and call_mappings.IN_MARK in prescript:
+            # an instance of a multi-instance call activity that maps variables in: its preScript runs
+            # here, in the instance's scope, so what it maps reaches that call only (Camunda's in
+            # mappings set the called instance's variables), not the caller (``spiff.execute_script``)
+            if self._in_scope(task, name, prescript):
+                raise spiff.ScriptThrew(bpmn_id)
 
     def enter_pool(self, task: Any) -> None:
         """A pool's process starts in a collaboration (``engine.collaboration``): with the others, or
@@ -395,6 +402,24 @@ class ScopeSteps:
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
 
+    def _in_scope(self, task: Any, name: str, script: str) -> bool:
+        """Run ``script`` of ``task`` (an instance of a multi-instance call activity) in its scope
+        ``name``: True when it threw a BPMN error (its writes then go with the aborted activity)."""
+        held = task.internal_data.get(spiff.CTX_KEY)
+        task.internal_data[spiff.CTX_KEY] = name
+        try:
+            threw = self.exec_script(task, script)
+        finally:
+            if held is None:
+                task.internal_data.pop(spiff.CTX_KEY, None)
+            else:
+                task.internal_data[spiff.CTX_KEY] = held
+        scope = self.instance.contexts[name]
+        bpmn_id = spiff.bpmn_id_of(task)
+        if threw and scope.current_activity == bpmn_id:
+            scope.abort_activity(bpmn_id, reason="its script threw a BPMN error", actor="engine")
+        return threw
+
     def _instance_postscript(self, task: Any, name: str) -> bool:
         """The postScript of an instance of a multi-instance call activity that maps variables out
         (camunda:out, ``call_mappings``) runs as the instance ends, in the instance's scope, before its
@@ -404,20 +429,7 @@ class ScopeSteps:
         postscript = getattr(task.task_spec, "postscript", None)
         if not postscript or call_mappings.OUT_MARK not in postscript or spiff.POSTSCRIPT_RAN_KEY in task.internal_data:
             return False
-        held = task.internal_data.get(spiff.CTX_KEY)
-        task.internal_data[spiff.CTX_KEY] = name
-        try:
-            threw = self.exec_script(task, postscript)
-        finally:
-            if held is None:
-                task.internal_data.pop(spiff.CTX_KEY, None)
-            else:
-                task.internal_data[spiff.CTX_KEY] = held
-        scope = self.instance.contexts[name]
-        bpmn_id = spiff.bpmn_id_of(task)
-        if threw and scope.current_activity == bpmn_id:
-            # the error ends the instance (its multi-instance activity): the script's writes go with it
-            scope.abort_activity(bpmn_id, reason="its postScript threw a BPMN error", actor="engine")
+        threw = self._in_scope(task, name, postscript)
         task.internal_data[spiff.POSTSCRIPT_RAN_KEY] = "threw" if threw else "ran"
         return threw
 

@@ -665,6 +665,9 @@ class _LayerflowSpecMixin:
             if thrown:
                 raise ScriptThrew(bpmn_id_of(my_task))
             return None
+        if call_mappings.IN_MARK in script and multi_instance_of(my_task) is not None \
+                and script == getattr(self, "prescript", None):
+            return None  # an instance's in mappings run in its scope as it starts (ScopeSteps.enter_subworkflow)
         # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
         # once, before the instances are made, inside the activity (its postScript runs in
         # Runtime.complete_multi); a sub-process, call activity, send or receive task has no

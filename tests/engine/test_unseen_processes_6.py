@@ -430,6 +430,8 @@ def test_a_multi_instance_call_activity_maps_each_instance_in_and_out(cli: Any) 
     assert doc["status"] == "completed", doc["error"]
     history = data_keys(doc["layers"]["L3"])
     assert history["refs"] == ["P-100", "P-250"] and history["paid_count"] == 2
+    # what a call's mappings set is that call's (Camunda's called instance's): the caller gets the refs only
+    assert "invoice_amount" not in history and "paid_ref" not in history and "ref" not in history
 
 
 def test_resume_of_a_completed_instance_says_what_it_did_not_use(cli: Any) -> None:
