@@ -8,6 +8,7 @@ Python API. Every expectation was worked out by hand from DESIGN.md and the READ
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from test_unseen_processes_5 import records
 HERE = Path(__file__).resolve().parent / "unseen6"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GOV = "/api/context-governance"
+REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN6", "redis://127.0.0.1:6379/14")  # this module's own database
 
 
 def run_json(cli: Any, *args: str, code: int = 0) -> dict[str, Any]:
@@ -157,12 +159,21 @@ def test_a_collaboration_records_what_its_pools_throw_to_nobody(cli: Any) -> Non
 
 def test_submit_json_lists_the_refused_fields_and_the_process(cli: Any) -> None:
     import engine.cli_worker  # noqa: F401 - registers the commands
-    from stores.conftest import REDIS_URL, redis_or_skip
+    from engine.worker import queue_client
 
-    redis_or_skip()
+    try:
+        client = queue_client(queue_url=REDIS)
+        client.ping()
+    except Exception:
+        pytest.skip(f"no Redis at {REDIS}")
     stream = f"u6-{uuid.uuid4().hex[:12]}:ready"
-    result = cli("submit", str(HERE / "kyc_onboarding.bpmn"), "--data", json.dumps({"risk_score": "high"}),
-                 "--store", f"memory://u6-{uuid.uuid4().hex}", "--queue", REDIS_URL, "--stream", stream, "--json")
+    try:
+        result = cli("submit", str(HERE / "kyc_onboarding.bpmn"), "--data", json.dumps({"risk_score": "high"}),
+                     "--store", f"memory://u6-{uuid.uuid4().hex}", "--queue", REDIS, "--stream", stream, "--json")
+        assert client.xlen(stream) == 0  # refused before anything was queued
+    finally:
+        client.delete(stream)
+        client.close()
     assert result.exit_code == 2, result.stderr
     doc = json.loads(result.stdout)
     assert doc["process_id"] == "kyc_onboarding" and doc["instance_id"] is None
