@@ -939,7 +939,8 @@ def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> N
             sys.exit(EXIT_ERROR)
         return
     for item in due:
-        click.echo(f"{item['instance_id']}  timer {item['task_id']}  due {item['due']}")
+        what = f"confirmation {item['id']} times out" if item["kind"] == "confirmation" else f"timer {item['task_id']}"
+        click.echo(f"{item['instance_id']}  {what}  due {item['due']}")
     for f in fired:
         line = f"skipped: {f['skipped']}" if "skipped" in f else f"-> {f['status']}"
         if f.get("error"):

@@ -72,6 +72,7 @@ def _failed_conflict_record(gateway_id: str, conflict: Any) -> dict[str, Any]:
 
 
 def _deadline(entry: Mapping[str, Any]) -> float | None:
+    """When a confirmation's timeout runs out (seconds since the epoch), None without a timeout."""
     if entry.get("deadline") is not None:
         return float(entry["deadline"])
     if entry.get("created") is not None and entry.get("timeout") is not None:
@@ -800,6 +801,7 @@ class GatewaySteps:
         for item in self.instance.waiting_for:
             if item.get("kind") == "confirmation" and item.get("id") == confirmation_id:
                 item["escalated"] = True
+                item.pop("due", None)  # it waits for a person now, no longer for a clock
         ctx.record("confirmation_timed_out", actor="engine", data={**data, "action": "escalated", "reason": why})
         return False
 

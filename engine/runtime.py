@@ -75,6 +75,7 @@ from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
 from .gateway_steps import GatewaySteps, condition_context, short, typed_option
+from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
 from .process import Process
@@ -597,7 +598,9 @@ class Engine:
 
     def due_timers(self) -> list[dict[str, Any]]:
         """The timers of waiting instances in the store that are due by the engine's clock,
-        earliest first: their ``waiting_for`` items with ``instance_id`` and ``version``. Read
+        earliest first: their ``waiting_for`` items with ``instance_id`` and ``version``; a
+        confirmation whose timeout has run out is one too (``"kind": "confirmation"``: resuming
+        the instance applies its timeout rule, the default or an escalation). Read
         from the record heads (no instance rebuilt) of only the instances the store's timer
         index lists as due (``Store.due_instances``); a store of another kind is scanned.
         Nothing fires a timer by itself: resume these instances (``layerflow timers --fire``,
@@ -625,7 +628,7 @@ class Engine:
                 known = seen[row["id"]] = (head["version"], [
                     {**item, "instance_id": row["id"], "version": head["version"]}
                     for item in head.get("engine", {}).get("waiting_for", [])
-                    if item.get("kind") == "timer" and item.get("due")])
+                    if item.get("kind") in ("timer", "confirmation") and item.get("due")])
             due += [item for item in known[1] if _utc(item["due"]) <= now]
         for gone in seen.keys() - {row["id"] for row in waiting}:
             del seen[gone]
@@ -1103,8 +1106,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
         for c in inst.confirmations:
             if c.get("answer") is None and not c.get("answered"):
                 item = {"kind": "confirmation", "id": c["id"], "task_id": c["task_id"], "key": c.get("key")}
+                deadline = confirmation_deadline(c)
                 if c.get("escalated"):
                     item["escalated"] = True
+                elif deadline is not None:
+                    # when its timeout rule applies: the store's timer index, `timers --fire` and the
+                    # workers resume the instance then, as for a timer (a run or resume applies the rule)
+                    item["due"] = datetime.fromtimestamp(deadline, timezone.utc).isoformat()
                 waiting.append(item)
         for task in _ready_tasks(wf):
             if task.task_spec.manual:

@@ -201,7 +201,7 @@ def test_cli_offline_run_document_and_answers(tmp_path: Path) -> None:
     code, doc, _ = cli_json("resume", iid, "--store", store, "--answer",
                             'intake={"incident": "pipe burst", "photos": 2}')
     assert code == 3
-    assert doc["waiting_for"] == [{"kind": "confirmation", "id": "checks_join/payout", "task_id": "checks_join",
+    assert [{k: v for k, v in w.items() if k != "due"} for w in doc["waiting_for"]] == [{"kind": "confirmation", "id": "checks_join/payout", "task_id": "checks_join",
                                    "key": "payout"}]
     (conflict,) = doc["conflicts"]
     assert conflict["values"] == {"fraud_review": 4200, "coverage_calc": 5000} and conflict["resolution"] is None

@@ -471,7 +471,8 @@ def prepare_record(record: Mapping[str, Any], instance_id: str | None = None) ->
 def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerflow cancel ID --reason ...) "
               "or delete it") -> float | None:
     """The timer index value of an instance record: the earliest ``due`` (ISO 8601 text; one
-    without a zone is UTC) of its ``engine.waiting_for`` items of kind ``timer``, in seconds
+    without a zone is UTC) of its ``engine.waiting_for`` items of kind ``timer`` (and ``confirmation``:
+    a timeout), in seconds
     since the epoch; None while the record's ``status`` is not ``"waiting"`` or it waits
     for no timer with a due time. This is the one place the stores read the engine's part
     of a record (a mapping here: nothing of the engine is imported).
@@ -494,7 +495,7 @@ def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerf
                             f"list of items; {fix}")
     earliest: float | None = None
     for n, item in enumerate(waiting):
-        if not isinstance(item, Mapping) or item.get("kind") != "timer" or not item.get("due"):
+        if not isinstance(item, Mapping) or item.get("kind") not in ("timer", "confirmation") or not item.get("due"):
             continue  # no due time (SpiffWorkflow could not tell one): nothing to index, as nothing is listed
         when = _seconds(item["due"])
         if when is None:

@@ -137,3 +137,9 @@ def cli_in_a_tmp_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     def invoke(*args: str) -> Any:
         return runner.invoke(main, list(args), catch_exceptions=False)
     return invoke
+
+
+def without_due(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``waiting_for`` items without the ``due`` time a confirmation with a timeout carries (when its
+    timeout rule applies), for tests about something else."""
+    return [{k: v for k, v in item.items() if k != "due"} for item in items]

@@ -148,3 +148,50 @@ def test_a_timer_in_a_sub_process_is_listed_once(tmp_path: Path) -> None:
     instance = engine.run(engine.start(load_process(_in_a_sub_process(tmp_path, '<bpmn:timeDuration>"PT1H"'
                                                                                  '</bpmn:timeDuration>')), {}))
     assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("timer", "wait")]
+
+
+def test_a_confirmation_timeout_is_due_like_a_timer_and_firing_takes_the_default(tmp_path: Path,
+                                                                                monkeypatch) -> None:
+    """A join's human_confirm with a timeout (the loan demo's: 300 s, default pending_dual_approval):
+    its waiting item carries ``due``, the store's timer index lists the instance, ``due_timers``
+    lists the confirmation once the timeout has run out, and resuming then takes the default. Before,
+    nothing listed it: only a ``resume`` someone happened to run applied the timeout."""
+    from context_layers.stores import open_store
+
+    from engine_helpers import LOAN, LOAN_CONFLICT
+
+    clock = Clock(float(int(time.time())))
+    url = f"sqlite:///{tmp_path / 'confirm.db'}"
+    engine = Engine(url, clock=clock)
+    instance = engine.run(engine.start(load_process(LOAN), LOAN_CONFLICT))
+    assert instance.status == "waiting"
+    [item] = instance.waiting_for
+    [asked] = instance.confirmations
+    assert item["kind"] == "confirmation" and item["due"] == \
+        time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(asked["deadline"]))
+    assert engine.due_timers() == []
+    assert [s["instance_id"] for s in open_store(url).due_instances(asked["deadline"])] == [instance.id]
+    clock.now += 301
+    [due] = engine.due_timers()
+    assert (due["kind"], due["id"], due["instance_id"]) == ("confirmation", "review_join/approval_status", instance.id)
+    done = engine.resume(engine.load(instance.id))
+    assert done.status == "completed"
+    assert done.confirmations[0]["timed_out"] is True
+    assert done.main.resolve("approval_status") == "pending_dual_approval"
+    assert engine.due_timers() == []
+
+    # the CLI, on the wall clock: `layerflow timers` names it, `--fire` applies the default
+    config = tmp_path / "loan.layerflow.yaml"
+    config.write_text((LOAN.parent / "loan_approval.layerflow.yaml").read_text().replace("timeout: 300", "timeout: 1"))
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("LAYERFLOW_STORE", store)
+    waiting = Engine(store).run(Engine(store).start(load_process(LOAN, config=config), LOAN_CONFLICT))
+    assert waiting.status == "waiting"
+    time.sleep(1.2)
+    runner = CliRunner()
+    listed = runner.invoke(main, ["timers"], catch_exceptions=False)
+    assert f"{waiting.id}  confirmation review_join/approval_status times out  due " in listed.stdout
+    fired = runner.invoke(main, ["timers", "--fire", "--json"], catch_exceptions=False)
+    assert fired.exit_code == 0, fired.output
+    assert [(f["instance_id"], f["status"]) for f in json.loads(fired.stdout)["fired"]] == [(waiting.id, "completed")]
+    assert Engine(store).load(waiting.id).main.resolve("approval_status") == "pending_dual_approval"

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     assert [o["value"] for o in asked["options"]] == ["approved", "rejected", "pending_dual_approval", "$escalate"]
     assert asked["deadline"] - asked["created"] == pytest.approx(300)
     assert doc["waiting_for"] == [{"kind": "confirmation", "id": CONFIRM_ID, "task_id": "review_join",
-                                   "key": "approval_status"}]
+                                   "key": "approval_status",
+                                   "due": datetime.fromtimestamp(asked["deadline"], timezone.utc).isoformat()}]
 
     code, done = cli("resume", doc["instance_id"], "--answer", f"{CONFIRM_ID}=pending_dual_approval", "--json")
     assert code == 0 and done["status"] == "completed"

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from engine.cli import main
 
-from engine_helpers import run_plain, write_elements
+from engine_helpers import run_plain, without_due, write_elements
 
 HIDDEN = ("_", "activity:", "kb:", "compaction:", "summary:", "tool:", "event:")
 
@@ -231,7 +231,7 @@ def test_a_conflicting_write_deep_inside_the_branches(cli, tmp_path: Path, pick,
     [c] = doc["conflicts"]  # d only reordered its keys, lst and gone changed in one branch each
     assert (c["gateway_id"], c["layer"], c["key"], c["base_value"], c["values"], c["resolution"]) == \
         ("meet", "L3", "k", 0, values, None)
-    assert doc["waiting_for"] == [{"kind": "confirmation", "id": "meet/k", "task_id": "meet", "key": "k"}]
+    assert without_due(doc["waiting_for"]) == [{"kind": "confirmation", "id": "meet/k", "task_id": "meet", "key": "k"}]
     done = cli("resume", doc["instance_id"], "--answer", f"meet/k={answer}", code=0)
     [c] = done["conflicts"]
     assert c["resolution"]["value"] == int(answer) and c["resolution"]["resolver"] == "human"
@@ -377,7 +377,7 @@ def test_policy_and_people_at_an_inclusive_join(cli, tmp_path: Path, config, arg
     assert c["values"] == {"a": "A", "b": "B"} and c["resolution"] == resolution
     if resolution is None:
         [w] = doc["waiting_for"]
-        assert w == {"kind": "confirmation", "id": "meet/x", "task_id": "meet", "key": "x"}
+        assert without_due([w]) == [{"kind": "confirmation", "id": "meet/x", "task_id": "meet", "key": "x"}]
         done = cli("resume", doc["instance_id"], "--answer", "meet/x=A", code=0)
         assert done["conflicts"][0]["resolution"]["value"] == "A" and data_of(done)["z"] == "A"
         doc = done

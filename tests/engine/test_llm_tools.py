@@ -18,7 +18,7 @@ from engine import Engine, load_process
 from engine.cli import main
 from engine.llm import activity_request, request_messages
 from engine.tools import TOOL_MODELS
-from engine_helpers import script_task, write_process
+from engine_helpers import script_task, without_due, write_process
 from stub_llm import Reply, StubLLM
 
 MODEL = "openai/stub-model"
@@ -124,7 +124,7 @@ def test_the_seed_sequence_inside_an_llm_activity(tmp_path, stub, cli, preserve,
         # the instance waits for a person, the activity still open
         assert code == 3 and doc["status"] == "waiting", doc["error"]
         [waiting] = doc["waiting_for"]
-        assert waiting == {"kind": "confirmation", "id": "model:1", "task_id": "review", "key": None}
+        assert without_due([waiting]) == [{"kind": "confirmation", "id": "model:1", "task_id": "review", "key": None}]
         [asked] = doc["confirmations"]
         assert asked["type"] == "compression_review" and asked["requested_by"] == "review" and asked["deadline"]
         held = engine.load(doc["instance_id"])
