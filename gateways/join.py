@@ -230,6 +230,18 @@ def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
     return [key for key, by_compression in last.items() if by_compression]
 
 
+def _before_fold(branch: LayeredContext, key: str) -> Any:
+    """The value ``key`` had in the branch's HISTORY or WORKING before the compressions that
+    followed its last other change (``DELETED``: removed; ``None``: no change on the tape)."""
+    last: Any = None
+    for e in branch.tape:
+        folding = e.data.get("note") == "compress" or (e.data.get("note") == "join" and key in (e.data.get("folded") or ()))
+        for layer, k, value in e.changes:
+            if k == key and layer in (Layer.HISTORY, Layer.WORKING) and not folding:
+                last = value
+    return last
+
+
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
                    preserved: frozenset[str] = frozenset(),
                    contested: frozenset[str] = frozenset(),
@@ -255,21 +267,27 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
             over_w[key] = base_w[key] if key in base_w else DELETED
         if key in history or key in base_h:
             over_h[key] = base_h[key] if key in base_h else DELETED
+    over_h.update(unfolded or {})
+    seen_h: Mapping[str, Any] = _Overlay(history, unfolded) if unfolded else history
     # a branch whose activity only moved a key of WORKING at the split into HISTORY, with the
     # value it had, left it alone; another branch's change of it is then no conflict. An
-    # injected key is left alone holding the injected value or the split's (set back to it).
+    # injected key is left alone holding the injected value or the split's (set back to it),
+    # and so when a compression in the branch folded it holding that value: the fold summarised
+    # the branch's own value, no decision about the split's (which stays).
     alone: dict[str, list[Any]] = {k: [base_w[k]] for k in changed_working if k in base_w}
     for key, value in injected.items():
         alone.setdefault(key, []).append(value)
     for key, values in alone.items():
         if key in BRANCH_MARKERS:
             continue
-        kept_in_history = key in history and any(same_value(history[key], v) for v in values)
+        kept_in_history = key in seen_h and any(same_value(seen_h[key], v) for v in values)
+        if key in injected and key not in working and key not in seen_h and _compressed(branch, (key,)):
+            before = _before_fold(branch, key)
+            kept_in_history = before is not None and before is not DELETED and any(same_value(before, v) for v in values)
         if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):
             over_w[key] = base_w[key] if key in base_w else DELETED
         if kept_in_history:
             over_h[key] = base_h[key] if key in base_h else DELETED
-    over_h.update(unfolded or {})
     if over_w:
         layers[Layer.WORKING] = _Overlay(working, over_w)
     if over_h:

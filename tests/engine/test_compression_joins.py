@@ -1,0 +1,74 @@
+"""Joins after compressions inside the branches, reduced from the generative test
+(test_random_governed's compression test): what a join reads for a key a branch's compression
+folded. A fold is no decision about a value: a key the branch left alone (the split's value, or
+the value its ``contextInject`` gave it) is unchanged for the join however it was compressed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from context_layers import Layer
+from engine import Engine, load_process
+
+from engine_helpers import flow, script_task, write_elements
+
+FOLD_EVERY_TIME = "{compressMessageThreshold: 2, preserveKeys: [x]}"
+
+
+def run(tmp_path: Path, elements: list[str], config: str) -> Any:
+    path = write_elements(tmp_path, "cj", ['<bpmn:startEvent id="start"/>', *elements])
+    (tmp_path / "cj.layerflow.yaml").write_text(config, encoding="utf-8")
+    engine = Engine(store="memory://")
+    return engine.run(engine.start(load_process(path)))
+
+
+def data(instance: Any) -> dict[str, Any]:
+    ctx = instance.main
+    return {k: v for layer in (Layer.WORKING, Layer.HISTORY) for k, v in ctx.layer(layer).items()
+            if not k.startswith(("_", "activity:", "compaction:", "summary:"))}
+
+
+def test_an_injected_key_the_branch_left_alone_and_folded_keeps_the_split_value(tmp_path: Path) -> None:
+    # b's compression folds k0 holding b's injected 1: the process's k0 (2) was never b's to
+    # remove; before, the join took the fold as b's change, and `after` found no k0
+    instance = run(tmp_path, [
+        script_task("init", "k0 = 2"), flow("start", "init"),
+        '<bpmn:parallelGateway id="split"/>', flow("init", "split"), '<bpmn:parallelGateway id="join"/>',
+        script_task("a", "pass"), flow("split", "a"), flow("a", "join"),
+        script_task("b", "pass"), flow("split", "b"), flow("b", "join"),
+        script_task("after", "seen = k0"), flow("join", "after"),
+        '<bpmn:endEvent id="end"/>', flow("after", "end"),
+    ], "split: {branches: [{id: b, contextInject: {k0: 1}}]}\nb: {compressMessageThreshold: 2}\n")
+    assert instance.status == "completed", instance.error
+    assert data(instance)["k0"] == 2 and data(instance)["seen"] == 2
+    join = next(e for e in instance.main.tape if e.data.get("note") == "join")
+    assert "k0" not in (join.data.get("folded") or ())
+
+
+def test_an_injected_key_whose_fold_the_join_undoes_is_no_change(tmp_path: Path) -> None:
+    # both branches of p8 fold the same base entries; the join keeps t10's compaction record and
+    # gives t12 back the entries its own record folded, k0 = 1 among them: the value p8 injected,
+    # which t12 left alone. Before, the join read it as t12's change and asked a person to
+    # choose between t10's 0 and t12's 1.
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 1"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t3", "pass"), flow("p1", "t3"), flow("t3", "j2"),
+        script_task("t7", "pass"), flow("p1", "t7"),
+        '<bpmn:parallelGateway id="p8"/>', flow("t7", "p8"), '<bpmn:parallelGateway id="j9"/>',
+        script_task("t10", "pass"), flow("p8", "t10"), script_task("t11", "k0 = 0"), flow("t10", "t11"),
+        flow("t11", "j9"),
+        script_task("t12", "pass"), flow("p8", "t12"), flow("t12", "j9"),
+        script_task("t13", "seen = k0"), flow("j9", "t13"), flow("t13", "j2"),
+        '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], f"p1: {{branches: [{{id: t7, contextInject: {{k0: 2}}}}]}}\n"
+       f"p8: {{branches: [{{id: t12, contextInject: {{k0: 1}}}}]}}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t3", "t7", "t10", "t11", "t12")))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    (j9,) = [e for ctx in instance.contexts.values() for e in ctx.tape
+             if e.data.get("note") == "join" and e.data["gateway_id"] == "j9"]
+    assert j9.data["conflicts"] == 0
+    seen = [v for e in instance.main.tape if e.data.get("note") == "join" for _, k, v in e.changes if k == "seen"]
+    assert seen == [0]
