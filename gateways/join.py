@@ -43,7 +43,14 @@ so a compression in another branch, which did not know, may not have changed it 
 that branch's compressed value (or its fold) of a key of the base is not a change.
 Nor is it when another branch changed the key too: a compression is not a decision about
 the value, so a branch's new value is taken (two compressions of one key keep the base)
-instead of a conflict between the value and the fold.
+instead of a conflict between the value and the fold. What the join reads for a key a
+branch's compression folded or altered is the value the branch decided before it
+(``_fold_decisions``): the split's when it only compressed the key, so no change; the
+injected one when the key came from its ``contextInject`` and it left it so, so no change
+either (the split's value stays; the fold summarised the branch's own); its own when it wrote
+the key first, so a change, and a conflict when another branch changed it too (new keys
+included), as without the compression. A change no other branch contests is taken as the
+fold: the branch's summary stands for it.
 
 Branch-scoped keys: what the split injected into a branch's WORKING
 (``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
@@ -225,21 +232,36 @@ def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
     for e in branch.tape:
         for layer, key, _ in e.changes:
             if layer == Layer.HISTORY and key in keys:
-                last[key] = e.data.get("note") == "compress" or (
-                    e.data.get("note") == "join" and key in (e.data.get("folded") or ()))
+                last[key] = _folding(e, key)
     return [key for key, by_compression in last.items() if by_compression]
 
 
-def _before_fold(branch: LayeredContext, key: str) -> Any:
-    """The value ``key`` had in the branch's HISTORY or WORKING before the compressions that
-    followed its last other change (``DELETED``: removed; ``None``: no change on the tape)."""
-    last: Any = None
+def _folding(e: Event, key: str) -> bool:
+    """Whether event ``e``'s change of ``key`` was a compression's (or a join's that only brought
+    the folds of the branches inside it: ``JoinResult.folded``)."""
+    note = e.data.get("note")
+    return note == "compress" or (note == "join" and key in (e.data.get("folded") or ()))
+
+
+def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
+    """The HISTORY keys whose last change in ``branch`` was a compression's, each with the value the
+    branch decided before it: the value of its last other change in HISTORY or WORKING (the fork's
+    injection too), ``None`` when the branch never changed the key but by compressions. A fold is
+    no decision about a value: a join reads the branch's decision."""
+    decided: dict[str, Any] = {}
+    folded: dict[str, bool] = {}
     for e in branch.tape:
-        folding = e.data.get("note") == "compress" or (e.data.get("note") == "join" and key in (e.data.get("folded") or ()))
-        for layer, k, value in e.changes:
-            if k == key and layer in (Layer.HISTORY, Layer.WORKING) and not folding:
-                last = value
-    return last
+        for layer, key, value in e.changes:
+            if layer not in (Layer.HISTORY, Layer.WORKING):
+                continue
+            if _folding(e, key):
+                if layer == Layer.HISTORY:
+                    folded[key] = True
+                continue
+            decided[key] = value
+            if layer == Layer.HISTORY:
+                folded[key] = False
+    return {key: decided.get(key) for key, by_fold in folded.items() if by_fold}
 
 
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
@@ -259,9 +281,14 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     base_w, base_h = base.layer(Layer.WORKING), base.layer(Layer.HISTORY)
     over_w: dict[str, Any] = {}
     over_h: dict[str, Any] = {}
-    unknown = {k for k in preserved - branch.preserved if k in base_h} | {k for k in contested if k in base_h}
-    for key in _compressed(branch, unknown) if unknown else ():
-        over_h[key] = base_h[key]
+    unknown = {k for k in preserved - branch.preserved if k in base_h} | set(contested)
+    if unknown:
+        # what the branch decided, not what its compressions made of it: the split's value
+        # when it only compressed the key, its own when it wrote it first (a conflict with
+        # another branch's value, as without the compression)
+        for key, decided in _fold_decisions(branch).items():
+            if key in unknown:
+                over_h[key] = decided if decided is not None else base_h[key] if key in base_h else DELETED
     for key in BRANCH_MARKERS:
         if key in working or key in base_w:
             over_w[key] = base_w[key] if key in base_w else DELETED
@@ -282,7 +309,7 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
             continue
         kept_in_history = key in seen_h and any(same_value(seen_h[key], v) for v in values)
         if key in injected and key not in working and key not in seen_h and _compressed(branch, (key,)):
-            before = _before_fold(branch, key)
+            before = _fold_decisions(branch).get(key)
             kept_in_history = before is not None and before is not DELETED and any(same_value(before, v) for v in values)
         if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):
             over_w[key] = base_w[key] if key in base_w else DELETED
@@ -313,8 +340,9 @@ def _changed_working(base: Snapshot, branches: Mapping[str, LayeredContext]) -> 
 def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
                touched: Mapping[str, Mapping[Layer, dict[str, None] | None]],
                unfolded: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
-    """Base HISTORY keys that two or more branches changed (a compression's fold counts, unless the
-    join drops its record: ``unfolded``)."""
+    """HISTORY keys that two or more branches changed: base keys (a compression's fold counts,
+    unless the join drops its record: ``unfolded``) and data keys new since the split (one a
+    branch wrote and its compression then folded counts too)."""
     base_h = base.layer(Layer.HISTORY)
     counts: dict[str, int] = {}
     for b, ctx in branches.items():
@@ -322,8 +350,18 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
         if unfolded.get(b):
             history = _Overlay(history, unfolded[b])
         keys = touched[b][Layer.HISTORY]
+        folds: dict[str, Any] | None = None
         for key in keys if keys is not None else base_h:
-            if key in base_h and (key not in history or not same_value(history[key], base_h[key])):
+            if key in base_h:
+                changed = key not in history or not same_value(history[key], base_h[key])
+            elif is_record_key(key) or key in BRANCH_MARKERS:
+                continue
+            elif key in history:
+                changed = True
+            else:
+                folds = _fold_decisions(ctx) if folds is None else folds
+                changed = folds.get(key) not in (None, DELETED)
+            if changed:
                 counts[key] = counts.get(key, 0) + 1
     return frozenset(k for k, n in counts.items() if n > 1)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from context_layers import Layer
 from engine import Engine, load_process
 
@@ -63,8 +65,8 @@ def test_an_injected_key_whose_fold_the_join_undoes_is_no_change(tmp_path: Path)
         script_task("t12", "pass"), flow("p8", "t12"), flow("t12", "j9"),
         script_task("t13", "seen = k0"), flow("j9", "t13"), flow("t13", "j2"),
         '<bpmn:endEvent id="end"/>', flow("j2", "end"),
-    ], f"p1: {{branches: [{{id: t7, contextInject: {{k0: 2}}}}]}}\n"
-       f"p8: {{branches: [{{id: t12, contextInject: {{k0: 1}}}}]}}\n"
+    ], "p1: {branches: [{id: t7, contextInject: {k0: 2}}]}\n"
+       "p8: {branches: [{id: t12, contextInject: {k0: 1}}]}\n"
        + "".join(f"{t}: {fold}\n" for t in ("t3", "t7", "t10", "t11", "t12")))
     assert instance.status == "completed", (instance.error, instance.waiting_for)
     (j9,) = [e for ctx in instance.contexts.values() for e in ctx.tape
@@ -72,3 +74,29 @@ def test_an_injected_key_whose_fold_the_join_undoes_is_no_change(tmp_path: Path)
     assert j9.data["conflicts"] == 0
     seen = [v for e in instance.main.tape if e.data.get("note") == "join" for _, k, v in e.changes if k == "seen"]
     assert seen == [0]
+
+
+@pytest.mark.parametrize("init", ["pass", "k0 = 0"])
+def test_a_value_a_branch_wrote_and_then_folded_still_meets_the_other_branchs_value(tmp_path: Path, init: str) -> None:
+    # a writes k0 = 1, then its compressions fold it into a summary; b writes k0 = 2. a's
+    # decision stands: a conflict, as without the compression. Before, the join read a's k0 as
+    # the split's and took b's 2 silently beside a summary saying "k0: 1".
+    elements = [
+        script_task("init", init), flow("start", "init"),
+        '<bpmn:parallelGateway id="split"/>', flow("init", "split"), '<bpmn:parallelGateway id="join"/>',
+        script_task("a", "k0 = 1"), flow("split", "a"), script_task("a2", "pass"), flow("a", "a2"),
+        script_task("a3", "pass"), flow("a2", "a3"), flow("a3", "join"),
+        script_task("b", "k0 = 2"), flow("split", "b"), flow("b", "join"),
+        '<bpmn:endEvent id="end"/>', flow("join", "end"),
+    ]
+    config = "".join(f"{t}: {{compressMessageThreshold: 2}}\n" for t in ("a", "a2", "a3"))
+    instance = run(tmp_path, elements, config)
+    assert [w["id"] for w in instance.waiting_for] == ["join/k0"]
+    (branch_a,) = [ctx for name, ctx in instance.contexts.items() if "/a@" in name]
+    assert "k0" not in branch_a.layer(Layer.HISTORY)  # folded, as the test means
+    engine = Engine(store="memory://")
+    done = engine.run(engine.start(load_process(tmp_path / "cj.bpmn")), answers={"confirmations": {"join/k0": 1}})
+    assert done.status == "completed", done.error
+    assert data(done)["k0"] == 1
+    (conflict,) = done.conflicts
+    assert conflict["key"] == "k0" and conflict["values"] == {"a": 1, "b": 2}
