@@ -50,7 +50,10 @@ injected one when the key came from its ``contextInject`` and it left it so, so 
 either (the split's value stays; the fold summarised the branch's own); its own when it wrote
 the key first, so a change, and a conflict when another branch changed it too (new keys
 included), as without the compression. A change no other branch contests is taken as the
-fold: the branch's summary stands for it.
+fold: the branch's summary stands for it. Before the split likewise: a key a compression folded
+out of the split's HISTORY keeps, for the join, the value it had (``folded_before``, passed as
+``base_folded``), so a branch that writes that value again has not changed it. Whether a join
+asks a person thus never depends on when a compression's thresholds were crossed.
 
 Branch-scoped keys: what the split injected into a branch's WORKING
 (``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
@@ -91,7 +94,7 @@ from .splitter import BranchContext
 from .strategies import apply_reducer
 
 __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "Unfolded", "apply_join",
-           "free_record_key", "join_contexts", "single_counts", "single_summaries"]
+           "folded_before", "free_record_key", "join_contexts", "single_counts", "single_summaries"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -264,11 +267,48 @@ def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
     return {key: decided.get(key) for key, by_fold in folded.items() if by_fold}
 
 
+def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | None]) -> dict[str, Any]:
+    """Data keys the split's HISTORY lacks because a compression before the split folded them, each
+    with the value it had before the fold (the newest fold's). ``context_of``: the context that took
+    a snapshot, by the snapshot's id (``None``: unknown). Read from the ``compaction:<n>`` records
+    of the base (and the records each merged): a record names the snapshot before its fold, and
+    the compress event after that snapshot the keys it removed. A fold is no decision about a
+    value: a branch that writes the value a key had before its fold has not changed it."""
+    base_h, base_w = base.layer(Layer.HISTORY), base.layer(Layer.WORKING)
+    out: dict[str, Any] = {}
+    seen: set[str] = set()
+    pending = [v for k, v in reversed(list(base_h.items())) if k.startswith("compaction:")]
+    while pending:
+        record = pending.pop(0)
+        sid = record.get("snapshot_id") if isinstance(record, Mapping) else None
+        if not isinstance(sid, str) or sid in seen:
+            continue
+        seen.add(sid)
+        ctx = context_of(sid)
+        if ctx is None:
+            continue
+        try:
+            before = ctx.get_snapshot(sid)
+        except ContextKeyError:
+            continue
+        fold = next((e for e in ctx.tape if e.seq > before.seq and e.data.get("note") == "compress"), None)
+        if fold is None or fold.data.get("snapshot_id", sid) != sid:
+            continue
+        history = before.layer(Layer.HISTORY)
+        for layer, key, value in fold.changes:
+            if (layer == Layer.HISTORY and value is DELETED and key in history and not is_record_key(key)
+                    and key not in BRANCH_MARKERS and key not in base_h and key not in base_w and key not in out):
+                out[key] = history[key]
+        pending.extend(v for k, v in reversed(list(history.items())) if k.startswith("compaction:") and k not in base_h)
+    return out
+
+
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
                    preserved: frozenset[str] = frozenset(),
                    contested: frozenset[str] = frozenset(),
                    changed_working: frozenset[str] = frozenset(),
-                   unfolded: Mapping[str, Any] | None = None) -> dict[Layer, Mapping[str, Any]]:
+                   unfolded: Mapping[str, Any] | None = None,
+                   base_folded: Mapping[str, Any] | None = None) -> dict[Layer, Mapping[str, Any]]:
     """The branch's layers with every injected key it left alone put back to the base, so is
     every key of the base's WORKING in ``changed_working`` (another branch changed it), and
     every base HISTORY key that only this branch's compressor changed when the key is in
@@ -315,6 +355,15 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
             over_w[key] = base_w[key] if key in base_w else DELETED
         if kept_in_history:
             over_h[key] = base_h[key] if key in base_h else DELETED
+    if base_folded:
+        # a key a compression folded before the split, which the branch holds with the value it
+        # had before the fold: unchanged (``folded_before``)
+        view_h: Mapping[str, Any] = _Overlay(history, over_h) if over_h else history
+        for key, value in base_folded.items():
+            if key in view_h and view_h[key] is not DELETED and same_value(view_h[key], value):
+                over_h[key] = DELETED
+            if key in working and same_value(working[key], value):
+                over_w[key] = DELETED
     if over_w:
         layers[Layer.WORKING] = _Overlay(working, over_w)
     if over_h:
@@ -897,6 +946,7 @@ def join_contexts(
     clock: Callable[[], float] = time.time,
     asked: Mapping[str, Mapping[str, Any]] | None = None,
     decided: Mapping[str, Mapping[str, Any]] | None = None,
+    base_folded: Mapping[str, Any] | None = None,
 ) -> JoinResult:
     """Merge ``branches`` (branch id -> its context at the join, in branch order) against
     ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
@@ -925,7 +975,7 @@ def join_contexts(
     contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
-                                contested, changed_working, unfolded.get(b))
+                                contested, changed_working, unfolded.get(b), base_folded)
               for b, ctx in branches.items()}
 
     outcomes: dict[Layer, list[KeyOutcome]] = {}

@@ -100,3 +100,22 @@ def test_a_value_a_branch_wrote_and_then_folded_still_meets_the_other_branchs_va
     assert data(done)["k0"] == 1
     (conflict,) = done.conflicts
     assert conflict["key"] == "k0" and conflict["values"] == {"a": 1, "b": 2}
+
+
+def test_a_key_folded_before_the_split_keeps_its_value_for_the_join(tmp_path: Path) -> None:
+    # k0 (2), not preserved, was folded into a compaction record before the split; a writes the
+    # value it had, b a new one. A fold is no decision about a value: a did not change k0, b did,
+    # so b's 3 is taken, as without the compressions. Before, the join's base lacked k0, both
+    # branches read as adding it, and a person was asked to choose.
+    instance = run(tmp_path, [
+        script_task("init", "k0 = 2"), flow("start", "init"),
+        script_task("c1", "pass"), flow("init", "c1"), script_task("c2", "pass"), flow("c1", "c2"),
+        '<bpmn:parallelGateway id="split"/>', flow("c2", "split"), '<bpmn:parallelGateway id="join"/>',
+        script_task("a", "k0 = 2"), flow("split", "a"), flow("a", "join"),
+        script_task("b", "k0 = 3"), flow("split", "b"), flow("b", "join"),
+        '<bpmn:endEvent id="end"/>', flow("join", "end"),
+    ], "c1: {compressMessageThreshold: 2}\nc2: {compressMessageThreshold: 2}\n")
+    split = next(e for e in instance.main.tape if e.data.get("note") == "split")
+    assert "k0" not in instance.main.get_snapshot(split.data["snapshot_id"]).layer(Layer.HISTORY)  # folded
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert instance.conflicts == [] and data(instance)["k0"] == 3
