@@ -808,16 +808,21 @@ def _one_hit(outcome: KeyOutcome) -> KeyOutcome:
     return replace(outcome, value=best, conflict=None)
 
 
-def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int) -> KeyOutcome:
+def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int,
+            base_folded: Mapping[str, Any] | None = None) -> KeyOutcome:
     """A reducer key's outcome in ``layer``. A key the base held in WORKING that the branches'
     activities moved into HISTORY is new to HISTORY, but not new to the process: its reduction
     starts from the value a read gave at the split (as ``_read_base`` does for a conflict), so
     a ``sum`` adds each branch's delta to it once and an ``append`` log (``_mergedConflicts``
     too) is not repeated once per branch that carried it. The key still counts as changed in
-    HISTORY (it arrives there), and WORKING's outcome (moved away by all) deletes it there."""
-    if layer != Layer.HISTORY or outcome.base_value is not DELETED or outcome.key not in base.layer(Layer.WORKING):
+    HISTORY (it arrives there), and WORKING's outcome (moved away by all) deletes it there. So does
+    a key a compression folded before the split, from the value it had (``folded_before``)."""
+    folded = base_folded or {}
+    if layer != Layer.HISTORY or outcome.base_value is not DELETED or (
+            outcome.key not in base.layer(Layer.WORKING) and outcome.key not in folded):
         return apply_reducer(name, outcome, branch_count=branch_count)
-    read = base.layer(Layer.WORKING)[outcome.key]
+    working = base.layer(Layer.WORKING)
+    read = working[outcome.key] if outcome.key in working else folded[outcome.key]
     changed = {b: v for b, v in outcome.results.items() if v is DELETED or not same_value(v, read)}
     rebased = replace(outcome, base_value=read, changed_by=tuple(changed), results=changed)
     if not changed:
@@ -991,7 +996,7 @@ def join_contexts(
             for b in order:
                 keys.update(touched[b][layer] or {})
         found = merge_keys(base_layer, branch_layers, keys, layer=layer)
-        found = [_reduce(config.reducers[o.key], o, base, layer, branch_count=len(order))
+        found = [_reduce(config.reducers[o.key], o, base, layer, branch_count=len(order), base_folded=base_folded)
                  if o.key in config.reducers else o for o in found]
         if layer == Layer.KNOWLEDGE:
             found = [_one_hit(o) for o in found]

@@ -119,3 +119,18 @@ def test_a_key_folded_before_the_split_keeps_its_value_for_the_join(tmp_path: Pa
     assert "k0" not in instance.main.get_snapshot(split.data["snapshot_id"]).layer(Layer.HISTORY)  # folded
     assert instance.status == "completed", (instance.error, instance.waiting_for)
     assert instance.conflicts == [] and data(instance)["k0"] == 3
+
+
+def test_a_reducer_key_folded_before_the_split_adds_the_branches_deltas_to_its_value(tmp_path: Path) -> None:
+    # r (3) was folded before the split; a sum join adds a's +1 and b's +2 to it: 6, as without
+    # the compressions (from no base, the branches' values would add up to 9)
+    instance = run(tmp_path, [
+        script_task("init", "r = 3"), flow("start", "init"),
+        script_task("c1", "pass"), flow("init", "c1"), script_task("c2", "pass"), flow("c1", "c2"),
+        '<bpmn:parallelGateway id="split"/>', flow("c2", "split"), '<bpmn:parallelGateway id="join"/>',
+        script_task("a", "r = 4"), flow("split", "a"), flow("a", "join"),
+        script_task("b", "r = 5"), flow("split", "b"), flow("b", "join"),
+        '<bpmn:endEvent id="end"/>', flow("join", "end"),
+    ], "c1: {compressMessageThreshold: 2}\nc2: {compressMessageThreshold: 2}\njoin: {reducers: {r: sum}}\n")
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert data(instance)["r"] == 6
