@@ -269,37 +269,49 @@ def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
 
 def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | None]) -> dict[str, Any]:
     """Data keys the split's HISTORY lacks because a compression before the split folded them, each
-    with the value it had before the fold (the newest fold's). ``context_of``: the context that took
-    a snapshot, by the snapshot's id (``None``: unknown). Read from the ``compaction:<n>`` records
-    of the base (and the records each merged): a record names the snapshot before its fold, and
-    the compress event after that snapshot the keys it removed. A fold is no decision about a
-    value: a branch that writes the value a key had before its fold has not changed it."""
+    with the value the process had decided for it before the fold. ``context_of``: the context
+    that took a snapshot, by the snapshot's id (``None``: unknown). Read from the tape of the
+    split's context up to the snapshot (a compress event, or a join that only brought its
+    branches' folds, ``JoinResult.folded``, is no decision: the value before it is the
+    process's), then from the context it was forked from, up to the fork. A fold is no decision
+    about a value: a branch that writes the value a key had before its fold has not changed it."""
     base_h, base_w = base.layer(Layer.HISTORY), base.layer(Layer.WORKING)
     out: dict[str, Any] = {}
+    sid: str | None = base.id
     seen: set[str] = set()
-    pending = [v for k, v in reversed(list(base_h.items())) if k.startswith("compaction:")]
-    while pending:
-        record = pending.pop(0)
-        sid = record.get("snapshot_id") if isinstance(record, Mapping) else None
-        if not isinstance(sid, str) or sid in seen:
-            continue
+    settled: set[str] = set()
+    while sid is not None and sid not in seen:
         seen.add(sid)
         ctx = context_of(sid)
         if ctx is None:
-            continue
+            break
         try:
-            before = ctx.get_snapshot(sid)
+            until = ctx.get_snapshot(sid).seq
         except ContextKeyError:
-            continue
-        fold = next((e for e in ctx.tape if e.seq > before.seq and e.data.get("note") == "compress"), None)
-        if fold is None or fold.data.get("snapshot_id", sid) != sid:
-            continue
-        history = before.layer(Layer.HISTORY)
-        for layer, key, value in fold.changes:
-            if (layer == Layer.HISTORY and value is DELETED and key in history and not is_record_key(key)
-                    and key not in BRANCH_MARKERS and key not in base_h and key not in base_w and key not in out):
-                out[key] = history[key]
-        pending.extend(v for k, v in reversed(list(history.items())) if k.startswith("compaction:") and k not in base_h)
+            break
+        decided: dict[str, Any] = {}
+        folded: dict[str, bool] = {}
+        first = None
+        for e in ctx.tape:
+            if e.seq > until:
+                break
+            first = first or e
+            for layer, key, value in e.changes:
+                if layer not in (Layer.HISTORY, Layer.WORKING) or is_record_key(key) or key in BRANCH_MARKERS:
+                    continue
+                if _folding(e, key):
+                    folded[key] = folded.get(key, False) or layer == Layer.HISTORY
+                    continue
+                decided[key] = value
+                if layer == Layer.HISTORY:
+                    folded[key] = False
+        for key, by_fold in folded.items():
+            value = decided.get(key)
+            if (by_fold and value is not None and value is not DELETED and key not in base_h
+                    and key not in base_w and key not in settled):
+                out[key] = value
+        settled.update(decided, folded)  # what a later context did to a key hides what an earlier one did
+        sid = first.data.get("snapshot_id") if first is not None and first.kind == EventKind.FORK else None
     return out
 
 
