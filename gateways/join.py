@@ -843,13 +843,15 @@ def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, bra
     return replace(outcome, value=reduced.value, conflict=reduced.conflict)
 
 
-def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
+def _read_base(conflict: MergedConflict, base: Snapshot, base_folded: Mapping[str, Any] | None = None) -> MergedConflict:
     """The conflict with the base value a read gave at the split: a key the base held in WORKING
     and the branches' activities moved into HISTORY conflicts there, where the base had no value,
-    but it was not unset at the split (the seed's ``_mergedConflicts`` shows ``pending``)."""
+    but it was not unset at the split (the seed's ``_mergedConflicts`` shows ``pending``); and a
+    key a compression folded before the split had the value it had before (``folded_before``)."""
     if conflict.base_value is not DELETED:
         return conflict
-    read = next((base.layer(layer)[conflict.key] for layer in Layer if conflict.key in base.layer(layer)), DELETED)
+    read = next((base.layer(layer)[conflict.key] for layer in Layer if conflict.key in base.layer(layer)),
+                (base_folded or {}).get(conflict.key, DELETED))
     return conflict if read is DELETED else replace(conflict, base_value=read)
 
 
@@ -1022,7 +1024,7 @@ def join_contexts(
         _one_log(outcomes, base, {b: scoped[b] for b in order})
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
-    conflicts = sorted((_read_base(o.conflict, base) for layer in MERGED_LAYERS for o in outcomes[layer]
+    conflicts = sorted((_read_base(o.conflict, base, base_folded) for layer in MERGED_LAYERS for o in outcomes[layer]
                         if o.conflict is not None), key=lambda c: (c.key, int(c.layer)))
 
     def merged_view(layer: Layer) -> Mapping[str, Any]:

@@ -134,3 +134,19 @@ def test_a_reducer_key_folded_before_the_split_adds_the_branches_deltas_to_its_v
     ], "c1: {compressMessageThreshold: 2}\nc2: {compressMessageThreshold: 2}\njoin: {reducers: {r: sum}}\n")
     assert instance.status == "completed", (instance.error, instance.waiting_for)
     assert data(instance)["r"] == 6
+
+
+def test_a_conflict_on_a_key_folded_before_the_split_shows_the_value_it_had(tmp_path: Path) -> None:
+    # the person asked sees "was 2", the value the fold summarised, not an absent key
+    instance = run(tmp_path, [
+        script_task("init", "k0 = 2"), flow("start", "init"),
+        script_task("c1", "pass"), flow("init", "c1"), script_task("c2", "pass"), flow("c1", "c2"),
+        '<bpmn:parallelGateway id="split"/>', flow("c2", "split"), '<bpmn:parallelGateway id="join"/>',
+        script_task("a", "k0 = 1"), flow("split", "a"), flow("a", "join"),
+        script_task("b", "k0 = 3"), flow("split", "b"), flow("b", "join"),
+        '<bpmn:endEvent id="end"/>', flow("join", "end"),
+    ], "c1: {compressMessageThreshold: 2}\nc2: {compressMessageThreshold: 2}\n")
+    assert [w["id"] for w in instance.waiting_for] == ["join/k0"]
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"a": 1, "b": 3} and conflict["base_value"] == 2
+    assert "(was 2)" in instance.confirmations[0]["message"]
