@@ -280,6 +280,7 @@ def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | N
     sid: str | None = base.id
     seen: set[str] = set()
     settled: set[str] = set()
+    wanted: set[str] = set()
     while sid is not None and sid not in seen:
         seen.add(sid)
         ctx = context_of(sid)
@@ -305,12 +306,16 @@ def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | N
                 decided[key] = value
                 if layer == Layer.HISTORY:
                     folded[key] = False
-        for key, by_fold in folded.items():
-            value = decided.get(key)
-            if (by_fold and value is not None and value is not DELETED and key not in base_h
-                    and key not in base_w and key not in settled):
-                out[key] = value
-        settled.update(decided, folded)  # what a later context did to a key hides what an earlier one did
+        for key in [*folded, *wanted]:
+            if key in settled or not (folded.get(key) or key in wanted):
+                continue
+            if key in decided:
+                value = decided[key]
+                if value is not None and value is not DELETED and key not in base_h and key not in base_w:
+                    out[key] = value
+            else:
+                wanted.add(key)  # folded here, decided in the context this one was forked from
+        settled.update(decided)  # what a later context decided hides what an earlier one did
         sid = first.data.get("snapshot_id") if first is not None and first.kind == EventKind.FORK else None
     return out
 

@@ -150,3 +150,25 @@ def test_a_conflict_on_a_key_folded_before_the_split_shows_the_value_it_had(tmp_
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"a": 1, "b": 3} and conflict["base_value"] == 2
     assert "(was 2)" in instance.confirmations[0]["message"]
+
+
+def test_a_key_a_branch_inherited_and_folded_before_a_nested_split_keeps_its_value(tmp_path: Path) -> None:
+    # t4's compression folds k1 (0), which t4's branch inherited from the split p1; t8 then
+    # writes 0 again and t9 writes 1 in the nested split: t9's 1 is taken, no question asked (the
+    # value before the fold is on the tape of the context t4's branch was forked from)
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nk1 = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t3", "pass"), flow("p1", "t3"), flow("t3", "j2"),
+        script_task("t4", "pass"), flow("p1", "t4"),
+        '<bpmn:parallelGateway id="p6"/>', flow("t4", "p6"), '<bpmn:parallelGateway id="j7"/>',
+        script_task("t8", "k1 = 0"), flow("p6", "t8"), flow("t8", "j7"),
+        script_task("t9", "k1 = 1"), flow("p6", "t9"), flow("t9", "j7"),
+        flow("j7", "j2"), '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "".join(f"{t}: {fold}\n" for t in ("t3", "t4", "t8", "t9")))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert instance.conflicts == []
+    (j7,) = [e for ctx in instance.contexts.values() for e in ctx.tape
+             if e.data.get("note") == "join" and e.data["gateway_id"] == "j7"]
+    assert [v for _, k, v in j7.changes if k == "k1"] == [1]
