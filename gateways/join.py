@@ -50,7 +50,8 @@ injected one when the key came from its ``contextInject`` and it left it so, so 
 either (the split's value stays; the fold summarised the branch's own); its own when it wrote
 the key first, so a change, and a conflict when another branch changed it too (new keys
 included), as without the compression. A change no other branch contests is taken as the
-fold: the branch's summary stands for it. Before the split likewise: a key a compression folded
+fold: the branch's summary stands for it, and the ``join`` event names the value it decided
+(``folded_values``) for an enclosing join and for later splits to read. Before the split likewise: a key a compression folded
 out of the split's HISTORY keeps, for the join, the value it had (``folded_before``, passed as
 ``base_folded``), so a branch that writes that value again has not changed it. Whether a join
 asks a person thus never depends on when a compression's thresholds were crossed.
@@ -197,6 +198,10 @@ class JoinResult:
     # compression, or a join inside the branch that did so): an enclosing join reads the
     # removal as a compression's, no decision about the value (``_compressed``)
     folded: tuple[str, ...] = ()
+    # the values the branches decided for the data keys the join takes as their folds (base keys
+    # it removes, ``folded``, and keys new since the split it does not add): an enclosing join,
+    # or a later split's ``folded_before``, reads them as the process's values
+    folded_values: dict[str, Any] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -246,14 +251,13 @@ def _folding(e: Event, key: str) -> bool:
     return note == "compress" or (note == "join" and key in (e.data.get("folded") or ()))
 
 
-def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
-    """The HISTORY keys whose last change in ``branch`` was a compression's, each with the value the
-    branch decided before it: the value of its last other change in HISTORY or WORKING (the fork's
-    injection too), ``None`` when the branch never changed the key but by compressions. A fold is
-    no decision about a value: a join reads the branch's decision."""
+def _walk_folds(events: Iterable[Event]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """Per data key, the value of its last change in HISTORY or WORKING that was no fold (the
+    fork's injection too), and whether its last HISTORY change was a fold. A join's
+    ``folded_values`` are the values its branches decided for the keys it took as folds."""
     decided: dict[str, Any] = {}
     folded: dict[str, bool] = {}
-    for e in branch.tape:
+    for e in events:
         for layer, key, value in e.changes:
             if layer not in (Layer.HISTORY, Layer.WORKING):
                 continue
@@ -264,6 +268,18 @@ def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
             decided[key] = value
             if layer == Layer.HISTORY:
                 folded[key] = False
+        if e.data.get("note") == "join":
+            for key, value in (e.data.get("folded_values") or {}).items():
+                decided[key] = value
+                folded[key] = True
+    return decided, folded
+
+
+def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
+    """The HISTORY keys whose last change in ``branch`` was a compression's, each with the value the
+    branch decided before it (``_walk_folds``), ``None`` when the branch never changed the key but
+    by compressions. A fold is no decision about a value: a join reads the branch's decision."""
+    decided, folded = _walk_folds(branch.tape)
     return {key: decided.get(key) for key, by_fold in folded.items() if by_fold}
 
 
@@ -290,24 +306,11 @@ def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | N
             until = ctx.get_snapshot(sid).seq
         except ContextKeyError:
             break
-        decided: dict[str, Any] = {}
-        folded: dict[str, bool] = {}
-        first = None
-        for e in ctx.tape:
-            if e.seq > until:
-                break
-            first = first or e
-            for layer, key, value in e.changes:
-                if layer not in (Layer.HISTORY, Layer.WORKING) or is_record_key(key) or key in BRANCH_MARKERS:
-                    continue
-                if _folding(e, key):
-                    folded[key] = folded.get(key, False) or layer == Layer.HISTORY
-                    continue
-                decided[key] = value
-                if layer == Layer.HISTORY:
-                    folded[key] = False
+        events = [e for e in ctx.tape if e.seq <= until]
+        first = events[0] if events else None
+        decided, folded = _walk_folds(events)
         for key in [*folded, *wanted]:
-            if key in settled or not (folded.get(key) or key in wanted):
+            if key in settled or is_record_key(key) or key in BRANCH_MARKERS or not (folded.get(key) or key in wanted):
                 continue
             if key in decided:
                 value = decided[key]
@@ -482,6 +485,10 @@ def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, No
             keys = touched.get(Layer(layer))
             if keys is not None:
                 keys.setdefault(key, None)
+        history = touched[Layer.HISTORY]
+        if history is not None and e.data.get("note") == "join":
+            for key in e.data.get("folded_values") or ():  # (decided inside, folded: ``_walk_folds``)
+                history.setdefault(key, None)
     return touched
 
 
@@ -1093,7 +1100,18 @@ def join_contexts(
     folded = tuple(o.key for o in outcomes[Layer.HISTORY] if o.conflict is None and o.value is DELETED
                    and o.key in base_h and o.changed_by
                    and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
-    return JoinResult(folded=folded, gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
+    taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer]}
+    folded_values: dict[str, Any] = {}
+    for b in order:
+        for key, value in _fold_decisions(branches[b]).items():
+            if (key in folded or (key not in taken and key not in base_h and key not in base.layer(Layer.WORKING))) \
+                    and not is_record_key(key) and key not in BRANCH_MARKERS and key not in folded_values:
+                if value is None and key in base_h:
+                    value = base_h[key]
+                if value is not None and value is not DELETED and not (
+                        key in (injected or {}).get(b, {}) and same_value(value, (injected or {})[b][key])):
+                    folded_values[key] = jsonable(value)
+    return JoinResult(folded=folded, folded_values=folded_values, gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,
                       dropped_compactions=tuple({"branch": f.branch, "key": f.key,
@@ -1132,7 +1150,8 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         "gateway_id": result.gateway_id, "snapshot_id": result.snapshot_id, "branches": list(result.branches),
         "conflicts": len(result.conflicts), **({"preserve": list(result.preserved)} if result.preserved else {}),
         **({"dropped_compactions": [dict(d) for d in result.dropped_compactions]} if result.dropped_compactions else {}),
-        **({"folded": list(result.folded)} if result.folded else {})})
+        **({"folded": list(result.folded)} if result.folded else {}),
+        **({"folded_values": dict(result.folded_values)} if result.folded_values else {})})
     for branch in (branches or {}).values():
         branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
                                                    "parent_seq": event.seq})

@@ -172,3 +172,26 @@ def test_a_key_a_branch_inherited_and_folded_before_a_nested_split_keeps_its_val
     (j7,) = [e for ctx in instance.contexts.values() for e in ctx.tape
              if e.data.get("note") == "join" and e.data["gateway_id"] == "j7"]
     assert [v for _, k, v in j7.changes if k == "k1"] == [1]
+
+
+def test_a_value_a_nested_join_took_as_a_fold_still_meets_the_other_branchs_value(tmp_path: Path) -> None:
+    # t5 writes k0 = 0 and t6's compression folds it; the nested join j4 takes the fold (nobody
+    # else wrote k0) and names the value in its event (folded_values). At j2 that value meets
+    # t12's 1: a conflict, as without the compressions. Before, p3's branch read as never having
+    # written k0 and t12's 1 was taken silently.
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "k0 = 0"), flow("p3", "t5"), script_task("t6", "pass"), flow("t5", "t6"), flow("t6", "j4"),
+        script_task("t7", "pass"), flow("p3", "t7"), flow("t7", "j4"), flow("j4", "j2"),
+        script_task("t12", "k0 = 1"), flow("p1", "t12"), flow("t12", "j2"),
+        '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "".join(f"{t}: {fold}\n" for t in ("t5", "t6", "t7", "t12")))
+    (j4,) = [e for ctx in instance.contexts.values() for e in ctx.tape
+             if e.data.get("note") == "join" and e.data["gateway_id"] == "j4"]
+    assert j4.data["folded_values"]["k0"] == 0
+    assert [w["id"] for w in instance.waiting_for] == ["j2/k0"]
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"p3": 0, "t12": 1}
