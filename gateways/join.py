@@ -1100,11 +1100,11 @@ def join_contexts(
     folded = tuple(o.key for o in outcomes[Layer.HISTORY] if o.conflict is None and o.value is DELETED
                    and o.key in base_h and o.changed_by
                    and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
-    taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer]}
+    taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None or o.value is not DELETED}
     folded_values: dict[str, Any] = {}
     for b in order:
         for key, value in _fold_decisions(branches[b]).items():
-            if (key in folded or (key not in taken and key not in base_h and key not in base.layer(Layer.WORKING))) \
+            if (key in folded or (key not in taken and key not in base_h)) \
                     and not is_record_key(key) and key not in BRANCH_MARKERS and key not in folded_values:
                 if value is None and key in base_h:
                     value = base_h[key]

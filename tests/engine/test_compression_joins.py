@@ -195,3 +195,27 @@ def test_a_value_a_nested_join_took_as_a_fold_still_meets_the_other_branchs_valu
     assert [w["id"] for w in instance.waiting_for] == ["j2/k0"]
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"p3": 0, "t12": 1}
+
+
+def test_a_value_an_exclusive_branch_injected_and_a_nested_join_took_as_a_fold_meets_the_other_branchs(
+        tmp_path: Path) -> None:
+    # x3's taken branch injects k0 = 0 (the process's value from there on, in WORKING at p5);
+    # t7 moves it into HISTORY and t8's compression folds it; j6 (t9 was not taken) takes the
+    # fold. Before, j6 deleted k0 from WORKING without naming its value and j2 took t15's 1 silently
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        '<bpmn:exclusiveGateway id="x3" default="x3_d"/>', flow("p1", "x3"), '<bpmn:exclusiveGateway id="xm4"/>',
+        '<bpmn:inclusiveGateway id="p5"/>', flow("x3", "p5", "x % 2 == 0"), '<bpmn:inclusiveGateway id="j6"/>',
+        script_task("t7", "pass"), flow("p5", "t7", "True"), script_task("t8", "pass"), flow("t7", "t8"),
+        flow("t8", "j6"), script_task("t9", "pass"), flow("p5", "t9", "x % 2 != 0"), flow("t9", "j6"),
+        flow("j6", "xm4"), script_task("t10", "pass"),
+        '<bpmn:sequenceFlow id="x3_d" sourceRef="x3" targetRef="t10"/>', flow("t10", "xm4"), flow("xm4", "j2"),
+        script_task("t15", "k0 = 1"), flow("p1", "t15"), flow("t15", "j2"),
+        '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "x3: {branches: [{id: p5, contextInject: {k0: 0}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t7", "t8", "t9", "t10", "t15")))
+    assert [w["id"] for w in instance.waiting_for] == ["j2/k0"]
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"x3": 0, "t15": 1}
