@@ -368,11 +368,15 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
         if key in BRANCH_MARKERS:
             continue
         kept_in_history = key in seen_h and any(same_value(seen_h[key], v) for v in values)
-        if key in injected and key not in working and key not in seen_h and _compressed(branch, (key,)):
-            before = _fold_decisions(branch).get(key)
+        if key in injected and key not in working and key not in seen_h and key in (folds := _fold_decisions(branch)):
+            before = folds[key]
             kept_in_history = before is not None and before is not DELETED and any(same_value(before, v) for v in values)
         if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):
             over_w[key] = base_w[key] if key in base_w else DELETED
+            # (a join inside the branch that took its branches' folds of the key names the value
+            # they decided, ``folded_values``: left alone too when it is the one the branch holds)
+            kept_in_history = kept_in_history or (key in over_h and over_h[key] is not DELETED
+                                                  and any(same_value(over_h[key], v) for v in values))
         if kept_in_history:
             over_h[key] = base_h[key] if key in base_h else DELETED
     if base_folded:

@@ -219,3 +219,22 @@ def test_a_value_an_exclusive_branch_injected_and_a_nested_join_took_as_a_fold_m
     assert [w["id"] for w in instance.waiting_for] == ["j2/k0"]
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"x3": 0, "t15": 1}
+
+
+def test_an_injected_key_a_nested_join_took_as_a_fold_is_left_alone(tmp_path: Path) -> None:
+    # p1 injects k0 = 1 into p3's branch; inside it, the branches of p3 move k0 into HISTORY and
+    # fold it, and j4 names the fold's value (1, the injected one). p3's branch left k0 as
+    # injected: t9's 0 is taken, no conflict (before: a conflict {p3: 1, t9: 0})
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "pass"), flow("p3", "t5"), flow("t5", "j4"),
+        script_task("t7", "pass"), flow("p3", "t7"), script_task("t8", "pass"), flow("t7", "t8"), flow("t8", "j4"),
+        flow("j4", "j2"), script_task("t9", "k0 = 0"), flow("p1", "t9"), flow("t9", "j2"),
+        script_task("after", "seen = k0"), flow("j2", "after"), '<bpmn:endEvent id="end"/>', flow("after", "end"),
+    ], "p1: {branches: [{id: p3, contextInject: {k0: 1}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t5", "t7", "t8", "t9")))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert instance.conflicts == [] and data(instance)["seen"] == 0
