@@ -32,7 +32,7 @@ from context_layers.config import ActivityExtensionConfig
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
-from gateways.join import MERGED_CONFLICTS_KEY, base_json
+from gateways.join import MERGED_CONFLICTS_KEY, base_json, folded_before
 from gateways.splitter import check_inject
 
 from . import spiff
@@ -557,6 +557,11 @@ class GatewaySteps:
             d += 1
         return d
 
+    def _context_of_snapshot(self, snapshot_id: str) -> LayeredContext | None:
+        """The instance's context that took ``snapshot_id`` (``snap:<context>:<seq>``)."""
+        name = snapshot_id[len("snap:"):].rpartition(":")[0] if snapshot_id.startswith("snap:") else ""
+        return self.instance.contexts.get(name)
+
     def _merge_group(self, task: Any, gw: str, parent_name: str, members: list[str], *, arrival: list[str]) -> bool:
         inst = self.instance
         parent = inst.contexts[parent_name]
@@ -589,6 +594,7 @@ class GatewaySteps:
                 result = join_contexts(base, contexts, config=config, gateway_id=gw,
                                        arrival_order=order, answers=answers, arbiter=arbiter,
                                        human_available=True, injected=injected, asked=asked,
+                                       base_folded=folded_before(base, self._context_of_snapshot),
                                        decided=self._model_decided(gw) if mine else None,
                                        clock=self.engine.clock)
         except MergeConflictError as err:

@@ -43,7 +43,18 @@ so a compression in another branch, which did not know, may not have changed it 
 that branch's compressed value (or its fold) of a key of the base is not a change.
 Nor is it when another branch changed the key too: a compression is not a decision about
 the value, so a branch's new value is taken (two compressions of one key keep the base)
-instead of a conflict between the value and the fold.
+instead of a conflict between the value and the fold. What the join reads for a key a
+branch's compression folded or altered is the value the branch decided before it
+(``_fold_decisions``): the split's when it only compressed the key, so no change; the
+injected one when the key came from its ``contextInject`` and it left it so, so no change
+either (the split's value stays; the fold summarised the branch's own); its own when it wrote
+the key first, so a change, and a conflict when another branch changed it too (new keys
+included), as without the compression. A change no other branch contests is taken as the
+fold: the branch's summary stands for it, and the ``join`` event names the value it decided
+(``folded_values``) for an enclosing join and for later splits to read. Before the split likewise: a key a compression folded
+out of the split's HISTORY keeps, for the join, the value it had (``folded_before``, passed as
+``base_folded``), so a branch that writes that value again has not changed it. Whether a join
+asks a person thus never depends on when a compression's thresholds were crossed.
 
 Branch-scoped keys: what the split injected into a branch's WORKING
 (``contextInject``, ``_branch_id``, ``_snapshot_id``) belongs to that branch. A branch
@@ -84,7 +95,7 @@ from .splitter import BranchContext
 from .strategies import apply_reducer
 
 __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "Unfolded", "apply_join",
-           "free_record_key", "join_contexts", "single_counts", "single_summaries"]
+           "folded_before", "free_record_key", "join_contexts", "single_counts", "single_summaries"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -187,6 +198,10 @@ class JoinResult:
     # compression, or a join inside the branch that did so): an enclosing join reads the
     # removal as a compression's, no decision about the value (``_compressed``)
     folded: tuple[str, ...] = ()
+    # the values the branches decided for the data keys the join takes as their folds (base keys
+    # it removes, ``folded``, and keys new since the split it does not add): an enclosing join,
+    # or a later split's ``folded_before``, reads them as the process's values
+    folded_values: dict[str, Any] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -225,16 +240,95 @@ def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
     for e in branch.tape:
         for layer, key, _ in e.changes:
             if layer == Layer.HISTORY and key in keys:
-                last[key] = e.data.get("note") == "compress" or (
-                    e.data.get("note") == "join" and key in (e.data.get("folded") or ()))
+                last[key] = _folding(e, key)
     return [key for key, by_compression in last.items() if by_compression]
+
+
+def _folding(e: Event, key: str) -> bool:
+    """Whether event ``e``'s change of ``key`` was a compression's (or a join's that only brought
+    the folds of the branches inside it: ``JoinResult.folded``)."""
+    note = e.data.get("note")
+    return note == "compress" or (note == "join" and key in (e.data.get("folded") or ()))
+
+
+def _walk_folds(events: Iterable[Event]) -> tuple[dict[str, Any], dict[str, bool]]:
+    """Per data key, the value of its last change in HISTORY or WORKING that was no fold (the
+    fork's injection too), and whether its last HISTORY change was a fold. A join's
+    ``folded_values`` are the values its branches decided for the keys it took as folds."""
+    decided: dict[str, Any] = {}
+    folded: dict[str, bool] = {}
+    for e in events:
+        for layer, key, value in e.changes:
+            if layer not in (Layer.HISTORY, Layer.WORKING):
+                continue
+            if _folding(e, key):
+                if layer == Layer.HISTORY:
+                    folded[key] = True
+                continue
+            decided[key] = value
+            if layer == Layer.HISTORY:
+                folded[key] = False
+        if e.data.get("note") == "join":
+            for key, value in (e.data.get("folded_values") or {}).items():
+                decided[key] = value
+                folded[key] = True
+    return decided, folded
+
+
+def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
+    """The HISTORY keys whose last change in ``branch`` was a compression's, each with the value the
+    branch decided before it (``_walk_folds``), ``None`` when the branch never changed the key but
+    by compressions. A fold is no decision about a value: a join reads the branch's decision."""
+    decided, folded = _walk_folds(branch.tape)
+    return {key: decided.get(key) for key, by_fold in folded.items() if by_fold}
+
+
+def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | None]) -> dict[str, Any]:
+    """Data keys the split's HISTORY lacks because a compression before the split folded them, each
+    with the value the process had decided for it before the fold. ``context_of``: the context
+    that took a snapshot, by the snapshot's id (``None``: unknown). Read from the tape of the
+    split's context up to the snapshot (a compress event, or a join that only brought its
+    branches' folds, ``JoinResult.folded``, is no decision: the value before it is the
+    process's), then from the context it was forked from, up to the fork. A fold is no decision
+    about a value: a branch that writes the value a key had before its fold has not changed it."""
+    base_h, base_w = base.layer(Layer.HISTORY), base.layer(Layer.WORKING)
+    out: dict[str, Any] = {}
+    sid: str | None = base.id
+    seen: set[str] = set()
+    settled: set[str] = set()
+    wanted: set[str] = set()
+    while sid is not None and sid not in seen:
+        seen.add(sid)
+        ctx = context_of(sid)
+        if ctx is None:
+            break
+        try:
+            until = ctx.get_snapshot(sid).seq
+        except ContextKeyError:
+            break
+        events = [e for e in ctx.tape if e.seq <= until]
+        first = events[0] if events else None
+        decided, folded = _walk_folds(events)
+        for key in [*folded, *wanted]:
+            if key in settled or is_record_key(key) or key in BRANCH_MARKERS or not (folded.get(key) or key in wanted):
+                continue
+            if key in decided:
+                value = decided[key]
+                if value is not None and value is not DELETED and key not in base_h and key not in base_w:
+                    out[key] = value
+            else:
+                wanted.add(key)  # folded here, decided in the context this one was forked from
+        settled.update(decided)  # what a later context decided hides what an earlier one did
+        sid = first.data.get("snapshot_id") if first is not None and first.kind == EventKind.FORK else None
+    return out
 
 
 def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str, Any],
                    preserved: frozenset[str] = frozenset(),
                    contested: frozenset[str] = frozenset(),
                    changed_working: frozenset[str] = frozenset(),
-                   unfolded: Mapping[str, Any] | None = None) -> dict[Layer, Mapping[str, Any]]:
+                   unfolded: Mapping[str, Any] | None = None,
+                   base_folded: Mapping[str, Any] | None = None) -> dict[Layer, Mapping[str, Any]]:
     """The branch's layers with every injected key it left alone put back to the base, so is
     every key of the base's WORKING in ``changed_working`` (another branch changed it), and
     every base HISTORY key that only this branch's compressor changed when the key is in
@@ -247,29 +341,53 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     base_w, base_h = base.layer(Layer.WORKING), base.layer(Layer.HISTORY)
     over_w: dict[str, Any] = {}
     over_h: dict[str, Any] = {}
-    unknown = {k for k in preserved - branch.preserved if k in base_h} | {k for k in contested if k in base_h}
-    for key in _compressed(branch, unknown) if unknown else ():
-        over_h[key] = base_h[key]
+    unknown = {k for k in preserved - branch.preserved if k in base_h} | set(contested)
+    if unknown:
+        # what the branch decided, not what its compressions made of it: the split's value
+        # when it only compressed the key, its own when it wrote it first (a conflict with
+        # another branch's value, as without the compression)
+        for key, decided in _fold_decisions(branch).items():
+            if key in unknown:
+                over_h[key] = decided if decided is not None else base_h[key] if key in base_h else DELETED
     for key in BRANCH_MARKERS:
         if key in working or key in base_w:
             over_w[key] = base_w[key] if key in base_w else DELETED
         if key in history or key in base_h:
             over_h[key] = base_h[key] if key in base_h else DELETED
+    over_h.update(unfolded or {})
+    seen_h: Mapping[str, Any] = _Overlay(history, unfolded) if unfolded else history
     # a branch whose activity only moved a key of WORKING at the split into HISTORY, with the
     # value it had, left it alone; another branch's change of it is then no conflict. An
-    # injected key is left alone holding the injected value or the split's (set back to it).
+    # injected key is left alone holding the injected value or the split's (set back to it),
+    # and so when a compression in the branch folded it holding that value: the fold summarised
+    # the branch's own value, no decision about the split's (which stays).
     alone: dict[str, list[Any]] = {k: [base_w[k]] for k in changed_working if k in base_w}
     for key, value in injected.items():
         alone.setdefault(key, []).append(value)
     for key, values in alone.items():
         if key in BRANCH_MARKERS:
             continue
-        kept_in_history = key in history and any(same_value(history[key], v) for v in values)
+        kept_in_history = key in seen_h and any(same_value(seen_h[key], v) for v in values)
+        if key in injected and key not in working and key not in seen_h and key in (folds := _fold_decisions(branch)):
+            before = folds[key]
+            kept_in_history = before is not None and before is not DELETED and any(same_value(before, v) for v in values)
         if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):
             over_w[key] = base_w[key] if key in base_w else DELETED
+            # (a join inside the branch that took its branches' folds of the key names the value
+            # they decided, ``folded_values``: left alone too when it is the one the branch holds)
+            kept_in_history = kept_in_history or (key in over_h and over_h[key] is not DELETED
+                                                  and any(same_value(over_h[key], v) for v in values))
         if kept_in_history:
             over_h[key] = base_h[key] if key in base_h else DELETED
-    over_h.update(unfolded or {})
+    if base_folded:
+        # a key a compression folded before the split, which the branch holds with the value it
+        # had before the fold: unchanged (``folded_before``)
+        view_h: Mapping[str, Any] = _Overlay(history, over_h) if over_h else history
+        for key, value in base_folded.items():
+            if key in view_h and view_h[key] is not DELETED and same_value(view_h[key], value):
+                over_h[key] = DELETED
+            if key in working and same_value(working[key], value):
+                over_w[key] = DELETED
     if over_w:
         layers[Layer.WORKING] = _Overlay(working, over_w)
     if over_h:
@@ -295,8 +413,9 @@ def _changed_working(base: Snapshot, branches: Mapping[str, LayeredContext]) -> 
 def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
                touched: Mapping[str, Mapping[Layer, dict[str, None] | None]],
                unfolded: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
-    """Base HISTORY keys that two or more branches changed (a compression's fold counts, unless the
-    join drops its record: ``unfolded``)."""
+    """HISTORY keys that two or more branches changed: base keys (a compression's fold counts,
+    unless the join drops its record: ``unfolded``) and data keys new since the split (one a
+    branch wrote and its compression then folded counts too)."""
     base_h = base.layer(Layer.HISTORY)
     counts: dict[str, int] = {}
     for b, ctx in branches.items():
@@ -304,8 +423,18 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
         if unfolded.get(b):
             history = _Overlay(history, unfolded[b])
         keys = touched[b][Layer.HISTORY]
+        folds: dict[str, Any] | None = None
         for key in keys if keys is not None else base_h:
-            if key in base_h and (key not in history or not same_value(history[key], base_h[key])):
+            if key in base_h:
+                changed = key not in history or not same_value(history[key], base_h[key])
+            elif is_record_key(key) or key in BRANCH_MARKERS:
+                continue
+            elif key in history:
+                changed = True
+            else:
+                folds = _fold_decisions(ctx) if folds is None else folds
+                changed = folds.get(key) not in (None, DELETED)
+            if changed:
                 counts[key] = counts.get(key, 0) + 1
     return frozenset(k for k, n in counts.items() if n > 1)
 
@@ -360,6 +489,10 @@ def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, No
             keys = touched.get(Layer(layer))
             if keys is not None:
                 keys.setdefault(key, None)
+        history = touched[Layer.HISTORY]
+        if history is not None and e.data.get("note") == "join":
+            for key in e.data.get("folded_values") or ():  # (decided inside, folded: ``_walk_folds``)
+                history.setdefault(key, None)
     return touched
 
 
@@ -703,16 +836,21 @@ def _one_hit(outcome: KeyOutcome) -> KeyOutcome:
     return replace(outcome, value=best, conflict=None)
 
 
-def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int) -> KeyOutcome:
+def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, branch_count: int,
+            base_folded: Mapping[str, Any] | None = None) -> KeyOutcome:
     """A reducer key's outcome in ``layer``. A key the base held in WORKING that the branches'
     activities moved into HISTORY is new to HISTORY, but not new to the process: its reduction
     starts from the value a read gave at the split (as ``_read_base`` does for a conflict), so
     a ``sum`` adds each branch's delta to it once and an ``append`` log (``_mergedConflicts``
     too) is not repeated once per branch that carried it. The key still counts as changed in
-    HISTORY (it arrives there), and WORKING's outcome (moved away by all) deletes it there."""
-    if layer != Layer.HISTORY or outcome.base_value is not DELETED or outcome.key not in base.layer(Layer.WORKING):
+    HISTORY (it arrives there), and WORKING's outcome (moved away by all) deletes it there. So does
+    a key a compression folded before the split, from the value it had (``folded_before``)."""
+    folded = base_folded or {}
+    if layer != Layer.HISTORY or outcome.base_value is not DELETED or (
+            outcome.key not in base.layer(Layer.WORKING) and outcome.key not in folded):
         return apply_reducer(name, outcome, branch_count=branch_count)
-    read = base.layer(Layer.WORKING)[outcome.key]
+    working = base.layer(Layer.WORKING)
+    read = working[outcome.key] if outcome.key in working else folded[outcome.key]
     changed = {b: v for b, v in outcome.results.items() if v is DELETED or not same_value(v, read)}
     rebased = replace(outcome, base_value=read, changed_by=tuple(changed), results=changed)
     if not changed:
@@ -721,13 +859,15 @@ def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, bra
     return replace(outcome, value=reduced.value, conflict=reduced.conflict)
 
 
-def _read_base(conflict: MergedConflict, base: Snapshot) -> MergedConflict:
+def _read_base(conflict: MergedConflict, base: Snapshot, base_folded: Mapping[str, Any] | None = None) -> MergedConflict:
     """The conflict with the base value a read gave at the split: a key the base held in WORKING
     and the branches' activities moved into HISTORY conflicts there, where the base had no value,
-    but it was not unset at the split (the seed's ``_mergedConflicts`` shows ``pending``)."""
+    but it was not unset at the split (the seed's ``_mergedConflicts`` shows ``pending``); and a
+    key a compression folded before the split had the value it had before (``folded_before``)."""
     if conflict.base_value is not DELETED:
         return conflict
-    read = next((base.layer(layer)[conflict.key] for layer in Layer if conflict.key in base.layer(layer)), DELETED)
+    read = next((base.layer(layer)[conflict.key] for layer in Layer if conflict.key in base.layer(layer)),
+                (base_folded or {}).get(conflict.key, DELETED))
     return conflict if read is DELETED else replace(conflict, base_value=read)
 
 
@@ -841,6 +981,7 @@ def join_contexts(
     clock: Callable[[], float] = time.time,
     asked: Mapping[str, Mapping[str, Any]] | None = None,
     decided: Mapping[str, Mapping[str, Any]] | None = None,
+    base_folded: Mapping[str, Any] | None = None,
 ) -> JoinResult:
     """Merge ``branches`` (branch id -> its context at the join, in branch order) against
     ``base``, the split's snapshot. Raises ``MergeConflictError`` when conflicts cannot
@@ -869,7 +1010,7 @@ def join_contexts(
     contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
-                                contested, changed_working, unfolded.get(b))
+                                contested, changed_working, unfolded.get(b), base_folded)
               for b, ctx in branches.items()}
 
     outcomes: dict[Layer, list[KeyOutcome]] = {}
@@ -885,7 +1026,7 @@ def join_contexts(
             for b in order:
                 keys.update(touched[b][layer] or {})
         found = merge_keys(base_layer, branch_layers, keys, layer=layer)
-        found = [_reduce(config.reducers[o.key], o, base, layer, branch_count=len(order))
+        found = [_reduce(config.reducers[o.key], o, base, layer, branch_count=len(order), base_folded=base_folded)
                  if o.key in config.reducers else o for o in found]
         if layer == Layer.KNOWLEDGE:
             found = [_one_hit(o) for o in found]
@@ -899,7 +1040,7 @@ def join_contexts(
         _one_log(outcomes, base, {b: scoped[b] for b in order})
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
-    conflicts = sorted((_read_base(o.conflict, base) for layer in MERGED_LAYERS for o in outcomes[layer]
+    conflicts = sorted((_read_base(o.conflict, base, base_folded) for layer in MERGED_LAYERS for o in outcomes[layer]
                         if o.conflict is not None), key=lambda c: (c.key, int(c.layer)))
 
     def merged_view(layer: Layer) -> Mapping[str, Any]:
@@ -963,7 +1104,18 @@ def join_contexts(
     folded = tuple(o.key for o in outcomes[Layer.HISTORY] if o.conflict is None and o.value is DELETED
                    and o.key in base_h and o.changed_by
                    and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
-    return JoinResult(folded=folded, gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
+    taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None or o.value is not DELETED}
+    folded_values: dict[str, Any] = {}
+    for b in order:
+        for key, value in _fold_decisions(branches[b]).items():
+            if (key in folded or (key not in taken and key not in base_h)) \
+                    and not is_record_key(key) and key not in BRANCH_MARKERS and key not in folded_values:
+                if value is None and key in base_h:
+                    value = base_h[key]
+                if value is not None and value is not DELETED and not (
+                        key in (injected or {}).get(b, {}) and same_value(value, (injected or {})[b][key])):
+                    folded_values[key] = jsonable(value)
+    return JoinResult(folded=folded, folded_values=folded_values, gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,
                       dropped_compactions=tuple({"branch": f.branch, "key": f.key,
@@ -1002,7 +1154,8 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
         "gateway_id": result.gateway_id, "snapshot_id": result.snapshot_id, "branches": list(result.branches),
         "conflicts": len(result.conflicts), **({"preserve": list(result.preserved)} if result.preserved else {}),
         **({"dropped_compactions": [dict(d) for d in result.dropped_compactions]} if result.dropped_compactions else {}),
-        **({"folded": list(result.folded)} if result.folded else {})})
+        **({"folded": list(result.folded)} if result.folded else {}),
+        **({"folded_values": dict(result.folded_values)} if result.folded_values else {})})
     for branch in (branches or {}).values():
         branch.record("joined", actor=actor, data={"gateway_id": result.gateway_id, "parent": ctx.name,
                                                    "parent_seq": event.seq})
