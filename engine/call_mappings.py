@@ -4,7 +4,7 @@ process as ``ref``; ``<camunda:out source="ok" target="claimOk"/>`` gives its ``
 ``claimOk``. layerflow runs a called process in its caller's context, so every variable crosses
 under its own name anyway (``variables="all"``); what a mapping adds is the other name, set by
 Python run as the call activity's preScript (``in``) and postScript (``out``)
-(``engine.spiff._LayerflowCallActivityParser``). Pure: lxml only, read by ``engine.validate`` too."""
+(``engine.spiff._ExtensionsParserMixin``). Pure: lxml only, read by ``engine.validate`` too."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ from SpiffWorkflow.bpmn.util.event import BpmnEvent, EventManager
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.exceptions import WorkflowException
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
-from SpiffWorkflow.spiff.parser.task_spec import (BusinessRuleTaskParser, CallActivityParser, ServiceTaskParser,
+from SpiffWorkflow.spiff.parser.task_spec import (BusinessRuleTaskParser, ServiceTaskParser,
                                                   SpiffTaskParser)
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
 from SpiffWorkflow.spiff.serializer.task_spec import BusinessRuleTaskConverter, SpiffBpmnTaskConverter
@@ -127,7 +127,7 @@ from SpiffWorkflow.util.task import TaskState
 from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
-from . import call_mappings, deep_trees, dmn, inclusive_join, links
+from . import call_mappings, deep_trees, dmn, inclusive_join, io_mappings, links
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
 
@@ -1549,7 +1549,37 @@ class _ExtensionsParserMixin:
             task.__class__ = twin
         if type(task) is _START_EVENT_TWIN and _interrupting_event_start(self.node):
             task.__class__ = LayerflowInterruptingEventStart  # adds one attribute
+        if hasattr(task, "prescript"):
+            self._add_mappings(task)
         return task
+
+    def _add_mappings(self, task: Any) -> None:
+        """Another engine's variable mappings of an activity run as Python around its work: its
+        input mappings (``io_mappings``: camunda:inputOutput, zeebe:ioMapping) and a call activity's
+        renaming ``in`` mappings (``call_mappings``) before it, as its preScript does, its ``out``
+        mappings and output mappings after it, as its postScript does, each in Camunda's order (a
+        call activity's inputs before its ``in`` mappings, its ``out`` mappings before its outputs).
+        A spiffworkflow:preScript runs before all of them, a postScript after: the mappings are
+        closest to the work."""
+        found = io_mappings.mappings(self.node)
+        renames = call_mappings.renames(self.node) if _local(self.node.tag) == "callActivity" else []
+        before = "\n".join(filter(None, [io_mappings.script([m for m in found if m.direction == "input"]),
+                                          call_mappings.script([(s, t) for d, s, t, _ in renames if d == "in"])]))
+        after = "\n".join(filter(None, [call_mappings.script([(s, t) for d, s, t, _ in renames if d == "out"]),
+                                         io_mappings.script([m for m in found if m.direction == "output"])]))
+        self._lf_mappings = (task.prescript, before, after, task.postscript)
+        task.prescript = "\n".join(filter(None, [task.prescript, before])) or None
+        task.postscript = "\n".join(filter(None, [after, task.postscript])) or None
+
+    def _copy_task_attrs(self, original: Any, loop_characteristics: Any = None) -> None:
+        """A loop or multi-instance activity: SpiffWorkflow moves its pre- and postScript to the
+        loop (run once), unless spiffworkflow:scriptsOnInstances says otherwise; its mappings stay
+        with each instance (run for each, as Camunda maps each instance's variables)."""
+        super()._copy_task_attrs(original, loop_characteristics)  # type: ignore[misc]
+        pre, before, after, post = getattr(self, "_lf_mappings", (None, "", "", None))
+        if (before or after) and original.prescript is None and original.postscript is None:
+            self.task.prescript, self.task.postscript = pre, post
+            original.prescript, original.postscript = before or None, after or None
 
 
 def _in_event_subprocess(node: Any) -> bool:
@@ -1606,25 +1636,6 @@ class _LayerflowBusinessRuleTaskParser(BusinessRuleTaskParser):  # type: ignore[
                                postscript=extensions.get("postScript"), **self.bpmn_attributes)
 
 
-class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
-    """A call activity's renaming ``in`` mappings run as its preScript does, in the caller's context
-    before the called process starts, and its ``out`` mappings as its postScript does, after it
-    ends (``call_mappings.renames``): a Camunda 7 model that passes ``claimId`` in as ``ref`` and gets
-    ``ok`` back as ``claimOk`` runs as it does there. A spiffworkflow:preScript runs before the
-    ``in`` mappings, a postScript after the ``out`` ones."""
-
-    def create_task(self) -> Any:
-        task = super().create_task()
-        mappings = call_mappings.renames(self.node)
-        ins = [(s, t) for d, s, t, _ in mappings if d == "in"]
-        outs = [(s, t) for d, s, t, _ in mappings if d == "out"]
-        if ins:
-            task.prescript = "\n".join(filter(None, [task.prescript, call_mappings.script(ins)]))
-        if outs:
-            task.postscript = "\n".join(filter(None, [call_mappings.script(outs), task.postscript]))
-        return task
-
-
 _PARSER_TWINS: dict[type, type] = {}
 
 
@@ -1633,8 +1644,6 @@ def _parser_twin(cls: type) -> type:
         cls = _LayerflowServiceTaskParser
     elif cls is BusinessRuleTaskParser:
         cls = _LayerflowBusinessRuleTaskParser
-    elif cls is CallActivityParser:
-        cls = _LayerflowCallActivityParser
     if cls not in _PARSER_TWINS:
         _PARSER_TWINS[cls] = type(f"Layerflow{cls.__name__}", (_ExtensionsParserMixin, cls), {"__module__": __name__})
     return _PARSER_TWINS[cls]

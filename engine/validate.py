@@ -203,6 +203,10 @@ not make ``report.ok`` false:
                                       flowable:) whose sourceExpression computes something (a JUEL
                                       expression): nothing evaluates it, the target is never set
                                       (a mapping from one variable to another runs)
+``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
+                                      computes something (or a script, a target path): nothing evaluates it, the
+                                      target is never set; error where the files read the target, else a warning
+                                      (a variable, a path into an object or a literal runs)
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
@@ -261,7 +265,7 @@ from context_layers.errors import ConfigError, LayerflowError, ProcessError
 from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence, python_source
 from gateways.coverage import coverage_gap
 
-from . import call_mappings, dmn, links
+from . import call_mappings, dmn, io_mappings, links
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
 
@@ -2721,6 +2725,44 @@ class _Validator:
                 handled = False  # a businessKey, a mapping without a target: said generally
         return handled
 
+    def _check_io_mappings(self, el: Any, eid: str, tag: str, file: str) -> bool:
+        """An activity's input and output mappings (camunda:inputOutput, zeebe:ioMapping): one that
+        names a variable, follows a path into an object or gives a literal runs (``engine.io_mappings``);
+        one that computes something, runs a script or sets a path into an object is not run, so its
+        target is never set: an error where the files read the target, else a warning, with the
+        Python to write in a pre- or postScript. True when the element has mappings."""
+        found = io_mappings.mappings(el)
+        for mapping in (m for m in found if m.python is None):
+            self.related.add(eid)
+            target, hook = mapping.target, "preScript" if mapping.direction == "input" else "postScript"
+            read = target.isidentifier() and self._reads_name(target)
+            source = mapping.source.strip()
+            expression = (source[:2] in ("${", "#{") and source.endswith("}")) if mapping.dialect == "JUEL" \
+                else source.startswith("=")
+            if expression:
+                instead = _python_instead(source, mapping.dialect)
+            elif source == "script":
+                instead = "write what the script computes in Python"
+            else:
+                instead = "write the value as a Python expression"
+            if target.isidentifier():
+                assign = f"{target} = ..."
+            elif target and all(p.strip().isidentifier() for p in target.split(".")):
+                head, *keys = [p.strip() for p in target.split(".")]
+                assign = f"{head}{''.join(f'[{k!r}]' for k in keys)} = ..., {head} being a dict"
+            else:
+                assign = "a variable name = ..."
+            value = f"{mapping.field} {target!r}" if mapping.dialect == "JUEL" else \
+                f"{mapping.field} source={source!r} target={target!r}"
+            if mapping.dialect == "JUEL":
+                value += f" = {source!r}" if source != "script" else " (a camunda:script)"
+            self.add("io_mapping_expression", f"bpmn:{tag} {eid!r} has {value}: {mapping.why}, so nothing sets "
+                     f"{target!r}{', and the run stops where it is read' if read else ''}; set it in a "
+                     f"spiffworkflow:{hook} of {eid!r} ({assign}; {instead})", file=file,
+                     line=mapping.element.sourceline, element_id=eid, field=mapping.field,
+                     severity="error" if read else "warning")
+        return bool(found)
+
     def _reads_name(self, name: str) -> bool:
         """A condition or script of the files given reads variable ``name`` (by the word: a guess that
         errs on the side of reading)."""
@@ -2796,6 +2838,8 @@ class _Validator:
             found = {q: None for q in found if q != "zeebe:calledDecision"}
         if tag == "callActivity" and self._check_call_mappings(el, eid, file):
             found = {q: None for q in found if not q.endswith((":in", ":out"))}  # run, or said above
+        if tag in _MAPPED_TAGS and self._check_io_mappings(el, eid, tag, file):
+            found = {q: None for q in found if not q.endswith((":inputOutput", ":ioMapping"))}  # run, or said
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
         for definition in el.iterfind(_bpmn("messageEventDefinition")):
@@ -3493,6 +3537,9 @@ _NOT_WORKED = {
     "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
 }
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
+# activities with a pre- and postScript in SpiffWorkflow: their input/output mappings run there
+_MAPPED_TAGS = frozenset({"task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask",
+                          "businessRuleTask", "callActivity", "subProcess", "transaction"})
 # settings that decide what a step does (what to do instead); forms, assignees, history and the
 # like change nothing here and are not reported
 _FOREIGN_SETTINGS = {
