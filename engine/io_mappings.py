@@ -22,6 +22,7 @@ Pure: lxml only, read by ``engine.validate`` too."""
 
 from __future__ import annotations
 
+import ast
 import json
 import keyword
 import re
@@ -78,7 +79,8 @@ def mappings(node: Any) -> list[Mapping]:
                     continue
                 local = etree.QName(child.tag).localname
                 if local in ("inputParameter", "outputParameter"):
-                    found.append(_camunda7(child, f"{prefix}:{local}", "input" if local.startswith("in") else "output"))
+                    found.append(_camunda7(child, f"{prefix}:{local}", "input" if local.startswith("in") else "output",
+                                           node.get("id") or "(no id)"))
                 elif local in ("input", "output"):
                     found.append(_camunda8(child, f"{prefix}:{local}", local))
     return found
@@ -90,7 +92,7 @@ def script(found: list[Mapping]) -> str:
     return "\n".join(m.python for m in found if m.python is not None)
 
 
-def _camunda7(el: Any, field: str, direction: str) -> Mapping:
+def _camunda7(el: Any, field: str, direction: str, eid: str) -> Mapping:
     target = (el.get("name") or "").strip()
     children = [c for c in el if isinstance(c.tag, str)]
     text = el.text or ""
@@ -108,6 +110,8 @@ def _camunda7(el: Any, field: str, direction: str) -> Mapping:
         python = f"{target} = None"  # Camunda 7: an empty parameter is null
     else:
         python, why = _statement(target, text, "JUEL")
+    if python is not None and target.isidentifier() and _reads_a_name(python):
+        python = _stops_when_unset(python, field, target, eid, direction)
     return _checked(Mapping(direction, field, target, source, "JUEL", python, why, el))
 
 
@@ -167,6 +171,22 @@ def _statement(target: str, text: str, dialect: str) -> tuple[str | None, str]:
         return f"{target} = {value}", ""
     caught = missing[0] if len(missing) == 1 else f"({', '.join(missing)})"
     return f"try:\n    {target} = {value}\nexcept {caught}:\n    {target} = None", ""
+
+
+def _reads_a_name(python: str) -> bool:
+    return any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id != "None"
+               for n in ast.walk(ast.parse(python)))
+
+
+def _stops_when_unset(python: str, field: str, target: str, eid: str, direction: str) -> str:
+    """Camunda 7's mapping ``python`` that stops, as Camunda does, on a variable that is not set,
+    with an error naming the mapping, the task and what to do (not Python's bare NameError)."""
+    where = f"in a step before {eid!r}" if direction == "input" else f"in {eid!r}"
+    said = (f"{field} {target!r} of {eid!r} reads a variable that is not set, and Camunda 7 stops there too "
+            f"(layerflow runs the {direction} mappings as the task's {'preScript' if direction == 'input' else 'postScript'}):"
+            f" give it in the start data or set it {where}")
+    body = "\n".join("    " + line for line in python.splitlines())
+    return f"try:\n{body}\nexcept NameError as unset:\n    raise NameError({said!r} + f' ({{unset}})') from None"
 
 
 def _literal(inner: str, dialect: str) -> str | None:
