@@ -240,3 +240,21 @@ def _plain_value(text: str) -> str | None:
     if inner.isidentifier() and not keyword.iskeyword(inner) and inner not in _JUEL_WORDS:
         return inner
     return None
+
+
+def template_python(text: str) -> str | None:
+    """Camunda 7's text around expressions (``Invoice ${invoice.id} of ${customer}``) as a Python
+    f-string, when each expression names a variable or a path; None otherwise."""
+    parts = re.split(r"[$#]\{([^{}]*)\}", text)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2 == 0:
+            out.append(part.replace("{", "{{").replace("}", "}}").replace('"', '\\"'))
+            continue
+        inner = part.strip()
+        if not _PATH.match(inner) or any(keyword.iskeyword(p.strip()) or p.strip() in _JUEL_WORDS
+                                         for p in inner.split(".")):
+            return None
+        head, *keys = [p.strip() for p in inner.split(".")]
+        out.append("{" + head + "".join(f"[{k!r}]" for k in keys) + "}")
+    return 'f"' + "".join(out) + '"'

@@ -1560,7 +1560,12 @@ class _ExtensionsParserMixin:
         mappings and output mappings after it, as its postScript does, each in Camunda's order (a
         call activity's inputs before its ``in`` mappings, its ``out`` mappings before its outputs).
         A spiffworkflow:preScript runs before all of them, a postScript after: the mappings are
-        closest to the work."""
+        closest to the work (a script task's too)."""
+        if _local(self.node.tag) == "scriptTask" and task.prescript is None and task.postscript is None:
+            # SpiffWorkflow's ScriptTaskParser reads the script only: it dropped a script task's
+            # spiffworkflow:preScript and postScript without a word
+            extensions = self.parse_extensions()
+            task.prescript, task.postscript = extensions.get("preScript"), extensions.get("postScript")
         found = io_mappings.mappings(self.node)
         renames = call_mappings.renames(self.node) if _local(self.node.tag) == "callActivity" else []
         before = "\n".join(filter(None, [io_mappings.script([m for m in found if m.direction == "input"]),

@@ -2743,6 +2743,8 @@ class _Validator:
                 instead = _python_instead(source, mapping.dialect)
             elif source == "script":
                 instead = "write what the script computes in Python"
+            elif mapping.dialect == "JUEL" and io_mappings.template_python(mapping.source) is not None:
+                instead = f"write {io_mappings.template_python(mapping.source)}"
             else:
                 instead = "write the value as a Python expression"
             if target.isidentifier():

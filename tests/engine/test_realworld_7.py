@@ -128,3 +128,124 @@ def test_input_and_output_mappings_run_on_every_kind_of_activity(tmp_path: Path,
     assert (found["net"], found["booked"]) == (120, 120)
     if "scriptTask" in closing or "subProcess" in closing or "transaction" in closing or "callActivity" in closing:
         assert found["seen"] == 120
+
+
+C7 = REALWORLD / "io_mapping_camunda7.bpmn"
+C8 = REALWORLD / "io_mapping_zeebe.bpmn"
+
+
+@pytest.mark.parametrize("path, old, new, severity, element, field, says", [
+    # computed, its target read by the gateway: the run would stop there
+    (C7, "${tax}</camunda:outputParameter>", "${net * rate}</camunda:outputParameter>", "error", "compute",
+     "camunda:outputParameter", ["camunda:outputParameter 'taxDue' = '${net * rate}': an expression that computes",
+                                 "and the run stops where it is read; set it in a spiffworkflow:postScript of "
+                                 "'compute' (taxDue = ...; write 'net * rate')"]),
+    # text around an expression, its target read by the script
+    (C7, ">EUR<", ">Total ${invoice.net}<", "error", "compute", "camunda:inputParameter",
+     ["camunda:inputParameter 'currency' = 'Total ${invoice.net}': text around an expression",
+      "spiffworkflow:preScript of 'compute' (currency = ...; write f\"Total {invoice['net']}\")"]),
+    # a script, its target read by nothing: a warning
+    (C7, '<camunda:inputParameter name="note" />',
+     '<camunda:inputParameter name="note"><camunda:script scriptFormat="groovy">"n"</camunda:script>'
+     '</camunda:inputParameter>', "warning", "compute", "camunda:inputParameter",
+     ["camunda:inputParameter 'note' (a camunda:script): a script, which layerflow does not run, so nothing sets "
+      "'note'; set it", "write what the script computes in Python"]),
+    (C8, 'source="=parcels"', 'source="=count(items)"', "error", "pack", "zeebe:output",
+     ["zeebe:output source='=count(items)' target='parcelCount': an expression that computes a value",
+      "spiffworkflow:postScript of 'pack' (parcelCount = ...; write 'len(items)')"]),
+    (C8, 'source="=fee" target="shippingFee"', 'source="fee" target="shippingFee"', "error", "quote", "zeebe:output",
+     ["a static text, which Camunda 8 does not take as an output's source"]),
+    (C8, 'source="=fee" target="shippingFee"', 'source="=fee" target="quote.fee"', "warning", "quote",
+     "zeebe:output", ["its target 'quote.fee' is a path into an object",
+                      "(quote['fee'] = ..., quote being a dict; write 'fee')"]),
+    (C8, 'source="=order.coupon"', 'source="=upper case(order.coupon)"', "warning", "quote", "zeebe:input",
+     ["so nothing sets 'coupon'; set it in a spiffworkflow:preScript of 'quote' (coupon = ...; rewrite it as a "
+      "Python expression"]),
+], ids=["computed-read", "text-around", "script", "feel-count", "static-output", "target-path", "feel-unread"])
+def test_a_mapping_that_computes_is_refused_where_its_target_is_read(
+        tmp_path: Path, path: Path, old: str, new: str, severity: str, element: str, field: str, says: list[str]) -> None:
+    """A mapping that computes something is another engine's expression: nothing evaluates it, so its
+    target is never set. Refused (an error) where a condition or script of the files reads the
+    target, a warning otherwise, at the mapping's line, with the Python to write and where."""
+    changed = rewritten(tmp_path, path, [(old, new)])
+    [problem] = found_for(changed, "io_mapping_expression", process_id="shipping" if path == C8 else None)
+    line = next(i for i, text in enumerate(changed.read_text().splitlines(), 1) if new in text)
+    assert (problem.severity, problem.element_id, problem.field, problem.line, problem.file) == (
+        severity, element, field, line, str(changed))
+    for part in says:
+        assert part in problem.message
+    assert found_for(changed, "foreign_extension", process_id="shipping" if path == C8 else None) == []
+
+
+def test_the_python_validate_says_to_write_runs(tmp_path: Path) -> None:
+    """The computed output moved into a postScript as validate says runs as Camunda would."""
+    changed = rewritten(tmp_path, C7, [
+        ('<camunda:outputParameter name="taxDue">${tax}</camunda:outputParameter>', ""),
+        ('<camunda:inputOutput>\n          <camunda:inputParameter name="net">',
+         '<spiffworkflow:postScript>taxDue = net * rate</spiffworkflow:postScript>'
+         '<camunda:inputOutput>\n          <camunda:inputParameter name="net">'),
+        ('xmlns:camunda=', 'xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" xmlns:camunda=')])
+    assert found_for(changed, "io_mapping_expression", "foreign_extension") == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([changed]), {"invoice": {"net": 400}, "requester": "ann"}),
+                          answers={"user_tasks": {"approve": {"approved": True}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main)["taxDue"] == 80.0
+
+
+_SPIFF_NS = 'xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" xmlns:camunda='
+
+
+@pytest.mark.parametrize("opening, closing, person", [
+    (_STEP, _SCRIPT, False),
+    ('<bpmn:userTask id="step">', "    </bpmn:userTask>", True),
+], ids=["scriptTask", "userTask"])
+def test_a_pre_and_post_script_run_outside_the_mappings(tmp_path: Path, opening: str, closing: str,
+                                                        person: bool) -> None:
+    """A spiffworkflow:preScript runs before the input mappings, a postScript after the output ones
+    (the mappings are closest to the work). On a script task SpiffWorkflow's parser dropped both
+    without a word (it reads the script only): they run there too now."""
+    path = rewritten(tmp_path, REALWORLD / "io_mapping_task_kinds.bpmn", [
+        (_STEP, opening), (_SCRIPT, closing), ('xmlns:camunda=', _SPIFF_NS),
+        ("<camunda:inputOutput>", "<spiffworkflow:preScript>net = -1\npre = amount</spiffworkflow:preScript>"
+                                  "<spiffworkflow:postScript>booked = booked + 1</spiffworkflow:postScript>"
+                                  "<camunda:inputOutput>")])
+    engine = Engine(store="memory://")
+    answers = {"user_tasks": {"step": {"checked": True}}} if person else None
+    instance = engine.run(engine.start(load_process([path], process_id="booking"), {"amount": 120}), answers=answers)
+    assert instance.status == "completed", instance.error
+    found = variables(instance.main)
+    assert (found["pre"], found["net"], found["booked"]) == (120, 120, 121)
+
+
+@pytest.mark.parametrize("sequential", ["true", "false"])
+def test_each_instance_of_a_multi_instance_activity_maps_its_own_variables(tmp_path: Path, sequential: str) -> None:
+    """Camunda maps the inputs and outputs of a multi-instance activity for each instance: each
+    reads its own line (``${line.price}``). SpiffWorkflow would move the activity's scripts to the
+    loop, run once before any instance has a line: the mappings stay with the instances."""
+    path = rewritten(tmp_path, REALWORLD / "io_mapping_multi_instance.bpmn",
+                     [('isSequential="true"', f'isSequential="{sequential}"')])
+    assert found_for(path, "foreign_extension", "io_mapping_expression") == []
+    engine = Engine(store="memory://")
+    lines = [{"price": 2, "qty": 3}, {"price": 5, "qty": 1}, {"price": 1.5, "qty": 2}]
+    instance = engine.run(engine.start(load_process([path]), {"lines": lines}))
+    assert instance.status == "completed", instance.error
+    found = variables(instance.main)
+    assert (found["totals"], found["grand"]) == ([6, 5, 3.0], 14.0)
+    # one context for the activity (no task-local scope): the last instance's values stay
+    assert (found["unitPrice"], found["lineTotal"]) == (1.5, 3.0)
+
+
+def test_mappings_run_in_an_instance_resumed_from_its_store(tmp_path: Path) -> None:
+    """The mappings travel with the saved process: an instance that waits at the user task, loaded
+    by another engine from the store, maps the task's outputs as the person answers."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    first = Engine(store=store)
+    instance = first.run(first.start(load_process([C7]), {"invoice": {"net": 400}, "requester": "ann"}))
+    assert instance.status == "waiting"
+    assert variables(instance.main)["reviewer"] == "ann"  # the input mapped as the task became ready
+    later = Engine(store=store)
+    done = later.complete_user_task(instance.id, instance.waiting_for[0]["id"], {"approved": False})
+    assert done.status == "completed", done.error
+    found = variables(done.main)
+    assert (found["approvedBy"], found["approvalOk"], found["taxDue"]) == ("ann", False, 80.0)
