@@ -249,3 +249,20 @@ def test_mappings_run_in_an_instance_resumed_from_its_store(tmp_path: Path) -> N
     assert done.status == "completed", done.error
     found = variables(done.main)
     assert (found["approvedBy"], found["approvalOk"], found["taxDue"]) == ("ann", False, 80.0)
+
+
+def test_a_service_tasks_handler_reads_its_input_mapping_and_its_result_is_mapped_out() -> None:
+    """A Camunda 8 service task: its job worker (here the handler its config names) reads the input
+    ``to`` mapped from ``=customer.email``; what it returns is mapped out by the output."""
+    seen: list[Any] = []
+
+    def send_mail(actx: Any) -> dict[str, Any]:
+        seen.append(actx.get("to"))
+        return {"messageId": "m-1"}
+
+    path = REALWORLD / "zeebe_worker.bpmn"
+    engine = Engine(store="memory://", handlers={"send_mail_handler": send_mail})
+    instance = engine.run(engine.start(load_process([path]), {"customer": {"email": "ann@example.org"}}))
+    assert instance.status == "completed", instance.error
+    assert seen == ["ann@example.org"]
+    assert (variables(instance.main)["to"], variables(instance.main)["mailId"]) == ("ann@example.org", "m-1")
