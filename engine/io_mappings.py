@@ -3,7 +3,8 @@
 ``camunda:outputParameter``) and as Camunda 8 does (``<zeebe:ioMapping>`` with ``<zeebe:input
 source="=order.total" target="amount"/>`` and ``zeebe:output``).
 
-A mapping whose value only names a variable (``${total}``, ``=total``), follows a path into an
+A mapping whose value only names a variable (``${total}``, ``=total``, Camunda 7's
+``${execution.getVariable('total')}``), follows a path into an
 object (``${order.total}``, ``=order.total``: ``order['total']`` here, context values being JSON) or
 is a literal (a number, a quoted string, true, false, null; Camunda 7's text without an expression
 is a string, Camunda 8's input source without ``=`` too) is run as Python: the inputs as the task's
@@ -37,6 +38,7 @@ NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://operaton.
 _EXTENSIONS = "{http://www.omg.org/spec/BPMN/20100524/MODEL}extensionElements"
 _NUMBER = re.compile(r"^-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$")
 _PATH = re.compile(r"^[A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*$")
+_GET_VARIABLE = re.compile(r"^execution\s*\.\s*getVariable\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)$")
 _JUEL_WORDS = {"true", "false", "null", "empty", "not", "and", "or", "div", "mod", "eq", "ne", "lt", "gt", "le", "ge",
                "instanceof"}
 _FEEL_WORDS = {"true", "false", "null", "not", "and", "or", "if", "then", "else", "for", "in", "return", "some", "every",
@@ -154,6 +156,11 @@ def _statement(target: str, text: str, dialect: str) -> tuple[str | None, str]:
         if not (stripped[:2] in ("${", "#{") and stripped.endswith("}") and "}" not in stripped[2:-1]):
             return None, "text around an expression, which layerflow does not evaluate"
         inner = stripped[2:-1].strip()
+        api = _GET_VARIABLE.match(inner)
+        if api is not None:
+            # Camunda's process API reading one variable: that variable, null when it is not set
+            name = api.group(2)
+            return f"try:\n    {target} = {name}\nexcept NameError:\n    {target} = None", ""
     else:
         inner = text.strip()[1:].strip()
     literal = _literal(inner, dialect)

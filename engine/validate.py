@@ -4015,6 +4015,54 @@ def _operators_said(source: str) -> str:
     return ", ".join(said) or "a variable by its name"
 
 
+class _JavaValueMethods(ast.NodeTransformer):
+    """Java's methods of a string, list or map in a JUEL expression, as Python writes them:
+    ``s.equals("x")`` is ``s == "x"``, ``s.trim()`` ``s.strip()``, ``items.size()`` ``len(items)``,
+    ``items.contains(x)`` ``x in items``, ``s.isEmpty()`` ``not s``, ... (``changed`` says whether
+    any was met). Other methods are left: a bean's (``scoring.compute()``) is named as one."""
+
+    def __init__(self) -> None:
+        self.changed = False
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        self.generic_visit(node)
+        func, args = node.func, node.args
+        if not isinstance(func, ast.Attribute) or node.keywords or (
+                isinstance(func.value, ast.Name) and func.value.id in ("execution", "task")):
+            return node
+        value, name = func.value, func.attr
+
+        def method(of: ast.expr, python: str, *given: ast.expr) -> ast.expr:
+            return ast.Call(func=ast.Attribute(value=of, attr=python, ctx=ast.Load()), args=list(given), keywords=[])
+
+        new: ast.expr | None = None
+        if name == "equals" and len(args) == 1:
+            new = ast.Compare(left=value, ops=[ast.Eq()], comparators=[args[0]])
+        elif name == "equalsIgnoreCase" and len(args) == 1:
+            new = ast.Compare(left=method(value, "lower"), ops=[ast.Eq()], comparators=[method(args[0], "lower")])
+        elif name in ("contains", "containsKey") and len(args) == 1:
+            new = ast.Compare(left=args[0], ops=[ast.In()], comparators=[value])
+        elif name in ("startsWith", "endsWith") and len(args) == 1:
+            new = method(value, name.lower(), args[0])
+        elif not args and name in _JAVA_NO_ARGUMENT:
+            python = _JAVA_NO_ARGUMENT[name]
+            if python == "not":
+                new = ast.UnaryOp(op=ast.Not(), operand=value)
+            elif python in ("len", "str"):
+                new = ast.Call(func=ast.Name(id=python, ctx=ast.Load()), args=[value], keywords=[])
+            else:
+                new = method(value, python)
+        if new is None:
+            return node
+        self.changed = True
+        return new
+
+
+_JAVA_NO_ARGUMENT = {"trim": "strip", "size": "len", "length": "len", "isEmpty": "not", "toUpperCase": "upper",
+                     "toLowerCase": "lower", "toString": "str"}
+_JSON_METHODS = frozenset(name for kind in (str, list, dict, int, float) for name in dir(kind) if not name.startswith("_"))
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -4042,6 +4090,11 @@ def _python_instead(source: str, dialect: str) -> str:
         tree = ast.parse(inner, mode="eval")
     except SyntaxError:
         return "rewrite it as a Python expression over the process variables"
+    if dialect == "JUEL":
+        java = _JavaValueMethods()
+        tree = java.visit(tree)
+        if java.changed:
+            inner = ast.unparse(tree)  # Java's methods of a value (s.trim(), list.size()) as Python's
     if _attribute_paths(tree):
         inner = _keys_instead(tree)  # FEEL's and JUEL's paths into an object: its keys here
     calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
@@ -4055,12 +4108,13 @@ def _python_instead(source: str, dialect: str) -> str:
              "handler (handler: file.py:function in a task's config) and read it by its name"
              for name in _javascript_api(tree)]
     if dialect == "JUEL":
-        # ${orderBusinessLogic.getOrder(orderId).approved}: a Java bean of the Camunda application
-        # (a Spring or CDI bean) and its camelCase method; context values are JSON, and have none
+        # ${orderBusinessLogic.getOrder(orderId).approved}, ${scoring.compute()}: a Java bean of the
+        # Camunda application (a Spring or CDI bean) and its method, camelCase or one that no JSON
+        # value has; context values are JSON, and have no such methods
         beans = sorted({f"{n.func.value.id}.{n.func.attr}()" for n in ast.walk(tree)
                         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                         and isinstance(n.func.value, ast.Name) and n.func.value.id not in ("execution", "task")
-                        and re.fullmatch(r"[a-z]+[A-Z]\w*", n.func.attr)})
+                        and (re.fullmatch(r"[a-z]+[A-Z]\w*", n.func.attr) or n.func.attr not in _JSON_METHODS)})
         left += [f"{name} calls a Java bean of the Camunda application, which is not here: compute the value in a "
                  "handler (handler: file.py:function in the config of a task before it) and read it by its name"
                  for name in beans]

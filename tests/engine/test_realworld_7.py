@@ -266,3 +266,49 @@ def test_a_service_tasks_handler_reads_its_input_mapping_and_its_result_is_mappe
     assert instance.status == "completed", instance.error
     assert seen == ["ann@example.org"]
     assert (variables(instance.main)["to"], variables(instance.main)["mailId"]) == ("ann@example.org", "m-1")
+
+
+# -- bpmn-to-code's test processes (emaarco/bpmn-to-code) ------------------------------------------
+
+
+def test_a_mapping_through_camundas_process_api_runs_and_a_beans_method_is_named_as_one() -> None:
+    """bpmn-to-code's output-mapping process maps ``${execution.getVariable('result')}`` and
+    ``${someBean.compute()}``. The first only reads a variable through Camunda's API: it runs as that
+    variable (null when not set, as getVariable gives). Of the second, validate said to write
+    'someBean.compute()' in Python and no more, where no such object is (a bean was told apart by a
+    camelCase method only): it now says the bean is the Camunda application's, and to compute the
+    value in a handler."""
+    path = REALWORLD / "io_mapping_bean_and_api.bpmn"
+    [problem] = found_for(path, "io_mapping_expression", "foreign_extension")
+    assert (problem.severity, problem.element_id, problem.field) == ("warning", "work", "camunda:outputParameter")
+    assert "camunda:outputParameter 'score' = '${scoring.compute()}'" in problem.message
+    assert "scoring.compute() calls a Java bean of the Camunda application, which is not here" in problem.message
+    for size, end in ((3, "small"), (8, "large")):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([path]), {"size": size}))
+        assert instance.status == "completed", instance.error
+        found = variables(instance.main)
+        assert (found["allowedResult"], found["missingResult"]) == (size * 2, None)
+        assert "score" not in found
+        assert path_of(instance.workflow)[-1] == end
+
+
+@pytest.mark.parametrize("juel, python", [
+    ('${status.equals("ok")}', "write \"status == 'ok'\""),
+    ('${reviewer.equalsIgnoreCase("Ann")}', "write \"reviewer.lower() == 'Ann'.lower()\""),
+    ("${name.trim()}", "write 'name.strip()'"),
+    ("${items.size() > 2}", "write 'len(items) > 2'"),
+    ('${tags.contains("vip")}', "write \"'vip' in tags\""),
+    ("${note.isEmpty()}", "write 'not note'"),
+    ('${code.startsWith("DE")}', "write \"code.startswith('DE')\""),
+    ("${order.customer.toUpperCase()}", "write \"order['customer'].upper()\""),
+])
+def test_java_methods_of_a_value_are_written_as_python(tmp_path: Path, juel: str, python: str) -> None:
+    """A JUEL expression that calls Java's methods of a string or a list: validate called each a Java
+    bean of the Camunda application (its camelCase methods) or said to write it unchanged in Python,
+    where no such method is. It now writes the Python of it, as the advice of a mapping (here) and of
+    a condition."""
+    changed = rewritten(tmp_path, C7, [("${tax}</camunda:outputParameter>", f"{juel}</camunda:outputParameter>")])
+    [problem] = found_for(changed, "io_mapping_expression")
+    assert problem.message.endswith(f"(taxDue = ...; {python})"), problem.message
+    assert "Java bean" not in problem.message
