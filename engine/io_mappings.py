@@ -7,7 +7,8 @@ A mapping whose value only names a variable (``${total}``, ``=total``, Camunda 7
 ``${execution.getVariable('total')}``), follows a path into an
 object (``${order.total}``, ``=order.total``: ``order['total']`` here, context values being JSON) or
 is a literal (a number, a quoted string, true, false, null; Camunda 7's text without an expression
-is a string, Camunda 8's input source without ``=`` too) is run as Python: the inputs as the task's
+is a string, Camunda 8's input source without ``=`` too) is run as Python (Camunda 8's target into
+an object's keys, ``authentication.type``, too): the inputs as the task's
 preScript, before its work, the outputs as its postScript, after it
 (``engine.spiff._ExtensionsParserMixin``). A mapping that computes something else is another
 engine's expression, which nothing here evaluates: ``Mapping.python`` is None, and
@@ -121,19 +122,38 @@ def _camunda8(el: Any, field: str, direction: str) -> Mapping:
     target = (el.get("target") or "").strip()
     source = (el.get("source") or "").strip()
     python, why = None, ""
+    parts = [p.strip() for p in target.split(".")]
+    keyed = len(parts) > 1 and all(p.isidentifier() and not keyword.iskeyword(p) for p in parts)
+    # a target into an object's keys (authentication.type): Camunda 8 makes the object, or
+    # adds the key to the one there is
+    into = parts[0] + "".join(f"[{k!r}]" for k in parts[1:]) if keyed else target
     if not source:
         if direction == "input":
-            python = f"{target} = None"  # Camunda 8: an input with no source is null
+            python = f"{into} = None"  # Camunda 8: an input with no source is null
         else:
             why = "no source"
     elif not source.startswith("="):
         if direction == "input":
-            python = f"{target} = {source!r}"  # Camunda 8: a static input is its text
+            python = f"{into} = {source!r}"  # Camunda 8: a static input is its text
         else:
             why = "a static text, which Camunda 8 does not take as an output's source (it needs an = expression)"
     else:
-        python, why = _statement(target, source, "FEEL")
+        python, why = _statement(into, source, "FEEL")
+    if keyed and python is not None:
+        return Mapping(direction, field, target, source, "FEEL", _objects_for(parts) + "\n" + python, why, el)
     return _checked(Mapping(direction, field, target, source, "FEEL", python, why, el))
+
+
+def _objects_for(parts: list[str]) -> str:
+    """Python that makes each object on the path ``parts[:-1]`` a dict of its own (a copy of the one
+    there is, a new one when there is none or it is no object), as Camunda 8 does for a target
+    into an object's keys."""
+    lines = []
+    for depth in range(1, len(parts)):
+        holder = parts[0] + "".join(f"[{k!r}]" for k in parts[1:depth])
+        missing = "(NameError, TypeError, ValueError)" if depth == 1 else "(KeyError, TypeError, ValueError)"
+        lines += ["try:", f"    {holder} = dict({holder})", f"except {missing}:", f"    {holder} = {{}}"]
+    return "\n".join(lines)
 
 
 def _checked(found: Mapping) -> Mapping:

@@ -155,13 +155,12 @@ C8 = REALWORLD / "io_mapping_zeebe.bpmn"
       "spiffworkflow:postScript of 'pack' (parcelCount = ...; write 'len(items)')"]),
     (C8, 'source="=fee" target="shippingFee"', 'source="fee" target="shippingFee"', "error", "quote", "zeebe:output",
      ["a static text, which Camunda 8 does not take as an output's source"]),
-    (C8, 'source="=fee" target="shippingFee"', 'source="=fee" target="quote.fee"', "warning", "quote",
-     "zeebe:output", ["its target 'quote.fee' is a path into an object",
-                      "(quote['fee'] = ..., quote being a dict; write 'fee')"]),
+    (C8, 'source="=fee" target="shippingFee"', 'source="=fee" target="quote fee"', "warning", "quote",
+     "zeebe:output", ["its target 'quote fee' is no variable name", "(a variable name = ...; write 'fee')"]),
     (C8, 'source="=order.coupon"', 'source="=upper case(order.coupon)"', "warning", "quote", "zeebe:input",
      ["so nothing sets 'coupon'; set it in a spiffworkflow:preScript of 'quote' (coupon = ...; rewrite it as a "
       "Python expression"]),
-], ids=["computed-read", "text-around", "script", "feel-count", "static-output", "target-path", "feel-unread"])
+], ids=["computed-read", "text-around", "script", "feel-count", "static-output", "target-name", "feel-unread"])
 def test_a_mapping_that_computes_is_refused_where_its_target_is_read(
         tmp_path: Path, path: Path, old: str, new: str, severity: str, element: str, field: str, says: list[str]) -> None:
     """A mapping that computes something is another engine's expression: nothing evaluates it, so its
@@ -312,3 +311,25 @@ def test_java_methods_of_a_value_are_written_as_python(tmp_path: Path, juel: str
     [problem] = found_for(changed, "io_mapping_expression")
     assert problem.message.endswith(f"(taxDue = ...; {python})"), problem.message
     assert "Java bean" not in problem.message
+
+
+def test_a_connectors_inputs_into_an_objects_keys_and_static_values_reach_its_handler() -> None:
+    """Camunda Modeler writes an outbound connector (bpmn-driven-testing's simpleOutboundConnector)
+    with inputs into an object's keys, ``target="authentication.type"``, and static values, a number
+    among them (``source="20"``, the text "20" in Camunda 8). Validate said the keyed targets were not
+    run. They run now, as Camunda 8 sets them: the object is made (or copied) and the key set; the
+    handler that stands for the connector reads them."""
+    seen: list[dict[str, Any]] = []
+
+    def fetch(actx: Any) -> dict[str, Any]:
+        seen.append({k: actx.get(k) for k in ("authentication", "method", "url", "connectionTimeoutInSeconds")})
+        return {"response": {"status": 200, "body": {"EUR": 1}}}
+
+    path = REALWORLD / "io_mapping_connector.bpmn"
+    assert found_for(path, "io_mapping_expression") == []
+    engine = Engine(store="memory://", handlers={"call_api": fetch})
+    instance = engine.run(engine.start(load_process([path]), {"apiToken": "t-1"}))
+    assert instance.status == "completed", instance.error
+    assert seen == [{"authentication": {"type": "bearer", "token": "t-1"}, "method": "GET",
+                     "url": "https://rates.example.org", "connectionTimeoutInSeconds": "20"}]
+    assert variables(instance.main)["httpStatus"] == 200
