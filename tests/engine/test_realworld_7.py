@@ -333,3 +333,21 @@ def test_a_connectors_inputs_into_an_objects_keys_and_static_values_reach_its_ha
     assert seen == [{"authentication": {"type": "bearer", "token": "t-1"}, "method": "GET",
                      "url": "https://rates.example.org", "connectionTimeoutInSeconds": "20"}]
     assert variables(instance.main)["httpStatus"] == 200
+
+
+# -- flowzer's engine tests (flowzer-io/flowzer-bpmn-core-engine) -----------------------------------
+
+
+def test_a_business_rule_tasks_mappings_run_around_its_decision() -> None:
+    """A Camunda 8 business rule task whose input names what its decision reads and whose output
+    takes one field of the decision's result variable (flowzer's BusinessRuleTaskWithMapping): the
+    input is set before the decision runs, the output after its result is written."""
+    bpmn, dmn = REALWORLD / "io_mapping_decision.bpmn", REALWORLD / "io_mapping_discount.dmn"
+    assert [p for p in validate_process([bpmn, dmn]).problems] == []
+    for total, rate, end in ((500, 0, "plain"), (20000, 5, "discounted")):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([bpmn, dmn]), {"sales": {"total": total}}))
+        assert instance.status == "completed", instance.error
+        found = variables(instance.main)
+        assert (found["turnover"], found["discountRate"], found["result"]["rate"]) == (total, rate, rate)
+        assert path_of(instance.workflow)[-1] == end
