@@ -95,6 +95,17 @@ def script(found: list[Mapping]) -> str:
     return "\n".join(m.python for m in found if m.python is not None)
 
 
+def assignment(found: Mapping) -> str | None:
+    """The mapping's Python as one assignment, to show (``order = {'city': 'Berlin'}``): its
+    statement without the handling of a variable or key that is not set; None when it is not run."""
+    if found.python is None:
+        return None
+    head = found.target.split(".")[0].strip()
+    lines = [line.strip() for line in found.python.splitlines()]
+    return next((line for line in lines if line.startswith(head) and " = " in line and "dict(" not in line
+                 and not line.endswith("= None") and not line.endswith("= {}")), lines[0])
+
+
 def _camunda7(el: Any, field: str, direction: str, eid: str) -> Mapping:
     target = (el.get("name") or "").strip()
     children = [c for c in el if isinstance(c.tag, str)]
@@ -223,6 +234,11 @@ def _literal(inner: str, dialect: str) -> str | None:
         return inner
     if inner in ("true", "false", "null"):
         return {"true": "True", "false": "False", "null": "None"}[inner]
+    if dialect == "FEEL" and inner[:1] in ("{", "["):
+        try:  # a FEEL context or list written as JSON
+            return repr(json.loads(inner))
+        except ValueError:
+            return None
     quotes = ('"', "'") if dialect == "JUEL" else ('"',)
     if len(inner) >= 2 and inner[0] in quotes and inner[-1] == inner[0] and inner[0] not in inner[1:-1] \
             and "\\" not in inner:

@@ -203,6 +203,9 @@ not make ``report.ok`` false:
                                       flowable:) whose sourceExpression computes something (a JUEL
                                       expression): nothing evaluates it, the target is never set
                                       (a mapping from one variable to another runs)
+``io_mapping_on_event``               an event's camunda:inputOutput / zeebe:ioMapping mapping: an event runs no
+                                      script, the target is never set; error where the files read it (a condition,
+                                      a script, another mapping), else a warning
 ``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
                                       computes something (or a script, a target path): nothing evaluates it, the
                                       target is never set; error where the files read the target, else a warning
@@ -2710,7 +2713,7 @@ class _Validator:
                 if (child.get("variables") or "").strip() == "all" or (source and source == target):
                     continue  # every variable crosses under its own name
                 if expression and target:
-                    read = self._reads_name(target)
+                    read = self._reads_name(target, child)
                     self.related.add(eid)
                     dialect = "JUEL" if expression[:2] in ("${", "#{") and expression.endswith("}") else None
                     instead = _python_instead(expression, dialect) if dialect else "rewrite it as a Python expression"
@@ -2735,7 +2738,7 @@ class _Validator:
         for mapping in (m for m in found if m.python is None):
             self.related.add(eid)
             target, hook = mapping.target, "preScript" if mapping.direction == "input" else "postScript"
-            read = target.isidentifier() and self._reads_name(target)
+            read = target.isidentifier() and self._reads_name(target, mapping.element)
             source = mapping.source.strip()
             expression = (source[:2] in ("${", "#{") and source.endswith("}")) if mapping.dialect == "JUEL" \
                 else source.startswith("=")
@@ -2765,14 +2768,46 @@ class _Validator:
                      severity="error" if read else "warning")
         return bool(found)
 
-    def _reads_name(self, name: str) -> bool:
-        """A condition or script of the files given reads variable ``name`` (by the word: a guess that
-        errs on the side of reading)."""
+    def _check_event_mappings(self, el: Any, eid: str, tag: str, file: str) -> bool:
+        """Input and output mappings of an event (a start event's outputs, a message catch event's
+        renaming of what the message brought): an event runs no script here, so they never run and
+        their targets are never set. An error where the files read the target (a condition, a script,
+        another mapping), else a warning, with the script task to draw and its Python. True when the
+        element has mappings."""
+        found = io_mappings.mappings(el) if tag.endswith("Event") else []
+        for mapping in found:
+            self.related.add(eid)
+            target = mapping.target
+            read = target.isidentifier() and self._reads_name(target, mapping.element)
+            where = "after" if mapping.direction == "output" else "before"
+            shown = io_mappings.assignment(mapping)
+            if shown is not None:
+                python = f"that sets it: {shown}"
+            else:
+                source = mapping.source.strip()
+                python = f"that sets it ({_python_instead(source, mapping.dialect)})" if source.startswith(
+                    ("=", "${", "#{")) else "that sets it"
+            value = f"{mapping.field} target={target!r}" if mapping.dialect == "FEEL" else f"{mapping.field} {target!r}"
+            self.add("io_mapping_on_event", f"bpmn:{tag} {eid!r} has {value}: an event runs no script here "
+                     f"(SpiffWorkflow's nor layerflow's), so its {mapping.direction} mappings never run and nothing "
+                     f"sets {target!r}{', and the run stops or reads null where it is read' if read else ''}; "
+                     f"draw a bpmn:scriptTask {where} {eid!r} {python}", file=file, line=mapping.element.sourceline,
+                     element_id=eid, field=mapping.field, severity="error" if read else "warning")
+        return bool(found)
+
+    def _reads_name(self, name: str, besides: Any = None) -> bool:
+        """A condition, script or variable mapping (other than ``besides``) of the files given reads
+        variable ``name`` (by the word: a guess that errs on the side of reading)."""
         word = re.compile(rf"(?<![\w.'\"]){re.escape(name)}(?![\w'\"])")
         tags = {"conditionExpression", "condition", "script", "completionCondition", "loopCardinality"}
+        mapped = {"inputParameter", "outputParameter", "input", "output", "in", "out"}  # another mapping's source
         return any(word.search(el.text or "") for doc in self.docs if doc.root is not None
                    for el in doc.root.iter() if isinstance(el.tag, str)
-                   and etree.QName(el).localname in tags | {"preScript", "postScript"})
+                   and etree.QName(el).localname in tags | {"preScript", "postScript"}) or any(
+            word.search(el.get("source") or el.get("sourceExpression") or el.text or "")
+            for doc in self.docs if doc.root is not None for el in doc.root.iter()
+            if isinstance(el.tag, str) and el is not besides and etree.QName(el).localname in mapped
+            and (etree.QName(el).namespace or "") in {**io_mappings.NAMESPACES, **call_mappings.NAMESPACES})
 
     def _check_timer_settings(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Activiti's and Flowable's settings of a timer (``activiti:endDate`` on a timeCycle: the
@@ -2840,7 +2875,8 @@ class _Validator:
             found = {q: None for q in found if q != "zeebe:calledDecision"}
         if tag == "callActivity" and self._check_call_mappings(el, eid, file):
             found = {q: None for q in found if not q.endswith((":in", ":out"))}  # run, or said above
-        if tag in _MAPPED_TAGS and self._check_io_mappings(el, eid, tag, file):
+        if (self._check_io_mappings(el, eid, tag, file) if tag in _MAPPED_TAGS
+                else self._check_event_mappings(el, eid, tag, file)):
             found = {q: None for q in found if not q.endswith((":inputOutput", ":ioMapping"))}  # run, or said
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves

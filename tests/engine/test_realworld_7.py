@@ -351,3 +351,23 @@ def test_a_business_rule_tasks_mappings_run_around_its_decision() -> None:
         found = variables(instance.main)
         assert (found["turnover"], found["discountRate"], found["result"]["rate"]) == (total, rate, rate)
         assert path_of(instance.workflow)[-1] == end
+
+
+def test_a_mapping_on_an_event_is_refused_where_its_target_is_read() -> None:
+    """flowzer's VariablesTest sets the order in its start event's output mapping, and a service
+    task's input reads ``=Order.Address.Firstname``. An event runs no script here, so the mapping
+    never ran and the input read null: the run completed with the name None, and validate only
+    warned of the start event's settings in general. The mapping is now refused where its target is
+    read (by a condition, a script or another mapping), with the Python to write in a script task
+    after the event; a warning where nothing reads it."""
+    path = REALWORLD / "io_mapping_on_events.bpmn"
+    found = {p.element_id: p for p in found_for(path, "io_mapping_on_event", "foreign_extension")}
+    assert set(found) == {"start", "paid"}
+    start, paid = found["start"], found["paid"]
+    assert (start.code, start.severity, start.field, start.line) == ("io_mapping_on_event", "error", "zeebe:output", 11)
+    assert "bpmn:startEvent 'start' has zeebe:output target='order': an event runs no script" in start.message
+    assert "nothing sets 'order', and the run stops or reads null where it is read" in start.message
+    assert ("draw a bpmn:scriptTask after 'start' that sets it: order = "
+            "{'address': {'city': 'Berlin'}, 'tags': [1, 2], 'express': True}") in start.message
+    assert (paid.severity, paid.field) == ("warning", "zeebe:output")
+    assert "draw a bpmn:scriptTask after 'paid' that sets it: paidAmount = amount" in paid.message
