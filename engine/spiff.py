@@ -197,6 +197,7 @@ _BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
+EVENT_OUTPUTS_KEY = "lf_event_outputs"  # an event's spec extensions: its output mappings' Python (``io_mappings``)
 PREPARED_KEY = "lf_prepared"  # on a task that waits for a person: its preScript ran (the keys it wrote)
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
@@ -419,11 +420,12 @@ class _LayerflowSpecMixin:
 
     def _run_hook(self, my_task: Any) -> Any:
         result = self._run_own(my_task)
-        postscript = getattr(self, "postscript", None)
+        postscript = getattr(self, "postscript", None) or (getattr(self, "extensions", None) or {}).get(EVENT_OUTPUTS_KEY)
         if result and postscript and self.lf_role == "flow":
             driver = driver_of(my_task)
             # a sub-process, call activity, loop, send or receive task: its postScript runs as it
-            # completes (after the outputs came back), here rather than in SpiffWorkflow's
+            # completes (after the outputs came back; an event's output mappings as it fires, after
+            # what a message brought went into the context), here rather than in SpiffWorkflow's
             # _on_complete_hook, so a BPMN error it throws leaves the task STARTED for the catching
             # event to cancel, as an activity that throws (Runtime.exec_script)
             if driver is not None and driver.exec_script(my_task, postscript):
@@ -1477,6 +1479,13 @@ class _ExtensionsParserMixin:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]
         texts = element_config_texts(self.node if node is None else node)
         ext.update(texts)
+        if node is None and _local(self.node.tag).endswith("Event"):
+            # an event's output mappings (a start event's, a message catch event's: Camunda 8 maps
+            # what the message brought): run as the event completes (``_run_hook``); extensions
+            # travel with the saved spec, as an event's spec has no postScript
+            outputs = io_mappings.script([m for m in io_mappings.mappings(self.node) if m.direction == "output"])
+            if outputs:
+                ext[EVENT_OUTPUTS_KEY] = outputs
         if node is None and _local(self.node.tag) in ("userTask", "startEvent"):
             from .forms import parse_form
 

@@ -203,9 +203,9 @@ not make ``report.ok`` false:
                                       flowable:) whose sourceExpression computes something (a JUEL
                                       expression): nothing evaluates it, the target is never set
                                       (a mapping from one variable to another runs)
-``io_mapping_on_event``               an event's camunda:inputOutput / zeebe:ioMapping mapping: an event runs no
-                                      script, the target is never set; error where the files read it (a condition,
-                                      a script, another mapping), else a warning
+``io_mapping_on_event``               an event's input mapping (a throw event's), or an output mapping that computes
+                                      something: never run, the target is never set; error where the files read it
+                                      (a condition, a script, another mapping), else a warning
 ``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
                                       computes something (or a script, a target path): nothing evaluates it, the
                                       target is never set; error where the files read the target, else a warning
@@ -2769,13 +2769,14 @@ class _Validator:
         return bool(found)
 
     def _check_event_mappings(self, el: Any, eid: str, tag: str, file: str) -> bool:
-        """Input and output mappings of an event (a start event's outputs, a message catch event's
-        renaming of what the message brought): an event runs no script here, so they never run and
-        their targets are never set. An error where the files read the target (a condition, a script,
-        another mapping), else a warning, with the script task to draw and its Python. True when the
-        element has mappings."""
+        """Input and output mappings of an event. Its outputs that name a variable, follow a path or
+        give a literal run as it fires (a start event's, a message catch event's renaming of what the
+        message brought: ``engine.spiff``); its inputs (a throw event's) and the outputs that compute
+        something never run, and their targets are never set. An error where the files read the
+        target (a condition, a script, another mapping), else a warning, with the script task to draw
+        and its Python. True when the element has mappings."""
         found = io_mappings.mappings(el) if tag.endswith("Event") else []
-        for mapping in found:
+        for mapping in (m for m in found if m.direction == "input" or m.python is None):
             self.related.add(eid)
             target = mapping.target
             read = target.isidentifier() and self._reads_name(target, mapping.element)
@@ -2788,8 +2789,9 @@ class _Validator:
                 python = f"that sets it ({_python_instead(source, mapping.dialect)})" if source.startswith(
                     ("=", "${", "#{")) else "that sets it"
             value = f"{mapping.field} target={target!r}" if mapping.dialect == "FEEL" else f"{mapping.field} {target!r}"
-            self.add("io_mapping_on_event", f"bpmn:{tag} {eid!r} has {value}: an event runs no script here "
-                     f"(SpiffWorkflow's nor layerflow's), so its {mapping.direction} mappings never run and nothing "
+            why = ("an event runs no script before it fires, so its input mappings never run" if mapping.direction
+                   == "input" else f"{mapping.why}, so it never runs")
+            self.add("io_mapping_on_event", f"bpmn:{tag} {eid!r} has {value}: {why}, and nothing "
                      f"sets {target!r}{', and the run stops or reads null where it is read' if read else ''}; "
                      f"draw a bpmn:scriptTask {where} {eid!r} {python}", file=file, line=mapping.element.sourceline,
                      element_id=eid, field=mapping.field, severity="error" if read else "warning")

@@ -353,21 +353,48 @@ def test_a_business_rule_tasks_mappings_run_around_its_decision() -> None:
         assert path_of(instance.workflow)[-1] == end
 
 
-def test_a_mapping_on_an_event_is_refused_where_its_target_is_read() -> None:
+def test_an_events_output_mappings_run_as_it_fires(tmp_path: Path) -> None:
     """flowzer's VariablesTest sets the order in its start event's output mapping, and a service
-    task's input reads ``=Order.Address.Firstname``. An event runs no script here, so the mapping
-    never ran and the input read null: the run completed with the name None, and validate only
-    warned of the start event's settings in general. The mapping is now refused where its target is
-    read (by a condition, a script or another mapping), with the Python to write in a script task
-    after the event; a warning where nothing reads it."""
+    task's input reads ``=Order.Address.Firstname``. An event has no postScript: the mapping never ran,
+    the input read null, and the run completed with the name None (validate only warned of the start
+    event's settings in general). An event's output mappings now run as it fires: the start event's
+    at the start, a message catch event's after the message's payload went into the context, also in
+    an instance resumed from its store by another engine."""
     path = REALWORLD / "io_mapping_on_events.bpmn"
-    found = {p.element_id: p for p in found_for(path, "io_mapping_on_event", "foreign_extension")}
-    assert set(found) == {"start", "paid"}
-    start, paid = found["start"], found["paid"]
-    assert (start.code, start.severity, start.field, start.line) == ("io_mapping_on_event", "error", "zeebe:output", 11)
-    assert "bpmn:startEvent 'start' has zeebe:output target='order': an event runs no script" in start.message
-    assert "nothing sets 'order', and the run stops or reads null where it is read" in start.message
-    assert ("draw a bpmn:scriptTask after 'start' that sets it: order = "
-            "{'address': {'city': 'Berlin'}, 'tags': [1, 2], 'express': True}") in start.message
-    assert (paid.severity, paid.field) == ("warning", "zeebe:output")
-    assert "draw a bpmn:scriptTask after 'paid' that sets it: paidAmount = amount" in paid.message
+    assert [(p.element_id, p.field) for p in found_for(path, "io_mapping_on_event", "foreign_extension")] == [
+        ("end", "zeebe:input")]
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    first = Engine(store=store)
+    instance = first.run(first.start(load_process([path]), {}))
+    assert instance.status == "waiting", instance.error
+    found = variables(instance.main)
+    assert found["order"] == {"address": {"city": "Berlin"}, "tags": [1, 2], "express": True}
+    assert (found["city"], found["parcel_label"]) == ("Berlin", "BERLIN")
+    later = Engine(store=store)
+    done = later.send_event(instance.id, "paid", {"amount": 12.5})
+    assert done.status == "completed", done.error
+    assert (variables(done.main)["amount"], variables(done.main)["paidAmount"]) == (12.5, 12.5)
+
+
+def test_a_mapping_on_an_event_that_never_runs_is_refused_where_its_target_is_read(tmp_path: Path) -> None:
+    """An event's input mapping (a throw event's, for the job that sends its message) never runs,
+    nor does an output that computes something: refused where the files read the target (by a
+    condition, a script or another mapping, whose input would read null), a warning otherwise, with
+    the script task to draw and its Python."""
+    path = REALWORLD / "io_mapping_on_events.bpmn"
+    [end] = found_for(path, "io_mapping_on_event")
+    assert (end.severity, end.element_id, end.field, end.line) == ("warning", "end", "zeebe:input", 43)
+    assert end.message.endswith("an event runs no script before it fires, so its input mappings never run, and "
+                                "nothing sets 'receiptAmount'; draw a bpmn:scriptTask before 'end' that sets it: "
+                                "receiptAmount = paidAmount")
+    computed = rewritten(tmp_path, path, [('target="order"', 'target="orderRef"'),
+                                          ('source="=amount"', 'source="=amount * 100"'),
+                                          ('source="=paidAmount" target="receiptAmount"',
+                                           'source="=paidAmount" target="order"')])
+    found = {p.element_id: p for p in found_for(computed, "io_mapping_on_event")}
+    # paidAmount is read by the end event's input, order by the script task's
+    assert {k: v.severity for k, v in found.items()} == {"paid": "error", "end": "error"}
+    assert "zeebe:output target='paidAmount': an expression that computes a value, which layerflow does not " \
+           "evaluate, so it never runs" in found["paid"].message
+    assert "draw a bpmn:scriptTask after 'paid' that sets it (write 'amount * 100')" in found["paid"].message
+    assert "nothing sets 'order', and the run stops or reads null where it is read" in found["end"].message
