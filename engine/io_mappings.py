@@ -95,6 +95,15 @@ def script(found: list[Mapping]) -> str:
     return "\n".join(m.python for m in found if m.python is not None)
 
 
+def identity(found: Mapping) -> bool:
+    """Whether the mapping passes a variable under its own name (``=total`` to total): a local copy
+    in Camunda, the variable itself here, which it leaves as it is."""
+    source = found.source.strip()
+    inner = source[1:] if found.dialect == "FEEL" and source.startswith("=") else \
+        source[2:-1] if found.dialect == "JUEL" and source[:2] in ("${", "#{") and source.endswith("}") else None
+    return inner is not None and inner.strip() == found.target
+
+
 def assignment(found: Mapping) -> str | None:
     """The mapping's Python as one assignment, to show (``order = {'city': 'Berlin'}``): its
     statement without the handling of a variable or key that is not set; None when it is not run."""

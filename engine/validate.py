@@ -2776,7 +2776,7 @@ class _Validator:
         target (a condition, a script, another mapping), else a warning, with the script task to draw
         and its Python. True when the element has mappings."""
         found = io_mappings.mappings(el) if tag.endswith("Event") else []
-        for mapping in (m for m in found if m.direction == "input" or m.python is None):
+        for mapping in (m for m in found if (m.direction == "input" or m.python is None) and not io_mappings.identity(m)):
             self.related.add(eid)
             target = mapping.target
             read = target.isidentifier() and self._reads_name(target, mapping.element)

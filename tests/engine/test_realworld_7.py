@@ -398,3 +398,15 @@ def test_a_mapping_on_an_event_that_never_runs_is_refused_where_its_target_is_re
            "evaluate, so it never runs" in found["paid"].message
     assert "draw a bpmn:scriptTask after 'paid' that sets it (write 'amount * 100')" in found["paid"].message
     assert "nothing sets 'order', and the run stops or reads null where it is read" in found["end"].message
+
+
+def test_a_mapping_of_a_variable_to_itself_on_an_event_is_no_problem() -> None:
+    """flowzer's MessageThrow maps ``=antragsnummer`` to antragsnummer on a throw event: in Camunda a
+    local copy for the job; here the variable itself, which the mapping would not change. Validate
+    said nothing sets it: it says nothing now, and the process runs."""
+    path = REALWORLD / "io_mapping_throw_identity.bpmn"
+    assert found_for(path, "io_mapping_on_event", "foreign_extension") == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {"caseNumber": "A-1", "decision": "yes"}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"caseNumber": "A-1", "decision": "yes"}
