@@ -2959,14 +2959,22 @@ class _Validator:
         item = plain("elementVariable", "ITEM")
         write = (f"<bpmn:loopDataInputRef>{plain('collection', 'COLLECTION')}</bpmn:loopDataInputRef> and "
                  f"<bpmn:inputDataItem id=\"{item}\" name=\"{item}\"/>")
+        same = ""
         if "outputCollection" in names and names["outputCollection"][1]:
             out = plain("outputElement", "OUTPUT_ITEM")
+            if out == item:
+                # each instance's own item is collected: the two items cannot share an id (ids are
+                # unique), and SpiffWorkflow names an item by its id
+                out = f"{item}_out"
+                same = (f" (ids are unique and SpiffWorkflow names an item by its id, so the output item is not "
+                        f"{item!r}: each instance sets {out!r} ({out} = {item} at the end of its script, or in a "
+                        f"spiffworkflow:postScript with spiffworkflow:scriptsOnInstances=\"true\" on the loop)")
             write += (f", <bpmn:loopDataOutputRef>{plain('outputCollection', 'OUTPUT')}</bpmn:loopDataOutputRef> and "
                       f"<bpmn:outputDataItem id=\"{out}\" name=\"{out}\"/>")
         self.add("multi_instance_foreign_collection", f"bpmn:{tag} {eid!r} is a multi-instance activity over "
                  f"{what}={collection!r}, another engine's setting that SpiffWorkflow does not read, and it has no "
                  "bpmn:loopDataInputRef or bpmn:loopCardinality, so SpiffWorkflow cannot load it: write "
-                 f"{write} in its bpmn:multiInstanceLoopCharacteristics", file=file, line=loop.sourceline,
+                 f"{write} in its bpmn:multiInstanceLoopCharacteristics{same}", file=file, line=loop.sourceline,
                  element_id=eid, field="loopDataInputRef")
 
     def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:

@@ -410,3 +410,29 @@ def test_a_mapping_of_a_variable_to_itself_on_an_event_is_no_problem() -> None:
     instance = engine.run(engine.start(load_process([path]), {"caseNumber": "A-1", "decision": "yes"}))
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"caseNumber": "A-1", "decision": "yes"}
+
+
+def test_a_loop_whose_output_element_is_its_input_element_is_told_ids_that_load(tmp_path: Path) -> None:
+    """flowzer's ParallelFlowWithCompletingConditionTest collects each instance's own item
+    (``inputElement="Person"``, ``outputElement="=Person"``). Validate said to write an inputDataItem
+    and an outputDataItem both with id 'Person': done so, the file failed with a repeated id. It now
+    gives the output item an id of its own and says what each instance sets; done so, the loop runs
+    and collects each line as its instance left it."""
+    path = REALWORLD / "mi_same_item.bpmn"
+    [problem] = found_for(path, "multi_instance_foreign_collection")
+    assert ('<bpmn:loopDataInputRef>lines</bpmn:loopDataInputRef> and <bpmn:inputDataItem id="line" name="line"/>, '
+            '<bpmn:loopDataOutputRef>priced</bpmn:loopDataOutputRef> and '
+            '<bpmn:outputDataItem id="line_out" name="line_out"/>') in problem.message
+    assert "each instance sets 'line_out' (line_out = line at the end of its script" in problem.message
+    fixed = rewritten(tmp_path, path, [
+        ('<bpmn:extensionElements>\n          <zeebe:loopCharacteristics inputCollection="=lines" inputElement="line" '
+         'outputCollection="priced" outputElement="=line" />\n        </bpmn:extensionElements>',
+         '<bpmn:loopDataInputRef>lines</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>priced</bpmn:loopDataOutputRef>'
+         '<bpmn:inputDataItem id="line" name="line"/><bpmn:outputDataItem id="line_out" name="line_out"/>'),
+        ('"total": line["qty"] * line["price"]}', '"total": line["qty"] * line["price"]}\nline_out = line')])
+    assert [p for p in validate_process([fixed]).problems if p.severity == "error"] == []
+    engine = Engine(store="memory://")
+    lines = [{"qty": 2, "price": 3}, {"qty": 1, "price": 5}]
+    instance = engine.run(engine.start(load_process([fixed]), {"lines": lines}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main)["priced"] == [{"qty": 2, "price": 3, "total": 6}, {"qty": 1, "price": 5, "total": 5}]
