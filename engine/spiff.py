@@ -197,6 +197,7 @@ _BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
+MAPPED_KEY = "lf_mapped"  # a task spec's extensions: target -> the mapping that sets it (``io_mappings``)
 EVENT_OUTPUTS_KEY = "lf_event_outputs"  # an event's spec extensions: its output mappings' Python (``io_mappings``)
 PREPARED_KEY = "lf_prepared"  # on a task that waits for a person: its preScript ran (the keys it wrote)
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
@@ -1479,6 +1480,14 @@ class _ExtensionsParserMixin:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]
         texts = element_config_texts(self.node if node is None else node)
         ext.update(texts)
+        if node is None:
+            # who sets each mapping's target, for an error about its write (``Runtime``)
+            named = {m.target: f"{m.field} {m.target!r}" for m in io_mappings.mappings(self.node) if m.python}
+            if _local(self.node.tag) == "callActivity":
+                named.update({t: f"{etree.QName(el.tag).localname} source={s!r} target={t!r}"
+                              for _, s, t, el in call_mappings.renames(self.node)})
+            if named:
+                ext[MAPPED_KEY] = named
         if node is None and _local(self.node.tag).endswith("Event"):
             # an event's output mappings (a start event's, a message catch event's: Camunda 8 maps
             # what the message brought): run as the event completes (``_run_hook``); extensions

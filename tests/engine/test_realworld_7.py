@@ -436,3 +436,19 @@ def test_a_loop_whose_output_element_is_its_input_element_is_told_ids_that_load(
     instance = engine.run(engine.start(load_process([fixed]), {"lines": lines}))
     assert instance.status == "completed", instance.error
     assert variables(instance.main)["priced"] == [{"qty": 2, "price": 3, "total": 6}, {"qty": 1, "price": 5, "total": 5}]
+
+
+def test_a_mapping_refused_by_the_layer_rules_is_named() -> None:
+    """Camunda models map a form's local copy back to the variable it came from
+    (``<camunda:outputParameter name="str">${localStr}</...>``). When that variable came with the
+    start data (L1 PROCESS, append-only), the write is refused: the error named the key, not the
+    mapping that wrote it, which the file shows nowhere as a script."""
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([REALWORLD / "io_mapping_task_kinds.bpmn"], process_id="booking"),
+                                       {"amount": 120, "booked": 5}))
+    assert instance.status == "error"
+    assert instance.error is not None and instance.error["task_id"] == "step"
+    message = instance.error["message"]
+    assert "write of key 'booked' to L1" in message
+    assert "'booked' is set by camunda:outputParameter 'booked' of 'step'" in message
+    assert "data_layers: {booked: WORKING}" in message
