@@ -2107,6 +2107,12 @@ class _Validator:
                 # context values are JSON, never callable, and an expression sees Python's builtins only
                 what = what or "condition"
                 hints = [f"{name}(...): {_FOREIGN_FUNCTIONS[name]}" for name in calls if name in _FOREIGN_FUNCTIONS]
+                getters = _named_getters(tree)
+                if getters:
+                    # getDataObject('approved'), getVariable("amount"): another engine's read of one
+                    # variable or data object, which an expression here reads by its name
+                    hints += [f"{call} reads {name!r}, which an expression reads by its name: write "
+                              f"{_getters_instead(tree)!r}" for call, name in getters]
                 self.add("condition_unknown_function", f"{what} {source!r} calls {', '.join(map(repr, calls))}, "
                          "which is no Python builtin (another expression language's function?): the run stops there "
                          "with a NameError; expressions are Python over the context"
@@ -4059,6 +4065,30 @@ def _operators_said(source: str) -> str:
     said += ["len(x) for x.length"] if _JAVASCRIPT_LENGTH.search(source) else []
     said += ["no ';' after an expression"] if source.strip().endswith(";") else []
     return ", ".join(said) or "a variable by its name"
+
+
+def _named_getters(tree: ast.AST) -> list[tuple[str, str]]:
+    """The calls of a function that is no builtin, named get..., with one argument, a variable name
+    in quotes (``getDataObject('approved')``): (the call as written again, the name)."""
+    return sorted({(f"{n.func.id}({n.args[0].value!r})", n.args[0].value) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id.lower().startswith("get")
+                   and not hasattr(builtins, n.func.id) and len(n.args) == 1 and not n.keywords
+                   and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+                   and n.args[0].value.isidentifier()})
+
+
+def _getters_instead(tree: ast.AST) -> str:
+    """The expression with each ``_named_getters`` call replaced by the name it reads."""
+    class _ByName(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            self.generic_visit(node)
+            if (isinstance(node.func, ast.Name) and node.func.id.lower().startswith("get") and len(node.args) == 1
+                    and not hasattr(builtins, node.func.id) and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str) and node.args[0].value.isidentifier()):
+                return ast.Name(id=node.args[0].value, ctx=ast.Load())
+            return node
+
+    return ast.unparse(_ByName().visit(ast.parse(ast.unparse(tree), mode="eval")))
 
 
 class _JavaValueMethods(ast.NodeTransformer):

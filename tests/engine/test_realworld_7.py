@@ -452,3 +452,27 @@ def test_a_mapping_refused_by_the_layer_rules_is_named() -> None:
     assert "write of key 'booked' to L1" in message
     assert "'booked' is set by camunda:outputParameter 'booked' of 'step'" in message
     assert "data_layers: {booked: WORKING}" in message
+
+
+# -- olive-io/bpmn's test processes ------------------------------------------------------------------
+
+
+def test_a_condition_that_reads_a_variable_through_a_function_is_told_to_read_it_by_name(tmp_path: Path) -> None:
+    """olive-io's condexpr_dataobject routes on ``getDataObject('cond1o')``. Validate said the
+    function is no Python builtin, and no more: it now says what to write, the data object by its
+    name; done so, the process runs."""
+    path = REALWORLD / "condition_get_data_object.bpmn"
+    found = {p.element_id: p for p in found_for(path, "condition_unknown_function")}
+    assert set(found) == {"yes_flow", "no_flow"}
+    assert found["yes_flow"].message.endswith(
+        "(getDataObject('approved') reads 'approved', which an expression reads by its name: write 'approved')")
+    assert found["no_flow"].message.endswith(
+        "(getDataObject('approved') reads 'approved', which an expression reads by its name: write 'not approved')")
+    fixed = rewritten(tmp_path, path, [("getDataObject('approved')", "approved"),
+                                       ('getDataObject("approved")', "approved")])
+    assert found_for(fixed, "condition_unknown_function") == []
+    for approved, end in ((True, "accepted"), (False, "refused")):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([fixed]), {"approved": approved}))
+        assert instance.status == "completed", instance.error
+        assert path_of(instance.workflow)[-1] == end
