@@ -4,7 +4,7 @@ process as ``ref``; ``<camunda:out source="ok" target="claimOk"/>`` gives its ``
 ``claimOk``. layerflow runs a called process in its caller's context, so every variable crosses
 under its own name anyway (``variables="all"``); what a mapping adds is the other name, set by
 Python run as the call activity's preScript (``in``) and postScript (``out``)
-(``engine.spiff._ExtensionsParserMixin``). Pure: lxml only, read by ``engine.validate`` too."""
+(``engine.spiff._LayerflowCallActivityParser``). Pure: lxml only, read by ``engine.validate`` too."""
 
 from __future__ import annotations
 
@@ -43,10 +43,16 @@ def renames(node: Any) -> list[tuple[str, str, str, Any]]:
     return out
 
 
-def script(pairs: list[tuple[str, str]]) -> str:
+#: the first line of the script of a call activity's in (out) mappings: an instance of a
+#: multi-instance call activity runs it in its own scope, which the called process runs in
+IN_MARK = "# in mappings of the call activity"
+OUT_MARK = "# out mappings of the call activity"
+
+
+def script(pairs: list[tuple[str, str]], *, out: bool = False) -> str:
     """Python that sets each target from its source, and to None when the source is not set (Camunda
-    passes a variable that does not exist as null)."""
-    lines = []
+    passes a variable that does not exist as null); it begins with ``IN_MARK`` or ``OUT_MARK``."""
+    lines = [OUT_MARK if out else IN_MARK]
     for source, target in pairs:
         lines += ["try:", f"    {target} = {source}", "except NameError:", f"    {target} = None"]
     return "\n".join(lines)

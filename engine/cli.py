@@ -91,13 +91,15 @@ def json_stdout() -> Any:
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, kind: str = "bad_input",
-          details: dict[str, Any] | None = None) -> NoReturn:
+          details: dict[str, Any] | None = None, process_id: str | None = None) -> NoReturn:
     if as_json:
         error = {"kind": kind, "message": message, "task_id": None, **(details or {})}
         document = _error_document(error)
         for name in ("instance_id", "process_id"):
             if isinstance(error.get(name), str):
                 document[name] = error[name]
+        if process_id is not None:  # a start refused before any instance exists still names its process
+            document["process_id"] = process_id
         click.echo(json.dumps(document, ensure_ascii=False, default=str), file=json_stdout())
     else:
         click.echo(f"layerflow: {message}", err=True)
@@ -524,7 +526,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         except (ContextWriteDenied, LayerflowError) as err:
             where = _source_name(data_file, "data") if data_file else "initial data"
             _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"),
-                  details=start_data_details(err))
+                  details=start_data_details(err), process_id=process.id)
         if not as_json:
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:
@@ -776,6 +778,14 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
         if instance.status == "completed":
+            if sets:  # a correction of a finished context: as REST refuses an inject into it
+                _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
+                      "changed. Start a new instance with the corrected data", as_json=as_json,
+                      kind="invalid_state", details={"instance_id": instance.id})
+            for key in [*dict.fromkeys([*(a.partition("=")[0] for a in answer), *answers["confirmations"],
+                                        *answers["user_tasks"]])]:
+                out.info(f"layerflow: answer {key!r} was not used: instance {instance.id} is completed and "
+                         "waits for nothing")
             _summary(out, instance, store)
             sys.exit(EXIT_OK)
         try:

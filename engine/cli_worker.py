@@ -175,5 +175,7 @@ def submit_command(bpmn: str, config: str | None, process_id: str | None, data_f
         ids = [submit(target, bpmn, data, config=config, process_id=process_id, stream=stream, group=group,
                       client=client) for _ in range(count)]
     except LayerflowError as err:
-        _fail(str(err), as_json=as_json, kind=err.kind, details=start_data_details(err))
+        refused = getattr(err, "process_id", None)  # start data a start form refused names its process
+        _fail(str(err), as_json=as_json, kind=err.kind, details=start_data_details(err),
+              process_id=refused if isinstance(refused, str) else None)
     click.echo(json.dumps({"instance_ids": ids, "stream": stream}) if as_json else "\n".join(ids), file=json_stdout())

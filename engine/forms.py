@@ -743,10 +743,12 @@ def describe_field(field: Mapping[str, Any]) -> str:
     if field.get("format") or field.get("pattern"):
         text += " " + str(field.get("format") or field["pattern"])
     low, high = field.get("min", field.get("minlength")), field.get("max", field.get("maxlength"))
-    if low is not None or high is not None:
+    ranged = low is not None or high is not None
+    if ranged:
         text += f" {'' if low is None else low}..{'' if high is None else high}"
     if field.get("default") is not None:
-        text += "=" + json.dumps(field["default"], ensure_ascii=False)
+        # after a range the default stands apart: `1..=1` would read as the range 1 to 1
+        text += (" =" if ranged else "=") + json.dumps(field["default"], ensure_ascii=False)
     if field.get("readonly"):
         text += " read-only"
     return text

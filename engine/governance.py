@@ -182,6 +182,7 @@ class StartDataInvalid(FormAnswerInvalid):
         self.problems = list(problems)
         self.fields = [dict(f) for f in form.get("fields") or []]
         self.source = form.get("source")
+        self.process_id, self.pool = process_id, pool
         listed = "; ".join(f"field {f!r} {p}" for f, p in problems)
         asked = ", ".join(forms.describe_field(f) for f in self.fields)
         where = f" in {file}" if file else ""

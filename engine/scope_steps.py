@@ -27,7 +27,7 @@ from context_layers.errors import ActivityError, ContextWriteDenied
 from gateways.join import free_record_key, single_counts, single_summaries
 from gateways.splitter import ContextSplitter, branch_context_name
 
-from . import collaboration, events, spiff
+from . import call_mappings, collaboration, events, spiff
 from .gateway_steps import RECORD_KEY_PREFIXES
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class ScopeSteps:
     if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.gateway_steps.GatewaySteps
         def context_of(self, task: Any) -> LayeredContext: ...
         def abort_multi(self, task: Any, err: BaseException) -> None: ...
+        def exec_script(self, task: Any, script: str) -> bool: ...
         def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
                   cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None: ...
         def _in_workflow(self, name: str, workflow: Any) -> bool: ...
@@ -222,6 +223,13 @@ class ScopeSteps:
             "snapshot_id": snap.id, "injected": thaw({**inject, "_branch_id": branch_id, "_snapshot_id": snap.id}),
             "status": "scope", "join": None}
         subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
+        prescript = getattr(spec, "prescript", None)
+        if multi is not None and prescript and call_mappings.IN_MARK in prescript:
+            # an instance of a multi-instance call activity that maps variables in: its preScript runs
+            # here, in the instance's scope, so what it maps reaches that call only (Camunda's in
+            # mappings set the called instance's variables), not the caller (``spiff.execute_script``)
+            if self._in_scope(task, name, prescript):
+                raise spiff.ScriptThrew(bpmn_id)
 
     def enter_pool(self, task: Any) -> None:
         """A pool's process starts in a collaboration (``engine.collaboration``): with the others, or
@@ -350,9 +358,14 @@ class ScopeSteps:
             mspec = multi.task_spec
             out = spiff.data_name(mspec.output_item) if mspec.data_output is not None else None
             item = spiff.data_name(mspec.input_item)
+            if out is not None and out not in task.data and out in scope:
+                task.data[out] = thaw(scope.resolve(out))  # the item the instance set, as its postScript reads it
+            if self._instance_postscript(task, name):
+                return  # it threw a BPMN error: its catcher runs next, nothing is collected
             if out is not None:
-                # SpiffWorkflow collects the instance's output item from its data
-                value = scope.get(out, ABSENT)
+                # SpiffWorkflow collects the instance's output item from its data (its postScript,
+                # an out mapping, may have set or changed it there)
+                value = task.data[out] if out in task.data else scope.get(out, ABSENT)
                 if value is ABSENT and spiff.interrupted(multi):
                     # an error the instance threw ended it, caught by an interrupting boundary event
                     # on the activity: nothing is collected (``merge_child``)
@@ -388,6 +401,37 @@ class ScopeSteps:
         info["status"] = "joined"
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    def _in_scope(self, task: Any, name: str, script: str) -> bool:
+        """Run ``script`` of ``task`` (an instance of a multi-instance call activity) in its scope
+        ``name``: True when it threw a BPMN error (its writes then go with the aborted activity)."""
+        held = task.internal_data.get(spiff.CTX_KEY)
+        task.internal_data[spiff.CTX_KEY] = name
+        try:
+            threw = self.exec_script(task, script)
+        finally:
+            if held is None:
+                task.internal_data.pop(spiff.CTX_KEY, None)
+            else:
+                task.internal_data[spiff.CTX_KEY] = held
+        scope = self.instance.contexts[name]
+        bpmn_id = spiff.bpmn_id_of(task)
+        if threw and scope.current_activity == bpmn_id:
+            scope.abort_activity(bpmn_id, reason="its script threw a BPMN error", actor="engine")
+        return threw
+
+    def _instance_postscript(self, task: Any, name: str) -> bool:
+        """The postScript of an instance of a multi-instance call activity that maps variables out
+        (camunda:out, ``call_mappings``) runs as the instance ends, in the instance's scope, before its
+        output item is collected: it reads what the called process set there and may set the item, as
+        Camunda maps each call's variables out. True when it threw a BPMN error. It runs once: the
+        task's own completion (``spiff._run_hook``) skips it."""
+        postscript = getattr(task.task_spec, "postscript", None)
+        if not postscript or call_mappings.OUT_MARK not in postscript or spiff.POSTSCRIPT_RAN_KEY in task.internal_data:
+            return False
+        threw = self._in_scope(task, name, postscript)
+        task.internal_data[spiff.POSTSCRIPT_RAN_KEY] = "threw" if threw else "ran"
+        return threw
 
     def cancel_subworkflow(self, task: Any, subworkflow: Any) -> None:
         """A sub-process or call activity is cancelled (an interrupting event; a timer event

@@ -81,7 +81,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 from lxml import etree
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
 from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
-from SpiffWorkflow.bpmn.parser.event_parsers import ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH
+from SpiffWorkflow.bpmn.parser.event_parsers import (CANCEL_EVENT_XPATH, ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH,
+                                                      MESSAGE_EVENT_XPATH, SIGNAL_EVENT_XPATH, TERMINATION_EVENT_XPATH)
 from SpiffWorkflow.bpmn.parser.util import full_tag
 from SpiffWorkflow.bpmn.script_engine import PythonScriptEngine
 from SpiffWorkflow.bpmn.serializer import BpmnWorkflowSerializer
@@ -113,8 +114,9 @@ from SpiffWorkflow.bpmn.specs.event_definitions.timer import (
 from SpiffWorkflow.bpmn.util.event import BpmnEvent, EventManager
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.exceptions import WorkflowException
+from SpiffWorkflow.spiff.parser.event_parsers import SpiffEndEventParser
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser, SpiffProcessParser
-from SpiffWorkflow.spiff.parser.task_spec import (BusinessRuleTaskParser, ServiceTaskParser,
+from SpiffWorkflow.spiff.parser.task_spec import (BusinessRuleTaskParser, CallActivityParser, ServiceTaskParser,
                                                   SpiffTaskParser)
 from SpiffWorkflow.spiff.serializer.config import SPIFF_CONFIG
 from SpiffWorkflow.spiff.serializer.task_spec import BusinessRuleTaskConverter, SpiffBpmnTaskConverter
@@ -203,6 +205,7 @@ PREPARED_KEY = "lf_prepared"  # on a task that waits for a person: its preScript
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
 CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow this many levels up (terminate merges so far)
+POSTSCRIPT_RAN_KEY = "lf_postscript_ran"  # on an instance of a multi-instance call: its postScript ran in its scope
 THROWN_KEY = "lf_thrown"  # on a catching event: the BPMN error an activity threw (engine.BpmnError): code, message, ...
 SENT_FROM_KEY = "lf_sent_from"  # on a catching event of a collaboration: the pool and element that threw its message
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
@@ -422,7 +425,10 @@ class _LayerflowSpecMixin:
     def _run_hook(self, my_task: Any) -> Any:
         result = self._run_own(my_task)
         postscript = getattr(self, "postscript", None) or (getattr(self, "extensions", None) or {}).get(EVENT_OUTPUTS_KEY)
-        if result and postscript and self.lf_role == "flow":
+        ran = my_task.internal_data.pop(POSTSCRIPT_RAN_KEY, None)  # an instance's, in its scope
+        if ran == "threw":
+            return None
+        if result and postscript and self.lf_role == "flow" and ran is None:
             driver = driver_of(my_task)
             # a sub-process, call activity, loop, send or receive task: its postScript runs as it
             # completes (after the outputs came back; an event's output mappings as it fires, after
@@ -662,6 +668,9 @@ class _LayerflowSpecMixin:
             if thrown:
                 raise ScriptThrew(bpmn_id_of(my_task))
             return None
+        if call_mappings.IN_MARK in script and multi_instance_of(my_task) is not None \
+                and script == getattr(self, "prescript", None):
+            return None  # an instance's in mappings run in its scope as it starts (ScopeSteps.enter_subworkflow)
         # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
         # once, before the instances are made, inside the activity (its postScript runs in
         # Runtime.complete_multi); a sub-process, call activity, send or receive task has no
@@ -1567,29 +1576,24 @@ class _ExtensionsParserMixin:
             task.__class__ = twin
         if type(task) is _START_EVENT_TWIN and _interrupting_event_start(self.node):
             task.__class__ = LayerflowInterruptingEventStart  # adds one attribute
-        if hasattr(task, "prescript"):
-            self._add_mappings(task)
+        if hasattr(task, "prescript") and _local(self.node.tag) != "callActivity":
+            self._add_mappings(task)  # (a call activity's: ``_LayerflowCallActivityParser``)
         return task
 
     def _add_mappings(self, task: Any) -> None:
-        """Another engine's variable mappings of an activity run as Python around its work: its
-        input mappings (``io_mappings``: camunda:inputOutput, zeebe:ioMapping) and a call activity's
-        renaming ``in`` mappings (``call_mappings``) before it, as its preScript does, its ``out``
-        mappings and output mappings after it, as its postScript does, each in Camunda's order (a
-        call activity's inputs before its ``in`` mappings, its ``out`` mappings before its outputs).
-        A spiffworkflow:preScript runs before all of them, a postScript after: the mappings are
-        closest to the work (a script task's too)."""
+        """Another engine's input and output mappings of an activity (``io_mappings``:
+        camunda:inputOutput, zeebe:ioMapping) run as Python around its work: the inputs before it,
+        as its preScript does, the outputs after it, as its postScript does. A spiffworkflow:preScript
+        runs before them, a postScript after: the mappings are closest to the work (a script task's
+        too; a call activity's are ``_LayerflowCallActivityParser``'s)."""
         if _local(self.node.tag) == "scriptTask" and task.prescript is None and task.postscript is None:
             # SpiffWorkflow's ScriptTaskParser reads the script only: it dropped a script task's
             # spiffworkflow:preScript and postScript without a word
             extensions = self.parse_extensions()
             task.prescript, task.postscript = extensions.get("preScript"), extensions.get("postScript")
         found = io_mappings.mappings(self.node)
-        renames = call_mappings.renames(self.node) if _local(self.node.tag) == "callActivity" else []
-        before = "\n".join(filter(None, [io_mappings.script([m for m in found if m.direction == "input"]),
-                                          call_mappings.script([(s, t) for d, s, t, _ in renames if d == "in"])]))
-        after = "\n".join(filter(None, [call_mappings.script([(s, t) for d, s, t, _ in renames if d == "out"]),
-                                         io_mappings.script([m for m in found if m.direction == "output"])]))
+        before = io_mappings.script([m for m in found if m.direction == "input"])
+        after = io_mappings.script([m for m in found if m.direction == "output"])
         self._lf_mappings = (task.prescript, before, after, task.postscript)
         task.prescript = "\n".join(filter(None, [task.prescript, before])) or None
         task.postscript = "\n".join(filter(None, [after, task.postscript])) or None
@@ -1659,14 +1663,74 @@ class _LayerflowBusinessRuleTaskParser(BusinessRuleTaskParser):  # type: ignore[
                                postscript=extensions.get("postScript"), **self.bpmn_attributes)
 
 
+class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
+    """A call activity's renaming ``in`` mappings run as its preScript does, in the caller's context
+    before the called process starts, and its ``out`` mappings as its postScript does, after it
+    ends (``call_mappings.renames``): a Camunda 7 model that passes ``claimId`` in as ``ref`` and gets
+    ``ok`` back as ``claimOk`` runs as it does there. Its input mappings run before the ``in`` ones,
+    its output mappings after the ``out`` ones (``io_mappings``); a spiffworkflow:preScript runs
+    before all of them, a postScript after."""
+
+    def create_task(self) -> Any:
+        task = super().create_task()
+        self._lf_scripts = (task.prescript, task.postscript)  # the model's own, before the mappings
+        ins, outs = self._mapping_scripts()
+        task.prescript = "\n".join(filter(None, [task.prescript, ins])) or None
+        task.postscript = "\n".join(filter(None, [outs, task.postscript])) or None
+        return task
+
+    def _mapping_scripts(self) -> tuple[str | None, str | None]:
+        """The Python of the mappings before the call and after it: its input mappings
+        (``io_mappings``: camunda:inputOutput, zeebe:ioMapping) before its ``in`` mappings, its
+        ``out`` mappings before its output mappings, in Camunda's order."""
+        mappings = call_mappings.renames(self.node)
+        ins = [(s, t) for d, s, t, _ in mappings if d == "in"]
+        outs = [(s, t) for d, s, t, _ in mappings if d == "out"]
+        found = io_mappings.mappings(self.node)
+        before = "\n".join(filter(None, [io_mappings.script([m for m in found if m.direction == "input"]),
+                                          call_mappings.script(ins) if ins else None]))
+        after = "\n".join(filter(None, [call_mappings.script(outs, out=True) if outs else None,
+                                         io_mappings.script([m for m in found if m.direction == "output"])]))
+        return before or None, after or None
+
+    def _copy_task_attrs(self, original: Any, loop_characteristics: Any) -> None:
+        """A multi-instance call activity: the model's preScript and postScript go where
+        SpiffWorkflow puts them (the activity, or each instance with scriptsOnInstances), but the
+        mappings run on each instance, as Camunda maps each call of a multi-instance call activity
+        (the in mapping reads that instance's input item, the out mapping sets its output item)."""
+        ins, outs = self._mapping_scripts()
+        original.prescript, original.postscript = getattr(self, "_lf_scripts", (None, None))
+        super()._copy_task_attrs(original, loop_characteristics)
+        original.prescript = "\n".join(filter(None, [original.prescript, ins])) or None
+        original.postscript = "\n".join(filter(None, [outs, original.postscript])) or None
+
+
+class _LayerflowEndEventParser(SpiffEndEventParser):  # type: ignore[misc]
+    """An end event that throws a signal (BPMN's signal end event) throws it as the path ends, as an
+    intermediate signal throw event does: SpiffWorkflow 3.2's parser looks for every other event
+    definition on an end event but that one, and ran it as a plain end event that threw nothing."""
+
+    def create_task(self) -> Any:
+        event_definition = self.get_event_definition(
+            [MESSAGE_EVENT_XPATH, SIGNAL_EVENT_XPATH, CANCEL_EVENT_XPATH, ERROR_EVENT_XPATH, ESCALATION_EVENT_XPATH,
+             TERMINATION_EVENT_XPATH])
+        task = self._create_task(event_definition)
+        task.connect(self.spec.end)
+        return task
+
+
 _PARSER_TWINS: dict[type, type] = {}
 
 
 def _parser_twin(cls: type) -> type:
-    if cls is ServiceTaskParser:
+    if cls is SpiffEndEventParser:
+        cls = _LayerflowEndEventParser
+    elif cls is ServiceTaskParser:
         cls = _LayerflowServiceTaskParser
     elif cls is BusinessRuleTaskParser:
         cls = _LayerflowBusinessRuleTaskParser
+    elif cls is CallActivityParser:
+        cls = _LayerflowCallActivityParser
     if cls not in _PARSER_TWINS:
         _PARSER_TWINS[cls] = type(f"Layerflow{cls.__name__}", (_ExtensionsParserMixin, cls), {"__module__": __name__})
     return _PARSER_TWINS[cls]
@@ -2144,11 +2208,31 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
     def _left_the_instance(self, thrower: Any, event: Any) -> None:
         """A message or signal the process threw that nothing in the instance caught: SpiffWorkflow
         leaves it in ``bpmn_events`` for the application; the driver records it (``thrown_out``).
-        In a collaboration a pool's message waits there for its receiver instead (``deliver_pending``)."""
+        In a collaboration a pool's message that a pool can catch waits there for its receiver
+        instead (``deliver_pending``); one no pool catches, and a signal (a broadcast, never kept
+        for later), leave the instance as a single process's do."""
         driver = getattr(self.workflow, "layerflow", None)
-        if thrower is None or driver is None or is_collaboration(self.workflow.spec):
+        if thrower is None or driver is None:
+            return
+        if is_collaboration(self.workflow.spec) and isinstance(event.event_definition, MessageEventDefinition) \
+                and event.event_definition.name in message_catch_names(self.workflow):
             return
         driver.thrown_out(thrower, event)
+
+
+def message_catch_names(workflow: Any) -> frozenset[str]:
+    """The names of the messages some catch event (a start, intermediate or boundary event, a receive
+    task) of ``workflow``'s process or of a process it runs (a pool, a called process) waits for."""
+    names: set[str] = set()
+    for spec in (workflow.spec, *workflow.subprocess_specs.values()):
+        for ts in spec.task_specs.values():
+            if not isinstance(ts, CatchingEvent):
+                continue
+            definition = ts.event_definition
+            for one in getattr(definition, "event_definitions", None) or [definition]:
+                if isinstance(one, MessageEventDefinition) and one.name:
+                    names.add(str(one.name))
+    return frozenset(names)
 
 
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:

@@ -190,6 +190,9 @@ not make ``report.ok`` false:
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: nothing can send it, it never fires
+``event_extension_misplaced``         a spiffworkflow:payloadExpression / variableName on a signal, error or
+                                      escalation event definition: SpiffWorkflow reads them from the
+                                      bpmn:signal (error, escalation) only, so they are never read
 ``message_extension_shadowed``        a spiffworkflow:messagePayload / messageVariable of an event (or send / receive
                                       task) whose bpmn:message has one of its own: SpiffWorkflow then reads the
                                       message's only, and the event's is lost (an empty payload, a variable never set)
@@ -203,6 +206,9 @@ not make ``report.ok`` false:
                                       flowable:) whose sourceExpression computes something (a JUEL
                                       expression): nothing evaluates it, the target is never set
                                       (a mapping from one variable to another runs)
+``call_mapping_system``               a call activity's camunda:in / camunda:out whose target is a key the
+                                      config's system: fixes (L0 SYSTEM): the mapping's write is denied and
+                                      the instance stops at the call activity
 ``io_mapping_on_event``               an event's input mapping (a throw event's), or an output mapping that computes
                                       something: never run, the target is never set; error where the files read it
                                       (a condition, a script, another mapping), else a warning
@@ -2708,6 +2714,14 @@ class _Validator:
         these (the general "another engine's settings" warning then leaves them out)."""
         run = call_mappings.renames(el)  # (held: an lxml element's id lasts as long as its proxy)
         executed = {id(child) for _, _, _, child in run}
+        for direction, source, target, child in run:
+            if target in self.system_keys:
+                mapping = _foreign_name(child.tag) or f"camunda:{direction}"
+                self.add("call_mapping_system", f"call activity {eid!r} has {mapping} source={source!r} "
+                         f"target={target!r}, a key the config's system: fixes in L0 SYSTEM: no activity may "
+                         f"write it, so the instance would stop at {eid!r}"
+                         f"{' after the called process ran' if direction == 'out' else ''}; name another target",
+                         file=file, line=child.sourceline, element_id=eid, field=mapping)
         handled = True
         for ext in el.iterfind(_bpmn("extensionElements")):
             for child in ext:
@@ -2718,6 +2732,17 @@ class _Validator:
                 expression = (child.get("sourceExpression") or "").strip()
                 if (child.get("variables") or "").strip() == "all" or (source and source == target):
                     continue  # every variable crosses under its own name
+                key = (child.get("businessKey") or "").strip()
+                if key and name.endswith(":in") and not source and not expression:
+                    # what Camunda Modeler adds to pass the caller's business key: said on its own, so
+                    # the warning does not read as if the renames beside it did not run either
+                    self.add("foreign_extension", f"call activity {eid!r} has {name} businessKey={key!r}: "
+                             "layerflow has no business key (an instance is known by its id), so nothing is "
+                             "passed; the called process runs in its caller's context and reads its variables, "
+                             "so keep what the business key stood for in a variable (in the start data, or set "
+                             "by a step before the call)", file=file, line=child.sourceline, element_id=eid,
+                             field=f"{name} businessKey", severity="warning")
+                    continue
                 if expression and target:
                     read = self._reads_name(target, child)
                     self.related.add(eid)
@@ -3048,6 +3073,7 @@ class _Validator:
                      f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
                      field=ref)
         self._check_message_extensions(el, eid, tag, root, file)
+        self._check_item_extensions(el, eid, tag, file)
         if tag == "boundaryEvent":
             self._check_attached(el, eid, file)
         if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
@@ -3092,6 +3118,27 @@ class _Validator:
                              "messagePayload / messageVariable into the messageEventDefinitions (or send / receive "
                              "tasks) that throw and catch it, where SpiffWorkflow reads them", file=file,
                              line=own.sourceline, element_id=eid, field=name)
+
+    def _check_item_extensions(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A signal's, error's or escalation's payload and variable are read from the bpmn:signal
+        (error, escalation) the event names, as SpiffWorkflow's parser reads them; on the event's own
+        event definition, where a message's are written, nothing reads them: the signal goes out with
+        no payload, and the catch's variable is never set."""
+        for kind, ref, what in (("signalEventDefinition", "signalRef", "signal"),
+                                ("errorEventDefinition", "errorRef", "error"),
+                                ("escalationEventDefinition", "escalationRef", "escalation")):
+            for definition in el.iterfind(_bpmn(kind)):
+                named = definition.get(ref)
+                for name in ("payloadExpression", "variableName"):
+                    for own in definition.iter(f"{{{SPIFF_NS}}}{name}"):
+                        lost = (f"the {what} goes out without its payload" if name == "payloadExpression"
+                                else f"{(own.text or '').strip()!r} is never set where it is caught")
+                        where = f"bpmn:{what} {named!r}" if named else f"a bpmn:{what} (name it with {ref})"
+                        self.add("event_extension_misplaced", f"bpmn:{tag} {eid!r}: its spiffworkflow:{name} on "
+                                 f"bpmn:{kind} is never read, so {lost}: SpiffWorkflow reads a {what}'s "
+                                 f"payloadExpression and variableName from the {what} itself; move it into the "
+                                 f"extensionElements of {where}", file=file, line=own.sourceline, element_id=eid,
+                                 field=name)
 
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
         """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
