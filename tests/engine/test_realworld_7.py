@@ -476,3 +476,19 @@ def test_a_condition_that_reads_a_variable_through_a_function_is_told_to_read_it
         instance = engine.run(engine.start(load_process([fixed]), {"approved": approved}))
         assert instance.status == "completed", instance.error
         assert path_of(instance.workflow)[-1] == end
+
+
+def test_a_multi_instance_call_activity_maps_its_inputs_and_in_mappings_per_call() -> None:
+    """A multi-instance call activity with an input parameter read by its camunda:in mapping: each
+    call maps its own claim (the input parameter first, then the in mapping, as Camunda orders
+    them), in that call's scope, and its out mapping sets the instance's output item."""
+    path = REALWORLD / "io_mapping_multi_call.bpmn"
+    assert found_for(path, "io_mapping_expression", "call_mapping_expression", "foreign_extension",
+                     process_id="claims_batch") == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path], process_id="claims_batch"),
+                                       {"claims": [{"amount": 50}, {"amount": 500}, {"amount": 101}]}))
+    assert instance.status == "completed", instance.error
+    found = variables(instance.main)
+    assert found["verdicts"] == [False, True, True]
+    assert "value" not in found  # what one call was given stays in its scope
