@@ -492,3 +492,17 @@ def test_a_multi_instance_call_activity_maps_its_inputs_and_in_mappings_per_call
     found = variables(instance.main)
     assert found["verdicts"] == [False, True, True]
     assert "value" not in found  # what one call was given stays in its scope
+
+
+def test_operatons_input_output_parameters_run_as_camundas(tmp_path: Path) -> None:
+    """Operaton, Camunda 7's fork, writes the same parameters in its own namespace: they run alike."""
+    text = C7.read_text().replace('xmlns:camunda="http://camunda.org/schema/1.0/bpmn"',
+                                  'xmlns:operaton="http://operaton.org/schema/1.0/bpmn"').replace("camunda:", "operaton:")
+    path = tmp_path / "io_mapping_operaton.bpmn"
+    path.write_text(text)
+    assert found_for(path, "foreign_extension", "io_mapping_expression") == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {"invoice": {"net": 400}, "requester": "ann"}),
+                          answers={"user_tasks": {"approve": {"approved": True}}})
+    assert instance.status == "completed", instance.error
+    assert (variables(instance.main)["taxDue"], variables(instance.main)["approvedBy"]) == (80.0, "ann")
