@@ -1365,7 +1365,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         except BaseException as err:
             self.instance.suspended.pop(str(task.id), None)
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
-            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values(), task) from err
         self._activity_done(ctx, cfg, bpmn_id)
         # data objects: the context is the source of truth; SpiffWorkflow copies what it needs
         # from task.data into the workflow's data objects when the task completes
@@ -1404,7 +1404,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return True
         except BaseException as err:
             ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
-            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values(), task) from err
         task.internal_data[spiff.PREPARED_KEY] = written
         return False
 
@@ -1526,7 +1526,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return True
         except BaseException as err:
             self.abort_multi(task, err)
-            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values(), task) from err
         task.internal_data.pop(spiff.MULTI_KEY, None)
         task.data = {}  # no successor inherits spiff's bookkeeping
         for child in task.children:
@@ -1585,7 +1585,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return self._throw_error(task, ctx, err, multi=multi)
         except BaseException as err:
             self.abort_multi(multi, err)
-            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values(), task) from err
         task.data = {n: actx.scope[n] for n in (item, out) if n is not None and n in actx.scope}
         self.instance.activities += 1  # a save point: the instance is saved after each instance
         return True if result is None else result
@@ -1968,7 +1968,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         except BaseException as err:
             if own:
                 ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
-            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values()) from err
+            raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values(), task) from err
         if own:
             ctx.complete_activity(bpmn_id, summary=f"{where} of {bpmn_id}", actor=bpmn_id)
             self._activity_done(ctx, self.process.config(bpmn_id), bpmn_id)
@@ -2132,8 +2132,9 @@ def _start_data(ctx: LayeredContext | None, err: BaseException, others: Iterable
 
 
 def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
-                    others: Iterable[LayeredContext] = ()) -> LayerflowError:
-    """The error an activity failure becomes: task id, script line, message."""
+                    others: Iterable[LayeredContext] = (), task: Any = None) -> LayerflowError:
+    """The error an activity failure becomes: task id, script line, message; a write the layer
+    rules refused names the variable mapping of ``task`` that made it, if one did."""
     if isinstance(err, ActivityError) and err.task_id is not None:
         return err
     line = None
@@ -2147,7 +2148,11 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
         where = err.filename.strip("<>").split(" ")[0]
     what = f"{type(err).__name__}: {err}" if not isinstance(err, LayerflowError) else str(err)
     at = f" at line {line} of its {where}" if line is not None else ""
-    message = f"activity {bpmn_id!r} failed{at}: {what}{_compressed_away(ctx, err, others)}{_start_data(ctx, err, others)}"
+    mapped = ((getattr(task.task_spec, "extensions", None) or {}).get(spiff.MAPPED_KEY) or {}) if task is not None else {}
+    by = (f"; {err.key!r} is set by {mapped[err.key]} of {bpmn_id!r}"
+          if isinstance(err, ContextWriteDenied) and err.key in mapped else "")
+    message = (f"activity {bpmn_id!r} failed{at}: {what}{by}{_compressed_away(ctx, err, others)}"
+               f"{_start_data(ctx, err, others)}")
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):
         out.kind = err.kind

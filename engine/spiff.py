@@ -129,7 +129,7 @@ from SpiffWorkflow.util.task import TaskState
 from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
-from . import call_mappings, deep_trees, dmn, inclusive_join, links
+from . import call_mappings, deep_trees, dmn, inclusive_join, io_mappings, links
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
 
@@ -199,6 +199,8 @@ _BPMN_NS = "http://www.omg.org/spec/BPMN/20100524/MODEL"
 CTX_KEY = "lf_ctx"          # name of the context this task runs in
 BRANCH_KEY = "lf_branch"    # set on the first task of a branch: the branch id
 MULTI_KEY = "lf_multi"      # on a multi-instance task: its activity is open in its context
+MAPPED_KEY = "lf_mapped"  # a task spec's extensions: target -> the mapping that sets it (``io_mappings``)
+EVENT_OUTPUTS_KEY = "lf_event_outputs"  # an event's spec extensions: its output mappings' Python (``io_mappings``)
 PREPARED_KEY = "lf_prepared"  # on a task that waits for a person: its preScript ran (the keys it wrote)
 DELIVERED_KEY = "lf_delivered"  # on a catching task: the event came from outside, its payload is in the context
 CAUGHT_KEY = "lf_caught"  # on an error end event (an escalation): an (interrupting) event waited for it as it threw it
@@ -422,14 +424,15 @@ class _LayerflowSpecMixin:
 
     def _run_hook(self, my_task: Any) -> Any:
         result = self._run_own(my_task)
-        postscript = getattr(self, "postscript", None)
+        postscript = getattr(self, "postscript", None) or (getattr(self, "extensions", None) or {}).get(EVENT_OUTPUTS_KEY)
         ran = my_task.internal_data.pop(POSTSCRIPT_RAN_KEY, None)  # an instance's, in its scope
         if ran == "threw":
             return None
         if result and postscript and self.lf_role == "flow" and ran is None:
             driver = driver_of(my_task)
             # a sub-process, call activity, loop, send or receive task: its postScript runs as it
-            # completes (after the outputs came back), here rather than in SpiffWorkflow's
+            # completes (after the outputs came back; an event's output mappings as it fires, after
+            # what a message brought went into the context), here rather than in SpiffWorkflow's
             # _on_complete_hook, so a BPMN error it throws leaves the task STARTED for the catching
             # event to cancel, as an activity that throws (Runtime.exec_script)
             if driver is not None and driver.exec_script(my_task, postscript):
@@ -1486,6 +1489,21 @@ class _ExtensionsParserMixin:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]
         texts = element_config_texts(self.node if node is None else node)
         ext.update(texts)
+        if node is None:
+            # who sets each mapping's target, for an error about its write (``Runtime``)
+            named = {m.target: f"{m.field} {m.target!r}" for m in io_mappings.mappings(self.node) if m.python}
+            if _local(self.node.tag) == "callActivity":
+                named.update({t: f"{etree.QName(el.tag).localname} source={s!r} target={t!r}"
+                              for _, s, t, el in call_mappings.renames(self.node)})
+            if named:
+                ext[MAPPED_KEY] = named
+        if node is None and _local(self.node.tag).endswith("Event"):
+            # an event's output mappings (a start event's, a message catch event's: Camunda 8 maps
+            # what the message brought): run as the event completes (``_run_hook``); extensions
+            # travel with the saved spec, as an event's spec has no postScript
+            outputs = io_mappings.script([m for m in io_mappings.mappings(self.node) if m.direction == "output"])
+            if outputs:
+                ext[EVENT_OUTPUTS_KEY] = outputs
         if node is None and _local(self.node.tag) in ("userTask", "startEvent"):
             from .forms import parse_form
 
@@ -1558,7 +1576,37 @@ class _ExtensionsParserMixin:
             task.__class__ = twin
         if type(task) is _START_EVENT_TWIN and _interrupting_event_start(self.node):
             task.__class__ = LayerflowInterruptingEventStart  # adds one attribute
+        if hasattr(task, "prescript") and _local(self.node.tag) != "callActivity":
+            self._add_mappings(task)  # (a call activity's: ``_LayerflowCallActivityParser``)
         return task
+
+    def _add_mappings(self, task: Any) -> None:
+        """Another engine's input and output mappings of an activity (``io_mappings``:
+        camunda:inputOutput, zeebe:ioMapping) run as Python around its work: the inputs before it,
+        as its preScript does, the outputs after it, as its postScript does. A spiffworkflow:preScript
+        runs before them, a postScript after: the mappings are closest to the work (a script task's
+        too; a call activity's are ``_LayerflowCallActivityParser``'s)."""
+        if _local(self.node.tag) == "scriptTask" and task.prescript is None and task.postscript is None:
+            # SpiffWorkflow's ScriptTaskParser reads the script only: it dropped a script task's
+            # spiffworkflow:preScript and postScript without a word
+            extensions = self.parse_extensions()
+            task.prescript, task.postscript = extensions.get("preScript"), extensions.get("postScript")
+        found = io_mappings.mappings(self.node)
+        before = io_mappings.script([m for m in found if m.direction == "input"])
+        after = io_mappings.script([m for m in found if m.direction == "output"])
+        self._lf_mappings = (task.prescript, before, after, task.postscript)
+        task.prescript = "\n".join(filter(None, [task.prescript, before])) or None
+        task.postscript = "\n".join(filter(None, [after, task.postscript])) or None
+
+    def _copy_task_attrs(self, original: Any, loop_characteristics: Any = None) -> None:
+        """A loop or multi-instance activity: SpiffWorkflow moves its pre- and postScript to the
+        loop (run once), unless spiffworkflow:scriptsOnInstances says otherwise; its mappings stay
+        with each instance (run for each, as Camunda maps each instance's variables)."""
+        super()._copy_task_attrs(original, loop_characteristics)  # type: ignore[misc]
+        pre, before, after, post = getattr(self, "_lf_mappings", (None, "", "", None))
+        if (before or after) and original.prescript is None and original.postscript is None:
+            self.task.prescript, self.task.postscript = pre, post
+            original.prescript, original.postscript = before or None, after or None
 
 
 def _in_event_subprocess(node: Any) -> bool:
@@ -1619,8 +1667,9 @@ class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
     """A call activity's renaming ``in`` mappings run as its preScript does, in the caller's context
     before the called process starts, and its ``out`` mappings as its postScript does, after it
     ends (``call_mappings.renames``): a Camunda 7 model that passes ``claimId`` in as ``ref`` and gets
-    ``ok`` back as ``claimOk`` runs as it does there. A spiffworkflow:preScript runs before the
-    ``in`` mappings, a postScript after the ``out`` ones."""
+    ``ok`` back as ``claimOk`` runs as it does there. Its input mappings run before the ``in`` ones,
+    its output mappings after the ``out`` ones (``io_mappings``); a spiffworkflow:preScript runs
+    before all of them, a postScript after."""
 
     def create_task(self) -> Any:
         task = super().create_task()
@@ -1631,10 +1680,18 @@ class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
         return task
 
     def _mapping_scripts(self) -> tuple[str | None, str | None]:
+        """The Python of the mappings before the call and after it: its input mappings
+        (``io_mappings``: camunda:inputOutput, zeebe:ioMapping) before its ``in`` mappings, its
+        ``out`` mappings before its output mappings, in Camunda's order."""
         mappings = call_mappings.renames(self.node)
         ins = [(s, t) for d, s, t, _ in mappings if d == "in"]
         outs = [(s, t) for d, s, t, _ in mappings if d == "out"]
-        return (call_mappings.script(ins) if ins else None, call_mappings.script(outs, out=True) if outs else None)
+        found = io_mappings.mappings(self.node)
+        before = "\n".join(filter(None, [io_mappings.script([m for m in found if m.direction == "input"]),
+                                          call_mappings.script(ins) if ins else None]))
+        after = "\n".join(filter(None, [call_mappings.script(outs, out=True) if outs else None,
+                                         io_mappings.script([m for m in found if m.direction == "output"])]))
+        return before or None, after or None
 
     def _copy_task_attrs(self, original: Any, loop_characteristics: Any) -> None:
         """A multi-instance call activity: the model's preScript and postScript go where

@@ -209,6 +209,13 @@ not make ``report.ok`` false:
 ``call_mapping_system``               a call activity's camunda:in / camunda:out whose target is a key the
                                       config's system: fixes (L0 SYSTEM): the mapping's write is denied and
                                       the instance stops at the call activity
+``io_mapping_on_event``               an event's input mapping (a throw event's), or an output mapping that computes
+                                      something: never run, the target is never set; error where the files read it
+                                      (a condition, a script, another mapping), else a warning
+``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
+                                      computes something (or a script, a target path): nothing evaluates it, the
+                                      target is never set; error where the files read the target, else a warning
+                                      (a variable, a path into an object or a literal runs)
 ``multi_instance_foreign_collection``  a multi-instance activity whose collection is another engine's attribute
                                       (camunda:collection) and which has no loopDataInputRef or loopCardinality:
                                       SpiffWorkflow cannot load it; the message writes the BPMN to use
@@ -267,7 +274,7 @@ from context_layers.errors import ConfigError, LayerflowError, ProcessError
 from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_sentence, python_source
 from gateways.coverage import coverage_gap
 
-from . import call_mappings, dmn, links
+from . import call_mappings, dmn, io_mappings, links
 from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
 from .handlers import REGISTRY
 
@@ -2106,6 +2113,12 @@ class _Validator:
                 # context values are JSON, never callable, and an expression sees Python's builtins only
                 what = what or "condition"
                 hints = [f"{name}(...): {_FOREIGN_FUNCTIONS[name]}" for name in calls if name in _FOREIGN_FUNCTIONS]
+                getters = _named_getters(tree)
+                if getters:
+                    # getDataObject('approved'), getVariable("amount"): another engine's read of one
+                    # variable or data object, which an expression here reads by its name
+                    hints += [f"{call} reads {name!r}, which an expression reads by its name: write "
+                              f"{_getters_instead(tree)!r}" for call, name in getters]
                 self.add("condition_unknown_function", f"{what} {source!r} calls {', '.join(map(repr, calls))}, "
                          "which is no Python builtin (another expression language's function?): the run stops there "
                          "with a NameError; expressions are Python over the context"
@@ -2731,7 +2744,7 @@ class _Validator:
                              field=f"{name} businessKey", severity="warning")
                     continue
                 if expression and target:
-                    read = self._reads_name(target)
+                    read = self._reads_name(target, child)
                     self.related.add(eid)
                     dialect = "JUEL" if expression[:2] in ("${", "#{") and expression.endswith("}") else None
                     instead = _python_instead(expression, dialect) if dialect else "rewrite it as a Python expression"
@@ -2746,14 +2759,88 @@ class _Validator:
                 handled = False  # a businessKey, a mapping without a target: said generally
         return handled
 
-    def _reads_name(self, name: str) -> bool:
-        """A condition or script of the files given reads variable ``name`` (by the word: a guess that
-        errs on the side of reading)."""
+    def _check_io_mappings(self, el: Any, eid: str, tag: str, file: str) -> bool:
+        """An activity's input and output mappings (camunda:inputOutput, zeebe:ioMapping): one that
+        names a variable, follows a path into an object or gives a literal runs (``engine.io_mappings``);
+        one that computes something, runs a script or sets a path into an object is not run, so its
+        target is never set: an error where the files read the target, else a warning, with the
+        Python to write in a pre- or postScript. True when the element has mappings."""
+        found = io_mappings.mappings(el)
+        for mapping in (m for m in found if m.python is None):
+            self.related.add(eid)
+            target, hook = mapping.target, "preScript" if mapping.direction == "input" else "postScript"
+            read = target.isidentifier() and self._reads_name(target, mapping.element)
+            source = mapping.source.strip()
+            expression = (source[:2] in ("${", "#{") and source.endswith("}")) if mapping.dialect == "JUEL" \
+                else source.startswith("=")
+            if expression:
+                instead = _python_instead(source, mapping.dialect)
+            elif source == "script":
+                instead = "write what the script computes in Python"
+            elif mapping.dialect == "JUEL" and io_mappings.template_python(mapping.source) is not None:
+                instead = f"write {io_mappings.template_python(mapping.source)}"
+            else:
+                instead = "write the value as a Python expression"
+            if target.isidentifier():
+                assign = f"{target} = ..."
+            elif target and all(p.strip().isidentifier() for p in target.split(".")):
+                head, *keys = [p.strip() for p in target.split(".")]
+                assign = f"{head}{''.join(f'[{k!r}]' for k in keys)} = ..., {head} being a dict"
+            else:
+                assign = "a variable name = ..."
+            value = f"{mapping.field} {target!r}" if mapping.dialect == "JUEL" else \
+                f"{mapping.field} source={source!r} target={target!r}"
+            if mapping.dialect == "JUEL":
+                value += f" = {source!r}" if source != "script" else " (a camunda:script)"
+            self.add("io_mapping_expression", f"bpmn:{tag} {eid!r} has {value}: {mapping.why}, so nothing sets "
+                     f"{target!r}{', and the run stops where it is read' if read else ''}; set it in a "
+                     f"spiffworkflow:{hook} of {eid!r} ({assign}; {instead})", file=file,
+                     line=mapping.element.sourceline, element_id=eid, field=mapping.field,
+                     severity="error" if read else "warning")
+        return bool(found)
+
+    def _check_event_mappings(self, el: Any, eid: str, tag: str, file: str) -> bool:
+        """Input and output mappings of an event. Its outputs that name a variable, follow a path or
+        give a literal run as it fires (a start event's, a message catch event's renaming of what the
+        message brought: ``engine.spiff``); its inputs (a throw event's) and the outputs that compute
+        something never run, and their targets are never set. An error where the files read the
+        target (a condition, a script, another mapping), else a warning, with the script task to draw
+        and its Python. True when the element has mappings."""
+        found = io_mappings.mappings(el) if tag.endswith("Event") else []
+        for mapping in (m for m in found if (m.direction == "input" or m.python is None) and not io_mappings.identity(m)):
+            self.related.add(eid)
+            target = mapping.target
+            read = target.isidentifier() and self._reads_name(target, mapping.element)
+            where = "after" if mapping.direction == "output" else "before"
+            shown = io_mappings.assignment(mapping)
+            if shown is not None:
+                python = f"that sets it: {shown}"
+            else:
+                source = mapping.source.strip()
+                python = f"that sets it ({_python_instead(source, mapping.dialect)})" if source.startswith(
+                    ("=", "${", "#{")) else "that sets it"
+            value = f"{mapping.field} target={target!r}" if mapping.dialect == "FEEL" else f"{mapping.field} {target!r}"
+            why = ("an event runs no script before it fires, so its input mappings never run" if mapping.direction
+                   == "input" else f"{mapping.why}, so it never runs")
+            self.add("io_mapping_on_event", f"bpmn:{tag} {eid!r} has {value}: {why}, and nothing "
+                     f"sets {target!r}{', and the run stops or reads null where it is read' if read else ''}; "
+                     f"draw a bpmn:scriptTask {where} {eid!r} {python}", file=file, line=mapping.element.sourceline,
+                     element_id=eid, field=mapping.field, severity="error" if read else "warning")
+        return bool(found)
+
+    def _reads_name(self, name: str, besides: Any = None) -> bool:
+        """A condition, script or variable mapping (other than ``besides``) of the files given reads
+        variable ``name`` (by the word: a guess that errs on the side of reading)."""
         word = re.compile(rf"(?<![\w.'\"]){re.escape(name)}(?![\w'\"])")
         tags = {"conditionExpression", "condition", "script", "completionCondition", "loopCardinality"}
+        mapped = {"inputParameter", "outputParameter", "input", "output", "in", "out"}  # another mapping's source
         return any(word.search(el.text or "") for doc in self.docs if doc.root is not None
                    for el in doc.root.iter() if isinstance(el.tag, str)
-                   and etree.QName(el).localname in tags | {"preScript", "postScript"})
+                   and etree.QName(el).localname in tags | {"preScript", "postScript"}) or any(
+            word.search(el.get("source") or el.get("sourceExpression") or el.text or "")
+            for doc in self.docs if doc.root is not None for el in doc.root.iter()
+            if isinstance(el.tag, str) and el is not besides and etree.QName(el).localname in mapped
+            and (etree.QName(el).namespace or "") in {**io_mappings.NAMESPACES, **call_mappings.NAMESPACES})
 
     def _check_timer_settings(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Activiti's and Flowable's settings of a timer (``activiti:endDate`` on a timeCycle: the
@@ -2821,6 +2908,9 @@ class _Validator:
             found = {q: None for q in found if q != "zeebe:calledDecision"}
         if tag == "callActivity" and self._check_call_mappings(el, eid, file):
             found = {q: None for q in found if not q.endswith((":in", ":out"))}  # run, or said above
+        if (self._check_io_mappings(el, eid, tag, file) if tag in _MAPPED_TAGS
+                else self._check_event_mappings(el, eid, tag, file)):
+            found = {q: None for q in found if not q.endswith((":inputOutput", ":ioMapping"))}  # run, or said
         if tag != "scriptTask":
             found = {q: None for q in found if not q.endswith(":resultVariable")}  # with the class or decision it serves
         for definition in el.iterfind(_bpmn("messageEventDefinition")):
@@ -2900,14 +2990,22 @@ class _Validator:
         item = plain("elementVariable", "ITEM")
         write = (f"<bpmn:loopDataInputRef>{plain('collection', 'COLLECTION')}</bpmn:loopDataInputRef> and "
                  f"<bpmn:inputDataItem id=\"{item}\" name=\"{item}\"/>")
+        same = ""
         if "outputCollection" in names and names["outputCollection"][1]:
             out = plain("outputElement", "OUTPUT_ITEM")
+            if out == item:
+                # each instance's own item is collected: the two items cannot share an id (ids are
+                # unique), and SpiffWorkflow names an item by its id
+                out = f"{item}_out"
+                same = (f" (ids are unique and SpiffWorkflow names an item by its id, so the output item is not "
+                        f"{item!r}: each instance sets {out!r} ({out} = {item} at the end of its script, or in a "
+                        f"spiffworkflow:postScript with spiffworkflow:scriptsOnInstances=\"true\" on the loop)")
             write += (f", <bpmn:loopDataOutputRef>{plain('outputCollection', 'OUTPUT')}</bpmn:loopDataOutputRef> and "
                       f"<bpmn:outputDataItem id=\"{out}\" name=\"{out}\"/>")
         self.add("multi_instance_foreign_collection", f"bpmn:{tag} {eid!r} is a multi-instance activity over "
                  f"{what}={collection!r}, another engine's setting that SpiffWorkflow does not read, and it has no "
                  "bpmn:loopDataInputRef or bpmn:loopCardinality, so SpiffWorkflow cannot load it: write "
-                 f"{write} in its bpmn:multiInstanceLoopCharacteristics", file=file, line=loop.sourceline,
+                 f"{write} in its bpmn:multiInstanceLoopCharacteristics{same}", file=file, line=loop.sourceline,
                  element_id=eid, field="loopDataInputRef")
 
     def _check_data_items(self, el: Any, eid: str, tag: str, file: str) -> None:
@@ -3540,6 +3638,9 @@ _NOT_WORKED = {
     "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
 }
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
+# activities with a pre- and postScript in SpiffWorkflow: their input/output mappings run there
+_MAPPED_TAGS = frozenset({"task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask",
+                          "businessRuleTask", "callActivity", "subProcess", "transaction"})
 # settings that decide what a step does (what to do instead); forms, assignees, history and the
 # like change nothing here and are not reported
 _FOREIGN_SETTINGS = {
@@ -4013,6 +4114,78 @@ def _operators_said(source: str) -> str:
     return ", ".join(said) or "a variable by its name"
 
 
+def _named_getters(tree: ast.AST) -> list[tuple[str, str]]:
+    """The calls of a function that is no builtin, named get..., with one argument, a variable name
+    in quotes (``getDataObject('approved')``): (the call as written again, the name)."""
+    return sorted({(f"{n.func.id}({n.args[0].value!r})", n.args[0].value) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id.lower().startswith("get")
+                   and not hasattr(builtins, n.func.id) and len(n.args) == 1 and not n.keywords
+                   and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+                   and n.args[0].value.isidentifier()})
+
+
+def _getters_instead(tree: ast.AST) -> str:
+    """The expression with each ``_named_getters`` call replaced by the name it reads."""
+    class _ByName(ast.NodeTransformer):
+        def visit_Call(self, node: ast.Call) -> ast.expr:
+            self.generic_visit(node)
+            if (isinstance(node.func, ast.Name) and node.func.id.lower().startswith("get") and len(node.args) == 1
+                    and not hasattr(builtins, node.func.id) and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str) and node.args[0].value.isidentifier()):
+                return ast.Name(id=node.args[0].value, ctx=ast.Load())
+            return node
+
+    return ast.unparse(_ByName().visit(ast.parse(ast.unparse(tree), mode="eval")))
+
+
+class _JavaValueMethods(ast.NodeTransformer):
+    """Java's methods of a string, list or map in a JUEL expression, as Python writes them:
+    ``s.equals("x")`` is ``s == "x"``, ``s.trim()`` ``s.strip()``, ``items.size()`` ``len(items)``,
+    ``items.contains(x)`` ``x in items``, ``s.isEmpty()`` ``not s``, ... (``changed`` says whether
+    any was met). Other methods are left: a bean's (``scoring.compute()``) is named as one."""
+
+    def __init__(self) -> None:
+        self.changed = False
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        self.generic_visit(node)
+        func, args = node.func, node.args
+        if not isinstance(func, ast.Attribute) or node.keywords or (
+                isinstance(func.value, ast.Name) and func.value.id in ("execution", "task")):
+            return node
+        value, name = func.value, func.attr
+
+        def method(of: ast.expr, python: str, *given: ast.expr) -> ast.expr:
+            return ast.Call(func=ast.Attribute(value=of, attr=python, ctx=ast.Load()), args=list(given), keywords=[])
+
+        new: ast.expr | None = None
+        if name == "equals" and len(args) == 1:
+            new = ast.Compare(left=value, ops=[ast.Eq()], comparators=[args[0]])
+        elif name == "equalsIgnoreCase" and len(args) == 1:
+            new = ast.Compare(left=method(value, "lower"), ops=[ast.Eq()], comparators=[method(args[0], "lower")])
+        elif name in ("contains", "containsKey") and len(args) == 1:
+            new = ast.Compare(left=args[0], ops=[ast.In()], comparators=[value])
+        elif name in ("startsWith", "endsWith") and len(args) == 1:
+            new = method(value, name.lower(), args[0])
+        elif not args and name in _JAVA_NO_ARGUMENT:
+            python = _JAVA_NO_ARGUMENT[name]
+            if python == "not":
+                new = ast.UnaryOp(op=ast.Not(), operand=value)
+            elif python in ("len", "str"):
+                new = ast.Call(func=ast.Name(id=python, ctx=ast.Load()), args=[value], keywords=[])
+            else:
+                new = method(value, python)
+        if new is None:
+            return node
+        self.changed = True
+        return new
+
+
+_JAVA_NO_ARGUMENT = {"trim": "strip", "size": "len", "length": "len", "isEmpty": "not", "toUpperCase": "upper",
+                     "toLowerCase": "lower", "toString": "str"}
+_JSON_METHODS = frozenset(name for kind in (str, list, dict, int, float) for name in dir(kind) if not name.startswith("_"))
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -4040,6 +4213,11 @@ def _python_instead(source: str, dialect: str) -> str:
         tree = ast.parse(inner, mode="eval")
     except SyntaxError:
         return "rewrite it as a Python expression over the process variables"
+    if dialect == "JUEL":
+        java = _JavaValueMethods()
+        tree = java.visit(tree)
+        if java.changed:
+            inner = ast.unparse(tree)  # Java's methods of a value (s.trim(), list.size()) as Python's
     if _attribute_paths(tree):
         inner = _keys_instead(tree)  # FEEL's and JUEL's paths into an object: its keys here
     calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
@@ -4053,12 +4231,13 @@ def _python_instead(source: str, dialect: str) -> str:
              "handler (handler: file.py:function in a task's config) and read it by its name"
              for name in _javascript_api(tree)]
     if dialect == "JUEL":
-        # ${orderBusinessLogic.getOrder(orderId).approved}: a Java bean of the Camunda application
-        # (a Spring or CDI bean) and its camelCase method; context values are JSON, and have none
+        # ${orderBusinessLogic.getOrder(orderId).approved}, ${scoring.compute()}: a Java bean of the
+        # Camunda application (a Spring or CDI bean) and its method, camelCase or one that no JSON
+        # value has; context values are JSON, and have no such methods
         beans = sorted({f"{n.func.value.id}.{n.func.attr}()" for n in ast.walk(tree)
                         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                         and isinstance(n.func.value, ast.Name) and n.func.value.id not in ("execution", "task")
-                        and re.fullmatch(r"[a-z]+[A-Z]\w*", n.func.attr)})
+                        and (re.fullmatch(r"[a-z]+[A-Z]\w*", n.func.attr) or n.func.attr not in _JSON_METHODS)})
         left += [f"{name} calls a Java bean of the Camunda application, which is not here: compute the value in a "
                  "handler (handler: file.py:function in the config of a task before it) and read it by its name"
                  for name in beans]
