@@ -138,7 +138,8 @@ def records(layer: dict[str, Any]) -> dict[str, Any]:
 
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_VOLATILE = {"instance_id", "id", "task", "created", "deadline", "updated", "time", "answered_at", "last_modified"}
+_VOLATILE = {"instance_id", "id", "task", "created", "deadline", "due", "updated", "time", "answered_at",
+             "last_modified"}
 
 
 def _normal(value: Any, iid: str) -> Any:
