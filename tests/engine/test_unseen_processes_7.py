@@ -1,0 +1,110 @@
+"""Unseen processes, round 7: small processes of tests/engine/unseen7 that use Camunda 7's
+camunda:inputOutput and Camunda 8's zeebe:ioMapping under the layer rules, call activities' camunda:in
+/ camunda:out in parallel branches, confirmations whose timeout is due like a timer (fired by
+`layerflow timers --fire` and by a worker on Redis), start forms and messages that leave an instance,
+and a Camunda Modeler file run through the CLI, the REST API and a worker. Every expectation was
+worked out by hand from DESIGN.md and the README first."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from context_layers import LayeredContext
+from engine import Engine, load_process
+from engine.api import create_app
+
+from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
+from governance_helpers import TOKEN, ServerThread
+from test_unseen_processes_5 import records
+
+HERE = Path(__file__).resolve().parent / "unseen7"
+ROOT = Path(__file__).resolve().parents[2]
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+GOV = "/api/context-governance"
+REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN7", "redis://127.0.0.1:6379/14")  # this module's own database
+
+
+def run_json(cli: Any, *args: str, code: int = 0) -> dict[str, Any]:
+    result = cli(*args, "--json")
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def data_keys(layer: dict[str, Any]) -> dict[str, Any]:
+    """A layer's data keys: no activity, event or engine records."""
+    return {k: v for k, v in records(layer).items() if not k.startswith(("event:", "_", "compaction:"))}
+
+
+def copied(tmp_path: Path, name: str, config: str | None = None) -> Path:
+    """The unseen7 process ``name`` copied into ``tmp_path``, with ``config`` as its config file."""
+    path = tmp_path / f"{name}.bpmn"
+    shutil.copy(HERE / f"{name}.bpmn", path)
+    if config is not None:
+        (tmp_path / f"{name}.layerflow.yaml").write_text(config, encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------ camunda:inputOutput under the layer rules
+
+INVOICE = {"invoice": {"net": 500, "number": "INV-1"}}
+
+
+def test_invoice_inputs_and_outputs_run_around_the_script(cli: Any) -> None:
+    """README: a parameter naming a path runs (`${invoice.net}`: invoice['net']), `${20}` is a number,
+    Camunda 7's text without `${}` a string; the inputs before the script, the output after it; with no
+    task-local scope every mapping is a write of the task (WORKING, then HISTORY)."""
+    assert cli("validate", str(HERE / "invoice_tax.bpmn")).exit_code == 0
+    doc = run_json(cli, "run", str(HERE / "invoice_tax.bpmn"), "--data", json.dumps(INVOICE))
+    assert doc["status"] == "completed" and doc["error"] is None
+    assert doc["layers"]["L1"] == INVOICE
+    assert data_keys(doc["layers"]["L3"]) == {
+        "net": 500, "rate": 20, "currency": "EUR", "tax": 100, "note": "tax of INV-1 in EUR", "invoice_tax": 100,
+        "booked": {"number": "INV-1", "gross": 600}}
+    assert doc["layers"]["L3"]["activity:compute_tax"]["keys"] == ["net", "rate", "currency", "tax", "note",
+                                                                   "invoice_tax"]
+    # each mapping's write is on the tape, by the task, and the tape rebuilds the context
+    iid = doc["instance_id"]
+    writes = json.loads(cli("tape", iid, "--kind", "write", "--activity", "compute_tax", "--json").stdout)
+    assert [e["key"] for e in writes if e["key"] in ("net", "rate", "currency", "invoice_tax")] == [
+        "net", "rate", "currency", "invoice_tax"]
+    instance = Engine(os.environ["LAYERFLOW_STORE"]).load(iid)
+    assert LayeredContext.replay(instance.main.tape) == instance.main
+
+
+def test_an_input_the_system_layer_fixes_is_refused_by_validate_and_at_the_task(cli: Any, tmp_path: Path) -> None:
+    """A call activity's mapping into a SYSTEM key is refused by validate (README), as a DMN result variable
+    is: so is a task's camunda:inputParameter, whose write is denied at the task just the same."""
+    path = copied(tmp_path, "invoice_tax", "system:\n  currency: USD\n")
+    checked = cli("validate", str(path))
+    said = checked.stdout + checked.stderr
+    assert checked.exit_code == 2, said
+    line = next(x for x in said.splitlines() if "'currency'" in x)
+    assert "'compute_tax'" in line and "camunda:inputParameter" in line and "SYSTEM" in line, line
+    # `run` checks the process as it loads it: refused before any instance exists
+    doc = run_json(cli, "run", str(path), "--data", json.dumps(INVOICE), code=2)
+    assert doc["instance_id"] is None and doc["error"]["kind"] == "invalid_process"
+    assert "'currency'" in doc["error"]["message"] and "'compute_tax'" in doc["error"]["message"]
+
+
+def test_an_input_into_a_process_key_is_refused_when_it_changes_it(cli: Any) -> None:
+    """PROCESS is append-only: a mapping that writes the value the start data gave is no change; another
+    value is refused, naming the mapping and how to let activities change the key."""
+    same = run_json(cli, "run", str(HERE / "invoice_tax.bpmn"), "--data", json.dumps({**INVOICE, "rate": 20}))
+    assert same["status"] == "completed" and same["layers"]["L1"]["rate"] == 20
+    doc = run_json(cli, "run", str(HERE / "invoice_tax.bpmn"), "--data", json.dumps({**INVOICE, "rate": 19}), code=1)
+    assert doc["error"]["kind"] == "permission_denied"
+    message = doc["error"]["message"]
+    assert "camunda:inputParameter 'rate' of 'compute_tax'" in message and "data_layers" in message
