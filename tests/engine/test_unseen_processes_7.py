@@ -108,3 +108,50 @@ def test_an_input_into_a_process_key_is_refused_when_it_changes_it(cli: Any) -> 
     assert doc["error"]["kind"] == "permission_denied"
     message = doc["error"]["message"]
     assert "camunda:inputParameter 'rate' of 'compute_tax'" in message and "data_layers" in message
+
+
+# ------------------------------------------------------------------ an event's output mappings, messages out
+
+PAYMENT = {"invoice_no": "INV-9", "invoice_total": 300}
+PAID = {"amount": 300, "payer": {"iban": "DE00 1234"}}
+
+
+def test_payment_event_mappings_run_as_the_events_fire_and_the_receipt_leaves(cli: Any) -> None:
+    """README: a start event's output mappings run at the start (a FEEL context written as JSON is a
+    literal), a message catch event's after the payload went into the context (a key the payload lacks
+    gives null in FEEL); a message nothing in the instance catches leaves it, in `messages_out`."""
+    assert cli("validate", str(HERE / "payment_wait.bpmn")).exit_code == 0
+    doc = run_json(cli, "run", str(HERE / "payment_wait.bpmn"), "--data", json.dumps(PAYMENT), code=3)
+    assert [(w["kind"], w["task_id"], w["event"]) for w in doc["waiting_for"]] == [
+        ("event", "payment_in", "payment_received")]
+    assert data_keys(doc["layers"]["L3"]) == {"currency": "EUR", "notice": {"channel": "email", "reminders": 0}}
+    paid = run_json(cli, "send", doc["instance_id"], "payment_received", "--json-payload", json.dumps(PAID))
+    assert paid["status"] == "completed"
+    assert data_keys(paid["layers"]["L3"]) == {
+        "currency": "EUR", "notice": {"channel": "email", "reminders": 0}, **PAID, "paid_amount": 300,
+        "payer_iban": "DE00 1234", "payer_reference": None, "balance": 0, "settled": True}
+    assert paid["layers"]["L3"]["event:payment_in"]["keys"] == ["amount", "payer"]
+    assert [(m["name"], m["kind"], m["element_id"], m["payload"]) for m in paid["messages_out"]] == [
+        ("receipt_issued", "message", "receipt_out", {"invoice_no": "INV-9", "balance": 0, "currency": "EUR"})]
+
+
+def test_a_message_whose_output_mapping_the_layer_rules_refuse_is_refused_whole(cli: Any) -> None:
+    """README: a message key the layer rules refuse is refused whole (exit 2) and recorded on the tape;
+    nothing else changes and the instance still waits. The catch event's output mappings are part of
+    catching it: one that would change a PROCESS key is refused the same way, before anything is
+    delivered (the instance failed at the catch event with the message used up: nothing waited for a
+    corrected one, and a retry failed the same way)."""
+    doc = run_json(cli, "run", str(HERE / "payment_wait.bpmn"), "--data", json.dumps({**PAYMENT, "paid_amount": 0}),
+                   code=3)
+    iid = doc["instance_id"]
+    sent = cli("send", iid, "payment_received", "--json-payload", json.dumps(PAID))
+    assert sent.exit_code == 2, (sent.stdout, sent.stderr)
+    assert "'paid_amount'" in sent.stderr and "zeebe:output" in sent.stderr and "payment_in" in sent.stderr, sent.stderr
+    after = run_json(cli, "inspect", iid)
+    assert after["status"] == "waiting" and after["waiting_for"] == doc["waiting_for"]
+    assert after["layers"]["L3"] == doc["layers"]["L3"] and after["layers"]["L4"] == {}
+    denied = json.loads(cli("tape", iid, "--kind", "denied", "--json").stdout)
+    assert [e["data"]["key"] for e in denied] == ["paid_amount"]
+    # a message the mapping can take (the same amount the process holds) goes through
+    fine = run_json(cli, "send", iid, "payment_received", "--json-payload", json.dumps({**PAID, "amount": 0}))
+    assert fine["status"] == "completed" and fine["layers"]["L3"]["balance"] == 300
