@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,122 @@ def test_a_message_whose_output_mapping_the_layer_rules_refuse_is_refused_whole(
     # a message the mapping can take (the same amount the process holds) goes through
     fine = run_json(cli, "send", iid, "payment_received", "--json-payload", json.dumps({**PAID, "amount": 0}))
     assert fine["status"] == "completed" and fine["layers"]["L3"]["balance"] == 300
+
+
+# ------------------------------------------------------------------ parallel branches mapping one target
+
+ORDER = {"order": {"total": 400, "lines": ["a", "b"]}}
+
+
+def _due_listed(cli: Any, iid: str) -> dict[str, Any]:
+    """`layerflow timers --json`'s item for ``iid``, polled until its confirmation is due (its timeout
+    is one second: the test waits for the clock, it asserts nothing about how long that took)."""
+    deadline = time.monotonic() + 30
+    while True:
+        doc = json.loads(cli("timers", "--json").stdout)
+        mine = [d for d in doc["due"] if d["instance_id"] == iid]
+        if mine:
+            return mine[0]
+        assert time.monotonic() < deadline, doc
+        time.sleep(0.2)
+
+
+def test_branches_mapping_one_target_differently_conflict_and_the_timeout_settles_it(cli: Any) -> None:
+    """DESIGN: a key changed differently in two branches is a conflict. Both branches' zeebe:input map
+    `=order.total` to `amount` (the same value: no conflict); their zeebe:output map different values
+    to `region_verdict` (a conflict, in HISTORY where the finished tasks' writes are). The join's
+    humanConfirm has a timeout: the waiting item carries `due`, `layerflow timers` lists it once due,
+    and `--fire` applies the default."""
+    doc = run_json(cli, "run", str(HERE / "region_check.bpmn"), "--data", json.dumps(ORDER), code=3)
+    iid = doc["instance_id"]
+    assert doc["conflicts"] == [{"gateway_id": "fan_in", "layer": "L3", "key": "region_verdict", "base_value": None,
+                                 "base_absent": True, "values": {"eu_check": "ok", "us_check": "hold"},
+                                 "resolution": None}]
+    (item,) = doc["waiting_for"]
+    assert (item["kind"], item["id"], item["task_id"]) == ("confirmation", "fan_in/region_verdict", "fan_in")
+    (asked,) = doc["confirmations"]
+    assert (asked["timeout"], asked["default"]) == (1.0, "hold")
+    assert item["due"] == datetime.fromtimestamp(asked["deadline"], timezone.utc).isoformat()
+    listed = _due_listed(cli, iid)
+    assert (listed["kind"], listed["id"], listed["due"]) == ("confirmation", "fan_in/region_verdict", item["due"])
+    assert f"confirmation fan_in/region_verdict times out" in cli("timers").stdout
+    fired = json.loads(cli("timers", "--fire", "--json").stdout)
+    assert [(f["instance_id"], f["status"]) for f in fired["fired"] if f["instance_id"] == iid] == [(iid, "completed")]
+    done = run_json(cli, "inspect", iid)
+    assert done["status"] == "completed" and done["waiting_for"] == []
+    (conflict,) = done["conflicts"]
+    assert conflict["resolution"]["value"] == "hold" and "default" in conflict["resolution"]["reason"]
+    assert done["confirmations"][0]["timed_out"] is True
+    assert data_keys(done["layers"]["L3"]) == {"amount": 400, "lines": ["a", "b"], "verdict": "ok", "eu_lines": 2,
+                                               "region_verdict": "hold", "us_default": "hold", "us_seen": 400,
+                                               "shipped": False}
+    timed = json.loads(cli("tape", iid, "--kind", "confirmation_timed_out", "--json").stdout)
+    assert [(e["data"]["action"], e["data"]["value"]) for e in timed] == [("default", "hold")]
+    # the join's snapshot and the tape rebuild the main context as it is
+    instance = Engine(os.environ["LAYERFLOW_STORE"]).load(iid)
+    assert LayeredContext.replay(instance.main.tape) == instance.main
+    assert json.loads(cli("timers", "--json").stdout)["due"] == []
+
+
+def test_an_answer_before_the_deadline_decides(cli: Any, tmp_path: Path) -> None:
+    path = copied(tmp_path, "region_check", "fan_in:\n  humanConfirm: {timeout: 3600, default: hold}\n")
+    doc = run_json(cli, "run", str(path), "--data", json.dumps(ORDER), code=3)
+    done = run_json(cli, "resume", doc["instance_id"], "--answer", "fan_in/region_verdict=ok")
+    assert done["status"] == "completed" and done["layers"]["L3"]["shipped"] is True
+    assert done["conflicts"][0]["resolution"]["resolver"] == "human"
+    assert done["confirmations"][0]["timed_out"] is False
+
+
+@pytest.fixture
+def redis_store() -> Any:
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip(f"no Redis at {REDIS}")
+    prefix = f"unseen7-{uuid.uuid4().hex[:10]}"
+    yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def _worker(store: str, stream: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("LAYERFLOW_STORE", None)
+    return subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", "--store", store, "--stream", stream,
+                             "--timer-interval", "0.2", "--consumer", f"u7-{uuid.uuid4().hex[:6]}"],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL)
+
+
+def _until(engine: Engine, iid: str, status: str, worker: subprocess.Popen[bytes]) -> Any:
+    deadline = time.monotonic() + 40
+    while True:
+        instance = engine.load(iid)
+        if instance.status == status:
+            return instance
+        assert worker.poll() is None, "the worker ended"
+        assert time.monotonic() < deadline, f"{iid} is {instance.status}, not {status}"
+        time.sleep(0.1)
+
+
+def test_a_worker_on_redis_fires_the_due_confirmation(cli: Any, redis_store: tuple[str, str]) -> None:
+    """README ("Many workers"): workers fire due timers themselves; a confirmation's timeout is due the same
+    way. Submitted to Redis, the instance waits for the join, then times out to the default."""
+    store, stream = redis_store
+    submitted = json.loads(cli("submit", str(HERE / "region_check.bpmn"), "--data", json.dumps(ORDER),
+                               "--store", store, "--stream", stream, "--json").stdout)
+    (iid,) = submitted["instance_ids"]
+    worker = _worker(store, stream)
+    try:
+        engine = Engine(store)
+        done = _until(engine, iid, "completed", worker)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    doc = done.to_document()
+    assert doc["conflicts"][0]["resolution"]["value"] == "hold" and doc["confirmations"][0]["timed_out"] is True
+    assert data_keys(doc["layers"]["L3"])["shipped"] is False
