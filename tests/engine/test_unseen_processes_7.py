@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -315,3 +318,107 @@ def test_two_parallel_calls_of_one_process_conflict_on_what_the_called_process_s
 def test_two_parallel_calls_give_back_only_their_out_mappings_as_camunda_does(cli: Any) -> None:
     doc = run_json(cli, "run", str(HERE / "dual_scoring.bpmn"), "--data", json.dumps(APPLICANTS))
     assert doc["conflicts"] == [] and doc["layers"]["L3"]["total_score"] == 71
+
+
+# ------------------------------------------------------------------ a Camunda Modeler file on every interface
+
+CLAIM = {"employee": "Kim", "amount": 250}
+REVIEW = {"approved": True, "comment": "fine"}
+
+
+@contextmanager
+def serving(store: str, folder: Path) -> Iterator[str]:
+    """``layerflow serve --port 0 --catalog unseen7`` on ``store``; its URL, read from the line it prints."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LAYERFLOW_API_TOKEN", "LAYERFLOW_MODEL", "LAYERFLOW_STORE")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["LAYERFLOW_API_TOKEN"] = TOKEN
+    log = folder / "serve.err"
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                 "--catalog", str(HERE), "--store", store, "--log-level", "warning"],
+                                cwd=folder, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None:
+            assert proc.poll() is None, f"layerflow serve exited: {log.read_text()}"
+            assert time.monotonic() < deadline, f"layerflow serve named no address: {log.read_text()}"
+            found = re.search(r"serving .* on (http://127\.0\.0\.1:\d+)", log.read_text())
+            url = found.group(1) if found else None
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def _answers(doc: dict[str, Any]) -> dict[str, Any]:
+    """What every interface must agree on: the layers, the messages that left, the conflicts. Not the
+    tape positions: the REST API notes who started the instance (`started`, actor `api`), one event
+    more, so a branch's `_snapshot_id` (`snap:main:SEQ`) and a message's `seq` name other positions."""
+    layers = {name: {k: v for k, v in layer.items() if k != "_snapshot_id"} for name, layer in doc["layers"].items()}
+    return {"status": doc["status"], "layers": layers, "conflicts": doc["conflicts"],
+            "messages_out": [{k: v for k, v in m.items() if k != "seq"} for m in doc["messages_out"]],
+            "process_id": doc["process_id"]}
+
+
+def test_a_camunda_modeler_claim_gives_the_same_answers_on_the_cli_rest_and_a_worker(
+        cli: Any, tmp_path: Path, redis_store: tuple[str, str]) -> None:
+    """A Camunda 7 Modeler file (camunda namespace, a start form, a user task's formData,
+    camunda:inputOutput, a Python condition, a diagram) run end to end: by `layerflow run` + `resume`,
+    through a real `layerflow serve` (start form, a refused start, the user task), and by a worker on
+    Redis (`submit`, then `resume` on the worker's store). Each gives the same answers."""
+    assert cli("validate", str(HERE / "expense_claim.bpmn")).exit_code == 0
+    first = run_json(cli, "run", str(HERE / "expense_claim.bpmn"), "--data", json.dumps(CLAIM), code=3)
+    (item,) = first["waiting_for"]
+    assert (item["kind"], item["task_id"]) == ("user_task", "manager_review")
+    assert [(f["id"], f["type"], f["required"]) for f in item["form"]["fields"]] == [
+        ("approved", "boolean", True), ("comment", "string", False)]
+    assert first["layers"]["L1"] == {**CLAIM, "category": "travel"}  # the start form's default
+    refused = cli("resume", first["instance_id"], "--answer", "manager_review=" + json.dumps({"approved": "yes"}))
+    assert refused.exit_code == 2 and "approved" in refused.stderr
+    by_cli = run_json(cli, "resume", first["instance_id"], "--answer", "manager_review=" + json.dumps(REVIEW))
+    assert by_cli["status"] == "completed"
+    assert data_keys(by_cli["layers"]["L3"]) == {"claimed": 250, "threshold": 100, "over": True,
+                                                 "needs_approval": True, "approved": True, "comment": "fine",
+                                                 "payout": 250}
+    assert [(m["name"], m["payload"]) for m in by_cli["messages_out"]] == [
+        ("expense_paid", {"employee": "Kim", "payout": 250})]
+    small = run_json(cli, "run", str(HERE / "expense_claim.bpmn"), "--data", json.dumps({"employee": "Lu", "amount": 40}))
+    assert small["status"] == "completed" and small["layers"]["L3"]["comment"] == "under the threshold"
+
+    with serving(f"sqlite:///{tmp_path / 'rest.db'}", tmp_path) as url, \
+            httpx.Client(base_url=url, headers=AUTH, timeout=60) as c:
+        form = c.get("/api/processes/expense_claim").json()["start_form"]
+        assert form["event_id"] == "claim_in"
+        assert [(f["id"], f["required"], f["default"]) for f in form["fields"]] == [
+            ("employee", True, None), ("amount", True, None), ("category", False, "travel")]
+        bad = c.post("/api/instances", json={"process_id": "expense_claim", "data": {"amount": 0}})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["problems"] == [{"field": "employee", "problem": "is required and missing"},
+                                                   {"field": "amount", "problem": "0 is below the minimum 1"}]
+        started = c.post("/api/instances", json={"process_id": "expense_claim", "data": CLAIM})
+        assert started.status_code == 201 and started.json()["status"] == "waiting"
+        rid = started.json()["instance_id"]
+        done = c.post(f"/api/instances/{rid}/user-tasks/manager_review", json={"data": REVIEW})
+        assert done.status_code == 200, done.text
+        by_rest = c.get(f"/api/instances/{rid}").json()
+
+    store, stream = redis_store
+    submitted = json.loads(cli("submit", str(HERE / "expense_claim.bpmn"), "--data", json.dumps(CLAIM),
+                               "--store", store, "--stream", stream, "--json").stdout)
+    (wid,) = submitted["instance_ids"]
+    worker = _worker(store, stream)
+    try:
+        _until(Engine(store), wid, "waiting", worker)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    by_worker = run_json(cli, "resume", wid, "--store", store, "--answer", "manager_review=" + json.dumps(REVIEW))
+
+    assert _answers(by_rest) == _answers(by_cli)
+    assert _answers(by_worker) == _answers(by_cli)
