@@ -422,3 +422,32 @@ def test_a_camunda_modeler_claim_gives_the_same_answers_on_the_cli_rest_and_a_wo
 
     assert _answers(by_rest) == _answers(by_cli)
     assert _answers(by_worker) == _answers(by_cli)
+
+
+# ------------------------------------------------------------------ compression of what mappings wrote
+
+
+def test_a_preserved_mapping_target_survives_the_cliff_and_rest_undoes_it(tmp_path: Path) -> None:
+    """DESIGN: preserveKeys always survive unchanged; every compression takes a snapshot first and can be
+    undone. The output parameter `invoice_tax` is preserved by its task; the cliff after `book` folds the
+    rest of compute_tax's writes (its inputs included: writes like any other) and keeps `book` whole."""
+    copied(tmp_path, "invoice_tax", "compute_tax:\n  preserveKeys: [invoice_tax]\nbook:\n  compressTokenThreshold: 40\n")
+    with ServerThread(create_app(f"sqlite:///{tmp_path / 'c.db'}", tmp_path, TOKEN)) as server, \
+            httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
+        doc = c.post("/api/instances", json={"process_id": "invoice_tax", "data": INVOICE}).json()
+        assert doc["status"] == "completed", doc["error"]
+        (comp,) = doc["compressions"]
+        assert comp["activity_id"] == "book" and "token_threshold" in comp["triggers"]
+        assert comp["folded"] == ["net", "rate", "currency", "tax", "note", "activity:compute_tax"]
+        history = doc["layers"]["L3"]
+        assert history["invoice_tax"] == 100 and history["booked"] == {"number": "INV-1", "gross": 600}
+        assert history["compaction:1"]["covers"] == ["activity:compute_tax"]
+        assert not {"net", "rate", "currency", "tax", "note"} & set(history)
+        iid = doc["instance_id"]
+        judged = c.post(f"{GOV}/compress", json={"instance_id": iid, "action": "evaluate"}).json()
+        assert judged["snapshot_id"] == comp["snapshot_id"] and judged["preserved_intact"] is True
+        undone = c.post(f"{GOV}/compress", json={"instance_id": iid, "action": "decompress"})
+        assert undone.status_code == 200, undone.text
+        back = c.get(f"/api/instances/{iid}").json()["layers"]["L3"]
+        assert data_keys(back) == {"net": 500, "rate": 20, "currency": "EUR", "tax": 100, "note": "tax of INV-1 in EUR",
+                                   "invoice_tax": 100, "booked": {"number": "INV-1", "gross": 600}}
