@@ -468,3 +468,24 @@ def test_a_due_confirmation_takes_a_late_answer_until_its_timeout_rule_ran(cli: 
     after = cli("resume", fired["instance_id"], "--answer", "fan_in/region_verdict=ok")
     assert after.exit_code == 0 and "fan_in/region_verdict" in after.stderr and "not used" in after.stderr
     assert run_json(cli, "inspect", fired["instance_id"])["layers"]["L3"]["region_verdict"] == "hold"
+
+
+# ------------------------------------------------------------------ mappings per instance, on a person's task
+
+LINES = {"lines": [{"price": 2, "qty": 3}, {"price": 5, "qty": 1}]}
+
+
+def test_mappings_on_each_instance_and_around_a_persons_task(cli: Any) -> None:
+    """README: each instance of a multi-instance activity maps its own input (`=line.price` from its own
+    item), and its output item is collected; a user task's input parameter is in the context (and the
+    waiting item's data) while it waits, its output parameter runs after the person's answer; a Camunda 7
+    input naming a variable that is not set stops the run with an error naming the task and the mapping."""
+    doc = run_json(cli, "run", str(HERE / "order_lines.bpmn"), "--data", json.dumps(LINES), code=3)
+    assert data_keys(doc["layers"]["L3"])["subtotals"] == [6, 5]
+    (item,) = doc["waiting_for"]
+    assert item["task_id"] == "check" and item["data"] == {"to_check": [6, 5]}
+    done = run_json(cli, "resume", doc["instance_id"], "--answer", "check=" + json.dumps({"reviewer": "ann"}), code=1)
+    assert done["layers"]["L3"]["checked_by"] == "ann" and done["layers"]["L3"]["to_check"] == [6, 5]
+    error = done["error"]
+    assert error["task_id"] == "missing" and "camunda:inputParameter 'x' of 'missing'" in error["message"]
+    assert "not set" in error["message"] and "nowhere" in error["message"]
