@@ -2813,7 +2813,8 @@ class _Validator:
                 continue
             value = f"{mapping.field} {mapping.target!r}" if mapping.dialect == "JUEL" else \
                 f"{mapping.field} source={mapping.source.strip()!r} target={mapping.target!r}"
-            when = "before its work" if mapping.direction == "input" else "after its work"
+            when = "as it fires" if tag.endswith("Event") else \
+                "before its work" if mapping.direction == "input" else "after its work"
             self.add("io_mapping_system", f"bpmn:{tag} {eid!r} has {value}, which writes {head!r}, a key the "
                      f"config's system: fixes in L0 SYSTEM: no activity may write it, so the instance would stop at "
                      f"{eid!r} {when}; name another target (and read that one where {head!r} was read)",

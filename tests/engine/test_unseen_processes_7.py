@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from context_layers import LayeredContext
-from engine import Engine, load_process
+from engine import Engine
 from engine.api import create_app
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
@@ -197,7 +197,7 @@ def test_branches_mapping_one_target_differently_conflict_and_the_timeout_settle
     assert item["due"] == datetime.fromtimestamp(asked["deadline"], timezone.utc).isoformat()
     listed = _due_listed(cli, iid)
     assert (listed["kind"], listed["id"], listed["due"]) == ("confirmation", "fan_in/region_verdict", item["due"])
-    assert f"confirmation fan_in/region_verdict times out" in cli("timers").stdout
+    assert "confirmation fan_in/region_verdict times out" in cli("timers").stdout
     fired = json.loads(cli("timers", "--fire", "--json").stdout)
     assert [(f["instance_id"], f["status"]) for f in fired["fired"] if f["instance_id"] == iid] == [(iid, "completed")]
     done = run_json(cli, "inspect", iid)
@@ -489,3 +489,27 @@ def test_mappings_on_each_instance_and_around_a_persons_task(cli: Any) -> None:
     error = done["error"]
     assert error["task_id"] == "missing" and "camunda:inputParameter 'x' of 'missing'" in error["message"]
     assert "not set" in error["message"] and "nowhere" in error["message"]
+
+
+@pytest.mark.parametrize(("name", "system", "element", "field"), [
+    ("payment_wait", "currency", "invoice_sent", "zeebe:output"),     # a start event's output, as it fires
+    ("payment_wait", "paid_amount", "payment_in", "zeebe:output"),    # a message catch event's
+    ("region_check", "region_verdict", "eu_check", "zeebe:output"),   # a task's, after its work
+])
+def test_validate_names_each_mapping_into_a_system_key(cli: Any, tmp_path: Path, name: str, system: str,
+                                                       element: str, field: str) -> None:
+    path = copied(tmp_path, name, f"system:\n  {system}: fixed\n")
+    checked = cli("validate", str(path))
+    said = checked.stdout + checked.stderr
+    assert checked.exit_code == 2, said
+    line = next(x for x in said.splitlines() if f"'{element}'" in x and f"'{system}'" in x)
+    assert field in line and "SYSTEM" in line and "name another target" in line, line
+
+
+def test_validate_leaves_a_mapping_of_a_system_key_to_itself_alone(cli: Any, tmp_path: Path) -> None:
+    """A zeebe:input of a variable to itself (`=amount` to amount) writes nothing: no refusal."""
+    path = copied(tmp_path, "region_check", "system:\n  amount: 5\n")
+    text = path.read_text(encoding="utf-8").replace('source="=order.total" target="amount"',
+                                                    'source="=amount" target="amount"')
+    path.write_text(text, encoding="utf-8")
+    assert cli("validate", str(path)).exit_code == 0
