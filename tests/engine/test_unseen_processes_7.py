@@ -513,3 +513,18 @@ def test_validate_leaves_a_mapping_of_a_system_key_to_itself_alone(cli: Any, tmp
                                                     'source="=amount" target="amount"')
     path.write_text(text, encoding="utf-8")
     assert cli("validate", str(path)).exit_code == 0
+
+
+def test_rest_refuses_the_message_whose_output_mapping_is_denied_with_403(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    copied(tmp_path, "payment_wait")
+    with TestClient(create_app(f"sqlite:///{tmp_path / 'r.db'}", tmp_path, TOKEN)) as c:
+        doc = c.post("/api/instances", headers=AUTH, json={"process_id": "payment_wait",
+                                                           "data": {**PAYMENT, "paid_amount": 0}}).json()
+        iid = doc["instance_id"]
+        sent = c.post(f"/api/instances/{iid}/events", headers=AUTH, json={"name": "payment_received", "payload": PAID})
+        assert sent.status_code == 403, sent.text
+        assert "'paid_amount'" in sent.json()["error"]["message"] and "zeebe:output" in sent.json()["error"]["message"]
+        now = c.get(f"/api/instances/{iid}", headers=AUTH).json()
+        assert now["status"] == "waiting" and now["layers"]["L3"] == doc["layers"]["L3"]
