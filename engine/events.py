@@ -53,8 +53,8 @@ from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import EventBased
 from SpiffWorkflow.bpmn.util import BpmnEvent
 from SpiffWorkflow.util.task import TaskState
 
-from context_layers import Layer, LayeredContext, freeze
-from context_layers.errors import ContextValueError
+from context_layers import Layer, LayeredContext, freeze, json_equal, thaw
+from context_layers.errors import ContextValueError, ContextWriteDenied
 
 from . import spiff
 
@@ -275,6 +275,39 @@ def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any], *,
                                    **({"sent_from": dict(sent_from)} if sent_from is not None else {})})
 
 
+def _check_output_mappings(c: Catch, ctx: LayeredContext, values: Mapping[str, Any], actor: str) -> None:
+    """The catch event's output mappings (``zeebe:output source="=amount" target="paid"``) run as it
+    fires, after the payload went in: part of catching the event. One whose write the layer rules
+    refuse (a PROCESS key it would change, a SYSTEM key) refuses the event whole, before anything is
+    delivered, as a payload key the rules refuse does: the instance keeps waiting for a message it
+    can take (else it would fail at the catch event with the message used up)."""
+    ext = (getattr(c.task.task_spec, "extensions", None) or {}) if c.task is not None else {}
+    script = ext.get(spiff.EVENT_OUTPUTS_KEY)
+    if not script:
+        return
+    names: dict[str, Any] = {k: thaw(v) for k, v in ctx.resolved().items()}
+    names.update({k: thaw(freeze(v)) for k, v in values.items()})
+    try:
+        exec(compile(script, f"<output mappings {c.event_id}>", "exec"), {}, names)  # noqa: S102 - the BPMN's own
+    except Exception:  # noqa: BLE001 - the run reports it at the event, naming the event, as before
+        return
+    mapped: Mapping[str, str] = ext.get(spiff.MAPPED_KEY) or {}
+    for target, field in mapped.items():
+        key = target.split(".")[0].strip()
+        if key not in names or key in values:
+            continue
+        _, reason = ctx.check_write(Layer.WORKING, key)
+        if reason is None or (key in ctx and json_equal(ctx.resolve(key), freeze(names[key]))):
+            continue  # allowed, or no change (the value the context holds)
+        try:
+            ctx.write(Layer.WORKING, key, names[key], actor=actor)  # denied: on the tape, nothing written
+        except ContextWriteDenied as err:
+            raise ContextWriteDenied(err.key, err.requested, err.effective,
+                                     f"{err.reason}; {key!r} is set by {field} of {c.event_id!r}, which runs as "
+                                     f"{c.kind} {c.name!r} is caught: nothing was delivered, the instance still "
+                                     "waits for it") from None
+
+
 def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,
             kind: str, actor: str, instance_id: str, waiting_for: Sequence[Mapping[str, Any]]) -> list[Catch]:
     """Deliver a message or signal: check everything, let SpiffWorkflow catch the event, then
@@ -341,6 +374,7 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
     for c, ctx, values in writes:
         if any(ctx.check_write(Layer.WORKING, key)[1] is not None for key in values):
             ctx.write_many(Layer.WORKING, values, actor=actor)  # raises ContextWriteDenied: nothing is written
+        _check_output_mappings(c, ctx, values, actor)
 
     for ctx, multi in interrupted:  # as SpiffWorkflow will cancel the activity: closed, its writes undone
         ctx.abort_activity(ctx.current_activity or "", reason=f"interrupted by {kind} {name!r}", actor=actor)

@@ -209,6 +209,9 @@ not make ``report.ok`` false:
 ``call_mapping_system``               a call activity's camunda:in / camunda:out whose target is a key the
                                       config's system: fixes (L0 SYSTEM): the mapping's write is denied and
                                       the instance stops at the call activity
+``io_mapping_system``                 a task's or event's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping
+                                      that runs and whose target is a key the config's system: fixes (L0 SYSTEM):
+                                      its write is denied and the instance stops at that element
 ``io_mapping_on_event``               an event's input mapping (a throw event's), or an output mapping that computes
                                       something: never run, the target is never set; error where the files read it
                                       (a condition, a script, another mapping), else a warning
@@ -2766,6 +2769,7 @@ class _Validator:
         target is never set: an error where the files read the target, else a warning, with the
         Python to write in a pre- or postScript. True when the element has mappings."""
         found = io_mappings.mappings(el)
+        self._check_mapping_system(found, eid, tag, file)
         for mapping in (m for m in found if m.python is None):
             self.related.add(eid)
             target, hook = mapping.target, "preScript" if mapping.direction == "input" else "postScript"
@@ -2799,6 +2803,23 @@ class _Validator:
                      severity="error" if read else "warning")
         return bool(found)
 
+    def _check_mapping_system(self, found: list[io_mappings.Mapping], eid: str, tag: str, file: str) -> None:
+        """Mappings that run and write a key the config's system: fixes: the write is denied at the
+        element (as a call activity's camunda:out into one is, ``call_mapping_system``), so the instance
+        would stop there. A mapping of a variable to itself writes nothing and is left alone."""
+        for mapping in found:
+            head = mapping.target.split(".")[0].strip()
+            if mapping.python is None or head not in self.system_keys or io_mappings.identity(mapping):
+                continue
+            value = f"{mapping.field} {mapping.target!r}" if mapping.dialect == "JUEL" else \
+                f"{mapping.field} source={mapping.source.strip()!r} target={mapping.target!r}"
+            when = "as it fires" if tag.endswith("Event") else \
+                "before its work" if mapping.direction == "input" else "after its work"
+            self.add("io_mapping_system", f"bpmn:{tag} {eid!r} has {value}, which writes {head!r}, a key the "
+                     f"config's system: fixes in L0 SYSTEM: no activity may write it, so the instance would stop at "
+                     f"{eid!r} {when}; name another target (and read that one where {head!r} was read)",
+                     file=file, line=mapping.element.sourceline, element_id=eid, field=mapping.field)
+
     def _check_event_mappings(self, el: Any, eid: str, tag: str, file: str) -> bool:
         """Input and output mappings of an event. Its outputs that name a variable, follow a path or
         give a literal run as it fires (a start event's, a message catch event's renaming of what the
@@ -2807,6 +2828,7 @@ class _Validator:
         target (a condition, a script, another mapping), else a warning, with the script task to draw
         and its Python. True when the element has mappings."""
         found = io_mappings.mappings(el) if tag.endswith("Event") else []
+        self._check_mapping_system([m for m in found if m.direction == "output"], eid, tag, file)
         for mapping in (m for m in found if (m.direction == "input" or m.python is None) and not io_mappings.identity(m)):
             self.related.add(eid)
             target = mapping.target
