@@ -1,10 +1,12 @@
 """A call activity's ``in`` / ``out`` mappings as Camunda 7 (Operaton, Activiti, Flowable) write
 them: ``<camunda:in source="claimId" target="ref"/>`` passes the caller's ``claimId`` to the called
 process as ``ref``; ``<camunda:out source="ok" target="claimOk"/>`` gives its ``ok`` back as
-``claimOk``. layerflow runs a called process in its caller's context, so every variable crosses
-under its own name anyway (``variables="all"``); what a mapping adds is the other name, set by
-Python run as the call activity's preScript (``in``) and postScript (``out``)
-(``engine.spiff._LayerflowCallActivityParser``). Pure: lxml only, read by ``engine.validate`` too."""
+``claimOk``. The mappings are Python run as the call activity's preScript (``in``) and postScript
+(``out``) (``engine.spiff._LayerflowCallActivityParser``). A call with ``out`` mappings and no
+``out variables="all"`` runs in a scope of its own, as Camunda gives each call its variables, and
+only what its ``out`` mappings set comes back (``scoped``, ``ScopeSteps.leave_subworkflow``); any
+other runs in its caller's context, where every variable crosses under its own name. Pure: lxml
+only, read by ``engine.validate`` too."""
 
 from __future__ import annotations
 
@@ -47,6 +49,28 @@ def renames(node: Any) -> list[tuple[str, str, str, Any]]:
 #: multi-instance call activity runs it in its own scope, which the called process runs in
 IN_MARK = "# in mappings of the call activity"
 OUT_MARK = "# out mappings of the call activity"
+#: the last line of the out mappings' script when the call activity also has
+#: ``<camunda:out variables="all"/>``: everything the called process set comes back
+ALL_OUT_MARK = "# out variables=all"
+
+
+def all_out(node: Any) -> bool:
+    """Whether the call activity element ``node`` has an ``out`` mapping with ``variables="all"``."""
+    for ext in node.iterfind(_EXTENSIONS):
+        for child in ext:
+            if isinstance(child.tag, str) and etree.QName(child.tag).namespace in NAMESPACES \
+                    and etree.QName(child.tag).localname == "out" and (child.get("variables") or "").strip() == "all":
+                return True
+    return False
+
+
+def scoped(spec: Any) -> bool:
+    """Whether a call activity runs its called process in a scope of its own, as Camunda does: it
+    has ``out`` mappings and no ``out variables="all"``, so only what they name comes back to the
+    caller (parallel calls of one process then never meet on its variables). Read from its
+    postScript, which is saved with the workflow."""
+    postscript = getattr(spec, "postscript", None)
+    return bool(postscript) and OUT_MARK in postscript and ALL_OUT_MARK not in postscript
 
 
 def script(pairs: list[tuple[str, str]], *, out: bool = False) -> str:

@@ -22,7 +22,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
-from context_layers.context import RECORD_PREFIXES
+from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES
 from context_layers.errors import ActivityError, ContextWriteDenied
 from gateways.join import free_record_key, single_counts, single_summaries
 from gateways.splitter import ContextSplitter, branch_context_name
@@ -165,7 +165,10 @@ class ScopeSteps:
           forked from the activity's), its input item in WORKING, so parallel instances never
           see nor overwrite each other's items;
         * a called process whose ``ioSpecification`` names data outputs runs in a scope of its
-          own too: only those outputs come back (``leave_subworkflow``), as in SpiffWorkflow.
+          own too: only those outputs come back (``leave_subworkflow``), as in SpiffWorkflow;
+        * so does a call activity with camunda:out mappings (``call_mappings.scoped``): its in
+          mappings, the called process and its out mappings run there, and only what the out
+          mappings set comes back, as in Camunda.
 
         The called process's data inputs must be in the context (SpiffWorkflow's check)."""
         if spiff.is_pool(task):
@@ -198,7 +201,8 @@ class ScopeSteps:
             self._event_forked(name)
             subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name
             return
-        if multi is None and not outputs:
+        scoped_call = multi is None and call_mappings.scoped(spec)
+        if multi is None and not outputs and not scoped_call:
             return
         inject: dict[str, Any] = {}
         if multi is not None:
@@ -224,7 +228,7 @@ class ScopeSteps:
             "status": "scope", "join": None}
         subworkflow.task_tree.internal_data[spiff.CTX_KEY] = name  # the sub-process's tasks run in the scope
         prescript = getattr(spec, "prescript", None)
-        if multi is not None and prescript and call_mappings.IN_MARK in prescript:
+        if (multi is not None or scoped_call) and prescript and call_mappings.IN_MARK in prescript:
             # an instance of a multi-instance call activity that maps variables in: its preScript runs
             # here, in the instance's scope, so what it maps reaches that call only (Camunda's in
             # mappings set the called instance's variables), not the caller (``spiff.execute_script``)
@@ -388,15 +392,26 @@ class ScopeSteps:
                     parent.write(Layer.WORKING, key, value, actor=bpmn_id)
                 task.data = {}
         else:
+            given: dict[str, Any] = {}
+            if call_mappings.scoped(task.task_spec):
+                # a call with out mappings (and no out variables="all") gives back what they set, as
+                # Camunda does: they run here, in its scope, and only what they changed comes back
+                before = scope.resolved()
+                if self._instance_postscript(task, name):
+                    return  # it threw a BPMN error: its catcher runs next
+                given = {k: v for k, v in scope.resolved().items()
+                         if not k.startswith(RECORD_KEY_PREFIXES) and k not in BRANCH_MARKERS
+                         and (k not in before or not json_equal(before[k], v))}
             missing = [o for o in outputs if o not in scope]
             if missing:
                 raise ActivityError(f"{bpmn_id!r} calls {task.task_spec.spec!r}, whose ioSpecification names the data "
                                     f"output(s) {', '.join(map(repr, missing))}; the called process set none of "
                                     "them. Set them in the called process or remove them from its dataOutput",
                                     task_id=bpmn_id)
+            given.update({o: scope.resolve(o) for o in outputs})
             parent.begin_activity(bpmn_id, actor=bpmn_id)
-            parent.write_many(Layer.WORKING, {o: scope.resolve(o) for o in outputs}, actor=bpmn_id)
-            parent.complete_activity(bpmn_id, summary=f"outputs of {task.task_spec.spec}: {', '.join(outputs)}",
+            parent.write_many(Layer.WORKING, given, actor=bpmn_id)
+            parent.complete_activity(bpmn_id, summary=f"outputs of {task.task_spec.spec}: {', '.join(given)}",
                                      actor=bpmn_id)
         info["status"] = "joined"
         info["join"] = bpmn_id

@@ -668,7 +668,7 @@ class _LayerflowSpecMixin:
             if thrown:
                 raise ScriptThrew(bpmn_id_of(my_task))
             return None
-        if call_mappings.IN_MARK in script and multi_instance_of(my_task) is not None \
+        if call_mappings.IN_MARK in script and (multi_instance_of(my_task) is not None or call_mappings.scoped(self)) \
                 and script == getattr(self, "prescript", None):
             return None  # an instance's in mappings run in its scope as it starts (ScopeSteps.enter_subworkflow)
         # the preScript of a multi-instance activity (spiffworkflow:scriptsOnInstances off) runs
@@ -1689,7 +1689,10 @@ class _LayerflowCallActivityParser(CallActivityParser):  # type: ignore[misc]
         found = io_mappings.mappings(self.node)
         before = "\n".join(filter(None, [io_mappings.script([m for m in found if m.direction == "input"]),
                                           call_mappings.script(ins) if ins else None]))
-        after = "\n".join(filter(None, [call_mappings.script(outs, out=True) if outs else None,
+        out_script = call_mappings.script(outs, out=True) if outs else None
+        if out_script and call_mappings.all_out(self.node):
+            out_script += "\n" + call_mappings.ALL_OUT_MARK
+        after = "\n".join(filter(None, [out_script,
                                          io_mappings.script([m for m in found if m.direction == "output"])]))
         return before or None, after or None
 

@@ -211,9 +211,9 @@ def test_a_call_activity_mapping_that_renames_a_variable_runs(tmp_path: Path) ->
     """Operaton's call-activity example maps the called process's isValid to orderValid
     (``operaton:out source="isValid" target="orderValid"``) and its gateway reads orderValid.
     SpiffWorkflow runs no such mapping: plain SpiffWorkflow stops in the called process on the input
-    it renamed ("name 'ref' is not defined"). layerflow runs the mappings, in as the call activity's
-    preScript and out as its postScript, so the process takes the path it takes in Camunda: nothing
-    to report, ``claimOk`` decides the gateway, and the renamed values sit beside the originals."""
+    it renamed ("name 'ref' is not defined"). layerflow runs the mappings, so the process takes the
+    path it takes in Camunda: nothing to report, ``claimOk`` decides the gateway. As in Camunda, a
+    call with out mappings runs in a scope of its own: only what they set comes back."""
     path = REALWORLD / "call_mapping_renamed.bpmn"
     with pytest.raises(Exception, match="name 'ref' is not defined"):
         plain(path, "claim_intake", {"claimId": "C-1"})
@@ -224,8 +224,9 @@ def test_a_call_activity_mapping_that_renames_a_variable_runs(tmp_path: Path) ->
         engine = Engine(store="memory://")
         instance = engine.run(engine.start(load_process([path], process_id="claim_intake"), {"claimId": claim}))
         assert instance.status == "completed", instance.error
-        assert variables(instance.main) == {"claimId": claim, "ref": claim, "ok": ok, "checkedAt": "2026-01-31",
-                                            "claimOk": ok, "checkedOn": "2026-01-31"}
+        assert variables(instance.main) == {"claimId": claim, "claimOk": ok, "checkedOn": "2026-01-31"}
+        [scope] = [c for name, c in instance.contexts.items() if name != "main"]
+        assert variables(scope)["ref"] == claim and variables(scope)["ok"] is ok
         assert path_of(instance.workflow)[-3:] == ["check", "valid", end]
 
 
@@ -244,8 +245,9 @@ def test_call_mappings_in_other_engines_spellings(tmp_path: Path) -> None:
     engine = Engine(store="memory://")
     instance = engine.run(engine.start(load_process([spelled], process_id="claim_intake"), {"claimId": "C-3"}))
     assert instance.status == "completed", instance.error
-    assert variables(instance.main)["ref"] == "C-3" and variables(instance.main)["extra"] is None
-    assert variables(instance.main)["claimOk"] is True
+    [scope] = [c for name, c in instance.contexts.items() if name != "main"]
+    assert variables(scope)["ref"] == "C-3" and variables(scope)["extra"] is None
+    assert variables(instance.main)["claimOk"] is True and "ref" not in variables(instance.main)
 
     computed = rewritten(tmp_path, path, [('<camunda:in source="claimId" target="ref" />',
                                            '<camunda:in sourceExpression="${claimId.trim()}" target="ref" />')])
@@ -408,3 +410,21 @@ def test_a_camunda_7_form_js_form_beside_the_bpmn_checks_the_answers(tmp_path: P
         f"camunda:formKey 'camunda-forms:app:approve-invoice.form': {tmp_path / 'approve-invoice.form'} is no such "
         "file, so answers to this task are not checked against a form; Camunda deploys the form with the BPMN: put "
         "its approve-invoice.form beside the BPMN")
+
+
+def test_a_scoped_call_that_waits_for_a_person_resumes_in_a_fresh_engine(tmp_path: Path) -> None:
+    """A call with out mappings runs in a scope of its own (README); a person's step inside the called
+    process makes it wait: loaded anew from sqlite and answered, it ends as an uninterrupted run
+    would, with only the out mappings given back."""
+    path = rewritten(tmp_path, REALWORLD / "call_mapping_renamed.bpmn", [(
+        '<bpmn:sequenceFlow id="c1" sourceRef="check_start" targetRef="inspect" />',
+        '<bpmn:sequenceFlow id="c1" sourceRef="check_start" targetRef="look" /><bpmn:userTask id="look" />'
+        '<bpmn:sequenceFlow id="c0" sourceRef="look" targetRef="inspect" />')])
+    url = f"sqlite:///{tmp_path / 'calls.db'}"
+    engine = Engine(store=url)
+    waiting = engine.run(engine.start(load_process([path], process_id="claim_intake"), {"claimId": "C-5"}))
+    assert waiting.status == "waiting" and [w["task_id"] for w in waiting.waiting_for] == ["look"]
+    fresh = Engine(store=url)
+    done = fresh.complete_user_task(fresh.load(waiting.id), "look", {"seen": True})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"claimId": "C-5", "claimOk": True, "checkedOn": "2026-01-31"}
