@@ -70,7 +70,7 @@ def scoped(spec: Any) -> bool:
     caller (parallel calls of one process then never meet on its variables). Read from its
     postScript, which is saved with the workflow."""
     postscript = getattr(spec, "postscript", None)
-    return bool(postscript) and OUT_MARK in postscript and ALL_OUT_MARK not in postscript
+    return isinstance(postscript, str) and OUT_MARK in postscript and ALL_OUT_MARK not in postscript
 
 
 def script(pairs: list[tuple[str, str]], *, out: bool = False) -> str:
