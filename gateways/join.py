@@ -258,8 +258,13 @@ def _walk_folds(events: Iterable[Event]) -> tuple[dict[str, Any], dict[str, bool
     decided: dict[str, Any] = {}
     folded: dict[str, bool] = {}
     for e in events:
+        # a key one event removes from WORKING and sets in HISTORY (an activity's move, a join's
+        # merge) holds the HISTORY value: the removal from WORKING is no decision to delete it
+        moved = {key for layer, key, value in e.changes if layer == Layer.HISTORY and value is not DELETED}
         for layer, key, value in e.changes:
             if layer not in (Layer.HISTORY, Layer.WORKING):
+                continue
+            if layer == Layer.WORKING and value is DELETED and key in moved:
                 continue
             if _folding(e, key):
                 if layer == Layer.HISTORY:
@@ -358,9 +363,9 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     seen_h: Mapping[str, Any] = _Overlay(history, unfolded) if unfolded else history
     # a branch whose activity only moved a key of WORKING at the split into HISTORY, with the
     # value it had, left it alone; another branch's change of it is then no conflict. An
-    # injected key is left alone holding the injected value or the split's (set back to it),
-    # and so when a compression in the branch folded it holding that value: the fold summarised
-    # the branch's own value, no decision about the split's (which stays).
+    # injected key is left alone holding the injected value or the split's (set back to it);
+    # either is left alone too when a compression in the branch folded it holding that value: the
+    # fold summarised the branch's own value, no decision about the split's (which stays).
     alone: dict[str, list[Any]] = {k: [base_w[k]] for k in changed_working if k in base_w}
     for key, value in injected.items():
         alone.setdefault(key, []).append(value)
@@ -368,7 +373,7 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
         if key in BRANCH_MARKERS:
             continue
         kept_in_history = key in seen_h and any(same_value(seen_h[key], v) for v in values)
-        if key in injected and key not in working and key not in seen_h and key in (folds := _fold_decisions(branch)):
+        if key not in working and key not in seen_h and key in (folds := _fold_decisions(branch)):
             before = folds[key]
             kept_in_history = before is not None and before is not DELETED and any(same_value(before, v) for v in values)
         if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):

@@ -238,3 +238,43 @@ def test_an_injected_key_a_nested_join_took_as_a_fold_is_left_alone(tmp_path: Pa
        + "".join(f"{t}: {fold}\n" for t in ("t5", "t7", "t8", "t9")))
     assert instance.status == "completed", (instance.error, instance.waiting_for)
     assert instance.conflicts == [] and data(instance)["seen"] == 0
+
+
+def test_a_key_of_the_splits_working_a_branch_moved_and_folded_is_left_alone(tmp_path: Path) -> None:
+    # p1 injects k0 = 0 into p3's branch, so k0 is in WORKING at the nested split p3. t5 moves it
+    # into HISTORY as it was and t6's compression folds it; t7 writes 1. t5's branch left k0
+    # alone: t7's 1 is taken, no question asked (before: a conflict {t5: 0, t7: 1} at j4)
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t0", "pass"), flow("p1", "t0"), flow("t0", "j2"),
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "pass"), flow("p3", "t5"), script_task("t6", "pass"), flow("t5", "t6"), flow("t6", "j4"),
+        script_task("t7", "k0 = 1"), flow("p3", "t7"), flow("t7", "j4"), flow("j4", "j2"),
+        script_task("after", "seen = k0"), flow("j2", "after"), '<bpmn:endEvent id="end"/>', flow("after", "end"),
+    ], "p1: {branches: [{id: p3, contextInject: {k0: 0}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t0", "t5", "t6", "t7")))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert instance.conflicts == [] and data(instance)["seen"] == 1
+
+
+def test_a_value_a_nested_join_took_over_an_injected_one_meets_the_other_branchs_value(tmp_path: Path) -> None:
+    # p1 injects k0 = 1 into p3's branch; there t6 writes 0 and the nested join j4 takes it (t5 left
+    # k0 alone), then t7's compression folds it. p3's branch decided 0, t8 wrote 1: a conflict at
+    # j2, as without the compressions (before: none, t8's 1 was taken)
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t8", "k0 = 1"), flow("p1", "t8"), flow("t8", "j2"),
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "pass"), flow("p3", "t5"), flow("t5", "j4"),
+        script_task("t6", "k0 = 0"), flow("p3", "t6"), flow("t6", "j4"),
+        script_task("t7", "pass"), flow("j4", "t7"), flow("t7", "j2"),
+        '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "p1: {branches: [{id: p3, contextInject: {k0: 1}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t5", "t6", "t7", "t8")))
+    assert [w["id"] for w in instance.waiting_for] == ["j2/k0"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"p3": 0, "t8": 1}
