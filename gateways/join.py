@@ -555,17 +555,22 @@ def _unfold(key: str, record: Any, branch: LayeredContext, base_h: LayerView,
     owner = segment_history(list(before.items())).owner
     counted = {k for found in _removed_by_counters(event, before).values() for k in found}
     known = True
+    # a key an earlier record folded, which the branch then wrote again before this record folded
+    # it, comes back as this record found it: the records it merged only fill in the rest
+    merged: dict[str, tuple[Any, int]] = {}
     for layer, k, new in event.changes:
         if layer != Layer.HISTORY or new is not DELETED or k not in before or k in counted or (
                 k not in covers and owner.get(k) not in covers):
             continue
         old = before[k]
         if k.startswith("compaction:") and not (k in base_h and same_value(base_h[k], old)):
-            known = _unfold(k, old, branch, base_h, made, base_keys, undo) and known
+            known = _unfold(k, old, branch, base_h, made, base_keys, merged) and known
             continue
         if k in base_h:
             base_keys.add(k)
         undo[k] = (old, before.order_of(k))
+    for k, older in merged.items():
+        undo.setdefault(k, older)
     return known
 
 

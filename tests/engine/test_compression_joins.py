@@ -278,3 +278,30 @@ def test_a_value_a_nested_join_took_over_an_injected_one_meets_the_other_branchs
     assert [w["id"] for w in instance.waiting_for] == ["j2/k0"], (instance.status, instance.error)
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"p3": 0, "t8": 1}
+
+
+def test_a_value_written_again_after_a_fold_comes_back_as_the_later_fold_found_it(tmp_path: Path) -> None:
+    # in t9's branch t9's compression folds k0 (0, the split's) into compaction:2, x10's taken
+    # branch injects k0 = 1, and t13's compression folds compaction:2 and k0 = 1 into compaction:3.
+    # The join drops compaction:3 (p5's branch summarises the same base entries) and gives t9's
+    # branch back what it folded: k0 = 1, the value it decided, which meets p5's 2. Before, the
+    # older fold's 0 came back, t9's branch read as never changing k0 and p5's 2 was taken.
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nk0 = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p3"/>', flow("init", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        '<bpmn:parallelGateway id="p5"/>', flow("p3", "p5"), '<bpmn:parallelGateway id="j6"/>',
+        script_task("t7", "pass"), flow("p5", "t7"), flow("t7", "j6"),
+        script_task("t8", "k0 = 2"), flow("p5", "t8"), flow("t8", "j6"), flow("j6", "j4"),
+        script_task("t9", "pass"), flow("p3", "t9"),
+        '<bpmn:exclusiveGateway id="x10" default="x10_d"/>', flow("t9", "x10"), '<bpmn:exclusiveGateway id="xm11"/>',
+        script_task("t12", "pass"), flow("x10", "t12", "x % 2 == 0"), script_task("t13", "pass"), flow("t12", "t13"),
+        script_task("t14", "pass"), '<bpmn:sequenceFlow id="x10_d" sourceRef="x10" targetRef="t14"/>',
+        flow("t13", "xm11"), flow("t14", "xm11"), flow("xm11", "j4"),
+        '<bpmn:endEvent id="end"/>', flow("j4", "end"),
+    ], "x10: {branches: [{id: t12, contextInject: {k0: 1}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t7", "t8", "t9", "t12", "t13", "t14")))
+    j4 = [e for e in instance.main.tape if e.data.get("note") == "join" and e.data["gateway_id"] == "j4"]
+    assert [w["id"] for w in instance.waiting_for] == ["j4/k0"], (instance.status, j4)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"p5": 2, "t9": 1} and conflict["base_value"] == 0
