@@ -525,10 +525,18 @@ def _branch_folds(base: Snapshot, branch_id: str, branch: LayeredContext,
     made = {(e.data["compaction_key"], e.data.get("snapshot_id")): e for e in branch.tape
             if e.data.get("note") == "compress" and e.data.get("compaction_key")}
     folds = []
+    # a key the branch decided again after a record folded it (a join inside the branch took a
+    # value its branches decided, and a later fold, one the tape may not unfold, took that) comes
+    # back with the branch's last decision, not the value the record found
+    decided = {k: v for k, v in _fold_decisions(branch).items()
+               if v is not None and v is not DELETED and not is_record_key(k) and k not in BRANCH_MARKERS}
     for key in new:
         base_keys: set[str] = set()
         undo: dict[str, tuple[Any, int]] = {}
         known = _unfold(key, history[key], branch, base_h, made, base_keys, undo)
+        for k, (old, at) in list(undo.items()):
+            if k in decided:
+                undo[k] = (decided[k], at)
         folds.append(_Fold(branch_id, key, history.order_of(key), frozenset(base_keys),
                            {k: v for k, v in undo.items() if k not in history} if known else None))
     return folds

@@ -305,3 +305,39 @@ def test_a_value_written_again_after_a_fold_comes_back_as_the_later_fold_found_i
     assert [w["id"] for w in instance.waiting_for] == ["j4/k0"], (instance.status, j4)
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"p5": 2, "t9": 1} and conflict["base_value"] == 0
+
+
+def test_a_value_decided_after_a_dropped_fold_comes_back_as_decided_last(tmp_path: Path) -> None:
+    # p1 injects i0 = 0 into s11's branch; t13's compression folds it into compaction:2. Inside
+    # p14, x17's taken branch injects i0 = 1, which the nested join j22 and then j15 take as folds
+    # (folded_values). At j2 the join drops compaction:2 (x7's branch summarises the same base
+    # entries) and gives s11's branch back what it folded: i0 as s11 last decided it, 1, which meets
+    # x7's 0. Before, the record's 0 came back, the injected value: s11 read as leaving i0 alone
+    # and x7's 0 was taken silently.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [x]}"
+
+    def xor(g: str, m: str, entry: str, then: str, orelse: str) -> list[str]:
+        return [f'<bpmn:exclusiveGateway id="{g}" default="{g}_d"/>', flow(entry, g),
+                f'<bpmn:exclusiveGateway id="{m}"/>', script_task(then, "pass"), flow(g, then, "x % 2 == 0"),
+                script_task(orelse, "pass"), f'<bpmn:sequenceFlow id="{g}_d" sourceRef="{g}" targetRef="{orelse}"/>',
+                flow(then, m), flow(orelse, m)]
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        *xor("x7", "xm8", "p1", "t9", "t10"), flow("xm8", "j2"),
+        '<bpmn:subProcess id="s11"><bpmn:startEvent id="s11_start"/>' + script_task("t12", "pass")
+        + flow("s11_start", "t12") + script_task("t13", "pass") + flow("t12", "t13")
+        + '<bpmn:endEvent id="s11_end"/>' + flow("t13", "s11_end") + '</bpmn:subProcess>', flow("p1", "s11"),
+        '<bpmn:parallelGateway id="p14"/>', flow("s11", "p14"), '<bpmn:parallelGateway id="j15"/>',
+        script_task("t16", "pass"), flow("p14", "t16"), flow("t16", "j15"),
+        *xor("x17", "xm18", "p14", "t19", "t20"),
+        '<bpmn:parallelGateway id="p21"/>', flow("xm18", "p21"), '<bpmn:parallelGateway id="j22"/>',
+        script_task("t23", "pass"), flow("p21", "t23"), flow("t23", "j22"),
+        script_task("t24", "pass"), flow("p21", "t24"), flow("t24", "j22"), flow("j22", "j15"),
+        flow("j15", "j2"), '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "p1: {branches: [{id: s11, contextInject: {i0: 0}}]}\nx7: {branches: [{id: t9, contextInject: {i0: 0}}]}\n"
+       "x17: {branches: [{id: t19, contextInject: {i0: 1}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t9", "t10", "t12", "t13", "t16", "t19", "t20", "t23", "t24")))
+    assert [w["id"] for w in instance.waiting_for] == ["j2/i0"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"x7": 0, "s11": 1}
