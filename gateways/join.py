@@ -24,7 +24,8 @@ summarised twice and the join would undo what the compressions saved; so of the 
 summarise a base entry one is kept (``_fold_choice``: the one summarising the most base entries,
 then branch order), and a branch whose record is dropped merges as if that compression had not
 folded: its own entries the record summarised come back as they were before the fold (the
-branch's snapshot the record names), the base entries only it folded stay. What a record
+branch's snapshot the record names; a key the branch decided again after it, as it last decided it),
+the base entries only it folded stay. What a record
 folded is read from the branch's tape (the compress event and the snapshot before it).
 
 Counters: two branches whose ``count_only`` rules counted the same base HISTORY entries each
