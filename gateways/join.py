@@ -1125,15 +1125,18 @@ def join_contexts(
                    and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
     taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None or o.value is not DELETED}
     folded_values: dict[str, Any] = {}
-    for b in order:
-        for key, value in _fold_decisions(branches[b]).items():
-            if (key in folded or (key not in taken and key not in base_h)) \
-                    and not is_record_key(key) and key not in BRANCH_MARKERS and key not in folded_values:
-                if value is None and key in base_h:
-                    value = base_h[key]
-                if value is not None and value is not DELETED and not (
-                        key in (injected or {}).get(b, {}) and same_value(value, (injected or {})[b][key])):
-                    folded_values[key] = jsonable(value)
+    # a branch that decided a value names it before one that only compressed the key (whose fold
+    # the join may even have undone: ``_fold_choice``), whatever their order
+    decisions = {b: _fold_decisions(branches[b]) for b in order}
+    for b, key, value in sorted(((b, key, value) for b in order for key, value in decisions[b].items()),
+                                key=lambda item: item[2] is None):
+        if (key in folded or (key not in taken and key not in base_h)) \
+                and not is_record_key(key) and key not in BRANCH_MARKERS and key not in folded_values:
+            if value is None and key in base_h:
+                value = base_h[key]
+            if value is not None and value is not DELETED and not (
+                    key in (injected or {}).get(b, {}) and same_value(value, (injected or {})[b][key])):
+                folded_values[key] = jsonable(value)
     return JoinResult(folded=folded, folded_values=folded_values, gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,

@@ -341,3 +341,29 @@ def test_a_value_decided_after_a_dropped_fold_comes_back_as_decided_last(tmp_pat
     assert [w["id"] for w in instance.waiting_for] == ["j2/i0"], (instance.status, instance.error)
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"x7": 0, "s11": 1}
+
+
+def test_a_nested_join_names_the_value_a_branch_decided_not_the_one_another_only_folded(tmp_path: Path) -> None:
+    # in p8's branch, t10 only compresses r_num (0, the split's); j12 takes t14's 1 and t15's
+    # compression folds it. j9 takes the fold and names the value p11's branch decided, 1, though
+    # t10 comes first; at j2 that 1 meets t7's -1. Before, j9 named t10's 0 (the split's value),
+    # p8's branch read as leaving r_num alone and t7's -1 was taken silently.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [x]}"
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t7", "r_num = -1"), flow("p1", "t7"), flow("t7", "j2"),
+        '<bpmn:parallelGateway id="p8"/>', flow("p1", "p8"), '<bpmn:parallelGateway id="j9"/>',
+        script_task("t10", "pass"), flow("p8", "t10"), flow("t10", "j9"),
+        '<bpmn:parallelGateway id="p11"/>', flow("p8", "p11"), '<bpmn:parallelGateway id="j12"/>',
+        script_task("t13", "pass"), flow("p11", "t13"), flow("t13", "j12"),
+        script_task("t14", "r_num = 1"), flow("p11", "t14"), flow("t14", "j12"),
+        script_task("t15", "pass"), flow("j12", "t15"), flow("t15", "j9"),
+        flow("j9", "j2"), '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "".join(f"{t}: {fold}\n" for t in ("t7", "t10", "t13", "t14", "t15")))
+    (j9,) = [e for ctx in instance.contexts.values() for e in ctx.tape
+             if e.data.get("note") == "join" and e.data["gateway_id"] == "j9"]
+    assert j9.data["folded_values"] == {"r_num": 1}
+    assert [w["id"] for w in instance.waiting_for] == ["j2/r_num"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"t7": -1, "p8": 1}
