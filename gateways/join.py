@@ -421,7 +421,8 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
                unfolded: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
     """HISTORY keys that two or more branches changed: base keys (a compression's fold counts,
     unless the join drops its record: ``unfolded``) and data keys new since the split (one a
-    branch wrote and its compression then folded counts too)."""
+    branch wrote and its compression then folded counts too), a new key one branch holds in
+    WORKING (an exclusive choice inside it injected it, no activity moved it since) among them."""
     base_h = base.layer(Layer.HISTORY)
     counts: dict[str, int] = {}
     for b, ctx in branches.items():
@@ -430,6 +431,7 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
             history = _Overlay(history, unfolded[b])
         keys = touched[b][Layer.HISTORY]
         folds: dict[str, Any] | None = None
+        mine: set[str] = set()
         for key in keys if keys is not None else base_h:
             if key in base_h:
                 changed = key not in history or not same_value(history[key], base_h[key])
@@ -441,7 +443,16 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
                 folds = _fold_decisions(ctx) if folds is None else folds
                 changed = folds.get(key) not in (None, DELETED)
             if changed:
-                counts[key] = counts.get(key, 0) + 1
+                mine.add(key)
+        working, base_w = ctx.layer(Layer.WORKING), base.layer(Layer.WORKING)
+        w_keys = touched[b][Layer.WORKING]
+        for key in w_keys if w_keys is not None else working:
+            if key in base_h or key in mine or is_record_key(key) or key in BRANCH_MARKERS:
+                continue
+            if key in working and not (key in base_w and same_value(working[key], base_w[key])):
+                mine.add(key)
+        for key in mine:
+            counts[key] = counts.get(key, 0) + 1
     return frozenset(k for k, n in counts.items() if n > 1)
 
 

@@ -367,3 +367,32 @@ def test_a_nested_join_names_the_value_a_branch_decided_not_the_one_another_only
     assert [w["id"] for w in instance.waiting_for] == ["j2/r_num"], (instance.status, instance.error)
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"t7": -1, "p8": 1}
+
+
+def test_a_value_a_branch_folded_meets_an_exclusive_choices_value_still_in_working(tmp_path: Path) -> None:
+    # x3's taken branch injects i0 = 1, t5 moves it into HISTORY and t6's compression folds it;
+    # x8's taken branch injects i0 = 0, and after j11 it is still in WORKING (both branches of p10
+    # left it alone). x3 decided 1, x8 decided 0: a conflict at j2, as without the compressions.
+    # Before, only HISTORY changes made a key contested: x3's fold read as no change and x8's 0
+    # was taken silently.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [r_list, x]}"
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0\nr_list = []"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        '<bpmn:exclusiveGateway id="x3" default="x3_d"/>', flow("p1", "x3"), '<bpmn:exclusiveGateway id="xm4"/>',
+        script_task("t5", "pass"), flow("x3", "t5", "x % 2 == 0"), script_task("t6", "pass"), flow("t5", "t6"),
+        script_task("t7", "pass"), '<bpmn:sequenceFlow id="x3_d" sourceRef="x3" targetRef="t7"/>',
+        flow("t6", "xm4"), flow("t7", "xm4"), flow("xm4", "j2"),
+        '<bpmn:exclusiveGateway id="x8" default="x8_d"/>', flow("p1", "x8"), '<bpmn:exclusiveGateway id="xm9"/>',
+        '<bpmn:parallelGateway id="p10"/>', flow("x8", "p10", "x % 2 == 0"), '<bpmn:parallelGateway id="j11"/>',
+        script_task("t12", "pass"), flow("p10", "t12"), script_task("t13", "pass"), flow("t12", "t13"), flow("t13", "j11"),
+        script_task("t14", "pass"), flow("p10", "t14"), flow("t14", "j11"),
+        script_task("t15", "pass"), '<bpmn:sequenceFlow id="x8_d" sourceRef="x8" targetRef="t15"/>',
+        flow("j11", "xm9"), flow("t15", "xm9"), flow("xm9", "j2"),
+        '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "p10: {branches: [{id: t12, contextInject: {i0: 0}}]}\nx3: {branches: [{id: t5, contextInject: {i0: 1}}]}\n"
+       "x8: {branches: [{id: p10, contextInject: {i0: 0}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t5", "t6", "t7", "t12", "t13", "t14", "t15")))
+    assert [w["id"] for w in instance.waiting_for] == ["j2/i0"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"x3": 1, "x8": 0}
