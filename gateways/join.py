@@ -1038,6 +1038,9 @@ def join_contexts(
     for b, records in counters.items():
         unfolded.setdefault(b, {}).update(records)
     contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
+    # a reducer reads every branch's value (``min`` of a branch that changed the key and one that
+    # did not is the unchanged one), so what each branch decided, not what its compression made of it
+    contested |= frozenset(k for k in config.reducers if k != MERGED_CONFLICTS_KEY)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
                                 contested, changed_working, unfolded.get(b), base_folded)

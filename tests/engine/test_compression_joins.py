@@ -396,3 +396,25 @@ def test_a_value_a_branch_folded_meets_an_exclusive_choices_value_still_in_worki
     assert [w["id"] for w in instance.waiting_for] == ["j2/i0"], (instance.status, instance.error)
     (conflict,) = instance.conflicts
     assert conflict["values"] == {"x3": 1, "x8": 0}
+
+
+def test_a_reducer_reads_what_each_branch_decided_not_its_folds(tmp_path: Path) -> None:
+    # j4 reduces r_num with min: t5's branch left it 0 (and its compression folded it), p6's
+    # decided 2 (j7 took t9's 2, t10's compression folded it): min is 0, no change, and t15's 1
+    # is taken at j2. Before, the reducer saw only p6's fold, j4 took it as a fold naming 2, and
+    # j2 asked a person to choose between 2 and 1.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [r_list, x]}"
+    instance = run(tmp_path, [
+        script_task("init", "x = 1\nr_num = 0\nr_list = []"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "pass"), flow("p3", "t5"), flow("t5", "j4"),
+        '<bpmn:parallelGateway id="p6"/>', flow("p3", "p6"), '<bpmn:parallelGateway id="j7"/>',
+        script_task("t8", "pass"), flow("p6", "t8"), flow("t8", "j7"),
+        script_task("t9", "r_num = 2"), flow("p6", "t9"), flow("t9", "j7"),
+        script_task("t10", "pass"), flow("j7", "t10"), flow("t10", "j4"), flow("j4", "j2"),
+        script_task("t15", "r_num = 1"), flow("p1", "t15"), flow("t15", "j2"),
+        script_task("after", "seen = r_num"), flow("j2", "after"), '<bpmn:endEvent id="end"/>', flow("after", "end"),
+    ], "j4: {reducers: {r_num: min}}\n" + "".join(f"{t}: {fold}\n" for t in ("t5", "t8", "t9", "t10", "t15")))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert instance.conflicts == [] and data(instance)["seen"] == 1
