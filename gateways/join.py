@@ -24,7 +24,8 @@ summarised twice and the join would undo what the compressions saved; so of the 
 summarise a base entry one is kept (``_fold_choice``: the one summarising the most base entries,
 then branch order), and a branch whose record is dropped merges as if that compression had not
 folded: its own entries the record summarised come back as they were before the fold (the
-branch's snapshot the record names), the base entries only it folded stay. What a record
+branch's snapshot the record names; a key the branch decided again after it, as it last decided it),
+the base entries only it folded stay. What a record
 folded is read from the branch's tape (the compress event and the snapshot before it).
 
 Counters: two branches whose ``count_only`` rules counted the same base HISTORY entries each
@@ -258,8 +259,13 @@ def _walk_folds(events: Iterable[Event]) -> tuple[dict[str, Any], dict[str, bool
     decided: dict[str, Any] = {}
     folded: dict[str, bool] = {}
     for e in events:
+        # a key one event removes from WORKING and sets in HISTORY (an activity's move, a join's
+        # merge) holds the HISTORY value: the removal from WORKING is no decision to delete it
+        moved = {key for layer, key, value in e.changes if layer == Layer.HISTORY and value is not DELETED}
         for layer, key, value in e.changes:
             if layer not in (Layer.HISTORY, Layer.WORKING):
+                continue
+            if layer == Layer.WORKING and value is DELETED and key in moved:
                 continue
             if _folding(e, key):
                 if layer == Layer.HISTORY:
@@ -358,9 +364,9 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     seen_h: Mapping[str, Any] = _Overlay(history, unfolded) if unfolded else history
     # a branch whose activity only moved a key of WORKING at the split into HISTORY, with the
     # value it had, left it alone; another branch's change of it is then no conflict. An
-    # injected key is left alone holding the injected value or the split's (set back to it),
-    # and so when a compression in the branch folded it holding that value: the fold summarised
-    # the branch's own value, no decision about the split's (which stays).
+    # injected key is left alone holding the injected value or the split's (set back to it);
+    # either is left alone too when a compression in the branch folded it holding that value: the
+    # fold summarised the branch's own value, no decision about the split's (which stays).
     alone: dict[str, list[Any]] = {k: [base_w[k]] for k in changed_working if k in base_w}
     for key, value in injected.items():
         alone.setdefault(key, []).append(value)
@@ -368,7 +374,7 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
         if key in BRANCH_MARKERS:
             continue
         kept_in_history = key in seen_h and any(same_value(seen_h[key], v) for v in values)
-        if key in injected and key not in working and key not in seen_h and key in (folds := _fold_decisions(branch)):
+        if key not in working and key not in seen_h and key in (folds := _fold_decisions(branch)):
             before = folds[key]
             kept_in_history = before is not None and before is not DELETED and any(same_value(before, v) for v in values)
         if (key in working and any(same_value(working[key], v) for v in values)) or (key not in working and kept_in_history):
@@ -415,7 +421,8 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
                unfolded: Mapping[str, Mapping[str, Any]]) -> frozenset[str]:
     """HISTORY keys that two or more branches changed: base keys (a compression's fold counts,
     unless the join drops its record: ``unfolded``) and data keys new since the split (one a
-    branch wrote and its compression then folded counts too)."""
+    branch wrote and its compression then folded counts too), a new key one branch holds in
+    WORKING (an exclusive choice inside it injected it, no activity moved it since) among them."""
     base_h = base.layer(Layer.HISTORY)
     counts: dict[str, int] = {}
     for b, ctx in branches.items():
@@ -424,6 +431,7 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
             history = _Overlay(history, unfolded[b])
         keys = touched[b][Layer.HISTORY]
         folds: dict[str, Any] | None = None
+        mine: set[str] = set()
         for key in keys if keys is not None else base_h:
             if key in base_h:
                 changed = key not in history or not same_value(history[key], base_h[key])
@@ -435,7 +443,16 @@ def _contested(base: Snapshot, branches: Mapping[str, LayeredContext],
                 folds = _fold_decisions(ctx) if folds is None else folds
                 changed = folds.get(key) not in (None, DELETED)
             if changed:
-                counts[key] = counts.get(key, 0) + 1
+                mine.add(key)
+        working, base_w = ctx.layer(Layer.WORKING), base.layer(Layer.WORKING)
+        w_keys = touched[b][Layer.WORKING]
+        for key in w_keys if w_keys is not None else working:
+            if key in base_h or key in mine or is_record_key(key) or key in BRANCH_MARKERS:
+                continue
+            if key in working and not (key in base_w and same_value(working[key], base_w[key])):
+                mine.add(key)
+        for key in mine:
+            counts[key] = counts.get(key, 0) + 1
     return frozenset(k for k, n in counts.items() if n > 1)
 
 
@@ -520,10 +537,18 @@ def _branch_folds(base: Snapshot, branch_id: str, branch: LayeredContext,
     made = {(e.data["compaction_key"], e.data.get("snapshot_id")): e for e in branch.tape
             if e.data.get("note") == "compress" and e.data.get("compaction_key")}
     folds = []
+    # a key the branch decided again after a record folded it (a join inside the branch took a
+    # value its branches decided, and a later fold, one the tape may not unfold, took that) comes
+    # back with the branch's last decision, not the value the record found
+    decided = {k: v for k, v in _fold_decisions(branch).items()
+               if v is not None and v is not DELETED and not is_record_key(k) and k not in BRANCH_MARKERS}
     for key in new:
         base_keys: set[str] = set()
         undo: dict[str, tuple[Any, int]] = {}
         known = _unfold(key, history[key], branch, base_h, made, base_keys, undo)
+        for k, (old, at) in list(undo.items()):
+            if k in decided:
+                undo[k] = (decided[k], at)
         folds.append(_Fold(branch_id, key, history.order_of(key), frozenset(base_keys),
                            {k: v for k, v in undo.items() if k not in history} if known else None))
     return folds
@@ -550,17 +575,22 @@ def _unfold(key: str, record: Any, branch: LayeredContext, base_h: LayerView,
     owner = segment_history(list(before.items())).owner
     counted = {k for found in _removed_by_counters(event, before).values() for k in found}
     known = True
+    # a key an earlier record folded, which the branch then wrote again before this record folded
+    # it, comes back as this record found it: the records it merged only fill in the rest
+    merged: dict[str, tuple[Any, int]] = {}
     for layer, k, new in event.changes:
         if layer != Layer.HISTORY or new is not DELETED or k not in before or k in counted or (
                 k not in covers and owner.get(k) not in covers):
             continue
         old = before[k]
         if k.startswith("compaction:") and not (k in base_h and same_value(base_h[k], old)):
-            known = _unfold(k, old, branch, base_h, made, base_keys, undo) and known
+            known = _unfold(k, old, branch, base_h, made, base_keys, merged) and known
             continue
         if k in base_h:
             base_keys.add(k)
         undo[k] = (old, before.order_of(k))
+    for k, older in merged.items():
+        undo.setdefault(k, older)
     return known
 
 
@@ -1008,6 +1038,9 @@ def join_contexts(
     for b, records in counters.items():
         unfolded.setdefault(b, {}).update(records)
     contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
+    # a reducer reads every branch's value (``min`` of a branch that changed the key and one that
+    # did not is the unchanged one), so what each branch decided, not what its compression made of it
+    contested |= frozenset(k for k in config.reducers if k != MERGED_CONFLICTS_KEY)
     changed_working = _changed_working(base, branches)
     scoped = {b: _scoped_layers(base, ctx, injected[b] if injected and b in injected else _injected(ctx), pinned,
                                 contested, changed_working, unfolded.get(b), base_folded)
@@ -1106,15 +1139,18 @@ def join_contexts(
                    and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
     taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None or o.value is not DELETED}
     folded_values: dict[str, Any] = {}
-    for b in order:
-        for key, value in _fold_decisions(branches[b]).items():
-            if (key in folded or (key not in taken and key not in base_h)) \
-                    and not is_record_key(key) and key not in BRANCH_MARKERS and key not in folded_values:
-                if value is None and key in base_h:
-                    value = base_h[key]
-                if value is not None and value is not DELETED and not (
-                        key in (injected or {}).get(b, {}) and same_value(value, (injected or {})[b][key])):
-                    folded_values[key] = jsonable(value)
+    # a branch that decided a value names it before one that only compressed the key (whose fold
+    # the join may even have undone: ``_fold_choice``), whatever their order
+    decisions = {b: _fold_decisions(branches[b]) for b in order}
+    for b, key, value in sorted(((b, key, value) for b in order for key, value in decisions[b].items()),
+                                key=lambda item: item[2] is None):
+        if (key in folded or (key not in taken and key not in base_h)) \
+                and not is_record_key(key) and key not in BRANCH_MARKERS and key not in folded_values:
+            if value is None and key in base_h:
+                value = base_h[key]
+            if value is not None and value is not DELETED and not (
+                    key in (injected or {}).get(b, {}) and same_value(value, (injected or {})[b][key])):
+                folded_values[key] = jsonable(value)
     return JoinResult(folded=folded, folded_values=folded_values, gateway_id=gateway_id, snapshot_id=base.id, branches=tuple(order), changes=changes,
                       conflicts=[ResolvedConflict(c, resolutions.get((int(c.layer), c.key))) for c in conflicts],
                       pending=pending, steps=outcome.steps, merged_conflicts=entries, preserved=preserved,

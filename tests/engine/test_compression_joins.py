@@ -238,3 +238,183 @@ def test_an_injected_key_a_nested_join_took_as_a_fold_is_left_alone(tmp_path: Pa
        + "".join(f"{t}: {fold}\n" for t in ("t5", "t7", "t8", "t9")))
     assert instance.status == "completed", (instance.error, instance.waiting_for)
     assert instance.conflicts == [] and data(instance)["seen"] == 0
+
+
+def test_a_key_of_the_splits_working_a_branch_moved_and_folded_is_left_alone(tmp_path: Path) -> None:
+    # p1 injects k0 = 0 into p3's branch, so k0 is in WORKING at the nested split p3. t5 moves it
+    # into HISTORY as it was and t6's compression folds it; t7 writes 1. t5's branch left k0
+    # alone: t7's 1 is taken, no question asked (before: a conflict {t5: 0, t7: 1} at j4)
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t0", "pass"), flow("p1", "t0"), flow("t0", "j2"),
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "pass"), flow("p3", "t5"), script_task("t6", "pass"), flow("t5", "t6"), flow("t6", "j4"),
+        script_task("t7", "k0 = 1"), flow("p3", "t7"), flow("t7", "j4"), flow("j4", "j2"),
+        script_task("after", "seen = k0"), flow("j2", "after"), '<bpmn:endEvent id="end"/>', flow("after", "end"),
+    ], "p1: {branches: [{id: p3, contextInject: {k0: 0}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t0", "t5", "t6", "t7")))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert instance.conflicts == [] and data(instance)["seen"] == 1
+
+
+def test_a_value_a_nested_join_took_over_an_injected_one_meets_the_other_branchs_value(tmp_path: Path) -> None:
+    # p1 injects k0 = 1 into p3's branch; there t6 writes 0 and the nested join j4 takes it (t5 left
+    # k0 alone), then t7's compression folds it. p3's branch decided 0, t8 wrote 1: a conflict at
+    # j2, as without the compressions (before: none, t8's 1 was taken)
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t8", "k0 = 1"), flow("p1", "t8"), flow("t8", "j2"),
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "pass"), flow("p3", "t5"), flow("t5", "j4"),
+        script_task("t6", "k0 = 0"), flow("p3", "t6"), flow("t6", "j4"),
+        script_task("t7", "pass"), flow("j4", "t7"), flow("t7", "j2"),
+        '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "p1: {branches: [{id: p3, contextInject: {k0: 1}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t5", "t6", "t7", "t8")))
+    assert [w["id"] for w in instance.waiting_for] == ["j2/k0"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"p3": 0, "t8": 1}
+
+
+def test_a_value_written_again_after_a_fold_comes_back_as_the_later_fold_found_it(tmp_path: Path) -> None:
+    # in t9's branch t9's compression folds k0 (0, the split's) into compaction:2, x10's taken
+    # branch injects k0 = 1, and t13's compression folds compaction:2 and k0 = 1 into compaction:3.
+    # The join drops compaction:3 (p5's branch summarises the same base entries) and gives t9's
+    # branch back what it folded: k0 = 1, the value it decided, which meets p5's 2. Before, the
+    # older fold's 0 came back, t9's branch read as never changing k0 and p5's 2 was taken.
+    fold = FOLD_EVERY_TIME
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nk0 = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p3"/>', flow("init", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        '<bpmn:parallelGateway id="p5"/>', flow("p3", "p5"), '<bpmn:parallelGateway id="j6"/>',
+        script_task("t7", "pass"), flow("p5", "t7"), flow("t7", "j6"),
+        script_task("t8", "k0 = 2"), flow("p5", "t8"), flow("t8", "j6"), flow("j6", "j4"),
+        script_task("t9", "pass"), flow("p3", "t9"),
+        '<bpmn:exclusiveGateway id="x10" default="x10_d"/>', flow("t9", "x10"), '<bpmn:exclusiveGateway id="xm11"/>',
+        script_task("t12", "pass"), flow("x10", "t12", "x % 2 == 0"), script_task("t13", "pass"), flow("t12", "t13"),
+        script_task("t14", "pass"), '<bpmn:sequenceFlow id="x10_d" sourceRef="x10" targetRef="t14"/>',
+        flow("t13", "xm11"), flow("t14", "xm11"), flow("xm11", "j4"),
+        '<bpmn:endEvent id="end"/>', flow("j4", "end"),
+    ], "x10: {branches: [{id: t12, contextInject: {k0: 1}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t7", "t8", "t9", "t12", "t13", "t14")))
+    j4 = [e for e in instance.main.tape if e.data.get("note") == "join" and e.data["gateway_id"] == "j4"]
+    assert [w["id"] for w in instance.waiting_for] == ["j4/k0"], (instance.status, j4)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"p5": 2, "t9": 1} and conflict["base_value"] == 0
+
+
+def test_a_value_decided_after_a_dropped_fold_comes_back_as_decided_last(tmp_path: Path) -> None:
+    # p1 injects i0 = 0 into s11's branch; t13's compression folds it into compaction:2. Inside
+    # p14, x17's taken branch injects i0 = 1, which the nested join j22 and then j15 take as folds
+    # (folded_values). At j2 the join drops compaction:2 (x7's branch summarises the same base
+    # entries) and gives s11's branch back what it folded: i0 as s11 last decided it, 1, which meets
+    # x7's 0. Before, the record's 0 came back, the injected value: s11 read as leaving i0 alone
+    # and x7's 0 was taken silently.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [x]}"
+
+    def xor(g: str, m: str, entry: str, then: str, orelse: str) -> list[str]:
+        return [f'<bpmn:exclusiveGateway id="{g}" default="{g}_d"/>', flow(entry, g),
+                f'<bpmn:exclusiveGateway id="{m}"/>', script_task(then, "pass"), flow(g, then, "x % 2 == 0"),
+                script_task(orelse, "pass"), f'<bpmn:sequenceFlow id="{g}_d" sourceRef="{g}" targetRef="{orelse}"/>',
+                flow(then, m), flow(orelse, m)]
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        *xor("x7", "xm8", "p1", "t9", "t10"), flow("xm8", "j2"),
+        '<bpmn:subProcess id="s11"><bpmn:startEvent id="s11_start"/>' + script_task("t12", "pass")
+        + flow("s11_start", "t12") + script_task("t13", "pass") + flow("t12", "t13")
+        + '<bpmn:endEvent id="s11_end"/>' + flow("t13", "s11_end") + '</bpmn:subProcess>', flow("p1", "s11"),
+        '<bpmn:parallelGateway id="p14"/>', flow("s11", "p14"), '<bpmn:parallelGateway id="j15"/>',
+        script_task("t16", "pass"), flow("p14", "t16"), flow("t16", "j15"),
+        *xor("x17", "xm18", "p14", "t19", "t20"),
+        '<bpmn:parallelGateway id="p21"/>', flow("xm18", "p21"), '<bpmn:parallelGateway id="j22"/>',
+        script_task("t23", "pass"), flow("p21", "t23"), flow("t23", "j22"),
+        script_task("t24", "pass"), flow("p21", "t24"), flow("t24", "j22"), flow("j22", "j15"),
+        flow("j15", "j2"), '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "p1: {branches: [{id: s11, contextInject: {i0: 0}}]}\nx7: {branches: [{id: t9, contextInject: {i0: 0}}]}\n"
+       "x17: {branches: [{id: t19, contextInject: {i0: 1}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t9", "t10", "t12", "t13", "t16", "t19", "t20", "t23", "t24")))
+    assert [w["id"] for w in instance.waiting_for] == ["j2/i0"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"x7": 0, "s11": 1}
+
+
+def test_a_nested_join_names_the_value_a_branch_decided_not_the_one_another_only_folded(tmp_path: Path) -> None:
+    # in p8's branch, t10 only compresses r_num (0, the split's); j12 takes t14's 1 and t15's
+    # compression folds it. j9 takes the fold and names the value p11's branch decided, 1, though
+    # t10 comes first; at j2 that 1 meets t7's -1. Before, j9 named t10's 0 (the split's value),
+    # p8's branch read as leaving r_num alone and t7's -1 was taken silently.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [x]}"
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        script_task("t7", "r_num = -1"), flow("p1", "t7"), flow("t7", "j2"),
+        '<bpmn:parallelGateway id="p8"/>', flow("p1", "p8"), '<bpmn:parallelGateway id="j9"/>',
+        script_task("t10", "pass"), flow("p8", "t10"), flow("t10", "j9"),
+        '<bpmn:parallelGateway id="p11"/>', flow("p8", "p11"), '<bpmn:parallelGateway id="j12"/>',
+        script_task("t13", "pass"), flow("p11", "t13"), flow("t13", "j12"),
+        script_task("t14", "r_num = 1"), flow("p11", "t14"), flow("t14", "j12"),
+        script_task("t15", "pass"), flow("j12", "t15"), flow("t15", "j9"),
+        flow("j9", "j2"), '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "".join(f"{t}: {fold}\n" for t in ("t7", "t10", "t13", "t14", "t15")))
+    (j9,) = [e for ctx in instance.contexts.values() for e in ctx.tape
+             if e.data.get("note") == "join" and e.data["gateway_id"] == "j9"]
+    assert j9.data["folded_values"] == {"r_num": 1}
+    assert [w["id"] for w in instance.waiting_for] == ["j2/r_num"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"t7": -1, "p8": 1}
+
+
+def test_a_value_a_branch_folded_meets_an_exclusive_choices_value_still_in_working(tmp_path: Path) -> None:
+    # x3's taken branch injects i0 = 1, t5 moves it into HISTORY and t6's compression folds it;
+    # x8's taken branch injects i0 = 0, and after j11 it is still in WORKING (both branches of p10
+    # left it alone). x3 decided 1, x8 decided 0: a conflict at j2, as without the compressions.
+    # Before, only HISTORY changes made a key contested: x3's fold read as no change and x8's 0
+    # was taken silently.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [r_list, x]}"
+    instance = run(tmp_path, [
+        script_task("init", "x = 0\nr_num = 0\nr_list = []"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        '<bpmn:exclusiveGateway id="x3" default="x3_d"/>', flow("p1", "x3"), '<bpmn:exclusiveGateway id="xm4"/>',
+        script_task("t5", "pass"), flow("x3", "t5", "x % 2 == 0"), script_task("t6", "pass"), flow("t5", "t6"),
+        script_task("t7", "pass"), '<bpmn:sequenceFlow id="x3_d" sourceRef="x3" targetRef="t7"/>',
+        flow("t6", "xm4"), flow("t7", "xm4"), flow("xm4", "j2"),
+        '<bpmn:exclusiveGateway id="x8" default="x8_d"/>', flow("p1", "x8"), '<bpmn:exclusiveGateway id="xm9"/>',
+        '<bpmn:parallelGateway id="p10"/>', flow("x8", "p10", "x % 2 == 0"), '<bpmn:parallelGateway id="j11"/>',
+        script_task("t12", "pass"), flow("p10", "t12"), script_task("t13", "pass"), flow("t12", "t13"), flow("t13", "j11"),
+        script_task("t14", "pass"), flow("p10", "t14"), flow("t14", "j11"),
+        script_task("t15", "pass"), '<bpmn:sequenceFlow id="x8_d" sourceRef="x8" targetRef="t15"/>',
+        flow("j11", "xm9"), flow("t15", "xm9"), flow("xm9", "j2"),
+        '<bpmn:endEvent id="end"/>', flow("j2", "end"),
+    ], "p10: {branches: [{id: t12, contextInject: {i0: 0}}]}\nx3: {branches: [{id: t5, contextInject: {i0: 1}}]}\n"
+       "x8: {branches: [{id: p10, contextInject: {i0: 0}}]}\n"
+       + "".join(f"{t}: {fold}\n" for t in ("t5", "t6", "t7", "t12", "t13", "t14", "t15")))
+    assert [w["id"] for w in instance.waiting_for] == ["j2/i0"], (instance.status, instance.error)
+    (conflict,) = instance.conflicts
+    assert conflict["values"] == {"x3": 1, "x8": 0}
+
+
+def test_a_reducer_reads_what_each_branch_decided_not_its_folds(tmp_path: Path) -> None:
+    # j4 reduces r_num with min: t5's branch left it 0 (and its compression folded it), p6's
+    # decided 2 (j7 took t9's 2, t10's compression folded it): min is 0, no change, and t15's 1
+    # is taken at j2. Before, the reducer saw only p6's fold, j4 took it as a fold naming 2, and
+    # j2 asked a person to choose between 2 and 1.
+    fold = "{compressMessageThreshold: 2, preserveKeys: [r_list, x]}"
+    instance = run(tmp_path, [
+        script_task("init", "x = 1\nr_num = 0\nr_list = []"), flow("start", "init"),
+        '<bpmn:parallelGateway id="p1"/>', flow("init", "p1"), '<bpmn:parallelGateway id="j2"/>',
+        '<bpmn:parallelGateway id="p3"/>', flow("p1", "p3"), '<bpmn:parallelGateway id="j4"/>',
+        script_task("t5", "pass"), flow("p3", "t5"), flow("t5", "j4"),
+        '<bpmn:parallelGateway id="p6"/>', flow("p3", "p6"), '<bpmn:parallelGateway id="j7"/>',
+        script_task("t8", "pass"), flow("p6", "t8"), flow("t8", "j7"),
+        script_task("t9", "r_num = 2"), flow("p6", "t9"), flow("t9", "j7"),
+        script_task("t10", "pass"), flow("j7", "t10"), flow("t10", "j4"), flow("j4", "j2"),
+        script_task("t15", "r_num = 1"), flow("p1", "t15"), flow("t15", "j2"),
+        script_task("after", "seen = r_num"), flow("j2", "after"), '<bpmn:endEvent id="end"/>', flow("after", "end"),
+    ], "j4: {reducers: {r_num: min}}\n" + "".join(f"{t}: {fold}\n" for t in ("t5", "t8", "t9", "t10", "t15")))
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert instance.conflicts == [] and data(instance)["seen"] == 1
