@@ -85,7 +85,6 @@ SUMMARY_MAX_TOKENS = 1024
 SUMMARY_DEFAULT_TOKENS = 256
 ENTRY_TEXT_TOKENS = 200  # each folded entry's text is cut to this before summarizing
 SUMMARY_SHARE = 0.25  # a compaction summary is at most this share of the text it replaces
-SUMMARY_FLOOR_TOKENS = 40  # folded text this small is summarized to no fewer tokens (a quarter says nothing)
 RECORD_OVERHEAD = 48  # tokens of a compaction record beyond its summary and covers (upper bound)
 
 _ATTENTION_FOLDS = frozenset({"density", "decay", "redundancy", "toolEfficiency"})
@@ -545,13 +544,8 @@ def _grew(folded: bool, before: int, after: int, entries_before: int, entries_af
 
 def _fit_budget(budget: int, input_tokens: int) -> int:
     """The summary budget for ``input_tokens`` of folded text: ``budget``, but at most
-    ``SUMMARY_SHARE`` of the input, except that small text (up to 64 tokens)
-    keeps up to ``SUMMARY_FLOOR_TOKENS``
-    (a quarter of two extracted lines says nothing: "status:" without its value); at least 16."""
-    share = int(input_tokens * SUMMARY_SHARE)
-    if input_tokens <= 64:
-        share = max(share, min(input_tokens, SUMMARY_FLOOR_TOKENS))
-    return max(16, min(budget, share))
+    ``SUMMARY_SHARE`` of the input (at least 16 tokens)."""
+    return max(16, min(budget, int(input_tokens * SUMMARY_SHARE)))
 
 
 class _Estimate:
@@ -589,8 +583,7 @@ class _Estimate:
             return
         self.picked[key] = None
         self.removed += self.sizes[key]
-        # its line of the folded text: "key: value" (at most ENTRY_TEXT_TOKENS)
-        self.input += min(ENTRY_TEXT_TOKENS, self.sizes[key] + _covers_tokens(key, self.enc))
+        self.input += min(ENTRY_TEXT_TOKENS, self.sizes[key])
         if listed:
             self.covers += _covers_tokens(key, self.enc)
 

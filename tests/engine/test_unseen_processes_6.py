@@ -458,15 +458,3 @@ def test_resume_of_a_completed_instance_says_what_it_did_not_use(cli: Any) -> No
     assert corrected.exit_code == 2
     assert "--set" in corrected.stderr and "completed" in corrected.stderr, corrected.stderr
     assert run_json(cli, "inspect", iid)["layers"]["L3"]["order_total"] == 10
-
-
-def test_a_cliff_over_extracted_tool_results_keeps_every_extracted_value(cli: Any) -> None:
-    """content_review's extract_keys rule keeps each tool result's status and data.id; the cliff that
-    then folds the fetching activity summarized those three short lines (38 tokens) to a quarter,
-    16 tokens: "tool_call_result_1: status:" with no value, the second result gone. Folded text this
-    small now keeps up to 40 tokens, so the compaction says what the rule kept."""
-    doc = run_json(cli, "run", str(HERE / "content_review.bpmn"), "--data", json.dumps({"article_no": 7}))
-    summary = doc["layers"]["L3"]["compaction:1"]["summary"]
-    assert "tool_call_result_1: status: ok; data.id: SRC-1" in summary
-    assert "tool_call_result_2: status: ok; data.id: SRC-2" in summary
-    assert doc["layers"]["L3"]["article_id"] == "ART-7"  # preserved, not folded
