@@ -1169,13 +1169,20 @@ def event_document(context_name: str, event: Any) -> dict[str, Any]:
     """A tape event as the CLI and the REST API show it: every event names its context, seq,
     kind, time, actor, activity and branch (null when it has none; the stored form leaves
     them out). A write or delete of one key also names it flat, beside ``changes``
-    (``[[layer, key, value]]``): ``layer`` as ``"L4"``, ``key`` and ``value``."""
+    (``[[layer, key, value]]``): ``layer`` as ``"L4"``, ``key`` and ``value``; a refused write
+    (``denied``) its ``key`` and the ``layer`` it asked for."""
     doc: dict[str, Any] = {"context": context_name, "activity": None, "branch": None, **event.to_dict()}
     changes = doc.get("changes") or []
     if doc.get("kind") in ("write", "delete") and len(changes) == 1 and len(changes[0]) == 3:
         layer, key, value = changes[0]
         flat = {"layer": f"L{layer}" if isinstance(layer, int) else str(layer), "key": key, "value": value}
         doc.update({k: v for k, v in flat.items() if k not in doc})
+    elif doc.get("kind") == "denied" and isinstance((doc.get("data") or {}).get("key"), str):
+        # a refused write names its key (and the layer it asked for) flat too, as a write does
+        data = doc["data"]
+        requested = data.get("requested")
+        flat = {"key": data["key"], "layer": f"L{requested}" if isinstance(requested, int) else requested}
+        doc.update({k: v for k, v in flat.items() if k not in doc and v is not None})
     return doc
 
 

@@ -77,6 +77,8 @@ def test_an_answer_the_layer_rules_refuse_is_bad_input_and_the_task_still_waits(
     assert doc["error"]["instance_status"] == "waiting" and doc["layers"]["L1"]["title"] == "T"
     tape = _doc(cli("tape", iid, "--kind", "denied", "--json"))
     assert [e["data"]["key"] for e in tape] == ["title"]
+    # named flat too, as a write is: the key and the layer the answer asked for
+    assert [(e["key"], e["layer"]) for e in tape] == [("title", "L4")]
     good = cli("resume", iid, "--answer", 'review={"approved": true, "reviewer": "ann"}', "--json")
     assert good.exit_code == 0, good.stdout
     assert _doc(good)["layers"]["L3"]["outcome"].startswith("published")
