@@ -24,7 +24,7 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES
 from context_layers.errors import ActivityError, ContextWriteDenied
-from gateways.join import free_record_key, single_counts, single_summaries
+from gateways.join import free_record_key, single_counts, single_summaries, written_layer
 from gateways.splitter import ContextSplitter, branch_context_name
 
 from . import call_mappings, collaboration, events, spiff
@@ -602,7 +602,7 @@ class ScopeSteps:
                     key = free_record_key(key, [now, {k: None for _, k, _ in changes}])
                     current = ABSENT
                 if not _same(current, old) and not _same(current, new):
-                    kept.append({"key": key, "layer": str(layer), "kept": _plain(current), "dropped": _plain(new),
+                    kept.append({"key": key, "layer": str(written_layer(layer, key)), "kept": _plain(current), "dropped": _plain(new),
                                  "base": None if old is ABSENT else _plain(old)})
                     continue
                 changes.append((layer, key, DELETED if new is ABSENT else new))

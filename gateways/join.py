@@ -96,7 +96,8 @@ from .splitter import BranchContext
 from .strategies import apply_reducer
 
 __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "Unfolded", "apply_join",
-           "folded_before", "free_record_key", "join_contexts", "single_counts", "single_summaries"]
+           "folded_before", "free_record_key", "join_contexts", "single_counts", "single_summaries",
+           "written_layer"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 MERGED_CONFLICTS_KEY = "_mergedConflicts"
@@ -889,6 +890,19 @@ def _reduce(name: str, outcome: KeyOutcome, base: Snapshot, layer: Layer, *, bra
     return replace(outcome, value=reduced.value, conflict=reduced.conflict)
 
 
+def written_layer(layer: Layer, key: str) -> Layer:
+    """The layer a conflict on ``key``, met in ``layer``, names: the one the branches wrote it to.
+    By a join a finished activity's WORKING has moved into HISTORY, where the merge finds the
+    key and the resolution goes, but the activities wrote WORKING (the layer of ``run --json``'s
+    conflicts in DESIGN.md). HISTORY's own entries (activity and compaction records) stay HISTORY."""
+    return Layer.WORKING if layer == Layer.HISTORY and not is_record_key(key) else layer
+
+
+def _as_written(conflict: MergedConflict) -> MergedConflict:
+    layer = written_layer(conflict.layer, conflict.key)
+    return conflict if layer == conflict.layer else replace(conflict, layer=layer)
+
+
 def _read_base(conflict: MergedConflict, base: Snapshot, base_folded: Mapping[str, Any] | None = None) -> MergedConflict:
     """The conflict with the base value a read gave at the split: a key the base held in WORKING
     and the branches' activities moved into HISTORY conflicts there, where the base had no value,
@@ -1073,8 +1087,8 @@ def join_contexts(
         _one_log(outcomes, base, {b: scoped[b] for b in order})
     _conflicts_across_layers(outcomes, base, scoped, skip=config.reducers)
 
-    conflicts = sorted((_read_base(o.conflict, base, base_folded) for layer in MERGED_LAYERS for o in outcomes[layer]
-                        if o.conflict is not None), key=lambda c: (c.key, int(c.layer)))
+    conflicts = sorted((_as_written(_read_base(o.conflict, base, base_folded)) for layer in MERGED_LAYERS
+                        for o in outcomes[layer] if o.conflict is not None), key=lambda c: (c.key, int(c.layer)))
 
     def merged_view(layer: Layer) -> Mapping[str, Any]:
         over = {o.key: o.value for o in outcomes[layer] if o.conflict is None}
@@ -1101,7 +1115,7 @@ def join_contexts(
         for o in outcomes[layer]:
             value = o.value
             if o.conflict is not None:
-                resolution = resolutions.get((int(layer), o.key))
+                resolution = resolutions.get((int(_as_written(o.conflict).layer), o.key))
                 if resolution is None:
                     continue
                 value = resolution.value

@@ -50,7 +50,7 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     code, doc = cli("demo", "loan", "--scenario", "conflict", "--json")
     assert code == 3 and doc["status"] == "waiting"
     # exactly one conflict, on approval_status, with both branch values and their sources
-    assert doc["conflicts"] == [{"gateway_id": "review_join", "layer": "L3", "key": "approval_status",
+    assert doc["conflicts"] == [{"gateway_id": "review_join", "layer": "L4", "key": "approval_status",
                                  "base_value": "pending",
                                  "values": {"finance_review": "approved", "risk_review": "rejected"},
                                  "resolution": None}]

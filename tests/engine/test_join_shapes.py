@@ -116,7 +116,7 @@ def test_inclusive_join_sees_only_the_branches_taken(cli, tmp_path: Path, taken,
         assert {k: data_of(doc)[k] for k in ("x", "y", "z")} == {k: plain[k] for k in ("x", "y", "z")}
     else:
         [c] = doc["conflicts"]
-        assert (c["gateway_id"], c["layer"], c["key"], c["base_value"], c["values"]) == ("meet", "L3", "x", 1, conflicting)
+        assert (c["gateway_id"], c["layer"], c["key"], c["base_value"], c["values"]) == ("meet", "L4", "x", 1, conflicting)
         assert c["resolution"]["value"] == "B" and c["resolution"]["resolver"] == "human"
         assert data_of(doc)["z"] == "B" and data_of(doc)["y"] == 5
         [m] = merged(doc)
@@ -230,7 +230,7 @@ def test_a_conflicting_write_deep_inside_the_branches(cli, tmp_path: Path, pick,
     doc = cli("run", str(path), "--data", json.dumps({"pick": pick}), code=3)
     [c] = doc["conflicts"]  # d only reordered its keys, lst and gone changed in one branch each
     assert (c["gateway_id"], c["layer"], c["key"], c["base_value"], c["values"], c["resolution"]) == \
-        ("meet", "L3", "k", 0, values, None)
+        ("meet", "L4", "k", 0, values, None)
     assert without_due(doc["waiting_for"]) == [{"kind": "confirmation", "id": "meet/k", "task_id": "meet", "key": "k"}]
     done = cli("resume", doc["instance_id"], "--answer", f"meet/k={answer}", code=0)
     [c] = done["conflicts"]
@@ -311,7 +311,7 @@ def test_fail_on_conflict_names_every_conflict(cli, tmp_path: Path) -> None:
     assert doc["error"]["kind"] == "merge_conflict" and doc["error"]["task_id"] == "meet"
     assert "5 conflict(s)" in message and "FAIL_ON_CONFLICT" in message
     for key, values in KINDS_VALUES.items():
-        assert f"'{key}' in L3" in message
+        assert f"'{key}' in L4" in message
         assert all(f"{b}=" in message for b in values)
     assert "ba=DELETED" in message
     assert sorted(c["key"] for c in doc["conflicts"]) == sorted(KINDS_VALUES)
@@ -394,7 +394,7 @@ def test_branch_priority_that_leaves_out_the_writers_names_them(cli, tmp_path: P
     path = kinds_process(tmp_path, "meet: {mergeStrategy: BRANCH_PRIORITY, branchPriority: [init, bc]}")
     doc = cli("run", str(path), code=1)
     message = doc["error"]["message"]
-    assert doc["error"]["kind"] == "merge_conflict" and "'gone' in L3" in message and "'lst' in L3" in message
+    assert doc["error"]["kind"] == "merge_conflict" and "'gone' in L4" in message and "'lst' in L4" in message
     assert "add 'ba', 'bb' to branchPriority" in message
     assert "'init' is no branch that reached this join (the ones that did: 'ba', 'bb', 'bc')" in message
 

@@ -191,7 +191,7 @@ def test_supplier_onboarding_disagreeing_checks_wait_for_procurement(server: str
     doc = start(server, "supplier_onboarding", {"supplier": "ACME"})
     iid = doc["instance_id"]
     assert doc["status"] == "waiting"
-    assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L3", "key": "supplier_risk",
+    assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L4", "key": "supplier_risk",
                                  "base_value": "unknown", "values": {"legal_check": "low", "finance_check": "high"},
                                  "resolution": None}]
     assert [(w["kind"], w["id"]) for w in doc["waiting_for"]] == [("confirmation", "checks_join/supplier_risk")]

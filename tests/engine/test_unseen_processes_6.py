@@ -184,7 +184,7 @@ def test_kyc_disagreeing_checks_wait_for_a_person_then_open_no_account(cli: Any)
     doc = run_json(cli, "run", str(HERE / "kyc_onboarding.bpmn"), "--data",
                    json.dumps({"customer_name": "Ann Lee", "risk_score": 20, "pep": True}), code=3)
     assert doc["layers"]["L1"] == {"customer_name": "Ann Lee", "risk_score": 20, "pep": True}
-    assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L3", "key": "kyc_status",
+    assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L4", "key": "kyc_status",
                                  "base_value": None, "base_absent": True,
                                  "values": {"sanctions_check": "cleared", "address_check": "refer"},
                                  "resolution": None}]

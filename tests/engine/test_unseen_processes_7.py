@@ -187,7 +187,7 @@ def test_branches_mapping_one_target_differently_conflict_and_the_timeout_settle
     and `--fire` applies the default."""
     doc = run_json(cli, "run", str(HERE / "region_check.bpmn"), "--data", json.dumps(ORDER), code=3)
     iid = doc["instance_id"]
-    assert doc["conflicts"] == [{"gateway_id": "fan_in", "layer": "L3", "key": "region_verdict", "base_value": None,
+    assert doc["conflicts"] == [{"gateway_id": "fan_in", "layer": "L4", "key": "region_verdict", "base_value": None,
                                  "base_absent": True, "values": {"eu_check": "ok", "us_check": "hold"},
                                  "resolution": None}]
     (item,) = doc["waiting_for"]

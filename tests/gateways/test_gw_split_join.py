@@ -122,7 +122,7 @@ def test_parallel_review_has_exactly_one_conflict() -> None:
     _, result, _ = loan_review(human_available=True)
     [(conflict, resolution)] = result.conflicts
     assert resolution is None
-    assert (conflict.key, conflict.layer, conflict.base_value) == ("approval_status", Layer.HISTORY, DELETED)
+    assert (conflict.key, conflict.layer, conflict.base_value) == ("approval_status", Layer.WORKING, DELETED)
     assert conflict.conflicting_values == {"finance_review": "approved", "risk_review": "rejected"}
     assert conflict.source_branches == ("finance_review", "risk_review")
     [request] = result.pending
@@ -150,7 +150,7 @@ def test_parallel_review_resolved_by_policy_and_a_person() -> None:
     assert dict(ctx.layer(Layer.EPHEMERAL)) == {}
     [entry] = ctx.layer(Layer.WORKING)[MERGED_CONFLICTS_KEY]
     assert entry == {
-        "gatewayId": "review_join", "layer": "L3", "key": "approval_status", "baseValue": None, "baseAbsent": True,
+        "gatewayId": "review_join", "layer": "L4", "key": "approval_status", "baseValue": None, "baseAbsent": True,
         "conflictingValues": ["approved", "rejected"],
         "sourceBranches": ["finance_review", "risk_review"],
         "values": {"finance_review": "approved", "risk_review": "rejected"},
@@ -160,7 +160,7 @@ def test_parallel_review_resolved_by_policy_and_a_person() -> None:
     notes = [e.data.get("note") for e in ctx.tape if e.kind == "note"]
     assert notes[-4:] == ["split", "conflict", "resolution", "resolution"]
     assert result.conflict_records() == [{
-        "gateway_id": "review_join", "layer": "L3", "key": "approval_status", "base_value": None,
+        "gateway_id": "review_join", "layer": "L4", "key": "approval_status", "base_value": None,
         "values": {"finance_review": "approved", "risk_review": "rejected"},
         "resolution": {"value": "pending_dual_approval", "resolver": "human", "reason": entry["resolution"]["reason"]},
         "base_absent": True}]  # absent at the split: null, as the seed's base.get(key); base_absent tells it from null
@@ -545,7 +545,7 @@ def test_fail_on_conflict_join() -> None:
     a, b = split(ctx, ["a", "b"], cfg)
     activity(a.context, "t0", {"counter": 2, "x": 1})
     activity(b.context, "t1", {"counter": 3, "x": 2})
-    with pytest.raises(MergeConflictError, match="'counter' in L3.*\n.*'x' in L3"):
+    with pytest.raises(MergeConflictError, match="'counter' in L4.*\n.*'x' in L4"):
         join(ctx, [a, b], cfg)
 
 
