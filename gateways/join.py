@@ -787,8 +787,11 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
                     and o.key != MERGED_CONFLICTS_KEY and o.key not in skip:
                 layers_of.setdefault(o.key, []).append(layer)
     for key, layers in layers_of.items():
-        if len(layers) < 2 or any(o.key == key and o.conflict is not None for layer in layers for o in outcomes[layer]):
+        if len(layers) < 2:
             continue
+        within = [(layer, o) for layer in layers for o in outcomes[layer] if o.key == key and o.conflict is not None]
+        if within and (len(within) > 1 or within[0][0] != layers[0]):
+            continue  # left to the layers' own conflicts
         base_k = value_key(next((base.layer(layer)[key] for layer in MERGED_LAYERS if key in base.layer(layer)),
                                 DELETED))
         results: dict[str, Any] = {}
@@ -799,6 +802,16 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
         if len({value_key(v) for v in results.values()}) < 2:
             continue
         lowest = layers[0]
+        if within:
+            # a conflict in the lowest layer already: it names every branch a read would see
+            # changed (one that deleted the key from WORKING, beside writes moved into HISTORY)
+            o = within[0][1]
+            assert o.conflict is not None
+            if set(results) != set(o.conflict.conflicting_values):
+                conflict = replace(o.conflict, conflicting_values=results, source_branches=tuple(results))
+                outcomes[lowest] = [KeyOutcome(key, o.base_value, o.value, tuple(results), conflict, results)
+                                    if x is o else x for x in outcomes[lowest]]
+            continue
         held = base.layer(lowest)[key] if key in base.layer(lowest) else DELETED
         # (its base value, when the lowest layer held none, is what a read gave: ``_read_base``)
         conflict = MergedConflict(key=key, base_value=held, conflicting_values=results,

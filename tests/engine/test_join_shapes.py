@@ -484,3 +484,34 @@ def test_an_inclusive_split_with_one_branch_taken_is_joined_at_its_own_join(cli,
     (tmp_path / "one_taken.layerflow.yaml").write_text("outer_join:\n  reducers: {r: union}\n", encoding="utf-8")
     doc = cli("run", str(path), code=0)
     assert data_of(doc)["r"] == [2]
+
+
+# ----- a deletion in WORKING beside a conflict in HISTORY --------------------------------------
+
+def test_a_branch_that_deletes_an_injected_key_is_in_the_conflict_over_it(cli, tmp_path: Path) -> None:
+    """Found by test_random_governed: ``k`` is in WORKING at the split (an outer split injected
+    it). One branch's activity writes ``k = 0`` (HISTORY by the join), one deletes it (from
+    WORKING), one writes ``k = {'n': 2}``. A read after the join
+    would see each branch's own value: three changes, one conflict naming all three. The join
+    found the HISTORY conflict of the first and third branch only, and a person picking between
+    them never heard of the deletion."""
+    path = write_elements(tmp_path, "delete_beside", [
+        '<bpmn:startEvent id="start"/>', script("init", "x = 0"),
+        '<bpmn:exclusiveGateway id="choose" default="choose_to_other"/>',
+        '<bpmn:sequenceFlow id="choose_to_other" sourceRef="choose" targetRef="other"/>',
+        flow("choose", "fork", "x == 0"), script("other", "pass"),
+        *split_join("fork", "meet", {"a": script("a", "k = 0"), "b": script("b", "del k"),
+                                     "c": script("c", "k = {'n': 2}")}),
+        '<bpmn:exclusiveGateway id="merge"/>', '<bpmn:endEvent id="end"/>',
+        *chain("start", "init", "choose"), *chain("meet", "merge"), *chain("other", "merge"), *chain("merge", "end")])
+    (tmp_path / "delete_beside.layerflow.yaml").write_text(
+        "choose:\n  branches:\n    - {id: fork, contextInject: {k: 1}}\n", encoding="utf-8")
+    doc = cli("run", str(path), code=3)
+    [c] = doc["conflicts"]
+    assert (c["gateway_id"], c["key"], c["base_value"], c["values"], c["resolution"]) == \
+        ("meet", "k", 1, {"a": 0, "b": {"$deleted": True}, "c": {"n": 2}}, None)
+    # the person takes the deletion: nothing of k is left to read
+    answers = _answers(tmp_path, {"meet/k": {"$deleted": True}})
+    done = cli("resume", doc["instance_id"], "--answers", answers, code=0)
+    assert "k" not in data_of(done)
+    check_tape_and_replay(cli, done)
