@@ -40,10 +40,13 @@ CONFIG = {
 
 
 def review() -> LayeredContext:
-    """content_review's first two activities: two fetched sources, then the claim check."""
+    """content_review's first two activities: two fetched sources (and a log the cliff
+    summarizes), then the claim check."""
     ctx = LayeredContext(system={"policy": "Publish only what the sources support."})
     activity(ctx, "fetch_sources", {"article_id": "ART-7", "tool_call_result_1": source(1),
-                                    "tool_call_result_2": source(2)}, preserve=("article_id",))
+                                    "tool_call_result_2": source(2),
+                                    "fetch_log": "the archive answered slowly and was asked again. " * 8},
+             preserve=("article_id",))
     activity(ctx, "check_claims", {"claim_check": "all three claims are supported by SRC-1 and SRC-2",
                                    **{f"retry_log_{i}": f"retry {i}" for i in (1, 2, 3)}},
              preserve=("claim_check",))
