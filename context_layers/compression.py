@@ -92,6 +92,7 @@ SUMMARY_MAX_TOKENS = 1024
 SUMMARY_DEFAULT_TOKENS = 256
 ENTRY_TEXT_TOKENS = 200  # each folded entry's text is cut to this before summarizing
 SUMMARY_SHARE = 0.25  # a compaction summary is at most this share of the text it replaces
+SUMMARY_FLOOR = 16  # no compaction summary is planned smaller than this
 RECORD_OVERHEAD = 48  # tokens of a compaction record beyond its summary, covers and kept lines (upper bound)
 KEPT_OVERHEAD = 4  # tokens of the "kept" field beyond its lines
 
@@ -300,7 +301,8 @@ class RuleDrivenCompressor:
         unfolded = items
         if chosen or dropped:
             final, record, compaction_key = self._fold(items, seg, chosen, dropped, directive, budget, summarize,
-                                                       rerule, tok, working_tokens, scope.tokens, enc, predicted_id)
+                                                       rerule, tok, working_tokens, scope.tokens, enc, predicted_id,
+                                                       target=target)
             after = sum(tok(v) for _, v in final) + working_tokens
             if chosen and dropped:
                 unfolded = self._fold(items, seg, [], dropped, directive, budget, summarize, rerule, tok,
@@ -494,8 +496,8 @@ class RuleDrivenCompressor:
     def _fold(self, items: list[tuple[str, Any]], seg: Segments, chosen: Sequence[str], dropped: Sequence[str],
               directive: _Directive | None, budget: int, summarize: SummaryCache,
               rerule: Callable[[list[tuple[str, Any]]], list[tuple[str, Any]]], tok: Callable[[Any], int],
-              working_tokens: int, tokens_before: int, enc: str,
-              snapshot_id: str) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
+              working_tokens: int, tokens_before: int, enc: str, snapshot_id: str, *,
+              target: int | None = None) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
         gone = set(chosen) | set(dropped)
         values = dict(items)
         compactions = [k for k, _ in items if k.startswith("compaction:")] if chosen else []
@@ -525,22 +527,40 @@ class RuleDrivenCompressor:
                 line = f"{key}: " + "; ".join(value_text(value).splitlines())
             lines.append(cut_to_tokens(line, ENTRY_TEXT_TOKENS, enc))
         text = "\n".join(lines)
-        summary = summarize(text, _fit_budget(budget, count_text(text, enc))) if text else ""
-        if directive is not None and directive.keep_points:
-            summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
         owner = seg.owner
         # a key whose record folds with it is implied by that record
         covers = [*compactions, *(k for k, _ in items
                                   if k in chosen_set and (owner.get(k) == k or owner.get(k) not in chosen_set))]
-        record: dict[str, Any] = {"kind": "compaction", **({"kept": kept} if kept else {}), "summary": summary,
-                                  "covers": covers,
-                                  "entries": len(compactions) + len(chosen_set),
-                                  "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}
-        if dropped:
-            record["dropped"] = list(dropped)
-        key = _next_compaction_key(items)
         rest_tokens = sum(tok(v) for _, v in rest) + working_tokens
-        record = _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
+
+        def record_of(summary: str) -> dict[str, Any]:
+            if directive is not None and directive.keep_points:
+                summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
+            record: dict[str, Any] = {"kind": "compaction", **({"kept": kept} if kept else {}), "summary": summary,
+                                      "covers": covers, "entries": len(compactions) + len(chosen_set),
+                                      "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}
+            if dropped:
+                record["dropped"] = list(dropped)
+            return _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
+
+        size = _fit_budget(budget, count_text(text, enc))
+        summary = summarize(text, size) if text else ""
+        record = record_of(summary)
+        # The kept lines are what the designer asked for: when they carry the context over the
+        # target, the summary of the rest makes room for them, if a summary of at least
+        # SUMMARY_FLOOR tokens can (else the target is out of reach and the summary stays whole).
+        if kept and text and target is not None and record["tokens_after"] > target:
+            room = size - (record["tokens_after"] - target)
+            for _ in range(3):  # the JSON of a shorter summary may cost a token more or less
+                if room < SUMMARY_FLOOR or room >= size:
+                    break
+                size = room
+                shorter = record_of(summarize(text, size))
+                record = shorter
+                if shorter["tokens_after"] <= target:
+                    break
+                room = size - (shorter["tokens_after"] - target)
+        key = _next_compaction_key(items)
         return [*rest, (key, record)], record, key
 
 
@@ -559,8 +579,8 @@ def _grew(folded: bool, before: int, after: int, entries_before: int, entries_af
 
 def _fit_budget(budget: int, input_tokens: int) -> int:
     """The summary budget for ``input_tokens`` of folded text: ``budget``, but at most
-    ``SUMMARY_SHARE`` of the input (at least 16 tokens)."""
-    return max(16, min(budget, int(input_tokens * SUMMARY_SHARE)))
+    ``SUMMARY_SHARE`` of the input (at least ``SUMMARY_FLOOR`` tokens)."""
+    return max(SUMMARY_FLOOR, min(budget, int(input_tokens * SUMMARY_SHARE)))
 
 
 class _Estimate:

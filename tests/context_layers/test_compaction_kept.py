@@ -16,6 +16,8 @@ import pytest
 from context_layers import Layer, LayeredContext, config_from_dict, render
 from context_layers.compression import RuleDrivenCompressor, after_activity, decompress, evaluate
 from context_layers.compression_plan import CompressionPlan, execute_plan
+from context_layers.summarize import ExtractiveSummarizer
+from context_layers.tokens import count_text
 
 LINES = ["tool_call_result_1: status: ok; data.id: SRC-1", "tool_call_result_2: status: ok; data.id: SRC-2"]
 
@@ -165,3 +167,40 @@ def test_the_model_is_shown_the_kept_lines(fmt: str) -> None:
         assert (json.dumps(line) if fmt != "xml" else line) in text, (fmt, text)
     assert render(ctx, format=fmt) == render(LayeredContext.replay(ctx.tape), format=fmt)
 
+
+
+def test_the_summary_of_the_rest_makes_room_for_the_kept_lines() -> None:
+    """Six tool results' kept lines carry the folded record past the cliff's target; the summary
+    of the rest (the reasoning, the activity records) is made shorter, and the target is met
+    with every kept value still there."""
+    reasoning = "The applicant has a stable income and the account shows regular deposits. " * 12
+    preserved = ("risk_level", "assessment_id", "risk_factors")
+    asked: list[tuple[str, int]] = []
+    offline = ExtractiveSummarizer()
+
+    def summarizer(text: str, max_tokens: int) -> str:
+        asked.append((text, max_tokens))
+        return offline.summarize(text, max_tokens)
+
+    ctx = LayeredContext(system={"policy": "High risk loans need dual approval."})
+    for i in range(6):
+        activity(ctx, f"act{i}", {
+            f"tool_call_result_{i}": {"kind": "tool_call_result", "status": "ok",
+                                      "data": {"id": f"T{i}", "summary": f"hit {i}", "blob": "x " * 150}},
+            f"reasoning_{i}": {"kind": "reasoning_chain", "text": f"Step {i}. " + reasoning},
+            f"err_{i}": {"kind": "error_retry_log", "msg": f"retry {i} timed out calling the scoring service " * 3},
+        })
+    activity(ctx, "risk_assessment", {"risk_level": "medium", "assessment_id": "RA001",
+                                      "risk_factors": ["new customer", "cross-industry"]}, preserve=preserved)
+    config = config_from_dict({"preserveKeys": list(preserved), "compressTokenThreshold": 600, "compressRules": [
+        {"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status", "data.id", "data.summary"]},
+        {"pattern": "reasoning_chain", "action": "summarize", "maxTokens": 100},
+        {"pattern": "error_retry_log", "action": "count_only", "keepLast": 1}]})
+    result = RuleDrivenCompressor(summarizer).compress(ctx, config)
+    record = ctx.layer(Layer.HISTORY)[result.compaction_key]
+    assert record["kept"] == [f"tool_call_result_{i}: status: ok; data.id: T{i}; data.summary: hit {i}"
+                              for i in range(6)]
+    assert result.target_tokens == 300 and result.target_met and result.tokens_after <= 300
+    # the compaction's rest was summarized twice, the second time shorter
+    rest = [n for text, n in asked if text == asked[-1][0]]
+    assert len(rest) == 2 and rest[1] < rest[0] and count_text(record["summary"]) <= rest[1]
