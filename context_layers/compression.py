@@ -32,7 +32,9 @@ the token threshold is compared with.
    earlier summaries) is summarized into ``summary``. ``count_only`` counters are
    compressor records, never folded: their counts stay where they are. The record's
    tokens (``kept`` included) count toward ``tokens_after`` like any entry's, and the
-   cliff's estimate counts the kept lines as they are. ``covers`` lists the replaced keys compactly: an activity
+   cliff's estimate counts the kept lines as they are; when they carry the context
+   over the target, the summary of the rest is made shorter to meet it (never below
+   ``SUMMARY_FLOOR`` tokens; a target it cannot meet leaves the summary whole). ``covers`` lists the replaced keys compactly: an activity
    folded whole appears as its record key alone (the record's ``keys`` named what it
    wrote), other keys one by one; ``entries`` counts the HISTORY entries replaced; the
    exact list is the compress event's changes. (Rendering shows only ``summary``; a
