@@ -34,10 +34,11 @@ the token threshold is compared with.
    tokens (``kept`` included) count toward ``tokens_after`` like any entry's, and the
    cliff's estimate counts the kept lines as they are; when they carry the context
    over the target, the summary of the rest is made shorter to meet it (never below
-   ``SUMMARY_FLOOR`` tokens; a target it cannot meet leaves the summary whole). ``covers`` lists the replaced keys compactly: an activity
+   ``SUMMARY_FLOOR`` tokens; a target it cannot meet leaves the summary whole).
+   ``covers`` lists the replaced keys compactly: an activity
    folded whole appears as its record key alone (the record's ``keys`` named what it
    wrote), other keys one by one; ``entries`` counts the HISTORY entries replaced; the
-   exact list is the compress event's changes. (Rendering shows only ``summary``; a
+   exact list is the compress event's changes. (Rendering shows only ``kept`` and ``summary``; a
    flat list of thousands of keys would be tokens no model reads.) A fold that would
    not save tokens is not made, unless the message threshold fired and the fold
    leaves fewer HISTORY entries (the entry count is what that threshold limits).
