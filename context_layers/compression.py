@@ -24,11 +24,21 @@ the token threshold is compared with.
    fires, so the rendered prefix stays stable until the next one.
 4. **Compaction**: folded entries and earlier ``compaction:*`` records are replaced by
    one record ``compaction:<n>`` = ``{"kind": "compaction", "summary", "covers",
-   "entries", "snapshot_id", "tokens_before", "tokens_after"}`` (plus ``dropped`` when
-   a plan dropped keys). ``covers`` lists the replaced keys compactly: an activity
+   "entries", "snapshot_id", "tokens_before", "tokens_after"}`` (plus ``kept`` when it
+   folded what a rule kept, ``dropped`` when a plan dropped keys). What a rule kept
+   survives the fold verbatim: each folded ``extract_keys`` output is one line of
+   ``kept`` (``"<key>: <path>: <value>; ..."``), earlier records' ``kept`` lines come
+   first, and only the rest (plain entries, ``summarize`` outputs, activity records,
+   earlier summaries) is summarized into ``summary``. ``count_only`` counters are
+   compressor records, never folded: their counts stay where they are. The record's
+   tokens (``kept`` included) count toward ``tokens_after`` like any entry's, and the
+   cliff's estimate counts the kept lines as they are; when they carry the context
+   over the target, the summary of the rest is made shorter to meet it (never below
+   ``SUMMARY_FLOOR`` tokens; a target it cannot meet leaves the summary whole).
+   ``covers`` lists the replaced keys compactly: an activity
    folded whole appears as its record key alone (the record's ``keys`` named what it
    wrote), other keys one by one; ``entries`` counts the HISTORY entries replaced; the
-   exact list is the compress event's changes. (Rendering shows only ``summary``; a
+   exact list is the compress event's changes. (Rendering shows only ``kept`` and ``summary``; a
    flat list of thousands of keys would be tokens no model reads.) A fold that would
    not save tokens is not made, unless the message threshold fired and the fold
    leaves fewer HISTORY entries (the entry count is what that threshold limits).
@@ -85,7 +95,9 @@ SUMMARY_MAX_TOKENS = 1024
 SUMMARY_DEFAULT_TOKENS = 256
 ENTRY_TEXT_TOKENS = 200  # each folded entry's text is cut to this before summarizing
 SUMMARY_SHARE = 0.25  # a compaction summary is at most this share of the text it replaces
-RECORD_OVERHEAD = 48  # tokens of a compaction record beyond its summary and covers (upper bound)
+SUMMARY_FLOOR = 16  # no compaction summary is planned smaller than this
+RECORD_OVERHEAD = 48  # tokens of a compaction record beyond its summary, covers and kept lines (upper bound)
+KEPT_OVERHEAD = 4  # tokens of the "kept" field beyond its lines
 
 _ATTENTION_FOLDS = frozenset({"density", "decay", "redundancy", "toolEfficiency"})
 
@@ -292,7 +304,8 @@ class RuleDrivenCompressor:
         unfolded = items
         if chosen or dropped:
             final, record, compaction_key = self._fold(items, seg, chosen, dropped, directive, budget, summarize,
-                                                       rerule, tok, working_tokens, scope.tokens, enc, predicted_id)
+                                                       rerule, tok, working_tokens, scope.tokens, enc, predicted_id,
+                                                       target=target)
             after = sum(tok(v) for _, v in final) + working_tokens
             if chosen and dropped:
                 unfolded = self._fold(items, seg, [], dropped, directive, budget, summarize, rerule, tok,
@@ -486,8 +499,8 @@ class RuleDrivenCompressor:
     def _fold(self, items: list[tuple[str, Any]], seg: Segments, chosen: Sequence[str], dropped: Sequence[str],
               directive: _Directive | None, budget: int, summarize: SummaryCache,
               rerule: Callable[[list[tuple[str, Any]]], list[tuple[str, Any]]], tok: Callable[[Any], int],
-              working_tokens: int, tokens_before: int, enc: str,
-              snapshot_id: str) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
+              working_tokens: int, tokens_before: int, enc: str, snapshot_id: str, *,
+              target: int | None = None) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
         gone = set(chosen) | set(dropped)
         values = dict(items)
         compactions = [k for k, _ in items if k.startswith("compaction:")] if chosen else []
@@ -496,13 +509,19 @@ class RuleDrivenCompressor:
         if not chosen:
             return rest, None, None
         lines: list[str] = []
+        # what the rules kept is carried as it is; only the rest is summarized
+        kept: list[str] = []
         for key in compactions:
             value = values[key]
-            if isinstance(value, dict) and isinstance(value.get("summary"), str):
+            kept += _kept_of(value)
+            if isinstance(value, dict) and isinstance(value.get("summary"), str) and value["summary"]:
                 lines.append(value["summary"])
         chosen_set = set(chosen)
         for key, value in items:
             if key not in chosen_set:
+                continue
+            if _rule_kept(value):
+                kept.append(_kept_line(key, value))
                 continue
             if entry_kind(key, value) == "activity" and isinstance(value, dict):
                 name, said = str(value.get("activity", key)), str(value.get("summary", ""))
@@ -511,21 +530,40 @@ class RuleDrivenCompressor:
                 line = f"{key}: " + "; ".join(value_text(value).splitlines())
             lines.append(cut_to_tokens(line, ENTRY_TEXT_TOKENS, enc))
         text = "\n".join(lines)
-        summary = summarize(text, _fit_budget(budget, count_text(text, enc)))
-        if directive is not None and directive.keep_points:
-            summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
         owner = seg.owner
         # a key whose record folds with it is implied by that record
         covers = [*compactions, *(k for k, _ in items
                                   if k in chosen_set and (owner.get(k) == k or owner.get(k) not in chosen_set))]
-        record: dict[str, Any] = {"kind": "compaction", "summary": summary, "covers": covers,
-                                  "entries": len(compactions) + len(chosen_set),
-                                  "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}
-        if dropped:
-            record["dropped"] = list(dropped)
-        key = _next_compaction_key(items)
         rest_tokens = sum(tok(v) for _, v in rest) + working_tokens
-        record = _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
+
+        def record_of(summary: str) -> dict[str, Any]:
+            if directive is not None and directive.keep_points:
+                summary = "\n".join([*(f"- {p}" for p in directive.keep_points), summary]).strip()
+            record: dict[str, Any] = {"kind": "compaction", **({"kept": kept} if kept else {}), "summary": summary,
+                                      "covers": covers, "entries": len(compactions) + len(chosen_set),
+                                      "snapshot_id": snapshot_id, "tokens_before": tokens_before, "tokens_after": 0}
+            if dropped:
+                record["dropped"] = list(dropped)
+            return _finish_record(record, snapshot_id, tokens_before, rest_tokens, enc)
+
+        size = _fit_budget(budget, count_text(text, enc))
+        summary = summarize(text, size) if text else ""
+        record = record_of(summary)
+        # The kept lines are what the designer asked for: when they carry the context over the
+        # target, the summary of the rest makes room for them, if a summary of at least
+        # SUMMARY_FLOOR tokens can (else the target is out of reach and the summary stays whole).
+        if kept and text and target is not None and record["tokens_after"] > target:
+            room = size - (record["tokens_after"] - target)
+            for _ in range(3):  # the JSON of a shorter summary may cost a token more or less
+                if room < SUMMARY_FLOOR or room >= size:
+                    break
+                size = room
+                shorter = record_of(summarize(text, size))
+                record = shorter
+                if shorter["tokens_after"] <= target:
+                    break
+                room = size - (shorter["tokens_after"] - target)
+        key = _next_compaction_key(items)
         return [*rest, (key, record)], record, key
 
 
@@ -544,25 +582,27 @@ def _grew(folded: bool, before: int, after: int, entries_before: int, entries_af
 
 def _fit_budget(budget: int, input_tokens: int) -> int:
     """The summary budget for ``input_tokens`` of folded text: ``budget``, but at most
-    ``SUMMARY_SHARE`` of the input (at least 16 tokens)."""
-    return max(16, min(budget, int(input_tokens * SUMMARY_SHARE)))
+    ``SUMMARY_SHARE`` of the input (at least ``SUMMARY_FLOOR`` tokens)."""
+    return max(SUMMARY_FLOOR, min(budget, int(input_tokens * SUMMARY_SHARE)))
 
 
 class _Estimate:
     """Tokens and entries of HISTORY + WORKING if the picked keys were folded into one
     compaction record (with every earlier compaction record merged into it). The
-    record's size is an upper bound: overhead + covers + min(budget, input)."""
+    record's size is an upper bound: overhead + covers + kept lines + min(budget, input),
+    where input is the text to summarize (what the rules kept is carried, not summarized)."""
 
     def __init__(self, items: Sequence[tuple[str, Any]], working_tokens: int, tok: Callable[[Any], int],
                  enc: str) -> None:
         self.sizes = {k: tok(v) for k, v in items}
+        self.values = dict(items)
         self.enc = enc
         self.base = sum(self.sizes.values()) + working_tokens
         self.count = len(items)
         self.picked: dict[str, None] = {}
-        self.removed = self.input = self.covers = 0
+        self.removed = self.input = self.covers = self.kept = 0
         self.merged = 0
-        self.merged_removed = self.merged_input = self.merged_covers = 0
+        self.merged_removed = self.merged_input = self.merged_covers = self.merged_kept = 0
         for k, v in items:
             if k.startswith("compaction:"):
                 self.merged += 1
@@ -570,6 +610,7 @@ class _Estimate:
                 summary = v.get("summary") if isinstance(v, dict) else None
                 self.merged_input += count_text(summary, enc) if isinstance(summary, str) else 0
                 self.merged_covers += _covers_tokens(k, enc)
+                self.merged_kept += sum(_covers_tokens(line, enc) for line in _kept_of(v))
 
     def copy(self) -> _Estimate:
         other = object.__new__(_Estimate)
@@ -583,14 +624,20 @@ class _Estimate:
             return
         self.picked[key] = None
         self.removed += self.sizes[key]
-        self.input += min(ENTRY_TEXT_TOKENS, self.sizes[key])
+        value = self.values[key]
+        if _rule_kept(value):
+            self.kept += _covers_tokens(_kept_line(key, value), self.enc)
+        else:
+            self.input += min(ENTRY_TEXT_TOKENS, self.sizes[key])
         if listed:
             self.covers += _covers_tokens(key, self.enc)
 
     def tokens(self, budget: int) -> int:
         if not self.picked:
             return self.base
-        record = RECORD_OVERHEAD + self.covers + self.merged_covers + _fit_budget(budget, self.input + self.merged_input)
+        kept = self.kept + self.merged_kept
+        record = (RECORD_OVERHEAD + self.covers + self.merged_covers + (kept + KEPT_OVERHEAD if kept else 0)
+                  + _fit_budget(budget, self.input + self.merged_input))
         return self.base - self.removed - self.merged_removed + record
 
     def entries(self) -> int:
@@ -599,8 +646,25 @@ class _Estimate:
 
 @functools.lru_cache(maxsize=1 << 14)
 def _covers_tokens(key: str, enc: str) -> int:
-    """Tokens a key adds to a record's ``covers`` list (the same keys, compression after compression)."""
+    """Tokens a string adds to a list of a record (a key to ``covers``, a line to ``kept``: the
+    same ones, compression after compression)."""
     return count_text(json.dumps(key), enc) + 1
+
+
+def _rule_kept(value: Any) -> bool:
+    """An ``extract_keys`` output: what the designer asked to keep of the entry."""
+    return isinstance(value, dict) and value.get("_compressed") == "extract_keys"
+
+
+def _kept_line(key: str, value: Any) -> str:
+    """A folded rule output as a line of the record's ``kept``: every value it holds, uncut."""
+    return f"{key}: " + "; ".join(value_text(value).splitlines())
+
+
+def _kept_of(record: Any) -> list[str]:
+    """The ``kept`` lines of an earlier compaction record (none before records had them)."""
+    kept = record.get("kept") if isinstance(record, dict) else None
+    return [line for line in kept if isinstance(line, str)] if isinstance(kept, list) else []
 
 
 def _finish_record(record: dict[str, Any], snapshot_id: str, tokens_before: int, rest: int, enc: str) -> dict[str, Any]:

@@ -17,7 +17,8 @@ tape: a key that changes is appended again with a ``revision`` instead of being
 rewritten in place (which would invalidate the cache from that point on every later
 request); compression, a restore or a fork collapses it to the current values.
 Compression moves the boundary only when it fires (a cliff), never a little on every
-request as a sliding window does.
+request as a sliding window does. A compaction record shows its ``kept`` lines (what
+compress rules kept of the entries it folded, verbatim) ahead of its ``summary``.
 
 Formats. Identity (layer, key, kind, source) is structure; values written by users,
 tools or models are data and can never pose as structure:
@@ -383,13 +384,25 @@ def _xml_entry(e: Entry, tag: str = "entry", revision: int | None = None) -> str
     return f"<{tag}{attrs}{kind}>{body}</{tag}>"
 
 
+def _kept_lines(e: Entry) -> list[str]:
+    """A compaction record's ``kept``: what compress rules kept of the entries it folded, verbatim,
+    shown ahead of its summary (the summary says the rest)."""
+    kept = e.value.get("kept") if isinstance(e.value, Mapping) else None
+    return [line for line in kept if isinstance(line, str)] if isinstance(kept, list) else []
+
+
 def _xml_summary(e: Entry) -> str:
     summary = e.value.get("summary") if isinstance(e.value, Mapping) else None
     if not isinstance(summary, str):
         return _xml_entry(e, "summary")
     attrs = _xml_attr("key", e.key) + _kind_attr(e.kind)
+    kept = _kept_lines(e)
+    head = ""
+    if kept:
+        kind, body = _xml_value("\n".join(kept))
+        head = f"<kept{attrs} field=\"kept\"{kind}>{body}</kept>\n"
     kind, body = _xml_value(summary)
-    return f"<summary{attrs} field=\"summary\"{kind}>{body}</summary>"
+    return f"{head}<summary{attrs} field=\"summary\"{kind}>{body}</summary>"
 
 
 _XML_RULES = (
@@ -483,7 +496,8 @@ def _json_summary(e: Entry) -> dict[str, Any]:
     summary = e.value.get("summary") if isinstance(e.value, Mapping) else None
     if not isinstance(summary, str):
         return _json_entry(e)
-    return {"key": e.key, "kind": e.kind, "summary": summary}
+    kept = _kept_lines(e)
+    return {"key": e.key, "kind": e.kind, **({"kept": kept} if kept else {}), "summary": summary}
 
 
 def _render_json(p: _Parts, options: RenderOptions) -> list[Message]:
@@ -542,7 +556,10 @@ def _plain_summary(e: Entry) -> str:
     summary = e.value.get("summary") if isinstance(e.value, Mapping) else None
     if not isinstance(summary, str):
         return _plain_entry(e)
-    return f"{e.layer} {_json(e.key)} ({_plain_kind(e.kind)}) summary = {_json(summary)}"
+    head = f"{e.layer} {_json(e.key)} ({_plain_kind(e.kind)})"
+    kept = _kept_lines(e)
+    # one line still: the kept lines as a JSON list, then the summary
+    return f"{head}" + (f" kept = {_json(kept)}" if kept else "") + f" summary = {_json(summary)}"
 
 
 def _render_plain(p: _Parts, options: RenderOptions) -> list[Message]:

@@ -418,3 +418,25 @@ def test_a_reducer_reads_what_each_branch_decided_not_its_folds(tmp_path: Path) 
     ], "j4: {reducers: {r_num: min}}\n" + "".join(f"{t}: {fold}\n" for t in ("t5", "t8", "t9", "t10", "t15")))
     assert instance.status == "completed", (instance.error, instance.waiting_for)
     assert instance.conflicts == [] and data(instance)["seen"] == 1
+
+
+def test_a_join_brings_a_branchs_compaction_with_what_its_rules_kept(tmp_path: Path) -> None:
+    # a fetches a source; after a2, a's compression reduces it to the extract_keys paths and folds
+    # it, the reduced lines carried verbatim in the record's `kept`. The join takes the record as
+    # it is, and names the value a decided (the whole result) among its folded_values.
+    fetch = "src_1 = {'status': 'ok', 'data': {'id': 'SRC-1', 'body': 'lorem ipsum dolor sit amet ' * 40}}"
+    instance = run(tmp_path, [
+        script_task("init", "pass"), flow("start", "init"),
+        '<bpmn:parallelGateway id="split"/>', flow("init", "split"), '<bpmn:parallelGateway id="join"/>',
+        script_task("a", fetch), flow("split", "a"), script_task("a2", "checked = 'yes' * 30"), flow("a", "a2"),
+        flow("a2", "join"),
+        script_task("b", "pass"), flow("split", "b"), flow("b", "join"),
+        '<bpmn:endEvent id="end"/>', flow("join", "end"),
+    ], "a2:\n  compressTokenThreshold: 150\n  preserveKeys: [checked]\n"
+       "  compressRules: [{pattern: src, action: extract_keys, extractKeys: [status, data.id]}]\n")
+    assert instance.status == "completed", instance.error
+    history = instance.main.layer(Layer.HISTORY)
+    (record,) = [v for k, v in history.items() if k.startswith("compaction:")]
+    assert record["kept"] == ["src_1: status: ok; data.id: SRC-1"] and "src_1" not in history
+    join = next(e for e in instance.main.tape if e.data.get("note") == "join")
+    assert join.data["folded_values"]["src_1"]["data"]["body"].startswith("lorem")

@@ -243,3 +243,31 @@ def _clean_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("LAYERFLOW_MODEL")}
+
+
+def test_the_model_summarizes_the_rest_and_the_kept_lines_stay_verbatim(tmp_path, stub):
+    """What an extract_keys rule kept of the folded tool results is carried in the compaction's
+    ``kept`` as it is; the model is asked to summarize only the rest (and never sees the lines in
+    the text to summarize), and its summary is the record's ``summary``."""
+    results = "".join(f"tool_call_result_{i} = {{'status': 'ok', 'data': {{'id': 'BUR-{i}', "
+                      f"'raw': 'bureau record ' * 60}}}}\n" for i in (1, 2))
+    gather = script_task("gather", f"risk_score = 42\n{results}"
+                                   f"reasoning_chain = {{'kind': 'reasoning_chain', 'steps': {STEPS!r}}}")
+    cfg = config(rules=False) + ("  compressRules:\n"
+                                 "    - {pattern: tool_call_result, action: extract_keys, extractKeys: [status, data.id]}\n")
+    stub.push(Reply.json({"risk_level": "low"}), Reply.text("Gathered: twenty checks, all clean."))
+    path = write_process(tmp_path, "model_compression", [gather, RESEARCH, ASSESS_LLM], cfg)
+    instance = Engine("memory://", model=MODEL).run_process(load_process(path), APPLICANT)
+    assert instance.status == "completed", instance.error
+    ctx = instance.main
+    record = ctx.layer(Layer.HISTORY)["compaction:1"]
+    assert record["covers"][0] == "activity:gather"
+    assert record["kept"] == ["tool_call_result_1: status: ok; data.id: BUR-1",
+                              "tool_call_result_2: status: ok; data.id: BUR-2"]
+    assert record["summary"] == "Gathered: twenty checks, all clean."
+    (call,) = llm_calls(ctx, "summary")
+    asked = request_messages(ctx.tape, call.seq)[-1]["content"]
+    assert asked.startswith(SUMMARY_INSTRUCTION.split("{")[0]) and STEPS[0] in asked and "BUR-" not in asked
+    (compression,) = instance.compressions
+    assert record["tokens_after"] == compression["tokens_after"] < compression["tokens_before"]
+    assert LayeredContext.replay(ctx.tape) == ctx

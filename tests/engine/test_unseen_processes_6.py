@@ -458,3 +458,19 @@ def test_resume_of_a_completed_instance_says_what_it_did_not_use(cli: Any) -> No
     assert corrected.exit_code == 2
     assert "--set" in corrected.stderr and "completed" in corrected.stderr, corrected.stderr
     assert run_json(cli, "inspect", iid)["layers"]["L3"]["order_total"] == 10
+
+
+def test_a_cliff_over_extracted_tool_results_keeps_every_extracted_value(cli: Any) -> None:
+    """content_review's extract_keys rule keeps each tool result's status and data.id; the cliff that
+    then folded the fetching activity summarized those short lines to a quarter: "tool_call_result_1:
+    status:" with no value, the second result gone. What the rule kept is now carried verbatim in the
+    record's ``kept``; only the rest is summarized, and ``tokens_after`` counts it."""
+    doc = run_json(cli, "run", str(HERE / "content_review.bpmn"), "--data", json.dumps({"article_no": 7}))
+    history = doc["layers"]["L3"]
+    record = history["compaction:1"]
+    assert record["kept"] == ["tool_call_result_1: status: ok; data.id: SRC-1",
+                              "tool_call_result_2: status: ok; data.id: SRC-2"]
+    assert record["covers"] == ["activity:fetch_sources"] and "tool_call_result_1" not in history
+    (comp,) = doc["compressions"]
+    assert record["tokens_after"] == comp["tokens_after"] < comp["tokens_before"]
+    assert history["article_id"] == "ART-7"  # preserved, not folded
