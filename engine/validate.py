@@ -215,6 +215,11 @@ not make ``report.ok`` false:
 ``io_mapping_on_event``               an event's input mapping (a throw event's), or an output mapping that computes
                                       something: never run, the target is never set; error where the files read it
                                       (a condition, a script, another mapping), else a warning
+``caught_variable_not_set``           a catch event's camunda:errorCodeVariable / errorMessageVariable /
+                                      escalationCodeVariable (operaton:) that nothing sets: the event names
+                                      no error (escalation) with a code, which is known only as it catches,
+                                      or the message is an expression; error where the files read it, else a
+                                      warning (with a code, they are set as the event catches)
 ``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
                                       computes something (or a script, a target path): nothing evaluates it, the
                                       target is never set; error where the files read the target, else a warning
@@ -2828,6 +2833,7 @@ class _Validator:
         target (a condition, a script, another mapping), else a warning, with the script task to draw
         and its Python. True when the element has mappings."""
         found = io_mappings.mappings(el) if tag.endswith("Event") else []
+        self._check_caught_variables(el, eid, tag, file)
         self._check_mapping_system([m for m in found if m.direction == "output"], eid, tag, file)
         for mapping in (m for m in found if (m.direction == "input" or m.python is None) and not io_mappings.identity(m)):
             self.related.add(eid)
@@ -2849,6 +2855,27 @@ class _Validator:
                      f"draw a bpmn:scriptTask {where} {eid!r} {python}", file=file, line=mapping.element.sourceline,
                      element_id=eid, field=mapping.field, severity="error" if read else "warning")
         return bool(found)
+
+    def _check_caught_variables(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """Camunda 7's variables that a catch event sets to the error (escalation) it caught
+        (``io_mappings.caught``) and that are not set here: the event names no error with a code, so
+        which one it caught is known only then, or the error's message is an expression. An error
+        where the files read one of them (the run stops there), else a warning."""
+        unset = [m for m in io_mappings.caught(el) if m.python is None]
+        self._check_mapping_system([m for m in io_mappings.caught(el) if m.python is not None], eid, tag, file)
+        for definition in dict.fromkeys(m.element for m in unset):
+            these = [m for m in unset if m.element is definition]
+            kind = etree.QName(definition).localname.removesuffix("EventDefinition")
+            read = [m.target for m in these if m.target.isidentifier() and self._reads_name(m.target, definition)]
+            named = ", ".join(f"{m.field}={m.target!r}" for m in these)
+            todo = (f"give its bpmn:{kind}EventDefinition an {kind}Ref naming the bpmn:{kind} (with an {kind}Code) "
+                    f"it catches, and layerflow sets them as it catches" if "every" in these[0].why else
+                    f"give the bpmn:{kind}'s message as text, or set {these[0].target!r} in a script after {eid!r}")
+            self.add("caught_variable_not_set", f"bpmn:{tag} {eid!r} has {named}, the variables Camunda sets to the "
+                     f"{kind} it caught, and nothing sets them here: {these[0].why}"
+                     f"{f'; the run stops where {read[0]!r} is read' if read else ''}; {todo}", file=file,
+                     line=definition.sourceline, element_id=eid, field=these[0].field,
+                     severity="error" if read else "warning")
 
     def _reads_name(self, name: str, besides: Any = None) -> bool:
         """A condition, script or variable mapping (other than ``besides``) of the files given reads

@@ -1,0 +1,96 @@
+"""Shapes met in public BPMN and DMN files, round 8: the variables Camunda 7 sets as an error or
+escalation is caught (``camunda:errorCodeVariable``, ``camunda:errorMessageVariable``,
+``camunda:escalationCodeVariable``), Flowable Design's exports, jBPM's processes, and the loops,
+completion conditions, escalations and terminate events of bpmn.io and SpiffArena drawings. Each is
+redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run a shape, a case
+runs it there too and the outcome must agree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Engine, load_process
+from engine.validate import validate_process
+
+from engine_helpers import path_of, variables
+from test_realworld_4 import plain, rewritten
+
+REALWORLD = Path(__file__).resolve().parent / "realworld"
+
+
+def found_for(path: Path, *codes: str, process_id: str | None = None) -> list[Any]:
+    return [p for p in validate_process([path], process_id=process_id).problems if p.code in codes]
+
+
+def run(path: Path, data: dict[str, Any], process_id: str | None = None, answers: dict[str, Any] | None = None) -> Any:
+    engine = Engine(store="memory://")
+    return engine.run(engine.start(load_process([path], process_id=process_id), data), answers=answers)
+
+
+# -- what Camunda 7 sets as an error or escalation is caught --------------------------------------
+
+CAUGHT = REALWORLD / "error_code_variable.bpmn"
+
+
+@pytest.mark.parametrize("amount, credit, end, expected", [
+    (500, 800, "paid", {}),
+    (900, 800, "failed", {"failureCode": "DECLINED", "failureText": "The bank declined the card",
+                          "notice": "DECLINED: The bank declined the card"}),
+    (1500, 2000, "paid", {"reviewReason": "REVIEW", "review": "queued: REVIEW"}),
+    (1500, 800, "failed", {"reviewReason": "REVIEW", "review": "queued: REVIEW", "failureCode": "DECLINED",
+                           "failureText": "The bank declined the card", "notice": "DECLINED: The bank declined the card"}),
+], ids=["paid", "declined", "reviewed", "reviewed-and-declined"])
+def test_camunda7_caught_error_and_escalation_variables_are_set(amount: int, credit: int, end: str,
+                                                                 expected: dict[str, Any]) -> None:
+    """Camunda Modeler's error boundary event names the variables Camunda sets to the caught error's
+    code and message (``camunda:errorCodeVariable``, ``camunda:errorMessageVariable``; the message
+    is the bpmn:error's ``camunda:errorMessage``), an escalation boundary event the one it sets to
+    the escalation's code. Neither SpiffWorkflow nor layerflow set them, and validate said nothing:
+    the step after the catch stopped with "name 'failureCode' is not defined". They are set now, as
+    the event catches, and nothing is reported."""
+    if expected:
+        with pytest.raises(Exception, match="is not defined"):
+            plain(CAUGHT, "card_payment", {"amount": amount, "credit": credit})
+    assert [p for p in validate_process([CAUGHT]).problems] == []
+    instance = run(CAUGHT, {"amount": amount, "credit": credit})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"amount": amount, "credit": credit, **expected}
+    assert path_of(instance.workflow)[-1] == end or end in path_of(instance.workflow)
+
+
+def test_a_caught_code_variable_of_a_catch_that_names_no_error_is_refused_where_it_is_read(tmp_path: Path) -> None:
+    """A boundary event that names no bpmn:error catches every error, so which code it caught is
+    known only as it catches: layerflow does not set ``camunda:errorCodeVariable`` there. validate
+    refuses it where a script reads the variable (the run would stop there, as it did), at the event
+    definition's line, naming the event, the attributes and their variables and what to do; where
+    nothing reads them, a warning."""
+    changed = rewritten(tmp_path, CAUGHT, [
+        ('errorRef="Error_Declined" camunda:errorCodeVariable', 'camunda:errorCodeVariable')])
+    [problem] = found_for(changed, "caught_variable_not_set")
+    line = next(i for i, text in enumerate(changed.read_text().splitlines(), 1)
+                if 'camunda:errorCodeVariable="failureCode"' in text)
+    assert (problem.severity, problem.element_id, problem.field, problem.line, problem.file) == (
+        "error", "payment_failed", "camunda:errorCodeVariable", line, str(changed))
+    assert ("camunda:errorCodeVariable='failureCode', camunda:errorMessageVariable='failureText'"
+            in problem.message)
+    assert "it catches every error; the run stops where 'failureCode' is read" in problem.message
+    assert "give its bpmn:errorEventDefinition an errorRef naming the bpmn:error" in problem.message
+    assert [p.code for p in validate_process([changed]).problems] == ["caught_variable_not_set"]
+    (tmp_path / "unread").mkdir()
+    unread = rewritten(tmp_path / "unread", changed, [('notice = failureCode + ": " + failureText', "notice = 1")])
+    [warning] = found_for(unread, "caught_variable_not_set")
+    assert warning.severity == "warning" and "is read" not in warning.message
+
+
+def test_a_caught_message_variable_for_an_error_without_a_message_is_null(tmp_path: Path) -> None:
+    """An error with no camunda:errorMessage gives its message variable null, as in Camunda."""
+    changed = rewritten(tmp_path, CAUGHT, [(' camunda:errorMessage="The bank declined the card"', ""),
+                                           ('failureCode + ": " + failureText', "f'{failureCode}: {failureText}'")])
+    assert list(validate_process([changed]).problems) == []
+    instance = run(changed, {"amount": 900, "credit": 800})
+    assert instance.status == "completed", instance.error
+    found = variables(instance.main)
+    assert (found["failureCode"], found["failureText"], found["notice"]) == ("DECLINED", None, "DECLINED: None")
