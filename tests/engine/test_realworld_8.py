@@ -94,3 +94,18 @@ def test_a_caught_message_variable_for_an_error_without_a_message_is_null(tmp_pa
     assert instance.status == "completed", instance.error
     found = variables(instance.main)
     assert (found["failureCode"], found["failureText"], found["notice"]) == ("DECLINED", None, "DECLINED: None")
+
+
+def test_an_error_event_sub_process_start_sets_the_caught_error_variables() -> None:
+    """An error event sub-process whose start event names the code and message variables, the
+    message given as ``operaton:errorMessage`` (a BPMN DSL's import fixture, saved as Operaton's
+    modeler does): plain SpiffWorkflow stops in the clean-up step on ``code``; layerflow sets both as
+    the event sub-process starts."""
+    path = REALWORLD / "error_start_variables.bpmn"
+    with pytest.raises(Exception, match="name 'code' is not defined"):
+        plain(path, "import_first", {})
+    assert list(validate_process([path]).problems) == []
+    instance = run(path, {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"code": "BOOM", "text": "It went boom", "cleaned": "BOOM: It went boom"}
+    assert path_of(instance.workflow)[-3:] == ["Cleanup", "Recovered", "RecoverBoom"]
