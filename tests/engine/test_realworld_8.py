@@ -109,3 +109,63 @@ def test_an_error_event_sub_process_start_sets_the_caught_error_variables() -> N
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"code": "BOOM", "text": "It went boom", "cleaned": "BOOM: It went boom"}
     assert path_of(instance.workflow)[-3:] == ["Cleanup", "Recovered", "RecoverBoom"]
+
+
+# -- event sub-processes that a condition starts ---------------------------------------------------
+
+CONDITIONAL_ESP = REALWORLD / "conditional_event_subprocess.bpmn"
+
+
+def test_plain_spiffworkflow_never_starts_an_event_sub_process_on_a_condition() -> None:
+    """SpiffWorkflow 3.2 connects an event sub-process with a conditional start to nothing: no event
+    is ever thrown for it, so it never starts, even with its condition true from the outset."""
+    wf = plain(CONDITIONAL_ESP, "order_review", {"items": [1, 2, 3, 4, 5, 6], "cancelled": True})
+    assert "alert" not in path_of(wf) and "refund" not in path_of(wf)
+
+
+@pytest.mark.parametrize("items, answer, expected, end", [
+    (["a", "b"], {"cancelled": False}, {"shipped": True}, "done"),
+    (["a"] * 6, {"cancelled": False}, {"alerted": 60, "shipped": True}, "done"),
+    (["a"] * 6, {"cancelled": True}, {"alerted": 60, "refunded": True}, "cancelled_end"),
+], ids=["low-risk", "high-risk-alerted", "cancelled-while-reviewed"])
+def test_an_event_sub_process_starts_once_its_condition_holds(items: list[str], answer: dict[str, Any],
+                                                              expected: dict[str, Any], end: str) -> None:
+    """A conditional start event of an event sub-process fires once its condition holds, as BPMN
+    (and Camunda) says: the risk alert as soon as the score is written, beside the review (it does
+    not interrupt), the cancellation as the review's answer sets ``cancelled``, interrupting the
+    process (nothing ships)."""
+    assert list(validate_process([CONDITIONAL_ESP]).problems) == []
+    instance = run(CONDITIONAL_ESP, {"items": items}, answers={"user_tasks": {"review": answer}})
+    assert instance.status == "completed", instance.error
+    found = variables(instance.main)
+    assert {k: found[k] for k in found if k not in ("items", "risk", "cancelled")} == expected
+    assert end in path_of(instance.workflow)
+    if "refunded" in expected:
+        assert "ship" not in path_of(instance.workflow)
+
+
+def test_a_conditional_event_sub_process_started_before_a_save_is_not_started_again(tmp_path: Path) -> None:
+    """The instance waits for the review after the alert ran, is saved, loaded by another engine and
+    answered: the alert does not run again (its condition held all along), and the cancellation
+    starts from the answer, interrupting the process."""
+    store = f"sqlite:///{tmp_path / 'instances.db'}"
+    first = Engine(store=store)
+    waiting = first.run(first.start(load_process([CONDITIONAL_ESP]), {"items": ["a"] * 6}))
+    assert waiting.status == "waiting" and variables(waiting.main)["alerted"] == 60
+    second = Engine(store=store)
+    done = second.resume(waiting.id, answers={"user_tasks": {"review": {"cancelled": True}}})
+    assert done.status == "completed", done.error
+    ran = path_of(done.workflow)
+    assert ran.count("alert") == 1 and "refund" in ran and "ship" not in ran
+
+
+def test_a_conditional_event_sub_process_inside_a_sub_process_starts_in_its_scope() -> None:
+    """Inside a sub-process, the event sub-process starts once the sub-process's step wrote what its
+    condition reads, beside the user task that waits (it does not interrupt)."""
+    path = REALWORLD / "conditional_event_subprocess_nested.bpmn"
+    assert list(validate_process([path]).problems) == []
+    instance = run(path, {}, answers={"user_tasks": {"u": {}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"risk": 90, "alerted": True}
+    ran = path_of(instance.workflow)
+    assert ran.index("alert") < ran.index("u") and ran[-1] == "e"
