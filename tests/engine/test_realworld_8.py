@@ -169,3 +169,75 @@ def test_a_conditional_event_sub_process_inside_a_sub_process_starts_in_its_scop
     assert variables(instance.main) == {"risk": 90, "alerted": True}
     ran = path_of(instance.workflow)
     assert ran.index("alert") < ran.index("u") and ran[-1] == "e"
+
+
+# -- Flowable Design's export (flowable/flowable-examples) ----------------------------------------
+
+FLOWABLE = REALWORLD / "flowable_design_export.bpmn"
+
+
+def test_flowable_designs_own_extension_elements_are_no_settings_and_its_juel_timer_is_refused() -> None:
+    """Flowable Design writes a design: element for every property of every element (stencil ids,
+    colours, the timer's date again): they decide nothing and nothing is said of them. What is said:
+    the initiator variable nothing sets, the mail task that runs by a handler here, and the timer's
+    JUEL date (``${reservationTime}``), refused with the Python to write; plain SpiffWorkflow cannot
+    load the mail task ("A Service Task must have an operator")."""
+    found = sorted((p.code, p.severity, p.element_id, p.field or "") for p in validate_process([FLOWABLE]).problems)
+    assert found == [
+        ("foreign_extension", "warning", "emailtask1", ""),
+        ("foreign_extension", "warning", "startnoneevent1", ""),
+        ("no_implementation", "warning", "emailtask1", ""),
+        ("timer_expression", "error", "intermediatetimereventcatching1", "timeDate")]
+    [timer] = [p for p in validate_process([FLOWABLE]).problems if p.code == "timer_expression"]
+    assert "write 'reservationTime'" in timer.message
+    assert not any("design:" in p.message for p in validate_process([FLOWABLE]).problems)
+
+
+def test_the_flowable_export_with_the_timer_written_as_python_runs_with_a_mail_handler(tmp_path: Path) -> None:
+    """The timer's date written as validate says, and the mail task given a handler: the instance
+    reserves, mails and waits until the date (past here), then completes."""
+    changed = rewritten(tmp_path, FLOWABLE, [("<timeDate>${reservationTime}</timeDate>",
+                                               "<timeDate>reservationTime</timeDate>")])
+    assert [p.code for p in validate_process([changed]).problems if p.severity == "error"] == []
+    sent: list[Any] = []
+    engine = Engine(store="memory://", handlers={"emailtask1": lambda actx: sent.append(actx.get("customerEmail"))})
+    instance = engine.run(engine.start(load_process([changed]), {
+        "reservationTime": "2020-01-01T12:00:00Z", "customerEmail": "guest@example.org", "initiator": "ann"}))
+    assert instance.status == "completed", instance.error
+    assert sent == ["guest@example.org"] and variables(instance.main)["table"] == 7
+    assert path_of(instance.workflow)[-3:] == ["endnoneevent1", "subprocess1", "endnoneevent2"]
+
+
+# -- loops, completion conditions, terminate and escalation events that run as in SpiffWorkflow ---
+
+
+@pytest.mark.parametrize("name, process_id, data, expected, answers", [
+    ("standard_loop_condition.bpmn", "delivery_attempts", {"home_after": 2}, {"attempts": 2, "delivered": True}, None),
+    ("standard_loop_condition.bpmn", "delivery_attempts", {"home_after": 9}, {"attempts": 3, "delivered": False},
+     None),
+    ("mi_completion_condition.bpmn", "first_good_offer", {"offers": [50, 120, 80, 200], "floor": 100},
+     {"verdicts": [False, True]}, None),
+    ("mi_completion_condition.bpmn", "first_good_offer", {"offers": [50, 60], "floor": 100},
+     {"verdicts": [False, False]}, None),
+    ("terminate_in_subprocess.bpmn", "checks_then_report", {}, {"auto": "passed", "report": "checks: passed"}, {}),
+    ("escalation_non_interrupting.bpmn", "order_with_escalation", {"days": 5}, {"packed": True, "apology": "sent"},
+     None),
+    ("escalation_non_interrupting.bpmn", "order_with_escalation", {"days": 1}, {"packed": True}, None),
+], ids=["loop-until-delivered", "loop-maximum", "mi-completes-early", "mi-runs-all", "terminate-ends-sub-process",
+        "escalation-beside", "no-escalation"])
+def test_shapes_that_run_as_in_plain_spiffworkflow(name: str, process_id: str, data: dict[str, Any],
+                                                   expected: dict[str, Any], answers: dict[str, Any] | None) -> None:
+    """A standard loop with a loopCondition and a loopMaximum (bpmn.io's loop marker), a sequential
+    multi-instance task with a completionCondition (SpiffArena), a terminate end event inside a
+    sub-process that cancels the person's task beside it and goes on after the sub-process
+    (bpmn-js-token-simulation's terminate-nested-scopes), a non-interrupting escalation boundary
+    event (Camunda's escalation example): validate says nothing, and layerflow ends with the
+    variables and the path plain SpiffWorkflow ends with."""
+    path = REALWORLD / name
+    assert list(validate_process([path]).problems) == []
+    wf = plain(path, process_id, data)
+    assert wf.is_completed()
+    instance = run(path, data, answers={"user_tasks": answers} if answers is not None else None)
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {**data, **expected} == dict(wf.last_task.data)
+    assert path_of(instance.workflow) == path_of(wf)
