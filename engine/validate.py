@@ -220,6 +220,9 @@ not make ``report.ok`` false:
                                       no error (escalation) with a code, which is known only as it catches,
                                       or the message is an expression; error where the files read it, else a
                                       warning (with a code, they are set as the event catches)
+``jbpm_script_not_run``               jBPM's drools:onEntry-script / onExit-script of a step (Java, MVEL), which
+                                      nothing runs: error where a variable it sets (kcontext.setVariable) is read
+                                      by the files, else a warning; the message says to write a pre- / postScript
 ``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
                                       computes something (or a script, a target path): nothing evaluates it, the
                                       target is never set; error where the files read the target, else a warning
@@ -2344,6 +2347,7 @@ class _Validator:
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
             self._check_timer_settings(el, eid, tag, file)
+            self._check_jbpm(el, eid, tag, file)
             if tag == "scriptTask":
                 for ext in el.iterfind(_bpmn("extensionElements")):
                     for which in ("preScript", "postScript"):
@@ -2917,6 +2921,38 @@ class _Validator:
                              f"engine's timer setting that layerflow does not run (nor does SpiffWorkflow): it "
                              f"{meant}", file=file, line=holder.sourceline, element_id=eid, field=setting,
                              severity="warning")
+
+    def _check_jbpm(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """jBPM's settings of a step: its on-entry and on-exit scripts (Java, MVEL or JavaScript, run
+        as the step starts and ends, as a pre- and postScript are), which nothing runs here; and a
+        work item task (``drools:taskName``), which jBPM's work item handler runs and which here is a
+        plain task that waits for a person."""
+        for ext in el.iterfind(_bpmn("extensionElements")):
+            for holder in ext:
+                if not isinstance(holder.tag, str) or etree.QName(holder).namespace != _JBPM_NS:
+                    continue
+                local = etree.QName(holder).localname
+                if local not in ("onEntry-script", "onExit-script"):
+                    continue
+                code = " ".join("".join(s.itertext()) for s in holder if isinstance(s.tag, str)).strip()
+                sets = list(dict.fromkeys(re.findall(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']", code)))
+                read = [name for name in sets if self._reads_name(name, holder)]
+                hook, when = ("preScript", "starts") if local == "onEntry-script" else ("postScript", "ends")
+                todo = (f"write it in Python as a spiffworkflow:{hook} of {eid!r}"
+                        f"{' (' + '; '.join(f'{name} = ...' for name in sets) + ')' if sets else ''}")
+                self.add("jbpm_script_not_run", f"bpmn:{tag} {eid!r} has drools:{local} (scriptFormat="
+                         f"{holder.get('scriptFormat') or 'none'!r}: {_shorten(code)!r}), jBPM's script run as the "
+                         f"step {when}, which layerflow does not run (nor does SpiffWorkflow)"
+                         f"{f', and it sets {read[0]!r}, which the files read: the run stops there' if read else ''}"
+                         f"; {todo}", file=file, line=holder.sourceline, element_id=eid, field=f"drools:{local}",
+                         severity="error" if read else "warning")
+        item = el.get(f"{{{_JBPM_NS}}}taskName")
+        cfg = self.merged.get(eid)
+        if tag == "task" and item and not (cfg is not None and (cfg.handler or cfg.llm is not None)):
+            self.add("foreign_extension", f"bpmn:task {eid!r} is jBPM's work item {item!r} (drools:taskName), which "
+                     "jBPM's work item handler runs; here it is a plain task, which waits for a person's answer: "
+                     f"{_RUN_BY_HANDLER}", file=file, line=el.sourceline, element_id=eid, field="drools:taskName",
+                     severity="warning")
 
     def _check_listeners(self, proc: _Node) -> None:
         """Another engine's execution listeners where no step is: on a process (run as an instance
@@ -3672,6 +3708,15 @@ _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
+_JBPM_NS = "http://www.jboss.org/drools"
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    """``text`` on one line, cut to ``limit`` characters (with "..." where cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
                       "http://operaton.org/schema/1.0/bpmn": "operaton",
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}

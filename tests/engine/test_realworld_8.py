@@ -15,7 +15,7 @@ import pytest
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import path_of, variables
+from engine_helpers import path_of, run_plain, variables
 from test_realworld_4 import plain, rewritten
 
 REALWORLD = Path(__file__).resolve().parent / "realworld"
@@ -241,3 +241,53 @@ def test_shapes_that_run_as_in_plain_spiffworkflow(name: str, process_id: str, d
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {**data, **expected} == dict(wf.last_task.data)
     assert path_of(instance.workflow) == path_of(wf)
+
+
+# -- jBPM's on-entry and on-exit scripts and work items --------------------------------------------
+
+JBPM = REALWORLD / "jbpm_entry_exit_scripts.bpmn2"
+
+
+def test_jbpms_entry_and_exit_scripts_are_refused_where_what_they_set_is_read() -> None:
+    """jBPM runs a task's drools:onEntry-script as the task starts and its onExit-script as it ends,
+    as SpiffWorkflow runs a preScript and a postScript; they are Java (or MVEL), and neither
+    SpiffWorkflow nor layerflow runs them: validate said nothing, and the run stopped later on
+    "name 'subject' is not defined". The entry script sets ``subject``, which a script reads: an
+    error at its line, with the Python to write as the task's spiffworkflow:preScript; the exit
+    script sets nothing: a warning. The work item task (drools:taskName="Email", run by jBPM's work
+    item handler) is a plain task here, which waits for a person: a warning naming it and what to do."""
+    with pytest.raises(Exception, match="name 'subject' is not defined"):
+        run_plain(JBPM, {"employee": "ann"}, {"review": {}, "notify": {}})
+    found = {(p.code, p.field): p for p in validate_process([JBPM]).problems}
+    assert set(found) == {("jbpm_script_not_run", "drools:onEntry-script"), ("jbpm_script_not_run", "drools:onExit-script"),
+                          ("foreign_extension", "drools:taskName")}
+    entry = found[("jbpm_script_not_run", "drools:onEntry-script")]
+    text = JBPM.read_text().splitlines()
+    assert (entry.severity, entry.element_id, entry.file, entry.line) == (
+        "error", "review", str(JBPM), next(i for i, t in enumerate(text, 1) if "<drools:onEntry-script" in t))
+    assert "it sets 'subject', which the files read" in entry.message
+    assert "write it in Python as a spiffworkflow:preScript of 'review' (subject = ...)" in entry.message
+    leave = found[("jbpm_script_not_run", "drools:onExit-script")]
+    assert leave.severity == "warning" and "spiffworkflow:postScript of 'review'" in leave.message
+    item = found[("foreign_extension", "drools:taskName")]
+    assert item.severity == "warning" and item.element_id == "notify"
+    assert "work item 'Email'" in item.message and "waits for a person" in item.message
+    assert "handler: file.py:function" in item.message
+
+
+def test_the_jbpm_entry_script_written_as_a_prescript_runs(tmp_path: Path) -> None:
+    """Written as validate says, the entry script runs before the person's task; the work item given
+    a handler runs without a person."""
+    changed = rewritten(tmp_path, JBPM, [
+        ('<drools:onEntry-script scriptFormat="http://www.java.com/java">\n'
+         '          <drools:script><![CDATA[kcontext.setVariable("subject", "Evaluation of " + employee);]]></drools:script>\n'
+         '        </drools:onEntry-script>',
+         '<spiffworkflow:preScript>subject = "Evaluation of " + employee</spiffworkflow:preScript>'),
+        ('xmlns:drools=', 'xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" xmlns:drools=')])
+    assert [p.code for p in validate_process([changed]).problems if p.severity == "error"] == []
+    engine = Engine(store="memory://", handlers={"notify": lambda actx: {"mailed": True}})
+    instance = engine.run(engine.start(load_process([changed]), {"employee": "ann"}),
+                          answers={"user_tasks": {"review": {"score": 4}}})
+    assert instance.status == "completed", instance.error
+    assert {k: v for k, v in variables(instance.main).items() if k != "employee"} == {
+        "subject": "Evaluation of ann", "score": 4, "mailed": True, "logged": "Evaluation of ann"}
