@@ -2943,7 +2943,7 @@ class _Validator:
                 self.add("jbpm_script_not_run", f"bpmn:{tag} {eid!r} has drools:{local} (scriptFormat="
                          f"{holder.get('scriptFormat') or 'none'!r}: {_shorten(code)!r}), jBPM's script run as the "
                          f"step {when}, which layerflow does not run (nor does SpiffWorkflow)"
-                         f"{f', and it sets {read[0]!r}, which the files read: the run stops there' if read else ''}"
+                         f"{f', and it sets {read[0]!r}, which the files read: the run stops where it is read' if read else ''}"
                          f"; {todo}", file=file, line=holder.sourceline, element_id=eid, field=f"drools:{local}",
                          severity="error" if read else "warning")
         item = el.get(f"{{{_JBPM_NS}}}taskName")
