@@ -89,16 +89,21 @@ def mappings(node: Any) -> list[Mapping]:
     return found
 
 
-#: Camunda 7's (Operaton's) attributes of a catching error or escalation event definition that name
-#: the variable the engine sets to what it caught: (kind of event, what of it)
-CAUGHT_VARIABLES = {"errorCodeVariable": ("error", "code"), "errorMessageVariable": ("error", "message"),
-                    "escalationCodeVariable": ("escalation", "code")}
+#: Camunda 7's (Operaton's) and Flowable's attributes of a catching error or escalation event
+#: definition that name the variable the engine sets to what it caught: (kind of event, what of it)
+CAUGHT_VARIABLES = {("camunda", "errorCodeVariable"): ("error", "code"),
+                    ("camunda", "errorMessageVariable"): ("error", "message"),
+                    ("camunda", "escalationCodeVariable"): ("escalation", "code"),
+                    ("flowable", "errorVariableName"): ("error", "code")}
+_CATCHING_ENGINES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://operaton.org/schema/1.0/bpmn": "operaton",
+                     "http://flowable.org/bpmn": "flowable"}
 _BPMN = "{http://www.omg.org/spec/BPMN/20100524/MODEL}"
 
 
 def caught(node: Any) -> list[Mapping]:
-    """The variables Camunda 7 sets as the catching event ``node`` catches an error or escalation
-    (``camunda:errorCodeVariable="code"`` on its bpmn:errorEventDefinition), as output mappings:
+    """The variables Camunda 7 (and Flowable) set as the catching event ``node`` catches an error or
+    escalation (``camunda:errorCodeVariable="code"``, Flowable's ``flowable:errorVariableName="code"``
+    on its bpmn:errorEventDefinition), as output mappings:
     the code of the bpmn:error (bpmn:escalation) the definition names, the error's message its
     ``camunda:errorMessage`` (None when it has none, as in Camunda). A definition that names none
     catches every error, and which one it caught is known only then: not run (``why`` says so)."""
@@ -108,9 +113,9 @@ def caught(node: Any) -> list[Mapping]:
         for definition in node.iterchildren(f"{_BPMN}{kind}EventDefinition"):
             for name, target in definition.attrib.items():
                 qn = etree.QName(name)
-                prefix = NAMESPACES.get(qn.namespace or "")
-                what = CAUGHT_VARIABLES.get(qn.localname)
-                if prefix not in ("camunda", "operaton") or what is None or what[0] != kind or not target.strip():
+                prefix = _CATCHING_ENGINES.get(qn.namespace or "")
+                what = CAUGHT_VARIABLES.get(("camunda" if prefix == "operaton" else prefix or "", qn.localname))
+                if what is None or what[0] != kind or not target.strip():
                     continue
                 field, target = f"{prefix}:{qn.localname}", target.strip()
                 ref = definition.get(f"{kind}Ref")

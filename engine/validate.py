@@ -216,7 +216,7 @@ not make ``report.ok`` false:
                                       something: never run, the target is never set; error where the files read it
                                       (a condition, a script, another mapping), else a warning
 ``caught_variable_not_set``           a catch event's camunda:errorCodeVariable / errorMessageVariable /
-                                      escalationCodeVariable (operaton:) that nothing sets: the event names
+                                      escalationCodeVariable (operaton:, flowable:errorVariableName) that nothing sets: the event names
                                       no error (escalation) with a code, which is known only as it catches,
                                       or the message is an expression; error where the files read it, else a
                                       warning (with a code, they are set as the event catches)

@@ -291,3 +291,29 @@ def test_the_jbpm_entry_script_written_as_a_prescript_runs(tmp_path: Path) -> No
     assert instance.status == "completed", instance.error
     assert {k: v for k, v in variables(instance.main).items() if k != "employee"} == {
         "subject": "Evaluation of ann", "score": 4, "mailed": True, "logged": "Evaluation of ann"}
+
+
+@pytest.mark.parametrize("definition, status", [
+    ('errorRef="Error_Declined" flowable:errorVariableName="failureCode"', "completed"),
+    ('flowable:errorVariableName="failureCode" flowable:errorVariableLocalScope="true"', "refused"),
+], ids=["names-its-error", "catch-all"])
+def test_flowables_error_variable_name_is_the_caught_code(tmp_path: Path, definition: str, status: str) -> None:
+    """Flowable's ``flowable:errorVariableName`` on an error boundary event names the variable Flowable
+    sets to the caught error's code: set as the event catches when it names its error; a catch-all
+    (as Flowable's own examples draw it) is refused where the variable is read."""
+    changed = rewritten(tmp_path, CAUGHT, [
+        ('errorRef="Error_Declined" camunda:errorCodeVariable="failureCode" camunda:errorMessageVariable="failureText"',
+         definition),
+        ('notice = failureCode + ": " + failureText', 'notice = "declined: " + failureCode'),
+        ('xmlns:camunda=', 'xmlns:flowable="http://flowable.org/bpmn" xmlns:camunda=')])
+    found = found_for(changed, "caught_variable_not_set")
+    if status == "refused":
+        [problem] = found
+        assert (problem.severity, problem.element_id, problem.field) == (
+            "error", "payment_failed", "flowable:errorVariableName")
+        assert "flowable:errorVariableName='failureCode'" in problem.message
+        return
+    assert found == []
+    instance = run(changed, {"amount": 900, "credit": 800})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main)["notice"] == "declined: DECLINED"
