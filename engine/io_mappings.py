@@ -129,7 +129,7 @@ def caught(node: Any) -> list[Mapping]:
                     why = f"{target!r} is no variable name"
                 else:
                     value: str | None = code
-                    if what[1] == "message":
+                    if what[1] == "message" and named is not None:
                         value = next((v for k, v in named.attrib.items() if etree.QName(k).localname == "errorMessage"
                                       and NAMESPACES.get(etree.QName(k).namespace or "") in ("camunda", "operaton")),
                                      None)

@@ -216,13 +216,11 @@ not make ``report.ok`` false:
                                       something: never run, the target is never set; error where the files read it
                                       (a condition, a script, another mapping), else a warning
 ``caught_variable_not_set``           a catch event's camunda:errorCodeVariable / errorMessageVariable /
-                                      escalationCodeVariable (operaton:, flowable:errorVariableName) that nothing sets: the event names
-                                      no error (escalation) with a code, which is known only as it catches,
-                                      or the message is an expression; error where the files read it, else a
-                                      warning (with a code, they are set as the event catches)
-``jbpm_script_not_run``               jBPM's drools:onEntry-script / onExit-script of a step (Java, MVEL), which
-                                      nothing runs: error where a variable it sets (kcontext.setVariable) is read
-                                      by the files, else a warning; the message says to write a pre- / postScript
+                                      escalationCodeVariable (operaton:; flowable:errorVariableName) that
+                                      nothing sets: the event names no error (escalation) with a code, which
+                                      is known only as it catches, or the message is an expression; error
+                                      where the files read it, else a warning (with a code, they are set as
+                                      the event catches)
 ``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
                                       computes something (or a script, a target path): nothing evaluates it, the
                                       target is never set; error where the files read the target, else a warning
@@ -2935,16 +2933,16 @@ class _Validator:
                 if local not in ("onEntry-script", "onExit-script"):
                     continue
                 code = " ".join("".join(s.itertext()) for s in holder if isinstance(s.tag, str)).strip()
-                sets = list(dict.fromkeys(re.findall(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']", code)))
+                sets = list(dict.fromkeys(_KCONTEXT_SET.findall(code)))
                 read = [name for name in sets if self._reads_name(name, holder)]
                 hook, when = ("preScript", "starts") if local == "onEntry-script" else ("postScript", "ends")
+                stops = (f", and it sets {read[0]!r}, which the files read: the run stops where it is read"
+                         if read else "")
                 todo = (f"write it in Python as a spiffworkflow:{hook} of {eid!r}"
                         f"{' (' + '; '.join(f'{name} = ...' for name in sets) + ')' if sets else ''}")
                 self.add("jbpm_script_not_run", f"bpmn:{tag} {eid!r} has drools:{local} (scriptFormat="
                          f"{holder.get('scriptFormat') or 'none'!r}: {_shorten(code)!r}), jBPM's script run as the "
-                         f"step {when}, which layerflow does not run (nor does SpiffWorkflow)"
-                         f"{f', and it sets {read[0]!r}, which the files read: the run stops where it is read' if read else ''}"
-                         f"; {todo}", file=file, line=holder.sourceline, element_id=eid, field=f"drools:{local}",
+                         f"step {when}, which layerflow does not run (nor does SpiffWorkflow){stops}; {todo}", file=file, line=holder.sourceline, element_id=eid, field=f"drools:{local}",
                          severity="error" if read else "warning")
         item = el.get(f"{{{_JBPM_NS}}}taskName")
         cfg = self.merged.get(eid)
@@ -3709,6 +3707,7 @@ _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _JBPM_NS = "http://www.jboss.org/drools"
+_KCONTEXT_SET = re.compile(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']")
 
 
 def _shorten(text: str, limit: int = 80) -> str:
