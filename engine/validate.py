@@ -2942,7 +2942,8 @@ class _Validator:
                         f"{' (' + '; '.join(f'{name} = ...' for name in sets) + ')' if sets else ''}")
                 self.add("jbpm_script_not_run", f"bpmn:{tag} {eid!r} has drools:{local} (scriptFormat="
                          f"{holder.get('scriptFormat') or 'none'!r}: {_shorten(code)!r}), jBPM's script run as the "
-                         f"step {when}, which layerflow does not run (nor does SpiffWorkflow){stops}; {todo}", file=file, line=holder.sourceline, element_id=eid, field=f"drools:{local}",
+                         f"step {when}, which layerflow does not run (nor does SpiffWorkflow){stops}; {todo}", file=file,
+                         line=holder.sourceline, element_id=eid, field=f"drools:{local}",
                          severity="error" if read else "warning")
         item = el.get(f"{{{_JBPM_NS}}}taskName")
         cfg = self.merged.get(eid)
