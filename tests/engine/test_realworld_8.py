@@ -7,12 +7,15 @@ runs it there too and the outcome must agree."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from engine import Engine, load_process
+from engine.cli import main
 from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain, variables
@@ -317,3 +320,17 @@ def test_flowables_error_variable_name_is_the_caught_code(tmp_path: Path, defini
     instance = run(changed, {"amount": 900, "credit": 800})
     assert instance.status == "completed", instance.error
     assert variables(instance.main)["notice"] == "declined: DECLINED"
+
+
+def test_layerflow_run_json_starts_the_conditional_event_sub_processes(tmp_path: Path) -> None:
+    """``layerflow run --json`` with the start data and the review's answer: completed, the alert and
+    the refund ran in their event sub-processes, nothing shipped."""
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"review": {"cancelled": True}}}))
+    result = CliRunner().invoke(main, ["run", str(CONDITIONAL_ESP), "--store", "memory://", "--json",
+                                       "--data", json.dumps({"items": ["a"] * 6}), "--answers", str(answers)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["status"] == "completed" and doc["error"] is None
+    ran = result.stderr
+    assert "activity alert" in ran and "activity refund" in ran and "activity ship" not in ran
