@@ -89,6 +89,58 @@ def mappings(node: Any) -> list[Mapping]:
     return found
 
 
+#: Camunda 7's (Operaton's) and Flowable's attributes of a catching error or escalation event
+#: definition that name the variable the engine sets to what it caught: (kind of event, what of it)
+CAUGHT_VARIABLES = {("camunda", "errorCodeVariable"): ("error", "code"),
+                    ("camunda", "errorMessageVariable"): ("error", "message"),
+                    ("camunda", "escalationCodeVariable"): ("escalation", "code"),
+                    ("flowable", "errorVariableName"): ("error", "code")}
+_CATCHING_ENGINES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://operaton.org/schema/1.0/bpmn": "operaton",
+                     "http://flowable.org/bpmn": "flowable"}
+_BPMN = "{http://www.omg.org/spec/BPMN/20100524/MODEL}"
+
+
+def caught(node: Any) -> list[Mapping]:
+    """The variables Camunda 7 (and Flowable) set as the catching event ``node`` catches an error or
+    escalation (``camunda:errorCodeVariable="code"``, Flowable's ``flowable:errorVariableName="code"``
+    on its bpmn:errorEventDefinition), as output mappings:
+    the code of the bpmn:error (bpmn:escalation) the definition names, the error's message its
+    ``camunda:errorMessage`` (None when it has none, as in Camunda). A definition that names none
+    catches every error, and which one it caught is known only then: not run (``why`` says so)."""
+    found: list[Mapping] = []
+    root = node.getroottree().getroot()
+    for kind in ("error", "escalation"):
+        for definition in node.iterchildren(f"{_BPMN}{kind}EventDefinition"):
+            for name, target in definition.attrib.items():
+                qn = etree.QName(name)
+                prefix = _CATCHING_ENGINES.get(qn.namespace or "")
+                what = CAUGHT_VARIABLES.get(("camunda" if prefix == "operaton" else prefix or "", qn.localname))
+                if what is None or what[0] != kind or not target.strip():
+                    continue
+                field, target = f"{prefix}:{qn.localname}", target.strip()
+                ref = definition.get(f"{kind}Ref")
+                named = next((el for el in root.iter(f"{_BPMN}{kind}") if ref and el.get("id") == ref), None)
+                code = named.get(f"{kind}Code") if named is not None else None
+                python: str | None = None
+                if not code:
+                    why = (f"it catches every {kind}" if not ref else
+                           f"the bpmn:{kind} {ref!r} it names has no {kind}Code, so it catches every {kind}")
+                elif not target.isidentifier() or keyword.iskeyword(target):
+                    why = f"{target!r} is no variable name"
+                else:
+                    value: str | None = code
+                    if what[1] == "message" and named is not None:
+                        value = next((v for k, v in named.attrib.items() if etree.QName(k).localname == "errorMessage"
+                                      and NAMESPACES.get(etree.QName(k).namespace or "") in ("camunda", "operaton")),
+                                     None)
+                    if value is not None and ("${" in value or "#{" in value):
+                        why = f"the message of bpmn:error {ref!r} is an expression ({value!r}), which nothing evaluates"
+                    else:
+                        python, why = f"{target} = {value!r}", ""
+                found.append(Mapping("output", field, target, code or "", "JUEL", python, why, definition))
+    return found
+
+
 def script(found: list[Mapping]) -> str:
     """The Python of the mappings that run, one after another (a later mapping reads an earlier one's
     target, as in Camunda)."""

@@ -975,13 +975,50 @@ def _cardinality(task_id: str, expression: str, value: Any) -> int:
                         "(e.g. int(...) or len(...))", task_id=task_id)
 
 
-def _refresh_conditions(wf: Any) -> None:
+def _refresh_conditions(wf: Any, holds: Callable[[Any, str], bool] | None = None) -> None:
     """A waiting conditional catch fires once its condition holds (BPMN): SpiffWorkflow 3.2 checks
     it only as the event becomes ready, and a condition false then waited for ever, whatever
-    changed later (a ``resume --set``, another activity's write the catch can read)."""
+    changed later (a ``resume --set``, another activity's write the catch can read). An event
+    sub-process of the process with a conditional start starts as its condition comes to hold
+    (``holds(task, condition)``): SpiffWorkflow 3.2 connects it to nothing, and no event is ever
+    thrown for a condition, so it never started."""
     for task in list(wf.event_manager.tasks.values()):
         if isinstance(task.task_spec.event_definition, ConditionalEventDefinition) and task.state == TaskState.WAITING:
             task.task_spec._update(task)
+    if holds is not None:
+        _start_conditional_event_subprocesses(wf, holds)
+
+
+#: (the process's root task's internal data) the conditional starts of event sub-processes whose
+#: condition held when last checked: BPMN starts one as its condition comes to hold, not while it holds
+CONDITIONS_HELD_KEY = "lf_conditions_held"
+
+
+def _start_conditional_event_subprocesses(wf: Any, holds: Callable[[Any, str], bool]) -> int:
+    """Start the event sub-processes of ``wf`` and of its running sub-processes whose conditional
+    start's condition came to hold since it was last checked; how many started."""
+    started = 0
+    for scope in (wf, *wf.get_active_subprocesses()):
+        start = scope.spec.start
+        if not getattr(start, "trigger_specs", None) or not scope.task_tree.children or scope.is_completed():
+            continue
+        held = dict(scope.task_tree.internal_data.get(CONDITIONS_HELD_KEY) or {})
+        for name in list(start.trigger_specs):
+            sp_spec = wf.subprocess_specs.get(name)
+            for event in getattr(sp_spec, "bpmn_start_events", ()):
+                definition = event.event_definition
+                if not isinstance(definition, ConditionalEventDefinition):
+                    continue
+                now = holds(scope.task_tree.children[0], definition.expression)
+                if now and not held.get(event.name):
+                    # as SpiffWorkflow starts one a message catches; its start event then evaluates
+                    # the condition itself and fires (interrupting its scope when it interrupts)
+                    start.trigger_wf(scope.task_tree, name)
+                    started += 1
+                held[event.name] = now
+        if held:
+            scope.task_tree.internal_data[CONDITIONS_HELD_KEY] = held
+    return started
 
 
 class _Runtime(ScopeSteps, GatewaySteps):
@@ -1010,6 +1047,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         own order (``do_engine_steps``), saving after each activity."""
         wf = self.instance.workflow
         while True:
+            # an answer, a resume --set or the start data may have made a conditional start's condition hold
+            _start_conditional_event_subprocesses(wf, self._condition_holds)
             active = wf.get_active_subprocesses()
             for sp in sorted(active, key=lambda v: v.depth, reverse=True):
                 while self._run_ready(sp):
@@ -1024,7 +1063,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 before = {t.id for t in _ready_tasks(wf)}
                 cycles = _cycle_states(wf)
                 wf.refresh_timers()
-                _refresh_conditions(wf)
+                _refresh_conditions(wf, self._condition_holds)
                 for scope in (wf, *wf.get_active_subprocesses()):
                     spiff.wake_end_joins(scope)
                 # a cycle timer fires one repetition per refresh (or, after its last one, completes
@@ -1053,6 +1092,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
                     count += 1
             if self.instance.activities != before and self.engine.save_after_activity:
                 self.engine._save(self.instance)
+            if self.instance.activities != before and _start_conditional_event_subprocesses(
+                    self.instance.workflow, self._condition_holds):
+                break  # what the activity wrote started an event sub-process: it runs before the next step
         return count
 
     def _runs_unattended(self, spec: Any) -> bool:
@@ -1308,6 +1350,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
                             f"it waits for: {', '.join(waiting) or 'nothing'}", task_id=task_id)
 
     # ----- activities ------------------------------------------------------------------
+
+    def _condition_holds(self, task: Any, expression: str) -> bool:
+        """Whether a conditional start's ``expression`` holds over ``task``'s context: a key it
+        reads that is not set yet (or any error) is a condition that does not hold yet."""
+        try:
+            return bool(evaluate_expression(expression, self.context_of(task)))
+        except Exception:  # noqa: BLE001
+            return False
 
     def context_of(self, task: Any) -> LayeredContext:
         return self.instance.contexts[spiff.context_name_of(task)]

@@ -1491,7 +1491,8 @@ class _ExtensionsParserMixin:
         ext.update(texts)
         if node is None:
             # who sets each mapping's target, for an error about its write (``Runtime``)
-            named = {m.target: f"{m.field} {m.target!r}" for m in io_mappings.mappings(self.node) if m.python}
+            named = {m.target: f"{m.field} {m.target!r}" for m in [*io_mappings.caught(self.node),
+                                                                   *io_mappings.mappings(self.node)] if m.python}
             if _local(self.node.tag) == "callActivity":
                 named.update({t: f"{etree.QName(el.tag).localname} source={s!r} target={t!r}"
                               for _, s, t, el in call_mappings.renames(self.node)})
@@ -1500,8 +1501,10 @@ class _ExtensionsParserMixin:
         if node is None and _local(self.node.tag).endswith("Event"):
             # an event's output mappings (a start event's, a message catch event's: Camunda 8 maps
             # what the message brought): run as the event completes (``_run_hook``); extensions
-            # travel with the saved spec, as an event's spec has no postScript
-            outputs = io_mappings.script([m for m in io_mappings.mappings(self.node) if m.direction == "output"])
+            # travel with the saved spec, as an event's spec has no postScript. The variables Camunda 7
+            # sets to the error or escalation caught come first, as Camunda sets them on catching
+            outputs = io_mappings.script([*io_mappings.caught(self.node),
+                                          *(m for m in io_mappings.mappings(self.node) if m.direction == "output")])
             if outputs:
                 ext[EVENT_OUTPUTS_KEY] = outputs
         if node is None and _local(self.node.tag) in ("userTask", "startEvent"):

@@ -215,6 +215,12 @@ not make ``report.ok`` false:
 ``io_mapping_on_event``               an event's input mapping (a throw event's), or an output mapping that computes
                                       something: never run, the target is never set; error where the files read it
                                       (a condition, a script, another mapping), else a warning
+``caught_variable_not_set``           a catch event's camunda:errorCodeVariable / errorMessageVariable /
+                                      escalationCodeVariable (operaton:; flowable:errorVariableName) that
+                                      nothing sets: the event names no error (escalation) with a code, which
+                                      is known only as it catches, or the message is an expression; error
+                                      where the files read it, else a warning (with a code, they are set as
+                                      the event catches)
 ``io_mapping_expression``             an activity's camunda:inputOutput / zeebe:ioMapping (operaton:) mapping that
                                       computes something (or a script, a target path): nothing evaluates it, the
                                       target is never set; error where the files read the target, else a warning
@@ -2339,6 +2345,7 @@ class _Validator:
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
             self._check_timer_settings(el, eid, tag, file)
+            self._check_jbpm(el, eid, tag, file)
             if tag == "scriptTask":
                 for ext in el.iterfind(_bpmn("extensionElements")):
                     for which in ("preScript", "postScript"):
@@ -2828,6 +2835,7 @@ class _Validator:
         target (a condition, a script, another mapping), else a warning, with the script task to draw
         and its Python. True when the element has mappings."""
         found = io_mappings.mappings(el) if tag.endswith("Event") else []
+        self._check_caught_variables(el, eid, tag, file)
         self._check_mapping_system([m for m in found if m.direction == "output"], eid, tag, file)
         for mapping in (m for m in found if (m.direction == "input" or m.python is None) and not io_mappings.identity(m)):
             self.related.add(eid)
@@ -2849,6 +2857,27 @@ class _Validator:
                      f"draw a bpmn:scriptTask {where} {eid!r} {python}", file=file, line=mapping.element.sourceline,
                      element_id=eid, field=mapping.field, severity="error" if read else "warning")
         return bool(found)
+
+    def _check_caught_variables(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """Camunda 7's variables that a catch event sets to the error (escalation) it caught
+        (``io_mappings.caught``) and that are not set here: the event names no error with a code, so
+        which one it caught is known only then, or the error's message is an expression. An error
+        where the files read one of them (the run stops there), else a warning."""
+        unset = [m for m in io_mappings.caught(el) if m.python is None]
+        self._check_mapping_system([m for m in io_mappings.caught(el) if m.python is not None], eid, tag, file)
+        for definition in dict.fromkeys(m.element for m in unset):
+            these = [m for m in unset if m.element is definition]
+            kind = etree.QName(definition).localname.removesuffix("EventDefinition")
+            read = [m.target for m in these if m.target.isidentifier() and self._reads_name(m.target, definition)]
+            named = ", ".join(f"{m.field}={m.target!r}" for m in these)
+            todo = (f"give its bpmn:{kind}EventDefinition an {kind}Ref naming the bpmn:{kind} (with an {kind}Code) "
+                    f"it catches, and layerflow sets them as it catches" if "every" in these[0].why else
+                    f"give the bpmn:{kind}'s message as text, or set {these[0].target!r} in a script after {eid!r}")
+            self.add("caught_variable_not_set", f"bpmn:{tag} {eid!r} has {named}, the variables Camunda sets to the "
+                     f"{kind} it caught, and nothing sets them here: {these[0].why}"
+                     f"{f'; the run stops where {read[0]!r} is read' if read else ''}; {todo}", file=file,
+                     line=definition.sourceline, element_id=eid, field=these[0].field,
+                     severity="error" if read else "warning")
 
     def _reads_name(self, name: str, besides: Any = None) -> bool:
         """A condition, script or variable mapping (other than ``besides``) of the files given reads
@@ -2890,6 +2919,39 @@ class _Validator:
                              f"engine's timer setting that layerflow does not run (nor does SpiffWorkflow): it "
                              f"{meant}", file=file, line=holder.sourceline, element_id=eid, field=setting,
                              severity="warning")
+
+    def _check_jbpm(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """jBPM's settings of a step: its on-entry and on-exit scripts (Java, MVEL or JavaScript, run
+        as the step starts and ends, as a pre- and postScript are), which nothing runs here; and a
+        work item task (``drools:taskName``), which jBPM's work item handler runs and which here is a
+        plain task that waits for a person."""
+        for ext in el.iterfind(_bpmn("extensionElements")):
+            for holder in ext:
+                if not isinstance(holder.tag, str) or etree.QName(holder).namespace != _JBPM_NS:
+                    continue
+                local = etree.QName(holder).localname
+                if local not in ("onEntry-script", "onExit-script"):
+                    continue
+                code = " ".join("".join(s.itertext()) for s in holder if isinstance(s.tag, str)).strip()
+                sets = list(dict.fromkeys(_KCONTEXT_SET.findall(code)))
+                read = [name for name in sets if self._reads_name(name, holder)]
+                hook, when = ("preScript", "starts") if local == "onEntry-script" else ("postScript", "ends")
+                stops = (f", and it sets {read[0]!r}, which the files read: the run stops where it is read"
+                         if read else "")
+                todo = (f"write it in Python as a spiffworkflow:{hook} of {eid!r}"
+                        f"{' (' + '; '.join(f'{name} = ...' for name in sets) + ')' if sets else ''}")
+                self.add("jbpm_script_not_run", f"bpmn:{tag} {eid!r} has drools:{local} (scriptFormat="
+                         f"{holder.get('scriptFormat') or 'none'!r}: {_shorten(code)!r}), jBPM's script run as the "
+                         f"step {when}, which layerflow does not run (nor does SpiffWorkflow){stops}; {todo}", file=file,
+                         line=holder.sourceline, element_id=eid, field=f"drools:{local}",
+                         severity="error" if read else "warning")
+        item = el.get(f"{{{_JBPM_NS}}}taskName")
+        cfg = self.merged.get(eid)
+        if tag == "task" and item and not (cfg is not None and (cfg.handler or cfg.llm is not None)):
+            self.add("foreign_extension", f"bpmn:task {eid!r} is jBPM's work item {item!r} (drools:taskName), which "
+                     "jBPM's work item handler runs; here it is a plain task, which waits for a person's answer: "
+                     f"{_RUN_BY_HANDLER}", file=file, line=el.sourceline, element_id=eid, field="drools:taskName",
+                     severity="warning")
 
     def _check_listeners(self, proc: _Node) -> None:
         """Another engine's execution listeners where no step is: on a process (run as an instance
@@ -3645,6 +3707,16 @@ _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
+_JBPM_NS = "http://www.jboss.org/drools"
+_KCONTEXT_SET = re.compile(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']")
+
+
+def _shorten(text: str, limit: int = 80) -> str:
+    """``text`` on one line, cut to ``limit`` characters (with "..." where cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
                       "http://operaton.org/schema/1.0/bpmn": "operaton",
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
