@@ -197,7 +197,7 @@ def test_a_rejection_given_in_advance_does_not_send_the_rework_loop_round_for_ev
     draft's version goes up), so the guard for rounds that change nothing never held: `run --answers` with
     a rejection (and `resume --answer`, the one answer a reviewer gives) went round the rework loop for
     ever, writing thousands of rounds to the store and printing nothing. One answer is given to one step
-    at most `engine.ANSWER_ROUNDS` times in a run; then the step waits for a person, and stderr says so."""
+    at most `ANSWER_ROUNDS` (100) times in a run; then the step waits for a person, and stderr says so."""
     from engine.runtime import ANSWER_ROUNDS
 
     (tmp_path / "answers.json").write_text(json.dumps({"user_tasks": {"review_draft": REJECT}}))
@@ -210,9 +210,10 @@ def test_a_rejection_given_in_advance_does_not_send_the_rework_loop_round_for_ev
     assert doc["layers"]["L3"]["draft_version"] == ANSWER_ROUNDS + 1
     assert "'review_draft'" in done.stderr and f"{ANSWER_ROUNDS} times" in done.stderr, done.stderr[-2000:]
 
-    # a reviewer's one answer to the waiting step: one more round, not another endless run
+    # a resume with the same rejection counts its own rounds: it too ends, waiting
     again = layerflow("resume", doc["instance_id"], "--answer", "review_draft=" + json.dumps(REJECT), "--json",
                       "--store", store, cwd=tmp_path)
+    assert again.returncode == 3 and "'review_draft'" in again.stderr, again.stderr[-2000:]
     assert json.loads(again.stdout)["layers"]["L3"]["draft_version"] == 2 * ANSWER_ROUNDS + 1
     approve = layerflow("resume", doc["instance_id"], "--answer", 'review_draft={"approved": true, "comment": "ok"}',
                         "--json", "--store", store, cwd=tmp_path)
