@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,36 @@ def test_a_clean_claim_still_meets_coverage_at_the_join(cli: Any) -> None:
     doc = run_json(cli, "run", str(HERE / "claim_fraud.bpmn"), "--data", json.dumps({**CLAIM, "prior_claims": 0}),
                    "--yes", code=3)
     assert doc["conflicts"][0]["values"] == {"fraud_check": "fraud_clear", "coverage_check": "covered"}
+
+
+@pytest.fixture
+def redis_store() -> Any:
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(REDIS)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip(f"no Redis at {REDIS}")
+    prefix = f"unseen8-{uuid.uuid4().hex[:10]}"
+    yield f"{REDIS}?prefix={prefix}"
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+def test_a_claim_waiting_on_redis_is_settled_by_another_engine(redis_store: str) -> None:
+    """DESIGN: an instance waiting for a person is persisted and resumed later by another process; the
+    `*` answer takes any other confirmation. The store is Redis, as workers on several machines share."""
+    first = Engine(redis_store).run(load_process(HERE / "claim_fraud.bpmn"), {**CLAIM, "amount": 20000,
+                                                                              "prior_claims": 0})
+    assert first.status == "waiting"
+    assert first.to_document()["conflicts"][0]["values"] == {"fraud_check": "fraud_clear",
+                                                             "coverage_check": "not_covered"}
+    done = Engine(redis_store).resume(first.id, answers={"confirmations": {"*": "not_covered"}})
+    assert done.status == "completed"
+    assert (done.main.resolve("claim_status"), done.main.resolve("payout")) == ("not_covered", 0)
+    assert LayeredContext.replay(Engine(redis_store).load(first.id).main.tape) == done.main
 
 
 # ------------------------------------------------------------------ onboarding: two branches write the same keys
