@@ -494,6 +494,21 @@ class Engine:
         instance = self._instance(instance)
         _runtime_of(instance)  # an instance from Engine.start / Engine.load
         _refuse_if_failed(instance, "send the event")
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        due = [w for w in instance.waiting_for if w["kind"] == "timer" and w.get("due") and _utc(w["due"]) <= now]
+        if due:
+            # A timer that came due fires before the event, as it does before an answer: the timer
+            # branch of an event-based gateway (or an interrupting boundary timer) came first, and the
+            # event must not take a second path beside it.
+            instance = self.run(instance)
+            if not any(c.kind == kind and c.name == name for c in events.waiting_catches(instance.workflow)):
+                from .governance import InstanceStateError
+
+                timers = ", ".join(f"{w['task_id']!r} came due at {w['due']}" for w in due)
+                raise InstanceStateError(
+                    f"instance {instance.id} no longer waits for {kind} {name!r}: its timer {timers} and ran "
+                    f"first (a timer that is due fires before any event or answer); the {kind} was not delivered, "
+                    f"the instance is {instance.status} now")
         tape = instance.tape_length()
         try:
             events.deliver(instance.workflow, instance.contexts, name, payload, kind=kind, actor=actor,

@@ -218,6 +218,39 @@ def test_the_dispute_waits_for_two_messages_and_a_timer_and_takes_the_credit_not
     assert "activity:pay_in_full" not in l3 and "activity:short_pay" not in l3
 
 
+def test_a_credit_note_after_the_supplier_timer_came_due_takes_no_second_branch(tmp_path: Path) -> None:
+    """An event-based gateway takes one branch: the event that comes first. Eleven days on, with nothing
+    run since, the ten-day timer came due before the credit note: `send_event` delivered the message and
+    the timer fired as well, so both `book_credit` and `short_pay` ran and the dispute was closed twice.
+    README: a timer that is due fires before any answer, whichever interface brings it; the message then
+    finds nothing waiting for it, refused (InstanceStateError, REST 409) naming the timer that ran."""
+    from engine.governance import InstanceStateError
+
+    now = [1_800_000_000.0]
+    engine = Engine(f"sqlite:///{tmp_path / 'clock.db'}", clock=lambda: now[0])
+    waiting = engine.run(load_process(HERE / "invoice_dispute.bpmn"), DISPUTE)
+    now[0] += 11 * 86400
+    with pytest.raises(InstanceStateError) as refused:
+        engine.send_event(waiting.id, "credit_note_issued", {"credit_amount": 200})
+    message = str(refused.value)
+    assert "'supplier_silent'" in message and "credit_note_issued" in message, message
+    done = engine.load(waiting.id)
+    assert done.status == "completed"
+    history = done.main.layer(Layer.HISTORY)
+    assert history["closed_with"] == "short_paid:1000"
+    assert "credit_amount" not in history and "activity:book_credit" not in history
+    assert "activity:close_dispute#2" not in history
+
+    # over REST: 409, the same words, the timer's path ran
+    second = engine.run(load_process(HERE / "invoice_dispute.bpmn"), DISPUTE)
+    now[0] += 11 * 86400
+    with ServerThread(create_app(engine, HERE, TOKEN)) as server:
+        r = httpx.post(f"{server.url}/api/instances/{second.id}/events", headers=AUTH, timeout=60,
+                       json={"name": "credit_note_issued", "payload": {"credit_amount": 200}})
+    assert r.status_code == 409 and "'supplier_silent'" in r.text, r.text
+    assert engine.load(second.id).main.resolve("closed_with") == "short_paid:1000"
+
+
 # ------------------------------------------------------------------ rework rounds that loop back to a person
 
 REJECT = {"approved": False, "comment": "tighten the retention section"}
