@@ -509,6 +509,11 @@ class Engine:
                     f"instance {instance.id} no longer waits for {kind} {name!r}: its timer {timers} and ran "
                     f"first (a timer that is due fires before any event or answer); the {kind} was not delivered, "
                     f"the instance is {instance.status} now")
+        if instance.status == "completed":
+            from .governance import InstanceStateError
+
+            raise InstanceStateError(f"instance {instance.id} is completed: nothing waits for {kind} {name!r} any "
+                                     f"more, and a completed instance takes no events")
         tape = instance.tape_length()
         try:
             events.deliver(instance.workflow, instance.contexts, name, payload, kind=kind, actor=actor,

@@ -217,6 +217,10 @@ def test_the_dispute_waits_for_two_messages_and_a_timer_and_takes_the_credit_not
     assert l3["event:credit_in"]["event"] == "credit_note_issued"
     assert "activity:pay_in_full" not in l3 and "activity:short_pay" not in l3
 
+    # the supplier withdraws too late: the dispute is closed, and the refusal says so
+    late = cli("send", iid, "dispute_withdrawn")
+    assert late.exit_code == 2 and f"instance {iid} is completed" in late.stderr, late.stderr
+
 
 def test_a_credit_note_after_the_supplier_timer_came_due_takes_no_second_branch(tmp_path: Path) -> None:
     """An event-based gateway takes one branch: the event that comes first. Eleven days on, with nothing
