@@ -509,6 +509,7 @@ class Engine:
                     f"instance {instance.id} no longer waits for {kind} {name!r}: its timer {timers} and ran "
                     f"first (a timer that is due fires before any event or answer); the {kind} was not delivered, "
                     f"the instance is {instance.status} now")
+            _refuse_if_failed(instance, "send the event")  # the timer's path failed: nothing runs past it
         if instance.status == "completed":
             from .governance import InstanceStateError
 
