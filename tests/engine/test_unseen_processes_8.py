@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -198,6 +199,10 @@ def test_the_dispute_waits_for_two_messages_and_a_timer_and_takes_the_credit_not
         ("event", "credit_note_issued"), ("event", "dispute_withdrawn"), ("timer", None)]
     timer = next(w for w in doc["waiting_for"] if w["kind"] == "timer")
     assert timer["task_id"] == "supplier_silent" and timer["due"]
+    # each message's item names the gateway that waits and its own catch event, where the payload's
+    # `event:` record goes, as the timer's item names its event
+    assert sorted((w["task_id"], w["event_id"]) for w in doc["waiting_for"] if w["kind"] == "event") == [
+        ("await_supplier", "credit_in"), ("await_supplier", "withdrawn_in")]
     iid = doc["instance_id"]
 
     wrong = cli("send", iid, "credit_issued", "--json-payload", '{"credit_amount": 200}')
@@ -216,6 +221,12 @@ def test_the_dispute_waits_for_two_messages_and_a_timer_and_takes_the_credit_not
                              "payable": 1000, "closed_with": "credited:1000"}
     assert l3["event:credit_in"]["event"] == "credit_note_issued"
     assert "activity:pay_in_full" not in l3 and "activity:short_pay" not in l3
+
+    # the plain summary names when the timer is due (not "once the event has happened")
+    plain = cli("run", str(HERE / "invoice_dispute.bpmn"), "--data", json.dumps(DISPUTE))
+    line = next(x for x in plain.stdout.splitlines() if "supplier_silent" in x)
+    assert re.search(r"` after 20\d\d-\d\d-\d\dT[^ ]*, when it is due", line), line
+    assert "layerflow timers --fire" in line and "once the event" not in line, line
 
     # the supplier withdraws too late: the dispute is closed, and the refusal says so
     late = cli("send", iid, "dispute_withdrawn")
