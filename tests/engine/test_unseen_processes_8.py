@@ -29,6 +29,8 @@ from engine.api import create_app
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
 from governance_helpers import TOKEN, ServerThread
+from stub_llm import Reply
+from test_arbiter_stub import stub  # noqa: F401 - the "stub" fixture: a local OpenAI-compatible server
 from test_unseen_processes_5 import records
 
 HERE = Path(__file__).resolve().parent / "unseen8"
@@ -144,6 +146,25 @@ def test_a_claim_waiting_on_redis_is_settled_by_another_engine(redis_store: str)
     assert done.status == "completed"
     assert (done.main.resolve("claim_status"), done.main.resolve("payout")) == ("not_covered", 0)
     assert LayeredContext.replay(Engine(redis_store).load(first.id).main.tape) == done.main
+
+
+def test_with_a_model_the_fraud_model_scores_and_its_unsure_ruling_goes_to_a_person(cli: Any, stub: Any) -> None:
+    """With `--model` the `llm:` block calls the model (through litellm's HTTP client, to the local stub)
+    instead of the offline handler; the join's conflict goes to the model, which suggests a value and
+    escalates: the person is asked with the model's suggestion, and `resume --yes` takes it (resolver
+    `human`, the model's rationale in the reason)."""
+    stub.push(Reply.json({"fraud_score": 0.95, "claim_status": "hold_for_fraud"}))
+    stub.push(Reply.json({"final_value": "hold_for_fraud", "rationale": "fraud score is high", "escalate": True}))
+    doc = run_json(cli, "run", str(HERE / "claim_fraud.bpmn"), "--data", json.dumps({**CLAIM, "prior_claims": 0}),
+                   "--model", "openai/stub", code=3)
+    assert doc["conflicts"][0]["values"] == {"fraud_check": "hold_for_fraud", "coverage_check": "covered"}
+    (asked,) = doc["confirmations"]
+    assert (asked["suggested"], asked["suggested_by"]) == ("hold_for_fraud", "model")
+    assert doc["model_fallbacks"] == [] and len(stub.requests) == 2
+    done = run_json(cli, "resume", doc["instance_id"], "--yes")
+    assert done["conflicts"][0]["resolution"] == {
+        "value": "hold_for_fraud", "resolver": "human", "reason": "a person confirmed the model suggestion: fraud score is high"}
+    assert (done["layers"]["L3"]["fraud_score"], done["layers"]["L3"]["payout"]) == (0.95, 0)
 
 
 # ------------------------------------------------------------------ onboarding: two branches write the same keys
