@@ -913,7 +913,7 @@ def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -
         return _NO_ANSWER
     if item["kind"] == "user_task":
         tasks = answers.get("user_tasks") or {}
-        for key in (item["task_id"], item["id"]):
+        for key in (item["id"], item["task_id"]):  # the one waiting task's answer before its BPMN id's
             if key in tasks:
                 return tasks[key]
         return _NO_ANSWER

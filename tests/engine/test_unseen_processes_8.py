@@ -427,3 +427,18 @@ def test_sign_off_over_rest_one_instance_at_a_time(tmp_path: Path) -> None:
         l3 = final["layers"]["L3"]
         assert l3["signatures"] == [{"by": "ann", "ok": True}, {"by": "bo", "ok": False}, {"by": "cy", "ok": True}]
         assert (l3["signed_by"], l3["all_signed"]) == (["ann", "cy"], False)
+
+
+def test_an_answer_for_one_instance_wins_over_the_answer_for_all(cli: Any, tmp_path: Path) -> None:
+    """README: the instances of a multi-instance user task are answered one by its `id`, or all alike by the
+    BPMN id. Given both, the one instance's own answer is the more specific (as a confirmation's id wins over
+    `GATEWAY/KEY` and `*`): it was ignored, and bo's refusal was signed as everyone else's approval."""
+    doc = run_json(cli, "run", str(HERE / "budget_signoff.bpmn"), "--data", json.dumps(HEADS), code=3)
+    bo = next(w["id"] for w in doc["waiting_for"] if w["input"] == {"head": "bo"})
+    answers = {"user_tasks": {"sign_budget": {"signature": {"by": "head", "ok": True}},
+                              bo: {"signature": {"by": "bo", "ok": False}}}}
+    (tmp_path / "answers.json").write_text(json.dumps(answers))
+    done = run_json(cli, "resume", doc["instance_id"], "--answers", str(tmp_path / "answers.json"))
+    assert done["layers"]["L3"]["signatures"] == [{"by": "head", "ok": True}, {"by": "bo", "ok": False},
+                                                  {"by": "head", "ok": True}]
+    assert done["layers"]["L3"]["all_signed"] is False
