@@ -513,8 +513,8 @@ class Engine:
         if instance.status == "completed":
             from .governance import InstanceStateError
 
-            raise InstanceStateError(f"instance {instance.id} is completed: nothing waits for {kind} {name!r} any "
-                                     f"more, and a completed instance takes no events")
+            raise InstanceStateError(f"instance {instance.id} is completed and does not wait for {kind} {name!r} "
+                                     "any more: a completed instance takes no events")
         tape = instance.tape_length()
         try:
             events.deliver(instance.workflow, instance.contexts, name, payload, kind=kind, actor=actor,
