@@ -240,6 +240,12 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                          f"reads, `layerflow resume {instance.id}{at} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
                          "never changes)")
             continue
+        elif w["kind"] == "timer":
+            left = w.get("repetitions_left", 0)
+            repeats = "" if "repetitions_left" not in w else (
+                ", repeats without end" if left is None else f", {left} repetition(s) left")
+            how = (f"` after {w.get('due')}, when it is due{repeats} (`layerflow timers --fire` resumes every "
+                   "instance whose timer is due)") if w.get("due") else "` once the event has happened"
         else:
             how = "` once the event has happened"
         lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}{at}"

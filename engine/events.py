@@ -80,6 +80,10 @@ class Catch:
         """The ``waiting_for`` entry: kind ``event``, plus the event it waits for."""
         item = {"kind": "event", "id": str(self.task.id) if self.task is not None else self.event_id,
                 "task_id": self.task_id, "event": self.name, "event_kind": self.kind}
+        if self.event_id != self.task_id:
+            # a branch of an event-based gateway: the gateway waits, the branch's catch event catches
+            # (its `event:` record), as a timer branch's item names its event
+            item["event_id"] = self.event_id
         activity = spiff.attached_activity(self.task) if self.task is not None else None
         if activity is not None:
             # a boundary event: the run of the activity it waits on (a non-interrupting one waits

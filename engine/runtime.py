@@ -494,6 +494,27 @@ class Engine:
         instance = self._instance(instance)
         _runtime_of(instance)  # an instance from Engine.start / Engine.load
         _refuse_if_failed(instance, "send the event")
+        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        due = [w for w in instance.waiting_for if w["kind"] == "timer" and w.get("due") and _utc(w["due"]) <= now]
+        if due:
+            # A timer that came due fires before the event, as it does before an answer: the timer
+            # branch of an event-based gateway (or an interrupting boundary timer) came first, and the
+            # event must not take a second path beside it.
+            instance = self.run(instance)
+            if not any(c.kind == kind and c.name == name for c in events.waiting_catches(instance.workflow)):
+                from .governance import InstanceStateError
+
+                timers = ", ".join(f"{w['task_id']!r} came due at {w['due']}" for w in due)
+                raise InstanceStateError(
+                    f"instance {instance.id} no longer waits for {kind} {name!r}: its timer {timers} and ran "
+                    f"first (a timer that is due fires before any event or answer); the {kind} was not delivered, "
+                    f"the instance is {instance.status} now")
+            _refuse_if_failed(instance, "send the event")  # the timer's path failed: nothing runs past it
+        if instance.status == "completed":
+            from .governance import InstanceStateError
+
+            raise InstanceStateError(f"instance {instance.id} is completed and does not wait for {kind} {name!r} "
+                                     "any more: a completed instance takes no events")
         tape = instance.tape_length()
         try:
             events.deliver(instance.workflow, instance.contexts, name, payload, kind=kind, actor=actor,
@@ -708,12 +729,22 @@ class Engine:
         for item in list(instance.waiting_for):
             value = _lookup_answer(answers, item)
             if value is not _NO_ANSWER and given is not None and item["kind"] in ("user_task", "confirmation"):
-                mark = _answer_mark(instance, item, value)
+                step, mark = _answer_mark(instance, item, value)
                 if mark in given:
                     instance.notices.append(
                         f"{item['kind'].replace('_', ' ')} {item.get('task_id')!r}: the given answer was given here "
                         "before in this run and nothing changed since (the process would go round the same way "
                         "for ever); left waiting for another answer")
+                    continue
+                # A round that changes something (a counter, a draft's version) is no proof the loop ends:
+                # a rejection given in advance sent a rework loop round for ever. Past ANSWER_ROUNDS the
+                # step waits for a person, who sees where the rounds got to.
+                rounds = sum(1 for m in given if m.startswith(step + "\n"))
+                if rounds >= ANSWER_ROUNDS:
+                    instance.notices.append(
+                        f"{item['kind'].replace('_', ' ')} {item.get('task_id')!r}: the given answer was given here "
+                        f"{rounds} times in this run (a loop that comes back to the step on that answer, however "
+                        "often it is given, would go round for ever); left waiting for another answer")
                     continue
                 given.add(mark)
             if value is _NO_ANSWER and item["kind"] == "confirmation" and rt.overdue(item["id"]):
@@ -845,17 +876,21 @@ def _check_given_answer(rt: "_Runtime", confirmation_id: str, value: Any) -> Non
 
 
 _NO_ANSWER = object()
+
+#: How often one answer (``--answers``, ``--answer``, ``Engine.run(answers=...)``) is given to one step
+#: in one run: a loop that comes back to a person's step on that answer goes round at most this often.
+ANSWER_ROUNDS = 100
 _SUSPENDED = object()  # a handler's result: the activity waits, open, for a person
 
 
 _LOOP_COUNTERS = ("iteration", "key_or_index", "current")  # SpiffWorkflow's loop and multi-instance bookkeeping
 
 
-def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> str:
-    """An answer to a waiting step with the state it is given in: every context's data keys (records
-    name their task and differ each round), what the instance waits for, and the counters of the
-    loops and multi-instance activities the step is in (the next instance of a sequential
-    multi-instance activity is no round again)."""
+def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> tuple[str, str]:
+    """An answer to a waiting step, and the same with the state it is given in: every context's data
+    keys (records name their task and differ each round) and what the instance waits for. Both name
+    the counters of the loops and multi-instance activities the step is in (the next instance of a
+    sequential multi-instance activity is no round again)."""
     state = {name: condition_context(ctx, limit=10**9) for name, ctx in instance.contexts.items()}
     waits = sorted((w["kind"], str(w.get("task_id"))) for w in instance.waiting_for)
     counters = []
@@ -868,8 +903,9 @@ def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> str
         if parent is None and getattr(wf, "parent_workflow", None) is not None:  # a sub-process: go on in its caller
             parent = wf.parent_workflow.get_task_from_id(wf.parent_task_id)
         task = parent
-    return json.dumps([item["kind"], item.get("task_id"), item.get("key"), value, waits, state, counters],
-                      sort_keys=True, default=str)
+    step = json.dumps([item["kind"], item.get("task_id"), item.get("key"), value, counters], sort_keys=True,
+                      default=str)
+    return step, step + "\n" + json.dumps([waits, state], sort_keys=True, default=str)
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
@@ -877,7 +913,7 @@ def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -
         return _NO_ANSWER
     if item["kind"] == "user_task":
         tasks = answers.get("user_tasks") or {}
-        for key in (item["task_id"], item["id"]):
+        for key in (item["id"], item["task_id"]):  # the one waiting task's answer before its BPMN id's
             if key in tasks:
                 return tasks[key]
         return _NO_ANSWER

@@ -647,7 +647,7 @@ def test_a_completed_or_failed_instance_takes_no_event(tmp_path: Path) -> None:
         engine.send_event(failed, "documents_received", DOCUMENTS)
     engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-2"}, engine=engine)
     done = engine.send_event(instance, "documents_received", {"files": []})
-    with pytest.raises(InstanceStateError, match="it waits for: nothing"):
+    with pytest.raises(InstanceStateError, match="is completed and does not wait for message .documents_received."):
         engine.send_event(done, "documents_received", {"files": []})
 
 
