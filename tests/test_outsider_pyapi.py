@@ -235,7 +235,7 @@ def test_detect_conflicts_takes_the_split_and_its_branch_contexts(ctx: LayeredCo
     n = len(ctx.tape)
     found = ConflictDetector().detect_conflicts(base_of(ctx, a), {"a": a.context, "b": b.context})
     assert [(c.key, c.layer, dict(c.conflicting_values)) for c in found] == [
-        ("approval_status", Layer.HISTORY, {"a": "approved", "b": "rejected"})]
+        ("approval_status", Layer.WORKING, {"a": "approved", "b": "rejected"})]
     assert ConflictDetector().detect_conflicts(ctx, [a, b])[0].key == "approval_status"
     assert len(ctx.tape) == n  # detecting changes nothing
     same = split_and_write(ctx, "approved", "approved")
