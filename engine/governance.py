@@ -77,7 +77,7 @@ from context_layers.errors import (
     VersionConflict,
 )
 from context_layers.stores import ConfirmationAnswered
-from context_layers.tape import EventKind
+from context_layers.tape import EventKind, kind_names, matches_kind
 
 from . import forms, spiff
 from .gateway_steps import short
@@ -761,8 +761,16 @@ class GovernanceService:
         rows.sort(key=lambda r: (r[0], r[2].seq))
         if limit is not None:
             rows = rows[:limit]
-        return {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-                "events": [event_document(name, e) for _, name, e in rows]}
+        doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
+               "events": [event_document(name, e) for _, name, e in rows]}
+        wanted = kind_names(kind)
+        if wanted is not None and not any(matches_kind(e, wanted) for n in names for e in instance.contexts[n].tape):
+            # a misspelt kind ("snapshots" works, "snap" does not) says so, as `layerflow tape` does
+            seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
+                           for k in (e.kind, (e.data or {}).get("note")) if k})
+            doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
+            doc["kinds"] = seen
+        return doc
 
     def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
         """Per-layer statistics. ``dto``: add the seed's ContextGovernanceDTO fields

@@ -462,3 +462,15 @@ def test_a_worker_runs_submitted_instances_and_the_api_answers_the_waiting_one(
     assert answered.status_code == 200, answered.text
     done = Engine(store).load(ids[1])
     assert done.status == "completed" and done.main.resolve("settlement") == "approved:250"
+
+
+def test_a_tape_filter_on_a_kind_no_event_has_says_which_kinds_there_are(api: httpx.Client) -> None:
+    """`?kind=snapshots` finds the snapshots; a misspelt kind used to answer an empty list and nothing
+    else, so an operator could not tell "none happened" from "no such kind": it now names the kinds."""
+    iid = _start(api, "document_review", {})["instance_id"]
+    snapshots = api.get(f"/api/instances/{iid}/tape", params={"kind": "snapshots"}).json()
+    assert snapshots["count"] > 0 and "note" not in snapshots
+    missed = api.get(f"/api/instances/{iid}/tape", params={"kind": "snap"}).json()
+    assert missed["count"] == 0 and "'snap'" in missed["note"] and "snapshot" in missed["kinds"]
+    late = api.get(f"/api/instances/{iid}/tape", params={"kind": "snapshot", "since": 10_000}).json()
+    assert late["count"] == 0 and "note" not in late  # there are snapshots, only none that late
