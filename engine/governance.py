@@ -328,6 +328,22 @@ class ResolveArgs(_Args):
     resolution: Any = Field(description="the chosen value: one of the offered option values")
     reason: str = Field(min_length=1)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _confirmation_names(cls, data: Any) -> Any:
+        # a pending confirmation shows its `key` and its options' `value`s, and is answered elsewhere
+        # with `value` (or `answer`): those names are taken here too, each for one field only
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for field_name, aliases in (("conflict_key", ("key", "conflictKey")), ("resolution", ("value", "answer"))):
+            given = [a for a in (field_name, *aliases) if a in out]
+            if len(given) > 1:
+                raise ValueError(f"{' and '.join(given)} name the same field ({field_name}); give one")
+            if given and given[0] != field_name:
+                out[field_name] = out.pop(given[0])
+        return out
+
     @model_validator(mode="after")
     def _one_target(self) -> "ResolveArgs":
         if not self.confirmation_id and not self.conflict_key:

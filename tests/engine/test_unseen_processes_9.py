@@ -474,3 +474,27 @@ def test_a_tape_filter_on_a_kind_no_event_has_says_which_kinds_there_are(api: ht
     assert missed["count"] == 0 and "'snap'" in missed["note"] and "snapshot" in missed["kinds"]
     late = api.get(f"/api/instances/{iid}/tape", params={"kind": "snapshot", "since": 10_000}).json()
     assert late["count"] == 0 and "note" not in late  # there are snapshots, only none that late
+
+
+@pytest.mark.parametrize("body", [
+    {"conflict_key": "trip_status", "resolution": "over_budget"},
+    {"key": "trip_status", "value": "over_budget"},  # the names the confirmation and the tape use
+    {"confirmationId": "review_join/trip_status", "answer": "over_budget"},
+])
+def test_resolve_takes_the_names_a_confirmation_shows(api: httpx.Client, body: dict[str, Any]) -> None:
+    """A pending confirmation reads `{"id", "key", ..., "options": [{"value"}]}` and is answered elsewhere with
+    `value` (or `answer`); `resolve` took only `conflict_key` and `resolution`, and refused `key` as an
+    extra field without saying what it wanted."""
+    iid = _start(api, "travel_approval", {"cost": 1500})["instance_id"]
+    api.post(f"/api/instances/{iid}/user-tasks/manager_approval", json={"data": {"trip_status": "approved"}})
+    response = api.post(f"{GOV}/resolve", json={"instance_id": iid, "reason": "finance decides", **body})
+    assert response.status_code == 200, response.text
+    assert data_keys(api.get(f"/api/instances/{iid}").json()["layers"]["L3"])["trip_status"] == "over_budget"
+
+
+def test_resolve_with_two_values_is_refused_naming_both(api: httpx.Client) -> None:
+    iid = _start(api, "travel_approval", {"cost": 1500})["instance_id"]
+    api.post(f"/api/instances/{iid}/user-tasks/manager_approval", json={"data": {"trip_status": "approved"}})
+    response = api.post(f"{GOV}/resolve", json={"instance_id": iid, "key": "trip_status", "reason": "x",
+                                                "resolution": "approved", "value": "over_budget"})
+    assert response.status_code == 422 and "value" in response.text and "resolution" in response.text
