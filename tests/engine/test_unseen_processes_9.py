@@ -498,3 +498,21 @@ def test_resolve_with_two_values_is_refused_naming_both(api: httpx.Client) -> No
     response = api.post(f"{GOV}/resolve", json={"instance_id": iid, "key": "trip_status", "reason": "x",
                                                 "resolution": "approved", "value": "over_budget"})
     assert response.status_code == 422 and "value" in response.text and "resolution" in response.text
+
+
+def test_compress_evaluate_decompress_over_rest_round_trips(api: httpx.Client) -> None:
+    """A manual compress to 50 tokens on the finished review: a snapshot first, fewer tokens, the target
+    not met (the latest activity is kept whole) with a note saying so, preserved keys intact by evaluate;
+    decompress gives HISTORY back exactly, and a replay of the whole tape holds the same keys."""
+    doc = _start(api, "document_review", {})
+    iid, history = doc["instance_id"], doc["layers"]["L3"]
+    done = api.post(f"{GOV}/compress", json={"instance_id": iid, "action": "compress", "max_tokens": 50,
+                                             "preserveKeys": ["published"]}).json()
+    assert done["changed"] and done["snapshot_id"] and done["tokens_after"] < done["tokens_before"]
+    assert done["target_met"] is False and "publish" in done["notes"][0]
+    report = api.post(f"{GOV}/compress", json={"instance_id": iid, "action": "evaluate"}).json()
+    assert report["preserved_intact"] is True and {"published", "round_no"} <= set(report["checked_preserved"])
+    api.post(f"{GOV}/compress", json={"instance_id": iid, "action": "decompress"}).raise_for_status()
+    assert api.get(f"/api/instances/{iid}").json()["layers"]["L3"] == history
+    replay = api.get(f"/api/instances/{iid}/replay").json()
+    assert {k["key"] for k in replay["layers"]["L3"]["keys"]} == set(history)
