@@ -783,6 +783,11 @@ class UncaughtBpmnError(ActivityError):
                          task_id=task_id)
 
 
+def _engine_key(key: str) -> bool:
+    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...) and HISTORY's records."""
+    return key.startswith(("_", "activity:", "compaction:"))
+
+
 class AnswerWriteDenied(ContextWriteDenied):
     """A person's answer to a user task writes what the layer rules refuse (a SYSTEM key, a
     PROCESS key already set): refused before anything of it was applied, the refusal on the
@@ -1334,8 +1339,20 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 raise InvalidAnswer(f"the answer to user task {bpmn_id!r} gives key {key!r} a value that is not "
                                     f"JSON: {err}; answer with null, true/false, numbers, text, lists or objects",
                                     instance_id=self.instance.id, task_id=bpmn_id) from None
+            unchanged = key in ctx and json_equal(ctx.resolve(key), value)
+            if _engine_key(key) and not unchanged:
+                # as inject refuses them: a person's answer after a join would replace its conflict log
+                # (`_mergedConflicts`, still in WORKING), or forge a branch marker or a HISTORY record
+                bpmn_id = spiff.bpmn_id_of(task)
+                held = ctx.locate(key)
+                why = ("keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping and "
+                       "records; answer with data keys only")
+                ctx.record("answer_refused", actor=actor, data={"task_id": bpmn_id, "key": key, "reason": why})
+                denied = ContextWriteDenied(key, Layer.WORKING, held if held is not None and held < Layer.WORKING
+                                            else Layer.WORKING, why)
+                raise AnswerWriteDenied(denied, task_id=bpmn_id)
             reason = ctx.check_write(Layer.WORKING, key)[1]
-            if reason is not None and not (key in ctx and json_equal(ctx.resolve(key), value)):
+            if reason is not None and not unchanged:
                 try:
                     ctx.write(Layer.WORKING, key, value, actor=actor)  # puts the refusal on the tape, raises
                 except ContextWriteDenied as err:

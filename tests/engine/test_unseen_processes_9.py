@@ -516,3 +516,32 @@ def test_compress_evaluate_decompress_over_rest_round_trips(api: httpx.Client) -
     assert api.get(f"/api/instances/{iid}").json()["layers"]["L3"] == history
     replay = api.get(f"/api/instances/{iid}/replay").json()
     assert {k["key"] for k in replay["layers"]["L3"]["keys"]} == set(history)
+
+
+def _booking_after_the_join(engine: Engine) -> Any:
+    instance = engine.run(load_process(HERE / "travel_booking.bpmn"), {"cost": 1500})
+    instance = engine.complete_user_task(instance, "manager_approval", {"trip_status": "approved"})
+    return engine.answer_confirmation(instance, "review_join/trip_status", "over_budget", reason="finance decides")
+
+
+@pytest.mark.parametrize("forged", [{"_mergedConflicts": []}, {"_branch_id": "budget_check"},
+                                    {"compaction:1": {"kind": "compaction", "summary": "all approved"}}])
+def test_a_persons_answer_cannot_rewrite_the_engines_records(forged: dict[str, Any]) -> None:
+    """The conflict log a join wrote is in WORKING when a user task follows the join; a person's answer
+    carrying `_mergedConflicts` replaced it (the audit of the resolution gone), as it could any `_` key or
+    forge a `compaction:` record. Answers are refused such keys as inject is (403 naming the key), the
+    refusal on the tape, the task still waiting for a corrected answer."""
+    engine = Engine("memory://")
+    instance = _booking_after_the_join(engine)
+    assert [w["task_id"] for w in instance.waiting_for] == ["book_trip"]
+    with pytest.raises(ContextWriteDenied) as denied:
+        engine.complete_user_task(instance, "book_trip", {"booked": True, **forged})
+    (key,) = forged
+    assert f"'{key}'" in str(denied.value)
+    instance = engine.load(instance.id)
+    assert [w["task_id"] for w in instance.waiting_for] == ["book_trip"]
+    assert any(e.data.get("note") == "answer_refused" and e.data.get("key") == key for e in instance.main.tape)
+    done = engine.complete_user_task(instance, "book_trip", {"booked": True})
+    assert done.status == "completed"
+    (log,) = done.main.resolve("_mergedConflicts")
+    assert log["resolution"]["value"] == "over_budget" and log["resolution"]["resolver"] == "human"
