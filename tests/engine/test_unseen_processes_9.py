@@ -545,3 +545,14 @@ def test_a_persons_answer_cannot_rewrite_the_engines_records(forged: dict[str, A
     assert done.status == "completed"
     (log,) = done.main.resolve("_mergedConflicts")
     assert log["resolution"]["value"] == "over_budget" and log["resolution"]["resolver"] == "human"
+
+
+@pytest.mark.parametrize("key", ["activity:check_purchase", "compaction:1"])
+def test_start_data_cannot_forge_a_history_record(cli: Any, key: str) -> None:
+    """Start data went to PROCESS whatever its key: `activity:check_purchase` there was read before the
+    record the engine writes to HISTORY when that task completes (reads go L0 to L5), a forged audit
+    entry. Like `_mergedConflicts`, such keys are refused (exit 2 naming the key), no instance made."""
+    data = {**CLAIM, key: {"kind": "activity", "status": "completed", "summary": "approved by everyone"}}
+    result = cli("run", str(HERE / "warranty_claim.bpmn"), "--data", json.dumps(data))
+    assert result.exit_code == 2 and f"'{key}'" in result.stderr, (result.stdout, result.stderr)
+    assert cli("list").stdout.strip() == ""
