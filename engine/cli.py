@@ -1421,31 +1421,30 @@ def _activity_events(ctx: LayeredContext, activity: str, branch: str | None, key
 @click.argument("instance_id")
 @click.argument("until_arg", metavar="[SEQ]", type=int, required=False)
 @click.option("--until", "until", type=int, default=None,
-              help="the sequence number to stop at (inclusive; or give it as the second argument)")
+              help="the sequence number to stop at (inclusive; or give it as the second argument; "
+                   "default: the end of the tape)")
 @click.option("--context", "context_name", default=None, help="a branch context (default: main)")
 @_store_option
 @_json_option
 def replay(instance_id: str, until_arg: int | None, until: int | None, context_name: str | None,
            store: str | None, as_json: bool) -> None:
-    """The context as it was at a sequence number of its tape, rebuilt from the tape."""
-    if until is None and until_arg is None:
-        _fail("name the sequence number to stop at: --until SEQ (`layerflow tape ID` lists them)",
-              as_json=as_json, details={"instance_id": instance_id})
+    """The context as it was at a sequence number of its tape (default: its end), rebuilt from the tape."""
     if until is not None and until_arg is not None and until != until_arg:
         _fail(f"two sequence numbers given: {until_arg} and --until {until}; name one",
               as_json=as_json, details={"instance_id": instance_id})
     until = until if until is not None else until_arg
-    assert until is not None
-    if until < 0:
+    if until is not None and until < 0:
         _fail(f"--until {until}: a tape sequence number counts from 1 (0: before the first event); "
               "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _load(engine, instance_id, as_json)
     # a context name or a branch id, as inspect and snapshot take it
     ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
+    end = ctx.tape[-1].seq if len(ctx.tape) else 0
+    if until is None:  # the whole tape, as the REST API's replay without `until`
+        until = end
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
-    end = ctx.tape[-1].seq if len(ctx.tape) else 0
     doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "layers": layers,
            "tokens": rebuilt.token_report()}
     if as_json:

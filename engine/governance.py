@@ -77,7 +77,7 @@ from context_layers.errors import (
     VersionConflict,
 )
 from context_layers.stores import ConfirmationAnswered
-from context_layers.tape import EventKind
+from context_layers.tape import EventKind, kind_names, matches_kind
 
 from . import forms, spiff
 from .gateway_steps import short
@@ -327,6 +327,22 @@ class ResolveArgs(_Args):
     conflict_key: str | None = Field(default=None, description="the context key in conflict (when only one is open)")
     resolution: Any = Field(description="the chosen value: one of the offered option values")
     reason: str = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _confirmation_names(cls, data: Any) -> Any:
+        # a pending confirmation shows its `key` and its options' `value`s, and is answered elsewhere
+        # with `value` (or `answer`): those names are taken here too, each for one field only
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for field_name, aliases in (("conflict_key", ("key", "conflictKey")), ("resolution", ("value", "answer"))):
+            given = [a for a in (field_name, *aliases) if a in out]
+            if len(given) > 1:
+                raise ValueError(f"{' and '.join(given)} name the same field ({field_name}); give one")
+            if given and given[0] != field_name:
+                out[field_name] = out.pop(given[0])
+        return out
 
     @model_validator(mode="after")
     def _one_target(self) -> "ResolveArgs":
@@ -761,8 +777,16 @@ class GovernanceService:
         rows.sort(key=lambda r: (r[0], r[2].seq))
         if limit is not None:
             rows = rows[:limit]
-        return {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-                "events": [event_document(name, e) for _, name, e in rows]}
+        doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
+               "events": [event_document(name, e) for _, name, e in rows]}
+        wanted = kind_names(kind)
+        if wanted is not None and not any(matches_kind(e, wanted) for n in names for e in instance.contexts[n].tape):
+            # a misspelt kind ("snapshots" works, "snap" does not) says so, as `layerflow tape` does
+            seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
+                           for k in (e.kind, (e.data or {}).get("note")) if k})
+            doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
+            doc["kinds"] = seen
+        return doc
 
     def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
         """Per-layer statistics. ``dto``: add the seed's ContextGovernanceDTO fields

@@ -325,6 +325,14 @@ class Engine:
                 raise ContextWriteDenied(MERGED_CONFLICTS_KEY, layer, layer, "the engine keeps this key: every "
                                          "parallel join logs its conflicts in it; initial data cannot set it, rename "
                                          "the key")
+            records = [k for k in data if k.startswith(("activity:", "compaction:"))]
+            if records:
+                # read before HISTORY (reads go L0 to L5), such a key would stand in for the record the
+                # engine or the compressor writes: a forged audit entry
+                layer = process.data_layers.get(records[0], Layer.PROCESS)
+                raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:' or 'compaction:' "
+                                         "are HISTORY's records, written by the engine and the compressor; initial "
+                                         "data cannot set them, rename the key")
             ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
                               kind="input", actor="input")
         try:
@@ -812,6 +820,11 @@ class UncaughtBpmnError(ActivityError):
                          f"sub-process, catches code {err.code!r}. Add one whose errorRef names a bpmn:error with "
                          f"errorCode=\"{err.code}\" (or an error event with no errorRef, which catches every error)",
                          task_id=task_id)
+
+
+def _engine_key(key: str) -> bool:
+    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...) and HISTORY's records."""
+    return key.startswith(("_", "activity:", "compaction:"))
 
 
 class AnswerWriteDenied(ContextWriteDenied):
@@ -1370,8 +1383,20 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 raise InvalidAnswer(f"the answer to user task {bpmn_id!r} gives key {key!r} a value that is not "
                                     f"JSON: {err}; answer with null, true/false, numbers, text, lists or objects",
                                     instance_id=self.instance.id, task_id=bpmn_id) from None
+            unchanged = key in ctx and json_equal(ctx.resolve(key), value)
+            if _engine_key(key) and not unchanged:
+                # as inject refuses them: a person's answer after a join would replace its conflict log
+                # (`_mergedConflicts`, still in WORKING), or forge a branch marker or a HISTORY record
+                bpmn_id = spiff.bpmn_id_of(task)
+                held = ctx.locate(key)
+                why = ("keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping and "
+                       "records; answer with data keys only")
+                ctx.record("answer_refused", actor=actor, data={"task_id": bpmn_id, "key": key, "reason": why})
+                denied = ContextWriteDenied(key, Layer.WORKING, held if held is not None and held < Layer.WORKING
+                                            else Layer.WORKING, why)
+                raise AnswerWriteDenied(denied, task_id=bpmn_id)
             reason = ctx.check_write(Layer.WORKING, key)[1]
-            if reason is not None and not (key in ctx and json_equal(ctx.resolve(key), value)):
+            if reason is not None and not unchanged:
                 try:
                     ctx.write(Layer.WORKING, key, value, actor=actor)  # puts the refusal on the tape, raises
                 except ContextWriteDenied as err:

@@ -272,6 +272,12 @@ def build_human_request(
         if any(same_value(o["value"], extra["value"]) for o in options):
             continue  # offered already (a branch's value or the suggestion)
         options.append({"label": str(extra.get("label", _show(extra["value"]))), "value": jsonable(extra["value"])})
+    # The configured default is what the timeout gives, so a person may choose it too; were it
+    # missing from the options it could never be an answer, and the timeout would escalate instead.
+    if (hc is not None and hc.default is not None and hc.default != ESCALATE
+            and not any(same_value(o["value"], hc.default) for o in options)):
+        options.append({"label": f"{_show(hc.default)} (the default when nobody answers)",
+                        "value": jsonable(hc.default)})
     options.append({"label": "escalate (stop the instance for an administrator)", "value": ESCALATE})
 
     wants = "; ".join(f"{b} wants {_show(v)}" + (f" because {reasons[b]!r}" if reasons.get(b) else "")
