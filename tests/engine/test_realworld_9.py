@@ -1,0 +1,138 @@
+"""Shapes met in public BPMN files, round 9: Signavio's exports (branch probabilities written as an
+exclusive gateway's conditions for its simulation, call activities that name their process only in
+Signavio's "Subprocess reference"), Camunda 8 call activities whose process is a FEEL expression,
+and event sub-processes, inclusive gateways, groups and annotations of bpmn.io drawings. Each is
+redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run a shape, a case
+runs it there too and the outcome must agree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from engine import Engine, load_process
+from engine.cli import main
+from engine.validate import validate_process
+
+from engine_helpers import path_of, variables
+from test_realworld_4 import plain, rewritten
+
+REALWORLD = Path(__file__).resolve().parent / "realworld"
+
+
+def errors(path: Path, process_id: str | None = None) -> list[Any]:
+    return [p for p in validate_process([path], process_id=process_id).problems if p.severity == "error"]
+
+
+def run(path: Path, data: dict[str, Any], process_id: str | None = None, answers: dict[str, Any] | None = None) -> Any:
+    engine = Engine(store="memory://")
+    return engine.run(engine.start(load_process([path], process_id=process_id), data), answers=answers)
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+# -- Signavio's simulation probabilities as conditions ----------------------------------------------
+
+PROBABILITIES = REALWORLD / "signavio_simulation_probabilities.bpmn"
+
+
+@pytest.mark.parametrize("score", [500, 900])
+def test_plain_spiffworkflow_takes_the_first_branch_whatever_the_data(score: int) -> None:
+    """A number is true in Python, so the exclusive gateway takes its first flow (the 20% one) for
+    every instance: the granted branch never runs."""
+    wf = plain(PROBABILITIES, "credit_application", {"score": score})
+    assert wf.is_completed()
+    assert wf.last_task.data["letter"] == "rejection"
+
+
+def test_branch_probabilities_as_conditions_are_refused_naming_each_flow() -> None:
+    """Signavio exports the probabilities its simulation gives an exclusive gateway's branches as the
+    flows' conditions (0.2, 0.8). validate said nothing, and every instance took the first flow, as
+    in plain SpiffWorkflow. Each flow is named now, at its condition's line, with what the number
+    is and what to write."""
+    found = [p for p in errors(PROBABILITIES) if p.code == "condition_probability"]
+    assert [(p.element_id, p.field, p.line, p.file) for p in found] == [
+        ("sid-denied", "conditionExpression", line_of(PROBABILITIES, ">0.2<"), str(PROBABILITIES)),
+        ("sid-granted", "conditionExpression", line_of(PROBABILITIES, ">0.8<"), str(PROBABILITIES))]
+    assert [p.code for p in errors(PROBABILITIES)] == ["condition_probability"] * 2
+    message = found[0].message
+    for said in ("'0.2'", "'sid-decide'", "probability", "every instance", "expression over the context"):
+        assert said in message, message
+
+
+def test_the_probabilities_rewritten_as_conditions_run_as_in_plain_spiffworkflow(tmp_path: Path) -> None:
+    changed = rewritten(tmp_path, PROBABILITIES, [(">0.2<", ">not granted<"), (">0.8<", ">granted<")])
+    assert errors(changed) == []
+    for score, letter in [(500, "rejection"), (900, "offer")]:
+        instance = run(changed, {"score": score})
+        assert instance.status == "completed", instance.error
+        wf = plain(changed, "credit_application", {"score": score})
+        assert variables(instance.main) == dict(wf.last_task.data) == {
+            "score": score, "granted": score >= 600, "letter": letter}
+        assert path_of(instance.workflow) == path_of(wf)
+
+
+def test_a_number_condition_of_an_inclusive_gateway_is_refused_too(tmp_path: Path) -> None:
+    changed = rewritten(tmp_path, PROBABILITIES, [
+        ('<exclusiveGateway gatewayDirection="Diverging" id="sid-decide" name="">',
+         '<inclusiveGateway gatewayDirection="Diverging" id="sid-decide" name="">'),
+        ("</exclusiveGateway>", "</inclusiveGateway>"), (">0.8<", ">granted<")])
+    assert [(p.code, p.element_id) for p in errors(changed)] == [("condition_probability", "sid-denied")]
+
+
+def test_layerflow_run_refuses_the_probabilities_before_it_starts() -> None:
+    result = CliRunner().invoke(main, ["run", "--json", "--store", "memory://", "--data", '{"score": 900}',
+                                       str(PROBABILITIES)])
+    assert result.exit_code != 0
+    assert "sid-denied" in result.output and "sid-granted" in result.output and "probability" in result.output
+
+
+# -- call activities that name their process elsewhere than calledElement ---------------------------
+
+SIGNAVIO_CALL = REALWORLD / "signavio_subprocess_reference.bpmn"
+ZEEBE_CALL = REALWORLD / "zeebe_called_element_expression.bpmn"
+
+
+def test_a_signavio_subprocess_reference_is_named_with_the_called_element_to_write(tmp_path: Path) -> None:
+    """Signavio names the process a call activity calls in its "Subprocess reference"; SpiffWorkflow
+    3.2 reads calledElement only. validate said to write calledElement="PROCESS_ID"; it names the
+    reference now and the process it names, and the call so written runs."""
+    [problem] = [p for p in errors(SIGNAVIO_CALL, "onboarding") if p.code == "call_activity_unknown_process"]
+    assert (problem.element_id, problem.field) == ("sid-check", "calledElement")
+    assert 'metaKey="entry"' in problem.message and 'calledElement="identity_check"' in problem.message
+    changed = rewritten(tmp_path, SIGNAVIO_CALL, [('name="Check identity">', 'name="Check identity" '
+                                                                             'calledElement="identity_check">')])
+    assert errors(changed) == []
+    instance = run(changed, {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"verified": True}
+
+
+@pytest.mark.parametrize("meta_value, said", [
+    ("Identity check", 'calledElement="identity_check"'),  # Signavio's reference by the process's name
+    ("/model/4f2a9c", 'the id of the process it calls'),
+])
+def test_a_signavio_reference_by_name_or_to_a_model_elsewhere(tmp_path: Path, meta_value: str, said: str) -> None:
+    changed = rewritten(tmp_path, SIGNAVIO_CALL, [('metaValue="identity_check"', f'metaValue="{meta_value}"')])
+    [problem] = [p for p in errors(changed, "onboarding") if p.code == "call_activity_unknown_process"]
+    assert said in problem.message and meta_value in problem.message, problem.message
+
+
+def test_a_camunda8_called_process_chosen_by_an_expression_is_not_told_to_write_the_expression() -> None:
+    """zeebe:calledElement's processId is a FEEL expression when it starts with '='. validate told
+    to write calledElement="=claimKind + "_claim"", which names no process; for an expression it
+    says now that the process is chosen as the instance runs and what to draw instead, and for a
+    FEEL string literal it gives the process id inside it."""
+    found = {p.element_id: p for p in errors(ZEEBE_CALL, "claim_router") if p.code == "call_activity_unknown_process"}
+    assert set(found) == {"handle", "archive"}
+    handle = found["handle"].message
+    assert 'calledElement="=' not in handle, handle
+    for said in ("FEEL expression", "exclusive gateway", "call activity per process"):
+        assert said in handle, handle
+    assert 'calledElement="archive_claim"' in found["archive"].message, found["archive"].message
