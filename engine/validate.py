@@ -89,6 +89,8 @@ not make ``report.ok`` false:
 ``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
                                       policy can evaluate (a syntax error, a call or name outside the safe
                                       subset): the join would stop the instance with it
+``condition_probability``             a condition of an exclusive or inclusive gateway's flow that is a bare number
+                                      (a simulation tool's branch probability, Signavio's export): always true
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
 ``error_end_uncaught`` W              an error end event at the top level of the process that runs that no
@@ -1635,6 +1637,9 @@ class _Validator:
                 if not isinstance(tree, ast.Expression):
                     judged = False
                     continue
+                if self._check_probability(tree, expr_el, flow, gid, file):
+                    judged = False
+                    continue
                 conditions.append(tree.body)
             if default is not None or not judged:
                 continue
@@ -1648,6 +1653,28 @@ class _Validator:
         for gw in proc.element.iter(_bpmn("inclusiveGateway")):
             self._check_inclusive_flows(gw, proc.file)
             self._check_inclusive_coverage(gw, proc.file)
+
+    def _check_probability(self, tree: ast.Expression, expr_el: Any, flow: Any, gid: str, file: str) -> bool:
+        """A condition that is a bare number is the branch's probability, as simulation tools
+        (Signavio's, Bizagi's) export it, not a test of the data: Python takes any number but 0 as
+        true, so every instance would take the first such flow. True when it was refused."""
+        body = tree.body
+        if isinstance(body, ast.UnaryOp) and isinstance(body.op, (ast.UAdd, ast.USub)):
+            body = body.operand
+        if not (isinstance(body, ast.Constant) and type(body.value) in (int, float)):
+            return False
+        text = (expr_el.text or "").strip()
+        exclusive = any(g.get("id") == gid for g in flow.getparent().iter(_bpmn("exclusiveGateway")))
+        taken = ("no instance would take it" if body.value == 0
+                 else "every instance would take the first flow of the gateway that has a number" if exclusive
+                 else "every instance would take it")
+        self.add("condition_probability", f"the condition of flow {flow.get('id')!r} of gateway {gid!r} is the "
+                 f"number {text!r}, as simulation tools (Signavio's, Bizagi's) write a branch's probability; it "
+                 f"is not a test of the data: Python takes every number but 0 as true, so "
+                 f"{taken}, whatever its data; write an expression over the context that decides the branch (e.g. "
+                 "approved == True), or make the flow the gateway's default", file=file,
+                 line=expr_el.sourceline, element_id=flow.get("id"), field="conditionExpression")
+        return True
 
     def _check_inclusive_flows(self, gw: Any, file: str) -> None:
         """BPMN takes a flow of an inclusive gateway that has no condition always; SpiffWorkflow cannot
@@ -1813,12 +1840,8 @@ class _Validator:
                 continue
             self.related.add(called or "")
             if called is None:
-                zeebe = call.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}calledElement")
-                named = zeebe.get("processId") if zeebe is not None else None
-                camunda8 = f" (its zeebe:calledElement processId={named!r} is Camunda 8's)" if named else ""
                 self.add("call_activity_unknown_process", f"call activity {call.get('id')!r} has no calledElement"
-                         f"{camunda8}: "
-                         f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
+                         f"{self._called_elsewhere(call)}", file=proc.file,
                          line=call.sourceline, element_id=call.get("id"), field="calledElement")
                 continue
             task = next((el for doc in self.docs if doc.root is not None for el in doc.root
@@ -1946,11 +1969,14 @@ class _Validator:
     def _check_code(self, proc: _Node) -> None:
         """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""
         xor_ids = {gw.get("id") for gw in proc.element.iter(_bpmn("exclusiveGateway"))}
+        inclusive_ids = {gw.get("id") for gw in proc.element.iter(_bpmn("inclusiveGateway"))}
         for flow in proc.element.iter(_bpmn("sequenceFlow")):
             expr = flow.find(_bpmn("conditionExpression"))
             if expr is not None and (expr.text or "").strip() and flow.get("sourceRef") not in xor_ids:
-                self._compile(expr.text, "eval", expr, proc.file, flow.get("id"), "condition_syntax",
-                              "conditionExpression")
+                tree = self._compile(expr.text, "eval", expr, proc.file, flow.get("id"), "condition_syntax",
+                                     "conditionExpression")
+                if isinstance(tree, ast.Expression) and flow.get("sourceRef") in inclusive_ids:
+                    self._check_probability(tree, expr, flow, flow.get("sourceRef"), proc.file)
         for tag in ("condition", "loopCardinality", "completionCondition", "loopCondition"):
             for el in proc.element.iter(_bpmn(tag)):
                 if (el.text or "").strip():
@@ -2000,6 +2026,39 @@ class _Validator:
                 if (el.text or "").strip():
                     owner = _owner_id(el.getparent())
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _called_elsewhere(self, call: Any) -> str:
+        """Where another modeler names the process a call activity without calledElement calls, and
+        the calledElement to write: Camunda 8's zeebe:calledElement (a process id, or a FEEL expression
+        after '=' that picks the process as the instance runs), Signavio's "Subprocess reference"."""
+        extensions = call.find(_bpmn("extensionElements"))
+        zeebe = extensions.find("{http://camunda.org/schema/zeebe/1.0}calledElement") if extensions is not None else None
+        named = (zeebe.get("processId") or "").strip() if zeebe is not None else ""
+        if named.startswith("="):
+            literal = re.fullmatch(r"=\s*\"([^\"]*)\"\s*", named)
+            if literal is not None:
+                return (f" (its zeebe:calledElement processId={named!r} is Camunda 8's, a FEEL string): name the "
+                        f"process it calls, calledElement=\"{literal.group(1)}\"")
+            return (f" (its zeebe:calledElement processId={named!r} is a FEEL expression, with which Camunda 8 "
+                    "picks the process as the instance runs): SpiffWorkflow calls the one process calledElement "
+                    "names; draw an exclusive gateway over what the expression reads and one call activity per "
+                    "process it may pick, each with its calledElement=\"PROCESS_ID\"")
+        if named:
+            return (f" (its zeebe:calledElement processId={named!r} is Camunda 8's): name the process it calls, "
+                    f"calledElement=\"{named}\"")
+        entry = next((el for el in (extensions if extensions is not None else [])
+                      if isinstance(el.tag, str) and el.tag == "{http://www.signavio.com}signavioMetaData"
+                      and el.get("metaKey") == "entry" and (el.get("metaValue") or "").strip()), None)
+        if entry is not None:
+            reference = entry.get("metaValue").strip()
+            target = next((p for p in self.processes if reference in (p.id, (p.element.get("name") or "").strip())),
+                          None)
+            todo = (f"calledElement=\"{target.id}\"" if target is not None
+                    else "calledElement=\"PROCESS_ID\", the id of the process it calls (give its file too)")
+            return (f" (Signavio names the process in its Subprocess reference, signavio:signavioMetaData "
+                    f"metaKey=\"entry\" metaValue={reference!r}, which SpiffWorkflow 3.2 does not read): name the "
+                    f"process it calls, {todo}")
+        return ": name the process it calls, calledElement=\"PROCESS_ID\""
 
     def _check_correlations(self, doc: _Doc) -> None:
         """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
