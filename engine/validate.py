@@ -2296,7 +2296,15 @@ class _Validator:
             ast.parse(text, mode="eval")
         except SyntaxError as err:
             dialect = expression_dialect(text)
+            iso = _jbpm_duration_iso(text) if tag == "timeDuration" else None
+            cron_language = f" (language={el.get('language')!r})" if el.get("language") else ""
             todo = (_python_instead(text, dialect) if dialect is not None else
+                    f"{text!r} is jBPM's short form of the ISO 8601 duration {iso}: write {iso} (quoted)"
+                    if iso is not None else
+                    f"{text!r} is a cron expression{cron_language}, as "
+                    "jBPM, Camunda and Zeebe read one; SpiffWorkflow has no cron: write the cycle as an ISO 8601 "
+                    "repeating interval in quotes, e.g. \"R/PT1H\" (each hour from when the timer starts) or "
+                    "\"R/2026-01-05T09:00:00/P1D\" (each day at 9:00)" if _CRON.fullmatch(text) else
                     "write a Python expression that gives ISO 8601 text, e.g. \"PT1H\" (quoted) or a variable")
             self.add("timer_expression", f"timer {event!r}: {tag} {text!r} is not a Python expression ({err.msg}); "
                      f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
@@ -3765,6 +3773,10 @@ _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
+# jBPM's duration short form: 1d2h30m10s500ms, each part optional
+_JBPM_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", re.I)
+# Quartz / Unix cron: five to seven fields of digits, names and * / , - ? L W #
+_CRON = re.compile(r"(?:[\w*/,?#-]+\s+){4,6}[\w*/,?#-]+")
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _JBPM_NS = "http://www.jboss.org/drools"
 _KCONTEXT_SET = re.compile(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']")
@@ -4406,6 +4418,18 @@ _SPLIT_MARKERS = frozenset(BRANCH_MARKERS)
 _TIMER_TEXT = {"timeDuration": ("duration", '"PT15M" or "P2DT12H"'),
                "timeDate": ("date and time", '"2026-01-05T09:00:00+00:00"'),
                "timeCycle": ("repeating interval", '"R3/PT1H" or "R/P1D"')}
+
+
+def _jbpm_duration_iso(text: str) -> str | None:
+    """``"PT1H30M"`` (quoted) for jBPM's ``1h30m``; None for anything else."""
+    match = _JBPM_DURATION.fullmatch(text.strip())
+    if match is None or not any(match.groups()):
+        return None
+    days, hours, minutes, seconds, millis = (int(g) if g else 0 for g in match.groups())
+    secs = f"{seconds + millis / 1000:.3f}".rstrip("0").rstrip(".") if millis else str(seconds)
+    clock = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n) + \
+        (f"{secs}S" if seconds or millis else "")
+    return f'"P{f"{days}D" if days else ""}{f"T{clock}" if clock else ""}"'
 
 
 def _timer_text_problem(tag: str, text: str) -> str | None:

@@ -136,3 +136,30 @@ def test_a_camunda8_called_process_chosen_by_an_expression_is_not_told_to_write_
     for said in ("FEEL expression", "exclusive gateway", "call activity per process"):
         assert said in handle, handle
     assert 'calledElement="archive_claim"' in found["archive"].message, found["archive"].message
+
+
+# -- jBPM's timers ---------------------------------------------------------------------------------
+
+JBPM_TIMERS = REALWORLD / "jbpm_timer_durations.bpmn2"
+
+
+def test_jbpm_short_durations_and_cron_cycles_are_refused_with_what_to_write(tmp_path: Path) -> None:
+    """jBPM writes a timer's duration in its own short form (``1m``, ``1h30m``, ``2d500ms``) and a
+    cycle in cron (``language="cron"``). SpiffWorkflow evaluates a timer's text as Python, and these
+    are not; validate refused them as not Python and offered "PT1H" as an example. Each is named now
+    with the ISO 8601 text it means, and the cron cycle as cron, which SpiffWorkflow has no reading
+    of; the rewritten durations run as in plain SpiffWorkflow."""
+    found = {p.element_id: p for p in errors(JBPM_TIMERS) if p.code == "timer_expression"}
+    assert set(found) == {"_wait", "_remind", "_late", "_pause"}
+    for eid, iso in [("_wait", '"PT1M"'), ("_late", '"PT1H30M"'), ("_pause", '"P2DT0.5S"')]:
+        assert "jBPM" in found[eid].message and f"write {iso}" in found[eid].message, found[eid].message
+        assert found[eid].field == "timeDuration"
+    cron = found["_remind"].message
+    assert "cron" in cron and '"R/PT30M"' not in cron and "ISO 8601" in cron, cron
+    assert (found["_remind"].field, found["_remind"].line) == ("timeCycle", line_of(JBPM_TIMERS, "0 0/30"))
+    changed = rewritten(tmp_path, JBPM_TIMERS, [(">1m<", '>"PT0S"<'), (">1h30m<", '>"PT1H30M"<'),
+                                                 (">2d500ms<", '>"PT0S"<'), (">0 0/30 * * * ?<", '>"R/PT30M"<')])
+    assert errors(changed) == []
+    instance = run(changed, {}, answers={"user_tasks": {"_review": {"ok": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["_review", "_pause", "_end"]
