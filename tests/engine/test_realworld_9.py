@@ -1,7 +1,8 @@
 """Shapes met in public BPMN files, round 9: Signavio's exports (branch probabilities written as an
 exclusive gateway's conditions for its simulation, call activities that name their process only in
 Signavio's "Subprocess reference"), Camunda 8 call activities whose process is a FEEL expression,
-and event sub-processes, inclusive gateways, groups and annotations of bpmn.io drawings. Each is
+jBPM's short timer durations and cron cycles, Bizagi's mixed gateways, and the inclusive gateways,
+groups and annotations of bpmn.io drawings. Each is
 redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run a shape, a case
 runs it there too and the outcome must agree."""
 
@@ -163,3 +164,33 @@ def test_jbpm_short_durations_and_cron_cycles_are_refused_with_what_to_write(tmp
     instance = run(changed, {}, answers={"user_tasks": {"_review": {"ok": True}}})
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow)[-3:] == ["_review", "_pause", "_end"]
+
+
+# -- shapes that run as in plain SpiffWorkflow -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, process_id, data, expected", [
+    ("mixed_gateway_direction.bpmn", "Id_order_checks", {"items": 4},
+     {"in_stock": True, "credit_ok": True, "invoice": "sent", "shipment": "now"}),
+    ("mixed_gateway_direction.bpmn", "Id_order_checks", {"items": 30},
+     {"in_stock": False, "credit_ok": False, "invoice": "prepaid", "shipment": "later"}),
+    ("inclusive_default_flow.bpmn", "notify_parties", {"delay": 5}, {"customer_told": True, "carrier_told": True}),
+    ("inclusive_default_flow.bpmn", "notify_parties", {"delay": 2}, {"customer_told": True}),
+    ("inclusive_default_flow.bpmn", "notify_parties", {"delay": 0}, {"logged": True}),
+    ("groups_and_milestones.bpmn", "checked_delivery", {"address": "1 Main Street"},
+     {"address_ok": True, "delivered": True}),
+], ids=["mixed-gateway", "mixed-gateway-other-branches", "inclusive-both", "inclusive-one", "inclusive-default", "group-annotation-milestone"])
+def test_shapes_that_run_as_in_plain_spiffworkflow(name: str, process_id: str, data: dict[str, Any],
+                                                   expected: dict[str, Any]) -> None:
+    """A parallel gateway that joins and splits at once (Bizagi's and Signavio's
+    gatewayDirection="Mixed"), an inclusive gateway's default flow (taken only when no condition holds), groups,
+    annotations and a none intermediate event of bpmn.io drawings: validate refuses nothing, and
+    layerflow ends with the variables and the steps plain SpiffWorkflow ends with."""
+    path = REALWORLD / name
+    assert errors(path) == []
+    wf = plain(path, process_id, data)
+    assert wf.is_completed()
+    instance = run(path, data)
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {**data, **expected} == dict(wf.last_task.data)
+    assert path_of(instance.workflow) == path_of(wf)
