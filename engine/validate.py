@@ -2032,7 +2032,8 @@ class _Validator:
         the calledElement to write: Camunda 8's zeebe:calledElement (a process id, or a FEEL expression
         after '=' that picks the process as the instance runs), Signavio's "Subprocess reference"."""
         extensions = call.find(_bpmn("extensionElements"))
-        zeebe = extensions.find("{http://camunda.org/schema/zeebe/1.0}calledElement") if extensions is not None else None
+        zeebe = (extensions.find("{http://camunda.org/schema/zeebe/1.0}calledElement")
+                 if extensions is not None else None)
         named = (zeebe.get("processId") or "").strip() if zeebe is not None else ""
         if named.startswith("="):
             literal = re.fullmatch(r"=\s*\"([^\"]*)\"\s*", named)

@@ -179,7 +179,8 @@ def test_jbpm_short_durations_and_cron_cycles_are_refused_with_what_to_write(tmp
     ("inclusive_default_flow.bpmn", "notify_parties", {"delay": 0}, {"logged": True}),
     ("groups_and_milestones.bpmn", "checked_delivery", {"address": "1 Main Street"},
      {"address_ok": True, "delivered": True}),
-], ids=["mixed-gateway", "mixed-gateway-other-branches", "inclusive-both", "inclusive-one", "inclusive-default", "group-annotation-milestone"])
+], ids=["mixed-gateway", "mixed-gateway-other-branches", "inclusive-both", "inclusive-one", "inclusive-default",
+        "group-annotation-milestone"])
 def test_shapes_that_run_as_in_plain_spiffworkflow(name: str, process_id: str, data: dict[str, Any],
                                                    expected: dict[str, Any]) -> None:
     """A parallel gateway that joins and splits at once (Bizagi's and Signavio's
