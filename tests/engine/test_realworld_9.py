@@ -195,3 +195,43 @@ def test_shapes_that_run_as_in_plain_spiffworkflow(name: str, process_id: str, d
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {**data, **expected} == dict(wf.last_task.data)
     assert path_of(instance.workflow) == path_of(wf)
+
+
+# -- a data object whose id is generated and whose name is the variable ------------------------------
+
+NAMED_APART = REALWORLD / "data_object_named_apart.bpmn"
+
+
+def test_a_data_object_written_by_its_name_is_refused_with_the_id_to_give_it(tmp_path: Path) -> None:
+    """Camunda Modeler gives a data object a generated id and puts the variable's name in name; the
+    script sets ``invoice``. SpiffWorkflow keys a data object by its id, so the task's end stopped
+    with "A data object could not be set; 'DataObject_0x7k2p1' not exist in the task", naming no
+    element, and validate said nothing. validate refuses it now at the script task, naming the data
+    object's id and name and the id to give it; with that id it runs as in plain SpiffWorkflow."""
+    with pytest.raises(Exception, match="'DataObject_0x7k2p1' not exist"):
+        plain(NAMED_APART, "invoicing", {"hours": 3, "rate": 100})
+    [problem] = errors(NAMED_APART)
+    assert (problem.code, problem.element_id, problem.field, problem.file) == (
+        "data_object_named_apart", "Activity_draft", "dataOutputAssociation", str(NAMED_APART))
+    assert problem.line == line_of(NAMED_APART, '<bpmn:dataOutputAssociation id="DataOutputAssociation_1">')
+    for said in ("'DataObject_0x7k2p1'", "'invoice'", 'id="invoice"'):
+        assert said in problem.message, problem.message
+    changed = rewritten(tmp_path, NAMED_APART, [('"DataObject_0x7k2p1"', '"invoice"')])
+    assert errors(changed) == []
+    instance = run(changed, {"hours": 3, "rate": 100})
+    assert instance.status == "completed", instance.error
+    wf = plain(changed, "invoicing", {"hours": 3, "rate": 100})
+    assert variables(instance.main) == {"hours": 3, "rate": 100, "invoice": {"total": 300}, "sent": 300}
+    assert dict(wf.last_task.data) == {"hours": 3, "rate": 100, "sent": 300}  # the object is the workflow's
+    assert wf.data_objects == {"invoice": {"total": 300}}
+
+
+def test_a_task_that_does_not_set_its_data_object_stops_naming_the_task_and_the_object() -> None:
+    """Unvalidated, the run stopped with SpiffWorkflow's WorkflowDataException and no task; it
+    stops now at the task, naming the data object, the name it set and what to do."""
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([NAMED_APART], validate=False), {"hours": 3, "rate": 100}))
+    assert instance.status == "error"
+    assert instance.error["task_id"] == "Activity_draft", instance.error
+    for said in ("'DataObject_0x7k2p1'", "dataOutputAssociation", "'invoice'"):
+        assert said in instance.error["message"], instance.error
