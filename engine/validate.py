@@ -234,6 +234,8 @@ not make ``report.ok`` false:
                                       gateway: SpiffWorkflow cannot start an instance (RecursionError)
 ``data_input_assignment``             a task's dataInput given its value by a bpmn:assignment (jBPM's task
                                       parameters): SpiffWorkflow runs none, the input is never set
+``data_object_named_apart``           a script task sets the name of a data object its dataOutputAssociation
+                                      writes, not its id (a modeler's generated id): SpiffWorkflow keys it by id
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -1965,6 +1967,32 @@ class _Validator:
                     named = f"{tag} {assoc.get('id')!r}" if assoc.get("id") else f"a {tag}"
                     self.add("data_ref_unknown", f"{named} of {owner!r} has {attr} {ref!r}, {problem}",
                              file=proc.file, line=ref_el.sourceline, element_id=owner, field=attr)
+        by_id = {el.get("id"): el for el in root.iter(_bpmn("dataObject"))}
+        for assoc in proc.element.iter(_bpmn("dataOutputAssociation")):
+            task = assoc.getparent()
+            script = task.find(_bpmn("script")) if task.tag == _bpmn("scriptTask") else None
+            if script is None or not (script.text or "").strip():
+                continue
+            try:
+                tree = ast.parse(script.text)
+            except SyntaxError:
+                continue  # named as script_syntax
+            assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for ref_el in assoc.findall(_bpmn("targetRef")):
+                reference = targets.get((ref_el.text or "").strip())
+                obj = by_id.get(reference.get("dataObjectRef")) if reference is not None else None
+                if obj is None:
+                    continue
+                obj_id = obj.get("id")
+                name = (obj.get("name") or reference.get("name") or "").strip()
+                if not name.isidentifier() or name == obj_id or name not in assigned or obj_id in assigned:
+                    continue
+                self.add("data_object_named_apart", f"script task {task.get('id')!r} sets {name!r}, the name of "
+                         f"the data object it writes (its dataOutputAssociation), but SpiffWorkflow keys a data "
+                         f"object by its id, {obj_id!r}: the task's end would stop with \"A data object could not "
+                         f"be set\"; give the bpmn:dataObject id=\"{name}\" (and its references "
+                         f"dataObjectRef=\"{name}\"), or set {obj_id} in the script", file=proc.file,
+                         line=assoc.sourceline, element_id=task.get("id"), field="dataOutputAssociation")
 
     def _check_code(self, proc: _Node) -> None:
         """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""
