@@ -235,3 +235,27 @@ def test_a_task_that_does_not_set_its_data_object_stops_naming_the_task_and_the_
     assert instance.error["task_id"] == "Activity_draft", instance.error
     for said in ("'DataObject_0x7k2p1'", "dataOutputAssociation", "'invoice'"):
         assert said in instance.error["message"], instance.error
+
+
+# -- Camunda 8's timers in FEEL --------------------------------------------------------------------
+
+FEEL_TIMERS = REALWORLD / "zeebe_feel_timers.bpmn"
+
+
+def test_feel_timer_functions_are_refused_with_python_that_runs(tmp_path: Path) -> None:
+    """Camunda 8 writes a cycle as ``=cycle(duration("PT10M"))`` and a computed duration as
+    ``=duration("P" + string(days) + "D")``. validate told to write ``cycle("PT10M")`` and
+    ``duration(...)``, calls of functions the context has not (the run would stop on a NameError);
+    it says now the ISO 8601 text, or the Python that computes it, and that runs."""
+    found = {p.element_id: p.message for p in errors(FEEL_TIMERS) if p.code == "timer_expression"}
+    assert set(found) == {"remind", "deadline"}
+    assert "write '\"R/PT10M\"'" in found["remind"], found["remind"]
+    told = found["deadline"].split("write ", 1)[1].split("'")[1]
+    assert "duration(" not in told and "string(" not in told, found["deadline"]
+    assert eval(told, {}, {"days": 2}) == "P2D"  # noqa: S307 - the Python validate told to write
+    changed = rewritten(tmp_path, FEEL_TIMERS, [('=cycle(duration("PT10M"))', '"R/PT10M"'),
+                                                ('=duration("P" + string(days) + "D")', told)])
+    assert errors(changed) == []
+    instance = run(changed, {"days": 2}, answers={"user_tasks": {"review": {"ok": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-2:] == ["review", "done"]
