@@ -2327,7 +2327,8 @@ class _Validator:
             dialect = expression_dialect(text)
             iso = _jbpm_duration_iso(text) if tag == "timeDuration" else None
             cron_language = f" (language={el.get('language')!r})" if el.get("language") else ""
-            todo = (_python_instead(text, dialect) if dialect is not None else
+            todo = (_python_instead(_feel_timer_source(text) if dialect == "FEEL" else text, dialect)
+                    if dialect is not None else
                     f"{text!r} is jBPM's short form of the ISO 8601 duration {iso}: write {iso} (quoted)"
                     if iso is not None else
                     f"{text!r} is a cron expression{cron_language}, as "
@@ -4378,6 +4379,30 @@ class _JavaValueMethods(ast.NodeTransformer):
 _JAVA_NO_ARGUMENT = {"trim": "strip", "size": "len", "length": "len", "isEmpty": "not", "toUpperCase": "upper",
                      "toLowerCase": "lower", "toString": "str"}
 _JSON_METHODS = frozenset(name for kind in (str, list, dict, int, float) for name in dir(kind) if not name.startswith("_"))
+
+
+def _feel_timer_source(text: str) -> str:
+    """A FEEL timer with Camunda's cycle() and duration() of an expression rewritten to the FEEL
+    that gives its ISO 8601 text, which a timer here evaluates to: ``=cycle(duration("PT10M"))``
+    repeats "PT10M" forever ("R/PT10M"), ``cycle(3, ...)`` three times; ``duration(x)`` is x."""
+    source = text.strip()
+    cycle = re.fullmatch(r"=\s*cycle\(\s*(?:(\d+)\s*,\s*)?duration\(\s*(\"[^\"]*\"|'[^']*')\s*\)\s*\)", source)
+    if cycle is not None:
+        return f'="R{cycle.group(1) or ""}/{cycle.group(2)[1:-1]}"'
+    whole = re.fullmatch(r"=\s*duration\((.*)\)", source, re.S)
+    if whole is not None and _balanced(whole.group(1)):
+        source = "=" + whole.group(1)
+    return re.sub(r"(?<![\w.])string\s*\(", "str(", source)
+
+
+def _balanced(text: str) -> bool:
+    """Whether the parentheses of ``text`` close in order (quoted text aside)."""
+    depth = 0
+    for char in re.sub(r"\"[^\"]*\"|'[^']*'", "", text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _python_instead(source: str, dialect: str) -> str:
