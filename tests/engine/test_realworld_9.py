@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
 from engine.cli import main
@@ -259,3 +260,28 @@ def test_feel_timer_functions_are_refused_with_python_that_runs(tmp_path: Path) 
     instance = run(changed, {"days": 2}, answers={"user_tasks": {"review": {"ok": True}}})
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow)[-2:] == ["review", "done"]
+
+
+# -- Bizagi Modeler's export -----------------------------------------------------------------------
+
+BIZAGI = REALWORLD / "bizagi_export.bpmn"
+
+
+def test_a_bizagi_export_loads_and_its_none_task_waits_as_in_plain_spiffworkflow(tmp_path: Path) -> None:
+    """Bizagi exports with no prefix and no isExecutable, an empty laneSet, empty documentation,
+    its colours in every element's extensionElements and a diagram shape for a lane the process
+    does not hold: validate only warns of the missing isExecutable, and the instance waits at the
+    none task, as plain SpiffWorkflow's does, until a person completes it."""
+    pid = "Id_a77e9019-520a-40b3-84aa-9140b31260d7"
+    task = "Id_5d0dc591-4400-42f5-a16d-c056ff5da1e3"
+    assert [(p.code, p.severity) for p in validate_process([BIZAGI]).problems] == [
+        ("process_executable_unset", "warning")]
+    wf = plain(BIZAGI, pid, {})
+    assert [t.task_spec.bpmn_id for t in wf.get_tasks(state=TaskState.READY, manual=True)] == [task]
+    result = CliRunner().invoke(main, ["run", "--json", "--store", f"sqlite:///{tmp_path / 'runs.db'}", str(BIZAGI)])
+    assert result.exit_code == 3, result.output  # waiting
+    out = json.loads(result.stdout)
+    assert (out["status"], [w["task_id"] for w in out["waiting_for"]]) == ("waiting", [task])
+    done = run(BIZAGI, {}, answers={"user_tasks": {task: {"done": True}}})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"done": True}
