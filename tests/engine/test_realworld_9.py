@@ -1,10 +1,11 @@
 """Shapes met in public BPMN files, round 9: Signavio's exports (branch probabilities written as an
 exclusive gateway's conditions for its simulation, call activities that name their process only in
-Signavio's "Subprocess reference"), Camunda 8 call activities whose process is a FEEL expression,
-jBPM's short timer durations and cron cycles, Bizagi's mixed gateways, and the inclusive gateways,
-groups and annotations of bpmn.io drawings. Each is
-redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run a shape, a case
-runs it there too and the outcome must agree."""
+Signavio's "Subprocess reference"), Bizagi Modeler's exports and mixed gateways, Camunda 8's call
+activities whose process is a FEEL expression and its timers written with FEEL's ``cycle()`` and
+``duration()``, jBPM's short timer durations and cron cycles, data objects whose generated id is not
+the name the scripts write, and the inclusive gateways, groups and annotations of bpmn.io drawings.
+Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run a shape,
+a case runs it there too and the outcome must agree."""
 
 from __future__ import annotations
 
