@@ -1980,7 +1980,9 @@ class _Validator:
             assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             for ref_el in assoc.findall(_bpmn("targetRef")):
                 reference = targets.get((ref_el.text or "").strip())
-                obj = by_id.get(reference.get("dataObjectRef")) if reference is not None else None
+                if reference is None:
+                    continue
+                obj = by_id.get(reference.get("dataObjectRef"))
                 if obj is None:
                     continue
                 obj_id = obj.get("id")
