@@ -3807,8 +3807,9 @@ _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
 # jBPM's duration short form: 1d2h30m10s500ms, each part optional
 _JBPM_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", re.I)
-# Quartz / Unix cron: five to seven fields of digits, names and * / , - ? L W #
-_CRON = re.compile(r"(?:[\w*/,?#-]+\s+){4,6}[\w*/,?#-]+")
+# Quartz / Unix cron: five to seven fields of numbers, * / , - ? L W #, or three-letter month and day names
+_CRON_FIELD = r"(?:[\d*?/,LW#-]+|[A-Za-z]{3}(?:[-,][A-Za-z]{3})*)"
+_CRON = re.compile(rf"(?:{_CRON_FIELD}\s+){{4,6}}{_CRON_FIELD}")
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _JBPM_NS = "http://www.jboss.org/drools"
 _KCONTEXT_SET = re.compile(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']")

@@ -286,3 +286,11 @@ def test_a_bizagi_export_loads_and_its_none_task_waits_as_in_plain_spiffworkflow
     done = run(BIZAGI, {}, answers={"user_tasks": {task: {"done": True}}})
     assert done.status == "completed", done.error
     assert variables(done.main) == {"done": True}
+
+
+@pytest.mark.parametrize("text, cron", [("0 0 9 * * MON-FRI", True), ("*/5 * * * *", True),
+                                        ("in five minutes from now", False), ("1m 30s", False)])
+def test_only_a_cron_expression_is_called_one(tmp_path: Path, text: str, cron: bool) -> None:
+    changed = rewritten(tmp_path, JBPM_TIMERS, [(">0 0/30 * * * ?<", f">{text}<")])
+    [problem] = [p for p in errors(changed) if p.element_id == "_remind"]
+    assert ("is a cron expression" in problem.message) is cron, problem.message
