@@ -1460,6 +1460,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 raise ActivityError(f"task {bpmn_id!r} did not set the data output(s) {', '.join(map(repr, missing))} "
                                     "that its ioSpecification names; set them in the task (its script, handler or "
                                     "form data) or remove them from its dataOutput", task_id=bpmn_id)
+            unset = [ref for ref in getattr(spec, "data_output_associations", None) or []
+                     if ctx.get(ref.bpmn_id, ABSENT) is ABSENT]
+            if unset:
+                raise ActivityError(_unset_data_objects(bpmn_id, unset, ctx), task_id=bpmn_id)
             if outputs:
                 # as in SpiffWorkflow, only its data outputs leave a task with an ioSpecification: the
                 # other keys it wrote itself (a script's temporaries, extra form fields) end with it
@@ -2197,6 +2201,20 @@ class _Fields(dict):  # type: ignore[type-arg]
 
 def _script_name(kind: str, bpmn_id: str) -> str:
     return f"<{kind} {bpmn_id}>"
+
+
+def _unset_data_objects(bpmn_id: str, unset: list[Any], ctx: Any) -> str:
+    """What to do about data objects a task's dataOutputAssociation writes and the task did not set
+    (SpiffWorkflow would stop with "A data object could not be set", naming no task). A modeler's
+    generated id beside the name the task set is named as such."""
+    named = [ref.bpmn_name for ref in unset if (ref.bpmn_name or "").isidentifier()
+             and ref.bpmn_name != ref.bpmn_id and ctx.get(ref.bpmn_name, ABSENT) is not ABSENT]
+    hint = "".join(f"; it set {name!r}, the data object's name, and SpiffWorkflow keys a data object by its id: "
+                   f"give the bpmn:dataObject id={name!r} (and its references dataObjectRef={name!r})"
+                   for name in named)
+    return (f"task {bpmn_id!r} writes the data object(s) {', '.join(repr(ref.bpmn_id) for ref in unset)} (its "
+            f"dataOutputAssociation), and did not set them{hint}; set them in the task (its script, handler "
+            "or form data), or remove the association")
 
 
 def _one_line(err: BaseException) -> str:

@@ -89,6 +89,8 @@ not make ``report.ok`` false:
 ``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
                                       policy can evaluate (a syntax error, a call or name outside the safe
                                       subset): the join would stop the instance with it
+``condition_probability``             a condition of an exclusive or inclusive gateway's flow that is a bare number
+                                      (a simulation tool's branch probability, Signavio's export): always true
 ``condition_literal_name`` W          a condition reads ``true``, ``false``, ``null`` (another expression
                                       language's literals) as a context key
 ``error_end_uncaught`` W              an error end event at the top level of the process that runs that no
@@ -232,6 +234,8 @@ not make ``report.ok`` false:
                                       gateway: SpiffWorkflow cannot start an instance (RecursionError)
 ``data_input_assignment``             a task's dataInput given its value by a bpmn:assignment (jBPM's task
                                       parameters): SpiffWorkflow runs none, the input is never set
+``data_object_named_apart``           a script task sets the name of a data object its dataOutputAssociation
+                                      writes, not its id (a modeler's generated id): SpiffWorkflow keys it by id
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -1635,6 +1639,9 @@ class _Validator:
                 if not isinstance(tree, ast.Expression):
                     judged = False
                     continue
+                if self._check_probability(tree, expr_el, flow, gid, file):
+                    judged = False
+                    continue
                 conditions.append(tree.body)
             if default is not None or not judged:
                 continue
@@ -1648,6 +1655,28 @@ class _Validator:
         for gw in proc.element.iter(_bpmn("inclusiveGateway")):
             self._check_inclusive_flows(gw, proc.file)
             self._check_inclusive_coverage(gw, proc.file)
+
+    def _check_probability(self, tree: ast.Expression, expr_el: Any, flow: Any, gid: str, file: str) -> bool:
+        """A condition that is a bare number is the branch's probability, as simulation tools
+        (Signavio's, Bizagi's) export it, not a test of the data: Python takes any number but 0 as
+        true, so every instance would take the first such flow. True when it was refused."""
+        body = tree.body
+        if isinstance(body, ast.UnaryOp) and isinstance(body.op, (ast.UAdd, ast.USub)):
+            body = body.operand
+        if not (isinstance(body, ast.Constant) and type(body.value) in (int, float)):
+            return False
+        text = (expr_el.text or "").strip()
+        exclusive = any(g.get("id") == gid for g in flow.getparent().iter(_bpmn("exclusiveGateway")))
+        taken = ("no instance would take it" if body.value == 0
+                 else "every instance would take the first flow of the gateway that has a number" if exclusive
+                 else "every instance would take it")
+        self.add("condition_probability", f"the condition of flow {flow.get('id')!r} of gateway {gid!r} is the "
+                 f"number {text!r}, as simulation tools (Signavio's, Bizagi's) write a branch's probability; it "
+                 f"is not a test of the data: Python takes every number but 0 as true, so "
+                 f"{taken}, whatever its data; write an expression over the context that decides the branch (e.g. "
+                 "approved == True), or make the flow the gateway's default", file=file,
+                 line=expr_el.sourceline, element_id=flow.get("id"), field="conditionExpression")
+        return True
 
     def _check_inclusive_flows(self, gw: Any, file: str) -> None:
         """BPMN takes a flow of an inclusive gateway that has no condition always; SpiffWorkflow cannot
@@ -1813,12 +1842,8 @@ class _Validator:
                 continue
             self.related.add(called or "")
             if called is None:
-                zeebe = call.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}calledElement")
-                named = zeebe.get("processId") if zeebe is not None else None
-                camunda8 = f" (its zeebe:calledElement processId={named!r} is Camunda 8's)" if named else ""
                 self.add("call_activity_unknown_process", f"call activity {call.get('id')!r} has no calledElement"
-                         f"{camunda8}: "
-                         f"name the process it calls, calledElement=\"{named or 'PROCESS_ID'}\"", file=proc.file,
+                         f"{self._called_elsewhere(call)}", file=proc.file,
                          line=call.sourceline, element_id=call.get("id"), field="calledElement")
                 continue
             task = next((el for doc in self.docs if doc.root is not None for el in doc.root
@@ -1942,15 +1967,46 @@ class _Validator:
                     named = f"{tag} {assoc.get('id')!r}" if assoc.get("id") else f"a {tag}"
                     self.add("data_ref_unknown", f"{named} of {owner!r} has {attr} {ref!r}, {problem}",
                              file=proc.file, line=ref_el.sourceline, element_id=owner, field=attr)
+        by_id = {el.get("id"): el for el in root.iter(_bpmn("dataObject"))}
+        for assoc in proc.element.iter(_bpmn("dataOutputAssociation")):
+            task = assoc.getparent()
+            script = task.find(_bpmn("script")) if task.tag == _bpmn("scriptTask") else None
+            if script is None or not (script.text or "").strip():
+                continue
+            try:
+                tree = ast.parse(script.text)
+            except SyntaxError:
+                continue  # named as script_syntax
+            assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            for ref_el in assoc.findall(_bpmn("targetRef")):
+                reference = targets.get((ref_el.text or "").strip())
+                if reference is None:
+                    continue
+                obj = by_id.get(reference.get("dataObjectRef"))
+                if obj is None:
+                    continue
+                obj_id = obj.get("id")
+                name = (obj.get("name") or reference.get("name") or "").strip()
+                if not name.isidentifier() or name == obj_id or name not in assigned or obj_id in assigned:
+                    continue
+                self.add("data_object_named_apart", f"script task {task.get('id')!r} sets {name!r}, the name of "
+                         f"the data object it writes (its dataOutputAssociation), but SpiffWorkflow keys a data "
+                         f"object by its id, {obj_id!r}: the task's end would stop with \"A data object could not "
+                         f"be set\"; give the bpmn:dataObject id=\"{name}\" (and its references "
+                         f"dataObjectRef=\"{name}\"), or set {obj_id} in the script", file=proc.file,
+                         line=assoc.sourceline, element_id=task.get("id"), field="dataOutputAssociation")
 
     def _check_code(self, proc: _Node) -> None:
         """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""
         xor_ids = {gw.get("id") for gw in proc.element.iter(_bpmn("exclusiveGateway"))}
+        inclusive_ids = {gw.get("id") for gw in proc.element.iter(_bpmn("inclusiveGateway"))}
         for flow in proc.element.iter(_bpmn("sequenceFlow")):
             expr = flow.find(_bpmn("conditionExpression"))
             if expr is not None and (expr.text or "").strip() and flow.get("sourceRef") not in xor_ids:
-                self._compile(expr.text, "eval", expr, proc.file, flow.get("id"), "condition_syntax",
-                              "conditionExpression")
+                tree = self._compile(expr.text, "eval", expr, proc.file, flow.get("id"), "condition_syntax",
+                                     "conditionExpression")
+                if isinstance(tree, ast.Expression) and flow.get("sourceRef") in inclusive_ids:
+                    self._check_probability(tree, expr, flow, flow.get("sourceRef"), proc.file)
         for tag in ("condition", "loopCardinality", "completionCondition", "loopCondition"):
             for el in proc.element.iter(_bpmn(tag)):
                 if (el.text or "").strip():
@@ -2000,6 +2056,40 @@ class _Validator:
                 if (el.text or "").strip():
                     owner = _owner_id(el.getparent())
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _called_elsewhere(self, call: Any) -> str:
+        """Where another modeler names the process a call activity without calledElement calls, and
+        the calledElement to write: Camunda 8's zeebe:calledElement (a process id, or a FEEL expression
+        after '=' that picks the process as the instance runs), Signavio's "Subprocess reference"."""
+        extensions = call.find(_bpmn("extensionElements"))
+        zeebe = (extensions.find("{http://camunda.org/schema/zeebe/1.0}calledElement")
+                 if extensions is not None else None)
+        named = (zeebe.get("processId") or "").strip() if zeebe is not None else ""
+        if named.startswith("="):
+            literal = re.fullmatch(r"=\s*\"([^\"]*)\"\s*", named)
+            if literal is not None:
+                return (f" (its zeebe:calledElement processId={named!r} is Camunda 8's, a FEEL string): name the "
+                        f"process it calls, calledElement=\"{literal.group(1)}\"")
+            return (f" (its zeebe:calledElement processId={named!r} is a FEEL expression, with which Camunda 8 "
+                    "picks the process as the instance runs): SpiffWorkflow calls the one process calledElement "
+                    "names; draw an exclusive gateway over what the expression reads and one call activity per "
+                    "process it may pick, each with its calledElement=\"PROCESS_ID\"")
+        if named:
+            return (f" (its zeebe:calledElement processId={named!r} is Camunda 8's): name the process it calls, "
+                    f"calledElement=\"{named}\"")
+        entry = next((el for el in (extensions if extensions is not None else [])
+                      if isinstance(el.tag, str) and el.tag == "{http://www.signavio.com}signavioMetaData"
+                      and el.get("metaKey") == "entry" and (el.get("metaValue") or "").strip()), None)
+        if entry is not None:
+            reference = entry.get("metaValue").strip()
+            target = next((p for p in self.processes if reference in (p.id, (p.element.get("name") or "").strip())),
+                          None)
+            todo = (f"calledElement=\"{target.id}\"" if target is not None
+                    else "calledElement=\"PROCESS_ID\", the id of the process it calls (give its file too)")
+            return (f" (Signavio names the process in its Subprocess reference, signavio:signavioMetaData "
+                    f"metaKey=\"entry\" metaValue={reference!r}, which SpiffWorkflow 3.2 does not read): name the "
+                    f"process it calls, {todo}")
+        return ": name the process it calls, calledElement=\"PROCESS_ID\""
 
     def _check_correlations(self, doc: _Doc) -> None:
         """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
@@ -2237,7 +2327,16 @@ class _Validator:
             ast.parse(text, mode="eval")
         except SyntaxError as err:
             dialect = expression_dialect(text)
-            todo = (_python_instead(text, dialect) if dialect is not None else
+            iso = _jbpm_duration_iso(text) if tag == "timeDuration" else None
+            cron_language = f" (language={el.get('language')!r})" if el.get("language") else ""
+            todo = (_python_instead(_feel_timer_source(text) if dialect == "FEEL" else text, dialect)
+                    if dialect is not None else
+                    f"{text!r} is jBPM's short form of the ISO 8601 duration {iso}: write {iso} (quoted)"
+                    if iso is not None else
+                    f"{text!r} is a cron expression{cron_language}, as "
+                    "jBPM, Camunda and Zeebe read one; SpiffWorkflow has no cron: write the cycle as an ISO 8601 "
+                    "repeating interval in quotes, e.g. \"R/PT1H\" (each hour from when the timer starts) or "
+                    "\"R/2026-01-05T09:00:00/P1D\" (each day at 9:00)" if _CRON.fullmatch(text) else
                     "write a Python expression that gives ISO 8601 text, e.g. \"PT1H\" (quoted) or a variable")
             self.add("timer_expression", f"timer {event!r}: {tag} {text!r} is not a Python expression ({err.msg}); "
                      f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
@@ -3706,6 +3805,11 @@ _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
+# jBPM's duration short form: 1d2h30m10s500ms, each part optional
+_JBPM_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", re.I)
+# Quartz / Unix cron: five to seven fields of numbers, * / , - ? L W #, or three-letter month and day names
+_CRON_FIELD = r"(?:[\d*?/,LW#-]+|[A-Za-z]{3}(?:[-,][A-Za-z]{3})*)"
+_CRON = re.compile(rf"(?:{_CRON_FIELD}\s+){{4,6}}{_CRON_FIELD}")
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _JBPM_NS = "http://www.jboss.org/drools"
 _KCONTEXT_SET = re.compile(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']")
@@ -4280,6 +4384,30 @@ _JAVA_NO_ARGUMENT = {"trim": "strip", "size": "len", "length": "len", "isEmpty":
 _JSON_METHODS = frozenset(name for kind in (str, list, dict, int, float) for name in dir(kind) if not name.startswith("_"))
 
 
+def _feel_timer_source(text: str) -> str:
+    """A FEEL timer with Camunda's cycle() and duration() of an expression rewritten to the FEEL
+    that gives its ISO 8601 text, which a timer here evaluates to: ``=cycle(duration("PT10M"))``
+    repeats "PT10M" forever ("R/PT10M"), ``cycle(3, ...)`` three times; ``duration(x)`` is x."""
+    source = text.strip()
+    cycle = re.fullmatch(r"=\s*cycle\(\s*(?:(\d+)\s*,\s*)?duration\(\s*(\"[^\"]*\"|'[^']*')\s*\)\s*\)", source)
+    if cycle is not None:
+        return f'="R{cycle.group(1) or ""}/{cycle.group(2)[1:-1]}"'
+    whole = re.fullmatch(r"=\s*duration\((.*)\)", source, re.S)
+    if whole is not None and _balanced(whole.group(1)):
+        source = "=" + whole.group(1)
+    return re.sub(r"(?<![\w.])string\s*\(", "str(", source)
+
+
+def _balanced(text: str) -> bool:
+    """Whether the parentheses of ``text`` close in order (quoted text aside)."""
+    depth = 0
+    for char in re.sub(r"\"[^\"]*\"|'[^']*'", "", text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -4347,6 +4475,18 @@ _SPLIT_MARKERS = frozenset(BRANCH_MARKERS)
 _TIMER_TEXT = {"timeDuration": ("duration", '"PT15M" or "P2DT12H"'),
                "timeDate": ("date and time", '"2026-01-05T09:00:00+00:00"'),
                "timeCycle": ("repeating interval", '"R3/PT1H" or "R/P1D"')}
+
+
+def _jbpm_duration_iso(text: str) -> str | None:
+    """``"PT1H30M"`` (quoted) for jBPM's ``1h30m``; None for anything else."""
+    match = _JBPM_DURATION.fullmatch(text.strip())
+    if match is None or not any(match.groups()):
+        return None
+    days, hours, minutes, seconds, millis = (int(g) if g else 0 for g in match.groups())
+    secs = f"{seconds + millis / 1000:.3f}".rstrip("0").rstrip(".") if millis else str(seconds)
+    clock = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n) + \
+        (f"{secs}S" if seconds or millis else "")
+    return f'"P{f"{days}D" if days else ""}{f"T{clock}" if clock else ""}"'
 
 
 def _timer_text_problem(tag: str, text: str) -> str | None:
