@@ -80,7 +80,7 @@ def test_fraud_and_coverage_disagree_and_a_person_settles_the_claim(cli: Any) ->
     still waits; the offered extra option settles it, resolver `human`, in `_mergedConflicts`."""
     assert cli("validate", str(HERE / "claim_fraud.bpmn")).exit_code == 0
     doc = run_json(cli, "run", str(HERE / "claim_fraud.bpmn"), "--data", json.dumps(CLAIM), code=3)
-    assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L3", "key": "claim_status",
+    assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L4", "key": "claim_status",
                                  "base_value": "registered",
                                  "values": {"fraud_check": "hold_for_fraud", "coverage_check": "covered"},
                                  "resolution": None}]
