@@ -337,6 +337,11 @@ class _Loader:
                 self.problem("config_invalid_data_layers", "initial data cannot go to SYSTEM (L0); "
                              "put fixed values under system: instead", path=("data_layers", key), field=field_name)
                 continue
+            if layer is Layer.EPHEMERAL:
+                self.problem("config_ephemeral_data", f"data key {key!r} goes to EPHEMERAL (L5), which is cleared at "
+                             "the end of every activity: only the first activity sees it; map it to WORKING to hand "
+                             "it on, or leave it to PROCESS to keep it", path=("data_layers", key), field=field_name,
+                             severity="warning")
             layers[key] = layer
         return layers
 

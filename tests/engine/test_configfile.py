@@ -160,3 +160,15 @@ def test_find_config_beside(tmp_path: Path) -> None:
     assert find_config_beside(str(bpmn)) == tmp_path / "loan.layerflow.yaml"
     (tmp_path / "other.layerflow.yaml").write_text("")
     assert find_config_beside(tmp_path / "other.bpmn") == tmp_path / "other.layerflow.yaml"
+
+
+def test_start_data_mapped_to_ephemeral_is_warned_about(tmp_path: Path) -> None:
+    """EPHEMERAL is cleared at the end of every activity: start data there reaches the first
+    activity only. Allowed (a one-shot token), but said, naming the key and what to write."""
+    path = tmp_path / "p.layerflow.yaml"
+    path.write_text("data_layers:\n  otp: EPHEMERAL\n  notes: WORKING\n")
+    cfg = load_config_file(path)
+    assert cfg.ok and cfg.data_layers == {"otp": Layer.EPHEMERAL, "notes": Layer.WORKING}
+    [p] = cfg.problems
+    assert (p.code, p.severity, p.line, p.field) == ("config_ephemeral_data", "warning", 2, "data_layers.otp")
+    assert "only the first activity sees it" in p.message and "WORKING" in p.message
