@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +147,32 @@ def without_due(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``waiting_for`` items without the ``due`` time a confirmation with a timeout carries (when its
     timeout rule applies), for tests about something else."""
     return [{k: v for k, v in item.items() if k != "due"} for item in items]
+
+
+def run_json(cli: Any, *args: str, code: int = 0) -> dict[str, Any]:
+    """``cli(*args, "--json")`` (the ``cli`` fixture of a module that returns click's result): its
+    exit code checked, its stdout as the one JSON document."""
+    result = cli(*args, "--json")
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+@contextmanager
+def redis_scratch(url: str, name: str) -> Iterator[str]:
+    """A key prefix of its own (``NAME-<random>``) on the Redis server at ``url``, its keys deleted
+    afterwards; the test is skipped when no Redis answers there."""
+    redis = pytest.importorskip("redis")
+    client = redis.Redis.from_url(url)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        pytest.skip(f"no Redis at {url}")
+    prefix = f"{name}-{uuid.uuid4().hex[:10]}"
+    try:
+        yield prefix
+    finally:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()

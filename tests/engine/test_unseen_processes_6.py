@@ -21,6 +21,7 @@ from engine import Engine, StartDataInvalid, load_process
 from engine.api import create_app
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
+from engine_helpers import run_json
 from governance_helpers import TOKEN, ServerThread
 from test_unseen_processes_5 import records
 
@@ -28,13 +29,6 @@ HERE = Path(__file__).resolve().parent / "unseen6"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GOV = "/api/context-governance"
 REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN6", "redis://127.0.0.1:6379/14")  # this module's own database
-
-
-def run_json(cli: Any, *args: str, code: int = 0) -> dict[str, Any]:
-    result = cli(*args, "--json")
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    doc: dict[str, Any] = json.loads(result.stdout)
-    return doc
 
 
 def data_keys(layer: dict[str, Any]) -> dict[str, Any]:

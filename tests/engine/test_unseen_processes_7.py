@@ -30,6 +30,7 @@ from engine import Engine
 from engine.api import create_app
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
+from engine_helpers import redis_scratch, run_json
 from governance_helpers import TOKEN, ServerThread
 from test_unseen_processes_5 import records
 
@@ -38,13 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GOV = "/api/context-governance"
 REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN7", "redis://127.0.0.1:6379/14")  # this module's own database
-
-
-def run_json(cli: Any, *args: str, code: int = 0) -> dict[str, Any]:
-    result = cli(*args, "--json")
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    doc: dict[str, Any] = json.loads(result.stdout)
-    return doc
 
 
 def data_keys(layer: dict[str, Any]) -> dict[str, Any]:
@@ -226,19 +220,9 @@ def test_an_answer_before_the_deadline_decides(cli: Any, tmp_path: Path) -> None
 
 
 @pytest.fixture
-def redis_store() -> Any:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS}")
-    prefix = f"unseen7-{uuid.uuid4().hex[:10]}"
-    yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+def redis_store() -> Iterator[tuple[str, str]]:
+    with redis_scratch(REDIS, "unseen7") as prefix:
+        yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
 
 
 def _worker(store: str, stream: str) -> subprocess.Popen[bytes]:

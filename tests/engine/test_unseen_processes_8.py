@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +28,16 @@ from engine import Engine, load_process
 from engine.api import create_app
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
+from engine_helpers import redis_scratch, run_json
 from governance_helpers import TOKEN, ServerThread
 from stub_llm import Reply
 from test_arbiter_stub import stub  # noqa: F401 - the "stub" fixture: a local OpenAI-compatible server
-from test_unseen_processes_5 import records
+from test_unseen_processes_7 import data_keys
 
 HERE = Path(__file__).resolve().parent / "unseen8"
 ROOT = Path(__file__).resolve().parents[2]
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN8", "redis://127.0.0.1:6379/12")  # this module's own database
-
-
-def run_json(cli: Any, *args: str, code: int = 0) -> dict[str, Any]:
-    result = cli(*args, "--json")
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    doc: dict[str, Any] = json.loads(result.stdout)
-    return doc
-
-
-def data_keys(layer: dict[str, Any]) -> dict[str, Any]:
-    """A layer's data keys: no activity, event or engine records."""
-    return {k: v for k, v in records(layer).items() if not k.startswith(("event:", "_", "compaction:"))}
 
 
 def copied(tmp_path: Path, name: str, config: str | None = None) -> Path:
@@ -119,19 +108,9 @@ def test_a_clean_claim_still_meets_coverage_at_the_join(cli: Any) -> None:
 
 
 @pytest.fixture
-def redis_store() -> Any:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS}")
-    prefix = f"unseen8-{uuid.uuid4().hex[:10]}"
-    yield f"{REDIS}?prefix={prefix}"
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+def redis_store() -> Iterator[str]:
+    with redis_scratch(REDIS, "unseen8") as prefix:
+        yield f"{REDIS}?prefix={prefix}"
 
 
 def test_a_claim_waiting_on_redis_is_settled_by_another_engine(redis_store: str) -> None:

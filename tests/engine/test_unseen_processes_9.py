@@ -31,6 +31,7 @@ from gateways import ConflictDetector, ContextSplitter
 from gateways.arbiter import ArbitrationAnswer, ArbitrationRequest
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
+from engine_helpers import redis_scratch, run_json
 from governance_helpers import TOKEN, ServerThread
 
 HERE = Path(__file__).resolve().parent / "unseen9"
@@ -39,13 +40,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 GOV = "/api/context-governance"
 REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN9", "redis://127.0.0.1:6379/12")  # this module's own database
 CLAIM = {"claim_value": 300, "receipt_value": 250}
-
-
-def run_json(cli: Any, *args: str, code: int = 0) -> dict[str, Any]:
-    result = cli(*args, "--json")
-    assert result.exit_code == code, (result.stdout, result.stderr)
-    doc: dict[str, Any] = json.loads(result.stdout)
-    return doc
 
 
 def data_keys(layer: dict[str, Any]) -> dict[str, Any]:
@@ -404,18 +398,8 @@ def test_compression_through_the_python_api() -> None:
 
 @pytest.fixture
 def redis_store() -> Iterator[tuple[str, str]]:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS}")
-    prefix = f"unseen9-{uuid.uuid4().hex[:10]}"
-    yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    with redis_scratch(REDIS, "unseen9") as prefix:
+        yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
 
 
 def _until(engine: Engine, iid: str, status: str, worker: subprocess.Popen[bytes]) -> Any:
