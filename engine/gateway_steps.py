@@ -82,6 +82,16 @@ def _deadline(entry: Mapping[str, Any]) -> float | None:
 
 RECORD_KEY_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:", "event:")
 
+#: HISTORY's records that only the engine and the compressor write
+ENGINE_RECORD_PREFIXES = ("activity:", "compaction:")
+ENGINE_KEY_RULE = "keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping and records"
+
+
+def is_engine_key(key: str) -> bool:
+    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...) and HISTORY's records:
+    neither an inject nor a person's answer writes them."""
+    return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES)
+
 
 def condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:
     """The data keys a branch condition may speak of (no records, no knowledge passages),

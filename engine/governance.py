@@ -80,7 +80,7 @@ from context_layers.stores import ConfirmationAnswered
 from context_layers.tape import EventKind, kind_names, matches_kind
 
 from . import forms, spiff
-from .gateway_steps import short
+from .gateway_steps import ENGINE_KEY_RULE, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
@@ -276,7 +276,6 @@ class CompressArgs(_Args):
     activity_id: str | None = Field(default=None, description="start from this activity's config")
 
 
-ENGINE_RECORD_PREFIXES = ("activity:", "compaction:")
 
 
 def refuse_engine_key(ctx: LayeredContext, layer: str, key: str) -> None:
@@ -285,13 +284,12 @@ def refuse_engine_key(ctx: LayeredContext, layer: str, key: str) -> None:
     ``_snapshot_id``, any ``_``-prefixed bookkeeping, and the ``activity:`` / ``compaction:``
     records of HISTORY. Written to WORKING they were auto-promoted into HISTORY (or moved there at
     the activity's end), replacing or forging what the engine recorded."""
-    if key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES):
+    if is_engine_key(key):
         requested = Layer.parse(layer)
         held = ctx.locate(key)
         effective = held if held is not None and held < requested else requested
         raise ContextWriteDenied(key, requested, effective,
-                                 "keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping "
-                                 "and records; inject a data key (resolve a conflict with "
+                                 f"{ENGINE_KEY_RULE}; inject a data key (resolve a conflict with "
                                  "POST /api/context-governance/resolve)")
 
 

@@ -74,7 +74,8 @@ from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
-from .gateway_steps import GatewaySteps, condition_context, short, typed_option
+from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, GatewaySteps, condition_context,
+                            is_engine_key, short, typed_option)
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
@@ -325,7 +326,7 @@ class Engine:
                 raise ContextWriteDenied(MERGED_CONFLICTS_KEY, layer, layer, "the engine keeps this key: every "
                                          "parallel join logs its conflicts in it; initial data cannot set it, rename "
                                          "the key")
-            records = [k for k in data if k.startswith(("activity:", "compaction:"))]
+            records = [k for k in data if k.startswith(ENGINE_RECORD_PREFIXES)]
             if records:
                 # read before HISTORY (reads go L0 to L5), such a key would stand in for the record the
                 # engine or the compressor writes: a forged audit entry
@@ -820,11 +821,6 @@ class UncaughtBpmnError(ActivityError):
                          f"sub-process, catches code {err.code!r}. Add one whose errorRef names a bpmn:error with "
                          f"errorCode=\"{err.code}\" (or an error event with no errorRef, which catches every error)",
                          task_id=task_id)
-
-
-def _engine_key(key: str) -> bool:
-    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...) and HISTORY's records."""
-    return key.startswith(("_", "activity:", "compaction:"))
 
 
 class AnswerWriteDenied(ContextWriteDenied):
@@ -1384,13 +1380,12 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                     f"JSON: {err}; answer with null, true/false, numbers, text, lists or objects",
                                     instance_id=self.instance.id, task_id=bpmn_id) from None
             unchanged = key in ctx and json_equal(ctx.resolve(key), value)
-            if _engine_key(key) and not unchanged:
+            if is_engine_key(key) and not unchanged:
                 # as inject refuses them: a person's answer after a join would replace its conflict log
                 # (`_mergedConflicts`, still in WORKING), or forge a branch marker or a HISTORY record
                 bpmn_id = spiff.bpmn_id_of(task)
                 held = ctx.locate(key)
-                why = ("keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping and "
-                       "records; answer with data keys only")
+                why = f"{ENGINE_KEY_RULE}; answer with data keys only"
                 ctx.record("answer_refused", actor=actor, data={"task_id": bpmn_id, "key": key, "reason": why})
                 denied = ContextWriteDenied(key, Layer.WORKING, held if held is not None and held < Layer.WORKING
                                             else Layer.WORKING, why)
