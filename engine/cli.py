@@ -800,54 +800,58 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
         if context_name is not None and not sets:
             _fail("--context names the context --set writes into: give --set KEY=VALUE too", as_json=as_json)
-        if sets:
-            values = {}
-            for item in sets:
-                key, sep, value = item.partition("=")
-                if not sep or not key:
-                    _fail(f"--set {item!r}: write KEY=VALUE", as_json=as_json)
-                values[key] = _parse_value(value)
-            target: str | None = None
-            if context_name is not None or instance.status != "error":
-                # a named context, or the main one: as REST inject, never under open branches
-                from .governance import GovernanceService
-
-                try:
-                    ctx = GovernanceService.context_of(instance, context_name)
-                    GovernanceService._writable(instance, ctx, "--set")
-                except LayerflowError as err:
-                    message = str(err).replace("(`context`: ", "(`--context`: ")
-                    _fail(message, as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
-                target = ctx.name
-            try:
-                engine.inject(instance, values, context=target, actor="operator")
-            except LayerflowError as err:
-                hint = ""
-                if isinstance(err, ContextWriteDenied) and Layer.parse(err.effective) == Layer.PROCESS:
-                    # the fix-and-retry an operator tries first: a wrong value of the run's --data
-                    hint = (f". PROCESS keys (the run's --data) are fixed for the life of instance {instance.id}: "
-                            f"to run with another {err.key!r}, `layerflow cancel {instance.id} --reason ...` and "
-                            f"start a new instance with the corrected --data")
-                _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
-                      details={"instance_id": instance.id, "key": getattr(err, "key", None)})
         source = _answers_source(answers_file, answer)
-        _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json,
-                            [str(w["id"]) for w in instance.waiting_for if w.get("id")])
-        _user_task_answers_are_objects(instance.process, answer, as_json)
-        given = _answer_keys(instance, answers, answer)
-        _unused_answers(out, instance, answers, given)
-        for key, value in answers["confirmations"].items():
-            if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
-                try:
-                    instance = engine.answer_confirmation(instance, key, value, run=False)
-                except InvalidAnswer as err:
-                    _invalid_answer(out, instance, err, source)
-                except ActivityError as err:  # not an offered option: nothing was applied
-                    _invalid_answer(out, instance, InvalidAnswer(str(err)), source, getattr(err, "task_id", None))
-                except LayerflowError as err:
-                    _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+        # one command, all or nothing: its --set, its answers to open confirmations and the steps the
+        # answers drive are saved together, or (an answer refused, bad input) none of them is
         try:
-            instance = engine.resume(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+            with engine.all_or_nothing(instance):
+                if sets:
+                    values = {}
+                    for item in sets:
+                        key, sep, value = item.partition("=")
+                        if not sep or not key:
+                            _fail(f"--set {item!r}: write KEY=VALUE", as_json=as_json)
+                        values[key] = _parse_value(value)
+                    target: str | None = None
+                    if context_name is not None or instance.status != "error":
+                        # a named context, or the main one: as REST inject, never under open branches
+                        from .governance import GovernanceService
+
+                        try:
+                            ctx = GovernanceService.context_of(instance, context_name)
+                            GovernanceService._writable(instance, ctx, "--set")
+                        except LayerflowError as err:
+                            message = str(err).replace("(`context`: ", "(`--context`: ")
+                            _fail(message, as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                        target = ctx.name
+                    try:
+                        engine.inject(instance, values, context=target, actor="operator")
+                    except LayerflowError as err:
+                        hint = ""
+                        if isinstance(err, ContextWriteDenied) and Layer.parse(err.effective) == Layer.PROCESS:
+                            # the fix-and-retry an operator tries first: a wrong value of the run's --data
+                            hint = (f". PROCESS keys (the run's --data) are fixed for the life of instance "
+                                    f"{instance.id}: to run with another {err.key!r}, `layerflow cancel "
+                                    f"{instance.id} --reason ...` and start a new instance with the corrected --data")
+                        _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
+                              details={"instance_id": instance.id, "key": getattr(err, "key", None)})
+                _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json,
+                                    [str(w["id"]) for w in instance.waiting_for if w.get("id")])
+                _user_task_answers_are_objects(instance.process, answer, as_json)
+                given = _answer_keys(instance, answers, answer)
+                _unused_answers(out, instance, answers, given)
+                for key, value in answers["confirmations"].items():
+                    if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
+                        try:
+                            instance = engine.answer_confirmation(instance, key, value, run=False)
+                        except InvalidAnswer:
+                            raise  # reported below, once the instance is as it was
+                        except ActivityError as err:  # not an offered option: nothing was applied
+                            raise InvalidAnswer(str(err), task_id=getattr(err, "task_id", None)) from None
+                        except LayerflowError as err:
+                            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                    instance = engine.resume(instance, answers=answers,
+                                         ask=_asker(out, yes, bool(answers_file or answer)))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:

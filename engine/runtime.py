@@ -46,9 +46,10 @@ import json
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime, timezone
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
@@ -132,6 +133,8 @@ class Instance:
     store: Any = field(default=None, repr=False, compare=False)
     # what the last ``run`` wants its caller to know (an answer it did not give again); not saved
     notices: list[str] = field(default_factory=list, repr=False, compare=False)
+    # set while one request runs all or nothing (``Engine.all_or_nothing``): its saves wait for its end
+    held: "_Held | None" = field(default=None, repr=False, compare=False)
 
     @property
     def process_id(self) -> str:
@@ -540,8 +543,19 @@ class Engine:
                ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
         """Continue an instance: retry the failed activity of an ``error`` instance (its context
         is as before the activity; fix the cause first, e.g. with ``inject``), or run on.
-        ``instance`` may be its id (``layerflow resume ID``): it is loaded from the store."""
+        ``instance`` may be its id (``layerflow resume ID``): it is loaded from the store.
+
+        With ``answers`` the resume is one request, all or nothing (``all_or_nothing``): when
+        an answer is refused (``InvalidAnswer``, ``AnswerWriteDenied``), the steps the other
+        answers drove before it are undone and not saved."""
         instance = self._instance(instance)
+        if not answers:
+            return self._resume(instance, answers=answers, ask=ask)
+        with self.all_or_nothing(instance):
+            return self._resume(instance, answers=answers, ask=ask)
+
+    def _resume(self, instance: Instance, *, answers: Mapping[str, Any] | None,
+                ask: Callable[[dict[str, Any]], Any] | None) -> Instance:
         rt = _runtime_of(instance)
         refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
@@ -712,7 +726,11 @@ class Engine:
         return make_chooser(self.model, cfg)
 
     def save(self, instance: Instance) -> None:
-        """Save the instance with the version it was loaded with (``VersionConflict`` when stale)."""
+        """Save the instance with the version it was loaded with (``VersionConflict`` when stale).
+        Inside ``all_or_nothing`` the save waits for the end of the request."""
+        if instance.held is not None:
+            instance.held.pending = True
+            return
         instance.updated = time.time()
         instance.version = self._store_of(instance).save(to_record(instance), instance.version)
 
@@ -720,6 +738,63 @@ class Engine:
         return instance.store if instance.store is not None else self.store
 
     _save = save
+
+    @contextmanager
+    def all_or_nothing(self, instance: Instance) -> Iterator[Instance]:
+        """One request's changes to ``instance``, kept whole or not at all: the engine's saves
+        inside wait for its end (one save, when something changed). When it raises, the instance
+        (this object) is put back as it was when the request came and nothing is written, so the
+        store keeps its version and every tape its length. One exception, the audit a refused
+        answer always leaves: a user task's answer that is refused (a ``FormAnswerInvalid``, an
+        ``AnswerWriteDenied``) for a task that waited when the request came is refused there again,
+        and that refusal note saved. ``resume`` with answers runs in one; ``layerflow resume``
+        holds one around its ``--set``, its answers to open confirmations and the resume. Nested,
+        the outer one decides."""
+        if instance.held is not None:
+            yield instance
+            return
+        from .governance import InvalidAnswer
+
+        before = _copy_record(instance)
+        instance.held = held = _Held()
+        try:
+            yield instance
+        except BaseException as err:
+            instance.held = None
+            self._put_back(instance, before)
+            refused = getattr(err, "refused_answer", None)
+            if isinstance(err, (InvalidAnswer, AnswerWriteDenied)) and refused is not None:
+                self._note_refusal(instance, before, *refused)
+            raise
+        instance.held = None
+        if held.pending:
+            self._save(instance)
+
+    def _put_back(self, instance: Instance, record: Mapping[str, Any]) -> None:
+        """``instance`` (the caller's object) as ``record`` holds it, with a runtime of its own."""
+        fresh = from_record(self, json.loads(json.dumps(record)))
+        for f in fields(Instance):
+            if f.name not in ("store", "notices", "held"):
+                setattr(instance, f.name, getattr(fresh, f.name))
+        _Runtime(self, instance)
+
+    def _note_refusal(self, instance: Instance, record: Mapping[str, Any], waiting_id: str, value: Any) -> None:
+        """The refusal note of a user task's answer, on the instance as the request found it, when the
+        task waited there (as a refused answer to a waiting task always leaves it); else nothing."""
+        if not any(w["kind"] == "user_task" and w["id"] == waiting_id for w in instance.waiting_for):
+            return
+        rt = _runtime_of(instance)
+        tape = instance.tape_length()
+        try:
+            rt.give_user_data(rt.find_waiting_task(waiting_id), value, actor="person")
+        except LayerflowError:
+            if instance.tape_length() != tape:
+                try:
+                    self._save(instance)
+                except (VersionConflict, StoreUnavailable):
+                    self._put_back(instance, record)  # the refusal stands; its note could not be kept
+            return
+        self._put_back(instance, record)  # taken here (the task's context differs): nothing to note
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
                      ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None,
@@ -792,7 +867,11 @@ class Engine:
                     continue
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
-                rt.give_user_data(task, value, actor="person")  # AnswerWriteDenied: saved by run, still waiting
+                try:
+                    rt.give_user_data(task, value, actor="person")  # AnswerWriteDenied: saved by run, still waiting
+                except LayerflowError as err:
+                    err.refused_answer = (item["id"], value)  # type: ignore[attr-defined]  # see all_or_nothing
+                    raise
                 if used is not None:
                     used.add(item["id"])
             instance.status = "running"
@@ -806,6 +885,23 @@ class Engine:
             self._save(instance)
             return True
         return False
+
+
+@dataclass
+class _Held:
+    """The saves an ``Engine.all_or_nothing`` request put off: whether one was asked for."""
+
+    pending: bool = False
+
+
+def _copy_record(instance: Instance) -> dict[str, Any]:
+    """The instance's record as plain JSON values, with its version: a copy nothing that runs
+    on the instance can change (``to_record`` shares lists with the instance)."""
+    from context_layers.stores.base import encode_record
+
+    record = json.loads(encode_record(to_record(instance), f"instance {instance.id!r}"))
+    record["version"] = instance.version
+    return record
 
 
 class UncaughtBpmnError(ActivityError):
