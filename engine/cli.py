@@ -850,7 +850,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                             raise InvalidAnswer(str(err), task_id=getattr(err, "task_id", None)) from None
                         except LayerflowError as err:
                             _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
-                    instance = engine.resume(instance, answers=answers,
+                instance = engine.resume(instance, answers=answers,
                                          ask=_asker(out, yes, bool(answers_file or answer)))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
