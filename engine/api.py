@@ -397,7 +397,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                            s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
         ``waiting_for`` item, or its BPMN id) with the person's ``data``; the instance runs on.
-        Not waiting for it: 409, naming what the instance waits for."""
+        Several instances of a multi-instance task waiting under the BPMN id: it completes the
+        first ``waiting_for`` lists; ``completed_user_task`` names the one completed (``id``,
+        ``task_id``, ``instance``, ``input``). Not waiting for it: 409, naming what the instance
+        waits for."""
         return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
                                     expected_version=body.expected_version, actor=body.user or "api")
 
@@ -405,7 +408,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
         for what it waits for, after a timer came due, or to retry the failed activity of an
-        instance in ``error`` once its cause is fixed."""
+        instance in ``error`` once its cause is fixed. All or nothing: an answer refused (400,
+        403) leaves the instance as it was, with nothing of the other answers applied."""
         return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
                         expected_version=body.expected_version)
 

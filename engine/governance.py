@@ -1106,16 +1106,23 @@ class GovernanceService:
     def complete_user_task(self, instance_id: str, task_id: str, args: UserTaskArgs, *,
                            expected_version: int | None = None, actor: str = "operator") -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
-        ``waiting_for`` item, or its BPMN id), then run the instance on. A task it does not
-        wait for: ``InstanceStateError`` naming what it waits for, nothing changed."""
+        ``waiting_for`` item, or its BPMN id: of several instances of a multi-instance task, the
+        first ``waiting_for`` lists), then run the instance on; ``completed_user_task`` names the
+        one completed. A task it does not wait for: ``InstanceStateError`` naming what it waits
+        for, nothing changed."""
+        completed: list[dict[str, Any] | None] = []
+
         def step(instance: Instance) -> Instance:
             waiting = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
             if instance.status != "waiting" or not any(task_id in (w.get("id"), w.get("task_id")) for w in waiting):
                 shown = ", ".join(f"{w['task_id']} ({w['id']})" for w in waiting) or "no user task"
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}; it waits for {shown}")
-            return self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
-        return self._run_on(instance_id, expected_version, step)
+            instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
+            completed.append(instance.completed_user_task)
+            return instance
+        # which one a BPMN id completed (the first of several waiting instances): an added field
+        return {**self._run_on(instance_id, expected_version, step), "completed_user_task": completed[0]}
 
     def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None) -> dict[str, Any]:
         """``Engine.resume`` with the answers given (``layerflow resume ID --answers``): what is

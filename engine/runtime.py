@@ -133,6 +133,9 @@ class Instance:
     store: Any = field(default=None, repr=False, compare=False)
     # what the last ``run`` wants its caller to know (an answer it did not give again); not saved
     notices: list[str] = field(default_factory=list, repr=False, compare=False)
+    # the waiting item the last ``complete_user_task`` completed ({"id", "task_id"}, and "instance" and
+    # "input" for an instance of a multi-instance task): which one a BPMN id named; not saved
+    completed_user_task: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     # set while one request runs all or nothing (``Engine.all_or_nothing``): its saves wait for its end
     held: "_Held | None" = field(default=None, repr=False, compare=False)
 
@@ -426,9 +429,16 @@ class Engine:
                            run: bool = True, actor: str = "person") -> Instance:
         """Complete a waiting user (or manual) task with ``data`` (written to WORKING), then run on.
         Who gave the data (``actor``) is on the tape (``user_input``), before the task's writes.
-        An instance in ``error`` is resumed first (``resume``, which takes the answers too)."""
+        An instance in ``error`` is resumed first (``resume``, which takes the answers too).
+
+        ``task_id`` is the ``id`` of a ``waiting_for`` item, or a BPMN id. Several instances of a
+        multi-instance task wait under one BPMN id: the BPMN id completes one of them, the first
+        ``waiting_for`` lists (call again for the next). ``instance.completed_user_task`` names the
+        one completed (its ``id``, ``task_id``, ``instance`` and ``input``), as the tape's
+        ``user_input`` note names its ``instance``."""
         instance = self._instance(instance)
         rt = _runtime_of(instance)
+        instance.completed_user_task = None
         _refuse_if_failed(instance, f"complete {task_id!r}")
         now = datetime.fromtimestamp(self.clock(), timezone.utc)
         due = [w for w in instance.waiting_for if w["kind"] == "timer" and w.get("due") and _utc(w["due"]) <= now]
@@ -447,7 +457,8 @@ class Engine:
                     f"instance is {instance.status} now")
                 err.task_id = task_id  # type: ignore[attr-defined]
                 raise err
-        task = rt.find_waiting_task(task_id)
+        item = _first_waiting_user_task(instance, task_id)
+        task = rt.find_waiting_task(item["id"] if item is not None else task_id)
         tape = instance.tape_length()
         try:
             rt.give_user_data(task, data, actor=actor)
@@ -455,6 +466,7 @@ class Engine:
             if instance.tape_length() != tape:
                 self._save(instance)  # the refusal is on the tape; the task still waits
             raise
+        instance.completed_user_task = {"id": str(task.id), "task_id": spiff.bpmn_id_of(task), **rt._instance_of(task)}
         instance.status = "running"
         try:
             task.run()
@@ -1013,6 +1025,15 @@ def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> tup
     return step, step + "\n" + json.dumps([waits, state], sort_keys=True, default=str)
 
 
+def _first_waiting_user_task(instance: Instance, task_id: str) -> dict[str, Any] | None:
+    """The ``waiting_for`` item of the user task ``task_id`` names: the item with that ``id``, else the
+    first item (in the list's order) with that BPMN id -- one of several instances of a multi-instance
+    task; None when none waits."""
+    tasks = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
+    return next((w for w in tasks if w.get("id") == task_id), None) or \
+        next((w for w in tasks if w.get("task_id") == task_id), None)
+
+
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
     if not answers:
         return _NO_ANSWER
@@ -1417,8 +1438,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
         given = self._check_form(task, dict(data or {}), actor)
         self._check_user_data(task, given, actor)
         self.user_data[str(task.id)] = given
-        self.context_of(task).record("user_input", actor=actor, data={"task_id": spiff.bpmn_id_of(task),
-                                                                      "keys": list(given)})
+        note: dict[str, Any] = {"task_id": spiff.bpmn_id_of(task), "keys": list(given)}
+        which = self._instance_of(task).get("instance")
+        if which is not None:  # which of the instances waiting under one BPMN id (as waiting_for numbers it)
+            note["instance"] = which
+        self.context_of(task).record("user_input", actor=actor, data=note)
 
     def _check_form(self, task: Any, given: dict[str, Any], actor: str) -> dict[str, Any]:
         """The answer checked against the task's form (``engine.forms``), with the defaults of the

@@ -440,6 +440,57 @@ def test_a_user_task_is_completed_over_http(tmp_path):
             assert [(e["actor"], e["data"]["task_id"], e["data"]["keys"]) for e in notes] == [(who, "approve", ["decision"])]
 
 
+MI_SIGN = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="t">
+  <bpmn:process id="mi_sign" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:userTask id="sign">
+      <bpmn:multiInstanceLoopCharacteristics isSequential="false">
+        <bpmn:loopDataInputRef>heads</bpmn:loopDataInputRef>
+        <bpmn:loopDataOutputRef>signatures</bpmn:loopDataOutputRef>
+        <bpmn:inputDataItem id="head" name="head"/>
+        <bpmn:outputDataItem id="signature" name="signature"/>
+      </bpmn:multiInstanceLoopCharacteristics>
+    </bpmn:userTask>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="sign"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="sign" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_a_multi_instance_user_task_by_its_bpmn_id_completes_the_first_waiting_and_names_it(tmp_path):
+    """Several instances wait under one BPMN id: POST .../user-tasks/{bpmn id} completes one, the first
+    ``waiting_for`` lists, and says which (``completed_user_task``: its waiting id, instance, input);
+    the tape's ``user_input`` note names the instance. By a waiting item's own id: that instance."""
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "mi_sign.bpmn").write_text(MI_SIGN, encoding="utf-8")
+    with TestClient(create_app("memory://", catalog, TOKEN)) as c:
+        started = c.post("/api/instances", headers=AUTH,
+                         json={"process_id": "mi_sign", "data": {"heads": ["ann", "bo", "cy"]}}).json()
+        iid, waiting = started["instance_id"], started["waiting_for"]
+        assert [(w["task_id"], w["instance"], w["input"]) for w in waiting] == [
+            ("sign", 1, {"head": "ann"}), ("sign", 2, {"head": "bo"}), ("sign", 3, {"head": "cy"})]
+        url = f"/api/instances/{iid}/user-tasks"
+        third = c.post(f"{url}/{waiting[2]['id']}", headers=AUTH, json={"data": {"signature": "cy"}}).json()
+        assert third["completed_user_task"] == {"id": waiting[2]["id"], "task_id": "sign", "instance": 3,
+                                                "input": {"head": "cy"}}
+        signed = []
+        doc = third
+        while doc["waiting_for"]:
+            first = doc["waiting_for"][0]
+            doc = c.post(f"{url}/sign", headers=AUTH, json={"data": {"signature": first["input"]["head"]}}).json()
+            assert doc["completed_user_task"] == {k: first[k] for k in ("id", "task_id", "instance", "input")}
+            signed.append(doc["completed_user_task"]["instance"])
+        assert signed == [1, 2] and doc["status"] == "completed"
+        assert doc["layers"]["L3"]["signatures"] == ["ann", "bo", "cy"]
+        notes = [e["data"] for e in c.get(f"/api/instances/{iid}/tape", headers=AUTH).json()["events"]
+                 if e.get("data", {}).get("note") == "user_input"]
+        assert [(n["task_id"], n["instance"]) for n in notes] == [("sign", 3), ("sign", 1), ("sign", 2)]
+
+
 def test_user_task_data_the_layer_rules_refuse_is_403_and_the_task_still_waits(tmp_path):
     """A person's answer that would change a PROCESS key is refused (403, the refusal on the
     tape), the instance is not failed: it still waits, and a corrected answer completes it."""

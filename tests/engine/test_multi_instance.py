@@ -9,6 +9,7 @@ of the multi-instance task and its instances, never in the context.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from context_layers import Layer
 from engine import Engine, load_process
 from engine.handlers import ActivityContext
 
-from engine_helpers import EXAMPLES, BPMN_HEAD, variables
+from engine_helpers import EXAMPLES, BPMN_HEAD, run_json, variables
+from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
 
 _MI = """<bpmn:scriptTask id="{tid}">
       <bpmn:multiInstanceLoopCharacteristics isSequential="{seq}">
@@ -237,6 +239,54 @@ _MI_USERS = """<bpmn:userTask id="each">
         <bpmn:outputDataItem id="res" name="res"/>
       </bpmn:multiInstanceLoopCharacteristics>
     </bpmn:userTask>"""
+
+
+def test_by_bpmn_id_the_first_waiting_instance_is_completed_and_named(tmp_path: Path) -> None:
+    """``complete_user_task(instance, BPMN_ID, data)`` with several instances waiting completes one: the
+    first in the order ``waiting_for`` lists them. The instance names it (``completed_user_task``: its
+    waiting item's id, instance number and input) and so does the ``user_input`` note on the tape; a caller
+    loops until none waits."""
+    engine = Engine()
+    inst = _run(_mi_process(tmp_path, task=_MI_USERS), {"items": ["x", "y", "z"]}, engine=engine)
+    done: list[dict[str, Any]] = []
+    while inst.waiting_for:
+        first = inst.waiting_for[0]
+        inst = engine.complete_user_task(engine.load(inst.id), "each", {"res": len(done)})
+        assert inst.completed_user_task == {k: first[k] for k in ("id", "task_id", "instance", "input")}
+        done.append(inst.completed_user_task)
+    assert [(d["instance"], d["input"]) for d in done] == [(1, {"item": "x"}), (2, {"item": "y"}), (3, {"item": "z"})]
+    assert inst.status == "completed" and variables(inst.main)["results"] == [0, 1, 2]
+    notes = [e.data for e in inst.main.tape if e.data.get("note") == "user_input"]
+    assert [(n["task_id"], n["instance"]) for n in notes] == [("each", 1), ("each", 2), ("each", 3)]
+    # by its own id: that instance, whatever its place
+    inst = _run(_mi_process(tmp_path, task=_MI_USERS), {"items": ["x", "y"]}, engine=engine)
+    second = inst.waiting_for[1]
+    inst = engine.complete_user_task(inst, second["id"], {"res": "y!"})
+    assert inst.completed_user_task["instance"] == 2 and [w["instance"] for w in inst.waiting_for] == [1]
+
+
+def test_a_plain_user_task_names_what_was_completed_without_an_instance(tmp_path: Path) -> None:
+    task = '<bpmn:userTask id="check" name="Check"/>'
+    engine = Engine()
+    inst = _run(_process(tmp_path, "plain", [task], [("start", "check"), ("check", "end")]), engine=engine)
+    [item] = inst.waiting_for
+    inst = engine.complete_user_task(inst, "check", {"ok": True})
+    assert inst.completed_user_task == {"id": item["id"], "task_id": "check"}
+    [note] = [e.data for e in inst.main.tape if e.data.get("note") == "user_input"]
+    assert "instance" not in note
+
+
+def test_the_cli_answers_every_instance_by_the_bpmn_id(tmp_path: Path, cli: Any) -> None:
+    """``--answers`` keyed by the BPMN id still answers all the waiting instances alike, in one run."""
+    path = _mi_process(tmp_path, task=_MI_USERS)
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"each": {"res": "ok"}}}), encoding="utf-8")
+    doc = run_json(cli, "run", str(path), "--data", json.dumps({"items": ["x", "y", "z"]}), "--answers", str(answers))
+    assert doc["status"] == "completed" and doc["layers"]["L3"]["results"] == ["ok", "ok", "ok"]
+    waiting = run_json(cli, "run", str(path), "--data", json.dumps({"items": ["x", "y"]}), code=3)
+    assert [w["instance"] for w in waiting["waiting_for"]] == [1, 2]
+    done = run_json(cli, "resume", waiting["instance_id"], "--answer", 'each={"res": "ok"}')
+    assert done["status"] == "completed" and done["layers"]["L3"]["results"] == ["ok", "ok"]
 
 
 def test_an_instance_holds_its_own_item_not_a_copy_of_the_collections(tmp_path: Path) -> None:

@@ -24,10 +24,10 @@ from fastapi.testclient import TestClient
 from engine import AnswerWriteDenied, Engine, load_process
 from engine.governance import InvalidAnswer
 from engine.api import create_app
-from engine_helpers import cli_in_a_tmp_store, flow, redis_scratch, script_task, write_elements
+from engine_helpers import flow, redis_scratch, script_task, write_elements
+from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
 from tape_helpers import instance_doc
 
-cli = cli_in_a_tmp_store  # the `cli` fixture, on a sqlite store of the test's own
 REDIS = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/13")
 TOKEN = "resume-refused-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
