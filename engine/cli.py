@@ -591,8 +591,9 @@ def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
 
 def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
                     task_id: str | None = None) -> NoReturn:
-    """Exit 2: an answer given that is not an offered option. Nothing of it was applied; the
-    instance is saved still waiting (``layerflow resume ID --answer ...`` with a valid one)."""
+    """Exit 2: an answer given that is not an offered option. Nothing of it was applied (of a
+    resume, nothing of the command: ``Engine.all_or_nothing``); the instance still waits
+    (``layerflow resume ID --answer ...`` with a valid one)."""
     message = f"{source}: {err}" if source else str(err)
     if out.as_json:
         document = instance.to_document()

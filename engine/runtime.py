@@ -880,7 +880,7 @@ class Engine:
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
                 try:
-                    rt.give_user_data(task, value, actor="person")  # AnswerWriteDenied: saved by run, still waiting
+                    rt.give_user_data(task, value, actor="person")  # refused: run saves the refusal, still waiting
                 except LayerflowError as err:
                     err.refused_answer = (item["id"], value)  # type: ignore[attr-defined]  # see all_or_nothing
                     raise
@@ -911,7 +911,7 @@ def _copy_record(instance: Instance) -> dict[str, Any]:
     on the instance can change (``to_record`` shares lists with the instance)."""
     from context_layers.stores.base import encode_record
 
-    record = json.loads(encode_record(to_record(instance), f"instance {instance.id!r}"))
+    record: dict[str, Any] = json.loads(encode_record(to_record(instance), f"instance {instance.id!r}"))
     record["version"] = instance.version
     return record
 
