@@ -29,6 +29,7 @@ from SpiffWorkflow.util.task import TaskState
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.canonical import freeze
 from context_layers.config import ActivityExtensionConfig
+from context_layers.context import ENGINE_RECORD_PREFIXES as ENGINE_RECORDS
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
@@ -82,14 +83,17 @@ def _deadline(entry: Mapping[str, Any]) -> float | None:
 
 RECORD_KEY_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:", "event:")
 
-#: HISTORY's records that only the engine and the compressor write
-ENGINE_RECORD_PREFIXES = ("activity:", "compaction:")
-ENGINE_KEY_RULE = "keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping and records"
+#: HISTORY's records that only the engine and the compressor write (context_layers' own list: a
+#: caught event's ``event:`` record is the engine's as an activity's is)
+ENGINE_RECORD_PREFIXES = ENGINE_RECORDS
+ENGINE_KEY_RULE = ("keys starting with '_', 'activity:', 'event:' or 'compaction:' are the engine's bookkeeping "
+                   "and records")
 
 
 def is_engine_key(key: str) -> bool:
     """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...) and HISTORY's records:
-    neither an inject nor a person's answer writes them."""
+    nothing from outside the process writes them (an inject, a person's answer, start data, the
+    payload of a message or signal sent to the instance)."""
     return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES)
 
 

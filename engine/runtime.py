@@ -331,7 +331,8 @@ class Engine:
                 # read before HISTORY (reads go L0 to L5), such a key would stand in for the record the
                 # engine or the compressor writes: a forged audit entry
                 layer = process.data_layers.get(records[0], Layer.PROCESS)
-                raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:' or 'compaction:' "
+                raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:', 'event:' or "
+                                         "'compaction:' "
                                          "are HISTORY's records, written by the engine and the compressor; initial "
                                          "data cannot set them, rename the key")
             ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
