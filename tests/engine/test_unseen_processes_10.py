@@ -204,3 +204,52 @@ def test_the_letter_request_keeps_the_complaint_as_data(fake_model: Any) -> None
     assert len(tasks) == 1 and tasks[0].get("activity") == "draft_letter"
     assert "refund" in {e.get("key") for e in user.find("history")}
     assert [s.tag for s in user.find("current") if s.tag != "task"] == ["working"]
+
+
+# ------------------------------------------------------------------ goods claim: replay against what the activities saw
+
+
+def test_replay_rebuilds_what_each_activity_saw_across_a_resume_in_another_process(
+        cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each handler writes down the context it sees (its context's name, the last seq of its tape,
+    the six layers). DESIGN: the state of any context at any sequence number can be rebuilt from the
+    tape alone. `layerflow replay ID --context NAME --until SEQ` and REST's replay give exactly what
+    each activity saw: in the log branch before and after its compression (token threshold 200: the
+    tracking result keeps status and data.id, `carrier` is preserved), in the person's branch after
+    the answer given by a `resume` in another process, and in main after the join."""
+    import subprocess
+    import sys
+
+    record = tmp_path / "seen.jsonl"
+    store = f"sqlite:///{tmp_path / 'claims.db'}"
+    monkeypatch.setenv("LAYERFLOW_UNSEEN10_RECORD", str(record))
+    doc = run_json(cli, "run", str(HERE / "goods_claim.bpmn"), "--data", '{"units": 40}', "--store", store, code=3)
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["inspect_goods"]
+    (compressed,) = doc["compressions"]
+    assert compressed["activity_id"] == "pull_logs" and "token_threshold" in compressed["triggers"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    resumed = subprocess.run([sys.executable, "-m", "engine.cli", "resume", doc["instance_id"], "--answer",
+                              'inspect_goods={"damaged_units": 6, "inspector": "kim"}', "--store", store, "--json"],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    done = json.loads(resumed.stdout)
+    assert data_keys(done["layers"]["L3"]) == {
+        "damaged_units": 6, "inspector": "kim", "damage": "6 of 40 units crushed",
+        "tool_call_result_tracking": {"_compressed": "extract_keys", "status": "delivered", "data": {"id": "TRK-88"}},
+        "carrier": "FastFreight", "carrier_liable": True, "settlement": "carrier pays for 6 units"}
+
+    seen = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+    assert [s["task"] for s in seen] == ["pull_logs", "assess_carrier", "note_damage", "settle"]
+    assert seen[1]["layers"]["L3"]["tool_call_result_tracking"]["_compressed"] == "extract_keys"
+    for s in seen:
+        replayed = run_json(cli, "replay", doc["instance_id"], "--context", s["context"], "--until", str(s["seq"]),
+                            "--store", store)
+        assert json.dumps(replayed["layers"], sort_keys=True) == json.dumps(s["layers"], sort_keys=True), s["task"]
+
+    with ServerThread(create_app(store, HERE, TOKEN)) as server:
+        note = seen[2]
+        got = httpx.get(f"{server.url}/api/instances/{doc['instance_id']}/replay", headers=AUTH, timeout=30,
+                        params={"context": note["context"], "until": note["seq"]})
+        assert got.status_code == 200, got.text
+        layers = {name: {k["key"]: k["value"] for k in layer["keys"]} for name, layer in got.json()["layers"].items()}
+        assert json.dumps(layers, sort_keys=True) == json.dumps(note["layers"], sort_keys=True)
