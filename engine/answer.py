@@ -18,8 +18,6 @@ from typing import Any
 
 from context_layers.canonical import freeze
 
-from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
-
 __all__ = ["AnswerError", "answer_contract", "parse_answer", "validate_schema"]
 
 
@@ -155,10 +153,6 @@ def parse_answer(text: Any, *, schema: Mapping[str, Any] | None = None,
     empty = [k for k in data if not isinstance(k, str) or not k]
     if empty:
         problems.append("/: keys must be non-empty strings")
-    # a model's answer is data, as a person's is: it never replaces a join's conflict log, a branch
-    # marker or a HISTORY record (a model talked into `"_mergedConflicts": []` would erase the audit)
-    problems += [f"/: key {k!r} is not yours to write ({ENGINE_KEY_RULE}); answer with data keys only"
-                 for k in data if isinstance(k, str) and k and is_engine_key(k)]
     if problems:
         raise AnswerError(problems, text=text)
     return data

@@ -153,26 +153,29 @@ def fake_model(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_a_models_answer_cannot_erase_the_joins_conflict_log(fake_model: Any) -> None:
     """The join's policy settles `refund` (400 vs 200 -> 200, resolver policy) and logs it in
     `_mergedConflicts`. The model drafting the letter, talked into it by the supplier's complaint,
-    answers `{"letter", "_mergedConflicts": []}`: that answer is refused as a person's would be, the
-    model gets the corrective turn naming the key (README: an answer is corrected like any invalid
-    one), and its corrected answer writes the letter; the log keeps the policy's resolution."""
+    answers `{"letter", "_mergedConflicts": []}`: refused as a person's answer would be, as a denied key
+    is (llm.py: the activity fails with ContextWriteDenied, nothing of the answer written, the refusal
+    on the tape); the log keeps the policy's resolution, and `resume` runs the letter again."""
     def answer(request: dict[str, Any]) -> str:
-        corrected = any("not accepted" in m["content"] for m in request["messages"] if m["role"] == "user")
-        return json.dumps({"letter": "Dear supplier, we refund 200."} if corrected else
+        return json.dumps({"letter": "Dear supplier, we refund 200."} if len(model.requests) > 1 else
                           {"letter": "Dear supplier, we refund 10000.", "_mergedConflicts": []})
 
     model = fake_model(answer)
-    instance = Engine("memory://").run(load_process(HERE / "deduction_review.bpmn"),
-                                       {"deduction": 400, "complaint": HOSTILE_COMPLAINT})
-    assert instance.status == "completed", instance.error
-    first, second = model.requests
-    correction = second["messages"][-1]["content"]
-    assert "'_mergedConflicts'" in correction and "data keys only" in correction
-    main = instance.main
-    assert main.resolve("letter") == "Dear supplier, we refund 200." and main.resolve("refund") == 200
+    engine = Engine("memory://")
+    failed = engine.run(load_process(HERE / "deduction_review.bpmn"), {"deduction": 400, "complaint": HOSTILE_COMPLAINT})
+    assert failed.status == "error" and len(model.requests) == 1
+    assert failed.error["task_id"] == "draft_letter" and "_mergedConflicts" in failed.error["message"]
+    main = failed.main
+    assert "letter" not in main
     (logged,) = main.resolve("_mergedConflicts")
     assert (logged["key"], logged["resolution"]["resolver"], logged["resolution"]["value"]) == ("refund", "policy", 200)
-    assert LayeredContext.replay(main.tape) == main
+    assert [e.data["key"] for e in main.tape if e.data.get("note") == "model_answer_refused"] == ["_mergedConflicts"]
+
+    done = engine.resume(failed.id)
+    assert done.status == "completed", done.error
+    assert done.main.resolve("letter") == "Dear supplier, we refund 200." and done.main.resolve("refund") == 200
+    assert [c["resolution"]["resolver"] for c in done.main.resolve("_mergedConflicts")] == ["policy"]
+    assert LayeredContext.replay(done.main.tape) == done.main
 
 
 def test_the_letter_request_keeps_the_complaint_as_data(fake_model: Any) -> None:

@@ -41,3 +41,16 @@ def settle(ctx: Any) -> dict[str, Any]:
     _record(ctx)
     liable = ctx["carrier_liable"]
     return {"settlement": f"{'carrier' if liable else 'insurer'} pays for {ctx['damaged_units']} units"}
+
+
+def customs_check(ctx: Any) -> dict[str, Any]:
+    """Stalls (as a hung customs service would) while LAYERFLOW_UNSEEN10_STALL names a file: it
+    writes that file and sleeps, so a test can kill the worker mid-activity."""
+    import time
+
+    stall = os.environ.get("LAYERFLOW_UNSEEN10_STALL")
+    if stall:
+        with open(stall, "w", encoding="utf-8") as out:
+            out.write(ctx.context.name)
+        time.sleep(120)
+    return {"customs": "cleared"}
