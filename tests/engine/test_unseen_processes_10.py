@@ -256,3 +256,71 @@ def test_replay_rebuilds_what_each_activity_saw_across_a_resume_in_another_proce
         assert got.status_code == 200, got.text
         layers = {name: {k["key"]: k["value"] for k in layer["keys"]} for name, layer in got.json()["layers"].items()}
         assert json.dumps(layers, sort_keys=True) == json.dumps(note["layers"], sort_keys=True)
+
+
+# ------------------------------------------------------------------ freight audit: a worker killed mid-activity on Redis
+
+
+def test_a_worker_killed_mid_activity_leaves_the_audit_to_another_with_one_compression(tmp_path: Path) -> None:
+    """README ("Many workers"): a worker that dies mid-activity leaves its entry pending; another claims
+    it after `--idle-ms` and re-runs the activity from the last committed state. The killed worker
+    stalls in the customs branch after the log branch compressed; the survivor finishes: one
+    compression of pull_logs (not two), one record of customs_check, `carrier` preserved through the
+    join, each context's tape rebuilding it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from engine_helpers import redis_scratch
+
+    root = Path(__file__).resolve().parents[2]
+    with redis_scratch(REDIS, "unseen10") as prefix:
+        store, stream = f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
+        stall = tmp_path / "customs.stall"
+
+        def worker(extra: dict[str, str]) -> subprocess.Popen[bytes]:
+            env = {**os.environ, "PYTHONPATH": str(root), **extra}
+            env.pop("LAYERFLOW_STORE", None)
+            return subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", "--store", store, "--stream", stream,
+                                     "--idle-ms", "500", "--timer-interval", "0", "--consumer",
+                                     f"u10-{uuid.uuid4().hex[:6]}"], env=env, cwd=root, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        engine = Engine(store)
+        submitted = subprocess.run([sys.executable, "-m", "engine.cli", "submit", str(HERE / "freight_audit.bpmn"),
+                                    "--data", '{"units": 3}', "--store", store, "--stream", stream, "--json"],
+                                   capture_output=True, text=True, cwd=root, timeout=60,
+                                   env={**os.environ, "PYTHONPATH": str(root)})
+        (iid,) = json.loads(submitted.stdout)["instance_ids"]
+        doomed = worker({"LAYERFLOW_UNSEEN10_STALL": str(stall)})
+        survivor = None
+        try:
+            deadline = time.monotonic() + 40
+            while not stall.exists():
+                assert doomed.poll() is None and time.monotonic() < deadline, "the worker never reached customs_check"
+                time.sleep(0.05)
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(timeout=30)
+            survivor = worker({})
+            deadline = time.monotonic() + 60
+            while (instance := engine.load(iid)).status not in ("completed", "error"):
+                assert survivor.poll() is None and time.monotonic() < deadline, instance.status
+                time.sleep(0.1)
+        finally:
+            for proc in (doomed, survivor):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=30)
+        doc = instance.to_document()
+        assert doc["status"] == "completed", doc["error"]
+        assert data_keys(doc["layers"]["L3"]) == {
+            "tool_call_result_tracking": {"_compressed": "extract_keys", "status": "delivered", "data": {"id": "TRK-88"}},
+            "carrier": "FastFreight", "carrier_liable": True, "customs": "cleared", "audit": "FastFreight:liable:cleared"}
+        assert [(c["activity_id"], c["context"]) for c in doc["compressions"]] == [("pull_logs", "main/pull_logs@3")]
+        assert "carrier" in instance.main.preserved
+        for ctx in instance.contexts.values():
+            assert LayeredContext.replay(ctx.tape, name=ctx.name) == ctx
+            begun = [e.activity for e in ctx.tape if e.kind == "begin"]
+            assert len(begun) == len(set(begun)), (ctx.name, begun)
