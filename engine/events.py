@@ -29,8 +29,9 @@ SpiffWorkflow an empty payload:
   have joined (``engine.runtime``, ``enter_subworkflow``).
 
 Everything is checked before anything changes: an event nobody waits for, a payload
-that is not an object, a value that is not JSON, a key the layer rules refuse in any
-of the catching contexts. A refused key is recorded on the tape of that context (the
+that is not an object, a value that is not JSON, a key of the engine's own (a join's
+``_mergedConflicts``, any ``_`` key, ``activity:``/``event:``/``compaction:`` records: an
+``event_refused`` note), a key the layer rules refuse in any of the catching contexts. A refused key is recorded on the tape of that context (the
 ``denied`` event every refused write leaves), nothing else changes.
 
 An event is sent to one instance, by its id. A message with correlation properties
