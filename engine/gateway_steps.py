@@ -86,15 +86,20 @@ RECORD_KEY_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool
 #: HISTORY's records that only the engine and the compressor write (context_layers' own list: a
 #: caught event's ``event:`` record is the engine's as an activity's is)
 ENGINE_RECORD_PREFIXES = ENGINE_RECORDS
+#: KNOWLEDGE's retrieval hits, ``kb:<collection>/<file>#<passage>``: one passage, one key (a join keeps
+#: the higher confidence of two branches' hits of it)
+RETRIEVAL_PREFIX = "kb:"
 ENGINE_KEY_RULE = ("keys starting with '_', 'activity:', 'event:' or 'compaction:' are the engine's bookkeeping "
-                   "and records")
+                   "and records, and 'kb:' keys the retrieval's passages")
 
 
 def is_engine_key(key: str) -> bool:
-    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...) and HISTORY's records:
-    nothing from outside the process writes them (an inject, a person's answer, start data, the
-    payload of a message or signal sent to the instance)."""
-    return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES)
+    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...), HISTORY's records and
+    KNOWLEDGE's retrieval hits: nothing from outside the process writes them (an inject, a person's
+    answer, start data, the payload of a message or signal sent to the instance, a model's answer).
+    A ``kb:`` key from outside would stand in for the passage the retrieval found (reads go L0 to
+    L5, and a join keeps the hit of higher confidence)."""
+    return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES) or key.startswith(RETRIEVAL_PREFIX)
 
 
 def condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:
