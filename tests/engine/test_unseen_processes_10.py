@@ -412,3 +412,20 @@ def test_a_persons_answer_cannot_write_a_retrieval_hit() -> None:
     still = engine.load(waiting.id)
     assert [w["task_id"] for w in still.waiting_for] == ["inspect_goods"]
     assert engine.complete_user_task(waiting.id, "inspect_goods", {"damaged_units": 1}).status == "completed"
+
+
+def test_a_rollback_in_a_branch_does_not_move_the_process_back(cli: Any) -> None:
+    """README: a rollback puts a context back as it was at the snapshot, the process stays where it
+    is. Rolled back to the snapshot before its compression, the log branch has lost `carrier_liable`
+    (written after it, by assess_carrier, which does not run again); `settle` fails naming the key,
+    and `resume --set` gives it back."""
+    doc = run_json(cli, "run", str(HERE / "goods_claim.bpmn"), "--data", '{"units": 4}', code=3)
+    iid = doc["instance_id"]
+    (compressed,) = doc["compressions"]
+    rolled = cli("rollback", iid, compressed["snapshot_id"], "--context", "pull_logs")
+    assert rolled.exit_code == 0, rolled.stderr
+    failed = run_json(cli, "resume", iid, "--answer", 'inspect_goods={"damaged_units": 2}', code=1)
+    assert failed["error"]["task_id"] == "settle" and "carrier_liable" in failed["error"]["message"]
+    assert len(failed["layers"]["L3"]["tool_call_result_tracking"]["data"]["scans"]) == 12  # uncompressed again
+    done = run_json(cli, "resume", iid, "--set", "carrier_liable=true")
+    assert done["status"] == "completed" and done["layers"]["L3"]["settlement"] == "carrier pays for 2 units"
