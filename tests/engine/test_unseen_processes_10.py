@@ -1,15 +1,28 @@
 """Unseen processes, round 10: small processes of tests/engine/unseen10, written by hand by an outsider
 who read DESIGN.md and the README only, driven through the Python API, the CLI, the REST API (a real
 server) and Redis workers. This round goes after what reaches the governed context from outside the
-process (a supplier's message, start data, a person's answer) and what a model is sent of it: data
-from outside never writes the engine's own entries (a join's `_mergedConflicts`, a branch's markers,
-HISTORY's `activity:`, `event:` and `compaction:` records). Every expectation was worked out by hand
-from DESIGN.md and the README first."""
+process and what a model is sent of it: a supplier's message (supplier_dispute), start data and a
+person's answer (goods_claim, the loan example), a model's answer (deduction_review) never write the
+engine's own entries (a join's `_mergedConflicts`, a branch's markers, HISTORY's `activity:`, `event:`
+and `compaction:` records, KNOWLEDGE's `kb:` hits); a person's object that calls itself a compaction
+stays data in the request (refund_review); replay rebuilds what each activity saw across a compression,
+a join and a resume in another process, a rollback moves a context and not the process (goods_claim);
+a worker killed mid-activity on Redis leaves one compression and no activity run twice (freight_audit).
+Every expectation was worked out by hand from DESIGN.md and the README first."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import types
+import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +31,12 @@ import httpx
 import pytest
 
 from context_layers import ContextWriteDenied, LayeredContext
-from engine import Engine, load_process
+from engine import AnswerWriteDenied, Engine, load_process
+from engine import llm as engine_llm
 from engine.api import create_app
 
 from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
-from engine_helpers import run_json
+from engine_helpers import redis_scratch, run_json
 from governance_helpers import TOKEN, ServerThread
 
 HERE = Path(__file__).resolve().parent / "unseen10"
@@ -139,13 +153,9 @@ class FakeModel:
 
 @pytest.fixture
 def fake_model(monkeypatch: pytest.MonkeyPatch) -> Any:
-    import types
-
-    import engine.llm
-
     def install(answer: Any) -> FakeModel:
         model = FakeModel(answer)
-        monkeypatch.setattr(engine.llm, "load_litellm", lambda: types.SimpleNamespace(completion=model.completion))
+        monkeypatch.setattr(engine_llm, "load_litellm", lambda: types.SimpleNamespace(completion=model.completion))
         return model
     return install
 
@@ -184,8 +194,6 @@ def test_the_letter_request_keeps_the_complaint_as_data(fake_model: Any) -> None
     attributes and values CDATA: the complaint's closing tags, fake task, Markdown fence, bidi
     override and full-width SYSTEM all come back, parsed, as the one PROCESS value they are. The same
     run sends the same bytes but for the clock time the README gives each `_mergedConflicts` entry."""
-    import re
-    import xml.etree.ElementTree as ET
 
     model = fake_model(lambda request: json.dumps({"letter": "Dear supplier."}))
     for _ in range(2):
@@ -220,8 +228,6 @@ def test_replay_rebuilds_what_each_activity_saw_across_a_resume_in_another_proce
     each activity saw: in the log branch before and after its compression (token threshold 200: the
     tracking result keeps status and data.id, `carrier` is preserved), in the person's branch after
     the answer given by a `resume` in another process, and in main after the join."""
-    import subprocess
-    import sys
 
     record = tmp_path / "seen.jsonl"
     store = f"sqlite:///{tmp_path / 'claims.db'}"
@@ -267,13 +273,6 @@ def test_a_worker_killed_mid_activity_leaves_the_audit_to_another_with_one_compr
     stalls in the customs branch after the log branch compressed; the survivor finishes: one
     compression of pull_logs (not two), one record of customs_check, `carrier` preserved through the
     join, each context's tape rebuilding it."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    import uuid
-
-    from engine_helpers import redis_scratch
 
     root = Path(__file__).resolve().parents[2]
     with redis_scratch(REDIS, "unseen10") as prefix:
@@ -338,8 +337,6 @@ def test_a_persons_note_shaped_like_a_summary_stays_in_history(fake_model: Any, 
     can never pose as structure. The clerk's answer holds an object whose `kind` is "compaction": it
     is the clerk's data, shown in HISTORY under its key, in the order written; no compression ran, so
     the request has no compaction section at all."""
-    import shutil
-    import xml.etree.ElementTree as ET
 
     shutil.copy(HERE / "refund_review.bpmn", tmp_path / "refund_review.bpmn")
     config = (HERE / "refund_review.layerflow.yaml").read_text(encoding="utf-8")
@@ -401,8 +398,6 @@ def test_a_persons_answer_cannot_write_a_retrieval_hit() -> None:
     """A person's answer is refused when it sets the engine's own keys (README); a `kb:` key is the
     retrieval's passage: promoted into KNOWLEDGE where that passage is, it would replace what the
     retrieval found. Refused (AnswerWriteDenied, a ContextWriteDenied), the task still waits."""
-    from engine import AnswerWriteDenied
-
     engine = Engine("memory://")
     waiting = engine.run(load_process(HERE / "goods_claim.bpmn"), {"units": 5})
     with pytest.raises(AnswerWriteDenied) as refused:
