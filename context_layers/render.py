@@ -254,7 +254,10 @@ def _confidence(value: Any) -> float:
 
 
 def _is_compaction(e: Entry) -> bool:
-    return e.layer == Layer.HISTORY and (e.key.startswith(_COMPACTION_PREFIX) or e.kind == "compaction")
+    # By its key, which only the compressor writes (an activity's write of a ``compaction:`` key is
+    # denied), never by its value's ``kind``: a person's or a model's object saying
+    # ``"kind": "compaction"`` is their data and stays in HISTORY, not shown as the summary.
+    return e.layer == Layer.HISTORY and e.key.startswith(_COMPACTION_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,8 +29,9 @@ SpiffWorkflow an empty payload:
   have joined (``engine.runtime``, ``enter_subworkflow``).
 
 Everything is checked before anything changes: an event nobody waits for, a payload
-that is not an object, a value that is not JSON, a key the layer rules refuse in any
-of the catching contexts. A refused key is recorded on the tape of that context (the
+that is not an object, a value that is not JSON, a key of the engine's own (a join's
+``_mergedConflicts``, any ``_`` key, ``activity:``/``event:``/``compaction:`` records: an
+``event_refused`` note), a key the layer rules refuse in any of the catching contexts. A refused key is recorded on the tape of that context (the
 ``denied`` event every refused write leaves), nothing else changes.
 
 An event is sent to one instance, by its id. A message with correlation properties
@@ -57,6 +58,7 @@ from context_layers import Layer, LayeredContext, freeze, json_equal, thaw
 from context_layers.errors import ContextValueError, ContextWriteDenied
 
 from . import spiff
+from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
 
 __all__ = ["EVENT_KINDS", "Catch", "catch_thrown", "deliver", "describe_waiting", "kind_of", "waiting_catches", "waiting_items"]
 
@@ -374,6 +376,15 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
                 freeze(value)
             except (TypeError, ValueError) as err:
                 raise ContextValueError(str(key), str(err)) from None
+            if c.variable is None and is_engine_key(key):
+                # data from outside, as an inject or a person's answer: a sender's `_mergedConflicts`
+                # would forge a join's resolutions, an `event:` key the engine's record of a catch
+                held = ctx.locate(key)
+                why = f"{ENGINE_KEY_RULE}; a payload carries data keys only"
+                ctx.record("event_refused", actor=actor, data={"event": name, "event_kind": kind,
+                                                               "caught_at": c.event_id, "key": key, "reason": why})
+                raise ContextWriteDenied(key, Layer.WORKING, held if held is not None and held < Layer.WORKING
+                                         else Layer.WORKING, why)
         writes.append((c, ctx, values))
     for c, ctx, values in writes:
         if any(ctx.check_write(Layer.WORKING, key)[1] is not None for key in values):

@@ -29,6 +29,7 @@ from SpiffWorkflow.util.task import TaskState
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.canonical import freeze
 from context_layers.config import ActivityExtensionConfig
+from context_layers.context import ENGINE_RECORD_PREFIXES as ENGINE_RECORDS
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
@@ -82,15 +83,23 @@ def _deadline(entry: Mapping[str, Any]) -> float | None:
 
 RECORD_KEY_PREFIXES = ("_", "activity:", "kb:", "summary:", "compaction:", "tool:", "event:")
 
-#: HISTORY's records that only the engine and the compressor write
-ENGINE_RECORD_PREFIXES = ("activity:", "compaction:")
-ENGINE_KEY_RULE = "keys starting with '_', 'activity:' or 'compaction:' are the engine's bookkeeping and records"
+#: HISTORY's records that only the engine and the compressor write (context_layers' own list: a
+#: caught event's ``event:`` record is the engine's as an activity's is)
+ENGINE_RECORD_PREFIXES = ENGINE_RECORDS
+#: KNOWLEDGE's retrieval hits, ``kb:<collection>/<file>#<passage>``: one passage, one key (a join keeps
+#: the higher confidence of two branches' hits of it)
+RETRIEVAL_PREFIX = "kb:"
+ENGINE_KEY_RULE = ("keys starting with '_', 'activity:', 'event:' or 'compaction:' are the engine's bookkeeping "
+                   "and records, and 'kb:' keys the retrieval's passages")
 
 
 def is_engine_key(key: str) -> bool:
-    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...) and HISTORY's records:
-    neither an inject nor a person's answer writes them."""
-    return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES)
+    """The engine's bookkeeping (``_mergedConflicts``, ``_branch_id``, ...), HISTORY's records and
+    KNOWLEDGE's retrieval hits: nothing from outside the process writes them (an inject, a person's
+    answer, start data, the payload of a message or signal sent to the instance, a model's answer).
+    A ``kb:`` key from outside would stand in for the passage the retrieval found (reads go L0 to
+    L5, and a join keeps the hit of higher confidence)."""
+    return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES) or key.startswith(RETRIEVAL_PREFIX)
 
 
 def condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:

@@ -13,8 +13,9 @@ An LLM activity (``run_llm_activity``):
    with capped exponential backoff, and a reply that is not the required JSON with a
    corrective message appended at the end (so the cached prefix still holds);
 3. checks the permission of every key of the answer before writing any, so a denied
-   key (a model trying to write SYSTEM) fails the activity with ``ContextWriteDenied``
-   (recorded on the tape) and nothing of the answer is written;
+   key (a model trying to write SYSTEM, or the engine's own ``_mergedConflicts`` or records)
+   fails the activity with ``ContextWriteDenied`` (recorded on the tape) and nothing of the
+   answer is written;
 4. records every attempt on the tape as an ``llm_call`` note: the request (hash,
    tokens, tokens shared with the previous request of the same agent, and the text as
    a delta against that request, so a run's requests can be rebuilt from the tape
@@ -51,13 +52,14 @@ from typing import TYPE_CHECKING, Any
 from context_layers.canonical import canonical_json, text_problem
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext, View
-from context_layers.errors import LayerflowError, ModelError
+from context_layers.errors import ContextWriteDenied, LayerflowError, ModelError
 from context_layers.layers import Layer
 from context_layers.prefix import common_prefix_tokens, request_text
 from context_layers.render import RenderOptions, render
 from context_layers.tokens import count_text
 
 from .answer import AnswerError, answer_contract, parse_answer
+from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
 
 if TYPE_CHECKING:
     from gateways.arbiter import ArbitrationAnswer, ArbitrationRequest
@@ -520,6 +522,14 @@ def _request_record(ctx: LayeredContext, agent: str, messages: Messages) -> dict
 
 def _write_answer(ctx: LayeredContext, answer: Mapping[str, Any], actor: str) -> None:
     # all or nothing: a denied key (recorded on the tape like a script's) writes nothing
+    for key in answer:
+        effective, reason = ctx.check_write(Layer.WORKING, key)
+        if reason is None and is_engine_key(key):
+            # a model's answer is data, as a person's is: a model talked into `"_mergedConflicts": []`
+            # by the text it reads would erase a join's conflict log (a handler's `_` keys stay its own)
+            why = f"{ENGINE_KEY_RULE}; a model's answer carries data keys only"
+            ctx.record("model_answer_refused", actor=actor, data={"key": key, "reason": why})
+            raise ContextWriteDenied(key, Layer.WORKING, effective, why)
     ctx.write_many(Layer.WORKING, answer, actor=actor)
 
 

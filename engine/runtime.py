@@ -75,8 +75,8 @@ from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 
-from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, GatewaySteps, condition_context,
-                            is_engine_key, short, typed_option)
+from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
+                            condition_context, is_engine_key, short, typed_option)
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
@@ -332,14 +332,16 @@ class Engine:
                 raise ContextWriteDenied(MERGED_CONFLICTS_KEY, layer, layer, "the engine keeps this key: every "
                                          "parallel join logs its conflicts in it; initial data cannot set it, rename "
                                          "the key")
-            records = [k for k in data if k.startswith(ENGINE_RECORD_PREFIXES)]
+            records = [k for k in data if k.startswith((*ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX))]
             if records:
                 # read before HISTORY (reads go L0 to L5), such a key would stand in for the record the
-                # engine or the compressor writes: a forged audit entry
+                # engine or the compressor writes (a forged audit entry), or for the passage the
+                # retrieval finds (whose write it would then refuse: PROCESS is append-only)
                 layer = process.data_layers.get(records[0], Layer.PROCESS)
-                raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:' or 'compaction:' "
-                                         "are HISTORY's records, written by the engine and the compressor; initial "
-                                         "data cannot set them, rename the key")
+                raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:', 'event:' or "
+                                         "'compaction:' are HISTORY's records, written by the engine and the "
+                                         "compressor, and 'kb:' keys the retrieval's passages; initial data cannot "
+                                         "set them, rename the key")
             ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
                               kind="input", actor="input")
         try:
