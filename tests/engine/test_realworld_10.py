@@ -1,0 +1,153 @@
+"""Shapes met in public BPMN files, round 10: the processes of SpiffWorkflow's example application
+(sartography/spiff-example-cli): a transaction left through a cancel end event and its cancel
+boundary event, a Camunda form whose default is written as a Python string literal, and a process
+that a timer starts. Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow
+3.2 can run a shape, a case runs it there too and the outcome must agree."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from engine import Engine, load_process
+from engine.cli import main
+from engine.validate import validate_process
+
+from engine_helpers import path_of, run_plain, variables
+from test_realworld_4 import rewritten
+
+REALWORLD = Path(__file__).resolve().parent / "realworld"
+
+
+def errors(path: Path, process_id: str | None = None) -> list[Any]:
+    return [p for p in validate_process([path], process_id=process_id).problems if p.severity == "error"]
+
+
+def run(path: Path, data: dict[str, Any], answers: dict[str, Any] | None = None) -> Any:
+    engine = Engine(store="memory://")
+    return engine.run(engine.start(load_process([path]), data), answers=answers)
+
+
+# -- spiff-example-cli's transaction --------------------------------------------------------------
+
+TRANSACTION = REALWORLD / "spiff_tutorial_transaction.bpmn"
+ORDER = {"product_quantity": 2, "product_price": 5, "shipping_cost": 3}
+REVIEW, FEEDBACK = "Activity_0h1938t", "Activity_1ncg4ro"
+
+
+def test_a_form_default_written_as_a_python_string_is_refused_with_the_text_to_write() -> None:
+    """The tutorial's review form gives place_order the default ``'N'``, quotes included, as a Python
+    literal. A Camunda form takes defaultValue as text, so a person who left the field alone set
+    place_order to the three characters "'N'": this one still reached the cancel path, but a
+    condition ``place_order == 'N'`` would have been false, silently. validate refused nothing; it
+    names the field now, with the default to write."""
+    [problem] = errors(TRANSACTION)
+    assert (problem.code, problem.element_id, problem.field) == ("invalid_form", REVIEW, "place_order")
+    for said in ('"\'N\'"', "quotes", 'defaultValue="N"'):
+        assert said in problem.message, problem.message
+    result = CliRunner().invoke(main, ["validate", str(TRANSACTION)])
+    assert result.exit_code == 2 and 'defaultValue="N"' in result.output, result.output
+
+
+@pytest.mark.parametrize("quoted, told", [("&quot;N&quot;", 'defaultValue="N"'), ("&#39;&#39;", 'defaultValue=""')])
+def test_a_default_in_double_quotes_or_an_empty_python_string_is_refused_too(tmp_path: Path, quoted: str,
+                                                                             told: str) -> None:
+    changed = rewritten(tmp_path, TRANSACTION, [('defaultValue="&#39;N&#39;"', f'defaultValue="{quoted}"')])
+    [problem] = errors(changed)
+    assert problem.field == "place_order" and told in problem.message, problem.message
+
+
+def test_a_flowable_form_property_default_in_quotes_is_refused_with_its_own_attribute(tmp_path: Path) -> None:
+    changed = rewritten(tmp_path, TRANSACTION, [
+        ('xmlns:camunda="http://camunda.org/schema/1.0/bpmn"',
+         'xmlns:camunda="http://camunda.org/schema/1.0/bpmn" xmlns:flowable="http://flowable.org/bpmn"'),
+        ('<camunda:formData>\n            <camunda:formField id="place_order" label="Place Order" type="string" '
+         'defaultValue="&#39;N&#39;" />\n          </camunda:formData>',
+         '<flowable:formProperty id="place_order" name="Place Order" type="string" default="&#39;N&#39;" />')])
+    [problem] = errors(changed)
+    assert (problem.element_id, problem.field) == (REVIEW, "place_order")
+    assert 'write default="N"' in problem.message and "defaultValue" not in problem.message, problem.message
+
+
+@pytest.mark.parametrize("default", ["N", "O'Brien", "'N", "it's 'fine'"])
+def test_a_default_that_only_holds_quotes_is_no_problem(tmp_path: Path, default: str) -> None:
+    changed = rewritten(tmp_path, TRANSACTION, [("&#39;N&#39;", default.replace("'", "&#39;"))])
+    assert errors(changed) == []
+
+
+@pytest.mark.parametrize("review, feedback, end", [
+    ({"place_order": "Y"}, None, "Event_136gk7h"),
+    ({"place_order": "N"}, {"reason_cancelled": "too dear"}, "Event_1ailogh"),
+])
+def test_the_transaction_runs_as_in_plain_spiffworkflow(tmp_path: Path, review: dict[str, Any],
+                                                       feedback: dict[str, Any] | None, end: str) -> None:
+    """Placing the order leaves the transaction by its end event and charges the customer; not
+    placing it ends the transaction at its cancel end event, which the cancel boundary event catches,
+    and the customer is asked why. The path is plain SpiffWorkflow's, and so are the variables, but
+    for what the cancelled transaction wrote: plain SpiffWorkflow drops a sub-process's data when a
+    boundary event cancels it, and layerflow's boundary path reads it (as the README says: as after
+    an error end event)."""
+    fixed = rewritten(tmp_path, TRANSACTION, [("&#39;N&#39;", "N")])
+    assert errors(fixed) == []
+    people = {REVIEW: review, **({FEEDBACK: feedback} if feedback else {})}
+    wf, plain_data = run_plain(fixed, ORDER, people)
+    instance = run(fixed, ORDER, {"user_tasks": people})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf) and path_of(wf)[-1] == end
+    written_inside = {"order_total": 13, **review}
+    if feedback:
+        assert variables(instance.main) == {**plain_data, **written_inside}
+        assert not set(written_inside) & set(plain_data)
+    else:
+        assert variables(instance.main) == plain_data == {**ORDER, **written_inside, "charged": 13}
+
+
+def test_the_default_written_as_validate_said_is_the_answer_a_person_leaves_alone(tmp_path: Path) -> None:
+    """With defaultValue="N", a review that leaves place_order alone cancels the order, as a review
+    answering "N" does in plain SpiffWorkflow, and the customer is asked why."""
+    fixed = rewritten(tmp_path, TRANSACTION, [("&#39;N&#39;", "N")])
+    waiting = run(fixed, ORDER, {"user_tasks": {REVIEW: {}}})
+    assert waiting.status == "waiting"
+    assert [w["task_id"] for w in waiting.waiting_for] == [FEEDBACK]
+    people = {REVIEW: {}, FEEDBACK: {"reason_cancelled": "changed my mind"}}
+    done = run(fixed, ORDER, {"user_tasks": people})
+    wf, plain_data = run_plain(fixed, ORDER, {**people, REVIEW: {"place_order": "N"}})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {**plain_data, "order_total": 13, "place_order": "N"}
+    assert plain_data == {**ORDER, "reason_cancelled": "changed my mind"}
+    assert path_of(done.workflow) == path_of(wf)
+
+
+# -- spiff-example-cli's timer start --------------------------------------------------------------
+
+TIMER_START = REALWORLD / "spiff_tutorial_timer_start.bpmn"
+
+
+def test_a_process_a_timer_starts_waits_for_it_as_in_plain_spiffworkflow(tmp_path: Path) -> None:
+    """The start event is a one-day timer: layerflow's instance waits for it, due a day from its
+    start, as plain SpiffWorkflow's waits at the start event; validate only warns of the flow the
+    modeler left with no source. Once the timer has fired (here written "PT0S") the none task waits
+    for a person, and completes as in plain SpiffWorkflow."""
+    assert errors(TIMER_START) == []
+    warned = [(p.code, p.element_id) for p in validate_process([TIMER_START]).problems if p.severity == "warning"]
+    assert ("flow_ref_unknown", "Flow_032rj36") in warned or ("dangling_flow", "Flow_032rj36") in warned \
+        or any(eid == "Flow_032rj36" for _, eid in warned), warned
+    before = datetime.now(timezone.utc)
+    waiting = run(TIMER_START, {})
+    assert waiting.status == "waiting" and path_of(waiting.workflow) == []
+    [timer] = waiting.waiting_for
+    assert (timer["kind"], timer["task_id"]) == ("timer", "Start_Event")
+    due = datetime.fromisoformat(timer["due"])
+    assert before + timedelta(days=1) <= due <= datetime.now(timezone.utc) + timedelta(days=1)
+    now = rewritten(tmp_path, TIMER_START, [('"P1D"', '"PT0S"')])
+    at_task = run(now, {})
+    assert [w["task_id"] for w in at_task.waiting_for] == ["any_task"]
+    done = run(now, {}, {"user_tasks": {"any_task": {"pressed": True}}})
+    wf, plain_data = run_plain(now, {}, {"any_task": {"pressed": True}})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == plain_data == {"pressed": True}
+    assert path_of(done.workflow) == path_of(wf)
