@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
 from engine.cli import main
@@ -151,3 +154,52 @@ def test_a_process_a_timer_starts_waits_for_it_as_in_plain_spiffworkflow(tmp_pat
     assert done.status == "completed", done.error
     assert variables(done.main) == plain_data == {"pressed": True}
     assert path_of(done.workflow) == path_of(wf)
+
+
+# -- spiff-example-cli's race between two branches, settled by signals ----------------------------
+
+RACE = REALWORLD / "spiff_tutorial_signal_race.bpmn"
+PAYMENT, CANCEL, CHARGE, ASK = "Activity_0t2klx8", "Activity_1f7q7oz", "Activity_1p0c9z2", "Activity_1ncg4ro"
+
+
+def plain_in_order(path: Path, process_id: str, steps: list[tuple[str, dict[str, Any]]]) -> Any:
+    """Plain SpiffWorkflow, a person completing the given tasks in the given order."""
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec(process_id), parser.get_subprocess_specs(process_id))
+    wf.do_engine_steps()
+    for task_id, answer in steps:
+        [task] = [t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id]
+        task.data.update(answer)
+        task.run()
+        wf.do_engine_steps()
+    return wf
+
+
+@pytest.mark.parametrize("steps, end", [
+    ([(CHARGE, {"customer_charged": "Y"})], "Event_136gk7h"),
+    ([(CHARGE, {"customer_charged": "N"})], "Event_10yrr8z"),
+    ([(CANCEL, {}), (ASK, {"reason": "found it cheaper"})], "Event_1ailogh"),
+], ids=["charged", "charge-failed", "cancelled-first"])
+def test_two_branches_that_cancel_each_other_by_signals_run_as_in_plain_spiffworkflow(
+        steps: list[tuple[str, dict[str, Any]]], end: str) -> None:
+    """Whichever branch a person finishes first throws its signal, and the other branch's task is
+    ended by its signal boundary event (which has no outgoing flow); a terminate end event ends
+    what is left. Both branches wait for a person at once, each with its signal boundary event;
+    the path is plain SpiffWorkflow's, and so are the variables, with the card_number data object
+    in the context (plain SpiffWorkflow keeps it apart, in the workflow's data objects)."""
+    assert errors(RACE) == []
+    steps = [(PAYMENT, {"card_number": "4111"}), *steps]
+    wf = plain_in_order(RACE, "order_product", steps)
+    assert wf.is_completed() and path_of(wf)[-1] == end
+    engine = Engine(store="memory://")
+    instance = engine.start(load_process([RACE]), {})
+    for n, (task_id, answer) in enumerate(steps):
+        instance = engine.run(instance, answers={"user_tasks": {task_id: answer}})
+        if n == 0:
+            assert sorted(w["task_id"] for w in instance.waiting_for) == sorted(
+                [CANCEL, CHARGE, "Event_1yahe0s", "Event_0wdh5sd"])
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == {**dict(wf.last_task.data), **wf.data_objects}
+    assert wf.data_objects == {"card_number": "4111"}
