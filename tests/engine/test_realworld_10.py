@@ -162,16 +162,21 @@ RACE = REALWORLD / "spiff_tutorial_signal_race.bpmn"
 PAYMENT, CANCEL, CHARGE, ASK = "Activity_0t2klx8", "Activity_1f7q7oz", "Activity_1p0c9z2", "Activity_1ncg4ro"
 
 
-def plain_in_order(path: Path, process_id: str, steps: list[tuple[str, dict[str, Any]]]) -> Any:
-    """Plain SpiffWorkflow, a person completing the given tasks in the given order."""
+def plain_in_order(path: Path, process_id: str, steps: list[tuple[str, dict[str, Any]]],
+                   data: dict[str, Any] | None = None) -> Any:
+    """Plain SpiffWorkflow, a person completing the given tasks in the given order (the first ready
+    instance of a task that has several)."""
     parser = SpiffBpmnParser()
     parser.add_bpmn_file(str(path))
     wf = BpmnWorkflow(parser.get_spec(process_id), parser.get_subprocess_specs(process_id))
+    wf.task_tree.data.update(data or {})
     wf.do_engine_steps()
     for task_id, answer in steps:
-        [task] = [t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id]
+        task = next(t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id)
         task.data.update(answer)
         task.run()
+        wf.do_engine_steps()
+        wf.refresh_timers()  # a zero-length timer fires
         wf.do_engine_steps()
     return wf
 
@@ -203,3 +208,47 @@ def test_two_branches_that_cancel_each_other_by_signals_run_as_in_plain_spiffwor
     assert path_of(instance.workflow) == path_of(wf)
     assert variables(instance.main) == {**dict(wf.last_task.data), **wf.data_objects}
     assert wf.data_objects == {"card_number": "4111"}
+
+
+# -- spiff-example-cli's fulfilment sub-process -----------------------------------------------------
+
+FULFILLMENT = REALWORLD / "spiff_tutorial_fulfillment.bpmn"
+RETRIEVE, SHIP = "Activity_1f76alf", "Activity_1f2e8xi"
+PRODUCTS = [{"product_name": "mug"}, {"product_name": "cap"}]
+
+
+def answered_one_at_a_time(path: Path, data: dict[str, Any], steps: list[tuple[str, dict[str, Any]]]) -> Any:
+    """A layerflow instance whose people answer one waiting item at a time, the first of each task."""
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), data))
+    for task_id, answer in steps:
+        first = next(w["id"] for w in instance.waiting_for if w["task_id"] == task_id)
+        instance = engine.run(instance, answers={"user_tasks": {first: answer}})
+    return instance
+
+
+@pytest.mark.parametrize("availability, shipped, end", [
+    (["Y", "Y"], ["Y"], "Event_136gk7h"),
+    (["Y", "N"], [], "Event_10yrr8z"),
+    (["Y", "Y"], ["N", "Y"], "Event_136gk7h"),
+], ids=["shipped", "unavailable", "shipped-on-second-try"])
+def test_the_fulfilment_sub_process_runs_as_in_plain_spiffworkflow(availability: list[str], shipped: list[str],
+                                                                  end: str) -> None:
+    """A person answers each product of the multi-instance user task (loopDataInputRef products,
+    outputDataItem product_available, collected into availability); an unavailable product ends the
+    sub-process at an error end event that its error boundary event catches; a product not shipped
+    throws an escalation that the non-interrupting boundary event catches while the sub-process
+    waits on its timer and asks again. The path is plain SpiffWorkflow's, and so are the variables,
+    but for what the sub-process wrote before its error: the boundary path reads it under layerflow
+    (as the README says), and plain SpiffWorkflow drops it."""
+    assert errors(FULFILLMENT) == []
+    steps = [(RETRIEVE, {"product_available": a}) for a in availability] + [
+        (SHIP, {"product_shipped": s}) for s in shipped]
+    wf = plain_in_order(FULFILLMENT, "fulfill_order", steps, {"products": PRODUCTS})
+    assert wf.is_completed() and path_of(wf)[-1] == end
+    instance = answered_one_at_a_time(FULFILLMENT, {"products": PRODUCTS}, steps)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main)["availability"] == availability
+    assert variables(instance.main) == {**dict(wf.last_task.data), "availability": availability}
+    assert ("availability" in wf.last_task.data) is (end != "Event_10yrr8z")
