@@ -6,6 +6,9 @@ that a timer starts. Each is redrawn small in ``tests/engine/realworld/``; where
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -18,9 +21,10 @@ from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
 from engine.cli import main
+from engine.runtime import ANSWER_ROUNDS
 from engine.validate import validate_process
 
-from engine_helpers import path_of, run_plain, variables
+from engine_helpers import ROOT, path_of, run_plain, variables
 from test_realworld_4 import rewritten
 
 REALWORLD = Path(__file__).resolve().parent / "realworld"
@@ -252,3 +256,52 @@ def test_the_fulfilment_sub_process_runs_as_in_plain_spiffworkflow(availability:
     assert variables(instance.main)["availability"] == availability
     assert variables(instance.main) == {**dict(wf.last_task.data), "availability": availability}
     assert ("availability" in wf.last_task.data) is (end != "Event_10yrr8z")
+
+
+# -- spiff-example-cli's shopping loop: a call activity with a standard loop ------------------------
+
+SHOPPING = REALWORLD / "spiff_tutorial_shopping_loop.bpmn"
+SELECT = "Activity_select"
+
+
+def test_a_looped_call_activity_with_pre_and_post_scripts_runs_as_in_plain_spiffworkflow() -> None:
+    """The preScript starts the list once, each call asks for a product and appends it, the postScript
+    deletes the called process's per-product variables with ``del``, and the loop goes on while its
+    condition holds (SpiffWorkflow's reading of loopCondition). Answered one round at a time, the
+    path and the variables are plain SpiffWorkflow's."""
+    assert errors(SHOPPING, "order_product") == []
+    steps = [(SELECT, {"product_name": "mug", "product_quantity": 2, "continue_shopping": "N"}),
+             (SELECT, {"product_name": "cap", "product_quantity": 1, "continue_shopping": "Y"})]
+    wf = plain_in_order(SHOPPING, "order_product", steps)
+    assert wf.is_completed()
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([SHOPPING], process_id="order_product"), {}))
+    for task_id, answer in steps:
+        [item] = [w["id"] for w in instance.waiting_for if w["task_id"] == task_id]
+        instance = engine.run(instance, answers={"user_tasks": {item: answer}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == dict(wf.last_task.data) == {
+        "products": [{"product_name": "mug", "product_quantity": 2, "product_price": 5},
+                     {"product_name": "cap", "product_quantity": 1, "product_price": 12}],
+        "continue_shopping": "Y", "order_total": 22}
+
+
+def test_an_answer_that_keeps_a_standard_loop_going_leaves_it_waiting_after_the_rounds_allowed(tmp_path: Path) -> None:
+    """An answers file answers a step each time the process comes back to it; an answer that keeps
+    the loop going (continue_shopping 'N') keeps it going for ever. A gateway's loop stops taking the
+    answer after ANSWER_ROUNDS rounds and waits for a person; a standard loop's did not (each
+    iteration counted as a step of its own, so every round was the first one), and ``layerflow
+    run`` never returned, its list growing without end. It waits now too, saying why."""
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {SELECT: {"product_name": "mug", "product_quantity": 2,
+                                                           "continue_shopping": "N"}}}))
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(SHOPPING), "--process", "order_product",
+                           "--json", "--store", "memory://", "--answers", str(answers)], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    document = json.loads(done.stdout)
+    assert (done.returncode, document["status"]) == (3, "waiting"), done.stderr
+    assert [w["task_id"] for w in document["waiting_for"]] == [SELECT]
+    assert len(document["layers"]["L3"]["products"]) == ANSWER_ROUNDS
+    assert f"'{SELECT}'" in done.stderr and f"{ANSWER_ROUNDS} times" in done.stderr, done.stderr
