@@ -1,8 +1,12 @@
 """Shapes met in public BPMN files, round 10: the processes of SpiffWorkflow's example application
-(sartography/spiff-example-cli): a transaction left through a cancel end event and its cancel
-boundary event, a Camunda form whose default is written as a Python string literal, and a process
-that a timer starts. Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow
-3.2 can run a shape, a case runs it there too and the outcome must agree."""
+(sartography/spiff-example-cli's tutorial): a transaction left through a cancel end event and its
+cancel boundary event, a Camunda form whose default is written as a Python string literal, a process
+that a timer starts, two parallel branches that end each other by signal boundary events with no
+outgoing flow and terminate end events, a sub-process with a multi-instance user task over a data
+input, an error end event and a non-interrupting escalation while a timer retries, and a call
+activity looped by standardLoopCharacteristics with a preScript and a postScript that deletes
+variables. Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run
+a shape, a case runs it there too and the outcome must agree."""
 
 from __future__ import annotations
 
