@@ -5,7 +5,8 @@ that a timer starts, two parallel branches that end each other by signal boundar
 outgoing flow and terminate end events, a sub-process with a multi-instance user task over a data
 input, an error end event and a non-interrupting escalation while a timer retries, and a call
 activity looped by standardLoopCharacteristics with a preScript and a postScript that deletes
-variables. Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run
+variables, and a message to a second pool whose payload (on the bpmn:message) calls the datetime
+module that the tutorial's script engine supplied. Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run
 a shape, a case runs it there too and the outcome must agree."""
 
 from __future__ import annotations
@@ -309,3 +310,54 @@ def test_an_answer_that_keeps_a_standard_loop_going_leaves_it_waiting_after_the_
     assert [w["task_id"] for w in document["waiting_for"]] == [SELECT]
     assert len(document["layers"]["L3"]["products"]) == ANSWER_ROUNDS
     assert f"'{SELECT}'" in done.stderr and f"{ANSWER_ROUNDS} times" in done.stderr, done.stderr
+
+
+# -- spiff-example-cli's message to the QA pool ------------------------------------------------------
+
+PAYLOAD = REALWORLD / "spiff_tutorial_message_payload.bpmn"
+
+
+def test_a_message_payload_calling_a_module_nothing_imports_is_named_before_the_run() -> None:
+    """The tutorial's payload calls ``datetime.datetime.utcnow()``: its own script engine gave scripts
+    the datetime module; SpiffWorkflow 3.2's, and layerflow's, give none. validate said the
+    collaboration was valid, and the run stopped at the throw with a NameError. validate warns now,
+    at the message, naming the module and what to do."""
+    warned = [p for p in validate_process([PAYLOAD]).problems if p.code == "condition_unknown_function"]
+    assert [(p.element_id, p.field, p.severity) for p in warned] == [
+        ("Message_1ngt47u", "messagePayload", "warning")]
+    for said in ("datetime", "import datetime", "script task"):
+        assert said in warned[0].message, warned[0].message
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([PAYLOAD]), {}),
+                          answers={"user_tasks": {"Activity_19sdt5q": {"reason_delayed": "strike"}}})
+    assert instance.status == "error" and instance.error["task_id"] == "Event_1vajwed"
+    assert "datetime" in instance.error["message"]
+
+
+def test_a_message_payload_that_is_not_python_is_refused_naming_the_message(tmp_path: Path) -> None:
+    """A payload is a Python expression SpiffWorkflow evaluates as the message goes out; validate
+    never read it, so a slip in it passed and stopped the run at the throw."""
+    changed = rewritten(tmp_path, PAYLOAD, [("datetime.datetime.utcnow().timestamp()\n}", "\n}}")])
+    [problem] = errors(changed)
+    assert (problem.code, problem.element_id, problem.field) == ("condition_syntax", "Message_1ngt47u",
+                                                                 "messagePayload")
+
+
+def test_the_payload_computed_in_a_script_runs_the_qa_pool(tmp_path: Path) -> None:
+    """With the time taken in a script before the throw (where ``import datetime`` works), the QA
+    pool's process starts with the payload in order_info."""
+    changed = rewritten(tmp_path, PAYLOAD, [
+        ("datetime.datetime.utcnow().timestamp()", "noticed_at"),
+        ('<bpmn:sequenceFlow id="Flow_1dg8d2v" sourceRef="Activity_19sdt5q" targetRef="Event_1vajwed" />',
+         '<bpmn:sequenceFlow id="Flow_1dg8d2v" sourceRef="Activity_19sdt5q" targetRef="Activity_stamp" />'
+         '<bpmn:scriptTask id="Activity_stamp"><bpmn:script>import datetime\n'
+         'noticed_at = datetime.datetime(2026, 1, 31, tzinfo=datetime.timezone.utc).timestamp()\ndel datetime</bpmn:script></bpmn:scriptTask>'
+         '<bpmn:sequenceFlow id="Flow_stamp" sourceRef="Activity_stamp" targetRef="Event_1vajwed" />')])
+    assert [p.code for p in validate_process([changed]).problems] == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([changed]), {}),
+                          answers={"user_tasks": {"Activity_19sdt5q": {"reason_delayed": "strike"}}})
+    assert instance.status == "completed", instance.error
+    [qa] = [ctx for name, ctx in instance.contexts.items() if "qa_process" in name]
+    assert variables(qa)["order_info"] == {"reason_delayed": "strike", "timestamp": 1769817600.0}
+    assert variables(qa)["analysed"] == "strike"
