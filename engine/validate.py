@@ -270,6 +270,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import importlib
 import json
 import re
 import shlex
@@ -4111,9 +4112,13 @@ def _module_calls(tree: ast.AST, bound: set[str]) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             root: ast.expr = node.func
+            first = node.func.attr
             while isinstance(root, ast.Attribute):
-                root = root.value
-            if isinstance(root, ast.Name) and root.id in _STDLIB_MODULES and root.id not in bound:
+                first, root = root.attr, root.value
+            # a context value named like a module (a dict called "calendar") has other attributes than
+            # the module: only a name the module has is counted as the module's
+            if (isinstance(root, ast.Name) and root.id in _STDLIB_MODULES and root.id not in bound
+                    and hasattr(importlib.import_module(root.id), first)):
                 found.append(ast.unparse(node.func) + "()")
     return sorted(set(found), key=found.index)
 

@@ -361,3 +361,21 @@ def test_the_payload_computed_in_a_script_runs_the_qa_pool(tmp_path: Path) -> No
     [qa] = [ctx for name, ctx in instance.contexts.items() if "qa_process" in name]
     assert variables(qa)["order_info"] == {"reason_delayed": "strike", "timestamp": 1769817600.0}
     assert variables(qa)["analysed"] == "strike"
+
+
+@pytest.mark.parametrize("script, warned", [
+    ("ts = datetime.datetime.utcnow().timestamp()", True),
+    ("n = math.floor(total)", True),
+    ("import datetime\nts = datetime.datetime.utcnow().timestamp()", False),
+    ("from datetime import datetime\nts = datetime.utcnow().timestamp()", False),
+    ("first = calendar.get('first')", False),  # a context value named like a module, read as a dict
+    ("tokens = string.split(',')", False),
+])
+def test_only_a_call_of_a_modules_own_function_that_nothing_imports_is_warned_of(tmp_path: Path, script: str,
+                                                                                warned: bool) -> None:
+    changed = rewritten(tmp_path, PAYLOAD, [("analysed = order_info['reason_delayed']",
+                                             script.replace("'", "&#39;"))])
+    found = [p for p in validate_process([changed]).problems if p.element_id == "Activity_1b9i014"]
+    assert bool(found) is warned, found
+    if warned:
+        assert found[0].code == "script_unknown_function" and "add 'import " in found[0].message, found[0].message
