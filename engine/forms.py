@@ -92,7 +92,23 @@ def _camunda_default(kind: str, text: str | None) -> tuple[Any, str | None]:
         return None, f"defaultValue {text!r} is not true or false (type boolean)"
     if kind == "date" and text.strip() and "${" not in text and not _is_camunda_date(text.strip()):
         return text, f"defaultValue {text!r} is not a date ({_CAMUNDA_DATES})"
+    quoted = _quoted_literal(text)
+    if quoted is not None:
+        # written as a Python (or JUEL) string literal, as SpiffWorkflow's tutorial does; a form
+        # takes the text as it is, so the quotes would become part of the value and a condition
+        # comparing with the unquoted text would be false without a word
+        return text, (f"defaultValue {json.dumps(text)} is wrapped in quotes, and a form's default is "
+                      f"the text as written, quotes included, not the string {quoted!r}: write "
+                      f"defaultValue={json.dumps(quoted)}")
     return text, None
+
+
+def _quoted_literal(text: str) -> str | None:
+    """The string inside ``'N'`` or ``"N"`` (one literal, with no quote of its kind inside)."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" and text[0] not in text[1:-1]:
+        return text[1:-1]
+    return None
 
 
 # What a Camunda ``date`` field takes: what Camunda 7's form posts (its default dateFormat), and the
@@ -196,7 +212,7 @@ def _camunda_form(form_data: Any, ns: str = CAMUNDA_NS) -> tuple[dict[str, Any],
             if not values:
                 problems.append((fid, "an enum field offers no <camunda:value>; add the values a person may choose"))
             field["options"] = values
-            if default is not None and values and default not in [v["id"] for v in values]:
+            if default is not None and values and not problem and default not in [v["id"] for v in values]:
                 problems.append((fid, f"defaultValue {default!r} is not one of its values "
                                       f"({', '.join(str(v['id']) for v in values)})"))
         for constraint in el.iter(_q(ns, "constraint")):
@@ -249,7 +265,7 @@ def _property_default(kind: str, text: str | None, pattern: str | None) -> tuple
             return text, f"default {text!r} is not a date in the pattern {pattern}"
         return text, None
     value, problem = _camunda_default(kind, text)
-    return value, problem and problem.replace("defaultValue", "default", 1)
+    return value, problem and problem.replace("defaultValue", "default")
 
 
 def _property_form(prefix: str, props: list[Any]) -> tuple[dict[str, Any], _Problems, _Problems]:
@@ -291,7 +307,7 @@ def _property_form(prefix: str, props: list[Any]) -> tuple[dict[str, Any], _Prob
                 problems.append((fid, f"an enum property offers no <{prefix}:value>; add the values a person "
                                       "may choose"))
             field["options"] = values
-            if default is not None and values and default not in [v["id"] for v in values]:
+            if default is not None and values and not problem and default not in [v["id"] for v in values]:
                 problems.append((fid, f"default {default!r} is not one of its values "
                                       f"({', '.join(str(v['id']) for v in values)})"))
         fields.append(field)

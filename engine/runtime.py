@@ -1022,9 +1022,12 @@ def _answer_mark(instance: Instance, item: Mapping[str, Any], value: Any) -> tup
         if parent is None and getattr(wf, "parent_workflow", None) is not None:  # a sub-process: go on in its caller
             parent = wf.parent_workflow.get_task_from_id(wf.parent_task_id)
         task = parent
-    step = json.dumps([item["kind"], item.get("task_id"), item.get("key"), value, counters], sort_keys=True,
-                      default=str)
-    return step, step + "\n" + json.dumps([waits, state], sort_keys=True, default=str)
+    # A standard loop's iteration tells its rounds apart, as the state does, but it is no other step:
+    # counted with it, every round of a loop that never ends was the first one of its step.
+    step = json.dumps([item["kind"], item.get("task_id"), item.get("key"), value,
+                       [[name, {k: v for k, v in found.items() if k != "iteration"}] for name, found in counters]],
+                      sort_keys=True, default=str)
+    return step, step + "\n" + json.dumps([counters, waits, state], sort_keys=True, default=str)
 
 
 def _first_waiting_user_task(instance: Instance, task_id: str) -> dict[str, Any] | None:

@@ -34,7 +34,8 @@ not make ``report.ok`` false:
 ``correlation_message_missing``       a correlation property's retrieval expression with no messageRef
                                       (SpiffWorkflow cannot load the file)
 ``script_unknown_function`` W         a script calls a name it does not define and Python has no builtin of
-                                      (SpiffArena's backend scripts): the run stops there with a NameError
+                                      (SpiffArena's backend scripts), or a function of a module it does not
+                                      import (``datetime.datetime.utcnow()``): the run stops there with a NameError
 ``unknown_element_id``                config for an id that is no element of the loaded processes
 ``config_not_a_flow_node``            config for a sequence flow, process, ... (not a task/event/gateway)
 ``config_misplaced``                  ``layerflow:config`` outside ``bpmn:extensionElements``
@@ -84,7 +85,8 @@ not make ``report.ok`` false:
 ``gateway_not_exhaustive``            (warning) XOR without default: conditions test a finite set of values
 ``condition_syntax``                  a condition expression (a flow's, a conditional event's, a loop's
                                       cardinality or completion condition, a correlation property's
-                                      retrieval expression) is not valid Python; one
+                                      retrieval expression, a message's ``spiffworkflow:messagePayload``, an
+                                      event's ``payloadExpression``) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
 ``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
                                       policy can evaluate (a syntax error, a call or name outside the safe
@@ -110,7 +112,8 @@ not make ``report.ok`` false:
 ``condition_camunda_variable`` W      a condition reads Camunda's multi-instance counters (``nrOfInstances``,
                                       ``nrOfCompletedInstances``, ``loopCounter``), which SpiffWorkflow never sets
 ``condition_unknown_function`` W      a condition calls a function that is no Python builtin (FEEL's
-                                      ``count()``, ``contains()``): context values are never callable
+                                      ``count()``, ``contains()``), or one of a module (``datetime.date.today()``,
+                                      which no expression is given): context values are never callable
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``),
                                       or is quoted text that is no ISO 8601 duration / date / repeating interval
@@ -267,6 +270,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import importlib
 import json
 import re
 import shlex
@@ -528,6 +532,7 @@ class _Validator:
             self._check_extensions(doc)
             self._check_forms(doc)
             self._check_correlations(doc)
+            self._check_payloads(doc)
         if config is not None:
             self._check_config_file(config, main)
         self._check_merges()
@@ -2091,6 +2096,20 @@ class _Validator:
                     f"process it calls, {todo}")
         return ": name the process it calls, calledElement=\"PROCESS_ID\""
 
+    def _check_payloads(self, doc: _Doc) -> None:
+        """A message's payload (``spiffworkflow:messagePayload``, on the bpmn:message or where it is sent)
+        and a signal's, error's or escalation's (``payloadExpression``): Python expressions SpiffWorkflow
+        evaluates as the event is thrown, read here as conditions are."""
+        for tag in ("messagePayload", "payloadExpression"):
+            for el in doc.root.iter(f"{{{SPIFF_NS}}}{tag}"):
+                if not (el.text or "").strip():
+                    continue
+                owner = next((a for a in el.iterancestors() if a.get("id") and a.tag not in (
+                    _bpmn("extensionElements"),) and not a.tag.endswith("EventDefinition")), None)
+                owner_id = _flow_node_id(el) or (owner.get("id") if owner is not None else None)
+                what = "payload" + (f" of bpmn:{etree.QName(owner).localname} {owner_id!r}" if owner is not None else "")
+                self._compile(el.text, "eval", el, doc.file, owner_id, "condition_syntax", tag, what=what)
+
     def _check_correlations(self, doc: _Doc) -> None:
         """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
         payload when the message is sent or caught: one that is not Python fails every delivery. Over
@@ -2177,6 +2196,18 @@ class _Validator:
                          f"{todo}", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field)
                 return None
+            modules = _module_calls(tree, set())
+            if modules:
+                # SpiffWorkflow 3.2 gives expressions no modules (SpiffArena's and the tutorial's own
+                # script engines did), and an expression cannot import one
+                what = what or "condition"
+                self.add("condition_unknown_function", f"{what} {source!r} calls {', '.join(modules)}, of Python's "
+                         f"{_module_names(modules)} module, which expressions are not given (SpiffWorkflow 3.2 "
+                         "gives them no modules, and an expression cannot import one): the run stops there with a "
+                         f"NameError; compute the value in a script task before it ({_imports(modules)} there) and "
+                         "read the variable here", file=file, line=el.sourceline if el is not None else None,
+                         element_id=element_id, field=field, severity="warning")
+                return tree
             paths = _attribute_reads(tree)
             if paths:
                 what = what or "condition"
@@ -2247,6 +2278,13 @@ class _Validator:
                 bound.add(node.arg)
             elif isinstance(node, ast.ExceptHandler) and node.name:
                 bound.add(node.name)
+        modules = _module_calls(tree, bound)
+        if modules:
+            self.add("script_unknown_function", f"{what} calls {', '.join(modules)}, of Python's "
+                     f"{_module_names(modules)} module, which it does not import (SpiffWorkflow 3.2 gives scripts no "
+                     f"modules): the run stops there with a NameError; add {_imports(modules)} to the script",
+                     file=file, line=el.sourceline if el is not None else None, element_id=element_id, field=field,
+                     severity="warning")
         calls = sorted({n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
                         and n.func.id not in bound and not hasattr(builtins, n.func.id)})
         if not calls:
@@ -4060,6 +4098,38 @@ def _attribute_paths(tree: ast.AST) -> list[ast.Attribute]:
                 and base.id not in ("this", "console", "environment") and node.attr != "length":
             found.append(node)  # (a JavaScript engine's runtime and length: ``_javascript_api``)
     return found
+
+
+# Modules of Python's that a script or payload written for SpiffArena (or SpiffWorkflow's tutorial,
+# whose script engines put them in every script's globals) calls without importing them
+_STDLIB_MODULES = frozenset({"datetime", "time", "math", "json", "random", "re", "uuid", "decimal", "calendar",
+                             "os", "sys", "string", "statistics", "itertools", "collections", "functools"})
+
+
+def _module_calls(tree: ast.AST, bound: set[str]) -> list[str]:
+    """Calls through a module nothing binds: ``datetime.datetime.utcnow()`` as written, in order."""
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            root: ast.expr = node.func
+            first = node.func.attr
+            while isinstance(root, ast.Attribute):
+                first, root = root.attr, root.value
+            # a context value named like a module (a dict called "calendar") has other attributes than
+            # the module: only a name the module has is counted as the module's
+            if (isinstance(root, ast.Name) and root.id in _STDLIB_MODULES and root.id not in bound
+                    and hasattr(importlib.import_module(root.id), first)):
+                found.append(ast.unparse(node.func) + "()")
+    return sorted(set(found), key=found.index)
+
+
+def _module_names(calls: list[str]) -> str:
+    names = list(dict.fromkeys(call.split(".", 1)[0] for call in calls))
+    return ", ".join(names)
+
+
+def _imports(calls: list[str]) -> str:
+    return " and ".join(f"'import {name}'" for name in _module_names(calls).split(", "))
 
 
 def _attribute_reads(tree: ast.AST) -> list[str]:
