@@ -139,7 +139,8 @@ not make ``report.ok`` false:
                                       plain event, so the undo never runs)
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
-``no_start_event``                    a process or sub-process with no start event
+``no_start_event``                    a process or sub-process with no start event (one that a receive task
+                                      with instantiate="true" starts: the message start event to write)
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
                                       SpiffWorkflow starts there and cancels the others, whose paths never run
 ``unsupported_start_event``           a start event of an event sub-process with a trigger other than a
@@ -2367,7 +2368,9 @@ class _Validator:
             dialect = expression_dialect(text)
             iso = _jbpm_duration_iso(text) if tag == "timeDuration" else None
             cron_language = f" (language={el.get('language')!r})" if el.get("language") else ""
-            todo = (_python_instead(_feel_timer_source(text) if dialect == "FEEL" else text, dialect)
+            clock = _feel_clock_timer(tag, text) if dialect == "FEEL" else None
+            todo = (clock if clock is not None else
+                    _python_instead(_feel_timer_source(text) if dialect == "FEEL" else text, dialect)
                     if dialect is not None else
                     f"{text!r} is jBPM's short form of the ISO 8601 duration {iso}: write {iso} (quoted)"
                     if iso is not None else
@@ -2745,6 +2748,24 @@ class _Validator:
         first = [el.get("id") for el in scope.iterchildren(*_FLOW_NODES)
                  if el.get("id") not in targets and etree.QName(el).localname != "boundaryEvent"
                  and el.get("triggeredByEvent") != "true" and not _inbound(el)]
+        receivers = [el for el in scope.iterchildren(_bpmn("receiveTask"))
+                     if el.get("instantiate") == "true" and el.get("id") in first] if kind == "process" else []
+        if receivers:
+            # BPMN's instantiating receive task, which SpiffWorkflow reads as a plain receive task
+            for el in receivers:
+                rid, ref = el.get("id"), el.get("messageRef")
+                start = (f'<bpmn:startEvent id="{rid}"><bpmn:messageEventDefinition '
+                         f'{f"messageRef={chr(34)}{ref}{chr(34)} " if ref else ""}/></bpmn:startEvent>')
+                self.add("no_start_event", f"bpmn:{kind} {scope.get('id')!r} has no start event: its bpmn:receiveTask "
+                         f"{rid!r} has instantiate=\"true\", which in BPMN starts the process when its message "
+                         "arrives, but SpiffWorkflow ignores instantiate and begins a process only at a start event "
+                         "(it refuses this one: \"No start event found\"): write a message start event with the same "
+                         f"messageRef in place of the receive task, {start}, and keep its outgoing flows"
+                         + ("" if ref else " (the receive task names no messageRef: give the start event the "
+                            "bpmn:message it waits for)"),
+                         file=file, line=el.sourceline, element_id=rid)
+            self.related.add(scope.get("id") or "")  # SpiffWorkflow's "No start event found" says no more
+            return
         where = (f" to {' and '.join(map(repr, first))} (no flow leads there)" if first
                  else " to the step the process begins with")
         self.add("no_start_event", f"bpmn:{kind} {scope.get('id')!r} has no start event, and SpiffWorkflow begins a "
@@ -4466,6 +4487,45 @@ def _feel_timer_source(text: str) -> str:
     if whole is not None and _balanced(whole.group(1)):
         source = "=" + whole.group(1)
     return re.sub(r"(?<![\w.])string\s*\(", "str(", source)
+
+
+def _feel_clock_timer(tag: str, text: str) -> str | None:
+    """What to write for a Camunda 8 timeDate read off the clock, which the context has no function
+    for: ``=now() + duration("PT1H")`` is a duration from when the timer starts waiting, a
+    timeDuration here (on the engine's clock); ``=today() + duration("P1D")`` is a date, which
+    Python's datetime module computes. None for any other timer."""
+    if tag != "timeDate":
+        return None
+    source = text.strip()
+    now = re.fullmatch(r"=\s*now\(\s*\)\s*(?:\+\s*(.+))?", source, re.S)
+    if now is not None:
+        added = (now.group(1) or "").strip()
+        if not added:
+            duration = '"PT0S"'
+        else:
+            inner = _feel_timer_source("=" + added)
+            literal = re.fullmatch(r"=\s*(\"[^\"]*\"|'[^']*')", inner)
+            if literal is not None:
+                duration = '"' + literal.group(1)[1:-1] + '"'
+            else:
+                told = _python_instead(inner, "FEEL")
+                if not told.startswith("write '") or "(" in told.split("'")[-1]:
+                    return None
+                duration = told[len("write '"):].rsplit("'", 1)[0]
+        what = (f"so {source[1:].strip()!r} is a duration from then" if added else
+                "so it is due at once, a duration of nothing")
+        return (f"now() is when the timer starts waiting, {what}: "
+                f"make the timer a timeDuration, <bpmn:timeDuration xsi:type=\"bpmn:tFormalExpression\">"
+                f"{duration}</bpmn:timeDuration> in place of the timeDate (due that long after the timer starts, "
+                "on the engine's clock)")
+    today = re.fullmatch(r"=\s*today\(\s*\)\s*(?:\+\s*duration\(\s*([\"'])P(\d+)([DW])\1\s*\))?", source)
+    if today is not None:
+        days = int(today.group(2) or 0) * (7 if today.group(3) == "W" else 1)
+        python = ('str(__import__("datetime").date.today() + __import__("datetime").timedelta(days=' + str(days) + "))"
+                  if days else 'str(__import__("datetime").date.today())')
+        return (f"today() is no function here; the date is Python's datetime module's: write {python!r} "
+                "(midnight of that day, local time)")
+    return None
 
 
 def _balanced(text: str) -> bool:

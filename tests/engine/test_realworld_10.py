@@ -6,7 +6,9 @@ outgoing flow and terminate end events, a sub-process with a multi-instance user
 input, an error end event and a non-interrupting escalation while a timer retries, and a call
 activity looped by standardLoopCharacteristics with a preScript and a postScript that deletes
 variables, and a message to a second pool whose payload (on the bpmn:message) calls the datetime
-module that the tutorial's script engine supplied. Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run
+module that the tutorial's script engine supplied; then Camunda 8's FEEL timeDate off the clock
+(``=now() + duration("PT1H")``, ``=today() + ...``) and BPMN's receive task with instantiate="true"
+as a process's only start. Each is redrawn small in ``tests/engine/realworld/``; where plain SpiffWorkflow 3.2 can run
 a shape, a case runs it there too and the outcome must agree."""
 
 from __future__ import annotations
@@ -378,3 +380,104 @@ def test_only_a_call_of_a_modules_own_function_that_nothing_imports_is_warned_of
     assert bool(found) is warned, found
     if warned:
         assert found[0].code == "script_unknown_function" and "add 'import " in found[0].message, found[0].message
+
+
+# -- Camunda 8's timeDate off the clock ------------------------------------------------------------
+
+FEEL_NOW = REALWORLD / "zeebe_feel_now_timer.bpmn"
+FEEL_NOW_DATE = '<bpmn:timeDate xsi:type="bpmn:tFormalExpression">=now() + duration("PT1H")</bpmn:timeDate>'
+
+
+def timer_problem(path: Path) -> Any:
+    [problem] = errors(path)
+    assert (problem.code, problem.element_id, problem.field) == ("timer_expression", "wait", "timeDate"), problem
+    return problem
+
+
+def waiting_timer(tmp_path: Path, path: Path) -> datetime:
+    """The due time of the one timer ``layerflow run`` leaves the process waiting on."""
+    result = CliRunner().invoke(main, ["run", "--json", "--store", f"sqlite:///{tmp_path / 'runs.db'}", str(path)])
+    assert result.exit_code == 3, result.output  # waiting
+    [waiting] = json.loads(result.stdout)["waiting_for"]
+    assert (waiting["kind"], waiting["task_id"]) == ("timer", "wait"), waiting
+    return datetime.fromisoformat(waiting["due"])
+
+
+def test_a_feel_time_date_an_hour_from_now_is_told_as_a_duration_that_waits_an_hour(tmp_path: Path) -> None:
+    """Camunda 8 writes "an hour after the timer starts" as the timeDate ``=now() + duration("PT1H")``.
+    validate told to write ``now() + "PT1H"``: no function now() is here, the run stopped on a
+    NameError. now() plus a duration is that duration: the timeDuration it tells to write waits an
+    hour (on the engine's clock)."""
+    problem = timer_problem(FEEL_NOW)
+    assert "now() + \"PT1H\"" not in problem.message, problem.message
+    told = problem.message.split("timeDuration, ", 1)[1].split("</bpmn:timeDuration>", 1)[0] + "</bpmn:timeDuration>"
+    assert told == '<bpmn:timeDuration xsi:type="bpmn:tFormalExpression">"PT1H"</bpmn:timeDuration>', problem.message
+    changed = rewritten(tmp_path, FEEL_NOW, [(FEEL_NOW_DATE, told)])
+    assert errors(changed) == []
+    before = datetime.now(timezone.utc)
+    due = waiting_timer(tmp_path, changed)
+    assert before + timedelta(minutes=59) < due < datetime.now(timezone.utc) + timedelta(minutes=61), due
+
+
+@pytest.mark.parametrize("feel, duration", [('=now() + duration("P1D")', '"P1D"'), ("=now()", '"PT0S"'),
+                                            ('=now() + duration("PT" + string(hours) + "H")', '"PT" + str(hours) + "H"')])
+def test_other_feel_time_dates_from_now_are_told_as_their_duration(tmp_path: Path, feel: str, duration: str) -> None:
+    problem = timer_problem(rewritten(tmp_path, FEEL_NOW, [('=now() + duration("PT1H")', feel)]))
+    assert f'<bpmn:timeDuration xsi:type="bpmn:tFormalExpression">{duration}</bpmn:timeDuration>' in problem.message, \
+        problem.message
+
+
+@pytest.mark.parametrize("feel, days", [("=today()", 0), ('=today() + duration("P1D")', 1),
+                                        ('=today() + duration("P2W")', 14)])
+def test_a_feel_time_date_from_today_is_told_as_python_that_waits_for_that_day(tmp_path: Path, feel: str,
+                                                                               days: int) -> None:
+    """``=today() + duration("P1D")``: midnight of tomorrow. validate told to write ``today() + "P1D"``,
+    a call of a function that is not here; the Python it tells now runs and waits for that day."""
+    problem = timer_problem(rewritten(tmp_path, FEEL_NOW, [('=now() + duration("PT1H")', feel)]))
+    told = problem.message.split("write ", 1)[1].split(" (midnight", 1)[0]
+    assert told.startswith("'") and told.endswith("'") and not told.startswith("'today()"), problem.message
+    expression = told[1:-1]
+    changed = rewritten(tmp_path, FEEL_NOW, [('=now() + duration("PT1H")', expression.replace('"', "&quot;"))])
+    assert errors(changed) == []
+    if days == 0:  # midnight of today has passed: the timer fires at once, as Camunda's does
+        result = CliRunner().invoke(main, ["run", "--json", "--store", f"sqlite:///{tmp_path / 'r.db'}", str(changed)])
+        assert result.exit_code == 0 and json.loads(result.stdout)["status"] == "completed", result.output
+        return
+    day = datetime.now().date() + timedelta(days=days)
+    due = waiting_timer(tmp_path, changed)
+    assert due == datetime.combine(day, datetime.min.time()).astimezone(timezone.utc), due
+
+
+# -- BPMN's instantiating receive task -------------------------------------------------------------
+
+INSTANTIATING = REALWORLD / "bpmn_instantiating_receive_task.bpmn"
+RECEIVE_TASK = ('<bpmn:receiveTask id="receive_order" name="Receive order" messageRef="order_placed" '
+                'instantiate="true" />')
+
+
+def test_an_instantiating_receive_task_is_told_as_the_message_start_event_to_write(tmp_path: Path) -> None:
+    """A process started by a receive task with instantiate="true" (no start event): SpiffWorkflow
+    ignores instantiate and refuses the process ("No start event found"); validate said only to draw
+    a start event before the receive task, which then waits for a message the process was to start
+    on. It names the receive task and the message start event to write in its place, which runs."""
+    with pytest.raises(Exception, match="No start event found"):
+        parser = SpiffBpmnParser()
+        parser.add_bpmn_file(str(INSTANTIATING))
+        BpmnWorkflow(parser.get_spec("order_intake"))
+    [problem] = errors(INSTANTIATING)
+    assert (problem.code, problem.element_id) == ("no_start_event", "receive_order"), problem
+    told = problem.message.split("in place of the receive task, ", 1)[1].split(", and keep", 1)[0]
+    assert told == ('<bpmn:startEvent id="receive_order"><bpmn:messageEventDefinition messageRef="order_placed" />'
+                    '</bpmn:startEvent>'), problem.message
+    assert "instantiate" in problem.message, problem.message
+    changed = rewritten(tmp_path, INSTANTIATING, [(RECEIVE_TASK, told)])
+    assert errors(changed) == []
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    result = CliRunner().invoke(main, ["run", "--json", "--store", store, str(changed)])
+    assert result.exit_code == 3, result.output
+    out = json.loads(result.stdout)
+    assert [(w["task_id"], w["event"]) for w in out["waiting_for"]] == [("receive_order", "order_placed")], out
+    sent = CliRunner().invoke(main, ["send", "--json", "--store", store, out["instance_id"], "order_placed",
+                                     "--json-payload", '{"order": 7}'])
+    assert sent.exit_code == 0, sent.output
+    assert json.loads(sent.stdout)["status"] == "completed", sent.output
