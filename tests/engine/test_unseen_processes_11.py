@@ -320,3 +320,27 @@ def test_an_answer_or_default_given_by_label_is_the_options_value(api: httpx.Cli
     decided = [e["data"] for e in state(api, iid)[2] if e["kind"] == "note" and e["data"].get("note") == "human_decision"]
     assert [d["value"] for d in decided] == ["replace", 40, "repair"]
     assert json.dumps(decided).count("(from inspect_item)") == 0
+
+
+def test_a_join_waiting_for_a_person_keeps_main_as_the_split_left_it(api: httpx.Client) -> None:
+    """README: a join waiting for a person has changed nothing yet, and a change to a context whose
+    branches are not yet joined gets 409 (inject, compress; rollback too, it would move main under
+    the join's snapshot). Main still holds only what the split saw; the refusals write nothing, the
+    questions stay open, and answering them runs the claim to its end."""
+    iid = start(api)
+    doc = api.post(f"/api/instances/{iid}/user-tasks/inspect_item", json={"data": INSPECTION}).json()
+    assert sorted(w["id"] for w in doc["waiting_for"]) == ["claim_join/cost", "claim_join/outcome"]
+    gov = lambda op, **body: api.post(f"/api/context-governance/{op}", json={"instance_id": iid, **body})  # noqa: E731
+    snap = gov("snapshot")
+    assert snap.status_code == 200 and snap.json()["layers"]["L3"] == [] and snap.json()["layers"]["L4"] == []
+    before = state(api, iid)[:2]
+    for op, body in (("inject", {"key": "outcome", "value": "scrap"}), ("compress", {"action": "compress"}),
+                     ("rollback", {"snapshot_id": snap.json()["snapshot_id"]})):
+        refused = gov(op, **body)
+        assert refused.status_code == 409 and "open branches" in refused.text, (op, refused.text)
+        assert state(api, iid)[:2] == before, op
+    main = gov("inspect").json()
+    assert main["L3"]["keys"] == [] and main["L4"]["keys"] == [] and main["status"] == "waiting"
+    assert gov("resolve", conflict_key="claim_join/cost", resolution=150, reason="desk quote").status_code == 200
+    done = gov("resolve", conflict_key="claim_join/outcome", resolution="replace", reason="desk").json()
+    assert done["status"] == "completed" and done["layers"]["L3"]["settlement"] == "replace:150"
