@@ -71,6 +71,7 @@ class ContextWriteDenied(LayerflowError):
         self.effective = effective
         self.reason = reason
         self.op = op  # "write" or "delete"
+        self.context: str | None = None  # the context the write was meant for, when a caller knows it
         where = f"{effective}" if effective == requested else f"{effective} (requested {requested}, auto-promoted)"
         what = f"delete of key {key!r} from" if op == "delete" else f"write of key {key!r} to"
         super().__init__(f"{what} {where} denied: {reason}")

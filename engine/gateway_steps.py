@@ -62,6 +62,26 @@ def typed_option(options: Sequence[Mapping[str, Any]], value: Any) -> str | None
     return next((o["value"] for o in options if isinstance(o.get("value"), str) and o["value"] == text), None)
 
 
+def option_value(options: Sequence[Mapping[str, Any]], value: Any) -> Any:
+    """The option value an accepted answer stands for: an option's value itself, else the value of
+    the option whose label it is, else of the option whose value's JSON text it is (``"40"`` for 40,
+    ``true`` for the option "true"); anything else (``escalate``, an answer to a question with no
+    options) stays as given."""
+    if any(json_equal(value, o.get("value")) for o in options):
+        return value
+    typed = typed_option(options, value)
+    if typed is not None:
+        return typed
+    for option in options:
+        if value == option.get("label"):
+            return option.get("value")
+    if isinstance(value, str):
+        for option in options:
+            if value == json.dumps(option.get("value"), ensure_ascii=False):
+                return option.get("value")
+    return value
+
+
 def _failed_conflict_record(gateway_id: str, conflict: Any) -> dict[str, Any]:
     """A conflict of a join that failed (FAIL_ON_CONFLICT), in the ``--json`` ``conflicts`` shape."""
     record = dict(conflict.to_dict()) if hasattr(conflict, "to_dict") else dict(conflict)
@@ -753,9 +773,7 @@ class GatewaySteps:
         timeout gave is on the tape as ``confirmation_timed_out`` already."""
         inst = self.instance
         entry = self.check_answer(confirmation_id, value)
-        typed = typed_option(entry.get("options") or [], value)
-        if typed is not None:
-            value = typed
+        value = option_value(entry.get("options") or [], value)
         if not timed_out:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
             ctx.record("human_decision", actor=actor, data={

@@ -255,7 +255,8 @@ class InspectArgs(_Args):
     layers: list[LayerName] = Field(default_factory=lambda: [str(x) for x in Layer], description="layers to report")
     metrics: list[Literal["token_count", "key_count", "attention_score", "last_modified", "size_bytes",
                           "top_keys", "keys"]] | None = Field(default=None, description="metrics to report (default: all)")
-    filter: InspectFilter | None = None
+    filter: InspectFilter | None = Field(default=None, description="which keys to look at (key_prefix, "
+                                                                     "modified_after)")
     context: ContextName = None
     activity_id: str | None = Field(default=None, description="score against this activity's config (preserveKeys, thresholds)")
     top: int = Field(default=5, ge=0, le=100, description="how many keys `top_keys` lists")
@@ -419,15 +420,21 @@ class BranchEvaluateArgs(_Args):
 class BranchArgs(_Args):
     """context_branch: evaluate a branch, resolve a conflict, or take a snapshot."""
 
-    action: Literal["evaluate", "resolve_conflict", "snapshot"]
-    branch_id: str | None = None
-    required_keys: list[str] = Field(default_factory=list)
-    conflict_key: str | None = None
-    confirmation_id: str | None = None
-    resolution: Any = None
-    reason: str | None = None
-    layers: list[LayerName] | None = None
-    label: str | None = None
+    action: Literal["evaluate", "resolve_conflict", "snapshot"] = Field(
+        description="evaluate: are required_keys readable in a branch; resolve_conflict: settle a join's open "
+                    "question (conflict_key or confirmation_id, resolution, reason); snapshot: take a snapshot")
+    branch_id: str | None = Field(default=None, description="evaluate: the branch id (BPMN id of its first element); "
+                                                            "default: the main context")
+    required_keys: list[str] = Field(default_factory=list, description="evaluate (needed): the keys the branch "
+                                                                       "must be able to read")
+    conflict_key: str | None = Field(default=None, description="resolve_conflict: the conflicting key "
+                                                               "(or GATEWAY_ID/KEY)")
+    confirmation_id: str | None = Field(default=None, description="resolve_conflict: the pending confirmation's id")
+    resolution: Any = Field(default=None, description="resolve_conflict (needed): the chosen value, one of the "
+                                                      "offered option values")
+    reason: str | None = Field(default=None, description="resolve_conflict (needed): why this value")
+    layers: list[LayerName] | None = Field(default=None, description="snapshot: layers to describe in the answer")
+    label: str | None = Field(default=None, description="snapshot: a label for the snapshot")
 
     @model_validator(mode="after")
     def _fields_of_action(self) -> "BranchArgs":
@@ -468,6 +475,8 @@ class HumanConfirmArgs(_Args):
             offered = ", ".join(json.dumps(o.value, ensure_ascii=False) for o in options)
             raise ValueError(f"{json.dumps(default, ensure_ascii=False)} is none of the options' values ({offered}); "
                              "make it one of them")
+        if default is not None and not any(json_equal(default, o.value) for o in options):
+            return next(o.value for o in options if default == o.label)  # a label stands for its option's value
         return default
 
 
@@ -686,7 +695,8 @@ class GovernanceService:
     def _record_denial(self, instance_id: str, op: str, actor: str, err: ContextWriteDenied) -> None:
         try:
             fresh = self.load(instance_id)
-            fresh.main.record("governance_denied", actor=actor, data={"op": op, **err.to_dict()})
+            ctx = fresh.contexts.get(getattr(err, "context", None) or MAIN, fresh.main)
+            ctx.record("governance_denied", actor=actor, data={"op": op, **err.to_dict()})
             self._save(fresh)
         except VersionConflict:
             pass  # someone saved meanwhile; the refusal itself still stands
@@ -921,11 +931,15 @@ class GovernanceService:
                 raise InstanceStateError(f"instance {instance.id} is completed; inject writes into a waiting, "
                                          "running or failed instance")
             ctx = self.context_of(instance, args.context)
-            for key in args.values:
-                refuse_engine_key(ctx, args.layer, key)
             written = {}
-            for key, value in args.values.items():  # the layer rules first: a SYSTEM key is denied, always
-                written[key] = str(ctx.write(args.layer, key, value, actor=actor))
+            try:
+                for key in args.values:
+                    refuse_engine_key(ctx, args.layer, key)
+                for key, value in args.values.items():  # the layer rules first: a SYSTEM key is denied, always
+                    written[key] = str(ctx.write(args.layer, key, value, actor=actor))
+            except ContextWriteDenied as err:
+                err.context = ctx.name  # the refusal goes on the tape of the context it was meant for
+                raise
             self._writable(instance, ctx, "inject")
             ctx.record("governance", actor=actor, data={"op": "inject", "keys": list(args.values),
                                                         "layer": args.layer, "reason": args.reason})

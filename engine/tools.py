@@ -52,6 +52,7 @@ from .governance import (
     ResolveArgs,
     SnapshotArgs,
 )
+from .gateway_steps import option_value
 from .runtime import Engine, Instance
 
 __all__ = ["TOOL_MODELS", "LiveGovernance", "ToolLoopResult", "dispatch_tool", "run_tool_loop", "tool_schemas"]
@@ -171,6 +172,7 @@ def _human_confirm(service: GovernanceService, instance_id: str, args: HumanConf
             if not any(json_equal(answer, o.value) or answer == o.label for o in args.options):
                 offered = ", ".join(json.dumps(o.value, ensure_ascii=False) for o in args.options)
                 return _error("invalid_answer", f"the answer {answer!r} is not one of the options: {offered}")
+            answer = option_value([o.model_dump() for o in args.options], answer)  # a label: its option's value
             return service.request_confirmation(instance_id, args, actor=actor, answer=answer, answered=True)
     return service.request_confirmation(instance_id, args, actor=actor)
 
