@@ -456,3 +456,55 @@ def test_render_a_view_stands_in_for_ctx_and_changes_nothing() -> None:
         assert "zzz-tool-zzz" not in "".join(m["content"] for m in hidden)
         assert "zzz-tool-zzz" in "".join(m["content"] for m in render(ctx, format=fmt))
     assert len(ctx.tape) == tape_len and ctx.state_json() == state
+
+
+def test_decompress_keeps_what_later_activities_wrote() -> None:
+    ctx = LayeredContext()
+    ctx.begin_activity("t1")
+    for i in range(3):
+        ctx.write(L.WORKING, f"tool_call_result_{i}",
+                  {"kind": "tool_call_result", "status": "ok", "data": {"id": f"S{i}", "blob": "x " * 80}})
+    ctx.write(L.WORKING, "old", "o")
+    ctx.complete_activity("t1")
+    original = dict(ctx.layer(L.HISTORY))
+    comp = RuleDrivenCompressor()
+    result = comp.compress(ctx, {"activityId": "z", "compressRules": [
+        {"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status"]}]}, triggers=[])
+    assert ctx.layer(L.HISTORY)["tool_call_result_0"] != original["tool_call_result_0"]
+    ctx.begin_activity("t2")
+    ctx.write(L.WORKING, "tool_call_result_1", "newer")  # auto-promoted into HISTORY
+    ctx.delete(L.WORKING, "old")                          # auto-promoted delete from HISTORY
+    ctx.write(L.WORKING, "fresh", 1)
+    ctx.complete_activity("t2")
+    comp.decompress(ctx, result)
+    history = ctx.layer(L.HISTORY)
+    assert history["tool_call_result_0"] == original["tool_call_result_0"]
+    assert history["tool_call_result_2"] == original["tool_call_result_2"]
+    assert history["tool_call_result_1"] == "newer" and "old" not in history and history["fresh"] == 1
+    assert list(history) == ["tool_call_result_0", "tool_call_result_1", "tool_call_result_2", "activity:t1",
+                             "fresh", "activity:t2"]
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_three_branches_conflict_lists_only_changers() -> None:
+    (c,) = ConflictDetector().detect_conflicts(
+        {"k": 0, "u": 1}, {"a": {"k": 1, "u": 1}, "b": {"k": 2, "u": 1}, "c": {"k": 1, "u": 1}, "d": {"k": 0, "u": 1}})
+    assert c.values == {"a": 1, "b": 2, "c": 1}   # d left it as it was
+    assert c.conflictingValues == [1, 2]           # distinct, in branch order
+    assert c.sourceBranches == ["a", "b", "c"]
+
+
+def test_join_history_order_three_branches_shared_new_key() -> None:
+    ctx = LayeredContext()
+    ctx.begin_activity("t0"); ctx.write(L.WORKING, "base1", 1); ctx.complete_activity("t0")
+    a, b, c = ContextSplitter().split(ctx, "g", ["A", "B", "C"])
+    # B finishes first in time; order still follows the branches
+    b.context.begin_activity("tb"); b.context.write(L.WORKING, "shared", 5); b.context.write(L.WORKING, "b1", 1)
+    b.context.complete_activity("tb")
+    a.context.begin_activity("ta"); a.context.write(L.WORKING, "a1", 1); a.context.write(L.WORKING, "shared", 5)
+    a.context.complete_activity("ta")
+    c.context.begin_activity("tc"); c.context.write(L.WORKING, "c1", 1); c.context.complete_activity("tc")
+    ContextSplitter().join(ctx, [a, b, c])
+    assert list(ctx.layer(L.HISTORY)) == ["base1", "activity:t0", "a1", "shared", "activity:ta", "b1",
+                                          "activity:tb", "c1", "activity:tc"]
+    assert LayeredContext.replay(ctx.tape) == ctx
