@@ -10,11 +10,14 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import math
+import types
+import typing
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from .canonical import text_problem
 from .context import key_begins
@@ -67,6 +70,12 @@ def _json_problem(value: Any, path: str) -> str | None:
     return None
 
 
+def _number_only(annotation: Any) -> bool:
+    """Whether a field's type takes numbers (int or float, maybe None) and no boolean."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    return bool(args) and any(a in (int, float) for a in args) and all(a in (int, float, type(None)) for a in args)
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -76,6 +85,19 @@ class _Model(BaseModel):
         str_strip_whitespace=True,
         allow_inf_nan=False,  # no JSON document (an instance record, the tape) can hold them
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads a JSON/YAML boolean as a number (true -> 1): a YAML
+        # ``compressTokenThreshold: yes`` would compress after every token. A boolean where
+        # a number is asked for is a mistake the config's author should hear about.
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and _number_only(field.annotation):
+                raise PydanticCustomError("number_not_bool", "Input should be a number, not a boolean (YAML reads an "
+                                          "unquoted yes/no/on/off/true/false as one)")
+        return value
 
     @model_validator(mode="after")
     def _json_values(self) -> "_Model":

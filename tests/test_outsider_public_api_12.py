@@ -508,3 +508,23 @@ def test_join_history_order_three_branches_shared_new_key() -> None:
     assert list(ctx.layer(L.HISTORY)) == ["base1", "activity:t0", "a1", "shared", "activity:ta", "b1",
                                           "activity:tb", "c1", "activity:tc"]
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+# ----- config: a JSON/YAML boolean is not a number ------------------------------------------
+
+
+@pytest.mark.parametrize("config, field", [
+    ({"compressTokenThreshold": True}, "compressTokenThreshold"),      # YAML `yes` would be threshold 1
+    ({"compressMessageThreshold": True}, "compressMessageThreshold"),
+    ({"attentionThresholds": {"density": True}}, "attentionThresholds.density"),
+    ({"attentionThresholds": {"toolEfficiency": False}}, "attentionThresholds.toolEfficiency"),
+    ({"compressRules": [{"pattern": "x", "action": "summarize", "maxTokens": True}]}, "compressRules.0.maxTokens"),
+    ({"compressRules": [{"pattern": "x", "action": "count_only", "keepLast": True}]}, "compressRules.0.keepLast"),
+])
+def test_boolean_for_a_number_is_a_config_error_naming_the_field(config: dict, field: str) -> None:
+    from context_layers import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        CompressTriggerDetector().detect(LayeredContext(), {"activityId": "a", **config})
+    assert field in str(info.value)
+    assert "bool" in str(info.value) or "true" in str(info.value).lower() or "false" in str(info.value).lower()
