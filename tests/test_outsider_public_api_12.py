@@ -528,3 +528,40 @@ def test_boolean_for_a_number_is_a_config_error_naming_the_field(config: dict, f
         CompressTriggerDetector().detect(LayeredContext(), {"activityId": "a", **config})
     assert field in str(info.value)
     assert "bool" in str(info.value) or "true" in str(info.value).lower() or "false" in str(info.value).lower()
+
+
+def test_anchored_view_renders_from_the_anchor_and_keeps_stable_layers() -> None:
+    ctx = LayeredContext(system={"policy": "p"}, process={"amt": 1})
+    ctx.begin_activity("a"); ctx.write(L.WORKING, "early_key", "EARLY"); ctx.complete_activity("a")
+    ctx.anchor("here")
+    ctx.begin_activity("b"); ctx.write(L.WORKING, "late_key", "LATE"); ctx.write(L.WORKING, "early_key", "EARLY2")
+    ctx.complete_activity("b")
+    tape_len = len(ctx.tape)
+    for fmt in ("xml", "json", "plain"):
+        messages = render(ctx.view(anchor="here"), format=fmt)
+        text = "".join(m["content"] for m in messages)
+        assert messages == render(ctx.view(anchor="here"), format=fmt)
+        assert "policy" in text and "amt" in text           # SYSTEM and PROCESS are never cut
+        assert "LATE" in text and "EARLY2" in text           # written after the anchor
+        assert "activity:a" not in text                      # HISTORY before the anchor is hidden
+    assert len(ctx.tape) == tape_len
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_model_summary_longer_than_max_tokens_is_cut() -> None:
+    from context_layers.tokens import count_text
+
+    ctx = LayeredContext()
+    ctx.begin_activity("a")
+    ctx.write(L.WORKING, "reasoning_chain", {"kind": "reasoning_chain", "text": "long thought " * 200})
+    ctx.complete_activity("a")
+
+    def chatty(text: str, max_tokens: int) -> str:
+        return "the model ignores its budget and goes on " * 20
+
+    RuleDrivenCompressor(chatty).compress(ctx, {"activityId": "z", "compressRules": [
+        {"pattern": "reasoning_chain", "action": "summarize", "maxTokens": 6}]}, triggers=[])
+    value = ctx.layer(L.HISTORY)["reasoning_chain"]
+    summary = value["summary"] if isinstance(value, dict) else value
+    assert count_text(summary) <= 6 and summary
+    assert LayeredContext.replay(ctx.tape) == ctx
