@@ -170,6 +170,9 @@ def test_inspect_tape_replay_rollback(cli: Cli) -> None:
     conflicts = json.loads(cli("tape", iid, "--kind", "conflict", "--json", code=0).stdout)
     assert [e["data"]["key"] for e in conflicts] == ["recommendation"]
     assert conflicts[0]["data"]["conflicting_values"] == {"assess_damage": "pay", "fraud_screen": "investigate"}
+    # the tape says what `run --json` says: the key was not set before the split (not "deleted")
+    assert conflicts[0]["data"]["base_value"] is None and conflicts[0]["data"]["base_absent"] is True
+    assert conflicts[0]["data"]["layer"] == doc["conflicts"][0]["layer"]
     join_events = json.loads(cli("tape", iid, "--activity", "checks_join", "--json", code=0).stdout)
     # the join's own events (its conflict, resolutions, merge), the person's decision it asked for,
     # and the split's snapshot it merged against; nothing the branches' tasks did
