@@ -178,6 +178,12 @@ def test_inspect_tape_replay_rollback(cli: Cli) -> None:
     # and the split's snapshot it merged against; nothing the branches' tasks did
     assert {e["actor"] for e in join_events} <= {"checks_join", "checks_split", "person"}
     assert any(e["kind"] == "join" or e["data"].get("note") == "join" for e in join_events if e["actor"] == "checks_join")
+    # a filter that finds nothing is no error, but a mistyped id is named on stderr with the ids there are
+    for args in (["--kind", "nonsense"], ["--activity", "check_join"]):
+        none = cli("tape", iid, *args, "--json", code=0)
+        assert json.loads(none.stdout) == []
+        assert args[1] in none.stderr and "join" in none.stderr
+    assert "checks_join" in cli("tape", iid, "--activity", "check_join", code=0).stderr
     tape = json.loads(cli("tape", iid, "--json", code=0).stdout)
     assert len(tape) == doc["tape_length"]
     # the context as it was before the split: the claim filed, no check run yet
