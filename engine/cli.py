@@ -1380,6 +1380,11 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
                        for k in (e.kind, (e.data or {}).get("note")) if k})
         click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
                    err=True)
+    elif not events and activity:  # a mistyped BPMN id finds nothing as quietly as an id with no events
+        ids = {str(i) for n in names for e in instance.contexts[n].tape for i in (e.activity, e.actor) if i}
+        if activity not in ids:
+            click.echo(f"layerflow: no event of activity {activity!r} here; activities and gateways on this tape: "
+                       f"{', '.join(sorted(ids))}", err=True)
     if as_json:
         _Out(True).doc([event_document(name, e) for _, name, e in events])
         return

@@ -1204,8 +1204,12 @@ def apply_join(ctx: LayeredContext, result: JoinResult, *, actor: str = "engine"
              if e.kind == EventKind.NOTE and e.data.get("note") == "conflict"
              and e.data.get("gateway_id") == result.gateway_id}
     for conflict, _ in result.conflicts:
-        data = {"gateway_id": result.gateway_id, **conflict.to_dict()}
-        if canonical_key(data) not in noted:
+        old_form = {"gateway_id": result.gateway_id, **conflict.to_dict()}
+        # a key absent at the split is noted as `run --json` and `_mergedConflicts` show it: a null base with
+        # `base_absent`, not `{"$deleted": true}` (a branch's deletion); tapes noted before keep their form
+        data = ({**old_form, "base_value": None, "base_absent": True} if conflict.base_value is DELETED
+                else old_form)
+        if canonical_key(data) not in noted and canonical_key(old_form) not in noted:
             ctx.record("conflict", actor=actor, data=data)
     for step in result.steps:
         ctx.record("resolution", actor=actor, data={"gateway_id": result.gateway_id, **step.to_dict()})
