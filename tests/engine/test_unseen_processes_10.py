@@ -31,7 +31,6 @@ import pytest
 
 from context_layers import ContextWriteDenied, LayeredContext
 from engine import AnswerWriteDenied, Engine, load_process
-from engine import llm as engine_llm
 from engine.api import create_app
 
 from test_unseen_processes_4 import fake_model  # noqa: F401 - the "fake_model" fixture
