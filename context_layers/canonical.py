@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "text_problem", "FrozenDict",
+__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "text_problem", "key_problem", "FrozenDict",
            "FrozenList", "Memo", "remember_value"]
 
 K = TypeVar("K", bound=Hashable)
@@ -136,6 +137,55 @@ def text_problem(text: str) -> str | None:
         return None
     return (f"holds the lone surrogate U+{ord(found.group()):04X} at index {found.start()}, which is not "
             "Unicode text: no UTF-8 JSON document can carry it")
+
+
+#: the prefixes of the keys the engine, the compressor and the retrieval name their records and
+#: bookkeeping with (``activity:``, ``_mergedConflicts``, ...): a key that only looks like one of them
+#: would be read, by a person or a model, as the engine's own record
+RESERVED_LOOKS = ("activity:", "event:", "compaction:", "summary:", "tool:", "kb:", "_")
+
+# Characters of other scripts drawn like the Latin letters, colon and low line of ``RESERVED_LOOKS``
+# (from Unicode's confusables.txt, the ones for those glyphs); NFKC already folds the full-width and
+# mathematical forms.
+_LOOKALIKES = str.maketrans({
+    "\u0430": "a", "\u0251": "a", "\u03b1": "a", "\u0185": "b", "\u0441": "c", "\u03f2": "c", "\u1d04": "c",
+    "\u0435": "e", "\u04bd": "e", "\u0456": "i", "\u03b9": "i", "\u0131": "i", "\u0269": "i", "\u04cf": "l",
+    "\u01c0": "l", "\u043a": "k", "\u03ba": "k", "\u043c": "m", "\u0578": "n", "\u043e": "o", "\u03bf": "o",
+    "\u0585": "o", "\u1d0f": "o", "\u0440": "p", "\u03c1": "p", "\u0433": "r", "\u0455": "s", "\ua731": "s",
+    "\u0442": "t", "\u03c4": "t", "\u03c5": "u", "\u057d": "u", "\u1d1c": "u", "\u03bd": "v", "\u0475": "v",
+    "\u1d20": "v", "\u0443": "y", "\u04af": "y", "\u03b3": "y", "\u02d0": ":", "\ua789": ":", "\u2236": ":",
+    "\u0589": ":", "\u05c3": ":", "\u02cd": "_",
+})
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` cannot name a context entry, or None.
+
+    Keys are compared exactly, as JSON and the stores compare them, so two spellings of the same
+    text must not both be allowed: a key must be in Unicode NFC (else "café" written by one branch
+    and "cafe\u0301" by another would be two keys, and a join would see no conflict). And a key
+    must not pass for an engine record or bookkeeping key (``activity:``, ``_mergedConflicts``, ...)
+    while not being one: letters of another script, compatibility forms or invisible characters
+    would show the engine's name in a prompt or a table and hide who wrote it.
+    """
+    problem = text_problem(key)
+    if problem is not None or key.isascii():
+        return problem
+    nfc = unicodedata.normalize("NFC", key)
+    if nfc != key:
+        odd = next((ch for ch in key if unicodedata.combining(ch)), key[-1])
+        return (f"is not in Unicode NFC form (it composes U+{ord(odd):04X} {unicodedata.name(odd, 'a mark')} "
+                "separately), so another spelling of the same text would be another key; write it composed "
+                "(unicodedata.normalize('NFC', key))")
+    look = "".join(ch for ch in unicodedata.normalize("NFKC", key)
+                   if unicodedata.category(ch) != "Cf").translate(_LOOKALIKES)
+    for prefix in RESERVED_LOOKS:
+        if look.startswith(prefix) and not key.startswith(prefix):
+            odd = next((ch for ch in key[:len(prefix) + 8] if not ch.isascii()), key[0])
+            return (f"looks like the engine's {prefix!r} keys but is spelt with "
+                    f"U+{ord(odd):04X} {unicodedata.name(odd, 'an unnamed character')}: those keys name the "
+                    "engine's records and bookkeeping; name the key in plain letters of its own")
+    return None
 
 
 #: how deeply objects and lists may nest in a context value: every walk over a value (freezing,

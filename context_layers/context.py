@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import immutables
 
-from .canonical import canonical_json, freeze, text_problem, thaw
+from .canonical import canonical_json, freeze, key_problem, thaw
 from .errors import ContextKeyError, ContextValueError, ContextWriteDenied, LayerflowError
 from .layers import Layer
 from .markers import DELETED
@@ -492,9 +492,9 @@ class LayeredContext:
     def _check_key(self, key: Any) -> str:
         if not isinstance(key, str) or not key:
             raise ContextValueError(str(key), f"keys must be non-empty strings, got {type(key).__name__} {key!r}")
-        problem = text_problem(key)
+        problem = key_problem(key)
         if problem is not None:
-            raise ContextValueError(key, f"the key {problem}")
+            raise ContextValueError(key, problem, of_key=True)
         return key
 
     def _freeze(self, key: str, value: Any) -> Any:

@@ -113,10 +113,13 @@ class ContextWriteDenied(LayerflowError):
 class ContextValueError(LayerflowError, TypeError):
     kind = "invalid_value"
 
-    def __init__(self, key: str, detail: str) -> None:
+    def __init__(self, key: str, detail: str, *, of_key: bool = False) -> None:
         self.key = key
-        super().__init__(f"value for key {key!r} is not JSON-compatible: {detail}; "
-                         "write None, bool, int, float, str, list or dict with str keys")
+        if of_key:  # the key itself is what cannot be kept
+            super().__init__(f"key {key!r} cannot name a context entry: it {detail}")
+        else:
+            super().__init__(f"value for key {key!r} is not JSON-compatible: {detail}; "
+                             "write None, bool, int, float, str, list or dict with str keys")
 
 
 class ContextKeyError(LayerflowError, KeyError):

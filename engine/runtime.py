@@ -63,7 +63,7 @@ from SpiffWorkflow.dmn.specs.business_rule_task_mixin import BusinessRuleTaskMix
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
-from context_layers.canonical import freeze, text_problem
+from context_layers.canonical import freeze, key_problem
 from context_layers.tape import TAPE_FORMAT, EventKind
 from context_layers.compression import after_activity
 from context_layers.config import ActivityExtensionConfig
@@ -1485,14 +1485,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
         form = self._form_of(task, given)
         scope = self.loop_scope(task) or {}
         for key, value in form.items():
-            problem = ("is not a non-empty string" if not isinstance(key, str) or not key else text_problem(key))
+            problem = ("is not a non-empty string" if not isinstance(key, str) or not key else key_problem(key))
             if problem is not None:  # no context key can be named so: the person's mistake, as a bad value is
                 from .governance import InvalidAnswer
 
                 bpmn_id = spiff.bpmn_id_of(task)
-                raise InvalidAnswer(f"the answer to user task {bpmn_id!r} has the key {key!r}, which {problem}; "
-                                    "name every field with non-empty text", instance_id=self.instance.id,
-                                    task_id=bpmn_id)
+                raise InvalidAnswer(f"the answer to user task {bpmn_id!r} has the key {key!r}, which {problem}"
+                                    f"{'' if isinstance(key, str) and key else '; name every field with non-empty text'}",
+                                    instance_id=self.instance.id, task_id=bpmn_id)
             if key in scope:
                 continue  # an instance's own item
             try:
