@@ -35,7 +35,7 @@ from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
-from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
+from .runtime import AnswerWriteDenied, Engine, Instance, known_confirmation_ids, refuse_if_cancelled
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -519,6 +519,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         _fail(str(err), as_json=as_json, kind=err.kind)
     _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
     _user_task_answers_are_objects(process, answer, as_json)
+    _unmatchable_confirmations(process, answers, answers_file, answer, as_json)
     engine = _engine(store, model, out, as_json)
     # the new instance's lease is held from before it exists until the command ends, as `resume`
     # holds it: a `resume`, worker or REST request that learns the id meanwhile leaves it alone
@@ -569,6 +570,24 @@ def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapp
         _fail(f"answers file {answers_file}: user_tasks names {', '.join(repr(t) for t in unknown)}, not an element "
               f"of process {process.id!r}; key user_tasks by the BPMN id of a user task (or, on resume, by its "
               f"waiting_for id)", as_json=as_json)
+
+
+def _unmatchable_confirmations(process: Any, answers: Mapping[str, Any], answers_file: str | None,
+                               answer: tuple[str, ...], as_json: bool, known: Iterable[str] = ()) -> None:
+    """A confirmations key (answers file or ``--answer``) that can match no confirmation of the
+    process is a typo, refused before anything runs (``runtime.check_confirmation_keys``), as a
+    user task the process does not have is. One the process may still ask (a join's key it has
+    not met) is not: it is named on stderr at the end if it went unused."""
+    from .runtime import check_confirmation_keys
+
+    given = {item.partition("=")[0] for item in answer}
+    keys = [k for k in answers["confirmations"] if k not in answers["user_tasks"]]
+    for source, part in ((f"answers file {answers_file}", [k for k in keys if k not in given]),
+                         ("--answer", [k for k in keys if k in given])):
+        try:
+            check_confirmation_keys(process, part, known=known, source=source)
+        except LayerflowError as err:
+            _fail(str(err), as_json=as_json, kind=err.kind, process_id=process.id)
 
 
 def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
@@ -839,6 +858,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json,
                                     [str(w["id"]) for w in instance.waiting_for if w.get("id")])
                 _user_task_answers_are_objects(instance.process, answer, as_json)
+                _unmatchable_confirmations(instance.process, answers, answers_file, answer, as_json,
+                                           known_confirmation_ids(instance))
                 given = _answer_keys(instance, answers, answer)
                 _unused_answers(out, instance, answers, given)
                 for key, value in answers["confirmations"].items():
