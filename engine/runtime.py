@@ -1047,6 +1047,14 @@ def _first_waiting_user_task(instance: Instance, task_id: str) -> dict[str, Any]
 _MODEL_CONFIRMATION = re.compile(r"model:[0-9]+")
 
 
+def unmatchable_confirmation_keys(process: Process, keys: Iterable[str], *, known: Iterable[str] = ()) -> list[str]:
+    """The keys of ``keys`` that can match no confirmation of ``process`` (see ``check_confirmation_keys``)."""
+    known = set(known)
+    joins = set(process.join_ids())
+    return [key for key in keys if not (key == "*" or key in known or _MODEL_CONFIRMATION.fullmatch(key)
+                                        or "/" in key and key.partition("/")[0] in joins)]
+
+
 def check_confirmation_keys(process: Process, keys: Iterable[str], *, known: Iterable[str] = (),
                             source: str = "answers") -> None:
     """Raise ``InvalidAnswer`` naming every key of answers' ``confirmations`` that can match no
@@ -1056,13 +1064,12 @@ def check_confirmation_keys(process: Process, keys: Iterable[str], *, known: Ite
     model's confirmation (``model:N``, which an activity may ask for later), or ``GATEWAY_ID/KEY``
     of a join of the process, its sub-processes or the processes it calls (a conflict not met yet,
     maybe never, is no typo: its join exists)."""
-    known = set(known)
-    joins = process.join_ids()
-    bad = [key for key in keys if not (key == "*" or key in known or _MODEL_CONFIRMATION.fullmatch(key)
-                                       or key.partition("/")[0] in joins and "/" in key)]
+    bad = unmatchable_confirmation_keys(process, keys, known=known)
     if not bad:
         return
     from .governance import InvalidAnswer
+
+    joins = process.join_ids()
 
     hints = [f"{key!r} is a join: add the conflicting context key, {key + '/KEY'!r}" for key in bad if key in joins]
     raise InvalidAnswer(
@@ -1082,7 +1089,9 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
 
 def _check_answers(instance: Instance | Process, answers: Mapping[str, Any] | None) -> None:
     """``check_confirmation_keys`` for answers given to ``Engine.run`` / ``Engine.resume``."""
-    conf = (answers or {}).get("confirmations") or {}
+    # (``--answer KEY={...}`` gives both sections the object: a user task's answer, whatever else it is)
+    tasks = (answers or {}).get("user_tasks") or {}
+    conf = [key for key in (answers or {}).get("confirmations") or {} if key not in tasks]
     if not conf:
         return
     if isinstance(instance, Process):

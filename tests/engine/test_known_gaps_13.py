@@ -87,6 +87,17 @@ def test_keys_that_may_still_match_keep_the_instance_waiting_with_a_notice(cli: 
     assert json.loads(result.stdout)["status"] == "waiting"
 
 
+def test_a_single_answer_that_can_never_match_is_named_and_left_out(cli: Any, tmp_path: Path) -> None:
+    """`--answer KEY=VALUE` is one answer at a time, for what waits now or later (an --answer for
+    nothing waiting is said on stderr: tests/test_contracts_cli.py): one that can match nothing is
+    named, not used, and the rest of the command goes on."""
+    result = cli("run", str(_vote(tmp_path)), "--answer", "nogateway/verdict=reject", "--answer",
+                 "merge/verdict=reject", "--json")
+    assert result.exit_code == 3 and "'nogateway/verdict' can match no confirmation" in result.stderr
+    doc = json.loads(result.stdout)
+    assert [w["id"] for w in doc["waiting_for"]] == ["merge/score"]
+
+
 CALLER = [
     '<bpmn:startEvent id="start"/>',
     '<bpmn:callActivity id="call_vote" calledElement="inner"/>',
