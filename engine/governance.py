@@ -1276,11 +1276,11 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
 
 def _check_answered_tasks(process: Any, answers: StartAnswers | None, waiting: Iterable[str] = (), *,
                           known: Iterable[str] = ()) -> None:
-    """Answers that name a task the process does not have, or a confirmation it can never ask, are
-    a typo (``layerflow run --answers`` refuses them too): say so, instead of leaving the task
-    waiting with its answer unused. A user
-    task may also be named by its ``waiting_for`` id (the README's way to answer one instance of a
-    multi-instance task), on an instance that waits for it."""
+    """Answers that name a task the process does not have, or a confirmation it can never ask
+    (``runtime.check_confirmation_keys``; ``known``: the instance's confirmations and waiting ids),
+    are a typo (``layerflow run --answers`` refuses them too): say so, instead of leaving the task
+    waiting with its answer unused. A user task may also be named by its ``waiting_for`` id (the
+    README's way to answer one instance of a multi-instance task), on an instance that waits for it."""
     if answers is None:
         return
     check_confirmation_keys(process, answers.confirmations, known=known, source="answers")

@@ -80,7 +80,7 @@ class Process:
             for ts in s.task_specs.values():
                 if spiff.is_join(ts):
                     ids.setdefault(spiff.spec_bpmn_id(ts), None)
-        return list(ids)
+        return sorted(ids, key=lambda i: i.endswith(".EndJoin"))  # the drawn gateways first
 
     def to_record(self) -> dict[str, Any]:
         """What an instance record keeps of its process (the spec travels inside the workflow JSON).

@@ -1070,7 +1070,6 @@ def check_confirmation_keys(process: Process, keys: Iterable[str], *, known: Ite
     from .governance import InvalidAnswer
 
     joins = process.join_ids()
-
     hints = [f"{key!r} is a join: add the conflicting context key, {key + '/KEY'!r}" for key in bad if key in joins]
     raise InvalidAnswer(
         f"{source}: confirmations names {', '.join(map(repr, bad))}, which can match no confirmation of process "
