@@ -13,9 +13,10 @@ from engine import Engine, load_process
 from engine.governance import InvalidAnswer
 from engine.validate import validate_process
 
-from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
-from engine_helpers import flow, run_json, write_elements
-from test_unseen_processes_4 import fake_model  # noqa: F401 - the "fake_model" fixture
+from engine_helpers import cli_in_a_tmp_store, flow, run_json, write_elements
+from test_unseen_processes_4 import fake_model as _fake_model
+
+cli, fake_model = cli_in_a_tmp_store, _fake_model  # the fixtures "cli" and "fake_model", here too
 
 # finance and risk disagree on a text (verdict) and on a number (score)
 VOTE = [
