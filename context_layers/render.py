@@ -2,7 +2,9 @@
 
 Same input, same bytes: values are canonical JSON (sorted keys), entries come in a
 fixed order, and nothing reads a clock or makes an id (a context saved and loaded, or
-replayed from its tape, renders identically).
+replayed from its tape, renders identically). Nor is the model shown the wall-clock
+``time`` of the joins' ``_mergedConflicts`` entries (kept in the context and on the
+tape): two identical runs send identical bytes.
 
 Message structure (chosen so provider prompt caches keep hitting)::
 
@@ -54,6 +56,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from .attention import MERGED_CONFLICTS_KEY
 from .canonical import canonical_json
 from .context import Entry, LayeredContext, SelectHook, View, run_hooks
 from .layers import Layer
@@ -274,9 +277,24 @@ class _Parts:
         return self.revisions.get((e.key, e.seq)) if e.layer == Layer.HISTORY else None
 
 
+# Fields of the engine's own records kept for the audit (the context, its tape, `run --json`) and
+# not shown to the model: each ``_mergedConflicts`` entry is stamped with the time its join merged,
+# which would make two identical runs send different bytes from the first join on (and miss the
+# provider's prompt cache across instances), while telling the model nothing it decides on.
+_UNSHOWN_FIELDS = {MERGED_CONFLICTS_KEY: frozenset({"time"})}
+
+
+def _shown(e: Entry) -> Entry:
+    drop = _UNSHOWN_FIELDS.get(e.key)
+    if drop is None or not isinstance(e.value, (list, tuple)):
+        return e
+    return replace(e, value=[{k: v for k, v in item.items() if k not in drop} if isinstance(item, Mapping) else item
+                             for item in e.value])
+
+
 def _select(entries: Sequence[Entry], options: RenderOptions, since: int | None = None,
             revisions: dict[tuple[str, int], int] | None = None) -> _Parts:
-    entries = run_hooks(entries, options.hooks)
+    entries = [_shown(e) for e in run_hooks(entries, options.hooks)]
     include = set(options.include_layers)
     entries = sorted((e for e in entries if e.layer in include), key=lambda e: (int(e.layer), e.order))
     by_layer: dict[Layer, list[Entry]] = {layer: [] for layer in Layer}

@@ -35,7 +35,7 @@ from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
-from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
+from .runtime import AnswerWriteDenied, Engine, Instance, known_confirmation_ids, refuse_if_cancelled
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -519,6 +519,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         _fail(str(err), as_json=as_json, kind=err.kind)
     _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
     _user_task_answers_are_objects(process, answer, as_json)
+    _unmatchable_confirmations(out, process, answers, answers_file, answer)
     engine = _engine(store, model, out, as_json)
     # the new instance's lease is held from before it exists until the command ends, as `resume`
     # holds it: a `resume`, worker or REST request that learns the id meanwhile leaves it alone
@@ -569,6 +570,32 @@ def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapp
         _fail(f"answers file {answers_file}: user_tasks names {', '.join(repr(t) for t in unknown)}, not an element "
               f"of process {process.id!r}; key user_tasks by the BPMN id of a user task (or, on resume, by its "
               f"waiting_for id)", as_json=as_json)
+
+
+def _unmatchable_confirmations(out: _Out, process: Any, answers: dict[str, Any], answers_file: str | None,
+                               answer: tuple[str, ...], known: Iterable[str] = ()) -> set[str]:
+    """A confirmations key of the answers file that can match no confirmation of the process is a
+    typo, refused before anything runs (``runtime.check_confirmation_keys``), as a user task the
+    process does not have is. One the process may still ask (a join's key it has not met) is not:
+    it is named on stderr at the end if it went unused. An ``--answer`` is one at a time, for what
+    waits now or later: one that can match nothing is named on stderr and left out (it would
+    change nothing), and the command goes on. Returns those ``--answer`` keys."""
+    from .runtime import check_confirmation_keys, unmatchable_confirmation_keys
+
+    given = {item.partition("=")[0] for item in answer}
+    keys = [k for k in answers["confirmations"] if k not in answers["user_tasks"]]
+    try:
+        check_confirmation_keys(process, [k for k in keys if k not in given], known=known,
+                                source=f"answers file {answers_file}")
+    except LayerflowError as err:
+        _fail(str(err), as_json=out.as_json, kind=err.kind, process_id=process.id)
+    dropped = set(unmatchable_confirmation_keys(process, [k for k in keys if k in given], known=known))
+    for key in sorted(dropped):
+        answers["confirmations"].pop(key)
+        out.info(f"layerflow: --answer {key!r} can match no confirmation of process {process.id!r} (its joins: "
+                 f"{', '.join(map(repr, process.join_ids())) or 'none'}); it was not used. Key a join conflict "
+                 "GATEWAY_ID/CONTEXT_KEY, a confirmation by its id as `waiting_for` names it, or *")
+    return dropped
 
 
 def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
@@ -839,7 +866,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json,
                                     [str(w["id"]) for w in instance.waiting_for if w.get("id")])
                 _user_task_answers_are_objects(instance.process, answer, as_json)
-                given = _answer_keys(instance, answers, answer)
+                dropped = _unmatchable_confirmations(out, instance.process, answers, answers_file, answer,
+                                                     known_confirmation_ids(instance))
+                given = [key for key in _answer_keys(instance, answers, answer) if key not in dropped]
                 _unused_answers(out, instance, answers, given)
                 for key, value in answers["confirmations"].items():
                     if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):

@@ -828,7 +828,8 @@ class GatewaySteps:
         if entry.get("on_timeout", "default") != "default":
             why = "onTimeout is escalate"
         elif default is None:
-            why = "no default is configured"
+            # none configured, or the join's one default is not of this conflict's type (policy.default_fits)
+            why = "no default applies to it"
         else:
             try:
                 self.check_answer(confirmation_id, default)

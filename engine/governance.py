@@ -83,7 +83,8 @@ from . import forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
-from .runtime import AnswerWriteDenied, Engine, Instance, refuse_if_cancelled
+from .runtime import (AnswerWriteDenied, Engine, Instance, check_confirmation_keys, known_confirmation_ids,
+                      refuse_if_cancelled)
 from .store import record_head
 
 __all__ = [
@@ -1145,7 +1146,8 @@ class GovernanceService:
             if instance.status == "completed":
                 raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
             _check_answered_tasks(instance.process, args.answers,
-                                  {str(w["id"]) for w in instance.waiting_for if w.get("id")})
+                                  {str(w["id"]) for w in instance.waiting_for if w.get("id")},
+                                  known=known_confirmation_ids(instance))
             return self.engine.resume(instance, answers=args.answers.model_dump() if args.answers else None)
         return self._run_on(instance_id, expected_version, step)
 
@@ -1272,13 +1274,16 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
     return cfg
 
 
-def _check_answered_tasks(process: Any, answers: StartAnswers | None, waiting: Iterable[str] = ()) -> None:
-    """Answers that name a task the process does not have are a typo (``layerflow run --answers``
-    refuses them too): say so, instead of leaving the task waiting with its answer unused. A user
-    task may also be named by its ``waiting_for`` id (the README's way to answer one instance of a
-    multi-instance task), on an instance that waits for it."""
+def _check_answered_tasks(process: Any, answers: StartAnswers | None, waiting: Iterable[str] = (), *,
+                          known: Iterable[str] = ()) -> None:
+    """Answers that name a task the process does not have, or a confirmation it can never ask
+    (``runtime.check_confirmation_keys``; ``known``: the instance's confirmations and waiting ids),
+    are a typo (``layerflow run --answers`` refuses them too): say so, instead of leaving the task
+    waiting with its answer unused. A user task may also be named by its ``waiting_for`` id (the
+    README's way to answer one instance of a multi-instance task), on an instance that waits for it."""
     if answers is None:
         return
+    check_confirmation_keys(process, answers.confirmations, known=known, source="answers")
     ids = set(process.element_ids()) | set(waiting)
     unknown = [task_id for task_id in answers.user_tasks if task_id not in ids]
     if unknown:

@@ -71,6 +71,17 @@ class Process:
                 ids.setdefault(ts.bpmn_id, None)
         return list(ids)
 
+    def join_ids(self) -> list[str]:
+        """The ids of the joins that may ask a person about a conflict (``GATEWAY_ID/KEY`` answers
+        name them): the joining gateways of the process and of its sub-processes and called
+        processes, and the implicit join each of them ends in (``<process>.EndJoin``)."""
+        ids: dict[str, None] = {}
+        for s in [self.spec, *self.subprocess_specs.values()]:
+            for ts in s.task_specs.values():
+                if spiff.is_join(ts):
+                    ids.setdefault(spiff.spec_bpmn_id(ts), None)
+        return sorted(ids, key=lambda i: i.endswith(".EndJoin"))  # the drawn gateways first
+
     def to_record(self) -> dict[str, Any]:
         """What an instance record keeps of its process (the spec travels inside the workflow JSON).
 

@@ -43,6 +43,7 @@ sub-processes and boundary-event paths in ``engine.scope_steps``: base classes o
 from __future__ import annotations
 
 import json
+import re
 import time
 import traceback
 import uuid
@@ -370,12 +371,15 @@ class Engine:
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
         leave the instance waiting). Given a process (and its start ``data``), starts it
         first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
-        loads it.
+        loads it. A ``confirmations`` key that can match no confirmation of the process raises
+        ``InvalidAnswer`` first, with nothing started or run (``check_confirmation_keys``).
         """
         if isinstance(instance, Process):
+            _check_answers(instance, answers)
             instance = self.start(instance, data)
         else:
             instance = self._instance(instance)
+            _check_answers(instance, answers)
             if data is not None:
                 raise TypeError(f"Engine.run: instance {instance.id!r} has started already; start data goes to "
                                 "Engine.start(process, data) or Engine.run(process, data), and a running instance "
@@ -563,6 +567,7 @@ class Engine:
         an answer is refused (``InvalidAnswer``, ``AnswerWriteDenied``), the steps the other
         answers drove before it are undone and not saved."""
         instance = self._instance(instance)
+        _check_answers(instance, answers)  # before a failed activity is reset for its retry
         if not answers:
             return self._resume(instance, answers=answers, ask=ask)
         with self.all_or_nothing(instance):
@@ -1037,6 +1042,61 @@ def _first_waiting_user_task(instance: Instance, task_id: str) -> dict[str, Any]
     tasks = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
     return next((w for w in tasks if w.get("id") == task_id), None) or \
         next((w for w in tasks if w.get("task_id") == task_id), None)
+
+
+_MODEL_CONFIRMATION = re.compile(r"model:[0-9]+")
+
+
+def unmatchable_confirmation_keys(process: Process, keys: Iterable[str], *, known: Iterable[str] = ()) -> list[str]:
+    """The keys of ``keys`` that can match no confirmation of ``process`` (see ``check_confirmation_keys``)."""
+    known = set(known)
+    joins = set(process.join_ids())
+    return [key for key in keys if not (key == "*" or key in known or _MODEL_CONFIRMATION.fullmatch(key)
+                                        or "/" in key and key.partition("/")[0] in joins)]
+
+
+def check_confirmation_keys(process: Process, keys: Iterable[str], *, known: Iterable[str] = (),
+                            source: str = "answers") -> None:
+    """Raise ``InvalidAnswer`` naming every key of answers' ``confirmations`` that can match no
+    confirmation of ``process`` (a typo, or answers meant for another process): bad input, refused
+    before anything runs, as an answer for a task the process does not have is. A key may match
+    when it is ``*``, a confirmation's id (``known``: the instance's, and what it waits for), a
+    model's confirmation (``model:N``, which an activity may ask for later), or ``GATEWAY_ID/KEY``
+    of a join of the process, its sub-processes or the processes it calls (a conflict not met yet,
+    maybe never, is no typo: its join exists)."""
+    bad = unmatchable_confirmation_keys(process, keys, known=known)
+    if not bad:
+        return
+    from .governance import InvalidAnswer
+
+    joins = process.join_ids()
+    hints = [f"{key!r} is a join: add the conflicting context key, {key + '/KEY'!r}" for key in bad if key in joins]
+    raise InvalidAnswer(
+        f"{source}: confirmations names {', '.join(map(repr, bad))}, which can match no confirmation of process "
+        f"{process.id!r}; key a join conflict GATEWAY_ID/CONTEXT_KEY by one of its joins "
+        f"({', '.join(map(repr, joins)) or 'it has none'}), a confirmation by its id as `waiting_for` names it, "
+        f"or * for any{''.join('; ' + h for h in hints)}. Nothing was run or saved")
+
+
+def known_confirmation_ids(instance: Instance) -> set[str]:
+    """What an answer's key may name of ``instance`` as it is: its confirmations' ids (and the ids
+    their joins asked under) and the ids of what it waits for."""
+    return ({str(c["id"]) for c in instance.confirmations} | {str(c["request_id"]) for c in instance.confirmations
+                                                              if c.get("request_id")}
+            | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
+
+
+def _check_answers(instance: Instance | Process, answers: Mapping[str, Any] | None) -> None:
+    """``check_confirmation_keys`` for answers given to ``Engine.run`` / ``Engine.resume``."""
+    # (``--answer KEY={...}`` gives both sections the object: a user task's answer, whatever else it is)
+    tasks = (answers or {}).get("user_tasks") or {}
+    conf = [key for key in (answers or {}).get("confirmations") or {} if key not in tasks]
+    if not conf:
+        return
+    if isinstance(instance, Process):
+        check_confirmation_keys(instance, conf)
+    else:
+        check_confirmation_keys(instance.process, conf, known=known_confirmation_ids(instance))
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:

@@ -541,6 +541,7 @@ class _Validator:
         self._check_handlers_run()
         self._check_injects(config)
         self._check_policy_rules()
+        self._check_confirm_defaults()
         self._check_join_fields()
         self._check_config_ids()
         self._check_config_types()
@@ -1459,6 +1460,39 @@ class _Validator:
                              "context (e.g. risk_level == \"high\" and amount > 100000)", file=src.file,
                              line=src.line_of("conflictPolicy", "rules", i, "when"), element_id=src.element_id,
                              field=f"conflictPolicy.rules.{i}.when")
+
+    def _check_confirm_defaults(self) -> None:
+        """A join's one ``humanConfirm.default`` is offered, and taken on timeout, only for conflicts whose
+        values are of its type (``gateways.policy.default_fits``). When the join's config says of which
+        types its values are (``conflictPolicy`` rankings and rule values, ``humanConfirm`` options) and
+        the default is of none of them, it may never apply: the timeout escalates where the designer
+        expected the default."""
+        from gateways.policy import ESCALATE
+        from gateways.strategies import json_type
+
+        for src in self.sources:
+            hc, policy = src.config.human_confirm, src.config.conflict_policy
+            if hc is None or hc.default is None or hc.default == ESCALATE:
+                continue
+            declared: dict[str, set[str]] = {}
+            for key, ranking in (policy.rankings.items() if policy is not None else ()):
+                for value in ranking:
+                    declared.setdefault(json_type(value), set()).add(f"the ranking of {key!r}")
+            for rule in (policy.rules if policy is not None else ()):
+                declared.setdefault(json_type(rule.value), set()).add(f"the rule for {rule.key!r}")
+            for option in [*hc.options, *hc.extra_options]:
+                value = option.get("value") if isinstance(option, dict) and "value" in option else option
+                declared.setdefault(json_type(value), set()).add("humanConfirm options")
+            form = json_type(hc.default)
+            if not declared or form in declared:
+                continue
+            listed = "; ".join(f"{kind}: {', '.join(sorted(where))}" for kind, where in sorted(declared.items()))
+            self.add("human_confirm_default_unfit", f"humanConfirm.default {hc.default!r} is a {form}, and the values "
+                     f"this join's config names are of other types ({listed}); the default is offered, and taken "
+                     "when the timeout runs out, only for a conflict whose values are of its type, so here the "
+                     "timeout may fall back on the suggestion or escalate instead: give a default of the values' "
+                     "type, or remove it", file=src.file, line=src.line_of("humanConfirm", "default"),
+                     element_id=src.element_id, field="humanConfirm.default", severity="warning")
 
     def _check_join_fields(self) -> None:
         """Join settings where no join reads them: a designer who put ``mergeStrategy:

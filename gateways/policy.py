@@ -48,7 +48,7 @@ from context_layers.errors import ConfigError
 from .arbiter import ArbiterAnswerError, ArbitrationRequest, ConflictArbiter, from_json_value
 from .conflicts import DELETED, MergedConflict, Resolution, conflict_error, jsonable, same_value
 from .expressions import ExpressionError, check_expression, evaluate, evaluate_condition, expression_names
-from .strategies import ReducerError, reduce_values, resolve_by_strategy
+from .strategies import ReducerError, json_type, reduce_values, resolve_by_strategy
 
 __all__ = [
     "ESCALATE",
@@ -57,6 +57,7 @@ __all__ = [
     "ResolutionOutcome",
     "ResolutionStep",
     "build_human_request",
+    "default_fits",
     "evaluate",
     "evaluate_condition",
     "match_answer",
@@ -231,6 +232,20 @@ def _merged_entries(conflict: MergedConflict) -> Any:
         return None
 
 
+def default_fits(default: Any, conflict: MergedConflict, suggestion: Resolution | None = None) -> bool:
+    """Whether a join's ``humanConfirm.default`` fits ``conflict``: it is of the JSON type of a
+    value a branch wrote or of the suggestion (text for a conflict on text, a number for one
+    on numbers). A join has one default for all its conflicts; where it does not fit (the
+    join's ``needs_review`` on a conflict over a score) it is neither offered nor what the
+    timeout gives, which then falls back as with no default. ``$escalate`` fits every one."""
+    if default == ESCALATE:
+        return True
+    forms = {json_type(v) for v in conflict.conflicting_values.values() if v is not DELETED}
+    if suggestion is not None and suggestion.value is not DELETED:
+        forms.add(json_type(suggestion.value))
+    return json_type(default) in forms
+
+
 def build_human_request(
     conflict: MergedConflict,
     *,
@@ -240,7 +255,9 @@ def build_human_request(
     suggestion: Resolution | None = None,
 ) -> HumanRequest:
     """Options: each distinct branch value (labelled with its branches), the policy or
-    model suggestion if it is none of them, the config's extra options, escalate."""
+    model suggestion if it is none of them, the config's extra options, its default where it
+    fits (``default_fits``), escalate. On timeout: that default, else the suggestion, else
+    escalation."""
     reasons = reasons or {}
     options: list[dict[str, Any]] = []
     groups: list[tuple[Any, list[str]]] = []
@@ -274,7 +291,8 @@ def build_human_request(
         options.append({"label": str(extra.get("label", _show(extra["value"]))), "value": jsonable(extra["value"])})
     # The configured default is what the timeout gives, so a person may choose it too; were it
     # missing from the options it could never be an answer, and the timeout would escalate instead.
-    if (hc is not None and hc.default is not None and hc.default != ESCALATE
+    fits = hc is not None and hc.default is not None and default_fits(hc.default, conflict, suggestion)
+    if (fits and hc is not None and hc.default != ESCALATE
             and not any(same_value(o["value"], hc.default) for o in options)):
         options.append({"label": f"{_show(hc.default)} (the default when nobody answers)",
                         "value": jsonable(hc.default)})
@@ -293,7 +311,7 @@ def build_human_request(
     if hc is not None and hc.message:
         message = f"{hc.message} {message}"
 
-    if hc is not None and hc.default is not None:
+    if fits and hc is not None:
         default, on_timeout = hc.default, hc.on_timeout
     elif suggestion is not None:
         default, on_timeout = jsonable(suggestion.value), (hc.on_timeout if hc else "default")

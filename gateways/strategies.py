@@ -59,7 +59,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _json_type(v: Any) -> str:
+def json_type(v: Any) -> str:
     """The JSON name of a value's type (a message names what the user wrote, not our frozen classes)."""
     if v is None:
         return "null"
@@ -79,14 +79,14 @@ def _json_type(v: Any) -> str:
 def _need_numbers(name: str, key: str, values: Mapping[str, Any]) -> None:
     for who, v in values.items():
         if not _is_number(v):
-            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({_json_type(v)}), "
+            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({json_type(v)}), "
                                "not a number; write numbers to this key or change its reducer")
 
 
 def _need_lists(name: str, key: str, values: Mapping[str, Any]) -> None:
     for who, v in values.items():
         if not isinstance(v, list):
-            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({_json_type(v)}), "
+            raise ReducerError(f"reducer {name!r} for key {key!r}: {who} holds {v!r} ({json_type(v)}), "
                                "not a list; write lists to this key or change its reducer")
 
 
@@ -144,7 +144,7 @@ class _EntryCollision(ReducerError):
 def _need_objects(key: str, values: Mapping[str, Any]) -> None:
     for who, v in values.items():
         if not isinstance(v, Mapping):
-            raise ReducerError(f"reducer 'merge' for key {key!r}: {who} holds {v!r} ({_json_type(v)}), not an "
+            raise ReducerError(f"reducer 'merge' for key {key!r}: {who} holds {v!r} ({json_type(v)}), not an "
                                "object; write objects to this key or change its reducer")
 
 
