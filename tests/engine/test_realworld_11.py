@@ -249,3 +249,131 @@ def test_a_throw_event_with_two_messages_reaches_the_pool_that_waits_for_both() 
     record = thaw(instance.main.layer(Layer.HISTORY)["event:StartEvent_1"])
     assert record["event_kind"] == "message" and record["event"] in {"message_1", "message_2"}
     assert record["sent_from"]["element"] == "Event_0n8a7vh" and record["sent_from"]["participant"] == "initiator"
+
+
+# -- data_object_gateway / data objects written in parallel branches --------------------------------
+
+DATA_OBJECT_GATEWAY = REALWORLD / "data_object_gateway.bpmn"
+PARALLEL_WRITERS = REALWORLD / "data_object_parallel_writers.bpmn"
+
+
+@pytest.mark.parametrize("val, end", [(True, "yes"), (False, "no")])
+def test_a_data_object_a_person_writes_decides_the_gateway_after_it(val: bool, end: str) -> None:
+    """SpiffWorkflow moves what the person's task set into the data object (and out of the task's
+    data); layerflow keeps it in the context, where the gateway's condition reads it: the same end
+    event, and the data object's value in the variables."""
+    assert not validate_process([DATA_OBJECT_GATEWAY]).problems
+    instance = run(DATA_OBJECT_GATEWAY, {}, {"user_tasks": {"set_data": {"val": val}}})
+    wf, plain_data = run_plain(DATA_OBJECT_GATEWAY, {}, {"set_data": {"val": val}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf) and path_of(wf)[-1] == end
+    assert variables(instance.main) == {**plain_data, **wf.data_objects} == {"val": val}
+
+
+WRITERS_DATA = {"amount": 100, "decision_default": "approve"}
+
+
+def test_branches_that_write_one_data_object_alike_merge_it_as_in_plain_spiffworkflow() -> None:
+    instance = run(PARALLEL_WRITERS, {**WRITERS_DATA, "country": "DE"})
+    wf, plain_data = run_plain(PARALLEL_WRITERS, {**WRITERS_DATA, "country": "DE"}, {})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == {**plain_data, **wf.data_objects}
+    assert plain_data["recorded"] == "approve" and instance.conflicts == []
+
+
+def test_branches_that_write_one_data_object_differently_meet_a_conflict_at_the_join(tmp_path: Path) -> None:
+    """Plain SpiffWorkflow keeps one data object for the whole process: the branch that ran last
+    (the risk check) overwrote the finance check's value, and the step after the join read it. Under
+    layerflow each branch wrote it in its own context, and the join finds the conflict (DESIGN: a key
+    changed differently in two branches): it waits for a person, who is offered both values; the
+    answer is what the step after the join reads, and the conflict is logged with it. With
+    ``mergeStrategy: LAST_WRITER_WINS`` on the join the outcome is plain SpiffWorkflow's."""
+    data = {**WRITERS_DATA, "country": "XX"}
+    wf, plain_data = run_plain(PARALLEL_WRITERS, data, {})
+    assert plain_data["recorded"] == wf.data_objects["decision"] == "reject"
+
+    waiting = run(PARALLEL_WRITERS, data)
+    assert waiting.status == "waiting", waiting.error
+    [asked] = waiting.waiting_for
+    assert (asked["kind"], asked["id"], asked["task_id"]) == ("confirmation", "join/decision", "join")
+    [conflict] = waiting.conflicts
+    assert conflict["values"] == {"finance_check": "approve", "risk_check": "reject"}
+    assert conflict["resolution"] is None and conflict.get("base_absent") is True
+    assert "decision" not in variables(waiting.main)  # the join changed nothing yet
+
+    answered = run(PARALLEL_WRITERS, data, {"confirmations": {"join/decision": "reject"}})
+    assert answered.status == "completed", answered.error
+    assert path_of(answered.workflow) == path_of(wf)
+    assert variables(answered.main) == {**plain_data, **wf.data_objects}
+    from context_layers import Layer, thaw
+    [logged] = thaw(answered.main.layer(Layer.HISTORY)["_mergedConflicts"])
+    assert (logged["key"], logged["resolution"]["value"], logged["resolution"]["resolver"]) == (
+        "decision", "reject", "human")
+    notes = [e.data["note"] for e in answered.main.tape if e.kind.value == "note" and e.data.get("key") == "decision"]
+    assert notes == ["conflict", "resolution", "human_decision", "resolution"], notes
+
+    config = tmp_path / "parallel_writers.layerflow.yaml"
+    config.write_text("join:\n  mergeStrategy: LAST_WRITER_WINS\n", encoding="utf-8")
+    engine = Engine(store="memory://")
+    last = engine.run(engine.start(load_process([PARALLEL_WRITERS], config=config), data))
+    assert last.status == "completed", last.error
+    assert variables(last.main) == {**plain_data, **wf.data_objects}
+
+
+# -- signal_event_payload: a payload the bpmn:signal computes, between parallel branches -----------
+
+SIGNAL_PAYLOAD = REALWORLD / "signal_event_payload.bpmn"
+
+
+def test_a_signal_payload_reaches_the_branch_that_catches_it_and_the_join_merges_it() -> None:
+    """The branch that throws computes the payload from what its person set; the branch that catches
+    it holds the payload under the signal's variableName, recorded as the catch event's step; the join
+    merges both branches. Variables and path as in plain SpiffWorkflow."""
+    answers = {"set_data": {"v1": 1, "v2": 2}}
+    instance = run(SIGNAL_PAYLOAD, {}, {"user_tasks": answers})
+    wf, plain_data = run_plain(SIGNAL_PAYLOAD, {}, answers)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == plain_data == {"v1": 1, "v2": 2, "result": {"r1": 1, "r2": 2}}
+    from context_layers import Layer, thaw
+    record = thaw(instance.main.layer(Layer.HISTORY)["event:catch"])
+    assert (record["event"], record["event_kind"], record["keys"]) == ("Signal_1624y58", "signal", ["result"])
+    [join] = [e for e in instance.main.tape if (e.data or {}).get("note") == "join"]
+    assert (join.actor, join.data["branches"], join.data["conflicts"]) == ("Gateway_0wnznah", ["set_data", "catch"], 0)
+    merged = {key for _, key, _ in join.changes}
+    assert {"v1", "v2", "result", "activity:set_data", "event:catch"} <= merged
+
+
+def test_a_signal_payload_waits_in_the_catching_branch_while_the_person_has_not_answered() -> None:
+    waiting = run(SIGNAL_PAYLOAD, {})
+    assert waiting.status == "waiting"
+    assert sorted((w["kind"], w["task_id"]) for w in waiting.waiting_for) == [("event", "catch"), ("user_task", "set_data")]
+    assert all(variables(ctx) == {} for ctx in waiting.contexts.values())
+
+
+# -- script_task_with_unit_tests: SpiffArena's unit tests on a script task ------------------------
+
+UNIT_TESTS = REALWORLD / "script_task_unit_tests.bpmn"
+
+
+@pytest.mark.parametrize("first_script, expected", [
+    ("hey = False", {"hey": True}),
+    ("pass", {"something_else": True}),
+], ids=["hey-set", "hey-absent"])
+def test_a_script_task_s_unit_tests_are_the_editor_s_and_the_script_runs_as_in_plain_spiffworkflow(
+        tmp_path: Path, first_script: str, expected: dict[str, Any]) -> None:
+    """``spiffworkflow:unitTests`` are SpiffArena's editor's (it runs each input through the script and
+    compares the output); the engine runs the script, which reads whether a variable exists through
+    ``locals()``, over the context as plain SpiffWorkflow runs it over the task's data; validate has
+    nothing to say of the tests."""
+    from test_realworld_4 import rewritten
+
+    path = rewritten(tmp_path, UNIT_TESTS, [("<bpmn:script>hey = False</bpmn:script>",
+                                             f"<bpmn:script>{first_script}</bpmn:script>")])
+    assert not validate_process([path]).problems
+    instance = run(path, {})
+    wf, plain_data = run_plain(path, {}, {})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == plain_data == expected
