@@ -786,8 +786,9 @@ def rearm_boundary(task: Any) -> None:
     second message was refused, and the escalation of a second instance of a multi-instance
     activity was lost. Timers keep their own rule (a duration or date fires once; a cycle repeats
     by itself), and a conditional event would fire again at once."""
-    if not isinstance(task.task_spec.event_definition, _REARMED):
-        return
+    definitions = event_definitions_of(task.task_spec)
+    if not definitions or not all(isinstance(d, _REARMED) for d in definitions):
+        return  # (an event with several definitions, a message or a signal say: as each of them)
     main = attached_activity(task)
     if main is None or main.has_state(TaskState.FINISHED_MASK):
         return

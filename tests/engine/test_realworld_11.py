@@ -377,3 +377,51 @@ def test_a_script_task_s_unit_tests_are_the_editor_s_and_the_script_runs_as_in_p
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow) == path_of(wf)
     assert variables(instance.main) == plain_data == expected
+
+
+MULTIPLE_BOUNDARY = REALWORLD / "multiple_event_boundary.bpmn"
+
+
+def test_an_interrupting_boundary_event_with_two_definitions_fires_on_either_as_in_plain_spiffworkflow(
+        tmp_path: Path) -> None:
+    from SpiffWorkflow.bpmn.util.event import BpmnEvent
+    from SpiffWorkflow.spiff.specs.event_definitions import SignalEventDefinition
+    from test_realworld_4 import rewritten
+
+    path = rewritten(tmp_path, MULTIPLE_BOUNDARY, [('cancelActivity="false"', 'cancelActivity="true"')])
+    assert errors(path) == []
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([path]), {}))
+    assert sorted((w["kind"], w["task_id"], w.get("event")) for w in waiting.waiting_for) == [
+        ("event", "Event_0dhiirm", "cancel"), ("event", "Event_0dhiirm", "reset_request"),
+        ("user_task", "UserTaskOne", None)]
+    done = engine.send_event(waiting, "cancel", kind="signal")
+    wf = plain_until_people(path, "SignalAndCancel")
+    wf.send_event(BpmnEvent(SignalEventDefinition("cancel")))
+    wf.do_engine_steps()
+    assert done.status == "completed" and wf.is_completed()
+    assert path_of(done.workflow) == path_of(wf)
+    assert variables(done.main) == dict(wf.last_task.data) == {"resets": [], "reset_seen": True}
+
+
+def test_a_non_interrupting_boundary_event_with_two_definitions_catches_each_while_the_person_works(
+        tmp_path: Path) -> None:
+    """A non-interrupting message or signal boundary event catches every such event while its activity
+    runs (README; SpiffWorkflow 3.2 caught the first only): one with a signal and a message definition
+    caught the first event and then neither, refusing the signal that came next. Each event runs the
+    path once, in a branch of its own; the person's task waits throughout and, answered, ends the
+    process with what every path wrote."""
+    assert errors(MULTIPLE_BOUNDARY) == []
+    engine = Engine(store="sqlite:///" + str(tmp_path / "lf.db"))
+    waiting = engine.run(engine.start(load_process([MULTIPLE_BOUNDARY]), {}))
+    expected = [("event", "Event_0dhiirm", "cancel"), ("event", "Event_0dhiirm", "reset_request"),
+                ("user_task", "UserTaskOne", None)]
+    once = engine.send_event(waiting, "reset_request")
+    assert sorted((w["kind"], w["task_id"], w.get("event")) for w in once.waiting_for) == expected
+    twice = engine.send_event(engine.load(once.id), "cancel", kind="signal")
+    assert sorted((w["kind"], w["task_id"], w.get("event")) for w in twice.waiting_for) == expected
+    assert Counter(path_of(twice.workflow))["ON_SIGNAL"] == 2
+    done = engine.run(engine.load(once.id), answers={"user_tasks": {"UserTaskOne": {"how_many": 3}, "Activity_0zko8f8": {}}})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"resets": [], "reset_seen": True, "how_many": 3}
+    assert Counter(path_of(done.workflow))["ON_SIGNAL"] == 2 and path_of(done.workflow)[-1] == "Event_0bs4tb7"
