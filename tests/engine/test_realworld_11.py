@@ -98,6 +98,51 @@ def test_an_error_of_one_call_leaves_the_call_beside_it_waiting_for_its_person()
     assert "review_failed" not in path_of(done.workflow)
 
 
+
+EMBEDDED = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="t">
+  <bpmn:process id="emb" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:parallelGateway id="fork"/>
+    <bpmn:subProcess id="sub_review">
+      <bpmn:startEvent id="r_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="r_end"/>
+      <bpmn:sequenceFlow id="r1" sourceRef="r_start" targetRef="review"/><bpmn:sequenceFlow id="r2" sourceRef="review" targetRef="r_end"/>
+    </bpmn:subProcess>
+    <bpmn:boundaryEvent id="review_failed" attachedToRef="sub_review"><bpmn:errorEventDefinition errorRef="err"/></bpmn:boundaryEvent>
+    <bpmn:subProcess id="sub_credit">
+      <bpmn:startEvent id="c_start"/><bpmn:endEvent id="c_fail"><bpmn:errorEventDefinition errorRef="err"/></bpmn:endEvent>
+      <bpmn:sequenceFlow id="c1" sourceRef="c_start" targetRef="c_fail"/>
+    </bpmn:subProcess>
+    <bpmn:boundaryEvent id="credit_failed" attachedToRef="sub_credit"><bpmn:errorEventDefinition errorRef="err"/></bpmn:boundaryEvent>
+    <bpmn:endEvent id="e1"/><bpmn:endEvent id="e2"/><bpmn:endEvent id="e3"/><bpmn:endEvent id="e4"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="fork"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="fork" targetRef="sub_review"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="fork" targetRef="sub_credit"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="sub_review" targetRef="e1"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="review_failed" targetRef="e2"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="sub_credit" targetRef="e3"/>
+    <bpmn:sequenceFlow id="f7" sourceRef="credit_failed" targetRef="e4"/>
+  </bpmn:process>
+  <bpmn:error id="err" errorCode="failed"/>
+</bpmn:definitions>
+"""
+
+
+def test_an_error_of_one_sub_process_leaves_the_sub_process_beside_it_waiting(tmp_path: Path) -> None:
+    """The same shape with embedded sub-processes: the error end event of one is caught by its own
+    boundary event only, and the person's task of the other still waits."""
+    path = tmp_path / "emb.bpmn"
+    path.write_text(EMBEDDED, encoding="utf-8")
+    assert errors(path) == []
+    waiting = run(path, {})
+    assert waiting.status == "waiting", waiting.error
+    assert [w["task_id"] for w in waiting.waiting_for] == ["review"]
+    assert "credit_failed" in path_of(waiting.workflow) and "review_failed" not in path_of(waiting.workflow)
+    done = run(path, {}, {"user_tasks": {"review": {"ok": True}}})
+    assert done.status == "completed", done.error
+    assert sorted(t for t in path_of(done.workflow) if t in {"e1", "e2", "e3", "e4"}) == ["e1", "e4"]
+    assert variables(done.main) == {"ok": True}
+
 # -- parallel_multiinstance_update_input / _existing_output: the collections a multi-instance
 #    activity updates -------------------------------------------------------------------------------
 
