@@ -470,3 +470,39 @@ def test_a_non_interrupting_boundary_event_with_two_definitions_catches_each_whi
     assert done.status == "completed", done.error
     assert variables(done.main) == {"resets": [], "reset_seen": True, "how_many": 3}
     assert Counter(path_of(done.workflow))["ON_SIGNAL"] == 2 and path_of(done.workflow)[-1] == "Event_0bs4tb7"
+
+
+# -- nested multi-instance activities -------------------------------------------------------------
+
+NESTED_MI = REALWORLD / "nested_multi_instance.bpmn"
+
+
+@pytest.mark.parametrize("outer, inner", [(False, False), (False, True), (True, False), (True, True)],
+                         ids=["parallel-parallel", "parallel-sequential", "sequential-parallel", "sequential-sequential"])
+def test_a_multi_instance_sub_process_over_orders_prices_each_order_s_lines_in_its_own_scope(
+        tmp_path: Path, outer: bool, inner: bool) -> None:
+    """Each instance of the outer sub-process runs in a scope of its own (its order in WORKING), where
+    the inner activity collects the prices of that order's lines: only the output item (the order's
+    total) comes back, into the output collection in the order of the orders; the lines and prices
+    of an order stay in its scope. Variables as in plain SpiffWorkflow, sequential or parallel."""
+    from context_layers import Layer, thaw
+    from test_realworld_4 import rewritten
+
+    path = rewritten(tmp_path, NESTED_MI, [
+        ("<bpmn:multiInstanceLoopCharacteristics>\n        <bpmn:loopDataInputRef>orders",
+         f'<bpmn:multiInstanceLoopCharacteristics isSequential="{str(outer).lower()}">\n'
+         "        <bpmn:loopDataInputRef>orders"),
+        ("<bpmn:multiInstanceLoopCharacteristics>\n          <bpmn:loopDataInputRef>lines",
+         f'<bpmn:multiInstanceLoopCharacteristics isSequential="{str(inner).lower()}">\n'
+         "          <bpmn:loopDataInputRef>lines")])
+    assert errors(path) == []
+    instance = run(path, {})
+    wf, plain_data = run_plain(path, {}, {})
+    assert instance.status == "completed", instance.error
+    assert Counter(path_of(instance.workflow)) == Counter(path_of(wf))
+    assert variables(instance.main) == plain_data
+    assert plain_data["totals"] == [{"order": "A", "sum": 30}, {"order": "B", "sum": 120}]
+    assert plain_data["grand_total"] == 150
+    history = instance.main.layer(Layer.HISTORY)
+    assert not {"lines", "prices", "order", "total"} & set(history)
+    assert thaw(history["activity:each_order"])["keys"] == ["totals"]
