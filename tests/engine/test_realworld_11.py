@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
-from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
 from engine.validate import validate_process
