@@ -22,21 +22,13 @@ import pytest
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
+from context_layers import Layer, thaw
 from engine import Engine, load_process
 from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain, variables
-
-REALWORLD = Path(__file__).resolve().parent / "realworld"
-
-
-def errors(path: Path, process_id: str | None = None) -> list[Any]:
-    return [p for p in validate_process([path], process_id=process_id).problems if p.severity == "error"]
-
-
-def run(path: Path, data: dict[str, Any], answers: dict[str, Any] | None = None) -> Any:
-    engine = Engine(store="memory://")
-    return engine.run(engine.start(load_process([path]), data), answers=answers)
+from test_realworld_4 import rewritten
+from test_realworld_10 import REALWORLD, errors, run
 
 
 # -- CallActivity-Escalation-Test: escalations and errors of called processes ---------------------
@@ -172,7 +164,6 @@ def test_an_input_collection_updated_in_place_from_the_start_data_needs_it_in_wo
     assert done.status == "completed", done.error
     assert variables(done.main) == plain_data == {"input_data": doubled}
     assert path_of(done.workflow) == path_of(wf)
-    from context_layers import Layer, thaw
     assert thaw(done.main.layer(Layer.HISTORY)["input_data"]) == doubled
     assert "input_data" in thaw(done.main.layer(Layer.HISTORY)["activity:any_task"])["keys"]
 
@@ -184,8 +175,6 @@ def test_an_input_collection_updated_in_place_from_the_start_data_needs_it_in_wo
 ], ids=["map-into-map", "map-into-list", "list-into-list"])
 def test_an_output_collection_that_exists_is_added_to_as_in_plain_spiffworkflow(
         tmp_path: Path, script: str, output: Any) -> None:
-    from test_realworld_4 import rewritten
-
     path = rewritten(tmp_path, EXISTING_OUTPUT, [("input_data = {'a': 1, 'b': 2}\noutput_data = {'c': 5}", script)])
     assert errors(path) == []
     instance = run(path, {})
@@ -200,8 +189,6 @@ def test_a_map_output_collection_over_a_list_is_refused_before_any_instance_runs
     which no JSON object holds: layerflow ran every instance and then failed writing the collection,
     with an error about an int key the process never wrote. It is refused as the activity starts,
     naming the activity and both collections and saying what to write; nothing of it ran."""
-    from test_realworld_4 import rewritten
-
     path = rewritten(tmp_path, EXISTING_OUTPUT, [("input_data = {'a': 1, 'b': 2}\noutput_data = {'c': 5}",
                                                   "input_data = [1, 2, 3]\noutput_data = {}")])
     instance = run(path, {})
@@ -248,7 +235,6 @@ def test_a_catch_event_with_two_messages_goes_on_with_either_as_in_plain_spiffwo
     assert done.status == "completed" and wf.is_completed()
     assert path_of(done.workflow) == path_of(wf)
     assert variables(done.main) == dict(wf.last_task.data) == {"ready": True, "done": True}
-    from context_layers import Layer, thaw
     record = thaw(done.main.layer(Layer.HISTORY)["event:StartEvent_1"])
     assert (record["event"], record["event_kind"]) == ("message_2", "message")
 
@@ -258,8 +244,6 @@ def test_a_parallel_multiple_catch_waits_for_both_and_lists_only_the_message_sti
     instance waits for the second only: layerflow listed the first as still awaited (SpiffWorkflow
     keeps what it saw in the task's ``seen_events``), though sending it again changed nothing."""
     from engine.governance import InstanceStateError
-    from test_realworld_4 import rewritten
-
     path = rewritten(tmp_path, MULTIPLE_CATCH, [('parallelMultiple="false"', 'parallelMultiple="true"')])
     assert errors(path) == []
     engine = Engine(store="sqlite:///" + str(tmp_path / "lf.db"))
@@ -289,7 +273,6 @@ def test_a_throw_event_with_two_messages_reaches_the_pool_that_waits_for_both() 
     assert instance.status == "completed", instance.error
     plain = _plain_spiff(MULTIPLE_THROW, "top", {}, {})
     assert _pools(instance) == plain
-    from context_layers import Layer, thaw
     record = thaw(instance.main.layer(Layer.HISTORY)["event:StartEvent_1"])
     assert record["event_kind"] == "message" and record["event"] in {"message_1", "message_2"}
     assert record["sent_from"]["element"] == "Event_0n8a7vh" and record["sent_from"]["participant"] == "initiator"
@@ -350,7 +333,6 @@ def test_branches_that_write_one_data_object_differently_meet_a_conflict_at_the_
     assert answered.status == "completed", answered.error
     assert path_of(answered.workflow) == path_of(wf)
     assert variables(answered.main) == {**plain_data, **wf.data_objects}
-    from context_layers import Layer, thaw
     [logged] = thaw(answered.main.layer(Layer.HISTORY)["_mergedConflicts"])
     assert (logged["key"], logged["resolution"]["value"], logged["resolution"]["resolver"]) == (
         "decision", "reject", "human")
@@ -380,7 +362,6 @@ def test_a_signal_payload_reaches_the_branch_that_catches_it_and_the_join_merges
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow) == path_of(wf)
     assert variables(instance.main) == plain_data == {"v1": 1, "v2": 2, "result": {"r1": 1, "r2": 2}}
-    from context_layers import Layer, thaw
     record = thaw(instance.main.layer(Layer.HISTORY)["event:catch"])
     assert (record["event"], record["event_kind"], record["keys"]) == ("Signal_1624y58", "signal", ["result"])
     [join] = [e for e in instance.main.tape if (e.data or {}).get("note") == "join"]
@@ -411,8 +392,6 @@ def test_a_script_task_s_unit_tests_are_the_editor_s_and_the_script_runs_as_in_p
     compares the output); the engine runs the script, which reads whether a variable exists through
     ``locals()``, over the context as plain SpiffWorkflow runs it over the task's data; validate has
     nothing to say of the tests."""
-    from test_realworld_4 import rewritten
-
     path = rewritten(tmp_path, UNIT_TESTS, [("<bpmn:script>hey = False</bpmn:script>",
                                              f"<bpmn:script>{first_script}</bpmn:script>")])
     assert not validate_process([path]).problems
@@ -430,8 +409,6 @@ def test_an_interrupting_boundary_event_with_two_definitions_fires_on_either_as_
         tmp_path: Path) -> None:
     from SpiffWorkflow.bpmn.util.event import BpmnEvent
     from SpiffWorkflow.spiff.specs.event_definitions import SignalEventDefinition
-    from test_realworld_4 import rewritten
-
     path = rewritten(tmp_path, MULTIPLE_BOUNDARY, [('cancelActivity="false"', 'cancelActivity="true"')])
     assert errors(path) == []
     engine = Engine(store="memory://")
@@ -484,9 +461,6 @@ def test_a_multi_instance_sub_process_over_orders_prices_each_order_s_lines_in_i
     the inner activity collects the prices of that order's lines: only the output item (the order's
     total) comes back, into the output collection in the order of the orders; the lines and prices
     of an order stay in its scope. Variables as in plain SpiffWorkflow, sequential or parallel."""
-    from context_layers import Layer, thaw
-    from test_realworld_4 import rewritten
-
     path = rewritten(tmp_path, NESTED_MI, [
         ("<bpmn:multiInstanceLoopCharacteristics>\n        <bpmn:loopDataInputRef>orders",
          f'<bpmn:multiInstanceLoopCharacteristics isSequential="{str(outer).lower()}">\n'
