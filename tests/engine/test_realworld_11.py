@@ -479,3 +479,30 @@ def test_a_multi_instance_sub_process_over_orders_prices_each_order_s_lines_in_i
     history = instance.main.layer(Layer.HISTORY)
     assert not {"lines", "prices", "order", "total"} & set(history)
     assert thaw(history["activity:each_order"])["keys"] == ["totals"]
+
+
+# -- Eclipse BPMN2 Modeler: a service task whose implementation is a bpmn:operation ---------------
+
+WEB_SERVICE = REALWORLD / "eclipse_web_service.bpmn"
+
+
+def test_a_web_service_task_is_warned_of_naming_its_operation_and_runs_by_its_handler(tmp_path: Path) -> None:
+    """SpiffWorkflow 3.2 cannot load the file ("A Service Task must have an operator"). layerflow runs
+    it once the config gives the task a handler (the file beside it does); without one, validate's
+    warning names the operation and the interface the modeler's engine would have called."""
+    import shutil
+
+    alone = tmp_path / WEB_SERVICE.name
+    shutil.copy(WEB_SERVICE, alone)
+    [warned] = validate_process([alone]).problems
+    assert (warned.code, warned.severity, warned.element_id) == ("no_implementation", "warning", "ServiceTask_1")
+    for said in ("'Operation_price'", "'price'", "'com.example.Pricing'", "handler: file.py:function"):
+        assert said in warned.message, warned.message
+    assert not validate_process([WEB_SERVICE]).problems
+    instance = run(WEB_SERVICE, {"amount": 4})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["StartEvent_1", "ScriptTask_1", "ServiceTask_1", "EndEvent_1"]
+    assert variables(instance.main) == {"amount": 4, "total": 8, "price": 9}
+    from SpiffWorkflow.bpmn.parser.ValidationException import ValidationException
+    with pytest.raises(ValidationException, match="must have an operator"):
+        run_plain(WEB_SERVICE, {"amount": 4}, {})
