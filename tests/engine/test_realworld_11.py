@@ -2,13 +2,16 @@
 (sartography/SpiffWorkflow, ``tests/SpiffWorkflow/bpmn/data`` and ``tests/SpiffWorkflow/spiff/data``):
 call activities whose called process throws an escalation or an error, caught by boundary events on
 the calls (``Test-Workflows/CallActivity-Escalation-Test.bpmn20.xml``, ``call_activity_with_error.bpmn``),
-events with several event definitions (``multiple-throw.bpmn``, ``multiple-start-parallel.bpmn``),
+events with several event definitions (``multiple-throw.bpmn``, ``multiple-start-parallel.bpmn``; a
+boundary event so drawn on ``multipleEvents.bpmn``'s person's task), multi-instance activities nested in
+a multi-instance sub-process,
 multi-instance activities that update their input collection in place or collect into an output that
 exists (``parallel_multiinstance_update_input.bpmn``, ``parallel_multiinstance_existing_output.bpmn``),
 a data object a person's task writes and a gateway reads (``data_object_gateway.bpmn``), one data object
 written in two parallel branches, a signal whose payload the bpmn:signal computes
 (``spiff/data/signal_event_payload.bpmn``) and SpiffArena's unit tests on a script task
-(``spiff/data/script_task_with_unit_tests.bpmn``). Each is redrawn small in ``tests/engine/realworld/``
+(``spiff/data/script_task_with_unit_tests.bpmn``); then the Eclipse BPMN2 Modeler's service task whose
+implementation is a ``bpmn:operation`` of a ``bpmn:interface``. Each is redrawn small in ``tests/engine/realworld/``
 (the file names its source); where plain SpiffWorkflow 3.2 runs a shape as BPMN means it, a case runs
 it there too and the path and the variables must agree."""
 
@@ -208,12 +211,12 @@ MULTIPLE_CATCH = REALWORLD / "multiple_event_catch.bpmn"
 MULTIPLE_THROW = REALWORLD / "multiple_event_throw.bpmn"
 
 
-def plain_catching(path: Path, messages: list[str]) -> BpmnWorkflow:
+def plain_catching(path: Path, messages: list[str], process_id: str = "respond") -> BpmnWorkflow:
     """Plain SpiffWorkflow, the messages sent from outside one after the other (no payload)."""
     from SpiffWorkflow.bpmn.util.event import BpmnEvent
     from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition
 
-    wf = plain_until_people(path, "respond")
+    wf = plain_until_people(path, process_id)
     for name in messages:
         wf.send_event(BpmnEvent(MessageEventDefinition(name)))
         wf.refresh_timers()
@@ -259,6 +262,24 @@ def test_a_parallel_multiple_catch_waits_for_both_and_lists_only_the_message_sti
     assert done.status == "completed" and wf.is_completed()
     assert path_of(done.workflow) == path_of(wf)
     assert variables(done.main) == dict(wf.last_task.data) == {"ready": True, "done": True}
+
+
+MULTIPLE_START = REALWORLD / "multiple_start_parallel.bpmn"
+
+
+def test_a_parallel_multiple_start_event_starts_the_process_once_both_messages_came() -> None:
+    assert errors(MULTIPLE_START) == []
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([MULTIPLE_START]), {}))
+    assert awaited(waiting) == [("StartEvent_1", "message_1"), ("StartEvent_1", "message_2")]
+    first = engine.send_event(waiting, "message_2")
+    assert first.status == "waiting" and path_of(first.workflow) == []
+    assert awaited(first) == [("StartEvent_1", "message_1")]
+    done = engine.send_event(first, "message_1")
+    wf = plain_catching(MULTIPLE_START, ["message_2", "message_1"], "main")
+    assert done.status == "completed" and wf.is_completed()
+    assert path_of(done.workflow) == path_of(wf) == ["StartEvent_1", "any_task", "Event_0hamwsf"]
+    assert variables(done.main) == dict(wf.last_task.data) == {"started": True}
 
 
 def test_a_throw_event_with_two_messages_reaches_the_pool_that_waits_for_both() -> None:
