@@ -127,7 +127,13 @@ def waiting_catches(workflow: Any) -> list[Catch]:
     waiting_specs = set()
     for task in list(workflow.event_manager.tasks.values()):
         waiting_specs.add(task.task_spec)
+        # an event that waits for all of its events (parallelMultiple) keeps the ones it caught in
+        # ``seen_events``: it waits for the others only
+        seen = [e.event_definition for e in task.internal_data.get("seen_events", [])] \
+            if getattr(task.task_spec.event_definition, "parallel", False) else []
         for definition, event_id in _members(task.task_spec):
+            if definition in seen:
+                continue
             out.append(Catch(definition.name, str(kind_of(definition)), event_id, spiff.bpmn_id_of(task), task,
                              spiff.context_name_of(task), _variable(definition), definition))
     # event sub-processes with a message / signal start: SpiffWorkflow starts one when it is caught,
@@ -261,6 +267,10 @@ def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any], *,
     definitions = spec.event_definition.event_definitions if isinstance(spec.event_definition,
                                                                           MultipleEventDefinition) else [spec.event_definition]
     caught = next((d for d in definitions if set(spiff.payload_variables(d)) & set(values)), spec.event_definition)
+    if isinstance(caught, MultipleEventDefinition):
+        # the event of its definitions that came (the last to come, for one that waited for all)
+        seen = [e.event_definition for e in task.internal_data.get("seen_events", [])]
+        caught = (seen or [d for d in definitions if kind_of(d)] or [caught])[-1]
     # (layerflow's error and escalation classes are named Engine<...>: the record says "error")
     kind = kind_of(caught) or ("error" if isinstance(caught, ErrorEventDefinition) else "escalation"
                                if isinstance(caught, EscalationEventDefinition)

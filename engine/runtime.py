@@ -1780,6 +1780,15 @@ class _Runtime(ScopeSteps, GatewaySteps):
             # a map is updated key by key (SpiffWorkflow's rule); a list starts empty each time, but
             # is handed over: SpiffWorkflow collects into a list, whatever the input collection is
             if isinstance(value, Mapping):
+                if isinstance(data.get(name), list):
+                    # SpiffWorkflow would key each output by its item's number ({0: ...}), which no JSON
+                    # object holds: the write of the collection failed once every instance had run
+                    raise ActivityError(
+                        f"multi-instance activity {spec.bpmn_id!r} collects into {out!r} (loopDataOutputRef), an "
+                        f"object, over the list {name!r} (loopDataInputRef): each output would be keyed by its "
+                        f"item's number, and context values are JSON, whose object keys are text; start it as a "
+                        f"list ({out} = []) to collect the outputs in the order of the items, or give {name!r} "
+                        "as an object (one instance per key)", task_id=spec.bpmn_id)
                 data[out] = thaw(value)
             elif value is not ABSENT and isinstance(thaw(value), list):
                 data[out] = []

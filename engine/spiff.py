@@ -509,8 +509,8 @@ class _LayerflowSpecMixin:
                 if "No conditions satisfied" not in str(err):
                     raise
                 raise driver.no_branch_taken(my_task) from None
-        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
-                                                          (MessageEventDefinition, SignalEventDefinition)):
+        if isinstance(self, ThrowingEvent) and any(isinstance(d, (MessageEventDefinition, SignalEventDefinition))
+                                                   for d in event_definitions_of(self)):
             # a pool's message names its sender to the pool that catches it, and one nothing catches
             # is recorded as sent out of the instance by its element (_InterruptAwareEvents.catch)
             top = my_task.workflow.top_workflow
@@ -786,8 +786,9 @@ def rearm_boundary(task: Any) -> None:
     second message was refused, and the escalation of a second instance of a multi-instance
     activity was lost. Timers keep their own rule (a duration or date fires once; a cycle repeats
     by itself), and a conditional event would fire again at once."""
-    if not isinstance(task.task_spec.event_definition, _REARMED):
-        return
+    definitions = event_definitions_of(task.task_spec)
+    if not definitions or not all(isinstance(d, _REARMED) for d in definitions):
+        return  # (an event with several definitions, a message or a signal say: as each of them)
     main = attached_activity(task)
     if main is None or main.has_state(TaskState.FINISHED_MASK):
         return
@@ -796,6 +797,33 @@ def rearm_boundary(task: Any) -> None:
 
 
 _REARMED = (MessageEventDefinition, SignalEventDefinition, EscalationEventDefinition)
+
+
+def thrown_inside(task: Any, workflow: Any) -> bool:
+    """Whether boundary event ``task`` may catch an error or escalation thrown in ``workflow``: BPMN has
+    a boundary event catch only what is thrown inside its activity (a sub-process or call activity
+    running ``workflow``, or one around it; an instance of a multi-instance one). SpiffWorkflow 3.2
+    throws it to every boundary event of its code in the process around the thrower: the error of one
+    call activity cancelled a call beside it, in a parallel branch, that waited for a person. Any
+    other catching task, or no ``workflow``: True."""
+    attached = attached_activity(task)
+    if attached is None or workflow is None:
+        return True
+    while workflow is not None and getattr(workflow, "parent_task_id", None) is not None:
+        runner = workflow.top_workflow.get_task_from_id(workflow.parent_task_id)
+        if runner is attached or runner.is_descendant_of(attached):
+            return True
+        workflow = workflow.parent_workflow
+    return False
+
+
+def event_definitions_of(spec: Any) -> list[Any]:
+    """The event definitions of event ``spec``: the one it has, or each of a multiple event's (several
+    definitions on one event, BPMN's "Multiple" and "Parallel Multiple"); none for a task or gateway."""
+    definition = getattr(spec, "event_definition", None)
+    if isinstance(definition, MultipleEventDefinition):
+        return list(definition.event_definitions)
+    return [] if definition is None else [definition]
 
 
 def attached_activity(task: Any) -> Any:
@@ -2184,6 +2212,9 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
                 and getattr(event, "lf_sent_from", None) is None and is_collaboration(self.workflow.spec):
             event.lf_sent_from = {"element": bpmn_id_of(thrower), "process": pool_process_of(thrower)}
         target = event.target
+        # an error or escalation is thrown to the thrower's own workflow (a cancel event to the one around
+        # its transaction): a boundary event catches it only from inside its activity
+        origin = target if isinstance(event.event_definition, CodeEventDefinition) else None
         if target is None:
             caught = int(super().catch(event, internal))
             if not caught and internal:
@@ -2191,7 +2222,8 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
             return caught
         while target is not None:
             tasks = [t for t in self.tasks.values()
-                     if catching_scope(t) is target and t.task_spec.event_definition.catches(t, event)]
+                     if catching_scope(t) is target and t.task_spec.event_definition.catches(t, event)
+                     and thrown_inside(t, origin)]
             if tasks:
                 for task in tasks:
                     task.task_spec.catch(task, event)
@@ -2202,7 +2234,8 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
         # SpiffWorkflow, but an event sub-process's start, which catches what its scope throws only
         event.target = None
         self.update_collaboration(event)
-        tasks = [t for t in self.tasks.values() if not caught_in_scope(t.task_spec) and t.task_spec.catches(t, event)]
+        tasks = [t for t in self.tasks.values() if not caught_in_scope(t.task_spec) and t.task_spec.catches(t, event)
+                 and thrown_inside(t, origin)]
         if not tasks and internal:
             self.workflow.bpmn_events.append(event)
             self._left_the_instance(thrower, event)

@@ -159,7 +159,8 @@ not make ``report.ok`` false:
                                       would start an event sub-process of the same process: it starts
                                       nothing there, the process being interrupted (likely not what was meant)
 ``no_implementation`` W               a script task without a script, a service task without a
-                                      spiffworkflow:serviceTaskOperator, and no handler or llm in the config
+                                      spiffworkflow:serviceTaskOperator (one whose operationRef names a
+                                      bpmn:operation: the message names it), and no handler or llm in the config
 ``llm_without_handler`` W             a task whose llm: block names no model and whose config gives no
                                       handler: it runs only with a model (--model), offline it stops there
 ``invalid_form``                      a user task's form: a camunda:formField with no id, of an unknown type,
@@ -2832,6 +2833,8 @@ class _Validator:
             what = ("has no handler" if operator is None else
                     f"has a spiffworkflow:serviceTaskOperator {operator.get('id')!r} and no handler is registered "
                     f"under that name (@activity({operator.get('id')!r}) gets its parameters in ctx.params)")
+            if operator is None and el.get("operationRef"):
+                what += _operation_called(el)
         else:
             return
         self.add("no_implementation", f"{_TASK_NAMES[tag]} {eid!r} {what}, and its config gives no handler or "
@@ -4790,3 +4793,19 @@ def _feel_value_list(text: str) -> list[str] | None:
         return None  # a tuple in parentheses is Python's own, compared to an input that may be one
     values = [ast.get_source_segment(text, elt) for elt in tree.body.elts]
     return None if any(v is None for v in values) else [str(v) for v in values]
+
+
+def _operation_called(task: Any) -> str:
+    """What a service task's ``operationRef`` (BPMN's own implementation: an operation of a
+    ``bpmn:interface``, as Eclipse's BPMN2 Modeler and jBPM write it, ``implementation="##WebService"``)
+    names, for the message that says no handler runs it: layerflow calls no web service or class."""
+    ref = task.get("operationRef", "").split(":")[-1]
+    for interface in task.getroottree().getroot().iter(_bpmn("interface")):
+        for operation in interface.iter(_bpmn("operation")):
+            if operation.get("id") == ref:
+                called = operation.get("implementationRef") or operation.get("name") or ref
+                of = interface.get("implementationRef") or interface.get("name") or interface.get("id")
+                return (f" (its operationRef {ref!r} names the operation {called!r} of interface {of!r}, "
+                        f"which its engine calls as a web service or class; layerflow calls none)")
+    return f" (its operationRef {ref!r} names no bpmn:operation of the file; layerflow calls none)"
+
