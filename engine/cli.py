@@ -517,7 +517,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         process = load_process(bpmn, process_id, config=config)
     except LayerflowError as err:
         _fail(str(err), as_json=as_json, kind=err.kind)
-    _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
+    _unknown_user_tasks(process, answers_file, answers, answer, as_json)
     _user_task_answers_are_objects(process, answer, as_json)
     _unmatchable_confirmations(out, process, answers, answers_file, answer)
     engine = _engine(store, model, out, as_json)
@@ -558,18 +558,20 @@ def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) ->
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
-def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapping[str, Any], as_json: bool,
-                        waiting: Iterable[str] = ()) -> None:
-    """An answers file that names a task the process does not have is a typo: say so before running.
-    On `resume`, a task's `waiting_for` id names it too, as `--answer ID={...}` and REST take it."""
-    if not answers_file:
-        return
-    ids = set(process.element_ids()) | set(waiting)
-    unknown = [task_id for task_id in user_tasks if task_id not in ids]
-    if unknown:
-        _fail(f"answers file {answers_file}: user_tasks names {', '.join(repr(t) for t in unknown)}, not an element "
-              f"of process {process.id!r}; key user_tasks by the BPMN id of a user task (or, on resume, by its "
-              f"waiting_for id)", as_json=as_json)
+def _unknown_user_tasks(process: Any, answers_file: str | None, answers: Mapping[str, Any], answer: tuple[str, ...],
+                        as_json: bool, waiting: Iterable[str] = ()) -> None:
+    """An answers file that names a task the process does not have is a typo: say so before running
+    (``runtime.check_user_task_keys``, as ``Engine.run`` and REST check it). On `resume`, a task's
+    `waiting_for` id names it too, as `--answer ID={...}` and REST take it. An ``--answer`` is one at
+    a time: ``_unmatchable_confirmations`` names and leaves out one that names nothing."""
+    from .runtime import check_user_task_keys
+
+    given = {item.partition("=")[0] for item in answer}
+    try:
+        check_user_task_keys(process, [k for k in answers["user_tasks"] if k not in given], waiting=waiting,
+                             source=f"answers file {answers_file}")
+    except LayerflowError as err:
+        _fail(str(err), as_json=as_json, kind=err.kind, process_id=process.id)
 
 
 def _unmatchable_confirmations(out: _Out, process: Any, answers: dict[str, Any], answers_file: str | None,
@@ -580,10 +582,12 @@ def _unmatchable_confirmations(out: _Out, process: Any, answers: dict[str, Any],
     it is named on stderr at the end if it went unused. An ``--answer`` is one at a time, for what
     waits now or later: one that can match nothing is named on stderr and left out (it would
     change nothing), and the command goes on. Returns those ``--answer`` keys."""
-    from .runtime import check_confirmation_keys, unmatchable_confirmation_keys
+    from .runtime import check_confirmation_keys, unknown_user_task_keys, unmatchable_confirmation_keys
 
     given = {item.partition("=")[0] for item in answer}
-    keys = [k for k in answers["confirmations"] if k not in answers["user_tasks"]]
+    # an --answer object is in both sections: it is left out when it names no task either
+    no_task = set(unknown_user_task_keys(process, [k for k in answers["user_tasks"] if k in given], waiting=known))
+    keys = [k for k in answers["confirmations"] if k not in answers["user_tasks"] or k in no_task]
     try:
         check_confirmation_keys(process, [k for k in keys if k not in given], known=known,
                                 source=f"answers file {answers_file}")
@@ -592,7 +596,8 @@ def _unmatchable_confirmations(out: _Out, process: Any, answers: dict[str, Any],
     dropped = set(unmatchable_confirmation_keys(process, [k for k in keys if k in given], known=known))
     for key in sorted(dropped):
         answers["confirmations"].pop(key)
-        out.info(f"layerflow: --answer {key!r} can match no confirmation of process {process.id!r} (its joins: "
+        task = "names no user task and " if answers["user_tasks"].pop(key, None) is not None else ""
+        out.info(f"layerflow: --answer {key!r} {task}can match no confirmation of process {process.id!r} (its joins: "
                  f"{', '.join(map(repr, process.join_ids())) or 'none'}); it was not used. Key a join conflict "
                  "GATEWAY_ID/CONTEXT_KEY, a confirmation by its id as `waiting_for` names it, or *")
     return dropped
@@ -816,10 +821,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
                       "changed. Start a new instance with the corrected data", as_json=as_json,
                       kind="invalid_state", details={"instance_id": instance.id})
-            for key in [*dict.fromkeys([*(a.partition("=")[0] for a in answer), *answers["confirmations"],
-                                        *answers["user_tasks"]])]:
-                out.info(f"layerflow: answer {key!r} was not used: instance {instance.id} is completed and "
-                         "waits for nothing")
+            instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
+            for notice in instance.notices:
+                out.info(f"layerflow: {notice}")
             _summary(out, instance, store)
             sys.exit(EXIT_OK)
         try:
@@ -863,7 +867,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                                     f"{instance.id} --reason ...` and start a new instance with the corrected --data")
                         _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
                               details={"instance_id": instance.id, "key": getattr(err, "key", None)})
-                _unknown_user_tasks(instance.process, answers_file, answers["user_tasks"], as_json,
+                _unknown_user_tasks(instance.process, answers_file, answers, answer, as_json,
                                     [str(w["id"]) for w in instance.waiting_for if w.get("id")])
                 _user_task_answers_are_objects(instance.process, answer, as_json)
                 dropped = _unmatchable_confirmations(out, instance.process, answers, answers_file, answer,

@@ -83,8 +83,7 @@ from . import forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
-from .runtime import (AnswerWriteDenied, Engine, Instance, check_confirmation_keys, known_confirmation_ids,
-                      refuse_if_cancelled)
+from .runtime import AnswerWriteDenied, Engine, Instance, check_answer_keys, refuse_if_cancelled
 from .store import record_head
 
 __all__ = [
@@ -904,7 +903,8 @@ class GovernanceService:
 
     def start(self, args: StartArgs, *, actor: str = "api") -> dict[str, Any]:
         process = self.catalog.load(args.process_id)
-        _check_answered_tasks(process, args.answers)
+        answers = args.answers.model_dump() if args.answers is not None else None
+        check_answer_keys(process, answers)  # before anything is started, as Engine.run does
         # held from before the instance exists, as every other change holds it: a request, worker
         # or `layerflow resume` that finds the new id (GET /api/instances) waits for this run
         instance_id = uuid.uuid4().hex[:12]
@@ -912,7 +912,6 @@ class GovernanceService:
             instance = self.engine.start(process, args.data, instance_id=instance_id)
             instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
             if args.run:
-                answers = args.answers.model_dump() if args.answers is not None else None
                 try:
                     instance = self.engine.run(instance, answers=answers)
                 except (InvalidAnswer, AnswerWriteDenied) as err:
@@ -1141,15 +1140,13 @@ class GovernanceService:
 
     def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None) -> dict[str, Any]:
         """``Engine.resume`` with the answers given (``layerflow resume ID --answers``): what is
-        answered runs on, the rest still waits; a completed instance: ``InstanceStateError``."""
-        def step(instance: Instance) -> Instance:
-            if instance.status == "completed":
-                raise InstanceStateError(f"instance {instance_id} is completed; there is nothing to resume")
-            _check_answered_tasks(instance.process, args.answers,
-                                  {str(w["id"]) for w in instance.waiting_for if w.get("id")},
-                                  known=known_confirmation_ids(instance))
-            return self.engine.resume(instance, answers=args.answers.model_dump() if args.answers else None)
-        return self._run_on(instance_id, expected_version, step)
+        answered runs on, the rest still waits. A completed instance comes back as it is, its
+        answers unused, as ``layerflow resume`` answers it (exit 0): a client that retries a resume
+        whose reply it lost, or that answers what someone else answered meanwhile, is not in
+        conflict with the outcome it asked for."""
+        answers = args.answers.model_dump() if args.answers else None
+        return self._run_on(instance_id, expected_version,
+                            lambda instance: self.engine.resume(instance, answers=answers))
 
     def cancel(self, instance_id: str, args: CancelArgs, *, expected_version: int | None = None,
                actor: str = "operator") -> dict[str, Any]:
@@ -1272,23 +1269,6 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
         raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in found),
                           problems=listed)
     return cfg
-
-
-def _check_answered_tasks(process: Any, answers: StartAnswers | None, waiting: Iterable[str] = (), *,
-                          known: Iterable[str] = ()) -> None:
-    """Answers that name a task the process does not have, or a confirmation it can never ask
-    (``runtime.check_confirmation_keys``; ``known``: the instance's confirmations and waiting ids),
-    are a typo (``layerflow run --answers`` refuses them too): say so, instead of leaving the task
-    waiting with its answer unused. A user task may also be named by its ``waiting_for`` id (the
-    README's way to answer one instance of a multi-instance task), on an instance that waits for it."""
-    if answers is None:
-        return
-    check_confirmation_keys(process, answers.confirmations, known=known, source="answers")
-    ids = set(process.element_ids()) | set(waiting)
-    unknown = [task_id for task_id in answers.user_tasks if task_id not in ids]
-    if unknown:
-        raise BadRequest(f"answers.user_tasks names {', '.join(repr(t) for t in unknown)}, not an element of process "
-                         f"{process.id!r}; key user_tasks by the BPMN id of a user task")
 
 
 def _check_element_ids(cfg: ActivityExtensionConfig, instance: Instance, element_id: str) -> None:

@@ -371,15 +371,16 @@ class Engine:
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
         leave the instance waiting). Given a process (and its start ``data``), starts it
         first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
-        loads it. A ``confirmations`` key that can match no confirmation of the process raises
-        ``InvalidAnswer`` first, with nothing started or run (``check_confirmation_keys``).
+        loads it. A ``confirmations`` key that can match no confirmation of the process, or a
+        ``user_tasks`` key that names no element of it, raises ``InvalidAnswer`` first, with
+        nothing started or run (``check_answer_keys``).
         """
         if isinstance(instance, Process):
-            _check_answers(instance, answers)
+            check_answer_keys(instance, answers)
             instance = self.start(instance, data)
         else:
             instance = self._instance(instance)
-            _check_answers(instance, answers)
+            check_answer_keys(instance, answers)
             if data is not None:
                 raise TypeError(f"Engine.run: instance {instance.id!r} has started already; start data goes to "
                                 "Engine.start(process, data) or Engine.run(process, data), and a running instance "
@@ -565,9 +566,19 @@ class Engine:
 
         With ``answers`` the resume is one request, all or nothing (``all_or_nothing``): when
         an answer is refused (``InvalidAnswer``, ``AnswerWriteDenied``), the steps the other
-        answers drove before it are undone and not saved."""
+        answers drove before it are undone and not saved.
+
+        A completed instance is given back as it is, nothing of it run, changed or saved (a resume
+        is the retry of a request whose answer was lost, or comes after the instance completed
+        meanwhile): ``instance.notices`` names each answer given, which it uses none of."""
         instance = self._instance(instance)
-        _check_answers(instance, answers)  # before a failed activity is reset for its retry
+        if instance.status == "completed":
+            # its waiting_for ids are gone: answers keyed by them are no typo, only too late
+            given = [*((answers or {}).get("confirmations") or {}), *((answers or {}).get("user_tasks") or {})]
+            instance.notices = [f"answer {key!r} was not used: instance {instance.id} is completed and waits for "
+                                "nothing" for key in dict.fromkeys(given)]
+            return instance
+        check_answer_keys(instance, answers)  # before a failed activity is reset for its retry
         if not answers:
             return self._resume(instance, answers=answers, ask=ask)
         with self.all_or_nothing(instance):
@@ -1086,17 +1097,47 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
             | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
 
 
-def _check_answers(instance: Instance | Process, answers: Mapping[str, Any] | None) -> None:
-    """``check_confirmation_keys`` for answers given to ``Engine.run`` / ``Engine.resume``."""
-    # (``--answer KEY={...}`` gives both sections the object: a user task's answer, whatever else it is)
-    tasks = (answers or {}).get("user_tasks") or {}
-    conf = [key for key in (answers or {}).get("confirmations") or {} if key not in tasks]
-    if not conf:
+def unknown_user_task_keys(process: Process, keys: Iterable[str], *, waiting: Iterable[str] = ()) -> list[str]:
+    """The keys of ``keys`` that name no element of ``process`` (see ``check_user_task_keys``)."""
+    ids = set(process.element_ids()) | set(waiting)
+    return [key for key in keys if key not in ids]
+
+
+def check_user_task_keys(process: Process, keys: Iterable[str], *, waiting: Iterable[str] = (),
+                         source: str = "answers") -> None:
+    """Raise ``InvalidAnswer`` naming every key of answers' ``user_tasks`` that names no element of
+    ``process`` (a typo, or answers meant for another process), before anything runs: its task would
+    wait with the answer unused. ``waiting``: the ids of what an instance waits for, which name one
+    instance of a multi-instance task."""
+    bad = unknown_user_task_keys(process, keys, waiting=waiting)
+    if not bad:
         return
-    if isinstance(instance, Process):
-        check_confirmation_keys(instance, conf)
+    from .governance import InvalidAnswer
+
+    raise InvalidAnswer(f"{source}: user_tasks names {', '.join(map(repr, bad))}, not an element of process "
+                        f"{process.id!r}; key user_tasks by the BPMN id of a user task (or, on resume, by its "
+                        "waiting_for id). Nothing was run or saved")
+
+
+def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | None, *,
+                      source: str = "answers") -> None:
+    """The one check of the keys of an answers document (``Engine.run`` / ``resume``, REST, the
+    CLI's ``--answers``): ``check_confirmation_keys`` and ``check_user_task_keys``, for a process
+    about to start or an instance as it is (its confirmations and what it waits for name more)."""
+    tasks = (answers or {}).get("user_tasks") or {}
+    conf = (answers or {}).get("confirmations") or {}
+    known: set[str] = set()
+    waiting: set[str] = set()
+    if isinstance(target, Process):
+        process = target
     else:
-        check_confirmation_keys(instance.process, conf, known=known_confirmation_ids(instance))
+        process, known = target.process, known_confirmation_ids(target)
+        waiting = {str(w["id"]) for w in target.waiting_for if w.get("id")}
+    check_confirmation_keys(process, [key for key in conf if key not in tasks], known=known, source=source)
+    # one answer in both sections (``--answer KEY={...}``: a user task's answer, whatever else it
+    # is) may name a task or a confirmation
+    either = set(conf) - set(unmatchable_confirmation_keys(process, [k for k in tasks if k in conf], known=known))
+    check_user_task_keys(process, [key for key in tasks if key not in either], waiting=waiting, source=source)
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
@@ -1773,6 +1814,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                         "loopCardinality for a count", task_id=spec.bpmn_id)
                 data[name] = thaw(value)
         out = spiff.data_name(spec.data_output)
+        if out is not None and out != name:
+            _refuse_a_filled_output_list(ctx, spec.bpmn_id, out)
         # over a count (loopCardinality) SpiffWorkflow starts the output list itself: its check of an
         # output that exists fails (a typo, ``data_ouput``), and it could only append to a map
         if out is not None and out != name and name is not None:
@@ -2287,6 +2330,29 @@ class _Runtime(ScopeSteps, GatewaySteps):
         self._throw_error(task, ctx, err, multi=multi)
 
 # =============================================================================== helpers
+
+def _refuse_a_filled_output_list(ctx: LayeredContext, bpmn_id: str, out: str) -> None:
+    """A multi-instance activity collects into a new list each pass (a loop back into it fills anew
+    the list it filled before), so items the list holds as the activity first runs would be lost
+    without a word: refused, as SpiffWorkflow refuses them ("the output must be empty or it must be
+    a map"). Its own earlier pass is known by its record in HISTORY (``activity:ID``, ``#2``...)."""
+    value = ctx.get(out, ABSENT)
+    if isinstance(value, Mapping) or value is ABSENT:
+        return
+    items = thaw(value)
+    if not isinstance(items, list) or not items:
+        return
+    history = ctx.layer(Layer.HISTORY)
+    record = f"activity:{bpmn_id}"
+    if record in history or any(key.startswith(record + "#") for key in history):
+        return
+    raise ActivityError(
+        f"multi-instance activity {bpmn_id!r} collects into {out!r} (loopDataOutputRef), which holds "
+        f"{len(items)} item{'s' if len(items) != 1 else ''} ({short(items)}) before the activity ever ran: the "
+        f"outputs of its instances would replace them. Start it empty ({out} = []) before the activity, "
+        f"collect into another name and combine the two after it, or make {out!r} an object to update it key by "
+        "key", task_id=bpmn_id)
+
 
 _FAR = datetime.max.replace(tzinfo=timezone.utc)
 
