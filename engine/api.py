@@ -409,7 +409,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
         for what it waits for, after a timer came due, or to retry the failed activity of an
         instance in ``error`` once its cause is fixed. All or nothing: an answer refused (400,
-        403) leaves the instance as it was, with nothing of the other answers applied."""
+        403) leaves the instance as it was, with nothing of the other answers applied. A completed
+        instance comes back as it is (200), its answers unused, as `layerflow resume` exits 0."""
         return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
                         expected_version=body.expected_version)
 
