@@ -235,3 +235,183 @@ def test_a_sub_processes_preserve_keys_survive_the_compressions_inside_it() -> N
     marks = [e for e in done.main.tape if e.data.get("note") == "preserve" and "decision" in e.data["preserve"]]
     assert [e.actor for e in marks] == ["determination"]
     assert LayeredContext.replay(done.main.tape) == done.main
+
+
+# ------------------------------------------------------------------ the clock: the deadline, the timeout, the records
+
+
+def test_with_nobody_answering_the_deadline_the_timeout_and_the_72_hours_decide(tmp_path: Path) -> None:
+    """The 48-hour boundary timer interrupts the clinician's task (the request is pended, no
+    `activity:clinical_review`), the join's question times out on the configured default (`deny`,
+    `timed_out`), and the event-based gateway's timer branch marks the records missing: each at its
+    due time, not before."""
+    clock = Clock(float(int(time.time())))
+    engine = Engine(f"sqlite:///{tmp_path / 'clock.db'}", clock=clock)
+    waiting = engine.run(load_process(BPMN), REQUEST)
+    [review, deadline] = waiting.waiting_for
+    assert (review["task_id"], deadline["task_id"]) == ("clinical_review", "review_deadline")
+    assert deadline["due"] == time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(clock.now + 48 * HOUR))
+    clock.now += 47 * HOUR
+    assert [w["task_id"] for w in engine.run(engine.load(waiting.id)).waiting_for] == ["clinical_review",
+                                                                                       "review_deadline"]
+    clock.now += HOUR
+    pended = engine.run(engine.load(waiting.id))
+    history = pended.main.layer(Layer.HISTORY)
+    assert history["review_outcome"] == "pended" and "activity:clinical_review" not in history
+    [asked] = pended.waiting_for
+    assert asked["id"] == "checks_join/decision"
+    assert asked["due"] == time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(clock.now + HOUR))
+    # a person's answer for the task the timer cancelled is refused, naming what happened
+    with pytest.raises(Exception, match="clinical_review"):
+        engine.complete_user_task(engine.load(waiting.id), "clinical_review", {"necessity": "yes"})
+    clock.now += HOUR
+    timed_out = engine.run(engine.load(waiting.id))
+    assert sorted(w["kind"] for w in timed_out.waiting_for) == ["event", "timer"]
+    doc = timed_out.to_document()
+    assert [(c["id"], c["answer"], c["timed_out"]) for c in doc["confirmations"]] == [
+        ("checks_join/decision", "deny", True)]
+    assert timed_out.main.layer(Layer.HISTORY)["decision"] == "deny"
+    clock.now += 72 * HOUR
+    done = engine.run(engine.load(waiting.id))
+    assert done.status == "completed", done.error
+    assert done.main.layer(Layer.HISTORY)["letter"] == "Request M-1001: deny, copay 50, records missing"
+    # a message that comes after the timer branch ran is refused: nothing waits for it
+    with pytest.raises(Exception, match="completed"):
+        engine.send_event(waiting.id, "records_received", {"files": []})
+    assert LayeredContext.replay(done.main.tape) == done.main
+
+
+# ------------------------------------------------------------------ the model step
+
+
+URGENT = {"member_id": "M-2002", "procedure": "CT head", "diagnosis_code": "S06.0", "cost": 2400,
+          "plan_tier": "silver"}
+ANSWER = {"clinical_summary": "head trauma after a fall", "urgency": "urgent", "plan_tier": "silver-verified",
+          "copay": 0, "reviewers": ["model"]}
+
+
+def test_the_model_step_answers_urgent_and_the_default_is_not_taken(fake_model: Any) -> None:
+    """With a model the `llm:` block is called (not the offline handler): its answer goes to WORKING,
+    `plan_tier` to KNOWLEDGE (auto-promotion), and `urgent` takes the conditioned flow, not the
+    default: no clinician is asked. The XOR's branch marker comes with it (DESIGN: WORKING gets
+    `_branch_id`)."""
+    model = fake_model(json.dumps(ANSWER))
+    waiting = Engine("memory://", model="fake/model").run(load_process(BPMN), URGENT)
+    assert [w["id"] for w in waiting.waiting_for] == ["checks_join/decision"], waiting.error
+    first = model.requests[0]["messages"]
+    assert [m["role"] for m in first] == ["system", "user"] and "M-2002" in first[0]["content"]
+    assert dict(waiting.main.layer(Layer.KNOWLEDGE)) == {"plan_tier": "silver-verified"}
+    history = waiting.main.layer(Layer.HISTORY)
+    assert (history["urgency"], history["review_outcome"], history["_branch_id"]) == ("urgent", "expedited",
+                                                                                       "fast_track")
+    assert "activity:clinical_review" not in history
+
+
+@pytest.mark.parametrize("extra, key", [({"member_id": "M-666"}, "member_id"), ({"policy": "approve all"}, "policy"),
+                                        ({"_mergedConflicts": []}, "_mergedConflicts"),
+                                        ({"activity:checks_join": {"status": "completed"}}, "activity:checks_join")])
+def test_a_model_answer_that_rewrites_facts_or_records_fails_the_step_and_writes_nothing(
+        fake_model: Any, extra: dict[str, Any], key: str) -> None:
+    fake_model(json.dumps({**ANSWER, **extra}))
+    failed = Engine("memory://", model="fake/model").run(load_process(BPMN), URGENT)
+    assert failed.status == "error" and failed.error["task_id"] == "summarize_request"
+    assert repr(key) in failed.error["message"]
+    main = failed.main
+    assert dict(main.layer(Layer.KNOWLEDGE)) == {"plan_tier": "silver"} and not main.layer(Layer.HISTORY)
+    assert not main.layer(Layer.WORKING) and main.layer(Layer.PROCESS)["member_id"] == "M-2002"
+    assert main.tape[-1].kind.value == "abort"
+    assert key in json.dumps([e.data for e in main.tape[-3:]])
+
+
+# ------------------------------------------------------------------ REST, a real server
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    store = f"sqlite:///{tmp_path_factory.mktemp('rest') / 'rest.db'}"
+    with ServerThread(create_app(Engine(store), HERE, TOKEN)) as server:
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as client:
+            yield client
+
+
+def _tape(api: httpx.Client, iid: str) -> tuple[int, int]:
+    tape = api.get(f"/api/instances/{iid}/tape").json()
+    return len(tape["events"]), int(tape["version"])
+
+
+def test_rest_bad_input_names_what_is_wrong_and_changes_nothing(api: httpx.Client) -> None:
+    """An outsider's mistakes against the waiting request: a form value not offered (400 with the
+    field), a PROCESS fact in the answer (403 naming it), data that is no object (422), a task id
+    with a typo (409 naming what it waits for), an inject to HISTORY or with a layer typo, a resolve
+    of a conflict no join asks. Only the refusals the README says are recorded reach the tape."""
+    started = api.post("/api/instances", json={"process_id": "prior_auth", "data": REQUEST})
+    assert started.status_code == 201, started.text
+    iid = started.json()["instance_id"]
+    cases = [
+        ("/api/instances/{iid}/user-tasks/clinical_review", {"data": {"necessity": "maybe"}}, 400, "necessity", 1),
+        ("/api/instances/{iid}/user-tasks/clinical_review", {"data": {"necessity": "yes", "cost": 1}}, 403, "cost", 1),
+        ("/api/instances/{iid}/user-tasks/clinical_review", {"data": "yes"}, 422, "data", 0),
+        ("/api/instances/{iid}/user-tasks/clinical_reveiw", {"data": {"necessity": "yes"}}, 409, "clinical_review", 0),
+        ("/api/context-governance/inject", {"instance_id": "{iid}", "key": "urgency", "value": "urgent",
+                                            "layer": "L3"}, 403, "L3", 1),
+        ("/api/context-governance/inject", {"instance_id": "{iid}", "key": "urgency", "value": "urgent",
+                                            "layer": "WORKNG"}, 422, "WORKNG", 0),
+        ("/api/context-governance/inject", {"instance_id": "{iid}", "key": "member_id", "value": "M-9"}, 403,
+         "member_id", 1),
+        ("/api/context-governance/resolve", {"instance_id": "{iid}", "conflict_key": "checks_join/copay",
+                                             "resolution": 20, "reason": "x"}, 404, "checks_join/copay", 0),
+        ("/api/instances/{iid}/events", {"name": "records_received", "payload": {"files": []}}, 409,
+         "records_received", 0),
+    ]
+    for path, body, status, names, recorded in cases:
+        before = _tape(api, iid)
+        body = json.loads(json.dumps(body).replace("{iid}", iid))
+        refused = api.post(path.format(iid=iid), json=body)
+        assert refused.status_code == status, (path, body, refused.text)
+        assert names in refused.json()["error"]["message"], (path, body, refused.text)
+        after = _tape(api, iid)
+        assert after[0] == before[0] + recorded, (path, body)
+    now = api.get(f"/api/instances/{iid}").json()
+    assert now["status"] == "waiting" and data_of(now["layers"]["L3"])["urgency"] == "routine"
+    assert [w["task_id"] for w in now["waiting_for"]] == ["clinical_review", "review_deadline"]
+
+
+def test_rest_runs_the_request_to_its_letter_then_rolls_it_back_and_replays_it(api: httpx.Client) -> None:
+    """Inject a verified plan tier (auto-promoted to KNOWLEDGE), snapshot, answer the form, resolve the
+    join's question with a reason (a `human_decision` on the tape), deliver the records, then roll the
+    finished request back to the snapshot and replay the tape at that point."""
+    iid = api.post("/api/instances", json={"process_id": "prior_auth", "data": REQUEST}).json()["instance_id"]
+    gov = lambda op, **body: api.post(f"/api/context-governance/{op}", json={"instance_id": iid, **body})  # noqa: E731
+    injected = gov("inject", key="plan_tier", value="gold-verified")
+    assert injected.status_code == 200 and injected.json()["written"] == {"plan_tier": "L2"}
+    snap = gov("snapshot").json()
+    answered = api.post(f"/api/instances/{iid}/user-tasks/clinical_review",
+                        json={"data": {"necessity": "yes", "review_minutes": 30}})
+    assert answered.status_code == 200 and [w["id"] for w in answered.json()["waiting_for"]] == ["checks_join/decision"]
+    listed = api.get("/api/confirmations").json()
+    assert [c["id"] for c in listed if c.get("instance_id") == iid] == ["checks_join/decision"]
+    resolved = gov("resolve", conflict_key="checks_join/decision", resolution="approve", reason="MD signs off")
+    assert resolved.status_code == 200 and resolved.json()["status"] == "waiting"
+    again = gov("resolve", conflict_key="checks_join/decision", resolution="deny", reason="second thoughts")
+    assert again.status_code == 409 and again.json()["error"]["kind"] == "already_answered"
+    done = api.post(f"/api/instances/{iid}/events", json={"name": "records_received", "payload": {"files": ["a"]}})
+    assert done.status_code == 200, done.text
+    final = done.json()
+    assert final["status"] == "completed"
+    assert final["layers"]["L3"]["letter"] == "Request M-1001: approve, copay 50, records attached:1"
+    assert final["layers"]["L2"] == {"plan_tier": "gold-verified"}
+    tape = api.get(f"/api/instances/{iid}/tape", params={"kind": "human_decision"}).json()["events"]
+    assert [(e["data"]["key"], e["data"]["value"], e["data"]["reason"]) for e in tape] == [
+        ("decision", "approve", "MD signs off")]
+    # a finished request is not changed by inject (README: 409); rollback and replay read and add to the tape
+    assert gov("inject", key="note", value="late").status_code == 409
+    rolled = gov("rollback", snapshot_id=snap["snapshot_id"])
+    assert rolled.status_code == 200, rolled.text
+    back = api.get(f"/api/instances/{iid}").json()
+    assert "letter" not in back["layers"]["L3"] and "decision" not in back["layers"]["L3"]
+    assert back["layers"]["L1"] == final["layers"]["L1"]          # PROCESS is append-only: not rolled back
+    replayed = api.get(f"/api/instances/{iid}/replay", params={"until": snap["seq"]}).json()
+    # (REST's replay shows each layer as inspect does: its keys with their values, tokens and writers)
+    layers = {name: {k["key"]: k["value"] for k in layer["keys"]} for name, layer in replayed["layers"].items()}
+    assert layers["L2"] == {"plan_tier": "gold-verified"}
+    assert data_of(layers["L3"]) == data_of(back["layers"]["L3"])
