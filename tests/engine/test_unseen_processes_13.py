@@ -49,9 +49,10 @@ PRESERVED = {"member_id", "letter", "copay", "decision"}
 RECORDS = ("activity:", "event:", "compaction:", "summary:", "_")
 
 
-def layerflow(*args: str, store: str) -> tuple[int, Any, str]:
+def layerflow(*args: str, store: str | None) -> tuple[int, Any, str]:
     """``layerflow ARGS --store STORE`` in a subprocess: (exit code, the --json document or stdout, stderr)."""
-    done = subprocess.run([sys.executable, "-m", "engine.cli", *args, "--store", store], capture_output=True,
+    where = ["--store", store] if store else []
+    done = subprocess.run([sys.executable, "-m", "engine.cli", *args, *where], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     out: Any = done.stdout
     if "--json" in args:
@@ -415,3 +416,47 @@ def test_rest_runs_the_request_to_its_letter_then_rolls_it_back_and_replays_it(a
     layers = {name: {k["key"]: k["value"] for k in layer["keys"]} for name, layer in replayed["layers"].items()}
     assert layers["L2"] == {"plan_tier": "gold-verified"}
     assert data_of(layers["L3"]) == data_of(back["layers"]["L3"])
+
+
+# ------------------------------------------------------------------ an outsider's config mistakes
+
+
+CONFIG = (HERE / "prior_auth.layerflow.yaml").read_text(encoding="utf-8")
+MISTAKES = [  # (what the outsider wrote instead, element id, field the error names)
+    ("preserveKeys: [letter", "preserveKey: [letter", "write_letter", "preserveKey"),
+    ("plan_tier: KNOWLEDGE", "plan_tier: KNOWLEGDE", None, "data_layers.plan_tier"),
+    ("plan_tier: KNOWLEDGE", "plan_tier: SYSTEM", None, "data_layers.plan_tier"),
+    ("compressTokenThreshold: 300", "compressTokenThreshold: lots", "write_letter", "compressTokenThreshold"),
+    ("compressTokenThreshold: 300", "compressTokenThreshold: yes", "write_letter", "compressTokenThreshold"),
+    ("mergeStrategy: MERGE_WITH_CONFLICT_DETECT", "mergeStrategy: MERGE_WITH_CONFLICTS", "checks_join",
+     "mergeStrategy"),
+    ("{reviewers: union}", "{reviewers: unite}", "checks_join", "reducers.reviewers"),
+    ("{key: copay, when", "{key: copay, whenn", "checks_join", "conflictPolicy.rules.1.whenn"),
+    ("when: 'cost > 1000', value: 50", "when: 'cost >', value: 50", "checks_join", "conflictPolicy.rules.1.when"),
+    ("write_letter:\n", "write_leter:\n", "write_leter", None),
+    ("timeout: 3600", "timeout: -5", "checks_join", "humanConfirm.timeout"),
+    ("outputKeys: [", "outputKey: [", "summarize_request", "llm.outputKey"),
+    ("preserveKeys: [decision]", "preserveKeys: decision", "determination", "preserveKeys"),
+    ("auth_handlers.py:summarize_request", "auth_handlers.py:summarise_request", "summarize_request", "handler"),
+]
+
+
+@pytest.mark.parametrize("old, new, element, field", MISTAKES, ids=[m[1] for m in MISTAKES])
+def test_a_config_mistake_is_named_by_validate_and_run_starts_nothing(tmp_path: Path, old: str, new: str,
+                                                                      element: str | None, field: str | None) -> None:
+    assert old in CONFIG
+    for name in ("prior_auth.bpmn", "auth_handlers.py"):
+        (tmp_path / name).write_text((HERE / name).read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "prior_auth.layerflow.yaml").write_text(CONFIG.replace(old, new, 1), encoding="utf-8")
+    line = CONFIG.replace(old, new, 1)[:CONFIG.index(old)].count("\n") + 1
+    store = tmp_path / "runs.db"
+    code, report, err = layerflow("validate", str(tmp_path / "prior_auth.bpmn"), "--json", store=None)
+    assert code == 2 and report["ok"] is False and report["errors"] >= 1, (report, err)
+    [problem] = [p for p in report["problems"] if p["severity"] == "error"]
+    assert (problem["file"], problem["line"], problem["element_id"], problem["field"]) == (
+        str(tmp_path / "prior_auth.layerflow.yaml"), line, element, field), problem
+    code, doc, err = layerflow("run", str(tmp_path / "prior_auth.bpmn"), "--data", json.dumps(REQUEST), "--json",
+                               store=f"sqlite:///{store}")
+    assert code == 2 and doc["instance_id"] is None and doc["error"]["kind"] in ("invalid_config", "invalid_process"), (doc, err)
+    assert problem["text"] in doc["error"]["message"]
+    assert not store.exists()          # nothing half-written: no store, no instance
