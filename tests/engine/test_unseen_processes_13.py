@@ -460,3 +460,55 @@ def test_a_config_mistake_is_named_by_validate_and_run_starts_nothing(tmp_path: 
     assert code == 2 and doc["instance_id"] is None and doc["error"]["kind"] in ("invalid_config", "invalid_process"), (doc, err)
     assert problem["text"] in doc["error"]["message"]
     assert not store.exists()          # nothing half-written: no store, no instance
+
+
+# ------------------------------------------------------------------ answers for the wrong key
+
+
+@pytest.mark.parametrize("given", ['clinical_reveiw={"necessity": "yes"}', "clinical_reveiw=yes",
+                                   'clinicalreview={"necessity": "yes"}'])
+def test_an_answer_naming_no_step_of_the_process_is_refused_as_the_answers_file_refuses_it(
+        tmp_path: Path, given: str) -> None:
+    """`--answers FILE` naming a user task the process does not have exits 2 ("not an element of
+    process"); the same typo through `--answer` was "kept for a later step" (exit 3) though no step of
+    that id can ever come, and the clinician's task waited with its answer silently unused. Now both
+    refuse it, naming the key and the user tasks there are, on `run` and on `resume`, and nothing is
+    saved by the refused command."""
+    store = f"sqlite:///{tmp_path / 'typo.db'}"
+    code, doc, err = layerflow("run", str(BPMN), "--data", json.dumps(REQUEST), "--answer", given, "--json",
+                               store=store)
+    assert code == 2 and doc["instance_id"] is None, (doc, err)
+    assert "'clinical" in doc["error"]["message"] and "clinical_review" in doc["error"]["message"]
+    code, doc, err = layerflow("run", str(BPMN), "--data", json.dumps(REQUEST), "--json", store=store)
+    assert code == 3
+    iid, length = doc["instance_id"], doc["tape_length"]
+    code, bad, err = layerflow("resume", iid, "--answer", given, "--json", store=store)
+    assert code == 2 and "clinical_review" in bad["error"]["message"], (bad, err)
+    code, now, _ = layerflow("inspect", iid, "--json", store=store)
+    assert now["tape_length"] == length and [w["task_id"] for w in now["waiting_for"]] == ["clinical_review",
+                                                                                          "review_deadline"]
+    # what may come later is still kept: a join's question answered in advance, any confirmation
+    code, doc, err = layerflow("resume", iid, "--answer", 'clinical_review={"necessity": "yes"}', "--answer",
+                               "checks_join/decision=deny", "--json", store=store)
+    assert code == 3 and doc["layers"]["L3"]["decision"] == "deny", err
+
+
+def test_validate_warns_of_compression_settings_on_the_sub_process_that_nothing_reads(tmp_path: Path) -> None:
+    """A designer who gives the determination sub-process its own token threshold and rules, as a
+    task has them, expects them to act; the engine checks compression after each step by that
+    step's config, so they were silently ignored. `validate` now says so (a warning naming the file,
+    the element and the field), and keeps quiet about its preserveKeys, which hold."""
+    for name in ("prior_auth.bpmn", "auth_handlers.py"):
+        (tmp_path / name).write_text((HERE / name).read_text(encoding="utf-8"), encoding="utf-8")
+    config = CONFIG.replace("  preserveKeys: [decision]\n", "  preserveKeys: [decision]\n  compressTokenThreshold: 100\n"
+                            "  knowledgeConfig: {ragCollections: [guidelines]}\n")
+    (tmp_path / "prior_auth.layerflow.yaml").write_text(config, encoding="utf-8")
+    (tmp_path / "knowledge" / "guidelines").mkdir(parents=True)
+    (tmp_path / "knowledge" / "guidelines" / "imaging.md").write_text("Imaging after six weeks.\n", encoding="utf-8")
+    code, report, err = layerflow("validate", str(tmp_path / "prior_auth.bpmn"), "--json", store=None)
+    assert code == 0 and report["ok"] is True, (report, err)
+    found = [(p["code"], p["element_id"], p["field"], p["line"]) for p in report["problems"]]
+    line = config.index("compressTokenThreshold: 100")
+    assert found == [("scope_config_not_read", "determination", "compressTokenThreshold", config[:line].count("\n") + 1),
+                     ("scope_config_not_read", "determination", "knowledgeConfig", config[:line].count("\n") + 2)]
+    assert all(p["severity"] == "warning" and "preserveKeys" in p["message"] for p in report["problems"])
