@@ -35,6 +35,7 @@ from engine.api import create_app
 
 from test_unseen_processes import _check_document
 from test_unseen_processes_4 import fake_model  # noqa: F401 - the "fake_model" fixture
+from engine_helpers import redis_scratch
 from governance_helpers import TOKEN, ServerThread
 
 HERE = Path(__file__).resolve().parent / "unseen13"
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BPMN = HERE / "prior_auth.bpmn"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HOUR = 3600.0
+REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN13", "redis://127.0.0.1:6379/11")  # this module's own database
 REQUEST = {"member_id": "M-1001", "procedure": "MRI lumbar", "diagnosis_code": "M54.5", "cost": 1800,
            "plan_tier": "gold"}
 # what the letter step and the preserveKeys of the sub-process and of write_letter keep whole
@@ -512,3 +514,44 @@ def test_validate_warns_of_compression_settings_on_the_sub_process_that_nothing_
     assert found == [("scope_config_not_read", "determination", "compressTokenThreshold", config[:line].count("\n") + 1),
                      ("scope_config_not_read", "determination", "knowledgeConfig", config[:line].count("\n") + 2)]
     assert all(p["severity"] == "warning" and "preserveKeys" in p["message"] for p in report["problems"])
+
+
+# ------------------------------------------------------------------ Redis: a worker, a person through REST, the CLI
+
+
+def test_a_worker_on_redis_runs_the_request_while_a_person_answers_through_rest(tmp_path: Path) -> None:
+    """`submit` to a Redis store, a `layerflow worker` runs the request until the clinician's task
+    waits; the clinician answers through REST on the same store, the join's question and the records
+    come through the CLI; the store, whoever wrote to it, replays to what `inspect` shows."""
+    with redis_scratch(REDIS, "unseen13") as prefix:
+        store, stream = f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
+        code, out, err = layerflow("submit", str(BPMN), "--data", json.dumps(REQUEST), "--stream", stream, "--json",
+                                   store=store)
+        assert code == 0, err
+        [iid] = out["instance_ids"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env.pop("LAYERFLOW_STORE", None)
+        worker = subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", "--store", store, "--stream", stream,
+                                   "--timer-interval", "0", "--consumer", "u13"], env=env, cwd=ROOT,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            engine = Engine(store)
+            deadline = time.monotonic() + 60
+            while engine.load(iid).status != "waiting":
+                assert time.monotonic() < deadline and worker.poll() is None, "the worker did not run the request"
+                time.sleep(0.1)
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+        with ServerThread(create_app(engine, HERE, TOKEN)) as server:
+            answered = httpx.post(f"{server.url}/api/instances/{iid}/user-tasks/clinical_review", headers=AUTH,
+                                  json={"data": {"necessity": "no"}}, timeout=60)
+        assert answered.status_code == 200 and answered.json()["waiting_for"][0]["id"] == "checks_join/decision"
+        code, doc, err = layerflow("resume", iid, "--answer", "checks_join/decision=deny", "--json", store=store)
+        assert code == 3, err
+        code, doc, err = layerflow("send", iid, "records_received", "--json-payload", '{"files": ["x"]}', "--json",
+                                   store=store)
+        assert code == 0 and doc["layers"]["L3"]["letter"] == "Request M-1001: deny, copay 50, records attached:1"
+        end = Engine(store).load(iid).main.tape[-1].seq
+        code, replayed, _ = layerflow("replay", iid, "--until", str(end), "--json", store=store)
+        assert code == 0 and replayed["layers"] == doc["layers"]
