@@ -518,7 +518,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     except LayerflowError as err:
         _fail(str(err), as_json=as_json, kind=err.kind)
     _unknown_user_tasks(process, answers_file, answers["user_tasks"], as_json)
-    _answers_naming_nothing(process, [item.partition("=")[0] for item in answer], as_json)
+    _answers_naming_nothing(process, answers, [item.partition("=")[0] for item in answer], as_json)
     _user_task_answers_are_objects(process, answer, as_json)
     engine = _engine(store, model, out, as_json)
     # the new instance's lease is held from before it exists until the command ends, as `resume`
@@ -572,15 +572,19 @@ def _unknown_user_tasks(process: Any, answers_file: str | None, user_tasks: Mapp
               f"waiting_for id)", as_json=as_json)
 
 
-def _answers_naming_nothing(process: Any, keys: Iterable[str], as_json: bool, known: Iterable[str] = ()) -> None:
-    """An ``--answer KEY=...`` whose KEY can name nothing of the process is a typo, refused as an
-    answers file's unknown user task is: no element has that id, nor anything the instance waits for
-    or asked (``known``), and it is no ``*``, ``GATEWAY_ID/CONTEXT_KEY`` or model's ``model:N``, the
-    ids of confirmations that may come later. Kept "for a later step", it would never be used."""
+def _answers_naming_nothing(process: Any, answers: Mapping[str, Any], keys: Iterable[str], as_json: bool,
+                            known: Iterable[str] = ()) -> None:
+    """An ``--answer KEY={...}`` (a user task's answer, a JSON object) whose KEY can name nothing of
+    the process is a typo, refused as an answers file's unknown user task is: no element has that id,
+    nor anything the instance waits for or asked (``known``), and it is no ``*``,
+    ``GATEWAY_ID/CONTEXT_KEY`` or model's ``model:N``, the ids of confirmations that may come later.
+    Kept "for a later step", it would never be used. (A plain value may answer a confirmation whose
+    id is not known beforehand: it is kept, and stderr names it.)"""
     from . import spiff
 
     ids = set(process.element_ids()) | set(known)
-    unknown = [k for k in dict.fromkeys(keys) if k not in ids and k != "*" and "/" not in k and ":" not in k]
+    unknown = [k for k in dict.fromkeys(keys) if k in answers["user_tasks"] and k not in ids and k != "*"
+               and "/" not in k and ":" not in k]
     if unknown:
         tasks = sorted({ts.bpmn_id for s in [process.spec, *process.subprocess_specs.values()]
                         for ts in spiff.iter_user_specs(s) if getattr(ts, "manual", False)})
@@ -859,7 +863,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                                     [str(w["id"]) for w in instance.waiting_for if w.get("id")])
                 _user_task_answers_are_objects(instance.process, answer, as_json)
                 given = _answer_keys(instance, answers, answer)
-                _answers_naming_nothing(instance.process, given, as_json,
+                _answers_naming_nothing(instance.process, answers, given, as_json,
                                         [*_waiting_ids(instance), *(str(c.get("id")) for c in instance.confirmations)])
                 _unused_answers(out, instance, answers, given)
                 for key, value in answers["confirmations"].items():

@@ -155,6 +155,8 @@ def test_the_cli_runs_the_request_through_review_join_records_and_letter(tmp_pat
     code, bad, err = layerflow("send", iid, "records_received", "--json-payload",
                                '{"files": ["mri.pdf"], "member_id": "M-9"}', "--json", store=store)
     assert code == 2 and "member_id" in bad["error"]["message"], err
+    code, still, _ = layerflow("inspect", iid, "--json", store=store)     # refused whole: not even `files`
+    assert still["status"] == "waiting" and "files" not in json.dumps(still["layers"])
 
     code, doc, err = layerflow("send", iid, "records_received", "--json-payload",
                                '{"files": ["mri.pdf", "notes.pdf"]}', "--json", store=store)
@@ -467,8 +469,7 @@ def test_a_config_mistake_is_named_by_validate_and_run_starts_nothing(tmp_path: 
 # ------------------------------------------------------------------ answers for the wrong key
 
 
-@pytest.mark.parametrize("given", ['clinical_reveiw={"necessity": "yes"}', "clinical_reveiw=yes",
-                                   'clinicalreview={"necessity": "yes"}'])
+@pytest.mark.parametrize("given", ['clinical_reveiw={"necessity": "yes"}', 'clinicalreview={"necessity": "yes"}'])
 def test_an_answer_naming_no_step_of_the_process_is_refused_as_the_answers_file_refuses_it(
         tmp_path: Path, given: str) -> None:
     """`--answers FILE` naming a user task the process does not have exits 2 ("not an element of
@@ -489,7 +490,10 @@ def test_an_answer_naming_no_step_of_the_process_is_refused_as_the_answers_file_
     code, now, _ = layerflow("inspect", iid, "--json", store=store)
     assert now["tape_length"] == length and [w["task_id"] for w in now["waiting_for"]] == ["clinical_review",
                                                                                           "review_deadline"]
-    # what may come later is still kept: a join's question answered in advance, any confirmation
+    # what may come later is still kept: a join's question answered in advance; a plain value (a
+    # confirmation's answer, whose id may not be known beforehand) is named on stderr
+    code, doc, err = layerflow("resume", iid, "--answer", "clinical_reveiw=yes", "--json", store=store)
+    assert code == 3 and "'clinical_reveiw'" in err
     code, doc, err = layerflow("resume", iid, "--answer", 'clinical_review={"necessity": "yes"}', "--answer",
                                "checks_join/decision=deny", "--json", store=store)
     assert code == 3 and doc["layers"]["L3"]["decision"] == "deny", err
