@@ -29,12 +29,12 @@ from typing import Any
 import httpx
 import pytest
 
-from context_layers import ContextWriteDenied, Layer, LayeredContext
+from context_layers import Layer, LayeredContext
 from engine import Engine, load_process
 from engine.api import create_app
 
 from test_unseen_processes import _check_document
-from test_unseen_processes_4 import fake_model  # noqa: F401 - the "fake_model" fixture
+import test_unseen_processes_4
 from engine_helpers import redis_scratch
 from governance_helpers import TOKEN, ServerThread
 
@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BPMN = HERE / "prior_auth.bpmn"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HOUR = 3600.0
+fake_model = test_unseen_processes_4.fake_model  # the deterministic fake model's fixture, shared
 REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN13", "redis://127.0.0.1:6379/11")  # this module's own database
 REQUEST = {"member_id": "M-1001", "procedure": "MRI lumbar", "diagnosis_code": "M54.5", "cost": 1800,
            "plan_tier": "gold"}
