@@ -518,6 +518,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     except LayerflowError as err:
         _fail(str(err), as_json=as_json, kind=err.kind)
     _unknown_user_tasks(process, answers_file, answers, answer, as_json)
+    _answers_naming_nothing(process, answers, [item.partition("=")[0] for item in answer], as_json)
     _user_task_answers_are_objects(process, answer, as_json)
     _unmatchable_confirmations(out, process, answers, answers_file, answer)
     engine = _engine(store, model, out, as_json)
@@ -601,6 +602,29 @@ def _unmatchable_confirmations(out: _Out, process: Any, answers: dict[str, Any],
                  f"{', '.join(map(repr, process.join_ids())) or 'none'}); it was not used. Key a join conflict "
                  "GATEWAY_ID/CONTEXT_KEY, a confirmation by its id as `waiting_for` names it, or *")
     return dropped
+
+
+def _answers_naming_nothing(process: Any, answers: Mapping[str, Any], keys: Iterable[str], as_json: bool,
+                            known: Iterable[str] = ()) -> None:
+    """An ``--answer KEY={...}`` (a user task's answer, a JSON object) whose KEY can name nothing of
+    the process is a typo, refused as an answers file's unknown user task is: no element has that id,
+    nor anything the instance waits for or asked (``known``), and it is no ``*``,
+    ``GATEWAY_ID/CONTEXT_KEY`` or model's ``model:N``, the ids of confirmations that may come later.
+    Kept "for a later step", it would never be used. (A plain value may answer a confirmation whose
+    id is not known beforehand: it is kept, and stderr names it.)"""
+    from . import spiff
+    from .runtime import unknown_user_task_keys
+
+    objects = [k for k in dict.fromkeys(keys) if k in answers["user_tasks"]]
+    unknown = [k for k in unknown_user_task_keys(process, objects, waiting=known)
+               if k != "*" and "/" not in k and ":" not in k]
+    if unknown:
+        tasks = sorted({ts.bpmn_id for s in [process.spec, *process.subprocess_specs.values()]
+                        for ts in spiff.iter_user_specs(s) if getattr(ts, "manual", False)})
+        _fail(f"--answer {', '.join(map(repr, unknown))}: names no element of process {process.id!r} and nothing "
+              f"its instance waits for, so no step would ever take it; answer a user task by its BPMN id "
+              f"({', '.join(tasks) or 'the process has none'}) or its waiting_for id, a join's conflict by "
+              f"GATEWAY_ID/CONTEXT_KEY, any other confirmation by its id or *", as_json=as_json)
 
 
 def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
@@ -870,9 +894,12 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 _unknown_user_tasks(instance.process, answers_file, answers, answer, as_json,
                                     [str(w["id"]) for w in instance.waiting_for if w.get("id")])
                 _user_task_answers_are_objects(instance.process, answer, as_json)
+                named = _answer_keys(instance, answers, answer)
+                _answers_naming_nothing(instance.process, answers, named, as_json,
+                                        [*_waiting_ids(instance), *(str(c.get("id")) for c in instance.confirmations)])
                 dropped = _unmatchable_confirmations(out, instance.process, answers, answers_file, answer,
                                                      known_confirmation_ids(instance))
-                given = [key for key in _answer_keys(instance, answers, answer) if key not in dropped]
+                given = [key for key in named if key not in dropped]
                 _unused_answers(out, instance, answers, given)
                 for key, value in answers["confirmations"].items():
                     if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):

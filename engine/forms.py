@@ -924,8 +924,8 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
             problem = _field_problem(field, answer[fid])
             if problem:
                 problems.append((fid, problem))
-            elif field.get("type") == "long" and isinstance(answer[fid], str):
-                answer[fid] = int(answer[fid])
+            elif field.get("type") == "long" and isinstance(answer[fid], (str, float)):
+                answer[fid] = int(answer[fid])  # posted as text, or as a JSON number 30.0: the whole number
             elif field.get("type") == "double" and isinstance(answer[fid], str) and answer[fid].strip():
                 answer[fid] = _number(answer[fid].strip())
     return answer, problems

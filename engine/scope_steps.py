@@ -186,6 +186,11 @@ class ScopeSteps:
                                 "called process's dataInput", task_id=bpmn_id)
         multi = spiff.multi_instance_of(task)
         outputs = spiff.io_names(subworkflow.spec, "data_outputs")
+        cfg = self.process.config(bpmn_id)
+        if cfg is not None and cfg.effective_preserve_keys and not spiff.is_event_subprocess(task):
+            # a sub-process's (call activity's) preserveKeys hold while its steps run: marked as it
+            # starts, not as it ends, or the compressions after its steps would fold them first
+            ctx.mark_preserved(cfg.effective_preserve_keys, actor=bpmn_id)
         if spiff.is_event_subprocess(task):
             if spiff.is_timer_event_subprocess(task):
                 # made as its process starts, it waits for its timer there: each path the timer

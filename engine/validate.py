@@ -54,6 +54,8 @@ not make ``report.ok`` false:
                                       ``branchPriority``, ``reducers``, ``conflictPolicy``) on a
                                       task, an event or a gateway that only splits: the engine
                                       reads them at a join only
+``scope_config_not_read`` W           compression settings (without a pre- or postScript) or ``knowledgeConfig``
+                                      on a sub-process or call activity: its steps follow their own configs
 ``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
                                       element than the one it is keyed by (or attached to)
 ``config_type_mismatch`` W            the seed's ``type`` (``XOR_SPLIT``, ``AND_JOIN``, ...) inside a config
@@ -544,6 +546,7 @@ class _Validator:
         self._check_policy_rules()
         self._check_confirm_defaults()
         self._check_join_fields()
+        self._check_scope_fields()
         self._check_config_ids()
         self._check_config_types()
         self._check_knowledge()
@@ -1519,6 +1522,32 @@ class _Validator:
                          f"with several incoming flows), and {node.id!r} is a bpmn:{node.tag} that joins nothing, "
                          f"so it is ignored here; move it to the join's config{where}", file=src.file,
                          line=src.line_of(name), element_id=src.element_id, field=name, severity="warning")
+
+    def _check_scope_fields(self) -> None:
+        """Compression and retrieval settings on a sub-process or call activity: nothing of it is an
+        activity that retrieves, and compression is checked after its steps, by their own configs
+        (after its spiffworkflow:preScript or postScript only, which run as its activity). Its
+        ``preserveKeys`` do hold, from its start."""
+        for src in self.sources:
+            node = self.nodes.get(src.element_id)
+            if node is None or node.tag not in ("subProcess", "callActivity", "transaction"):
+                continue
+            cfg, written = src.config, src.config.model_fields_set | src.config.context_strategy.model_fields_set
+            scripted = any((el.text or "").strip() for el in node.element.iter(f"{{{SPIFF_NS}}}preScript",
+                                                                             f"{{{SPIFF_NS}}}postScript")
+                           if _owner_id(el.getparent()) == node.id)
+            fields = [] if scripted else [alias for name, alias in (
+                ("compress_token_threshold", "compressTokenThreshold"),
+                ("compress_message_threshold", "compressMessageThreshold"),
+                ("compress_rules", "compressRules"), ("attention_thresholds", "attentionThresholds")) if name in written]
+            if cfg.knowledge_config is not None:
+                fields.append("knowledgeConfig")
+            for name in fields:
+                self.add("scope_config_not_read", f"{name} on {node.id!r}, a bpmn:{node.tag}, is read by nothing: it "
+                         "runs the steps inside it, each after its own config (its compression, its retrieval); "
+                         f"put {name} on the tasks inside it (preserveKeys on {node.id!r} do hold while it runs)",
+                         file=src.file, line=src.line_of(name), element_id=src.element_id, field=name,
+                         severity="warning")
 
     def _check_config_ids(self) -> None:
         """The seed's shape repeats the element id inside the config (``activityId``,

@@ -98,12 +98,19 @@ def test_one_answer_for_both_sections_may_name_a_task_or_a_confirmation(tmp_path
         engine.run(process, {}, answers={"user_tasks": {"nothing": {}}, "confirmations": {"nothing": {}}})
 
 
-def test_a_single_answer_object_that_names_nothing_is_named_and_left_out(cli: Any, tmp_path: Path) -> None:
-    """An ``--answer`` is one at a time: one that can match nothing is named on stderr and left out,
-    the command goes on (test_known_gaps_13), an object value as much as any other."""
-    result = cli("run", str(_review(tmp_path)), "--answer", 'nothing={"decision": "approved"}', "--json")
+def test_a_single_answer_object_keyed_as_a_conflict_of_no_join_is_named_and_left_out(cli: Any,
+                                                                                      tmp_path: Path) -> None:
+    """An ``--answer`` is one at a time: one keyed ``GATEWAY/KEY`` (a conflict may come later) that can
+    match nothing is named on stderr and left out, the command goes on (test_known_gaps_13), an object
+    value as much as a plain one: it was handed to Engine.run as a user task's answer too, and refused
+    there after the instance had started. Keyed by an id that names nothing, an object is refused."""
+    path = str(_review(tmp_path))
+    result = cli("run", path, "--answer", 'nogate/level={"decision": "approved"}', "--json")
     assert result.exit_code == 3, (result.stdout, result.stderr)
-    assert "'nothing'" in result.stderr and json.loads(result.stdout)["status"] == "waiting"
+    assert "'nogate/level'" in result.stderr and json.loads(result.stdout)["status"] == "waiting"
+    refused = run_json(cli, "run", path, "--answer", 'nothing={"decision": "approved"}', code=2)
+    assert "'nothing'" in refused["error"]["message"]
+    assert [i["status"] for i in json.loads(cli("list", "--json").stdout)] == ["waiting"]   # the first run's
 
 
 # ----- 2. a resume of a completed instance: the instance as it is, on every surface ---------------------
