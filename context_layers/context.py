@@ -257,6 +257,11 @@ class LayeredContext:
 
     # ----- reading -------------------------------------------------------------------
 
+    def runs(self, task_id: str) -> int:
+        """How many times activity ``task_id`` has completed in this context (its ``activity:`` records,
+        ``#2``...; counted here, so compressions folding the records do not change it)."""
+        return self._state.iterations.get(task_id, 0)
+
     def layer(self, layer: Layer | int | str) -> LayerView:
         layer = Layer.parse(layer)
         return LayerView(self._state.layers[layer], layer)

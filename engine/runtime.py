@@ -1772,7 +1772,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if missing:
             raise ActivityError(f"task {bpmn_id!r} needs the data input(s) {', '.join(map(repr, missing))} that its "
                                 "ioSpecification names; none is in the context. Set them before the task or remove "
-                                "them from its dataInput", task_id=bpmn_id)
+                                f"them from its dataInput{_folded_hint(ctx, missing[0])}", task_id=bpmn_id)
         return {name: thaw(ctx.resolve(name)) for name in names}
 
     # ----- multi-instance activities ----------------------------------------------------
@@ -1803,7 +1803,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             value = ctx.get(name, ABSENT)
             if value is ABSENT and required:
                 raise ActivityError(f"multi-instance activity {spec.bpmn_id!r}: its input collection {name!r} "
-                                    f"(loopDataInputRef) is in no layer of the context", task_id=spec.bpmn_id)
+                                    f"(loopDataInputRef) is in no layer of the context{_folded_hint(ctx, name)}",
+                                    task_id=spec.bpmn_id)
             if value is not ABSENT:
                 if value is None or isinstance(value, (bool, int, float)):
                     # SpiffWorkflow iterates it: "TypeError: 'int' object is not iterable"
@@ -2335,17 +2336,26 @@ def _refuse_a_filled_output_list(ctx: LayeredContext, bpmn_id: str, out: str) ->
     """A multi-instance activity collects into a new list each pass (a loop back into it fills anew
     the list it filled before), so items the list holds as the activity first runs would be lost
     without a word: refused, as SpiffWorkflow refuses them ("the output must be empty or it must be
-    a map"). Its own earlier pass is known by its record in HISTORY (``activity:ID``, ``#2``...)."""
+    a map"). Its own earlier pass is known by its record in HISTORY (``activity:ID``, ``#2``...), or in
+    what a compression folded (a ``compaction:<n>`` record ``covers`` it), or by the context's count
+    of the activity's runs."""
     value = ctx.get(out, ABSENT)
     if isinstance(value, Mapping) or value is ABSENT:
         return
     items = thaw(value)
     if not isinstance(items, list) or not items:
         return
-    history = ctx.layer(Layer.HISTORY)
-    record = f"activity:{bpmn_id}"
-    if record in history or any(key.startswith(record + "#") for key in history):
+    if ctx.runs(bpmn_id):
         return
+    record = f"activity:{bpmn_id}"
+
+    def ours(key: Any) -> bool:
+        return isinstance(key, str) and (key == record or key.startswith(record + "#"))
+
+    for key, entry in ctx.layer(Layer.HISTORY).items():
+        if ours(key) or (key.startswith("compaction:") and isinstance(entry, Mapping)
+                         and any(ours(k) for k in entry.get("covers") or ())):
+            return
     raise ActivityError(
         f"multi-instance activity {bpmn_id!r} collects into {out!r} (loopDataOutputRef), which holds "
         f"{len(items)} item{'s' if len(items) != 1 else ''} ({short(items)}) before the activity ever ran: the "
@@ -2483,7 +2493,15 @@ def _compressed_away(ctx: LayeredContext | None, err: BaseException,
     context, else in a branch merged into it): which compression, and what to do (the bare
     NameError does not say the data was there)."""
     name = getattr(err, "name", None)
-    if ctx is None or not isinstance(err, NameError) or not isinstance(name, str) or ctx.get(name, ABSENT) is not ABSENT:
+    if not isinstance(err, NameError) or not isinstance(name, str):
+        return ""
+    return _folded_hint(ctx, name, others)
+
+
+def _folded_hint(ctx: LayeredContext | None, name: str, others: Iterable[LayeredContext] = ()) -> str:
+    """For key ``name`` that a compression removed from HISTORY (and nothing wrote since): which
+    compression, and what to do; "" otherwise."""
+    if ctx is None or ctx.get(name, ABSENT) is not ABSENT:
         return ""
     for where in [ctx, *(c for c in others if c is not ctx)]:
         for e in reversed(list(where.tape)):

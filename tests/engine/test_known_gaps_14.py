@@ -222,3 +222,42 @@ def test_an_empty_output_list_and_a_loop_that_refills_its_own_list_still_run(tmp
     looped = Engine("memory://").run(load_process(_mi(tmp_path, over, "pieces = [1, 2, 3]\nn = 0", loop=True)), {})
     assert looped.status == "completed", looped.error
     assert looped.main.resolve("results") == ([42, 44, 46] if over == "list" else [5, 5, 5])
+
+
+def test_a_loop_refills_its_list_after_a_compression_folded_the_activitys_record(tmp_path: Path) -> None:
+    """The first pass is told from a later one by the context's count of the activity's runs, not only
+    by its `activity:` record in HISTORY: a compression after each round folds that record into
+    `compaction:<n>`, and the loop back must still refill the list (it was refused as a first pass)."""
+    path = _mi(tmp_path, "list", "pieces = [1, 2, 3]\nn = 0", loop=True)
+    path.with_name(path.stem + ".layerflow.yaml").write_text(
+        "next_round:\n  contextStrategy:\n    compressTokenThreshold: 5\n    preserveKeys: [n, pieces, results]\n",
+        encoding="utf-8")
+    looped = Engine("memory://").run(load_process(path), {})
+    assert looped.status == "completed", looped.error
+    assert looped.compressions and looped.main.resolve("results") == [42, 44, 46]
+    folded = [entry for key, entry in looped.main.layer("HISTORY").items() if key.startswith("compaction:")]
+    assert any("activity:double" in entry["covers"] for entry in folded), folded
+
+
+def test_an_input_collection_a_compression_folded_names_the_compression(tmp_path: Path) -> None:
+    """A loop's second pass whose input collection a compression folded away fails naming that
+    compression and the preserveKeys to add, as a script's NameError on such a key does."""
+    square = ('<bpmn:scriptTask id="square"><bpmn:multiInstanceLoopCharacteristics>'
+              "<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>squares"
+              '</bpmn:loopDataOutputRef><bpmn:inputDataItem id="item" name="item"/><bpmn:outputDataItem id="sq" '
+              'name="sq"/></bpmn:multiInstanceLoopCharacteristics><bpmn:script>sq = item * item</bpmn:script>'
+              "</bpmn:scriptTask>")
+    path = write_elements(tmp_path, "mi_folded", [
+        '<bpmn:startEvent id="start"/>', script("prepare", "items = [1, 2, 3]\nrounds = 0"), square,
+        script("count", "rounds = rounds + 1"), '<bpmn:exclusiveGateway id="again" default="out"/>',
+        '<bpmn:endEvent id="end"/>', flow("start", "prepare"), flow("prepare", "square"), flow("square", "count"),
+        flow("count", "again"), flow("again", "square", "rounds < 2"),
+        '<bpmn:sequenceFlow id="out" sourceRef="again" targetRef="end"/>'])
+    path.with_name(path.stem + ".layerflow.yaml").write_text(
+        "count:\n  contextStrategy:\n    compressTokenThreshold: 5\n    preserveKeys: [rounds]\n", encoding="utf-8")
+    failed = Engine("memory://").run(load_process(path), {})
+    assert failed.status == "error" and failed.error["task_id"] == "square", failed.error
+    message = failed.error["message"]
+    assert message.startswith("multi-instance activity 'square': its input collection 'items'"), message
+    assert "'items' was removed from HISTORY by the compression after activity 'count'" in message
+    assert "add 'items' to that activity's preserveKeys" in message
