@@ -247,7 +247,8 @@ def map_redis_error(exc: BaseException, url: str) -> StoreError:
     """redis-py exceptions -> the store's (the one place they are mapped)."""
     # AuthenticationError is a ConnectionError: ask it first
     if isinstance(exc, _redis.exceptions.AuthenticationError):
-        return StoreUnavailable(f"redis store {url}: {exc}; put the password in the URL (redis://:PASSWORD@host)")
+        return StoreUnavailable(f"redis store {url}: {str(exc).rstrip('.')}; put the password in the URL "
+                                "(redis://:PASSWORD@host)")
     if isinstance(exc, (_redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError)):
         return StoreUnavailable(f"redis store {url}: {type(exc).__name__}: {str(exc).rstrip('.')}. Is redis-server "
                                 "running? A save interrupted this way may or may not have been applied: reload the "
