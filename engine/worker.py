@@ -179,7 +179,12 @@ def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
     """The error for a queue Redis that does not answer, or refuses us, naming it (without a password)."""
     import redis
 
+    from context_layers.stores.redis import redis_refuses_for_now
+
     cause = f"{type(err).__name__}: {str(err).rstrip('.')}"
+    if redis_refuses_for_now(err):
+        return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refuses commands for now ({cause}); fix "
+                                "that on the server (maxmemory, a replica that is read-only, a failed RDB save)")
     if isinstance(err, redis.AuthenticationError):  # a ConnectionError too, but it answered
         return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refused the connection ({cause}); put "
                                 "its password in --queue / $LAYERFLOW_QUEUE (or a redis:// --store): "
@@ -190,7 +195,9 @@ def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
 
 def queue_error(client: Any, err: BaseException) -> LayerflowError:
     """A redis-py error of the queue as the library's own, naming the queue's Redis."""
-    if isinstance(err, _redis_down()):
+    from context_layers.stores.redis import redis_refuses_for_now
+
+    if isinstance(err, _redis_down()) or redis_refuses_for_now(err):
         return _queue_down(client, err)
     return StoreError(f"the queue's Redis {_queue_where(client)}: {type(err).__name__}: {str(err).rstrip('.')}")
 
@@ -449,6 +456,14 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                 log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
                 stop.wait(pause)
             except Exception as err:
+                from context_layers.stores.redis import redis_refuses_for_now
+
+                if redis_refuses_for_now(err):  # out of memory, read-only replica, ...: wait, as for an outage
+                    stats.failures += 1
+                    pause = min(max(pause * 2, 0.5), 10.0)
+                    log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
+                    stop.wait(pause)
+                    continue
                 if not _stream_lost(err):
                     raise
                 # the server came back without its data (no persistence, a flush): the entries it

@@ -203,7 +203,7 @@ def test_a_worker_rides_out_redis_outages_idle_and_mid_activity(own, workers, tm
     wait_for(w.hold.exists, "the slow step to start")
     mark = len(w.log("w1"))
     server.kill()  # mid-activity; still down when the activity ends and the worker saves
-    time.sleep(3.5)
+    time.sleep(4.5)  # the held step ends (3 s) and its save finds no server
     assert w.procs["w1"].poll() is None, w.log("w1")
     server.start()
     versions: list[int] = []
@@ -248,6 +248,35 @@ def test_redis_restarted_empty_is_reported_as_lost_data(own, workers):
     assert [s["instance_id"] for s in store.list_instances()] == [fresh]  # the lost one is not half back
     with pytest.raises(InstanceNotFound):
         store.load(lost)
+    store.close()
+
+
+def test_a_redis_out_of_memory_is_waited_out(own, workers):
+    """A Redis that answers but refuses writes (maxmemory reached; a read-only replica or a failed
+    RDB save look the same to a worker) is an outage to wait out with a warning naming the server,
+    not a traceback that ends the worker."""
+    import redis
+
+    server = own(durable=False)
+    w = workers(server.url)
+    w.start("w1")
+    admin = redis.Redis.from_url(server.url)
+    admin.config_set("maxmemory", "1")
+    try:
+        log = w.wait_log("w1", "refuses commands for now")
+        assert f"127.0.0.1:{server.port}" in log and "maxmemory" in log, log
+        sub = w.cli("submit", str(BPMN), "--data", json.dumps(DATA))
+        assert sub.returncode != 0 and "refuses commands for now" in sub.stderr, sub.stderr
+        assert w.procs["w1"].poll() is None, w.log("w1")
+    finally:
+        admin.config_set("maxmemory", "0")
+        admin.close()
+    sub = w.cli("submit", str(BPMN), "--data", json.dumps(DATA))
+    assert sub.returncode == 0, sub.stderr
+    iid = sub.stdout.strip()
+    wait_for(lambda: status_of(server.url, iid) == "waiting", "the worker to run the instance once Redis takes writes")
+    store = open_store(server.url)
+    assert [s["instance_id"] for s in store.list_instances()] == [iid]  # the refused submit left nothing
     store.close()
 
 
