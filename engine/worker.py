@@ -58,7 +58,8 @@ outage of ``max_deliveries`` x ``idle_ms`` (2.5 minutes by default) would move e
 entry in flight to the dead letters. The price: an entry that itself makes the store
 report "unavailable" every time is retried every ``idle_ms``, with a warning each time.
 
-**The queue's own outage.** When the queue's Redis stops answering, a running worker
+**The queue's own outage.** When the queue's Redis stops answering (or answers but refuses
+commands for now: out of memory, a read-only replica, a failed RDB save), a running worker
 logs a warning and retries (backing off up to 10 s) instead of dying; an entry it had in
 hand stays pending and is taken over as usual. A queue Redis that comes back *empty* (no persistence, a flush) has lost the stream, its group
 and the entries on them: the worker logs that as an error naming the server, makes the group
