@@ -303,7 +303,7 @@ class RedisStore:
                                   "redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME]") from None
         except StoreUnavailable as exc:
             cause = exc.__cause__
-            if isinstance(cause, _redis.exceptions.AuthenticationError) or redis_refuses_for_now(cause):
+            if isinstance(cause, _redis.exceptions.AuthenticationError) or (cause is not None and redis_refuses_for_now(cause)):
                 raise  # it answered: its own message says what to do
             raise StoreUnavailable(f"cannot reach the redis store {self._url_for_errors} "
                                    f"({type(cause).__name__}: {str(cause).rstrip('.')}); nothing was read or written. "
