@@ -235,8 +235,9 @@ def test_redis_restarted_empty_is_reported_as_lost_data(own, workers):
     wait_for(w.hold.exists, "the slow step to start")
     server.kill()
     server.start()  # empty
-    log = w.wait_log("w1", "lost", timeout=30)
-    assert f"127.0.0.1:{server.port}" in log and lost in log, log
+    log = w.wait_log("w1", "vanished from the store", timeout=30)  # the instance in hand
+    assert f"127.0.0.1:{server.port}" in log and lost in log and "lost its data" in log, log
+    log = w.wait_log("w1", "is gone from the queue's Redis")  # the stream and its group
     assert "NOGROUP" not in log, log
     assert w.procs["w1"].poll() is None, log
 
