@@ -23,7 +23,7 @@ from .cli import (EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option
                   start_data_details)
 from .store import default_store_url
 from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, DEFAULT_STREAM, dead_letters, dead_stream_of,
-                     queue_client, requeue, run_worker, submit)
+                     queue_client, queue_error, requeue, run_worker, submit)
 
 _store = click.option("--store", "store", default=None, metavar="URL",
                       help="memory://NAME, sqlite:///FILE, redis://HOST:PORT/DB[?prefix=P] "
@@ -106,14 +106,13 @@ def _on_queue(store: str | None, queue: str | None, as_json: bool, action: Calla
         client = queue_client(store or default_store_url(), queue)
         try:
             return action(client)
+        except redis.RedisError as err:
+            raise queue_error(client, err) from err
         finally:
             client.close()
     except LayerflowError as err:
         code = EXIT_BAD_INPUT if err.kind == "not_found" else EXIT_ERROR
         _fail(str(err), code, as_json=as_json, kind=err.kind)
-    except redis.RedisError as err:
-        _fail(f"the queue's Redis did not answer: {str(err).rstrip('.')}; check --queue / $LAYERFLOW_QUEUE", EXIT_ERROR,
-              as_json=as_json, kind="store_unavailable")
 
 
 @worker.command("dead")

@@ -39,6 +39,7 @@ deliveries::
     outcome of a delivery                       the entry         counts
     instance at rest                            acknowledged      -
     instance not in the store (wrong --store)   left pending      yes
+    instance gone while it ran (data lost)      acknowledged      -
     lease held by another worker (busy)         left pending      no (given back)
     VersionConflict (another writer won)        left pending      no (given back)
     StoreUnavailable (store down / locked)      left pending      no (given back)
@@ -57,9 +58,13 @@ outage of ``max_deliveries`` x ``idle_ms`` (2.5 minutes by default) would move e
 entry in flight to the dead letters. The price: an entry that itself makes the store
 report "unavailable" every time is retried every ``idle_ms``, with a warning each time.
 
-**The queue's own outage.** When the queue's Redis stops answering, a running worker
+**The queue's own outage.** When the queue's Redis stops answering (or answers but refuses
+commands for now: out of memory, a read-only replica, a failed RDB save), a running worker
 logs a warning and retries (backing off up to 10 s) instead of dying; an entry it had in
-hand stays pending and is taken over as usual. ``submit`` checks that the queue answers
+hand stays pending and is taken over as usual. A queue Redis that comes back *empty* (no persistence, a flush) has lost the stream, its group
+and the entries on them: the worker logs that as an error naming the server, makes the group
+again and goes on with new work (the instances those entries named are run by ``layerflow
+resume``). ``submit`` checks that the queue answers
 before it creates the instance, and deletes the instance again if the XADD fails, so no
 ``running`` instance is left that no worker will hear of.
 
@@ -97,7 +102,7 @@ from .process import load_process
 from .runtime import Engine
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
-           "enqueue", "run_worker", "queue_client", "dead_stream_of", "dead_letters", "requeue"]
+           "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue"]
 
 DEFAULT_STREAM = "layerflow:ready"
 DEFAULT_GROUP = "workers"
@@ -164,14 +169,45 @@ def queue_client(store_url: str | None = None, queue_url: str | None = None) -> 
     return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
 
 
-def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
-    """The error for a queue Redis that does not answer, naming it (without a password)."""
+def _queue_where(client: Any) -> str:
+    """The queue's Redis as messages name it: its URL without the password."""
     kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
-    where = (f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}" if "host" in kw
-             else str(kw.get("path", "?")))
-    return StoreUnavailable(f"the queue's Redis {where} did not answer ({type(err).__name__}: "
-                            f"{str(err).rstrip('.')}); start redis-server there, or point --queue / "
-                            "$LAYERFLOW_QUEUE (or a redis:// --store) at one that answers")
+    return (f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}" if "host" in kw
+            else str(kw.get("path", "?")))
+
+
+def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
+    """The error for a queue Redis that does not answer, or refuses us, naming it (without a password)."""
+    import redis
+
+    from context_layers.stores.redis import redis_refuses_for_now
+
+    cause = f"{type(err).__name__}: {str(err).rstrip('.')}"
+    if redis_refuses_for_now(err):
+        return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refuses commands for now ({cause}); fix "
+                                "that on the server (maxmemory, a replica that is read-only, a failed RDB save)")
+    if isinstance(err, redis.AuthenticationError):  # a ConnectionError too, but it answered
+        return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refused the connection ({cause}); put "
+                                "its password in --queue / $LAYERFLOW_QUEUE (or a redis:// --store): "
+                                "redis://:PASSWORD@HOST:PORT/DB")
+    return StoreUnavailable(f"the queue's Redis {_queue_where(client)} did not answer ({cause}); start redis-server "
+                            "there, or point --queue / $LAYERFLOW_QUEUE (or a redis:// --store) at one that answers")
+
+
+def queue_error(client: Any, err: BaseException) -> LayerflowError:
+    """A redis-py error of the queue as the library's own, naming the queue's Redis."""
+    from context_layers.stores.redis import redis_refuses_for_now
+
+    if isinstance(err, _redis_down()) or redis_refuses_for_now(err):
+        return _queue_down(client, err)
+    return StoreError(f"the queue's Redis {_queue_where(client)}: {type(err).__name__}: {str(err).rstrip('.')}")
+
+
+def _stream_lost(err: BaseException) -> bool:
+    """The stream or its consumer group is gone: the queue's Redis lost its data."""
+    import redis
+
+    return isinstance(err, redis.ResponseError) and str(err).startswith("NOGROUP")
 
 
 def _redis_down() -> tuple[type[BaseException], ...]:
@@ -420,6 +456,30 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                 pause = min(max(pause * 2, 0.5), 10.0)
                 log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
                 stop.wait(pause)
+            except Exception as err:
+                from context_layers.stores.redis import redis_refuses_for_now
+
+                if redis_refuses_for_now(err):  # out of memory, read-only replica, ...: wait, as for an outage
+                    stats.failures += 1
+                    pause = min(max(pause * 2, 0.5), 10.0)
+                    log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
+                    stop.wait(pause)
+                    continue
+                if not _stream_lost(err):
+                    raise
+                # the server came back without its data (no persistence, a flush): the entries it
+                # held are gone with it. Say so once, make the group again and go on with new work.
+                stats.failures += 1
+                log.error("the stream %r or its group %r is gone from the queue's Redis %s: that server lost its "
+                          "data (restarted without persistence, or flushed), and with it the entries on the stream. "
+                          "Instances still 'running' in the store are run by hand with `layerflow resume ID "
+                          "--store ...`; use appendonly yes on a Redis that workers share", stream, group,
+                          _queue_where(client))
+                cursor = "0-0"
+                try:
+                    _ensure_group(client, stream, group)
+                except _redis_down():
+                    pass  # gone again: the next round waits for it
     finally:
         restore()
     return stats
@@ -453,6 +513,12 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                 return
         try:
             _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store)
+        except _Vanished as err:
+            # nothing left to run and nothing written: retrying or dead-lettering cannot help
+            stats.failures += 1
+            log.error("entry %s: %s; acknowledging the entry", entry_id, err)
+            queue.ack(entry_id)
+            stats.acked += 1
         except VersionConflict as err:
             stats.conflicts += 1
             log.info("entry %s: %s; leaving it pending", entry_id, err)
@@ -489,6 +555,12 @@ def _store_label(store: Any) -> str:
     return label[1:-1] if label.startswith("<") and label.endswith(">") else label
 
 
+class _Vanished(LayerflowError):
+    """The instance was loaded, then was gone from the store when its run saved."""
+
+    kind = "not_found"
+
+
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
                  wake: str | None = None, store: Store | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
@@ -505,7 +577,13 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
-        instance = engine.run(instance)
+        try:
+            instance = engine.run(instance)
+        except InstanceNotFound:
+            raise _Vanished(
+                f"instance {instance_id!r} vanished from the store {_store_label(store or engine.store)} while this "
+                "worker ran it, so nothing of this run was saved: the store lost its data (a Redis restarted "
+                "without persistence, or flushed) or someone deleted the instance meanwhile") from None
         stats.ran += 1
         if instance.status == "error" and instance.error:
             # the outcome an operator must act on: what failed, where, and how to go on

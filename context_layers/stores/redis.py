@@ -69,7 +69,7 @@ try:
 except ImportError as exc:  # pragma: no cover - redis is a dependency; keep the message useful anyway
     raise ImportError("the redis store needs redis-py: pip install 'redis>=5'") from exc
 
-__all__ = ["RedisStore", "map_redis_error", "check_redis_url"]
+__all__ = ["RedisStore", "map_redis_error", "check_redis_url", "redis_refuses_for_now"]
 
 
 #: URL query options besides ``prefix``: what redis-py parses, and the connection settings it
@@ -243,11 +243,28 @@ return 1
 """
 
 
+#: Replies of a server that answers but refuses work for now (out of memory, a read-only replica
+#: after a failover, a failed RDB save, a long script): an outage to wait out, not a bad entry.
+_REFUSING = ("MISCONF", "MASTERDOWN", "NOREPLICAS", "BUSY ", "TRYAGAIN")
+
+
+def redis_refuses_for_now(exc: BaseException) -> bool:
+    """A redis-py error that says the server refuses commands for now (see ``_REFUSING``)."""
+    e = _redis.exceptions
+    return isinstance(exc, (e.OutOfMemoryError, e.ReadOnlyError)) or (
+        isinstance(exc, e.ResponseError) and str(exc).startswith(_REFUSING))
+
+
 def map_redis_error(exc: BaseException, url: str) -> StoreError:
     """redis-py exceptions -> the store's (the one place they are mapped)."""
     # AuthenticationError is a ConnectionError: ask it first
     if isinstance(exc, _redis.exceptions.AuthenticationError):
-        return StoreUnavailable(f"redis store {url}: {exc}; put the password in the URL (redis://:PASSWORD@host)")
+        return StoreUnavailable(f"redis store {url}: {str(exc).rstrip('.')}; put the password in the URL "
+                                "(redis://:PASSWORD@host)")
+    if redis_refuses_for_now(exc):
+        return StoreUnavailable(f"redis store {url} refuses commands for now ({type(exc).__name__}: "
+                                f"{str(exc).rstrip('.')}); fix that on the server (maxmemory, a replica that is "
+                                "read-only, a failed RDB save), then retry")
     if isinstance(exc, (_redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError)):
         return StoreUnavailable(f"redis store {url}: {type(exc).__name__}: {str(exc).rstrip('.')}. Is redis-server "
                                 "running? A save interrupted this way may or may not have been applied: reload the "
@@ -286,8 +303,8 @@ class RedisStore:
                                   "redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME]") from None
         except StoreUnavailable as exc:
             cause = exc.__cause__
-            if isinstance(cause, _redis.exceptions.AuthenticationError):
-                raise
+            if isinstance(cause, _redis.exceptions.AuthenticationError) or (cause is not None and redis_refuses_for_now(cause)):
+                raise  # it answered: its own message says what to do
             raise StoreUnavailable(f"cannot reach the redis store {self._url_for_errors} "
                                    f"({type(cause).__name__}: {str(cause).rstrip('.')}); nothing was read or written. "
                                    "Start redis-server there, or point --store / $LAYERFLOW_STORE at a server that "
