@@ -66,6 +66,24 @@ def layerflow(*args: str, store: str | None) -> tuple[int, Any, str]:
     return done.returncode, out, done.stderr
 
 
+def layerflow_here(*args: str, store: str | None) -> tuple[int, Any, str]:
+    """``layerflow`` as ``layerflow(...)`` runs it, in this process (click's runner): for the
+    parametrized checks of bad input, where a subprocess per case would cost CI seconds each."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    where = ["--store", store] if store else []
+    result = CliRunner().invoke(main, [*args, *where], catch_exceptions=False)
+    out: Any = result.stdout
+    if "--json" in args:
+        try:
+            out = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(f"not one JSON document: {result.stdout!r} {result.stderr!r}") from None
+    return result.exit_code, out, result.stderr
+
+
 def data_of(layer: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in layer.items() if not k.startswith(RECORDS)}
 
@@ -455,12 +473,12 @@ def test_a_config_mistake_is_named_by_validate_and_run_starts_nothing(tmp_path: 
     (tmp_path / "prior_auth.layerflow.yaml").write_text(CONFIG.replace(old, new, 1), encoding="utf-8")
     line = CONFIG.replace(old, new, 1)[:CONFIG.index(old)].count("\n") + 1
     store = tmp_path / "runs.db"
-    code, report, err = layerflow("validate", str(tmp_path / "prior_auth.bpmn"), "--json", store=None)
+    code, report, err = layerflow_here("validate", str(tmp_path / "prior_auth.bpmn"), "--json", store=None)
     assert code == 2 and report["ok"] is False and report["errors"] >= 1, (report, err)
     [problem] = [p for p in report["problems"] if p["severity"] == "error"]
     assert (problem["file"], problem["line"], problem["element_id"], problem["field"]) == (
         str(tmp_path / "prior_auth.layerflow.yaml"), line, element, field), problem
-    code, doc, err = layerflow("run", str(tmp_path / "prior_auth.bpmn"), "--data", json.dumps(REQUEST), "--json",
+    code, doc, err = layerflow_here("run", str(tmp_path / "prior_auth.bpmn"), "--data", json.dumps(REQUEST), "--json",
                                store=f"sqlite:///{store}")
     assert code == 2 and doc["instance_id"] is None and doc["error"]["kind"] in ("invalid_config", "invalid_process"), (doc, err)
     assert problem["text"] in doc["error"]["message"]
@@ -479,23 +497,23 @@ def test_an_answer_naming_no_step_of_the_process_is_refused_as_the_answers_file_
     refuse it, naming the key and the user tasks there are, on `run` and on `resume`, and nothing is
     saved by the refused command."""
     store = f"sqlite:///{tmp_path / 'typo.db'}"
-    code, doc, err = layerflow("run", str(BPMN), "--data", json.dumps(REQUEST), "--answer", given, "--json",
+    code, doc, err = layerflow_here("run", str(BPMN), "--data", json.dumps(REQUEST), "--answer", given, "--json",
                                store=store)
     assert code == 2 and doc["instance_id"] is None, (doc, err)
     assert "'clinical" in doc["error"]["message"] and "clinical_review" in doc["error"]["message"]
-    code, doc, err = layerflow("run", str(BPMN), "--data", json.dumps(REQUEST), "--json", store=store)
+    code, doc, err = layerflow_here("run", str(BPMN), "--data", json.dumps(REQUEST), "--json", store=store)
     assert code == 3
     iid, length = doc["instance_id"], doc["tape_length"]
-    code, bad, err = layerflow("resume", iid, "--answer", given, "--json", store=store)
+    code, bad, err = layerflow_here("resume", iid, "--answer", given, "--json", store=store)
     assert code == 2 and "clinical_review" in bad["error"]["message"], (bad, err)
-    code, now, _ = layerflow("inspect", iid, "--json", store=store)
+    code, now, _ = layerflow_here("inspect", iid, "--json", store=store)
     assert now["tape_length"] == length and [w["task_id"] for w in now["waiting_for"]] == ["clinical_review",
                                                                                           "review_deadline"]
     # what may come later is still kept: a join's question answered in advance; a plain value (a
     # confirmation's answer, whose id may not be known beforehand) is named on stderr
-    code, doc, err = layerflow("resume", iid, "--answer", "clinical_reveiw=yes", "--json", store=store)
+    code, doc, err = layerflow_here("resume", iid, "--answer", "clinical_reveiw=yes", "--json", store=store)
     assert code == 3 and "'clinical_reveiw'" in err
-    code, doc, err = layerflow("resume", iid, "--answer", 'clinical_review={"necessity": "yes"}', "--answer",
+    code, doc, err = layerflow_here("resume", iid, "--answer", 'clinical_review={"necessity": "yes"}', "--answer",
                                "checks_join/decision=deny", "--json", store=store)
     assert code == 3 and doc["layers"]["L3"]["decision"] == "deny", err
 
