@@ -52,18 +52,23 @@ PRESERVED = {"member_id", "letter", "copay", "decision"}
 RECORDS = ("activity:", "event:", "compaction:", "summary:", "_")
 
 
+def _result(args: tuple[str, ...], code: int, stdout: str, stderr: str) -> tuple[int, Any, str]:
+    """(exit code, the --json document or stdout, stderr) of one ``layerflow`` command."""
+    out: Any = stdout
+    if "--json" in args:
+        try:
+            out = json.loads(stdout)
+        except json.JSONDecodeError:
+            raise AssertionError(f"not one JSON document: {stdout!r} {stderr!r}") from None
+    return code, out, stderr
+
+
 def layerflow(*args: str, store: str | None) -> tuple[int, Any, str]:
     """``layerflow ARGS --store STORE`` in a subprocess: (exit code, the --json document or stdout, stderr)."""
     where = ["--store", store] if store else []
     done = subprocess.run([sys.executable, "-m", "engine.cli", *args, *where], capture_output=True,
                           text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
-    out: Any = done.stdout
-    if "--json" in args:
-        try:
-            out = json.loads(done.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(f"not one JSON document: {done.stdout!r} {done.stderr!r}") from None
-    return done.returncode, out, done.stderr
+    return _result(args, done.returncode, done.stdout, done.stderr)
 
 
 def layerflow_here(*args: str, store: str | None) -> tuple[int, Any, str]:
@@ -75,13 +80,7 @@ def layerflow_here(*args: str, store: str | None) -> tuple[int, Any, str]:
 
     where = ["--store", store] if store else []
     result = CliRunner().invoke(main, [*args, *where], catch_exceptions=False)
-    out: Any = result.stdout
-    if "--json" in args:
-        try:
-            out = json.loads(result.stdout)
-        except json.JSONDecodeError:
-            raise AssertionError(f"not one JSON document: {result.stdout!r} {result.stderr!r}") from None
-    return result.exit_code, out, result.stderr
+    return _result(args, result.exit_code, result.stdout, result.stderr)
 
 
 def data_of(layer: dict[str, Any]) -> dict[str, Any]:
