@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,21 +33,37 @@ GOV = "/api/context-governance"
 TRANSCRIPTS: dict[str, dict[str, Any]] = {}
 
 
+# This module's own key prefix: the database is shared with other modules that may run at the
+# same time on another pytest-xdist worker, so nothing here flushes it.
+PREFIX = f"unseen5-{uuid.uuid4().hex[:10]}"
+
+
 def _redis_ready() -> bool:
     try:
         import redis
 
-        client = redis.Redis.from_url(REDIS, socket_connect_timeout=1)
-        client.flushdb()  # this module's own database (14)
+        redis.Redis.from_url(REDIS, socket_connect_timeout=1).ping()
         return True
     except Exception:
         return False
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _clean_prefix() -> Iterator[None]:
+    yield
+    if _redis_ready():
+        import redis
+
+        client = redis.Redis.from_url(REDIS, socket_connect_timeout=1)
+        keys = list(client.scan_iter(match=f"{PREFIX}:*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i:i + 500])
+
+
 def _store_url(kind: str, folder: Path) -> str:
     if kind == "redis" and not _redis_ready():
         pytest.skip(f"no Redis at {REDIS}")
-    return {"memory": "memory://", "sqlite": f"sqlite:///{folder / 'u5.db'}", "redis": REDIS}[kind]
+    return {"memory": "memory://", "sqlite": f"sqlite:///{folder / 'u5.db'}", "redis": f"{REDIS}?prefix={PREFIX}"}[kind]
 
 
 @contextmanager
