@@ -716,11 +716,14 @@ class GovernanceService:
                               f"{', '.join(instance.contexts)}")
 
     @staticmethod
-    def _writable(instance: Instance, ctx: LayeredContext, op: str) -> LayeredContext:
+    def _writable(instance: Instance, ctx: LayeredContext, op: str,
+                  keys: Iterable[str] = ()) -> LayeredContext:
         """A context whose split branches are still open must stay as the split left it (the
         join merges the branches against that snapshot): refuse to change it. A branch (or
         scope) context already merged, or cancelled, is read by nothing any more: a change
-        there would look applied and reach nothing; refuse it too."""
+        there would look applied and reach nothing; refuse it too. So is a change of ``keys``
+        that the branch's join asks a person about (``_refuse_asked``)."""
+        GovernanceService._refuse_asked(instance, ctx, op, keys)
         info = instance.branches.get(ctx.name)
         if info is not None and info.get("status") in ("joined", "cancelled"):
             parent = info.get("parent") or MAIN
@@ -736,6 +739,38 @@ class GovernanceService:
                                      f"({', '.join(open_)}) that will be merged into it at their join; change a "
                                      "branch context instead (`context`: a branch id) or wait for the join")
         return ctx
+
+    @staticmethod
+    def _asked_keys(instance: Instance, ctx: LayeredContext) -> list[str]:
+        """The keys a person is asked about at the join of the branch ``ctx`` (none when it is no
+        open branch)."""
+        info = instance.branches.get(ctx.name)
+        if info is None or info.get("status") != "open":
+            return []
+        return [str(c["key"]) for c in instance.confirmations if not c.get("answered") and c.get("gateway_id")
+                and c.get("context") == info.get("parent") and c.get("key") is not None]
+
+    @staticmethod
+    def _refuse_asked(instance: Instance, ctx: LayeredContext, op: str, keys: Iterable[str]) -> None:
+        """A branch that waits at its join, where a person is asked about one of ``keys``: the
+        question offers the values the branches held when the join ran, and the answer settles
+        that conflict when the join runs again; a value changed under it would be merged with an
+        answer given to another question (or none left to answer). Settle the question instead."""
+        info = instance.branches.get(ctx.name)
+        if info is None or info.get("status") != "open":
+            return
+        wanted = set(keys)
+        for c in instance.confirmations:
+            if c.get("answered") or c.get("gateway_id") is None or c.get("context") != info.get("parent") \
+                    or c.get("key") not in wanted:
+                continue
+            offered = ", ".join(json.dumps(o.get("value")) for o in c.get("options", []) if isinstance(o, dict))
+            raise InstanceStateError(
+                f"{op}: {c['key']!r} in context {ctx.name!r} (branch {info.get('branch_id')!r}) is what join "
+                f"{c['gateway_id']!r} asks a person about (confirmation {c['id']!r}, offering {offered}); a change "
+                f"there would leave that question stale. Settle it with the answer (`layerflow resume "
+                f"{instance.id} --answer {c['id']}=VALUE`, POST /api/confirmations/{c['id']} or "
+                "/api/context-governance/resolve), then change the key after the join")
 
     @staticmethod
     def _config_of(instance: Instance, activity_id: str | None) -> ActivityExtensionConfig | None:
@@ -940,7 +975,7 @@ class GovernanceService:
             except ContextWriteDenied as err:
                 err.context = ctx.name  # the refusal goes on the tape of the context it was meant for
                 raise
-            self._writable(instance, ctx, "inject")
+            self._writable(instance, ctx, "inject", args.values)
             ctx.record("governance", actor=actor, data={"op": "inject", "keys": list(args.values),
                                                         "layer": args.layer, "reason": args.reason})
             return {"context": ctx.name, "written": written, "tape_seq": ctx.tape[-1].seq}
@@ -998,7 +1033,10 @@ class GovernanceService:
         def apply(instance: Instance) -> dict[str, Any]:
             ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
             before = ctx.token_report()
+            had = {key: ctx.get(key, _ABSENT) for key in self._asked_keys(instance, ctx)}
             event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor)
+            self._refuse_asked(instance, ctx, "rollback", [k for k, v in had.items()
+                                                           if not _same(v, ctx.get(k, _ABSENT))])
             ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
                                                         "reason": args.reason})
             return {"context": ctx.name, "snapshot_id": args.snapshot_id, "event_seq": event.seq,
@@ -1301,6 +1339,16 @@ def _unsafe_expression(expression: str, *, natural_language_ok: bool) -> str | N
                 return None  # a designer's sentence, for the model; nothing runs it
         return str(err)
     return None
+
+
+_ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two reads of one key (``_ABSENT`` when the context does not hold it) give the same value."""
+    if a is _ABSENT or b is _ABSENT:
+        return a is b
+    return json_equal(a, b)
 
 
 def _open_of(instance_id: str, version: int, confirmations: list[dict[str, Any]]) -> list[dict[str, Any]]:

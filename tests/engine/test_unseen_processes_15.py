@@ -202,6 +202,10 @@ def test_nobody_answers_the_board_is_reminded_then_the_default_rejects(tmp_path:
     clock.now += 1
     reminded = engine.run(engine.load(waiting.id))
     assert [w["id"] for w in reminded.waiting_for] == ["cab_join/go_decision"]
+    # README: it ran in a context of its own, merged back once the board's branches have joined
+    assert "cab_reminded" not in reminded.main.layer(Layer.HISTORY)
+    assert [name for name, ctx in reminded.contexts.items() if ctx.get("cab_reminded", False)] == [
+        name for name, info in reminded.branches.items() if info.get("branch_id") == "reminder_due"]
     clock.now += 1800
     done = engine.run(engine.load(waiting.id))
     assert done.status == "completed", done.error
