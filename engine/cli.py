@@ -1084,6 +1084,7 @@ _SCORES = ("density", "redundancy", "decay", "conflict", "toolEfficiency")
 def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "") -> NoReturn:
     code = EXIT_BAD_INPUT if err.kind in _BAD_INPUT_KINDS else EXIT_ERROR
     message = str(err)  # the service may name the operation itself ("rollback: context 'main' ...")
+    message = message.replace("(`context`: ", "(`--context`: ")  # the service names the REST body's field
     _fail(message if prefix and message.startswith(prefix) else f"{prefix}{message}", code, as_json=as_json,
           kind=err.kind)
 

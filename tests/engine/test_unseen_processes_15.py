@@ -412,3 +412,21 @@ def test_counsel_puts_a_legal_hold_on_the_request_through_rest_and_only_the_expo
     assert seen["layers"] == final["layers"] and seen["status"] == "completed"
     replayed = run_json(cli, "replay", iid, "--until", str(snap["seq"]), "--store", store)
     assert replayed["layers"]["L4"] == {"legal_hold": True} and replayed["layers"]["L3"] == {}
+
+
+def test_the_cli_names_its_own_flag_when_it_refuses_a_rollback_under_open_branches(cli: Any, tmp_path: Path) -> None:
+    """`layerflow rollback` of the main context while the board's branches wait at their join: exit 2,
+    and the way out it names is the CLI's (`--context`), not the REST body's field (`context`: ...),
+    as `resume --set` already says; a rollback of the vote the board is asked about is refused too."""
+    store = f"sqlite:///{tmp_path / 'cli.db'}"
+    doc = run_json(cli, "run", str(CHANGE), "--data", json.dumps(REQUEST), "--store", store, code=3)
+    iid = doc["instance_id"]
+    snap = cli("snapshot", iid, "--store", store).stdout.strip()
+    refused = cli("rollback", iid, "--snapshot", snap, "--store", store)
+    assert refused.exit_code == 2 and "open branches" in refused.stderr
+    assert "--context" in refused.stderr and "(`context`:" not in refused.stderr, refused.stderr
+    listed = cli("snapshot", iid, "--list", "--store", store).stdout
+    [before_vote] = [line.split("\t")[0] for line in listed.splitlines() if line.endswith("before ops_vote")]
+    refused = cli("rollback", iid, before_vote, "--context", "ops_vote", "--store", store, "--json")
+    assert refused.exit_code == 2 and "cab_join/go_decision" in json.loads(refused.stdout)["error"]["message"]
+    assert run_json(cli, "inspect", iid, "--store", store)["tape_length"] == doc["tape_length"] + 1   # the snapshot
