@@ -12,6 +12,13 @@ waits for the implementer's report (a user task), a no-go rejects the change; th
 review writes a long report whose token threshold folds the older history, never a preserved key. A
 non-interrupting timer event sub-process reminds the board after 30 minutes.
 
+grant_review: the panels a grant application needs review it side by side (an inclusive gateway:
+the finance panel, people, for a large budget; the ethics review for human subjects; the science
+review, its default, otherwise); the ethics review's token threshold folds the screening notes in
+its branch; the panels' scores meet at the inclusive join, where a policy rule with `confirm: true`
+suggests the finance panel's and a person confirms it; the applicant may send an update at any time
+(a non-interrupting message event sub-process).
+
 data_access_request: a privacy officer verifies the requester (a Camunda form); three systems are
 searched in parallel (reducers `sum`, `union`, `max`: no question); an inclusive gateway runs the
 requested actions, and a legal hold (WORKING, by `data_layers`; counsel injects it) stops the
@@ -44,6 +51,8 @@ HERE = Path(__file__).resolve().parent / "unseen15"
 ROOT = Path(__file__).resolve().parents[2]
 CHANGE = HERE / "change_request.bpmn"
 DSAR = HERE / "data_access_request.bpmn"
+GRANT = HERE / "grant_review.bpmn"
+APPLICATION = {"application_id": "GR-9", "budget": 250000, "human_subjects": True}
 REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN15", "redis://127.0.0.1:6379/10")  # this module's own database
 fake_model = test_unseen_processes_4.fake_model  # the deterministic fake model's fixture, shared
 
@@ -430,3 +439,81 @@ def test_the_cli_names_its_own_flag_when_it_refuses_a_rollback_under_open_branch
     refused = cli("rollback", iid, before_vote, "--context", "ops_vote", "--store", store, "--json")
     assert refused.exit_code == 2 and "cab_join/go_decision" in json.loads(refused.stdout)["error"]["message"]
     assert run_json(cli, "inspect", iid, "--store", store)["tape_length"] == doc["tape_length"] + 1   # the snapshot
+
+
+# ------------------------------------------------------------------ the grant: panels, an update, a confirmed suggestion
+
+
+def test_the_grant_panels_the_applicants_update_and_the_confirmed_score(cli: Any, tmp_path: Path) -> None:
+    """run (3: the finance panel and the update message wait; the ethics branch compressed in its own
+    context, the main context untouched) -> the update (3: filed in a context of its own) -> the panel's
+    score (3: the join asks a person, suggesting the policy's 6) -> the confirmation (0: the award).
+    The branch's fold of the screening notes is the one change of those entries, so the main context
+    takes it (README: changed in one branch, take it); its preserved keys come through whole."""
+    store = f"sqlite:///{tmp_path / 'grant.db'}"
+    doc = run_json(cli, "run", str(GRANT), "--data", json.dumps(APPLICATION), "--store", store, code=3)
+    iid = doc["instance_id"]
+    assert [(w["kind"], w["task_id"]) for w in doc["waiting_for"]] == [("user_task", "finance_panel"),
+                                                                       ("event", "update_received")]
+    assert doc["waiting_for"][1]["event"] == "applicant_update"
+    assert set(data_of(doc["layers"]["L3"])) == {"eligible", "screening_notes"}
+    [c] = doc["compressions"]
+    assert (c["activity_id"], c["context"]) == ("ethics_review", doc["compressions"][0]["context"])
+    assert c["context"].startswith("main/ethics_review@") and c["triggers"][0] == "token_threshold"
+    assert set(c["folded"]) == {"eligible", "screening_notes", "activity:screen_eligibility"}
+    assert {k: v["status"] for k, v in doc["contexts"].items()} == {
+        c["context"]: "open", c["context"].replace("ethics_review", "finance_panel"): "open"}
+
+    doc = run_json(cli, "send", iid, "applicant_update", "--json-payload", '{"note": "new CV attached"}',
+                   "--store", store, code=3)
+    assert "updates_filed" not in doc["layers"]["L3"]           # merged once the panels have joined
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["finance_panel", "update_received"]
+
+    doc = run_json(cli, "resume", iid, "--answer", 'finance_panel={"score": 6}', "--store", store, code=3)
+    [asked] = doc["confirmations"]
+    assert (asked["id"], asked["suggested"], asked["suggested_by"], asked["default"]) == ("panel_merge/score", 6,
+                                                                                          "policy", 6)
+    assert [o["value"] for o in asked["options"]] == [6, 8, "$escalate"]
+    assert doc["conflicts"] == [{"gateway_id": "panel_merge", "layer": "L4", "key": "score", "base_value": None,
+                                 "base_absent": True, "values": {"finance_panel": 6, "ethics_review": 8},
+                                 "resolution": None}]
+
+    doc = run_json(cli, "resume", iid, "--answer", "panel_merge/score=6", "--store", store)
+    history = doc["layers"]["L3"]
+    assert data_of(history) == {"score": 6, "ethics_ok": True, "ethics_report": history["ethics_report"],
+                                "note": "new CV attached", "updates_filed": "new CV attached", "award": 125000}
+    assert doc["conflicts"][0]["resolution"] == {
+        "value": 6, "resolver": "human", "reason": "a person confirmed the policy suggestion: the finance panel "
+                                                   "scores large budgets"}
+    assert history["compaction:1"]["snapshot_id"] == c["snapshot_id"] and "screening_notes" not in history
+    assert {v["status"] for v in doc["contexts"].values()} == {"joined"}
+    main = Engine(store).load(iid).main
+    assert {"ethics_ok", "score"} <= set(main.preserved)
+    assert LayeredContext.replay(main.tape) == main
+
+
+def test_an_operator_undoes_the_branch_compression_and_overrules_the_suggestion_through_rest(tmp_path: Path) -> None:
+    """REST: `evaluate` the ethics branch's compression (its preserved keys intact), `decompress` it,
+    so the join keeps the screening notes whole; the score the person is asked about cannot be injected
+    into a branch under the question; the answer (8, against the suggestion) decides the award."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(Engine(f"sqlite:///{tmp_path / 'rest.db'}"), HERE, "t0k"),
+                        headers={"Authorization": "Bearer t0k"})
+    iid = client.post("/api/instances", json={"process_id": "grant_review", "data": APPLICATION}).json()["instance_id"]
+    gov = lambda op, **body: client.post(f"/api/context-governance/{op}", json={"instance_id": iid, **body})  # noqa: E731
+    seen = gov("compress", action="evaluate", context="ethics_review").json()
+    assert seen["preserved_intact"] is True and sorted(seen["checked_preserved"]) == ["ethics_ok", "score"]
+    assert seen["tokens_after"] < seen["tokens_before"]
+    undone = gov("compress", action="decompress", context="ethics_review").json()
+    assert (undone["tokens_before"], undone["tokens_after"]) == (seen["tokens_after"], seen["tokens_before"])
+    waiting = client.post(f"/api/instances/{iid}/user-tasks/finance_panel", json={"data": {"score": 6}}).json()
+    assert [w["id"] for w in waiting["waiting_for"]] == ["panel_merge/score", "update_received"]
+    refused = gov("inject", context="finance_panel", key="score", value=8)
+    assert refused.status_code == 409 and "panel_merge/score" in refused.json()["error"]["message"]
+    done = client.post(f"/api/instances/{iid}/resume", json={"answers": {"confirmations": {"panel_merge/score": 8}}})
+    assert done.status_code == 200, done.text
+    history = done.json()["layers"]["L3"]
+    assert (history["score"], history["award"]) == (8, 250000)
+    assert history["screening_notes"].startswith("Check 1:") and "compaction:1" not in history
+    assert done.json()["conflicts"][0]["resolution"]["resolver"] == "human"
