@@ -517,3 +517,73 @@ def test_an_operator_undoes_the_branch_compression_and_overrules_the_suggestion_
     assert (history["score"], history["award"]) == (8, 250000)
     assert history["screening_notes"].startswith("Check 1:") and "compaction:1" not in history
     assert done.json()["conflicts"][0]["resolution"]["resolver"] == "human"
+
+
+# ------------------------------------------------------------------ a model that is unsure or unusable; an operator's fixes
+
+
+@pytest.mark.parametrize("reply, suggested, fallback", [
+    (json.dumps({"final_value": "no_go", "rationale": "unsure, security objects", "escalate": True}), "no_go", False),
+    ("I think go", None, True)])
+def test_a_model_that_escalates_or_answers_no_json_leaves_the_question_to_a_person(
+        cli: Any, fake_model: Any, tmp_path: Path, reply: str, suggested: str | None, fallback: bool) -> None:
+    """DESIGN: policy, then the model, then `human_confirm`. An escalating model's value is the person's
+    suggestion; a reply that is not JSON (retried once) leaves no suggestion and a `model_fallbacks`
+    entry. `resume --yes` takes the suggestion, else the configured default: `no_go` either way."""
+    def answer(request: dict[str, Any]) -> str:
+        text = "\n".join(m["content"] for m in request["messages"])
+        if '"final_value"' in text:
+            return reply
+        return json.dumps({"risk_score": 62, "impact_notes": "short", "reviewed_by": ["model"]})
+    model = fake_model(answer)
+    store = f"sqlite:///{tmp_path / 'model.db'}"
+    doc = run_json(cli, "run", str(CHANGE), "--data", json.dumps(REQUEST), "--model", "fake/model", "--store", store,
+                   code=3)
+    [asked] = doc["confirmations"]
+    assert (asked["id"], asked["suggested"]) == ("cab_join/go_decision", suggested)
+    assert asked["suggested_by"] == ("model" if suggested else None)
+    assert len(model.requests) == (3 if fallback else 2)          # the step, then one ask (two for a bad reply)
+    assert [(f["element_id"], f["purpose"], f["fallback"], f["key"]) for f in doc["model_fallbacks"]] == (
+        [("cab_join", "conflict_resolution", "human", "go_decision")] if fallback else [])
+    done = run_json(cli, "resume", doc["instance_id"], "--yes", "--model", "fake/model", "--store", store)
+    assert done["layers"]["L3"]["change_status"] == "rejected"
+    [settled] = [c for c in done["conflicts"] if c["key"] == "go_decision"]
+    assert settled["resolution"]["value"] == "no_go" and settled["resolution"]["resolver"] == "human"
+
+
+def test_an_operator_settles_the_board_and_preserves_the_window_at_runtime(tmp_path: Path) -> None:
+    """REST: `resolve` refuses a value the question does not offer (400, naming the options), takes an
+    offered one with a reason (the person's note on the tape); `config` adds `window` to post_review's
+    preserveKeys while the instance runs, so its compression keeps the window whole."""
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(Engine(f"sqlite:///{tmp_path / 'ops.db'}"), HERE, "t0k"),
+                        headers={"Authorization": "Bearer t0k"})
+    iid = client.post("/api/instances", json={"process_id": "change_request", "data": REQUEST}).json()["instance_id"]
+    gov = lambda op, **body: client.post(f"/api/context-governance/{op}", json={"instance_id": iid, **body})  # noqa: E731
+    wrong = gov("resolve", conflict_key="cab_join/go_decision", resolution="hold", reason="wait a week")
+    assert wrong.status_code == 400 and '"go", "no_go"' in wrong.json()["error"]["message"]
+    settled = gov("resolve", conflict_key="go_decision", resolution="go", reason="window agreed with payments")
+    assert settled.status_code == 200 and settled.json()["waiting_for"][0]["task_id"] == "implement_change"
+    changed = gov("config", config={"activityId": "post_review", "preserveKeys": ["window"]})
+    assert changed.status_code == 200 and "window" in changed.json()["config"]["preserveKeys"]
+    done = client.post(f"/api/instances/{iid}/user-tasks/implement_change", json={"data": {"outcome": "success"}}).json()
+    assert done["status"] == "completed" and done["layers"]["L3"]["window"] == "sun 02:00"
+    [c] = done["compressions"]
+    assert "window" not in c["folded"] and "business_owner" in c["folded"]
+    notes = client.get(f"/api/instances/{iid}/tape", params={"kind": "human_decision"}).json()["events"]
+    assert [(e["data"]["value"], e["data"]["reason"]) for e in notes] == [("go", "window agreed with payments")]
+
+
+def test_a_missing_legal_hold_fails_the_request_and_resume_set_gives_it(cli: Any, tmp_path: Path) -> None:
+    """An outsider who forgets the WORKING key the gateway reads: the inclusive gateway fails naming the
+    key and the gateway (exit 1); `resume --set legal_hold=false` gives it and the erasure runs."""
+    store = f"sqlite:///{tmp_path / 'dsar.db'}"
+    data = {k: v for k, v in DSAR_DATA.items() if k != "legal_hold"} | {"actions": ["erase"]}
+    failed = run_json(cli, "run", str(DSAR), "--data", json.dumps(data), "--answer", 'verify_identity={"id_verified": true}',
+                      "--store", store, code=1)
+    assert failed["error"]["task_id"] == "actions_split" and "'legal_hold'" in failed["error"]["message"]
+    done = run_json(cli, "resume", failed["instance_id"], "--set", "legal_hold=false", "--store", store)
+    history = data_of(done["layers"]["L3"])
+    assert history["erased_systems"] == ["billing", "crm", "support"] and "export_file" not in history
+    assert history["response"] == "DSAR-77: 10 records in billing, crm, support; erased: billing, crm, support"
