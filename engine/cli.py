@@ -12,6 +12,7 @@ model call.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shlex
@@ -1682,7 +1683,7 @@ from .cli_serve import serve  # noqa: E402  (`layerflow serve`: the REST API)
 
 main.add_command(serve)
 
-from . import cli_worker  # noqa: E402,F401  (`layerflow worker`, `layerflow submit`: Redis workers)
+importlib.import_module(".cli_worker", __package__)  # `layerflow worker`, `layerflow submit`: Redis workers
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m engine.cli` runs this file as __main__; cli_worker registered its commands on

@@ -44,7 +44,7 @@ from engine import Engine, load_process
 from engine.api import create_app
 
 import test_unseen_processes_4
-from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json  # noqa: F401  (the cli fixture)
+from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
 from test_unseen_processes import _check_document
 
 HERE = Path(__file__).resolve().parent / "unseen15"
@@ -55,6 +55,7 @@ GRANT = HERE / "grant_review.bpmn"
 APPLICATION = {"application_id": "GR-9", "budget": 250000, "human_subjects": True}
 REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_UNSEEN15", "redis://127.0.0.1:6379/10")  # this module's own database
 fake_model = test_unseen_processes_4.fake_model  # the deterministic fake model's fixture, shared
+cli = cli_in_a_tmp_store  # the in-process CLI's fixture, shared
 
 REQUEST = {"change_id": "CHG-2001", "title": "PG16 upgrade", "systems": ["payments-db"], "touches_prod": True,
            "has_migration": True}
