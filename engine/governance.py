@@ -741,13 +741,13 @@ class GovernanceService:
         return ctx
 
     @staticmethod
-    def _asked_keys(instance: Instance, ctx: LayeredContext) -> list[str]:
-        """The keys a person is asked about at the join of the branch ``ctx`` (none when it is no
-        open branch)."""
+    def _asked(instance: Instance, ctx: LayeredContext) -> list[dict[str, Any]]:
+        """The open questions of the join that the branch ``ctx`` waits at (none when it is no
+        open branch): each a confirmation naming a ``key``."""
         info = instance.branches.get(ctx.name)
         if info is None or info.get("status") != "open":
             return []
-        return [str(c["key"]) for c in instance.confirmations if not c.get("answered") and c.get("gateway_id")
+        return [c for c in instance.confirmations if not c.get("answered") and c.get("gateway_id") is not None
                 and c.get("context") == info.get("parent") and c.get("key") is not None]
 
     @staticmethod
@@ -756,21 +756,18 @@ class GovernanceService:
         question offers the values the branches held when the join ran, and the answer settles
         that conflict when the join runs again; a value changed under it would be merged with an
         answer given to another question (or none left to answer). Settle the question instead."""
-        info = instance.branches.get(ctx.name)
-        if info is None or info.get("status") != "open":
-            return
         wanted = set(keys)
-        for c in instance.confirmations:
-            if c.get("answered") or c.get("gateway_id") is None or c.get("context") != info.get("parent") \
-                    or c.get("key") not in wanted:
+        for c in GovernanceService._asked(instance, ctx):
+            if c["key"] not in wanted:
                 continue
             offered = ", ".join(json.dumps(o.get("value")) for o in c.get("options", []) if isinstance(o, dict))
             raise InstanceStateError(
-                f"{op}: {c['key']!r} in context {ctx.name!r} (branch {info.get('branch_id')!r}) is what join "
-                f"{c['gateway_id']!r} asks a person about (confirmation {c['id']!r}, offering {offered}); a change "
-                f"there would leave that question stale. Settle it with the answer (`layerflow resume "
-                f"{instance.id} --answer {c['id']}=VALUE`, POST /api/confirmations/{c['id']} or "
-                "/api/context-governance/resolve), then change the key after the join")
+                f"{op}: {c['key']!r} in context {ctx.name!r} (branch "
+                f"{instance.branches[ctx.name].get('branch_id')!r}) is what join {c['gateway_id']!r} asks a person "
+                f"about (confirmation {c['id']!r}, offering {offered}); a change there would leave that question "
+                f"stale. Settle it with the answer (`layerflow resume {instance.id} --answer {c['id']}=VALUE`, "
+                f"POST /api/confirmations/{c['id']} or /api/context-governance/resolve), then change the key "
+                "after the join")
 
     @staticmethod
     def _config_of(instance: Instance, activity_id: str | None) -> ActivityExtensionConfig | None:
@@ -1033,7 +1030,7 @@ class GovernanceService:
         def apply(instance: Instance) -> dict[str, Any]:
             ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
             before = ctx.token_report()
-            had = {key: ctx.get(key, _ABSENT) for key in self._asked_keys(instance, ctx)}
+            had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
             event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor)
             self._refuse_asked(instance, ctx, "rollback", [k for k, v in had.items()
                                                            if not _same(v, ctx.get(k, _ABSENT))])
