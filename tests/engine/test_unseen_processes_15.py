@@ -283,6 +283,12 @@ def test_the_conflict_prompt_says_the_key_was_not_set_before_the_split(cli: Any,
 # ------------------------------------------------------------------ an operator changes a vote the board is asked about
 
 
+def _branch(instance: Any, branch_id: str) -> str:
+    """The name of the context of branch ``branch_id`` (``main/ops_vote@14``)."""
+    [name] = [n for n, info in instance.branches.items() if info["branch_id"] == branch_id]
+    return name
+
+
 def _waiting_board(tmp_path: Path) -> tuple[Engine, str]:
     engine = Engine(f"sqlite:///{tmp_path / 'board.db'}")
     waiting = engine.run(load_process(CHANGE), REQUEST)
@@ -312,7 +318,7 @@ def test_a_vote_a_person_is_asked_about_cannot_be_changed_under_the_question(tmp
     assert after["version"] == before["version"] and after["tape_length"] == before["tape_length"]
     # the same through the Python API and `resume --set --context`
     with pytest.raises(Exception, match="cab_join/go_decision"):
-        engine.inject(iid, {"go_decision": value}, context="main/ops_vote@14")
+        engine.inject(iid, {"go_decision": value}, context=_branch(engine.load(iid), "ops_vote"))
     # a key nobody is asked about may still be changed in the branch, as the README says
     ok = client.post("/api/context-governance/inject", json={"instance_id": iid, "context": "business_vote",
                                                              "key": "business_owner", "value": "treasury"})
@@ -326,14 +332,14 @@ def test_a_vote_a_person_is_asked_about_cannot_be_changed_under_the_question(tmp
 def test_a_rollback_of_a_branch_that_would_change_the_asked_key_is_refused(tmp_path: Path) -> None:
     engine, iid = _waiting_board(tmp_path)
     instance = engine.load(iid)
-    ops = instance.contexts["main/ops_vote@14"]
+    ops = instance.contexts[_branch(instance, "ops_vote")]
     [first] = [e.data["snapshot_id"] for e in ops.tape if str(getattr(e.kind, "value", e.kind)) == "begin"]   # before the vote
     from engine.governance import GovernanceService, RollbackArgs
 
     service = GovernanceService(engine, HERE)
     with pytest.raises(Exception, match="cab_join/go_decision"):
         service.rollback(iid, RollbackArgs(snapshot_id=first, context="ops_vote"))
-    assert engine.load(iid).contexts["main/ops_vote@14"].resolve("go_decision") == "go"
+    assert engine.load(iid).contexts[ops.name].resolve("go_decision") == "go"
 
 
 # ------------------------------------------------------------------ the DSAR behind `layerflow serve` on Redis
