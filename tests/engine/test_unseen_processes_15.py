@@ -46,6 +46,7 @@ from engine.api import create_app
 import test_unseen_processes_4
 from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
 from test_unseen_processes import _check_document
+from test_unseen_processes_13 import Clock, data_of  # a clock of the test's own; a layer's data keys, no records
 
 HERE = Path(__file__).resolve().parent / "unseen15"
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,20 +60,7 @@ cli = cli_in_a_tmp_store  # the in-process CLI's fixture, shared
 
 REQUEST = {"change_id": "CHG-2001", "title": "PG16 upgrade", "systems": ["payments-db"], "touches_prod": True,
            "has_migration": True}
-RECORDS = ("activity:", "event:", "compaction:", "summary:", "_", "kb:")
 PRESERVED = {"risk_score", "risk_level", "go_decision", "outcome"}
-
-
-def data_of(layer: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in layer.items() if not k.startswith(RECORDS)}
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # ------------------------------------------------------------------ the CLI, step by step
