@@ -809,23 +809,32 @@ class GovernanceService:
              since: int | None = None, limit: int | None = None) -> dict[str, Any]:
         instance = self.load(instance_id)
         names = [self.context_of(instance, context).name] if context else list(instance.contexts)
+        wanted = kind_names(kind)
         rows = []
         for name in names:
-            for e in instance.contexts[name].tape.filter(kind=kind, activity=activity, branch=branch, key=key):
-                if since is None or e.seq >= since:
+            ctx = instance.contexts[name]
+            found = (ctx.tape.filter(branch=branch, key=key) if activity is None
+                     else activity_events(ctx, activity, branch, key))
+            for e in found:
+                if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)):
                     rows.append((e.time, name, e))
         rows.sort(key=lambda r: (r[0], r[2].seq))
         if limit is not None:
             rows = rows[:limit]
         doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
                "events": [event_document(name, e) for _, name, e in rows]}
-        wanted = kind_names(kind)
         if wanted is not None and not any(matches_kind(e, wanted) for n in names for e in instance.contexts[n].tape):
             # a misspelt kind ("snapshots" works, "snap" does not) says so, as `layerflow tape` does
             seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
                            for k in (e.kind, (e.data or {}).get("note")) if k})
             doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
             doc["kinds"] = seen
+        elif activity is not None and not rows:
+            ids = activity_ids(instance.contexts[n] for n in names)
+            if activity not in ids:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
+                doc["note"] = (f"no event of activity {activity!r} here; activities and gateways on this tape: "
+                               f"{', '.join(ids)}")
+                doc["activities"] = ids
         return doc
 
     def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
@@ -1336,6 +1345,26 @@ def _unsafe_expression(expression: str, *, natural_language_ok: bool) -> str | N
                 return None  # a designer's sentence, for the model; nothing runs it
         return str(err)
     return None
+
+
+def activity_events(ctx: LayeredContext, activity: str, branch: str | None, key: str | None) -> list[Any]:
+    """The events of an activity, and of a gateway by its BPMN id: its snapshot and split too
+    (``layerflow tape --activity`` and ``GET /api/instances/{id}/tape?activity=`` alike)."""
+    found = {e.seq for e in ctx.tape.filter(activity=activity, branch=branch, key=key)}
+    rest = ctx.tape.filter(branch=branch, key=key)
+    # a person's decision on a join's conflict names the gateway in its confirmation id, GATEWAY/KEY
+    mine = [e for e in rest if e.activity is None
+            and (activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))
+                 or str((e.data or {}).get("confirmation_id") or "").startswith(f"{activity}/"))]
+    splits = {(e.data or {}).get("snapshot_id") for e in mine}
+    found |= {e.seq for e in mine}
+    found |= {e.seq for e in rest if e.kind == "snapshot" and (e.data or {}).get("snapshot_id") in splits}
+    return [e for e in rest if e.seq in found]
+
+
+def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
+    """The activities and gateways (and other actors) the events of ``contexts`` name, sorted."""
+    return sorted({str(i) for ctx in contexts for e in ctx.tape for i in (e.activity, e.actor) if i})
 
 
 _ABSENT = object()

@@ -582,3 +582,28 @@ def test_a_missing_legal_hold_fails_the_request_and_resume_set_gives_it(cli: Any
     history = data_of(done["layers"]["L3"])
     assert history["erased_systems"] == ["billing", "crm", "support"] and "export_file" not in history
     assert history["response"] == "DSAR-77: 10 records in billing, crm, support; erased: billing, crm, support"
+
+
+@pytest.mark.parametrize("activity", ["cab_join", "post_review", "ops_vote", "review_routing"])
+def test_rest_and_the_cli_find_the_same_events_of_an_activity_or_gateway(cli: Any, tmp_path: Path,
+                                                                        activity: str) -> None:
+    """README: `GET /api/instances/{id}/tape` filters "as `layerflow tape`". An auditor asking what
+    happened at the board's join got, from REST, the join's conflicts and resolutions but not the
+    person's decision (`human_decision`, confirmation `cab_join/go_decision`) nor the split's
+    snapshot the join merged against, which `layerflow tape --activity cab_join` lists; and a
+    mistyped id got an empty list without the note the CLI gives."""
+    from fastapi.testclient import TestClient
+
+    store = f"sqlite:///{tmp_path / 'audit.db'}"
+    client = TestClient(create_app(Engine(store), HERE, "t0k"), headers={"Authorization": "Bearer t0k"})
+    iid = client.post("/api/instances", json={"process_id": "change_request", "data": REQUEST}).json()["instance_id"]
+    client.post("/api/confirmations/cab_join%2Fgo_decision", json={"value": "go", "instance_id": iid})
+    client.post(f"/api/instances/{iid}/user-tasks/implement_change", json={"data": {"outcome": "success"}})
+    rest = client.get(f"/api/instances/{iid}/tape", params={"activity": activity}).json()
+    listed = json.loads(cli("tape", iid, "--activity", activity, "--store", store, "--json").stdout)
+    assert [(e["context"], e["seq"]) for e in rest["events"]] == [(e["context"], e["seq"]) for e in listed]
+    if activity == "cab_join":
+        assert [e["data"]["confirmation_id"] for e in rest["events"]
+                if e.get("data", {}).get("note") == "human_decision"] == ["cab_join/go_decision"]
+    typo = client.get(f"/api/instances/{iid}/tape", params={"activity": activity + "x"}).json()
+    assert typo["events"] == [] and repr(activity + "x") in typo["note"] and activity in typo["activities"]
