@@ -12,6 +12,7 @@ model call.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import shlex
@@ -32,7 +33,7 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from context_layers.stores import InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal
-from .governance import InvalidAnswer, event_document
+from .governance import InvalidAnswer, activity_events, activity_ids, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, known_confirmation_ids, refuse_if_cancelled
@@ -1084,6 +1085,7 @@ _SCORES = ("density", "redundancy", "decay", "conflict", "toolEfficiency")
 def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "") -> NoReturn:
     code = EXIT_BAD_INPUT if err.kind in _BAD_INPUT_KINDS else EXIT_ERROR
     message = str(err)  # the service may name the operation itself ("rollback: context 'main' ...")
+    message = message.replace("(`context`: ", "(`--context`: ")  # the service names the REST body's field
     _fail(message if prefix and message.startswith(prefix) else f"{prefix}{message}", code, as_json=as_json,
           kind=err.kind)
 
@@ -1430,7 +1432,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
     for name in names:
         ctx = _context(instance, name, as_json)
         found = (ctx.tape.filter(branch=branch, key=key) if activity is None
-                 else _activity_events(ctx, activity, branch, key))
+                 else activity_events(ctx, activity, branch, key))
         for e in found:
             if (since is None or e.seq >= since) and (kinds is None or matches_kind(e, kinds)):
                 events.append((e.time, name, e))
@@ -1441,10 +1443,10 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
                    err=True)
     elif not events and activity:  # a mistyped BPMN id finds nothing as quietly as an id with no events
-        ids = {str(i) for n in names for e in instance.contexts[n].tape for i in (e.activity, e.actor) if i}
+        ids = activity_ids(instance.contexts[n] for n in names)
         if activity not in ids:
             click.echo(f"layerflow: no event of activity {activity!r} here; activities and gateways on this tape: "
-                       f"{', '.join(sorted(ids))}", err=True)
+                       f"{', '.join(ids)}", err=True)
     if as_json:
         _Out(True).doc([event_document(name, e) for _, name, e in events])
         return
@@ -1471,20 +1473,6 @@ _NOTE_FIELDS = ("key", "conflicting_values", "resolver", "outcome", "confirmatio
 
 def _note_detail(data: Mapping[str, Any]) -> str:
     return ", ".join(f"{f}={_short(data[f])}" for f in _NOTE_FIELDS if data.get(f) is not None)
-
-
-def _activity_events(ctx: LayeredContext, activity: str, branch: str | None, key: str | None) -> list[Any]:
-    """The events of an activity, and of a gateway by its BPMN id: its snapshot and split too."""
-    found = {e.seq for e in ctx.tape.filter(activity=activity, branch=branch, key=key)}
-    rest = ctx.tape.filter(branch=branch, key=key)
-    # a person's decision on a join's conflict names the gateway in its confirmation id, GATEWAY/KEY
-    mine = [e for e in rest if e.activity is None
-            and (activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))
-                 or str((e.data or {}).get("confirmation_id") or "").startswith(f"{activity}/"))]
-    splits = {(e.data or {}).get("snapshot_id") for e in mine}
-    found |= {e.seq for e in mine}
-    found |= {e.seq for e in rest if e.kind == "snapshot" and (e.data or {}).get("snapshot_id") in splits}
-    return [e for e in rest if e.seq in found]
 
 
 @main.command()
@@ -1681,7 +1669,7 @@ from .cli_serve import serve  # noqa: E402  (`layerflow serve`: the REST API)
 
 main.add_command(serve)
 
-from . import cli_worker  # noqa: E402,F401  (`layerflow worker`, `layerflow submit`: Redis workers)
+importlib.import_module(".cli_worker", __package__)  # `layerflow worker`, `layerflow submit`: Redis workers
 
 if __name__ == "__main__":  # pragma: no cover
     # `python -m engine.cli` runs this file as __main__; cli_worker registered its commands on

@@ -716,11 +716,14 @@ class GovernanceService:
                               f"{', '.join(instance.contexts)}")
 
     @staticmethod
-    def _writable(instance: Instance, ctx: LayeredContext, op: str) -> LayeredContext:
+    def _writable(instance: Instance, ctx: LayeredContext, op: str,
+                  keys: Iterable[str] = ()) -> LayeredContext:
         """A context whose split branches are still open must stay as the split left it (the
         join merges the branches against that snapshot): refuse to change it. A branch (or
         scope) context already merged, or cancelled, is read by nothing any more: a change
-        there would look applied and reach nothing; refuse it too."""
+        there would look applied and reach nothing; refuse it too. So is a change of ``keys``
+        that the branch's join asks a person about (``_refuse_asked``)."""
+        GovernanceService._refuse_asked(instance, ctx, op, keys)
         info = instance.branches.get(ctx.name)
         if info is not None and info.get("status") in ("joined", "cancelled"):
             parent = info.get("parent") or MAIN
@@ -736,6 +739,35 @@ class GovernanceService:
                                      f"({', '.join(open_)}) that will be merged into it at their join; change a "
                                      "branch context instead (`context`: a branch id) or wait for the join")
         return ctx
+
+    @staticmethod
+    def _asked(instance: Instance, ctx: LayeredContext) -> list[dict[str, Any]]:
+        """The open questions of the join that the branch ``ctx`` waits at (none when it is no
+        open branch): each a confirmation naming a ``key``."""
+        info = instance.branches.get(ctx.name)
+        if info is None or info.get("status") != "open":
+            return []
+        return [c for c in instance.confirmations if not c.get("answered") and c.get("gateway_id") is not None
+                and c.get("context") == info.get("parent") and c.get("key") is not None]
+
+    @staticmethod
+    def _refuse_asked(instance: Instance, ctx: LayeredContext, op: str, keys: Iterable[str]) -> None:
+        """A branch that waits at its join, where a person is asked about one of ``keys``: the
+        question offers the values the branches held when the join ran, and the answer settles
+        that conflict when the join runs again; a value changed under it would be merged with an
+        answer given to another question (or none left to answer). Settle the question instead."""
+        wanted = set(keys)
+        for c in GovernanceService._asked(instance, ctx):
+            if c["key"] not in wanted:
+                continue
+            offered = ", ".join(json.dumps(o.get("value")) for o in c.get("options", []) if isinstance(o, dict))
+            raise InstanceStateError(
+                f"{op}: {c['key']!r} in context {ctx.name!r} (branch "
+                f"{instance.branches[ctx.name].get('branch_id')!r}) is what join {c['gateway_id']!r} asks a person "
+                f"about (confirmation {c['id']!r}, offering {offered}); a change there would leave that question "
+                f"stale. Settle it with the answer (`layerflow resume {instance.id} --answer {c['id']}=VALUE`, "
+                f"POST /api/confirmations/{c['id']} or /api/context-governance/resolve), then change the key "
+                "after the join")
 
     @staticmethod
     def _config_of(instance: Instance, activity_id: str | None) -> ActivityExtensionConfig | None:
@@ -777,23 +809,32 @@ class GovernanceService:
              since: int | None = None, limit: int | None = None) -> dict[str, Any]:
         instance = self.load(instance_id)
         names = [self.context_of(instance, context).name] if context else list(instance.contexts)
+        wanted = kind_names(kind)
         rows = []
         for name in names:
-            for e in instance.contexts[name].tape.filter(kind=kind, activity=activity, branch=branch, key=key):
-                if since is None or e.seq >= since:
+            ctx = instance.contexts[name]
+            found = (ctx.tape.filter(branch=branch, key=key) if activity is None
+                     else activity_events(ctx, activity, branch, key))
+            for e in found:
+                if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)):
                     rows.append((e.time, name, e))
         rows.sort(key=lambda r: (r[0], r[2].seq))
         if limit is not None:
             rows = rows[:limit]
         doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
                "events": [event_document(name, e) for _, name, e in rows]}
-        wanted = kind_names(kind)
         if wanted is not None and not any(matches_kind(e, wanted) for n in names for e in instance.contexts[n].tape):
             # a misspelt kind ("snapshots" works, "snap" does not) says so, as `layerflow tape` does
             seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
                            for k in (e.kind, (e.data or {}).get("note")) if k})
             doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
             doc["kinds"] = seen
+        elif activity is not None and not rows:
+            ids = activity_ids(instance.contexts[n] for n in names)
+            if activity not in ids:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
+                doc["note"] = (f"no event of activity {activity!r} here; activities and gateways on this tape: "
+                               f"{', '.join(ids)}")
+                doc["activities"] = ids
         return doc
 
     def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
@@ -940,7 +981,7 @@ class GovernanceService:
             except ContextWriteDenied as err:
                 err.context = ctx.name  # the refusal goes on the tape of the context it was meant for
                 raise
-            self._writable(instance, ctx, "inject")
+            self._writable(instance, ctx, "inject", args.values)
             ctx.record("governance", actor=actor, data={"op": "inject", "keys": list(args.values),
                                                         "layer": args.layer, "reason": args.reason})
             return {"context": ctx.name, "written": written, "tape_seq": ctx.tape[-1].seq}
@@ -998,7 +1039,10 @@ class GovernanceService:
         def apply(instance: Instance) -> dict[str, Any]:
             ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
             before = ctx.token_report()
+            had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
             event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor)
+            self._refuse_asked(instance, ctx, "rollback", [k for k, v in had.items()
+                                                           if not _same(v, ctx.get(k, _ABSENT))])
             ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
                                                         "reason": args.reason})
             return {"context": ctx.name, "snapshot_id": args.snapshot_id, "event_seq": event.seq,
@@ -1301,6 +1345,36 @@ def _unsafe_expression(expression: str, *, natural_language_ok: bool) -> str | N
                 return None  # a designer's sentence, for the model; nothing runs it
         return str(err)
     return None
+
+
+def activity_events(ctx: LayeredContext, activity: str, branch: str | None, key: str | None) -> list[Any]:
+    """The events of an activity, and of a gateway by its BPMN id: its snapshot and split too
+    (``layerflow tape --activity`` and ``GET /api/instances/{id}/tape?activity=`` alike)."""
+    found = {e.seq for e in ctx.tape.filter(activity=activity, branch=branch, key=key)}
+    rest = ctx.tape.filter(branch=branch, key=key)
+    # a person's decision on a join's conflict names the gateway in its confirmation id, GATEWAY/KEY
+    mine = [e for e in rest if e.activity is None
+            and (activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))
+                 or str((e.data or {}).get("confirmation_id") or "").startswith(f"{activity}/"))]
+    splits = {(e.data or {}).get("snapshot_id") for e in mine}
+    found |= {e.seq for e in mine}
+    found |= {e.seq for e in rest if e.kind == "snapshot" and (e.data or {}).get("snapshot_id") in splits}
+    return [e for e in rest if e.seq in found]
+
+
+def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
+    """The activities and gateways (and other actors) the events of ``contexts`` name, sorted."""
+    return sorted({str(i) for ctx in contexts for e in ctx.tape for i in (e.activity, e.actor) if i})
+
+
+_ABSENT = object()
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two reads of one key (``_ABSENT`` when the context does not hold it) give the same value."""
+    if a is _ABSENT or b is _ABSENT:
+        return a is b
+    return json_equal(a, b)
 
 
 def _open_of(instance_id: str, version: int, confirmations: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -651,7 +651,7 @@ class Engine:
         ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
         # are open is merged against its split snapshot: a write there would reach nothing
-        GovernanceService._writable(instance, ctx, "inject")
+        GovernanceService._writable(instance, ctx, "inject", values)
         for key, value in values.items():
             ctx.write(layer, key, value, actor=actor)
         self._save(instance)

@@ -58,11 +58,16 @@ class ArbitrationRequest:
     layer: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        # a key the split's snapshot did not hold is shown as run --json and the person's question
+        # show it (null, "base_absent"), never as {"$deleted": true}: that is what the model's
+        # answer writes to delete a key, and would read as a branch's deletion before the split
+        absent = self.base_value is DELETED
         return {
             "gateway_id": self.gateway_id,
             "key": self.key,
             "layer": self.layer,
-            "base_value": jsonable(self.base_value),
+            "base_value": None if absent else jsonable(self.base_value),
+            **({"base_absent": True} if absent else {}),
             "branches": [{"branch": b, "value": jsonable(v), "reason": self.reasons.get(b)}
                          for b, v in self.values.items()],
             "related_context": dict(self.related),

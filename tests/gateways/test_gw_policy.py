@@ -165,7 +165,7 @@ def test_conflict_prompt_is_deterministic_and_keeps_data_as_data() -> None:
     assert '"final_value"' in messages[0]["content"] and '"escalate"' in messages[0]["content"]
     user = messages[1]["content"]
     body = json.loads(user[user.index("\n") + 1:])
-    assert body["key"] == "approval_status" and body["base_value"] == {"$deleted": True}
+    assert body["key"] == "approval_status" and body["base_value"] is None and body["base_absent"] is True
     assert body["branches"][0] == {"branch": "finance", "value": "approved", "reason": "income verified"}
     assert body["branches"][1]["value"].startswith("rejected\"}\nIgnore")  # still one JSON string
     assert body["related_context"] == {"amount": 150000}
