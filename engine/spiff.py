@@ -989,6 +989,24 @@ def start_forms(spec: Any, subprocess_specs: Mapping[str, Any] | None = None
     return out
 
 
+def start_data_inputs(spec: Any, subprocess_specs: Mapping[str, Any] | None = None) -> list[tuple[Any, list[str]]]:
+    """(process spec, its ``ioSpecification`` data input ids) of every process the start data must give
+    the inputs of: the process run, or in a collaboration each pool's, when a none start event starts it
+    with the instance. A process that only an event starts (a message start event) gets its data with
+    that event, so its inputs are not asked of the start data."""
+    specs = [spec]
+    if is_collaboration(spec) and subprocess_specs:
+        specs = [subprocess_specs[ts.spec] for ts in spec.task_specs.values()
+                 if isinstance(ts, SubWorkflowTask) and ts.spec in subprocess_specs]
+    out = []
+    for each in specs:
+        inputs = io_names(each, "data_inputs")
+        if inputs and any(isinstance(ts, StartEvent) and type(getattr(ts, "event_definition", None)) is NoneEventDefinition
+                          for ts in each.task_specs.values()):
+            out.append((each, inputs))
+    return out
+
+
 def caught_in_scope(spec: Any) -> bool:
     """Whether ``spec`` is the start event of an event sub-process that waits for an error or an
     escalation thrown in its scope (``_LayerflowProcessParser.add_tasks``)."""

@@ -1,0 +1,581 @@
+"""Shapes met in public BPMN files, round 12: SpiffWorkflow's own test processes
+(sartography/SpiffWorkflow, ``tests/SpiffWorkflow/bpmn/data``: ``escalation.bpmn``, ``standard_loop.bpmn``,
+``transaction.bpmn``, ``io_spec.bpmn``, the terminate-end-event, link-event and event sub-process
+tests, the collaborations) and the examples of Camunda's and bpmn.io's modelers: escalations thrown
+inside a sub-process and caught by its boundary events or by an event sub-process around it, event
+sub-processes that a signal the process throws or a message from outside starts, standard loops
+tested before each pass and loops whose pass throws an error, multi-instance activities counted by
+a cardinality with a completion condition (a parallel vote that one veto ends), a decision table in
+each instance of a multi-instance sub-process, escalations and terminate end events inside the
+instances of one, link events inside a sub-process, terminate end events at two levels, a
+transaction left by a cancel or an error end event, a conditional boundary event, two pools that
+answer each other through message end events and an event-based gateway, a Camunda Modeler export
+drawn only to explain (no isExecutable, lanes, annotations, a group, an unconnected data store),
+and a process that declares its own data inputs. Each is redrawn small in
+``tests/engine/realworld12/`` (the file says where it comes from); where plain SpiffWorkflow 3.2 runs a
+shape as BPMN means it, a case runs it there too and the path and the variables must agree; where
+it does not, what plain SpiffWorkflow does is asserted too, so a SpiffWorkflow that changes shows."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from SpiffWorkflow.bpmn.util.event import BpmnEvent
+from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition
+from SpiffWorkflow.util.task import TaskState
+
+from context_layers import Layer, thaw
+from engine import Engine, StartDataInvalid, load_process
+from engine.validate import validate_process
+
+from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
+from engine_helpers import path_of, run_plain, variables
+from test_realworld_4 import rewritten
+
+HERE = Path(__file__).resolve().parent / "realworld12"
+
+
+def problems(path: Path) -> list[tuple[str, str, str | None]]:
+    return [(p.code, p.severity, p.element_id) for p in validate_process([path]).problems]
+
+
+def run(path: Path, data: dict[str, Any], answers: dict[str, Any] | None = None) -> Any:
+    engine = Engine(store="memory://")
+    return engine.run(engine.start(load_process([path]), data), answers=answers)
+
+
+def plain_workflow(path: Path, data: dict[str, Any], *, dmn: Path | None = None) -> BpmnWorkflow:
+    """Plain SpiffWorkflow as far as its engine steps go."""
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    if dmn is not None:
+        parser.add_dmn_file(str(dmn))
+    pid = parser.get_process_ids()[0]
+    wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    return wf
+
+
+def agree(path: Path, data: dict[str, Any], answers: dict[str, Any] | None = None) -> tuple[Any, BpmnWorkflow]:
+    """Run under layerflow and plain SpiffWorkflow; both complete on the same path with the same variables."""
+    assert problems(path) == []
+    instance = run(path, data, {"user_tasks": answers} if answers else None)
+    wf, plain_data = run_plain(path, data, answers or {})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == plain_data
+    return instance, wf
+
+
+# -- escalation.bpmn: escalations inside a sub-process, caught by its boundary events ------------
+
+ESCALATIONS = HERE / "escalation_in_subprocess.bpmn"
+
+
+@pytest.mark.parametrize("amount, expected", [
+    (20, {"total": 40, "accepted": True, "shipped": True}),
+    (200, {"total": 400, "accepted": True, "shipped": True, "reviewer": "finance"}),
+], ids=["no-escalation", "escalation-beside"])
+def test_an_escalation_thrown_inside_a_sub_process_runs_its_boundary_path_beside_it(
+        amount: int, expected: dict[str, Any]) -> None:
+    """The intermediate escalation throw is caught by the non-interrupting boundary event of the
+    sub-process around it: its path runs beside, the sub-process goes on and ends normally."""
+    instance, _ = agree(ESCALATIONS, {"amount": amount})
+    assert variables(instance.main) == {"amount": amount, **expected}
+
+
+def test_an_escalation_end_event_inside_a_sub_process_interrupts_it_and_keeps_what_it_wrote() -> None:
+    """The escalation end event is caught by the interrupting boundary event naming its code (the
+    review escalation before it by the other one): the path is plain SpiffWorkflow's. What the
+    sub-process wrote before it was left stays (README: an error or escalation end event keeps
+    what its path wrote); plain SpiffWorkflow drops the sub-process's data with it."""
+    data = {"amount": 2000}
+    assert problems(ESCALATIONS) == []
+    instance = run(ESCALATIONS, data)
+    wf, plain_data = run_plain(ESCALATIONS, data, {})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert "ship" not in path_of(wf) and "refuse" in path_of(wf)
+    assert plain_data == {"amount": 2000, "refused": True, "reviewer": "finance"}
+    assert variables(instance.main) == {**plain_data, "total": 4000}
+
+
+# -- event sub-processes started by an escalation, a signal, a message ----------------------------
+
+ESCALATION_EVENT_SUB = HERE / "escalation_event_subprocess.bpmn"
+SIGNAL_EVENT_SUB = HERE / "signal_start_event_subprocess.bpmn"
+MESSAGE_EVENT_SUB = HERE / "message_start_event_subprocess.bpmn"
+
+
+@pytest.mark.parametrize("days, expected", [
+    (2, {"eta": 4, "packed": True, "notified": "eta 4", "closed": True}),
+    (5, {"eta": 10, "notified": "eta 10", "closed": True}),
+], ids=["escalation-in-a-branch", "escalation-ends-the-sub-process"])
+def test_an_escalation_end_event_in_a_sub_process_starts_the_event_sub_process_around_it(
+        days: int, expected: dict[str, Any]) -> None:
+    """No boundary event catches the escalation: the non-interrupting escalation event sub-process
+    of the process does, reading what the sub-process wrote; the process goes on after the
+    sub-process. SpiffWorkflow 3.2 starts an escalation event sub-process at once, without the
+    escalation, and fails there on the variable not yet written (asserted)."""
+    assert problems(ESCALATION_EVENT_SUB) == []
+    instance = run(ESCALATION_EVENT_SUB, {"days": days})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"days": days, **expected}
+    taken = path_of(instance.workflow)
+    assert taken.count("notify") == 1 and taken[-2:] == ["close", "end"]
+    assert taken.index("late_start") > taken.index("plan")
+    with pytest.raises(Exception, match="name 'eta' is not defined"):
+        run_plain(ESCALATION_EVENT_SUB, {"days": days}, {})
+
+
+def test_a_signal_the_process_throws_starts_its_event_sub_process_with_what_the_process_holds() -> None:
+    """The signal start of a non-interrupting event sub-process, thrown by the process itself: the
+    audit reads what the process wrote before it threw, and the person's approval still waits.
+    SpiffWorkflow 3.2 hands an event sub-process the data of the process's start (it fails on
+    ``risk``, asserted); where no signal is thrown both engines agree."""
+    assert problems(SIGNAL_EVENT_SUB) == []
+    waiting = run(SIGNAL_EVENT_SUB, {"amount": 500})
+    assert waiting.status == "waiting"
+    assert [w["task_id"] for w in waiting.waiting_for if w["kind"] == "user_task"] == ["approve"]
+    assert variables(waiting.main)["audit"] == "risk high for 500"
+    done = run(SIGNAL_EVENT_SUB, {"amount": 500}, {"user_tasks": {"approve": {"ok": True}}})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"amount": 500, "risk": "high", "audit": "risk high for 500", "ok": True}
+    assert path_of(done.workflow).count("write_audit") == 1
+    with pytest.raises(Exception, match="name 'risk' is not defined"):
+        run_plain(SIGNAL_EVENT_SUB, {"amount": 500}, {"approve": {"ok": True}})
+    agree(SIGNAL_EVENT_SUB, {"amount": 5}, {"approve": {"ok": True}})
+
+
+def plain_sending(path: Path, messages: list[tuple[str, Any]]) -> BpmnWorkflow:
+    wf = plain_workflow(path, {})
+    for name, payload in messages:
+        wf.send_event(BpmnEvent(MessageEventDefinition(name), payload))
+        wf.do_engine_steps()
+    return wf
+
+
+def test_a_message_starts_an_interrupting_event_sub_process_that_ends_the_process(tmp_path: Path) -> None:
+    """The withdrawal comes while the documents are awaited: the interrupting event sub-process
+    cancels the person's task and ends the process, its payload under the catch's messageVariable.
+    The path is plain SpiffWorkflow's; plain SpiffWorkflow ignores isInterrupting and leaves the
+    person's task waiting (asserted)."""
+    assert problems(MESSAGE_EVENT_SUB) == []
+    engine = Engine(store="sqlite:///" + str(tmp_path / "lf.db"))
+    waiting = engine.run(engine.start(load_process([MESSAGE_EVENT_SUB]), {}))
+    assert sorted((w["kind"], w["task_id"]) for w in waiting.waiting_for) == [
+        ("event", "status_start"), ("event", "withdraw_start"), ("user_task", "send_documents")]
+    done = engine.send_event(engine.load(waiting.id), "withdraw", {"reason": "moved"})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"registered": True, "requests": [], "withdrawal": {"reason": "moved"},
+                                    "decision": "withdrawn: moved"}
+    wf = plain_sending(MESSAGE_EVENT_SUB, [("withdraw", {"reason": "moved"})])
+    assert path_of(done.workflow) == path_of(wf)
+    assert not wf.is_completed()
+    assert [t.task_spec.bpmn_id for t in wf.get_tasks(state=TaskState.READY, manual=True)] == ["send_documents"]
+
+
+def test_a_message_starts_a_non_interrupting_event_sub_process_each_time_it_comes(tmp_path: Path) -> None:
+    """Two status requests while the person works: each runs the event sub-process once and reads
+    the list the run before it wrote (plain SpiffWorkflow hands the event sub-process the data of
+    the process's start and fails on ``requests``, asserted); the person's answer ends the process."""
+    engine = Engine(store="sqlite:///" + str(tmp_path / "lf.db"))
+    instance = engine.run(engine.start(load_process([MESSAGE_EVENT_SUB]), {}))
+    for who in ("ann", "bob"):
+        instance = engine.send_event(engine.load(instance.id), "status_request", {"who": who})
+        assert instance.status == "waiting", instance.error
+    assert variables(instance.main)["requests"] == ["ann", "bob"]
+    done = engine.complete_user_task(instance, "send_documents", {"documents": True})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"registered": True, "requests": ["ann", "bob"], "asked": {"who": "bob"},
+                                    "documents": True, "decision": "accepted"}
+    assert Counter(path_of(done.workflow))["reply"] == 2
+    with pytest.raises(Exception, match="name 'requests' is not defined"):
+        plain_sending(MESSAGE_EVENT_SUB, [("status_request", {"who": "ann"})])
+
+
+# -- standard_loop.bpmn: testBefore, loopMaximum; a pass that throws an error ---------------------
+
+STANDARD_LOOP = HERE / "standard_loop_test_before.bpmn"
+LOOP_ERROR = HERE / "standard_loop_error.bpmn"
+
+
+@pytest.mark.parametrize("data, expected", [
+    ({"deposit": 0, "rate": 100, "target": 350}, {"balance": 484, "months": 4, "reviews": 2}),
+    ({"deposit": 500, "rate": 100, "target": 350}, {"balance": 605, "months": 0, "reviews": 2}),
+    ({"deposit": 0, "rate": 10, "target": 1000}, {"balance": 145, "months": 12, "reviews": 2}),
+    ({"deposit": 0, "rate": 1000, "target": 300}, {"balance": 1100, "months": 1, "reviews": 1}),
+], ids=["loops-until-the-target", "test-before-never-runs", "loop-maximum", "do-while-runs-once"])
+def test_standard_loops_tested_before_or_after_each_pass_run_as_in_plain_spiffworkflow(
+        data: dict[str, Any], expected: dict[str, Any]) -> None:
+    """The loopCondition keeps the loop going while it holds (BPMN; SpiffWorkflow reads it so):
+    tested before each pass, a condition false at once runs no pass; tested after (the default),
+    one pass at least; loopMaximum caps both."""
+    instance, wf = agree(STANDARD_LOOP, data)
+    assert variables(instance.main) == {**data, **expected}
+    assert path_of(wf).count("save_monthly") == expected["months"] + 1  # the passes and the loop task
+
+
+def test_a_looped_sub_process_whose_pass_throws_an_error_stops_at_its_boundary_event() -> None:
+    """The second pass ends in an error end event: the error boundary event on the looped
+    sub-process interrupts the loop, and its path reads what the passes wrote. Plain SpiffWorkflow
+    3.2 fails on its own task tree (``TaskNotFoundException``, asserted); without the error both
+    engines loop four times."""
+    assert problems(LOOP_ERROR) == []
+    instance = run(LOOP_ERROR, {"fail_at": 2})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"fail_at": 2, "done": [0, 1], "failed_after": 2}
+    assert path_of(instance.workflow)[-4:] == ["batch", "on_bad", "handle", "end2"]
+    assert path_of(instance.workflow).count("do_one") == 2
+    with pytest.raises(Exception, match="was not found"):
+        run_plain(LOOP_ERROR, {"fail_at": 2}, {})
+    instance, _ = agree(LOOP_ERROR, {"fail_at": 9})
+    assert variables(instance.main)["done"] == [0, 1, 2, 3]
+
+
+# -- multi-instance activities: cardinality and completion conditions -----------------------------
+
+CARDINALITY = HERE / "mi_cardinality_completion.bpmn"
+VETO = HERE / "mi_parallel_veto.bpmn"
+
+
+@pytest.mark.parametrize("data, quotes", [
+    ({"suppliers": 4, "step": 100, "budget": 750}, [1000, 900, 800, 700]),
+    ({"suppliers": 2, "step": 10, "budget": 750}, [1000, 990, 980]),
+    ({"suppliers": -1, "step": 10, "budget": 750}, []),
+], ids=["completes-early", "runs-every-instance", "no-instance"])
+def test_instances_counted_by_a_cardinality_stop_at_the_completion_condition(
+        data: dict[str, Any], quotes: list[int]) -> None:
+    instance, _ = agree(CARDINALITY, data)
+    assert variables(instance.main)["quotes"] == quotes
+    assert [c["n"] for c in variables(instance.main)["checks"]] == list(range(len(quotes)))
+
+
+def plain_votes(ballots: dict[str, str], order: list[str]) -> BpmnWorkflow:
+    wf = plain_workflow(VETO, {"reviewers": list(ballots)})
+    for who in order:
+        ready = [t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.data.get("reviewer") == who]
+        if not ready:
+            break
+        ready[0].data["ballot"] = ballots[who]
+        ready[0].run()
+        wf.do_engine_steps()
+    return wf
+
+
+@pytest.mark.parametrize("order, votes, outcome", [
+    (["bob", "cy", "ann"], ["yes", "veto"], "vetoed"),
+    (["ann", "bob", "cy"], ["yes", "yes", "veto"], "vetoed"),
+], ids=["veto-second", "veto-last"])
+def test_a_veto_ends_a_parallel_vote_and_withdraws_the_ballots_not_cast(
+        order: list[str], votes: list[str], outcome: str) -> None:
+    """A parallel multi-instance user task with a completion condition: each reviewer is asked at
+    once; the veto completes the activity, the reviewers who have not voted are no longer asked,
+    and the votes cast are collected in the order they came, as in plain SpiffWorkflow."""
+    ballots = {"ann": "yes", "bob": "yes", "cy": "veto"}
+    assert problems(VETO) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([VETO]), {"reviewers": list(ballots)}))
+    assert [w["input"] for w in instance.waiting_for] == [{"reviewer": r} for r in ballots]
+    for who in order:
+        if instance.status != "waiting":
+            break
+        [mine] = [w for w in instance.waiting_for if w["input"] == {"reviewer": who}]
+        instance = engine.complete_user_task(instance, mine["id"], {"ballot": ballots[who]})
+    wf = plain_votes(ballots, order)
+    assert instance.status == "completed" and wf.is_completed(), instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == dict(wf.last_task.data) == {
+        "reviewers": ["ann", "bob", "cy"], "votes": votes, "outcome": outcome, "answered": len(votes)}
+
+
+# -- a decision table in each instance of a multi-instance sub-process ---------------------------
+
+PARCELS = HERE / "dmn_per_instance.bpmn"
+RATES = HERE / "dmn_per_instance.dmn"
+
+
+@pytest.mark.parametrize("parcels, charges", [
+    ([{"kg": 2, "zone": "EU", "count": 3}, {"kg": 7, "zone": "EU", "count": 1}, {"kg": 1, "zone": "WORLD", "count": 2}],
+     [15, 9, 50]),
+    ([], []),
+], ids=["three-parcels", "none"])
+def test_each_instance_evaluates_the_decision_over_its_own_item(parcels: list[Any], charges: list[int]) -> None:
+    """The decision table's rate stays in each instance's scope; only the output item comes back."""
+    assert problems(PARCELS) == []
+    data = {"parcels": parcels}
+    instance = run(PARCELS, data)
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"parcels": parcels, "charges": charges, "total": sum(charges)}
+    assert "rate" not in instance.main.layer(Layer.HISTORY)
+    if parcels:  # plain SpiffWorkflow parses the DMN file given to it only
+        wf = plain_workflow(PARCELS, data, dmn=RATES)
+        assert wf.is_completed() and path_of(instance.workflow) == path_of(wf)
+        assert variables(instance.main) == dict(wf.last_task.data)
+
+
+# -- escalations and terminate end events inside the instances of a multi-instance sub-process ----
+
+MI_ESCALATION = HERE / "mi_escalation_terminate.bpmn"
+
+
+@pytest.mark.parametrize("items, labels", [
+    ([{"name": "a", "kg": 3}, {"name": "b", "kg": 30}], ["a:3 sealed", "b:30 sealed"]),
+    ([{"name": "a", "kg": 3}, {"name": "b", "kg": 0}, {"name": "c", "kg": 25}], ["a:3 sealed", "b:0", "c:25 sealed"]),
+    ([], []),
+], ids=["one-escalation", "one-escalation-one-terminate", "no-items"])
+def test_a_terminate_end_event_ends_its_instance_only_and_an_escalation_runs_the_boundary_path(
+        items: list[Any], labels: list[str]) -> None:
+    """A terminate end event in one instance ends that instance (its output item is what it wrote),
+    the others run on; the escalation of an instance runs the non-interrupting boundary path."""
+    instance, wf = agree(MI_ESCALATION, {"items": items})
+    assert variables(instance.main)["labels"] == labels
+    assert path_of(wf).count("order_forklift") == (1 if items else 0)
+
+
+@pytest.mark.parametrize("sequential", [False, True], ids=["parallel", "sequential"])
+def test_the_escalation_of_each_instance_runs_the_boundary_path_once(tmp_path: Path, sequential: bool) -> None:
+    """Two instances escalate: the non-interrupting boundary event catches each (README; plain
+    SpiffWorkflow caught the first only, asserted), and the variables are plain SpiffWorkflow's."""
+    path = rewritten(tmp_path, MI_ESCALATION, [] if not sequential else [
+        ("<bpmn:multiInstanceLoopCharacteristics>", '<bpmn:multiInstanceLoopCharacteristics isSequential="true">')])
+    data = {"items": [{"name": "a", "kg": 33}, {"name": "b", "kg": 0}, {"name": "c", "kg": 25}]}
+    instance = run(path, data)
+    wf, plain_data = run_plain(path, data, {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == plain_data
+    assert Counter(path_of(instance.workflow))["order_forklift"] == 2
+    assert Counter(path_of(wf))["order_forklift"] == 1
+
+
+# -- link events inside a sub-process ------------------------------------------------------------
+
+LINKS = HERE / "link_in_subprocess.bpmn"
+
+
+def test_link_events_of_one_name_jump_within_their_own_level() -> None:
+    """The top-level throw goes on at the top-level catch, the sub-process's throw at the
+    sub-process's catch (closing its retry loop). Plain SpiffWorkflow 3.2 ends the path at the
+    first throw and completes with nothing done (asserted)."""
+    assert problems(LINKS) == []
+    instance = run(LINKS, {"needed": 3})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"needed": 3, "tries": 3, "log": ["try 1", "try 2", "try 3"],
+                                        "summary": "try 1, try 2, try 3"}
+    assert Counter(path_of(instance.workflow))["again"] == 2
+    wf, plain_data = run_plain(LINKS, {"needed": 3}, {})
+    assert path_of(wf) == ["start", "init", "to_page_2"] and plain_data["tries"] == 0
+
+
+def test_a_link_catch_event_that_a_flow_also_enters_is_refused_naming_it(tmp_path: Path) -> None:
+    """Drawn as modelers let people draw it, the sub-process's start flows into the link catch
+    event too: validate names the catch, the flow and what to do, and nothing runs."""
+    path = rewritten(tmp_path, LINKS, [('<bpmn:sequenceFlow id="a1" sourceRef="a_start" targetRef="attempt" />',
+                                        '<bpmn:sequenceFlow id="a1" sourceRef="a_start" targetRef="again" />')])
+    [problem] = validate_process([path]).problems
+    assert (problem.code, problem.severity, problem.element_id) == ("link_flow", "error", "again")
+    for said in ("'a1'", "delete the flow", "point it at the element after 'again'"):
+        assert said in problem.message, problem.message
+
+
+# -- terminate end events at two levels ----------------------------------------------------------
+
+TERMINATE = HERE / "terminate_beside_subprocess.bpmn"
+
+
+@pytest.mark.parametrize("limit_hit, expected", [
+    (False, {"quick": "ok", "signed": True, "watched": False, "closed": True}),
+    (True, {"watched": True}),
+], ids=["sub-process-terminates", "process-terminates"])
+def test_a_terminate_end_event_ends_its_own_level(limit_hit: bool, expected: dict[str, Any]) -> None:
+    """Inside the sub-process it ends the sub-process (its person's task cancelled) and the branch
+    goes on; at the top level it ends the process and the branch that waits for a person. What the
+    terminated branch wrote is dropped with it, as in plain SpiffWorkflow."""
+    instance, _ = agree(TERMINATE, {"limit_hit": limit_hit}, {"sign_off": {"signed": True}})
+    assert variables(instance.main) == {"limit_hit": limit_hit, **expected}
+
+
+# -- transaction.bpmn: a transaction left three ways ---------------------------------------------
+
+TRANSACTION = HERE / "transaction_error_and_cancel.bpmn"
+
+
+@pytest.mark.parametrize("data, outcome", [
+    ({"stock": 5, "qty": 2, "card": "visa"}, "booked"),
+    ({"stock": 1, "qty": 2, "card": "visa"}, "cancelled"),
+    ({"stock": 5, "qty": 2, "card": "declined"}, "unpaid"),
+], ids=["done", "cancel-end-event", "error-end-event"])
+def test_a_transaction_left_by_a_cancel_or_an_error_end_event_takes_its_boundary_path(
+        data: dict[str, Any], outcome: str) -> None:
+    """The person's task in the transaction's other branch is cancelled with it; the path is plain
+    SpiffWorkflow's. The check's writes stay when the transaction is left (the branch that threw
+    keeps what it wrote, README), which plain SpiffWorkflow drops."""
+    assert problems(TRANSACTION) == []
+    answers = {"inform": {"informed": True}}
+    instance = run(TRANSACTION, data, {"user_tasks": answers})
+    wf, plain_data = run_plain(TRANSACTION, data, answers)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert plain_data["outcome"] == variables(instance.main)["outcome"] == outcome
+    if outcome == "booked":
+        assert variables(instance.main) == plain_data
+    else:
+        assert "inform" not in path_of(wf)
+        checked = {"in_stock": data["stock"] >= data["qty"], "paid": data["card"] != "declined"}
+        assert variables(instance.main) == {**plain_data, **checked}
+
+
+# -- a conditional boundary event on a sub-process ------------------------------------------------
+
+CONDITIONAL = HERE / "conditional_boundary_subprocess.bpmn"
+
+
+def test_a_conditional_boundary_event_interrupts_the_sub_process_whose_step_made_it_true() -> None:
+    """BPMN fires a conditional event as its condition comes to hold: the sub-process's own step
+    spends over the budget, and the boundary event interrupts it before its person is asked.
+    Plain SpiffWorkflow 3.2 checks the condition once, as the sub-process starts, and runs on
+    (asserted); under the budget both engines agree."""
+    assert problems(CONDITIONAL) == []
+    instance = run(CONDITIONAL, {"cost": 500})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["over_budget", "stop", "end2"]
+    assert variables(instance.main) == {"cost": 500, "budget_used": 500, "stopped": True}
+    wf, _ = run_plain(CONDITIONAL, {"cost": 500}, {"review": {"ok": True}})
+    assert "over_budget" not in path_of(wf) and path_of(wf)[-1] == "end"
+    agree(CONDITIONAL, {"cost": 50}, {"review": {"ok": True}})
+
+
+# -- two pools that answer each other ------------------------------------------------------------
+
+POOLS = HERE / "pools_event_gateway_reply.bpmn"
+
+
+def plain_collaboration(data: dict[str, Any]) -> BpmnWorkflow:
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(POOLS))
+    spec, subprocesses = parser.get_collaboration("ordering")
+    wf = BpmnWorkflow(spec, subprocesses)
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    return wf
+
+
+@pytest.mark.parametrize("qty, customer, supplier", [
+    (3, {"confirmation": {"delivery": "monday"}, "customer_result": "expect monday"},
+     {"available": True, "delivery": "monday"}),
+    (9, {"customer_result": "look elsewhere"}, {"available": False, "delivery": None}),
+], ids=["confirmed", "declined"])
+def test_a_message_end_event_of_one_pool_takes_the_other_pools_event_gateway_path(
+        qty: int, customer: dict[str, Any], supplier: dict[str, Any]) -> None:
+    """The customer's send task starts the supplier's process; the supplier answers with one of two
+    message end events, and the customer's event-based gateway goes on with the one that came.
+    Each pool's context holds what plain SpiffWorkflow's pool holds; the instance's, both."""
+    data = {"item": "gear", "qty": qty, "stock": 5}
+    assert problems(POOLS) == []
+    instance = run(POOLS, data)
+    wf = plain_collaboration(data)
+    assert instance.status == "completed" and wf.is_completed(), instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    pools = {sp.spec.name: dict(sp.last_task.data) for sp in wf.subprocesses.values()}
+    order = {"order": {"item": "gear", "qty": qty}}
+    assert pools == {"customer": {**data, **customer}, "supplier": {**data, **order, **supplier}}
+    by_pool = {name.split("/")[1].split("@")[0]: variables(ctx) for name, ctx in instance.contexts.items() if "/" in name}
+    assert by_pool == pools
+    assert variables(instance.main) == {**data, **customer, **order, **supplier}
+
+
+def test_a_payload_and_variable_on_the_bpmn_message_are_refused_naming_each_catch(tmp_path: Path) -> None:
+    """As the examples often draw it, the payload sits on the bpmn:message beside the catch's
+    messageVariable: SpiffWorkflow reads the message's settings only and the variable would never
+    be set. validate names each catch and what to move where; nothing runs."""
+    path = rewritten(tmp_path, POOLS, [
+        ('<bpmn:message id="msg_order" name="order" />',
+         '<bpmn:message id="msg_order" name="order"><bpmn:extensionElements><spiffworkflow:messagePayload>'
+         '{"item": item, "qty": qty}</spiffworkflow:messagePayload></bpmn:extensionElements></bpmn:message>')])
+    [problem] = validate_process([path]).problems
+    assert (problem.code, problem.element_id, problem.field) == ("message_extension_shadowed", "order_in",
+                                                                 "messageVariable")
+    assert "'msg_order'" in problem.message and "move the bpmn:message's" in problem.message
+    with pytest.raises(Exception, match="message_extension_shadowed|never read"):
+        load_process([path])
+
+
+# -- a Camunda Modeler export drawn to explain the process ---------------------------------------
+
+EXPORT = HERE / "camunda_export_diagram_only.bpmn"
+
+
+def test_an_explanatory_camunda_export_warns_of_is_executable_and_runs_its_people_s_steps() -> None:
+    """No isExecutable (a warning saying what to add), lanes, an annotation and its association, a
+    group, a data store and a data object that nothing reads or writes: diagram only, no problem.
+    The manual tasks and the plain task wait for people; answered, the process runs as in plain
+    SpiffWorkflow."""
+    [warned] = validate_process([EXPORT]).problems
+    assert (warned.code, warned.severity, warned.element_id) == (
+        "process_executable_unset", "warning", "Process_goods_in")
+    assert 'isExecutable="true"' in warned.message
+    waiting = run(EXPORT, {})
+    assert [w["task_id"] for w in waiting.waiting_for] == ["Activity_unload"]
+    answers = {"Activity_unload": {}, "Activity_sign": {"signed": True}, "Activity_count": {"pallets": 12}}
+    instance = run(EXPORT, {}, {"user_tasks": answers})
+    wf, plain_data = run_plain(EXPORT, {}, answers)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == plain_data == {"signed": True, "pallets": 12, "booked": 12}
+
+
+# -- io_spec.bpmn: a process that declares its own data inputs ------------------------------------
+
+PROCESS_IO = HERE / "process_io_specification.bpmn"
+
+
+def test_a_process_with_its_data_inputs_given_runs_as_in_plain_spiffworkflow() -> None:
+    instance, _ = agree(PROCESS_IO, {"in_1": 2, "in_2": 3})
+    assert variables(instance.main) == {"in_1": 2, "in_2": 3, "out_1": 5, "out_2": 6, "scratch": 7}
+
+
+def test_start_data_without_a_declared_data_input_is_refused_naming_it_before_anything_runs() -> None:
+    """The process's ioSpecification declares in_1 and in_2; started with in_1 only, the instance ran
+    until its script failed on ``in_2`` (plain SpiffWorkflow does the same, asserted), a NameError
+    that says nothing of the declaration. It is refused at the start, as start data that does not
+    fit a start form is: naming the process, the input missing and what to give; no instance exists."""
+    with pytest.raises(Exception, match="name 'in_2' is not defined"):
+        run_plain(PROCESS_IO, {"in_1": 2}, {})
+    engine = Engine(store="memory://")
+    with pytest.raises(StartDataInvalid) as refused:
+        engine.start(load_process([PROCESS_IO]), {"in_1": 2})
+    message = str(refused.value)
+    for said in ("process 'rate_inputs'", "lacks the data input 'in_2' that its bpmn:ioSpecification in",
+                 "process_io_specification.bpmn", "give it in the start data", "no instance was created"):
+        assert said in message, message
+    assert refused.value.to_dict()["problems"] == [{"field": "in_2", "problem": "is missing"}]
+    assert engine.store.list() == []
+
+
+def test_layerflow_run_refuses_start_data_without_a_declared_data_input_with_exit_2(cli) -> None:  # noqa: F811
+    result = cli("run", str(PROCESS_IO), "--data", json.dumps({"in_2": 3}), "--json")
+    assert result.exit_code == 2, result.output
+    document = json.loads(result.stdout)
+    assert document["status"] == "error" and document["error"]["kind"] == "invalid_answer"
+    assert document["instance_id"] is None and "'in_1'" in document["error"]["message"], document["error"]
+    assert json.loads(cli("list", "--json").stdout) == []
+    done = cli("run", str(PROCESS_IO), "--data", json.dumps({"in_1": 1, "in_2": 3}), "--json")
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["status"] == "completed"
+
+
+def test_a_data_input_the_config_fixes_in_system_needs_no_start_data(tmp_path: Path) -> None:
+    """A declared input the process's config holds in SYSTEM (L0) is there from the start."""
+    config = tmp_path / "rate_inputs.layerflow.yaml"
+    config.write_text("system:\n  in_2: 10\n", encoding="utf-8")
+    engine = Engine(store="memory://")
+    done = engine.run(engine.start(load_process([PROCESS_IO], config=config), {"in_1": 2}))
+    assert done.status == "completed", done.error
+    assert thaw(done.main.resolve("out_2")) == 20
