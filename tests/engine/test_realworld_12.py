@@ -579,3 +579,91 @@ def test_a_data_input_the_config_fixes_in_system_needs_no_start_data(tmp_path: P
     done = engine.run(engine.start(load_process([PROCESS_IO], config=config), {"in_1": 2}))
     assert done.status == "completed", done.error
     assert thaw(done.main.resolve("out_2")) == 20
+
+
+# -- one escalation or error, one catch: the nearest, and its own code before a catch-all ----------
+
+BOUNDARY_BESIDE_EVENT_SUB = [("    <bpmn:sequenceFlow id=\"f2\" sourceRef=\"deliver\" targetRef=\"close\" />", """\
+    <bpmn:sequenceFlow id="f2" sourceRef="deliver" targetRef="close" />
+    <bpmn:boundaryEvent id="on_late_boundary" attachedToRef="deliver" cancelActivity="false">
+      <bpmn:escalationEventDefinition escalationRef="esc_late" />
+    </bpmn:boundaryEvent>
+    <bpmn:sequenceFlow id="fb" sourceRef="on_late_boundary" targetRef="boundary_note" />
+    <bpmn:scriptTask id="boundary_note"><bpmn:script>boundary_seen = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:sequenceFlow id="fb2" sourceRef="boundary_note" targetRef="boundary_end" />
+    <bpmn:endEvent id="boundary_end" />""")]
+AS_ERRORS = [('<bpmn:escalation id="esc_late" name="late" escalationCode="late" />',
+              '<bpmn:error id="err_late" name="late" errorCode="late" />'),
+             ('escalationEventDefinition escalationRef="esc_late"', 'errorEventDefinition errorRef="err_late"'),
+             (' cancelActivity="false"', ''), (' isInterrupting="false"', '')]
+
+
+@pytest.mark.parametrize("days", [2, 5], ids=["thrown-in-a-branch", "ends-the-sub-process"])
+def test_an_escalation_caught_by_the_sub_process_s_boundary_event_starts_no_event_sub_process_around(
+        tmp_path: Path, days: int) -> None:
+    """An escalation is caught once, by the nearest catch (BPMN; Camunda: "caught by one catch event
+    at most, ... in the nearest parent flow scope"): the boundary event on the sub-process the
+    escalation is thrown in, before the event sub-process of the process around it. layerflow ran
+    both paths."""
+    path = rewritten(tmp_path, ESCALATION_EVENT_SUB, BOUNDARY_BESIDE_EVENT_SUB)
+    assert problems(path) == []
+    instance = run(path, {"days": days})
+    assert instance.status == "completed", instance.error
+    taken = path_of(instance.workflow)
+    assert "boundary_note" in taken and "notify" not in taken and "late_start" not in taken
+    assert variables(instance.main) == {"days": days, "eta": 2 * days, "boundary_seen": True, "closed": True,
+                                        **({"packed": True} if days == 2 else {})}
+
+
+@pytest.mark.parametrize("days", [2, 5], ids=["thrown-in-a-branch", "ends-the-sub-process"])
+def test_an_error_caught_by_the_sub_process_s_boundary_event_does_not_interrupt_the_process(
+        tmp_path: Path, days: int) -> None:
+    """The same with an error end event, an interrupting error boundary event on the sub-process and
+    an error event sub-process in the process: the boundary event catches it and the process goes
+    on along its path. layerflow started the event sub-process, which interrupted the whole process
+    (the boundary path never ran)."""
+    path = rewritten(tmp_path, ESCALATION_EVENT_SUB, BOUNDARY_BESIDE_EVENT_SUB + AS_ERRORS)
+    assert problems(path) == []
+    instance = run(path, {"days": days})
+    assert instance.status == "completed", instance.error
+    taken = path_of(instance.workflow)
+    assert taken[-2:] == ["boundary_note", "boundary_end"] and "notify" not in taken and "close" not in taken
+    assert variables(instance.main) == {"days": days, "eta": 2 * days, "boundary_seen": True}
+
+
+CATCH_ALL_BESIDE = [('    <bpmn:boundaryEvent id="on_limit" attachedToRef="check_order">', """\
+    <bpmn:boundaryEvent id="on_any" attachedToRef="check_order" cancelActivity="false">
+      <bpmn:escalationEventDefinition />
+    </bpmn:boundaryEvent>
+    <bpmn:sequenceFlow id="f_any" sourceRef="on_any" targetRef="note_any" />
+    <bpmn:scriptTask id="note_any" name="Note any escalation">
+      <bpmn:script>any_seen = True</bpmn:script>
+    </bpmn:scriptTask>
+    <bpmn:sequenceFlow id="f_any_end" sourceRef="note_any" targetRef="any_end" />
+    <bpmn:endEvent id="any_end" />
+    <bpmn:boundaryEvent id="on_limit" attachedToRef="check_order">""")]
+
+
+@pytest.mark.parametrize("amount, any_seen, refused", [(20, 0, False), (200, 0, False), (2000, 0, True)],
+                         ids=["none", "review", "review-and-limit"])
+def test_a_catch_all_escalation_boundary_event_catches_only_what_no_event_of_its_code_catches(
+        tmp_path: Path, amount: int, any_seen: int, refused: bool) -> None:
+    """Beside the boundary events of the escalations' codes, one with no escalation catches any
+    other: each escalation runs one path, the one of its code (Camunda: a catch event of the code
+    wins over a catch-all in one scope; layerflow's rule for errors). layerflow (and plain
+    SpiffWorkflow, asserted) ran the catch-all's path too for every escalation."""
+    path = rewritten(tmp_path, ESCALATIONS, CATCH_ALL_BESIDE)
+    assert problems(path) == []
+    instance = run(path, {"amount": amount})
+    assert instance.status == "completed", instance.error
+    taken = Counter(path_of(instance.workflow))
+    assert taken["note_any"] == any_seen and taken["note_review"] == (amount > 50)
+    assert taken["refuse"] == refused and taken["ship"] == (not refused)
+    wf, _ = run_plain(path, {"amount": amount}, {})
+    assert Counter(path_of(wf))["note_any"] == (1 if amount > 50 else 0)
+    (tmp_path / "only").mkdir()
+    on_review = ('<bpmn:boundaryEvent id="on_review" attachedToRef="check_order" cancelActivity="false">\n'
+                 '      <bpmn:escalationEventDefinition escalationRef="esc_review" />')
+    path_any_only = rewritten(tmp_path / "only", path, [(on_review, on_review.replace("esc_review", "esc_limit"))])
+    only = run(path_any_only, {"amount": 200})  # no boundary event of the review's code: the catch-all
+    assert Counter(path_of(only.workflow))["note_any"] == 1 and "note_review" not in path_of(only.workflow)
