@@ -531,6 +531,26 @@ def test_an_explanatory_camunda_export_warns_of_is_executable_and_runs_its_peopl
     assert variables(instance.main) == plain_data == {"signed": True, "pallets": 12, "booked": 12}
 
 
+def test_a_task_that_reads_the_drawn_data_store_is_refused_naming_the_task_and_the_store(tmp_path: Path) -> None:
+    """Drawn with the data association Camunda Modeler adds when the store is connected to a task:
+    SpiffWorkflow needs a class registered for the store, and layerflow registers none. validate
+    names the task, the store and what to do; the same data store left unconnected (above) is no
+    problem."""
+    path = rewritten(tmp_path, EXPORT, [("""      <bpmn:outgoing>Flow_8</bpmn:outgoing>
+      <bpmn:script>""", """      <bpmn:outgoing>Flow_8</bpmn:outgoing>
+      <bpmn:property id="Property_0stock" name="__targetRef_placeholder" />
+      <bpmn:dataInputAssociation id="DataInputAssociation_0stock">
+        <bpmn:sourceRef>DataStoreReference_stock</bpmn:sourceRef>
+        <bpmn:targetRef>Property_0stock</bpmn:targetRef>
+      </bpmn:dataInputAssociation>
+      <bpmn:script>""")])
+    [refused] = [p for p in validate_process([path]).problems if p.severity == "error"]
+    assert (refused.code, refused.element_id, refused.field) == (
+        "data_store_unsupported", "Activity_book", "dataInputAssociation")
+    for said in ("'Stock system'", "'DataStoreReference_stock'", "delete the association", "bpmn:dataObject"):
+        assert said in refused.message, refused.message
+
+
 # -- io_spec.bpmn: a process that declares its own data inputs ------------------------------------
 
 PROCESS_IO = HERE / "process_io_specification.bpmn"
