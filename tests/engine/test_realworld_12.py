@@ -154,6 +154,16 @@ def test_a_signal_the_process_throws_starts_its_event_sub_process_with_what_the_
     agree(SIGNAL_EVENT_SUB, {"amount": 5}, {"approve": {"ok": True}})
 
 
+def test_an_interrupting_signal_event_sub_process_ends_the_process_before_the_person_is_asked(
+        tmp_path: Path) -> None:
+    path = rewritten(tmp_path, SIGNAL_EVENT_SUB, [('isInterrupting="false"', 'isInterrupting="true"')])
+    assert problems(path) == []
+    done = run(path, {"amount": 500})
+    assert done.status == "completed", done.error
+    assert path_of(done.workflow)[-4:] == ["audit_start", "write_audit", "audit_end", "audit_log"]
+    assert variables(done.main) == {"amount": 500, "risk": "high", "audit": "risk high for 500"}
+
+
 def plain_sending(path: Path, messages: list[tuple[str, Any]]) -> BpmnWorkflow:
     wf = plain_workflow(path, {})
     for name, payload in messages:
@@ -221,6 +231,17 @@ def test_standard_loops_tested_before_or_after_each_pass_run_as_in_plain_spiffwo
     instance, wf = agree(STANDARD_LOOP, data)
     assert variables(instance.main) == {**data, **expected}
     assert path_of(wf).count("save_monthly") == expected["months"] + 1  # the passes and the loop task
+
+
+@pytest.mark.parametrize("data, reviews", [
+    ({"deposit": 0, "rate": 1000, "target": 300}, 0), ({"deposit": 0, "rate": 100, "target": 350}, 2),
+], ids=["never-runs", "runs-twice"])
+def test_a_sub_process_looped_with_test_before_may_run_no_pass(tmp_path: Path, data: dict[str, Any],
+                                                                reviews: int) -> None:
+    path = rewritten(tmp_path, STANDARD_LOOP, [('<bpmn:standardLoopCharacteristics loopMaximum="3">',
+                                                '<bpmn:standardLoopCharacteristics testBefore="true" loopMaximum="3">')])
+    instance, wf = agree(path, data)
+    assert variables(instance.main)["reviews"] == reviews == path_of(wf).count("add_interest")
 
 
 def test_a_looped_sub_process_whose_pass_throws_an_error_stops_at_its_boundary_event() -> None:
@@ -549,6 +570,43 @@ def test_a_task_that_reads_the_drawn_data_store_is_refused_naming_the_task_and_t
         "data_store_unsupported", "Activity_book", "dataInputAssociation")
     for said in ("'Stock system'", "'DataStoreReference_stock'", "delete the association", "bpmn:dataObject"):
         assert said in refused.message, refused.message
+
+
+# -- Approvals.bpmn: a BonitaSoft export whose called processes end at terminate or shared end events
+
+BONITA = HERE / "bonita_first_approval_wins.bpmn"
+BONITA_ANSWERS = [("First_Approval_Wins.Manager_Approval", {"manager": "yes"}), ("Approvals.First_Approval_Wins_Done", {}),
+                  ("Parallel_Approvals_SP.Manager_Approval", {"manager_p": True}),
+                  ("Parallel_Approvals_SP.Step1", {"operator": True}),
+                  ("Parallel_Approvals_SP.Supervisor_Approval", {"supervisor_p": True})]
+
+
+def test_a_bonita_export_runs_its_called_approvals_as_in_plain_spiffworkflow() -> None:
+    """The first approval's terminate end event ends the called process (the supervisor is no longer
+    asked), the parallel approvals meet at one end event; the ids with dots, the lanes that name
+    other ids and the black-box participant are no problem, the missing isExecutable a warning."""
+    assert problems(BONITA) == [("process_executable_unset", "warning", "Approvals")]
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([BONITA], process_id="Approvals"), {}))
+    assert [w["task_id"] for w in instance.waiting_for] == [
+        "First_Approval_Wins.Supervisor_Approval", "First_Approval_Wins.Manager_Approval"]
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(BONITA))
+    wf = BpmnWorkflow(parser.get_spec("Approvals"), parser.get_subprocess_specs("Approvals"))
+    wf.do_engine_steps()
+    for task_id, answer in BONITA_ANSWERS:
+        instance = engine.complete_user_task(instance, task_id, answer)
+        [ready] = [t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id]
+        ready.data.update(answer)
+        ready.run()
+        wf.do_engine_steps()
+        assert sorted(w["task_id"] for w in instance.waiting_for) == sorted(
+            t.task_spec.bpmn_id for t in wf.get_tasks(state=TaskState.READY, manual=True))
+    assert instance.status == "completed" and wf.is_completed(), instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert "First_Approval_Wins.Supervisor_Approved" not in path_of(wf)
+    assert variables(instance.main) == dict(wf.last_task.data) == {
+        "manager": "yes", "manager_p": True, "operator": True, "supervisor_p": True}
 
 
 # -- io_spec.bpmn: a process that declares its own data inputs ------------------------------------
