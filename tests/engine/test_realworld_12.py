@@ -609,6 +609,56 @@ def test_a_bonita_export_runs_its_called_approvals_as_in_plain_spiffworkflow() -
         "manager": "yes", "manager_p": True, "operator": True, "supervisor_p": True}
 
 
+# -- Camunda 8's message subscription, user task schedule and FEEL script task ---------------------
+
+CAMUNDA8 = HERE / "camunda8_message_subscription.bpmn"
+FEEL_LINE = '<bpmn:script>orderKey = "order-" + str(orderNumber)</bpmn:script>'
+
+
+def test_a_zeebe_script_beside_its_python_script_is_told_as_not_run_and_the_python_runs() -> None:
+    """The export carries the FEEL script (zeebe:script) and the Python one (bpmn:script): the warning
+    says the bpmn:script runs in its place; it told to write the FEEL line, rewritten, as a bpmn:script
+    the task already had. Camunda 8's other settings (subscription, schedule, priority, properties,
+    versionTag) change nothing here: the message is sent to the instance that waits for it."""
+    [warned] = validate_process([CAMUNDA8]).problems
+    assert (warned.code, warned.severity, warned.element_id) == ("foreign_extension", "warning", "Activity_key")
+    assert "zeebe:script" in warned.message and "its bpmn:script runs" in warned.message, warned.message
+    assert "write '" not in warned.message, warned.message
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([CAMUNDA8]), {"orderNumber": 7}))
+    assert [(w["task_id"], w.get("event")) for w in waiting.waiting_for] == [("Event_paid", "payment_received")]
+    paid = engine.send_event(waiting, "payment_received", {"amount": 12})
+    done = engine.complete_user_task(paid, "Activity_check", {"checked": True})
+    assert done.status == "completed", done.error
+    assert variables(done.main) == {"orderNumber": 7, "orderKey": "order-7", "amount": 12, "checked": True}
+    wf = plain_workflow(CAMUNDA8, {"orderNumber": 7})
+    wf.send_event(BpmnEvent(MessageEventDefinition("payment_received"), {"amount": 12}))
+    wf.do_engine_steps()
+    [check] = wf.get_tasks(state=TaskState.READY, manual=True)
+    check.data["checked"] = True
+    check.run()
+    wf.do_engine_steps()
+    assert wf.is_completed() and path_of(done.workflow) == path_of(wf)
+
+
+def test_the_python_told_for_a_zeebe_script_alone_is_python_that_runs(tmp_path: Path) -> None:
+    """Without the bpmn:script the warning writes the FEEL expression as the Python line to write:
+    FEEL's string() was left in it (NameError: name 'string' is not defined); it is str() now, and
+    the line written as told runs."""
+    alone = rewritten(tmp_path, CAMUNDA8, [("      " + FEEL_LINE + "\n", "")])
+    [empty, warned] = sorted(validate_process([alone]).problems, key=lambda p: p.code, reverse=True)
+    assert (empty.code, empty.element_id, warned.code) == ("no_implementation", "Activity_key", "foreign_extension")
+    told = 'write \'orderKey = "order-" + str(orderNumber)\' as its bpmn:script'
+    assert told in warned.message, warned.message
+    (tmp_path / "fixed").mkdir()
+    fixed = rewritten(tmp_path / "fixed", alone, [("      </bpmn:extensionElements>\n    </bpmn:scriptTask>",
+                                                   "      </bpmn:extensionElements>\n      " + FEEL_LINE
+                                                   + "\n    </bpmn:scriptTask>")])
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([fixed]), {"orderNumber": 7}))
+    assert waiting.status == "waiting" and variables(waiting.main)["orderKey"] == "order-7"
+
+
 # -- io_spec.bpmn: a process that declares its own data inputs ------------------------------------
 
 PROCESS_IO = HERE / "process_io_specification.bpmn"
