@@ -528,6 +528,24 @@ def test_a_payload_and_variable_on_the_bpmn_message_are_refused_naming_each_catc
         load_process([path])
 
 
+def test_a_pool_run_alone_sends_to_the_outside_and_waits_for_the_answer_from_there(tmp_path: Path) -> None:
+    """The supplier's process not executable, the customer's runs alone (a collaboration runs only
+    its executable pools): the order leaves the instance (``messages_out``), the answer is sent from
+    outside; validate has nothing to say of a pool run alone, as of a black-box pool."""
+    path = rewritten(tmp_path, POOLS, [('<bpmn:process id="supplier" isExecutable="true">',
+                                        '<bpmn:process id="supplier" isExecutable="false">')])
+    report = validate_process([path])
+    assert report.ok and report.process_id == "customer" and not report.problems
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([path]), {"item": "gear", "qty": 3}))
+    assert sorted(w["event"] for w in waiting.waiting_for) == ["confirmed", "declined"]
+    [sent] = waiting.messages_out()
+    assert (sent["name"], sent["element_id"], sent["payload"]) == ("order", "send_order", {"item": "gear", "qty": 3})
+    done = engine.send_event(waiting, "confirmed", {"delivery": "friday"})
+    assert done.status == "completed", done.error
+    assert variables(done.main)["customer_result"] == "expect friday"
+
+
 # -- a Camunda Modeler export drawn to explain the process ---------------------------------------
 
 EXPORT = HERE / "camunda_export_diagram_only.bpmn"
