@@ -993,14 +993,10 @@ def start_forms(spec: Any, subprocess_specs: Mapping[str, Any] | None = None
     """(start event id, form, its process's spec) of every form the start data must fit: the process's none start
     event's, or in a collaboration each pool's whose none start event starts with the instance
     (``subprocess_specs`` holds the pools' processes)."""
-    specs = [spec]
-    if is_collaboration(spec) and subprocess_specs:
-        specs = [subprocess_specs[ts.spec] for ts in spec.task_specs.values()
-                 if isinstance(ts, SubWorkflowTask) and ts.spec in subprocess_specs]
     out = []
-    for each in specs:
+    for each in _started_processes(spec, subprocess_specs):
         for ts in each.task_specs.values():
-            if isinstance(ts, StartEvent) and type(getattr(ts, "event_definition", None)) is NoneEventDefinition:
+            if _is_none_start(ts):
                 form = (getattr(ts, "extensions", None) or {}).get("form")
                 if isinstance(form, dict):
                     out.append((str(ts.bpmn_id), form, each))
@@ -1013,17 +1009,24 @@ def start_data_inputs(spec: Any, subprocess_specs: Mapping[str, Any] | None = No
     the inputs of: the process run, or in a collaboration each pool's, when a none start event starts it
     with the instance. A process that only an event starts (a message start event) gets its data with
     that event, so its inputs are not asked of the start data."""
-    specs = [spec]
-    if is_collaboration(spec) and subprocess_specs:
-        specs = [subprocess_specs[ts.spec] for ts in spec.task_specs.values()
-                 if isinstance(ts, SubWorkflowTask) and ts.spec in subprocess_specs]
     out = []
-    for each in specs:
+    for each in _started_processes(spec, subprocess_specs):
         inputs = io_names(each, "data_inputs")
-        if inputs and any(isinstance(ts, StartEvent) and type(getattr(ts, "event_definition", None)) is NoneEventDefinition
-                          for ts in each.task_specs.values()):
+        if inputs and any(_is_none_start(ts) for ts in each.task_specs.values()):
             out.append((each, inputs))
     return out
+
+
+def _started_processes(spec: Any, subprocess_specs: Mapping[str, Any] | None) -> list[Any]:
+    """The process run, or in a collaboration the processes of its pools."""
+    if is_collaboration(spec) and subprocess_specs:
+        return [subprocess_specs[ts.spec] for ts in spec.task_specs.values()
+                if isinstance(ts, SubWorkflowTask) and ts.spec in subprocess_specs]
+    return [spec]
+
+
+def _is_none_start(spec: Any) -> bool:
+    return isinstance(spec, StartEvent) and type(getattr(spec, "event_definition", None)) is NoneEventDefinition
 
 
 def caught_in_scope(spec: Any) -> bool:

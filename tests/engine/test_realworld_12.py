@@ -34,11 +34,11 @@ from context_layers import Layer, thaw
 from engine import Engine, StartDataInvalid, load_process
 from engine.validate import validate_process
 
-from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
-from engine_helpers import path_of, run_plain, variables
+from engine_helpers import cli_in_a_tmp_store, path_of, run_plain, variables
 from test_realworld_4 import rewritten
 
 HERE = Path(__file__).resolve().parent / "realworld12"
+cli = cli_in_a_tmp_store  # the fixture "cli", here too
 
 
 def problems(path: Path) -> list[tuple[str, str, str | None]]:
@@ -705,7 +705,7 @@ def test_start_data_without_a_declared_data_input_is_refused_naming_it_before_an
     assert engine.store.list() == []
 
 
-def test_layerflow_run_refuses_start_data_without_a_declared_data_input_with_exit_2(cli) -> None:  # noqa: F811
+def test_layerflow_run_refuses_start_data_without_a_declared_data_input_with_exit_2(cli: Any) -> None:
     result = cli("run", str(PROCESS_IO), "--data", json.dumps({"in_2": 3}), "--json")
     assert result.exit_code == 2, result.output
     document = json.loads(result.stdout)
