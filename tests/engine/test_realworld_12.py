@@ -453,6 +453,38 @@ def test_a_transaction_left_by_a_cancel_or_an_error_end_event_takes_its_boundary
         assert variables(instance.main) == {**plain_data, **checked}
 
 
+# -- compensation, as Camunda's trip booking draws it -----------------------------------------------
+
+COMPENSATION = HERE / "compensation_trip.bpmn"
+
+
+def test_compensation_is_refused_naming_each_event_and_the_undo_to_draw_as_flow(tmp_path: Path) -> None:
+    """SpiffWorkflow 3.2 cannot load the compensation boundary event and reads the throw as a plain
+    event: validate names both, the undo task, and what to draw; drawn so, the undo runs on the
+    failure path, as in plain SpiffWorkflow."""
+    found = {p.element_id: p for p in validate_process([COMPENSATION]).problems}
+    assert sorted((p.code, p.severity, e) for e, p in found.items()) == [
+        ("compensation_unsupported", "error", "undo"), ("compensation_unsupported", "error", "undo_hotel_b")]
+    for problem in found.values():
+        for said in ("'cancel_hotel'", 'isForCompensation="false"', "draw the undo as part of the flow"):
+            assert said in problem.message, problem.message
+    drawn = rewritten(tmp_path, COMPENSATION, [
+        ('    <bpmn:boundaryEvent id="undo_hotel_b" attachedToRef="book_hotel">\n'
+         '      <bpmn:compensateEventDefinition />\n    </bpmn:boundaryEvent>\n', ""),
+        ('isForCompensation="true"', 'isForCompensation="false"'),
+        ('<bpmn:sequenceFlow id="f_bad" sourceRef="ok" targetRef="undo">',
+         '<bpmn:sequenceFlow id="f_bad" sourceRef="ok" targetRef="cancel_hotel">'),
+        ('<bpmn:sequenceFlow id="f4" sourceRef="undo" targetRef="end_undone" />',
+         '<bpmn:sequenceFlow id="f4" sourceRef="cancel_hotel" targetRef="end_undone" />'),
+        ('    <bpmn:intermediateThrowEvent id="undo" name="Undo the booking">\n'
+         '      <bpmn:compensateEventDefinition />\n    </bpmn:intermediateThrowEvent>\n', ""),
+        ('    <bpmn:association id="a1" associationDirection="One" sourceRef="undo_hotel_b" targetRef="cancel_hotel" />\n',
+         "")])
+    for card_ok, hotel in ((False, "cancelled"), (True, "booked")):
+        instance, _ = agree(drawn, {"card_ok": card_ok})
+        assert variables(instance.main) == {"card_ok": card_ok, "hotel": hotel, "paid": card_ok}
+
+
 # -- a conditional boundary event on a sub-process ------------------------------------------------
 
 CONDITIONAL = HERE / "conditional_boundary_subprocess.bpmn"
