@@ -759,6 +759,56 @@ def test_a_data_input_the_config_fixes_in_system_needs_no_start_data(tmp_path: P
     assert thaw(done.main.resolve("out_2")) == 20
 
 
+RETHROW = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="defs_rethrow" targetNamespace="http://bpmn.io/schema/bpmn">
+  <bpmn:error id="err_a" errorCode="A" />
+  <bpmn:error id="err_b" errorCode="B" />
+  <bpmn:process id="rethrow" isExecutable="true">
+    <bpmn:startEvent id="start" />
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="s" />
+    <bpmn:subProcess id="s">
+      <bpmn:startEvent id="s_start" />
+      <bpmn:sequenceFlow id="s1" sourceRef="s_start" targetRef="work" />
+      <bpmn:scriptTask id="work"><bpmn:script>tried = True</bpmn:script></bpmn:scriptTask>
+      <bpmn:sequenceFlow id="s2" sourceRef="work" targetRef="fail_a" />
+      <bpmn:endEvent id="fail_a"><bpmn:errorEventDefinition errorRef="err_a" /></bpmn:endEvent>
+      <bpmn:subProcess id="handler" triggeredByEvent="true">
+        <bpmn:startEvent id="h_start"><bpmn:errorEventDefinition errorRef="err_a" /></bpmn:startEvent>
+        <bpmn:sequenceFlow id="h1" sourceRef="h_start" targetRef="log_a" />
+        <bpmn:scriptTask id="log_a"><bpmn:script>logged_a = True</bpmn:script></bpmn:scriptTask>
+        <bpmn:sequenceFlow id="h2" sourceRef="log_a" targetRef="fail_b" />
+        <bpmn:endEvent id="fail_b"><bpmn:errorEventDefinition errorRef="err_b" /></bpmn:endEvent>
+      </bpmn:subProcess>
+    </bpmn:subProcess>
+    <bpmn:boundaryEvent id="on_b" attachedToRef="s"><bpmn:errorEventDefinition errorRef="err_b" /></bpmn:boundaryEvent>
+    <bpmn:sequenceFlow id="f2" sourceRef="on_b" targetRef="recover" />
+    <bpmn:scriptTask id="recover"><bpmn:script>recovered = True</bpmn:script></bpmn:scriptTask>
+    <bpmn:sequenceFlow id="f3" sourceRef="recover" targetRef="end_b" />
+    <bpmn:endEvent id="end_b" />
+    <bpmn:sequenceFlow id="f4" sourceRef="s" targetRef="end" />
+    <bpmn:endEvent id="end" />
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+def test_an_error_event_sub_process_that_ends_in_another_error_hands_it_to_the_boundary_event_around(
+        tmp_path: Path) -> None:
+    """The sub-process's error A starts its error event sub-process, which ends in error B, caught by
+    the boundary event on the sub-process: the handler ran after the work, and the process recovers.
+    Plain SpiffWorkflow 3.2 starts the error event sub-process at once, before the work (asserted)."""
+    path = tmp_path / "rethrow.bpmn"
+    path.write_text(RETHROW, encoding="utf-8")
+    assert problems(path) == []
+    instance = run(path, {})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "s_start", "work", "fail_a", "h_start", "log_a", "fail_b",
+                                          "handler", "s", "on_b", "recover", "end_b"]
+    assert variables(instance.main) == {"tried": True, "logged_a": True, "recovered": True}
+    wf, plain_data = run_plain(path, {}, {})
+    assert path_of(wf)[:2] == ["start", "h_start"] and plain_data == {"recovered": True}
+
+
 # -- one escalation or error, one catch: the nearest, and its own code before a catch-all ----------
 
 BOUNDARY_BESIDE_EVENT_SUB = [("    <bpmn:sequenceFlow id=\"f2\" sourceRef=\"deliver\" targetRef=\"close\" />", """\
