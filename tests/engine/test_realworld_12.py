@@ -11,7 +11,9 @@ instances of one, link events inside a sub-process, terminate end events at two 
 transaction left by a cancel or an error end event, a conditional boundary event, two pools that
 answer each other through message end events and an event-based gateway, a Camunda Modeler export
 drawn only to explain (no isExecutable, lanes, annotations, a group, an unconnected data store),
-and a process that declares its own data inputs. Each is redrawn small in
+compensation as Camunda's trip booking draws it, a Camunda 8 export (message subscription, FEEL
+script task beside its Python one), a BonitaSoft export (SpiffWorkflow's ``Approvals.bpmn``) and a
+process that declares its own data inputs. Each is redrawn small in
 ``tests/engine/realworld12/`` (the file says where it comes from); where plain SpiffWorkflow 3.2 runs a
 shape as BPMN means it, a case runs it there too and the path and the variables must agree; where
 it does not, what plain SpiffWorkflow does is asserted too, so a SpiffWorkflow that changes shows."""
