@@ -193,6 +193,30 @@ class StartDataInvalid(FormAnswerInvalid):
                                + "; no instance was created: correct the data and start again", task_id=event_id)
 
 
+class StartInputsMissing(StartDataInvalid):
+    """The process run (in a collaboration, a pool that starts with the instance) declares data inputs
+    in a ``bpmn:ioSpecification`` of its own that the start data does not give (nor the config's
+    ``system:``): SpiffWorkflow would run until a step reads one and fails with a NameError that says
+    nothing of the declaration. Refused as start data that does not fit a start form is (kind
+    ``invalid_answer``, ``problems``), before any instance exists. ``task_id``: the process's id."""
+
+    def __init__(self, missing: list[str], declared: list[str], *, process_id: str, file: str | None,
+                 pool: str | None = None) -> None:
+        self.problems = [(name, "is missing") for name in missing]
+        self.fields = [{"id": name, "type": "any", "required": True} for name in declared]
+        self.source = "bpmn:ioSpecification"
+        self.process_id, self.pool = process_id, pool
+        where = f" in {file}" if file else ""
+        owner = f"process {process_id!r}" + (f" (its pool {pool!r})" if pool else "")
+        InvalidAnswer.__init__(self, f"the start data of {owner} lacks the data input"
+                               f"{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} that its "
+                               f"bpmn:ioSpecification{where} declares (it declares "
+                               f"{', '.join(map(repr, declared))}); give {'them' if len(missing) > 1 else 'it'} "
+                               "in the start data (--data FILE, or the data of POST /api/instances), or delete "
+                               "the bpmn:dataInput from the ioSpecification if the process does not need it; no "
+                               "instance was created", task_id=process_id)
+
+
 class InstanceStateError(LayerflowError):
     kind = "invalid_state"
 

@@ -2381,10 +2381,9 @@ def _checked_start_data(process: Process, data: Mapping[str, Any] | None) -> Map
     """The start data checked against the form on the process's none start event (in a collaboration,
     on each pool's that starts with the instance), as a user task's answer is (``_Runtime._check_form``),
     with the defaults of the fields it omits; ``StartDataInvalid`` before anything exists when it does
-    not fit."""
+    not fit, ``StartInputsMissing`` when it lacks a data input the process's own ioSpecification
+    declares (SpiffWorkflow would fail on it later, with a NameError only)."""
     found = spiff.start_forms(process.spec, process.subprocess_specs)
-    if not found:
-        return data
     answer: dict[str, Any] = dict(data or {})
     for event_id, form, owner in found:
         given = dict(data or {})
@@ -2400,7 +2399,14 @@ def _checked_start_data(process: Process, data: Mapping[str, Any] | None) -> Map
                                    pool=owner.name if owner is not process.spec else None)
         fields = {str(f["id"]) for f in form.get("fields") or []}
         answer.update({k: v for k, v in checked.items() if k in fields or k not in answer})
-    return answer
+    for owner, declared in spiff.start_data_inputs(process.spec, process.subprocess_specs):
+        missing = [name for name in declared if name not in answer and name not in process.system]
+        if missing:
+            from .governance import StartInputsMissing
+
+            raise StartInputsMissing(missing, declared, process_id=process.id, file=getattr(owner, "file", None),
+                                     pool=owner.name if owner is not process.spec else None)
+    return answer if found or data is None else data
 
 
 def _with_options(form: Mapping[str, Any], ctx: LayeredContext) -> dict[str, Any]:

@@ -872,17 +872,36 @@ def boundary_of_subworkflow(task: Any) -> bool:
 
 def catching_tasks(task: Any) -> list[Any]:
     """The waiting tasks that will catch the error or escalation throwing event ``task`` is about to
-    throw: those of the nearest workflow, its own or one around it, where one waits for it
-    (``_InterruptAwareEvents.catch``)."""
+    throw: those of the nearest workflow, its own or one around it, where one waits for it, the
+    nearest of them (``nearest_catchers``; ``_InterruptAwareEvents.catch``)."""
     event = BpmnEvent(task.task_spec.event_definition)
     waiting = list(task.workflow.top_workflow.event_manager.tasks.values())
     workflow = task.workflow
     while workflow is not None:
-        found = [t for t in waiting if catching_scope(t) is workflow and t.task_spec.event_definition.catches(t, event)]
+        found = [t for t in waiting if catching_scope(t) is workflow and t.task_spec.event_definition.catches(t, event)
+                 and thrown_inside(t, task.workflow)]
         if found:
-            return found
+            return nearest_catchers(found, event)
         workflow = workflow.parent_workflow
     return []
+
+
+def nearest_catchers(found: list[Any], event: Any) -> list[Any]:
+    """Of the tasks of one workflow that catch an error or escalation ``event``, those that do: an
+    error or escalation is caught once, by the nearest catch (BPMN; Camunda: "caught by one catch event
+    at most"). The boundary events of the activity it is thrown in come before the event sub-processes
+    of the process around that activity, which wait in the same workflow; and of those, the ones of its
+    code before the catch-all ones (no errorRef / escalationRef, or one with no code), as for an error a
+    task raises (``error_catchers``). SpiffWorkflow 3.2 ran every one of them: an escalation caught by a
+    sub-process's boundary event started the process's escalation event sub-process too, and an error
+    so caught started its error event sub-process, which interrupted the whole process."""
+    if not isinstance(event.event_definition, CodeEventDefinition):
+        return found
+    chosen = [t for t in found if isinstance(t.task_spec, BoundaryEvent)] or found
+    code = event.event_definition.code
+    specific = [t for t in chosen if code is not None and any(
+        isinstance(d, CodeEventDefinition) and d.code == code for d in event_definitions_of(t.task_spec))]
+    return specific or chosen
 
 
 def error_catchers(task: Any, code: str) -> tuple[list[Any], int, bool]:
@@ -974,19 +993,40 @@ def start_forms(spec: Any, subprocess_specs: Mapping[str, Any] | None = None
     """(start event id, form, its process's spec) of every form the start data must fit: the process's none start
     event's, or in a collaboration each pool's whose none start event starts with the instance
     (``subprocess_specs`` holds the pools' processes)."""
-    specs = [spec]
-    if is_collaboration(spec) and subprocess_specs:
-        specs = [subprocess_specs[ts.spec] for ts in spec.task_specs.values()
-                 if isinstance(ts, SubWorkflowTask) and ts.spec in subprocess_specs]
     out = []
-    for each in specs:
+    for each in _started_processes(spec, subprocess_specs):
         for ts in each.task_specs.values():
-            if isinstance(ts, StartEvent) and type(getattr(ts, "event_definition", None)) is NoneEventDefinition:
+            if _is_none_start(ts):
                 form = (getattr(ts, "extensions", None) or {}).get("form")
                 if isinstance(form, dict):
                     out.append((str(ts.bpmn_id), form, each))
                     break
     return out
+
+
+def start_data_inputs(spec: Any, subprocess_specs: Mapping[str, Any] | None = None) -> list[tuple[Any, list[str]]]:
+    """(process spec, its ``ioSpecification`` data input ids) of every process the start data must give
+    the inputs of: the process run, or in a collaboration each pool's, when a none start event starts it
+    with the instance. A process that only an event starts (a message start event) gets its data with
+    that event, so its inputs are not asked of the start data."""
+    out = []
+    for each in _started_processes(spec, subprocess_specs):
+        inputs = io_names(each, "data_inputs")
+        if inputs and any(_is_none_start(ts) for ts in each.task_specs.values()):
+            out.append((each, inputs))
+    return out
+
+
+def _started_processes(spec: Any, subprocess_specs: Mapping[str, Any] | None) -> list[Any]:
+    """The process run, or in a collaboration the processes of its pools."""
+    if is_collaboration(spec) and subprocess_specs:
+        return [subprocess_specs[ts.spec] for ts in spec.task_specs.values()
+                if isinstance(ts, SubWorkflowTask) and ts.spec in subprocess_specs]
+    return [spec]
+
+
+def _is_none_start(spec: Any) -> bool:
+    return isinstance(spec, StartEvent) and type(getattr(spec, "event_definition", None)) is NoneEventDefinition
 
 
 def caught_in_scope(spec: Any) -> bool:
@@ -2225,6 +2265,7 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
                      if catching_scope(t) is target and t.task_spec.event_definition.catches(t, event)
                      and thrown_inside(t, origin)]
             if tasks:
+                tasks = nearest_catchers(tasks, event)
                 for task in tasks:
                     task.task_spec.catch(task, event)
                     task.task_spec._update(task)

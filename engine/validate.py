@@ -3269,12 +3269,20 @@ class _Validator:
             # no handler runs there (handler_not_run): its work goes in a task of its own
             todo = [_NOT_WORKED[tag][1] if t == _RUN_BY_HANDLER else t for t in todo]
         script = el.find(f"{_bpmn('extensionElements')}/{{http://camunda.org/schema/zeebe/1.0}}script")
-        if script is not None and (script.get("expression") or "").strip().startswith("=") and script.get("resultVariable"):
+        written = el.find(_bpmn("script"))
+        if script is not None and written is not None and (written.text or "").strip():
+            # the export carries both: SpiffWorkflow runs the bpmn:script, Camunda 8 the zeebe:script
+            todo = ["its bpmn:script runs in the zeebe:script's place (the zeebe:script is Camunda 8's; check "
+                    "that both compute the same)" if t == _FOREIGN_SETTINGS["script"] else t for t in todo]
+        elif script is not None and (script.get("expression") or "").strip().startswith("=") \
+                and script.get("resultVariable"):
             # Camunda 8's one-line script: a FEEL expression whose value lands in resultVariable
             instead = _python_instead(script.get("expression", ""), "FEEL")
             if instead.startswith("write '"):
-                line = f"{script.get('resultVariable')} = {instead[len('write '):].split(' (', 1)[0].strip(chr(39))}"
-                todo = [f"write {line!r} as its bpmn:script" if t == _FOREIGN_SETTINGS["script"] else t for t in todo]
+                expression, notes = _written_and_notes(instead[len("write "):])
+                line = f"{script.get('resultVariable')} = {expression}"
+                todo = [f"write {line!r} as its bpmn:script{notes}" if t == _FOREIGN_SETTINGS["script"] else t
+                        for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
@@ -4604,6 +4612,20 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
+def _written_and_notes(told: str) -> tuple[str, str]:
+    """``_python_instead``'s advice after its "write ": the Python it quotes (a ``repr``), and the
+    notes that follow it in parentheses (with their leading space), if any."""
+    ends = [i for i in range(len(told)) if told.startswith(" (", i)] + [len(told)]
+    for end in ends:
+        try:
+            expression = ast.literal_eval(told[:end])
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(expression, str):
+            return expression, told[end:]
+    return told, ""
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -4624,6 +4646,8 @@ def _python_instead(source: str, dialect: str) -> str:
         inner = re.sub(pattern, python, inner)
     inner = _javascript_expression_instead(inner)
     inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
+    if dialect == "FEEL":
+        inner = re.sub(r"(?<![\w.])string\s*\(", "str(", inner)  # FEEL's string(x): Python's str(x)
     # FEEL's temporal literals are ISO 8601 text, which is what a timer here evaluates to
     inner = _FEEL_TEMPORAL.sub(lambda m: m.group(2), inner)
     inner = " ".join(inner.split())
