@@ -163,26 +163,36 @@ def queue_client(store_url: str | None = None, queue_url: str | None = None) -> 
     if not url:
         raise LayerflowError(f"workers take instances from a Redis stream, and store {store_url!r} is not Redis: "
                              "pass queue_url= / --queue redis://HOST:PORT/DB (or set LAYERFLOW_QUEUE)")
-    from context_layers.stores.redis import check_redis_url
+    from context_layers.stores.redis import check_redis_url, redis_client
 
     check_redis_url(url)
-    return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
+    return redis_client(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
 
 
 def _queue_where(client: Any) -> str:
     """The queue's Redis as messages name it: its URL without the password."""
-    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
-    return (f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}" if "host" in kw
-            else str(kw.get("path", "?")))
+    import redis
+
+    pool = getattr(client, "connection_pool", None)
+    kw = getattr(pool, "connection_kwargs", {}) or {}
+    if "host" not in kw:
+        return str(kw.get("path", "?"))
+    tls = isinstance(getattr(pool, "connection_class", None), type) and issubclass(pool.connection_class,
+                                                                                  redis.connection.SSLConnection)
+    user = f"{kw.get('username') or ''}:***@" if kw.get("password") else ""
+    return f"{'rediss' if tls else 'redis'}://{user}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
 
 def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
     """The error for a queue Redis that does not answer, or refuses us, naming it (without a password)."""
     import redis
 
-    from context_layers.stores.redis import redis_refuses_for_now
+    from context_layers.stores.redis import NotTLS, not_tls_advice, redis_refuses_for_now
 
     cause = f"{type(err).__name__}: {str(err).rstrip('.')}"
+    if isinstance(err, NotTLS):  # a ConnectionError too, but waiting will not make it speak TLS
+        return StoreUnavailable(f"{not_tls_advice(f'the queue Redis {_queue_where(client)}')} ({cause}); give "
+                                "--queue / $LAYERFLOW_QUEUE (or the redis --store) the scheme its port speaks")
     if redis_refuses_for_now(err):
         return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refuses commands for now ({cause}); fix "
                                 "that on the server (maxmemory, a replica that is read-only, a failed RDB save)")
