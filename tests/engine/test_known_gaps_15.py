@@ -97,6 +97,10 @@ def test_rest_resume_of_a_waiting_instance_carries_an_empty_notices_list(tmp_pat
     doc = client.post(f"/api/instances/{iid}/resume",
                       json={"answers": {"user_tasks": {"review": {"decision": "ok"}}}}, headers=AUTH).json()
     assert doc["status"] == "completed" and doc["notices"] == []
+    # so does any reply of a request that ran an instance on: a user task's
+    iid = client.post("/api/instances", json={"process_id": "review_case"}, headers=AUTH).json()["instance_id"]
+    done = client.post(f"/api/instances/{iid}/user-tasks/review", json={"data": {"decision": "ok"}}, headers=AUTH)
+    assert done.status_code == 200 and done.json()["notices"] == [], done.text
 
 
 # ----- 3. humanConfirm options are offered only where their type fits the conflict -------------------------
