@@ -87,7 +87,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,7 +97,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from context_layers.errors import ContextKeyError, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, InstanceRecords, Store, StoreError, StoreUnavailable, open_store
 
-from .leases import Heartbeat
+from .leases import Heartbeat, LeaseLost
 from .process import load_process
 from .runtime import Engine
 
@@ -522,13 +522,20 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
                 return
         try:
-            _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store)
+            _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
+                         lease_check=heartbeat.check)
         except _Vanished as err:
             # nothing left to run and nothing written: retrying or dead-lettering cannot help
             stats.failures += 1
             log.error("entry %s: %s; acknowledging the entry", entry_id, err)
             queue.ack(entry_id)
             stats.acked += 1
+        except LeaseLost as err:
+            # paused past the lease (a stopped process, a long pause) and taken over: the next
+            # activity's side effects are the holder's to run, not this worker's as well
+            stats.conflicts += 1
+            log.warning("entry %s: %s; leaving the entry pending", entry_id, err)
+            queue.give_back(entry_id)
         except VersionConflict as err:
             stats.conflicts += 1
             log.info("entry %s: %s; leaving it pending", entry_id, err)
@@ -572,9 +579,11 @@ class _Vanished(LayerflowError):
 
 
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
-                 wake: str | None = None, store: Store | None = None) -> None:
+                 wake: str | None = None, store: Store | None = None,
+                 lease_check: Callable[[str], None] | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
-    due timer, a waiting instance runs too (the timer fires)."""
+    due timer, a waiting instance runs too (the timer fires). ``lease_check`` runs before each
+    activity (``Heartbeat.check``: ``LeaseLost`` once the lease is gone)."""
     try:
         instance = engine.load(instance_id)
     except InstanceNotFound:
@@ -586,6 +595,7 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
             f"instance {instance_id!r} is not in this worker's store {_store_label(store or engine.store)}: either this "
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
+    instance.lease_check = lease_check
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         try:
             instance = engine.run(instance)
