@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from context_layers.stores import Store, StoreError, VersionConflict
@@ -59,8 +59,7 @@ class Heartbeat:
             while not self._stop.wait(ttl / 3):
                 try:
                     if not store.renew_lease(instance_id, owner, ttl):
-                        self.lost = True
-                        return
+                        self.lost = True  # and go on beating: ``check`` may take a lapsed lease again
                 except StoreError:
                     pass
 
@@ -71,14 +70,22 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def check(self, task_id: str) -> None:
+    def check(self, task_id: str, unchanged: Callable[[], bool] | None = None) -> None:
         """Before activity ``task_id``: renew the lease, or raise ``LeaseLost`` (a store that does
-        not answer raises its ``StoreUnavailable``: an outage, not a loss)."""
+        not answer raises its ``StoreUnavailable``: an outage, not a loss). A lease that ran out
+        with nobody taking it (a pause longer than its ttl, nothing more) is taken again when
+        ``unchanged()`` says nobody saved the instance meanwhile."""
         if not self.lost and self._store.renew_lease(self._instance_id, self._owner, self._ttl):
             return
-        self.lost = True
         holder = self._store.lease_owner(self._instance_id)
-        who = f"{holder!r} holds it now" if holder else "it ran out and nobody holds it"
+        if holder is None and unchanged is not None and self._store.acquire_lease(
+                self._instance_id, self._owner, self._ttl):
+            if unchanged():
+                self.lost = False
+                return
+            self._store.release_lease(self._instance_id, self._owner)
+        self.lost = True
+        who = f"{holder!r} holds it now" if holder else "it ran out, and someone else took it or saved the instance since"
         raise LeaseLost(f"instance {self._instance_id}: the lease of {self._owner!r} lapsed ({who}) before "
                         f"activity {task_id!r}; {self._owner!r} stops working it without starting that activity, "
                         "and whoever holds the lease goes on from the last save",

@@ -22,6 +22,10 @@ Two guards keep an instance from running twice at once and keep every update:
 * the store's **version check**: a worker that lost its lease (a long pause) and then
   saves gets ``VersionConflict``; its work is dropped, the entry stays pending and is
   picked up again, and the next run starts from what was committed.
+* the lease is **checked before each activity** (``Heartbeat.check``): a worker paused
+  past its lease whose save after the activity in hand went through (the taker had not
+  saved yet) does not start the next one beside the taker; ``LeaseLost`` (a
+  ``VersionConflict``) stops it, logged, and the entry is given back as for a conflict.
 
 An entry is acknowledged once its instance is at rest (completed, waiting, error), or
 when it moves to the dead letters. An instance the worker's store does not hold is a failed
@@ -100,6 +104,7 @@ from context_layers.stores import InstanceNotFound, InstanceRecords, Store, Stor
 from .leases import Heartbeat, LeaseLost
 from .process import load_process
 from .runtime import Engine
+from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
            "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue"]
@@ -153,8 +158,6 @@ class DeadLetter:
 
 def queue_client(store_url: str | None = None, queue_url: str | None = None) -> Any:
     """A redis-py client for the stream (see the module doc for how the URL is chosen)."""
-    import redis
-
     url = queue_url
     if url is None and store_url and store_url.split("://", 1)[0] in ("redis", "rediss", "unix"):
         parts = urlsplit(store_url)
@@ -173,7 +176,7 @@ def _queue_where(client: Any) -> str:
     """The queue's Redis as messages name it: its URL without the password."""
     import redis
 
-    pool = getattr(client, "connection_pool", None)
+    pool: Any = getattr(client, "connection_pool", None)
     kw = getattr(pool, "connection_kwargs", {}) or {}
     if "host" not in kw:
         return str(kw.get("path", "?"))
@@ -580,7 +583,7 @@ class _Vanished(LayerflowError):
 
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
                  wake: str | None = None, store: Store | None = None,
-                 lease_check: Callable[[str], None] | None = None) -> None:
+                 lease_check: Callable[[str, Callable[[], bool]], None] | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
     due timer, a waiting instance runs too (the timer fires). ``lease_check`` runs before each
     activity (``Heartbeat.check``: ``LeaseLost`` once the lease is gone)."""
@@ -595,7 +598,12 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
             f"instance {instance_id!r} is not in this worker's store {_store_label(store or engine.store)}: either this "
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
-    instance.lease_check = lease_check
+    if lease_check is not None:
+        def still_ours(task_id: str) -> None:
+            # the version this run saved last is still the stored one: nobody ran it meanwhile
+            lease_check(task_id, lambda: record_head(engine.store, instance_id)["version"] == instance.version)
+
+        instance.lease_check = still_ours
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         try:
             instance = engine.run(instance)

@@ -99,8 +99,9 @@ class _TLSConnection(_redis.connection.SSLConnection):
     def _connect(self) -> Any:
         wrap = getattr(self, "_wrap_socket_with_ssl", None)
         if wrap is None:  # a redis-py without the split (before 5.1): its own way
-            return super()._connect()
-        sock = _redis.connection.Connection._connect(self)  # TCP: its errors are redis-py's usual ones
+            return super()._connect()  # type: ignore[no-untyped-call]
+        tcp: Any = _redis.connection.Connection._connect
+        sock = tcp(self)  # TCP: its errors are redis-py's usual ones
         sock.settimeout(self.socket_connect_timeout)
         try:
             tls = wrap(sock)
