@@ -17,17 +17,12 @@ from engine.governance import InvalidAnswer
 
 from engine_helpers import cli_in_a_tmp_store, flow, run_json, write_elements
 from engine_helpers import script_task as script
+from test_known_gaps_14 import REVIEW  # a review a person answers, then a script that reads the answer
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
 
 TOKEN = "gaps15"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-REVIEW = [
-    '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="review"/>',
-    script("close", "outcome = 'closed ' + decision"), '<bpmn:endEvent id="end"/>',
-    flow("start", "review"), flow("review", "close"), flow("close", "end"),
-]
 
 # finance and risk disagree on a text (verdict) and on a number (score)
 VOTE = [

@@ -42,8 +42,7 @@ def plain_redis() -> str:
 def tls_only(tmp_path: Path) -> Iterator[int]:
     """The port of a server that speaks only TLS: it drops a client that talks plain text, as a
     Redis with ``tls-port`` and ``port 0`` does."""
-    crypto = pytest.importorskip("cryptography")
-    del crypto
+    pytest.importorskip("cryptography")
     import datetime
 
     from cryptography import x509
@@ -93,13 +92,17 @@ def _invoke(args: list[str]) -> tuple[int, str, float]:
     return result.exit_code, result.output, time.monotonic() - started
 
 
-def test_rediss_store_at_a_plain_redis_fails_fast_naming_tls(plain_redis):
-    url = f"rediss://:s3cret@{plain_redis}/11?prefix=gaps15tls"
+def _refused(url: str) -> str:
+    """What ``open_store(url)`` raises (``StoreUnavailable``, within a few seconds), as text."""
     started = time.monotonic()
     with pytest.raises(StoreUnavailable) as caught:
         open_store(url)
     assert time.monotonic() - started < FEW_SECONDS
-    message = str(caught.value)
+    return str(caught.value)
+
+
+def test_rediss_store_at_a_plain_redis_fails_fast_naming_tls(plain_redis):
+    message = _refused(f"rediss://:s3cret@{plain_redis}/11?prefix=gaps15tls")
     assert f"rediss://:***@{plain_redis}/11" in message and "s3cret" not in message, message
     assert "does not answer TLS" in message and "redis://" in message and "port" in message, message
     assert "start redis-server" not in message.lower(), message
@@ -132,11 +135,6 @@ def test_rediss_queue_at_a_plain_redis_fails_fast_naming_tls(plain_redis, tmp_pa
 
 
 def test_redis_store_at_a_tls_only_port_says_to_use_rediss(tls_only):
-    url = f"redis://:s3cret@127.0.0.1:{tls_only}/0?prefix=gaps15tls"
-    started = time.monotonic()
-    with pytest.raises(StoreUnavailable) as caught:
-        open_store(url)
-    assert time.monotonic() - started < FEW_SECONDS
-    message = str(caught.value)
+    message = _refused(f"redis://:s3cret@127.0.0.1:{tls_only}/0?prefix=gaps15tls")
     assert f"redis://:***@127.0.0.1:{tls_only}/0" in message and "s3cret" not in message, message
     assert "rediss://" in message and "TLS" in message, message
