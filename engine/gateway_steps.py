@@ -34,6 +34,7 @@ from context_layers.errors import ActivityError, ContextWriteDenied, MergeConfli
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
 from gateways.join import MERGED_CONFLICTS_KEY, base_json, folded_before
+from gateways.policy import CONFLICT_CONFIRMATION, HumanRequest, unfit_option
 from gateways.splitter import check_inject
 
 from . import spiff
@@ -745,6 +746,11 @@ class GatewaySteps:
               or any(json_equal(value, o.get("value")) or value == o.get("label")
                      or (isinstance(value, str) and value == json.dumps(o.get("value"), ensure_ascii=False))
                      for o in options))
+        if not ok and entry.get("type") == CONFLICT_CONFIRMATION and entry.get("gateway_id"):
+            config = self.process.config(str(entry["gateway_id"]))
+            why = None if config is None else unfit_option(HumanRequest.from_dict(entry), value, config)
+            if why is not None:
+                raise ActivityError(why, task_id=entry.get("task_id"))
         if not ok:
             offered = ", ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in options)
             raise ActivityError(f"answer {value!r} for confirmation {confirmation_id!r} is not one of the "

@@ -129,6 +129,13 @@ class BadRequest(LayerflowError):
     kind = "bad_request"
 
 
+def _ran(instance: Instance) -> dict[str, Any]:
+    """The reply to a request that ran an instance on: its document, its version, and
+    ``notices``, what the run did not do that the request asked for (an answer it did not use,
+    and why), as ``layerflow`` prints them on stderr; empty when there is nothing to say."""
+    return {**instance.to_document(), "version": instance.version, "notices": list(instance.notices)}
+
+
 class InvalidAnswer(BadRequest):
     kind = "invalid_answer"
 
@@ -987,7 +994,7 @@ class GovernanceService:
                     raise
             else:
                 self._save(instance)
-        return {**instance.to_document(), "version": instance.version}
+        return _ran(instance)
 
     def inject(self, instance_id: str, args: InjectArgs, *, expected_version: int | None = None,
                actor: str = "operator") -> dict[str, Any]:
@@ -1176,7 +1183,7 @@ class GovernanceService:
             instance = self.load(instance_id)
             self._check_version(instance, expected)
             instance = step(instance)
-        return {**instance.to_document(), "version": instance.version}
+        return _ran(instance)
 
     def send_event(self, instance_id: str, args: SendEventArgs, *, expected_version: int | None = None,
                    actor: str = "operator") -> dict[str, Any]:

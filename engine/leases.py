@@ -11,6 +11,12 @@ run for nothing, and run again by whoever retries.
 third of its ttl), or the name of who holds it when someone else does; then nothing is held
 and the caller refuses (a worker gives its entry back, the CLI exits, the API answers 409).
 A store without leases (a records-only ``engine.store.Store``) holds nothing and yields None.
+
+A holder that was paused past its lease (a stopped process, a long GC pause, a suspended VM)
+may find, when it goes on, that someone else holds the instance now. Its next save may still
+go through (the taker has not saved yet), so the version check alone would not keep it from
+starting the next activity, whose side effects the taker runs too. ``Heartbeat.check``, called
+before each activity (``Instance.lease_check``), renews the lease or raises ``LeaseLost``.
 """
 
 from __future__ import annotations
@@ -18,30 +24,42 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from context_layers.stores import Store, StoreError
+from context_layers.stores import Store, StoreError, VersionConflict
 
-__all__ = ["LEASE_TTL", "Heartbeat", "holding", "lease_store"]
+__all__ = ["LEASE_TTL", "Heartbeat", "LeaseLost", "holding", "lease_store"]
 
 LEASE_TTL = 60.0  # seconds; renewed every third of it while the block runs
 
 
+class LeaseLost(VersionConflict):
+    """The holder's lease on an instance lapsed (someone else holds it, or nobody does any more)
+    before the activity it was about to start: it stops working the instance, saving nothing
+    more; whoever holds the lease goes on from the last save. A ``VersionConflict`` (its kind):
+    the same outcome as a save that another writer won, one step earlier."""
+
+    def __init__(self, message: str, *, instance_id: str, task_id: str, holder: str | None) -> None:
+        super().__init__(message)
+        self.instance_id, self.task_id, self.holder = instance_id, task_id, holder
+
+
 class Heartbeat:
     """Renews the lease every ttl/3 until ``stop``; ``lost`` once someone else took it (the
-    version check then refuses the holder's save)."""
+    version check then refuses the holder's save). ``check`` renews it at once, before an
+    activity, and raises ``LeaseLost`` when it no longer holds."""
 
     def __init__(self, store: Store, instance_id: str, owner: str, ttl: float) -> None:
         self._stop = threading.Event()
         self.lost = False
+        self._store, self._instance_id, self._owner, self._ttl = store, instance_id, owner, ttl
 
         def beat() -> None:
             while not self._stop.wait(ttl / 3):
                 try:
                     if not store.renew_lease(instance_id, owner, ttl):
-                        self.lost = True
-                        return
+                        self.lost = True  # and go on beating: ``check`` may take a lapsed lease again
                 except StoreError:
                     pass
 
@@ -51,6 +69,27 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+    def check(self, task_id: str, unchanged: Callable[[], bool] | None = None) -> None:
+        """Before activity ``task_id``: renew the lease, or raise ``LeaseLost`` (a store that does
+        not answer raises its ``StoreUnavailable``: an outage, not a loss). A lease that ran out
+        with nobody taking it (a pause longer than its ttl, nothing more) is taken again when
+        ``unchanged()`` says nobody saved the instance meanwhile."""
+        if not self.lost and self._store.renew_lease(self._instance_id, self._owner, self._ttl):
+            return
+        holder = self._store.lease_owner(self._instance_id)
+        if holder is None and unchanged is not None and self._store.acquire_lease(
+                self._instance_id, self._owner, self._ttl):
+            if unchanged():
+                self.lost = False
+                return
+            self._store.release_lease(self._instance_id, self._owner)
+        self.lost = True
+        who = f"{holder!r} holds it now" if holder else "it ran out, and someone else took it or saved the instance since"
+        raise LeaseLost(f"instance {self._instance_id}: the lease of {self._owner!r} lapsed ({who}) before "
+                        f"activity {task_id!r}; {self._owner!r} stops working it without starting that activity, "
+                        "and whoever holds the lease goes on from the last save",
+                        instance_id=self._instance_id, task_id=task_id, holder=holder)
 
 
 def lease_store(engine_store: Any) -> Store | None:

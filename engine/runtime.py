@@ -139,6 +139,9 @@ class Instance:
     completed_user_task: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     # set while one request runs all or nothing (``Engine.all_or_nothing``): its saves wait for its end
     held: "_Held | None" = field(default=None, repr=False, compare=False)
+    # set by whoever holds the instance's lease and must not run on without it (a worker): called with
+    # the BPMN id of each task before it runs; raises ``engine.leases.LeaseLost`` when the lease is gone
+    lease_check: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def process_id(self) -> str:
@@ -804,7 +807,7 @@ class Engine:
         """``instance`` (the caller's object) as ``record`` holds it, with a runtime of its own."""
         fresh = from_record(self, json.loads(json.dumps(record)))
         for f in fields(Instance):
-            if f.name not in ("store", "notices", "held"):
+            if f.name not in ("store", "notices", "held", "lease_check"):
                 setattr(instance, f.name, getattr(fresh, f.name))
         _Runtime(self, instance)
 
@@ -1348,6 +1351,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 continue
             if task.task_spec.manual and not self._runs_unattended(task.task_spec):
                 continue
+            if self.instance.lease_check is not None:
+                self.instance.lease_check(str(getattr(task.task_spec, "bpmn_id", None) or task.task_spec.name))
             before = self.instance.activities
             task.run()
             count += 1

@@ -22,6 +22,10 @@ Two guards keep an instance from running twice at once and keep every update:
 * the store's **version check**: a worker that lost its lease (a long pause) and then
   saves gets ``VersionConflict``; its work is dropped, the entry stays pending and is
   picked up again, and the next run starts from what was committed.
+* the lease is **checked before each activity** (``Heartbeat.check``): a worker paused
+  past its lease whose save after the activity in hand went through (the taker had not
+  saved yet) does not start the next one beside the taker; ``LeaseLost`` (a
+  ``VersionConflict``) stops it, logged, and the entry is given back as for a conflict.
 
 An entry is acknowledged once its instance is at rest (completed, waiting, error), or
 when it moves to the dead letters. An instance the worker's store does not hold is a failed
@@ -87,7 +91,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -97,9 +101,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from context_layers.errors import ContextKeyError, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound, InstanceRecords, Store, StoreError, StoreUnavailable, open_store
 
-from .leases import Heartbeat
+from .leases import Heartbeat, LeaseLost
 from .process import load_process
 from .runtime import Engine
+from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
            "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue"]
@@ -153,8 +158,6 @@ class DeadLetter:
 
 def queue_client(store_url: str | None = None, queue_url: str | None = None) -> Any:
     """A redis-py client for the stream (see the module doc for how the URL is chosen)."""
-    import redis
-
     url = queue_url
     if url is None and store_url and store_url.split("://", 1)[0] in ("redis", "rediss", "unix"):
         parts = urlsplit(store_url)
@@ -163,26 +166,36 @@ def queue_client(store_url: str | None = None, queue_url: str | None = None) -> 
     if not url:
         raise LayerflowError(f"workers take instances from a Redis stream, and store {store_url!r} is not Redis: "
                              "pass queue_url= / --queue redis://HOST:PORT/DB (or set LAYERFLOW_QUEUE)")
-    from context_layers.stores.redis import check_redis_url
+    from context_layers.stores.redis import check_redis_url, redis_client
 
     check_redis_url(url)
-    return redis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
+    return redis_client(url, decode_responses=True, socket_connect_timeout=5, health_check_interval=30)
 
 
 def _queue_where(client: Any) -> str:
     """The queue's Redis as messages name it: its URL without the password."""
-    kw = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
-    return (f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}" if "host" in kw
-            else str(kw.get("path", "?")))
+    import redis
+
+    pool: Any = getattr(client, "connection_pool", None)
+    kw = getattr(pool, "connection_kwargs", {}) or {}
+    if "host" not in kw:
+        return str(kw.get("path", "?"))
+    tls = isinstance(getattr(pool, "connection_class", None), type) and issubclass(pool.connection_class,
+                                                                                  redis.connection.SSLConnection)
+    user = f"{kw.get('username') or ''}:***@" if kw.get("password") else ""
+    return f"{'rediss' if tls else 'redis'}://{user}{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}"
 
 
 def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
     """The error for a queue Redis that does not answer, or refuses us, naming it (without a password)."""
     import redis
 
-    from context_layers.stores.redis import redis_refuses_for_now
+    from context_layers.stores.redis import NotTLS, not_tls_advice, redis_refuses_for_now
 
     cause = f"{type(err).__name__}: {str(err).rstrip('.')}"
+    if isinstance(err, NotTLS):  # a ConnectionError too, but waiting will not make it speak TLS
+        return StoreUnavailable(f"{not_tls_advice(f'the queue Redis {_queue_where(client)}')} ({cause}); give "
+                                "--queue / $LAYERFLOW_QUEUE (or the redis --store) the scheme its port speaks")
     if redis_refuses_for_now(err):
         return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refuses commands for now ({cause}); fix "
                                 "that on the server (maxmemory, a replica that is read-only, a failed RDB save)")
@@ -512,13 +525,20 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
                 return
         try:
-            _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store)
+            _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
+                         lease_check=heartbeat.check)
         except _Vanished as err:
             # nothing left to run and nothing written: retrying or dead-lettering cannot help
             stats.failures += 1
             log.error("entry %s: %s; acknowledging the entry", entry_id, err)
             queue.ack(entry_id)
             stats.acked += 1
+        except LeaseLost as err:
+            # paused past the lease (a stopped process, a long pause) and taken over: the next
+            # activity's side effects are the holder's to run, not this worker's as well
+            stats.conflicts += 1
+            log.warning("entry %s: %s; leaving the entry pending", entry_id, err)
+            queue.give_back(entry_id)
         except VersionConflict as err:
             stats.conflicts += 1
             log.info("entry %s: %s; leaving it pending", entry_id, err)
@@ -562,9 +582,11 @@ class _Vanished(LayerflowError):
 
 
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
-                 wake: str | None = None, store: Store | None = None) -> None:
+                 wake: str | None = None, store: Store | None = None,
+                 lease_check: Callable[[str, Callable[[], bool]], None] | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
-    due timer, a waiting instance runs too (the timer fires)."""
+    due timer, a waiting instance runs too (the timer fires). ``lease_check`` runs before each
+    activity (``Heartbeat.check``: ``LeaseLost`` once the lease is gone)."""
     try:
         instance = engine.load(instance_id)
     except InstanceNotFound:
@@ -576,6 +598,12 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
             f"instance {instance_id!r} is not in this worker's store {_store_label(store or engine.store)}: either this "
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
+    if lease_check is not None:
+        def still_ours(task_id: str) -> None:
+            # the version this run saved last is still the stored one: nobody ran it meanwhile
+            lease_check(task_id, lambda: record_head(engine.store, instance_id)["version"] == instance.version)
+
+        instance.lease_check = still_ours
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         try:
             instance = engine.run(instance)

@@ -63,6 +63,7 @@ __all__ = [
     "match_answer",
     "resolve_by_policy",
     "resolve_conflicts",
+    "unfit_option",
 ]
 
 ESCALATE = "$escalate"
@@ -237,13 +238,31 @@ def default_fits(default: Any, conflict: MergedConflict, suggestion: Resolution 
     value a branch wrote or of the suggestion (text for a conflict on text, a number for one
     on numbers). A join has one default for all its conflicts; where it does not fit (the
     join's ``needs_review`` on a conflict over a score) it is neither offered nor what the
-    timeout gives, which then falls back as with no default. ``$escalate`` fits every one."""
-    if default == ESCALATE:
+    timeout gives, which then falls back as with no default. ``$escalate`` fits every one, and
+    so does a deletion (``{"$deleted": true}``): neither is a value of a type. The same test
+    chooses which ``humanConfirm.options`` / ``extraOptions`` a conflict is offered."""
+    if default == ESCALATE or from_json_value(default) is DELETED:
         return True
+    return json_type(default) in _forms(conflict, suggestion)
+
+
+def _forms(conflict: MergedConflict, suggestion: Resolution | None) -> set[str]:
+    """The JSON types of the values a conflict is about: the branches' and the suggestion's."""
     forms = {json_type(v) for v in conflict.conflicting_values.values() if v is not DELETED}
     if suggestion is not None and suggestion.value is not DELETED:
         forms.add(json_type(suggestion.value))
-    return json_type(default) in forms
+    return forms
+
+
+def _config_options(config: ActivityExtensionConfig) -> list[dict[str, Any]]:
+    """The join's ``humanConfirm.options`` then ``extraOptions``, each as ``{label, value}``."""
+    hc = config.human_confirm
+    out = []
+    for extra in [*(hc.options if hc else ()), *(hc.extra_options if hc else ())]:
+        if not (isinstance(extra, Mapping) and "value" in extra):
+            extra = {"value": extra}
+        out.append({"label": str(extra.get("label", _show(extra["value"]))), "value": jsonable(extra["value"])})
+    return out
 
 
 def build_human_request(
@@ -282,13 +301,12 @@ def build_human_request(
     if merged is not None and not any(same_value(o["value"], merged) for o in options):
         options.append({"label": f"{_show(merged)} (every branch's entries merged)", "value": jsonable(merged)})
     hc = config.human_confirm
-    extras = [*(hc.options if hc else ()), *(hc.extra_options if hc else ())]
-    for extra in extras:
-        if not (isinstance(extra, Mapping) and "value" in extra):
-            extra = {"value": extra}
+    for extra in _config_options(config):
         if any(same_value(o["value"], extra["value"]) for o in options):
             continue  # offered already (a branch's value or the suggestion)
-        options.append({"label": str(extra.get("label", _show(extra["value"]))), "value": jsonable(extra["value"])})
+        if not default_fits(extra["value"], conflict, suggestion):
+            continue  # a join's options serve all its conflicts: a text is no answer for a score
+        options.append(extra)
     # The configured default is what the timeout gives, so a person may choose it too; were it
     # missing from the options it could never be an answer, and the timeout would escalate instead.
     fits = hc is not None and hc.default is not None and default_fits(hc.default, conflict, suggestion)
@@ -296,7 +314,8 @@ def build_human_request(
             and not any(same_value(o["value"], hc.default) for o in options)):
         options.append({"label": f"{_show(hc.default)} (the default when nobody answers)",
                         "value": jsonable(hc.default)})
-    options.append({"label": "escalate (stop the instance for an administrator)", "value": ESCALATE})
+    if not any(o["value"] == ESCALATE for o in options):  # the config may offer it under a label of its own
+        options.append({"label": "escalate (stop the instance for an administrator)", "value": ESCALATE})
 
     wants = "; ".join(f"{b} wants {_show(v)}" + (f" because {reasons[b]!r}" if reasons.get(b) else "")
                       for b, v in conflict.conflicting_values.items())
@@ -327,6 +346,12 @@ def build_human_request(
     )
 
 
+def _picks(option: Mapping[str, Any], answer: Any) -> bool:
+    return bool(same_value(option["value"], answer)
+                or (isinstance(answer, str) and answer == option["label"])
+                or (isinstance(answer, str) and answer == json.dumps(option["value"], ensure_ascii=False)))
+
+
 def match_answer(request: HumanRequest, answer: Any) -> dict[str, Any]:
     """The option ``answer`` picks: by value, by label, or by the value's JSON text (a
     CLI ``--answer KEY=VALUE`` is a string). Raises ``InvalidAnswerError``."""
@@ -340,6 +365,37 @@ def match_answer(request: HumanRequest, answer: Any) -> dict[str, Any]:
     offered = ", ".join(_show(o["value"]) for o in request.options)
     raise InvalidAnswerError(f"answer {_show(answer)} for confirmation {request.id!r} is not one of the offered "
                              f"option values: {offered}")
+
+
+def unfit_option(request: HumanRequest, answer: Any, config: ActivityExtensionConfig) -> str | None:
+    """Why ``answer`` is refused when it picks (by value, label or JSON text) one of the join's
+    configured ``humanConfirm`` options that ``request`` was not offered, as of another JSON type
+    than the conflict's values; None when it picks none of them. A typo gets the plain message of
+    ``match_answer``; this one says that the option exists but cannot be this key's value."""
+    if any(_picks(o, answer) for o in request.options):
+        return None
+    forms = {json_type(from_json_value(o["value"])) for o in request.options
+             if o["value"] != ESCALATE and from_json_value(o["value"]) is not DELETED}
+    for option in _config_options(config):
+        if _picks(option, answer) and json_type(option["value"]) not in forms:
+            offered = ", ".join(_show(o["value"]) for o in request.options)
+            return (f"answer {_show(answer)} for confirmation {request.id!r} picks humanConfirm option "
+                    f"{_show(option['value'])} of join {request.gateway_id!r}, a {json_type(option['value'])}, and "
+                    f"the conflict on key {request.key!r} is over {' and '.join(sorted(forms))} values: an option of "
+                    f"another type is not offered for it (it could not be the key's value). Answer with one of: "
+                    f"{offered}")
+    return None
+
+
+def _match_for(request: HumanRequest, answer: Any, config: ActivityExtensionConfig) -> dict[str, Any]:
+    """``match_answer``, refusing an unfit configured option as such (``unfit_option``)."""
+    try:
+        return match_answer(request, answer)
+    except InvalidAnswerError:
+        why = unfit_option(request, answer, config)
+        if why is None:
+            raise
+        raise InvalidAnswerError(why) from None
 
 
 def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: list[ResolutionStep]) -> Resolution | None:
@@ -416,7 +472,7 @@ def resolve_conflicts(
         prior = (asked or {}).get(f"{gateway_id}/{key}")
         if prior is not None and f"{gateway_id}/{key}" in answers:
             shown = HumanRequest.from_dict(prior)
-            picked = match_answer(shown, answers[shown.id])
+            picked = _match_for(shown, answers[shown.id], config)
             # who answered: a person, or a model settling it with its context_branch tool
             by = "model" if prior.get("resolver") == "model" else "human"
             if picked["value"] == ESCALATE:
@@ -476,7 +532,7 @@ def resolve_conflicts(
         given = answers.get(request_h.id, DELETED)
         option = None
         if given is not DELETED:
-            option = match_answer(request_h, given)
+            option = _match_for(request_h, given, config)
         elif "*" in answers:
             try:
                 option = match_answer(request_h, answers["*"])

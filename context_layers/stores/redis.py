@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -69,7 +71,61 @@ try:
 except ImportError as exc:  # pragma: no cover - redis is a dependency; keep the message useful anyway
     raise ImportError("the redis store needs redis-py: pip install 'redis>=5'") from exc
 
-__all__ = ["RedisStore", "map_redis_error", "check_redis_url", "redis_refuses_for_now"]
+__all__ = ["RedisStore", "map_redis_error", "check_redis_url", "redis_refuses_for_now", "redis_client", "NotTLS",
+           "not_tls_advice"]
+
+
+class NotTLS(_redis.exceptions.ConnectionError):
+    """A ``rediss://`` server that did not answer the TLS handshake: a plain Redis, or not Redis's
+    TLS port. Trying again cannot help, so it is named as such instead of as an outage."""
+
+
+def not_tls_advice(where: str) -> str:
+    """What to do about ``NotTLS``, for the messages of the store and of the queue."""
+    return (f"{where} does not answer TLS (rediss://); use redis:// for a Redis without TLS, or check the port "
+            "(Redis's TLS port is its tls-port)")
+
+
+#: Why a TLS handshake fails when the other end does not speak TLS at all (OpenSSL's reasons).
+_NOT_TLS_REASONS = frozenset({"WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
+                              "UNEXPECTED_EOF_WHILE_READING", "HTTP_REQUEST", "UNKNOWN_PROTOCOL"})
+
+
+class _TLSConnection(_redis.connection.SSLConnection):
+    """redis-py's TLS connection with its handshake bounded by the connect timeout: redis-py runs it
+    under the read timeout (30 s), which is how long a plain Redis, waiting for the end of what it
+    takes for a command, kept a ``rediss://`` client before it failed."""
+
+    def _connect(self) -> Any:
+        wrap = getattr(self, "_wrap_socket_with_ssl", None)
+        if wrap is None:  # a redis-py without the split (before 5.1): its own way
+            return super()._connect()  # type: ignore[no-untyped-call]
+        tcp: Any = _redis.connection.Connection._connect
+        sock = tcp(self)  # TCP: its errors are redis-py's usual ones
+        sock.settimeout(self.socket_connect_timeout)
+        try:
+            tls = wrap(sock)
+        except ssl.SSLCertVerificationError:
+            sock.close()
+            raise  # it speaks TLS; its certificate is the problem, and the message says so
+        except (socket.timeout, ssl.SSLError, ConnectionResetError, BrokenPipeError) as exc:
+            sock.close()
+            if isinstance(exc, ssl.SSLError) and not isinstance(exc, ssl.SSLEOFError) and (
+                    getattr(exc, "reason", None) not in _NOT_TLS_REASONS):
+                raise
+            why = ("no TLS reply within the connect timeout" if isinstance(exc, socket.timeout)
+                   else f"{type(exc).__name__}: {str(exc).rstrip('.')}")
+            raise NotTLS(f"{self.host}:{self.port} did not answer the TLS handshake ({why})") from exc
+        tls.settimeout(self.socket_timeout)
+        return tls
+
+
+def redis_client(url: str, **options: Any) -> Any:
+    """``redis.Redis.from_url(url, **options)``; a ``rediss://`` URL gets a TLS connection whose
+    handshake fails within the connect timeout, as ``NotTLS``, at a server that does not speak TLS."""
+    if urlsplit(url).scheme.lower() == "rediss":
+        options.setdefault("connection_class", _TLSConnection)
+    return _redis.Redis.from_url(url, **options)
 
 
 #: URL query options besides ``prefix``: what redis-py parses, and the connection settings it
@@ -261,6 +317,9 @@ def map_redis_error(exc: BaseException, url: str) -> StoreError:
     if isinstance(exc, _redis.exceptions.AuthenticationError):
         return StoreUnavailable(f"redis store {url}: {str(exc).rstrip('.')}; put the password in the URL "
                                 "(redis://:PASSWORD@host)")
+    if isinstance(exc, NotTLS):
+        return StoreUnavailable(f"redis store {url}: {not_tls_advice('the server')} ({exc}); nothing was read or "
+                                "written")
     if redis_refuses_for_now(exc):
         return StoreUnavailable(f"redis store {url} refuses commands for now ({type(exc).__name__}: "
                                 f"{str(exc).rstrip('.')}); fix that on the server (maxmemory, a replica that is "
@@ -286,7 +345,7 @@ class RedisStore:
             check_redis_url(url)
         try:
             with self._mapped():
-                self.redis: Any = client if client is not None else _redis.Redis.from_url(
+                self.redis: Any = client if client is not None else redis_client(
                     url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
                 self._write_script = self.redis.register_script(_WRITE)
                 self._answer_script = self.redis.register_script(_ANSWER)
@@ -303,12 +362,13 @@ class RedisStore:
                                   "redis://[:PASSWORD@]HOST[:PORT][/DB][?prefix=NAME]") from None
         except StoreUnavailable as exc:
             cause = exc.__cause__
-            if isinstance(cause, _redis.exceptions.AuthenticationError) or (cause is not None and redis_refuses_for_now(cause)):
-                raise  # it answered: its own message says what to do
+            if isinstance(cause, (_redis.exceptions.AuthenticationError, NotTLS)) or (
+                    cause is not None and redis_refuses_for_now(cause)):
+                raise  # it answered, or is not Redis over TLS: its own message says what to do
             raise StoreUnavailable(f"cannot reach the redis store {self._url_for_errors} "
                                    f"({type(cause).__name__}: {str(cause).rstrip('.')}); nothing was read or written. "
                                    "Start redis-server there, or point --store / $LAYERFLOW_STORE at a server that "
-                                   "answers") from cause
+                                   f"answers{_maybe_tls_only(url, cause)}") from cause
         except StoreError as exc:
             if "DB index is out of range" in str(exc):
                 raise InvalidStoreURL(f"redis store URL {self._url_for_errors}: that server has no database "
@@ -622,6 +682,17 @@ class RedisStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _maybe_tls_only(url: str, cause: BaseException | None) -> str:
+    """A hint for a plain ``redis://`` connection that the server dropped as soon as it spoke: what a
+    Redis that takes only TLS on that port does."""
+    if urlsplit(url).scheme.lower() != "redis" or not isinstance(cause, _redis.exceptions.ConnectionError):
+        return ""
+    text = str(cause)
+    if "reset by peer" in text or "Connection closed by server" in text or "Broken pipe" in text:
+        return ". A server that drops the connection at once may take only TLS on that port: use rediss://"
+    return ""
 
 
 def _redact(url: str) -> str:
