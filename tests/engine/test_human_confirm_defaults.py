@@ -4,7 +4,6 @@ keys not listed); type fit (``gateways.policy.default_fits``) applies to each.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +89,8 @@ def test_a_per_key_default_that_does_not_fit_falls_back_as_with_no_default(tmp_p
     clock.now += 61
     instance = engine.resume(instance.id)
     assert _confirmation(instance, "merge/score")["escalated"] is True
-    assert _confirmation(instance, "merge/go_decision")["escalated"] is True
+    go = _confirmation(instance, "merge/go_decision")
+    assert go["answer"] == ESCALATE and go["answered_by_timeout"] is True    # as `default: $escalate` would
     assert _confirmation(instance, "merge/risk_level")["answer"] == "needs_review"
     assert instance.status == "waiting"
 
@@ -98,7 +98,8 @@ def test_a_per_key_default_that_does_not_fit_falls_back_as_with_no_default(tmp_p
 def test_run_json_shows_the_default_offered_per_conflict(cli: Any, tmp_path: Path) -> None:
     config = "merge:\n  humanConfirm: {default: needs_review, defaults: {go_decision: no_go}}\n"
     doc = run_json(cli, "run", str(_go(tmp_path, config)), code=3)
-    by_id = {w["id"]: w for w in doc["waiting_for"]}
+    assert [w["id"] for w in doc["waiting_for"]] == ["merge/go_decision", "merge/risk_level", "merge/score"]
+    by_id = {c["id"]: c for c in doc["confirmations"]}
     assert by_id["merge/go_decision"]["default"] == "no_go"
     assert by_id["merge/risk_level"]["default"] == "needs_review"
     assert by_id["merge/score"]["default"] is None
@@ -115,7 +116,7 @@ def test_rest_shows_the_default_offered_per_conflict(tmp_path: Path) -> None:
     auth = {"Authorization": "Bearer defaults"}
     client = TestClient(create_app("memory://", catalog, token="defaults"))
     started = client.post("/api/instances", json={"process_id": "go"}, headers=auth)
-    assert started.status_code == 200, started.text
+    assert started.status_code == 201, started.text
     iid = started.json()["instance_id"]
     shown = client.get(f"/api/instances/{iid}", headers=auth).json()
     by_id = {c["id"]: c for c in shown["confirmations"]}
@@ -197,9 +198,12 @@ def test_a_per_key_default_of_another_type_than_its_keys_values_is_a_validate_wa
     assert not [p for p in validate_process(fits).problems if p.code == "human_confirm_default_unfit"]
 
 
-def test_the_joins_default_is_judged_as_before_beside_defaults(tmp_path: Path) -> None:
-    path = _go(tmp_path, "merge:\n  humanConfirm: {default: needs_review, defaults: {score: 5}}\n"
-                         "  conflictPolicy:\n    rankings: {score: [7, 3]}\n")
-    problems = [p for p in validate_process(path).problems if p.code == "human_confirm_default_unfit"]
-    assert [p.field for p in problems] == ["humanConfirm.default"]
-    assert json.dumps([p.message for p in problems])
+def test_the_joins_default_is_judged_by_the_keys_it_serves(tmp_path: Path) -> None:
+    """The ranking of a key with its own default says nothing of the join's one default."""
+    own = _go(tmp_path, "merge:\n  humanConfirm: {default: needs_review, defaults: {score: 5}}\n"
+                        "  conflictPolicy:\n    rankings: {score: [7, 3]}\n")
+    assert not [p for p in validate_process(own).problems if p.code == "human_confirm_default_unfit"]
+    other = _go(tmp_path, "merge:\n  humanConfirm: {default: needs_review, defaults: {go_decision: no_go}}\n"
+                          "  conflictPolicy:\n    rankings: {score: [7, 3]}\n")
+    [problem] = [p for p in validate_process(other).problems if p.code == "human_confirm_default_unfit"]
+    assert problem.field == "humanConfirm.default" and "'needs_review'" in problem.message
