@@ -1481,22 +1481,31 @@ class _Validator:
             if hc is None:
                 continue
             if hc.default is not None and hc.default != ESCALATE:
-                declared = self._declared_forms(src, lambda key: key not in hc.defaults)
+                declared = self._declared_forms(src, None)
                 self._default_unfit(src, hc.default, declared, "humanConfirm.default", ("humanConfirm", "default"))
             for key, default in hc.defaults.items():
                 if default == ESCALATE:
                     continue
-                declared = self._declared_forms(src, lambda name, key=key: name == key or fnmatch.fnmatchcase(key, name))
+                declared = self._declared_forms(src, key)
                 self._default_unfit(src, default, declared, f"humanConfirm.defaults.{key}",
                                     ("humanConfirm", "defaults", key))
 
     @staticmethod
-    def _declared_forms(src: _Source, about: Callable[[str], bool]) -> dict[str, set[str]]:
-        """The JSON types of the values a join's config names (type -> where), for the keys ``about``
-        takes: ``conflictPolicy`` rankings and rule values, and ``humanConfirm`` options (any key's)."""
+    def _declared_forms(src: _Source, for_key: str | None) -> dict[str, set[str]]:
+        """The JSON types of the values a join's config names (type -> where): ``conflictPolicy``
+        rankings and rule values, and ``humanConfirm`` options (any key's). ``for_key``: only the
+        rankings and rules that may be about that key; None: those of the keys the join's one
+        ``default`` serves (every key not listed in ``humanConfirm.defaults``)."""
         from gateways.strategies import json_type
 
         hc, policy = src.config.human_confirm, src.config.conflict_policy
+        listed = hc.defaults if hc is not None else {}
+
+        def about(name: str) -> bool:
+            if for_key is None:
+                return name not in listed
+            return name == for_key or fnmatch.fnmatchcase(for_key, name)
+
         declared: dict[str, set[str]] = {}
         for key, ranking in (policy.rankings.items() if policy is not None else ()):
             if about(key):

@@ -17,6 +17,7 @@ from gateways.conflicts import MergedConflict
 from gateways.policy import ESCALATE, build_human_request
 
 from engine_helpers import cli_in_a_tmp_store, flow, run_json, write_elements
+from test_known_gaps_13 import Clock, _confirmation
 
 cli = cli_in_a_tmp_store
 
@@ -39,18 +40,6 @@ def _go(tmp_path: Path, config: str) -> Path:
     path = write_elements(tmp_path, "go", GO)
     (tmp_path / "go.layerflow.yaml").write_text(config, encoding="utf-8")
     return path
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _confirmation(instance: Any, cid: str) -> dict[str, Any]:
-    return next(c for c in instance.confirmations if c["id"] == cid)
 
 
 def _values(confirmation: dict[str, Any]) -> list[Any]:
