@@ -233,14 +233,36 @@ class ConflictPolicy(_Model):
 class HumanConfirmConfig(_Model):
     """How a person is asked about a join conflict. ``message`` opens the question (the
     branches' values follow it); ``options`` (values, or ``{label, value}``) are offered
-    besides the branches' values, as ``extraOptions`` are."""
+    besides the branches' values, as ``extraOptions`` are. ``defaults`` (``{KEY: VALUE}``)
+    gives a conflict on KEY its own default, over the join's one ``default``."""
 
     message: str | None = None
     options: list[Any] = Field(default_factory=list)
     timeout: float = Field(default=300, gt=0)
     default: Any = None
+    defaults: dict[str, Any] = Field(default_factory=dict)
     on_timeout: Literal["default", "escalate"] = "default"
     extra_options: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("defaults", mode="before")
+    @classmethod
+    def _defaults_per_key(cls, value: Any) -> Any:
+        # one default per context key; a conflict on a key not listed keeps the join's ``default``
+        if not isinstance(value, Mapping):
+            raise PydanticCustomError(
+                "defaults_not_mapping", "must be a mapping of context key to its default (defaults: {go_decision: "
+                "no_go}), got a {kind}: write one entry per key, or use humanConfirm.default for one default for "
+                "every conflict of the join", {"kind": type(value).__name__})
+        for key, default in value.items():
+            if not isinstance(key, str) or not key.strip():
+                raise PydanticCustomError(
+                    "defaults_key", f"has an empty key {key!r} or one that is not text: name the context key whose "
+                    "conflict takes the default (keys not listed take humanConfirm.default)")
+            if default is None:
+                raise PydanticCustomError(
+                    "defaults_value", f"gives key {key!r} no value (null): give its default (a value, or $escalate), "
+                    "or remove the entry so that the key takes humanConfirm.default")
+        return value
 
 
 class LLMOnError(_Model):

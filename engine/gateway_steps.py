@@ -834,7 +834,8 @@ class GatewaySteps:
         if entry.get("on_timeout", "default") != "default":
             why = "onTimeout is escalate"
         elif default is None:
-            # none configured, or the join's one default is not of this conflict's type (policy.default_fits)
+            # none configured for this key (humanConfirm.defaults, else default), or it is not of this
+            # conflict's type (policy.default_for, policy.default_fits)
             why = "no default applies to it"
         else:
             try:

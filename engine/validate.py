@@ -274,6 +274,7 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
+import fnmatch
 import importlib
 import json
 import re
@@ -1470,33 +1471,70 @@ class _Validator:
         values are of its type (``gateways.policy.default_fits``). When the join's config says of which
         types its values are (``conflictPolicy`` rankings and rule values, ``humanConfirm`` options) and
         the default is of none of them, it may never apply: the timeout escalates where the designer
-        expected the default."""
+        expected the default. A key's own default (``humanConfirm.defaults``) is judged the same way
+        against what the config says of that key (its ranking, the rules that may name it, the options);
+        the rankings and rules of a key listed there say nothing of the join's one ``default``."""
         from gateways.policy import ESCALATE
-        from gateways.strategies import json_type
 
         for src in self.sources:
-            hc, policy = src.config.human_confirm, src.config.conflict_policy
-            if hc is None or hc.default is None or hc.default == ESCALATE:
+            hc = src.config.human_confirm
+            if hc is None:
                 continue
-            declared: dict[str, set[str]] = {}
-            for key, ranking in (policy.rankings.items() if policy is not None else ()):
+            if hc.default is not None and hc.default != ESCALATE:
+                declared = self._declared_forms(src, None)
+                self._default_unfit(src, hc.default, declared, "humanConfirm.default", ("humanConfirm", "default"))
+            for key, default in hc.defaults.items():
+                if default == ESCALATE:
+                    continue
+                declared = self._declared_forms(src, key)
+                self._default_unfit(src, default, declared, f"humanConfirm.defaults.{key}",
+                                    ("humanConfirm", "defaults", key))
+
+    @staticmethod
+    def _declared_forms(src: _Source, for_key: str | None) -> dict[str, set[str]]:
+        """The JSON types of the values a join's config names (type -> where): ``conflictPolicy``
+        rankings and rule values, and ``humanConfirm`` options (any key's). ``for_key``: only the
+        rankings and rules that may be about that key; None: those of the keys the join's one
+        ``default`` serves (every key not listed in ``humanConfirm.defaults``)."""
+        from gateways.strategies import json_type
+
+        hc, policy = src.config.human_confirm, src.config.conflict_policy
+        listed = hc.defaults if hc is not None else {}
+
+        def about(name: str) -> bool:
+            if for_key is None:
+                return name not in listed
+            return name == for_key or fnmatch.fnmatchcase(for_key, name)
+
+        declared: dict[str, set[str]] = {}
+        for key, ranking in (policy.rankings.items() if policy is not None else ()):
+            if about(key):
                 for value in ranking:
                     declared.setdefault(json_type(value), set()).add(f"the ranking of {key!r}")
-            for rule in (policy.rules if policy is not None else ()):
+        for rule in (policy.rules if policy is not None else ()):
+            if about(rule.key):
                 declared.setdefault(json_type(rule.value), set()).add(f"the rule for {rule.key!r}")
-            for option in [*hc.options, *hc.extra_options]:
-                value = option.get("value") if isinstance(option, dict) and "value" in option else option
-                declared.setdefault(json_type(value), set()).add("humanConfirm options")
-            form = json_type(hc.default)
-            if not declared or form in declared:
-                continue
-            listed = "; ".join(f"{kind}: {', '.join(sorted(where))}" for kind, where in sorted(declared.items()))
-            self.add("human_confirm_default_unfit", f"humanConfirm.default {hc.default!r} is a {form}, and the values "
-                     f"this join's config names are of other types ({listed}); the default is offered, and taken "
-                     "when the timeout runs out, only for a conflict whose values are of its type, so here the "
-                     "timeout may fall back on the suggestion or escalate instead: give a default of the values' "
-                     "type, or remove it", file=src.file, line=src.line_of("humanConfirm", "default"),
-                     element_id=src.element_id, field="humanConfirm.default", severity="warning")
+        for option in [*(hc.options if hc else ()), *(hc.extra_options if hc else ())]:
+            value = option.get("value") if isinstance(option, dict) and "value" in option else option
+            declared.setdefault(json_type(value), set()).add("humanConfirm options")
+        return declared
+
+    def _default_unfit(self, src: _Source, default: Any, declared: dict[str, set[str]], field: str,
+                       path: tuple[str, ...]) -> None:
+        from gateways.strategies import json_type
+
+        form = json_type(default)
+        if not declared or form in declared:
+            return
+        listed = "; ".join(f"{kind}: {', '.join(sorted(where))}" for kind, where in sorted(declared.items()))
+        which = "this join's config names" if field == "humanConfirm.default" else \
+            f"this join's config names for key {path[-1]!r}"
+        self.add("human_confirm_default_unfit", f"{field} {default!r} is a {form}, and the values "
+                 f"{which} are of other types ({listed}); the default is offered, and taken "
+                 "when the timeout runs out, only for a conflict whose values are of its type, so here the "
+                 "timeout may fall back on the suggestion or escalate instead: give a default of the values' "
+                 "type, or remove it", file=src.file, line=src.line_of(*path),
+                 element_id=src.element_id, field=field, severity="warning")
 
     def _check_join_fields(self) -> None:
         """Join settings where no join reads them: a designer who put ``mergeStrategy:

@@ -58,6 +58,7 @@ __all__ = [
     "ResolutionStep",
     "build_human_request",
     "default_fits",
+    "default_for",
     "evaluate",
     "evaluate_condition",
     "match_answer",
@@ -236,7 +237,8 @@ def _merged_entries(conflict: MergedConflict) -> Any:
 def default_fits(default: Any, conflict: MergedConflict, suggestion: Resolution | None = None) -> bool:
     """Whether a join's ``humanConfirm.default`` fits ``conflict``: it is of the JSON type of a
     value a branch wrote or of the suggestion (text for a conflict on text, a number for one
-    on numbers). A join has one default for all its conflicts; where it does not fit (the
+    on numbers). A join has one default for all its conflicts (a key listed in
+    ``humanConfirm.defaults`` has its own instead, ``default_for``, judged the same way); where it does not fit (the
     join's ``needs_review`` on a conflict over a score) it is neither offered nor what the
     timeout gives, which then falls back as with no default. ``$escalate`` fits every one, and
     so does a deletion (``{"$deleted": true}``): neither is a value of a type. The same test
@@ -252,6 +254,16 @@ def _forms(conflict: MergedConflict, suggestion: Resolution | None) -> set[str]:
     if suggestion is not None and suggestion.value is not DELETED:
         forms.add(json_type(suggestion.value))
     return forms
+
+
+def default_for(config: ActivityExtensionConfig, key: str) -> Any:
+    """The configured default for a conflict on ``key``: the join's ``humanConfirm.defaults[key]``
+    when it lists the key, else its one ``humanConfirm.default`` (None when neither is set).
+    Whether it is offered and taken still depends on ``default_fits``."""
+    hc = config.human_confirm
+    if hc is None:
+        return None
+    return hc.defaults[key] if key in hc.defaults else hc.default
 
 
 def _config_options(config: ActivityExtensionConfig) -> list[dict[str, Any]]:
@@ -309,11 +321,12 @@ def build_human_request(
         options.append(extra)
     # The configured default is what the timeout gives, so a person may choose it too; were it
     # missing from the options it could never be an answer, and the timeout would escalate instead.
-    fits = hc is not None and hc.default is not None and default_fits(hc.default, conflict, suggestion)
-    if (fits and hc is not None and hc.default != ESCALATE
-            and not any(same_value(o["value"], hc.default) for o in options)):
-        options.append({"label": f"{_show(hc.default)} (the default when nobody answers)",
-                        "value": jsonable(hc.default)})
+    configured = default_for(config, conflict.key)
+    fits = configured is not None and default_fits(configured, conflict, suggestion)
+    if (fits and configured != ESCALATE
+            and not any(same_value(o["value"], configured) for o in options)):
+        options.append({"label": f"{_show(configured)} (the default when nobody answers)",
+                        "value": jsonable(configured)})
     if not any(o["value"] == ESCALATE for o in options):  # the config may offer it under a label of its own
         options.append({"label": "escalate (stop the instance for an administrator)", "value": ESCALATE})
 
@@ -331,7 +344,7 @@ def build_human_request(
         message = f"{hc.message} {message}"
 
     if fits and hc is not None:
-        default, on_timeout = hc.default, hc.on_timeout
+        default, on_timeout = configured, hc.on_timeout
     elif suggestion is not None:
         default, on_timeout = jsonable(suggestion.value), (hc.on_timeout if hc else "default")
     else:
