@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine_helpers import cli_in_a_tmp_store  # noqa: F401 - the "cli" fixture
-from engine_helpers import flow, run_json, script_task, write_elements
+from engine_helpers import cli_in_a_tmp_store, flow, run_json, script_task, write_elements
 
 from engine.validate import validate_process
+
+cli = cli_in_a_tmp_store  # the fixture "cli", here too
 
 
 def _escalating(tmp_path: Path, escalation: str | None, *, throw: bool = True) -> Path:
