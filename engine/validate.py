@@ -199,6 +199,9 @@ not make ``report.ok`` false:
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: nothing can send it, it never fires
+``escalation_without_code`` W         a bpmn:escalation with no escalationCode that a throw event (intermediate
+                                      or end) names: every catch naming such an escalation catches it, as does
+                                      every catch-all (no escalationRef)
 ``event_extension_misplaced``         a spiffworkflow:payloadExpression / variableName on a signal, error or
                                       escalation event definition: SpiffWorkflow reads them from the
                                       bpmn:signal (error, escalation) only, so they are never read
@@ -538,6 +541,7 @@ class _Validator:
             self._check_forms(doc)
             self._check_correlations(doc)
             self._check_payloads(doc)
+            self._check_escalation_codes(doc)
         if config is not None:
             self._check_config_file(config, main)
         self._check_merges()
@@ -2198,6 +2202,27 @@ class _Validator:
                     f"metaKey=\"entry\" metaValue={reference!r}, which SpiffWorkflow 3.2 does not read): name the "
                     f"process it calls, {todo}")
         return ": name the process it calls, calledElement=\"PROCESS_ID\""
+
+    def _check_escalation_codes(self, doc: _Doc) -> None:
+        """A bpmn:escalation with no escalationCode that a throw event names: every catch that names
+        an escalation without a code catches it, as every catch-all does (no escalationRef), in
+        SpiffWorkflow and Camunda 7 alike; rarely what was meant, so a warning."""
+        throws: dict[str, list[str]] = {}
+        for tag in ("intermediateThrowEvent", "endEvent"):
+            for event in doc.root.iter(_bpmn(tag)):
+                for definition in event.iterfind(_bpmn("escalationEventDefinition")):
+                    if definition.get("escalationRef"):
+                        throws.setdefault(definition.get("escalationRef"), []).append(event.get("id") or "?")
+        for escalation in doc.root.iterfind(_bpmn("escalation")):
+            eid = escalation.get("id")
+            if not eid or escalation.get("escalationCode") or eid not in throws:
+                continue
+            thrown_by = ", ".join(repr(t) for t in throws[eid])
+            self.add("escalation_without_code", f"bpmn:escalation {eid!r} has no escalationCode and is thrown by "
+                     f"{thrown_by}: every catch naming an escalation without a code catches it, as does every "
+                     "catch without an escalationRef; give it an escalationCode (a catch without an escalationRef "
+                     "catches every escalation, which is meant for catch-alls)", file=doc.file,
+                     line=escalation.sourceline, element_id=eid, field="escalationCode", severity="warning")
 
     def _check_payloads(self, doc: _Doc) -> None:
         """A message's payload (``spiffworkflow:messagePayload``, on the bpmn:message or where it is sent)
