@@ -38,7 +38,7 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,19 +359,24 @@ def build_human_request(
     )
 
 
+def _matchers(answer: Any) -> tuple[Callable[[Mapping[str, Any]], bool], ...]:
+    """The ways ``answer`` picks an option, in order: by value, by label, by the value's JSON text."""
+    return (lambda o: bool(same_value(o["value"], answer)),
+            lambda o: isinstance(answer, str) and answer == o["label"],
+            lambda o: isinstance(answer, str) and answer == json.dumps(o["value"], ensure_ascii=False))
+
+
 def _picks(option: Mapping[str, Any], answer: Any) -> bool:
-    return bool(same_value(option["value"], answer)
-                or (isinstance(answer, str) and answer == option["label"])
-                or (isinstance(answer, str) and answer == json.dumps(option["value"], ensure_ascii=False)))
+    return any(matches(option) for matches in _matchers(answer))
 
 
 def match_answer(request: HumanRequest, answer: Any) -> dict[str, Any]:
     """The option ``answer`` picks: by value, by label, or by the value's JSON text (a
     CLI ``--answer KEY=VALUE`` is a string). Raises ``InvalidAnswerError``."""
-    for matches in (lambda o: same_value(o["value"], answer),
-                    lambda o: isinstance(answer, str) and answer == o["label"],
-                    lambda o: isinstance(answer, str) and answer == json.dumps(o["value"], ensure_ascii=False),
-                    lambda o: answer == "escalate" and o["value"] == ESCALATE):
+    def escalates(o: Mapping[str, Any]) -> bool:  # the word, as a CLI answer gives it
+        return bool(answer == "escalate" and o["value"] == ESCALATE)
+
+    for matches in (*_matchers(answer), escalates):
         for option in request.options:
             if matches(option):
                 return option
