@@ -345,3 +345,151 @@ def test_an_operator_rolls_back_and_replays_through_rest_then_the_reminder_fires
     assert final["completed_user_task"]["task_id"] == "irb_approval"
     main = engine.load(iid).main
     assert LayeredContext.replay(main.tape) == main
+
+
+# ------------------------------------------------------------------ the churn case: two workers, a person through REST
+
+CUSTOMERS = {
+    "C-100": ({"customer_id": "C-100", "tenure_months": 30, "monthly_spend": 40, "complaints": 3,
+               "logins_last_30d": 2, "late_payments": True}, "accepted"),
+    "C-200": ({"customer_id": "C-200", "tenure_months": 6, "monthly_spend": 25, "complaints": 0,
+               "logins_last_30d": 12, "late_payments": False}, "declined")}
+CHURN_EXPECTED = {
+    "C-100": {"churn_risk": 0.8, "offer_percent": 20, "signals": ["low_logins", "late_payment"],
+              "contact_channel": "phone", "lifetime_value": 1200, "call_outcome": "accepted",
+              "retention_status": "retained", "discount_applied": 20},
+    "C-200": {"churn_risk": 0.2, "offer_percent": 10, "signals": [], "contact_channel": "phone",
+              "lifetime_value": 150, "call_outcome": "declined", "retention_status": "churned"}}
+TOKEN = "u16-token"
+
+
+def _spawn(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERFLOW_API_TOKEN": TOKEN}
+    env.pop("LAYERFLOW_STORE", None)
+    return subprocess.Popen([sys.executable, "-m", "engine.cli", *args], env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _served_url(server: subprocess.Popen[str]) -> str:
+    deadline = time.monotonic() + 60
+    assert server.stderr is not None
+    while True:
+        line = server.stderr.readline()
+        assert line or server.poll() is None, "the server exited"
+        assert time.monotonic() < deadline, "the server did not start"
+        found = re.search(r"serving .* on (http://127\.0\.0\.1:\d+)", line)
+        if found:
+            return found.group(1)
+
+
+def _until(api: httpx.Client, iid: str, done: Any, what: str, procs: list[subprocess.Popen[str]]) -> dict[str, Any]:
+    deadline = time.monotonic() + 45
+    while True:
+        doc: dict[str, Any] = api.get(f"/api/instances/{iid}").json()
+        if done(doc):
+            return doc
+        assert time.monotonic() < deadline, f"{iid} never {what}: {doc['status']} {doc['waiting_for']} {doc['error']}"
+        assert all(p.poll() is None for p in procs), "a worker or the server exited"
+        time.sleep(0.1)
+
+
+@pytest.fixture()
+def churn_store() -> Iterator[tuple[str, str]]:
+    with redis_scratch(REDIS, "lfu16-churn") as prefix:
+        yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
+
+
+def test_two_workers_run_the_churn_cases_while_account_managers_answer_through_rest(
+        churn_store: tuple[str, str], cli: Any) -> None:
+    """submit (Redis) -> two workers run each case to the account manager's call -> the calls are
+    answered through `layerflow serve` (the server runs the case on to the cooling-off timer) -> a
+    worker's timer scan fires the due timer, another runs the case to its end -> `inspect` and `tape`."""
+    store, stream = churn_store
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        procs.append(_spawn("serve", "--host", "127.0.0.1", "--port", "0", "--catalog", str(HERE), "--store", store))
+        url = _served_url(procs[0])
+        for name in ("w1", "w2"):
+            procs.append(_spawn("worker", "--store", store, "--stream", stream, "--consumer", f"lfu16-{name}",
+                                "--timer-interval", "0.5", "--idle-ms", "5000"))
+        ids: dict[str, str] = {}
+        for customer, (data, _) in CUSTOMERS.items():
+            result = cli("submit", str(CHURN), "--data", json.dumps(data), "--store", store, "--stream", stream,
+                         "--json")
+            assert result.exit_code == 0, result.stderr
+            [ids[customer]] = json.loads(result.stdout)["instance_ids"]
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as api:
+            for customer, iid in ids.items():
+                doc = _until(api, iid, lambda d: d["status"] != "queued" and d["waiting_for"], "waited", procs)
+                _check_document(doc, 3, "churn_retention")
+                [wait] = doc["waiting_for"]
+                assert (wait["kind"], wait["task_id"]) == ("user_task", "account_manager_call")
+                assert wait["documentation"].startswith("Call the customer")
+                history = data_of(doc["layers"]["L3"])
+                assert {k: history[k] for k in ("churn_risk", "signals", "contact_channel")} == {
+                    k: CHURN_EXPECTED[customer][k] for k in ("churn_risk", "signals", "contact_channel")}
+                [conflict] = doc["conflicts"]
+                assert (conflict["key"], conflict["values"], conflict["resolution"]["resolver"]) == (
+                    "contact_channel", {"usage_analysis": "email", "billing_analysis": "phone"}, "policy")
+            for customer, iid in ids.items():
+                answered = api.post(f"/api/instances/{iid}/user-tasks/account_manager_call",
+                                    json={"data": {"call_outcome": CUSTOMERS[customer][1]}})
+                assert answered.status_code == 200, answered.text
+                doc = answered.json()
+                assert doc["completed_user_task"]["task_id"] == "account_manager_call" and doc["notices"] == []
+                [wait] = doc["waiting_for"]
+                assert (wait["kind"], wait["task_id"]) == ("timer", "cooling_off") and wait["due"]
+            finals = {c: _until(api, iid, lambda d: d["status"] != "waiting", "completed", procs)
+                      for c, iid in ids.items()}
+        for customer, doc in finals.items():
+            assert doc["status"] == "completed", doc["error"]
+            history = {k: v for k, v in data_of(doc["layers"]["L3"]).items() if not k.startswith("_")}
+            assert history == CHURN_EXPECTED[customer]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+    # the CLI, afterwards, on the same store
+    for customer, iid in ids.items():
+        seen = run_json(cli, "inspect", iid, "--store", store)
+        assert seen["status"] == "completed" and seen["layers"] == finals[customer]["layers"]
+        assert seen["layers"]["L3"]["churn_risk"] == CHURN_EXPECTED[customer]["churn_risk"]
+        tape = json.loads(cli("tape", iid, "--store", store, "--json").stdout)
+        main = [e for e in tape if e["context"] == "main"]
+        assert [e["seq"] for e in main] == sorted({e["seq"] for e in main})        # one tape, in order, no gaps
+        assert [e["seq"] for e in main] == list(range(1, len(main) + 1))
+        notes = [e.get("data", {}).get("note") for e in main]
+        assert notes.count("split") == 1 + 1 and notes.count("join") == 1      # the parallel split, the XOR
+        [conflict] = json.loads(cli("tape", iid, "--kind", "conflict", "--store", store, "--json").stdout)
+        assert conflict["data"]["key"] == "contact_channel"
+        call = json.loads(cli("tape", iid, "--activity", "account_manager_call", "--store", store, "--json").stdout)
+        assert any(e.get("data", {}).get("note") == "user_input" for e in call)
+        ran = [e["activity"] for e in main if e["kind"] == "begin"]
+        assert ran.count("score_churn") == 1 and ran.count(
+            "apply_offer" if customer == "C-100" else "close_account") == 1      # every step ran once
+        engine = Engine(store)
+        ctx = engine.load(iid).main
+        assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_the_tape_of_the_call_shows_what_the_account_manager_entered_and_what_was_refused(cli: Any,
+                                                                                       tmp_path: Path) -> None:
+    """An auditor asks what happened at the call: `layerflow tape --activity account_manager_call` (and
+    REST's `?activity=`) listed the task's begin, write and complete, but not the person's answer
+    (the `user_input` note) nor the refusal of an answer the layer rules refused (`answer_refused`):
+    both name the task in `task_id`, not as the event's activity, like a join's `human_decision`."""
+    store = f"sqlite:///{tmp_path / 'churn.db'}"
+    data, outcome = CUSTOMERS["C-100"]
+    iid = run_json(cli, "run", str(CHURN), "--data", json.dumps(data), "--store", store, code=3)["instance_id"]
+    refused = cli("resume", iid, "--answer", 'account_manager_call={"customer_id": "C-999"}', "--store", store)
+    assert refused.exit_code == 2 and "customer_id" in refused.stderr
+    answer = "account_manager_call=" + json.dumps({"call_outcome": outcome})
+    run_json(cli, "resume", iid, "--answer", answer, "--store", store, code=3)
+    listed = json.loads(cli("tape", iid, "--activity", "account_manager_call", "--store", store, "--json").stdout)
+    notes = [(e["data"].get("note"), e["data"].get("keys") or e["data"].get("key")) for e in listed
+             if e["kind"] == "note"]
+    assert notes == [("answer_refused", "customer_id"), ("user_input", ["call_outcome"])]
+    assert [e["kind"] for e in listed if e["kind"] != "note"] == ["begin", "write", "complete"]
+    rest = _rest(Engine(store)).get(f"/api/instances/{iid}/tape", params={"activity": "account_manager_call"}).json()
+    assert [(e["context"], e["seq"]) for e in rest["events"]] == [(e["context"], e["seq"]) for e in listed]
