@@ -493,3 +493,56 @@ def test_the_tape_of_the_call_shows_what_the_account_manager_entered_and_what_wa
     assert [e["kind"] for e in listed if e["kind"] != "note"] == ["begin", "write", "complete"]
     rest = _rest(Engine(store)).get(f"/api/instances/{iid}/tape", params={"activity": "account_manager_call"}).json()
     assert [(e["context"], e["seq"]) for e in rest["events"]] == [(e["context"], e["seq"]) for e in listed]
+
+
+def test_a_later_cliff_folds_the_site_reviews_and_keeps_every_sites_verdict(cli: Any) -> None:
+    """README: what a rule kept survives the fold verbatim, in the record's `kept`. The sites' results,
+    reduced by `extract_keys` at the compilation, are folded by the cliff after the IRB's approval:
+    each site's verdict is in `kept`; the preserved keys stay where they were."""
+    answers = json.dumps({"user_tasks": {"irb_approval": {"irb_approved": True}}})
+    doc = run_json(cli, "run", str(TRIAL), "--config", str(HERE / "protocol_amendment.fold.yaml"), "--data",
+                   json.dumps(AMENDMENT), "--answers", answers, "--store", "memory://")
+    assert doc["status"] == "completed", doc["error"]
+    history = doc["layers"]["L3"]
+    first, second = doc["compressions"]
+    assert (first["activity_id"], second["activity_id"], second["triggers"][0]) == (
+        "compile_reviews", "irb_approval", "token_threshold")
+    assert "site_results" in second["folded"] and "site_results" not in history
+    assert history["compaction:1"]["kept"] == [
+        "site_results: site: BER; accepted: true; site: PAR; accepted: true; site: MAD; accepted: false"]
+    assert (history["amendment_version"], history["accepted_sites"], history["objections"]) == (2, ["BER", "PAR"],
+                                                                                                ["MAD"])
+    assert history["notification"] == "Amendment 2 of CT-88 approved for BER, PAR"
+
+
+def test_the_site_review_instances_share_the_tasks_working_and_the_last_write_stays(tmp_path: Path) -> None:
+    """README (written for this round): the instances of a multi-instance task, parallel ones too, run
+    in the task's context one after another; a key each writes, other than its output item, keeps the
+    last instance's value (no join, no conflict). Collect per-instance values in the output item."""
+    text = TRIAL.read_text().replace('<bpmn:script>site_result = {', '<bpmn:script>last_reviewed = site\nsite_result = {')
+    path = tmp_path / "protocol_amendment.bpmn"
+    path.write_text(text)
+    (tmp_path / "protocol_amendment.layerflow.yaml").write_text((HERE / "protocol_amendment.layerflow.yaml").read_text())
+    waiting = Engine("memory://").run(load_process(path), AMENDMENT)
+    history = waiting.main.layer(Layer.HISTORY)
+    assert history["last_reviewed"] == "MAD" and [r["site"] for r in history["site_results"]] == ["BER", "PAR", "MAD"]
+    assert waiting.to_document()["conflicts"] == []
+
+
+def test_cron_fires_the_purchasing_question_that_timed_out(cli: Any, tmp_path: Path) -> None:
+    """README: a confirmation with a timeout is due like a timer: `layerflow timers` lists it, `--fire`
+    applies its default. A one-second timeout in a config of the test's own (handlers are found beside
+    the BPMN)."""
+    config = tmp_path / "fast.yaml"
+    config.write_text((HERE / "purchase_order.layerflow.yaml").read_text().replace("timeout: 600", "timeout: 1"))
+    store = f"sqlite:///{tmp_path / 'po.db'}"
+    iid = run_json(cli, "run", str(PO), "--config", str(config), "--data", json.dumps(ORDER), "--store", store,
+                   code=3)["instance_id"]
+    time.sleep(1.2)
+    listed = cli("timers", "--store", store)
+    assert listed.exit_code == 0 and f"{iid}  confirmation review_join/risk_rating times out" in listed.stdout
+    fired = json.loads(cli("timers", "--fire", "--store", store, "--json").stdout)
+    assert [(f["instance_id"], f["status"]) for f in fired["fired"]] == [(iid, "completed")]
+    doc = run_json(cli, "inspect", iid, "--store", store)
+    assert doc["layers"]["L3"]["po_status"] == "on_hold"
+    assert [(c["answer"], c["timed_out"]) for c in doc["confirmations"]] == [("high", True)]
