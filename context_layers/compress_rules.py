@@ -19,9 +19,10 @@ Actions:
   (``data.id``) at the same paths, lists staying lists: a numeric segment indexes a
   list (``rows.1.id`` keeps ``rows: [null, {"id": ...}]``, the slots before it ``null``),
   a name segment on a list takes that field of each item (``rows.id``); missing paths
-  are skipped and reported; an entry where no path resolves (or a value that is not
-  an object) is left unchanged. With no ``extractKeys``: keep the top-level scalar
-  fields of at most ``SHORT_FIELD_TOKENS`` tokens.
+  are skipped and reported; an entry that is itself a list of rows has each path read
+  in every row (``site``: the ``site`` of each row); an entry where no path resolves (or a
+  value that is neither an object nor a list) is left unchanged. With no ``extractKeys``:
+  keep the top-level scalar fields of at most ``SHORT_FIELD_TOKENS`` tokens.
 * ``summarize``: ``{"kind", "_compressed": "summarize", "summary"}`` plus the identity
   fields (``activity``, ``tool``, ``name``, ``call_id``, ``tool_call_id``, ``status``)
   when scalar; the summary fits ``maxTokens`` (tiktoken). An entry already summarized
@@ -167,6 +168,8 @@ def _filled(value: Any) -> Any:
 
 def extract_paths(value: Any, paths: Sequence[str], *, encoding: str = DEFAULT_ENCODING) -> tuple[Any | None, list[str]]:
     """The reduced value (``None`` when nothing resolves) and the paths that did not resolve."""
+    if isinstance(value, list) and paths:
+        return _extract_rows(value, paths)
     if not isinstance(value, dict):
         return None, list(paths)
     out: dict[str, Any] = {}
@@ -196,6 +199,22 @@ def extract_paths(value: Any, paths: Sequence[str], *, encoding: str = DEFAULT_E
                 out[k] = v
                 found = True
     return (out if found else None), missing
+
+
+def _extract_rows(rows: list[Any], paths: Sequence[str]) -> tuple[Any | None, list[str]]:
+    """An entry that is a list of rows (a multi-instance task's output collection): each path
+    is read in every row, as ``data.rows.id`` reads it inside an object, and the list stays a
+    list of the rows' picked fields. It carries no ``_compressed`` marker (a list has no field
+    for it); applied again it picks the same fields, so the rule stays idempotent."""
+    picked: Any = _ABSENT
+    missing: list[str] = []
+    for path in paths:
+        sub = _pick(rows, path.split("."))
+        if sub is _ABSENT:
+            missing.append(path)
+        else:
+            picked = _merge(picked, sub)
+    return (None if picked is _ABSENT else _filled(picked)), missing
 
 
 def _counter(encoding: str) -> Callable[[Any], int]:

@@ -70,7 +70,7 @@ from .attention import (
     is_compressor_record,
 )
 from .canonical import canonical_json
-from .compress_rules import Judged, SummaryCache, apply_rules
+from .compress_rules import Judged, SummaryCache, apply_rules, extract_paths
 from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext, entry_kind
 from .errors import ContextKeyError
@@ -276,6 +276,7 @@ class RuleDrivenCompressor:
             return list(apply_rules(pairs, rules, protected=protected, summarize=summarize, encoding=enc,
                                     counts=counts, judged=judged, tokens=tok).items)
         items = list(ruled.items)
+        row_kept = _rows_kept(items, rules)
         missing = {k: list(v) for k, v in ruled.missing_paths.items()}
         ruled_tokens = sum(tok(v) for _, v in items) + working_tokens
 
@@ -291,7 +292,8 @@ class RuleDrivenCompressor:
             chosen, dropped = self._directed(items, seg, directive, protected)
         else:
             chosen = self._remedies(items, seg, scope, acting, protected)
-            chosen, target = self._cliff(items, seg, chosen, protected, target, entry_target, soft, working_tokens, tok, enc)
+            chosen, target = self._cliff(items, seg, chosen, protected, target, entry_target, soft, working_tokens, tok, enc,
+                                         kept=row_kept)
             dropped = []
         budget = self._budget(directive, target)
 
@@ -305,11 +307,11 @@ class RuleDrivenCompressor:
         if chosen or dropped:
             final, record, compaction_key = self._fold(items, seg, chosen, dropped, directive, budget, summarize,
                                                        rerule, tok, working_tokens, scope.tokens, enc, predicted_id,
-                                                       target=target)
+                                                       target=target, rows_kept=row_kept)
             after = sum(tok(v) for _, v in final) + working_tokens
             if chosen and dropped:
                 unfolded = self._fold(items, seg, [], dropped, directive, budget, summarize, rerule, tok,
-                                      working_tokens, scope.tokens, enc, predicted_id)[0]
+                                      working_tokens, scope.tokens, enc, predicted_id, rows_kept=row_kept)[0]
             # A fold must save tokens, except one the message threshold asked for: there the
             # number of HISTORY entries is what the designer limits, and a few tiny entries
             # folded into one record may cost a token or two more.
@@ -319,7 +321,7 @@ class RuleDrivenCompressor:
                 if dropped:
                     final, record, compaction_key = self._fold(items, seg, [], dropped, directive, budget, summarize,
                                                                rerule, tok, working_tokens, scope.tokens, enc,
-                                                               predicted_id)
+                                                               predicted_id, rows_kept=row_kept)
                 else:
                     final, record, compaction_key = items, None, None
 
@@ -435,7 +437,8 @@ class RuleDrivenCompressor:
     def _cliff(self, items: list[tuple[str, Any]], seg: Segments, chosen: list[str],
                protected: frozenset[str] | set[str],
                target: int | None, entry_target: int | None, soft: Sequence[int], working_tokens: int,
-               tok: Callable[[Any], int], enc: str) -> tuple[list[str], int | None]:
+               tok: Callable[[Any], int], enc: str, *,
+               kept: frozenset[str] = frozenset()) -> tuple[list[str], int | None]:
         """Fold oldest activities until the targets are met; the effective token target.
 
         A density target that folding every foldable activity could not reach is dropped
@@ -449,7 +452,7 @@ class RuleDrivenCompressor:
             if owner is not None and owner != COMPACTED and k not in protected:
                 by_owner.setdefault(owner, []).append(k)
         foldable_records = [r for r in seg.records if r not in keep]
-        est = _Estimate(items, working_tokens, tok, enc)
+        est = _Estimate(items, working_tokens, tok, enc, kept)
         for key in chosen:
             est.add(key)
         if soft:
@@ -500,7 +503,8 @@ class RuleDrivenCompressor:
               directive: _Directive | None, budget: int, summarize: SummaryCache,
               rerule: Callable[[list[tuple[str, Any]]], list[tuple[str, Any]]], tok: Callable[[Any], int],
               working_tokens: int, tokens_before: int, enc: str, snapshot_id: str, *,
-              target: int | None = None) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
+              target: int | None = None,
+              rows_kept: frozenset[str] = frozenset()) -> tuple[list[tuple[str, Any]], dict[str, Any] | None, str | None]:
         gone = set(chosen) | set(dropped)
         values = dict(items)
         compactions = [k for k, _ in items if k.startswith("compaction:")] if chosen else []
@@ -520,7 +524,7 @@ class RuleDrivenCompressor:
         for key, value in items:
             if key not in chosen_set:
                 continue
-            if _rule_kept(value):
+            if _rule_kept(value) or key in rows_kept:
                 kept.append(_kept_line(key, value))
                 continue
             if entry_kind(key, value) == "activity" and isinstance(value, dict):
@@ -593,7 +597,8 @@ class _Estimate:
     where input is the text to summarize (what the rules kept is carried, not summarized)."""
 
     def __init__(self, items: Sequence[tuple[str, Any]], working_tokens: int, tok: Callable[[Any], int],
-                 enc: str) -> None:
+                 enc: str, rows_kept: frozenset[str] = frozenset()) -> None:
+        self.rows_kept = rows_kept
         self.sizes = {k: tok(v) for k, v in items}
         self.values = dict(items)
         self.enc = enc
@@ -625,7 +630,7 @@ class _Estimate:
         self.picked[key] = None
         self.removed += self.sizes[key]
         value = self.values[key]
-        if _rule_kept(value):
+        if _rule_kept(value) or key in self.rows_kept:
             self.kept += _covers_tokens(_kept_line(key, value), self.enc)
         else:
             self.input += min(ENTRY_TEXT_TOKENS, self.sizes[key])
@@ -654,6 +659,16 @@ def _covers_tokens(key: str, enc: str) -> int:
 def _rule_kept(value: Any) -> bool:
     """An ``extract_keys`` output: what the designer asked to keep of the entry."""
     return isinstance(value, dict) and value.get("_compressed") == "extract_keys"
+
+
+def _rows_kept(items: Sequence[tuple[str, Any]], rules: Sequence[Any]) -> frozenset[str]:
+    """The entries that are lists of rows an ``extract_keys`` rule of this compression reduced (the
+    rule leaves them as they are now): a list has no field for the ``_compressed`` marker a reduced
+    object carries, so a fold knows them by the rule, and carries them in ``kept`` as it does the
+    objects."""
+    paths = [r for r in rules if r.action == "extract_keys" and r.extract_keys]
+    return frozenset(k for k, v in items if isinstance(v, list) and any(
+        r.matches(entry_kind(k, v), k) and extract_paths(v, r.extract_keys)[0] == v for r in paths))
 
 
 def _kept_line(key: str, value: Any) -> str:

@@ -1383,9 +1383,12 @@ def activity_events(ctx: LayeredContext, activity: str, branch: str | None, key:
     (``layerflow tape --activity`` and ``GET /api/instances/{id}/tape?activity=`` alike)."""
     found = {e.seq for e in ctx.tape.filter(activity=activity, branch=branch, key=key)}
     rest = ctx.tape.filter(branch=branch, key=key)
-    # a person's decision on a join's conflict names the gateway in its confirmation id, GATEWAY/KEY
+    # a person's decision on a join's conflict names the gateway in its confirmation id, GATEWAY/KEY;
+    # a person's answer to a user task (and its refusal) is noted before the task begins, naming it
+    # in task_id
     mine = [e for e in rest if e.activity is None
-            and (activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"))
+            and (activity in ((e.data or {}).get("gateway"), (e.data or {}).get("gateway_id"),
+                              (e.data or {}).get("task_id"))
                  or str((e.data or {}).get("confirmation_id") or "").startswith(f"{activity}/"))]
     splits = {(e.data or {}).get("snapshot_id") for e in mine}
     found |= {e.seq for e in mine}

@@ -1623,10 +1623,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 raise AnswerWriteDenied(denied, task_id=bpmn_id)
             reason = ctx.check_write(Layer.WORKING, key)[1]
             if reason is not None and not unchanged:
+                bpmn_id = spiff.bpmn_id_of(task)
                 try:
                     ctx.write(Layer.WORKING, key, value, actor=actor)  # puts the refusal on the tape, raises
                 except ContextWriteDenied as err:
-                    raise AnswerWriteDenied(err, task_id=spiff.bpmn_id_of(task)) from None
+                    # the denied write names no task: the note says which task's answer it was, as a
+                    # form's or an engine key's refusal does
+                    ctx.record("answer_refused", actor=actor, data={"task_id": bpmn_id, "key": key, "reason": reason})
+                    raise AnswerWriteDenied(err, task_id=bpmn_id) from None
 
     def find_waiting_task(self, task_id: str) -> Any:
         for task in _ready_tasks(self.instance.workflow):

@@ -204,3 +204,25 @@ def test_the_summary_of_the_rest_makes_room_for_the_kept_lines() -> None:
     # the compaction's rest was summarized twice, the second time shorter
     rest = [n for text, n in asked if text == asked[-1][0]]
     assert len(rest) == 2 and rest[1] < rest[0] and count_text(record["summary"]) <= rest[1]
+
+
+def test_a_cliff_over_a_list_of_rows_an_extract_keys_rule_reduced_keeps_every_row() -> None:
+    """A multi-instance task's output collection (a list of rows) reduced by `extractKeys: [site,
+    accepted]` carries no `_compressed` marker (a list has no field for it): a later cliff summarized
+    it like any text, and the sites' verdicts were cut away. It is carried in `kept` as a reduced
+    object is."""
+    ctx = LayeredContext()
+    rows = [{"site": s, "accepted": s != "MAD", "note": f"Site {s} checked staffing and pharmacy stock. " * 6}
+            for s in ("BER", "PAR", "MAD")]
+    activity(ctx, "site_review", {"site_results": rows, "review_log": "every site answered on time. " * 20})
+    activity(ctx, "compile", {"accepted_sites": ["BER", "PAR"]}, preserve=("accepted_sites",))
+    config = config_from_dict({"compressTokenThreshold": 60, "attentionThresholds": {"density": 0.0},
+                               "compressRules": [{"pattern": "site_results", "action": "extract_keys",
+                                                  "extractKeys": ["site", "accepted"]}]})
+    result = after_activity(ctx, config)
+    assert result is not None and "site_results" in result.folded
+    record = ctx.layer(Layer.HISTORY)["compaction:1"]
+    assert record["kept"] == ["site_results: site: BER; accepted: true; site: PAR; accepted: true; site: MAD; "
+                              "accepted: false"]
+    assert record["tokens_after"] == result.tokens_after == scope_tokens(ctx) < result.tokens_before
+    assert LayeredContext.replay(ctx.tape) == ctx

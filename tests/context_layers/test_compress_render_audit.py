@@ -615,3 +615,22 @@ def test_token_counts_need_no_network(tmp_path: Any) -> None:
     assert out.returncode == 0, out.stderr
     tokens, imported = out.stdout.split()
     assert int(tokens) > 10 and imported == "False"
+
+
+SITE_RESULTS = [{"site": "BER", "accepted": True, "note": "n " * 40}, {"site": "MAD", "accepted": False, "note": "m " * 40}]
+
+
+def test_extract_keys_on_an_entry_that_is_a_list_of_rows_keeps_those_fields_of_each_row() -> None:
+    """README: `data.rows.id` takes the `id` of every row. A HISTORY entry that is itself a list of rows
+    (a multi-instance task's output collection, `site_results`) with `extractKeys: [site, accepted]`
+    was left whole, and every path reported missing though every row holds it."""
+    reduced, missing = extract_paths(SITE_RESULTS, ["site", "accepted"])
+    assert missing == [] and reduced == [{"site": "BER", "accepted": True}, {"site": "MAD", "accepted": False}]
+    assert extract_paths(reduced, ["site", "accepted"]) == (reduced, [])     # idempotent
+    assert extract_paths(SITE_RESULTS, ["site", "nope"]) == ([{"site": "BER"}, {"site": "MAD"}], ["nope"])
+    assert extract_paths(SITE_RESULTS, ["nope"]) == (None, ["nope"])
+    ctx = LayeredContext()
+    activity(ctx, "site_review", {"site_results": SITE_RESULTS})
+    result = RuleDrivenCompressor().compress(ctx, {"compressRules": [
+        {"pattern": "site_results", "action": "extract_keys", "extractKeys": ["site", "accepted"]}]}, triggers=[])
+    assert history(ctx)["site_results"] == reduced and result.missing_paths == {}

@@ -372,7 +372,8 @@ def test_rest_bad_input_names_what_is_wrong_and_changes_nothing(api: httpx.Clien
     iid = started.json()["instance_id"]
     cases = [
         ("/api/instances/{iid}/user-tasks/clinical_review", {"data": {"necessity": "maybe"}}, 400, "necessity", 1),
-        ("/api/instances/{iid}/user-tasks/clinical_review", {"data": {"necessity": "yes", "cost": 1}}, 403, "cost", 1),
+        # the layer rule's `denied` write, and the `answer_refused` note naming the task (round 16)
+        ("/api/instances/{iid}/user-tasks/clinical_review", {"data": {"necessity": "yes", "cost": 1}}, 403, "cost", 2),
         ("/api/instances/{iid}/user-tasks/clinical_review", {"data": "yes"}, 422, "data", 0),
         ("/api/instances/{iid}/user-tasks/clinical_reveiw", {"data": {"necessity": "yes"}}, 409, "clinical_review", 0),
         ("/api/context-governance/inject", {"instance_id": "{iid}", "key": "urgency", "value": "urgent",
