@@ -1,0 +1,200 @@
+"""Gaps closed in round 16.
+
+(a) A late answer against a timeout: once a join's ``humanConfirm`` timeout settled a conflict with its
+    default, an answer that comes afterwards (``Engine.answer_confirmation``, ``Engine.resume(answers=)``,
+    ``layerflow resume --answer``, REST) is refused (``AnsweredByTimeout``, kind ``already_answered``: exit 2,
+    409), naming the join, the key, when the timeout settled it and with what, and what to do; an answer that
+    comes after the deadline but before anything applied the timeout wins, and the timeout then does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Engine, load_process
+from engine.governance import AnsweredByTimeout
+
+from engine_helpers import cli_in_a_tmp_store, flow, write_elements
+
+cli = cli_in_a_tmp_store
+
+START = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# finance and risk disagree on two texts; a person reviews the result after the join
+GO = [
+    '<bpmn:startEvent id="start"/>',
+    '<bpmn:parallelGateway id="fork"/>',
+    '<bpmn:scriptTask id="finance"><bpmn:script>go_decision = "go"\nrisk_level = "low"</bpmn:script></bpmn:scriptTask>',
+    '<bpmn:scriptTask id="risk"><bpmn:script>go_decision = "hold"\nrisk_level = "high"</bpmn:script></bpmn:scriptTask>',
+    '<bpmn:parallelGateway id="merge"/>',
+    '<bpmn:userTask id="review"/>',
+    '<bpmn:endEvent id="end"/>',
+    flow("start", "fork"), flow("fork", "finance"), flow("fork", "risk"), flow("finance", "merge"),
+    flow("risk", "merge"), flow("merge", "review"), flow("review", "end"),
+]
+CONFIG = "merge:\n  humanConfirm: {timeout: 60, default: needs_review}\n"
+
+
+def _go(tmp_path: Path, *, review: bool = True) -> Path:
+    elements = GO if review else [e.replace('<bpmn:userTask id="review"/>', '<bpmn:task id="review"/>') for e in GO]
+    path = write_elements(tmp_path, "go", elements)
+    (tmp_path / "go.layerflow.yaml").write_text(CONFIG, encoding="utf-8")
+    return path
+
+
+def _timed_out(tmp_path: Path, store: str = "memory://", *, review: bool = True) -> tuple[Engine, Clock, str]:
+    """An instance whose join's conflicts were both settled by the timeout (at START + 61)."""
+    clock = Clock()
+    engine = Engine(store, clock=clock)
+    instance = engine.run(load_process(_go(tmp_path, review=review)), {})
+    assert {w["id"] for w in instance.waiting_for} == {"merge/go_decision", "merge/risk_level"}
+    clock.now += 61
+    instance = engine.resume(instance.id)
+    assert instance.main.resolve("risk_level") == "needs_review"
+    assert instance.status == ("waiting" if review else "completed"), instance.error
+    return engine, clock, instance.id
+
+
+def _assert_names_the_timeout(message: str) -> None:
+    assert "'merge'" in message and "'risk_level'" in message, message
+    assert "timeout" in message and "2023-11-14T22:14:21" in message, message   # when it was settled
+    assert "'needs_review'" in message and "'high'" in message, message        # with what; what came late
+    assert "rollback" in message, message                                      # what the user can do
+
+
+# ----- (a) a late answer is refused, everywhere ---------------------------------------------------------------
+
+@pytest.mark.parametrize("review", [True, False], ids=["still-waiting", "completed"])
+def test_a_late_answer_to_answer_confirmation_is_refused(tmp_path: Path, review: bool) -> None:
+    engine, _, iid = _timed_out(tmp_path, review=review)
+    version = engine.load(iid).version
+    with pytest.raises(AnsweredByTimeout) as caught:
+        engine.answer_confirmation(iid, "merge/risk_level", "high")
+    err = caught.value
+    assert err.kind == "already_answered"
+    _assert_names_the_timeout(str(err))
+    assert (err.gateway_id, err.key, err.answer) == ("merge", "risk_level", "needs_review")
+    instance = engine.load(iid)
+    assert instance.version == version and instance.main.resolve("risk_level") == "needs_review"
+
+
+@pytest.mark.parametrize("review", [True, False], ids=["still-waiting", "completed"])
+@pytest.mark.parametrize("key", ["merge/risk_level", "merge/go_decision"])
+def test_a_late_answer_to_resume_is_refused(tmp_path: Path, review: bool, key: str) -> None:
+    engine, _, iid = _timed_out(tmp_path, review=review)
+    version = engine.load(iid).version
+    with pytest.raises(AnsweredByTimeout) as caught:
+        engine.resume(iid, answers={"confirmations": {key: "high" if "risk" in key else "go"}})
+    assert key.split("/")[1] in str(caught.value)
+    assert engine.load(iid).version == version
+
+
+def test_a_late_answer_that_agrees_with_the_timeout_is_no_conflict(tmp_path: Path) -> None:
+    """The same value the timeout gave: nothing is lost, the resume goes on (a script's answers file
+    reused for every resume)."""
+    engine, _, iid = _timed_out(tmp_path)
+    instance = engine.resume(iid, answers={"confirmations": {"merge/risk_level": "needs_review", "*": "go"},
+                                           "user_tasks": {"review": {"ok": True}}})
+    assert instance.status == "completed", instance.error
+
+
+def test_a_late_answer_on_the_cli_exits_2_naming_the_timeout(cli: Any, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    engine, _, iid = _timed_out(tmp_path, os.environ["LAYERFLOW_STORE"])
+    result = cli("resume", iid, "--answer", "merge/risk_level=high")
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    _assert_names_the_timeout(result.stderr)
+    result = cli("resume", iid, "--answer", "merge/risk_level=high", "--json")
+    assert result.exit_code == 2
+    doc = json.loads(result.stdout)
+    assert doc["error"]["kind"] == "already_answered", doc
+    assert engine.load(iid).main.resolve("risk_level") == "needs_review"
+
+
+def test_a_late_answer_over_rest_is_409_naming_the_timeout(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    store = f"sqlite:///{tmp_path / 'rest.db'}"
+    engine, _, iid = _timed_out(catalog, store)
+    auth = {"Authorization": "Bearer late"}
+    client = TestClient(create_app(store, catalog, token="late"))
+    for path, body in [(f"/api/confirmations/merge/risk_level", {"instance_id": iid, "value": "high"}),
+                       ("/api/context-governance/resolve", {"instance_id": iid, "conflict_key": "risk_level",
+                                                            "resolution": "high"}),
+                       (f"/api/instances/{iid}/resume", {"answers": {"confirmations": {"merge/risk_level": "high"}}})]:
+        r = client.post(path, json=body, headers=auth)
+        assert r.status_code == 409, (path, r.text)
+        error = r.json()["error"]
+        assert error["kind"] == "already_answered", (path, error)
+        _assert_names_the_timeout(error["message"])
+    assert engine.load(iid).main.resolve("risk_level") == "needs_review"
+
+
+# ----- (a) the reverse race: an answer after the deadline, before the timeout ran, wins ---------------------------
+
+def _overdue(tmp_path: Path, store: str = "memory://") -> tuple[Engine, Clock, str]:
+    clock = Clock()
+    engine = Engine(store, clock=clock)
+    instance = engine.run(load_process(_go(tmp_path)), {})
+    clock.now += 61  # due, and nothing applied the timeout yet
+    assert [w["id"] for w in engine.due_timers()] or True
+    return engine, clock, instance.id
+
+
+def _no_timeout_for(instance: Any, cid: str) -> bool:
+    events = [e for ctx in instance.contexts.values() for e in ctx.tape if e.kind == "confirmation_timed_out"]
+    return not any((e.data or {}).get("confirmation_id") == cid for e in events)
+
+
+def test_an_answer_before_the_timeout_ran_wins_and_the_timeout_does_nothing(tmp_path: Path) -> None:
+    engine, clock, iid = _overdue(tmp_path)
+    instance = engine.answer_confirmation(iid, "merge/risk_level", "high")
+    # the other conflict had no answer: the run after the answer applied its timeout
+    assert instance.main.resolve("risk_level") == "high"
+    assert instance.main.resolve("go_decision") == "needs_review"
+    conf = next(c for c in instance.confirmations if c["id"] == "merge/risk_level")
+    assert conf["answer"] == "high" and not conf.get("answered_by_timeout")
+    assert _no_timeout_for(instance, "merge/risk_level")
+    clock.now += 3600
+    version = instance.version
+    instance = engine.resume(iid)  # what a worker or `timers --fire` does later
+    assert instance.version == version and instance.main.resolve("risk_level") == "high"
+    assert not any(w["id"].startswith("merge/") for w in engine.due_timers())
+
+
+def test_an_answer_to_resume_before_the_timeout_ran_wins(tmp_path: Path) -> None:
+    engine, _, iid = _overdue(tmp_path)
+    instance = engine.resume(iid, answers={"confirmations": {"merge/risk_level": "high"}})
+    assert instance.main.resolve("risk_level") == "high"
+    assert instance.main.resolve("go_decision") == "needs_review"  # no answer: its timeout
+    assert _no_timeout_for(instance, "merge/risk_level")
+
+
+def test_an_answer_on_the_cli_before_the_timeout_ran_wins(cli: Any, tmp_path: Path) -> None:
+    import os
+
+    engine, _, iid = _overdue(tmp_path, os.environ["LAYERFLOW_STORE"])
+    result = cli("resume", iid, "--answer", "merge/risk_level=high")
+    assert result.exit_code == 3, (result.stdout, result.stderr)  # waits for the review now
+    instance = engine.load(iid)
+    assert instance.main.resolve("risk_level") == "high"
+    assert _no_timeout_for(instance, "merge/risk_level")
