@@ -500,6 +500,11 @@ class Engine:
         instance = self._instance(instance)
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"answer {confirmation_id!r}")
+        settled = settled_by_timeout(instance, confirmation_id)
+        if settled is not None:
+            from .governance import AnsweredByTimeout
+
+            raise AnsweredByTimeout(instance, settled, value)
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
@@ -576,6 +581,7 @@ class Engine:
         meanwhile): ``instance.notices`` names each answer given, which it uses none of."""
         instance = self._instance(instance)
         if instance.status == "completed":
+            refuse_late_answers(instance, answers)
             # its waiting_for ids are gone: answers keyed by them are no typo, only too late
             given = [*((answers or {}).get("confirmations") or {}), *((answers or {}).get("user_tasks") or {})]
             instance.notices = [f"answer {key!r} was not used: instance {instance.id} is completed and waits for "
@@ -1134,6 +1140,7 @@ def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | N
     if isinstance(target, Process):
         process = target
     else:
+        refuse_late_answers(target, answers)
         process, known = target.process, known_confirmation_ids(target)
         waiting = {str(w["id"]) for w in target.waiting_for if w.get("id")}
     check_confirmation_keys(process, [key for key in conf if key not in tasks], known=known, source=source)
@@ -1141,6 +1148,33 @@ def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | N
     # is) may name a task or a confirmation
     either = set(conf) - set(unmatchable_confirmation_keys(process, [k for k in tasks if k in conf], known=known))
     check_user_task_keys(process, [key for key in tasks if key not in either], waiting=waiting, source=source)
+
+
+def settled_by_timeout(instance: Instance, key: str) -> dict[str, Any] | None:
+    """The confirmation ``key`` (its id, or ``GATEWAY_ID/KEY``) names when its timeout settled it with
+    its default and no round of it is open now (a loop back through the join asks again under the
+    same id: an answer is for that round then)."""
+    if key == "*":
+        return None
+    named = [c for c in instance.confirmations if not c.get("cancelled")
+             and key in (c.get("id"), c.get("request_id"), f"{c.get('task_id')}/{c.get('key')}")]
+    if not named or any(not c.get("answered") for c in named) or not named[-1].get("answered_by_timeout"):
+        return None
+    return named[-1]
+
+
+def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -> None:
+    """Raise ``AnsweredByTimeout`` for an answer in ``answers`` to a confirmation its timeout settled
+    with another value: it came too late, and neither applying it over the default nor dropping it
+    unseen would be right. One that agrees with the default loses nothing and passes (a script's
+    answers file given to every resume)."""
+    for key, value in ((answers or {}).get("confirmations") or {}).items():
+        entry = settled_by_timeout(instance, str(key))
+        if entry is not None and not json_equal(entry.get("answer"), value) \
+                and typed_option(entry.get("options") or [], value) != entry.get("answer"):
+            from .governance import AnsweredByTimeout
+
+            raise AnsweredByTimeout(instance, entry, value)
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
