@@ -1397,6 +1397,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 if start.state == TaskState.READY:
                     start.run()
                     count += 1
+            for catch in spiff.interrupts_around(task):  # it threw what interrupts its sub-process
+                if catch.state == TaskState.READY:
+                    catch.run()
+                    count += 1
             if self.instance.activities != before and self.engine.save_after_activity:
                 self.engine._save(self.instance)
             if self.instance.activities != before and _start_conditional_event_subprocesses(

@@ -198,3 +198,80 @@ def test_an_answer_on_the_cli_before_the_timeout_ran_wins(cli: Any, tmp_path: Pa
     instance = engine.load(iid)
     assert instance.main.resolve("risk_level") == "high"
     assert _no_timeout_for(instance, "merge/risk_level")
+
+
+# ----- (b) a signal (an escalation) thrown inside a sub-process that an interrupting boundary event catches -----
+
+SIGNAL = ('<bpmn:signalEventDefinition signalRef="sig"/>', '  <bpmn:signal id="sig" name="alarm"/>\n')
+ESCALATION = ('<bpmn:escalationEventDefinition escalationRef="sig"/>',
+              '  <bpmn:escalation id="sig" name="alarm" escalationCode="alarm"/>\n')
+
+
+def _shouting_sub(tmp_path: Path, event: tuple[str, str], *, parallel: bool) -> Path:
+    """Sub-process ``sub``: ``a`` writes x, then throws ``alarm``, then ``b`` would write y (with
+    ``parallel``, a person's task ``wait`` waits beside it, in a branch that wrote w); an interrupting
+    boundary event on ``sub`` catches ``alarm`` and goes to ``handle``."""
+    definition, declaration = event
+    inner = ['<bpmn:startEvent id="s_start"/>',
+             '<bpmn:scriptTask id="a"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>',
+             f'<bpmn:intermediateThrowEvent id="shout">{definition}</bpmn:intermediateThrowEvent>',
+             '<bpmn:scriptTask id="b"><bpmn:script>y = 2</bpmn:script></bpmn:scriptTask>',
+             '<bpmn:endEvent id="s_end"/>', flow("a", "shout"), flow("shout", "b"), flow("b", "s_end")]
+    if parallel:
+        inner += ['<bpmn:parallelGateway id="s_fork"/>', '<bpmn:parallelGateway id="s_join"/>',
+                  '<bpmn:scriptTask id="w"><bpmn:script>w = 3</bpmn:script></bpmn:scriptTask>',
+                  '<bpmn:userTask id="wait"/>', flow("s_start", "s_fork"), flow("s_fork", "a"), flow("s_fork", "w"),
+                  flow("w", "wait"), flow("wait", "s_join")]
+        inner = [e.replace('targetRef="s_end"', 'targetRef="s_join"') for e in inner]
+        inner.append(flow("s_join", "s_end"))
+    else:
+        inner.append(flow("s_start", "a"))
+    elements = ['<bpmn:startEvent id="start"/>', f'<bpmn:subProcess id="sub">{"".join(inner)}</bpmn:subProcess>',
+                f'<bpmn:boundaryEvent id="alarm" attachedToRef="sub">{definition}</bpmn:boundaryEvent>',
+                '<bpmn:scriptTask id="handle"><bpmn:script>handled = True</bpmn:script></bpmn:scriptTask>',
+                '<bpmn:scriptTask id="after"><bpmn:script>normal = True</bpmn:script></bpmn:scriptTask>',
+                '<bpmn:endEvent id="end"/>', '<bpmn:endEvent id="end2"/>',
+                flow("start", "sub"), flow("sub", "after"), flow("after", "end"), flow("alarm", "handle"),
+                flow("handle", "end2")]
+    return write_elements(tmp_path, "p_shout", elements, extra=declaration)
+
+
+@pytest.mark.parametrize("event", [SIGNAL, ESCALATION], ids=["signal", "escalation"])
+@pytest.mark.parametrize("parallel", [False, True], ids=["sequence", "parallel"])
+def test_a_throw_inside_a_sub_process_its_interrupting_boundary_event_catches(tmp_path: Path, event: Any,
+                                                                               parallel: bool) -> None:
+    instance = Engine("memory://").run(load_process(_shouting_sub(tmp_path, event, parallel=parallel)), {})
+    assert instance.status == "completed", instance.error
+    done = [e.activity for e in instance.main.tape if e.kind == "complete"]
+    # BPMN: the sub-process is interrupted as the event is caught: nothing after the throw runs in it
+    assert "b" not in done and "after" not in done and "handle" in done, done
+    history = dict(instance.main.layer(3))
+    assert history.get("handled") is True and "y" not in history and "normal" not in history
+    assert history.get("x") == 1  # what finished in the sub-process before the interrupt stays
+    assert not instance.waiting_for  # the person's task in the interrupted sub-process is cancelled
+
+
+def test_a_signal_thrown_beside_an_activity_whose_interrupting_boundary_event_catches_it(tmp_path: Path) -> None:
+    """Inside the sub-process, the signal interrupts the person's task ``wait`` beside the thrower (its
+    boundary event's path goes on to the join), not the thrower's path nor the sub-process."""
+    definition, declaration = SIGNAL
+    inner = ['<bpmn:startEvent id="s_start"/>', '<bpmn:parallelGateway id="s_fork"/>',
+             '<bpmn:scriptTask id="a"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>',
+             f'<bpmn:intermediateThrowEvent id="shout">{definition}</bpmn:intermediateThrowEvent>',
+             '<bpmn:scriptTask id="b"><bpmn:script>y = 2</bpmn:script></bpmn:scriptTask>',
+             '<bpmn:userTask id="wait"/>',
+             f'<bpmn:boundaryEvent id="poke" attachedToRef="wait">{definition}</bpmn:boundaryEvent>',
+             '<bpmn:scriptTask id="poked"><bpmn:script>p = 4</bpmn:script></bpmn:scriptTask>',
+             '<bpmn:exclusiveGateway id="w_merge"/>', '<bpmn:parallelGateway id="s_join"/>',
+             '<bpmn:endEvent id="s_end"/>',
+             flow("s_start", "s_fork"), flow("s_fork", "a"), flow("a", "shout"), flow("shout", "b"),
+             flow("b", "s_join"), flow("s_fork", "wait"), flow("wait", "w_merge"), flow("poke", "poked"),
+             flow("poked", "w_merge"), flow("w_merge", "s_join"), flow("s_join", "s_end")]
+    elements = ['<bpmn:startEvent id="start"/>', f'<bpmn:subProcess id="sub">{"".join(inner)}</bpmn:subProcess>',
+                '<bpmn:scriptTask id="after"><bpmn:script>normal = True</bpmn:script></bpmn:scriptTask>',
+                '<bpmn:endEvent id="end"/>', flow("start", "sub"), flow("sub", "after"), flow("after", "end")]
+    path = write_elements(tmp_path, "beside", elements, extra=declaration)
+    instance = Engine("memory://").run(load_process(path), {})
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    history = dict(instance.main.layer(3))
+    assert (history.get("x"), history.get("y"), history.get("p"), history.get("normal")) == (1, 2, 4, True)
