@@ -81,7 +81,7 @@ from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_P
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
-from .process import Process
+from .process import Process, config_file_changes
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
@@ -588,10 +588,14 @@ class Engine:
                                 "nothing" for key in dict.fromkeys(given)]
             return instance
         check_answer_keys(instance, answers)  # before a failed activity is reset for its retry
+        drift = config_file_notices(instance)
         if not answers:
-            return self._resume(instance, answers=answers, ask=ask)
-        with self.all_or_nothing(instance):
-            return self._resume(instance, answers=answers, ask=ask)
+            instance = self._resume(instance, answers=answers, ask=ask)
+        else:
+            with self.all_or_nothing(instance):
+                instance = self._resume(instance, answers=answers, ask=ask)
+        instance.notices[:0] = drift
+        return instance
 
     def _resume(self, instance: Instance, *, answers: Mapping[str, Any] | None,
                 ask: Callable[[dict[str, Any]], Any] | None) -> Instance:
@@ -1148,6 +1152,27 @@ def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | N
     # is) may name a task or a confirmation
     either = set(conf) - set(unmatchable_confirmation_keys(process, [k for k in tasks if k in conf], known=known))
     check_user_task_keys(process, [key for key in tasks if key not in either], waiting=waiting, source=source)
+
+
+def config_file_notices(instance: Instance) -> list[str]:
+    """A notice for each element the process's config file configures otherwise now than the
+    instance runs with: an instance keeps the definition it started with (its BPMN and its
+    configs travel in its record), as in every serious engine, and a join whose person was asked
+    keeps the terms it asked with; but a user who edited the file must not believe it applies."""
+    process = instance.process
+    changes = config_file_changes(process, [instance.workflow.spec, *instance.workflow.subprocess_specs.values()])
+    waits_at = {str(w.get("task_id")) for w in instance.waiting_for}
+    notes = []
+    for element_id, fields in changes.items():
+        where = " (the instance waits there now)" if element_id in waits_at else ""
+        notes.append(
+            f"the config file {process.config_path} changed since instance {instance.id} started: element "
+            f"{element_id!r}{where}: {'; '.join(fields)}. The instance keeps the config it started with (an "
+            "instance keeps its definition; a join's pending confirmations keep the options, default and deadline "
+            "they were asked with); new instances get the new file. To apply a change to this instance, POST "
+            f"/api/context-governance/config (instance_id {instance.id!r}, activityId {element_id!r}), or cancel it "
+            "and start a new one")
+    return notes
 
 
 def settled_by_timeout(instance: Instance, key: str) -> dict[str, Any] | None:

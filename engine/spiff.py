@@ -850,7 +850,9 @@ def interrupts_around(task: Any) -> list[Any]:
     an escalation). BPMN interrupts the activity as the event is caught, so they run before anything
     else of it; SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
     so the steps after the throw ran, and wrote, inside an activity already interrupted."""
-    found = []
+    found: list[Any] = []
+    if not isinstance(task.task_spec, ThrowingEvent) or isinstance(task.task_spec, EndEvent):
+        return found  # after an end event nothing comes on its path: the sub-process ends as SpiffWorkflow ends it
     workflow = task.workflow
     top = workflow.top_workflow
     while getattr(workflow, "parent_task_id", None) is not None:

@@ -275,3 +275,47 @@ def test_a_signal_thrown_beside_an_activity_whose_interrupting_boundary_event_ca
     assert instance.status == "completed", (instance.error, instance.waiting_for)
     history = dict(instance.main.layer(3))
     assert (history.get("x"), history.get("y"), history.get("p"), history.get("normal")) == (1, 2, 4, True)
+
+
+# ----- (c) the config file changed while an instance waits at a join ---------------------------------------------
+
+def _config_notices(instance: Any) -> list[str]:
+    return [n for n in instance.notices if "go.layerflow.yaml" in n]
+
+
+def test_a_changed_config_file_is_named_and_not_mixed_into_a_waiting_instance(tmp_path: Path) -> None:
+    clock = Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'c.db'}", clock=clock)
+    iid = engine.run(load_process(_go(tmp_path)), {}).id
+    (tmp_path / "go.layerflow.yaml").write_text(
+        "merge:\n  humanConfirm: {timeout: 600, default: hold, message: Pick one}\n", encoding="utf-8")
+    instance = engine.resume(iid)
+    [notice] = _config_notices(instance)
+    assert "'merge'" in notice and "waits" in notice, notice
+    assert "humanConfirm.timeout 60 -> 600" in notice and "humanConfirm.default 'needs_review' -> 'hold'" in notice
+    assert "humanConfirm.message" in notice and "keeps the config it started with" in notice, notice
+    assert "/api/context-governance/config" in notice, notice
+    # nothing of the new file is used: the old timeout and default settle the conflicts
+    clock.now += 61
+    instance = engine.resume(iid)
+    assert instance.main.resolve("risk_level") == "needs_review"
+    assert engine.load(iid).process.configs["merge"].human_confirm.timeout == 60
+
+
+def test_an_unchanged_or_missing_config_file_gives_no_notice(tmp_path: Path) -> None:
+    engine = Engine("memory://")
+    iid = engine.run(load_process(_go(tmp_path)), {}).id
+    assert _config_notices(engine.resume(iid)) == []
+    (tmp_path / "go.layerflow.yaml").unlink()  # a worker on another machine: no file there
+    assert _config_notices(engine.resume(iid)) == []
+
+
+def test_the_cli_prints_the_config_notice_on_resume(cli: Any, tmp_path: Path) -> None:
+    import os
+
+    iid = Engine(os.environ["LAYERFLOW_STORE"]).run(load_process(_go(tmp_path)), {}).id
+    (tmp_path / "go.layerflow.yaml").write_text("merge:\n  humanConfirm: {timeout: 60, default: hold}\n",
+                                                encoding="utf-8")
+    result = cli("resume", iid)
+    assert result.exit_code == 3, (result.stdout, result.stderr)
+    assert "go.layerflow.yaml" in result.stderr and "humanConfirm.default 'needs_review' -> 'hold'" in result.stderr
