@@ -19,6 +19,7 @@ from engine import Engine, load_process
 from engine.governance import AnsweredByTimeout
 
 from engine_helpers import cli_in_a_tmp_store, flow, write_elements
+from test_human_confirm_defaults import GO as JOIN_GO
 
 cli = cli_in_a_tmp_store
 
@@ -33,24 +34,14 @@ class Clock:
         return self.now
 
 
-# finance and risk disagree on two texts; a person reviews the result after the join
-GO = [
-    '<bpmn:startEvent id="start"/>',
-    '<bpmn:parallelGateway id="fork"/>',
-    '<bpmn:scriptTask id="finance"><bpmn:script>go_decision = "go"\nrisk_level = "low"</bpmn:script></bpmn:scriptTask>',
-    '<bpmn:scriptTask id="risk"><bpmn:script>go_decision = "hold"\nrisk_level = "high"</bpmn:script></bpmn:scriptTask>',
-    '<bpmn:parallelGateway id="merge"/>',
-    '<bpmn:userTask id="review"/>',
-    '<bpmn:endEvent id="end"/>',
-    flow("start", "fork"), flow("fork", "finance"), flow("fork", "risk"), flow("finance", "merge"),
-    flow("risk", "merge"), flow("merge", "review"), flow("review", "end"),
-]
-CONFIG = "merge:\n  humanConfirm: {timeout: 60, default: needs_review}\n"
+# finance and risk disagree on two texts and a score (test_human_confirm_defaults); a person reviews after the join
+GO = [*JOIN_GO[:5], '<bpmn:userTask id="review"/>', *JOIN_GO[5:11], flow("merge", "review"), flow("review", "end")]
+CONFIG = "merge:\n  humanConfirm: {timeout: 60, default: needs_review, defaults: {score: 5}}\n"
+CONFLICTS = {"merge/go_decision", "merge/risk_level", "merge/score"}
 
 
 def _go(tmp_path: Path, *, review: bool = True) -> Path:
-    elements = GO if review else [*GO[:5], GO[6], *GO[7:12], flow("merge", "end")]
-    path = write_elements(tmp_path, "go", elements)
+    path = write_elements(tmp_path, "go", GO if review else JOIN_GO)
     (tmp_path / "go.layerflow.yaml").write_text(CONFIG, encoding="utf-8")
     return path
 
@@ -60,7 +51,7 @@ def _timed_out(tmp_path: Path, store: str = "memory://", *, review: bool = True)
     clock = Clock()
     engine = Engine(store, clock=clock)
     instance = engine.run(load_process(_go(tmp_path, review=review)), {})
-    assert {w["id"] for w in instance.waiting_for} == {"merge/go_decision", "merge/risk_level"}
+    assert {w["id"] for w in instance.waiting_for} == CONFLICTS
     clock.now += 61
     instance = engine.resume(instance.id)
     assert instance.main.resolve("risk_level") == "needs_review"
@@ -137,7 +128,7 @@ def test_a_late_answer_over_rest_is_409_naming_the_timeout(tmp_path: Path) -> No
     engine, _, iid = _timed_out(catalog, store)
     auth = {"Authorization": "Bearer late"}
     client = TestClient(create_app(store, catalog, token="late"))
-    for path, body in [(f"/api/confirmations/merge/risk_level", {"instance_id": iid, "value": "high"}),
+    for path, body in [("/api/confirmations/merge/risk_level", {"instance_id": iid, "value": "high"}),
                        ("/api/context-governance/resolve", {"instance_id": iid, "conflict_key": "risk_level",
                                                             "resolution": "high", "reason": "late"}),
                        (f"/api/instances/{iid}/resume", {"answers": {"confirmations": {"merge/risk_level": "high"}}})]:

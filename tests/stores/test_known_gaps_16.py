@@ -27,34 +27,30 @@ from engine.worker import DEFAULT_GROUP, queue_client, requeue_running, run_work
 
 from stores.conftest import REDIS_URL, redis_or_skip
 
-HEAD = ('<?xml version="1.0" encoding="UTF-8"?>\n<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/'
-        '20100524/MODEL" id="d" targetNamespace="https://layerflow.dev/tests">\n')
-BPMN = HEAD + """  <bpmn:process id="requeue16" isExecutable="true">
-    <bpmn:startEvent id="start"/>
-    <bpmn:scriptTask id="work"><bpmn:script>done = amount * 2</bpmn:script></bpmn:scriptTask>
-    <bpmn:endEvent id="end"/>
-    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="work"/>
-    <bpmn:sequenceFlow id="f2" sourceRef="work" targetRef="end"/>
-  </bpmn:process>
-</bpmn:definitions>
-"""
-
-
 @pytest.fixture
 def queue() -> Iterator[tuple[Any, str]]:
+    """A redis-py client of the queue and a stream name under this module's prefix, removed afterwards."""
     redis_or_skip()
-    stream = f"lfg16:{uuid.uuid4().hex[:12]}:ready"
     client = queue_client(queue_url=REDIS_URL)
-    yield client, stream
-    for key in client.scan_iter(match=f"{stream}*"):
-        client.delete(key)
-    client.close()
+    stream = f"lfg16:{uuid.uuid4().hex[:12]}:ready"
+    try:
+        yield client, stream
+    finally:
+        client.delete(*client.scan_iter(match=f"{stream}*"), stream)
+        client.close()
 
 
 @pytest.fixture
 def process(tmp_path: Path) -> Path:
+    """One script task: ``done = amount * 2``."""
+    flows = "".join(f'<bpmn:sequenceFlow id="f{i}" sourceRef="{a}" targetRef="{b}"/>'
+                    for i, (a, b) in enumerate([("start", "work"), ("work", "end")]))
     path = tmp_path / "requeue16.bpmn"
-    path.write_text(BPMN, encoding="utf-8")
+    path.write_text('<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" '
+                    'targetNamespace="https://layerflow.dev/tests"><bpmn:process id="requeue16" isExecutable="true">'
+                    '<bpmn:startEvent id="start"/><bpmn:scriptTask id="work"><bpmn:script>done = amount * 2'
+                    f'</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="end"/>{flows}</bpmn:process>'
+                    '</bpmn:definitions>', encoding="utf-8")
     return path
 
 
