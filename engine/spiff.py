@@ -849,7 +849,9 @@ def interrupts_around(task: Any) -> list[Any]:
     it runs in, or one around that) that are READY: they caught what ``task`` just threw (a signal,
     an escalation). BPMN interrupts the activity as the event is caught, so they run before anything
     else of it; SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
-    so the steps after the throw ran, and wrote, inside an activity already interrupted."""
+    so the steps after the throw ran, and wrote, inside an activity already interrupted. (An instance
+    of a multi-instance sub-process is not looked through: the interrupt closes the whole activity,
+    its writes undone, as it is, ``Runtime.abort_multi``.)"""
     found: list[Any] = []
     if not isinstance(task.task_spec, ThrowingEvent) or isinstance(task.task_spec, EndEvent):
         return found  # after an end event nothing comes on its path: the sub-process ends as SpiffWorkflow ends it
