@@ -128,3 +128,31 @@ def test_a_worker_that_finds_the_stream_gone_requeues_the_running_instances(queu
     stats = result["stats"]
     assert stats.requeued == 1 and stats.acked == 1, stats
     assert open_store(store_url).list_instances()[0]["status"] == "completed"
+
+
+def test_a_queue_redis_restarted_empty_is_refilled_by_worker_requeue(tmp_path: Path, process: Path) -> None:
+    """The real thing: a redis-server of the test's own without persistence holds the queue, a sqlite
+    file the store; two instances are submitted, no worker runs, the server is killed and started again
+    empty. ``layerflow worker --requeue`` puts both back and runs them to completion."""
+    from engine.cli import main
+
+    from .test_faults import OwnRedis
+
+    (tmp_path / "redis").mkdir()
+    server = OwnRedis(tmp_path / "redis", durable=False)
+    server.start()
+    try:
+        store_url = f"sqlite:///{tmp_path / 'store.db'}"
+        ids = [submit(store_url, process, {"amount": n}, queue_url=server.url, stream="q16:ready") for n in (1, 2)]
+        server.kill()
+        server.start()  # empty: the stream, its group and both entries are gone
+        assert not queue_client(queue_url=server.url).exists("q16:ready")
+        result = CliRunner().invoke(main, ["worker", "--store", store_url, "--queue", server.url, "--stream",
+                                           "q16:ready", "--requeue", "--stop-after", "2", "--idle-ms", "10",
+                                           "--timer-interval", "0", "--json"], catch_exceptions=False)
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        assert json.loads(result.stdout)["requeued"] == 2
+        store = open_store(store_url)
+        assert {s["instance_id"]: s["status"] for s in store.list_instances()} == dict.fromkeys(ids, "completed")
+    finally:
+        server.stop()
