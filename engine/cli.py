@@ -36,7 +36,8 @@ from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
-from .runtime import AnswerWriteDenied, Engine, Instance, known_confirmation_ids, refuse_if_cancelled
+from .runtime import (AnswerWriteDenied, Engine, Instance, known_confirmation_ids, refuse_if_cancelled,
+                      refuse_late_answers)
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -841,6 +842,10 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     engine = _engine(store, model, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
+        try:  # before anything runs: an answer its timeout beat is refused, not applied nor dropped
+            refuse_late_answers(instance, answers)
+        except LayerflowError as err:
+            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
         if instance.status == "completed":
             if sets:  # a correction of a finished context: as REST refuses an inject into it
                 _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "

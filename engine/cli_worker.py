@@ -65,12 +65,15 @@ def _shared_store(store: str | None, command: str, as_json: bool) -> str:
 @_dead_stream
 @click.option("--timer-interval", type=click.FloatRange(min=0), default=5.0, show_default=True,
               help="seconds between scans for due timers (one worker scans; 0: this worker never does)")
+@click.option("--requeue", is_flag=True, default=False,
+              help="first put every 'running' instance of the store on the stream: after the queue's Redis came "
+                   "back empty (restarted without persistence, flushed) and lost their entries")
 @_model_option
 @_json_option
 @click.pass_context
 def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str, group: str, consumer: str | None,
            idle_ms: int, stop_after: int | None, max_deliveries: int, dead_stream: str | None, timer_interval: float,
-           model: str | None, as_json: bool) -> None:
+           requeue: bool, model: str | None, as_json: bool) -> None:
     """Run instances from the stream until stopped (SIGTERM / Ctrl-C finish the current one).
 
     `layerflow worker dead` lists the entries that failed --max-deliveries times;
@@ -89,7 +92,8 @@ def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str
     try:
         stats = run_worker(_shared_store(store, "worker", as_json), queue_url=queue, stream=stream, group=group,
                            consumer=consumer, idle_ms=idle_ms, stop_after=stop_after, model=model,
-                           max_deliveries=max_deliveries, dead_stream=dead_stream, timer_interval=timer_interval)
+                           max_deliveries=max_deliveries, dead_stream=dead_stream, timer_interval=timer_interval,
+                           requeue=requeue)
     except LayerflowError as err:
         _fail(str(err), EXIT_ERROR, as_json=as_json, kind=err.kind)
     doc = dataclasses.asdict(stats)

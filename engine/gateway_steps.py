@@ -829,6 +829,7 @@ class GatewaySteps:
         data = {"confirmation_id": confirmation_id, "deadline": _deadline(entry), "timeout": entry.get("timeout"),
                 "at": now}
         entry["timed_out"] = True
+        entry["timed_out_at"] = now  # a late answer is told when (AnsweredByTimeout)
         default = entry.get("default")
         why = None
         if entry.get("on_timeout", "default") != "default":

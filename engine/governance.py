@@ -228,6 +228,41 @@ class InstanceStateError(LayerflowError):
     kind = "invalid_state"
 
 
+class AnsweredByTimeout(ConfirmationAnswered):
+    """An answer to a join's confirmation that its ``humanConfirm`` timeout settled already (with
+    its default): a second answer, like one to a confirmation a person answered (kind
+    ``already_answered``, REST 409, CLI exit 2), nothing of it applied. ``gateway_id``, ``key``,
+    ``answer`` (the value that stands), ``timed_out_at`` (ISO time) and ``given`` (the late answer)
+    say what happened; the message says what the user can do instead."""
+
+    def __init__(self, instance: Instance, entry: Mapping[str, Any], given: Any) -> None:
+        self.instance_id, self.confirmation_id = instance.id, str(entry["id"])
+        self.gateway_id, self.key = entry.get("gateway_id") or entry.get("task_id"), entry.get("key")
+        self.answer, self.given = entry.get("answer"), given
+        at = entry.get("timed_out_at") or entry.get("deadline")
+        self.timed_out_at = (datetime.fromtimestamp(float(at), timezone.utc).isoformat().replace("+00:00", "Z")
+                             if at is not None else None)
+        if instance.status in ("completed", "cancelled"):
+            todo = (f"instance {instance.id} is {instance.status}: its contexts are not changed any more (no "
+                    "inject, no rollback); start a new instance to decide otherwise")
+        else:
+            todo = (f"to decide otherwise, write the value into the context (`layerflow resume {instance.id} --set "
+                    f"{self.key}=VALUE`, or POST /api/context-governance/inject), or go back to a snapshot taken "
+                    f"before the join (`layerflow snapshot {instance.id} --list`, then `layerflow rollback "
+                    f"{instance.id} SNAPSHOT_ID`)")
+        super().__init__(
+            f"confirmation {self.confirmation_id!r} of instance {instance.id} (join {self.gateway_id!r}, key "
+            f"{self.key!r}) was settled by its timeout at {self.timed_out_at} with the default {short(self.answer)} "
+            f"(no answer came within its {entry.get('timeout')} s); the answer {short(given)} came after that and "
+            f"was not applied: an answer is final. {todo[0].upper()}{todo[1:]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.update(instance_id=self.instance_id, confirmation_id=self.confirmation_id, gateway_id=self.gateway_id,
+                   key=self.key, answer=self.answer, timed_out_at=self.timed_out_at)
+        return out
+
+
 # ============================================================================ request models
 
 def _layer_name(value: str) -> str:
@@ -1166,7 +1201,7 @@ class GovernanceService:
         with self._lock(instance_id):
             instance = self.load(instance_id)
             self._check_version(instance, expected)
-            entry = _open_confirmation(instance, confirmation_id, conflict_key)
+            entry = _open_confirmation(instance, confirmation_id, conflict_key, value)
             entry["reason"] = reason
             entry["answered_by"] = actor
             try:  # the engine puts the decision on the tape
@@ -1415,7 +1450,8 @@ def _open_of(instance_id: str, version: int, confirmations: list[dict[str, Any]]
     return [{**c, "instance_id": instance_id, "version": version} for c in confirmations if not c.get("answered")]
 
 
-def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict_key: str | None) -> dict[str, Any]:
+def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict_key: str | None,
+                       given: Any = None) -> dict[str, Any]:
     pending = [c for c in instance.confirmations if not c.get("answered")]
     if confirmation_id:
         found = [c for c in pending if c["id"] == confirmation_id]
@@ -1429,6 +1465,8 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
                 if c.get("answered") and not c.get("cancelled") and wanted in (c["id"], c.get("key"))]
         if done:  # a second answer (two people at once, a retry): the first stands
             last = done[-1]
+            if last.get("answered_by_timeout"):
+                raise AnsweredByTimeout(instance, last, given)
             who = last.get("answered_by") or ("its timeout" if last.get("timed_out") else "a person")
             raise ConfirmationAnswered(
                 f"confirmation {last['id']!r} of instance {instance.id} was already answered "

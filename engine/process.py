@@ -247,6 +247,61 @@ def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig
 
 # --------------------------------------------------------------------------- config file
 
+def config_file_changes(process: Process, specs: Iterable[Any]) -> dict[str, list[str]]:
+    """How the config file ``process`` was loaded from configures its elements now, against the
+    configs ``process`` runs with (an instance's: those it started with): element id -> the changed
+    fields, ``"humanConfirm.timeout 60 -> 600"`` (``specs``: the instance's specs, for the elements'
+    own extension configs, which come from the BPMN the instance keeps). Empty when the file is
+    unchanged, gone (a worker on another machine) or no longer loads (``validate`` tells why)."""
+    if not process.config_path or not Path(process.config_path).is_file():
+        return {}
+    try:
+        elements = _load_config_file(Path(process.config_path))["elements"]
+        now = extension_configs(specs)
+    except (ConfigError, ProcessError, OSError):
+        return {}
+    for element_id, cfg in elements.items():
+        now[element_id] = now[element_id].merged_with(cfg) if element_id in now else cfg
+    changes: dict[str, list[str]] = {}
+    for element_id in sorted(set(now) | set(process.configs)):
+        old, new = (_dump(c.get(element_id)) for c in (process.configs, now))
+        fields = _changed_fields(old, new)
+        if fields:
+            changes[element_id] = fields
+    return changes
+
+
+def _dump(config: ActivityExtensionConfig | None) -> dict[str, Any]:
+    return {} if config is None else config.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """``FIELD OLD -> NEW`` for each field that differs, one level into a nested object
+    (``humanConfirm.timeout``); ``(unset)`` for a field one side does not set."""
+    out = []
+    for name in sorted(set(old) | set(new), key=str):
+        a, b = old.get(name, _UNSET), new.get(name, _UNSET)
+        if a == b:
+            continue
+        if not prefix and isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(_changed_fields(a, b, f"{name}."))
+            continue
+        out.append(f"{prefix}{name} {_shown(a)} -> {_shown(b)}")
+    return out
+
+
+_UNSET = object()
+
+
+def _shown(value: Any) -> str:
+    if value is _UNSET:
+        return "(unset)"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # a timeout of 60 s, as the file says it
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _find_config(bpmn: Path) -> Path | None:
     return configfile.find_config_beside(bpmn)
 

@@ -81,7 +81,7 @@ from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_P
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
-from .process import Process
+from .process import Process, config_file_changes
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
@@ -500,6 +500,11 @@ class Engine:
         instance = self._instance(instance)
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"answer {confirmation_id!r}")
+        settled = settled_by_timeout(instance, confirmation_id)
+        if settled is not None:
+            from .governance import AnsweredByTimeout
+
+            raise AnsweredByTimeout(instance, settled, value)
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
@@ -576,16 +581,21 @@ class Engine:
         meanwhile): ``instance.notices`` names each answer given, which it uses none of."""
         instance = self._instance(instance)
         if instance.status == "completed":
+            refuse_late_answers(instance, answers)
             # its waiting_for ids are gone: answers keyed by them are no typo, only too late
             given = [*((answers or {}).get("confirmations") or {}), *((answers or {}).get("user_tasks") or {})]
             instance.notices = [f"answer {key!r} was not used: instance {instance.id} is completed and waits for "
                                 "nothing" for key in dict.fromkeys(given)]
             return instance
         check_answer_keys(instance, answers)  # before a failed activity is reset for its retry
+        drift = config_file_notices(instance)
         if not answers:
-            return self._resume(instance, answers=answers, ask=ask)
-        with self.all_or_nothing(instance):
-            return self._resume(instance, answers=answers, ask=ask)
+            instance = self._resume(instance, answers=answers, ask=ask)
+        else:
+            with self.all_or_nothing(instance):
+                instance = self._resume(instance, answers=answers, ask=ask)
+        instance.notices[:0] = drift
+        return instance
 
     def _resume(self, instance: Instance, *, answers: Mapping[str, Any] | None,
                 ask: Callable[[dict[str, Any]], Any] | None) -> Instance:
@@ -1134,6 +1144,7 @@ def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | N
     if isinstance(target, Process):
         process = target
     else:
+        refuse_late_answers(target, answers)
         process, known = target.process, known_confirmation_ids(target)
         waiting = {str(w["id"]) for w in target.waiting_for if w.get("id")}
     check_confirmation_keys(process, [key for key in conf if key not in tasks], known=known, source=source)
@@ -1141,6 +1152,54 @@ def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | N
     # is) may name a task or a confirmation
     either = set(conf) - set(unmatchable_confirmation_keys(process, [k for k in tasks if k in conf], known=known))
     check_user_task_keys(process, [key for key in tasks if key not in either], waiting=waiting, source=source)
+
+
+def config_file_notices(instance: Instance) -> list[str]:
+    """A notice for each element the process's config file configures otherwise now than the
+    instance runs with: an instance keeps the definition it started with (its BPMN and its
+    configs travel in its record), as in every serious engine, and a join whose person was asked
+    keeps the terms it asked with; but a user who edited the file must not believe it applies."""
+    process = instance.process
+    changes = config_file_changes(process, [instance.workflow.spec, *instance.workflow.subprocess_specs.values()])
+    waits_at = {str(w.get("task_id")) for w in instance.waiting_for}
+    notes = []
+    for element_id, changed in changes.items():
+        where = " (the instance waits there now)" if element_id in waits_at else ""
+        notes.append(
+            f"the config file {process.config_path} changed since instance {instance.id} started: element "
+            f"{element_id!r}{where}: {'; '.join(changed)}. The instance keeps the config it started with (an "
+            "instance keeps its definition; a join's pending confirmations keep the options, default and deadline "
+            "they were asked with); new instances get the new file. To apply a change to this instance, POST "
+            f"/api/context-governance/config (instance_id {instance.id!r}, activityId {element_id!r}), or cancel it "
+            "and start a new one")
+    return notes
+
+
+def settled_by_timeout(instance: Instance, key: str) -> dict[str, Any] | None:
+    """The confirmation ``key`` (its id, or ``GATEWAY_ID/KEY``) names when its timeout settled it with
+    its default and no round of it is open now (a loop back through the join asks again under the
+    same id: an answer is for that round then)."""
+    if key == "*":
+        return None
+    named = [c for c in instance.confirmations if not c.get("cancelled")
+             and key in (c.get("id"), c.get("request_id"), f"{c.get('task_id')}/{c.get('key')}")]
+    if not named or any(not c.get("answered") for c in named) or not named[-1].get("answered_by_timeout"):
+        return None
+    return named[-1]
+
+
+def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -> None:
+    """Raise ``AnsweredByTimeout`` for an answer in ``answers`` to a confirmation its timeout settled
+    with another value: it came too late, and neither applying it over the default nor dropping it
+    unseen would be right. One that agrees with the default loses nothing and passes (a script's
+    answers file given to every resume)."""
+    for key, value in ((answers or {}).get("confirmations") or {}).items():
+        entry = settled_by_timeout(instance, str(key))
+        if entry is not None and not json_equal(entry.get("answer"), value) \
+                and typed_option(entry.get("options") or [], value) != entry.get("answer"):
+            from .governance import AnsweredByTimeout
+
+            raise AnsweredByTimeout(instance, entry, value)
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
@@ -1362,6 +1421,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 start = self._caught_starts.pop(0)
                 if start.state == TaskState.READY:
                     start.run()
+                    count += 1
+            for catch in spiff.interrupts_around(task):  # it threw what interrupts its sub-process
+                if catch.state == TaskState.READY:
+                    catch.run()
                     count += 1
             if self.instance.activities != before and self.engine.save_after_activity:
                 self.engine._save(self.instance)

@@ -471,6 +471,16 @@ class _LayerflowSpecMixin:
                 # an event sub-process of a scope around its own catches it: the branches it ran in
                 # there merge too (the event sub-process reads that scope's context)
                 my_task.internal_data[CAUGHT_UP_KEY] = _levels_up(my_task.workflow, scopes[0])
+        if isinstance(self, ThrowingEvent) and isinstance(getattr(self, "event_definition", None),
+                                                          SignalEventDefinition):
+            # a signal an interrupting boundary event of a sub-process around catches ends the branch that
+            # threw it as an escalation does: what that branch wrote stays, the others are dropped
+            event = BpmnEvent(self.event_definition)
+            my_task.internal_data[CAUGHT_KEY] = any(
+                isinstance(t.task_spec, BoundaryEvent) and t.task_spec.cancel_activity
+                and attached_activity(t) is not None and thrown_inside(t, my_task.workflow)
+                and t.task_spec.event_definition.catches(t, event)
+                for t in my_task.workflow.top_workflow.event_manager.tasks.values())
         if isinstance(self, BoundaryEvent) and self.cancel_activity and my_task.parent is not None:
             # the multi-instance activity it interrupts closes now (its writes undone), before its path
             # begins: SpiffWorkflow cancels it only after, and an activity at the start of the path
@@ -832,6 +842,30 @@ def attached_activity(task: Any) -> Any:
     if not isinstance(task.task_spec, BoundaryEvent) or task.parent is None:
         return None
     return next((c for c in task.parent.children if not isinstance(c.task_spec, BoundaryEvent)), None)
+
+
+def interrupts_around(task: Any) -> list[Any]:
+    """The interrupting boundary events of the activities around ``task``'s workflow (the sub-process
+    it runs in, or one around that) that are READY: they caught what ``task`` just threw (a signal,
+    an escalation). BPMN interrupts the activity as the event is caught, so they run before anything
+    else of it; SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
+    so the steps after the throw ran, and wrote, inside an activity already interrupted. (An instance
+    of a multi-instance sub-process is not looked through: the interrupt closes the whole activity,
+    its writes undone, as it is, ``Runtime.abort_multi``.)"""
+    found: list[Any] = []
+    if not isinstance(task.task_spec, ThrowingEvent) or isinstance(task.task_spec, EndEvent):
+        return found  # after an end event nothing comes on its path: the sub-process ends as SpiffWorkflow ends it
+    workflow = task.workflow
+    top = workflow.top_workflow
+    while getattr(workflow, "parent_task_id", None) is not None:
+        runner = top.get_task_from_id(workflow.parent_task_id)
+        if runner is None:
+            break
+        if runner.parent is not None:
+            found.extend(t for t in runner.parent.children if isinstance(t.task_spec, BoundaryEvent)
+                         and t.task_spec.cancel_activity and t.state == TaskState.READY)
+        workflow = runner.workflow
+    return found
 
 
 def interrupted(task: Any) -> bool:

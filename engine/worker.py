@@ -67,8 +67,9 @@ commands for now: out of memory, a read-only replica, a failed RDB save), a runn
 logs a warning and retries (backing off up to 10 s) instead of dying; an entry it had in
 hand stays pending and is taken over as usual. A queue Redis that comes back *empty* (no persistence, a flush) has lost the stream, its group
 and the entries on them: the worker logs that as an error naming the server, makes the group
-again and goes on with new work (the instances those entries named are run by ``layerflow
-resume``). ``submit`` checks that the queue answers
+again and puts the instances the store still holds as ``running`` back on the stream
+(``requeue_running``; ``run_worker(requeue=True)``, ``layerflow worker --requeue``, does it as
+the worker starts, for a queue that came back empty while no worker ran). ``submit`` checks that the queue answers
 before it creates the instance, and deletes the instance again if the XADD fails, so no
 ``running`` instance is left that no worker will hear of.
 
@@ -107,7 +108,8 @@ from .runtime import Engine
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
-           "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue"]
+           "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue",
+           "requeue_running"]
 
 DEFAULT_STREAM = "layerflow:ready"
 DEFAULT_GROUP = "workers"
@@ -129,6 +131,7 @@ class WorkerStats:
     failures: int = 0         # failed deliveries: store unavailable, a record that does not load, ...
     dead: int = 0             # entries moved to the dead-letter stream (and acknowledged)
     timers: int = 0           # instances with a due timer this worker put on the stream
+    requeued: int = 0         # running instances of the store put back on a stream the queue had lost
     statuses: dict[str, int] = field(default_factory=dict)
 
 
@@ -217,10 +220,11 @@ def queue_error(client: Any, err: BaseException) -> LayerflowError:
 
 
 def _stream_lost(err: BaseException) -> bool:
-    """The stream or its consumer group is gone: the queue's Redis lost its data."""
+    """The stream or its consumer group is gone: the queue's Redis lost its data (NOGROUP; and
+    UNBLOCKED when it went, flushed, while the worker's XREADGROUP waited on it: Redis 7)."""
     import redis
 
-    return isinstance(err, redis.ResponseError) and str(err).startswith("NOGROUP")
+    return isinstance(err, redis.ResponseError) and str(err).startswith(("NOGROUP", "UNBLOCKED"))
 
 
 def _redis_down() -> tuple[type[BaseException], ...]:
@@ -250,6 +254,21 @@ def enqueue(client: Any, instance_id: str, *, stream: str = DEFAULT_STREAM, wake
     timer that is due, and the worker runs it although it is at rest."""
     fields = {"instance_id": instance_id, **({"wake": wake} if wake else {})}
     return str(client.xadd(stream, fields))
+
+
+def requeue_running(store: str | Store, client: Any, stream: str = DEFAULT_STREAM) -> list[str]:
+    """Put every instance the store holds as ``running`` on the stream (oldest first); their ids.
+
+    A queue Redis that came back empty lost the entries of the instances submitted to it (and of
+    those a worker had in hand); the store, elsewhere or on a Redis that kept its data, still holds
+    them as ``running``. An instance whose entry did survive, or that a live worker runs right now,
+    is queued twice, which is harmless: its lease keeps a second worker away, and an entry whose
+    instance is at rest is acknowledged without running it. Waiting instances are not queued (a
+    timer that comes due is queued by the workers' scan; a person's answer runs the instance)."""
+    ids = [str(s["instance_id"]) for s in _store(store).list_instances(status="running")]
+    for instance_id in ids:
+        enqueue(client, instance_id, stream=stream, wake="requeue")
+    return ids
 
 
 def enqueue_due_timers(engine: Engine, client: Any, stream: str = DEFAULT_STREAM, *, interval: float) -> int:
@@ -406,7 +425,8 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                lease_ttl: float | None = None, block_ms: int = 1000, stop_after: int | None = None,
                stop: threading.Event | None = None, handlers: Mapping[str, Any] | None = None,
                model: str | None = None, client: Any = None, max_deliveries: int = DEFAULT_MAX_DELIVERIES,
-               dead_stream: str | None = None, timer_interval: float | None = 5.0) -> WorkerStats:
+               dead_stream: str | None = None, timer_interval: float | None = 5.0,
+               requeue: bool = False) -> WorkerStats:
     """Process stream entries until ``stop_after`` entries are acknowledged (finished or
     dead-lettered), ``stop`` is set, or SIGTERM / Ctrl-C (the entry in hand is finished first).
 
@@ -421,6 +441,10 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
 
     ``timer_interval``: every this many seconds one of the workers puts the instances whose
     timer is due on the stream (``enqueue_due_timers``); None or 0: this worker never does.
+
+    ``requeue``: first put every ``running`` instance of the store on the stream
+    (``requeue_running``): after the queue's Redis came back empty while no worker ran. A worker
+    that finds the stream gone while it runs does that by itself.
     """
     if max_deliveries < 1:
         raise LayerflowError(f"max_deliveries must be at least 1, not {max_deliveries}")
@@ -437,6 +461,11 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
         client.xgroup_createconsumer(stream, group, consumer)  # visible in XINFO CONSUMERS before its first entry
     except _redis_down() as err:
         raise _queue_down(client, err) from err
+    if requeue:
+        try:
+            _requeue(store, client, stream, stats)
+        except _redis_down() as err:
+            raise _queue_down(client, err) from err
     log.info("worker %s: running the instances put on stream %r (group %r); Ctrl-C or SIGTERM stops it after the "
              "instance in hand", consumer, stream, group)
     restore = _stop_on_signals(stop)
@@ -485,17 +514,28 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                 stats.failures += 1
                 log.error("the stream %r or its group %r is gone from the queue's Redis %s: that server lost its "
                           "data (restarted without persistence, or flushed), and with it the entries on the stream. "
-                          "Instances still 'running' in the store are run by hand with `layerflow resume ID "
-                          "--store ...`; use appendonly yes on a Redis that workers share", stream, group,
-                          _queue_where(client))
+                          "The instances the store still holds as 'running' are put back on the stream; use "
+                          "appendonly yes on a Redis that workers share", stream, group, _queue_where(client))
                 cursor = "0-0"
                 try:
                     _ensure_group(client, stream, group)
+                    _requeue(store, client, stream, stats)
                 except _redis_down():
                     pass  # gone again: the next round waits for it
+                except StoreError as lost:  # a store on the same server lost its data too: nothing to put back
+                    log.error("the running instances could not be read from the store %s to put them back on the "
+                              "stream: %s", _store_label(store), lost)
     finally:
         restore()
     return stats
+
+
+def _requeue(store: Store, client: Any, stream: str, stats: WorkerStats) -> None:
+    ids = requeue_running(store, client, stream)
+    stats.requeued += len(ids)
+    if ids:
+        log.warning("put %d running instance(s) of the store %s back on stream %r: %s", len(ids),
+                    _store_label(store), stream, ", ".join(ids))
 
 
 def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: float, max_deliveries: int,
