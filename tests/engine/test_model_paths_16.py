@@ -318,6 +318,28 @@ def test_an_escalating_model_hands_the_question_to_a_person_with_its_suggestion(
     assert conflict["resolution"]["value"] == "tier_3" and conflict["resolution"]["resolver"] == "human"
 
 
+def test_an_escalated_question_nobody_answers_takes_the_models_suggestion_and_says_whose_it_was(
+        fake_model: Any, tmp_path: Path) -> None:
+    # expected (README: a humanConfirm with no default falls back on the model's suggested value): after the
+    # 600 s timeout the model's tier_2 is taken, and the reason says it was the model's suggestion, not a
+    # configured default (the join configures none)
+    now = [1_000_000.0]
+    model = fake_model(_arbiter({"supplier_tier": {"final_value": "tier_2", "rationale": "unsure about the audit",
+                                                   "escalate": True}}))
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}", model="fake/model", clock=lambda: now[0])
+    instance = engine.run_process(load_process(SUPPLIER), SUPPLIER_DATA)
+    assert instance.status == "waiting", instance.error
+    now[0] += 601
+    done = engine.resume(instance.id)
+    assert done.status == "completed", done.error
+    assert done.main.resolve("supplier_tier") == "tier_2"
+    [conflict] = [c for c in done.conflicts if c["key"] == "supplier_tier"]
+    reason = conflict["resolution"]["reason"]
+    assert "configured default" not in reason, reason
+    assert "model" in reason and "tier_2" in reason and "unsure about the audit" in reason, reason
+    assert len([k for k in model.requests if _purpose(k) == "conflict"]) == 2  # one per key, none after the timeout
+
+
 @pytest.mark.parametrize("reply", [
     pytest.param(json.dumps({"final_value": "tier_2", "rationale": "x", "escalate": "no"}), id="escalate-as-text"),
     pytest.param(json.dumps({"rationale": "no value", "escalate": False}), id="no-final-value"),
@@ -420,6 +442,8 @@ def test_an_empty_model_summary_falls_back_to_the_extractive_one_and_says_so(fak
     summary = _summary_of(instance.main)
     assert 0 < _tokens(summary) <= 25 and "Idea 0" in summary, summary
     assert {f["purpose"] for f in instance.model_fallbacks()} == {"compression_summary"}
+    # after a failed summary the model is not asked again within the same compression (the fold too)
+    assert len([k for k in model.requests if _purpose(k) == "summary"]) == 1
     assert instance.main.layer(Layer.HISTORY)["brand_voice"] == "warm, plain, no exclamation marks"
 
 
