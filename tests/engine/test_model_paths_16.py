@@ -192,6 +192,31 @@ def test_a_fenced_branch_answer_is_taken(fake_model: Any) -> None:
     assert len(model.requests) == 1 and instance.model_fallbacks() == []
 
 
+def test_the_model_decides_even_where_the_fallback_expression_cannot_be_evaluated(fake_model: Any) -> None:
+    # expected (DESIGN: "evaluated by the model with the expression as fallback"): a claim without
+    # `receipt_attached` breaks the expression `amount <= 100 and receipt_attached`; with a model the
+    # model is asked all the same and its valid branch is taken, the expression's failure on the tape;
+    # without one (or when the model's answer is unusable) the expression's error stops the instance,
+    # naming the flow and the missing key, as before
+    claim = {k: v for k, v in CLAIM.items() if k != "receipt_attached"}
+    answer = json.dumps({"branch": "manager_review", "rationale": "no receipt flag: the manager decides"})
+    instance, model = _expense(fake_model, answer, claim)
+    assert instance.status == "completed", instance.error
+    assert instance.main.resolve("decision") == "manager"
+    assert len(model.requests) == 1
+    [decision] = _tape_notes(instance, "condition_decision")
+    assert decision["decided_by"] == "model" and "receipt_attached" in decision["expression_error"]
+    assert _tape_notes(instance, "condition_disagreement") == []
+    for answer in ("no idea", None):
+        if answer is None:
+            instance = Engine("memory://").run_process(load_process(EXPENSE), claim)
+        else:
+            instance, _ = _expense(fake_model, answer, claim)
+        assert instance.status == "error"
+        assert instance.error["task_id"] == "triage_split"
+        assert "auto_approve" in instance.error["message"] and "receipt_attached" in instance.error["message"]
+
+
 def test_without_a_model_the_expressions_decide_and_litellm_is_never_imported() -> None:
     # expected: auto_approve by its expression; a claim over 100 takes the default (manager),
     # never the sentence-only audit flow; no fallback listed (no model configured)
