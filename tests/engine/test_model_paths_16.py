@@ -31,7 +31,6 @@ one test per area goes through litellm's real client to tests/stub_llm.py on 127
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -85,22 +84,6 @@ def _tokens(text: str) -> int:
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"))
     import tiktoken
     return len(tiktoken.get_encoding("cl100k_base").encode(text))
-
-
-@contextlib.contextmanager
-def _stub_env(stub: StubLLM) -> Any:
-    """The README's settings for an OpenAI-compatible server, for this test only."""
-    saved = {k: os.environ.get(k) for k in ("LAYERFLOW_MODEL_API_BASE", "LAYERFLOW_MODEL_API_KEY")}
-    os.environ["LAYERFLOW_MODEL_API_BASE"] = stub.url
-    os.environ["LAYERFLOW_MODEL_API_KEY"] = "test-key"
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _cli(*args: str, stub: StubLLM | None = None) -> tuple[int, dict[str, Any], str]:
@@ -472,15 +455,22 @@ def test_an_empty_model_summary_falls_back_to_the_extractive_one_and_says_so(fak
     assert instance.main.layer(Layer.HISTORY)["brand_voice"] == "warm, plain, no exclamation marks"
 
 
-def test_the_summary_through_litellm_asks_for_max_tokens() -> None:
+def _review_through_litellm(data: dict[str, Any], rule_summary: str, fold_summary: str,
+                            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The marketing run through litellm's client to the stub: the review's answer, then the
+    summaries of the rule and of the cliff's fold; its document and the requests the stub got."""
     with StubLLM() as stub:
-        stub.push(Reply.json({"verdict": "ok", "edits": "none"}), Reply.text("Pitch speed and trust to busy readers."),
-                  Reply.text("Speed and trust pitches."))
-        code, doc, err = _cli("run", str(MARKETING), "--data", json.dumps(COPY), "--store", "memory://",
+        stub.push(Reply.json({"verdict": "ok", "edits": "none"}), Reply.text(rule_summary), Reply.text(fold_summary))
+        code, doc, err = _cli("run", str(MARKETING), "--data", json.dumps(data), "--store", "memory://",
                               "--model", "openai/stub-model", "--json", stub=stub)
     assert code == 0, (doc, err)
-    assert [r.get("max_tokens") for r in stub.requests][:2] == [None, 25]
-    assert "brainstorm_notes: Pitch speed and trust to busy readers." in str(stub.requests[2]["messages"][-1]["content"])
+    return doc, stub.requests
+
+
+def test_the_summary_through_litellm_asks_for_max_tokens() -> None:
+    doc, requests = _review_through_litellm(COPY, "Pitch speed and trust to busy readers.", "Speed and trust pitches.")
+    assert [r.get("max_tokens") for r in requests][:2] == [None, 25]
+    assert "brainstorm_notes: Pitch speed and trust to busy readers." in str(requests[2]["messages"][-1]["content"])
     assert _summary_of(doc["layers"]["L3"]) == "Speed and trust pitches."
     assert doc["layers"]["L3"]["brand_voice"] == "warm, plain, no exclamation marks"
     assert doc["model_fallbacks"] == []
@@ -539,13 +529,8 @@ def test_the_review_request_through_litellm_is_the_fakes_bytes(fake_model: Any,
     data = {**COPY, "copy_text": HOSTILE}
     [faked] = _review_requests(fake_model, data)
     monkeypatch.undo()  # litellm's own client from here on
-    with StubLLM() as stub:
-        stub.push(Reply.json({"verdict": "ok", "edits": "none"}), Reply.text("Short summary."),
-                  Reply.text("Short summary."))
-        code, doc, err = _cli("run", str(MARKETING), "--data", json.dumps(data), "--store", "memory://",
-                              "--model", "openai/stub-model", "--json", stub=stub)
-    assert code == 0, (doc, err)
-    sent = [{"role": m["role"], "content": m["content"]} for m in stub.requests[0]["messages"]]
+    _, requests = _review_through_litellm(data, "Short summary.", "Short summary.")
+    sent = [{"role": m["role"], "content": m["content"]} for m in requests[0]["messages"]]
     assert sent == [{"role": m["role"], "content": m["content"]} for m in faked]
 
 
@@ -597,9 +582,9 @@ def _with_tools(tmp_path: Path) -> Path:
 
 
 def _tool_results(model: ToolModel) -> dict[str, Any]:
-    last = model.requests[-1]["messages"] if _purpose(model.requests[-1]) != "summary" else \
-        [m for k in model.requests if _purpose(k) != "summary" for m in k["messages"]]
-    return {m["tool_call_id"]: json.loads(m["content"]) for m in last if m.get("role") == "tool"}
+    """Each tool call's result as the model was given it (call id -> the result's JSON)."""
+    return {m["tool_call_id"]: json.loads(m["content"]) for k in model.requests if _purpose(k) != "summary"
+            for m in k["messages"] if m.get("role") == "tool"}
 
 
 def test_the_model_inspects_snapshots_and_compresses_with_the_tools_and_errors_come_back_to_it(
@@ -615,12 +600,15 @@ def test_the_model_inspects_snapshots_and_compresses_with_the_tools_and_errors_c
          _tool_call("c4", "context_compress", {"action": "shrink"}),
          _tool_call("c5", "context_inspect", "{layers: L3"),
          _tool_call("c6", "context_delete", {"key": "brand_voice"})],
-        [_tool_call("c7", "context_compress", {"action": "evaluate"})],
+        [_tool_call("c7", "context_compress", {"action": "evaluate"}),
+         # a rule that matches a preserved key: the key survives unchanged
+         _tool_call("c8", "context_compress", {"action": "compress", "compress_rules": [
+             {"pattern": "brand*", "action": "summarize", "maxTokens": 3}]})],
     ], final={"verdict": "ok", "edits": "none"})
     instance = Engine("memory://", model="fake/model").run_process(load_process(_with_tools(tmp_path)), COPY)
     assert instance.status == "completed", instance.error
     results = _tool_results(model)
-    assert set(results) == {f"c{i}" for i in range(1, 8)}
+    assert set(results) == {f"c{i}" for i in range(1, 9)}
     assert "L3" in json.dumps(results["c1"]) and "error" not in results["c1"]
     assert "error" not in results["c2"] and "snapshot_id" in json.dumps(results["c2"])
     assert "error" not in results["c3"], results["c3"]
@@ -631,8 +619,8 @@ def test_the_model_inspects_snapshots_and_compresses_with_the_tools_and_errors_c
     assert instance.main.resolve("verdict") == "ok"
     assert instance.main.layer(Layer.HISTORY)["brand_voice"] == "warm, plain, no exclamation marks"
     calls = [e.data for e in instance.main.tape if e.data.get("note") == "tool_call"]
-    assert [c["call_id"] for c in calls] == [f"c{i}" for i in range(1, 8)]
-    assert [c["error"] is not None for c in calls] == [False, False, False, True, True, True, False]
+    assert [c["call_id"] for c in calls] == [f"c{i}" for i in range(1, 9)]
+    assert [c["error"] is not None for c in calls] == [False, False, False, True, True, True, False, False]
     tools = {t["function"]["name"] for t in model.requests[0]["tools"]}
     assert tools == {"context_inspect", "context_compress", "context_branch", "human_confirm"}
 
