@@ -660,3 +660,23 @@ def test_a_tool_call_through_litellm_reaches_the_governance_service(tmp_path: Pa
     [result] = tool_messages
     assert result["tool_call_id"] == "t1" and "campaign_id" in json.loads(result["content"])["L1"]["keys"]
     assert doc["layers"]["L3"]["verdict"] == "ok"
+
+
+# ===== validate: a refused field of a model step's config is the one problem named ===============
+
+def test_validate_names_the_refused_max_tokens_and_not_a_missing_handler(tmp_path: Path) -> None:
+    # expected: `maxTokens: 0` is refused (field compressRules.0.maxTokens, exit 2); the step's config
+    # does give a handler and an llm: block, so no warning says it gives none
+    for name in ("marketing_copy.bpmn", "marketing_handlers.py"):
+        (tmp_path / name).write_text((HERE / name).read_text(encoding="utf-8"), encoding="utf-8")
+    config = (HERE / "marketing_copy.layerflow.yaml").read_text(encoding="utf-8")
+    (tmp_path / "marketing_copy.layerflow.yaml").write_text(config.replace("maxTokens: 25", "maxTokens: 0"),
+                                                            encoding="utf-8")
+    from click.testing import CliRunner
+
+    from engine.cli import main
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "marketing_copy.bpmn"), "--json"])
+    assert result.exit_code == 2, result.output
+    problems = json.loads(result.stdout)["problems"]
+    assert [(p["code"], p["element_id"], p["field"]) for p in problems] == [
+        ("invalid_config_field", "review_copy", "compressRules.0.maxTokens")], problems
