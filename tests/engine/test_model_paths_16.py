@@ -505,6 +505,48 @@ def test_the_review_request_is_the_same_bytes_for_the_same_input_stable_parts_fi
     assert other[0]["content"][:cut] == first[0]["content"][:cut]
 
 
+SEEDED_RUN = """
+import hashlib, json, sys, types
+import engine.llm
+from engine import Engine, load_process
+sent = []
+def completion(**kw):
+    sent.append({k: kw.get(k) for k in ("messages", "max_tokens", "tools")})
+    system = kw["messages"][0]["content"]
+    if system.startswith("You route"):
+        content = json.dumps({"branch": "manager_review", "rationale": "r"})
+    elif system.startswith("You resolve"):
+        content = json.dumps({"final_value": "tier_3", "rationale": "r", "escalate": False})
+    else:
+        content = "Short." if kw.get("max_tokens") else json.dumps({"verdict": "ok", "edits": "none"})
+    return {"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
+engine.llm.load_litellm = lambda: types.SimpleNamespace(completion=completion)
+for path, data in json.loads(sys.argv[1]):
+    instance = Engine("memory://", model="fake/model").run_process(load_process(path), data)
+    assert instance.status == "completed", (path, instance.status, instance.error)
+print(len(sent), hashlib.sha256(json.dumps(sent, sort_keys=True).encode()).hexdigest())
+"""
+
+
+def test_every_model_request_of_the_three_processes_is_the_same_bytes_in_another_interpreter() -> None:
+    # expected: condition question, conflict prompts, review request and summary requests are the same
+    # bytes whatever the interpreter's hash seed (no set or dict order leaks into what a model is sent)
+    runs = json.dumps([[str(EXPENSE), {**CLAIM, "description": HOSTILE, "tags": ["travel", "client", "taxi"]}],
+                       [str(SUPPLIER), {**SUPPLIER_DATA, "vendor_statement": HOSTILE}],
+                       [str(MARKETING), {**COPY, "copy_text": HOSTILE}]])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAYERFLOW_MODEL", "OPENAI"))}
+    env["PYTHONPATH"] = str(ROOT)
+    digests = set()
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", SEEDED_RUN, runs], capture_output=True, text=True, timeout=60,
+                             env={**env, "PYTHONHASHSEED": seed}, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        count, digest = out.stdout.split()
+        assert int(count) == 6  # one condition, two conflicts, one review, two summaries
+        digests.add(digest)
+    assert len(digests) == 1
+
+
 def test_hostile_copy_text_stays_data_in_every_xml_message(fake_model: Any) -> None:
     [messages] = _review_requests(fake_model, {**COPY, "copy_text": HOSTILE})
     roles = [m["role"] for m in messages]
