@@ -722,3 +722,41 @@ def test_validate_names_the_refused_max_tokens_and_not_a_missing_handler(tmp_pat
     problems = json.loads(result.stdout)["problems"]
     assert [(p["code"], p["element_id"], p["field"]) for p in problems] == [
         ("invalid_config_field", "review_copy", "compressRules.0.maxTokens")], problems
+
+
+def test_a_branch_step_that_evaluates_with_the_tools_is_told_its_own_branch(tool_model: Any, tmp_path: Path) -> None:
+    # expected: procurement_check, a model step inside the parallel branch, calls context_branch evaluate with
+    # no branch_id: its own context is evaluated (the compliance branch's note is not there), and the result
+    # names that branch, not "main"; the join then settles supplier_tier as before
+    bpmn = SUPPLIER.read_text(encoding="utf-8")
+    script = bpmn[bpmn.index('<bpmn:scriptTask id="procurement_check">'):]
+    script = script[:script.index("</bpmn:scriptTask>") + len("</bpmn:scriptTask>")]
+    (tmp_path / "supplier_onboarding.bpmn").write_text(
+        bpmn.replace(script, '<bpmn:serviceTask id="procurement_check"/>'), encoding="utf-8")
+    (tmp_path / "supplier_onboarding.layerflow.yaml").write_text(
+        (HERE / "supplier_onboarding.layerflow.yaml").read_text(encoding="utf-8") + (
+            "procurement_check:\n  llm: {instructions: Rate the supplier., outputKeys: [supplier_tier, procurement_note],"
+            " tools: true, maxRetries: 0}\n"), encoding="utf-8")
+    model = tool_model([[_tool_call("b1", "context_branch", {"action": "evaluate",
+                                                             "required_keys": ["supplier_tier", "compliance_note"]})]],
+                       final={"supplier_tier": "tier_1", "procurement_note": "fast delivery"})
+    original = model.completion
+
+    def completion(**kwargs: Any) -> dict[str, Any]:  # the join's conflict prompt: the model settles it
+        if _purpose(kwargs) == "conflict":
+            model.requests.append(kwargs)
+            answer = {"final_value": "tier_3", "rationale": "policy", "escalate": False}
+            return {"choices": [{"message": {"content": json.dumps(answer)}, "finish_reason": "stop"}]}
+        return original(**kwargs)
+    model.completion = completion  # type: ignore[method-assign]
+    import types
+
+    import engine.llm
+    engine.llm.load_litellm = lambda: types.SimpleNamespace(completion=completion)  # restored by the fixture
+    instance = Engine("memory://", model="fake/model").run_process(load_process(tmp_path / "supplier_onboarding.bpmn"),
+                                                                   SUPPLIER_DATA)
+    assert instance.status == "completed", instance.error
+    result = _tool_results(model)["b1"]
+    assert result["present"] == {"supplier_tier": "L3"} and result["missing"] == ["compliance_note"]
+    assert result["branch_id"] == "procurement_check", result
+    assert instance.main.resolve("supplier_tier") == "tier_3"
