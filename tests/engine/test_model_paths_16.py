@@ -589,11 +589,14 @@ class ToolModel(FakeModel):
     def __init__(self, turns: list[list[dict[str, Any]]], final: dict[str, Any]) -> None:
         super().__init__(None)
         self.turns, self.final = list(turns), final
+        self.conflict: dict[str, Any] | None = None  # the answer to a join's conflict prompt
 
     def completion(self, **kwargs: Any) -> dict[str, Any]:
         self.requests.append(kwargs)
         if _purpose(kwargs) == "summary":
             return {"choices": [{"message": {"content": "Short summary."}, "finish_reason": "stop"}]}
+        if _purpose(kwargs) == "conflict":
+            return {"choices": [{"message": {"content": json.dumps(self.conflict)}, "finish_reason": "stop"}]}
         if self.turns:
             calls = self.turns.pop(0)
             return {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": calls},
@@ -625,7 +628,7 @@ def _with_tools(tmp_path: Path) -> Path:
 
 def _tool_results(model: ToolModel) -> dict[str, Any]:
     """Each tool call's result as the model was given it (call id -> the result's JSON)."""
-    return {m["tool_call_id"]: json.loads(m["content"]) for k in model.requests if _purpose(k) != "summary"
+    return {m["tool_call_id"]: json.loads(m["content"]) for k in model.requests if _purpose(k) == "activity"
             for m in k["messages"] if m.get("role") == "tool"}
 
 
@@ -740,19 +743,7 @@ def test_a_branch_step_that_evaluates_with_the_tools_is_told_its_own_branch(tool
     model = tool_model([[_tool_call("b1", "context_branch", {"action": "evaluate",
                                                              "required_keys": ["supplier_tier", "compliance_note"]})]],
                        final={"supplier_tier": "tier_1", "procurement_note": "fast delivery"})
-    original = model.completion
-
-    def completion(**kwargs: Any) -> dict[str, Any]:  # the join's conflict prompt: the model settles it
-        if _purpose(kwargs) == "conflict":
-            model.requests.append(kwargs)
-            answer = {"final_value": "tier_3", "rationale": "policy", "escalate": False}
-            return {"choices": [{"message": {"content": json.dumps(answer)}, "finish_reason": "stop"}]}
-        return original(**kwargs)
-    model.completion = completion  # type: ignore[method-assign]
-    import types
-
-    import engine.llm
-    engine.llm.load_litellm = lambda: types.SimpleNamespace(completion=completion)  # restored by the fixture
+    model.conflict = {"final_value": "tier_3", "rationale": "policy", "escalate": False}
     instance = Engine("memory://", model="fake/model").run_process(load_process(tmp_path / "supplier_onboarding.bpmn"),
                                                                    SUPPLIER_DATA)
     assert instance.status == "completed", instance.error
