@@ -23,7 +23,13 @@ marketing_copy: a draft step writes long brainstorm notes; the model step that r
   task and volatile parts last, and the hostile copy text (CDATA end, fake XML tags, fake role
   markers) stays one value of data.
 The model tools are driven as a model calls them (tool calls with JSON-string arguments, wrong
-  ones included) inside the review step (`llm.tools: true`).
+  ones included) inside the review step (`llm.tools: true`), and inside a parallel branch's step.
+
+Surprises this round turned up (each has its test here): a timed-out question that took the model's
+suggestion said "the configured default" where the join configures none; a fallback expression that
+failed on the instance's data stopped the gateway before the model was asked; `validate` warned that a
+step whose config it refused "gives no handler"; `context_branch` evaluate from a branch's step
+answered `"branch_id": "main"` about the branch it evaluated.
 
 The fake model is tests/engine/test_unseen_processes_4.py's (engine.llm.load_litellm patched);
 one test per area goes through litellm's real client to tests/stub_llm.py on 127.0.0.1.
