@@ -282,6 +282,9 @@ class GatewaySteps:
         2. the BPMN condition expressions, in SpiffWorkflow's order of the flows, when no
            model is configured or it gave no valid answer: the first flow whose expression
            holds is taken. A sentence has no expression: offline its flow is not taken.
+           They are evaluated after the model was asked: one that fails on this instance's
+           data stops the instance only when it has to decide (behind a valid answer the
+           failure is the decision note's ``expression_error``).
         3. the default flow; without one, SpiffWorkflow's "no conditions satisfied" error.
 
         Offline (no model) the expressions decide and nothing imports litellm. A model
@@ -308,8 +311,6 @@ class GatewaySteps:
             return None
         ctx = self.context_of(task)
         default = next((b for b, text in flows if text is None), None)
-        by_expression = next((b for b, text in flows if text is not None and b not in spoken
-                              and self._evaluate(task, text)), None)
 
         answer = None
         chooser = self.engine.chooser_for(self.process, gw)
@@ -319,9 +320,23 @@ class GatewaySteps:
                 answer, failures = ask_branch(chooser, BranchQuestion(gw, options, condition_context(ctx)))
             for note in failures:
                 ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
+        valid = answer is not None and answer.branch in {b for b, _ in flows}
+
+        # The expressions are the fallback, evaluated after the model was asked: one that cannot be
+        # evaluated on this instance's data (a key it reads is missing) stops the instance only when
+        # it has to decide; behind a valid answer its failure is noted and the model's branch taken.
+        expression_error: str | None = None
+        try:
+            by_expression = next((b for b, text in flows if text is not None and b not in spoken
+                                  and self._evaluate(task, text)), None)
+        except ActivityError as err:  # the error the instance stops with when the expressions must decide
+            if not valid:
+                raise
+            by_expression, expression_error = None, str(err)[:2000]
 
         chosen: str | None
-        if answer is not None and answer.branch in {b for b, _ in flows}:
+        if valid:
+            assert answer is not None
             chosen, by = answer.branch, "model"
         elif by_expression is not None:
             chosen, by = by_expression, "expression"
@@ -330,11 +345,12 @@ class GatewaySteps:
         model = None if answer is None else {"branch": answer.branch, "rationale": answer.rationale}
         ctx.record("condition_decision", actor=gw, data={
             "gateway": gw, "branch": chosen, "decided_by": by, "expression_branch": by_expression or default,
-            "model": model, "model_configured": chooser is not None, "conditions": sentences})
+            "model": model, "model_configured": chooser is not None, "conditions": sentences,
+            **({"expression_error": expression_error} if expression_error is not None else {})})
         expected = by_expression or default
         # A flow whose only condition is a sentence is the model's alone: taking it over the
-        # default contradicts no expression.
-        if (answer is not None and answer.branch != expected
+        # default contradicts no expression (nor does any branch where the expressions failed).
+        if (answer is not None and expression_error is None and answer.branch != expected
                 and (by_expression is not None or answer.branch not in spoken)):
             ctx.record("condition_disagreement", actor=gw, data={
                 "gateway": gw, "followed": chosen, "followed_by": by, "model_branch": answer.branch,

@@ -973,7 +973,10 @@ class GovernanceService:
         present = {k: str(ctx.locate(k)) for k in args.required_keys if ctx.locate(k) is not None}
         missing = [k for k in args.required_keys if k not in present]
         info = instance.branches.get(ctx.name, {})
-        return {"instance_id": instance.id, "version": instance.version, "branch_id": args.branch_id or MAIN,
+        # with no branch_id the default context was evaluated (a model step's tools: its own branch's); the
+        # answer names the branch it evaluated, not "main"
+        branch = args.branch_id or info.get("branch_id") or MAIN
+        return {"instance_id": instance.id, "version": instance.version, "branch_id": branch,
                 "context": ctx.name, "status": info.get("status", instance.status), "ok": not missing,
                 "present": present, "missing": missing}
 

@@ -2902,6 +2902,8 @@ class _Validator:
 
     def _check_implementation(self, el: Any, eid: str, tag: str, file: str) -> None:
         cfg = self.merged.get(eid)
+        if cfg is None and any(p.element_id == eid and p.code.startswith("invalid_config") for p in self.problems):
+            return  # its config was refused (that error names the field): what it gives is unknown, not missing
         handled = cfg is not None and (bool(cfg.handler) or cfg.llm is not None)
         if tag == "businessRuleTask":
             self._check_decision(el, eid, file, handled)

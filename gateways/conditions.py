@@ -6,9 +6,11 @@ flow's own ``conditionExpression`` may be one too (``is_flow_sentence``). The
 model is asked which branch the sentences pick for the context; ``engine`` sends the
 question through litellm (the ``BranchChooser`` protocol). Everything here is pure.
 
-Who decides is the engine's rule (``engine.gateway_steps``, ``GatewaySteps.decide_exclusive``):
-the BPMN condition expression of a flow, when it has one, is authoritative and the
-model's answer is its check; a disagreement is recorded, never followed.
+Who decides is the engine's rule (``engine.gateway_steps``, ``GatewaySteps.decide_exclusive``,
+as DESIGN.md says: "evaluated by the model with the expression as fallback"): a valid answer
+naming one of the gateway's branches is followed, and one that differs from what the BPMN
+condition expressions would take is recorded (``condition_disagreement``) for review; the
+expressions decide only when no model is configured or its answer is unusable.
 
 The answer is strict JSON ``{"branch": "<one of the branch ids>", "rationale": "..."}``,
 validated with pydantic; anything else raises ``BranchAnswerError``, which

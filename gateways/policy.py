@@ -106,13 +106,17 @@ class HumanRequest:
     suggested: Any = None
     suggested_by: str | None = None  # "policy" | "model" | None
     suggested_reason: str | None = None
+    # whose ``default`` it is: "config" (the join's humanConfirm), "policy" or "model" (no default
+    # configured: the suggestion stands in), None (no default, or a record written before this was kept)
+    default_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "type": self.type, "message": self.message, "options": self.options,
                 "timeout": self.timeout, "default": self.default, "on_timeout": self.on_timeout,
                 "gateway_id": self.gateway_id, "key": self.key,
                 "suggested": None if self.suggested_by is None else jsonable(self.suggested),
-                "suggested_by": self.suggested_by, "suggested_reason": self.suggested_reason}
+                "suggested_by": self.suggested_by, "suggested_reason": self.suggested_reason,
+                "default_by": self.default_by}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "HumanRequest":
@@ -123,7 +127,7 @@ class HumanRequest:
                    type=str(data.get("type") or CONFLICT_CONFIRMATION), on_timeout=str(data.get("on_timeout") or "default"),
                    gateway_id=str(data.get("gateway_id") or ""), key=str(data.get("key") or ""),
                    suggested=None if by is None else from_json_value(data.get("suggested")), suggested_by=by,
-                   suggested_reason=data.get("suggested_reason"))
+                   suggested_reason=data.get("suggested_reason"), default_by=data.get("default_by"))
 
     @property
     def suggestion(self) -> Resolution | None:
@@ -343,12 +347,14 @@ def build_human_request(
     if hc is not None and hc.message:
         message = f"{hc.message} {message}"
 
+    default_by: str | None
     if fits and hc is not None:
-        default, on_timeout = configured, hc.on_timeout
+        default, on_timeout, default_by = configured, hc.on_timeout, "config"
     elif suggestion is not None:
         default, on_timeout = jsonable(suggestion.value), (hc.on_timeout if hc else "default")
+        default_by = suggestion.resolver
     else:
-        default, on_timeout = None, "escalate"
+        default, on_timeout, default_by = None, "escalate", None
     return HumanRequest(
         id=f"{gateway_id}/{conflict.key}", message=message, options=options,
         timeout=hc.timeout if hc else 300.0, default=default, on_timeout=on_timeout,
@@ -356,6 +362,7 @@ def build_human_request(
         suggested=None if suggestion is None else suggestion.value,
         suggested_by=None if suggestion is None else suggestion.resolver,
         suggested_reason=None if suggestion is None else suggestion.reason,
+        default_by=default_by,
     )
 
 
@@ -441,8 +448,13 @@ def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any,
                    resolver: str = "human") -> str:
     suggestion = request.suggestion
     if timed_out:
+        suggested = suggestion is not None and same_value(value, suggestion.value)
+        if suggestion is not None and suggested and request.default_by == suggestion.resolver:
+            # no default configured: the suggestion stood in for it, and the reason says whose it was
+            return (f"no answer within {request.timeout:g}s: the {suggestion.resolver}'s suggestion {_show(value)} "
+                    f"was taken (no default configured): {suggestion.reason}")
         reason = f"no answer within {request.timeout:g}s: the configured default {_show(value)} was taken"
-        if suggestion is not None and same_value(value, suggestion.value):
+        if suggestion is not None and suggested:
             reason += f" (the {suggestion.resolver} suggestion: {suggestion.reason})"
         return reason
     who = "the model" if resolver == "model" else "a person"
