@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
 
@@ -154,6 +155,11 @@ class ScopeSteps:
             detail = str(err) if isinstance(err, (ActivityError, ValueError)) else f"{type(err).__name__}: {err}"
             raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {detail}", task_id=spiff.bpmn_id_of(task)) from err
         if due is not None and due <= now and not task.internal_data.get("event_fired"):
+            if _cycle_due_before(task, due):
+                # a run after several periods: the repetitions of a cycle on an activity that were
+                # due before this timer fire first (the next steps), as they would have on time; an
+                # interrupting deadline fired beside the first one and cancelled the rest
+                return
             task.internal_data["event_fired"] = True
 
     # ----- sub-processes and call activities ----------------------------------------------
@@ -671,3 +677,17 @@ class ScopeSteps:
             sender = collaboration.sender_of(self.process.paths, self.process.id, sent_from, spiff.bpmn_id_of(task),
                                              spiff.pool_process_of(task))
         events.catch_thrown(self.context_of(task), task, values, sent_from=sender)
+
+
+def _cycle_due_before(task: Any, due: datetime) -> bool:
+    """Whether a cycle timer on an activity of ``task``'s instance waits with a repetition due
+    before ``due`` (a boundary cycle always fires; one on an event-based gateway's branch never does)."""
+    top = task.workflow.top_workflow
+    for workflow in (top, *top.subprocesses.values()):
+        for other in workflow.get_tasks(state=TaskState.WAITING):
+            value = other.internal_data.get("event_value")
+            if other is not task and spiff.is_cycle(other) and isinstance(other.task_spec, BoundaryEvent) \
+                    and isinstance(value, Mapping) and value.get("cycles") != 0 \
+                    and datetime.fromisoformat(value["next"]) < due:
+                return True
+    return False
