@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
@@ -542,10 +543,27 @@ class ScopeSteps:
         if ctx.current_activity is None and not spiff.boundary_of_subworkflow(task):
             return
         start = task if path is None else path
-        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(task), None, [start])
+        gw = spiff.bpmn_id_of(task)
+        for name in self._ended_side_paths(task, ctx.name):
+            # the event's earlier paths that have ended come back first: this one reads what they
+            # wrote (the second reminder of a cycle sees the first), as it would had they run in
+            # the flow; one still running (waiting for a person) merges where it ends
+            self._merge_side(gw, name)
+        self._fork(start, ctx.name, ctx, gw, None, [start])
         # the context it came from goes on meanwhile: the path's changes come back at its join as
         # they stand (``_merge_side``), not by a three-way merge against an untouched parent
         self.instance.branches[spiff.context_name_of(start)]["status"] = "side"
+
+    def _ended_side_paths(self, task: Any, parent: str) -> list[str]:
+        """The paths boundary event ``task`` started from context ``parent`` (``boundary_path``) that
+        have reached an end event and wait, not merged, for the end of their process."""
+        gw = spiff.bpmn_id_of(task)
+        # (the tasks below a waiting cycle event are not in get_tasks' walk)
+        ended = {spiff.context_name_of(t) for t in task.workflow.tasks.values()
+                 if t.state == TaskState.COMPLETED and isinstance(t.task_spec, EndEvent)}
+        return [name for name, info in self.instance.branches.items()
+                if info["status"] == "side" and info["gateway"] == gw and info["parent"] == parent
+                and name in ended and self._in_workflow(name, task.workflow)]
 
     def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it
