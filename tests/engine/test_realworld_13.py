@@ -24,7 +24,7 @@ from SpiffWorkflow.util.task import TaskState
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import path_of, run_plain, variables
+from engine_helpers import patch_spiff_timer_clock, path_of, run_plain, variables
 
 HERE = Path(__file__).resolve().parent / "realworld13"
 HOUR = 3600.0
@@ -184,16 +184,7 @@ def test_a_reminder_call_a_person_still_makes_waits_after_the_review_is_done(tmp
 def test_plain_spiffworkflow_drops_the_reminder_call_with_the_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
     """What plain SpiffWorkflow 3.2 does with the shape above (on a patched clock): the review done,
     the workflow completes and call_reviewer is gone from its tree."""
-    from SpiffWorkflow.bpmn.specs.event_definitions import timer as spiff_timer
-
-    now = [datetime.now(timezone.utc)]
-
-    class PatchedDatetime(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
-            return now[0]
-
-    monkeypatch.setattr(spiff_timer, "datetime", PatchedDatetime)
+    now = patch_spiff_timer_clock(monkeypatch, datetime.now(timezone.utc))
     parser = SpiffBpmnParser()
     parser.add_bpmn_file(str(TIMERS))
     wf = BpmnWorkflow(parser.get_spec("Contract"), parser.get_subprocess_specs("Contract"))
