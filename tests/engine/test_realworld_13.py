@@ -257,7 +257,7 @@ def _plain_in_order(path: Path, pid: str, steps: list[tuple[str, dict[str, Any]]
         [task] = [t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id]
         task.data.update(data)
         task.run()
-        wf.refresh_waiting_tasks()
+        wf.refresh_timers()
         wf.do_engine_steps()
     return wf
 
