@@ -1,11 +1,13 @@
 """Shapes met in public BPMN files, round 13: SpiffWorkflow's own test processes not used before
 (sartography/SpiffWorkflow, ``tests/SpiffWorkflow/bpmn/data``: ``call_activity_with_message.bpmn``,
-``boundary_timer_on_task.bpmn``) and the reminder-and-deadline pair of timer boundary events that
-Camunda 7's docs draw on an activity, here on a call activity whose called process waits for a
-person. Each is redrawn small in ``tests/engine/realworld13/`` (the file says where it comes from);
-where plain SpiffWorkflow 3.2 runs a shape as BPMN means it, a case runs it there too and the path
-and the variables must agree; where it does not, what plain SpiffWorkflow does is asserted too, so
-a SpiffWorkflow that changes shows."""
+``conditional_event.bpmn``, ``correlation_two_conversations.bpmn``, ``boundary_event_split.bpmn``,
+``boundary_timer_on_task.bpmn``), the reminder-and-deadline pair of timer boundary events that
+Camunda 7's docs draw on an activity (here on a call activity whose called process waits for a
+person, on a sub-process and on the person's task), and a signal thrown inside a called process
+for the caller. Each is redrawn small in ``tests/engine/realworld13/`` (the file says where it
+comes from); where plain SpiffWorkflow 3.2 runs a shape as BPMN means it, a case runs it there too
+and the path and the variables must agree; where it does not, what plain SpiffWorkflow does is
+asserted too, so a SpiffWorkflow that changes shows."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pytest
 from SpiffWorkflow.bpmn.util.event import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
-from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition
+from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition, SignalEventDefinition
 from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
@@ -340,3 +342,45 @@ def test_each_instance_gets_the_answer_its_correlation_key_names_and_the_prices_
     assert wf.is_completed() and path_of(wf) == path_of(instance.workflow)
     assert sorted((t.data["order"], t.data["price"]) for t in wf.get_tasks(spec_name="take_price")) == [("A", 10), ("B", 20)]
     assert wf.last_task.data["prices"] == [20, 10]
+
+
+# -- boundary_event_split.bpmn: boundary events with no outgoing flow ------------------------------
+
+NO_FLOW = HERE / "boundary_event_without_flow.bpmn"
+
+
+def test_boundary_events_naming_no_signal_are_warned_of_and_the_default_way_runs_as_in_plain_spiffworkflow() -> None:
+    """The first gateway's default flow leads to task_2 (its other flow is "False"). Expected: a
+    warning for each boundary event (no signal named: nothing can fire it), and the person's
+    task_2 then the end, as in plain SpiffWorkflow."""
+    assert problems(NO_FLOW) == [("event_without_ref", "warning", "Event_0sh7wyp"),
+                                 ("event_without_ref", "warning", "Event_00eeq9m")]
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([NO_FLOW]), {}), answers={"user_tasks": {"task_2": {"done": 1}}})
+    assert instance.status == "completed", instance.error
+    wf, plain_data = run_plain(NO_FLOW, {}, {"task_2": {"done": 1}})
+    assert path_of(instance.workflow) == path_of(wf) == ["StartEvent_1", "gw_1", "task_2", "Event_0wmymez"]
+    assert variables(instance.main) == plain_data == {"done": 1}
+
+
+def test_an_interrupting_boundary_event_with_no_outgoing_flow_ends_the_path_it_interrupts(tmp_path: Path) -> None:
+    """Its signal named: the signal cancels task_2 and the path ends at the boundary event (BPMN: a
+    flow node with no outgoing flow ends its token), the process completes, as in plain
+    SpiffWorkflow; the signal's payload keys are in the context (README), plain SpiffWorkflow drops
+    a payload no variable names."""
+    path = tmp_path / "stop.bpmn"
+    path.write_text(NO_FLOW.read_text().replace(
+        '<bpmn:signalEventDefinition id="SignalEventDefinition_0aridnp" />',
+        '<bpmn:signalEventDefinition id="SignalEventDefinition_0aridnp" signalRef="stop" />').replace(
+        "</bpmn:process>", '</bpmn:process><bpmn:signal id="stop" name="stop"/>'))
+    assert problems(path) == [("event_without_ref", "warning", "Event_00eeq9m")]
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}))
+    instance = engine.send_event(instance, "stop", {"why": "withdrawn"}, kind="signal")
+    assert instance.status == "completed", instance.error
+    wf = plain_workflow(path, "Process_0ymnx41")
+    wf.catch(BpmnEvent(SignalEventDefinition("stop"), {"why": "withdrawn"}))
+    wf.do_engine_steps()
+    assert wf.is_completed()
+    assert path_of(instance.workflow) == path_of(wf) == ["StartEvent_1", "gw_1", "Event_0sh7wyp"]
+    assert variables(instance.main) == {"why": "withdrawn"} and dict(wf.last_task.data) == {}
