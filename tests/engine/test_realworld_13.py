@@ -124,8 +124,8 @@ def _timers_on(kind: str, tmp_path: Path) -> tuple[Path, str]:
     return path, "review" if kind == "sub-process" else "legal_review"
 
 
-def _contract(clock: Clock, by_phone: bool = False, path: Path = TIMERS) -> tuple[Engine, Any]:
-    engine = Engine(store="memory://", clock=clock)
+def _contract(clock: Clock, by_phone: bool = False, path: Path = TIMERS, store: str = "memory://") -> tuple[Engine, Any]:
+    engine = Engine(store=store, clock=clock)
     return engine, engine.run(engine.start(load_process([path]), {"by_phone": by_phone}))
 
 
@@ -170,11 +170,14 @@ def test_a_reminder_call_a_person_still_makes_waits_after_the_review_is_done(tmp
     the instance completed without it: a person's task dropped without a word."""
     path, review = _timers_on(kind, tmp_path)
     clock = Clock()
-    engine, instance = _contract(clock, by_phone=True, path=path)
+    store = "sqlite:///" + str(tmp_path / "lf.db")  # saved and loaded between the steps
+    engine, instance = _contract(clock, by_phone=True, path=path, store=store)
     clock.now += 1.5 * HOUR
     instance = engine.run(instance)
     assert sorted(w["task_id"] for w in instance.waiting_for if w["kind"] == "user_task") == sorted(["call_reviewer", review])
-    instance = engine.complete_user_task(instance, waiting(instance, review), {"verdict": "ok"})
+    engine = Engine(store=store, clock=clock)
+    instance = engine.complete_user_task(engine.load(instance.id), waiting(instance, review), {"verdict": "ok"})
+    instance = Engine(store=store, clock=clock).load(instance.id)
     assert instance.status == "waiting", instance.error
     assert [w["task_id"] for w in instance.waiting_for] == ["call_reviewer"]
     instance = engine.complete_user_task(instance, waiting(instance, "call_reviewer"), {"reached": "yes"})
