@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from SpiffWorkflow.bpmn.specs.mixins.events.end_event import EndEvent
+from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent
 from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
 
@@ -154,6 +156,11 @@ class ScopeSteps:
             detail = str(err) if isinstance(err, (ActivityError, ValueError)) else f"{type(err).__name__}: {err}"
             raise ActivityError(f"timer {spiff.bpmn_id_of(task)!r}: {detail}", task_id=spiff.bpmn_id_of(task)) from err
         if due is not None and due <= now and not task.internal_data.get("event_fired"):
+            if _cycle_due_before(task, due):
+                # a run after several periods: the repetitions of a cycle on an activity that were
+                # due before this timer fire first (the next steps), as they would have on time; an
+                # interrupting deadline fired beside the first one and cancelled the rest
+                return
             task.internal_data["event_fired"] = True
 
     # ----- sub-processes and call activities ----------------------------------------------
@@ -536,10 +543,27 @@ class ScopeSteps:
         if ctx.current_activity is None and not spiff.boundary_of_subworkflow(task):
             return
         start = task if path is None else path
-        self._fork(start, ctx.name, ctx, spiff.bpmn_id_of(task), None, [start])
+        gw = spiff.bpmn_id_of(task)
+        for name in self._ended_side_paths(task, ctx.name):
+            # the event's earlier paths that have ended come back first: this one reads what they
+            # wrote (the second reminder of a cycle sees the first), as it would had they run in
+            # the flow; one still running (waiting for a person) merges where it ends
+            self._merge_side(gw, name)
+        self._fork(start, ctx.name, ctx, gw, None, [start])
         # the context it came from goes on meanwhile: the path's changes come back at its join as
         # they stand (``_merge_side``), not by a three-way merge against an untouched parent
         self.instance.branches[spiff.context_name_of(start)]["status"] = "side"
+
+    def _ended_side_paths(self, task: Any, parent: str) -> list[str]:
+        """The paths boundary event ``task`` started from context ``parent`` (``boundary_path``) that
+        have reached an end event and wait, not merged, for the end of their process."""
+        gw = spiff.bpmn_id_of(task)
+        # (the tasks below a waiting cycle event are not in get_tasks' walk)
+        ended = {spiff.context_name_of(t) for t in task.workflow.tasks.values()
+                 if t.state == TaskState.COMPLETED and isinstance(t.task_spec, EndEvent)}
+        return [name for name, info in self.instance.branches.items()
+                if info["status"] == "side" and info["gateway"] == gw and info["parent"] == parent
+                and name in ended and self._in_workflow(name, task.workflow)]
 
     def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str:
         """Bring a side branch (``boundary_path``) back into the context it came from: every key it
@@ -671,3 +695,17 @@ class ScopeSteps:
             sender = collaboration.sender_of(self.process.paths, self.process.id, sent_from, spiff.bpmn_id_of(task),
                                              spiff.pool_process_of(task))
         events.catch_thrown(self.context_of(task), task, values, sent_from=sender)
+
+
+def _cycle_due_before(task: Any, due: datetime) -> bool:
+    """Whether a cycle timer on an activity of ``task``'s instance waits with a repetition due
+    before ``due`` (a boundary cycle always fires; one on an event-based gateway's branch never does)."""
+    top = task.workflow.top_workflow
+    for workflow in (top, *top.subprocesses.values()):
+        for other in workflow.get_tasks(state=TaskState.WAITING):
+            value = other.internal_data.get("event_value")
+            if other is not task and spiff.is_cycle(other) and isinstance(other.task_spec, BoundaryEvent) \
+                    and isinstance(value, Mapping) and value.get("cycles") != 0 \
+                    and datetime.fromisoformat(value["next"]) < due:
+                return True
+    return False

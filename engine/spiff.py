@@ -90,7 +90,7 @@ from SpiffWorkflow.bpmn.serializer.default.workflow import BpmnEventConverter, B
 from SpiffWorkflow.bpmn.serializer.helpers.encoder import create_encoder
 from SpiffWorkflow.bpmn.specs.mixins.multiinstance_task import LoopTask, MultiInstanceTask
 from SpiffWorkflow.bpmn.specs.mixins.subworkflow_task import SubWorkflowTask
-from SpiffWorkflow.bpmn.specs.control import BoundaryEventSplit, BpmnStartTask, _EndJoin
+from SpiffWorkflow.bpmn.specs.control import BoundaryEventJoin, BoundaryEventSplit, BpmnStartTask, _EndJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.simple import (CancelEventDefinition, NoneEventDefinition,
                                                               TerminateEventDefinition)
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
@@ -1357,6 +1357,37 @@ class EngineCycleTimerEventDefinition(CycleTimerEventDefinition):  # type: ignor
             child.task_spec._update(child)
 
 
+class LayerflowBoundaryEventJoin(BoundaryEventJoin):  # type: ignore[misc]
+    """SpiffWorkflow's join after an activity with boundary events, which cancels the boundary events
+    still waiting once the activity is done (or interrupted). A cycle timer waits between its
+    repetitions with the paths it started below it: the cancel dropped those still running (a
+    person's task on a reminder's path, gone without a word) and the end the finished ones waited
+    at, so the process's end never merged them. BPMN: a path that left a boundary event is a token
+    of its own, which the activity's end does not stop. Such a cycle closes instead: its later
+    repetitions never come, the paths it started go on (``_close_cycle``)."""
+
+    def _check_threshold_structured(self, my_task: Any) -> Any:
+        finished, cancel = super()._check_threshold_structured(my_task)
+        if finished:
+            for task in [t for t in cancel if is_cycle(t) and _started_paths(t)]:
+                cancel.remove(task)
+                _close_cycle(task)
+        return finished, cancel
+
+
+def _started_paths(task: Any) -> list[Any]:
+    return [c for c in task.children if not c.has_state(TaskState.PREDICTED_MASK)]
+
+
+def _close_cycle(task: Any) -> None:
+    """End a cycle timer's waiting without a further repetition, keeping the paths it started."""
+    for child in [c for c in task.children if c.has_state(TaskState.PREDICTED_MASK)]:
+        task.workflow._remove_task(child.id)
+    task.internal_data.pop("event_value", None)
+    task.internal_data["event_fired"] = True
+    task._set_state(TaskState.COMPLETED)
+
+
 class _FiredByTheEngineClock:
     """A duration or date timer fires when the engine's clock reaches its due time, and only then.
     SpiffWorkflow's own check reads the wall clock: under an engine with a clock of its own (a
@@ -1585,6 +1616,11 @@ class _ExtensionsParserMixin:
     process_parser: Any
     bpmn_id: str
     filename: str | None
+
+    def _add_boundary_event(self, children: Any) -> Any:
+        split = super()._add_boundary_event(children)  # type: ignore[misc]
+        self.spec.task_specs[f"{self.bpmn_id}.BoundaryEventJoin"].__class__ = LayerflowBoundaryEventJoin  # type: ignore[attr-defined]
+        return split
     task: Any
 
     def parse_extensions(self, node: Any = None) -> dict[str, Any]:
@@ -2012,6 +2048,7 @@ def _serializer() -> BpmnWorkflowSerializer:
         config[engine_class] = config[stock]
     config[LayerflowInterruptingEventStart] = config[_STOCK_TAGS[full_tag("startEvent")][1]]
     config[LayerflowCollaborationStart] = config[BpmnStartTask]
+    config[LayerflowBoundaryEventJoin] = config[BoundaryEventJoin]
     config[TWINS[spiff_defaults.BusinessRuleTask]] = _BusinessRuleTaskConverter
     config[BpmnWorkflow] = _SpecCachingWorkflowConverter
     config[BpmnEvent] = _SenderKeepingEventConverter

@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,22 @@ def run_plain_files(paths: list[Path], pid: str) -> BpmnWorkflow:
     wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
     wf.do_engine_steps()
     return wf
+
+
+def patch_spiff_timer_clock(monkeypatch: pytest.MonkeyPatch, start: datetime) -> list[datetime]:
+    """Plain SpiffWorkflow's timers read ``now[0]`` of the returned list from here on (move it to
+    move their clock; ``refresh_timers()`` then fires what came due)."""
+    from SpiffWorkflow.bpmn.specs.event_definitions import timer as spiff_timer
+
+    now = [start]
+
+    class PatchedDatetime(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
+            return now[0]
+
+    monkeypatch.setattr(spiff_timer, "datetime", PatchedDatetime)
+    return now
 
 
 def variables(ctx: Any) -> dict[str, Any]:

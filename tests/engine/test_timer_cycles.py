@@ -36,7 +36,7 @@ from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.governance import InstanceStateError
 
-from engine_helpers import path_of
+from engine_helpers import patch_spiff_timer_clock, path_of
 
 HOUR = 3600.0
 HEAD = """<?xml version="1.0" encoding="UTF-8"?>
@@ -250,18 +250,10 @@ def _plain_runs(path: Path, monkeypatch: pytest.MonkeyPatch, start: float,
     """Plain SpiffWorkflow on ``path``, its timer clock moved by ``steps`` hours, each followed
     by ``refresh_timers(); do_engine_steps()``: after each step, how often ``remind`` ran and
     the cycles SpiffWorkflow has left."""
-    from SpiffWorkflow.bpmn.specs.event_definitions import timer as spiff_timer
     from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
     from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
-    now = [datetime.fromtimestamp(start, timezone.utc)]
-
-    class PatchedDatetime(datetime):
-        @classmethod
-        def now(cls, tz: Any = None) -> Any:  # type: ignore[override]
-            return now[0]
-
-    monkeypatch.setattr(spiff_timer, "datetime", PatchedDatetime)
+    now = patch_spiff_timer_clock(monkeypatch, datetime.fromtimestamp(start, timezone.utc))
     parser = SpiffBpmnParser()
     parser.add_bpmn_file(str(path))
     wf = BpmnWorkflow(parser.get_spec(parser.get_process_ids()[0]))
