@@ -855,6 +855,10 @@ def interrupts_around(task: Any) -> list[Any]:
     found: list[Any] = []
     if not isinstance(task.task_spec, ThrowingEvent) or isinstance(task.task_spec, EndEvent):
         return found  # after an end event nothing comes on its path: the sub-process ends as SpiffWorkflow ends it
+    definition = getattr(task.task_spec, "event_definition", None)
+    if definition is None:
+        return found
+    event = BpmnEvent(definition)
     workflow = task.workflow
     top = workflow.top_workflow
     while getattr(workflow, "parent_task_id", None) is not None:
@@ -862,8 +866,11 @@ def interrupts_around(task: Any) -> list[Any]:
         if runner is None:
             break
         if runner.parent is not None:
+            # only those that caught this throw: a timer boundary event that came due meanwhile runs in
+            # its turn, as SpiffWorkflow runs it
             found.extend(t for t in runner.parent.children if isinstance(t.task_spec, BoundaryEvent)
-                         and t.task_spec.cancel_activity and t.state == TaskState.READY)
+                         and t.task_spec.cancel_activity and t.state == TaskState.READY
+                         and t.task_spec.event_definition.catches(t, event))
         workflow = runner.workflow
     return found
 
