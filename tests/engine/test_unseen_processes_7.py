@@ -429,7 +429,8 @@ def test_a_preserved_mapping_target_survives_the_cliff_and_rest_undoes_it(tmp_pa
 
 def test_a_due_confirmation_takes_a_late_answer_until_its_timeout_rule_ran(cli: Any) -> None:
     """README: a due confirmation nothing has timed out yet still takes a person's answer; once `--fire`
-    applied the rule, a later answer is not used (stderr says so)."""
+    applied the rule, a later answer is refused (exit 2, naming the join, the key and the timeout) and
+    nothing of it is applied."""
     late = run_json(cli, "run", str(HERE / "region_check.bpmn"), "--data", json.dumps(ORDER), code=3)
     _due_listed(cli, late["instance_id"])
     answered = run_json(cli, "resume", late["instance_id"], "--answer", "fan_in/region_verdict=ok")
@@ -440,7 +441,8 @@ def test_a_due_confirmation_takes_a_late_answer_until_its_timeout_rule_ran(cli: 
     _due_listed(cli, fired["instance_id"])
     assert cli("timers", "--fire").exit_code == 0
     after = cli("resume", fired["instance_id"], "--answer", "fan_in/region_verdict=ok")
-    assert after.exit_code == 0 and "fan_in/region_verdict" in after.stderr and "not used" in after.stderr
+    assert after.exit_code == 2, after.stderr
+    assert "'fan_in'" in after.stderr and "'region_verdict'" in after.stderr and "settled by its timeout" in after.stderr
     assert run_json(cli, "inspect", fired["instance_id"])["layers"]["L3"]["region_verdict"] == "hold"
 
 
