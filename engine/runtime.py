@@ -2184,7 +2184,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
         outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
                                         schemas=tool_schemas(), answers=answers,
-                                        state=None if suspended is None else suspended["state"], scoped=actx.scoped)
+                                        state=None if suspended is None else suspended["state"], scoped=actx.scoped,
+                                        redact=cfg.redact)
         if outcome.answer is not None:
             return outcome.answer
         inst.suspended[key] = {"task_id": bpmn_id, "context": actx.context.name,
