@@ -45,8 +45,8 @@ from .canonical import freeze
 from .context import TOOL_RESULT_KINDS, Entry, SelectHook, names_tool_result
 
 __all__ = ["REDACTED", "SECRET_PATTERNS", "SECRET_TEXT", "TOOL_RESULT_KINDS", "RedactSetting", "drop_tool_results",
-           "is_tool_result", "model_hooks", "newest_read_only", "redact", "redact_for_model", "redact_text",
-           "secret_key"]
+           "is_tool_result", "model_hooks", "newest_read_only", "redact", "redact_for_model", "redact_lines",
+           "redact_text", "secret_key"]
 
 #: what a hidden value becomes
 REDACTED = "[REDACTED]"
@@ -218,3 +218,22 @@ def secret_key(key: str, setting: RedactSetting = True) -> bool:
     if setting is False:
         return False
     return _matches(key, SECRET_PATTERNS, True) or _matches(key, _extra(setting))
+
+
+# ``name: value`` pairs of the text a compression summarizes (``summarize.value_text`` lines, joined
+# by "; " in a compaction's lines): a dotted name, its value up to the next pair or line end
+_PAIR = re.compile(r"(^|; )([^\s:;][^:;\n]*?): ([^\n]*?)(?=; [^\s:;][^:;\n]*?: |\n|$)", re.MULTILINE)
+
+
+def redact_lines(text: str, setting: RedactSetting = True) -> str:
+    """``redact_text``, and in ``name: value`` lines (the text a compression asks a model to
+    summarize) the values of names, or dotted paths with a part, named like a secret."""
+    if setting is False:
+        return text
+
+    def pair(m: re.Match[str]) -> str:
+        name = m.group(2)
+        hidden = secret_key(name, setting) or any(secret_key(part, setting) for part in name.split("."))
+        return f"{m.group(1)}{name}: {REDACTED}" if hidden else m.group(0)
+
+    return redact_text(_PAIR.sub(pair, text), setting)

@@ -28,7 +28,8 @@ activity's: summaries as the activity's model agent (they share its prefix), pla
 as ``<model>#compression_plan`` (their prompt is their own).
 
 The activity's ``redact`` config holds here too: the prefix is the activity's redacted request
-and the text to summarize has the secrets written inside it hidden (``redact_text``), so a
+and the text to summarize has its secrets hidden (``redact_lines``: the values of secret-named
+keys and fields, the secrets written inside any text), so a
 model's summary never holds a secret the model was not shown.
 """
 
@@ -44,7 +45,7 @@ from context_layers.compression_plan import CompressionPlanRejected, execute_pla
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext
 from context_layers.errors import ModelError
-from context_layers.hooks import RedactSetting, redact_text
+from context_layers.hooks import RedactSetting, redact_lines
 from context_layers.summarize import ExtractiveSummarizer
 
 from .llm import Completion, LiteLLMPlanner, LiteLLMSummarizer, RetryPolicy, activity_request, call_recorder
@@ -146,7 +147,7 @@ class _FallbackSummarizer:
                   prefix_messages: Sequence[Mapping[str, str]] | None = None) -> str:
         if self.owner.failure is None:
             try:
-                return self.owner.model_summarizer.summarize(redact_text(text, self.owner.redact), max_tokens,
+                return self.owner.model_summarizer.summarize(redact_lines(text, self.owner.redact), max_tokens,
                                                              prefix_messages=prefix_messages)
             except ModelError as err:
                 self.owner.model_failed(err, purpose="summary", actor=self.owner.task_id)

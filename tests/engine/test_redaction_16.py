@@ -27,6 +27,7 @@ from engine import Engine, load_process
 
 import test_unseen_processes_4
 from stub_llm import Reply, StubLLM
+from test_model_paths_16 import _purpose  # which prompt a request is: activity, condition, conflict, summary
 
 HERE = Path(__file__).resolve().parent / "redaction16"
 BPMN = HERE / "vendor_access.bpmn"
@@ -42,15 +43,6 @@ DATA = {"vendor": "Acme", "api_key": API_KEY, "login": {"user": "acme-ops", "pas
         "notes": f"Call their API with Authorization: Bearer {BEARER}", "cloud": f"account key {AWS}"}
 SECRETS = (API_KEY, PASSWORD, BEARER, AWS, "sec-pass-1111", "fin-pass-2222")
 ANSWERS = {"confirmations": {"checks_join/service_password": "sec-pass-1111"}}
-
-
-def _purpose(kwargs: dict[str, Any]) -> str:
-    system = str(kwargs["messages"][0].get("content") or "")
-    if system.startswith("You route a business process"):
-        return "condition"
-    if system.startswith("You resolve a conflict"):
-        return "conflict"
-    return "activity"
 
 
 def _payload(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -200,6 +192,24 @@ def test_the_tools_results_reach_the_model_redacted_and_the_tape_keeps_them(monk
     assert not [s for s in SECRETS if s in json.dumps(requests)]
 
 
+def test_the_text_a_compression_asks_the_model_to_summarize_has_its_secrets_hidden(fake_model: Any,
+                                                                                   tmp_path: Path) -> None:
+    # review's compression folds the checks (service_password, the bearer token in security_note)
+    # into a compaction summary the model writes
+    config = _config(tmp_path, review={"compressTokenThreshold": 60})
+    model = fake_model(lambda kw: "The checks ran." if _purpose(kw) == "summary" else _answer(kw))
+    process = load_process(tmp_path / BPMN.name, config=config)
+    instance = Engine("memory://", model="fake/model").run_process(process, DATA, answers=ANSWERS)
+    assert instance.status == "completed", instance.error
+    summaries = [kw for kw in model.requests if _purpose(kw) == "summary"]
+    assert summaries, [_purpose(kw) for kw in model.requests]
+    text = json.dumps(summaries)
+    assert "service_password: [REDACTED]" in text and "Bearer [REDACTED]" in text
+    assert not [s for s in SECRETS if s in text]
+    tape = json.dumps([list(e.changes) for e in instance.main.tape], default=str)
+    assert "sec-pass-1111" in tape  # folded into the summary, the value stays on the tape
+
+
 def test_a_tools_result_that_carries_values_reaches_the_model_redacted() -> None:
     # context_inspect lists the open conflicts of an instance with their values: a join waiting
     # for a person on service_password shows them to any tool-using activity that inspects
@@ -276,3 +286,20 @@ def test_no_secret_reaches_the_model_through_litellm(tmp_path: Path) -> None:
     assert "[REDACTED]" in json.dumps(stub.requests[0]["messages"])
     assert doc["layers"]["L1"]["api_key"] == API_KEY  # run --json is the audit record
     assert doc["layers"]["L3"]["decision"] == "granted"
+
+
+@pytest.mark.parametrize("value, setting, shown", [
+    ({"api_key": "k", "Login": {"PassWord": "p", "user": "u"}}, True,
+     {"api_key": "[REDACTED]", "Login": {"PassWord": "[REDACTED]", "user": "u"}}),
+    ({"key": "db_password", "values": {"a": "x"}, "resolution": {"value": "x", "resolver": "human",
+                                                                   "reason": 'a person chose "x"'}}, True,
+     {"key": "db_password", "values": {"a": "[REDACTED]"},
+      "resolution": {"value": "[REDACTED]", "resolver": "human", "reason": "[REDACTED]"}}),
+    ({"iban": "AT61", "note": f"Bearer {BEARER}"}, ["iban"], {"iban": "[REDACTED]", "note": "Bearer [REDACTED]"}),
+    ({"IBAN": "AT61", "api_key": "k"}, ["iban"], {"IBAN": "AT61", "api_key": "[REDACTED]"}),  # extras: case-sensitive
+    ({"api_key": "k", "note": f"Bearer {BEARER}"}, False, {"api_key": "k", "note": f"Bearer {BEARER}"}),
+])
+def test_redact_for_model_is_deterministic_and_idempotent(value: Any, setting: Any, shown: Any) -> None:
+    from context_layers.hooks import redact_for_model
+    assert redact_for_model(value, setting) == shown
+    assert redact_for_model(shown, setting) == shown
