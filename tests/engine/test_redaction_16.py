@@ -288,6 +288,36 @@ def test_no_secret_reaches_the_model_through_litellm(tmp_path: Path) -> None:
     assert doc["layers"]["L3"]["decision"] == "granted"
 
 
+def test_a_model_governing_a_waiting_instance_sees_its_open_secret_conflict_redacted(fake_model: Any,
+                                                                                      tmp_path: Path) -> None:
+    # the join waits for a person on service_password; engine.tools.run_tool_loop's model inspects
+    from engine.governance import GovernanceService
+    from engine.tools import run_tool_loop
+    fake_model(_answer)
+    engine = Engine("memory://", model="fake/model")
+    instance = engine.run_process(load_process(BPMN), DATA)
+    assert instance.status == "waiting", instance.error
+    sent: list[dict[str, Any]] = []
+
+    def completion(**kwargs: Any) -> dict[str, Any]:
+        sent.append(json.loads(json.dumps(kwargs, default=str)))
+        if len(sent) == 1:
+            call = {"id": "c1", "type": "function", "function": {"name": "context_inspect", "arguments": "{}"}}
+            return {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [call]}}]}
+        return {"choices": [{"message": {"role": "assistant", "content": "inspected"}}]}
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    result = run_tool_loop(GovernanceService(engine, catalog), instance.id, "fake", completion=completion)
+    assert result.status == "done"
+    [tool] = [m for m in sent[1]["messages"] if m.get("role") == "tool"]
+    [shown] = [c for c in json.loads(tool["content"])["conflicts"] if c["key"] == "service_password"]
+    assert set(shown["values"].values()) == {"[REDACTED]"}, shown
+    assert not [s for s in SECRETS if s in json.dumps(sent)]
+    [call] = result.calls  # the caller's record keeps what the tool gave
+    assert "sec-pass-1111" in json.dumps(call["result"])
+
+
 @pytest.mark.parametrize("value, setting, shown", [
     ({"api_key": "k", "Login": {"PassWord": "p", "user": "u"}}, True,
      {"api_key": "[REDACTED]", "Login": {"PassWord": "[REDACTED]", "user": "u"}}),
