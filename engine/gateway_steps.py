@@ -321,7 +321,7 @@ class GatewaySteps:
             options = tuple(BranchOption(b, sentences.get(b) or text, default=text is None) for b, text in flows)
             with self._noting_calls(chooser, ctx, gw, "condition"):
                 # the question shows the context's data keys, secrets hidden (the gateway's redact config)
-                shown = condition_context(ctx, redact=cfg.redact if cfg is not None else True)
+                shown = condition_context(ctx, redact=self.process.redact_for(gw))
                 answer, failures = ask_branch(chooser, BranchQuestion(gw, options, shown))
             for note in failures:
                 ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
@@ -649,6 +649,8 @@ class GatewaySteps:
         if own is None and spiff.is_end_join(task.task_spec) and spiff.is_collaboration(task.workflow.spec):
             own = self.process.config(str(task.workflow.spec.name))  # a collaboration's settings are its end join's
         config = _join_config(own, self.process.config(infos[members[0]]["gateway"]))
+        if "redact" not in config.model_fields_set and self.process.redact is not None:
+            config = config.model_copy(update={"redact": self.process.redact})  # process: {redact: ...}
         arbiter = self.engine.arbiter_for(self.process)
         try:
             with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):

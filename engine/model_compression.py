@@ -155,13 +155,14 @@ class _FallbackSummarizer:
 
 
 def compress_after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, task_id: str, model: str,
-                            completion: Completion | None = None, retry: RetryPolicy | None = None,
+                            redact: RedactSetting | None = None, completion: Completion | None = None, retry: RetryPolicy | None = None,
                             sleep: Callable[[float], None] | None = None) -> CompressResult | None:
     """``after_activity`` with the model's summaries (and plan): see the module doc.
     ``None`` when nothing fired or the compression changed nothing; nothing is built
     (let alone imported) when the activity asks for no compression."""
     if config is None or not config.compression_configured:
         return None
-    compressor = ModelCompressor(ctx, task_id=task_id, model=model, llm_config=config.llm, redact=config.redact,
+    compressor = ModelCompressor(ctx, task_id=task_id, model=model, llm_config=config.llm,
+                                 redact=config.redact if redact is None else redact,
                                  completion=completion, retry=retry, sleep=sleep, keep_recent=HOOK_KEEP_RECENT)
     return after_activity(ctx, config, actor=task_id, compressor=compressor)

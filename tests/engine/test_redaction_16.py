@@ -63,8 +63,9 @@ def _answer(kwargs: dict[str, Any]) -> str:
                       else {"risk": "low"})
 
 
-def _config(tmp_path: Path, **changes: dict[str, Any]) -> Path:
-    """The fixture's config with element configs changed (written beside a copy of the BPMN)."""
+def _config(tmp_path: Path, **changes: Any) -> Path:
+    """The fixture's config with element configs (or ``process:`` options) changed, written beside
+    a copy of the BPMN."""
     data = yaml.safe_load(CONFIG.read_text())
     for element, fields in changes.items():
         data.setdefault(element, {}).update(fields)
@@ -163,6 +164,25 @@ def test_extra_patterns_hide_more_and_the_defaults_still_hold(fake_model: Any, t
     assert instance.main.resolve("vendor") == "Acme"
 
 
+def test_the_process_default_holds_where_an_element_sets_none_and_survives_a_resume(fake_model: Any,
+                                                                                   tmp_path: Path) -> None:
+    # process: {redact: [vendor]} hides vendor from every model path; assess says false for itself
+    config = _config(tmp_path, process={"redact": ["vendor"]}, assess={"redact": False})
+    model = fake_model(_answer)
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    process = load_process(tmp_path / BPMN.name, config=config)
+    instance = Engine(store, model="fake/model").run_process(process, DATA)
+    assert instance.status == "waiting", instance.error  # service_password: a person decides
+    done = Engine(store, model="fake/model").resume(instance.id, answers=ANSWERS)  # the process from the record
+    assert done.status == "completed", done.error
+    sent = _by_purpose(model)
+    assess, review = sent["activity"]
+    assert API_KEY in json.dumps(assess) and "Acme" in json.dumps(assess)  # its own redact: false
+    assert "Acme" not in json.dumps(review) and API_KEY not in json.dumps(review)
+    assert _payload(sent["condition"][0])["context"]["vendor"] == "[REDACTED]"
+    assert _payload(sent["conflict"][0])["related_context"]["vendor"] == "[REDACTED]"
+
+
 def test_the_tools_results_reach_the_model_redacted_and_the_tape_keeps_them(monkeypatch: pytest.MonkeyPatch,
                                                                             tmp_path: Path) -> None:
     import types
@@ -255,6 +275,17 @@ def test_a_bad_redact_value_is_a_config_error_naming_file_element_and_field(tmp_
     assert result.exit_code != 0, out
     assert "vendor_access.layerflow.yaml" in out and "checks_join" in out and "redact" in out, out
     assert "glob patterns" in out, out
+
+
+@pytest.mark.parametrize("value", ["no", [3]])
+def test_a_bad_process_redact_is_reported_by_validate(tmp_path: Path, value: Any) -> None:
+    from click.testing import CliRunner
+
+    from engine.cli import main
+    config = _config(tmp_path, process={"redact": value})
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / BPMN.name), "--config", str(config)])
+    out = result.stdout + result.stderr
+    assert result.exit_code != 0 and "process.redact" in out and "glob patterns" in out, out
 
 
 def test_no_secret_reaches_the_model_through_litellm(tmp_path: Path) -> None:
