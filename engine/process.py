@@ -103,7 +103,7 @@ class Process:
         cached = self._record
         if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
             return cached[1]
-        record = {
+        record: dict[str, Any] = {
             "id": self.id,
             "name": self.name,
             "paths": list(self.paths),
