@@ -393,6 +393,22 @@ class ActivityExtensionConfig(_Model):
     knowledge_config: KnowledgeConfig | None = None
     branches: list[BranchConfig] = Field(default_factory=list)
     llm: LLMConfig | None = None
+    # what the engine sends a model from this element (an activity's request and its tools'
+    # results, a gateway's condition question, a join's conflict prompt): true hides
+    # context_layers.hooks.SECRET_PATTERNS / SECRET_TEXT, false nothing, a list hides these
+    # glob patterns of key names too
+    redact: bool | list[str] = True
+
+    @field_validator("redact", mode="before")
+    @classmethod
+    def _redact_setting(cls, v: Any) -> Any:
+        # one clear message rather than pydantic's two for the union (and no "yes" read as true)
+        if isinstance(v, bool) or (isinstance(v, list) and all(isinstance(p, str) and p.strip() for p in v)):
+            return [p.strip() for p in v] if isinstance(v, list) else v
+        raise PydanticCustomError(
+            "redact_setting", "redact takes true (hide passwords, API keys and tokens from the model: the "
+            "default), false (send the values as they are) or a list of extra glob patterns of key names to "
+            "hide too, e.g. ['*iban*']" + ("; got {value}" if isinstance(v, (list, dict)) else ""), {"value": repr(v)})
 
     @field_validator("branches", mode="before")
     @classmethod

@@ -17,10 +17,20 @@ of what it keeps, and returns entries it does not concern unchanged.
 * ``redact(patterns, replacement)``: values of keys matching any glob pattern
   (``fnmatch``, case-sensitive) become ``replacement``, in every layer, and so do
   nested object fields whose name matches. The entry stays, so the model still sees
-  that the key exists. ``redact()`` with no patterns takes ``SECRET_PATTERNS`` (passwords,
+  that the key exists; a record about such a key (an object whose ``key`` field names it, as a
+  join's conflict records do) shows only its identity fields. ``redact()`` with no patterns takes ``SECRET_PATTERNS`` (passwords,
   secrets, API keys, access tokens, credentials, private keys), matched case-insensitively,
   and also hides secrets written inside any string (``SECRET_TEXT``: a bearer token, a JWT,
   an ``sk-`` key, an AWS access key id, a PEM private key), the rest of the text kept.
+
+What the engine sends to a model goes through the same rules (``RedactSetting``: the ``redact``
+field of an activity's or a gateway's config): ``model_hooks(setting)`` are the hooks an
+activity's request is rendered through, ``redact_for_model(value, setting)`` hides the same
+secrets in a plain JSON value (a condition's context, a conflict prompt's values, a tool's
+result), and ``secret_key(key, setting)`` says whether a key's value is hidden whole. The
+setting is ``True`` (``SECRET_PATTERNS`` and ``SECRET_TEXT``: the default), ``False`` (nothing
+hidden) or a list of extra glob patterns (case-sensitive, as ``redact([...])`` takes them)
+hidden on top of the default ones.
 """
 
 from __future__ import annotations
@@ -34,7 +44,14 @@ from typing import Any
 from .canonical import freeze
 from .context import TOOL_RESULT_KINDS, Entry, SelectHook, names_tool_result
 
-__all__ = ["SECRET_PATTERNS", "SECRET_TEXT", "TOOL_RESULT_KINDS", "drop_tool_results", "is_tool_result", "newest_read_only", "redact"]
+__all__ = ["REDACTED", "SECRET_PATTERNS", "SECRET_TEXT", "TOOL_RESULT_KINDS", "RedactSetting", "drop_tool_results",
+           "is_tool_result", "model_hooks", "newest_read_only", "redact", "redact_for_model", "redact_lines",
+           "redact_text", "secret_key"]
+
+#: what a hidden value becomes
+REDACTED = "[REDACTED]"
+#: an element's ``redact`` config: True (the default secrets), False (none), or extra glob patterns
+RedactSetting = bool | Sequence[str]
 
 _READ_KINDS = frozenset({"read", "read_file"}) | TOOL_RESULT_KINDS
 _READ_TOOLS = frozenset({"read_file"})
@@ -104,12 +121,26 @@ def newest_read_only(entries: Sequence[Entry]) -> list[Entry]:
     return [e for e in entries if _resource(e) is None or id(e) in keep]
 
 
-def _redact_value(value: Any, patterns: tuple[str, ...], replacement: Any, fold: bool) -> Any:
+# fields a record about a key keeps when the key it names is a secret: what identifies the record,
+# never a value, a reason or a message (a conflict's reason may quote the value a person chose)
+_RECORD_IDENTITY = frozenset({"key", "layer", "gateway_id", "resolver", "branch", "source_branches", "id", "type",
+                              "kind", "status", "timed_out", "escalate", "task_id", "activity_id"})
+
+
+def _redact_value(value: Any, patterns: tuple[str, ...], replacement: Any, fold: bool, secret: bool = False) -> Any:
     if isinstance(value, Mapping):
+        named = value.get("key")
+        if secret or (isinstance(named, str) and _matches(named, patterns, fold)):
+            # a record about a secret key (a join's conflict: key, base value, branch values,
+            # resolution): only its identity shows
+            return {k: _redact_value(v, patterns, replacement, fold, True) if isinstance(v, (Mapping, list, tuple))
+                    else v if k in _RECORD_IDENTITY else replacement for k, v in value.items()}
         return {k: replacement if _matches(k, patterns, fold) else _redact_value(v, patterns, replacement, fold)
                 for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_redact_value(v, patterns, replacement, fold) for v in value]
+        return [_redact_value(v, patterns, replacement, fold, secret) for v in value]
+    if secret:
+        return replacement
     if fold and isinstance(value, str):  # the default secrets: their shapes inside text too
         return _redact_text(value, replacement)
     return value
@@ -126,7 +157,7 @@ def _matches(key: str, patterns: tuple[str, ...], fold: bool = False) -> bool:
     return any(fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
-def redact(patterns: str | Iterable[str] | None = None, replacement: Any = "[REDACTED]") -> SelectHook:
+def redact(patterns: str | Iterable[str] | None = None, replacement: Any = REDACTED) -> SelectHook:
     """A hook that replaces the values of keys matching ``patterns`` (see module doc);
     ``SECRET_PATTERNS``, case-insensitively, when ``None``."""
     fold = patterns is None
@@ -151,3 +182,58 @@ def redact(patterns: str | Iterable[str] | None = None, replacement: Any = "[RED
     hook.__name__ = "redact()" if fold else f"redact({', '.join(pats)})"
     hook.__qualname__ = hook.__name__
     return hook
+
+
+def _extra(setting: RedactSetting) -> tuple[str, ...]:
+    return () if isinstance(setting, bool) else tuple(setting)
+
+
+def model_hooks(setting: RedactSetting = True) -> tuple[SelectHook, ...]:
+    """The hooks in front of a model's request: ``redact()`` and, for extra patterns,
+    ``redact(patterns)``; none when the setting is ``False``."""
+    if setting is False:
+        return ()
+    extra = _extra(setting)
+    return (redact(), redact(extra)) if extra else (redact(),)
+
+
+def redact_for_model(value: Any, setting: RedactSetting = True) -> Any:
+    """``value`` (plain JSON: a mapping of keys to values, a list, a text) as a model may see it:
+    the secrets ``model_hooks(setting)`` hide in a context hidden here too (deterministic and
+    idempotent; the value itself is never changed). Mappings come back as dicts, sequences as lists."""
+    if setting is False:
+        return value
+    out = _redact_value(value, SECRET_PATTERNS, REDACTED, True)
+    extra = _extra(setting)
+    return _redact_value(out, extra, REDACTED, False) if extra else out
+
+
+def redact_text(text: str, setting: RedactSetting = True) -> str:
+    """A text a model is sent, with the secrets written inside it (``SECRET_TEXT``) hidden."""
+    return text if setting is False else _redact_text(text, REDACTED)
+
+
+def secret_key(key: str, setting: RedactSetting = True) -> bool:
+    """Whether the value of ``key`` is hidden from a model whole (a key named like a secret)."""
+    if setting is False:
+        return False
+    return _matches(key, SECRET_PATTERNS, True) or _matches(key, _extra(setting))
+
+
+# ``name: value`` pairs of the text a compression summarizes (``summarize.value_text`` lines, joined
+# by "; " in a compaction's lines): a dotted name, its value up to the next pair or line end
+_PAIR = re.compile(r"(^|; )([^\s:;][^:;\n]*?): ([^\n]*?)(?=; [^\s:;][^:;\n]*?: |\n|$)", re.MULTILINE)
+
+
+def redact_lines(text: str, setting: RedactSetting = True) -> str:
+    """``redact_text``, and in ``name: value`` lines (the text a compression asks a model to
+    summarize) the values of names, or dotted paths with a part, named like a secret."""
+    if setting is False:
+        return text
+
+    def pair(m: re.Match[str]) -> str:
+        name = m.group(2)
+        hidden = secret_key(name, setting) or any(secret_key(part, setting) for part in name.split("."))
+        return f"{m.group(1)}{name}: {REDACTED}" if hidden else m.group(0)
+
+    return redact_text(_PAIR.sub(pair, text), setting)

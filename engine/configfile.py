@@ -8,6 +8,7 @@ Shape (YAML shown; a ``.json`` file has the same shape)::
       draft_notes: WORKING
     process:                 # optional process-level options
       process_id: loan_approval
+      redact: true           # what elements without their own ``redact`` hide from a model
     risk_assessment:         # every other top-level key: a BPMN element id
       preserveKeys: [risk_level]      # -> ActivityExtensionConfig (camelCase or snake_case)
 
@@ -53,7 +54,7 @@ __all__ = [
 CONFIG_SUFFIXES = (".layerflow.yaml", ".layerflow.yml", ".layerflow.json")
 RESERVED_KEYS = ("system", "data_layers", "process")
 # Known keys of the ``process:`` mapping. Extend here when the engine grows an option.
-PROCESS_OPTIONS = ("process_id",)
+PROCESS_OPTIONS = ("process_id", "redact")
 
 Severity = Literal["error", "warning"]
 
@@ -361,6 +362,13 @@ class _Loader:
                 continue
             if key == "process_id" and (not isinstance(item, str) or not item.strip()):
                 self.problem("config_invalid_process", "process_id must be the id of a bpmn:process (a string)",
+                             path=("process", key), field=field_name)
+                continue
+            if key == "redact" and not (isinstance(item, bool) or (isinstance(item, list) and all(
+                    isinstance(p, str) and p.strip() for p in item))):
+                self.problem("config_invalid_process", "redact takes true (hide passwords, API keys and tokens "
+                             "from the model: the default), false (send the values as they are) or a list of extra "
+                             f"glob patterns of key names to hide too, e.g. ['*iban*']; got {item!r}",
                              path=("process", key), field=field_name)
                 continue
             options[key] = item.strip() if isinstance(item, str) else item

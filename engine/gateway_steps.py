@@ -31,6 +31,7 @@ from context_layers.canonical import freeze
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import ENGINE_RECORD_PREFIXES as ENGINE_RECORDS
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
+from context_layers.hooks import RedactSetting, redact_for_model
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
 from gateways.join import MERGED_CONFLICTS_KEY, base_json, folded_before
@@ -123,14 +124,16 @@ def is_engine_key(key: str) -> bool:
     return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES) or key.startswith(RETRIEVAL_PREFIX)
 
 
-def condition_context(ctx: LayeredContext, limit: int = 1000) -> dict[str, Any]:
+def condition_context(ctx: LayeredContext, limit: int = 1000, *, redact: RedactSetting = False) -> dict[str, Any]:
     """The data keys a branch condition may speak of (no records, no knowledge passages),
-    each value cut to ``limit`` characters of JSON so one large value cannot crowd out the rest."""
+    each value cut to ``limit`` characters of JSON so one large value cannot crowd out the rest.
+    ``redact``: for a model's question, secrets hidden (``redact_for_model``) before the cut, so a
+    secret nested in a long value cannot slip through as text."""
     out: dict[str, Any] = {}
     for key, value in ctx.resolved().items():
         if key.startswith(RECORD_KEY_PREFIXES):
             continue
-        plain = thaw(value)
+        plain = redact_for_model({key: thaw(value)}, redact)[key]
         text = json.dumps(plain, ensure_ascii=False, sort_keys=True, default=str)
         out[key] = plain if len(text) <= limit else text[:limit] + "..."
     return out
@@ -317,7 +320,9 @@ class GatewaySteps:
         if chooser is not None:
             options = tuple(BranchOption(b, sentences.get(b) or text, default=text is None) for b, text in flows)
             with self._noting_calls(chooser, ctx, gw, "condition"):
-                answer, failures = ask_branch(chooser, BranchQuestion(gw, options, condition_context(ctx)))
+                # the question shows the context's data keys, secrets hidden (the gateway's redact config)
+                shown = condition_context(ctx, redact=self.process.redact_for(gw))
+                answer, failures = ask_branch(chooser, BranchQuestion(gw, options, shown))
             for note in failures:
                 ctx.record("condition_model_failed", actor=gw, data={"gateway": gw, "error": note[:2000]})
         valid = answer is not None and answer.branch in {b for b, _ in flows}
@@ -644,6 +649,8 @@ class GatewaySteps:
         if own is None and spiff.is_end_join(task.task_spec) and spiff.is_collaboration(task.workflow.spec):
             own = self.process.config(str(task.workflow.spec.name))  # a collaboration's settings are its end join's
         config = _join_config(own, self.process.config(infos[members[0]]["gateway"]))
+        if "redact" not in config.model_fields_set and self.process.redact is not None:
+            config = config.model_copy(update={"redact": self.process.redact})  # process: {redact: ...}
         arbiter = self.engine.arbiter_for(self.process)
         try:
             with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):

@@ -21,6 +21,12 @@ An LLM activity (``run_llm_activity``):
    a delta against that request, so a run's requests can be rebuilt from the tape
    without storing each one whole), the response, token usage, cost and error.
 
+What a model is sent is redacted (the element's ``redact`` config, default on:
+``context_layers.hooks.model_hooks``): the activity's request is rendered through the
+redaction hooks and its tools' results pass ``redact_for_model``, so passwords, API keys
+and tokens in the context stay out of the request while the context and the tape keep
+them (the ``llm_call`` notes hold what was sent, redacted).
+
 Persistent failure raises ``ModelCallFailed`` (a ``ModelError``) naming the model, the
 API base, the attempts and the last error; the context is left as it was (the engine
 also aborts the activity).
@@ -43,6 +49,7 @@ import json
 import os
 import re
 import sys
+import copy
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -53,6 +60,7 @@ from context_layers.canonical import canonical_json, text_problem
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext, View
 from context_layers.errors import ContextWriteDenied, LayerflowError, ModelError
+from context_layers.hooks import RedactSetting, model_hooks, redact_for_model
 from context_layers.layers import Layer
 from context_layers.prefix import common_prefix_tokens, request_text
 from context_layers.render import RenderOptions, render
@@ -539,10 +547,12 @@ TOOLS_NOTE = ("You may call the context governance tools (context_inspect, conte
 
 def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMConfig | None = None, *,
                      options: RenderOptions | None = None, memory: Sequence[Any] = (),
-                     tools: bool | None = None) -> Messages:
+                     tools: bool | None = None, redact: RedactSetting = True) -> Messages:
     """The messages an LLM activity sends: ``render`` of the view with the activity's
     instructions, answer contract and render format (pure: same context, same bytes).
     ``tools`` (default: ``llm.tools``): the request offers the governance tools, and says so.
+    ``redact`` (the activity's ``redact`` config): the view's hooks are followed by
+    ``model_hooks(redact)``, and recalled memory passes ``redact_for_model``.
 
     A model summary of this activity's context starts with exactly these messages, so a
     provider's prompt cache serves the shared part (``engine.model_compression``)."""
@@ -552,8 +562,13 @@ def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMCo
     opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format,
                    instructions="\n\n".join(p for p in parts if p), task_id=task_id)
     if memory:
-        opts = replace(opts, memory=tuple(memory))
-    source = ctx.view() if isinstance(ctx, LayeredContext) else ctx
+        opts = replace(opts, memory=tuple(redact_for_model(m, redact) for m in memory))
+    hidden = model_hooks(redact)
+    if isinstance(ctx, LayeredContext):
+        source = ctx.view(hooks=hidden)
+    else:
+        source = copy.copy(ctx)  # the caller's view keeps its own hooks; the copy adds redaction last
+        source.hooks = (*ctx.hooks, *hidden)
     return [dict(m) for m in render(source, opts)]
 
 
@@ -591,15 +606,18 @@ def call_recorder(ctx: LayeredContext, *, task_id: str | None, endpoint: Endpoin
 
 
 def _activity_call(ctx: Any, task_id: Any, llm_config: LLMConfig | ActivityExtensionConfig | None,
-                   chosen: str | None) -> tuple[LayeredContext, str, LLMConfig, str]:
+                   chosen: str | None) -> tuple[LayeredContext, str, LLMConfig, str, RedactSetting]:
     """The engine's handler style (``activity_context, activity_config``) or the plain one,
-    resolved to (context, task id, LLM config, model)."""
+    resolved to (context, task id, LLM config, model, the activity's ``redact``: on for an
+    ``LLMConfig`` alone)."""
     if not isinstance(ctx, LayeredContext) and isinstance(getattr(ctx, "context", None), LayeredContext):
         if llm_config is None and not isinstance(task_id, str):
             llm_config, task_id = task_id, None
         task_id = task_id or ctx.task_id
         ctx = ctx.context
+    redact: RedactSetting = True
     if isinstance(llm_config, ActivityExtensionConfig):
+        redact = llm_config.redact
         llm_config = llm_config.llm
     if not isinstance(task_id, str) or not task_id:
         raise LayerflowError(f"run_llm_activity needs the task id of the activity, got {task_id!r}")
@@ -609,29 +627,30 @@ def _activity_call(ctx: Any, task_id: Any, llm_config: LLMConfig | ActivityExten
         raise ModelCallFailed(f"activity {task_id!r} is a model call but no model is configured; set llm.model in "
                               "its config or pass --model (or give it an offline handler)",
                               task_id=task_id, model="", api_base=None, attempts=0, cause=None)
-    return ctx, task_id, cfg, chosen
+    return ctx, task_id, cfg, chosen, redact
 
 
 def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | ActivityExtensionConfig | None = None, *,
                      model_override: str | None = None, model: str | None = None, completion: Completion | None = None,
                      view: View | None = None, options: RenderOptions | None = None, memory: Sequence[Any] = (),
                      retry: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep,
-                     actor: str | None = None) -> dict[str, Any]:
+                     actor: str | None = None, redact: RedactSetting | None = None) -> dict[str, Any]:
     """Run one model-call activity; returns the answer (already written to WORKING).
 
     ``ctx`` is the activity's ``LayeredContext`` (the activity is open). Also accepted, for
     the engine's handler path: ``run_llm_activity(activity_context, activity_config, model=...)``.
     ``view`` (default: the whole context) and ``options`` shape what the model sees;
     ``completion`` replaces ``litellm.completion`` (same keyword arguments).
+    ``redact`` (default: the activity config's ``redact``, on): see ``activity_request``.
     """
     # an instance of a multi-instance activity (the engine's ActivityContext) keeps its items in a
     # scope of its own: its output item goes there, never to the WORKING its sibling instances see
     scope: dict[str, Any] | None = getattr(ctx, "scope", None)
     scoped: frozenset[str] = frozenset(getattr(ctx, "scoped", ()) or ())
-    ctx, task_id, cfg, chosen = _activity_call(ctx, task_id, llm_config, model_override or model)
+    ctx, task_id, cfg, chosen, configured = _activity_call(ctx, task_id, llm_config, model_override or model)
     endpoint = Endpoint.of(chosen, cfg)
     messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory,
-                                tools=False)
+                                tools=False, redact=configured if redact is None else redact)
     who = actor or task_id
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who)
@@ -669,7 +688,8 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
                           state: Mapping[str, Any] | None = None, answers: Mapping[str, Any] | None = None,
                           completion: Completion | None = None, retry: RetryPolicy | None = None,
                           sleep: Callable[[float], None] = time.sleep, actor: str | None = None,
-                          max_turns: int = MAX_TOOL_TURNS, scoped: Collection[str] = ()) -> ToolOutcome:
+                          max_turns: int = MAX_TOOL_TURNS, scoped: Collection[str] = (),
+                          redact: RedactSetting = True) -> ToolOutcome:
     """An LLM activity that may call tools before it answers (``llm.tools: true``).
 
     The first request is the activity's normal one (``activity_request``) with the tool
@@ -685,6 +705,10 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
 
     ``scoped``: names of a multi-instance activity's instance (its items); the answer's keys
     among them are not written to WORKING (the caller keeps them in the instance's scope).
+
+    ``redact`` (the activity's config): the request is ``activity_request``'s, and what a tool
+    returns reaches the model through ``redact_for_model`` (``context_inspect`` shows values);
+    the ``tool_call`` notes on the tape keep the results as the tools gave them.
     """
     cfg = llm_config or LLMConfig()
     endpoint = Endpoint.of(model, cfg)
@@ -693,7 +717,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names)
     if state is None:
-        history: Messages = activity_request(ctx, task_id, cfg, tools=True)
+        history: Messages = activity_request(ctx, task_id, cfg, tools=True, redact=redact)
         turns = 0
     else:
         history = [dict(m) for m in state["messages"]]
@@ -703,9 +727,10 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         for m in history:
             cid = pending.get(m.get("tool_call_id", "")) if m.get("role") == "tool" else None
             if cid is not None:
-                m["content"] = _result_text({"confirmation_id": cid, "status": "answered",
-                                             "answer": given[cid].get("answer"),
-                                             "timed_out": bool(given[cid].get("timed_out"))})
+                m["content"] = _result_text(redact_for_model({"confirmation_id": cid, "status": "answered",
+                                                              "answer": given[cid].get("answer"),
+                                                              "timed_out": bool(given[cid].get("timed_out"))},
+                                                             redact))
         ctx.record("tool_loop_resumed", actor=who, data={"task_id": task_id, "answers": given})
 
     def check(reply: Reply) -> Any:
@@ -738,7 +763,8 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
                 "task_id": task_id, "turn": turns, "call_id": call["id"], "tool": name, "arguments": arguments[:4000],
                 "result": text if len(text) <= 4000 else text[:4000] + "...",
                 "error": None if error is None else error.get("kind")})
-            history.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+            history.append({"role": "tool", "tool_call_id": call["id"],
+                            "content": _result_text(redact_for_model(outcome, redact))})
             if name == "human_confirm" and error is None and outcome.get("status") == "pending":
                 waiting[call["id"]] = str(outcome["confirmation_id"])
         if waiting:

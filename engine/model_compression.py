@@ -26,6 +26,11 @@ compression: a server that is down would otherwise cost every summary its retrie
 Every model call is an ``llm_call`` note (request, response, usage), like an LLM
 activity's: summaries as the activity's model agent (they share its prefix), plans
 as ``<model>#compression_plan`` (their prompt is their own).
+
+The activity's ``redact`` config holds here too: the prefix is the activity's redacted request
+and the text to summarize has its secrets hidden (``redact_lines``: the values of secret-named
+keys and fields, the secrets written inside any text), so a
+model's summary never holds a secret the model was not shown.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from context_layers.compression_plan import CompressionPlanRejected, execute_pla
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext
 from context_layers.errors import ModelError
+from context_layers.hooks import RedactSetting, redact_lines
 from context_layers.summarize import ExtractiveSummarizer
 
 from .llm import Completion, LiteLLMPlanner, LiteLLMSummarizer, RetryPolicy, activity_request, call_recorder
@@ -57,10 +63,11 @@ class ModelCompressor(RuleDrivenCompressor):
     """
 
     def __init__(self, ctx: LayeredContext, *, task_id: str, model: str, llm_config: LLMConfig | None = None,
-                 completion: Completion | None = None, retry: RetryPolicy | None = None,
+                 redact: RedactSetting = True, completion: Completion | None = None, retry: RetryPolicy | None = None,
                  sleep: Callable[[float], None] | None = None, **kwargs: Any) -> None:
         self.task_id = task_id
         self.llm_config = llm_config or LLMConfig()
+        self.redact = redact
         self.failure: ModelError | None = None
         self._ctx = ctx
         self._prefix: list[dict[str, Any]] | None = None
@@ -83,9 +90,9 @@ class ModelCompressor(RuleDrivenCompressor):
         """The activity's normal request on ``ctx`` as it is now. Compression changes HISTORY
         in one event after every summary is made, so one render serves them all."""
         if ctx is not self._ctx:
-            return activity_request(ctx, self.task_id, self.llm_config)
+            return activity_request(ctx, self.task_id, self.llm_config, redact=self.redact)
         if self._prefix is None:
-            self._prefix = activity_request(ctx, self.task_id, self.llm_config)
+            self._prefix = activity_request(ctx, self.task_id, self.llm_config, redact=self.redact)
         return self._prefix
 
     def model_failed(self, err: ModelError, *, purpose: str, actor: str) -> None:
@@ -140,20 +147,22 @@ class _FallbackSummarizer:
                   prefix_messages: Sequence[Mapping[str, str]] | None = None) -> str:
         if self.owner.failure is None:
             try:
-                return self.owner.model_summarizer.summarize(text, max_tokens, prefix_messages=prefix_messages)
+                return self.owner.model_summarizer.summarize(redact_lines(text, self.owner.redact), max_tokens,
+                                                             prefix_messages=prefix_messages)
             except ModelError as err:
                 self.owner.model_failed(err, purpose="summary", actor=self.owner.task_id)
         return self.offline.summarize(text, max_tokens)
 
 
 def compress_after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, task_id: str, model: str,
-                            completion: Completion | None = None, retry: RetryPolicy | None = None,
+                            redact: RedactSetting | None = None, completion: Completion | None = None, retry: RetryPolicy | None = None,
                             sleep: Callable[[float], None] | None = None) -> CompressResult | None:
     """``after_activity`` with the model's summaries (and plan): see the module doc.
     ``None`` when nothing fired or the compression changed nothing; nothing is built
     (let alone imported) when the activity asks for no compression."""
     if config is None or not config.compression_configured:
         return None
-    compressor = ModelCompressor(ctx, task_id=task_id, model=model, llm_config=config.llm, completion=completion,
-                                 retry=retry, sleep=sleep, keep_recent=HOOK_KEEP_RECENT)
+    compressor = ModelCompressor(ctx, task_id=task_id, model=model, llm_config=config.llm,
+                                 redact=config.redact if redact is None else redact,
+                                 completion=completion, retry=retry, sleep=sleep, keep_recent=HOOK_KEEP_RECENT)
     return after_activity(ctx, config, actor=task_id, compressor=compressor)

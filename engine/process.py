@@ -42,6 +42,8 @@ class Process:
     paths: tuple[str, ...] = ()
     config_path: str | None = None
     name: str | None = None
+    # the config file's ``process: {redact: ...}``: what an element without its own ``redact`` takes
+    redact: bool | list[str] | None = None
     _record: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -63,6 +65,14 @@ class Process:
 
     def config(self, element_id: str) -> ActivityExtensionConfig | None:
         return self.configs.get(element_id)
+
+    def redact_for(self, element_id: str) -> bool | list[str]:
+        """What the engine hides from a model on this element's behalf: its config's ``redact``
+        when it sets one, else the process's (``process: {redact: ...}``), else on (True)."""
+        cfg = self.configs.get(element_id)
+        if cfg is not None and "redact" in cfg.model_fields_set:
+            return cfg.redact
+        return True if self.redact is None else self.redact
 
     def element_ids(self) -> list[str]:
         ids: dict[str, None] = {}
@@ -88,11 +98,12 @@ class Process:
         Built once and shared by the records of every instance of this process, until a
         field is replaced (governance replaces ``configs`` on a config change); the
         returned dict must not be changed."""
-        parts = (self.id, self.name, self.paths, self.config_path, self.configs, self.system, self.data_layers)
+        parts = (self.id, self.name, self.paths, self.config_path, self.configs, self.system, self.data_layers,
+                 self.redact)
         cached = self._record
         if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
             return cached[1]
-        record = {
+        record: dict[str, Any] = {
             "id": self.id,
             "name": self.name,
             "paths": list(self.paths),
@@ -101,6 +112,8 @@ class Process:
             "system": self.system,
             "data_layers": {k: str(v) for k, v in self.data_layers.items()},
         }
+        if self.redact is not None:  # records of processes without it stay as they were
+            record["redact"] = self.redact
         self._record = (parts, record)
         return record
 
@@ -112,6 +125,7 @@ class Process:
             system=dict(record.get("system", {})),
             data_layers={k: Layer.parse(v) for k, v in record.get("data_layers", {}).items()},
             paths=tuple(record.get("paths", ())), config_path=record.get("config_path"), name=record.get("name"),
+            redact=record.get("redact"),
         )
 
 
@@ -207,6 +221,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         paths=tuple(os.path.abspath(p) for p in [*bpmn_paths, *decision_paths]),
         config_path=os.path.abspath(config_path) if config_path else None,
         name=getattr(spec, "description", None),
+        redact=file_cfg.get("redact") if file_cfg else None,
     )
 
 
@@ -317,7 +332,7 @@ def _load_config_file(path: Path) -> dict[str, Any]:
     loaded = configfile.load_config_file(path)
     loaded.raise_for_problems()
     return {"system": dict(loaded.system), "data_layers": dict(loaded.data_layers),
-            "process_id": loaded.process_id, "elements": dict(loaded.elements)}
+            "process_id": loaded.process_id, "elements": dict(loaded.elements), "redact": loaded.process.get("redact")}
 
 
 def _validate(paths: list[Path], config_path: Path | None, process_id: str | None) -> str | None:

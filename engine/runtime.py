@@ -2067,7 +2067,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
     def _activity_done(self, ctx: LayeredContext, cfg: ActivityExtensionConfig | None, bpmn_id: str) -> None:
         self.instance.activities += 1
-        record = (_after_activity(ctx, cfg, task_id=bpmn_id, model=self.engine.compression_model(cfg))
+        record = (_after_activity(ctx, cfg, task_id=bpmn_id, model=self.engine.compression_model(cfg),
+                                  redact=self.process.redact_for(bpmn_id))
                   if self.engine.compress else None)
         if record is not None:
             self.instance.compressions.append(record)
@@ -2097,7 +2098,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                     if answer is None:
                         return _SUSPENDED
                 else:
-                    answer = run_llm_activity(actx, cfg, model=model)
+                    answer = run_llm_activity(actx, cfg, model=model, redact=self.process.redact_for(spec.bpmn_id))
             except ModelCallFailed as err:
                 if cfg.llm.on_error is None:
                     raise
@@ -2184,7 +2185,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
         outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
                                         schemas=tool_schemas(), answers=answers,
-                                        state=None if suspended is None else suspended["state"], scoped=actx.scoped)
+                                        state=None if suspended is None else suspended["state"], scoped=actx.scoped,
+                                        redact=self.process.redact_for(bpmn_id))
         if outcome.answer is not None:
             return outcome.answer
         inst.suspended[key] = {"task_id": bpmn_id, "context": actx.context.name,
@@ -2640,7 +2642,7 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
 
 
 def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, task_id: str,
-                    model: str | None = None) -> dict[str, Any] | None:
+                    model: str | None = None, redact: bool | list[str] = True) -> dict[str, Any] | None:
     """Compression hook, called after every completed activity.
 
     Offline (``model`` None): the rule-driven compressor with the extractive summarizer
@@ -2661,7 +2663,7 @@ def _after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None,
     else:
         from .model_compression import compress_after_activity
 
-        result = compress_after_activity(ctx, config, task_id=task_id, model=model)
+        result = compress_after_activity(ctx, config, task_id=task_id, model=model, redact=redact)
     if result is None:
         return None
     record = result.to_dict()

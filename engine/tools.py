@@ -40,6 +40,7 @@ from pydantic import BaseModel, ValidationError
 from context_layers.canonical import json_equal
 from context_layers.context import LayeredContext
 from context_layers.errors import ContextKeyError, LayerflowError, ModelError
+from context_layers.hooks import RedactSetting, redact_for_model
 
 from .governance import (
     BranchArgs,
@@ -286,8 +287,11 @@ def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, t
                   messages: Sequence[Mapping[str, Any]] | None = None, max_steps: int = 8,
                   api_base: str | None = None, api_key: str | None = None, timeout: float = 30.0,
                   completion: Callable[..., Any] | None = None, ask: Ask | None = None,
-                  actor: str = "model", tools: Sequence[str] | None = None) -> ToolLoopResult:
-    """Let ``model`` govern ``instance_id`` with the tools (litellm ``completion(tools=...)``)."""
+                  actor: str = "model", tools: Sequence[str] | None = None,
+                  redact: RedactSetting = True) -> ToolLoopResult:
+    """Let ``model`` govern ``instance_id`` with the tools (litellm ``completion(tools=...)``).
+    The tools' results reach the model through ``redact_for_model(result, redact)`` (an open
+    conflict's values, say); ``calls`` keeps them as the tools gave them."""
     from .llm import ENV_API_BASE, ENV_API_KEY, load_litellm
 
     call = completion or load_litellm().completion
@@ -324,7 +328,8 @@ def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, t
             result = dispatch_tool(service, instance_id, name, arguments, actor=actor, ask=ask)
             calls.append({"id": _attr(tc, "id"), "name": name, "arguments": arguments, "result": result})
             history.append({"role": "tool", "tool_call_id": _attr(tc, "id"),
-                            "content": json.dumps(result, ensure_ascii=False, default=str)})
+                            "content": json.dumps(redact_for_model(result, redact), ensure_ascii=False,
+                                                  default=str)})
             waiting = waiting or (name == "human_confirm" and result.get("status") == "pending")
         if waiting:
             status = "waiting"

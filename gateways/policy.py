@@ -13,7 +13,10 @@
 2. **model**: the ``ConflictArbiter``, if one is given. A malformed answer is
    retried once; a second malformed answer or any exception from the arbiter hands
    the conflict to a person, recording why. ``escalate: true`` hands it to a person
-   with the model's value as the suggestion.
+   with the model's value as the suggestion. The model is shown the conflict with the
+   secrets hidden (the join's ``redact`` config); a conflict whose values are themselves
+   secret (a key named like one, a value holding one) is not put to the model at all (a
+   ``skipped`` step says why): it goes to a person.
 3. **person**: the answer in ``answers`` under ``GATEWAY_ID/KEY`` (or ``*``) if
    present, else a pending ``HumanRequest`` if ``human_available``.
 
@@ -35,6 +38,7 @@ why); a condition outside the safe subset is a config error and raises.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 from collections import ChainMap
@@ -44,6 +48,7 @@ from typing import Any
 
 from context_layers.config import ActivityExtensionConfig, ConflictPolicy
 from context_layers.errors import ConfigError
+from context_layers.hooks import RedactSetting, redact_for_model, redact_text, secret_key
 
 from .arbiter import ArbiterAnswerError, ArbitrationRequest, ConflictArbiter, from_json_value
 from .conflicts import DELETED, MergedConflict, Resolution, conflict_error, jsonable, same_value
@@ -214,6 +219,36 @@ def _related(conflict: MergedConflict, policy: ConflictPolicy | None, variables:
                         out.setdefault(name, variables[name])
     out.update(related or {})
     return out
+
+
+def _kept_from_model(conflict: MergedConflict, setting: RedactSetting) -> str | None:
+    """Why the model is not asked about ``conflict`` (the join's ``redact`` config hides its
+    values: the key is named like a secret, or a value holds one), or None. The model's
+    answer is a value to write: shown ``[REDACTED]`` in place of a value, it could only
+    write that back, so the conflict goes to the policy's suggestion or a person instead."""
+    if setting is False:
+        return None
+    if secret_key(conflict.key, setting):
+        return (f"the key {conflict.key!r} is named like a secret (the join's redact config): its values "
+                "are not shown to the model, so a person decides")
+    for value in (conflict.base_value, *conflict.conflicting_values.values()):
+        if value is DELETED:
+            continue
+        shown = jsonable(value)
+        if redact_for_model(shown, setting) != shown:
+            return (f"a value of {conflict.key!r} holds a secret (the join's redact config): its values are "
+                    "not shown to the model, so a person decides")
+    return None
+
+
+def _redacted(request: ArbitrationRequest, setting: RedactSetting) -> ArbitrationRequest:
+    """The conflict prompt's context as the model may see it (its values passed ``_kept_from_model``)."""
+    if setting is False:
+        return request
+    return dataclasses.replace(
+        request, related=redact_for_model(dict(request.related), setting),
+        reasons={b: None if r is None else redact_text(r, setting) for b, r in request.reasons.items()},
+        policy_text=None if request.policy_text is None else redact_text(request.policy_text, setting))
 
 
 def _policy_text(policy: ConflictPolicy | None, variables: Mapping[str, Any]) -> str | None:
@@ -495,6 +530,7 @@ def resolve_conflicts(
     steps: list[ResolutionStep] = []
     unresolved: list[MergedConflict] = []
     escalated: list[MergedConflict] = []
+    secret_keys: list[str] = []  # conflicts kept from the model (_kept_from_model)
     policy = config.conflict_policy
     for conflict in conflicts:
         key = conflict.key
@@ -545,14 +581,18 @@ def resolve_conflicts(
             steps.append(ResolutionStep(key, "model", "resolved", reason))
             resolved.append((conflict, Resolution(from_json_value(earlier["resolution"]["value"]), "model", reason)))
             continue
-        if suggestion is None and arbiter is not None:
+        secret = _kept_from_model(conflict, config.redact) if suggestion is None and arbiter is not None else None
+        if secret is not None:
+            steps.append(ResolutionStep(key, "model", "skipped", secret))
+            secret_keys.append(key)
+        elif suggestion is None and arbiter is not None:
             request = ArbitrationRequest(
                 gateway_id=gateway_id, key=key, base_value=conflict.base_value, values=conflict.conflicting_values,
                 reasons={b: (reasons or {}).get(b) for b in conflict.source_branches},
                 related=_related(conflict, policy, variables, related),
                 policy_text=_policy_text(policy, variables),
                 layer=None if conflict.layer is None else str(conflict.layer))
-            found = _ask_model(arbiter, request, steps)
+            found = _ask_model(arbiter, _redacted(request, config.redact), steps)
             if found is not None and not found.needs_human:
                 resolved.append((conflict, found))
                 continue
@@ -586,7 +626,8 @@ def resolve_conflicts(
         parts = []
         if unresolved:
             missing = ["no conflictPolicy ranking or rule settled it" if policy else "no conflictPolicy is configured",
-                       "no model answered" if arbiter else "no model is configured",
+                       ("no model answered" if not all(c.key in secret_keys for c in unresolved)
+                        else "the model is not shown secrets (redact)") if arbiter else "no model is configured",
                        "no person can be asked (no answer given)"]
             parts.append(f"unresolved ({', '.join(missing)}): {', '.join(repr(c.key) for c in unresolved)}")
         if escalated:
