@@ -544,7 +544,10 @@ class ScopeSteps:
             return
         start = task if path is None else path
         gw = spiff.bpmn_id_of(task)
-        for name in self._ended_side_paths(task, ctx.name):
+        # (a non-interrupting event only: an interrupting cycle ends its activity, and a multi-instance
+        # activity's writes with it, at its last repetition, which would undo paths merged into it now)
+        ended = [] if getattr(task.task_spec, "cancel_activity", False) else self._ended_side_paths(task, ctx.name)
+        for name in ended:
             # the event's earlier paths that have ended come back first: this one reads what they
             # wrote (the second reminder of a cycle sees the first), as it would had they run in
             # the flow; one still running (waiting for a person) merges where it ends
