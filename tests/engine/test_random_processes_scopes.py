@@ -504,6 +504,8 @@ _MULTI = ("mis", "bmi", "emi", "mco")
 @example(tree=("seq", [("evt", "cycle", True, 2, ("and", [("task", []), ("task", [])]))]), x=0)
 @example(tree=("seq", [("evt", "cycle", False, 1, ("mis", False, "card", 1, ("task", [])))]), x=1)
 @example(tree=("seq", [("bmi", False, 1, "user", "timer", True, True, ("mis", False, "card", 0, ("task", [])))]), x=1)
+# an interrupting cycle on a multi-instance person's task: its first path ended before the second began
+@example(tree=("seq", [("bmi", False, 1, "user", "cycle", True, True, ("task", []))]), x=1)
 @example(tree=("seq", [("evt", "timer", False, 1, ("user",)), ("and", [("user",), ("user",)])]), x=3)
 @example(tree=("seq", [("evt", "timer", False, 1, ("bts", "timer", False, True, [[]], ("task", []), ("task", [])))]),
          x=0)
