@@ -75,6 +75,7 @@ from context_layers.stores import StoreUnavailable
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
+from gateways.policy import MODEL_NOT_ASKED
 
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, short, typed_option)
@@ -234,7 +235,9 @@ class Instance:
                         if e.data.get("model") else None)
                     item = {"element_id": gw, "purpose": "condition", "fallback": str(e.data.get("decided_by")),
                             "error": error}
-                elif note == "resolution" and e.data.get("resolver") == "model" and e.data.get("outcome") == "failed":
+                elif note == "resolution" and e.data.get("resolver") == "model" and (
+                        e.data.get("outcome") == "failed" or e.data.get("outcome") == "skipped"
+                        and str(e.data.get("detail")).startswith(MODEL_NOT_ASKED)):
                     arbiter_failed[(str(e.data.get("gateway_id")), str(e.data.get("key")))] = e
                 elif note == "resolution" and (str(e.data.get("gateway_id")), str(e.data.get("key"))) in arbiter_failed:
                     # a join conflict the model could not resolve: what decided it instead (a person)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,3 +73,88 @@ def test_the_shipped_examples_get_no_reentered_join_warning() -> None:
     for path in sorted((ROOT / "bpmn_examples").rglob("*.bpmn")):
         found = [p for p in validate_process([path]).problems if p.code == "join_reentered_in_loop"]
         assert found == [], (path, found)
+
+
+# ----- (2) a model that cannot be reached is asked once per join ------------------------------------------
+
+def _three_conflicts() -> list[Any]:
+    from gateways import MergedConflict
+
+    return [MergedConflict(key, None, {"finance": f"{key}-f", "risk": f"{key}-r"}, ("finance", "risk"))
+            for key in ("decision", "risk_level", "note")]
+
+
+def _resolve(arbiter: Any, **kwargs: Any) -> Any:
+    from context_layers.config import config_from_dict
+    from gateways import resolve_conflicts
+
+    return resolve_conflicts(_three_conflicts(), config=config_from_dict({"gatewayId": "merge"}), variables={},
+                             gateway_id="merge", arbiter=arbiter, **kwargs)
+
+
+class _DownCompletion:
+    """litellm's ``completion`` against a model server that refuses every connection."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    def __call__(self, **_: Any) -> Any:
+        self.calls += 1
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [ConnectionRefusedError(111, "Connection refused"), TimeoutError("timed out")],
+                         ids=["refused", "timeout"])
+def test_an_unreachable_model_is_not_asked_again_for_the_other_conflicts_of_the_join(error: Exception) -> None:
+    from engine.llm import LiteLLMArbiter, RetryPolicy
+
+    down = _DownCompletion(error)
+    arbiter = LiteLLMArbiter("openai/fake", api_base="http://127.0.0.1:9", max_retries=2, completion=down,
+                             retry=RetryPolicy(base=0, cap=0), sleep=lambda _: None)
+    out = _resolve(arbiter, human_available=True)
+
+    assert down.calls == 3  # one key's attempts (1 + 2 retries), not 3 keys x 3
+    assert [r.key for r in out.pending] == ["decision", "risk_level", "note"]  # all go on to a person
+    model_steps = [(s.key, s.outcome) for s in out.steps if s.resolver == "model"]
+    assert model_steps == [("decision", "failed"), ("risk_level", "skipped"), ("note", "skipped")], out.steps
+    for step in out.steps[1:]:
+        if step.resolver == "model":
+            assert "'decision'" in step.detail and "could not be reached" in step.detail, step.detail
+            assert type(error).__name__ in step.detail, step.detail
+
+
+def test_a_malformed_answer_keeps_its_retry_for_each_key() -> None:
+    from gateways import ArbitrationAnswer, parse_arbiter_answer
+
+    calls: list[str] = []
+
+    class Malformed:
+        def arbitrate(self, request: Any) -> ArbitrationAnswer:
+            calls.append(request.key)
+            return parse_arbiter_answer("not json")
+
+    out = _resolve(Malformed(), human_available=True)
+    assert calls == ["decision", "decision", "risk_level", "risk_level", "note", "note"]
+    assert len(out.pending) == 3
+
+
+def test_a_join_run_against_a_down_model_asks_it_once_and_lists_every_key_it_went_without(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import engine.llm
+    from test_model_paths_16 import SUPPLIER, SUPPLIER_DATA
+
+    down = _DownCompletion(ConnectionRefusedError(111, "Connection refused"))
+    monkeypatch.setattr(engine.llm, "load_litellm", lambda: types.SimpleNamespace(completion=down))
+    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0")
+    instance = Engine("memory://", model="fake/model").run_process(load_process(SUPPLIER), SUPPLIER_DATA)
+
+    assert instance.status == "waiting", instance.error
+    assert sorted(c["id"] for c in instance.confirmations) == ["onboarding_join/contact_email",
+                                                               "onboarding_join/supplier_tier"]
+    assert down.calls == 3, down.calls  # the first key's attempts only (llm.maxRetries 2)
+    fallbacks = instance.model_fallbacks()
+    assert sorted(f["key"] for f in fallbacks) == ["contact_email", "supplier_tier"], fallbacks
+    assert all("Connection refused" in f["error"] for f in fallbacks), fallbacks
