@@ -5,6 +5,11 @@
     branches again, or a flow into one branch): the join cannot pair its tokens with one split, and the
     run stops there after running the steps of the wrong pass. A loop around the whole split/join pair,
     and a loop inside one branch, are fine and get no warning.
+(2) A model that cannot be reached (a refused connection, a timeout) is asked for the first conflict of a join
+    only: the join's other conflicts go on to a person at once, with a ``skipped`` step naming the failure,
+    and ``model_fallbacks`` lists each; a malformed answer keeps its retry per key.
+(3) The config-change notice on ``resume`` names a changed ``system:`` (frozen at start: the instance keeps its
+    own values) and ``process:`` section too.
 """
 
 from __future__ import annotations
@@ -158,3 +163,37 @@ def test_a_join_run_against_a_down_model_asks_it_once_and_lists_every_key_it_wen
     fallbacks = instance.model_fallbacks()
     assert sorted(f["key"] for f in fallbacks) == ["contact_email", "supplier_tier"], fallbacks
     assert all("Connection refused" in f["error"] for f in fallbacks), fallbacks
+
+
+# ----- (3) the config-change notice on resume covers process: and system: -----------------------------------
+
+def _waiting_with_config(tmp_path: Path) -> tuple[Engine, str, Path]:
+    path = write_elements(tmp_path, "desk", ['<bpmn:startEvent id="start"/>', '<bpmn:userTask id="review"/>',
+                                             '<bpmn:endEvent id="end"/>', flow("start", "review"),
+                                             flow("review", "end")])
+    config = tmp_path / "desk.layerflow.yaml"
+    config.write_text("system:\n  policy: two reviews\nprocess:\n  redact: true\n", encoding="utf-8")
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    instance = engine.run(load_process(path), {})
+    assert instance.status == "waiting", instance.error
+    return engine, instance.id, config
+
+
+def _desk_notices(instance: Any) -> list[str]:
+    return [n for n in instance.notices if "desk.layerflow.yaml" in n]
+
+
+def test_a_changed_system_or_process_section_is_named_on_resume_and_not_applied(tmp_path: Path) -> None:
+    engine, iid, config = _waiting_with_config(tmp_path)
+    assert _desk_notices(engine.resume(iid)) == []  # the file as the instance started with it
+    config.write_text("system:\n  policy: one review\n  region: EU\nprocess:\n  redact: [iban]\n", encoding="utf-8")
+    instance = engine.resume(iid)
+
+    notices = _desk_notices(instance)
+    [system] = [n for n in notices if "system:" in n]
+    assert "policy 'two reviews' -> 'one review'" in system and "region (unset) -> 'EU'" in system, system
+    assert "SYSTEM" in system and "keeps its own values" in system, system
+    [process] = [n for n in notices if "process:" in n]
+    assert "redact True -> ['iban']" in process and "keeps" in process, process
+    assert instance.main.resolve("policy") == "two reviews"  # SYSTEM frozen at start
+    assert engine.load(iid).process.redact is True
