@@ -286,19 +286,41 @@ def config_file_changes(process: Process, specs: Iterable[Any]) -> dict[str, lis
     return changes
 
 
+def config_file_section_changes(process: Process) -> dict[str, list[str]]:
+    """How the config file's ``system:`` and ``process:`` sections read now, against the values
+    ``process`` runs with (an instance's: those it started with): section -> the changed fields
+    (``"policy 'a' -> 'b'"``). Empty when unchanged, gone or no longer loading, as
+    ``config_file_changes``."""
+    if not process.config_path or not Path(process.config_path).is_file():
+        return {}
+    try:
+        loaded = _load_config_file(Path(process.config_path))
+    except (ConfigError, ProcessError, OSError):
+        return {}
+    options_now: dict[str, Any] = {} if loaded["redact"] is None else {"redact": loaded["redact"]}
+    options_then: dict[str, Any] = {} if process.redact is None else {"redact": process.redact}
+    if loaded["process_id"] and loaded["process_id"] != process.id:  # new instances start another process
+        options_now["process_id"], options_then["process_id"] = loaded["process_id"], process.id
+    changes = {"system": _changed_fields(process.system, loaded["system"], flat=True),
+               "process": _changed_fields(options_then, options_now, flat=True)}
+    return {section: fields for section, fields in changes.items() if fields}
+
+
 def _dump(config: ActivityExtensionConfig | None) -> dict[str, Any]:
     return {} if config is None else config.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
-def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:
+def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "", *,
+                    flat: bool = False) -> list[str]:
     """``FIELD OLD -> NEW`` for each field that differs, one level into a nested object
-    (``humanConfirm.timeout``); ``(unset)`` for a field one side does not set."""
+    (``humanConfirm.timeout``) unless ``flat`` (a SYSTEM value is one value); ``(unset)`` for a
+    field one side does not set."""
     out = []
     for name in sorted(set(old) | set(new), key=str):
         a, b = old.get(name, _UNSET), new.get(name, _UNSET)
         if a == b:
             continue
-        if not prefix and isinstance(a, Mapping) and isinstance(b, Mapping):
+        if not flat and not prefix and isinstance(a, Mapping) and isinstance(b, Mapping):
             out.extend(_changed_fields(a, b, f"{name}."))
             continue
         out.append(f"{prefix}{name} {_shown(a)} -> {_shown(b)}")

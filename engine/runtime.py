@@ -75,13 +75,14 @@ from context_layers.stores import StoreUnavailable
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
+from gateways.policy import MODEL_NOT_ASKED
 
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, short, typed_option)
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Retriever
-from .process import Process, config_file_changes
+from .process import Process, config_file_changes, config_file_section_changes
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
@@ -234,7 +235,9 @@ class Instance:
                         if e.data.get("model") else None)
                     item = {"element_id": gw, "purpose": "condition", "fallback": str(e.data.get("decided_by")),
                             "error": error}
-                elif note == "resolution" and e.data.get("resolver") == "model" and e.data.get("outcome") == "failed":
+                elif note == "resolution" and e.data.get("resolver") == "model" and (
+                        e.data.get("outcome") == "failed" or e.data.get("outcome") == "skipped"
+                        and str(e.data.get("detail")).startswith(MODEL_NOT_ASKED)):
                     arbiter_failed[(str(e.data.get("gateway_id")), str(e.data.get("key")))] = e
                 elif note == "resolution" and (str(e.data.get("gateway_id")), str(e.data.get("key"))) in arbiter_failed:
                     # a join conflict the model could not resolve: what decided it instead (a person)
@@ -1158,7 +1161,8 @@ def config_file_notices(instance: Instance) -> list[str]:
     """A notice for each element the process's config file configures otherwise now than the
     instance runs with: an instance keeps the definition it started with (its BPMN and its
     configs travel in its record), as in every serious engine, and a join whose person was asked
-    keeps the terms it asked with; but a user who edited the file must not believe it applies."""
+    keeps the terms it asked with; but a user who edited the file must not believe it applies. Its
+    ``system:`` and ``process:`` sections, likewise (``config_file_section_changes``)."""
     process = instance.process
     changes = config_file_changes(process, [instance.workflow.spec, *instance.workflow.subprocess_specs.values()])
     waits_at = {str(w.get("task_id")) for w in instance.waiting_for}
@@ -1172,6 +1176,11 @@ def config_file_notices(instance: Instance) -> list[str]:
             "they were asked with); new instances get the new file. To apply a change to this instance, POST "
             f"/api/context-governance/config (instance_id {instance.id!r}, activityId {element_id!r}), or cancel it "
             "and start a new one")
+    kept = {"system": "SYSTEM (L0) is frozen when an instance starts: the instance keeps its own values",
+            "process": "the instance keeps the process options it started with"}
+    for section, changed in config_file_section_changes(process).items():
+        notes.append(f"the config file {process.config_path} changed since instance {instance.id} started: "
+                     f"{section}: {'; '.join(changed)}. {kept[section]}; new instances get the new file")
     return notes
 
 

@@ -141,6 +141,10 @@ not make ``report.ok`` false:
                                       plain event, so the undo never runs)
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
+``join_reentered_in_loop`` W          a loop that goes back into the branches between a parallel split and its
+                                      join from after the join (a second split, a flow into one branch) without
+                                      passing the split: the join cannot pair its tokens with one split, and the
+                                      run stops there (or fires it short) after running the wrong steps
 ``no_start_event``                    a process or sub-process with no start event (one that a receive task
                                       with instantiate="true" starts: the message start event to write)
 ``start_event_never_runs`` W          a second start event in a scope that has a start event with no trigger:
@@ -570,6 +574,7 @@ class _Validator:
             self._check_gateways(proc)
             self._check_split_merges(proc)
             self._check_exclusive_into_parallel(proc)
+            self._check_reentered_joins(proc)
             self._check_code(proc)
             self._check_references(proc)
             self._check_shapes(proc)
@@ -1853,6 +1858,60 @@ class _Validator:
                          f"{choice!r} a parallel or inclusive split)", file=proc.file, line=join.sourceline,
                          element_id=jid, severity="warning")
                 break
+
+    def _check_reentered_joins(self, proc: _Node) -> None:
+        """A parallel join whose section (the nodes on the paths from a parallel split to it) a loop
+        enters again from after the join, not through the split: SpiffWorkflow's parallel_join_in_loop
+        shape (a second split feeding the branches), or a flow back into one branch. The join then gets
+        tokens that no one split sent together. A loop round the whole pair, or inside one branch, is fine."""
+        for scope in (proc.element, *proc.element.iter(*_SCOPES)):
+            nodes = {n.get("id"): n for n in scope.iterchildren() if n.tag in _FLOW_NODES and n.get("id")}
+            edges: list[tuple[str, str, str]] = [(f.get("sourceRef"), f.get("id") or "(no id)", f.get("targetRef"))
+                                                 for f in scope.iterchildren(_bpmn("sequenceFlow"))]
+            for nid, n in nodes.items():
+                if n.get("attachedToRef") in nodes:  # a boundary event continues its activity's path
+                    edges.append((n.get("attachedToRef"), nid, nid))
+                edges += [(nid, nid, c.get("id")) for c in _jump_targets(n)]
+            after: dict[str, list[str]] = {}
+            before: dict[str, list[str]] = {}
+            for src, _, dst in edges:
+                after.setdefault(src, []).append(dst)
+                before.setdefault(dst, []).append(src)
+
+            def reach(start: str, step: dict[str, list[str]], stop: str) -> set[str]:
+                seen: set[str] = set()
+                todo = list(step.get(start, []))
+                while todo:
+                    nid = todo.pop()
+                    if nid in seen or nid == stop or nid not in nodes:
+                        continue
+                    seen.add(nid)
+                    if nid != start:
+                        todo.extend(step.get(nid, []))
+                return seen
+
+            parallel = [i for i, n in nodes.items() if n.tag == _bpmn("parallelGateway")]
+            splits = [i for i in parallel if len(after.get(i, [])) > 1]
+            for jid in (i for i in parallel if len(before.get(i, [])) > 1):
+                for sid in (s for s in splits if s != jid):
+                    section = (reach(sid, after, jid) & reach(jid, before, sid)) - {sid, jid}
+                    if sum(1 for t in after[sid] if t == jid or t in section) < 2:
+                        continue  # the split's branches do not meet at this join
+                    later = reach(jid, after, sid) | {jid}
+                    back = [fid for src, fid, dst in edges
+                            if dst in section and src in later and src not in section and src != sid]
+                    if not back:
+                        continue
+                    join = nodes[jid]
+                    shown = ", ".join(map(repr, back))
+                    self.add("join_reentered_in_loop", f"parallel gateway {jid!r} joins the branches of split "
+                             f"{sid!r}, and the loop back through {shown} enters those branches again from after the "
+                             f"join without passing {sid!r}: the join then gets tokens that no one split sent together, "
+                             "and the run stops there (or fires it short) after running the wrong steps; move the flow "
+                             f"back to an exclusive gateway in front of {sid!r}, so each pass goes through the split, "
+                             "or give a second split a join of its own", file=proc.file, line=join.sourceline,
+                             element_id=jid, severity="warning")
+                    break
 
     def _check_split_merges(self, proc: _Node) -> None:
         """Branches of one split that meet before their join (in an exclusive gateway, or a task with

@@ -12,7 +12,9 @@
    suggests: a person decides (the model is not asked).
 2. **model**: the ``ConflictArbiter``, if one is given. A malformed answer is
    retried once; a second malformed answer or any exception from the arbiter hands
-   the conflict to a person, recording why. ``escalate: true`` hands it to a person
+   the conflict to a person, recording why. A model that cannot be reached (a refused
+   connection, a timeout: the client's own retries spent) is not asked for the join's
+   other conflicts: they go on to a person with a ``skipped`` step naming the failure. ``escalate: true`` hands it to a person
    with the model's value as the suggestion. The model is shown the conflict with the
    secrets hidden (the join's ``redact`` config); a conflict whose values are themselves
    secret (a key named like one, a value holding one) is not put to the model at all (a
@@ -74,6 +76,8 @@ __all__ = [
 
 ESCALATE = "$escalate"
 CONFLICT_CONFIRMATION = "conflict_resolution"
+# how a model step begins when the model was not asked, having been unreachable for an earlier key of the join
+MODEL_NOT_ASKED = "not asked: the model could not be reached"
 
 
 class InvalidAnswerError(ConfigError):
@@ -458,8 +462,26 @@ def _match_for(request: HumanRequest, answer: Any, config: ActivityExtensionConf
         raise InvalidAnswerError(why) from None
 
 
-def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: list[ResolutionStep]) -> Resolution | None:
-    """The model's resolution (``needs_human`` when it escalates), or ``None`` when it failed."""
+def _unreachable(err: BaseException) -> bool:
+    """Whether the model could not be reached (a refused connection, a timeout, an unavailable
+    server), through the causes the client chained (``engine.llm`` raises ``ModelCallFailed``
+    from the last transport error once its own retries are spent)."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        name = type(seen).__name__
+        if isinstance(seen, (ConnectionError, TimeoutError)) or getattr(seen, "status_code", None) in (502, 503, 504) \
+                or any(word in name for word in ("Timeout", "Connection", "ServiceUnavailable")):
+            return True
+        seen = seen.__cause__ or getattr(seen, "cause", None)
+    return False
+
+
+def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
+               steps: list[ResolutionStep]) -> tuple[Resolution | None, str | None]:
+    """The model's resolution (``needs_human`` when it escalates), or ``None`` when it failed; and,
+    when the model could not be reached at all, what the failure was (the join then asks it no more)."""
     key = request.key
     for attempt in (1, 2):
         try:
@@ -469,14 +491,14 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: lis
             continue
         except Exception as err:  # any model failure falls through to a person; the step says why
             steps.append(ResolutionStep(key, "model", "failed", f"{type(err).__name__}: {err}"))
-            return None
+            return None, f"{type(err).__name__}: {err}" if _unreachable(err) else None
         value = from_json_value(answer.final_value)
         if answer.escalate:
             steps.append(ResolutionStep(key, "model", "escalated", f"{_show(value)}: {answer.rationale}"))
-            return Resolution(value, "model", answer.rationale, needs_human=True)
+            return Resolution(value, "model", answer.rationale, needs_human=True), None
         steps.append(ResolutionStep(key, "model", "resolved", answer.rationale))
-        return Resolution(value, "model", answer.rationale)
-    return None
+        return Resolution(value, "model", answer.rationale), None
+    return None, None
 
 
 def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool,
@@ -531,6 +553,7 @@ def resolve_conflicts(
     unresolved: list[MergedConflict] = []
     escalated: list[MergedConflict] = []
     secret_keys: list[str] = []  # conflicts kept from the model (_kept_from_model)
+    down: str | None = None  # the model could not be reached for an earlier key: why it is not asked again
     policy = config.conflict_policy
     for conflict in conflicts:
         key = conflict.key
@@ -585,6 +608,8 @@ def resolve_conflicts(
         if secret is not None:
             steps.append(ResolutionStep(key, "model", "skipped", secret))
             secret_keys.append(key)
+        elif suggestion is None and arbiter is not None and down is not None:
+            steps.append(ResolutionStep(key, "model", "skipped", down))
         elif suggestion is None and arbiter is not None:
             request = ArbitrationRequest(
                 gateway_id=gateway_id, key=key, base_value=conflict.base_value, values=conflict.conflicting_values,
@@ -592,7 +617,11 @@ def resolve_conflicts(
                 related=_related(conflict, policy, variables, related),
                 policy_text=_policy_text(policy, variables),
                 layer=None if conflict.layer is None else str(conflict.layer))
-            found = _ask_model(arbiter, _redacted(request, config.redact), steps)
+            found, failure = _ask_model(arbiter, _redacted(request, config.redact), steps)
+            if failure is not None:
+                # every retry of the client is spent on each key in turn otherwise, for the same outage
+                down = (f"{MODEL_NOT_ASKED} for {key!r} at this join ({failure}), so it is asked no more for "
+                        "this join's conflicts")
             if found is not None and not found.needs_human:
                 resolved.append((conflict, found))
                 continue
