@@ -189,6 +189,9 @@ class ModelCallFailed(ModelError):
         self.api_base = api_base
         self.attempts = attempts
         self.cause = cause
+        # the model could not be reached (a transport failure, ``is_transient``, once the retries are
+        # spent): a join then asks it no more for its other conflicts (``gateways.policy``)
+        self.unreachable = cause is not None and is_transient(cause)
         super().__init__(message)
 
     def to_dict(self) -> dict[str, Any]:

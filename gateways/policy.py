@@ -463,19 +463,10 @@ def _match_for(request: HumanRequest, answer: Any, config: ActivityExtensionConf
 
 
 def _unreachable(err: BaseException) -> bool:
-    """Whether the model could not be reached (a refused connection, a timeout, an unavailable
-    server), through the causes the client chained (``engine.llm`` raises ``ModelCallFailed``
-    from the last transport error once its own retries are spent)."""
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return False
-        name = type(seen).__name__
-        if isinstance(seen, (ConnectionError, TimeoutError)) or getattr(seen, "status_code", None) in (502, 503, 504) \
-                or any(word in name for word in ("Timeout", "Connection", "ServiceUnavailable")):
-            return True
-        seen = seen.__cause__ or getattr(seen, "cause", None)
-    return False
+    """Whether the model could not be reached: the arbiter's error says so (``unreachable``, as
+    ``engine.llm``'s ``ModelCallFailed`` does once its retries are spent on a transport failure), or
+    is itself a refused connection or a timeout."""
+    return bool(getattr(err, "unreachable", False)) or isinstance(err, (ConnectionError, TimeoutError))
 
 
 def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
