@@ -3823,7 +3823,9 @@ _CHOICES = ("exclusiveGateway", "eventBasedGateway")
 
 def _choice_behind(flow: Any) -> tuple[str, str] | None:
     """(id of the exclusive or event-based gateway, id of its outgoing flow) that ``flow`` comes
-    from through nodes with one way in and one way out each (a link's jump is one), else None."""
+    from through nodes with one way in and one way out each (a link's jump is one), or through a
+    parallel split (one way in: each of its flows carries a token exactly when that way does),
+    else None."""
     scope = flow.getparent()
     if scope is None:
         return None
@@ -3836,7 +3838,8 @@ def _choice_behind(flow: Any) -> tuple[str, str] | None:
         if etree.QName(source).localname in _CHOICES and len(outgoing) > 1:
             return source.get("id"), flow.get("id")
         inbound = _inbound(source)
-        if len(inbound) != 1 or len(outgoing) + len(_jump_targets(source)) != 1 or source.get("attachedToRef"):
+        one_way_on = len(outgoing) + len(_jump_targets(source)) == 1 or source.tag == _bpmn("parallelGateway")
+        if len(inbound) != 1 or not one_way_on or source.get("attachedToRef"):
             return None
         source, via = inbound[0]
         flow = via if via.tag == _bpmn("sequenceFlow") else flow
