@@ -29,6 +29,7 @@ from SpiffWorkflow.bpmn.util.event import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
+from SpiffWorkflow.spiff.specs.event_definitions import SignalEventDefinition
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers.errors import ProcessError
@@ -385,3 +386,93 @@ def test_a_none_throw_event_with_a_message_flow_to_a_pool_runs_as_in_plain_spiff
     agree(POOLS, {})
     out = run_json(cli, "run", str(POOLS))
     assert (out["status"], out["process_id"]) == ("completed", "Process_1")
+
+
+# -- two signal start events, one naming no signal --------------------------------------------------
+
+SIGNAL_STARTS = HERE / "multiple_signal_start_events.bpmn"
+
+
+@pytest.mark.parametrize("signal, end", [("Signal_1b3rdmo", "named-end"), ("Start 1", "end")])
+def test_either_signal_start_event_starts_the_process_as_in_plain_spiffworkflow(signal: str, end: str) -> None:
+    """Both start events wait; the signal sent starts its path into the one task and the gateway. The
+    start event that names no bpmn:signal waits, in both engines, for a signal named like the event
+    itself ("Start 1"): validate's warning says so, and to name a bpmn:signal (it said that nothing
+    could send it and that it never fires)."""
+    [warning] = validate_process([SIGNAL_STARTS]).problems
+    assert (warning.code, warning.severity, warning.element_id) == ("event_without_ref", "warning", "start1")
+    assert "'Start 1'" in warning.message and 'signalRef="ID"' in warning.message, warning.message
+    assert "never" not in warning.message, warning.message
+    data = {"named": signal == "Signal_1b3rdmo"}
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([SIGNAL_STARTS]), data))
+    assert sorted((w["task_id"], w["event"]) for w in instance.waiting_for) == [
+        ("start1", "Start 1"), ("start2", "Signal_1b3rdmo")]
+    instance = engine.send_event(instance, signal, kind="signal")
+    wf = plain_workflow(SIGNAL_STARTS, data)
+    wf.catch(BpmnEvent(SignalEventDefinition(signal)))
+    wf.do_engine_steps()
+    assert instance.status == "completed" and wf.is_completed(), instance.error
+    assert path_of(instance.workflow) == path_of(wf) and path_of(wf)[-1] == end
+    assert variables(instance.main) == wf.last_task.data == {**data, "seen": True}
+
+
+# -- an event-based gateway with two flows to one signal event -------------------------------------
+
+SAME_TARGET = HERE / "event_gateway_same_target.bpmn"
+
+
+@pytest.mark.parametrize("fire", ["signal", "timer"])
+def test_an_event_gateway_with_two_flows_to_one_event_waits_for_it_once(monkeypatch: pytest.MonkeyPatch, fire: str) -> None:
+    """The two flows to the signal event make it one event the gateway waits for, beside the timer:
+    the first to come takes its path into the task (which runs once) and the other is withdrawn,
+    as in plain SpiffWorkflow."""
+    assert problems(SAME_TARGET) == []
+    clock = Clock()
+    engine = Engine(store="memory://", clock=clock)
+    instance = engine.run(engine.start(load_process([SAME_TARGET]), {}))
+    assert sorted(w["task_id"] for w in instance.waiting_for) == ["gateway", "timerEvent"]
+    now = patch_spiff_timer_clock(monkeypatch, datetime.now(timezone.utc))
+    wf = plain_workflow(SAME_TARGET, {})
+    if fire == "signal":
+        instance = engine.send_event(instance, "signalEvent", kind="signal")
+        wf.catch(BpmnEvent(SignalEventDefinition("signalEvent")))
+    else:
+        clock.now += 1.5 * HOUR
+        instance = engine.run(instance)
+        now[0] += timedelta(hours=1.5)
+        wf.refresh_timers()
+    wf.do_engine_steps()
+    assert instance.status == "completed" and wf.is_completed(), instance.error
+    assert path_of(instance.workflow) == path_of(wf) and path_of(wf).count("task1") == 1
+    assert f"{fire}Event" in path_of(wf)
+    assert variables(instance.main) == wf.last_task.data == {"handled": 1}
+
+
+# -- inclusive gateways in a row, every path to an end of its own ----------------------------------
+
+ICICLE = HERE / "inclusive_gateway_icicle.bpmn"
+ALWAYS = '<bpmn:conditionExpression xsi:type="bpmn:tFormalExpression">True</bpmn:conditionExpression>'
+
+
+@pytest.mark.parametrize("take2, take4, written", [
+    (True, True, {"one": 1, "two": 2, "three": 3, "four": 4}),
+    (False, False, {"one": 1, "three": 3}),
+], ids=["every-flow", "unconditional-flows-only"])
+def test_inclusive_splits_whose_paths_never_join_run_every_chosen_path_as_in_plain_spiffworkflow(
+        tmp_path: Path, take2: bool, take4: bool, written: dict[str, int]) -> None:
+    """The flows without a condition given the "True" validate asked for (BPMN takes them always):
+    each split runs the flows whose condition holds, each path to its own end event; what every path
+    wrote is in the end (the paths end at end events, which merge), as in plain SpiffWorkflow."""
+    found = errors(ICICLE)
+    assert sorted(found) == ["Flow_0596vdo", "Flow_1To2", "Flow_1ToTask1", "Flow_2To3", "Flow_3ToTask3"]
+    assert "write <bpmn:conditionExpression>True</bpmn:conditionExpression> in it" in found["Flow_1To2"]
+    pairs = [(f'<bpmn:sequenceFlow id="{f}" sourceRef="{s}" targetRef="{t}" />',
+              f'<bpmn:sequenceFlow id="{f}" sourceRef="{s}" targetRef="{t}">{ALWAYS}</bpmn:sequenceFlow>')
+             for f, s, t in [("Flow_1ToTask1", "Gateway_1", "Activity_1"), ("Flow_1To2", "Gateway_1", "Gateway_2"),
+                             ("Flow_2To3", "Gateway_2", "Gateway_3"), ("Flow_3ToTask3", "Gateway_3", "Activity_3"),
+                             ("Flow_0596vdo", "Gateway_3", "end")]]
+    path = rewritten(tmp_path, ICICLE, pairs)
+    data = {"take2": take2, "take4": take4}
+    instance, wf = agree(path, data)
+    assert variables(instance.main) == {**data, **written}
