@@ -36,7 +36,8 @@ from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import cli_in_a_tmp_store, patch_spiff_timer_clock, path_of, run_json, run_plain, variables
+from engine_helpers import (cli_in_a_tmp_store, flow, patch_spiff_timer_clock, path_of, run_json, run_plain, script_task,
+                            variables, write_elements)
 from test_realworld_4 import rewritten
 from test_realworld_12 import agree, plain_workflow, run
 from test_realworld_13 import Clock, waiting
@@ -476,3 +477,29 @@ def test_inclusive_splits_whose_paths_never_join_run_every_chosen_path_as_in_pla
     data = {"take2": take2, "take4": take4}
     instance, wf = agree(path, data)
     assert variables(instance.main) == {**data, **written}
+
+
+def test_nested_splits_without_joins_inside_a_sub_process_merge_at_its_end_while_a_person_waits(tmp_path: Path) -> None:
+    """The same shape inside a sub-process, one path a person's task, saved and loaded between the
+    steps: the sub-process ends once the person is done, and the step after it reads what every
+    path wrote, as in plain SpiffWorkflow."""
+    inner = [
+        '<bpmn:startEvent id="s_start"/>', '<bpmn:parallelGateway id="outer"/>', '<bpmn:parallelGateway id="nested"/>',
+        script_task("a", "a = 1"), script_task("b", "b = 2"), '<bpmn:userTask id="c"/>',
+        '<bpmn:endEvent id="end_a"/>', '<bpmn:endEvent id="end_b"/>', '<bpmn:endEvent id="end_c"/>',
+        flow("s_start", "outer"), flow("outer", "a"), flow("a", "end_a"), flow("outer", "nested"),
+        flow("nested", "b"), flow("b", "end_b"), flow("nested", "c"), flow("c", "end_c")]
+    path = write_elements(tmp_path, "nested_ends", [
+        '<bpmn:startEvent id="start"/>', f'<bpmn:subProcess id="sub">{"".join(inner)}</bpmn:subProcess>',
+        script_task("after", "total = a + b + c"), '<bpmn:endEvent id="end"/>',
+        flow("start", "sub"), flow("sub", "after"), flow("after", "end")])
+    assert problems(path) == []
+    store = "sqlite:///" + str(tmp_path / "lf.db")
+    instance = Engine(store=store).run(Engine(store=store).start(load_process([path]), {}))
+    assert [w["task_id"] for w in instance.waiting_for] == ["c"]
+    engine = Engine(store=store)
+    instance = engine.complete_user_task(engine.load(instance.id), waiting(instance, "c"), {"c": 3})
+    assert instance.status == "completed", instance.error
+    wf, plain_data = run_plain(path, {}, {"c": {"c": 3}})
+    assert Counter(path_of(instance.workflow)) == Counter(path_of(wf))
+    assert variables(instance.main) == plain_data == {"a": 1, "b": 2, "c": 3, "total": 6}
