@@ -27,7 +27,6 @@ import pytest
 from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
 from SpiffWorkflow.bpmn.util.event import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
-from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.spiff.specs.event_definitions import SignalEventDefinition
 from SpiffWorkflow.util.task import TaskState
@@ -54,6 +53,24 @@ def problems(path: Path) -> list[tuple[str, str, str | None]]:
 def errors(path: Path) -> dict[str, str]:
     """validate's errors: element id -> message (each message names the file and the line)."""
     return {str(p.element_id): str(p) for p in validate_process([path]).problems if p.severity == "error"}
+
+
+def plain_bpmn_workflow(path: Path, pid: str, data: dict[str, Any]) -> BpmnWorkflow:
+    """SpiffWorkflow's BPMN parser (its own parser refuses a service task without its operator): its
+    service tasks stay started, for the application to complete."""
+    parser = BpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec(pid))
+    wf.task_tree.data.update(data)
+    wf.do_engine_steps()
+    return wf
+
+
+def complete_jobs(wf: BpmnWorkflow) -> None:
+    for job in wf.get_tasks(state=TaskState.STARTED):
+        job.data["by"] = job.task_spec.bpmn_id
+        job.complete()
+    wf.do_engine_steps()
 
 
 # -- files neither runs: validate says what to change ----------------------------------------------
@@ -333,24 +350,17 @@ def test_the_message_that_comes_first_takes_its_path_and_its_job_worker_runs_as_
         ("no_implementation", "task-b"), ("foreign_extension", "task-b")}
     with pytest.raises(Exception, match="A Service Task must have an operator"):
         run_plain(MESSAGES, {}, {})
-    handlers = {t: (lambda actx, t=t: {"handled_by": t}) for t in ("task-a", "task-b")}
+    handlers = {t: (lambda actx, t=t: {"by": t}) for t in ("task-a", "task-b")}
     engine = Engine(store="memory://", handlers=handlers)
     instance = engine.run(engine.start(load_process([MESSAGES]), {"key": "k-1"}))
     assert sorted(w["event"] for w in instance.waiting_for) == ["msg-a", "msg-b"]
     instance = engine.send_event(instance, message, {"amount": 3})
     assert instance.status == "completed", instance.error
-    assert variables(instance.main) == {"key": "k-1", "amount": 3, "handled_by": task}
-    parser = BpmnParser()
-    parser.add_bpmn_file(str(MESSAGES))
-    wf = BpmnWorkflow(parser.get_spec("two-tasks-shared-message-event"))
-    wf.task_tree.data["key"] = "k-1"
-    wf.do_engine_steps()
+    assert variables(instance.main) == {"key": "k-1", "amount": 3, "by": task}
+    wf = plain_bpmn_workflow(MESSAGES, "two-tasks-shared-message-event", {"key": "k-1"})
     wf.catch(BpmnEvent(MessageEventDefinition(message), {"amount": 3}))
     wf.do_engine_steps()
-    [job] = wf.get_tasks(state=TaskState.STARTED)
-    job.data["handled_by"] = job.task_spec.bpmn_id
-    job.complete()
-    wf.do_engine_steps()
+    complete_jobs(wf)
     assert wf.is_completed() and path_of(instance.workflow) == path_of(wf)
     assert variables(instance.main) == wf.last_task.data
 
@@ -503,3 +513,42 @@ def test_nested_splits_without_joins_inside_a_sub_process_merge_at_its_end_while
     wf, plain_data = run_plain(path, {}, {"c": {"c": 3}})
     assert Counter(path_of(instance.workflow)) == Counter(path_of(wf))
     assert variables(instance.main) == plain_data == {"a": 1, "b": 2, "c": 3, "total": 6}
+
+
+# -- a Zeebe timer whose duration is a FEEL variable -----------------------------------------------
+
+FEEL_TIMER = HERE / "feel_timer_from_variable.bpmn"
+
+
+@pytest.mark.parametrize("first, task", [("timer", "task-for-timer"), ("message", "task-for-message")])
+def test_a_feel_timer_duration_is_refused_with_the_python_to_write_and_then_runs_as_in_plain_spiffworkflow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: str, task: str) -> None:
+    """validate names the timer and its timeDuration and says to write the variable's name; done so,
+    the gateway waits for the message or the duration the variable holds, and the first to come takes
+    its path to its job worker (a handler here), on plain SpiffWorkflow's path."""
+    found = errors(FEEL_TIMER)
+    assert list(found) == ["timer1"] and "timeDuration '=timeoutValue'" in found["timer1"]
+    assert "write 'timeoutValue'" in found["timer1"]
+    path = rewritten(tmp_path, FEEL_TIMER, [(">=timeoutValue<", ">timeoutValue<")])
+    assert not errors(path)
+    data = {"timeoutValue": "PT1M"}
+    clock = Clock()
+    engine = Engine(store="memory://", clock=clock, handlers={t: (lambda actx, t=t: {"by": t})
+                                                               for t in ("task-for-timer", "task-for-message")})
+    instance = engine.run(engine.start(load_process([path]), data))
+    now = patch_spiff_timer_clock(monkeypatch, datetime.now(timezone.utc))
+    wf = plain_bpmn_workflow(path, "message-intermediate-timer-event", data)
+    if first == "timer":
+        clock.now += 120
+        instance = engine.run(instance)
+        now[0] += timedelta(minutes=2)
+        wf.refresh_timers()
+        wf.do_engine_steps()
+    else:
+        instance = engine.send_event(instance, "message", {"reply": "yes"})
+        wf.catch(BpmnEvent(MessageEventDefinition("message"), {"reply": "yes"}))
+        wf.do_engine_steps()
+    complete_jobs(wf)
+    assert instance.status == "completed" and wf.is_completed(), instance.error
+    assert path_of(instance.workflow) == path_of(wf) and task in path_of(wf)
+    assert variables(instance.main) == dict(wf.last_task.data)
