@@ -17,6 +17,7 @@ the element and what to do, and doing that must give a file that runs."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -38,16 +39,12 @@ from engine.validate import validate_process
 from engine_helpers import (cli_in_a_tmp_store, flow, patch_spiff_timer_clock, path_of, run_json, run_plain, script_task,
                             variables, write_elements)
 from test_realworld_4 import rewritten
-from test_realworld_12 import agree, plain_workflow, run
+from test_realworld_12 import agree, plain_workflow, problems, run
 from test_realworld_13 import Clock, waiting
 
 HERE = Path(__file__).resolve().parent / "realworld14"
 HOUR = 3600.0
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
-
-
-def problems(path: Path) -> list[tuple[str, str, str | None]]:
-    return [(p.code, p.severity, p.element_id) for p in validate_process([path]).problems]
 
 
 def errors(path: Path) -> dict[str, str]:
@@ -258,6 +255,14 @@ def test_the_run_stops_at_the_join_naming_it_where_plain_spiffworkflow_goes_past
     assert "parallel gateway 'join' waits for 3 incoming flows" in instance.error["message"]
     wf, _ = run_plain(path, {"condition": condition}, {})
     assert path_of(wf)[-len(plain_path_end):] == plain_path_end
+
+
+def test_the_command_line_reports_the_join_that_waits_for_ever(tmp_path: Path, cli: Any) -> None:
+    path = rewritten(tmp_path, HERE / "link_to_parallel_join.bpmn", FORK)
+    validated = cli("validate", str(path))
+    assert validated.exit_code == 0 and "warning" in validated.output and "parallel gateway 'join'" in validated.output
+    out = run_json(cli, "run", str(path), "--data", json.dumps({"condition": False}), code=1)
+    assert (out["status"], out["error"]["task_id"]) == ("error", "join")
 
 
 # -- errors and escalations: the nearest catch ------------------------------------------------------
