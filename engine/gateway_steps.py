@@ -421,7 +421,10 @@ class GatewaySteps:
             self._end_event_paths(task.workflow)
             current = list(dict.fromkeys(str(branches[n]["parent"]) if n in branches and branches[n].get("event_path")
                                          and branches[n]["status"] == "event_done" else n for n in current))
-            self._cancel_branches(task, keep=current)
+            # a branch whose path went on into a split of its own and ended only in that split's
+            # branches (each at an end event, no join) arrives through them: it is no branch
+            # that never came, and they merge into it first
+            self._cancel_branches(task, keep=[a for n in current for a in self._lineage(n)])
         while True:
             open_groups: dict[str, list[str]] = {}
             for name in current:
@@ -573,6 +576,13 @@ class GatewaySteps:
                                          "merged into its parent context", gateway_id=gw)
             name = info["parent"]
         task.internal_data[spiff.CTX_KEY] = name
+
+    def _lineage(self, name: str) -> list[str]:
+        """``name`` and the branches it was split off from, innermost first."""
+        found = [name]
+        while found[-1] in self.instance.branches:
+            found.append(str(self.instance.branches[found[-1]]["parent"]))
+        return found
 
     def _cancel_branches(self, task: Any, *, keep: list[str], split: str | None = None) -> None:
         """Close the open branches of ``split`` (default: of every split in ``task``'s

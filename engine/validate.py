@@ -202,7 +202,8 @@ not make ``report.ok`` false:
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
-                                      no bpmn:message / bpmn:signal: nothing can send it, it never fires
+                                      no bpmn:message / bpmn:signal: it fires only on one named like the event
+                                      (SpiffWorkflow's fallback), and never when the event has no name
 ``escalation_without_code`` W         a bpmn:escalation with no escalationCode that a throw event (intermediate
                                       or end) names: every catch naming such an escalation catches it, as does
                                       every catch-all (no escalationRef)
@@ -3523,11 +3524,16 @@ class _Validator:
             for definition in el.iterfind(_bpmn(kind)):
                 if definition.get(ref):
                     continue
+                # SpiffWorkflow names such an event after the element (a signalRef="" too; an empty
+                # messageRef is a message it looks for and does not find)
+                named = el.get("name") if what == "signal" or definition.get(ref) is None else None
+                waits = (f"SpiffWorkflow then waits for a {what} named like the event, {named!r} (`layerflow "
+                         f"send` delivers one by that name), which no other engine or modeler sends"
+                         if named else "nothing can send it, so it never fires and the path after it never runs")
                 self.add("event_without_ref", f"bpmn:{tag} {eid!r} waits for a {what} but its bpmn:{kind} names "
-                         f"none: nothing can send it, so it never fires and the path after it never runs; add "
-                         f'{ref}="ID" naming a bpmn:{what} of the file (`layerflow send` delivers it by that '
-                         f"{what}'s name)", file=file, line=definition.sourceline, element_id=eid, field=ref,
-                         severity="warning")
+                         f'none: {waits}; add {ref}="ID" naming a bpmn:{what} of the file (`layerflow send` '
+                         f"delivers it by that {what}'s name)", file=file, line=definition.sourceline,
+                         element_id=eid, field=ref, severity="warning")
 
     def _check_message_extensions(self, el: Any, eid: str, tag: str, root: Any, file: str) -> None:
         """SpiffWorkflow reads a message's payload and variable from its bpmn:message when that holds
@@ -3823,7 +3829,9 @@ _CHOICES = ("exclusiveGateway", "eventBasedGateway")
 
 def _choice_behind(flow: Any) -> tuple[str, str] | None:
     """(id of the exclusive or event-based gateway, id of its outgoing flow) that ``flow`` comes
-    from through nodes with one way in and one way out each (a link's jump is one), else None."""
+    from through nodes with one way in and one way out each (a link's jump is one), or through a
+    parallel split (one way in: each of its flows carries a token exactly when that way does),
+    else None."""
     scope = flow.getparent()
     if scope is None:
         return None
@@ -3836,7 +3844,8 @@ def _choice_behind(flow: Any) -> tuple[str, str] | None:
         if etree.QName(source).localname in _CHOICES and len(outgoing) > 1:
             return source.get("id"), flow.get("id")
         inbound = _inbound(source)
-        if len(inbound) != 1 or len(outgoing) + len(_jump_targets(source)) != 1 or source.get("attachedToRef"):
+        one_way_on = len(outgoing) + len(_jump_targets(source)) == 1 or source.tag == _bpmn("parallelGateway")
+        if len(inbound) != 1 or not one_way_on or source.get("attachedToRef"):
             return None
         source, via = inbound[0]
         flow = via if via.tag == _bpmn("sequenceFlow") else flow
