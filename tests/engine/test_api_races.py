@@ -182,7 +182,9 @@ def test_a_started_instance_holds_its_lease_while_the_server_runs_it(tmp_path, m
     (catalog / "slow_start.layerflow.yaml").write_text("slow: {handler: slow_start.py:slow}\n")
     (catalog / "slow_start.py").write_text(
         "import os, time\n\n\ndef slow(ctx):\n"
-        "    open(os.environ['SLOW_START_MARK'], 'w').write(ctx.instance_id)\n"
+        "    mark = os.environ['SLOW_START_MARK']\n"
+        "    open(mark + '.part', 'w').write(ctx.instance_id)\n"
+        "    os.replace(mark + '.part', mark)  # the test sees the mark only with the id in it\n"
         "    deadline = time.monotonic() + 30\n"
         "    while not os.path.exists(os.environ['SLOW_START_GO']) and time.monotonic() < deadline:\n"
         "        time.sleep(0.02)\n"
