@@ -1390,9 +1390,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
             _start_conditional_event_subprocesses(wf, self._condition_holds)
             active = wf.get_active_subprocesses()
             for sp in sorted(active, key=lambda v: v.depth, reverse=True):
-                while self._run_ready(sp):
+                # (an interrupt thrown in it or in one deeper cancels a multi-instance activity: SpiffWorkflow
+                # drops its instances, and their sub-processes with them, as it runs)
+                while sp.parent_task_id in wf.subprocesses and self._run_ready(sp):
                     pass
-                if sp.parent_task_id is not None:
+                if sp.parent_task_id in wf.subprocesses:
                     task = wf.get_task_from_id(sp.parent_task_id)
                     task.task_spec._update(task)
             if not self._run_ready(wf) and len(wf.get_active_subprocesses()) <= len(active):

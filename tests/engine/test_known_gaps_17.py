@@ -1,0 +1,91 @@
+"""Gaps closed in round 17.
+
+(a) A signal or escalation thrown inside a called process, or inside an instance of a multi-instance
+    sub-process, that an interrupting boundary event of that call activity / multi-instance sub-process
+    catches interrupts it at once, as for an embedded sub-process (``spiff.interrupts_around``): no step of
+    it that was ready beside the thrower runs (and writes) after the throw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Engine, load_process
+
+from engine_helpers import flow, write_elements
+
+SIGNAL = ('<bpmn:signalEventDefinition signalRef="sig"/>', '  <bpmn:signal id="sig" name="alarm"/>\n')
+ESCALATION = ('<bpmn:escalationEventDefinition escalationRef="sig"/>',
+              '  <bpmn:escalation id="sig" name="alarm" escalationCode="alarm"/>\n')
+
+
+def _inner(definition: str) -> list[str]:
+    """Two branches: ``a`` writes x, throws ``alarm``, then ``b`` would write y; beside it ``w`` writes w,
+    then ``w2`` would write w2 (ready after ``w``, while the throw is caught)."""
+    return ['<bpmn:startEvent id="s_start"/>', '<bpmn:parallelGateway id="s_fork"/>',
+            '<bpmn:scriptTask id="a"><bpmn:script>x = 1</bpmn:script></bpmn:scriptTask>',
+            f'<bpmn:intermediateThrowEvent id="shout">{definition}</bpmn:intermediateThrowEvent>',
+            '<bpmn:scriptTask id="b"><bpmn:script>y = 2</bpmn:script></bpmn:scriptTask>',
+            '<bpmn:scriptTask id="w"><bpmn:script>w = 3</bpmn:script></bpmn:scriptTask>',
+            '<bpmn:scriptTask id="w2"><bpmn:script>w2 = 4</bpmn:script></bpmn:scriptTask>',
+            '<bpmn:parallelGateway id="s_join"/>', '<bpmn:endEvent id="s_end"/>',
+            flow("s_start", "s_fork"), flow("s_fork", "a"), flow("a", "shout"), flow("shout", "b"),
+            flow("b", "s_join"), flow("s_fork", "w"), flow("w", "w2"), flow("w2", "s_join"), flow("s_join", "s_end")]
+
+
+def _outer(activity: str, definition: str) -> list[str]:
+    return ['<bpmn:startEvent id="start"/>', activity,
+            f'<bpmn:boundaryEvent id="alarm" attachedToRef="act">{definition}</bpmn:boundaryEvent>',
+            '<bpmn:scriptTask id="handle"><bpmn:script>handled = True</bpmn:script></bpmn:scriptTask>',
+            '<bpmn:scriptTask id="after"><bpmn:script>normal = True</bpmn:script></bpmn:scriptTask>',
+            '<bpmn:endEvent id="end"/>', '<bpmn:endEvent id="end2"/>',
+            flow("start", "act"), flow("act", "after"), flow("after", "end"), flow("alarm", "handle"),
+            flow("handle", "end2")]
+
+
+def _shouting(tmp_path: Path, event: tuple[str, str], shape: str) -> Path:
+    definition, declaration = event
+    inner = "".join(_inner(definition))
+    if shape == "sub":
+        return write_elements(tmp_path, "p_shout", _outer(f'<bpmn:subProcess id="act">{inner}</bpmn:subProcess>',
+                                                          definition), extra=declaration)
+    if shape == "call":
+        called = f'  <bpmn:process id="called" isExecutable="true">{inner}</bpmn:process>\n'
+        return write_elements(tmp_path, "p_shout", _outer('<bpmn:callActivity id="act" calledElement="called"/>',
+                                                          definition), extra=called + declaration)
+    seq = "true" if shape == "mi-sequential" else "false"
+    loop = (f'<bpmn:multiInstanceLoopCharacteristics isSequential="{seq}">'
+            '<bpmn:loopCardinality>2</bpmn:loopCardinality></bpmn:multiInstanceLoopCharacteristics>')
+    if shape == "mi-call":
+        called = f'  <bpmn:process id="called" isExecutable="true">{inner}</bpmn:process>\n'
+        return write_elements(tmp_path, "p_shout", _outer(f'<bpmn:callActivity id="act" calledElement="called">{loop}'
+                                                          '</bpmn:callActivity>', definition), extra=called + declaration)
+    return write_elements(tmp_path, "p_shout", _outer(f'<bpmn:subProcess id="act">{loop}{inner}</bpmn:subProcess>',
+                                                      definition), extra=declaration)
+
+
+def _done(instance: Any) -> list[str]:
+    return [e.activity for ctx in instance.contexts.values() for e in ctx.tape if e.kind == "complete"]
+
+
+@pytest.mark.parametrize("event", [SIGNAL, ESCALATION], ids=["signal", "escalation"])
+@pytest.mark.parametrize("shape", ["sub", "call", "mi-parallel", "mi-sequential", "mi-call"])
+def test_a_throw_inside_the_activity_interrupts_it_at_once(tmp_path: Path, event: Any, shape: str) -> None:
+    instance = Engine("memory://").run(load_process(_shouting(tmp_path, event, shape)), {})
+    assert instance.status == "completed", instance.error
+    done = _done(instance)
+    # BPMN: the activity is interrupted as the event is caught: nothing after the throw runs in it
+    assert "b" not in done and "w2" not in done and "after" not in done and "handle" in done, done
+    history = dict(instance.main.layer(3))
+    assert history.get("handled") is True, history
+    assert "y" not in history and "w2" not in history and "normal" not in history, history
+    if shape in ("sub", "call"):
+        # what finished in the activity before the interrupt stays (the throwing branch ends with it)
+        assert history.get("x") == 1, history
+    else:
+        # an interrupted multi-instance activity closes with its writes undone, as any interrupt of it does
+        assert "x" not in history and "w" not in history, history
+        assert [e.activity for e in instance.main.tape if e.kind == "abort"] == ["act"]
