@@ -89,3 +89,77 @@ def test_a_throw_inside_the_activity_interrupts_it_at_once(tmp_path: Path, event
         # an interrupted multi-instance activity closes with its writes undone, as any interrupt of it does
         assert "x" not in history and "w" not in history, history
         assert [e.activity for e in instance.main.tape if e.kind == "abort"] == ["act"]
+
+
+# ----- (b) a late answer to a confirmation its timeout settled: 409 on every REST path -------------------------
+
+def _late_paths(iid: str) -> list[tuple[str, dict[str, Any]]]:
+    resolve = {"resolution": "high", "reason": "late"}
+    branch = {"action": "resolve_conflict", "resolution": "high", "reason": "late"}
+    return [
+        ("/api/confirmations/merge/risk_level", {"instance_id": iid, "value": "high"}),
+        ("/api/confirmations/merge/risk_level", {"value": "high"}),  # found by its id alone
+        ("/api/context-governance/resolve", {"instance_id": iid, "conflict_key": "risk_level", **resolve}),
+        ("/api/context-governance/resolve", {"instance_id": iid, "confirmation_id": "merge/risk_level", **resolve}),
+        (f"/api/context-governance/resolve?instance_id={iid}", {"conflict_key": "risk_level", **resolve}),
+        (f"/api/instances/{iid}/resume", {"answers": {"confirmations": {"merge/risk_level": "high"}}}),
+        ("/api/context-governance/tools/context_branch",
+         {"instance_id": iid, "arguments": {**branch, "confirmation_id": "merge/risk_level"}}),
+        ("/api/tools/context_branch", {"instance_id": iid, "conflict_key": "risk_level", **branch}),
+    ]
+
+
+@pytest.mark.parametrize("review", [True, False], ids=["still-waiting", "completed"])
+def test_a_late_answer_is_409_naming_the_timeout_on_every_rest_path(tmp_path: Path, review: bool) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    from test_known_gaps_16 import _assert_names_the_timeout, _timed_out
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    store = f"sqlite:///{tmp_path / 'rest.db'}"
+    engine, _, iid = _timed_out(catalog, store, review=review)
+    version = engine.load(iid).version
+    client = TestClient(create_app(store, catalog, token="late"))
+    for path, body in _late_paths(iid):
+        r = client.post(path, json=body, headers={"Authorization": "Bearer late"})
+        assert r.status_code == 409, (path, body, r.text)
+        error = r.json()["error"]
+        assert error["kind"] == "already_answered", (path, body, error)
+        _assert_names_the_timeout(error["message"])
+        assert (error["instance_id"], error["answer"]) == (iid, "needs_review"), (path, body, error)
+    instance = engine.load(iid)
+    assert instance.version == version and instance.main.resolve("risk_level") == "needs_review"
+
+
+def test_an_answer_by_id_alone_that_no_instance_has_is_still_404(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    client = TestClient(create_app(f"sqlite:///{tmp_path / 'rest.db'}", catalog, token="t"))
+    r = client.post("/api/confirmations/merge/nothing", json={"value": "x"}, headers={"Authorization": "Bearer t"})
+    assert r.status_code == 404, r.text
+    assert "merge/nothing" in r.json()["error"]["message"]
+
+
+def test_an_answer_by_id_alone_answered_in_several_instances_is_409_naming_them(tmp_path: Path) -> None:
+    from engine.governance import AnswerArgs, ConfirmationAnswered, GovernanceService
+
+    from test_known_gaps_16 import _go, Clock
+
+    clock = Clock()
+    engine = Engine(f"sqlite:///{tmp_path / 'two.db'}", clock=clock)
+    process = load_process(_go(tmp_path))
+    ids = sorted(engine.run(process, {}).id for _ in range(2))
+    clock.now += 61
+    for iid in ids:
+        engine.resume(iid)
+    with pytest.raises(ConfirmationAnswered) as caught:
+        GovernanceService(engine).answer("merge/risk_level", AnswerArgs(value="high"))
+    assert caught.value.kind == "already_answered"
+    assert all(iid in str(caught.value) for iid in ids) and "instance_id" in str(caught.value), caught.value
