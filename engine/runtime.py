@@ -86,7 +86,7 @@ from .process import Process, config_file_changes, config_file_section_changes
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
-__all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
+__all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unattended"]
 
 STATUSES = ("running", "completed", "waiting", "error", "cancelled")
 MAIN = spiff.MAIN_CONTEXT
@@ -100,6 +100,17 @@ class TimedOut:
     escalation), whatever ``value`` says; ``value`` is kept for callers that show it."""
 
     value: Any = None
+
+
+@dataclass(frozen=True)
+class Unattended:
+    """What an ``ask`` callback returns for an answer no person gave: ``value``, what the policy or
+    the model proposed (or the configured default), taken as it is by ``actor`` (``layerflow --yes``).
+    It is recorded as that, not as a person's decision: the tape's note is by ``actor`` and marked
+    ``unattended``, and a join's resolution names whose proposal it was (``policy`` or ``model``)."""
+
+    value: Any
+    actor: str = "unattended"
 
 
 @dataclass
@@ -896,6 +907,9 @@ class Engine:
                 value = _NO_ANSWER if asked is None else asked
             if value is _NO_ANSWER:
                 continue
+            taken = value if isinstance(value, Unattended) and item["kind"] == "confirmation" else None
+            if taken is not None:
+                value = taken.value
             if item["kind"] == "confirmation":
                 try:
                     _check_given_answer(rt, item["id"], value)
@@ -925,7 +939,10 @@ class Engine:
                 task.run()
             elif item["kind"] == "confirmation":
                 rt.check_answer(item["id"], value)
-                rt.answer(item["id"], value)
+                if taken is not None:
+                    rt.answer(item["id"], value, actor=taken.actor, unattended=True)
+                else:
+                    rt.answer(item["id"], value)
             else:
                 continue
             self._save(instance)

@@ -492,6 +492,19 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
     return None, None
 
 
+def _taken_unattended(request: HumanRequest, value: Any, actor: Any) -> tuple[str, str]:
+    """Who decided an answer that no person gave (an unattended run such as ``layerflow --yes`` took
+    what was proposed), and the reason: the suggestion's own resolver (``policy`` or ``model``), or
+    ``policy`` for the default the join's config gives. Recording it as a person's would tell an
+    audit that someone looked at a value nobody saw."""
+    who = actor if isinstance(actor, str) and actor else "an unattended run"
+    suggestion = request.suggestion
+    if suggestion is not None and same_value(value, suggestion.value):
+        return suggestion.resolver, (f"{who} took the {suggestion.resolver}'s suggestion {_show(value)} without asking "
+                                     f"a person: {suggestion.reason}")
+    return "policy", f"{who} took the configured default {_show(value)} without asking a person"
+
+
 def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool,
                    resolver: str = "human") -> str:
     suggestion = request.suggestion
@@ -570,6 +583,11 @@ def resolve_conflicts(
                 escalated.append(conflict)
                 continue
             value = from_json_value(picked["value"])
+            if prior.get("unattended"):
+                by, reason = _taken_unattended(shown, value, prior.get("answered_by"))
+                steps.append(ResolutionStep(key, by, "answered", reason))
+                resolved.append((conflict, Resolution(value, by, reason)))
+                continue
             reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by)
             stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)
             if isinstance(stated, str) and stated.strip():

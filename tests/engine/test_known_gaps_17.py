@@ -4,6 +4,10 @@
     sub-process, that an interrupting boundary event of that call activity / multi-instance sub-process
     catches interrupts it at once, as for an embedded sub-process (``spiff.interrupts_around``): no step of
     it that was ready beside the thrower runs (and writes) after the throw.
+(b) A late answer to a confirmation its timeout settled is 409 ``already_answered`` on every REST path,
+    also by the confirmation's id alone (no ``instance_id``), which gave 404.
+(c) ``--yes`` takes what the policy or the model proposed (or the configured default) without asking anyone:
+    the resolution names that resolver (``policy`` / ``model``), not ``human``, and says no person was asked.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import flow, write_elements
+from engine_helpers import cli_in_a_tmp_store, flow, run_json, write_elements
+
+cli = cli_in_a_tmp_store
 
 SIGNAL = ('<bpmn:signalEventDefinition signalRef="sig"/>', '  <bpmn:signal id="sig" name="alarm"/>\n')
 ESCALATION = ('<bpmn:escalationEventDefinition escalationRef="sig"/>',
@@ -163,3 +169,47 @@ def test_an_answer_by_id_alone_answered_in_several_instances_is_409_naming_them(
         GovernanceService(engine).answer("merge/risk_level", AnswerArgs(value="high"))
     assert caught.value.kind == "already_answered"
     assert all(iid in str(caught.value) for iid in ids) and "instance_id" in str(caught.value), caught.value
+
+
+# ----- (c) --yes answers no person gave are not recorded as a person's -----------------------------------------
+
+def _decisions(iid: str) -> list[Any]:
+    import os
+
+    instance = Engine(os.environ["LAYERFLOW_STORE"]).load(iid)
+    return [e for ctx in instance.contexts.values() for e in ctx.tape if (e.data or {}).get("note") == "human_decision"]
+
+
+def test_yes_in_the_demo_records_the_policy_suggestion_as_the_policys(cli: Any) -> None:
+    doc = run_json(cli, "demo", "loan", "--scenario", "conflict", "--yes")
+    [conflict] = doc["conflicts"]
+    resolution = conflict["resolution"]
+    assert (resolution["value"], resolution["resolver"]) == ("pending_dual_approval", "policy"), resolution
+    reason = resolution["reason"]
+    assert reason == ("layerflow --yes took the policy's suggestion \"pending_dual_approval\" without asking a "
+                      "person: high risk and high amount need dual approval"), reason
+    [decision] = _decisions(doc["instance_id"])
+    assert decision.actor == "layerflow --yes" and decision.data["unattended"] is True, decision
+
+
+def test_yes_that_takes_the_configured_default_says_so(cli: Any, tmp_path: Path) -> None:
+    import json
+
+    from test_join_shapes import inclusive_process
+
+    path = inclusive_process(tmp_path)
+    (tmp_path / "inclusive_some.layerflow.yaml").write_text("meet: {humanConfirm: {timeout: 60, default: A}}",
+                                                            encoding="utf-8")
+    doc = run_json(cli, "run", str(path), "--data", json.dumps({"go_a": True, "go_b": True}), "--yes")
+    resolution = doc["conflicts"][0]["resolution"]
+    assert (resolution["value"], resolution["resolver"]) == ("A", "policy"), resolution
+    assert resolution["reason"] == 'layerflow --yes took the configured default "A" without asking a person', resolution
+
+
+def test_an_answer_a_person_gives_is_still_a_persons(cli: Any, tmp_path: Path) -> None:
+    waiting = run_json(cli, "demo", "loan", "--scenario", "conflict", code=3)
+    doc = run_json(cli, "resume", waiting["instance_id"], "--answer", "review_join/approval_status=pending_dual_approval")
+    resolution = doc["conflicts"][0]["resolution"]
+    assert resolution["resolver"] == "human" and resolution["reason"].startswith("a person confirmed"), resolution
+    [decision] = _decisions(doc["instance_id"])
+    assert decision.actor == "person" and "unattended" not in decision.data
