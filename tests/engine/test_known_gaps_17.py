@@ -8,10 +8,15 @@
     also by the confirmation's id alone (no ``instance_id``), which gave 404.
 (c) ``--yes`` takes what the policy or the model proposed (or the configured default) without asking anyone:
     the resolution names that resolver (``policy`` / ``model``), not ``human``, and says no person was asked.
+(d) A model asked to resolve a conflict, pick a branch by a sentence, summarize, or plan a compression is told,
+    in one fixed sentence (``REDACTED_NOTE``), what ``[REDACTED]`` in its request means, only when its request
+    shows one (requests without secrets keep their bytes); the compression-plan prompt, which was sent
+    unredacted (activity summaries hold text), is redacted.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +24,11 @@ import pytest
 
 from engine import Engine, load_process
 
+import test_unseen_processes_4
 from engine_helpers import cli_in_a_tmp_store, flow, run_json, write_elements
 
 cli = cli_in_a_tmp_store
+fake_model = test_unseen_processes_4.fake_model  # the deterministic fake model, shared
 
 SIGNAL = ('<bpmn:signalEventDefinition signalRef="sig"/>', '  <bpmn:signal id="sig" name="alarm"/>\n')
 ESCALATION = ('<bpmn:escalationEventDefinition escalationRef="sig"/>',
@@ -193,8 +200,6 @@ def test_yes_in_the_demo_records_the_policy_suggestion_as_the_policys(cli: Any) 
 
 
 def test_yes_that_takes_the_configured_default_says_so(cli: Any, tmp_path: Path) -> None:
-    import json
-
     from test_join_shapes import inclusive_process
 
     path = inclusive_process(tmp_path)
@@ -213,3 +218,134 @@ def test_an_answer_a_person_gives_is_still_a_persons(cli: Any, tmp_path: Path) -
     assert resolution["resolver"] == "human" and resolution["reason"].startswith("a person confirmed"), resolution
     [decision] = _decisions(doc["instance_id"])
     assert decision.actor == "person" and "unattended" not in decision.data
+
+
+# ----- (d) a model shown [REDACTED] is told what it means; the compression-plan prompt is redacted -------------
+
+BEARER = "Bearer abcdefghijklmnopqrstuvwx0123"
+
+
+def _conflict_request(related: dict[str, Any]) -> Any:
+    from gateways.arbiter import ArbitrationRequest
+
+    return ArbitrationRequest(gateway_id="join", key="tier", base_value="basic", values={"a": "gold", "b": "silver"},
+                              reasons={"a": "contract", "b": "usage"}, related=related, policy_text=None, layer="L4")
+
+
+def _branch_question(context: dict[str, Any]) -> Any:
+    from gateways.conditions import BranchOption, BranchQuestion
+
+    return BranchQuestion(gateway_id="route", branches=(BranchOption("grant", "the vendor is trusted"),
+                                                        BranchOption("deny", default=True)), context=context)
+
+
+def _note_in(messages: list[dict[str, str]]) -> int:
+    from context_layers.hooks import REDACTED_NOTE
+
+    return sum(m["content"].count(REDACTED_NOTE) for m in messages)
+
+
+@pytest.mark.parametrize("secret", [True, False], ids=["redacted", "nothing-hidden"])
+def test_the_conflict_and_condition_prompts_say_what_redacted_means_only_when_shown(secret: bool) -> None:
+    from context_layers.hooks import REDACTED_NOTE, redact_for_model
+    from gateways import arbiter, conditions
+
+    shown = redact_for_model({"api_key" if secret else "vendor": "acme-key-9f8e7d6c5b4a"})
+    for build, request, system in [(arbiter.build_conflict_prompt, _conflict_request(shown), arbiter._SYSTEM),
+                                   (conditions.build_branch_prompt, _branch_question(shown), conditions._SYSTEM)]:
+        messages = build(request)
+        if secret:
+            assert messages[0]["content"] == f"{system}\n\n{REDACTED_NOTE}", messages[0]
+            assert _note_in(messages) == 1
+        else:  # byte for byte what it was: the system text alone
+            assert messages[0]["content"] == system and _note_in(messages) == 0
+
+
+@pytest.mark.parametrize("where", ["text", "prefix", "nowhere"])
+def test_the_summary_request_says_what_redacted_means_only_when_shown(where: str) -> None:
+    from context_layers.hooks import REDACTED, REDACTED_NOTE
+    from context_layers.summarize import SUMMARY_INSTRUCTION, build_summary_request
+
+    prefix = [{"role": "system", "content": "You assess risk."},
+              {"role": "user", "content": f"api_key: {REDACTED}" if where == "prefix" else "vendor: Acme"}]
+    text = f"password: {REDACTED}" if where == "text" else "checked: all clean"
+    messages = build_summary_request(prefix, text, 40)
+    assert messages[:2] == prefix  # the cached prefix is never changed
+    instruction = SUMMARY_INSTRUCTION.format(max_tokens=40)
+    expected = f"{instruction} {REDACTED_NOTE}" if where != "nowhere" else instruction
+    assert messages[-1]["content"].startswith(f"{expected}\n\n<entries>"), messages[-1]
+    assert _note_in(messages) == (0 if where == "nowhere" else 1)
+
+
+def _planned_context(summary: str) -> Any:
+    from context_layers import Layer, LayeredContext
+
+    ctx = LayeredContext(system={"policy": "p"})
+    for i in range(3):
+        ctx.begin_activity(f"step{i}")
+        ctx.write(Layer.WORKING, f"notes{i}", "checked the file " * 30, actor=f"step{i}")
+        ctx.complete_activity(f"step{i}", summary=summary if i == 0 else f"step {i} done")
+    return ctx
+
+
+@pytest.mark.parametrize("secret", [True, False], ids=["redacted", "nothing-hidden"])
+def test_the_compression_plan_prompt_is_redacted_and_says_what_redacted_means(secret: bool) -> None:
+    from context_layers.compression_plan import PROMPT_SYSTEM, build_compression_prompt
+    from context_layers.hooks import REDACTED_NOTE
+
+    summary = f"called the vendor with Authorization: {BEARER}" if secret else "called the vendor"
+    ctx = _planned_context(summary)
+    messages = build_compression_prompt(ctx, {"compressTokenThreshold": 50})
+    text = json.dumps(messages)
+    assert "abcdefghijklmnopqrstuvwx0123" not in text
+    if secret:
+        assert "Authorization: Bearer [REDACTED]" in text
+        assert messages[0]["content"] == f"{PROMPT_SYSTEM}\n\n{REDACTED_NOTE}"
+    else:
+        assert messages[0]["content"] == PROMPT_SYSTEM and "called the vendor" in text
+    # redact: false (the activity's config) sends it as it is, and says nothing
+    plain = build_compression_prompt(ctx, {"compressTokenThreshold": 50}, redact=False)
+    assert plain[0]["content"] == PROMPT_SYSTEM and (BEARER in json.dumps(plain)) is secret
+
+
+def test_the_engine_asks_its_planner_with_the_secrets_hidden(tmp_path: Path) -> None:
+    """The model-planned compression after an activity (``compressionPlanner: model``) sends the redacted
+    prompt (the activity's ``redact`` config), and the tape's llm_call keeps what was sent."""
+    from context_layers.config import ActivityExtensionConfig
+    from engine.model_compression import compress_after_activity
+
+    sent: list[Any] = []
+
+    def fake(**kwargs: Any) -> dict[str, Any]:
+        sent.append(kwargs["messages"])
+        plan = {"summarize": ["step0"], "keep_points": ["vendor called"], "drop": []}
+        return {"choices": [{"message": {"role": "assistant", "content": json.dumps(plan)},
+                             "finish_reason": "stop"}]}
+
+    ctx = _planned_context(f"called the vendor with Authorization: {BEARER}")
+    config = ActivityExtensionConfig.model_validate(
+        {"compressTokenThreshold": 50, "contextStrategy": {"compressionPlanner": "model"}})
+    compress_after_activity(ctx, config, task_id="step2", model="fake/model", completion=fake)
+    assert sent, "the planner was not asked"
+    assert "abcdefghijklmnopqrstuvwx0123" not in json.dumps(sent)
+    assert "Bearer [REDACTED]" in sent[0][1]["content"] and _note_in(sent[0]) == 1
+
+
+def test_every_engine_prompt_that_shows_redacted_says_what_it_means(fake_model: Any, tmp_path: Path) -> None:
+    """The vendor-access process (test_redaction_16): its condition, conflict and summary prompts show
+    redacted values and carry the sentence once; the activity requests are rendered as they were."""
+    import test_redaction_16 as r16
+    from test_model_paths_16 import _purpose
+
+    config = r16._config(tmp_path, review={"compressTokenThreshold": 60})
+    model = fake_model(lambda kw: "The checks ran." if _purpose(kw) == "summary" else r16._answer(kw))
+    instance = Engine("memory://", model="fake/model").run_process(load_process(tmp_path / r16.BPMN.name,
+                                                                                config=config), r16.DATA,
+                                                                   answers=r16.ANSWERS)
+    assert instance.status == "completed", instance.error
+    seen: dict[str, list[int]] = {}
+    for kwargs in model.requests:
+        seen.setdefault(_purpose(kwargs), []).append(_note_in(kwargs["messages"]))
+    assert set(seen) == {"activity", "condition", "conflict", "summary"}, seen
+    assert all(n == 1 for purpose in ("condition", "conflict", "summary") for n in seen[purpose]), seen
+    assert set(seen["activity"]) == {0}, seen
