@@ -492,17 +492,19 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
     return None, None
 
 
-def _taken_unattended(request: HumanRequest, value: Any, actor: Any) -> tuple[str, str]:
-    """Who decided an answer that no person gave (an unattended run such as ``layerflow --yes`` took
-    what was proposed), and the reason: the suggestion's own resolver (``policy`` or ``model``), or
-    ``policy`` for the default the join's config gives. Recording it as a person's would tell an
-    audit that someone looked at a value nobody saw."""
+def _taken_unattended(request: HumanRequest, value: Any, actor: Any) -> str:
+    """The reason of an answer no person gave (an unattended run such as ``layerflow --yes`` took what
+    was proposed at the ``human_confirm`` step): whose proposal it took, the suggestion's (``policy`` or
+    ``model``) or the configured default, and that nobody was asked. The resolver stays ``human``, the
+    step that settled it (the operator who gave ``--yes`` accepted the proposals in advance, as an
+    answers file answers in advance); the reason and the tape's ``unattended`` note say that no person
+    saw the value."""
     who = actor if isinstance(actor, str) and actor else "an unattended run"
     suggestion = request.suggestion
     if suggestion is not None and same_value(value, suggestion.value):
-        return suggestion.resolver, (f"{who} took the {suggestion.resolver}'s suggestion {_show(value)} without asking "
-                                     f"a person: {suggestion.reason}")
-    return "policy", f"{who} took the configured default {_show(value)} without asking a person"
+        return (f"{who} took the {suggestion.resolver}'s suggestion {_show(value)} without asking "
+                f"a person: {suggestion.reason}")
+    return f"{who} took the configured default {_show(value)} without asking a person"
 
 
 def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool,
@@ -584,9 +586,9 @@ def resolve_conflicts(
                 continue
             value = from_json_value(picked["value"])
             if prior.get("unattended"):
-                by, reason = _taken_unattended(shown, value, prior.get("answered_by"))
-                steps.append(ResolutionStep(key, by, "answered", reason))
-                resolved.append((conflict, Resolution(value, by, reason)))
+                reason = _taken_unattended(shown, value, prior.get("answered_by"))
+                steps.append(ResolutionStep(key, "human", "answered", reason))
+                resolved.append((conflict, Resolution(value, "human", reason)))
                 continue
             reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by)
             stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)

@@ -187,11 +187,11 @@ def _decisions(iid: str) -> list[Any]:
     return [e for ctx in instance.contexts.values() for e in ctx.tape if (e.data or {}).get("note") == "human_decision"]
 
 
-def test_yes_in_the_demo_records_the_policy_suggestion_as_the_policys(cli: Any) -> None:
+def test_yes_in_the_demo_says_it_took_the_policy_suggestion_unattended(cli: Any) -> None:
     doc = run_json(cli, "demo", "loan", "--scenario", "conflict", "--yes")
     [conflict] = doc["conflicts"]
     resolution = conflict["resolution"]
-    assert (resolution["value"], resolution["resolver"]) == ("pending_dual_approval", "policy"), resolution
+    assert (resolution["value"], resolution["resolver"]) == ("pending_dual_approval", "human"), resolution
     reason = resolution["reason"]
     assert reason == ("layerflow --yes took the policy's suggestion \"pending_dual_approval\" without asking a "
                       "person: high risk and high amount need dual approval"), reason
@@ -207,7 +207,7 @@ def test_yes_that_takes_the_configured_default_says_so(cli: Any, tmp_path: Path)
                                                             encoding="utf-8")
     doc = run_json(cli, "run", str(path), "--data", json.dumps({"go_a": True, "go_b": True}), "--yes")
     resolution = doc["conflicts"][0]["resolution"]
-    assert (resolution["value"], resolution["resolver"]) == ("A", "policy"), resolution
+    assert (resolution["value"], resolution["resolver"]) == ("A", "human"), resolution
     assert resolution["reason"] == 'layerflow --yes took the configured default "A" without asking a person', resolution
 
 

@@ -219,7 +219,7 @@ def test_with_a_model_the_reviewers_disagree_and_an_unsure_model_leaves_it_to_a_
     assert done["layers"]["L3"]["po_status"] == "issued:medium"
     assert done["layers"]["L3"]["legal_note"] == "model: standard terms"
     resolution = done["conflicts"][0]["resolution"]
-    assert (resolution["value"], resolution["resolver"]) == ("medium", "model")  # --yes took the model's value
+    assert (resolution["value"], resolution["resolver"]) == ("medium", "human")
 
 
 def test_with_a_sure_model_nobody_is_asked(cli: Any, fake_model: Any) -> None:

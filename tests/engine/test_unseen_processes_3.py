@@ -315,7 +315,7 @@ def test_yes_takes_the_rule_suggestion_made_over_the_reduced_value(tmp_path: Pat
     [asked] = doc["confirmations"]
     assert asked["suggested"] == "split_fill" and asked["answer"] == "split_fill"
     assert [o["value"] for o in asked["options"]] == ["emea", "amer", "split_fill", "$escalate"]
-    assert doc["conflicts"][0]["resolution"]["resolver"] == "policy"  # --yes took it: no person saw it
+    assert doc["conflicts"][0]["resolution"]["resolver"] == "human"
     assert doc["layers"]["L3"]["confirmation"] == "split_fill at 100, fills 16"
 
 
