@@ -35,6 +35,7 @@ from .compression import CompressResult, RuleDrivenCompressor, _Directive
 from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext
 from .errors import ContextWriteDenied, ModelError
+from .hooks import RedactSetting, note_redacted, redact_for_model
 from .layers import Layer
 
 __all__ = [
@@ -126,11 +127,13 @@ def _protected(ctx: LayeredContext, config: ActivityExtensionConfig) -> dict[str
 
 def build_compression_prompt(ctx: LayeredContext, config: ActivityExtensionConfig | Mapping[str, Any] | None = None, *,
                              attention: AttentionScore | None = None, required_context: Sequence[str] | None = None,
-                             max_listed: int = 30) -> list[dict[str, str]]:
+                             max_listed: int = 30, redact: RedactSetting = True) -> list[dict[str, str]]:
     """The messages asking the model for a compression plan (pure: same input, same text).
 
     Values written by users or models (activity summaries, keys) appear only inside
-    JSON strings, so none can pose as part of the prompt's structure.
+    JSON strings, so none can pose as part of the prompt's structure. The activity
+    summaries are the only values it shows: they pass ``redact_for_model(redact)`` (the
+    activity's ``redact`` config), as the activity's own request shows them.
     """
     config = as_config(config)
     score = attention or AttentionScore.compute(ctx, config)
@@ -164,7 +167,7 @@ def build_compression_prompt(ctx: LayeredContext, config: ActivityExtensionConfi
         "",
         f"Keys that must be preserved: {dumps(sorted(k for k, r in protected.items() if r == 'preserved'))}",
         f"Context the current activity requires: {dumps(required)}",
-        f"Finished activities, oldest first: {dumps(activities)}",
+        f"Finished activities, oldest first: {dumps(redact_for_model(activities, redact))}",
         f"Largest other HISTORY entries: {dumps(largest)}",
         "",
         "Decide:",
@@ -173,7 +176,8 @@ def build_compression_prompt(ctx: LayeredContext, config: ActivityExtensionConfi
         "3. Which keys can be removed entirely? (\"drop\")",
         "Answer with the JSON compression plan only.",
     ]
-    return [{"role": "system", "content": PROMPT_SYSTEM}, {"role": "user", "content": "\n".join(lines)}]
+    text = "\n".join(lines)
+    return [{"role": "system", "content": note_redacted(PROMPT_SYSTEM, text)}, {"role": "user", "content": text}]
 
 
 def dumps(value: Any) -> str:

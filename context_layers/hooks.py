@@ -30,7 +30,9 @@ secrets in a plain JSON value (a condition's context, a conflict prompt's values
 result), and ``secret_key(key, setting)`` says whether a key's value is hidden whole. The
 setting is ``True`` (``SECRET_PATTERNS`` and ``SECRET_TEXT``: the default), ``False`` (nothing
 hidden) or a list of extra glob patterns (case-sensitive, as ``redact([...])`` takes them)
-hidden on top of the default ones.
+hidden on top of the default ones. A prompt that asks a model to decide or summarize (a conflict,
+a branch's sentence, a summary, a compression plan) adds ``REDACTED_NOTE`` when it shows a hidden
+value (``note_redacted``), telling the model not to guess it or ask for it.
 """
 
 from __future__ import annotations
@@ -44,12 +46,16 @@ from typing import Any
 from .canonical import freeze
 from .context import TOOL_RESULT_KINDS, Entry, SelectHook, names_tool_result
 
-__all__ = ["REDACTED", "SECRET_PATTERNS", "SECRET_TEXT", "TOOL_RESULT_KINDS", "RedactSetting", "drop_tool_results",
-           "is_tool_result", "model_hooks", "newest_read_only", "redact", "redact_for_model", "redact_lines",
-           "redact_text", "secret_key"]
+__all__ = ["REDACTED", "REDACTED_NOTE", "SECRET_PATTERNS", "SECRET_TEXT", "TOOL_RESULT_KINDS", "RedactSetting",
+           "drop_tool_results", "is_tool_result", "model_hooks", "newest_read_only", "note_redacted", "redact",
+           "redact_for_model", "redact_lines", "redact_text", "secret_key"]
 
 #: what a hidden value becomes
 REDACTED = "[REDACTED]"
+#: what a model whose request shows ``REDACTED`` is told (``note_redacted``): without it, a model asked
+#: to decide on a value it cannot see may guess one, or answer by asking for it
+REDACTED_NOTE = ("[REDACTED] marks a value withheld on purpose (a secret): do not guess it, "
+                 "and do not ask for it.")
 #: an element's ``redact`` config: True (the default secrets), False (none), or extra glob patterns
 RedactSetting = bool | Sequence[str]
 
@@ -211,6 +217,13 @@ def redact_for_model(value: Any, setting: RedactSetting = True) -> Any:
 def redact_text(text: str, setting: RedactSetting = True) -> str:
     """A text a model is sent, with the secrets written inside it (``SECRET_TEXT``) hidden."""
     return text if setting is False else _redact_text(text, REDACTED)
+
+
+def note_redacted(instruction: str, *shown: str, sep: str = "\n\n") -> str:
+    """``instruction`` (a prompt's system text or instruction) followed by ``REDACTED_NOTE`` when any
+    text of the request (``shown``) holds ``REDACTED``; unchanged otherwise, so a request with nothing
+    hidden keeps its bytes (and a provider's prompt cache its prefix)."""
+    return f"{instruction}{sep}{REDACTED_NOTE}" if any(REDACTED in text for text in shown) else instruction
 
 
 def secret_key(key: str, setting: RedactSetting = True) -> bool:

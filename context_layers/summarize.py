@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .canonical import Memo, canonical_json
+from .hooks import note_redacted
 from .tokens import DEFAULT_ENCODING, count_text, truncate_to_tokens
 
 __all__ = [
@@ -104,9 +105,11 @@ def build_summary_request(prefix_messages: Sequence[Message] | None, text: str, 
     Nothing in the prefix is altered or reordered (a changed byte would miss the
     cache); the text travels in the appended message, wrapped in CDATA-style tags.
     """
-    body = instruction.format(max_tokens=max_tokens)
-    safe = text.replace("]]>", "]]]]><![CDATA[>")
     messages = [dict(m) for m in (prefix_messages or ())]
+    # the sentence on [REDACTED] goes with the instruction: the prefix stays as the provider cached it
+    body = note_redacted(instruction.format(max_tokens=max_tokens), text,
+                         *(m["content"] for m in messages if isinstance(m.get("content"), str)), sep=" ")
+    safe = text.replace("]]>", "]]]]><![CDATA[>")
     messages.append({"role": "user", "content": f"{body}\n\n<entries><![CDATA[{safe}]]></entries>"})
     return messages
 

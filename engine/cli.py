@@ -36,8 +36,8 @@ from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
-from .runtime import (AnswerWriteDenied, Engine, Instance, known_confirmation_ids, refuse_if_cancelled,
-                      refuse_late_answers)
+from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, known_confirmation_ids,
+                      refuse_if_cancelled, refuse_late_answers)
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -397,7 +397,8 @@ def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], A
                 out.info(f"--yes: confirmation {item['id']!r} has no suggestion to take (no conflictPolicy rule or "
                          f"model suggested a value, and it has no default): it waits; answer it with --answer "
                          f"{shlex.quote(item['id'] + '=VALUE')} (VALUE: {values})")
-            return value
+            # nobody looked at it: recorded as taken by --yes, not as a person's decision
+            return None if value is None else Unattended(value, actor="layerflow --yes")
 
         return suggested
     if not answered and stdin_is_terminal():

@@ -804,8 +804,10 @@ class GatewaySteps:
         return out
 
     def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
-               actor: str = "person", reason: str | None = None) -> None:
-        """Record a person's answer; once a join has all its answers it runs again.
+               actor: str = "person", reason: str | None = None, unattended: bool = False) -> None:
+        """Record a person's answer; once a join has all its answers it runs again. ``unattended``: no
+        person gave it, ``actor`` took what was proposed (``runtime.Unattended``; the join's resolution
+        then names whose proposal it was).
 
         The decision goes on the tape when it is made (a join with several confirmations
         runs again, and records its resolutions, only once all are answered); an answer a
@@ -817,9 +819,13 @@ class GatewaySteps:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
             ctx.record("human_decision", actor=actor, data={
                 "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason,
-                **({"resolver": resolver} if resolver != "human" else {})})
+                **({"resolver": resolver} if resolver != "human" else {}),
+                **({"unattended": True} if unattended else {})})
         if resolver != "human":
             entry["resolver"] = resolver  # the join's resolution names who decided
+        if unattended:
+            entry["unattended"] = True
+            entry["answered_by"] = actor
         entry["answer"] = value
         entry["answered"] = True
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked

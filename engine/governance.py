@@ -1190,6 +1190,13 @@ class GovernanceService:
         if instance_id is None:
             owners = sorted({c["instance_id"] for c in self.confirmations() if c["id"] == confirmation_id})
             if not owners:
+                owners = self._answered_in(confirmation_id)
+                if len(owners) == 1:  # answered already (by a person or its timeout): say so, as with instance_id
+                    _open_confirmation(self.load(owners[0]), confirmation_id, None, args.value)
+                if owners:
+                    raise ConfirmationAnswered(
+                        f"confirmation {confirmation_id!r} is answered already in instances {', '.join(owners)} and "
+                        "open in none; an answer is final (send instance_id to see who answered it and when)")
                 raise ContextKeyError(f"no instance has an open confirmation {confirmation_id!r}; "
                                       "GET /api/confirmations lists the open ones")
             if len(owners) > 1:
@@ -1198,6 +1205,21 @@ class GovernanceService:
             instance_id = owners[0]
         return self._answer(instance_id, confirmation_id, None, args.value, args.reason, args.user or actor,
                             args.expected_version)
+
+    def _answered_in(self, confirmation_id: str) -> list[str]:
+        """The instances (finished ones too) where confirmation ``confirmation_id`` was answered, by a
+        person or by its timeout: an answer by id alone comes late, not to an unknown confirmation.
+        Reads every record head; only a refused answer gets here."""
+        found = []
+        for row in self.list_instances():
+            try:
+                head = record_head(self.engine.store, row["id"])
+            except ContextKeyError:
+                continue  # deleted meanwhile
+            if any(c["id"] == confirmation_id and c.get("answered") and not c.get("cancelled")
+                   for c in head.get("engine", {}).get("confirmations", [])):
+                found.append(row["id"])
+        return sorted(found)
 
     def _answer(self, instance_id: str, confirmation_id: str | None, conflict_key: str | None, value: Any,
                 reason: str | None, actor: str, expected: int | None, *, resolver: str = "human") -> dict[str, Any]:

@@ -837,10 +837,11 @@ class LiteLLMPlanner(_Client):
     Failures raise ``ModelError``; the engine then runs the rules."""
 
     def plan(self, ctx: LayeredContext, config: ActivityExtensionConfig | None = None, *,
-             attention: Any = None) -> Any:
+             attention: Any = None, redact: RedactSetting = True) -> Any:
         from context_layers.compression_plan import build_compression_prompt, parse_compression_plan
 
-        messages: Messages = [dict(m) for m in build_compression_prompt(ctx, config, attention=attention)]
+        messages: Messages = [dict(m) for m in build_compression_prompt(ctx, config, attention=attention,
+                                                                         redact=redact)]
 
         def check(content: str | None) -> Any:
             try:

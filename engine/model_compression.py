@@ -120,7 +120,7 @@ class ModelCompressor(RuleDrivenCompressor):
     def _planned(self, ctx: LayeredContext, config: ActivityExtensionConfig, *, actor: str,
                  triggers: Sequence[str] | None, attention: AttentionScore | None) -> tuple[CompressResult | None, str]:
         try:
-            plan = self.planner.plan(ctx, config, attention=attention)
+            plan = self.planner.plan(ctx, config, attention=attention, redact=self.redact)
         except ModelError as err:
             self.failure = err
             why = f"the model gave no plan ({type(err).__name__}: {str(err)[:300]})"

@@ -86,7 +86,7 @@ from .process import Process, config_file_changes, config_file_section_changes
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
-__all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut"]
+__all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unattended"]
 
 STATUSES = ("running", "completed", "waiting", "error", "cancelled")
 MAIN = spiff.MAIN_CONTEXT
@@ -100,6 +100,17 @@ class TimedOut:
     escalation), whatever ``value`` says; ``value`` is kept for callers that show it."""
 
     value: Any = None
+
+
+@dataclass(frozen=True)
+class Unattended:
+    """What an ``ask`` callback returns for an answer no person gave: ``value``, what the policy or
+    the model proposed (or the configured default), taken as it is by ``actor`` (``layerflow --yes``).
+    It is recorded as that, not as a person's decision: the tape's note is by ``actor`` and marked
+    ``unattended``, and a join's resolution names whose proposal it was (``policy`` or ``model``)."""
+
+    value: Any
+    actor: str = "unattended"
 
 
 @dataclass
@@ -896,6 +907,9 @@ class Engine:
                 value = _NO_ANSWER if asked is None else asked
             if value is _NO_ANSWER:
                 continue
+            taken = value if isinstance(value, Unattended) and item["kind"] == "confirmation" else None
+            if taken is not None:
+                value = taken.value
             if item["kind"] == "confirmation":
                 try:
                     _check_given_answer(rt, item["id"], value)
@@ -925,7 +939,10 @@ class Engine:
                 task.run()
             elif item["kind"] == "confirmation":
                 rt.check_answer(item["id"], value)
-                rt.answer(item["id"], value)
+                if taken is not None:
+                    rt.answer(item["id"], value, actor=taken.actor, unattended=True)
+                else:
+                    rt.answer(item["id"], value)
             else:
                 continue
             self._save(instance)
@@ -1390,9 +1407,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
             _start_conditional_event_subprocesses(wf, self._condition_holds)
             active = wf.get_active_subprocesses()
             for sp in sorted(active, key=lambda v: v.depth, reverse=True):
-                while self._run_ready(sp):
+                # (an interrupt thrown in it or in one deeper cancels a multi-instance activity: SpiffWorkflow
+                # drops its instances, and their sub-processes with them, as it runs)
+                while sp.parent_task_id in wf.subprocesses and self._run_ready(sp):
                     pass
-                if sp.parent_task_id is not None:
+                if sp.parent_task_id in wf.subprocesses:
                     task = wf.get_task_from_id(sp.parent_task_id)
                     task.task_spec._update(task)
             if not self._run_ready(wf) and len(wf.get_active_subprocesses()) <= len(active):

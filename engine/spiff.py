@@ -849,9 +849,10 @@ def interrupts_around(task: Any) -> list[Any]:
     it runs in, or one around that) that are READY: they caught what ``task`` just threw (a signal,
     an escalation). BPMN interrupts the activity as the event is caught, so they run before anything
     else of it; SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
-    so the steps after the throw ran, and wrote, inside an activity already interrupted. (An instance
-    of a multi-instance sub-process is not looked through: the interrupt closes the whole activity,
-    its writes undone, as it is, ``Runtime.abort_multi``.)"""
+    so the steps after the throw ran, and wrote, inside an activity already interrupted.
+    An instance of a multi-instance sub-process (or call activity) is looked through to the activity:
+    the boundary event sits on that, and its interrupt closes every instance, the activity's writes
+    undone (``Runtime.abort_multi``), as any interrupt of it does."""
     found: list[Any] = []
     if not isinstance(task.task_spec, ThrowingEvent) or isinstance(task.task_spec, EndEvent):
         return found  # after an end event nothing comes on its path: the sub-process ends as SpiffWorkflow ends it
@@ -865,6 +866,7 @@ def interrupts_around(task: Any) -> list[Any]:
         runner = top.get_task_from_id(workflow.parent_task_id)
         if runner is None:
             break
+        runner = multi_instance_of(runner) or runner
         if runner.parent is not None:
             # only those that caught this throw: a timer boundary event that came due meanwhile runs in
             # its turn, as SpiffWorkflow runs it

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationErr
 
 from context_layers.canonical import freeze
 from context_layers.errors import ModelError
+from context_layers.hooks import note_redacted
 
 from .conflicts import DELETED, jsonable
 
@@ -120,7 +121,7 @@ def build_conflict_prompt(request: ArbitrationRequest) -> list[dict[str, str]]:
     """Chat messages for the model; same request, same bytes."""
     body = json.dumps(request.to_dict(), indent=2, sort_keys=True, ensure_ascii=False, default=str)
     return [
-        {"role": "system", "content": _SYSTEM},
+        {"role": "system", "content": note_redacted(_SYSTEM, body)},
         {"role": "user", "content": f"Resolve this conflict on key {request.key!r}:\n{body}"},
     ]
 

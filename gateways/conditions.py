@@ -30,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, StrictStr
 
 from context_layers.errors import ModelError
+from context_layers.hooks import note_redacted
 
 from .arbiter import load_json_answer
 
@@ -202,7 +203,7 @@ def build_branch_prompt(question: BranchQuestion) -> list[dict[str, str]]:
     body = json.dumps(question.to_dict(), indent=2, sort_keys=True, ensure_ascii=False, default=str)
     ids = ", ".join(json.dumps(i) for i in question.ids)
     return [
-        {"role": "system", "content": _SYSTEM},
+        {"role": "system", "content": note_redacted(_SYSTEM, body)},
         {"role": "user", "content": f"Which branch of gateway {question.gateway_id!r} is taken? "
                                     f"Answer with one of {ids}.\n{body}"},
     ]

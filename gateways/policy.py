@@ -492,6 +492,21 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
     return None, None
 
 
+def _taken_unattended(request: HumanRequest, value: Any, actor: Any) -> str:
+    """The reason of an answer no person gave (an unattended run such as ``layerflow --yes`` took what
+    was proposed at the ``human_confirm`` step): whose proposal it took, the suggestion's (``policy`` or
+    ``model``) or the configured default, and that nobody was asked. The resolver stays ``human``, the
+    step that settled it (the operator who gave ``--yes`` accepted the proposals in advance, as an
+    answers file answers in advance); the reason and the tape's ``unattended`` note say that no person
+    saw the value."""
+    who = actor if isinstance(actor, str) and actor else "an unattended run"
+    suggestion = request.suggestion
+    if suggestion is not None and same_value(value, suggestion.value):
+        return (f"{who} took the {suggestion.resolver}'s suggestion {_show(value)} without asking "
+                f"a person: {suggestion.reason}")
+    return f"{who} took the configured default {_show(value)} without asking a person"
+
+
 def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool,
                    resolver: str = "human") -> str:
     suggestion = request.suggestion
@@ -570,6 +585,11 @@ def resolve_conflicts(
                 escalated.append(conflict)
                 continue
             value = from_json_value(picked["value"])
+            if prior.get("unattended"):
+                reason = _taken_unattended(shown, value, prior.get("answered_by"))
+                steps.append(ResolutionStep(key, "human", "answered", reason))
+                resolved.append((conflict, Resolution(value, "human", reason)))
+                continue
             reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by)
             stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)
             if isinstance(stated, str) and stated.strip():

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from context_layers import canonical_json
 from context_layers.errors import ConfigError, ContextKeyError, ContextWriteDenied, VersionConflict
+from context_layers.stores import ConfirmationAnswered
 from engine.governance import (
     AnswerArgs,
     BadRequest,
@@ -373,7 +374,8 @@ def test_resolve_refusals_change_nothing(service, loan):
 def test_answer_finds_the_instance_of_a_confirmation(service, loan):
     done = service.answer("review_join/approval_status", AnswerArgs(value="approved", reason="ok", user="bob"))
     assert done["instance_id"] == loan and done["status"] == "completed"
-    with pytest.raises(ContextKeyError):
+    # a second answer by id alone: refused as already answered (409), naming who answered, not "unknown" (404)
+    with pytest.raises(ConfirmationAnswered, match="by bob"):
         service.answer("review_join/approval_status", AnswerArgs(value="approved"))
 
 

@@ -362,11 +362,13 @@ def test_a_join_reached_twice_merges_each_pass_against_its_own_split(cli, tmp_pa
     ("meet: {conflictPolicy: {rankings: {x: [B, A]}}}", [], 0,
      {"value": "B", "resolver": "policy", "reason": "policy ranking for 'x': \"B\" ranks above \"A\""}),
     ("meet: {conflictPolicy: {rules: [{key: 'x*', when: 'True', value: A, reason: A first, confirm: true}]}}",
-     ["--yes"], 0, {"value": "A", "resolver": "human", "reason": "a person confirmed the policy suggestion: A first"}),
+     ["--yes"], 0, {"value": "A", "resolver": "human",
+                    "reason": "layerflow --yes took the policy's suggestion \"A\" without asking a person: A first"}),
     ("meet: {conflictPolicy: {rules: [{key: 'x*', when: 'True', value: A, reason: A first, confirm: true}]}}",
      [], 3, None),
     ("meet: {humanConfirm: {timeout: 60, default: A}}", ["--yes"], 0,     # --yes takes the default
-     {"value": "A", "resolver": "human", "reason": 'a person chose "A" (from a)'}),
+     {"value": "A", "resolver": "human",
+      "reason": 'layerflow --yes took the configured default "A" without asking a person'}),
     ("meet: {humanConfirm: {timeout: 60, default: A}}", [], 3, None),
 ])
 def test_policy_and_people_at_an_inclusive_join(cli, tmp_path: Path, config, args, code, resolution) -> None:

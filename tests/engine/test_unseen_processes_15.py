@@ -524,7 +524,8 @@ def test_a_model_that_escalates_or_answers_no_json_leaves_the_question_to_a_pers
         cli: Any, fake_model: Any, tmp_path: Path, reply: str, suggested: str | None, fallback: bool) -> None:
     """DESIGN: policy, then the model, then `human_confirm`. An escalating model's value is the person's
     suggestion; a reply that is not JSON (retried once) leaves no suggestion and a `model_fallbacks`
-    entry. `resume --yes` takes the suggestion, else the configured default: `no_go` either way."""
+    entry. `resume --yes` takes the suggestion, else the configured default: `no_go` either way, by the
+    human step, its reason saying whose proposal `--yes` took."""
     def answer(request: dict[str, Any]) -> str:
         text = "\n".join(m["content"] for m in request["messages"])
         if '"final_value"' in text:
@@ -543,7 +544,8 @@ def test_a_model_that_escalates_or_answers_no_json_leaves_the_question_to_a_pers
     done = run_json(cli, "resume", doc["instance_id"], "--yes", "--model", "fake/model", "--store", store)
     assert done["layers"]["L3"]["change_status"] == "rejected"
     [settled] = [c for c in done["conflicts"] if c["key"] == "go_decision"]
-    assert settled["resolution"]["value"] == "no_go" and settled["resolution"]["resolver"] == "human"
+    assert settled["resolution"]["value"] == "no_go"
+    assert settled["resolution"]["resolver"] == "human"
 
 
 def test_an_operator_settles_the_board_and_preserves_the_window_at_runtime(tmp_path: Path) -> None:

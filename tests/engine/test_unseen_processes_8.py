@@ -131,7 +131,7 @@ def test_with_a_model_the_fraud_model_scores_and_its_unsure_ruling_goes_to_a_per
     """With `--model` the `llm:` block calls the model (through litellm's HTTP client, to the local stub)
     instead of the offline handler; the join's conflict goes to the model, which suggests a value and
     escalates: the person is asked with the model's suggestion, and `resume --yes` takes it (resolver
-    `human`, the model's rationale in the reason)."""
+    `human`, its reason saying `--yes` took the model's suggestion, with the model's rationale)."""
     stub.push(Reply.json({"fraud_score": 0.95, "claim_status": "hold_for_fraud"}))
     stub.push(Reply.json({"final_value": "hold_for_fraud", "rationale": "fraud score is high", "escalate": True}))
     doc = run_json(cli, "run", str(HERE / "claim_fraud.bpmn"), "--data", json.dumps({**CLAIM, "prior_claims": 0}),
@@ -142,7 +142,8 @@ def test_with_a_model_the_fraud_model_scores_and_its_unsure_ruling_goes_to_a_per
     assert doc["model_fallbacks"] == [] and len(stub.requests) == 2
     done = run_json(cli, "resume", doc["instance_id"], "--yes")
     assert done["conflicts"][0]["resolution"] == {
-        "value": "hold_for_fraud", "resolver": "human", "reason": "a person confirmed the model suggestion: fraud score is high"}
+        "value": "hold_for_fraud", "resolver": "human",
+        "reason": "layerflow --yes took the model's suggestion \"hold_for_fraud\" without asking a person: fraud score is high"}
     assert (done["layers"]["L3"]["fraud_score"], done["layers"]["L3"]["payout"]) == (0.95, 0)
 
 
