@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
@@ -47,6 +47,7 @@ __all__ = [
     "RESERVED_KEYS",
     "Problem",
     "ProcessConfigFile",
+    "called_process_configs",
     "find_config_beside",
     "load_config_file",
 ]
@@ -151,6 +152,32 @@ def configs_beside(bpmn_path: str | Path) -> list[Path]:
     """Every config file next to the BPMN file, in the order ``find_config_beside`` prefers them."""
     path = Path(bpmn_path)
     return [c for c in (path.with_name(path.stem + s) for s in CONFIG_SUFFIXES) if c.is_file()]
+
+
+def called_process_configs(bpmn_paths: list[Path], main_config: Path | None) -> list[ProcessConfigFile]:
+    """The config files beside the other BPMN files given with a process (``run main.bpmn
+    called.bpmn``: the processes its call activities call), each configuring the elements of its
+    own file, with a ``file.py`` handler found beside that file. The first file's config (or
+    ``--config``) is the process's; its ``system:`` and ``data_layers:`` are the only ones read."""
+    seen = {main_config.resolve()} if main_config is not None else set()
+    called: list[ProcessConfigFile] = []
+    for bpmn in bpmn_paths[1:]:
+        found = find_config_beside(bpmn)
+        if found is None or found.resolve() in seen:
+            continue
+        seen.add(found.resolve())
+        loaded = load_config_file(found)
+        base = found.resolve().parent
+        called.append(replace(loaded, elements={eid: _handler_beside(cfg, base) for eid, cfg in loaded.elements.items()}))
+    return called
+
+
+def _handler_beside(cfg: ActivityExtensionConfig, base: Path) -> ActivityExtensionConfig:
+    """``file.py:function`` made absolute: handler files are looked for beside the first BPMN file."""
+    module, _, attr = cfg.handler.rpartition(":") if isinstance(cfg.handler, str) else ("", "", "")
+    if not module.endswith(".py") or Path(module).is_absolute():
+        return cfg
+    return cfg.model_copy(update={"handler": f"{base / module}:{attr}"})
 
 
 def load_config_file(path: str | Path) -> ProcessConfigFile:

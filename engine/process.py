@@ -159,8 +159,14 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
     file_cfg = _load_config_file(config_path) if config_path is not None else None
 
     chosen = _validate(paths, config_path, process_id) if validate else None
+    called_cfgs = configfile.called_process_configs(bpmn_paths, config_path)
+    for called in called_cfgs:
+        called.raise_for_problems()
+    # the called files' elements first: the process's own config file wins where both name one
+    file_elements = {eid: cfg for called in called_cfgs for eid, cfg in called.elements.items()}
+    file_elements.update(file_cfg["elements"] if file_cfg else {})
 
-    parser = spiff.LayerflowBpmnParser(branch_conditions=branch_conditions(file_cfg["elements"]) if file_cfg else None)
+    parser = spiff.LayerflowBpmnParser(branch_conditions=branch_conditions(file_elements) if file_elements else None)
     try:
         for p in decision_paths:
             parser.add_dmn_xml(dmn.read_dmn(p).root, filename=str(p))
@@ -198,19 +204,16 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
                            f"executable processes: {known}") from None
 
     configs = extension_configs([spec, *subprocess_specs.values()])
-    if file_cfg is not None:
-        for element_id, cfg in file_cfg["elements"].items():
-            configs[element_id] = configs[element_id].merged_with(cfg) if element_id in configs else cfg
-        if not validate:
-            pass
-        else:
-            known_ids = {ts.bpmn_id for s in [spec, *subprocess_specs.values()] for ts in spiff.iter_user_specs(s)}
-            if spiff.is_collaboration(spec):
-                known_ids.add(pid)  # its pools' branches, its end join's settings (engine.collaboration)
-            unknown = [i for i in file_cfg["elements"] if i not in known_ids]
-            if unknown:
-                raise ConfigError(f"{config_path}: config for element(s) {', '.join(map(repr, unknown))} that "
-                                  f"the process {pid!r} does not have; known ids: {', '.join(sorted(known_ids))}")
+    for element_id, cfg in file_elements.items():
+        configs[element_id] = configs[element_id].merged_with(cfg) if element_id in configs else cfg
+    if file_cfg is not None and validate:
+        known_ids = {ts.bpmn_id for s in [spec, *subprocess_specs.values()] for ts in spiff.iter_user_specs(s)}
+        if spiff.is_collaboration(spec):
+            known_ids.add(pid)  # its pools' branches, its end join's settings (engine.collaboration)
+        unknown = [i for i in file_cfg["elements"] if i not in known_ids]
+        if unknown:
+            raise ConfigError(f"{config_path}: config for element(s) {', '.join(map(repr, unknown))} that "
+                              f"the process {pid!r} does not have; known ids: {', '.join(sorted(known_ids))}")
 
     return Process(
         id=pid, spec=spec, subprocess_specs=subprocess_specs, configs=configs,

@@ -304,7 +304,7 @@ from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_se
 from gateways.coverage import coverage_gap
 
 from . import call_mappings, dmn, io_mappings, links
-from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
+from .configfile import Problem, ProcessConfigFile, called_process_configs, configs_beside, load_config_file
 from .handlers import REGISTRY
 
 __all__ = [
@@ -548,6 +548,9 @@ class _Validator:
             self._check_escalation_codes(doc)
         if config is not None:
             self._check_config_file(config, main)
+        for called in called_process_configs([d.path for d in self.docs], config.path if config else None):
+            self.problems.extend(called.problems)
+            self._check_config_file(called, main)
         self._check_merges()
         self._check_branches()
         self._check_handlers_run()
