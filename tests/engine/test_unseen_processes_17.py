@@ -566,3 +566,19 @@ def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, re
         ran = [e["activity"] for e in _tape(cli, iid, store) if e["kind"] == "begin"]   # every context's
         assert ran.count("record_exit") == 1 and ran.count("final_payroll") == 1     # every step ran once
         assert ran.count("reassign_reports") == (who == "E-2")
+
+
+def test_rest_starts_a_catalog_process_that_calls_another_catalog_process(tmp_path: Path) -> None:
+    """The catalog lists employee_offboarding; starting it needs access_revocation.bpmn, which the
+    catalog holds too (and its config file, whose handler the called service task runs)."""
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    client = TestClient(create_app(Engine(_store(tmp_path)), HERE, TOKEN), headers={"Authorization": f"Bearer {TOKEN}"})
+    assert "employee_offboarding" in {p["id"] for p in client.get("/api/processes").json()}
+    started = client.post("/api/instances", json={"process_id": "employee_offboarding", "data": LEAVER})
+    assert started.status_code == 201, started.text
+    doc = started.json()
+    _check_document(doc, 3, "employee_offboarding")
+    assert data_of(doc["layers"]["L3"]) == OFFBOARD_AT_GATEWAY
