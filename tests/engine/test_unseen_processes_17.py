@@ -582,3 +582,34 @@ def test_rest_starts_a_catalog_process_that_calls_another_catalog_process(tmp_pa
     doc = started.json()
     _check_document(doc, 3, "employee_offboarding")
     assert data_of(doc["layers"]["L3"]) == OFFBOARD_AT_GATEWAY
+
+
+def test_a_called_process_in_another_folder_finds_its_handler_beside_it(cli: Any, tmp_path: Path) -> None:
+    """`handler: file.py:function` is relative to the folder of the BPMN its config file is beside."""
+    (tmp_path / "called").mkdir()
+    for name in ("employee_offboarding.bpmn", "employee_offboarding.layerflow.yaml"):
+        (tmp_path / name).write_text((HERE / name).read_text())
+    for name in ("access_revocation.bpmn", "access_revocation.layerflow.yaml", "offboarding_handlers.py"):
+        (tmp_path / "called" / name).write_text((HERE / name).read_text())
+    files = [str(tmp_path / "employee_offboarding.bpmn"), str(tmp_path / "called" / "access_revocation.bpmn")]
+    assert cli("validate", *files).exit_code == 0
+    doc = run_json(cli, "run", *files, "--data", json.dumps(LEAVER), "--store", _store(tmp_path), code=3)
+    assert data_of(doc["layers"]["L3"]) == OFFBOARD_AT_GATEWAY
+
+
+def test_a_message_after_the_deadline_came_due_is_refused_naming_the_timer(tmp_path: Path) -> None:
+    """README: a message that comes after the timer it races with came due is refused, naming the
+    timer, after the timer's path ran."""
+    from engine.governance import InstanceStateError
+
+    clock = Clock(float(int(time.time())))
+    engine = Engine(_store(tmp_path), clock=clock)
+    waiting = engine.run(load_process([OFFBOARD, ACCESS]), LEAVER)
+    clock.now += 3601
+    with pytest.raises(InstanceStateError) as refused:
+        engine.send_event(engine.load(waiting.id), "equipment_returned", RETURNED)
+    assert "return_deadline" in str(refused.value)
+    after = engine.load(waiting.id)
+    history = dict(after.main.layer(Layer.HISTORY))
+    assert history["equipment_status"] == "charged" and "event:equipment_returned_event" not in history
+    assert [w["task_id"] for w in after.waiting_for] == ["hr_exit_interview"]
