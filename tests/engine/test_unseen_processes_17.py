@@ -618,3 +618,58 @@ def test_a_message_after_the_deadline_came_due_is_refused_naming_the_timer(tmp_p
     history = dict(after.main.layer(Layer.HISTORY))
     assert history["equipment_status"] == "charged" and "event:equipment_returned_event" not in history
     assert [w["task_id"] for w in after.waiting_for] == ["hr_exit_interview"]
+
+
+def _offboarding_copy(tmp_path: Path) -> list[str]:
+    for name in ("employee_offboarding.bpmn", "employee_offboarding.layerflow.yaml", "access_revocation.bpmn",
+                 "access_revocation.layerflow.yaml", "offboarding_handlers.py"):
+        (tmp_path / name).write_text((HERE / name).read_text())
+    return [str(tmp_path / "employee_offboarding.bpmn"), str(tmp_path / "access_revocation.bpmn")]
+
+
+def test_resume_names_an_edit_of_the_called_processs_config_file_and_nothing_else(cli: Any, tmp_path: Path) -> None:
+    """README: `resume` names each element a config file now configures otherwise; the called
+    process's file is one of the process's config files."""
+    files, store = _offboarding_copy(tmp_path), _store(tmp_path)
+    iid = run_json(cli, "run", *files, "--data", json.dumps(LEAVER), "--store", store, code=3)["instance_id"]
+    unchanged = cli("resume", iid, "--store", store)
+    assert unchanged.exit_code == 3 and "changed since" not in unchanged.stderr, unchanged.stderr
+    called = tmp_path / "access_revocation.layerflow.yaml"
+    called.write_text(called.read_text().replace("[revoked_systems]", "[revoked_systems, access_ticket]"))
+    edited = cli("resume", iid, "--store", store)
+    assert edited.exit_code == 3
+    [notice] = [line for line in edited.stderr.splitlines() if "changed since" in line]
+    assert str(called) in notice and "'disable_accounts'" in notice and "preserveKeys" in notice
+
+
+def test_a_join_of_the_called_process_asks_as_its_own_config_says(cli: Any, tmp_path: Path) -> None:
+    """A called process's join settings come from the file beside it; `GATEWAY/KEY` answers reach it."""
+    files = _offboarding_copy(tmp_path)
+    called = tmp_path / "access_revocation.bpmn"
+    called.write_text(called.read_text().replace(
+        '<bpmn:script>badge_status = "revoked:" + employee_id</bpmn:script>',
+        '<bpmn:script>badge_status = "revoked:" + employee_id</bpmn:script>').replace(
+        '<bpmn:sequenceFlow id="Flow_a2" sourceRef="disable_accounts" targetRef="revoke_badge" />',
+        '<bpmn:sequenceFlow id="Flow_a2" sourceRef="disable_accounts" targetRef="access_split" />'
+        '<bpmn:parallelGateway id="access_split" /><bpmn:parallelGateway id="access_join" />'
+        '<bpmn:scriptTask id="it_check"><bpmn:script>access_level = "none"</bpmn:script></bpmn:scriptTask>'
+        '<bpmn:scriptTask id="security_check"><bpmn:script>access_level = "read_only"</bpmn:script></bpmn:scriptTask>'
+        '<bpmn:sequenceFlow id="Flow_b1" sourceRef="access_split" targetRef="it_check" />'
+        '<bpmn:sequenceFlow id="Flow_b2" sourceRef="access_split" targetRef="security_check" />'
+        '<bpmn:sequenceFlow id="Flow_b3" sourceRef="it_check" targetRef="access_join" />'
+        '<bpmn:sequenceFlow id="Flow_b4" sourceRef="security_check" targetRef="access_join" />'
+        '<bpmn:sequenceFlow id="Flow_b5" sourceRef="access_join" targetRef="revoke_badge" />'))
+    (tmp_path / "access_revocation.layerflow.yaml").write_text(
+        (HERE / "access_revocation.layerflow.yaml").read_text() + "access_join:\n  humanConfirm: {timeout: 60, default: none}\n")
+    assert cli("validate", *files).exit_code == 0
+    store = _store(tmp_path)
+    doc = run_json(cli, "run", *files, "--data", json.dumps(LEAVER), "--store", store, code=3)
+    [asked] = doc["confirmations"]
+    assert (asked["id"], asked["default"]) == ("access_join/access_level", "none")
+    assert [o["value"] for o in asked["options"]] == ["none", "read_only", "$escalate"]
+    [wait] = doc["waiting_for"]
+    assert (wait["kind"], wait["task_id"]) == ("confirmation", "access_join") and wait["due"]
+    doc = run_json(cli, "resume", doc["instance_id"], "--answer", "access_join/access_level=read_only", "--store", store,
+                   code=3)
+    assert doc["layers"]["L3"]["access_level"] == "read_only"
+    assert {w["task_id"] for w in doc["waiting_for"]} == {"await_equipment", "return_deadline"}
