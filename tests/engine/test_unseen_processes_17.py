@@ -44,6 +44,7 @@ import test_unseen_processes_4
 from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
 from test_unseen_processes import _check_document
 from test_unseen_processes_13 import Clock, data_of
+from test_unseen_processes_3 import assert_replays   # every snapshot of every context rebuilds byte for byte
 
 HERE = Path(__file__).resolve().parent / "unseen17"
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,6 +252,7 @@ def test_the_outer_join_asks_a_person_twice_after_the_policy_settled_the_inner_j
         assert first.exit_code == 0 and first.stdout == again.stdout
     whole = json.loads(cli("replay", iid, "--store", store, "--json").stdout)
     assert whole["layers"] == doc["layers"]
+    assert_replays(doc, store)
 
 
 @pytest.mark.parametrize("response, status, ran", [
@@ -397,6 +399,7 @@ def test_the_search_results_are_compressed_after_the_analysis_and_rolled_back(cl
     assert replayed["layers"] == seen["layers"]
     doc = run_json(cli, "resume", iid, "--answer", 'examiner_review={"decision": "file"}', "--store", store)
     assert doc["layers"]["L3"]["filing_status"] == "filed:US-1001"
+    assert_replays(doc, store)
     plain = cli("inspect", iid, "--store", store, "--layer", "L3")
     assert plain.exit_code == 0 and "filing_status" in plain.stdout
 
@@ -673,3 +676,27 @@ def test_a_join_of_the_called_process_asks_as_its_own_config_says(cli: Any, tmp_
                    code=3)
     assert doc["layers"]["L3"]["access_level"] == "read_only"
     assert {w["task_id"] for w in doc["waiting_for"]} == {"await_equipment", "return_deadline"}
+
+
+def test_the_cli_with_a_model_through_litellm_settles_the_share_and_asks_about_the_route(
+        cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--model` through litellm's real HTTP client against the local stub server: the model settles
+    `fault_share` (resolver `model`), escalates `recovery_route` to a person (exit 3)."""
+    from stub_llm import Reply, StubLLM
+
+    with StubLLM() as stub:
+        stub.push(Reply.json({"final_value": 0.7, "rationale": "shared fault on the photos", "escalate": False}),
+                  Reply.json({"final_value": "arbitration", "rationale": "unsure", "escalate": True}))
+        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", stub.url)
+        monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test")
+        doc = run_json(cli, "run", str(SUBRO), "--data", json.dumps(CLAIM), "--model", "openai/stub",
+                       "--store", _store(tmp_path), code=3)
+        asked = [json.dumps(r["messages"]) for r in stub.requests]
+    assert len(asked) == 2 and "fault_share" in asked[0] and "recovery_route" in asked[1]
+    by_key = {c["key"]: c for c in doc["conflicts"]}
+    assert by_key["fault_share"]["resolution"] == {"value": 0.7, "resolver": "model",
+                                                   "reason": by_key["fault_share"]["resolution"]["reason"]}
+    assert "shared fault on the photos" in by_key["fault_share"]["resolution"]["reason"]
+    assert by_key["recovery_route"]["resolution"] is None
+    assert [w["id"] for w in doc["waiting_for"]] == ["investigate_join/recovery_route"]
+    assert doc["model_fallbacks"] == []
