@@ -526,8 +526,14 @@ def redis_store() -> Iterator[tuple[str, str]]:
         yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
 
 
-def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, redis_store: tuple[str, str]) -> None:
+def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, redis_store: tuple[str, str],
+                                                                    tmp_path: Path) -> None:
+    """E-1 returns the equipment (a message through REST); E-2's deadline (two seconds, in a copy of the
+    process) passes and a worker's timer scan fires it; HR answers both through REST."""
     store, stream = redis_store
+    files = {"E-1": [str(OFFBOARD), str(ACCESS)], "E-2": _offboarding_copy(tmp_path)}
+    fast = Path(files["E-2"][0])
+    fast.write_text(fast.read_text().replace('"PT1H"', '"PT2S"'))
     leavers = {"E-1": {**LEAVER, "employee_id": "E-1"}, "E-2": {**LEAVER, "employee_id": "E-2", "is_manager": True}}
     procs: list[subprocess.Popen[str]] = []
     try:
@@ -541,7 +547,7 @@ def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, re
                                 "--timer-interval", "1"))
         ids = {}
         for who, data in leavers.items():
-            result = cli("submit", str(OFFBOARD), str(ACCESS), "--data", json.dumps(data), "--store", store,
+            result = cli("submit", *files[who], "--data", json.dumps(data), "--store", store,
                          "--stream", stream, "--json")
             assert result.exit_code == 0, (result.stdout, result.stderr)
             [ids[who]] = json.loads(result.stdout)["instance_ids"]
@@ -550,9 +556,16 @@ def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, re
                 doc = _until(api, iid, lambda d: d["status"] == "waiting", "waited", procs)
                 _check_document(doc, 3, "employee_offboarding")
                 assert data_of(doc["layers"]["L3"])["access_ticket"] == f"ACC-{who}"
-                sent = api.post(f"/api/instances/{iid}/events", json={"name": "equipment_returned", "payload": RETURNED})
-                assert sent.status_code == 200, sent.text
-                [wait] = sent.json()["waiting_for"]
+                if who == "E-1":
+                    sent = api.post(f"/api/instances/{iid}/events", json={"name": "equipment_returned",
+                                                                          "payload": RETURNED})
+                    assert sent.status_code == 200, sent.text
+                    [wait] = sent.json()["waiting_for"]
+                else:
+                    fired = _until(api, iid, lambda d: [w["task_id"] for w in d["waiting_for"]] == ["hr_exit_interview"],
+                                   "fired its deadline", procs)
+                    assert fired["layers"]["L3"]["equipment_status"] == "charged"
+                    [wait] = fired["waiting_for"]
                 assert wait["task_id"] == "hr_exit_interview"
                 done = api.post(f"/api/instances/{iid}/user-tasks/hr_exit_interview", json={"data": {"would_return": True}})
                 assert done.status_code == 200, done.text
@@ -569,6 +582,8 @@ def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, re
         assert seen["status"] == "completed"
         history = seen["layers"]["L3"]
         assert history["case_status"] == "closed:rehire"
+        assert (history["equipment_status"], history["payout"]) == (("returned_good", 6000) if who == "E-1" else
+                                                                    ("charged", 4800))
         assert history["exit_notes"] == (["final salary booked", "vested options bought back"] if who == "E-1" else
                                          ["final salary booked", "vested options bought back", "reports moved to Tom Berg"])
         ran = [e["activity"] for e in _tape(cli, iid, store) if e["kind"] == "begin"]   # every context's
