@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -45,6 +44,7 @@ from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
 from test_unseen_processes import _check_document
 from test_unseen_processes_13 import Clock, data_of
 from test_unseen_processes_3 import assert_replays   # every snapshot of every context rebuilds byte for byte
+from test_unseen_processes_16 import _served_url, _until   # a served URL from stderr; polling a REST document
 
 HERE = Path(__file__).resolve().parent / "unseen17"
 ROOT = Path(__file__).resolve().parents[2]
@@ -497,29 +497,6 @@ def _free_port() -> int:
         return port
 
 
-def _served(server: subprocess.Popen[str]) -> str:
-    deadline = time.monotonic() + 60
-    assert server.stderr is not None
-    while True:
-        line = server.stderr.readline()
-        assert line or server.poll() is None, "the server exited"
-        assert time.monotonic() < deadline, "the server did not start"
-        found = re.search(r"serving .* on (http://127\.0\.0\.1:\d+)", line)
-        if found:
-            return found.group(1)
-
-
-def _until(api: httpx.Client, iid: str, done: Any, what: str, procs: list[subprocess.Popen[str]]) -> dict[str, Any]:
-    deadline = time.monotonic() + 45
-    while True:
-        doc: dict[str, Any] = api.get(f"/api/instances/{iid}").json()
-        if done(doc):
-            return doc
-        assert time.monotonic() < deadline, f"{iid} never {what}: {doc['status']} {doc['waiting_for']} {doc['error']}"
-        assert all(p.poll() is None for p in procs), "a worker or the server exited"
-        time.sleep(0.1)
-
-
 @pytest.fixture()
 def redis_store() -> Iterator[tuple[str, str]]:
     with redis_scratch(REDIS, "os17") as prefix:
@@ -540,7 +517,7 @@ def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, re
         port = _free_port()
         procs.append(_spawn("serve", "--host", "127.0.0.1", "--port", str(port), "--catalog", str(HERE),
                             "--store", store))
-        url = _served(procs[0])
+        url = _served_url(procs[0])
         assert url.endswith(f":{port}")
         for name in ("a", "b"):
             procs.append(_spawn("worker", "--store", store, "--stream", stream, "--consumer", f"os17-{name}",
