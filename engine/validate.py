@@ -551,6 +551,10 @@ class _Validator:
         for called in called_process_configs([d.path for d in self.docs], config.path if config else None):
             self.problems.extend(called.problems)
             self._check_config_file(called, main)
+            for section in [s for s, values in (("system", called.system), ("data_layers", called.data_layers)) if values]:
+                self.add("called_config_section_ignored", f"{section}: of a called process's config file is not read "
+                         f"(an instance's {section} come from its main process's config file); move it there",
+                         file=str(called.path), line=called.line_of(section), severity="warning", field=section)
         self._check_merges()
         self._check_branches()
         self._check_handlers_run()

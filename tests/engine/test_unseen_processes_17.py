@@ -692,3 +692,16 @@ def test_the_cli_with_a_model_through_litellm_settles_the_share_and_asks_about_t
     assert by_key["recovery_route"]["resolution"] is None
     assert [w["id"] for w in doc["waiting_for"]] == ["investigate_join/recovery_route"]
     assert doc["model_fallbacks"] == []
+
+
+def test_validate_warns_that_a_called_files_system_section_is_not_read(cli: Any, tmp_path: Path) -> None:
+    files = _offboarding_copy(tmp_path)
+    called = tmp_path / "access_revocation.layerflow.yaml"
+    called.write_text("system:\n  policy: revoke everything\n" + called.read_text())
+    checked = cli("validate", *files)
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    out = checked.stdout + checked.stderr
+    assert "called_config_section_ignored" in out or "is not read" in out, out
+    assert "access_revocation.layerflow.yaml" in out
+    doc = run_json(cli, "run", *files, "--data", json.dumps(LEAVER), "--store", _store(tmp_path), code=3)
+    assert doc["layers"]["L0"]["policy"].startswith("Company equipment")
