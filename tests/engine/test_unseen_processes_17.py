@@ -221,6 +221,9 @@ def test_the_outer_join_asks_a_person_twice_after_the_policy_settled_the_inner_j
     assert {o["value"] for o in asked["investigate_join/recovery_route"]["options"]} == {
         "direct_demand", "arbitration", "$escalate"}
     assert all(c["answer"] is None and c["timed_out"] is False for c in asked.values())
+    assert all(c["type"] == "conflict_resolution" and "investigate_join" in c["message"] for c in asked.values())
+    assert (asked["investigate_join/fault_share"]["default"], asked["investigate_join/recovery_route"]["default"]) == (
+        0.5, "arbitration")                          # humanConfirm.defaults per key, else the join's default
     assert {(w["kind"], w["id"], w["task_id"]) for w in doc["waiting_for"]} == {
         ("confirmation", cid, "investigate_join") for cid in RECOVERY_ASKED}
     assert all(w["due"] for w in doc["waiting_for"])
