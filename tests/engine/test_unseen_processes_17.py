@@ -707,3 +707,15 @@ def test_validate_warns_that_a_called_files_system_section_is_not_read(cli: Any,
     assert "access_revocation.layerflow.yaml" in out
     doc = run_json(cli, "run", *files, "--data", json.dumps(LEAVER), "--store", _store(tmp_path), code=3)
     assert doc["layers"]["L0"]["policy"].startswith("Company equipment")
+
+
+def test_the_files_given_called_first_run_the_process_with_its_own_config(cli: Any, tmp_path: Path) -> None:
+    """`run called.bpmn main.bpmn` runs the process no other calls (README), so its config file is the
+    one beside its BPMN: SYSTEM from it, and no warning that it were a called process's."""
+    files = list(reversed(_offboarding_copy(tmp_path)))
+    checked = cli("validate", *files)
+    assert checked.exit_code == 0 and "warning" not in checked.stdout + checked.stderr, checked.stdout + checked.stderr
+    doc = run_json(cli, "run", *files, "--data", json.dumps(LEAVER), "--store", _store(tmp_path), code=3)
+    assert doc["process_id"] == "employee_offboarding"
+    assert doc["layers"]["L0"]["policy"].startswith("Company equipment")
+    assert data_of(doc["layers"]["L3"]) == OFFBOARD_AT_GATEWAY
