@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
+from lxml import etree
 
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import ConfigError
@@ -50,6 +51,7 @@ __all__ = [
     "called_process_configs",
     "find_config_beside",
     "load_config_file",
+    "main_file_first",
 ]
 
 CONFIG_SUFFIXES = (".layerflow.yaml", ".layerflow.yml", ".layerflow.json")
@@ -152,6 +154,35 @@ def configs_beside(bpmn_path: str | Path) -> list[Path]:
     """Every config file next to the BPMN file, in the order ``find_config_beside`` prefers them."""
     path = Path(bpmn_path)
     return [c for c in (path.with_name(path.stem + s) for s in CONFIG_SUFFIXES) if c.is_file()]
+
+
+_BPMN = "{http://www.omg.org/spec/BPMN/20100524/MODEL}"
+
+
+def main_file_first(paths: list[Path], process_id: str | None) -> list[Path]:
+    """``paths`` with the file of the process that runs first, the one its config file is looked for
+    beside (``run called.bpmn main.bpmn`` as ``run main.bpmn called.bpmn``): the file defining
+    ``process_id``, else the one of the executable process no given file calls. As given when that is
+    no single file, or a file does not parse (validate says why)."""
+    if len(paths) < 2:
+        return paths
+    defined: dict[str | None, Path] = {}
+    called: set[str | None] = set()
+    for path in paths:
+        try:
+            root = etree.parse(str(path), etree.XMLParser(resolve_entities=False, no_network=True)).getroot()
+        except (etree.XMLSyntaxError, OSError):
+            return paths
+        for proc in root.iter(f"{_BPMN}process"):
+            if (proc.get("isExecutable") or "true").lower() != "false":
+                defined.setdefault(proc.get("id"), path)
+        called |= {c.get("calledElement") for c in root.iter(f"{_BPMN}callActivity")}
+    wanted = [process_id] if process_id else [p for p in defined if p not in called]
+    mains = {defined[p] for p in wanted if p in defined}
+    if len(mains) != 1:
+        return paths
+    first = mains.pop()
+    return [first, *(p for p in paths if p != first)]
 
 
 def called_process_configs(bpmn_paths: list[Path], main_config: Path | None) -> list[ProcessConfigFile]:

@@ -149,7 +149,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         if not p.is_file():
             raise ProcessError(f"{p}: {'DMN' if p.suffix.lower() == '.dmn' else 'BPMN'} file not found")
     # DMN files given with the BPMN, and those beside it that define a decision a task names
-    paths = dmn.with_dmn_beside(paths)
+    paths = dmn.with_dmn_beside(configfile.main_file_first(paths, process_id) if config is None else paths)
     decision_paths = [p for p in paths if dmn.is_dmn(p)]
     bpmn_paths = [p for p in paths if p not in decision_paths]
     if not bpmn_paths:

@@ -304,7 +304,8 @@ from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_se
 from gateways.coverage import coverage_gap
 
 from . import call_mappings, dmn, io_mappings, links
-from .configfile import Problem, ProcessConfigFile, called_process_configs, configs_beside, load_config_file
+from .configfile import (Problem, ProcessConfigFile, called_process_configs, configs_beside, load_config_file,
+                         main_file_first)
 from .handlers import REGISTRY
 
 __all__ = [
@@ -446,6 +447,8 @@ def validate_process(
     absent), so a process that validates also loads.
     """
     paths = [Path(bpmn_paths)] if isinstance(bpmn_paths, (str, Path)) else [Path(p) for p in bpmn_paths]
+    if config_path is None:
+        paths = main_file_first(paths, process_id)
     return _Validator(paths, config_path, process_id, discover_config, parser_factory).run()
 
 
