@@ -551,7 +551,8 @@ class _Validator:
             self._check_escalation_codes(doc)
         if config is not None:
             self._check_config_file(config, main)
-        for called in called_process_configs([d.path for d in self.docs], config.path if config else None):
+        called_configs = called_process_configs([d.path for d in self.docs], config.path if config else None)
+        for called in called_configs if self.discover_config else []:
             self.problems.extend(called.problems)
             self._check_config_file(called, main)
             for section in [s for s, values in (("system", called.system), ("data_layers", called.data_layers)) if values]:
