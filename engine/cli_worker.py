@@ -158,7 +158,7 @@ def worker_requeue(dead_id: str, store: str | None, queue: str | None, stream: s
 
 
 @main.command("submit")
-@click.argument("bpmn", type=click.Path(dir_okay=False))
+@click.argument("bpmn", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--config", default=None, metavar="FILE", help="config file (default: PROCESS.layerflow.yaml beside it)")
 @click.option("--process", "process_id", default=None, help="the bpmn:process id, when the file has several")
 @click.option("--data", "data_file", default=None, metavar="FILE", help="initial data: a JSON or YAML file, - (stdin) or an inline JSON object")
@@ -168,14 +168,15 @@ def worker_requeue(dead_id: str, store: str | None, queue: str | None, stream: s
 @_stream
 @_group
 @_json_option
-def submit_command(bpmn: str, config: str | None, process_id: str | None, data_file: str | None, count: int,
+def submit_command(bpmn: tuple[str, ...], config: str | None, process_id: str | None, data_file: str | None, count: int,
                    store: str | None, queue: str | None, stream: str, group: str, as_json: bool) -> None:
-    """Create instances of a process and put them on the stream for the workers."""
+    """Create instances of a process and put them on the stream for the workers (BPMN: the process's
+    file, then the files of the processes it calls, as `layerflow run main.bpmn called.bpmn`)."""
     data = _read_mapping(data_file, "data", as_json)
     try:
         target = open_store(_shared_store(store, "submit", as_json))
         client = queue_client(target.url, queue)
-        ids = [submit(target, bpmn, data, config=config, process_id=process_id, stream=stream, group=group,
+        ids = [submit(target, list(bpmn), data, config=config, process_id=process_id, stream=stream, group=group,
                       client=client) for _ in range(count)]
     except LayerflowError as err:
         refused = getattr(err, "process_id", None)  # start data a start form refused names its process

@@ -30,12 +30,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
+from lxml import etree
 
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import ConfigError
@@ -47,8 +48,10 @@ __all__ = [
     "RESERVED_KEYS",
     "Problem",
     "ProcessConfigFile",
+    "called_process_configs",
     "find_config_beside",
     "load_config_file",
+    "main_file_first",
 ]
 
 CONFIG_SUFFIXES = (".layerflow.yaml", ".layerflow.yml", ".layerflow.json")
@@ -151,6 +154,61 @@ def configs_beside(bpmn_path: str | Path) -> list[Path]:
     """Every config file next to the BPMN file, in the order ``find_config_beside`` prefers them."""
     path = Path(bpmn_path)
     return [c for c in (path.with_name(path.stem + s) for s in CONFIG_SUFFIXES) if c.is_file()]
+
+
+_BPMN = "{http://www.omg.org/spec/BPMN/20100524/MODEL}"
+
+
+def main_file_first(paths: list[Path], process_id: str | None) -> list[Path]:
+    """``paths`` with the file of the process that runs first, the one its config file is looked for
+    beside (``run called.bpmn main.bpmn`` as ``run main.bpmn called.bpmn``): the file defining
+    ``process_id``, else the one of the executable process no given file calls. As given when that is
+    no single file, or a file does not parse (validate says why)."""
+    if len(paths) < 2:
+        return paths
+    defined: dict[str | None, Path] = {}
+    called: set[str | None] = set()
+    for path in paths:
+        try:
+            root = etree.parse(str(path), etree.XMLParser(resolve_entities=False, no_network=True)).getroot()
+        except (etree.XMLSyntaxError, OSError):
+            return paths
+        for proc in root.iter(f"{_BPMN}process"):
+            if (proc.get("isExecutable") or "true").lower() != "false":
+                defined.setdefault(proc.get("id"), path)
+        called |= {c.get("calledElement") for c in root.iter(f"{_BPMN}callActivity")}
+    wanted = [process_id] if process_id else [p for p in defined if p not in called]
+    mains = {defined[p] for p in wanted if p in defined}
+    if len(mains) != 1:
+        return paths
+    first = mains.pop()
+    return [first, *(p for p in paths if p != first)]
+
+
+def called_process_configs(bpmn_paths: list[Path], main_config: Path | None) -> list[ProcessConfigFile]:
+    """The config files beside the other BPMN files given with a process (``run main.bpmn
+    called.bpmn``: the processes its call activities call), each configuring the elements of its
+    own file, with a ``file.py`` handler found beside that file. The first file's config (or
+    ``--config``) is the process's; its ``system:`` and ``data_layers:`` are the only ones read."""
+    seen = {main_config.resolve()} if main_config is not None else set()
+    called: list[ProcessConfigFile] = []
+    for bpmn in bpmn_paths[1:]:
+        found = find_config_beside(bpmn)
+        if found is None or found.resolve() in seen:
+            continue
+        seen.add(found.resolve())
+        loaded = load_config_file(found)
+        base = found.resolve().parent
+        called.append(replace(loaded, elements={eid: _handler_beside(cfg, base) for eid, cfg in loaded.elements.items()}))
+    return called
+
+
+def _handler_beside(cfg: ActivityExtensionConfig, base: Path) -> ActivityExtensionConfig:
+    """``file.py:function`` made absolute: handler files are looked for beside the first BPMN file."""
+    module, _, attr = cfg.handler.rpartition(":") if isinstance(cfg.handler, str) else ("", "", "")
+    if not module.endswith(".py") or Path(module).is_absolute():
+        return cfg
+    return cfg.model_copy(update={"handler": f"{base / module}:{attr}"})
 
 
 def load_config_file(path: str | Path) -> ProcessConfigFile:

@@ -614,7 +614,7 @@ class Catalog:
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = Path(directory).resolve() if directory is not None else None
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[float, Process]] = {}
+        self._cache: dict[str, tuple[tuple[float, ...], Process]] = {}
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """process id -> {"id", "name", "file"} (the first file wins when two define one id)."""
@@ -654,19 +654,32 @@ class Catalog:
                 out[eid] = {"id": eid, "name": node.get("name"), "file": path.name}
         return out, problems
 
+    def _files_of(self, file: str) -> list[Path]:
+        """``file``, then the catalog's files of the processes its call activities call (and so on),
+        as ``layerflow run main.bpmn called.bpmn`` is given them."""
+        assert self.directory is not None
+        entries, files = self.entries(), [file]
+        for name in files:  # grows as called files are found
+            root = ElementTree.parse(self.directory / name).getroot()
+            for call in root.iter(f"{_BPMN_NS}callActivity"):
+                called = entries.get(call.get("calledElement") or "")
+                if called is not None and called["file"] not in files:
+                    files.append(called["file"])
+        return [self.directory / name for name in files]
+
     def load(self, process_id: str) -> Process:
         entry = self.entries().get(process_id)
         if entry is None or self.directory is None:
             known = ", ".join(sorted(self.entries())) or "none"
             where = self.directory or "(no catalog directory)"
             raise ContextKeyError(f"process {process_id!r} is not in the catalog {where}; registered: {known}")
-        path = self.directory / entry["file"]
-        mtime = path.stat().st_mtime
+        paths = self._files_of(entry["file"])
+        mtime = tuple(p.stat().st_mtime for p in paths)
         with self._lock:
             hit = self._cache.get(process_id)
             if hit is not None and hit[0] == mtime:
                 return hit[1]
-        process = load_process(path, process_id)
+        process = load_process(paths, process_id)
         with self._lock:
             self._cache[process_id] = (mtime, process)
         return process

@@ -149,7 +149,7 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         if not p.is_file():
             raise ProcessError(f"{p}: {'DMN' if p.suffix.lower() == '.dmn' else 'BPMN'} file not found")
     # DMN files given with the BPMN, and those beside it that define a decision a task names
-    paths = dmn.with_dmn_beside(paths)
+    paths = dmn.with_dmn_beside(configfile.main_file_first(paths, process_id) if config is None else paths)
     decision_paths = [p for p in paths if dmn.is_dmn(p)]
     bpmn_paths = [p for p in paths if p not in decision_paths]
     if not bpmn_paths:
@@ -159,8 +159,10 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
     file_cfg = _load_config_file(config_path) if config_path is not None else None
 
     chosen = _validate(paths, config_path, process_id) if validate else None
+    file_elements = {eid: cfg for eid, (_, cfg) in
+                     _file_configs(bpmn_paths, config_path, file_cfg["elements"] if file_cfg else {}).items()}
 
-    parser = spiff.LayerflowBpmnParser(branch_conditions=branch_conditions(file_cfg["elements"]) if file_cfg else None)
+    parser = spiff.LayerflowBpmnParser(branch_conditions=branch_conditions(file_elements) if file_elements else None)
     try:
         for p in decision_paths:
             parser.add_dmn_xml(dmn.read_dmn(p).root, filename=str(p))
@@ -198,19 +200,16 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
                            f"executable processes: {known}") from None
 
     configs = extension_configs([spec, *subprocess_specs.values()])
-    if file_cfg is not None:
-        for element_id, cfg in file_cfg["elements"].items():
-            configs[element_id] = configs[element_id].merged_with(cfg) if element_id in configs else cfg
-        if not validate:
-            pass
-        else:
-            known_ids = {ts.bpmn_id for s in [spec, *subprocess_specs.values()] for ts in spiff.iter_user_specs(s)}
-            if spiff.is_collaboration(spec):
-                known_ids.add(pid)  # its pools' branches, its end join's settings (engine.collaboration)
-            unknown = [i for i in file_cfg["elements"] if i not in known_ids]
-            if unknown:
-                raise ConfigError(f"{config_path}: config for element(s) {', '.join(map(repr, unknown))} that "
-                                  f"the process {pid!r} does not have; known ids: {', '.join(sorted(known_ids))}")
+    for element_id, cfg in file_elements.items():
+        configs[element_id] = configs[element_id].merged_with(cfg) if element_id in configs else cfg
+    if file_cfg is not None and validate:
+        known_ids = {ts.bpmn_id for s in [spec, *subprocess_specs.values()] for ts in spiff.iter_user_specs(s)}
+        if spiff.is_collaboration(spec):
+            known_ids.add(pid)  # its pools' branches, its end join's settings (engine.collaboration)
+        unknown = [i for i in file_cfg["elements"] if i not in known_ids]
+        if unknown:
+            raise ConfigError(f"{config_path}: config for element(s) {', '.join(map(repr, unknown))} that "
+                              f"the process {pid!r} does not have; known ids: {', '.join(sorted(known_ids))}")
 
     return Process(
         id=pid, spec=spec, subprocess_specs=subprocess_specs, configs=configs,
@@ -262,27 +261,30 @@ def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig
 
 # --------------------------------------------------------------------------- config file
 
-def config_file_changes(process: Process, specs: Iterable[Any]) -> dict[str, list[str]]:
-    """How the config file ``process`` was loaded from configures its elements now, against the
-    configs ``process`` runs with (an instance's: those it started with): element id -> the changed
-    fields, ``"humanConfirm.timeout 60 -> 600"`` (``specs``: the instance's specs, for the elements'
-    own extension configs, which come from the BPMN the instance keeps). Empty when the file is
-    unchanged, gone (a worker on another machine) or no longer loads (``validate`` tells why)."""
-    if not process.config_path or not Path(process.config_path).is_file():
+def config_file_changes(process: Process, specs: Iterable[Any]) -> dict[str, tuple[str, list[str]]]:
+    """How the config files ``process`` was loaded from (its own, and those beside the BPMN of the
+    processes it calls) configure its elements now, against the configs ``process`` runs with (an
+    instance's: those it started with): element id -> (the file, the changed fields,
+    ``"humanConfirm.timeout 60 -> 600"``) (``specs``: the instance's specs, for the elements' own
+    extension configs, which come from the BPMN the instance keeps). Empty when the files are
+    unchanged, gone (a worker on another machine) or no longer load (``validate`` tells why)."""
+    main = Path(process.config_path) if process.config_path else None
+    bpmn = [Path(p) for p in process.paths if not dmn.is_dmn(Path(p))]
+    if (main is not None and not main.is_file()) or not all(p.is_file() for p in bpmn):
         return {}
     try:
-        elements = _load_config_file(Path(process.config_path))["elements"]
+        files = _file_configs(bpmn, main, _load_config_file(main)["elements"] if main is not None else {})
         now = extension_configs(specs)
     except (ConfigError, ProcessError, OSError):
         return {}
-    for element_id, cfg in elements.items():
+    for element_id, (_, cfg) in files.items():
         now[element_id] = now[element_id].merged_with(cfg) if element_id in now else cfg
-    changes: dict[str, list[str]] = {}
+    changes: dict[str, tuple[str, list[str]]] = {}
     for element_id in sorted(set(now) | set(process.configs)):
         old, new = (_dump(c.get(element_id)) for c in (process.configs, now))
         fields = _changed_fields(old, new)
         if fields:
-            changes[element_id] = fields
+            changes[element_id] = (str(files[element_id][0]) if element_id in files else str(main), fields)
     return changes
 
 
@@ -347,6 +349,19 @@ def branch_conditions(elements: Mapping[str, ActivityExtensionConfig]) -> dict[s
     """Gateway id -> {branch id: condition} of config entries (``spiff.LayerflowBpmnParser``)."""
     return {eid: {b.id: b.condition.strip() for b in cfg.branches if b.condition and b.condition.strip()}
             for eid, cfg in elements.items() if cfg.branches}
+
+
+def _file_configs(bpmn_paths: list[Path], config_path: Path | None,
+                  main_elements: Mapping[str, ActivityExtensionConfig]) -> dict[str, tuple[Path | None, ActivityExtensionConfig]]:
+    """element id -> (the config file that configures it, its config): the files beside the BPMN of
+    the called processes first, then the process's own (``main_elements``, from ``config_path``),
+    which wins where both name an element. Raises on a called file's problems."""
+    found: dict[str, tuple[Path | None, ActivityExtensionConfig]] = {}
+    for called in configfile.called_process_configs(bpmn_paths, config_path):
+        called.raise_for_problems()
+        found.update({eid: (called.path, cfg) for eid, cfg in called.elements.items()})
+    found.update({eid: (config_path, cfg) for eid, cfg in main_elements.items()})
+    return found
 
 
 def _load_config_file(path: Path) -> dict[str, Any]:

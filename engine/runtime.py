@@ -1184,10 +1184,10 @@ def config_file_notices(instance: Instance) -> list[str]:
     changes = config_file_changes(process, [instance.workflow.spec, *instance.workflow.subprocess_specs.values()])
     waits_at = {str(w.get("task_id")) for w in instance.waiting_for}
     notes = []
-    for element_id, changed in changes.items():
+    for element_id, (file, changed) in changes.items():
         where = " (the instance waits there now)" if element_id in waits_at else ""
         notes.append(
-            f"the config file {process.config_path} changed since instance {instance.id} started: element "
+            f"the config file {file} changed since instance {instance.id} started: element "
             f"{element_id!r}{where}: {'; '.join(changed)}. The instance keeps the config it started with (an "
             "instance keeps its definition; a join's pending confirmations keep the options, default and deadline "
             "they were asked with); new instances get the new file. To apply a change to this instance, POST "

@@ -305,7 +305,8 @@ from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_se
 from gateways.coverage import coverage_gap
 
 from . import call_mappings, dmn, io_mappings, links
-from .configfile import Problem, ProcessConfigFile, configs_beside, load_config_file
+from .configfile import (Problem, ProcessConfigFile, called_process_configs, configs_beside, load_config_file,
+                         main_file_first)
 from .handlers import REGISTRY
 
 __all__ = [
@@ -447,6 +448,8 @@ def validate_process(
     absent), so a process that validates also loads.
     """
     paths = [Path(bpmn_paths)] if isinstance(bpmn_paths, (str, Path)) else [Path(p) for p in bpmn_paths]
+    if config_path is None:
+        paths = main_file_first(paths, process_id)
     return _Validator(paths, config_path, process_id, discover_config, parser_factory).run()
 
 
@@ -549,6 +552,14 @@ class _Validator:
             self._check_escalation_codes(doc)
         if config is not None:
             self._check_config_file(config, main)
+        called_configs = called_process_configs([d.path for d in self.docs], config.path if config else None)
+        for called in called_configs if self.discover_config else []:
+            self.problems.extend(called.problems)
+            self._check_config_file(called, main)
+            for section in [s for s, values in (("system", called.system), ("data_layers", called.data_layers)) if values]:
+                self.add("called_config_section_ignored", f"{section}: of a called process's config file is not read "
+                         f"(an instance's {section} come from its main process's config file); move it there",
+                         file=str(called.path), line=called.line_of(section), severity="warning", field=section)
         self._check_merges()
         self._check_branches()
         self._check_handlers_run()

@@ -92,7 +92,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -390,11 +390,12 @@ def _engine(store: Store, handlers: Mapping[str, Any] | None, model: str | None)
     return Engine(InstanceRecords(store), handlers, model=model)
 
 
-def submit(store_url: str | Store, process_path: str | Path, data: Mapping[str, Any] | None = None, *,
+def submit(store_url: str | Store, process_path: str | Path | Iterable[str | Path], data: Mapping[str, Any] | None = None, *,
            config: str | Path | None = None, process_id: str | None = None, instance_id: str | None = None,
            queue_url: str | None = None, stream: str = DEFAULT_STREAM, group: str = DEFAULT_GROUP,
            client: Any = None) -> str:
-    """Create an instance of ``process_path`` in the store (status ``running``, version 1)
+    """Create an instance of ``process_path`` (a BPMN file, or the files of a process and of the ones it
+    calls, as ``load_process`` takes them) in the store (status ``running``, version 1)
     and put its id on the stream; returns the instance id.
 
     Created first, queued second: a crash in between leaves a ``running`` instance that
