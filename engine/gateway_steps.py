@@ -807,7 +807,7 @@ class GatewaySteps:
                actor: str = "person", reason: str | None = None, unattended: bool = False) -> None:
         """Record a person's answer; once a join has all its answers it runs again. ``unattended``: no
         person gave it, ``actor`` took what was proposed (``runtime.Unattended``; the join's resolution
-        then names whose proposal it was).
+        then says in its reason whose proposal ``actor`` took).
 
         The decision goes on the tape when it is made (a join with several confirmations
         runs again, and records its resolutions, only once all are answered); an answer a

@@ -106,8 +106,8 @@ class TimedOut:
 class Unattended:
     """What an ``ask`` callback returns for an answer no person gave: ``value``, what the policy or
     the model proposed (or the configured default), taken as it is by ``actor`` (``layerflow --yes``).
-    It is recorded as that, not as a person's decision: the tape's note is by ``actor`` and marked
-    ``unattended``, and a join's resolution names whose proposal it was (``policy`` or ``model``)."""
+    It is recorded as that: the tape's note is by ``actor`` and marked ``unattended``, and a join's
+    resolution (resolver ``human``, the step that settled it) says in its reason whose proposal it took."""
 
     value: Any
     actor: str = "unattended"
