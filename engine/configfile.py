@@ -204,7 +204,8 @@ def called_process_configs(bpmn_paths: list[Path], main_config: Path | None) -> 
 
 
 def _handler_beside(cfg: ActivityExtensionConfig, base: Path) -> ActivityExtensionConfig:
-    """``file.py:function`` made absolute: handler files are looked for beside the first BPMN file."""
+    """``file.py:function`` made absolute against ``base``, the called file's config folder (a relative
+    handler file is otherwise looked for beside the first BPMN file)."""
     module, _, attr = cfg.handler.rpartition(":") if isinstance(cfg.handler, str) else ("", "", "")
     if not module.endswith(".py") or Path(module).is_absolute():
         return cfg
