@@ -1,0 +1,190 @@
+"""Shapes met in public BPMN files, round 15: lanes that list their steps by flowNodeRef (jBPM's own
+test of a lane, a ``.bpmn2`` file in the default namespace), complex gateways (bpmn-js's fixture of
+every gateway kind), Signavio's export of a collapsed sub-process, and Bizagi Modeler's export of a
+small calculation (two pools, the main one drawn empty; empty scripts; a gateway's flows with an
+empty condition). Each is in ``tests/engine/realworld15/`` (the file says where it comes from and
+what was trimmed). Where plain SpiffWorkflow 3.2 runs a file, a case runs it there too and the path
+and the variables must agree; where neither can, ``layerflow validate`` must say so, naming the file,
+the element and what to do, and doing that must give a file that runs as in plain SpiffWorkflow."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_layers.errors import ProcessError
+from engine import load_process
+from engine.validate import validate_process
+
+from engine_helpers import cli_in_a_tmp_store, path_of, run_json, run_plain, variables
+from test_realworld_4 import rewritten
+from test_realworld_12 import agree, problems
+from test_realworld_13 import plain_workflow
+
+HERE = Path(__file__).resolve().parent / "realworld15"
+cli = cli_in_a_tmp_store  # the fixture "cli", here too
+
+
+def errors(path: Path, process_id: str | None = None) -> dict[str, str]:
+    """validate's errors: element id (or the field, for the file as a whole) -> its messages."""
+    found: dict[str, str] = {}
+    for p in validate_process([path], process_id=process_id).problems:
+        if p.severity == "error":
+            key = str(p.element_id or p.field)
+            found[key] = f"{found[key]}\n{p}" if key in found else str(p)
+    return found
+
+
+# -- jBPM: a lane that lists its user tasks by flowNodeRef ----------------------------------------
+
+LANE = HERE / "jbpm_lane.bpmn2"
+LANE_ANSWERS = {"_2": {"greeting": "hello"}, "_3": {"farewell": "goodbye"}}
+
+
+def test_a_jbpm_lane_of_user_tasks_runs_to_its_terminate_end_as_in_plain_spiffworkflow() -> None:
+    """The lane (its name also in a drools metaData), the potentialOwner and the empty
+    ioSpecifications load without a word; both people's answers reach the terminate end event on
+    plain SpiffWorkflow's path, with its data."""
+    instance, wf = agree(LANE, {}, LANE_ANSWERS)
+    assert path_of(wf) == ["_1", "_2", "_3", "_4"]
+    assert variables(instance.main) == {"greeting": "hello", "farewell": "goodbye"}
+
+
+def test_a_waiting_user_task_names_the_lane_it_is_drawn_in(cli: Any) -> None:
+    """SpiffWorkflow reads the lane of each task (``task_spec.lane``); the person's task waiting in
+    it says which lane it is, so an application can route it to the lane's people; a task in no
+    lane carries no ``lane``."""
+    out = run_json(cli, "run", str(LANE), code=3)
+    assert [(w["task_id"], w.get("lane")) for w in out["waiting_for"]] == [("_2", "My Lane")]
+
+
+# -- complex gateways -----------------------------------------------------------------------------
+
+GATEWAYS = HERE / "bpmn_js_gateways.bpmn"
+
+
+def test_a_complex_gateway_is_refused_naming_it_and_the_gateway_to_draw_instead() -> None:
+    found = errors(GATEWAYS)
+    assert "ComplexGateway_1" in found
+    said = found["ComplexGateway_1"]
+    assert "bpmn_js_gateways.bpmn" in said and "'ComplexGateway_1'" in said
+    assert "SpiffWorkflow has no complex gateway" in said and "draw an inclusive gateway" in said
+    assert 'set isExecutable="true"' in found["Process_1"]
+    with pytest.raises(ProcessError, match="ComplexGateway_1"):
+        load_process([GATEWAYS])
+
+
+def test_a_complex_gateway_in_a_process_that_runs_is_refused_where_plain_spiffworkflow_fails_to_parse(
+        tmp_path: Path) -> None:
+    """Made executable and given a start event, the file still holds the complex gateway, which
+    plain SpiffWorkflow cannot parse at all."""
+    path = rewritten(tmp_path, GATEWAYS, [
+        ('isExecutable="false">', 'isExecutable="true">\n    <bpmn:startEvent id="start"/>\n'
+                                  '    <bpmn:sequenceFlow id="go" sourceRef="start" targetRef="ComplexGateway_1"/>')])
+    assert "ComplexGateway_1" in errors(path)
+    with pytest.raises(Exception, match="no support implemented for this task type"):
+        run_plain(path, {}, {})
+
+
+# -- Signavio: a collapsed sub-process and nothing else ------------------------------------------
+
+SIGNAVIO = HERE / "signavio_collapsed_subprocess.bpmn"
+
+
+def test_a_signavio_collapsed_sub_process_without_events_is_refused_naming_what_to_draw() -> None:
+    found = errors(SIGNAVIO)
+    process = "sid-12284d7c-64a5-4e10-a961-b5b2793abafc"
+    assert 'set isExecutable="true"' in found[process]
+    assert "has no start event" in found["SubProcess_1"]
+    assert "to 'Task_1' and 'sid-E5C409EE-D285-456A-BB28-C1ABB0132774'" in found["SubProcess_1"]
+    with pytest.raises(ProcessError, match=process):
+        load_process([SIGNAVIO])
+
+
+# -- Bizagi: an empty main pool, empty scripts, empty conditions ----------------------------------
+
+BIZAGI = HERE / "bizagi_empty_conditions.bpmn"
+BIZAGI_PROCESS = "Id_afe38634-abd2-4197-98b5-503c0877e173"
+NO, SI = "Id_4cf212a8-eb51-4419-a94f-0be7bd7fa7fa", "Id_ebe36648-49e5-4218-9333-feaa54a5e205"
+
+
+def test_bizagi_s_empty_main_pool_is_not_a_process_to_choose_from() -> None:
+    """Bizagi draws its main participant as an empty pool beside the pool that holds the process:
+    a process with nothing in it cannot be the one to run, so it is neither a candidate that makes
+    the choice ambiguous nor told to draw a start event; what validate reports is the process the
+    file holds (the gateway's flows with an empty condition), as when its id is given."""
+    assert errors(BIZAGI) == errors(BIZAGI, BIZAGI_PROCESS)
+    assert set(errors(BIZAGI)) == {NO, SI}
+
+
+@pytest.mark.parametrize("flow", [NO, SI])
+def test_an_empty_bizagi_condition_is_refused_naming_the_flow_the_gateway_and_what_to_write(flow: str) -> None:
+    said = errors(BIZAGI, BIZAGI_PROCESS)[flow]
+    assert "bizagi_empty_conditions.bpmn" in said and f"'{flow}'" in said
+    assert "conditionExpression" in said and "'Id_aef1b59b-abcb-44f8-b0a2-4a5e06978d85'" in said
+    with pytest.raises(Exception, match="outgoing sequence flow without condition"):
+        plain_workflow(BIZAGI, BIZAGI_PROCESS)
+
+
+SCRIPTS = {  # each script task by its outgoing flow: Tarea 1, Multiplicar, Sumar, Enviar Resultado
+    "Id_a1480b2c-fa44-40a0-b332-fb467bdac7cb": "leido = True",
+    "Id_dba6b463-de7d-4bf3-bc85-345ffad08ee8": "resultado = Numero1 * Numero2",
+    "Id_a793ef20-610b-4421-93f5-a7eff61f587b": "resultado = Numero1 + Numero2",
+    "Id_53c58a28-c431-4a6f-9e5f-05664099d623": "enviado = resultado",
+}
+
+
+def _calculation(tmp_path: Path) -> Path:
+    """The file as validate says to write it: the "SI" flow given its condition (the gateway's
+    name), "NO" the default flow, and the empty scripts filled in (Python)."""
+    return rewritten(tmp_path, BIZAGI, [
+        ('<process id="Id_308618d4-966d-4419-a64d-84dd56e7a810" name="Proceso principal">\n'
+         '    <laneSet id="Id_784b4cc0-641a-42fb-ae14-44b2eab65072" />\n  </process>\n', ""),
+        ('<participant id="Id_21149935-4d1f-48c5-9a5d-5df0f62aea4e" name="Proceso Principal" '
+         'processRef="Id_308618d4-966d-4419-a64d-84dd56e7a810" />', ""),
+        ('gatewayDirection="Diverging">', f'gatewayDirection="Diverging" default="{NO}">'),
+        ('<conditionExpression id="Expression_04afec58-2693-4851-a2f4-8533a6457140" />', ""),
+        ('<conditionExpression id="Expression_9e579966-87e5-4803-afb9-e628bc7da609" />',
+         '<conditionExpression id="Expression_9e579966-87e5-4803-afb9-e628bc7da609">Numero1 &gt; Numero2'
+         '</conditionExpression>'),
+        ('<process id="Id_afe38634-abd2-4197-98b5-503c0877e173">',
+         '<process id="Id_afe38634-abd2-4197-98b5-503c0877e173" isExecutable="true">'),
+        *[(f"<outgoing>{flow}</outgoing>\n      <script />", f"<outgoing>{flow}</outgoing>\n      <script>{script}</script>")
+          for flow, script in SCRIPTS.items()],
+    ])
+
+
+@pytest.mark.parametrize("numbers, result", [((5, 3), 8), ((2, 7), 14), ((4, 4), 16)], ids=["SI", "NO", "equal"])
+def test_the_bizagi_calculation_written_as_validate_says_runs_as_in_plain_spiffworkflow(
+        tmp_path: Path, numbers: tuple[int, int], result: int) -> None:
+    path = _calculation(tmp_path)
+    data = {"Numero1": numbers[0], "Numero2": numbers[1]}
+    instance, _ = agree(path, data)
+    assert variables(instance.main) == {**data, "leido": True, "resultado": result, "enviado": result}
+
+
+def test_validate_on_the_command_line_names_the_bizagi_file_and_the_flow(cli: Any) -> None:
+    result = cli("validate", str(BIZAGI))
+    assert result.exit_code == 2, result.output
+    assert "bizagi_empty_conditions.bpmn" in result.output and NO in result.output
+    assert "process_ambiguous" not in result.output and "no start event" not in result.output
+
+
+def test_the_bizagi_calculation_runs_on_the_command_line(tmp_path: Path, cli: Any) -> None:
+    out = run_json(cli, "run", str(_calculation(tmp_path)), "--data", '{"Numero1": 6, "Numero2": 1}')
+    assert out["status"] == "completed", out["error"]
+    assert out["layers"]["L3"]["enviado"] == 7
+
+
+def test_no_problem_is_left_in_the_rewritten_files(tmp_path: Path) -> None:
+    assert [p for p in problems(_calculation(tmp_path)) if p[1] == "error"] == []
+    assert problems(LANE) == []
+
+
+def test_the_refusals_name_the_file_and_line(tmp_path: Path) -> None:
+    for path in (GATEWAYS, SIGNAVIO, BIZAGI):
+        for message in errors(path).values():
+            assert re.search(rf"{re.escape(path.name)}:\d+", message), message
