@@ -1035,6 +1035,8 @@ class _Validator:
         # A process that another one calls is not the one to start.
         called = {c.get("calledElement") for p in self.processes for c in p.element.iter(_bpmn("callActivity"))}
         roots = [p for p in executable if p.id not in called] or executable
+        # A pool drawn empty (Bizagi's main participant beside the pool that holds the flow) has nothing to run.
+        roots = [p for p in roots if next(p.element.iterchildren(*_FLOW_NODES), None) is not None] or roots
         if len(roots) > 1:
             together = [c for c in self.other_ids.values() if c.tag == "collaboration"
                         and {r.id for r in roots} <= {pid for _, pid in _pools(c.element)}]

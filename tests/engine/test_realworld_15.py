@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from context_layers.errors import ProcessError
-from engine import load_process
+from engine import Engine, load_process
 from engine.validate import validate_process
 
 from engine_helpers import cli_in_a_tmp_store, path_of, run_json, run_plain, variables
@@ -137,14 +137,20 @@ SCRIPTS = {  # each script task by its outgoing flow: Tarea 1, Multiplicar, Suma
 }
 
 
-def _calculation(tmp_path: Path) -> Path:
+EMPTY_POOL = [
+    ('<process id="Id_308618d4-966d-4419-a64d-84dd56e7a810" name="Proceso principal">\n'
+     '    <laneSet id="Id_784b4cc0-641a-42fb-ae14-44b2eab65072" />\n  </process>\n', ""),
+    ('<participant id="Id_21149935-4d1f-48c5-9a5d-5df0f62aea4e" name="Proceso Principal" '
+     'processRef="Id_308618d4-966d-4419-a64d-84dd56e7a810" />', ""),
+]
+
+
+def _calculation(tmp_path: Path, keep_empty_pool: bool = False) -> Path:
     """The file as validate says to write it: the "SI" flow given its condition (the gateway's
-    name), "NO" the default flow, and the empty scripts filled in (Python)."""
+    name), "NO" the default flow, and the empty scripts filled in (Python); without the empty pool
+    unless asked, for helpers that run a file's first process."""
     return rewritten(tmp_path, BIZAGI, [
-        ('<process id="Id_308618d4-966d-4419-a64d-84dd56e7a810" name="Proceso principal">\n'
-         '    <laneSet id="Id_784b4cc0-641a-42fb-ae14-44b2eab65072" />\n  </process>\n', ""),
-        ('<participant id="Id_21149935-4d1f-48c5-9a5d-5df0f62aea4e" name="Proceso Principal" '
-         'processRef="Id_308618d4-966d-4419-a64d-84dd56e7a810" />', ""),
+        *([] if keep_empty_pool else EMPTY_POOL),
         ('gatewayDirection="Diverging">', f'gatewayDirection="Diverging" default="{NO}">'),
         ('<conditionExpression id="Expression_04afec58-2693-4851-a2f4-8533a6457140" />', ""),
         ('<conditionExpression id="Expression_9e579966-87e5-4803-afb9-e628bc7da609" />',
@@ -164,6 +170,24 @@ def test_the_bizagi_calculation_written_as_validate_says_runs_as_in_plain_spiffw
     data = {"Numero1": numbers[0], "Numero2": numbers[1]}
     instance, _ = agree(path, data)
     assert variables(instance.main) == {**data, "leido": True, "resultado": result, "enviado": result}
+
+
+def test_the_bizagi_calculation_beside_its_empty_pool_runs_the_pool_that_holds_the_flow(tmp_path: Path) -> None:
+    """Fixed as validate says, with Bizagi's empty main pool left in the file: layerflow runs the
+    pool that holds the flow, as plain SpiffWorkflow does when given that pool's id (given none, it
+    takes the first process, the empty pool: "No start event found")."""
+    path = _calculation(tmp_path, keep_empty_pool=True)
+    assert [p for p in problems(path) if p[1] == "error"] == []
+    data = {"Numero1": 9, "Numero2": 2}
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), data))
+    wf = plain_workflow(path, BIZAGI_PROCESS, data)
+    assert instance.status == "completed", instance.error
+    assert instance.process_id == BIZAGI_PROCESS
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == dict(wf.last_task.data) == {**data, "leido": True, "resultado": 11, "enviado": 11}
+    with pytest.raises(Exception, match="No start event found"):
+        run_plain(path, data, {})
 
 
 def test_validate_on_the_command_line_names_the_bizagi_file_and_the_flow(cli: Any) -> None:
