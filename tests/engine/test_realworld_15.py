@@ -1,5 +1,6 @@
 """Shapes met in public BPMN files, round 15: lanes that list their steps by flowNodeRef (jBPM's own
-test of a lane, a ``.bpmn2`` file in the default namespace), complex gateways (bpmn-js's fixture of
+test of a lane, a ``.bpmn2`` file in the default namespace, and its parallel split to two signals
+that each end in a terminate end event), complex gateways (bpmn-js's fixture of
 every gateway kind), Signavio's export of a collapsed sub-process, and Bizagi Modeler's export of a
 small calculation (two pools, the main one drawn empty; empty scripts; a gateway's flows with an
 empty condition). Each is in ``tests/engine/realworld15/`` (the file says where it comes from and
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from SpiffWorkflow.bpmn.util.event import BpmnEvent
+from SpiffWorkflow.spiff.specs.event_definitions import SignalEventDefinition
 
 from context_layers.errors import ProcessError
 from engine import Engine, load_process
@@ -59,6 +62,32 @@ def test_a_waiting_user_task_names_the_lane_it_is_drawn_in(cli: Any) -> None:
     lane carries no ``lane``."""
     out = run_json(cli, "run", str(LANE), code=3)
     assert [(w["task_id"], w.get("lane")) for w in out["waiting_for"]] == [("_2", "My Lane")]
+
+
+# -- jBPM: a parallel split to two signals, each path ending in a terminate end event ---------------
+
+SPLIT = HERE / "jbpm_parallel_split_terminate.bpmn2"
+
+
+@pytest.mark.parametrize("signal, end", [("Signal 1", "EndEvent_2"), ("Signal 2", "EndEvent_1")])
+def test_the_first_signal_of_a_jbpm_parallel_split_terminates_the_other_path_as_in_plain_spiffworkflow(
+        signal: str, end: str) -> None:
+    """Both catch events wait after the split; the signal that comes first runs its path to its
+    terminate end event, which ends the process with the other catch event still waiting, on plain
+    SpiffWorkflow's path. The signal's payload goes into the context (README: its keys into
+    WORKING, then HISTORY), where plain SpiffWorkflow, given no variable to hold it, drops it."""
+    assert problems(SPLIT) == []
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([SPLIT]), {}))
+    assert sorted((w["kind"], w["event"]) for w in waiting.waiting_for) == [("event", "Signal 1"), ("event", "Signal 2")]
+    done = engine.send_event(waiting, signal, {"by": signal}, kind="signal")
+    wf = plain_workflow(SPLIT, "BPMN2-ParallelSpitTerminate")
+    wf.catch(BpmnEvent(SignalEventDefinition(signal), {"by": signal}))
+    wf.do_engine_steps()
+    assert done.status == "completed" and wf.is_completed()
+    assert path_of(done.workflow) == path_of(wf) and path_of(wf)[-1] == end
+    assert variables(done.main) == {"by": signal}
+    assert dict(wf.last_task.data) == {}
 
 
 # -- complex gateways -----------------------------------------------------------------------------
