@@ -3,7 +3,7 @@ test of a lane, a ``.bpmn2`` file in the default namespace, and its parallel spl
 that each end in a terminate end event), complex gateways (bpmn-js's fixture of
 every gateway kind), Signavio's export of a collapsed sub-process, and Bizagi Modeler's export of a
 small calculation (two pools, the main one drawn empty; empty scripts; a gateway's flows with an
-empty condition). Each is in ``tests/engine/realworld15/`` (the file says where it comes from and
+empty condition) and of three steps whose scripts Bizagi left empty. Each is in ``tests/engine/realworld15/`` (the file says where it comes from and
 what was trimmed). Where plain SpiffWorkflow 3.2 runs a file, a case runs it there too and the path
 and the variables must agree; where neither can, ``layerflow validate`` must say so, naming the file,
 the element and what to do, and doing that must give a file that runs as in plain SpiffWorkflow."""
@@ -217,6 +217,35 @@ def test_the_bizagi_calculation_beside_its_empty_pool_runs_the_pool_that_holds_t
     assert variables(instance.main) == dict(wf.last_task.data) == {**data, "leido": True, "resultado": 11, "enviado": 11}
     with pytest.raises(Exception, match="No start event found"):
         run_plain(path, data, {})
+
+
+SCRIPTLESS = HERE / "bizagi_empty_scripts.bpmn"
+LOGS = ["Id_8a13ebc1-f48c-444c-8412-2d6e4516de10", "Id_39ef24ff-8f0c-46f1-8bd3-718c2cd7681d",
+        "Id_d91ff9fb-165f-465e-a3ae-6bffc75efbbb"]  # Log01, Log02, Log03
+
+
+def test_bizagi_s_empty_scripts_are_warned_of_and_stop_the_run_at_the_first_naming_it(cli: Any) -> None:
+    """Bizagi's script tasks with an empty script (the repository runs JavaScript handlers of its
+    own for them): validate warns of each (a handler may be registered in Python), naming what to
+    give; run, the instance stops at the first with an error naming it and what to write (exit 1
+    on the command line), where plain SpiffWorkflow fails with Python's TypeError from exec()."""
+    warned = {p.element_id: p.message for p in validate_process([SCRIPTLESS]).problems if p.code == "no_implementation"}
+    assert list(warned) == [LOGS[1], LOGS[0], LOGS[2]]  # document order
+    assert all("write its Python script" in m and "handler" in m for m in warned.values())
+    out = run_json(cli, "run", str(SCRIPTLESS), code=1)
+    assert out["status"] == "error" and out["error"]["task_id"] == LOGS[0]
+    assert "has no script" in out["error"]["message"] and "write its Python script" in out["error"]["message"]
+    with pytest.raises(Exception, match="exec\\(\\) arg 1 must be a string"):
+        run_plain(SCRIPTLESS, {}, {})
+
+
+def test_bizagi_s_empty_scripts_run_the_handlers_registered_for_them_in_order() -> None:
+    """Given handlers, as the warning says, the three steps run in order to the end."""
+    engine = Engine(store="memory://", handlers={t: (lambda actx, n=n: {f"log{n}": True}) for n, t in enumerate(LOGS, 1)})
+    instance = engine.run(engine.start(load_process([SCRIPTLESS]), {}))
+    assert instance.status == "completed", instance.error
+    assert [t for t in path_of(instance.workflow) if t in LOGS] == LOGS
+    assert variables(instance.main) == {"log1": True, "log2": True, "log3": True}
 
 
 def test_validate_on_the_command_line_names_the_bizagi_file_and_the_flow(cli: Any) -> None:
