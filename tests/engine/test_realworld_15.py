@@ -64,6 +64,42 @@ def test_a_waiting_user_task_names_the_lane_it_is_drawn_in(cli: Any) -> None:
     assert [(w["task_id"], w.get("lane")) for w in out["waiting_for"]] == [("_2", "My Lane")]
 
 
+SWIMLANES = HERE / "swimlanes.bpmn"
+SUB_START = ('<bpmn:manualTask id="subtask" name="Sub task" />',
+             '<bpmn:startEvent id="sub_start" />\n      <bpmn:manualTask id="subtask" name="Sub task" />\n'
+             '      <bpmn:endEvent id="sub_end" />\n'
+             '      <bpmn:sequenceFlow id="to-subtask" sourceRef="sub_start" targetRef="subtask" />\n'
+             '      <bpmn:sequenceFlow id="from-subtask" sourceRef="subtask" targetRef="sub_end" />')
+
+
+def test_a_sub_process_in_a_lane_without_a_start_event_is_refused_naming_it() -> None:
+    said = errors(SWIMLANES)
+    assert list(said) == ["sub"]
+    assert "swimlanes.bpmn" in said["sub"] and "has no start event" in said["sub"] and "to 'subtask'" in said["sub"]
+
+
+def test_each_person_s_task_of_two_swimlanes_names_its_lane_and_the_run_agrees_with_plain_spiffworkflow(
+        tmp_path: Path) -> None:
+    """With the start event validate asked for, the customer's task waits in "Customer", the
+    admin's in "Admin", and so does the manual task inside the sub-process the Admin lane lists (no
+    flowNodeRef names it: it is in its sub-process's lane, as SpiffWorkflow reads it). Path and data
+    are plain SpiffWorkflow's."""
+    path = rewritten(tmp_path, SWIMLANES, [SUB_START])
+    answers = {"fillform": {"form": "filled"}, "approveform": {"approved": True}, "subtask": {"done": True}}
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}))
+    lanes = []
+    while instance.status == "waiting":
+        [item] = instance.waiting_for
+        lanes.append((item["task_id"], item.get("lane")))
+        instance = engine.complete_user_task(instance, item["task_id"], answers[item["task_id"]])
+    assert lanes == [("fillform", "Customer"), ("approveform", "Admin"), ("subtask", "Admin")]
+    wf, plain_data = run_plain(path, {}, answers)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == plain_data == {"form": "filled", "approved": True, "done": True}
+
+
 # -- jBPM: a parallel split to two signals, each path ending in a terminate end event ---------------
 
 SPLIT = HERE / "jbpm_parallel_split_terminate.bpmn2"
