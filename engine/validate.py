@@ -441,7 +441,7 @@ def validate_process(
     ``config_path`` None finds ``<stem>.layerflow.yaml|yml|json`` beside the first BPMN
     file (unless ``discover_config`` is false). ``process_id`` None takes the config
     file's ``process.process_id``, else the one executable process that no loaded process
-    calls (``report.process_id`` says which; the engine should start that one). ``parser_factory``
+    calls and that holds a flow node (``report.process_id`` says which; the engine should start that one). ``parser_factory``
     builds the SpiffWorkflow parser of the last check: by default the engine's
     ``engine.spiff.LayerflowBpmnParser`` (stock ``SpiffBpmnParser`` when that module is
     absent), so a process that validates also loads.
