@@ -1524,6 +1524,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
             if task.task_spec.manual:
                 item = {"kind": "user_task", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
                         "name": task.task_spec.bpmn_name}
+                lane = getattr(task.task_spec, "lane", None)
+                if lane:  # the name of the lane it is drawn in (a lane's flowNodeRef): whose task it is
+                    item["lane"] = lane
                 doc = getattr(task.task_spec, "documentation", None)
                 if doc:  # what the person is asked to enter
                     item["documentation"] = doc

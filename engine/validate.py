@@ -442,7 +442,7 @@ def validate_process(
     ``config_path`` None finds ``<stem>.layerflow.yaml|yml|json`` beside the first BPMN
     file (unless ``discover_config`` is false). ``process_id`` None takes the config
     file's ``process.process_id``, else the one executable process that no loaded process
-    calls (``report.process_id`` says which; the engine should start that one). ``parser_factory``
+    calls and that holds a flow node (``report.process_id`` says which; the engine should start that one). ``parser_factory``
     builds the SpiffWorkflow parser of the last check: by default the engine's
     ``engine.spiff.LayerflowBpmnParser`` (stock ``SpiffBpmnParser`` when that module is
     absent), so a process that validates also loads.
@@ -1046,6 +1046,8 @@ class _Validator:
         # A process that another one calls is not the one to start.
         called = {c.get("calledElement") for p in self.processes for c in p.element.iter(_bpmn("callActivity"))}
         roots = [p for p in executable if p.id not in called] or executable
+        # A pool drawn empty (Bizagi's main participant beside the pool that holds the flow) has nothing to run.
+        roots = [p for p in roots if next(p.element.iterchildren(*_FLOW_NODES), None) is not None] or roots
         if len(roots) > 1:
             together = [c for c in self.other_ids.values() if c.tag == "collaboration"
                         and {r.id for r in roots} <= {pid for _, pid in _pools(c.element)}]
