@@ -680,3 +680,142 @@ def test_compression_keeps_preserved_keys_respects_max_tokens_and_undoes(
     compressor.decompress(ctx, result)
     assert state_bytes(ctx) == before, "decompress restores the snapshot exactly"
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+STORE_PROPS = settings(FAST, max_examples=max(5, FAST.max_examples // 4),
+                       suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                              HealthCheck.data_too_large])
+
+
+@STORE_PROPS
+@given(OPS, JSON, st.lists(st.integers(1, 5), min_size=1, max_size=8), st.integers(0, 40))
+@example([("write", Layer.WORKING, "amount", "ü]]>" * 400), ("snapshot",),
+          ("write", Layer.WORKING, "amount", -0.0), ("restore", 0)], {"x": [1.0, 1, True, 5e-324, 1e300]}, [2], 3)
+def test_store_contract_over_generated_tapes(store: Any, ops: list[tuple], value: Any, chunks: list[int],
+                                             pick: int) -> None:
+    """Every backend gives back what it was given, byte for byte, and refuses stale writes."""
+    from context_layers.stores import TapeSequenceError, VersionConflict
+    ctx, _, at_seq, snaps = run_ops(ops)
+    events = [e.to_dict() for e in ctx.tape]
+    iid = f"{PREFIX}-{uuid.uuid4().hex[:10]}"
+    record = {"id": iid, "process_id": "p", "status": "running", "data": value}
+    version = store.create(record)
+    loaded, got = store.load(iid)
+    assert got == version == 1 and json.dumps(loaded, sort_keys=True) == json.dumps(record, sort_keys=True)
+    start, i = 0, 0
+    while start < len(events):
+        size = chunks[i % len(chunks)]
+        version = store.save(iid, {**record, "n": start}, version, {"main": events[start:start + size]})
+        start, i = start + size, i + 1
+        with pytest.raises(VersionConflict):
+            store.save(iid, record, version - 1)
+    with pytest.raises(TapeSequenceError):
+        store.save(iid, record, version, {"main": events[-1:]})
+    assert store.load(iid)[1] == version, "a refused save changes nothing"
+    since = ([0] + [e["seq"] for e in events])[pick % (len(events) + 1)]
+    tail = store.read_tape(iid, "main", since)
+    assert [e["seq"] for e in tail] == [e["seq"] for e in events if e["seq"] > since]
+    stored = store.read_tape(iid, "main")
+    assert LayeredContext.replay(stored) == ctx
+    for seq, state in at_seq.items():
+        assert state_bytes(LayeredContext.replay(stored, until=seq)) == state
+    for snap, state, _ in snaps:
+        store.put_snapshot(iid, snap.id, snap.to_dict())
+    for snap, state, _ in snaps:
+        assert state_bytes(type(snap).from_dict(snap.id, store.get_snapshot(iid, snap.id))) == state
+    assert sorted(store.list_snapshots(iid)) == sorted({s.id for s, _, _ in snaps})
+    assert store.delete(iid)
+
+
+# ------------------------------------------- the tape through gateways and compression
+
+BRANCH_WRITES = st.lists(st.tuples(st.sampled_from(KEYS + ["branch key"]), JSON), max_size=3)
+MORE_OPS = st.lists(st.one_of(
+    st.tuples(st.just("ops"), OPS.map(lambda ops: ops[:6])),
+    st.tuples(st.just("split_join"), BRANCH_WRITES, BRANCH_WRITES,
+              st.sampled_from(["LAST_WRITER_WINS", "MERGE_WITH_CONFLICT_DETECT"])),
+    st.tuples(st.just("compress"), st.integers(1, 20)),
+    st.tuples(st.just("decompress")),
+    st.tuples(st.just("anchor")),
+    st.tuples(st.just("abort"), BRANCH_WRITES),
+    st.tuples(st.just("write_many"), st.dictionaries(st.sampled_from(KEYS), JSON, max_size=3)),
+), max_size=8)
+
+
+def run_more(program: list[tuple]) -> tuple[LayeredContext, dict[int, tuple[bytes, bytes]], list[LayeredContext]]:
+    from context_layers.errors import MergeConflictError
+    ctx = LayeredContext(system=SYSTEM)
+    at_seq = {ctx.tape[-1].seq: (state_bytes(ctx), render_bytes(ctx))}
+    others: list[LayeredContext] = []
+    compressions: list[Any] = []
+    n = 0
+    for op in program:
+        n += 1
+        kind = op[0]
+        if kind == "ops":
+            for sub in op[1]:
+                if sub[0] in ("begin", "complete", "snapshot", "restore", "rollback"):
+                    continue  # activities and snapshots are exercised below and by run_ops
+                try:
+                    if sub[0] == "write":
+                        ctx.write(sub[1], sub[2], sub[3], actor="prop")
+                    else:
+                        ctx.delete(sub[1], sub[2], actor="prop")
+                except (ContextWriteDenied, KeyError):
+                    pass
+        elif kind == "split_join":
+            branches = ContextSplitter().split(ctx, gateway_id=f"g{n}", branches=[f"a{n}", f"b{n}"])
+            for branch, writes in zip(branches, op[1:3]):
+                branch.context.begin_activity(branch.branch_id)
+                for key, value in writes:
+                    try:
+                        branch.context.write(Layer.WORKING, key, value)
+                    except ContextWriteDenied:
+                        pass
+                branch.context.complete_activity(branch.branch_id)
+                others.append(branch.context)
+            try:  # merges, resolves and applies; a join that fails leaves its conflicts on the tape
+                ContextSplitter().join(ctx, branches, {"mergeStrategy": op[3]})
+            except MergeConflictError as error:
+                assert op[3] == "MERGE_WITH_CONFLICT_DETECT" and error.kind
+        elif kind == "compress":
+            config = {"preserveKeys": ["amount"], "compressRules": [
+                {"pattern": "*", "action": "summarize", "maxTokens": op[1]}]}
+            result = RuleDrivenCompressor().compress(ctx, config, triggers=[])
+            if result.snapshot_id is not None:
+                compressions.append(result)
+        elif kind == "decompress" and compressions:
+            RuleDrivenCompressor().decompress(ctx, compressions.pop())
+        elif kind == "anchor":
+            ctx.anchor(f"anchor{n}")
+        elif kind == "abort":
+            ctx.begin_activity(f"aborted{n}")
+            for key, value in op[1]:
+                try:
+                    ctx.write(Layer.WORKING, key, value)
+                except ContextWriteDenied:
+                    pass
+            ctx.abort_activity(f"aborted{n}", reason="boom")
+        elif kind == "write_many":
+            try:
+                ctx.write_many(Layer.WORKING, op[1], actor="prop")
+            except ContextWriteDenied:
+                pass
+        at_seq[ctx.tape[-1].seq] = (state_bytes(ctx), render_bytes(ctx))
+    return ctx, at_seq, others
+
+
+@FAST
+@given(MORE_OPS)
+@example([("split_join", [("amount", 1)], [("amount", 2)], "MERGE_WITH_CONFLICT_DETECT")])
+@example([("ops", [("write", Layer.WORKING, "amount", "x" * 200)]), ("compress", 1), ("anchor",),
+          ("decompress",), ("split_join", [("amount", None)], [], "LAST_WRITER_WINS")])
+def test_replay_is_byte_identical_through_gateways_and_compression(program: list[tuple]) -> None:
+    ctx, at_seq, others = run_more(program)
+    assert LayeredContext.replay(ctx.tape) == ctx
+    for seq, (state, rendered) in at_seq.items():
+        again = LayeredContext.replay(ctx.tape, until=seq)
+        assert state_bytes(again) == state, seq
+        assert render_bytes(again) == rendered, seq
+    for branch in others:
+        assert LayeredContext.replay(branch.tape) == branch
