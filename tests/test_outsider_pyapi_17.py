@@ -819,3 +819,53 @@ def test_replay_is_byte_identical_through_gateways_and_compression(program: list
         assert render_bytes(again) == rendered, seq
     for branch in others:
         assert LayeredContext.replay(branch.tape) == branch
+
+
+@FAST
+@given(OPS.map(lambda ops: ops[:10]), st.lists(BRANCH_WRITES, min_size=2, max_size=3),
+       st.lists(st.tuples(st.sampled_from(KEYS), st.booleans()), max_size=3))
+@example([("begin",), ("write", Layer.WORKING, "amount", 1), ("complete", [])],
+         [[("amount", 1.0), ("fact", "a")], [("größe", "b")]], [])
+def test_join_of_split_contexts_is_the_three_way_merge(ops: list[tuple], writes: list[list[tuple[str, Any]]],
+                                                       deletes: list[tuple[str, bool]]) -> None:
+    from context_layers.errors import MergeConflictError
+    ctx, _, _, _ = run_ops(ops)
+    if ctx.current_activity is not None:
+        ctx.complete_activity(ctx.current_activity)
+    ids = [f"br{i}" for i in range(len(writes))]
+    branches = ContextSplitter().split(ctx, gateway_id="gw", branches=ids)
+    for i, (branch, branch_writes) in enumerate(zip(branches, writes)):
+        branch.context.begin_activity(branch.branch_id)
+        for key, value in branch_writes:
+            try:
+                branch.context.write(Layer.WORKING, key, value)
+            except ContextWriteDenied:
+                pass
+        for key, first_only in deletes:
+            if i == 0 or not first_only:
+                try:
+                    branch.context.delete(Layer.WORKING, key)
+                except (ContextWriteDenied, KeyError):
+                    pass
+        branch.context.complete_activity(branch.branch_id)
+    # what a reader sees of each data key below EPHEMERAL (cleared at the split, not merged); a
+    # branch that only moved a key from WORKING to HISTORY at its activity's end has not changed it
+    def view(c: Any) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for layer in reversed(Layer.__members__.values()):
+            if layer is not Layer.EPHEMERAL:
+                seen.update({k: thaw(v) for k, v in c.layer(layer).items() if k in KEYS + ["branch key"]})
+        return seen
+    conflicts, merged = expected_merge(view(ctx), {b.branch_id: view(b.context) for b in branches})
+    if conflicts:
+        with pytest.raises(MergeConflictError) as info:
+            ContextSplitter().join(ctx, branches, {})
+        for key in conflicts:
+            assert repr(key) in str(info.value), key
+        assert LayeredContext.replay(ctx.tape) == ctx
+        return
+    ContextSplitter().join(ctx, branches, {})
+    assert {k: canonical_json(v) for k, v in view(ctx).items()} == {k: canonical_json(v) for k, v in merged.items()}
+    records = [k for k in ctx.layer(Layer.HISTORY) if k.startswith("activity:br")]
+    assert records == [f"activity:{i}" for i in ids], "branches' new HISTORY keys come in branch order"
+    assert LayeredContext.replay(ctx.tape) == ctx
