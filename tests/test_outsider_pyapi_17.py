@@ -136,8 +136,10 @@ def assert_matches(ctx: LayeredContext, model: Model) -> None:
             assert dump(ctx.resolve(key)) == dump(want), key
 
 
+ANY_KEY = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=5)
 OPS = st.lists(st.one_of(
     st.tuples(st.just("write"), st.sampled_from(WRITABLE), st.sampled_from(KEYS), JSON),
+    st.tuples(st.just("write"), st.sampled_from(WRITABLE), ANY_KEY, JSON),
     st.tuples(st.just("delete"), st.sampled_from(WRITABLE), st.sampled_from(KEYS)),
     st.tuples(st.just("begin")),
     st.tuples(st.just("complete"), st.lists(st.sampled_from(KEYS), max_size=2)),
@@ -159,7 +161,19 @@ def run_ops(ops: list[tuple]) -> tuple[LayeredContext, Model, dict[int, bytes], 
     for op in ops:
         before = len(ctx.tape)
         kind = op[0]
-        if kind == "write":
+        if kind == "write" and op[2] not in KEYS:
+            from context_layers import ContextValueError
+            _, layer, key, value = op
+            state = state_bytes(ctx)
+            try:
+                ctx.write(layer, key, value, actor="prop")
+            except ContextValueError as error:  # not NFC, or posing as an engine key
+                assert repr(key) in str(error) and state_bytes(ctx) == state, "named; nothing written"
+            except ContextWriteDenied:
+                assert model.write(layer, key, value) is not None
+            else:
+                assert model.write(layer, key, value) is None
+        elif kind == "write":
             _, layer, key, value = op
             denied_at = model.write(layer, key, value)
             if denied_at is None:
@@ -515,7 +529,9 @@ def xml_entries(messages: list[dict[str, str]]) -> dict[str, dict[str, str]]:
                     continue
                 text = entry.text or ""
                 value = json.loads(text) if entry.get("type") == "json" else text
-                seen.setdefault(layer, {})[entry.get("key")] = canonical_json(value)
+                key = entry.get("key")
+                key = json.loads(entry.get("key-json")) if key is None else key  # keys XML cannot hold
+                seen.setdefault(layer, {})[key] = canonical_json(value)
     return seen
 
 
@@ -743,7 +759,7 @@ MORE_OPS = st.lists(st.one_of(
 
 
 def run_more(program: list[tuple]) -> tuple[LayeredContext, dict[int, tuple[bytes, bytes]], list[LayeredContext]]:
-    from context_layers.errors import MergeConflictError
+    from context_layers.errors import ContextValueError, MergeConflictError
     ctx = LayeredContext(system=SYSTEM)
     at_seq = {ctx.tape[-1].seq: (state_bytes(ctx), render_bytes(ctx))}
     others: list[LayeredContext] = []
@@ -761,7 +777,7 @@ def run_more(program: list[tuple]) -> tuple[LayeredContext, dict[int, tuple[byte
                         ctx.write(sub[1], sub[2], sub[3], actor="prop")
                     else:
                         ctx.delete(sub[1], sub[2], actor="prop")
-                except (ContextWriteDenied, KeyError):
+                except (ContextWriteDenied, ContextValueError, KeyError):
                     pass
         elif kind == "split_join":
             branches = ContextSplitter().split(ctx, gateway_id=f"g{n}", branches=[f"a{n}", f"b{n}"])
@@ -868,4 +884,64 @@ def test_join_of_split_contexts_is_the_three_way_merge(ops: list[tuple], writes:
     assert {k: canonical_json(v) for k, v in view(ctx).items()} == {k: canonical_json(v) for k, v in merged.items()}
     records = [k for k in ctx.layer(Layer.HISTORY) if k.startswith("activity:br")]
     assert records == [f"activity:{i}" for i in ids], "branches' new HISTORY keys come in branch order"
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
+@FAST
+@given(st.lists(st.tuples(TEXT, JSON, st.booleans()), min_size=1, max_size=6), st.integers(5, 200),
+       st.sampled_from(["summarize", "count_only", "extract_keys"]), st.booleans())
+def test_cliff_never_touches_preserved_keys_and_undoes(entries: list[tuple[str, Any, bool]], limit: int,
+                                                       action: str, rules_again: bool) -> None:
+    """Keys preserved at activity end survive every compression (rules and the cliff) unchanged."""
+    ctx = LayeredContext(system={"p": 1})
+    preserved = []
+    for i, (text, value, keep) in enumerate(entries):
+        ctx.begin_activity(f"t{i}")
+        ctx.write(Layer.WORKING, f"tool_call_result_{i}", {"status": text, "data": {"id": i, "v": value}})
+        ctx.write(Layer.WORKING, f"log_{i}", f"{text} " * 20)
+        ctx.complete_activity(f"t{i}", preserve_keys=[f"log_{i}"] if keep else [])
+        preserved += [f"log_{i}"] if keep else []
+    kept = {k: canonical_json(thaw(ctx.layer(Layer.HISTORY)[k])) for k in preserved}
+    before = state_bytes(ctx)
+    rule = {"pattern": "*", "action": action, "maxTokens": 5, "keepLast": 1, "extractKeys": ["status"]}
+    config = {"compressTokenThreshold": limit, "compressMessageThreshold": 2, "compressRules": [rule]}
+    compressor = RuleDrivenCompressor()
+    result = compressor.compress(ctx, config)
+    for key, value in kept.items():
+        assert canonical_json(thaw(ctx.layer(Layer.HISTORY)[key])) == value, key
+    if rules_again and result.snapshot_id is not None:  # rules are idempotent: a second pass changes nothing
+        once = state_bytes(ctx)
+        again = compressor.compress(ctx, {"compressRules": [rule]}, triggers=[])
+        assert state_bytes(ctx) == once and again.snapshot_id is None
+    assert LayeredContext.replay(ctx.tape) == ctx
+    if result.snapshot_id is not None:
+        compressor.decompress(ctx, result)
+        assert state_bytes(ctx) == before
+    assert state_bytes(ctx) == before
+
+
+@FAST
+@given(OPS, st.sampled_from([Layer.KNOWLEDGE, Layer.WORKING, Layer.EPHEMERAL]), st.text(max_size=8), JSON)
+def test_volatile_writes_keep_the_rendered_prefix(ops: list[tuple], layer: Layer, key: str, value: Any) -> None:
+    """Stable parts first: a write to a volatile layer changes only what follows the stable prefix."""
+    from context_layers import ContextValueError
+    ctx = rich_context(ops)
+    key = f"new {key}"
+    if any(key in ctx.layer(lower) for lower in Layer if lower <= layer):
+        return
+    before = {f: render(ctx, format=f) for f in ("xml", "json", "plain")}
+    try:
+        ctx.write(layer, key, value, actor="late")
+    except ContextValueError:
+        return
+    for fmt, old in before.items():
+        new = render(ctx, format=fmt)
+        assert new[:-1] == old[:-1], fmt
+        marker = {"xml": "<current>", "json": '{"knowledge"', "plain": "== CURRENT"}[fmt]
+        head = old[-1]["content"]
+        cut = head.find(marker) if marker in head else None
+        stable = head[:cut] if cut is not None else head.rsplit("\n", 1)[0] if fmt != "json" else ""
+        assert new[-1]["content"].startswith(stable), fmt
+    view = ctx.view()
+    assert render(view, format="json") == render(ctx, format="json")
     assert LayeredContext.replay(ctx.tape) == ctx
