@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from context_layers import (ActivityExtensionConfig, AttentionScore, CompressTriggerDetector,
+from context_layers import (AttentionScore, CompressTriggerDetector,
                             ContextWriteDenied, Layer, LayeredContext, RuleDrivenCompressor,
                             canonical_json, render, thaw)
 from gateways import ConflictDetector, ContextSplitter, three_way_merge
@@ -945,3 +945,13 @@ def test_volatile_writes_keep_the_rendered_prefix(ops: list[tuple], layer: Layer
     view = ctx.view()
     assert render(view, format="json") == render(ctx, format="json")
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_readme_store_example_runs(store: Any) -> None:
+    """README's "Stores from Python" block, run against every backend (its URL swapped for ours)."""
+    import re
+    section = (ROOT / "README.md").read_text().split("### Stores from Python", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = code.replace('store = open_store("memory://")', "")
+    code = code.replace('"i1"', f'"{PREFIX}-readme-{uuid.uuid4().hex[:8]}"').replace('"c1"', f'"{PREFIX}-c-{uuid.uuid4().hex[:8]}"')
+    exec(compile(code, "README.md", "exec"), {"store": store})
