@@ -758,6 +758,15 @@ MORE_OPS = st.lists(st.one_of(
 ), max_size=8)
 
 
+def write_what_is_allowed(ctx: LayeredContext, writes: list[tuple[str, Any]]) -> None:
+    """WORKING writes from inside an activity; the ones the layer rules deny are left out."""
+    for key, value in writes:
+        try:
+            ctx.write(Layer.WORKING, key, value)
+        except ContextWriteDenied:
+            pass
+
+
 def run_more(program: list[tuple]) -> tuple[LayeredContext, dict[int, tuple[bytes, bytes]], list[LayeredContext]]:
     from context_layers.errors import ContextValueError, MergeConflictError
     ctx = LayeredContext(system=SYSTEM)
@@ -783,11 +792,7 @@ def run_more(program: list[tuple]) -> tuple[LayeredContext, dict[int, tuple[byte
             branches = ContextSplitter().split(ctx, gateway_id=f"g{n}", branches=[f"a{n}", f"b{n}"])
             for branch, writes in zip(branches, op[1:3]):
                 branch.context.begin_activity(branch.branch_id)
-                for key, value in writes:
-                    try:
-                        branch.context.write(Layer.WORKING, key, value)
-                    except ContextWriteDenied:
-                        pass
+                write_what_is_allowed(branch.context, writes)
                 branch.context.complete_activity(branch.branch_id)
                 others.append(branch.context)
             try:  # merges, resolves and applies; a join that fails leaves its conflicts on the tape
@@ -806,11 +811,7 @@ def run_more(program: list[tuple]) -> tuple[LayeredContext, dict[int, tuple[byte
             ctx.anchor(f"anchor{n}")
         elif kind == "abort":
             ctx.begin_activity(f"aborted{n}")
-            for key, value in op[1]:
-                try:
-                    ctx.write(Layer.WORKING, key, value)
-                except ContextWriteDenied:
-                    pass
+            write_what_is_allowed(ctx, op[1])
             ctx.abort_activity(f"aborted{n}", reason="boom")
         elif kind == "write_many":
             try:
@@ -852,11 +853,7 @@ def test_join_of_split_contexts_is_the_three_way_merge(ops: list[tuple], writes:
     branches = ContextSplitter().split(ctx, gateway_id="gw", branches=ids)
     for i, (branch, branch_writes) in enumerate(zip(branches, writes)):
         branch.context.begin_activity(branch.branch_id)
-        for key, value in branch_writes:
-            try:
-                branch.context.write(Layer.WORKING, key, value)
-            except ContextWriteDenied:
-                pass
+        write_what_is_allowed(branch.context, branch_writes)
         for key, first_only in deletes:
             if i == 0 or not first_only:
                 try:
