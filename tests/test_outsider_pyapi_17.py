@@ -952,3 +952,20 @@ def test_readme_store_example_runs(store: Any) -> None:
     code = code.replace('store = open_store("memory://")', "")
     code = code.replace('"i1"', f'"{PREFIX}-readme-{uuid.uuid4().hex[:8]}"').replace('"c1"', f'"{PREFIX}-c-{uuid.uuid4().hex[:8]}"')
     exec(compile(code, "README.md", "exec"), {"store": store})
+
+
+def test_layer_names_and_read_only_layers_as_designed() -> None:
+    from collections.abc import Mapping
+    from enum import IntEnum
+    assert issubclass(Layer, IntEnum)
+    assert [Layer(i) for i in range(6)] == [Layer.SYSTEM, Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY,
+                                            Layer.WORKING, Layer.EPHEMERAL]
+    assert [str(layer) for layer in Layer] == [f"L{i}" for i in range(6)]
+    ctx = LayeredContext(system={"policy": {"nested": [1]}})
+    history = ctx.layer(Layer.HISTORY)
+    assert isinstance(history, Mapping)
+    with pytest.raises(TypeError):
+        history["x"] = 1  # type: ignore[index]
+    with pytest.raises(TypeError):
+        ctx.resolve("policy")["nested"].append(2)
+    assert ctx.resolve("policy") == {"nested": [1]}
