@@ -293,6 +293,28 @@ def test_keys_preserved_inside_branches_survive_after_the_join() -> None:
     assert {k: ctx.resolve(k) for k in expected} == expected
 
 
+@pytest.mark.parametrize("rule", [
+    {"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status"]},
+    {"pattern": "tool_call_result", "action": "summarize", "maxTokens": 3},
+], ids=["extract_keys", "summarize"])
+def test_a_compression_does_not_fire_the_next_one_by_itself(rule: dict[str, Any]) -> None:
+    """Four distinct, useful tool results: nothing fires. A rule cuts them down to what it keeps
+    (`status: ok`); the scores of what it left must not call them useless or duplicates, or the
+    next activity compresses again because of this compression (a sliding window, not a cliff)."""
+    ctx = LayeredContext(system={"policy": "p"})
+    for n in range(4):
+        _activity(ctx, f"search_{n}", {f"tool_call_result_{n}": {"status": "ok", "data": {
+            "id": f"DOC-{n}", "text": PROSE[n]}}})
+    detector = CompressTriggerDetector()
+    assert list(detector.detect(ctx, {"attentionThresholds": DEFAULTS})) == []
+    result = RuleDrivenCompressor().compress(ctx, {"compressRules": [rule]}, triggers=[])
+    doc = result.to_dict()
+    assert doc["entries_affected"] == 4
+    assert doc["attention_after"]["toolEfficiency"] == 1.0
+    assert doc["attention_after"]["redundancy"] == 0.0
+    assert list(detector.detect(ctx, {"attentionThresholds": DEFAULTS})) == []
+
+
 # ---- evaluate, decompress, the cliff ----------------------------------------------------------
 
 def test_evaluate_and_decompress_restore_the_snapshot_exactly() -> None:
