@@ -37,6 +37,7 @@ from gateways import ContextSplitter
 
 from engine_helpers import cli_in_a_tmp_store, run_json
 from test_unseen_processes_16 import _served_url
+from test_unseen_processes_3 import assert_replays   # every snapshot of every context rebuilds byte for byte
 
 HERE = Path(__file__).resolve().parent / "unseen18c"
 ROOT = Path(__file__).resolve().parents[2]
@@ -448,6 +449,7 @@ def test_the_research_loop_compresses_on_its_token_threshold_only(cli: Any, tmp_
                for c in comps)
     config = {"compressTokenThreshold": 900, "attentionThresholds": OFF}
     _check_triggers_against_the_tape(store, doc["instance_id"], doc, {"search_round_task": config})
+    assert_replays(doc, store)
     history = doc["layers"]["L3"]
     assert history["research_question"].startswith("Which heat pump refrigerants")
     assert doc["layers"]["L3"]["answer"].endswith(history["research_question"])
@@ -458,6 +460,8 @@ def test_the_research_loop_compresses_on_its_token_threshold_only(cli: Any, tmp_
         assert all(h["id"].startswith("DOC-") for h in value["data"]["hits"])
         assert set(value) == {"_compressed", "status", "data"} and set(value["data"]) <= {"query", "hits"}
 
+    summaries = [v["summary"] for k, v in history.items() if k.startswith("reasoning_") and isinstance(v, dict)]
+    assert summaries and all(count_text(text) <= 12 for text in summaries)
     iid = doc["instance_id"]
     # the tape: one compression per entry of --json, replay byte-identical to inspect
     tape = json.loads(cli("tape", iid, "--store", store, "--kind", "compression", "--json").stdout)
@@ -505,6 +509,7 @@ def test_the_underwriting_compressions_in_run_json_match_the_detector(cli: Any, 
                "medical_review": {}, "financial_review": {}, "intake": {}}
     _check_triggers_against_the_tape(store, doc["instance_id"], {
         "compressions": doc["compressions"]}, {k: v for k, v in configs.items() if v})
+    assert_replays(doc, store)
     for comp in doc["compressions"]:
         memo = comp["rules"]
         assert all(set(r) == {"pattern", "action", "entries"} for r in memo)
