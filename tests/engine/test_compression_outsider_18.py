@@ -575,6 +575,11 @@ def test_compress_evaluate_decompress_and_rollback_over_rest(served: tuple[httpx
     assert rolled.status_code == 200, rolled.text
     after = api.get(f"/api/instances/{iid}").json()
     assert canonical_json(after["layers"]["L3"]) == canonical_json(doc["layers"]["L3"])
+    for rule, field in BAD_RULES:
+        refused = api.post("/api/context-governance/compress", json={
+            "instance_id": iid, "action": "compress", "compressRules": [rule]})
+        assert refused.status_code in (400, 422), (rule, refused.text)
+        assert field in refused.text, (rule, refused.text)
     tape = api.get(f"/api/instances/{iid}/tape", params={"kind": "compression"}).json()
     events = tape["events"] if isinstance(tape, dict) else tape
     assert len(events) >= 2
