@@ -583,3 +583,17 @@ def test_compress_evaluate_decompress_and_rollback_over_rest(served: tuple[httpx
     tape = api.get(f"/api/instances/{iid}/tape", params={"kind": "compression"}).json()
     events = tape["events"] if isinstance(tape, dict) else tape
     assert len(events) >= 2
+
+
+def test_decompress_after_later_activities_restores_the_entries_and_keeps_the_later_writes() -> None:
+    ctx = _search_ctx()
+    before = dict(ctx.layer(Layer.HISTORY))
+    compressor = RuleDrivenCompressor()
+    result = compressor.compress(ctx, {"compressRules": [
+        {"pattern": "reasoning_*", "action": "summarize", "maxTokens": 5}]}, triggers=[])
+    _activity(ctx, "later", {"later_fact": PROSE[4]})
+    compressor.decompress(ctx, result)
+    history = dict(ctx.layer(Layer.HISTORY))
+    assert {k: history[k] for k in before} == before
+    assert history["later_fact"] == PROSE[4] and "activity:later" in history
+    assert LayeredContext.replay(ctx.tape) == ctx
