@@ -64,6 +64,7 @@ __all__ = [
     "conflict",
     "decay",
     "density",
+    "is_compressed",
     "is_compressor_record",
     "is_tool_entry",
     "redundancy",
@@ -168,6 +169,14 @@ def is_compressor_record(key: str, value: Any) -> bool:
     return key.startswith("compaction:") or (isinstance(value, dict) and value.get("_compressed") == "count_only")
 
 
+def is_compressed(key: str, value: Any) -> bool:
+    """A compressor record, or an entry a rule rewrote in place (``extract_keys``, ``summarize``).
+    What a rule left restates what it replaced: judging it again as a fresh tool result or note
+    (``status: ok`` looks empty, two cut-down results look alike) would let a compression fire
+    the next one by itself."""
+    return is_compressor_record(key, value) or (isinstance(value, dict) and "_compressed" in value)
+
+
 def is_activity_record(key: str, value: Any) -> bool:
     return key.startswith("activity:") and entry_kind(key, value) == "activity"
 
@@ -231,7 +240,7 @@ def density(scope: Scope) -> float:
 
 
 def _redundancy(scope: Scope) -> tuple[float, dict[str, Any]]:
-    entries = [e for e in scope.entries if not is_compressor_record(e.key, e.value)]
+    entries = [e for e in scope.entries if not is_compressed(e.key, e.value)]
     clusters = near_duplicate_clusters(word_sets((e.key, e.value) for e in entries))
     counted = clusters.counted
     value = clusters.redundant / counted if counted > 1 else 0.0
@@ -243,8 +252,8 @@ def _redundancy(scope: Scope) -> tuple[float, dict[str, Any]]:
 def redundancy(scope: Scope) -> float:
     """redundancy = (n - c) / n.
 
-    n is the number of scope entries that have words (compressor records left out:
-    they restate what they replaced), c the number of clusters of near-duplicates
+    n is the number of scope entries that have words (compressor records and entries a
+    rule rewrote left out: they restate what they replaced), c the number of clusters of near-duplicates
     among them (connected components of "Jaccard of word 3-shingles >= 0.8", see
     ``context_layers.similarity``). It is the share of entries that repeat an earlier
     one: a cluster of k entries contributes k - 1. 0.0 when n <= 1. Exact up to 200
@@ -444,7 +453,7 @@ def classify_tool_entries(entries: Iterable[tuple[str, Any]]) -> ToolReport:
     results: list[tuple[str, Any]] = []
     calls: list[tuple[str, Any]] = []
     for k, v in entries:
-        if is_tool_entry(k, v):
+        if is_tool_entry(k, v) and not is_compressed(k, v):
             (calls if entry_kind(k, v) == "tool_call" else results).append((k, v))
     answered: set[str] = set()
     for _, v in results:
@@ -467,7 +476,8 @@ def tool_efficiency(scope: Scope) -> float:
     """toolEfficiency = useful results / tool calls.
 
     Tool entries are scope entries of kind ``tool_call``, ``tool_call_result`` or
-    ``tool_result``, or without a kind and keyed as a result (``is_tool_entry``). Each entry of another kind than ``tool_call`` is one call
+    ``tool_result``, or without a kind and keyed as a result (``is_tool_entry``), that no
+    rule has rewritten (``is_compressed``: the rule judged them already). Each entry of another kind than ``tool_call`` is one call
     with its result; a ``tool_call`` entry is one more call unless a result carries
     its ``call_id`` (or ``tool_call_id``). A result is useful when it is not an error
     (no truthy ``error``, ``is_error`` not true, ``ok`` not false, ``status`` not one

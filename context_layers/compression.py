@@ -67,6 +67,7 @@ from .attention import (
     Scope,
     Segments,
     classify_tool_entries,
+    is_compressed,
     is_compressor_record,
 )
 from .canonical import canonical_json
@@ -411,9 +412,9 @@ class RuleDrivenCompressor:
 
         chosen: dict[str, None] = {}
         if "redundancy" in fired:
-            pool = [(k, v) for k, v in items if not is_compressor_record(k, v)]
+            pool = [(k, v) for k, v in items if not is_compressed(k, v)]
             in_history = len(pool)
-            pool += [(e.key, e.value) for e in scope.working if not is_compressor_record(e.key, e.value)]
+            pool += [(e.key, e.value) for e in scope.working if not is_compressed(e.key, e.value)]
             labels = near_duplicate_clusters(word_sets(pool)).labels
             newest: dict[int, int] = {}
             for i, label in enumerate(labels):

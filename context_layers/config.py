@@ -125,6 +125,24 @@ class _Model(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
 
+def _unclosed_bracket(pattern: str) -> bool:
+    """Whether a glob has a ``[`` that fnmatch cannot close (``[!`` and a leading ``]`` as fnmatch reads them)."""
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern[i] == "[":
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            j = pattern.find("]", j)
+            if j < 0:
+                return True
+            i = j
+        i += 1
+    return False
+
+
 class CompressRule(_Model):
     """A rule applied to HISTORY entries whose kind or key matches ``pattern`` (glob)."""
 
@@ -133,6 +151,16 @@ class CompressRule(_Model):
     extract_keys: list[str] = Field(default_factory=list)
     max_tokens: int | None = Field(default=None, gt=0)
     keep_last: int = Field(default=0, ge=0)
+
+    @field_validator("pattern")
+    @classmethod
+    def _check_glob(cls, pattern: str) -> str:
+        # fnmatch reads an unclosed "[" as a literal, so a typo like "tool_[0-9" would silently
+        # match nothing instead of the class its writer meant
+        if _unclosed_bracket(pattern):
+            raise ValueError(f"glob {pattern!r} opens a character class with '[' and never closes it: "
+                             "close it with ']', or write '[[]' for a literal '['")
+        return pattern
 
     @model_validator(mode="after")
     def _check_action_fields(self) -> "CompressRule":
