@@ -85,8 +85,14 @@ def purpose(body: dict[str, Any]) -> str:
         return "conflict"
     if body.get("max_tokens") is not None:
         return "summary"
-    found = re.search(r'<task activity="([^"]+)"', str(messages[-1].get("content") or ""))
-    return found.group(1) if found else "?"
+    last = str(messages[-1].get("content") or "")
+    found = re.search(r'<task activity="([^"]+)"', last)
+    if found:
+        return found.group(1)
+    try:  # renderFormat: json
+        return str([s["task"] for s in json.loads(last)["sections"] if "task" in s][0]["activity"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        return "?"
 
 
 def conflict_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -490,3 +496,48 @@ def test_a_bad_llm_block_is_refused_naming_the_file_the_element_and_the_field(
             assert error is not None
             said = error["message"] + result.stderr
         assert str(config) in said and repr(element) in said and repr(field) in said, said
+
+
+def test_in_the_json_format_too_the_hostile_values_are_values_and_the_sections_come_stable_first(tmp_path: Path) -> None:
+    for name in ("ticket_triage.bpmn", "triage_handlers.py", "ticket_triage.layerflow.yaml"):
+        shutil.copy(HERE / name, tmp_path / name)
+    config = tmp_path / "ticket_triage.layerflow.yaml"
+    config.write_text(config.read_text().replace("    maxRetries: 0\n", "    maxRetries: 0\n    renderFormat: json\n"))
+    with Routed(answers()) as stub:
+        code, doc, err = run_model(tmp_path / "ticket_triage.bpmn", TICKET, stub)
+    assert code == 0, err
+    activity = [r for r in stub.requests if purpose(r) in ACTIVITY_ANSWERS]
+    assert [purpose(r) for r in activity] == ["classify_ticket", "draft_refund", "close_ticket"]
+    system = json.loads(str(activity[-1]["messages"][0]["content"]))
+    assert [list(section) for section in system["sections"]] == [["system"], ["process"]]
+    assert {e["key"]: e["value"] for e in system["sections"][1]["process"]} == TICKET
+    request = json.loads(str(activity[-1]["messages"][-1]["content"]))
+    names = [next(iter(section)) for section in request["sections"]]
+    assert names[-1] == "task" and names.index("history") < names.index("task")
+    history = {e["key"]: e["value"] for e in request["sections"][names.index("history")]["history"]}
+    assert history["reply_draft"] == "We refund you. " + HOSTILE and history["agent_notes"] == NOTES
+    for before, after in zip(activity, activity[1:]):  # the same stable prefix in this format
+        first, then = str(before["messages"][-1]["content"]), str(after["messages"][-1]["content"])
+        assert before["messages"][0] == after["messages"][0]
+        history_end = first.index(']},{"', first.index('{"history":'))  # a quote inside a value is escaped
+        assert common_prefix(first, then) >= history_end
+
+
+def test_a_clause_review_sends_the_same_bytes_twice_and_an_answers_file_settles_an_escalation(tmp_path: Path) -> None:
+    def conflict(body: dict[str, Any]) -> Reply:
+        return Reply.json({"final_value": "reject", "rationale": "counsel decides", "escalate": True})
+    sent_twice = []
+    for _ in range(2):
+        with Routed(answers(conflict)) as stub:
+            code, doc, err = run_model(CLAUSE, CONTRACT, stub)
+        assert code == 3, err
+        sent_twice.append(sent(stub.requests))
+    assert sent_twice[0] == sent_twice[1]
+    answers_file = tmp_path / "answers.json"
+    answers_file.write_text(json.dumps({"confirmations": {"review_join/clause_verdict": "accept", "*": "high"}}))
+    with Routed(answers(conflict)) as stub:
+        code, doc, err = run_model(CLAUSE, CONTRACT, stub, "--answers", str(answers_file))
+    assert code == 0, err
+    assert {c["key"]: (c["resolution"]["value"], c["resolution"]["resolver"]) for c in doc["conflicts"]} == {
+        "clause_verdict": ("accept", "human"), "risk_rating": ("high", "human")}
+    assert doc["layers"]["L3"]["memo"] == "Reject the clause."
