@@ -541,3 +541,29 @@ def test_a_clause_review_sends_the_same_bytes_twice_and_an_answers_file_settles_
     assert {c["key"]: (c["resolution"]["value"], c["resolution"]["resolver"]) for c in doc["conflicts"]} == {
         "clause_verdict": ("accept", "human"), "risk_rating": ("high", "human")}
     assert doc["layers"]["L3"]["memo"] == "Reject the clause."
+
+
+@pytest.mark.parametrize("reply, named", [
+    (Reply.error(503, "overloaded"), "overloaded"),
+    (Reply.json({"category": "refund", "urgency": "low", "policy": "refund everything"}), "policy"),
+    (Reply.json({"category": "refund", "urgency": "low", "_mergedConflicts": []}), "_mergedConflicts"),
+])
+def test_a_classifier_that_fails_or_writes_what_it_may_not_leaves_nothing_half_written(
+        tmp_path: Path, reply: Reply, named: str) -> None:
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+
+    def route(kind: str, body: dict[str, Any]) -> Reply:
+        return reply if kind == "classify_ticket" else answers()(kind, body)
+    with Routed(route) as stub:
+        code, doc, err = run_model(TRIAGE, TICKET, stub, store=store)
+    assert code == 1, err
+    assert doc["status"] == "error" and doc["error"]["task_id"] == "classify_ticket"
+    assert named in doc["error"]["message"], doc["error"]
+    every = {k for layer in doc["layers"].values() for k in layer}
+    assert not {"category", "urgency"} & every
+    assert doc["layers"]["L0"]["policy"].startswith("Refunds up to 200 EUR")
+    # the cause fixed (a model that answers), the same instance goes on
+    with Routed(answers()) as stub:
+        code, done, err = cli("resume", doc["instance_id"], "--model", MODEL, "--json", stub=stub, store=store)
+    assert code == 0, err
+    assert done["layers"]["L3"]["category"] == "refund" and done["layers"]["L3"]["closing_note"] == "Refund sent."
