@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 import pytest
 
+import test_model_paths_16
 from engine import Engine, load_process
 from stub_llm import Reply, StubLLM
 
@@ -77,14 +78,11 @@ class Routed(StubLLM):
 
 
 def purpose(body: dict[str, Any]) -> str:
+    """condition, conflict, summary (as round 16 tells them apart), else the activity the request is for."""
+    kind = test_model_paths_16._purpose(body)
+    if kind != "activity":
+        return kind
     messages = body["messages"]
-    system = str(messages[0].get("content") or "")
-    if system.startswith("You route a business process"):
-        return "condition"
-    if system.startswith("You resolve a conflict"):
-        return "conflict"
-    if body.get("max_tokens") is not None:
-        return "summary"
     last = str(messages[-1].get("content") or "")
     found = re.search(r'<task activity="([^"]+)"', last)
     if found:
