@@ -250,6 +250,10 @@ class Instance:
                         e.data.get("outcome") == "failed" or e.data.get("outcome") == "skipped"
                         and str(e.data.get("detail")).startswith(MODEL_NOT_ASKED)):
                     arbiter_failed[(str(e.data.get("gateway_id")), str(e.data.get("key")))] = e
+                elif note == "resolution" and e.data.get("resolver") == "model" and (
+                        str(e.data.get("gateway_id")), str(e.data.get("key"))) in arbiter_failed:
+                    # the retry got a usable answer (a decision, or a suggestion for a person): no fallback
+                    arbiter_failed.pop((str(e.data.get("gateway_id")), str(e.data.get("key"))))
                 elif note == "resolution" and (str(e.data.get("gateway_id")), str(e.data.get("key"))) in arbiter_failed:
                     # a join conflict the model could not resolve: what decided it instead (a person)
                     failed = arbiter_failed.pop((str(e.data.get("gateway_id")), str(e.data.get("key"))))

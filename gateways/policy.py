@@ -608,7 +608,8 @@ def resolve_conflicts(
                                             "the rule asks a person to confirm"))
                 suggestion = found
         earlier = (decided or {}).get(key)
-        if suggestion is None and arbiter is not None and earlier is not None and json.dumps(
+        # kept with or without a model now: the person answering later may resume with none configured
+        if suggestion is None and earlier is not None and json.dumps(
                 earlier.get("values"), sort_keys=True) == json.dumps(
                 {b: jsonable(v) for b, v in conflict.conflicting_values.items()}, sort_keys=True):
             reason = f"{earlier['resolution'].get('reason') or 'the model decided'} (decided when the join first ran)"
