@@ -149,6 +149,7 @@ def assert_tapes_whole(store: Any, instance_id: str, contexts: dict[str, Layered
         stored = store.read_tape(instance_id, name)
         assert [e["seq"] for e in stored] == list(range(1, len(stored) + 1)), f"gap or duplicate on {name!r}"
         assert stored == ctx.tape.to_list(), f"the store holds the tape of {name!r} exactly"
+        assert LayeredContext.replay(ctx.tape) == ctx, f"{name!r} rebuilds from its own tape"
     # a branch's tape starts from its split's snapshot; the main tape rebuilds from nothing
     assert LayeredContext.replay(store.read_tape(instance_id, "main")) == contexts["main"]
 
