@@ -327,26 +327,24 @@ def test_two_workers_on_one_instance_queued_twice_run_it_once(tmp_path, names, p
 
 # ----------------------------------------------------------------------- Redis restarts
 
-@pytest.fixture
-def own_redis_aof(tmp_path: Path) -> Iterator[OwnRedis]:
-    (tmp_path / "aof").mkdir()
-    server = OwnRedis(tmp_path / "aof", durable=True)
+def own_redis(directory: Path, durable: bool) -> Iterator[OwnRedis]:
+    directory.mkdir()
+    server = OwnRedis(directory, durable=durable)
     server.start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def own_redis_aof(tmp_path: Path) -> Iterator[OwnRedis]:
+    yield from own_redis(tmp_path / "aof", durable=True)
 
 
 @pytest.fixture
 def own_redis_bare(tmp_path: Path) -> Iterator[OwnRedis]:
-    (tmp_path / "bare").mkdir()
-    server = OwnRedis(tmp_path / "bare", durable=False)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from own_redis(tmp_path / "bare", durable=False)
 
 
 def test_worker_blocked_on_the_stream_outlives_an_aof_redis_restart(tmp_path, own_redis_aof, procs):
