@@ -24,11 +24,8 @@ def own_redis_bare(tmp_path: Path) -> Iterator[OwnRedis]:
 
 @pytest.fixture
 def procs() -> Iterator[Procs]:
-    p = Procs()
-    try:
+    with Procs() as p:
         yield p
-    finally:
-        p.stop_all()
 
 
 def test_a_worker_mid_activity_when_the_queue_comes_back_empty_requeues_the_rest(tmp_path, own_redis_bare, procs):
