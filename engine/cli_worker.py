@@ -90,7 +90,12 @@ def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("layerflow.worker").setLevel(logging.INFO)
     try:
-        stats = run_worker(_shared_store(store, "worker", as_json), queue_url=queue, stream=stream, group=group,
+        target = open_store(_shared_store(store, "worker", as_json))
+        client = queue_client(target.url, queue)
+    except LayerflowError as err:  # the --store / --queue named cannot be used: bad input, as for submit
+        _fail(str(err), as_json=as_json, kind=err.kind)
+    try:
+        stats = run_worker(target, client=client, stream=stream, group=group,
                            consumer=consumer, idle_ms=idle_ms, stop_after=stop_after, model=model,
                            max_deliveries=max_deliveries, dead_stream=dead_stream, timer_interval=timer_interval,
                            requeue=requeue)

@@ -163,12 +163,17 @@ def queue_client(store_url: str | None = None, queue_url: str | None = None) -> 
     """A redis-py client for the stream (see the module doc for how the URL is chosen)."""
     url = queue_url
     if url is None and store_url and store_url.split("://", 1)[0] in ("redis", "rediss", "unix"):
-        parts = urlsplit(store_url)
-        url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "prefix"])))
+        url = store_url
     url = url or os.environ.get("LAYERFLOW_QUEUE") or os.environ.get("REDIS_URL")
     if not url:
         raise LayerflowError(f"workers take instances from a Redis stream, and store {store_url!r} is not Redis: "
                              "pass queue_url= / --queue redis://HOST:PORT/DB (or set LAYERFLOW_QUEUE)")
+    # a store's ?prefix= names its keys, not the stream (--stream does): the store's URL given as
+    # the queue, as it is by default, is the same Redis
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k == "prefix" for k, _ in query):
+        url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "prefix"])))
     from context_layers.stores.redis import check_redis_url, redis_client
 
     check_redis_url(url)
