@@ -390,12 +390,22 @@
       $("inst-state").focus();
     } catch (err) {
       if (err.status === 401) return;
-      error.textContent = err.status === 409
-        ? "The instance changed while you were deciding (" + err.message + "). It has been reloaded: check it and answer again."
-        : "The answer was not accepted: " + err.message;
-      error.hidden = false;
-      for (const b of group.querySelectorAll("button")) b.disabled = false;
-      if (err.status === 409) { state.drafts[c.id] = text; await loadInstance(true); }
+      if (err.status !== 409) {
+        error.textContent = "The answer was not accepted: " + err.message;
+        error.hidden = false;
+        for (const b of group.querySelectorAll("button")) b.disabled = false;
+        return;
+      }
+      // the reload redraws (or, once it is decided, removes) this card: the message goes above it,
+      // where it stays until the instance changes again
+      state.drafts[c.id] = text;
+      await loadInstance(true);
+      setState($("inst-state"), err.kind === "already_answered"
+        // decided meanwhile (by someone else, or by its timeout): final, nothing to answer again
+        ? "Your answer to " + c.id + " was not recorded: the decision was already taken. " + err.message
+        : "The instance changed while you were deciding (" + err.message + "). It has been reloaded: check it and answer again.",
+        "error");
+      $("inst-state").focus();
     }
   }
 

@@ -129,6 +129,15 @@ def watched(browser: Any) -> Iterator[Watched]:
     w.close()
 
 
+def refusal(page: Any, pattern: str) -> str:
+    """The refusal the user sees after a click, once the page has settled (reloaded, redrawn)."""
+    message = page.locator("[role=alert]:visible, [role=status]:visible").filter(has_text=re.compile(pattern, re.I))
+    message.first.wait_for()
+    page.wait_for_load_state("networkidle")
+    assert message.first.is_visible(), "the refusal stays on screen after the page reloaded the instance"
+    return str(message.first.inner_text())
+
+
 def until(check: Any, what: str, seconds: float = 15) -> Any:
     deadline = time.monotonic() + seconds
     while True:
@@ -322,10 +331,9 @@ def test_answering_with_the_keyboard_resolves_it_and_names_the_person(server: Se
         card = stale.page.locator("#conf-list article").first
         card.get_by_label("Reason (recorded on the tape)").fill("I think otherwise")
         card.get_by_role("button", name=re.compile("hold")).click()
-        error = card.locator("[role=alert]")
-        error.wait_for(state="visible")
-        assert re.search(r"already|answered", error.inner_text(), re.I), error.inner_text()
-        assert USER in error.inner_text() or "escalate" in error.inner_text()
+        error = refusal(stale.page, "already")
+        assert USER in error and "escalate" in error, error
+        assert "answer again" not in error  # there is nothing left to answer
         after = server.api("GET", f"/api/instances/{iid}")
         assert after["version"] == doc["version"]
         watched.assert_clean()
@@ -351,9 +359,9 @@ def test_an_answer_after_the_timeout_settled_it_is_refused_visibly(server: Serve
 
     card.get_by_label("Reason (recorded on the tape)").fill("late, sorry")
     card.get_by_role("button", name=re.compile("from reviewer_a")).click()
-    error = card.locator("[role=alert]")
-    error.wait_for(state="visible")
-    assert re.search(r"time|already", error.inner_text(), re.I), error.inner_text()
+    error = refusal(watched.page, "already")
+    assert "timeout" in error and "hold" in error, error
+    assert "answer again" not in error
     after = server.api("GET", f"/api/instances/{iid}")
     assert after["version"] == settled["version"]
     assert after["confirmations"][0]["answer"] == "hold"
@@ -374,7 +382,7 @@ def test_a_cancelled_instance_is_shown_cancelled_and_its_open_card_refuses(serve
     if cards.count():  # a card still shown must not let anyone answer a cancelled instance
         cards.first.get_by_label("Reason (recorded on the tape)").fill("too late")
         cards.first.get_by_role("button").first.click()
-        cards.first.locator("[role=alert]").wait_for(state="visible")
+        refusal(page, "cancel")
     assert server.api("GET", f"/api/instances/{iid}")["status"] == "cancelled"
     watched.assert_clean()
 
@@ -398,3 +406,26 @@ def test_an_instance_completing_while_open_shows_completed_and_its_compression(s
     bars = page.locator("#layer-bars")
     assert bars.get_by_role("img", name=f"L3: {done['tokens']['L3']} tokens").count() == 1
     watched.assert_clean()
+
+
+@pytest.mark.parametrize("settle", ["person", "timeout"])
+def test_a_late_answer_from_a_stale_client_is_told_it_was_answered(server: Server, settle: str) -> None:
+    """The version a client read before the decision was taken is stale by then; what it is told
+    is the fact that matters to it: the decision is taken, by whom (README: a second answer gets
+    409 ``already_answered`` naming the first), not "load it again and repeat the change"."""
+    iid = start(server, "review18" if settle == "person" else "review18_quick")
+    seen = server.api("GET", f"/api/instances/{iid}")["version"]
+    if settle == "person":
+        server.api("POST", "/api/confirmations/join/verdict",
+                   json={"value": "hold", "instance_id": iid, "user": "First Person", "expected_version": seen})
+    else:
+        due = server.api("GET", f"/api/instances/{iid}")["waiting_for"][0]["due"]
+        until(lambda: time.time() > datetime.fromisoformat(due).timestamp(), "the timeout", seconds=10)
+        assert server.api("POST", f"/api/instances/{iid}/resume", json={})["confirmations"][0]["timed_out"]
+    r = httpx.post(f"{server.url}/api/confirmations/join/verdict", headers={"Authorization": f"Bearer {TOKEN}"},
+                   json={"value": "escalate", "instance_id": iid, "user": "Second", "expected_version": seen},
+                   timeout=30)
+    assert r.status_code == 409
+    error = r.json()["error"]
+    assert error["kind"] == "already_answered", error
+    assert ("First Person" if settle == "person" else "timeout") in error["message"]
