@@ -777,6 +777,21 @@
     for (const id of ["f-kind", "f-activity", "f-branch", "f-newest"]) $(id).addEventListener("change", renderTape);
     $("f-key").addEventListener("input", renderTape);
     $("tape-filters").addEventListener("submit", (ev) => ev.preventDefault());
+    // The hash is the route (#/instances/ID): a link to a part of the page ("Skip to content",
+    // "Answer it below") must move the focus there, not change the hash, which would leave the page.
+    document.addEventListener("click", (ev) => {
+      const link = ev.target instanceof Element ? ev.target.closest("a[href^='#']") : null;
+      const href = link ? link.getAttribute("href") : "";
+      if (!href || href === "#" || href.startsWith("#/")) return;
+      const target = document.getElementById(href.slice(1));
+      if (!target) return;
+      ev.preventDefault();
+      const field = target.matches("a, button, input, textarea, select, [tabindex]") ? target
+        : target.querySelector("textarea, input, select, button, a[href]");
+      if (!field && !target.hasAttribute("tabindex")) target.setAttribute("tabindex", "-1");
+      (field || target).focus();
+      target.scrollIntoView({ block: "start" });
+    });
     window.addEventListener("hashchange", route);
     route();
   });

@@ -225,9 +225,10 @@ def test_the_instance_page_shows_what_rest_returns(server: Server, watched: Watc
     bars = page.locator("#layer-bars")
     for n in range(6):
         layer = f"L{n}"
-        assert bars.get_by_role("img", name=f"{layer}: {doc['tokens'][layer]} tokens").count() == 1
+        bars.get_by_role("img", name=f"{layer}: {doc['tokens'][layer]} tokens", exact=True).wait_for()
     assert str(doc["tokens"]["total"]) in page.locator("#inst-facts").inner_text()
 
+    page.locator("#layer-tables").get_by_text("applicant", exact=True).wait_for()
     tables = page.locator("#layer-tables").inner_text()
     for n in (1, 3):
         for key, value in doc["layers"][f"L{n}"].items():
@@ -267,34 +268,36 @@ def test_replaying_a_tape_event_shows_the_context_rest_replays(server: Server, w
     page.locator("#f-kind").select_option("write")
     page.locator("#tape-list").get_by_text(f"#{title_write['seq']}", exact=True).first.click()
     page.locator("#replay-banner").wait_for(state="visible")
-    tables = page.locator("#layer-tables").inner_text()
     assert [k["key"] for k in rest["layers"]["L4"]["keys"]] == ["title"]
-    assert "<script>window.__xss18 = 'title'</script>Q3" in tables
-    assert "notes" not in tables  # written after that event
+    tables = page.locator("#layer-tables")
+    until(lambda: "notes" not in tables.inner_text(), "the context as it was at the event")  # notes came later
+    assert "<script>window.__xss18 = 'title'</script>Q3" in tables.inner_text()
+    assert str(title_write["seq"]) in page.locator("#replay-banner").inner_text()
     watched.assert_clean()
 
 
 # --- answering --------------------------------------------------------------------------------
 
+def tab_to(page: Any, is_it: str, what: str, limit: int) -> None:
+    """Press Tab until ``is_it`` (a JS predicate on the focused element) holds."""
+    for _ in range(limit + 1):
+        if page.evaluate(f"(el => !!el && ({is_it}))(document.activeElement)"):
+            return
+        page.keyboard.press("Tab")
+    raise AssertionError(f"{what} is not reachable with Tab within {limit} presses")
+
+
 def answer_with_keyboard(page: Any, option_label_part: str, reason: str) -> None:
-    """Tab from the top of the decision card to its reason, type, tab to the option, Enter."""
-    card = page.locator("#conf-list article").first
-    card.locator("h3").click()  # puts the keyboard focus inside the card, as a user reading it would
-    reason_box = card.get_by_label("Reason (recorded on the tape)")
-    for _ in range(20):
-        if reason_box.evaluate("el => el === document.activeElement"):
-            break
-        page.keyboard.press("Tab")
-    else:
-        raise AssertionError("the reason box is not reachable with Tab")
+    """From the top of the page: Tab to the "a decision waits" link, Enter, Tab to the reason,
+    type it, Tab to the option, Enter. No mouse."""
+    page.reload()  # the focus starts at the top of the page
+    page.locator("#decision-alert-link").wait_for()
+    tab_to(page, "el.id === 'decision-alert-link'", "the link to the waiting decision", 40)
+    page.keyboard.press("Enter")
+    tab_to(page, "el.tagName === 'TEXTAREA' && el.closest('#conf-list')", "the reason box", 5)
     page.keyboard.type(reason)
-    for _ in range(20):
-        page.keyboard.press("Tab")
-        focused = page.evaluate("document.activeElement && document.activeElement.innerText") or ""
-        if option_label_part in focused:
-            break
-    else:
-        raise AssertionError(f"no option {option_label_part!r} reachable with Tab")
+    tab_to(page, f"el.tagName === 'BUTTON' && el.innerText.includes({option_label_part!r})",
+           f"the option {option_label_part!r}", 10)
     page.keyboard.press("Enter")
 
 
@@ -403,8 +406,7 @@ def test_an_instance_completing_while_open_shows_completed_and_its_compression(s
     shown = page.locator("#compressions").inner_text()
     assert compression["activity_id"] in shown
     assert str(compression["tokens_before"]) in shown and str(compression["tokens_after"]) in shown
-    bars = page.locator("#layer-bars")
-    assert bars.get_by_role("img", name=f"L3: {done['tokens']['L3']} tokens").count() == 1
+    page.locator("#layer-bars").get_by_role("img", name=f"L3: {done['tokens']['L3']} tokens", exact=True).wait_for()
     watched.assert_clean()
 
 
@@ -429,3 +431,22 @@ def test_a_late_answer_from_a_stale_client_is_told_it_was_answered(server: Serve
     error = r.json()["error"]
     assert error["kind"] == "already_answered", error
     assert ("First Person" if settle == "person" else "timeout") in error["message"]
+
+
+def test_the_answer_it_below_link_keeps_the_instance_open(server: Server, watched: Watched) -> None:
+    """"Answer it below" takes the user to the decision of this instance, not away from it."""
+    iid = start(server)
+    watched.sign_in(server)
+    watched.open_instance(server, iid)
+    page = watched.page
+    page.get_by_role("link", name="Answer it below").click()
+    page.wait_for_load_state("networkidle")
+    assert page.locator("#instance-view").is_visible(), "the instance page is still shown"
+    assert page.locator("#list-view").is_hidden()
+    assert page.url.endswith(f"#/instances/{iid}")
+    assert page.get_by_label("Reason (recorded on the tape)").is_visible()
+    assert page.evaluate("document.activeElement.closest('#confirmations') !== null"), "focus moved to the decision"
+    page.get_by_role("link", name="Skip to content").focus()
+    page.keyboard.press("Enter")
+    assert page.url.endswith(f"#/instances/{iid}") and page.locator("#instance-view").is_visible()
+    assert page.evaluate("document.activeElement.id") == "main"
