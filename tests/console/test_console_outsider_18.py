@@ -170,7 +170,7 @@ def test_a_wrong_token_is_refused_visibly_and_shows_no_data(server: Server, watc
 
 
 def test_the_token_goes_in_a_header_to_this_server_only(server: Server, watched: Watched) -> None:
-    start(server)
+    iid = start(server)
     watched.sign_in(server)
     watched.page.locator("#list-view").wait_for(state="visible")
     watched.page.get_by_role("cell", name="review18").first.wait_for()
@@ -183,6 +183,11 @@ def test_the_token_goes_in_a_header_to_this_server_only(server: Server, watched:
     assert TOKEN not in watched.page.url
     assert watched.page.evaluate("JSON.stringify(window.localStorage)") == "{}"
     watched.assert_clean()
+    # signing out forgets the token and takes the data off the page
+    watched.page.get_by_role("button", name="Sign out").click()
+    watched.page.get_by_label("API token").wait_for()
+    assert TOKEN not in watched.page.evaluate("JSON.stringify(window.sessionStorage)")
+    assert iid not in watched.page.locator("body").inner_text()
 
 
 # --- the list ------------------------------------------------------------------------------
