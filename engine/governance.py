@@ -1238,8 +1238,10 @@ class GovernanceService:
                 reason: str | None, actor: str, expected: int | None, *, resolver: str = "human") -> dict[str, Any]:
         with self._lock(instance_id):
             instance = self.load(instance_id)
-            self._check_version(instance, expected)
+            # a decision already taken is what a late answer must hear about, whatever version its
+            # client read before it was taken (that version is stale by then, as a matter of course)
             entry = _open_confirmation(instance, confirmation_id, conflict_key, value)
+            self._check_version(instance, expected)
             entry["reason"] = reason
             entry["answered_by"] = actor
             try:  # the engine puts the decision on the tape

@@ -390,12 +390,22 @@
       $("inst-state").focus();
     } catch (err) {
       if (err.status === 401) return;
-      error.textContent = err.status === 409
-        ? "The instance changed while you were deciding (" + err.message + "). It has been reloaded: check it and answer again."
-        : "The answer was not accepted: " + err.message;
-      error.hidden = false;
-      for (const b of group.querySelectorAll("button")) b.disabled = false;
-      if (err.status === 409) { state.drafts[c.id] = text; await loadInstance(true); }
+      if (err.status !== 409) {
+        error.textContent = "The answer was not accepted: " + err.message;
+        error.hidden = false;
+        for (const b of group.querySelectorAll("button")) b.disabled = false;
+        return;
+      }
+      // the reload redraws (or, once it is decided, removes) this card: the message goes above it,
+      // where it stays until the instance changes again
+      state.drafts[c.id] = text;
+      await loadInstance(true);
+      setState($("inst-state"), err.kind === "already_answered"
+        // decided meanwhile (by someone else, or by its timeout): final, nothing to answer again
+        ? "Your answer to " + c.id + " was not recorded: the decision was already taken. " + err.message
+        : "The instance changed while you were deciding (" + err.message + "). It has been reloaded: check it and answer again.",
+        "error");
+      $("inst-state").focus();
     }
   }
 
@@ -767,6 +777,21 @@
     for (const id of ["f-kind", "f-activity", "f-branch", "f-newest"]) $(id).addEventListener("change", renderTape);
     $("f-key").addEventListener("input", renderTape);
     $("tape-filters").addEventListener("submit", (ev) => ev.preventDefault());
+    // The hash is the route (#/instances/ID): a link to a part of the page ("Skip to content",
+    // "Answer it below") must move the focus there, not change the hash, which would leave the page.
+    document.addEventListener("click", (ev) => {
+      const link = ev.target instanceof Element ? ev.target.closest("a[href^='#']") : null;
+      const href = link ? link.getAttribute("href") : "";
+      if (!href || href === "#" || href.startsWith("#/")) return;
+      const target = document.getElementById(href.slice(1));
+      if (!target) return;
+      ev.preventDefault();
+      const field = target.matches("a, button, input, textarea, select, [tabindex]") ? target
+        : target.querySelector("textarea, input, select, button, a[href]");
+      if (!field && !target.hasAttribute("tabindex")) target.setAttribute("tabindex", "-1");
+      (field || target).focus();
+      target.scrollIntoView({ block: "start" });
+    });
     window.addEventListener("hashchange", route);
     route();
   });
