@@ -151,7 +151,7 @@ def test_a_conditional_catch_on_a_data_object_fires_where_plain_spiffworkflow_wa
     [task] = wf.get_tasks(state=TaskState.READY, manual=True)
     task.run()
     wf.do_engine_steps()
-    wf.refresh_waiting_tasks()
+    wf.refresh_timers()  # (also re-checks waiting events)
     wf.do_engine_steps()
     assert not wf.is_completed()
     assert [t.task_spec.bpmn_id for t in wf.get_tasks(state=TaskState.WAITING)
