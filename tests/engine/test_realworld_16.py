@@ -4,7 +4,8 @@ the next one reads; a manual task with instructionsForEndUser that a gateway loo
 an embedded sub-process and a call activity; SpiffArena's error-notification process, started by
 a message start event whose message names its variable (spiffworkflow:messageVariable), with a
 correlation key; and a conditional catch event waiting on a data object that the task of the
-other parallel branch sets in its postScript. Each is in ``tests/engine/realworld16/`` (the file
+other parallel branch sets in its postScript; SpiffArena's test of a script error (a script
+reading a name nothing set, beside spiffworkflow:unitTests). Each is in ``tests/engine/realworld16/`` (the file
 says where it comes from and what was trimmed). Where plain SpiffWorkflow 3.2 runs a file, a case
 runs it there too and the path and the variables (a data object's value beside the task data, as
 README says) must agree."""
@@ -14,7 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from SpiffWorkflow.bpmn.util.event import BpmnEvent
+from SpiffWorkflow.bpmn.exceptions import WorkflowTaskException
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition
@@ -25,7 +28,7 @@ from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain, variables
 from test_realworld_4 import rewritten
-from test_realworld_12 import problems
+from test_realworld_12 import agree, problems
 from test_realworld_13 import plain_workflow
 
 HERE = Path(__file__).resolve().parent / "realworld16"
@@ -163,3 +166,31 @@ def test_a_conditional_catch_on_a_data_object_fires_where_plain_spiffworkflow_wa
     assert path_of(instance.workflow)[-3:] == ["event_1", "gateway_b", "end_1"]
     assert instance.workflow.data_objects == {"task_a_done": True}
     assert variables(instance.main) == {"a": 1, "task_a_done": True}
+
+
+# -- SpiffArena's script error: a script that reads a name nothing set ----------------------------
+
+SCRIPT_ERROR = HERE / "script_error_with_task_data.bpmn"
+
+
+def test_a_script_reading_a_name_nothing_set_fails_at_that_task_naming_it_and_the_line_as_plain_spiffworkflow_does() -> None:
+    """The spiffworkflow:unitTests of the first script are SpiffArena's (nothing runs them here, no
+    word). The second script reads ``hey``, which start data could supply, so validate cannot
+    refuse it; run without, it fails where plain SpiffWorkflow fails, the error naming the task,
+    the line and the name, after the same steps."""
+    assert problems(SCRIPT_ERROR) == []
+    engine = Engine(store="memory://")
+    failed = engine.run(engine.start(load_process([SCRIPT_ERROR]), {}))
+    assert failed.status == "error"
+    assert failed.error["task_id"] == "script_task_two" and failed.error["line"] == 1
+    assert "NameError: name 'hey' is not defined" in failed.error["message"]
+    with pytest.raises(WorkflowTaskException, match="hey") as raised:
+        plain_workflow(SCRIPT_ERROR, "sample")
+    assert raised.value.task.task_spec.bpmn_id == "script_task_two"
+    assert variables(failed.main) == dict(raised.value.task.data) == {"my_var": "THE VAR"}
+
+
+def test_the_script_error_file_runs_as_in_plain_spiffworkflow_when_the_start_data_gives_the_name() -> None:
+    instance, wf = agree(SCRIPT_ERROR, {"hey": "there"})
+    assert path_of(wf) == ["StartEvent_1", "script_task_one", "script_task_two", "Event_1qb1u6a"]
+    assert variables(instance.main) == {"hey": "there", "my_var": "THE VAR"}
