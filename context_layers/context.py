@@ -104,6 +104,14 @@ class _State(NamedTuple):
     def empty() -> "_State":
         return _State(layers=(_EMPTY,) * 6, tokens=(_EMPTY,) * 6, totals=(0,) * 6)
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value a read of ``key`` gives: the lowest layer holding it wins."""
+        for layer in LAYERS:
+            slot = self.layers[layer].get(key)
+            if slot is not None:
+                return slot[2]
+        return default
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -126,6 +134,10 @@ class Snapshot:
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {str(layer): dict(self.layer(layer)) for layer in LAYERS}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value a read of ``key`` gave at this snapshot (as ``LayeredContext.get``)."""
+        return self.state.get(key, default)
 
     @property
     def preserved(self) -> frozenset[str]:
@@ -281,11 +293,7 @@ class LayeredContext:
         raise ContextKeyError(f"key {key!r} is in no layer")
 
     def get(self, key: str, default: Any = None) -> Any:
-        for layer in LAYERS:
-            slot = self._state.layers[layer].get(key)
-            if slot is not None:
-                return slot[2]
-        return default
+        return self._state.get(key, default)
 
     # the seed's names: resolveKey (null when absent), findExistingLayer
     def resolve_key(self, key: str) -> Any:

@@ -2367,7 +2367,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
     def _evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any:
         """``expression`` over the task's context (a loop's items first). ``external`` is read after
         the context, as SpiffWorkflow reads it after task data: a conditional event reads the
-        workflow's data objects there, which another branch may have set."""
+        workflow's data objects there, which another branch may have set. A data object the
+        branch holds only as it was when the branch began (its copy from before the split) is
+        read as the process holds it now: another branch may have written it since (BPMN: a data
+        object is the process's), where SpiffWorkflow 3.2 reads the stale copy and waits for ever."""
         if not (expression or "").strip():
             # a conditional event whose condition was never written (SpiffWorkflow: "Error evaluating
             # expression 'None'"); validate refuses it, a process loaded without validation ends here
@@ -2378,7 +2381,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         ctx = self.context_of(task)
         scope = self.loop_scope(task)
         if external:
-            scope = {**{k: v for k, v in external.items() if k not in ctx}, **(scope or {})}
+            own = {k for k in external if k in ctx and _set_in_branch(ctx, k)}
+            scope = {**{k: v for k, v in external.items() if k not in own}, **(scope or {})}
         try:
             return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
@@ -2581,6 +2585,16 @@ class _Fields(dict):  # type: ignore[type-arg]
 
 def _script_name(kind: str, bpmn_id: str) -> str:
     return f"<{kind} {bpmn_id}>"
+
+
+def _set_in_branch(ctx: LayeredContext, key: str) -> bool:
+    """Whether ``ctx`` holds ``key`` as it set it, not as its branch began with it (a context
+    that is no branch set all it holds)."""
+    base = ctx.fork_snapshot
+    if base is None:
+        return True
+    before = base.get(key, ABSENT)
+    return before is ABSENT or not json_equal(ctx.get(key), before)
 
 
 def _unset_data_objects(bpmn_id: str, unset: list[Any], ctx: Any) -> str:
