@@ -213,10 +213,10 @@ def test_each_key_form_answers_the_conflict(waiting: tuple[str, dict[str, Any]],
     assert done["tape_length"] > before
 
 
-@pytest.mark.parametrize("form", ["id"])
-def test_each_key_form_in_an_answers_file(waiting: tuple[str, dict[str, Any]], tmp_path: Path, form: str) -> None:
+def test_a_confirmation_id_in_an_answers_file(waiting: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    """(`GATEWAY/KEY` and `*` in a file: test_answers_in_advance_run_to_the_end, the `done` fixture)"""
     store, doc = waiting
-    key = {"id": doc["confirmations"][0]["id"], "gateway": "qc_join/release_decision", "star": "*"}[form]
+    key = doc["confirmations"][0]["id"]
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps({"confirmations": {key: "reject"}}))
     proc = cli("resume", doc["instance_id"], "--answers", str(answers), "--store", store, "--json")
@@ -260,8 +260,6 @@ def test_closed_stdin_pipe_never_blocks(waiting: tuple[str, dict[str, Any]]) -> 
 def test_inspect_and_tape(waiting: tuple[str, dict[str, Any]]) -> None:
     store, doc = waiting
     iid = doc["instance_id"]
-    proc = cli("inspect", iid, "--store", store)
-    assert proc.returncode == 0 and "B-17" in proc.stdout, proc.stderr
     proc = cli("inspect", iid, "--store", store, "--json")
     assert proc.returncode == 0, proc.stderr
     assert doc_of(proc)["tape_length"] == doc["tape_length"]
@@ -326,13 +324,14 @@ def test_replay_until_matches_the_tape(done: tuple[str, dict[str, Any]]) -> None
     join = next(e["seq"] for e in tape if any(c[1] == "release_decision" for c in e.get("changes") or []))
     fold = doc["compressions"][0]["event_seq"] if doc["compressions"] else seqs[-1]
     replayed = {}
-    for seq in sorted({2, join - 1, join, fold - 1}):
-        proc = cli("replay", iid, "--until", str(seq), "--store", store, "--json")
+    for seq, args in [(join - 1, ["--until", str(join - 1)]), (join, [str(join)]),   # `replay ID SEQ` too
+                      (fold - 1, ["--until", str(fold - 1)])]:
+        proc = cli("replay", iid, *args, "--store", store, "--json")
         assert proc.returncode == 0, proc.stderr
         replayed[seq] = doc_of(proc)["layers"]
         assert replayed[seq] == implied(tape, seq), seq
-    positional = cli("replay", iid, str(join), "--store", store, "--json")
-    assert doc_of(positional)["layers"] == replayed[join]
+    assert replayed[join]["L3"]["release_decision"] == "quarantine"
+    assert "release_decision" not in replayed[join - 1]["L3"]
     assert "lab_note_1" in replayed[fold - 1]["L3"] and "lab_note_1" not in doc["layers"]["L3"]
     # past the end (README: `replay` of a seq the context's tape has not reached is its last state)
     proc = cli("replay", iid, "--until", "9999", "--store", store, "--json")
@@ -380,7 +379,6 @@ BAD = {
     "malformed answers file": (["resume", "{iid}", "--answers", "{bad}"], ["answers.json"]),
     "answers file not an object": (["resume", "{iid}", "--answers", "{list}"], ["answers"]),
     "rollback with open branches": (["rollback", "{iid}", "snap:main:3"], ["chemist_review", "--context"]),
-    "replay unknown": (["replay", "nope-123", "--until", "3"], ["nope-123"]),
     "rollback unknown snapshot": (["rollback", "{iid}", "snap-nope"], ["snap-nope"]),
 }
 
