@@ -104,15 +104,19 @@ def serve(tmp: Path, token: str, catalog: Path = EXAMPLES) -> Iterator[Server]:
 
 
 @contextmanager
-def chromium(tmp: Path) -> Iterator[Any]:
+def chromium(tmp: Path, default_timeout: float | None = None) -> Iterator[Any]:
     """A headless Chromium with a fresh profile (user-data dir) under ``tmp``: a Playwright
-    ``BrowserContext``; each of its pages has its own session storage."""
+    ``BrowserContext``; each of its pages has its own session storage. ``default_timeout`` (ms):
+    the longest any single step may take. Skips (fails in CI) when the browser is missing."""
+    require_browser()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             str(tmp / "chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
             timeout=30_000, viewport={"width": 1280, "height": 800}, env={**os.environ, "HOME": str(tmp)})
+        if default_timeout is not None:
+            context.set_default_timeout(default_timeout)
         try:
             yield context
         finally:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from console_helpers import ARTIFACTS, Server, chromium, require_browser, serve
+from console_helpers import ARTIFACTS, Server, chromium, serve
 
 from engine.cli import LOAN_SCENARIOS
 
@@ -35,9 +35,7 @@ def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def context(tmp_module: Path) -> Iterator[Any]:
-    require_browser()
-    with chromium(tmp_module) as ctx:
-        ctx.set_default_timeout(WAIT)
+    with chromium(tmp_module, default_timeout=WAIT) as ctx:
         yield ctx
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 import pytest
-from console_helpers import Server, chromium, require_browser, serve
+from console_helpers import Server, chromium, serve
 
 pytestmark = pytest.mark.slow
 
@@ -66,9 +66,7 @@ def catalog(tmp_module: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(tmp_module: Path) -> Iterator[Any]:
-    require_browser()
-    with chromium(tmp_module) as ctx:
-        ctx.set_default_timeout(WAIT)
+    with chromium(tmp_module, default_timeout=WAIT) as ctx:
         yield ctx
 
 

@@ -370,6 +370,14 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+def stop_all(procs: list[subprocess.Popen[Any]]) -> None:
+    """Stop the started server and workers: all are told at once, then each is waited for."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout=30)
+
+
 def _served_url(server: subprocess.Popen[str]) -> str:
     deadline = time.monotonic() + 60
     assert server.stderr is not None
@@ -446,10 +454,7 @@ def test_two_workers_run_the_churn_cases_while_account_managers_answer_through_r
             history = {k: v for k, v in data_of(doc["layers"]["L3"]).items() if not k.startswith("_")}
             assert history == CHURN_EXPECTED[customer]
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=30)
+        stop_all(procs)
     # the CLI, afterwards, on the same store
     for customer, iid in ids.items():
         seen = run_json(cli, "inspect", iid, "--store", store)

@@ -44,7 +44,7 @@ from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
 from test_unseen_processes import _check_document
 from test_unseen_processes_13 import Clock, data_of
 from test_unseen_processes_3 import assert_replays   # every snapshot of every context rebuilds byte for byte
-from test_unseen_processes_16 import _served_url, _until   # a served URL from stderr; polling a REST document
+from test_unseen_processes_16 import _served_url, _until, stop_all   # a served URL from stderr; polling a REST document; stopping
 
 HERE = Path(__file__).resolve().parent / "unseen17"
 ROOT = Path(__file__).resolve().parents[2]
@@ -552,10 +552,7 @@ def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, re
             unauthorised = httpx.get(f"{url}/api/instances/{ids['E-1']}")
             assert unauthorised.status_code == 401
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=30)
+        stop_all(procs)
     for who, iid in ids.items():
         seen = run_json(cli, "inspect", iid, "--store", store)
         assert seen["status"] == "completed"
