@@ -240,6 +240,7 @@ def test_the_instance_page_shows_what_rest_returns(server: Server, watched: Watc
                 assert value[:20] in tables, (key, value)
 
     conflict = doc["conflicts"][0]
+    page.locator("#conflicts .conflict-line").first.wait_for()  # drawn after the diagram's own fetch
     shown = page.locator("#conflicts").inner_text()
     assert conflict["key"] in shown
     for branch, value in conflict["values"].items():
