@@ -204,6 +204,9 @@ not make ``report.ok`` false:
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: it fires only on one named like the event
                                       (SpiffWorkflow's fallback), and never when the event has no name
+``waits_for_nothing`` W             a receive task that names no message, an intermediate catch event with no
+                                      event definition: SpiffWorkflow gives it nothing to wait for, so the path
+                                      goes straight on (as a state machine's "action" of Imixs, fbpmn's models)
 ``escalation_without_code`` W         a bpmn:escalation with no escalationCode that a throw event (intermediate
                                       or end) names: every catch naming such an escalation catches it, as does
                                       every catch-all (no escalationRef)
@@ -1749,9 +1752,11 @@ class _Validator:
                                      element_id=gid, field="branches.condition")
                     continue
                 if not expr:
+                    elsewhere = _written_elsewhere(flow, "condition")
                     self.add("gateway_flow_without_condition", f"outgoing flow {flow.get('id')!r} of gateway {gid!r} "
                              f"(to {flow.get('targetRef')!r}) has no condition and is not the default flow; add a "
-                             f"conditionExpression or set default=\"{flow.get('id')}\" on the gateway",
+                             f"conditionExpression{f' ({elsewhere})' if elsewhere else ''} or set "
+                             f"default=\"{flow.get('id')}\" on the gateway",
                              file=file, line=flow.sourceline, element_id=flow.get("id"), field="conditionExpression")
                     judged = False
                     continue
@@ -2992,7 +2997,8 @@ class _Validator:
         if handled or eid in REGISTRY:  # registered already by code that ran before validate
             return
         if tag == "scriptTask" and not _condition_text(el, "script"):
-            what = "has no script (an empty or missing bpmn:script)"
+            elsewhere = _written_elsewhere(el, "script")
+            what = f"has no script (an empty or missing bpmn:script{'; ' + elsewhere if elsewhere else ''})"
         elif tag == "serviceTask":
             operator = el.find(f"{_bpmn('extensionElements')}/{{{SPIFF_NS}}}serviceTaskOperator")
             if operator is not None and operator.get("id") in REGISTRY:
@@ -3530,6 +3536,7 @@ class _Validator:
         self._check_item_extensions(el, eid, tag, file)
         if tag == "boundaryEvent":
             self._check_attached(el, eid, file)
+        self._check_waits_for_something(el, eid, tag, file)
         if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
             return
         for kind, ref, what in (("messageEventDefinition", "messageRef", "message"),
@@ -3547,6 +3554,25 @@ class _Validator:
                          f'none: {waits}; add {ref}="ID" naming a bpmn:{what} of the file (`layerflow send` '
                          f"delivers it by that {what}'s name)", file=file, line=definition.sourceline,
                          element_id=eid, field=ref, severity="warning")
+
+    def _check_waits_for_something(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A receive task with no message and a catch event with no event definition: SpiffWorkflow
+        gives them a none event, which fires at once, so the path never waits there."""
+        if tag == "receiveTask" and el.get("messageRef") is None \
+                and el.find(_bpmn("messageEventDefinition")) is None:
+            what = "names no message (no messageRef)"
+            todo = ('add messageRef="ID" naming a bpmn:message of the file (`layerflow send` delivers it by that '
+                    "message's name)")
+        elif tag == "intermediateCatchEvent" and not any(
+                isinstance(child.tag, str) and child.tag.endswith("EventDefinition") for child in el):
+            what = "has no event definition"
+            todo = ("give it the message, signal, timer or condition it waits for (a bpmn:messageEventDefinition "
+                    'with messageRef="ID", ...), or remove it')
+        else:
+            return
+        self.add("waits_for_nothing", f"bpmn:{tag} {eid!r} {what}: SpiffWorkflow gives it nothing to wait for, "
+                 f"so the path does not wait there and goes straight on; {todo}", file=file, line=el.sourceline,
+                 element_id=eid, severity="warning")
 
     def _check_message_extensions(self, el: Any, eid: str, tag: str, root: Any, file: str) -> None:
         """SpiffWorkflow reads a message's payload and variable from its bpmn:message when that holds
@@ -3939,6 +3965,19 @@ def _outgoing(node: Any) -> list[Any]:
 def _condition_text(flow: Any, tag: str = "conditionExpression") -> str:
     expr = flow.find(_bpmn(tag))
     return (expr.text or "").strip() if expr is not None else ""
+
+
+def _written_elsewhere(el: Any, what: str) -> str:
+    """Where another engine wrote the script or condition that the element lacks (BPMNEngine's
+    exts:cSharpScript, exts:ConditionSet): a clause naming that extension element, else "", to
+    put in parentheses."""
+    for child in el.iterfind(f"{_bpmn('extensionElements')}/*"):
+        name = etree.QName(child)
+        if isinstance(child.tag, str) and what in name.localname.lower() \
+                and name.namespace not in (SPIFF_NS, "http://camunda.org/schema/zeebe/1.0"):
+            return (f"its {what} is written in {child.prefix or name.namespace}:{name.localname}, another engine's "
+                    "extension element, which SpiffWorkflow does not read: write it in Python here")
+    return ""
 
 
 def _flow_node_id(el: Any) -> str | None:
