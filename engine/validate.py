@@ -3392,9 +3392,14 @@ class _Validator:
         if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
             found = {q: None for q in found if _FOREIGN_SETTINGS[q.partition(":")[2]] != _RUN_BY_HANDLER}
+        operators = [o.get("expression", "") for o in el.iterfind(f".//{{{_BPMNOS_NS}}}operator")]
+        if not operators:
+            found.pop("bpmnos:status", None)  # attributes and restrictions alone change nothing as it runs
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        todo = [f"its operators ({', '.join(map(repr, operators))}) are not applied; {t}"
+                if t == _FOREIGN_SETTINGS["status"] else t for t in todo]
         starter = next((v for k, v in el.attrib.items() if (_foreign_name(k) or "").endswith(":initiator")), None)
         if starter:
             todo = [f"it names the variable ({starter!r}) that the engine sets to the user who started the "
@@ -4139,9 +4144,12 @@ def _shorten(text: str, limit: int = 80) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+_BPMNOS_NS = "https://bpmnos.telematique.eu"
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
                       "http://operaton.org/schema/1.0/bpmn": "operaton",
-                      "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
+                      "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable",
+                      # BPMN-OS (optimisation models): a task's status operators compute as it runs
+                      _BPMNOS_NS: "bpmnos"}
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
                 "bpmn:serviceTask")
@@ -4179,6 +4187,8 @@ _FOREIGN_SETTINGS = {
     "resource": "copy the Python of the file it names into the task's bpmn:script",
     # a start event's variable that the engine sets to the id of the user who started the instance
     "initiator": "give that variable in the start data (--data), as no user starts an instance here",
+    # BPMN-OS's attributes, restrictions and the operators that change them as the task runs
+    "status": "write what its operators compute in Python, in a script task drawn before or after it",
 }
 
 

@@ -336,3 +336,47 @@ def test_activitis_mail_send_task_is_refused_for_its_flows_and_warned_for_the_ma
     assert [c for c, s, _ in problems(path) if s == "error"] == []
     _, wf = agree_with_warnings(path)
     assert path_of(wf) == ["theStart", "sendMail", "theEnd"]
+
+
+# -- BPMN-OS: an operator on a task that changes the status as the task runs -----------------------
+
+BPMNOS = HERE / "bpmnos_operators.bpmn"
+
+
+def test_a_bpmnos_operator_on_a_task_is_warned_with_its_expression_then_runs_as_plain_spiffworkflow() -> None:
+    """BPMN-OS applies "timestamp += duration" as the task runs; neither SpiffWorkflow nor layerflow
+    reads bpmnos: elements, so the plain bpmn:task is a person's step and timestamp is not moved.
+    validate says so at the task, quoting the operator and where to write it; the run is plain
+    SpiffWorkflow's."""
+    warned = said(BPMNOS)
+    assert list(warned) == ["Activity_1"] and warned["Activity_1"].startswith("warning:")
+    assert "bpmnos:status" in warned["Activity_1"] and "'timestamp += duration'" in warned["Activity_1"]
+    assert "script task" in warned["Activity_1"]
+    data = {"timestamp": 0, "duration": 5, "deadline": 10}
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([BPMNOS]), data), answers={"user_tasks": {"Activity_1": {}}})
+    wf, plain_data = run_plain(BPMNOS, data, {"Activity_1": {}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(wf) == ["StartEvent_1", "Activity_1", "EndEvent_1"]
+    assert variables(instance.main) == plain_data == data
+
+
+# -- BPMNEngine: timers written only in the engine's own extension element -------------------------
+
+TIMERS = HERE / "foreign_timer_strings.bpmn"
+ISO_TIMES = [('isExecutable="false"', 'isExecutable="true"'),
+             ("<exts:DateString>+45 seconds</exts:DateString>", '<bpmn:timeDuration>"PT45S"</bpmn:timeDuration>'),
+             ("<exts:DateString>+30 seconds</exts:DateString>", '<bpmn:timeDuration>"PT30S"</bpmn:timeDuration>'),
+             ("<exts:DateString>+1 minute</exts:DateString>", '<bpmn:timeDuration>"PT1M"</bpmn:timeDuration>')]
+
+
+def test_timers_written_in_another_engines_element_are_refused_each_with_the_iso_text_to_give(tmp_path: Path) -> None:
+    """"+45 seconds" in exts:DateString is no BPMN time: each of the three timers is refused as
+    saying neither when nor how long, with the ISO 8601 text to give, and the exts:DateString is
+    named as not BPMN; given timeDurations (and isExecutable), the file passes clean."""
+    refused = said(TIMERS)
+    for timer in ("BoundaryEvent_14c0tw1", "BoundaryEvent_1s99zkc", "IntermediateCatchEvent_1tm2fi4"):
+        assert refused[timer].startswith("error:") and "neither when nor how long" in refused[timer]
+        assert "<bpmn:timeDuration>" in refused[timer]
+    assert any("DateString" in text and "not expected" in text for text in refused.values())
+    assert problems(rewritten(tmp_path, TIMERS, ISO_TIMES)) == []
