@@ -5,8 +5,10 @@ collaborations (pascalpoizat/fbpmn: send and receive tasks that name no message,
 and joins nested in a parallel one), of a .NET engine (roger-castaldo/BPMNEngine: a C# script and
 conditions written only in the engine's own extension elements), of a Node.js engine
 (e2ebridge/bpmn: a Yaoqiang BPMN Editor export with a message boundary event), of Kogito (a
-business rule task that runs a Drools rule unit) and of Imixs-Workflow (catch events with no event
-definition, the actions users take between states). Each is in ``tests/engine/realworld17/`` (the
+business rule task that runs a Drools rule unit), of Imixs-Workflow (catch events with no event
+definition, the actions users take between states), of Activiti (its mail task as a send task), of
+BPMN-OS (an operator on a task that changes its status) and the BPMN Model Interchange Working
+Group's reference model A.2.0 as Trisotech exports it. Each is in ``tests/engine/realworld17/`` (the
 file says where it comes from and what was trimmed). Where plain SpiffWorkflow 3.2 runs a file, a
 case runs it there too and the path and the variables must agree; where a file means something
 neither can run, ``layerflow validate`` must say so, naming the file, the element and what to do."""
@@ -380,3 +382,34 @@ def test_timers_written_in_another_engines_element_are_refused_each_with_the_iso
         assert "<bpmn:timeDuration>" in refused[timer]
     assert any("DateString" in text and "not expected" in text for text in refused.values())
     assert problems(rewritten(tmp_path, TIMERS, ISO_TIMES)) == []
+
+
+# -- the BPMN MIWG's reference model A.2.0, as Trisotech's Visio add-in exports it ----------------
+
+MIWG = HERE / "miwg_a20_trisotech.bpmn"
+SPLIT = "_35fe57a7-1302-44e2-bf58-032f11af7ecb"
+ROUTES = [('isExecutable="false"', 'isExecutable="true"'),
+          ('name="Gateway  (Split Flow)"', 'name="Gateway  (Split Flow)" default="_f1478fb7-98c4-4c01-8c15-68bd04c91535"'),
+          ('id="_a1570a53-28d2-41b1-a3a2-3e50c00d747e"/>', 'id="_a1570a53-28d2-41b1-a3a2-3e50c00d747e"><semantic:'
+           'conditionExpression>route == 3</semantic:conditionExpression></semantic:sequenceFlow>'),
+          ('id="_20ebb3c1-5178-4c7c-a91d-23e58f2aa73b"/>', 'id="_20ebb3c1-5178-4c7c-a91d-23e58f2aa73b"><semantic:'
+           'conditionExpression>route == 4</semantic:conditionExpression></semantic:sequenceFlow>')]
+TASK = {"Task 1": "_5a972b87-735d-454a-b31c-f52fb3afc5c7", "Task 2": "_4f7d62d7-f0e6-46bc-be00-69e02da38f65",
+        "Task 3": "_e6eb725a-34bc-45c7-aed0-9f9596cd7bee", "Task 4": "_7d399717-1aba-47ac-8d7d-8aaa033255e0"}
+
+
+def test_the_miwg_reference_model_is_refused_for_its_bare_split_then_runs_each_route(tmp_path: Path) -> None:
+    """A descriptive model: not executable, and its exclusive split has three flows with no
+    condition and no default, each refused with what to write. Given a default (Task 2) and
+    conditions on a route number (the ISO-8859-1, "semantic:"-prefixed file otherwise as
+    exported), every route runs as in plain SpiffWorkflow, through the merge or straight to the end."""
+    refused = said(MIWG)
+    assert refused["WFP-6-"].startswith("error:") and "isExecutable" in refused["WFP-6-"]
+    bare = [k for k, v in refused.items() if "has no condition" in v]
+    assert len(bare) == 3 and all(SPLIT in refused[k] and "default=" in refused[k] for k in bare)
+    path = rewritten(tmp_path, MIWG, ROUTES)
+    answers = {tid: {"done": name} for name, tid in TASK.items()}
+    for route, via in ((2, "Task 2"), (3, "Task 3"), (4, "Task 4")):
+        instance, wf = agree(path, {"route": route}, answers)
+        assert TASK[via] in path_of(wf)
+        assert variables(instance.main) == {"route": route, "done": via}
