@@ -101,7 +101,8 @@ not make ``report.ok`` false:
                                       error event sub-process of the process catches: nothing catches it,
                                       and the instance ends as completed
 ``condition_camunda_api``              a condition calls Camunda's process API (``execution.getVariable("x")``,
-                                      a JavaScript or Groovy condition's habit): the message writes the Python
+                                      a JavaScript or Groovy condition's habit) or Imixs-Workflow's
+                                      (``workitem.getItemValueDouble("x")``): the message writes the Python
                                       (a script that calls it, in any scriptFormat: ``script_syntax`` /
                                       ``script_language``, with the assignments to write)
 ``condition_javascript_api``           a condition reaches the variables as a JavaScript engine does
@@ -2375,13 +2376,16 @@ class _Validator:
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
         if mode == "eval":
-            api = _camunda_api_calls(tree)
+            api, whose = _camunda_api_calls(tree), "Camunda's process API"
+            if not api:
+                api, whose = _imixs_api_calls(tree), "Imixs-Workflow's API of the document (its workitem)"
             if api:
                 what = what or "condition"
                 said = _language_not_read(el, what)
-                todo = _rewrite_todo(_foreign_reads_instead(source), _camunda_api_calls)
-                self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, Camunda's process "
-                         f"API, which is not here{said}: the run would stop there with a NameError; expressions "
+                todo = _rewrite_todo(_foreign_reads_instead(source),
+                                     lambda t: _camunda_api_calls(t) or _imixs_api_calls(t))
+                self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, {whose}, which is "
+                         f"not here{said}: the run would stop there with a NameError; expressions "
                          f"are Python over the context, where a variable is read by its name: {todo}", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field)
                 return None
@@ -4296,8 +4300,11 @@ _JAVASCRIPT_READ = re.compile(r"(?<![\w.])(?:this\.)?(?:environment\.(?:variable
 
 def _foreign_reads_instead(source: str) -> str:
     """Another engine's ways to read a variable as the name they read: Camunda's
-    ``execution.getVariable("x")``, a JavaScript engine's ``environment.variables.x``."""
+    ``execution.getVariable("x")``, Imixs's ``workitem.getItemValueString("x")``, a JavaScript
+    engine's ``environment.variables.x``."""
     source = re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
+    # Imixs-Workflow's item of the document (workitem.getItemValueDouble('_budget'))
+    source = re.sub(r"\bworkitem\.getItemValue\w*\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
     return _JAVASCRIPT_READ.sub(r"\1", source)
 
 
@@ -4497,6 +4504,15 @@ def _camunda_api_calls(tree: ast.AST) -> list[str]:
                    and isinstance(n.func.value, ast.Name)
                    and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
                         and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
+def _imixs_api_calls(tree: ast.AST) -> list[str]:
+    """The calls of Imixs-Workflow's document API in an expression (``workitem.getItemValueDouble('x')``,
+    ``workitem.hasItem('x')``): no context value has them (values are JSON)."""
+    return sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and isinstance(n.func.value, ast.Name) and n.func.value.id == "workitem"
+                   and n.func.attr.startswith(("getItemValue", "hasItem", "isItemValue"))})
 
 
 #: FEEL's temporal literals (``date and time("2021-12-23T00:00")``), which are ISO 8601 text here

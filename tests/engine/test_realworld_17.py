@@ -413,3 +413,34 @@ def test_the_miwg_reference_model_is_refused_for_its_bare_split_then_runs_each_r
         instance, wf = agree(path, {"route": route}, answers)
         assert TASK[via] in path_of(wf)
         assert variables(instance.main) == {"route": route, "done": via}
+
+
+# -- Imixs-Workflow: conditions that read the document through its Java API -----------------------
+
+WORKITEM = HERE / "imixs_workitem_conditions.bpmn"
+BUDGET = [('isExecutable="false"', 'isExecutable="true"'),
+          ("(workitem.getItemValueDouble('_budget')>100)", "(_budget>100)"),
+          ("(workitem.getItemValueDouble('_budget')<=100)", "(_budget<=100)")]
+
+
+def test_conditions_calling_imixs_workitem_api_are_refused_with_the_python_to_write(tmp_path: Path) -> None:
+    """workitem.getItemValueDouble('_budget') > 100 reads as Python, but no context value has
+    Imixs's document API: the run would stop at the gateway. validate refuses each condition,
+    naming the call and writing the Python read of the item ('(_budget>100)'); written so (and
+    executable), each budget takes its branch as in plain SpiffWorkflow, the empty default=""
+    and the bare catch event between (warned) notwithstanding."""
+    refused = said(WORKITEM)
+    for flow, python in (("SequenceFlow_7", "(_budget>100)"), ("SequenceFlow_10", "(_budget<=100)")):
+        assert refused[flow].startswith("error:") and "workitem.getItemValueDouble" in refused[flow]
+        assert "Imixs" in refused[flow] and repr(python) in refused[flow]
+    path = rewritten(tmp_path, WORKITEM, BUDGET)
+    assert [c for c, s, _ in problems(path) if s == "error"] == []
+    answers = {"Task_3": {}, "Task_4": {"approved": "board"}, "Task_5": {"approved": "team"}}
+    for budget, task in ((150, "Task_4"), (100, "Task_5")):
+        engine = Engine(store="memory://")
+        instance = engine.run(engine.start(load_process([path]), {"_budget": budget}), answers={"user_tasks": answers})
+        wf, plain_data = run_plain(path, {"_budget": budget}, answers)
+        assert instance.status == "completed", instance.error
+        assert path_of(instance.workflow) == path_of(wf)
+        assert task in path_of(wf) and "IntermediateCatchEvent_3" in path_of(wf)
+        assert variables(instance.main) == {k: v for k, v in plain_data.items() if not k.startswith("_")}
