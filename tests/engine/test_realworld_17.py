@@ -15,6 +15,7 @@ neither can run, ``layerflow validate`` must say so, naming the file, the elemen
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,10 @@ from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition, 
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import path_of, run_plain, variables
+from engine_helpers import patch_spiff_timer_clock, path_of, run_plain, variables
 from test_realworld_4 import rewritten
 from test_realworld_12 import agree, problems
-from test_realworld_13 import plain_workflow
+from test_realworld_13 import HOUR, Clock, plain_workflow
 
 HERE = Path(__file__).resolve().parent / "realworld17"
 
@@ -444,3 +445,44 @@ def test_conditions_calling_imixs_workitem_api_are_refused_with_the_python_to_wr
         assert path_of(instance.workflow) == path_of(wf)
         assert task in path_of(wf) and "IntermediateCatchEvent_3" in path_of(wf)
         assert variables(instance.main) == {k: v for k, v in plain_data.items() if not k.startswith("_")}
+
+
+# -- BPMN-OS: an event-based gateway between two timers it times by its own parameters -------------
+
+RACE = HERE / "bpmnos_timer_race.bpmn"
+DURATIONS = [('<bpmn2:timerEventDefinition id="TimerEventDefinition_14236ba" />',
+              '<bpmn2:timerEventDefinition id="TimerEventDefinition_14236ba"><bpmn2:timeDuration>"PT1H"'
+              '</bpmn2:timeDuration></bpmn2:timerEventDefinition>'),
+             ('<bpmn2:timerEventDefinition id="TimerEventDefinition_1dx6ucx" />',
+              '<bpmn2:timerEventDefinition id="TimerEventDefinition_1dx6ucx"><bpmn2:timeDuration>"PT2H"'
+              '</bpmn2:timeDuration></bpmn2:timerEventDefinition>')]
+
+
+def test_timers_timed_by_bpmnos_parameters_are_refused_then_the_first_due_wins_the_race(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two timers' definitions are empty (BPMN-OS times them by its trigger parameters) and the
+    data store has no name: each is refused, as plain SpiffWorkflow refuses the store. Given an
+    hour and two (the store left out), the hour's timer wins the gateway's race just after the hour
+    and the other is withdrawn, as in plain SpiffWorkflow on the same clock."""
+    refused = said(RACE)
+    assert set(refused) == {"TimerEvent_1", "TimerEvent_2", "DataStore_1"}
+    assert all(text.startswith("error:") for text in refused.values())
+    assert "neither when nor how long" in refused["TimerEvent_1"] and "has no implementation" in refused["DataStore_1"]
+    text = RACE.read_text()
+    store = text[text.index("  <bpmn2:dataStore"):text.index("</bpmn2:dataStore>") + len("</bpmn2:dataStore>\n")]
+    path = rewritten(tmp_path, RACE, [*DURATIONS, (store, "")])
+    assert problems(path) == []
+    clock = Clock()
+    engine = Engine(store="memory://", clock=clock)
+    instance = engine.run(engine.start(load_process([path]), {}))
+    assert instance.status == "waiting"
+    clock.now += HOUR + 60
+    instance = engine.run(instance)
+    now = patch_spiff_timer_clock(monkeypatch, datetime.now(timezone.utc))
+    wf = plain_workflow(path, "Process_1")
+    now[0] += timedelta(hours=1, minutes=1)
+    wf.refresh_timers()
+    wf.do_engine_steps()
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert wf.is_completed()
+    assert path_of(instance.workflow) == path_of(wf) == ["StartEvent_1", "Gateway_1", "TimerEvent_1", "EndEvent_1"]
