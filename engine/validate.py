@@ -101,7 +101,8 @@ not make ``report.ok`` false:
                                       error event sub-process of the process catches: nothing catches it,
                                       and the instance ends as completed
 ``condition_camunda_api``              a condition calls Camunda's process API (``execution.getVariable("x")``,
-                                      a JavaScript or Groovy condition's habit): the message writes the Python
+                                      a JavaScript or Groovy condition's habit) or Imixs-Workflow's
+                                      (``workitem.getItemValueDouble("x")``): the message writes the Python
                                       (a script that calls it, in any scriptFormat: ``script_syntax`` /
                                       ``script_language``, with the assignments to write)
 ``condition_javascript_api``           a condition reaches the variables as a JavaScript engine does
@@ -204,6 +205,9 @@ not make ``report.ok`` false:
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: it fires only on one named like the event
                                       (SpiffWorkflow's fallback), and never when the event has no name
+``waits_for_nothing`` W             a receive task that names no message, an intermediate catch event with no
+                                      event definition: SpiffWorkflow gives it nothing to wait for, so the path
+                                      goes straight on (as a state machine's "action" of Imixs, fbpmn's models)
 ``escalation_without_code`` W         a bpmn:escalation with no escalationCode that a throw event (intermediate
                                       or end) names: every catch naming such an escalation catches it, as does
                                       every catch-all (no escalationRef)
@@ -1749,9 +1753,11 @@ class _Validator:
                                      element_id=gid, field="branches.condition")
                     continue
                 if not expr:
+                    elsewhere = _written_elsewhere(flow, "condition")
                     self.add("gateway_flow_without_condition", f"outgoing flow {flow.get('id')!r} of gateway {gid!r} "
                              f"(to {flow.get('targetRef')!r}) has no condition and is not the default flow; add a "
-                             f"conditionExpression or set default=\"{flow.get('id')}\" on the gateway",
+                             f"conditionExpression{f' ({elsewhere})' if elsewhere else ''} or set "
+                             f"default=\"{flow.get('id')}\" on the gateway",
                              file=file, line=flow.sourceline, element_id=flow.get("id"), field="conditionExpression")
                     judged = False
                     continue
@@ -2370,13 +2376,16 @@ class _Validator:
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
             return None
         if mode == "eval":
-            api = _camunda_api_calls(tree)
+            api, whose = _camunda_api_calls(tree), "Camunda's process API"
+            if not api:
+                api, whose = _imixs_api_calls(tree), "Imixs-Workflow's API of the document (its workitem)"
             if api:
                 what = what or "condition"
                 said = _language_not_read(el, what)
-                todo = _rewrite_todo(_foreign_reads_instead(source), _camunda_api_calls)
-                self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, Camunda's process "
-                         f"API, which is not here{said}: the run would stop there with a NameError; expressions "
+                todo = _rewrite_todo(_foreign_reads_instead(source),
+                                     lambda t: _camunda_api_calls(t) or _imixs_api_calls(t))
+                self.add("condition_camunda_api", f"{what} {source!r} calls {', '.join(api)}, {whose}, which is "
+                         f"not here{said}: the run would stop there with a NameError; expressions "
                          f"are Python over the context, where a variable is read by its name: {todo}", file=file,
                          line=el.sourceline if el is not None else None, element_id=element_id, field=field)
                 return None
@@ -2992,7 +3001,8 @@ class _Validator:
         if handled or eid in REGISTRY:  # registered already by code that ran before validate
             return
         if tag == "scriptTask" and not _condition_text(el, "script"):
-            what = "has no script (an empty or missing bpmn:script)"
+            elsewhere = _written_elsewhere(el, "script")
+            what = f"has no script (an empty or missing bpmn:script{'; ' + elsewhere if elsewhere else ''})"
         elif tag == "serviceTask":
             operator = el.find(f"{_bpmn('extensionElements')}/{{{SPIFF_NS}}}serviceTaskOperator")
             if operator is not None and operator.get("id") in REGISTRY:
@@ -3386,9 +3396,14 @@ class _Validator:
         if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
             found = {q: None for q in found if _FOREIGN_SETTINGS[q.partition(":")[2]] != _RUN_BY_HANDLER}
+        operators = [o.get("expression", "") for o in el.iterfind(f".//{{{_BPMNOS_NS}}}operator")]
+        if not operators:
+            found.pop("bpmnos:status", None)  # attributes and restrictions alone change nothing as it runs
         if not found:
             return
         todo = list(dict.fromkeys(_FOREIGN_SETTINGS[q.partition(":")[2]] for q in found))
+        todo = [f"its operators ({', '.join(map(repr, operators))}) are not applied; {t}"
+                if t == _FOREIGN_SETTINGS["status"] else t for t in todo]
         starter = next((v for k, v in el.attrib.items() if (_foreign_name(k) or "").endswith(":initiator")), None)
         if starter:
             todo = [f"it names the variable ({starter!r}) that the engine sets to the user who started the "
@@ -3530,6 +3545,7 @@ class _Validator:
         self._check_item_extensions(el, eid, tag, file)
         if tag == "boundaryEvent":
             self._check_attached(el, eid, file)
+        self._check_waits_for_something(el, eid, tag, file)
         if tag not in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
             return
         for kind, ref, what in (("messageEventDefinition", "messageRef", "message"),
@@ -3547,6 +3563,25 @@ class _Validator:
                          f'none: {waits}; add {ref}="ID" naming a bpmn:{what} of the file (`layerflow send` '
                          f"delivers it by that {what}'s name)", file=file, line=definition.sourceline,
                          element_id=eid, field=ref, severity="warning")
+
+    def _check_waits_for_something(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A receive task with no message and a catch event with no event definition: SpiffWorkflow
+        gives them a none event, which fires at once, so the path never waits there."""
+        if tag == "receiveTask" and el.get("messageRef") is None \
+                and el.find(_bpmn("messageEventDefinition")) is None:
+            what = "names no message (no messageRef)"
+            todo = ('add messageRef="ID" naming a bpmn:message of the file (`layerflow send` delivers it by that '
+                    "message's name)")
+        elif tag == "intermediateCatchEvent" and not any(
+                isinstance(child.tag, str) and child.tag.endswith("EventDefinition") for child in el):
+            what = "has no event definition"
+            todo = ("give it the message, signal, timer or condition it waits for (a bpmn:messageEventDefinition "
+                    'with messageRef="ID", ...), or remove it')
+        else:
+            return
+        self.add("waits_for_nothing", f"bpmn:{tag} {eid!r} {what}: SpiffWorkflow gives it nothing to wait for, "
+                 f"so the path does not wait there and goes straight on; {todo}", file=file, line=el.sourceline,
+                 element_id=eid, severity="warning")
 
     def _check_message_extensions(self, el: Any, eid: str, tag: str, root: Any, file: str) -> None:
         """SpiffWorkflow reads a message's payload and variable from its bpmn:message when that holds
@@ -3941,6 +3976,19 @@ def _condition_text(flow: Any, tag: str = "conditionExpression") -> str:
     return (expr.text or "").strip() if expr is not None else ""
 
 
+def _written_elsewhere(el: Any, what: str) -> str:
+    """Where another engine wrote the script or condition that the element lacks (BPMNEngine's
+    exts:cSharpScript, exts:ConditionSet): a clause naming that extension element, else "", to
+    put in parentheses."""
+    for child in el.iterfind(f"{_bpmn('extensionElements')}/*"):
+        name = etree.QName(child)
+        if isinstance(child.tag, str) and what in name.localname.lower() \
+                and name.namespace not in (SPIFF_NS, "http://camunda.org/schema/zeebe/1.0"):
+            return (f"its {what} is written in {child.prefix or name.namespace}:{name.localname}, another engine's "
+                    "extension element, which SpiffWorkflow does not read: write it in Python here")
+    return ""
+
+
 def _flow_node_id(el: Any) -> str | None:
     """The id of the task, event or gateway an element (a timer, a loop's condition) belongs to."""
     owner = next((a for a in el.iterancestors() if a.tag in _FLOW_NODES), None)
@@ -4100,9 +4148,12 @@ def _shorten(text: str, limit: int = 80) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+_BPMNOS_NS = "https://bpmnos.telematique.eu"
 _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://camunda.org/schema/zeebe/1.0": "zeebe",
                       "http://operaton.org/schema/1.0/bpmn": "operaton",
-                      "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable"}
+                      "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable",
+                      # BPMN-OS (optimisation models): a task's status operators compute as it runs
+                      _BPMNOS_NS: "bpmnos"}
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
                 "bpmn:serviceTask")
@@ -4140,6 +4191,8 @@ _FOREIGN_SETTINGS = {
     "resource": "copy the Python of the file it names into the task's bpmn:script",
     # a start event's variable that the engine sets to the id of the user who started the instance
     "initiator": "give that variable in the start data (--data), as no user starts an instance here",
+    # BPMN-OS's attributes, restrictions and the operators that change them as the task runs
+    "status": "write what its operators compute in Python, in a script task drawn before or after it",
 }
 
 
@@ -4247,8 +4300,11 @@ _JAVASCRIPT_READ = re.compile(r"(?<![\w.])(?:this\.)?(?:environment\.(?:variable
 
 def _foreign_reads_instead(source: str) -> str:
     """Another engine's ways to read a variable as the name they read: Camunda's
-    ``execution.getVariable("x")``, a JavaScript engine's ``environment.variables.x``."""
+    ``execution.getVariable("x")``, Imixs's ``workitem.getItemValueString("x")``, a JavaScript
+    engine's ``environment.variables.x``."""
     source = re.sub(r"\b(?:execution|task)\.getVariable(?:Local)?\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
+    # Imixs-Workflow's item of the document (workitem.getItemValueDouble('_budget'))
+    source = re.sub(r"\bworkitem\.getItemValue\w*\(\s*(['\"])([A-Za-z_]\w*)\1\s*\)", r"\2", source)
     return _JAVASCRIPT_READ.sub(r"\1", source)
 
 
@@ -4448,6 +4504,15 @@ def _camunda_api_calls(tree: ast.AST) -> list[str]:
                    and isinstance(n.func.value, ast.Name)
                    and (n.func.value.id == "execution" or n.func.value.id in ("task", "delegateTask")
                         and n.func.attr.startswith(("getVariable", "hasVariable", "setVariable")))})
+
+
+def _imixs_api_calls(tree: ast.AST) -> list[str]:
+    """The calls of Imixs-Workflow's document API in an expression (``workitem.getItemValueDouble('x')``,
+    ``workitem.hasItem('x')``): no context value has them (values are JSON)."""
+    return sorted({ast.unparse(n.func) for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and isinstance(n.func.value, ast.Name) and n.func.value.id == "workitem"
+                   and n.func.attr.startswith(("getItemValue", "hasItem", "isItemValue"))})
 
 
 #: FEEL's temporal literals (``date and time("2021-12-23T00:00")``), which are ISO 8601 text here
