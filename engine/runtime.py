@@ -380,7 +380,8 @@ class Engine:
         _Runtime(self, instance)
         if store is not None:
             instance.store = open_store(store) if isinstance(store, str) else store
-        instance.version = self._store_of(instance).create(to_record(instance))
+        store_of = self._store_of(instance)
+        instance.version = store_of.create(_record_for(store_of, instance))
         return instance
 
     def run(self, instance: Instance | Process | str, data: Mapping[str, Any] | None = None, *,
@@ -793,7 +794,8 @@ class Engine:
             instance.held.pending = True
             return
         instance.updated = time.time()
-        instance.version = self._store_of(instance).save(to_record(instance), instance.version)
+        store_of = self._store_of(instance)
+        instance.version = store_of.save(_record_for(store_of, instance), instance.version)
 
     def _store_of(self, instance: Instance) -> Store:
         return instance.store if instance.store is not None else self.store
@@ -961,14 +963,27 @@ class _Held:
     pending: bool = False
 
 
-def _copy_record(instance: Instance) -> dict[str, Any]:
-    """The instance's record as plain JSON values, with its version: a copy nothing that runs
-    on the instance can change (``to_record`` shares lists with the instance)."""
+def _plain_record(instance: Instance) -> dict[str, Any]:
+    """The instance's record as plain JSON values (its ``JSONText`` parts decoded): a copy nothing
+    that runs on the instance can change (``to_record`` shares lists with the instance)."""
     from context_layers.stores.base import encode_record
 
     record: dict[str, Any] = json.loads(encode_record(to_record(instance), f"instance {instance.id!r}"))
+    return record
+
+
+def _copy_record(instance: Instance) -> dict[str, Any]:
+    """``_plain_record`` with the instance's version."""
+    record = _plain_record(instance)
     record["version"] = instance.version
     return record
+
+
+def _record_for(store: Store, instance: Instance) -> dict[str, Any]:
+    """The record ``store`` is given: the engine's own stores (``InstanceRecords``) write its
+    ``JSONText`` parts as they are; a ``Store`` of the application's own gets the JSON-able dict
+    its protocol promises (it may keep the object, or ``json.dumps`` it, and give it back)."""
+    return to_record(instance) if isinstance(store, InstanceRecords) else _plain_record(instance)
 
 
 class UncaughtBpmnError(ActivityError):

@@ -203,7 +203,7 @@ def test_claim_runs_through_own_handlers_retriever_arbiter_and_store(claim_proce
     assert dict(arbiter.requests[0].values) == {"fraud_screen": "pay", "adjuster_estimate": "inspect"}
     assert hist["recommended_action"] == "inspect"
     assert sorted(hist["flags"]) == ["large_loss", "new_policy"]
-    (logged,) = hist["_mergedConflicts"]
+    (logged,) = instance.main.resolve("_mergedConflicts")   # WORKING until the next activity ends
     assert logged["key"] == "recommended_action" and logged["resolution"]["resolver"] == "model"
     # saved in the app's store; a second engine on it picks the instance up and finishes it
     assert store.saves >= 1 and instance.id in store.records
@@ -447,10 +447,17 @@ def test_render_formats_views_and_stable_prefix() -> None:
     from context_layers import drop_tool_results, redact
     view = ctx.view(hooks=[drop_tool_results, redact()])
     shown = json.dumps(render(view, format="json"))
-    assert "sk-abcdefghijklmnopqrstuvwxyz123456" not in shown and "tool_call_result_1" not in shown
+    assert "sk-abcdefghijklmnopqrstuvwxyz123456" not in shown
+    assert '\\"key\\":\\"tool_call_result_1\\"' not in shown   # dropped (the record still lists its key)
     assert ctx.resolve("api_key").startswith("sk-")   # a view changes nothing
-    anchored = "".join(m["content"] for m in render(ctx.view(anchor="activity:fraud_screen"), format="plain"))
-    assert "CL-30" in anchored
+    assert '\\"key\\":\\"tool_call_result_1\\"' in json.dumps(render(ctx, format="json"))
+    ctx.anchor("screened")
+    ctx.begin_activity("payout_prep")
+    ctx.write(Layer.WORKING, "payout_note", "after the anchor")
+    ctx.complete_activity("payout_prep")
+    anchored = "".join(m["content"] for m in render(ctx.view(anchor="screened"), format="plain"))
+    assert "CL-30" in anchored and "after the anchor" in anchored   # PROCESS stays; HISTORY from the anchor
+    assert "ignore all rules" not in anchored
     # stable prefix: the next activity only appends; the first messages' bytes stay
     first = render(ctx, format="xml")
     ctx.begin_activity("adjuster_estimate")
