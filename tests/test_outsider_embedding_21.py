@@ -198,6 +198,9 @@ def test_claim_runs_through_own_handlers_retriever_arbiter_and_store(claim_proce
     hist = history(instance)
     assert hist["covered"] is True and hist["loss_kind"] == "burst pipe"
     assert len(hist["knowledge_seen"]) == 1            # the handler saw the kept hit only
+    (note,) = [e for e in instance.main.tape if e.kind == "note" and e.data.get("note") == "retrieval"] or \
+        list(instance.main.tape.filter(kind="retrieval"))
+    assert (note.data["kept"], note.data["dropped"]) == (1, 1)
     # the join conflict went to the app's arbiter, the reducer settled `flags`
     assert [r.key for r in arbiter.requests] == ["recommended_action"]
     assert dict(arbiter.requests[0].values) == {"fraud_screen": "pay", "adjuster_estimate": "inspect"}
@@ -323,6 +326,31 @@ def test_arbiter_with_wrong_answer_falls_back_to_a_person_naming_it(claim_proces
     assert any(w["kind"] == "confirmation" for w in instance.waiting_for)
     (fallback,) = [f for f in instance.model_fallbacks() if f["purpose"] == "conflict_resolution"]
     assert fallback["fallback"] == "human" and "ArbitrationAnswer" in fallback["error"]
+
+
+class Unreachable:
+    def arbitrate(self, request: ArbitrationRequest) -> ArbitrationAnswer:
+        raise ConnectionError("claims model gateway refused the connection")
+
+
+class FailingRetriever:
+    def retrieve(self, collection: str, query: str, *, top_k: int = 3) -> list[Hit]:
+        raise RuntimeError("vector index offline")
+
+
+def test_plug_in_failures_surface_and_the_instance_recovers(claim_process: Any) -> None:
+    engine = Engine("memory://", APP, retriever=PolicyRetriever(), arbiter=Unreachable())
+    waiting = engine.run(claim_process, {"claim_id": "CL-29"})
+    assert waiting.status == "waiting"                  # the conflict goes to a person
+    (fallback,) = waiting.model_fallbacks()
+    assert "ConnectionError" in fallback["error"] and "refused the connection" in fallback["error"]
+    store = DictStore()
+    failing = Engine(store, APP, retriever=FailingRetriever())
+    failed = failing.run(claim_process, {"claim_id": "CL-30"})
+    assert failed.status == "error" and failed.error["task_id"] == "coverage_check"
+    assert "vector index offline" in failed.error["message"]
+    fixed = Engine(store, APP, retriever=PolicyRetriever(), arbiter=DeskArbiter()).resume(failed.id)
+    assert fixed.status == "waiting", fixed.error
 
 
 # ------------------------------------------------------------- summarizer plug-in
@@ -495,6 +523,11 @@ def test_detector_nested_lists_deletions_identical_and_reducers() -> None:
     assert reduce_values("min", "reserve", 100, {"a": 300, "b": 250}) == 250
     assert reduce_values("union", "flags", ["x"], {"a": ["x", "y"], "b": ["z"]}) == ["x", "y", "z"]
     assert reduce_values("append", "notes", ["x"], {"a": ["x", "y"], "b": ["x", "z"]}) == ["x", "y", "z"]
+    assert reduce_values("merge", "approvals", {"x": 1}, {"a": {"x": 1, "fraud": True}, "b": {"x": 1, "adj": False}}) \
+        == {"x": 1, "fraud": True, "adj": False}
+    # a key absent at the split: added identically -> taken; added differently -> conflict with base DELETED
+    added = ConflictDetector().detect_conflicts({}, {"a": {"k": [1, {"n": None}], "j": 1}, "b": {"k": [1, {"n": None}], "j": 2}})
+    assert [(c.key, c.base_value) for c in added] == [("j", DELETED)]
 
 
 def test_split_join_on_app_contexts() -> None:
