@@ -87,6 +87,9 @@ class SummaryCache:
         if key not in self._memo:
             prefix = self._prefix() if self._prefix is not None else None
             raw = self.summarizer.summarize(text, max_tokens, prefix_messages=prefix)
+            if not isinstance(raw, str):  # a summarizer of the application's own, wrongly typed
+                raise TypeError(f"summarizer {type(self.summarizer).__name__}.summarize() returned a "
+                                f"{type(raw).__name__} ({raw!r:.80}), not the summary text (str)")
             self._memo[key] = fit_summary(raw, max_tokens, self.encoding)
         return self._memo[key]
 

@@ -81,7 +81,7 @@ from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_P
                             condition_context, is_engine_key, short, typed_option)
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
-from .knowledge import BM25Retriever, Retriever
+from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
 from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
@@ -281,12 +281,22 @@ class Instance:
         return f"<Instance {self.id} {self.process_id} {self.status}>"
 
 
+def _check_plugin(plugin: Any, name: str, protocol: str, methods: tuple[str, ...]) -> None:
+    """Refuse, as the Engine is made, a plug-in that lacks a method of its protocol (else the
+    first activity or join that needs it would fail with an AttributeError far from the cause)."""
+    missing = [m for m in methods if plugin is not None and not callable(getattr(plugin, m, None))]
+    if missing:
+        raise TypeError(f"Engine({name}=...): {type(plugin).__name__} has no {', '.join(f'{m}()' for m in missing)} "
+                        f"method; a {name} implements {protocol} ({', '.join(f'{m}()' for m in methods)})")
+
+
 class Engine:
     """Starts, runs, resumes and persists instances.
 
     ``store``: a ``Store`` (an engine record store, or a ``context_layers.stores`` store, which it
     wraps) or a URL (``memory://``, ``sqlite:///path``); default memory.
-    ``handlers``: extra ``{name: fn}`` looked up before the ``@activity`` registry.
+    ``handlers``: extra ``{name: fn}`` looked up before the ``@activity`` registry; a
+    ``HandlerRegistry`` is used alone (``engine.handlers.REGISTRY.layered(...)`` chains one).
     ``retriever``: replaces the BM25 default (one per process folder).
     ``model``: the model name for activities with ``llm`` config (none: offline handlers), and
     for the compression after any activity (summaries; plans with ``compressionPlanner: model``).
@@ -313,6 +323,11 @@ class Engine:
             store = open_store(store)
         elif hasattr(store, "acquire_lease"):  # a context_layers store (tapes, leases): the engine's view of it
             store = InstanceRecords(store)  # type: ignore[arg-type]
+        else:
+            _check_plugin(store, "store", "engine.Store", ("create", "load", "save", "list"))
+        _check_plugin(retriever, "retriever", "engine.Retriever", ("retrieve",))
+        _check_plugin(arbiter, "arbiter", "gateways.ConflictArbiter", ("arbitrate",))
+        _check_plugin(chooser, "chooser", "gateways.BranchChooser", ("choose",))
         self.store: Store = store
         if isinstance(handlers, HandlerRegistry):
             self.handlers = handlers
@@ -380,7 +395,8 @@ class Engine:
         _Runtime(self, instance)
         if store is not None:
             instance.store = open_store(store) if isinstance(store, str) else store
-        instance.version = self._store_of(instance).create(to_record(instance))
+        store_of = self._store_of(instance)
+        instance.version = store_of.create(_record_for(store_of, instance))
         return instance
 
     def run(self, instance: Instance | Process | str, data: Mapping[str, Any] | None = None, *,
@@ -793,7 +809,8 @@ class Engine:
             instance.held.pending = True
             return
         instance.updated = time.time()
-        instance.version = self._store_of(instance).save(to_record(instance), instance.version)
+        store_of = self._store_of(instance)
+        instance.version = store_of.save(_record_for(store_of, instance), instance.version)
 
     def _store_of(self, instance: Instance) -> Store:
         return instance.store if instance.store is not None else self.store
@@ -961,14 +978,27 @@ class _Held:
     pending: bool = False
 
 
-def _copy_record(instance: Instance) -> dict[str, Any]:
-    """The instance's record as plain JSON values, with its version: a copy nothing that runs
-    on the instance can change (``to_record`` shares lists with the instance)."""
+def _plain_record(instance: Instance) -> dict[str, Any]:
+    """The instance's record as plain JSON values (its ``JSONText`` parts decoded): a copy nothing
+    that runs on the instance can change (``to_record`` shares lists with the instance)."""
     from context_layers.stores.base import encode_record
 
     record: dict[str, Any] = json.loads(encode_record(to_record(instance), f"instance {instance.id!r}"))
+    return record
+
+
+def _copy_record(instance: Instance) -> dict[str, Any]:
+    """``_plain_record`` with the instance's version."""
+    record = _plain_record(instance)
     record["version"] = instance.version
     return record
+
+
+def _record_for(store: Store, instance: Instance) -> dict[str, Any]:
+    """The record ``store`` is given: the engine's own stores (``InstanceRecords``) write its
+    ``JSONText`` parts as they are; a ``Store`` of the application's own gets the JSON-able dict
+    its protocol promises (it may keep the object, or ``json.dumps`` it, and give it back)."""
+    return to_record(instance) if isinstance(store, InstanceRecords) else _plain_record(instance)
 
 
 class UncaughtBpmnError(ActivityError):
@@ -2184,9 +2214,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
         connector = (f"@activity({operation!r}) for its spiffworkflow:serviceTaskOperator (it gets the operator's "
                      "parameters in ctx.params), " if isinstance(spec, ServiceTaskMixin) and operation
                      and operation != spec.bpmn_id else "")
+        unread = ""
+        if spec.bpmn_id in REGISTRY and spec.bpmn_id not in self.engine.handlers:
+            unread = (f" (@activity({spec.bpmn_id!r}) registered one process-wide, which this Engine does not read: "
+                      "it was given a HandlerRegistry of its own; register it there with @activity(..., registry=...), "
+                      "or give the Engine REGISTRY.layered({...}) or a dict of extra handlers)")
         raise ActivityError(f"task {spec.bpmn_id!r} ({type(spec).__name__.removeprefix('Layerflow')}) has no "
                             f"handler; register one with {connector}@activity({spec.bpmn_id!r}) or set 'handler' "
-                            "in its config", task_id=spec.bpmn_id)
+                            f"in its config{unread}", task_id=spec.bpmn_id)
 
     def run_with_tools(self, task: Any, actx: ActivityContext, cfg: ActivityExtensionConfig,
                        model: str) -> dict[str, Any] | None:
@@ -2338,6 +2373,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
         kept = dropped = 0
         for collection in kc.rag_collections:
             for hit in retriever.retrieve(collection, query, top_k=kc.top_k):
+                if not isinstance(hit, Hit):  # a retriever of the application's own, wrongly typed
+                    raise TypeError(f"retriever {type(retriever).__name__}.retrieve({collection!r}, ...) returned a "
+                                    f"{type(hit).__name__} ({hit!r:.80}), not an engine.Hit: return "
+                                    "Hit(collection, source, text, score, confidence) for each passage")
                 if hit.confidence < kc.confidence_threshold:
                     dropped += 1
                     continue

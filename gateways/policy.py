@@ -52,7 +52,7 @@ from context_layers.config import ActivityExtensionConfig, ConflictPolicy
 from context_layers.errors import ConfigError
 from context_layers.hooks import RedactSetting, redact_for_model, redact_text, secret_key
 
-from .arbiter import ArbiterAnswerError, ArbitrationRequest, ConflictArbiter, from_json_value
+from .arbiter import ArbiterAnswerError, ArbitrationAnswer, ArbitrationRequest, ConflictArbiter, from_json_value
 from .conflicts import DELETED, MergedConflict, Resolution, conflict_error, jsonable, same_value
 from .expressions import ExpressionError, check_expression, evaluate, evaluate_condition, expression_names
 from .strategies import ReducerError, json_type, reduce_values, resolve_by_strategy
@@ -477,6 +477,9 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
     for attempt in (1, 2):
         try:
             answer = arbiter.arbitrate(request)
+            if not isinstance(answer, ArbitrationAnswer):  # an arbiter of the application's own, wrongly typed
+                raise ArbiterAnswerError(f"{type(arbiter).__name__}.arbitrate() returned a {type(answer).__name__}, "
+                                         "not a gateways.ArbitrationAnswer", text=repr(answer))
         except ArbiterAnswerError as err:
             steps.append(ResolutionStep(key, "model", "failed", f"attempt {attempt}: {err}"))
             continue
