@@ -219,6 +219,7 @@ def test_the_loop_goes_round_once_per_rejection_then_issues_and_compresses(permi
     assert registry["status"] == "ok" and registry["data"]["id"] == "REG-P-88" and "raw" not in registry["data"]
     # the long visit logs are no longer HISTORY entries of their own (counted, or folded)
     assert not {"site_visit_log_1", "site_visit_log_2"} & set(history)
+    assert history["summary:count:site_visit_log"]["count"] == 3
     # what inspect and replay show is what run ended with
     seen = doc("inspect", iid, "--store", store, code=0)
     assert seen["layers"] == done["layers"] and seen["tape_length"] == done["tape_length"]
@@ -355,6 +356,21 @@ def test_an_answer_that_is_no_option_is_bad_input_and_changes_nothing(dispute: t
     after = doc("inspect", iid, "--store", store, code=0)
     assert after["status"] == "waiting" and after["tape_length"] == waiting["tape_length"]
     assert after["layers"] == waiting["layers"]
+
+
+def test_a_config_file_that_sets_one_humanconfirm_field_keeps_the_bpmns_others(tmp_path: Path) -> None:
+    # README: the file wins field by field; a file that only lengthens the timeout keeps the join's
+    # message, default and options from the BPMN (else its timeout would escalate instead of defaulting)
+    for f in ("chargeback_dispute.bpmn", "chargeback_handlers.py", "chargeback_dispute.layerflow.yaml"):
+        shutil.copy(HERE / f, tmp_path / f)
+    with (tmp_path / "chargeback_dispute.layerflow.yaml").open("a") as config:
+        config.write("\nevidence_join:\n  humanConfirm: {timeout: 600}\n")
+    (tmp_path / "evidence.json").write_text(json.dumps(BOTH_ANSWERED))
+    waiting = doc("run", str(tmp_path / "chargeback_dispute.bpmn"), "--data", json.dumps(DISPUTE_DATA),
+                  "--answers", str(tmp_path / "evidence.json"), "--store", f"sqlite:///{tmp_path / 'r.db'}", code=3)
+    [conf] = waiting["confirmations"]
+    assert conf["timeout"] == 600 and conf["default"] == "escalate_to_network"
+    assert conf["message"].startswith("Merchant and cardholder evidence disagree.")
 
 
 def test_a_handler_that_returns_a_system_key_is_denied(store: str, tmp_path: Path) -> None:
