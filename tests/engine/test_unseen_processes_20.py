@@ -39,6 +39,11 @@ Expected before anything ran:
   bytes for the same context, also after a reload from the store;
 - REST (`layerflow serve`, one module-scoped server on the same store): inspect, resolve (the
   dispute's conflict), rollback to a snapshot; no token: 401.
+
+Found: `tape --kind rollback` did not show a rollback's `--reason` (it was on a separate governance
+note); a config file setting only `humanConfirm.timeout` dropped the BPMN's message, default and options.
+Misread at first (README documents it): an answer given in advance to a looping user task is given on
+each pass, up to 100 times; a rollback of a context whose branches are not yet joined is refused (409).
 """
 
 from __future__ import annotations
