@@ -387,6 +387,9 @@ def _schema_problem(schema: Any, path: str) -> str | None:
 # fields the seed writes at the top level and inside contextStrategy alike
 _EITHER_PLACE = frozenset({"preserve_keys", "compress_rules", "compress_token_threshold",
                            "compress_message_threshold", "attention_thresholds"})
+# settings made of fields of their own, which a config file overrides one by one, as contextStrategy's:
+# a file that lengthens a join's humanConfirm.timeout keeps the BPMN's message, default and options
+_FIELD_BY_FIELD = ("conflict_policy", "human_confirm", "knowledge_config", "llm")
 
 
 def _once(rules: list[CompressRule]) -> list[CompressRule]:
@@ -554,7 +557,8 @@ class ActivityExtensionConfig(_Model):
 
     def merged_with(self, override: "ActivityExtensionConfig") -> "ActivityExtensionConfig":
         """Fields set in ``override`` replace ours (the config file over the BPMN extension),
-        those of ``contextStrategy`` one by one; a field the seed lets either place hold
+        those of ``contextStrategy``, ``humanConfirm``, ``llm``, ``knowledgeConfig`` and
+        ``conflictPolicy`` one by one; a field the seed lets either place hold
         (``compressRules``, the thresholds, ...) is replaced wherever ``override`` wrote it.
         ``preserveKeys`` add up: a key the process preserves stays preserved."""
         data = self.model_dump(exclude_unset=True)
@@ -569,6 +573,9 @@ class ActivityExtensionConfig(_Model):
             over["preserve_keys"] = list(dict.fromkeys([*self.preserve_keys, *override.preserve_keys]))
             over.get("context_strategy", {}).pop("preserve_keys", None)
         strategy = {**data.get("context_strategy", {}), **over.get("context_strategy", {})}
+        for name in _FIELD_BY_FIELD:
+            if isinstance(data.get(name), dict) and isinstance(over.get(name), dict):
+                over[name] = {**data[name], **over[name]}
         data.update(over)
         if strategy:
             data["context_strategy"] = strategy

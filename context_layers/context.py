@@ -639,13 +639,14 @@ class LayeredContext:
                                   f"(latest: {known})") from None
 
     def restore(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
-                actor: str = "engine", note: str | None = None) -> Event:
+                actor: str = "engine", note: str | None = None, reason: str | None = None) -> Event:
         """Set KNOWLEDGE .. EPHEMERAL (or the given subset) exactly as they were in ``snapshot``.
 
         SYSTEM and PROCESS are never rolled back: SYSTEM never changes, and a fact
         PROCESS fixed stays fixed (were it unfixed, a later write could change it).
         Naming them in ``layers`` is allowed and leaves them as they are. ``note`` says
-        what the restore is (``decompress``), as the tape's filters read it.
+        what the restore is (``decompress``), as the tape's filters read it; ``reason`` why,
+        on the event that a filter for DESIGN's ``rollback`` finds.
         """
         snap = self.get_snapshot(snapshot) if isinstance(snapshot, str) else snapshot
         chosen = sorted({Layer.parse(x) for x in layers}) if layers is not None else list(LAYERS)
@@ -654,12 +655,14 @@ class LayeredContext:
         data: dict[str, Any] = {"snapshot_id": snap.id, "layers": [int(x) for x in chosen]}
         if note is not None:
             data["note"] = note
+        if reason:
+            data["reason"] = reason
         return self._emit(EventKind.RESTORE, actor, snapshot=snap, data=data)
 
     def rollback(self, snapshot: Snapshot | str, *, layers: Iterable[Layer | int | str] | None = None,
-                 actor: str = "engine") -> Event:
+                 actor: str = "engine", reason: str | None = None) -> Event:
         """``restore``, by the name the CLI, the REST API and the tape's events give it."""
-        return self.restore(snapshot, layers=layers, actor=actor)
+        return self.restore(snapshot, layers=layers, actor=actor, reason=reason)
 
     def anchor(self, name: str, *, actor: str = "engine", data: Mapping[str, Any] | None = None) -> Event:
         """A named point on the tape: views can start here. Deletes nothing."""

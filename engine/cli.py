@@ -1466,6 +1466,8 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             changes = f"{snap}{' (' + label + ')' if isinstance(label, str) else ''}" + (f"\t{changes}" if changes else "")
         if note and not changes:  # a note changes nothing: what it decided is the line's point
             changes = _note_detail(e.data)
+        elif e.kind == EventKind.RESTORE and (e.data or {}).get("reason"):  # why, for the audit trail
+            changes += f"\treason={_short(e.data['reason'])}"
         elif e.kind == EventKind.DENIED and e.data and "key" in e.data:  # what was refused, where
             changes = (f"{e.data.get('op', 'write')} L{e.data.get('effective')}.{e.data['key']} refused"
                        f" (requested L{e.data.get('requested')})")

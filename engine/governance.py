@@ -1122,7 +1122,7 @@ class GovernanceService:
             ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
             before = ctx.token_report()
             had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
-            event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor)
+            event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor, reason=args.reason)
             self._refuse_asked(instance, ctx, "rollback", [k for k, v in had.items()
                                                            if not _same(v, ctx.get(k, _ABSENT))])
             ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
