@@ -117,6 +117,11 @@ def start_data_details(err: Exception) -> dict[str, Any] | None:
     return {"task_id": getattr(err, "task_id", None), "problems": [{"field": f, "problem": p} for f, p in problems]}
 
 
+def _named(instance: Instance) -> dict[str, Any]:
+    """The error fields that name a loaded instance: the failure's document names it too."""
+    return {"instance_id": instance.id, "process_id": instance.process_id}
+
+
 def _error_document(error: dict[str, Any]) -> dict[str, Any]:
     """The `run --json` document for a failure before any instance exists: every field of
     the contract is there (empty), so scripts can read it like any other result."""
@@ -846,12 +851,12 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         try:  # before anything runs: an answer its timeout beat is refused, not applied nor dropped
             refuse_late_answers(instance, answers)
         except LayerflowError as err:
-            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+            _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
         if instance.status == "completed":
             if sets:  # a correction of a finished context: as REST refuses an inject into it
                 _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
                       "changed. Start a new instance with the corrected data", as_json=as_json,
-                      kind="invalid_state", details={"instance_id": instance.id})
+                      kind="invalid_state", details=_named(instance))
             instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
             for notice in instance.notices:
                 out.info(f"layerflow: {notice}")
@@ -860,7 +865,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         try:
             refuse_if_cancelled(instance, "resume it")
         except LayerflowError as err:
-            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+            _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
         if context_name is not None and not sets:
             _fail("--context names the context --set writes into: give --set KEY=VALUE too", as_json=as_json)
         source = _answers_source(answers_file, answer)
@@ -885,7 +890,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                             GovernanceService._writable(instance, ctx, "--set")
                         except LayerflowError as err:
                             message = str(err).replace("(`context`: ", "(`--context`: ")
-                            _fail(message, as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                            _fail(message, as_json=as_json, kind=err.kind, details=_named(instance))
                         target = ctx.name
                     try:
                         engine.inject(instance, values, context=target, actor="operator")
@@ -917,7 +922,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                         except ActivityError as err:  # not an offered option: nothing was applied
                             raise InvalidAnswer(str(err), task_id=getattr(err, "task_id", None)) from None
                         except LayerflowError as err:
-                            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+                            _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
                 instance = engine.resume(instance, answers=answers,
                                          ask=_asker(out, yes, bool(answers_file or answer)))
         except (InvalidAnswer, AnswerWriteDenied) as err:
@@ -949,7 +954,7 @@ def cancel(instance_id: str, reason: str, store: str | None, as_json: bool) -> N
         try:
             instance = engine.cancel(instance, reason=reason, actor="cli")
         except LayerflowError as err:
-            _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
+            _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
         _summary(out, instance, store)
         sys.exit(EXIT_OK)
 
@@ -986,7 +991,7 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
         try:
             instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
         except LayerflowError as err:
-            _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ")
+            _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ", instance=instance)
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
@@ -1088,12 +1093,13 @@ _BAD_INPUT_KINDS = frozenset({"not_found", "bad_request", "invalid_state", "inva
 _SCORES = ("density", "redundancy", "decay", "conflict", "toolEfficiency")
 
 
-def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "") -> NoReturn:
+def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "", instance: Instance | None = None) -> NoReturn:
+    """Fail as the service refused; the document names the instance when it was found."""
     code = EXIT_BAD_INPUT if err.kind in _BAD_INPUT_KINDS else EXIT_ERROR
     message = str(err)  # the service may name the operation itself ("rollback: context 'main' ...")
     message = message.replace("(`context`: ", "(`--context`: ")  # the service names the REST body's field
     _fail(message if prefix and message.startswith(prefix) else f"{prefix}{message}", code, as_json=as_json,
-          kind=err.kind)
+          kind=err.kind, details=_named(instance) if instance is not None else None)
 
 
 def _service(store: str | None, as_json: bool) -> Any:
@@ -1108,7 +1114,7 @@ def _branch_context(service: Any, instance: Instance, name: str | None, as_json:
     try:
         ctx: LayeredContext = service.context_of(instance, name)
     except LayerflowError as err:
-        _governance_fail(err, as_json)
+        _governance_fail(err, as_json, instance=instance)
     return ctx
 
 
@@ -1238,7 +1244,7 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     try:
         report = service.inspect(instance.id, InspectArgs(context=ctx.name, activity_id=activity))
     except LayerflowError as err:
-        _governance_fail(err, as_json)
+        _governance_fail(err, as_json, instance=instance)
     preserved = set(report["preserved"])
     tables: dict[str, list[dict[str, Any]]] = {}
     for layer in Layer:
@@ -1577,7 +1583,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     ctx = _branch_context(service, instance, context_name, as_json) if context_name else None
     known = _snapshot_list(instance, ctx)
     where = f" context {ctx.name!r} of" if ctx is not None else ""
-    details = {"instance_id": instance.id, "recent_snapshots": known[:5]}
+    details = {**_named(instance), "recent_snapshots": known[:5]}
     if not snapshot_id:
         _fail(f"name the snapshot: --snapshot SNAPSHOT_ID; recent snapshots of{where} instance {instance.id}: "
               f"{_recent(known)}", as_json=as_json, details=details)
@@ -1602,7 +1608,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     except ValidationError as err:
         _fail(f"rollback: {err.errors()[0]['msg']}", as_json=as_json)
     except LayerflowError as err:
-        _governance_fail(err, as_json, prefix="rollback: ")
+        _governance_fail(err, as_json, prefix="rollback: ", instance=instance)
     if as_json:
         _Out(True).doc(result)
         return
@@ -1640,7 +1646,7 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
     except ValidationError as err:
         _fail(f"snapshot: {err.errors()[0]['msg']}", as_json=as_json)
     except LayerflowError as err:
-        _governance_fail(err, as_json, prefix="snapshot: ")
+        _governance_fail(err, as_json, prefix="snapshot: ", instance=instance)
     if as_json:
         _Out(True).doc(result)
     else:

@@ -400,3 +400,19 @@ def test_the_suggested_next_command_names_the_store_it_ran_on(tmp_path, monkeypa
     answered = CliRunner().invoke(main, ["resume", iid, "--store", url, "--answer",
                                          'review={"approved": true, "reviewer": "ann"}'], catch_exceptions=False)
     assert answered.exit_code == 0, answered.output
+
+
+@pytest.mark.parametrize("command", [("inspect",), ("tape",), ("replay", "--until", "3"), ("rollback", "--snapshot", "nope")])
+def test_a_refusal_about_a_loaded_instance_names_it_in_the_document(cli, full: dict[str, Any], command: tuple[str, ...]) -> None:
+    """An unknown context (or snapshot) of an instance that exists: the error document names the
+    instance and its process, as any other document about it does, and the command exits 2."""
+    name, *rest = command
+    args = [name, full["instance_id"], *rest, "--json"]
+    if name != "rollback":
+        args += ["--context", "nope"]
+    result = cli(*args)
+    assert result.exit_code == 2, result.stdout
+    doc = _doc(result)
+    assert doc["status"] == "error" and doc["error"]["kind"] == "not_found"
+    assert "nope" in doc["error"]["message"]
+    assert (doc["instance_id"], doc["process_id"]) == (full["instance_id"], "loan_approval")
