@@ -804,10 +804,11 @@ class GatewaySteps:
         return out
 
     def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
-               actor: str = "person", reason: str | None = None, unattended: bool = False) -> None:
+               actor: str | None = None, reason: str | None = None, unattended: bool = False) -> None:
         """Record a person's answer; once a join has all its answers it runs again. ``unattended``: no
         person gave it, ``actor`` took what was proposed (``runtime.Unattended``; the join's resolution
-        then says in its reason whose proposal ``actor`` took).
+        then says in its reason whose proposal ``actor`` took). A named ``actor`` is who answered: the
+        join's resolution names them (``by``); without one the tape says ``person``.
 
         The decision goes on the tape when it is made (a join with several confirmations
         runs again, and records its resolutions, only once all are answered); an answer a
@@ -817,7 +818,7 @@ class GatewaySteps:
         value = option_value(entry.get("options") or [], value)
         if not timed_out:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
-            ctx.record("human_decision", actor=actor, data={
+            ctx.record("human_decision", actor=actor or "person", data={
                 "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason,
                 **({"resolver": resolver} if resolver != "human" else {}),
                 **({"unattended": True} if unattended else {})})
@@ -825,6 +826,7 @@ class GatewaySteps:
             entry["resolver"] = resolver  # the join's resolution names who decided
         if unattended:
             entry["unattended"] = True
+        if actor and not timed_out:
             entry["answered_by"] = actor
         entry["answer"] = value
         entry["answered"] = True

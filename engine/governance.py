@@ -1024,7 +1024,8 @@ class GovernanceService:
 
     # ----- changes -------------------------------------------------------------------
 
-    def start(self, args: StartArgs, *, actor: str = "api") -> dict[str, Any]:
+    def start(self, args: StartArgs, *, actor: str = "api", by: str | None = None) -> dict[str, Any]:
+        """Start a catalog process and run it; ``by``: the person who gives its answers, if named."""
         process = self.catalog.load(args.process_id)
         answers = args.answers.model_dump() if args.answers is not None else None
         check_answer_keys(process, answers)  # before anything is started, as Engine.run does
@@ -1036,7 +1037,7 @@ class GovernanceService:
             instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
             if args.run:
                 try:
-                    instance = self.engine.run(instance, answers=answers)
+                    instance = self.engine.run(instance, answers=answers, actor=by)
                 except (InvalidAnswer, AnswerWriteDenied) as err:
                     # the instance exists (saved, waiting for a valid answer): the refusal names it, or the
                     # client could neither correct the answer nor find what it started
@@ -1288,7 +1289,8 @@ class GovernanceService:
         # which one a BPMN id completed (the first of several waiting instances): an added field
         return {**self._run_on(instance_id, expected_version, step), "completed_user_task": completed[0]}
 
-    def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None) -> dict[str, Any]:
+    def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None,
+               by: str | None = None) -> dict[str, Any]:
         """``Engine.resume`` with the answers given (``layerflow resume ID --answers``): what is
         answered runs on, the rest still waits. A completed instance comes back as it is, its
         answers unused, as ``layerflow resume`` answers it (exit 0): a client that retries a resume
@@ -1296,7 +1298,7 @@ class GovernanceService:
         conflict with the outcome it asked for."""
         answers = args.answers.model_dump() if args.answers else None
         return self._run_on(instance_id, expected_version,
-                            lambda instance: self.engine.resume(instance, answers=answers))
+                            lambda instance: self.engine.resume(instance, answers=answers, actor=by))
 
     def cancel(self, instance_id: str, args: CancelArgs, *, expected_version: int | None = None,
                actor: str = "operator") -> dict[str, Any]:

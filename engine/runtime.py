@@ -385,12 +385,13 @@ class Engine:
 
     def run(self, instance: Instance | Process | str, data: Mapping[str, Any] | None = None, *,
             answers: Mapping[str, Any] | None = None,
-            ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
+            ask: Callable[[dict[str, Any]], Any] | None = None, actor: str | None = None) -> Instance:
         """Advance until the instance completes, waits (user task, confirmation) or fails.
 
         ``answers`` (the ``--answers`` document) completes user tasks and answers
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
-        leave the instance waiting). Given a process (and its start ``data``), starts it
+        leave the instance waiting); ``actor``: who gives them (a join's resolution names a named
+        person). Given a process (and its start ``data``), starts it
         first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
         loads it. A ``confirmations`` key that can match no confirmation of the process, or a
         ``user_tasks`` key that names no element of it, raises ``InvalidAnswer`` first, with
@@ -425,7 +426,7 @@ class Engine:
             while True:
                 rt.step()
                 rt.settle()
-                if not self._answer_from(instance, answers, ask, given, used):
+                if not self._answer_from(instance, answers, ask, given, used, actor=actor):
                     break
         except (InvalidAnswer, AnswerWriteDenied):
             # a given answer that is not an offered option, or data the layer rules refuse, is
@@ -507,12 +508,13 @@ class Engine:
         return self.run(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance | str, confirmation_id: str, value: Any, *, run: bool = True,
-                            timed_out: bool = False, actor: str = "person", reason: str | None = None,
+                            timed_out: bool = False, actor: str | None = None, reason: str | None = None,
                             resolver: str = "human") -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
         An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing. ``actor`` and ``reason`` go on the tape with the decision;
+        changes nothing. ``actor`` (who answered; the resolution names them) and ``reason`` go on the
+        tape with the decision;
         ``resolver`` is who decided (``"model"``: a model settled it with its tools), as the
         conflict's resolution names it."""
         instance = self._instance(instance)
@@ -585,7 +587,7 @@ class Engine:
         return self.run(instance) if run else instance
 
     def resume(self, instance: Instance | str, *, answers: Mapping[str, Any] | None = None,
-               ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
+               ask: Callable[[dict[str, Any]], Any] | None = None, actor: str | None = None) -> Instance:
         """Continue an instance: retry the failed activity of an ``error`` instance (its context
         is as before the activity; fix the cause first, e.g. with ``inject``), or run on.
         ``instance`` may be its id (``layerflow resume ID``): it is loaded from the store.
@@ -608,15 +610,15 @@ class Engine:
         check_answer_keys(instance, answers)  # before a failed activity is reset for its retry
         drift = config_file_notices(instance)
         if not answers:
-            instance = self._resume(instance, answers=answers, ask=ask)
+            instance = self._resume(instance, answers=answers, ask=ask, actor=actor)
         else:
             with self.all_or_nothing(instance):
-                instance = self._resume(instance, answers=answers, ask=ask)
+                instance = self._resume(instance, answers=answers, ask=ask, actor=actor)
         instance.notices[:0] = drift
         return instance
 
     def _resume(self, instance: Instance, *, answers: Mapping[str, Any] | None,
-                ask: Callable[[dict[str, Any]], Any] | None) -> Instance:
+                ask: Callable[[dict[str, Any]], Any] | None, actor: str | None = None) -> Instance:
         rt = _runtime_of(instance)
         refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
@@ -630,7 +632,7 @@ class Engine:
                 rt.settle()
                 self._save(instance)
                 return instance
-        return self.run(instance, answers=answers, ask=ask)
+        return self.run(instance, answers=answers, ask=ask, actor=actor)
 
     def cancel(self, instance: Instance | str, *, reason: str, actor: str = "operator") -> Instance:
         """Stop an instance for good: nothing of it runs again (resume, answers, events and
@@ -859,7 +861,7 @@ class Engine:
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
                      ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None,
-                     used: set[str] | None = None) -> bool:
+                     used: set[str] | None = None, *, actor: str | None = None) -> bool:
         """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered.
 
         An answer from ``answers`` is given each time its step comes back, but not twice in one run
@@ -932,7 +934,7 @@ class Engine:
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
                 try:
-                    rt.give_user_data(task, value, actor="person")  # refused: run saves the refusal, still waiting
+                    rt.give_user_data(task, value, actor=actor or "person")  # refused: run saves the refusal, still waiting
                 except LayerflowError as err:
                     err.refused_answer = (item["id"], value)  # type: ignore[attr-defined]  # see all_or_nothing
                     raise
@@ -946,7 +948,7 @@ class Engine:
                 if taken is not None:
                     rt.answer(item["id"], value, actor=taken.actor, unattended=True)
                 else:
-                    rt.answer(item["id"], value)
+                    rt.answer(item["id"], value, actor=actor)
             else:
                 continue
             self._save(instance)
