@@ -1140,6 +1140,9 @@ def _answer_scope(target: Instance | Process) -> tuple[Process, set[str], set[st
 
 def unmatchable_confirmation_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
     """The keys of ``keys`` that can match no confirmation of ``target`` (see ``check_confirmation_keys``)."""
+    keys = list(keys)
+    if not keys:
+        return []
     process, known, _, settled = _answer_scope(target)
     joins = set(process.join_ids()) - settled
     return [key for key in keys if not (key == "*" or key in known or _MODEL_CONFIRMATION.fullmatch(key)
@@ -1191,6 +1194,9 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
 
 def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
     """The keys of ``keys`` that name no user task of ``target`` (see ``check_user_task_keys``)."""
+    keys = list(keys)
+    if not keys:
+        return []
     process, _, waiting, settled = _answer_scope(target)
     ids = (set(process.user_task_ids()) - settled) | waiting
     return [key for key in keys if key not in ids]
