@@ -293,7 +293,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
         return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
-                         expected_version=body.expected_version, actor=body.user or "api")
+                         expected_version=body.expected_version, actor=body.user or "api", by=body.user)
 
     @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=_ERRORS)
     def rollback(body: RollbackRequest, instance_id: QueryId = None,

@@ -406,17 +406,6 @@ def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], A
     return None
 
 
-def _person() -> str | None:
-    """Who answers at this terminal (``--answer``, ``--answers``, the prompt): the login name, which
-    a join's resolution names as who decided; None when the system knows no name for the user."""
-    import getpass
-
-    try:
-        return getpass.getuser() or None
-    except (KeyError, OSError):  # a uid with no passwd entry (a container)
-        return None
-
-
 def _engine(store: str | None, model: str | None, out: _Out, as_json: bool, *, create: bool = True) -> Engine:
     """The engine on the store --store / $LAYERFLOW_STORE names. ``create=False`` for a command on
     stored instances: a store that is not there is a wrong path (exit 2), never made empty."""
@@ -552,8 +541,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         if not as_json:
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:
-            instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)),
-                                  actor=_person())
+            instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
         except StoreError as err:
@@ -911,7 +899,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 for key, value in answers["confirmations"].items():
                     if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
                         try:
-                            instance = engine.answer_confirmation(instance, key, value, run=False, actor=_person())
+                            instance = engine.answer_confirmation(instance, key, value, run=False)
                         except InvalidAnswer:
                             raise  # reported below, once the instance is as it was
                         except ActivityError as err:  # not an offered option: nothing was applied
@@ -919,7 +907,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                         except LayerflowError as err:
                             _fail(str(err), as_json=as_json, kind=err.kind, details={"instance_id": instance.id})
                 instance = engine.resume(instance, answers=answers,
-                                         ask=_asker(out, yes, bool(answers_file or answer)), actor=_person())
+                                         ask=_asker(out, yes, bool(answers_file or answer)))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:

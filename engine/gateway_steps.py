@@ -804,11 +804,13 @@ class GatewaySteps:
         return out
 
     def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
-               actor: str | None = None, reason: str | None = None, unattended: bool = False) -> None:
+               actor: str = "person", reason: str | None = None, unattended: bool = False,
+               by: str | None = None) -> None:
         """Record a person's answer; once a join has all its answers it runs again. ``unattended``: no
         person gave it, ``actor`` took what was proposed (``runtime.Unattended``; the join's resolution
-        then says in its reason whose proposal ``actor`` took). A named ``actor`` is who answered: the
-        join's resolution names them (``by``); without one the tape says ``person``.
+        then says in its reason whose proposal ``actor`` took). ``by``: the person who answered, when
+        they were named (a REST request's ``user``, the console's signed-in person); the join's
+        resolution names them.
 
         The decision goes on the tape when it is made (a join with several confirmations
         runs again, and records its resolutions, only once all are answered); an answer a
@@ -818,7 +820,7 @@ class GatewaySteps:
         value = option_value(entry.get("options") or [], value)
         if not timed_out:
             ctx = inst.contexts.get(entry.get("context") or MAIN, inst.main)
-            ctx.record("human_decision", actor=actor or "person", data={
+            ctx.record("human_decision", actor=actor, data={
                 "confirmation_id": confirmation_id, "key": entry.get("key"), "value": value, "reason": reason,
                 **({"resolver": resolver} if resolver != "human" else {}),
                 **({"unattended": True} if unattended else {})})
@@ -826,8 +828,9 @@ class GatewaySteps:
             entry["resolver"] = resolver  # the join's resolution names who decided
         if unattended:
             entry["unattended"] = True
-        if actor and not timed_out:
             entry["answered_by"] = actor
+        if by and not timed_out and not unattended:
+            entry["by"] = by
         entry["answer"] = value
         entry["answered"] = True
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked

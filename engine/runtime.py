@@ -385,13 +385,13 @@ class Engine:
 
     def run(self, instance: Instance | Process | str, data: Mapping[str, Any] | None = None, *,
             answers: Mapping[str, Any] | None = None,
-            ask: Callable[[dict[str, Any]], Any] | None = None, actor: str | None = None) -> Instance:
+            ask: Callable[[dict[str, Any]], Any] | None = None, by: str | None = None) -> Instance:
         """Advance until the instance completes, waits (user task, confirmation) or fails.
 
         ``answers`` (the ``--answers`` document) completes user tasks and answers
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
-        leave the instance waiting); ``actor``: who gives them (a join's resolution names a named
-        person). Given a process (and its start ``data``), starts it
+        leave the instance waiting); ``by``: the person who gives them, when named (the tape's actor;
+        a join's resolution names them). Given a process (and its start ``data``), starts it
         first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
         loads it. A ``confirmations`` key that can match no confirmation of the process, or a
         ``user_tasks`` key that names no element of it, raises ``InvalidAnswer`` first, with
@@ -426,7 +426,7 @@ class Engine:
             while True:
                 rt.step()
                 rt.settle()
-                if not self._answer_from(instance, answers, ask, given, used, actor=actor):
+                if not self._answer_from(instance, answers, ask, given, used, by=by):
                     break
         except (InvalidAnswer, AnswerWriteDenied):
             # a given answer that is not an offered option, or data the layer rules refuse, is
@@ -508,13 +508,13 @@ class Engine:
         return self.run(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance | str, confirmation_id: str, value: Any, *, run: bool = True,
-                            timed_out: bool = False, actor: str | None = None, reason: str | None = None,
-                            resolver: str = "human") -> Instance:
+                            timed_out: bool = False, actor: str = "person", reason: str | None = None,
+                            resolver: str = "human", by: str | None = None) -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
         An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing. ``actor`` (who answered; the resolution names them) and ``reason`` go on the
-        tape with the decision;
+        changes nothing. ``actor`` and ``reason`` go on the tape with the decision; ``by``: the
+        person who answered, when named (the join's resolution names them);
         ``resolver`` is who decided (``"model"``: a model settled it with its tools), as the
         conflict's resolution names it."""
         instance = self._instance(instance)
@@ -528,7 +528,8 @@ class Engine:
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
-            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason, resolver=resolver)
+            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason, resolver=resolver,
+                      by=by)
         except Exception as err:  # noqa: BLE001 - e.g. a person escalated: the join fails
             rt.fail(err)
             rt.settle()
@@ -587,7 +588,7 @@ class Engine:
         return self.run(instance) if run else instance
 
     def resume(self, instance: Instance | str, *, answers: Mapping[str, Any] | None = None,
-               ask: Callable[[dict[str, Any]], Any] | None = None, actor: str | None = None) -> Instance:
+               ask: Callable[[dict[str, Any]], Any] | None = None, by: str | None = None) -> Instance:
         """Continue an instance: retry the failed activity of an ``error`` instance (its context
         is as before the activity; fix the cause first, e.g. with ``inject``), or run on.
         ``instance`` may be its id (``layerflow resume ID``): it is loaded from the store.
@@ -610,15 +611,15 @@ class Engine:
         check_answer_keys(instance, answers)  # before a failed activity is reset for its retry
         drift = config_file_notices(instance)
         if not answers:
-            instance = self._resume(instance, answers=answers, ask=ask, actor=actor)
+            instance = self._resume(instance, answers=answers, ask=ask, by=by)
         else:
             with self.all_or_nothing(instance):
-                instance = self._resume(instance, answers=answers, ask=ask, actor=actor)
+                instance = self._resume(instance, answers=answers, ask=ask, by=by)
         instance.notices[:0] = drift
         return instance
 
     def _resume(self, instance: Instance, *, answers: Mapping[str, Any] | None,
-                ask: Callable[[dict[str, Any]], Any] | None, actor: str | None = None) -> Instance:
+                ask: Callable[[dict[str, Any]], Any] | None, by: str | None = None) -> Instance:
         rt = _runtime_of(instance)
         refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
@@ -632,7 +633,7 @@ class Engine:
                 rt.settle()
                 self._save(instance)
                 return instance
-        return self.run(instance, answers=answers, ask=ask, actor=actor)
+        return self.run(instance, answers=answers, ask=ask, by=by)
 
     def cancel(self, instance: Instance | str, *, reason: str, actor: str = "operator") -> Instance:
         """Stop an instance for good: nothing of it runs again (resume, answers, events and
@@ -861,7 +862,7 @@ class Engine:
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
                      ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None,
-                     used: set[str] | None = None, *, actor: str | None = None) -> bool:
+                     used: set[str] | None = None, *, by: str | None = None) -> bool:
         """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered.
 
         An answer from ``answers`` is given each time its step comes back, but not twice in one run
@@ -934,7 +935,7 @@ class Engine:
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
                 try:
-                    rt.give_user_data(task, value, actor=actor or "person")  # refused: run saves the refusal, still waiting
+                    rt.give_user_data(task, value, actor=by or "person")  # refused: run saves the refusal, still waiting
                 except LayerflowError as err:
                     err.refused_answer = (item["id"], value)  # type: ignore[attr-defined]  # see all_or_nothing
                     raise
@@ -948,7 +949,7 @@ class Engine:
                 if taken is not None:
                     rt.answer(item["id"], value, actor=taken.actor, unattended=True)
                 else:
-                    rt.answer(item["id"], value, actor=actor)
+                    rt.answer(item["id"], value, actor=by or "person", by=by)
             else:
                 continue
             self._save(instance)
@@ -1215,8 +1216,8 @@ def check_user_task_keys(target: Instance | Process, keys: Iterable[str], *, sou
     process, _, waiting, settled = _answer_scope(target)
     tasks = [t for t in process.user_task_ids() if t not in settled]
     done = [t for t in process.user_task_ids() if t in settled]
-    raise InvalidAnswer(f"{source}: user_tasks names {', '.join(map(repr, bad))}, not a user task of process "
-                        f"{process.id!r} that waits or may still come; key user_tasks by the BPMN id of a user "
+    raise InvalidAnswer(f"{source}: user_tasks names {', '.join(map(repr, bad))}, not an element of process "
+                        f"{process.id!r} that is a user task which waits or may still come; key user_tasks by the BPMN id of a user "
                         f"task ({', '.join(map(repr, tasks)) or ('none may still come' if done else 'the process has none')}"
                         f"{'; done, on no loop: ' + ', '.join(map(repr, done)) if done else ''}) or, on resume, "
                         f"by its waiting_for id{' (' + ', '.join(sorted(waiting)) + ')' if waiting else ''}. "

@@ -603,7 +603,7 @@ def resolve_conflicts(
                 # nobody decided: the join's config did (its humanConfirm default), or the suggestion
                 # that stood in for a default
                 by = _timeout_resolver(shown)
-            name = prior.get("answered_by") if by == "human" and not prior.get("timed_out") else None
+            name = prior.get("by") if by == "human" and not prior.get("timed_out") else None
             name = name if isinstance(name, str) and name.strip() else None
             reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by,
                                     person=name)
