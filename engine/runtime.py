@@ -1113,15 +1113,15 @@ def _on_a_loop(spec: Any) -> bool:
     return False
 
 
-def settled_elements(instance: Instance) -> set[str]:
-    """The BPMN ids of the joins and user tasks of ``instance``'s own process that can ask a person
-    nothing more: on no loop, each of their tasks done, or (a join waiting for its answers) started.
+def settled_joins(instance: Instance) -> set[str]:
+    """The BPMN ids of the joins of ``instance``'s own process that can ask a person nothing more: on
+    no loop, each of their tasks done, or (a join waiting for its answers) started.
     Those of sub-processes and called processes are left out: one may run again, or twice at once."""
     wf = instance.workflow
     states: dict[str, list[int]] = {}
     for task in wf.get_tasks():
         spec = task.task_spec
-        if task.workflow is wf and (spiff.is_join(spec) or getattr(spec, "manual", False)):
+        if task.workflow is wf and spiff.is_join(spec):
             states.setdefault(spec.name, []).append(task.state)
     done = (TaskState.COMPLETED, TaskState.STARTED)
     return {spiff.spec_bpmn_id(wf.spec.task_specs[name]) for name, seen in states.items()
@@ -1132,11 +1132,11 @@ def settled_elements(instance: Instance) -> set[str]:
 def _answer_scope(target: Instance | Process) -> tuple[Process, set[str], set[str], set[str]]:
     """What answers' keys may name of ``target``: its process, the ids of its confirmations (and the
     ids their joins asked under) and of what it waits for, the ids of what it waits for, and the
-    elements that can ask nothing more (``settled_elements``). A process about to start has none."""
+    joins that can ask nothing more (``settled_joins``). A process about to start has none."""
     if isinstance(target, Process):
         return target, set(), set(), set()
     waiting = {str(w["id"]) for w in target.waiting_for if w.get("id")}
-    return target.process, known_confirmation_ids(target), waiting, settled_elements(target)
+    return target.process, known_confirmation_ids(target), waiting, settled_joins(target)
 
 
 def unmatchable_confirmation_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
@@ -1198,28 +1198,27 @@ def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> l
     keys = list(keys)
     if not keys:
         return []
-    process, _, waiting, settled = _answer_scope(target)
-    ids = (set(process.user_task_ids()) - settled) | waiting
+    process, _, waiting, _ = _answer_scope(target)
+    ids = set(process.user_task_ids()) | waiting
     return [key for key in keys if key not in ids]
 
 
 def check_user_task_keys(target: Instance | Process, keys: Iterable[str], *, source: str = "answers") -> None:
     """Raise ``InvalidAnswer`` naming every key of answers' ``user_tasks`` that names no user task of
-    ``target`` that waits or may still come (a typo, an element that is no user task, answers meant
-    for another process), before anything runs: its task would wait with the answer unused. An
-    instance's ``waiting`` ids name one instance of a multi-instance task too."""
+    ``target`` (a typo, an element that is no user task, answers meant for another process), before
+    anything runs: its task would wait with the answer unused. An instance's ``waiting`` ids name one
+    instance of a multi-instance task too. A task done already is named as an answered confirmation
+    is: a script gives the same answers to every resume."""
     bad = unknown_user_task_keys(target, keys)
     if not bad:
         return
     from .governance import InvalidAnswer
 
-    process, _, waiting, settled = _answer_scope(target)
-    tasks = [t for t in process.user_task_ids() if t not in settled]
-    done = [t for t in process.user_task_ids() if t in settled]
+    process, _, waiting, _ = _answer_scope(target)
+    tasks = process.user_task_ids()
     raise InvalidAnswer(f"{source}: user_tasks names {', '.join(map(repr, bad))}, not an element of process "
-                        f"{process.id!r} that is a user task which waits or may still come; key user_tasks by the BPMN id of a user "
-                        f"task ({', '.join(map(repr, tasks)) or ('none may still come' if done else 'the process has none')}"
-                        f"{'; done, on no loop: ' + ', '.join(map(repr, done)) if done else ''}) or, on resume, "
+                        f"{process.id!r} that is a user task; key user_tasks by the BPMN id of a user "
+                        f"task ({', '.join(map(repr, tasks)) or 'the process has none'}) or, on resume, "
                         f"by its waiting_for id{' (' + ', '.join(sorted(waiting)) + ')' if waiting else ''}. "
                         "Nothing was run or saved")
 
