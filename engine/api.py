@@ -159,6 +159,7 @@ class CancelRequest(CancelArgs):
 
 class ResumeRequest(ResumeArgs):
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
+    user: str | None = Field(default=None, description="who answers (the tape's actor; a join's resolution names them)")
 
 
 class ErrorDetail(BaseModel):
@@ -292,7 +293,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
         return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
-                         expected_version=body.expected_version, actor=body.user or "api")
+                         expected_version=body.expected_version, actor=body.user or "api", by=body.user)
 
     @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=_ERRORS)
     def rollback(body: RollbackRequest, instance_id: QueryId = None,
@@ -378,7 +379,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     @app.post("/api/instances", status_code=201, tags=["instances"], responses=_ERRORS)
     def start(body: StartRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Start a catalog process by id and run it until it completes, waits or fails."""
-        return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api")
+        return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
 
     @app.get("/api/instances/{instance_id}", tags=["instances"], responses=_ERRORS)
     def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
@@ -412,7 +413,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         403) leaves the instance as it was, with nothing of the other answers applied. A completed
         instance comes back as it is (200), its answers unused, as `layerflow resume` exits 0."""
         return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
-                        expected_version=body.expected_version)
+                        expected_version=body.expected_version, by=body.user)
 
     @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], responses=_ERRORS)
     def cancel(instance_id: PathId, body: CancelRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:

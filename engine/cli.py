@@ -36,7 +36,7 @@ from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
-from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, known_confirmation_ids,
+from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended,
                       refuse_if_cancelled, refuse_late_answers)
 from .store import default_store_url, open_store
 
@@ -567,69 +567,61 @@ def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) ->
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
-def _unknown_user_tasks(process: Any, answers_file: str | None, answers: Mapping[str, Any], answer: tuple[str, ...],
-                        as_json: bool, waiting: Iterable[str] = ()) -> None:
-    """An answers file that names a task the process does not have is a typo: say so before running
-    (``runtime.check_user_task_keys``, as ``Engine.run`` and REST check it). On `resume`, a task's
-    `waiting_for` id names it too, as `--answer ID={...}` and REST take it. An ``--answer`` is one at
-    a time: ``_unmatchable_confirmations`` names and leaves out one that names nothing."""
+def _unknown_user_tasks(target: Any, answers_file: str | None, answers: Mapping[str, Any], answer: tuple[str, ...],
+                        as_json: bool) -> None:
+    """An answers file that names no user task of the process (``target``: it, or the instance to
+    resume) is a typo: say so before running (``runtime.check_user_task_keys``, as ``Engine.run``
+    and REST check it). On `resume`, a task's `waiting_for` id names it too, as `--answer ID={...}`
+    and REST take it. An ``--answer`` is checked by ``_unmatchable_confirmations``."""
     from .runtime import check_user_task_keys
 
     given = {item.partition("=")[0] for item in answer}
+    process = getattr(target, "process", target)
     try:
-        check_user_task_keys(process, [k for k in answers["user_tasks"] if k not in given], waiting=waiting,
+        check_user_task_keys(target, [k for k in answers["user_tasks"] if k not in given],
                              source=f"answers file {answers_file}")
     except LayerflowError as err:
         _fail(str(err), as_json=as_json, kind=err.kind, process_id=process.id)
 
 
-def _unmatchable_confirmations(out: _Out, process: Any, answers: dict[str, Any], answers_file: str | None,
-                               answer: tuple[str, ...], known: Iterable[str] = ()) -> set[str]:
-    """A confirmations key of the answers file that can match no confirmation of the process is a
-    typo, refused before anything runs (``runtime.check_confirmation_keys``), as a user task the
-    process does not have is. One the process may still ask (a join's key it has not met) is not:
-    it is named on stderr at the end if it went unused. An ``--answer`` is one at a time, for what
-    waits now or later: one that can match nothing is named on stderr and left out (it would
-    change nothing), and the command goes on. Returns those ``--answer`` keys."""
-    from .runtime import check_confirmation_keys, unknown_user_task_keys, unmatchable_confirmation_keys
+def _unmatchable_confirmations(out: _Out, target: Any, answers: dict[str, Any], answers_file: str | None,
+                               answer: tuple[str, ...], named: Iterable[str] | None = None) -> None:
+    """A confirmations key of the answers file or an ``--answer`` that can match no confirmation of
+    the process (``target``: it, or the instance to resume) is a typo, refused before anything runs
+    (``runtime.check_confirmation_keys``), as a user task the process does not have is: exit 2,
+    nothing changed. One the process may still ask (a join's key it has not met) is not: it is
+    named on stderr at the end if it went unused. ``named``: the ``--answer`` keys as ``_answer_keys``
+    read them."""
+    from .runtime import check_confirmation_keys, unknown_user_task_keys
 
-    given = {item.partition("=")[0] for item in answer}
-    # an --answer object is in both sections: it is left out when it names no task either
-    no_task = set(unknown_user_task_keys(process, [k for k in answers["user_tasks"] if k in given], waiting=known))
+    given = set(named) if named is not None else {item.partition("=")[0] for item in answer}
+    # an --answer object is in both sections: a confirmation's answer only when it names no user task
+    no_task = set(unknown_user_task_keys(target, [k for k in answers["user_tasks"] if k in given]))
     keys = [k for k in answers["confirmations"] if k not in answers["user_tasks"] or k in no_task]
-    try:
-        check_confirmation_keys(process, [k for k in keys if k not in given], known=known,
-                                source=f"answers file {answers_file}")
-    except LayerflowError as err:
-        _fail(str(err), as_json=out.as_json, kind=err.kind, process_id=process.id)
-    dropped = set(unmatchable_confirmation_keys(process, [k for k in keys if k in given], known=known))
-    for key in sorted(dropped):
-        answers["confirmations"].pop(key)
-        task = "names no user task and " if answers["user_tasks"].pop(key, None) is not None else ""
-        out.info(f"layerflow: --answer {key!r} {task}can match no confirmation of process {process.id!r} (its joins: "
-                 f"{', '.join(map(repr, process.join_ids())) or 'none'}); it was not used. Key a join conflict "
-                 "GATEWAY_ID/CONTEXT_KEY, a confirmation by its id as `waiting_for` names it, or *")
-    return dropped
+    process = getattr(target, "process", target)
+    for source, mine in ((f"answers file {answers_file}", [k for k in keys if k not in given]),
+                         ("--answer", [k for k in keys if k in given])):
+        try:
+            check_confirmation_keys(target, mine, source=source)
+        except LayerflowError as err:
+            _fail(str(err), as_json=out.as_json, kind=err.kind, process_id=process.id)
 
 
-def _answers_naming_nothing(process: Any, answers: Mapping[str, Any], keys: Iterable[str], as_json: bool,
-                            known: Iterable[str] = ()) -> None:
+def _answers_naming_nothing(target: Any, answers: Mapping[str, Any], keys: Iterable[str], as_json: bool) -> None:
     """An ``--answer KEY={...}`` (a user task's answer, a JSON object) whose KEY can name nothing of
-    the process is a typo, refused as an answers file's unknown user task is: no element has that id,
-    nor anything the instance waits for or asked (``known``), and it is no ``*``,
-    ``GATEWAY_ID/CONTEXT_KEY`` or model's ``model:N``, the ids of confirmations that may come later.
-    Kept "for a later step", it would never be used. (A plain value may answer a confirmation whose
-    id is not known beforehand: it is kept, and stderr names it.)"""
-    from . import spiff
-    from .runtime import unknown_user_task_keys
+    the process (``target``: it, or the instance to resume) is a typo, refused as an answers file's
+    unknown user task is: no user task has that id, nor anything the instance waits for or asked,
+    and it is no ``*``, ``GATEWAY_ID/CONTEXT_KEY`` or model's ``model:N`` (``_unmatchable_confirmations``
+    checks those). Kept "for a later step", it would never be used."""
+    from .runtime import known_confirmation_ids, unknown_user_task_keys
 
-    objects = [k for k in dict.fromkeys(keys) if k in answers["user_tasks"]]
-    unknown = [k for k in unknown_user_task_keys(process, objects, waiting=known)
-               if k != "*" and "/" not in k and ":" not in k]
+    process = getattr(target, "process", target)
+    known = set() if target is process else known_confirmation_ids(target)
+    objects = [k for k in dict.fromkeys(keys) if k in answers["user_tasks"] and k not in known]
+    unknown = [k for k in unknown_user_task_keys(target, objects) if k != "*" and "/" not in k and ":" not in k]
     if unknown:
-        tasks = sorted({ts.bpmn_id for s in [process.spec, *process.subprocess_specs.values()]
-                        for ts in spiff.iter_user_specs(s) if getattr(ts, "manual", False)})
-        _fail(f"--answer {', '.join(map(repr, unknown))}: names no element of process {process.id!r} and nothing "
+        tasks = process.user_task_ids()
+        _fail(f"--answer {', '.join(map(repr, unknown))}: names no user task of process {process.id!r} and nothing "
               f"its instance waits for, so no step would ever take it; answer a user task by its BPMN id "
               f"({', '.join(tasks) or 'the process has none'}) or its waiting_for id, a join's conflict by "
               f"GATEWAY_ID/CONTEXT_KEY, any other confirmation by its id or *", as_json=as_json)
@@ -903,15 +895,11 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                                     f"{instance.id} --reason ...` and start a new instance with the corrected --data")
                         _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
                               details={"instance_id": instance.id, "key": getattr(err, "key", None)})
-                _unknown_user_tasks(instance.process, answers_file, answers, answer, as_json,
-                                    [str(w["id"]) for w in instance.waiting_for if w.get("id")])
+                _unknown_user_tasks(instance, answers_file, answers, answer, as_json)
                 _user_task_answers_are_objects(instance.process, answer, as_json)
-                named = _answer_keys(instance, answers, answer)
-                _answers_naming_nothing(instance.process, answers, named, as_json,
-                                        [*_waiting_ids(instance), *(str(c.get("id")) for c in instance.confirmations)])
-                dropped = _unmatchable_confirmations(out, instance.process, answers, answers_file, answer,
-                                                     known_confirmation_ids(instance))
-                given = [key for key in named if key not in dropped]
+                given = _answer_keys(instance, answers, answer)
+                _answers_naming_nothing(instance, answers, given, as_json)
+                _unmatchable_confirmations(out, instance, answers, answers_file, answer, given)
                 _unused_answers(out, instance, answers, given)
                 for key, value in answers["confirmations"].items():
                     if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):

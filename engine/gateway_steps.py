@@ -804,10 +804,13 @@ class GatewaySteps:
         return out
 
     def answer(self, confirmation_id: str, value: Any, *, resolver: str = "human", timed_out: bool = False,
-               actor: str = "person", reason: str | None = None, unattended: bool = False) -> None:
+               actor: str = "person", reason: str | None = None, unattended: bool = False,
+               by: str | None = None) -> None:
         """Record a person's answer; once a join has all its answers it runs again. ``unattended``: no
         person gave it, ``actor`` took what was proposed (``runtime.Unattended``; the join's resolution
-        then says in its reason whose proposal ``actor`` took).
+        then says in its reason whose proposal ``actor`` took). ``by``: the person who answered, when
+        they were named (a REST request's ``user``, the console's signed-in person); the join's
+        resolution names them.
 
         The decision goes on the tape when it is made (a join with several confirmations
         runs again, and records its resolutions, only once all are answered); an answer a
@@ -826,6 +829,8 @@ class GatewaySteps:
         if unattended:
             entry["unattended"] = True
             entry["answered_by"] = actor
+        if by and not timed_out and not unattended:
+            entry["by"] = by
         entry["answer"] = value
         entry["answered"] = True
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked

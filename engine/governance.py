@@ -1024,7 +1024,8 @@ class GovernanceService:
 
     # ----- changes -------------------------------------------------------------------
 
-    def start(self, args: StartArgs, *, actor: str = "api") -> dict[str, Any]:
+    def start(self, args: StartArgs, *, actor: str = "api", by: str | None = None) -> dict[str, Any]:
+        """Start a catalog process and run it; ``by``: the person who gives its answers, if named."""
         process = self.catalog.load(args.process_id)
         answers = args.answers.model_dump() if args.answers is not None else None
         check_answer_keys(process, answers)  # before anything is started, as Engine.run does
@@ -1036,7 +1037,7 @@ class GovernanceService:
             instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
             if args.run:
                 try:
-                    instance = self.engine.run(instance, answers=answers)
+                    instance = self.engine.run(instance, answers=answers, by=by)
                 except (InvalidAnswer, AnswerWriteDenied) as err:
                     # the instance exists (saved, waiting for a valid answer): the refusal names it, or the
                     # client could neither correct the answer nor find what it started
@@ -1192,11 +1193,12 @@ class GovernanceService:
         return self._change(instance_id, expected_version, "config", actor, apply)
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
-                actor: str = "operator", resolver: str = "human") -> dict[str, Any]:
+                actor: str = "operator", resolver: str = "human", by: str | None = None) -> dict[str, Any]:
         """Settle a pending confirmation; ``resolver``: who decided (``"model"`` when a model's
-        ``context_branch`` tool call does), as the conflict's resolution names it."""
+        ``context_branch`` tool call does), as the conflict's resolution names it; ``by``: the person,
+        when named (a REST request's ``user``)."""
         return self._answer(instance_id, args.confirmation_id, args.conflict_key, args.resolution, args.reason,
-                            actor, expected_version, resolver=resolver)
+                            actor, expected_version, resolver=resolver, by=by)
 
     def answer(self, confirmation_id: str, args: AnswerArgs, *, actor: str = "operator") -> dict[str, Any]:
         instance_id = args.instance_id
@@ -1217,7 +1219,7 @@ class GovernanceService:
                                  f"({', '.join(owners)}); send instance_id")
             instance_id = owners[0]
         return self._answer(instance_id, confirmation_id, None, args.value, args.reason, args.user or actor,
-                            args.expected_version)
+                            args.expected_version, by=args.user)
 
     def _answered_in(self, confirmation_id: str) -> list[str]:
         """The instances (finished ones too) where confirmation ``confirmation_id`` was answered, by a
@@ -1235,7 +1237,8 @@ class GovernanceService:
         return sorted(found)
 
     def _answer(self, instance_id: str, confirmation_id: str | None, conflict_key: str | None, value: Any,
-                reason: str | None, actor: str, expected: int | None, *, resolver: str = "human") -> dict[str, Any]:
+                reason: str | None, actor: str, expected: int | None, *, resolver: str = "human",
+                by: str | None = None) -> dict[str, Any]:
         with self._lock(instance_id):
             instance = self.load(instance_id)
             # a decision already taken is what a late answer must hear about, whatever version its
@@ -1246,7 +1249,7 @@ class GovernanceService:
             entry["answered_by"] = actor
             try:  # the engine puts the decision on the tape
                 instance = self.engine.answer_confirmation(instance, entry["id"], value, actor=actor, reason=reason,
-                                                           resolver=resolver)
+                                                           resolver=resolver, by=by)
             except ActivityError as err:  # raised before anything changed: not one of the options
                 raise InvalidAnswer(str(err)) from None
         return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}
@@ -1288,7 +1291,8 @@ class GovernanceService:
         # which one a BPMN id completed (the first of several waiting instances): an added field
         return {**self._run_on(instance_id, expected_version, step), "completed_user_task": completed[0]}
 
-    def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None) -> dict[str, Any]:
+    def resume(self, instance_id: str, args: ResumeArgs, *, expected_version: int | None = None,
+               by: str | None = None) -> dict[str, Any]:
         """``Engine.resume`` with the answers given (``layerflow resume ID --answers``): what is
         answered runs on, the rest still waits. A completed instance comes back as it is, its
         answers unused, as ``layerflow resume`` answers it (exit 0): a client that retries a resume
@@ -1296,7 +1300,7 @@ class GovernanceService:
         conflict with the outcome it asked for."""
         answers = args.answers.model_dump() if args.answers else None
         return self._run_on(instance_id, expected_version,
-                            lambda instance: self.engine.resume(instance, answers=answers))
+                            lambda instance: self.engine.resume(instance, answers=answers, by=by))
 
     def cancel(self, instance_id: str, args: CancelArgs, *, expected_version: int | None = None,
                actor: str = "operator") -> dict[str, Any]:

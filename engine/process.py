@@ -81,6 +81,17 @@ class Process:
                 ids.setdefault(ts.bpmn_id, None)
         return list(ids)
 
+    def user_task_ids(self) -> list[str]:
+        """The BPMN ids of the tasks that wait for a person's data (user, manual and plain tasks
+        SpiffWorkflow runs by hand), of the process and of its sub-processes and called processes:
+        what answers' ``user_tasks`` may name."""
+        ids: dict[str, None] = {}
+        for s in [self.spec, *self.subprocess_specs.values()]:
+            for ts in spiff.iter_user_specs(s):
+                if getattr(ts, "manual", False):
+                    ids.setdefault(ts.bpmn_id, None)
+        return list(ids)
+
     def join_ids(self) -> list[str]:
         """The ids of the joins that may ask a person about a conflict (``GATEWAY_ID/KEY`` answers
         name them): the joining gateways of the process and of its sub-processes and called

@@ -401,12 +401,13 @@ class Engine:
 
     def run(self, instance: Instance | Process | str, data: Mapping[str, Any] | None = None, *,
             answers: Mapping[str, Any] | None = None,
-            ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
+            ask: Callable[[dict[str, Any]], Any] | None = None, by: str | None = None) -> Instance:
         """Advance until the instance completes, waits (user task, confirmation) or fails.
 
         ``answers`` (the ``--answers`` document) completes user tasks and answers
         confirmations as they come; ``ask(item)`` is asked for the rest (return None to
-        leave the instance waiting). Given a process (and its start ``data``), starts it
+        leave the instance waiting); ``by``: the person who gives them, when named (the tape's actor;
+        a join's resolution names them). Given a process (and its start ``data``), starts it
         first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
         loads it. A ``confirmations`` key that can match no confirmation of the process, or a
         ``user_tasks`` key that names no element of it, raises ``InvalidAnswer`` first, with
@@ -441,7 +442,7 @@ class Engine:
             while True:
                 rt.step()
                 rt.settle()
-                if not self._answer_from(instance, answers, ask, given, used):
+                if not self._answer_from(instance, answers, ask, given, used, by=by):
                     break
         except (InvalidAnswer, AnswerWriteDenied):
             # a given answer that is not an offered option, or data the layer rules refuse, is
@@ -524,11 +525,12 @@ class Engine:
 
     def answer_confirmation(self, instance: Instance | str, confirmation_id: str, value: Any, *, run: bool = True,
                             timed_out: bool = False, actor: str = "person", reason: str | None = None,
-                            resolver: str = "human") -> Instance:
+                            resolver: str = "human", by: str | None = None) -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
         An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing. ``actor`` and ``reason`` go on the tape with the decision;
+        changes nothing. ``actor`` and ``reason`` go on the tape with the decision; ``by``: the
+        person who answered, when named (the join's resolution names them);
         ``resolver`` is who decided (``"model"``: a model settled it with its tools), as the
         conflict's resolution names it."""
         instance = self._instance(instance)
@@ -542,7 +544,8 @@ class Engine:
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
-            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason, resolver=resolver)
+            rt.answer(confirmation_id, value, timed_out=timed_out, actor=actor, reason=reason, resolver=resolver,
+                      by=by)
         except Exception as err:  # noqa: BLE001 - e.g. a person escalated: the join fails
             rt.fail(err)
             rt.settle()
@@ -601,7 +604,7 @@ class Engine:
         return self.run(instance) if run else instance
 
     def resume(self, instance: Instance | str, *, answers: Mapping[str, Any] | None = None,
-               ask: Callable[[dict[str, Any]], Any] | None = None) -> Instance:
+               ask: Callable[[dict[str, Any]], Any] | None = None, by: str | None = None) -> Instance:
         """Continue an instance: retry the failed activity of an ``error`` instance (its context
         is as before the activity; fix the cause first, e.g. with ``inject``), or run on.
         ``instance`` may be its id (``layerflow resume ID``): it is loaded from the store.
@@ -624,15 +627,15 @@ class Engine:
         check_answer_keys(instance, answers)  # before a failed activity is reset for its retry
         drift = config_file_notices(instance)
         if not answers:
-            instance = self._resume(instance, answers=answers, ask=ask)
+            instance = self._resume(instance, answers=answers, ask=ask, by=by)
         else:
             with self.all_or_nothing(instance):
-                instance = self._resume(instance, answers=answers, ask=ask)
+                instance = self._resume(instance, answers=answers, ask=ask, by=by)
         instance.notices[:0] = drift
         return instance
 
     def _resume(self, instance: Instance, *, answers: Mapping[str, Any] | None,
-                ask: Callable[[dict[str, Any]], Any] | None) -> Instance:
+                ask: Callable[[dict[str, Any]], Any] | None, by: str | None = None) -> Instance:
         rt = _runtime_of(instance)
         refuse_if_cancelled(instance, "resume it")
         if instance.status == "error":
@@ -646,7 +649,7 @@ class Engine:
                 rt.settle()
                 self._save(instance)
                 return instance
-        return self.run(instance, answers=answers, ask=ask)
+        return self.run(instance, answers=answers, ask=ask, by=by)
 
     def cancel(self, instance: Instance | str, *, reason: str, actor: str = "operator") -> Instance:
         """Stop an instance for good: nothing of it runs again (resume, answers, events and
@@ -876,7 +879,7 @@ class Engine:
 
     def _answer_from(self, instance: Instance, answers: Mapping[str, Any] | None,
                      ask: Callable[[dict[str, Any]], Any] | None, given: set[str] | None = None,
-                     used: set[str] | None = None) -> bool:
+                     used: set[str] | None = None, *, by: str | None = None) -> bool:
         """Answer what the instance waits for from ``answers`` / ``ask``; True when something was answered.
 
         An answer from ``answers`` is given each time its step comes back, but not twice in one run
@@ -949,7 +952,7 @@ class Engine:
             if item["kind"] == "user_task":
                 task = rt.find_waiting_task(item["id"])
                 try:
-                    rt.give_user_data(task, value, actor="person")  # refused: run saves the refusal, still waiting
+                    rt.give_user_data(task, value, actor=by or "person")  # refused: run saves the refusal, still waiting
                 except LayerflowError as err:
                     err.refused_answer = (item["id"], value)  # type: ignore[attr-defined]  # see all_or_nothing
                     raise
@@ -963,7 +966,7 @@ class Engine:
                 if taken is not None:
                     rt.answer(item["id"], value, actor=taken.actor, unattended=True)
                 else:
-                    rt.answer(item["id"], value)
+                    rt.answer(item["id"], value, actor=by or "person", by=by)
             else:
                 continue
             self._save(instance)
@@ -1125,35 +1128,91 @@ def _first_waiting_user_task(instance: Instance, task_id: str) -> dict[str, Any]
 _MODEL_CONFIRMATION = re.compile(r"model:[0-9]+")
 
 
-def unmatchable_confirmation_keys(process: Process, keys: Iterable[str], *, known: Iterable[str] = ()) -> list[str]:
-    """The keys of ``keys`` that can match no confirmation of ``process`` (see ``check_confirmation_keys``)."""
-    known = set(known)
-    joins = set(process.join_ids())
+def _on_a_loop(spec: Any) -> bool:
+    """Whether a flow leads from ``spec`` back to it (a rework loop may bring it round again)."""
+    before = {id(spec), *(id(s) for s in spec.inputs)}  # an input reached again closes the loop too
+    seen: set[int] = set()
+    todo = list(spec.outputs)
+    while todo:
+        s = todo.pop()
+        if id(s) in before:
+            return True
+        if id(s) not in seen:
+            seen.add(id(s))
+            todo.extend(s.outputs)
+    return False
+
+
+def settled_joins(instance: Instance) -> set[str]:
+    """The BPMN ids of the joins of ``instance``'s own process that can ask a person nothing more: on
+    no loop, each of their tasks done, or (a join waiting for its answers) started.
+    Those of sub-processes and called processes are left out: one may run again, or twice at once."""
+    wf = instance.workflow
+    states: dict[str, list[int]] = {}
+    for task in wf.get_tasks():
+        spec = task.task_spec
+        if task.workflow is wf and spiff.is_join(spec):
+            states.setdefault(spec.name, []).append(task.state)
+    done = (TaskState.COMPLETED, TaskState.STARTED)
+    return {spiff.spec_bpmn_id(wf.spec.task_specs[name]) for name, seen in states.items()
+            if any(s in done for s in seen) and all(s in (*done, TaskState.CANCELLED, TaskState.ERROR) for s in seen)
+            and not _on_a_loop(wf.spec.task_specs[name])}
+
+
+def _answer_scope(target: Instance | Process) -> tuple[Process, set[str], set[str], set[str]]:
+    """What answers' keys may name of ``target``: its process, the ids of its confirmations (and the
+    ids their joins asked under) and of what it waits for, the ids of what it waits for, and the
+    joins that can ask nothing more (``settled_joins``). A process about to start has none."""
+    if isinstance(target, Process):
+        return target, set(), set(), set()
+    waiting = {str(w["id"]) for w in target.waiting_for if w.get("id")}
+    return target.process, known_confirmation_ids(target), waiting, settled_joins(target)
+
+
+def unmatchable_confirmation_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
+    """The keys of ``keys`` that can match no confirmation of ``target`` (see ``check_confirmation_keys``)."""
+    keys = list(keys)
+    if not keys:
+        return []
+    process, known, _, settled = _answer_scope(target)
+    joins = set(process.join_ids()) - settled
     return [key for key in keys if not (key == "*" or key in known or _MODEL_CONFIRMATION.fullmatch(key)
                                         or "/" in key and key.partition("/")[0] in joins)]
 
 
-def check_confirmation_keys(process: Process, keys: Iterable[str], *, known: Iterable[str] = (),
-                            source: str = "answers") -> None:
+def check_confirmation_keys(target: Instance | Process, keys: Iterable[str], *, source: str = "answers") -> None:
     """Raise ``InvalidAnswer`` naming every key of answers' ``confirmations`` that can match no
-    confirmation of ``process`` (a typo, or answers meant for another process): bad input, refused
+    confirmation of ``target`` (a typo, or answers meant for another process): bad input, refused
     before anything runs, as an answer for a task the process does not have is. A key may match
-    when it is ``*``, a confirmation's id (``known``: the instance's, and what it waits for), a
-    model's confirmation (``model:N``, which an activity may ask for later), or ``GATEWAY_ID/KEY``
-    of a join of the process, its sub-processes or the processes it calls (a conflict not met yet,
-    maybe never, is no typo: its join exists)."""
-    bad = unmatchable_confirmation_keys(process, keys, known=known)
+    when it is ``*``, a confirmation's id (of an instance: its confirmations', what it waits for),
+    a model's confirmation (``model:N``, which an activity may ask for later), or ``GATEWAY_ID/KEY``
+    of a join of the process, its sub-processes or the processes it calls that may still ask (a
+    conflict not met yet, maybe never, is no typo: its join exists). A join an instance passed, or
+    waits at now, on no loop, asked all it will: only its confirmations' ids name it then."""
+    bad = unmatchable_confirmation_keys(target, keys)
     if not bad:
         return
     from .governance import InvalidAnswer
 
+    process, _, _, settled = _answer_scope(target)
     joins = process.join_ids()
-    hints = [f"{key!r} is a join: add the conflicting context key, {key + '/KEY'!r}" for key in bad if key in joins]
+    to_come = [j for j in joins if j not in settled]
+    hints = [f"{key!r} is a join: add the conflicting context key, {key + '/KEY'!r}" for key in bad if key in to_come]
+    matching = []
+    if not isinstance(target, Process):
+        opened = sorted(str(c["id"]) for c in target.confirmations if not c.get("answered"))
+        matching.append(f"the open confirmations {', '.join(map(repr, opened))}" if opened else "none is open")
+    matching.append(f"GATEWAY_ID/CONTEXT_KEY of a join that may still ask ({', '.join(map(repr, to_come))})"
+                    if to_come else "no join may still ask")
+    asked = [j for j in joins if j in settled]
+    if asked:
+        matching.append(f"not another key of a join that asked all it will ({', '.join(map(repr, asked))})")
+    matching.append("model:N for a model's confirmation; * for any")
+    what = f"process {process.id!r}" if isinstance(target, Process) else f"instance {target.id} of process {process.id!r}"
     raise InvalidAnswer(
-        f"{source}: confirmations names {', '.join(map(repr, bad))}, which can match no confirmation of process "
-        f"{process.id!r}; key a join conflict GATEWAY_ID/CONTEXT_KEY by one of its joins "
-        f"({', '.join(map(repr, joins)) or 'it has none'}), a confirmation by its id as `waiting_for` names it, "
-        f"or * for any{''.join('; ' + h for h in hints)}. Nothing was run or saved")
+        f"{source}: {', '.join(map(repr, bad))} can match no confirmation of {what} "
+        f"(its joins: {', '.join(map(repr, joins)) or 'none'}); the keys that match: {'; '.join(matching)}"
+        f"{''.join('; ' + h for h in hints)}. Nothing was run or saved")
 
 
 def known_confirmation_ids(instance: Instance) -> set[str]:
@@ -1164,48 +1223,51 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
             | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
 
 
-def unknown_user_task_keys(process: Process, keys: Iterable[str], *, waiting: Iterable[str] = ()) -> list[str]:
-    """The keys of ``keys`` that name no element of ``process`` (see ``check_user_task_keys``)."""
-    ids = set(process.element_ids()) | set(waiting)
+def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
+    """The keys of ``keys`` that name no user task of ``target`` (see ``check_user_task_keys``)."""
+    keys = list(keys)
+    if not keys:
+        return []
+    process, _, waiting, _ = _answer_scope(target)
+    ids = set(process.user_task_ids()) | waiting
     return [key for key in keys if key not in ids]
 
 
-def check_user_task_keys(process: Process, keys: Iterable[str], *, waiting: Iterable[str] = (),
-                         source: str = "answers") -> None:
-    """Raise ``InvalidAnswer`` naming every key of answers' ``user_tasks`` that names no element of
-    ``process`` (a typo, or answers meant for another process), before anything runs: its task would
-    wait with the answer unused. ``waiting``: the ids of what an instance waits for, which name one
-    instance of a multi-instance task."""
-    bad = unknown_user_task_keys(process, keys, waiting=waiting)
+def check_user_task_keys(target: Instance | Process, keys: Iterable[str], *, source: str = "answers") -> None:
+    """Raise ``InvalidAnswer`` naming every key of answers' ``user_tasks`` that names no user task of
+    ``target`` (a typo, an element that is no user task, answers meant for another process), before
+    anything runs: its task would wait with the answer unused. An instance's ``waiting`` ids name one
+    instance of a multi-instance task too. A task done already is named as an answered confirmation
+    is: a script gives the same answers to every resume."""
+    bad = unknown_user_task_keys(target, keys)
     if not bad:
         return
     from .governance import InvalidAnswer
 
+    process, _, waiting, _ = _answer_scope(target)
+    tasks = process.user_task_ids()
     raise InvalidAnswer(f"{source}: user_tasks names {', '.join(map(repr, bad))}, not an element of process "
-                        f"{process.id!r}; key user_tasks by the BPMN id of a user task (or, on resume, by its "
-                        "waiting_for id). Nothing was run or saved")
+                        f"{process.id!r} that is a user task; key user_tasks by the BPMN id of a user "
+                        f"task ({', '.join(map(repr, tasks)) or 'the process has none'}) or, on resume, "
+                        f"by its waiting_for id{' (' + ', '.join(sorted(waiting)) + ')' if waiting else ''}. "
+                        "Nothing was run or saved")
 
 
 def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | None, *,
                       source: str = "answers") -> None:
     """The one check of the keys of an answers document (``Engine.run`` / ``resume``, REST, the
     CLI's ``--answers``): ``check_confirmation_keys`` and ``check_user_task_keys``, for a process
-    about to start or an instance as it is (its confirmations and what it waits for name more)."""
+    about to start or an instance as it is (its confirmations and what it waits for name more, what
+    it passed names less)."""
     tasks = (answers or {}).get("user_tasks") or {}
     conf = (answers or {}).get("confirmations") or {}
-    known: set[str] = set()
-    waiting: set[str] = set()
-    if isinstance(target, Process):
-        process = target
-    else:
+    if not isinstance(target, Process):
         refuse_late_answers(target, answers)
-        process, known = target.process, known_confirmation_ids(target)
-        waiting = {str(w["id"]) for w in target.waiting_for if w.get("id")}
-    check_confirmation_keys(process, [key for key in conf if key not in tasks], known=known, source=source)
+    check_confirmation_keys(target, [key for key in conf if key not in tasks], source=source)
     # one answer in both sections (``--answer KEY={...}``: a user task's answer, whatever else it
     # is) may name a task or a confirmation
-    either = set(conf) - set(unmatchable_confirmation_keys(process, [k for k in tasks if k in conf], known=known))
-    check_user_task_keys(process, [key for key in tasks if key not in either], waiting=waiting, source=source)
+    either = set(conf) - set(unmatchable_confirmation_keys(target, [k for k in tasks if k in conf]))
+    check_user_task_keys(target, [key for key in tasks if key not in either], source=source)
 
 
 def config_file_notices(instance: Instance) -> list[str]:

@@ -230,7 +230,7 @@ class LiveGovernance(GovernanceService):
                                 expected_version=expected_version, actor=actor)
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
-                actor: str = "operator", resolver: str = "human") -> dict[str, Any]:
+                actor: str = "operator", resolver: str = "human", by: str | None = None) -> dict[str, Any]:
         # Settling a confirmation runs its join (or resumes its activity) at once: inside a
         # running activity that would run the process from within one of its own tasks.
         raise InstanceStateError(

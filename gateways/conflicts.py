@@ -222,9 +222,11 @@ class Resolution:
     resolver: str  # "policy" | "model" | "human" | "strategy"
     reason: str
     needs_human: bool = False
+    by: str | None = None  # who answered, when a person did and said who (a REST user, the CLI's user)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": jsonable(self.value), "resolver": self.resolver, "reason": self.reason}
+        return {"value": jsonable(self.value), "resolver": self.resolver, "reason": self.reason,
+                **({"by": self.by} if self.by else {})}
 
 
 @dataclass(frozen=True)

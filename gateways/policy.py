@@ -26,7 +26,8 @@ A conflict already put to a person (``asked``: the request as it was shown, by i
 and now answered is settled by that answer alone: policy and model are not run again,
 so a model that answers differently the second time cannot overrule the person, and
 the answer is checked against the options the person actually saw. An answer taken
-by a timeout (``timed_out``) says so in its reason.
+by a timeout (``timed_out``) says so in its reason, and its resolver is not ``human``: nobody
+answered, the join's configured default (``policy``) or the suggestion that stood in for it did.
 
 A conflict that nothing settles, or that a person escalates, fails the join with one
 ``MergeConflictError`` naming every such key, branch and value: never a silent pick.
@@ -510,20 +511,28 @@ def _taken_unattended(request: HumanRequest, value: Any, actor: Any) -> str:
     return f"{who} took the configured default {_show(value)} without asking a person"
 
 
+def _timeout_resolver(request: HumanRequest) -> str:
+    """Who settled a conflict whose confirmation timed out with its default taken: not a person. The
+    suggestion's resolver when it stood in for a default (``default_by``), else ``policy``: the join's
+    configured ``humanConfirm`` default is the process's rule for an unanswered question."""
+    return request.default_by if request.default_by in ("policy", "model") else "policy"
+
+
 def _answer_reason(request: HumanRequest, option: Mapping[str, Any], value: Any, *, timed_out: bool,
-                   resolver: str = "human") -> str:
+                   resolver: str = "human", person: str | None = None) -> str:
     suggestion = request.suggestion
     if timed_out:
         suggested = suggestion is not None and same_value(value, suggestion.value)
         if suggestion is not None and suggested and request.default_by == suggestion.resolver:
             # no default configured: the suggestion stood in for it, and the reason says whose it was
-            return (f"no answer within {request.timeout:g}s: the {suggestion.resolver}'s suggestion {_show(value)} "
-                    f"was taken (no default configured): {suggestion.reason}")
-        reason = f"no answer within {request.timeout:g}s: the configured default {_show(value)} was taken"
+            return (f"no answer within {request.timeout:g}s, nobody answered: the timeout took the "
+                    f"{suggestion.resolver}'s suggestion {_show(value)} (no default configured): {suggestion.reason}")
+        reason = (f"no answer within {request.timeout:g}s, nobody answered: the timeout took the configured default "
+                  f"{_show(value)}")
         if suggestion is not None and suggested:
             reason += f" (the {suggestion.resolver} suggestion: {suggestion.reason})"
         return reason
-    who = "the model" if resolver == "model" else "a person"
+    who = "the model" if resolver == "model" else f"a person ({person})" if person else "a person"
     if suggestion is not None and same_value(value, suggestion.value):
         return f"{who} confirmed the {suggestion.resolver} suggestion: {suggestion.reason}"
     return f"{who} chose {option['label']}"
@@ -593,12 +602,19 @@ def resolve_conflicts(
                 steps.append(ResolutionStep(key, "human", "answered", reason))
                 resolved.append((conflict, Resolution(value, "human", reason)))
                 continue
-            reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by)
+            if prior.get("timed_out"):
+                # nobody decided: the join's config did (its humanConfirm default), or the suggestion
+                # that stood in for a default
+                by = _timeout_resolver(shown)
+            name = prior.get("by") if by == "human" and not prior.get("timed_out") else None
+            name = name if isinstance(name, str) and name.strip() else None
+            reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by,
+                                    person=name)
             stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)
             if isinstance(stated, str) and stated.strip():
                 reason = f"{reason}: {stated.strip()}"
             steps.append(ResolutionStep(key, by, "answered", reason))
-            resolved.append((conflict, Resolution(value, by, reason)))
+            resolved.append((conflict, Resolution(value, by, reason, by=name)))
             continue
         if policy is not None:
             found = resolve_by_policy(conflict, policy, variables, steps=steps)

@@ -147,8 +147,10 @@ def test_an_answer_that_matches_no_confirmation_is_named_on_stderr(lf, tmp_path:
     doc = _doc(result)
     assert [w["id"] for w in doc["waiting_for"]] == ["merge/verdict"]
     assert key in result.stderr and "merge/verdict" in result.stderr
-    resumed = lf("resume", doc["instance_id"], "--answers", str(answers), code=3)
-    assert key in resumed.stderr
+    # round 18 changed this deliberately: on resume the join waits for its questions now and is on no
+    # loop, so it asks nothing else: the key can match nothing any more, bad input (exit 2)
+    resumed = lf("resume", doc["instance_id"], "--answers", str(answers), code=2)
+    assert key in resumed.stderr and "'merge/verdict'" in resumed.stderr
 
 
 def test_a_user_task_answer_is_not_called_an_unused_confirmation(lf, tmp_path: Path) -> None:

@@ -164,9 +164,12 @@ def test_after_the_deadline_resume_takes_the_default(loan) -> None:
     [entry] = instance.confirmations
     assert entry["timed_out"] is True and entry["answer"] == "pending_dual_approval"
     [conflict] = instance.conflicts
-    assert conflict["resolution"]["resolver"] == "human"
-    assert conflict["resolution"]["reason"] == ('no answer within 300s: the configured default "pending_dual_approval" '
-                                                f"was taken (the policy suggestion: {DUAL_REASON})")
+    # round 18 changed this deliberately: nobody answered, so the resolver is the join's policy
+    # (its configured default), no longer "human", and the reason says so plainly
+    assert conflict["resolution"]["resolver"] == "policy"
+    assert conflict["resolution"]["reason"] == ("no answer within 300s, nobody answered: the timeout took the "
+                                                'configured default "pending_dual_approval" '
+                                                f"(the policy suggestion: {DUAL_REASON})")
     [event] = notes(instance, "confirmation_timed_out")
     assert event["action"] == "default" and event["value"] == "pending_dual_approval"
     assert event["deadline"] == entry["deadline"]

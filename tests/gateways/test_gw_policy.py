@@ -364,13 +364,15 @@ def test_an_answer_taken_by_a_timeout_says_so() -> None:
     shown = asked_request(timed_out=True)
     assert shown["default"] == "hold" and shown["default_by"] == "model"
     out = chain(answers={"review_join/approval_status": "hold"}, asked={"review_join/approval_status": shown})
-    assert out.resolved[0][1].reason == ('no answer within 300s: the model\'s suggestion "hold" was taken '
-                                         "(no default configured): neither review is conclusive")
+    assert out.resolved[0][1].reason == ("no answer within 300s, nobody answered: the timeout took the model's "
+                                         'suggestion "hold" (no default configured): neither review is conclusive')
+    assert out.resolved[0][1].resolver == "model"   # round 18: nobody answered; the model's suggestion stood
     # a record written before default_by was kept reads as before
     old = {k: v for k, v in shown.items() if k != "default_by"}
     out = chain(answers={"review_join/approval_status": "hold"}, asked={"review_join/approval_status": old})
-    assert out.resolved[0][1].reason == ('no answer within 300s: the configured default "hold" was taken '
-                                         "(the model suggestion: neither review is conclusive)")
+    assert out.resolved[0][1].reason == ('no answer within 300s, nobody answered: the timeout took the configured '
+                                         'default "hold" (the model suggestion: neither review is conclusive)')
+    assert out.resolved[0][1].resolver == "policy"
 
 
 def test_an_asked_conflict_without_an_answer_runs_the_chain() -> None:
