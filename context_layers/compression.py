@@ -30,7 +30,8 @@ the token threshold is compared with.
    ``kept`` (``"<key>: <path>: <value>; ..."``), earlier records' ``kept`` lines come
    first, and only the rest (plain entries, ``summarize`` outputs, activity records,
    earlier summaries) is summarized into ``summary``. ``count_only`` counters are
-   compressor records, never folded: their counts stay where they are. The record's
+   compressor records, never folded: their counts stay where they are, and so do the
+   last ``keepLast`` entries a counter names as kept (verbatim, where they were). The record's
    tokens (``kept`` included) count toward ``tokens_after`` like any entry's, and the
    cliff's estimate counts the kept lines as they are; when they carry the context
    over the target, the summary of the rest is made shorter to meet it (never below
@@ -278,6 +279,9 @@ class RuleDrivenCompressor:
                                     counts=counts, judged=judged, tokens=tok).items)
         items = list(ruled.items)
         row_kept = _rows_kept(items, rules)
+        # what a count_only rule keeps (the last keepLast of its entries) is the rule's point: the
+        # folds below leave those entries where they are, as they leave the counter
+        folds_protect = protected | _count_kept(items)
         missing = {k: list(v) for k, v in ruled.missing_paths.items()}
         ruled_tokens = sum(tok(v) for _, v in items) + working_tokens
 
@@ -290,11 +294,11 @@ class RuleDrivenCompressor:
         acting = [t for t in fired if t not in _ATTENTION_FOLDS or last is None or scope.tokens * ratio >= last]
         target, entry_target, soft = self._targets(config, acting, scope, target_tokens)
         if directive is not None:
-            chosen, dropped = self._directed(items, seg, directive, protected)
+            chosen, dropped = self._directed(items, seg, directive, folds_protect)
         else:
-            chosen = self._remedies(items, seg, scope, acting, protected)
-            chosen, target = self._cliff(items, seg, chosen, protected, target, entry_target, soft, working_tokens, tok, enc,
-                                         kept=row_kept)
+            chosen = self._remedies(items, seg, scope, acting, folds_protect)
+            chosen, target = self._cliff(items, seg, chosen, folds_protect, target, entry_target, soft, working_tokens,
+                                         tok, enc, kept=row_kept)
             dropped = []
         budget = self._budget(directive, target)
 
@@ -375,7 +379,7 @@ class RuleDrivenCompressor:
         why = (f"the latest finished activit{'y' if len(kept) == 1 else 'ies'} ({', '.join(kept)}) "
                f"{'is' if len(kept) == 1 else 'are'} kept whole, " if kept else "")
         return [f"target of {target} tokens not met ({tokens} tokens after): {why}preserved keys, the open "
-                f"activity's WORKING and keys no activity wrote are never folded; add compress_rules "
+                f"activity's WORKING, keys no activity wrote and what count_only keeps are never folded; add compress_rules "
                 f"(extract_keys, summarize, count_only) to shrink what stays"]
 
     def _targets(self, config: ActivityExtensionConfig, fired: Sequence[str], scope: Scope,
@@ -670,6 +674,12 @@ def _rows_kept(items: Sequence[tuple[str, Any]], rules: Sequence[Any]) -> frozen
     paths = [r for r in rules if r.action == "extract_keys" and r.extract_keys]
     return frozenset(k for k, v in items if isinstance(v, list) and any(
         r.matches(entry_kind(k, v), k) and extract_paths(v, r.extract_keys)[0] == v for r in paths))
+
+
+def _count_kept(items: Sequence[tuple[str, Any]]) -> set[str]:
+    """The entries ``count_only`` counters name as kept verbatim (their last ``keepLast``)."""
+    return {key for _, v in items if isinstance(v, dict) and v.get("_compressed") == "count_only"
+            and isinstance(v.get("kept"), list) for key in v["kept"] if isinstance(key, str)}
 
 
 def _kept_line(key: str, value: Any) -> str:

@@ -192,7 +192,9 @@ def test_the_summary_of_the_rest_makes_room_for_the_kept_lines() -> None:
         })
     activity(ctx, "risk_assessment", {"risk_level": "medium", "assessment_id": "RA001",
                                       "risk_factors": ["new customer", "cross-industry"]}, preserve=preserved)
-    config = config_from_dict({"preserveKeys": list(preserved), "compressTokenThreshold": 600, "compressRules": [
+    # the target (320 tokens) leaves room for the last error_retry_log, which its count_only rule
+    # keeps verbatim outside every fold (at 600, 300 tokens were out of reach)
+    config = config_from_dict({"preserveKeys": list(preserved), "compressTokenThreshold": 640, "compressRules": [
         {"pattern": "tool_call_result", "action": "extract_keys", "extractKeys": ["status", "data.id", "data.summary"]},
         {"pattern": "reasoning_chain", "action": "summarize", "maxTokens": 100},
         {"pattern": "error_retry_log", "action": "count_only", "keepLast": 1}]})
@@ -200,7 +202,8 @@ def test_the_summary_of_the_rest_makes_room_for_the_kept_lines() -> None:
     record = ctx.layer(Layer.HISTORY)[result.compaction_key]
     assert record["kept"] == [f"tool_call_result_{i}: status: ok; data.id: T{i}; data.summary: hit {i}"
                               for i in range(6)]
-    assert result.target_tokens == 300 and result.target_met and result.tokens_after <= 300
+    assert result.target_tokens == 320 and result.target_met and result.tokens_after <= 320
+    assert "err_5" in ctx.layer(Layer.HISTORY) and "err_4" not in ctx.layer(Layer.HISTORY)
     # the compaction's rest was summarized twice, the second time shorter
     rest = [n for text, n in asked if text == asked[-1][0]]
     assert len(rest) == 2 and rest[1] < rest[0] and count_text(record["summary"]) <= rest[1]
@@ -226,3 +229,22 @@ def test_a_cliff_over_a_list_of_rows_an_extract_keys_rule_reduced_keeps_every_ro
                               "accepted: false"]
     assert record["tokens_after"] == result.tokens_after == scope_tokens(ctx) < result.tokens_before
     assert LayeredContext.replay(ctx.tape) == ctx
+
+
+def test_what_count_only_keeps_survives_the_cliff() -> None:
+    """count_only keeps the last keepLast entries verbatim: a cliff folding every activity to meet
+    its target (a direct compress folds any activity) leaves them where they are, as the counter
+    names them; before, the fold summarized them and the counter named keys HISTORY no longer had."""
+    ctx = LayeredContext(system={"policy": "p"})
+    for i in range(8):
+        activity(ctx, f"a{i}", {f"tool_result_{i}": {"rows": list(range(30)), "note": "lorem ipsum dolor " * 10}})
+    results = {k: v for k, v in ctx.layer(Layer.HISTORY).items() if k.startswith("tool_result_")}
+    config = config_from_dict({"compressTokenThreshold": 200,
+                               "compressRules": [{"pattern": "tool_result_*", "action": "count_only", "keepLast": 2}]})
+    result = RuleDrivenCompressor().compress(ctx, config)
+    history = ctx.layer(Layer.HISTORY)
+    counter = history["summary:count:tool_result_*"]
+    assert counter["kept"] == ["tool_result_6", "tool_result_7"] and counter["count"] == 8
+    assert {k: history[k] for k in counter["kept"]} == {k: results[k] for k in counter["kept"]}
+    assert result.compaction_key in history and not any(f"tool_result_{i}" in history for i in range(6))
+    assert "tool_result_6" not in history[result.compaction_key]["covers"]

@@ -442,11 +442,15 @@ def test_evaluate_names_a_preserved_key_changed_since() -> None:
 
 def test_a_cliff_meets_its_target_keeps_preserved_keys_and_then_stays_put() -> None:
     ctx = loan(6)
-    config = {**SEED_CONFIG, "compressTokenThreshold": 600}
+    # a threshold whose target (x 0.5) leaves room for what the rules keep verbatim: the last
+    # error_retry_log (count_only, keepLast 1) is not folded, so 300 tokens (threshold 600) is out of reach
+    config = {**SEED_CONFIG, "compressTokenThreshold": 700}
+    last_error = history(ctx)["err_5"]
     result = RuleDrivenCompressor().compress(ctx, config)
     assert "token_threshold" in result.triggers and result.target_met
     assert result.compaction_key in history(ctx) and history(ctx)[result.compaction_key]["summary"]
     assert all(k in history(ctx) for k in PRESERVED)
+    assert history(ctx)["err_5"] == last_error and history(ctx)["summary:count:error_retry_log"]["kept"] == ["err_5"]
     before = render(ctx, format="xml")
     activity(ctx, "small", {"note": "ok"})
     assert "token_threshold" not in CompressTriggerDetector().detect(ctx, config).triggers
