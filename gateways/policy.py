@@ -91,7 +91,7 @@ class ResolutionStep:
 
     key: str
     resolver: str  # policy | model | human | strategy
-    outcome: str  # resolved | suggested | skipped | failed | escalated | pending | answered
+    outcome: str  # resolved | suggested | skipped | failed | escalated | pending | answered | timed_out
     detail: str
 
     def to_dict(self) -> dict[str, str]:
@@ -613,7 +613,7 @@ def resolve_conflicts(
             stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)
             if isinstance(stated, str) and stated.strip():
                 reason = f"{reason}: {stated.strip()}"
-            steps.append(ResolutionStep(key, by, "answered", reason))
+            steps.append(ResolutionStep(key, by, "timed_out" if prior.get("timed_out") else "answered", reason))
             resolved.append((conflict, Resolution(value, by, reason, by=name)))
             continue
         if policy is not None:

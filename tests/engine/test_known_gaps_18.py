@@ -163,3 +163,7 @@ def test_a_timeouts_default_is_the_policys_and_says_nobody_answered(tmp_path: Pa
     assert verdict["value"] == "needs_review" and verdict["resolver"] == "policy" and "by" not in verdict
     assert "nobody answered" in verdict["reason"] and "the timeout took the configured default" in verdict["reason"]
     assert not [e for e in instance.main.tape if e.data.get("note") == "human_decision"]
+    # the resolution step on the tape says the timeout took it, not that someone answered
+    steps = [e.data for e in instance.main.tape if e.data.get("note") == "resolution" and e.data["key"] == "verdict"]
+    assert (steps[-1]["resolver"], steps[-1]["outcome"]) == ("policy", "timed_out")
+    assert not [s for s in steps if s["outcome"] == "answered"]
