@@ -554,6 +554,7 @@ class _Validator:
             self._check_correlations(doc)
             self._check_payloads(doc)
             self._check_escalation_codes(doc)
+        self._check_nameless_messages(good)
         if config is not None:
             self._check_config_file(config, main)
         called_configs = called_process_configs([d.path for d in self.docs], config.path if config else None)
@@ -2317,6 +2318,31 @@ class _Validator:
                 what = "payload" + (f" of bpmn:{etree.QName(owner).localname} {owner_id!r}" if owner is not None else "")
                 self._compile(el.text, "eval", el, doc.file, owner_id, "condition_syntax", tag, what=what)
 
+    def _check_nameless_messages(self, docs: list[_Doc]) -> None:
+        """SpiffWorkflow routes a message by its bpmn:message's name, and a message with no name has
+        the name None: two such messages are one to it, and each event waiting for one catches the
+        other's (a message end event meant for another pool restarts its own pool's message start)."""
+        users: dict[str, list[str]] = {}
+        for doc in docs:
+            for el in doc.root.iter():
+                if el.get("messageRef") and el.tag in (_bpmn("messageEventDefinition"), _bpmn("sendTask"),
+                                                       _bpmn("receiveTask")):
+                    owner = el.getparent() if el.tag == _bpmn("messageEventDefinition") else el
+                    users.setdefault(el.get("messageRef"), []).append(owner.get("id") or "")
+        nameless = [(m, doc) for doc in docs for m in doc.root.iter(_bpmn("message"))
+                    if not (m.get("name") or "").strip() and m.get("id") in users]
+        if len(nameless) < 2:
+            return
+        ids = [m.get("id") for m, _ in nameless]
+        for message, doc in nameless:
+            mid = message.get("id")
+            others = ", ".join(repr(o) for o in ids if o != mid)
+            self.add("message_without_name", f"bpmn:message {mid!r} (used by "
+                     f"{', '.join(map(repr, users[mid]))}) has no name, nor has {others}: SpiffWorkflow routes a "
+                     "message by its name, so these are one message to it and each event waiting for one catches "
+                     "the others; give each bpmn:message a name of its own (name=\"...\")", file=doc.file,
+                     line=message.sourceline, element_id=mid, field="name")
+
     def _check_correlations(self, doc: _Doc) -> None:
         """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
         payload when the message is sent or caught: one that is not Python fails every delivery. Over
@@ -4045,7 +4071,7 @@ def _call_cycle(start: str, calls: Mapping[str, list[tuple[Any, str]]]) -> list[
     return None
 
 
-_NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation")
+_NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation", re.DOTALL)  # a name may span lines
 
 
 def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc] | None:
