@@ -1,6 +1,7 @@
 """Shapes met in public BPMN files, round 18: the reference models of the BPMN Model Interchange
 Working Group (bpmn-miwg/bpmn-miwg-test-suite), which every evaluator of a BPMN engine reaches for
-first, as Trisotech's Visio add-in exports them: A.1.0 (a straight sequence of tasks) and B.1.0 (a
+first, as Trisotech's Visio add-in exports them: A.1.0 (a straight sequence of tasks), A.3.0 (a
+collapsed sub-process with boundary events) and B.1.0 (a
 collaboration of two pools that exchange messages, with call activities, a collapsed sub-process, a
 data store and a terminate end event). Each is in ``tests/engine/realworld18/`` (the file says where
 it comes from and what was trimmed). Where plain SpiffWorkflow 3.2 runs a file, a case runs it there
@@ -14,15 +15,17 @@ from typing import Any
 
 import pytest
 from SpiffWorkflow.bpmn.exceptions import WorkflowDataException
+from SpiffWorkflow.bpmn.util.event import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition
 from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
 
 from engine_helpers import path_of, variables
 from test_realworld_4 import rewritten
-from test_realworld_12 import agree, problems
+from test_realworld_12 import agree, plain_workflow, problems
 from test_realworld_17 import said
 
 HERE = Path(__file__).resolve().parent / "realworld18"
@@ -207,3 +210,54 @@ def test_a_task_reading_a_data_object_never_written_stops_named_where_plain_spif
     assert "Din1373655174951" in instance.error["message"] and "Set them before the task" in instance.error["message"]
     with pytest.raises(WorkflowDataException):
         plain_in_order(path, {"collapsed": False}, B10_ANSWERS, path_of(instance.workflow) + list(B10_ANSWERS))
+
+
+# -- A.3.0: a collapsed sub-process with a message and an escalation boundary event ---------------
+
+A30 = HERE / "miwg_a30_boundary_events.bpmn"
+A30_MESSAGE = "Boundary Intermediate Event Non-Interrupting Message"
+A30_SUB, A30_BOUNDARY = "_1ae31d1b-2559-4f78-a3ec-47986a49db48", "_428dcbf5-8e5e-48e0-9c0c-d93003fa8c82"
+A30_TASK = {"Task 1": "_65f5459f-44ae-436d-a089-a91d6d78075b", "Task 2": "_2d2d0d29-896f-49f9-8109-77a7304309c5",
+            "Task 3": "_72204cd7-709c-4656-9554-3ae29b3844ce"}
+A30_INNER = ("<semantic:outgoing>_250377d0-628d-463f-95f6-1f4ceed9bd8a</semantic:outgoing>\n        </semantic:subProcess>",
+             "<semantic:outgoing>_250377d0-628d-463f-95f6-1f4ceed9bd8a</semantic:outgoing>\n"
+             '<semantic:startEvent id="inner_start"/><semantic:task id="inner_task"/><semantic:endEvent id="inner_end"/>'
+             '<semantic:sequenceFlow id="to_inner" sourceRef="inner_start" targetRef="inner_task"/>'
+             '<semantic:sequenceFlow id="from_inner" sourceRef="inner_task" targetRef="inner_end"/>\n        </semantic:subProcess>')
+
+
+def test_a_non_interrupting_message_on_the_collapsed_sub_process_runs_task_3_beside_it(tmp_path: Path) -> None:
+    """The collapsed sub-process has no start event (refused, as is isExecutable="false"); the
+    message boundary event names no message (warned: it waits for one named like the event). Given
+    a step inside, the message while it waits starts Task 3 beside it; both paths end at End Event
+    1, as in plain SpiffWorkflow. Plain SpiffWorkflow drops the payload of a message that names no
+    variable; layerflow keeps its keys."""
+    refused = said(A30)
+    assert "isExecutable" in refused["WFP-6-"] and "has no start event" in refused[A30_SUB]
+    assert refused[A30_BOUNDARY].startswith("warning:") and repr(A30_MESSAGE) in refused[A30_BOUNDARY]
+    path = rewritten(tmp_path, A30, [('isExecutable="false"', 'isExecutable="true"'), A30_INNER])
+    assert problems(path) == [("event_without_ref", "warning", A30_BOUNDARY)]
+    answers = {A30_TASK["Task 1"]: {"task1": 1}, "inner_task": {"inner": 1}, A30_TASK["Task 2"]: {"task2": 1},
+               A30_TASK["Task 3"]: {"task3": 1}}
+    engine = Engine(store="memory://")
+    waiting = engine.run(engine.start(load_process([path]), {}), answers={"user_tasks": {A30_TASK["Task 1"]: {"task1": 1}}})
+    assert [(w["task_id"], w.get("event")) for w in waiting.waiting_for] == [("inner_task", None), (A30_BOUNDARY, A30_MESSAGE)]
+    beside = engine.send_event(waiting, A30_MESSAGE, {"note": "hurry"}, kind="message")
+    assert {w["task_id"] for w in beside.waiting_for} == {"inner_task", A30_TASK["Task 3"], A30_BOUNDARY}
+    done = engine.run(beside, answers={"user_tasks": answers})
+    assert done.status == "completed", done.error
+
+    wf = plain_workflow(path, {})
+    order = [t for t in path_of(done.workflow) if t in answers]
+    for step, tid in enumerate(order):
+        if step == 1:
+            wf.catch(BpmnEvent(MessageEventDefinition(A30_MESSAGE), {"note": "hurry"}))
+            wf.do_engine_steps()
+        [task] = [t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == tid]
+        task.data.update(answers[tid])
+        task.run()
+        wf.do_engine_steps()
+    assert wf.is_completed() and path_of(wf) == path_of(done.workflow)
+    assert path_of(wf).count("_ce253897-4300-4b24-b71f-4c9535698c70") == 2
+    assert dict(wf.last_task.data) == {"task1": 1, "inner": 1, "task2": 1, "task3": 1}
+    assert variables(done.main) == {**wf.last_task.data, "note": "hurry"}
