@@ -1137,19 +1137,29 @@ class _Validator:
                 pool = next((names[k] for k, v in pools.items() if v == pid), None) if pid else names.get(ref)
                 return repr(pool or pid or ref)
 
+            def not_run(pid: str | None) -> str:
+                """Why layerflow does not run that side's process, and what to do to run it."""
+                if pid is None:
+                    return "its process is not drawn: a black-box pool"
+                if pid not in pools.values():  # a process the collaboration draws no pool for
+                    return (f"no bpmn:participant of collaboration {collab.id!r} has processRef={pid!r}; add "
+                            "one to run that process too")
+                return "its process is not executable; set isExecutable=\"true\" on it to run it too"
+
             if dst_pid not in running:
                 self.add("message_flow_not_run", f"message flow {fid!r} leads to pool "
-                         f"{pool_of(flow.get('targetRef') or '', dst_pid)}, which layerflow does not run (its process "
-                         f"{'is not executable' if dst_pid else 'is not drawn: a black-box pool'}): what "
-                         f"{flow.get('sourceRef')!r} sends there is delivered to no one; set isExecutable=\"true\" "
-                         "on that pool's process to run it too, or keep the flow as documentation",
-                         severity="warning", **where)
+                         f"{pool_of(flow.get('targetRef') or '', dst_pid)}, which layerflow does not run "
+                         f"({not_run(dst_pid)}): what {flow.get('sourceRef')!r} sends there is delivered to no one; "
+                         "or keep the flow as documentation", severity="warning", **where)
                 continue
             if src_pid not in running:
+                waits = (f"the instance waits at {flow.get('targetRef')!r} until that message is sent from outside "
+                         "(layerflow send INSTANCE_ID MESSAGE_NAME, or the REST API)" if dst is None or wanted
+                         else f"{dst.tag} {dst.id!r} waits for no message, so nothing waits for it there; draw it "
+                         "as a receive task or message catch event to wait for the message from outside")
                 self.add("message_flow_from_outside", f"message flow {fid!r} comes from pool "
-                         f"{pool_of(flow.get('sourceRef') or '', src_pid)}, which layerflow does not run: the instance "
-                         f"waits at {flow.get('targetRef')!r} until that message is sent from outside (layerflow "
-                         "send INSTANCE_ID MESSAGE_NAME, or the REST API)", severity="warning", **where)
+                         f"{pool_of(flow.get('sourceRef') or '', src_pid)}, which layerflow does not run "
+                         f"({not_run(src_pid)}): {waits}", severity="warning", **where)
                 continue
             if src is None or sent is None:
                 what = f"the border of pool {pool_of(flow.get('sourceRef') or '', src_pid)}" if src is None else \

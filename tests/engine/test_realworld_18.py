@@ -22,6 +22,7 @@ from SpiffWorkflow.spiff.specs.event_definitions import MessageEventDefinition
 from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
+from engine.validate import validate_process
 
 from engine_helpers import path_of, variables
 from test_realworld_4 import rewritten
@@ -261,3 +262,69 @@ def test_a_non_interrupting_message_on_the_collapsed_sub_process_runs_task_3_bes
     assert path_of(wf).count("_ce253897-4300-4b24-b71f-4c9535698c70") == 2
     assert dict(wf.last_task.data) == {"task1": 1, "inner": 1, "task2": 1, "task3": 1}
     assert variables(done.main) == {**wf.last_task.data, "note": "hurry"}
+
+
+# -- A.4.0: a pool, and a process with lanes the collaboration draws no pool for -------------------
+
+A40 = HERE / "miwg_a40_pool_and_lanes.bpmn"
+A40_COLLABORATION, TASK_3 = "C1372429787502", "_6fed62c8-8241-4a1d-ae67-266fda7dcead"
+A40_FLOWS = ("_b467921a-ef7b-44c5-bf78-fd624c400d17", "_c311cc87-677e-47a4-bdb1-8744c4ec3147")
+A40_SPLIT = ('''<semantic:outgoing>_1873ed55-ba18-433f-8d1a-eb84d18da049</semantic:outgoing>
+            <semantic:outgoing>_08d345a0-2bc3-4988-bfb2-7c2576839505</semantic:outgoing>
+        </semantic:task>''', '''<semantic:outgoing>after_task_3</semantic:outgoing>
+        </semantic:task>
+        <semantic:parallelGateway id="split"/>
+        <semantic:sequenceFlow sourceRef="_6fed62c8-8241-4a1d-ae67-266fda7dcead" targetRef="split" id="after_task_3"/>''')
+
+
+def a40_runnable(tmp_path: Path) -> Path:
+    return rewritten(tmp_path, A40, [('isExecutable="false"', 'isExecutable="true"'), A40_SPLIT,
+                                     ('sourceRef="_6fed62c8-8241-4a1d-ae67-266fda7dcead" targetRef="_ee35fa2c',
+                                      'sourceRef="split" targetRef="_ee35fa2c'),
+                                     ('sourceRef="_6fed62c8-8241-4a1d-ae67-266fda7dcead" targetRef="_f52b6ad0',
+                                      'sourceRef="split" targetRef="_f52b6ad0')])
+
+
+def test_message_flows_to_a_process_the_collaboration_draws_no_pool_for_are_told_as_such(tmp_path: Path) -> None:
+    """The collaboration draws a pool for WFP-6-1 only; its message flows go between plain tasks
+    of WFP-6-1 and WFP-6-2. Asked to run the collaboration, validate said WFP-6-2 was "not
+    executable" (it is) and that the instance would wait at Task 2 for the message from outside
+    (a plain task waits for no message). It says no participant names WFP-6-2, and that Task 2
+    waits for no message. Task 3's two outgoing flows (BPMN's implicit split) are refused."""
+    assert "has 2 outgoing flows" in said(A40)[TASK_3]
+    path = rewritten(tmp_path, A40, [('isExecutable="false"', 'isExecutable="true"')])
+    found = {p.element_id: p for p in validate_process([path], process_id=A40_COLLABORATION).problems}
+    to_other, from_other = (found[f] for f in A40_FLOWS)
+    assert to_other.code == "message_flow_not_run" and from_other.code == "message_flow_from_outside"
+    for problem in (to_other, from_other):
+        assert problem.severity == "warning" and "not executable" not in problem.message
+        assert f"no bpmn:participant of collaboration {A40_COLLABORATION!r} has processRef='WFP-6-2'" in problem.message
+    assert "task '_80d1f02b-f39c-45c2-b731-43df75d81779' waits for no message" in from_other.message
+    assert "waits at" not in from_other.message
+
+
+@pytest.mark.parametrize("pid", ["WFP-6-1", "WFP-6-2"])
+def test_each_process_of_the_miwg_pool_model_runs_alone_as_in_plain_spiffworkflow(tmp_path: Path, pid: str) -> None:
+    """Given a parallel gateway after Task 3 (and isExecutable), each process, chosen by id, runs
+    its people's steps (both expanded sub-processes side by side in WFP-6-2) as in plain SpiffWorkflow."""
+    path = a40_runnable(tmp_path)
+    assert [p for p in validate_process([path], process_id=pid).problems if p.severity == "error"] == []
+    engine = Engine(store="memory://")
+    instance = engine.start(load_process([path], process_id=pid), {})
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(path))
+    wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
+    wf.do_engine_steps()
+    steps = 0
+    while ready := wf.get_tasks(state=TaskState.READY, manual=True):
+        task = ready[0]
+        task.data[f"step{steps}"] = task.task_spec.bpmn_id
+        instance = engine.run(instance, answers={"user_tasks": {task.task_spec.bpmn_id: {f"step{steps}": task.task_spec.bpmn_id}}})
+        task.run()
+        wf.do_engine_steps()
+        steps += 1
+    instance = engine.run(instance)
+    assert instance.status == "completed", (instance.error, instance.waiting_for)
+    assert wf.is_completed() and steps == {"WFP-6-1": 2, "WFP-6-2": 4}[pid]
+    assert path_of(instance.workflow) == path_of(wf)
+    assert variables(instance.main) == dict(wf.last_task.data)
