@@ -328,3 +328,83 @@ def test_each_process_of_the_miwg_pool_model_runs_alone_as_in_plain_spiffworkflo
     assert wf.is_completed() and steps == {"WFP-6-1": 2, "WFP-6-2": 4}[pid]
     assert path_of(instance.workflow) == path_of(wf)
     assert variables(instance.main) == dict(wf.last_task.data)
+
+
+# -- B.2.0: the called process, a bare multi-instance marker and a message that terminates ---------
+
+B20 = HERE / "miwg_b20_called_process.bpmn"
+B20_PID = "Process_ba16239e-181e-4b9f-bc5b-0bb2ee973450"
+MI_TASK, TASK_13, B20_BOUNDARY = ("_c57a5344-213f-4834-a6c3-94ce878b413c", "_7f4fe4ea-901f-4c74-bcd4-e933495712fd",
+                                  "_86b052b4-225c-424e-b900-bb94bdd77cec")
+B20_MESSAGE = "Boundary Intermediate Event Interrupting Message"
+B20_EDITS = [('isExecutable="false"', 'isExecutable="true"'),
+             ('<semantic:multiInstanceLoopCharacteristics isSequential="true"/>',
+              '<semantic:multiInstanceLoopCharacteristics isSequential="true"><semantic:loopCardinality>2'
+              '</semantic:loopCardinality></semantic:multiInstanceLoopCharacteristics>'),
+             # the conditional start event never runs (validate warns) and breaks SpiffWorkflow's start
+             # (see the test below): left out
+             ("""        <semantic:startEvent name="Start Event 4 Conditional" id="_cba8fbed-2bb6-40a9-8ac5-83e827ce9d9f">
+            <semantic:outgoing>_c72ddf62-21b8-4895-a7bf-7a765f5981eb</semantic:outgoing>
+            <semantic:conditionalEventDefinition>
+                <semantic:condition/>
+            </semantic:conditionalEventDefinition>
+        </semantic:startEvent>
+""", ""),
+             ("<semantic:incoming>_c72ddf62-21b8-4895-a7bf-7a765f5981eb</semantic:incoming>", ""),
+             ('<semantic:sequenceFlow sourceRef="_cba8fbed-2bb6-40a9-8ac5-83e827ce9d9f" targetRef="_c57a5344-213f-4834-'
+              'a6c3-94ce878b413c" name="" id="_c72ddf62-21b8-4895-a7bf-7a765f5981eb"/>', ""),
+             ('<semantic:serviceTask implementation="##WebService" completionQuantity="1" isForCompensation="false" '
+              'startQuantity="1" name="Service Task 14"', '<semantic:task name="Service Task 14"'),
+             ("</semantic:serviceTask>", "</semantic:task>")]
+
+
+def test_a_bare_multi_instance_marker_is_refused_at_once_naming_what_to_write() -> None:
+    """Trisotech exports the marker alone: no loopCardinality, no loopDataInputRef. validate said so
+    only once isExecutable was set, in SpiffWorkflow's words ("fix the BPMN element named here"); it
+    says it at once, at the task, with the BPMN to write. The empty condition of the conditional
+    start event is refused, and the start event warned as never running beside the plain one."""
+    refused = said(B20)
+    assert refused[MI_TASK].startswith("error:") and "multi-instance activity" in refused[MI_TASK]
+    assert "<bpmn:loopCardinality>3</bpmn:loopCardinality>" in refused[MI_TASK]
+    assert "miwg_b20_called_process.bpmn" in refused[MI_TASK]
+    conditional = refused["_cba8fbed-2bb6-40a9-8ac5-83e827ce9d9f"]
+    assert "never runs" in conditional and "has no condition" in conditional
+    assert not any("fix the BPMN element named here" in text for text in refused.values())
+
+
+@pytest.mark.parametrize("message", [False, True], ids=["answered", "interrupted"])
+def test_the_miwg_called_process_runs_its_instances_then_ends_or_terminates_on_the_message(
+        tmp_path: Path, message: bool) -> None:
+    """Given a cardinality of 2 (and isExecutable, Service Task 14 a person's step, the conditional
+    start event that never runs left out),
+    the sequential user task runs twice, then User Task 13 waits: answered, the process ends at End
+    Event 4; the message named like the boundary event ends it at the terminate end event. Both as
+    in plain SpiffWorkflow."""
+    path = rewritten(tmp_path, B20, B20_EDITS)
+    assert [c for c, s, _ in problems(path) if s == "error"] == []
+    answers = {MI_TASK: {"seen": True}, TASK_13: {"checked": True}, "_3bfec246-ab94-4807-a79a-3df91ac13800": {"done": True}}
+    engine = Engine(store="memory://")
+    data: dict[str, Any] = {}
+    instance = engine.run(engine.start(load_process([path]), data), answers={"user_tasks": {MI_TASK: answers[MI_TASK]}})
+    assert [(w["task_id"], w.get("event")) for w in instance.waiting_for] == [(TASK_13, None), (B20_BOUNDARY, B20_MESSAGE)]
+    wf = plain_workflow(path, data)
+    for _ in range(2):
+        [task] = wf.get_tasks(state=TaskState.READY, manual=True)
+        task.data.update(answers[MI_TASK])
+        task.run()
+        wf.do_engine_steps()
+    if message:
+        instance = engine.send_event(instance, B20_MESSAGE, {}, kind="message")
+        wf.catch(BpmnEvent(MessageEventDefinition(B20_MESSAGE), {}))
+        wf.do_engine_steps()
+    else:
+        instance = engine.run(instance, answers={"user_tasks": answers})
+        while ready := wf.get_tasks(state=TaskState.READY, manual=True):
+            ready[0].data.update(answers[ready[0].task_spec.bpmn_id])
+            ready[0].run()
+            wf.do_engine_steps()
+    assert instance.status == "completed", instance.error
+    assert wf.is_completed() and path_of(instance.workflow) == path_of(wf)
+    assert path_of(wf).count(MI_TASK) == 3  # each instance, then the task around them
+    assert path_of(wf)[-1] == ("_778ff738-a5af-4373-a8da-0fbbfae9e00a" if message else "_ed405919-9fd6-47d0-bb00-9be7d5467efb")
+    assert variables(instance.main) == dict(wf.last_task.data)
