@@ -2972,15 +2972,27 @@ class _Validator:
         if len(starts) < 2 or not plain:
             return
         first = plain[0].get("id")
+        targets: dict[str, set[str]] = {}
+        for flow in scope.iterchildren(_bpmn("sequenceFlow")):
+            targets.setdefault(flow.get("sourceRef") or "", set()).add(flow.get("targetRef") or "")
+        looped = {el.get("id") for el in scope.iterchildren() if el.find(_bpmn("multiInstanceLoopCharacteristics"))
+                  is not None}
         for start in (s for s in starts if s is not plain[0]):
             sid = start.get("id")
             fix = ("to run both paths draw one start event and a parallel gateway after it" if start in plain else
                    f"to wait for {sid!r}'s trigger make it the only start event of its process, or the start of an "
                    "event sub-process")
+            # the cancelled start's path into a multi-instance activity the first start enters too breaks
+            # SpiffWorkflow's start ("Attempt to add non-predicted child to predicted task")
+            shared = sorted(targets.get(sid or "", set()) & targets.get(first or "", set()) & looped)
+            breaks = (f"; and as both enter multi-instance activity {shared[0]!r}, SpiffWorkflow cannot even "
+                      "start the process (WorkflowException: Attempt to add non-predicted child to predicted task): "
+                      f"remove {sid!r} or its flow to {shared[0]!r}" if shared else "")
             self.add("start_event_never_runs", f"start event {sid!r} never runs: {scope.get('id')!r} has "
                      f"{len(starts)} start events and SpiffWorkflow starts it at the first one to fire, {first!r} "
                      "(it has no trigger, so it fires at once), and cancels the others, here and in SpiffWorkflow; "
-                     f"{fix}", file=file, line=start.sourceline, element_id=sid, severity="warning")
+                     f"{fix}{breaks}", file=file, line=start.sourceline, element_id=sid,
+                     severity="error" if shared else "warning")
 
     def _check_no_start(self, scope: Any, file: str) -> None:
         """SpiffWorkflow starts a process or sub-process at its start event and refuses one without

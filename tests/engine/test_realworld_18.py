@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from SpiffWorkflow.bpmn.exceptions import WorkflowDataException
+from SpiffWorkflow.exceptions import WorkflowException
 from SpiffWorkflow.bpmn.util.event import BpmnEvent
 from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
@@ -408,3 +409,22 @@ def test_the_miwg_called_process_runs_its_instances_then_ends_or_terminates_on_t
     assert path_of(wf).count(MI_TASK) == 3  # each instance, then the task around them
     assert path_of(wf)[-1] == ("_778ff738-a5af-4373-a8da-0fbbfae9e00a" if message else "_ed405919-9fd6-47d0-bb00-9be7d5467efb")
     assert variables(instance.main) == dict(wf.last_task.data)
+
+
+def test_a_second_start_event_into_the_multi_instance_task_is_refused_for_spiffworkflow_cannot_start(
+        tmp_path: Path) -> None:
+    """Kept (with a condition), the conditional start event never runs, which validate warned of:
+    but its flow and the plain start event's both enter the multi-instance task, and SpiffWorkflow
+    then cannot start the process at all ("Attempt to add non-predicted child to predicted task",
+    plain SpiffWorkflow's exception; layerflow's run stopped with it as an engine error). validate
+    refuses the start event, naming the task and what to remove."""
+    path = rewritten(tmp_path, B20, [B20_EDITS[0], B20_EDITS[1], *B20_EDITS[-2:],
+                                     ("<semantic:condition/>", "<semantic:condition>ready</semantic:condition>")])
+    with pytest.raises(WorkflowException, match="non-predicted child"):
+        plain_workflow(path, {"ready": False})
+    start = "_cba8fbed-2bb6-40a9-8ac5-83e827ce9d9f"
+    assert problems(path) == [("start_event_never_runs", "error", start),
+                              ("event_without_ref", "warning", B20_BOUNDARY)]
+    refused = said(path)[start]
+    assert f"multi-instance activity {MI_TASK!r}" in refused and "cannot even start the process" in refused
+    assert f"remove {start!r} or its flow to {MI_TASK!r}" in refused
