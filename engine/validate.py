@@ -3443,7 +3443,8 @@ class _Validator:
             else:  # a modeler's bare marker (the MIWG models): said here, before isExecutable is set
                 self.add("multi_instance_without_items", f"bpmn:{tag} {eid!r} is a multi-instance activity that "
                          "says neither how many instances run nor over what: it has no bpmn:loopCardinality and no "
-                         "bpmn:loopDataInputRef, so SpiffWorkflow cannot load it; write <bpmn:loopCardinality>3"
+                         "bpmn:loopDataInputRef, so SpiffWorkflow cannot load it (a multi-instance task must specify a "
+                         "cardinality or a loop input data reference, it says); write <bpmn:loopCardinality>3"
                          "</bpmn:loopCardinality> (an expression over the context) or <bpmn:loopDataInputRef>"
                          "COLLECTION</bpmn:loopDataInputRef> and <bpmn:inputDataItem id=\"ITEM\" name=\"ITEM\"/> "
                          "in its bpmn:multiInstanceLoopCharacteristics, or remove it to run the step once",
