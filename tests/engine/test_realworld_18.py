@@ -1,12 +1,14 @@
 """Shapes met in public BPMN files, round 18: the reference models of the BPMN Model Interchange
 Working Group (bpmn-miwg/bpmn-miwg-test-suite), which every evaluator of a BPMN engine reaches for
 first, as Trisotech's Visio add-in exports them: A.1.0 (a straight sequence of tasks), A.3.0 (a
-collapsed sub-process with boundary events) and B.1.0 (a
-collaboration of two pools that exchange messages, with call activities, a collapsed sub-process, a
-data store and a terminate end event). Each is in ``tests/engine/realworld18/`` (the file says where
-it comes from and what was trimmed). Where plain SpiffWorkflow 3.2 runs a file, a case runs it there
-too and the path and the variables must agree; where a file means something neither can run,
-``layerflow validate`` must say so, naming the file, the element and what to do."""
+collapsed sub-process with boundary events), A.4.0 (a pool, and a process with lanes that the
+collaboration draws no pool for), B.1.0 (a collaboration of two pools that exchange messages, with
+call activities, a collapsed sub-process, a data store and a terminate end event) and the process
+B.2.0's call activity calls (a bare multi-instance marker, two start events, a message boundary
+event). Each is in ``tests/engine/realworld18/`` (the file says where it comes from and what was
+trimmed). Where plain SpiffWorkflow 3.2 runs a file, a case runs it there too and the path and the
+variables must agree; where a file means something neither can run, ``layerflow validate`` must
+say so, naming the file, the element and what to do."""
 
 from __future__ import annotations
 
