@@ -3441,14 +3441,13 @@ class _Validator:
                 found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
                                                                    ":loopCharacteristics"))}
             else:  # a modeler's bare marker (the MIWG models): said here, before isExecutable is set
-                self.add("multi_instance_without_items", f"bpmn:{tag} {eid!r} is a multi-instance activity that "
-                         "says neither how many instances run nor over what: it has no bpmn:loopCardinality and no "
-                         "bpmn:loopDataInputRef, so SpiffWorkflow cannot load it (a multi-instance task must specify a "
-                         "cardinality or a loop input data reference, it says); write <bpmn:loopCardinality>3"
-                         "</bpmn:loopCardinality> (an expression over the context) or <bpmn:loopDataInputRef>"
-                         "COLLECTION</bpmn:loopDataInputRef> and <bpmn:inputDataItem id=\"ITEM\" name=\"ITEM\"/> "
-                         "in its bpmn:multiInstanceLoopCharacteristics, or remove it to run the step once",
-                         file=file, line=loop.sourceline, element_id=eid, field="loopCardinality")
+                self.add("spiff_validation", f"SpiffWorkflow cannot load the process: bpmn:{tag} {eid!r} is a "
+                         "multi-instance activity that says neither how many instances run nor over what (a "
+                         "multi-instance task must specify a cardinality or a loop input data reference); write "
+                         "<bpmn:loopCardinality>3</bpmn:loopCardinality> (an expression over the context) or "
+                         "<bpmn:loopDataInputRef>COLLECTION</bpmn:loopDataInputRef> and <bpmn:inputDataItem "
+                         "id=\"ITEM\" name=\"ITEM\"/> in its bpmn:multiInstanceLoopCharacteristics, or remove it to "
+                         "run the step once", file=file, line=el.sourceline, element_id=eid)
         cfg = self.merged.get(eid)
         if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
