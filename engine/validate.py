@@ -554,6 +554,7 @@ class _Validator:
             self._check_correlations(doc)
             self._check_payloads(doc)
             self._check_escalation_codes(doc)
+        self._check_nameless_messages(good)
         if config is not None:
             self._check_config_file(config, main)
         called_configs = called_process_configs([d.path for d in self.docs], config.path if config else None)
@@ -1136,19 +1137,29 @@ class _Validator:
                 pool = next((names[k] for k, v in pools.items() if v == pid), None) if pid else names.get(ref)
                 return repr(pool or pid or ref)
 
+            def not_run(pid: str | None) -> str:
+                """Why layerflow does not run that side's process, and what to do to run it."""
+                if pid is None:
+                    return "its process is not drawn: a black-box pool"
+                if pid not in pools.values():  # a process the collaboration draws no pool for
+                    return (f"no bpmn:participant of collaboration {collab.id!r} has processRef={pid!r}; add "
+                            "one to run that process too")
+                return "its process is not executable; set isExecutable=\"true\" on it to run it too"
+
             if dst_pid not in running:
                 self.add("message_flow_not_run", f"message flow {fid!r} leads to pool "
-                         f"{pool_of(flow.get('targetRef') or '', dst_pid)}, which layerflow does not run (its process "
-                         f"{'is not executable' if dst_pid else 'is not drawn: a black-box pool'}): what "
-                         f"{flow.get('sourceRef')!r} sends there is delivered to no one; set isExecutable=\"true\" "
-                         "on that pool's process to run it too, or keep the flow as documentation",
-                         severity="warning", **where)
+                         f"{pool_of(flow.get('targetRef') or '', dst_pid)}, which layerflow does not run "
+                         f"({not_run(dst_pid)}): what {flow.get('sourceRef')!r} sends there is delivered to no one; "
+                         "or keep the flow as documentation", severity="warning", **where)
                 continue
             if src_pid not in running:
+                waits = (f"the instance waits at {flow.get('targetRef')!r} until that message is sent from outside "
+                         "(layerflow send INSTANCE_ID MESSAGE_NAME, or the REST API)" if dst is None or wanted
+                         else f"{dst.tag} {dst.id!r} waits for no message, so nothing waits for it there; draw it "
+                         "as a receive task or message catch event to wait for the message from outside")
                 self.add("message_flow_from_outside", f"message flow {fid!r} comes from pool "
-                         f"{pool_of(flow.get('sourceRef') or '', src_pid)}, which layerflow does not run: the instance "
-                         f"waits at {flow.get('targetRef')!r} until that message is sent from outside (layerflow "
-                         "send INSTANCE_ID MESSAGE_NAME, or the REST API)", severity="warning", **where)
+                         f"{pool_of(flow.get('sourceRef') or '', src_pid)}, which layerflow does not run "
+                         f"({not_run(src_pid)}): {waits}", severity="warning", **where)
                 continue
             if src is None or sent is None:
                 what = f"the border of pool {pool_of(flow.get('sourceRef') or '', src_pid)}" if src is None else \
@@ -2317,6 +2328,31 @@ class _Validator:
                 what = "payload" + (f" of bpmn:{etree.QName(owner).localname} {owner_id!r}" if owner is not None else "")
                 self._compile(el.text, "eval", el, doc.file, owner_id, "condition_syntax", tag, what=what)
 
+    def _check_nameless_messages(self, docs: list[_Doc]) -> None:
+        """SpiffWorkflow routes a message by its bpmn:message's name, and a message with no name has
+        the name None: two such messages are one to it, and each event waiting for one catches the
+        other's (a message end event meant for another pool restarts its own pool's message start)."""
+        users: dict[str, list[str]] = {}
+        for doc in docs:
+            for el in doc.root.iter():
+                if el.get("messageRef") and el.tag in (_bpmn("messageEventDefinition"), _bpmn("sendTask"),
+                                                       _bpmn("receiveTask")):
+                    owner = el.getparent() if el.tag == _bpmn("messageEventDefinition") else el
+                    users.setdefault(el.get("messageRef"), []).append(owner.get("id") or "")
+        nameless = [(m, doc) for doc in docs for m in doc.root.iter(_bpmn("message"))
+                    if not (m.get("name") or "").strip() and m.get("id") in users]
+        if len(nameless) < 2:
+            return
+        ids = [m.get("id") for m, _ in nameless]
+        for message, doc in nameless:
+            mid = message.get("id")
+            others = ", ".join(repr(o) for o in ids if o != mid)
+            self.add("message_without_name", f"bpmn:message {mid!r} (used by "
+                     f"{', '.join(map(repr, users[mid]))}) has no name, nor has {others}: SpiffWorkflow routes a "
+                     "message by its name, so these are one message to it and each event waiting for one catches "
+                     "the others; give each bpmn:message a name of its own (name=\"...\")", file=doc.file,
+                     line=message.sourceline, element_id=mid, field="name")
+
     def _check_correlations(self, doc: _Doc) -> None:
         """A correlation property's retrieval expressions, which SpiffWorkflow evaluates over a message's
         payload when the message is sent or caught: one that is not Python fails every delivery. Over
@@ -2936,15 +2972,27 @@ class _Validator:
         if len(starts) < 2 or not plain:
             return
         first = plain[0].get("id")
+        targets: dict[str, set[str]] = {}
+        for flow in scope.iterchildren(_bpmn("sequenceFlow")):
+            targets.setdefault(flow.get("sourceRef") or "", set()).add(flow.get("targetRef") or "")
+        looped = {el.get("id") for el in scope.iterchildren() if el.find(_bpmn("multiInstanceLoopCharacteristics"))
+                  is not None}
         for start in (s for s in starts if s is not plain[0]):
             sid = start.get("id")
             fix = ("to run both paths draw one start event and a parallel gateway after it" if start in plain else
                    f"to wait for {sid!r}'s trigger make it the only start event of its process, or the start of an "
                    "event sub-process")
+            # the cancelled start's path into a multi-instance activity the first start enters too breaks
+            # SpiffWorkflow's start ("Attempt to add non-predicted child to predicted task")
+            shared = sorted(targets.get(sid or "", set()) & targets.get(first or "", set()) & looped)
+            breaks = (f"; and as both enter multi-instance activity {shared[0]!r}, SpiffWorkflow cannot even "
+                      "start the process (WorkflowException: Attempt to add non-predicted child to predicted task): "
+                      f"remove {sid!r} or its flow to {shared[0]!r}" if shared else "")
             self.add("start_event_never_runs", f"start event {sid!r} never runs: {scope.get('id')!r} has "
                      f"{len(starts)} start events and SpiffWorkflow starts it at the first one to fire, {first!r} "
                      "(it has no trigger, so it fires at once), and cancels the others, here and in SpiffWorkflow; "
-                     f"{fix}", file=file, line=start.sourceline, element_id=sid, severity="warning")
+                     f"{fix}{breaks}", file=file, line=start.sourceline, element_id=sid,
+                     severity="error" if shared else "warning")
 
     def _check_no_start(self, scope: Any, file: str) -> None:
         """SpiffWorkflow starts a process or sub-process at its start event and refuses one without
@@ -3392,6 +3440,14 @@ class _Validator:
                 self._foreign_collection(loop, names, eid, tag, file)
                 found = {q: None for q in found if not q.endswith((":collection", ":elementVariable",
                                                                    ":loopCharacteristics"))}
+            else:  # a modeler's bare marker (the MIWG models): said here, before isExecutable is set
+                self.add("spiff_validation", f"SpiffWorkflow cannot load the process: bpmn:{tag} {eid!r} is a "
+                         "multi-instance activity that says neither how many instances run nor over what (a "
+                         "multi-instance task must specify a cardinality or a loop input data reference); write "
+                         "<bpmn:loopCardinality>3</bpmn:loopCardinality> (an expression over the context) or "
+                         "<bpmn:loopDataInputRef>COLLECTION</bpmn:loopDataInputRef> and <bpmn:inputDataItem "
+                         "id=\"ITEM\" name=\"ITEM\"/> in its bpmn:multiInstanceLoopCharacteristics, or remove it to "
+                         "run the step once", file=file, line=el.sourceline, element_id=eid)
         cfg = self.merged.get(eid)
         if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
@@ -4045,7 +4101,7 @@ def _call_cycle(start: str, calls: Mapping[str, list[tuple[Any, str]]]) -> list[
     return None
 
 
-_NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation")
+_NO_DATA_STORE = re.compile(r"Data Store with name (.*) has no implementation", re.DOTALL)  # a name may span lines
 
 
 def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc] | None:
