@@ -602,18 +602,18 @@ def resolve_conflicts(
                 steps.append(ResolutionStep(key, "human", "answered", reason))
                 resolved.append((conflict, Resolution(value, "human", reason)))
                 continue
-            if prior.get("timed_out"):
+            timed_out = bool(prior.get("timed_out"))
+            if timed_out:
                 # nobody decided: the join's config did (its humanConfirm default), or the suggestion
                 # that stood in for a default
                 by = _timeout_resolver(shown)
-            name = prior.get("by") if by == "human" and not prior.get("timed_out") else None
+            name = prior.get("by") if by == "human" else None
             name = name if isinstance(name, str) and name.strip() else None
-            reason = _answer_reason(shown, picked, value, timed_out=bool(prior.get("timed_out")), resolver=by,
-                                    person=name)
+            reason = _answer_reason(shown, picked, value, timed_out=timed_out, resolver=by, person=name)
             stated = prior.get("reason")  # what the person gave as their reason (REST resolve, console)
             if isinstance(stated, str) and stated.strip():
                 reason = f"{reason}: {stated.strip()}"
-            steps.append(ResolutionStep(key, by, "timed_out" if prior.get("timed_out") else "answered", reason))
+            steps.append(ResolutionStep(key, by, "timed_out" if timed_out else "answered", reason))
             resolved.append((conflict, Resolution(value, by, reason, by=name)))
             continue
         if policy is not None:
