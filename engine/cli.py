@@ -380,6 +380,17 @@ def _answers(answers_file: str | None, answer: tuple[str, ...], as_json: bool) -
     return out
 
 
+def _person(by: str | None, as_json: bool) -> str | None:
+    """``--by``: the name of the person answering, checked before anything runs."""
+    if by is None:
+        return None
+    name = by.strip()
+    if not name:
+        _fail("--by: give the name of the person answering (e.g. --by alice), or leave --by out to answer "
+              "as an unnamed person", as_json=as_json)
+    return name
+
+
 def _suggested(item: dict[str, Any]) -> Any:
     """``--yes``: the policy's (or model's) suggestion, else the configured default."""
     if item["kind"] != "confirmation":
@@ -452,6 +463,9 @@ _answers_option = click.option("--answers", "answers_file", default=None, metava
 _answer_option = click.option("--answer", "answer", multiple=True, metavar="KEY=VALUE",
                               help="answer one confirmation (ID, GATEWAY/KEY or *) or user task (a JSON object)")
 _yes_option = click.option("--yes", "yes", is_flag=True, help="take the policy's suggestion for every confirmation")
+_by_option = click.option("--by", "by", default=None, metavar="NAME",
+                          help="the person whose answers these are: the tape's actor, named in a join's resolution "
+                               "(default: a person, unnamed)")
 _model_option = click.option("--model", "model", default=None, metavar="NAME",
                              help="model for activities with llm config (litellm name); none: offline handlers")
 
@@ -518,9 +532,10 @@ def main() -> None:
 
 def _run_process(bpmn: str | list[str], config: str | None, process_id: str | None, data: dict[str, Any],
                  answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None,
-                 model: str | None, as_json: bool, data_file: str | None = None) -> None:
+                 model: str | None, as_json: bool, data_file: str | None = None, by: str | None = None) -> None:
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
+    by = _person(by, as_json)
     try:
         process = load_process(bpmn, process_id, config=config)
     except LayerflowError as err:
@@ -546,7 +561,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         if not as_json:
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:
-            instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)))
+            instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
         except StoreError as err:
@@ -739,18 +754,19 @@ def _store_name(store: str | None) -> str:
 @_answers_option
 @_answer_option
 @_yes_option
+@_by_option
 @_store_option
 @_model_option
 @_json_option
 def run(bpmn: tuple[str, ...], config: str | None, process_id: str | None, data_file: str | None,
-        answers_file: str | None, answer: tuple[str, ...], yes: bool, store: str | None, model: str | None,
-        as_json: bool) -> None:
+        answers_file: str | None, answer: tuple[str, ...], yes: bool, by: str | None, store: str | None,
+        model: str | None, as_json: bool) -> None:
     """Start an instance of BPMN and run it until it completes, waits or fails.
 
     Give every file the process needs (call activities name processes of other files):
     ``layerflow run main.bpmn called.bpmn``."""
     _run_process(list(bpmn), config, process_id, _read_mapping(data_file, "data", as_json), answers_file, answer, yes,
-                 store, model, as_json, data_file)
+                 store, model, as_json, data_file, by)
 
 
 @main.group()
@@ -766,18 +782,19 @@ def demo() -> None:
 @_answers_option
 @_answer_option
 @_yes_option
+@_by_option
 @_store_option
 @_model_option
 @_json_option
 def demo_loan(scenario: str, data_file: str | None, answers_file: str | None, answer: tuple[str, ...], yes: bool,
-              store: str | None, model: str | None, as_json: bool) -> None:
+              by: str | None, store: str | None, model: str | None, as_json: bool) -> None:
     """The loan-approval walk-through (bpmn_examples/loan_approval.bpmn)."""
     bpmn = EXAMPLES / "loan_approval.bpmn"
     if not bpmn.is_file():
         _fail(f"the demo process {bpmn} is not installed; run from a source checkout (pip install -e .)",
               as_json=as_json)
     data = _read_mapping(data_file, "data", as_json) if data_file else dict(LOAN_SCENARIOS[scenario])
-    _run_process(str(bpmn), None, None, data, answers_file, answer, yes, store, model, as_json, data_file)
+    _run_process(str(bpmn), None, None, data, answers_file, answer, yes, store, model, as_json, data_file, by)
 
 
 def _shown_url(url: str | None) -> str:
@@ -824,6 +841,7 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
 @_answers_option
 @_answer_option
 @_yes_option
+@_by_option
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="write a corrected value (JSON, else text) into the failed activity's context before retrying")
 @click.option("--context", "context_name", metavar="NAME",
@@ -832,11 +850,13 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
 @_store_option
 @_model_option
 @_json_option
-def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], yes: bool, sets: tuple[str, ...],
-           context_name: str | None, store: str | None, model: str | None, as_json: bool) -> None:
+def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], yes: bool, by: str | None,
+           sets: tuple[str, ...], context_name: str | None, store: str | None, model: str | None,
+           as_json: bool) -> None:
     """Continue a waiting instance, or retry the failed activity of one in error."""
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
+    by = _person(by, as_json)
     engine = _engine(store, model, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
@@ -904,7 +924,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 for key, value in answers["confirmations"].items():
                     if any(c["id"] == key and not c.get("answered") for c in instance.confirmations):
                         try:
-                            instance = engine.answer_confirmation(instance, key, value, run=False)
+                            instance = engine.answer_confirmation(instance, key, value, run=False, actor=by or "person",
+                                                                 by=by)
                         except InvalidAnswer:
                             raise  # reported below, once the instance is as it was
                         except ActivityError as err:  # not an offered option: nothing was applied
@@ -912,7 +933,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                         except LayerflowError as err:
                             _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
                 instance = engine.resume(instance, answers=answers,
-                                         ask=_asker(out, yes, bool(answers_file or answer)))
+                                         ask=_asker(out, yes, bool(answers_file or answer)), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:
