@@ -80,7 +80,7 @@ from context_layers.stores import ConfirmationAnswered
 from context_layers.tape import EventKind, kind_names, matches_kind
 
 from . import forms, spiff
-from .gateway_steps import ENGINE_KEY_RULE, is_engine_key, short
+from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, check_answer_keys, refuse_if_cancelled
@@ -1491,7 +1491,17 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _open_of(instance_id: str, version: int, confirmations: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**c, "instance_id": instance_id, "version": version} for c in confirmations if not c.get("answered")]
+    """The open ones, each with its instance and version and, while its timeout runs (``deadline``,
+    epoch seconds by the engine's clock), ``due``: that moment in ISO 8601 UTC, as ``waiting_for`` gives it."""
+    return [{**c, "instance_id": instance_id, "version": version, **_due_of(c)}
+            for c in confirmations if not c.get("answered")]
+
+
+def _due_of(confirmation: Mapping[str, Any]) -> dict[str, str]:
+    deadline = _deadline(confirmation)
+    if deadline is None or confirmation.get("escalated") or "due" in confirmation:
+        return {}  # escalated: it waits for a person now, no longer for a clock
+    return {"due": datetime.fromtimestamp(float(deadline), timezone.utc).isoformat()}
 
 
 def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict_key: str | None,

@@ -1,7 +1,11 @@
-"""``--by NAME`` on ``run``, ``demo loan`` and ``resume``: the CLI names the person whose answers these are,
+"""Gaps closed in round 20 (b).
+
+(a) ``--by NAME`` on ``run``, ``demo loan`` and ``resume``: the CLI names the person whose answers these are,
 as REST's ``user`` and ``Engine.run/resume/answer_confirmation(by=...)`` do. The join's resolution says
 ``by`` and its reason names them, the tape's ``human_decision`` note and a user task's writes have them as
 their actor; without ``--by`` the answer stays an unnamed person's; ``--yes`` stays unattended whoever runs it.
+(b) ``GET /api/confirmations`` gives an open confirmation with a timeout its ``due`` (ISO 8601 UTC) beside
+the epoch ``deadline``.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from engine import Engine
 
@@ -79,3 +85,24 @@ def test_an_empty_by_is_bad_input_and_nothing_starts(cli: Any) -> None:
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "--by: give the name of the person answering" in result.stderr, result.stderr
     assert Engine(os.environ["LAYERFLOW_STORE"]).store.list_instances() == []
+
+
+def test_an_open_confirmation_with_a_deadline_is_listed_with_its_iso_due(tmp_path: Path) -> None:
+    """GET /api/confirmations: a confirmation with a timeout gives ``due`` (ISO 8601 UTC) beside its epoch
+    ``deadline``, the same moment ``waiting_for`` names."""
+    from datetime import datetime
+
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+    from governance_helpers import LOAN_CONFLICT, TOKEN, make_catalog
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app("memory://", make_catalog(tmp_path), TOKEN)) as client:
+        started = client.post("/api/instances", json={"process_id": "loan_approval", "data": LOAN_CONFLICT},
+                              headers=auth).json()
+        [pending] = client.get("/api/confirmations", headers=auth).json()
+        doc = client.get(f"/api/instances/{started['instance_id']}", headers=auth).json()
+    assert datetime.fromisoformat(pending["due"]).timestamp() == pytest.approx(pending["deadline"]), pending
+    [waiting] = [w for w in doc["waiting_for"] if w["kind"] == "confirmation"]
+    assert pending["due"] == waiting["due"], (pending, waiting)
