@@ -1,0 +1,136 @@
+"""Gaps closed in round 20.
+
+(a) Start data the process refuses (not a JSON object, a SYSTEM key, an engine record's key, a value its
+    start form refuses) is refused before the store or the queue is opened: ``run`` / ``demo loan`` with
+    ``--store sqlite:///X`` make no file, with ``--store redis://...`` write no key, and ``submit`` puts
+    nothing on the queue; with a bad ``--store`` too, the data's error is the one reported
+    (``engine.runtime.check_start``, shared by the three and by ``Engine.start``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from engine.cli import main
+
+from engine_helpers import LOAN, redis_scratch
+
+REDIS = "redis://127.0.0.1:6379/10"
+ORDER_INTAKE = Path(__file__).resolve().parent / "fixtures" / "start_forms" / "order_intake.bpmn"
+
+# (process, --data, what the error names): each refused by the checks a start makes
+BAD_STARTS = {
+    "not_an_object": (LOAN, "[1, 2]", "must hold an object"),
+    "system_key": (LOAN, '{"policy": "anything goes"}', "'policy'"),
+    "record_key": (LOAN, '{"activity:forged": 1}', "'activity:forged'"),
+    "start_form": (ORDER_INTAKE, '{"customer": "Acme", "quantity": 0}', "quantity"),
+}
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def _refused(result: Any, named: str) -> dict[str, Any]:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    error: dict[str, Any] = json.loads(result.stdout)["error"]
+    assert named in error["message"], error
+    assert "store" not in error["kind"], error      # the data's error, not the store's
+    return error
+
+
+def _command(command: str, process: Path, data: str) -> list[str]:
+    """``run PROCESS``, ``demo loan`` (the loan process only) or ``submit PROCESS`` with ``--data``."""
+    if command == "demo":
+        assert process == LOAN
+        return ["demo", "loan", "--data", data]
+    return [command, str(process), "--data", data]
+
+
+def _cases() -> list[Any]:
+    return [pytest.param(command, *BAD_STARTS[name], id=f"{command}-{name}")
+            for command in ("run", "demo", "submit") for name in BAD_STARTS
+            if command != "demo" or BAD_STARTS[name][0] == LOAN]
+
+
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    with redis_scratch(REDIS, "gaps20") as prefix:
+        yield prefix
+
+
+def _keys(prefix: str) -> list[bytes]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    try:
+        return sorted(client.scan_iter(match=f"{prefix}*", count=1000))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(("command", "process", "data", "named"), _cases())
+def test_refused_start_data_makes_no_sqlite_file_and_queues_nothing(tmp_path: Path, redis_prefix: str, command: str,
+                                                                    process: Path, data: str, named: str) -> None:
+    db = tmp_path / "never.db"
+    queue = ["--queue", REDIS, "--stream", f"{redis_prefix}-ready"] if command == "submit" else []
+    _refused(_cli(*_command(command, process, data), "--store", f"sqlite:///{db}", *queue, "--json"), named)
+    assert not db.exists() and list(tmp_path.iterdir()) == []
+    assert _keys(redis_prefix) == []                 # submit made no stream, queued no id
+
+
+@pytest.mark.parametrize(("command", "process", "data", "named"), _cases())
+def test_refused_start_data_writes_no_redis_key(redis_prefix: str, command: str, process: Path, data: str,
+                                               named: str) -> None:
+    store = f"{REDIS}?prefix={redis_prefix}"
+    extra = ["--stream", f"{redis_prefix}-ready"] if command == "submit" else []
+    _refused(_cli(*_command(command, process, data), "--store", store, *extra, "--json"), named)
+    assert _keys(redis_prefix) == []
+
+
+@pytest.mark.parametrize(("command", "process", "data", "named"), _cases())
+@pytest.mark.parametrize("store", ["bogus://nowhere", "sqlite:///{tmp}/no/such/folder/x.db"])
+def test_with_a_bad_store_too_the_data_error_is_reported(tmp_path: Path, command: str, process: Path, data: str,
+                                                         named: str, store: str) -> None:
+    _refused(_cli(*_command(command, process, data), "--store", store.format(tmp=tmp_path), "--json"), named)
+
+
+def test_good_data_still_starts_on_each_path(tmp_path: Path, redis_prefix: str) -> None:
+    """The check refuses only what the start refuses: the same commands with good data create the instance."""
+    db = tmp_path / "runs.db"
+    good = '{"customer": "Acme", "quantity": 2}'
+    ran = _cli("run", str(ORDER_INTAKE), "--data", good, "--store", f"sqlite:///{db}", "--json")
+    assert ran.exit_code == 3 and json.loads(ran.stdout)["status"] == "waiting", ran.stdout
+    demo = _cli("demo", "loan", "--scenario", "fast", "--store", f"sqlite:///{db}", "--json")
+    assert demo.exit_code == 0, demo.stdout
+    submitted = _cli("submit", str(ORDER_INTAKE), "--data", good, "--store", f"{REDIS}?prefix={redis_prefix}",
+                     "--stream", f"{redis_prefix}-ready", "--json")
+    assert submitted.exit_code == 0, (submitted.stdout, submitted.stderr)
+    assert len(json.loads(submitted.stdout)["instance_ids"]) == 1
+    assert f"{redis_prefix}-ready".encode() in _keys(redis_prefix)
+
+
+def test_python_submit_checks_the_data_before_it_opens_the_store_or_the_queue(tmp_path: Path,
+                                                                               redis_prefix: str) -> None:
+    from context_layers.errors import ContextWriteDenied
+    from engine import load_process
+    from engine.runtime import check_start
+    from engine.worker import submit
+
+    db = tmp_path / "never.db"
+    with pytest.raises(ContextWriteDenied, match="'policy'"):
+        submit(f"sqlite:///{db}", LOAN, {"policy": "anything goes"}, queue_url=REDIS, stream=f"{redis_prefix}-ready")
+    assert not db.exists() and _keys(redis_prefix) == []
+    process = load_process(LOAN)
+    with pytest.raises(ContextWriteDenied, match="'activity:forged'"):
+        check_start(process, {"activity:forged": 1})
+    check_start(process, {"amount": 1})            # good data: no error, nothing to open
+    with pytest.raises(TypeError, match="loaded already"):
+        submit(f"sqlite:///{db}", process, {}, process_id="loan_approval")
+    assert not db.exists()
