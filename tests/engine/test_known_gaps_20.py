@@ -5,11 +5,15 @@
     ``--store sqlite:///X`` make no file, with ``--store redis://...`` write no key, and ``submit`` puts
     nothing on the queue; with a bad ``--store`` too, the data's error is the one reported
     (``engine.runtime.check_start``, shared by the three and by ``Engine.start``).
+(b) A store's ``get_snapshot`` asked for an engine snapshot (``snap:CONTEXT:SEQ``: a split's base, ``layerflow
+    snapshot``), which lives on the tape and not among the stored snapshots, says so and gives the exact
+    ``layerflow replay ID --until SEQ`` that rebuilds it; the command given does.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,3 +138,49 @@ def test_python_submit_checks_the_data_before_it_opens_the_store_or_the_queue(tm
     with pytest.raises(TypeError, match="loaded already"):
         submit(f"sqlite:///{db}", process, {}, process_id="loan_approval")
     assert not db.exists()
+
+
+# ----- (b) an engine snapshot id given to the store's get_snapshot ----------------------------------------------
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+def test_get_snapshot_of_an_engine_snapshot_gives_the_replay_that_rebuilds_it(tmp_path: Path, redis_prefix: str,
+                                                                               backend: str) -> None:
+    from context_layers import Layer
+    from context_layers.errors import ContextKeyError
+    from engine import Engine
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}" if backend == "sqlite" else f"{REDIS}?prefix={redis_prefix}"
+    started = _cli("demo", "loan", "--store", store, "--json")       # waits at the join's confirmation
+    assert started.exit_code == 3, started.stdout
+    iid = json.loads(started.stdout)["instance_id"]
+    engine = Engine(store)
+    instance = engine.load(iid)
+    branch = next(name for name in instance.contexts if name != "main")
+    for name in ("main", branch):
+        ctx = instance.contexts[name]
+        snapshot_id, snap = list(ctx.snapshots.items())[-1]
+        seq = int(snapshot_id.rpartition(":")[2])
+        with pytest.raises(ContextKeyError) as caught:
+            engine.store.get_snapshot(iid, snapshot_id)
+        message = str(caught.value)
+        assert caught.value.kind == "not_found" and "lives on the tape" in message and repr(name) in message, message
+        command = message.split("`")[1]
+        context = [] if name == "main" else ["--context", name]
+        assert shlex.split(command) == ["layerflow", "replay", iid, "--until", str(seq), *context], message
+        rebuilt = _cli(*shlex.split(command)[1:], "--store", store, "--json")
+        assert rebuilt.exit_code == 0, rebuilt.stdout
+        assert json.loads(rebuilt.stdout)["layers"] == {
+            str(layer): json.loads(json.dumps(dict(snap.layer(layer)))) for layer in Layer}
+
+
+def test_get_snapshot_of_an_id_no_engine_gives_keeps_its_message() -> None:
+    from context_layers.errors import ContextKeyError
+    from context_layers.stores import open_store
+
+    store = open_store("memory://")
+    store.create({"id": "i1", "process_id": "p", "status": "running"})
+    store.put_snapshot("i1", "mine", {"seq": 0, "layers": {}})
+    for asked in ("nope", "snap:main", "snap:main:x"):
+        with pytest.raises(ContextKeyError, match=r"is not stored for instance 'i1' \(stored: mine\); "
+                                                  r"list_snapshots\(\) shows them all$"):
+            store.get_snapshot("i1", asked)
