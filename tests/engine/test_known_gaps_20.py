@@ -8,6 +8,9 @@
 (b) A store's ``get_snapshot`` asked for an engine snapshot (``snap:CONTEXT:SEQ``: a split's base, ``layerflow
     snapshot``), which lives on the tape and not among the stored snapshots, says so and gives the exact
     ``layerflow replay ID --until SEQ`` that rebuilds it; the command given does.
+(c) Pinned: every REST path that answers a join's confirmation answers 400 ``invalid_answer`` for an answer
+    that is not among the conflict's allowed values (a typo, or a ``humanConfirm`` option of another JSON type
+    than the conflict's values), as the README says, naming the join, the key and the option, nothing applied.
 """
 
 from __future__ import annotations
@@ -184,3 +187,60 @@ def test_get_snapshot_of_an_id_no_engine_gives_keeps_its_message() -> None:
         with pytest.raises(ContextKeyError, match=r"is not stored for instance 'i1' \(stored: mine\); "
                                                   r"list_snapshots\(\) shows them all$"):
             store.get_snapshot("i1", asked)
+
+
+# ----- (c) REST: an answer outside the confirmation's allowed values is 400 invalid_answer ---------------------
+
+# each REST way to answer the score conflict (3 against 7; the join's humanConfirm offers numbers 5 and 5.5 for it,
+# and the strings needs_review / on_hold, labelled "hold", only for the verdict conflict)
+ANSWER_ROUTES = {
+    "confirmation": lambda iid, value: ("/api/confirmations/merge/score", {"value": value}),
+    "confirmation_of_instance": lambda iid, value: ("/api/confirmations/merge/score",
+                                                    {"instance_id": iid, "answer": value, "user": "ann"}),
+    "resolve_by_id": lambda iid, value: ("/api/context-governance/resolve", {
+        "instance_id": iid, "confirmation_id": "merge/score", "resolution": value, "reason": "r"}),
+    "resolve_by_key": lambda iid, value: ("/api/context-governance/resolve", {
+        "instance_id": iid, "conflict_key": "score", "resolution": value, "reason": "r"}),
+    "resume": lambda iid, value: (f"/api/instances/{iid}/resume",
+                                  {"answers": {"confirmations": {"merge/score": value}}}),
+}
+# (answer, what the refusal names): a typo, an unfit option by its value and by its label
+REFUSED_ANSWERS = [("nonsense", ["'nonsense'", "3, 7, 5, 5.5"]),
+                   ("needs_review", ["'merge'", "'score'", 'option "needs_review"', "a string", "number"]),
+                   ("hold", ["'merge'", "'score'", 'option "on_hold"', "a string", "number"])]
+
+
+def test_the_readme_promises_400_invalid_answer_for_an_option_a_conflict_was_not_offered() -> None:
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8").split())
+    promise = readme.index("an answer that picks one a conflict was not offered is bad input")
+    assert "REST 400 `invalid_answer`" in readme[promise:promise + 200]
+
+
+@pytest.mark.parametrize("route", sorted(ANSWER_ROUTES))
+@pytest.mark.parametrize(("answer", "named"), REFUSED_ANSWERS, ids=[a for a, _ in REFUSED_ANSWERS])
+def test_rest_refuses_an_answer_outside_the_allowed_values_with_400_invalid_answer(tmp_path: Path, route: str,
+                                                                                   answer: str,
+                                                                                   named: list[str]) -> None:
+    from test_known_gaps_15 import AUTH as GAPS15_AUTH
+    from test_known_gaps_15 import OPTIONS, VOTE, _client
+
+    client = _client(tmp_path, VOTE, "vote", OPTIONS)
+    started = client.post("/api/instances", json={"process_id": "vote"}, headers=GAPS15_AUTH).json()
+    iid = started["instance_id"]
+    assert started["status"] == "waiting"
+    path, body = ANSWER_ROUTES[route](iid, answer)
+    refused = client.post(path, json=body, headers=GAPS15_AUTH)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["kind"] == "invalid_answer", error
+    for word in named:
+        assert word in error["message"], (word, error)
+    after = client.get(f"/api/instances/{iid}", headers=GAPS15_AUTH).json()
+    assert (after["status"], after["version"], after["tape_length"]) == ("waiting", started["version"],
+                                                                          started["tape_length"])
+    assert {c["id"] for c in client.get("/api/confirmations", headers=GAPS15_AUTH).json()} == {"merge/verdict",
+                                                                                              "merge/score"}
+    # an allowed value on the same route is taken
+    path, body = ANSWER_ROUTES[route](iid, 5.5)
+    assert client.post(path, json=body, headers=GAPS15_AUTH).status_code == 200
+    assert {c["id"] for c in client.get("/api/confirmations", headers=GAPS15_AUTH).json()} == {"merge/verdict"}
