@@ -36,7 +36,7 @@ from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
-from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended,
+from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
                       refuse_if_cancelled, refuse_late_answers)
 from .store import default_store_url, open_store
 
@@ -544,20 +544,14 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     _answers_naming_nothing(process, answers, [item.partition("=")[0] for item in answer], as_json)
     _user_task_answers_are_objects(process, answer, as_json)
     _unmatchable_confirmations(out, process, answers, answers_file, answer)
+    check_start_data(process, data, data_file, as_json)
     engine = _engine(store, model, out, as_json)
     # the new instance's lease is held from before it exists until the command ends, as `resume`
     # holds it: a `resume`, worker or REST request that learns the id meanwhile leaves it alone
     # instead of running the same activities beside this command
     instance_id = uuid.uuid4().hex[:12]
     with _holding(engine, instance_id, as_json):
-        try:
-            instance = engine.start(process, data, instance_id=instance_id)
-        except StoreError:
-            raise  # the store, not the data: exit 1 with the store's message (_Command)
-        except (ContextWriteDenied, LayerflowError) as err:
-            where = _source_name(data_file, "data") if data_file else "initial data"
-            _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"),
-                  details=start_data_details(err), process_id=process.id)
+        instance = engine.start(process, data, instance_id=instance_id)  # its data passed check_start_data
         if not as_json:
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:
@@ -571,6 +565,18 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
+
+
+def check_start_data(process: Any, data: Mapping[str, Any], data_file: str | None, as_json: bool) -> None:
+    """The start's checks (``engine.runtime.check_start``) before ``run``, ``demo`` or ``submit`` opens the
+    store or the queue: refused data is bad input (exit 2) that leaves no empty sqlite file, no Redis key
+    and nothing queued behind, and is the error reported when the store named cannot be used either."""
+    try:
+        check_start(process, data)
+    except (ContextWriteDenied, LayerflowError) as err:
+        where = _source_name(data_file, "data") if data_file else "initial data"
+        _fail(f"{where}: {err}", as_json=as_json, kind=getattr(err, "kind", "bad_input"),
+              details=start_data_details(err), process_id=process.id)
 
 
 def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:

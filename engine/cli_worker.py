@@ -19,8 +19,9 @@ from click.core import ParameterSource
 from context_layers.errors import LayerflowError
 from context_layers.stores import open_store
 
-from .cli import (EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, json_stdout, main,
-                  start_data_details)
+from .cli import (EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, check_start_data,
+                  json_stdout, main, start_data_details)
+from .process import load_process
 from .store import default_store_url
 from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, DEFAULT_STREAM, dead_letters, dead_stream_of,
                      queue_client, queue_error, requeue, run_worker, submit)
@@ -179,10 +180,14 @@ def submit_command(bpmn: tuple[str, ...], config: str | None, process_id: str | 
     file, then the files of the processes it calls, as `layerflow run main.bpmn called.bpmn`)."""
     data = _read_mapping(data_file, "data", as_json)
     try:
+        process = load_process(list(bpmn), process_id, config=config)
+    except LayerflowError as err:
+        _fail(str(err), as_json=as_json, kind=err.kind)
+    check_start_data(process, data, data_file, as_json)  # before the store or the queue is opened
+    try:
         target = open_store(_shared_store(store, "submit", as_json))
         client = queue_client(target.url, queue)
-        ids = [submit(target, list(bpmn), data, config=config, process_id=process_id, stream=stream, group=group,
-                      client=client) for _ in range(count)]
+        ids = [submit(target, process, data, stream=stream, group=group, client=client) for _ in range(count)]
     except LayerflowError as err:
         refused = getattr(err, "process_id", None)  # start data a start form refused names its process
         _fail(str(err), as_json=as_json, kind=err.kind, details=start_data_details(err),

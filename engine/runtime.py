@@ -349,48 +349,7 @@ class Engine:
         """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
         ``data_layers`` says) and save it, in ``store`` (a URL or a store) when given, else
         in the engine's. ``run`` advances it."""
-        if data is not None and not isinstance(data, Mapping):  # a caller's programming slip: a plain TypeError
-            raise TypeError(f"Engine.start: initial data must be a mapping of context keys to values (a JSON "
-                            f"object), got {type(data).__name__}")
-        data = _checked_start_data(process, data)
-        ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
-        if data:
-            # One event for all initial data. The layers' rules still hold: SYSTEM keys are
-            # refused, PROCESS only gains keys.
-            system = ctx.layer(Layer.SYSTEM)
-            clash = [k for k in data if k in system]
-            if clash:
-                raise ContextWriteDenied(clash[0], process.data_layers.get(clash[0], Layer.PROCESS), Layer.SYSTEM,
-                                         "initial data cannot replace a SYSTEM key from the config's system:")
-            if MERGED_CONFLICTS_KEY in data:
-                # the joins append their conflicts to it (in WORKING): held in PROCESS, that log
-                # would be lost; a branch marker's name (_branch_id) stays the data's own key
-                layer = process.data_layers.get(MERGED_CONFLICTS_KEY, Layer.PROCESS)
-                raise ContextWriteDenied(MERGED_CONFLICTS_KEY, layer, layer, "the engine keeps this key: every "
-                                         "parallel join logs its conflicts in it; initial data cannot set it, rename "
-                                         "the key")
-            records = [k for k in data if k.startswith((*ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX))]
-            if records:
-                # read before HISTORY (reads go L0 to L5), such a key would stand in for the record the
-                # engine or the compressor writes (a forged audit entry), or for the passage the
-                # retrieval finds (whose write it would then refuse: PROCESS is append-only)
-                layer = process.data_layers.get(records[0], Layer.PROCESS)
-                raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:', 'event:' or "
-                                         "'compaction:' are HISTORY's records, written by the engine and the "
-                                         "compressor, and 'kb:' keys the retrieval's passages; initial data cannot "
-                                         "set them, rename the key")
-            ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
-                              kind="input", actor="input")
-        try:
-            wf = spiff.new_workflow(process.spec, process.subprocess_specs)
-        except RecursionError:
-            # SpiffWorkflow predicts the steps ahead of a new instance and stops only at a gateway
-            # that decides; validate refuses the shape (loop_without_gateway), this is for a process
-            # loaded without validation
-            raise ProcessError(f"process {process.id!r}: SpiffWorkflow cannot start an instance of it (a "
-                               "RecursionError while it predicts the steps ahead): a loop that passes no exclusive, "
-                               "inclusive or event-based gateway does this; run `layerflow validate` on "
-                               f"{', '.join(process.paths) or 'its BPMN'} to find it") from None
+        ctx, wf = _prepared_start(process, data)
         instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx})
         _Runtime(self, instance)
         if store is not None:
@@ -1251,6 +1210,65 @@ def check_user_task_keys(target: Instance | Process, keys: Iterable[str], *, sou
                         f"task ({', '.join(map(repr, tasks)) or 'the process has none'}) or, on resume, "
                         f"by its waiting_for id{' (' + ', '.join(sorted(waiting)) + ')' if waiting else ''}. "
                         "Nothing was run or saved")
+
+
+def check_start(process: Process, data: Mapping[str, Any] | None = None) -> None:
+    """Everything ``Engine.start(process, data)`` checks before it creates the instance, with no store
+    opened, read or written: the data against the start event's form and the process's data inputs
+    (``StartDataInvalid``, ``StartInputsMissing``), the layers' rules (``ContextWriteDenied``: a SYSTEM key,
+    an engine record's key, a key ``data_layers`` sends where it is refused) and whether SpiffWorkflow
+    can start the process (``ProcessError``). The CLI's ``run``, ``demo`` and ``submit`` and
+    ``engine.worker.submit`` call it first, so refused data leaves no empty sqlite file, no Redis key and
+    nothing on the queue behind, and is the error reported even when the store named is unusable too."""
+    _prepared_start(process, data)
+
+
+def _prepared_start(process: Process, data: Mapping[str, Any] | None) -> tuple[LayeredContext, Any]:
+    """The new instance's main context (SYSTEM, then the start data as one ``input`` event) and its
+    workflow, or the error that refuses the start (``check_start``)."""
+    if data is not None and not isinstance(data, Mapping):  # a caller's programming slip: a plain TypeError
+        raise TypeError(f"Engine.start: initial data must be a mapping of context keys to values (a JSON "
+                        f"object), got {type(data).__name__}")
+    data = _checked_start_data(process, data)
+    ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
+    if data:
+        # One event for all initial data. The layers' rules still hold: SYSTEM keys are
+        # refused, PROCESS only gains keys.
+        system = ctx.layer(Layer.SYSTEM)
+        clash = [k for k in data if k in system]
+        if clash:
+            raise ContextWriteDenied(clash[0], process.data_layers.get(clash[0], Layer.PROCESS), Layer.SYSTEM,
+                                     "initial data cannot replace a SYSTEM key from the config's system:")
+        if MERGED_CONFLICTS_KEY in data:
+            # the joins append their conflicts to it (in WORKING): held in PROCESS, that log
+            # would be lost; a branch marker's name (_branch_id) stays the data's own key
+            layer = process.data_layers.get(MERGED_CONFLICTS_KEY, Layer.PROCESS)
+            raise ContextWriteDenied(MERGED_CONFLICTS_KEY, layer, layer, "the engine keeps this key: every "
+                                     "parallel join logs its conflicts in it; initial data cannot set it, rename "
+                                     "the key")
+        records = [k for k in data if k.startswith((*ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX))]
+        if records:
+            # read before HISTORY (reads go L0 to L5), such a key would stand in for the record the
+            # engine or the compressor writes (a forged audit entry), or for the passage the
+            # retrieval finds (whose write it would then refuse: PROCESS is append-only)
+            layer = process.data_layers.get(records[0], Layer.PROCESS)
+            raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:', 'event:' or "
+                                     "'compaction:' are HISTORY's records, written by the engine and the "
+                                     "compressor, and 'kb:' keys the retrieval's passages; initial data cannot "
+                                     "set them, rename the key")
+        ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
+                          kind="input", actor="input")
+    try:
+        wf = spiff.new_workflow(process.spec, process.subprocess_specs)
+    except RecursionError:
+        # SpiffWorkflow predicts the steps ahead of a new instance and stops only at a gateway
+        # that decides; validate refuses the shape (loop_without_gateway), this is for a process
+        # loaded without validation
+        raise ProcessError(f"process {process.id!r}: SpiffWorkflow cannot start an instance of it (a "
+                           "RecursionError while it predicts the steps ahead): a loop that passes no exclusive, "
+                           "inclusive or event-based gateway does this; run `layerflow validate` on "
+                           f"{', '.join(process.paths) or 'its BPMN'} to find it") from None
+    return ctx, wf
 
 
 def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | None, *,

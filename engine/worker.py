@@ -103,8 +103,8 @@ from context_layers.errors import ContextKeyError, LayerflowError, VersionConfli
 from context_layers.stores import InstanceNotFound, InstanceRecords, Store, StoreError, StoreUnavailable, open_store
 
 from .leases import Heartbeat, LeaseLost
-from .process import load_process
-from .runtime import Engine
+from .process import Process, load_process
+from .runtime import Engine, check_start
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
@@ -395,20 +395,29 @@ def _engine(store: Store, handlers: Mapping[str, Any] | None, model: str | None)
     return Engine(InstanceRecords(store), handlers, model=model)
 
 
-def submit(store_url: str | Store, process_path: str | Path | Iterable[str | Path], data: Mapping[str, Any] | None = None, *,
+def submit(store_url: str | Store, process_path: str | Path | Iterable[str | Path] | Process,
+           data: Mapping[str, Any] | None = None, *,
            config: str | Path | None = None, process_id: str | None = None, instance_id: str | None = None,
            queue_url: str | None = None, stream: str = DEFAULT_STREAM, group: str = DEFAULT_GROUP,
            client: Any = None) -> str:
     """Create an instance of ``process_path`` (a BPMN file, or the files of a process and of the ones it
-    calls, as ``load_process`` takes them) in the store (status ``running``, version 1)
-    and put its id on the stream; returns the instance id.
+    calls, as ``load_process`` takes them; or a ``Process`` loaded already) in the store (status
+    ``running``, version 1) and put its id on the stream; returns the instance id.
 
-    Created first, queued second: a crash in between leaves a ``running`` instance that
-    no worker was told about; ``enqueue`` it again (a duplicate entry is harmless, it is
-    acknowledged once the instance is at rest).
+    The process and its start data are checked first (``check_start``): refused data raises before the
+    store or the queue is opened, with nothing written to either. Created first, queued second: a crash
+    in between leaves a ``running`` instance that no worker was told about; ``enqueue`` it again (a
+    duplicate entry is harmless, it is acknowledged once the instance is at rest).
     """
+    if isinstance(process_path, Process):
+        if config is not None or process_id is not None:
+            raise TypeError("submit: config= and process_id= choose what load_process loads; a Process given "
+                            "is loaded already, pass neither")
+        process = process_path
+    else:
+        process = load_process(process_path, process_id, config=config)
+    check_start(process, data)
     store = _store(store_url)
-    process = load_process(process_path, process_id, config=config)
     client = client or queue_client(store.url, queue_url)
     try:
         _ensure_group(client, stream, group)  # the queue answers before anything is created

@@ -50,12 +50,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
+import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from json.encoder import encode_basestring
 from typing import Any, Protocol, TypedDict, runtime_checkable
+from urllib.parse import quote
 
 from ..canonical import json_equal
 from ..errors import ContextKeyError, LayerflowError, VersionConflict
@@ -187,10 +190,29 @@ def tape_gap(instance_id: str, context: str, first_seq: int, last_seq: int) -> T
         "reload the instance and append only the events after its stored tape")
 
 
+#: the id a context gives its own snapshots (``LayeredContext.next_snapshot_id``): a split's base,
+#: ``layerflow snapshot``, a compression's undo point. They are tape events, never put in the store.
+ENGINE_SNAPSHOT_ID = re.compile(r"snap:(?P<context>.+):(?P<seq>\d+)")
+
+
 def snapshot_not_found(instance_id: str, snapshot_id: str, known: Iterable[str]) -> ContextKeyError:
     names = sorted(known)
-    return ContextKeyError(f"snapshot {snapshot_id!r} is not stored for instance {instance_id!r} "
-                           f"(stored: {', '.join(names[-5:]) or 'none'}); list_snapshots() shows them all")
+    stored = f"(stored: {', '.join(names[-5:]) or 'none'})"
+    engine = ENGINE_SNAPSHOT_ID.fullmatch(snapshot_id)
+    if engine is None:
+        return ContextKeyError(f"snapshot {snapshot_id!r} is not stored for instance {instance_id!r} {stored}; "
+                               "list_snapshots() shows them all")
+    # asked for the engine's kind of snapshot: say where it is and the command that rebuilds it
+    context, seq = engine["context"], int(engine["seq"])
+    command = f"layerflow replay {shlex.quote(instance_id)} --until {seq}"
+    if context != "main":
+        command += f" --context {shlex.quote(context)}"
+    return ContextKeyError(
+        f"snapshot {snapshot_id!r} of instance {instance_id!r} is an engine snapshot (a split's base, one "
+        f"layerflow snapshot took, a compression's undo point): it lives on the tape of context {context!r}, at #{seq}, not among "
+        f"the snapshots put_snapshot stores {stored}. Rebuild it from the tape: `{command}` (REST: GET "
+        f"/api/instances/{quote(instance_id, safe='')}/replay?context={quote(context, safe='')}&until={seq}; "
+        f"Python: engine.load({instance_id!r}).contexts[{context!r}].get_snapshot({snapshot_id!r}))")
 
 
 def confirmation_answered(stored: Mapping[str, Any]) -> ConfirmationAnswered:
