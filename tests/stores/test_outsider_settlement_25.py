@@ -239,9 +239,8 @@ def test_the_server_and_the_cli_see_what_the_workers_ran(day):
     assert statuses == dict.fromkeys(ids, "completed")
     out = cli("list", "--store", day.store, "--json")
     assert out.exit_code == 0, out.output
-    rows = json.loads(out.stdout)
-    rows = rows["instances"] if isinstance(rows, dict) else rows
-    assert ids <= {r.get("id") or r.get("instance_id") for r in rows}
+    listed_by_cli = {r["instance_id"]: r["status"] for r in json.loads(out.stdout)}
+    assert {iid: listed_by_cli[iid] for iid in ids} == dict.fromkeys(ids, "completed")
 
 
 def test_a_missed_entry_target_is_in_the_compression_notes(day):
@@ -352,8 +351,11 @@ def test_a_late_answer_to_a_completed_instance_gets_advice_that_holds(day, value
     message = body["message"]
     assert f"Instance {iid} is completed: nothing runs again" in message and "no rollback" not in message
     assert f"layerflow rollback {iid} SNAPSHOT_ID" in message and "POST /api/context-governance/rollback" in message
+    # by its id alone: T-BREAK's confirmation has that id too, and ops answered it
+    answered = day.answered()["instance_id"]
     by_id = day.http.post(f"/api/confirmations/{CONFIRMATION}", json={"value": value})
-    assert by_id.status_code in (400, 409), by_id.text  # T-BREAK was answered under the same id
+    assert by_id.status_code == 409 and by_id.json()["error"]["kind"] == "already_answered", by_id.text
+    assert f"answered already in instances {', '.join(sorted([iid, answered]))}" in by_id.json()["error"]["message"]
 
 
 def test_the_advised_rollback_works_on_the_completed_instance(day):
