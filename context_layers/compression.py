@@ -337,7 +337,7 @@ class RuleDrivenCompressor:
                                   attention_after=before, missing_paths=missing, target_tokens=target,
                                   target_met=_met(scope.tokens, len(original), target, entry_target),
                                   rules=_rule_report(rules, counts), source=source,
-                                  notes=self._unmet(seg, target, scope.tokens))
+                                  notes=self._unmet(seg, target, scope.tokens, entry_target, len(original)))
 
         snap = ctx.snapshot(label="before compress", actor=actor)
         if record is not None and compaction_key is not None and snap.id != predicted_id:
@@ -366,21 +366,29 @@ class RuleDrivenCompressor:
             missing_paths=missing, compaction_key=compaction_key, target_tokens=target,
             target_met=_met(tokens_after, len(ctx.layer(Layer.HISTORY)), target, entry_target),
             folded=folded, dropped=list(dropped), rules=_rule_report(rules, counts), event_seq=event.seq,
-            source=source, notes=[*self._unmet(seg, target, tokens_after),
+            source=source, notes=[*self._unmet(seg, target, tokens_after, entry_target, len(ctx.layer(Layer.HISTORY))),
                                   *_grew(record is not None, scope.tokens, tokens_after, len(original),
                                          len(ctx.layer(Layer.HISTORY)))])
 
-    def _unmet(self, seg: Segments, target: int | None, tokens: int) -> list[str]:
-        """Why a token target was not met: without it a caller sees ``target_met: false``
-        and an unchanged HISTORY, and cannot tell what would help."""
-        if target is None or tokens <= target:
-            return []
+    def _unmet(self, seg: Segments, target: int | None, tokens: int, entry_target: int | None = None,
+               entries: int = 0) -> list[str]:
+        """Why a token or entry target was not met: without it a caller sees ``target_met: false``
+        and cannot tell by how much, nor what would help."""
         kept = [key.split(":", 1)[-1] for key in seg.records if key in seg.recent(self.keep_recent)]
         why = (f"the latest finished activit{'y' if len(kept) == 1 else 'ies'} ({', '.join(kept)}) "
                f"{'is' if len(kept) == 1 else 'are'} kept whole, " if kept else "")
-        return [f"target of {target} tokens not met ({tokens} tokens after): {why}preserved keys, the open "
-                f"activity's WORKING, keys no activity wrote and what count_only keeps are never folded; add compress_rules "
-                f"(extract_keys, summarize, count_only) to shrink what stays"]
+        notes = []
+        if entry_target is not None and entries > entry_target:
+            notes.append(f"target of {entry_target} HISTORY entr{'y' if entry_target == 1 else 'ies'} not met "
+                         f"({entries} entries after, {entries - entry_target} over): {why}preserved keys, keys no "
+                         f"activity wrote and what count_only keeps are never folded, and what is folded becomes "
+                         f"one compaction record; raise compressMessageThreshold (or compressTargetRatio) to a "
+                         f"count the kept entries fit in")
+        if target is not None and tokens > target:
+            notes.append(f"target of {target} tokens not met ({tokens} tokens after): {why}preserved keys, the open "
+                         f"activity's WORKING, keys no activity wrote and what count_only keeps are never folded; add "
+                         f"compress_rules (extract_keys, summarize, count_only) to shrink what stays")
+        return notes
 
     def _targets(self, config: ActivityExtensionConfig, fired: Sequence[str], scope: Scope,
                  target_tokens: int | None) -> tuple[int | None, int | None, list[int]]:

@@ -47,7 +47,10 @@ class EventKind(StrEnum):
 KIND_ALIASES: dict[str, tuple[str, ...]] = {
     "rollback": ("restore",), "move": ("complete",), "compression": ("compress", "decompress"),
     "config": ("config_change",), "human": ("human_decision",), "decision": ("human_decision",),
-    "merge": ("join",), "resolve": ("resolution",), "deny": ("denied",), "denied_write": ("denied",),
+    "merge": ("join",), "resolve": ("resolution",),
+    # an operator's refused inject is a ``governance_denied`` note (the write never reached the tape)
+    "denied": ("governance_denied",), "deny": ("denied", "governance_denied"),
+    "denied_write": ("denied", "governance_denied"),
     # a branch's contextInject is written by its fork; an XOR's by an ``inject`` change; an operator's
     # by writes and a ``governance`` note whose ``op`` is ``inject`` (``matches_kind``)
     "inject": ("fork",),

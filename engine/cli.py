@@ -1498,10 +1498,17 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
 # What an auditor reads first in a note, in this order; the rest is in `tape --json`.
 _NOTE_FIELDS = ("key", "conflicting_values", "resolver", "outcome", "confirmation_id", "value", "branch",
                 "decided_by", "branches", "conflicts", "detail")
+# an operator's changes: what was injected (its writes are the lines before), refused or reconfigured, and why
+_OPERATOR_NOTE_FIELDS = {
+    "governance": ("op", "layer", "keys", "reason"),
+    "governance_denied": ("op", "key", "requested_layer", "effective_layer", "reason"),
+    "config_change": ("activity_id", "config_version", "mode", "change", "reason"),
+}
 
 
 def _note_detail(data: Mapping[str, Any]) -> str:
-    return ", ".join(f"{f}={_short(data[f])}" for f in _NOTE_FIELDS if data.get(f) is not None)
+    fields = _OPERATOR_NOTE_FIELDS.get(str(data.get("note")), _NOTE_FIELDS)
+    return ", ".join(f"{f}={_short(data[f])}" for f in fields if data.get(f) is not None)
 
 
 @main.command()

@@ -242,14 +242,20 @@ class AnsweredByTimeout(ConfirmationAnswered):
         at = entry.get("timed_out_at") or entry.get("deadline")
         self.timed_out_at = (datetime.fromtimestamp(float(at), timezone.utc).isoformat().replace("+00:00", "Z")
                              if at is not None else None)
-        if instance.status in ("completed", "cancelled"):
-            todo = (f"instance {instance.id} is {instance.status}: its contexts are not changed any more (no "
-                    "inject, no rollback); start a new instance to decide otherwise")
+        rollback = (f"go back to a snapshot taken before the join (`layerflow snapshot {instance.id} --list`, then "
+                    f"`layerflow rollback {instance.id} SNAPSHOT_ID`, or POST /api/context-governance/rollback)")
+        if instance.status == "cancelled":
+            todo = (f"instance {instance.id} is cancelled: nothing of it changes any more (no inject, no rollback); "
+                    "start a new instance to decide otherwise")
+        elif instance.status == "completed":
+            # a completed instance takes no inject and runs nothing again, but its contexts can still be
+            # rolled back: the audit record then shows the decision undone, the process stays finished
+            todo = (f"instance {instance.id} is completed: nothing runs again and inject is refused, but you can "
+                    f"still {rollback}, which puts its context back, not its process; to run the steps after the "
+                    "join with another value, start a new instance")
         else:
             todo = (f"to decide otherwise, write the value into the context (`layerflow resume {instance.id} --set "
-                    f"{self.key}=VALUE`, or POST /api/context-governance/inject), or go back to a snapshot taken "
-                    f"before the join (`layerflow snapshot {instance.id} --list`, then `layerflow rollback "
-                    f"{instance.id} SNAPSHOT_ID`)")
+                    f"{self.key}=VALUE`, or POST /api/context-governance/inject), or {rollback}")
         super().__init__(
             f"confirmation {self.confirmation_id!r} of instance {instance.id} (join {self.gateway_id!r}, key "
             f"{self.key!r}) was settled by its timeout at {self.timed_out_at} with the default {short(self.answer)} "

@@ -153,6 +153,13 @@ class ResolutionOutcome:
     steps: list[ResolutionStep] = field(default_factory=list)
 
 
+def _sentence(text: str) -> str:
+    """``text`` as a sentence of its own: a designer's message or a reason written without a final
+    full stop would run into the sentence the prompt puts after it."""
+    text = str(text).strip()
+    return text if text.endswith((".", "!", "?", "…")) else f"{text}."
+
+
 def _show(value: Any) -> str:
     if value is DELETED:
         return "(deleted)"
@@ -379,13 +386,13 @@ def build_human_request(
     before = "not set before the split" if conflict.base_value is DELETED else f"was {_show(conflict.base_value)}"
     message = f"Parallel branches of {gateway_id!r} disagree on {conflict.key!r} ({before}): {wants}."
     if suggestion is not None:
-        message += f" The {suggestion.resolver} suggests {_show(suggestion.value)}: {suggestion.reason}."
+        message += f" The {suggestion.resolver} suggests {_show(suggestion.value)}: {_sentence(suggestion.reason)}"
     if merged is not None:
         message += (f" The branches changed different entries of the object: the merged object is offered too "
                     f"(reducers: {{{conflict.key}: merge}} in the join's config merges them without asking).")
     message += " Which value should the process continue with?"
-    if hc is not None and hc.message:
-        message = f"{hc.message} {message}"
+    if hc is not None and hc.message and hc.message.strip():
+        message = f"{_sentence(hc.message)} {message}"
 
     default_by: str | None
     if fits and hc is not None:

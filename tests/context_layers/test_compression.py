@@ -621,7 +621,12 @@ def test_a_message_threshold_cliff_that_costs_tokens_says_so() -> None:
     assert result is not None and result.triggers == ["message_threshold"]
     assert list(ctx.layer(Layer.HISTORY)) == ["k1", "activity:t1", "compaction:1"]
     assert (result.tokens_before, result.tokens_after) == (60, 77)
+    assert result.target_met is False  # 3 entries stay, the target is int(0.5 * 2) = 1
     assert result.notes == [
+        "target of 1 HISTORY entry not met (3 entries after, 2 over): the latest finished activity (t1) "
+        "is kept whole, preserved keys, keys no activity wrote and what count_only keeps are never folded, "
+        "and what is folded becomes one compaction record; raise compressMessageThreshold (or "
+        "compressTargetRatio) to a count the kept entries fit in",
         "the message-threshold cliff made HISTORY 1 entry shorter (4 -> 3) but 17 tokens larger "
         "(60 -> 77): the compaction record costs more than the tiny entries it folds; raise "
         "compressMessageThreshold or use compressTokenThreshold to limit tokens"]
