@@ -1928,6 +1928,12 @@ class _Validator:
                     section = (reach(sid, after, jid) & reach(jid, before, sid)) - {sid, jid}
                     if sum(1 for t in after[sid] if t == jid or t in section) < 2:
                         continue  # the split's branches do not meet at this join
+                    if any(jid not in reach(sid, after, inner) for inner in section
+                           if inner in parallel and len(before.get(inner, [])) > 1):
+                        # every path from the split to this join passes an inner join, which joins the
+                        # split's branches first: a mixed gateway that joins a loop and splits again
+                        # (SpiffWorkflow's Parallel-Looping-After-Join) is no join of this split
+                        continue
                     later = reach(jid, after, sid) | {jid}
                     back = [fid for src, fid, dst in edges
                             if dst in section and src in later and src not in section and src != sid]
@@ -3101,7 +3107,16 @@ class _Validator:
             return
         self.related.add(eid)
         elsewhere = next((f for f in self.dmn_files if ref in {d for d, _ in f.decisions}), None)
-        if elsewhere is not None:
+        whole = next((f for f in self.dmn_files if f.root is not None and f.root.get("id") == ref), None)
+        if elsewhere is None and whole is not None:
+            ids = [d for d, _ in whole.decisions]
+            there = (f"the decision{'s' if len(ids) > 1 else ''} there: {', '.join(map(repr, ids))}" if ids
+                     else "it defines no decision")
+            how = (f"{ref!r} is the id of {whole.path}'s definitions (the whole DMN file), not of a decision: a "
+                   f"business rule task names one decision by its id ({there}); write "
+                   f"<spiffworkflow:calledDecisionId>{ids[0] if ids else 'DECISION_ID'}</spiffworkflow:calledDecisionId>"
+                   " (camunda:decisionRef too, if it is there)")
+        elif elsewhere is not None:
             how = (f"{elsewhere.path} defines it after {elsewhere.decision!r}, and SpiffWorkflow 3.2 reads the first "
                    "decision of a DMN file only: put it in a file of its own")
         else:
