@@ -548,6 +548,8 @@ class _Validator:
         config = self._load_config()
         self.system_keys = frozenset(config.system) if config is not None else frozenset()
         main = self._select_process(config)
+        if main is not None and not self.pools:
+            self._check_started_from_outside(main)
         for doc in good:
             self._check_extensions(doc)
             self._check_forms(doc)
@@ -1110,6 +1112,41 @@ class _Validator:
                          f"it; catch the {kind} with a catch event or an event-based gateway on the "
                          "pool's path instead", file=proc.file, line=start.sourceline,
                          element_id=start.get("id"), severity="warning")
+
+    def _check_started_from_outside(self, main: str) -> None:
+        """The process to run, alone, drawn as a pool of a collaboration whose other pool feeds its
+        message start event (MIWG C.1.0: the team assistant's scan starts the engine's invoice
+        process). Nobody runs the other pool: an instance starts waiting at the message start
+        event, and goes on only once the message is sent to it."""
+        messages = {m.get("id"): m.get("name") or m.get("id") for doc in self.docs if doc.root is not None
+                    for m in doc.root.iter(_bpmn("message"))}
+        for collab in (n for n in self.other_ids.values() if n.tag == "collaboration"):
+            pools = dict(_pools(collab.element))
+            if main not in pools.values():
+                continue
+            names = {el.get("id"): el.get("name") or el.get("id") for el in collab.element.iter(_bpmn("participant"))}
+            for flow in collab.element.iter(_bpmn("messageFlow")):
+                start = self.nodes.get(flow.get("targetRef") or "")
+                if start is None or start.process_id != main or start.tag != "startEvent" \
+                        or start.element.getparent().tag != _bpmn("process"):
+                    continue
+                wanted = _message_of(start.element, messages)
+                if wanted is None:
+                    continue  # event_without_ref says what to do
+                source = self.nodes.get(flow.get("sourceRef") or "")
+                src_pid = source.process_id if source is not None else pools.get(flow.get("sourceRef") or "")
+                if src_pid == main:
+                    continue
+                pool = next((names[k] for k, v in pools.items() if v == src_pid), None) or names.get(
+                    flow.get("sourceRef") or "") or src_pid
+                self.add("message_flow_from_outside", f"message flow {flow.get('id')!r} from pool {pool!r} starts "
+                         f"process {main!r} at its message start event {start.id!r}, and layerflow runs {main!r} "
+                         f"alone (not pool {pool!r}): an instance starts waiting at {start.id!r} for message "
+                         f"{wanted!r}, and runs on only once it is sent: `layerflow send INSTANCE_ID {shlex.quote(wanted)} "
+                         "--data PAYLOAD` (or POST /api/instances/{id}/events); to start at once with the data given to "
+                         "`layerflow run --data`, draw a plain start event in its place (or run the collaboration "
+                         f"{collab.id!r} with that pool's process executable, to have it send the message)",
+                         file=collab.file, line=flow.sourceline, element_id=flow.get("id"), severity="warning")
 
     def _check_message_flows(self, collab: _Node, running: set[str]) -> None:
         """What layerflow carries between pools: a message a throw event, end event or send task of
@@ -2396,7 +2433,7 @@ class _Validator:
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
             dialect = expression_dialect(source) if mode == "eval" else None
             if dialect is not None:
-                self.add(code, f"{what} {source!r} is a {dialect} expression ({_DIALECTS[dialect]}); layerflow, "
+                self.add(code, f"{what} {source!r} is a {dialect} expression ({_dialect_said(source, dialect)}); layerflow, "
                          f"as SpiffWorkflow, evaluates it as a Python expression over the context: "
                          f"{_python_instead(source, dialect)}", file=file, line=line, element_id=element_id,
                          field=field)
@@ -3507,6 +3544,16 @@ class _Validator:
                 line = f"{script.get('resultVariable')} = {expression}"
                 todo = [f"write {line!r} as its bpmn:script{notes}" if t == _FOREIGN_SETTINGS["script"] else t
                         for t in todo]
+        delegate = next(((q, v.strip()) for k, v in el.attrib.items() for q in [_foreign_name(k)]
+                         if q and q.endswith(":delegateExpression") and _JUEL_BEAN.fullmatch(v.strip())), None)
+        if delegate is not None and _RUN_BY_HANDLER in todo:
+            # a JUEL expression naming a bean (#{archiveService}, ${archiveService}) of the other engine's
+            # application: say what it names, the code to bring over as the handler
+            bean = _JUEL_BEAN.fullmatch(delegate[1]).group(1)  # type: ignore[union-attr]
+            todo = [f"its {delegate[0]}={delegate[1]!r} is a JUEL expression ({_dialect_said(delegate[1], 'JUEL')}) "
+                    f"naming {bean!r}, a Java bean of the other engine's application that does the step's work; "
+                    f"write that work in Python as the step's handler (handler: file.py:function in the config for "
+                    f"{eid!r}) or give it an llm: block" if t == _RUN_BY_HANDLER else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
@@ -4203,6 +4250,14 @@ _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
+
+
+def _dialect_said(source: str, dialect: str) -> str:
+    """Which engine's notation an expression is in, as its delimiters say: JUEL's ``#{...}`` is the
+    deferred form of ``${...}`` (Camunda 7, Activiti and Flowable evaluate both alike)."""
+    if dialect == "JUEL" and source.lstrip().startswith("#{"):
+        return "JUEL's deferred #{...}, as Camunda 7, Activiti and Flowable write it, evaluated as ${...} is"
+    return _DIALECTS[dialect]
 # jBPM's duration short form: 1d2h30m10s500ms, each part optional
 _JBPM_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", re.I)
 # Quartz / Unix cron: five to seven fields of numbers, * / , - ? L W #, or three-letter month and day names
@@ -4225,6 +4280,7 @@ _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://c
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable",
                       # BPMN-OS (optimisation models): a task's status operators compute as it runs
                       _BPMNOS_NS: "bpmnos"}
+_JUEL_BEAN = re.compile(r"[$#]\{\s*([A-Za-z_][\w.]*)\s*\}")
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
                 "bpmn:serviceTask")
