@@ -140,6 +140,9 @@ not make ``report.ok`` false:
 ``compensation_unsupported``          a compensation boundary, throw or end event: SpiffWorkflow 3.2 runs no
                                       compensation (it cannot load the boundary event; it reads the throw as a
                                       plain event, so the undo never runs)
+``token_quantity`` W                 an activity's startQuantity / completionQuantity other than 1 (the tokens it
+                                      waits for, or sends down each outgoing flow): SpiffWorkflow ignores both,
+                                      and runs the step once per arriving token
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
 ``join_reentered_in_loop`` W          a loop that goes back into the branches between a parallel split and its
@@ -599,6 +602,7 @@ class _Validator:
             self._check_shapes(proc)
             self._check_listeners(proc)
             self._check_loops(proc)
+            self._check_token_quantities(proc)
         self._check_recursion()
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
@@ -1987,6 +1991,28 @@ class _Validator:
                              element_id=jid, severity="warning")
                     break
 
+    def _check_token_quantities(self, proc: _Node) -> None:
+        """An activity's startQuantity (the tokens its incoming flows must bring before it starts) or
+        completionQuantity (the tokens it sends down each outgoing flow) other than 1, as modelers
+        and simulation tools write (MIWG C.3.0: 2 and 2). SpiffWorkflow reads neither: the activity
+        runs once per arriving token and sends one on, so what the number asks for never happens."""
+        for el in proc.element.iter(*_FLOW_NODES):
+            asked = [(attr, el.get(attr)) for attr in ("startQuantity", "completionQuantity")
+                     if el.get(attr) is not None and el.get(attr).strip() != "1"]
+            if not asked:
+                continue
+            eid = el.get("id") or "(no id)"
+            what = {"startQuantity": "to wait for that many tokens on its incoming flows before it starts",
+                    "completionQuantity": "to send that many tokens down each outgoing flow, running what follows "
+                                          "that many times"}
+            said = "; ".join(f"{attr}={value!r} asks it {what[attr]}" for attr, value in asked)
+            self.add("token_quantity", f"bpmn:{etree.QName(el).localname} {eid!r}: {said}, which SpiffWorkflow "
+                     "ignores: it runs the step once for each token that arrives and sends one token on; remove "
+                     f"{' and '.join(attr for attr, _ in asked)} (or set {'them' if len(asked) > 1 else 'it'} to 1), and draw what the number meant: "
+                     "a parallel gateway to send several tokens, a parallel join to wait for several, or a "
+                     "multi-instance marker to run the step several times", file=proc.file, line=el.sourceline,
+                     element_id=eid, field=asked[0][0], severity="warning")
+
     def _check_split_merges(self, proc: _Node) -> None:
         """Branches of one split that meet before their join (in an exclusive gateway, or a task with
         several incoming flows) go on from there one at a time, so the join fires before all of them
@@ -2447,9 +2473,11 @@ class _Validator:
                 compared = _comparison_instead(source) if mode == "eval" else None
                 java = _java_return_instead(source) if mode == "eval" else None
                 spelt = _operators_instead(source) if mode == "eval" and java is None else None
+                spaced = _spaced_names_instead(source) if mode == "eval" else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
                         else java if java is not None
                         else f"Python writes {_operators_said(source)}: write {spelt!r}" if spelt is not None
+                        else _spaced_names_said(*spaced) if spaced is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
@@ -4805,6 +4833,64 @@ def _java_return_instead(source: str) -> str | None:
         return (f"{said}, and it is Python over the context, whose values have no Java methods: write the test "
                 f"of {inner!r} in Python")
     return f"{said}; write {spelt!r}"
+
+
+def _spaced_names_instead(source: str) -> tuple[list[tuple[str, str]], str] | None:
+    """A condition that reads a name with spaces (``Credit Score > 600``, MIWG C.3.0's ``Service
+    Level == 'Premium'``: a modeler's label, or a form field's): Python reads two names side by side,
+    a syntax error. Returns each spaced name with the Python name to write instead (its words in
+    lower case joined by underscores), and the condition so written, when that is valid Python."""
+    import io
+    import keyword
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return None
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(at: tuple[int, int]) -> int:
+        return starts[at[0] - 1] + at[1]
+
+    runs: list[list[tokenize.TokenInfo]] = []
+    previous: tokenize.TokenInfo | None = None
+    for tok in tokens:
+        word = tok.type == tokenize.NAME and not keyword.iskeyword(tok.string)
+        if word and previous is not None and runs and runs[-1][-1] is previous \
+                and source[offset(previous.end):offset(tok.start)].strip(" \t") == "":
+            runs[-1].append(tok)
+        elif word:
+            runs.append([tok])
+        previous = tok
+    spaced = [run for run in runs if len(run) > 1]
+    if not spaced:
+        return None
+    written, names, at = [], [], 0
+    for run in spaced:
+        start, end = offset(run[0].start), offset(run[-1].end)
+        name = "_".join(t.string.lower() for t in run)
+        names.append((source[start:end], name))
+        written += [source[at:start], name]
+        at = end
+    instead = "".join(written) + source[at:]
+    try:
+        ast.parse(instead, mode="eval")
+    except SyntaxError:
+        return None
+    return names, instead
+
+
+def _spaced_names_said(names: list[tuple[str, str]], instead: str) -> str:
+    shown = ", ".join(f"{spaced!r}" for spaced, _ in names)
+    keys = ", ".join(name for _, name in names)
+    return (f"{shown} {'is a name' if len(names) == 1 else 'are names'} with spaces, which Python reads as "
+            f"names side by side; a condition reads a context key by its Python name (letters, digits and "
+            f"underscores): name the key {keys} where it is set (the form field, the step's answer, the start "
+            f"data) and write {instead!r}")
 
 
 def _operators_said(source: str) -> str:
