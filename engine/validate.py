@@ -1815,10 +1815,13 @@ class _Validator:
                     continue
                 expr_el = flow.find(_bpmn("conditionExpression"))
                 if is_flow_sentence(expr):
+                    spaced = _spaced_names_instead(expr.strip())
+                    meant = (f" (if it is meant as an expression: {_spaced_names_said(*spaced)})"
+                             if spaced is not None and _compares_values(spaced[1]) else "")
                     self.add("condition_natural_language", f"the condition of flow {flow.get('id')!r} of gateway "
                              f"{gid!r} is a sentence, not an expression: the model decides it (--model or the "
                              "gateway's llm.model); without a model, or when the model fails, the flow is not "
-                             "taken and the expressions or the default flow decide", file=file,
+                             f"taken and the expressions or the default flow decide{meant}", file=file,
                              line=expr_el.sourceline if expr_el is not None else flow.sourceline,
                              element_id=flow.get("id"), field="conditionExpression", severity="warning")
                     judged = False
@@ -3572,16 +3575,21 @@ class _Validator:
                 line = f"{script.get('resultVariable')} = {expression}"
                 todo = [f"write {line!r} as its bpmn:script{notes}" if t == _FOREIGN_SETTINGS["script"] else t
                         for t in todo]
-        delegate = next(((q, v.strip()) for k, v in el.attrib.items() for q in [_foreign_name(k)]
-                         if q and q.endswith(":delegateExpression") and _JUEL_BEAN.fullmatch(v.strip())), None)
+        delegate = next(((q, v.strip(), m) for k, v in el.attrib.items() for q in [_foreign_name(k)]
+                         if q and q.endswith((":delegateExpression", ":expression"))
+                         for m in [_JUEL_BEAN.fullmatch(v.strip())] if m), None)
         if delegate is not None and _RUN_BY_HANDLER in todo:
-            # a JUEL expression naming a bean (#{archiveService}, ${archiveService}) of the other engine's
+            # a JUEL expression naming a bean (#{archiveService}) or calling its method
+            # (#{jobAnnouncementService.postToWebsite(jobAnnouncementId)}) of the other engine's
             # application: say what it names, the code to bring over as the handler
-            bean = _JUEL_BEAN.fullmatch(delegate[1]).group(1)  # type: ignore[union-attr]
-            todo = [f"its {delegate[0]}={delegate[1]!r} is a JUEL expression ({_dialect_said(delegate[1], 'JUEL')}) "
-                    f"naming {bean!r}, a Java bean of the other engine's application that does the step's work; "
-                    f"write that work in Python as the step's handler (handler: file.py:function in the config for "
-                    f"{eid!r}) or give it an llm: block" if t == _RUN_BY_HANDLER else t for t in todo]
+            attr, value, found_bean = delegate
+            bean, method = found_bean.group(1), found_bean.group(2)
+            named = (f"calling {method}() of {bean!r}, a Java bean" if method
+                     else f"naming {bean!r}, a Java bean")
+            todo = [f"its {attr}={value!r} is a JUEL expression ({_dialect_said(value, 'JUEL')}) {named} of the "
+                    "other engine's application that does the step's work; write that work in Python as the "
+                    f"step's handler (handler: file.py:function in the config for {eid!r}) or give it an llm: block"
+                    if t == _RUN_BY_HANDLER else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
@@ -4308,7 +4316,7 @@ _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://c
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable",
                       # BPMN-OS (optimisation models): a task's status operators compute as it runs
                       _BPMNOS_NS: "bpmnos"}
-_JUEL_BEAN = re.compile(r"[$#]\{\s*([A-Za-z_][\w.]*)\s*\}")
+_JUEL_BEAN = re.compile(r"[$#]\{\s*([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*)\s*\(.*\))?\s*\}", re.S)
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
                 "bpmn:serviceTask")
@@ -4882,6 +4890,16 @@ def _spaced_names_instead(source: str) -> tuple[list[tuple[str, str]], str] | No
     except SyntaxError:
         return None
     return names, instead
+
+
+def _compares_values(source: str) -> bool:
+    """Whether an expression compares with ``==``, ``<``, ``in``, ... (not ``is``) or holds a number
+    or a string: what tells ``amount > 5 and Risk Level in ("high",)`` from a sentence such as
+    "the applicant is reliable", which joined up parses as well."""
+    tree = ast.parse(source, mode="eval")
+    return any(isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value is not None
+               or isinstance(node, ast.Compare) and any(not isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+               for node in ast.walk(tree))
 
 
 def _spaced_names_said(names: list[tuple[str, str]], instead: str) -> str:
