@@ -24,6 +24,7 @@ from engine.validate import validate_process
 
 from engine_helpers import flow, path_of, variables, write_elements
 from test_realworld_4 import rewritten
+from test_realworld_10 import plain_in_order
 from test_realworld_12 import problems
 from test_realworld_17 import said
 
@@ -38,23 +39,6 @@ def answered(paths: list[Path], data: dict[str, Any], steps: list[tuple[str, dic
         assert task_id in [w["task_id"] for w in instance.waiting_for], (task_id, instance.waiting_for)
         instance = engine.run(instance, answers={"user_tasks": {task_id: answer}})
     return instance
-
-
-def plain_answered(paths: list[Path], pid: str, steps: list[tuple[str, dict[str, Any]]],
-                   dmn: list[Path] | None = None) -> BpmnWorkflow:
-    """Plain SpiffWorkflow, its people's steps answered in the order of ``steps``."""
-    parser = SpiffBpmnParser()
-    parser.add_bpmn_files([str(p) for p in paths])
-    if dmn:
-        parser.add_dmn_files([str(p) for p in dmn])
-    wf = BpmnWorkflow(parser.get_spec(pid), parser.get_subprocess_specs(pid))
-    wf.do_engine_steps()
-    for task_id, answer in steps:
-        task = next(t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id)
-        task.data.update(answer)
-        task.run()
-        wf.do_engine_steps()
-    return wf
 
 
 # -- SpiffWorkflow's Parallel-Looping-After-Join: a mixed parallel gateway -------------------------
@@ -77,7 +61,7 @@ def test_parallel_looping_after_join_runs_two_rounds_as_plain_spiffworkflow_does
              ("retry", {"retry": "No"}), ("done", {"finished": True})]
     instance = answered([LOOPING], {}, steps)
     assert instance.status == "completed", instance.error
-    wf = plain_answered([LOOPING], "parallel_looping_after_join", steps)
+    wf = plain_in_order(LOOPING, "parallel_looping_after_join", steps)
     assert wf.is_completed()
     assert path_of(instance.workflow) == path_of(wf)
     assert path_of(wf).count("mixed") == 2 and path_of(wf).count("join_all") == 2
@@ -140,7 +124,15 @@ def test_the_nested_calls_fixed_run_through_three_levels_and_the_decision_as_pla
     instance = answered(files, {}, steps)
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"level": "three", "checked": True, "my_other_var": "World"}
-    wf = plain_answered(files[:-1], "Level1", steps, dmn=files[-1:])
+    parser = SpiffBpmnParser()  # plain SpiffWorkflow, its one person's step answered alike
+    parser.add_bpmn_files([str(p) for p in files[:-1]])
+    parser.add_dmn_files([str(files[-1])])
+    wf = BpmnWorkflow(parser.get_spec("Level1"), parser.get_subprocess_specs("Level1"))
+    wf.do_engine_steps()
+    [person] = wf.get_tasks(state=TaskState.READY, manual=True)
+    person.data.update(steps[0][1])
+    person.run()
+    wf.do_engine_steps()
     assert wf.is_completed() and wf.last_task.data["my_other_var"] == "World"
     assert path_of(instance.workflow) == path_of(wf)
 
