@@ -1146,9 +1146,9 @@ class _Validator:
                 self.add("message_flow_from_outside", f"message flow {flow.get('id')!r} from pool {pool!r} starts "
                          f"process {main!r} at its message start event {start.id!r}, and layerflow runs {main!r} "
                          f"alone (not pool {pool!r}): an instance starts waiting at {start.id!r} for message "
-                         f"{wanted!r}, and runs on only once it is sent: `layerflow send INSTANCE_ID {shlex.quote(wanted)} "
-                         "--data PAYLOAD` (or POST /api/instances/{id}/events); to start at once with the data given to "
-                         "`layerflow run --data`, draw a plain start event in its place (or run the collaboration "
+                         f"{wanted!r}, and runs on only once it is sent: `layerflow send INSTANCE_ID "
+                         f"{shlex.quote(wanted)} --data PAYLOAD` (or POST /api/instances/{{id}}/events); to start at "
+                         "once with the data given to `layerflow run --data`, draw a plain start event in its place (or run the collaboration "
                          f"{collab.id!r} with that pool's process executable, to have it send the message)",
                          file=collab.file, line=flow.sourceline, element_id=flow.get("id"), severity="warning")
 
@@ -2009,9 +2009,10 @@ class _Validator:
                     "completionQuantity": "to send that many tokens down each outgoing flow, running what follows "
                                           "that many times"}
             said = "; ".join(f"{attr}={value!r} asks it {what[attr]}" for attr, value in asked)
+            named = " and ".join(attr for attr, _ in asked)
             self.add("token_quantity", f"bpmn:{etree.QName(el).localname} {eid!r}: {said}, which SpiffWorkflow "
-                     "ignores: it runs the step once for each token that arrives and sends one token on; remove "
-                     f"{' and '.join(attr for attr, _ in asked)} (or set {'them' if len(asked) > 1 else 'it'} to 1), and draw what the number meant: "
+                     f"ignores: it runs the step once for each token that arrives and sends one token on; remove "
+                     f"{named} (or set {'them' if len(asked) > 1 else 'it'} to 1), and draw what the number meant: "
                      "a parallel gateway to send several tokens, a parallel join to wait for several, or a "
                      "multi-instance marker to run the step several times", file=proc.file, line=el.sourceline,
                      element_id=eid, field=asked[0][0], severity="warning")
@@ -2462,8 +2463,8 @@ class _Validator:
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
             dialect = expression_dialect(source) if mode == "eval" else None
             if dialect is not None:
-                self.add(code, f"{what} {source!r} is a {dialect} expression ({_dialect_said(source, dialect)}); layerflow, "
-                         f"as SpiffWorkflow, evaluates it as a Python expression over the context: "
+                self.add(code, f"{what} {source!r} is a {dialect} expression ({_dialect_said(source, dialect)}); "
+                         f"layerflow, as SpiffWorkflow, evaluates it as a Python expression over the context: "
                          f"{_python_instead(source, dialect)}", file=file, line=line, element_id=element_id,
                          field=field)
                 return None
@@ -3180,10 +3181,11 @@ class _Validator:
             ids = [d for d, _ in whole.decisions]
             there = (f"the decision{'s' if len(ids) > 1 else ''} there: {', '.join(map(repr, ids))}" if ids
                      else "it defines no decision")
+            first = ids[0] if ids else "DECISION_ID"
             how = (f"{ref!r} is the id of {whole.path}'s definitions (the whole DMN file), not of a decision: a "
                    f"business rule task names one decision by its id ({there}); write "
-                   f"<spiffworkflow:calledDecisionId>{ids[0] if ids else 'DECISION_ID'}</spiffworkflow:calledDecisionId>"
-                   " (camunda:decisionRef too, if it is there)")
+                   f"<spiffworkflow:calledDecisionId>{first}</spiffworkflow:calledDecisionId> (camunda:decisionRef "
+                   "too, if it is there)")
         elif elsewhere is not None:
             how = (f"{elsewhere.path} defines it after {elsewhere.decision!r}, and SpiffWorkflow 3.2 reads the first "
                    "decision of a DMN file only: put it in a file of its own")
