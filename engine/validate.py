@@ -1148,9 +1148,10 @@ class _Validator:
                          f"alone (not pool {pool!r}): an instance starts waiting at {start.id!r} for message "
                          f"{wanted!r}, and runs on only once it is sent: `layerflow send INSTANCE_ID "
                          f"{shlex.quote(wanted)} --data PAYLOAD` (or POST /api/instances/{{id}}/events); to start at "
-                         "once with the data given to `layerflow run --data`, draw a plain start event in its place "
-                         f"(or run the collaboration {collab.id!r} with that pool's process executable, to have it "
-                         "send the message)",
+                         "once with the data given to `layerflow run --data`, draw a plain start event in its place"
+                         + (f" (or run the collaboration {collab.id!r} with that pool's process executable, to have "
+                            "it send the message)" if src_pid is not None else
+                            f" (pool {pool!r} is drawn as a black box: the message comes from outside the files)"),
                          file=collab.file, line=flow.sourceline, element_id=flow.get("id"), severity="warning")
 
     def _check_message_flows(self, collab: _Node, running: set[str]) -> None:

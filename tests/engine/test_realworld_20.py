@@ -180,6 +180,13 @@ def test_the_miwg_invoice_is_refused_for_its_juel_conditions_and_data_store_and_
     assert "draw a plain start event" in start
 
 
+def test_a_message_start_fed_from_a_black_box_pool_says_the_message_comes_from_outside_the_files() -> None:
+    """realworld16's message receiver: the sending pool has no process, so running it too is no advice."""
+    text = said(Path(__file__).resolve().parent / "realworld16" / "message_start_error_handler.bpmn")["Flow_1lktxcr"]
+    assert "from pool 'Message Sender' starts process 'Process_MessageReceiverNotification'" in text
+    assert "is drawn as a black box" in text and "run the collaboration" not in text
+
+
 @pytest.mark.parametrize("condition, said_of_it", [
     ("${approved}", "(Camunda 7's ${...})"),
     ("#{approved}", "(JUEL's deferred #{...}, as Camunda 7, Activiti and Flowable write it, evaluated as ${...} is)"),
