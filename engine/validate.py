@@ -140,6 +140,9 @@ not make ``report.ok`` false:
 ``compensation_unsupported``          a compensation boundary, throw or end event: SpiffWorkflow 3.2 runs no
                                       compensation (it cannot load the boundary event; it reads the throw as a
                                       plain event, so the undo never runs)
+``token_quantity`` W                 an activity's startQuantity / completionQuantity other than 1 (the tokens it
+                                      waits for, or sends down each outgoing flow): SpiffWorkflow ignores both,
+                                      and runs the step once per arriving token
 ``split_branches_merged`` W           branches of one split meet (exclusive gateway, task) before their join,
                                       which then fires before every branch has arrived
 ``join_reentered_in_loop`` W          a loop that goes back into the branches between a parallel split and its
@@ -548,6 +551,8 @@ class _Validator:
         config = self._load_config()
         self.system_keys = frozenset(config.system) if config is not None else frozenset()
         main = self._select_process(config)
+        if main is not None and not self.pools:
+            self._check_started_from_outside(main)
         for doc in good:
             self._check_extensions(doc)
             self._check_forms(doc)
@@ -597,6 +602,7 @@ class _Validator:
             self._check_shapes(proc)
             self._check_listeners(proc)
             self._check_loops(proc)
+            self._check_token_quantities(proc)
         self._check_recursion()
         if good and len(good) == len(self.docs):
             self._check_spiff(main)
@@ -1110,6 +1116,43 @@ class _Validator:
                          f"it; catch the {kind} with a catch event or an event-based gateway on the "
                          "pool's path instead", file=proc.file, line=start.sourceline,
                          element_id=start.get("id"), severity="warning")
+
+    def _check_started_from_outside(self, main: str) -> None:
+        """The process to run, alone, drawn as a pool of a collaboration whose other pool feeds its
+        message start event (MIWG C.1.0: the team assistant's scan starts the engine's invoice
+        process). Nobody runs the other pool: an instance starts waiting at the message start
+        event, and goes on only once the message is sent to it."""
+        messages = {m.get("id"): m.get("name") or m.get("id") for doc in self.docs if doc.root is not None
+                    for m in doc.root.iter(_bpmn("message"))}
+        for collab in (n for n in self.other_ids.values() if n.tag == "collaboration"):
+            pools = dict(_pools(collab.element))
+            if main not in pools.values():
+                continue
+            names = {el.get("id"): el.get("name") or el.get("id") for el in collab.element.iter(_bpmn("participant"))}
+            for flow in collab.element.iter(_bpmn("messageFlow")):
+                start = self.nodes.get(flow.get("targetRef") or "")
+                if start is None or start.process_id != main or start.tag != "startEvent" \
+                        or start.element.getparent().tag != _bpmn("process"):
+                    continue
+                wanted = _message_of(start.element, messages)
+                if wanted is None:
+                    continue  # event_without_ref says what to do
+                source = self.nodes.get(flow.get("sourceRef") or "")
+                src_pid = source.process_id if source is not None else pools.get(flow.get("sourceRef") or "")
+                if src_pid == main:
+                    continue
+                pool = next((names[k] for k, v in pools.items() if v == src_pid), None) or names.get(
+                    flow.get("sourceRef") or "") or src_pid
+                self.add("message_flow_from_outside", f"message flow {flow.get('id')!r} from pool {pool!r} starts "
+                         f"process {main!r} at its message start event {start.id!r}, and layerflow runs {main!r} "
+                         f"alone (not pool {pool!r}): an instance starts waiting at {start.id!r} for message "
+                         f"{wanted!r}, and runs on only once it is sent: `layerflow send INSTANCE_ID "
+                         f"{shlex.quote(wanted)} --data PAYLOAD` (or POST /api/instances/{{id}}/events); to start at "
+                         "once with the data given to `layerflow run --data`, draw a plain start event in its place"
+                         + (f" (or run the collaboration {collab.id!r} with that pool's process executable, to have "
+                            "it send the message)" if src_pid is not None else
+                            f" (pool {pool!r} is drawn as a black box: the message comes from outside the files)"),
+                         file=collab.file, line=flow.sourceline, element_id=flow.get("id"), severity="warning")
 
     def _check_message_flows(self, collab: _Node, running: set[str]) -> None:
         """What layerflow carries between pools: a message a throw event, end event or send task of
@@ -1774,10 +1817,13 @@ class _Validator:
                     continue
                 expr_el = flow.find(_bpmn("conditionExpression"))
                 if is_flow_sentence(expr):
+                    spaced = _spaced_names_instead(expr.strip())
+                    meant = (f" (if it is meant as an expression: {_spaced_names_said(*spaced)})"
+                             if spaced is not None and _compares_values(spaced[1]) else "")
                     self.add("condition_natural_language", f"the condition of flow {flow.get('id')!r} of gateway "
                              f"{gid!r} is a sentence, not an expression: the model decides it (--model or the "
                              "gateway's llm.model); without a model, or when the model fails, the flow is not "
-                             "taken and the expressions or the default flow decide", file=file,
+                             f"taken and the expressions or the default flow decide{meant}", file=file,
                              line=expr_el.sourceline if expr_el is not None else flow.sourceline,
                              element_id=flow.get("id"), field="conditionExpression", severity="warning")
                     judged = False
@@ -1928,6 +1974,12 @@ class _Validator:
                     section = (reach(sid, after, jid) & reach(jid, before, sid)) - {sid, jid}
                     if sum(1 for t in after[sid] if t == jid or t in section) < 2:
                         continue  # the split's branches do not meet at this join
+                    if any(jid not in reach(sid, after, inner) for inner in section
+                           if inner in parallel and len(before.get(inner, [])) > 1):
+                        # every path from the split to this join passes an inner join, which joins the
+                        # split's branches first: a mixed gateway that joins a loop and splits again
+                        # (SpiffWorkflow's Parallel-Looping-After-Join) is no join of this split
+                        continue
                     later = reach(jid, after, sid) | {jid}
                     back = [fid for src, fid, dst in edges
                             if dst in section and src in later and src not in section and src != sid]
@@ -1943,6 +1995,29 @@ class _Validator:
                              "or give a second split a join of its own", file=proc.file, line=join.sourceline,
                              element_id=jid, severity="warning")
                     break
+
+    def _check_token_quantities(self, proc: _Node) -> None:
+        """An activity's startQuantity (the tokens its incoming flows must bring before it starts) or
+        completionQuantity (the tokens it sends down each outgoing flow) other than 1, as modelers
+        and simulation tools write (MIWG C.3.0: 2 and 2). SpiffWorkflow reads neither: the activity
+        runs once per arriving token and sends one on, so what the number asks for never happens."""
+        for el in proc.element.iter(*_FLOW_NODES):
+            asked = [(attr, el.get(attr)) for attr in ("startQuantity", "completionQuantity")
+                     if el.get(attr) is not None and el.get(attr).strip() != "1"]
+            if not asked:
+                continue
+            eid = el.get("id") or "(no id)"
+            what = {"startQuantity": "to wait for that many tokens on its incoming flows before it starts",
+                    "completionQuantity": "to send that many tokens down each outgoing flow, running what follows "
+                                          "that many times"}
+            said = "; ".join(f"{attr}={value!r} asks it {what[attr]}" for attr, value in asked)
+            named = " and ".join(attr for attr, _ in asked)
+            self.add("token_quantity", f"bpmn:{etree.QName(el).localname} {eid!r}: {said}, which SpiffWorkflow "
+                     f"ignores: it runs the step once for each token that arrives and sends one token on; remove "
+                     f"{named} (or set {'them' if len(asked) > 1 else 'it'} to 1), and draw what the number meant: "
+                     "a parallel gateway to send several tokens, a parallel join to wait for several, or a "
+                     "multi-instance marker to run the step several times", file=proc.file, line=el.sourceline,
+                     element_id=eid, field=asked[0][0], severity="warning")
 
     def _check_split_merges(self, proc: _Node) -> None:
         """Branches of one split that meet before their join (in an exclusive gateway, or a task with
@@ -2390,8 +2465,8 @@ class _Validator:
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
             dialect = expression_dialect(source) if mode == "eval" else None
             if dialect is not None:
-                self.add(code, f"{what} {source!r} is a {dialect} expression ({_DIALECTS[dialect]}); layerflow, "
-                         f"as SpiffWorkflow, evaluates it as a Python expression over the context: "
+                self.add(code, f"{what} {source!r} is a {dialect} expression ({_dialect_said(source, dialect)}); "
+                         f"layerflow, as SpiffWorkflow, evaluates it as a Python expression over the context: "
                          f"{_python_instead(source, dialect)}", file=file, line=line, element_id=element_id,
                          field=field)
                 return None
@@ -2404,9 +2479,11 @@ class _Validator:
                 compared = _comparison_instead(source) if mode == "eval" else None
                 java = _java_return_instead(source) if mode == "eval" else None
                 spelt = _operators_instead(source) if mode == "eval" and java is None else None
+                spaced = _spaced_names_instead(source) if mode == "eval" else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
                         else java if java is not None
                         else f"Python writes {_operators_said(source)}: write {spelt!r}" if spelt is not None
+                        else _spaced_names_said(*spaced) if spaced is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
@@ -3101,7 +3178,17 @@ class _Validator:
             return
         self.related.add(eid)
         elsewhere = next((f for f in self.dmn_files if ref in {d for d, _ in f.decisions}), None)
-        if elsewhere is not None:
+        whole = next((f for f in self.dmn_files if f.root is not None and f.root.get("id") == ref), None)
+        if elsewhere is None and whole is not None:
+            ids = [d for d, _ in whole.decisions]
+            there = (f"the decision{'s' if len(ids) > 1 else ''} there: {', '.join(map(repr, ids))}" if ids
+                     else "it defines no decision")
+            first = ids[0] if ids else "DECISION_ID"
+            how = (f"{ref!r} is the id of {whole.path}'s definitions (the whole DMN file), not of a decision: a "
+                   f"business rule task names one decision by its id ({there}); write "
+                   f"<spiffworkflow:calledDecisionId>{first}</spiffworkflow:calledDecisionId> (camunda:decisionRef "
+                   "too, if it is there)")
+        elif elsewhere is not None:
             how = (f"{elsewhere.path} defines it after {elsewhere.decision!r}, and SpiffWorkflow 3.2 reads the first "
                    "decision of a DMN file only: put it in a file of its own")
         else:
@@ -3492,6 +3579,21 @@ class _Validator:
                 line = f"{script.get('resultVariable')} = {expression}"
                 todo = [f"write {line!r} as its bpmn:script{notes}" if t == _FOREIGN_SETTINGS["script"] else t
                         for t in todo]
+        delegate = next(((q, v.strip(), m) for k, v in el.attrib.items() for q in [_foreign_name(k)]
+                         if q and q.endswith((":delegateExpression", ":expression"))
+                         for m in [_JUEL_BEAN.fullmatch(v.strip())] if m), None)
+        if delegate is not None and _RUN_BY_HANDLER in todo:
+            # a JUEL expression naming a bean (#{archiveService}) or calling its method
+            # (#{jobAnnouncementService.postToWebsite(jobAnnouncementId)}) of the other engine's
+            # application: say what it names, the code to bring over as the handler
+            attr, value, found_bean = delegate
+            bean, method = found_bean.group(1), found_bean.group(2)
+            named = (f"calling {method}() of {bean!r}, a Java bean" if method
+                     else f"naming {bean!r}, a Java bean")
+            todo = [f"its {attr}={value!r} is a JUEL expression ({_dialect_said(value, 'JUEL')}) {named} of the "
+                    "other engine's application that does the step's work; write that work in Python as the "
+                    f"step's handler (handler: file.py:function in the config for {eid!r}) or give it an llm: block"
+                    if t == _RUN_BY_HANDLER else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
@@ -4188,6 +4290,14 @@ _TASK_NAMES = {"scriptTask": "script task", "serviceTask": "service task"}
 _ISO_8601 = re.compile(r"R\d*/.*|P(?=[\dT])(\d+Y)?(\d+M)?(\d+W)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+(\.\d+)?S)?)?"
                        r"|\d{4}-\d{2}-\d{2}([T ][\d:.]+)?(Z|[+-]\d{2}:?\d{2})?", re.I)
 _DIALECTS = {"JUEL": "Camunda 7's ${...}", "FEEL": "Camunda 8's =..."}
+
+
+def _dialect_said(source: str, dialect: str) -> str:
+    """Which engine's notation an expression is in, as its delimiters say: JUEL's ``#{...}`` is the
+    deferred form of ``${...}`` (Camunda 7, Activiti and Flowable evaluate both alike)."""
+    if dialect == "JUEL" and source.lstrip().startswith("#{"):
+        return "JUEL's deferred #{...}, as Camunda 7, Activiti and Flowable write it, evaluated as ${...} is"
+    return _DIALECTS[dialect]
 # jBPM's duration short form: 1d2h30m10s500ms, each part optional
 _JBPM_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?", re.I)
 # Quartz / Unix cron: five to seven fields of numbers, * / , - ? L W #, or three-letter month and day names
@@ -4210,6 +4320,7 @@ _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://c
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable",
                       # BPMN-OS (optimisation models): a task's status operators compute as it runs
                       _BPMNOS_NS: "bpmnos"}
+_JUEL_BEAN = re.compile(r"[$#]\{\s*([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*)\s*\(.*\))?\s*\}", re.S)
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
                 "bpmn:serviceTask")
@@ -4734,6 +4845,74 @@ def _java_return_instead(source: str) -> str | None:
         return (f"{said}, and it is Python over the context, whose values have no Java methods: write the test "
                 f"of {inner!r} in Python")
     return f"{said}; write {spelt!r}"
+
+
+def _spaced_names_instead(source: str) -> tuple[list[tuple[str, str]], str] | None:
+    """A condition that reads a name with spaces (``Credit Score > 600``, MIWG C.3.0's ``Service
+    Level == 'Premium'``: a modeler's label, or a form field's): Python reads two names side by side,
+    a syntax error. Returns each spaced name with the Python name to write instead (its words in
+    lower case joined by underscores), and the condition so written, when that is valid Python."""
+    import io
+    import keyword
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return None
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(at: tuple[int, int]) -> int:
+        return starts[at[0] - 1] + at[1]
+
+    runs: list[list[tokenize.TokenInfo]] = []
+    previous: tokenize.TokenInfo | None = None
+    for tok in tokens:
+        word = tok.type == tokenize.NAME and not keyword.iskeyword(tok.string)
+        if word and previous is not None and runs and runs[-1][-1] is previous \
+                and source[offset(previous.end):offset(tok.start)].strip(" \t") == "":
+            runs[-1].append(tok)
+        elif word:
+            runs.append([tok])
+        previous = tok
+    spaced = [run for run in runs if len(run) > 1]
+    if not spaced:
+        return None
+    written, names, at = [], [], 0
+    for run in spaced:
+        start, end = offset(run[0].start), offset(run[-1].end)
+        name = "_".join(t.string.lower() for t in run)
+        names.append((source[start:end], name))
+        written += [source[at:start], name]
+        at = end
+    instead = "".join(written) + source[at:]
+    try:
+        ast.parse(instead, mode="eval")
+    except SyntaxError:
+        return None
+    return names, instead
+
+
+def _compares_values(source: str) -> bool:
+    """Whether an expression compares with ``==``, ``<``, ``in``, ... (not ``is``) or holds a number
+    or a string: what tells ``amount > 5 and Risk Level in ("high",)`` from a sentence such as
+    "the applicant is reliable", which joined up parses as well."""
+    tree = ast.parse(source, mode="eval")
+    return any(isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value is not None
+               or isinstance(node, ast.Compare) and any(not isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+               for node in ast.walk(tree))
+
+
+def _spaced_names_said(names: list[tuple[str, str]], instead: str) -> str:
+    shown = ", ".join(f"{spaced!r}" for spaced, _ in names)
+    keys = ", ".join(name for _, name in names)
+    return (f"{shown} {'is a name' if len(names) == 1 else 'are names'} with spaces, which Python reads as "
+            f"names side by side; a condition reads a context key by its Python name (letters, digits and "
+            f"underscores): name the key {keys} where it is set (the form field, the step's answer, the start "
+            f"data) and write {instead!r}")
 
 
 def _operators_said(source: str) -> str:

@@ -102,8 +102,9 @@ ERROR = {"message_text": "disk full", "recipients": ["ops@example.com"]}
 
 def test_a_process_started_by_its_message_puts_the_payload_in_the_message_variable_as_in_plain_spiffworkflow() -> None:
     """It waits at its message start event; the message's payload lands in system_message (the
-    message's spiffworkflow:messageVariable) and the script runs: plain SpiffWorkflow's path and data."""
-    assert problems(NOTIFY) == []
+    message's spiffworkflow:messageVariable) and the script runs: plain SpiffWorkflow's path and data.
+    validate warns that the message comes from a pool nobody runs, with how to send it."""
+    assert problems(NOTIFY) == [("message_flow_from_outside", "warning", "Flow_1lktxcr")]
     engine = Engine(store="memory://")
     waiting = engine.run(engine.start(load_process([NOTIFY]), {}))
     assert [(w["task_id"], w["event"]) for w in waiting.waiting_for] == [("StartEvent_1", "SystemErrorMessage")]
