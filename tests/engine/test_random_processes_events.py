@@ -319,10 +319,7 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
         loaded = engine.load(instance.id)
         if events:
             kind, payload, gate = sends[events[0]["event"]]
-            if gate is not None:
-                sent.add((events[0]["event"], at[gate]))
-            if "attached_to" in events[0]:
-                sent.add((events[0]["event"], events[0]["attached_to"]))
+            _record_send(sent, events[0]["event"], waiting, at[gate] if gate is not None else None)
             steps.append(f"send {events[0]['event']}")
             instance = engine.send_event(loaded, events[0]["event"], payload, kind=kind)
         elif timers:
@@ -348,6 +345,18 @@ def _due(gate: str | None, at: dict[str, str], sent: set[tuple[str, str]], item:
     if "attached_to" in item:
         return (name, item["attached_to"]) not in sent
     return gate is None or (gate in at and (name, at[gate]) not in sent)
+
+
+def _record_send(sent: set[tuple[str, str]], name: str, waiting: list[dict[str, Any]], gate_id: str | None) -> None:
+    """Note in ``sent`` what sending event ``name`` now reaches, so that ``_due`` sends it no more
+    there: the wait of user task ``gate_id`` (its id; None: no gate), and every run of an activity
+    whose boundary event waits for it among ``waiting`` (a message reaches every catch that waits
+    for its name: the parallel instances of a multi-instance body each catch the one message; were
+    it sent again for the second one, whose non-interrupting boundary event waits anew, both would
+    catch that too)."""
+    if gate_id is not None:
+        sent.add((name, gate_id))
+    sent.update((name, w["attached_to"]) for w in waiting if w.get("event") == name and "attached_to" in w)
 
 
 def _plain(path: Path, x: int, sends: Sends) -> Counter[str]:
