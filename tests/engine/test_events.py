@@ -364,7 +364,7 @@ def _event_sub(start: str, *, nested: bool = False) -> str:
       <bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="on_end"/>
       <bpmn:sequenceFlow id="g1" sourceRef="on_start" targetRef="note"/>
       <bpmn:sequenceFlow id="g2" sourceRef="note" targetRef="on_end"/></bpmn:subProcess>"""
-    body = f"""<bpmn:startEvent id="s_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="s_end"/>
+    body = """<bpmn:startEvent id="s_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="s_end"/>
       <bpmn:sequenceFlow id="h1" sourceRef="s_start" targetRef="review"/>
       <bpmn:sequenceFlow id="h2" sourceRef="review" targetRef="s_end"/>"""
     return HEAD + """  <bpmn:error id="e_bad" name="bad" errorCode="bad"/>
