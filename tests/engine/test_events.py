@@ -364,7 +364,7 @@ def _event_sub(start: str, *, nested: bool = False) -> str:
       <bpmn:scriptTask id="note"><bpmn:script>noted = True</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="on_end"/>
       <bpmn:sequenceFlow id="g1" sourceRef="on_start" targetRef="note"/>
       <bpmn:sequenceFlow id="g2" sourceRef="note" targetRef="on_end"/></bpmn:subProcess>"""
-    body = f"""<bpmn:startEvent id="s_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="s_end"/>
+    body = """<bpmn:startEvent id="s_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="s_end"/>
       <bpmn:sequenceFlow id="h1" sourceRef="s_start" targetRef="review"/>
       <bpmn:sequenceFlow id="h2" sourceRef="review" targetRef="s_end"/>"""
     return HEAD + """  <bpmn:error id="e_bad" name="bad" errorCode="bad"/>
@@ -1130,3 +1130,55 @@ def test_a_non_interrupting_boundary_event_on_a_multi_instance_activity_catches_
     told = {name: sum(k.startswith("activity:tell") for k in ctx.layer(Layer.HISTORY))
             for name, ctx in instance.contexts.items() if name == "main" or ("#" in name and name.count("/") == 1)}
     assert (told.pop("main"), sum(told.values())) == ((0, 2) if on_body else (2, 0)), told
+
+
+# two parallel instances, each waiting for a person inside a sub-process that a non-interrupting
+# message boundary event watches (the shape of test_random_processes_scopes's failed example)
+NUDGED_INSTANCES = HEAD + """  <bpmn:process id="nudged_instances" isExecutable="true">
+    <bpmn:startEvent id="start"/><bpmn:endEvent id="end"/>
+    <bpmn:subProcess id="each"><bpmn:multiInstanceLoopCharacteristics><bpmn:loopCardinality>2</bpmn:loopCardinality>
+    </bpmn:multiInstanceLoopCharacteristics>
+      <bpmn:startEvent id="e_start"/><bpmn:endEvent id="e_end"/>
+      <bpmn:subProcess id="claim"><bpmn:startEvent id="c_start"/><bpmn:userTask id="review"/><bpmn:endEvent id="c_end"/>
+        <bpmn:sequenceFlow id="c1" sourceRef="c_start" targetRef="review"/>
+        <bpmn:sequenceFlow id="c2" sourceRef="review" targetRef="c_end"/></bpmn:subProcess>
+      <bpmn:boundaryEvent id="nudge" attachedToRef="claim" cancelActivity="false">
+        <bpmn:messageEventDefinition messageRef="m_docs"/></bpmn:boundaryEvent>
+      <bpmn:scriptTask id="count"><bpmn:script>nudged = True</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="n_end"/>
+      <bpmn:sequenceFlow id="e1" sourceRef="e_start" targetRef="claim"/>
+      <bpmn:sequenceFlow id="e2" sourceRef="claim" targetRef="e_end"/>
+      <bpmn:sequenceFlow id="e3" sourceRef="nudge" targetRef="count"/>
+      <bpmn:sequenceFlow id="e4" sourceRef="count" targetRef="n_end"/>
+    </bpmn:subProcess>
+""" + flows("start>each", "each>end") + TAIL
+
+
+def test_each_message_reaches_the_boundary_event_of_every_parallel_instance_that_waits(tmp_path: Path) -> None:
+    """A message reaches every catch that waits for its name, and a non-interrupting boundary event
+    waits anew after each one while its activity runs: with two instances waiting, one message runs
+    the path once in each (2), a second message once more in each (4). (The random-process driver
+    once sent a second message for the second instance, which the first had already reached, and
+    its reference counted 2: the engine's 4 was right.)"""
+    engine, instance = started(tmp_path, NUDGED_INSTANCES)
+    runs = {w["attached_to"] for w in events_of(instance)}
+    assert len(runs) == 2, instance.waiting_for  # one run of 'claim' per instance
+
+    def nudges(inst: Instance) -> int:
+        """The runs of 'count': its records in each instance's scope (``each#<n>``) and the side
+        contexts of the paths running in it (a path's context comes back into the scope later)."""
+        scopes = [name for name, info in inst.branches.items() if info["branch_id"] in ("each#1", "each#2")]
+        assert len(scopes) == 2, inst.branches
+        return sum(len({k for name, ctx in inst.contexts.items() if name == scope or name.startswith(scope + "/")
+                        for k in ctx.layer(Layer.HISTORY) if k.startswith("activity:count")}) for scope in scopes)
+
+    for sent in (1, 2):
+        instance = engine.send_event(engine.load(instance.id), "documents_received", {})
+        assert instance.status == "waiting", instance.error
+        assert {w["attached_to"] for w in events_of(instance)} == runs  # both still wait, anew
+        assert nudges(instance) == 2 * sent
+    for review in [w["id"] for w in instance.waiting_for if w["kind"] == "user_task"]:
+        instance = engine.complete_user_task(engine.load(instance.id), review, {})
+    assert instance.status == "completed", instance.error
+    assert events_of(instance) == []
+    assert nudges(instance) == 4
+    _replays(instance)

@@ -319,10 +319,8 @@ def _ours(path: Path, x: int, sends: Sends) -> tuple[Any, Counter[str], list[str
         loaded = engine.load(instance.id)
         if events:
             kind, payload, gate = sends[events[0]["event"]]
-            if gate is not None:
-                sent.add((events[0]["event"], at[gate]))
-            if "attached_to" in events[0]:
-                sent.add((events[0]["event"], events[0]["attached_to"]))
+            again = _record_send(sent, events[0]["event"], waiting, at[gate] if gate is not None else None)
+            assert not again, (again, steps)  # no two runs of one activity wait at once here (no multi-instance)
             steps.append(f"send {events[0]['event']}")
             instance = engine.send_event(loaded, events[0]["event"], payload, kind=kind)
         elif timers:
@@ -348,6 +346,21 @@ def _due(gate: str | None, at: dict[str, str], sent: set[tuple[str, str]], item:
     if "attached_to" in item:
         return (name, item["attached_to"]) not in sent
     return gate is None or (gate in at and (name, at[gate]) not in sent)
+
+
+def _record_send(sent: set[tuple[str, str]], name: str, waiting: list[dict[str, Any]],
+                 gate_id: str | None) -> list[dict[str, Any]]:
+    """Note in ``sent`` what sending event ``name`` now reaches, so that ``_due`` sends it there no
+    more: the wait of user task ``gate_id`` (its id; None: no gate), and every run of an activity
+    whose boundary event waits for it in ``waiting`` (a message reaches every catch that waits for
+    its name: two parallel instances of a multi-instance body each catch the one message). Returns
+    the items of ``waiting`` whose runs an earlier send reached: their non-interrupting boundary
+    events wait anew, and catch this one too (BPMN), when it is sent for a run that waits later."""
+    again = [w for w in waiting if w.get("event") == name and (name, w.get("attached_to")) in sent]
+    if gate_id is not None:
+        sent.add((name, gate_id))
+    sent.update((name, w["attached_to"]) for w in waiting if w.get("event") == name and "attached_to" in w)
+    return again
 
 
 def _plain(path: Path, x: int, sends: Sends) -> Counter[str]:
