@@ -227,3 +227,42 @@ def test_a_script_tasks_pre_and_post_script_errors_name_the_script(tmp_path: Pat
     assert instance.status == "error"
     assert instance.error["task_id"] == "print_badge"
     assert which in instance.error["message"] and "undefined_name" in instance.error["message"]
+
+
+SIGNAL_IN_BRANCHES = '''<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL"
+    xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" id="d" targetNamespace="b">
+  <bpmn:signal id="S" name="badge_printed"><bpmn:extensionElements>
+    <spiffworkflow:payloadExpression>{"badge": "B-1"}</spiffworkflow:payloadExpression>VARIABLE
+  </bpmn:extensionElements></bpmn:signal>
+  <bpmn:process id="sig" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:parallelGateway id="fork"/>
+    <bpmn:intermediateCatchEvent id="wait"><bpmn:signalEventDefinition signalRef="S"/></bpmn:intermediateCatchEvent>
+    <bpmn:intermediateThrowEvent id="throw"><bpmn:signalEventDefinition signalRef="S"/></bpmn:intermediateThrowEvent>
+    <bpmn:parallelGateway id="join"/>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="fork"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="fork" targetRef="wait"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="fork" targetRef="throw"/>
+    <bpmn:sequenceFlow id="f4" sourceRef="wait" targetRef="join"/>
+    <bpmn:sequenceFlow id="f5" sourceRef="throw" targetRef="join"/>
+    <bpmn:sequenceFlow id="f6" sourceRef="join" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+'''
+
+
+@pytest.mark.parametrize("variable", [None, "printed"])
+def test_a_thrown_payload_needs_a_variable_to_reach_the_catch(tmp_path: Path, variable: str | None) -> None:
+    """README: without a variableName the payload is dropped at the catch (as in SpiffWorkflow) and the
+    record says so (``"keys": []``); with one it is kept under it."""
+    path = tmp_path / "sig.bpmn"
+    named = f"<spiffworkflow:variableName>{variable}</spiffworkflow:variableName>" if variable else ""
+    path.write_text(SIGNAL_IN_BRANCHES.replace("VARIABLE", named), encoding="utf-8")
+    instance = Engine("memory://").run(load_process(path), {})
+    assert instance.status == "completed", instance.error
+    record = instance.main.resolve("event:wait")
+    assert (record["event"], record["event_kind"], record["sent_by"]) == ("badge_printed", "signal", "process")
+    assert record["keys"] == ([variable] if variable else [])
+    assert variables(instance.main) == ({variable: {"badge": "B-1"}} if variable else {})
