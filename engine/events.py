@@ -254,11 +254,12 @@ def _open_multi_instance(catch: Catch, activity: str) -> Any:
 
 
 def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any], *,
-                 sent_from: Mapping[str, Any] | None = None) -> None:
+                 sent_from: Mapping[str, Any] | None = None, code: str | None = None) -> None:
     """The payload of an event the process threw itself (an intermediate throw or end event, a
     send task), where SpiffWorkflow put it for ``task`` (the catching event): into ``ctx``, as
-    an event sent from outside goes (``deliver``), recorded as ``event:<catch event id>``;
-    ``sent_from`` (a collaboration's message: the sending pool, ``collaboration.sender_of``) is
+    an event sent from outside goes (``deliver``), recorded as ``event:<catch event id>``, also
+    when it carries nothing (``values`` empty); ``sent_from`` (a collaboration's message: the
+    sending pool, ``collaboration.sender_of``) and ``code`` (a thrown error's or escalation's) are
     on the record."""
     spec = task.task_spec
     event_id = spiff.bpmn_id_of(task)
@@ -285,9 +286,11 @@ def catch_thrown(ctx: LayeredContext, task: Any, values: Mapping[str, Any], *,
     sender = ""
     if sent_from is not None:
         sender = f" from {sent_from.get('element')!r} of pool {sent_from.get('participant') or sent_from.get('process')!r}"
-    ctx.complete_activity(event_id, summary=f"{kind} {name!r} caught at {event_id}{sender}: {', '.join(values)}",
+    ctx.complete_activity(event_id, summary=f"{kind} {name!r} caught at {event_id}{sender}: "
+                                            f"{', '.join(values) or 'no data'}",
                           actor=event_id, record_kind="event",
                           details={"event": name, "event_kind": kind, "sent_by": "process",
+                                   **({"code": code} if code is not None else {}),
                                    **({"sent_from": dict(sent_from)} if sent_from is not None else {})})
 
 

@@ -2208,7 +2208,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         payload = dict(thrown.get("payload") or {})
         values: dict[str, Any] = {variables[0]: payload} if variables else payload
         values.update(error_code=thrown["code"], error_message=thrown.get("message"))
-        events.catch_thrown(self.context_of(task), task, values)
+        events.catch_thrown(self.context_of(task), task, values, code=thrown["code"])
 
     def _activity_done(self, ctx: LayeredContext, cfg: ActivityExtensionConfig | None, bpmn_id: str) -> None:
         self.instance.activities += 1

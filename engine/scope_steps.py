@@ -690,14 +690,16 @@ class ScopeSteps:
             data["correlations"] = _json_safe(dict(correlations))
         self.context_of(task).record("message_out", actor=bpmn_id, data=data)
 
-    def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None) -> None:
-        """A catching event ran with the payload of an event this process threw: into its context;
-        in a collaboration, the record names the pool and message flow that sent it."""
+    def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None,
+               code: str | None = None) -> None:
+        """A catching event ran with the payload of an event this process threw (none, maybe): into
+        its context; in a collaboration, the record names the pool and message flow that sent it; an
+        error's or escalation's record names its ``code``."""
         sender = None
         if sent_from is not None:
             sender = collaboration.sender_of(self.process.paths, self.process.id, sent_from, spiff.bpmn_id_of(task),
                                              spiff.pool_process_of(task))
-        events.catch_thrown(self.context_of(task), task, values, sent_from=sender)
+        events.catch_thrown(self.context_of(task), task, values, sent_from=sender, code=code)
 
 
 def _cycle_due_before(task: Any, due: datetime) -> bool:

@@ -208,6 +208,7 @@ CAUGHT_UP_KEY = "lf_caught_up"  # ... by an event sub-process of the workflow th
 POSTSCRIPT_RAN_KEY = "lf_postscript_ran"  # on an instance of a multi-instance call: its postScript ran in its scope
 THROWN_KEY = "lf_thrown"  # on a catching event: the BPMN error an activity threw (engine.BpmnError): code, message, ...
 SENT_FROM_KEY = "lf_sent_from"  # on a catching event of a collaboration: the pool and element that threw its message
+CAUGHT_EVENT_KEY = "lf_caught_event"  # on a catching event: a message, signal, error or escalation came ({"code"})
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -226,7 +227,8 @@ class Driver(Protocol):
     def complete_multi(self, task: Any) -> bool: ...
     def timer(self, task: Any) -> None: ...
     def now(self) -> datetime: ...
-    def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None) -> None: ...
+    def caught(self, task: Any, values: dict[str, Any], sent_from: dict[str, Any] | None = None,
+               code: str | None = None) -> None: ...
     def thrown_out(self, task: Any, event: Any) -> None: ...
     def caught_error(self, task: Any, thrown: dict[str, Any], variables: list[str]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
@@ -507,10 +509,11 @@ class _LayerflowSpecMixin:
                       if name in my_task.data}
             thrown = my_task.internal_data.pop(THROWN_KEY, None)
             sent_from = my_task.internal_data.pop(SENT_FROM_KEY, None)
+            came = my_task.internal_data.pop(CAUGHT_EVENT_KEY, None)
             if thrown is not None:  # an activity threw it (throw_activity_error): code, message, payload
                 driver.caught_error(my_task, thrown, payload_variables(self.event_definition))
-            elif (values or sent_from is not None) and not delivered:
-                driver.caught(my_task, values, sent_from)
+            elif (values or sent_from is not None or came is not None) and not delivered:
+                driver.caught(my_task, values, sent_from, (came or {}).get("code"))
             return result
         if isinstance(self, (ExclusiveGateway, InclusiveGateway)):
             try:
@@ -534,6 +537,10 @@ class _LayerflowSpecMixin:
     def catch(self, my_task: Any, event: Any) -> None:
         # (catching events only: SpiffWorkflow's event manager calls it)
         super().catch(my_task, event)  # type: ignore[misc]
+        definition = getattr(event, "event_definition", None)
+        if isinstance(definition, (MessageEventDefinition, ItemAwareEventDefinition)):
+            # caught even with no payload (an error end event, a bare signal): recorded as it runs
+            my_task.internal_data[CAUGHT_EVENT_KEY] = {"code": getattr(definition, "code", None)}
         sent_from = getattr(event, "lf_sent_from", None)
         if sent_from is not None:
             my_task.internal_data[SENT_FROM_KEY] = dict(sent_from)  # saved with the task until it runs

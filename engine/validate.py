@@ -272,8 +272,6 @@ not make ``report.ok`` false:
                                       ``module:function`` whose module cannot be found (not run)
 ``config_*``                          problems of the config file itself (``engine.configfile``);
                                       ``config_ambiguous`` W: several config files beside the BPMN
-``script_extension_ignored`` W        a spiffworkflow:preScript / postScript on a script task: SpiffWorkflow runs
-                                      them on other tasks only
 ``bpmn_schema`` W                     the file does not conform to the BPMN 2.0 XSD
 ====================================  ====================================================
 
@@ -2808,15 +2806,6 @@ class _Validator:
             self._check_foreign(el, eid, tag, file)
             self._check_timer_settings(el, eid, tag, file)
             self._check_jbpm(el, eid, tag, file)
-            if tag == "scriptTask":
-                for ext in el.iterfind(_bpmn("extensionElements")):
-                    for which in ("preScript", "postScript"):
-                        for extra in ext.iterfind(f"{{{SPIFF_NS}}}{which}"):
-                            self.add("script_extension_ignored", f"script task {eid!r} has a spiffworkflow:{which}, "
-                                     "which SpiffWorkflow runs on other tasks only (as SpiffArena offers it): it "
-                                     f"never runs here; put its lines {'before' if which == 'preScript' else 'after'}"
-                                     " the task's own script", file=file, line=extra.sourceline, element_id=eid,
-                                     field=which, severity="warning")
             self._check_data_items(el, eid, tag, file)
             self._check_event_refs(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):

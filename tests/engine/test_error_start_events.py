@@ -119,10 +119,13 @@ def test_a_modeler_drawn_error_event_sub_process_waits_for_a_person_across_a_sav
         "StartEvent_1", "Activity_reserve", "Event_payment_start", "Activity_charge", "Gateway_declined",
         "Event_declined", "Event_payment_failed", "Activity_call", "Activity_cancel", "Event_cancelled",
         "Activity_payment_failed"]
-    # the event sub-process's writes are on the tape: in its own context, then merged into main
+    # the event sub-process's writes are on the tape: in its own context, then merged into main,
+    # with the record of the error its start caught (no payload: the record is all it leaves)
     merged = [e for e in done.main.tape if e.kind == "changes" and e.data.get("note") == "side_merge"]
     assert [sorted(k for _, k, _ in e.changes if not k.startswith("activity:")) for e in merged] == [
-        ["note", "reserved", "status"]]
+        ["event:Event_payment_failed", "note", "reserved", "status"]]
+    caught = done.main.resolve("event:Event_payment_failed")
+    assert (caught["event_kind"], caught["code"], caught["keys"]) == ("error", "PAYMENT_DECLINED", [])
     assert LayeredContext.replay(done.main.tape) == done.main
 
     paid = engine.run(engine.start(load_process(MODELER), {"amount": 50}))
