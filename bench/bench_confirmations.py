@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "bpmn_examples"))
 
 from engine import Engine, load_process  # noqa: E402
 from engine.cli import LOAN_SCENARIOS  # noqa: E402
-from engine.governance import GovernanceService  # noqa: E402
+from engine.governance import GovernanceService, _open_of  # noqa: E402
 
 
 def full_loads(engine: Engine) -> list[dict]:
@@ -34,8 +34,7 @@ def full_loads(engine: Engine) -> list[dict]:
         if row["status"] == "completed":
             continue
         inst = engine.load(row["id"])
-        out += [{**c, "instance_id": inst.id, "version": inst.version} for c in inst.confirmations
-                if not c.get("answered")]
+        out += _open_of(inst.id, inst.version, inst.confirmations)  # the same shape, from the full load
     return out
 
 

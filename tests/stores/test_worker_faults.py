@@ -81,7 +81,7 @@ def test_a_killed_worker_s_instance_completes_on_another(store_url, queue, tmp_p
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not marker.exists():
+        while not (marker.exists() and marker.read_text()):  # created, then its pid written
             if doomed.poll() is not None or time.monotonic() > deadline:
                 out, err = doomed.communicate(timeout=5) if doomed.poll() is not None else ("", "")
                 pytest.fail(f"the worker never reached the slow activity: rc={doomed.poll()} {err[-3000:]}")

@@ -43,7 +43,7 @@ def test_sigterm_mid_activity_finishes_the_instance_then_exits(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60  # a safety limit
-        while not marker.exists():
+        while not (marker.exists() and marker.read_text()):  # created, then its pid written
             assert worker.poll() is None and time.monotonic() < deadline, worker.communicate(timeout=5)
             time.sleep(0.02)
         worker.send_signal(signal.SIGTERM)  # the slow activity is running
