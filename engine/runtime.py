@@ -349,7 +349,12 @@ class Engine:
         """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
         ``data_layers`` says) and save it, in ``store`` (a URL or a store) when given, else
         in the engine's. ``run`` advances it."""
-        ctx, wf = _prepared_start(process, data)
+        return self._create(process, *_prepared_start(process, data), instance_id=instance_id, store=store)
+
+    def _create(self, process: Process, ctx: LayeredContext, wf: Any, *, instance_id: str | None = None,
+                store: "str | Store | None" = None) -> Instance:
+        """``start`` once its checks are done: ``ctx`` and ``wf`` are ``_prepared_start``'s (``worker.submit``
+        prepares them itself, so the checks it makes first are the ones it starts from)."""
         instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx})
         _Runtime(self, instance)
         if store is not None:

@@ -104,7 +104,7 @@ from context_layers.stores import InstanceNotFound, InstanceRecords, Store, Stor
 
 from .leases import Heartbeat, LeaseLost
 from .process import Process, load_process
-from .runtime import Engine, check_start
+from .runtime import Engine, _prepared_start
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
@@ -416,14 +416,14 @@ def submit(store_url: str | Store, process_path: str | Path | Iterable[str | Pat
         process = process_path
     else:
         process = load_process(process_path, process_id, config=config)
-    check_start(process, data)
+    ctx, wf = _prepared_start(process, data)  # check_start's checks, kept to start from
     store = _store(store_url)
     client = client or queue_client(store.url, queue_url)
     try:
         _ensure_group(client, stream, group)  # the queue answers before anything is created
     except _redis_down() as err:
         raise _queue_down(client, err) from err
-    instance = _engine(store, None, None).start(process, data, instance_id=instance_id)
+    instance = _engine(store, None, None)._create(process, ctx, wf, instance_id=instance_id)
     try:
         enqueue(client, instance.id, stream=stream)
     except _redis_down() as err:
