@@ -203,6 +203,9 @@ not make ``report.ok`` false:
 ``link_flow``                         a sequence flow out of a link throw event or into a link catch event:
                                       BPMN forbids a link event to be both target and source of flows
 ``link_misplaced``                    a linkEventDefinition on a start, end or boundary event
+``event_definition_misplaced``        an event definition BPMN does not allow on its kind of event (a timer on
+                                      a throw event, a terminate on a catch event, ...): SpiffWorkflow reads
+                                      it as a plain event and goes straight on
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
@@ -2646,6 +2649,11 @@ class _Validator:
         instead = _java_script_instead(source)
         todo = (f"write it as {instead!r}" if instead is not None else
                 "print with print(...), set a variable by assigning it (packed = True), read one by its name")
+        signals = _java_signals(tree)
+        if signals:
+            todo += (f"; a script cannot raise signal {', '.join(map(repr, signals))} here (signalEvent): draw an "
+                     "intermediate throw event after the task with a bpmn:signalEventDefinition whose signalRef "
+                     f"names the bpmn:signal of {'that name' if len(signals) == 1 else 'each name'}")
         self.add(code, f"{what} calls {', '.join(calls)}, Java's and jBPM's API (System.out, kcontext), which is not "
                  "here: the run would stop there with a NameError; scripts are Python over the context, where a "
                  f"variable is read by its name and set by assigning it: {todo}", file=file,
@@ -2808,6 +2816,7 @@ class _Validator:
             self._check_jbpm(el, eid, tag, file)
             self._check_data_items(el, eid, tag, file)
             self._check_event_refs(el, eid, tag, file)
+            self._check_event_definitions(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
         for sub in proc.element.iter(_bpmn("subProcess")):
@@ -3669,6 +3678,33 @@ class _Validator:
                  "ids as names", file=file, line=assigned[0].sourceline, element_id=eid, field="dataInput")
         return {item.get("id") for item in assigned}
 
+    def _check_event_definitions(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """An event definition BPMN (2.0.2, table 10.93) does not allow on this kind of event, such as a
+        timer on a throw event or a terminate on a catch event: SpiffWorkflow 3.2 ignores it (a plain
+        event, or a timer a throw event never waits for) and goes straight on, so nothing waits, ends or
+        is thrown where the diagram says. Links and compensation have checks of their own
+        (``link_misplaced``, ``compensation_unsupported``)."""
+        allowed = _EVENT_KINDS_ALLOWED.get(tag)
+        if allowed is None:
+            return
+        event_start = tag == "startEvent" and el.getparent().get("triggeredByEvent") == "true"
+        kinds = sorted({k for c in el if isinstance(c.tag, str) and c.tag.endswith("EventDefinition")
+                        and (k := etree.QName(c).localname.removesuffix("EventDefinition")) not in allowed
+                        and k not in ("link", "compensate") and not (event_start and k in ("error", "escalation"))})
+        if not kinds:
+            return
+        what, does = _EVENT_KIND_NAMES[tag]
+        listed = f"{'an' if kinds[0][0] in 'aeiou' else 'a'} {kinds[0]} event definition" if len(kinds) == 1 else \
+            f"{', '.join(kinds[:-1])} and {kinds[-1]} event definitions"
+        grouped: dict[str, list[str]] = {}
+        for kind in kinds:
+            grouped.setdefault(_misplaced_todo(kind, tag), []).append(kind)
+        todos = list(grouped) if len(kinds) == 1 else [f"{' and '.join(ks)}: {todo}" for todo, ks in grouped.items()]
+        self.add("event_definition_misplaced", f"bpmn:{tag} {eid!r} has {listed}, which BPMN allows on no {what} "
+                 f"(one {does}): SpiffWorkflow ignores {'it' if len(kinds) == 1 else 'them'}, so the event "
+                 f"goes straight on (nothing waits, ends or is thrown there); {'; '.join(todos)}", file=file,
+                 line=el.sourceline, element_id=eid)
+
     def _check_event_refs(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A message or signal catch event that names none: no one can send it (SpiffWorkflow loads it
         and waits for an event named None), so the path after it never runs. A reference that names
@@ -4258,6 +4294,40 @@ def _unresolved_association(err: BaseException, node: Any, docs: Sequence[_Doc])
     return None
 
 
+
+# Which event definitions BPMN (2.0.2, table 10.93) allows on each kind of event, and what each kind does.
+_EVENT_KINDS_ALLOWED = {
+    "startEvent": frozenset({"message", "timer", "conditional", "signal"}),
+    "intermediateCatchEvent": frozenset({"message", "timer", "conditional", "signal"}),
+    "intermediateThrowEvent": frozenset({"message", "escalation", "signal"}),
+    "endEvent": frozenset({"message", "error", "escalation", "cancel", "signal", "terminate"}),
+    "boundaryEvent": frozenset({"message", "timer", "escalation", "conditional", "error", "cancel", "signal"}),
+}
+_EVENT_KIND_NAMES = {
+    "startEvent": ("start event", "starts on a message, signal, timer or condition, or, in an event sub-process, "
+                   "on an error or escalation too"),
+    "intermediateCatchEvent": ("intermediate catch event", "waits for a message, signal, timer, condition or link"),
+    "intermediateThrowEvent": ("intermediate throw event", "throws a message, signal, escalation, compensation or "
+                               "link"),
+    "endEvent": ("end event", "ends with a message, signal, error, escalation, cancel, compensation or terminate"),
+    "boundaryEvent": ("boundary event", "catches a message, signal, timer, condition, error, escalation, cancel "
+                      "or compensation"),
+}
+
+
+def _misplaced_todo(kind: str, tag: str) -> str:
+    """What to draw for an event definition in a place BPMN does not allow it (``_check_event_definitions``)."""
+    if kind in ("timer", "conditional"):
+        return "to wait, draw an intermediate catch event with it (or a boundary event on the activity it times)"
+    if kind in ("error", "escalation", "cancel") and tag in ("intermediateCatchEvent", "startEvent"):
+        if kind == "cancel":
+            return "to catch a cancel, attach a cancel boundary event to the transaction"
+        sub = ("put the start event in an event sub-process (triggeredByEvent=\"true\")" if tag == "startEvent" else
+               f"draw an event sub-process with an {kind} start event")
+        return f"to catch an {kind}, attach an {kind} boundary event to the activity that throws it, or {sub}"
+    return "to end there, draw an end event with it" + (" inside the transaction" if kind == "cancel" else "")
+
+
 def _off_the_flow(el: Any) -> bool:
     """A node that sequence flows do not reach or leave: a compensation handler, the content of an
     ad-hoc sub-process, an event sub-process and its start, a link event (a throw goes on at its
@@ -4771,6 +4841,15 @@ def _java_api_calls(tree: ast.AST) -> list[str]:
                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                    and (ast.unparse(n.func).startswith(("System.out.", "System.err."))
                         or isinstance(n.func.value, ast.Name) and n.func.value.id == "kcontext")})
+
+
+def _java_signals(tree: ast.AST) -> list[str]:
+    """The signal names a jBPM script raises (``kcontext.getKnowledgeRuntime().signalEvent("name", ...)``,
+    ``kcontext.getProcessInstance().signalEvent(...)``): in BPMN here, a signal throw event's job."""
+    return sorted({n.args[0].value for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "signalEvent"
+                   and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+                   and ast.unparse(n.func).startswith("kcontext.")})
 
 
 def _java_script_instead(source: str) -> str | None:
