@@ -295,6 +295,7 @@ import importlib
 import json
 import re
 import shlex
+import textwrap
 import threading
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -2725,7 +2726,8 @@ class _Validator:
         tid = task.get("id")
         try:
             tree = ast.parse(script.text, mode="exec")
-        except SyntaxError as err:
+        except SyntaxError as raised:
+            err = _past_indentation(script.text, raised)
             self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
                      f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
                      f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
@@ -4841,6 +4843,19 @@ def _java_api_calls(tree: ast.AST) -> list[str]:
                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                    and (ast.unparse(n.func).startswith(("System.out.", "System.err."))
                         or isinstance(n.func.value, ast.Name) and n.func.value.id == "kcontext")})
+
+
+def _past_indentation(text: str, err: SyntaxError) -> SyntaxError:
+    """The error that says why a script of another language is no Python: an indented one (a
+    script in an indented CDATA block) first fails on its indentation, which hides the real reason
+    (``def x = 1`` in Groovy); the error of the script dedented, when it has one, else ``err``."""
+    if not isinstance(err, IndentationError):
+        return err
+    try:
+        ast.parse(textwrap.dedent(text), mode="exec")
+    except SyntaxError as deeper:
+        return deeper
+    return err
 
 
 def _java_signals(tree: ast.AST) -> list[str]:
