@@ -26,6 +26,10 @@ not make ``report.ok`` false:
 ``message_flow_receives_nothing``     ... that ends at no message catch (or at a pool where nothing waits for it)
 ``message_flow_not_run`` W            a message flow to a pool layerflow does not run (not executable, black box)
 ``message_flow_from_outside`` W       a message flow from such a pool: the instance waits until it is sent
+``signal_to_other_process`` W         a signal the process run alone throws that only another process of the
+                                      files catches: no signal goes from one instance to another
+``signal_from_other_process`` W       a signal start or catch event of the process run alone whose signal only
+                                      another process throws: it waits until the signal is sent to it
 ``collaboration_never_starts``        every executable pool of the collaboration starts with a message start event
 ``pool_event_subprocess_never_starts`` W  a message or signal event sub-process in a pool's process (it runs as a
                                       called process: SpiffWorkflow starts those at the top level only)
@@ -555,6 +559,7 @@ class _Validator:
         main = self._select_process(config)
         if main is not None and not self.pools:
             self._check_started_from_outside(main)
+            self._check_signals_between_processes(main)
         for doc in good:
             self._check_extensions(doc)
             self._check_forms(doc)
@@ -2920,12 +2925,11 @@ class _Validator:
                      "end event and record the outcome in the context", file=proc.file, line=end.sourceline,
                      element_id=end.get("id"), severity="warning")
 
-    def _check_called_event_subprocesses(self, main: str | None) -> None:
-        """A message or signal event sub-process of a process that ``main`` calls never starts: SpiffWorkflow
-        3.2 delivers those to the event sub-processes of the top-level process only (a warning: run on
-        its own, that process catches them)."""
+    def _called_from(self, main: str | None) -> dict[str, str]:
+        """The processes of the files that ``main`` calls, directly or not: called process id -> the
+        call activity that first reaches it."""
         by_id = {p.id: p for p in self.processes}
-        calls: dict[str, str] = {}  # called process id -> the call activity that first reaches it
+        calls: dict[str, str] = {}
         todo = [main] if main in by_id else []
         while todo:
             for call in by_id[todo.pop()].element.iter(_bpmn("callActivity")):
@@ -2933,7 +2937,73 @@ class _Validator:
                 if called in by_id and called != main and called not in calls:
                     calls[called] = call.get("id")
                     todo.append(called)
-        for pid, call_id in calls.items():
+        return calls
+
+    def _check_signals_between_processes(self, main: str) -> None:
+        """The process to run, alone, and another process of the files that speak by a signal (MIWG
+        C.4.0: the bank's "New employee hired" starts the IT pool's process). An instance runs one
+        process (and those it calls), and layerflow carries no signal from one instance to another:
+        a signal only another process catches reaches no one, and a signal start event only another
+        process feeds waits until the signal is sent to the instance (``layerflow send --signal``)."""
+        signals = {s.get("id"): s.get("name") or s.get("id") for doc in self.docs if doc.root is not None
+                   for s in doc.root.iter(_bpmn("signal"))}
+        pools = {pid: el.get("name") for n in self.other_ids.values() if n.tag == "collaboration"
+                 for el in n.element.iter(_bpmn("participant")) if (pid := el.get("processRef")) and el.get("name")}
+        running = {main, *self._called_from(main)}
+        throws: dict[str, list[tuple[str, str]]] = {}  # signal name -> (process id, throw event id)
+        catches: dict[str, list[tuple[str, str]]] = {}
+        for proc in self.processes:
+            for definition in proc.element.iter(_bpmn("signalEventDefinition")):
+                event, name = definition.getparent(), signals.get(definition.get("signalRef") or "")
+                if name is not None:
+                    side = throws if event.tag in (_bpmn("intermediateThrowEvent"), _bpmn("endEvent")) else catches
+                    side.setdefault(name, []).append((proc.id, event.get("id")))
+
+        def only(name: str, side: dict[str, list[tuple[str, str]]], verbs: tuple[str, str]) -> str | None:
+            """"only process 'P' (pool 'X') throws ('e1')": who else throws or catches ``name``, when no
+            process of the instance does; None when one does, or none at all."""
+            found = side.get(name, [])
+            if not found or any(pid in running for pid, _ in found):
+                return None
+            pids = list(dict.fromkeys(pid for pid, _ in found))
+            who = ", ".join(f"process {pid!r}" + (f" (pool {pools[pid]!r})" if pid in pools else "") for pid in pids)
+            return f"only {who} {verbs[len(pids) > 1]} ({', '.join(repr(e) for _, e in found)})"
+
+        for name in sorted(set(throws) | set(catches)):
+            quoted = shlex.quote(name)
+            caught_elsewhere = only(name, catches, ("catches", "catch"))
+            for pid, eid in (t for t in throws.get(name, []) if t[0] in running and caught_elsewhere):
+                other, node = next(p for p, _ in catches[name]), self.nodes.get(eid)
+                self.add("signal_to_other_process", f"signal throw event {eid!r} of process {pid!r} throws signal "
+                         f"{name!r}, which {caught_elsewhere}, and layerflow runs {main!r} alone: an instance runs "
+                         "one process (and those it calls) and carries no signal to another, so this one reaches "
+                         f"no one; to have {other!r} react, run it as an instance of its own (`layerflow run "
+                         f"--process {other}`) and send it the signal there (`layerflow send INSTANCE_ID {quoted} "
+                         "--signal`)", file=node.file if node else None, line=node.line if node else None,
+                         element_id=eid, severity="warning")
+            thrown_elsewhere = only(name, throws, ("throws", "throw"))
+            for pid, eid in (c for c in catches.get(name, []) if c[0] in running and thrown_elsewhere):
+                node = self.nodes.get(eid)
+                if node is None or node.tag not in ("startEvent", "intermediateCatchEvent") or (
+                        node.tag == "startEvent" and node.element.getparent().tag != _bpmn("process")):
+                    continue  # a boundary event or an event sub-process waits aside: the path goes on
+                begins = node.tag == "startEvent"
+                self.add("signal_from_other_process", f"signal {'start' if begins else 'catch'} event {eid!r} of "
+                         f"process {pid!r} waits for signal {name!r}, which {thrown_elsewhere}, and layerflow runs "
+                         f"{main!r} alone, carrying no signal from another instance: "
+                         + ("an instance starts waiting at" if begins else "the instance waits at")
+                         + f" {eid!r} until the signal is sent to it (`layerflow send INSTANCE_ID {quoted} --signal "
+                         "--data PAYLOAD`, or POST /api/instances/{id}/events)"
+                         + ("; to start at once with the data given to `layerflow run --data`, draw a plain start "
+                            "event in its place" if begins else ""),
+                         file=node.file, line=node.line, element_id=eid, severity="warning")
+
+    def _check_called_event_subprocesses(self, main: str | None) -> None:
+        """A message or signal event sub-process of a process that ``main`` calls never starts: SpiffWorkflow
+        3.2 delivers those to the event sub-processes of the top-level process only (a warning: run on
+        its own, that process catches them)."""
+        by_id = {p.id: p for p in self.processes}
+        for pid, call_id in self._called_from(main).items():
             proc = by_id[pid]
             for sub, start, kind in _message_event_subprocesses(proc.element):
                 self.add("called_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of "

@@ -273,3 +273,119 @@ def test_the_join_after_the_race_edited_waits_for_the_person_and_the_message_tha
     assert instance.status == "completed", instance.error
     assert "catch2" in path_of(instance.workflow) and "catch1" not in path_of(instance.workflow)
     assert variables(instance.main) == {"done": 1, "won": "bar", "after": True}
+
+
+# -- Operaton's ParallelGatewayTest.testUnstructuredConcurrencyTwoJoins ---------------------------
+
+TWO_JOINS = HERE / "unstructured_two_joins.bpmn"
+MANUAL = [(f"task{n}", {f"did_{n}": True}) for n in range(1, 7)]
+
+
+def test_unstructured_joins_are_valid_and_run_to_the_end_as_plain_spiffworkflow() -> None:
+    """join1 joins two of the fork's three branches and forks again; join2 joins the third with
+    join1's three. No problem, and every manual task's answer reaches the end."""
+    assert problems(TWO_JOINS) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([TWO_JOINS]), {}), answers={"user_tasks": dict(MANUAL)})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {key: True for _, answer in MANUAL for key in answer}
+    wf = plain_in_order(TWO_JOINS, "unstructuredConcurrencyTwoJoins", MANUAL)
+    assert wf.is_completed() and sorted(path_of(wf)) == sorted(path_of(instance.workflow))
+    assert path_of(wf).count("join2") == 1 and path_of(instance.workflow).count("join2") == 1
+
+
+# -- Flowable's CollaborationParserTest: two pools, neither executable, a conversation ------------
+
+COLLAB = HERE / "flowable_collaboration_conversation.bpmn"
+
+
+def test_the_flowable_collaboration_is_refused_naming_both_pools_and_warns_of_each_silent_part() -> None:
+    refused = said(COLLAB)
+    for pid in ("process1", "process2"):
+        assert refused[pid].startswith("error:") and f"process {pid!r} has isExecutable='false'" in refused[pid]
+    for catch in ("intermediateCatchEvent1", "startEvent2"):
+        assert refused[catch].startswith("warning:") and "names none: nothing can send it" in refused[catch]
+    for task in ("serviceTask1", "ServiceTask_2", "serviceTask3"):
+        assert "has no handler" in refused[task]
+    assert not {"conversation1", "conversationLink1", "messageFlow1", "participant1"} & set(refused)
+
+
+# -- MIWG C.4.0: onboarding, pools that speak by a signal, data stores, a "semantic:" prefix ------
+
+C40 = HERE / "miwg_c40_onboarding.bpmn"
+BANK, IT = "_42cba3a9-a8ab-40b5-b9a4-2e8f32be364e", "_f0035388-f829-470c-b82b-0b15c3da3399"
+HIRED_THROW, HIRED_START = "_855451b0-5298-48b2-a81d-84ecbcca0a85", "_e9306b3f-3a77-42e1-b53e-2ed8ee45486d"
+CONTRACT_GATEWAY = "_f9e3cd76-809a-48b5-be1c-e84fc4324268"
+
+
+def c40_runnable(tmp_path: Path) -> Path:
+    """C.4.0 as validate says: no data stores, the contract decision's flows given conditions."""
+    import re
+
+    text = C40.read_text()
+    text = re.sub(r"\s*<semantic:dataStore(Reference)? [^>]*/>", "", text)
+    text = re.sub(r"\s*<semantic:data(In|Out)putAssociation .*?</semantic:data\1putAssociation>", "", text, flags=re.S)
+    (tmp_path / "src").mkdir(exist_ok=True)
+    source = tmp_path / "src" / C40.name
+    source.write_text(text)
+    decision = f'sourceRef="{CONTRACT_GATEWAY}" targetRef="{{}}"/>'
+    return rewritten(tmp_path, source, [
+        (decision.format("_aa275782-c989-49ba-bf94-c58916ca7bb5"), decision.format("_aa275782-c989-49ba-bf94-c58916ca7bb5")[:-2]
+         + "><semantic:conditionExpression>accepted</semantic:conditionExpression></semantic:sequenceFlow>"),
+        (decision.format("_987b9b74-333a-4043-a72a-daadf667acc7"), decision.format("_987b9b74-333a-4043-a72a-daadf667acc7")[:-2]
+         + "><semantic:conditionExpression>not accepted</semantic:conditionExpression></semantic:sequenceFlow>")])
+
+
+def test_the_miwg_onboarding_is_refused_for_its_data_store_its_bare_decision_and_two_pools_to_choose_from() -> None:
+    """The BPMN namespace bound to "semantic", a default namespace of Trisotech's and one
+    collaboration per pool are read as they should be; what stops it is true and precise."""
+    found = {(p.code, p.element_id): str(p) for p in validate_process([C40]).problems if p.severity == "error"}
+    assert set(found) == {("process_ambiguous", None), ("data_store_unsupported", "_d367181e-c25a-407e-a5fb-817a27698a30"),
+                          ("gateway_flow_without_condition", "_237c8380-5449-446e-a323-aad80181176d"),
+                          ("gateway_flow_without_condition", "_7e9d8b8b-faa9-4264-858b-7454702c4ec2")}
+    assert f"'{BANK}' (pool 'Money Bank'), '{IT}' (pool 'IT')" in found["process_ambiguous", None]
+
+
+def test_the_bank_run_alone_is_told_its_signal_reaches_the_it_pool_in_no_instance(tmp_path: Path) -> None:
+    """Money Bank throws "New employee hired", which only the IT pool's signal start event catches;
+    run alone, nothing in the instance catches it. validate said nothing of it."""
+    path = c40_runnable(tmp_path)
+    warned = {p.element_id: str(p) for p in validate_process([path], process_id=BANK).problems
+              if p.code == "signal_to_other_process"}
+    assert set(warned) == {HIRED_THROW}
+    assert (f"signal throw event {HIRED_THROW!r} of process {BANK!r} throws signal 'New employee hired', which "
+            f"only process {IT!r} (pool 'IT') catches ({HIRED_START!r})") in warned[HIRED_THROW]
+    assert f"layerflow run --process {IT}" in warned[HIRED_THROW]
+    assert "layerflow send INSTANCE_ID 'New employee hired' --signal" in warned[HIRED_THROW]
+
+
+def test_the_it_pool_run_alone_is_told_it_waits_for_the_signal_only_the_bank_throws(tmp_path: Path) -> None:
+    path = c40_runnable(tmp_path)
+    warned = {p.element_id: str(p) for p in validate_process([path], process_id=IT).problems
+              if p.code == "signal_from_other_process"}
+    assert set(warned) == {HIRED_START}
+    text = warned[HIRED_START]
+    assert (f"signal start event {HIRED_START!r} of process {IT!r} waits for signal 'New employee hired', which "
+            f"only process {BANK!r} (pool 'Money Bank') throws ({HIRED_THROW!r})") in text
+    assert "an instance starts waiting at" in text and "draw a plain start event" in text
+
+
+def test_a_signal_thrown_and_caught_in_one_process_is_no_warning(tmp_path: Path) -> None:
+    path = write_elements(tmp_path, "own_signal", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>',
+        '<bpmn:intermediateThrowEvent id="shout"><bpmn:signalEventDefinition signalRef="sig"/></bpmn:intermediateThrowEvent>',
+        '<bpmn:intermediateCatchEvent id="hear"><bpmn:signalEventDefinition signalRef="sig"/></bpmn:intermediateCatchEvent>',
+        '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>', flow("start", "split"), flow("split", "hear"),
+        flow("split", "shout"), flow("shout", "join"), flow("hear", "join"), flow("join", "end")],
+        '  <bpmn:signal id="sig" name="sig"/>\n')
+    assert not {"signal_to_other_process", "signal_from_other_process"} & {code for code, _, _ in problems(path)}
+
+
+def test_the_it_pool_edited_waits_for_the_signal_then_runs_to_its_end(tmp_path: Path) -> None:
+    path = c40_runnable(tmp_path)
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path], IT), {}))
+    assert [(w["task_id"], w["event"], w["event_kind"]) for w in instance.waiting_for] == [
+        (HIRED_START, "New employee hired", "signal")]
+    instance = engine.send_event(instance, "New employee hired", {"employee": "Ada"}, kind="signal")
+    assert [w["task_id"] for w in instance.waiting_for] == ["_7e9d2e5a-21f7-493b-9ae4-03245aa33a5c"]
