@@ -2950,6 +2950,7 @@ class _Validator:
         pools = {pid: el.get("name") for n in self.other_ids.values() if n.tag == "collaboration"
                  for el in n.element.iter(_bpmn("participant")) if (pid := el.get("processRef")) and el.get("name")}
         running = {main, *self._called_from(main)}
+        by_id = {p.id: p for p in self.processes}
         throws: dict[str, list[tuple[str, str]]] = {}  # signal name -> (process id, throw event id)
         catches: dict[str, list[tuple[str, str]]] = {}
         for proc in self.processes:
@@ -2974,12 +2975,15 @@ class _Validator:
             caught_elsewhere = only(name, catches, ("catches", "catch"))
             for pid, eid in (t for t in throws.get(name, []) if t[0] in running and caught_elsewhere):
                 other, node = next(p for p, _ in catches[name]), self.nodes.get(eid)
+                todo = (f"to have {other!r} react, run it as an instance of its own (`layerflow run --process "
+                        f"{other}`) and send it the signal there (`layerflow send INSTANCE_ID {quoted} --signal`)"
+                        if _executable(by_id[other].element) else
+                        f"{other!r} is not executable, so nothing here runs it; keep the throw as documentation, "
+                        "or remove it")
                 self.add("signal_to_other_process", f"signal throw event {eid!r} of process {pid!r} throws signal "
                          f"{name!r}, which {caught_elsewhere}, and layerflow runs {main!r} alone: an instance runs "
-                         "one process (and those it calls) and carries no signal to another, so this one reaches "
-                         f"no one; to have {other!r} react, run it as an instance of its own (`layerflow run "
-                         f"--process {other}`) and send it the signal there (`layerflow send INSTANCE_ID {quoted} "
-                         "--signal`)", file=node.file if node else None, line=node.line if node else None,
+                         "one process (and those it calls) and routes no signal to another: this one leaves the "
+                         f"instance unheard (listed in `run --json`'s messages_out); {todo}", file=node.file if node else None, line=node.line if node else None,
                          element_id=eid, severity="warning")
             thrown_elsewhere = only(name, throws, ("throws", "throw"))
             for pid, eid in (c for c in catches.get(name, []) if c[0] in running and thrown_elsewhere):

@@ -355,6 +355,7 @@ def test_the_bank_run_alone_is_told_its_signal_reaches_the_it_pool_in_no_instanc
     assert set(warned) == {HIRED_THROW}
     assert (f"signal throw event {HIRED_THROW!r} of process {BANK!r} throws signal 'New employee hired', which "
             f"only process {IT!r} (pool 'IT') catches ({HIRED_START!r})") in warned[HIRED_THROW]
+    assert "this one leaves the instance unheard (listed in `run --json`'s messages_out)" in warned[HIRED_THROW]
     assert f"layerflow run --process {IT}" in warned[HIRED_THROW]
     assert "layerflow send INSTANCE_ID 'New employee hired' --signal" in warned[HIRED_THROW]
 
@@ -389,3 +390,82 @@ def test_the_it_pool_edited_waits_for_the_signal_then_runs_to_its_end(tmp_path: 
         (HIRED_START, "New employee hired", "signal")]
     instance = engine.send_event(instance, "New employee hired", {"employee": "Ada"}, kind="signal")
     assert [w["task_id"] for w in instance.waiting_for] == ["_7e9d2e5a-21f7-493b-9ae4-03245aa33a5c"]
+
+
+# -- Camunda 8's get-up (timer-testing): timers in a loop, a join inside it, a BOM and CRLF --------
+
+GET_UP = HERE / "camunda8_get_up.bpmn"
+GET_UP_HANDLERS = '''
+def call_kids(ctx):
+    return {"calls": ctx.get("calls", 0) + 1}
+
+
+def check(ctx):
+    checks = ctx.get("checks", 0) + 1
+    return {"checks": checks, "progress": ["in bed", "dressing", "ready"][min(checks, 3) - 1]}
+'''
+
+
+def test_get_up_with_a_bom_and_crlf_is_refused_for_its_bare_timers_and_feel_naming_each_line() -> None:
+    """The byte order mark and Windows line endings change nothing: each problem is named on its
+    line (the lines of this copy) with what to write."""
+    found = {(p.code, p.element_id): (p.line, str(p)) for p in validate_process([GET_UP]).problems
+             if p.severity == "error"}
+    assert {eid for code, eid in found if code == "timer_expression"} == {
+        "Wait5MinutesEvent1", "Wait15MinutesEvent", "Wait5MinutesEvent", "Wait15MinutesEvent1",
+        "RunningLateBoundaryEvent"}
+    line, text = found["timer_expression", "RunningLateBoundaryEvent"]
+    assert GET_UP.read_bytes().split(b"\r\n")[line - 1].strip() \
+        == b'<bpmn:timeDuration xsi:type="bpmn:tFormalExpression">PT1H</bpmn:timeDuration>'
+    assert 'write it as a string: "PT1H"' in text
+    assert "write 'progress == \"in bed\"'" in found["condition_syntax", "InBedSequenceFlow"][1]
+    assert "write \"'breakfastPrepared' in locals()\"" in found["condition_syntax", "YesSequenceFlow"][1]
+
+
+def get_up_runnable(tmp_path: Path) -> Path:
+    edits = [(f">{d}</bpmn:timeDuration>", f'>"{d}"</bpmn:timeDuration>') for d in ("PT5M", "PT15M", "PT1H")]
+    edits += [('=progress = "in bed"', 'progress == "in bed"'), ('=progress = "ready"', 'progress == "ready"'),
+              ("=not(is defined(breakfastPrepared))", "'breakfastPrepared' not in locals()"),
+              ("=is defined(breakfastPrepared)", "'breakfastPrepared' in locals()"),
+              ('<zeebe:script expression="=true" resultVariable="breakfastPrepared" />', ""),
+              ('<bpmn:outgoing>Flow_0dz740p</bpmn:outgoing>', '<bpmn:outgoing>Flow_0dz740p</bpmn:outgoing>'
+               '<bpmn:script>breakfastPrepared = True</bpmn:script>')]
+    path = rewritten(tmp_path, GET_UP, edits)
+    (tmp_path / "get_up_handlers.py").write_text(GET_UP_HANDLERS)
+    (tmp_path / "camunda8_get_up.layerflow.yaml").write_text(
+        "TellKidsToGetUpTask:\n  handler: get_up_handlers.py:call_kids\n"
+        "CheckCurrentProgressTask:\n  handler: get_up_handlers.py:check\n")
+    return path
+
+
+def test_get_up_edited_loops_through_its_timers_and_joins_to_school(tmp_path: Path) -> None:
+    """Told to get up twice (in bed at the first check), dressing at the second, ready at the
+    third; breakfast is prepared once (the second round finds it defined); 50 minutes in the
+    sub-process, so the 1-hour "Running late" timer never fires. The parallel join inside the
+    loop joins each round's timer and breakfast branch."""
+    path = get_up_runnable(tmp_path)
+    assert [p.code for p in validate_process([path]).problems if p.severity == "error"] == []
+    now = [1_000_000.0]
+    engine = Engine(store="memory://", clock=lambda: now[0])
+    instance = engine.run(engine.start(load_process([path]), {}))
+    waits = []
+    for minutes in (15, 15, 5, 15):
+        waits.append(sorted(w["task_id"] for w in instance.waiting_for if w["task_id"] != "RunningLateBoundaryEvent"))
+        assert "RunningLateBoundaryEvent" in [w["task_id"] for w in instance.waiting_for]
+        now[0] += minutes * 60
+        instance = engine.run(instance, answers={"user_tasks": {"HaveBreakfastTask": {"ate": True}}})
+    assert waits == [["Wait15MinutesEvent"], ["Wait15MinutesEvent"], ["Wait5MinutesEvent"],
+                     ["Wait15MinutesEvent1"]]  # breakfast answered in advance
+    assert sorted(w["task_id"] for w in instance.waiting_for) == ["GetKidsDressedTask", "Wait5MinutesEvent1"]
+    now[0] += 5 * 60
+    instance = engine.run(instance, answers={"user_tasks": {"GetKidsDressedTask": {"dressed": True},
+                                                             "DriveKidsToSchoolTask": {"driven": True}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"calls": 2, "checks": 3, "progress": "ready", "breakfastPrepared": True,
+                                        "ate": True, "dressed": True, "driven": True,
+                                        # the service tasks' zeebe:ioMapping inputs, evaluated as FEEL
+                                        "message": "Please get up",
+                                        "options": ["in bed", "in bathroom", "dressing", "ready"]}
+    ran = path_of(instance.workflow)
+    assert ran.count("PrepareBreakfastTask") == 1 and ran.count("Gateway_0elxfmr") == 2
+    assert "RunningLateBoundaryEvent" not in ran and "MakeThemReadyTask" not in ran
