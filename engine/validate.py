@@ -207,6 +207,8 @@ not make ``report.ok`` false:
 ``link_flow``                         a sequence flow out of a link throw event or into a link catch event:
                                       BPMN forbids a link event to be both target and source of flows
 ``link_misplaced``                    a linkEventDefinition on a start, end or boundary event
+``boundary_catch_twice``              two error (or escalation) boundary events of one activity that catch the
+                                      same code (or both any): both fire, and the path after each runs
 ``event_definition_misplaced``        an event definition BPMN does not allow on its kind of event (a timer on
                                       a throw event, a terminate on a catch event, ...): SpiffWorkflow reads
                                       it as a plain event and goes straight on
@@ -2826,9 +2828,38 @@ class _Validator:
             self._check_event_definitions(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
+        self._check_boundary_catches(proc.element, file)
         for sub in proc.element.iter(_bpmn("subProcess")):
             if sub.get("triggeredByEvent") == "true":
                 self._check_event_subprocess(sub, file)
+
+    def _check_boundary_catches(self, process: Any, file: str) -> None:
+        """Two error (or escalation) boundary events of one activity that catch the same code, or
+        both any code: SpiffWorkflow 3.2 fires every boundary event that matches the thrown error or
+        escalation, so the path after each runs (the step after them twice); Camunda refuses such a file."""
+        root = process.getroottree().getroot()
+        for kind in ("error", "escalation"):
+            codes = {el.get("id"): el.get(f"{kind}Code") for el in root.iter(_bpmn(kind))}
+            catching: dict[tuple[str, str | None], list[Any]] = {}
+            for event in process.iter(_bpmn("boundaryEvent")):
+                definition = event.find(_bpmn(f"{kind}EventDefinition"))
+                if definition is None or event.get("attachedToRef") is None:
+                    continue
+                ref = definition.get(f"{kind}Ref")
+                code = codes.get(ref) if ref else None
+                catching.setdefault((event.get("attachedToRef"), code or None), []).append(event)
+            for (activity, code), events in catching.items():
+                if len(events) < 2:
+                    continue
+                ids = [e.get("id") for e in events]
+                named = ", ".join(map(repr, ids[:-1])) + f" and {ids[-1]!r}"
+                every = "both" if len(ids) == 2 else "all"
+                what = f"{kind} code {code!r}" if code else f"any {kind} (no {kind}Code)"
+                self.add("boundary_catch_twice", f"boundary events {named} of {activity!r} {every} catch {what}: "
+                         f"SpiffWorkflow fires every one that matches, so {every} fire on one {kind}, and the path "
+                         "after each runs (a step they share runs twice); keep one boundary event per code and "
+                         "draw the paths from it, or give each its own code", file=file,
+                         line=events[-1].sourceline, element_id=ids[-1])
 
     def _check_link(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A link throw event jumps to the one link catch event of its name in its process level

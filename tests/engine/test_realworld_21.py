@@ -469,3 +469,52 @@ def test_get_up_edited_loops_through_its_timers_and_joins_to_school(tmp_path: Pa
     ran = path_of(instance.workflow)
     assert ran.count("PrepareBreakfastTask") == 1 and ran.count("Gateway_0elxfmr") == 2
     assert "RunningLateBoundaryEvent" not in ran and "MakeThemReadyTask" not in ran
+
+
+# -- Operaton's escalation tests: boundary events of one code, a non-interrupting event sub-process --
+
+SAME_CODE = HERE / "escalation_boundaries_same_code.bpmn"
+TWICE = HERE / "escalation_twice_non_interrupting.bpmn"
+
+
+def with_flow_ids(tmp_path: Path, source: Path) -> Path:
+    """The file with an id on each sequence flow, in order (f1, f2, ...), as validate asks."""
+    text, parts = source.read_text(), []
+    for n, piece in enumerate(text.split("<sequenceFlow ")):
+        parts.append(piece if n == 0 else f'<sequenceFlow id="f{n}" {piece}')
+    out = tmp_path / source.name
+    out.write_text("".join(parts))
+    return out
+
+
+def test_two_boundary_events_catching_one_escalation_code_are_refused(tmp_path: Path) -> None:
+    """Camunda 7 refuses the file; layerflow, as SpiffWorkflow, fired both boundary events on one
+    escalation, so the path after them ran twice (myUserTask waited twice). validate said the file
+    was valid once its flows had ids."""
+    path = with_flow_ids(tmp_path, SAME_CODE)
+    found = {p.element_id: str(p) for p in validate_process([path]).problems}
+    assert list(found) == ["escalationBoundaryEvent2"]
+    text = found["escalationBoundaryEvent2"]
+    assert ("boundary events 'escalationBoundaryEvent1' and 'escalationBoundaryEvent2' of 'subProcess' both catch "
+            "escalation code 'escalationCode'") in text
+    assert "both fire on one escalation, and the path after each runs" in text
+    assert "keep one" in text
+
+
+@pytest.mark.parametrize("kind, first, second", [
+    ("error", '<bpmn:error id="e1" errorCode="E"/>', '<bpmn:error id="e2" errorCode="E"/>'),
+    ("error", "", ""),
+    ("escalation", '<bpmn:escalation id="e1" escalationCode="X"/>', '<bpmn:escalation id="e2" escalationCode="Y"/>'),
+], ids=["error-same-code", "error-both-catch-all", "escalation-different-codes"])
+def test_boundary_events_of_one_activity_are_refused_only_when_one_throw_fires_both(
+        tmp_path: Path, kind: str, first: str, second: str) -> None:
+    ref = "errorRef" if kind == "error" else "escalationRef"
+    refs = (f' {ref}="e1"', f' {ref}="e2"') if first else ("", "")
+    path = write_elements(tmp_path, "boundaries", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:userTask id="work"/>', '<bpmn:endEvent id="end"/>',
+        f'<bpmn:boundaryEvent id="b1" attachedToRef="work"><bpmn:{kind}EventDefinition{refs[0]}/></bpmn:boundaryEvent>',
+        f'<bpmn:boundaryEvent id="b2" attachedToRef="work"><bpmn:{kind}EventDefinition{refs[1]}/></bpmn:boundaryEvent>',
+        '<bpmn:endEvent id="caught"/>', flow("start", "work"), flow("work", "end"), flow("b1", "caught"),
+        flow("b2", "caught")], f"  {first}\n  {second}\n")
+    duplicated = [p.element_id for p in validate_process([path]).problems if p.code == "boundary_catch_twice"]
+    assert duplicated == ([] if kind == "escalation" else ["b2"])
