@@ -518,3 +518,22 @@ def test_boundary_events_of_one_activity_are_refused_only_when_one_throw_fires_b
         flow("b2", "caught")], f"  {first}\n  {second}\n")
     duplicated = [p.element_id for p in validate_process([path]).problems if p.code == "boundary_catch_twice"]
     assert duplicated == ([] if kind == "escalation" else ["b2"])
+
+
+def test_a_non_interrupting_escalation_sub_process_starts_once_per_throw_beside_the_main_path(tmp_path: Path) -> None:
+    """Each of the two escalation throws starts the event sub-process again (non-interrupting):
+    two of its people's tasks wait beside the main path's, as Operaton's test expects."""
+    assert {p.code for p in validate_process([TWICE]).problems} == {"flow_id_missing"}
+    path = with_flow_ids(tmp_path, TWICE)
+    assert validate_process([path]).problems == ()
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}))
+    assert sorted(w["task_id"] for w in instance.waiting_for) == ["FirstTaskInMainprocess", "TaskInSubprocess"]
+    instance = engine.run(instance, answers={"user_tasks": {"FirstTaskInMainprocess": {"first": 1}}})
+    assert sorted(w["task_id"] for w in instance.waiting_for) == [
+        "SecondTaskInMainprocess", "TaskInSubprocess", "TaskInSubprocess"]
+    instance = engine.run(instance, answers={"user_tasks": {"SecondTaskInMainprocess": {"second": 2},
+                                                             "TaskInSubprocess": {"handled": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow).count("TaskInSubprocess") == 2
+    assert variables(instance.main) == {"first": 1, "second": 2, "handled": True}
