@@ -537,3 +537,35 @@ def test_a_non_interrupting_escalation_sub_process_starts_once_per_throw_beside_
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow).count("TaskInSubprocess") == 2
     assert variables(instance.main) == {"first": 1, "second": 2, "handled": True}
+
+
+# -- Camunda 8's async-retry-counter: a retry loop through an event-based gateway and a timer ------
+
+RETRY = HERE / "camunda8_async_retry.bpmn"
+
+
+def test_the_retry_loop_is_refused_for_its_bare_timer_only_and_warns_of_the_job_worker() -> None:
+    found = {(p.code, p.severity, p.element_id) for p in validate_process([RETRY]).problems}
+    assert found == {("timer_expression", "error", "DeferRetryEvent"),
+                     ("foreign_extension", "warning", "SendMessageTask")}
+
+
+def test_the_retry_loop_edited_sends_again_after_a_fail_and_ends_on_success(tmp_path: Path) -> None:
+    """"fail" wins the first race: after the 5-second timer the send task runs again and the
+    gateway races anew; "success" then ends the instance."""
+    path = rewritten(tmp_path, RETRY, [(">PT5S<", '>"PT5S"<')])
+    now = [2_000_000.0]
+    engine = Engine(store="memory://", clock=lambda: now[0])
+    instance = engine.run(engine.start(load_process([path]), {"callbackId": "c-1"}))
+    assert [(w["event"], w["event_id"]) for w in instance.waiting_for] == [
+        ("success", "ResponseReceivedEvent"), ("fail", "ErrorReceivedEvent")]
+    instance = engine.send_event(instance, "fail", {"reason": "busy"})
+    assert [w["task_id"] for w in instance.waiting_for] == ["DeferRetryEvent"]
+    now[0] += 5
+    instance = engine.run(instance)
+    assert [w["event"] for w in instance.waiting_for] == ["success", "fail"]
+    instance = engine.send_event(instance, "success", {"answer": 42})
+    assert instance.status == "completed", instance.error
+    ran = path_of(instance.workflow)
+    assert ran.count("SendMessageTask") == 2 and ran.count("Gateway_0lo9ey2") == 2
+    assert variables(instance.main) == {"callbackId": "c-1", "reason": "busy", "answer": 42}
