@@ -1,20 +1,19 @@
 """Public reference models, round 21, each written again in ``tests/engine/realworld21/`` (the file
-says what it follows and what it leaves out; ``realworld21/README.md`` lists the sources): Operaton's
-(Camunda 7's) engine tests of an inclusive join after a loop, an inclusive join after an event-based
-gateway and unstructured parallel joins, Flowable's model-API tests of a two-pool collaboration with a
-conversation and of one event carrying every event definition, ... Each is validated as given
-(validate says what is wrong, naming the element and what to write), then, edited as validate says,
-run to its end, compared with plain SpiffWorkflow where both run."""
+says what it follows and what it leaves out; ``realworld21/README.md`` lists the sources and
+licences): Operaton's (Camunda 7's) engine tests of an inclusive join after a loop, an inclusive join
+after an event-based gateway, unstructured parallel joins and two escalation cases, Flowable's
+model-API tests of a two-pool collaboration with a conversation and of one event carrying every event
+definition, jBPM's link events and signal event sub-process, the MIWG's C.4.0 onboarding (Trisotech:
+pools that speak by a signal) and Camunda 8's get-up timers (saved with a BOM and CRLF) and async
+retry loop. Each is validated as given (validate says what is wrong, naming the element and what to
+write), then, edited as validate says, run to its end, compared with plain SpiffWorkflow where both
+run and the difference where the engine is right and SpiffWorkflow is not."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
-from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
-from SpiffWorkflow.util.task import TaskState
 
 from engine import Engine, load_process
 from engine.validate import validate_process
