@@ -4,7 +4,7 @@ licences): Operaton's (Camunda 7's) engine tests of an inclusive join after a lo
 after an event-based gateway, unstructured parallel joins and two escalation cases, Flowable's
 model-API tests of a two-pool collaboration with a conversation and of one event carrying every event
 definition, jBPM's link events and signal event sub-process, the MIWG's C.4.0 onboarding (Trisotech:
-pools that speak by a signal) and Camunda 8's get-up timers (saved with a BOM and CRLF) and async
+pools that speak by a signal) and A.4.1 (Signavio: two pools, message flows between plain tasks) and Camunda 8's get-up timers (saved with a BOM and CRLF) and async
 retry loop. Each is validated as given (validate says what is wrong, naming the element and what to
 write), then, edited as validate says, run to its end, compared with plain SpiffWorkflow where both
 run and the difference where the engine is right and SpiffWorkflow is not."""
@@ -568,3 +568,43 @@ def test_the_retry_loop_edited_sends_again_after_a_fail_and_ends_on_success(tmp_
     ran = path_of(instance.workflow)
     assert ran.count("SendMessageTask") == 2 and ran.count("Gateway_0lo9ey2") == 2
     assert variables(instance.main) == {"callbackId": "c-1", "reason": "busy", "answer": 42}
+
+
+# -- MIWG A.4.1 (Signavio): two pools, message flows between plain tasks, an implicit split -------
+
+A41 = HERE / "miwg_a41_signavio_pools.bpmn"
+POOL_1, POOL_2 = "sid-34746A54-1D7D-46CA-B219-0C4CEAE51170", "sid-54D696FD-DEDC-45F3-99DB-1404DA433FC4"
+TASK_3 = "sid-34E8C3A5-5C2A-4593-AC67-038B737814D7"
+
+
+def test_the_signavio_pools_are_refused_for_not_being_executable_and_for_task_3s_implicit_split() -> None:
+    found = {(p.code, p.element_id) for p in validate_process([A41]).problems}
+    assert found == {("no_executable_process", POOL_1), ("no_executable_process", POOL_2),
+                     ("implicit_split", TASK_3)}
+
+
+def test_the_signavio_pools_made_executable_are_refused_for_message_flows_from_plain_tasks(tmp_path: Path) -> None:
+    path = rewritten(tmp_path, A41, [('isExecutable="false"', 'isExecutable="true"')])
+    found = {p.element_id: str(p) for p in validate_process([path]).problems}
+    assert set(found) == {"sid-96EF2D8F-C322-42B1-8C08-0DA05524C904", "sid-D0B859BF-CBFB-4B35-BBC8-BCA308F6455C", TASK_3}
+    assert "starts at task 'sid-3D477D07-D669-4A26-9454-12AD775FDE70', which sends no message" \
+        in found["sid-D0B859BF-CBFB-4B35-BBC8-BCA308F6455C"]
+    assert "draw a parallel gateway after it" in found[TASK_3]
+
+
+def test_pool_2_run_alone_with_a_parallel_gateway_after_task_3_runs_both_sub_processes(tmp_path: Path) -> None:
+    split = ('<outgoing>sid-4052C63C-CB50-4E0C-8901-80D86A1F9759</outgoing>\n'
+             '         <outgoing>sid-0C093502-276D-4B83-A271-2ABE22F335A6</outgoing>\n      </task>')
+    path = rewritten(tmp_path, A41, [
+        ('isExecutable="false"', 'isExecutable="true"'),
+        (split, '<outgoing>to_split</outgoing>\n      </task>\n      <parallelGateway id="split"/>\n'
+                f'      <sequenceFlow id="to_split" sourceRef="{TASK_3}" targetRef="split"/>'),
+        (f'sourceRef="{TASK_3}" targetRef="sid-645780CC', 'sourceRef="split" targetRef="sid-645780CC'),
+        (f'sourceRef="{TASK_3}" targetRef="sid-00A82BF4', 'sourceRef="split" targetRef="sid-00A82BF4')])
+    assert [p.code for p in validate_process([path], process_id=POOL_2).problems] == []
+    tasks = {"sid-34E8C3A5-5C2A-4593-AC67-038B737814D7": {"three": 3}, "sid-A52AFB6A-43EE-47FE-A95F-057845582F1D": {"four": 4},
+             "sid-B414AE83-11A2-4968-B4E4-45833D641928": {"six": 6}, "sid-485E1184-9951-4B41-9794-A9AFD42A3249": {"five": 5}}
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path], POOL_2), {}), answers={"user_tasks": tasks})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"three": 3, "four": 4, "five": 5, "six": 6}
