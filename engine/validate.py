@@ -210,8 +210,8 @@ not make ``report.ok`` false:
 ``boundary_catch_twice``              two error (or escalation) boundary events of one activity that catch the
                                       same code (or both any): both fire, and the path after each runs
 ``event_definition_misplaced``        an event definition BPMN does not allow on its kind of event (a timer on
-                                      a throw event, a terminate on a catch event, ...): SpiffWorkflow reads
-                                      it as a plain event and goes straight on
+                                      a throw event, a terminate on a catch event, ...): SpiffWorkflow
+                                      ignores it and goes straight on
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
@@ -2974,8 +2974,8 @@ class _Validator:
         """The process to run, alone, and another process of the files that speak by a signal (MIWG
         C.4.0: the bank's "New employee hired" starts the IT pool's process). An instance runs one
         process (and those it calls), and layerflow carries no signal from one instance to another:
-        a signal only another process catches reaches no one, and a signal start event only another
-        process feeds waits until the signal is sent to the instance (``layerflow send --signal``)."""
+        a signal only another process catches leaves the instance unheard, and a signal start or catch
+        event only another process feeds waits until the signal is sent to it (``layerflow send --signal``)."""
         signals = {s.get("id"): s.get("name") or s.get("id") for doc in self.docs if doc.root is not None
                    for s in doc.root.iter(_bpmn("signal"))}
         pools = {pid: el.get("name") for n in self.other_ids.values() if n.tag == "collaboration"
