@@ -2835,8 +2835,9 @@ class _Validator:
 
     def _check_boundary_catches(self, process: Any, file: str) -> None:
         """Two error (or escalation) boundary events of one activity that catch the same code, or
-        both any code: SpiffWorkflow 3.2 fires every boundary event that matches the thrown error or
-        escalation, so the path after each runs (the step after them twice); Camunda refuses such a file."""
+        both any code: the engine, as SpiffWorkflow 3.2, fires every boundary event of the thrown
+        error's or escalation's code (a catch-all only when none of the code is there), so the path
+        after each runs (the step after them twice); Camunda refuses such a file."""
         root = process.getroottree().getroot()
         for kind in ("error", "escalation"):
             codes = {el.get("id"): el.get(f"{kind}Code") for el in root.iter(_bpmn(kind))}
@@ -2856,9 +2857,9 @@ class _Validator:
                 every = "both" if len(ids) == 2 else "all"
                 what = f"{kind} code {code!r}" if code else f"any {kind} (no {kind}Code)"
                 self.add("boundary_catch_twice", f"boundary events {named} of {activity!r} {every} catch {what}: "
-                         f"SpiffWorkflow fires every one that matches, so {every} fire on one {kind}, and the path "
-                         "after each runs (a step they share runs twice); keep one boundary event per code and "
-                         "draw the paths from it, or give each its own code", file=file,
+                         f"layerflow, as SpiffWorkflow, fires every one of the code, so {every} fire on one {kind}, "
+                         "and the path after each runs (a step they share runs twice); keep one boundary event per "
+                         "code and draw the paths from it, or give each its own code", file=file,
                          line=events[-1].sourceline, element_id=ids[-1])
 
     def _check_link(self, el: Any, eid: str, tag: str, file: str) -> None:
