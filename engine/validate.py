@@ -26,6 +26,10 @@ not make ``report.ok`` false:
 ``message_flow_receives_nothing``     ... that ends at no message catch (or at a pool where nothing waits for it)
 ``message_flow_not_run`` W            a message flow to a pool layerflow does not run (not executable, black box)
 ``message_flow_from_outside`` W       a message flow from such a pool: the instance waits until it is sent
+``signal_to_other_process`` W         a signal the process run alone throws that only another process of the
+                                      files catches: no signal goes from one instance to another
+``signal_from_other_process`` W       a signal start or catch event of the process run alone whose signal only
+                                      another process throws: it waits until the signal is sent to it
 ``collaboration_never_starts``        every executable pool of the collaboration starts with a message start event
 ``pool_event_subprocess_never_starts`` W  a message or signal event sub-process in a pool's process (it runs as a
                                       called process: SpiffWorkflow starts those at the top level only)
@@ -203,6 +207,11 @@ not make ``report.ok`` false:
 ``link_flow``                         a sequence flow out of a link throw event or into a link catch event:
                                       BPMN forbids a link event to be both target and source of flows
 ``link_misplaced``                    a linkEventDefinition on a start, end or boundary event
+``boundary_catch_twice``              two error (or escalation) boundary events of one activity that catch the
+                                      same code (or both any): both fire, and the path after each runs
+``event_definition_misplaced``        an event definition BPMN does not allow on its kind of event (a timer on
+                                      a throw event, a terminate on a catch event, ...): SpiffWorkflow
+                                      ignores it and goes straight on
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
                                       camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
@@ -292,6 +301,7 @@ import importlib
 import json
 import re
 import shlex
+import textwrap
 import threading
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -551,6 +561,7 @@ class _Validator:
         main = self._select_process(config)
         if main is not None and not self.pools:
             self._check_started_from_outside(main)
+            self._check_signals_between_processes(main)
         for doc in good:
             self._check_extensions(doc)
             self._check_forms(doc)
@@ -2646,6 +2657,11 @@ class _Validator:
         instead = _java_script_instead(source)
         todo = (f"write it as {instead!r}" if instead is not None else
                 "print with print(...), set a variable by assigning it (packed = True), read one by its name")
+        signals = _java_signals(tree)
+        if signals:
+            todo += (f"; a script cannot raise signal {', '.join(map(repr, signals))} here (signalEvent): draw an "
+                     "intermediate throw event after the task with a bpmn:signalEventDefinition whose signalRef "
+                     f"names the bpmn:signal of {'that name' if len(signals) == 1 else 'each name'}")
         self.add(code, f"{what} calls {', '.join(calls)}, Java's and jBPM's API (System.out, kcontext), which is not "
                  "here: the run would stop there with a NameError; scripts are Python over the context, where a "
                  f"variable is read by its name and set by assigning it: {todo}", file=file,
@@ -2717,7 +2733,8 @@ class _Validator:
         tid = task.get("id")
         try:
             tree = ast.parse(script.text, mode="exec")
-        except SyntaxError as err:
+        except SyntaxError as raised:
+            err = _past_indentation(script.text, raised)
             self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
                      f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
                      f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
@@ -2808,11 +2825,42 @@ class _Validator:
             self._check_jbpm(el, eid, tag, file)
             self._check_data_items(el, eid, tag, file)
             self._check_event_refs(el, eid, tag, file)
+            self._check_event_definitions(el, eid, tag, file)
         for scope in (proc.element, *(el for el in proc.element.iter(*_SCOPES) if not _off_the_flow(el))):
             self._check_starts(scope, file)
+        self._check_boundary_catches(proc.element, file)
         for sub in proc.element.iter(_bpmn("subProcess")):
             if sub.get("triggeredByEvent") == "true":
                 self._check_event_subprocess(sub, file)
+
+    def _check_boundary_catches(self, process: Any, file: str) -> None:
+        """Two error (or escalation) boundary events of one activity that catch the same code, or
+        both any code: the engine, as SpiffWorkflow 3.2, fires every boundary event of the thrown
+        error's or escalation's code (a catch-all only when none of the code is there), so the path
+        after each runs (the step after them twice); Camunda refuses such a file."""
+        root = process.getroottree().getroot()
+        for kind in ("error", "escalation"):
+            codes = {el.get("id"): el.get(f"{kind}Code") for el in root.iter(_bpmn(kind))}
+            catching: dict[tuple[str, str | None], list[Any]] = {}
+            for event in process.iter(_bpmn("boundaryEvent")):
+                definition = event.find(_bpmn(f"{kind}EventDefinition"))
+                if definition is None or event.get("attachedToRef") is None:
+                    continue
+                ref = definition.get(f"{kind}Ref")
+                code = codes.get(ref) if ref else None
+                catching.setdefault((event.get("attachedToRef"), code or None), []).append(event)
+            for (activity, code), events in catching.items():
+                if len(events) < 2:
+                    continue
+                ids = [e.get("id") for e in events]
+                named = ", ".join(map(repr, ids[:-1])) + f" and {ids[-1]!r}"
+                every = "both" if len(ids) == 2 else "all"
+                what = f"{kind} code {code!r}" if code else f"any {kind} (no {kind}Code)"
+                self.add("boundary_catch_twice", f"boundary events {named} of {activity!r} {every} catch {what}: "
+                         f"layerflow, as SpiffWorkflow, fires every one of the code, so {every} fire on one {kind}, "
+                         "and the path after each runs (a step they share runs twice); keep one boundary event per "
+                         "code and draw the paths from it, or give each its own code", file=file,
+                         line=events[-1].sourceline, element_id=ids[-1])
 
     def _check_link(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A link throw event jumps to the one link catch event of its name in its process level
@@ -2909,12 +2957,11 @@ class _Validator:
                      "end event and record the outcome in the context", file=proc.file, line=end.sourceline,
                      element_id=end.get("id"), severity="warning")
 
-    def _check_called_event_subprocesses(self, main: str | None) -> None:
-        """A message or signal event sub-process of a process that ``main`` calls never starts: SpiffWorkflow
-        3.2 delivers those to the event sub-processes of the top-level process only (a warning: run on
-        its own, that process catches them)."""
+    def _called_from(self, main: str | None) -> dict[str, str]:
+        """The processes of the files that ``main`` calls, directly or not: called process id -> the
+        call activity that first reaches it."""
         by_id = {p.id: p for p in self.processes}
-        calls: dict[str, str] = {}  # called process id -> the call activity that first reaches it
+        calls: dict[str, str] = {}
         todo = [main] if main in by_id else []
         while todo:
             for call in by_id[todo.pop()].element.iter(_bpmn("callActivity")):
@@ -2922,7 +2969,77 @@ class _Validator:
                 if called in by_id and called != main and called not in calls:
                     calls[called] = call.get("id")
                     todo.append(called)
-        for pid, call_id in calls.items():
+        return calls
+
+    def _check_signals_between_processes(self, main: str) -> None:
+        """The process to run, alone, and another process of the files that speak by a signal (MIWG
+        C.4.0: the bank's "New employee hired" starts the IT pool's process). An instance runs one
+        process (and those it calls), and layerflow carries no signal from one instance to another:
+        a signal only another process catches leaves the instance unheard, and a signal start or catch
+        event only another process feeds waits until the signal is sent to it (``layerflow send --signal``)."""
+        signals = {s.get("id"): s.get("name") or s.get("id") for doc in self.docs if doc.root is not None
+                   for s in doc.root.iter(_bpmn("signal"))}
+        pools = {pid: el.get("name") for n in self.other_ids.values() if n.tag == "collaboration"
+                 for el in n.element.iter(_bpmn("participant")) if (pid := el.get("processRef")) and el.get("name")}
+        running = {main, *self._called_from(main)}
+        by_id = {p.id: p for p in self.processes}
+        throws: dict[str, list[tuple[str, str]]] = {}  # signal name -> (process id, throw event id)
+        catches: dict[str, list[tuple[str, str]]] = {}
+        for proc in self.processes:
+            for definition in proc.element.iter(_bpmn("signalEventDefinition")):
+                event, name = definition.getparent(), signals.get(definition.get("signalRef") or "")
+                if name is not None:
+                    side = throws if event.tag in (_bpmn("intermediateThrowEvent"), _bpmn("endEvent")) else catches
+                    side.setdefault(name, []).append((proc.id, event.get("id")))
+
+        def only(name: str, side: dict[str, list[tuple[str, str]]], verbs: tuple[str, str]) -> str | None:
+            """"only process 'P' (pool 'X') throws ('e1')": who else throws or catches ``name``, when no
+            process of the instance does; None when one does, or none at all."""
+            found = side.get(name, [])
+            if not found or any(pid in running for pid, _ in found):
+                return None
+            pids = list(dict.fromkeys(pid for pid, _ in found))
+            who = ", ".join(f"process {pid!r}" + (f" (pool {pools[pid]!r})" if pid in pools else "") for pid in pids)
+            return f"only {who} {verbs[len(pids) > 1]} ({', '.join(repr(e) for _, e in found)})"
+
+        for name in sorted(set(throws) | set(catches)):
+            quoted = shlex.quote(name)
+            caught_elsewhere = only(name, catches, ("catches", "catch"))
+            for pid, eid in (t for t in throws.get(name, []) if t[0] in running and caught_elsewhere):
+                other, node = next(p for p, _ in catches[name]), self.nodes.get(eid)
+                todo = (f"to have {other!r} react, run it as an instance of its own (`layerflow run --process "
+                        f"{other}`) and send it the signal there (`layerflow send INSTANCE_ID {quoted} --signal`)"
+                        if _executable(by_id[other].element) else
+                        f"{other!r} is not executable, so nothing here runs it; keep the throw as documentation, "
+                        "or remove it")
+                self.add("signal_to_other_process", f"signal throw event {eid!r} of process {pid!r} throws signal "
+                         f"{name!r}, which {caught_elsewhere}, and layerflow runs {main!r} alone: an instance runs "
+                         "one process (and those it calls) and routes no signal to another: this one leaves the "
+                         f"instance unheard (listed in `run --json`'s messages_out); {todo}", file=node.file if node else None, line=node.line if node else None,
+                         element_id=eid, severity="warning")
+            thrown_elsewhere = only(name, throws, ("throws", "throw"))
+            for pid, eid in (c for c in catches.get(name, []) if c[0] in running and thrown_elsewhere):
+                node = self.nodes.get(eid)
+                if node is None or node.tag not in ("startEvent", "intermediateCatchEvent") or (
+                        node.tag == "startEvent" and node.element.getparent().tag != _bpmn("process")):
+                    continue  # a boundary event or an event sub-process waits aside: the path goes on
+                begins = node.tag == "startEvent"
+                self.add("signal_from_other_process", f"signal {'start' if begins else 'catch'} event {eid!r} of "
+                         f"process {pid!r} waits for signal {name!r}, which {thrown_elsewhere}, and layerflow runs "
+                         f"{main!r} alone, carrying no signal from another instance: "
+                         + ("an instance starts waiting at" if begins else "the instance waits at")
+                         + f" {eid!r} until the signal is sent to it (`layerflow send INSTANCE_ID {quoted} --signal "
+                         "--data PAYLOAD`, or POST /api/instances/{id}/events)"
+                         + ("; to start at once with the data given to `layerflow run --data`, draw a plain start "
+                            "event in its place" if begins else ""),
+                         file=node.file, line=node.line, element_id=eid, severity="warning")
+
+    def _check_called_event_subprocesses(self, main: str | None) -> None:
+        """A message or signal event sub-process of a process that ``main`` calls never starts: SpiffWorkflow
+        3.2 delivers those to the event sub-processes of the top-level process only (a warning: run on
+        its own, that process catches them)."""
+        by_id = {p.id: p for p in self.processes}
+        for pid, call_id in self._called_from(main).items():
             proc = by_id[pid]
             for sub, start, kind in _message_event_subprocesses(proc.element):
                 self.add("called_event_subprocess_never_starts", f"event sub-process {sub.get('id')!r} of "
@@ -3669,6 +3786,33 @@ class _Validator:
                  "ids as names", file=file, line=assigned[0].sourceline, element_id=eid, field="dataInput")
         return {item.get("id") for item in assigned}
 
+    def _check_event_definitions(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """An event definition BPMN (2.0.2, table 10.93) does not allow on this kind of event, such as a
+        timer on a throw event or a terminate on a catch event: SpiffWorkflow 3.2 ignores it (a plain
+        event, or a timer a throw event never waits for) and goes straight on, so nothing waits, ends or
+        is thrown where the diagram says. Links and compensation have checks of their own
+        (``link_misplaced``, ``compensation_unsupported``)."""
+        allowed = _EVENT_KINDS_ALLOWED.get(tag)
+        if allowed is None:
+            return
+        event_start = tag == "startEvent" and el.getparent().get("triggeredByEvent") == "true"
+        kinds = sorted({k for c in el if isinstance(c.tag, str) and c.tag.endswith("EventDefinition")
+                        and (k := etree.QName(c).localname.removesuffix("EventDefinition")) not in allowed
+                        and k not in ("link", "compensate") and not (event_start and k in ("error", "escalation"))})
+        if not kinds:
+            return
+        what, does = _EVENT_KIND_NAMES[tag]
+        listed = f"{'an' if kinds[0][0] in 'aeiou' else 'a'} {kinds[0]} event definition" if len(kinds) == 1 else \
+            f"{', '.join(kinds[:-1])} and {kinds[-1]} event definitions"
+        grouped: dict[str, list[str]] = {}
+        for kind in kinds:
+            grouped.setdefault(_misplaced_todo(kind, tag), []).append(kind)
+        todos = list(grouped) if len(kinds) == 1 else [f"{' and '.join(ks)}: {todo}" for todo, ks in grouped.items()]
+        self.add("event_definition_misplaced", f"bpmn:{tag} {eid!r} has {listed}, which BPMN allows on no {what} "
+                 f"(one {does}): SpiffWorkflow ignores {'it' if len(kinds) == 1 else 'them'}, so the event "
+                 f"goes straight on (nothing waits, ends or is thrown there); {'; '.join(todos)}", file=file,
+                 line=el.sourceline, element_id=eid)
+
     def _check_event_refs(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A message or signal catch event that names none: no one can send it (SpiffWorkflow loads it
         and waits for an event named None), so the path after it never runs. A reference that names
@@ -4258,6 +4402,40 @@ def _unresolved_association(err: BaseException, node: Any, docs: Sequence[_Doc])
     return None
 
 
+
+# Which event definitions BPMN (2.0.2, table 10.93) allows on each kind of event, and what each kind does.
+_EVENT_KINDS_ALLOWED = {
+    "startEvent": frozenset({"message", "timer", "conditional", "signal"}),
+    "intermediateCatchEvent": frozenset({"message", "timer", "conditional", "signal"}),
+    "intermediateThrowEvent": frozenset({"message", "escalation", "signal"}),
+    "endEvent": frozenset({"message", "error", "escalation", "cancel", "signal", "terminate"}),
+    "boundaryEvent": frozenset({"message", "timer", "escalation", "conditional", "error", "cancel", "signal"}),
+}
+_EVENT_KIND_NAMES = {
+    "startEvent": ("start event", "starts on a message, signal, timer or condition, or, in an event sub-process, "
+                   "on an error or escalation too"),
+    "intermediateCatchEvent": ("intermediate catch event", "waits for a message, signal, timer, condition or link"),
+    "intermediateThrowEvent": ("intermediate throw event", "throws a message, signal, escalation, compensation or "
+                               "link"),
+    "endEvent": ("end event", "ends with a message, signal, error, escalation, cancel, compensation or terminate"),
+    "boundaryEvent": ("boundary event", "catches a message, signal, timer, condition, error, escalation, cancel "
+                      "or compensation"),
+}
+
+
+def _misplaced_todo(kind: str, tag: str) -> str:
+    """What to draw for an event definition in a place BPMN does not allow it (``_check_event_definitions``)."""
+    if kind in ("timer", "conditional"):
+        return "to wait, draw an intermediate catch event with it (or a boundary event on the activity it times)"
+    if kind in ("error", "escalation", "cancel") and tag in ("intermediateCatchEvent", "startEvent"):
+        if kind == "cancel":
+            return "to catch a cancel, attach a cancel boundary event to the transaction"
+        sub = ("put the start event in an event sub-process (triggeredByEvent=\"true\")" if tag == "startEvent" else
+               f"draw an event sub-process with an {kind} start event")
+        return f"to catch an {kind}, attach an {kind} boundary event to the activity that throws it, or {sub}"
+    return "to end there, draw an end event with it" + (" inside the transaction" if kind == "cancel" else "")
+
+
 def _off_the_flow(el: Any) -> bool:
     """A node that sequence flows do not reach or leave: a compensation handler, the content of an
     ad-hoc sub-process, an event sub-process and its start, a link event (a throw goes on at its
@@ -4771,6 +4949,28 @@ def _java_api_calls(tree: ast.AST) -> list[str]:
                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                    and (ast.unparse(n.func).startswith(("System.out.", "System.err."))
                         or isinstance(n.func.value, ast.Name) and n.func.value.id == "kcontext")})
+
+
+def _past_indentation(text: str, err: SyntaxError) -> SyntaxError:
+    """The error that says why a script of another language is no Python: an indented one (a
+    script in an indented CDATA block) first fails on its indentation, which hides the real reason
+    (``def x = 1`` in Groovy); the error of the script dedented, when it has one, else ``err``."""
+    if not isinstance(err, IndentationError):
+        return err
+    try:
+        ast.parse(textwrap.dedent(text), mode="exec")
+    except SyntaxError as deeper:
+        return deeper
+    return err
+
+
+def _java_signals(tree: ast.AST) -> list[str]:
+    """The signal names a jBPM script raises (``kcontext.getKnowledgeRuntime().signalEvent("name", ...)``,
+    ``kcontext.getProcessInstance().signalEvent(...)``): in BPMN here, a signal throw event's job."""
+    return sorted({n.args[0].value for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "signalEvent"
+                   and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
+                   and ast.unparse(n.func).startswith("kcontext.")})
 
 
 def _java_script_instead(source: str) -> str | None:

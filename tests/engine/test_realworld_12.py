@@ -894,6 +894,10 @@ def test_a_catch_all_escalation_boundary_event_catches_only_what_no_event_of_its
     (tmp_path / "only").mkdir()
     on_review = ('<bpmn:boundaryEvent id="on_review" attachedToRef="check_order" cancelActivity="false">\n'
                  '      <bpmn:escalationEventDefinition escalationRef="esc_review" />')
-    path_any_only = rewritten(tmp_path / "only", path, [(on_review, on_review.replace("esc_review", "esc_limit"))])
+    # on_review catches a code no one throws (not 'limit': two boundary events of one code are refused)
+    path_any_only = rewritten(tmp_path / "only", path, [
+        (on_review, on_review.replace("esc_review", "esc_other")),
+        ('<bpmn:escalation id="esc_limit"', '<bpmn:escalation id="esc_other" name="other" escalationCode="other" />\n'
+                                            '  <bpmn:escalation id="esc_limit"')])
     only = run(path_any_only, {"amount": 200})  # no boundary event of the review's code: the catch-all
     assert Counter(path_of(only.workflow))["note_any"] == 1 and "note_review" not in path_of(only.workflow)
