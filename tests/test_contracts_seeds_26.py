@@ -304,7 +304,10 @@ def test_every_kind_of_change_design_names_is_on_the_instance_tape(server: str) 
         for event in found["events"]:
             assert {"seq", "time", "actor", "activity", "branch"} <= set(event), (kind, event)
             assert isinstance(event["seq"], int) and event["actor"], (kind, event)
-    assert _get(server, f"/api/instances/{iid}").json()["tape_length"] == len(after)
+    final = _get(server, f"/api/instances/{iid}").json()
+    assert final["tape_length"] == len(after)
+    # the tape alone rebuilds the context the document shows, branches' events and all
+    assert json.loads(json.dumps(LayeredContext.replay(after).as_dict())) == final["layers"]
 
 
 def test_the_seed_s_model_tool_calls_run_over_rest(server: str) -> None:
