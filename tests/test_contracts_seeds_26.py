@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from context_layers import ActivityExtensionConfig, Layer, LayeredContext, RuleD
 from engine import Engine, load_process
 from gateways import ContextSplitter
 from test_contracts_design import CONFLICTING, process, script, write_bpmn
-from test_contracts_rest import _free_port
+from test_contracts_rest import serving
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "seeds-26-token"
@@ -225,34 +224,7 @@ def _catalog(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("seeds26")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("LAYERFLOW_API_TOKEN", "LAYERFLOW_MODEL_API_BASE")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["LAYERFLOW_API_TOKEN"] = TOKEN
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--catalog", str(_catalog(folder)), "--store", f"sqlite:///{folder / 'rest.db'}",
-                             "--log-level", "warning"], cwd=folder, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):  # readiness by polling: the server answers or exits
-            if proc.poll() is not None:
-                raise AssertionError(f"layerflow serve exited: {proc.stderr.read() if proc.stderr else ''}")
-            try:
-                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("layerflow serve never answered /api/health")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+    yield from serving(folder, _catalog(folder), TOKEN)
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
