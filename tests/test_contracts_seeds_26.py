@@ -349,3 +349,36 @@ def test_any_context_is_rebuilt_from_the_instance_s_json_tape_alone(tmp_path: Pa
                 (name, seq)
     with pytest.raises(KeyError, match="main/nowhere@1"):
         LayeredContext.replay(events, name="main/nowhere@1")
+
+
+def test_an_engine_compression_is_evaluated_and_undone_by_its_snapshot(server: str) -> None:
+    """"Every compression takes a snapshot first, reports tokens before/after, ratio and
+    attention before/after (`evaluate`), and can be undone (`decompress` to that snapshot)" --
+    the compression the engine made after an activity, named by `run --json`'s `compressions`,
+    evaluated and undone over REST."""
+    started = _post(server, "/api/instances", {"process_id": "loan_approval", "data": LOAN_CONFLICT,
+                                               "answers": {"confirmations": {"*": "pending_dual_approval"}}})
+    doc = started.json()
+    assert doc["status"] == "completed", doc["waiting_for"]
+    [compression] = doc["compressions"]
+    assert compression["activity_id"] == "disbursement_decision"
+    assert doc["tokens"]["L3"] + doc["tokens"]["L4"] == compression["tokens_after"] < compression["tokens_before"]
+    iid, snapshot = doc["instance_id"], compression["snapshot_id"]
+    report = _post(server, "/api/context-governance/compress",
+                   {"instance_id": iid, "action": "evaluate", "before_snapshot_id": snapshot})
+    assert report.status_code == 200, report.text
+    body = report.json()
+    assert (body["tokens_before"], body["tokens_after"]) == (compression["tokens_before"], compression["tokens_after"])
+    assert body["ratio"] == pytest.approx(compression["tokens_after"] / compression["tokens_before"])
+    for side in ("attention_before", "attention_after"):
+        assert {"density", "redundancy", "decay", "conflict", "toolEfficiency"} <= set(body[side]), side
+        assert all(0.0 <= v <= 1.0 for v in body[side].values()), side
+    undone = _post(server, "/api/context-governance/compress",
+                   {"instance_id": iid, "action": "decompress", "snapshot_id": snapshot})
+    assert undone.status_code == 200, undone.text
+    after = _get(server, f"/api/instances/{iid}").json()
+    assert after["tokens"]["L3"] + after["tokens"]["L4"] == compression["tokens_before"]
+    assert after["tape_length"] > doc["tape_length"]  # the undo is an event; the compression's stays
+    for key in ("risk_level", "assessment_id", "approval_status", "track_type"):  # preserved all along
+        assert after["layers"]["L3"][key] == doc["layers"]["L3"][key], key
+    assert {"credit_bureau_result", "risk_reasoning"} <= set(after["layers"]["L3"]) - set(doc["layers"]["L3"])
