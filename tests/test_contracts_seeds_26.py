@@ -382,3 +382,25 @@ def test_an_engine_compression_is_evaluated_and_undone_by_its_snapshot(server: s
     for key in ("risk_level", "assessment_id", "approval_status", "track_type"):  # preserved all along
         assert after["layers"]["L3"][key] == doc["layers"]["L3"][key], key
     assert {"credit_bureau_result", "risk_reasoning"} <= set(after["layers"]["L3"]) - set(doc["layers"]["L3"])
+
+
+def test_the_seed_s_inspect_filter_and_metrics_narrow_the_report(server: str) -> None:
+    """The seed's `context_inspect`: `layers`, the `metrics` asked for, and `filter`
+    (`key_prefix` "risk_*": only the keys beginning so; `modified_after`: only what changed
+    since), as the body of `POST /api/context-governance/inspect` on a real server."""
+    doc = _post(server, "/api/instances", {"process_id": "loan_approval", "data": LOAN_CONFLICT}).json()
+    iid, history = doc["instance_id"], doc["layers"]["L3"]
+
+    def inspect(**body: Any) -> dict[str, Any]:
+        r = _post(server, "/api/context-governance/inspect", {"instance_id": iid, "layers": ["L3", "L4"], **body})
+        assert r.status_code == 200, r.text
+        report: dict[str, Any] = r.json()
+        return report
+
+    risk = inspect(filter={"key_prefix": "risk_*"})["L3"]
+    assert risk["keys"] == [k for k in history if k.startswith("risk_")] and risk["key_count"] == len(risk["keys"])
+    assert 0 < risk["token_count"] < doc["tokens"]["L3"]
+    assert inspect(filter={"modified_after": "2099-01-01T00:00:00Z"})["L3"]["key_count"] == 0
+    assert inspect(filter={"modified_after": "2000-01-01T00:00:00Z"})["L3"]["key_count"] == len(history)
+    only = inspect(metrics=["token_count"])
+    assert only["L3"] == {"token_count": doc["tokens"]["L3"]} and only["L4"] == {"token_count": 0}
