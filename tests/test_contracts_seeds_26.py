@@ -5,6 +5,7 @@ imported from the packages' top level, a real ``layerflow serve`` process for th
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -27,6 +28,42 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "seeds-26-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LOAN_CONFLICT = {"amount": 120000, "applicant_id": "APP-26", "purpose": "expansion", "industry": "gambling"}
+
+
+# =============================================================================== layout
+
+OUTSIDE_THE_MODEL = ("SpiffWorkflow", "fastapi", "starlette", "uvicorn", "litellm")
+
+
+def _imported(path: Path) -> list[tuple[int, str]]:
+    """Every module a source file imports, lazily inside a function too (``importlib.import_module``
+    and ``__import__`` of a literal name included); relative imports stay in their package."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")):
+            found.append((node.lineno, str(node.args[0].value)))
+    return found
+
+
+@pytest.mark.parametrize("package, banned", [
+    ("context_layers", ("gateways", "engine", *OUTSIDE_THE_MODEL)),
+    ("gateways", ("engine", *OUTSIDE_THE_MODEL)),
+])
+def test_dependencies_point_one_way(package: str, banned: tuple[str, ...]) -> None:
+    """"Dependencies point one way: `engine` -> `gateways` -> `context_layers`. `context_layers`
+    imports neither of the others, and nothing in `context_layers` or `gateways` imports
+    SpiffWorkflow, FastAPI or litellm" -- read from the source, so a lazy import inside a
+    function, which importing the package would never run, counts too."""
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}" for path in files
+             for line, name in _imported(path) if name.split(".")[0] in banned]
+    assert wrong == []
 
 
 # =============================================================================== the six layers, on split
