@@ -845,10 +845,15 @@ class LayeredContext:
     @classmethod
     def _replay_context(cls, contexts: Mapping[str, list[Mapping[str, Any]]], name: str, until: int | None,
                         encoding: str | None, visiting: frozenset[str]) -> "LayeredContext":
-        """Context ``name`` of an instance's tape; a snapshot of another context it needs is
-        rebuilt from that context's events, up to the snapshot's sequence number."""
+        """Context ``name`` (or the one branch of that id) of an instance's tape; a snapshot of
+        another context it needs is rebuilt from that context's events, up to its sequence number."""
         if name not in contexts:
-            raise ContextKeyError(f"the tape holds no events of context {name!r}; it holds {', '.join(contexts)}")
+            named = [c for c, events in contexts.items() if events and events[0].get("branch") == name]
+            if len(named) != 1:
+                several = f"; branch {name!r} ran in {', '.join(named)}: name one" if named else ""
+                raise ContextKeyError(f"the tape holds no events of context {name!r}; it holds "
+                                      f"{', '.join(contexts)}{several}")
+            name = named[0]
         visiting = visiting | {name}
 
         def snapshot_of(snapshot_id: str) -> Snapshot | None:

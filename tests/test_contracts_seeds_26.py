@@ -384,6 +384,8 @@ def test_any_context_is_rebuilt_from_the_instance_s_json_tape_alone(tmp_path: Pa
         for seq in {1, 2, len(ctx.tape) // 2, len(ctx.tape)}:
             assert LayeredContext.replay(events, name=name, until=seq) == LayeredContext.replay(ctx.tape, until=seq), \
                 (name, seq)
+    for name, info in doc["contexts"].items():  # a branch id names its context, as on the CLI
+        assert LayeredContext.replay(events, name=info["branch_id"]) == instance.contexts[name]
     with pytest.raises(KeyError, match="main/nowhere@1"):
         LayeredContext.replay(events, name="main/nowhere@1")
 
