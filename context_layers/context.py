@@ -832,9 +832,9 @@ class LayeredContext:
         also be the tape as JSON gives it (``Event.to_dict()`` dicts, extra keys ignored),
         or an instance's whole tape as ``layerflow tape --json`` and the REST API give it:
         every context's events, each naming its ``context``. Then ``name`` picks the context
-        to rebuild (default: the first event's, ``main``), ``until`` is a sequence number of
-        that context, and a branch takes the parent snapshot it was forked from by replaying
-        the parent's events of the same tape."""
+        to rebuild (its name or its branch id; default: the first event's, ``main``),
+        ``until`` is a sequence number of that context, and a branch takes the parent
+        snapshot it was forked from by replaying the parent's events of the same tape."""
         items = list(events)
         contexts = _events_by_context(items)
         if contexts is not None and (len(contexts) > 1 or (name is not None and name in contexts)):
