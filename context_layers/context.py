@@ -854,6 +854,11 @@ class LayeredContext:
                 raise ContextKeyError(f"the tape holds no events of context {name!r}; it holds "
                                       f"{', '.join(contexts)}{several}")
             name = named[0]
+        seqs = [e.get("seq") for e in contexts[name]]
+        if seqs != list(range(1, len(seqs) + 1)):
+            gap = next(n for n, seq in enumerate(seqs, 1) if seq != n)
+            raise ValueError(f"the tape of context {name!r} is not whole: event {gap} is missing or out of place "
+                             "(a filtered tape, `--kind`, `--since`, `limit`?); replay the whole tape")
         visiting = visiting | {name}
 
         def snapshot_of(snapshot_id: str) -> Snapshot | None:

@@ -388,6 +388,9 @@ def test_any_context_is_rebuilt_from_the_instance_s_json_tape_alone(tmp_path: Pa
         assert LayeredContext.replay(events, name=info["branch_id"]) == instance.contexts[name]
     with pytest.raises(KeyError, match="main/nowhere@1"):
         LayeredContext.replay(events, name="main/nowhere@1")
+    # a filtered tape (`tape --kind write --json`) is not the tape: refused, never a wrong context
+    with pytest.raises(ValueError, match="not whole"):
+        LayeredContext.replay([e for e in events if e["kind"] == "write"])
 
 
 def test_an_engine_compression_is_evaluated_and_undone_by_its_snapshot(server: str) -> None:
