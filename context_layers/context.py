@@ -829,7 +829,49 @@ class LayeredContext:
     def replay(cls, events: Iterable[Event | Mapping[str, Any]], *, until: int | None = None, name: str | None = None,
                encoding: str | None = None) -> "LayeredContext":
         """Rebuild a context from its tape (up to sequence number ``until``). The events may
-        also be the tape as JSON gives it (``Event.to_dict()`` dicts, extra keys ignored)."""
+        also be the tape as JSON gives it (``Event.to_dict()`` dicts, extra keys ignored),
+        or an instance's whole tape as ``layerflow tape --json`` and the REST API give it:
+        every context's events, each naming its ``context``. Then ``name`` picks the context
+        to rebuild (its name or its branch id; default: the first event's, ``main``),
+        ``until`` is a sequence number of that context, and a branch takes the parent
+        snapshot it was forked from by replaying the parent's events of the same tape."""
+        items = list(events)
+        contexts = _events_by_context(items)
+        if contexts is not None and (len(contexts) > 1 or (name is not None and name in contexts)):
+            return cls._replay_context(contexts, name if name is not None else next(iter(contexts)), until,
+                                       encoding, frozenset())
+        return cls._replay_events(items, until, name, encoding, None)
+
+    @classmethod
+    def _replay_context(cls, contexts: Mapping[str, list[Mapping[str, Any]]], name: str, until: int | None,
+                        encoding: str | None, visiting: frozenset[str]) -> "LayeredContext":
+        """Context ``name`` (or the one branch of that id) of an instance's tape; a snapshot of
+        another context it needs is rebuilt from that context's events, up to its sequence number."""
+        if name not in contexts:
+            named = [c for c, events in contexts.items() if events and events[0].get("branch") == name]
+            if len(named) != 1:
+                several = f"; branch {name!r} ran in {', '.join(named)}: name one" if named else ""
+                raise ContextKeyError(f"the tape holds no events of context {name!r}; it holds "
+                                      f"{', '.join(contexts)}{several}")
+            name = named[0]
+        seqs = [e.get("seq") for e in contexts[name]]
+        if seqs != list(range(1, len(seqs) + 1)):
+            gap = next(n for n, seq in enumerate(seqs, 1) if seq != n)
+            raise ValueError(f"the tape of context {name!r} is not whole: event {gap} is missing or out of place "
+                             "(a filtered tape, `--kind`, `--since`, `limit`?); replay the whole tape")
+        visiting = visiting | {name}
+
+        def snapshot_of(snapshot_id: str) -> Snapshot | None:
+            owner, _, seq = snapshot_id.removeprefix("snap:").rpartition(":")
+            if owner in visiting or owner not in contexts or not seq.isdigit():
+                return None
+            return cls._replay_context(contexts, owner, int(seq), None, visiting)._snapshots.get(snapshot_id)
+
+        return cls._replay_events(contexts[name], until, name, encoding, snapshot_of)
+
+    @classmethod
+    def _replay_events(cls, events: Iterable[Event | Mapping[str, Any]], until: int | None, name: str | None,
+                       encoding: str | None, snapshot_of: Callable[[str], Snapshot | None] | None) -> "LayeredContext":
         tape: list[Event] = [_event_of(e, i) if isinstance(e, Mapping) else e for i, e in enumerate(events)]
         if tape and tape[0].kind == EventKind.INIT:
             name = name or tape[0].data.get("name", "main")
@@ -844,16 +886,25 @@ class LayeredContext:
                 break
             if e.kind == EventKind.FORK:
                 if e.snapshot is None:  # a branch's tape as JSON: the parent's snapshot is not in it
-                    raise ContextKeyError(f"event {e.seq} of {ctx.name!r} forks the branch from snapshot "
-                                          f"{e.data.get('snapshot_id')!r}, which the events do not carry; replay a "
-                                          "branch from its context's tape (ctx.tape) or its record (from_dict)")
+                    sid = e.data.get("snapshot_id")
+                    found = snapshot_of(sid) if snapshot_of is not None and isinstance(sid, str) else None
+                    if found is None:
+                        raise ContextKeyError(
+                            f"event {e.seq} of {ctx.name!r} forks the branch from snapshot {sid!r}, which the "
+                            "events do not carry; replay a branch from its context's tape (ctx.tape), its record "
+                            "(from_dict), or the instance's whole tape (`layerflow tape ID --json`: every "
+                            "context's events) with name= the branch's context")
+                    e = replace(e, snapshot=found)
                 ctx._base = e.snapshot
             if e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.data.get("snapshot_id"):
                 # snapshots taken in this context are re-created by the replay itself
-                snap = ctx._snapshots.get(e.data["snapshot_id"], e.snapshot)
+                sid = e.data["snapshot_id"]
+                snap = ctx._snapshots.get(sid, e.snapshot)
+                if snap is None and snapshot_of is not None:
+                    snap = snapshot_of(sid)
                 if snap is None:
                     raise ContextKeyError(f"event {e.seq} of {ctx.name!r} restores snapshot "
-                                          f"{e.data['snapshot_id']!r}, which the record does not hold")
+                                          f"{sid!r}, which the record does not hold")
                 ctx._snapshots.setdefault(snap.id, snap)
                 e = replace(e, snapshot=snap)
             ctx._state = ctx._apply(ctx._state, e)
@@ -973,6 +1024,17 @@ class View:
         for e in self.entries():
             out[str(e.layer)][e.key] = e.value
         return out
+
+
+def _events_by_context(events: list[Any]) -> dict[str, list[Mapping[str, Any]]] | None:
+    """An instance's JSON tape grouped by context, in the order the contexts first appear;
+    None unless every event is a mapping that names its ``context``."""
+    grouped: dict[str, list[Mapping[str, Any]]] = {}
+    for e in events:
+        if not isinstance(e, Mapping) or not isinstance(e.get("context"), str):
+            return None
+        grouped.setdefault(e["context"], []).append(e)
+    return grouped
 
 
 def _event_of(d: Mapping[str, Any], index: int) -> Event:

@@ -33,18 +33,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("rest")
-    catalog = folder / "catalog"
-    catalog.mkdir()
-    (catalog / "par.bpmn").write_text(PAR)
-    (catalog / "seq.bpmn").write_text(SEQ)
-    (folder / "outside.bpmn").write_text(SEQ.replace("seq_proc", "outside_proc"))
+def serving(folder: Path, catalog: Path, token: str = TOKEN) -> Iterator[str]:
+    """A ``layerflow serve`` process on a free port, serving ``catalog`` from a sqlite store in
+    ``folder`` with ``token``: yields its URL once it answers, stops it afterwards."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("LAYERFLOW_API_TOKEN", "LAYERFLOW_MODEL_API_BASE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["LAYERFLOW_API_TOKEN"] = TOKEN
+    env["LAYERFLOW_API_TOKEN"] = token
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                              "--catalog", str(catalog), "--store", f"sqlite:///{folder / 'rest.db'}",
                              "--log-level", "warning"], cwd=folder, env=env, stdin=subprocess.DEVNULL,
@@ -69,6 +64,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = tmp_path_factory.mktemp("rest")
+    catalog = folder / "catalog"
+    catalog.mkdir()
+    (catalog / "par.bpmn").write_text(PAR)
+    (catalog / "seq.bpmn").write_text(SEQ)
+    (folder / "outside.bpmn").write_text(SEQ.replace("seq_proc", "outside_proc"))
+    yield from serving(folder, catalog)
 
 
 def _post(url: str, path: str, body: dict[str, Any], *, auth: bool = True) -> httpx.Response:
