@@ -1189,13 +1189,14 @@ class GovernanceService:
             main = instance.main
             version = 1 + sum(1 for e in main.tape.filter(kind="config_change")
                               if e.data.get("activity_id") == args.activity_id)
+            # complete, defaults too: a reader sees what each field was before and is now
+            previous = (current or ActivityExtensionConfig()).dump_full()
             instance.process.configs = {**instance.process.configs, args.activity_id: new}
             main.record("config_change", actor=actor, data={
                 "activity_id": args.activity_id, "config_version": version, "mode": args.mode,
-                "change": change.dump(), "config": new.dump(),
-                "previous": current.dump() if current is not None else None, "reason": args.reason})
-            return {"activity_id": args.activity_id, "config_version": version, "config": new.dump(),
-                    "previous": current.dump() if current is not None else None}
+                "change": change.dump(), "config": new.dump_full(), "previous": previous, "reason": args.reason})
+            return {"activity_id": args.activity_id, "config_version": version, "change": change.dump(),
+                    "config": new.dump_full(), "previous": previous}
         return self._change(instance_id, expected_version, "config", actor, apply)
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
