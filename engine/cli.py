@@ -868,8 +868,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         instance = _load(engine, instance_id, as_json)
         try:  # before anything runs: an answer its timeout beat is refused, not applied nor dropped
             refuse_late_answers(instance, answers)
-        except LayerflowError as err:
-            _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
+        except LayerflowError as err:  # the fields REST's 409 gives: who answered, when, with what
+            fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
+            _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
         if instance.status == "completed":
             if sets:  # a correction of a finished context: as REST refuses an inject into it
                 _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
