@@ -251,3 +251,43 @@ def test_an_answer_for_the_next_round_of_a_loop_is_kept_for_it(tmp_path: Path) -
     assert not may_ask_again(once, next(c for c in once.confirmations if c["id"] == "merge/risk_level"))
     with pytest.raises(AnsweredAlready, match="was already answered 'high'"):
         engine.resume(once.id, answers={"confirmations": {"merge/risk_level": "low"}})
+
+
+# ----- (d) the CLI's clock: --now on resume and timers -----------------------------------------------------------
+
+def test_a_cli_user_fires_a_three_day_timer_with_now(cli: Any, tmp_path: Path) -> None:
+    from datetime import datetime, timedelta
+
+    from test_due_timers import timer_process
+
+    started = run_json(cli, "run", str(timer_process(tmp_path, "wait_three_days", "P3D")), code=3)
+    iid, [wait] = started["instance_id"], started["waiting_for"]
+    due = datetime.fromisoformat(wait["due"])
+    assert (wait["kind"], wait["task_id"]) == ("timer", "an_hour")
+    assert run_json(cli, "timers")["due"] == []                                    # the wall clock: not due
+    later = (due + timedelta(seconds=1)).isoformat()
+    listed = run_json(cli, "timers", "--now", later)
+    assert [(d["instance_id"], d["task_id"]) for d in listed["due"]] == [(iid, "an_hour")] and listed["fired"] == []
+    early = run_json(cli, "resume", iid, "--now", (due - timedelta(hours=1)).isoformat(), code=3)
+    assert early["status"] == "waiting" and early["waiting_for"] == started["waiting_for"]
+    done = run_json(cli, "resume", iid, "--now", later)
+    assert done["status"] == "completed" and done["layers"]["L3"]["done"] is True
+    # timers --fire --now: the same, from cron or by hand
+    other = run_json(cli, "run", str(timer_process(tmp_path, "wait_three_days", "P3D")), code=3)["instance_id"]
+    fired = run_json(cli, "timers", "--fire", "--now", (due + timedelta(days=1)).isoformat())
+    assert [(f["instance_id"], f["status"]) for f in fired["fired"]] == [(other, "completed")]
+
+
+@pytest.mark.parametrize("now, said", [
+    ("in three days", "is no ISO 8601 time"),
+    ("2099-01-05T09:00:00", "has no time zone"),
+    ("2001-01-05T09:00:00Z", "is in the past"),
+])
+def test_now_that_names_no_moment_ahead_is_refused(cli: Any, tmp_path: Path, now: str, said: str) -> None:
+    from test_due_timers import timer_process
+
+    iid = run_json(cli, "run", str(timer_process(tmp_path)), code=3)["instance_id"]
+    for command in (("resume", iid), ("timers",)):
+        result = cli(*command, "--now", now)
+        assert result.exit_code == 2 and f"--now {now!r} {said}" in result.stderr, (command, result.stderr)
+    assert run_json(cli, "inspect", iid)["status"] == "waiting"
