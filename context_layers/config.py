@@ -510,6 +510,17 @@ class ActivityExtensionConfig(_Model):
             del data["contextStrategy"]
         return data
 
+    def dump_full(self) -> dict[str, Any]:
+        """camelCase JSON of every field, those at their defaults too, each once: a field the seed
+        lets a config write at the top level or inside ``contextStrategy`` is given at the top level
+        (both places hold its effective value: ``_one_strategy``). What a reader of a change needs
+        to see each field before and after it (the tape's ``config_change``); validated again, it
+        is this config."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for name in _EITHER_PLACE:
+            data["contextStrategy"].pop(to_camel(name), None)
+        return data
+
     # Effective values (top-level fields and contextStrategy agree: ``_one_strategy``).
     @property
     def effective_preserve_keys(self) -> list[str]:

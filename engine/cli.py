@@ -23,6 +23,7 @@ import uuid
 from urllib.parse import urlsplit
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from datetime import datetime, timezone
 from typing import Any, NoReturn
 
 import click
@@ -422,7 +423,8 @@ def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], A
     return None
 
 
-def _engine(store: str | None, model: str | None, out: _Out, as_json: bool, *, create: bool = True) -> Engine:
+def _engine(store: str | None, model: str | None, out: _Out, as_json: bool, *, create: bool = True,
+            clock: Callable[[], float] = time.time) -> Engine:
     """The engine on the store --store / $LAYERFLOW_STORE names. ``create=False`` for a command on
     stored instances: a store that is not there is a wrong path (exit 2), never made empty."""
     url = store or default_store_url()
@@ -435,10 +437,11 @@ def _engine(store: str | None, model: str | None, out: _Out, as_json: bool, *, c
             _fail(f"instance {instance_id!r} cannot be loaded: {err}", as_json=as_json, kind=err.kind,
                   details={"instance_id": instance_id})
         _fail(str(err), as_json=as_json, kind=err.kind)
-    return Engine(st, model=model, progress=_progress(out))
+    return Engine(st, model=model, progress=_progress(out), clock=clock)
 
 
-def _existing_engine(store: str | None, model: str | None, as_json: bool) -> Engine | None:
+def _existing_engine(store: str | None, model: str | None, as_json: bool, *,
+                     clock: Callable[[], float] = time.time) -> Engine | None:
     """For a command that lists what a store holds (``list``, ``timers``): a sqlite file that
     is not there yet holds nothing (None, a note on stderr), and is not made by asking."""
     url = store or default_store_url()
@@ -449,7 +452,7 @@ def _existing_engine(store: str | None, model: str | None, as_json: bool) -> Eng
             _fail(str(err), as_json=as_json, kind=err.kind)
         click.echo(f"nothing to list: {err}", err=True)
         return None
-    return Engine(st, model=model, progress=_progress(_Out(as_json)))
+    return Engine(st, model=model, progress=_progress(_Out(as_json)), clock=clock)
 
 
 # ----------------------------------------------------------------------------- commands
@@ -468,6 +471,33 @@ _by_option = click.option("--by", "by", default=None, metavar="NAME",
                                "(default: a person, unnamed)")
 _model_option = click.option("--model", "model", default=None, metavar="NAME",
                              help="model for activities with llm config (litellm name); none: offline handlers")
+_now_option = click.option("--now", "now", default=None, metavar="ISO",
+                           help="run as if it were this moment, e.g. 2026-01-05T09:00:00Z (ISO 8601 with its time "
+                                "zone, not in the past): timers and confirmation timeouts due by then are due; the "
+                                "clock runs on from it (default: the wall clock)")
+
+
+def _clock(now: str | None, as_json: bool) -> Callable[[], float]:
+    """The engine's clock (``Engine(clock=)``) for ``--now``: the wall clock moved forward to NOW,
+    running on from there; without it, the wall clock."""
+    if now is None:
+        return time.time
+    example = "2026-01-05T09:00:00Z or 2026-01-05T10:00:00+01:00"
+    try:
+        moment = datetime.fromisoformat(now.strip())
+    except ValueError:
+        _fail(f"--now {now!r} is no ISO 8601 time; write a date and time with its time zone, e.g. {example}",
+              as_json=as_json)
+    if moment.tzinfo is None:
+        _fail(f"--now {now!r} has no time zone, so it names no moment; add one, e.g. {example}", as_json=as_json)
+    ahead = moment.timestamp() - time.time()
+    if ahead < 0:
+        # deadlines and due times already fixed were fixed on a clock that has passed NOW: a clock
+        # turned back would un-fire nothing and make what the instance waits for look further away
+        _fail(f"--now {now!r} is in the past (it is {datetime.now(timezone.utc).isoformat(timespec='seconds')} "
+              "now): the engine's clock only runs forward; leave --now out to run on the wall clock",
+              as_json=as_json)
+    return lambda: time.time() + ahead
 
 
 class _Command(click.Command):
@@ -853,23 +883,26 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
 @click.option("--context", "context_name", metavar="NAME",
               help="the context --set writes into: a branch id (the BPMN id of the branch's first element) or a "
                    "context name (`inspect` lists them); default: the failed activity's, else the main context")
+@_now_option
 @_store_option
 @_model_option
 @_json_option
 def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], yes: bool, by: str | None,
-           sets: tuple[str, ...], context_name: str | None, store: str | None, model: str | None,
+           sets: tuple[str, ...], context_name: str | None, now: str | None, store: str | None, model: str | None,
            as_json: bool) -> None:
-    """Continue a waiting instance, or retry the failed activity of one in error."""
+    """Continue a waiting instance, or retry the failed activity of one in error; with --now, as if
+    it were that moment (a timer due by then fires)."""
     out = _Out(as_json)
     answers = _answers(answers_file, answer, as_json)
     by = _person(by, as_json)
-    engine = _engine(store, model, out, as_json, create=False)
+    engine = _engine(store, model, out, as_json, create=False, clock=_clock(now, as_json))
     with _holding(engine, instance_id, as_json):
         instance = _load(engine, instance_id, as_json)
         try:  # before anything runs: an answer its timeout beat is refused, not applied nor dropped
             refuse_late_answers(instance, answers)
-        except LayerflowError as err:
-            _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
+        except LayerflowError as err:  # the fields REST's 409 gives: who answered, when, with what
+            fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
+            _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
         if instance.status == "completed":
             if sets:  # a correction of a finished context: as REST refuses an inject into it
                 _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
@@ -1013,17 +1046,18 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
 
 @main.command()
 @click.option("--fire", is_flag=True, help="resume every instance with a due timer (run this from cron)")
+@_now_option
 @_store_option
 @_model_option
 @_json_option
-def timers(fire: bool, store: str | None, model: str | None, as_json: bool) -> None:
-    """Timers of waiting instances that are due by now; with --fire, resume those instances.
+def timers(fire: bool, now: str | None, store: str | None, model: str | None, as_json: bool) -> None:
+    """Timers of waiting instances that are due by now (or by --now); with --fire, resume those instances.
 
     Nothing fires a timer by itself: a run or resume after its due time does. Each instance is
     resumed under its lease, as `resume` does; one that another process holds is skipped. Exit 1
     when a fired instance ends in error (named, with the `resume` that goes on), for cron."""
     out = _Out(as_json)
-    engine = _existing_engine(store, model, as_json)
+    engine = _existing_engine(store, model, as_json, clock=_clock(now, as_json))
     due = engine.due_timers() if engine is not None else []
     fired: list[dict[str, Any]] = []
     if fire and engine is not None:

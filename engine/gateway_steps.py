@@ -833,6 +833,7 @@ class GatewaySteps:
             entry["by"] = by
         entry["answer"] = value
         entry["answered"] = True
+        entry["answered_at"] = self.engine.clock()  # a second answer is told when (AnsweredAlready)
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked
         self.answers[confirmation_id] = {"value": value, "resolver": resolver}
         task_uuid = entry.get("task")

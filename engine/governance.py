@@ -77,7 +77,7 @@ from context_layers.errors import (
     VersionConflict,
 )
 from context_layers.stores import ConfirmationAnswered
-from context_layers.tape import EventKind, kind_names, matches_kind
+from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
 from . import forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
@@ -228,45 +228,106 @@ class InstanceStateError(LayerflowError):
     kind = "invalid_state"
 
 
-class AnsweredByTimeout(ConfirmationAnswered):
-    """An answer to a join's confirmation that its ``humanConfirm`` timeout settled already (with
-    its default): a second answer, like one to a confirmation a person answered (kind
-    ``already_answered``, REST 409, CLI exit 2), nothing of it applied. ``gateway_id``, ``key``,
-    ``answer`` (the value that stands), ``timed_out_at`` (ISO time) and ``given`` (the late answer)
-    say what happened; the message says what the user can do instead."""
+def _decided(instance: Instance, entry: Mapping[str, Any]) -> Event | None:
+    """The tape event that settled confirmation ``entry``: the last ``human_decision`` (or
+    ``confirmation_timed_out``) naming it on the tape of the context that asked it."""
+    ctx = instance.contexts.get(entry.get("context") or "main", instance.main)
+    found = [e for e in ctx.tape if e.data.get("note") in ("human_decision", "confirmation_timed_out")
+             and e.data.get("confirmation_id") == entry["id"]]
+    return found[-1] if found else None
 
-    def __init__(self, instance: Instance, entry: Mapping[str, Any], given: Any) -> None:
+
+def _what_to_do(instance: Instance, key: str | None) -> str:
+    """What a user whose answer came second can do instead, for the instance's status."""
+    rollback = (f"go back to a snapshot taken before the join (`layerflow snapshot {instance.id} --list`, then "
+                f"`layerflow rollback {instance.id} SNAPSHOT_ID`, or POST /api/context-governance/rollback)")
+    if instance.status == "cancelled":
+        return (f"Instance {instance.id} is cancelled: nothing of it changes any more (no inject, no rollback); "
+                "start a new instance to decide otherwise")
+    if instance.status == "completed":
+        # a completed instance takes no inject and runs nothing again, but its contexts can still be
+        # rolled back: the audit record then shows the decision undone, the process stays finished
+        return (f"Instance {instance.id} is completed: nothing runs again and inject is refused, but you can "
+                f"still {rollback}, which puts its context back, not its process; to run the steps after the "
+                "join with another value, start a new instance")
+    if key is None:
+        return f"To decide otherwise, {rollback}"
+    return (f"To decide otherwise, write the value into the context (`layerflow resume {instance.id} --set "
+            f"{key}=VALUE`, or POST /api/context-governance/inject), or {rollback}")
+
+
+class _SecondAnswer(ConfirmationAnswered):
+    """What the two kinds of second answer say alike: ``instance_id``, ``confirmation_id``,
+    ``gateway_id``, ``key``, ``answer`` (the value that stands), ``answered_by`` (who gave it: a
+    person's name, the actor, or ``timeout``), ``answered_at`` (ISO time), ``tape_seq`` (the event
+    that recorded it on the tape of ``context``), ``given`` (the refused answer); the message ends
+    with where to read the decision and what to do instead."""
+
+    def __init__(self, instance: Instance, entry: Mapping[str, Any], given: Any, what: str, *,
+                 answered_by: str | None, answered_at: Any) -> None:
+        event = _decided(instance, entry)
         self.instance_id, self.confirmation_id = instance.id, str(entry["id"])
         self.gateway_id, self.key = entry.get("gateway_id") or entry.get("task_id"), entry.get("key")
         self.answer, self.given = entry.get("answer"), given
-        at = entry.get("timed_out_at") or entry.get("deadline")
-        self.timed_out_at = (datetime.fromtimestamp(float(at), timezone.utc).isoformat().replace("+00:00", "Z")
-                             if at is not None else None)
-        rollback = (f"go back to a snapshot taken before the join (`layerflow snapshot {instance.id} --list`, then "
-                    f"`layerflow rollback {instance.id} SNAPSHOT_ID`, or POST /api/context-governance/rollback)")
-        if instance.status == "cancelled":
-            todo = (f"instance {instance.id} is cancelled: nothing of it changes any more (no inject, no rollback); "
-                    "start a new instance to decide otherwise")
-        elif instance.status == "completed":
-            # a completed instance takes no inject and runs nothing again, but its contexts can still be
-            # rolled back: the audit record then shows the decision undone, the process stays finished
-            todo = (f"instance {instance.id} is completed: nothing runs again and inject is refused, but you can "
-                    f"still {rollback}, which puts its context back, not its process; to run the steps after the "
-                    "join with another value, start a new instance")
-        else:
-            todo = (f"to decide otherwise, write the value into the context (`layerflow resume {instance.id} --set "
-                    f"{self.key}=VALUE`, or POST /api/context-governance/inject), or {rollback}")
-        super().__init__(
-            f"confirmation {self.confirmation_id!r} of instance {instance.id} (join {self.gateway_id!r}, key "
-            f"{self.key!r}) was settled by its timeout at {self.timed_out_at} with the default {short(self.answer)} "
-            f"(no answer came within its {entry.get('timeout')} s); the answer {short(given)} came after that and "
-            f"was not applied: an answer is final. {todo[0].upper()}{todo[1:]}")
+        self.answered_by = answered_by or (event.actor if event is not None else None)
+        self.answered_at = _iso(answered_at if answered_at is not None else event.time if event is not None else None)
+        self.context = entry.get("context") or "main"
+        self.tape_seq = event.seq if event is not None else None
+        on = "" if self.context == "main" else f" --context {self.context}"
+        kind = event.data.get("note") if event is not None else "human_decision"
+        at = f" (#{self.tape_seq})" if self.tape_seq is not None else ""
+        read = (f"The decision is on the tape{at}: `layerflow tape {instance.id}{on} --kind {kind}` (REST: GET "
+                f"/api/instances/{instance.id}/tape?kind={kind}" + ("" if on == "" else f"&context={self.context}") +
+                ").")
+        super().__init__(f"{what}; an answer is final. {read} {_what_to_do(instance, self.key)}")
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out.update(instance_id=self.instance_id, confirmation_id=self.confirmation_id, gateway_id=self.gateway_id,
-                   key=self.key, answer=self.answer, timed_out_at=self.timed_out_at)
+                   key=self.key, answer=self.answer, answered_by=self.answered_by, answered_at=self.answered_at,
+                   context=self.context, tape_seq=self.tape_seq, given=self.given)
         return out
+
+
+class AnsweredAlready(_SecondAnswer):
+    """A second answer to a confirmation that a person (or a model, or an unattended run) answered
+    already, and no round of which is open (kind ``already_answered``: REST 409, CLI exit 2), nothing
+    of it applied; the fields of ``_SecondAnswer`` say who answered it, when, with what."""
+
+    def __init__(self, instance: Instance, entry: Mapping[str, Any], given: Any) -> None:
+        who = entry.get("by") or entry.get("answered_by")
+        event = _decided(instance, entry)
+        shown = who or (event.actor if event is not None else None) or "a person"
+        at = entry.get("answered_at", event.time if event is not None else None)
+        join = f" (join {entry.get('gateway_id')!r}, key {entry.get('key')!r})" if entry.get("gateway_id") else ""
+        super().__init__(
+            instance, entry, given,
+            f"confirmation {entry['id']!r} of instance {instance.id}{join} was already answered "
+            f"{short(entry.get('answer'))} by {shown}" + (f" at {_iso(at)}" if at is not None else "") +
+            f"; the answer {short(given)} was not applied",
+            answered_by=who, answered_at=at)
+
+
+class AnsweredByTimeout(_SecondAnswer):
+    """An answer to a join's confirmation that its ``humanConfirm`` timeout settled already (with
+    its default): a second answer, like one to a confirmation a person answered (kind
+    ``already_answered``, REST 409, CLI exit 2), nothing of it applied. The fields of
+    ``_SecondAnswer`` (``answered_by``: ``timeout``), and ``timed_out_at`` (ISO time, as
+    ``answered_at``), say what happened; the message says what the user can do instead."""
+
+    def __init__(self, instance: Instance, entry: Mapping[str, Any], given: Any) -> None:
+        at = entry.get("timed_out_at") or entry.get("deadline")
+        self.timed_out_at = _iso(at)
+        super().__init__(
+            instance, entry, given,
+            f"confirmation {entry['id']!r} of instance {instance.id} (join "
+            f"{entry.get('gateway_id') or entry.get('task_id')!r}, key {entry.get('key')!r}) was settled by its "
+            f"timeout at {self.timed_out_at} with the default {short(entry.get('answer'))} (no answer came within "
+            f"its {entry.get('timeout')} s); the answer {short(given)} came after that and was not applied",
+            answered_by="timeout", answered_at=at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "timed_out_at": self.timed_out_at}
 
 
 # ============================================================================ request models
@@ -1189,13 +1250,14 @@ class GovernanceService:
             main = instance.main
             version = 1 + sum(1 for e in main.tape.filter(kind="config_change")
                               if e.data.get("activity_id") == args.activity_id)
+            # complete, defaults too: a reader sees what each field was before and is now
+            previous = (current or ActivityExtensionConfig()).dump_full()
             instance.process.configs = {**instance.process.configs, args.activity_id: new}
             main.record("config_change", actor=actor, data={
                 "activity_id": args.activity_id, "config_version": version, "mode": args.mode,
-                "change": change.dump(), "config": new.dump(),
-                "previous": current.dump() if current is not None else None, "reason": args.reason})
-            return {"activity_id": args.activity_id, "config_version": version, "config": new.dump(),
-                    "previous": current.dump() if current is not None else None}
+                "change": change.dump(), "config": new.dump_full(), "previous": previous, "reason": args.reason})
+            return {"activity_id": args.activity_id, "config_version": version, "change": change.dump(),
+                    "config": new.dump_full(), "previous": previous}
         return self._change(instance_id, expected_version, "config", actor, apply)
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
@@ -1527,11 +1589,7 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
             last = done[-1]
             if last.get("answered_by_timeout"):
                 raise AnsweredByTimeout(instance, last, given)
-            who = last.get("answered_by") or ("its timeout" if last.get("timed_out") else "a person")
-            raise ConfirmationAnswered(
-                f"confirmation {last['id']!r} of instance {instance.id} was already answered "
-                f"{short(last.get('answer'))} by {who}; an answer is final. "
-                f"Open: {', '.join(c['id'] for c in pending) or 'none'}")
+            raise AnsweredAlready(instance, last, given)
         raise ContextKeyError(f"instance {instance.id} has no open confirmation or conflict {wanted!r}; open: "
                               f"{', '.join(c['id'] for c in pending) or 'none'}")
     # several joins, or one join that fired in several places at once (a multi-instance body)

@@ -500,11 +500,11 @@ class Engine:
         instance = self._instance(instance)
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"answer {confirmation_id!r}")
-        settled = settled_by_timeout(instance, confirmation_id)
-        if settled is not None:
-            from .governance import AnsweredByTimeout
+        settled = settled_answer(instance, confirmation_id)
+        if settled is not None:  # a second answer: who gave the first, when, and what to do instead
+            from .governance import AnsweredAlready, AnsweredByTimeout
 
-            raise AnsweredByTimeout(instance, settled, value)
+            raise (AnsweredByTimeout if settled.get("answered_by_timeout") else AnsweredAlready)(instance, settled, value)
         rt.check_answer(confirmation_id, value)
         instance.status = "running"
         try:
@@ -1320,31 +1320,58 @@ def config_file_notices(instance: Instance) -> list[str]:
     return notes
 
 
-def settled_by_timeout(instance: Instance, key: str) -> dict[str, Any] | None:
-    """The confirmation ``key`` (its id, or ``GATEWAY_ID/KEY``) names when its timeout settled it with
-    its default and no round of it is open now (a loop back through the join asks again under the
-    same id: an answer is for that round then)."""
+def settled_answer(instance: Instance, key: str) -> dict[str, Any] | None:
+    """The confirmation ``key`` (its id, or ``GATEWAY_ID/KEY``) names when it was answered (by a
+    person, a model, an unattended run or its timeout) and no round of it is open now (a loop back
+    through the join asks again under the same id: an answer is for that round then)."""
     if key == "*":
         return None
     named = [c for c in instance.confirmations if not c.get("cancelled")
              and key in (c.get("id"), c.get("request_id"), f"{c.get('task_id')}/{c.get('key')}")]
-    if not named or any(not c.get("answered") for c in named) or not named[-1].get("answered_by_timeout"):
+    if not named or any(not c.get("answered") for c in named):
         return None
     return named[-1]
 
 
+def may_ask_again(instance: Instance, entry: Mapping[str, Any]) -> bool:
+    """Whether the element that asked confirmation ``entry`` can ask it again in a later round: the
+    instance is not completed and that element lies on a loop of the process (a sequence flow leads
+    back to it), or is not one of the top-level process (a sub-process may be called again: assumed)."""
+    if instance.status in ("completed", "cancelled"):
+        return False
+    specs = instance.process.spec.task_specs.values()
+    asked = [ts for ts in specs if getattr(ts, "bpmn_id", None) == entry.get("task_id")]
+    if len(asked) != 1:
+        return True
+    seen, todo = set(), list(asked[0].outputs)
+    while todo:
+        spec = todo.pop()
+        if spec is asked[0]:
+            return True
+        if id(spec) not in seen:
+            seen.add(id(spec))
+            todo.extend(spec.outputs)
+    return False
+
+
 def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -> None:
     """Raise ``AnsweredByTimeout`` for an answer in ``answers`` to a confirmation its timeout settled
-    with another value: it came too late, and neither applying it over the default nor dropping it
-    unseen would be right. One that agrees with the default loses nothing and passes (a script's
-    answers file given to every resume)."""
+    with another value, and ``AnsweredAlready`` for one a person (a model, an unattended run)
+    answered with another value and nothing can ask again (``may_ask_again``: an answers file may
+    hold the answer to the next round of a loop): it came too late, and neither applying it over
+    the answer that stands nor dropping it unseen would be right. One that agrees with the answer
+    that stands loses nothing and passes (a script's answers file given to every resume)."""
     for key, value in ((answers or {}).get("confirmations") or {}).items():
-        entry = settled_by_timeout(instance, str(key))
-        if entry is not None and not json_equal(entry.get("answer"), value) \
-                and typed_option(entry.get("options") or [], value) != entry.get("answer"):
-            from .governance import AnsweredByTimeout
+        entry = settled_answer(instance, str(key))
+        if entry is None or json_equal(entry.get("answer"), value) \
+                or typed_option(entry.get("options") or [], value) == entry.get("answer"):
+            continue
+        from .governance import AnsweredAlready, AnsweredByTimeout
 
+        if entry.get("answered_by_timeout"):
             raise AnsweredByTimeout(instance, entry, value)
+        if not may_ask_again(instance, entry):
+            raise AnsweredAlready(instance, entry, value)
 
 
 def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pydantic import ValidationError
 
-from context_layers import canonical_json
+from context_layers import ActivityExtensionConfig, canonical_json
 from context_layers.errors import ConfigError, ContextKeyError, ContextWriteDenied, VersionConflict
 from context_layers.stores import ConfirmationAnswered
 from engine.governance import (
@@ -247,13 +247,17 @@ def test_config_is_validated_versioned_and_on_the_tape(service, notes):
     second = service.config(notes, ConfigArgs(activity_id="finish", config={"compressTokenThreshold": 4000},
                                               reason="tighter"))
     assert (first["config_version"], second["config_version"]) == (1, 2)
-    assert second["config"] == {"preserveKeys": ["outcome"], "compressTokenThreshold": 4000}
+    # config (and previous) are complete, every field, defaults too; change is what the request set
+    assert second["change"] == {"compressTokenThreshold": 4000}
+    assert (second["config"]["preserveKeys"], second["config"]["compressTokenThreshold"]) == (["outcome"], 4000)
+    assert second["previous"] == first["config"] and second["previous"]["compressTokenThreshold"] is None
     inst = service.load(notes)
     assert inst.process.config("finish").effective_token_threshold == 4000
     changes = notes_on_tape(service, notes, "config_change")
     assert [e.data["config_version"] for e in changes] == [1, 2] and changes[1].data["reason"] == "tighter"
     replaced = service.config(notes, ConfigArgs(activity_id="finish", config={"preserveKeys": ["x"]}, mode="replace"))
-    assert replaced["config"] == {"preserveKeys": ["x"]} and replaced["config_version"] == 3
+    assert replaced["config"] == {**ActivityExtensionConfig().dump_full(), "preserveKeys": ["x"]}
+    assert replaced["config_version"] == 3
 
 
 def test_config_keeps_the_servers_handler(service, loan):

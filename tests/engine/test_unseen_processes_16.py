@@ -37,6 +37,7 @@ import pytest
 from context_layers import Layer, LayeredContext
 from engine import Engine, load_process
 from engine.api import create_app
+from engine.worker import AT_REST
 
 import test_unseen_processes_4
 from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
@@ -428,7 +429,7 @@ def test_two_workers_run_the_churn_cases_while_account_managers_answer_through_r
             [ids[customer]] = json.loads(result.stdout)["instance_ids"]
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as api:
             for customer, iid in ids.items():
-                doc = _until(api, iid, lambda d: d["status"] != "queued" and d["waiting_for"], "waited", procs)
+                doc = _until(api, iid, lambda d: d["status"] == "waiting", "waited", procs)
                 _check_document(doc, 3, "churn_retention")
                 [wait] = doc["waiting_for"]
                 assert (wait["kind"], wait["task_id"]) == ("user_task", "account_manager_call")
@@ -447,8 +448,10 @@ def test_two_workers_run_the_churn_cases_while_account_managers_answer_through_r
                 assert doc["completed_user_task"]["task_id"] == "account_manager_call" and doc["notices"] == []
                 [wait] = doc["waiting_for"]
                 assert (wait["kind"], wait["task_id"]) == ("timer", "cooling_off") and wait["due"]
-            finals = {c: _until(api, iid, lambda d: d["status"] != "waiting", "completed", procs)
-                      for c, iid in ids.items()}
+            # at rest: a worker's run saves after each activity, "running" (and, until it stops, the
+            # waiting_for it started from: the fired timer), which is no outcome yet
+            finals = {c: _until(api, iid, lambda d: d["status"] in AT_REST and d["status"] != "waiting", "completed",
+                                procs) for c, iid in ids.items()}
         for customer, doc in finals.items():
             assert doc["status"] == "completed", doc["error"]
             history = {k: v for k, v in data_of(doc["layers"]["L3"]).items() if not k.startswith("_")}
