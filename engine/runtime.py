@@ -2903,7 +2903,9 @@ def to_record(instance: Instance) -> dict[str, Any]:
         "updated": instance.updated,
         "engine": {
             "branches": instance.branches,
-            "waiting_for": instance.waiting_for,
+            # a run's checkpoint (status running) waits for nothing yet: what it started from is
+            # answered or fired, and what it will wait for is known when it stops
+            "waiting_for": instance.waiting_for if instance.status != "running" else [],
             "conflicts": instance.conflicts,
             "compressions": instance.compressions,
             "confirmations": instance.confirmations,

@@ -142,9 +142,13 @@ def test_resume_with_answers_file_and_with_answer(cli: Cli) -> None:
         assert bad["tape_length"] == before
     doc = cli.json("resume", iid, "--answer", "checks_join/recommendation=investigate", code=0)
     assert doc["status"] == "completed" and doc["layers"]["L3"]["outcome"] == "sent to investigation"
-    # a resume of a completed instance uses none of its answers: exit 0
-    again = cli("resume", iid, "--answer", "checks_join/recommendation=pay", code=0)
+    # the same answer again is harmless (an answers file reused on every resume): exit 0, nothing used
+    again = cli("resume", iid, "--answer", "checks_join/recommendation=investigate", code=0)
     assert "checks_join/recommendation" in again.stderr
+    # another answer to a confirmation a person answered already is refused with their decision (as
+    # REST's 409 is), not dropped: bad input (2)
+    other = cli("resume", iid, "--answer", "checks_join/recommendation=pay", code=2)
+    assert "checks_join/recommendation" in other.stderr and "investigate" in other.stderr
 
 
 def test_bad_data_and_answers_are_bad_input_with_one_json_document(cli: Cli) -> None:
