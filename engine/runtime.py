@@ -1623,6 +1623,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             inst.waiting_for = []
             return
         wf = inst.workflow
+        self.close_dead_joins()
         if wf.is_completed():
             inst.status = "completed"
             inst.waiting_for = []
