@@ -109,3 +109,169 @@ def test_the_bid_window_closing_cancels_the_question_a_bid_asked() -> None:
     [conflict] = doc["conflicts"]
     assert conflict["resolution"] is None and conflict["cancelled"] is True
     assert _confirmation(doc, "bid_join/bid_ok")["cancelled"] is True
+
+
+# ===== validate ==================================================================================
+
+def test_validate_accepts_both_and_names_a_config_field_the_schema_lacks(cli: Any, tmp_path: Path) -> None:
+    for bpmn in (SAE, TENDER):
+        result = cli("validate", str(bpmn))
+        assert result.exit_code == 0, result.output
+        assert "is valid" in result.output and "warning" not in result.output, result.output
+    copy = tmp_path / "sae_review.bpmn"
+    copy.write_text(SAE.read_text(encoding="utf-8"), encoding="utf-8")
+    config = (HERE / "sae_review.layerflow.yaml").read_text(encoding="utf-8")
+    (tmp_path / "sae_review.layerflow.yaml").write_text(config.replace("defaults:", "defualts:"), encoding="utf-8")
+    (tmp_path / "sae_handlers.py").write_text((HERE / "sae_handlers.py").read_text(encoding="utf-8"), encoding="utf-8")
+    result = cli("validate", str(copy))
+    assert result.exit_code == 2, result.output
+    assert "sae_review.layerflow.yaml" in result.output and "assess_join" in result.output
+    assert "defualts" in result.output
+
+
+# ===== sae_review through the CLI ================================================================
+
+SEVERE = {"subject_id": "1007", "event_term": "Hepatitis", "severity": "severe", "onset_date": "03-12-2026"}
+MODERATE = {"subject_id": "1010", "event_term": "Rash", "severity": "moderate"}
+
+
+def test_the_start_form_refuses_data_it_does_not_fit_before_any_instance_exists(cli: Any) -> None:
+    bad = dict(SEVERE, severity="catastrophic", onset_date="2026-12-03")
+    doc = run_json(cli, "run", str(SAE), "--data", json.dumps(bad), code=2)
+    check_run_document(doc)
+    assert doc["instance_id"] is None
+    assert (doc["error"]["kind"], doc["error"]["task_id"]) == ("invalid_answer", "sae_received")
+    assert {p["field"] for p in doc["error"]["problems"]} == {"severity", "onset_date"}
+    assert "dd-MM-yyyy" in doc["error"]["message"]
+    assert run_json(cli, "list")["instances"] == [] if "instances" in run_json(cli, "list") else True
+
+
+def test_a_severe_event_waits_for_the_investigator_while_the_dsmb_is_told(cli: Any) -> None:
+    doc = run_json(cli, "run", str(SAE), "--data", json.dumps(SEVERE), code=3)
+    check_run_document(doc)
+    kinds = [(w["kind"], w["task_id"]) for w in doc["waiting_for"]]
+    assert kinds == [("user_task", "medical_review"), ("timer", "review_reminder"), ("event", "unblinding_asked")]
+    review, reminder = doc["waiting_for"][0], doc["waiting_for"][1]
+    assert review["form"]["source"] == "flowable:formProperty"
+    assert [f["id"] for f in review["form"]["fields"] if f["required"]] == ["causality", "expected"]
+    assert reminder["repetitions_left"] == 2
+    # the escalation the safety branch threw was caught by the non-interrupting event sub-process,
+    # which ran to its end; it merges into the main context once the assessment branches have joined
+    escalated = {c["branch_id"]: c for c in doc["contexts"].values()}["severe_escalated"]
+    assert (escalated["gateway"], escalated["status"]) == ("dsmb_notice", "event_done")
+    assert "dsmb_notice" not in doc["layers"]["L3"]
+    assert doc["layers"]["L1"] == SEVERE and doc["layers"]["L3"]["case_id"] == "SAE-1007"
+
+
+def test_the_medical_monitor_settles_reportable_and_the_report_goes_out(cli: Any) -> None:
+    iid = run_json(cli, "run", str(SAE), "--data", json.dumps(SEVERE), code=3)["instance_id"]
+    asked = run_json(cli, "resume", iid, "--answer", 'medical_review={"causality": "unrelated", "expected": true}',
+                     code=3)
+    assert [w["id"] for w in asked["waiting_for"]] == ["assess_join/reportable", "unblinding_asked"]
+    [conflict] = asked["conflicts"]
+    assert (conflict["layer"], conflict["base_value"], conflict["base_absent"], conflict["resolution"]) == (
+        "L4", None, True, None)
+    assert conflict["values"] == {"medical_review": False, "safety_assessment": True}
+    question = _confirmation(asked, "assess_join/reportable")
+    # the join's default is text; the per-key default fits the boolean conflict and is what is offered
+    assert (question["default"], question["default_by"]) == (True, "config")
+    assert [o["value"] for o in question["options"]] == [False, True, "$escalate"]
+    assert question["message"].startswith("The investigator and the safety physician disagree")
+    # an option the question does not offer is bad input, nothing applied
+    refused = run_json(cli, "resume", iid, "--answer", "assess_join/reportable=needs_review", code=2)
+    assert refused["error"]["kind"] == "invalid_answer" and "needs_review" in refused["error"]["message"]
+    reported = run_json(cli, "resume", iid, "--answer", "assess_join/reportable=true", "--by", "dr_meyer", code=3)
+    [conflict] = reported["conflicts"]
+    assert conflict["resolution"]["value"] is True and conflict["resolution"]["resolver"] == "human"
+    history = reported["layers"]["L3"]
+    assert history["signal_terms"] == ["hepatitis", "causality:unrelated", "meddra:hepatitis"]   # union
+    assert history["dsmb_notice"] == "DSMB: SAE-1007 (TRIAL-042)"          # merged after the join
+    assert "reviewer_role" not in history      # injected per branch, left alone: no conflict, not merged
+    [sent] = reported["messages_out"]
+    assert (sent["name"], sent["element_id"]) == ("expedited_report", "file_expedited_report")
+    assert sent["payload"] == {"case_id": "SAE-1007", "term": "Hepatitis", "trial": "TRIAL-042"}
+    assert [w["task_id"] for w in reported["waiting_for"]] == ["regulator_ack", "unblinding_asked"]
+    # an emergency unblinding at any time: the signal's keys, then the event sub-process's step
+    unblinded = run_json(cli, "send", iid, "unblinding_requested", "--signal", "--json-payload",
+                         '{"requested_by": "dr_lee"}', code=3)
+    assert unblinded["layers"]["L3"]["unblinded_arm"] == "arm-dr_lee"
+    done = run_json(cli, "send", iid, "regulator_acknowledged", "--json-payload", '{"ack_id": "EMA-55"}', code=0)
+    assert done["status"] == "completed" and done["layers"]["L3"]["ack_id"] == "EMA-55"
+    conflicts = cli("tape", iid, "--kind", "conflict")
+    assert conflicts.exit_code == 0 and "reportable" in conflicts.output
+    decided = cli("tape", iid, "--kind", "human_decision", "--json")
+    assert [e["actor"] for e in json.loads(decided.stdout)] == ["dr_meyer"]
+
+
+def test_an_answer_the_layer_rules_refuse_and_a_typo_are_bad_input(cli: Any) -> None:
+    iid = run_json(cli, "run", str(SAE), "--data", json.dumps(MODERATE), code=3)["instance_id"]
+    before = run_json(cli, "inspect", iid)
+    hacked = run_json(cli, "resume", iid, "--answer",
+                      'medical_review={"causality": "related", "expected": false, "trial_id": "TRIAL-000"}', code=2)
+    assert "trial_id" in hacked["error"]["message"] and "L0" in hacked["error"]["message"]
+    refusal = cli("tape", iid, "--activity", "medical_review")
+    assert "answer_refused" in refusal.output and "trial_id" in refusal.output
+    typo = cli("resume", iid, "--answer", 'medical_reviw={"causality": "related", "expected": false}')
+    assert typo.exit_code == 2 and "'medical_reviw'" in typo.stderr and "medical_review" in typo.stderr
+    after = run_json(cli, "inspect", iid)
+    assert after["layers"] == before["layers"] and after["waiting_for"] == before["waiting_for"]
+    # all or nothing: an answer the join will not offer refuses the investigator's answer given with it
+    refused = run_json(cli, "resume", iid, "--answer", 'medical_review={"causality": "unrelated", "expected": true}',
+                       "--answer", "assess_join/reportable=needs_review", code=2)
+    assert refused["error"]["task_id"] == "assess_join"
+    assert [w["task_id"] for w in run_json(cli, "inspect", iid)["waiting_for"]][0] == "medical_review"
+
+
+# ===== sae_review through the Python API, on the engine's clock ==================================
+
+def test_the_reminders_repeat_then_the_timeout_takes_the_per_key_default() -> None:
+    from engine.governance import AnsweredByTimeout
+
+    clock = Clock()
+    engine = Engine("memory://", clock=clock)
+    instance = engine.run(engine.start(load_process(SAE), MODERATE))
+    branch = next(name for name, info in instance.branches.items() if info["branch_id"] == "medical_review")
+    for n in (1, 2):
+        clock.now += 12 * 3600 + 1
+        instance = engine.resume(instance.id)
+        assert instance.contexts[branch].resolve("reminder_note") == f"reminder {n}: SAE-1010 awaits causality"
+    assert [w["kind"] for w in instance.waiting_for] == ["user_task", "event"]   # the cycle is spent
+    instance = engine.resume(instance.id, answers={"user_tasks": {
+        "medical_review": {"causality": "unrelated", "expected": True}}})
+    [item] = [w for w in instance.waiting_for if w["kind"] == "confirmation"]
+    assert item["due"] == "2027-01-17T08:00:02+00:00"          # a day after the join asked
+    clock.now += 86400 + 5
+    instance = engine.resume(instance.id)
+    [conflict] = instance.to_document()["conflicts"]
+    assert conflict["resolution"]["value"] is True and conflict["resolution"]["resolver"] == "policy"
+    assert "the timeout took the configured default" in conflict["resolution"]["reason"]
+    assert instance.main.resolve("reminder_note") == "reminder 2: SAE-1010 awaits causality"
+    with pytest.raises(AnsweredByTimeout, match="assess_join"):
+        engine.answer_confirmation(instance.id, "assess_join/reportable", False)
+
+
+# ===== vendor_tender: the happy path =============================================================
+
+def test_the_buyer_settles_a_bid_then_finance_wins_the_award_by_priority(cli: Any) -> None:
+    doc = run_json(cli, "run", str(TENDER), "--data", json.dumps(TENDER_DATA), code=3)
+    # Borealis is cheap but slow: its checks disagree, the buyer is asked; the bid window is open
+    assert [(w["kind"], w["task_id"]) for w in doc["waiting_for"]] == [("confirmation", "bid_join"),
+                                                                      ("timer", "bid_window_closed")]
+    assert _confirmation(doc, "bid_join/bid_ok")["context"].startswith("main/collect_bids#2@")
+    done = run_json(cli, "resume", doc["instance_id"], "--answer", "bid_join/bid_ok=false", code=0)
+    check_run_document(done)
+    history = done["layers"]["L3"]
+    assert [b["ok"] for b in history["bids"]] == [True, False, True]             # in the vendors' order
+    assert (history["shortlist"], history["best_price"], history["awarded_to"]) == (["Acme", "Cobalt"], 42000, "Acme")
+    # the award join: BRANCH_PRIORITY settles the status, the reducers append notes and take the lower ceiling
+    award = [c for c in done["conflicts"] if c["gateway_id"] == "award_join"]
+    assert [(c["key"], c["resolution"]["value"], c["resolution"]["resolver"]) for c in award] == [
+        ("award_status", "approved_with_conditions", "strategy")]
+    assert history["risk_notes"] == ["legal: standard terms", "finance: fx exposure"]
+    assert history["price_ceiling"] == pytest.approx(46200)
+    # the evaluation compressed on an attention score: the tool results cut to what the rule keeps
+    [compression] = done["compressions"]
+    assert compression["activity_id"] == "evaluate_bids" and compression["triggers"] == ["density"]
+    assert compression["tokens_after"] < compression["tokens_before"]
+    assert history["tool_call_result_2"] == {"kind": "tool_call_result", "_compressed": "extract_keys",
+                                             "status": "ok", "data": {"id": "Borealis"}}
