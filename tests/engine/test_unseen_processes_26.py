@@ -36,14 +36,22 @@ instance) and its branches stayed `open`.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import cli_in_a_tmp_store, run_json
+from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
@@ -54,6 +62,9 @@ VENDORS = [{"name": "Acme", "price": 42000, "lead_days": 20}, {"name": "Borealis
            {"name": "Cobalt", "price": 47000, "lead_days": 10}]
 TENDER_DATA = {"tender_no": 77, "vendors": VENDORS}
 T0 = 1_800_000_000.0
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_DB8 = "redis://127.0.0.1:6379/8"   # this round's database on the shared Redis
+TOKEN = "outsider-26"
 
 
 class Clock:
@@ -143,7 +154,8 @@ def test_the_start_form_refuses_data_it_does_not_fit_before_any_instance_exists(
     assert (doc["error"]["kind"], doc["error"]["task_id"]) == ("invalid_answer", "sae_received")
     assert {p["field"] for p in doc["error"]["problems"]} == {"severity", "onset_date"}
     assert "dd-MM-yyyy" in doc["error"]["message"]
-    assert run_json(cli, "list")["instances"] == [] if "instances" in run_json(cli, "list") else True
+    listed = cli("list", "--json")
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == []          # nothing was created
 
 
 def test_a_severe_event_waits_for_the_investigator_while_the_dsmb_is_told(cli: Any) -> None:
@@ -275,3 +287,103 @@ def test_the_buyer_settles_a_bid_then_finance_wins_the_award_by_priority(cli: An
     assert compression["tokens_after"] < compression["tokens_before"]
     assert history["tool_call_result_2"] == {"kind": "tool_call_result", "_compressed": "extract_keys",
                                              "status": "ok", "data": {"id": "Borealis"}}
+
+
+# ===== REST: a real server on a Redis store ======================================================
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Client, str]]:
+    """``layerflow serve --port 0`` on database 8 under a prefix of its own (removed afterwards), the
+    catalog unseen26/; the client carries the token."""
+    with redis_scratch(REDIS_DB8, "outsider26") as prefix:
+        store = f"{REDIS_DB8}?prefix={prefix}"
+        log = tmp_path_factory.mktemp("served") / "serve.err"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN)
+        with log.open("w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                     "--catalog", str(HERE), "--store", store], env=env, cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not (found := re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            url = found.group(1)
+            while True:
+                try:
+                    if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as api:
+                yield api, store
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=10)
+
+
+def _error(reply: httpx.Response, status: int) -> str:
+    assert reply.status_code == status, reply.text
+    message: str = reply.json()["error"]["message"]
+    return message
+
+
+def test_rest_the_second_question_of_a_multi_instance_join_is_answered_by_its_escaped_id(
+        served: tuple[httpx.Client, str]) -> None:
+    api, _ = served
+    vendors = [*VENDORS[:2], {"name": "Dyna", "price": 61000, "lead_days": 5}]    # Borealis slow, Dyna dear
+    started = api.post("/api/instances", json={"process_id": "vendor_tender", "data": {"tender_no": 8, "vendors": vendors}})
+    assert started.status_code == 201, started.text
+    iid = started.json()["instance_id"]
+    asked = {c["id"]: c["context"] for c in started.json()["confirmations"]}
+    assert sorted(asked) == ["bid_join/bid_ok", "bid_join/bid_ok#2"]
+    assert asked["bid_join/bid_ok#2"].startswith("main/collect_bids#3@")   # Dyna's instance
+    answered = api.post("/api/confirmations/bid_join/bid_ok%232", json={"value": True, "instance_id": iid})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["confirmation_id"] == "bid_join/bid_ok#2"
+    assert [w["id"] for w in answered.json()["waiting_for"] if w["kind"] == "confirmation"] == ["bid_join/bid_ok"]
+    done = api.post("/api/confirmations/bid_join/bid_ok", json={"value": False, "instance_id": iid})
+    assert done.status_code == 200 and done.json()["status"] == "completed", done.text
+    bids = {b["vendor"]: b["ok"] for b in done.json()["layers"]["L3"]["bids"]}
+    assert bids == {"Acme": True, "Borealis": False, "Dyna": True}
+
+
+def test_rest_the_sae_review_refuses_bad_input_and_runs_to_the_report(served: tuple[httpx.Client, str], cli: Any) -> None:
+    api, store = served
+    assert httpx.post(str(api.base_url.join("/api/instances")), json={"process_id": "sae_review"}).status_code == 401
+    form = api.get("/api/processes/sae_review").json()["start_form"]
+    assert form["event_id"] == "sae_received" and [f["id"] for f in form["fields"]][:3] == [
+        "subject_id", "event_term", "severity"]
+    assert "catastrophic" in _error(api.post("/api/instances", json={
+        "process_id": "sae_review", "data": dict(SEVERE, severity="catastrophic")}), 400)
+    started = api.post("/api/instances", json={"process_id": "sae_review", "data": SEVERE})
+    assert started.status_code == 201, started.text
+    iid = started.json()["instance_id"]
+    task = f"/api/instances/{iid}/user-tasks/medical_review"
+    assert "causality" in _error(api.post(task, json={"data": {"causality": "maybe", "expected": False}}), 400)
+    assert "trial_id" in _error(api.post(task, json={"data": {"causality": "related", "expected": False,
+                                                              "trial_id": "T-0"}}), 403)
+    inject = "/api/context-governance/inject"
+    assert "trial_id" in _error(api.post(inject, json={"instance_id": iid, "key": "trial_id", "value": "T-0"}), 403)
+    assert "open branches" in _error(api.post(inject, json={"instance_id": iid, "key": "site_note", "value": "x"}), 409)
+    noted = api.post(inject, json={"instance_id": iid, "context": "medical_review", "key": "site_note",
+                                   "value": "called the site"})
+    assert noted.status_code == 200 and noted.json()["written"] == {"site_note": "L4"}, noted.text
+    early = api.post(f"/api/instances/{iid}/events", json={"name": "regulator_acknowledged", "payload": {}})
+    assert "medical_review" in _error(early, 409)
+    answered = api.post(task, json={"data": {"causality": "unrelated", "expected": True}})
+    assert answered.status_code == 200, answered.text
+    assert [w["id"] for w in answered.json()["waiting_for"]] == ["assess_join/reportable", "unblinding_asked"]
+    assert "needs_review" in _error(api.post("/api/confirmations/assess_join/reportable", json={
+        "value": "needs_review", "instance_id": iid}), 400)
+    resolved = api.post("/api/context-governance/resolve", json={
+        "instance_id": iid, "conflict_key": "reportable", "resolution": True, "reason": "medical monitor: SUSAR"})
+    assert resolved.status_code == 200, resolved.text
+    doc = api.get(f"/api/instances/{iid}").json()
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["regulator_ack", "unblinding_asked"]
+    assert doc["conflicts"][0]["resolution"]["resolver"] == "human"
+    assert doc["layers"]["L3"]["site_note"] == "called the site"     # the branch's note came through the join
+    # the CLI reads what the server ran: one store
+    assert run_json(cli, "inspect", iid, "--store", store)["tape_length"] == doc["tape_length"]
