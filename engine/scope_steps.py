@@ -369,14 +369,19 @@ class ScopeSteps:
         confirmation whose join task is so gone is closed (``close_cancelled``: its conflict keeps
         ``"resolution": null`` and says ``"cancelled": true``), and a branch or an instance's scope
         whose split task is gone is closed as ``cancelled``, its open activity put back, as
-        ``interrupt`` does for what an interrupting event sub-process cancels."""
+        ``interrupt`` does for what an interrupting event sub-process cancels; so is a branch split
+        off a cancelled one (a terminate end event cancels the branch, not the splits inside it)."""
         inst = self.instance
         top = inst.workflow
         for c in inst.confirmations:
             if not c.get("answered") and c.get("task") and not _task_lives(top, c["task"]):
                 close_cancelled(inst, c)
-        for name, info in inst.branches.items():
-            if info["status"] not in ("open", "scope") or _task_lives(top, str(info["split"]).rsplit("@", 1)[1]):
+        for name, info in inst.branches.items():  # (a branch is listed after the one it was split off)
+            if info["status"] not in ("open", "scope"):
+                continue
+            parent = inst.branches.get(str(info["parent"]))
+            if (parent is None or parent["status"] != "cancelled") \
+                    and _task_lives(top, str(info["split"]).rsplit("@", 1)[1]):
                 continue
             info["status"] = "cancelled"
             ctx = inst.contexts[name]

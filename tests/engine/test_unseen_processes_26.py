@@ -51,7 +51,7 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json
+from engine_helpers import cli_in_a_tmp_store, flow, redis_scratch, run_json, script_task, write_elements
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
@@ -121,6 +121,27 @@ def test_the_bid_window_closing_cancels_the_question_a_bid_asked() -> None:
     assert conflict["resolution"] is None and conflict["cancelled"] is True
     assert _confirmation(doc, "bid_join/bid_ok")["cancelled"] is True
 
+
+
+def test_a_terminate_end_event_closes_what_a_join_in_another_branch_asked(tmp_path: Path) -> None:
+    """The same for a terminate end event in a parallel branch (README: it drops the other branches):
+    the nested join's question is closed and every branch inside the dropped one is cancelled."""
+    path = write_elements(tmp_path, "terminated", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="top_split"/>', '<bpmn:parallelGateway id="split"/>',
+        script_task("check_a", "ok = True"), script_task("check_b", "ok = False"), '<bpmn:parallelGateway id="join"/>',
+        '<bpmn:endEvent id="joined"/>', '<bpmn:userTask id="withdraw"/>',
+        '<bpmn:endEvent id="withdrawn"><bpmn:terminateEventDefinition/></bpmn:endEvent>',
+        flow("start", "top_split"), flow("top_split", "split"), flow("top_split", "withdraw"), flow("split", "check_a"),
+        flow("split", "check_b"), flow("check_a", "join"), flow("check_b", "join"), flow("join", "joined"),
+        flow("withdraw", "withdrawn")])
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(path), {}))
+    assert [w["id"] for w in waiting.waiting_for if w["kind"] == "confirmation"] == ["join/ok"]
+    done = engine.resume(waiting.id, answers={"user_tasks": {"withdraw": {"reason": "withdrawn"}}}).to_document()
+    assert done["status"] == "completed"
+    assert done["conflicts"][0]["cancelled"] is True and _confirmation(done, "join/ok")["cancelled"] is True
+    assert {c["branch_id"]: c["status"] for c in done["contexts"].values()} == {
+        "split": "cancelled", "withdraw": "joined", "check_a": "cancelled", "check_b": "cancelled"}
 
 # ===== validate ==================================================================================
 
