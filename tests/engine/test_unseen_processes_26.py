@@ -37,11 +37,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,8 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import cli_in_a_tmp_store, flow, redis_scratch, run_json, script_task, write_elements
+from engine_helpers import (cli_in_a_tmp_store, flow, redis_scratch, run_json, script_task, wait_until_served,
+                            write_elements)
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
@@ -325,19 +324,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cli
                                      "--catalog", str(HERE), "--store", store], env=env, cwd=ROOT,
                                     stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         try:
-            deadline = time.monotonic() + 60
-            while not (found := re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())):
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
-            url = found.group(1)
-            while True:
-                try:
-                    if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
+            url = wait_until_served(log, proc)
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as api:
                 yield api, store
         finally:
