@@ -99,8 +99,10 @@ def test_a_sanctioned_vendor_cancels_the_bidding_and_the_question_another_bid_as
     branches = {c["branch_id"]: c["status"] for name, c in doc["contexts"].items() if "collect_bids#2" in name}
     assert branches["price_check"] == branches["capacity_check"] == "cancelled"
     # an answer to it (a script gives every resume the same answers) changes nothing: not bad input
-    late = run_json(cli, "resume", doc["instance_id"], "--answer", "bid_join/bid_ok=false", code=3)
-    assert late["conflicts"] == doc["conflicts"] and _confirmation(late, "bid_join/bid_ok")["answer"] is None
+    late = cli("resume", doc["instance_id"], "--answer", "bid_join/bid_ok=false", "--json")
+    assert late.exit_code == 3 and "'bid_join/bid_ok'" in late.stderr and "was cancelled" in late.stderr
+    late_doc = json.loads(late.stdout)
+    assert late_doc["conflicts"] == doc["conflicts"] and _confirmation(late_doc, "bid_join/bid_ok")["answer"] is None
     done = run_json(cli, "resume", doc["instance_id"], "--answer", 'compliance_review={"decision": "void"}', code=0)
     assert done["status"] == "completed" and done["conflicts"][0]["cancelled"] is True
 
