@@ -22,6 +22,12 @@ vendor_tender (bpmn.io / SpiffArena): a parallel multi-instance sub-process coll
   (extract_keys); legal and finance approve the award in parallel (BRANCH_PRIORITY, reducers
   `append` and `min`).
 
+mel_deferral (bpmn.io): an airline defers a defect under its minimum equipment list. An inclusive split
+  (engineering, safety, operations by default) whose engineering branch waits at an event-based gateway
+  for the parts message or a 48-hour deadline; the inclusive join is FAIL_ON_CONFLICT; the captain's
+  acceptance (a user task) has a conditional boundary event on `aircraft_grounded`, which the operations
+  desk sets with `resume --set` (a WORKING key by `data_layers`); a message-count cliff after it.
+
 Expected before anything ran: as README says for each; in particular, an interrupting event that
 cancels a sub-process (an error caught at the multi-instance activity, its deadline timer) closes the
 confirmations its joins waited for: the instance no longer waits for them, their conflicts keep
@@ -397,3 +403,46 @@ def test_rest_the_sae_review_refuses_bad_input_and_runs_to_the_report(served: tu
     assert doc["layers"]["L3"]["site_note"] == "called the site"     # the branch's note came through the join
     # the CLI reads what the server ran: one store
     assert run_json(cli, "inspect", iid, "--store", store)["tape_length"] == doc["tape_length"]
+
+
+# ===== mel_deferral: an inclusive split, an event-based gateway in a branch, FAIL_ON_CONFLICT ======
+
+MEL = HERE / "mel_deferral.bpmn"
+PACK = {"tail_number": "D-ABCD", "mel_item": "21-51-01", "mel_category": "B", "defect": "pack 1 inoperative",
+        "defect_critical": False, "aircraft_grounded": False}
+
+
+def test_parts_arrive_the_captain_accepts_and_the_cliff_keeps_the_preserved_decision(cli: Any) -> None:
+    doc = run_json(cli, "run", str(MEL), "--data", json.dumps(PACK), code=3)
+    # one inclusive branch (engineering) waits at its event-based gateway: the parts or the deadline
+    assert [(w["kind"], w["task_id"]) for w in doc["waiting_for"]] == [("timer", "parts_deadline"),
+                                                                      ("event", "await_parts")]
+    assert doc["waiting_for"][1]["event_id"] == "parts_arrived"
+    iid = doc["instance_id"]
+    waiting = run_json(cli, "send", iid, "parts_available", "--json-payload", '{"part_no": "PN-778"}', code=3)
+    assert [(w["kind"], w["task_id"]) for w in waiting["waiting_for"]] == [("user_task", "captain_acceptance"),
+                                                                          ("event", "grounded_meanwhile")]
+    assert waiting["waiting_for"][1]["condition"] == "aircraft_grounded == True"
+    done = run_json(cli, "resume", iid, "--answer", 'captain_acceptance={"captain": "Capt. Ruiz"}', code=0)
+    [cliff] = done["compressions"]
+    # the entry count, and DESIGN's default density (no token threshold: no floor) with the keys preserved
+    assert (cliff["activity_id"], cliff["triggers"]) == ("captain_acceptance", ["message_threshold", "density"])
+    history = done["layers"]["L3"]
+    assert (history["dispatch_status"], history["deferral_id"]) == ("deferred", "D-ABCD-21-51-01")   # preserved
+    assert "repair_slot" not in history and history["compaction:1"]["covers"][0] == "activity:open_deferral"
+    assert history["closed_by"] == "Capt. Ruiz"
+
+
+def test_the_desk_grounds_the_aircraft_and_a_conflicting_assessment_stops_the_instance(cli: Any) -> None:
+    iid = run_json(cli, "run", str(MEL), "--data", json.dumps(PACK), code=3)["instance_id"]
+    run_json(cli, "send", iid, "parts_available", "--json-payload", '{"part_no": "PN-778"}', code=3)
+    grounded = run_json(cli, "resume", iid, "--set", "aircraft_grounded=true", code=0)
+    assert grounded["layers"]["L3"]["dispatch_cancelled"] is True and "closed_by" not in grounded["layers"]["L3"]
+    # a critical defect of category C: engineering defers, safety grounds; FAIL_ON_CONFLICT stops the join
+    critical = dict(PACK, mel_category="C", defect_critical=True)
+    iid = run_json(cli, "run", str(MEL), "--data", json.dumps(critical), code=3)["instance_id"]
+    failed = run_json(cli, "send", iid, "parts_available", "--json-payload", '{"part_no": "PN-1"}', code=1)
+    assert (failed["error"]["kind"], failed["error"]["task_id"]) == ("merge_conflict", "assess_join")
+    assert "'dispatch_status'" in failed["error"]["message"] and "FAIL_ON_CONFLICT" in failed["error"]["message"]
+    [conflict] = failed["conflicts"]
+    assert conflict["values"] == {"engineering_review": "deferred", "safety_review": "grounded"}
