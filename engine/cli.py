@@ -750,10 +750,16 @@ def _answer_keys(instance: Instance, answers: dict[str, Any], answer: tuple[str,
 
 
 def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], keys: list[str]) -> None:
-    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr."""
+    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr (one
+    for a confirmation that was cancelled with its join is used by none: say that)."""
     waiting = _waiting_ids(instance)
+    cancelled = {c["id"] for c in instance.confirmations if c.get("cancelled")}
     for key in keys:
-        if key not in waiting:
+        if key in cancelled:
+            out.info(f"layerflow: --answer {key!r}: confirmation {key!r} of instance {instance.id} was cancelled "
+                     "with its join (an interrupting event ended the activity or branch it was in): nobody asks it "
+                     "any more, and the answer was not used")
+        elif key not in waiting:
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
                      f"(it waits for: {listed}); it is kept for a later step")

@@ -1650,6 +1650,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             inst.waiting_for = []
             return
         wf = inst.workflow
+        self.close_dead_joins()
         if wf.is_completed():
             inst.status = "completed"
             inst.waiting_for = []

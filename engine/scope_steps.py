@@ -107,6 +107,18 @@ def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
             conflict["cancelled"] = True
 
 
+def _task_lives(top: Any, task_id: str) -> bool:
+    """Whether the task of that id is in the workflow's tree, not cancelled, and so is the task of
+    each sub-process around it (a cancelled sub-process keeps the tasks that had finished)."""
+    key: uuid.UUID | None = uuid.UUID(task_id)
+    while key is not None:
+        workflow = next((w for w in (top, *top.subprocesses.values()) if key in w.tasks), None)
+        if workflow is None or workflow.tasks[key].has_state(TaskState.CANCELLED):
+            return False
+        key = None if workflow is top else workflow.parent_task_id
+    return True
+
+
 def no_output_item(bpmn_id: str, index: Any, output_item: Any) -> ActivityError:
     """An instance of a multi-instance activity ended without its output item."""
     out = spiff.data_name(output_item)
@@ -349,6 +361,34 @@ class ScopeSteps:
                     and name in affected:
                 ctx.abort_activity(ctx.current_activity, reason=f"interrupted by event sub-process "
                                    f"{spiff.bpmn_id_of(esp)!r}", actor=by)
+
+    def close_dead_joins(self) -> None:
+        """Close what nobody will answer or finish any more because an interrupting boundary event
+        (an error, a deadline timer) cancelled the sub-process it was in: SpiffWorkflow cancels the
+        sub-process's tasks, or drops them with the instance of a multi-instance activity. A
+        confirmation whose join task is so gone is closed (``close_cancelled``: its conflict keeps
+        ``"resolution": null`` and says ``"cancelled": true``), and a branch or an instance's scope
+        whose split task is gone is closed as ``cancelled``, its open activity put back, as
+        ``interrupt`` does for what an interrupting event sub-process cancels; so is a branch split
+        off a cancelled one (a terminate end event cancels the branch, not the splits inside it)."""
+        inst = self.instance
+        top = inst.workflow
+        for c in inst.confirmations:
+            if not c.get("answered") and c.get("task") and not _task_lives(top, c["task"]):
+                close_cancelled(inst, c)
+        for name, info in inst.branches.items():  # (a branch is listed after the one it was split off)
+            if info["status"] not in ("open", "scope"):
+                continue
+            parent = inst.branches.get(str(info["parent"]))
+            if (parent is None or parent["status"] != "cancelled") \
+                    and _task_lives(top, str(info["split"]).rsplit("@", 1)[1]):
+                continue
+            info["status"] = "cancelled"
+            ctx = inst.contexts[name]
+            if ctx.current_activity is not None:
+                ctx.abort_activity(ctx.current_activity, reason=f"cancelled with {info['gateway']!r}",
+                                   actor=str(info["gateway"]))
+            ctx.record("cancelled", actor=str(info["gateway"]), data={"by": info["gateway"]})
 
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None:
         """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""

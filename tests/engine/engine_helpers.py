@@ -193,3 +193,23 @@ def redis_scratch(url: str, name: str) -> Iterator[str]:
         if keys:
             client.delete(*keys)
         client.close()
+
+
+def wait_until_served(log: Path, proc: Any, *, seconds: float = 60) -> str:
+    """The URL a ``layerflow serve --port 0`` started as ``proc`` names on its stderr (written to
+    ``log``), once it answers ``/api/health``; fails with the log when the server exits or is late."""
+    import re
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        found = re.search(r"on (http://[0-9.]+:\d+)", log.read_text())
+        try:
+            if found and httpx.get(f"{found.group(1)}/api/health", timeout=1).status_code == 200:
+                return found.group(1)
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
