@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
 
+from context_layers import Layer
 from engine import Engine, load_process
 from engine.validate import validate_process
 
@@ -303,6 +304,33 @@ def test_the_order_process_edited_starts_on_its_timer_and_archives_once_the_invo
     assert [(w["kind"], w["task_id"]) for w in instance.waiting_for] == [("timer", "StartEvent_1")]
     now[0] += 6
     instance = engine.resume(instance)
-    assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"invoiceId": "INV-1", "archived": "INV-1"}
-    assert path_of(instance.workflow)[-2:] == ["Task_1yjkccw", "EndEvent_0q2wrcp"]
+    # the cycle has no end (R/): the instance waits for its next period, as SpiffWorkflow runs it
+    assert instance.status == "waiting", instance.error
+    assert [(w["task_id"], w["due"], w["repetitions_left"]) for w in instance.waiting_for] == [
+        ("StartEvent_1", "2027-01-15T08:00:10+00:00", None)]
+    records = [k for k in instance.main.layer(Layer.HISTORY) if k.startswith("activity:")]
+    assert records == ["activity:Task_06z99p1", "activity:Task_1yjkccw"]
+    assert "EndEvent_00asnpf" not in path_of(instance.workflow)  # the boundary event interrupted the sub-process
+
+
+def test_a_conditional_boundary_event_fires_on_the_last_write_of_its_sub_process(tmp_path: Path) -> None:
+    """The condition held only after the sub-process's last task, whose end event came next: the
+    condition was checked when nothing else could run, after the sub-process had ended and
+    cancelled the event, so the interrupting path never ran."""
+    path = write_elements(tmp_path, "last_write", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:subProcess id="sub"><bpmn:startEvent id="sub_start"/><bpmn:scriptTask id="set_flag">'
+        '<bpmn:script>flag = True</bpmn:script></bpmn:scriptTask><bpmn:endEvent id="sub_end"/>'
+        + flow("sub_start", "set_flag") + flow("set_flag", "sub_end") + '</bpmn:subProcess>',
+        '<bpmn:boundaryEvent id="on_flag" attachedToRef="sub"><bpmn:conditionalEventDefinition><bpmn:condition>'
+        'flag == True</bpmn:condition></bpmn:conditionalEventDefinition></bpmn:boundaryEvent>',
+        '<bpmn:scriptTask id="flagged"><bpmn:script>handled = True</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="normal_end"/>', '<bpmn:endEvent id="flag_end"/>',
+        flow("start", "sub"), flow("sub", "normal_end"), flow("on_flag", "flagged"), flow("flagged", "flag_end")])
+    assert [c for c, severity, _ in codes([path]) if severity == "error"] == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"flag": True, "handled": True}
+    assert "normal_end" not in path_of(instance.workflow)
