@@ -3708,7 +3708,8 @@ class _Validator:
                     if t == _RUN_BY_HANDLER else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
-        self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
+        self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(map(_as_written(el), found))}, another "
+                 "engine's settings that "
                  f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
                  line=el.sourceline, element_id=eid, severity="warning")
 
@@ -4612,6 +4613,24 @@ def _engine_dmn_task(el: Any) -> str | None:
                 and etree.QName(child).localname in ("string", "expression"))
             return value.strip()
     return ""
+
+
+def _as_written(el: Any) -> Callable[[str], str]:
+    """``activiti:connector`` as ``el``'s file writes it, when the file binds another prefix to that
+    engine's namespace (Camunda 7.0 saved ``camunda:`` bound to Activiti's): the name searched for
+    in the file is the one it holds."""
+    engines = {prefix: ns for ns, prefix in _ENGINE_NAMESPACES.items()}
+
+    def said(name: str) -> str:
+        prefix, _, local = name.partition(":")
+        ns = engines.get(prefix)
+        written = next((k for k, v in el.nsmap.items() if v == ns and k), prefix)
+        if written == prefix:
+            return name
+        owner = prefix.capitalize() if prefix != "bpmnos" else "BPMN-OS"
+        return (f"{name} (written {written}:{local} in this file, whose prefix {written} names {owner}'s "
+                f"namespace {ns})")
+    return said
 
 
 def _foreign_name(tag: str) -> str | None:

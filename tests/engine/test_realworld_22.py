@@ -114,6 +114,10 @@ def test_the_rest_connector_is_refused_for_its_juel_conditions_with_the_python_t
     assert "write 'isHoliday'" in refused["SequenceFlow_3"] and "write 'not isHoliday'" in refused["SequenceFlow_4"]
     assert refused["ServiceTask_1"].startswith("warning:")
     assert "another engine's settings that layerflow does not run" in refused["ServiceTask_1"]
+    # the file writes camunda:connector, its camunda prefix bound to Activiti's namespace (as Camunda
+    # 7.0 saved it): validate named activiti:connector, which a search of the file does not find
+    assert "has activiti:connector (written camunda:connector in this file, whose prefix camunda names " \
+        "Activiti's namespace http://activiti.org/bpmn)" in refused["ServiceTask_1"]
 
 
 @pytest.mark.parametrize("holiday, packed_at", [(True, "UserTask_1"), (False, "UserTask_2")])
