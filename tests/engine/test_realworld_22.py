@@ -3,8 +3,9 @@ follows and what it leaves out; ``realworld22/README.md`` lists the sources and 
 insurance application (an embedded form, a DMN risk rating, FEEL conditions, a non-interrupting timer
 cycle, a message boundary event with a correlation key, a call activity) with the process it calls,
 Camunda 8's campaign (a multi-instance call activity over a collection, an input mapping) with its
-letter process, and Camunda 7's REST connector, Camunda Forms invoice and external-task order process (a
-Quartz cron timer cycle, a conditional boundary event on a sub-process). Each is validated as given
+letter process, and Camunda 7's REST connector, Camunda Forms invoice, external-task order process (a
+Quartz cron timer cycle, a conditional boundary event on a sub-process) and message-start pair (a Java
+delegate starting a process by its message). Each is validated as given
 (validate says what is wrong, naming the element and what to write), then, edited as validate says,
 run to its end with fake handlers for the service tasks. Also the spiffworkflow:messagePayload that
 SpiffWorkflow 3.2 reads on a bpmn:message and deprecates."""
@@ -338,3 +339,41 @@ def test_a_conditional_boundary_event_fires_on_the_last_write_of_its_sub_process
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"flag": True, "handled": True}
     assert "normal_end" not in path_of(instance.workflow)
+
+
+# -- Camunda 7's message start: a Java delegate starts a process by its message ---------------------
+
+INSTANTIATING = HERE / "camunda7_instantiating_process.bpmn"
+MESSAGE_START = HERE / "camunda7_message_start_process.bpmn"
+
+
+def test_the_message_start_pair_given_together_is_refused_until_one_process_is_named() -> None:
+    """Two executable processes and no collaboration: validate asks which to run; the Java
+    delegate's camunda:class is named as the file writes it (camunda: bound to Activiti's namespace)."""
+    report = validate_process([INSTANTIATING, MESSAGE_START])
+    [refused] = [p for p in report.problems if p.severity == "error"]
+    assert refused.field == "process_id"
+    assert "2 executable processes ('Instantiating_Process', 'Message_Start_Process')" in str(refused)
+    assert validate_process([MESSAGE_START]).problems == ()
+    [foreign] = [str(p) for p in validate_process([INSTANTIATING]).problems if p.code == "foreign_extension"]
+    assert "has activiti:class (written camunda:class in this file" in foreign
+
+
+def test_the_message_start_process_waits_for_its_message_and_takes_its_payload() -> None:
+    engine = engine_with({})
+    instance = engine.run(engine.start(load_process([MESSAGE_START]), {}))
+    assert [(w["kind"], w["task_id"], w.get("event")) for w in instance.waiting_for] == [
+        ("event", "StartEvent_1", "instantiationMessage")]
+    instance = engine.send_event(instance, "instantiationMessage", {"orderId": "o-1"})
+    assert [w["task_id"] for w in instance.waiting_for] == ["UserTask_1"]
+    instance = engine.complete_user_task(instance, "UserTask_1", {})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"orderId": "o-1"}
+
+
+def test_the_instantiating_process_chosen_runs_its_handler_in_the_delegates_place() -> None:
+    engine = engine_with({"ServiceTask_1": lambda ctx: {"instantiated": True}})
+    process = load_process([INSTANTIATING, MESSAGE_START], process_id="Instantiating_Process")
+    instance = engine.run(engine.start(process, {}), answers={"user_tasks": {"UserTask_1": {}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"instantiated": True}
