@@ -3940,8 +3940,8 @@ class _Validator:
         self.add("message_extension_deprecated", f"bpmn:message {mid!r} holds {held}, a place SpiffWorkflow 3.2 "
                  "still reads but deprecates (a DeprecationWarning: 'spiffworkflow:messagePayload and "
                  "spiffworkflow:messageVariable have been moved' for each event that names it); move "
-                 f"{' and '.join(moves)}, and remove {'them' if len(moves) > 1 else 'it'} from the bpmn:message (while it holds either, "
-                 "SpiffWorkflow reads the message's only)", file=file, line=message.sourceline, element_id=mid,
+                 f"{' and '.join(moves)}, and remove {'them' if len(moves) > 1 else 'it'} from the bpmn:message "
+                 "(while it holds either, SpiffWorkflow reads the message's only)", file=file, line=message.sourceline, element_id=mid,
                  severity="warning")
 
     def _check_item_extensions(self, el: Any, eid: str, tag: str, file: str) -> None:

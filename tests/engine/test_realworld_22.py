@@ -385,3 +385,22 @@ def test_the_instantiating_process_chosen_runs_its_handler_in_the_delegates_plac
     instance = engine.run(engine.start(process, {}), answers={"user_tasks": {"UserTask_1": {}}})
     assert instance.status == "completed", instance.error
     assert variables(instance.main) == {"instantiated": True}
+
+
+def test_an_intermediate_conditional_catch_reading_a_key_not_set_yet_waits_for_it(tmp_path: Path) -> None:
+    """It stopped the instance with a NameError; it now waits, listed with its condition, and fires
+    once the key is set (here by an injection, as ``layerflow resume --set`` does)."""
+    path = write_elements(tmp_path, "wait_for_key", [
+        '<bpmn:startEvent id="start"/>',
+        '<bpmn:intermediateCatchEvent id="until_paid"><bpmn:conditionalEventDefinition><bpmn:condition>'
+        'paid == True</bpmn:condition></bpmn:conditionalEventDefinition></bpmn:intermediateCatchEvent>',
+        '<bpmn:scriptTask id="ship"><bpmn:script>shipped = True</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:endEvent id="end"/>', flow("start", "until_paid"), flow("until_paid", "ship"), flow("ship", "end")])
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}))
+    assert instance.status == "waiting", instance.error
+    assert [(w["task_id"], w["event_kind"], w["condition"]) for w in instance.waiting_for] == [
+        ("until_paid", "conditional", "paid == True")]
+    instance = engine.resume(engine.inject(instance, {"paid": True}))
+    assert instance.status == "completed", instance.error
+    assert variables(instance.main) == {"paid": True, "shipped": True}
