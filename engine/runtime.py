@@ -1442,6 +1442,17 @@ def _name_hint(err: BaseException, where: str | None) -> str:
             "(the start data or an earlier task's output), or correct the expression")
 
 
+def _not_set_yet(task: Any, expression: str, err: BaseException, ctx: LayeredContext) -> bool:
+    """A conditional catch event's (intermediate or boundary) condition reading a key nothing set
+    yet: the condition does not hold yet, and the event waits for it (BPMN; Camunda 7's
+    ``Condition.tryEvaluate`` is false on an unknown variable), as a conditional start of an event
+    sub-process does (``_condition_holds``). Any other error still stops the instance."""
+    definition = getattr(task.task_spec, "event_definition", None)
+    return (isinstance(definition, ConditionalEventDefinition) and expression == definition.expression
+            and isinstance(err, NameError) and bool(err.name) and err.name not in ctx
+            and err.name not in FOREIGN_LITERALS and not _compressed_away(ctx, err))
+
+
 def _stuck_error(wf: Any) -> LayerflowError:
     """Nothing ready, nothing to wait for: name the join that waits for branches that cannot
     come (branches of an exclusive gateway met in a parallel one), when one does."""
@@ -1489,6 +1500,19 @@ def _refresh_conditions(wf: Any, holds: Callable[[Any, str], bool] | None = None
             task.task_spec._update(task)
     if holds is not None:
         _start_conditional_event_subprocesses(wf, holds)
+
+
+def _fired_conditional_catches(wf: Any) -> list[Any]:
+    """The waiting conditional catch events (intermediate, boundary) whose condition holds now,
+    made READY: BPMN fires one as its condition comes to hold, so a boundary event reading what
+    the last step of its sub-process wrote fires before that sub-process ends."""
+    fired = []
+    for task in list(wf.event_manager.tasks.values()):
+        if isinstance(task.task_spec.event_definition, ConditionalEventDefinition) and task.state == TaskState.WAITING:
+            task.task_spec._update(task)
+            if task.state == TaskState.READY:
+                fired.append(task)
+    return fired
 
 
 #: (the process's root task's internal data) the conditional starts of event sub-processes whose
@@ -1598,6 +1622,12 @@ class _Runtime(ScopeSteps, GatewaySteps):
                     count += 1
             for catch in spiff.interrupts_around(task):  # it threw what interrupts its sub-process
                 if catch.state == TaskState.READY:
+                    catch.run()
+                    count += 1
+            if self.instance.activities != before:
+                for catch in _fired_conditional_catches(self.instance.workflow):
+                    # what the activity wrote made a waiting condition hold: it fires now, before its
+                    # scope goes on (a sub-process's end event after that activity would cancel it)
                     catch.run()
                     count += 1
             if self.instance.activities != before and self.engine.save_after_activity:
@@ -2538,6 +2568,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         try:
             return evaluate_expression(expression, ctx, scope)
         except Exception as err:  # noqa: BLE001
+            if _not_set_yet(task, expression, err, ctx):
+                return False
             where = spiff.bpmn_id_of(task)
             # a key a compression folded away was there: say which compression, not "give it a value"
             hint = _compressed_away(ctx, err) or _name_hint(err, where)

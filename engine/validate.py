@@ -226,6 +226,9 @@ not make ``report.ok`` false:
 ``event_extension_misplaced``         a spiffworkflow:payloadExpression / variableName on a signal, error or
                                       escalation event definition: SpiffWorkflow reads them from the
                                       bpmn:signal (error, escalation) only, so they are never read
+``message_extension_deprecated`` W   a spiffworkflow:messagePayload / messageVariable on a bpmn:message: SpiffWorkflow
+                                      3.2 reads it but emits a DeprecationWarning; the warning names the events
+                                      (messageEventDefinitions) to move each into
 ``message_extension_shadowed``        a spiffworkflow:messagePayload / messageVariable of an event (or send / receive
                                       task) whose bpmn:message has one of its own: SpiffWorkflow then reads the
                                       message's only, and the event's is lost (an empty payload, a variable never set)
@@ -364,6 +367,8 @@ _EVENT_REFS = (("messageEventDefinition", "messageRef", "message"), ("signalEven
                ("errorEventDefinition", "errorRef", "error"), ("escalationEventDefinition", "escalationRef", "escalation"))
 _NO_JSON = object()
 _MESSAGE_EXTENSIONS = ("messagePayload", "messageVariable")
+_MESSAGE_SENDERS = ("intermediateThrowEvent", "endEvent", "sendTask")
+_MESSAGE_CATCHERS = ("startEvent", "intermediateCatchEvent", "boundaryEvent", "receiveTask")
 _SCHEMA_LOCK = threading.Lock()
 _PROCESS_SELECTION_CODES = frozenset({"no_executable_process", "process_not_found", "process_not_executable",
                                       "process_ambiguous"})
@@ -535,6 +540,7 @@ class _Validator:
         # Ids and names our own checks reported on; SpiffWorkflow's (single, cruder) error about
         # the same thing is then left out.
         self.related: set[str] = set()
+        self._deprecated_messages: set[str | None] = set()  # bpmn:messages told of message_extension_deprecated
         self.system_keys: frozenset[str] = frozenset()  # the config's system: (L0), once it is read
         self.dmn_files: list[dmn.DmnFile] = []
         self.dmn_ids_missing = False  # a DMN element SpiffWorkflow reads the id of has none (reported)
@@ -3702,7 +3708,8 @@ class _Validator:
                     if t == _RUN_BY_HANDLER else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
-        self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(found)}, another engine's settings that "
+        self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(map(_as_written(el), found))}, another "
+                 "engine's settings that "
                  f"layerflow does not run (nor does SpiffWorkflow's own parser): {'; '.join(todo)}", file=file,
                  line=el.sourceline, element_id=eid, severity="warning")
 
@@ -3888,6 +3895,7 @@ class _Validator:
                           for found in message.iter(f"{{{SPIFF_NS}}}{name}")}
             if not on_message:
                 continue
+            self._warn_message_extensions_deprecated(message, on_message, root, file)
             for name in _MESSAGE_EXTENSIONS:
                 for own in definition.iter(f"{{{SPIFF_NS}}}{name}"):
                     text = (own.text or "").strip()
@@ -3903,6 +3911,38 @@ class _Validator:
                              "messagePayload / messageVariable into the messageEventDefinitions (or send / receive "
                              "tasks) that throw and catch it, where SpiffWorkflow reads them", file=file,
                              line=own.sourceline, element_id=eid, field=name)
+
+    def _warn_message_extensions_deprecated(self, message: Any, on_message: dict[str, str], root: Any,
+                                            file: str) -> None:
+        """A spiffworkflow:messagePayload / messageVariable on the bpmn:message itself: SpiffWorkflow
+        3.2 still reads it there, but emits a DeprecationWarning for every event that names the
+        message (they "have been moved"); said once per message, with the events to move them to."""
+        mid = message.get("id")
+        if mid in self._deprecated_messages:
+            return
+        self._deprecated_messages.add(mid)
+        senders: list[str] = []
+        catchers: list[str] = []
+        for el in root.iter(*(_bpmn(t) for t in _MESSAGE_SENDERS + _MESSAGE_CATCHERS)):
+            named = el.get("messageRef") == mid or any(d.get("messageRef") == mid
+                                                       for d in el.iterfind(_bpmn("messageEventDefinition")))
+            if named and el.get("id"):
+                (senders if etree.QName(el).localname in _MESSAGE_SENDERS else catchers).append(repr(el.get("id")))
+        moves = []
+        if "messagePayload" in on_message:
+            moves.append("its spiffworkflow:messagePayload into the bpmn:messageEventDefinition of each event that "
+                         f"sends it ({', '.join(senders) or 'none in this file'}; in a bpmn:sendTask's "
+                         "extensionElements)")
+        if "messageVariable" in on_message:
+            moves.append("its spiffworkflow:messageVariable into that of each event that catches it "
+                         f"({', '.join(catchers) or 'none in this file'}; in a bpmn:receiveTask's extensionElements)")
+        held = " and ".join(f"spiffworkflow:{k}" for k in on_message)
+        self.add("message_extension_deprecated", f"bpmn:message {mid!r} holds {held}, a place SpiffWorkflow 3.2 "
+                 "still reads but deprecates (a DeprecationWarning: 'spiffworkflow:messagePayload and "
+                 "spiffworkflow:messageVariable have been moved' for each event that names it); move "
+                 f"{' and '.join(moves)}, and remove {'them' if len(moves) > 1 else 'it'} from the bpmn:message "
+                 "(while it holds either, SpiffWorkflow reads the message's only)", file=file, line=message.sourceline, element_id=mid,
+                 severity="warning")
 
     def _check_item_extensions(self, el: Any, eid: str, tag: str, file: str) -> None:
         """A signal's, error's or escalation's payload and variable are read from the bpmn:signal
@@ -4573,6 +4613,24 @@ def _engine_dmn_task(el: Any) -> str | None:
                 and etree.QName(child).localname in ("string", "expression"))
             return value.strip()
     return ""
+
+
+def _as_written(el: Any) -> Callable[[str], str]:
+    """``activiti:connector`` as ``el``'s file writes it, when the file binds another prefix to that
+    engine's namespace (Camunda 7.0 saved ``camunda:`` bound to Activiti's): the name searched for
+    in the file is the one it holds."""
+    engines = {prefix: ns for ns, prefix in _ENGINE_NAMESPACES.items()}
+
+    def said(name: str) -> str:
+        prefix, _, local = name.partition(":")
+        ns = engines.get(prefix)
+        written = next((k for k, v in el.nsmap.items() if v == ns and k), prefix)
+        if written == prefix:
+            return name
+        owner = prefix.capitalize() if prefix != "bpmnos" else "BPMN-OS"
+        return (f"{name} (written {written}:{local} in this file, whose prefix {written} names {owner}'s "
+                f"namespace {ns})")
+    return said
 
 
 def _foreign_name(tag: str) -> str | None:

@@ -554,7 +554,10 @@ def test_a_payload_and_variable_on_the_bpmn_message_are_refused_naming_each_catc
         ('<bpmn:message id="msg_order" name="order" />',
          '<bpmn:message id="msg_order" name="order"><bpmn:extensionElements><spiffworkflow:messagePayload>'
          '{"item": item, "qty": qty}</spiffworkflow:messagePayload></bpmn:extensionElements></bpmn:message>')])
-    [problem] = validate_process([path]).problems
+    found = validate_process([path]).problems
+    [problem] = [p for p in found if p.severity == "error"]
+    assert [(p.code, p.element_id) for p in found if p.severity == "warning"] == [("message_extension_deprecated",
+                                                                                   "msg_order")]
     assert (problem.code, problem.element_id, problem.field) == ("message_extension_shadowed", "order_in",
                                                                  "messageVariable")
     assert "'msg_order'" in problem.message and "move the bpmn:message's" in problem.message

@@ -104,7 +104,8 @@ def test_a_process_started_by_its_message_puts_the_payload_in_the_message_variab
     """It waits at its message start event; the message's payload lands in system_message (the
     message's spiffworkflow:messageVariable) and the script runs: plain SpiffWorkflow's path and data.
     validate warns that the message comes from a pool nobody runs, with how to send it."""
-    assert problems(NOTIFY) == [("message_flow_from_outside", "warning", "Flow_1lktxcr")]
+    assert problems(NOTIFY) == [("message_flow_from_outside", "warning", "Flow_1lktxcr"),
+                                ("message_extension_deprecated", "warning", "Message_SystemMessageNotification")]
     engine = Engine(store="memory://")
     waiting = engine.run(engine.start(load_process([NOTIFY]), {}))
     assert [(w["task_id"], w["event"]) for w in waiting.waiting_for] == [("StartEvent_1", "SystemErrorMessage")]

@@ -224,7 +224,10 @@ MAIN_FILES = sorted({tuple(case.files) for case in CASES.values()})
 def test_validate_accepts_every_process_without_a_warning(files: tuple[str, ...]) -> None:
     result = CliRunner().invoke(main, ["validate", *map(str, _paths(list(files)))])
     assert result.exit_code == 0, result.output
-    assert "warning" not in result.output and f"process {files[0]!r} is valid" in result.output
+    # The only warning allowed: a payload on the bpmn:message, which SpiffWorkflow 3.2 reads but deprecates.
+    warned = [line for line in result.output.splitlines() if ": warning: " in line]
+    assert all("a place SpiffWorkflow 3.2 still reads but deprecates" in line for line in warned), result.output
+    assert f"process {files[0]!r} is valid" in result.output
 
 
 # ----- what validate refuses, naming the element and what to write ----------------------------------
