@@ -23,16 +23,29 @@ merge them, with no `cancelled` event on their tapes.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from engine_helpers import cli_in_a_tmp_store, run_json
+import httpx
+import pytest
+
+from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, wait_until_served
+from stub_llm import Reply, StubLLM
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
 
 HERE = Path(__file__).resolve().parent / "unseen27"
 CUSTOMS, INSPECTION = HERE / "customs_declaration.bpmn", HERE / "goods_inspection.bpmn"
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_DB8 = "redis://127.0.0.1:6379/8"   # this round's database on the shared Redis
+TOKEN = "outsider-27"
 LINES = [{"hs_code": "847130", "value": 18000}, {"hs_code": "940360", "value": 4000}]
 DISPUTED = {"declaration_no": 7781, "origin_certificate": False, "lines": LINES}   # tariff: clear; documents: hold
 
@@ -89,3 +102,61 @@ def test_cancelling_while_the_officer_is_asked_closes_the_question_and_the_branc
         assert [(e["kind"], e["data"]["note"], e["actor"]) for e in events] == [("note", "cancelled", "cli")], events
     late = cli("resume", iid, "--answer", "inspection_join/hold_required=true", "--json")
     assert late.exit_code == 2 and "was cancelled" in json.loads(late.stdout)["error"]["message"]
+
+
+# ===== REST: a real server on a Redis store =======================================================
+
+@contextmanager
+def _serving(store: str, log: Path, *args: str, **env: str) -> Iterator[httpx.Client]:
+    """``layerflow serve --port 0`` with the catalog unseen27/ on ``store`` (extra ``args`` and
+    environment); the client carries the token. Only the server's own process group is stopped."""
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                 "--catalog", str(HERE), "--store", store, *args],
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN, **env),
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        url = wait_until_served(log, proc)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as api:
+            yield api
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(name="store")
+def redis_store() -> Iterator[str]:
+    """Database 8 under a prefix of the test's own (its keys removed afterwards)."""
+    with redis_scratch(REDIS_DB8, "outsider27") as prefix:
+        yield f"{REDIS_DB8}?prefix={prefix}"
+
+
+def test_rest_a_late_answer_to_a_cancelled_declaration_is_refused_as_cancelled(store: str, tmp_path: Path,
+                                                                                cli: Any) -> None:
+    with _serving(store, tmp_path / "serve.err") as api:
+        started = api.post("/api/instances", json={"process_id": "customs_declaration", "data": DISPUTED})
+        assert started.status_code == 201, started.text
+        iid = started.json()["instance_id"]
+        # a config change while the officer is asked: recorded, but the question keeps what it was asked with
+        changed = api.post("/api/context-governance/config", json={
+            "instance_id": iid, "config": {"activityId": "inspection_join", "humanConfirm": {"default": False}}})
+        assert changed.status_code == 200 and changed.json()["config"]["humanConfirm"]["default"] is False
+        [asked] = api.get("/api/confirmations").json()
+        assert (asked["id"], asked["instance_id"], asked["default"]) == ("inspection_join/hold_required", iid, True)
+        cancelled = api.post(f"/api/instances/{iid}/cancel", json={"reason": "broker withdrew the declaration"})
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        assert {c["status"] for c in cancelled.json()["contexts"].values()} == {"cancelled"}
+        assert api.get("/api/confirmations").json() == []
+        # the officer's answer comes late: the instance was cancelled (409, who and why), not "no such question"
+        for body in ({"value": True, "instance_id": iid}, {"value": True}):
+            late = api.post("/api/confirmations/inspection_join/hold_required", json=body)
+            assert late.status_code == 409, late.text
+            error = late.json()["error"]
+            assert error["kind"] == "invalid_state" and "cancelled" in error["message"], error
+            assert "broker withdrew the declaration" in error["message"] and iid in error["message"]
+        resolved = api.post("/api/context-governance/resolve", json={
+            "instance_id": iid, "confirmation_id": "inspection_join/hold_required", "resolution": True})
+        assert resolved.status_code == 409 and "cancelled" in resolved.json()["error"]["message"], resolved.text
+    # the CLI reads what the server ran: one store
+    doc = run_json(cli, "inspect", iid, "--store", store)
+    assert doc["status"] == "cancelled" and doc["conflicts"][0]["cancelled"] is True
