@@ -155,7 +155,8 @@ def test_rest_a_late_answer_to_a_cancelled_declaration_is_refused_as_cancelled(s
             assert error["kind"] == "invalid_state" and "cancelled" in error["message"], error
             assert "broker withdrew the declaration" in error["message"] and iid in error["message"]
         resolved = api.post("/api/context-governance/resolve", json={
-            "instance_id": iid, "confirmation_id": "inspection_join/hold_required", "resolution": True})
+            "instance_id": iid, "confirmation_id": "inspection_join/hold_required", "resolution": True,
+            "reason": "physical inspection found nothing"})
         assert resolved.status_code == 409 and "cancelled" in resolved.json()["error"]["message"], resolved.text
     # the CLI reads what the server ran: one store
     doc = run_json(cli, "inspect", iid, "--store", store)
