@@ -35,6 +35,9 @@ from typing import Any
 import httpx
 import pytest
 
+from engine import Engine, load_process
+from engine.governance import ConfigArgs, GovernanceService
+
 from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, wait_until_served
 from stub_llm import Reply, StubLLM
 from test_contracts_cli import check_run_document
@@ -47,6 +50,10 @@ ROOT = Path(__file__).resolve().parents[2]
 REDIS_DB8 = "redis://127.0.0.1:6379/8"   # this round's database on the shared Redis
 TOKEN = "outsider-27"
 LINES = [{"hs_code": "847130", "value": 18000}, {"hs_code": "940360", "value": 4000}]
+COMPLAINT = HERE / "food_complaint.bpmn"
+GLASS = {"ticket_no": 5521, "product": {"sku": "GRAN-500", "batch": "L2611"},
+         "complaint_text": "Found a piece of glass in the granola"}
+T0 = 1_800_000_000.0
 DISPUTED = {"declaration_no": 7781, "origin_certificate": False, "lines": LINES}   # tariff: clear; documents: hold
 
 
@@ -102,6 +109,62 @@ def test_cancelling_while_the_officer_is_asked_closes_the_question_and_the_branc
         assert [(e["kind"], e["data"]["note"], e["actor"]) for e in events] == [("note", "cancelled", "cli")], events
     late = cli("resume", iid, "--answer", "inspection_join/hold_required=true", "--json")
     assert late.exit_code == 2 and "was cancelled" in json.loads(late.stdout)["error"]["message"]
+
+
+class Clock:
+    """The engine's clock (``Engine(clock=...)``), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_config_change_while_the_officer_is_asked_leaves_the_open_question_as_asked() -> None:
+    """README: an open confirmation keeps the options, default and deadline it was asked with; a
+    runtime `config` change of the join (default false, one minute) is recorded and changes nothing
+    of it: two days later the timeout gives the default it was asked with."""
+    clock = Clock()
+    engine = Engine("memory://", clock=clock)
+    waiting = engine.run(engine.start(load_process([CUSTOMS, INSPECTION]), DISPUTED))
+    [asked] = waiting.confirmations
+    changed = GovernanceService(engine).config(waiting.id, ConfigArgs(
+        activity_id="inspection_join", config={"humanConfirm": {"default": False, "timeout": 60}}))
+    assert (changed["previous"]["humanConfirm"]["default"], changed["config"]["humanConfirm"]["timeout"]) == (True, 60)
+    clock.now += 120
+    assert engine.resume(waiting.id).status == "waiting"
+    clock.now += 2 * 86400
+    done = engine.resume(waiting.id)
+    assert done.status == "completed", done.error
+    assert (done.main.resolve("hold_required"), done.main.resolve("clearance")) == (True, "held")
+    [conflict] = done.conflicts
+    assert conflict["resolution"]["resolver"] == "policy" and "172800s" in conflict["resolution"]["reason"]
+    [note] = done.main.tape.filter(kind="config")
+    assert note.data["change"] == {"humanConfirm": {"default": False, "timeout": 60.0}}
+
+
+# ===== the food complaint: rollback of a waiting instance, then resume =============================
+
+def test_rolling_back_a_waiting_complaint_then_resuming_names_the_key_the_rollback_took(cli: Any) -> None:
+    doc = run_json(cli, "run", str(COMPLAINT), "--data", json.dumps(GLASS), code=3)
+    check_run_document(doc)
+    iid = doc["instance_id"]
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["quality_review"]
+    assert (doc["layers"]["L3"]["hazard_type"], doc["layers"]["L3"]["illness_reported"]) == ("foreign_object", False)
+    snaps = cli("snapshot", iid, "--list")
+    assert "snap:main:3\tmain#3\tbefore log_complaint" in snaps.stdout, snaps.stdout
+    rolled = run_json(cli, "rollback", iid, "--snapshot", "snap:main:3", "--reason", "classification rerun")
+    assert rolled["layers"] == ["L2", "L3", "L4", "L5"]
+    after = run_json(cli, "inspect", iid)
+    assert after["status"] == "waiting" and after["layers"]["L3"] == {}   # the preserved keys went back too
+    failed = run_json(cli, "resume", iid, "--answer", 'quality_review={"recall_started": true}', code=1)
+    assert failed["error"]["task_id"] == "close_complaint" and "'batch_code'" in failed["error"]["message"]
+    done = run_json(cli, "resume", iid, "--set", "batch_code=L2611")
+    history = done["layers"]["L3"]
+    assert (history["outcome"], history["recall_started"]) == ("recall L2611", True)
+    [restore] = run_json(cli, "tape", iid, "--kind", "restore")  # type: ignore[misc]
+    assert restore["data"]["reason"] == "classification rerun"
 
 
 # ===== REST: a real server on a Redis store =======================================================
