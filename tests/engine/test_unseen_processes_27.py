@@ -224,3 +224,60 @@ def test_rest_a_late_answer_to_a_cancelled_declaration_is_refused_as_cancelled(s
     # the CLI reads what the server ran: one store
     doc = run_json(cli, "inspect", iid, "--store", store)
     assert doc["status"] == "cancelled" and doc["conflicts"][0]["cancelled"] is True
+
+
+def test_rest_the_model_triages_against_the_expressions_and_a_config_change_waits_for_the_review(
+        store: str, tmp_path: Path) -> None:
+    """A real server with a model (the stub OpenAI-compatible server): the model classifies the
+    complaint as a taste problem, which the expressions send to customer care, but decides the triage
+    sentence for the quality manager (a rash): followed, and noted `condition_disagreement`. While the
+    manager's review waits, a `config` change gives close_complaint a token threshold: the cliff after
+    it is summarized by the model."""
+    rash = dict(GLASS, ticket_no=5522, complaint_text="My daughter got a rash after the granola; it tastes odd")
+    with StubLLM() as stub:
+        stub.push(Reply.json({"hazard_type": "quality", "illness_reported": False}),
+                  Reply.json({"branch": "quality_review", "rationale": "a rash after eating it is a possible allergy"}))
+        with _serving(store, tmp_path / "serve.err", "--model", "openai/stub",
+                      LAYERFLOW_MODEL_API_BASE=stub.url, LAYERFLOW_MODEL_API_KEY="test") as api:
+            started = api.post("/api/instances", json={"process_id": "food_complaint", "data": rash})
+            assert started.status_code == 201, started.text
+            doc = started.json()
+            iid = doc["instance_id"]
+            assert [w["task_id"] for w in doc["waiting_for"]] == ["quality_review"] and doc["model_fallbacks"] == []
+            assert doc["layers"]["L3"]["hazard_type"] == "quality"
+            [note] = api.get(f"/api/instances/{iid}/tape", params={"kind": "condition_disagreement"}).json()["events"]
+            assert (note["data"]["followed"], note["data"]["followed_by"], note["data"]["expression_branch"]) == (
+                "quality_review", "model", "standard_reply")
+            changed = api.post("/api/context-governance/config", json={
+                "instance_id": iid, "config": {"activityId": "close_complaint", "compressTokenThreshold": 50},
+                "reason": "long complaints"})
+            assert changed.status_code == 200 and changed.json()["previous"]["compressTokenThreshold"] is None
+            stub.push(Reply.text("FC-5522: quality complaint, rash reported; reviewed by Q. Manager."))
+            reviewed = api.post(f"/api/instances/{iid}/user-tasks/quality_review",
+                                json={"data": {"recall_started": True, "reviewer": "Q. Manager"}})
+            assert reviewed.status_code == 200, reviewed.text
+            done = reviewed.json()
+            assert done["status"] == "completed" and done["model_fallbacks"] == [], done["model_fallbacks"]
+            [cliff] = done["compressions"]
+            assert cliff["activity_id"] == "close_complaint" and "token_threshold" in cliff["triggers"]
+            history = done["layers"]["L3"]
+            assert history["compaction:1"]["summary"].startswith("FC-5522: quality complaint")
+            assert (history["complaint_ref"], history["batch_code"], history["outcome"]) == (
+                "FC-5522", "L2611", "recall L2611")   # preserved through the cliff
+            assert "hazard_type" not in history
+        assert len(stub.requests) == 3
+        assert "a possible safety hazard" in json.dumps(stub.requests[1]["messages"])
+
+
+def test_a_worker_on_database_8_runs_a_submitted_declaration_to_the_officers_question(store: str, cli: Any) -> None:
+    stream = store.rsplit("=", 1)[1] + "ready"   # the stream of this test's own (no ':' in it)
+    submitted = run_json(cli, "submit", str(CUSTOMS), str(INSPECTION), "--data", json.dumps(DISPUTED), "--store", store,
+                         "--stream", stream)
+    [iid] = submitted["instance_ids"]
+    assert run_json(cli, "inspect", iid, "--store", store)["status"] == "running"
+    ran = run_json(cli, "worker", "--store", store, "--stream", stream, "--stop-after", "1", "--timer-interval", "0")
+    assert (ran["ran"], ran["statuses"]) == (1, {"waiting": 1})
+    doc = run_json(cli, "inspect", iid, "--store", store)
+    assert [w["id"] for w in doc["waiting_for"]] == ["inspection_join/hold_required"]
+    done = run_json(cli, "resume", iid, "--store", store, "--answer", "inspection_join/hold_required=false")
+    assert (done["layers"]["L3"]["clearance"], done["layers"]["L3"]["amount_payable"]) == ("released", 2640.0)
