@@ -1604,15 +1604,17 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
 
 def _refuse_if_closed(instance: Instance, wanted: str | None) -> None:
     """``InstanceStateError`` (409) for an answer to a confirmation nobody reads any more: its
-    instance was cancelled (who cancelled it and why), or its join was (an interrupting event).
+    instance was cancelled (who cancelled it and why), or its join was (an interrupting event, a
+    terminate end event).
     A late answer is told what happened to the question, not that there never was one."""
     closed = [c for c in instance.confirmations if c.get("cancelled") and wanted in (c["id"], c.get("key"))]
     if not closed:
         return
     refuse_if_cancelled(instance, f"take an answer to confirmation {closed[-1]['id']!r}")
     raise InstanceStateError(f"confirmation {closed[-1]['id']!r} of instance {instance.id} was cancelled with its "
-                             f"join {closed[-1].get('task_id')!r} (an interrupting event ended it); nothing reads an "
-                             "answer to it. `layerflow inspect` shows what the instance waits for now")
+                             f"join {closed[-1].get('task_id')!r} (an interrupting event or a terminate end event "
+                             "ended it); nothing reads an answer to it. `layerflow inspect` shows what the instance "
+                             "waits for now")
 
 
 def _key_matches(key: str, pattern: str | None) -> bool:

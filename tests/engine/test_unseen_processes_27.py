@@ -36,7 +36,7 @@ import httpx
 import pytest
 
 from engine import Engine, load_process
-from engine.governance import ConfigArgs, GovernanceService
+from engine.governance import AnswerArgs, ConfigArgs, GovernanceService, InstanceStateError
 
 from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, wait_until_served
 from stub_llm import Reply, StubLLM
@@ -142,6 +142,22 @@ def test_a_config_change_while_the_officer_is_asked_leaves_the_open_question_as_
     assert conflict["resolution"]["resolver"] == "policy" and "172800s" in conflict["resolution"]["reason"]
     [note] = done.main.tape.filter(kind="config")
     assert note.data["change"] == {"humanConfirm": {"default": False, "timeout": 60.0}}
+
+
+
+def test_an_answer_to_a_question_an_interrupting_event_closed_is_refused_as_closed() -> None:
+    """The same for a confirmation whose join a boundary event cancelled while the instance goes on
+    (round 26's tender: a sanctioned vendor ends the bidding while another bid's join asks the buyer)."""
+    tender = Path(__file__).resolve().parent / "unseen26" / "vendor_tender.bpmn"
+    vendors = [{"name": "Acme", "price": 42000, "lead_days": 20}, {"name": "Borealis", "price": 39000, "lead_days": 45},
+               {"name": "Cobalt", "price": 47000, "lead_days": 10}]
+    engine = Engine("memory://")
+    waiting = engine.run(engine.start(load_process(tender), {"tender_no": 77, "vendors": vendors,
+                                                             "sanctions_list": ["Cobalt"]}))
+    assert [w["task_id"] for w in waiting.waiting_for] == ["compliance_review"]
+    for instance_id in (waiting.id, None):
+        with pytest.raises(InstanceStateError, match="'bid_join/bid_ok' of instance .* was cancelled with its join"):
+            GovernanceService(engine).answer("bid_join/bid_ok", AnswerArgs(value=False, instance_id=instance_id))
 
 
 # ===== the food complaint: rollback of a waiting instance, then resume =============================
