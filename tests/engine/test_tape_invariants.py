@@ -270,7 +270,7 @@ def _steps(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _clock_free(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _clock_free(v) for k, v in value.items() if k not in ("due", "created", "deadline", "time")}
+        return {k: _clock_free(v) for k, v in value.items() if k not in ("due", "created", "deadline", "time", "answered_at")}
     if isinstance(value, list):
         return [_clock_free(v) for v in value]
     return value

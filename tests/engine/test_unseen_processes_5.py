@@ -155,6 +155,7 @@ def records(layer: dict[str, Any]) -> dict[str, Any]:
 
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")  # a time in a message
 _VOLATILE = {"instance_id", "id", "task", "created", "deadline", "due", "updated", "time", "answered_at",
              "last_modified"}
 
@@ -165,7 +166,7 @@ def _normal(value: Any, iid: str) -> Any:
     if isinstance(value, list):
         return [_normal(v, iid) for v in value]
     if isinstance(value, str):
-        return _UUID.sub("UUID", value.replace(iid, "IID"))
+        return _TIME.sub("TIME", _UUID.sub("UUID", value.replace(iid, "IID")))
     return value
 
 
