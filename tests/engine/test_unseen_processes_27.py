@@ -1,5 +1,6 @@
-"""Outsider round 27: processes nobody here had seen, written from DESIGN.md and README.md only
-(tests/engine/unseen27/), driven through the CLI, a real server and a worker on Redis.
+"""Outsider round 27: two processes nobody here had seen, written from DESIGN.md and README.md only
+(tests/engine/unseen27/), driven through the Python API, the CLI, a real server on Redis (database 8) and
+a worker.
 
 customs_declaration + goods_inspection (two files, `run main.bpmn called.bpmn`): a broker lodges an
   import declaration (`declaration_ref` preserved); a call activity runs the customs office's
@@ -8,16 +9,34 @@ customs_declaration + goods_inspection (two files, `run main.bpmn called.bpmn`):
   holds goods without an origin certificate; the join (configured by the called file's
   goods_inspection.layerflow.yaml) appends the desks' notes and puts a disagreement on `hold_required`
   to the customs officer (humanConfirm, default true, two days); the main process then releases or
-  holds the goods by an XOR on `hold_required`.
+  holds the goods by an XOR on `hold_required`. Submitted to a worker; cancelled while the officer is
+  asked; its join reconfigured through REST while the question is open.
+
+food_complaint: a consumer complaint about a packaged food; a model activity (`llm:` with an offline
+  handler file) classifies it; an XOR triage whose branches are sentences (config `branches`) with BPMN
+  expressions as fallback sends a possible hazard to the quality manager (a user task) and the rest to
+  customer care. Run with the stub OpenAI-compatible server behind a real `layerflow serve --model`
+  (the model takes the branch the expressions would not: `condition_disagreement`), reconfigured through
+  REST while the review waits (a token threshold: a cliff summarized by the model), and rolled back
+  while it waits, then resumed.
 
 Expected before anything ran: as README says; in particular a cancelled instance closes what it waited
 for: the confirmation (`"cancelled": true`), its conflict (`"resolution": null, "cancelled": true`),
 `waiting_for` empty; and, as for the branches an interrupting event cancels, the branches of the join
-nobody will reach any more.
+nobody will reach any more; an answer after the cancel is refused as such (README: "answers ... are
+refused after it", 409).
 
 Found: `layerflow cancel` (and REST cancel, `Engine.cancel`) closed the confirmation but left the
 branch contexts of the join it asked for `"status": "open"` in `contexts`, as if a join were still to
-merge them, with no `cancelled` event on their tapes.
+merge them, with no `cancelled` note on their tapes. The officer's late answer
+(`POST /api/confirmations/{id}`, with or without `instance_id`, and `resolve`) got 404 "no open
+confirmation ... open: none", as if there never was a question, not 409 naming who cancelled and why;
+the same for a confirmation an interrupting event closed in an instance that goes on.
+Documentation gap (README now says): a REST `config` change of a join's `humanConfirm` applies to the
+questions it asks after; an open confirmation keeps its default and deadline (the timeout proves it).
+Misread at first (the engine is right): `resolve` needs a `reason`; `tape --json` is a list of events
+and a branch's cancel is a `note` (`"note": "cancelled"`); a rollback of a waiting instance also takes
+the keys its activities preserved (a rollback is no compressor), and `resume --set` gives one back.
 """
 
 from __future__ import annotations
