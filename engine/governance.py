@@ -1280,6 +1280,9 @@ class GovernanceService:
                     raise ConfirmationAnswered(
                         f"confirmation {confirmation_id!r} is answered already in instances {', '.join(owners)} and "
                         "open in none; an answer is final (send instance_id to see who answered it and when)")
+                closed = self._answered_in(confirmation_id, cancelled=True)
+                if len(closed) == 1:  # cancelled with its instance or its join: say so, as with instance_id
+                    _open_confirmation(self.load(closed[0]), confirmation_id, None, args.value)
                 raise ContextKeyError(f"no instance has an open confirmation {confirmation_id!r}; "
                                       "GET /api/confirmations lists the open ones")
             if len(owners) > 1:
@@ -1289,17 +1292,18 @@ class GovernanceService:
         return self._answer(instance_id, confirmation_id, None, args.value, args.reason, args.user or actor,
                             args.expected_version, by=args.user)
 
-    def _answered_in(self, confirmation_id: str) -> list[str]:
+    def _answered_in(self, confirmation_id: str, *, cancelled: bool = False) -> list[str]:
         """The instances (finished ones too) where confirmation ``confirmation_id`` was answered, by a
-        person or by its timeout: an answer by id alone comes late, not to an unknown confirmation.
-        Reads every record head; only a refused answer gets here."""
+        person or by its timeout (``cancelled``: closed unanswered instead, with its instance or its
+        join): an answer by id alone comes late, not to an unknown confirmation. Reads every record
+        head; only a refused answer gets here."""
         found = []
         for row in self.list_instances():
             try:
                 head = record_head(self.engine.store, row["id"])
             except ContextKeyError:
                 continue  # deleted meanwhile
-            if any(c["id"] == confirmation_id and c.get("answered") and not c.get("cancelled")
+            if any(c["id"] == confirmation_id and c.get("answered") and bool(c.get("cancelled")) == cancelled
                    for c in head.get("engine", {}).get("confirmations", [])):
                 found.append(row["id"])
         return sorted(found)
@@ -1590,11 +1594,27 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
             if last.get("answered_by_timeout"):
                 raise AnsweredByTimeout(instance, last, given)
             raise AnsweredAlready(instance, last, given)
+        _refuse_if_closed(instance, wanted)
         raise ContextKeyError(f"instance {instance.id} has no open confirmation or conflict {wanted!r}; open: "
                               f"{', '.join(c['id'] for c in pending) or 'none'}")
     # several joins, or one join that fired in several places at once (a multi-instance body)
     raise BadRequest(f"conflict key {wanted!r} is open in several confirmations ({', '.join(c['id'] for c in found)}); "
                      "send confirmation_id, one of those")
+
+
+def _refuse_if_closed(instance: Instance, wanted: str | None) -> None:
+    """``InstanceStateError`` (409) for an answer to a confirmation nobody reads any more: its
+    instance was cancelled (who cancelled it and why), or its join was (an interrupting event, a
+    terminate end event).
+    A late answer is told what happened to the question, not that there never was one."""
+    closed = [c for c in instance.confirmations if c.get("cancelled") and wanted in (c["id"], c.get("key"))]
+    if not closed:
+        return
+    refuse_if_cancelled(instance, f"take an answer to confirmation {closed[-1]['id']!r}")
+    raise InstanceStateError(f"confirmation {closed[-1]['id']!r} of instance {instance.id} was cancelled with its "
+                             f"join {closed[-1].get('task_id')!r} (an interrupting event or a terminate end event "
+                             "ended it); nothing reads an answer to it. `layerflow inspect` shows what the instance "
+                             "waits for now")
 
 
 def _key_matches(key: str, pattern: str | None) -> bool:

@@ -83,7 +83,7 @@ from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
-from .scope_steps import ABSENT, ScopeSteps, close_cancelled, no_output_item
+from .scope_steps import ABSENT, ScopeSteps, close_cancelled, close_open_branches, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unattended"]
@@ -642,9 +642,10 @@ class Engine:
                 close_cancelled(instance, c)
                 closed.append(c["id"])
         instance.suspended.clear()
+        closed_contexts = close_open_branches(instance, actor)
         instance.main.record("cancelled", actor=actor, data={
             "reason": reason, "status": before, "waiting_for": [w.get("id") for w in instance.waiting_for],
-            "confirmations": closed})
+            "confirmations": closed, "contexts": closed_contexts})
         instance.cancelled = {"by": actor, "reason": reason, "time": self.clock(), "status": before}
         instance.status = "cancelled"
         instance.waiting_for = []

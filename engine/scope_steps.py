@@ -107,6 +107,18 @@ def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
             conflict["cancelled"] = True
 
 
+def close_open_branches(instance: Instance, actor: str) -> list[str]:
+    """Close, as ``cancelled``, the contexts of a cancelled instance that a join or the end of a
+    sub-process would still have merged (a split's open branches, a scope, a boundary path, a running
+    event sub-process): nothing runs them any more, as for those an interrupting event cancels. Each
+    gets a ``cancelled`` event on its own tape; returns their names."""
+    closed = [name for name, info in instance.branches.items() if info["status"] in ("open", "scope", "side", "event")]
+    for name in closed:
+        instance.branches[name]["status"] = "cancelled"
+        instance.contexts[name].record("cancelled", actor=actor, data={"by": actor})
+    return closed
+
+
 def _task_lives(top: Any, task_id: str) -> bool:
     """Whether the task of that id is in the workflow's tree, not cancelled, and so is the task of
     each sub-process around it (a cancelled sub-process keeps the tasks that had finished)."""
