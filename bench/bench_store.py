@@ -361,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     n = 200 if args.quick else 2000
 
     print(f"store backends, {n} operations each")
-    print(f"| backend | append median (ms) | append p99 (ms) | saves/s | loads/s |")
-    print(f"|---|---:|---:|---:|---:|")
+    print("| backend | append median (ms) | append p99 (ms) | saves/s | loads/s |")
+    print("|---|---:|---:|---:|---:|")
     for name in args.backends.split(","):
         try:
             with backend(name) as store:
