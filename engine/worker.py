@@ -513,6 +513,13 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                 pause = min(max(pause * 2, 0.5), 10.0)
                 log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
                 stop.wait(pause)
+            except StoreUnavailable as err:
+                # the store went away under the timer scan (it reads the store): an outage to wait
+                # out as the queue's is; an entry in hand deals with its own (``_handle``)
+                stats.failures += 1
+                pause = min(max(pause * 2, 0.5), 10.0)
+                log.warning("%s; retrying in %.1fs", err, pause)
+                stop.wait(pause)
             except Exception as err:
                 from context_layers.stores.redis import redis_refuses_for_now
 

@@ -75,3 +75,35 @@ def test_a_worker_waits_out_a_queue_outage(own_redis, tmp_path):  # noqa: F811
         stop.set()
         worker.join(timeout=30)
         logging.getLogger("layerflow.worker").removeHandler(seen)
+
+
+def test_a_worker_waits_out_a_store_outage_met_by_its_timer_scan(own_redis, tmp_path, monkeypatch):  # noqa: F811
+    """The timer scan reads the store: a store whose Redis is down there (StoreUnavailable, not the
+    queue's connection error) is an outage to wait out too, not the worker's end (found by
+    test_redis_chaos_14 when the kill fell on a scan)."""
+    import engine.worker as worker_module
+    from context_layers.stores import StoreUnavailable
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    stream = "scan:ready"
+    scan = worker_module.enqueue_due_timers
+    failed: list[str] = []
+
+    def flaky_scan(*args, **kwargs):
+        if not failed:
+            failed.append("once")
+            raise StoreUnavailable("redis store redis://127.0.0.1:1/0: ConnectionError: reset. Is redis-server running?")
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "enqueue_due_timers", flaky_scan)
+    seen = _Seen("Is redis-server running?")
+    logging.getLogger("layerflow.worker").addHandler(seen)
+    try:
+        iid = submit(store_url, LOAN, DATA, queue_url=own_redis.url, stream=stream)
+        stats = run_worker(store_url, queue_url=own_redis.url, stream=stream, consumer="w", idle_ms=500,
+                           block_ms=100, stop_after=1, timer_interval=0.01)
+    finally:
+        logging.getLogger("layerflow.worker").removeHandler(seen)
+    assert failed == ["once"] and seen.event.is_set()
+    assert stats.acked == 1 and stats.failures >= 1, stats
+    assert open_store(store_url).load(iid)[0]["status"] == "completed"
