@@ -114,9 +114,18 @@ def close_open_branches(instance: Instance, actor: str) -> list[str]:
     gets a ``cancelled`` event on its own tape; returns their names."""
     closed = [name for name, info in instance.branches.items() if info["status"] in ("open", "scope", "side", "event")]
     for name in closed:
-        instance.branches[name]["status"] = "cancelled"
-        instance.contexts[name].record("cancelled", actor=actor, data={"by": actor})
+        close_branch(instance, name, actor)
     return closed
+
+
+def close_branch(instance: Instance, name: str, actor: str) -> None:
+    """Close the branch context ``name`` as ``cancelled``: an activity left open in it is put back as
+    it was before it began, and a ``cancelled`` event by ``actor`` goes on its tape."""
+    instance.branches[name]["status"] = "cancelled"
+    ctx = instance.contexts[name]
+    if ctx.current_activity is not None:
+        ctx.abort_activity(ctx.current_activity, reason=f"cancelled with {actor!r}", actor=actor)
+    ctx.record("cancelled", actor=actor, data={"by": actor})
 
 
 def _task_lives(top: Any, task_id: str) -> bool:
@@ -395,12 +404,7 @@ class ScopeSteps:
             if (parent is None or parent["status"] != "cancelled") \
                     and _task_lives(top, str(info["split"]).rsplit("@", 1)[1]):
                 continue
-            info["status"] = "cancelled"
-            ctx = inst.contexts[name]
-            if ctx.current_activity is not None:
-                ctx.abort_activity(ctx.current_activity, reason=f"cancelled with {info['gateway']!r}",
-                                   actor=str(info["gateway"]))
-            ctx.record("cancelled", actor=str(info["gateway"]), data={"by": info["gateway"]})
+            close_branch(inst, name, str(info["gateway"]))
 
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None:
         """A sub-process or call activity finished: what its scope (``enter_subworkflow``) gives back."""

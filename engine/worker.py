@@ -506,27 +506,16 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                     _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
                             taken_over=taken_over)
                 pause = 0.0
-            except _redis_down() as err:
-                # the queue went away (restart, failover): an entry in hand stays pending and is
-                # taken over later; the worker waits for the queue instead of dying
-                stats.failures += 1
-                pause = min(max(pause * 2, 0.5), 10.0)
-                log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
-                stop.wait(pause)
-            except StoreUnavailable as err:
-                # the store went away under the timer scan (it reads the store): an outage to wait
-                # out as the queue's is; an entry in hand deals with its own (``_handle``)
-                stats.failures += 1
-                pause = min(max(pause * 2, 0.5), 10.0)
-                log.warning("%s; retrying in %.1fs", err, pause)
-                stop.wait(pause)
             except Exception as err:
-                from context_layers.stores.redis import redis_refuses_for_now
-
-                if redis_refuses_for_now(err):  # out of memory, read-only replica, ...: wait, as for an outage
+                outage = _outage(client, err)
+                if outage is not None:
+                    # the queue went away (restart, failover; an entry in hand stays pending and is
+                    # taken over later), refuses commands for now (out of memory, a read-only replica),
+                    # or the store went away under the timer scan (an entry in hand deals with its own,
+                    # ``_handle``): the worker waits for it instead of dying
                     stats.failures += 1
                     pause = min(max(pause * 2, 0.5), 10.0)
-                    log.warning("%s; retrying in %.1fs", _queue_down(client, err), pause)
+                    log.warning("%s; retrying in %.1fs", outage, pause)
                     stop.wait(pause)
                     continue
                 if not _stream_lost(err):
@@ -550,6 +539,16 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     finally:
         restore()
     return stats
+
+
+def _outage(client: Any, err: BaseException) -> BaseException | None:
+    """What the worker's loop waits out, as it tells it, or None: the queue's Redis down or refusing
+    commands for now, or the store unavailable."""
+    from context_layers.stores.redis import redis_refuses_for_now
+
+    if isinstance(err, _redis_down()) or redis_refuses_for_now(err):
+        return _queue_down(client, err)
+    return err if isinstance(err, StoreUnavailable) else None
 
 
 def _requeue(store: Store, client: Any, stream: str, stats: WorkerStats) -> None:
