@@ -260,12 +260,11 @@ class _SecondAnswer(ConfirmationAnswered):
     """What the two kinds of second answer say alike: ``instance_id``, ``confirmation_id``,
     ``gateway_id``, ``key``, ``answer`` (the value that stands), ``answered_by`` (who gave it: a
     person's name, the actor, or ``timeout``), ``answered_at`` (ISO time), ``tape_seq`` (the event
-    that recorded it on the tape of ``context``), ``given`` (the refused answer); the message ends
-    with where to read the decision and what to do instead."""
+    that recorded it on the tape of ``context``: ``event``, from ``_decided``), ``given`` (the refused
+    answer); the message ends with where to read the decision and what to do instead."""
 
     def __init__(self, instance: Instance, entry: Mapping[str, Any], given: Any, what: str, *,
-                 answered_by: str | None, answered_at: Any) -> None:
-        event = _decided(instance, entry)
+                 answered_by: str | None, answered_at: Any, event: Any) -> None:
         self.instance_id, self.confirmation_id = instance.id, str(entry["id"])
         self.gateway_id, self.key = entry.get("gateway_id") or entry.get("task_id"), entry.get("key")
         self.answer, self.given = entry.get("answer"), given
@@ -305,7 +304,7 @@ class AnsweredAlready(_SecondAnswer):
             f"confirmation {entry['id']!r} of instance {instance.id}{join} was already answered "
             f"{short(entry.get('answer'))} by {shown}" + (f" at {_iso(at)}" if at is not None else "") +
             f"; the answer {short(given)} was not applied",
-            answered_by=who, answered_at=at)
+            answered_by=who, answered_at=at, event=event)
 
 
 class AnsweredByTimeout(_SecondAnswer):
@@ -324,7 +323,7 @@ class AnsweredByTimeout(_SecondAnswer):
             f"{entry.get('gateway_id') or entry.get('task_id')!r}, key {entry.get('key')!r}) was settled by its "
             f"timeout at {self.timed_out_at} with the default {short(entry.get('answer'))} (no answer came within "
             f"its {entry.get('timeout')} s); the answer {short(given)} came after that and was not applied",
-            answered_by="timeout", answered_at=at)
+            answered_by="timeout", answered_at=at, event=_decided(instance, entry))
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "timed_out_at": self.timed_out_at}
