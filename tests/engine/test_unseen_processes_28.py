@@ -48,7 +48,7 @@ import httpx
 import pytest
 
 from engine import Engine, load_process
-from engine.governance import InstanceStateError
+from engine.governance import ConfigArgs, GovernanceService, InstanceStateError
 
 from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, wait_until_served
 from test_contracts_cli import check_run_document
@@ -190,6 +190,41 @@ def test_nobody_answers_within_two_days_and_the_default_waitlists_the_applicant(
     [conflict] = done.conflicts
     assert conflict["resolution"]["resolver"] == "policy" and "172800s" in conflict["resolution"]["reason"]
     assert done.confirmations[0]["timed_out"] is True
+
+
+def test_an_escalated_recommendation_is_settled_by_a_runtime_rule_and_no_file_change_is_reported() -> None:
+    """The officer escalates; an administrator gives the join a policy rule through the governance
+    `config` operation (README: an escalation is final, settled by runtime config, then a resume).
+    The resume takes the rule; the config file beside the process did not change, so no notice says
+    it did (and none tells to apply through the API the change just applied through it)."""
+    engine = Engine("memory://")
+    waiting = engine.run(load_process(SCHOLARSHIP), APPLICANT)
+    asked = engine.complete_user_task(waiting, "interview_panel", PANEL)
+    failed = engine.answer_confirmation(asked, "review_join/recommendation", "$escalate")
+    assert failed.status == "error" and failed.error["kind"] == "merge_conflict"
+    rule = {"key": "recommendation", "value": "award", "reason": "two of three reviews recommend it"}
+    GovernanceService(engine).config(failed.id, ConfigArgs(activity_id="review_join",
+                                                          config={"conflictPolicy": {"rules": [rule]}}))
+    done = engine.resume(failed.id)
+    assert done.status == "completed", done.error
+    resolution = done.conflicts[0]["resolution"]
+    assert (resolution["value"], resolution["resolver"]) == ("award", "policy")
+    assert done.notices == [], done.notices
+
+
+def test_a_file_edit_of_an_element_changed_at_runtime_is_still_named_against_the_start(tmp_path: Path) -> None:
+    for name in ("scholarship_award.bpmn", "scholarship_award.layerflow.yaml", "scholarship_handlers.py"):
+        (tmp_path / name).write_text((HERE / name).read_text())
+    engine = Engine("memory://")
+    waiting = engine.run(load_process(tmp_path / "scholarship_award.bpmn"), APPLICANT)
+    GovernanceService(engine).config(waiting.id, ConfigArgs(activity_id="review_join",
+                                                           config={"humanConfirm": {"default": "decline"}}))
+    config = tmp_path / "scholarship_award.layerflow.yaml"
+    config.write_text(config.read_text().replace("timeout: 172800", "timeout: 600"))
+    still = engine.resume(waiting.id)
+    [notice] = still.notices
+    # the file's one change, against the config the join started with; the runtime change is no file change
+    assert "element 'review_join': humanConfirm.timeout 172800 -> 600. The instance keeps" in notice, notice
 
 
 # ===== the calibration: a counted loop, a recall notice, an overdue sign-off ======================
