@@ -25,7 +25,10 @@ items, tape events, merge records).
 
 Found: an answer to a confirmation through REST (`POST /api/confirmations/{id}`, and `resolve`) runs the
 instance on, but its reply had no `"notices"`, which README promises on "every REST reply of a request
-that ran an instance". Misread at first (the engine is right): a start-data key kept in WORKING
+that ran an instance". After the officer escalated and an administrator settled the join by a runtime
+`config` rule (as the escalation's message says to), the resume's notices said the config file had
+changed since the instance started and told to apply the change through the API just used: a runtime
+change was compared with the file as if the file had been edited. Misread at first (the engine is right): a start-data key kept in WORKING
 (`data_layers`) is listed in the first activity's record `keys` (the record lists what WORKING hands on
 with the activity, as a branch's `contextInject`), while `inspect` names who wrote it; an XOR's
 `_branch_id` stays in HISTORY after the branch (DESIGN: WORKING of the branch, moved at activity end); a
