@@ -1323,7 +1323,7 @@ class GovernanceService:
                                                            resolver=resolver, by=by)
             except ActivityError as err:  # raised before anything changed: not one of the options
                 raise InvalidAnswer(str(err)) from None
-        return {"confirmation_id": entry["id"], **instance.to_document(), "version": instance.version}
+        return {"confirmation_id": entry["id"], **_ran(instance)}
 
     def _run_on(self, instance_id: str, expected: int | None, step: Callable[[Instance], Instance]) -> dict[str, Any]:
         """Load the instance under its lock, check the version, let ``step`` (an ``Engine``

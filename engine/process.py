@@ -272,12 +272,15 @@ def extension_configs(specs: Iterable[Any]) -> dict[str, ActivityExtensionConfig
 
 # --------------------------------------------------------------------------- config file
 
-def config_file_changes(process: Process, specs: Iterable[Any]) -> dict[str, tuple[str, list[str]]]:
+def config_file_changes(process: Process, specs: Iterable[Any],
+                        started: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, tuple[str, list[str]]]:
     """How the config files ``process`` was loaded from (its own, and those beside the BPMN of the
     processes it calls) configure its elements now, against the configs ``process`` runs with (an
     instance's: those it started with): element id -> (the file, the changed fields,
     ``"humanConfirm.timeout 60 -> 600"``) (``specs``: the instance's specs, for the elements' own
-    extension configs, which come from the BPMN the instance keeps). Empty when the files are
+    extension configs, which come from the BPMN the instance keeps). ``started``: the whole config
+    (``dump_full``) each element changed at runtime started with, which the file is compared
+    against instead: a runtime change is no change of the file. Empty when the files are
     unchanged, gone (a worker on another machine) or no longer load (``validate`` tells why)."""
     main = Path(process.config_path) if process.config_path else None
     bpmn = [Path(p) for p in process.paths if not dmn.is_dmn(Path(p))]
@@ -292,7 +295,10 @@ def config_file_changes(process: Process, specs: Iterable[Any]) -> dict[str, tup
         now[element_id] = now[element_id].merged_with(cfg) if element_id in now else cfg
     changes: dict[str, tuple[str, list[str]]] = {}
     for element_id in sorted(set(now) | set(process.configs)):
-        old, new = (_dump(c.get(element_id)) for c in (process.configs, now))
+        if started and element_id in started:  # both whole, defaults too: the same shape
+            old, new = dict(started[element_id]), (now.get(element_id) or ActivityExtensionConfig()).dump_full()
+        else:
+            old, new = (_dump(c.get(element_id)) for c in (process.configs, now))
         fields = _changed_fields(old, new)
         if fields:
             changes[element_id] = (str(files[element_id][0]) if element_id in files else str(main), fields)

@@ -1301,7 +1301,11 @@ def config_file_notices(instance: Instance) -> list[str]:
     keeps the terms it asked with; but a user who edited the file must not believe it applies. Its
     ``system:`` and ``process:`` sections, likewise (``config_file_section_changes``)."""
     process = instance.process
-    changes = config_file_changes(process, [instance.workflow.spec, *instance.workflow.subprocess_specs.values()])
+    started: dict[str, Any] = {}  # an element changed at runtime started with the first change's `previous`
+    for event in instance.main.tape.filter(kind="config_change"):
+        started.setdefault(str(event.data.get("activity_id")), thaw(event.data.get("previous")) or {})
+    changes = config_file_changes(process, [instance.workflow.spec, *instance.workflow.subprocess_specs.values()],
+                                  started)
     waits_at = {str(w.get("task_id")) for w in instance.waiting_for}
     notes = []
     for element_id, (file, changed) in changes.items():
