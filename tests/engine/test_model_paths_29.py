@@ -227,3 +227,82 @@ def test_a_gateways_llm_block_is_no_step_without_a_handler_and_offline_the_expre
     assert (code, doc["status"]) == (0, "completed"), doc
     assert doc["layers"]["L3"]["severity"] == "low" and doc["layers"]["L3"]["route"] == "queue"
     assert "model_fallbacks" not in doc or doc["model_fallbacks"] == []
+
+
+def test_an_unreachable_model_stops_the_triage_in_error_and_resume_finishes_it_once_it_is_up(store: str) -> None:
+    dead = _closed_port_url()
+    code, doc = _run(INCIDENT, INCIDENT_DATA, store, dead)
+    assert doc["status"] == "error" and code != 0, doc
+    error = doc["error"]
+    assert error["task_id"] == "triage", error
+    assert "'triage'" in error["message"] and MODEL in error["message"] and dead in error["message"], error
+    assert "LAYERFLOW_MODEL_API_BASE" in error["message"], error  # what to do
+    assert "severity" not in doc["layers"]["L3"] and "severity" not in doc["layers"]["L4"]
+    failed = [e["data"] for e in _tape(doc, store, "llm_call")]
+    assert failed and all(c["error"] for c in failed), failed
+    with StubLLM() as stub:
+        stub.push(TRIAGED, Reply.json({"branch": "page_oncall", "rationale": "customer-facing outage"}))
+        code, done = _resume(doc, store, stub.url)
+    assert (code, done["status"], done["error"]) == (0, "completed", None), done
+    assert done["instance_id"] == doc["instance_id"]
+    assert done["layers"]["L3"]["route"] == "pager"
+    assert done["layers"]["L3"]["ticket_id"] == "INC-4711"  # intake ran once, before the failure
+    assert len(_tape(done, store, "llm_call")) == len(failed) + 2
+
+
+# ===== token counts, offline =====================================================================
+
+def _offline_run(bpmn: Path, data: dict[str, Any], env_extra: dict[str, str]) -> dict[str, Any]:
+    """``layerflow run --json`` without a model in a fresh interpreter: the document, and whether
+    litellm was imported."""
+    code = ("import json, sys\nfrom click.testing import CliRunner\nfrom engine.cli import main\n"
+            f"r = CliRunner().invoke(main, ['run', {str(bpmn)!r}, '--data', {json.dumps(data)!r}, "
+            "'--store', 'memory://', '--json'])\n"
+            "print(json.dumps({'doc': json.loads(r.stdout), 'litellm': 'litellm' in sys.modules}))\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LAYERFLOW_MODEL", "OPENAI", "TIKTOKEN", "DATA_GYM"))}
+    env.update(PYTHONPATH=str(ROOT), **env_extra)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _tiktoken_count(text: str) -> int:
+    """tiktoken's cl100k_base count, the encoding read from the file litellm's wheel ships."""
+    spec = importlib.util.find_spec("litellm")
+    assert spec is not None and spec.submodule_search_locations
+    shipped = Path(list(spec.submodule_search_locations)[0]) / "litellm_core_utils" / "tokenizers"
+    import tiktoken
+
+    saved = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(shipped)
+    try:
+        enc = tiktoken.get_encoding("cl100k_base")
+    finally:
+        if saved is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = saved
+    return len(enc.encode(text, disallowed_special=()))
+
+
+@pytest.mark.parametrize("cache_dir", ["", "own-empty-cache"])
+def test_token_counts_are_tiktokens_offline_even_when_the_users_cache_folder_lacks_the_files(
+        tmp_path: Path, cache_dir: str) -> None:
+    # a user of tiktoken may keep TIKTOKEN_CACHE_DIR set to a cache of their own; with no network the
+    # encodings litellm's wheel ships still count the tokens (DESIGN: token counts offline)
+    env = {}
+    if cache_dir:
+        (tmp_path / cache_dir).mkdir()
+        env["TIKTOKEN_CACHE_DIR"] = str(tmp_path / cache_dir)
+    result = _offline_run(INCIDENT, {"number": 12, "report": "Disk full on db-3"}, env)
+    doc = result["doc"]
+    assert doc["status"] == "completed", doc
+    assert result["litellm"] is False
+    policy = doc["layers"]["L0"]["policy"]
+    assert doc["tokens"]["L0"] == _tiktoken_count(json.dumps(policy, ensure_ascii=False))
+    assert doc["tokens"]["L1"] == sum(_tiktoken_count(json.dumps(v, ensure_ascii=False))
+                                      for v in doc["layers"]["L1"].values())
+    if cache_dir:
+        assert list((tmp_path / cache_dir).iterdir()) == []  # nothing written into the user's folder
