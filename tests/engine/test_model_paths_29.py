@@ -306,3 +306,115 @@ def test_token_counts_are_tiktokens_offline_even_when_the_users_cache_folder_lac
                                       for v in doc["layers"]["L1"].values())
     if cache_dir:
         assert list((tmp_path / cache_dir).iterdir()) == []  # nothing written into the user's folder
+
+
+# ===== (2) contract_review: a join conflict the model settles, a summary it writes ===============
+
+SETTLED = Reply.json({"final_value": 250000, "rationale": "the policy caps liability at our insurance cover",
+                      "escalate": False})
+DRAFTED = Reply.json({"reply_text": "We can accept a liability cap of 250000."})
+SUMMARY = Reply.text("Forty clauses: indemnity, warranty, audit and termination obligations over software, support, "
+                     "data and hardware for one year, two years or the term, each restated at length.")
+# the compressor then folds the older activities into a compaction record, summarized too
+COMPACTION = Reply.text("Cap settled at 250000 after legal (500000, insurer) and finance (250000, reserves) disagreed; "
+                        "the clauses were summarized.")
+
+
+def _xml(content: str) -> ET.Element:
+    return ET.fromstring(content)
+
+
+def _entries(message: ET.Element, section: str) -> dict[str, str]:
+    return {e.get("key") or "": "".join(e.itertext()) for s in message.iter(section) for e in s.iter("entry")}
+
+
+def test_the_model_settles_the_cap_and_writes_the_summary_within_max_tokens(store: str) -> None:
+    with StubLLM() as stub:
+        stub.push(SETTLED, DRAFTED, SUMMARY, COMPACTION)
+        code, doc = _run(CONTRACT, CONTRACT_DATA, store, stub.url)
+        requests = list(stub.requests)
+    assert (code, doc["status"]) == (0, "completed"), doc
+    assert [_purpose(r) for r in requests] == ["conflict", "activity", "summary", "summary"]
+    # the conflict prompt: key, base value, each branch's value and reason, the policy
+    prompt = "\n".join(str(m["content"]) for m in requests[0]["messages"])
+    for part in ("liability_cap", "100000", "500000", "250000", "the counterparty's insurer requires a higher cap",
+                 "our reserves cover at most 250000", "insurance cover of 300000"):
+        assert part in prompt, part
+    [conflict] = doc["conflicts"]
+    assert conflict["values"] == {"legal_review": 500000, "finance_review": 250000}
+    assert conflict["resolution"]["value"] == 250000 and conflict["resolution"]["resolver"] == "model"
+    assert "insurance cover" in conflict["resolution"]["reason"]
+    resolutions = [e["data"] for e in _tape(doc, store, "resolution")]
+    assert [(r.get("key"), r.get("resolver")) for r in resolutions] == [("liability_cap", "model")], resolutions
+    # the conflict log stays; the settled cap itself is folded by the cliff after draft_reply (not preserved)
+    [logged] = doc["layers"]["L3"]["_mergedConflicts"]
+    assert logged["resolution"] == conflict["resolution"]
+    assert "liability_cap" in doc["compressions"][0]["folded"]
+    # the summary: asked with max_tokens 20, kept within 20 tokens; the preserved key untouched
+    assert requests[2]["max_tokens"] == 20
+    [compression] = doc["compressions"]
+    assert compression["activity_id"] == "draft_reply"
+    # the rule's summary (the model's answer cut to 20 tokens) is what the fold of the older activities
+    # then summarizes: the compaction request shows it
+    [line] = [ln for ln in requests[3]["messages"][-1]["content"].splitlines() if "clause_notes: " in ln]
+    text = line.split("clause_notes: ", 1)[1]
+    assert 0 < _tiktoken_count(text) <= 20 and SUMMARY.content.startswith(text), line
+    compaction = doc["layers"]["L3"][compression["compaction_key"]]
+    assert compaction["summary"].startswith("Cap settled at 250000")
+    assert _tiktoken_count(compaction["summary"]) <= requests[3]["max_tokens"]
+    assert doc["layers"]["L1"]["counterparty"] == HOSTILE
+    assert not doc.get("model_fallbacks")
+    # every call is on the tape: the arbiter's, the activity's, the summaries
+    assert len(_tape(doc, store, "llm_call")) == 4
+
+
+@pytest.mark.parametrize("failure", [
+    pytest.param([Reply.error(500)], id="http-500"),
+    pytest.param([Reply.text("   ")], id="empty-summary"),
+    pytest.param([Reply.sleep(2.6, SUMMARY)], id="timeout"),
+])
+def test_a_failing_summary_model_leaves_an_extractive_summary_within_max_tokens(store: str,
+                                                                              failure: list[Reply]) -> None:
+    with StubLLM() as stub:
+        stub.push(SETTLED, DRAFTED, *failure)
+        code, doc = _run(CONTRACT, CONTRACT_DATA, store, stub.url)
+    assert (code, doc["status"]) == (0, "completed"), doc
+    # both summaries extractive: the rule's (the record's own words, within 20 tokens), then the fold's
+    compaction = doc["layers"]["L3"][doc["compressions"][0]["compaction_key"]]
+    [line] = [ln for ln in compaction["summary"].splitlines() if ln.startswith("clause_notes: ")]
+    assert line.startswith("clause_notes: Clause 0")
+    assert _tiktoken_count(compaction["summary"]) <= compaction["tokens_after"]
+    # a failed model is not asked again in the same compression: one fallback, the fold's summary extractive too
+    [fallback] = doc["model_fallbacks"]
+    assert (fallback["element_id"], fallback["purpose"], fallback["fallback"]) == (
+        "draft_reply", "compression_summary", "extractive"), fallback
+    assert "JSON" not in fallback["error"], fallback  # a summary is text: no advice about a JSON answer
+    assert "liability_cap: 250000" in compaction["summary"]
+    assert doc["layers"]["L3"]["reply_text"].startswith("We can accept")
+
+
+def _contract_with(tmp_path: Path, old: str, new: str) -> Path:
+    (tmp_path / "contract_review.bpmn").write_text(CONTRACT.read_text(encoding="utf-8"), encoding="utf-8")
+    config = (HERE / "contract_review.layerflow.yaml").read_text(encoding="utf-8")
+    assert old in config
+    (tmp_path / "contract_review.layerflow.yaml").write_text(config.replace(old, new), encoding="utf-8")
+    return tmp_path / "contract_review.bpmn"
+
+
+def test_an_empty_summary_is_asked_again_for_text_not_for_a_json_object(tmp_path: Path, store: str) -> None:
+    # a summary is plain text (README: "Answer with the summary text only"): the corrective turn after an
+    # empty one must not ask for "exactly one JSON object", which a model would then obey
+    bpmn = _contract_with(tmp_path, "    maxRetries: 0\n", "    maxRetries: 1\n")
+    with StubLLM() as stub:
+        stub.push(SETTLED, DRAFTED, Reply.text("  "), SUMMARY, COMPACTION)
+        code, doc = _run(bpmn, CONTRACT_DATA, store, stub.url)
+        requests = list(stub.requests)
+    assert (code, doc["status"]) == (0, "completed"), doc
+    assert [_purpose(r) for r in requests] == ["conflict", "activity", "summary", "summary", "summary"]
+    correction = requests[3]["messages"][-1]
+    assert correction["role"] == "user" and "empty" in correction["content"], correction
+    assert "JSON" not in correction["content"], correction
+    assert "summary" in correction["content"].lower(), correction
+    # the cached prefix still holds: the retry is the first request plus the empty reply and the correction
+    assert requests[3]["messages"][:-2] == requests[2]["messages"]
+    assert not doc.get("model_fallbacks")  # the model answered on its retry
