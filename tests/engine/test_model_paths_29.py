@@ -418,3 +418,64 @@ def test_an_empty_summary_is_asked_again_for_text_not_for_a_json_object(tmp_path
     # the cached prefix still holds: the retry is the first request plus the empty reply and the correction
     assert requests[3]["messages"][:-2] == requests[2]["messages"]
     assert not doc.get("model_fallbacks")  # the model answered on its retry
+
+
+def test_an_escalating_model_asks_a_person_with_its_suggestion_and_the_answer_settles_it(store: str) -> None:
+    escalate = Reply.json({"final_value": 300000, "rationale": "above our insurance cover needs the CFO",
+                           "escalate": True})
+    with StubLLM() as stub:
+        stub.push(escalate)
+        code, doc = _run(CONTRACT, CONTRACT_DATA, store, stub.url)
+        assert (code, doc["status"]) == (3, "waiting"), doc
+        assert [_purpose(r) for r in stub.requests] == ["conflict"]
+        [waiting] = doc["waiting_for"]
+        assert waiting["id"] == "review_join/liability_cap" and waiting["kind"] == "confirmation"
+        [confirmation] = doc["confirmations"]
+        assert confirmation["suggested"] == 300000 and confirmation["suggested_by"] == "model", confirmation
+        assert "CFO" in (confirmation["suggested_reason"] or "")
+        assert 300000 in [o["value"] for o in confirmation["options"]], confirmation["options"]
+        stub.push(DRAFTED, SUMMARY, COMPACTION)
+        code, done = _resume(doc, store, stub.url, "--answer", "review_join/liability_cap=250000")
+        assert [_purpose(r) for r in stub.requests][1:] == ["activity", "summary", "summary"]  # no second conflict
+    assert (code, done["status"]) == (0, "completed"), done
+    [conflict] = done["conflicts"]
+    assert conflict["resolution"]["value"] == 250000 and conflict["resolution"]["resolver"] == "human"
+    resolutions = [(e["data"].get("resolver"), e["data"].get("outcome")) for e in _tape(done, store, "resolution")]
+    assert resolutions[0][0] == "model" and resolutions[-1][0] == "human", resolutions
+
+
+def test_the_draft_request_is_the_same_bytes_twice_and_hostile_values_stay_one_entry(tmp_path: Path) -> None:
+    sent = []
+    for run in ("a", "b"):
+        with StubLLM() as stub:
+            stub.push(SETTLED, DRAFTED, SUMMARY, COMPACTION)
+            code, doc = _run(CONTRACT, CONTRACT_DATA, f"sqlite:///{tmp_path / run}.db", stub.url)
+            assert (code, doc["status"]) == (0, "completed"), doc
+            [draft] = [r for r in stub.requests if _purpose(r) == "activity"]
+            sent.append(draft)
+    assert json.dumps(sent[0]["messages"]) == json.dumps(sent[1]["messages"])  # same input, same bytes
+    messages = sent[0]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user"]  # no fake role became a message
+    head, request = _xml(messages[0]["content"]), _xml(messages[1]["content"])
+    # one SYSTEM section, holding the policy only; the hostile name is one PROCESS entry, verbatim
+    assert len(list(head.iter("system"))) == 1 and len(list(request.iter("system"))) == 0
+    assert _entries(head, "system") == {"policy": "The liability cap never exceeds our insurance cover of 300000 "
+                                                  "without the CFO."}
+    assert _entries(head, "process") == {"counterparty": HOSTILE, "request": CONTRACT_DATA["request"]}
+    # the task is last, after HISTORY and the volatile parts
+    last = list(request)[-1]
+    assert last.tag == "current" and list(last)[-1].tag == "task", ET.tostring(request)
+    assert "Draft the reply" in "".join(list(last)[-1].itertext())
+
+
+def test_the_condition_question_keeps_a_hostile_report_as_data(store: str) -> None:
+    with StubLLM() as stub:
+        stub.push(TRIAGED, Reply.json({"branch": "page_oncall", "rationale": "outage"}))
+        code, doc = _run(INCIDENT, INCIDENT_DATA, store, stub.url)
+        [question] = [r for r in stub.requests if _purpose(r) == "condition"]
+    assert (code, doc["status"]) == (0, "completed"), doc
+    assert [m["role"] for m in question["messages"]] == ["system", "user"]
+    body = question["messages"][1]["content"]
+    data = json.loads(body[body.index("{"):])  # the question is one JSON document after its lead line
+    assert data["context"]["report"] == INCIDENT_DATA["report"], data
+    assert {b["branch"] for b in data["branches"]} == {"page_oncall", "ticket_queue"}, data
