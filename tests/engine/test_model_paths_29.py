@@ -479,3 +479,45 @@ def test_the_condition_question_keeps_a_hostile_report_as_data(store: str) -> No
     data = json.loads(body[body.index("{"):])  # the question is one JSON document after its lead line
     assert data["context"]["report"] == INCIDENT_DATA["report"], data
     assert {b["branch"] for b in data["branches"]} == {"page_oncall", "ticket_queue"}, data
+
+
+def test_a_model_lost_after_the_persons_answer_keeps_the_answer_for_the_resume_that_follows(store: str) -> None:
+    confirm = {"type": "page_decision", "message": "Page the on-call engineer?",
+               "options": [{"label": "page", "value": "page"}, {"label": "queue", "value": "queue"}]}
+    with StubLLM() as stub:
+        stub.push(_tool_reply(("h1", "human_confirm", confirm)))
+        code, doc = _run(INCIDENT, INCIDENT_DATA, store, stub.url)
+        first = stub.requests[0]
+    assert (code, doc["status"]) == (3, "waiting"), doc
+    [waiting] = doc["waiting_for"]
+    # the person answers while the model server is down: the instance stops in error at the triage
+    dead = _closed_port_url()
+    code, failed = _resume(doc, store, dead, "--answer", f"{waiting['id']}=queue")
+    assert failed["status"] == "error" and failed["error"]["task_id"] == "triage", failed
+    assert MODEL in failed["error"]["message"] and dead in failed["error"]["message"]
+    # back up: the model is told the person's answer; nobody is asked again
+    with StubLLM() as stub:
+        stub.push(Reply.json({"severity": "medium", "incident_summary": "queued by the on-call lead"}),
+                  Reply.json({"branch": "ticket_queue", "rationale": "not an outage after all"}))
+        code, done = _resume(doc, store, stub.url)
+        resumed = stub.requests[0]
+    assert (code, done["status"]) == (0, "completed"), done
+    assert resumed["messages"][:len(first["messages"])] == first["messages"]
+    [answer] = [json.loads(m["content"]) for m in resumed["messages"] if m.get("tool_call_id") == "h1"]
+    assert answer["answer"] == "queue" and answer["status"] == "answered", answer
+    assert [c["answer"] for c in done["confirmations"]] == ["queue"]
+    assert done["layers"]["L3"]["route"] == "queue"
+
+
+def test_an_instance_whose_model_was_lost_after_the_answer_can_still_be_cancelled(store: str) -> None:
+    from engine import Engine
+    confirm = {"type": "page_decision", "message": "Page?", "options": [{"label": "page", "value": "page"}]}
+    with StubLLM() as stub:
+        stub.push(_tool_reply(("h1", "human_confirm", confirm)))
+        code, doc = _run(INCIDENT, INCIDENT_DATA, store, stub.url)
+    code, failed = _resume(doc, store, _closed_port_url(), "--answer", f"{doc['waiting_for'][0]['id']}=page")
+    assert failed["status"] == "error", failed
+    cancelled = Engine(store).cancel(doc["instance_id"], reason="handled by phone")
+    assert cancelled.status == "cancelled"
+    assert cancelled.main.current_activity is None and not cancelled.suspended
+    assert "severity" not in cancelled.main
