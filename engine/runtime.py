@@ -1980,9 +1980,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
             self.instance.suspended.pop(str(task.id), None)
             return self._throw_error(task, ctx, err)
         except BaseException as err:
-            kept = self.instance.suspended.get(str(task.id))
-            if kept is not None and kept.get("model_failed"):  # see run_with_tools: resumed where it stood
-                del kept["model_failed"]
+            stood = self.instance.suspended.get(str(task.id))
+            if stood is not None and stood.get("model_failed"):  # see run_with_tools: resumed where it stood
+                del stood["model_failed"]
             else:
                 self.instance.suspended.pop(str(task.id), None)
                 ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
