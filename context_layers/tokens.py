@@ -2,7 +2,9 @@
 
 tiktoken downloads its encoding files on first use. litellm's wheel ships them
 (``litellm/litellm_core_utils/tokenizers/``, named by the SHA-1 of their URL), and
-tiktoken reads them when ``TIKTOKEN_CACHE_DIR`` points there. The folder is found
+tiktoken reads them when ``TIKTOKEN_CACHE_DIR`` points there (set to that folder unless
+the user set it; a user's own folder that lacks one of them has it read from litellm's
+folder, never downloaded). The folder is found
 with ``importlib.util.find_spec`` so litellm itself is never imported here (it takes
 seconds and 200 MB).
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +42,50 @@ def tokenizer_dir() -> Path:
     return folder
 
 
+# tiktoken caches a download under the SHA-1 of its URL; these are the files litellm's wheel ships
+_SHIPPED_FILES = {"cl100k_base": "9b5ad71b2ce5302211f9c61530b329a4922fc6a4",
+                 "o200k_base": "fb374d419588a4632f3f557e76b4b70aebbca790",
+                 "p50k_base": "ec7223a39ce59f226a68acc30dc1af2788490e15"}
+_ENV_LOCK = threading.Lock()
+
+
+def _shipped_copy(folder: str, name: str) -> Path | None:
+    """litellm's folder, when ``folder`` (the user's own tiktoken cache) lacks encoding ``name``
+    and litellm ships it: tiktoken would go to the network for it otherwise."""
+    file = _SHIPPED_FILES.get(name)
+    if file is None or (Path(folder) / file).is_file():
+        return None
+    try:
+        shipped = tokenizer_dir()
+    except LayerflowError:
+        return None
+    return shipped if (shipped / file).is_file() else None
+
+
 @functools.cache
 def encoding(name: str = DEFAULT_ENCODING) -> Any:
     if not os.environ.get("TIKTOKEN_CACHE_DIR"):
         os.environ["TIKTOKEN_CACHE_DIR"] = str(tokenizer_dir())
     import tiktoken
 
+    folder = os.environ["TIKTOKEN_CACHE_DIR"]
+    shipped = _shipped_copy(folder, name)
     try:
-        return tiktoken.get_encoding(name)
+        if shipped is None:
+            return tiktoken.get_encoding(name)
+        # the user's TIKTOKEN_CACHE_DIR stays theirs: litellm's copy is read for this one load,
+        # and tiktoken writes nothing into either folder (the file is found, not downloaded)
+        with _ENV_LOCK:
+            os.environ["TIKTOKEN_CACHE_DIR"] = str(shipped)
+            try:
+                return tiktoken.get_encoding(name)
+            finally:
+                os.environ["TIKTOKEN_CACHE_DIR"] = folder
     except Exception as exc:  # a missing file surfaces as a network error
-        raise LayerflowError(
-            f"cannot load tiktoken encoding {name!r} from {os.environ['TIKTOKEN_CACHE_DIR']}: {exc}; "
-            "use cl100k_base, o200k_base or p50k_base (shipped with litellm)") from exc
+        hint = (f"TIKTOKEN_CACHE_DIR={folder} lacks its file {_SHIPPED_FILES[name]} and litellm's copy cannot be "
+                "read; unset TIKTOKEN_CACHE_DIR or copy the file there from litellm/litellm_core_utils/tokenizers/"
+                if name in _SHIPPED_FILES else "use cl100k_base, o200k_base or p50k_base (shipped with litellm)")
+        raise LayerflowError(f"cannot load tiktoken encoding {name!r} from {folder}: {exc}; {hint}") from exc
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -327,9 +327,11 @@ def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
-def _hint(exc: BaseException | None, *, activity: bool = True) -> str:
+def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str | None = None) -> str:
     status = getattr(exc, "status_code", None)
     if isinstance(exc, AnswerError):
+        if text_answer:
+            return f"the model never gave {text_answer}; raise llm.maxRetries or use a stronger model"
         return "the model never gave the required JSON answer; tighten llm.instructions / outputSchema or use a stronger model"
     if status in (401, 403):
         return f"check the API key ({ENV_API_KEY})"
@@ -359,14 +361,19 @@ class _Caller:
         return self.completion
 
     def run(self, messages: Messages, check: Callable[[str | None], Any], *, task_id: str | None = None,
-            on_attempt: OnAttempt | None = None, max_tokens: int | None = None) -> Any:
+            on_attempt: OnAttempt | None = None, max_tokens: int | None = None,
+            text_answer: str | None = None) -> Any:
         return self.run_reply(messages, lambda reply: check(reply.content), task_id=task_id, on_attempt=on_attempt,
-                              max_tokens=max_tokens)[0]
+                              max_tokens=max_tokens, text_answer=text_answer)[0]
 
     def run_reply(self, messages: Messages, check: Callable[[Reply], Any], *, task_id: str | None = None,
                   on_attempt: OnAttempt | None = None, max_tokens: int | None = None,
-                  tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[Any, Messages]:
-        """``check(reply)``'s result and the conversation as last sent (with any corrective turns)."""
+                  tools: Sequence[Mapping[str, Any]] | None = None,
+                  text_answer: str | None = None) -> tuple[Any, Messages]:
+        """``check(reply)``'s result and the conversation as last sent (with any corrective turns).
+
+        ``text_answer`` names what a plain-text answer is (``"the summary text"``): its corrective
+        turn and its failure ask for that, not for the JSON object the activities answer with."""
         convo = list(messages)
         last: BaseException | None = None
         failures = 0
@@ -383,7 +390,7 @@ class _Caller:
                 if on_attempt:
                     on_attempt(attempt, convo, reply, err)
                 convo = convo + [{"role": "assistant", "content": (reply.content or "") if reply else ""},
-                                 {"role": "user", "content": _correction(err)}]
+                                 {"role": "user", "content": _correction(err, text_answer)}]
                 continue
             except ModelError:
                 raise
@@ -392,7 +399,7 @@ class _Caller:
                 if on_attempt:
                     on_attempt(attempt, convo, reply, err)
                 if not is_transient(err):
-                    raise self._failed(task_id, attempt, err) from err
+                    raise self._failed(task_id, attempt, err, text_answer) from err
                 failures += 1
                 if attempt < self.attempts:
                     self.sleep(self.retry.delay(failures))
@@ -400,19 +407,21 @@ class _Caller:
             if on_attempt:
                 on_attempt(attempt, convo, reply, None)
             return result, convo
-        raise self._failed(task_id, self.attempts, last) from last
+        raise self._failed(task_id, self.attempts, last, text_answer) from last
 
-    def _failed(self, task_id: str | None, attempts: int, err: BaseException | None) -> ModelCallFailed:
+    def _failed(self, task_id: str | None, attempts: int, err: BaseException | None,
+                text_answer: str | None = None) -> ModelCallFailed:
         what = f"model call for activity {task_id!r}" if task_id else "model call"
         return ModelCallFailed(
             f"{what} failed after {attempts} attempt(s) (model {self.endpoint.model!r} at {self.endpoint.where}): "
-            f"{_describe(err)}; {_hint(err, activity=bool(task_id))}",
+            f"{_describe(err)}; {_hint(err, activity=bool(task_id), text_answer=text_answer)}",
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=err)
 
 
-def _correction(err: AnswerError) -> str:
-    return ("Your previous reply was not accepted: " + "; ".join(err.problems) +
-            ". Reply again with exactly one JSON object that fixes this, and nothing else.")
+def _correction(err: AnswerError, text_answer: str | None = None) -> str:
+    again = (f"Reply again with {text_answer} only, and nothing else." if text_answer else
+             "Reply again with exactly one JSON object that fixes this, and nothing else.")
+    return "Your previous reply was not accepted: " + "; ".join(err.problems) + ". " + again
 
 
 # ----- requests on the tape -------------------------------------------------------------------
@@ -827,7 +836,8 @@ class LiteLLMSummarizer(_Client):
                 raise AnswerError(["the summary is empty"], text=content or "")
             return fit_summary(content, max_tokens)
 
-        return str(self._caller.run(messages, check, max_tokens=max_tokens, on_attempt=self.on_attempt))
+        return str(self._caller.run(messages, check, max_tokens=max_tokens, on_attempt=self.on_attempt,
+                                    text_answer="the summary text"))
 
 
 class LiteLLMPlanner(_Client):

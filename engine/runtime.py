@@ -1984,8 +1984,12 @@ class _Runtime(ScopeSteps, GatewaySteps):
             self.instance.suspended.pop(str(task.id), None)
             return self._throw_error(task, ctx, err)
         except BaseException as err:
-            self.instance.suspended.pop(str(task.id), None)
-            ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
+            stood = self.instance.suspended.get(str(task.id))
+            if stood is not None and stood.get("model_failed"):  # see run_with_tools: resumed where it stood
+                del stood["model_failed"]
+            else:
+                self.instance.suspended.pop(str(task.id), None)
+                ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values(), task) from err
         self._activity_done(ctx, cfg, bpmn_id)
         # data objects: the context is the source of truth; SpiffWorkflow copies what it needs
@@ -2380,9 +2384,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
         the conversation is kept in ``instance.suspended`` (saved with the instance, so
         another process can resume it); the confirmation is bound to this task, so
         ``answer`` runs the task again once every confirmation it asked is answered, and
-        the model is given the answers as the results of its ``human_confirm`` calls.
+        the model is given the answers as the results of its ``human_confirm`` calls. A model
+        that fails then leaves the activity open and the conversation kept: ``resume`` goes on.
         """
-        from .llm import run_llm_tool_activity
+        from .llm import ModelCallFailed, run_llm_tool_activity
         from .tools import LiveGovernance, dispatch_tool, tool_schemas
 
         inst = self.instance
@@ -2401,10 +2406,18 @@ class _Runtime(ScopeSteps, GatewaySteps):
         def dispatch(name: str, arguments: str) -> dict[str, Any]:
             return dispatch_tool(service, inst.id, name, arguments, actor=bpmn_id)
 
-        outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
-                                        schemas=tool_schemas(), answers=answers,
-                                        state=None if suspended is None else suspended["state"], scoped=actx.scoped,
-                                        redact=self.process.redact_for(bpmn_id))
+        try:
+            outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
+                                            schemas=tool_schemas(), answers=answers,
+                                            state=None if suspended is None else suspended["state"],
+                                            scoped=actx.scoped, redact=self.process.redact_for(bpmn_id))
+        except ModelCallFailed:
+            if suspended is not None:
+                # the person answered and then the model failed: the conversation stays where it
+                # stood (the activity open, ``run_activity`` keeps it), so ``resume`` gives the model
+                # the answers it was waiting for instead of starting over and asking again
+                inst.suspended[key] = {**suspended, "model_failed": True}
+            raise
         if outcome.answer is not None:
             return outcome.answer
         inst.suspended[key] = {"task_id": bpmn_id, "context": actx.context.name,

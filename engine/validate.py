@@ -3227,8 +3227,10 @@ class _Validator:
         if tag == "businessRuleTask":
             self._check_decision(el, eid, file, handled)
             return
+        # a gateway's llm: block tunes its condition question or its join's arbiter, and without a
+        # model its expressions or a person decide: no step waits there for a handler
         if handled and cfg is not None and cfg.llm is not None and not cfg.llm.model and not cfg.handler \
-                and eid not in REGISTRY:
+                and eid not in REGISTRY and not tag.endswith("Gateway"):
             name = _TASK_NAMES.get(tag, f"bpmn:{tag}")
             self.add("llm_without_handler", f"{name} {eid!r} has an llm: block with no model "
                      "and no handler: it runs only when a model is given (--model NAME); without one the instance "

@@ -216,8 +216,16 @@ def test_an_activity_waits_for_the_answer_and_goes_on(tmp_path, stub, how):
         done = GovernanceService(engine).answer("model:1", AnswerArgs(value="undo", reason="no"))
         assert done["status"] == "error" and done["error"]["task_id"] == "review"
         failed = engine.load(instance.id)
-        assert failed.main.current_activity is None and not failed.suspended  # aborted: as before the activity
+        # the person's answer is kept: the activity stays open where the conversation stood, and the
+        # resume gives the model the answer (nobody is asked again)
+        assert failed.main.current_activity == "review" and entry["task"] in failed.suspended
         assert notes(failed.main, "tool_loop_resumed")
+        stub.push(Reply.json(DECISION))
+        done = engine.resume(failed).to_document()
+        assert done["status"] == "completed", done["error"]
+        answered = json.loads(stub.requests[-1]["messages"][-1]["content"])
+        assert answered["answer"] == "undo" and answered["status"] == "answered"
+        assert [c["id"] for c in done["confirmations"]] == ["model:1"]
         return
     stub.push(Reply.json(DECISION))
     if how == "rest":
