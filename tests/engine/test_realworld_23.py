@@ -1,0 +1,69 @@
+"""Public models, round 23, each in ``tests/engine/realworld23/`` (the file's header comment says what it
+follows and what was trimmed; ``realworld23/SOURCES.md`` lists repositories, commits and licences):
+bpmn-server's (a Node.js engine's) bpmn-js drawings of an event-based gateway, a message flow between
+two pools, a data object and a multi-instance task written for its JavaScript, and bpmn-moddle's test
+models (a C# engine's multi-instance over its own ioSpecification, ...). Each is validated as given
+(validate says what is wrong, naming the element and what to write), then, edited as validate says,
+run to its end, and its path and data are checked against what BPMN says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine import Engine, load_process
+from engine.validate import validate_process
+
+from engine_helpers import variables
+from test_realworld_4 import rewritten
+from test_realworld_17 import said
+
+HERE = Path(__file__).resolve().parent / "realworld23"
+
+
+def codes(path: Path) -> list[tuple[str, str, str | None]]:
+    return [(p.code, p.severity, p.element_id) for p in validate_process([path]).problems]
+
+
+def engine_with(handlers: dict[str, Any]) -> Engine:
+    engine = Engine(store="memory://")
+    for task_id, handler in handlers.items():
+        engine.handlers.register(task_id, handler)
+    return engine
+
+
+# -- bpmn-moddle: a multi-instance task over a dataInput of its own ioSpecification ----------------
+
+TRAVEL = HERE / "bpmn_moddle_multi_instance_io.bpmn"
+ASSOCIATIONS = TRAVEL.read_text()[TRAVEL.read_text().index('      <bpmn:dataInputAssociation id="gasg9hsaga">'):
+                                  TRAVEL.read_text().index("      <bpmn:humanPerformer")]
+
+
+def test_the_travel_orders_are_refused_for_the_process_property_they_read_and_write() -> None:
+    refused = said(TRAVEL)
+    assert "isExecutable='false'" in refused["Process"]
+    assert "sourceRef 'Process_TravelOrders', a bpmn:property of the process" in refused["CheckDataTask"]
+    assert "targetRef 'Process_TravelOrders', a bpmn:property of the process" in refused["CheckDataTask"]
+    assert "names the operation 'Get travel orders' of interface 'Test service'" in refused["GetDataTask"]
+
+
+def test_a_loop_input_naming_a_data_input_of_the_task_runs_each_instance_on_an_item(tmp_path: Path) -> None:
+    """BPMN's loopDataInputRef names an ItemAwareElement by id: here the dataInput of the task's own
+    ioSpecification. SpiffWorkflow 3.2 looks it up by a ``name`` its data specs do not have, so it
+    refused every such task ("The loop input data reference is missing from the IO specification")
+    and validate passed that on with "fix the BPMN element named here"."""
+    fixed = rewritten(tmp_path, TRAVEL, [('isExecutable="false"', 'isExecutable="true"'), (ASSOCIATIONS, "")])
+    assert [c for c in codes(fixed) if c[1] == "error"] == []
+    process = load_process([fixed])
+    orders = [{"id": 1, "km": 120}, {"id": 2, "km": 40}]
+
+    def get_data(ctx: Any) -> dict[str, Any]:
+        return {"CheckDataTaskInput": orders}
+
+    engine = engine_with({"GetDataTask": get_data, "SaveDataTask": lambda ctx: {"saved": True}})
+    instance = engine.run(engine.start(process, {}), answers={"user_tasks": {
+        "CheckDataTask": {"LoopInstanceOutput": "checked"}, "InfoTask": {"told": True}}})
+    assert instance.status == "completed", instance.error
+    data = variables(instance.contexts["main"])
+    assert data["CheckDataTaskOutput"] == ["checked", "checked"]
+    assert data["saved"] is True and data["told"] is True
