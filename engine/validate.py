@@ -3877,8 +3877,14 @@ class _Validator:
                     'with messageRef="ID", ...), or remove it')
         else:
             return
-        self.add("waits_for_nothing", f"bpmn:{tag} {eid!r} {what}: SpiffWorkflow gives it nothing to wait for, "
-                 f"so the path does not wait there and goes straight on; {todo}", file=file, line=el.sourceline,
+        gateway = _event_gateway_before(el, eid)
+        if gateway is not None:
+            # one of the gateway's events: a none event, which nothing throws
+            effect = (f"after event-based gateway {gateway!r} it is one of the gateway's events, one that nothing "
+                      "sends, so the gateway never takes its path")
+        else:
+            effect = "SpiffWorkflow gives it nothing to wait for, so the path does not wait there and goes straight on"
+        self.add("waits_for_nothing", f"bpmn:{tag} {eid!r} {what}: {effect}; {todo}", file=file, line=el.sourceline,
                  element_id=eid, severity="warning")
 
     def _check_message_extensions(self, el: Any, eid: str, tag: str, root: Any, file: str) -> None:
@@ -4202,6 +4208,14 @@ _SEED_GATEWAY_KINDS = {"XOR": "exclusiveGateway", "EXCLUSIVE": "exclusiveGateway
                        "PARALLEL": "parallelGateway", "OR": "inclusiveGateway", "INCLUSIVE": "inclusiveGateway",
                        "EVENT": "eventBasedGateway", "EVENT_BASED": "eventBasedGateway"}
 
+
+
+def _event_gateway_before(el: Any, eid: str) -> str | None:
+    """The id of the event-based gateway a sequence flow of ``el``'s level leads from to ``eid``."""
+    level = el.getparent()
+    gateways = {g.get("id") for g in level.iterfind(_bpmn("eventBasedGateway"))}
+    return next((f.get("sourceRef") for f in level.iterfind(_bpmn("sequenceFlow"))
+                 if f.get("targetRef") == eid and f.get("sourceRef") in gateways), None)
 
 _CHOICES = ("exclusiveGateway", "eventBasedGateway")
 

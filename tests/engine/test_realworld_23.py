@@ -67,3 +67,35 @@ def test_a_loop_input_naming_a_data_input_of_the_task_runs_each_instance_on_an_i
     data = variables(instance.contexts["main"])
     assert data["CheckDataTaskOutput"] == ["checked", "checked"]
     assert data["saved"] is True and data["told"] is True
+
+
+# -- bpmn-server: an event-based gateway before a receive task that names no message --------------
+
+GATEWAY = HERE / "bpmn_server_event_based_gateway.bpmn"
+
+
+def test_the_event_based_gateway_is_refused_for_its_executable_flag_and_its_timer() -> None:
+    refused = said(GATEWAY)
+    assert "isExecutable='false'" in refused["Process_0e44dxg"]
+    assert 'write it as a string: "PT2S"' in refused["timerEvent"]
+    assert "names none: SpiffWorkflow then waits for a signal named like the event, 'False Alarm'" \
+        in refused["event_signal"]
+    assert "nothing can send it, so it never fires" in refused["messageEvent"]
+
+
+def test_a_receive_task_after_an_event_based_gateway_that_names_no_message_is_never_taken(tmp_path: Path) -> None:
+    """validate said the receive task "goes straight on", as it does after a sequence flow; after an
+    event-based gateway it is one of the gateway's events, a none event nothing throws, so the
+    gateway never takes its path. The run waits for the timer, the signal and the message only."""
+    warning = said(GATEWAY)["Task_receive"]
+    assert "goes straight on" not in warning
+    assert "after event-based gateway 'event_based_gatway'" in warning
+    assert "the gateway never takes its path" in warning and 'add messageRef="ID"' in warning
+    fixed = rewritten(tmp_path, GATEWAY, [('isExecutable="false"', 'isExecutable="true"'), (">PT2S<", '>"PT2S"<')])
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert instance.status == "waiting"
+    assert sorted(w.get("event_id") or w["task_id"] for w in instance.waiting_for) == \
+        ["event_signal", "messageEvent", "timerEvent"]
+    instance = engine.send_event(instance, "False Alarm", kind="signal")
+    assert instance.status == "completed", instance.error
