@@ -270,6 +270,7 @@ not make ``report.ok`` false:
                                       parameters): SpiffWorkflow runs none, the input is never set
 ``data_object_named_apart``           a script task sets the name of a data object its dataOutputAssociation
                                       writes, not its id (a modeler's generated id): SpiffWorkflow keys it by id
+                                      (a warning for a user, service or manual task, whose work may set the id)
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -2263,6 +2264,9 @@ class _Validator:
         for assoc in proc.element.iter(_bpmn("dataOutputAssociation")):
             task = assoc.getparent()
             script = task.find(_bpmn("script")) if task.tag == _bpmn("scriptTask") else None
+            if task.tag in (_bpmn("userTask"), _bpmn("serviceTask"), _bpmn("manualTask"), _bpmn("task")):
+                self._check_data_object_set_by_work(assoc, task, targets, by_id, proc.file)
+                continue
             if script is None or not (script.text or "").strip():
                 continue
             try:
@@ -2287,6 +2291,29 @@ class _Validator:
                          f"be set\"; give the bpmn:dataObject id=\"{name}\" (and its references "
                          f"dataObjectRef=\"{name}\"), or set {obj_id} in the script", file=proc.file,
                          line=assoc.sourceline, element_id=task.get("id"), field="dataOutputAssociation")
+
+    def _check_data_object_set_by_work(self, assoc: Any, task: Any, targets: Mapping[str, Any],
+                                       by_id: Mapping[str, Any], file: str) -> None:
+        """A task whose work no script shows (a person's form, a handler) writes a data object that
+        the diagram names apart from its id (bpmn-js 6 named the reference and left the dataObject
+        unnamed): the work must set the id, which nobody reading the diagram sees. A warning: a
+        form or handler may set it."""
+        for ref_el in assoc.findall(_bpmn("targetRef")):
+            reference = targets.get((ref_el.text or "").strip())
+            obj = by_id.get(reference.get("dataObjectRef")) if reference is not None else None
+            if obj is None:
+                continue
+            obj_id = obj.get("id")
+            name = (obj.get("name") or reference.get("name") or "").strip()
+            if not name.isidentifier() or name == obj_id:
+                continue
+            kind = etree.QName(task.tag).localname
+            self.add("data_object_named_apart", f"{kind} {task.get('id')!r} writes the data object {name!r} (its "
+                     f"dataOutputAssociation), but SpiffWorkflow keys a data object by its id, {obj_id!r}: its work "
+                     f"(the person's answer, its handler) must set {obj_id}, or the task's end stops with \"A data "
+                     f"object could not be set\"; give the bpmn:dataObject id=\"{name}\" (and its references "
+                     f"dataObjectRef=\"{name}\")", file=file, line=assoc.sourceline, element_id=task.get("id"),
+                     field="dataOutputAssociation", severity="warning")
 
     def _check_code(self, proc: _Node) -> None:
         """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""

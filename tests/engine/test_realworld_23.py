@@ -99,3 +99,35 @@ def test_a_receive_task_after_an_event_based_gateway_that_names_no_message_is_ne
         ["event_signal", "messageEvent", "timerEvent"]
     instance = engine.send_event(instance, "False Alarm", kind="signal")
     assert instance.status == "completed", instance.error
+
+
+# -- bpmn-server: a user task writes a data object named on its reference only --------------------
+
+DATA_OBJECT = HERE / "bpmn_server_data_object.bpmn"
+
+
+def test_a_data_object_named_on_its_reference_only_is_named_by_id_before_it_runs(tmp_path: Path) -> None:
+    """bpmn-js 6 put the name ("UserInput") on the dataObjectReference and left the bpmn:dataObject
+    unnamed. SpiffWorkflow keys a data object by its id, so the user task's answer must set
+    'DataObject_0omawkh': validate said nothing (it looked at script tasks only), and the run of a task
+    answered with "UserInput" stopped at the task's end."""
+    fixed = rewritten(tmp_path, DATA_OBJECT, [('isExecutable="false"', 'isExecutable="true"')])
+    [warning] = [p for p in validate_process([fixed]).problems if p.code == "data_object_named_apart"]
+    assert (warning.severity, warning.element_id, warning.field) == ("warning", "Activity_04ihtpv",
+                                                                      "dataOutputAssociation")
+    text = str(warning)
+    assert "writes the data object 'UserInput'" in text and "keys a data object by its id, 'DataObject_0omawkh'" in text
+    assert 'give the bpmn:dataObject id="UserInput"' in text
+    engine = Engine(store="memory://")
+    stopped = engine.run(engine.start(load_process([fixed]), {}),
+                         answers={"user_tasks": {"Activity_04ihtpv": {"UserInput": "hello"}}})
+    assert stopped.status == "error" and "'DataObject_0omawkh'" in stopped.error["message"]
+
+    renamed = rewritten(tmp_path / "renamed" if (tmp_path / "renamed").mkdir() is None else tmp_path, fixed, [
+        ('dataObjectRef="DataObject_0omawkh"', 'dataObjectRef="UserInput"'),
+        ('<bpmn:dataObject id="DataObject_0omawkh" />', '<bpmn:dataObject id="UserInput" />')])
+    assert [p for p in validate_process([renamed]).problems if p.code == "data_object_named_apart"] == []
+    instance = engine.run(engine.start(load_process([renamed]), {}),
+                          answers={"user_tasks": {"Activity_04ihtpv": {"UserInput": "hello"}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.contexts["main"])["UserInput"] == "hello"
