@@ -651,8 +651,16 @@ class _Validator:
             hint = ("; write '<' and '&' inside conditions and scripts as &lt; and &amp;"
                     if any(w in (err.msg or "") for w in ("EntityRef", "StartTag", "xmlParseEntityRef")) else
                     "; fix the XML at this position")
+            unbound = _UNBOUND_PREFIX.match(err.msg or "")
+            owner = _element_at(doc.data, line, unbound.group(3)) if unbound and line else None
+            if unbound:
+                prefix, name, tag = unbound.groups()
+                where = f"the bpmn:{tag}" + (f" of {owner!r}" if owner else "")
+                hint = (f": {where} has {prefix}:{name}, and no xmlns:{prefix} is declared; declare the prefix on "
+                        f"bpmn:definitions (xmlns:{prefix}=\"URI\", the namespace of the tool that wrote it), "
+                        f"or remove {prefix}:{name}")
             self.add("xml_malformed", f"not well-formed XML: {err.msg}{hint}",
-                     file=doc.file, line=line or None, column=column or None)
+                     file=doc.file, line=line or None, column=column or None, element_id=owner)
             return doc
         # comments say nothing to run, and the engine's parser drops them too (a condition or script
         # is then read whole, where its text was cut at a comment)
@@ -4243,6 +4251,26 @@ def _event_gateway_before(el: Any, eid: str) -> str | None:
     gateways = {g.get("id") for g in level.iterfind(_bpmn("eventBasedGateway"))}
     return next((f.get("sourceRef") for f in level.iterfind(_bpmn("sequenceFlow"))
                  if f.get("targetRef") == eid and f.get("sourceRef") in gateways), None)
+
+
+_UNBOUND_PREFIX = re.compile(r"Namespace prefix (\S+) for (\S+) on (\S+) is not defined")
+
+
+def _element_at(data: bytes, line: int, tag: str) -> str | None:
+    """The id of the element named ``tag`` at ``line`` of a file whose namespaces are not
+    well-formed (read again leniently), or of the nearest element around it that has one."""
+    try:
+        root = etree.fromstring(data, etree.XMLParser(recover=True, resolve_entities=False, no_network=True))
+    except etree.XMLSyntaxError:
+        return None
+    if root is None:
+        return None
+    for el in root.iter():
+        if el.sourceline == line and isinstance(el.tag, str) and etree.QName(el).localname == tag:
+            while el is not None and el.get("id") is None:
+                el = el.getparent()
+            return el.get("id") if el is not None else None
+    return None
 
 _CHOICES = ("exclusiveGateway", "eventBasedGateway")
 

@@ -131,3 +131,34 @@ def test_a_data_object_named_on_its_reference_only_is_named_by_id_before_it_runs
                           answers={"user_tasks": {"Activity_04ihtpv": {"UserInput": "hello"}}})
     assert instance.status == "completed", instance.error
     assert variables(instance.contexts["main"])["UserInput"] == "hello"
+
+
+# -- bpmn-server: an attribute whose prefix the file binds nowhere ---------------------------------
+
+UNBOUND = HERE / "bpmn_server_unbound_prefix.bpmn"
+
+
+def test_a_prefix_bound_nowhere_names_the_element_and_the_declaration_to_add(tmp_path: Path) -> None:
+    """The XML is not namespace-well-formed: validate named the line and column only ("fix the XML at
+    this position"). It names the element the attribute sits in (and the id of the activity around it)
+    and the two ways out."""
+    [problem] = validate_process([UNBOUND]).problems
+    assert (problem.code, problem.element_id, problem.line) == ("xml_malformed", "Activity_178f3tm", 19)
+    text = str(problem)
+    assert "Namespace prefix js for collection on multiInstanceLoopCharacteristics is not defined" in text
+    assert "the bpmn:multiInstanceLoopCharacteristics of 'Activity_178f3tm'" in text
+    assert 'declare the prefix on bpmn:definitions (xmlns:js="URI"' in text and "or remove js:collection" in text
+    bound = rewritten(tmp_path, UNBOUND, [("xmlns:bpmn=", 'xmlns:js="http://bpmn-server/js" xmlns:bpmn=')])
+    [missing] = [p for p in validate_process([bound]).problems if p.severity == "error"]
+    assert missing.element_id == "Activity_178f3tm"
+    assert "says neither how many instances run nor over what" in str(missing)
+    over = rewritten(tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path, bound, [
+        ('js:collection="this.records" />', 'js:collection="this.records"><bpmn:loopDataInputRef>records'
+         '</bpmn:loopDataInputRef><bpmn:inputDataItem id="record" name="record"/>'
+         '</bpmn:multiInstanceLoopCharacteristics>')])
+    assert [p for p in validate_process([over]).problems if p.severity == "error"] == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([over]), {"records": [1, 2, 3]}),
+                          answers={"user_tasks": {"Activity_178f3tm": {"seen": True}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.contexts["main"])["seen"] is True
