@@ -267,7 +267,8 @@ not make ``report.ok`` false:
 ``loop_without_gateway``              a loop of sequence flows through no exclusive, inclusive or event-based
                                       gateway: SpiffWorkflow cannot start an instance (RecursionError)
 ``data_input_assignment``             a task's dataInput given its value by a bpmn:assignment (jBPM's task
-                                      parameters): SpiffWorkflow runs none, the input is never set
+                                      parameters): SpiffWorkflow runs none, the input is never set (a
+                                      warning when no bpmn:inputSet lists it: the task runs without it)
 ``data_object_named_apart``           a script task sets the name of a data object its dataOutputAssociation
                                       writes, not its id (a modeler's generated id): SpiffWorkflow keys it by id
                                       (a warning for a user, service or manual task, whose work may set the id)
@@ -3819,13 +3820,28 @@ class _Validator:
                     if ref in inputs]
         if not assigned:
             return set()
-        shown = ", ".join(repr(item.get("name") or item.get("id")) for item in assigned)
-        self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
-                 "bpmn:assignment (another engine's task parameters, as jBPM saves them), which SpiffWorkflow does "
-                 f"not run: the inputs are never set, and the instance would stop at {eid!r} (as plain SpiffWorkflow "
-                 "does, 'Missing data input'); remove the task's ioSpecification and dataInputAssociations (a "
-                 "person's step needs neither), or set the values in a script before the task, with the inputs' "
-                 "ids as names", file=file, line=assigned[0].sourceline, element_id=eid, field="dataInput")
+        # BPMN starts a task once one of its input sets is there: an input no bpmn:inputSet lists is
+        # not waited for (SpiffWorkflow reads only the listed ones), and the task runs without it
+        listed = {(r.text or "").strip() for r in io.iterfind(f"{_bpmn('inputSet')}/{_bpmn('dataInputRefs')}")}
+        required = [item for item in assigned if item.get("id") in listed]
+        unlisted = [item for item in assigned if item.get("id") not in listed]
+        if required:
+            shown = ", ".join(repr(item.get("name") or item.get("id")) for item in required)
+            self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
+                     "bpmn:assignment (another engine's task parameters, as jBPM saves them), which SpiffWorkflow "
+                     f"does not run: the inputs are never set, and the instance would stop at {eid!r} (as plain "
+                     "SpiffWorkflow does, 'Missing data input'); remove the task's ioSpecification and "
+                     "dataInputAssociations (a person's step needs neither), or set the values in a script before "
+                     "the task, with the inputs' ids as names", file=file, line=required[0].sourceline,
+                     element_id=eid, field="dataInput")
+        if unlisted:
+            shown = ", ".join(repr(item.get("name") or item.get("id")) for item in unlisted)
+            self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
+                     "bpmn:assignment (another engine's task parameters), which SpiffWorkflow does not run; no "
+                     "bpmn:inputSet of its ioSpecification lists them, so the task runs without them and what the "
+                     "assignments give never reaches it; set the values in a script before the task, with the "
+                     "inputs' ids as names, if the task needs them", file=file, line=unlisted[0].sourceline,
+                     element_id=eid, field="dataInput", severity="warning")
         return {item.get("id") for item in assigned}
 
     def _check_event_definitions(self, el: Any, eid: str, tag: str, file: str) -> None:

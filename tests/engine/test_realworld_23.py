@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import variables
+from engine_helpers import run_plain, variables
 from test_realworld_4 import rewritten
 from test_realworld_17 import said
 
@@ -162,3 +164,42 @@ def test_a_prefix_bound_nowhere_names_the_element_and_the_declaration_to_add(tmp
                           answers={"user_tasks": {"Activity_178f3tm": {"seen": True}}})
     assert instance.status == "completed", instance.error
     assert variables(instance.contexts["main"])["seen"] is True
+
+
+# -- bpmn-moddle: a user task's inputs given by bpmn:assignment -----------------------------------
+
+ASSIGNMENT = HERE / "bpmn_moddle_assignment.bpmn"
+
+
+def test_inputs_given_by_assignment_that_no_input_set_lists_are_a_warning_and_the_task_runs(tmp_path: Path) -> None:
+    """The task's bpmn:inputSet lists no dataInputRefs (only an outputSetRefs), so BPMN and SpiffWorkflow
+    start it without its inputs, and plain SpiffWorkflow runs the file to its end. validate refused it,
+    saying the instance "would stop" there ('Missing data input'): a wrong refusal. It is a warning now,
+    naming the inputs whose assignments are not run."""
+    [problem] = [p for p in validate_process([ASSIGNMENT]).problems if p.code == "data_input_assignment"]
+    assert (problem.severity, problem.element_id) == ("warning", "UserTask_1bvywyp")
+    text = str(problem)
+    assert "gives its data input(s) 'TaskName', 'GroupId' their values by bpmn:assignment" in text
+    assert "no bpmn:inputSet of its ioSpecification lists them, so the task runs without them" in text
+    assert "would stop" not in text
+    assert validate_process([ASSIGNMENT]).ok
+    assert "so the task must set 'DataOutput_1', not 'approved': give it id='approved'" in said(ASSIGNMENT)[
+        "UserTask_1bvywyp"]
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([ASSIGNMENT]), {}),
+                          answers={"user_tasks": {"UserTask_1bvywyp": {"DataOutput_1": True}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.contexts["main"])["DataOutput_1"] is True
+
+
+def test_inputs_given_by_assignment_that_the_input_set_lists_are_still_refused(tmp_path: Path) -> None:
+    required = rewritten(tmp_path, ASSIGNMENT, [("<bpmn:outputSetRefs>OutputSet_1</bpmn:outputSetRefs>",
+                                                 "<bpmn:dataInputRefs>UserTask_1bvywyp_GroupId</bpmn:dataInputRefs>")])
+    problem, unlisted = sorted((p for p in validate_process([required]).problems if p.code == "data_input_assignment"),
+                               key=lambda p: p.severity)
+    assert problem.severity == "error" and "the instance would stop at 'UserTask_1bvywyp'" in str(problem)
+    assert "data input(s) 'GroupId' their values" in str(problem)
+    assert unlisted.severity == "warning" and "data input(s) 'TaskName' their values" in str(unlisted)
+    with pytest.raises(Exception, match="Missing data input"):
+        run_plain(required, {}, {"UserTask_1bvywyp": {}})  # as validate says, plain SpiffWorkflow stops there
+    assert run_plain(ASSIGNMENT, {}, {"UserTask_1bvywyp": {"DataOutput_1": True}})[0].is_completed()
