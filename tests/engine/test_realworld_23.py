@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from context_layers import Layer
 from engine import Engine, load_process
 from engine.validate import validate_process
 
@@ -203,3 +204,60 @@ def test_inputs_given_by_assignment_that_the_input_set_lists_are_still_refused(t
     with pytest.raises(Exception, match="Missing data input"):
         run_plain(required, {}, {"UserTask_1bvywyp": {}})  # as validate says, plain SpiffWorkflow stops there
     assert run_plain(ASSIGNMENT, {}, {"UserTask_1bvywyp": {"DataOutput_1": True}})[0].is_completed()
+
+
+# -- bpmn-server: message flows between two pools, drawn from service tasks -----------------------
+
+MESSAGE_FLOW = HERE / "bpmn_server_message_flow.bpmn"
+
+
+def test_message_flows_from_service_tasks_are_refused_then_run_across_the_pools(tmp_path: Path) -> None:
+    """Each message flow leaves a service task, which sends nothing in SpiffWorkflow; drawn as send
+    tasks with a bpmn:message (as validate says), the receivers are named next (a none start event, a
+    receive task with no messageRef); drawn as validate says, the two pools run together: the primary
+    starts the secondary, whose reply the primary's receive task waits for."""
+    refused = said(MESSAGE_FLOW)
+    for flow_id, sender in (("MessageFlow_1", "Task_1"), ("MessageFlow_2", "Task_3")):
+        assert f"starts at serviceTask {sender!r}, which sends no message" in refused[flow_id]
+    assert "has no isExecutable attribute" in refused["Process_secondary"]
+    senders = rewritten(tmp_path, MESSAGE_FLOW, [
+        ('<bpmn:collaboration id="Collaboration_1nz8zfi">', '<bpmn:message id="Msg_1" name="start_secondary" />'
+         '<bpmn:message id="Msg_2" name="reply" /><bpmn:collaboration id="Collaboration_1nz8zfi">'),
+        ('<bpmn:serviceTask id="Task_3" name="Task 3">', '<bpmn:sendTask id="Task_3" name="Task 3" messageRef="Msg_2">'),
+        ('<bpmn:serviceTask id="Task_1" name="Task 1">', '<bpmn:sendTask id="Task_1" name="Task 1" messageRef="Msg_1">'),
+        ("</bpmn:serviceTask>", "</bpmn:sendTask>")])
+    refused = said(senders)
+    assert "ends at startEvent 'StartEvent_2', which waits for no message" in refused["MessageFlow_1"]
+    assert "draw it as one waiting for 'start_secondary'" in refused["MessageFlow_1"]
+    assert "ends at receiveTask 'Task_2', which waits for no message" in refused["MessageFlow_2"]
+    receivers = rewritten(tmp_path / "r" if (tmp_path / "r").mkdir() is None else tmp_path, senders, [
+        ("<bpmn:outgoing>SequenceFlow_1gtrqla</bpmn:outgoing>\n    </bpmn:startEvent>",
+         '<bpmn:outgoing>SequenceFlow_1gtrqla</bpmn:outgoing><bpmn:messageEventDefinition id="Def_1" '
+         'messageRef="Msg_1" /></bpmn:startEvent>'),
+        ('<bpmn:receiveTask id="Task_2" name="Task 2">', '<bpmn:receiveTask id="Task_2" name="Task 2" messageRef="Msg_2">'),
+        ('<bpmn:process id="Process_secondary">', '<bpmn:process id="Process_secondary" isExecutable="true">')])
+    assert codes(receivers) == []
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([receivers]), {}))
+    assert instance.status == "completed", instance.error
+    assert {"event:StartEvent_2", "event:Task_2"} <= set(instance.contexts["main"].layer(Layer.HISTORY))
+
+
+# -- bpmn-moddle: a Bizagi export, namespaces declared where they are used --------------------------
+
+BIZAGI = HERE / "bizagi_nested_namespaces.bpmn"
+
+
+def test_the_bizagi_export_runs_its_one_process_with_a_start_event() -> None:
+    """Two participants: the main one's process is empty (no start event), the other's a start, a
+    plain task (a person's step in SpiffWorkflow) and an end. validate warns of the missing
+    isExecutable only; the run picks the process that can start and waits for the task."""
+    assert codes(BIZAGI) == [("process_executable_unset", "warning", "Id_1f46c2af-002d-4b63-b1d1-7f181acc6065")]
+    engine = Engine(store="memory://")
+    process = load_process([BIZAGI])
+    assert process.id == "Id_1f46c2af-002d-4b63-b1d1-7f181acc6065"
+    waiting = engine.run(engine.start(process, {}))
+    assert [w["task_id"] for w in waiting.waiting_for] == ["Id_b9ff4ef1-7f18-4c42-8667-122fc9c12929"]
+    done = engine.run(waiting, answers={"user_tasks": {"Id_b9ff4ef1-7f18-4c42-8667-122fc9c12929": {"done": True}}})
+    assert done.status == "completed", done.error
+    assert variables(done.contexts["main"]) == {"done": True}
