@@ -9,7 +9,8 @@ not make ``report.ok`` false:
 
 ====================================  ====================================================
 ``bpmn_file_not_found``               a BPMN path that cannot be read
-``xml_malformed``                     not well-formed XML (file, line, column from lxml)
+``xml_malformed``                     not well-formed XML (file, line, column from lxml; an undeclared
+                                      prefix names its element and the declaration to add)
 ``bpmn_namespace``                    root is not ``{BPMN 2.0 MODEL}definitions``
 ``duplicate_id``                      two elements of one file share an id, or two files define one process id
 ``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
@@ -123,7 +124,8 @@ not make ``report.ok`` false:
                                       which no expression is given): context values are never callable
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``),
-                                      or is quoted text that is no ISO 8601 duration / date / repeating interval
+                                      or is quoted text that is no ISO 8601 duration / date / repeating interval,
+                                      or calls another language's date API (``DateTime.AddDays(...)``)
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
                                       Python (a warning when it parses as Python: it runs as Python), or one
                                       that calls Java's System.out or jBPM's kcontext, or uses a JavaScript
@@ -2761,6 +2763,14 @@ class _Validator:
                      f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
                      line=el.sourceline + first, element_id=event, field=tag)
             return
+        foreign = _foreign_method_calls(ast.parse(text, mode="eval"))
+        if foreign:
+            self.add("timer_expression", f"timer {event!r}: {tag} {text!r} calls {', '.join(foreign)}, another "
+                     "language's date API (C#, Java) over its engine's objects, not Python: no context value has "
+                     "such a method (values are JSON), so the run stops where the timer starts; write a Python "
+                     "expression that gives ISO 8601 text: a duration such as \"P1D\" (quoted), or a variable an "
+                     "earlier step sets", file=file, line=el.sourceline + first, element_id=event, field=tag)
+            return
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -4288,6 +4298,19 @@ def _element_at(data: bytes, line: int, tag: str) -> str | None:
             return el.get("id") if el is not None else None
     return None
 
+
+#: the methods a context value (JSON: an object, a list, text, a number) has
+_JSON_METHODS = frozenset(name for kind in (dict, list, str, int, float, bool) for name in dir(kind))
+
+
+def _foreign_method_calls(tree: ast.AST) -> list[str]:
+    """``DateTime.AddDays()`` for each call of a method on a capitalised name (a class of another
+    language's API: .NET's DateTime, Java's LocalDate) that no JSON value has."""
+    return sorted({f"{n.func.value.id}.{n.func.attr}()" for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and isinstance(n.func.value, ast.Name) and n.func.value.id[:1].isupper()
+                   and not hasattr(builtins, n.func.value.id) and n.func.attr not in _JSON_METHODS})
+
 _CHOICES = ("exclusiveGateway", "eventBasedGateway")
 
 
@@ -4740,6 +4763,9 @@ def _comparison_instead(source: str) -> str | None:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
         return None
     compared = re.sub(r"(?<![<>!=])=(?!=)", "==", source, count=1)
+    # the languages that compare with one '=' (NCalc, SQL-like) spell their literals lowercase
+    compared = re.sub(r"('[^']*'|\"[^\"]*\")|\b(true|false|null)\b",
+                      lambda m: m.group(1) or _PYTHON_LITERALS[m.group(2)], compared)
     try:
         ast.parse(compared, mode="eval")
     except SyntaxError:

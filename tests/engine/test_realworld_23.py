@@ -261,3 +261,52 @@ def test_the_bizagi_export_runs_its_one_process_with_a_start_event() -> None:
     done = engine.run(waiting, answers={"user_tasks": {"Id_b9ff4ef1-7f18-4c42-8667-122fc9c12929": {"done": True}}})
     assert done.status == "completed", done.error
     assert variables(done.contexts["main"]) == {"done": True}
+
+
+# -- bpmn-moddle: a Yaoqiang model for a .NET engine (NCalc conditions, a C# script) ----------------
+
+YAOQIANG = HERE / "yaoqiang_event_definitions.bpmn"
+
+
+def test_an_ncalc_comparison_written_with_one_equals_sign_is_given_its_python_at_once() -> None:
+    """'ErrorThrown = true' is NCalc's comparison. validate said to write 'ErrorThrown == true', whose
+    'true' it then warned of (no Python name): the Python to write is 'ErrorThrown == True'."""
+    refused = said(YAOQIANG)
+    assert "'=' assigns, '==' compares: write 'ErrorThrown == True'" in refused["ID_Flow_EsclusiveGateway_ErrorEnd"]
+    assert "write 'ErrorThrown == False'" in refused["ID_Flow_EsclusiveGateway_ServiceTask"]
+    assert "has scriptFormat='c#'" in refused["ID_ExecuteScript"]
+    assert "start event 'ID_SignalStart' never runs" in refused["ID_SignalStart"]
+
+
+def test_a_timer_date_written_in_csharp_is_refused_before_it_runs(tmp_path: Path) -> None:
+    """The non-interrupting timer on the user task fires at 'DateTime.AddDays(Execution.Created, 1)', C#
+    over the .NET engine's objects. It parses as Python, so validate let it pass; the run stopped as
+    the user task began ("NameError: name 'DateTime' is not defined"). No context value (JSON) has an
+    AddDays method: validate refuses it, naming the call and the Python to write."""
+    [timer] = [p for p in validate_process([YAOQIANG]).problems if p.element_id == "ID_UserTimeoutEvent"]
+    assert (timer.code, timer.severity, timer.field) == ("timer_expression", "error", "timeDate")
+    text = str(timer)
+    assert "calls DateTime.AddDays()" in text and "another language's date API" in text
+    assert "no context value has such a method" in text
+    text = YAOQIANG.read_text()
+    edits = [("<![CDATA[ErrorThrown = true]]>", "ErrorThrown == True"),
+             ("<![CDATA[ErrorThrown = false]]>", "ErrorThrown == False"),
+             ('scriptFormat="c#"', 'scriptFormat="python"'),
+             ("<![CDATA[This should be a c# script]]>", "ErrorThrown = False"),
+             ("<![CDATA[DateTime.AddDays(Execution.Created, 1)]]>", '"2030-01-01T00:00:00Z"')]
+    for first, last in (("ID_StartEventDataOutputAssociation1", "ID_StartEventOutputSet"),
+                        ("ID_SignalStartDataOutputAssociation1", "ID_SignalStartOutputSet"),
+                        ("ID_UserTaskInputAssociation", "ID_UserTaskPerformer1")):
+        start = text.rindex("\n", 0, text.index(f'id="{first}"')) + 1
+        end = text.rindex("\n", 0, text.index(f'id="{last}"')) + 1
+        edits.append((text[start:end], ""))
+    fixed = rewritten(tmp_path, YAOQIANG, edits)
+    assert [c for c in codes(fixed) if c[1] == "error"] == []
+    engine = engine_with({"ID_ServiceTask": lambda ctx: {"worked": True}})
+    waiting = engine.run(engine.start(load_process([fixed]), {"ID_UserTaskInput": "ales"}))
+    assert [w["task_id"] for w in waiting.waiting_for if w["kind"] == "user_task"] == ["ID_UserTask"]
+    done = engine.run(waiting, answers={"user_tasks": {"ID_UserTask": {"ID_UserTaskOutput": "done"}}})
+    assert done.status == "completed", done.error
+    data = variables(done.contexts["main"])
+    # the parallel branches joined, the script set ErrorThrown to False: the service task's path ran
+    assert (data["ErrorThrown"], data["worked"], data["ID_UserTaskOutput"]) == (False, True, "done")
