@@ -2248,7 +2248,8 @@ class _Validator:
         targets = {el.get("id"): el for tag in ("dataObjectReference", "dataStoreReference")
                    for el in root.iter(_bpmn(tag))}
         # process variables as jBPM saves them: <bpmn:property> of the process, which the context holds by name
-        properties = {el.get("id") for el in proc.element.findall(_bpmn("property"))}
+        # (and as Yaoqiang saves them: of an event or a task, each an owner's in name only)
+        properties = {el.get("id"): el.getparent() for el in proc.element.iter(_bpmn("property"))}
         for tag, attr in (("dataInputAssociation", "sourceRef"), ("dataOutputAssociation", "targetRef")):
             for assoc in proc.element.iter(_bpmn(tag)):
                 owner = assoc.getparent().get("id")
@@ -2256,7 +2257,9 @@ class _Validator:
                     ref = (ref_el.text or "").strip()
                     target = targets.get(ref)
                     if target is None and ref in properties:
-                        problem = ("a bpmn:property of the process (a process variable, as jBPM saves them), which "
+                        holder = properties[ref]
+                        whose = "the process" if holder is proc.element else repr(holder.get("id"))
+                        problem = (f"a bpmn:property of {whose} (a process variable, as jBPM saves them), which "
                                    "SpiffWorkflow does not read or write through a data association: the context "
                                    f"holds process variables by name, so remove the association and use {ref!r} by its "
                                    "name (the start data, a script, a form's field), or draw a bpmn:dataObject")

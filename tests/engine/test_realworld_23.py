@@ -278,6 +278,18 @@ def test_an_ncalc_comparison_written_with_one_equals_sign_is_given_its_python_at
     assert "start event 'ID_SignalStart' never runs" in refused["ID_SignalStart"]
 
 
+def test_a_property_of_the_start_event_that_data_associations_name_is_said_to_be_one() -> None:
+    """Yaoqiang's model keeps its process variables as bpmn:property of the start event (its comment
+    says: a workaround for a bug of its engine). validate said of each association naming one that it
+    "is no dataObjectReference or dataStoreReference of this file; point it at one", as of a typo; it
+    says what it is, as it does of a property of the process."""
+    refused = said(YAOQIANG)
+    for owner, attr in (("ID_StartEvent", "targetRef"), ("ID_SignalStart", "targetRef"), ("ID_UserTask", "sourceRef")):
+        assert f"has {attr} 'ID_ProcessProperty1', a bpmn:property of 'ID_StartEvent' (a process variable" \
+            in refused[owner], refused[owner]
+        assert "is no dataObjectReference" not in refused[owner]
+
+
 def test_a_timer_date_written_in_csharp_is_refused_before_it_runs(tmp_path: Path) -> None:
     """The non-interrupting timer on the user task fires at 'DateTime.AddDays(Execution.Created, 1)', C#
     over the .NET engine's objects. It parses as Python, so validate let it pass; the run stopped as
