@@ -2843,8 +2843,15 @@ class _Validator:
             if len(outgoing) > 1 and not splits and eid not in self.related:  # not: a flow to nowhere
                 self.related.add(eid)
                 choice = el.get("default") or any(_condition_text(f) for f in outgoing)
-                gateways = ("an exclusive gateway after it with the flows' conditions to choose one path, or a "
-                            "parallel gateway to run them all" if choice else
+                # BPMN takes each conditional flow out of an activity whose condition holds and each
+                # flow without one (the default only when none holds): an inclusive gateway's choice
+                bare = [f.get("id") for f in outgoing if not _condition_text(f) and f.get("id") != el.get("default")]
+                given = (f", giving {', '.join(map(repr, bare))}, which {'has' if len(bare) == 1 else 'have'} none, "
+                         "the condition True" if bare else "")
+                default = f" and {el.get('default')!r} as its default flow" if el.get("default") else ""
+                gateways = ("an inclusive gateway after it with the flows' conditions, as BPMN takes every flow "
+                            f"out of an activity whose condition holds{given}{default} (an exclusive gateway if "
+                            "only one path is meant to run), or a parallel gateway to run them all" if choice else
                             "a parallel gateway after it to run the paths side by side, or an exclusive gateway "
                             "with conditions to choose one")
                 flows = ", ".join(f"{f.get('id')!r} to {f.get('targetRef')!r}" for f in outgoing)

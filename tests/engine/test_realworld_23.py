@@ -322,3 +322,24 @@ def test_a_timer_date_written_in_csharp_is_refused_before_it_runs(tmp_path: Path
     data = variables(done.contexts["main"])
     # the parallel branches joined, the script set ErrorThrown to False: the service task's path ran
     assert (data["ErrorThrown"], data["worked"], data["ID_UserTaskOutput"]) == (False, True, "done")
+
+
+# -- bpmn-server: a transaction with compensation, conditional flows out of a script task ----------
+
+TRANSACTION = HERE / "bpmn_server_transaction.bpmn"
+
+
+def test_conditional_flows_out_of_a_task_are_redrawn_as_an_inclusive_gateway() -> None:
+    """BPMN takes every conditional flow out of an activity whose condition holds, and every flow
+    without one: an inclusive choice. validate told to draw an exclusive gateway "to choose one path",
+    which would run the error end event or the next task, never both; it names the inclusive gateway,
+    and the condition True for the flow that had none."""
+    refused = said(TRANSACTION)
+    split = refused["Activity_1r00y1z"]
+    assert "has 3 outgoing flows" in split
+    assert "draw an inclusive gateway after it with the flows' conditions" in split
+    assert "'Flow_17axcuw', which has none, the condition True" in split
+    assert "to choose one path" not in split
+    assert "SpiffWorkflow 3.2 runs no compensation" in refused["Event_cancel_booking"]
+    assert "cannot load a compensation boundary event" in refused["Event_comp_flight"]
+    assert "has camunda:executionListener" in refused["Event_start_trans"]
