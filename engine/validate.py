@@ -2314,7 +2314,9 @@ class _Validator:
         form or handler may set it."""
         for ref_el in assoc.findall(_bpmn("targetRef")):
             reference = targets.get((ref_el.text or "").strip())
-            obj = by_id.get(reference.get("dataObjectRef")) if reference is not None else None
+            if reference is None:
+                continue
+            obj = by_id.get(reference.get("dataObjectRef"))
             if obj is None:
                 continue
             obj_id = obj.get("id")
