@@ -572,7 +572,12 @@ class _LayerflowSpecMixin:
                 driver.terminate(my_task)  # before SpiffWorkflow cancels the other branches
         if self.lf_role != "activity":
             _data_objects_from_context(self, my_task)
+        outputs_named = io_names(self, "data_outputs") if self.lf_role == "multi" else []
+        if outputs_named:
+            _io_outputs_from_context(self, my_task, outputs_named)
         super()._on_complete_hook(my_task)  # type: ignore[misc]
+        for name in outputs_named:
+            my_task.data.pop(name, None)
         if self.lf_role == "activity" and driver_of(my_task):
             # the data objects and data outputs were set from the context (Runtime.run_activity):
             # nothing stays in task.data
@@ -735,6 +740,23 @@ def _data_objects_from_context(spec: Any, my_task: Any) -> None:
         raise ActivityError(f"{kind} {spec.bpmn_id!r} writes the data object(s) {', '.join(map(repr, missing))} "
                             "(its dataOutputAssociation), and nothing in it set them; set them in a step "
                             "before it ends, or remove the association", task_id=spec.bpmn_id)
+    my_task.data.update(found)
+
+
+def _io_outputs_from_context(spec: Any, my_task: Any, names: list[str]) -> None:
+    """A multi-instance activity's ``ioSpecification`` data outputs (its output collection among
+    them), which SpiffWorkflow requires in its data as it completes ("Missing data ouput"): under
+    layerflow they are in the context (``Runtime.complete_multi``); an error naming those that are not."""
+    driver = driver_of(my_task)
+    if driver is None:
+        return
+    found = driver.lookup(my_task, names)
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise ActivityError(f"multi-instance activity {spec.bpmn_id!r} ends without the data output(s) "
+                            f"{', '.join(map(repr, missing))} that its ioSpecification names; collect into it "
+                            "(loopDataOutputRef) or set it in a step of the activity, or remove it from its "
+                            "dataOutput", task_id=spec.bpmn_id)
     my_task.data.update(found)
 
 
@@ -1661,6 +1683,21 @@ class _ExtensionsParserMixin:
         self.spec.task_specs[f"{self.bpmn_id}.BoundaryEventJoin"].__class__ = LayerflowBoundaryEventJoin  # type: ignore[attr-defined]
         return split
     task: Any
+
+    def _add_multiinstance_task(self, loop_characteristics: Any) -> None:
+        """A loopDataInputRef / loopDataOutputRef names a dataInput or dataOutput of the task's own
+        ioSpecification by its id, as BPMN says. SpiffWorkflow 3.2 compares it with a ``name`` that
+        its data specs lack, so it refused every such task ("The loop input data reference is missing
+        from the IO specification"): each spec answers to its id while the loop is parsed."""
+        io = self.task.io_specification
+        items = [*io.data_inputs, *io.data_outputs] if io is not None else []
+        for item in items:
+            item.name = item.bpmn_id
+        try:
+            super()._add_multiinstance_task(loop_characteristics)  # type: ignore[misc]
+        finally:
+            for item in items:
+                del item.name
 
     def parse_extensions(self, node: Any = None) -> dict[str, Any]:
         ext = dict(super().parse_extensions(node))  # type: ignore[misc]

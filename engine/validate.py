@@ -9,7 +9,8 @@ not make ``report.ok`` false:
 
 ====================================  ====================================================
 ``bpmn_file_not_found``               a BPMN path that cannot be read
-``xml_malformed``                     not well-formed XML (file, line, column from lxml)
+``xml_malformed``                     not well-formed XML (file, line, column from lxml; an undeclared
+                                      prefix names its element and the declaration to add)
 ``bpmn_namespace``                    root is not ``{BPMN 2.0 MODEL}definitions``
 ``duplicate_id``                      two elements of one file share an id, or two files define one process id
 ``no_executable_process``             no ``bpmn:process`` that SpiffWorkflow would run
@@ -123,7 +124,8 @@ not make ``report.ok`` false:
                                       which no expression is given): context values are never callable
 ``timer_expression``                  a timer's timeDuration / timeDate / timeCycle is not a Python
                                       expression, or is ISO 8601 text not quoted (``PT1S``, not ``"PT1S"``),
-                                      or is quoted text that is no ISO 8601 duration / date / repeating interval
+                                      or is quoted text that is no ISO 8601 duration / date / repeating interval,
+                                      or calls another language's date API (``DateTime.AddDays(...)``)
 ``script_language``                   a scriptTask whose scriptFormat is not Python and whose script is not
                                       Python (a warning when it parses as Python: it runs as Python), or one
                                       that calls Java's System.out or jBPM's kcontext, or uses a JavaScript
@@ -267,9 +269,11 @@ not make ``report.ok`` false:
 ``loop_without_gateway``              a loop of sequence flows through no exclusive, inclusive or event-based
                                       gateway: SpiffWorkflow cannot start an instance (RecursionError)
 ``data_input_assignment``             a task's dataInput given its value by a bpmn:assignment (jBPM's task
-                                      parameters): SpiffWorkflow runs none, the input is never set
+                                      parameters): SpiffWorkflow runs none, the input is never set (a
+                                      warning when no bpmn:inputSet lists it: the task runs without it)
 ``data_object_named_apart``           a script task sets the name of a data object its dataOutputAssociation
                                       writes, not its id (a modeler's generated id): SpiffWorkflow keys it by id
+                                      (a warning for a user, service or manual task, whose work may set the id)
 ``data_item_named_apart`` W           a multi-instance inputDataItem / outputDataItem, or a task's dataInput /
                                       dataOutput, whose name is not its id: SpiffWorkflow names the
                                       variable by its id
@@ -650,8 +654,16 @@ class _Validator:
             hint = ("; write '<' and '&' inside conditions and scripts as &lt; and &amp;"
                     if any(w in (err.msg or "") for w in ("EntityRef", "StartTag", "xmlParseEntityRef")) else
                     "; fix the XML at this position")
+            unbound = _UNBOUND_PREFIX.match(err.msg or "")
+            owner = _element_at(doc.data, line, unbound.group(3)) if unbound and line else None
+            if unbound:
+                prefix, name, tag = unbound.groups()
+                where = f"the bpmn:{tag}" + (f" of {owner!r}" if owner else "")
+                hint = (f": {where} has {prefix}:{name}, and no xmlns:{prefix} is declared; declare the prefix on "
+                        f"bpmn:definitions (xmlns:{prefix}=\"URI\", the namespace of the tool that wrote it), "
+                        f"or remove {prefix}:{name}")
             self.add("xml_malformed", f"not well-formed XML: {err.msg}{hint}",
-                     file=doc.file, line=line or None, column=column or None)
+                     file=doc.file, line=line or None, column=column or None, element_id=owner)
             return doc
         # comments say nothing to run, and the engine's parser drops them too (a condition or script
         # is then read whole, where its text was cut at a comment)
@@ -2236,7 +2248,8 @@ class _Validator:
         targets = {el.get("id"): el for tag in ("dataObjectReference", "dataStoreReference")
                    for el in root.iter(_bpmn(tag))}
         # process variables as jBPM saves them: <bpmn:property> of the process, which the context holds by name
-        properties = {el.get("id") for el in proc.element.findall(_bpmn("property"))}
+        # (and as Yaoqiang saves them: of an event or a task, each an owner's in name only)
+        properties = {el.get("id"): el.getparent() for el in proc.element.iter(_bpmn("property"))}
         for tag, attr in (("dataInputAssociation", "sourceRef"), ("dataOutputAssociation", "targetRef")):
             for assoc in proc.element.iter(_bpmn(tag)):
                 owner = assoc.getparent().get("id")
@@ -2244,7 +2257,9 @@ class _Validator:
                     ref = (ref_el.text or "").strip()
                     target = targets.get(ref)
                     if target is None and ref in properties:
-                        problem = ("a bpmn:property of the process (a process variable, as jBPM saves them), which "
+                        holder = properties[ref]
+                        whose = "the process" if holder is proc.element else repr(holder.get("id"))
+                        problem = (f"a bpmn:property of {whose} (a process variable, as jBPM saves them), which "
                                    "SpiffWorkflow does not read or write through a data association: the context "
                                    f"holds process variables by name, so remove the association and use {ref!r} by its "
                                    "name (the start data, a script, a form's field), or draw a bpmn:dataObject")
@@ -2263,6 +2278,9 @@ class _Validator:
         for assoc in proc.element.iter(_bpmn("dataOutputAssociation")):
             task = assoc.getparent()
             script = task.find(_bpmn("script")) if task.tag == _bpmn("scriptTask") else None
+            if task.tag in (_bpmn("userTask"), _bpmn("serviceTask"), _bpmn("manualTask"), _bpmn("task")):
+                self._check_data_object_set_by_work(assoc, task, targets, by_id, proc.file)
+                continue
             if script is None or not (script.text or "").strip():
                 continue
             try:
@@ -2287,6 +2305,31 @@ class _Validator:
                          f"be set\"; give the bpmn:dataObject id=\"{name}\" (and its references "
                          f"dataObjectRef=\"{name}\"), or set {obj_id} in the script", file=proc.file,
                          line=assoc.sourceline, element_id=task.get("id"), field="dataOutputAssociation")
+
+    def _check_data_object_set_by_work(self, assoc: Any, task: Any, targets: Mapping[str, Any],
+                                       by_id: Mapping[str, Any], file: str) -> None:
+        """A task whose work no script shows (a person's form, a handler) writes a data object that
+        the diagram names apart from its id (bpmn-js 6 named the reference and left the dataObject
+        unnamed): the work must set the id, which nobody reading the diagram sees. A warning: a
+        form or handler may set it."""
+        for ref_el in assoc.findall(_bpmn("targetRef")):
+            reference = targets.get((ref_el.text or "").strip())
+            if reference is None:
+                continue
+            obj = by_id.get(reference.get("dataObjectRef"))
+            if obj is None:
+                continue
+            obj_id = obj.get("id")
+            name = (obj.get("name") or reference.get("name") or "").strip()
+            if not name.isidentifier() or name == obj_id:
+                continue
+            kind = etree.QName(task.tag).localname
+            self.add("data_object_named_apart", f"{kind} {task.get('id')!r} writes the data object {name!r} (its "
+                     f"dataOutputAssociation), but SpiffWorkflow keys a data object by its id, {obj_id!r}: its work "
+                     f"(the person's answer, its handler) must set {obj_id}, or the task's end stops with \"A data "
+                     f"object could not be set\"; give the bpmn:dataObject id=\"{name}\" (and its references "
+                     f"dataObjectRef=\"{name}\")", file=file, line=assoc.sourceline, element_id=task.get("id"),
+                     field="dataOutputAssociation", severity="warning")
 
     def _check_code(self, proc: _Node) -> None:
         """Scripts, and conditions on flows that ``_check_gateways`` does not already read."""
@@ -2725,6 +2768,14 @@ class _Validator:
                      f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
                      line=el.sourceline + first, element_id=event, field=tag)
             return
+        foreign = _foreign_method_calls(ast.parse(text, mode="eval"))
+        if foreign:
+            self.add("timer_expression", f"timer {event!r}: {tag} {text!r} calls {', '.join(foreign)}, another "
+                     "language's date API (C#, Java) over its engine's objects, not Python: no context value has "
+                     "such a method (values are JSON), so the run stops where the timer starts; write a Python "
+                     "expression that gives ISO 8601 text: a duration such as \"P1D\" (quoted), or a variable an "
+                     "earlier step sets", file=file, line=el.sourceline + first, element_id=event, field=tag)
+            return
         try:
             value = ast.literal_eval(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -2794,8 +2845,15 @@ class _Validator:
             if len(outgoing) > 1 and not splits and eid not in self.related:  # not: a flow to nowhere
                 self.related.add(eid)
                 choice = el.get("default") or any(_condition_text(f) for f in outgoing)
-                gateways = ("an exclusive gateway after it with the flows' conditions to choose one path, or a "
-                            "parallel gateway to run them all" if choice else
+                # BPMN takes each conditional flow out of an activity whose condition holds and each
+                # flow without one (the default only when none holds): an inclusive gateway's choice
+                bare = [f.get("id") for f in outgoing if not _condition_text(f) and f.get("id") != el.get("default")]
+                given = (f", giving {', '.join(map(repr, bare))}, which {'has' if len(bare) == 1 else 'have'} none, "
+                         "the condition True" if bare else "")
+                default = f" and {el.get('default')!r} as its default flow" if el.get("default") else ""
+                gateways = ("an inclusive gateway after it with the flows' conditions, as BPMN takes every flow "
+                            f"out of an activity whose condition holds{given}{default} (an exclusive gateway if "
+                            "only one path is meant to run), or a parallel gateway to run them all" if choice else
                             "a parallel gateway after it to run the paths side by side, or an exclusive gateway "
                             "with conditions to choose one")
                 flows = ", ".join(f"{f.get('id')!r} to {f.get('targetRef')!r}" for f in outgoing)
@@ -3786,13 +3844,28 @@ class _Validator:
                     if ref in inputs]
         if not assigned:
             return set()
-        shown = ", ".join(repr(item.get("name") or item.get("id")) for item in assigned)
-        self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
-                 "bpmn:assignment (another engine's task parameters, as jBPM saves them), which SpiffWorkflow does "
-                 f"not run: the inputs are never set, and the instance would stop at {eid!r} (as plain SpiffWorkflow "
-                 "does, 'Missing data input'); remove the task's ioSpecification and dataInputAssociations (a "
-                 "person's step needs neither), or set the values in a script before the task, with the inputs' "
-                 "ids as names", file=file, line=assigned[0].sourceline, element_id=eid, field="dataInput")
+        # BPMN starts a task once one of its input sets is there: an input no bpmn:inputSet lists is
+        # not waited for (SpiffWorkflow reads only the listed ones), and the task runs without it
+        listed = {(r.text or "").strip() for r in io.iterfind(f"{_bpmn('inputSet')}/{_bpmn('dataInputRefs')}")}
+        required = [item for item in assigned if item.get("id") in listed]
+        unlisted = [item for item in assigned if item.get("id") not in listed]
+        if required:
+            shown = ", ".join(repr(item.get("name") or item.get("id")) for item in required)
+            self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
+                     "bpmn:assignment (another engine's task parameters, as jBPM saves them), which SpiffWorkflow "
+                     f"does not run: the inputs are never set, and the instance would stop at {eid!r} (as plain "
+                     "SpiffWorkflow does, 'Missing data input'); remove the task's ioSpecification and "
+                     "dataInputAssociations (a person's step needs neither), or set the values in a script before "
+                     "the task, with the inputs' ids as names", file=file, line=required[0].sourceline,
+                     element_id=eid, field="dataInput")
+        if unlisted:
+            shown = ", ".join(repr(item.get("name") or item.get("id")) for item in unlisted)
+            self.add("data_input_assignment", f"bpmn:{tag} {eid!r} gives its data input(s) {shown} their values by "
+                     "bpmn:assignment (another engine's task parameters), which SpiffWorkflow does not run; no "
+                     "bpmn:inputSet of its ioSpecification lists them, so the task runs without them and what the "
+                     "assignments give never reaches it; set the values in a script before the task, with the "
+                     "inputs' ids as names, if the task needs them", file=file, line=unlisted[0].sourceline,
+                     element_id=eid, field="dataInput", severity="warning")
         return {item.get("id") for item in assigned}
 
     def _check_event_definitions(self, el: Any, eid: str, tag: str, file: str) -> None:
@@ -3879,8 +3952,14 @@ class _Validator:
                     'with messageRef="ID", ...), or remove it')
         else:
             return
-        self.add("waits_for_nothing", f"bpmn:{tag} {eid!r} {what}: SpiffWorkflow gives it nothing to wait for, "
-                 f"so the path does not wait there and goes straight on; {todo}", file=file, line=el.sourceline,
+        gateway = _event_gateway_before(el, eid)
+        if gateway is not None:
+            # one of the gateway's events: a none event, which nothing throws
+            effect = (f"after event-based gateway {gateway!r} it is one of the gateway's events, one that nothing "
+                      "sends, so the gateway never takes its path")
+        else:
+            effect = "SpiffWorkflow gives it nothing to wait for, so the path does not wait there and goes straight on"
+        self.add("waits_for_nothing", f"bpmn:{tag} {eid!r} {what}: {effect}; {todo}", file=file, line=el.sourceline,
                  element_id=eid, severity="warning")
 
     def _check_message_extensions(self, el: Any, eid: str, tag: str, root: Any, file: str) -> None:
@@ -4204,6 +4283,47 @@ _SEED_GATEWAY_KINDS = {"XOR": "exclusiveGateway", "EXCLUSIVE": "exclusiveGateway
                        "PARALLEL": "parallelGateway", "OR": "inclusiveGateway", "INCLUSIVE": "inclusiveGateway",
                        "EVENT": "eventBasedGateway", "EVENT_BASED": "eventBasedGateway"}
 
+
+
+def _event_gateway_before(el: Any, eid: str) -> str | None:
+    """The id of the event-based gateway a sequence flow of ``el``'s level leads from to ``eid``."""
+    level = el.getparent()
+    gateways = {g.get("id") for g in level.iterfind(_bpmn("eventBasedGateway"))}
+    return next((f.get("sourceRef") for f in level.iterfind(_bpmn("sequenceFlow"))
+                 if f.get("targetRef") == eid and f.get("sourceRef") in gateways), None)
+
+
+_UNBOUND_PREFIX = re.compile(r"Namespace prefix (\S+) for (\S+) on (\S+) is not defined")
+
+
+def _element_at(data: bytes, line: int, tag: str) -> str | None:
+    """The id of the element named ``tag`` at ``line`` of a file whose namespaces are not
+    well-formed (read again leniently), or of the nearest element around it that has one."""
+    try:
+        root = etree.fromstring(data, etree.XMLParser(recover=True, resolve_entities=False, no_network=True))
+    except etree.XMLSyntaxError:
+        return None
+    if root is None:
+        return None
+    for el in root.iter():
+        if el.sourceline == line and isinstance(el.tag, str) and etree.QName(el).localname == tag:
+            while el is not None and el.get("id") is None:
+                el = el.getparent()
+            return el.get("id") if el is not None else None
+    return None
+
+
+#: the methods a context value (JSON: an object, a list, text, a number) has
+_JSON_METHODS = frozenset(name for kind in (dict, list, str, int, float, bool) for name in dir(kind))
+
+
+def _foreign_method_calls(tree: ast.AST) -> list[str]:
+    """``DateTime.AddDays()`` for each call of a method on a capitalised name (a class of another
+    language's API: .NET's DateTime, Java's LocalDate) that no JSON value has."""
+    return sorted({f"{n.func.value.id}.{n.func.attr}()" for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                   and isinstance(n.func.value, ast.Name) and n.func.value.id[:1].isupper()
+                   and not hasattr(builtins, n.func.value.id) and n.func.attr not in _JSON_METHODS})
 
 _CHOICES = ("exclusiveGateway", "eventBasedGateway")
 
@@ -4657,6 +4777,9 @@ def _comparison_instead(source: str) -> str | None:
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assign) or len(tree.body[0].targets) != 1:
         return None
     compared = re.sub(r"(?<![<>!=])=(?!=)", "==", source, count=1)
+    # the languages that compare with one '=' (NCalc, SQL-like) spell their literals lowercase
+    compared = re.sub(r"('[^']*'|\"[^\"]*\")|\b(true|false|null)\b",
+                      lambda m: m.group(1) or _PYTHON_LITERALS[m.group(2)], compared)
     try:
         ast.parse(compared, mode="eval")
     except SyntaxError:
