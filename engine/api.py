@@ -307,7 +307,17 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(err.status_code, "http_error")
-        return _error(kind, str(err.detail), err.status_code)
+        message, asked = str(err.detail), f"{request.method} {request.url.path}"
+        allowed = (err.headers or {}).get("Allow")
+        if err.status_code == 405:
+            message = (f"{asked} is not an endpoint: {request.url.path} takes {allowed or 'other methods'}; "
+                       "/docs lists the endpoints")
+        elif err.status_code == 404 and message == "Not Found":  # the router's, not an endpoint's own
+            message = f"{asked} is not an endpoint; /docs lists the endpoints (/openapi.json for programs)"
+        response = _error(kind, message, err.status_code)
+        if allowed:
+            response.headers["Allow"] = allowed  # RFC 9110: a 405 names the methods the path takes
+        return response
 
     @app.exception_handler(UnicodeError)
     async def _bad_text(request: Request, err: UnicodeError) -> JSONResponse:

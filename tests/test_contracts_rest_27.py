@@ -259,3 +259,23 @@ def test_tape_filters_since_key_branch_context_and_limit(server: str) -> None:
         assert f"query.{bad.split('=')[0]}" in error["message"]
     error = _error_of(_get(server, f"/api/instances/{iid}/tape?context=nosuch"), 404)
     assert "'nosuch'" in error["message"] and "main" in error["message"]  # names the contexts it has
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("GET", "/api/context-governance/inspect", "POST"),
+    ("DELETE", "/api/instances/someone", "GET"),
+    ("PUT", "/api/confirmations", "GET"),
+])
+def test_a_method_the_path_does_not_take_names_the_ones_it_does(server: str, method: str, path: str,
+                                                                 allowed: str) -> None:
+    r = httpx.request(method, f"{server}{path}", headers=AUTH, timeout=30)
+    error = _error_of(r, 405)
+    assert error["kind"] == "method_not_allowed"
+    assert allowed in r.headers.get("allow", ""), r.headers  # RFC 9110: a 405 carries Allow
+    assert path in error["message"] and allowed in error["message"] and "/docs" in error["message"], error
+
+
+def test_an_unknown_api_path_names_itself_and_where_the_endpoints_are(server: str) -> None:
+    error = _error_of(_get(server, "/api/instance/abc"), 404)  # singular: a typo of /api/instances
+    assert error["kind"] == "not_found"
+    assert "/api/instance/abc" in error["message"] and "/docs" in error["message"], error
