@@ -279,3 +279,58 @@ def test_an_unknown_api_path_names_itself_and_where_the_endpoints_are(server: st
     error = _error_of(_get(server, "/api/instance/abc"), 404)  # singular: a typo of /api/instances
     assert error["kind"] == "not_found"
     assert "/api/instance/abc" in error["message"] and "/docs" in error["message"], error
+
+
+# ----------------------------------------------------------------------------- documented, untested before
+
+def test_an_unknown_tape_kind_or_activity_adds_a_note_naming_what_there_is(server: str) -> None:
+    iid = _at_join(server)
+    kinds = _get(server, f"/api/instances/{iid}/tape?kind=snap").json()
+    assert kinds["events"] == [] and "'snap'" in kinds["note"]
+    assert {"snapshot", "split", "conflict"} <= set(kinds["kinds"]) and all(k in kinds["note"] for k in kinds["kinds"])
+    named = _get(server, f"/api/instances/{iid}/tape?activity=triag").json()
+    assert named["events"] == [] and "'triag'" in named["note"]
+    assert {"intake", "triage", "finance", "fraud", "join"} <= set(named["activities"])
+    found = _get(server, f"/api/instances/{iid}/tape?activity=triage").json()
+    assert found["events"] and "note" not in found and "activities" not in found
+
+
+def test_a_start_without_running_takes_a_config_change_then_a_resume_runs_it(server: str) -> None:
+    created = _start(server, "claim27", run=False)
+    iid = created["instance_id"]
+    assert created["status"] == "running" and created["waiting_for"] == []
+    assert "claim_status" not in created["layers"]["L3"]  # not a step ran
+    r = _post(server, "/api/context-governance/config", {"instance_id": iid, "activity_id": "intake",
+                                                          "config": {"preserveKeys": ["claim_status"]}})
+    assert r.status_code == 200, r.text
+    assert "claim_status" in r.json()["config"]["preserveKeys"]
+    ran = _post(server, f"/api/instances/{iid}/resume", {})
+    assert ran.status_code == 200, ran.text
+    assert ran.json()["status"] == "waiting" and ran.json()["waiting_for"][0]["task_id"] == "triage"
+    inspect = _post(server, "/api/context-governance/inspect", {"instance_id": iid, "layers": ["L3"],
+                                                                 "metrics": ["top_keys"]}).json()
+    assert {k["key"]: k["preserved"] for k in inspect["layers"]["L3"]["top_keys"]}["claim_status"] is True
+
+
+def test_a_user_task_by_its_waiting_for_id_and_a_resume_of_a_completed_instance(server: str) -> None:
+    started = _start(server, "signalled27")
+    iid = started["instance_id"]
+    done = _post(server, f"/api/instances/{iid}/events", {"name": "stop_all", "kind": "signal"}).json()
+    assert done["status"] == "completed"
+    again = _post(server, f"/api/instances/{iid}/resume", {"answers": {"confirmations": {"*": "x"}}})
+    assert again.status_code == 200 and again.json()["status"] == "completed", again.text  # as it is
+    assert again.json()["tape_length"] == done["tape_length"]  # its answers unused: nothing written
+    claim = _start(server, "claim27")
+    item = claim["waiting_for"][0]
+    r = _post(server, f"/api/instances/{claim['instance_id']}/user-tasks/{item['id']}", {"data": {"sev": "low"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["completed_user_task"] == {"id": item["id"], "task_id": "triage"}
+    assert r.json()["layers"]["L3"]["sev"] == "low"
+
+
+def test_a_refused_token_says_how_to_send_one(server: str) -> None:
+    r = httpx.get(f"{server}/api/instances", timeout=30)
+    error = _error_of(r, 401)
+    assert error["kind"] == "unauthorized" and "Authorization: Bearer" in error["message"]
+    assert r.headers.get("www-authenticate") == "Bearer"  # RFC 6750
+    assert httpx.get(f"{server}/api/health", timeout=30).json() == {"status": "ok"}
