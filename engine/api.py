@@ -14,10 +14,11 @@ Errors: ``{"error": {"kind": ..., "message": ..., ...}}`` with the status code o
 
 from __future__ import annotations
 
+import difflib
 import hmac
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, get_args
 
 from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -48,6 +49,7 @@ from .governance import (
     ResumeArgs,
     StartArgs,
     UserTaskArgs,
+    _snake,
 )
 from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
@@ -300,7 +302,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        problems = [_problem(e) for e in err.errors()]
+        route = request.scope.get("route")
+        body_field = getattr(route, "body_field", None)
+        body_model = body_field.field_info.annotation if body_field is not None else None
+        problems = [_problem(e, body_model) for e in err.errors()]
         text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
         return _error("validation_error", f"invalid request: {text}", problems=problems)
 
@@ -526,15 +531,50 @@ def _not_in_store(instance_id: str) -> str:
     return f"instance {instance_id!r} is not in this server's store; GET /api/instances lists the instances it holds"
 
 
-def _problem(error: Any) -> dict[str, str]:
-    """One validation problem: the field it is in, and what is wrong."""
+def _problem(error: Any, body_model: Any = None) -> dict[str, str]:
+    """One validation problem: the field it is in, and what is wrong (a field the body has no place
+    for: the one meant, when its name is close to one)."""
     loc = tuple(error.get("loc", ()))
+    if error.get("type") == "extra_forbidden" and loc[:1] == ("body",) and len(loc) > 1:
+        fields = _fields_at(body_model, loc[1:-1])
+        name = str(loc[-1])
+        field = ".".join(str(p) for p in loc)
+        if fields is not None and _snake(name) in fields and _snake(name) != name:
+            return {"field": field, "message": f"{name} names the same field as `{_snake(name)}`, given as "
+                                               f"`{_snake(name)}` too; give it once"}
+        if fields:
+            close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+            meant = f"did you mean `{close[0]}`? " if close else ""
+            return {"field": field, "message": f"no field {name!r} here; {meant}the fields: {', '.join(fields)}"}
     if error.get("type") == "json_invalid":  # loc: ("body", offset); the parser's finding is in ctx
         found = (error.get("ctx") or {}).get("error") or "it does not parse"
         where = f" at position {loc[1]}" if len(loc) > 1 else ""
         return {"field": "body", "message": f"the body is not valid JSON: {found}{where}; send one JSON object "
                                             "(double-quoted names and strings, no trailing commas)"}
     return {"field": ".".join(str(p) for p in loc), "message": error.get("msg", "")}
+
+
+def _fields_at(model: Any, path: tuple[Any, ...]) -> list[str] | None:
+    """The field names (and the other names a body takes them by) of the body model at ``path``
+    (field names and list indexes); None where the path leaves the models."""
+    def unwrap(t: Any) -> Any:  # X | None, list[X] -> X
+        while not (isinstance(t, type) and issubclass(t, BaseModel)) and get_args(t):
+            t = next((a for a in reversed(get_args(t)) if a is not type(None)), None)
+        return t
+
+    for step in path:
+        model = unwrap(model)
+        if isinstance(step, int):
+            continue
+        info = model.model_fields.get(step) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if info is None:
+            return None
+        model = info.annotation
+    model = unwrap(model)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    others = [n for names in getattr(model, "other_names", {}).values() for n in names]
+    return [*model.model_fields, *others]
 
 
 def _instance_of(body: _Instance, query: str | None) -> str:

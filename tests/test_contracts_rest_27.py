@@ -334,3 +334,20 @@ def test_a_refused_token_says_how_to_send_one(server: str) -> None:
     assert error["kind"] == "unauthorized" and "Authorization: Bearer" in error["message"]
     assert r.headers.get("www-authenticate") == "Bearer"  # RFC 6750
     assert httpx.get(f"{server}/api/health", timeout=30).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("path, body, field, hint", [
+    ("/api/context-governance/inject", {"instance_id": "x", "valuse": {"a": 1}, "values": {"a": 1}},
+     "body.valuse", "did you mean `values`"),
+    ("/api/context-governance/inspect", {"instance_id": "x", "filter": {"key_prefx": "risk_"}},
+     "body.filter.key_prefx", "did you mean `key_prefix`"),
+    ("/api/instances", {"process_id": "claim27", "answers": {"usertasks": {}}},
+     "body.answers.usertasks", "did you mean `user_tasks`"),
+    ("/api/context-governance/compress", {"instance_id": "x", "action": "compress", "max_tokens": 5, "maxTokens": 5},
+     "body.maxTokens", "`max_tokens` too"),
+])
+def test_an_unknown_field_is_named_with_the_one_meant(server: str, path: str, body: dict[str, Any], field: str,
+                                                      hint: str) -> None:
+    error = _error_of(_post(server, path, body), 422)
+    problem = next(p for p in error["problems"] if p["field"] == field)
+    assert hint in problem["message"] and hint in error["message"], error
