@@ -6,7 +6,6 @@ client can make is the one error shape, naming what is wrong and what to do."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
