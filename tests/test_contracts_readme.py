@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 import uuid
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -518,7 +519,6 @@ def test_the_store_named_on_stderr_never_shows_a_password(tmp_path: Path, monkey
     assert "s3cret" not in served.output
     assert cli_module._store_name(None) == "redis://***@127.0.0.1:1/0"
     assert cli_module._store_name("redis://user:pw@h:6379/2") == "redis://***@h:6379/2"
-
 
 
 def _required(schema: dict[str, Any]) -> set[str]:
