@@ -12,8 +12,8 @@ import shlex
 import subprocess
 import sys
 import uuid
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
