@@ -544,7 +544,7 @@ def _problem(error: Any, body_model: Any = None) -> dict[str, str]:
                                                f"`{_snake(name)}` too; give it once"}
         if fields:
             close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
-            meant = f"did you mean `{close[0]}`? " if close else ""
+            meant = f"did you mean {close[0]!r}? " if close else ""
             return {"field": field, "message": f"no field {name!r} here; {meant}the fields: {', '.join(fields)}"}
     if error.get("type") == "json_invalid":  # loc: ("body", offset); the parser's finding is in ctx
         found = (error.get("ctx") or {}).get("error") or "it does not parse"

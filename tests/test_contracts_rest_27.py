@@ -337,11 +337,11 @@ def test_a_refused_token_says_how_to_send_one(server: str) -> None:
 
 @pytest.mark.parametrize("path, body, field, hint", [
     ("/api/context-governance/inject", {"instance_id": "x", "valuse": {"a": 1}, "values": {"a": 1}},
-     "body.valuse", "did you mean `values`"),
+     "body.valuse", "did you mean 'values'"),
     ("/api/context-governance/inspect", {"instance_id": "x", "filter": {"key_prefx": "risk_"}},
-     "body.filter.key_prefx", "did you mean `key_prefix`"),
+     "body.filter.key_prefx", "did you mean 'key_prefix'"),
     ("/api/instances", {"process_id": "claim27", "answers": {"usertasks": {}}},
-     "body.answers.usertasks", "did you mean `user_tasks`"),
+     "body.answers.usertasks", "did you mean 'user_tasks'"),
     ("/api/context-governance/compress", {"instance_id": "x", "action": "compress", "max_tokens": 5, "maxTokens": 5},
      "body.maxTokens", "`max_tokens` too"),
 ])
