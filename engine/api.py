@@ -122,6 +122,9 @@ def _other_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
         rules.append({"not": {"anyOf": [{"required": [a, b]} for i, a in enumerate(names) for b in names[i + 1:]]}})
     if not required:
         schema.pop("required", None)
+    # one `not` of every pair that may not come together (schemathesis cannot generate from several)
+    pairs = [pair for rule in rules if set(rule) == {"not"} for pair in rule["not"]["anyOf"]]
+    rules = [rule for rule in rules if set(rule) != {"not"}] + ([{"not": {"anyOf": pairs}}] if pairs else [])
     if rules:
         schema["allOf"] = [*schema.get("allOf", []), *rules]
 
