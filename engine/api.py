@@ -14,10 +14,11 @@ Errors: ``{"error": {"kind": ..., "message": ..., ...}}`` with the status code o
 
 from __future__ import annotations
 
+import difflib
 import hmac
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, get_args
 
 from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -48,8 +49,9 @@ from .governance import (
     ResumeArgs,
     StartArgs,
     UserTaskArgs,
+    _snake,
 )
-from .runtime import Engine
+from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 
 __all__ = ["STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app", "status_for"]
@@ -93,8 +95,42 @@ class Unauthorized(LayerflowError):
 
 # ----------------------------------------------------------------------------- bodies
 
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+def _other_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """Put in a request body's OpenAPI schema the other names the server takes its fields by
+    (README: "field names snake_case or camelCase"; ``_Args._camel_case`` and the bodies' own
+    ``other_names``): each an optional property of the field's shape; a required field is required
+    by any one of its names, and two names of one field together are refused, as the server does."""
+    extra = getattr(model, "openapi_rules", None)
+    rules: list[dict[str, Any]] = extra(schema) if extra else []  # first: it may make a field optional
+    props: dict[str, Any] = schema.setdefault("properties", {})
+    required: list[str] = schema.get("required", [])
+    others: dict[str, tuple[str, ...]] = {name: (_camel(name),) for name in props if "_" in name.strip("_")}
+    for name, more in getattr(model, "other_names", {}).items():
+        others[name] = tuple(dict.fromkeys((*others.get(name, ()), *more)))
+    for name, aliases in others.items():
+        for alias in aliases:
+            props.setdefault(alias, {**props.get(name, {}), "title": alias, "description": f"the same as `{name}`"})
+        names = [name, *aliases]
+        if name in required:
+            required.remove(name)
+            rules.append({"anyOf": [{"required": [n]} for n in names]})
+        rules.append({"not": {"anyOf": [{"required": [a, b]} for i, a in enumerate(names) for b in names[i + 1:]]}})
+    if not required:
+        schema.pop("required", None)
+    # one `not` of every pair that may not come together (schemathesis cannot generate from several)
+    pairs = [pair for rule in rules if set(rule) == {"not"} for pair in rule["not"]["anyOf"]]
+    rules = [rule for rule in rules if set(rule) != {"not"}] + ([{"not": {"anyOf": pairs}}] if pairs else [])
+    if rules:
+        schema["allOf"] = [*schema.get("allOf", []), *rules]
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_other_names)
 
 
 class _Instance(_Body):
@@ -115,11 +151,26 @@ class CompressRequest(CompressArgs, _Change):
 
 
 class InjectRequest(InjectArgs, _Change):
-    pass
+    # one key: {"key": K, "value": V} stands for {"values": {K: V}} (InjectArgs._one_key)
+    @staticmethod
+    def openapi_rules(schema: dict[str, Any]) -> list[dict[str, Any]]:
+        props = schema["properties"]
+        schema["required"].remove("values")
+        props["key"] = {"type": "string", "minLength": 1, "title": "key",
+                        "description": "one key to write (with `value`), instead of `values`"}
+        props["value"] = {"title": "value", "description": "the JSON value of `key`"}
+        return [{"anyOf": [{"required": ["values"]}, {"required": ["key", "value"]}]},
+                {"not": {"anyOf": [{"required": ["values", "key"]}, {"required": ["values", "value"]}]}}]
 
 
 class ResolveRequest(ResolveArgs, _Change):
-    pass
+    # the names a pending confirmation shows (ResolveArgs._confirmation_names)
+    other_names: ClassVar[dict[str, tuple[str, ...]]] = {"conflict_key": ("key",), "resolution": ("value", "answer")}
+
+    @staticmethod
+    def openapi_rules(schema: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"anyOf": [{"required": [n]} for n in ("confirmation_id", "confirmationId", "conflict_key",
+                                                           "conflictKey", "key")]}]
 
 
 class RollbackRequest(RollbackArgs, _Change):
@@ -127,7 +178,17 @@ class RollbackRequest(RollbackArgs, _Change):
 
 
 class ConfigRequest(ConfigArgs, _Change):
-    pass
+    # the seed's ActivityExtensionConfig names its activity inside (`config.activityId`), and may be
+    # the body itself: then its fields stand beside instance_id (ConfigArgs._seed_shape)
+    @staticmethod
+    def openapi_rules(schema: dict[str, Any]) -> list[dict[str, Any]]:
+        schema["additionalProperties"] = True  # the config's own fields, when it is the body
+        schema["required"] = [n for n in schema["required"] if n not in ("activity_id", "config")]
+        names = sorted({*schema["properties"], *map(_camel, schema["properties"])})
+        named_inside = {"required": ["config"], "properties": {"config": {"anyOf": [
+            {"required": ["activityId"]}, {"required": ["activity_id"]}]}}}
+        return [{"anyOf": [{"required": ["activity_id"]}, {"required": ["activityId"]}, named_inside]},
+                {"if": {"required": ["config"]}, "then": {"propertyNames": {"enum": names}}}]
 
 
 class SnapshotRequest(SnapshotArgs, _Change):
@@ -136,6 +197,11 @@ class SnapshotRequest(SnapshotArgs, _Change):
 
 class BranchEvaluateRequest(BranchEvaluateArgs, _Instance):
     pass
+
+
+class AnswerRequest(AnswerArgs, _Body):
+    # `answer`, the field's name in a confirmation and in --answers (AnswerArgs.value's alias)
+    other_names: ClassVar[dict[str, tuple[str, ...]]] = {"value": ("answer",)}
 
 
 class StartRequest(StartArgs):
@@ -234,21 +300,32 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         body = err.to_dict()
         message = body.pop("message")
         if isinstance(err, InstanceNotFound):  # the store's hint names a Python call; a client lists by GET
-            message = (f"instance {err.instance_id!r} is not in this server's store; GET /api/instances lists "
-                       "the instances it holds")
+            message = _not_in_store(err.instance_id)
         return _error(body.pop("kind"), message, **body)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        problems = [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg", "")}
-                    for e in err.errors()]
+        route = request.scope.get("route")
+        body_field = getattr(route, "body_field", None)
+        body_model = body_field.field_info.annotation if body_field is not None else None
+        problems = [_problem(e, body_model) for e in err.errors()]
         text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
         return _error("validation_error", f"invalid request: {text}", problems=problems)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(err.status_code, "http_error")
-        return _error(kind, str(err.detail), err.status_code)
+        message, asked = str(err.detail), f"{request.method} {request.url.path}"
+        allowed = (err.headers or {}).get("Allow")
+        if err.status_code == 405:
+            message = (f"{asked} is not an endpoint: {request.url.path} takes {allowed or 'other methods'}; "
+                       "/docs lists the endpoints")
+        elif err.status_code == 404 and message == "Not Found":  # the router's, not an endpoint's own
+            message = f"{asked} is not an endpoint; /docs lists the endpoints (/openapi.json for programs)"
+        response = _error(kind, message, err.status_code)
+        if allowed:
+            response.headers["Allow"] = allowed  # RFC 9110: a 405 names the methods the path takes
+        return response
 
     @app.exception_handler(UnicodeError)
     async def _bad_text(request: Request, err: UnicodeError) -> JSONResponse:
@@ -354,7 +431,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         error = result.get("error") if isinstance(result, dict) and set(result) == {"error"} else None
         if isinstance(error, dict):
             detail = {k: v for k, v in error.items() if k not in ("kind", "message")}
-            return _error(str(error.get("kind")), str(error.get("message")), **detail)  # type: ignore[return-value]
+            message = str(error.get("message"))
+            if message == str(InstanceNotFound(iid)):  # the store's hint names a Python call, as below
+                message = _not_in_store(iid)
+            return _error(str(error.get("kind")), message, **detail)  # type: ignore[return-value]
         return result
 
     # ----- instances ----------------------------------------------------------------
@@ -371,7 +451,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.process(process_id)
 
     @app.get("/api/instances", tags=["instances"], responses=_ERRORS)
-    def list_instances(status: str | None = Query(default=None), s: GovernanceService = Depends(svc)
+    def list_instances(status: Status | None = Query(default=None, description="only this status"),
+                       s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
         """Instance summaries, newest first."""
         return s.list_instances(status)
@@ -437,7 +518,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.confirmations(instance_id)
 
     @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], responses=_ERRORS)
-    def answer(confirmation_id: str, body: AnswerArgs, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def answer(confirmation_id: str, body: AnswerRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Answer a confirmation with one of its option values; the instance runs on."""
         return s.answer(confirmation_id, body, actor=body.user or "api")
 
@@ -447,6 +528,56 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     mount_console(app)
 
     return app
+
+
+def _not_in_store(instance_id: str) -> str:
+    return f"instance {instance_id!r} is not in this server's store; GET /api/instances lists the instances it holds"
+
+
+def _problem(error: Any, body_model: Any = None) -> dict[str, str]:
+    """One validation problem: the field it is in, and what is wrong (a field the body has no place
+    for: the one meant, when its name is close to one)."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "extra_forbidden" and loc[:1] == ("body",) and len(loc) > 1:
+        fields = _fields_at(body_model, loc[1:-1])
+        name = str(loc[-1])
+        field = ".".join(str(p) for p in loc)
+        if fields is not None and _snake(name) in fields and _snake(name) != name:
+            return {"field": field, "message": f"{name} names the same field as `{_snake(name)}`, given as "
+                                               f"`{_snake(name)}` too; give it once"}
+        if fields:
+            close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+            meant = f"did you mean {close[0]!r}? " if close else ""
+            return {"field": field, "message": f"no field {name!r} here; {meant}the fields: {', '.join(fields)}"}
+    if error.get("type") == "json_invalid":  # loc: ("body", offset); the parser's finding is in ctx
+        found = (error.get("ctx") or {}).get("error") or "it does not parse"
+        where = f" at position {loc[1]}" if len(loc) > 1 else ""
+        return {"field": "body", "message": f"the body is not valid JSON: {found}{where}; send one JSON object "
+                                            "(double-quoted names and strings, no trailing commas)"}
+    return {"field": ".".join(str(p) for p in loc), "message": error.get("msg", "")}
+
+
+def _fields_at(model: Any, path: tuple[Any, ...]) -> list[str] | None:
+    """The field names (and the other names a body takes them by) of the body model at ``path``
+    (field names and list indexes); None where the path leaves the models."""
+    def unwrap(t: Any) -> Any:  # X | None, list[X] -> X
+        while not (isinstance(t, type) and issubclass(t, BaseModel)) and get_args(t):
+            t = next((a for a in reversed(get_args(t)) if a is not type(None)), None)
+        return t
+
+    for step in path:
+        model = unwrap(model)
+        if isinstance(step, int):
+            continue
+        info = model.model_fields.get(step) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if info is None:
+            return None
+        model = info.annotation
+    model = unwrap(model)
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    others = [n for names in getattr(model, "other_names", {}).values() for n in names]
+    return [*model.model_fields, *others]
 
 
 def _instance_of(body: _Instance, query: str | None) -> str:

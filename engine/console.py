@@ -41,7 +41,7 @@ from context_layers.tape import EventKind
 from .api import ErrorBody
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
 from .governance import GovernanceService, event_document
-from .runtime import Instance
+from .runtime import Instance, Status
 
 __all__ = ["STATIC_DIR", "mount_console", "replay_document", "summary_of"]
 
@@ -86,8 +86,7 @@ def mount_console(app: FastAPI) -> None:
     auth = [Depends(bearer)]
 
     @app.get("/api/instance-summaries", responses=_ERRORS, tags=tags, dependencies=auth)
-    def instance_summaries(status: Annotated[str | None, Query(max_length=40, description="only this status "
-                                                               "(running, waiting, completed, error)")] = None,
+    def instance_summaries(status: Annotated[Status | None, Query(description="only this status")] = None,
                            limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[dict[str, Any]]:
         """The instances list, newest first: id, process, status, version, started, updated,
         what the instance waits for, total tokens of the main context, open conflicts, error."""

@@ -158,6 +158,16 @@ def waiting_items(workflow: Any) -> list[dict[str, Any]]:
     return [c.item() for c in waiting_catches(workflow)]
 
 
+def _other_kind_hint(workflow: Any, kind: str, name: str) -> str:
+    """A message sent where only a signal of that name waits (or the other way round) names the fix."""
+    other = "signal" if kind == "message" else "message"
+    if not any(c.kind == other and c.name == name for c in waiting_catches(workflow)):
+        return ""
+    how = ('"kind": "signal" in the REST body, --signal on `layerflow send`' if other == "signal"
+           else 'no "kind" (or "kind": "message") in the REST body, no --signal on `layerflow send`')
+    return f"; {name!r} is a {other} here: send it as one ({how}, kind={other!r} in Python)"
+
+
 def describe_waiting(waiting_for: Sequence[Mapping[str, Any]]) -> str:
     """What an instance waits for, in words (for error messages)."""
     parts = []
@@ -351,7 +361,7 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
     if event is None or not catches:
         _refuse_uncorrelated(named, event, workflow, kind, name, instance_id, InstanceStateError)
         raise InstanceStateError(f"instance {instance_id} does not wait for {kind} {name!r}; it waits for: "
-                                 f"{describe_waiting(waiting_for)}")
+                                 f"{describe_waiting(waiting_for)}{_other_kind_hint(workflow, kind, name)}")
 
     writes: list[tuple[Catch, LayeredContext, dict[str, Any]]] = []
     interrupted: list[tuple[LayeredContext, Any]] = []  # open multi-instance activities the event cancels

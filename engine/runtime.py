@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
@@ -88,7 +88,8 @@ from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, 
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unattended"]
 
-STATUSES = ("running", "completed", "waiting", "error", "cancelled")
+Status = Literal["running", "completed", "waiting", "error", "cancelled"]
+STATUSES: tuple[str, ...] = get_args(Status)
 MAIN = spiff.MAIN_CONTEXT
 _WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 
