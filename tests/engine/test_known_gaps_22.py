@@ -7,14 +7,28 @@
     ``event_id`` and the ``gateway_id`` it races at; ``kind`` and ``task_id`` are as before (the
     message's and signal's ``task_id`` the gateway, the timer's its timer event). A conditional branch
     was not listed at all; it is now, as the others are.
+(b) A conditional event (intermediate, boundary, an event sub-process's start) whose condition reads a
+    name nothing in the process sets waited silently for ever. ``validate`` warns now
+    (``condition_name_never_set``), naming the file, the event, the name and what to do; a warning,
+    as the name may come from --data, a message's payload or REST.
+(c) A command refused as bad input (exit 2) after it found its instance (``resume`` with a bad answers
+    file, an ``--answer`` that names nothing, a ``--set`` the layer rules refuse; ``send`` of an event
+    nobody waits for; ``cancel``) gave ``--json`` a document with ``"status": "error"``, empty layers
+    and nothing in ``waiting_for``, while the instance still waited. It now gives the instance as it
+    is (nothing of the refused command applied): its status, layers, ``waiting_for``, with the
+    refusal in ``error`` (``instance_status`` as before; ``instance_error``: an instance's own error).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine import Engine, load_process
+from engine.validate import validate_process
 from engine import spiff
 
 from engine_helpers import cli_in_a_tmp_store, run_json
@@ -69,3 +83,110 @@ def test_a_conditional_branch_of_an_event_based_gateway_is_listed_beside_its_mes
         ("conditional", "restocked", "gw", "gw"), ("message", "ok_in", "gw", "gw")]
     assert next(w for w in instance.waiting_for if w["event_kind"] == "conditional")["condition"] == "stock > 5"
     assert len({w["id"] for w in instance.waiting_for}) == 2
+
+
+# ----- (b) validate warns of a condition that reads a name nothing sets --------------------------------------------
+
+UNSET = HERE / "gaps22" / "cond_unset.bpmn"
+
+
+def _never_set(paths: list[Path], config: Path | None = None) -> list[Any]:
+    return [p for p in validate_process(paths, config).problems if p.code == "condition_name_never_set"]
+
+
+def test_a_condition_reading_a_name_nothing_sets_is_a_warning_naming_it() -> None:
+    found = _never_set([UNSET])
+    assert [(p.element_id, p.severity, p.field) for p in found] == [
+        ("restocked", "warning", "condition"), ("cancel_start", "warning", "condition")] or \
+        sorted((p.element_id, p.severity) for p in found) == [("cancel_start", "warning"), ("restocked", "warning")]
+    by_id = {p.element_id: p for p in found}
+    restocked = by_id["restocked"]
+    assert restocked.file and restocked.file.endswith("cond_unset.bpmn") and restocked.line
+    assert "'restock_count'" in restocked.message and "--set restock_count=VALUE" in restocked.message
+    assert "'x'" not in restocked.message and "'len'" not in restocked.message  # bound, a builtin
+    assert "'customer_cancelled'" in by_id["cancel_start"].message
+    assert validate_process([UNSET]).ok  # a warning: the data may come from outside
+
+
+@pytest.mark.parametrize("where", ["config", "form"])
+def test_a_name_a_config_or_a_form_sets_is_no_warning(tmp_path: Path, where: str) -> None:
+    text = UNSET.read_text()
+    config = None
+    if where == "config":
+        config = tmp_path / "cond_unset.config.yaml"
+        config.write_text("prep:\n  llm:\n    outputKeys: [restock_count, customer_cancelled]\n")
+    else:
+        text = text.replace('<bpmn:scriptTask id="prep" name="Count the level">', '<bpmn:userTask id="ask" '
+                            'xmlns:camunda="http://camunda.org/schema/1.0/bpmn"><bpmn:extensionElements>'
+                            '<camunda:formData><camunda:formField id="restock_count" type="long"/><camunda:formField '
+                            'id="customer_cancelled" type="boolean"/></camunda:formData></bpmn:extensionElements>'
+                            '</bpmn:userTask><bpmn:scriptTask id="prep" name="Count the level">')
+    path = tmp_path / "cond_unset.bpmn"
+    path.write_text(text)
+    assert _never_set([path], config) == []
+
+
+def test_the_repos_processes_give_no_such_warning_where_the_name_is_set() -> None:
+    assert _never_set([HERE / "gaps22" / "cond_race.bpmn"]) == []
+
+
+# ----- (c) a refused command's --json document tells the instance's real state -----------------------------------
+
+EXAMPLES = HERE.parents[1] / "bpmn_examples"
+
+
+@pytest.fixture()
+def waiting(cli: Any) -> dict[str, Any]:
+    """An instance of parallel_user_task waiting for its review (PROCESS holds ``title``)."""
+    return run_json(cli, "run", str(EXAMPLES / "parallel_user_task.bpmn"), "--data", '{"title": "Q3"}', code=3)
+
+
+def _refused_as_it_is(doc: dict[str, Any], waiting: dict[str, Any], kind: str) -> None:
+    assert doc["status"] == "waiting" and doc["instance_id"] == waiting["instance_id"], doc
+    assert doc["layers"] == waiting["layers"] and doc["waiting_for"] == waiting["waiting_for"]
+    assert doc["tape_length"] == waiting["tape_length"]
+    assert doc["error"]["kind"] == kind and doc["error"]["instance_status"] == "waiting", doc["error"]
+    assert "instance_error" not in doc["error"]
+
+
+@pytest.mark.parametrize("answers, kind, said", [
+    ("{bad", "bad_input", "not valid JSON"),
+    ({"user_tasks": {"nosuch": {"x": 1}}}, "invalid_answer", "'nosuch'"),
+    ({"oops": {}}, "bad_input", "unknown section 'oops'"),
+])
+def test_resume_refused_for_its_answers_file_shows_the_waiting_instance(
+        cli: Any, waiting: dict[str, Any], tmp_path: Path, answers: Any, kind: str, said: str) -> None:
+    path = tmp_path / "answers.json"
+    path.write_text(answers if isinstance(answers, str) else json.dumps(answers))
+    doc = run_json(cli, "resume", waiting["instance_id"], "--answers", str(path), code=2)
+    _refused_as_it_is(doc, waiting, kind)
+    assert said in doc["error"]["message"] and str(path) in doc["error"]["message"]
+
+
+def test_resume_refused_midway_shows_the_instance_as_it_was_before(cli: Any, waiting: dict[str, Any]) -> None:
+    """An --answer that names nothing, refused after the --set was written: the document shows no --set."""
+    doc = run_json(cli, "resume", waiting["instance_id"], "--context", "review", "--set", "note=x",
+                   "--answer", 'nosuch={"a": 1}', code=2)
+    _refused_as_it_is(doc, waiting, "bad_input")
+    assert "'nosuch'" in doc["error"]["message"] and "note" not in json.dumps(doc["contexts"])
+
+
+def test_an_answer_the_form_refuses_shows_the_instance_still_waiting(cli: Any, waiting: dict[str, Any]) -> None:
+    bad = run_json(cli, "resume", waiting["instance_id"], "--answer", 'review={"title": "U"}', code=2)
+    assert bad["status"] == "waiting" and bad["error"]["kind"] == "invalid_answer"
+    assert [w["task_id"] for w in bad["waiting_for"]] == ["review"] and bad["layers"]["L1"] == {"title": "Q3"}
+
+
+def test_send_refused_shows_the_waiting_instance(cli: Any, waiting: dict[str, Any]) -> None:
+    doc = run_json(cli, "send", waiting["instance_id"], "nobody_waits", code=2)
+    _refused_as_it_is(doc, waiting, "invalid_state")
+    assert "'nobody_waits'" in doc["error"]["message"]
+
+
+def test_a_refused_resume_of_a_failed_instance_keeps_its_own_error(cli: Any, tmp_path: Path) -> None:
+    failed = run_json(cli, "run", str(EXAMPLES / "parallel_user_task.bpmn"), "--data", '{"title": "Q3"}',
+                      "--answer", 'review={"approved": true}', code=1)
+    (tmp_path / "a.json").write_text("[1]")
+    doc = run_json(cli, "resume", failed["instance_id"], "--answers", str(tmp_path / "a.json"), code=2)
+    assert doc["status"] == "error" and doc["error"]["kind"] == "bad_input"
+    assert doc["error"]["instance_error"] == failed["error"] and doc["layers"] == failed["layers"]
