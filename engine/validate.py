@@ -230,7 +230,8 @@ not make ``report.ok`` false:
                                       sub-process) whose condition reads a name nothing in the files sets (no
                                       script, form field, mapping, config, decision or payload variable names it):
                                       it waits until the name is given from outside (--data, a message's payload,
-                                      ``resume --set``, REST inject), else for ever; a warning, as that data may come
+                                      ``resume --set``, REST inject), else for ever (a warning: that data may come
+                                      from outside)
 ``message_extension_deprecated`` W   a spiffworkflow:messagePayload / messageVariable on a bpmn:message: SpiffWorkflow
                                       3.2 reads it but emits a DeprecationWarning; the warning names the events
                                       (messageEventDefinitions) to move each into
@@ -2399,8 +2400,10 @@ class _Validator:
         if self._setters is not None:
             return self._setters or None
         if any(src.config.handler or (src.config.llm is not None and not src.config.llm.output_keys
-                                      and not src.config.llm.output_schema) for src in self.sources):
-            self._setters = ""
+                                      and not src.config.llm.output_schema) for src in self.sources) \
+                or any(_formless_task(el) for doc in self.docs if doc.root is not None
+                       for tag in ("userTask", "manualTask") for el in doc.root.iter(_bpmn(tag))):
+            self._setters = ""  # a person's answer to a task with no form: any key
             return None
         reads = {"conditionExpression", "condition", "completionCondition", "loopCardinality", "loopCondition",
                  "documentation", "text"}
@@ -4405,6 +4408,12 @@ def _flow_node_id(el: Any) -> str | None:
     """The id of the task, event or gateway an element (a timer, a loop's condition) belongs to."""
     owner = next((a for a in el.iterancestors() if a.tag in _FLOW_NODES), None)
     return owner.get("id") if owner is not None else None
+
+
+def _formless_task(task: Any) -> bool:
+    """A user (manual) task with no form: the person's answer may set any key."""
+    return not any("form" in str(k).lower() or "form" in str(v).lower() or "form" in etree.QName(el).localname.lower()
+                   for el in task.iter() if isinstance(el.tag, str) for k, v in [*el.attrib.items(), ("", "")])
 
 
 # BPMN elements whose name is a name of the data (a label elsewhere: ``_condition_names_set``)
