@@ -556,10 +556,13 @@ class _Command(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))
-        if not as_json:
-            return self._invoke(ctx, as_json)
-        _JSON_STDOUT.append(sys.stdout)
         about = len(_ABOUT)
+        if not as_json:
+            try:
+                return self._invoke(ctx, as_json)
+            finally:
+                del _ABOUT[about:]
+        _JSON_STDOUT.append(sys.stdout)
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 return self._invoke(ctx, as_json)

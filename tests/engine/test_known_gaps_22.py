@@ -195,3 +195,12 @@ def test_a_refused_resume_of_a_failed_instance_keeps_its_own_error(cli: Any, tmp
     doc = run_json(cli, "resume", failed["instance_id"], "--answers", str(tmp_path / "a.json"), code=2)
     assert doc["status"] == "error" and doc["error"]["kind"] == "bad_input"
     assert doc["error"]["instance_error"] == failed["error"] and doc["layers"] == failed["layers"]
+
+
+def test_a_command_run_before_leaves_no_instance_to_a_later_refusal(cli: Any, waiting: dict[str, Any]) -> None:
+    """The instance a command acted on is its own: a later command refused before it finds one gives
+    the empty document, not the earlier command's instance."""
+    assert cli("send", waiting["instance_id"], "nobody_waits").exit_code == 2  # without --json
+    doc = run_json(cli, "resume", "no-such-instance", code=2)
+    assert doc["instance_id"] is None or doc["instance_id"] == "no-such-instance"
+    assert doc["status"] == "error" and doc["layers"]["L1"] == {} and doc["error"]["kind"] == "not_found"
