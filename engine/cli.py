@@ -115,10 +115,13 @@ def _acting_on(instance: Instance) -> Instance:
 
 
 def _refusal_document(instance: Instance, error: dict[str, Any]) -> dict[str, Any]:
-    """The ``run --json`` document of ``instance`` as it is (its real status, layers, waiting_for:
-    nothing of the refused command applied), with the refusal as its ``error``. ``instance_status``
-    repeats the status; an instance that failed before keeps its own error as ``instance_error``."""
+    """The ``run --json`` document of ``instance`` as it is (its layers, waiting_for: nothing of the
+    refused command applied), with the refusal as its ``error``. ``status`` stays ``"error"``, as the
+    contract pairs it with an ``error`` (``"status"`` is the command's outcome for a script that reads
+    it alone); the instance's real status is ``instance_status``, and an instance that failed before
+    keeps its own error as ``instance_error``."""
     document = instance.to_document()
+    document["status"] = "error"
     error = {**error, "instance_status": instance.status}
     if instance.error:
         error["instance_error"] = dict(instance.error)

@@ -13,10 +13,12 @@
     as the name may come from --data, a message's payload or REST.
 (c) A command refused as bad input (exit 2) after it found its instance (``resume`` with a bad answers
     file, an ``--answer`` that names nothing, a ``--set`` the layer rules refuse; ``send`` of an event
-    nobody waits for; ``cancel``) gave ``--json`` a document with ``"status": "error"``, empty layers
-    and nothing in ``waiting_for``, while the instance still waited. It now gives the instance as it
-    is (nothing of the refused command applied): its status, layers, ``waiting_for``, with the
-    refusal in ``error`` (``instance_status`` as before; ``instance_error``: an instance's own error).
+    nobody waits for; ``cancel``) gave ``--json`` a document with empty layers and nothing in
+    ``waiting_for``, while the instance still waited. It now gives the instance as it is (nothing of
+    the refused command applied): its layers and ``waiting_for``, with the refusal in ``error`` and the
+    instance's real status in ``error.instance_status`` (``instance_error``: an instance's own error).
+    ``status`` stays ``"error"``: the contract pairs a non-null ``error`` with it
+    (tests/engine/test_cli_contract_12.py), and a script reading ``status`` alone must see the refusal.
 """
 
 from __future__ import annotations
@@ -147,7 +149,7 @@ def waiting(cli: Any) -> dict[str, Any]:
 
 
 def _refused_as_it_is(doc: dict[str, Any], waiting: dict[str, Any], kind: str) -> None:
-    assert doc["status"] == "waiting" and doc["instance_id"] == waiting["instance_id"], doc
+    assert doc["status"] == "error" and doc["instance_id"] == waiting["instance_id"], doc
     assert doc["layers"] == waiting["layers"] and doc["waiting_for"] == waiting["waiting_for"]
     assert doc["tape_length"] == waiting["tape_length"]
     assert doc["error"]["kind"] == kind and doc["error"]["instance_status"] == "waiting", doc["error"]
@@ -178,7 +180,7 @@ def test_resume_refused_midway_shows_the_instance_as_it_was_before(cli: Any, wai
 
 def test_an_answer_the_form_refuses_shows_the_instance_still_waiting(cli: Any, waiting: dict[str, Any]) -> None:
     bad = run_json(cli, "resume", waiting["instance_id"], "--answer", 'review={"title": "U"}', code=2)
-    assert bad["status"] == "waiting" and bad["error"]["kind"] == "invalid_answer"
+    assert bad["error"]["instance_status"] == "waiting" and bad["error"]["kind"] == "invalid_answer"
     assert [w["task_id"] for w in bad["waiting_for"]] == ["review"] and bad["layers"]["L1"] == {"title": "Q3"}
 
 
