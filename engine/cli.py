@@ -93,10 +93,48 @@ def json_stdout() -> Any:
     return _JSON_STDOUT[-1] if _JSON_STDOUT else None
 
 
+_ABOUT: list[Instance] = []  # the instance the running command acts on (``_acting_on``), innermost last
+
+
+class _Refused(BaseException):
+    """Bad input refused after the command found its instance, under ``--json``: raised through the
+    command, and through its ``Engine.all_or_nothing``, which puts the instance back as the request
+    found it, to ``_Command``, which prints the instance as it is then (``_refusal_document``).
+    A BaseException: no ``except Exception`` of the command's on the way takes it for its own."""
+
+    def __init__(self, error: dict[str, Any], code: int, instance: Instance) -> None:
+        super().__init__(error["message"])
+        self.error, self.code, self.instance = error, code, instance
+
+
+def _acting_on(instance: Instance) -> Instance:
+    """Name ``instance`` as the one this command acts on: from here on, its ``--json`` document of a
+    refusal (exit 2) shows it as it is, not an empty document with ``"status": "error"``."""
+    _ABOUT.append(instance)
+    return instance
+
+
+def _refusal_document(instance: Instance, error: dict[str, Any]) -> dict[str, Any]:
+    """The ``run --json`` document of ``instance`` as it is (its layers, waiting_for: nothing of the
+    refused command applied), with the refusal as its ``error``. ``status`` stays ``"error"``, as the
+    contract pairs it with an ``error`` (``"status"`` is the command's outcome for a script that reads
+    it alone); the instance's real status is ``instance_status``, and an instance that failed before
+    keeps its own error as ``instance_error``."""
+    document = instance.to_document()
+    document["status"] = "error"
+    error = {**error, "instance_status": instance.status}
+    if instance.error:
+        error["instance_error"] = dict(instance.error)
+    document["error"] = error
+    return document
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, kind: str = "bad_input",
           details: dict[str, Any] | None = None, process_id: str | None = None) -> NoReturn:
     if as_json:
         error = {"kind": kind, "message": message, "task_id": None, **(details or {})}
+        if code == EXIT_BAD_INPUT and _ABOUT:
+            raise _Refused(error, code, _ABOUT[-1])
         document = _error_document(error)
         for name in ("instance_id", "process_id"):
             if isinstance(error.get(name), str):
@@ -521,14 +559,22 @@ class _Command(click.Command):
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))
+        about = len(_ABOUT)
         if not as_json:
-            return self._invoke(ctx, as_json)
+            try:
+                return self._invoke(ctx, as_json)
+            finally:
+                del _ABOUT[about:]
         _JSON_STDOUT.append(sys.stdout)
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 return self._invoke(ctx, as_json)
+        except _Refused as refused:
+            _Out(True).doc(_refusal_document(refused.instance, refused.error))
+            sys.exit(refused.code)
         finally:
             _JSON_STDOUT.pop()
+            del _ABOUT[about:]
 
     def _invoke(self, ctx: click.Context, as_json: bool) -> Any:
         try:
@@ -703,12 +749,10 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
     (``layerflow resume ID --answer ...`` with a valid one)."""
     message = f"{source}: {err}" if source else str(err)
     if out.as_json:
-        document = instance.to_document()
         cause = err.__cause__
-        document["status"] = "error"
-        document["error"] = {"kind": "invalid_answer", "message": message,
-                             "task_id": task_id or getattr(cause, "task_id", None) or getattr(err, "task_id", None),
-                             "instance_status": instance.status}
+        document = _refusal_document(instance, {
+            "kind": "invalid_answer", "message": message,
+            "task_id": task_id or getattr(cause, "task_id", None) or getattr(err, "task_id", None)})
         if getattr(err, "problems", None):  # an answer that does not fit the task's form: field by field
             document["error"]["problems"] = [{"field": f, "problem": p} for f, p in err.problems]  # type: ignore[attr-defined]
         out.doc(document)
@@ -899,11 +943,12 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
     """Continue a waiting instance, or retry the failed activity of one in error; with --now, as if
     it were that moment (a timer due by then fires)."""
     out = _Out(as_json)
-    answers = _answers(answers_file, answer, as_json)
-    by = _person(by, as_json)
     engine = _engine(store, model, out, as_json, create=False, clock=_clock(now, as_json))
     with _holding(engine, instance_id, as_json):
-        instance = _load(engine, instance_id, as_json)
+        instance = _acting_on(_load(engine, instance_id, as_json))
+        # read once the instance is found: a refused answers file shows it as it is (`--json`)
+        answers = _answers(answers_file, answer, as_json)
+        by = _person(by, as_json)
         try:  # before anything runs: an answer its timeout beat is refused, not applied nor dropped
             refuse_late_answers(instance, answers)
         except LayerflowError as err:  # the fields REST's 409 gives: who answered, when, with what
@@ -1004,7 +1049,7 @@ def cancel(instance_id: str, reason: str, store: str | None, as_json: bool) -> N
     out = _Out(as_json)
     engine = _engine(store, None, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):
-        instance = _load(engine, instance_id, as_json)
+        instance = _acting_on(_load(engine, instance_id, as_json))
         try:
             instance = engine.cancel(instance, reason=reason, actor="cli")
         except LayerflowError as err:
@@ -1040,7 +1085,7 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
             _fail(f"--json-payload is not valid JSON: {err}", as_json=as_json)
     engine = _engine(store, model, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):  # as resume: never beside a worker or another command
-        instance = _load(engine, instance_id, as_json)
+        instance = _acting_on(_load(engine, instance_id, as_json))
         kind = "signal" if signal else "message"
         try:
             instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")

@@ -42,12 +42,13 @@ not caught (SpiffWorkflow keeps that payload in the task's internal data too).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (ErrorEventDefinition, EscalationEventDefinition,
                                                                     SignalEventDefinition)
+from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import EventBasedGateway
@@ -60,7 +61,7 @@ from context_layers.errors import ContextValueError, ContextWriteDenied
 from . import spiff
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
 
-__all__ = ["EVENT_KINDS", "Catch", "catch_thrown", "deliver", "describe_waiting", "kind_of", "waiting_catches", "waiting_items"]
+__all__ = ["EVENT_KINDS", "Catch", "catch_thrown", "conditional_members", "deliver", "describe_waiting", "kind_of", "waiting_catches", "waiting_items"]
 
 EVENT_KINDS = ("message", "signal")
 
@@ -82,10 +83,12 @@ class Catch:
         """The ``waiting_for`` entry: kind ``event``, plus the event it waits for."""
         item = {"kind": "event", "id": str(self.task.id) if self.task is not None else self.event_id,
                 "task_id": self.task_id, "event": self.name, "event_kind": self.kind}
-        if self.event_id != self.task_id:
+        branch = spiff.gateway_branch(self.task, self.event_id) if self.task is not None else None
+        if branch is not None:
             # a branch of an event-based gateway: the gateway waits, the branch's catch event catches
-            # (its `event:` record), as a timer branch's item names its event
-            item["event_id"] = self.event_id
+            # (its `event:` record). Each branch is an item of its own, under the id of its catch
+            # event's task (the one that runs when it comes first), as the timer branch's item is
+            item.update(id=str(branch.id), event_id=self.event_id, gateway_id=self.task_id)
         activity = spiff.attached_activity(self.task) if self.task is not None else None
         if activity is not None:
             # a boundary event: the run of the activity it waits on (a non-interrupting one waits
@@ -107,16 +110,23 @@ def _variable(definition: Any) -> str | None:
     return names[0] if names else None
 
 
-def _members(spec: Any) -> list[tuple[Any, str]]:
-    """(event definition, BPMN id of the catch event) for each message or signal ``spec`` waits for."""
+def _members(spec: Any, keep: Callable[[Any], Any] = kind_of) -> list[tuple[Any, str]]:
+    """(event definition, BPMN id of the catch event) for each event ``spec`` waits for that ``keep``
+    takes (by default: each message or signal)."""
     ed = getattr(spec, "event_definition", None)
     if isinstance(ed, MultipleEventDefinition):
         if isinstance(spec, EventBasedGateway):  # the branches' events, in the order of the branches
             ids = [spiff.spec_bpmn_id(out) for out in spec.outputs]
             return [(d, ids[i] if i < len(ids) else spiff.spec_bpmn_id(spec))
-                    for i, d in enumerate(ed.event_definitions) if kind_of(d)]
-        return [(d, spiff.spec_bpmn_id(spec)) for d in ed.event_definitions if kind_of(d)]
-    return [(ed, spiff.spec_bpmn_id(spec))] if kind_of(ed) else []
+                    for i, d in enumerate(ed.event_definitions) if keep(d)]
+        return [(d, spiff.spec_bpmn_id(spec)) for d in ed.event_definitions if keep(d)]
+    return [(ed, spiff.spec_bpmn_id(spec))] if keep(ed) else []
+
+
+def conditional_members(spec: Any) -> list[tuple[Any, str]]:
+    """(condition's definition, BPMN id of the catch event) for each conditional event ``spec``
+    waits for: a conditional catch, the conditional branches of an event-based gateway."""
+    return _members(spec, lambda d: isinstance(d, ConditionalEventDefinition))
 
 
 def waiting_catches(workflow: Any) -> list[Catch]:

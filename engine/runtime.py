@@ -1733,29 +1733,40 @@ class _Runtime(ScopeSteps, GatewaySteps):
             due = spiff.timer_due(task)
             item = {"kind": "timer", "id": str(task.id), "task_id": spiff.timer_event_id(task),
                     "due": due.isoformat() if due is not None else None}
+            branch = spiff.gateway_branch(task, item["task_id"])
+            if branch is not None:
+                # the timer branch of an event-based gateway: an item of its own beside the gateway's
+                # message and signal branches, named as theirs are (``events.Catch.item``)
+                item.update(id=str(branch.id), event_id=item["task_id"], gateway_id=spiff.bpmn_id_of(task))
             if spiff.is_cycle(task):
                 item["repetitions_left"] = spiff.cycle_repetitions_left(task)
             waiting.append(item)
         # a message or signal catch says which event it waits for, and is listed even beside a
         # user task or a timer (a boundary message on a user task): `send` can deliver it
-        caught = events.waiting_items(wf)
-        listed = {item["id"] for item in caught}
+        catches = events.waiting_catches(wf)
+        caught = [c.item() for c in catches]
+        listed = {str(c.task.id) for c in catches if c.task is not None}
         nothing_else = not waiting
         for task in _all_tasks(wf, TaskState.WAITING):
             # (an error or escalation event sub-process listens for what its scope throws: nothing
             # outside can send it, and it holds no token)
-            if spiff.is_join(task.task_spec) or str(task.id) in listed or spiff.caught_in_scope(task.task_spec):
+            if spiff.is_join(task.task_spec) or spiff.caught_in_scope(task.task_spec):
                 continue
-            definition = getattr(task.task_spec, "event_definition", None)
-            conditional = isinstance(definition, ConditionalEventDefinition)
             # a conditional catch is listed even beside a user task or a timer, as a message
             # catch is: nothing sends it, it fires once what its condition reads changes
-            # (`resume --set`); any other waiting task only when nothing else waits
-            if conditional or nothing_else:
-                item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)}
-                if isinstance(definition, ConditionalEventDefinition):
-                    item.update(event_kind="conditional", condition=str(definition.expression).strip())
+            # (`resume --set`); so is each conditional branch of an event-based gateway, an item of
+            # its own as its message and timer branches are; any other waiting task only when
+            # nothing else waits
+            conditions = events.conditional_members(task.task_spec)
+            for definition, event_id in conditions:
+                item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
+                        "event_kind": "conditional", "condition": str(definition.expression).strip()}
+                branch = spiff.gateway_branch(task, event_id)
+                if branch is not None:
+                    item.update(id=str(branch.id), event_id=event_id, gateway_id=item["task_id"])
                 waiting.append(item)
+            if nothing_else and not conditions and str(task.id) not in listed:
+                waiting.append({"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)})
         waiting.extend(caught)
         inst.waiting_for = waiting
         inst.status = "waiting" if waiting else "running"

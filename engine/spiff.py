@@ -157,6 +157,7 @@ __all__ = [
     "is_timer",
     "timer_definition",
     "timer_event_id",
+    "gateway_branch",
     "timer_due",
     "is_cycle",
     "start_cycle",
@@ -1493,6 +1494,14 @@ def timer_event_id(task: Any) -> str:
         if index is not None and index < len(spec.outputs):
             return spec_bpmn_id(spec.outputs[index])
     return spec_bpmn_id(spec)
+
+
+def gateway_branch(task: Any, event_id: str) -> Any | None:
+    """The task of the branch of event-based gateway ``task`` whose catch event is ``event_id``: what
+    runs when that event comes first (None: ``task`` waits for its own event, no gateway's)."""
+    if event_id == bpmn_id_of(task):
+        return None
+    return next((child for child in task.children if bpmn_id_of(child) == event_id), None)
 
 
 def timer_due(task: Any, now: datetime | None = None) -> datetime | None:

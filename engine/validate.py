@@ -228,6 +228,12 @@ not make ``report.ok`` false:
 ``event_extension_misplaced``         a spiffworkflow:payloadExpression / variableName on a signal, error or
                                       escalation event definition: SpiffWorkflow reads them from the
                                       bpmn:signal (error, escalation) only, so they are never read
+``condition_name_never_set`` W       a conditional event (intermediate, boundary, the start of an event
+                                      sub-process) whose condition reads a name nothing in the files sets (no
+                                      script, form field, mapping, config, decision or payload variable names it):
+                                      it waits until the name is given from outside (--data, a message's payload,
+                                      ``resume --set``, REST inject), else for ever (a warning: that data may come
+                                      from outside)
 ``message_extension_deprecated`` W   a spiffworkflow:messagePayload / messageVariable on a bpmn:message: SpiffWorkflow
                                       3.2 reads it but emits a DeprecationWarning; the warning names the events
                                       (messageEventDefinitions) to move each into
@@ -549,6 +555,8 @@ class _Validator:
         self.dmn_files: list[dmn.DmnFile] = []
         self.dmn_ids_missing = False  # a DMN element SpiffWorkflow reads the id of has none (reported)
         self.pools: tuple[str, ...] = ()  # the executable pools' processes of the collaboration to run
+        self._config_paths: list[Path] = []  # the config files read (the main process's, called ones')
+        self._setters: str | None = None  # what may set a name, as text (``_condition_names_set``)
 
     def add(self, code: str, message: str, *, file: str | None = None, line: int | None = None,
             element_id: str | None = None, field: str | None = None, column: int | None = None,
@@ -589,6 +597,7 @@ class _Validator:
                 self.add("called_config_section_ignored", f"{section}: of a called process's config file is not read "
                          f"(an instance's {section} come from its main process's config file); move it there",
                          file=str(called.path), line=called.line_of(section), severity="warning", field=section)
+        self._config_paths = [c.path for c in [config, *called_configs] if c is not None and c.path is not None]
         self._check_merges()
         self._check_branches()
         self._check_handlers_run()
@@ -617,6 +626,7 @@ class _Validator:
             self._check_exclusive_into_parallel(proc)
             self._check_reentered_joins(proc)
             self._check_code(proc)
+            self._check_condition_names(proc)
             self._check_references(proc)
             self._check_shapes(proc)
             self._check_listeners(proc)
@@ -2391,6 +2401,80 @@ class _Validator:
                 if (el.text or "").strip():
                     owner = _owner_id(el.getparent())
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _check_condition_names(self, proc: _Node) -> None:
+        """A conditional event's condition that reads a name nothing in the files sets waits silently
+        for ever (unless the data is given from outside: a warning). Errs on the side of "set": a name
+        any script, attribute, form, config, decision or extension text of the files names is taken
+        as set, and no name is reported where a handler or a model writes keys not known here."""
+        for definition in proc.element.iter(_bpmn("conditionalEventDefinition")):
+            condition = definition.find(_bpmn("condition"))
+            text = (condition.text or "").strip() if condition is not None else ""
+            source = python_source(text) if text else None
+            try:
+                tree = ast.parse(source, mode="eval") if source else None
+            except (SyntaxError, ValueError):
+                continue  # condition_syntax reports it
+            if tree is None or not self._condition_names_set():
+                continue
+            bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | {
+                a.arg for n in ast.walk(tree) if isinstance(n, ast.Lambda) for a in n.args.args}
+            read = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                    and n.id not in bound and not hasattr(builtins, n.id) and not n.id.startswith("_")]
+            setters = self._condition_names_set()
+            event = _flow_node_id(definition)
+            for name in dict.fromkeys(read):
+                if re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", setters or ""):
+                    continue
+                self.add("condition_name_never_set", f"conditional event {event!r} waits until {text!r} holds, and "
+                         f"nothing in {proc.file} sets {name!r} (no script, form field, data mapping, config, decision "
+                         f"or payload variable names it), so it waits for ever unless {name!r} is given from outside: "
+                         f"in the start data (--data, REST), a message's payload, or `layerflow resume ID --set "
+                         f"{name}=VALUE`. Set {name!r} in a script or form before the event, or check its spelling",
+                         file=proc.file, line=condition.sourceline if condition is not None else None,
+                         element_id=event, field="condition", severity="warning")
+
+    def _condition_names_set(self) -> str | None:
+        """Every text of the files given that may set a name, joined (computed once): scripts, the
+        values of attributes (a form field's id, a payload variable, a mapping's target), extension
+        elements, the config files, the DMN files and the files the BPMN names beside it (forms);
+        not the conditions that read names, nor documentation. None (nothing is reported) when a
+        handler or a model with no output keys writes keys not known here."""
+        if self._setters is not None:
+            return self._setters or None
+        if any(src.config.handler or (src.config.llm is not None and not src.config.llm.output_keys
+                                      and not src.config.llm.output_schema) for src in self.sources) \
+                or any(_formless_task(el) for doc in self.docs if doc.root is not None
+                       for tag in ("userTask", "manualTask") for el in doc.root.iter(_bpmn(tag))):
+            self._setters = ""  # a person's answer to a task with no form: any key
+            return None
+        reads = {"conditionExpression", "condition", "completionCondition", "loopCardinality", "loopCondition",
+                 "documentation", "text"}
+        parts: list[str] = []
+        files: set[Path] = {*self._config_paths, *(f.path for f in self.dmn_files if getattr(f, "path", None))}
+        for doc in self.docs:
+            if doc.root is None:
+                continue
+            for el in doc.root.iter():
+                if not isinstance(el.tag, str):
+                    continue
+                tag = etree.QName(el)
+                # a label (a task's, an event's, a flow's name) sets nothing; a data object's name does
+                labelled = tag.namespace == BPMN_NS and tag.localname not in _NAMED_DATA
+                parts.extend(str(v) for k, v in el.attrib.items() if not (k == "name" and labelled))
+                if tag.localname not in reads and el.text:
+                    parts.append(el.text)
+            beside = doc.path.parent
+            named = {v for el in doc.root.iter() if isinstance(el.tag, str)
+                     for v in [*el.attrib.values(), (el.text or "").strip()] if v and len(v) < 200}
+            files.update(beside / v for v in named if "/" not in v and (beside / v).is_file())
+        for path in files:
+            try:
+                parts.append(Path(path).read_text(errors="replace"))
+            except OSError:
+                continue
+        self._setters = "\n".join(parts) or " "
+        return self._setters
 
     def _called_elsewhere(self, call: Any) -> str:
         """Where another modeler names the process a call activity without calledElement calls, and
@@ -4447,6 +4531,16 @@ def _flow_node_id(el: Any) -> str | None:
     owner = next((a for a in el.iterancestors() if a.tag in _FLOW_NODES), None)
     return owner.get("id") if owner is not None else None
 
+
+def _formless_task(task: Any) -> bool:
+    """A user (manual) task with no form: the person's answer may set any key."""
+    return not any("form" in str(k).lower() or "form" in str(v).lower() or "form" in etree.QName(el).localname.lower()
+                   for el in task.iter() if isinstance(el.tag, str) for k, v in [*el.attrib.items(), ("", "")])
+
+
+# BPMN elements whose name is a name of the data (a label elsewhere: ``_condition_names_set``)
+_NAMED_DATA = frozenset({"dataObject", "dataObjectReference", "dataStore", "dataStoreReference", "property",
+                         "dataInput", "dataOutput"})
 
 _DECISIONS = frozenset(_bpmn(t) for t in ("exclusiveGateway", "inclusiveGateway", "eventBasedGateway",
                                             "complexGateway"))
