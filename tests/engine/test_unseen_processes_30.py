@@ -182,3 +182,23 @@ def test_replay_matches_inspect_then_rollback_and_resume(cli: Any) -> None:
     assert "root_cause" not in history and "activity:forensics_report" not in history
     assert history["case_status"] == "closed" and history["regulator_ref"] == "REG-BR-9"
     assert json.dumps(run_json(cli, "replay", iid)["layers"]) == json.dumps(done["layers"])
+
+
+def test_rollback_past_the_side_branch_fork_stays_rolled_back_when_it_merges(cli: Any) -> None:
+    """The regulator's side branch was forked after triage; main is rolled back to before the case was
+    logged. As the side branch merges at the end, what main dropped stays dropped (only main changed
+    it since the fork), and what the side branch wrote comes in."""
+    iid = run_json(cli, "run", str(BREACH), "--data", json.dumps({**BREACH_DATA, "breach_id": "BR-11"}),
+                   code=3)["instance_id"]
+    # with the sub-process's branches open, main cannot be rolled back: they would merge into it
+    refused = cli("rollback", iid, "snap:main:3", "--layers", "L3")
+    assert refused.exit_code == 2 and "open branches (escalate_end, forensics_report)" in refused.stderr
+    run_json(cli, "resume", iid, "--answer", 'forensics_report={"root_cause": "lost laptop"}', code=3)
+    back = run_json(cli, "rollback", iid, "snap:main:3", "--layers", "L3", "--reason", "start over")
+    assert back["tokens_after"]["L3"] == 0
+    assert run_json(cli, "replay", iid, str(back["event_seq"]))["tokens"] == back["tokens_after"]
+    done = run_json(cli, "resume", iid, "--answer", 'dpo_signoff={"dpo_approved": false}')
+    history = done["layers"]["L3"]
+    assert data_keys(history) == {"dpo_approved": False, "case_status": "reopened", "regulator_ref": "REG-BR-11",
+                                  "regulator_notified": True}
+    assert "activity:triage" not in history and "event:regulator_watch" in history
