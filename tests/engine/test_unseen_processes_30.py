@@ -202,3 +202,19 @@ def test_rollback_past_the_side_branch_fork_stays_rolled_back_when_it_merges(cli
     assert data_keys(history) == {"dpo_approved": False, "case_status": "reopened", "regulator_ref": "REG-BR-11",
                                   "regulator_notified": True}
     assert "activity:triage" not in history and "event:regulator_watch" in history
+
+
+def test_branch_priority_reason_names_the_ranking_among_the_branches_in_conflict(tmp_path: Path) -> None:
+    """The inclusive join ranks environment first, but the environment review did not run: the record
+    must not say that IT "ranks first" in a list that starts with environment."""
+    (tmp_path / CAPEX.name).write_bytes(CAPEX.read_bytes())
+    (tmp_path / "capex_request.layerflow.yaml").write_text(
+        "review_join:\n  mergeStrategy: BRANCH_PRIORITY\n"
+        "  branchPriority: [environment_review, it_review, facilities_review]\n  reducers: {stakeholders: union}\n")
+    instance = Engine("memory://").run(load_process(tmp_path / CAPEX.name), REQUEST)
+    logged = {c["key"]: c["resolution"] for c in instance.main.resolve("_mergedConflicts")}
+    assert set(logged) == {"estimated_cost", "risk_score"}
+    assert logged["estimated_cost"] == {
+        "value": 1000 + 8500, "resolver": "strategy",
+        "reason": "BRANCH_PRIORITY: branch 'it_review' ranks first of the branches that changed the key "
+                  "(it_review, facilities_review) in ['environment_review', 'it_review', 'facilities_review']"}
