@@ -25,6 +25,9 @@ Found: the multi-instance notes on the tape number one instance in two ways: the
 `user_input` note says `"instance": 1` as `waiting_for` does, the engine's `instance_item` /
 `instance_done` notes beside it say `"instance": 0` (the input item's index, or its key for a dict
 collection). README named only the first: now it says what each means.
+Found and fixed: a BRANCH_PRIORITY resolution's reason said "branch 'it_review' ranks first in
+['environment_review', 'it_review', ...]" when the branch ranked above it had not run: it now names the
+ranking among the branches that changed the key.
 """
 
 from __future__ import annotations
