@@ -258,8 +258,13 @@ def resolve_by_strategy(
             if first is None:
                 unresolved.append(c)
                 continue
+            ranking = list(config.branch_priority)
+            # a branch ranked above it that did not change the key (or never ran) must not be hidden
+            where = "" if first == ranking[0] else (
+                " of the branches that changed the key ("
+                + ", ".join(b for b in ranking if b in c.source_branches) + ")")
             out.append((c, Resolution(c.conflicting_values[first], "strategy",
-                                      f"BRANCH_PRIORITY: branch {first!r} ranks first in {list(config.branch_priority)}")))
+                                      f"BRANCH_PRIORITY: branch {first!r} ranks first{where} in {ranking}")))
         if unresolved:
             missing = list(dict.fromkeys(b for c in unresolved for b in c.source_branches))
             todo = (f"List every branch of the gateway in branchPriority: add {', '.join(map(repr, missing))} "
