@@ -2298,16 +2298,8 @@ class _Validator:
             except SyntaxError:
                 continue  # named as script_syntax
             assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-            for ref_el in assoc.findall(_bpmn("targetRef")):
-                reference = targets.get((ref_el.text or "").strip())
-                if reference is None:
-                    continue
-                obj = by_id.get(reference.get("dataObjectRef"))
-                if obj is None:
-                    continue
-                obj_id = obj.get("id")
-                name = (obj.get("name") or reference.get("name") or "").strip()
-                if not name.isidentifier() or name == obj_id or name not in assigned or obj_id in assigned:
+            for obj_id, name in _named_apart(assoc, targets, by_id):
+                if name not in assigned or obj_id in assigned:
                     continue
                 self.add("data_object_named_apart", f"script task {task.get('id')!r} sets {name!r}, the name of "
                          f"the data object it writes (its dataOutputAssociation), but SpiffWorkflow keys a data "
@@ -2322,17 +2314,7 @@ class _Validator:
         the diagram names apart from its id (bpmn-js 6 named the reference and left the dataObject
         unnamed): the work must set the id, which nobody reading the diagram sees. A warning: a
         form or handler may set it."""
-        for ref_el in assoc.findall(_bpmn("targetRef")):
-            reference = targets.get((ref_el.text or "").strip())
-            if reference is None:
-                continue
-            obj = by_id.get(reference.get("dataObjectRef"))
-            if obj is None:
-                continue
-            obj_id = obj.get("id")
-            name = (obj.get("name") or reference.get("name") or "").strip()
-            if not name.isidentifier() or name == obj_id:
-                continue
+        for obj_id, name in _named_apart(assoc, targets, by_id):
             kind = etree.QName(task.tag).localname
             self.add("data_object_named_apart", f"{kind} {task.get('id')!r} writes the data object {name!r} (its "
                      f"dataOutputAssociation), but SpiffWorkflow keys a data object by its id, {obj_id!r}: its work "
@@ -5774,3 +5756,18 @@ def _operation_called(task: Any) -> str:
                         f"which its engine calls as a web service or class; layerflow calls none)")
     return f" (its operationRef {ref!r} names no bpmn:operation of the file; layerflow calls none)"
 
+
+def _named_apart(assoc: Any, targets: Mapping[str, Any], by_id: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(id, name) of each data object a dataOutputAssociation writes whose name (its own, or its
+    reference's) is an identifier other than its id."""
+    for ref_el in assoc.findall(_bpmn("targetRef")):
+        reference = targets.get((ref_el.text or "").strip())
+        if reference is None:
+            continue
+        obj = by_id.get(reference.get("dataObjectRef"))
+        if obj is None:
+            continue
+        obj_id = obj.get("id")
+        name = (obj.get("name") or reference.get("name") or "").strip()
+        if name.isidentifier() and name != obj_id:
+            yield obj_id, name
