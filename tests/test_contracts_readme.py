@@ -461,6 +461,8 @@ def test_the_rest_block_serves_and_its_curl_starts_an_instance(scratch: Path) ->
 
     import httpx
 
+    import local_http
+
     if not shutil.which("curl"):
         pytest.skip("no curl on this machine")
     section = README.split("## REST API and console", 1)[1].split("\n## ", 1)[0]
@@ -480,7 +482,7 @@ def test_the_rest_block_serves_and_its_curl_starts_an_instance(scratch: Path) ->
         for _ in range(600):
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=1).status_code == 200:
+                if local_http.get(f"http://127.0.0.1:{port}/api/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)

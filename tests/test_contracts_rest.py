@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from test_contracts_cli import PAR, SEQ, check_run_document
@@ -50,7 +51,7 @@ def serving(folder: Path, catalog: Path, token: str = TOKEN) -> Iterator[str]:
             if proc.poll() is not None:
                 raise AssertionError(f"layerflow serve exited: {proc.stderr.read() if proc.stderr else ''}")
             try:
-                if httpx.get(f"{url}/api/health", timeout=2).status_code == 200:
+                if local_http.get(f"{url}/api/health", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
@@ -78,17 +79,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _post(url: str, path: str, body: dict[str, Any], *, auth: bool = True) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, headers=AUTH if auth else {}, timeout=120)
+    return local_http.post(f"{url}{path}", json=body, headers=AUTH if auth else {}, timeout=120)
 
 
 def _post_raw(url: str, path: str, raw: str) -> httpx.Response:
     """A body as written: JSON escapes and NaN that ``json=`` would not send as they are."""
-    return httpx.post(f"{url}{path}", content=raw.encode(), headers={**AUTH, "content-type": "application/json"},
+    return local_http.post(f"{url}{path}", content=raw.encode(), headers={**AUTH, "content-type": "application/json"},
                       timeout=120)
 
 
 def _get(url: str, path: str, *, auth: bool = True) -> httpx.Response:
-    return httpx.get(f"{url}{path}", headers=AUTH if auth else {}, timeout=120)
+    return local_http.get(f"{url}{path}", headers=AUTH if auth else {}, timeout=120)
 
 
 def _start(url: str, process_id: str, **extra: Any) -> dict[str, Any]:
@@ -105,7 +106,7 @@ GOVERNANCE = ["inspect", "compress", "inject", "resolve", "rollback", "config"]
 @pytest.mark.parametrize("op", GOVERNANCE)
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}])
 def test_governance_needs_the_bearer_token(server: str, op: str, headers: dict[str, str]) -> None:
-    r = httpx.post(f"{server}/api/context-governance/{op}", json={"instance_id": "x"}, headers=headers, timeout=60)
+    r = local_http.post(f"{server}/api/context-governance/{op}", json={"instance_id": "x"}, headers=headers, timeout=60)
     assert r.status_code == 401 and r.json()["error"]["kind"] == "unauthorized"
 
 
@@ -123,7 +124,7 @@ def test_instance_data_needs_the_bearer_token(server: str) -> None:
                        (f"/api/instances/{iid}/events", {"name": "x"}),
                        ("/api/confirmations/merge/level", {"value": 5})]:
         assert _post(server, path, body, auth=False).status_code == 401, path
-    assert httpx.get(f"{server}/api/health", timeout=30).status_code == 200  # open: no instance data
+    assert local_http.get(f"{server}/api/health", timeout=30).status_code == 200  # open: no instance data
 
 
 def test_only_catalog_processes_start(server: str) -> None:

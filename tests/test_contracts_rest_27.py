@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import local_http
 import jsonschema
 import pytest
 
@@ -89,7 +90,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def openapi(server: str) -> dict[str, Any]:
-    r = httpx.get(f"{server}/openapi.json", timeout=30)
+    r = local_http.get(f"{server}/openapi.json", timeout=30)
     assert r.status_code == 200
     doc: dict[str, Any] = r.json()
     return doc
@@ -211,7 +212,7 @@ def test_openapi_lists_every_served_api_route_with_its_error_shape(server: str, 
 # ----------------------------------------------------------------------------- errors name what to do
 
 def test_a_body_that_is_no_json_says_where_and_what_to_send(server: str) -> None:
-    r = httpx.post(f"{server}/api/instances", content=b'{"process_id": claim27}',
+    r = local_http.post(f"{server}/api/instances", content=b'{"process_id": claim27}',
                    headers={**AUTH, "content-type": "application/json"}, timeout=60)
     error = _error_of(r, 422)
     assert error["kind"] == "validation_error"
@@ -279,7 +280,7 @@ def test_tape_filters_since_key_branch_context_and_limit(server: str) -> None:
 ])
 def test_a_method_the_path_does_not_take_names_the_ones_it_does(server: str, method: str, path: str,
                                                                  allowed: str) -> None:
-    r = httpx.request(method, f"{server}{path}", headers=AUTH, timeout=30)
+    r = local_http.request(method, f"{server}{path}", headers=AUTH, timeout=30)
     error = _error_of(r, 405)
     assert error["kind"] == "method_not_allowed"
     assert allowed in r.headers.get("allow", ""), r.headers  # RFC 9110: a 405 carries Allow
@@ -340,11 +341,11 @@ def test_a_user_task_by_its_waiting_for_id_and_a_resume_of_a_completed_instance(
 
 
 def test_a_refused_token_says_how_to_send_one(server: str) -> None:
-    r = httpx.get(f"{server}/api/instances", timeout=30)
+    r = local_http.get(f"{server}/api/instances", timeout=30)
     error = _error_of(r, 401)
     assert error["kind"] == "unauthorized" and "Authorization: Bearer" in error["message"]
     assert r.headers.get("www-authenticate") == "Bearer"  # RFC 6750
-    assert httpx.get(f"{server}/api/health", timeout=30).json() == {"status": "ok"}
+    assert local_http.get(f"{server}/api/health", timeout=30).json() == {"status": "ok"}
 
 
 @pytest.mark.parametrize("path, body, field, hint", [

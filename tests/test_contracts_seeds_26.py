@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import ActivityExtensionConfig, Layer, LayeredContext, RuleDrivenCompressor, render
@@ -265,11 +266,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, headers=AUTH, timeout=120)
+    return local_http.post(f"{url}{path}", json=body, headers=AUTH, timeout=120)
 
 
 def _get(url: str, path: str, **params: Any) -> httpx.Response:
-    return httpx.get(f"{url}{path}", params=params, headers=AUTH, timeout=120)
+    return local_http.get(f"{url}{path}", params=params, headers=AUTH, timeout=120)
 
 
 DESIGN_KINDS = ["write", "denied", "move", "split", "join", "conflict", "resolution", "human_decision",

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -781,7 +782,7 @@ def test_rest_needs_the_token_and_serves_the_catalog(server: httpx.Client) -> No
     listed = server.get("/api/processes")
     assert listed.status_code == 200
     assert {"claims_inline", "claims_yaml"} <= set(re.findall(r"claims_\w+", listed.text))
-    anonymous = httpx.post(f"{server.base_url}/api/instances",
+    anonymous = local_http.post(f"{server.base_url}/api/instances",
                            json={"process_id": "claims_yaml", "data": CLAIM_DATA})
     assert anonymous.status_code == 401
     started = server.post("/api/instances", json={"process_id": "claims_yaml", "data": CLAIM_DATA})
@@ -790,9 +791,9 @@ def test_rest_needs_the_token_and_serves_the_catalog(server: httpx.Client) -> No
     # contexts and tapes hold business data: reading them needs the token too
     for path in (f"/api/instances/{instance}", f"/api/instances/{instance}/tape", "/api/instances",
                  "/api/confirmations"):
-        assert httpx.get(f"{server.base_url}{path}").status_code == 401, path
+        assert local_http.get(f"{server.base_url}{path}").status_code == 401, path
         assert server.get(path).status_code == 200, path
-    wrong = httpx.get(f"{server.base_url}/api/instances/{instance}",
+    wrong = local_http.get(f"{server.base_url}/api/instances/{instance}",
                       headers={"Authorization": "Bearer not-the-token"})
     assert wrong.status_code == 401
     bpmn = (CLAIMS / "claims_yaml.bpmn").read_text()

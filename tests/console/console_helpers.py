@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +61,7 @@ class Server:
         self.url, self.token, self.proc = url, token, proc
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        r = httpx.request(method, self.url + path, headers={"Authorization": f"Bearer {self.token}"},
+        r = local_http.request(method, self.url + path, headers={"Authorization": f"Bearer {self.token}"},
                           timeout=60, **kwargs)
         assert r.is_success, f"{method} {path}: {r.status_code} {r.text}"
         return r.json()
@@ -85,7 +86,7 @@ def serve(tmp: Path, token: str, catalog: Path = EXAMPLES) -> Iterator[Server]:
                 log.seek(0)
                 raise AssertionError(f"layerflow serve exited with {proc.returncode}:\n{log.read()}")
             try:
-                if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
+                if local_http.get(f"{url}/api/health", timeout=1).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import local_http
 import pytest
 from console_helpers import Server, chromium, serve
 
@@ -151,9 +151,9 @@ def until(check: Any, what: str, seconds: float = 15) -> Any:
 
 def test_a_wrong_token_is_refused_visibly_and_shows_no_data(server: Server, watched: Watched) -> None:
     iid = start(server)
-    raw = httpx.get(server.url + "/", timeout=10).text  # the page as served, without a token
+    raw = local_http.get(server.url + "/", timeout=10).text  # the page as served, without a token
     assert iid not in raw and SECRET not in raw and TOKEN not in raw
-    assert httpx.get(server.url + "/api/instances", timeout=10).status_code == 401
+    assert local_http.get(server.url + "/api/instances", timeout=10).status_code == 401
 
     watched.sign_in(server, token="not-the-token")
     error = watched.page.locator("#login-error")
@@ -428,7 +428,7 @@ def test_a_late_answer_from_a_stale_client_is_told_it_was_answered(server: Serve
         due = server.api("GET", f"/api/instances/{iid}")["waiting_for"][0]["due"]
         until(lambda: time.time() > datetime.fromisoformat(due).timestamp(), "the timeout", seconds=10)
         assert server.api("POST", f"/api/instances/{iid}/resume", json={})["confirmations"][0]["timed_out"]
-    r = httpx.post(f"{server.url}/api/confirmations/join/verdict", headers={"Authorization": f"Bearer {TOKEN}"},
+    r = local_http.post(f"{server.url}/api/confirmations/join/verdict", headers={"Authorization": f"Bearer {TOKEN}"},
                    json={"value": "escalate", "instance_id": iid, "user": "Second", "expected_version": seen},
                    timeout=30)
     assert r.status_code == 409

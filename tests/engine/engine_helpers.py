@@ -203,11 +203,13 @@ def wait_until_served(log: Path, proc: Any, *, seconds: float = 60) -> str:
 
     import httpx
 
+    import local_http
+
     deadline = time.monotonic() + seconds
     while True:
         found = re.search(r"on (http://[0-9.]+:\d+)", log.read_text())
         try:
-            if found and httpx.get(f"{found.group(1)}/api/health", timeout=1).status_code == 200:
+            if found and local_http.get(f"{found.group(1)}/api/health", timeout=1).status_code == 200:
                 return found.group(1)
         except httpx.HTTPError:
             pass

@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import local_http
 import pytest
 from fastapi.testclient import TestClient
 
@@ -356,7 +357,7 @@ def test_concurrent_injects_over_http_never_lose_a_write(tmp_path):
     catalog = make_catalog(tmp_path)
     apps = [create_app(GovernanceService(Engine(store), catalog), token=TOKEN) for _ in range(2)]
     with ServerThread(apps[0]) as one, ServerThread(apps[1]) as two:
-        iid = httpx.post(f"{one.url}/api/instances", json={"process_id": "notes_review", "data": NOTES},
+        iid = local_http.post(f"{one.url}/api/instances", json={"process_id": "notes_review", "data": NOTES},
                          headers=AUTH, timeout=30).json()["instance_id"]
         results: list[tuple[str, int]] = []
         lock = threading.Lock()
@@ -372,8 +373,8 @@ def test_concurrent_injects_over_http_never_lose_a_write(tmp_path):
 
         with ThreadPoolExecutor(6) as pool:
             list(pool.map(writer, range(6)))
-        doc = httpx.get(f"{two.url}/api/instances/{iid}", headers=AUTH, timeout=30).json()
-        tape = httpx.get(f"{one.url}/api/instances/{iid}/tape", params={"kind": "write"}, headers=AUTH,
+        doc = local_http.get(f"{two.url}/api/instances/{iid}", headers=AUTH, timeout=30).json()
+        tape = local_http.get(f"{one.url}/api/instances/{iid}/tape", params={"kind": "write"}, headers=AUTH,
                          timeout=30).json()["events"]
     accepted = {k for k, status in results if status == 200}
     refused = {k for k, status in results if status == 409}
@@ -385,11 +386,11 @@ def test_concurrent_injects_over_http_never_lose_a_write(tmp_path):
 
 def test_one_expected_version_wins_once(tmp_path):
     with ServerThread(create_app("memory://", make_catalog(tmp_path), TOKEN)) as server:
-        created = httpx.post(f"{server.url}/api/instances", json={"process_id": "notes_review", "data": NOTES},
+        created = local_http.post(f"{server.url}/api/instances", json={"process_id": "notes_review", "data": NOTES},
                              headers=AUTH, timeout=30).json()
 
         def write(n: int) -> int:
-            return httpx.post(f"{server.url}/api/context-governance/inject", headers=AUTH, timeout=30, json={
+            return local_http.post(f"{server.url}/api/context-governance/inject", headers=AUTH, timeout=30, json={
                 "instance_id": created["instance_id"], "values": {f"k{n}": n},
                 "expected_version": created["version"]}).status_code
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import (CompressTriggerDetector, Layer, LayeredContext, RuleDrivenCompressor,
@@ -536,7 +537,7 @@ def served(tmp_path: Path) -> Iterator[tuple[httpx.Client, str]]:
 
 def test_compress_evaluate_decompress_and_rollback_over_rest(served: tuple[httpx.Client, str]) -> None:
     api, _store = served
-    assert httpx.post(str(api.base_url) + "/api/context-governance/inspect",
+    assert local_http.post(str(api.base_url) + "/api/context-governance/inspect",
                       json={"instance_id": "x"}).status_code == 401
     started = api.post("/api/instances", json={"process_id": "research_loop", "data": {}})
     assert started.status_code in (200, 201), started.text

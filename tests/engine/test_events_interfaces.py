@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import httpx
+import local_http
 import pytest
 from click.testing import CliRunner
 
@@ -195,7 +196,7 @@ def test_rest_a_denied_payload_key_is_403_and_recorded(server) -> None:
 
 
 def test_rest_needs_the_token_and_a_known_instance(server) -> None:
-    r = httpx.post(f"{server.base_url}/api/instances/x/events", json={"name": "go"}, timeout=30)
+    r = local_http.post(f"{server.base_url}/api/instances/x/events", json={"name": "go"}, timeout=30)
     assert r.status_code == 401
     r = server.post("/api/instances/no-such-id/events", json={"name": "go"})
     assert r.status_code == 404 and r.json()["error"]["kind"] == "not_found"

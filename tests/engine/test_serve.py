@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import local_http
 import pytest
 from click.testing import CliRunner
 
@@ -31,7 +32,7 @@ def _wait_ready(proc: subprocess.Popen, url: str, timeout: float = 60) -> None:
         if proc.poll() is not None:
             raise AssertionError(f"layerflow serve exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
         try:
-            if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
+            if local_http.get(f"{url}/api/health", timeout=1).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -58,13 +59,13 @@ def test_serve_answers_over_http(tmp_path):
     try:
         _wait_ready(proc, url)
         auth = {"Authorization": "Bearer serve-token"}
-        assert httpx.get(f"{url}/api/instances", timeout=10).status_code == 401
-        started = httpx.post(f"{url}/api/instances", json={"process_id": "notes_review", "data": NOTES},
+        assert local_http.get(f"{url}/api/instances", timeout=10).status_code == 401
+        started = local_http.post(f"{url}/api/instances", json={"process_id": "notes_review", "data": NOTES},
                              headers=auth, timeout=60)
         assert started.status_code == 201 and started.json()["status"] == "waiting"
-        listed = httpx.get(f"{url}/api/instances", headers=auth, timeout=10).json()
+        listed = local_http.get(f"{url}/api/instances", headers=auth, timeout=10).json()
         assert [r["id"] for r in listed] == [started.json()["instance_id"]]
-        assert httpx.get(f"{url}/openapi.json", timeout=10).json()["info"]["title"] == "layerflow"
+        assert local_http.get(f"{url}/openapi.json", timeout=10).json()["info"]["title"] == "layerflow"
     finally:
         _stop(proc)
     assert (tmp_path / "serve.db").is_file()
@@ -82,8 +83,8 @@ def test_serve_on_loopback_without_a_token_makes_one(tmp_path):
         assert "this run's API token is" in line, line
         token = line.rsplit(" ", 1)[1].strip()
         _wait_ready(proc, url)
-        assert httpx.get(f"{url}/api/instances", timeout=10).status_code == 401
-        assert httpx.get(f"{url}/api/instances", headers={"Authorization": f"Bearer {token}"}, timeout=10).json() == []
+        assert local_http.get(f"{url}/api/instances", timeout=10).status_code == 401
+        assert local_http.get(f"{url}/api/instances", headers={"Authorization": f"Bearer {token}"}, timeout=10).json() == []
     finally:
         _stop(proc)
 

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import local_http
 import pytest
 
 from context_layers.stores import open_store
@@ -154,7 +155,7 @@ def test_rest_shows_a_catalog_process_start_form(forms_dir: Path) -> None:
         fields = {f["id"]: f for f in form["fields"]}
         assert fields["days"]["required"] is True
         assert "employee" in fields and "paid" in fields
-        assert httpx.get(f"{server.url}/api/processes/leave_request", timeout=30).status_code == 401
+        assert local_http.get(f"{server.url}/api/processes/leave_request", timeout=30).status_code == 401
         assert c.get("/api/processes/order_intake").json()["start_form"]["event_id"] == "order_received"
         assert c.get("/api/processes/plain_start").json() == {"id": "plain_start", "name": None,
                                                               "file": "plain_start.bpmn", "start_form": None}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import ContextWriteDenied, LayeredContext
@@ -234,7 +235,7 @@ def test_replay_rebuilds_what_each_activity_saw_across_a_resume_in_another_proce
 
     with ServerThread(create_app(store, HERE, TOKEN)) as server:
         note = seen[2]
-        got = httpx.get(f"{server.url}/api/instances/{doc['instance_id']}/replay", headers=AUTH, timeout=30,
+        got = local_http.get(f"{server.url}/api/instances/{doc['instance_id']}/replay", headers=AUTH, timeout=30,
                         params={"context": note["context"], "until": note["seq"]})
         assert got.status_code == 200, got.text
         layers = {name: {k["key"]: k["value"] for k in layer["keys"]} for name, layer in got.json()["layers"].items()}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import jsonschema
 import pytest
 
@@ -88,7 +89,7 @@ def test_every_governance_operation_and_instance_read_needs_the_token(api: httpx
                          "/api/context-governance/tools"):
                 assert anon.get(path).status_code == 401, path
     assert state(api, iid)[:2] == before
-    assert httpx.get(f"{server.url}/api/health").status_code == 200
+    assert local_http.get(f"{server.url}/api/health").status_code == 200
 
 
 # ------------------------------------------------------------------ bad bodies

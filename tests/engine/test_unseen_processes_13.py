@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import Layer, LayeredContext
@@ -568,7 +569,7 @@ def test_a_worker_on_redis_runs_the_request_while_a_person_answers_through_rest(
             worker.terminate()
             worker.wait(timeout=30)
         with ServerThread(create_app(engine, HERE, TOKEN)) as server:
-            answered = httpx.post(f"{server.url}/api/instances/{iid}/user-tasks/clinical_review", headers=AUTH,
+            answered = local_http.post(f"{server.url}/api/instances/{iid}/user-tasks/clinical_review", headers=AUTH,
                                   json={"data": {"necessity": "no"}}, timeout=60)
         assert answered.status_code == 200 and answered.json()["waiting_for"][0]["id"] == "checks_join/decision"
         code, doc, err = layerflow("resume", iid, "--answer", "checks_join/decision=deny", "--json", store=store)

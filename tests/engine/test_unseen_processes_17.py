@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import Layer, LayeredContext
@@ -549,7 +550,7 @@ def test_two_workers_run_offboardings_while_hr_answers_through_rest(cli: Any, re
                 done = api.post(f"/api/instances/{iid}/user-tasks/hr_exit_interview", json={"data": {"would_return": True}})
                 assert done.status_code == 200, done.text
                 assert done.json()["status"] == "completed"
-            unauthorised = httpx.get(f"{url}/api/instances/{ids['E-1']}")
+            unauthorised = local_http.get(f"{url}/api/instances/{ids['E-1']}")
             assert unauthorised.status_code == 401
     finally:
         stop_all(procs)

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
+import local_http
 import pytest
 
 from test_contracts_cli import check_run_document
@@ -467,7 +468,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
+                if local_http.get(f"{url}/api/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -481,7 +482,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]
 
 def test_rest_inspect_resolve_and_rollback(server: tuple[str, str]) -> None:
     url, store = server
-    assert httpx.post(f"{url}/api/context-governance/inspect", json={"instance_id": "x"}).status_code == 401
+    assert local_http.post(f"{url}/api/context-governance/inspect", json={"instance_id": "x"}).status_code == 401
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as api:
         started = api.post("/api/instances", json={"process_id": "chargeback_dispute", "data": DISPUTE_DATA})
         assert started.status_code in (200, 201), started.text

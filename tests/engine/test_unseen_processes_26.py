@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from engine import Engine, load_process
@@ -377,7 +378,7 @@ def test_rest_the_second_question_of_a_multi_instance_join_is_answered_by_its_es
 
 def test_rest_the_sae_review_refuses_bad_input_and_runs_to_the_report(served: tuple[httpx.Client, str], cli: Any) -> None:
     api, store = served
-    assert httpx.post(str(api.base_url.join("/api/instances")), json={"process_id": "sae_review"}).status_code == 401
+    assert local_http.post(str(api.base_url.join("/api/instances")), json={"process_id": "sae_review"}).status_code == 401
     form = api.get("/api/processes/sae_review").json()["start_form"]
     assert form["event_id"] == "sae_received" and [f["id"] for f in form["fields"]][:3] == [
         "subject_id", "event_term", "severity"]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -86,7 +87,7 @@ def serving(store: str, folder: Path) -> Iterator[str]:
             found = re.search(r"serving .* on (http://127\.0\.0\.1:\d+)", log.read_text())
             url = found.group(1) if found else None
             time.sleep(0.05)
-        assert httpx.get(f"{url}/api/health", timeout=10).status_code == 200
+        assert local_http.get(f"{url}/api/health", timeout=10).status_code == 200
         yield url
     finally:
         proc.terminate()
@@ -105,11 +106,11 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def post(url: str, path: str, body: Any, *, headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, headers=AUTH if headers is None else headers, timeout=60)
+    return local_http.post(f"{url}{path}", json=body, headers=AUTH if headers is None else headers, timeout=60)
 
 
 def get(url: str, path: str, *, headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.get(f"{url}{path}", headers=AUTH if headers is None else headers, timeout=60)
+    return local_http.get(f"{url}{path}", headers=AUTH if headers is None else headers, timeout=60)
 
 
 def ok(response: httpx.Response, status: int = 200) -> Any:
@@ -525,7 +526,7 @@ def test_unknown_and_malformed_requests_name_the_field(server: str, request: pyt
                 422, "expected_version"),
         refused(post(server, f"/api/instances/{iid}/user-tasks/traveler_confirm", {"data": [1, 2]}), 422, "data"),
     ]
-    raw = httpx.post(f"{server}{GOV}/inject", content=b"{not json", timeout=30,
+    raw = local_http.post(f"{server}{GOV}/inject", content=b"{not json", timeout=30,
                      headers={**AUTH, "content-type": "application/json"})
     assert raw.status_code in (400, 422), raw.text
     assert ok(get(server, f"/api/instances/{iid}"))["tape_length"] == doc["tape_length"]  # nothing was written

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import Layer, LayeredContext
@@ -261,7 +262,7 @@ def test_a_credit_note_after_the_supplier_timer_came_due_takes_no_second_branch(
     second = engine.run(load_process(HERE / "invoice_dispute.bpmn"), DISPUTE)
     now[0] += 11 * 86400
     with ServerThread(create_app(engine, HERE, TOKEN)) as server:
-        r = httpx.post(f"{server.url}/api/instances/{second.id}/events", headers=AUTH, timeout=60,
+        r = local_http.post(f"{server.url}/api/instances/{second.id}/events", headers=AUTH, timeout=60,
                        json={"name": "credit_note_issued", "payload": {"credit_amount": 200}})
     assert r.status_code == 409 and "'supplier_silent'" in r.text, r.text
     assert engine.load(second.id).main.resolve("closed_with") == "short_paid:1000"

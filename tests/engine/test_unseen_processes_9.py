@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import (ActivityExtensionConfig, AttentionScore, CompressTriggerDetector, ContextWriteDenied,
@@ -441,7 +442,7 @@ def test_a_worker_runs_submitted_instances_and_the_api_answers_the_waiting_one(
     assert review.main.resolve("published") == "v4"
     assert [w["id"] for w in claim.waiting_for] == ["assess_join/claim_status"]
     with ServerThread(create_app(Engine(store), HERE, TOKEN)) as server:
-        answered = httpx.post(f"{server.url}/api/confirmations/assess_join/claim_status", headers=AUTH,
+        answered = local_http.post(f"{server.url}/api/confirmations/assess_join/claim_status", headers=AUTH,
                               json={"value": "approved", "instance_id": ids[1]}, timeout=60)
     assert answered.status_code == 200, answered.text
     done = Engine(store).load(ids[1])

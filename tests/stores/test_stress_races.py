@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import local_http
 import pytest
 
 from context_layers import LayeredContext
@@ -140,7 +141,7 @@ class Parts:
             for name, proc in self.procs.items():
                 assert proc.poll() is None, f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}"
             try:
-                if httpx.get(f"{self.url}/api/health", timeout=1).status_code == 200:
+                if local_http.get(f"{self.url}/api/health", timeout=1).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
