@@ -18,7 +18,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     timer: null, ticker: null, view: null, instanceId: null,
-    doc: null, tape: [], context: "main", replay: null, drafts: {}, taskErrors: {}, loading: false, scrolledFor: null,
+    doc: null, tape: [], context: "main", replay: null, drafts: {}, taskErrors: {}, loading: null, scrolledFor: null,
   };
 
   // ------------------------------------------------------------------ helpers
@@ -267,9 +267,24 @@
   }
 
   async function loadInstance(force) {
-    if (state.loading) return;
+    if (state.loading) {
+      if (!force) return;
+      // a forced load (after an answer, a refusal or a 409) must show what the server holds now,
+      // not what a refresh that began before the answer fetched (its version is stale: a submit
+      // carrying it would be refused): wait for that refresh, then load again
+      await state.loading;
+      return loadInstance(true);
+    }
+    state.loading = loadInstanceNow(force);
+    try {
+      await state.loading;
+    } finally {
+      state.loading = null;
+    }
+  }
+
+  async function loadInstanceNow(force) {
     const id = state.instanceId;
-    state.loading = true;
     if (!state.doc) setState($("inst-state"), "Loading the instance\u2026", "loading");
     try {
       const doc = await api("/api/instances/" + enc(id));
@@ -302,8 +317,6 @@
       const text = err.status === 404 ? "There is no instance " + id + " on this server." : "Could not load the instance: " + err.message;
       setState($("inst-state"), text, "error");
       if (!state.doc) $("inst-body").hidden = true;
-    } finally {
-      state.loading = false;
     }
   }
 
