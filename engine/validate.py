@@ -310,6 +310,7 @@ import ast
 import builtins
 import difflib
 import fnmatch
+import functools
 import importlib
 import json
 import re
@@ -4242,6 +4243,32 @@ class _Validator:
 # helpers
 
 
+@functools.lru_cache(maxsize=64)
+def _handler_file_names(source: bytes, filename: str) -> tuple[frozenset[str], frozenset[str]] | None:
+    """(every top-level name, the functions and classes) a handler file defines, by its source; None
+    when it star-imports. Cached by content: a process names several handlers of one file (the loan
+    demo seven), and parsing it was most of validating that process."""
+    tree = ast.parse(source, filename=filename)
+    names: set[str] = set()
+    functions: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            functions.add(node.name)
+            for deco in node.decorator_list:  # @activity("name") registers under that name
+                if isinstance(deco, ast.Call):
+                    names.update(a.value for a in deco.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    return frozenset(names), frozenset(functions)
+
+
 def _handler_problem(module_ref: str, attr: str, base: Path) -> str | None:
     """What is wrong with a ``module:function`` handler reference, or None when it may load."""
     if not module_ref or not attr:
@@ -4257,28 +4284,14 @@ def _handler_problem(module_ref: str, attr: str, base: Path) -> str | None:
     path = Path(module_ref)
     path = path if path.is_absolute() else base / path
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        defined_here = _handler_file_names(path.read_bytes(), str(path))
     except OSError:
         return f"file {path} not found; paths are relative to the process folder"
     except SyntaxError as err:
         return f"{path.name} line {err.lineno}: {err.msg}; fix the handler file"
-    names: set[str] = set()
-    functions: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            functions.add(node.name)
-            for deco in node.decorator_list:  # @activity("name") registers under that name
-                if isinstance(deco, ast.Call):
-                    names.update(a.value for a in deco.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any(alias.name == "*" for alias in node.names):
-                return None  # cannot tell without running it
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        else:
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
-                    names.add(sub.id)
+    if defined_here is None:
+        return None  # a star import: cannot tell without running it
+    names, functions = defined_here
     if attr in names:
         return None
     defined = sorted(n for n in functions if not n.startswith("_"))
