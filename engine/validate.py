@@ -3826,12 +3826,21 @@ class _Validator:
             # application: say what it names, the code to bring over as the handler
             attr, value, found_bean = delegate
             bean, method = found_bean.group(1), found_bean.group(2)
-            named = (f"calling {method}() of {bean!r}, a Java bean" if method
-                     else f"naming {bean!r}, a Java bean")
-            todo = [f"its {attr}={value!r} is a JUEL expression ({_dialect_said(value, 'JUEL')}) {named} of the "
-                    "other engine's application that does the step's work; write that work in Python as the "
-                    f"step's handler (handler: file.py:function in the config for {eid!r}) or give it an llm: block"
-                    if t == _RUN_BY_HANDLER else t for t in todo]
+            if method is None and bean in _JUEL_LITERALS:
+                # ${true} (Operaton's and Camunda's test models): a literal names no bean; the
+                # other engine evaluates it and the step does nothing
+                said = (f"its {attr}={value!r} is a JUEL literal ({bean}): the other engine evaluates it and "
+                        "does nothing else, so the step does no work there; make it a bpmn:scriptTask whose "
+                        f"script is `pass` (a bpmn:task waits for a person), or register a handler for {eid!r} "
+                        "that returns nothing")
+            else:
+                named = (f"calling {method}() of {bean!r}, a Java bean" if method
+                         else f"naming {bean!r}, a Java bean")
+                said = (f"its {attr}={value!r} is a JUEL expression ({_dialect_said(value, 'JUEL')}) {named} of "
+                        "the other engine's application that does the step's work; write that work in Python as "
+                        f"the step's handler (handler: file.py:function in the config for {eid!r}) or give it an "
+                        "llm: block")
+            todo = [said if t == _RUN_BY_HANDLER else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(map(_as_written(el), found))}, another "
@@ -4725,6 +4734,7 @@ _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://c
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable",
                       # BPMN-OS (optimisation models): a task's status operators compute as it runs
                       _BPMNOS_NS: "bpmnos"}
+_JUEL_LITERALS = frozenset({"true", "false", "null"})
 _JUEL_BEAN = re.compile(r"[$#]\{\s*([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*)\s*\(.*\))?\s*\}", re.S)
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "
