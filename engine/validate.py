@@ -2826,9 +2826,8 @@ class _Validator:
                     f"{text!r} is jBPM's short form of the ISO 8601 duration {iso}: write {iso} (quoted)"
                     if iso is not None else
                     f"{text!r} is a cron expression{cron_language}, as "
-                    "jBPM, Camunda and Zeebe read one; SpiffWorkflow has no cron: write the cycle as an ISO 8601 "
-                    "repeating interval in quotes, e.g. \"R/PT1H\" (each hour from when the timer starts) or "
-                    "\"R/2026-01-05T09:00:00/P1D\" (each day at 9:00)" if _CRON.fullmatch(text) else
+                    "jBPM, Camunda and Zeebe read one; SpiffWorkflow has no cron: " + _cron_instead(text)
+                    if _CRON.fullmatch(text) else
                     "write a Python expression that gives ISO 8601 text, e.g. \"PT1H\" (quoted) or a variable")
             self.add("timer_expression", f"timer {event!r}: {tag} {text!r} is not a Python expression ({err.msg}); "
                      f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
@@ -4717,6 +4716,40 @@ _JBPM_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(
 # Quartz / Unix cron: five to seven fields of numbers, * / , - ? L W #, or three-letter month and day names
 _CRON_FIELD = r"(?:[\d*?/,LW#-]+|[A-Za-z]{3}(?:[-,][A-Za-z]{3})*)"
 _CRON = re.compile(rf"(?:{_CRON_FIELD}\s+){{4,6}}{_CRON_FIELD}")
+_CRON_UNITS = (("S", "second"), ("M", "minute"), ("H", "hour"))
+
+
+def _cron_every(text: str) -> tuple[int, str, str] | None:
+    """(n, ISO unit, word) when cron ``text`` fires every n seconds, minutes or hours (Quartz's six or
+    seven fields, "0 0/5 * * * ?", or Unix's five, "*/5 * * * *"); None for any other schedule."""
+    fields = text.split()
+    if len(fields) == 5:
+        fields = ["0", *fields]  # Unix cron has no seconds: it fires at second 0
+    if len(fields) not in (6, 7):
+        return None
+    every = {"*", "?", "*/1", "0/1", "1/1"}
+    if any(f not in every for f in fields[3:]):
+        return None  # a day, month, weekday or year is named: a calendar schedule
+    for index, (unit, word) in enumerate(_CRON_UNITS):
+        finer, field, coarser = fields[:index], fields[index], fields[index + 1:3]
+        if not all(f.isdigit() for f in finer) or any(f not in every for f in coarser):
+            continue
+        step = re.fullmatch(r"(?:\*|0)/(\d+)", field)
+        n = int(step.group(1)) if step else 1 if field in every else 0
+        if n > 0:
+            return n, unit, word
+    return None
+
+
+def _cron_instead(text: str) -> str:
+    """What to write in place of cron ``text``: the ISO 8601 cycle it is, when it is a plain period."""
+    every = _cron_every(text)
+    if every is None:
+        return ("write the cycle as an ISO 8601 repeating interval in quotes, e.g. \"R/PT1H\" (each hour from "
+                "when the timer starts) or \"R/2026-01-05T09:00:00/P1D\" (each day at 9:00)")
+    n, unit, word = every
+    return (f"it fires every {n} {word}{'s' if n > 1 else ''}: write \"R/PT{n}{unit}\" (with the quotes), an "
+            f"ISO 8601 cycle counted from when the timer starts, not from the clock's whole {word}s")
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _JBPM_NS = "http://www.jboss.org/drools"
 _KCONTEXT_SET = re.compile(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']")

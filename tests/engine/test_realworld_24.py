@@ -61,3 +61,47 @@ def test_a_service_task_whose_expression_is_a_literal_is_not_said_to_name_a_java
     assert "operaton:expression='${true}' is a JUEL literal (true): the other engine evaluates it and " \
            "does nothing else, so the step does no work there" in warning
     assert "make it a bpmn:scriptTask whose script is `pass` (a bpmn:task waits for a person)" in warning
+
+
+# -- Operaton: a cron cycle on a non-interrupting timer event sub-process --------------------------
+
+CRON = HERE / "operaton_cron_cycle_event_subprocess.bpmn"
+
+
+def test_a_cron_cycle_of_every_few_minutes_is_refused_with_the_iso_cycle_it_is() -> None:
+    """validate said SpiffWorkflow has no cron and gave two unrelated examples ("R/PT1H", a daily
+    cycle): the reader had to work out that '0 0/5 * * * ?' (Quartz: second 0 of every fifth minute)
+    is a cycle of five minutes. It names the cycle to write."""
+    [problem] = validate_process([CRON]).problems
+    assert (problem.code, problem.element_id, problem.field) == ("timer_expression", "subprocessStartEvent",
+                                                                 "timeCycle")
+    text = str(problem)
+    assert "'0 0/5 * * * ?' is a cron expression" in text
+    assert 'it fires every 5 minutes: write "R/PT5M" (with the quotes)' in text
+    assert "counted from when the timer starts, not from the clock's whole minutes" in text
+
+
+def test_the_event_sub_process_edited_as_said_runs_once_per_period_beside_the_main_task(tmp_path: Path) -> None:
+    fixed = rewritten(tmp_path, CRON, [("<timeCycle>0 0/5 * * * ?</timeCycle>", '<timeCycle>"R/PT5M"</timeCycle>')])
+    assert errors(fixed) == []
+    clock = Clock()
+    engine = engine_with({}, clock)
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert waits(instance) == ["subprocessStartEvent", "userTask"]
+    clock.now += 5 * 60
+    instance = engine.resume(instance)
+    assert waits(instance) == ["subprocessStartEvent", "userTask", "userTask2"]
+    instance = engine.run(instance, answers={"user_tasks": {"userTask2": {"reminded": 1}}})
+    assert waits(instance) == ["subprocessStartEvent", "userTask"]
+    # the main path's end ends the instance: the non-interrupting cycle waits no longer
+    instance = engine.run(instance, answers={"user_tasks": {"userTask": {"done": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["startEvent", "userTask2", "subprocessEndEvent", "userTask", "endEvent"]
+    assert variables(instance.contexts["main"]) == {"reminded": 1, "done": True}
+
+
+def test_a_cron_calendar_schedule_keeps_the_general_advice() -> None:
+    from engine.validate import _cron_every
+    assert [_cron_every(t) for t in ("0 0/5 * * * ?", "0/5 0/1 * 1/1 * ?", "*/10 * * * *", "0 0 */2 * * ?",
+                                     "0 0 9 * * ?", "0 15 10 ? * MON-FRI", "0 0/5 9 * * ?")] == [
+        (5, "M", "minute"), (5, "S", "second"), (10, "M", "minute"), (2, "H", "hour"), None, None, None]
