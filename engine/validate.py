@@ -215,7 +215,8 @@ not make ``report.ok`` false:
                                       a throw event, a terminate on a catch event, ...): SpiffWorkflow
                                       ignores it and goes straight on
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
-                                      camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
+                                      camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs;
+                                      a conditional event's camunda:variableName / variableEvents filter
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: it fires only on one named like the event
                                       (SpiffWorkflow's fallback), and never when the event has no name
@@ -2370,6 +2371,8 @@ class _Validator:
                      "that it waits to hold, e.g. <bpmn:condition>approved == True</bpmn:condition>", file=proc.file,
                      line=(condition if condition is not None else definition).sourceline, element_id=event,
                      field="condition")
+        for definition in proc.element.iter(_bpmn("conditionalEventDefinition")):
+            self._check_condition_filter(definition, proc.file)
         for task in proc.element.iter(_bpmn("scriptTask")):
             script = task.find(_bpmn("script"))
             if script is not None and (script.text or "").strip():
@@ -2383,6 +2386,29 @@ class _Validator:
                 if (el.text or "").strip():
                     owner = _owner_id(el.getparent())
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _check_condition_filter(self, definition: Any, file: str) -> None:
+        """Camunda 7's (Operaton's) variableName / variableEvents on a conditional event: the other engine
+        checks the condition only as that variable changes; layerflow checks it after every step."""
+        names = {q.localname: (f"{prefix}:{q.localname}", v.strip()) for k, v in definition.attrib.items()
+                 for q in [etree.QName(k)] for prefix in [_ENGINE_NAMESPACES.get(q.namespace or "")] if prefix}
+        variable, events = names.get("variableName"), names.get("variableEvents")
+        if not (variable and variable[1]) and not (events and events[1]):
+            return
+        said = [f"{item[0]}={item[1]!r}" for item in (variable, events) if item and item[1]]
+        kinds = {"create": "set", "update": "updated", "delete": "deleted"}
+        how = " or ".join(kinds.get(e.strip(), e.strip()) for e in events[1].split(",")) if events and events[1] \
+            else "changes"
+        whom = f"variable {variable[1]!r}" if variable and variable[1] else "a variable"
+        what = f"{whom} is {how}" if how != "changes" else f"{whom} changes"
+        read = f"make the condition read {variable[1]!r}" if variable and variable[1] else "make the condition read it"
+        self.add("foreign_extension", f"conditional event {_flow_node_id(definition)!r}: its "
+                 f"bpmn:conditionalEventDefinition has {' and '.join(said)}, the other engine's filter: it checks "
+                 f"its condition only when {what}; layerflow does not read it: the condition is checked "
+                 "after every step, whatever changed, and the event fires as soon as it holds; if it must wait "
+                 f"for that change, {read} (e.g. compare it with a value saved before)", file=file,
+                 line=definition.sourceline, element_id=_flow_node_id(definition),
+                 field=(variable or events or ("",))[0], severity="warning")
 
     def _check_condition_names(self, proc: _Node) -> None:
         """A conditional event's condition that reads a name nothing in the files sets waits silently

@@ -258,7 +258,7 @@ CONDITIONAL_START = HERE / "operaton_conditional_start_variable_name.bpmn"
 def test_the_conditional_start_runs_from_the_cli_with_answers(tmp_path: Path, cli: Any) -> None:
     assert "write 'True'" in said(CONDITIONAL_START)["StartEvent_1"]
     fixed = rewritten(tmp_path, CONDITIONAL_START, [("${true}", "True")])
-    assert list(validate_process([fixed]).problems) == []
+    assert [p.code for p in validate_process([fixed]).problems] == ["foreign_extension"]  # its variableName
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps({"user_tasks": {"Task_1": {"ready": True}, "Task_3": {"flavour": "lemon"},
                                                   "Task_4": {"reps": 20}}}))
@@ -291,3 +291,22 @@ def test_the_caught_escalation_code_is_set_on_the_boundary_path_and_both_paths_e
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow).count("theEnd") == 2
     assert variables(instance.contexts["main"]) == {"a": 1, "escalationCodeVar": "escalationCode", "b": 2}
+
+
+def test_a_conditional_events_variable_filter_is_a_warning_that_it_is_not_read(tmp_path: Path) -> None:
+    """operaton:variableName="foo" makes Operaton (Camunda 7) check the condition only as 'foo' changes
+    (camunda:variableEvents narrows it to a create, update or delete); layerflow checks it after every
+    step, whatever changed. validate said nothing, so a condition over other names fires where the
+    other engine would not have."""
+    [warning] = [p for p in validate_process([CONDITIONAL_START]).problems if p.code == "foreign_extension"]
+    assert (warning.severity, warning.element_id, warning.field) == ("warning", "StartEvent_1", "operaton:variableName")
+    text = str(warning)
+    assert "has operaton:variableName='foo'" in text
+    assert "the other engine's filter: it checks its condition only when variable 'foo' changes" in text
+    assert "layerflow does not read it: the condition is checked after every step, whatever changed" in text
+    assert "make the condition read 'foo'" in text
+    filtered = rewritten(tmp_path, CONDITIONAL_START, [('operaton:variableName="foo"',
+                                                         'operaton:variableName="foo" operaton:variableEvents="update"')])
+    [warning] = [p for p in validate_process([filtered]).problems if p.code == "foreign_extension"]
+    assert "operaton:variableEvents='update'" in str(warning)
+    assert "only when variable 'foo' is updated" in str(warning)
