@@ -3286,8 +3286,12 @@ class _Validator:
         process completes as if it had. (A compensation start of an event sub-process is
         ``unsupported_start_event``.)"""
         self.related.add(eid)
+        # an event sub-process for compensation has no flow to draw into (its start is refused apart)
         handlers = [el.get("id") for el in event.getroottree().iter(*(_FLOW_NODES - _NOT_ACTIVITIES))
-                    if el.get("isForCompensation") == "true"]
+                    if el.get("isForCompensation") == "true" and el.get("triggeredByEvent") != "true"]
+        associated = [a.get("targetRef") for a in event.getroottree().iter(_bpmn("association"))
+                      if a.get("sourceRef") == eid and a.get("targetRef") in handlers]
+        handlers = associated or handlers  # a boundary event's handler is the one it is associated with
         undo = f" ({', '.join(map(repr, handlers))})" if handlers else ""
         what = ("SpiffWorkflow cannot load a compensation boundary event" if tag == "boundaryEvent" else
                 "SpiffWorkflow reads a compensation throw as a plain event, so no compensation handler runs and "

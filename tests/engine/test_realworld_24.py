@@ -110,9 +110,9 @@ def test_a_cron_calendar_schedule_keeps_the_general_advice() -> None:
 
 def test_the_transaction_is_refused_for_its_compensation_boundary_events_and_juel_conditions() -> None:
     refused = said(TRANSACTION)
-    for boundary in ("BoundaryEvent_17u4kle", "BoundaryEvent_0fpk9ez"):
+    for boundary, handler in (("BoundaryEvent_17u4kle", "Task_0a7j3wa"), ("BoundaryEvent_0fpk9ez", "Task_0bjphcl")):
         assert refused[boundary].startswith("error:") and "SpiffWorkflow 3.2 runs no compensation" in refused[boundary]
-        assert "undo tasks ('Task_0a7j3wa', 'Task_0bjphcl')" in refused[boundary]
+        assert f"undo tasks ({handler!r}) (set" in refused[boundary]
     for conditional in ("StartEvent_1v6l1up", "BoundaryEvent_0j9zalh"):
         assert "write 'variable == 1'" in refused[conditional]
     assert sorted(code for code, _ in errors(TRANSACTION)) == ["compensation_unsupported"] * 2 + [
@@ -310,3 +310,16 @@ def test_a_conditional_events_variable_filter_is_a_warning_that_it_is_not_read(t
     [warning] = [p for p in validate_process([filtered]).problems if p.code == "foreign_extension"]
     assert "operaton:variableEvents='update'" in str(warning)
     assert "only when variable 'foo' is updated" in str(warning)
+
+
+def test_a_compensation_boundary_event_names_its_own_handler_and_no_event_sub_process() -> None:
+    """Each refusal listed every compensation handler of the file as "the undo tasks ... (set
+    isForCompensation="false" on them)", the compensation event sub-process among them: that one has
+    no incoming flow to draw (its compensation start is refused on its own), and the boundary event
+    of 'bookFlight' is undone by 'cancelFlight' alone (the association says so)."""
+    refused = said(BOOKING)
+    assert "undo tasks ('cancelFlight') (set" in refused["boundaryEvent_bookFlight"]
+    assert "undo tasks ('cancelHotel') (set" in refused["boundaryEvent_bookHotel"]
+    for throw in ("compensateFlight", "compensateHotel", "throwCompensation"):
+        assert "undo tasks ('cancelFlight', 'cancelHotel') (set" in refused[throw]
+        assert "compensationSubProcess'" not in refused[throw].split("undo tasks")[1]
