@@ -18,11 +18,12 @@ from typing import Any
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import cli_in_a_tmp_store, path_of, run_json, variables  # noqa: F401 (the cli fixture)
+from engine_helpers import cli_in_a_tmp_store, path_of, run_json, variables
 from test_realworld_4 import rewritten
 from test_realworld_17 import said
 
 HERE = Path(__file__).resolve().parent / "realworld24"
+cli = cli_in_a_tmp_store  # the fixture "cli", here too
 
 
 def errors(path: Path) -> list[tuple[str, str | None]]:
@@ -42,6 +43,16 @@ def engine_with(handlers: dict[str, Any], clock: Clock | None = None) -> Engine:
     for task_id, handler in handlers.items():
         engine.handlers.register(task_id, handler)
     return engine
+
+
+def started_on_a_clock(tmp_path: Path, source: Path, cycle: str) -> tuple[Engine, Clock, Any]:
+    """``source`` with its bare timeCycle ``cycle`` quoted (as validate says), started and run on a clock
+    of the test's own."""
+    fixed = rewritten(tmp_path, source, [(f"<timeCycle>{cycle}</timeCycle>", f'<timeCycle>"{cycle}"</timeCycle>')])
+    assert errors(fixed) == []
+    clock = Clock()
+    engine = engine_with({}, clock)
+    return engine, clock, engine.run(engine.start(load_process([fixed]), {}))
 
 
 def waits(instance: Any) -> list[str]:
@@ -83,11 +94,10 @@ def test_a_cron_cycle_of_every_few_minutes_is_refused_with_the_iso_cycle_it_is()
 
 
 def test_the_event_sub_process_edited_as_said_runs_once_per_period_beside_the_main_task(tmp_path: Path) -> None:
-    fixed = rewritten(tmp_path, CRON, [("<timeCycle>0 0/5 * * * ?</timeCycle>", '<timeCycle>"R/PT5M"</timeCycle>')])
-    assert errors(fixed) == []
-    clock = Clock()
-    engine = engine_with({}, clock)
-    instance = engine.run(engine.start(load_process([fixed]), {}))
+    cron = CRON.read_text().replace("<timeCycle>0 0/5 * * * ?</timeCycle>", "<timeCycle>R/PT5M</timeCycle>")
+    (tmp_path / "given").mkdir()
+    (tmp_path / "given" / CRON.name).write_text(cron)
+    engine, clock, instance = started_on_a_clock(tmp_path, tmp_path / "given" / CRON.name, "R/PT5M")
     assert waits(instance) == ["subprocessStartEvent", "userTask"]
     clock.now += 5 * 60
     instance = engine.resume(instance)
@@ -217,11 +227,7 @@ def test_a_bare_iso_cycle_is_refused_with_the_string_to_write() -> None:
 
 
 def test_the_hourly_reminder_runs_beside_the_task_it_is_attached_to(tmp_path: Path) -> None:
-    fixed = rewritten(tmp_path, BOUNDARY_CYCLE, [("<timeCycle>R/PT1H</timeCycle>", '<timeCycle>"R/PT1H"</timeCycle>')])
-    assert list(validate_process([fixed]).problems) == []
-    clock = Clock()
-    engine = engine_with({}, clock)
-    instance = engine.run(engine.start(load_process([fixed]), {}))
+    engine, clock, instance = started_on_a_clock(tmp_path, BOUNDARY_CYCLE, "R/PT1H")
     assert waits(instance) == ["task", "timer"]
     clock.now += 3600
     instance = engine.resume(instance)
@@ -235,11 +241,7 @@ def test_the_hourly_reminder_runs_beside_the_task_it_is_attached_to(tmp_path: Pa
 
 
 def test_a_start_cycle_of_two_runs_its_path_twice_then_completes(tmp_path: Path) -> None:
-    fixed = rewritten(tmp_path, START_CYCLE, [("<timeCycle>R2/PT5M</timeCycle>", '<timeCycle>"R2/PT5M"</timeCycle>')])
-    assert errors(fixed) == []
-    clock = Clock()
-    engine = engine_with({}, clock)
-    instance = engine.run(engine.start(load_process([fixed]), {}))
+    engine, clock, instance = started_on_a_clock(tmp_path, START_CYCLE, "R2/PT5M")
     assert [(w["task_id"], w["repetitions_left"]) for w in instance.waiting_for] == [("theStart", 2)]
     clock.now += 5 * 60
     instance = engine.resume(instance)
