@@ -215,7 +215,8 @@ not make ``report.ok`` false:
                                       a throw event, a terminate on a catch event, ...): SpiffWorkflow
                                       ignores it and goes straight on
 ``foreign_extension`` W               another engine's execution settings (camunda:class,
-                                      camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs
+                                      camunda:resultVariable, zeebe:taskDefinition, ...), which no one runs;
+                                      a conditional event's camunda:variableName / variableEvents filter
 ``event_without_ref`` W               a message or signal catch event (start, intermediate, boundary) that names
                                       no bpmn:message / bpmn:signal: it fires only on one named like the event
                                       (SpiffWorkflow's fallback), and never when the event has no name
@@ -2371,6 +2372,8 @@ class _Validator:
                      "that it waits to hold, e.g. <bpmn:condition>approved == True</bpmn:condition>", file=proc.file,
                      line=(condition if condition is not None else definition).sourceline, element_id=event,
                      field="condition")
+        for definition in proc.element.iter(_bpmn("conditionalEventDefinition")):
+            self._check_condition_filter(definition, proc.file)
         for task in proc.element.iter(_bpmn("scriptTask")):
             script = task.find(_bpmn("script"))
             if script is not None and (script.text or "").strip():
@@ -2384,6 +2387,29 @@ class _Validator:
                 if (el.text or "").strip():
                     owner = _owner_id(el.getparent())
                     self._compile(el.text, "exec", el, proc.file, owner, "script_syntax", f"spiffworkflow:{tag}")
+
+    def _check_condition_filter(self, definition: Any, file: str) -> None:
+        """Camunda 7's (Operaton's) variableName / variableEvents on a conditional event: the other engine
+        checks the condition only as that variable changes; layerflow checks it after every step."""
+        names = {q.localname: (f"{prefix}:{q.localname}", v.strip()) for k, v in definition.attrib.items()
+                 for q in [etree.QName(k)] for prefix in [_ENGINE_NAMESPACES.get(q.namespace or "")] if prefix}
+        variable, events = names.get("variableName"), names.get("variableEvents")
+        if not (variable and variable[1]) and not (events and events[1]):
+            return
+        said = [f"{item[0]}={item[1]!r}" for item in (variable, events) if item and item[1]]
+        kinds = {"create": "set", "update": "updated", "delete": "deleted"}
+        how = " or ".join(kinds.get(e.strip(), e.strip()) for e in events[1].split(",")) if events and events[1] \
+            else "changes"
+        whom = f"variable {variable[1]!r}" if variable and variable[1] else "a variable"
+        what = f"{whom} is {how}" if how != "changes" else f"{whom} changes"
+        read = f"make the condition read {variable[1]!r}" if variable and variable[1] else "make the condition read it"
+        self.add("foreign_extension", f"conditional event {_flow_node_id(definition)!r}: its "
+                 f"bpmn:conditionalEventDefinition has {' and '.join(said)}, the other engine's filter: it checks "
+                 f"its condition only when {what}; layerflow does not read it: the condition is checked "
+                 "after every step, whatever changed, and the event fires as soon as it holds; if it must wait "
+                 f"for that change, {read} (e.g. compare it with a value saved before)", file=file,
+                 line=definition.sourceline, element_id=_flow_node_id(definition),
+                 field=(variable or events or ("",))[0], severity="warning")
 
     def _check_condition_names(self, proc: _Node) -> None:
         """A conditional event's condition that reads a name nothing in the files sets waits silently
@@ -2827,9 +2853,8 @@ class _Validator:
                     f"{text!r} is jBPM's short form of the ISO 8601 duration {iso}: write {iso} (quoted)"
                     if iso is not None else
                     f"{text!r} is a cron expression{cron_language}, as "
-                    "jBPM, Camunda and Zeebe read one; SpiffWorkflow has no cron: write the cycle as an ISO 8601 "
-                    "repeating interval in quotes, e.g. \"R/PT1H\" (each hour from when the timer starts) or "
-                    "\"R/2026-01-05T09:00:00/P1D\" (each day at 9:00)" if _CRON.fullmatch(text) else
+                    "jBPM, Camunda and Zeebe read one; SpiffWorkflow has no cron: " + _cron_instead(text)
+                    if _CRON.fullmatch(text) else
                     "write a Python expression that gives ISO 8601 text, e.g. \"PT1H\" (quoted) or a variable")
             self.add("timer_expression", f"timer {event!r}: {tag} {text!r} is not a Python expression ({err.msg}); "
                      f"SpiffWorkflow evaluates it over the context: {todo}", file=file,
@@ -3262,8 +3287,12 @@ class _Validator:
         process completes as if it had. (A compensation start of an event sub-process is
         ``unsupported_start_event``.)"""
         self.related.add(eid)
+        # an event sub-process for compensation has no flow to draw into (its start is refused apart)
         handlers = [el.get("id") for el in event.getroottree().iter(*(_FLOW_NODES - _NOT_ACTIVITIES))
-                    if el.get("isForCompensation") == "true"]
+                    if el.get("isForCompensation") == "true" and el.get("triggeredByEvent") != "true"]
+        associated = [a.get("targetRef") for a in event.getroottree().iter(_bpmn("association"))
+                      if a.get("sourceRef") == eid and a.get("targetRef") in handlers]
+        handlers = associated or handlers  # a boundary event's handler is the one it is associated with
         undo = f" ({', '.join(map(repr, handlers))})" if handlers else ""
         what = ("SpiffWorkflow cannot load a compensation boundary event" if tag == "boundaryEvent" else
                 "SpiffWorkflow reads a compensation throw as a plain event, so no compensation handler runs and "
@@ -3827,12 +3856,21 @@ class _Validator:
             # application: say what it names, the code to bring over as the handler
             attr, value, found_bean = delegate
             bean, method = found_bean.group(1), found_bean.group(2)
-            named = (f"calling {method}() of {bean!r}, a Java bean" if method
-                     else f"naming {bean!r}, a Java bean")
-            todo = [f"its {attr}={value!r} is a JUEL expression ({_dialect_said(value, 'JUEL')}) {named} of the "
-                    "other engine's application that does the step's work; write that work in Python as the "
-                    f"step's handler (handler: file.py:function in the config for {eid!r}) or give it an llm: block"
-                    if t == _RUN_BY_HANDLER else t for t in todo]
+            if method is None and bean in _JUEL_LITERALS:
+                # ${true} (Operaton's and Camunda's test models): a literal names no bean; the
+                # other engine evaluates it and the step does nothing
+                said = (f"its {attr}={value!r} is a JUEL literal ({bean}): the other engine evaluates it and "
+                        "does nothing else, so the step does no work there; make it a bpmn:scriptTask whose "
+                        f"script is `pass` (a bpmn:task waits for a person), or register a handler for {eid!r} "
+                        "that returns nothing")
+            else:
+                named = (f"calling {method}() of {bean!r}, a Java bean" if method
+                         else f"naming {bean!r}, a Java bean")
+                said = (f"its {attr}={value!r} is a JUEL expression ({_dialect_said(value, 'JUEL')}) {named} of "
+                        "the other engine's application that does the step's work; write that work in Python as "
+                        f"the step's handler (handler: file.py:function in the config for {eid!r}) or give it an "
+                        "llm: block")
+            todo = [said if t == _RUN_BY_HANDLER else t for t in todo]
         # (SpiffWorkflow's CamundaParser reads some camunda: settings, a multi-instance collection among
         # them; layerflow parses as SpiffWorkflow's own parser does, which reads none)
         self.add("foreign_extension", f"bpmn:{tag} {eid!r} has {', '.join(map(_as_written(el), found))}, another "
@@ -4721,6 +4759,40 @@ _JBPM_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(
 # Quartz / Unix cron: five to seven fields of numbers, * / , - ? L W #, or three-letter month and day names
 _CRON_FIELD = r"(?:[\d*?/,LW#-]+|[A-Za-z]{3}(?:[-,][A-Za-z]{3})*)"
 _CRON = re.compile(rf"(?:{_CRON_FIELD}\s+){{4,6}}{_CRON_FIELD}")
+_CRON_UNITS = (("S", "second"), ("M", "minute"), ("H", "hour"))
+
+
+def _cron_every(text: str) -> tuple[int, str, str] | None:
+    """(n, ISO unit, word) when cron ``text`` fires every n seconds, minutes or hours (Quartz's six or
+    seven fields, "0 0/5 * * * ?", or Unix's five, "*/5 * * * *"); None for any other schedule."""
+    fields = text.split()
+    if len(fields) == 5:
+        fields = ["0", *fields]  # Unix cron has no seconds: it fires at second 0
+    if len(fields) not in (6, 7):
+        return None
+    every = {"*", "?", "*/1", "0/1", "1/1"}
+    if any(f not in every for f in fields[3:]):
+        return None  # a day, month, weekday or year is named: a calendar schedule
+    for index, (unit, word) in enumerate(_CRON_UNITS):
+        finer, field, coarser = fields[:index], fields[index], fields[index + 1:3]
+        if not all(f.isdigit() for f in finer) or any(f not in every for f in coarser):
+            continue
+        step = re.fullmatch(r"(?:\*|0)/(\d+)", field)
+        n = int(step.group(1)) if step else 1 if field in every else 0
+        if n > 0:
+            return n, unit, word
+    return None
+
+
+def _cron_instead(text: str) -> str:
+    """What to write in place of cron ``text``: the ISO 8601 cycle it is, when it is a plain period."""
+    every = _cron_every(text)
+    if every is None:
+        return ("write the cycle as an ISO 8601 repeating interval in quotes, e.g. \"R/PT1H\" (each hour from "
+                "when the timer starts) or \"R/2026-01-05T09:00:00/P1D\" (each day at 9:00)")
+    n, unit, word = every
+    return (f"it fires every {n} {word}{'s' if n > 1 else ''}: write \"R/PT{n}{unit}\" (with the quotes), an "
+            f"ISO 8601 cycle counted from when the timer starts, not from the clock's whole {word}s")
 # Camunda (7 and 8), Operaton, Activiti and Flowable: their modelers write execution settings in these
 _JBPM_NS = "http://www.jboss.org/drools"
 _KCONTEXT_SET = re.compile(r"kcontext\s*\.\s*setVariable\(\s*[\"']([A-Za-z_]\w*)[\"']")
@@ -4738,6 +4810,7 @@ _ENGINE_NAMESPACES = {"http://camunda.org/schema/1.0/bpmn": "camunda", "http://c
                       "http://activiti.org/bpmn": "activiti", "http://flowable.org/bpmn": "flowable",
                       # BPMN-OS (optimisation models): a task's status operators compute as it runs
                       _BPMNOS_NS: "bpmnos"}
+_JUEL_LITERALS = frozenset({"true", "false", "null"})
 _JUEL_BEAN = re.compile(r"[$#]\{\s*([A-Za-z_]\w*)(?:\.([A-Za-z_]\w*)\s*\(.*\))?\s*\}", re.S)
 _RUN_BY_HANDLER = "run the step with a handler (handler: file.py:function in its config) or an llm: block"
 _WORK_BEFORE = ("do its work in a bpmn:serviceTask drawn before it (a handler or an llm: block there), or make it a "

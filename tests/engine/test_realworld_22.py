@@ -172,7 +172,7 @@ REFUSED = [
      "name the process it calls, calledElement=\"documentProviding\""),
     ("camunda7_external_order_cron.bpmn", "StartEvent_1", "'0/5 0/1 * 1/1 * ?' is a cron expression"),
     ("camunda7_external_order_cron.bpmn", "StartEvent_1",
-     'write the cycle as an ISO 8601 repeating interval in quotes, e.g. "R/PT1H"'),
+     'it fires every 5 seconds: write "R/PT5S" (with the quotes)'),
     ("camunda7_external_order_cron.bpmn", "BoundaryEvent_1y1bvad", "write 'invoiceId != None'"),
 ]
 
