@@ -142,11 +142,12 @@ def test_reviews_disagree_a_person_sends_it_back_and_the_second_round_passes(cli
     assert [e["actor"] for e in decisions] == ["dana"]
 
 
-def test_a_question_nobody_answers_escalates_and_then_a_person_rejects(cli: Any) -> None:
+def test_a_question_nobody_answers_escalates_and_then_a_person_rejects(cli: Any, tmp_path: Path) -> None:
     answers = {"user_tasks": {"Activity_compliance_review": {"onboarding_decision": "approve"},
                               "Activity_legal_review": {"onboarding_decision": "reject"}}}
+    (tmp_path / "answers.json").write_text(json.dumps(answers))
     doc = run_json(cli, "run", str(SUPPLIER), "--data", json.dumps(supplier(annual_spend=5000)),
-                   "--answers", json.dumps(answers) if False else _write(answers, cli), code=3)
+                   "--answers", str(tmp_path / "answers.json"), code=3)
     iid = doc["instance_id"]
     (item,) = doc["waiting_for"]
     assert item["id"] == JOIN_Q and "due" in item
@@ -160,18 +161,6 @@ def test_a_question_nobody_answers_escalates_and_then_a_person_rejects(cli: Any)
     doc = run_json(cli, "resume", iid, "--answer", f"{JOIN_Q}=reject")
     assert doc["status"] == "completed"
     assert doc["layers"]["L3"]["onboarding_decision"] == "reject" and "supplier_status" not in doc["layers"]["L3"]
-
-
-_ANSWERS: list[Path] = []
-
-
-def _write(answers: dict[str, Any], cli: Any) -> str:
-    import tempfile
-    handle, name = tempfile.mkstemp(suffix=".json")
-    os.close(handle)
-    Path(name).write_text(json.dumps(answers))
-    _ANSWERS.append(Path(name))
-    return name
 
 
 # ===== supplier onboarding: Python API, the engine's clock ========================================
