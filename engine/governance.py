@@ -1188,7 +1188,17 @@ class GovernanceService:
     def rollback(self, instance_id: str, args: RollbackArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
         def apply(instance: Instance) -> dict[str, Any]:
-            ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
+            owner = self._snapshot_owner(instance, args.snapshot_id, args.context)
+            info = instance.branches.get(owner.name)
+            if args.context is None and info is not None and info.get("status") == "joined":
+                parent = info.get("parent") or MAIN
+                raise InstanceStateError(
+                    f"rollback: snapshot {args.snapshot_id!r} was taken in context {owner.name!r} of instance "
+                    f"{instance.id} (branch {info.get('branch_id') or owner.name!r}), already merged into {parent!r} at "
+                    f"{info.get('join')!r}: nothing reads that context any more, and {parent!r} never was in that "
+                    f"state. Roll {parent!r} back to a snapshot of its own: the split's, {info.get('snapshot_id')!r}, "
+                    "is from before the branch began (`layerflow snapshot ID --list` lists them)")
+            ctx = self._writable(instance, owner, "rollback")
             before = ctx.token_report()
             had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
             event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor, reason=args.reason)

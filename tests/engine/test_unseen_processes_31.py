@@ -222,6 +222,15 @@ def test_postmortem_compresses_rolls_back_replays_and_is_finished_by_another_pro
     assert run_json(cli, "inspect", iid, "--layer", "L3")["layers"]["L3"]["severity"] == "sev1"
     (restore,) = run_json(cli, "tape", iid, "--kind", "rollback")
     assert restore["data"]["reason"] == "severity set by mistake"
+    # the root cause's own snapshot (listed too) is of a branch merged since: not main's to go back to
+    listed = [s["snapshot_id"] for s in run_json(cli, "snapshot", iid, "--list")["snapshots"]]
+    branch_snap = next(s for s in listed if s.startswith("snap:main/Activity_root_cause@"))
+    refused = cli("rollback", iid, branch_snap)
+    assert refused.exit_code == 2
+    assert "merged into 'main' at 'Gateway_analysis_join'" in refused.stderr
+    split_snap = run_json(cli, "tape", iid, "--kind", "split")[0]["data"]["snapshot_id"]
+    assert f"the split's, {split_snap!r}" in refused.stderr                # what to roll back to instead
+    assert "--context" not in refused.stderr                              # main never held that state
     replayed = run_json(cli, "replay", iid, "--until", str(seq))
     assert replayed["layers"] == then["layers"]
     end = run_json(cli, "replay", iid, "--until", "9999")
