@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,7 +44,7 @@ import pytest
 from context_layers import Layer, LayeredContext
 from engine import Engine, load_process
 
-from engine_helpers import cli_in_a_tmp_store, run_json, wait_until_served
+from engine_helpers import cli_in_a_tmp_store, run_json, serving_catalog
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
@@ -252,19 +251,8 @@ def test_postmortem_compresses_rolls_back_replays_and_is_finished_by_another_pro
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     folder = tmp_path_factory.mktemp("served31")
-    log = folder / "serve.err"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN)
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                                 "--catalog", str(HERE), "--store", f"sqlite:///{folder / 'rest.db'}"], env=env,
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    try:
-        url = wait_until_served(log, proc)
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30) as client:
-            yield client
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+    with serving_catalog(HERE, f"sqlite:///{folder / 'rest.db'}", folder / "serve.err", TOKEN) as client:
+        yield client
 
 
 def _started_postmortem(api: httpx.Client) -> dict[str, Any]:
