@@ -896,13 +896,20 @@ class DecompressResult:
                 "tokens_after": self.tokens_after, "event_seq": self.event_seq}
 
 
-def decompress(ctx: LayeredContext, snapshot_id: SnapshotRef = None, *, actor: str = "compressor") -> DecompressResult:
+def decompress(ctx: LayeredContext, snapshot_id: SnapshotRef = None, *, actor: str = "compressor",
+               source: LayeredContext | None = None) -> DecompressResult:
     """Undo the compression that took ``snapshot_id``: HISTORY as it was in that snapshot (one
     restore event; the compressed version stays on the tape, so a later ``restore`` can bring it
     back too), plus what HISTORY gained or changed since the compression (the activities that ran
     after it, a later compression), re-applied in one more event: undoing a compression drops
     nothing written after it. A snapshot no compression took is restored as it is.
-    ``snapshot_id`` may be the ``CompressResult``, or left out for the latest compression."""
+    ``snapshot_id`` may be the ``CompressResult``, or left out for the latest compression.
+
+    ``source``: the context the compression ran in, when it is not ``ctx`` (a parallel branch
+    that compressed, then was merged into ``ctx`` at its join): what that compression changed in
+    HISTORY and ``ctx`` still holds as the compression left it is put back as it was before it."""
+    if source is not None and source is not ctx:
+        return _decompress_merged(ctx, source, _snapshot_of(source, snapshot_id, "decompress"), actor)
     snapshot_id = _snapshot_of(ctx, snapshot_id, "decompress")
     try:
         snap = ctx.get_snapshot(snapshot_id)
@@ -918,6 +925,37 @@ def decompress(ctx: LayeredContext, snapshot_id: SnapshotRef = None, *, actor: s
                                   data={"snapshot_id": snapshot_id, "kept": [k for _, k, _ in changes]})
     after = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
     return DecompressResult(snapshot_id=snapshot_id, tokens_before=before, tokens_after=after, event_seq=event.seq)
+
+
+def _decompress_merged(ctx: LayeredContext, source: LayeredContext, snapshot_id: str, actor: str) -> DecompressResult:
+    try:
+        snap = source.get_snapshot(snapshot_id)
+    except ContextKeyError as exc:
+        raise ContextKeyError(f"cannot decompress: {exc}; pass the snapshot_id of a CompressResult") from None
+    event = next((e for e in reversed(source.tape)
+                  if e.data.get("note") == "compress" and e.data.get("snapshot_id") == snap.id), None)
+    if event is None:
+        raise ContextKeyError(f"cannot decompress into {ctx.name!r}: snapshot {snapshot_id!r} of context "
+                              f"{source.name!r} was taken by no compression; pass the snapshot_id of a CompressResult")
+    left: dict[str, Any] = {}  # what the compression left in HISTORY, key by key (its last change wins)
+    for layer, key, value in event.changes:
+        if layer == Layer.HISTORY:
+            left[key] = value
+    before, now = snap.layer(Layer.HISTORY), ctx.layer(Layer.HISTORY)
+
+    def same(a: Any, b: Any) -> bool:
+        if a is DELETED or b is DELETED:
+            return a is b
+        return a is b or canonical_json(a) == canonical_json(b)
+
+    # a key changed since (or that the join took from another branch) keeps its value
+    changes = [(Layer.HISTORY, key, before.get(key, DELETED)) for key, value in left.items()
+               if same(now.get(key, DELETED), value) and not same(now.get(key, DELETED), before.get(key, DELETED))]
+    tokens_before = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
+    done = ctx.apply_changes(changes, kind="decompress", actor=actor,
+                             data={"snapshot_id": snapshot_id, "context": source.name})
+    return DecompressResult(snapshot_id=snapshot_id, tokens_before=tokens_before,
+                            tokens_after=ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING), event_seq=done.seq)
 
 
 def _history_since_compression(ctx: LayeredContext, snap: Any) -> list[tuple[str, Any]]:

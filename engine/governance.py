@@ -1148,8 +1148,8 @@ class GovernanceService:
                         "density_gain": report.density_gain}
             self._writable(instance, ctx, f"compress ({args.action})")
             if args.action == "decompress":
-                sid = args.snapshot_id or args.before_snapshot_id or self._last_compression(instance, ctx)
-                done = decompress(ctx, sid, actor=actor)
+                sid = args.snapshot_id or args.before_snapshot_id or self._last_compression(instance, ctx, merged=True)
+                done = decompress(ctx, sid, actor=actor, source=self._merged_owner(instance, ctx, sid))
                 return {"action": "decompress", "context": ctx.name, **done.to_dict()}
             extra = sorted(set(args.target_layers) - {"L3"})
             if extra:
@@ -1167,9 +1167,11 @@ class GovernanceService:
         return self._change(instance_id, expected_version, f"compress:{args.action}", actor, apply)
 
     @staticmethod
-    def _last_compression(instance: Instance, ctx: LayeredContext) -> str:
+    def _last_compression(instance: Instance, ctx: LayeredContext, *, merged: bool = False) -> str:
+        """The latest compression of ``ctx`` (``merged``: or of a branch merged into it since)."""
         for c in reversed(instance.compressions):
-            if c.get("context", MAIN) == ctx.name and c.get("snapshot_id"):
+            name = c.get("context", MAIN)
+            if c.get("snapshot_id") and (name == ctx.name or merged and _merged_into(instance, name, ctx.name)):
                 return str(c["snapshot_id"])
         raise BadRequest(f"context {ctx.name!r} of instance {instance.id} has no compression to refer to; "
                          "pass before_snapshot_id / snapshot_id")
@@ -1186,7 +1188,17 @@ class GovernanceService:
     def rollback(self, instance_id: str, args: RollbackArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
         def apply(instance: Instance) -> dict[str, Any]:
-            ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
+            owner = self._snapshot_owner(instance, args.snapshot_id, args.context)
+            info = instance.branches.get(owner.name)
+            if args.context is None and info is not None and info.get("status") == "joined":
+                parent = info.get("parent") or MAIN
+                raise InstanceStateError(
+                    f"rollback: snapshot {args.snapshot_id!r} was taken in context {owner.name!r} of instance "
+                    f"{instance.id} (branch {info.get('branch_id') or owner.name!r}), already merged into {parent!r} at "
+                    f"{info.get('join')!r}: nothing reads that context any more, and {parent!r} never was in that "
+                    f"state. Roll {parent!r} back to a snapshot of its own: the split's, {info.get('snapshot_id')!r}, "
+                    "is from before the branch began (`layerflow snapshot ID --list` lists them)")
+            ctx = self._writable(instance, owner, "rollback")
             before = ctx.token_report()
             had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
             event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor, reason=args.reason)
@@ -1198,6 +1210,15 @@ class GovernanceService:
                     "layers": [str(Layer(x)) for x in event.data["layers"]],
                     "tokens_before": before, "tokens_after": ctx.token_report()}
         return self._change(instance_id, expected_version, "rollback", actor, apply)
+
+    @staticmethod
+    def _merged_owner(instance: Instance, ctx: LayeredContext, snapshot_id: str) -> LayeredContext | None:
+        """The branch context that took ``snapshot_id`` and was merged into ``ctx`` at its join (a
+        compression a parallel branch made: its changes are ``ctx``'s history now); None otherwise."""
+        if snapshot_id in ctx.snapshots:
+            return None
+        return next((other for name, other in instance.contexts.items()
+                     if snapshot_id in other.snapshots and _merged_into(instance, name, ctx.name)), None)
 
     def _snapshot_owner(self, instance: Instance, snapshot_id: str, context: str | None) -> LayeredContext:
         if context is not None:
@@ -1552,6 +1573,20 @@ def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
 
 
 _ABSENT = object()
+
+
+def _merged_into(instance: Instance, name: str, target: str) -> bool:
+    """Whether the context ``name`` is a branch joined into ``target`` (directly, or through the
+    branches it was joined into in turn)."""
+    seen = set()
+    info = instance.branches.get(name)
+    while info is not None and info.get("status") == "joined" and name not in seen:
+        seen.add(name)
+        name = info.get("parent") or MAIN
+        if name == target:
+            return True
+        info = instance.branches.get(name)
+    return False
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -215,3 +215,30 @@ def wait_until_served(log: Path, proc: Any, *, seconds: float = 60) -> str:
             pass
         assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
         time.sleep(0.1)
+
+
+@contextmanager
+def serving_catalog(catalog: Path, store: str, log: Path, token: str, *args: str, **env: str) -> Iterator[Any]:
+    """``layerflow serve --port 0 --catalog CATALOG --store STORE`` (extra ``args`` and environment), as
+    a user starts it; yields an ``httpx.Client`` on its URL that carries the bearer ``token``. Only the
+    server's own process group is stopped afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    root = Path(__file__).resolve().parents[2]
+    with log.open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+                                 "--catalog", str(catalog), "--store", store, *args],
+                                env=dict(os.environ, PYTHONPATH=str(root), LAYERFLOW_API_TOKEN=token, **env),
+                                cwd=root, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    try:
+        url = wait_until_served(log, proc)
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+            yield api
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)

@@ -42,22 +42,16 @@ the keys its activities preserved (a rollback is no compressor), and `resume --s
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from engine import Engine, load_process
 from engine.governance import AnswerArgs, ConfigArgs, GovernanceService, InstanceStateError
 
-from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, wait_until_served
+from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, serving_catalog
 from stub_llm import Reply, StubLLM
 from test_contracts_cli import check_run_document
 
@@ -204,22 +198,10 @@ def test_rolling_back_a_waiting_complaint_then_resuming_names_the_key_the_rollba
 
 # ===== REST: a real server on a Redis store =======================================================
 
-@contextmanager
-def _serving(store: str, log: Path, *args: str, **env: str) -> Iterator[httpx.Client]:
+def _serving(store: str, log: Path, *args: str, **env: str) -> Any:
     """``layerflow serve --port 0`` with the catalog unseen27/ on ``store`` (extra ``args`` and
-    environment); the client carries the token. Only the server's own process group is stopped."""
-    with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                                 "--catalog", str(HERE), "--store", store, *args],
-                                env=dict(os.environ, PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN, **env),
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-    try:
-        url = wait_until_served(log, proc)
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as api:
-            yield api
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+    environment); the client carries the token."""
+    return serving_catalog(HERE, store, log, TOKEN, *args, **env)
 
 
 @pytest.fixture(name="store")
