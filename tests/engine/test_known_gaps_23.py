@@ -264,7 +264,7 @@ def test_a_standalone_conditional_event_still_says_resume_set(cli: Any) -> None:
     [item] = [w for w in doc["waiting_for"] if w.get("event_kind") == "conditional"]
     assert "never_fires" not in item
     said = cli("run", str(HERE / "gaps22" / "cond_unset.bpmn"))
-    [line] = [x for x in said.stdout.splitlines() if "level_high" in x]
+    [line] = [x for x in said.stdout.splitlines() if "waiting at restocked" in x]
     assert "--set KEY=VALUE" in line and "never fires" not in line, said.stdout
 
 
