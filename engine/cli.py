@@ -281,6 +281,18 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
                          f"`layerflow send {instance.id}{at} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
             continue
+        elif w.get("never_fires"):
+            others = [o.get("event_id") for o in doc["waiting_for"]
+                      if o.get("gateway_id") == w["gateway_id"] and not o.get("never_fires")]
+            lines.append(f"  conditional branch {w['event_id']!r} ({w['condition']!r}) of event-based gateway "
+                         f"{w['gateway_id']!r} never fires: SpiffWorkflow 3.2 never evaluates such a branch's "
+                         "condition, so nothing written to the context releases it; " +
+                         (f"the gateway's other branches ({', '.join(map(repr, others))}) decide"
+                          if others else "nothing else decides at this gateway: `layerflow cancel "
+                          f"{instance.id}{at} --reason TEXT` ends the instance") +
+                         ". Model it as an interrupting conditional boundary event on a receive task (or on "
+                         "a user task) instead; `layerflow validate` warns of it")
+            continue
         elif w.get("event_kind") == "conditional":
             lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
                          f"reads, `layerflow resume {instance.id}{at} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
