@@ -1195,15 +1195,48 @@ class GovernanceService:
             ctx = self._writable(instance, self._snapshot_owner(instance, args.snapshot_id, args.context), "rollback")
             before = ctx.token_report()
             had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
+            activity = self._open_activity_at(instance, ctx, args.snapshot_id, actor)
             event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor, reason=args.reason)
             self._refuse_asked(instance, ctx, "rollback", [k for k, v in had.items()
                                                            if not _same(v, ctx.get(k, _ABSENT))])
             ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
-                                                        "reason": args.reason})
+                                                        "reason": args.reason, **activity})
             return {"context": ctx.name, "snapshot_id": args.snapshot_id, "event_seq": event.seq,
                     "layers": [str(Layer(x)) for x in event.data["layers"]],
-                    "tokens_before": before, "tokens_after": ctx.token_report()}
+                    "tokens_before": before, "tokens_after": ctx.token_report(), **activity}
         return self._change(instance_id, expected_version, "rollback", actor, apply)
+
+    @staticmethod
+    def _open_activity_at(instance: Instance, ctx: LayeredContext, snapshot_id: str, actor: str) -> dict[str, str]:
+        """What a rollback does to the activity ``ctx`` has open (a model activity waiting for, or
+        failed after, a person's answer): a snapshot taken inside it keeps it open, its conversation
+        going on (``activity_open``); one taken before it began ends it first, as a failure does (an
+        ``abort`` naming the rollback; its conversation dropped), so ``resume`` runs it again from the
+        context rolled back (``activity_ended``), and a later ``cancel`` cannot put back, from the
+        activity's begin snapshot, what the rollback took away. While the model's question waits for
+        an answer that second case is refused: its conversation would be dropped under the question."""
+        open_ = ctx.current_activity
+        if open_ is None:
+            return {}
+        began = [e for e in ctx.tape.filter(kind="begin") if e.activity == open_][-1]
+        if ctx.get_snapshot(snapshot_id).seq > began.seq:
+            return {"activity_open": open_}
+        held = [(k, v) for k, v in instance.suspended.items()
+                if v.get("task_id") == open_ and (v.get("context") or MAIN) == ctx.name]
+        waited = [c["id"] for _, v in held for c in instance.confirmations
+                  if c["id"] in v.get("confirmations", ()) and not c.get("answered")]
+        if waited:
+            raise InstanceStateError(
+                f"rollback: activity {open_!r} of instance {instance.id} is open, waiting for the answer to "
+                f"{', '.join(map(repr, waited))} that its model asked; snapshot {snapshot_id!r} was taken before it "
+                "began, so the rollback would end the activity under that question. Answer it first (the activity "
+                f"then goes on), or `layerflow cancel {instance.id} --reason TEXT`")
+        ctx.abort_activity(open_, actor=actor, reason=(
+            f"rollback to snapshot {snapshot_id!r}, taken before activity {open_!r} began: the activity ends here "
+            "(its conversation with the model is dropped) and runs again from the context rolled back on resume"))
+        for key, _ in held:
+            del instance.suspended[key]
+        return {"activity_ended": open_}
 
     def _snapshot_owner(self, instance: Instance, snapshot_id: str, context: str | None) -> LayeredContext:
         if context is not None:

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from context_layers import Layer
+from context_layers import Layer, LayeredContext
 from engine import Engine, load_process
 from engine.api import create_app
 from engine.governance import AnswerArgs, AnsweredAlready, AnsweredByTimeout, GovernanceService
@@ -193,6 +193,7 @@ def test_a_rollback_to_before_the_open_activity_ends_it_and_resume_runs_it_again
     assert restore.data["snapshot_id"] == before
     [note] = [e for e in ctx.tape if e.data.get("op") == "rollback"]
     assert note.data["activity_ended"] == "review", note.data
+    assert LayeredContext.replay(list(ctx.tape)) == ctx  # the tape alone rebuilds it
     # resume runs it again from the context rolled back: a new conversation, without the notes
     stub.push(Reply.json(DECISION))
     done = engine.resume(iid).to_document()
@@ -227,6 +228,8 @@ def test_a_rollback_inside_the_open_activity_keeps_it_and_its_conversation(
     [note] = [e for e in rolled.main.tape if e.data.get("op") == "rollback"]
     assert note.data["activity_open"] == "review" and "activity_ended" not in note.data, note.data
     assert not [e for e in rolled.main.tape if e.kind == "abort"]
+    rebuilt = LayeredContext.replay(list(rolled.main.tape))
+    assert rebuilt == rolled.main and rebuilt.activity_writes == rolled.main.activity_writes == ()
     stub.push(Reply.json(DECISION))
     done = engine.resume(iid).to_document()
     assert done["status"] == "completed", done["error"]
@@ -235,6 +238,24 @@ def test_a_rollback_inside_the_open_activity_keeps_it_and_its_conversation(
     record = done["layers"]["L3"]["activity:review"]
     assert record["keys"] == ["decision"], record  # not the key the rollback took away
     assert "scratch" not in done["layers"]["L3"]
+
+
+def test_a_rollback_to_before_an_activity_whose_question_waits_is_refused(
+        tmp_path: Path, stub: Any, api: TestClient) -> None:
+    import os
+    engine = Engine(os.environ["LAYERFLOW_STORE"], model=MODEL)
+    stub.push(_tool_reply("human_confirm", ASK))
+    iid = engine.run_process(load_process(write_process(tmp_path, "review23", PROCESS, CONFIG)), {}).id
+    before = _begin_of(engine, iid, "research")["snapshot_id"]
+    length = len(engine.load(iid).main.tape)
+    refused = api.post(f"{GOV}/rollback", json={"instance_id": iid, "snapshot_id": before})
+    assert refused.status_code == 409, refused.text
+    message = refused.json()["error"]["message"]
+    assert "'review'" in message and "'model:1'" in message and before in message and "Answer it first" in message
+    held = engine.load(iid)
+    assert held.status == "waiting" and held.main.current_activity == "review" and len(held.main.tape) == length
+    stub.push(Reply.json(DECISION))  # answered, the activity goes on as before
+    assert GovernanceService(engine).answer("model:1", AnswerArgs(value="keep"))["status"] == "completed"
 
 
 # ----- (c) a conditional branch of an event-based gateway never fires under SpiffWorkflow 3.2 ------------------
