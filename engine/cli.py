@@ -1734,6 +1734,9 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     before, after = result["tokens_before"]["total"], result["tokens_after"]["total"]
     click.echo(f"context {result['context']} of {result['instance_id']} rolled back to {snapshot_id} "
                f"({', '.join(result['layers'])}) by tape event #{result['event_seq']}; tokens {before} -> {after}")
+    if result.get("activity_ended"):
+        click.echo(f"activity {result['activity_ended']} was open and began after that snapshot: it ended (its "
+                   f"conversation with the model dropped); `layerflow resume {result['instance_id']}` runs it again")
 
 
 @main.command()

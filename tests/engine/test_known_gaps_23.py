@@ -165,14 +165,18 @@ def _begin_of(engine: Engine, iid: str, activity: str) -> dict[str, Any]:
     return next(e for e in engine.load(iid).main.tape if e.kind == "begin" and e.activity == activity).data
 
 
-def _rollback(how: str, api: TestClient | None, cli: Any, iid: str, snapshot_id: str) -> None:
+def _rollback(how: str, api: TestClient | None, cli: Any, iid: str, snapshot_id: str, *, ended: bool) -> None:
     if how == "cli":
-        run_json(cli, "rollback", iid, snapshot_id, "--reason", "back to before the notes")
+        said = cli("rollback", iid, snapshot_id, "--reason", "back to before the notes")
+        assert said.exit_code == 0, said.stderr
+        said_so = "activity review was open and began after that snapshot: it ended" in said.stdout
+        assert said_so is ended, said.stdout
     else:
         assert api is not None
         done = api.post(f"{GOV}/rollback", json={"instance_id": iid, "snapshot_id": snapshot_id,
                                                  "reason": "back to before the notes"})
         assert done.status_code == 200, done.text
+        assert done.json().get("activity_ended") == ("review" if ended else None), done.json()
 
 
 @pytest.mark.parametrize("how", ["cli", "rest"])
@@ -181,7 +185,7 @@ def test_a_rollback_to_before_the_open_activity_ends_it_and_resume_runs_it_again
     import os
     engine, iid = _failed_after_the_answer(tmp_path, stub, os.environ["LAYERFLOW_STORE"])
     before = _begin_of(engine, iid, "research")["snapshot_id"]  # taken as `research` began
-    _rollback(how, api, cli, iid, before)
+    _rollback(how, api, cli, iid, before, ended=True)
     rolled = engine.load(iid)
     ctx = rolled.main
     assert rolled.status == "error" and ctx.current_activity is None and not rolled.suspended
@@ -221,7 +225,7 @@ def test_a_rollback_inside_the_open_activity_keeps_it_and_its_conversation(
     inside = run_json(cli, "snapshot", iid, "--label", "inside review")["snapshot_id"]
     injected = api.post(f"{GOV}/inject", json={"instance_id": iid, "key": "scratch", "value": "half"})
     assert injected.status_code == 200, injected.text
-    _rollback(how, api, cli, iid, inside)
+    _rollback(how, api, cli, iid, inside, ended=False)
     rolled = engine.load(iid)
     assert rolled.main.current_activity == "review" and rolled.suspended and "scratch" not in rolled.main
     assert "market_notes" in rolled.main  # taken while review was open: before it, nothing changes
