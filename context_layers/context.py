@@ -734,6 +734,12 @@ class LayeredContext:
             for i in chosen:
                 layers[i], tokens[i], totals[i] = e.snapshot.state.layers[i], e.snapshot.state.tokens[i], e.snapshot.state.totals[i]
             s = s._replace(layers=tuple(layers), tokens=tuple(tokens), totals=tuple(totals))
+            was = e.snapshot.state
+            if e.kind == EventKind.RESTORE and s.activity is not None and \
+                    (was.activity, was.begin_snapshot) == (s.activity, s.begin_snapshot):
+                # back to a point inside the open activity: what it wrote since goes with the values,
+                # so its record at completion names only the keys it still holds
+                s = s._replace(activity_keys=was.activity_keys)
         if e.changes:
             s = self._apply_changes(s, e.changes, e.seq)
         if e.kind == EventKind.BEGIN:

@@ -281,6 +281,18 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
                          f"`layerflow send {instance.id}{at} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
             continue
+        elif w.get("never_fires"):
+            others = [o.get("event_id") for o in doc["waiting_for"]
+                      if o.get("gateway_id") == w["gateway_id"] and not o.get("never_fires")]
+            lines.append(f"  conditional branch {w['event_id']!r} ({w['condition']!r}) of event-based gateway "
+                         f"{w['gateway_id']!r} never fires: SpiffWorkflow 3.2 never evaluates such a branch's "
+                         "condition, so nothing written to the context releases it; " +
+                         (f"the gateway's other branches ({', '.join(map(repr, others))}) decide"
+                          if others else "nothing else decides at this gateway: `layerflow cancel "
+                          f"{instance.id}{at} --reason TEXT` ends the instance") +
+                         ". Model it as an interrupting conditional boundary event on a receive task (or on "
+                         "a user task) instead; `layerflow validate` warns of it")
+            continue
         elif w.get("event_kind") == "conditional":
             lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
                          f"reads, `layerflow resume {instance.id}{at} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
@@ -1722,6 +1734,9 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     before, after = result["tokens_before"]["total"], result["tokens_after"]["total"]
     click.echo(f"context {result['context']} of {result['instance_id']} rolled back to {snapshot_id} "
                f"({', '.join(result['layers'])}) by tape event #{result['event_seq']}; tokens {before} -> {after}")
+    if result.get("activity_ended"):
+        click.echo(f"activity {result['activity_ended']} was open and began after that snapshot: it ended (its "
+                   f"conversation with the model dropped); `layerflow resume {result['instance_id']}` runs it again")
 
 
 @main.command()

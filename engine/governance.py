@@ -259,7 +259,9 @@ def _what_to_do(instance: Instance, key: str | None) -> str:
 class _SecondAnswer(ConfirmationAnswered):
     """What the two kinds of second answer say alike: ``instance_id``, ``confirmation_id``,
     ``gateway_id``, ``key``, ``answer`` (the value that stands), ``answered_by`` (who gave it: a
-    person's name, the actor, or ``timeout``), ``answered_at`` (ISO time), ``tape_seq`` (the event
+    person's name, the actor, or ``timeout``), ``answered_at`` (epoch seconds, as the confirmation holds
+    it and as ``created`` and ``deadline`` are) with ``answered_at_iso`` (that moment in ISO 8601 UTC, as
+    ``due`` gives a deadline), ``tape_seq`` (the event
     that recorded it on the tape of ``context``: ``event``, from ``_decided``), ``given`` (the refused
     answer); the message ends with where to read the decision and what to do instead."""
 
@@ -269,7 +271,9 @@ class _SecondAnswer(ConfirmationAnswered):
         self.gateway_id, self.key = entry.get("gateway_id") or entry.get("task_id"), entry.get("key")
         self.answer, self.given = entry.get("answer"), given
         self.answered_by = answered_by or (event.actor if event is not None else None)
-        self.answered_at = _iso(answered_at if answered_at is not None else event.time if event is not None else None)
+        at = answered_at if answered_at is not None else event.time if event is not None else None
+        self.answered_at = float(at) if at is not None else None
+        self.answered_at_iso = _moment(self.answered_at)
         self.context = entry.get("context") or "main"
         self.tape_seq = event.seq if event is not None else None
         on = "" if self.context == "main" else f" --context {self.context}"
@@ -284,7 +288,7 @@ class _SecondAnswer(ConfirmationAnswered):
         out = super().to_dict()
         out.update(instance_id=self.instance_id, confirmation_id=self.confirmation_id, gateway_id=self.gateway_id,
                    key=self.key, answer=self.answer, answered_by=self.answered_by, answered_at=self.answered_at,
-                   context=self.context, tape_seq=self.tape_seq, given=self.given)
+                   answered_at_iso=self.answered_at_iso, context=self.context, tape_seq=self.tape_seq, given=self.given)
         return out
 
 
@@ -302,7 +306,7 @@ class AnsweredAlready(_SecondAnswer):
         super().__init__(
             instance, entry, given,
             f"confirmation {entry['id']!r} of instance {instance.id}{join} was already answered "
-            f"{short(entry.get('answer'))} by {shown}" + (f" at {_iso(at)}" if at is not None else "") +
+            f"{short(entry.get('answer'))} by {shown}" + (f" at {_moment(at)}" if at is not None else "") +
             f"; the answer {short(given)} was not applied",
             answered_by=who, answered_at=at, event=event)
 
@@ -311,22 +315,24 @@ class AnsweredByTimeout(_SecondAnswer):
     """An answer to a join's confirmation that its ``humanConfirm`` timeout settled already (with
     its default): a second answer, like one to a confirmation a person answered (kind
     ``already_answered``, REST 409, CLI exit 2), nothing of it applied. The fields of
-    ``_SecondAnswer`` (``answered_by``: ``timeout``), and ``timed_out_at`` (ISO time, as
-    ``answered_at``), say what happened; the message says what the user can do instead."""
+    ``_SecondAnswer`` (``answered_by``: ``timeout``), and ``timed_out_at`` (epoch seconds, as the
+    confirmation holds it) with ``timed_out_at_iso``, as ``answered_at``, say what happened; the
+    message says what the user can do instead."""
 
     def __init__(self, instance: Instance, entry: Mapping[str, Any], given: Any) -> None:
         at = entry.get("timed_out_at") or entry.get("deadline")
-        self.timed_out_at = _iso(at)
+        self.timed_out_at = float(at) if at is not None else None
+        self.timed_out_at_iso = _moment(self.timed_out_at)
         super().__init__(
             instance, entry, given,
             f"confirmation {entry['id']!r} of instance {instance.id} (join "
             f"{entry.get('gateway_id') or entry.get('task_id')!r}, key {entry.get('key')!r}) was settled by its "
-            f"timeout at {self.timed_out_at} with the default {short(entry.get('answer'))} (no answer came within "
+            f"timeout at {self.timed_out_at_iso} with the default {short(entry.get('answer'))} (no answer came within "
             f"its {entry.get('timeout')} s); the answer {short(given)} came after that and was not applied",
             answered_by="timeout", answered_at=at, event=_decided(instance, entry))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "timed_out_at": self.timed_out_at}
+        return {**super().to_dict(), "timed_out_at": self.timed_out_at, "timed_out_at_iso": self.timed_out_at_iso}
 
 
 # ============================================================================ request models
@@ -1201,14 +1207,15 @@ class GovernanceService:
             ctx = self._writable(instance, owner, "rollback")
             before = ctx.token_report()
             had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
+            activity = self._open_activity_at(instance, ctx, args.snapshot_id, actor)
             event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor, reason=args.reason)
             self._refuse_asked(instance, ctx, "rollback", [k for k, v in had.items()
                                                            if not _same(v, ctx.get(k, _ABSENT))])
             ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
-                                                        "reason": args.reason})
+                                                        "reason": args.reason, **activity})
             return {"context": ctx.name, "snapshot_id": args.snapshot_id, "event_seq": event.seq,
                     "layers": [str(Layer(x)) for x in event.data["layers"]],
-                    "tokens_before": before, "tokens_after": ctx.token_report()}
+                    "tokens_before": before, "tokens_after": ctx.token_report(), **activity}
         return self._change(instance_id, expected_version, "rollback", actor, apply)
 
     @staticmethod
@@ -1219,6 +1226,38 @@ class GovernanceService:
             return None
         return next((other for name, other in instance.contexts.items()
                      if snapshot_id in other.snapshots and _merged_into(instance, name, ctx.name)), None)
+
+    @staticmethod
+    def _open_activity_at(instance: Instance, ctx: LayeredContext, snapshot_id: str, actor: str) -> dict[str, str]:
+        """What a rollback does to the activity ``ctx`` has open (a model activity waiting for, or
+        failed after, a person's answer): a snapshot taken inside it keeps it open, its conversation
+        going on (``activity_open``); one taken before it began ends it first, as a failure does (an
+        ``abort`` naming the rollback; its conversation dropped), so ``resume`` runs it again from the
+        context rolled back (``activity_ended``), and a later ``cancel`` cannot put back, from the
+        activity's begin snapshot, what the rollback took away. While the model's question waits for
+        an answer that second case is refused: its conversation would be dropped under the question."""
+        open_ = ctx.current_activity
+        if open_ is None:
+            return {}
+        began = [e for e in ctx.tape.filter(kind="begin") if e.activity == open_][-1]
+        if ctx.get_snapshot(snapshot_id).seq > began.seq:
+            return {"activity_open": open_}
+        held = [(k, v) for k, v in instance.suspended.items()
+                if v.get("task_id") == open_ and (v.get("context") or MAIN) == ctx.name]
+        waited = [c["id"] for _, v in held for c in instance.confirmations
+                  if c["id"] in v.get("confirmations", ()) and not c.get("answered")]
+        if waited:
+            raise InstanceStateError(
+                f"rollback: activity {open_!r} of instance {instance.id} is open, waiting for the answer to "
+                f"{', '.join(map(repr, waited))} that its model asked; snapshot {snapshot_id!r} was taken before it "
+                "began, so the rollback would end the activity under that question. Answer it first (the activity "
+                f"then goes on), or `layerflow cancel {instance.id} --reason TEXT`")
+        ctx.abort_activity(open_, actor=actor, reason=(
+            f"rollback to snapshot {snapshot_id!r}, taken before activity {open_!r} began: the activity ends here "
+            "(its conversation with the model is dropped) and runs again from the context rolled back on resume"))
+        for key, _ in held:
+            del instance.suspended[key]
+        return {"activity_ended": open_}
 
     def _snapshot_owner(self, instance: Instance, snapshot_id: str, context: str | None) -> LayeredContext:
         if context is not None:
@@ -1607,7 +1646,13 @@ def _due_of(confirmation: Mapping[str, Any]) -> dict[str, str]:
     deadline = _deadline(confirmation)
     if deadline is None or confirmation.get("escalated") or "due" in confirmation:
         return {}  # escalated: it waits for a person now, no longer for a clock
-    return {"due": datetime.fromtimestamp(float(deadline), timezone.utc).isoformat()}
+    return {"due": str(_moment(deadline))}
+
+
+def _moment(seconds: float | None) -> str | None:
+    """A confirmation's time (epoch seconds, by the engine's clock) as ISO 8601 UTC text, written
+    as ``due`` and ``waiting_for`` write theirs."""
+    return None if seconds is None else datetime.fromtimestamp(float(seconds), timezone.utc).isoformat()
 
 
 def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict_key: str | None,

@@ -1755,15 +1755,16 @@ class _Runtime(ScopeSteps, GatewaySteps):
             # a conditional catch is listed even beside a user task or a timer, as a message
             # catch is: nothing sends it, it fires once what its condition reads changes
             # (`resume --set`); so is each conditional branch of an event-based gateway, an item of
-            # its own as its message and timer branches are; any other waiting task only when
-            # nothing else waits
+            # its own as its message and timer branches are, marked ``never_fires``: SpiffWorkflow 3.2
+            # never evaluates its condition (validate's conditional_branch_never_fires), so only the
+            # other branches can decide; any other waiting task only when nothing else waits
             conditions = events.conditional_members(task.task_spec)
             for definition, event_id in conditions:
                 item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
                         "event_kind": "conditional", "condition": str(definition.expression).strip()}
                 branch = spiff.gateway_branch(task, event_id)
                 if branch is not None:
-                    item.update(id=str(branch.id), event_id=event_id, gateway_id=item["task_id"])
+                    item.update(id=str(branch.id), event_id=event_id, gateway_id=item["task_id"], never_fires=True)
                 waiting.append(item)
             if nothing_else and not conditions and str(task.id) not in listed:
                 waiting.append({"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task)})

@@ -235,6 +235,9 @@ not make ``report.ok`` false:
                                       it waits until the name is given from outside (--data, a message's payload,
                                       ``resume --set``, REST inject), else for ever (a warning: that data may come
                                       from outside)
+``conditional_branch_never_fires`` W  a conditional intermediate catch event that is a branch of an event-based
+                                      gateway: SpiffWorkflow 3.2 never evaluates its condition, so it never fires
+                                      (the gateway's other branches still decide); the message says what to model
 ``message_extension_deprecated`` W   a spiffworkflow:messagePayload / messageVariable on a bpmn:message: SpiffWorkflow
                                       3.2 reads it but emits a DeprecationWarning; the warning names the events
                                       (messageEventDefinitions) to move each into
@@ -629,6 +632,7 @@ class _Validator:
             self._check_reentered_joins(proc)
             self._check_code(proc)
             self._check_condition_names(proc)
+            self._check_gateway_conditions(proc)
             self._check_references(proc)
             self._check_shapes(proc)
             self._check_listeners(proc)
@@ -2442,6 +2446,26 @@ class _Validator:
                          f"{name}=VALUE`. Set {name!r} in a script or form before the event, or check its spelling",
                          file=proc.file, line=condition.sourceline if condition is not None else None,
                          element_id=event, field="condition", severity="warning")
+
+    def _check_gateway_conditions(self, proc: _Node) -> None:
+        """A conditional catch event on a branch of an event-based gateway: SpiffWorkflow 3.2 never
+        evaluates its condition (the gateway's race is won by messages, signals and timers only), so
+        the branch never fires, however the data changes; the other branches still run (a warning)."""
+        for event in proc.element.iter(_bpmn("intermediateCatchEvent")):
+            definition = event.find(_bpmn("conditionalEventDefinition"))
+            gateway = _event_gateway_before(event, event.get("id")) if definition is not None else None
+            if gateway is None:
+                continue
+            condition = definition.find(_bpmn("condition"))
+            text = (condition.text or "").strip() if condition is not None else ""
+            self.add("conditional_branch_never_fires",
+                     f"conditional event {event.get('id')!r} ({text!r}) is a branch of event-based gateway "
+                     f"{gateway!r}: SpiffWorkflow 3.2 never evaluates such a branch's condition, so it never "
+                     "fires (writing what it reads, `resume --set` or REST inject, does not release it) and only "
+                     "the gateway's other branches can decide. Model the race as a receive task (or a user task) "
+                     "for the other event with an interrupting conditional boundary event holding this condition, "
+                     "or give the branch a message or signal that whoever changes the data sends",
+                     file=proc.file, line=event.sourceline, element_id=event.get("id"), severity="warning")
 
     def _condition_names_set(self) -> str | None:
         """Every text of the files given that may set a name, joined (computed once): scripts, the
