@@ -238,6 +238,9 @@ not make ``report.ok`` false:
 ``conditional_branch_never_fires`` W  a conditional intermediate catch event that is a branch of an event-based
                                       gateway: SpiffWorkflow 3.2 never evaluates its condition, so it never fires
                                       (the gateway's other branches still decide); the message says what to model
+``cycle_branch_never_fires`` W        a timer intermediate catch event with a timeCycle that is a branch of an
+                                      event-based gateway: SpiffWorkflow 3.2 never starts it, so it never fires
+                                      (the other branches still decide); the message says what to model instead
 ``message_extension_deprecated`` W   a spiffworkflow:messagePayload / messageVariable on a bpmn:message: SpiffWorkflow
                                       3.2 reads it but emits a DeprecationWarning; the warning names the events
                                       (messageEventDefinitions) to move each into
@@ -2465,6 +2468,20 @@ class _Validator:
                      "the gateway's other branches can decide. Model the race as a receive task (or a user task) "
                      "for the other event with an interrupting conditional boundary event holding this condition, "
                      "or give the branch a message or signal that whoever changes the data sends",
+                     file=proc.file, line=event.sourceline, element_id=event.get("id"), severity="warning")
+        for event in proc.element.iter(_bpmn("intermediateCatchEvent")):
+            cycle = event.find(f"{_bpmn('timerEventDefinition')}/{_bpmn('timeCycle')}")
+            gateway = _event_gateway_before(event, event.get("id")) if cycle is not None else None
+            if gateway is None:
+                continue
+            text = (cycle.text or "").strip()
+            self.add("cycle_branch_never_fires",
+                     f"timer event {event.get('id')!r} (timeCycle {text}) is a branch of event-based gateway "
+                     f"{gateway!r}: SpiffWorkflow 3.2 never starts a cycle timer there, so it never fires (`layerflow "
+                     "timers` does not list it) and only the gateway's other branches can decide. Give the branch "
+                     "a timeDuration (it fires once, that long after the gateway is reached), or model the race as a "
+                     "receive task (or a user task) for the other event with a boundary timer holding the cycle "
+                     "(non-interrupting: it repeats while the task waits)",
                      file=proc.file, line=event.sourceline, element_id=event.get("id"), severity="warning")
 
     def _condition_names_set(self) -> str | None:
