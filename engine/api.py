@@ -42,10 +42,12 @@ from .governance import (
     InjectArgs,
     InstanceId,
     InspectArgs,
+    InspectFilter,
     ResolveArgs,
     RollbackArgs,
     SendEventArgs,
     SnapshotArgs,
+    StartAnswers,
     ResumeArgs,
     StartArgs,
     UserTaskArgs,
@@ -202,25 +204,30 @@ class AnswerRequest(AnswerArgs, _Body):
 
 
 class StartRequest(StartArgs):
+    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
     user: str | None = None
 
 
 class SendEventRequest(SendEventArgs):
+    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who sends it (recorded on the tape as the actor)")
 
 
 class UserTaskRequest(UserTaskArgs):
+    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who completes it (recorded on the tape as the actor)")
 
 
 class CancelRequest(CancelArgs):
+    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who cancels (recorded on the tape as the actor)")
 
 
 class ResumeRequest(ResumeArgs):
+    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who answers (the tape's actor; a join's resolution names them)")
 
@@ -240,7 +247,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "bad input (not applicable as asked)"), (401, "no or wrong bearer token"),
         (403, "a layer rule denied the write"), (404, "unknown instance, snapshot, confirmation or process"),
         (409, "stale expected_version, or the instance's status does not allow it"),
-        (422, "invalid body or config"))}
+        (422, "invalid body or config"),
+        (500, "an unexpected error (kind internal_error; the server's log has the details)"))}
+#: The routes that read or write the store: a store outage (redis down, sqlite locked too long) answers 503.
+_STORED: dict[int | str, dict[str, Any]] = {**_ERRORS, 503: {
+    "model": ErrorBody, "description": "the store is unavailable (kind store_unavailable); retry once it answers"}}
 
 
 # ----------------------------------------------------------------------------- the app
@@ -265,6 +276,18 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     app = FastAPI(title="layerflow", version="0.1.0",
                   description="Context governance for BPMN processes with a layered LLM context.")
     app.state.service = service
+
+    def openapi() -> dict[str, Any]:
+        # the bodies' nested models take camelCase names too (_Args._camel_case): say so here only,
+        # not in the tools' schemas, which share these models
+        if app.openapi_schema is None:
+            schemas = FastAPI.openapi(app).get("components", {}).get("schemas", {})
+            for model in (InspectFilter, StartAnswers):
+                if model.__name__ in schemas:
+                    _other_names(schemas[model.__name__], model)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     bearer = HTTPBearer(auto_error=False, description="the server's API token (LAYERFLOW_API_TOKEN)")
 
     def authorize(credentials: HTTPAuthorizationCredentials | None) -> None:
@@ -341,56 +364,56 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     # ----- governance ---------------------------------------------------------------
 
-    @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=_STORED)
     def inspect(body: InspectRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
         return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)),
                          dto=True)
 
-    @app.post("/api/context-governance/compress", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/compress", tags=["context-governance"], responses=_STORED)
     def compress(body: CompressRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
         return s.compress(_instance_of(body, instance_id), CompressArgs.model_validate(_args(body, CompressArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/inject", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/inject", tags=["context-governance"], responses=_STORED)
     def inject(body: InjectRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
         return s.inject(_instance_of(body, instance_id), InjectArgs.model_validate(_args(body, InjectArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/resolve", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/resolve", tags=["context-governance"], responses=_STORED)
     def resolve(body: ResolveRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
         return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
                          expected_version=body.expected_version, actor=body.user or "api", by=body.user)
 
-    @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=_STORED)
     def rollback(body: RollbackRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""
         return s.rollback(_instance_of(body, instance_id), RollbackArgs.model_validate(_args(body, RollbackArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/config", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/config", tags=["context-governance"], responses=_STORED)
     def config(body: ConfigRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
         return s.config(_instance_of(body, instance_id), ConfigArgs.model_validate(_args(body, ConfigArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/snapshot", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/snapshot", tags=["context-governance"], responses=_STORED)
     def snapshot(body: SnapshotRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
         return s.snapshot(_instance_of(body, instance_id), SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"], responses=_ERRORS)
+    @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"], responses=_STORED)
     def branch_evaluate(body: BranchEvaluateRequest, instance_id: QueryId = None,
                         s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Whether a branch's context holds the required keys (and in which layer)."""
@@ -405,8 +428,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         function-calling schemas (``tools=`` entries)."""
         return tool_schemas()
 
-    @app.post("/api/context-governance/tools/{name}", tags=["model-tools"], responses=_ERRORS)
-    @app.post("/api/tools/{name}", tags=["model-tools"], responses=_ERRORS, include_in_schema=False)
+    @app.post("/api/context-governance/tools/{name}", tags=["model-tools"], responses=_STORED)
+    @app.post("/api/tools/{name}", tags=["model-tools"], responses=_STORED, include_in_schema=False)
     def call_tool(name: str, body: Annotated[dict[str, Any], Body(examples=[{"instance_id": "ID", "arguments": {
                       "layers": ["L3", "L4"], "metrics": ["token_count", "attention_score"]}}])],
                   instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
@@ -447,31 +470,31 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         start event, which POST /api/instances checks the data against: 400 field by field) or null."""
         return s.process(process_id)
 
-    @app.get("/api/instances", tags=["instances"], responses=_ERRORS)
+    @app.get("/api/instances", tags=["instances"], responses=_STORED)
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
                        s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
         """Instance summaries, newest first."""
         return s.list_instances(status)
 
-    @app.post("/api/instances", status_code=201, tags=["instances"], responses=_ERRORS)
+    @app.post("/api/instances", status_code=201, tags=["instances"], responses=_STORED)
     def start(body: StartRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Start a catalog process by id and run it until it completes, waits or fails."""
         return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
 
-    @app.get("/api/instances/{instance_id}", tags=["instances"], responses=_ERRORS)
+    @app.get("/api/instances/{instance_id}", tags=["instances"], responses=_STORED)
     def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version."""
         return s.document(instance_id)
 
-    @app.post("/api/instances/{instance_id}/events", tags=["instances"], responses=_ERRORS)
+    @app.post("/api/instances/{instance_id}/events", tags=["instances"], responses=_STORED)
     def send_event(instance_id: PathId, body: SendEventRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Send a BPMN message (or broadcast a signal) with a payload to what waits for it; the
         instance runs on. Nothing waits for it: 409, naming what the instance waits for."""
         return s.send_event(instance_id, SendEventArgs.model_validate(_args(body, SendEventArgs)),
                             expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], responses=_ERRORS)
+    @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], responses=_STORED)
     def complete_user_task(instance_id: PathId, task_id: str, body: UserTaskRequest,
                            s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
@@ -483,7 +506,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
                                     expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/instances/{instance_id}/resume", tags=["instances"], responses=_ERRORS)
+    @app.post("/api/instances/{instance_id}/resume", tags=["instances"], responses=_STORED)
     def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
         for what it waits for, after a timer came due, or to retry the failed activity of an
@@ -493,7 +516,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
                         expected_version=body.expected_version, by=body.user)
 
-    @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], responses=_ERRORS)
+    @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], responses=_STORED)
     def cancel(instance_id: PathId, body: CancelRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Stop an unfinished instance for good: its open tasks are cancelled, its pending
         confirmations closed, and nothing of it runs again; who and why are on its tape.
@@ -501,7 +524,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.cancel(instance_id, CancelArgs.model_validate(_args(body, CancelArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=_ERRORS)
+    @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=_STORED)
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
              limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:
@@ -509,12 +532,12 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.tape(instance_id, context=context, kind=kind, activity=activity, branch=branch, key=key,
                       since=since, limit=limit)
 
-    @app.get("/api/confirmations", tags=["confirmations"], responses=_ERRORS)
+    @app.get("/api/confirmations", tags=["confirmations"], responses=_STORED)
     def confirmations(instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
         """Open confirmations (people's decisions pending), of every instance or of one."""
         return s.confirmations(instance_id)
 
-    @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], responses=_ERRORS)
+    @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], responses=_STORED)
     def answer(confirmation_id: str, body: AnswerRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Answer a confirmation with one of its option values; the instance runs on."""
         return s.answer(confirmation_id, body, actor=body.user or "api")
