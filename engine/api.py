@@ -285,7 +285,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
             for model in (InspectFilter, StartAnswers):
                 if model.__name__ in schemas:
                     _other_names(schemas[model.__name__], model)
-        return app.openapi_schema
+        return app.openapi_schema or {}
 
     app.openapi = openapi  # type: ignore[method-assign]
     bearer = HTTPBearer(auto_error=False, description="the server's API token (LAYERFLOW_API_TOKEN)")
