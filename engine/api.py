@@ -247,11 +247,15 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (400, "bad input (not applicable as asked)"), (401, "no or wrong bearer token"),
         (403, "a layer rule denied the write"), (404, "unknown instance, snapshot, confirmation or process"),
         (409, "stale expected_version, or the instance's status does not allow it"),
-        (422, "invalid body or config"),
-        (500, "an unexpected error (kind internal_error; the server's log has the details)"))}
-#: The routes that read or write the store: a store outage (redis down, sqlite locked too long) answers 503.
-_STORED: dict[int | str, dict[str, Any]] = {**_ERRORS, 503: {
-    "model": ErrorBody, "description": "the store is unavailable (kind store_unavailable); retry once it answers"}}
+        (422, "invalid body or config"))}
+#: The 5xx answers of the routes (engine.console's too): 500 on any, 503 where the store is read or written.
+INTERNAL_ERROR: dict[int | str, dict[str, Any]] = {500: {
+    "model": ErrorBody, "description": "an unexpected error (kind internal_error; the server's log has the details)"}}
+STORE_UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {
+    "model": ErrorBody, "description": "the store is unavailable (kind store_unavailable: redis down, sqlite locked "
+                                       "too long); retry once it answers"}}
+_ERRORS.update(INTERNAL_ERROR)
+_STORED = {**_ERRORS, **STORE_UNAVAILABLE}
 
 
 # ----------------------------------------------------------------------------- the app

@@ -38,7 +38,7 @@ from context_layers import DELETED, Layer, LayeredContext, thaw
 from context_layers.errors import ContextKeyError, ProcessError
 from context_layers.tape import EventKind
 
-from .api import ErrorBody
+from .api import INTERNAL_ERROR, STORE_UNAVAILABLE, ErrorBody
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
 from .governance import GovernanceService, event_document
 from .runtime import Instance, Status
@@ -61,7 +61,8 @@ SECURITY_HEADERS = {
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text} for code, text in (
         (401, "no or wrong bearer token"), (404, "unknown instance, context, process, or its BPMN file is gone"),
-        (422, "invalid parameters, or a BPMN file that cannot be drawn"))}
+        (422, "invalid parameters, or a BPMN file that cannot be drawn"))} | INTERNAL_ERROR
+_STORED = {**_ERRORS, **STORE_UNAVAILABLE}  # the routes that read the store
 _SVG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/svg+xml": {"schema": {"type": "string"}}},
               "description": "an SVG document (UTF-8)"}}
 
@@ -85,7 +86,7 @@ def mount_console(app: FastAPI) -> None:
     tags: list[str | Enum] = ["console"]
     auth = [Depends(bearer)]
 
-    @app.get("/api/instance-summaries", responses=_ERRORS, tags=tags, dependencies=auth)
+    @app.get("/api/instance-summaries", responses=_STORED, tags=tags, dependencies=auth)
     def instance_summaries(status: Annotated[Status | None, Query(description="only this status")] = None,
                            limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[dict[str, Any]]:
         """The instances list, newest first: id, process, status, version, started, updated,
@@ -98,7 +99,7 @@ def mount_console(app: FastAPI) -> None:
                 out.append(summary)
         return out
 
-    @app.get("/api/instances/{instance_id}/diagram.svg", response_class=Response, responses={**_ERRORS, **_SVG},
+    @app.get("/api/instances/{instance_id}/diagram.svg", response_class=Response, responses={**_STORED, **_SVG},
              tags=tags, dependencies=auth)
     def instance_diagram(instance_id: PathId) -> Response:
         """The process diagram (from the BPMN's diagram interchange, else a layered layout) with
@@ -121,7 +122,7 @@ def mount_console(app: FastAPI) -> None:
         diagram = _diagram(service.catalog.directory / entry["file"], process_id)
         return _svg_response(render_svg(diagram, title=f"Process {diagram.name or process_id}"))
 
-    @app.get("/api/instances/{instance_id}/replay", responses=_ERRORS, tags=tags, dependencies=auth)
+    @app.get("/api/instances/{instance_id}/replay", responses=_STORED, tags=tags, dependencies=auth)
     def replay(instance_id: PathId,
                context: Annotated[str | None, Query(max_length=300, description="a context name or branch id "
                                                     "(default: main)")] = None,
