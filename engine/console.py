@@ -61,7 +61,8 @@ SECURITY_HEADERS = {
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text} for code, text in (
         (401, "no or wrong bearer token"), (404, "unknown instance, context, process, or its BPMN file is gone"),
-        (422, "invalid parameters, or a BPMN file that cannot be drawn"))} | INTERNAL_ERROR
+        (422, "invalid parameters, or a BPMN file that cannot be drawn"))}
+_ERRORS.update(INTERNAL_ERROR)
 _STORED = {**_ERRORS, **STORE_UNAVAILABLE}  # the routes that read the store
 _SVG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/svg+xml": {"schema": {"type": "string"}}},
               "description": "an SVG document (UTF-8)"}}
