@@ -576,10 +576,11 @@
     if (r) url += "&until=" + r.seq;
     try {
       const data = await api(url);
-      if (state.instanceId !== id) return;
+      // a load begun before a tape event was picked (or the replay closed) must not paint over it
+      if (state.instanceId !== id || state.replay !== r || (!r && state.context !== context)) return;
       renderLayers(data);
     } catch (err) {
-      if (err.status === 401) return;
+      if (err.status === 401 || state.replay !== r) return;
       clear($("layer-tables")).append(el("p", { class: "state error", text: "Could not load the context: " + err.message }));
     }
   }
