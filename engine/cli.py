@@ -38,7 +38,7 @@ from .governance import InvalidAnswer, activity_events, activity_ids, event_docu
 from .leases import LEASE_TTL, holding
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
-                      refuse_if_cancelled, refuse_late_answers)
+                      check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers)
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -971,6 +971,10 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
                       "changed. Start a new instance with the corrected data", as_json=as_json,
                       kind="invalid_state", details=_named(instance))
+            try:  # a user task's answer that names no user task is a typo, completed or not
+                check_completed_answer_keys(instance, answers, source=_answers_source(answers_file, answer))
+            except InvalidAnswer as err:
+                _invalid_answer(out, instance, err, "")
             instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
             for notice in instance.notices:
                 out.info(f"layerflow: {notice}")

@@ -75,13 +75,16 @@ def test_top_level_conditional_start_gets_no_condition_name_never_set(tmp_path: 
 
 
 @pytest.fixture
-def done(cli: Any) -> str:
-    iid: str = run_json(cli, "run", str(APPROVE), code=3)["instance_id"]
+def done(cli: Any) -> tuple[str, str]:
+    waiting = run_json(cli, "run", str(APPROVE), code=3)
+    iid, wait_id = waiting["instance_id"], waiting["waiting_for"][0]["id"]
     run_json(cli, "resume", iid, "--answer", 'review={"ok": true}')
-    return iid
+    return iid, wait_id
 
 
-def test_resume_of_a_completed_instance_refuses_a_user_task_typo(cli: Any, done: str, tmp_path: Path) -> None:
+def test_resume_of_a_completed_instance_refuses_a_user_task_typo(cli: Any, done: tuple[str, str],
+                                                                 tmp_path: Path) -> None:
+    done, wait_id = done
     typo = cli("resume", done, "--answer", 'reveiw={"ok": true}')
     assert typo.exit_code == 2, (typo.stdout, typo.stderr)
     assert "reveiw" in typo.stderr and "'review'" in typo.stderr
@@ -93,6 +96,9 @@ def test_resume_of_a_completed_instance_refuses_a_user_task_typo(cli: Any, done:
     answers.write_text(json.dumps({"user_tasks": {"review": {"ok": True}}}))
     kept = cli("resume", done, "--answers", str(answers))
     assert kept.exit_code == 0 and "'review' was not used" in kept.stderr
+    # so is one keyed by the waiting_for id the task had (a retried request): too late, not a typo
+    late = cli("resume", done, "--answer", f'{wait_id}={{"ok": true}}')
+    assert late.exit_code == 0 and f"{wait_id!r} was not used" in late.stderr, late.stderr
 
 
 def test_engine_resume_of_a_completed_instance_refuses_a_user_task_typo(tmp_path: Path) -> None:
@@ -105,3 +111,25 @@ def test_engine_resume_of_a_completed_instance_refuses_a_user_task_typo(tmp_path
         engine.resume(instance.id, answers={"user_tasks": {"reveiw": {"ok": True}}})
     again = engine.resume(instance.id, answers={"user_tasks": {"review": {"ok": True}}})
     assert again.status == "completed" and any("'review' was not used" in n for n in again.notices)
+
+
+def test_rest_resume_of_a_completed_instance_refuses_a_user_task_typo(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    (catalog / "approve.bpmn").write_text(APPROVE.read_text())
+    auth = {"Authorization": "Bearer gaps24-token"}
+    with TestClient(create_app("memory://", catalog, "gaps24-token")) as client:
+        iid = client.post("/api/instances", json={"process_id": "approve"}, headers=auth).json()["instance_id"]
+        done = client.post(f"/api/instances/{iid}/resume", headers=auth,
+                           json={"answers": {"user_tasks": {"review": {"ok": True}}}})
+        assert done.status_code == 200 and done.json()["status"] == "completed", done.text
+        typo = client.post(f"/api/instances/{iid}/resume", headers=auth,
+                           json={"answers": {"user_tasks": {"reveiw": {"ok": True}}}})
+        assert typo.status_code == 400 and "reveiw" in typo.text and "'review'" in typo.text, typo.text
+        again = client.post(f"/api/instances/{iid}/resume", headers=auth,
+                            json={"answers": {"user_tasks": {"review": {"ok": True}}}})
+        assert again.status_code == 200 and any("'review' was not used" in n for n in again.json()["notices"])
