@@ -580,7 +580,9 @@ class Engine:
 
         A completed instance is given back as it is, nothing of it run, changed or saved (a resume
         is the retry of a request whose answer was lost, or comes after the instance completed
-        meanwhile): ``instance.notices`` names each answer given, which it uses none of."""
+        meanwhile): ``instance.notices`` names each answer given, which it uses none of; a
+        ``user_tasks`` key that names no user task of its process is a typo all the same
+        (``InvalidAnswer``: ``check_completed_answer_keys``)."""
         instance = self._instance(instance)
         if instance.status == "completed":
             refuse_late_answers(instance, answers)
