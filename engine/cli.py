@@ -38,7 +38,7 @@ from .governance import InvalidAnswer, activity_events, activity_ids, event_docu
 from .leases import LEASE_TTL, holding
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
-                      refuse_if_cancelled, refuse_late_answers)
+                      check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers)
 from .store import default_store_url, open_store
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
@@ -971,6 +971,10 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 _fail(f"--set: instance {instance.id} is completed; a completed instance's contexts are not "
                       "changed. Start a new instance with the corrected data", as_json=as_json,
                       kind="invalid_state", details=_named(instance))
+            try:  # a user task's answer that names no user task is a typo, completed or not
+                check_completed_answer_keys(instance, answers, source=_answers_source(answers_file, answer))
+            except InvalidAnswer as err:
+                _invalid_answer(out, instance, err, "")
             instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
             for notice in instance.notices:
                 out.info(f"layerflow: {notice}")
@@ -1729,7 +1733,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="rollback: ", instance=instance)
     if as_json:
-        _Out(True).doc(result)
+        _Out(True).doc(_rollback_document(service, instance.id, result, as_json))
         return
     before, after = result["tokens_before"]["total"], result["tokens_after"]["total"]
     click.echo(f"context {result['context']} of {result['instance_id']} rolled back to {snapshot_id} "
@@ -1737,6 +1741,18 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     if result.get("activity_ended"):
         click.echo(f"activity {result['activity_ended']} was open and began after that snapshot: it ended (its "
                    f"conversation with the model dropped); `layerflow resume {result['instance_id']}` runs it again")
+
+
+def _rollback_document(service: Any, instance_id: str, result: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    """``rollback --json``: the instance's document (DESIGN.md "Interfaces", as ``inspect`` gives it)
+    for the context rolled back, its ``layers`` and ``tokens`` as they are now, plus the rollback's
+    own fields; the names of the layers it restored are ``restored_layers``."""
+    instance = _load(service.engine, instance_id, as_json)
+    ctx = instance.contexts[result["context"]]
+    doc = instance.to_document()
+    doc.update({key: value for key, value in result.items() if key != "layers"})
+    doc.update({"layers": ctx.as_dict(), "tokens": ctx.token_report(), "restored_layers": result["layers"]})
+    return doc
 
 
 @main.command()

@@ -580,10 +580,13 @@ class Engine:
 
         A completed instance is given back as it is, nothing of it run, changed or saved (a resume
         is the retry of a request whose answer was lost, or comes after the instance completed
-        meanwhile): ``instance.notices`` names each answer given, which it uses none of."""
+        meanwhile): ``instance.notices`` names each answer given, which it uses none of; a
+        ``user_tasks`` key that names no user task of its process is a typo all the same
+        (``InvalidAnswer``: ``check_completed_answer_keys``)."""
         instance = self._instance(instance)
         if instance.status == "completed":
             refuse_late_answers(instance, answers)
+            check_completed_answer_keys(instance, answers)
             # its waiting_for ids are gone: answers keyed by them are no typo, only too late
             given = [*((answers or {}).get("confirmations") or {}), *((answers or {}).get("user_tasks") or {})]
             instance.notices = [f"answer {key!r} was not used: instance {instance.id} is completed and waits for "
@@ -1293,6 +1296,26 @@ def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | N
     # is) may name a task or a confirmation
     either = set(conf) - set(unmatchable_confirmation_keys(target, [k for k in tasks if k in conf]))
     check_user_task_keys(target, [key for key in tasks if key not in either], source=source)
+
+
+#: a ``waiting_for`` id of a user task (its SpiffWorkflow task's uuid)
+_TASK_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def check_completed_answer_keys(instance: Instance, answers: Mapping[str, Any] | None, *,
+                                source: str = "answers") -> None:
+    """``check_user_task_keys`` for an instance that has completed, whose answers are all unused: a
+    ``user_tasks`` key that names no user task of its process is a typo (``InvalidAnswer``), one that
+    does (an answers file given to several instances) is only not used. Its ``waiting_for`` ids are
+    gone: one (a task's uuid) is taken as too late, not a typo; so is a key that may name a
+    confirmation of the instance or of its process (``--answer KEY={...}`` is in both sections)."""
+    tasks = (answers or {}).get("user_tasks") or {}
+    conf = [key for key in ((answers or {}).get("confirmations") or {}) if key in tasks]
+    bad = set(unmatchable_confirmation_keys(instance, conf)) & set(unmatchable_confirmation_keys(instance.process,
+                                                                                                  conf))
+    either = set(conf) - bad
+    check_user_task_keys(instance.process, [key for key in tasks if key not in either
+                                            and not _TASK_UUID.fullmatch(str(key))], source=source)
 
 
 def config_file_notices(instance: Instance) -> list[str]:

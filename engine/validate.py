@@ -230,7 +230,8 @@ not make ``report.ok`` false:
                                       escalation event definition: SpiffWorkflow reads them from the
                                       bpmn:signal (error, escalation) only, so they are never read
 ``condition_name_never_set`` W       a conditional event (intermediate, boundary, the start of an event
-                                      sub-process) whose condition reads a name nothing in the files sets (no
+                                      sub-process; not a process's own start, fed by the start data) whose
+                                      condition reads a name nothing in the files sets (no
                                       script, form field, mapping, config, decision or payload variable names it):
                                       it waits until the name is given from outside (--data, a message's payload,
                                       ``resume --set``, REST inject), else for ever (a warning: that data may come
@@ -2422,8 +2423,13 @@ class _Validator:
         """A conditional event's condition that reads a name nothing in the files sets waits silently
         for ever (unless the data is given from outside: a warning). Errs on the side of "set": a name
         any script, attribute, form, config, decision or extension text of the files names is taken
-        as set, and no name is reported where a handler or a model writes keys not known here."""
+        as set, and no name is reported where a handler or a model writes keys not known here.
+        A process's own conditional start is not checked: its condition is fed by the start data (or the
+        call's), nothing can run before it to set the name, and ``run`` says at once that it waits there."""
         for definition in proc.element.iter(_bpmn("conditionalEventDefinition")):
+            owner = definition.getparent()
+            if owner.tag == _bpmn("startEvent") and owner.getparent() is proc.element:
+                continue
             condition = definition.find(_bpmn("condition"))
             text = (condition.text or "").strip() if condition is not None else ""
             source = python_source(text) if text else None

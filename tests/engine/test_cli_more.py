@@ -235,7 +235,7 @@ def test_rollback_undoes_the_compression_as_a_tape_event(cli, full) -> None:
     result = cli("rollback", iid, "--snapshot", comp["snapshot_id"], "--layers", "L3", "--reason", "audit", "--json")
     assert result.exit_code == 0, result.stdout
     done = _doc(result)
-    assert done["layers"] == ["L3"] and done["context"] == "main" and done["snapshot_id"] == comp["snapshot_id"]
+    assert done["restored_layers"] == ["L3"] and done["context"] == "main" and done["snapshot_id"] == comp["snapshot_id"]
     assert done["tokens_before"]["L3"] == full["tokens"]["L3"]
     assert done["tokens_after"]["L3"] > done["tokens_before"]["L3"]
     after = _doc(cli("tape", iid, "--json"))

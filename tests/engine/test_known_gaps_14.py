@@ -127,13 +127,14 @@ def test_the_python_api_resumes_a_completed_instance_as_it_is_and_names_the_unus
     engine = Engine("memory://")
     instance = _completed(engine, tmp_path)
     version, tape = instance.version, instance.tape_length()
-    # answers meant for what it waited for (its waiting_for ids are gone now) are no typo: unused
-    again = engine.resume(instance.id, answers={"user_tasks": {"review#gone": {"decision": "denied"}},
+    # answers meant for what it waited for (its waiting_for ids, task uuids, are gone now) are no typo: unused
+    gone = "3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b"
+    again = engine.resume(instance.id, answers={"user_tasks": {gone: {"decision": "denied"}},
                                                 "confirmations": {"*": "x"}})
     assert (again.status, again.version, again.tape_length()) == ("completed", version, tape)
     assert again.main.resolve("outcome") == "closed approved"
     assert len(again.notices) == 2 and all("completed" in n for n in again.notices)
-    assert "'*'" in again.notices[0] and "'review#gone'" in again.notices[1]
+    assert "'*'" in again.notices[0] and repr(gone) in again.notices[1]
     assert engine.resume(instance.id).notices == []
 
 

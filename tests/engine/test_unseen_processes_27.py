@@ -184,7 +184,7 @@ def test_rolling_back_a_waiting_complaint_then_resuming_names_the_key_the_rollba
     snaps = cli("snapshot", iid, "--list")
     assert "snap:main:3\tmain#3\tbefore log_complaint" in snaps.stdout, snaps.stdout
     rolled = run_json(cli, "rollback", iid, "--snapshot", "snap:main:3", "--reason", "classification rerun")
-    assert rolled["layers"] == ["L2", "L3", "L4", "L5"]
+    assert rolled["restored_layers"] == ["L2", "L3", "L4", "L5"]
     after = run_json(cli, "inspect", iid)
     assert after["status"] == "waiting" and after["layers"]["L3"] == {}   # the preserved keys went back too
     failed = run_json(cli, "resume", iid, "--answer", 'quality_review={"recall_started": true}', code=1)

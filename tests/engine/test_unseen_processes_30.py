@@ -172,7 +172,7 @@ def test_replay_matches_inspect_then_rollback_and_resume(cli: Any) -> None:
     assert listed.exit_code == 0
     split = next(line.split("\t")[0] for line in listed.stdout.splitlines() if line.endswith("split:inv_split"))
     back = run_json(cli, "rollback", iid, split, "--layers", "L3", "--reason", "report of another case")
-    assert (back["snapshot_id"], back["layers"], back["event_seq"]) == (split, ["L3"], seq + 1)
+    assert (back["snapshot_id"], back["restored_layers"], back["event_seq"]) == (split, ["L3"], seq + 1)
     after = run_json(cli, "inspect", iid)
     assert "root_cause" not in after["layers"]["L3"] and after["layers"]["L3"]["severity"] == "high"
     (restore,) = main_events(cli, iid, "--kind", "restore")
