@@ -203,31 +203,26 @@ class AnswerRequest(AnswerArgs, _Body):
     other_names: ClassVar[dict[str, tuple[str, ...]]] = {"value": ("answer",)}
 
 
-class StartRequest(StartArgs):
-    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
+class StartRequest(StartArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     user: str | None = None
 
 
-class SendEventRequest(SendEventArgs):
-    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
+class SendEventRequest(SendEventArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who sends it (recorded on the tape as the actor)")
 
 
-class UserTaskRequest(UserTaskArgs):
-    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
+class UserTaskRequest(UserTaskArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who completes it (recorded on the tape as the actor)")
 
 
-class CancelRequest(CancelArgs):
-    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
+class CancelRequest(CancelArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who cancels (recorded on the tape as the actor)")
 
 
-class ResumeRequest(ResumeArgs):
-    model_config = ConfigDict(json_schema_extra=_other_names)  # its camelCase names (_Args._camel_case)
+class ResumeRequest(ResumeArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who answers (the tape's actor; a join's resolution names them)")
 

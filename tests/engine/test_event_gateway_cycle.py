@@ -9,17 +9,10 @@ from pathlib import Path
 
 from engine import Engine, load_process
 from engine.validate import validate_process
+from test_due_timers import Clock
 
 HERE = Path(__file__).parent
 RACE = HERE / "gaps22" / "cycle_race.bpmn"  # gw: message ok (ok_in) | timeCycle "R3/PT1H" (hourly)
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_validate_warns_of_a_cycle_branch_of_an_event_based_gateway() -> None:
