@@ -226,8 +226,8 @@ class RuleDrivenCompressor:
         return evaluate(ctx, before_snapshot_id, config, recent_activities=self.recent_activities)
 
     def decompress(self, ctx: LayeredContext, snapshot_id: "SnapshotRef" = None, *,
-                   actor: str = "compressor") -> DecompressResult:
-        return decompress(ctx, snapshot_id, actor=actor)
+                   actor: str = "compressor", source: LayeredContext | None = None) -> DecompressResult:
+        return decompress(ctx, snapshot_id, actor=actor, source=source)
 
     # ----- the one algorithm ---------------------------------------------------------------
 

@@ -36,6 +36,12 @@ removed counted once and removed, each branch's own removed entries counted, the
 kept verbatim listed. Which entries a counter removed is read from the branch's tape (each
 compress event and the snapshot before it); when it does not tell, the counters stay apart.
 
+A count and a fold (or any compressions) of the same base entries: a base HISTORY entry that no
+branch decided a value for, and that some branch's compression removed while its record stands
+(a counter, or a fold the join keeps), stays removed (``_removed_by_compressions``), also where
+another branch's compression only altered it: it is counted or summarised once, not also brought
+back whole beside the record (what "two compressions of one key keep the base" below would do).
+
 An event sub-process merging back into the flow it left is no join, but meets both problems:
 it reuses ``single_summaries`` (the flow's records always stay) and ``single_counts``.
 
@@ -490,6 +496,35 @@ def _counted_only(keys: Collection[str], base: Snapshot, branches: Mapping[str, 
         history = ctx.layer(Layer.HISTORY)
         return key not in history or not same_value(history[key], base_h[key])
     return frozenset(k for k in keys if all(k in by[b] for b, ctx in branches.items() if changed(ctx, k)))
+
+
+def _removed_by_compressions(keys: Collection[str], base: Snapshot, branches: Mapping[str, LayeredContext],
+                             unfolded: Mapping[str, Mapping[str, Any]]) -> tuple[set[str], dict[str, list[str]]]:
+    """Of base HISTORY ``keys`` several branches changed, those no branch decided a value for (each
+    changed it by compressions alone) and some branch's compression removed: a counter's or a
+    fold's whose record the join keeps (``unfolded``: the branch's view once dropped folds are
+    undone) counts it or summarises it, so it stays removed, also from the branches whose
+    compression only altered it (summarised once, not also kept whole beside the record, nor
+    brought back as the base). And per branch, those of them it still holds."""
+    base_h = base.layer(Layer.HISTORY)
+    views = {b: _Overlay(ctx.layer(Layer.HISTORY), unfolded[b]) if unfolded.get(b) else ctx.layer(Layer.HISTORY)
+             for b, ctx in branches.items()}
+    decisions: dict[str, dict[str, Any]] = {}
+    removed: set[str] = set()
+    held: dict[str, list[str]] = {}
+    for key in keys:
+        if key not in base_h or is_record_key(key):
+            continue
+        changers = [b for b, view in views.items() if key not in view or not same_value(view[key], base_h[key])]
+        if not any(key not in views[b] for b in changers):
+            continue
+        decided = [decisions.setdefault(b, _fold_decisions(branches[b])) for b in changers]
+        if all(key in d and (d[key] is None or same_value(d[key], base_h[key])) for d in decided):
+            removed.add(key)
+            for b in changers:
+                if key in views[b]:
+                    held.setdefault(b, []).append(key)
+    return removed, held
 
 
 def _touched(base: Snapshot, branch: LayeredContext) -> dict[Layer, dict[str, None] | None]:
@@ -1065,6 +1100,10 @@ def join_contexts(
     for b, records in counters.items():
         unfolded.setdefault(b, {}).update(records)
     contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
+    removed, held = _removed_by_compressions(contested - pinned, base, branches, unfolded)
+    for b, keys in held.items():
+        unfolded.setdefault(b, {}).update(dict.fromkeys(keys, DELETED))
+    contested -= removed
     # a reducer reads every branch's value (``min`` of a branch that changed the key and one that
     # did not is the unchanged one), so what each branch decided, not what its compression made of it
     contested |= frozenset(k for k in config.reducers if k != MERGED_CONFLICTS_KEY)

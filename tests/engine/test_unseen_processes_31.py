@@ -28,8 +28,9 @@ was merged into now undoes what that branch's compression changed there and stil
 Found and fixed: `rollback` to a joined branch's snapshot (`snapshot --list` lists it) was refused with
 "change ... (`--context`: 'main')", and `--context main` then refused the snapshot as not main's; the
 refusal now says main never was in that state and names the split's snapshot to roll back to.
-Found, not fixed (an xfail below): when one branch's `count_only` rule and the other branch's fold both
-removed the same old entries, the join brings them back verbatim beside the counter that counted them.
+Found and fixed (round 25 of the gaps): when one branch's `count_only` rule and the other branch's fold
+both removed the same old entries, the join brought them back verbatim beside the counter that counted
+them (two compressions of one key kept the base); they now stay removed.
 """
 
 from __future__ import annotations
@@ -346,9 +347,6 @@ def test_rest_supplier_started_with_answers_and_settled_by_a_confirmation(api: h
     assert again.status_code == 409 and again.json()["error"]["kind"] == "already_answered"
 
 
-@pytest.mark.xfail(strict=True, reason="found in round 31, not fixed: a join where one branch's count_only rule and "
-                   "another branch's fold both removed the same base entries brings those entries back verbatim "
-                   "beside the counter that counted them (gateways/join.py, _counters / _fold_choice)")
 def test_entries_one_branch_counted_and_another_folded_stay_removed(tmp_path: Path) -> None:
     for name in ("incident_postmortem.bpmn", "postmortem_handlers.py"):
         (tmp_path / name).write_text((HERE / name).read_text())

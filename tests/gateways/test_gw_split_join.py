@@ -525,6 +525,96 @@ def test_a_join_keeps_one_count_of_the_base_entries_both_branches_counted(shape:
     assert canonical_json(dict(LayeredContext.replay(ctx.tape).layer(Layer.HISTORY))) == canonical_json(dict(history))
 
 
+LOG_LINES = {f"log_line_{i:02d}": f"09:{i:02d} pager: p99 latency {400 + 37 * i} ms on db-{i % 3}, retrying health "
+             f"check #{i} after the pool saturated" for i in range(12)}
+COUNT_LOGS = {"pattern": "log_line", "action": "count_only", "keepLast": 2}
+SUMMARIZE_LOGS = {"pattern": "log_line", "action": "summarize", "maxTokens": 6}
+# how a branch compresses the timeline's log lines (rules alone: no fold; a threshold: a fold too)
+LOG_COMPRESSIONS: dict[str, tuple[dict[str, Any], list[str] | None]] = {
+    "count": ({"compressRules": [COUNT_LOGS]}, []),
+    "count_fold": ({"compressRules": [COUNT_LOGS], "compressTokenThreshold": 100}, None),
+    "fold": ({"compressTokenThreshold": 100}, None),
+    "summarize": ({"compressRules": [SUMMARIZE_LOGS]}, []),
+    "summarize_short": ({"compressRules": [{**SUMMARIZE_LOGS, "maxTokens": 3}]}, []),
+}
+
+
+def _timeline_branches(how_a: str, how_b: str) -> tuple[LayeredContext, list[BranchContext], dict[str, str]]:
+    """Twelve base log lines; each branch runs an activity, then compresses as ``how_*`` says
+    (``none``: not at all). And each compressing branch's compression snapshot."""
+    ctx = LayeredContext(system={"policy": "p"})
+    activity(ctx, "timeline", LOG_LINES)
+    a, b = split(ctx, ["a", "b"])
+    compressor = RuleDrivenCompressor(keep_recent=HOOK_KEEP_RECENT)
+    snapshots = {}
+    for branch, how in ((a, how_a), (b, how_b)):
+        activity(branch.context, f"t{branch.branch_id}", {f"{branch.branch_id}_out": f"{branch.branch_id} finding " * 6})
+        if how != "none":
+            config, triggers = LOG_COMPRESSIONS[how]
+            done = compressor.compress(branch.context, config, triggers=triggers)
+            assert done.changed and (done.compaction_key is not None) == ("fold" in how), how
+            snapshots[branch.branch_id] = done.snapshot_id
+    return ctx, [a, b], snapshots
+
+
+def _log_lines(history: Any) -> dict[str, str]:
+    """The log lines ``history`` holds, each as ``base`` (verbatim) or the action that changed it."""
+    return {k: "base" if v == LOG_LINES[k] else v["_compressed"] for k, v in history.items() if k in LOG_LINES}
+
+
+BASE = "base"
+LAST_TWO = {"log_line_10": BASE, "log_line_11": BASE}
+
+
+@pytest.mark.parametrize(("how_a", "how_b", "left", "counted"), [
+    # one branch counts the old lines, the other folds them all: removed, counted once, summarised
+    # once; the last two the counter kept verbatim the other branch folded: gone too
+    ("count", "fold", {}, 12),
+    ("fold", "count", {}, 12),
+    # the counting branch folded too (its own activity; the lines its counter kept stay out of its
+    # fold): the other branch's deeper fold is kept, the counted lines stay removed
+    ("count_fold", "fold", {}, 12),
+    # one branch counts, the other leaves them alone: the count stands
+    ("count", "none", LAST_TWO, 12),
+    # one branch folds, the other summarises each line: the fold summarises them, once
+    ("fold", "summarize", {}, None),
+    # counted in one branch and summarised in the other: the counted ones stay removed, the two
+    # the counter kept are taken as summarised
+    ("summarize", "count", {"log_line_10": "summarize", "log_line_11": "summarize"}, 12),
+    # summarised in both, differently: neither is a decision, the base stays (DESIGN: two
+    # compressions of one key keep the base)
+    ("summarize", "summarize_short", dict.fromkeys(LOG_LINES, BASE), None),
+    ("summarize", "none", dict.fromkeys(LOG_LINES, "summarize"), None),
+])
+def test_log_lines_compressed_differently_in_two_branches(how_a: str, how_b: str, left: dict[str, str],
+                                                          counted: int | None) -> None:
+    ctx, branches, snapshots = _timeline_branches(how_a, how_b)
+    result = join(ctx, branches)
+    assert result.conflicts == [] and result.complete
+    assert join(ctx, branches, arrival_order=["b", "a"]).all_changes() == result.all_changes()
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    assert _log_lines(history) == left
+    if counted is None:
+        assert "summary:count:log_line" not in history
+    else:
+        assert history["summary:count:log_line"]["count"] == counted
+    # no line is kept verbatim beside the compaction record that summarises it
+    for key, record in history.items():
+        if key.startswith("compaction:"):
+            assert not {k for k in left if left[k] == BASE} & set(record["covers"]), key
+    assert canonical_json(dict(LayeredContext.replay(ctx.tape).layer(Layer.HISTORY))) == canonical_json(dict(history))
+    # every compression can be undone (DESIGN), in the context the branches merged into too
+    compressor = RuleDrivenCompressor()
+    for branch in branches:
+        if branch.branch_id in snapshots:
+            compressor.decompress(ctx, snapshots[branch.branch_id], source=branch.context)
+    history = ctx.layer(Layer.HISTORY)
+    assert _log_lines(history) == dict.fromkeys(LOG_LINES, BASE)
+    assert [k for k in history if k.startswith(("compaction:", "summary:count:"))] == []
+    assert history["a_out"] == "a finding " * 6 and history["b_out"] == "b finding " * 6
+
+
 def test_merged_conflicts_accumulate_over_joins() -> None:
     ctx = loan_parent()
     cfg = config_from_dict({"mergeStrategy": "LAST_WRITER_WINS"})
