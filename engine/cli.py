@@ -1733,26 +1733,14 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="rollback: ", instance=instance)
     if as_json:
-        _Out(True).doc(_rollback_document(service, instance.id, result, as_json))
+        _Out(True).doc(result)
         return
     before, after = result["tokens_before"]["total"], result["tokens_after"]["total"]
     click.echo(f"context {result['context']} of {result['instance_id']} rolled back to {snapshot_id} "
-               f"({', '.join(result['layers'])}) by tape event #{result['event_seq']}; tokens {before} -> {after}")
+               f"({', '.join(result['restored_layers'])}) by tape event #{result['event_seq']}; tokens {before} -> {after}")
     if result.get("activity_ended"):
         click.echo(f"activity {result['activity_ended']} was open and began after that snapshot: it ended (its "
                    f"conversation with the model dropped); `layerflow resume {result['instance_id']}` runs it again")
-
-
-def _rollback_document(service: Any, instance_id: str, result: dict[str, Any], as_json: bool) -> dict[str, Any]:
-    """``rollback --json``: the instance's document (DESIGN.md "Interfaces", as ``inspect`` gives it)
-    for the context rolled back, its ``layers`` and ``tokens`` as they are now, plus the rollback's
-    own fields; the names of the layers it restored are ``restored_layers``."""
-    instance = _load(service.engine, instance_id, as_json)
-    ctx = instance.contexts[result["context"]]
-    doc = instance.to_document()
-    doc.update({key: value for key, value in result.items() if key != "layers"})
-    doc.update({"layers": ctx.as_dict(), "tokens": ctx.token_report(), "restored_layers": result["layers"]})
-    return doc
 
 
 @main.command()

@@ -1213,9 +1213,13 @@ class GovernanceService:
                                                            if not _same(v, ctx.get(k, _ABSENT))])
             ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
                                                         "reason": args.reason, **activity})
-            return {"context": ctx.name, "snapshot_id": args.snapshot_id, "event_seq": event.seq,
-                    "layers": [str(Layer(x)) for x in event.data["layers"]],
-                    "tokens_before": before, "tokens_after": ctx.token_report(), **activity}
+            # the instance's document (``rollback --json`` gives the same), its ``layers`` and
+            # ``tokens`` those of the context rolled back, as they are now
+            after = ctx.token_report()
+            return {**instance.to_document(), "layers": ctx.as_dict(), "tokens": after, "context": ctx.name,
+                    "snapshot_id": args.snapshot_id, "event_seq": event.seq,
+                    "restored_layers": [str(Layer(x)) for x in event.data["layers"]],
+                    "tokens_before": before, "tokens_after": after, **activity}
         return self._change(instance_id, expected_version, "rollback", actor, apply)
 
     @staticmethod

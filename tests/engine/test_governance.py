@@ -232,7 +232,7 @@ def test_snapshot_then_rollback(service, notes):
     assert snap["snapshot_id"].startswith("snap:main:") and "risk_level" in snap["layers"]["L3"]
     service.inject(notes, InjectArgs(values={"temp": 1}))
     done = service.rollback(notes, RollbackArgs(snapshot_id=snap["snapshot_id"], reason="undo the hint"))
-    assert done["layers"] == ["L2", "L3", "L4", "L5"]
+    assert done["restored_layers"] == ["L2", "L3", "L4", "L5"] and set(done["layers"]) == {f"L{i}" for i in range(6)}
     ctx = service.load(notes).main
     assert "temp" not in ctx.layer("L4")
     assert any(e.kind == "restore" for e in ctx.tape) and any(e.changes and e.changes[0][1] == "temp" for e in ctx.tape)

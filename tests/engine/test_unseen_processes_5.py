@@ -352,7 +352,7 @@ def test_refund_request_rolls_back_to_a_snapshot(server: str, request: pytest.Fi
     ok(post(server, f"{GOV}/inject", {"instance_id": iid, "layer": "PROCESS", "values": {"vip_source": "crm"}}))
     back = ok(post(server, f"{GOV}/rollback", {"instance_id": iid, "snapshot_id": snap["snapshot_id"],
                                                 "user": "supervisor", "reason": "the note was for another order"}))
-    assert back["layers"] == ["L2", "L3", "L4", "L5"]  # SYSTEM and PROCESS never roll back
+    assert back["restored_layers"] == ["L2", "L3", "L4", "L5"]  # SYSTEM and PROCESS never roll back
     now = ok(get(server, f"/api/instances/{iid}"))["layers"]
     assert now["L4"] == {} and now["L3"] == doc["layers"]["L3"]
     assert now["L1"] == {"price": 49.5, "order": "O-1", "vip_source": "crm"}
