@@ -1307,15 +1307,33 @@ def check_completed_answer_keys(instance: Instance, answers: Mapping[str, Any] |
     """``check_user_task_keys`` for an instance that has completed, whose answers are all unused: a
     ``user_tasks`` key that names no user task of its process is a typo (``InvalidAnswer``), one that
     does (an answers file given to several instances) is only not used. Its ``waiting_for`` ids are
-    gone: one (a task's uuid) is taken as too late, not a typo; so is a key that may name a
-    confirmation of the instance or of its process (``--answer KEY={...}`` is in both sections)."""
+    gone: one (the uuid of a task the instance has had) is taken as too late, not a typo; so is a
+    key that may name a confirmation of the instance or of its process (``--answer KEY={...}`` is in
+    both sections). A uuid no task of the instance ever had is a typo, named as such."""
     tasks = (answers or {}).get("user_tasks") or {}
     conf = [key for key in ((answers or {}).get("confirmations") or {}) if key in tasks]
     bad = set(unmatchable_confirmation_keys(instance, conf)) & set(unmatchable_confirmation_keys(instance.process,
                                                                                                   conf))
     either = set(conf) - bad
-    check_user_task_keys(instance.process, [key for key in tasks if key not in either
-                                            and not _TASK_UUID.fullmatch(str(key))], source=source)
+    shaped = [str(key) for key in tasks if key not in either and _TASK_UUID.fullmatch(str(key))]
+    strangers = [key for key in shaped if not _had_task(instance, key)]
+    if strangers:
+        from .governance import InvalidAnswer
+
+        raise InvalidAnswer(f"{source}: user_tasks names {', '.join(map(repr, strangers))}, shaped like a "
+                            f"waiting_for id, but no task of instance {instance.id} ever had that id (a typo, or an "
+                            f"id of another instance); instance {instance.id} is completed and waits for nothing. "
+                            "Nothing was run or saved")
+    check_user_task_keys(instance.process, [key for key in tasks if key not in either and key not in shaped],
+                         source=source)
+
+
+def _had_task(instance: Instance, task_id: str) -> bool:
+    """Whether ``task_id`` (a ``waiting_for`` id) is the id of a task of ``instance``'s workflow, a
+    sub-process's included (SpiffWorkflow keeps finished tasks in the tree)."""
+    key = uuid.UUID(task_id)
+    workflow = instance.workflow
+    return key in workflow.tasks or any(key in sub.tasks for sub in workflow.subprocesses.values())
 
 
 def config_file_notices(instance: Instance) -> list[str]:

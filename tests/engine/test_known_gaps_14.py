@@ -128,7 +128,10 @@ def test_the_python_api_resumes_a_completed_instance_as_it_is_and_names_the_unus
     instance = _completed(engine, tmp_path)
     version, tape = instance.version, instance.tape_length()
     # answers meant for what it waited for (its waiting_for ids, task uuids, are gone now) are no typo: unused
-    gone = "3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b"
+    gone = str(next(t.id for t in instance.workflow.get_tasks() if t.task_spec.bpmn_id == "review"))
+    # (round 25: a uuid no task of the instance had, as this test once made up, is a typo)
+    with pytest.raises(InvalidAnswer, match="3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b"):
+        engine.resume(instance.id, answers={"user_tasks": {"3f2b8c1e-9a4d-4e6f-8b7a-1c2d3e4f5a6b": {}}})
     again = engine.resume(instance.id, answers={"user_tasks": {gone: {"decision": "denied"}},
                                                 "confirmations": {"*": "x"}})
     assert (again.status, again.version, again.tape_length()) == ("completed", version, tape)
