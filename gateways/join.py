@@ -1101,8 +1101,8 @@ def join_contexts(
         unfolded.setdefault(b, {}).update(records)
     contested = _contested(base, branches, touched, unfolded) - _counted_only(counted_away, base, branches, counted)
     removed, held = _removed_by_compressions(contested - pinned, base, branches, unfolded)
-    for b, keys in held.items():
-        unfolded.setdefault(b, {}).update(dict.fromkeys(keys, DELETED))
+    for b, gone in held.items():
+        unfolded.setdefault(b, {}).update(dict.fromkeys(gone, DELETED))
     contested -= removed
     # a reducer reads every branch's value (``min`` of a branch that changed the key and one that
     # did not is the unchanged one), so what each branch decided, not what its compression made of it
