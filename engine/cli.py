@@ -829,12 +829,26 @@ def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> N
         known.add(str(c.get("id")))
         if c.get("gateway_id") and c.get("key") is not None:
             known.add(f"{c['gateway_id']}/{c['key']}")
+    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
+    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
     for key in keys:
         if key != "*" and key not in known:
             waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
-            out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
-                     f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
-                     f"as `waiting_for` names it")
+            gateway, _, context_key = key.partition("/")
+            if context_key and gateway in joined:
+                out.info(f"layerflow: answer {key!r} was not used: join {gateway!r} of instance {instance.id} met "
+                         f"no conflict on {context_key!r}")
+            elif context_key and instance.status in ("waiting", "running"):
+                # a join of the process that may still ask (``_unmatchable_confirmations`` refused the rest)
+                steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                                          for w in instance.waiting_for})) or "nothing"
+                out.info(f"layerflow: answer {key!r} was not used: join {gateway!r} of instance {instance.id} has "
+                         f"not been reached (it waits at: {steps}); an answer is used only by the run or "
+                         f"resume it is given to: give it again to the `layerflow resume` that reaches the join")
+            else:
+                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
+                         f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
+                         f"as `waiting_for` names it")
 
 
 def _store_name(store: str | None) -> str:

@@ -1860,6 +1860,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         so the task still waits for a corrected answer (the instance does not fail)."""
         given = self._check_form(task, dict(data or {}), actor)
         self._check_user_data(task, given, actor)
+        self._check_output_item(task, given, actor)
         self.user_data[str(task.id)] = given
         note: dict[str, Any] = {"task_id": spiff.bpmn_id_of(task), "keys": list(given)}
         which = self._instance_of(task).get("instance")
@@ -1897,6 +1898,34 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
             raise FormAnswerInvalid(bpmn_id, problems, form, instance_id=self.instance.id)
         return answer
+
+    def _check_output_item(self, task: Any, given: dict[str, Any], actor: str) -> None:
+        """An instance of a multi-instance user task adds the person's decision to the activity's
+        output collection through its output item: an answer without it would fail the whole
+        instance once the task ran (``no_output_item``), for a person's slip. It is bad input
+        instead, refused before anything is written, and the task still waits. A script, handler
+        or model of the task may set the item itself: then the answer need not."""
+        multi = spiff.multi_instance_of(task)
+        mspec = getattr(multi, "task_spec", None)
+        if mspec is None or getattr(mspec, "data_output", None) is None:
+            return
+        out = spiff.data_name(mspec.output_item)
+        spec = task.task_spec
+        if (out is None or out == spiff.data_name(mspec.input_item) or out in self._form_of(task, given)
+                or getattr(spec, "prescript", None) or getattr(spec, "postscript", None)
+                or self._handler_for(spec.bpmn_id, self.process.config(spec.bpmn_id)) is not None):
+            return
+        bpmn_id = spiff.bpmn_id_of(task)
+        which = self._instance_of(task).get("instance")
+        collection = spiff.data_name(mspec.data_output)
+        why = (f"the answer sets no {out!r}, the output item each instance adds to {collection!r}: answer "
+               f"{{{json.dumps(out)}: ...}} with this instance's decision")
+        self.context_of(task).record("answer_refused", actor=actor, data={
+            "task_id": bpmn_id, "key": out, "instance": which, "reason": why})
+        from .governance import InvalidAnswer
+
+        raise InvalidAnswer(f"user task {bpmn_id!r} (instance {which} of its multi-instance activity): {why}; the "
+                            f"task still waits for a corrected answer", instance_id=self.instance.id, task_id=bpmn_id)
 
     def _check_user_data(self, task: Any, given: dict[str, Any], actor: str) -> None:
         ctx = self.context_of(task)
