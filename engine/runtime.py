@@ -426,7 +426,14 @@ class Engine:
             rt.settle()
         still = {w["id"] for w in instance.waiting_for}
         for item in answered_for:
-            if item["id"] not in used and item["id"] not in still:
+            if item["id"] not in used and item["id"] not in still and instance.status == "error":
+                # the task was not cancelled: the instance failed elsewhere before the answer was given
+                failed = (instance.error or {}).get("task_id")
+                instance.notices.append(
+                    f"user task {item['task_id']!r}: the given answer was not used: the instance failed first"
+                    + (f" (at {failed!r})" if failed else "") + " before the answer was given; give it again "
+                    "to the `resume` that retries once the cause is fixed")
+            elif item["id"] not in used and item["id"] not in still:
                 instance.notices.append(
                     f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "

@@ -40,7 +40,7 @@ from context_layers import Layer, LayeredContext
 from engine import Engine, load_process
 from engine.governance import InvalidAnswer
 
-from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, serving_catalog
+from engine_helpers import cli_in_a_tmp_store, flow, redis_scratch, run_json, serving_catalog, write_elements
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
@@ -173,6 +173,25 @@ def test_claim_through_the_python_api(tmp_path: Path) -> None:
     assert logged["resolution"]["by"] == "ravi" and logged["conflictingValues"] == [3000, 2850]
     assert inst.main.layer(Layer.SYSTEM)["currency"] == "EUR"
     assert LayeredContext.replay(inst.main.tape) == inst.main
+
+
+def test_an_answer_left_unused_because_the_instance_failed_does_not_blame_a_timer(tmp_path: Path) -> None:
+    # two people answer at once (a resume with both answers); the step after the first one fails
+    # before the second answer is given: that answer was not used, and no boundary event or timer
+    # cancelled anything
+    path = write_elements(tmp_path, "two_people", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>', '<bpmn:userTask id="rate_risk"/>',
+        '<bpmn:scriptTask id="price"><bpmn:script>premium = 100 / rate</bpmn:script></bpmn:scriptTask>',
+        '<bpmn:userTask id="sign_off"/>', '<bpmn:parallelGateway id="join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "split"), flow("split", "rate_risk"), flow("rate_risk", "price"), flow("price", "join"),
+        flow("split", "sign_off"), flow("sign_off", "join"), flow("join", "end")])
+    engine = Engine("memory://")
+    inst = engine.run(load_process(path), {})
+    inst = engine.resume(inst, answers={"user_tasks": {"rate_risk": {"rate": 0}, "sign_off": {"ok": True}}})
+    assert inst.status == "error" and inst.error is not None and inst.error["task_id"] == "price"
+    (notice,) = inst.notices
+    assert "'sign_off'" in notice and "boundary event or timer" not in notice
+    assert "the instance failed first (at 'price')" in notice
 
 
 # ===== article pipeline: CLI =====================================================================
