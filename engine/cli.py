@@ -183,6 +183,13 @@ def _progress(out: _Out) -> Callable[[Instance, str, LayeredContext], None]:
         tokens = ctx.token_report()
         layers = " ".join(f"{k}={v}" for k, v in tokens.items() if k != "total")
         where = "" if ctx.name == "main" else f" [{ctx.name}]"
+        last = ctx.tape[-1] if len(ctx.tape) else None
+        if last is not None and last.kind == "complete" and last.data.get("status") == "error_thrown":
+            record = ctx.get(str(last.data.get("record_key")), None) or {}
+            out.info(f"activity {task_id}{where} threw BPMN error {record.get('error_code')!r}"
+                     + (f" ({record['error_message']})" if record.get("error_message") else "")
+                     + f"; caught by {', '.join(record.get('caught_by') or [])}")
+            return
         if out.tty:
             out.console.print(f"[green]✓[/] [bold]{task_id}[/]{where}  [dim]{layers}[/]  total [cyan]{tokens['total']}[/]",
                               highlight=False)

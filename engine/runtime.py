@@ -302,7 +302,9 @@ class Engine:
     ``model``: the model name for activities with ``llm`` config (none: offline handlers), and
     for the compression after any activity (summaries; plans with ``compressionPlanner: model``).
     ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``).
-    ``progress(instance, task_id, context)``: called after every completed activity.
+    ``progress(instance, task_id, context)``: called after every completed activity (one that threw a
+    BPMN error that something catches too: the context's last tape event, its ``complete``, has
+    ``"status": "error_thrown"``).
     ``save``: ``"activity"`` (default) saves after every activity, so a crash loses at most
     the running one; ``"stop"`` saves only when a run stops (waits, completes, fails).
     ``compress``: run the compression hook after each activity (``_after_activity``).
@@ -2328,6 +2330,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                               + f"; caught by {', '.join(by)}",
                               details={"error_code": err.code, "error_message": err.message, "caught_by": by})
         self.instance.activities += 1
+        if self.engine.progress is not None:  # it ended, as a completed one does: say so, with its error
+            self.engine.progress(self.instance, bpmn_id, ctx)
         if not own:
             # as an error end event in that branch: it merges up to the catching scope (``terminate``)
             if levels and spiff.caught_in_scope(catchers[0].task_spec):

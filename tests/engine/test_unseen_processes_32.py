@@ -91,9 +91,14 @@ def test_both_processes_validate(cli: Any) -> None:
 # ===== motor claim: CLI ==========================================================================
 
 def test_claim_rework_after_the_error_and_the_join_settled_by_the_answers_file(cli: Any, tmp_path: Path) -> None:
-    doc = run_json(cli, "run", str(CLAIM), "--data", json.dumps(claim()), code=3)
+    result = cli("run", str(CLAIM), "--data", json.dumps(claim()), "--json")
+    assert result.exit_code == 3, result.output
+    doc = json.loads(result.stdout)
     check_run_document(doc)
     iid = doc["instance_id"]
+    # the progress says why the claimant is asked for documents, as it says what completed
+    assert ("activity fraud_screening [main/docs_gate@12] threw BPMN error 'docs_missing' (a police report is "
+            "needed for a suspected fraud); caught by docs_missing_caught") in result.stderr
     # the inclusive split took all three flows; the screening threw, its boundary event asks for documents
     assert waiting(doc) == [("user_task", "adjuster_inspection"), ("user_task", "collect_documents")]
     assert doc["waiting_for"][0]["documentation"] == "Inspect the vehicle and propose a payout."
