@@ -31,7 +31,7 @@ import click
 from context_layers import Layer, LayeredContext, thaw
 from context_layers.tape import EventKind, kind_names, matches_kind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
-from context_layers.stores import InstanceNotFound, StoreError
+from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
@@ -677,7 +677,11 @@ def check_start_data(process: Any, data: Mapping[str, Any], data_file: str | Non
 def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
     """The store stopped answering (or refused a write) while the instance ran: name the instance,
     which its last committed save keeps, so the user can continue it (the `--json` document
-    carries its id and process, not null)."""
+    carries its id and process, not null). A second answer to a confirmation is no store failure
+    but bad input (exit 2), with the fields that say who answered, as before anything runs."""
+    if isinstance(err, ConfirmationAnswered):
+        fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
+        _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
     _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
           f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})

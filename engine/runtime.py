@@ -78,7 +78,7 @@ from gateways.join import MERGED_CONFLICTS_KEY
 from gateways.policy import MODEL_NOT_ASKED
 
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
-                            condition_context, is_engine_key, short, typed_option)
+                            condition_context, is_engine_key, option_value, short)
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
@@ -916,9 +916,7 @@ class Engine:
                 try:
                     _check_given_answer(rt, item["id"], value)
                 except InvalidAnswer:
-                    if not any(c["id"] == item["id"] and c.get("answered")
-                               and (json_equal(c.get("answer"), value)
-                                    or c.get("answer") == typed_option(c.get("options") or [], value))
+                    if not any(c["id"] == item["id"] and c.get("answered") and _same_answer(c, value)
                                for c in instance.confirmations):
                         raise
                     # the answer was taken by an earlier round of this step (a loop back through the
@@ -1392,6 +1390,12 @@ def may_ask_again(instance: Instance, entry: Mapping[str, Any]) -> bool:
     return False
 
 
+def _same_answer(entry: Mapping[str, Any], value: Any) -> bool:
+    """Whether ``value`` gives the answer a confirmation ``entry`` recorded: that value, or what
+    stands for it among the entry's options (its label, its JSON text), as the answer was taken."""
+    return json_equal(entry.get("answer"), option_value(entry.get("options") or [], value))
+
+
 def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -> None:
     """Raise ``AnsweredByTimeout`` for an answer in ``answers`` to a confirmation its timeout settled
     with another value, and ``AnsweredAlready`` for one a person (a model, an unattended run)
@@ -1401,8 +1405,7 @@ def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -
     that stands loses nothing and passes (a script's answers file given to every resume)."""
     for key, value in ((answers or {}).get("confirmations") or {}).items():
         entry = settled_answer(instance, str(key))
-        if entry is None or json_equal(entry.get("answer"), value) \
-                or typed_option(entry.get("options") or [], value) == entry.get("answer"):
+        if entry is None or _same_answer(entry, value):
             continue
         from .governance import AnsweredAlready, AnsweredByTimeout
 

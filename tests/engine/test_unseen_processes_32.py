@@ -162,6 +162,21 @@ def test_an_answer_for_a_join_not_reached_yet_is_named_as_such(cli: Any, tmp_pat
     assert "met no conflict on 'payout_recommendation'" in result.stderr
 
 
+def test_the_join_answered_by_an_options_label_on_the_command_line(cli: Any) -> None:
+    # the person copies the option as the question shows it, "2400 (from adjuster_inspection)"
+    iid = run_json(cli, "run", str(CLAIM), "--data", json.dumps(claim()), code=3)["instance_id"]
+    doc = run_json(cli, "resume", iid, "--answer", 'adjuster_inspection={"payout_recommendation": 2400}',
+                   "--answer", 'collect_documents={"documents": ["police_report"]}', code=3)
+    (question,) = doc["confirmations"]
+    label = question["options"][0]["label"]
+    assert label == "2400 (from adjuster_inspection)"
+    result = cli("resume", iid, "--answer", f"{JOIN_Q}={label}", "--json")
+    assert result.exit_code == 3, result.output  # not "already answered ... by person", not a store failure
+    doc = json.loads(result.stdout)
+    assert doc["conflicts"][0]["resolution"]["value"] == 2400 and waiting(doc) == [("user_task", "customer_call")]
+    assert "already answered" not in result.stderr
+
+
 def test_claim_through_the_python_api(tmp_path: Path) -> None:
     engine = Engine("memory://")
     process = load_process(CLAIM)
