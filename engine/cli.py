@@ -846,16 +846,20 @@ def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> N
         if key != "*" and key not in known:
             waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
             gateway, _, context_key = key.partition("/")
-            if context_key and gateway in joined:
-                out.info(f"layerflow: answer {key!r} was not used: join {gateway!r} of instance {instance.id} met "
-                         f"no conflict on {context_key!r}")
+            asked = sorted({str(c["key"]) for c in instance.confirmations
+                            if c.get("gateway_id") == gateway and c.get("key") is not None})
+            if context_key and (gateway in joined or asked):
+                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
+                         f"{gateway!r} met no conflict on {context_key!r}"
+                         + (f" (it asked about: {', '.join(asked)})" if asked else "") + "; it was not used")
             elif context_key and instance.status in ("waiting", "running"):
                 # a join of the process that may still ask (``_unmatchable_confirmations`` refused the rest)
                 steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
                                           for w in instance.waiting_for})) or "nothing"
-                out.info(f"layerflow: answer {key!r} was not used: join {gateway!r} of instance {instance.id} has "
-                         f"not been reached (it waits at: {steps}); an answer is used only by the run or "
-                         f"resume it is given to: give it again to the `layerflow resume` that reaches the join")
+                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} yet and was "
+                         f"not used: join {gateway!r} has not been reached (it waits at: {steps}); an answer is used "
+                         f"only by the run or resume it is given to: give it again to the `layerflow resume` that "
+                         f"reaches the join")
             else:
                 out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
                          f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "

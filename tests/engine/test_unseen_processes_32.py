@@ -150,16 +150,16 @@ def test_an_answer_for_a_join_not_reached_yet_is_named_as_such(cli: Any, tmp_pat
     result = cli("run", str(CLAIM), "--data", json.dumps(claim()), "--answers", str(answers))
     assert result.exit_code == 3, result.output
     assert "Key a join conflict GATEWAY_ID/CONTEXT_KEY" not in result.stderr
-    assert (f"answer '{JOIN_Q}' was not used: join 'checks_join'" in result.stderr
-            and "has not been reached (it waits at: collect_documents)" in result.stderr
+    assert (f"answer '{JOIN_Q}' matches no confirmation of instance" in result.stderr
+            and "join 'checks_join' has not been reached (it waits at: collect_documents)" in result.stderr
             and "give it again to the `layerflow resume` that reaches the join" in result.stderr), result.stderr
 
     # a small claim: only the coverage check ran, the join met no conflict to answer
     small = claim(prior_claims=0, damage_items=[{"part": "bonnet", "cost": 900}])
     result = cli("run", str(CLAIM), "--data", json.dumps(small), "--answers", str(answers))
     assert result.exit_code == 0, result.output
-    assert f"answer '{JOIN_Q}' was not used: join 'checks_join'" in result.stderr
-    assert "met no conflict on 'payout_recommendation'" in result.stderr
+    assert (f"answer '{JOIN_Q}' matches no confirmation of instance" in result.stderr
+            and "join 'checks_join' met no conflict on 'payout_recommendation'; it was not used" in result.stderr)
 
 
 def test_the_join_answered_by_an_options_label_on_the_command_line(cli: Any) -> None:
