@@ -75,7 +75,7 @@ from context_layers.stores import StoreUnavailable
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
-from gateways.policy import MODEL_NOT_ASKED
+from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, option_value, short)
@@ -676,6 +676,21 @@ class Engine:
 
         instance = self._instance(instance)
         rt = _runtime_of(instance)
+        failed = instance.error or {}
+        if context is None and instance.status == "error" and failed.get("kind") == "merge_conflict":
+            # the failed "task" is the join: its context is one arriving branch, where a value is one
+            # more for the join to merge (another conflicting value), never the decision it lacks
+            from .governance import InstanceStateError
+
+            gateway = failed.get("task_id")
+            branches = sorted({str(b["branch_id"]) for b in instance.branches.values()
+                               if b.get("status") == "open" and b.get("branch_id")})
+            raise InstanceStateError(
+                f"instance {instance.id} failed at join {gateway!r} on its conflicts: a value written without a "
+                f"context would go into one arriving branch, one more value for the join to merge, not a "
+                f"decision. Settle the join: {SETTLE_FAILED_JOIN} (`layerflow resume {instance.id}`). To "
+                f"correct one branch's own value, name that branch (--context / `context`: "
+                f"{', '.join(branches) or 'a branch id'})")
         ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
         # are open is merged against its split snapshot: a write there would reach nothing

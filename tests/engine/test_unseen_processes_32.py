@@ -177,6 +177,25 @@ def test_the_join_answered_by_an_options_label_on_the_command_line(cli: Any) -> 
     assert "already answered" not in result.stderr
 
 
+def test_an_escalated_join_is_not_sent_to_a_set_that_cannot_settle_it(cli: Any) -> None:
+    iid = run_json(cli, "run", str(CLAIM), "--data", json.dumps(claim()), code=3)["instance_id"]
+    run_json(cli, "resume", iid, "--answer", 'adjuster_inspection={"payout_recommendation": 2400}',
+             "--answer", 'collect_documents={"documents": ["police_report"]}', code=3)
+    escalated = run_json(cli, "resume", iid, "--answer", f"{JOIN_Q}=$escalate", code=1)
+    assert escalated["error"]["kind"] == "merge_conflict"
+    # a second answer is refused; what it says to do instead must be what settles an escalation
+    second = run_json(cli, "resume", iid, "--answer", f"{JOIN_Q}=2400", code=2)
+    message = second["error"]["message"]
+    assert "--set payout_recommendation=VALUE" not in message, message
+    assert "POST /api/context-governance/config" in message and f"layerflow resume {iid}" in message
+    # a --set without --context would land in one branch (docs_gate) as one more value for the join
+    refused = run_json(cli, "resume", iid, "--set", "payout_recommendation=2400", code=2)
+    assert "join 'checks_join'" in refused["error"]["message"] and "--context" in refused["error"]["message"]
+    after = run_json(cli, "inspect", iid)
+    assert after["conflicts"][0]["values"] == {"adjuster_inspection": 2400, "coverage_check": 2850}
+    assert "payout_recommendation" not in run_json(cli, "inspect", iid, "--context", "docs_gate")["layers"]["L4"]
+
+
 def test_claim_through_the_python_api(tmp_path: Path) -> None:
     engine = Engine("memory://")
     process = load_process(CLAIM)
