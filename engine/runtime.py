@@ -1938,9 +1938,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return
         out = spiff.data_name(mspec.output_item)
         spec = task.task_spec
+        cfg = self.process.config(spec.bpmn_id)
         if (out is None or out == spiff.data_name(mspec.input_item) or out in self._form_of(task, given)
                 or getattr(spec, "prescript", None) or getattr(spec, "postscript", None)
-                or self._handler_for(spec.bpmn_id, self.process.config(spec.bpmn_id)) is not None):
+                or (cfg is not None and cfg.llm is not None) or self._handler_for(spec.bpmn_id, cfg) is not None):
             return
         bpmn_id = spiff.bpmn_id_of(task)
         which = self._instance_of(task).get("instance")
