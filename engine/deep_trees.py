@@ -148,8 +148,10 @@ def lift() -> None:
 _room_lock = threading.Lock()
 #: frames left for whatever calls the parser or the engine (a web server's stack, a test runner's)
 HEADROOM = 500
-#: the most ``make_room`` grants: a process needing more meets a RecursionError
-MAX_FRAMES = 100_000
+#: the most ``make_room`` grants (about 10,000 elements in sequence): a process needing more meets a
+#: RecursionError. Some C code recurses on the C stack up to the same limit (``repr`` of a nested
+#: list crashed the interpreter at 60,000 in a thread here; ``json`` and ``repr`` held at 40,000)
+MAX_FRAMES = 30_000
 
 
 def make_room(frames: int) -> None:
