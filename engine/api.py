@@ -26,7 +26,7 @@ from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from context_layers.errors import LayerflowError
@@ -511,7 +511,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
             raise BadRequest(f"give the tool's arguments in `arguments` or beside instance_id, not both "
                              f"(also given: {', '.join(sorted(rest))})")
         given = body.get("instance_id", body.get("instanceId"))
-        shell = _Instance.model_validate({"instance_id": given} if given is not None else {})
+        try:
+            shell = _Instance.model_validate({"instance_id": given} if given is not None else {})
+        except ValidationError as err:  # the body is free-form here: its id is checked as the bodies' are
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from None
         iid = _instance_of(shell, instance_id)
         user = body.get("user")
         result = dispatch_tool(s, iid, name, body["arguments"] if "arguments" in body else rest,

@@ -11,8 +11,7 @@ against a real ``layerflow serve`` on a redis-server of this module's own:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,3 +250,100 @@ def test_the_bodies_of_the_error_answers_are_the_one_error_body(openapi: dict[st
             body = responses[str(code)]["content"]["application/json"]["schema"]
             assert body == {"$ref": "#/components/schemas/ErrorBody"}, f"{method} {path} {code}"
             assert responses[str(code)]["description"].startswith("`"), f"{method} {path} {code}: names no kind"
+
+
+# ----------------------------------------------------------------------------- no code unlisted
+
+# bodies a client gets wrong: none, no object, no JSON, a field of no route, a stale or impossible
+# version, text that is no text, a number no JSON parser keeps, the wrong content type
+BAD_BODIES: list[dict[str, Any]] = [
+    {"raw": "[]"}, {"raw": '{"instance_id": '}, {"body": {"bogus": 1, "instance_id": "not an id"}},
+    {"body": {"instance_id": GONE, "expected_version": 0}, "query": "?instance_id=a"},
+    {"raw": '{"instance_id": "\\ud800", "user": "\\udfff", "name": 5}'},
+    {"raw": '{"expected_version": 1e400, "value": -Infinity}', "query": "?expected_version=-1"},
+    {"raw": '{"process_id": "claim27"}', "headers": {"content-type": "text/plain"}},
+]
+BAD_QUERIES = ["?instance_id=a&instance_id=b&since=-1&limit=x", "?until=99999999999999999999999&limit=0",
+               "?status=%ED%A0%80&context=%00", "?kind=&activity=&branch=&key=%FF"]
+
+
+def _fill(path: str, real: dict[str, str], weird: str) -> list[str]:
+    """``path`` with its parameters: things that exist, then ``weird`` for each."""
+    known = path
+    for name, value in real.items():
+        known = known.replace(f"{{{name}}}", value)
+    odd = path
+    for name in real:
+        odd = odd.replace(f"{{{name}}}", weird)
+    return list(dict.fromkeys([known, odd]))
+
+
+def test_no_bad_request_earns_a_code_its_route_does_not_list(served: Served, openapi: dict[str, Any]) -> None:
+    url = served.url
+    real = {"instance_id": _started(url), "task_id": "triage", "name": "context_branch", "process_id": "claim27",
+            "confirmation_id": "join/claim_status"}
+    seen: dict[int, int] = {}
+    for method, path, listed in _operations(openapi):
+        for filled in _fill(path, real, "%ED%A0%80" if "confirmation" in path else GONE):
+            for bad in BAD_BODIES if method == "post" else [{"query": q} for q in BAD_QUERIES]:
+                query = bad.get("query", "")
+                r = call(url, method, filled + query, bad.get("body"), raw=bad.get("raw"), headers=bad.get("headers"))
+                seen[r.status_code] = seen.get(r.status_code, 0) + 1
+                assert r.status_code < 300 or r.status_code in listed, (
+                    f"{method} {filled}{query} {bad}: {r.status_code} is not listed ({sorted(listed)}): {r.text[:300]}")
+    assert {200, 404, 422} <= set(seen), seen
+    assert "does not list" not in served.log.read_text()
+
+
+def test_an_answer_its_route_does_not_list_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The drift check itself: a route whose table entry lost a kind it raises still answers it, and
+    the server's log names the route, the kind and where to list it."""
+    from fastapi.testclient import TestClient
+
+    from engine import api
+
+    app = api.create_app("memory://", tmp_path, token="t29")
+    listed = api.ROUTE_ERRORS["document"]
+    api.ROUTE_ERRORS["document"] = ("validation_error",)
+    try:
+        with caplog.at_level("WARNING", logger="layerflow.api"), TestClient(app) as client:
+            r = client.get(f"/api/instances/{GONE}", headers={"Authorization": "Bearer t29"})
+    finally:
+        api.ROUTE_ERRORS["document"] = listed
+    assert r.status_code == 404
+    assert "answered 404 (not_found)" in caplog.text and "ROUTE_ERRORS['document']" in caplog.text, caplog.text
+
+
+def test_every_route_that_reads_the_store_answers_503_while_it_is_gone(served: Served, openapi: dict[str, Any],
+                                                                      instances: Instances) -> None:
+    """The redis-server goes away under the running server (and comes back: nothing is lost)."""
+    # a request that gets as far as the store: on an instance that exists (409 and 404 asks, pointed at
+    # one), a start (403: the data is checked as it is written), a list (no query)
+    asked: dict[tuple[str, str], Ask] = {(m, p): asks.get(409) or asks.get(403) or asks.get(404) or (p, None)
+                                         for (m, p), asks in _earning(instances).items()}
+    served.redis.kill()
+    try:
+        for method, path, listed in _operations(openapi):
+            if 503 not in listed:
+                continue
+            path_, body, *raw = asked[(method, path)]
+            ask = path_.replace(GONE, instances.wait).replace("/nope", "/claim27")  # what exists, but for the store
+            r = call(served.url, method, ask, body, raw=raw[0] if raw else None)
+            assert r.status_code == 503 and r.json()["error"]["kind"] == "store_unavailable", (
+                f"{method} {ask}: {r.status_code} {r.text[:300]}")
+        for method, path, listed in _operations(openapi):
+            if 503 not in listed:  # the catalog's routes read no store
+                r = call(served.url, method, path.replace("{process_id}", "claim27"))
+                assert r.status_code == 200, f"{method} {path}: {r.status_code} {r.text[:300]}"
+    finally:
+        served.redis.start()
+    assert call(served.url, "get", f"/api/instances/{instances.wait}").json()["status"] == "waiting"
+
+
+@pytest.mark.parametrize("raw", ['{"instance_id": "not an id", "arguments": {}}', '{"instance_id": 29}',
+                                 '{"instanceId": "\\ud800", "arguments": {}}'])
+def test_a_tool_call_naming_no_valid_instance_id_is_a_422_naming_the_field(served: Served, raw: str) -> None:
+    # was a 500: the id was checked outside the request's validation, and its ValidationError escaped
+    r = call(served.url, "post", "/api/context-governance/tools/context_inspect", raw=raw)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["problems"][0]["field"] == "body.instance_id", r.text
