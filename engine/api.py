@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -229,6 +229,97 @@ class CancelRequest(CancelArgs, _Body):  # _Body: its camelCase names in the sch
 class ResumeRequest(ResumeArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
     user: str | None = Field(default=None, description="who answers (the tape's actor; a join's resolution names them)")
+
+
+class _Open(BaseModel):  # a reply's part: the fields DESIGN.md names; more may come (added, never renamed)
+    model_config = ConfigDict(extra="allow")
+
+
+class RunError(_Open):
+    kind: str
+    message: str
+    task_id: str | None
+
+
+class Resolution(_Open):
+    value: Any
+    resolver: Literal["policy", "model", "human", "strategy"]
+    reason: str
+
+
+class Conflict(_Open):
+    gateway_id: str
+    layer: str = Field(examples=["L4"])
+    key: str
+    base_value: Any
+    values: dict[str, Any] = Field(description="branch id -> its value")
+    resolution: Resolution | None
+
+
+class Compression(_Open):
+    activity_id: str
+    triggers: list[str]
+    tokens_before: int
+    tokens_after: int
+    snapshot_id: str
+
+
+class Confirmation(_Open):
+    id: str
+    type: str
+    message: str
+    options: list[Any]
+    answer: Any
+    timed_out: bool
+
+
+class WaitingItem(_Open):
+    kind: str = Field(description="user_task, confirmation, or event (a message, signal, timer or condition: "
+                                  "`event_kind`)")
+    id: str = Field(description="what to answer: a user task's or event's task id, a confirmation's id")
+    task_id: str = Field(description="the BPMN id of the element that waits")
+
+
+class Layers(_Open):
+    L0: dict[str, Any]
+    L1: dict[str, Any]
+    L2: dict[str, Any]
+    L3: dict[str, Any]
+    L4: dict[str, Any]
+    L5: dict[str, Any]
+
+
+class Tokens(_Open):
+    L0: int
+    L1: int
+    L2: int
+    L3: int
+    L4: int
+    L5: int
+    total: int
+
+
+class InstanceDocument(_Open):
+    """An instance as `layerflow run --json` prints it (DESIGN.md "Interfaces"), plus its version
+    (``expected_version`` of a change). A deleted key is absent from its layer."""
+    instance_id: str
+    process_id: str
+    status: Status
+    error: RunError | None
+    layers: Layers
+    tokens: Tokens
+    conflicts: list[Conflict]
+    compressions: list[Compression]
+    confirmations: list[Confirmation]
+    waiting_for: list[WaitingItem]
+    tape_length: int
+    version: int
+
+
+def document_responses(route: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
+    """``route_responses`` plus its success: the instance's document (``InstanceDocument``)."""
+    return {status: {"model": InstanceDocument, "description": "the instance's document, as it is now"},
+            **route_responses(route)}
 
 
 class ErrorDetail(BaseModel):
@@ -449,7 +540,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.inject(_instance_of(body, instance_id), InjectArgs.model_validate(_args(body, InjectArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/resolve", tags=["context-governance"], responses=route_responses("resolve"))
+    @app.post("/api/context-governance/resolve", tags=["context-governance"], response_model=None,
+              responses=document_responses("resolve"))
     def resolve(body: ResolveRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
@@ -548,25 +640,28 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         """Instance summaries, newest first."""
         return s.list_instances(status)
 
-    @app.post("/api/instances", status_code=201, tags=["instances"], responses=route_responses("start"))
+    @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
+              responses=document_responses("start", 201))
     def start(body: StartRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Start a catalog process by id and run it until it completes, waits or fails."""
         return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
 
-    @app.get("/api/instances/{instance_id}", tags=["instances"], responses=route_responses("document"))
+    @app.get("/api/instances/{instance_id}", tags=["instances"], response_model=None,
+             responses=document_responses("document"))
     def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version."""
         return s.document(instance_id)
 
-    @app.post("/api/instances/{instance_id}/events", tags=["instances"], responses=route_responses("send_event"))
+    @app.post("/api/instances/{instance_id}/events", tags=["instances"], response_model=None,
+              responses=document_responses("send_event"))
     def send_event(instance_id: PathId, body: SendEventRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Send a BPMN message (or broadcast a signal) with a payload to what waits for it; the
         instance runs on. Nothing waits for it: 409, naming what the instance waits for."""
         return s.send_event(instance_id, SendEventArgs.model_validate(_args(body, SendEventArgs)),
                             expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"],
-              responses=route_responses("complete_user_task"))
+    @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], response_model=None,
+              responses=document_responses("complete_user_task"))
     def complete_user_task(instance_id: PathId, task_id: str, body: UserTaskRequest,
                            s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
@@ -578,7 +673,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
                                     expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/instances/{instance_id}/resume", tags=["instances"], responses=route_responses("resume"))
+    @app.post("/api/instances/{instance_id}/resume", tags=["instances"], response_model=None,
+              responses=document_responses("resume"))
     def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
         for what it waits for, after a timer came due, or to retry the failed activity of an
@@ -588,7 +684,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
                         expected_version=body.expected_version, by=body.user)
 
-    @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], responses=route_responses("cancel"))
+    @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], response_model=None,
+              responses=document_responses("cancel"))
     def cancel(instance_id: PathId, body: CancelRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Stop an unfinished instance for good: its open tasks are cancelled, its pending
         confirmations closed, and nothing of it runs again; who and why are on its tape.
@@ -609,7 +706,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         """Open confirmations (people's decisions pending), of every instance or of one."""
         return s.confirmations(instance_id)
 
-    @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], responses=route_responses("answer"))
+    @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], response_model=None,
+              responses=document_responses("answer"))
     def answer(confirmation_id: str, body: AnswerRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Answer a confirmation with one of its option values; the instance runs on."""
         return s.answer(confirmation_id, body, actor=body.user or "api")

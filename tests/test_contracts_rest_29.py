@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import local_http
 import pytest
 
@@ -347,3 +348,67 @@ def test_a_tool_call_naming_no_valid_instance_id_is_a_422_naming_the_field(serve
     r = call(served.url, "post", "/api/context-governance/tools/context_inspect", raw=raw)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["problems"][0]["field"] == "body.instance_id", r.text
+
+
+# ----------------------------------------------------------------------------- a client of the docs alone
+
+class Client:
+    """What a client author builds from DESIGN.md and /openapi.json alone: each answer's code is
+    one its operation lists, and its body is the schema listed for that code."""
+
+    def __init__(self, url: str, openapi: dict[str, Any]) -> None:
+        self.url, self.openapi = url, openapi
+
+    def __call__(self, method: str, template: str, body: Any = None, **params: str) -> Any:
+        path = template.format(**params)
+        r = call(self.url, method, path, body)
+        answers = self.openapi["paths"][template.split("?")[0]][method]["responses"]
+        assert str(r.status_code) in answers, f"{method} {path}: {r.status_code} is not listed: {r.text[:300]}"
+        schema = answers[str(r.status_code)]["content"]["application/json"]["schema"]
+        validator = jsonschema.Draft202012Validator({**schema, "components": self.openapi["components"]})
+        problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(r.json())]
+        assert not problems, f"{method} {path} {r.status_code}: not the schema /openapi.json lists: {problems[:5]}"
+        return r.json()
+
+
+def test_a_client_of_design_md_and_openapi_json_runs_a_claim_through(served: Served, openapi: dict[str, Any]) -> None:
+    api = Client(served.url, openapi)
+    assert "claim27" in {p["id"] for p in api("get", "/api/processes")}
+    doc = api("post", "/api/instances", {"process_id": "claim27", "data": {"claim_id": "C-29", "amount": 900}})
+    iid = doc["instance_id"]
+    assert doc["status"] == "waiting" and doc["layers"]["L1"] == {"claim_id": "C-29", "amount": 900}
+    task = doc["waiting_for"][0]
+    assert (task["kind"], task["task_id"]) == ("user_task", "triage")
+    doc = api("post", "/api/instances/{instance_id}/user-tasks/{task_id}", {"data": {"severity": "low"}}, instance_id=iid, task_id=task["id"])
+    assert doc["layers"]["L3"]["severity"] == "low" and doc["waiting_for"][0]["kind"] == "event"  # the message
+
+    # a snapshot, a mistaken note, the rollback: the note is gone from the context, not from the tape
+    snap = api("post", "/api/context-governance/snapshot", {"instance_id": iid, "label": "before the memo"})
+    assert "severity" in snap["layers"]["L3"]
+    api("post", "/api/context-governance/inject", {"instance_id": iid, "key": "memo", "value": "pay at once"})
+    back = api("post", "/api/context-governance/rollback", {"instance_id": iid, "snapshot_id": snap["snapshot_id"],
+                                                             "reason": "the memo was wrong"})
+    doc = api("get", "/api/instances/{instance_id}", instance_id=iid)
+    assert "memo" not in doc["layers"]["L4"] and doc["version"] == back["version"]
+
+    # the documents arrive, the branches disagree, a person settles it
+    doc = api("post", "/api/instances/{instance_id}/events", {"name": "docs_arrived", "payload": {"doc": "receipt"}}, instance_id=iid)
+    (conflict,) = doc["conflicts"]
+    assert conflict["values"] == {"finance": "pay", "fraud": "hold"} and conflict["resolution"] is None
+    (asked,) = api("get", "/api/confirmations?instance_id={instance_id}", instance_id=iid)
+    assert {o["value"] for o in asked["options"]} >= {"pay", "hold"}
+    inspect = api("post", "/api/context-governance/inspect", {"instance_id": iid, "layers": ["L3"]})
+    assert "severity" in inspect["layers"]["L3"]["keys"] and inspect["conflicts"] == [conflict]
+    doc = api("post", "/api/confirmations/{confirmation_id}", {"value": "hold", "instance_id": iid, "reason": "fraud first",
+                                                    "expected_version": doc["version"]}, confirmation_id=asked["id"])
+    assert doc["status"] == "completed" and doc["layers"]["L3"]["closed"] == "hold"
+    assert doc["conflicts"][0]["resolution"]["resolver"] == "human"
+
+    # the tape: what happened to claim_status, and the context as it was before the join
+    tape = api("get", "/api/instances/{instance_id}/tape?key=claim_status&context=main", instance_id=iid)
+    assert tape["count"] == len(tape["events"]) > 0 and all(e["context"] == "main" for e in tape["events"])
+    joins = api("get", "/api/instances/{instance_id}/tape?kind=join", instance_id=iid)["events"]
+    before = joins[0]["seq"] - 1
+    replay = api("get", "/api/instances/{instance_id}/replay?until={seq}", instance_id=iid, seq=str(before))
+    shown = {k["key"]: k["value"] for k in replay["layers"]["L3"]["keys"]}
+    assert shown["claim_status"] == "new" and "closed" not in shown and "memo" not in shown
