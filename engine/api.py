@@ -25,9 +25,11 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from context_layers.errors import LayerflowError
 from context_layers.stores import InstanceNotFound
@@ -491,7 +493,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         kind = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(err.status_code, "http_error")
         message, asked = str(err.detail), f"{request.method} {request.url.path}"
         allowed = (err.headers or {}).get("Allow")
-        if err.status_code == 405:
+        if err.status_code == 405:  # every route of the path, not the first one's methods only
+            allowed = _methods_of(app, request) or allowed
             message = (f"{asked} is not an endpoint: {request.url.path} takes {allowed or 'other methods'}; "
                        "/docs lists the endpoints")
         elif err.status_code == 404 and message == "Not Found":  # the router's, not an endpoint's own
@@ -720,12 +723,23 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     return app
 
 
+def _methods_of(app: FastAPI, request: Request) -> str:
+    """The methods the routes of ``request``'s path take (for a 405's Allow)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
+
+
 def _documented(request: Request, response: JSONResponse) -> JSONResponse:
     """``response``, an error answer of ``request``'s route; logged when the route's /openapi.json
     entry does not list its code (``ROUTE_ERRORS``): the table and the code have drifted apart."""
-    name = getattr(request.scope.get("route"), "name", None)
+    route = request.scope.get("route")
+    name = getattr(route, "name", None)
     code = response.status_code
-    listed = ROUTE_ERRORS.get(name) if isinstance(name, str) else None
+    # a method the route does not take: the path's 405, no operation's (the route matched the path only)
+    listed = ROUTE_ERRORS.get(name) if request.method in getattr(route, "methods", ()) else None
     if listed is not None and code not in (401, 500, *map(status_for, listed)):
         kind = _kind_of(response)
         log.warning("%s %s answered %d (%s), which /openapi.json does not list for it: add %r to "

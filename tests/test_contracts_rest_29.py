@@ -292,6 +292,9 @@ def test_no_bad_request_earns_a_code_its_route_does_not_list(served: Served, ope
                 seen[r.status_code] = seen.get(r.status_code, 0) + 1
                 assert r.status_code < 300 or r.status_code in listed, (
                     f"{method} {filled}{query} {bad}: {r.status_code} is not listed ({sorted(listed)}): {r.text[:300]}")
+        # a method no operation of the path has: the path's 405, naming the methods it takes
+        r = call(url, "put", _fill(path, real, GONE)[0])
+        assert r.status_code == 405 and method.upper() in r.headers["allow"], f"PUT {path}: {r.status_code}"
     assert {200, 404, 422} <= set(seen), seen
     assert "does not list" not in served.log.read_text()
 
@@ -313,6 +316,11 @@ def test_an_answer_its_route_does_not_list_is_logged(tmp_path: Path, caplog: pyt
         api.ROUTE_ERRORS["document"] = listed
     assert r.status_code == 404
     assert "answered 404 (not_found)" in caplog.text and "ROUTE_ERRORS['document']" in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="layerflow.api"), TestClient(app) as client:
+        # a method the path does not take is the path's answer (Allow names the ones it does), no operation's
+        r = client.request("PUT", f"/api/instances/{GONE}", headers={"Authorization": "Bearer t29"})
+    assert r.status_code == 405 and not caplog.text, caplog.text
 
 
 def test_every_route_that_reads_the_store_answers_503_while_it_is_gone(served: Served, openapi: dict[str, Any],
@@ -412,3 +420,12 @@ def test_a_client_of_design_md_and_openapi_json_runs_a_claim_through(served: Ser
     replay = api("get", "/api/instances/{instance_id}/replay?until={seq}", instance_id=iid, seq=str(before))
     shown = {k["key"]: k["value"] for k in replay["layers"]["L3"]["keys"]}
     assert shown["claim_status"] == "new" and "closed" not in shown and "memo" not in shown
+
+
+@pytest.mark.parametrize("path, takes", [("/api/instances", {"GET", "POST"}), ("/api/tools", {"GET"})])
+def test_a_405_names_every_method_the_path_takes(served: Served, path: str, takes: set[str]) -> None:
+    # was the first route's only: PUT /api/instances was told it takes GET, not that POST starts one
+    r = call(served.url, "put", path)
+    assert r.status_code == 405
+    assert takes <= set(r.headers["allow"].split(", ")), r.headers["allow"]
+    assert all(m in r.json()["error"]["message"] for m in takes), r.text
