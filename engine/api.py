@@ -499,6 +499,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                        "/docs lists the endpoints")
         elif err.status_code == 404 and message == "Not Found":  # the router's, not an endpoint's own
             message = f"{asked} is not an endpoint; /docs lists the endpoints (/openapi.json for programs)"
+        elif err.status_code == 400 and message == "There was an error parsing the body" and err.__cause__:
+            # JSON the parser reads but Python cannot hold: an invalid body, as one that does not parse
+            return await _invalid(request, RequestValidationError([{
+                "loc": ("body",), "type": "json_unreadable", "msg": _unreadable(err.__cause__)}]))
         response = _documented(request, _error(kind, message, err.status_code))
         if allowed:
             response.headers["Allow"] = allowed  # RFC 9110: a 405 names the methods the path takes
@@ -721,6 +725,17 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     mount_console(app)
 
     return app
+
+
+def _unreadable(cause: BaseException) -> str:
+    """What of a body JSON parses that Python cannot hold, and what to send instead."""
+    if isinstance(cause, RecursionError):
+        found = "its values are nested too deeply"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        found = f"it holds an integer of too many digits ({cause})"
+    else:
+        found = f"{type(cause).__name__}: {cause}"
+    return f"the body cannot be read: {found}; send one JSON object of plain values"
 
 
 def _methods_of(app: FastAPI, request: Request) -> str:
