@@ -743,7 +743,7 @@ def _methods_of(app: FastAPI, request: Request) -> str:
     methods: set[str] = set()
     for route in app.router.routes:
         if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
-            methods |= route.methods
+            methods |= route.methods or set()
     return ", ".join(sorted(methods))
 
 
@@ -754,7 +754,7 @@ def _documented(request: Request, response: JSONResponse) -> JSONResponse:
     name = getattr(route, "name", None)
     code = response.status_code
     # a method the route does not take: the path's 405, no operation's (the route matched the path only)
-    listed = ROUTE_ERRORS.get(name) if request.method in getattr(route, "methods", ()) else None
+    listed = ROUTE_ERRORS.get(str(name)) if request.method in getattr(route, "methods", ()) else None
     if listed is not None and code not in (401, 500, *map(status_for, listed)):
         kind = _kind_of(response)
         log.warning("%s %s answered %d (%s), which /openapi.json does not list for it: add %r to "
