@@ -371,6 +371,8 @@ def _bpmn(tag: str) -> str:
     return f"{{{BPMN_NS}}}{tag}"
 
 
+_SEQUENCE_FLOW = _bpmn("sequenceFlow")
+
 # Elements that become task specs: the only ones the engine hands a config to.
 _FLOW_NODES = frozenset(_bpmn(t) for t in (
     "task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask",
@@ -4539,17 +4541,33 @@ def _inbound(node: Any) -> list[tuple[Any, Any]]:
     scope = node.getparent()
     if scope is None:
         return []
-    by_id = {el.get("id"): el for el in scope.iterchildren() if el.get("id")}
+    by_id = _scope_index(scope)[0]
     found = [(by_id[f.get("sourceRef")], f) for f in _incoming(node) if f.get("sourceRef") in by_id]
     if links.is_link_catch(node):
         found += [(t, t) for t in scope.iterchildren(_bpmn("intermediateThrowEvent")) if node in _jump_targets(t)]
     return found
 
 
+@functools.lru_cache(maxsize=32)
+def _scope_index(scope: Any) -> tuple[dict[str, Any], dict[str, list[Any]], dict[str, list[Any]]]:
+    """A process's or sub-process's children by id, and its sequence flows by source and by target,
+    in document order: asked for each node, a scan of the scope made validate quadratic in the
+    size of the process (validate never changes the tree it reads)."""
+    by_id: dict[str, Any] = {}
+    by_source: dict[str, list[Any]] = {}
+    by_target: dict[str, list[Any]] = {}
+    for el in scope.iterchildren():
+        if el.get("id"):
+            by_id[el.get("id")] = el
+        if el.tag == _SEQUENCE_FLOW:
+            by_source.setdefault(el.get("sourceRef"), []).append(el)
+            by_target.setdefault(el.get("targetRef"), []).append(el)
+    return by_id, by_source, by_target
+
+
 def _incoming(node: Any) -> list[Any]:
     scope = node.getparent()
-    nid = node.get("id")
-    return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("targetRef") == nid] if scope is not None else []
+    return list(_scope_index(scope)[2].get(node.get("id"), ())) if scope is not None else []
 
 
 def _may_begin_branch(node: Any) -> bool:
@@ -4562,7 +4580,7 @@ def _may_begin_branch(node: Any) -> bool:
     scope = node.getparent()
     if scope is None:
         return True
-    by_id = {e.get("id"): e for e in scope.iterchildren()}
+    by_id = _scope_index(scope)[0]
     for flow in _incoming(node):
         source = by_id.get(flow.get("sourceRef"))
         if source is None or etree.QName(source).localname == "boundaryEvent" or len(_outgoing(source)) > 1:
@@ -4584,8 +4602,7 @@ def _branch_starts(node: Any) -> list[str]:
 
 def _outgoing(node: Any) -> list[Any]:
     scope = node.getparent()
-    nid = node.get("id")
-    return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("sourceRef") == nid] if scope is not None else []
+    return list(_scope_index(scope)[1].get(node.get("id"), ())) if scope is not None else []
 
 
 def _condition_text(flow: Any, tag: str = "conditionExpression") -> str:
