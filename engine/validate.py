@@ -76,6 +76,8 @@ not make ``report.ok`` false:
 ``flow_id_missing``                   a sequence flow with no id (BPMN allows it): SpiffWorkflow keys flows by
                                       id and follows none of them, so the instance would skip every element
                                       after it and complete
+``node_id_missing``                   a task, event, gateway or (event) sub-process with no id: SpiffWorkflow keys
+                                      every element by id, and starting the process fails in its serializer
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
@@ -2116,6 +2118,7 @@ class _Validator:
 
     def _check_references(self, proc: _Node) -> None:
         """Sequence flows that name no element of their scope; call activities that call no loaded process."""
+        self._check_node_ids(proc)
         process_ids = [p.id for p in self.processes]
         scopes: dict[Any, list[str]] = {}
         for flow in proc.element.iter(_bpmn("sequenceFlow")):
@@ -4198,6 +4201,26 @@ class _Validator:
                                  f"extensionElements of {where}", file=file, line=own.sourceline, element_id=eid,
                                  field=name)
 
+    def _check_node_ids(self, proc: _Node) -> None:
+        """Flow nodes without an id (BPMN requires one; Flowable's and Activiti's parsers make one up):
+        no flow can name them, and SpiffWorkflow files each under the name None, so a second one is
+        a duplicate and even one fails as the engine starts the process."""
+        for el in proc.element.iter():
+            if not isinstance(el.tag, str) or el.tag not in _FLOW_NODES or (el.get("id") or "").strip():
+                continue
+            tag = etree.QName(el).localname
+            starts = [s.get("id") for s in el if s.tag == _bpmn("startEvent") and s.get("id")]
+            if tag in ("subProcess", "transaction", "adHocSubProcess") and starts:
+                kind = "event sub-process" if el.get("triggeredByEvent") == "true" else f"bpmn:{tag}"
+                what, example = f"the {kind} starting at {starts[0]!r}", f"{starts[0]}_subprocess"
+            elif el.get("name"):
+                what, example = f"bpmn:{tag} {el.get('name')!r}", re.sub(r"\W+", "_", el.get("name")).strip("_")
+            else:
+                what, example = f"a bpmn:{tag}", f"{tag}_{el.sourceline}"
+            self.add("node_id_missing", f"{what} has no id; SpiffWorkflow keys every element by id and cannot start "
+                     f"a process with an element that has none: give it an id unique in the file, e.g. "
+                     f'id="{example}"', file=proc.file, line=el.sourceline, field="id")
+
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
         """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
         elements of that activity's scope (nested ones too): one attached to no activity, or drawn
@@ -4257,6 +4280,8 @@ class _Validator:
             eid = getattr(err, "id", None) or None
             if eid in reported or any(f"'{name}'" in str(err) for name in self.related):
                 continue  # already reported with a better message
+            if str(err).strip().rstrip(".").endswith(": None") and any(p.code == "node_id_missing" for p in self.problems):
+                continue  # "Duplicate process ID: None": an element without an id, each named above
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
             if self.dmn_ids_missing and "KeyError('id')" in str(err):
