@@ -3028,6 +3028,7 @@ class _Validator:
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
             self._check_timer_settings(el, eid, tag, file)
+            self._check_terminate_scope(el, eid, file)
             self._check_jbpm(el, eid, tag, file)
             self._check_data_items(el, eid, tag, file)
             self._check_event_refs(el, eid, tag, file)
@@ -3744,6 +3745,40 @@ class _Validator:
                              f"engine's timer setting that layerflow does not run (nor does SpiffWorkflow): it "
                              f"{meant}", file=file, line=holder.sourceline, element_id=eid, field=setting,
                              severity="warning")
+
+    def _check_terminate_scope(self, el: Any, eid: str, file: str) -> None:
+        """A terminate end event in a sub-process that another engine makes end the whole instance
+        (Flowable's and Activiti's terminateAll, jBPM's scope="process"): BPMN, SpiffWorkflow and
+        layerflow end only the sub-process, and the process goes on after it."""
+        scope = next((a for a in el.iterancestors() if a.tag in (*_SCOPES, _bpmn("adHocSubProcess"))), None)
+        if scope is None:
+            return  # at the top level of the process both end the instance
+        engines = {**_ENGINE_NAMESPACES, _JBPM_NS: "jbpm"}
+        for definition in el.iterchildren(_bpmn("terminateEventDefinition")):
+            for name, value in definition.attrib.items():
+                qn = etree.QName(name)
+                engine = engines.get(qn.namespace or "")
+                if engine is None or (qn.localname, value.strip()) not in (("terminateAll", "true"),
+                                                                             ("scope", "process")):
+                    continue
+                written = next((k for k, v in definition.nsmap.items() if v == qn.namespace and k), engine)
+                sid, start = scope.get("id"), scope.find(_bpmn("startEvent"))
+                if scope.get("triggeredByEvent") == "true" and start is not None:
+                    if start.get("isInterrupting") != "false" and scope.getparent().tag == _bpmn("process"):
+                        continue  # an interrupting one has cancelled the rest of the process already
+                    what = f"event sub-process {sid!r} and the rest of its scope goes on"
+                    instead = ('make the event sub-process interrupting (isInterrupting="true" on its start event '
+                               f"{start.get('id')!r}): it cancels the rest of its scope, which ends with it")
+                else:
+                    what = f"sub-process {sid!r} and the process goes on after it"
+                    instead = (f"end {sid!r} with an error end event and draw an error boundary event on {sid!r} "
+                               "that leads to a terminate end event of the process")
+                owner = {"jbpm": "jBPM", "bpmnos": "BPMN-OS"}.get(engine, engine.capitalize())
+                self.add("foreign_extension", f"terminate end event {eid!r} has {written}:{qn.localname}={value!r}: "
+                         f"{owner} ends the whole process instance there, while layerflow (as BPMN says, and "
+                         f"SpiffWorkflow) ends only {what}; to end the instance, {instead}",
+                         file=file, line=definition.sourceline, element_id=eid, field=f"{written}:{qn.localname}",
+                         severity="warning")
 
     def _check_jbpm(self, el: Any, eid: str, tag: str, file: str) -> None:
         """jBPM's settings of a step: its on-entry and on-exit scripts (Java, MVEL or JavaScript, run

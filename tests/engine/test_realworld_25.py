@@ -70,3 +70,152 @@ def test_two_event_sub_processes_without_ids_are_each_named_and_spiffs_duplicate
     assert [(p.line, p.field) for p in problems] == [(22, "id"), (32, "id")]
     assert 'e.g. id="eventProcessStart2_subprocess"' in str(problems[1])
     assert sorted(code for code, _ in errors(TWO)) == ["flow_id_missing"] * 6 + ["node_id_missing"] * 2
+
+
+# -- terminate end events that another engine makes end the whole instance ------------------------
+
+TERMINATE_ALL = HERE / "flowable_terminate_all_in_event_subprocess.bpmn"
+JBPM_SCOPE = HERE / "jbpm_terminate_process_scope.bpmn2"
+
+
+def test_flowables_terminate_all_in_a_non_interrupting_event_sub_process_is_a_warning_of_the_other_path() -> None:
+    """flowable:terminateAll="true" makes Flowable end the whole instance at the event sub-process's
+    terminate end event (its test asserts the process ended); BPMN, SpiffWorkflow and layerflow end
+    only the event sub-process, and the instance goes on waiting at 'task'. validate said nothing."""
+    [warning] = [p for p in validate_process([TERMINATE_ALL]).problems if p.element_id == "subProcessEndEvent"]
+    assert (warning.code, warning.severity, warning.field) == ("foreign_extension", "warning", "flowable:terminateAll")
+    text = str(warning)
+    assert "has flowable:terminateAll='true': Flowable ends the whole process instance there" in text
+    assert "layerflow (as BPMN says, and SpiffWorkflow) ends only event sub-process 'eventSubProcess'" in text
+    assert 'make the event sub-process interrupting (isInterrupting="true" on its start event ' \
+           "'subProcessStart')" in text
+
+
+def test_jbpms_process_scope_terminate_in_a_sub_process_is_a_warning_of_the_other_path() -> None:
+    warning = said(JBPM_SCOPE)["_10-3"]
+    assert warning.startswith("warning:")
+    assert "has tns:scope='process': jBPM ends the whole process instance there" in warning
+    assert "ends only sub-process '_10' and the process goes on after it" in warning
+    assert "end '_10' with an error end event and draw an error boundary event on '_10' that leads to a " \
+           "terminate end event of the process" in warning
+
+
+def engine_with(handlers: dict[str, Any] | None = None) -> Engine:
+    engine = Engine(store="memory://")
+    for task_id, handler in (handlers or {}).items():
+        engine.handlers.register(task_id, handler)
+    return engine
+
+
+def test_terminate_all_edited_as_said_ends_only_the_event_sub_process_then_the_whole_instance(tmp_path: Path) -> None:
+    """Given ids, the terminate end event ends the non-interrupting event sub-process alone (the path
+    plain SpiffWorkflow takes); made interrupting, as validate says, the signal ends the instance at
+    once, as Flowable's terminateAll did: 'task' never completes."""
+    fixed = with_flow_ids(tmp_path, TERMINATE_ALL)
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.send_event(engine.run(engine.start(load_process([fixed]), {})), "signal", {}, kind="signal")
+    assert waits(instance) == ["subProcessStart", "task"]
+    instance = engine.run(instance, answers={"user_tasks": {"task": {"done": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["startEvent1", "subProcessStart", "subProcessEndEvent", "eventSubProcess",
+                                          "task", "endEvent"]
+    (tmp_path / "interrupting").mkdir()
+    interrupting = with_flow_ids(tmp_path / "interrupting", TERMINATE_ALL,
+                                 (('isInterrupting="false"', 'isInterrupting="true"'),))
+    assert [p.code for p in validate_process([interrupting]).problems] == []
+    instance = engine.send_event(engine.run(engine.start(load_process([interrupting]), {})), "signal", {},
+                                 kind="signal")
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["startEvent1", "subProcessStart", "subProcessEndEvent", "eventSubProcess"]
+
+
+def test_jbpms_terminate_edited_as_said_runs_the_sub_process_and_the_step_after_it(tmp_path: Path) -> None:
+    """Its Java println scripts refused (with the Python to write), then written so: BPMN's terminate
+    ends the sub-process and 'AfterSubprocess' runs, as in plain SpiffWorkflow (jBPM would stop)."""
+    assert sorted(e for e, text in said(JBPM_SCOPE).items() if text.startswith("error:")) == ["_10-5", "_15"]
+    fixed = tmp_path / "scope.bpmn"
+    fixed.write_text(JBPM_SCOPE.read_text().replace('System.out.println(&quot;****** AfterSubprocess&quot;);',
+                                                    "after = 1").replace(
+        'System.out.println(&quot;****** BeforeTerminate&quot;);', "before = 1"))
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["_1", "_10-2", "_10-5", "_10-3", "_10", "_15", "_12"]
+    assert variables(instance.contexts["main"]) == {"before": 1, "after": 1}
+
+
+# -- Flowable: signal event sub-processes and a signal boundary event, run -----------------------
+
+NON_INTERRUPTING = HERE / "flowable_signal_non_interrupting_nested_subprocess.bpmn"
+BOUNDARY = HERE / "flowable_signal_boundary_on_user_task.bpmn"
+
+
+def test_the_interrupting_event_sub_process_cancels_the_task_and_runs_its_embedded_sub_process(tmp_path: Path) -> None:
+    fixed = with_flow_ids(tmp_path, NESTED, (('<subProcess triggeredByEvent="true">',
+                                              '<subProcess id="eventProcessStart_subprocess" triggeredByEvent="true">'),))
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert waits(instance) == ["eventProcessStart", "task"]
+    instance = engine.send_event(instance, "eventSignal", {"reason": "recall"}, kind="signal")
+    assert waits(instance) == ["eventSubProcessTask"]
+    instance = engine.run(instance, answers={"user_tasks": {"eventSubProcessTask": {"handled": True}}})
+    assert instance.status == "completed", instance.error
+    path = path_of(instance.workflow)
+    assert "task" not in path and "theEnd" not in path
+    assert path == ["theStart", "eventProcessStart", "nestedStart", "eventSubProcessTask", "nestedEnd", "subProcess",
+                    "eventSubProcessEnd", "eventProcessStart_subprocess"]
+    assert variables(instance.contexts["main"]) == {"reason": "recall", "handled": True}
+
+
+def test_the_non_interrupting_event_sub_process_runs_beside_the_task_and_the_instance_waits_for_both(
+        tmp_path: Path) -> None:
+    """As plain SpiffWorkflow: the main path's end does not end the instance while the event
+    sub-process's person has not answered; what both wrote is in the context (plain SpiffWorkflow
+    drops the event sub-process's data)."""
+    fixed = with_flow_ids(tmp_path, NON_INTERRUPTING)
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.send_event(engine.run(engine.start(load_process([fixed]), {})), "newSignal", {}, kind="signal")
+    assert waits(instance) == ["eventProcessStart", "eventSubProcessTask", "task"]
+    instance = engine.run(instance, answers={"user_tasks": {"task": {"main": 1}}})
+    # (plain SpiffWorkflow stops listening for the signal here; layerflow still does while its scope
+    # runs, as the event sub-process keeps the process active)
+    assert instance.status == "waiting" and waits(instance) == ["eventProcessStart", "eventSubProcessTask"]
+    instance = engine.run(instance, answers={"user_tasks": {"eventSubProcessTask": {"side": 2}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["theStart", "eventProcessStart", "nestedStart", "task", "theEnd",
+                                          "eventSubProcessTask", "nestedEnd", "subProcess", "eventSubProcessEnd",
+                                          "eventSubProcess"]
+    assert variables(instance.contexts["main"]) == {"main": 1, "side": 2}
+
+
+def test_two_interrupting_event_sub_processes_given_ids_the_second_signal_runs_the_second(tmp_path: Path) -> None:
+    fixed = with_flow_ids(tmp_path, TWO, (
+        ('<subProcess triggeredByEvent="true">\n\t\t\t<startEvent id="eventProcessStart" ',
+         '<subProcess id="eventProcessStart_subprocess" triggeredByEvent="true">\n\t\t\t<startEvent id="eventProcessStart" '),
+        ('<subProcess triggeredByEvent="true">', '<subProcess id="eventProcessStart2_subprocess" triggeredByEvent="true">')))
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert waits(instance) == ["eventProcessStart", "eventProcessStart2", "task"]
+    instance = engine.send_event(instance, "newSignal2", {}, kind="signal")
+    assert waits(instance) == ["eventSubProcessTask2"]  # the other event sub-process no longer waits
+    instance = engine.run(instance, answers={"user_tasks": {"eventSubProcessTask2": {"second": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["theStart", "eventProcessStart2", "eventSubProcessTask2",
+                                          "eventSubProcessEnd2", "eventProcessStart2_subprocess"]
+
+
+def test_the_signal_boundary_event_takes_the_task_over_as_in_plain_spiffworkflow() -> None:
+    assert list(validate_process([BOUNDARY]).problems) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([BOUNDARY]), {}))
+    assert waits(instance) == ["signalBoundary", "taskWait1"]
+    instance = engine.send_event(instance, "waitsig", {}, kind="signal")
+    instance = engine.run(instance, answers={"user_tasks": {"taskWait2": {"waited": 2}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["startEvent1", "signalBoundary", "taskWait2", "endEvent1"]
+    assert variables(instance.contexts["main"]) == {"waited": 2}
