@@ -2934,6 +2934,9 @@ class _Validator:
             tree = ast.parse(script.text, mode="exec")
         except SyntaxError as raised:
             err = _past_indentation(script.text, raised)
+            if err is raised and isinstance(raised, IndentationError):
+                self._indented_script(task, script, language, raised, file)
+                return
             self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
                      f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
                      f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
@@ -2947,6 +2950,24 @@ class _Validator:
                  "as Python, as SpiffWorkflow does, and this one parses as Python: it runs as Python; check it "
                  "means what it should in Python and set scriptFormat=\"python\"", file=file, line=task.sourceline,
                  element_id=tid, field="scriptFormat", severity="warning")
+
+    def _indented_script(self, task: Any, script: Any, language: str, raised: SyntaxError, file: str) -> None:
+        """A script of another language indented as the XML is (Flowable's test models), which parses
+        once dedented: its indentation hid what it calls (``System.out.println``) behind "unexpected
+        indent"; say what it calls and the Python to write, or that it is Python at column 0."""
+        tid, dedented = task.get("id"), textwrap.dedent(script.text)
+        found = len(self.problems)
+        if self._camunda_script(ast.parse(dedented, mode="exec"), dedented, script, file, tid, "script_language",
+                                "script", f"script task {tid!r} (scriptFormat={language!r}, run as Python, as "
+                                "SpiffWorkflow does)"):
+            self.problems[found:] = [replace(p, message=f"{p.message}, and start its lines at column 0 (scripts run "
+                                             "exactly as written)") for p in self.problems[found:]]
+            return
+        self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs scripts "
+                 f"as Python only, as SpiffWorkflow does: its lines are indented ({raised.msg} in "
+                 f"{(raised.text or '').strip()!r}); it is Python once its lines start at column 0 (scripts run "
+                 'exactly as written): unindent it and set scriptFormat="python"', file=file,
+                 line=script.sourceline + (raised.lineno or 1) - 1, element_id=tid, field="scriptFormat")
 
     # -- the shape of the flow ---------------------------------------------------------------
 

@@ -219,3 +219,31 @@ def test_the_signal_boundary_event_takes_the_task_over_as_in_plain_spiffworkflow
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow) == ["startEvent1", "signalBoundary", "taskWait2", "endEvent1"]
     assert variables(instance.contexts["main"]) == {"waited": 2}
+
+
+# -- Flowable: Groovy println scripts indented in the XML; a cycle that ends at a JUEL date -------
+
+REPEAT = HERE / "flowable_repeat_with_duration_and_end.bpmn"
+
+
+def test_an_indented_groovy_println_is_named_with_the_python_to_write_not_as_an_indentation_error() -> None:
+    """The Groovy scripts are indented as the XML is. validate said "this one is not Python (unexpected
+    indent in 'System.out.println(...)'); rewrite it in Python": the reader learnt nothing of the
+    println, and the same jBPM script unindented got the Python to write. Dedented, it is the Java
+    API call it is, with the Python to write at column 0."""
+    refused = said(REPEAT)
+    for task, text in (("processStartedScript", "Process started"), ("timerFiredTask", "Boundary Event"),
+                       ("task2Completed", "Process ended")):
+        assert "unexpected indent" not in refused[task]
+        assert "calls System.out.println, Java's and jBPM's API" in refused[task]
+        assert f"write it as 'print(\"{text}\")'" in refused[task]
+        assert "start its lines at column 0 (scripts run exactly as written)" in refused[task]
+
+
+def test_an_indented_groovy_script_that_is_python_says_to_unindent_it(tmp_path: Path) -> None:
+    indented = tmp_path / "repeat.bpmn"
+    indented.write_text(REPEAT.read_text().replace('System.out.println("Process started");', "started = True"))
+    text = said(indented)["processStartedScript"]
+    assert "it is Python once its lines start at column 0 (scripts run exactly as written): unindent it " \
+           "and set scriptFormat=\"python\"" in text
+    assert "rewrite it in Python" not in text
