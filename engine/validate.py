@@ -2885,6 +2885,10 @@ class _Validator:
             return
         event = _flow_node_id(el)
         first = (el.text or "")[: len(el.text or "") - len((el.text or "").lstrip())].count("\n")
+        if _JUEL_IN_TEXT.search(text) and not _JUEL_IN_TEXT.fullmatch(text):
+            self.add("timer_expression", f"timer {event!r}: {tag} {text!r} {_juel_in_timer_said(tag, text)}",
+                     file=file, line=el.sourceline + first, element_id=event, field=tag)
+            return
         if _ISO_8601.fullmatch(text):
             self.add("timer_expression", f"timer {event!r}: {tag} {text} is read as a Python expression (as "
                      f"SpiffWorkflow reads it), where it is no value; write it as a string: \"{text}\"",
@@ -5815,6 +5819,43 @@ def _jbpm_duration_iso(text: str) -> str | None:
     clock = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n) + \
         (f"{secs}S" if seconds or millis else "")
     return f'"P{f"{days}D" if days else ""}{f"T{clock}" if clock else ""}"'
+
+
+_JUEL_IN_TEXT = re.compile(r"[$#]\{([^{}]*)\}")
+
+
+def _juel_in_timer_said(tag: str, text: str) -> str:
+    """What a timer's ISO 8601 text with JUEL inside it (``R5/PT10S/${date:format(end)}``, Flowable's
+    cycle that stops at a date) is, and the Python expression to write."""
+    parts: list[str] = []
+    dates: list[str] = []
+    at = 0
+    for found in _JUEL_IN_TEXT.finditer(text):
+        if found.start() > at:
+            parts.append(json.dumps(text[at:found.start()]))
+        inner = found.group(1).strip()
+        formatted = re.fullmatch(r"date:format\(\s*([A-Za-z_]\w*)\s*\)", inner)
+        if formatted:  # Flowable's date:format(x) writes the date x as ISO 8601 text
+            dates.append(formatted[1])
+            parts.append(formatted[1])
+        else:
+            parts.append(f"str({inner})" if inner.isidentifier() else "")
+        at = found.end()
+    if at < len(text):
+        parts.append(json.dumps(text[at:]))
+    held = f" with {', '.join(dates)} holding the date as ISO 8601 text" if dates else ""
+    todo = (f"write {' + '.join(parts)!r}{held}" if all(parts) else
+            "write a Python expression that joins the ISO 8601 text and the context values it needs")
+    said = (f"holds the JUEL expression{'s' if len(_JUEL_IN_TEXT.findall(text)) > 1 else ''} "
+            f"{', '.join(m.group(0) for m in _JUEL_IN_TEXT.finditer(text))}, which the other engine fills in as the "
+            f"timer starts; SpiffWorkflow reads the whole text as one Python expression over the context: {todo}")
+    cycle = re.fullmatch(r"R(\d*)/(P[^/]+)/[$#]\{.*\}", text) if tag == "timeCycle" else None
+    if cycle is not None:
+        count = cycle[1] or "endless"
+        said += (f"; SpiffWorkflow reads a date after the period as the end of the repetitions and fires first one "
+                 f"period before it (the other engine reads it as the date the repetitions stop): for {count} "
+                 f"repetitions {cycle[2]} apart, counted from when the timer starts, write \"R{cycle[1]}/{cycle[2]}\"")
+    return said
 
 
 def _timer_text_problem(tag: str, text: str) -> str | None:

@@ -9,6 +9,7 @@ SpiffWorkflow's and against what BPMN says."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,51 @@ def test_an_indented_groovy_script_that_is_python_says_to_unindent_it(tmp_path: 
     assert "it is Python once its lines start at column 0 (scripts run exactly as written): unindent it " \
            "and set scriptFormat=\"python\"" in text
     assert "rewrite it in Python" not in text
+
+
+def test_a_cycle_ending_at_a_juel_date_is_not_said_to_be_quoted_as_it_stands() -> None:
+    """validate said to write 'R5/PT10S/${date:format(EndDateForBoundary)}' quoted: a string whose
+    end date is JUEL that nothing fills in, which fails when the timer starts. It names the JUEL and
+    the Python to write, and what SpiffWorkflow makes of a date after the period."""
+    [problem] = [p for p in validate_process([REPEAT]).problems if p.element_id == "timer"]
+    assert (problem.code, problem.field) == ("timer_expression", "timeCycle")
+    text = str(problem)
+    assert 'write it as a string: "R5/PT10S/${' not in text
+    assert "holds the JUEL expression ${date:format(EndDateForBoundary)}, which the other engine fills in" in text
+    assert "write '\"R5/PT10S/\" + EndDateForBoundary' with EndDateForBoundary holding the date as ISO 8601 " \
+           "text" in text
+    assert "SpiffWorkflow reads a date after the period as the end of the repetitions and fires first one " \
+           "period before it" in text
+    assert 'for 5 repetitions PT10S apart, counted from when the timer starts, write "R5/PT10S"' in text
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = float(int(time.time()))
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_repeating_boundary_timer_edited_as_said_fires_beside_task_b_until_it_is_done(tmp_path: Path) -> None:
+    fixed = tmp_path / REPEAT.name
+    text = REPEAT.read_text().replace("<timeCycle>R5/PT10S/${date:format(EndDateForBoundary)}</timeCycle>",
+                                      '<timeCycle>"R5/PT10S"</timeCycle>')
+    for script, python in (("Process started", "started = True"), ("Boundary Event", "fired = True"),
+                           ("Process ended", "ended = True")):
+        text = text.replace(f'\n                System.out.println("{script}");\n            ', python)
+    fixed.write_text(text.replace('scriptFormat="groovy"', 'scriptFormat="python"'))
+    assert errors(fixed) == []
+    clock = Clock()
+    engine = Engine(store="memory://", clock=clock)
+    instance = engine.run(engine.start(load_process([fixed]), {}), answers={"user_tasks": {"task1": {}}})
+    assert waits(instance) == ["task2", "timer"]
+    for _ in range(2):
+        clock.now += 10
+        instance = engine.resume(instance)
+    instance = engine.run(instance, answers={"user_tasks": {"task2": {"done": True}}})
+    assert instance.status == "completed", instance.error
+    path = path_of(instance.workflow)
+    assert path.count("timerFiredTask") == 2 and path.count("nonInterruptingEnd") == 2
+    assert path[-2:] == ["task2Completed", "end"]
+    assert variables(instance.contexts["main"]) == {"started": True, "fired": True, "done": True, "ended": True}
