@@ -76,6 +76,8 @@ not make ``report.ok`` false:
 ``flow_id_missing``                   a sequence flow with no id (BPMN allows it): SpiffWorkflow keys flows by
                                       id and follows none of them, so the instance would skip every element
                                       after it and complete
+``boundary_on_event_subprocess``       a boundary event attached to an event sub-process (Flowable runs one):
+                                      SpiffWorkflow cannot load it
 ``node_id_missing``                   a task, event, gateway or (event) sub-process with no id: SpiffWorkflow keys
                                       every element by id, and starting the process fails in its serializer
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
@@ -2941,6 +2943,15 @@ class _Validator:
             if err is raised and isinstance(raised, IndentationError):
                 self._indented_script(task, script, language, raised, file)
                 return
+            thrown = _BPMN_ERROR_THROW.fullmatch(script.text.strip())
+            if thrown is not None:
+                args = ", ".join(json.dumps(a) for a in (thrown["code"], thrown["message"]) if a is not None)
+                self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
+                         f"scripts as Python only, as SpiffWorkflow does: this one throws BPMN error "
+                         f"{thrown['code']!r} ({thrown['cls']}); write it as 'raise BpmnError({args})' (BpmnError is "
+                         "in every script's namespace) and set scriptFormat=\"python\"", file=file,
+                         line=script.sourceline, element_id=tid, field="scriptFormat")
+                return
             self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
                      f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
                      f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
@@ -4125,8 +4136,10 @@ class _Validator:
             if named in known:
                 continue
             self.related.add(eid)
+            # Flowable and Activiti read an errorRef (escalationRef) that names no element as the code itself
+            carries = f'{what}Code="{named}"' if what in ("error", "escalation") else 'name="..."'
             self.add("event_ref_unknown", f"bpmn:{tag} {eid!r} has {ref}={named!r}, which is no bpmn:{what} of this "
-                     f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" name=\"...\"/> under "
+                     f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" {carries}/> under "
                      f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
                      field=ref)
         self._check_message_extensions(el, eid, tag, root, file)
@@ -4281,6 +4294,21 @@ class _Validator:
                      f"a process with an element that has none: give it an id unique in the file, e.g. "
                      f'id="{example}"', file=proc.file, line=el.sourceline, field="id")
 
+    def _boundary_on_event_subprocess(self, el: Any, eid: str, target: Any, file: str) -> None:
+        """A boundary event on an event sub-process (Flowable runs one: it interrupts the event
+        sub-process once its event has started it); SpiffWorkflow fails to load it, naming nothing."""
+        self.related.add(eid)
+        sid = target.get("id")
+        start = next((c.get("id") for c in target if c.tag == _bpmn("startEvent")), None)
+        steps = [c.get("id") for c in target if isinstance(c.tag, str) and c.tag in _FLOW_NODES
+                 and c.tag not in (_bpmn("startEvent"), _bpmn("endEvent")) and c.get("id")]
+        inside = f"({', '.join(map(repr, steps))}) " if steps else ""
+        self.add("boundary_on_event_subprocess", f"boundary event {eid!r} is attached to event sub-process {sid!r}: "
+                 "SpiffWorkflow cannot load a boundary event on an event sub-process (another engine interrupts "
+                 f"the event sub-process with it once its event has started it); inside {sid!r}, put its steps "
+                 f"{inside}in an embedded sub-process after {start!r} and attach {eid!r} to that sub-process",
+                 file=file, line=el.sourceline, element_id=eid, field="attachedToRef")
+
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
         """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
         elements of that activity's scope (nested ones too): one attached to no activity, or drawn
@@ -4290,6 +4318,9 @@ class _Validator:
         activities = {a.get("id"): a for a in process.iter() if isinstance(a.tag, str) and a.tag in _FLOW_NODES
                       and a.tag not in _NOT_ACTIVITIES and a.get("id")}
         target = activities.get(attached or "")
+        if target is not None and target.get("triggeredByEvent") == "true":
+            self._boundary_on_event_subprocess(el, eid, target, file)
+            return
         if target is not None and any(a is target.getparent() for a in el.iterancestors()):
             return
         self.related.add(eid)
@@ -4342,6 +4373,8 @@ class _Validator:
                 continue  # already reported with a better message
             if str(err).strip().rstrip(".").endswith(": None") and any(p.code == "node_id_missing" for p in self.problems):
                 continue  # "Duplicate process ID: None": an element without an id, each named above
+            if "BoundaryEventSplit" in str(err) and any(p.code == "boundary_on_event_subprocess" for p in self.problems):
+                continue  # SpiffWorkflow's parser failing on the boundary event named above
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
             if self.dmn_ids_missing and "KeyError('id')" in str(err):
@@ -5821,6 +5854,10 @@ def _jbpm_duration_iso(text: str) -> str | None:
     return f'"P{f"{days}D" if days else ""}{f"T{clock}" if clock else ""}"'
 
 
+# Groovy's or Java's `throw new org.flowable.engine.delegate.BpmnError("code"[, "message"]);` (Flowable,
+# Activiti, Camunda 7's org.camunda.bpm.engine.delegate.BpmnError): one statement that throws a BPMN error
+_BPMN_ERROR_THROW = re.compile(r'throw\s+new\s+(?P<cls>(?:[A-Za-z_]\w*\.)*BpmnError)\s*\(\s*"(?P<code>[^"\\]*)"'
+                               r'(?:\s*,\s*"(?P<message>[^"\\]*)")?\s*\)\s*;?')
 _JUEL_IN_TEXT = re.compile(r"[$#]\{([^{}]*)\}")
 
 

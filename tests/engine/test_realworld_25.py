@@ -296,3 +296,117 @@ def test_the_repeating_boundary_timer_edited_as_said_fires_beside_task_b_until_i
     assert path.count("timerFiredTask") == 2 and path.count("nonInterruptingEnd") == 2
     assert path[-2:] == ["task2Completed", "end"]
     assert variables(instance.contexts["main"]) == {"started": True, "fired": True, "done": True, "ended": True}
+
+
+# -- Flowable: a non-interrupting reminder and two interrupting timers ----------------------------
+
+THREE_TIMERS = HERE / "flowable_three_boundary_timers.bpmn"
+
+
+def test_three_boundary_timers_quoted_as_said_remind_close_the_reminder_then_cancel_the_task(tmp_path: Path) -> None:
+    """At 1 h the non-interrupting reminder starts 'reminderTask' beside 'firstTask' (which still
+    waits); at 2 h the reminder's own interrupting timer closes it (its path ends at 'end', the
+    instance goes on); at 4 h the interrupting timer cancels 'firstTask' and the instance completes."""
+    assert sorted(e for e, text in said(THREE_TIMERS).items() if text.startswith("error:")) == [
+        "closeReminder", "fireExecution", "reminderTimer"]
+    fixed = tmp_path / THREE_TIMERS.name
+    fixed.write_text(THREE_TIMERS.read_text().replace("<timeDuration>PT1H</timeDuration>",
+                                                      '<timeDuration>"PT1H"</timeDuration>').replace(
+        "<timeDuration>PT4H</timeDuration>", '<timeDuration>"PT4H"</timeDuration>'))
+    assert errors(fixed) == []
+    clock = Clock()
+    engine = Engine(store="memory://", clock=clock)
+    instance = engine.run(engine.start(load_process([fixed]), {"initiator": "kermit"}))
+    seen = [waits(instance)]
+    for _ in range(4):
+        clock.now += 3600
+        instance = engine.resume(instance)
+        seen.append(waits(instance))
+    assert seen == [["fireExecution", "firstTask", "reminderTimer"],
+                    ["closeReminder", "fireExecution", "firstTask", "reminderTask"],
+                    ["fireExecution", "firstTask"], ["fireExecution", "firstTask"], []]
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["start", "reminderTimer", "closeReminder", "end", "fireExecution", "end"]
+
+
+# -- Flowable: a signal boundary event on an error event sub-process ------------------------------
+
+ON_EVENT_SUB = HERE / "flowable_boundary_on_event_subprocess.bpmn"
+
+
+def test_a_boundary_event_on_an_event_sub_process_is_refused_naming_both_and_what_to_draw() -> None:
+    """SpiffWorkflow failed with "AttributeError: 'BoundaryEventSplit' object has no attribute 'spec'",
+    naming no element. BPMN draws no boundary event on an event sub-process (nothing flows into it,
+    there is no activity to interrupt before its event comes); Flowable runs one."""
+    found = validate_process([ON_EVENT_SUB]).problems
+    assert not [p for p in found if "BoundaryEventSplit" in str(p)]
+    [problem] = [p for p in found if p.element_id == "signalBoundary"]
+    assert (problem.code, problem.severity, problem.field) == ("boundary_on_event_subprocess", "error",
+                                                               "attachedToRef")
+    text = str(problem)
+    assert "boundary event 'signalBoundary' is attached to event sub-process 'eventSubProcess'" in text
+    assert "SpiffWorkflow cannot load a boundary event on an event sub-process" in text
+    assert "inside 'eventSubProcess', put its steps ('taskInEventSubProcess') in an embedded sub-process after " \
+           "'eventErrorStart' and attach 'signalBoundary' to that sub-process" in text
+
+
+def test_a_groovy_throw_of_a_bpmn_error_gets_the_raise_to_write_and_the_error_its_code() -> None:
+    """"this one is not Python (invalid syntax in 'throw new org.flowable.engine.delegate.BpmnError(...)');
+    rewrite it in Python": layerflow has the very thing (BpmnError is in every script's namespace), so
+    it says what to write. The errorRef that names no bpmn:error is Flowable's error code: the
+    bpmn:error to add carries it as its errorCode, which is what a BpmnError's code is matched with."""
+    refused = said(ON_EVENT_SUB)
+    assert "throws BPMN error 'scriptError' (org.flowable.engine.delegate.BpmnError)" in refused["scriptTask"]
+    assert "write it as 'raise BpmnError(\"scriptError\")' (BpmnError is in every script's namespace)" in refused[
+        "scriptTask"]
+    assert 'add <bpmn:error id="scriptError" errorCode="scriptError"/> under bpmn:definitions' in refused[
+        "eventErrorStart"]
+
+
+def edited_as_said(tmp_path: Path) -> Path:
+    text = ON_EVENT_SUB.read_text().replace(
+        'scriptFormat="groovy"', 'scriptFormat="python"').replace(
+        'throw new org.flowable.engine.delegate.BpmnError("scriptError");', 'raise BpmnError("scriptError")').replace(
+        '<process id=', '<error id="scriptError" errorCode="scriptError"/>\n    <process id=').replace(
+        '<userTask id="taskInEventSubProcess" name="User task"/>',
+        '<subProcess id="handling"><startEvent id="handlingStart"/><userTask id="taskInEventSubProcess" name="User '
+        'task"/><endEvent id="handlingEnd"/><sequenceFlow id="h1" sourceRef="handlingStart" targetRef="taskInEventSub'
+        'Process"/><sequenceFlow id="h2" sourceRef="taskInEventSubProcess" targetRef="handlingEnd"/></subProcess>')
+    text = text.replace('targetRef="taskInEventSubProcess"/>\n', 'targetRef="handling"/>\n').replace(
+        'sourceRef="taskInEventSubProcess" targetRef="eventEnd"', 'sourceRef="handling" targetRef="eventEnd"').replace(
+        'attachedToRef="eventSubProcess"', 'attachedToRef="handling"')
+    # the boundary event and its path move into the event sub-process, beside the sub-process it watches
+    boundary = re.search(r'\s*<boundaryEvent id="signalBoundary".*?<sequenceFlow id="flow4"[^>]*/>', text, re.S)
+    assert boundary is not None
+    text = text.replace(boundary.group(0), "").replace("        </subProcess>\n    </process>",
+                                                        boundary.group(0) + "\n        </subProcess>\n    </process>")
+    fixed = tmp_path / ON_EVENT_SUB.name
+    fixed.write_text(text)
+    return fixed
+
+
+def test_the_event_sub_process_edited_as_said_is_started_by_the_raised_error_then_left_by_the_signal(
+        tmp_path: Path) -> None:
+    fixed = edited_as_said(tmp_path)
+    assert errors(fixed) == [], said(fixed)
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert waits(instance) == ["signalBoundary", "taskInEventSubProcess"]
+    instance = engine.send_event(instance, "eventSignal", {"why": "recalled"}, kind="signal")
+    instance = engine.run(instance, answers={"user_tasks": {"taskAfterSignal": {"after": True}}})
+    assert instance.status == "completed", instance.error
+    path = path_of(instance.workflow)
+    assert "end1" not in path and "taskInEventSubProcess" not in path
+    assert path[-3:] == ["taskAfterSignal", "end2", "eventSubProcess"]
+    # the caught error's code (and message) as the error start event's variables, as README says
+    assert variables(instance.contexts["main"]) == {"error_code": "scriptError", "error_message": None,
+                                                    "why": "recalled", "after": True}
+
+
+def test_the_event_sub_process_edited_as_said_without_the_signal_ends_through_its_user_task(tmp_path: Path) -> None:
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([edited_as_said(tmp_path)]), {}),
+                          answers={"user_tasks": {"taskInEventSubProcess": {"handled": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-5:] == ["taskInEventSubProcess", "handlingEnd", "handling", "eventEnd",
+                                               "eventSubProcess"]
