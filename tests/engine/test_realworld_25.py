@@ -410,3 +410,55 @@ def test_the_event_sub_process_edited_as_said_without_the_signal_ends_through_it
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow)[-5:] == ["taskInEventSubProcess", "handlingEnd", "handling", "eventEnd",
                                                "eventSubProcess"]
+
+
+# -- jBPM: a data object a script reads; link events inside a sub-process -------------------------
+
+DATA_OBJECT = HERE / "jbpm_data_object.bpmn2"
+LINKS = HERE / "jbpm_link_events_in_subprocess.bpmn2"
+
+
+def test_the_data_object_script_written_in_python_reads_the_start_data_as_in_plain_spiffworkflow(
+        tmp_path: Path) -> None:
+    fixed = tmp_path / "data_object.bpmn"
+    fixed.write_text(DATA_OBJECT.read_text().replace(
+        'System.out.println("Processing evaluation for employee " + employee);',
+        'said = "Processing evaluation for employee " + employee'))
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {"employee": "UserId-12345"}))
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["_1", "_2", "_3"]
+    assert variables(instance.contexts["main"]) == {"employee": "UserId-12345",
+                                                    "said": "Processing evaluation for employee UserId-12345"}
+
+
+def test_a_script_reading_an_unset_data_object_says_what_it_is_and_where_to_give_it(tmp_path: Path) -> None:
+    """Started without 'employee' (jBPM's test gives it), the run stopped with "NameError: name
+    'employee' is not defined" and nothing more: it names the data object and the start data."""
+    fixed = tmp_path / "data_object.bpmn"
+    fixed.write_text(DATA_OBJECT.read_text().replace(
+        'System.out.println("Processing evaluation for employee " + employee);',
+        'said = "Processing evaluation for employee " + employee'))
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert instance.status == "error"
+    message = instance.error["message"]
+    assert "NameError: name 'employee' is not defined" in message
+    assert "'employee' is bpmn:dataObject 'employee' of process 'DataObject', which holds no value until a step " \
+           "writes it" in message
+    assert "give 'employee' a value before '_2' (the start data or an earlier task's output)" in message
+
+
+def test_the_link_inside_the_sub_process_jumps_where_plain_spiffworkflow_stops(tmp_path: Path) -> None:
+    """Plain SpiffWorkflow stops at the link throw event (its path ends there, the instance never
+    completes); layerflow follows the link to its catch event, as BPMN says."""
+    fixed = tmp_path / "links.bpmn"
+    fixed.write_text(LINKS.read_text().replace('System.out.println("about to jump");', 'before = 1').replace(
+        'System.out.println("jumped");', "after = 2"))
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["_1", "_2-1", "_2-2", "_2-3", "_2-4", "_2-9", "_2-11", "_2", "_3"]
+    assert variables(instance.contexts["main"]) == {"before": 1, "after": 2}
