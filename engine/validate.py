@@ -4160,6 +4160,20 @@ class _Validator:
                 waits = (f"SpiffWorkflow then waits for a {what} named like the event, {named!r} (`layerflow "
                          f"send` delivers one by that name), which no other engine or modeler sends"
                          if named else "nothing can send it, so it never fires and the path after it never runs")
+                expression = next(((f"{_ENGINE_NAMESPACES[q.namespace]}:{q.localname}", v.strip())
+                                   for k, v in definition.attrib.items() for q in [etree.QName(k)]
+                                   if q.namespace in _ENGINE_NAMESPACES and q.localname == f"{what}Expression"), None)
+                if expression is not None:
+                    # Flowable's and Activiti's name of the event, computed from a variable
+                    setting, value = expression
+                    holder = value[2:-1].strip() if value[:2] in ("${", "#{") and value.endswith("}") else value
+                    self.add("event_without_ref", f"bpmn:{tag} {eid!r} names its {what} by {setting}={value!r}, "
+                             f"the other engine's: the {what} is named by the value of {holder} as the event starts "
+                             f"waiting; layerflow does not read it: {waits}; "
+                             f'add {ref}="ID" naming a bpmn:{what} whose name is the one {holder} holds '
+                             f"(`layerflow send` delivers it by that name)", file=file, line=definition.sourceline,
+                             element_id=eid, field=ref, severity="warning")
+                    continue
                 self.add("event_without_ref", f"bpmn:{tag} {eid!r} waits for a {what} but its bpmn:{kind} names "
                          f'none: {waits}; add {ref}="ID" naming a bpmn:{what} of the file (`layerflow send` '
                          f"delivers it by that {what}'s name)", file=file, line=definition.sourceline,

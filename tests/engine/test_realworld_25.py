@@ -1,8 +1,11 @@
 """Public models, round 25, each in ``tests/engine/realworld25/`` (the file's header comment names its
 source; ``realworld25/SOURCES.md`` lists repositories, paths, commits and licences): Flowable's engine test
 models of signal event sub-processes (interrupting and not, one running an embedded sub-process, two
-without ids), a signal boundary event on a user task and a terminate end event in an event sub-process,
-and jBPM's ... Each is validated as given (validate says what is wrong, naming the element and what to
+without ids, one caught from a called process), signal boundary events (on a user task, on an event
+sub-process, thrown by a called process), a terminate end event with terminateAll in an event sub-process,
+boundary timers (a non-interrupting reminder, a cycle that ends at a JUEL date), a message named by an
+expression; and jBPM's process-scope terminate, ad-hoc sub-process, link events in a sub-process and a
+data object. Each is validated as given (validate says what is wrong, naming the element and what to
 write), then, edited as validate says, run, and its path and data are checked against plain
 SpiffWorkflow's and against what BPMN says."""
 
@@ -462,3 +465,48 @@ def test_the_link_inside_the_sub_process_jumps_where_plain_spiffworkflow_stops(t
     assert instance.status == "completed", instance.error
     assert path_of(instance.workflow) == ["_1", "_2-1", "_2-2", "_2-3", "_2-4", "_2-9", "_2-11", "_2", "_3"]
     assert variables(instance.contexts["main"]) == {"before": 1, "after": 2}
+
+
+def test_jbpms_ad_hoc_sub_process_is_refused_with_the_loop_to_draw_and_its_java_scripts_with_the_python() -> None:
+    refused = said(HERE / "jbpm_ad_hoc_subprocess.bpmn2")
+    assert sorted(e for e, text in refused.items() if text.startswith("error:")) == ["_2", "_2-1", "_2-2", "_3"]
+    assert "ad-hoc sub-process '_2': SpiffWorkflow 3.2 cannot run one to its end" in refused["_2"]
+    assert "draw the choice as a loop instead" in refused["_2"]
+    assert "write it as 'print(\"Goodbye World\")'" in refused["_3"]
+
+
+# -- Flowable: a message event sub-process named by flowable:messageExpression ---------------------
+
+MESSAGE_EXPRESSION = HERE / "flowable_message_expression_event_subprocess.bpmn"
+
+
+def test_a_message_named_by_an_expression_is_warned_of_as_that_expression_not_as_no_message() -> None:
+    """validate said the event's definition "names none", as if the modeler had left it empty: it
+    names its message by flowable:messageExpression="${subprocessMessage}" (the value of that
+    variable as the event starts waiting), which layerflow does not read."""
+    warning = said(MESSAGE_EXPRESSION)["startMessageEvent1"]
+    assert warning.startswith("warning:")
+    assert "names its message by flowable:messageExpression='${subprocessMessage}'" in warning
+    assert "the other engine's: the message is named by the value of subprocessMessage as the event starts waiting" \
+        in warning
+    assert "layerflow does not read it: nothing can send it, so it never fires" in warning
+    assert 'add messageRef="ID" naming a bpmn:message whose name is the one subprocessMessage holds' in warning
+
+
+def test_the_message_event_sub_process_given_a_message_as_said_interrupts_the_user_task(tmp_path: Path) -> None:
+    fixed = tmp_path / MESSAGE_EXPRESSION.name
+    fixed.write_text(MESSAGE_EXPRESSION.read_text().replace(
+        '<messageEventDefinition flowable:messageExpression="${subprocessMessage}">',
+        '<messageEventDefinition messageRef="cancelled">').replace(
+        "<process id=", '<message id="cancelled" name="cancelled"/>\n    <process id='))
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {"initiator": "kermit"}))
+    assert waits(instance) == ["formTask1", "startMessageEvent1"]
+    instance = engine.send_event(instance, "cancelled", {"by": "customer"})
+    assert waits(instance) == ["formTask2"]
+    instance = engine.run(instance, answers={"user_tasks": {"formTask2": {"noted": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["startnoneevent1", "startMessageEvent1", "formTask2", "endNoneEvent2",
+                                          "eventSubprocess1"]
+    assert variables(instance.contexts["main"]) == {"initiator": "kermit", "by": "customer", "noted": True}
