@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from SpiffWorkflow.util.task import TaskState
+
 from engine import Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import path_of, variables
+from engine_helpers import path_of, run_plain_files, variables
 from test_realworld_17 import said
 
 HERE = Path(__file__).resolve().parent / "realworld25"
@@ -510,3 +512,44 @@ def test_the_message_event_sub_process_given_a_message_as_said_interrupts_the_us
     assert path_of(instance.workflow) == ["startnoneevent1", "startMessageEvent1", "formTask2", "endNoneEvent2",
                                           "eventSubprocess1"]
     assert variables(instance.contexts["main"]) == {"initiator": "kermit", "by": "customer", "noted": True}
+
+
+# -- Flowable: signals thrown in a called process ---------------------------------------------------
+
+FROM_CALLED = HERE / "flowable_signal_from_called_process_to_boundary.bpmn"
+CALL_SIGNAL = sorted((HERE / "flowable_call_activity_signal").glob("*.bpmn"))
+
+
+def test_a_signal_the_called_process_throws_interrupts_the_callers_task_as_in_plain_spiffworkflow() -> None:
+    """As Flowable's test asserts: the called process ends, the caller's boundary event takes
+    'userTaskWithSignalCatch' over, and the join completes once 'userTaskAfterSignalCatch' is done."""
+    assert [p.code for p in validate_process([FROM_CALLED]).problems] == ["process_executable_unset"]
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([FROM_CALLED]), {}))
+    assert waits(instance) == ["beforeThrowTask", "signalCatch", "userTaskWithSignalCatch"]
+    instance = engine.run(instance, answers={"user_tasks": {"beforeThrowTask": {"thrown": 1}}})
+    assert waits(instance) == ["userTaskAfterSignalCatch"]
+    instance = engine.run(instance, answers={"user_tasks": {"userTaskAfterSignalCatch": {"after": 2}}})
+    assert instance.status == "completed", instance.error
+    wf = run_plain_files([FROM_CALLED], "processWithSignalCatch")
+    for task_id in ("beforeThrowTask", "userTaskAfterSignalCatch"):
+        [task] = [t for t in wf.get_tasks(state=TaskState.READY, manual=True) if t.task_spec.bpmn_id == task_id]
+        task.run()
+        wf.do_engine_steps()
+    assert wf.is_completed()
+    assert path_of(instance.workflow) == path_of(wf) == [
+        "theStart2", "fork", "theStart", "beforeThrowTask", "signalThrow", "theEnd", "callActivity", "signalCatch",
+        "userTaskAfterSignalCatch", "gateway", "join", "theEnd2"]
+    assert variables(instance.contexts["main"]) == {"thrown": 1, "after": 2}
+
+
+def test_a_signal_the_called_process_throws_starts_the_callers_interrupting_event_sub_process() -> None:
+    """The caller's main path never reaches 'endNoneEvent1': the event sub-process interrupts it
+    (plain SpiffWorkflow, which ignores isInterrupting, runs both)."""
+    assert [p.code for p in validate_process(CALL_SIGNAL).problems] == ["foreign_extension"] * 2  # initiator
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process(CALL_SIGNAL), {"initiator": "kermit"}))
+    assert instance.status == "completed", instance.error
+    path = path_of(instance.workflow)
+    assert "endNoneEvent1" not in path and path[-2:] == ["endNoneEvent2", "eventSubprocess1"]
+    assert "endNoneEvent1" in path_of(run_plain_files(CALL_SIGNAL, "SignalEventSubprocessAndCallActivityProcess"))
