@@ -4409,11 +4409,15 @@ class _Validator:
                 # SpiffWorkflow names neither the element nor the file; the store's name finds both
                 el, store_doc = store
                 named = f"name {el.get('name')!r}" if el.get("name") else "it has no name either"
+                used = any(ref.get("dataStoreRef") == el.get("id") for doc in self.docs if doc.root is not None
+                           for ref in doc.root.iter(_bpmn("dataStoreReference")))
+                todo = ("keep the value in the process context instead (a bpmn:dataObject, or a variable the tasks "
+                        "write)" if used else "no bpmn:dataStoreReference names it, so no task reads or writes it "
+                        "(a bpmn:association carries no data): remove it and the associations drawn to it")
                 self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} ({named}) has no "
                          "implementation: SpiffWorkflow reads and writes a data store only through a class registered "
-                         "for its name, and layerflow registers none; keep the value in the process context instead "
-                         "(a bpmn:dataObject, or a variable the tasks write)", file=store_doc.file, line=el.sourceline,
-                         element_id=el.get("id"))
+                         f"for its name, and layerflow registers none; {todo}", file=store_doc.file,
+                         line=el.sourceline, element_id=el.get("id"))
                 continue
             node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
             unresolved = _unresolved_association(err, node, self.docs)
@@ -4817,7 +4821,8 @@ def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc]
         return None
     for doc in docs:
         for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
-            if (el.get("name") or None) == (found.group(1) if found else None):
+            # an empty name="" is as good as none: SpiffWorkflow then says "with name  has" (two spaces)
+            if (el.get("name") or "").strip() == (found.group(1).strip() if found else ""):
                 return el, doc
     return None
 

@@ -553,3 +553,36 @@ def test_a_signal_the_called_process_throws_starts_the_callers_interrupting_even
     path = path_of(instance.workflow)
     assert "endNoneEvent1" not in path and path[-2:] == ["endNoneEvent2", "eventSubprocess1"]
     assert "endNoneEvent1" in path_of(run_plain_files(CALL_SIGNAL, "SignalEventSubprocessAndCallActivityProcess"))
+
+
+# -- jBPM: a global data store with an empty name, touched by plain associations -----------------
+
+DATA_STORE = HERE / "jbpm_user_task_with_data_store.bpmn2"
+
+
+def test_a_data_store_with_an_empty_name_is_named_by_its_id_and_line() -> None:
+    """SpiffWorkflow said "Data Store with name  has no implementation" (two spaces: the name is
+    empty), and validate passed that on with no element and no line."""
+    found = [p for p in validate_process([DATA_STORE]).problems if p.severity == "error"]
+    assert [(p.code, p.element_id, p.line) for p in found] == [
+        ("data_store_unsupported", "_642F1C24-40EE-4F9B-9562-F3A419DB49D1", 12)]
+    text = str(found[0])
+    assert "Data Store with name  has" not in text
+    assert "bpmn:dataStore '_642F1C24-40EE-4F9B-9562-F3A419DB49D1' (it has no name either) has no implementation" \
+        in text
+    assert "no bpmn:dataStoreReference names it, so no task reads or writes it (a bpmn:association carries no " \
+        "data): remove it and the associations drawn to it" in text
+
+
+def test_the_two_user_tasks_without_the_data_store_run_in_turn(tmp_path: Path) -> None:
+    fixed = tmp_path / DATA_STORE.name
+    text = re.sub(r"<bpmn2:dataStore .*?/>", "", DATA_STORE.read_text(), flags=re.S)
+    fixed.write_text(re.sub(r"<bpmn2:association .*?/>", "", text, flags=re.S))
+    assert errors(fixed) == []
+    joe, barney = "_64D3D89E-4738-46A0-A5C5-33596B0FA087", "_4D157129-E208-4296-9706-C029C1C76743"
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert waits(instance) == [joe]
+    instance = engine.run(instance, answers={"user_tasks": {joe: {"user": "joe"}, barney: {"seen": True}}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.contexts["main"]) == {"user": "joe", "seen": True}
