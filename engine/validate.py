@@ -4137,9 +4137,11 @@ class _Validator:
                 continue
             self.related.add(eid)
             # Flowable and Activiti read an errorRef (escalationRef) that names no element as the code itself
-            carries = f'{what}Code="{named}"' if what in ("error", "escalation") else 'name="..."'
+            carries = f'{what}Code="{named}"' if what in ("error", "escalation") else f'name="{named}"'
+            read = (f" (the {'code' if what in ('error', 'escalation') else 'name'} jBPM and Flowable read from "
+                    f"{'an' if what[0] in 'ae' else 'a'} {ref} that names no element)")
             self.add("event_ref_unknown", f"bpmn:{tag} {eid!r} has {ref}={named!r}, which is no bpmn:{what} of this "
-                     f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" {carries}/> under "
+                     f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" {carries}/>{read} under "
                      f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
                      field=ref)
         self._check_message_extensions(el, eid, tag, root, file)

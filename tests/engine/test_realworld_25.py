@@ -364,7 +364,8 @@ def test_a_groovy_throw_of_a_bpmn_error_gets_the_raise_to_write_and_the_error_it
     assert "throws BPMN error 'scriptError' (org.flowable.engine.delegate.BpmnError)" in refused["scriptTask"]
     assert "write it as 'raise BpmnError(\"scriptError\")' (BpmnError is in every script's namespace)" in refused[
         "scriptTask"]
-    assert 'add <bpmn:error id="scriptError" errorCode="scriptError"/> under bpmn:definitions' in refused[
+    assert "add <bpmn:error id=\"scriptError\" errorCode=\"scriptError\"/> (the code jBPM and Flowable read from " \
+           "an errorRef that names no element) under bpmn:definitions" in refused[
         "eventErrorStart"]
 
 
@@ -586,3 +587,33 @@ def test_the_two_user_tasks_without_the_data_store_run_in_turn(tmp_path: Path) -
     instance = engine.run(instance, answers={"user_tasks": {joe: {"user": "joe"}, barney: {"seen": True}}})
     assert instance.status == "completed", instance.error
     assert variables(instance.contexts["main"]) == {"user": "joe", "seen": True}
+
+
+# -- jBPM: a signal event sub-process whose signalRef names no bpmn:signal --------------------------
+
+NO_SIGNAL = HERE / "jbpm_signal_event_subprocess_no_signal_element.bpmn2"
+
+
+def test_a_signal_ref_naming_no_signal_suggests_the_signal_of_that_name() -> None:
+    """jBPM reads signalRef="MySignal" as the signal's name. validate said to add a bpmn:signal with
+    name="...", leaving the reader to guess the name `layerflow send` must then use."""
+    refused = said(NO_SIGNAL)["StartEvent_2"]
+    assert "add <bpmn:signal id=\"MySignal\" name=\"MySignal\"/> (the name jBPM and Flowable read from a signalRef " \
+           "that names no element) under bpmn:definitions" in refused
+    assert "(the name jBPM and Flowable read from a signalRef that names no element)" in refused
+
+
+def test_the_signal_event_sub_process_given_its_signal_runs_beside_the_user_task(tmp_path: Path) -> None:
+    fixed = tmp_path / "signal.bpmn"
+    fixed.write_text(NO_SIGNAL.read_text().replace(
+        'System.out.println("Event sub process triggered");', "triggered = True").replace(
+        "<bpmn2:process ", '<bpmn2:signal id="MySignal" name="MySignal"/>\n  <bpmn2:process '))
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.send_event(engine.run(engine.start(load_process([fixed]), {})), "MySignal", {}, kind="signal")
+    assert waits(instance) == ["StartEvent_2", "UserTask_1"]  # non-interrupting: it may start again
+    instance = engine.run(instance, answers={"user_tasks": {"UserTask_1": {"done": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["StartEvent_1", "StartEvent_2", "ScriptTask_1", "EndEvent_2", "SubProcess_1",
+                                          "UserTask_1", "EndEvent_1"]
+    assert variables(instance.contexts["main"]) == {"triggered": True, "done": True}
