@@ -2946,17 +2946,13 @@ class _Validator:
             thrown = _BPMN_ERROR_THROW.fullmatch(script.text.strip())
             if thrown is not None:
                 args = ", ".join(json.dumps(a) for a in (thrown["code"], thrown["message"]) if a is not None)
-                self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
-                         f"scripts as Python only, as SpiffWorkflow does: this one throws BPMN error "
-                         f"{thrown['code']!r} ({thrown['cls']}); write it as 'raise BpmnError({args})' (BpmnError is "
-                         "in every script's namespace) and set scriptFormat=\"python\"", file=file,
-                         line=script.sourceline, element_id=tid, field="scriptFormat")
+                self._not_python(tid, language, f"this one throws BPMN error {thrown['code']!r} ({thrown['cls']}); "
+                                 f"write it as 'raise BpmnError({args})' (BpmnError is in every script's namespace) "
+                                 'and set scriptFormat="python"', file, script.sourceline)
                 return
-            self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
-                     f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
-                     f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
-                     "the task a handler (handler: file.py:function in its config)", file=file,
-                     line=script.sourceline + (err.lineno or 1) - 1, element_id=tid, field="scriptFormat")
+            self._not_python(tid, language, f"this one is not Python ({err.msg} in {(err.text or '').strip()!r}); "
+                             'rewrite it in Python and set scriptFormat="python", or give the task a handler '
+                             "(handler: file.py:function in its config)", file, script.sourceline + (err.lineno or 1) - 1)
             return
         if self._camunda_script(tree, script.text, script, file, tid, "script_language", "script",
                                 f"script task {tid!r} (scriptFormat={language!r}, run as Python, as SpiffWorkflow does)"):
@@ -2978,11 +2974,14 @@ class _Validator:
             self.problems[found:] = [replace(p, message=f"{p.message}, and start its lines at column 0 (scripts run "
                                              "exactly as written)") for p in self.problems[found:]]
             return
+        self._not_python(tid, language, f"its lines are indented ({raised.msg} in {(raised.text or '').strip()!r}); "
+                         "it is Python once its lines start at column 0 (scripts run exactly as written): unindent "
+                         'it and set scriptFormat="python"', file, script.sourceline + (raised.lineno or 1) - 1)
+
+    def _not_python(self, tid: str, language: str, said: str, file: str, line: int) -> None:
         self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs scripts "
-                 f"as Python only, as SpiffWorkflow does: its lines are indented ({raised.msg} in "
-                 f"{(raised.text or '').strip()!r}); it is Python once its lines start at column 0 (scripts run "
-                 'exactly as written): unindent it and set scriptFormat="python"', file=file,
-                 line=script.sourceline + (raised.lineno or 1) - 1, element_id=tid, field="scriptFormat")
+                 f"as Python only, as SpiffWorkflow does: {said}", file=file, line=line, element_id=tid,
+                 field="scriptFormat")
 
     # -- the shape of the flow ---------------------------------------------------------------
 

@@ -12,7 +12,6 @@ SpiffWorkflow's and against what BPMN says."""
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,9 @@ from engine import Engine, load_process
 from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain_files, variables
+from test_realworld_4 import rewritten
 from test_realworld_17 import said
+from test_realworld_24 import Clock
 
 HERE = Path(__file__).resolve().parent / "realworld25"
 
@@ -32,16 +33,19 @@ def errors(path: Path) -> list[tuple[str, str | None]]:
 
 
 def with_flow_ids(tmp_path: Path, source: Path, pairs: tuple[tuple[str, str], ...] = ()) -> Path:
-    """``source`` with an id on each sequence flow (as validate says: flow1, flow2, ...) and each text of
-    ``pairs`` replaced."""
+    """``source`` with each text of ``pairs`` replaced and an id on each sequence flow (as validate
+    says: flow1, flow2, ...)."""
+    out = rewritten(tmp_path, source, list(pairs))
     count = iter(range(1, 100))
-    text = re.sub(r"<sequenceFlow (?!id=)", lambda m: f'<sequenceFlow id="flow{next(count)}" ', source.read_text())
-    for old, new in pairs:
-        assert old in text, old
-        text = text.replace(old, new)
-    out = tmp_path / source.name
-    out.write_text(text)
+    out.write_text(re.sub(r"<sequenceFlow (?!id=)", lambda m: f'<sequenceFlow id="flow{next(count)}" ',
+                          out.read_text()))
     return out
+
+
+def problem_of(path: Path, element_id: str) -> tuple[tuple[str, str, str | None], str]:
+    """The one problem validate has with ``element_id``: (code, severity, field), and its text."""
+    [problem] = [p for p in validate_process([path]).problems if p.element_id == element_id]
+    return (problem.code, problem.severity, problem.field), str(problem)
 
 
 def waits(instance: Any) -> list[str]:
@@ -88,9 +92,8 @@ def test_flowables_terminate_all_in_a_non_interrupting_event_sub_process_is_a_wa
     """flowable:terminateAll="true" makes Flowable end the whole instance at the event sub-process's
     terminate end event (its test asserts the process ended); BPMN, SpiffWorkflow and layerflow end
     only the event sub-process, and the instance goes on waiting at 'task'. validate said nothing."""
-    [warning] = [p for p in validate_process([TERMINATE_ALL]).problems if p.element_id == "subProcessEndEvent"]
-    assert (warning.code, warning.severity, warning.field) == ("foreign_extension", "warning", "flowable:terminateAll")
-    text = str(warning)
+    kind, text = problem_of(TERMINATE_ALL, "subProcessEndEvent")
+    assert kind == ("foreign_extension", "warning", "flowable:terminateAll")
     assert "has flowable:terminateAll='true': Flowable ends the whole process instance there" in text
     assert "layerflow (as BPMN says, and SpiffWorkflow) ends only event sub-process 'eventSubProcess'" in text
     assert 'make the event sub-process interrupting (isInterrupting="true" on its start event ' \
@@ -259,9 +262,8 @@ def test_a_cycle_ending_at_a_juel_date_is_not_said_to_be_quoted_as_it_stands() -
     """validate said to write 'R5/PT10S/${date:format(EndDateForBoundary)}' quoted: a string whose
     end date is JUEL that nothing fills in, which fails when the timer starts. It names the JUEL and
     the Python to write, and what SpiffWorkflow makes of a date after the period."""
-    [problem] = [p for p in validate_process([REPEAT]).problems if p.element_id == "timer"]
-    assert (problem.code, problem.field) == ("timer_expression", "timeCycle")
-    text = str(problem)
+    kind, text = problem_of(REPEAT, "timer")
+    assert kind == ("timer_expression", "error", "timeCycle")
     assert 'write it as a string: "R5/PT10S/${' not in text
     assert "holds the JUEL expression ${date:format(EndDateForBoundary)}, which the other engine fills in" in text
     assert "write '\"R5/PT10S/\" + EndDateForBoundary' with EndDateForBoundary holding the date as ISO 8601 " \
@@ -269,14 +271,6 @@ def test_a_cycle_ending_at_a_juel_date_is_not_said_to_be_quoted_as_it_stands() -
     assert "SpiffWorkflow reads a date after the period as the end of the repetitions and fires first one " \
            "period before it" in text
     assert 'for 5 repetitions PT10S apart, counted from when the timer starts, write "R5/PT10S"' in text
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = float(int(time.time()))
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_repeating_boundary_timer_edited_as_said_fires_beside_task_b_until_it_is_done(tmp_path: Path) -> None:
@@ -343,12 +337,9 @@ def test_a_boundary_event_on_an_event_sub_process_is_refused_naming_both_and_wha
     """SpiffWorkflow failed with "AttributeError: 'BoundaryEventSplit' object has no attribute 'spec'",
     naming no element. BPMN draws no boundary event on an event sub-process (nothing flows into it,
     there is no activity to interrupt before its event comes); Flowable runs one."""
-    found = validate_process([ON_EVENT_SUB]).problems
-    assert not [p for p in found if "BoundaryEventSplit" in str(p)]
-    [problem] = [p for p in found if p.element_id == "signalBoundary"]
-    assert (problem.code, problem.severity, problem.field) == ("boundary_on_event_subprocess", "error",
-                                                               "attachedToRef")
-    text = str(problem)
+    assert not [p for p in validate_process([ON_EVENT_SUB]).problems if "BoundaryEventSplit" in str(p)]
+    kind, text = problem_of(ON_EVENT_SUB, "signalBoundary")
+    assert kind == ("boundary_on_event_subprocess", "error", "attachedToRef")
     assert "boundary event 'signalBoundary' is attached to event sub-process 'eventSubProcess'" in text
     assert "SpiffWorkflow cannot load a boundary event on an event sub-process" in text
     assert "inside 'eventSubProcess', put its steps ('taskInEventSubProcess') in an embedded sub-process after " \
