@@ -3949,6 +3949,9 @@ class _Validator:
                     "decisionTableReferenceKey field): draw a bpmn:businessRuleTask instead, with "
                     f"camunda:decisionRef=\"{decision or 'DECISION_ID'}\" (or <spiffworkflow:calledDecisionId>), and "
                     "give the .dmn file (`layerflow run PROCESS.bpmn DECISION.dmn`, or put it beside the process)"]
+        payload = _event_payload_todo(el, eid, tag)
+        if payload is not None:
+            todo = [payload if t == _MAP_IN_CODE else t for t in todo]
         if tag in ("sendTask", "receiveTask"):
             # no handler runs there (handler_not_run): its work goes in a task of its own
             todo = [_NOT_WORKED[tag][1] if t == _RUN_BY_HANDLER else t for t in todo]
@@ -5009,6 +5012,38 @@ _NOT_WORKED = {
     "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
 }
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
+
+
+def _event_payload_todo(el: Any, eid: str, tag: str) -> str | None:
+    """What Flowable's (Activiti's, Camunda 7's) in/out mappings on a signal or message event do and
+    what to write instead: a thrower's ``out`` builds the payload (SpiffWorkflow's payload expression);
+    a catcher's ``in`` renames the payload's keys (a script after the event)."""
+    definition = next((d for kind in ("signalEventDefinition", "messageEventDefinition")
+                       for d in el.iterfind(_bpmn(kind))), None)
+    if definition is None:
+        return None
+    pairs = [(name, m.get("source"), m.get("target")) for ext in el.iterfind(_bpmn("extensionElements")) for m in ext
+             if isinstance(m.tag, str) for name in [_foreign_name(m.tag)]
+             if name and name.endswith((":in", ":out")) and m.get("source") and m.get("target")]
+    what = "signal" if definition.tag == _bpmn("signalEventDefinition") else "message"
+    outs = [(s, t) for name, s, t in pairs if name.endswith(":out")]
+    ins = [(s, t) for name, s, t in pairs if name.endswith(":in")]
+    if outs and tag in ("intermediateThrowEvent", "endEvent"):
+        setting = "payloadExpression" if what == "signal" else "messagePayload"
+        where = (f"in the extensionElements of bpmn:signal {definition.get('signalRef')!r}" if what == "signal"
+                 else "in the extensionElements of its bpmn:messageEventDefinition")
+        listed = ", ".join(f"{s!r} as {t!r}" for s, t in outs)
+        built = "{" + ", ".join(f'"{t}": {s}' for s, t in outs) + "}"
+        return (f"{pairs[0][0].partition(':')[0]}:out puts {listed} into the {what}'s payload: write "
+                f"<spiffworkflow:{setting}>{built}</spiffworkflow:{setting}> {where}, where SpiffWorkflow reads it")
+    if ins and tag in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
+        listed = ", ".join(f"{s!r} to {t!r}" for s, t in ins)
+        script = "\n".join(f"{t} = {s}" for s, t in ins)
+        return (f"{pairs[0][0].partition(':')[0]}:in copies the payload's {listed}: the payload's keys land in the "
+                f"context as they are named (sent from outside; thrown in the instance, under the {what}'s "
+                f"variable); to have them under the new names, copy them in a bpmn:scriptTask after {eid!r}: "
+                f"{script!r}")
+    return None
 # activities with a pre- and postScript in SpiffWorkflow: their input/output mappings run there
 _MAPPED_TAGS = frozenset({"task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask",
                           "businessRuleTask", "callActivity", "subProcess", "transaction"})

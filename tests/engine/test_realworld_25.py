@@ -608,3 +608,58 @@ def test_the_signal_event_sub_process_given_its_signal_runs_beside_the_user_task
     assert path_of(instance.workflow) == ["StartEvent_1", "StartEvent_2", "ScriptTask_1", "EndEvent_2", "SubProcess_1",
                                           "UserTask_1", "EndEvent_1"]
     assert variables(instance.contexts["main"]) == {"triggered": True, "done": True}
+
+
+# -- Flowable: a signal's payload mapped out of the thrower and into the catcher -------------------
+
+PAYLOAD = HERE / "flowable_signal_payload"
+
+
+def test_flowables_out_and_in_on_signal_events_get_the_payload_settings_to_write() -> None:
+    """validate said "set the variables in a script, a handler or an ioSpecification" at both events:
+    none of which carries a signal's payload. It says what to write where SpiffWorkflow reads it."""
+    thrown = said(PAYLOAD / "throw_alert_signal_with_out_parameters.bpmn")["signalEvent"]
+    assert "set the variables in a script, a handler or an ioSpecification" not in thrown
+    assert "flowable:out puts 'textVar' as 'outTextVar', 'numberVar' as 'outNumberVar' into the signal's payload" \
+        in thrown
+    assert 'write <spiffworkflow:payloadExpression>{"outTextVar": textVar, "outNumberVar": numberVar}' \
+           "</spiffworkflow:payloadExpression> in the extensionElements of bpmn:signal 'alertSignal'" in thrown
+    caught = said(PAYLOAD / "catch_alert_signal_boundary_with_in_parameters.bpmn")["boundary"]
+    assert "set the variables in a script, a handler or an ioSpecification" not in caught
+    assert "flowable:in copies the payload's 'outTextVar' to 'myNewTextVar', 'outNumberVar' to 'myNewNumberVar'" \
+        in caught
+    assert "copy them in a bpmn:scriptTask after 'boundary': 'myNewTextVar = outTextVar\\nmyNewNumberVar = " \
+           "outNumberVar'" in caught
+
+
+def test_the_alert_signal_written_as_said_carries_its_payload_from_the_thrower_to_the_renamed_keys(
+        tmp_path: Path) -> None:
+    """The thrower's payload leaves its instance (no catch there) with the keys Flowable's flowable:out
+    gave it; sent to the catcher, the boundary event takes the task over, and the script drawn after
+    it, as validate says, copies them under flowable:in's names."""
+    spiff = 'xmlns:spiffworkflow="http://spiffworkflow.org/bpmn/schema/1.0/core" targetNamespace'
+    throw = with_flow_ids(tmp_path, PAYLOAD / "throw_alert_signal_with_out_parameters.bpmn", (
+        ("targetNamespace", spiff), ('<signal id="alertSignal" name="alert" />',
+                                     '<signal id="alertSignal" name="alert"><extensionElements><spiffworkflow:'
+                                     'payloadExpression>{"outTextVar": textVar, "outNumberVar": numberVar}'
+                                     "</spiffworkflow:payloadExpression></extensionElements></signal>")))
+    assert errors(throw) == []
+    engine = engine_with()
+    thrower = engine.run(engine.start(load_process([throw]), {"textVar": "Alert!", "numberVar": 1}))
+    assert thrower.status == "completed", thrower.error
+    [out] = thrower.messages_out()
+    assert (out["name"], out["kind"], out["payload"]) == ("alert", "signal", {"outTextVar": "Alert!",
+                                                                              "outNumberVar": 1})
+    (tmp_path / "catch").mkdir()
+    catch = with_flow_ids(tmp_path / "catch", PAYLOAD / "catch_alert_signal_boundary_with_in_parameters.bpmn", (
+        ('<sequenceFlow sourceRef="boundary" targetRef="task2" />',
+         '<sequenceFlow id="to_rename" sourceRef="boundary" targetRef="rename" /><scriptTask id="rename"><script>'
+         "myNewTextVar = outTextVar\nmyNewNumberVar = outNumberVar</script></scriptTask>"
+         '<sequenceFlow id="renamed" sourceRef="rename" targetRef="task2" />'),))
+    catcher = engine.run(engine.start(load_process([catch]), {}))
+    catcher = engine.send_event(catcher, out["name"], out["payload"], kind="signal")
+    catcher = engine.run(catcher, answers={"user_tasks": {"task2": {}}})
+    assert catcher.status == "completed", catcher.error
+    assert path_of(catcher.workflow) == ["start", "boundary", "rename", "task2", "end"]
+    assert variables(catcher.contexts["main"]) == {"outTextVar": "Alert!", "outNumberVar": 1,
+                                                   "myNewTextVar": "Alert!", "myNewNumberVar": 1}
