@@ -663,3 +663,36 @@ def test_the_alert_signal_written_as_said_carries_its_payload_from_the_thrower_t
     assert path_of(catcher.workflow) == ["start", "boundary", "rename", "task2", "end"]
     assert variables(catcher.contexts["main"]) == {"outTextVar": "Alert!", "outNumberVar": 1,
                                                    "myNewTextVar": "Alert!", "myNewNumberVar": 1}
+
+
+# -- Flowable: non-interrupting timer cycles of event sub-processes, at the top and in a sub-process --
+
+ADDITIONAL = HERE / "flowable_timer_event_subprocesses_additional_tasks.bpmn"
+
+
+def test_daily_cycles_add_tasks_beside_the_process_and_its_sub_process_which_waits_for_its_own(
+        tmp_path: Path) -> None:
+    """R3/P1D quoted as validate says. Each day adds a task of the event sub-process whose scope is
+    running (the sub-process's only while it runs); the sub-process ends only once the tasks its
+    event sub-process added are done, and the process once every added task is."""
+    assert sorted(e for e, text in said(ADDITIONAL).items() if text.startswith("error:")) == [
+        "signalStartEvent", "subEventStartEvent"]
+    fixed = rewritten(tmp_path, ADDITIONAL, [("<timeCycle>R3/P1D</timeCycle>", '<timeCycle>"R3/P1D"</timeCycle>')])
+    assert errors(fixed) == []
+    clock = Clock()
+    engine = Engine(store="memory://", clock=clock)
+    instance = engine.run(engine.start(load_process([fixed]), {}), answers={"user_tasks": {"task1": {}}})
+    assert waits(instance) == ["signalStartEvent", "subEventStartEvent", "subTask1"]
+    clock.now += 86400
+    instance = engine.resume(instance)
+    assert waits(instance) == ["additionalSubTask", "additionalTask", "signalStartEvent", "subEventStartEvent",
+                               "subTask1"]
+    instance = engine.run(instance, answers={"user_tasks": {"subTask1": {"sub": 1}}})
+    assert waits(instance) == ["additionalSubTask", "additionalTask", "signalStartEvent", "subEventStartEvent"]
+    instance = engine.run(instance, answers={"user_tasks": {"additionalSubTask": {"added_in_sub": 1}}})
+    assert waits(instance) == ["additionalTask", "signalStartEvent", "task2"]  # the sub-process's timer stopped
+    instance = engine.run(instance, answers={"user_tasks": {"task2": {"t2": 1}, "additionalTask": {"added": 1}}})
+    assert instance.status == "completed", instance.error
+    path = path_of(instance.workflow)
+    assert path.count("additionalTask") == path.count("additionalSubTask") == 1 and path[-1] == "endEvent"
+    assert variables(instance.contexts["main"]) == {"sub": 1, "added_in_sub": 1, "t2": 1, "added": 1}
