@@ -2959,6 +2959,23 @@ def _start_data(ctx: LayeredContext | None, err: BaseException, others: Iterable
     return ""
 
 
+def _unset_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_id: str) -> str:
+    """For a script's NameError on a key the context does not hold: which bpmn:dataObject the name
+    is, if one of the task's process (or a process around it) declares it, and where to give it."""
+    if not isinstance(err, NameError) or not err.name or ctx is None or err.name in ctx:
+        return ""
+    declared = ""
+    wf = getattr(task, "workflow", None)
+    while wf is not None:
+        if err.name in (getattr(wf.spec, "data_objects", None) or {}):
+            declared = (f"; {err.name!r} is bpmn:dataObject {err.name!r} of process {wf.spec.name!r}, which holds "
+                        "no value until a step writes it")
+            break
+        wf = getattr(wf, "parent_workflow", None)
+    # (any other unknown name stays Python's plain NameError: a typo as often as a missing key)
+    return f"{declared}{_name_hint(err, bpmn_id)}" if declared else ""
+
+
 def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
                     others: Iterable[LayeredContext] = (), task: Any = None) -> LayerflowError:
     """The error an activity failure becomes: task id, script line, message; a write the layer
@@ -2979,8 +2996,9 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
     mapped = ((getattr(task.task_spec, "extensions", None) or {}).get(spiff.MAPPED_KEY) or {}) if task is not None else {}
     by = (f"; {err.key!r} is set by {mapped[err.key]} of {bpmn_id!r}"
           if isinstance(err, ContextWriteDenied) and err.key in mapped else "")
-    message = (f"activity {bpmn_id!r} failed{at}: {what}{by}{_compressed_away(ctx, err, others)}"
-               f"{_start_data(ctx, err, others)}")
+    away = _compressed_away(ctx, err, others)
+    unset = _unset_name(err, ctx, task, bpmn_id) if where == "script" and not away else ""
+    message = f"activity {bpmn_id!r} failed{at}: {what}{by}{away}{unset}{_start_data(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):
         out.kind = err.kind
