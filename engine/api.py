@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import difflib
 import hmac
+import json
+import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from context_layers.errors import LayerflowError
 from context_layers.stores import InstanceNotFound
@@ -56,9 +60,11 @@ from .governance import (
 from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 
-__all__ = ["STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app", "status_for"]
+__all__ = ["KIND_MEANING", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app",
+           "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
+log = logging.getLogger("layerflow.api")
 ID_PATTERN = r"^[\w.:@-]+$"
 PathId = Annotated[str, PathParam(pattern=ID_PATTERN, max_length=200)]
 QueryId = Annotated[str | None, Query(pattern=ID_PATTERN, max_length=200)]
@@ -227,6 +233,97 @@ class ResumeRequest(ResumeArgs, _Body):  # _Body: its camelCase names in the sch
     user: str | None = Field(default=None, description="who answers (the tape's actor; a join's resolution names them)")
 
 
+class _Open(BaseModel):  # a reply's part: the fields DESIGN.md names; more may come (added, never renamed)
+    model_config = ConfigDict(extra="allow")
+
+
+class RunError(_Open):
+    kind: str
+    message: str
+    task_id: str | None
+
+
+class Resolution(_Open):
+    value: Any
+    resolver: Literal["policy", "model", "human", "strategy"]
+    reason: str
+
+
+class Conflict(_Open):
+    gateway_id: str
+    layer: str = Field(examples=["L4"])
+    key: str
+    base_value: Any
+    values: dict[str, Any] = Field(description="branch id -> its value")
+    resolution: Resolution | None
+
+
+class Compression(_Open):
+    activity_id: str
+    triggers: list[str]
+    tokens_before: int
+    tokens_after: int
+    snapshot_id: str
+
+
+class Confirmation(_Open):
+    id: str
+    type: str
+    message: str
+    options: list[Any]
+    answer: Any
+    timed_out: bool
+
+
+class WaitingItem(_Open):
+    kind: str = Field(description="user_task, confirmation, or event (a message, signal, timer or condition: "
+                                  "`event_kind`)")
+    id: str = Field(description="what to answer: a user task's or event's task id, a confirmation's id")
+    task_id: str = Field(description="the BPMN id of the element that waits")
+
+
+class Layers(_Open):
+    L0: dict[str, Any]
+    L1: dict[str, Any]
+    L2: dict[str, Any]
+    L3: dict[str, Any]
+    L4: dict[str, Any]
+    L5: dict[str, Any]
+
+
+class Tokens(_Open):
+    L0: int
+    L1: int
+    L2: int
+    L3: int
+    L4: int
+    L5: int
+    total: int
+
+
+class InstanceDocument(_Open):
+    """An instance as `layerflow run --json` prints it (DESIGN.md "Interfaces"), plus its version
+    (``expected_version`` of a change). A deleted key is absent from its layer."""
+    instance_id: str
+    process_id: str
+    status: Status
+    error: RunError | None
+    layers: Layers
+    tokens: Tokens
+    conflicts: list[Conflict]
+    compressions: list[Compression]
+    confirmations: list[Confirmation]
+    waiting_for: list[WaitingItem]
+    tape_length: int
+    version: int
+
+
+def document_responses(route: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
+    """``route_responses`` plus its success: the instance's document (``InstanceDocument``)."""
+    return {status: {"model": InstanceDocument, "description": "the instance's document, as it is now"},
+            **route_responses(route)}
+
+
 class ErrorDetail(BaseModel):
     model_config = ConfigDict(extra="allow")
     kind: str
@@ -237,20 +334,80 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text} for code, text in (
-        (400, "bad input (not applicable as asked)"), (401, "no or wrong bearer token"),
-        (403, "a layer rule denied the write"), (404, "unknown instance, snapshot, confirmation or process"),
-        (409, "stale expected_version, or the instance's status does not allow it"),
-        (422, "invalid body or config"))}
-#: The 5xx answers of the routes (engine.console's too): 500 on any, 503 where the store is read or written.
-INTERNAL_ERROR: dict[int | str, dict[str, Any]] = {500: {
-    "model": ErrorBody, "description": "an unexpected error (kind internal_error; the server's log has the details)"}}
-STORE_UNAVAILABLE: dict[int | str, dict[str, Any]] = {503: {
-    "model": ErrorBody, "description": "the store is unavailable (kind store_unavailable: redis down, sqlite locked "
-                                       "too long); retry once it answers"}}
-_ERRORS.update(INTERNAL_ERROR)
-_STORED = {**_ERRORS, **STORE_UNAVAILABLE}
+#: What each error kind means to a client (the descriptions of /openapi.json's error answers).
+KIND_MEANING: dict[str, str] = {
+    "bad_request": "a request that cannot be carried out as asked (the message says why and what to do)",
+    "invalid_value": "a value no JSON document can carry (a lone surrogate, NaN)",
+    "invalid_answer": "an answer that is none of the offered options, or does not fit the task's form",
+    "unauthorized": "no or wrong bearer token",
+    "permission_denied": "a layer rule denied the write (a SYSTEM key, a PROCESS key already set)",
+    "not_found": "an unknown instance, context, branch, snapshot, element, confirmation, process or tool",
+    "version_conflict": "stale expected_version: load the instance again and repeat",
+    "invalid_state": "the instance's state does not allow it (completed, cancelled, not waiting for it, "
+                     "branches open, run by another request right now)",
+    "already_answered": "the confirmation was answered already (by whom and when: in the message)",
+    "validation_error": "an invalid body, path or query parameter (each problem in `problems`)",
+    "invalid_config": "an invalid activity config (or a catalog config file that does not validate)",
+    "invalid_process": "a catalog BPMN file that does not validate (or cannot be drawn)",
+    "invalid_record": "a stored record this server cannot read",
+    "store_unavailable": "the store is unavailable (redis down, sqlite locked too long); retry once it answers",
+}
+
+_LOADED = ("validation_error", "not_found", "invalid_record", "store_unavailable")  # an instance read
+_CHANGED = (*_LOADED, "version_conflict", "invalid_state")  # ... and changed under its lease, at its version
+_WRITTEN = (*_CHANGED, "permission_denied", "invalid_value")  # ... with values the client gives
+_ANSWERED = (*_CHANGED, "bad_request", "invalid_answer", "already_answered")  # ... answering a confirmation
+
+#: The one table of what each route (by its endpoint's name) can answer besides its success: the
+#: kinds its handler and what it calls raise (their codes: ``STATUS_BY_KIND``). Every ``/api/``
+#: route also answers 401 ``unauthorized`` (the token) and 500 ``internal_error`` (a bug).
+#: /openapi.json lists each route's codes from here, and the error handlers log an answer whose
+#: code its route does not list (``_documented``), so the two cannot drift apart unseen. No route
+#: answers 502 ``model_error``: a model that fails inside an activity is the instance's error
+#: (status ``error``, ``error.kind`` ``model_error``), as in ``run --json``; the governance routes
+#: call no model (``compress`` summarizes offline).
+ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
+    "inspect": _LOADED,
+    "compress": (*_CHANGED, "bad_request"),
+    "inject": _WRITTEN,
+    "resolve": _ANSWERED,
+    "rollback": _CHANGED,
+    "config": (*_CHANGED, "bad_request", "invalid_config"),
+    "snapshot": _CHANGED,
+    "branch_evaluate": _LOADED,
+    "tools": (),
+    "call_tool": _ANSWERED,  # the tools' errors: context_branch resolves, context_compress changes
+    "processes": (),
+    "process": ("not_found", "invalid_process", "invalid_config"),
+    "list_instances": ("validation_error", "store_unavailable"),
+    "start": ("validation_error", "not_found", "invalid_process", "invalid_config", "bad_request", "invalid_value",
+              "invalid_answer", "permission_denied", "store_unavailable"),
+    "document": _LOADED,
+    "send_event": _WRITTEN,
+    "complete_user_task": (*_CHANGED, "permission_denied", "invalid_answer"),
+    "resume": (*_ANSWERED, "permission_denied"),
+    "cancel": _CHANGED,
+    "tape": _LOADED,
+    "confirmations": _LOADED,
+    "answer": _ANSWERED,
+    # engine.console's
+    "instance_summaries": ("validation_error", "store_unavailable"),
+    "instance_diagram": (*_LOADED, "invalid_process"),
+    "process_diagram": ("validation_error", "not_found", "invalid_process"),
+    "replay": _LOADED,
+}
+
+
+def route_responses(route: str) -> dict[int | str, dict[str, Any]]:
+    """The error answers of ``route`` for its OpenAPI entry (``responses=``), from ``ROUTE_ERRORS``:
+    each code with the one error body and the kinds it carries there."""
+    by_code: dict[int, list[str]] = {}
+    for kind in ("unauthorized", *ROUTE_ERRORS[route]):
+        by_code.setdefault(status_for(kind), []).append(kind)
+    by_code[500] = ["internal_error"]
+    meaning = {**KIND_MEANING, "internal_error": "an unexpected error (the server's log has the details)"}
+    return {code: {"model": ErrorBody, "description": "; ".join(f"`{k}`: {meaning[k]}" for k in kinds)}
+            for code, kinds in sorted(by_code.items())}
 
 
 # ----------------------------------------------------------------------------- the app
@@ -307,7 +464,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
             try:
                 authorize(await bearer(request))
             except LayerflowError as err:
-                return _error(err.kind, str(err))
+                return _error(err.kind, str(err))  # 401: every /api/ route lists it
         return await call_next(request)
 
     def svc(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> GovernanceService:
@@ -320,7 +477,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         message = body.pop("message")
         if isinstance(err, InstanceNotFound):  # the store's hint names a Python call; a client lists by GET
             message = _not_in_store(err.instance_id)
-        return _error(body.pop("kind"), message, **body)
+        return _documented(request, _error(body.pop("kind"), message, **body))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -329,26 +486,32 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         body_model = body_field.field_info.annotation if body_field is not None else None
         problems = [_problem(e, body_model) for e in err.errors()]
         text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
-        return _error("validation_error", f"invalid request: {text}", problems=problems)
+        return _documented(request, _error("validation_error", f"invalid request: {text}", problems=problems))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(err.status_code, "http_error")
         message, asked = str(err.detail), f"{request.method} {request.url.path}"
         allowed = (err.headers or {}).get("Allow")
-        if err.status_code == 405:
+        if err.status_code == 405:  # every route of the path, not the first one's methods only
+            allowed = _methods_of(app, request) or allowed
             message = (f"{asked} is not an endpoint: {request.url.path} takes {allowed or 'other methods'}; "
                        "/docs lists the endpoints")
         elif err.status_code == 404 and message == "Not Found":  # the router's, not an endpoint's own
             message = f"{asked} is not an endpoint; /docs lists the endpoints (/openapi.json for programs)"
-        response = _error(kind, message, err.status_code)
+        elif err.status_code == 400 and message == "There was an error parsing the body" and err.__cause__:
+            # JSON the parser reads but Python cannot hold: an invalid body, as one that does not parse
+            return await _invalid(request, RequestValidationError([{
+                "loc": ("body",), "type": "json_unreadable", "msg": _unreadable(err.__cause__)}]))
+        response = _documented(request, _error(kind, message, err.status_code))
         if allowed:
             response.headers["Allow"] = allowed  # RFC 9110: a 405 names the methods the path takes
         return response
 
     @app.exception_handler(UnicodeError)
     async def _bad_text(request: Request, err: UnicodeError) -> JSONResponse:
-        return _error("bad_request", "the request carries text that is not valid Unicode (an unpaired surrogate?)")
+        return _documented(request, _error("bad_request", "the request carries text that is not valid Unicode "
+                                                     "(an unpaired surrogate?)"))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
@@ -363,56 +526,58 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     # ----- governance ---------------------------------------------------------------
 
-    @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=route_responses("inspect"))
     def inspect(body: InspectRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
         return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)),
                          dto=True)
 
-    @app.post("/api/context-governance/compress", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/compress", tags=["context-governance"], responses=route_responses("compress"))
     def compress(body: CompressRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
         return s.compress(_instance_of(body, instance_id), CompressArgs.model_validate(_args(body, CompressArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/inject", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/inject", tags=["context-governance"], responses=route_responses("inject"))
     def inject(body: InjectRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
         return s.inject(_instance_of(body, instance_id), InjectArgs.model_validate(_args(body, InjectArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/resolve", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/resolve", tags=["context-governance"], response_model=None,
+              responses=document_responses("resolve"))
     def resolve(body: ResolveRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
         return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
                          expected_version=body.expected_version, actor=body.user or "api", by=body.user)
 
-    @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=route_responses("rollback"))
     def rollback(body: RollbackRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""
         return s.rollback(_instance_of(body, instance_id), RollbackArgs.model_validate(_args(body, RollbackArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/config", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/config", tags=["context-governance"], responses=route_responses("config"))
     def config(body: ConfigRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
         return s.config(_instance_of(body, instance_id), ConfigArgs.model_validate(_args(body, ConfigArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/snapshot", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/snapshot", tags=["context-governance"], responses=route_responses("snapshot"))
     def snapshot(body: SnapshotRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
         return s.snapshot(_instance_of(body, instance_id), SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"], responses=_STORED)
+    @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"],
+              responses=route_responses("branch_evaluate"))
     def branch_evaluate(body: BranchEvaluateRequest, instance_id: QueryId = None,
                         s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Whether a branch's context holds the required keys (and in which layer)."""
@@ -420,29 +585,35 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     # ----- the model tools (DESIGN: served by the same governance service) -------------
 
-    @app.get("/api/context-governance/tools", tags=["model-tools"], responses=_ERRORS)
-    @app.get("/api/tools", tags=["model-tools"], responses=_ERRORS, include_in_schema=False)
+    @app.get("/api/context-governance/tools", tags=["model-tools"], responses=route_responses("tools"))
+    @app.get("/api/tools", tags=["model-tools"], responses=route_responses("tools"), include_in_schema=False)
     def tools(s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
         """context_inspect, context_compress, context_branch and human_confirm as OpenAI
         function-calling schemas (``tools=`` entries)."""
         return tool_schemas()
 
-    @app.post("/api/context-governance/tools/{name}", tags=["model-tools"], responses=_STORED)
-    @app.post("/api/tools/{name}", tags=["model-tools"], responses=_STORED, include_in_schema=False)
-    def call_tool(name: str, body: Annotated[dict[str, Any], Body(examples=[{"instance_id": "ID", "arguments": {
+    @app.post("/api/context-governance/tools/{name}", tags=["model-tools"], responses=route_responses("call_tool"))
+    @app.post("/api/tools/{name}", tags=["model-tools"],
+              responses=route_responses("call_tool"), include_in_schema=False)
+    def call_tool(request: Request, name: str,
+                  body: Annotated[dict[str, Any], Body(examples=[{"instance_id": "ID", "arguments": {
                       "layers": ["L3", "L4"], "metrics": ["token_count", "attention_score"]}}])],
                   instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Run one tool call on an instance, as a model's call is run: ``{"instance_id": ...,
         "arguments": {...}}`` (``arguments`` may be the JSON text a model sends), or the
         arguments themselves beside ``instance_id``. A bad argument: 422; an unknown tool: 404."""
         if name not in TOOL_MODELS:
-            return _error("not_found", f"unknown tool {name!r}; tools: {', '.join(TOOL_MODELS)}")  # type: ignore[return-value]
+            return _documented(request, _error(  # type: ignore[return-value]
+                "not_found", f"unknown tool {name!r}; tools: {', '.join(TOOL_MODELS)}"))
         rest = {k: v for k, v in body.items() if k not in ("instance_id", "instanceId", "user", "arguments")}
         if "arguments" in body and rest:
             raise BadRequest(f"give the tool's arguments in `arguments` or beside instance_id, not both "
                              f"(also given: {', '.join(sorted(rest))})")
         given = body.get("instance_id", body.get("instanceId"))
-        shell = _Instance.model_validate({"instance_id": given} if given is not None else {})
+        try:
+            shell = _Instance.model_validate({"instance_id": given} if given is not None else {})
+        except ValidationError as err:  # the body is free-form here: its id is checked as the bodies' are
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in err.errors()]) from None
         iid = _instance_of(shell, instance_id)
         user = body.get("user")
         result = dispatch_tool(s, iid, name, body["arguments"] if "arguments" in body else rest,
@@ -453,47 +624,51 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
             message = str(error.get("message"))
             if message == str(InstanceNotFound(iid)):  # the store's hint names a Python call, as below
                 message = _not_in_store(iid)
-            return _error(str(error.get("kind")), message, **detail)  # type: ignore[return-value]
+            return _documented(request, _error(str(error.get("kind")), message, **detail))  # type: ignore[return-value]
         return result
 
     # ----- instances ----------------------------------------------------------------
 
-    @app.get("/api/processes", tags=["instances"], responses=_ERRORS)
+    @app.get("/api/processes", tags=["instances"], responses=route_responses("processes"))
     def processes(s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
         """The processes of the catalog (what POST /api/instances can start)."""
         return s.processes()
 
-    @app.get("/api/processes/{process_id}", tags=["instances"], responses=_ERRORS)
+    @app.get("/api/processes/{process_id}", tags=["instances"], responses=route_responses("process"))
     def process(process_id: str, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """One catalog process and what starting it asks for: ``start_form`` (the form on its none
         start event, which POST /api/instances checks the data against: 400 field by field) or null."""
         return s.process(process_id)
 
-    @app.get("/api/instances", tags=["instances"], responses=_STORED)
+    @app.get("/api/instances", tags=["instances"], responses=route_responses("list_instances"))
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
                        s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
         """Instance summaries, newest first."""
         return s.list_instances(status)
 
-    @app.post("/api/instances", status_code=201, tags=["instances"], responses=_STORED)
+    @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
+              responses=document_responses("start", 201))
     def start(body: StartRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Start a catalog process by id and run it until it completes, waits or fails."""
         return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
 
-    @app.get("/api/instances/{instance_id}", tags=["instances"], responses=_STORED)
+    @app.get("/api/instances/{instance_id}", tags=["instances"], response_model=None,
+             responses=document_responses("document"))
     def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version."""
         return s.document(instance_id)
 
-    @app.post("/api/instances/{instance_id}/events", tags=["instances"], responses=_STORED)
+    @app.post("/api/instances/{instance_id}/events", tags=["instances"], response_model=None,
+              responses=document_responses("send_event"))
     def send_event(instance_id: PathId, body: SendEventRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Send a BPMN message (or broadcast a signal) with a payload to what waits for it; the
         instance runs on. Nothing waits for it: 409, naming what the instance waits for."""
         return s.send_event(instance_id, SendEventArgs.model_validate(_args(body, SendEventArgs)),
                             expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], responses=_STORED)
+    @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], response_model=None,
+              responses=document_responses("complete_user_task"))
     def complete_user_task(instance_id: PathId, task_id: str, body: UserTaskRequest,
                            s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
@@ -505,7 +680,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
                                     expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/instances/{instance_id}/resume", tags=["instances"], responses=_STORED)
+    @app.post("/api/instances/{instance_id}/resume", tags=["instances"], response_model=None,
+              responses=document_responses("resume"))
     def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
         for what it waits for, after a timer came due, or to retry the failed activity of an
@@ -515,7 +691,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
                         expected_version=body.expected_version, by=body.user)
 
-    @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], responses=_STORED)
+    @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], response_model=None,
+              responses=document_responses("cancel"))
     def cancel(instance_id: PathId, body: CancelRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Stop an unfinished instance for good: its open tasks are cancelled, its pending
         confirmations closed, and nothing of it runs again; who and why are on its tape.
@@ -523,7 +700,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.cancel(instance_id, CancelArgs.model_validate(_args(body, CancelArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=_STORED)
+    @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=route_responses("tape"))
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
              limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:
@@ -531,12 +708,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.tape(instance_id, context=context, kind=kind, activity=activity, branch=branch, key=key,
                       since=since, limit=limit)
 
-    @app.get("/api/confirmations", tags=["confirmations"], responses=_STORED)
+    @app.get("/api/confirmations", tags=["confirmations"], responses=route_responses("confirmations"))
     def confirmations(instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
         """Open confirmations (people's decisions pending), of every instance or of one."""
         return s.confirmations(instance_id)
 
-    @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], responses=_STORED)
+    @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], response_model=None,
+              responses=document_responses("answer"))
     def answer(confirmation_id: str, body: AnswerRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Answer a confirmation with one of its option values; the instance runs on."""
         return s.answer(confirmation_id, body, actor=body.user or "api")
@@ -547,6 +725,46 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     mount_console(app)
 
     return app
+
+
+def _unreadable(cause: BaseException) -> str:
+    """What of a body JSON parses that Python cannot hold, and what to send instead."""
+    if isinstance(cause, RecursionError):
+        found = "its values are nested too deeply"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        found = f"it holds an integer of too many digits ({cause})"
+    else:
+        found = f"{type(cause).__name__}: {cause}"
+    return f"the body cannot be read: {found}; send one JSON object of plain values"
+
+
+def _methods_of(app: FastAPI, request: Request) -> str:
+    """The methods the routes of ``request``'s path take (for a 405's Allow)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return ", ".join(sorted(methods))
+
+
+def _documented(request: Request, response: JSONResponse) -> JSONResponse:
+    """``response``, an error answer of ``request``'s route; logged when the route's /openapi.json
+    entry does not list its code (``ROUTE_ERRORS``): the table and the code have drifted apart."""
+    route = request.scope.get("route")
+    name = getattr(route, "name", None)
+    code = response.status_code
+    # a method the route does not take: the path's 405, no operation's (the route matched the path only)
+    listed = ROUTE_ERRORS.get(str(name)) if request.method in getattr(route, "methods", ()) else None
+    if listed is not None and code not in (401, 500, *map(status_for, listed)):
+        kind = _kind_of(response)
+        log.warning("%s %s answered %d (%s), which /openapi.json does not list for it: add %r to "
+                    "ROUTE_ERRORS[%r] in engine/api.py, or answer a listed kind", request.method,
+                    request.url.path, code, kind, kind, name)
+    return response
+
+
+def _kind_of(response: JSONResponse) -> str:
+    return str(json.loads(bytes(response.body))["error"]["kind"])
 
 
 def _not_in_store(instance_id: str) -> str:

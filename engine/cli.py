@@ -31,7 +31,7 @@ import click
 from context_layers import Layer, LayeredContext, thaw
 from context_layers.tape import EventKind, kind_names, matches_kind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
-from context_layers.stores import InstanceNotFound, StoreError
+from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
@@ -183,6 +183,13 @@ def _progress(out: _Out) -> Callable[[Instance, str, LayeredContext], None]:
         tokens = ctx.token_report()
         layers = " ".join(f"{k}={v}" for k, v in tokens.items() if k != "total")
         where = "" if ctx.name == "main" else f" [{ctx.name}]"
+        last = ctx.tape[-1] if len(ctx.tape) else None
+        if last is not None and last.kind == "complete" and last.data.get("status") == "error_thrown":
+            record = ctx.get(str(last.data.get("record_key")), None) or {}
+            out.info(f"activity {task_id}{where} threw BPMN error {record.get('error_code')!r}"
+                     + (f" ({record['error_message']})" if record.get("error_message") else "")
+                     + f"; caught by {', '.join(record.get('caught_by') or [])}")
+            return
         if out.tty:
             out.console.print(f"[green]✓[/] [bold]{task_id}[/]{where}  [dim]{layers}[/]  total [cyan]{tokens['total']}[/]",
                               highlight=False)
@@ -670,7 +677,11 @@ def check_start_data(process: Any, data: Mapping[str, Any], data_file: str | Non
 def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
     """The store stopped answering (or refused a write) while the instance ran: name the instance,
     which its last committed save keeps, so the user can continue it (the `--json` document
-    carries its id and process, not null)."""
+    carries its id and process, not null). A second answer to a confirmation is no store failure
+    but bad input (exit 2), with the fields that say who answered, as before anything runs."""
+    if isinstance(err, ConfirmationAnswered):
+        fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
+        _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
     _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
           f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
@@ -829,12 +840,30 @@ def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> N
         known.add(str(c.get("id")))
         if c.get("gateway_id") and c.get("key") is not None:
             known.add(f"{c['gateway_id']}/{c['key']}")
+    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
+    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
     for key in keys:
         if key != "*" and key not in known:
             waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
-            out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
-                     f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
-                     f"as `waiting_for` names it")
+            gateway, _, context_key = key.partition("/")
+            asked = sorted({str(c["key"]) for c in instance.confirmations
+                            if c.get("gateway_id") == gateway and c.get("key") is not None})
+            if context_key and (gateway in joined or asked):
+                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
+                         f"{gateway!r} met no conflict on {context_key!r}"
+                         + (f" (it asked about: {', '.join(asked)})" if asked else "") + "; it was not used")
+            elif context_key and instance.status in ("waiting", "running"):
+                # a join of the process that may still ask (``_unmatchable_confirmations`` refused the rest)
+                steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                                          for w in instance.waiting_for})) or "nothing"
+                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} yet and was "
+                         f"not used: join {gateway!r} has not been reached (it waits at: {steps}); an answer is used "
+                         f"only by the run or resume it is given to: give it again to the `layerflow resume` that "
+                         f"reaches the join")
+            else:
+                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
+                         f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
+                         f"as `waiting_for` names it")
 
 
 def _store_name(store: str | None) -> str:

@@ -38,7 +38,7 @@ from context_layers import DELETED, Layer, LayeredContext, thaw
 from context_layers.errors import ContextKeyError, ProcessError
 from context_layers.tape import EventKind
 
-from .api import INTERNAL_ERROR, STORE_UNAVAILABLE, ErrorBody
+from .api import route_responses
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
 from .governance import GovernanceService, event_document
 from .runtime import Instance, Status
@@ -58,12 +58,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text} for code, text in (
-        (401, "no or wrong bearer token"), (404, "unknown instance, context, process, or its BPMN file is gone"),
-        (422, "invalid parameters, or a BPMN file that cannot be drawn"))}
-_ERRORS.update(INTERNAL_ERROR)
-_STORED = {**_ERRORS, **STORE_UNAVAILABLE}  # the routes that read the store
 _SVG: dict[int | str, dict[str, Any]] = {200: {"content": {"image/svg+xml": {"schema": {"type": "string"}}},
               "description": "an SVG document (UTF-8)"}}
 
@@ -87,7 +81,7 @@ def mount_console(app: FastAPI) -> None:
     tags: list[str | Enum] = ["console"]
     auth = [Depends(bearer)]
 
-    @app.get("/api/instance-summaries", responses=_STORED, tags=tags, dependencies=auth)
+    @app.get("/api/instance-summaries", responses=route_responses("instance_summaries"), tags=tags, dependencies=auth)
     def instance_summaries(status: Annotated[Status | None, Query(description="only this status")] = None,
                            limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[dict[str, Any]]:
         """The instances list, newest first: id, process, status, version, started, updated,
@@ -100,7 +94,8 @@ def mount_console(app: FastAPI) -> None:
                 out.append(summary)
         return out
 
-    @app.get("/api/instances/{instance_id}/diagram.svg", response_class=Response, responses={**_STORED, **_SVG},
+    @app.get("/api/instances/{instance_id}/diagram.svg", response_class=Response,
+             responses={**route_responses("instance_diagram"), **_SVG},
              tags=tags, dependencies=auth)
     def instance_diagram(instance_id: PathId) -> Response:
         """The process diagram (from the BPMN's diagram interchange, else a layered layout) with
@@ -112,7 +107,8 @@ def mount_console(app: FastAPI) -> None:
                          title=f"{diagram.name or diagram.process_id}: instance {instance.id} ({instance.status})")
         return _svg_response(svg)
 
-    @app.get("/api/processes/{process_id}/diagram.svg", response_class=Response, responses={**_ERRORS, **_SVG},
+    @app.get("/api/processes/{process_id}/diagram.svg", response_class=Response,
+             responses={**route_responses("process_diagram"), **_SVG},
              tags=tags, dependencies=auth)
     def process_diagram(process_id: PathId) -> Response:
         """A catalog process's diagram, without marks."""
@@ -123,7 +119,7 @@ def mount_console(app: FastAPI) -> None:
         diagram = _diagram(service.catalog.directory / entry["file"], process_id)
         return _svg_response(render_svg(diagram, title=f"Process {diagram.name or process_id}"))
 
-    @app.get("/api/instances/{instance_id}/replay", responses=_STORED, tags=tags, dependencies=auth)
+    @app.get("/api/instances/{instance_id}/replay", responses=route_responses("replay"), tags=tags, dependencies=auth)
     def replay(instance_id: PathId,
                context: Annotated[str | None, Query(max_length=300, description="a context name or branch id "
                                                     "(default: main)")] = None,

@@ -20,12 +20,20 @@ same order. Both changes hold for every SpiffWorkflow workflow in the process (t
 make deep trees work; shallow ones run exactly as before). Each pass of a loop still stays
 in the tree, so a step costs time in proportion to the passes before it: a loop meant for
 thousands of passes is better written as a multi-instance activity or a called process.
+
+Long processes (as opposed to long runs) need room on Python's stack instead: SpiffWorkflow's
+parser follows the flows recursively (three frames per element: a sequence of about 320
+elements exhausted the default limit of 1,000 frames), and a new workflow (or sub-process)
+predicts the steps ahead recursively (a frame per step). ``make_room(frames)`` raises the
+limit to what the process needs; the parser and the engine call it with a bound taken from
+the size of the process.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+import threading
 from typing import Any, Optional
 
 from SpiffWorkflow.bpmn.util.task import BpmnTaskIterator
@@ -33,7 +41,7 @@ from SpiffWorkflow.task import Task
 from SpiffWorkflow.util.task import TaskIterator, TaskState
 from SpiffWorkflow.workflow import Workflow
 
-__all__ = ["STOCK", "STOCK_MAX_DEPTH", "lift"]
+__all__ = ["STOCK", "STOCK_MAX_DEPTH", "lift", "make_room"]
 
 STOCK_MAX_DEPTH = 1000  # SpiffWorkflow 3.2's default
 
@@ -135,3 +143,26 @@ def lift() -> None:
     for owner, name, twin in _TWINS:
         STOCK.setdefault((owner, name), vars(owner)[name])
         setattr(owner, name, twin)
+
+
+_room_lock = threading.Lock()
+#: frames left for whatever calls the parser or the engine (a web server's stack, a test runner's)
+HEADROOM = 500
+#: the most ``make_room`` grants (about 10,000 elements in sequence): a process needing more meets a
+#: RecursionError. Some C code recurses on the C stack up to the same limit (``repr`` of a nested
+#: list crashed the interpreter at 60,000 in a thread here; ``json`` and ``repr`` held at 40,000)
+MAX_FRAMES = 30_000
+
+
+def make_room(frames: int) -> None:
+    """Let Python's stack hold ``frames`` frames beyond ``HEADROOM`` (up to ``MAX_FRAMES`` in all).
+
+    A process of ordinary size needs less than Python's default limit of 1,000 and changes
+    nothing. The limit only ever goes up: it is one for every thread of the process, and lowering
+    it again as one parse ends could break another thread's parse of a larger process halfway."""
+    want = min(HEADROOM + max(0, frames), MAX_FRAMES)
+    if want <= sys.getrecursionlimit():
+        return
+    with _room_lock:
+        if want > sys.getrecursionlimit():
+            sys.setrecursionlimit(want)

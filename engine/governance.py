@@ -79,6 +79,8 @@ from context_layers.errors import (
 from context_layers.stores import ConfirmationAnswered
 from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
+from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
+
 from . import forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import holding
@@ -237,8 +239,9 @@ def _decided(instance: Instance, entry: Mapping[str, Any]) -> Event | None:
     return found[-1] if found else None
 
 
-def _what_to_do(instance: Instance, key: str | None) -> str:
-    """What a user whose answer came second can do instead, for the instance's status."""
+def _what_to_do(instance: Instance, key: str | None, answer: Any = None) -> str:
+    """What a user whose answer came second can do instead, for the instance's status (and for an
+    escalation that stands: the join failed, and no value written into a context settles it)."""
     rollback = (f"go back to a snapshot taken before the join (`layerflow snapshot {instance.id} --list`, then "
                 f"`layerflow rollback {instance.id} SNAPSHOT_ID`, or POST /api/context-governance/rollback)")
     if instance.status == "cancelled":
@@ -250,6 +253,9 @@ def _what_to_do(instance: Instance, key: str | None) -> str:
         return (f"Instance {instance.id} is completed: nothing runs again and inject is refused, but you can "
                 f"still {rollback}, which puts its context back, not its process; to run the steps after the "
                 "join with another value, start a new instance")
+    if answer == ESCALATE and instance.status == "error":
+        # no rollback either: the join merges its branches again, whatever the context it merges into holds
+        return f"{ESCALATION_IS_FINAL} (`layerflow resume {instance.id}`)"
     if key is None:
         return f"To decide otherwise, {rollback}"
     return (f"To decide otherwise, write the value into the context (`layerflow resume {instance.id} --set "
@@ -282,7 +288,7 @@ class _SecondAnswer(ConfirmationAnswered):
         read = (f"The decision is on the tape{at}: `layerflow tape {instance.id}{on} --kind {kind}` (REST: GET "
                 f"/api/instances/{instance.id}/tape?kind={kind}" + ("" if on == "" else f"&context={self.context}") +
                 ").")
-        super().__init__(f"{what}; an answer is final. {read} {_what_to_do(instance, self.key)}")
+        super().__init__(f"{what}; an answer is final. {read} {_what_to_do(instance, self.key, self.answer)}")
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()

@@ -75,10 +75,10 @@ from context_layers.stores import StoreUnavailable
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
-from gateways.policy import MODEL_NOT_ASKED
+from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
-                            condition_context, is_engine_key, short, typed_option)
+                            condition_context, is_engine_key, option_value, short)
 from .gateway_steps import _deadline as confirmation_deadline
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
@@ -302,7 +302,9 @@ class Engine:
     ``model``: the model name for activities with ``llm`` config (none: offline handlers), and
     for the compression after any activity (summaries; plans with ``compressionPlanner: model``).
     ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``).
-    ``progress(instance, task_id, context)``: called after every completed activity.
+    ``progress(instance, task_id, context)``: called after every completed activity (one that threw a
+    BPMN error that something catches too: the context's last tape event, its ``complete``, has
+    ``"status": "error_thrown"``).
     ``save``: ``"activity"`` (default) saves after every activity, so a crash loses at most
     the running one; ``"stop"`` saves only when a run stops (waits, completes, fails).
     ``compress``: run the compression hook after each activity (``_after_activity``).
@@ -426,7 +428,14 @@ class Engine:
             rt.settle()
         still = {w["id"] for w in instance.waiting_for}
         for item in answered_for:
-            if item["id"] not in used and item["id"] not in still:
+            if item["id"] not in used and item["id"] not in still and instance.status == "error":
+                # the task was not cancelled: the instance failed elsewhere before the answer was given
+                failed = (instance.error or {}).get("task_id")
+                instance.notices.append(
+                    f"user task {item['task_id']!r}: the given answer was not used: the instance failed first"
+                    + (f" (at {failed!r})" if failed else "") + " before the answer was given; give it again "
+                    "to the `resume` that retries once the cause is fixed")
+            elif item["id"] not in used and item["id"] not in still:
                 instance.notices.append(
                     f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
@@ -667,6 +676,21 @@ class Engine:
 
         instance = self._instance(instance)
         rt = _runtime_of(instance)
+        failed = instance.error or {}
+        if context is None and instance.status == "error" and failed.get("kind") == "merge_conflict":
+            # the failed "task" is the join: its context is one arriving branch, where a value is one
+            # more for the join to merge (another conflicting value), never the decision it lacks
+            from .governance import InstanceStateError
+
+            gateway = failed.get("task_id")
+            branches = sorted({str(b["branch_id"]) for b in instance.branches.values()
+                               if b.get("status") == "open" and b.get("branch_id")})
+            raise InstanceStateError(
+                f"instance {instance.id} failed at join {gateway!r} on its conflicts: a value written without a "
+                f"context would go into one arriving branch, one more value for the join to merge, not a "
+                f"decision. Settle the join: {SETTLE_FAILED_JOIN} (`layerflow resume {instance.id}`). To "
+                f"correct one branch's own value, name that branch (--context / `context`: "
+                f"{', '.join(branches) or 'a branch id'})")
         ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
         # are open is merged against its split snapshot: a write there would reach nothing
@@ -907,9 +931,7 @@ class Engine:
                 try:
                     _check_given_answer(rt, item["id"], value)
                 except InvalidAnswer:
-                    if not any(c["id"] == item["id"] and c.get("answered")
-                               and (json_equal(c.get("answer"), value)
-                                    or c.get("answer") == typed_option(c.get("options") or [], value))
+                    if not any(c["id"] == item["id"] and c.get("answered") and _same_answer(c, value)
                                for c in instance.confirmations):
                         raise
                     # the answer was taken by an earlier round of this step (a loop back through the
@@ -1401,6 +1423,12 @@ def may_ask_again(instance: Instance, entry: Mapping[str, Any]) -> bool:
     return False
 
 
+def _same_answer(entry: Mapping[str, Any], value: Any) -> bool:
+    """Whether ``value`` gives the answer a confirmation ``entry`` recorded: that value, or what
+    stands for it among the entry's options (its label, its JSON text), as the answer was taken."""
+    return json_equal(entry.get("answer"), option_value(entry.get("options") or [], value))
+
+
 def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -> None:
     """Raise ``AnsweredByTimeout`` for an answer in ``answers`` to a confirmation its timeout settled
     with another value, and ``AnsweredAlready`` for one a person (a model, an unattended run)
@@ -1410,8 +1438,7 @@ def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -
     that stands loses nothing and passes (a script's answers file given to every resume)."""
     for key, value in ((answers or {}).get("confirmations") or {}).items():
         entry = settled_answer(instance, str(key))
-        if entry is None or json_equal(entry.get("answer"), value) \
-                or typed_option(entry.get("options") or [], value) == entry.get("answer"):
+        if entry is None or _same_answer(entry, value):
             continue
         from .governance import AnsweredAlready, AnsweredByTimeout
 
@@ -1878,6 +1905,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         so the task still waits for a corrected answer (the instance does not fail)."""
         given = self._check_form(task, dict(data or {}), actor)
         self._check_user_data(task, given, actor)
+        self._check_output_item(task, given, actor)
         self.user_data[str(task.id)] = given
         note: dict[str, Any] = {"task_id": spiff.bpmn_id_of(task), "keys": list(given)}
         which = self._instance_of(task).get("instance")
@@ -1915,6 +1943,35 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
             raise FormAnswerInvalid(bpmn_id, problems, form, instance_id=self.instance.id)
         return answer
+
+    def _check_output_item(self, task: Any, given: dict[str, Any], actor: str) -> None:
+        """An instance of a multi-instance user task adds the person's decision to the activity's
+        output collection through its output item: an answer without it would fail the whole
+        instance once the task ran (``no_output_item``), for a person's slip. It is bad input
+        instead, refused before anything is written, and the task still waits. A script, handler
+        or model of the task may set the item itself: then the answer need not."""
+        multi = spiff.multi_instance_of(task)
+        mspec = getattr(multi, "task_spec", None)
+        if mspec is None or getattr(mspec, "data_output", None) is None:
+            return
+        out = spiff.data_name(mspec.output_item)
+        spec = task.task_spec
+        cfg = self.process.config(spec.bpmn_id)
+        if (out is None or out == spiff.data_name(mspec.input_item) or out in self._form_of(task, given)
+                or getattr(spec, "prescript", None) or getattr(spec, "postscript", None)
+                or (cfg is not None and cfg.llm is not None) or self._handler_for(spec.bpmn_id, cfg) is not None):
+            return
+        bpmn_id = spiff.bpmn_id_of(task)
+        which = self._instance_of(task).get("instance")
+        collection = spiff.data_name(mspec.data_output)
+        why = (f"the answer sets no {out!r}, the output item each instance adds to {collection!r}: answer "
+               f"{{{json.dumps(out)}: ...}} with this instance's decision")
+        self.context_of(task).record("answer_refused", actor=actor, data={
+            "task_id": bpmn_id, "key": out, "instance": which, "reason": why})
+        from .governance import InvalidAnswer
+
+        raise InvalidAnswer(f"user task {bpmn_id!r} (instance {which} of its multi-instance activity): {why}; the "
+                            f"task still waits for a corrected answer", instance_id=self.instance.id, task_id=bpmn_id)
 
     def _check_user_data(self, task: Any, given: dict[str, Any], actor: str) -> None:
         ctx = self.context_of(task)
@@ -2310,6 +2367,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                               + f"; caught by {', '.join(by)}",
                               details={"error_code": err.code, "error_message": err.message, "caught_by": by})
         self.instance.activities += 1
+        if self.engine.progress is not None:  # it ended, as a completed one does: say so, with its error
+            self.engine.progress(self.instance, bpmn_id, ctx)
         if not own:
             # as an error end event in that branch: it merges up to the catching scope (``terminate``)
             if levels and spiff.caught_in_scope(catchers[0].task_spec):
@@ -2918,6 +2977,23 @@ def _start_data(ctx: LayeredContext | None, err: BaseException, others: Iterable
     return ""
 
 
+def _unset_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_id: str) -> str:
+    """For a script's NameError on a key the context does not hold: which bpmn:dataObject the name
+    is, if one of the task's process (or a process around it) declares it, and where to give it."""
+    if not isinstance(err, NameError) or not err.name or ctx is None or err.name in ctx:
+        return ""
+    declared = ""
+    wf = getattr(task, "workflow", None)
+    while wf is not None:
+        if err.name in (getattr(wf.spec, "data_objects", None) or {}):
+            declared = (f"; {err.name!r} is bpmn:dataObject {err.name!r} of process {wf.spec.name!r}, which holds "
+                        "no value until a step writes it")
+            break
+        wf = getattr(wf, "parent_workflow", None)
+    # (any other unknown name stays Python's plain NameError: a typo as often as a missing key)
+    return f"{declared}{_name_hint(err, bpmn_id)}" if declared else ""
+
+
 def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
                     others: Iterable[LayeredContext] = (), task: Any = None) -> LayerflowError:
     """The error an activity failure becomes: task id, script line, message; a write the layer
@@ -2938,8 +3014,9 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
     mapped = ((getattr(task.task_spec, "extensions", None) or {}).get(spiff.MAPPED_KEY) or {}) if task is not None else {}
     by = (f"; {err.key!r} is set by {mapped[err.key]} of {bpmn_id!r}"
           if isinstance(err, ContextWriteDenied) and err.key in mapped else "")
-    message = (f"activity {bpmn_id!r} failed{at}: {what}{by}{_compressed_away(ctx, err, others)}"
-               f"{_start_data(ctx, err, others)}")
+    away = _compressed_away(ctx, err, others)
+    unset = _unset_name(err, ctx, task, bpmn_id) if where == "script" and not away else ""
+    message = f"activity {bpmn_id!r} failed{at}: {what}{by}{away}{unset}{_start_data(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):
         out.kind = err.kind

@@ -2008,6 +2008,10 @@ class LayerflowBpmnParser(SpiffBpmnParser):  # type: ignore[misc]
         comment inside it. Elements keep their line numbers."""
         etree.strip_elements(bpmn, etree.Comment, etree.ProcessingInstruction, with_tail=False)
         super().add_bpmn_xml(bpmn, filename=filename)
+        # SpiffWorkflow's parser follows the flows recursively, three frames per element it
+        # passes (deep_trees.make_room); every element of the file bounds how many it can pass
+        self._elements = getattr(self, "_elements", 0) + sum(1 for _ in bpmn.iter())
+        deep_trees.make_room(3 * self._elements)
 
     def add_dmn_xml(self, dmn: Any, filename: str | None = None) -> None:
         """As ``add_bpmn_xml``, for a DMN file."""
@@ -2228,10 +2232,14 @@ def deserialize(workflow: str | Mapping[str, Any]) -> BpmnWorkflow:
     or as the object that text encodes (records of format 2). The object is migrated in
     place: pass one you own (a record just loaded)."""
     if isinstance(workflow, str):
-        return SERIALIZER.deserialize_json(workflow)
-    dct = dict(workflow)
-    SERIALIZER.migrate(dct)
-    return SERIALIZER.from_dict(dct)
+        wf = SERIALIZER.deserialize_json(workflow)
+    else:
+        dct = dict(workflow)
+        SERIALIZER.migrate(dct)
+        wf = SERIALIZER.from_dict(dct)
+    # room for the sub-processes it starts from here on (as new_workflow gives a new one)
+    deep_trees.make_room(len(wf.spec.task_specs) + sum(len(s.task_specs) for s in wf.subprocess_specs.values()))
+    return wf
 
 
 def _spec_json(spec: Any, registry: Any) -> str:
@@ -2382,6 +2390,9 @@ def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> B
         # Such a workflow runs on a spec of its own, from the spec's text (as a loaded one does;
         # SpiffWorkflow's dict of a spec shares its lists of inputs and outputs with the spec).
         spec = SERIALIZER.registry.restore(json.loads(_spec_json(spec, SERIALIZER.registry)))
+    # SpiffWorkflow predicts the steps ahead of a new workflow (and of each sub-process it starts)
+    # recursively, a frame per step: room for the longest way through any of the specs
+    deep_trees.make_room(len(spec.task_specs) + sum(len(s.task_specs) for s in (subprocess_specs or {}).values()))
     return BpmnWorkflow(spec, subprocess_specs or {}, script_engine=LayerflowScriptEngine())
 
 

@@ -76,6 +76,10 @@ not make ``report.ok`` false:
 ``flow_id_missing``                   a sequence flow with no id (BPMN allows it): SpiffWorkflow keys flows by
                                       id and follows none of them, so the instance would skip every element
                                       after it and complete
+``boundary_on_event_subprocess``       a boundary event attached to an event sub-process (Flowable runs one):
+                                      SpiffWorkflow cannot load it
+``node_id_missing``                   a task, event, gateway or (event) sub-process with no id: SpiffWorkflow keys
+                                      every element by id, and starting the process fails in its serializer
 ``data_ref_unknown``                  a data association's sourceRef/targetRef names no data object or data
                                       store reference of the file (or one whose dataObjectRef names no dataObject)
 ``call_activity_unknown_process``     a callActivity's calledElement is no process of the files given, or
@@ -370,6 +374,8 @@ _CONFIG_TAGS = (_SPIFF_CONFIG, _LF_CONFIG)  # merge order: the own namespace win
 def _bpmn(tag: str) -> str:
     return f"{{{BPMN_NS}}}{tag}"
 
+
+_SEQUENCE_FLOW = _bpmn("sequenceFlow")
 
 # Elements that become task specs: the only ones the engine hands a config to.
 _FLOW_NODES = frozenset(_bpmn(t) for t in (
@@ -2116,6 +2122,7 @@ class _Validator:
 
     def _check_references(self, proc: _Node) -> None:
         """Sequence flows that name no element of their scope; call activities that call no loaded process."""
+        self._check_node_ids(proc)
         process_ids = [p.id for p in self.processes]
         scopes: dict[Any, list[str]] = {}
         for flow in proc.element.iter(_bpmn("sequenceFlow")):
@@ -2882,6 +2889,10 @@ class _Validator:
             return
         event = _flow_node_id(el)
         first = (el.text or "")[: len(el.text or "") - len((el.text or "").lstrip())].count("\n")
+        if _JUEL_IN_TEXT.search(text) and not _JUEL_IN_TEXT.fullmatch(text):
+            self.add("timer_expression", f"timer {event!r}: {tag} {text!r} {_juel_in_timer_said(tag, text)}",
+                     file=file, line=el.sourceline + first, element_id=event, field=tag)
+            return
         if _ISO_8601.fullmatch(text):
             self.add("timer_expression", f"timer {event!r}: {tag} {text} is read as a Python expression (as "
                      f"SpiffWorkflow reads it), where it is no value; write it as a string: \"{text}\"",
@@ -2931,11 +2942,19 @@ class _Validator:
             tree = ast.parse(script.text, mode="exec")
         except SyntaxError as raised:
             err = _past_indentation(script.text, raised)
-            self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs "
-                     f"scripts as Python only, as SpiffWorkflow does: this one is not Python ({err.msg} in "
-                     f"{(err.text or '').strip()!r}); rewrite it in Python and set scriptFormat=\"python\", or give "
-                     "the task a handler (handler: file.py:function in its config)", file=file,
-                     line=script.sourceline + (err.lineno or 1) - 1, element_id=tid, field="scriptFormat")
+            if err is raised and isinstance(raised, IndentationError):
+                self._indented_script(task, script, language, raised, file)
+                return
+            thrown = _BPMN_ERROR_THROW.fullmatch(script.text.strip())
+            if thrown is not None:
+                args = ", ".join(json.dumps(a) for a in (thrown["code"], thrown["message"]) if a is not None)
+                self._not_python(tid, language, f"this one throws BPMN error {thrown['code']!r} ({thrown['cls']}); "
+                                 f"write it as 'raise BpmnError({args})' (BpmnError is in every script's namespace) "
+                                 'and set scriptFormat="python"', file, script.sourceline)
+                return
+            self._not_python(tid, language, f"this one is not Python ({err.msg} in {(err.text or '').strip()!r}); "
+                             'rewrite it in Python and set scriptFormat="python", or give the task a handler '
+                             "(handler: file.py:function in its config)", file, script.sourceline + (err.lineno or 1) - 1)
             return
         if self._camunda_script(tree, script.text, script, file, tid, "script_language", "script",
                                 f"script task {tid!r} (scriptFormat={language!r}, run as Python, as SpiffWorkflow does)"):
@@ -2944,6 +2963,27 @@ class _Validator:
                  "as Python, as SpiffWorkflow does, and this one parses as Python: it runs as Python; check it "
                  "means what it should in Python and set scriptFormat=\"python\"", file=file, line=task.sourceline,
                  element_id=tid, field="scriptFormat", severity="warning")
+
+    def _indented_script(self, task: Any, script: Any, language: str, raised: SyntaxError, file: str) -> None:
+        """A script of another language indented as the XML is (Flowable's test models), which parses
+        once dedented: its indentation hid what it calls (``System.out.println``) behind "unexpected
+        indent"; say what it calls and the Python to write, or that it is Python at column 0."""
+        tid, dedented = task.get("id"), textwrap.dedent(script.text)
+        found = len(self.problems)
+        if self._camunda_script(ast.parse(dedented, mode="exec"), dedented, script, file, tid, "script_language",
+                                "script", f"script task {tid!r} (scriptFormat={language!r}, run as Python, as "
+                                "SpiffWorkflow does)"):
+            self.problems[found:] = [replace(p, message=f"{p.message}, and start its lines at column 0 (scripts run "
+                                             "exactly as written)") for p in self.problems[found:]]
+            return
+        self._not_python(tid, language, f"its lines are indented ({raised.msg} in {(raised.text or '').strip()!r}); "
+                         "it is Python once its lines start at column 0 (scripts run exactly as written): unindent "
+                         'it and set scriptFormat="python"', file, script.sourceline + (raised.lineno or 1) - 1)
+
+    def _not_python(self, tid: str, language: str, said: str, file: str, line: int) -> None:
+        self.add("script_language", f"script task {tid!r} has scriptFormat={language!r}, and layerflow runs scripts "
+                 f"as Python only, as SpiffWorkflow does: {said}", file=file, line=line, element_id=tid,
+                 field="scriptFormat")
 
     # -- the shape of the flow ---------------------------------------------------------------
 
@@ -3025,6 +3065,7 @@ class _Validator:
             self._check_implementation(el, eid, tag, file)
             self._check_foreign(el, eid, tag, file)
             self._check_timer_settings(el, eid, tag, file)
+            self._check_terminate_scope(el, eid, file)
             self._check_jbpm(el, eid, tag, file)
             self._check_data_items(el, eid, tag, file)
             self._check_event_refs(el, eid, tag, file)
@@ -3742,6 +3783,40 @@ class _Validator:
                              f"{meant}", file=file, line=holder.sourceline, element_id=eid, field=setting,
                              severity="warning")
 
+    def _check_terminate_scope(self, el: Any, eid: str, file: str) -> None:
+        """A terminate end event in a sub-process that another engine makes end the whole instance
+        (Flowable's and Activiti's terminateAll, jBPM's scope="process"): BPMN, SpiffWorkflow and
+        layerflow end only the sub-process, and the process goes on after it."""
+        scope = next((a for a in el.iterancestors() if a.tag in (*_SCOPES, _bpmn("adHocSubProcess"))), None)
+        if scope is None:
+            return  # at the top level of the process both end the instance
+        engines = {**_ENGINE_NAMESPACES, _JBPM_NS: "jbpm"}
+        for definition in el.iterchildren(_bpmn("terminateEventDefinition")):
+            for name, value in definition.attrib.items():
+                qn = etree.QName(name)
+                engine = engines.get(qn.namespace or "")
+                if engine is None or (qn.localname, value.strip()) not in (("terminateAll", "true"),
+                                                                             ("scope", "process")):
+                    continue
+                written = next((k for k, v in definition.nsmap.items() if v == qn.namespace and k), engine)
+                sid, start = scope.get("id"), scope.find(_bpmn("startEvent"))
+                if scope.get("triggeredByEvent") == "true" and start is not None:
+                    if start.get("isInterrupting") != "false" and scope.getparent().tag == _bpmn("process"):
+                        continue  # an interrupting one has cancelled the rest of the process already
+                    what = f"event sub-process {sid!r} and the rest of its scope goes on"
+                    instead = ('make the event sub-process interrupting (isInterrupting="true" on its start event '
+                               f"{start.get('id')!r}): it cancels the rest of its scope, which ends with it")
+                else:
+                    what = f"sub-process {sid!r} and the process goes on after it"
+                    instead = (f"end {sid!r} with an error end event and draw an error boundary event on {sid!r} "
+                               "that leads to a terminate end event of the process")
+                owner = {"jbpm": "jBPM", "bpmnos": "BPMN-OS"}.get(engine, engine.capitalize())
+                self.add("foreign_extension", f"terminate end event {eid!r} has {written}:{qn.localname}={value!r}: "
+                         f"{owner} ends the whole process instance there, while layerflow (as BPMN says, and "
+                         f"SpiffWorkflow) ends only {what}; to end the instance, {instead}",
+                         file=file, line=definition.sourceline, element_id=eid, field=f"{written}:{qn.localname}",
+                         severity="warning")
+
     def _check_jbpm(self, el: Any, eid: str, tag: str, file: str) -> None:
         """jBPM's settings of a step: its on-entry and on-exit scripts (Java, MVEL or JavaScript, run
         as the step starts and ends, as a pre- and postScript are), which nothing runs here; and a
@@ -3876,6 +3951,9 @@ class _Validator:
                     "decisionTableReferenceKey field): draw a bpmn:businessRuleTask instead, with "
                     f"camunda:decisionRef=\"{decision or 'DECISION_ID'}\" (or <spiffworkflow:calledDecisionId>), and "
                     "give the .dmn file (`layerflow run PROCESS.bpmn DECISION.dmn`, or put it beside the process)"]
+        payload = _event_payload_todo(el, eid, tag)
+        if payload is not None:
+            todo = [payload if t == _MAP_IN_CODE else t for t in todo]
         if tag in ("sendTask", "receiveTask"):
             # no handler runs there (handler_not_run): its work goes in a task of its own
             todo = [_NOT_WORKED[tag][1] if t == _RUN_BY_HANDLER else t for t in todo]
@@ -4062,8 +4140,12 @@ class _Validator:
             if named in known:
                 continue
             self.related.add(eid)
+            # Flowable and Activiti read an errorRef (escalationRef) that names no element as the code itself
+            carries = f'{what}Code="{named}"' if what in ("error", "escalation") else f'name="{named}"'
+            read = (f" (the {'code' if what in ('error', 'escalation') else 'name'} jBPM and Flowable read from "
+                    f"{'an' if what[0] in 'ae' else 'a'} {ref} that names no element)")
             self.add("event_ref_unknown", f"bpmn:{tag} {eid!r} has {ref}={named!r}, which is no bpmn:{what} of this "
-                     f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" name=\"...\"/> under "
+                     f"file{_did_you_mean(named, known)}; add <bpmn:{what} id=\"{named}\" {carries}/>{read} under "
                      f"bpmn:definitions, or point {ref} at one", file=file, line=holder.sourceline, element_id=eid,
                      field=ref)
         self._check_message_extensions(el, eid, tag, root, file)
@@ -4084,6 +4166,20 @@ class _Validator:
                 waits = (f"SpiffWorkflow then waits for a {what} named like the event, {named!r} (`layerflow "
                          f"send` delivers one by that name), which no other engine or modeler sends"
                          if named else "nothing can send it, so it never fires and the path after it never runs")
+                expression = next(((f"{_ENGINE_NAMESPACES[q.namespace]}:{q.localname}", v.strip())
+                                   for k, v in definition.attrib.items() for q in [etree.QName(k)]
+                                   if q.namespace in _ENGINE_NAMESPACES and q.localname == f"{what}Expression"), None)
+                if expression is not None:
+                    # Flowable's and Activiti's name of the event, computed from a variable
+                    setting, value = expression
+                    holder = value[2:-1].strip() if value[:2] in ("${", "#{") and value.endswith("}") else value
+                    self.add("event_without_ref", f"bpmn:{tag} {eid!r} names its {what} by {setting}={value!r}, "
+                             f"the other engine's: the {what} is named by the value of {holder} as the event starts "
+                             f"waiting; layerflow does not read it: {waits}; "
+                             f'add {ref}="ID" naming a bpmn:{what} whose name is the one {holder} holds '
+                             f"(`layerflow send` delivers it by that name)", file=file, line=definition.sourceline,
+                             element_id=eid, field=ref, severity="warning")
+                    continue
                 self.add("event_without_ref", f"bpmn:{tag} {eid!r} waits for a {what} but its bpmn:{kind} names "
                          f'none: {waits}; add {ref}="ID" naming a bpmn:{what} of the file (`layerflow send` '
                          f"delivers it by that {what}'s name)", file=file, line=definition.sourceline,
@@ -4198,6 +4294,41 @@ class _Validator:
                                  f"extensionElements of {where}", file=file, line=own.sourceline, element_id=eid,
                                  field=name)
 
+    def _check_node_ids(self, proc: _Node) -> None:
+        """Flow nodes without an id (BPMN requires one; Flowable's and Activiti's parsers make one up):
+        no flow can name them, and SpiffWorkflow files each under the name None, so a second one is
+        a duplicate and even one fails as the engine starts the process."""
+        for el in proc.element.iter():
+            if not isinstance(el.tag, str) or el.tag not in _FLOW_NODES or (el.get("id") or "").strip():
+                continue
+            tag = etree.QName(el).localname
+            starts = [s.get("id") for s in el if s.tag == _bpmn("startEvent") and s.get("id")]
+            if tag in ("subProcess", "transaction", "adHocSubProcess") and starts:
+                kind = "event sub-process" if el.get("triggeredByEvent") == "true" else f"bpmn:{tag}"
+                what, example = f"the {kind} starting at {starts[0]!r}", f"{starts[0]}_subprocess"
+            elif el.get("name"):
+                what, example = f"bpmn:{tag} {el.get('name')!r}", re.sub(r"\W+", "_", el.get("name")).strip("_")
+            else:
+                what, example = f"a bpmn:{tag}", f"{tag}_{el.sourceline}"
+            self.add("node_id_missing", f"{what} has no id; SpiffWorkflow keys every element by id and cannot start "
+                     f"a process with an element that has none: give it an id unique in the file, e.g. "
+                     f'id="{example}"', file=proc.file, line=el.sourceline, field="id")
+
+    def _boundary_on_event_subprocess(self, el: Any, eid: str, target: Any, file: str) -> None:
+        """A boundary event on an event sub-process (Flowable runs one: it interrupts the event
+        sub-process once its event has started it); SpiffWorkflow fails to load it, naming nothing."""
+        self.related.add(eid)
+        sid = target.get("id")
+        start = next((c.get("id") for c in target if c.tag == _bpmn("startEvent")), None)
+        steps = [c.get("id") for c in target if isinstance(c.tag, str) and c.tag in _FLOW_NODES
+                 and c.tag not in (_bpmn("startEvent"), _bpmn("endEvent")) and c.get("id")]
+        inside = f"({', '.join(map(repr, steps))}) " if steps else ""
+        self.add("boundary_on_event_subprocess", f"boundary event {eid!r} is attached to event sub-process {sid!r}: "
+                 "SpiffWorkflow cannot load a boundary event on an event sub-process (another engine interrupts "
+                 f"the event sub-process with it once its event has started it); inside {sid!r}, put its steps "
+                 f"{inside}in an embedded sub-process after {start!r} and attach {eid!r} to that sub-process",
+                 file=file, line=el.sourceline, element_id=eid, field="attachedToRef")
+
     def _check_attached(self, el: Any, eid: str, file: str) -> None:
         """SpiffWorkflow finds a boundary event from the activity it is attached to, among the
         elements of that activity's scope (nested ones too): one attached to no activity, or drawn
@@ -4207,6 +4338,9 @@ class _Validator:
         activities = {a.get("id"): a for a in process.iter() if isinstance(a.tag, str) and a.tag in _FLOW_NODES
                       and a.tag not in _NOT_ACTIVITIES and a.get("id")}
         target = activities.get(attached or "")
+        if target is not None and target.get("triggeredByEvent") == "true":
+            self._boundary_on_event_subprocess(el, eid, target, file)
+            return
         if target is not None and any(a is target.getparent() for a in el.iterancestors()):
             return
         self.related.add(eid)
@@ -4257,6 +4391,10 @@ class _Validator:
             eid = getattr(err, "id", None) or None
             if eid in reported or any(f"'{name}'" in str(err) for name in self.related):
                 continue  # already reported with a better message
+            if str(err).strip().rstrip(".").endswith(": None") and any(p.code == "node_id_missing" for p in self.problems):
+                continue  # "Duplicate process ID: None": an element without an id, each named above
+            if "BoundaryEventSplit" in str(err) and any(p.code == "boundary_on_event_subprocess" for p in self.problems):
+                continue  # SpiffWorkflow's parser failing on the boundary event named above
             if isinstance(err, LayerflowError) and self.problems:
                 continue  # the engine's parser re-raising a config problem reported above
             if self.dmn_ids_missing and "KeyError('id')" in str(err):
@@ -4277,11 +4415,15 @@ class _Validator:
                 # SpiffWorkflow names neither the element nor the file; the store's name finds both
                 el, store_doc = store
                 named = f"name {el.get('name')!r}" if el.get("name") else "it has no name either"
+                used = any(ref.get("dataStoreRef") == el.get("id") for doc in self.docs if doc.root is not None
+                           for ref in doc.root.iter(_bpmn("dataStoreReference")))
+                todo = ("keep the value in the process context instead (a bpmn:dataObject, or a variable the tasks "
+                        "write)" if used else "no bpmn:dataStoreReference names it, so no task reads or writes it "
+                        "(a bpmn:association carries no data): remove it and the associations drawn to it")
                 self.add("data_store_unsupported", f"bpmn:dataStore {el.get('id')!r} ({named}) has no "
                          "implementation: SpiffWorkflow reads and writes a data store only through a class registered "
-                         "for its name, and layerflow registers none; keep the value in the process context instead "
-                         "(a bpmn:dataObject, or a variable the tasks write)", file=store_doc.file, line=el.sourceline,
-                         element_id=el.get("id"))
+                         f"for its name, and layerflow registers none; {todo}", file=store_doc.file,
+                         line=el.sourceline, element_id=el.get("id"))
                 continue
             node = (self.nodes.get(eid) or self.other_ids.get(eid)) if eid else None
             unresolved = _unresolved_association(err, node, self.docs)
@@ -4539,17 +4681,33 @@ def _inbound(node: Any) -> list[tuple[Any, Any]]:
     scope = node.getparent()
     if scope is None:
         return []
-    by_id = {el.get("id"): el for el in scope.iterchildren() if el.get("id")}
+    by_id = _scope_index(scope)[0]
     found = [(by_id[f.get("sourceRef")], f) for f in _incoming(node) if f.get("sourceRef") in by_id]
     if links.is_link_catch(node):
         found += [(t, t) for t in scope.iterchildren(_bpmn("intermediateThrowEvent")) if node in _jump_targets(t)]
     return found
 
 
+@functools.lru_cache(maxsize=32)
+def _scope_index(scope: Any) -> tuple[dict[str, Any], dict[str, list[Any]], dict[str, list[Any]]]:
+    """A process's or sub-process's children by id, and its sequence flows by source and by target,
+    in document order: asked for each node, a scan of the scope made validate quadratic in the
+    size of the process (validate never changes the tree it reads)."""
+    by_id: dict[str, Any] = {}
+    by_source: dict[str, list[Any]] = {}
+    by_target: dict[str, list[Any]] = {}
+    for el in scope.iterchildren():
+        if el.get("id"):
+            by_id[el.get("id")] = el
+        if el.tag == _SEQUENCE_FLOW:
+            by_source.setdefault(el.get("sourceRef"), []).append(el)
+            by_target.setdefault(el.get("targetRef"), []).append(el)
+    return by_id, by_source, by_target
+
+
 def _incoming(node: Any) -> list[Any]:
     scope = node.getparent()
-    nid = node.get("id")
-    return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("targetRef") == nid] if scope is not None else []
+    return list(_scope_index(scope)[2].get(node.get("id"), ())) if scope is not None else []
 
 
 def _may_begin_branch(node: Any) -> bool:
@@ -4562,7 +4720,7 @@ def _may_begin_branch(node: Any) -> bool:
     scope = node.getparent()
     if scope is None:
         return True
-    by_id = {e.get("id"): e for e in scope.iterchildren()}
+    by_id = _scope_index(scope)[0]
     for flow in _incoming(node):
         source = by_id.get(flow.get("sourceRef"))
         if source is None or etree.QName(source).localname == "boundaryEvent" or len(_outgoing(source)) > 1:
@@ -4584,8 +4742,7 @@ def _branch_starts(node: Any) -> list[str]:
 
 def _outgoing(node: Any) -> list[Any]:
     scope = node.getparent()
-    nid = node.get("id")
-    return [f for f in scope.iterchildren(_bpmn("sequenceFlow")) if f.get("sourceRef") == nid] if scope is not None else []
+    return list(_scope_index(scope)[1].get(node.get("id"), ())) if scope is not None else []
 
 
 def _condition_text(flow: Any, tag: str = "conditionExpression") -> str:
@@ -4685,7 +4842,8 @@ def _data_store_of(err: BaseException, docs: Sequence[_Doc]) -> tuple[Any, _Doc]
         return None
     for doc in docs:
         for el in doc.root.iter(_bpmn("dataStore")) if doc.root is not None else ():
-            if (el.get("name") or None) == (found.group(1) if found else None):
+            # an empty name="" is as good as none: SpiffWorkflow then says "with name  has" (two spaces)
+            if (el.get("name") or "").strip() == (found.group(1).strip() if found else ""):
                 return el, doc
     return None
 
@@ -4871,6 +5029,38 @@ _NOT_WORKED = {
     "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
 }
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
+
+
+def _event_payload_todo(el: Any, eid: str, tag: str) -> str | None:
+    """What Flowable's (Activiti's, Camunda 7's) in/out mappings on a signal or message event do and
+    what to write instead: a thrower's ``out`` builds the payload (SpiffWorkflow's payload expression);
+    a catcher's ``in`` renames the payload's keys (a script after the event)."""
+    definition = next((d for kind in ("signalEventDefinition", "messageEventDefinition")
+                       for d in el.iterfind(_bpmn(kind))), None)
+    if definition is None:
+        return None
+    pairs = [(name, m.get("source"), m.get("target")) for ext in el.iterfind(_bpmn("extensionElements")) for m in ext
+             if isinstance(m.tag, str) for name in [_foreign_name(m.tag)]
+             if name and name.endswith((":in", ":out")) and m.get("source") and m.get("target")]
+    what = "signal" if definition.tag == _bpmn("signalEventDefinition") else "message"
+    outs = [(s, t) for name, s, t in pairs if name.endswith(":out")]
+    ins = [(s, t) for name, s, t in pairs if name.endswith(":in")]
+    if outs and tag in ("intermediateThrowEvent", "endEvent"):
+        setting = "payloadExpression" if what == "signal" else "messagePayload"
+        where = (f"in the extensionElements of bpmn:signal {definition.get('signalRef')!r}" if what == "signal"
+                 else "in the extensionElements of its bpmn:messageEventDefinition")
+        listed = ", ".join(f"{s!r} as {t!r}" for s, t in outs)
+        built = "{" + ", ".join(f'"{t}": {s}' for s, t in outs) + "}"
+        return (f"{pairs[0][0].partition(':')[0]}:out puts {listed} into the {what}'s payload: write "
+                f"<spiffworkflow:{setting}>{built}</spiffworkflow:{setting}> {where}, where SpiffWorkflow reads it")
+    if ins and tag in ("startEvent", "intermediateCatchEvent", "boundaryEvent"):
+        listed = ", ".join(f"{s!r} to {t!r}" for s, t in ins)
+        script = "\n".join(f"{t} = {s}" for s, t in ins)
+        return (f"{pairs[0][0].partition(':')[0]}:in copies the payload's {listed}: the payload's keys land in the "
+                f"context as they are named (sent from outside; thrown in the instance, under the {what}'s "
+                f"variable); to have them under the new names, copy them in a bpmn:scriptTask after {eid!r}: "
+                f"{script!r}")
+    return None
 # activities with a pre- and postScript in SpiffWorkflow: their input/output mappings run there
 _MAPPED_TAGS = frozenset({"task", "userTask", "manualTask", "scriptTask", "serviceTask", "sendTask", "receiveTask",
                           "businessRuleTask", "callActivity", "subProcess", "transaction"})
@@ -5734,6 +5924,47 @@ def _jbpm_duration_iso(text: str) -> str | None:
     clock = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n) + \
         (f"{secs}S" if seconds or millis else "")
     return f'"P{f"{days}D" if days else ""}{f"T{clock}" if clock else ""}"'
+
+
+# Groovy's or Java's `throw new org.flowable.engine.delegate.BpmnError("code"[, "message"]);` (Flowable,
+# Activiti, Camunda 7's org.camunda.bpm.engine.delegate.BpmnError): one statement that throws a BPMN error
+_BPMN_ERROR_THROW = re.compile(r'throw\s+new\s+(?P<cls>(?:[A-Za-z_]\w*\.)*BpmnError)\s*\(\s*"(?P<code>[^"\\]*)"'
+                               r'(?:\s*,\s*"(?P<message>[^"\\]*)")?\s*\)\s*;?')
+_JUEL_IN_TEXT = re.compile(r"[$#]\{([^{}]*)\}")
+
+
+def _juel_in_timer_said(tag: str, text: str) -> str:
+    """What a timer's ISO 8601 text with JUEL inside it (``R5/PT10S/${date:format(end)}``, Flowable's
+    cycle that stops at a date) is, and the Python expression to write."""
+    parts: list[str] = []
+    dates: list[str] = []
+    at = 0
+    for found in _JUEL_IN_TEXT.finditer(text):
+        if found.start() > at:
+            parts.append(json.dumps(text[at:found.start()]))
+        inner = found.group(1).strip()
+        formatted = re.fullmatch(r"date:format\(\s*([A-Za-z_]\w*)\s*\)", inner)
+        if formatted:  # Flowable's date:format(x) writes the date x as ISO 8601 text
+            dates.append(formatted[1])
+            parts.append(formatted[1])
+        else:
+            parts.append(f"str({inner})" if inner.isidentifier() else "")
+        at = found.end()
+    if at < len(text):
+        parts.append(json.dumps(text[at:]))
+    held = f" with {', '.join(dates)} holding the date as ISO 8601 text" if dates else ""
+    todo = (f"write {' + '.join(parts)!r}{held}" if all(parts) else
+            "write a Python expression that joins the ISO 8601 text and the context values it needs")
+    said = (f"holds the JUEL expression{'s' if len(_JUEL_IN_TEXT.findall(text)) > 1 else ''} "
+            f"{', '.join(m.group(0) for m in _JUEL_IN_TEXT.finditer(text))}, which the other engine fills in as the "
+            f"timer starts; SpiffWorkflow reads the whole text as one Python expression over the context: {todo}")
+    cycle = re.fullmatch(r"R(\d*)/(P[^/]+)/[$#]\{.*\}", text) if tag == "timeCycle" else None
+    if cycle is not None:
+        count = cycle[1] or "endless"
+        said += (f"; SpiffWorkflow reads a date after the period as the end of the repetitions and fires first one "
+                 f"period before it (the other engine reads it as the date the repetitions stop): for {count} "
+                 f"repetitions {cycle[2]} apart, counted from when the timer starts, write \"R{cycle[1]}/{cycle[2]}\"")
+    return said
 
 
 def _timer_text_problem(tag: str, text: str) -> str | None:

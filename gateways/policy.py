@@ -60,6 +60,8 @@ from .strategies import ReducerError, json_type, reduce_values, resolve_by_strat
 
 __all__ = [
     "ESCALATE",
+    "ESCALATION_IS_FINAL",
+    "SETTLE_FAILED_JOIN",
     "HumanRequest",
     "InvalidAnswerError",
     "ResolutionOutcome",
@@ -76,6 +78,12 @@ __all__ = [
 ]
 
 ESCALATE = "$escalate"
+# what settles a join that failed on its conflicts (a person escalated one, FAIL_ON_CONFLICT): no
+# answer or value written into a context does, as the join merges its branches again
+SETTLE_FAILED_JOIN = ("an administrator settles it with a conflictPolicy rule (without confirm) or another "
+                      "mergeStrategy for this join, given as runtime config (POST /api/context-governance/config), "
+                      "then resumes the instance")
+ESCALATION_IS_FINAL = f"An escalation is final: {SETTLE_FAILED_JOIN}"
 CONFLICT_CONFIRMATION = "conflict_resolution"
 # how a model step begins when the model was not asked, having been unreachable for an earlier key of the join
 MODEL_NOT_ASKED = "not asked: the model could not be reached"
@@ -706,10 +714,7 @@ def resolve_conflicts(
             todo += (f" branchPriority {list(config.branch_priority)} is set but mergeStrategy is "
                      f"{config.merge_strategy}: write mergeStrategy: BRANCH_PRIORITY to let it decide.")
         if escalated:
-            todo += (" " if todo else "") + (
-                "An escalation is final: an administrator settles it with a conflictPolicy rule (without "
-                "confirm) or another mergeStrategy for this join, given as runtime config "
-                "(POST /api/context-governance/config), then resumes the instance (layerflow resume ID).")
+            todo += (" " if todo else "") + f"{ESCALATION_IS_FINAL} (layerflow resume ID)."
         err = conflict_error([*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts), todo=todo)
         err.steps = [s.to_dict() for s in steps]  # type: ignore[attr-defined]
         raise err

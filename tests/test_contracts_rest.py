@@ -34,22 +34,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serving(folder: Path, catalog: Path, token: str = TOKEN) -> Iterator[str]:
+def serving(folder: Path, catalog: Path, token: str = TOKEN, *, store: str | None = None,
+            log: Path | None = None) -> Iterator[str]:
     """A ``layerflow serve`` process on a free port, serving ``catalog`` from a sqlite store in
-    ``folder`` with ``token``: yields its URL once it answers, stops it afterwards."""
+    ``folder`` (or ``store``) with ``token``: yields its URL once it answers, stops it afterwards.
+    ``log``: a file its stderr goes to (line by line: readable while it runs)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("LAYERFLOW_API_TOKEN", "LAYERFLOW_MODEL_API_BASE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["LAYERFLOW_API_TOKEN"] = token
+    errors = log.open("w") if log is not None else subprocess.PIPE
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-                             "--catalog", str(catalog), "--store", f"sqlite:///{folder / 'rest.db'}",
+                             "--catalog", str(catalog), "--store", store or f"sqlite:///{folder / 'rest.db'}",
                              "--log-level", "warning"], cwd=folder, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=errors, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(600):  # readiness by polling, not by timing: the server answers or exits
             if proc.poll() is not None:
-                raise AssertionError(f"layerflow serve exited: {proc.stderr.read() if proc.stderr else ''}")
+                said = proc.stderr.read() if proc.stderr else log.read_text() if log is not None else ""
+                raise AssertionError(f"layerflow serve exited: {said}")
             try:
                 if local_http.get(f"{url}/api/health", timeout=2).status_code == 200:
                     break
@@ -65,6 +69,8 @@ def serving(folder: Path, catalog: Path, token: str = TOKEN) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+        if log is not None:
+            errors.close()  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from engine.api import create_app
+from engine.api import ROUTE_ERRORS, create_app
 from engine.runtime import Engine
 
 AUTH = {"Authorization": "Bearer t28"}
@@ -209,3 +209,22 @@ def test_a_store_outage_answers_503_on_every_route_that_lists_it(outage: tuple[T
         assert r.json()["error"]["kind"] == "store_unavailable", r.text
         asked += 1
     assert asked >= 18
+
+
+# ----------------------------------------------------------------------------- the table and the answers
+
+def test_an_answer_its_route_does_not_list_is_logged(client: TestClient, caplog: pytest.LogCaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The drift check of engine.api.ROUTE_ERRORS (each route's codes, earned one by one against a real
+    server in test_contracts_rest_29): a route whose entry lost a kind it raises still answers it, and
+    the server's log names the route, the kind and where to list it."""
+    monkeypatch.setitem(ROUTE_ERRORS, "document", ("validation_error",))
+    with caplog.at_level("WARNING", logger="layerflow.api"):
+        r = client.get("/api/instances/gone28", headers=AUTH)
+    assert r.status_code == 404
+    assert "answered 404 (not_found)" in caplog.text and "ROUTE_ERRORS['document']" in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="layerflow.api"):
+        # a method the path does not take is the path's answer (Allow names the ones it does), no operation's
+        r = client.request("PUT", "/api/instances/gone28", headers=AUTH)
+    assert r.status_code == 405 and not caplog.text, caplog.text

@@ -1,4 +1,6 @@
-"""Schemathesis against the app's own OpenAPI schema: no request it can make gets a 5xx.
+"""Schemathesis against the app's own OpenAPI schema: no request it can make gets a 5xx, nor a
+status code its operation does not list (engine.api.ROUTE_ERRORS), nor a body other than the
+schema listed for that code (the instance document, the error body).
 
 Bounded: ``LAYERFLOW_SCHEMATHESIS_EXAMPLES`` examples per operation (default 8 in CI,
 25 otherwise), derandomized so a run is repeatable. Half of the generated bodies and
@@ -18,7 +20,7 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis", reason="install the dev extra: pip install -e '.[dev]'")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
-from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.checks import not_a_server_error, response_schema_conformance, status_code_conformance  # noqa: E402
 
 from engine.api import create_app  # noqa: E402
 from engine.governance import GovernanceService, StartArgs  # noqa: E402
@@ -52,7 +54,8 @@ def _aim(case) -> None:  # type: ignore[no-untyped-def]
           suppress_health_check=list(HealthCheck))
 def test_no_request_gets_a_server_error(case):  # type: ignore[no-untyped-def]
     _aim(case)
-    case.call_and_validate(headers=AUTH, checks=[not_a_server_error])
+    case.call_and_validate(headers=AUTH, checks=[not_a_server_error, status_code_conformance,
+                                                 response_schema_conformance])
 
 
 def test_the_instances_survived_the_run():
