@@ -318,6 +318,17 @@ class InstanceDocument(_Open):
     version: int
 
 
+class RollbackDocument(InstanceDocument):
+    """The instance's document with ``layers`` and ``tokens`` of the context rolled back, as they
+    are after it, plus the rollback's own fields, as `layerflow rollback --json` prints it."""
+    context: str
+    snapshot_id: str
+    event_seq: int
+    restored_layers: list[str] = Field(description="the layers put back to the snapshot", examples=[["L3"]])
+    tokens_before: Tokens
+    tokens_after: Tokens
+
+
 def document_responses(route: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success: the instance's document (``InstanceDocument``)."""
     return {status: {"model": InstanceDocument, "description": "the instance's document, as it is now"},
@@ -555,7 +566,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
                          expected_version=body.expected_version, actor=body.user or "api", by=body.user)
 
-    @app.post("/api/context-governance/rollback", tags=["context-governance"], responses=route_responses("rollback"))
+    @app.post("/api/context-governance/rollback", tags=["context-governance"], response_model=None,
+              responses={200: {"model": RollbackDocument, "description": "the instance's document, the context "
+                                                                         "rolled back as it is now"},
+                         **route_responses("rollback")})
     def rollback(body: RollbackRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""

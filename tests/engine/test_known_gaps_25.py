@@ -28,6 +28,7 @@ import pytest
 from click.testing import CliRunner
 
 from engine import Engine, load_process
+from engine.api import RollbackDocument
 from engine.cli import main
 from engine.governance import InvalidAnswer
 
@@ -81,6 +82,10 @@ def test_rest_rollback_answers_the_instance_document_as_the_cli_does(served: tup
     assert (doc["snapshot_id"], doc["instance_id"], doc["status"], doc["context"]) == (snap, iid, "waiting", "main")
     assert doc["tokens"] == doc["tokens_after"] and doc["version"] == shown["version"]
     assert doc["event_seq"] >= 1 and doc["tape_length"] == shown["tape_length"]
+    # /openapi.json says so
+    answers = api.get("/openapi.json").json()["paths"][f"{GOV}/rollback"]["post"]["responses"]
+    assert answers["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/RollbackDocument")
+    RollbackDocument.model_validate(doc)
 
     # the CLI's answer to the same rollback has the same fields, the same layers
     assert api.post(f"{GOV}/inject", json={"instance_id": iid, "values": {"extra": 2}}).status_code == 200
