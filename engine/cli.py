@@ -851,7 +851,8 @@ def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> N
             if context_key and (gateway in joined or asked):
                 out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
                          f"{gateway!r} met no conflict on {context_key!r}"
-                         + (f" (it asked about: {', '.join(asked)})" if asked else "") + "; it was not used")
+                         + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
+                         + f"; it was not used (the instance waits for: {waiting})")
             elif context_key and instance.status in ("waiting", "running"):
                 # a join of the process that may still ask (``_unmatchable_confirmations`` refused the rest)
                 steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
