@@ -613,7 +613,9 @@ class HumanConfirmArgs(_Args):
     @classmethod
     def _default_is_an_option(cls, default: Any, info: ValidationInfo) -> Any:
         # a default no option offers could never be taken: the timeout would only escalate it
-        options = info.data.get("options") or []
+        if "options" not in info.data:
+            return default  # the options failed their own check, which names the problem
+        options = info.data["options"]
         if default is not None and options and not any(json_equal(default, o.value) or default == o.label
                                                        for o in options):
             offered = ", ".join(json.dumps(o.value, ensure_ascii=False) for o in options)

@@ -337,6 +337,10 @@ def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str 
         return f"check the API key ({ENV_API_KEY})"
     if status == 404:
         return "check the model name and the API base"
+    if exc is not None and isinstance(status, int) and 400 <= status < 500 and not is_transient(exc):
+        # a refusal is not retried: more retries or a longer timeout would only repeat it
+        return (f"the model server refused the request (HTTP {status}): check the model's llm settings "
+                "(maxTokens, temperature) and whether the request fits its context, then resume")
     hint = f"check that the model server is reachable ({ENV_API_BASE}) or raise llm.maxRetries / llm.timeout"
     # only an activity has an offline handler; a gateway's condition, a join's conflict or a summary
     # falls back as its caller says (model_fallbacks)

@@ -196,3 +196,62 @@ def test_the_procurement_runs_through_tools_a_person_the_condition_the_join_and_
                 assert [k for k, _ in entries].count("policy") == 1, entries
                 seen += 1
     assert seen >= 5, seen
+
+
+# ===== (2) a human_confirm with no options ========================================================
+
+@pytest.mark.parametrize("arguments", [
+    pytest.param({**CONFIRM, "options": []}, id="no-options"),
+    pytest.param({**CONFIRM, "options": "yes or no"}, id="options-not-a-list"),
+])
+def test_a_human_confirm_with_no_usable_options_is_an_error_the_model_corrects(store: str,
+                                                                               arguments: dict[str, Any]) -> None:
+    # its default could name no option: the options are what is wrong, and the model is told so
+    # (it crashed the activity with a bare StopIteration from the default's check)
+    with StubLLM() as stub:
+        stub.push(_tool_reply(("t1", "human_confirm", arguments)), ASSESSED, TO_REVIEW)
+        code, doc = _run(store, stub.url)
+        assert doc["error"] is None and (code, doc["status"]) == (3, "waiting"), doc
+        error = _tool_results(stub.requests[1])["t1"]["error"]
+    assert error["kind"] == "validation_error" and "options" in error["message"], error
+    assert [p["field"] for p in error["problems"]] == ["options"], error
+    assert doc["layers"]["L3"]["risk"] == "low"
+
+
+# ===== (3) model errors leave a clear state, and resume retries ===================================
+
+def _choices(body: dict[str, Any]) -> Reply:
+    return Reply(body=json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "stub-model", **body}))
+
+
+# hint: what the error tells the user to do
+@pytest.mark.parametrize("reply, hint", [
+    pytest.param(Reply.error(500), "check that the model server is reachable", id="http-500"),
+    pytest.param(Reply.sleep(2.5, ASSESSED), "llm.timeout", id="timeout"),
+    pytest.param(Reply(body='{"choices": [', status=200), "check that the model server is reachable",
+                 id="malformed-body"),
+    pytest.param(Reply.text("Looks fine to me."), "the model never gave the required JSON answer", id="not-json"),
+    pytest.param(_choices({"choices": []}), "the model never gave the required JSON answer", id="no-choices"),
+    pytest.param(Reply.json({"risk": "low"}), "missing required key 'recommendation'", id="a-key-missing"),
+    pytest.param(Reply.error(400, "context length exceeded"), "refused the request", id="http-400"),
+])
+def test_a_failing_model_stops_the_activity_naming_it_and_resume_asks_the_same_bytes_again(
+        store: str, reply: Reply, hint: str) -> None:
+    with StubLLM() as stub:
+        stub.push(reply)
+        code, doc = _run(store, stub.url)
+        assert (code, doc["status"]) == (1, "error"), doc
+        error = doc["error"]
+        assert (error["kind"], error["task_id"]) == ("model_error", "assess"), error
+        assert "activity 'assess'" in error["message"] and MODEL in error["message"], error
+        assert hint in error["message"], error
+        assert "risk" not in doc["layers"]["L3"] and "risk" not in doc["layers"]["L4"], doc["layers"]
+        stub.push(ASSESSED, TO_REVIEW, ESCALATE)
+        code, again = _resume(doc, store, stub.url)
+        requests = list(stub.requests)
+    assert (code, again["status"], again["error"]) == (3, "waiting", None), again
+    assert again["layers"]["L3"]["risk"] == "low"
+    assert requests[1]["messages"] == requests[0]["messages"]   # the retry sends the same bytes
+    assert again["layers"]["L3"]["po_number"] == "PO-7"          # intake ran once
+    calls = [e["data"] for e in _tape(again, store, "llm_call") if e["data"]["task_id"] == "assess"]
+    assert [c["status"] for c in calls] == [("invalid_answer" if "JSON" in hint or "key" in hint else "error"), "ok"]
