@@ -255,3 +255,72 @@ def test_a_failing_model_stops_the_activity_naming_it_and_resume_asks_the_same_b
     assert again["layers"]["L3"]["po_number"] == "PO-7"          # intake ran once
     calls = [e["data"] for e in _tape(again, store, "llm_call") if e["data"]["task_id"] == "assess"]
     assert [c["status"] for c in calls] == [("invalid_answer" if "JSON" in hint or "key" in hint else "error"), "ok"]
+
+
+# ===== (4) the deterministic fake: the same bytes in two runs, resumed from Redis =================
+
+def _fake_answer(kwargs: dict[str, Any]) -> str:
+    purpose = _purpose(kwargs)
+    if purpose == "condition":
+        return json.dumps({"branch": "review_split", "rationale": "an ordinary purchase"})
+    if purpose == "conflict":
+        return json.dumps({"final_value": "on_hold", "rationale": "no security review yet", "escalate": True})
+    if purpose == "summary":
+        return "Acme delivered every order on time."
+    if "po_text" in json.dumps(kwargs["messages"][-1]):
+        return json.dumps({"po_text": "Purchase order PO-7"})
+    return json.dumps({"risk": "low", "recommendation": "order"})
+
+
+@pytest.fixture
+def redis_store() -> Any:
+    import redis
+
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+    client = redis.Redis.from_url(url, db=13)
+    try:
+        client.ping()
+    except redis.RedisError:
+        pytest.skip(f"no Redis at {url}")
+
+    def clear() -> None:
+        for key in client.scan_iter("model30:*"):
+            client.delete(key)
+    clear()
+    yield f"{url}/13?prefix=model30"
+    clear()
+
+
+def test_with_the_fake_model_two_runs_send_the_same_bytes_and_the_person_settles_the_join_after_a_resume(
+        monkeypatch: pytest.MonkeyPatch, redis_store: str) -> None:
+    import engine.llm
+    from engine import Engine, load_process
+
+    sent: list[dict[str, Any]] = []
+
+    def completion(**kwargs: Any) -> dict[str, Any]:
+        sent.append(kwargs)
+        return {"id": f"fake-{len(sent)}", "choices": [{"message": {"content": _fake_answer(kwargs)},
+                                                         "finish_reason": "stop"}]}
+
+    monkeypatch.setattr(engine.llm, "load_litellm", lambda: types.SimpleNamespace(completion=completion))
+    runs = []
+    for _ in range(2):
+        sent.clear()
+        instance = Engine(redis_store, model="fake/model").run_process(load_process(PROCUREMENT), DATA)
+        assert instance.status == "waiting", instance.error
+        [asked] = [c for c in instance.to_document()["confirmations"] if c["answer"] is None]
+        assert (asked["id"], asked["suggested"], asked["suggested_by"]) == (
+            "review_join/approval_status", "on_hold", "model"), asked
+        # a new engine, as a later `resume` is: the instance comes back from Redis
+        done = Engine(redis_store, model="fake/model").resume(
+            instance.id, answers={"confirmations": {"review_join/approval_status": "on_hold"}})
+        assert done.status == "completed", done.error
+        runs.append([canonical(r) for r in sent])
+    assert [p for p in map(_purpose, sent)] == ["activity", "condition", "conflict", "activity", "summary",
+                                                "summary"]
+    assert runs[0] == runs[1]
+
+
+def canonical(kwargs: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in kwargs.items() if k != "api_key"}, sort_keys=True)
