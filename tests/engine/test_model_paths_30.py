@@ -324,3 +324,24 @@ def test_with_the_fake_model_two_runs_send_the_same_bytes_and_the_person_settles
 
 def canonical(kwargs: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in kwargs.items() if k != "api_key"}, sort_keys=True)
+
+
+# ===== (5) tool-call ids a provider reuses from turn to turn ======================================
+
+def test_a_tool_call_id_reused_in_a_later_turn_keeps_the_earlier_result_when_the_person_answers(store: str) -> None:
+    # providers that give no ids get call_0, call_1, ... in every turn; some number their calls per turn.
+    # The person's answer is the result of the human_confirm call only: the context_inspect result the
+    # model read in an earlier turn under the same id stays as it was (and the cached prefix with it)
+    with StubLLM() as stub:
+        stub.push(_tool_reply(("call_0", "context_inspect", {"layers": ["L1"], "metrics": ["keys"]})),
+                  _tool_reply(("call_0", "human_confirm", CONFIRM)))
+        code, doc = _run(store, stub.url)
+        assert (code, doc["status"]) == (3, "waiting"), doc
+        stub.push(ASSESSED, TO_REVIEW, ESCALATE)
+        code, doc2 = _resume(doc, store, stub.url, "--answer", "model:1=listed")
+        assert (code, doc2["status"]) == (3, "waiting"), doc2
+        before, after = stub.requests[1]["messages"], stub.requests[2]["messages"]
+    assert after[:len(before)] == before
+    tools = [json.loads(m["content"]) for m in after if m["role"] == "tool"]
+    assert tools[0]["L1"]["keys"] == ["request_no", "vendor", "amount"], tools[0]
+    assert tools[1]["answer"] == "listed", tools[1]
