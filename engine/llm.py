@@ -740,7 +740,10 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         turns = int(state["turns"])
         pending: Mapping[str, str] = state["pending"]
         given = {cid: dict((answers or {}).get(cid) or {}) for cid in pending.values()}
-        for m in history:
+        # the pending calls are the last turn's: a provider may reuse a call id from turn to turn
+        # (``call_0`` each time when it gives none), and an earlier turn's result must stay as it was
+        last_turn = max((i for i, m in enumerate(history) if m.get("role") == "assistant"), default=-1)
+        for m in history[last_turn + 1:]:
             cid = pending.get(m.get("tool_call_id", "")) if m.get("role") == "tool" else None
             if cid is not None:
                 m["content"] = _result_text(redact_for_model({"confirmation_id": cid, "status": "answered",
