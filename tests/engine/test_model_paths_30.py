@@ -345,3 +345,26 @@ def test_a_tool_call_id_reused_in_a_later_turn_keeps_the_earlier_result_when_the
     tools = [json.loads(m["content"]) for m in after if m["role"] == "tool"]
     assert tools[0]["L1"]["keys"] == ["request_no", "vendor", "amount"], tools[0]
     assert tools[1]["answer"] == "listed", tools[1]
+
+
+# ===== (6) a compression the model made in a step that then failed ================================
+
+def test_a_compression_made_by_the_tool_in_a_step_that_fails_is_listed_as_undone(store: str) -> None:
+    # the failed step is aborted, HISTORY goes back as it was: run --json must not report the
+    # compression as if it held (tokens_after 61 while vendor_notes is whole again)
+    rule = {"pattern": "vendor_notes", "action": "summarize", "maxTokens": 10}
+    with StubLLM() as stub:
+        stub.push(_tool_reply(("c1", "context_compress", {"action": "compress", "compress_rules": [rule]})),
+                  Reply.error(500))
+        code, doc = _run(store, stub.url)
+        assert (code, doc["status"]) == (1, "error"), doc
+        assert _tool_results(stub.requests[1])["c1"]["changed"] is True
+        assert doc["layers"]["L3"]["vendor_notes"].startswith("Note 0: Acme")    # as intake wrote it
+        [compression] = doc["compressions"]
+        assert compression["undone"]["by"] == "abort" and compression["undone"]["task_id"] == "assess", compression
+        [abort] = _tape(doc, store, "abort")
+        assert compression["undone"]["seq"] == abort["seq"], (compression, abort)
+        stub.push(ASSESSED, TO_REVIEW, ESCALATE)
+        code, again = _resume(doc, store, stub.url)
+    assert (code, again["status"]) == (3, "waiting"), again
+    assert [c.get("undone", {}).get("by") for c in again["compressions"]] == ["abort"]
