@@ -256,7 +256,8 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
         lines.append(f"  conflict {c['gateway_id']}/{c['key']}: {json.dumps(c['values'], ensure_ascii=False)} {how}")
     for c in doc["compressions"]:
         lines.append(f"  compression at {c.get('activity_id')}: {c.get('tokens_before')} -> {c.get('tokens_after')} tokens "
-                     f"({', '.join(c.get('triggers') or [])})")
+                     f"({', '.join(c.get('triggers') or [])})"
+                     + (f"; undone: activity {c['undone']['task_id']} failed after it" if c.get("undone") else ""))
     _fallback_lines(lines, doc.get("model_fallbacks") or [])
     for m in doc.get("messages_out") or []:
         signal = " --signal" if m["kind"] == "signal" else ""

@@ -1183,7 +1183,9 @@ class GovernanceService:
     @staticmethod
     def _last_compression(instance: Instance, ctx: LayeredContext, *, merged: bool = False) -> str:
         """The latest compression of ``ctx`` (``merged``: or of a branch merged into it since)."""
-        for c in reversed(instance.compressions):
+        for c in reversed(instance.compression_records()):
+            if c.get("undone"):
+                continue  # its activity failed and put HISTORY back: nothing of it to evaluate or undo
             name = c.get("context", MAIN)
             if c.get("snapshot_id") and (name == ctx.name or merged and _merged_into(instance, name, ctx.name)):
                 return str(c["snapshot_id"])
