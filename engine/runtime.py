@@ -215,8 +215,11 @@ class Instance:
                 for e in ctx.tape.since(seq):
                     if e.kind != EventKind.ABORT or e.seq <= seq:
                         continue
-                    begun = e.data.get("snapshot_id")
-                    if begun and begun in ctx.snapshots() and ctx.get_snapshot(begun).seq < seq:
+                    try:
+                        begun = ctx.get_snapshot(str(e.data.get("snapshot_id"))).seq
+                    except ContextKeyError:
+                        continue
+                    if begun < seq:
                         undone = {"by": "abort", "task_id": e.data.get("task_id"), "seq": e.seq}
                         break
             out.append({**record, "undone": undone} if undone else dict(record))
