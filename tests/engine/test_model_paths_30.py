@@ -368,3 +368,17 @@ def test_a_compression_made_by_the_tool_in_a_step_that_fails_is_listed_as_undone
         code, again = _resume(doc, store, stub.url)
     assert (code, again["status"]) == (3, "waiting"), again
     assert [c.get("undone", {}).get("by") for c in again["compressions"]] == ["abort"]
+
+
+# ===== (7) --yes answers the model's question: the model is told nobody saw it =====================
+
+def test_a_human_confirm_that_yes_answers_tells_the_model_no_person_saw_it(store: str) -> None:
+    # the record says `--yes` took the default unattended; the model must not read it as a person's word
+    with StubLLM() as stub:
+        stub.push(_tool_reply(("c1", "human_confirm", CONFIRM)), ASSESSED, TO_REVIEW, ESCALATE, DRAFTED, SUMMARY,
+                  SUMMARY)
+        code, doc = _run(store, stub.url, DATA, "--yes")
+        assert (code, doc["status"]) == (0, "completed"), doc
+        result = _tool_results(stub.requests[1])["c1"]
+    assert result == {"answer": "unlisted", "confirmation_id": "model:1", "status": "answered", "timed_out": False,
+                      "unattended": True}, result
