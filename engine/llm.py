@@ -746,10 +746,12 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         for m in history[last_turn + 1:]:
             cid = pending.get(m.get("tool_call_id", "")) if m.get("role") == "tool" else None
             if cid is not None:
+                # `--yes` took the default with nobody looking: the model is not to read it as a person's word
+                unattended = {"unattended": True} if given[cid].get("unattended") else {}
                 m["content"] = _result_text(redact_for_model({"confirmation_id": cid, "status": "answered",
                                                               "answer": given[cid].get("answer"),
-                                                              "timed_out": bool(given[cid].get("timed_out"))},
-                                                             redact))
+                                                              "timed_out": bool(given[cid].get("timed_out")),
+                                                              **unattended}, redact))
         ctx.record("tool_loop_resumed", actor=who, data={"task_id": task_id, "answers": given})
 
     def check(reply: Reply) -> Any:

@@ -2515,7 +2515,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         answers: dict[str, Any] | None = None
         if suspended is not None:
             waited = set(suspended["confirmations"])
-            answers = {c["id"]: {"answer": c.get("answer"), "timed_out": bool(c.get("timed_out"))}
+            answers = {c["id"]: {"answer": c.get("answer"), "timed_out": bool(c.get("timed_out")),
+                                 **({"unattended": True} if c.get("unattended") else {})}
                        for c in inst.confirmations if c["id"] in waited}
             for cid in waited:
                 self.answers.pop(cid, None)  # read here; a join never asks for these
