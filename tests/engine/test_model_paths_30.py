@@ -227,7 +227,7 @@ def _choices(body: dict[str, Any]) -> Reply:
 # hint: what the error tells the user to do
 @pytest.mark.parametrize("reply, hint", [
     pytest.param(Reply.error(500), "check that the model server is reachable", id="http-500"),
-    pytest.param(Reply.sleep(2.5, ASSESSED), "llm.timeout", id="timeout"),
+    pytest.param(Reply.sleep(2.2, ASSESSED), "llm.timeout", id="timeout"),
     pytest.param(Reply(body='{"choices": [', status=200), "check that the model server is reachable",
                  id="malformed-body"),
     pytest.param(Reply.text("Looks fine to me."), "the model never gave the required JSON answer", id="not-json"),
