@@ -20,7 +20,6 @@ procurement: ``intake`` (script) -> ``assess`` (a model step with ``llm.tools: t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import types
@@ -31,6 +30,7 @@ from typing import Any
 import pytest
 
 from stub_llm import Reply, StubLLM
+from test_model_paths_29 import _cli as _cli29, _purpose, _tool_reply   # round 29's stub replies and request kinds
 
 HERE = Path(__file__).resolve().parent / "model30"
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,19 +53,9 @@ def store(tmp_path: Path) -> str:
 
 
 def _cli(*args: str, api_base: str | None = None) -> tuple[int, Any]:
-    from click.testing import CliRunner
-
-    from engine.cli import main
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith(("LAYERFLOW_MODEL", "OPENAI"))}
-    env["LAYERFLOW_STORE"] = None
-    if api_base is not None:
-        env["LAYERFLOW_MODEL_API_BASE"] = api_base
-        env["LAYERFLOW_MODEL_API_KEY"] = "test-key"
-    with contextlib.chdir(ROOT):
-        result = CliRunner(env=env).invoke(main, [*args, "--json"], input="", prog_name="layerflow",
-                                           catch_exceptions=False)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.exit_code, json.loads(result.stdout)
+    """``layerflow ARGS --json`` in this process (round 29's runner), the model settings from the environment."""
+    code, out, _ = _cli29(*args, api_base=api_base)
+    return code, out
 
 
 def _run(store: str, api_base: str | None, data: dict[str, Any] = DATA, *extra: str) -> tuple[int, dict[str, Any]]:
@@ -83,28 +73,6 @@ def _tape(doc: dict[str, Any], store: str, kind: str) -> list[dict[str, Any]]:
     code, out = _cli("tape", doc["instance_id"], "--store", store, "--kind", kind)
     assert code == 0 and isinstance(out, list), out
     return out
-
-
-def _tool_reply(*calls: tuple[str, str, Any]) -> Reply:
-    tool_calls = [{"id": cid, "type": "function",
-                   "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
-                  for cid, name, args in calls]
-    return Reply(body=json.dumps({
-        "id": "chatcmpl-tools", "object": "chat.completion", "created": 1700000000, "model": "stub-model",
-        "choices": [{"index": 0, "finish_reason": "tool_calls",
-                     "message": {"role": "assistant", "content": None, "tool_calls": tool_calls}}],
-        "usage": {"prompt_tokens": 30, "completion_tokens": 9, "total_tokens": 39}}))
-
-
-def _purpose(request: dict[str, Any]) -> str:
-    system = str(request["messages"][0].get("content") or "")
-    if system.startswith("You route a business process"):
-        return "condition"
-    if system.startswith("You resolve a conflict"):
-        return "conflict"
-    if request.get("max_tokens") is not None:
-        return "summary"
-    return "activity"
 
 
 def _tool_results(request: dict[str, Any]) -> dict[str, Any]:
