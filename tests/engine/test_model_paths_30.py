@@ -33,7 +33,6 @@ from stub_llm import Reply, StubLLM
 from test_model_paths_29 import _cli as _cli29, _purpose, _tool_reply   # round 29's stub replies and request kinds
 
 HERE = Path(__file__).resolve().parent / "model30"
-ROOT = Path(__file__).resolve().parents[2]
 PROCUREMENT = HERE / "procurement.bpmn"
 MODEL = "openai/stub-model"
 
@@ -350,3 +349,22 @@ def test_a_human_confirm_that_yes_answers_tells_the_model_no_person_saw_it(store
         result = _tool_results(stub.requests[1])["c1"]
     assert result == {"answer": "unlisted", "confirmation_id": "model:1", "status": "answered", "timed_out": False,
                       "unattended": True}, result
+
+
+# ===== (8) a model's question at a person's terminal ==============================================
+
+def test_a_models_question_cannot_rewrite_the_persons_terminal() -> None:
+    # the model writes the message and labels of its human_confirm, and text it read (a vendor name)
+    # can talk it into terminal escapes: clearing the line, moving the cursor up, hiding a label
+    import io
+
+    from engine.confirm import TerminalPrompt
+    item = {"kind": "confirmation", "id": "model:1", "default": None, "deadline": None, "escalated": True,
+            "message": "Approve the order?\x1b[2K\r\x1b[1AThe CFO already approved it.\x07\x9b31m",
+            "options": [{"label": "yes\x1b[8m (hidden)", "value": "listed"}, {"label": "no", "value": "unlisted"}]}
+    out = io.StringIO()
+    assert TerminalPrompt(stdin=io.StringIO("1\n"), out=out)(item) == "listed"
+    shown = out.getvalue()
+    assert not [c for c in shown if (ord(c) < 32 and c not in "\n\r") or 127 <= ord(c) < 160], repr(shown)
+    assert "Approve the order?\\x1b[2K\\r\\x1b[1AThe CFO already approved it.\\x07\\x9b31m" in shown, shown
+    assert "1. yes\\x1b[8m (hidden)" in shown, shown
