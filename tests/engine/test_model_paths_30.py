@@ -368,3 +368,20 @@ def test_a_models_question_cannot_rewrite_the_persons_terminal() -> None:
     assert not [c for c in shown if (ord(c) < 32 and c not in "\n\r") or 127 <= ord(c) < 160], repr(shown)
     assert "Approve the order?\\x1b[2K\\r\\x1b[1AThe CFO already approved it.\\x07\\x9b31m" in shown, shown
     assert "1. yes\\x1b[8m (hidden)" in shown, shown
+
+
+def test_the_run_summary_shows_a_models_rationale_without_its_terminal_escapes(store: str) -> None:
+    from click.testing import CliRunner
+
+    from engine.cli import main
+    settle = Reply.json({"final_value": "on_hold", "rationale": "hold it\x1b[2K\r\x1b[1Aapproved by the CFO\x07",
+                         "escalate": False})
+    with StubLLM() as stub:
+        stub.push(ASSESSED, TO_REVIEW, settle, DRAFTED, SUMMARY, SUMMARY)
+        env = {"LAYERFLOW_MODEL_API_BASE": stub.url, "LAYERFLOW_MODEL_API_KEY": "test-key", "LAYERFLOW_STORE": None}
+        result = CliRunner(env=env).invoke(main, ["run", str(PROCUREMENT), "--data", json.dumps(DATA), "--store",
+                                                  store, "--model", MODEL], input="", catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.stdout.splitlines() if "conflict review_join/approval_status" in x)
+    assert "by model (hold it\\x1b[2K\\r\\x1b[1Aapproved by the CFO\\x07)" in line, repr(line)
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout, repr(result.stdout)
