@@ -195,8 +195,9 @@ def _choices(body: dict[str, Any]) -> Reply:
 @pytest.mark.parametrize("reply, hint", [
     pytest.param(Reply.error(500), "check that the model server is reachable", id="http-500"),
     pytest.param(Reply.sleep(2.2, ASSESSED), "llm.timeout", id="timeout"),
-    pytest.param(Reply(body='{"choices": [', status=200), "check that the model server is reachable",
-                 id="malformed-body"),
+    pytest.param(Reply(body='{"choices": [', status=200), "answered with a body that is not JSON", id="malformed-body"),
+    pytest.param(Reply(body="<html><body>Welcome to nginx!</body></html>", status=200),
+                 "answered with a body that is not JSON", id="a-web-page"),
     pytest.param(Reply.text("Looks fine to me."), "the model never gave the required JSON answer", id="not-json"),
     pytest.param(_choices({"choices": []}), "the model never gave the required JSON answer", id="no-choices"),
     pytest.param(Reply.json({"risk": "low"}), "missing required key 'recommendation'", id="a-key-missing"),
