@@ -327,6 +327,17 @@ def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
+def _undecodable(exc: BaseException | None) -> bool:
+    """Whether the failure was a reply body that does not parse as JSON (litellm keeps the
+    ``JSONDecodeError`` in the chain of the errors it raises)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, json.JSONDecodeError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str | None = None) -> str:
     status = getattr(exc, "status_code", None)
     if isinstance(exc, AnswerError):
@@ -335,6 +346,9 @@ def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str 
         return "the model never gave the required JSON answer; tighten llm.instructions / outputSchema or use a stronger model"
     if status in (401, 403):
         return f"check the API key ({ENV_API_KEY})"
+    if _undecodable(exc):
+        return (f"the model server answered with a body that is not JSON (a web page, a cut-off reply): check that "
+                f"{ENV_API_BASE} is the OpenAI-compatible endpoint (usually ending in /v1), then resume")
     if status == 404:
         return "check the model name and the API base"
     if exc is not None and isinstance(status, int) and 400 <= status < 500 and not is_transient(exc):

@@ -222,7 +222,7 @@ def test_a_failing_model_stops_the_activity_naming_it_and_resume_asks_the_same_b
     assert requests[1]["messages"] == requests[0]["messages"]   # the retry sends the same bytes
     assert again["layers"]["L3"]["po_number"] == "PO-7"          # intake ran once
     calls = [e["data"] for e in _tape(again, store, "llm_call") if e["data"]["task_id"] == "assess"]
-    assert [c["status"] for c in calls] == [("invalid_answer" if "JSON" in hint or "key" in hint else "error"), "ok"]
+    assert [c["status"] for c in calls] == [("invalid_answer" if "JSON answer" in hint or "key" in hint else "error"), "ok"]
 
 
 # ===== (4) the deterministic fake: the same bytes in two runs, resumed from Redis =================
