@@ -33,7 +33,7 @@ from context_layers.tape import EventKind, kind_names, matches_kind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
-from .confirm import TerminalPrompt, stdin_is_terminal
+from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
 from .leases import LEASE_TTL, holding
 from .process import load_process
@@ -225,7 +225,7 @@ def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:
     for (element, purpose), items in grouped.items():
         last = items[-1]
         times = f", {len(items)} times" if len(items) > 1 else ""
-        error = f"; last error: {str(last['error'])[:200]}" if last.get("error") else ""
+        error = f"; last error: {terminal_text(str(last['error'])[:200])}" if last.get("error") else ""
         lines.append(f"  model fallback at {element} ({purpose}{times}): "
                      f"{_FALLBACK_TEXT.get(str(last['fallback']), str(last['fallback']))}{error}")
 
@@ -251,12 +251,13 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                      f"{instance.cancelled['reason']}")
     for c in doc["conflicts"]:
         res = c.get("resolution")
-        how = (f"-> {json.dumps(res['value'], ensure_ascii=False)} by {res['resolver']} ({res['reason']})" if res
-               else "-> unresolved")
+        how = (f"-> {json.dumps(res['value'], ensure_ascii=False)} by {res['resolver']} ({terminal_text(res['reason'])})"
+               if res else "-> unresolved")
         lines.append(f"  conflict {c['gateway_id']}/{c['key']}: {json.dumps(c['values'], ensure_ascii=False)} {how}")
     for c in doc["compressions"]:
         lines.append(f"  compression at {c.get('activity_id')}: {c.get('tokens_before')} -> {c.get('tokens_after')} tokens "
-                     f"({', '.join(c.get('triggers') or [])})")
+                     f"({', '.join(c.get('triggers') or [])})"
+                     + (f"; undone: activity {c['undone']['task_id']} failed after it" if c.get("undone") else ""))
     _fallback_lines(lines, doc.get("model_fallbacks") or [])
     for m in doc.get("messages_out") or []:
         signal = " --signal" if m["kind"] == "signal" else ""

@@ -13,6 +13,7 @@ no countdown any more: a supervisor answers it, or leaves it waiting.
 from __future__ import annotations
 
 import json
+import re
 import select
 import sys
 import time
@@ -21,7 +22,7 @@ from typing import IO, Any
 
 from .runtime import TimedOut
 
-__all__ = ["TerminalPrompt", "stdin_is_terminal"]
+__all__ = ["TerminalPrompt", "stdin_is_terminal", "terminal_text"]
 
 
 def stdin_is_terminal(stream: Any = None) -> bool:
@@ -41,6 +42,16 @@ def _select_wait(stream: IO[str], seconds: float) -> bool:
 
 def _show(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+# control characters (terminal escapes, a bare \r, the bell) and bidi overrides: a question a model
+# wrote, talked into it by text it read, could otherwise clear or rewrite the lines a person reads
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_text(value: Any) -> str:
+    """``value`` as text with each control character shown as its escape (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(value))
 
 
 class TerminalPrompt:
@@ -76,9 +87,9 @@ class TerminalPrompt:
         options = list(item.get("options") or [])
         default = item.get("default")
         takes_default = item.get("on_timeout", "default") == "default" and default is not None
-        self._write(f"\n{item.get('message') or item['id']}\n")
+        self._write(f"\n{terminal_text(item.get('message') or item['id'])}\n")
         for n, option in enumerate(options, start=1):
-            self._write(f"  {n}. {option.get('label')}\n")
+            self._write(f"  {n}. {terminal_text(option.get('label'))}\n")
         deadline: float | None = None
         if item.get("escalated"):
             self._write("  (escalated: nobody answered before the deadline)\n")
@@ -117,7 +128,7 @@ class TerminalPrompt:
 
     def user_task(self, item: Mapping[str, Any]) -> Any:
         doc = item.get("documentation") or ""
-        self._write(f"\nuser task {item.get('task_id')} ({item.get('name') or ''}) {doc}\n")
+        self._write(f"\nuser task {item.get('task_id')} ({terminal_text(item.get('name') or '')}) {terminal_text(doc)}\n")
         while True:
             self._write("answer as a JSON object (empty: leave it waiting): ")
             line = self.stdin.readline()

@@ -613,7 +613,9 @@ class HumanConfirmArgs(_Args):
     @classmethod
     def _default_is_an_option(cls, default: Any, info: ValidationInfo) -> Any:
         # a default no option offers could never be taken: the timeout would only escalate it
-        options = info.data.get("options") or []
+        if "options" not in info.data:
+            return default  # the options failed their own check, which names the problem
+        options = info.data["options"]
         if default is not None and options and not any(json_equal(default, o.value) or default == o.label
                                                        for o in options):
             offered = ", ".join(json.dumps(o.value, ensure_ascii=False) for o in options)
@@ -1181,7 +1183,9 @@ class GovernanceService:
     @staticmethod
     def _last_compression(instance: Instance, ctx: LayeredContext, *, merged: bool = False) -> str:
         """The latest compression of ``ctx`` (``merged``: or of a branch merged into it since)."""
-        for c in reversed(instance.compressions):
+        for c in reversed(instance.compression_records()):
+            if c.get("undone"):
+                continue  # its activity failed and put HISTORY back: nothing of it to evaluate or undo
             name = c.get("context", MAIN)
             if c.get("snapshot_id") and (name == ctx.name or merged and _merged_into(instance, name, ctx.name)):
                 return str(c["snapshot_id"])

@@ -327,6 +327,17 @@ def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
+def _undecodable(exc: BaseException | None) -> bool:
+    """Whether the failure was a reply body that does not parse as JSON (litellm keeps the
+    ``JSONDecodeError`` in the chain of the errors it raises)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, json.JSONDecodeError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str | None = None) -> str:
     status = getattr(exc, "status_code", None)
     if isinstance(exc, AnswerError):
@@ -335,8 +346,15 @@ def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str 
         return "the model never gave the required JSON answer; tighten llm.instructions / outputSchema or use a stronger model"
     if status in (401, 403):
         return f"check the API key ({ENV_API_KEY})"
+    if _undecodable(exc):
+        return (f"the model server answered with a body that is not JSON (a web page, a cut-off reply): check that "
+                f"{ENV_API_BASE} is the OpenAI-compatible endpoint (usually ending in /v1), then resume")
     if status == 404:
         return "check the model name and the API base"
+    if exc is not None and isinstance(status, int) and 400 <= status < 500 and not is_transient(exc):
+        # a refusal is not retried: more retries or a longer timeout would only repeat it
+        return (f"the model server refused the request (HTTP {status}): check the model's llm settings "
+                "(maxTokens, temperature) and whether the request fits its context, then resume")
     hint = f"check that the model server is reachable ({ENV_API_BASE}) or raise llm.maxRetries / llm.timeout"
     # only an activity has an offline handler; a gateway's condition, a join's conflict or a summary
     # falls back as its caller says (model_fallbacks)
@@ -736,13 +754,18 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         turns = int(state["turns"])
         pending: Mapping[str, str] = state["pending"]
         given = {cid: dict((answers or {}).get(cid) or {}) for cid in pending.values()}
-        for m in history:
+        # the pending calls are the last turn's: a provider may reuse a call id from turn to turn
+        # (``call_0`` each time when it gives none), and an earlier turn's result must stay as it was
+        last_turn = max((i for i, m in enumerate(history) if m.get("role") == "assistant"), default=-1)
+        for m in history[last_turn + 1:]:
             cid = pending.get(m.get("tool_call_id", "")) if m.get("role") == "tool" else None
             if cid is not None:
+                # `--yes` took the default with nobody looking: the model is not to read it as a person's word
+                unattended = {"unattended": True} if given[cid].get("unattended") else {}
                 m["content"] = _result_text(redact_for_model({"confirmation_id": cid, "status": "answered",
                                                               "answer": given[cid].get("answer"),
-                                                              "timed_out": bool(given[cid].get("timed_out"))},
-                                                             redact))
+                                                              "timed_out": bool(given[cid].get("timed_out")),
+                                                              **unattended}, redact))
         ctx.record("tool_loop_resumed", actor=who, data={"task_id": task_id, "answers": given})
 
     def check(reply: Reply) -> Any:

@@ -188,7 +188,7 @@ class Instance:
             "layers": ctx.as_dict(),
             "tokens": ctx.token_report(),
             "conflicts": list(self.conflicts),
-            "compressions": list(self.compressions),
+            "compressions": self.compression_records(),
             "confirmations": list(self.confirmations),
             "waiting_for": list(self.waiting_for),
             "tape_length": self.tape_length(),
@@ -201,6 +201,29 @@ class Instance:
                 for name, info in self.branches.items() if name in self.contexts
             },
         }
+
+    def compression_records(self) -> list[dict[str, Any]]:
+        """``compressions`` as they stand: one made inside an activity that then failed (a model's
+        ``context_compress`` before its model call failed) was put back with the rest of the
+        activity's changes, and says so with ``"undone": {"by": "abort", "task_id", "seq"}``."""
+        out = []
+        for record in self.compressions:
+            ctx = self.contexts.get(str(record.get("context") or MAIN))
+            seq = record.get("event_seq")
+            undone = None
+            if ctx is not None and isinstance(seq, int):
+                for e in ctx.tape.since(seq):
+                    if e.kind != EventKind.ABORT or e.seq <= seq:
+                        continue
+                    try:
+                        begun = ctx.get_snapshot(str(e.data.get("snapshot_id"))).seq
+                    except ContextKeyError:
+                        continue
+                    if begun < seq:
+                        undone = {"by": "abort", "task_id": e.data.get("task_id"), "seq": e.seq}
+                        break
+            out.append({**record, "undone": undone} if undone else dict(record))
+        return out
 
     def messages_out(self) -> list[dict[str, Any]]:
         """The messages and signals the process threw that nothing in the instance caught, oldest
@@ -2510,7 +2533,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
         answers: dict[str, Any] | None = None
         if suspended is not None:
             waited = set(suspended["confirmations"])
-            answers = {c["id"]: {"answer": c.get("answer"), "timed_out": bool(c.get("timed_out"))}
+            answers = {c["id"]: {"answer": c.get("answer"), "timed_out": bool(c.get("timed_out")),
+                                 **({"unattended": True} if c.get("unattended") else {})}
                        for c in inst.confirmations if c["id"] in waited}
             for cid in waited:
                 self.answers.pop(cid, None)  # read here; a join never asks for these
