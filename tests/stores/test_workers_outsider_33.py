@@ -187,6 +187,22 @@ class Server:
         return local_http.get(self.base + path, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
 
 
+def outside_view_agrees(scene: Scene, server: Server, iid: str) -> None:
+    """`layerflow inspect/tape/replay` in another process, on the same Redis, tell what the workers and
+    the server made of the instance."""
+    served = server.get(f"/api/instances/{iid}").json()
+    inspected = json.loads(cli("inspect", iid, "--store", scene.store, "--json").stdout)
+    for field in ("status", "layers", "tokens", "tape_length", "waiting_for", "conflicts"):
+        assert inspected[field] == served[field], field
+    tape = json.loads(cli("tape", iid, "--store", scene.store, "--json").stdout)
+    assert len(tape) == served["tape_length"]
+    assert [(e["context"], e["seq"]) for e in tape] == [(e["context"], e["seq"]) for e in
+                                                         server.get(f"/api/instances/{iid}/tape").json()["events"]]
+    replayed = json.loads(cli("replay", iid, "--store", scene.store, "--json").stdout)
+    assert replayed["layers"] == served["layers"]
+    assert replayed["until"] == replayed["tape_end"] == max(e["seq"] for e in tape if e["context"] == "main")
+
+
 def test_three_workers_drain_thirty_instances_each_activity_once(scene: Scene) -> None:
     t0 = time.monotonic()
     ids = scene.submit(30)
@@ -195,7 +211,11 @@ def test_three_workers_drain_thirty_instances_each_activity_once(scene: Scene) -
     for n in range(3):
         scene.worker(f"w{n}")
     scene.wait_for(ids, "waiting", timeout=40)
-    # each is at the review now (the timer fired through the workers' scan)
+    # the timers fire through the workers' scan: then each waits for its review only
+    deadline = time.monotonic() + 20
+    while sum(1 for (_, activity) in scene.runs_of() if activity == "check_b") < 30:
+        assert time.monotonic() < deadline, scene.runs_of()
+        time.sleep(0.2)
     print("waiting", time.monotonic() - t0)
     server = Server(scene)
     print("server", time.monotonic() - t0)
@@ -205,6 +225,8 @@ def test_three_workers_drain_thirty_instances_each_activity_once(scene: Scene) -
         assert r.json()["status"] == "completed", r.text
     scene.wait_for(ids, "completed", timeout=10)
     print("completed", time.monotonic() - t0)
+    outside_view_agrees(scene, server, ids[0])
+    print("outside", time.monotonic() - t0)
     runs = scene.runs_of()
     for i, iid in enumerate(ids):
         r = server.get(f"/api/instances/{iid}/tape")
@@ -213,3 +235,121 @@ def test_three_workers_drain_thirty_instances_each_activity_once(scene: Scene) -
         assert begun(tape) == completed(tape) == Counter(ACTIVITIES) + Counter(["review"]), tape
         for activity in ACTIVITIES:
             assert runs[(iid, activity)] == 1, (iid, activity, runs)
+
+
+def test_worker_killed_mid_activity_another_takes_over_tape_honest(scene: Scene) -> None:
+    """SIGKILL in the middle of check_a: the lease lapses, another worker takes the entry over and runs
+    check_a again from the last save. The tape says so (a ``retry`` note before the second attempt,
+    naming the worker that died and the delivery), and holds one begin/complete per activity: the
+    killed attempt wrote nothing."""
+    marker = scene.tmp / "slow.marker"
+    [iid] = scene.submit(1)
+    doomed = scene.worker("doomed", "--idle-ms", "1500", LAYERFLOW_TEST_SLOW_MARKER=str(marker))
+    deadline = time.monotonic() + 20
+    while not marker.exists():
+        assert time.monotonic() < deadline and doomed.poll() is None, scene.log("doomed")
+        time.sleep(0.05)
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait()
+    scene.procs.remove(doomed)
+    scene.worker("heir", "--idle-ms", "1500", LAYERFLOW_TEST_SLOW_MARKER=str(marker))
+    deadline = time.monotonic() + 20
+    while scene.runs_of()[(iid, "check_b")] < 1:
+        assert time.monotonic() < deadline, scene.log("heir")
+        time.sleep(0.2)
+    scene.wait_for([iid], "waiting", timeout=20)
+    assert scene.runs_of() == Counter({(iid, "prepare"): 1, (iid, "check_a"): 1, (iid, "check_b"): 1})
+    out = cli("tape", iid, "--store", scene.store, "--json")
+    assert out.returncode == 0, out.stderr
+    tape = json.loads(out.stdout)
+    assert begun(tape) == completed(tape) == Counter(["prepare", "check_a", "check_b"])
+    retries = [e for e in tape if e["kind"] == "note" and (e.get("data") or {}).get("note") == "retry"]
+    assert len(retries) == 1, [(e["kind"], e.get("data")) for e in tape]
+    retry = retries[0]["data"]
+    assert retries[0]["actor"] == "heir"
+    assert retry["previous_consumer"] == "doomed" and retry["delivery"] == 2, retry
+    assert retry["resumed_from_version"] >= 1 and retry["entry_id"]
+    # before the second attempt of check_a, the one the dead worker had in hand
+    begin_a = next(e for e in tape if e["kind"] == "begin" and e["activity"] == "check_a")
+    assert retries[0]["time"] <= begin_a["time"]
+    assert "taken over from consumer 'doomed'" in scene.log("heir")
+
+
+def test_user_task_answered_through_rest_while_a_worker_holds_the_instance(scene: Scene) -> None:
+    marker = scene.tmp / "slow.marker"
+    [iid] = scene.submit(1)
+    server = Server(scene)
+    scene.worker("holder", LAYERFLOW_TEST_SLOW_MARKER=str(marker), LAYERFLOW_TEST_SLOW_SECONDS="2")
+    deadline = time.monotonic() + 20
+    while not marker.exists():
+        assert time.monotonic() < deadline, scene.log("holder")
+        time.sleep(0.05)
+    r = server.post(f"/api/instances/{iid}/user-tasks/review", {"data": {"approved": True}})
+    print(r.status_code, r.text[:3000])
+    print(scene.log("holder"))
+    print((scene.tmp / "serve.log").read_text())
+    assert False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivateRedis:
+    """A redis-server of this test's own (appendonly, as README asks of one workers share)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.port, self.folder = _free_port(), folder
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        import redis
+
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--appendonly", "yes", "--save", "", "--dir", str(self.folder)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping()
+                return
+            except redis.RedisError:
+                assert time.monotonic() < deadline, "private redis-server did not start"
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server to start a private one")
+def test_redis_restarted_while_workers_run(tmp_path: Path) -> None:
+    server = PrivateRedis(tmp_path)
+    server.start()
+    scene = Scene(tmp_path, server.url)
+    try:
+        ids = scene.submit(8)
+        scene.worker("r1", "--idle-ms", "1500")
+        scene.worker("r2", "--idle-ms", "1500")
+        deadline = time.monotonic() + 20
+        while not scene.runs_of():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        server.stop()
+        time.sleep(1.0)
+        server.start()
+        deadline = time.monotonic() + 40
+        while sum(1 for (_, a) in scene.runs_of() if a == "check_b") < 8:
+            assert time.monotonic() < deadline, (scene.runs_of(), scene.log("r1"), scene.log("r2"))
+            time.sleep(0.2)
+        scene.wait_for(ids, "waiting", timeout=20)
+        print(scene.log("r1"), scene.log("r2"))
+        print(scene.runs_of())
+        assert False
+    finally:
+        scene.stop()
+        server.stop()
