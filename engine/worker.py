@@ -682,10 +682,12 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         instance.lease_check = still_ours
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         if retry is not None:
-            previous = retry.get("previous_consumer") or "a worker that stopped"
-            log.warning("entry %s: instance %s taken over from consumer %r, which did not finish it (delivery %s): "
-                        "running it again from its last save (version %d); an activity it had begun runs again",
-                        entry_id, instance_id, previous, retry.get("delivery"), instance.version)
+            previous = retry.get("previous_consumer") or ""
+            who = ("taken up again by this worker, whose earlier delivery" if previous == retry.get("consumer")
+                   else f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that")
+            log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last "
+                        "save (version %d); an activity begun then runs again", entry_id, instance_id, who,
+                        retry.get("delivery"), instance.version)
             instance.main.record("retry", actor=str(retry.get("consumer") or "worker"),
                                  data={**retry, "resumed_from_version": instance.version})
         try:
