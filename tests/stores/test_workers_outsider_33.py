@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import pytest
 
 from context_layers.stores import open_store
 from tests import local_http
+from tests.engine.governance_helpers import free_port
 from tests.stores.conftest import redis_or_skip
 
 pytestmark = pytest.mark.slow
@@ -353,17 +353,11 @@ def test_user_task_answered_through_rest_while_a_worker_holds_the_instance(scene
     assert check_a_done <= review_begun
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PrivateRedis:
     """A redis-server of this test's own (appendonly, as README asks of one workers share)."""
 
     def __init__(self, folder: Path) -> None:
-        self.port, self.folder = _free_port(), folder
+        self.port, self.folder = free_port(), folder
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
 
