@@ -104,7 +104,7 @@ from context_layers.stores import InstanceNotFound, InstanceRecords, Store, Stor
 
 from .leases import Heartbeat, LeaseLost
 from .process import Process, load_process
-from .runtime import Engine, _prepared_start
+from .runtime import Engine, Instance, _prepared_start
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
@@ -682,14 +682,7 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         instance.lease_check = still_ours
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         if retry is not None:
-            previous = retry.get("previous_consumer") or ""
-            who = ("taken up again by this worker, whose earlier delivery" if previous == retry.get("consumer")
-                   else f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that")
-            log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last "
-                        "save (version %d); an activity begun then runs again", entry_id, instance_id, who,
-                        retry.get("delivery"), instance.version)
-            instance.main.record("retry", actor=str(retry.get("consumer") or "worker"),
-                                 data={**retry, "resumed_from_version": instance.version})
+            _note_retry(instance, entry_id, retry)
         try:
             instance = engine.run(instance)
         except InstanceNotFound:
@@ -710,6 +703,19 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")
     stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
+
+
+def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any]) -> None:
+    """Log a takeover and put its ``retry`` note on the main tape (saved with the run's first step)."""
+    previous, consumer = retry.get("previous_consumer") or "", retry.get("consumer") or "worker"
+    if previous == consumer:
+        who = "taken up again by this worker, whose earlier delivery"
+    else:
+        who = f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that"
+    log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last save "
+                "(version %d); an activity begun then runs again", entry_id, instance.id, who, retry.get("delivery"),
+                instance.version)
+    instance.main.record("retry", actor=str(consumer), data={**retry, "resumed_from_version": instance.version})
 
 
 def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: BaseException | None) -> dict[str, str]:
