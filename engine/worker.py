@@ -104,7 +104,7 @@ from context_layers.stores import InstanceNotFound, InstanceRecords, Store, Stor
 
 from .leases import Heartbeat, LeaseLost
 from .process import Process, load_process
-from .runtime import Engine, _prepared_start
+from .runtime import Engine, Instance, _prepared_start
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
@@ -342,16 +342,17 @@ class _Queue:
         rows = conn.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
         return rows[0] if rows else None
 
-    def give_back(self, entry_id: str) -> None:
+    def give_back(self, entry_id: str, *, to: str | None = None) -> None:
         """Undo this delivery's count (busy, conflict, store down are not the entry's fault).
 
         Read then write: a takeover in between loses its count, which errs toward retrying.
-        Owner and idle time stay as they were, so the entry is taken over when it would have been.
+        Owner (or ``to``: the worker it was taken over from) and idle time stay as they were, so the
+        entry is taken over when it would have been, and its next taker names who left it.
         """
         pending = self._pending(self.client, entry_id)
         if pending is None:
             return  # acknowledged meanwhile
-        self.client.xclaim(self.stream, self.group, pending["consumer"], 0, [entry_id],
+        self.client.xclaim(self.stream, self.group, to or pending["consumer"], 0, [entry_id],
                            idle=pending["time_since_delivered"],
                            retrycount=max(pending["times_delivered"] - 1, 0), justid=True)
 
@@ -493,7 +494,10 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                 if timer_interval and time.monotonic() >= next_scan:
                     next_scan = time.monotonic() + timer_interval
                     stats.timers += enqueue_due_timers(engine, client, stream, interval=timer_interval)
-                # entries of dead workers first, then new ones
+                # entries of dead workers first, then new ones; who had each one before (XAUTOCLAIM
+                # does not say) for the takeover's log line and tape note
+                owners = {row["message_id"]: row["consumer"] for row in client.xpending_range(
+                    stream, group, min=cursor, max="+", count=1, idle=idle_ms)}
                 cursor, claimed, _deleted = client.xautoclaim(stream, group, consumer, min_idle_time=idle_ms,
                                                               start_id=cursor, count=1)
                 entries = [(eid, fields) for eid, fields in claimed if fields]
@@ -504,7 +508,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                     entries = [e for _, batch in reply for e in batch]
                 for entry_id, fields in entries:
                     _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
-                            taken_over=taken_over)
+                            taken_over=taken_over, previous=owners.get(entry_id))
                 pause = 0.0
             except Exception as err:
                 outage = _outage(client, err)
@@ -560,7 +564,8 @@ def _requeue(store: Store, client: Any, stream: str, stats: WorkerStats) -> None
 
 
 def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: float, max_deliveries: int,
-            entry_id: str, fields: Mapping[str, str], stats: WorkerStats, *, taken_over: bool) -> None:
+            entry_id: str, fields: Mapping[str, str], stats: WorkerStats, *, taken_over: bool,
+            previous: str | None = None) -> None:
     instance_id = fields.get("instance_id", "")
     try:
         leased = store.acquire_lease(instance_id, consumer, ttl)
@@ -572,7 +577,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
         return
     if not leased:
         stats.busy += 1  # a live worker runs it; its entry (or this one, later) gets acknowledged
-        queue.give_back(entry_id)
+        queue.give_back(entry_id, to=previous if taken_over else None)  # still the dead one's, as it was
         return
     heartbeat = Heartbeat(store, instance_id, consumer, ttl)
     try:
@@ -585,9 +590,14 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                 stats.dead += 1
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
                 return
+        retry = None
+        if taken_over:
+            pending = queue._pending(queue.client, entry_id)
+            retry = {"entry_id": entry_id, "delivery": int(pending["times_delivered"]) if pending else 0,
+                     "previous_consumer": previous or "", "consumer": consumer}
         try:
             _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
-                         lease_check=heartbeat.check)
+                         lease_check=heartbeat.check, retry=retry)
         except _Vanished as err:
             # nothing left to run and nothing written: retrying or dead-lettering cannot help
             stats.failures += 1
@@ -644,10 +654,15 @@ class _Vanished(LayerflowError):
 
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
                  wake: str | None = None, store: Store | None = None,
-                 lease_check: Callable[[str, Callable[[], bool]], None] | None = None) -> None:
+                 lease_check: Callable[[str, Callable[[], bool]], None] | None = None,
+                 retry: Mapping[str, Any] | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
     due timer, a waiting instance runs too (the timer fires). ``lease_check`` runs before each
-    activity (``Heartbeat.check``: ``LeaseLost`` once the lease is gone)."""
+    activity (``Heartbeat.check``: ``LeaseLost`` once the lease is gone). ``retry``: the entry was
+    taken over from a worker that did not finish it (``entry_id``, ``delivery``,
+    ``previous_consumer``, ``consumer``): logged, and a ``retry`` note on the main tape, saved with
+    the run's first step, so the audit shows that what the other worker had begun (an activity it
+    ran, its side effects) is run again from the last save."""
     try:
         instance = engine.load(instance_id)
     except InstanceNotFound:
@@ -666,6 +681,8 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
 
         instance.lease_check = still_ours
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
+        if retry is not None:
+            _note_retry(instance, entry_id, retry)
         try:
             instance = engine.run(instance)
         except InstanceNotFound:
@@ -686,6 +703,19 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")
     stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
+
+
+def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any]) -> None:
+    """Log a takeover and put its ``retry`` note on the main tape (saved with the run's first step)."""
+    previous, consumer = retry.get("previous_consumer") or "", retry.get("consumer") or "worker"
+    if previous == consumer:
+        who = "taken up again by this worker, whose earlier delivery"
+    else:
+        who = f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that"
+    log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last save "
+                "(version %d); an activity begun then runs again", entry_id, instance.id, who, retry.get("delivery"),
+                instance.version)
+    instance.main.record("retry", actor=str(consumer), data={**retry, "resumed_from_version": instance.version})
 
 
 def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: BaseException | None) -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -126,6 +127,11 @@ def scrub(value: Any) -> Any:
     return value
 
 
+def unseq(text: str) -> str:
+    """A context or snapshot name without its sequence number (`main/work@6`, `snap:main:6`)."""
+    return re.sub(r"(snap:[^\"]*?:)\d+", r"\1N", re.sub(r"@\d+", "@N", text))
+
+
 def layers_of(ctx: LayeredContext) -> dict[str, Any]:
     return scrub({str(layer): dict(ctx.layer(layer)) for layer in Layer})
 
@@ -214,16 +220,23 @@ def test_kill_9_mid_activity_another_worker_finishes_it_once(tmp_path, names, pr
     assert json.loads(resumed.stdout)["status"] == "completed"
 
     final, reference = engine.load(instance_id), reference_run()
-    assert set(final.contexts) == set(reference.contexts)
-    for name, ctx in final.contexts.items():
-        assert layers_of(ctx) == layers_of(reference.contexts[name]), f"context {name!r} differs from memory://"
+    # the takeover's `retry` note on main (test_workers_outsider_33) moves main's later sequence numbers by
+    # one, and with them the names of the contexts its split opened and of the snapshots: compare without them
+    ours = {unseq(name): unseq(json.dumps(layers_of(ctx), sort_keys=True)) for name, ctx in final.contexts.items()}
+    theirs = {unseq(name): unseq(json.dumps(layers_of(ctx), sort_keys=True))
+              for name, ctx in reference.contexts.items()}
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert ours[name] == theirs[name], f"context {name!r} differs from memory://"
     store = open_store(store_url)
     try:
         assert_tapes_whole(store, instance_id, dict(final.contexts))
         all_events = [e for name in final.contexts for e in store.read_tape(instance_id, name)]
         assert len(begins(all_events, "work")) == 1, "no half-applied attempt of `work` on any tape"
         ref_events = [e for ctx in reference.contexts.values() for e in ctx.tape.to_list()]
-        assert sorted(e["kind"] for e in all_events) == sorted(e["kind"] for e in ref_events)
+        retries = [e for e in all_events if e["kind"] == "note" and e["data"]["note"] == "retry"]
+        assert [(e["data"]["previous_consumer"], e["actor"]) for e in retries] == [("doomed", "survivor")]
+        assert sorted(e["kind"] for e in all_events if e not in retries) == sorted(e["kind"] for e in ref_events)
     finally:
         store.close()
 
