@@ -21,7 +21,6 @@ procurement: ``intake`` (script) -> ``assess`` (a model step with ``llm.tools: t
 from __future__ import annotations
 
 import json
-import os
 import types
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -29,8 +28,11 @@ from typing import Any
 
 import pytest
 
+from engine_helpers import redis_scratch
 from stub_llm import Reply, StubLLM
 from test_model_paths_29 import _cli as _cli29, _purpose, _tool_reply   # round 29's stub replies and request kinds
+
+REDIS = "redis://127.0.0.1:6379/13"  # this module's own database (round 30)
 
 HERE = Path(__file__).resolve().parent / "model30"
 PROCUREMENT = HERE / "procurement.bpmn"
@@ -242,21 +244,9 @@ def _fake_answer(kwargs: dict[str, Any]) -> str:
 
 @pytest.fixture
 def redis_store() -> Any:
-    import redis
-
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
-    client = redis.Redis.from_url(url, db=13)
-    try:
-        client.ping()
-    except redis.RedisError:
-        pytest.skip(f"no Redis at {url}")
-
-    def clear() -> None:
-        for key in client.scan_iter("model30:*"):
-            client.delete(key)
-    clear()
-    yield f"{url}/13?prefix=model30"
-    clear()
+    """A store on Redis DB 13 under a key prefix of its own (deleted afterwards), whatever $REDIS_URL names."""
+    with redis_scratch(REDIS, "model30") as prefix:
+        yield f"{REDIS}?prefix={prefix}"
 
 
 def test_with_the_fake_model_two_runs_send_the_same_bytes_and_the_person_settles_the_join_after_a_resume(
