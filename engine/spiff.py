@@ -2237,8 +2237,7 @@ def deserialize(workflow: str | Mapping[str, Any]) -> BpmnWorkflow:
         dct = dict(workflow)
         SERIALIZER.migrate(dct)
         wf = SERIALIZER.from_dict(dct)
-    # room for the sub-processes it starts from here on (as new_workflow gives a new one)
-    deep_trees.make_room(len(wf.spec.task_specs) + sum(len(s.task_specs) for s in wf.subprocess_specs.values()))
+    _room_to_predict(wf.spec, wf.subprocess_specs)  # for the sub-processes it starts from here on
     return wf
 
 
@@ -2382,6 +2381,12 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[An
             task.task_spec.name, items, parent_keys)
 
 
+def _room_to_predict(spec: Any, subprocess_specs: Mapping[str, Any]) -> None:
+    """SpiffWorkflow predicts the steps ahead of a new workflow (and of each sub-process it starts)
+    recursively, a frame per step: room for the longest way through any of the specs."""
+    deep_trees.make_room(len(spec.task_specs) + sum(len(s.task_specs) for s in subprocess_specs.values()))
+
+
 def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> BpmnWorkflow:
     if spec.start.trigger_specs:
         # An event can start an event sub-process here, and SpiffWorkflow then connects it to
@@ -2390,9 +2395,7 @@ def new_workflow(spec: Any, subprocess_specs: dict[str, Any] | None = None) -> B
         # Such a workflow runs on a spec of its own, from the spec's text (as a loaded one does;
         # SpiffWorkflow's dict of a spec shares its lists of inputs and outputs with the spec).
         spec = SERIALIZER.registry.restore(json.loads(_spec_json(spec, SERIALIZER.registry)))
-    # SpiffWorkflow predicts the steps ahead of a new workflow (and of each sub-process it starts)
-    # recursively, a frame per step: room for the longest way through any of the specs
-    deep_trees.make_room(len(spec.task_specs) + sum(len(s.task_specs) for s in (subprocess_specs or {}).values()))
+    _room_to_predict(spec, subprocess_specs or {})
     return BpmnWorkflow(spec, subprocess_specs or {}, script_engine=LayerflowScriptEngine())
 
 
