@@ -757,6 +757,12 @@ def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_jso
              for ts in spiff.iter_user_specs(s) if getattr(ts, "manual", False)}
     for item in answer:
         key, _, value = item.partition("=")
+        if key in tasks and value.lstrip().startswith("{"):
+            try:
+                json.loads(value)
+            except ValueError as err:  # an object meant, a brace or a quote lost: say so, not "give an object"
+                _fail(f"--answer {item!r}: the answer to user task {key!r} is not valid JSON: {err}; give one JSON "
+                      f"object of its fields (double-quoted names and strings)", as_json=as_json)
         if key in tasks and not isinstance(_parse_value(value), dict):
             _fail(f"--answer {item!r}: {key!r} is a user task; answer it with a JSON object of its fields, "
                   f"e.g. --answer '{key}={{\"approved\": true}}'", as_json=as_json)

@@ -1621,8 +1621,21 @@ def activity_events(ctx: LayeredContext, activity: str, branch: str | None, key:
 
 
 def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
-    """The activities and gateways (and other actors) the events of ``contexts`` name, sorted."""
-    return sorted({str(i) for ctx in contexts for e in ctx.tape for i in (e.activity, e.actor) if i})
+    """The ids ``activity_events`` finds events of in ``contexts``, sorted: the activities and gateways
+    the events name, and the actor of an event that names no activity (an actor of an activity's events,
+    ``cli`` sending a message, is no id to look for: nothing would be found by it)."""
+    ids: set[str] = set()
+    for ctx in contexts:
+        for e in ctx.tape:
+            if e.activity:
+                ids.add(str(e.activity))
+                continue
+            data = e.data or {}
+            ids.update(str(i) for i in (e.actor, data.get("gateway"), data.get("gateway_id"), data.get("task_id")) if i)
+            confirmation = str(data.get("confirmation_id") or "")
+            if "/" in confirmation:
+                ids.add(confirmation.split("/", 1)[0])
+    return sorted(ids)
 
 
 _ABSENT = object()

@@ -346,8 +346,8 @@ from gateways.conditions import FOREIGN_LITERALS, expression_dialect, is_flow_se
 from gateways.coverage import coverage_gap
 
 from . import call_mappings, dmn, io_mappings, links
-from .configfile import (Problem, ProcessConfigFile, called_process_configs, configs_beside, load_config_file,
-                         main_file_first)
+from .configfile import (RESERVED_KEYS, Problem, ProcessConfigFile, called_process_configs, configs_beside,
+                         load_config_file, main_file_first)
 from .handlers import REGISTRY
 
 __all__ = [
@@ -1426,7 +1426,7 @@ class _Validator:
                     self._not_a_flow_node(eid, other.tag, file, line)
                     continue
                 known = sorted(self.nodes)
-                hint = _did_you_mean(eid, known)
+                hint = _section_meant(eid) or _did_you_mean(eid, known)
                 if not hint:
                     shown = ", ".join(repr(k) for k in known[:12]) + (", ..." if len(known) > 12 else "")
                     hint = f"; ids present: {shown}" if known else ""
@@ -6002,6 +6002,15 @@ def _defined_beside(process_id: str, given: Sequence[Path]) -> Path | None:
             except OSError:
                 continue
     return None
+
+
+def _section_meant(key: str) -> str:
+    """The hint for a config file's top-level key that is no element id but looks like one of its
+    sections (``sytem:``, ``data_layer:``, ``Data-Layers:``): read as an element id, it would only be
+    named as an id that does not exist, among the process's ids."""
+    plain = key.lower().replace("-", "_")
+    close = difflib.get_close_matches(plain, RESERVED_KEYS, n=1, cutoff=0.8)
+    return f" (did you mean the section '{close[0]}:'? its entries are then read as that section's)" if close else ""
 
 
 def _did_you_mean(word: str, candidates: Iterable[str]) -> str:
