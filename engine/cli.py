@@ -279,9 +279,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             how = f"--answer {w['task_id']}='{{...}}'` (a JSON object)"
             form = w.get("form") or {}
             if form.get("fields"):
-                from .forms import describe_field
+                from .forms import describe_fields
 
-                how += f"; form: {', '.join(describe_field(f) for f in form['fields'])} (* required)"
+                how += f"; form: {describe_fields(form['fields'])}"
             elif form.get("form_key"):
                 how += f"; form {form['form_key']!r} ({form.get('source')})"
         elif w.get("event"):

@@ -40,7 +40,7 @@ import copy
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, time
 from pathlib import Path
 from typing import Any
@@ -768,6 +768,14 @@ def describe_field(field: Mapping[str, Any]) -> str:
     if field.get("readonly"):
         text += " read-only"
     return text
+
+
+def describe_fields(fields: Iterable[Mapping[str, Any]]) -> str:
+    """The fields a form asks for, as ``describe_field`` shows each; the ``*`` legend only when a
+    field carries the mark."""
+    shown = list(fields)
+    legend = " (* required)" if any(f.get("required") for f in shown) else ""
+    return ", ".join(describe_field(f) for f in shown) + legend
 
 
 # ----------------------------------------------------------------------------- answers

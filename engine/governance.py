@@ -168,9 +168,9 @@ class FormAnswerInvalid(InvalidAnswer):
         self.fields = [dict(f) for f in form.get("fields") or []]
         self.source = form.get("source")
         listed = "; ".join(f"field {f!r} {p}" for f, p in problems)
-        asked = ", ".join(forms.describe_field(f) for f in self.fields)
+        asked = forms.describe_fields(self.fields)
         super().__init__(f"the answer to user task {task_id!r} does not fit its form ({self.source}): {listed}"
-                         + (f"; the form asks for: {asked} (* required)" if asked else "")
+                         + (f"; the form asks for: {asked}" if asked else "")
                          + "; the task still waits for a corrected answer",
                          instance_id=instance_id, task_id=task_id)
 
@@ -193,12 +193,12 @@ class StartDataInvalid(FormAnswerInvalid):
         self.source = form.get("source")
         self.process_id, self.pool = process_id, pool
         listed = "; ".join(f"field {f!r} {p}" for f, p in problems)
-        asked = ", ".join(forms.describe_field(f) for f in self.fields)
+        asked = forms.describe_fields(self.fields)
         where = f" in {file}" if file else ""
         owner = f"process {process_id!r}" + (f" (its pool {pool!r})" if pool else "")
         InvalidAnswer.__init__(self, f"the start data of {owner} does not fit the form of its start "
                                f"event {event_id!r}{where} ({self.source}): {listed}"
-                               + (f"; the form asks for: {asked} (* required)" if asked else "")
+                               + (f"; the form asks for: {asked}" if asked else "")
                                + "; no instance was created: correct the data and start again", task_id=event_id)
 
 

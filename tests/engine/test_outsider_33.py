@@ -16,7 +16,7 @@ support_ticket: triage writes a data object, a call activity of another file (it
   gives back only `diagnosis`), a user task on a standard loop (`loopMaximum`) read the data object
   through a data input association, with a non-interrupting SLA timer on it.
 
-Expected before anything ran: as README and DESIGN say, and so it was, but for three answers that did
+Expected before anything ran: as README and DESIGN say, and so it was, but for four answers that did
 not help the user who got them:
 - `--answer TASK={"kyc_status": "approved"` (a brace lost) was refused as "is a user task; answer it with
   a JSON object of its fields": it was one, only broken; the answer now says it is not valid JSON, and
@@ -26,6 +26,8 @@ not help the user who got them:
 - `tape --activity X` with an id that has no event lists "activities and gateways on this tape", but
   listed actors too (`cli`, `person`, `engine`), and `--activity cli` then found nothing (exit 0, no
   word): the list now names only ids that `--activity` finds.
+- a form none of whose fields is required was described with the legend "(* required)" for a mark no
+  field carried (a refused answer, the plain waiting line): the legend now comes with a marked field.
 Misread at first (the engine is right, README says so): a `--answer` for a user task on a standard loop
 answers every round of it (the rounds count as its step's), up to `loopMaximum`.
 """
@@ -152,6 +154,11 @@ def test_kyc_documents_come_in_after_an_escalation_and_compliance_approves(cli: 
 
     bad = cli("resume", iid, "--answer", 'Activity_compliance_decision={"kyc_status": "approve"}')
     assert bad.exit_code == 2 and "not one of approved, rejected" in bad.stderr
+    # no field of this form is required: no legend for a mark no field carries
+    assert "the form asks for: kyc_status enum(approved|rejected), decision_note string;" in bad.stderr
+    assert "* required" not in bad.stderr
+    plain = cli("inspect", iid).stdout + cli("resume", iid).stdout
+    assert "form: kyc_status enum(approved|rejected), decision_note string" in plain and "* required" not in plain
     typo = cli("resume", iid, "--answer", 'Activity_compliance_review={"kyc_status": "approved"}')
     assert typo.exit_code == 2 and "Activity_compliance_decision" in typo.stderr
     doc = run_json(cli, "resume", iid, "--answer",
