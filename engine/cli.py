@@ -413,19 +413,13 @@ def _parse_value(text: str) -> Any:
 
 def _answers(answers_file: str | None, answer: tuple[str, ...], as_json: bool) -> dict[str, Any]:
     doc = _read_mapping(answers_file, "answers", as_json)
-    for key in doc:
-        if key not in ("user_tasks", "confirmations"):
-            _fail(f"answers file {answers_file}: unknown section {key!r}; use user_tasks and confirmations",
-                  as_json=as_json)
-    for section in ("user_tasks", "confirmations"):
-        if doc.get(section) is not None and not isinstance(doc[section], dict):
-            _fail(f"answers file {answers_file}: {section} must be an object keyed by "
-                  f"{'BPMN task id' if section == 'user_tasks' else 'confirmation id, GATEWAY/KEY or *'}, "
-                  f"got {type(doc[section]).__name__}", as_json=as_json)
-    for task_id, values in (doc.get("user_tasks") or {}).items():
-        if not isinstance(values, dict):
-            _fail(f"answers file {answers_file}: user_tasks[{task_id!r}] must be an object of the task's "
-                  f"fields ({{key: value}}), got {type(values).__name__}", as_json=as_json)
+    from .governance import InvalidAnswer
+    from .runtime import check_answers_shape
+
+    try:
+        check_answers_shape(doc, source=f"answers file {answers_file}")
+    except InvalidAnswer as err:
+        _fail(str(err), as_json=as_json)
     out = {"user_tasks": dict(doc.get("user_tasks") or {}), "confirmations": dict(doc.get("confirmations") or {})}
     for item in answer:
         key, sep, value = item.partition("=")

@@ -42,6 +42,7 @@ sub-processes and boundary-event paths in ``engine.scope_steps``: base classes o
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import time
@@ -51,7 +52,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NoReturn, get_args
 
 from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
@@ -479,6 +480,12 @@ class Engine:
         one completed (its ``id``, ``task_id``, ``instance`` and ``input``), as the tape's
         ``user_input`` note names its ``instance``."""
         instance = self._instance(instance)
+        if data is not None and not isinstance(data, Mapping):
+            from .governance import InvalidAnswer
+
+            raise InvalidAnswer(f"the answer to user task {task_id!r} must be an object of the task's fields "
+                                f"({{key: value}}), got {type(data).__name__}; nothing was applied",
+                                instance_id=instance.id, task_id=task_id)
         rt = _runtime_of(instance)
         instance.completed_user_task = None
         _refuse_if_failed(instance, f"complete {task_id!r}")
@@ -617,6 +624,7 @@ class Engine:
         (``InvalidAnswer``: ``check_completed_answer_keys``)."""
         instance = self._instance(instance)
         if instance.status == "completed":
+            check_answers_shape(answers)
             refuse_late_answers(instance, answers)
             check_completed_answer_keys(instance, answers)
             # its waiting_for ids are gone: answers keyed by them are no typo, only too late
@@ -1326,12 +1334,47 @@ def _prepared_start(process: Process, data: Mapping[str, Any] | None) -> tuple[L
     return ctx, wf
 
 
+ANSWER_SECTIONS = ("user_tasks", "confirmations")
+
+
+def check_answers_shape(answers: Any, *, source: str = "answers") -> None:
+    """An answers document is ``{"user_tasks": {TASK: {field: value}}, "confirmations": {KEY: VALUE}}``
+    (either section may be left out): anything else raises ``InvalidAnswer`` naming the part, as the
+    CLI's ``--answers`` and REST refuse it, before anything runs. Unchecked, a misspelt section was
+    never used (the task went on waiting, without a word) and an answer that is no object failed the
+    instance inside the step that took it."""
+    from .governance import InvalidAnswer
+
+    def refuse(message: str) -> NoReturn:
+        raise InvalidAnswer(f"{source}: {message}")
+
+    if answers is None:
+        return
+    if not isinstance(answers, Mapping):
+        raise InvalidAnswer(f"{source} must be an object with user_tasks and confirmations ({{\"user_tasks\": "
+                            f"{{TASK_ID: {{...}}}}, \"confirmations\": {{KEY: VALUE}}}}), got {type(answers).__name__}")
+    for key in answers:
+        if key not in ANSWER_SECTIONS:
+            close = difflib.get_close_matches(str(key), ANSWER_SECTIONS, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            refuse(f"unknown section {key!r}{hint}; use user_tasks and confirmations")
+    for section, keyed in (("user_tasks", "a user task's BPMN id or waiting_for id"),
+                           ("confirmations", "a confirmation id, GATEWAY_ID/CONTEXT_KEY or *")):
+        if answers.get(section) is not None and not isinstance(answers[section], Mapping):
+            refuse(f"{section} must be an object keyed by {keyed}, got {type(answers[section]).__name__}")
+    for task_id, values in (answers.get("user_tasks") or {}).items():
+        if not isinstance(values, Mapping):
+            refuse(f"user_tasks[{task_id!r}] must be an object of the task's fields ({{key: value}}), "
+                   f"got {type(values).__name__}")
+
+
 def check_answer_keys(target: Instance | Process, answers: Mapping[str, Any] | None, *,
                       source: str = "answers") -> None:
     """The one check of the keys of an answers document (``Engine.run`` / ``resume``, REST, the
     CLI's ``--answers``): ``check_confirmation_keys`` and ``check_user_task_keys``, for a process
     about to start or an instance as it is (its confirmations and what it waits for name more, what
     it passed names less)."""
+    check_answers_shape(answers, source=source)
     tasks = (answers or {}).get("user_tasks") or {}
     conf = (answers or {}).get("confirmations") or {}
     if not isinstance(target, Process):

@@ -35,6 +35,7 @@ answers every round of it (the rounds count as its step's), up to `loopMaximum`.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,6 +124,49 @@ def test_tape_activity_lists_only_ids_it_finds(cli: Any) -> None:
     assert "Activity_request_documents" in listed and "Event_list_updated" in listed
     for name in listed:  # each one listed finds its events
         assert cli("tape", iid, "--activity", name).stdout.strip(), name
+
+
+def _kyc_waiting_for_the_decision() -> tuple[Engine, Any]:
+    engine = Engine("memory://")
+    instance = engine.run(load_process(KYC), applicant(documents=["passport", "proof_of_address"]))
+    assert [w["task_id"] for w in instance.waiting_for][0] == "Activity_compliance_decision"
+    return engine, instance
+
+
+@pytest.mark.parametrize(("answers", "said"), [
+    ({"user_task": {"Activity_compliance_decision": {"kyc_status": "approved"}}},
+     "unknown section 'user_task' (did you mean 'user_tasks'?)"),
+    ({"confirmation": {"*": "yes"}}, "unknown section 'confirmation' (did you mean 'confirmations'?)"),
+    ({"user_tasks": {"Activity_compliance_decision": "approved"}},
+     "user_tasks['Activity_compliance_decision'] must be an object of the task's fields"),
+    ({"user_tasks": [["Activity_compliance_decision", {}]]}, "user_tasks must be an object keyed by"),
+    ({"confirmations": "yes"}, "confirmations must be an object keyed by"),
+    (["Activity_compliance_decision"], "answers must be an object with user_tasks and confirmations"),
+])
+def test_python_answers_of_the_wrong_shape_are_refused_before_anything_runs(answers: Any, said: str) -> None:
+    """The CLI's --answers and REST refuse these; Engine.resume ignored a misspelt section (the task
+    went on waiting, no word), failed the instance with an internal ValueError for an answer that is no
+    object (status error, saved), and raised TypeError/AttributeError for a section of another type."""
+    from engine.governance import InvalidAnswer
+
+    engine, instance = _kyc_waiting_for_the_decision()
+    version = engine.load(instance.id).version
+    with pytest.raises(InvalidAnswer, match=re.escape(said)):
+        engine.resume(instance.id, answers=answers)
+    again = engine.load(instance.id)
+    assert (again.status, again.version) == ("waiting", version)
+    with pytest.raises(InvalidAnswer, match=re.escape(said)):
+        engine.run(load_process(KYC), applicant(), answers=answers)
+
+
+@pytest.mark.parametrize("data", ["approved", ["kyc_status"], 3])
+def test_python_user_task_data_that_is_no_object_is_refused(data: Any) -> None:
+    from engine.governance import InvalidAnswer
+
+    engine, instance = _kyc_waiting_for_the_decision()
+    with pytest.raises(InvalidAnswer, match="Activity_compliance_decision.*must be an object of the task's fields"):
+        engine.complete_user_task(instance.id, "Activity_compliance_decision", data)
+    assert engine.load(instance.id).status == "waiting"
 
 
 # ===== kyc_onboarding ============================================================================
