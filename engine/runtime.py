@@ -2090,8 +2090,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
             if task.task_spec.manual and task_id in (str(task.id), spiff.bpmn_id_of(task)):
                 return task
         waiting = [spiff.bpmn_id_of(t) for t in _ready_tasks(self.instance.workflow) if t.task_spec.manual]
+        # no user task waits: name what does (a timer, a message), not "nothing"
+        others = events.describe_waiting(self.instance.waiting_for)
+        shown = ", ".join(waiting) or (f"no user task ({others})" if self.instance.waiting_for else "nothing")
         raise ActivityError(f"instance {self.instance.id} does not wait for task {task_id!r}; "
-                            f"it waits for: {', '.join(waiting) or 'nothing'}", task_id=task_id)
+                            f"it waits for: {shown}", task_id=task_id)
 
     # ----- activities ------------------------------------------------------------------
 

@@ -169,6 +169,19 @@ def test_python_user_task_data_that_is_no_object_is_refused(data: Any) -> None:
     assert engine.load(instance.id).status == "waiting"
 
 
+def test_completing_a_user_task_of_an_instance_that_waits_for_events_names_the_events() -> None:
+    """It said "it waits for: nothing" of an instance waiting for a timer, a message and a signal."""
+    from engine.governance import LayerflowError
+
+    engine = Engine("memory://")
+    instance = engine.run(load_process(KYC), applicant())
+    with pytest.raises(LayerflowError) as refused:
+        engine.complete_user_task(instance.id, "Activity_compliance_decision", {"kyc_status": "approved"})
+    said = str(refused.value)
+    assert "nothing" not in said, said
+    assert "no user task" in said and "message 'documents_uploaded'" in said and "timer" in said, said
+
+
 # ===== kyc_onboarding ============================================================================
 
 def test_kyc_documents_come_in_after_an_escalation_and_compliance_approves(cli: Any) -> None:
