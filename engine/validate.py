@@ -2193,8 +2193,9 @@ class _Validator:
             beside = _defined_beside(called, [Path(d.file) for d in self.docs])
             where = ""
             if beside is not None:  # the command as a shell takes it (a folder may have a space)
-                command = " ".join(shlex.quote(str(f)) for f in [*(d.file for d in self.docs), beside])
-                where = f" ({beside} defines it: `layerflow run {command}`)"
+                files = [str(f) for f in [*(d.file for d in self.docs), beside]]
+                command = " ".join(shlex.quote(f) for f in files)
+                where = f" ({beside} defines it: `layerflow run {command}`), in Python `load_process({files!r})`"
             self.add("call_activity_unknown_process", f"calledElement={called!r} is no process of "
                      f"{self._files()}{_did_you_mean(called or '', process_ids)}; add the BPMN file that defines it "
                      f"to the files validated and run{where}, or fix the id", file=proc.file, line=call.sourceline,

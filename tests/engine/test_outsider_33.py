@@ -17,7 +17,7 @@ support_ticket: triage writes a data object, a call activity of another file (it
   through a data input association, with a non-interrupting SLA timer on it.
 
 Expected before anything ran: as README and DESIGN say, and so it was, but for four answers that did
-not help the user who got them:
+not help the user who got them (and one that hurt):
 - `--answer TASK={"kyc_status": "approved"` (a brace lost) was refused as "is a user task; answer it with
   a JSON object of its fields": it was one, only broken; the answer now says it is not valid JSON, and
   where, as `--data` and `--json-payload` say.
@@ -26,6 +26,13 @@ not help the user who got them:
 - `tape --activity X` with an id that has no event lists "activities and gateways on this tape", but
   listed actors too (`cli`, `person`, `engine`), and `--activity cli` then found nothing (exit 0, no
   word): the list now names only ids that `--activity` finds.
+- `Engine.run`/`resume(answers=...)` took an answers document of another shape without a word (a
+  misspelt section `user_task`), or failed the instance with an internal ValueError (a user task's
+  answer that is no object: status `error`, saved), where `--answers` and REST refuse it as bad input;
+  `complete_user_task` raised a bare ValueError for such data. Now `InvalidAnswer` naming the part.
+- `complete_user_task` of an instance waiting for a timer, a message and a signal said "it waits for:
+  nothing"; `load_process` of a file whose call activity's process is in another file gave the CLI
+  command only: the Python (`load_process([...])`) is named too.
 - a form none of whose fields is required was described with the legend "(* required)" for a mark no
   field carried (a refused answer, the plain waiting line): the legend now comes with a marked field.
 Misread at first (the engine is right, README says so): a `--answer` for a user task on a standard loop
@@ -309,8 +316,10 @@ def test_preserved_keys_survive_the_join_and_a_later_compression(cli: Any, tmp_p
 def test_ticket_loop_timer_and_call_activity_through_the_python_api() -> None:
     clock = [1796400000.0]
     engine = Engine("memory://", clock=lambda: clock[0])
-    with pytest.raises(Exception, match="ticket_diagnosis.bpmn defines it"):
+    with pytest.raises(Exception, match="ticket_diagnosis.bpmn defines it") as forgotten:
         load_process(TICKET)  # the called process's file forgotten
+    # a Python user is told the Python to write, not only the CLI command
+    assert f"load_process({[str(TICKET), str(DIAGNOSIS)]!r})" in str(forgotten.value)
     process = load_process([TICKET, DIAGNOSIS])
     instance = engine.run(process, {"ticket_id": "T-1", "subject": "Login outage"})
     assert [w["kind"] for w in instance.waiting_for] == ["user_task", "timer"]
