@@ -16,8 +16,8 @@ support_ticket: triage writes a data object, a call activity of another file (it
   gives back only `diagnosis`), a user task on a standard loop (`loopMaximum`) read the data object
   through a data input association, with a non-interrupting SLA timer on it.
 
-Expected before anything ran: as README and DESIGN say, and so it was, but for four answers that did
-not help the user who got them (and one that hurt):
+Expected before anything ran: as README and DESIGN say, and so it was, but for answers that did not
+help the user who got them, and one input that broke an instance:
 - `--answer TASK={"kyc_status": "approved"` (a brace lost) was refused as "is a user task; answer it with
   a JSON object of its fields": it was one, only broken; the answer now says it is not valid JSON, and
   where, as `--data` and `--json-payload` say.
@@ -37,6 +37,9 @@ not help the user who got them (and one that hurt):
   field carried (a refused answer, the plain waiting line): the legend now comes with a marked field.
 Misread at first (the engine is right, README says so): a `--answer` for a user task on a standard loop
 answers every round of it (the rounds count as its step's), up to `loopMaximum`.
+Left as it is (by design, and documented as the sub-process rule): the called process, whose
+ioSpecification names `subject` as its only data input, sees the caller's whole context (SpiffWorkflow
+would give it `subject` alone); only the outputs are scoped.
 """
 
 from __future__ import annotations
