@@ -6011,7 +6011,7 @@ def _section_meant(key: str) -> str:
     named as an id that does not exist, among the process's ids."""
     plain = key.lower().replace("-", "_")
     close = difflib.get_close_matches(plain, RESERVED_KEYS, n=1, cutoff=0.8)
-    return f" (did you mean the section '{close[0]}:'? its entries are then read as that section's)" if close else ""
+    return f" (did you mean the section '{close[0]}:'?)" if close else ""
 
 
 def _did_you_mean(word: str, candidates: Iterable[str]) -> str:
