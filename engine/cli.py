@@ -314,7 +314,8 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                    "instance whose timer is due)") if w.get("due") else "` once the event has happened"
         else:
             how = "` once the event has happened"
-        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}: `layerflow resume {instance.id}{at}"
+        nth = f" (round {w['round']})" if w.get("round") else ""  # a user task on a standard loop
+        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}{nth}: `layerflow resume {instance.id}{at}"
                      f"{'' if how.startswith('`') else ' '}{how}")
         for said in ("instructions", "documentation"):  # what the person is asked, as the BPMN says it
             text = w.get(said) if w["kind"] == "user_task" else None

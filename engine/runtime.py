@@ -1787,9 +1787,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
     @staticmethod
     def _instance_of(task: Any) -> dict[str, Any]:
         """Which instance of a multi-instance user task this is (several wait under one BPMN id):
-        ``instance`` (from 1, in SpiffWorkflow's order) and ``input``, its input data item. A user
+        ``instance`` (from 1, in SpiffWorkflow's order) and ``input``, its input data item; on a
+        standard loop, which ``round`` (from 1). A user
         task inside a multi-instance sub-process (or call activity) waits once per instance of
         that activity under one BPMN id too: it is told apart by the instance it runs in."""
+        loop = spiff.loop_of(task)
+        if loop is not None and not isinstance(loop.task_spec, spiff.MultiInstanceTask):
+            # a standard loop: one round at a time, each a child of the loop task (the earlier ones done)
+            return {"round": [c.task_spec for c in loop.children].count(task.task_spec)}
         multi = spiff.multi_instance_of(task)
         while multi is None and getattr(task.workflow, "parent_task_id", None) is not None:
             task = task.workflow.top_workflow.get_task_from_id(task.workflow.parent_task_id)
