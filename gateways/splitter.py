@@ -159,7 +159,7 @@ class ContextSplitter:
         for branch_id in ids:
             branch = LayeredContext.fork(snapshot, name=branch_context_name(ctx.name, branch_id, snapshot.seq),
                                          branch_id=branch_id, inject=injects[branch_id], actor=actor,
-                                         encoding=ctx.encoding)
+                                         encoding=ctx.encoding, clock=ctx.clock)
             injected = {**injects[branch_id], "_branch_id": branch_id, "_snapshot_id": snapshot.id}
             out.append(BranchContext(branch_id, branch, snapshot.id, injected))
         return out
