@@ -154,3 +154,60 @@ def test_worker_stamps_its_takeover_note_and_run_with_its_engine_s_clock(tmp_pat
     note = next(e for e in instance.main.tape if e.data.get("note") == "retry")
     assert note.time == T0 + 7
     assert times(instance)["main"] == {T0, T0 + 7}
+
+
+# ============================================================ (c) the takeover names the activity begun
+
+REDIS = "redis://127.0.0.1:6379/10"
+# another round's fixture, used as it is: prepare, two parallel checks, then slow_step, which sleeps
+# on its first attempt (``$LAYERFLOW_TEST_SLOW_MARKER`` not there yet) so its worker can be killed in it
+SLOW = Path(__file__).parents[1] / "stores" / "fixtures" / "slow_process.bpmn"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_takeover_retry_note_names_the_activity_the_dead_worker_had_begun(tmp_path: Path,
+                                                                          monkeypatch: Any) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from engine.worker import queue_client, run_worker, submit
+
+    from engine_helpers import redis_scratch
+
+    with redis_scratch(REDIS, "gaps26") as prefix:
+        store = f"sqlite:///{tmp_path / 'workers.db'}"
+        stream = f"{prefix}-ready"
+        client = queue_client(queue_url=REDIS)
+        marker = tmp_path / "slow_step.started"
+        monkeypatch.setenv("LAYERFLOW_TEST_SLOW_MARKER", str(marker))
+        code = ("import sys; from engine.worker import run_worker; run_worker(sys.argv[1], queue_url=sys.argv[2], "
+                "stream=sys.argv[3], consumer='doomed', idle_ms=500, timer_interval=0, stop_after=1)")
+        doomed = subprocess.Popen([sys.executable, "-c", code, store, REDIS, stream], cwd=ROOT,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
+        try:
+            iid = submit(store, SLOW, {"amount": 21}, queue_url=REDIS, stream=stream, client=client)
+            deadline = time.monotonic() + 30
+            while not (marker.exists() and marker.read_text()):
+                assert doomed.poll() is None and time.monotonic() < deadline, "the worker never reached slow_step"
+                time.sleep(0.02)
+            doomed.send_signal(signal.SIGKILL)  # in the middle of slow_step
+            doomed.wait(timeout=10)
+            stats = run_worker(store, queue_url=REDIS, stream=stream, consumer="heir", idle_ms=500, block_ms=100,
+                               timer_interval=0, stop_after=1, client=client)
+            assert stats.reclaimed >= 1 and stats.statuses == {"completed": 1}, stats  # (busy while the lease ran out)
+            tape = Engine(store).load(iid).main.tape
+            [retry] = [e for e in tape if e.data.get("note") == "retry"]
+            assert retry.data["previous_consumer"] == "doomed"
+            assert retry.data["activity_begun"] == "slow_step", retry.data
+            # begun after the last save, and run again after the note, once on the tape
+            [again] = [e.seq for e in tape if e.kind == "begin" and e.activity == "slow_step"]
+            assert again > retry.seq
+            assert not client.exists(f"{stream}:begun:{iid}"), "the marker goes once the instance is at rest"
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+                doomed.wait()
+            client.delete(stream)
+            client.close()
