@@ -635,13 +635,10 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                      "previous_consumer": previous or "", "consumer": consumer}
             begun = queue.begun(instance_id)
 
-        def check(task_id: str, unchanged: Callable[[], bool], version: int) -> None:
-            heartbeat.check(task_id, unchanged)
-            queue.mark_begun(instance_id, consumer, task_id, version)
-
         try:
             _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
-                         lease_check=check, retry=retry, begun=begun)
+                         lease_check=heartbeat.check, retry=retry, begun=begun,
+                         mark_begun=lambda task_id, version: queue.mark_begun(instance_id, consumer, task_id, version))
         except _Vanished as err:
             # nothing left to run and nothing written: retrying or dead-lettering cannot help
             stats.failures += 1
@@ -700,12 +697,14 @@ class _Vanished(LayerflowError):
 
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
                  wake: str | None = None, store: Store | None = None,
-                 lease_check: Callable[[str, Callable[[], bool], int], None] | None = None,
-                 retry: Mapping[str, Any] | None = None, begun: Mapping[str, Any] | None = None) -> None:
+                 lease_check: Callable[[str, Callable[[], bool]], None] | None = None,
+                 retry: Mapping[str, Any] | None = None, begun: Mapping[str, Any] | None = None,
+                 mark_begun: Callable[[str, int], None] | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
-    due timer, a waiting instance runs too (the timer fires). ``lease_check(task_id, unchanged,
-    version)`` runs before each task (``Heartbeat.check``: ``LeaseLost`` once the lease is gone; then
-    the task is marked begun from the saved ``version``). ``retry``: the entry was taken over from a
+    due timer, a waiting instance runs too (the timer fires). ``lease_check`` runs before each
+    task (``Heartbeat.check``: ``LeaseLost`` once the lease is gone); then ``mark_begun(task_id,
+    version)`` before each activity (not a gateway or an event), with the version it starts from
+    (the last save). ``retry``: the entry was taken over from a
     worker that did not finish it (``entry_id``, ``delivery``, ``previous_consumer``, ``consumer``):
     logged, and a ``retry`` note on the main tape, saved with the run's first step, so the audit shows
     that what the other worker had begun (an activity it ran, its side effects) is run again from the
@@ -722,10 +721,13 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
     if lease_check is not None:
+        activities = instance.process.activity_ids() if mark_begun is not None else frozenset()
+
         def still_ours(task_id: str) -> None:
             # the version this run saved last is still the stored one: nobody ran it meanwhile
-            lease_check(task_id, lambda: record_head(engine.store, instance_id)["version"] == instance.version,
-                        instance.version)
+            lease_check(task_id, lambda: record_head(engine.store, instance_id)["version"] == instance.version)
+            if mark_begun is not None and task_id in activities:
+                mark_begun(task_id, instance.version)
 
         instance.lease_check = still_ours
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):

@@ -211,3 +211,19 @@ def test_takeover_retry_note_names_the_activity_the_dead_worker_had_begun(tmp_pa
                 doomed.wait()
             client.delete(stream)
             client.close()
+
+
+def test_the_store_lists_an_instance_as_saved_by_the_engine_s_clock(tmp_path: Path) -> None:
+    """``layerflow list`` / ``GET /api/instances`` read the store's created/updated: the engine's saves
+    set them (a store's own clock stays for records that carry no times, and for leases)."""
+    from engine_helpers import redis_scratch
+
+    with redis_scratch(REDIS, "gaps26") as prefix:
+        for url in ("memory://gaps26list", f"sqlite:///{tmp_path / 'list.db'}", f"{REDIS}?prefix={prefix}"):
+            clock = Clock(T0)
+            engine = Engine(url, clock=clock)
+            instance = engine.start(load_process(PARALLEL_USER_TASK), {"title": "T"})
+            clock.now = T0 + 30
+            engine.run(instance)
+            [row] = [r for r in open_store(url).list_instances() if r["instance_id"] == instance.id]
+            assert (row["created"], row["updated"]) == (T0, T0 + 30), url
