@@ -185,7 +185,7 @@ class ContextSplitter:
         named = _branch_contexts(branches)
         try:
             result = join_contexts(ctx, named, config=config, gateway_id=gateway_id, answers=answers,
-                                   arbiter=arbiter, human_available=human_available)
+                                   arbiter=arbiter, human_available=human_available, clock=ctx.clock)
         except MergeConflictError as err:  # the conflicts go on the tape, as the engine records them
             ctx.record("conflict_failed", actor=actor, data={
                 "gateway_id": err.gateway_id, "message": str(err)[:2000], "conflicts": list(err.conflicts)})

@@ -89,10 +89,14 @@ def test_a_context_takes_a_clock_and_its_branches_inherit_it() -> None:
 
     ctx = LayeredContext(system={"policy": "p"}, clock=Clock(T0))
     ctx.write("L4", "amount", 10, actor="submit")
-    branches = ContextSplitter().split(ctx, "gw", ["a", "b"])
-    branches[0].context.write("L4", "x", 1, actor="a")
-    assert {e.time for e in ctx.tape} == {T0}
-    assert {e.time for b in branches for e in b.context.tape} == {T0}
+    splitter = ContextSplitter()
+    a, b = splitter.split(ctx, "gw", ["a", "b"])
+    a.context.write("L4", "x", 1, actor="a")
+    b.context.write("L4", "x", 2, actor="b")
+    splitter.join(ctx, [a, b], {"mergeStrategy": "LAST_WRITER_WINS"})
+    assert {e.time for c in (ctx, a.context, b.context) for e in c.tape} == {T0}
+    [conflict] = ctx.get("_mergedConflicts")
+    assert conflict["time"] == "2001-09-09T01:46:40.000Z"  # T0: the join's log is on the context's clock too
 
 
 def test_resume_now_stamps_the_tape_with_the_moment_it_names(tmp_path: Path) -> None:
@@ -227,3 +231,15 @@ def test_the_store_lists_an_instance_as_saved_by_the_engine_s_clock(tmp_path: Pa
             engine.run(instance)
             [row] = [r for r in open_store(url).list_instances() if r["instance_id"] == instance.id]
             assert (row["created"], row["updated"]) == (T0, T0 + 30), url
+
+
+def test_the_terminal_prompt_counts_a_deadline_down_on_the_engine_s_clock(monkeypatch: Any) -> None:
+    """A confirmation's deadline is set by the engine's clock (``resume --now``: NOW + timeout); the
+    person's countdown read the wall clock, so under ``--now`` it showed days left instead of the timeout."""
+    import engine.cli as cli
+    from engine.confirm import TerminalPrompt
+
+    monkeypatch.setattr(cli, "stdin_is_terminal", lambda *a: True)
+    clock = Clock(T0)
+    prompt = cli._asker(cli._Out(False), False, False, clock=clock)
+    assert isinstance(prompt, TerminalPrompt) and prompt.clock is clock
