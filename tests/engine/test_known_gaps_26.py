@@ -6,7 +6,17 @@
     simulation or a ``resume --now`` got a tape whose times disagreed with the rest of the instance.
     Now each context carries the clock that stamps its events (``LayeredContext(clock=...)``; a
     branch forked at a split takes its parent's; the engine gives every context it starts or
-    loads its own clock), on every path: the Python API, the CLI's ``--now``, REST, workers.
+    loads its own clock), on every path: the Python API, the CLI's ``--now``, REST, workers; the
+    stores list an instance by the ``created``/``updated`` its record carries; the terminal prompt
+    counts a confirmation's deadline down on the clock that set it.
+(b) The seed's ``_splitSnapshot`` JSON: DESIGN.md names no such document (a split writes only
+    ``contextInject``, ``_branch_id`` and ``_snapshot_id`` into a branch's WORKING, and its snapshot is
+    structurally shared, never deep-copied), so no interface was added: what it carries is the
+    ``split`` note plus the snapshot the note names (README maps the fields), checked in (a).
+(c) A worker's ``retry`` note (a takeover from a dead worker) could not say which activity the dead
+    worker had begun. Workers now SET ``<stream>:begun:<instance id>`` on the queue's Redis before each
+    activity (task id and the saved version it starts from; the non-worker paths write nothing), and
+    the takeover's note names it as ``activity_begun`` when it began after the last save.
 """
 
 from __future__ import annotations
@@ -56,8 +66,11 @@ def test_engine_clock_stamps_every_tape_event_and_the_record(tmp_path: Path) -> 
     assert instance.status == "waiting" and len(instance.contexts) == 3  # main and the split's two branches
     assert times(instance) == {name: {T0} for name in instance.contexts}
     assert (instance.created, instance.updated) == (T0, T0)
+    # the seed's _splitSnapshot (snapshotId, splitGatewayId, timestamp, branchIds, context) is the split
+    # note and the snapshot it names (README): its time is now the engine's clock too
     split = next(e for e in instance.main.tape if e.data.get("note") == "split")
-    assert split.time == T0  # when the gateway split, as the engine's clock had it
+    assert (split.data["gateway_id"], sorted(split.data["branches"]), split.time) == ("fork", ["estimate", "review"], T0)
+    assert instance.main.get_snapshot(split.data["snapshot_id"]).label == "split:fork"
 
     clock.now = T0 + 60
     again = Engine(store, clock=clock)  # loaded from the store: its contexts take this engine's clock
