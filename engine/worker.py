@@ -117,7 +117,7 @@ DEFAULT_GROUP = "workers"
 DEFAULT_MAX_DELIVERIES = 5
 AT_REST = ("completed", "waiting", "error", "cancelled")
 ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may quote a whole record
-BEGUN_TTL = 24 * 3600  # seconds a "task begun" marker outlives a worker that died before its instance came to rest
+BEGUN_TTL = 24 * 3600  # seconds an "activity begun" marker outlives a worker that died before its instance rested
 
 log = logging.getLogger("layerflow.worker")
 
@@ -340,10 +340,10 @@ class _Queue:
     def ack(self, entry_id: str) -> None:
         self.client.xack(self.stream, self.group, entry_id)
 
-    # Which task a worker began last, and from which saved version: one SET before each task, on the
-    # worker path only (it renews its lease there anyway), so the worker that takes an instance over
-    # from a dead one can name the activity that died with it. Only a hint for the audit: a queue that
-    # does not answer here costs the hint, never the run.
+    # Which activity a worker began last, and from which saved version: one SET before each activity
+    # (not before a gateway or an event), on the worker path only, so the worker that takes an instance
+    # over from a dead one can name the activity that died with it. Only a hint for the audit: a queue
+    # that does not answer here costs the hint, never the run.
     def _begun_key(self, instance_id: str) -> str:
         return f"{self.stream}:begun:{instance_id}"
 
@@ -634,7 +634,6 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             retry = {"entry_id": entry_id, "delivery": int(pending["times_delivered"]) if pending else 0,
                      "previous_consumer": previous or "", "consumer": consumer}
             begun = queue.begun(instance_id)
-
         try:
             _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
                          lease_check=heartbeat.check, retry=retry, begun=begun,
@@ -769,7 +768,8 @@ def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
         who = "taken up again by this worker, whose earlier delivery"
     else:
         who = f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that"
-    again = f"activity {task!r}, begun then, runs again" if isinstance(task, str) else "an activity begun then runs again"
+    again = (f"activity {task!r}, begun then, runs again" if isinstance(task, str)
+             else "an activity begun then runs again")
     log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last save "
                 "(version %d); %s", entry_id, instance.id, who, retry.get("delivery"), instance.version, again)
     instance.main.record("retry", actor=str(consumer), data=data)

@@ -168,7 +168,8 @@ def _db_of(url: str) -> str:
 
 # KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9 due, 10.. tapes
 # ARGV: 1 mode (create | save | side), 2 expected version or "", 3 record or "", 4 process_id, 5 status,
-#       6 now (the record's created on create, its updated on save; else the time), 7 format, 8 instance id, 9 the record's due time or "" (none), 10 #appends, then per append:
+#       6 now (the record's created on create, its updated on save; else the time), 7 format,
+#       8 instance id, 9 the record's due time or "" (none), 10 #appends, then per append:
 #       context, first seq, n, n events; then #tape parts, (hash, part) pairs;
 #       then #snapshots, per snapshot: id, manifest, #blobs, (hash, body) pairs; then #confs, (id, JSON) pairs.
 _WRITE = """

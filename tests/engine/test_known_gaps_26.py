@@ -69,7 +69,8 @@ def test_engine_clock_stamps_every_tape_event_and_the_record(tmp_path: Path) -> 
     # the seed's _splitSnapshot (snapshotId, splitGatewayId, timestamp, branchIds, context) is the split
     # note and the snapshot it names (README): its time is now the engine's clock too
     split = next(e for e in instance.main.tape if e.data.get("note") == "split")
-    assert (split.data["gateway_id"], sorted(split.data["branches"]), split.time) == ("fork", ["estimate", "review"], T0)
+    assert (split.data["gateway_id"], sorted(split.data["branches"]), split.time) == (
+        "fork", ["estimate", "review"], T0)
     assert instance.main.get_snapshot(split.data["snapshot_id"]).label == "split:fork"
 
     clock.now = T0 + 60
