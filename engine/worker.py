@@ -625,6 +625,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries + 1)
             if dead_id is not None:
                 stats.dead += 1
+                queue.forget_begun(instance_id)  # a requeued dead letter is a new entry, not a takeover
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
                 return
         retry = None
@@ -669,6 +670,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                             "pending", entry_id, instance_id, count, max_deliveries, exc_info=err)
             else:
                 stats.dead += 1
+                queue.forget_begun(instance_id)
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter, err)
         else:
             queue.ack(entry_id)
