@@ -248,10 +248,13 @@ class LayeredContext:
 
     def __init__(self, system: Mapping[str, Any] | None = None, *, process: Mapping[str, Any] | None = None,
                  name: str = "main", branch_id: str | None = None, encoding: str = DEFAULT_ENCODING,
-                 actor: str = "engine", _empty: bool = False) -> None:
+                 actor: str = "engine", clock: Callable[[], float] | None = None, _empty: bool = False) -> None:
         self.name = name
         self.branch_id = branch_id
         self.encoding = encoding
+        # what stamps this context's tape events (seconds since the epoch): the engine gives every
+        # context it starts or loads its own clock (``Engine(clock=...)``), a branch takes its parent's
+        self.clock: Callable[[], float] = clock if clock is not None else time.time
         self._state = _State.empty()
         self._tape = Tape()
         self._snapshots: dict[str, Snapshot] = {}
@@ -673,10 +676,12 @@ class LayeredContext:
 
     @classmethod
     def fork(cls, snapshot: Snapshot, *, name: str, branch_id: str, inject: Mapping[str, Any] | None = None,
-             actor: str = "engine", encoding: str | None = None) -> "LayeredContext":
+             actor: str = "engine", encoding: str | None = None,
+             clock: Callable[[], float] | None = None) -> "LayeredContext":
         """A branch context: every layer from ``snapshot`` (shared, O(1)), EPHEMERAL cleared,
-        WORKING plus ``inject``, ``_branch_id`` and ``_snapshot_id``."""
-        ctx = cls(name=name, branch_id=branch_id, encoding=encoding or DEFAULT_ENCODING, _empty=True)
+        WORKING plus ``inject``, ``_branch_id`` and ``_snapshot_id``. ``clock`` stamps its events
+        (pass the parent's; default the wall clock)."""
+        ctx = cls(name=name, branch_id=branch_id, encoding=encoding or DEFAULT_ENCODING, clock=clock, _empty=True)
         ctx._base = snapshot
         changes: list[Change] = []  # EPHEMERAL is emptied by the fork itself, in O(1)
         layers = snapshot.state.layers
@@ -714,7 +719,7 @@ class LayeredContext:
             frozen = freeze(data)
         except ValueError as err:  # a label, reason or note that no tape can carry (NaN, a lone surrogate)
             raise ContextValueError(f"{kind.value} event data", str(err)) from None
-        event = Event(seq=seq, kind=kind, time=time.time(), actor=actor,
+        event = Event(seq=seq, kind=kind, time=self.clock(), actor=actor,
                       activity=activity if activity is not None else self._state.activity,
                       branch=self.branch_id, changes=tuple(changes), data=frozen, snapshot=snapshot)
         self._state = self._apply(self._state, event)

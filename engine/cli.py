@@ -454,7 +454,8 @@ def _suggested(item: dict[str, Any]) -> Any:
     return item.get("default")
 
 
-def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], Any] | None:
+def _asker(out: _Out, yes: bool, answered: bool,
+           clock: Callable[[], float] = time.time) -> Callable[[dict[str, Any]], Any] | None:
     if yes:
         told: set[str] = set()
 
@@ -472,7 +473,8 @@ def _asker(out: _Out, yes: bool, answered: bool) -> Callable[[dict[str, Any]], A
 
         return suggested
     if not answered and stdin_is_terminal():
-        return TerminalPrompt()  # numbered options, the deadline counting down (engine.confirm)
+        # numbered options, the deadline counting down (engine.confirm) on the clock that set it
+        return TerminalPrompt(clock=clock)
     return None
 
 
@@ -646,7 +648,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         if not as_json:
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:
-            instance = engine.run(instance, answers=answers, ask=_asker(out, yes, bool(answers_file or answer)), by=by)
+            instance = engine.run(instance, answers=answers, by=by,
+                                  ask=_asker(out, yes, bool(answers_file or answer), engine.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
         except StoreError as err:
@@ -1071,7 +1074,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                         except LayerflowError as err:
                             _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
                 instance = engine.resume(instance, answers=answers,
-                                         ask=_asker(out, yes, bool(answers_file or answer)), by=by)
+                                         ask=_asker(out, yes, bool(answers_file or answer), engine.clock), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:

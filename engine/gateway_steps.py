@@ -516,7 +516,8 @@ class GatewaySteps:
         if name not in inst.contexts:  # kept while the merge waits for answers
             parent = inst.contexts[info["parent"]]
             inst.contexts[name] = LayeredContext.fork(parent.get_snapshot(info["snapshot_id"]), name=name,
-                                                      branch_id=gw, actor=gw, encoding=parent.encoding)
+                                                      branch_id=gw, actor=gw, encoding=parent.encoding,
+                                                      clock=parent.clock)
         if not self._merge_group(task, gw, name, members, arrival=arrival):
             return None
         inst.branches[name] = {

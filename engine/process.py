@@ -81,6 +81,12 @@ class Process:
                 ids.setdefault(ts.bpmn_id, None)
         return list(ids)
 
+    def activity_ids(self) -> frozenset[str]:
+        """The BPMN ids of the activities (not the gateways or events) of the process and of its
+        sub-processes and called processes."""
+        return frozenset(spiff.spec_bpmn_id(ts) for s in [self.spec, *self.subprocess_specs.values()]
+                         for ts in s.task_specs.values() if spiff.is_activity(ts))
+
     def user_task_ids(self) -> list[str]:
         """The BPMN ids of the tasks that wait for a person's data (user, manual and plain tasks
         SpiffWorkflow runs by hand), of the process and of its sub-processes and called processes:

@@ -376,13 +376,17 @@ class Engine:
         """Create an instance (SYSTEM from the config's ``system:``, data into PROCESS or where
         ``data_layers`` says) and save it, in ``store`` (a URL or a store) when given, else
         in the engine's. ``run`` advances it."""
-        return self._create(process, *_prepared_start(process, data), instance_id=instance_id, store=store)
+        return self._create(process, *_prepared_start(process, data, clock=self.clock), instance_id=instance_id,
+                            store=store)
 
     def _create(self, process: Process, ctx: LayeredContext, wf: Any, *, instance_id: str | None = None,
                 store: "str | Store | None" = None) -> Instance:
         """``start`` once its checks are done: ``ctx`` and ``wf`` are ``_prepared_start``'s (``worker.submit``
         prepares them itself, so the checks it makes first are the ones it starts from)."""
-        instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx})
+        ctx.clock = self.clock
+        now = self.clock()
+        instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx},
+                            created=now, updated=now)
         _Runtime(self, instance)
         if store is not None:
             instance.store = open_store(store) if isinstance(store, str) else store
@@ -835,7 +839,7 @@ class Engine:
         if instance.held is not None:
             instance.held.pending = True
             return
-        instance.updated = time.time()
+        instance.updated = self.clock()
         store_of = self._store_of(instance)
         instance.version = store_of.save(_record_for(store_of, instance), instance.version)
 
@@ -1286,14 +1290,15 @@ def check_start(process: Process, data: Mapping[str, Any] | None = None) -> None
     _prepared_start(process, data)
 
 
-def _prepared_start(process: Process, data: Mapping[str, Any] | None) -> tuple[LayeredContext, Any]:
-    """The new instance's main context (SYSTEM, then the start data as one ``input`` event) and its
-    workflow, or the error that refuses the start (``check_start``)."""
+def _prepared_start(process: Process, data: Mapping[str, Any] | None,
+                    clock: Callable[[], float] = time.time) -> tuple[LayeredContext, Any]:
+    """The new instance's main context (SYSTEM, then the start data as one ``input`` event; its
+    events stamped by ``clock``) and its workflow, or the error that refuses the start (``check_start``)."""
     if data is not None and not isinstance(data, Mapping):  # a caller's programming slip: a plain TypeError
         raise TypeError(f"Engine.start: initial data must be a mapping of context keys to values (a JSON "
                         f"object), got {type(data).__name__}")
     data = _checked_start_data(process, data)
-    ctx = LayeredContext(system=process.system, name=MAIN, actor="engine")
+    ctx = LayeredContext(system=process.system, name=MAIN, actor="engine", clock=clock)
     if data:
         # One event for all initial data. The layers' rules still hold: SYSTEM keys are
         # refused, PROCESS only gains keys.
@@ -3250,14 +3255,16 @@ def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
     wf = spiff.deserialize(record["workflow"])
     process = Process.from_record(record["process"], wf.spec, dict(wf.subprocess_specs))
     contexts = {name: LayeredContext.from_dict(d) for name, d in record["contexts"].items()}
+    for ctx in contexts.values():  # what happens to it from here on is stamped by this engine's clock
+        ctx.clock = engine.clock
     eng = record.get("engine", {})
     instance = Instance(
         id=record["id"], process=process, workflow=wf, contexts=contexts, status=record["status"],
         error=record.get("error"), waiting_for=list(eng.get("waiting_for", [])),
         conflicts=list(eng.get("conflicts", [])), compressions=list(eng.get("compressions", [])),
         confirmations=list(eng.get("confirmations", [])), branches=dict(eng.get("branches", {})),
-        version=int(record["version"]), created=float(record.get("created", time.time())),
-        updated=float(record.get("updated", time.time())), error_task=eng.get("error_task"),
+        version=int(record["version"]), created=float(record.get("created", engine.clock())),
+        updated=float(record.get("updated", engine.clock())), error_task=eng.get("error_task"),
         activities=int(eng.get("activities", 0)), suspended=dict(eng.get("suspended", {})),
         cancelled=eng.get("cancelled"),
     )

@@ -263,7 +263,7 @@ class ScopeSteps:
         snap = ctx.snapshot(label=f"scope:{branch_id}", actor=bpmn_id)
         name = branch_context_name(parent_name, branch_id, snap.seq)
         scope = LayeredContext.fork(snap, name=name, branch_id=branch_id, inject=inject, actor=bpmn_id,
-                                    encoding=ctx.encoding)
+                                    encoding=ctx.encoding, clock=ctx.clock)
         ctx.record("scope", actor=bpmn_id, data={"activity": bpmn_id, "context": name, "snapshot_id": snap.id,
                                                   "inject": thaw(dict(inject))})
         self.instance.contexts[name] = scope

@@ -84,6 +84,7 @@ is always Redis: ``queue_url``, else the store's URL when it is Redis, else
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -116,6 +117,7 @@ DEFAULT_GROUP = "workers"
 DEFAULT_MAX_DELIVERIES = 5
 AT_REST = ("completed", "waiting", "error", "cancelled")
 ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may quote a whole record
+BEGUN_TTL = 24 * 3600  # seconds an "activity begun" marker outlives a worker that died before its instance rested
 
 log = logging.getLogger("layerflow.worker")
 
@@ -337,6 +339,41 @@ class _Queue:
 
     def ack(self, entry_id: str) -> None:
         self.client.xack(self.stream, self.group, entry_id)
+
+    # Which activity a worker began last, and from which saved version: one SET before each activity
+    # (not before a gateway or an event), on the worker path only, so the worker that takes an instance
+    # over from a dead one can name the activity that died with it. Only a hint for the audit: a queue
+    # that does not answer here costs the hint, never the run.
+    def _begun_key(self, instance_id: str) -> str:
+        return f"{self.stream}:begun:{instance_id}"
+
+    def mark_begun(self, instance_id: str, consumer: str, task_id: str, version: int) -> None:
+        import redis
+
+        text = json.dumps({"task_id": task_id, "version": version, "consumer": consumer})
+        try:
+            self.client.set(self._begun_key(instance_id), text, ex=BEGUN_TTL)
+        except redis.RedisError as err:
+            log.debug("instance %s: could not mark task %r begun: %s", instance_id, task_id, err)
+
+    def begun(self, instance_id: str) -> dict[str, Any] | None:
+        """The last ``mark_begun`` of ``instance_id`` ({"task_id", "version", "consumer"}), or None."""
+        import redis
+
+        try:
+            text = self.client.get(self._begun_key(instance_id))
+            found = json.loads(text) if text else None
+        except (redis.RedisError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def forget_begun(self, instance_id: str) -> None:
+        import redis
+
+        try:
+            self.client.delete(self._begun_key(instance_id))
+        except redis.RedisError:
+            pass  # it expires
 
     def _pending(self, conn: Any, entry_id: str) -> dict[str, Any] | None:
         rows = conn.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
@@ -588,21 +625,26 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries + 1)
             if dead_id is not None:
                 stats.dead += 1
+                queue.forget_begun(instance_id)  # a requeued dead letter is a new entry, not a takeover
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter)
                 return
         retry = None
+        begun = None
         if taken_over:
             pending = queue._pending(queue.client, entry_id)
             retry = {"entry_id": entry_id, "delivery": int(pending["times_delivered"]) if pending else 0,
                      "previous_consumer": previous or "", "consumer": consumer}
+            begun = queue.begun(instance_id)
         try:
             _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
-                         lease_check=heartbeat.check, retry=retry)
+                         lease_check=heartbeat.check, retry=retry, begun=begun,
+                         mark_begun=lambda task_id, version: queue.mark_begun(instance_id, consumer, task_id, version))
         except _Vanished as err:
             # nothing left to run and nothing written: retrying or dead-lettering cannot help
             stats.failures += 1
             log.error("entry %s: %s; acknowledging the entry", entry_id, err)
             queue.ack(entry_id)
+            queue.forget_begun(instance_id)
             stats.acked += 1
         except LeaseLost as err:
             # paused past the lease (a stopped process, a long pause) and taken over: the next
@@ -628,9 +670,11 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                             "pending", entry_id, instance_id, count, max_deliveries, exc_info=err)
             else:
                 stats.dead += 1
+                queue.forget_begun(instance_id)
                 _log_dead(queue, entry_id, instance_id, count, dead_id, letter, err)
         else:
             queue.ack(entry_id)
+            queue.forget_begun(instance_id)
             stats.acked += 1
     finally:
         heartbeat.stop()
@@ -655,14 +699,17 @@ class _Vanished(LayerflowError):
 def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerStats, *,
                  wake: str | None = None, store: Store | None = None,
                  lease_check: Callable[[str, Callable[[], bool]], None] | None = None,
-                 retry: Mapping[str, Any] | None = None) -> None:
+                 retry: Mapping[str, Any] | None = None, begun: Mapping[str, Any] | None = None,
+                 mark_begun: Callable[[str, int], None] | None = None) -> None:
     """Load the instance and run it until it is at rest; raises what stops that. Woken for a
     due timer, a waiting instance runs too (the timer fires). ``lease_check`` runs before each
-    activity (``Heartbeat.check``: ``LeaseLost`` once the lease is gone). ``retry``: the entry was
-    taken over from a worker that did not finish it (``entry_id``, ``delivery``,
-    ``previous_consumer``, ``consumer``): logged, and a ``retry`` note on the main tape, saved with
-    the run's first step, so the audit shows that what the other worker had begun (an activity it
-    ran, its side effects) is run again from the last save."""
+    task (``Heartbeat.check``: ``LeaseLost`` once the lease is gone); then ``mark_begun(task_id,
+    version)`` before each activity (not a gateway or an event), with the version it starts from
+    (the last save). ``retry``: the entry was taken over from a
+    worker that did not finish it (``entry_id``, ``delivery``, ``previous_consumer``, ``consumer``):
+    logged, and a ``retry`` note on the main tape, saved with the run's first step, so the audit shows
+    that what the other worker had begun (an activity it ran, its side effects) is run again from the
+    last save; ``begun`` (the last task marked begun) names that activity when it began after that save."""
     try:
         instance = engine.load(instance_id)
     except InstanceNotFound:
@@ -675,14 +722,18 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
     if lease_check is not None:
+        activities = instance.process.activity_ids() if mark_begun is not None else frozenset()
+
         def still_ours(task_id: str) -> None:
             # the version this run saved last is still the stored one: nobody ran it meanwhile
             lease_check(task_id, lambda: record_head(engine.store, instance_id)["version"] == instance.version)
+            if mark_begun is not None and task_id in activities:
+                mark_begun(task_id, instance.version)
 
         instance.lease_check = still_ours
     if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
         if retry is not None:
-            _note_retry(instance, entry_id, retry)
+            _note_retry(instance, entry_id, retry, begun)
         try:
             instance = engine.run(instance)
         except InstanceNotFound:
@@ -705,17 +756,25 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
     stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
 
 
-def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any]) -> None:
-    """Log a takeover and put its ``retry`` note on the main tape (saved with the run's first step)."""
+def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
+                begun: Mapping[str, Any] | None = None) -> None:
+    """Log a takeover and put its ``retry`` note on the main tape (saved with the run's first step);
+    ``activity_begun`` names the task a worker began from the version it resumes from (none saved
+    since), when one was marked."""
     previous, consumer = retry.get("previous_consumer") or "", retry.get("consumer") or "worker"
+    data = {**retry, "resumed_from_version": instance.version}
+    task = begun.get("task_id") if begun is not None and begun.get("version") == instance.version else None
+    if isinstance(task, str):
+        data["activity_begun"] = task
     if previous == consumer:
         who = "taken up again by this worker, whose earlier delivery"
     else:
         who = f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that"
+    again = (f"activity {task!r}, begun then, runs again" if isinstance(task, str)
+             else "an activity begun then runs again")
     log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last save "
-                "(version %d); an activity begun then runs again", entry_id, instance.id, who, retry.get("delivery"),
-                instance.version)
-    instance.main.record("retry", actor=str(consumer), data={**retry, "resumed_from_version": instance.version})
+                "(version %d); %s", entry_id, instance.id, who, retry.get("delivery"), instance.version, again)
+    instance.main.record("retry", actor=str(consumer), data=data)
 
 
 def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: BaseException | None) -> dict[str, str]:

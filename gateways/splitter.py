@@ -159,7 +159,7 @@ class ContextSplitter:
         for branch_id in ids:
             branch = LayeredContext.fork(snapshot, name=branch_context_name(ctx.name, branch_id, snapshot.seq),
                                          branch_id=branch_id, inject=injects[branch_id], actor=actor,
-                                         encoding=ctx.encoding)
+                                         encoding=ctx.encoding, clock=ctx.clock)
             injected = {**injects[branch_id], "_branch_id": branch_id, "_snapshot_id": snapshot.id}
             out.append(BranchContext(branch_id, branch, snapshot.id, injected))
         return out
@@ -185,7 +185,7 @@ class ContextSplitter:
         named = _branch_contexts(branches)
         try:
             result = join_contexts(ctx, named, config=config, gateway_id=gateway_id, answers=answers,
-                                   arbiter=arbiter, human_available=human_available)
+                                   arbiter=arbiter, human_available=human_available, clock=ctx.clock)
         except MergeConflictError as err:  # the conflicts go on the tape, as the engine records them
             ctx.record("conflict_failed", actor=actor, data={
                 "gateway_id": err.gateway_id, "message": str(err)[:2000], "conflicts": list(err.conflicts)})

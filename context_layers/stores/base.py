@@ -440,6 +440,15 @@ class PreparedRecord:
     status: str
     text: str
     due: float | None = None  # the timer index value: timer_due(record)
+    # the record's own "created" / "updated" (an engine record's, by the engine's clock): what the store
+    # lists; None for a record without them, which the store stamps by its own clock
+    created: float | None = None
+    updated: float | None = None
+
+    def stamp(self, name: str, now: Callable[[], float]) -> float:
+        """The record's ``created`` or ``updated``, else ``now()``."""
+        given: float | None = getattr(self, name)
+        return given if given is not None else now()
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +496,15 @@ def prepare_record(record: Mapping[str, Any], instance_id: str | None = None) ->
         fields[name] = value
     text = encode_record(record, f"instance record {rid!r}")
     return PreparedRecord(rid, fields["process_id"], fields["status"], text,
-                          timer_due(record, "write each due time as datetime.isoformat() text"))
+                          timer_due(record, "write each due time as datetime.isoformat() text"),
+                          _moment(record.get("created")), _moment(record.get("updated")))
+
+
+def _moment(value: Any) -> float | None:
+    """A record's time field as seconds since the epoch, or None when it holds no finite number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerflow cancel ID --reason ...) "

@@ -89,8 +89,9 @@ class MemoryStore:
             if w.record.instance_id in self._instances:
                 raise InstanceExists(f"instance {w.record.instance_id!r} already exists; load and save it, "
                                      "or create it under a new id")
-            now = self._clock()
-            inst = _Instance(w.record.text, w.record.process_id, w.record.status, 0, now, now, due=w.record.due)
+            created = w.record.stamp("created", self._clock)
+            inst = _Instance(w.record.text, w.record.process_id, w.record.status, 0, created,
+                             w.record.stamp("updated", lambda: created), due=w.record.due)
             self._check_appends(w.record.instance_id, inst, w)
             self._instances[w.record.instance_id] = inst
             self._apply(w.record.instance_id, inst, w)
@@ -139,7 +140,7 @@ class MemoryStore:
         for cid, text in w.confirmations:
             self._confirmations.setdefault(cid, text)
         inst.version += 1
-        inst.updated = self._clock()
+        inst.updated = w.record.stamp("updated", self._clock) if w.record is not None else self._clock()
 
     def list_instances(self, status: str | None = None) -> list[InstanceSummary]:
         with self._lock:

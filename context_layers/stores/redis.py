@@ -168,7 +168,8 @@ def _db_of(url: str) -> str:
 
 # KEYS: 1 instance, 2 index, 3 heads, 4 snaps, 5 blobs, 6 instance confs, 7 confs, 8 pending, 9 due, 10.. tapes
 # ARGV: 1 mode (create | save | side), 2 expected version or "", 3 record or "", 4 process_id, 5 status,
-#       6 now, 7 format, 8 instance id, 9 the record's due time or "" (none), 10 #appends, then per append:
+#       6 now (the record's created on create, its updated on save; else the time), 7 format,
+#       8 instance id, 9 the record's due time or "" (none), 10 #appends, then per append:
 #       context, first seq, n, n events; then #tape parts, (hash, part) pairs;
 #       then #snapshots, per snapshot: id, manifest, #blobs, (hash, body) pairs; then #confs, (id, JSON) pairs.
 _WRITE = """
@@ -401,8 +402,10 @@ class RedisStore:
     def _run_write(self, mode: str, instance_id: str, w: PreparedWrite, expected_version: int | None) -> int:
         keys = self._instance_keys(instance_id)
         r = w.record
+        # on create the record's created stamps both created and updated (an engine record has them equal)
+        now = r.stamp("created" if mode == "create" else "updated", time.time) if r else time.time()
         args: list[Any] = [mode, "" if expected_version is None else expected_version, r.text if r else "",
-                           r.process_id if r else "", r.status if r else "", repr(time.time()), INSTANCE_FORMAT,
+                           r.process_id if r else "", r.status if r else "", repr(now), INSTANCE_FORMAT,
                            instance_id, "" if r is None or r.due is None else repr(r.due), len(w.appends)]
         parts: dict[str, str] = {}
         for a in w.appends:

@@ -208,10 +208,11 @@ class SQLiteStore:
             if c.execute("SELECT 1 FROM instances WHERE id = ?", (r.instance_id,)).fetchone():
                 raise InstanceExists(f"instance {r.instance_id!r} already exists; load and save it, "
                                      "or create it under a new id")
-            now = self._clock()
+            created = r.stamp("created", self._clock)
             c.execute("INSERT INTO instances (id, format, version, process_id, status, record, created, updated, due) "
                       "VALUES (?, ?, 1, ?, ?, ?, ?, ?, ?)",
-                      (r.instance_id, INSTANCE_FORMAT, r.process_id, r.status, r.text, now, now, r.due))
+                      (r.instance_id, INSTANCE_FORMAT, r.process_id, r.status, r.text, created,
+                       r.stamp("updated", lambda: created), r.due))
             self._check_and_insert(c, r.instance_id, w)
         return 1
 
@@ -236,14 +237,14 @@ class SQLiteStore:
             version = self._version(c, instance_id)
             if expected_version is not None and version != expected_version:
                 raise version_conflict(instance_id, expected_version, version)
-            now = self._clock()
             if w.record is not None:
                 c.execute("UPDATE instances SET version = ?, record = ?, process_id = ?, status = ?, updated = ?, "
                           "format = ?, due = ? WHERE id = ?", (version + 1, w.record.text, w.record.process_id,
-                                                               w.record.status, now, INSTANCE_FORMAT, w.record.due,
-                                                               instance_id))
+                                                               w.record.status, w.record.stamp("updated", self._clock),
+                                                               INSTANCE_FORMAT, w.record.due, instance_id))
             else:
-                c.execute("UPDATE instances SET version = ?, updated = ? WHERE id = ?", (version + 1, now, instance_id))
+                c.execute("UPDATE instances SET version = ?, updated = ? WHERE id = ?",
+                          (version + 1, self._clock(), instance_id))
             self._check_and_insert(c, instance_id, w)
         return version + 1
 
