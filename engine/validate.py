@@ -553,6 +553,7 @@ class _Validator:
         self.paths = paths
         self.config_path = Path(config_path) if config_path is not None else None
         self.process_id = process_id
+        self.leftovers: set[str] = set()  # processes without isExecutable that nothing can start (not the model)
         self.discover_config = discover_config
         self.parser_factory = parser_factory
         self.problems: list[Problem] = []
@@ -632,6 +633,8 @@ class _Validator:
         # When one is chosen (--process, the config, or the only executable one), the others (a
         # collaboration's other pools: SpiffWorkflow runs one process) are checked only when it calls them.
         checked = [p for p in self.processes if _executable(p.element) or p.id == self.process_id] or self.processes
+        if self.leftovers:  # the pool's process is the model to check, not the leftover beside it
+            checked = [p for p in self.processes if p.id not in self.leftovers]
         if main is not None:
             reached = self._reached_from(main)
             checked = [p for p in checked if p.id in reached] or checked
@@ -1097,6 +1100,19 @@ class _Validator:
             self._warn_unset(proc)
             return wanted
         executable = [p for p in self.processes if _executable(p.element)]
+        leftovers = [p for p in executable if p.element.get("isExecutable") is None and not _startable(p.element)]
+        marked = [p for p in self.processes if not _executable(p.element) and _startable(p.element)]
+        if executable and leftovers == executable and marked:
+            # Only processes without isExecutable, and none of them can start (Trisotech writes one holding a
+            # lone end event beside the pool's process): the pool's process, marked not executable, is the model
+            self.leftovers = {p.id for p in leftovers}
+            named = ", ".join(map(repr, sorted(self.leftovers)))
+            for p in marked:
+                self.add("no_executable_process", f"no executable process: process {p.id!r} has isExecutable="
+                         f"{p.element.get('isExecutable')!r}; set isExecutable=\"true\" on the process to run it "
+                         f"(process {named}, the only one not marked isExecutable=\"false\", has no start event: "
+                         "nothing can start it)", file=p.file, line=p.line, element_id=p.id, field="isExecutable")
+            return None
         if not executable:
             if not self.processes:
                 message = f"no bpmn:process in {self._files()}; add a process with isExecutable=\"true\""
@@ -1112,6 +1128,8 @@ class _Validator:
         roots = [p for p in executable if p.id not in called] or executable
         # A pool drawn empty (Bizagi's main participant beside the pool that holds the flow) has nothing to run.
         roots = [p for p in roots if next(p.element.iterchildren(*_FLOW_NODES), None) is not None] or roots
+        # nor is a process without isExecutable that nothing can start (a modeler's leftover beside the pool)
+        roots = [p for p in roots if p.element.get("isExecutable") is not None or _startable(p.element)] or roots
         if len(roots) > 1:
             together = [c for c in self.other_ids.values() if c.tag == "collaboration"
                         and {r.id for r in roots} <= {pid for _, pid in _pools(c.element)}]
@@ -3334,20 +3352,29 @@ class _Validator:
         """Once an interrupting event sub-process started, the rest of its process is over, its other
         event sub-processes too: a message or signal it throws itself starts none of them
         (``spiff._InterruptAwareEvents``). Drawn so, it was most likely meant to."""
+        def named(event: Any, definition: Any, kind: str) -> tuple[str, str] | None:
+            # SpiffWorkflow names a message or signal without a ref after its event (None without a name)
+            ref = definition.get(f"{kind}Ref")
+            return (kind, f"ref:{ref}") if ref else (kind, f"name:{event.get('name')}") if event.get("name") else None
+
         starts: dict[tuple[str, str], str] = {}
         for other in scope.iterchildren(_bpmn("subProcess")):
-            if other.get("triggeredByEvent") == "true":
+            if other.get("triggeredByEvent") == "true" and other is not sub:
                 for start in other.iterchildren(_bpmn("startEvent")):
                     for kind in ("message", "signal"):
                         for d in start.iterchildren(_bpmn(f"{kind}EventDefinition")):
-                            starts.setdefault((kind, d.get(f"{kind}Ref") or ""), str(other.get("id")))
+                            key = named(start, d, kind)
+                            if key is not None:
+                                starts.setdefault(key, str(other.get("id")))
         for throw in sub.iter(_bpmn("intermediateThrowEvent"), _bpmn("endEvent")):
             for kind in ("message", "signal"):
                 for d in throw.iterchildren(_bpmn(f"{kind}EventDefinition")):
-                    started = starts.get((kind, d.get(f"{kind}Ref") or ""))
+                    key = named(throw, d, kind)
+                    started = starts.get(key) if key is not None else None
                     if started is not None:
                         self.add("event_subprocess_after_interrupt", f"{throw.get('id')!r} in interrupting event "
-                                 f"sub-process {sub.get('id')!r} throws the {kind} {d.get(f'{kind}Ref')!r} that would start "
+                                 f"sub-process {sub.get('id')!r} throws the {kind} "
+                                 f"{d.get(f'{kind}Ref') or throw.get('name')!r} that would start "
                                  f"event sub-process {started!r}: once {sub.get('id')!r} started, the rest of its process "
                                  f"is cancelled, {started!r} with it, so the {kind} starts nothing here; make "
                                  f"{sub.get('id')!r} non-interrupting (isInterrupting=\"false\"), or do what "
@@ -4572,6 +4599,11 @@ def _messages_between(collaboration: Any, processes: set[str], nodes: Mapping[st
     return any(process_of(f.get("sourceRef")) in processes and process_of(f.get("targetRef")) in processes
                and process_of(f.get("sourceRef")) != process_of(f.get("targetRef"))
                for f in collaboration.iter(_bpmn("messageFlow")))
+
+
+def _startable(process: Any) -> bool:
+    """Whether a process has a start event of its own (something can start it)."""
+    return process.find(_bpmn("startEvent")) is not None
 
 
 def _executable(process: Any) -> bool:
