@@ -213,6 +213,10 @@ not make ``report.ok`` false:
 ``link_flow``                         a sequence flow out of a link throw event or into a link catch event:
                                       BPMN forbids a link event to be both target and source of flows
 ``link_misplaced``                    a linkEventDefinition on a start, end or boundary event
+``boundary_never_thrown`` W           an error or escalation boundary event on a user or manual task (a bpmn:task)
+                                      that nothing there throws: a person's answer throws nothing (Camunda's task
+                                      forms do), an error only from a pre- or postScript raising BpmnError, an
+                                      escalation never; the message says what to write (the postScript, a gateway)
 ``boundary_catch_twice``              two error (or escalation) boundary events of one activity that catch the
                                       same code (or both any): both fire, and the path after each runs
 ``event_definition_misplaced``        an event definition BPMN does not allow on its kind of event (a timer on
@@ -3021,6 +3025,8 @@ class _Validator:
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
             if tag == "boundaryEvent" and el.find(_bpmn("cancelEventDefinition")) is not None:
                 self._check_cancel(el, eid, file)
+            if tag == "boundaryEvent":
+                self._check_thrown_at_person(el, eid, file)
             if el.find(_bpmn("compensateEventDefinition")) is not None and tag != "startEvent":
                 self._check_compensation(el, eid, tag, file)
             if tag == "adHocSubProcess":
@@ -3381,6 +3387,46 @@ class _Validator:
                                  f"{started!r} does in {sub.get('id')!r} itself", file=file, line=throw.sourceline,
                                  element_id=throw.get("id"), severity="warning")
 
+    def _check_thrown_at_person(self, event: Any, eid: str, file: str) -> None:
+        """An error or escalation boundary event on a person's step catches what nothing there throws:
+        an answer throws nothing (Camunda's task forms throw either, REST /task/{id}/bpmnError), a
+        pre- or postScript raising BpmnError throws an error, and no script throws an escalation."""
+        attached = event.get("attachedToRef")
+        scope = event.getparent()
+        task = next((t for t in (scope.iterchildren() if scope is not None else ()) if t.get("id") == attached), None)
+        step = {"userTask": "user task", "manualTask": "manual task", "task": "task"}.get(
+            etree.QName(task).localname if task is not None else "")
+        cfg = self.merged.get(str(attached))
+        if task is None or step is None or (cfg is not None and (cfg.handler or cfg.llm is not None)):
+            return  # (a step run by a handler or a model throws by raising BpmnError)
+        scripts = " ".join(s.text or "" for s in task.iter()
+                           if isinstance(s.tag, str) and etree.QName(s).localname in ("preScript", "postScript"))
+        after = [f.get("targetRef") for f in _outgoing(event)]
+        path = f"{after[0]!r}" if after else "its path"
+        forms = " (Camunda's task forms do)" if step == "user task" else ""
+        for kind in ("error", "escalation"):
+            definition = event.find(_bpmn(f"{kind}EventDefinition"))
+            if definition is None or (kind == "error" and "BpmnError" in scripts):
+                continue
+            ref = definition.get(f"{kind}Ref")
+            caught = next((c for c in event.getroottree().getroot().iter(_bpmn(kind))
+                           if ref and c.get("id") == ref), None)
+            code = caught.get(f"{kind}Code") if caught is not None else None
+            key = _identifier_for(event.get("name") or f"{kind}_{code or 'raised'}")
+            gateway = (f"draw an exclusive gateway after {attached!r} with a flow to {path} whose condition reads the "
+                       f"answer (e.g. {key}), and take the boundary event away")
+            if kind == "error":
+                thrown = f'BpmnError("{code}")' if code else 'BpmnError("CODE")'
+                todo = (f"raise {thrown} in a spiffworkflow:postScript of {attached!r} when the answer says so "
+                        f"('if {key}: raise {thrown}'; the task's writes are dropped as it throws, README \"Activities "
+                        f"that throw BPMN errors\"), or {gateway}")
+            else:
+                todo = f"no script throws an escalation: {gateway}"
+            self.add("boundary_never_thrown", f"{kind} boundary event {eid!r} on {step} {attached!r} catches "
+                     f"{f'{kind} {code!r}' if code else f'any {kind}'}, and a person's answer throws no BPMN {kind} "
+                     f"here{forms}: {path} never runs; {todo}", file=file, line=event.sourceline,
+                     element_id=eid, field=f"{kind}Ref", severity="warning")
+
     def _check_cancel(self, event: Any, eid: str, file: str) -> None:
         """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming
         only the activity it is attached to."""
@@ -3670,6 +3716,8 @@ class _Validator:
         for mapping in (m for m in found if m.python is None):
             self.related.add(eid)
             target, hook = mapping.target, "preScript" if mapping.direction == "input" else "postScript"
+            if mapping.source.strip() == "script" and self._script_setting_variables(mapping, eid, tag, hook, file):
+                continue
             read = target.isidentifier() and self._reads_name(target, mapping.element)
             source = mapping.source.strip()
             expression = (source[:2] in ("${", "#{") and source.endswith("}")) if mapping.dialect == "JUEL" \
@@ -3699,6 +3747,33 @@ class _Validator:
                      line=mapping.element.sourceline, element_id=eid, field=mapping.field,
                      severity="error" if read else "warning")
         return bool(found)
+
+    def _script_setting_variables(self, mapping: io_mappings.Mapping, eid: str, tag: str, hook: str,
+                                  file: str) -> bool:
+        """A mapping's camunda:script that sets variables of its own (``execution.setVariable("x", 5)``,
+        as Camunda's loan-granting example does): what it sets is what the process reads, not the
+        parameter (the script's value); say the Python of those assignments. False for any other script."""
+        code = next((c for c in mapping.element if isinstance(c.tag, str) and etree.QName(c).localname == "script"),
+                    None)
+        text = (code.text or "").strip() if code is not None else ""
+        instead = _camunda_script_instead(text) if "setVariable" in text else None
+        if not instead:
+            return False
+        names = re.findall(r"setVariable(?:Local)?\(\s*['\"]([A-Za-z_]\w*)['\"]", text)
+        read = any(self._reads_name(name, mapping.element) for name in names)
+        only_setters = len(names) == len([line for line in text.splitlines() if line.strip()])
+        value = ", null: setVariable returns nothing" if only_setters else \
+            ", its last one: set it there too if a step reads it"
+        self.add("io_mapping_expression", f"bpmn:{tag} {eid!r} has {mapping.field} {mapping.target!r} (a "
+                 f"camunda:script in {code.get('scriptFormat') or 'no scriptFormat'!r}), which layerflow does not "
+                 f"run: its camunda:script sets {', '.join(map(repr, dict.fromkeys(names)))} (execution.setVariable, Camunda's "
+                 f"process API), so nothing sets {'them' if len(set(names)) > 1 else 'it'}"
+                 f"{' and the run stops where it is read' if read else ''}; write {instead!r} in a "
+                 f"spiffworkflow:{hook} of {eid!r} (the parameter {mapping.target!r} itself holds the script's value"
+                 f"{value})",
+                 file=file, line=mapping.element.sourceline, element_id=eid, field=mapping.field,
+                 severity="error" if read else "warning")
+        return True
 
     def _check_mapping_system(self, found: list[io_mappings.Mapping], eid: str, tag: str, file: str) -> None:
         """Mappings that run and write a key the config's system: fixes: the write is denied at the
@@ -3969,6 +4044,19 @@ class _Validator:
             todo = [f"it names the variable ({starter!r}) that the engine sets to the user who started the "
                     f"instance; nothing sets it here: give {starter!r} in the start data (--data)"
                     if t == _FOREIGN_SETTINGS["initiator"] else t for t in todo]
+        resource = next(((k, v.strip()) for k, v in el.attrib.items()
+                         if (_foreign_name(k) or "").endswith(":resource") and v.strip()), None)
+        language = (el.get("scriptFormat") or "").strip()
+        if resource is not None and (language.lower() not in ("", "python") or not resource[1].endswith(".py")):
+            # a script of another language in a file of the deployment: no copy of it is Python
+            qname = etree.QName(resource[0])
+            written = next((k for k, v in el.nsmap.items() if v == qname.namespace and k), "camunda")
+            kind = _SCRIPT_LANGUAGES.get(language.lower(), "")
+            todo = [f"its {written}:resource={resource[1]!r} names a file of the other engine's deployment holding "
+                    f"the script in scriptFormat {language or 'none'!r}{f' ({kind})' if kind else ''}; layerflow "
+                    "runs Python scripts only: write what it computes in Python as the task's bpmn:script (or give "
+                    "the task a handler: handler: file.py:function in its config)"
+                    if t == _FOREIGN_SETTINGS["resource"] else t for t in todo]
         decision = _engine_dmn_task(el)
         if decision is not None:
             # Flowable's (Activiti's) DMN task: a service task of type "dmn" that names its decision
@@ -5061,6 +5149,9 @@ _NOT_WORKED = {
     "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
 }
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
+# what a script of another scriptFormat is, said where its file is named
+_SCRIPT_LANGUAGES = {"xslt": "an XSLT stylesheet", "xquery": "an XQuery", "javascript": "JavaScript",
+                     "js": "JavaScript", "groovy": "Groovy", "juel": "a JUEL expression", "ruby": "Ruby"}
 
 
 def _event_payload_todo(el: Any, eid: str, tag: str) -> str | None:

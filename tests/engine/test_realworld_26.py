@@ -101,7 +101,7 @@ def test_sending_the_error_code_as_a_message_says_an_error_is_thrown_by_the_task
     for: user task Task_16y91ka", as if the name were a typo."""
     engine = engine_with()
     instance = engine.run(engine.start(load_process([INVOICE]), {}))
-    for name in ("invoice-error", "Error_17q5tnm"):
+    for name in ("invoice-error", "Unspecified Amount"):
         with pytest.raises(InstanceStateError) as refused:
             engine.send_event(instance, name, {})
         text = str(refused.value)
