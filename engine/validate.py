@@ -3766,8 +3766,8 @@ class _Validator:
             ", its last one: set it there too if a step reads it"
         self.add("io_mapping_expression", f"bpmn:{tag} {eid!r} has {mapping.field} {mapping.target!r} (a "
                  f"camunda:script in {code.get('scriptFormat') or 'no scriptFormat'!r}), which layerflow does not "
-                 f"run: its camunda:script sets {', '.join(map(repr, dict.fromkeys(names)))} (execution.setVariable, Camunda's "
-                 f"process API), so nothing sets {'them' if len(set(names)) > 1 else 'it'}"
+                 f"run: its camunda:script sets {', '.join(map(repr, dict.fromkeys(names)))} (execution.setVariable, "
+                 f"Camunda's process API), so nothing sets {'them' if len(set(names)) > 1 else 'it'}"
                  f"{' and the run stops where it is read' if read else ''}; write {instead!r} in a "
                  f"spiffworkflow:{hook} of {eid!r} (the parameter {mapping.target!r} itself holds the script's value"
                  f"{value})",

@@ -332,3 +332,81 @@ def test_settings_of_camunda_that_do_not_run_here_are_warnings_naming_them(name:
     text = said(HERE / name)[element]
     assert said_text in text and "error:" not in text
     assert errors(HERE / name) == []
+
+
+# -- SpiffArena: a sequential multi-instance user task with a boundary timer; a multi-instance
+#    sub-process whose connector's error boundary event catches one instance's error ----------------
+
+MI_TIMER = HERE / "spiff_arena_multi_instance_user_task_timer.bpmn"
+MI_ERROR = HERE / "spiff_arena_multi_instance_inner_error_boundary.bpmn"
+
+
+def test_the_boundary_timer_ends_the_sequential_user_tasks_as_in_plain_spiffworkflow(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from SpiffWorkflow.bpmn.workflow import BpmnWorkflow
+    from SpiffWorkflow.spiff.parser.process import SpiffBpmnParser
+    from SpiffWorkflow.util.task import TaskState
+
+    from engine_helpers import patch_spiff_timer_clock
+
+    assert list(validate_process([MI_TIMER]).problems) == []
+    clock = Clock()
+    engine = engine_with(clock=clock)
+    instance = engine.run(engine.start(load_process([MI_TIMER]), {}))
+    assert [(w["task_id"], w.get("instance")) for w in instance.waiting_for] == [("HumanTask", 1),
+                                                                                 ("TimerBoundary", None)]
+    instance = engine.complete_user_task(instance, "HumanTask", {"result": "A"})
+    assert [(w["task_id"], w.get("instance")) for w in instance.waiting_for] == [("HumanTask", 2),
+                                                                                 ("TimerBoundary", None)]
+    clock.now += 4 * 3600
+    instance = engine.resume(instance)
+    assert instance.status == "completed", instance.error
+
+    now = patch_spiff_timer_clock(monkeypatch, datetime.fromtimestamp(clock.now - 4 * 3600, timezone.utc))
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(MI_TIMER))
+    plain = BpmnWorkflow(parser.get_spec("Process_MultiInstanceUserTimer"))
+    plain.do_engine_steps()
+    [first] = plain.get_tasks(state=TaskState.READY, manual=True)
+    first.data["result"] = "A"
+    first.run()
+    plain.do_engine_steps()
+    now[0] += timedelta(hours=4, seconds=1)
+    plain.refresh_timers()
+    plain.do_engine_steps()
+    assert plain.is_completed()
+    assert path_of(instance.workflow) == path_of(plain) == ["StartEvent_1", "SetInput", "HumanTask", "TimerBoundary",
+                                                            "TimerEnd"]
+    # the timer interrupted the loop: no output collection, as in plain SpiffWorkflow
+    assert variables(instance.contexts["main"]) == {"items": ["a", "b", "c"]}
+    assert "results" not in plain.last_task.data
+
+
+def test_each_answer_of_the_sequential_user_task_is_collected_in_order() -> None:
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([MI_TIMER]), {}))
+    for answer in ("A", "B", "C"):
+        instance = engine.complete_user_task(instance, "HumanTask", {"result": answer})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.contexts["main"]) == {"items": ["a", "b", "c"], "results": ["A", "B", "C"]}
+
+
+def test_the_connectors_error_in_one_instance_takes_its_boundary_path_and_the_others_go_on() -> None:
+    from engine import BpmnError
+
+    def get(ctx: Any) -> dict[str, Any]:
+        if ctx.params["url"] == "DNE":
+            raise BpmnError("MissingSchema", "Invalid URL 'DNE'", {"status": 0})
+        return {"status": 200}
+
+    assert errors(MI_ERROR) == []
+    engine = engine_with({"http/GetRequestV2": get})
+    instance = engine.run(engine.start(load_process([MI_ERROR]), {}))
+    assert instance.status == "completed", instance.error
+    path = path_of(instance.workflow)
+    assert path.count("subprocess_service_task") == 3 and path.count("error_script_task") == 1
+    # the error's payload under its spiffworkflow:variableName, returned by the error path's script
+    assert variables(instance.contexts["main"])["all_output"] == [{"status": 200}, {"status": 200}, {"status": 0},
+                                                                  {"status": 200}]
