@@ -2974,6 +2974,12 @@ class _Validator:
                                  f"write it as 'raise BpmnError({args})' (BpmnError is in every script's namespace) "
                                  'and set scriptFormat="python"', file, script.sourceline)
                 return
+            printed = _groovy_print_instead(script.text)
+            if printed is not None:
+                self._not_python(tid, language, f"this one prints with Groovy's println (command syntax, no "
+                                 f"parentheses), which is not Python: write it as {printed!r} and set "
+                                 'scriptFormat="python"', file, script.sourceline)
+                return
             self._not_python(tid, language, f"this one is not Python ({err.msg} in {(err.text or '').strip()!r}); "
                              'rewrite it in Python and set scriptFormat="python", or give the task a handler '
                              "(handler: file.py:function in its config)", file, script.sourceline + (err.lineno or 1) - 1)
@@ -3975,6 +3981,29 @@ class _Validator:
                      f"does SpiffWorkflow's own parser), so what it does never happens; {todo}", file=proc.file,
                      line=el.sourceline, element_id=eid, field=names[0], severity="warning")
 
+    @staticmethod
+    def _listener_assignments(el: Any, eid: str, tag: str) -> list[str]:
+        """What to write for the execution listeners of ``el`` whose expression only sets variables
+        (``${execution.setVariable('finished', true)}``): the assignment, in the pre- or postScript of
+        an activity, else in a script task drawn before (a 'start' listener) or after (an 'end' one)."""
+        said, others = [], 0
+        for ext in el.iterfind(_bpmn("extensionElements")):
+            for child in ext:
+                if not isinstance(child.tag, str) or etree.QName(child).localname != "executionListener":
+                    continue
+                sets = _juel_set_variables(child.get("expression") or "")
+                if sets is None:
+                    others += 1
+                    continue
+                event = child.get("event") or "start"
+                if tag in _MAPPED_TAGS:
+                    where = f"a spiffworkflow:{'preScript' if event == 'start' else 'postScript'} of {eid!r}"
+                else:
+                    where = f"a bpmn:scriptTask drawn {'before' if event == 'start' else 'after'} {eid!r}"
+                said.append(f"its executionListener (event {event!r}) sets {', '.join(map(repr, sets[1]))} "
+                            f"(execution.setVariable): write {sets[0]!r} in {where}")
+        return said + ["do the other listeners' work in a task of the process"] if said and others else said
+
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
         found: dict[str, None] = {}
@@ -4044,6 +4073,9 @@ class _Validator:
             todo = [f"it names the variable ({starter!r}) that the engine sets to the user who started the "
                     f"instance; nothing sets it here: give {starter!r} in the start data (--data)"
                     if t == _FOREIGN_SETTINGS["initiator"] else t for t in todo]
+        listened = self._listener_assignments(el, eid, tag)
+        if listened:
+            todo = ["; ".join(listened) if t == _FOREIGN_SETTINGS["executionListener"] else t for t in todo]
         resource = next(((k, v.strip()) for k, v in el.attrib.items()
                          if (_foreign_name(k) or "").endswith(":resource") and v.strip()), None)
         language = (el.get("scriptFormat") or "").strip()
@@ -4096,7 +4128,17 @@ class _Validator:
             # application: say what it names, the code to bring over as the handler
             attr, value, found_bean = delegate
             bean, method = found_bean.group(1), found_bean.group(2)
-            if method is None and bean in _JUEL_LITERALS:
+            sets = _juel_set_variables(value) if bean == "execution" else None
+            if sets is not None:
+                # ${execution.setVariable('foo', 'bar')} (Camunda's model API example): Camunda's process API,
+                # not a bean; the step's whole work is the assignment
+                script, returns = sets
+                names = ", ".join(map(repr, returns))
+                said = (f"its {attr}={value!r} is a JUEL expression that sets {names} through Camunda's process "
+                        "API (execution.setVariable), which is not here: make "
+                        f"{eid!r} a bpmn:scriptTask whose script is {script!r}, or register a handler for "
+                        f"{eid!r} that returns {{{', '.join(f'{k!r}: {v}' for k, v in returns.items())}}}")
+            elif method is None and bean in _JUEL_LITERALS:
                 # ${true} (Operaton's and Camunda's test models): a literal names no bean; the
                 # other engine evaluates it and the step does nothing
                 said = (f"its {attr}={value!r} is a JUEL literal ({bean}): the other engine evaluates it and "
@@ -5515,6 +5557,38 @@ def _javascript_script_instead(source: str) -> str | None:
     except SyntaxError:
         return None
     return None if _javascript_api(tree) or _camunda_api_calls(tree) or _java_api_calls(tree) else text
+
+
+_GROOVY_PRINTLN = re.compile(r"println\s*\(?\s*(['\"])(.*?)\1\s*\)?\s*;?")
+
+
+def _groovy_print_instead(source: str) -> str | None:
+    """A script of Groovy ``println 'text'`` lines as Python ``print("text")`` lines; None when any
+    line is something else."""
+    lines = [line.strip() for line in source.strip().splitlines() if line.strip()]
+    found = [_GROOVY_PRINTLN.fullmatch(line) for line in lines]
+    # (a double-quoted Groovy string interpolates ${...}: that is no plain text to print)
+    if not lines or not all(m is not None and not (m.group(1) == '"' and "$" in m.group(2)) for m in found):
+        return None
+    return "\n".join(f"print({json.dumps(m.group(2))})" for m in found if m is not None)
+
+
+def _juel_set_variables(value: str) -> tuple[str, dict[str, str]] | None:
+    """``${execution.setVariable('x', 5)}`` as its Python (``x = 5``) and the values it sets
+    (``{"x": "5"}``, Python source); None for any other expression."""
+    inner = value.strip()
+    if inner[:2] not in ("${", "#{") or not inner.endswith("}"):
+        return None
+    script = _camunda_script_instead(inner[2:-1].strip())
+    if not script or "execution" in script:
+        return None
+    returns = {}
+    for line in script.splitlines():
+        name, eq, python = line.partition(" = ")
+        if not eq or not name.isidentifier():
+            return None
+        returns[name] = python
+    return script, returns
 
 
 def _camunda_script_instead(source: str) -> str | None:

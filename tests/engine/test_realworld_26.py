@@ -410,3 +410,102 @@ def test_the_connectors_error_in_one_instance_takes_its_boundary_path_and_the_ot
     # the error's payload under its spiffworkflow:variableName, returned by the error path's script
     assert variables(instance.contexts["main"])["all_output"] == [{"status": 200}, {"status": 200}, {"status": 0},
                                                                   {"status": 200}]
+
+
+# -- Camunda 7: a conditional boundary event on a sub-process; forms on the start and a task -------
+
+ORDER = HERE / "camunda7_order_conditional_boundary.bpmn"
+DATAFORMAT = HERE / "camunda7_dataformat_demo.bpmn"
+
+
+def test_the_conditional_boundary_event_takes_over_once_the_invoice_has_an_id(tmp_path: Path) -> None:
+    """As Camunda: the condition turns true as 'Create Invoice' sets invoiceId, which interrupts the
+    sub-process before its end event; 'Archive invoice' runs, the plain end does not."""
+    assert "write 'invoiceId != None'" in said(ORDER)["BoundaryEvent_1y1bvad"]
+    fixed = rewritten(tmp_path, ORDER, [("${invoiceId != null}", "invoiceId != None"),
+                                        ("0/5 0/1 * 1/1 * ? *", '"R/PT5S"')])
+    assert errors(fixed) == []
+    clock = Clock()
+    engine = engine_with({"Task_06z99p1": lambda ctx: {"invoiceId": "INV-1"},
+                          "Task_1yjkccw": lambda ctx: {"archived": ctx.get("invoiceId")}}, clock)
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    clock.now += 5
+    instance = engine.resume(instance)
+    assert waits(instance) == ["StartEvent_1"]  # the cycle waits for its next round
+    done = {t.task_spec.bpmn_id: t.state for t in instance.workflow.get_tasks()
+            if getattr(t.task_spec, "bpmn_id", None)}
+    assert done["Task_1yjkccw"] == done["EndEvent_0q2wrcp"] == 64  # COMPLETED
+    assert "EndEvent_00asnpf" not in done or done["EndEvent_00asnpf"] != 64
+    assert variables(instance.contexts["main"]) == {"invoiceId": "INV-1", "archived": "INV-1"}
+
+
+def test_the_dataformat_forms_check_the_start_data_and_the_answer_then_the_json_path_runs(tmp_path: Path) -> None:
+    from engine import FormAnswerInvalid
+    from engine.governance import StartDataInvalid
+
+    fixed = rewritten(tmp_path, DATAFORMAT, [('${dataFormat == "xml"}', 'dataFormat == "xml"'),
+                                             ('${dataFormat == "json"}', 'dataFormat == "json"')])
+    assert errors(fixed) == []
+    engine = engine_with({"Task_03zh96w": lambda ctx: {"customer": "xml"},
+                          "Task_1x6a2xs": lambda ctx: {"customer": "json"},
+                          "Task_1p179ep": lambda ctx: {"logged": ctx.get("customer")}})
+    with pytest.raises(StartDataInvalid) as refused:
+        engine.start(load_process([fixed]), {"gender": "other", "age": "x"})
+    assert "field 'gender' \"other\" is not one of female, male" in str(refused.value)
+    instance = engine.run(engine.start(load_process([fixed]), {"firstname": "Ann", "gender": "female", "age": 41}))
+    with pytest.raises(FormAnswerInvalid):
+        engine.complete_user_task(instance, "Task_1vjuj1c", {"dataFormat": "yaml"})
+    instance = engine.complete_user_task(instance, "Task_1vjuj1c", {"dataFormat": "json"})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["StartEvent_1", "Task_1vjuj1c", "ExclusiveGateway_06znf1b", "Task_1x6a2xs",
+                                          "ExclusiveGateway_0tj5ibz", "Task_1p179ep", "EndEvent_1nrs79a"]
+    assert variables(instance.contexts["main"]) == {"firstname": "Ann", "gender": "female", "age": 41,
+                                                    "dataFormat": "json", "customer": "json", "logged": "json"}
+
+
+# -- Camunda 7: the model API's test process (execution.setVariable in JUEL, a Groovy println) -----
+
+PARSE = HERE / "camunda7_parse_bpmn_test_process.bpmn"
+
+
+def test_a_juel_expression_that_sets_a_variable_gets_the_assignment_to_write_not_a_java_bean() -> None:
+    """camunda:expression="${execution.setVariable('foo', 'bar')}" was said to call setVariable() "of
+    'execution', a Java bean of the other engine's application": execution is Camunda's process API,
+    and the expression's work is one assignment, which the gateway after it reads."""
+    text = said(PARSE)["serviceTask"]
+    assert "a Java bean" not in text
+    assert "sets 'foo' through Camunda's process API (execution.setVariable), which is not here" in text
+    assert "make 'serviceTask' a bpmn:scriptTask whose script is \"foo = 'bar'\"" in text
+    assert "or register a handler for 'serviceTask' that returns {'foo': 'bar'}" in text
+
+
+def test_an_execution_listener_that_sets_a_variable_says_the_assignment_and_where() -> None:
+    text = said(PARSE)["endEvent"]
+    assert "its executionListener (event 'start') sets 'finished' (execution.setVariable): write " \
+           "'finished = True' in a bpmn:scriptTask drawn before 'endEvent'" in text
+
+
+def test_a_groovy_println_gets_the_print_to_write() -> None:
+    text = said(PARSE)["scriptTask"]
+    assert "write it as 'print(\"hello world\")'" in text
+
+
+def test_the_model_apis_process_edited_as_said_runs_to_user_task_b(tmp_path: Path) -> None:
+    fixed = rewritten(tmp_path, PARSE, [
+        ('<bpmn2:serviceTask id="serviceTask" camunda:expression="${execution.setVariable(\'foo\', \'bar\')}" '
+         'camunda:async="true" camunda:exclusive="false" name="Service Task">',
+         '<bpmn2:scriptTask id="serviceTask" name="Service Task"><bpmn2:script>foo = \'bar\'</bpmn2:script>'),
+        ("</bpmn2:serviceTask>", "</bpmn2:scriptTask>"),
+        ("${foo != 'bar'}", "foo != 'bar'"), ("${foo == 'bar'}", "foo == 'bar'"),
+        ('scriptFormat="groovy"', 'scriptFormat="python"'),
+        ("println 'hello world'", "print(\"hello world\")\nfinished = True")])
+    assert errors(fixed) == []
+    engine = engine_with()
+    instance = engine.run(engine.start(load_process([fixed]), {}),
+                          answers={"user_tasks": {"userTaskB": {"done": True}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == ["startEvent", "serviceTask", "gatewayFork", "userTaskB", "gatewayJoin",
+                                          "scriptTask", "endEvent"]
+    # the start form's defaults, as the submitted form would carry them
+    assert variables(instance.contexts["main"]) == {"name": "test", "age": 0, "foo": "bar", "done": True,
+                                                    "finished": True}
