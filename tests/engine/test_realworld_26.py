@@ -2,8 +2,10 @@
 source; ``realworld26/SOURCES.md`` lists repositories, paths, commits and licences): Camunda 7's example
 processes (an invoice whose task form throws a BPMN error or escalation, loan granting by external
 tasks over a multi-instance sub-process started by a cron timer, an XSLT script task, a call activity
-of a tenant, a tweet review, a pizza order, task listeners, retry profiles) and the BPMN MIWG's C.9.0
-customer onboarding (Trisotech). Each is validated as given (validate says what is wrong, naming the
+of a tenant, a tweet review, a pizza order, task listeners, retry profiles, a conditional boundary
+event, start and task forms, the model API's test process), SpiffArena's multi-instance tests (a
+sequential user task with a boundary timer, a connector's error in one instance) and the BPMN MIWG's
+C.9.0 customer onboarding (Trisotech). Each is validated as given (validate says what is wrong, naming the
 element and what to write), then, edited as validate says, run, and its path and data are checked
 against plain SpiffWorkflow's where plain SpiffWorkflow runs it, and against what BPMN says."""
 
