@@ -3763,7 +3763,7 @@ class _Validator:
                     None)
         text = (code.text or "").strip() if code is not None else ""
         instead = _camunda_script_instead(text) if "setVariable" in text else None
-        if not instead:
+        if code is None or not instead:
             return False
         names = re.findall(r"setVariable(?:Local)?\(\s*['\"]([A-Za-z_]\w*)['\"]", text)
         read = any(self._reads_name(name, mapping.element) for name in names)
@@ -4133,9 +4133,8 @@ class _Validator:
                 # ${execution.setVariable('foo', 'bar')} (Camunda's model API example): Camunda's process API,
                 # not a bean; the step's whole work is the assignment
                 script, returns = sets
-                names = ", ".join(map(repr, returns))
-                said = (f"its {attr}={value!r} is a JUEL expression that sets {names} through Camunda's process "
-                        "API (execution.setVariable), which is not here: make "
+                said = (f"its {attr}={value!r} is a JUEL expression that sets {', '.join(map(repr, returns))} "
+                        "through Camunda's process API (execution.setVariable), which is not here: make "
                         f"{eid!r} a bpmn:scriptTask whose script is {script!r}, or register a handler for "
                         f"{eid!r} that returns {{{', '.join(f'{k!r}: {v}' for k, v in returns.items())}}}")
             elif method is None and bean in _JUEL_LITERALS:
