@@ -2974,6 +2974,12 @@ class _Validator:
                                  f"write it as 'raise BpmnError({args})' (BpmnError is in every script's namespace) "
                                  'and set scriptFormat="python"', file, script.sourceline)
                 return
+            declared = _javascript_undeclared(script.text)
+            if declared is not None and self._camunda_script(
+                    declared[0], declared[1], script, file, tid, "script_language", "script",
+                    f"script task {tid!r} (scriptFormat={language!r}, a JavaScript script (var declarations, ; at "
+                    "line ends), which layerflow runs as Python, as SpiffWorkflow does)"):
+                return
             printed = _groovy_print_instead(script.text)
             if printed is not None:
                 self._not_python(tid, language, f"this one prints with Groovy's println (command syntax, no "
@@ -5558,6 +5564,20 @@ def _javascript_script_instead(source: str) -> str | None:
     return None if _javascript_api(tree) or _camunda_api_calls(tree) or _java_api_calls(tree) else text
 
 
+def _javascript_undeclared(source: str) -> tuple[ast.AST, str] | None:
+    """A JavaScript script without its ``var``/``let``/``const`` and line-end semicolons, parsed, when
+    that much makes it parse as Python (its calls can then be named); None otherwise."""
+    if not re.search(r"^\s*(?:var|let|const)\s", source, re.M):
+        return None
+    lines = [re.sub(r"^(\s*)(?:var|let|const)\s+", r"\1", line).rstrip().rstrip(";")
+             for line in source.strip().splitlines()]
+    text = "\n".join(lines)
+    try:
+        return ast.parse(text, mode="exec"), text
+    except SyntaxError:
+        return None
+
+
 _GROOVY_PRINTLN = re.compile(r"println\s*\(?\s*(['\"])(.*?)\1\s*\)?\s*;?")
 
 
@@ -6039,6 +6059,29 @@ def _written_and_notes(told: str) -> tuple[str, str]:
     return told, ""
 
 
+# Camunda Spin's JSON API: S(json), .prop("key"), and the getters of a value
+_SPIN_PROP = re.compile(r"\.prop\(\s*(['\"])([^'\"]*)\1\s*\)")
+_SPIN_VALUE = re.compile(r"\.(?:numberValue|stringValue|boolValue|value|elements)\(\s*\)")
+_SPIN_S = re.compile(r"(?<![\w.])S\(\s*([A-Za-z_]\w*)\s*\)")
+
+
+def _spin_said(expression: str) -> str:
+    """The Spin calls an expression makes (``.prop("age"), .numberValue()``), "" when none."""
+    if not _SPIN_PROP.search(expression):
+        return ""
+    found = [m.group(0) for pattern in (_SPIN_PROP, _SPIN_VALUE) for m in pattern.finditer(expression)]
+    return ", ".join(dict.fromkeys(f.replace(" ", "") for f in found))
+
+
+def _spin_instead(expression: str) -> str:
+    """``customer.prop("age").numberValue()`` as ``customer["age"]``: a JSON object is a dict here."""
+    if not _SPIN_PROP.search(expression):
+        return expression
+    expression = _SPIN_S.sub(r"\1", expression)
+    expression = _SPIN_PROP.sub(lambda m: f"[{json.dumps(m.group(2))}]", expression)
+    return _SPIN_VALUE.sub("", expression)
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -6057,6 +6100,8 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
+    spin = _spin_said(inner)
+    inner = _spin_instead(inner)
     inner = _javascript_expression_instead(inner)
     inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
     if dialect == "FEEL":
@@ -6096,6 +6141,8 @@ def _python_instead(source: str, dialect: str) -> str:
         left += [f"{name} calls a Java bean of the Camunda application, which is not here: compute the value in a "
                  "handler (handler: file.py:function in the config of a task before it) and read it by its name"
                  for name in beans]
+    if spin:
+        left.insert(0, f"Camunda Spin's JSON API ({spin}): a JSON object here is a dict, read by its keys")
     counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
     left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
              "collection (loopDataOutputRef) instead, len(...)" for name in counters]

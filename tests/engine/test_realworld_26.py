@@ -3,7 +3,8 @@ source; ``realworld26/SOURCES.md`` lists repositories, paths, commits and licenc
 processes (an invoice whose task form throws a BPMN error or escalation, loan granting by external
 tasks over a multi-instance sub-process started by a cron timer, an XSLT script task, a call activity
 of a tenant, a tweet review, a pizza order, task listeners, retry profiles, a conditional boundary
-event, start and task forms, the model API's test process), SpiffArena's multi-instance tests (a
+event, start and task forms, the model API's test process, Spin's JSON API in a condition and a
+JavaScript script), SpiffArena's multi-instance tests (a
 sequential user task with a boundary timer, a connector's error in one instance) and the BPMN MIWG's
 C.9.0 customer onboarding (Trisotech). Each is validated as given (validate says what is wrong, naming the
 element and what to write), then, edited as validate says, run, and its path and data are checked
@@ -511,3 +512,41 @@ def test_the_model_apis_process_edited_as_said_runs_to_user_task_b(tmp_path: Pat
     # the start form's defaults, as the submitted form would carry them
     assert variables(instance.contexts["main"]) == {"name": "test", "age": 0, "foo": "bar", "done": True,
                                                     "finished": True}
+
+
+# -- Camunda 7: Spin's JSON API in a condition and in a JavaScript script ------------------------
+
+JSON_CUSTOMER = HERE / "camunda7_json_customer.bpmn"
+SPIN_PRICE = HERE / "camunda7_spin_extract_price.bpmn"
+
+
+def test_spins_json_api_in_a_condition_gets_the_keys_to_read_not_a_java_bean() -> None:
+    """${customer.prop("age").numberValue() >= 21} was said to call "a Java bean of the Camunda
+    application" and the Python to write kept .prop() and .numberValue(), which no dict has: Spin is
+    Camunda's JSON API, and a JSON object here is a dict."""
+    text = said(JSON_CUSTOMER)["SequenceFlow_4"]
+    assert "Java bean" not in text
+    assert "write 'customer[\"age\"] >= 21'" in text
+    assert "Camunda Spin's JSON API (.prop(\"age\"), .numberValue()): a JSON object here is a dict" in text
+
+
+def test_the_json_customer_edited_as_said_routes_by_age(tmp_path: Path) -> None:
+    fixed = rewritten(tmp_path, JSON_CUSTOMER, [('${customer.prop("age").numberValue() &gt;= 21}',
+                                                 'customer["age"] &gt;= 21'),
+                                                ('${customer.prop("age").numberValue() &lt; 21}',
+                                                 'customer["age"] &lt; 21')])
+    assert errors(fixed) == []
+    engine = engine_with({"Task_0n2pfas": lambda ctx: {"validated": True}})
+    instance = engine.run(engine.start(load_process([fixed]), {"customer": {"name": "Ann", "age": 19}}),
+                          answers={"user_tasks": {"UserTask_1": {"approved": True}, "UserTask_3": {}}})
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow)[-3:] == ["ExclusiveGateway_1", "UserTask_3", "EndEvent_3"]
+
+
+def test_a_javascript_script_of_camundas_api_is_named_as_such_not_as_invalid_syntax() -> None:
+    """`var carJson = execution.getVariableTyped("car")...; execution.setVariable("price", price);` was
+    "not Python (invalid syntax in 'var carJson = ...')": its declarations hid what it calls."""
+    text = said(SPIN_PRICE)["ScriptTask_1"]
+    assert "invalid syntax" not in text
+    assert "calls execution.getVariableTyped, execution.setVariable, Camunda's process API" in text
+    assert "a JavaScript script (var declarations, ; at line ends)" in text
