@@ -193,7 +193,8 @@ def _thrown_not_sent_hint(workflow: Any, name: str) -> str:
         thrown = f'BpmnError("{code or name}")'
         how = (f"raise {thrown} in a spiffworkflow:postScript of {activity!r} (or in its handler) when it should be "
                "thrown" if kind == "error" else
-               f"draw an escalation throw event where {activity!r} should throw it (no script throws one)")
+               f"no script throws one: draw an exclusive gateway after {activity!r} whose flow to the boundary "
+               "event's path is taken on the answer, and take the boundary event away")
         return (f"; {code or name!r} is the code of the {kind} that {kind} boundary event {spiff.bpmn_id_of(task)!r} "
                 f"on {activity!r} catches: an {kind} is thrown by the task, never sent; {how}")
     return ""

@@ -116,6 +116,7 @@ def test_sending_the_error_code_as_a_message_says_an_error_is_thrown_by_the_task
         engine.send_event(instance, "invoice-escalate", {}, kind="signal")
     assert "'invoice-escalate' is the code of the escalation that escalation boundary event " \
            "'BoundaryEvent_1uy9o9h' on 'Task_16y91ka' catches" in str(refused.value)
+    assert "no script throws one: draw an exclusive gateway after 'Task_16y91ka'" in str(refused.value)
     assert engine.load(instance.id).status == "waiting"
 
 
