@@ -551,3 +551,30 @@ def test_a_javascript_script_of_camundas_api_is_named_as_such_not_as_invalid_syn
     assert "invalid syntax" not in text
     assert "calls execution.getVariableTyped, execution.setVariable, Camunda's process API" in text
     assert "a JavaScript script (var declarations, ; at line ends)" in text
+
+
+def test_a_form_field_the_answer_left_out_is_named_where_a_condition_reads_it(tmp_path: Path) -> None:
+    """The form's enum has no default and is not required: answered without it, the gateway's
+    condition fails with "give 'dataFormat' a value before 'ExclusiveGateway_06znf1b' (the start data
+    or an earlier task's output)", while it was the person's answer that left it out."""
+    fixed = rewritten(tmp_path, DATAFORMAT, [('${dataFormat == "xml"}', 'dataFormat == "xml"'),
+                                             ('${dataFormat == "json"}', 'dataFormat == "json"')])
+    engine = engine_with()
+    instance = engine.complete_user_task(engine.run(engine.start(load_process([fixed]), {})), "Task_1vjuj1c", {})
+    assert instance.status == "error"
+    message = instance.error["message"]
+    assert "NameError: name 'dataFormat' is not defined" in message
+    assert "user task 'Task_1vjuj1c' asks for 'dataFormat' in its form (camunda:formData), and its answer left " \
+           "it out (the field has no default and is not required): answer it there, or give the field a " \
+           "default or make it required" in message
+
+
+def test_a_start_form_field_the_start_data_left_out_is_named_where_a_condition_reads_it(tmp_path: Path) -> None:
+    fixed = rewritten(tmp_path, DATAFORMAT, [('${dataFormat == "xml"}', "age &gt; 20"),
+                                             ('${dataFormat == "json"}', "age &lt;= 20")])
+    engine = engine_with()
+    instance = engine.complete_user_task(engine.run(engine.start(load_process([fixed]), {})), "Task_1vjuj1c",
+                                         {"dataFormat": "xml"})
+    assert instance.status == "error"
+    assert "start event 'StartEvent_1' asks for 'age' in its form (camunda:formData), and the start data left it " \
+           "out (the field has no default and is not required): give it in the start data" in instance.error["message"]
