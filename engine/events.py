@@ -51,7 +51,7 @@ from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (ErrorEv
 from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.message import MessageEventDefinition
 from SpiffWorkflow.bpmn.specs.event_definitions.multiple import MultipleEventDefinition
-from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import EventBasedGateway
+from SpiffWorkflow.bpmn.specs.mixins.events.intermediate_event import BoundaryEvent, EventBasedGateway
 from SpiffWorkflow.bpmn.util import BpmnEvent
 from SpiffWorkflow.util.task import TaskState
 
@@ -176,6 +176,28 @@ def _other_kind_hint(workflow: Any, kind: str, name: str) -> str:
     how = ('"kind": "signal" in the REST body, --signal on `layerflow send`' if other == "signal"
            else 'no "kind" (or "kind": "message") in the REST body, no --signal on `layerflow send`')
     return f"; {name!r} is a {other} here: send it as one ({how}, kind={other!r} in Python)"
+
+
+def _thrown_not_sent_hint(workflow: Any, name: str) -> str:
+    """An error's or escalation's code (or name) sent as a message or signal: the boundary event
+    waiting for it catches it only as its activity throws it (a person's answer throws nothing)."""
+    for task in list(workflow.event_manager.tasks.values()):
+        definition = task.task_spec.event_definition
+        kind = "error" if isinstance(definition, ErrorEventDefinition) else \
+            "escalation" if isinstance(definition, EscalationEventDefinition) else None
+        code = getattr(definition, "code", None)
+        if kind is None or name not in (code, definition.name) or task.parent is None:
+            continue
+        activity = next((spiff.bpmn_id_of(c) for c in task.parent.children
+                         if c is not task and not isinstance(c.task_spec, BoundaryEvent)), None)
+        thrown = f'BpmnError("{code or name}")'
+        how = (f"raise {thrown} in a spiffworkflow:postScript of {activity!r} (or in its handler) when it should be "
+               "thrown" if kind == "error" else
+               f"no script throws one: draw an exclusive gateway after {activity!r} whose flow to the boundary "
+               "event's path is taken on the answer, and take the boundary event away")
+        return (f"; {code or name!r} is the code of the {kind} that {kind} boundary event {spiff.bpmn_id_of(task)!r} "
+                f"on {activity!r} catches: an {kind} is thrown by the task, never sent; {how}")
+    return ""
 
 
 def describe_waiting(waiting_for: Sequence[Mapping[str, Any]]) -> str:
@@ -371,7 +393,8 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
     if event is None or not catches:
         _refuse_uncorrelated(named, event, workflow, kind, name, instance_id, InstanceStateError)
         raise InstanceStateError(f"instance {instance_id} does not wait for {kind} {name!r}; it waits for: "
-                                 f"{describe_waiting(waiting_for)}{_other_kind_hint(workflow, kind, name)}")
+                                 f"{describe_waiting(waiting_for)}{_other_kind_hint(workflow, kind, name)}"
+                                 f"{_thrown_not_sent_hint(workflow, name)}")
 
     writes: list[tuple[Catch, LayeredContext, dict[str, Any]]] = []
     interrupted: list[tuple[LayeredContext, Any]] = []  # open multi-instance activities the event cancels

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, NoReturn, get_args
 
 from SpiffWorkflow.bpmn.specs.event_definitions.conditional import ConditionalEventDefinition
+from SpiffWorkflow.bpmn.specs.mixins.events.start_event import StartEvent
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.none_task import NoneTask as NoneTaskMixin
@@ -1577,6 +1578,27 @@ def _flow_of(task: Any, expression: str) -> str:
     return ""
 
 
+def _unanswered_field(task: Any, err: BaseException) -> str:
+    """The user task whose form asks for the name an expression could not read, and whose answer
+    left it out (a field with no default that is not required writes nothing): the person's
+    answer, not an earlier step, is what to look at."""
+    if not isinstance(err, NameError) or not err.name:
+        return ""
+    done = [t for t in task.workflow.get_tasks() if t.state == TaskState.COMPLETED]
+    for asked in sorted(done, key=lambda t: t.last_state_change, reverse=True):
+        form = (getattr(asked.task_spec, "extensions", None) or {}).get("form")
+        fields = form.get("fields") if isinstance(form, Mapping) else None
+        if any(isinstance(f, Mapping) and f.get("id") == err.name for f in fields or ()):
+            source = form.get("source") if isinstance(form, Mapping) else None
+            start = isinstance(asked.task_spec, StartEvent)
+            return (f"; {'start event' if start else 'user task'} {spiff.bpmn_id_of(asked)!r} asks for {err.name!r} "
+                    f"in its form{f' ({source})' if source else ''}, and {'the start data' if start else 'its answer'} "
+                    "left it out (the field has no default and is not required): "
+                    f"{'give it in the start data' if start else 'answer it there'}, or give the field a default or "
+                    "make it required")
+    return ""
+
+
 def _name_hint(err: BaseException, where: str | None) -> str:
     """What to do about a name an expression reads and the context does not hold."""
     if not isinstance(err, NameError) or not err.name:
@@ -2783,7 +2805,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 return False
             where = spiff.bpmn_id_of(task)
             # a key a compression folded away was there: say which compression, not "give it a value"
-            hint = _compressed_away(ctx, err) or _name_hint(err, where)
+            hint = _compressed_away(ctx, err) or _unanswered_field(task, err) or _name_hint(err, where)
             raise ActivityError(f"{_expression_kind(task, expression)} {expression.strip()!r}"
                                 f"{_flow_of(task, expression)} at {where!r} failed: {type(err).__name__}: {err}{hint}",
                                 task_id=where) from err

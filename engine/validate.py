@@ -213,6 +213,10 @@ not make ``report.ok`` false:
 ``link_flow``                         a sequence flow out of a link throw event or into a link catch event:
                                       BPMN forbids a link event to be both target and source of flows
 ``link_misplaced``                    a linkEventDefinition on a start, end or boundary event
+``boundary_never_thrown`` W           an error or escalation boundary event on a user or manual task (a bpmn:task)
+                                      that nothing there throws: a person's answer throws nothing (Camunda's task
+                                      forms do), an error only from a pre- or postScript raising BpmnError, an
+                                      escalation never; the message says what to write (the postScript, a gateway)
 ``boundary_catch_twice``              two error (or escalation) boundary events of one activity that catch the
                                       same code (or both any): both fire, and the path after each runs
 ``event_definition_misplaced``        an event definition BPMN does not allow on its kind of event (a timer on
@@ -553,6 +557,7 @@ class _Validator:
         self.paths = paths
         self.config_path = Path(config_path) if config_path is not None else None
         self.process_id = process_id
+        self.leftovers: set[str] = set()  # processes without isExecutable that nothing can start (not the model)
         self.discover_config = discover_config
         self.parser_factory = parser_factory
         self.problems: list[Problem] = []
@@ -632,6 +637,8 @@ class _Validator:
         # When one is chosen (--process, the config, or the only executable one), the others (a
         # collaboration's other pools: SpiffWorkflow runs one process) are checked only when it calls them.
         checked = [p for p in self.processes if _executable(p.element) or p.id == self.process_id] or self.processes
+        if self.leftovers:  # the pool's process is the model to check, not the leftover beside it
+            checked = [p for p in self.processes if p.id not in self.leftovers]
         if main is not None:
             reached = self._reached_from(main)
             checked = [p for p in checked if p.id in reached] or checked
@@ -1097,6 +1104,19 @@ class _Validator:
             self._warn_unset(proc)
             return wanted
         executable = [p for p in self.processes if _executable(p.element)]
+        leftovers = [p for p in executable if p.element.get("isExecutable") is None and not _startable(p.element)]
+        marked = [p for p in self.processes if not _executable(p.element) and _startable(p.element)]
+        if executable and leftovers == executable and marked:
+            # Only processes without isExecutable, and none of them can start (Trisotech writes one holding a
+            # lone end event beside the pool's process): the pool's process, marked not executable, is the model
+            self.leftovers = {p.id for p in leftovers}
+            named = ", ".join(map(repr, sorted(self.leftovers)))
+            for p in marked:
+                self.add("no_executable_process", f"no executable process: process {p.id!r} has isExecutable="
+                         f"{p.element.get('isExecutable')!r}; set isExecutable=\"true\" on the process to run it "
+                         f"(process {named}, the only one not marked isExecutable=\"false\", has no start event: "
+                         "nothing can start it)", file=p.file, line=p.line, element_id=p.id, field="isExecutable")
+            return None
         if not executable:
             if not self.processes:
                 message = f"no bpmn:process in {self._files()}; add a process with isExecutable=\"true\""
@@ -1112,6 +1132,8 @@ class _Validator:
         roots = [p for p in executable if p.id not in called] or executable
         # A pool drawn empty (Bizagi's main participant beside the pool that holds the flow) has nothing to run.
         roots = [p for p in roots if next(p.element.iterchildren(*_FLOW_NODES), None) is not None] or roots
+        # nor is a process without isExecutable that nothing can start (a modeler's leftover beside the pool)
+        roots = [p for p in roots if p.element.get("isExecutable") is not None or _startable(p.element)] or roots
         if len(roots) > 1:
             together = [c for c in self.other_ids.values() if c.tag == "collaboration"
                         and {r.id for r in roots} <= {pid for _, pid in _pools(c.element)}]
@@ -2953,6 +2975,18 @@ class _Validator:
                                  f"write it as 'raise BpmnError({args})' (BpmnError is in every script's namespace) "
                                  'and set scriptFormat="python"', file, script.sourceline)
                 return
+            declared = _javascript_undeclared(script.text)
+            if declared is not None and self._camunda_script(
+                    declared[0], declared[1], script, file, tid, "script_language", "script",
+                    f"script task {tid!r} (scriptFormat={language!r}, a JavaScript script (var declarations, ; at "
+                    "line ends), which layerflow runs as Python, as SpiffWorkflow does)"):
+                return
+            printed = _groovy_print_instead(script.text)
+            if printed is not None:
+                self._not_python(tid, language, f"this one prints with Groovy's println (command syntax, no "
+                                 f"parentheses), which is not Python: write it as {printed!r} and set "
+                                 'scriptFormat="python"', file, script.sourceline)
+                return
             self._not_python(tid, language, f"this one is not Python ({err.msg} in {(err.text or '').strip()!r}); "
                              'rewrite it in Python and set scriptFormat="python", or give the task a handler '
                              "(handler: file.py:function in its config)", file, script.sourceline + (err.lineno or 1) - 1)
@@ -3004,6 +3038,8 @@ class _Validator:
                          "taken) or a parallel one", file=file, line=el.sourceline, element_id=eid)
             if tag == "boundaryEvent" and el.find(_bpmn("cancelEventDefinition")) is not None:
                 self._check_cancel(el, eid, file)
+            if tag == "boundaryEvent":
+                self._check_thrown_at_person(el, eid, file)
             if el.find(_bpmn("compensateEventDefinition")) is not None and tag != "startEvent":
                 self._check_compensation(el, eid, tag, file)
             if tag == "adHocSubProcess":
@@ -3335,25 +3371,74 @@ class _Validator:
         """Once an interrupting event sub-process started, the rest of its process is over, its other
         event sub-processes too: a message or signal it throws itself starts none of them
         (``spiff._InterruptAwareEvents``). Drawn so, it was most likely meant to."""
+        def named(event: Any, definition: Any, kind: str) -> tuple[str, str] | None:
+            # SpiffWorkflow names a message or signal without a ref after its event (None without a name)
+            ref = definition.get(f"{kind}Ref")
+            return (kind, f"ref:{ref}") if ref else (kind, f"name:{event.get('name')}") if event.get("name") else None
+
         starts: dict[tuple[str, str], str] = {}
         for other in scope.iterchildren(_bpmn("subProcess")):
-            if other.get("triggeredByEvent") == "true":
+            if other.get("triggeredByEvent") == "true" and other is not sub:
                 for start in other.iterchildren(_bpmn("startEvent")):
                     for kind in ("message", "signal"):
                         for d in start.iterchildren(_bpmn(f"{kind}EventDefinition")):
-                            starts.setdefault((kind, d.get(f"{kind}Ref") or ""), str(other.get("id")))
+                            key = named(start, d, kind)
+                            if key is not None:
+                                starts.setdefault(key, str(other.get("id")))
         for throw in sub.iter(_bpmn("intermediateThrowEvent"), _bpmn("endEvent")):
             for kind in ("message", "signal"):
                 for d in throw.iterchildren(_bpmn(f"{kind}EventDefinition")):
-                    started = starts.get((kind, d.get(f"{kind}Ref") or ""))
+                    key = named(throw, d, kind)
+                    started = starts.get(key) if key is not None else None
                     if started is not None:
                         self.add("event_subprocess_after_interrupt", f"{throw.get('id')!r} in interrupting event "
-                                 f"sub-process {sub.get('id')!r} throws the {kind} {d.get(f'{kind}Ref')!r} that would start "
+                                 f"sub-process {sub.get('id')!r} throws the {kind} "
+                                 f"{d.get(f'{kind}Ref') or throw.get('name')!r} that would start "
                                  f"event sub-process {started!r}: once {sub.get('id')!r} started, the rest of its process "
                                  f"is cancelled, {started!r} with it, so the {kind} starts nothing here; make "
                                  f"{sub.get('id')!r} non-interrupting (isInterrupting=\"false\"), or do what "
                                  f"{started!r} does in {sub.get('id')!r} itself", file=file, line=throw.sourceline,
                                  element_id=throw.get("id"), severity="warning")
+
+    def _check_thrown_at_person(self, event: Any, eid: str, file: str) -> None:
+        """An error or escalation boundary event on a person's step catches what nothing there throws:
+        an answer throws nothing (Camunda's task forms throw either, REST /task/{id}/bpmnError), a
+        pre- or postScript raising BpmnError throws an error, and no script throws an escalation."""
+        attached = event.get("attachedToRef")
+        scope = event.getparent()
+        task = next((t for t in (scope.iterchildren() if scope is not None else ()) if t.get("id") == attached), None)
+        step = {"userTask": "user task", "manualTask": "manual task", "task": "task"}.get(
+            etree.QName(task).localname if task is not None else "")
+        cfg = self.merged.get(str(attached))
+        if task is None or step is None or (cfg is not None and (cfg.handler or cfg.llm is not None)):
+            return  # (a step run by a handler or a model throws by raising BpmnError)
+        scripts = " ".join(s.text or "" for s in task.iter()
+                           if isinstance(s.tag, str) and etree.QName(s).localname in ("preScript", "postScript"))
+        after = [f.get("targetRef") for f in _outgoing(event)]
+        path = f"{after[0]!r}" if after else "its path"
+        forms = " (Camunda's task forms do)" if step == "user task" else ""
+        for kind in ("error", "escalation"):
+            definition = event.find(_bpmn(f"{kind}EventDefinition"))
+            if definition is None or (kind == "error" and "BpmnError" in scripts):
+                continue
+            ref = definition.get(f"{kind}Ref")
+            caught = next((c for c in event.getroottree().getroot().iter(_bpmn(kind))
+                           if ref and c.get("id") == ref), None)
+            code = caught.get(f"{kind}Code") if caught is not None else None
+            key = _identifier_for(event.get("name") or f"{kind}_{code or 'raised'}")
+            gateway = (f"draw an exclusive gateway after {attached!r} with a flow to {path} whose condition reads the "
+                       f"answer (e.g. {key}), and take the boundary event away")
+            if kind == "error":
+                thrown = f'BpmnError("{code}")' if code else 'BpmnError("CODE")'
+                todo = (f"raise {thrown} in a spiffworkflow:postScript of {attached!r} when the answer says so "
+                        f"('if {key}: raise {thrown}'; the task's writes are dropped as it throws, README \"Activities "
+                        f"that throw BPMN errors\"), or {gateway}")
+            else:
+                todo = f"no script throws an escalation: {gateway}"
+            self.add("boundary_never_thrown", f"{kind} boundary event {eid!r} on {step} {attached!r} catches "
+                     f"{f'{kind} {code!r}' if code else f'any {kind}'}, and a person's answer throws no BPMN {kind} "
+                     f"here{forms}: {path} never runs; {todo}", file=file, line=event.sourceline,
+                     element_id=eid, field=f"{kind}Ref", severity="warning")
 
     def _check_cancel(self, event: Any, eid: str, file: str) -> None:
         """A cancel boundary event belongs on a transaction; SpiffWorkflow refuses it elsewhere, naming
@@ -3644,6 +3729,8 @@ class _Validator:
         for mapping in (m for m in found if m.python is None):
             self.related.add(eid)
             target, hook = mapping.target, "preScript" if mapping.direction == "input" else "postScript"
+            if mapping.source.strip() == "script" and self._script_setting_variables(mapping, eid, tag, hook, file):
+                continue
             read = target.isidentifier() and self._reads_name(target, mapping.element)
             source = mapping.source.strip()
             expression = (source[:2] in ("${", "#{") and source.endswith("}")) if mapping.dialect == "JUEL" \
@@ -3673,6 +3760,33 @@ class _Validator:
                      line=mapping.element.sourceline, element_id=eid, field=mapping.field,
                      severity="error" if read else "warning")
         return bool(found)
+
+    def _script_setting_variables(self, mapping: io_mappings.Mapping, eid: str, tag: str, hook: str,
+                                  file: str) -> bool:
+        """A mapping's camunda:script that sets variables of its own (``execution.setVariable("x", 5)``,
+        as Camunda's loan-granting example does): what it sets is what the process reads, not the
+        parameter (the script's value); say the Python of those assignments. False for any other script."""
+        code = next((c for c in mapping.element if isinstance(c.tag, str) and etree.QName(c).localname == "script"),
+                    None)
+        text = (code.text or "").strip() if code is not None else ""
+        instead = _camunda_script_instead(text) if "setVariable" in text else None
+        if code is None or not instead:
+            return False
+        names = re.findall(r"setVariable(?:Local)?\(\s*['\"]([A-Za-z_]\w*)['\"]", text)
+        read = any(self._reads_name(name, mapping.element) for name in names)
+        only_setters = len(names) == len([line for line in text.splitlines() if line.strip()])
+        value = ", null: setVariable returns nothing" if only_setters else \
+            ", its last one: set it there too if a step reads it"
+        self.add("io_mapping_expression", f"bpmn:{tag} {eid!r} has {mapping.field} {mapping.target!r} (a "
+                 f"camunda:script in {code.get('scriptFormat') or 'no scriptFormat'!r}), which layerflow does not "
+                 f"run: its camunda:script sets {', '.join(map(repr, dict.fromkeys(names)))} (execution.setVariable, "
+                 f"Camunda's process API), so nothing sets {'them' if len(set(names)) > 1 else 'it'}"
+                 f"{' and the run stops where it is read' if read else ''}; write {instead!r} in a "
+                 f"spiffworkflow:{hook} of {eid!r} (the parameter {mapping.target!r} itself holds the script's value"
+                 f"{value})",
+                 file=file, line=mapping.element.sourceline, element_id=eid, field=mapping.field,
+                 severity="error" if read else "warning")
+        return True
 
     def _check_mapping_system(self, found: list[io_mappings.Mapping], eid: str, tag: str, file: str) -> None:
         """Mappings that run and write a key the config's system: fixes: the write is denied at the
@@ -3874,6 +3988,29 @@ class _Validator:
                      f"does SpiffWorkflow's own parser), so what it does never happens; {todo}", file=proc.file,
                      line=el.sourceline, element_id=eid, field=names[0], severity="warning")
 
+    @staticmethod
+    def _listener_assignments(el: Any, eid: str, tag: str) -> list[str]:
+        """What to write for the execution listeners of ``el`` whose expression only sets variables
+        (``${execution.setVariable('finished', true)}``): the assignment, in the pre- or postScript of
+        an activity, else in a script task drawn before (a 'start' listener) or after (an 'end' one)."""
+        said, others = [], 0
+        for ext in el.iterfind(_bpmn("extensionElements")):
+            for child in ext:
+                if not isinstance(child.tag, str) or etree.QName(child).localname != "executionListener":
+                    continue
+                sets = _juel_set_variables(child.get("expression") or "")
+                if sets is None:
+                    others += 1
+                    continue
+                event = child.get("event") or "start"
+                if tag in _MAPPED_TAGS:
+                    where = f"a spiffworkflow:{'preScript' if event == 'start' else 'postScript'} of {eid!r}"
+                else:
+                    where = f"a bpmn:scriptTask drawn {'before' if event == 'start' else 'after'} {eid!r}"
+                said.append(f"its executionListener (event {event!r}) sets {', '.join(map(repr, sets[1]))} "
+                            f"(execution.setVariable): write {sets[0]!r} in {where}")
+        return said + ["do the other listeners' work in a task of the process"] if said and others else said
+
     def _check_foreign(self, el: Any, eid: str, tag: str, file: str) -> None:
         """Another engine's settings that decide what a step does: SpiffWorkflow ignores them, silently."""
         found: dict[str, None] = {}
@@ -3943,6 +4080,22 @@ class _Validator:
             todo = [f"it names the variable ({starter!r}) that the engine sets to the user who started the "
                     f"instance; nothing sets it here: give {starter!r} in the start data (--data)"
                     if t == _FOREIGN_SETTINGS["initiator"] else t for t in todo]
+        listened = self._listener_assignments(el, eid, tag)
+        if listened:
+            todo = ["; ".join(listened) if t == _FOREIGN_SETTINGS["executionListener"] else t for t in todo]
+        resource = next(((k, v.strip()) for k, v in el.attrib.items()
+                         if (_foreign_name(k) or "").endswith(":resource") and v.strip()), None)
+        language = (el.get("scriptFormat") or "").strip()
+        if resource is not None and (language.lower() not in ("", "python") or not resource[1].endswith(".py")):
+            # a script of another language in a file of the deployment: no copy of it is Python
+            qname = etree.QName(resource[0])
+            written = next((k for k, v in el.nsmap.items() if v == qname.namespace and k), "camunda")
+            kind = _SCRIPT_LANGUAGES.get(language.lower(), "")
+            todo = [f"its {written}:resource={resource[1]!r} names a file of the other engine's deployment holding "
+                    f"the script in scriptFormat {language or 'none'!r}{f' ({kind})' if kind else ''}; layerflow "
+                    "runs Python scripts only: write what it computes in Python as the task's bpmn:script (or give "
+                    "the task a handler: handler: file.py:function in its config)"
+                    if t == _FOREIGN_SETTINGS["resource"] else t for t in todo]
         decision = _engine_dmn_task(el)
         if decision is not None:
             # Flowable's (Activiti's) DMN task: a service task of type "dmn" that names its decision
@@ -3982,7 +4135,16 @@ class _Validator:
             # application: say what it names, the code to bring over as the handler
             attr, value, found_bean = delegate
             bean, method = found_bean.group(1), found_bean.group(2)
-            if method is None and bean in _JUEL_LITERALS:
+            sets = _juel_set_variables(value) if bean == "execution" else None
+            if sets is not None:
+                # ${execution.setVariable('foo', 'bar')} (Camunda's model API example): Camunda's process API,
+                # not a bean; the step's whole work is the assignment
+                script, returns = sets
+                said = (f"its {attr}={value!r} is a JUEL expression that sets {', '.join(map(repr, returns))} "
+                        "through Camunda's process API (execution.setVariable), which is not here: make "
+                        f"{eid!r} a bpmn:scriptTask whose script is {script!r}, or register a handler for "
+                        f"{eid!r} that returns {{{', '.join(f'{k!r}: {v}' for k, v in returns.items())}}}")
+            elif method is None and bean in _JUEL_LITERALS:
                 # ${true} (Operaton's and Camunda's test models): a literal names no bean; the
                 # other engine evaluates it and the step does nothing
                 said = (f"its {attr}={value!r} is a JUEL literal ({bean}): the other engine evaluates it and "
@@ -4575,6 +4737,11 @@ def _messages_between(collaboration: Any, processes: set[str], nodes: Mapping[st
                for f in collaboration.iter(_bpmn("messageFlow")))
 
 
+def _startable(process: Any) -> bool:
+    """Whether a process has a start event of its own (something can start it)."""
+    return process.find(_bpmn("startEvent")) is not None
+
+
 def _executable(process: Any) -> bool:
     return bool(process.get("isExecutable", "true") == "true")  # SpiffWorkflow's own rule
 
@@ -5030,6 +5197,9 @@ _NOT_WORKED = {
     "transaction": ("runs the steps drawn inside it", "give the handler to a task inside it"),
 }
 _MAP_IN_CODE = "set the variables in a script, a handler or an ioSpecification"
+# what a script of another scriptFormat is, said where its file is named
+_SCRIPT_LANGUAGES = {"xslt": "an XSLT stylesheet", "xquery": "an XQuery", "javascript": "JavaScript",
+                     "js": "JavaScript", "groovy": "Groovy", "juel": "a JUEL expression", "ruby": "Ruby"}
 
 
 def _event_payload_todo(el: Any, eid: str, tag: str) -> str | None:
@@ -5393,6 +5563,52 @@ def _javascript_script_instead(source: str) -> str | None:
     except SyntaxError:
         return None
     return None if _javascript_api(tree) or _camunda_api_calls(tree) or _java_api_calls(tree) else text
+
+
+def _javascript_undeclared(source: str) -> tuple[ast.AST, str] | None:
+    """A JavaScript script without its ``var``/``let``/``const`` and line-end semicolons, parsed, when
+    that much makes it parse as Python (its calls can then be named); None otherwise."""
+    if not re.search(r"^\s*(?:var|let|const)\s", source, re.M):
+        return None
+    lines = [re.sub(r"^(\s*)(?:var|let|const)\s+", r"\1", line).rstrip().rstrip(";")
+             for line in source.strip().splitlines()]
+    text = "\n".join(lines)
+    try:
+        return ast.parse(text, mode="exec"), text
+    except SyntaxError:
+        return None
+
+
+_GROOVY_PRINTLN = re.compile(r"println\s*\(?\s*(['\"])(.*?)\1\s*\)?\s*;?")
+
+
+def _groovy_print_instead(source: str) -> str | None:
+    """A script of Groovy ``println 'text'`` lines as Python ``print("text")`` lines; None when any
+    line is something else."""
+    lines = [line.strip() for line in source.strip().splitlines() if line.strip()]
+    found = [_GROOVY_PRINTLN.fullmatch(line) for line in lines]
+    # (a double-quoted Groovy string interpolates ${...}: that is no plain text to print)
+    if not lines or not all(m is not None and not (m.group(1) == '"' and "$" in m.group(2)) for m in found):
+        return None
+    return "\n".join(f"print({json.dumps(m.group(2))})" for m in found if m is not None)
+
+
+def _juel_set_variables(value: str) -> tuple[str, dict[str, str]] | None:
+    """``${execution.setVariable('x', 5)}`` as its Python (``x = 5``) and the values it sets
+    (``{"x": "5"}``, Python source); None for any other expression."""
+    inner = value.strip()
+    if inner[:2] not in ("${", "#{") or not inner.endswith("}"):
+        return None
+    script = _camunda_script_instead(inner[2:-1].strip())
+    if not script or "execution" in script:
+        return None
+    returns = {}
+    for line in script.splitlines():
+        name, eq, python = line.partition(" = ")
+        if not eq or not name.isidentifier():
+            return None
+        returns[name] = python
+    return script, returns
 
 
 def _camunda_script_instead(source: str) -> str | None:
@@ -5844,6 +6060,29 @@ def _written_and_notes(told: str) -> tuple[str, str]:
     return told, ""
 
 
+# Camunda Spin's JSON API: S(json), .prop("key"), and the getters of a value
+_SPIN_PROP = re.compile(r"\.prop\(\s*(['\"])([^'\"]*)\1\s*\)")
+_SPIN_VALUE = re.compile(r"\.(?:numberValue|stringValue|boolValue|value|elements)\(\s*\)")
+_SPIN_S = re.compile(r"(?<![\w.])S\(\s*([A-Za-z_]\w*)\s*\)")
+
+
+def _spin_said(expression: str) -> str:
+    """The Spin calls an expression makes (``.prop("age"), .numberValue()``), "" when none."""
+    if not _SPIN_PROP.search(expression):
+        return ""
+    found = [m.group(0) for pattern in (_SPIN_PROP, _SPIN_VALUE) for m in pattern.finditer(expression)]
+    return ", ".join(dict.fromkeys(f.replace(" ", "") for f in found))
+
+
+def _spin_instead(expression: str) -> str:
+    """``customer.prop("age").numberValue()`` as ``customer["age"]``: a JSON object is a dict here."""
+    if not _SPIN_PROP.search(expression):
+        return expression
+    expression = _SPIN_S.sub(r"\1", expression)
+    expression = _SPIN_PROP.sub(lambda m: f"[{json.dumps(m.group(2))}]", expression)
+    return _SPIN_VALUE.sub("", expression)
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -5862,6 +6101,8 @@ def _python_instead(source: str, dialect: str) -> str:
         pairs = ((r"(?<![<>!=])=(?!=)", "=="), (r"\bnull\b", "None"), (r"\btrue\b", "True"), (r"\bfalse\b", "False"))
     for pattern, python in pairs:
         inner = re.sub(pattern, python, inner)
+    spin = _spin_said(inner)
+    inner = _spin_instead(inner)
     inner = _javascript_expression_instead(inner)
     inner = re.sub(r"(?<![\w.])(?:count|size|length)\s*\(", "len(", inner)
     if dialect == "FEEL":
@@ -5901,6 +6142,8 @@ def _python_instead(source: str, dialect: str) -> str:
         left += [f"{name} calls a Java bean of the Camunda application, which is not here: compute the value in a "
                  "handler (handler: file.py:function in the config of a task before it) and read it by its name"
                  for name in beans]
+    if spin:
+        left.insert(0, f"Camunda Spin's JSON API ({spin}): a JSON object here is a dict, read by its keys")
     counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
     left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
              "collection (loopDataOutputRef) instead, len(...)" for name in counters]
