@@ -32,7 +32,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .canonical import FrozenDict, Memo, canonical_key, remember_value
-from .context import TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key, names_tool_result
+from .context import MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key, names_tool_result
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
 from .tokens import count_value
@@ -75,7 +75,6 @@ __all__ = [
 
 RECENT_ACTIVITIES = 3
 COMPACTED = "<compacted>"
-MERGED_CONFLICTS_KEY = "_mergedConflicts"
 TRIGGERS = ("token_threshold", "message_threshold", "density", "redundancy", "decay", "conflict", "toolEfficiency")
 # Scores that fire below their threshold; the others fire above it.
 FIRE_BELOW = frozenset({"density", "decay", "toolEfficiency"})

@@ -27,13 +27,17 @@ from .markers import DELETED
 from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape
 from .tokens import DEFAULT_ENCODING, count_value
 
-__all__ = ["BRANCH_MARKERS", "LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind",
+__all__ = ["BRANCH_MARKERS", "MERGED_CONFLICTS_KEY", "LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind",
            "is_record_key"]
 
 LAYERS = tuple(Layer)
 # What a split writes into each branch's WORKING besides its contextInject: the branch's own
 # bookkeeping, never a value the process decided (a join keeps the parent's, see gateways.join).
 BRANCH_MARKERS = ("_branch_id", "_snapshot_id")
+# The log of a join's conflicts and their resolutions (gateways.join writes it; attention reads it).
+MERGED_CONFLICTS_KEY = "_mergedConflicts"
+# The engine's own bookkeeping in WORKING: it moves into HISTORY with an activity that did not write it.
+_BOOKKEEPING = frozenset({*BRANCH_MARKERS, MERGED_CONFLICTS_KEY})
 # HISTORY keys that only the engine and the compressor write (records, not data).
 RECORD_PREFIXES = ("activity:", "summary:", "compaction:", "tool:", "event:")
 # ... of those, the ones only they create: an activity may not write them even to WORKING (which moves
@@ -578,10 +582,11 @@ class LayeredContext:
         for key in self.layer(Layer.EPHEMERAL):
             changes.append((Layer.EPHEMERAL, key, DELETED))
         # the keys the activity wrote, then the other data keys WORKING hands on with it (a branch's
-        # contextInject, an injected fix); the engine's own bookkeeping there (a split's _branch_id and
-        # _snapshot_id, a join's _mergedConflicts) moves too, but the activity did not write it
+        # contextInject, an injected fix, a key of the process's own that starts with "_"); the engine's
+        # own bookkeeping there (a split's _branch_id and _snapshot_id, a join's _mergedConflicts) moves
+        # too, but the activity did not write it
         written = list(dict.fromkeys([*sorted(s.activity_keys, key=s.activity_keys.__getitem__),
-                                      *(k for k in working if not k.startswith("_"))]))
+                                      *(k for k in working if k not in _BOOKKEEPING)]))
         # what the activity wrote, wherever it landed: an update of a key HISTORY already holds is
         # auto-promoted there at once and never passes through WORKING (a loop body's keys)
         written_tokens = sum(self._written_tokens(key) for key in written)

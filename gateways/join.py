@@ -89,6 +89,7 @@ from typing import Any, NamedTuple
 from context_layers.attention import segment_history
 from context_layers.canonical import canonical_key, thaw
 from context_layers.compress_rules import count_key, is_protected_record
+from context_layers.context import MERGED_CONFLICTS_KEY
 from context_layers.config import ActivityExtensionConfig, CompressRule, as_config
 from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, entry_kind, is_record_key
 from context_layers.errors import ContextKeyError, LayerflowError
@@ -106,7 +107,6 @@ __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConfl
            "written_layer"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
-MERGED_CONFLICTS_KEY = "_mergedConflicts"
 COUNT_PREFIX = count_key("")
 
 

@@ -142,6 +142,19 @@ def test_a_record_counts_the_tokens_of_what_the_activity_wrote_in_history_too(ct
     assert LayeredContext.replay(ctx.tape) == ctx
 
 
+def test_a_record_names_a_data_key_with_a_low_line_that_working_hands_on(ctx):
+    # WORKING hands on what was written before the activity began (an injected fix, a contextInject)
+    # and the record names it; only the engine's own bookkeeping (a split's markers, a join's
+    # _mergedConflicts) moves unnamed. A data key of the process that starts with "_" is data.
+    ctx.write(Layer.WORKING, "_", None, actor="inject")
+    ctx.write(Layer.WORKING, "_note", "checked by hand", actor="inject")
+    ctx.begin_activity("a")
+    record = ctx.complete_activity("a")
+    assert record["keys"] == ["_", "_note"]
+    assert list(ctx.layer(Layer.HISTORY)) == ["_", "_note", "activity:a"]
+    assert LayeredContext.replay(ctx.tape) == ctx
+
+
 def test_an_activity_cannot_write_a_record_key_that_would_move_into_history(ctx):
     # not only an existing record: a new activity:/event:/compaction: key in WORKING arrives in
     # HISTORY at activity end as a record the engine never wrote
