@@ -46,13 +46,13 @@ tools or models are data and can never pose as structure:
 
 Budget: rendering never drops or rewrites the stable head (that is compression's
 job, as a cliff). Over ``budget`` it drops late-bound parts only: KNOWLEDGE hits of
-lowest confidence first, then recalled memory, newest first.
+lowest confidence first (never a preserved key), then recalled memory, newest first.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -300,6 +300,12 @@ def _select(entries: Sequence[Entry], options: RenderOptions, since: int | None 
     by_layer: dict[Layer, list[Entry]] = {layer: [] for layer in Layer}
     for e in entries:
         by_layer[e.layer].append(e)
+    # SYSTEM and PROCESS head the request. The keys one write brought in (SYSTEM from a config's
+    # mapping, the start data's JSON object) have no order of their own: shown in key order, the same
+    # mapping gives the same bytes whatever order its keys came in. Later writes follow in the order
+    # they happened (appending keeps the cached prefix).
+    for layer in (Layer.SYSTEM, Layer.PROCESS):
+        by_layer[layer].sort(key=lambda e: (e.seq, e.key))
     # HISTORY in the order of last change: a rewritten key moves to where it was last
     # written, so the head stays byte-stable and the order tells the chronology.
     history = sorted(by_layer[Layer.HISTORY], key=lambda e: (e.seq, e.order))
@@ -622,27 +628,30 @@ def request_tokens(messages: Sequence[Mapping[str, str]], encoding: str = "cl100
 
 
 def render_entries(entries: Sequence[Entry], options: RenderOptions, *, activity_start: int | None = None,
-                   revisions: dict[tuple[str, int], int] | None = None) -> list[Message]:
+                   revisions: dict[tuple[str, int], int] | None = None,
+                   preserved: Collection[str] = ()) -> list[Message]:
     """Render already selected entries (a view's, a hook's output, a trimmed list).
 
     ``activity_start``: the tape seq at which the open activity began, for
     ``knowledge_scope="activity"``; ``revisions``: ``(key, seq) -> n`` of HISTORY values
-    shown more than once (``render`` finds both on the context's tape).
+    shown more than once; ``preserved``: keys the budget never sheds (``render`` finds all
+    three on the context).
     """
     parts = _select(entries, options, activity_start, revisions)
     messages = _RENDERERS[options.format](parts, options)
     if options.budget is None or request_tokens(messages, options.encoding) <= options.budget:
         return messages
-    # Over budget: shed late-bound parts only, least valuable first.
-    knowledge = list(parts.late.get("knowledge", []))
+    # Over budget: shed late-bound parts only, least valuable first; a preserved key stays.
+    shown = list(parts.late.get("knowledge", []))
+    keep = set(preserved)
     memory = list(parts.memory)
-    while knowledge or memory:
-        if knowledge:
-            worst = min(knowledge, key=lambda e: (_confidence(e.value), -e.order))
-            knowledge.remove(worst)
+    while memory or any(e.key not in keep for e in shown):
+        candidates = [e for e in shown if e.key not in keep]
+        if candidates:
+            shown.remove(min(candidates, key=lambda e: (_confidence(e.value), -e.order)))
         else:
             memory.pop()
-        late = {**parts.late, "knowledge": knowledge} if parts.late else {}
+        late = {**parts.late, "knowledge": shown} if parts.late else {}
         messages = _RENDERERS[options.format](replace(parts, late=late, memory=tuple(memory)), options)
         if request_tokens(messages, options.encoding) <= options.budget:
             break
@@ -677,7 +686,10 @@ def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptio
         entries, revisions = logged_entries(source, opts)
     else:
         entries, revisions = _entries_of(source), {}
-    return render_entries(entries, opts, activity_start=_activity_start(source), revisions=revisions)
+    ctx = source.context if isinstance(source, View) else source
+    preserved = ctx.preserved if isinstance(ctx, LayeredContext) else ()
+    return render_entries(entries, opts, activity_start=_activity_start(source), revisions=revisions,
+                          preserved=preserved)
 
 
 def stable_prefix(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | str | None = None,
