@@ -80,7 +80,9 @@ __all__ = [
     "LiteLLMPlanner",
     "LiteLLMSummarizer",
     "MAX_TOOL_TURNS",
+    "MODEL_LIMITS_KEY",
     "ModelCallFailed",
+    "ModelLimits",
     "RetryPolicy",
     "ToolOutcome",
     "activity_request",
@@ -155,6 +157,65 @@ class RetryPolicy:
         return cls(base=base, cap=max(base, min(8.0, base * 16)))
 
 
+MODEL_LIMITS_KEY = "model_limits"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """SYSTEM's ``model_limits`` (DESIGN: SYSTEM holds "policy, system prompt, model limits"):
+    ``max_context_tokens``, what one request and its answer may take together, and
+    ``max_output_tokens``, what the answer may take. Other fields are left to whoever reads them."""
+
+    context: int | None = None
+    output: int | None = None
+
+    @classmethod
+    def of(cls, ctx: LayeredContext | View | None) -> "ModelLimits":
+        """The limits SYSTEM (L0) names; a value that cannot be one is refused by name, nothing sent."""
+        ctx = ctx.context if isinstance(ctx, View) else ctx
+        raw = ctx.layer(Layer.SYSTEM).get(MODEL_LIMITS_KEY) if isinstance(ctx, LayeredContext) else None
+        if raw is None:
+            return cls()
+        where = f"SYSTEM (L0) key {MODEL_LIMITS_KEY!r}"
+        if not isinstance(raw, Mapping):
+            raise cls._refused(f"{where} is {raw!r}; write a mapping such as "
+                               "{max_context_tokens: 8000, max_output_tokens: 1000} in the config's system section")
+        found: dict[str, int | None] = {}
+        for name in ("max_context_tokens", "max_output_tokens"):
+            value = raw.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise cls._refused(f"{MODEL_LIMITS_KEY}.{name} in SYSTEM (L0) is {value!r}; write a positive whole "
+                                   "number of tokens, or leave it out")
+            found[name] = value
+        limits = cls(found["max_context_tokens"], found["max_output_tokens"])
+        if limits.context is not None and limits.output is not None and limits.output >= limits.context:
+            raise cls._refused(f"{MODEL_LIMITS_KEY}.max_output_tokens {limits.output} in SYSTEM (L0) leaves no room "
+                               f"for the request in max_context_tokens {limits.context}; lower max_output_tokens")
+        return limits
+
+    @staticmethod
+    def _refused(message: str) -> "ModelCallFailed":
+        return ModelCallFailed(f"no model request was sent: {message}", task_id=None, model="", api_base=None,
+                               attempts=0, cause=None)
+
+    def answer_tokens(self, asked: int | None) -> int | None:
+        """The ``max_tokens`` to send: what was asked, at most ``max_output_tokens``."""
+        if self.output is None:
+            return asked
+        return min(asked, self.output) if asked else self.output
+
+    def request_budget(self, asked: int | None) -> int | None:
+        """Tokens the request may take: ``max_context_tokens`` less the answer's ``max_tokens``."""
+        if self.context is None:
+            return None
+        return self.context - (self.answer_tokens(asked) or 0)
+
+    def describe(self, asked: int | None) -> str:
+        answer = self.answer_tokens(asked)
+        return (f"{MODEL_LIMITS_KEY} in SYSTEM (L0): max_context_tokens {self.context}"
+                + (f" less {answer} for the answer" if answer else ""))
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     model: str
@@ -163,16 +224,18 @@ class Endpoint:
     timeout: float
     temperature: float | None = None
     max_tokens: int | None = None
+    limits: ModelLimits = ModelLimits()
 
     @classmethod
     def of(cls, model: str, llm_config: LLMConfig | None = None, *, api_base: str | None = None,
-           api_key: str | None = None, timeout: float | None = None) -> "Endpoint":
+           api_key: str | None = None, timeout: float | None = None,
+           limits: ModelLimits | None = None) -> "Endpoint":
         cfg = llm_config or LLMConfig()
         return cls(model=model,
                    api_base=api_base or cfg.api_base or os.environ.get(ENV_API_BASE) or None,
                    api_key=api_key or os.environ.get(ENV_API_KEY) or None,
                    timeout=timeout if timeout is not None else cfg.timeout,
-                   temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+                   temperature=cfg.temperature, max_tokens=cfg.max_tokens, limits=limits or ModelLimits())
 
     @property
     def where(self) -> str:
@@ -283,8 +346,9 @@ def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Map
         kwargs["api_key"] = endpoint.api_key
     if endpoint.temperature is not None:
         kwargs["temperature"] = endpoint.temperature
-    if max_tokens or endpoint.max_tokens:
-        kwargs["max_tokens"] = max_tokens or endpoint.max_tokens
+    answer_tokens = endpoint.limits.answer_tokens(max_tokens or endpoint.max_tokens)
+    if answer_tokens:
+        kwargs["max_tokens"] = answer_tokens
     start = time.perf_counter()
     response = completion(**kwargs)
     latency = int((time.perf_counter() - start) * 1000)
@@ -396,6 +460,7 @@ class _Caller:
         last: BaseException | None = None
         failures = 0
         for attempt in range(1, self.attempts + 1):
+            self._check_size(convo, tools, max_tokens, task_id, attempt - 1)
             reply: Reply | None = None
             try:
                 reply = _complete(self._completion(), self.endpoint, convo, max_tokens, tools)
@@ -426,6 +491,25 @@ class _Caller:
                 on_attempt(attempt, convo, reply, None)
             return result, convo
         raise self._failed(task_id, self.attempts, last, text_answer) from last
+
+    def _check_size(self, convo: Messages, tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                    task_id: str | None, attempts: int) -> None:
+        """Refuse, before it is sent, a request that does not fit SYSTEM's ``model_limits`` (a
+        corrective turn or a tool's result can make a request grow past it too)."""
+        limits = self.endpoint.limits
+        asked = max_tokens or self.endpoint.max_tokens
+        budget = limits.request_budget(asked)
+        if budget is None:
+            return
+        tokens = count_text(_token_text(convo) + (canonical_json(list(tools)) if tools else ""))
+        if tokens <= budget:
+            return
+        what = f"the request of activity {task_id!r}" if task_id else "the model request"
+        raise ModelCallFailed(
+            f"{what} was not sent: it is {tokens} tokens, over the {budget} the model takes ({limits.describe(asked)}); "
+            "compress the context before this step (its compressTokenThreshold and compressRules, or "
+            "context_compress), leave out what it need not see, or raise model_limits.max_context_tokens",
+            task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=None)
 
     def _failed(self, task_id: str | None, attempts: int, err: BaseException | None,
                 text_answer: str | None = None) -> ModelCallFailed:
@@ -591,6 +675,11 @@ def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMCo
     parts = (TOOLS_NOTE if offered else "", cfg.instructions.strip(), answer_contract(cfg.output_schema, cfg.output_keys))
     opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format,
                    instructions="\n\n".join(p for p in parts if p), task_id=task_id)
+    # within SYSTEM's model_limits: late-bound KNOWLEDGE and memory are shed first (never a
+    # preserved key); what still does not fit is refused before it is sent (``_Caller``)
+    budget = ModelLimits.of(ctx).request_budget(cfg.max_tokens)
+    if budget is not None and (opts.budget is None or budget < opts.budget):
+        opts = replace(opts, budget=budget)
     if memory:
         opts = replace(opts, memory=tuple(redact_for_model(m, redact) for m in memory))
     hidden = model_hooks(redact)
@@ -660,6 +749,16 @@ def _activity_call(ctx: Any, task_id: Any, llm_config: LLMConfig | ActivityExten
     return ctx, task_id, cfg, chosen, redact
 
 
+def _limits_of(ctx: LayeredContext | View, task_id: str | None) -> ModelLimits:
+    try:
+        return ModelLimits.of(ctx)
+    except ModelCallFailed as err:
+        if task_id is None:
+            raise
+        raise ModelCallFailed(f"activity {task_id!r}: {err}", task_id=task_id, model="", api_base=None,
+                              attempts=0, cause=None) from None
+
+
 def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | ActivityExtensionConfig | None = None, *,
                      model_override: str | None = None, model: str | None = None, completion: Completion | None = None,
                      view: View | None = None, options: RenderOptions | None = None, memory: Sequence[Any] = (),
@@ -678,7 +777,7 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     scope: dict[str, Any] | None = getattr(ctx, "scope", None)
     scoped: frozenset[str] = frozenset(getattr(ctx, "scoped", ()) or ())
     ctx, task_id, cfg, chosen, configured = _activity_call(ctx, task_id, llm_config, model_override or model)
-    endpoint = Endpoint.of(chosen, cfg)
+    endpoint = Endpoint.of(chosen, cfg, limits=_limits_of(ctx, task_id))
     messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory,
                                 tools=False, redact=configured if redact is None else redact)
     who = actor or task_id
@@ -741,7 +840,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     the ``tool_call`` notes on the tape keep the results as the tools gave them.
     """
     cfg = llm_config or LLMConfig()
-    endpoint = Endpoint.of(model, cfg)
+    endpoint = Endpoint.of(model, cfg, limits=_limits_of(ctx, task_id))
     who = actor or task_id
     names = [str(t.get("function", {}).get("name")) for t in schemas]
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
@@ -816,8 +915,9 @@ class _Client:
 
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None, timeout: float = 30,
                  max_retries: int = 2, retry: RetryPolicy | None = None, completion: Completion | None = None,
-                 sleep: Callable[[float], None] = time.sleep, on_attempt: OnAttempt | None = None) -> None:
-        self.endpoint = Endpoint.of(model, None, api_base=api_base, api_key=api_key, timeout=timeout)
+                 sleep: Callable[[float], None] = time.sleep, on_attempt: OnAttempt | None = None,
+                 limits: ModelLimits | None = None) -> None:
+        self.endpoint = Endpoint.of(model, None, api_base=api_base, api_key=api_key, timeout=timeout, limits=limits)
         self._caller = _Caller(self.endpoint, completion=completion, max_retries=max_retries, retry=retry, sleep=sleep)
         self.on_attempt = on_attempt
 
