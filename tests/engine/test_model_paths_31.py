@@ -274,3 +274,51 @@ def test_unusable_model_limits_are_named_before_anything_is_sent(limits: Any, pr
             run_llm_activity(ctx, "decide", _cfg(stub), retry=FAST)
         assert stub.requests == []
     assert problem in str(err.value) and "SYSTEM (L0)" in str(err.value)
+
+
+def test_a_tool_result_that_would_overflow_the_limit_is_not_sent_back() -> None:
+    from engine.llm import run_llm_tool_activity
+
+    sent: list[dict[str, Any]] = []
+
+    def completion(**kwargs: Any) -> dict[str, Any]:
+        sent.append(kwargs)
+        call = {"id": "call_1", "type": "function", "function": {"name": "context_inspect", "arguments": "{}"}}
+        return {"id": "t", "choices": [{"message": {"content": None, "tool_calls": [call]},
+                                        "finish_reason": "tool_calls"}]}
+
+    ctx = _limited_context({"max_context_tokens": 1500, "max_output_tokens": 100})
+    before = ctx.layer(Layer.WORKING)
+    with pytest.raises(ModelCallFailed) as err:
+        run_llm_tool_activity(ctx, "decide", LLMConfig(output_keys=["decision"], tools=True), model="fake",
+                              dispatch=lambda name, arguments: {"layers": {"L3": "a long history " * 800}},
+                              schemas=[], completion=completion)
+    assert len(sent) == 1, "the first turn fitted; the one carrying the tool's result is not sent"
+    assert all(_sent_tokens(k) <= 1500 - 100 for k in sent)
+    assert "model_limits" in str(err.value) and "'decide'" in str(err.value)
+    assert ctx.layer(Layer.WORKING) == before
+
+
+def test_a_summary_request_that_would_overflow_the_limit_falls_back_to_the_offline_summary() -> None:
+    from engine.model_compression import ModelCompressor
+
+    sent: list[dict[str, Any]] = []
+
+    def completion(**kwargs: Any) -> dict[str, Any]:
+        sent.append(kwargs)
+        return {"id": "s", "choices": [{"message": {"content": "A short summary."}, "finish_reason": "stop"}]}
+
+    ctx = _limited_context({"max_context_tokens": 1200, "max_output_tokens": 100})
+    ctx.write(Layer.WORKING, "reasoning_chain", {"kind": "reasoning_chain", "steps": [
+        f"Step {n}: checked the income records of the applicant against the policy, nothing unusual."
+        for n in range(80)]}, actor="decide")
+    ctx.complete_activity("decide")
+    compressor = ModelCompressor(ctx, task_id="decide", model="fake", completion=completion, retry=FAST)
+    result = compressor.compress(ctx, {"compressRules": [{"pattern": "reasoning_chain", "action": "summarize",
+                                                          "maxTokens": 60}]})
+    assert result.tokens_after < result.tokens_before
+    assert all(_sent_tokens(k) <= 1200 - (k.get("max_tokens") or 0) for k in sent)
+    assert all((k.get("max_tokens") or 0) <= 100 for k in sent)
+    assert sent == [], "the folded text does not fit: the offline summary is made instead"
+    failed = [e.data for e in ctx.tape if (e.data or {}).get("note") == "compression_model_failed"]
+    assert failed and "model_limits" in failed[0]["error"] and failed[0]["fallback"] == "extractive"
