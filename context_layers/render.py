@@ -639,23 +639,36 @@ def render_entries(entries: Sequence[Entry], options: RenderOptions, *, activity
     """
     parts = _select(entries, options, activity_start, revisions)
     messages = _RENDERERS[options.format](parts, options)
-    if options.budget is None or request_tokens(messages, options.encoding) <= options.budget:
+    budget = options.budget
+    if budget is None or request_tokens(messages, options.encoding) <= budget:
         return messages
-    # Over budget: shed late-bound parts only, least valuable first; a preserved key stays.
-    shown = list(parts.late.get("knowledge", []))
+    # Over budget: shed late-bound parts only, least valuable first (KNOWLEDGE hits of lowest
+    # confidence, then recalled memory, newest first); a preserved key stays. The fewest shed that
+    # fit are found by bisection: a request of many hits renders O(log n) times, not n.
     keep = set(preserved)
-    memory = list(parts.memory)
-    while memory or any(e.key not in keep for e in shown):
-        candidates = [e for e in shown if e.key not in keep]
-        if candidates:
-            shown.remove(min(candidates, key=lambda e: (_confidence(e.value), -e.order)))
+    knowledge = list(parts.late.get("knowledge", []))
+    order = sorted((e for e in knowledge if e.key not in keep), key=lambda e: (_confidence(e.value), -e.order))
+    shed = len(order) + len(parts.memory)
+
+    def shedding(n: int) -> list[Message]:
+        gone = {id(e) for e in order[:n]}
+        late = {**parts.late, "knowledge": [e for e in knowledge if id(e) not in gone]} if parts.late else {}
+        memory = parts.memory[: len(parts.memory) - max(0, n - len(order))]
+        return _RENDERERS[options.format](replace(parts, late=late, memory=memory), options)
+
+    def fits(n: int) -> bool:
+        return request_tokens(shedding(n), options.encoding) <= budget
+
+    if shed == 0 or not fits(shed):
+        return shedding(shed)
+    lo, hi = 1, shed
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
         else:
-            memory.pop()
-        late = {**parts.late, "knowledge": shown} if parts.late else {}
-        messages = _RENDERERS[options.format](replace(parts, late=late, memory=tuple(memory)), options)
-        if request_tokens(messages, options.encoding) <= options.budget:
-            break
-    return messages
+            lo = mid + 1
+    return shedding(lo)
 
 
 def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | str | None = None,

@@ -266,3 +266,26 @@ def test_the_budget_sheds_knowledge_but_never_a_preserved_key_nor_the_head(budge
     if request_tokens(cut) > budget:
         # over only when what may not be shed does not fit: the head, WORKING and the preserved hits
         assert shown == set(preserved)
+
+
+def test_meeting_the_budget_renders_a_logarithmic_number_of_times(monkeypatch: pytest.MonkeyPatch):
+    # every LLM activity of a SYSTEM with model_limits renders within a budget: shedding one hit per
+    # render took 8 s for 300 hits
+    rendering = sys.modules["context_layers.render"]  # the package's ``render`` is the function
+
+    ctx = _base()
+    for n in range(300):
+        ctx.write(Layer.KNOWLEDGE, f"kb_{n}", {"text": f"passage {n} " + "rates and terms " * 30,
+                                              "source": "kb://x", "confidence": (n % 97) / 100}, actor="rag")
+    full = request_tokens(render(ctx, _options("xml")))
+    counted = []
+    real = rendering.request_tokens
+    monkeypatch.setattr(rendering, "request_tokens", lambda m, enc="cl100k_base": counted.append(1) or real(m, enc))
+    cut = render(ctx, _options("xml", budget=full // 10))
+    assert real(cut) <= full // 10
+    assert len(counted) <= 12, len(counted)
+    # the hits kept are the most confident ones
+    shown = {key for (layer, key) in PARSERS["xml"](cut)[0] if layer == "L2"}
+    assert 0 < len(shown) < 300
+    assert min(ctx.resolve(k)["confidence"] for k in shown) >= max(
+        ctx.resolve(f"kb_{n}")["confidence"] for n in range(300) if f"kb_{n}" not in shown)
