@@ -846,7 +846,11 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names)
     if state is None:
-        history: Messages = activity_request(ctx, task_id, cfg, tools=True, redact=redact)
+        # the tool schemas are sent beside the messages: the request leaves room for them
+        budget = endpoint.limits.request_budget(cfg.max_tokens)
+        room = None if budget is None else max(1, budget - count_text(canonical_json(list(schemas))))
+        history: Messages = activity_request(ctx, task_id, cfg, tools=True, redact=redact,
+                                             options=RenderOptions(knowledge_scope="activity", budget=room))
         turns = 0
     else:
         history = [dict(m) for m in state["messages"]]

@@ -322,3 +322,25 @@ def test_a_summary_request_that_would_overflow_the_limit_falls_back_to_the_offli
     assert sent == [], "the folded text does not fit: the offline summary is made instead"
     failed = [e.data for e in ctx.tape if (e.data or {}).get("note") == "compression_model_failed"]
     assert failed and "model_limits" in failed[0]["error"] and failed[0]["fallback"] == "extractive"
+
+
+def test_a_tool_activity_sheds_knowledge_to_leave_room_for_the_tool_schemas() -> None:
+    from context_layers.canonical import canonical_json
+    from engine.llm import run_llm_tool_activity
+    from engine.tools import tool_schemas
+
+    sent: list[dict[str, Any]] = []
+
+    def completion(**kwargs: Any) -> dict[str, Any]:
+        sent.append(kwargs)
+        return {"id": "t", "choices": [{"message": {"content": json.dumps({"decision": "approve"})},
+                                        "finish_reason": "stop"}]}
+
+    schemas = tool_schemas()
+    ctx = _limited_context({"max_context_tokens": 3000, "max_output_tokens": 200}, knowledge=8)
+    outcome = run_llm_tool_activity(ctx, "decide", LLMConfig(output_keys=["decision"], tools=True), model="fake",
+                                    dispatch=lambda name, arguments: {}, schemas=schemas, completion=completion)
+    assert outcome.answer == {"decision": "approve"}
+    [body] = sent
+    assert _sent_tokens(body) + count_text(canonical_json(schemas)) <= 3000 - 200
+    assert 'key="kb_7"' in body["messages"][-1]["content"]  # what fits is still sent
