@@ -289,3 +289,39 @@ def test_meeting_the_budget_renders_a_logarithmic_number_of_times(monkeypatch: p
     assert 0 < len(shown) < 300
     assert min(ctx.resolve(k)["confidence"] for k in shown) >= max(
         ctx.resolve(f"kb_{n}")["confidence"] for n in range(300) if f"kb_{n}" not in shown)
+
+
+HISTORY_OPS = st.lists(st.one_of(
+    st.tuples(st.just("write"), st.sampled_from([Layer.WORKING, Layer.KNOWLEDGE, Layer.EPHEMERAL]),
+              st.sampled_from(["risk", "note", "score", "tool_call_result_1"]), JSON_VALUE),
+    st.tuples(st.just("next")),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("restore")),
+    st.tuples(st.just("compress")),
+), max_size=14)
+
+
+@given(HISTORY_OPS, st.sampled_from(FORMATS))
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+def test_a_context_renders_the_same_bytes_after_a_save_and_load_and_after_a_replay(ops, fmt):
+    ctx = _base()
+    snaps = []
+    step = 0
+    for op in ops:
+        if op[0] == "write":
+            ctx.write(op[1], op[2], op[3], actor=ctx.current_activity)
+        elif op[0] == "next":
+            ctx.complete_activity(ctx.current_activity)
+            step += 1
+            ctx.begin_activity(f"step{step}")
+        elif op[0] == "snapshot":
+            snaps.append(ctx.snapshot())
+        elif op[0] == "restore" and snaps:
+            ctx.restore(snaps[-1])
+        elif op[0] == "compress":
+            RuleDrivenCompressor().compress(ctx, {"compressRules": [
+                {"pattern": "tool_call_result", "action": "count_only", "keepLast": 1}]})
+    want = render(ctx, _options(fmt))
+    loaded = LayeredContext.from_dict(json.loads(json.dumps(ctx.to_dict())))
+    assert render(loaded, _options(fmt)) == want
+    assert render(LayeredContext.replay(ctx.tape), _options(fmt)) == want

@@ -344,3 +344,19 @@ def test_a_tool_activity_sheds_knowledge_to_leave_room_for_the_tool_schemas() ->
     [body] = sent
     assert _sent_tokens(body) + count_text(canonical_json(schemas)) <= 3000 - 200
     assert 'key="kb_7"' in body["messages"][-1]["content"]  # what fits is still sent
+
+
+#: values shaped like the stores' own encodings (tape parts, the deletion marker) and a string cut into
+#: parts (every 512 characters) across an emoji, a CR LF, a NUL and a line separator
+MARKERS = {"m_deleted": {"$deleted": True}, "m_str": {"$str": [["abc"], "t"]}, "m_list": {"$list": [[], [1]]},
+           "m_lit": {"$lit": {"$str": 1}}, "m_parts": {"$parts": 1, "event": {}}, "m_node": {"$node": ["x"]},
+           "m_many": ["$deleted"] * 60, "m_long": ("a" * 510 + "😀\r\n\x00\u2028]]>") * 2}
+
+
+def test_values_shaped_like_the_stores_own_markers_render_the_same_after_a_round_trip(model: Model,
+                                                                                     store: str) -> None:
+    done = _run(store, model, start={**START, **MARKERS}, answer=MARKERS)  # _run compares the renders
+    again = Engine(store, model="fake/model").load(done.instance_id)
+    assert {k: again.main.resolve(k) for k in MARKERS} == MARKERS
+    assert again.main.resolve("underwriter_note") == MARKERS
+    assert render(again.main, task_id="x") == render(done.main, task_id="x")
