@@ -173,7 +173,11 @@ class ModelLimits:
     def of(cls, ctx: LayeredContext | View | None) -> "ModelLimits":
         """The limits SYSTEM (L0) names; a value that cannot be one is refused by name, nothing sent."""
         ctx = ctx.context if isinstance(ctx, View) else ctx
-        raw = ctx.layer(Layer.SYSTEM).get(MODEL_LIMITS_KEY) if isinstance(ctx, LayeredContext) else None
+        return cls.parse(ctx.layer(Layer.SYSTEM).get(MODEL_LIMITS_KEY) if isinstance(ctx, LayeredContext) else None)
+
+    @classmethod
+    def parse(cls, raw: Any) -> "ModelLimits":
+        """The limits of a ``model_limits`` value (``layerflow validate`` checks the config's with it)."""
         if raw is None:
             return cls()
         where = f"SYSTEM (L0) key {MODEL_LIMITS_KEY!r}"

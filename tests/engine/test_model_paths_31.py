@@ -360,3 +360,24 @@ def test_values_shaped_like_the_stores_own_markers_render_the_same_after_a_round
     assert {k: again.main.resolve(k) for k in MARKERS} == MARKERS
     assert again.main.resolve("underwriter_note") == MARKERS
     assert render(again.main, task_id="x") == render(done.main, task_id="x")
+
+
+@pytest.mark.parametrize("limits, problem", [
+    ("{max_context_tokens: 8k}", "model_limits.max_context_tokens in SYSTEM (L0) is '8k'"),
+    ("{max_context_tokens: 100, max_output_tokens: 100}", "max_output_tokens 100 in SYSTEM (L0) leaves no room"),
+    ("8000", "SYSTEM (L0) key 'model_limits' is 8000"),
+])
+def test_validate_names_unusable_model_limits_with_the_file_and_line(tmp_path: Path, limits: str,
+                                                                     problem: str) -> None:
+    from engine.validate import validate_process
+
+    bpmn = tmp_path / "underwriting.bpmn"
+    bpmn.write_text(UNDERWRITING.read_text())
+    config = (HERE / "underwriting.layerflow.yaml").read_text().replace(
+        "model_limits: {max_context_tokens: 2000, max_output_tokens: 200}", f"model_limits: {limits}")
+    (tmp_path / "underwriting.layerflow.yaml").write_text(config)
+    report = validate_process(bpmn)
+    [error] = [p for p in report.errors if p.field == "system.model_limits"]
+    assert problem in error.message and error.line == 3
+    assert error.file is not None and error.file.endswith("underwriting.layerflow.yaml")
+    assert validate_process(UNDERWRITING).ok
