@@ -1587,11 +1587,12 @@ class _Validator:
     def _check_model_limits(self, config: ProcessConfigFile | None) -> None:
         """SYSTEM's ``model_limits`` bound every model request (``engine.llm.ModelLimits``): one that
         cannot would fail the first model step of every run."""
-        from .llm import MODEL_LIMITS_KEY, ModelLimits
+        if config is None or "model_limits" not in config.system:
+            return  # (engine.llm stays unimported: a run without a model never loads it)
         from context_layers.errors import ModelError
 
-        if config is None or MODEL_LIMITS_KEY not in config.system:
-            return
+        from .llm import MODEL_LIMITS_KEY, ModelLimits
+
         try:
             ModelLimits.parse(config.system[MODEL_LIMITS_KEY])
         except ModelError as err:
