@@ -647,7 +647,9 @@ def _request_record(ctx: LayeredContext, agent: str, messages: Messages) -> dict
 # ----- LLM activities ---------------------------------------------------------------------------
 
 def _write_answer(ctx: LayeredContext, answer: Mapping[str, Any], actor: str) -> None:
-    # all or nothing: a denied key (recorded on the tape like a script's) writes nothing
+    # all or nothing: a denied key (recorded on the tape like a script's) writes nothing; in key order,
+    # as the answer is a JSON object, which has none (the next request is the same bytes either way)
+    answer = dict(sorted(answer.items()))
     for key in answer:
         effective, reason = ctx.check_write(Layer.WORKING, key)
         if reason is None and is_engine_key(key):

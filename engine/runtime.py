@@ -1311,7 +1311,9 @@ def _prepared_start(process: Process, data: Mapping[str, Any] | None) -> tuple[L
                                      "'compaction:' are HISTORY's records, written by the engine and the "
                                      "compressor, and 'kb:' keys the retrieval's passages; initial data cannot "
                                      "set them, rename the key")
-        ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
+        # in key order: a JSON object has none, and the same data must make the same context (and the
+        # same model requests) whatever order its keys came in
+        ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in sorted(data.items())],
                           kind="input", actor="input")
     try:
         wf = spiff.new_workflow(process.spec, process.subprocess_specs)
@@ -1929,6 +1931,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         given = self._check_form(task, dict(data or {}), actor)
         self._check_user_data(task, given, actor)
         self._check_output_item(task, given, actor)
+        given = dict(sorted(given.items()))  # a person's JSON object: written in key order (it has none)
         self.user_data[str(task.id)] = given
         note: dict[str, Any] = {"task_id": spiff.bpmn_id_of(task), "keys": list(given)}
         which = self._instance_of(task).get("instance")

@@ -381,3 +381,33 @@ def test_validate_names_unusable_model_limits_with_the_file_and_line(tmp_path: P
     assert problem in error.message and error.line == 3
     assert error.file is not None and error.file.endswith("underwriting.layerflow.yaml")
     assert validate_process(UNDERWRITING).ok
+
+
+def test_json_objects_from_outside_send_the_same_bytes_in_any_key_order(monkeypatch: pytest.MonkeyPatch,
+                                                                         tmp_path: Path) -> None:
+    # a JSON object has no order: the start data (some of it routed to WORKING by data_layers), a
+    # model's answer and a person's answer, each given in two key orders, make the same requests
+    (tmp_path / "underwriting.bpmn").write_text(UNDERWRITING.read_text())
+    (tmp_path / "underwriting.layerflow.yaml").write_text((HERE / "underwriting.layerflow.yaml").read_text()
+                                                          + "data_layers:\n  applicant: WORKING\n  purpose: WORKING\n")
+    process = load_process(tmp_path / "underwriting.bpmn")
+    runs = []
+    for flip in (False, True):
+        sent: list[list[dict[str, Any]]] = []
+
+        def completion(**kwargs: Any) -> dict[str, Any]:
+            sent.append(_messages(kwargs))
+            answer = ({"risk": "low", "rationale": "stable income"} if "risk and rationale" in
+                      kwargs["messages"][-1]["content"] else {"decision": "approve", "conditions": "none"})
+            answer = dict(reversed(answer.items())) if flip else answer
+            return {"id": "x", "choices": [{"message": {"content": json.dumps(answer)}, "finish_reason": "stop"}]}
+
+        monkeypatch.setattr(engine.llm, "load_litellm", lambda: types.SimpleNamespace(completion=completion))
+        start = dict(reversed(START.items())) if flip else START
+        note = {"checked_by": "ann", "income_verified": True, "remarks": "ok"}
+        eng = Engine("memory://", model="fake/model")
+        waiting = eng.run_process(process, start)
+        done = eng.complete_user_task(waiting, "review", dict(reversed(note.items())) if flip else note)
+        assert done.status == "completed", done.error
+        runs.append(json.dumps(sent))
+    assert runs[0] == runs[1]
