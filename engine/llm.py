@@ -68,6 +68,7 @@ from context_layers.tokens import count_text
 
 from .answer import AnswerError, answer_contract, parse_answer
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
+from .model_limits import MODEL_LIMITS_KEY, ModelLimits, ModelLimitsError
 
 if TYPE_CHECKING:
     from gateways.arbiter import ArbitrationAnswer, ArbitrationRequest
@@ -155,69 +156,6 @@ class RetryPolicy:
         except ValueError:
             raise LayerflowError(f"{ENV_RETRY_BASE}={raw!r} is not a number of seconds") from None
         return cls(base=base, cap=max(base, min(8.0, base * 16)))
-
-
-MODEL_LIMITS_KEY = "model_limits"
-
-
-@dataclass(frozen=True, slots=True)
-class ModelLimits:
-    """SYSTEM's ``model_limits`` (DESIGN: SYSTEM holds "policy, system prompt, model limits"):
-    ``max_context_tokens``, what one request and its answer may take together, and
-    ``max_output_tokens``, what the answer may take. Other fields are left to whoever reads them."""
-
-    context: int | None = None
-    output: int | None = None
-
-    @classmethod
-    def of(cls, ctx: LayeredContext | View | None) -> "ModelLimits":
-        """The limits SYSTEM (L0) names; a value that cannot be one is refused by name, nothing sent."""
-        ctx = ctx.context if isinstance(ctx, View) else ctx
-        return cls.parse(ctx.layer(Layer.SYSTEM).get(MODEL_LIMITS_KEY) if isinstance(ctx, LayeredContext) else None)
-
-    @classmethod
-    def parse(cls, raw: Any) -> "ModelLimits":
-        """The limits of a ``model_limits`` value (``layerflow validate`` checks the config's with it)."""
-        if raw is None:
-            return cls()
-        where = f"SYSTEM (L0) key {MODEL_LIMITS_KEY!r}"
-        if not isinstance(raw, Mapping):
-            raise cls._refused(f"{where} is {raw!r}; write a mapping such as "
-                               "{max_context_tokens: 8000, max_output_tokens: 1000} in the config's system section")
-        found: dict[str, int | None] = {}
-        for name in ("max_context_tokens", "max_output_tokens"):
-            value = raw.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise cls._refused(f"{MODEL_LIMITS_KEY}.{name} in SYSTEM (L0) is {value!r}; write a positive whole "
-                                   "number of tokens, or leave it out")
-            found[name] = value
-        limits = cls(found["max_context_tokens"], found["max_output_tokens"])
-        if limits.context is not None and limits.output is not None and limits.output >= limits.context:
-            raise cls._refused(f"{MODEL_LIMITS_KEY}.max_output_tokens {limits.output} in SYSTEM (L0) leaves no room "
-                               f"for the request in max_context_tokens {limits.context}; lower max_output_tokens")
-        return limits
-
-    @staticmethod
-    def _refused(message: str) -> "ModelCallFailed":
-        return ModelCallFailed(f"no model request was sent: {message}", task_id=None, model="", api_base=None,
-                               attempts=0, cause=None)
-
-    def answer_tokens(self, asked: int | None) -> int | None:
-        """The ``max_tokens`` to send: what was asked, at most ``max_output_tokens``."""
-        if self.output is None:
-            return asked
-        return min(asked, self.output) if asked else self.output
-
-    def request_budget(self, asked: int | None) -> int | None:
-        """Tokens the request may take: ``max_context_tokens`` less the answer's ``max_tokens``."""
-        if self.context is None:
-            return None
-        return self.context - (self.answer_tokens(asked) or 0)
-
-    def describe(self, asked: int | None) -> str:
-        answer = self.answer_tokens(asked)
-        return (f"{MODEL_LIMITS_KEY} in SYSTEM (L0): max_context_tokens {self.context}"
-                + (f" less {answer} for the answer" if answer else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -683,7 +621,10 @@ def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMCo
                    instructions="\n\n".join(p for p in parts if p), task_id=task_id)
     # within SYSTEM's model_limits: late-bound KNOWLEDGE and memory are shed first (never a
     # preserved key); what still does not fit is refused before it is sent (``_Caller``)
-    budget = ModelLimits.of(ctx).request_budget(cfg.max_tokens)
+    try:
+        budget = ModelLimits.of(ctx).request_budget(cfg.max_tokens)
+    except ModelLimitsError:
+        budget = None  # the call names them (``_limits_of``) before anything is sent
     if budget is not None and (opts.budget is None or budget < opts.budget):
         opts = replace(opts, budget=budget)
     if memory:
@@ -755,12 +696,11 @@ def _activity_call(ctx: Any, task_id: Any, llm_config: LLMConfig | ActivityExten
     return ctx, task_id, cfg, chosen, redact
 
 
-def _limits_of(ctx: LayeredContext | View, task_id: str | None) -> ModelLimits:
+def _limits_of(ctx: LayeredContext | View, task_id: str) -> ModelLimits:
+    """SYSTEM's limits for an activity's calls; unusable ones fail the activity as a model call would."""
     try:
         return ModelLimits.of(ctx)
-    except ModelCallFailed as err:
-        if task_id is None:
-            raise
+    except ModelLimitsError as err:
         raise ModelCallFailed(f"activity {task_id!r}: {err}", task_id=task_id, model="", api_base=None,
                               attempts=0, cause=None) from None
 

@@ -48,8 +48,8 @@ from context_layers.errors import ModelError
 from context_layers.hooks import RedactSetting, redact_lines
 from context_layers.summarize import ExtractiveSummarizer
 
-from .llm import (Completion, LiteLLMPlanner, LiteLLMSummarizer, ModelLimits, RetryPolicy, activity_request,
-                  call_recorder)
+from .llm import Completion, LiteLLMPlanner, LiteLLMSummarizer, RetryPolicy, activity_request, call_recorder
+from .model_limits import ModelLimits, ModelLimitsError
 
 __all__ = ["ModelCompressor", "compress_after_activity"]
 
@@ -61,7 +61,7 @@ def _limits(ctx: LayeredContext) -> ModelLimits:
     unusable ones are the activity's call to name (it fails on them), not the compression's."""
     try:
         return ModelLimits.of(ctx)
-    except ModelError:
+    except ModelLimitsError:
         return ModelLimits()
 
 

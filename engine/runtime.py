@@ -1931,7 +1931,6 @@ class _Runtime(ScopeSteps, GatewaySteps):
         given = self._check_form(task, dict(data or {}), actor)
         self._check_user_data(task, given, actor)
         self._check_output_item(task, given, actor)
-        given = dict(sorted(given.items()))  # a person's JSON object: written in key order (it has none)
         self.user_data[str(task.id)] = given
         note: dict[str, Any] = {"task_id": spiff.bpmn_id_of(task), "keys": list(given)}
         which = self._instance_of(task).get("instance")

@@ -1587,15 +1587,13 @@ class _Validator:
     def _check_model_limits(self, config: ProcessConfigFile | None) -> None:
         """SYSTEM's ``model_limits`` bound every model request (``engine.llm.ModelLimits``): one that
         cannot would fail the first model step of every run."""
-        if config is None or "model_limits" not in config.system:
-            return  # (engine.llm stays unimported: a run without a model never loads it)
-        from context_layers.errors import ModelError
+        from .model_limits import MODEL_LIMITS_KEY, ModelLimits, ModelLimitsError
 
-        from .llm import MODEL_LIMITS_KEY, ModelLimits
-
+        if config is None or MODEL_LIMITS_KEY not in config.system:
+            return
         try:
             ModelLimits.parse(config.system[MODEL_LIMITS_KEY])
-        except ModelError as err:
+        except ModelLimitsError as err:
             self.add("model_limits", str(err).removeprefix("no model request was sent: "),
                      file=str(config.path) if config.path else None, line=config.line_of("system", MODEL_LIMITS_KEY),
                      field=f"system.{MODEL_LIMITS_KEY}")
