@@ -44,7 +44,7 @@ from context_layers.tokens import count_text
 from engine import Engine, load_process
 from engine.llm import ModelCallFailed, RetryPolicy, run_llm_activity
 
-from engine_helpers import redis_scratch
+from engine_helpers import redis_scratch, store_url
 from stub_llm import Reply, StubLLM
 
 HERE = Path(__file__).resolve().parent / "model31"
@@ -90,11 +90,8 @@ def model(monkeypatch: pytest.MonkeyPatch) -> Model:
 
 @pytest.fixture(params=["sqlite", "redis"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'runs.db'}"
-        return
-    with redis_scratch(REDIS, "model31") as prefix:
-        yield f"{REDIS}?prefix={prefix}"
+    with store_url(request.param, tmp_path / "runs.db", REDIS, "model31") as url:
+        yield url
 
 
 def _messages(kwargs: dict[str, Any]) -> list[dict[str, Any]]:
