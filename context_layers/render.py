@@ -46,13 +46,13 @@ tools or models are data and can never pose as structure:
 
 Budget: rendering never drops or rewrites the stable head (that is compression's
 job, as a cliff). Over ``budget`` it drops late-bound parts only: KNOWLEDGE hits of
-lowest confidence first, then recalled memory, newest first.
+lowest confidence first (never a preserved key), then recalled memory, newest first.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -300,6 +300,12 @@ def _select(entries: Sequence[Entry], options: RenderOptions, since: int | None 
     by_layer: dict[Layer, list[Entry]] = {layer: [] for layer in Layer}
     for e in entries:
         by_layer[e.layer].append(e)
+    # SYSTEM and PROCESS head the request. The keys one write brought in (SYSTEM from a config's
+    # mapping, the start data's JSON object) have no order of their own: shown in key order, the same
+    # mapping gives the same bytes whatever order its keys came in. Later writes follow in the order
+    # they happened (appending keeps the cached prefix).
+    for layer in (Layer.SYSTEM, Layer.PROCESS):
+        by_layer[layer].sort(key=lambda e: (e.seq, e.key))
     # HISTORY in the order of last change: a rewritten key moves to where it was last
     # written, so the head stays byte-stable and the order tells the chronology.
     history = sorted(by_layer[Layer.HISTORY], key=lambda e: (e.seq, e.order))
@@ -622,31 +628,47 @@ def request_tokens(messages: Sequence[Mapping[str, str]], encoding: str = "cl100
 
 
 def render_entries(entries: Sequence[Entry], options: RenderOptions, *, activity_start: int | None = None,
-                   revisions: dict[tuple[str, int], int] | None = None) -> list[Message]:
+                   revisions: dict[tuple[str, int], int] | None = None,
+                   preserved: Collection[str] = ()) -> list[Message]:
     """Render already selected entries (a view's, a hook's output, a trimmed list).
 
     ``activity_start``: the tape seq at which the open activity began, for
     ``knowledge_scope="activity"``; ``revisions``: ``(key, seq) -> n`` of HISTORY values
-    shown more than once (``render`` finds both on the context's tape).
+    shown more than once; ``preserved``: keys the budget never sheds (``render`` finds all
+    three on the context).
     """
     parts = _select(entries, options, activity_start, revisions)
     messages = _RENDERERS[options.format](parts, options)
-    if options.budget is None or request_tokens(messages, options.encoding) <= options.budget:
+    budget = options.budget
+    if budget is None or request_tokens(messages, options.encoding) <= budget:
         return messages
-    # Over budget: shed late-bound parts only, least valuable first.
+    # Over budget: shed late-bound parts only, least valuable first (KNOWLEDGE hits of lowest
+    # confidence, then recalled memory, newest first); a preserved key stays. The fewest shed that
+    # fit are found by bisection: a request of many hits renders O(log n) times, not n.
+    keep = set(preserved)
     knowledge = list(parts.late.get("knowledge", []))
-    memory = list(parts.memory)
-    while knowledge or memory:
-        if knowledge:
-            worst = min(knowledge, key=lambda e: (_confidence(e.value), -e.order))
-            knowledge.remove(worst)
+    order = sorted((e for e in knowledge if e.key not in keep), key=lambda e: (_confidence(e.value), -e.order))
+    shed = len(order) + len(parts.memory)
+
+    def shedding(n: int) -> list[Message]:
+        gone = {id(e) for e in order[:n]}
+        late = {**parts.late, "knowledge": [e for e in knowledge if id(e) not in gone]} if parts.late else {}
+        memory = parts.memory[: len(parts.memory) - max(0, n - len(order))]
+        return _RENDERERS[options.format](replace(parts, late=late, memory=memory), options)
+
+    def fits(n: int) -> bool:
+        return request_tokens(shedding(n), options.encoding) <= budget
+
+    if shed == 0 or not fits(shed):
+        return shedding(shed)
+    lo, hi = 1, shed
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
         else:
-            memory.pop()
-        late = {**parts.late, "knowledge": knowledge} if parts.late else {}
-        messages = _RENDERERS[options.format](replace(parts, late=late, memory=tuple(memory)), options)
-        if request_tokens(messages, options.encoding) <= options.budget:
-            break
-    return messages
+            lo = mid + 1
+    return shedding(lo)
 
 
 def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | str | None = None,
@@ -677,7 +699,10 @@ def render(source: LayeredContext | View | Sequence[Entry], options: RenderOptio
         entries, revisions = logged_entries(source, opts)
     else:
         entries, revisions = _entries_of(source), {}
-    return render_entries(entries, opts, activity_start=_activity_start(source), revisions=revisions)
+    ctx = source.context if isinstance(source, View) else source
+    preserved = ctx.preserved if isinstance(ctx, LayeredContext) else ()
+    return render_entries(entries, opts, activity_start=_activity_start(source), revisions=revisions,
+                          preserved=preserved)
 
 
 def stable_prefix(source: LayeredContext | View | Sequence[Entry], options: RenderOptions | str | None = None,

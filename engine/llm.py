@@ -68,6 +68,7 @@ from context_layers.tokens import count_text
 
 from .answer import AnswerError, answer_contract, parse_answer
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
+from .model_limits import MODEL_LIMITS_KEY, ModelLimits, ModelLimitsError
 
 if TYPE_CHECKING:
     from gateways.arbiter import ArbitrationAnswer, ArbitrationRequest
@@ -80,7 +81,9 @@ __all__ = [
     "LiteLLMPlanner",
     "LiteLLMSummarizer",
     "MAX_TOOL_TURNS",
+    "MODEL_LIMITS_KEY",
     "ModelCallFailed",
+    "ModelLimits",
     "RetryPolicy",
     "ToolOutcome",
     "activity_request",
@@ -163,16 +166,18 @@ class Endpoint:
     timeout: float
     temperature: float | None = None
     max_tokens: int | None = None
+    limits: ModelLimits = ModelLimits()
 
     @classmethod
     def of(cls, model: str, llm_config: LLMConfig | None = None, *, api_base: str | None = None,
-           api_key: str | None = None, timeout: float | None = None) -> "Endpoint":
+           api_key: str | None = None, timeout: float | None = None,
+           limits: ModelLimits | None = None) -> "Endpoint":
         cfg = llm_config or LLMConfig()
         return cls(model=model,
                    api_base=api_base or cfg.api_base or os.environ.get(ENV_API_BASE) or None,
                    api_key=api_key or os.environ.get(ENV_API_KEY) or None,
                    timeout=timeout if timeout is not None else cfg.timeout,
-                   temperature=cfg.temperature, max_tokens=cfg.max_tokens)
+                   temperature=cfg.temperature, max_tokens=cfg.max_tokens, limits=limits or ModelLimits())
 
     @property
     def where(self) -> str:
@@ -283,8 +288,9 @@ def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Map
         kwargs["api_key"] = endpoint.api_key
     if endpoint.temperature is not None:
         kwargs["temperature"] = endpoint.temperature
-    if max_tokens or endpoint.max_tokens:
-        kwargs["max_tokens"] = max_tokens or endpoint.max_tokens
+    answer_tokens = endpoint.limits.answer_tokens(max_tokens or endpoint.max_tokens)
+    if answer_tokens:
+        kwargs["max_tokens"] = answer_tokens
     start = time.perf_counter()
     response = completion(**kwargs)
     latency = int((time.perf_counter() - start) * 1000)
@@ -396,6 +402,7 @@ class _Caller:
         last: BaseException | None = None
         failures = 0
         for attempt in range(1, self.attempts + 1):
+            self._check_size(convo, tools, max_tokens, task_id, attempt - 1)
             reply: Reply | None = None
             try:
                 reply = _complete(self._completion(), self.endpoint, convo, max_tokens, tools)
@@ -426,6 +433,25 @@ class _Caller:
                 on_attempt(attempt, convo, reply, None)
             return result, convo
         raise self._failed(task_id, self.attempts, last, text_answer) from last
+
+    def _check_size(self, convo: Messages, tools: Sequence[Mapping[str, Any]] | None, max_tokens: int | None,
+                    task_id: str | None, attempts: int) -> None:
+        """Refuse, before it is sent, a request that does not fit SYSTEM's ``model_limits`` (a
+        corrective turn or a tool's result can make a request grow past it too)."""
+        limits = self.endpoint.limits
+        asked = max_tokens or self.endpoint.max_tokens
+        budget = limits.request_budget(asked)
+        if budget is None:
+            return
+        tokens = count_text(_token_text(convo) + (canonical_json(list(tools)) if tools else ""))
+        if tokens <= budget:
+            return
+        what = f"the request of activity {task_id!r}" if task_id else "the model request"
+        raise ModelCallFailed(
+            f"{what} was not sent: it is {tokens} tokens, over the {budget} the model takes ({limits.describe(asked)}); "
+            "compress the context before this step (its compressTokenThreshold and compressRules, or "
+            "context_compress), leave out what it need not see, or raise model_limits.max_context_tokens",
+            task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=None)
 
     def _failed(self, task_id: str | None, attempts: int, err: BaseException | None,
                 text_answer: str | None = None) -> ModelCallFailed:
@@ -559,7 +585,9 @@ def _request_record(ctx: LayeredContext, agent: str, messages: Messages) -> dict
 # ----- LLM activities ---------------------------------------------------------------------------
 
 def _write_answer(ctx: LayeredContext, answer: Mapping[str, Any], actor: str) -> None:
-    # all or nothing: a denied key (recorded on the tape like a script's) writes nothing
+    # all or nothing: a denied key (recorded on the tape like a script's) writes nothing; in key order,
+    # as the answer is a JSON object, which has none (the next request is the same bytes either way)
+    answer = dict(sorted(answer.items()))
     for key in answer:
         effective, reason = ctx.check_write(Layer.WORKING, key)
         if reason is None and is_engine_key(key):
@@ -591,6 +619,14 @@ def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMCo
     parts = (TOOLS_NOTE if offered else "", cfg.instructions.strip(), answer_contract(cfg.output_schema, cfg.output_keys))
     opts = replace(options or RenderOptions(knowledge_scope="activity"), format=cfg.render_format,
                    instructions="\n\n".join(p for p in parts if p), task_id=task_id)
+    # within SYSTEM's model_limits: late-bound KNOWLEDGE and memory are shed first (never a
+    # preserved key); what still does not fit is refused before it is sent (``_Caller``)
+    try:
+        budget = ModelLimits.of(ctx).request_budget(cfg.max_tokens)
+    except ModelLimitsError:
+        budget = None  # the call names them (``_limits_of``) before anything is sent
+    if budget is not None and (opts.budget is None or budget < opts.budget):
+        opts = replace(opts, budget=budget)
     if memory:
         opts = replace(opts, memory=tuple(redact_for_model(m, redact) for m in memory))
     hidden = model_hooks(redact)
@@ -660,6 +696,15 @@ def _activity_call(ctx: Any, task_id: Any, llm_config: LLMConfig | ActivityExten
     return ctx, task_id, cfg, chosen, redact
 
 
+def _limits_of(ctx: LayeredContext | View, task_id: str) -> ModelLimits:
+    """SYSTEM's limits for an activity's calls; unusable ones fail the activity as a model call would."""
+    try:
+        return ModelLimits.of(ctx)
+    except ModelLimitsError as err:
+        raise ModelCallFailed(f"activity {task_id!r}: {err}", task_id=task_id, model="", api_base=None,
+                              attempts=0, cause=None) from None
+
+
 def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | ActivityExtensionConfig | None = None, *,
                      model_override: str | None = None, model: str | None = None, completion: Completion | None = None,
                      view: View | None = None, options: RenderOptions | None = None, memory: Sequence[Any] = (),
@@ -678,7 +723,7 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     scope: dict[str, Any] | None = getattr(ctx, "scope", None)
     scoped: frozenset[str] = frozenset(getattr(ctx, "scoped", ()) or ())
     ctx, task_id, cfg, chosen, configured = _activity_call(ctx, task_id, llm_config, model_override or model)
-    endpoint = Endpoint.of(chosen, cfg)
+    endpoint = Endpoint.of(chosen, cfg, limits=_limits_of(ctx, task_id))
     messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory,
                                 tools=False, redact=configured if redact is None else redact)
     who = actor or task_id
@@ -741,13 +786,17 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     the ``tool_call`` notes on the tape keep the results as the tools gave them.
     """
     cfg = llm_config or LLMConfig()
-    endpoint = Endpoint.of(model, cfg)
+    endpoint = Endpoint.of(model, cfg, limits=_limits_of(ctx, task_id))
     who = actor or task_id
     names = [str(t.get("function", {}).get("name")) for t in schemas]
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names)
     if state is None:
-        history: Messages = activity_request(ctx, task_id, cfg, tools=True, redact=redact)
+        # the tool schemas are sent beside the messages: the request leaves room for them
+        budget = endpoint.limits.request_budget(cfg.max_tokens)
+        room = None if budget is None else max(1, budget - count_text(canonical_json(list(schemas))))
+        history: Messages = activity_request(ctx, task_id, cfg, tools=True, redact=redact,
+                                             options=RenderOptions(knowledge_scope="activity", budget=room))
         turns = 0
     else:
         history = [dict(m) for m in state["messages"]]
@@ -816,8 +865,9 @@ class _Client:
 
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None, timeout: float = 30,
                  max_retries: int = 2, retry: RetryPolicy | None = None, completion: Completion | None = None,
-                 sleep: Callable[[float], None] = time.sleep, on_attempt: OnAttempt | None = None) -> None:
-        self.endpoint = Endpoint.of(model, None, api_base=api_base, api_key=api_key, timeout=timeout)
+                 sleep: Callable[[float], None] = time.sleep, on_attempt: OnAttempt | None = None,
+                 limits: ModelLimits | None = None) -> None:
+        self.endpoint = Endpoint.of(model, None, api_base=api_base, api_key=api_key, timeout=timeout, limits=limits)
         self._caller = _Caller(self.endpoint, completion=completion, max_retries=max_retries, retry=retry, sleep=sleep)
         self.on_attempt = on_attempt
 

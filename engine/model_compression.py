@@ -49,10 +49,20 @@ from context_layers.hooks import RedactSetting, redact_lines
 from context_layers.summarize import ExtractiveSummarizer
 
 from .llm import Completion, LiteLLMPlanner, LiteLLMSummarizer, RetryPolicy, activity_request, call_recorder
+from .model_limits import ModelLimits, ModelLimitsError
 
 __all__ = ["ModelCompressor", "compress_after_activity"]
 
 PLAN_AGENT_SUFFIX = "#compression_plan"
+
+
+def _limits(ctx: LayeredContext) -> ModelLimits:
+    """SYSTEM's ``model_limits`` bound the summary and plan requests as they bound the activity's;
+    unusable ones are the activity's call to name (it fails on them), not the compression's."""
+    try:
+        return ModelLimits.of(ctx)
+    except ModelLimitsError:
+        return ModelLimits()
 
 
 class ModelCompressor(RuleDrivenCompressor):
@@ -73,7 +83,7 @@ class ModelCompressor(RuleDrivenCompressor):
         self._prefix: list[dict[str, Any]] | None = None
         cfg = self.llm_config
         client: dict[str, Any] = {"api_base": cfg.api_base, "timeout": cfg.timeout, "max_retries": cfg.max_retries,
-                                  "retry": retry, "completion": completion}
+                                  "retry": retry, "completion": completion, "limits": _limits(ctx)}
         if sleep is not None:
             client["sleep"] = sleep
         self.model_summarizer = LiteLLMSummarizer(model, **client)

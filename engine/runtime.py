@@ -1325,7 +1325,9 @@ def _prepared_start(process: Process, data: Mapping[str, Any] | None,
                                      "'compaction:' are HISTORY's records, written by the engine and the "
                                      "compressor, and 'kb:' keys the retrieval's passages; initial data cannot "
                                      "set them, rename the key")
-        ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in data.items()],
+        # in key order: a JSON object has none, and the same data must make the same context (and the
+        # same model requests) whatever order its keys came in
+        ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in sorted(data.items())],
                           kind="input", actor="input")
     try:
         wf = spiff.new_workflow(process.spec, process.subprocess_specs)

@@ -622,6 +622,7 @@ class _Validator:
         self._check_branches()
         self._check_handlers_run()
         self._check_injects(config)
+        self._check_model_limits(config)
         self._check_policy_rules()
         self._check_confirm_defaults()
         self._check_join_fields()
@@ -1604,6 +1605,20 @@ class _Validator:
                              "key", file=src.file, line=src.line_of("branches", i, "contextInject", key),
                              element_id=src.element_id, field=f"branches.{i}.contextInject.{key}",
                              severity="error" if severity == "error" else "warning")
+
+    def _check_model_limits(self, config: ProcessConfigFile | None) -> None:
+        """SYSTEM's ``model_limits`` bound every model request (``engine.llm.ModelLimits``): one that
+        cannot would fail the first model step of every run."""
+        from .model_limits import MODEL_LIMITS_KEY, ModelLimits, ModelLimitsError
+
+        if config is None or MODEL_LIMITS_KEY not in config.system:
+            return
+        try:
+            ModelLimits.parse(config.system[MODEL_LIMITS_KEY])
+        except ModelLimitsError as err:
+            self.add("model_limits", str(err).removeprefix("no model request was sent: "),
+                     file=str(config.path) if config.path else None, line=config.line_of("system", MODEL_LIMITS_KEY),
+                     field=f"system.{MODEL_LIMITS_KEY}")
 
     def _check_policy_rules(self) -> None:
         """A ``conflictPolicy`` rule's ``when`` is checked where it runs, at the join, when a

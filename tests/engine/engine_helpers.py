@@ -195,6 +195,17 @@ def redis_scratch(url: str, name: str) -> Iterator[str]:
         client.close()
 
 
+@contextmanager
+def store_url(kind: str, sqlite_file: Path, redis_url: str, name: str) -> Iterator[str]:
+    """A store URL of ``kind``: ``sqlite`` (the file), or ``redis`` (a key prefix of its own on the
+    database ``redis_url`` names, see ``redis_scratch``) for a test parametrised over both."""
+    if kind == "sqlite":
+        yield f"sqlite:///{sqlite_file}"
+        return
+    with redis_scratch(redis_url, name) as prefix:
+        yield f"{redis_url}?prefix={prefix}"
+
+
 def wait_until_served(log: Path, proc: Any, *, seconds: float = 60) -> str:
     """The URL a ``layerflow serve --port 0`` started as ``proc`` names on its stderr (written to
     ``log``), once it answers ``/api/health``; fails with the log when the server exits or is late."""

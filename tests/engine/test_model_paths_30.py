@@ -113,7 +113,7 @@ def test_the_procurement_runs_through_tools_a_person_the_condition_the_join_and_
         assert (waiting["kind"], waiting["task_id"]) == ("confirmation", "assess"), waiting
         # every bad call comes back to the model as an error it can correct, naming what is wrong
         results = _tool_results(stub.requests[1])
-        assert results["t1"]["L1"]["keys"] == ["request_no", "vendor", "amount"], results["t1"]
+        assert results["t1"]["L1"]["keys"] == ["amount", "request_no", "vendor"], results["t1"]  # the start data, written in key order
         errors = {cid: results[cid]["error"] for cid in ("t2", "t3", "t4", "t6")}
         assert "unknown tool 'context_teleport'" in errors["t2"]["message"], errors
         assert "human_confirm" in errors["t2"]["message"], errors           # the tools it may call
@@ -301,7 +301,7 @@ def test_a_tool_call_id_reused_in_a_later_turn_keeps_the_earlier_result_when_the
         before, after = stub.requests[1]["messages"], stub.requests[2]["messages"]
     assert after[:len(before)] == before
     tools = [json.loads(m["content"]) for m in after if m["role"] == "tool"]
-    assert tools[0]["L1"]["keys"] == ["request_no", "vendor", "amount"], tools[0]
+    assert tools[0]["L1"]["keys"] == ["amount", "request_no", "vendor"], tools[0]
     assert tools[1]["answer"] == "listed", tools[1]
 
 

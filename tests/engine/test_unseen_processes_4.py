@@ -387,11 +387,11 @@ def test_the_rendered_request_is_deterministic_ordered_and_keeps_hostile_values_
         for text in (system, user):
             json.loads(text)                                 # each message is one JSON document
         values = [e["value"] for s in json.loads(system)["sections"] for part in s.values() for e in part]
-        assert values[1:] == [HOSTILE["vendor"], HOSTILE["body"]]
+        assert values[1:] == [HOSTILE["body"], HOSTILE["vendor"]]  # the start data's keys: in key order
     else:
         lines = [line for line in (system + "\n" + user).splitlines() if line.startswith(("L0 ", "L1 ", "L3 "))]
         assert [line.split(" ", 2)[1] for line in lines] == [
-            '"policy"', '"vendor"', '"body"', '"sender"', '"complaint"', '"activity:read_email"', '"open_invoices"',
+            '"policy"', '"body"', '"vendor"', '"sender"', '"complaint"', '"activity:read_email"', '"open_invoices"',
             '"activity:look_up"']
         assert f'L1 "body" (data) = {json.dumps(HOSTILE["body"], ensure_ascii=False)}' in system
 
