@@ -1821,7 +1821,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         task inside a multi-instance sub-process (or call activity) waits once per instance of
         that activity under one BPMN id too: it is told apart by the instance it runs in."""
         loop = spiff.loop_of(task)
-        if loop is not None and not isinstance(loop.task_spec, spiff.MultiInstanceTask):
+        if loop is not None and spiff.multi_instance_of(task) is None:
             # a standard loop: one round at a time, each a child of the loop task (the earlier ones done)
             return {"round": [c.task_spec for c in loop.children].count(task.task_spec)}
         multi = spiff.multi_instance_of(task)
