@@ -665,13 +665,16 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             stats.failures += 1
             letter = _letter(entry_id, instance_id, consumer, queue.group, err)
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries)
+            # a store's own error (a damaged record, a lost tape) says what is wrong: its stack adds nothing
+            trace = None if isinstance(err, StoreError) else err
             if dead_id is None:
-                log.warning("entry %s: instance %r could not be run (failed delivery %d of %d); leaving the entry "
-                            "pending", entry_id, instance_id, count, max_deliveries, exc_info=err)
+                log.warning("entry %s: instance %r could not be run (failed delivery %d of %d%s); leaving the entry "
+                            "pending", entry_id, instance_id, count, max_deliveries,
+                            "" if trace else f": {err}", exc_info=trace)
             else:
                 stats.dead += 1
                 queue.forget_begun(instance_id)
-                _log_dead(queue, entry_id, instance_id, count, dead_id, letter, err)
+                _log_dead(queue, entry_id, instance_id, count, dead_id, letter, trace)
         else:
             queue.ack(entry_id)
             queue.forget_begun(instance_id)

@@ -1,0 +1,92 @@
+"""Workers sharing a Redis server, as an operator runs them: real ``layerflow`` processes on the
+shared Redis (DB 10 unless ``$LAYERFLOW_TEST_REDIS_34``; a key prefix and stream of this module's own).
+
+What a store on a shared Redis can suffer under running workers: a record overwritten by
+something else (not JSON), a tape key gone (evicted by a ``maxmemory-policy`` other than
+``noeviction``, or deleted by hand). A worker must not run such an instance from what is left
+(an empty context, its side effects done on nothing) nor loop on tracebacks: it dead-letters the
+entry with a message naming the instance and what to do, and serves the others.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.stores.conftest import redis_or_skip
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+BPMN = Path(__file__).parent / "fixtures" / "slow_process.bpmn"
+SHARED = os.environ.get("LAYERFLOW_TEST_REDIS_34", "redis://127.0.0.1:6379/10")
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture
+def scene() -> Iterator[dict[str, str]]:
+    import redis
+
+    redis_or_skip(SHARED)
+    name = f"workers34{uuid.uuid4().hex[:10]}"
+    try:
+        yield {"name": name, "store": f"{SHARED}?prefix={name}", "stream": f"{name}-ready"}
+    finally:
+        client = redis.Redis.from_url(SHARED)
+        keys = list(client.scan_iter(match=f"{name}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def test_a_damaged_record_or_a_lost_tape_is_dead_lettered_not_run_and_the_others_are_served(scene):
+    import redis
+
+    out = cli("submit", str(BPMN), "--data", '{"amount": 21}', "--count", "3", "--store", scene["store"],
+              "--stream", scene["stream"], "--json")
+    assert out.returncode == 0, out.stderr
+    damaged, tapeless, sound = json.loads(out.stdout)["instance_ids"]
+    client = redis.Redis.from_url(SHARED)
+    client.hset(f"{scene['name']}:i:{{{damaged}}}", "record", '{"broken')  # written over by something else
+    client.delete(f"{scene['name']}:i:{{{tapeless}}}:t:main")  # evicted, or deleted by hand
+    client.close()
+
+    worker = cli("worker", "--store", scene["store"], "--stream", scene["stream"], "--max-deliveries", "1",
+                 "--timer-interval", "0", "--stop-after", "3", "--json")
+    assert worker.returncode == 0, worker.stderr
+    stats = json.loads(worker.stdout)
+    assert stats["statuses"] == {"completed": 1} and stats["dead"] == 2, (stats, worker.stderr)
+    assert "Traceback" not in worker.stderr, worker.stderr  # a known damage is named, not a bug's stack
+
+    # the tapeless instance was not run from an empty context: still as submit left it
+    listed = cli("list", "--store", scene["store"], "--json")
+    rows = {row["instance_id"]: row for row in json.loads(listed.stdout)}
+    assert rows[sound]["status"] == "completed"
+    assert rows[tapeless]["status"] == "running" and rows[tapeless]["version"] == 1, rows[tapeless]
+
+    dead = cli("worker", "dead", "--store", scene["store"], "--stream", scene["stream"], "--json")
+    letters = {d["instance_id"]: d for d in json.loads(dead.stdout)["dead_letters"]}
+    assert set(letters) == {damaged, tapeless}
+    assert letters[damaged]["error_type"] == "StoreFormatError"
+    assert damaged in letters[damaged]["error"] and "not valid JSON" in letters[damaged]["error"]
+    assert "backup" in letters[damaged]["error"]
+    assert letters[tapeless]["error_type"] == "StoreFormatError"
+    assert tapeless in letters[tapeless]["error"] and "noeviction" in letters[tapeless]["error"]
+
+    # an operator's look at either gets the same diagnosis, not a traceback or an empty context
+    for iid, says in ((damaged, "not valid JSON"), (tapeless, "missing")):
+        looked = cli("inspect", iid, "--store", scene["store"])
+        assert looked.returncode != 0 and says in looked.stderr and "Traceback" not in looked.stderr, looked
