@@ -38,8 +38,8 @@ from .governance import InvalidAnswer, activity_events, activity_ids, event_docu
 from .leases import LEASE_TTL, holding
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
-                      check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers)
-from .store import default_store_url, open_store
+                      check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
+from .store import default_store_url, open_store, record_head
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
 
@@ -1163,8 +1163,9 @@ def timers(fire: bool, now: str | None, store: str | None, model: str | None, as
     due = engine.due_timers() if engine is not None else []
     fired: list[dict[str, Any]] = []
     if fire and engine is not None:
-        for instance_id in dict.fromkeys(item["instance_id"] for item in due):
-            fired.append(_fire(engine, instance_id))
+        listed = {item["instance_id"]: item["version"] for item in due}
+        for instance_id, version in listed.items():
+            fired.append(_fire(engine, instance_id, version))
     # run from cron: an instance whose timer path failed is an error of this run (exit 1), named
     failed = [f for f in fired if f.get("status") == "error"]
     if as_json:
@@ -1188,8 +1189,8 @@ def timers(fire: bool, now: str | None, store: str | None, model: str | None, as
         sys.exit(EXIT_ERROR)
 
 
-def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
-    """Resume one instance whose timer is due, holding its lease; what came of it."""
+def _fire(engine: Engine, instance_id: str, version: int) -> dict[str, Any]:
+    """Resume one instance whose timer was due at ``version``, holding its lease; what came of it."""
     with holding(engine.store, instance_id, f"cli-timers-{socket.gethostname()}-{os.getpid()}") as holder:
         if holder is not None:
             return {"instance_id": instance_id, "skipped": f"held by {holder}"}
@@ -1197,6 +1198,10 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
             instance = engine.load(instance_id)
             if instance.status != "waiting":
                 return {"instance_id": instance_id, "skipped": f"now {instance.status}"}
+            if instance.version != version and not _still_due(engine, instance):
+                # a worker or another `timers --fire` fired it between the listing and the lease
+                return {"instance_id": instance_id,
+                        "skipped": f"already fired by another process (now version {instance.version})"}
             instance = engine.resume(instance)
         except LayerflowError as err:
             return {"instance_id": instance_id, "skipped": str(err)}
@@ -1204,6 +1209,15 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
         if instance.status == "error" and instance.error:
             result["error"] = dict(instance.error)
         return result
+
+
+def _still_due(engine: Engine, instance: Instance) -> bool:
+    """Whether a timer or confirmation timeout of ``instance`` is due by the engine's clock (as
+    ``Engine.due_timers`` tells it, for this one instance)."""
+    now = datetime.fromtimestamp(engine.clock(), timezone.utc)
+    head = record_head(engine.store, instance.id)
+    return any(item.get("kind") in ("timer", "confirmation") and item.get("due") and _utc(item["due"]) <= now
+               for item in head.get("engine", {}).get("waiting_for", []))
 
 
 @main.command("list")

@@ -90,3 +90,45 @@ def test_a_damaged_record_or_a_lost_tape_is_dead_lettered_not_run_and_the_others
     for iid, says in ((damaged, "not valid JSON"), (tapeless, "missing")):
         looked = cli("inspect", iid, "--store", scene["store"])
         assert looked.returncode != 0 and says in looked.stderr and "Traceback" not in looked.stderr, looked
+
+
+TIMER_BPMN = Path(__file__).parent / "fixtures" / "outsider33" / "outsider33.bpmn"
+
+
+def _waiting_on_a_due_timer(store_url: str, count: int) -> list[str]:
+    """``count`` instances of outsider33 waiting on its 1 s timer, which is due by the time this returns."""
+    import time
+
+    from engine import Engine, load_process
+
+    engine = Engine(store_url)
+    process = load_process(TIMER_BPMN)
+    ids = [engine.run_process(process, {"amount": 10}).id for _ in range(count)]
+    time.sleep(1.1)
+    return ids
+
+
+def test_timers_fire_does_not_report_a_timer_another_process_fired_meanwhile(scene, monkeypatch):
+    """`timers --fire` lists the due timers, then takes each instance's lease; a worker or another
+    cron `timers --fire` may fire it in between. What it then finds is no longer due: reported as
+    skipped (already fired), not as fired by this run (a cron count of fired timers would double)."""
+    from click.testing import CliRunner
+
+    from engine import Engine
+    from engine.cli import main
+
+    ids = _waiting_on_a_due_timer(scene["store"], 2)
+    listed = Engine.due_timers
+
+    def then_another_process_fires(self):  # between this run's listing and its lease
+        due = listed(self)
+        other = Engine(scene["store"])
+        other.resume(other.load(ids[0]))
+        return due
+
+    monkeypatch.setattr(Engine, "due_timers", then_another_process_fires)
+    result = CliRunner().invoke(main, ["timers", "--fire", "--store", scene["store"], "--json"])
+    assert result.exit_code == 0, result.output
+    fired = {f["instance_id"]: f for f in json.loads(result.stdout)["fired"]}
+    assert fired[ids[1]]["status"] == "waiting" and "skipped" not in fired[ids[1]]
+    assert "status" not in fired[ids[0]] and "already fired" in fired[ids[0]]["skipped"], fired[ids[0]]
