@@ -521,7 +521,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
             raise _queue_down(client, err) from err
     log.info("worker %s: running the instances put on stream %r (group %r); Ctrl-C or SIGTERM stops it after the "
              "instance in hand", consumer, stream, group)
-    restore = _stop_on_signals(stop)
+    restore = _stop_on_signals(stop, consumer)
     cursor = "0-0"
     pause = 0.0
     next_scan = 0.0
@@ -798,14 +798,26 @@ def _log_dead(queue: _Queue, entry_id: str, instance_id: str, count: int, dead_i
               queue.dead_stream, dead_id, dead_id, queue.stream, exc_info=err)
 
 
-def _stop_on_signals(stop: threading.Event) -> Any:
-    """SIGTERM / SIGINT set ``stop`` (main thread only); returns the undo."""
+def _stop_on_signals(stop: threading.Event, consumer: str = "") -> Any:
+    """SIGTERM / SIGINT set ``stop`` (main thread only); a second one stops the process at once, as
+    a kill does (raising into the activity in hand would have the engine record it as failed: a
+    kill saves nothing, and the entry is taken over). Returns the undo."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("worker %s: received %s again: stopping at once; an instance in hand is taken over by "
+                        "another worker after --idle-ms, and its activity runs again from the last save",
+                        consumer, name)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         stop.set()
+        log.warning("worker %s: received %s: stopping after the instance in hand (its activity finishes and is "
+                    "saved); send it again to stop at once", consumer, name)
 
     for sig in previous:
         signal.signal(sig, handler)

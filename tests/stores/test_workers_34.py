@@ -132,3 +132,58 @@ def test_timers_fire_does_not_report_a_timer_another_process_fired_meanwhile(sce
     fired = {f["instance_id"]: f for f in json.loads(result.stdout)["fired"]}
     assert fired[ids[1]]["status"] == "waiting" and "skipped" not in fired[ids[1]]
     assert "status" not in fired[ids[0]] and "already fired" in fired[ids[0]]["skipped"], fired[ids[0]]
+
+
+def test_sigterm_says_what_it_waits_for_and_a_second_one_stops_at_once(scene, tmp_path):
+    """An operator stops a worker in the middle of a long activity: the first SIGTERM says that the
+    worker finishes the instance in hand first, and how to stop it at once; a second one does (as a
+    kill would: nothing of the activity saved, the instance not marked failed, its entry pending), and
+    another worker takes the entry over and completes the instance."""
+    import signal
+    import time
+
+    import redis
+
+    out = cli("submit", str(BPMN), "--data", '{"amount": 21}', "--store", scene["store"], "--stream", scene["stream"],
+              "--json")
+    assert out.returncode == 0, out.stderr
+    (iid,) = json.loads(out.stdout)["instance_ids"]
+    marker = tmp_path / "slow_step.started"
+    env = dict(os.environ, PYTHONPATH=str(REPO), LAYERFLOW_TEST_SLOW_MARKER=str(marker),
+               LAYERFLOW_TEST_SLOW_SECONDS="60")
+    args = [sys.executable, "-m", "engine.cli", "worker", "--store", scene["store"], "--stream", scene["stream"],
+            "--timer-interval", "0", "--idle-ms", "300", "--json"]
+    log = tmp_path / "first.log"
+    with open(log, "w") as err:
+        first = subprocess.Popen([*args, "--consumer", "first"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                 stderr=err, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (marker.exists() and marker.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        first.send_signal(signal.SIGTERM)
+        while "received SIGTERM" not in log.read_text():
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        said = log.read_text()
+        assert "after the instance in hand" in said and "again to stop at once" in said, said
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=5)  # not the 60 s the activity would take
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == -signal.SIGTERM, (first.returncode, log.read_text())
+    assert "stopping at once" in log.read_text()
+    listed = {r["instance_id"]: r for r in json.loads(cli("list", "--store", scene["store"], "--json").stdout)}
+    assert listed[iid]["status"] == "running", listed[iid]  # not saved as failed by the interruption
+    client = redis.Redis.from_url(SHARED)
+    assert client.xpending(scene["stream"], "workers")["pending"] == 1
+    client.close()
+
+    second = cli("worker", "--store", scene["store"], "--stream", scene["stream"], "--timer-interval", "0",
+                 "--idle-ms", "300", "--consumer", "second", "--stop-after", "1", "--json")
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["statuses"] == {"completed": 1}, second.stderr
+    assert "taken over from consumer 'first'" in second.stderr
