@@ -42,11 +42,11 @@ from .base import (
     InstanceExists,
     InstanceNotFound,
     InstanceSummary,
+    InvalidRecord,
     InvalidStoreURL,
     PreparedSnapshot,
     PreparedWrite,
     StoreError,
-    StoreFormatError,
     StoreUnavailable,
     TapeAppends,
     answered,
@@ -560,9 +560,9 @@ class RedisStore:
 
         return read_events(texts, fetch, f"tape {context_name!r} of instance {instance_id!r}")
 
-    def _tape_lost(self, instance_id: str, context_name: str, head: int, held: int) -> StoreFormatError:
+    def _tape_lost(self, instance_id: str, context_name: str, head: int, held: int) -> InvalidRecord:
         key = self._ik(instance_id, "t", context_name)
-        return StoreFormatError(
+        return InvalidRecord(
             f"tape {context_name!r} of instance {instance_id!r} in redis store {self._url_for_errors} is missing "
             f"events: key {key!r} holds {held} of its {head} ({'the key is gone' if not held else 'it was cut short'}). "
             "Redis evicted it (a maxmemory-policy other than noeviction) or it was deleted by hand; the instance "

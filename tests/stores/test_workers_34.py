@@ -55,20 +55,28 @@ def scene() -> Iterator[dict[str, str]]:
 def test_a_damaged_record_or_a_lost_tape_is_dead_lettered_not_run_and_the_others_are_served(scene):
     import redis
 
-    out = cli("submit", str(BPMN), "--data", '{"amount": 21}', "--count", "3", "--store", scene["store"],
+    out = cli("submit", str(BPMN), "--data", '{"amount": 21}', "--count", "5", "--store", scene["store"],
               "--stream", scene["stream"], "--json")
     assert out.returncode == 0, out.stderr
-    damaged, tapeless, sound = json.loads(out.stdout)["instance_ids"]
-    client = redis.Redis.from_url(SHARED)
-    client.hset(f"{scene['name']}:i:{{{damaged}}}", "record", '{"broken')  # written over by something else
-    client.delete(f"{scene['name']}:i:{{{tapeless}}}:t:main")  # evicted, or deleted by hand
+    damaged, tapeless, alien, garbled, sound = json.loads(out.stdout)["instance_ids"]
+    client = redis.Redis.from_url(SHARED, decode_responses=True)
+
+    def key(iid: str) -> str:
+        return f"{scene['name']}:i:{{{iid}}}"
+
+    client.hset(key(damaged), "record", '{"broken')  # written over by something else
+    client.delete(f"{key(tapeless)}:t:main")  # evicted, or deleted by hand
+    client.hset(key(alien), "record", json.dumps({"id": alien}))  # JSON, but no layerflow record
+    record = json.loads(client.hget(key(garbled), "record"))
+    record["workflow"] = {"spec": 1}  # a layerflow record whose saved workflow was damaged
+    client.hset(key(garbled), "record", json.dumps(record))
     client.close()
 
     worker = cli("worker", "--store", scene["store"], "--stream", scene["stream"], "--max-deliveries", "1",
-                 "--timer-interval", "0", "--stop-after", "3", "--json")
+                 "--timer-interval", "0", "--stop-after", "5", "--json")
     assert worker.returncode == 0, worker.stderr
     stats = json.loads(worker.stdout)
-    assert stats["statuses"] == {"completed": 1} and stats["dead"] == 2, (stats, worker.stderr)
+    assert stats["statuses"] == {"completed": 1} and stats["dead"] == 4, (stats, worker.stderr)
     assert "Traceback" not in worker.stderr, worker.stderr  # a known damage is named, not a bug's stack
 
     # the tapeless instance was not run from an empty context: still as submit left it
@@ -79,11 +87,15 @@ def test_a_damaged_record_or_a_lost_tape_is_dead_lettered_not_run_and_the_others
 
     dead = cli("worker", "dead", "--store", scene["store"], "--stream", scene["stream"], "--json")
     letters = {d["instance_id"]: d for d in json.loads(dead.stdout)["dead_letters"]}
-    assert set(letters) == {damaged, tapeless}
-    assert letters[damaged]["error_type"] == "StoreFormatError"
+    assert set(letters) == {damaged, tapeless, alien, garbled}
+    for iid in (alien, garbled):
+        assert letters[iid]["error_type"] == "InvalidRecord", letters[iid]
+        assert iid in letters[iid]["error"] and "damaged" in letters[iid]["error"], letters[iid]
+        assert "backup" in letters[iid]["error"] and "Upgrade" not in letters[iid]["error"], letters[iid]
+    assert letters[damaged]["error_type"] == "InvalidRecord"
     assert damaged in letters[damaged]["error"] and "not valid JSON" in letters[damaged]["error"]
     assert "backup" in letters[damaged]["error"]
-    assert letters[tapeless]["error_type"] == "StoreFormatError"
+    assert letters[tapeless]["error_type"] == "InvalidRecord"
     assert tapeless in letters[tapeless]["error"] and "noeviction" in letters[tapeless]["error"]
 
     # an operator's look at either gets the same diagnosis, not a traceback or an empty context
@@ -187,3 +199,29 @@ def test_sigterm_says_what_it_waits_for_and_a_second_one_stops_at_once(scene, tm
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["statuses"] == {"completed": 1}, second.stderr
     assert "taken over from consumer 'first'" in second.stderr
+
+
+@pytest.mark.parametrize("text", ['{"broken', '["a list"]'])
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_record_written_over_is_invalid_record_naming_the_instance(kind, text, scene, tmp_path):
+    from context_layers.stores import InvalidRecord, open_store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}" if kind == "sqlite" else scene["store"]
+    store = open_store(url)
+    store.create({"id": "inst-1", "process_id": "p", "status": "running", "workflow": "{}"})
+    if kind == "sqlite":
+        import sqlite3
+
+        with sqlite3.connect(tmp_path / "store.db") as c:
+            c.execute("UPDATE instances SET record = ? WHERE id = 'inst-1'", (text,))
+    else:
+        import redis
+
+        client = redis.Redis.from_url(SHARED)
+        client.hset(f"{scene['name']}:i:{{inst-1}}", "record", text)
+        client.close()
+    try:
+        with pytest.raises(InvalidRecord, match=r"instance 'inst-1' in (sqlite|redis) store .* backup"):
+            store.load("inst-1")
+    finally:
+        store.close()
