@@ -514,6 +514,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
         client.xgroup_createconsumer(stream, group, consumer)  # visible in XINFO CONSUMERS before its first entry
     except _redis_down() as err:
         raise _queue_down(client, err) from err
+    _warn_if_evicting(client, getattr(store, "redis", None))
     if requeue:
         try:
             _requeue(store, client, stream, stats)
@@ -580,6 +581,28 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     finally:
         restore()
     return stats
+
+
+def _warn_if_evicting(*clients: Any) -> None:
+    """Warn of each Redis (the queue's, the store's) that evicts keys when full: it would drop a tape, a
+    record or the stream without an error (what is left is named when read: a dead letter)."""
+    import redis
+
+    warned = set()
+    for c in clients:
+        if c is None or _queue_where(c).rsplit("/", 1)[0] in warned:
+            continue
+        try:
+            policy = c.info("memory").get("maxmemory_policy")
+        except redis.RedisError:
+            continue  # a managed Redis may refuse INFO; the worker does not need it
+        if policy and policy != "noeviction":
+            where = _queue_where(c).rsplit("/", 1)[0]
+            warned.add(where)
+            log.warning("the Redis %s has maxmemory-policy %s: once full, it evicts keys, and with them instances' "
+                        "tapes, records or stream entries, without an error; give a Redis that workers share "
+                        "maxmemory-policy noeviction (a full one then refuses writes, which workers wait out)",
+                        where, policy)
 
 
 def _outage(client: Any, err: BaseException) -> BaseException | None:

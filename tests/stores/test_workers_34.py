@@ -225,3 +225,28 @@ def test_a_record_written_over_is_invalid_record_naming_the_instance(kind, text,
             store.load("inst-1")
     finally:
         store.close()
+
+
+def test_a_worker_warns_of_a_redis_that_evicts_keys(tmp_path, caplog):
+    """A store on a Redis with an evicting maxmemory-policy loses tapes and records without an error
+    once it fills up (the dead letters above are what is left to see): the worker says so as it starts."""
+    import logging
+
+    import redis
+
+    from engine.worker import run_worker
+    from tests.stores.test_faults import OwnRedis
+
+    server = OwnRedis(tmp_path, durable=False)
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        client.close()
+        with caplog.at_level(logging.WARNING, logger="layerflow.worker"):
+            run_worker(f"{server.url}?prefix=evict", stream="evict-ready", stop_after=0, timer_interval=0)
+    finally:
+        server.stop()
+    said = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    assert len(said) == 1, caplog.text  # one server: one warning, for the store and the queue
+    assert "allkeys-lru" in said[0] and "noeviction" in said[0] and f"127.0.0.1:{server.port}" in said[0], said
