@@ -35,7 +35,7 @@ from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreE
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
-from .leases import LEASE_TTL, holding
+from .leases import LEASE_TTL, holding, lease_store
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
                       check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
@@ -1224,15 +1224,20 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @_store_option
 @_json_option
 def list_instances(store: str | None, as_json: bool) -> None:
-    """Instances in the store, newest first."""
+    """Instances in the store, newest first; a running one that a worker, `resume` or the server runs
+    right now names it (held by ...), so it can be told from one that waits on the queue."""
     engine = _existing_engine(store, None, as_json)
     rows = engine.store.list() if engine is not None else []
+    leases = lease_store(engine.store) if engine is not None else None
+    owner = leases.lease_owner if leases is not None else None
+    held = {r["id"]: owner(r["id"]) if owner is not None and r["status"] == "running" else None for r in rows}
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
-        _Out(True).doc([{"instance_id": r["id"], **r} for r in rows])
+        _Out(True).doc([{"instance_id": r["id"], **r, "held_by": held[r["id"]]} for r in rows])
         return
     for r in rows:
+        by = f"  held by {held[r['id']]}" if held[r["id"]] else ""
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}")
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
 
 
 def _context(instance: Instance, name: str | None, as_json: bool) -> LayeredContext:

@@ -174,6 +174,11 @@ def test_sigterm_says_what_it_waits_for_and_a_second_one_stops_at_once(scene, tm
         while not (marker.exists() and marker.read_text()):
             assert first.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
+        # what an operator sees meanwhile: the instance runs, and which worker runs it
+        rows = {r["instance_id"]: r for r in json.loads(cli("list", "--store", scene["store"], "--json").stdout)}
+        assert rows[iid]["status"] == "running" and rows[iid]["held_by"] == "first", rows[iid]
+        plain = cli("list", "--store", scene["store"]).stdout
+        assert "held by first" in next(line for line in plain.splitlines() if line.startswith(iid)), plain
         first.send_signal(signal.SIGTERM)
         while "received SIGTERM" not in log.read_text():
             assert first.poll() is None and time.monotonic() < deadline, log.read_text()
