@@ -3284,7 +3284,7 @@ def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
         # no layerflow writes such a record (a save is all or nothing): something else wrote over it
         raise InvalidRecord(
             f"the saved record of instance {record.get('id')!r} is damaged and cannot be loaded "
-            f"({type(err).__name__}: {_one_line(err)}): it was written over by something other than layerflow; "
+            f"({_one_line(err)}): it was written over by something other than layerflow; "
             "restore the instance from a backup of the store") from err
 
 
