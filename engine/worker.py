@@ -481,7 +481,8 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                dead_stream: str | None = None, timer_interval: float | None = 5.0,
                requeue: bool = False) -> WorkerStats:
     """Process stream entries until ``stop_after`` entries are acknowledged (finished or
-    dead-lettered), ``stop`` is set, or SIGTERM / Ctrl-C (the entry in hand is finished first).
+    dead-lettered), ``stop`` is set, or SIGTERM / Ctrl-C (the entry in hand is finished first; a
+    second signal stops the process at once, as a kill: see ``_stop_on_signals``).
 
     ``idle_ms``: how long an entry may stay unacknowledged before another worker takes
     it over; ``lease_ttl`` (seconds, default ``idle_ms``) how long a dead worker's lease
