@@ -35,11 +35,11 @@ from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreE
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
 from .governance import InvalidAnswer, activity_events, activity_ids, event_document
-from .leases import LEASE_TTL, holding
+from .leases import LEASE_TTL, holding, lease_store
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
-                      check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers)
-from .store import default_store_url, open_store
+                      check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
+from .store import default_store_url, open_store, record_head
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
 
@@ -1163,8 +1163,9 @@ def timers(fire: bool, now: str | None, store: str | None, model: str | None, as
     due = engine.due_timers() if engine is not None else []
     fired: list[dict[str, Any]] = []
     if fire and engine is not None:
-        for instance_id in dict.fromkeys(item["instance_id"] for item in due):
-            fired.append(_fire(engine, instance_id))
+        listed = {item["instance_id"]: item["version"] for item in due}
+        for instance_id, version in listed.items():
+            fired.append(_fire(engine, instance_id, version))
     # run from cron: an instance whose timer path failed is an error of this run (exit 1), named
     failed = [f for f in fired if f.get("status") == "error"]
     if as_json:
@@ -1188,8 +1189,8 @@ def timers(fire: bool, now: str | None, store: str | None, model: str | None, as
         sys.exit(EXIT_ERROR)
 
 
-def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
-    """Resume one instance whose timer is due, holding its lease; what came of it."""
+def _fire(engine: Engine, instance_id: str, version: int) -> dict[str, Any]:
+    """Resume one instance whose timer was due at ``version``, holding its lease; what came of it."""
     with holding(engine.store, instance_id, f"cli-timers-{socket.gethostname()}-{os.getpid()}") as holder:
         if holder is not None:
             return {"instance_id": instance_id, "skipped": f"held by {holder}"}
@@ -1197,6 +1198,10 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
             instance = engine.load(instance_id)
             if instance.status != "waiting":
                 return {"instance_id": instance_id, "skipped": f"now {instance.status}"}
+            if instance.version != version and not _still_due(engine, instance):
+                # a worker or another `timers --fire` fired it between the listing and the lease
+                return {"instance_id": instance_id,
+                        "skipped": f"already fired by another process (now version {instance.version})"}
             instance = engine.resume(instance)
         except LayerflowError as err:
             return {"instance_id": instance_id, "skipped": str(err)}
@@ -1206,19 +1211,33 @@ def _fire(engine: Engine, instance_id: str) -> dict[str, Any]:
         return result
 
 
+def _still_due(engine: Engine, instance: Instance) -> bool:
+    """Whether a timer or confirmation timeout of ``instance`` is due by the engine's clock (as
+    ``Engine.due_timers`` tells it, for this one instance)."""
+    now = datetime.fromtimestamp(engine.clock(), timezone.utc)
+    head = record_head(engine.store, instance.id)
+    return any(item.get("kind") in ("timer", "confirmation") and item.get("due") and _utc(item["due"]) <= now
+               for item in head.get("engine", {}).get("waiting_for", []))
+
+
 @main.command("list")
 @_store_option
 @_json_option
 def list_instances(store: str | None, as_json: bool) -> None:
-    """Instances in the store, newest first."""
+    """Instances in the store, newest first; a running one that a worker, `resume` or the server runs
+    right now names it (held by ...), so it can be told from one that waits on the queue."""
     engine = _existing_engine(store, None, as_json)
     rows = engine.store.list() if engine is not None else []
+    leases = lease_store(engine.store) if engine is not None else None
+    owner = leases.lease_owner if leases is not None else None
+    held = {r["id"]: owner(r["id"]) if owner is not None and r["status"] == "running" else None for r in rows}
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
-        _Out(True).doc([{"instance_id": r["id"], **r} for r in rows])
+        _Out(True).doc([{"instance_id": r["id"], **r, "held_by": held[r["id"]]} for r in rows])
         return
     for r in rows:
+        by = f"  held by {held[r['id']]}" if held[r["id"]] else ""
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}")
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
 
 
 def _context(instance: Instance, name: str | None, as_json: bool) -> LayeredContext:

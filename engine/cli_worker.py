@@ -75,7 +75,7 @@ def _shared_store(store: str | None, command: str, as_json: bool) -> str:
 def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str, group: str, consumer: str | None,
            idle_ms: int, stop_after: int | None, max_deliveries: int, dead_stream: str | None, timer_interval: float,
            requeue: bool, model: str | None, as_json: bool) -> None:
-    """Run instances from the stream until stopped (SIGTERM / Ctrl-C finish the current one).
+    """Run instances from the stream until stopped (SIGTERM / Ctrl-C finish the current one; a second stops at once).
 
     `layerflow worker dead` lists the entries that failed --max-deliveries times;
     `layerflow worker requeue ID` puts one back once its cause is fixed.

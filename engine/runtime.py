@@ -3273,9 +3273,24 @@ def from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
     """The instance a stored record holds; reads every record format up to ``RECORD_FORMAT``
     (format 1 kept the workflow as JSON text in a string, 2 as an object)."""
     fmt = record.get("format")
-    if fmt not in READ_FORMATS:
+    if isinstance(fmt, int) and fmt > max(READ_FORMATS):
         raise LayerflowError(f"instance record {record.get('id')!r} has format {fmt!r}; this layerflow reads "
                              f"formats {', '.join(map(str, READ_FORMATS))}. Upgrade layerflow to load it")
+    try:
+        if fmt not in READ_FORMATS:
+            raise ValueError(f"its format is {fmt!r}, not one of {', '.join(map(str, READ_FORMATS))}")
+        return _from_record(engine, record)
+    except LayerflowError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        # no layerflow writes such a record (a save is all or nothing): something else wrote over it
+        raise InvalidRecord(
+            f"the saved record of instance {record.get('id')!r} is damaged and cannot be loaded "
+            f"({_one_line(err)}): it was written over by something other than layerflow; "
+            "restore the instance from a backup of the store") from err
+
+
+def _from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
     wf = spiff.deserialize(record["workflow"])
     process = Process.from_record(record["process"], wf.spec, dict(wf.subprocess_specs))
     contexts = {name: LayeredContext.from_dict(d) for name, d in record["contexts"].items()}

@@ -481,7 +481,8 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                dead_stream: str | None = None, timer_interval: float | None = 5.0,
                requeue: bool = False) -> WorkerStats:
     """Process stream entries until ``stop_after`` entries are acknowledged (finished or
-    dead-lettered), ``stop`` is set, or SIGTERM / Ctrl-C (the entry in hand is finished first).
+    dead-lettered), ``stop`` is set, or SIGTERM / Ctrl-C (the entry in hand is finished first; a
+    second signal stops the process at once, as a kill: see ``_stop_on_signals``).
 
     ``idle_ms``: how long an entry may stay unacknowledged before another worker takes
     it over; ``lease_ttl`` (seconds, default ``idle_ms``) how long a dead worker's lease
@@ -514,6 +515,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
         client.xgroup_createconsumer(stream, group, consumer)  # visible in XINFO CONSUMERS before its first entry
     except _redis_down() as err:
         raise _queue_down(client, err) from err
+    _warn_if_evicting(client, getattr(store, "redis", None))
     if requeue:
         try:
             _requeue(store, client, stream, stats)
@@ -521,7 +523,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
             raise _queue_down(client, err) from err
     log.info("worker %s: running the instances put on stream %r (group %r); Ctrl-C or SIGTERM stops it after the "
              "instance in hand", consumer, stream, group)
-    restore = _stop_on_signals(stop)
+    restore = _stop_on_signals(stop, consumer)
     cursor = "0-0"
     pause = 0.0
     next_scan = 0.0
@@ -580,6 +582,28 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     finally:
         restore()
     return stats
+
+
+def _warn_if_evicting(*clients: Any) -> None:
+    """Warn of each Redis (the queue's, the store's) that evicts keys when full: it would drop a tape, a
+    record or the stream without an error (what is left is named when read: a dead letter)."""
+    import redis
+
+    warned = set()
+    for c in clients:
+        if c is None or _queue_where(c).rsplit("/", 1)[0] in warned:
+            continue
+        try:
+            policy = c.info("memory").get("maxmemory_policy")
+        except redis.RedisError:
+            continue  # a managed Redis may refuse INFO; the worker does not need it
+        if policy and policy != "noeviction":
+            where = _queue_where(c).rsplit("/", 1)[0]
+            warned.add(where)
+            log.warning("the Redis %s has maxmemory-policy %s: once full, it evicts keys, and with them instances' "
+                        "tapes, records or stream entries, without an error; give a Redis that workers share "
+                        "maxmemory-policy noeviction (a full one then refuses writes, which workers wait out)",
+                        where, policy)
 
 
 def _outage(client: Any, err: BaseException) -> BaseException | None:
@@ -665,13 +689,16 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             stats.failures += 1
             letter = _letter(entry_id, instance_id, consumer, queue.group, err)
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries)
+            # a store's own error (a damaged record, a lost tape) says what is wrong: its stack adds nothing
+            trace = None if isinstance(err, StoreError) else err
             if dead_id is None:
-                log.warning("entry %s: instance %r could not be run (failed delivery %d of %d); leaving the entry "
-                            "pending", entry_id, instance_id, count, max_deliveries, exc_info=err)
+                log.warning("entry %s: instance %r could not be run (failed delivery %d of %d%s); leaving the entry "
+                            "pending", entry_id, instance_id, count, max_deliveries,
+                            "" if trace else f": {err}", exc_info=trace)
             else:
                 stats.dead += 1
                 queue.forget_begun(instance_id)
-                _log_dead(queue, entry_id, instance_id, count, dead_id, letter, err)
+                _log_dead(queue, entry_id, instance_id, count, dead_id, letter, trace)
         else:
             queue.ack(entry_id)
             queue.forget_begun(instance_id)
@@ -795,14 +822,26 @@ def _log_dead(queue: _Queue, entry_id: str, instance_id: str, count: int, dead_i
               queue.dead_stream, dead_id, dead_id, queue.stream, exc_info=err)
 
 
-def _stop_on_signals(stop: threading.Event) -> Any:
-    """SIGTERM / SIGINT set ``stop`` (main thread only); returns the undo."""
+def _stop_on_signals(stop: threading.Event, consumer: str = "") -> Any:
+    """SIGTERM / SIGINT set ``stop`` (main thread only); a second one stops the process at once, as
+    a kill does (raising into the activity in hand would have the engine record it as failed: a
+    kill saves nothing, and the entry is taken over). Returns the undo."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            log.warning("worker %s: received %s again: stopping at once; an instance in hand is taken over by "
+                        "another worker after --idle-ms, and its activity runs again from the last save",
+                        consumer, name)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         stop.set()
+        log.warning("worker %s: received %s: stopping after the instance in hand (its activity finishes and is "
+                    "saved); send it again to stop at once", consumer, name)
 
     for sig in previous:
         signal.signal(sig, handler)

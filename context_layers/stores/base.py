@@ -709,6 +709,23 @@ def answered(stored: Mapping[str, Any], answer: Any, actor: str) -> dict[str, An
     return {**stored, "status": "answered", "answer": answer, "actor": actor, "answered_at": time.time()}
 
 
+def record_json(text: str | bytes, instance_id: str, where: str) -> dict[str, Any]:
+    """The saved record of ``instance_id`` read from ``text``; ``InvalidRecord`` naming the
+    instance and ``where`` (the store, the key) when it is not a JSON object: something else wrote
+    over it (a hand edit, another program on the same Redis), and nothing can run it from that."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        why = f"is not valid JSON ({exc})"
+    else:
+        if isinstance(doc, dict):
+            return doc
+        why = f"is a JSON {type(doc).__name__}, not an object"
+    raise InvalidRecord(f"the saved record of instance {instance_id!r} in {where} {why}: it was written over by "
+                           "something other than layerflow and cannot be loaded; restore the instance from a backup of "
+                           "the store (layerflow never writes a record partly)")
+
+
 def check_format(what: str, found: Any, newest: int = STORE_FORMAT) -> None:
     if found is not None and int(found) > newest:
         raise format_error(what, found, newest)

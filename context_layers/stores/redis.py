@@ -42,6 +42,7 @@ from .base import (
     InstanceExists,
     InstanceNotFound,
     InstanceSummary,
+    InvalidRecord,
     InvalidStoreURL,
     PreparedSnapshot,
     PreparedWrite,
@@ -56,6 +57,7 @@ from .base import (
     prepare_append,
     prepare_confirmation,
     prepare_write,
+    record_json,
     snapshot_not_found,
     split_snapshot,
     summary,
@@ -454,7 +456,8 @@ class RedisStore:
         if text is None:
             raise InstanceNotFound(instance_id)
         check_format(f"instance {instance_id!r}", fmt, INSTANCE_FORMAT)
-        return json.loads(text), int(version)
+        return record_json(text, instance_id, f"redis store {self._url_for_errors} (key {self._ik(instance_id)!r})"), \
+            int(version)
 
     def save(self, instance_id: str, record: Mapping[str, Any], expected_version: int,
              tape_appends: TapeAppends | None = None, *,
@@ -537,9 +540,13 @@ class RedisStore:
             pipe = self.redis.pipeline(transaction=True)
             pipe.exists(self._ik(instance_id))
             pipe.lrange(self._ik(instance_id, "t", context_name), max(since_seq, 0), -1)
-            exists, texts = pipe.execute()
+            pipe.hget(self._ik(instance_id, "heads"), context_name)
+            exists, texts, head = pipe.execute()
         if not exists:
             raise InstanceNotFound(instance_id)
+        if head is not None and len(texts) < int(head) - max(since_seq, 0):
+            # a save writes the list and its head in one script: a shorter list lost events since
+            raise self._tape_lost(instance_id, context_name, int(head), len(texts) + max(since_seq, 0))
         blobs_key = self._ik(instance_id, "blobs")
 
         def fetch(hashes: Iterable[str]) -> dict[str, str]:
@@ -552,6 +559,15 @@ class RedisStore:
             return {h: b for h, b in zip(hashes, bodies) if b is not None}
 
         return read_events(texts, fetch, f"tape {context_name!r} of instance {instance_id!r}")
+
+    def _tape_lost(self, instance_id: str, context_name: str, head: int, held: int) -> InvalidRecord:
+        key = self._ik(instance_id, "t", context_name)
+        return InvalidRecord(
+            f"tape {context_name!r} of instance {instance_id!r} in redis store {self._url_for_errors} is missing "
+            f"events: key {key!r} holds {held} of its {head} ({'the key is gone' if not held else 'it was cut short'}). "
+            "Redis evicted it (a maxmemory-policy other than noeviction) or it was deleted by hand; the instance "
+            "cannot be rebuilt from what is left and is not run. Restore the store from a backup, and give a Redis "
+            "that holds a store maxmemory-policy noeviction (and appendonly yes)")
 
     def tape_heads(self, instance_id: str) -> dict[str, int]:
         with self._mapped():

@@ -44,6 +44,7 @@ from .base import (
     prepare_append,
     prepare_confirmation,
     prepare_write,
+    record_json,
     snapshot_not_found,
     split_snapshot,
     summary,
@@ -223,7 +224,7 @@ class SQLiteStore:
         if row is None:
             raise InstanceNotFound(instance_id)
         check_format(f"instance {instance_id!r}", row[2], INSTANCE_FORMAT)
-        return json.loads(row[0]), int(row[1])
+        return record_json(row[0], instance_id, f"sqlite store {self.path}"), int(row[1])
 
     def save(self, instance_id: str, record: Mapping[str, Any], expected_version: int,
              tape_appends: TapeAppends | None = None, *,
