@@ -56,9 +56,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from .attention import MERGED_CONFLICTS_KEY
 from .canonical import canonical_json
-from .context import Entry, LayeredContext, SelectHook, View, run_hooks
+from .context import MERGED_CONFLICTS_KEY, Entry, LayeredContext, SelectHook, View, run_hooks
 from .layers import Layer
 from .markers import DELETED
 
