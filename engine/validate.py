@@ -1455,7 +1455,7 @@ class _Validator:
                 self.add("unknown_element_id", f"config for an id that does not exist in {scope}{hint}; "
                          "fix the id or remove the entry", file=file, line=line, element_id=eid)
                 continue
-            cfg = config.elements.get(eid)
+            cfg = config.elements.get(eid) or config.partial.get(eid)
             if cfg is not None:
                 self.sources.append(_Source(eid, file, cfg, lambda *path, _e=eid: config.line_of(_e, *path)))
 

@@ -1,0 +1,124 @@
+"""Outsider round 34: processes nobody here had seen, written from README.md and DESIGN.md only
+(tests/engine/outsider34/, exported as Camunda Modeler saves them, with their diagrams), driven through
+the CLI, the Python API and one real ``layerflow serve``.
+
+claim_triage: an inclusive gateway (its default flow, fraud scoring, taken only when no condition holds)
+  opens the injury and property assessments, two agent steps (``llm:`` blocks run by their offline
+  handlers) that each add their own entry to a shared ``findings`` object, grow the ``flags`` and ``notes``
+  lists, raise the ``reserve`` and the ``severity``, and disagree on ``liability``. Its config is JSON
+  (``claim_triage.layerflow.json``) with a ``system:`` section of model limits and a ``data_layers``
+  mapping that sends ``status`` to WORKING. The join reduces per key (``merge``, ``union``, ``append``,
+  ``sum``, ``max``) and settles ``liability`` by ``BRANCH_PRIORITY``; a second config asks a person.
+
+Expected before anything ran: as README and DESIGN say, and so it was, but for:
+- ``layerflow validate`` of a join config with a misspelt reducer (``unoin``) and a misspelt
+  ``branchPriority`` id named only the reducer; the branch id came out on the next run of validate, after
+  the reducer was fixed (README: "every problem at once"). An element whose config has a bad field is now
+  still cross-checked with its other fields.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_helpers import cli_in_a_tmp_store, run_json
+from test_contracts_cli import check_run_document
+
+cli = cli_in_a_tmp_store  # the fixture "cli", here too
+
+HERE = Path(__file__).resolve().parent / "outsider34"
+CLAIM = HERE / "claim_triage.bpmn"
+CLAIM_CONFIG = HERE / "claim_triage.layerflow.json"
+PEOPLE = HERE / "claim_triage_people.layerflow.json"
+LIABILITY = "Gateway_assess_join/liability"
+
+
+def claim(**extra: Any) -> str:
+    return json.dumps({"claim_id": "CL-9", "amount": 20000, "injury": True, "property_damage": True,
+                       "status": "new", **extra})
+
+
+def edited_config(tmp_path: Path, **join: Any) -> Path:
+    config = json.loads(CLAIM_CONFIG.read_text())
+    config["Gateway_assess_join"].update(join)
+    path = tmp_path / "claim_triage.layerflow.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def test_inclusive_join_reduces_each_key_and_settles_liability_by_branch_priority(cli: Any) -> None:
+    doc = run_json(cli, "run", str(CLAIM), "--data", claim())
+    check_run_document(doc)
+    assert doc["status"] == "completed"
+    assert doc["layers"]["L0"]["model_limits"] == {"context_tokens": 8000, "max_output_tokens": 512}
+    assert "status" not in doc["layers"]["L1"] and doc["layers"]["L3"]["status"] == "new"  # data_layers
+    history = doc["layers"]["L3"]
+    assert history["findings"] == {"claim": "CL-9", "medical": {"icd": "S82.0", "days_off": 21},
+                                   "property": {"estimate": 1800}}
+    assert history["flags"] == ["filed", "injury", "hospital", "property"]
+    assert history["notes"] == ["claim opened", "medical: fractured knee", "property: bumper"]
+    assert history["reserve"] == 100 + 4100 + 1700 and history["severity"] == 3
+    assert "fraud_score" not in history  # the default flow: only when no condition holds
+    [conflict] = doc["conflicts"]
+    assert conflict["key"] == "liability" and conflict["base_value"] is None and conflict["base_absent"] is True
+    assert conflict["values"] == {"Activity_medical": "insured", "Activity_property": "third_party"}
+    assert conflict["resolution"]["resolver"] == "strategy" and conflict["resolution"]["value"] == "insured"
+    assert "Activity_medical" in conflict["resolution"]["reason"]
+    assert history["decision"] == "investigate" and history["final_reserve"] == 5900
+    assert doc["waiting_for"] == [] and doc["confirmations"] == [] and doc["tape_length"] > 0
+
+
+def test_only_the_default_flow_runs_when_no_condition_holds(cli: Any) -> None:
+    doc = run_json(cli, "run", str(CLAIM), "--data", claim(injury=False, property_damage=False, amount=60000))
+    history = doc["layers"]["L3"]
+    assert history["fraud_score"] == 0.7 and history["flags"] == ["filed", "high_value"]
+    assert doc["conflicts"] == [] and history["reserve"] == 100
+
+
+def test_validate_names_a_bad_reducer_and_a_bad_branch_priority_id_at_once(cli: Any, tmp_path: Path) -> None:
+    config = edited_config(tmp_path, reducers={"flags": "unoin", "reserve": "sum"},
+                           branchPriority=["Activity_medicl", "Activity_property"])
+    result = cli("validate", str(CLAIM), "--config", str(config))
+    assert result.exit_code == 2
+    assert "'unoin'" in result.stdout and "reducers.flags" in result.stdout
+    assert "'Activity_medicl'" in result.stdout and "did you mean 'Activity_medical'" in result.stdout
+    assert "2 errors" in result.stdout
+
+
+def test_a_person_settles_liability_and_an_answer_outside_the_options_is_refused(cli: Any, tmp_path: Path) -> None:
+    doc = run_json(cli, "run", str(CLAIM), "--config", str(PEOPLE), "--data", claim(), code=3)
+    iid = doc["instance_id"]
+    assert doc["waiting_for"][0]["id"] == LIABILITY and doc["waiting_for"][0]["kind"] == "confirmation"
+    [asked] = doc["confirmations"]
+    assert [o["value"] for o in asked["options"]] == ["insured", "third_party", "shared", "$escalate"]
+    refused = run_json(cli, "resume", iid, "--answer", f"{LIABILITY}=nobody", code=2)
+    assert refused["error"]["kind"] == "invalid_answer" and refused["error"]["instance_status"] == "waiting"
+    assert "'nobody'" in refused["error"]["message"] and '"shared"' in refused["error"]["message"]
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"confirmations": {LIABILITY: "shared"}}))
+    done = run_json(cli, "resume", iid, "--answers", str(answers))
+    assert done["status"] == "completed"
+    [conflict] = done["conflicts"]
+    assert conflict["resolution"]["resolver"] == "human" and conflict["resolution"]["value"] == "shared"
+    assert done["layers"]["L3"]["liability"] == "shared"
+    assert [c["answer"] for c in done["confirmations"]] == ["shared"]
+
+
+def test_rollback_to_a_merged_branch_snapshot_names_the_split_snapshot(cli: Any) -> None:
+    doc = run_json(cli, "run", str(CLAIM), "--data", claim())
+    listed = cli("snapshot", doc["instance_id"], "--list").stdout
+    branch_snap = next(line.split("\t")[0] for line in listed.splitlines() if "Activity_property" in line)
+    result = cli("rollback", doc["instance_id"], branch_snap)
+    assert result.exit_code == 2
+    assert "already merged into 'main'" in result.stderr and "snap:main:" in result.stderr
+    back = run_json(cli, "rollback", doc["instance_id"], "snap:main:10", "--layers", "L3")
+    assert back["restored_layers"] == ["L3"] and back["tokens_after"]["L3"] < back["tokens_before"]["L3"]
+    assert "findings" in back["layers"]["L3"] and "liability" not in back["layers"]["L3"]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    pytest.main([__file__, "-q"])
