@@ -10,11 +10,19 @@ claim_triage: an inclusive gateway (its default flow, fraud scoring, taken only 
   mapping that sends ``status`` to WORKING. The join reduces per key (``merge``, ``union``, ``append``,
   ``sum``, ``max``) and settles ``liability`` by ``BRANCH_PRIORITY``; a second config asks a person.
 
+security_rounds: an embedded sub-process on a loop (an exclusive gateway leads back to it) forks two scans
+  in parallel inside; the tally after their join compresses by an attention score (``redundancy``
+  written, DESIGN's defaults for the others: ``density`` fires first) with a ``count_only`` rule.
+
 Expected before anything ran: as README and DESIGN say, and so it was, but for:
 - ``layerflow validate`` of a join config with a misspelt reducer (``unoin``) and a misspelt
   ``branchPriority`` id named only the reducer; the branch id came out on the next run of validate, after
   the reducer was fixed (README: "every problem at once"). An element whose config has a bad field is now
   still cross-checked with its other fields.
+- security_rounds failed in its third round: ``web_medium``, folded by the tally's compression, was
+  written again (same value) by the next round's scan, but the join dropped it ("a key folded before the
+  split keeps the value it had" was read as "stays folded"), so the tally's script read a key that was
+  gone. The join now keeps the value a branch wrote back when no branch changed it otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from context_layers import Layer
 
 from engine_helpers import cli_in_a_tmp_store, run_json
 from test_contracts_cli import check_run_document
@@ -118,6 +128,43 @@ def test_rollback_to_a_merged_branch_snapshot_names_the_split_snapshot(cli: Any)
     back = run_json(cli, "rollback", doc["instance_id"], "snap:main:10", "--layers", "L3")
     assert back["restored_layers"] == ["L3"] and back["tokens_after"]["L3"] < back["tokens_before"]["L3"]
     assert "findings" in back["layers"]["L3"] and "liability" not in back["layers"]["L3"]
+
+
+SECURITY = HERE / "security_rounds.bpmn"
+
+
+def test_a_loop_of_subprocess_rounds_with_a_nested_parallel_compresses_and_completes(cli: Any) -> None:
+    doc = run_json(cli, "run", str(SECURITY), "--data", '{"rounds": 3}')
+    check_run_document(doc)
+    assert doc["status"] == "completed", doc["error"]
+    history = doc["layers"]["L3"]
+    assert history["report"] == "9 open findings after 3 rounds"
+    assert history["web_medium"] == 2 and history["db_medium"] == 1
+    assert doc["compressions"] and all(c["activity_id"] == "Activity_tally" for c in doc["compressions"])
+    for c in doc["compressions"]:
+        assert c["triggers"] and c["snapshot_id"].startswith("snap:main:")
+        assert isinstance(c["tokens_before"], int) and isinstance(c["tokens_after"], int)
+
+
+def test_a_value_written_again_after_its_fold_survives_the_join() -> None:
+    """The join alone: the split's HISTORY lost ``n`` to a fold (it was 2), one branch writes 2 again,
+    the other leaves it: ``n`` is 2 after the join; a branch that writes 3 beside it wins, no conflict."""
+    from context_layers import LayeredContext
+    from gateways import ContextSplitter
+    from gateways.join import join_contexts
+
+    def run(second: int | None) -> Any:
+        ctx = LayeredContext(system={"policy": "p"})
+        branches = ContextSplitter().split(ctx, "fork", ["a", "b"])
+        branches[0].context.write(Layer.WORKING, "n", 2, actor="scan_a")
+        if second is not None:
+            branches[1].context.write(Layer.WORKING, "n", second, actor="scan_b")
+        return join_contexts(ctx, branches, config={}, gateway_id="join", base_folded={"n": 2})
+
+    merged = dict(run(None).changes[Layer.WORKING])
+    assert merged["n"] == 2
+    contested = run(3)
+    assert dict(contested.changes[Layer.WORKING])["n"] == 3 and not contested.conflicts
 
 
 if __name__ == "__main__":  # pragma: no cover
