@@ -28,14 +28,16 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from context_layers import Layer
 
-from engine_helpers import cli_in_a_tmp_store, run_json
+from engine_helpers import cli_in_a_tmp_store, run_json, serving_catalog
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
@@ -165,6 +167,42 @@ def test_a_value_written_again_after_its_fold_survives_the_join() -> None:
     assert merged["n"] == 2
     contested = run(3)
     assert dict(contested.changes[Layer.WORKING])["n"] == 3 and not contested.conflicts
+
+
+TOKEN = "outsider34-token"
+
+
+def test_claim_triage_over_http_with_a_person_answering(tmp_path: Path) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    shutil.copy(CLAIM, catalog / CLAIM.name)
+    shutil.copy(HERE / "claim_agents.py", catalog / "claim_agents.py")
+    shutil.copy(PEOPLE, catalog / "claim_triage.layerflow.json")
+    with serving_catalog(catalog, f"sqlite:///{tmp_path / 'api.db'}", tmp_path / "serve.log", TOKEN) as api:
+        assert httpx.get(f"{api.base_url}/api/instances").status_code == 401
+        started = api.post("/api/instances", json={"process_id": "claim_triage", "data": json.loads(claim())})
+        assert started.status_code in (200, 201), started.text
+        doc = started.json()
+        check_run_document(doc)
+        assert doc["status"] == "waiting" and doc["waiting_for"][0]["id"] == LIABILITY
+        iid = doc["instance_id"]
+        refused = api.post(f"/api/confirmations/{LIABILITY}", json={"value": "nobody", "instance_id": iid})
+        assert refused.status_code == 400 and refused.json()["error"]["kind"] == "invalid_answer"
+        answered = api.post(f"/api/confirmations/{LIABILITY}", json={"value": "shared", "instance_id": iid})
+        assert answered.status_code == 200, answered.text
+        done = api.get(f"/api/instances/{iid}").json()
+        assert done["status"] == "completed" and done["layers"]["L3"]["liability"] == "shared"
+        [conflict] = done["conflicts"]
+        assert conflict["resolution"]["resolver"] == "human"
+        tape = api.get(f"/api/instances/{iid}/tape", params={"kind": "conflict"}).json()
+        events = tape["events"] if isinstance(tape, dict) else tape
+        assert events and all("liability" in json.dumps(e) for e in events)
+        split = api.get(f"/api/instances/{iid}/tape", params={"kind": "split"}).json()
+        [split_event] = split["events"] if isinstance(split, dict) else split
+        snapshot_id = split_event["data"]["snapshot_id"]
+        back = api.post("/api/context-governance/rollback", json={"instance_id": iid, "snapshot_id": snapshot_id})
+        assert back.status_code == 200, back.text
+        assert "liability" not in back.json()["layers"]["L3"]
 
 
 if __name__ == "__main__":  # pragma: no cover
