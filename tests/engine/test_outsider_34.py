@@ -23,6 +23,10 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   written again (same value) by the next round's scan, but the join dropped it ("a key folded before the
   split keeps the value it had" was read as "stays folded"), so the tally's script read a key that was
   gone. The join now keeps the value a branch wrote back when no branch changed it otherwise.
+- ``Engine.answer_confirmation`` of a value the confirmation does not offer raised ``ActivityError``
+  (kind ``activity_failed``), where README names the refusal ``InvalidAnswer`` (``invalid_answer``), as the
+  CLI, REST and ``Engine.resume(answers=...)`` report it. It now raises an ``InvalidAnswer`` that is
+  still an ``ActivityError``.
 """
 
 from __future__ import annotations
@@ -167,6 +171,27 @@ def test_a_value_written_again_after_its_fold_survives_the_join() -> None:
     assert merged["n"] == 2
     contested = run(3)
     assert dict(contested.changes[Layer.WORKING])["n"] == 3 and not contested.conflicts
+
+
+def test_the_python_api_refuses_an_answer_outside_the_options_as_invalid_answer() -> None:
+    from context_layers.errors import ActivityError
+    from engine import Engine, load_process
+    from engine.governance import InvalidAnswer
+
+    engine = Engine("memory://")
+    process = load_process(CLAIM, config=PEOPLE)
+    waiting = engine.run(process, json.loads(claim()))
+    assert waiting.status == "waiting"
+    for answer in (lambda: engine.answer_confirmation(waiting.id, LIABILITY, "nobody"),
+                   lambda: engine.resume(waiting.id, answers={"confirmations": {LIABILITY: "nobody"}})):
+        with pytest.raises(InvalidAnswer, match="'nobody'") as refused:
+            answer()
+        assert refused.value.kind == "invalid_answer"
+    with pytest.raises(ActivityError):  # what answer_confirmation raised before: still caught
+        engine.answer_confirmation(waiting.id, LIABILITY, "insurd")
+    done = engine.answer_confirmation(waiting.id, LIABILITY, "third_party", by="kim")
+    assert done.status == "completed" and done.main.resolve("liability") == "third_party"
+    assert done.main.resolve("_mergedConflicts")[0]["resolution"]["by"] == "kim"
 
 
 TOKEN = "outsider34-token"
