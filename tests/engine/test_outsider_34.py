@@ -27,6 +27,10 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   (kind ``activity_failed``), where README names the refusal ``InvalidAnswer`` (``invalid_answer``), as the
   CLI, REST and ``Engine.resume(answers=...)`` report it. It now raises an ``InvalidAnswer`` that is
   still an ``ActivityError``.
+- with ``reducers: {findings: merge}`` and ``BRANCH_PRIORITY``, two agents that each added their own entry to
+  ``findings`` and disagreed on one more (``liability``) lost the lower branch's entry: the strategy took the
+  first branch's whole object. It now settles only the entries that collide and keeps the rest, as the merged
+  object a person is offered does.
 """
 
 from __future__ import annotations
@@ -192,6 +196,30 @@ def test_the_python_api_refuses_an_answer_outside_the_options_as_invalid_answer(
     done = engine.answer_confirmation(waiting.id, LIABILITY, "third_party", by="kim")
     assert done.status == "completed" and done.main.resolve("liability") == "third_party"
     assert done.main.resolve("_mergedConflicts")[0]["resolution"]["by"] == "kim"
+
+
+@pytest.mark.parametrize(("strategy", "liability"), [("BRANCH_PRIORITY", "insured"), ("LAST_WRITER_WINS", "third_party")])
+def test_a_strategy_settles_only_the_colliding_entries_of_a_merge_key(strategy: str, liability: str) -> None:
+    """``reducers: {findings: merge}``: both branches set ``liability`` inside the object, each adds its own
+    entry; the strategy decides ``liability`` and keeps both entries, instead of dropping one branch's."""
+    from context_layers import LayeredContext
+    from gateways import ContextSplitter
+    from gateways.join import join_contexts
+
+    ctx = LayeredContext(system={"policy": "p"})
+    ctx.write(Layer.WORKING, "findings", {"claim": "CL-9"}, actor="intake")
+    medical, prop = ContextSplitter().split(ctx, "assess", ["medical", "property"])
+    medical.context.write(Layer.WORKING, "findings", {"claim": "CL-9", "medical": {"icd": "S82.0"},
+                                                      "liability": "insured"}, actor="medical")
+    prop.context.write(Layer.WORKING, "findings", {"claim": "CL-9", "property": {"estimate": 1800},
+                                                   "liability": "third_party"}, actor="property")
+    joined = join_contexts(ctx, [medical, prop], gateway_id="assess_join", config={
+        "mergeStrategy": strategy, "branchPriority": ["medical", "property"], "reducers": {"findings": "merge"}})
+    [(conflict, resolution)] = joined.conflicts
+    assert conflict.key == "findings" and resolution.resolver == "strategy"
+    assert resolution.value == {"claim": "CL-9", "medical": {"icd": "S82.0"}, "property": {"estimate": 1800},
+                                "liability": liability}
+    assert "liability" in resolution.reason
 
 
 TOKEN = "outsider34-token"
