@@ -31,6 +31,9 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   ``findings`` and disagreed on one more (``liability``) lost the lower branch's entry: the strategy took the
   first branch's whole object. It now settles only the entries that collide and keeps the rest, as the merged
   object a person is offered does.
+- ``layerflow tape --key liabilty`` (a typo) or ``--branch Activity_fraud`` (a branch the inclusive gateway did
+  not take) printed nothing, exit 0, not a word, where ``--kind`` and ``--activity`` name what the tape has:
+  they now do too (stderr, exit 0 as before).
 """
 
 from __future__ import annotations
@@ -220,6 +223,20 @@ def test_a_strategy_settles_only_the_colliding_entries_of_a_merge_key(strategy: 
     assert resolution.value == {"claim": "CL-9", "medical": {"icd": "S82.0"}, "property": {"estimate": 1800},
                                 "liability": liability}
     assert "liability" in resolution.reason
+
+
+def test_tape_names_a_key_or_branch_that_has_no_event(cli: Any) -> None:
+    doc = run_json(cli, "run", str(CLAIM), "--data", claim())
+    iid = doc["instance_id"]
+    found = cli("tape", iid, "--key", "liability")
+    assert found.exit_code == 0 and "note:conflict" in found.stdout and found.stderr == ""
+    typo = cli("tape", iid, "--key", "liabilty")
+    assert typo.exit_code == 0 and typo.stdout == ""
+    assert "no event of key 'liabilty'" in typo.stderr and "did you mean 'liability'" in typo.stderr
+    untaken = cli("tape", iid, "--branch", "Activity_fraud")
+    assert untaken.exit_code == 0 and untaken.stdout == ""
+    assert "no event of branch 'Activity_fraud'" in untaken.stderr
+    assert "Activity_medical, Activity_property" in untaken.stderr
 
 
 TOKEN = "outsider34-token"
