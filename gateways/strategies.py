@@ -256,7 +256,8 @@ def resolve_by_strategy(
                 c.base_value is DELETED or isinstance(c.base_value, Mapping)):
             return values[first], ""
         taken: list[str] = []
-        merged = _merge_objects(c.key, {} if c.base_value is DELETED else c.base_value, values, order, taken)
+        base = c.base_value if isinstance(c.base_value, Mapping) else {}
+        merged = _merge_objects(c.key, base, values, order, taken)
         return merged, (f"; reducer 'merge' kept every branch's other entries, the strategy decided "
                         f"{', '.join(taken)}")
 
