@@ -159,6 +159,16 @@ def test_a_loop_of_subprocess_rounds_with_a_nested_parallel_compresses_and_compl
         assert isinstance(c["tokens_before"], int) and isinstance(c["tokens_after"], int)
 
 
+def test_the_rounds_compress_on_redundancy_alone(cli: Any) -> None:
+    doc = run_json(cli, "run", str(SECURITY), "--config", str(HERE / "security_rounds_redundancy.layerflow.yaml"),
+                   "--data", '{"rounds": 3}')
+    assert doc["status"] == "completed" and doc["layers"]["L3"]["report"] == "9 open findings after 3 rounds"
+    assert doc["compressions"] and all(c["triggers"] == ["redundancy"] for c in doc["compressions"])
+    assert all(c["attention_before"]["redundancy"] > 0.05 for c in doc["compressions"])
+    counter = doc["layers"]["L3"]["summary:count:*_log"]
+    assert counter["count"] >= 2 and len(counter["kept"]) == 1
+
+
 def test_a_value_written_again_after_its_fold_survives_the_join() -> None:
     """The join alone: the split's HISTORY lost ``n`` to a fold (it was 2), one branch writes 2 again,
     the other leaves it: ``n`` is 2 after the join; a branch that writes 3 beside it wins, no conflict."""
