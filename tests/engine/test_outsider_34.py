@@ -31,6 +31,9 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   ``findings`` and disagreed on one more (``liability``) lost the lower branch's entry: the strategy took the
   first branch's whole object. It now settles only the entries that collide and keeps the rest, as the merged
   object a person is offered does.
+- ``layerflow validate`` with a JSON config that has one syntax error warned, beside the error, that the two
+  agent steps have "no handler, and its config gives no handler": the handlers were in that file. The
+  warning now says the config file could not be read.
 - ``layerflow tape --key liabilty`` (a typo) or ``--branch Activity_fraud`` (a branch the inclusive gateway did
   not take) printed nothing, exit 0, not a word, where ``--kind`` and ``--activity`` name what the tape has:
   they now do too (stderr, exit 0 as before).
@@ -110,6 +113,15 @@ def test_validate_names_a_bad_reducer_and_a_bad_branch_priority_id_at_once(cli: 
     assert "'unoin'" in result.stdout and "reducers.flags" in result.stdout
     assert "'Activity_medicl'" in result.stdout and "did you mean 'Activity_medical'" in result.stdout
     assert "2 errors" in result.stdout
+
+
+def test_validate_of_an_unreadable_config_does_not_ask_for_the_handlers_it_holds(cli: Any, tmp_path: Path) -> None:
+    broken = tmp_path / "claim_triage.layerflow.json"
+    broken.write_text(CLAIM_CONFIG.read_text().replace('"system": {', '"system": {,', 1))
+    result = cli("validate", str(CLAIM), "--config", str(broken))
+    assert result.exit_code == 2 and "invalid JSON" in result.stdout
+    assert "its config gives no handler" not in result.stdout
+    assert "could not be read" in result.stdout and "Activity_medical" in result.stdout
 
 
 def test_a_person_settles_liability_and_an_answer_outside_the_options_is_refused(cli: Any, tmp_path: Path) -> None:
