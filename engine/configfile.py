@@ -109,6 +109,9 @@ class ProcessConfigFile:
     elements: Mapping[str, ActivityExtensionConfig] = field(default_factory=dict)
     # Every element id written in the file, valid config or not, in file order.
     element_ids: tuple[str, ...] = ()
+    # The entries that did not validate, read without their bad fields: never run, only cross-checked
+    # by ``layerflow validate``, so that one bad field does not hide the element's other mistakes.
+    partial: Mapping[str, ActivityExtensionConfig] = field(default_factory=dict, repr=False, compare=False)
     problems: tuple[Problem, ...] = ()
     _lines: Mapping[tuple[str, ...], int] = field(default_factory=dict, repr=False, compare=False)
 
@@ -275,6 +278,7 @@ class _Loader:
         data_layers = self._data_layers(data.get("data_layers"))
         process = self._process(data.get("process"))
         elements: dict[str, ActivityExtensionConfig] = {}
+        partial: dict[str, ActivityExtensionConfig] = {}
         element_ids: list[str] = []
         for key, value in data.items():
             if key in RESERVED_KEYS:
@@ -288,9 +292,11 @@ class _Loader:
             config = self._element(key, value)
             if config is not None:
                 elements[key] = config
+            elif (rest := _without_bad_fields(value, self.file, key)) is not None:
+                partial[key] = rest
         return self.result(system=MappingProxyType(system), data_layers=MappingProxyType(data_layers),
                            process=MappingProxyType(process), elements=MappingProxyType(elements),
-                           element_ids=tuple(element_ids))
+                           element_ids=tuple(element_ids), partial=MappingProxyType(partial))
 
     # -- parsing ---------------------------------------------------------------------------
 
@@ -445,6 +451,31 @@ class _Loader:
                 self.problem("invalid_config_field", _config_message(p.get("message", "")),
                              path=path, element_id=element_id, field=field_path)
             return None
+
+
+def _without_bad_fields(value: Any, source: str, element_id: str) -> ActivityExtensionConfig | None:
+    """An element's config read without the top-level fields it was refused for (their problems are
+    reported already), or None when what is left does not validate either."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        config_from_dict(value, source=source, element_id=element_id)
+    except ConfigError as err:
+        bad = {_plain_name(str(p.get("field") or "").split(".")[0]) for p in err.problems}
+    else:
+        return None
+    rest = {k: v for k, v in value.items() if _plain_name(str(k)) not in bad}
+    if not bad or "" in bad or len(rest) == len(value):
+        return None
+    try:
+        return config_from_dict(rest, source=source, element_id=element_id)
+    except ConfigError:
+        return None
+
+
+def _plain_name(name: str) -> str:
+    """``branchPriority`` and ``branch_priority`` alike."""
+    return name.replace("_", "").lower()
 
 
 _FAILED = object()

@@ -769,12 +769,14 @@ class GatewaySteps:
             open_ids = [c["id"] for c in inst.confirmations if not c.get("answered")]
             raise ActivityError(f"instance {inst.id} has no open confirmation {confirmation_id!r}; open: "
                                 f"{', '.join(open_ids) or 'none'}")
+        from .governance import OptionNotOffered  # governance imports this module
+
         try:
             freeze(value)
         except ValueError as err:  # NaN, Infinity, a lone surrogate: the person's mistake, not the process's
-            raise ActivityError(f"answer {short(value)} for confirmation {confirmation_id!r} is not a JSON value: "
+            raise OptionNotOffered(f"answer {short(value)} for confirmation {confirmation_id!r} is not a JSON value: "
                                 f"{err}; answer with one of the offered option values",
-                                task_id=entry.get("task_id")) from None
+                                instance_id=inst.id, task_id=entry.get("task_id")) from None
         options = entry.get("options") or []
         ok = (not options or value == "escalate" or typed_option(options, value) is not None
               or any(json_equal(value, o.get("value")) or value == o.get("label")
@@ -784,11 +786,12 @@ class GatewaySteps:
             config = self.process.config(str(entry["gateway_id"]))
             why = None if config is None else unfit_option(HumanRequest.from_dict(entry), value, config)
             if why is not None:
-                raise ActivityError(why, task_id=entry.get("task_id"))
+                raise OptionNotOffered(why, instance_id=inst.id, task_id=entry.get("task_id"))
         if not ok:
             offered = ", ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in options)
-            raise ActivityError(f"answer {value!r} for confirmation {confirmation_id!r} is not one of the "
-                                f"offered option values: {offered}", task_id=entry.get("task_id"))
+            raise OptionNotOffered(f"answer {value!r} for confirmation {confirmation_id!r} is not one of the "
+                                   f"offered option values: {offered}", instance_id=inst.id,
+                                   task_id=entry.get("task_id"))
         return entry
 
     def describe(self, item: Mapping[str, Any]) -> dict[str, Any]:

@@ -155,6 +155,13 @@ class InvalidAnswer(BadRequest):
         return out
 
 
+class OptionNotOffered(InvalidAnswer, ActivityError):
+    """An answer that is none of an open confirmation's options (or no JSON value): bad input,
+    ``invalid_answer``, as README names it. Still an ``ActivityError``, which
+    ``Engine.answer_confirmation`` raised for it before."""
+
+
+
 class FormAnswerInvalid(InvalidAnswer):
     """A person's answer to a user task does not fit the form its modeler declared (a required
     field missing, a value of the wrong type, not offered, out of range, against the JSON Schema):

@@ -537,8 +537,8 @@ class Engine:
                             resolver: str = "human", by: str | None = None) -> Instance:
         """Answer a pending human confirmation (a join conflict, id ``GATEWAY_ID/KEY``), then run on.
 
-        An answer that is not one of the offered options raises ``ActivityError`` and
-        changes nothing. ``actor`` and ``reason`` go on the tape with the decision; ``by``: the
+        An answer that is not one of the offered options raises ``InvalidAnswer`` (an
+        ``engine.governance.OptionNotOffered``, also an ``ActivityError``) and changes nothing. ``actor`` and ``reason`` go on the tape with the decision; ``by``: the
         person who answered, when named (the join's resolution names them);
         ``resolver`` is who decided (``"model"``: a model settled it with its tools), as the
         conflict's resolution names it."""

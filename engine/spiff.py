@@ -137,6 +137,7 @@ __all__ = [
     "LAYERFLOW_NS",
     "SPIFF_NS",
     "CTX_KEY",
+    "MultiInstanceTask",  # re-exported: engine.runtime tells a multi-instance loop from a standard one
     "BRANCH_KEY",
     "MAIN_CONTEXT",
     "Driver",

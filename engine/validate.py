@@ -551,11 +551,15 @@ class _Source:
     line_of: Callable[..., int | None]
 
 
+# problems of a config file that leave nothing of it read
+_CONFIG_UNREAD = frozenset({"config_syntax", "config_file_type", "config_file_unreadable", "config_not_mapping"})
+
 class _Validator:
     def __init__(self, paths: list[Path], config_path: str | Path | None, process_id: str | None,
                  discover_config: bool, parser_factory: Callable[[], Any] | None) -> None:
         self.paths = paths
         self.config_path = Path(config_path) if config_path is not None else None
+        self.config_unread: str | None = None  # the config file, when it could not be read at all
         self.process_id = process_id
         self.leftovers: set[str] = set()  # processes without isExecutable that nothing can start (not the model)
         self.discover_config = discover_config
@@ -1067,6 +1071,8 @@ class _Validator:
             return None
         config = load_config_file(path)
         self.problems.extend(config.problems)
+        if any(p.code in _CONFIG_UNREAD for p in config.problems):
+            self.config_unread = str(path)
         return config
 
     # -- which process ---------------------------------------------------------------------
@@ -1456,7 +1462,7 @@ class _Validator:
                 self.add("unknown_element_id", f"config for an id that does not exist in {scope}{hint}; "
                          "fix the id or remove the entry", file=file, line=line, element_id=eid)
                 continue
-            cfg = config.elements.get(eid)
+            cfg = config.elements.get(eid) or config.partial.get(eid)
             if cfg is not None:
                 self.sources.append(_Source(eid, file, cfg, lambda *path, _e=eid: config.line_of(_e, *path)))
 
@@ -3595,6 +3601,11 @@ class _Validator:
             if operator is None and el.get("operationRef"):
                 what += _operation_called(el)
         else:
+            return
+        if self.config_unread:  # the handler may well be in the file: say why none was found
+            self.add("no_implementation", f"{_TASK_NAMES[tag]} {eid!r} {what}, and the config file "
+                     f"{self.config_unread} could not be read (see its error), so no handler or llm: block of it "
+                     "was seen; fix the file", file=file, line=el.sourceline, element_id=eid, severity="warning")
             return
         self.add("no_implementation", f"{_TASK_NAMES[tag]} {eid!r} {what}, and its config gives no handler or "
                  f"llm: unless a handler is registered for {eid!r} in Python (@activity({eid!r})), the instance "

@@ -408,6 +408,26 @@ def _scoped_layers(base: Snapshot, branch: LayeredContext, injected: Mapping[str
     return layers
 
 
+def _written_back(found: list[KeyOutcome], base_folded: Mapping[str, Any], base: Snapshot,
+                  raw_layers: Mapping[str, Mapping[str, Any]]) -> list[KeyOutcome]:
+    """A key folded before the split that a branch wrote back with the value it had is no change
+    (``_scoped_layers``), yet it must not stay folded: the process reads it again after the join.
+    Where no branch changed it otherwise, the join brings the value back."""
+    changed = {o.key for o in found if o.changed_by}
+    added: list[KeyOutcome] = []
+    for key, value in base_folded.items():
+        if key in changed or any(key in base.layer(layer) for layer in Layer):
+            continue
+        holders = {b: m[key] for b, m in raw_layers.items() if key in m and same_value(m[key], value)}
+        if holders:
+            first = next(iter(holders.values()))
+            added.append(KeyOutcome(key, DELETED, first, tuple(holders), results=holders))
+    if not added:
+        return found
+    gone = {o.key for o in added}
+    return [*(o for o in found if o.key not in gone), *added]
+
+
 def _left_alone(branch: LayeredContext, key: str, value: Any) -> bool:
     """Whether ``key`` holds ``value`` in the branch's WORKING, or, moved there by an activity, in its HISTORY."""
     working, history = branch.layer(Layer.WORKING), branch.layer(Layer.HISTORY)
@@ -1130,6 +1150,8 @@ def join_contexts(
         if layer == Layer.KNOWLEDGE:
             found = [_one_hit(o) for o in found]
         raw_layers = {b: branches[b].layer(layer) for b in order}
+        if base_folded and layer in (Layer.WORKING, Layer.HISTORY):
+            found = _written_back(found, base_folded, base, raw_layers)
         aliases: dict[str, tuple[str, str]] = {}
         if layer == Layer.HISTORY:
             found, aliases = _records_apart(found, [base_layer, *raw_layers.values()])

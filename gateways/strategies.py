@@ -22,8 +22,9 @@ base value). A key nobody changed keeps its base value.
   entry of one object (``approvals: {finance: ..., risk: ...}``) merge without a
   conflict. Two branches that change one entry differently cannot be merged: the key
   stays a conflict (``apply_reducer``) and is resolved as any conflict is, with the
-  branches' whole objects as its values; ``reduce_values`` raises ``ReducerError``
-  naming the entry. An absent base counts as ``{}``.
+  branches' whole objects as its values (``BRANCH_PRIORITY`` and ``LAST_WRITER_WINS``
+  then decide the colliding entries only, by their order, and keep the merged rest);
+  ``reduce_values`` raises ``ReducerError`` naming the entry. An absent base counts as ``{}``.
 
 Deletions: when every changing branch deleted the key, it is deleted (they agree).
 A deletion next to a value cannot be combined and raises ``ReducerError`` naming the
@@ -148,7 +149,10 @@ def _need_objects(key: str, values: Mapping[str, Any]) -> None:
                                "object; write objects to this key or change its reducer")
 
 
-def _merge_objects(path: str, base: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _merge_objects(path: str, base: Mapping[str, Any], changed: Mapping[str, Mapping[str, Any]],
+                   prefer: Sequence[str] = (), taken: list[str] | None = None) -> dict[str, Any]:
+    """``prefer``: branches, first first, whose entry a collision takes (a strategy's order), each
+    entry so decided named in ``taken``; without it a collision raises ``_EntryCollision``."""
     out = dict(base)
     entries = list(dict.fromkeys([*base, *(e for v in changed.values() for e in v)]))
     for entry in entries:
@@ -160,7 +164,11 @@ def _merge_objects(path: str, base: Mapping[str, Any], changed: Mapping[str, Map
         if len({value_key(n) for n in moved.values()}) == 1:
             new = next(iter(moved.values()))
         elif all(isinstance(n, Mapping) for n in moved.values()) and (old is DELETED or isinstance(old, Mapping)):
-            new = _merge_objects(f"{path}.{entry}", old if isinstance(old, Mapping) else {}, moved)
+            new = _merge_objects(f"{path}.{entry}", old if isinstance(old, Mapping) else {}, moved, prefer, taken)
+        elif (winner := next((b for b in prefer if b in moved), None)) is not None:
+            new = moved[winner]
+            if taken is not None:
+                taken.append(f"{path.partition('.')[2] + '.' if '.' in path else ''}{entry}")
         else:
             shown = ", ".join(f"{b!r}: {'(deleted)' if n is DELETED else repr(n)}" for b, n in moved.items())
             raise _EntryCollision(f"reducer 'merge' for key {path.split('.', 1)[0]!r}: branches changed the entry "
@@ -240,6 +248,19 @@ def resolve_by_strategy(
         raise conflict_error(conflicts, gateway_id=gateway_id, why="and mergeStrategy is FAIL_ON_CONFLICT",
                              todo="Make the branches write different keys, declare a reducer, or choose another mergeStrategy.")
     out = []
+
+    def settled(c: MergedConflict, first: str, order: Sequence[str]) -> tuple[Any, str]:
+        # a ``merge`` key: the strategy decides the entries that collide, the rest stays merged
+        values = c.conflicting_values
+        if config.reducers.get(c.key) != "merge" or not all(isinstance(v, Mapping) for v in values.values()) or not (
+                c.base_value is DELETED or isinstance(c.base_value, Mapping)):
+            return values[first], ""
+        taken: list[str] = []
+        base = c.base_value if isinstance(c.base_value, Mapping) else {}
+        merged = _merge_objects(c.key, base, values, order, taken)
+        return merged, (f"; reducer 'merge' kept every branch's other entries, the strategy decided "
+                        f"{', '.join(taken)}")
+
     if strategy == "LAST_WRITER_WINS":
         rank = {b: i for i, b in enumerate(arrival_order)}
         for c in conflicts:
@@ -248,8 +269,8 @@ def resolve_by_strategy(
                 raise ValueError(f"LAST_WRITER_WINS for key {c.key!r}: branches {unknown} are missing from "
                                  f"arrival_order {list(arrival_order)}")
             last = max(c.source_branches, key=rank.__getitem__)
-            out.append((c, Resolution(c.conflicting_values[last], "strategy",
-                                      f"LAST_WRITER_WINS: branch {last!r} reached the join last")))
+            value, why = settled(c, last, sorted(c.source_branches, key=rank.__getitem__, reverse=True))
+            out.append((c, Resolution(value, "strategy", f"LAST_WRITER_WINS: branch {last!r} reached the join last{why}")))
         return out
     if strategy == "BRANCH_PRIORITY":
         unresolved = []
@@ -263,8 +284,9 @@ def resolve_by_strategy(
             where = "" if first == ranking[0] else (
                 " of the branches that changed the key ("
                 + ", ".join(b for b in ranking if b in c.source_branches) + ")")
-            out.append((c, Resolution(c.conflicting_values[first], "strategy",
-                                      f"BRANCH_PRIORITY: branch {first!r} ranks first{where} in {ranking}")))
+            value, why = settled(c, first, [b for b in ranking if b in c.source_branches])
+            out.append((c, Resolution(value, "strategy",
+                                      f"BRANCH_PRIORITY: branch {first!r} ranks first{where} in {ranking}{why}")))
         if unresolved:
             missing = list(dict.fromkeys(b for c in unresolved for b in c.source_branches))
             todo = (f"List every branch of the gateway in branchPriority: add {', '.join(map(repr, missing))} "
