@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import immutables
 
-from .canonical import canonical_json, freeze, key_problem, thaw
+from .canonical import FrozenDict, canonical_json, freeze, key_problem, thaw
 from .errors import ContextKeyError, ContextValueError, ContextWriteDenied, LayerflowError
 from .layers import Layer
 from .markers import DELETED
@@ -89,6 +89,10 @@ def _check_task_id(task_id: object, op: str) -> None:
 # the last change, the frozen value.
 Slot = tuple[int, int, Any]
 _EMPTY: immutables.Map[str, Any] = immutables.Map()
+_NO_DATA = FrozenDict()
+# kinds tested on every event, as sets (a tuple of enum members is built anew at each test)
+_TAKES_SNAPSHOT = frozenset((EventKind.SNAPSHOT, EventKind.BEGIN))
+_ONE_KEY = frozenset((EventKind.WRITE, EventKind.DELETE))
 
 
 class _State(NamedTuple):
@@ -716,14 +720,16 @@ class LayeredContext:
 
     def _emit(self, kind: EventKind, actor: str, *, changes: Iterable[Change] = (), data: Mapping[str, Any] | None = None,
               activity: str | None = None, snapshot: Snapshot | None = None) -> Event:
-        data = dict(data or {})
         seq = self._tape.next_seq
-        if kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
-            data["snapshot_id"] = self.next_snapshot_id
-        try:
-            frozen = freeze(data)
-        except ValueError as err:  # a label, reason or note that no tape can carry (NaN, a lone surrogate)
-            raise ContextValueError(f"{kind.value} event data", str(err)) from None
+        if kind in _TAKES_SNAPSHOT:
+            data = {**(data or {}), "snapshot_id": self.next_snapshot_id}
+        if not data:
+            frozen = _NO_DATA  # most writes carry none: one frozen empty dict for all of them
+        else:
+            try:
+                frozen = freeze(data if type(data) is dict else dict(data))
+            except ValueError as err:  # a label, reason or note that no tape can carry (NaN, a lone surrogate)
+                raise ContextValueError(f"{kind.value} event data", str(err)) from None
         event = Event(seq=seq, kind=kind, time=self.clock(), actor=actor,
                       activity=activity if activity is not None else self._state.activity,
                       branch=self.branch_id, changes=tuple(changes), data=frozen, snapshot=snapshot)
@@ -754,7 +760,7 @@ class LayeredContext:
             s = self._apply_changes(s, e.changes, e.seq)
         if e.kind == EventKind.BEGIN:
             s = s._replace(activity=e.data["task_id"], activity_keys=_EMPTY, begin_snapshot=e.data["snapshot_id"])
-        elif e.kind in (EventKind.WRITE, EventKind.DELETE) and s.activity is not None:
+        elif e.kind in _ONE_KEY and s.activity is not None:
             key = e.changes[0][1]
             if key not in s.activity_keys:
                 s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, s.activity,
@@ -773,7 +779,7 @@ class LayeredContext:
                 for k in preserve:
                     m[k] = True
                 s = s._replace(preserved=m.finish())
-        if e.kind in (EventKind.SNAPSHOT, EventKind.BEGIN):
+        if e.kind in _TAKES_SNAPSHOT:
             sid = e.data["snapshot_id"]
             self._snapshots[sid] = Snapshot(id=sid, context=self.name, seq=e.seq, state=s, label=e.data.get("label"))
         return s

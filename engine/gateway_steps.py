@@ -211,12 +211,13 @@ class GatewaySteps:
     """Splits, XOR decisions, joins and the confirmations joins wait for."""
 
     engine: Engine
-    instance: Instance
     process: Process
     answers: dict[str, dict[str, Any]]
     _xor: dict[str, dict[str, bool]]
 
     if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.scope_steps.ScopeSteps
+        @property
+        def instance(self) -> Instance: ...  # held weakly (see _Runtime.__init__)
         def context_of(self, task: Any) -> LayeredContext: ...
         def find_waiting_task(self, task_id: str) -> Any: ...
         def _evaluate(self, task: Any, expression: str, external: Mapping[str, Any] | None = None) -> Any: ...

@@ -48,6 +48,7 @@ import re
 import time
 import traceback
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -157,6 +158,10 @@ class Instance:
     # set by whoever holds the instance's lease and must not run on without it (a worker): called with
     # the BPMN id of each task before it runs; raises ``engine.leases.LeaseLost`` when the lease is gone
     lease_check: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    # the engine's driver of the workflow (``_Runtime``), held here: the workflow holds it weakly
+    # (``spiff.attach``) and it holds this instance weakly, so a run leaves no reference cycle
+    # beyond SpiffWorkflow's own; not saved
+    runtime: Any = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def process_id(self) -> str:
@@ -1546,7 +1551,7 @@ def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -
 # =============================================================================== driver
 
 def _runtime_of(instance: Instance) -> "_Runtime":
-    rt = getattr(instance.workflow, "layerflow", None)
+    rt = spiff.driver_of_workflow(instance.workflow)
     if not isinstance(rt, _Runtime):
         raise LayerflowError(f"instance {instance.id} has no engine attached; load it with Engine.load")
     return rt
@@ -1721,7 +1726,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
     def __init__(self, engine: Engine, instance: Instance) -> None:
         self.engine = engine
-        self.instance = instance
+        # The instance holds its runtime, and the runtime (like the workflow, see ``spiff.attach``)
+        # holds it weakly: a strong reference back would put everything a run builds (contexts,
+        # tapes, snapshots) on a reference cycle (with SpiffWorkflow's task <-> workflow one), freed
+        # only by the cyclic garbage collector, ~800 objects a loan demo run, ~10% of its time.
+        # Whoever drives the workflow holds the instance.
+        self._instance = weakref.ref(instance)
+        instance.runtime = self
         self.process = instance.process
         self.user_data: dict[str, dict[str, Any]] = {}
         # confirmation id -> {"value", "resolver"}: answers waiting for their join to re-run
@@ -1734,6 +1745,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
         self._caught_starts: list[Any] = []  # see start_caught
         self.record_cache = _RecordCache()
         spiff.attach(instance.workflow, self)
+
+    @property
+    def instance(self) -> Instance:
+        instance = self._instance()
+        if instance is None:
+            raise LayerflowError("this workflow's instance is gone (nothing holds it any more); keep the Instance "
+                                 "that Engine.start, run or load returned while you drive its workflow")
+        return instance
 
     # ----- running the workflow ------------------------------------------------------
 
@@ -3172,7 +3191,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
     Stored and loaded, ``contexts[name]`` equals ``ctx.to_dict()`` and ``workflow`` is
     the object ``spiff.serialize_json`` encodes.
     """
-    rt = getattr(instance.workflow, "layerflow", None)
+    rt = spiff.driver_of_workflow(instance.workflow)
     cache: _RecordCache = rt.record_cache if isinstance(rt, _Runtime) else _RecordCache()
     try:
         workflow = JSONText(spiff.serialize_json(instance.workflow))

@@ -154,12 +154,13 @@ class ScopeSteps:
     """Timers, sub-processes, event sub-processes and boundary-event paths."""
 
     engine: Engine
-    instance: Instance
     process: Process
 
     _caught_starts: list[Any]  # start events to run next (``start_caught``)
 
     if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.gateway_steps.GatewaySteps
+        @property
+        def instance(self) -> Instance: ...  # held weakly (see _Runtime.__init__)
         def context_of(self, task: Any) -> LayeredContext: ...
         def abort_multi(self, task: Any, err: BaseException) -> None: ...
         def exec_script(self, task: Any, script: str) -> bool: ...

@@ -149,6 +149,7 @@ __all__ = [
     "new_workflow",
     "attach",
     "driver_of",
+    "driver_of_workflow",
     "context_name_of",
     "element_config_texts",
     "is_activity",
@@ -246,7 +247,13 @@ class Driver(Protocol):
 
 
 def driver_of(task: Any) -> Driver | None:
-    return getattr(task.workflow.top_workflow, "layerflow", None)
+    return driver_of_workflow(task.workflow.top_workflow)
+
+
+def driver_of_workflow(wf: Any) -> Driver | None:
+    """The driver ``attach`` gave ``wf`` (None: none, or it is gone)."""
+    ref = getattr(wf, "layerflow", None)
+    return ref() if ref is not None else None
 
 
 def _parent_across_subprocess(task: Any) -> Any:
@@ -2462,7 +2469,7 @@ class _InterruptAwareEvents(EventManager):  # type: ignore[misc]
         In a collaboration a pool's message that a pool can catch waits there for its receiver
         instead (``deliver_pending``); one no pool catches, and a signal (a broadcast, never kept
         for later), leave the instance as a single process's do."""
-        driver = getattr(self.workflow, "layerflow", None)
+        driver = driver_of_workflow(self.workflow)
         if thrower is None or driver is None:
             return
         if is_collaboration(self.workflow.spec) and isinstance(event.event_definition, MessageEventDefinition) \
@@ -2487,9 +2494,12 @@ def message_catch_names(workflow: Any) -> frozenset[str]:
 
 
 def attach(wf: BpmnWorkflow, driver: Driver | None) -> BpmnWorkflow:
-    """Make ``driver`` the hook object of ``wf`` (after creating or deserializing it)."""
+    """Make ``driver`` the hook object of ``wf`` (after creating or deserializing it), held weakly
+    (``driver_of_workflow``): SpiffWorkflow's tasks and workflow refer to one another, and a strong
+    reference would hang all the driver holds on that cycle, for the cyclic garbage collector to
+    free. Whoever drives the workflow keeps the driver alive (the engine's instance does)."""
     wf.script_engine = LayerflowScriptEngine()
-    wf.layerflow = driver
+    wf.layerflow = weakref.ref(driver) if driver is not None else None
     if type(wf.event_manager) is EventManager:
         events = _InterruptAwareEvents(wf)
         events.tasks = wf.event_manager.tasks  # the tasks waiting for an event, as loaded
