@@ -71,8 +71,8 @@ from .attention import (
     is_compressed,
     is_compressor_record,
 )
-from .canonical import canonical_json
-from .compress_rules import Judged, SummaryCache, apply_rules, extract_paths
+from .canonical import canonical_json, thaw
+from .compress_rules import Judged, SummaryCache, apply_rules, counter_basis, extract_paths
 from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext, entry_kind
 from .errors import ContextKeyError
@@ -946,7 +946,8 @@ def _decompress_merged(ctx: LayeredContext, source: LayeredContext, snapshot_id:
     def same(a: Any, b: Any) -> bool:
         if a is DELETED or b is DELETED:
             return a is b
-        return a is b or canonical_json(a) == canonical_json(b)
+        # a counter the join told which of its kept entries another branch folded is still this count
+        return a is b or canonical_json(counter_basis(thaw(a))) == canonical_json(counter_basis(thaw(b)))
 
     # a key changed since (or that the join took from another branch) keeps its value
     changes = [(Layer.HISTORY, key, before.get(key, DELETED)) for key, value in left.items()

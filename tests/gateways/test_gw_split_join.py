@@ -598,7 +598,14 @@ def test_log_lines_compressed_differently_in_two_branches(how_a: str, how_b: str
     if counted is None:
         assert "summary:count:log_line" not in history
     else:
-        assert history["summary:count:log_line"]["count"] == counted
+        counter = history["summary:count:log_line"]
+        assert counter["count"] == counted
+        # the counter says exactly what became of the lines it counted: each it lists as kept is
+        # in HISTORY, and those another branch's fold took are named as folded, not as kept
+        assert [k for k in counter["kept"] if k in history] == counter["kept"]
+        gone = [k for k in ("log_line_10", "log_line_11") if k not in history]
+        assert counter.get("folded", []) == gone
+        assert counter["count"] == counter["dropped"] + len(counter["kept"]) + len(gone)
     # no line is kept verbatim beside the compaction record that summarises it
     for key, record in history.items():
         if key.startswith("compaction:"):
