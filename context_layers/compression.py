@@ -793,7 +793,9 @@ def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, 
 
 @dataclass(frozen=True)
 class EvaluateReport:
-    """A compression's effect: the context now against the snapshot taken before it."""
+    """A compression's effect: the context as that compression left it (``after_seq``: the
+    sequence number of its event; of the context's last event for a snapshot no compression
+    took) against the snapshot taken before it."""
 
     snapshot_id: str
     tokens_before: int
@@ -804,6 +806,7 @@ class EvaluateReport:
     preserved_intact: bool
     changed_preserved: list[str]
     checked_preserved: list[str]
+    after_seq: int | None = None
 
     @property
     def reduction(self) -> float:
@@ -819,7 +822,7 @@ class EvaluateReport:
                 "attention_before": self.attention_before.to_dict(),
                 "attention_after": self.attention_after.to_dict(),
                 "preserved_intact": self.preserved_intact, "changed_preserved": list(self.changed_preserved),
-                "checked_preserved": list(self.checked_preserved)}
+                "checked_preserved": list(self.checked_preserved), "after_seq": self.after_seq}
 
 
 ConfigArg = ActivityExtensionConfig | Mapping[str, Any] | None
@@ -857,9 +860,12 @@ def _snapshot_of(ctx: LayeredContext, ref: object, op: str) -> str:
 def evaluate(ctx: LayeredContext, before_snapshot_id: SnapshotRef | ConfigArg = None,
              config: ConfigArg = None, *,
              recent_activities: int = RECENT_ACTIVITIES) -> EvaluateReport:
-    """Tokens and attention scores before (the snapshot) vs now, and whether every
-    preserved key in HISTORY or WORKING before is still there with byte-identical
-    canonical JSON (a key that moved between the two layers still counts as intact).
+    """Tokens and attention scores before (the snapshot) vs right after the compression that took
+    it, and whether every preserved key in HISTORY or WORKING before is still there with
+    byte-identical canonical JSON (a key that moved between the two layers still counts as intact).
+    The context after is rebuilt from the tape up to the compression's event, as ``replay`` does:
+    what ran since (an activity, an operator's inject, a later compression) is no effect of this
+    one. A snapshot no compression took is compared with the context now.
 
     ``before_snapshot_id`` may be a ``CompressResult``, or left out for the latest
     compression; ``evaluate(ctx, config)`` is that too, with the config."""
@@ -871,7 +877,11 @@ def evaluate(ctx: LayeredContext, before_snapshot_id: SnapshotRef | ConfigArg = 
     snap = ctx.get_snapshot(_snapshot_of(ctx, before_snapshot_id, "evaluate"))
     config = as_config(config, source="evaluate")
     then = Scope.of(snap, config)
-    now = Scope.of(ctx, config)
+    made = next((e for e in ctx.tape.since(snap.seq + 1)
+                 if e.data.get("note") == "compress" and e.data.get("snapshot_id") == snap.id), None)
+    after = ctx if made is None or made.seq == ctx.tape[-1].seq else LayeredContext.replay(
+        ctx.tape, until=made.seq, name=ctx.name, encoding=ctx.encoding)
+    now = Scope.of(after, config)
     pinned = then.preserved | now.preserved
     old = {e.key: e.value for e in then.entries if e.key in pinned}
     new = {e.key: e.value for e in now.entries if e.key in pinned}
@@ -881,7 +891,8 @@ def evaluate(ctx: LayeredContext, before_snapshot_id: SnapshotRef | ConfigArg = 
         ratio=now.tokens / then.tokens if then.tokens else 1.0,
         attention_before=AttentionScore.of_scope(then, recent_activities=recent_activities),
         attention_after=AttentionScore.of_scope(now, recent_activities=recent_activities),
-        preserved_intact=not changed, changed_preserved=changed, checked_preserved=sorted(old))
+        preserved_intact=not changed, changed_preserved=changed, checked_preserved=sorted(old),
+        after_seq=made.seq if made is not None else (ctx.tape[-1].seq if len(ctx.tape) else None))
 
 
 @dataclass(frozen=True)
