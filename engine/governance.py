@@ -1050,7 +1050,7 @@ class GovernanceService:
             "attention": AttentionScore.compute(ctx, cfg).to_dict(),
             "compress_status": {"would_trigger": decision.triggers, "explain": decision.explain(),
                                 "thresholds": decision.thresholds,
-                                "compressions": [c for c in instance.compressions
+                                "compressions": [c for c in instance.compression_records()
                                                  if c.get("context", MAIN) == ctx.name]},
             "conflicts": [c for c in instance.conflicts if c.get("resolution") is None],
             "branches": [{"context": n, "branch_id": i.get("branch_id"), "gateway": i.get("gateway"),
@@ -1190,13 +1190,18 @@ class GovernanceService:
     @staticmethod
     def _last_compression(instance: Instance, ctx: LayeredContext, *, merged: bool = False) -> str:
         """The latest compression of ``ctx`` (``merged``: or of a branch merged into it since)."""
+        undone = []
         for c in reversed(instance.compression_records()):
-            if c.get("undone"):
-                continue  # its activity failed and put HISTORY back: nothing of it to evaluate or undo
             name = c.get("context", MAIN)
-            if c.get("snapshot_id") and (name == ctx.name or merged and _merged_into(instance, name, ctx.name)):
-                return str(c["snapshot_id"])
-        raise BadRequest(f"context {ctx.name!r} of instance {instance.id} has no compression to refer to; "
+            if not c.get("snapshot_id") or not (name == ctx.name or merged and _merged_into(instance, name, ctx.name)):
+                continue
+            if c.get("undone"):
+                # put back (its activity failed, a decompress, a rollback): nothing of it to evaluate or undo
+                undone.append(f"{c['snapshot_id']} (undone by {c['undone'].get('by')} at event {c['undone'].get('seq')})")
+                continue
+            return str(c["snapshot_id"])
+        why = f"; its compressions were undone: {', '.join(reversed(undone))}" if undone else ""
+        raise BadRequest(f"context {ctx.name!r} of instance {instance.id} has no compression to refer to{why}; "
                          "pass before_snapshot_id / snapshot_id")
 
     def _compress_config(self, instance: Instance, args: CompressArgs) -> ActivityExtensionConfig:
