@@ -759,17 +759,20 @@ def _counters(base: Snapshot, counted: Mapping[str, Mapping[str, _Counted | None
 
 def _counters_told(base_h: Mapping[str, Any], changes: dict[Layer, list[tuple[str, Any]]],
                    folded: frozenset[str]) -> None:
-    """Make each ``count_only`` counter of the merged HISTORY say what became of the entries it
-    lists as kept: one the join removes (another branch's fold took it, ``folded``; or a branch
-    removed it) is no longer kept verbatim, so it moves from ``kept`` to ``folded`` (``deleted``),
-    still counted. ``changes`` (the join's, per layer) is updated in place."""
+    """Make each ``count_only`` counter a branch brings say what became of the entries it lists as
+    kept: one the join removes (another branch's fold took it, ``folded``; or a branch removed it)
+    is no longer kept, so it moves from ``kept`` to ``folded`` (``deleted``), still counted.
+    ``changes`` (the join's, per layer) is updated in place. (A counter of the base needs no
+    telling: each branch's folds leave the entries it keeps, as the compressor does.) O(changes)."""
     history = changes.get(Layer.HISTORY, [])
+    if not any(value is DELETED for _, value in history):
+        return
     merged = _Overlay(base_h, dict(history))
     told: dict[str, Any] = {}
-    for key, _ in [*history, *((k, None) for k in base_h if k.startswith(COUNT_PREFIX))]:
-        if key in told or not key.startswith(COUNT_PREFIX) or key not in merged:
+    for key, value in history:
+        if not key.startswith(COUNT_PREFIX) or value is DELETED:
             continue
-        record = thaw(merged[key])
+        record = thaw(value)
         if not isinstance(record, Mapping) or not is_protected_record(key, record):
             continue
         kept = [k for k in record.get("kept") or () if isinstance(k, str)]
@@ -781,7 +784,7 @@ def _counters_told(base_h: Mapping[str, Any], changes: dict[Layer, list[tuple[st
             gone.setdefault("folded" if k in folded else "deleted", []).append(k)
         told[key] = {**record, "kept": [k for k in kept if k in merged], **gone}
     if told:
-        changes[Layer.HISTORY] = [*((k, told.pop(k) if k in told else v) for k, v in history), *told.items()]
+        changes[Layer.HISTORY] = [(k, told.get(k, v)) for k, v in history]
 
 
 class Unfolded(NamedTuple):

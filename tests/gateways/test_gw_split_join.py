@@ -622,6 +622,31 @@ def test_log_lines_compressed_differently_in_two_branches(how_a: str, how_b: str
     assert history["a_out"] == "a finding " * 6 and history["b_out"] == "b finding " * 6
 
 
+def test_a_counter_does_not_list_as_kept_an_entry_another_branch_deleted() -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    activity(ctx, "timeline", LOG_LINES)
+    a, b = split(ctx, ["a", "b"])
+    activity(a.context, "ta", {"a_out": "a"})
+    assert RuleDrivenCompressor().compress(a.context, {"compressRules": [COUNT_LOGS]}, triggers=[]).changed
+    activity(b.context, "tb", {"b_out": "b"}, deletes=("log_line_11",))  # a decision, not a compression
+    result = join(ctx, [a, b])
+    assert result.conflicts == [] and result.complete
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    assert [k for k in history if k in LOG_LINES] == ["log_line_10"]
+    assert history["summary:count:log_line"] == {"kind": "count", "_compressed": "count_only", "pattern": "log_line",
+                                                 "count": 12, "dropped": 10, "kept": ["log_line_10"],
+                                                 "deleted": ["log_line_11"]}
+    assert LayeredContext.replay(ctx.tape) == ctx
+    # a later count goes on from it: the entries it counted stay counted
+    activity(ctx, "more", {"log_line_12": "09:12 pager: one more", "log_line_13": "09:13 pager: and one more",
+                           "log_line_14": "09:14 pager: the last"})
+    assert RuleDrivenCompressor().compress(ctx, {"compressRules": [COUNT_LOGS]}, triggers=[]).changed
+    counter = ctx.layer(Layer.HISTORY)["summary:count:log_line"]
+    assert counter == {"kind": "count", "_compressed": "count_only", "pattern": "log_line", "count": 15,
+                       "dropped": 12, "kept": ["log_line_13", "log_line_14"], "deleted": ["log_line_11"]}
+
+
 def test_merged_conflicts_accumulate_over_joins() -> None:
     ctx = loan_parent()
     cfg = config_from_dict({"mergeStrategy": "LAST_WRITER_WINS"})
