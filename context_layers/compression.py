@@ -795,7 +795,8 @@ def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, 
 class EvaluateReport:
     """A compression's effect: the context as that compression left it (``after_seq``: the
     sequence number of its event; of the context's last event for a snapshot no compression
-    took) against the snapshot taken before it."""
+    took) against the snapshot taken before it; ``changed_preserved_since``: the preserved keys
+    changed after it."""
 
     snapshot_id: str
     tokens_before: int
@@ -807,6 +808,9 @@ class EvaluateReport:
     changed_preserved: list[str]
     checked_preserved: list[str]
     after_seq: int | None = None
+    # preserved keys the compression left that changed after it (an activity, an operator's
+    # inject): none of the compression's doing, but no longer what it kept
+    changed_preserved_since: list[str] = field(default_factory=list)
 
     @property
     def reduction(self) -> float:
@@ -822,7 +826,8 @@ class EvaluateReport:
                 "attention_before": self.attention_before.to_dict(),
                 "attention_after": self.attention_after.to_dict(),
                 "preserved_intact": self.preserved_intact, "changed_preserved": list(self.changed_preserved),
-                "checked_preserved": list(self.checked_preserved), "after_seq": self.after_seq}
+                "checked_preserved": list(self.checked_preserved), "after_seq": self.after_seq,
+                "changed_preserved_since": list(self.changed_preserved_since)}
 
 
 ConfigArg = ActivityExtensionConfig | Mapping[str, Any] | None
@@ -885,14 +890,24 @@ def evaluate(ctx: LayeredContext, before_snapshot_id: SnapshotRef | ConfigArg = 
     pinned = then.preserved | now.preserved
     old = {e.key: e.value for e in then.entries if e.key in pinned}
     new = {e.key: e.value for e in now.entries if e.key in pinned}
-    changed = sorted(k for k, v in old.items() if k not in new or canonical_json(new[k]) != canonical_json(v))
+    changed = _changed(old, new)
+    since: list[str] = []
+    if after is not ctx:  # what became of them since, by the activities and operators after it
+        current = Scope.of(ctx, config)
+        since = _changed(new, {e.key: e.value for e in current.entries if e.key in pinned | current.preserved})
     return EvaluateReport(
         snapshot_id=snap.id, tokens_before=then.tokens, tokens_after=now.tokens,
         ratio=now.tokens / then.tokens if then.tokens else 1.0,
         attention_before=AttentionScore.of_scope(then, recent_activities=recent_activities),
         attention_after=AttentionScore.of_scope(now, recent_activities=recent_activities),
         preserved_intact=not changed, changed_preserved=changed, checked_preserved=sorted(old),
-        after_seq=made.seq if made is not None else (ctx.tape[-1].seq if len(ctx.tape) else None))
+        after_seq=made.seq if made is not None else (ctx.tape[-1].seq if len(ctx.tape) else None),
+        changed_preserved_since=since)
+
+
+def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The keys of ``old`` that ``new`` lacks or holds with other canonical JSON, sorted."""
+    return sorted(k for k, v in old.items() if k not in new or canonical_json(new[k]) != canonical_json(v))
 
 
 @dataclass(frozen=True)

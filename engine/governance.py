@@ -422,7 +422,8 @@ class CompressArgs(_Args):
         default_factory=list, description="keys no compression may drop or alter (kept preserved afterwards)")
     compress_rules: list[CompressRule] = Field(default_factory=list, description="extra rules for this compression")
     max_tokens: int | None = Field(default=None, gt=0, description="compress HISTORY+WORKING down to at most this many tokens")
-    before_snapshot_id: str | None = Field(default=None, description="evaluate: the snapshot taken before the compression")
+    before_snapshot_id: str | None = Field(default=None, description="evaluate: the snapshot taken before the compression "
+                                              "(compared with the context as that compression left it)")
     snapshot_id: str | None = Field(default=None, description="decompress: the snapshot to put HISTORY back to")
     context: ContextName = None
     activity_id: str | None = Field(default=None, description="start from this activity's config")
