@@ -366,10 +366,10 @@ def _count_only(items: Items, matched: list[int], rule: CompressRule, tokens: Ca
     if old is not None and not is_protected_record(key, old):
         return RuleOutcome(items=tuple(items))  # the key is taken by something else: leave it
     dropped = (old.get("dropped", 0) if isinstance(old, dict) else 0) + len(drop)
-    gone = counter_gone(old)
-    record = {"kind": "count", "_compressed": "count_only", "pattern": rule.pattern,
-              "count": dropped + len(keep) + sum(map(len, gone.values())), "dropped": dropped,
-              "kept": [items[i][0] for i in keep], **gone}
+    away = counter_gone(old)
+    record: dict[str, Any] = {"kind": "count", "_compressed": "count_only", "pattern": rule.pattern,
+                              "count": dropped + len(keep) + sum(map(len, away.values())), "dropped": dropped,
+                              "kept": [items[i][0] for i in keep], **away}
     saved = sum(tokens(items[i][1]) for i in drop)
     grown = tokens(record) - (tokens(old) if old is not None else 0)
     if grown >= saved:
