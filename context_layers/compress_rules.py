@@ -31,6 +31,10 @@ Actions:
   verbatim and replace the others by one counter record
   ``summary:count:<pattern>`` = ``{"kind": "count", "_compressed": "count_only",
   "pattern", "count" (entries seen), "dropped" (entries removed), "kept" (keys)}``.
+  An entry the counter kept that a parallel branch's fold took away at a join is no longer
+  listed as kept: the join moves it to ``"folded"`` (or ``"deleted"``, when a branch removed
+  it), so ``count == dropped + len(kept) + len(folded) + len(deleted)``; a later count goes
+  on from those (``counter_gone``).
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ __all__ = [
     "apply_rule",
     "apply_rules",
     "count_key",
+    "counter_basis",
+    "counter_gone",
     "extract_paths",
     "get_path",
 ]
@@ -96,6 +102,29 @@ class SummaryCache:
 
 def is_protected_record(key: str, value: Any) -> bool:
     return key.startswith("compaction:") or (isinstance(value, dict) and value.get("_compressed") == "count_only")
+
+
+COUNTER_GONE = ("folded", "deleted")  # a counter's kept entries a join took away, by how
+
+
+def counter_gone(record: Any) -> dict[str, list[str]]:
+    """The entries a ``count_only`` counter kept that a join took away since (``COUNTER_GONE``):
+    counted, but neither dropped by the counter nor kept verbatim."""
+    if not isinstance(record, Mapping):
+        return {}
+    return {field_: [k for k in record[field_] if isinstance(k, str)] for field_ in COUNTER_GONE
+            if isinstance(record.get(field_), (list, tuple)) and record[field_]}
+
+
+def counter_basis(record: Any) -> Any:
+    """A counter as the compression wrote it, before a join took kept entries away (their order in
+    ``kept`` aside): two counters with one basis are the same count of the same entries."""
+    gone = counter_gone(record)
+    if not gone or not isinstance(record, Mapping):
+        return record
+    kept = [k for k in record.get("kept") or () if isinstance(k, str)]
+    return {**{k: v for k, v in record.items() if k not in COUNTER_GONE},
+            "kept": sorted([*kept, *(k for keys in gone.values() for k in keys)])}
 
 
 def get_path(value: Any, path: str) -> tuple[bool, Any]:
@@ -337,8 +366,10 @@ def _count_only(items: Items, matched: list[int], rule: CompressRule, tokens: Ca
     if old is not None and not is_protected_record(key, old):
         return RuleOutcome(items=tuple(items))  # the key is taken by something else: leave it
     dropped = (old.get("dropped", 0) if isinstance(old, dict) else 0) + len(drop)
-    record = {"kind": "count", "_compressed": "count_only", "pattern": rule.pattern,
-              "count": dropped + len(keep), "dropped": dropped, "kept": [items[i][0] for i in keep]}
+    away = counter_gone(old)
+    record: dict[str, Any] = {"kind": "count", "_compressed": "count_only", "pattern": rule.pattern,
+                              "count": dropped + len(keep) + sum(map(len, away.values())), "dropped": dropped,
+                              "kept": [items[i][0] for i in keep], **away}
     saved = sum(tokens(items[i][1]) for i in drop)
     grown = tokens(record) - (tokens(old) if old is not None else 0)
     if grown >= saved:

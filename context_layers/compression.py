@@ -71,8 +71,8 @@ from .attention import (
     is_compressed,
     is_compressor_record,
 )
-from .canonical import canonical_json
-from .compress_rules import Judged, SummaryCache, apply_rules, extract_paths
+from .canonical import canonical_json, thaw
+from .compress_rules import Judged, SummaryCache, apply_rules, counter_basis, extract_paths
 from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext, entry_kind
 from .errors import ContextKeyError
@@ -793,7 +793,10 @@ def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, 
 
 @dataclass(frozen=True)
 class EvaluateReport:
-    """A compression's effect: the context now against the snapshot taken before it."""
+    """A compression's effect: the context as that compression left it (``after_seq``: the
+    sequence number of its event; of the context's last event for a snapshot no compression
+    took) against the snapshot taken before it; ``changed_preserved_since``: the preserved keys
+    changed after it."""
 
     snapshot_id: str
     tokens_before: int
@@ -804,6 +807,10 @@ class EvaluateReport:
     preserved_intact: bool
     changed_preserved: list[str]
     checked_preserved: list[str]
+    after_seq: int | None = None
+    # preserved keys the compression left that changed after it (an activity, an operator's
+    # inject): none of the compression's doing, but no longer what it kept
+    changed_preserved_since: list[str] = field(default_factory=list)
 
     @property
     def reduction(self) -> float:
@@ -819,7 +826,8 @@ class EvaluateReport:
                 "attention_before": self.attention_before.to_dict(),
                 "attention_after": self.attention_after.to_dict(),
                 "preserved_intact": self.preserved_intact, "changed_preserved": list(self.changed_preserved),
-                "checked_preserved": list(self.checked_preserved)}
+                "checked_preserved": list(self.checked_preserved), "after_seq": self.after_seq,
+                "changed_preserved_since": list(self.changed_preserved_since)}
 
 
 ConfigArg = ActivityExtensionConfig | Mapping[str, Any] | None
@@ -857,9 +865,12 @@ def _snapshot_of(ctx: LayeredContext, ref: object, op: str) -> str:
 def evaluate(ctx: LayeredContext, before_snapshot_id: SnapshotRef | ConfigArg = None,
              config: ConfigArg = None, *,
              recent_activities: int = RECENT_ACTIVITIES) -> EvaluateReport:
-    """Tokens and attention scores before (the snapshot) vs now, and whether every
-    preserved key in HISTORY or WORKING before is still there with byte-identical
-    canonical JSON (a key that moved between the two layers still counts as intact).
+    """Tokens and attention scores before (the snapshot) vs right after the compression that took
+    it, and whether every preserved key in HISTORY or WORKING before is still there with
+    byte-identical canonical JSON (a key that moved between the two layers still counts as intact).
+    The context after is rebuilt from the tape up to the compression's event, as ``replay`` does:
+    what ran since (an activity, an operator's inject, a later compression) is no effect of this
+    one. A snapshot no compression took is compared with the context now.
 
     ``before_snapshot_id`` may be a ``CompressResult``, or left out for the latest
     compression; ``evaluate(ctx, config)`` is that too, with the config."""
@@ -871,17 +882,32 @@ def evaluate(ctx: LayeredContext, before_snapshot_id: SnapshotRef | ConfigArg = 
     snap = ctx.get_snapshot(_snapshot_of(ctx, before_snapshot_id, "evaluate"))
     config = as_config(config, source="evaluate")
     then = Scope.of(snap, config)
-    now = Scope.of(ctx, config)
+    made = next((e for e in ctx.tape.since(snap.seq + 1)
+                 if e.data.get("note") == "compress" and e.data.get("snapshot_id") == snap.id), None)
+    after = ctx if made is None or made.seq == ctx.tape[-1].seq else LayeredContext.replay(
+        ctx.tape, until=made.seq, name=ctx.name, encoding=ctx.encoding)
+    now = Scope.of(after, config)
     pinned = then.preserved | now.preserved
     old = {e.key: e.value for e in then.entries if e.key in pinned}
     new = {e.key: e.value for e in now.entries if e.key in pinned}
-    changed = sorted(k for k, v in old.items() if k not in new or canonical_json(new[k]) != canonical_json(v))
+    changed = _changed(old, new)
+    since: list[str] = []
+    if after is not ctx:  # what became of them since, by the activities and operators after it
+        current = Scope.of(ctx, config)
+        since = _changed(new, {e.key: e.value for e in current.entries if e.key in pinned | current.preserved})
     return EvaluateReport(
         snapshot_id=snap.id, tokens_before=then.tokens, tokens_after=now.tokens,
         ratio=now.tokens / then.tokens if then.tokens else 1.0,
         attention_before=AttentionScore.of_scope(then, recent_activities=recent_activities),
         attention_after=AttentionScore.of_scope(now, recent_activities=recent_activities),
-        preserved_intact=not changed, changed_preserved=changed, checked_preserved=sorted(old))
+        preserved_intact=not changed, changed_preserved=changed, checked_preserved=sorted(old),
+        after_seq=made.seq if made is not None else (ctx.tape[-1].seq if len(ctx.tape) else None),
+        changed_preserved_since=since)
+
+
+def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The keys of ``old`` that ``new`` lacks or holds with other canonical JSON, sorted."""
+    return sorted(k for k, v in old.items() if k not in new or canonical_json(new[k]) != canonical_json(v))
 
 
 @dataclass(frozen=True)
@@ -946,7 +972,8 @@ def _decompress_merged(ctx: LayeredContext, source: LayeredContext, snapshot_id:
     def same(a: Any, b: Any) -> bool:
         if a is DELETED or b is DELETED:
             return a is b
-        return a is b or canonical_json(a) == canonical_json(b)
+        # a counter the join told which of its kept entries another branch folded is still this count
+        return a is b or canonical_json(counter_basis(thaw(a))) == canonical_json(counter_basis(thaw(b)))
 
     # a key changed since (or that the join took from another branch) keeps its value
     changes = [(Layer.HISTORY, key, before.get(key, DELETED)) for key, value in left.items()

@@ -217,6 +217,17 @@ _FALLBACK_TEXT = {"expression": "its condition expressions decided", "default": 
                   "None": "nothing decided yet"}
 
 
+def _undone_text(undone: Any) -> str:
+    """How a compression the instance lists was undone (``Instance.compression_records``)."""
+    if not isinstance(undone, dict):
+        return ""
+    if undone.get("by") == "abort":
+        return f"; undone: activity {undone.get('task_id')} failed after it"
+    where = f" of {undone['context']}" if undone.get("context") else ""
+    to = f" to {undone['snapshot_id']}" if undone.get("snapshot_id") else ""
+    return f"; undone by {undone.get('by')}{to} (event {undone.get('seq')}{where})"
+
+
 def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:
     """One line per element and purpose where the configured model gave no usable answer."""
     grouped: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
@@ -257,7 +268,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     for c in doc["compressions"]:
         lines.append(f"  compression at {c.get('activity_id')}: {c.get('tokens_before')} -> {c.get('tokens_after')} tokens "
                      f"({', '.join(c.get('triggers') or [])})"
-                     + (f"; undone: activity {c['undone']['task_id']} failed after it" if c.get("undone") else ""))
+                     + _undone_text(c.get("undone")))
     _fallback_lines(lines, doc.get("model_fallbacks") or [])
     for m in doc.get("messages_out") or []:
         signal = " --signal" if m["kind"] == "signal" else ""
@@ -1477,7 +1488,7 @@ def _compression_line(c: dict[str, Any]) -> str:
     before, after = c.get("tokens_before"), c.get("tokens_after")
     ratio = f" (ratio {c['ratio']:.2f})" if isinstance(c.get("ratio"), float) else ""
     return (f"{c.get('activity_id')}\t{before} -> {after} tokens{ratio}\t{', '.join(c.get('triggers') or [])}\t"
-            f"snapshot {c.get('snapshot_id')}")
+            f"snapshot {c.get('snapshot_id')}{_undone_text(c.get('undone'))}")
 
 
 def _attention_delta(c: dict[str, Any]) -> str:

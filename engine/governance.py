@@ -422,7 +422,8 @@ class CompressArgs(_Args):
         default_factory=list, description="keys no compression may drop or alter (kept preserved afterwards)")
     compress_rules: list[CompressRule] = Field(default_factory=list, description="extra rules for this compression")
     max_tokens: int | None = Field(default=None, gt=0, description="compress HISTORY+WORKING down to at most this many tokens")
-    before_snapshot_id: str | None = Field(default=None, description="evaluate: the snapshot taken before the compression")
+    before_snapshot_id: str | None = Field(default=None, description="evaluate: the snapshot taken before the compression "
+                                              "(compared with the context as that compression left it)")
     snapshot_id: str | None = Field(default=None, description="decompress: the snapshot to put HISTORY back to")
     context: ContextName = None
     activity_id: str | None = Field(default=None, description="start from this activity's config")
@@ -1050,7 +1051,7 @@ class GovernanceService:
             "attention": AttentionScore.compute(ctx, cfg).to_dict(),
             "compress_status": {"would_trigger": decision.triggers, "explain": decision.explain(),
                                 "thresholds": decision.thresholds,
-                                "compressions": [c for c in instance.compressions
+                                "compressions": [c for c in instance.compression_records()
                                                  if c.get("context", MAIN) == ctx.name]},
             "conflicts": [c for c in instance.conflicts if c.get("resolution") is None],
             "branches": [{"context": n, "branch_id": i.get("branch_id"), "gateway": i.get("gateway"),
@@ -1190,13 +1191,18 @@ class GovernanceService:
     @staticmethod
     def _last_compression(instance: Instance, ctx: LayeredContext, *, merged: bool = False) -> str:
         """The latest compression of ``ctx`` (``merged``: or of a branch merged into it since)."""
+        undone = []
         for c in reversed(instance.compression_records()):
-            if c.get("undone"):
-                continue  # its activity failed and put HISTORY back: nothing of it to evaluate or undo
             name = c.get("context", MAIN)
-            if c.get("snapshot_id") and (name == ctx.name or merged and _merged_into(instance, name, ctx.name)):
-                return str(c["snapshot_id"])
-        raise BadRequest(f"context {ctx.name!r} of instance {instance.id} has no compression to refer to; "
+            if not c.get("snapshot_id") or not (name == ctx.name or merged and _merged_into(instance, name, ctx.name)):
+                continue
+            if c.get("undone"):
+                # put back (its activity failed, a decompress, a rollback): nothing of it to evaluate or undo
+                undone.append(f"{c['snapshot_id']} (undone by {c['undone'].get('by')} at event {c['undone'].get('seq')})")
+                continue
+            return str(c["snapshot_id"])
+        why = f"; its compressions were undone: {', '.join(reversed(undone))}" if undone else ""
+        raise BadRequest(f"context {ctx.name!r} of instance {instance.id} has no compression to refer to{why}; "
                          "pass before_snapshot_id / snapshot_id")
 
     def _compress_config(self, instance: Instance, args: CompressArgs) -> ActivityExtensionConfig:

@@ -210,26 +210,65 @@ class Instance:
         }
 
     def compression_records(self) -> list[dict[str, Any]]:
-        """``compressions`` as they stand: one made inside an activity that then failed (a model's
-        ``context_compress`` before its model call failed) was put back with the rest of the
-        activity's changes, and says so with ``"undone": {"by": "abort", "task_id", "seq"}``."""
+        """``compressions`` as they stand: one whose HISTORY was put back says so with ``"undone"``:
+        made inside an activity that then failed (a model's ``context_compress`` before its model
+        call failed), put back with the rest of the activity's changes, ``{"by": "abort", "task_id",
+        "seq"}``; undone by ``decompress`` (``{"by": "decompress", "seq"}``, plus the ``context`` it
+        was undone on when that is the one a branch merged into) or by a rollback of HISTORY to a
+        snapshot from before it (``{"by": "rollback", "seq", "snapshot_id"}``). A later restore of
+        a snapshot taken after it brings it back: no longer undone."""
         out = []
+        merged: dict[tuple[str, str], dict[str, Any]] | None = None
         for record in self.compressions:
-            ctx = self.contexts.get(str(record.get("context") or MAIN))
+            name = str(record.get("context") or MAIN)
+            ctx = self.contexts.get(name)
             seq = record.get("event_seq")
-            undone = None
-            if ctx is not None and isinstance(seq, int):
-                for e in ctx.tape.since(seq):
-                    if e.kind != EventKind.ABORT or e.seq <= seq:
-                        continue
-                    try:
-                        begun = ctx.get_snapshot(str(e.data.get("snapshot_id"))).seq
-                    except ContextKeyError:
-                        continue
-                    if begun < seq:
-                        undone = {"by": "abort", "task_id": e.data.get("task_id"), "seq": e.seq}
-                        break
+            undone = self._undone(ctx, seq) if ctx is not None and isinstance(seq, int) else None
+            if undone is None and (self.branches.get(name) or {}).get("status") == "joined":
+                if merged is None:
+                    merged = self._decompressed_merged()
+                undone = merged.get((name, str(record.get("snapshot_id"))))
             out.append({**record, "undone": undone} if undone else dict(record))
+        return out
+
+    @staticmethod
+    def _undone(ctx: LayeredContext, seq: int) -> dict[str, Any] | None:
+        """How the compression whose event is ``seq`` of ``ctx`` was last undone there (``None``: it stands)."""
+        undone = None
+        for e in ctx.tape.since(seq + 1):
+            if e.kind not in (EventKind.ABORT, EventKind.RESTORE):
+                continue
+            if e.kind == EventKind.RESTORE and int(Layer.HISTORY) not in (e.data.get("layers") or ()):
+                continue
+            snap = e.snapshot
+            if snap is None:
+                try:
+                    snap = ctx.get_snapshot(str(e.data.get("snapshot_id")))
+                except ContextKeyError:
+                    continue
+            if snap.context != ctx.name:
+                continue
+            if snap.seq >= seq:
+                if e.kind == EventKind.RESTORE:
+                    undone = None  # a state the compression had made, back
+                continue
+            if e.kind == EventKind.ABORT:
+                undone = {"by": "abort", "task_id": e.data.get("task_id"), "seq": e.seq}
+            elif e.data.get("note") == "decompress":
+                undone = {"by": "decompress", "seq": e.seq}
+            else:
+                undone = {"by": "rollback", "seq": e.seq, "snapshot_id": snap.id}
+        return undone
+
+    def _decompressed_merged(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Branches' compressions undone, once joined, on the context they merged into: by (branch
+        context, compression snapshot id), the last such decompress."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for other, ctx in self.contexts.items():
+            for e in ctx.tape:
+                source, sid = e.data.get("context"), e.data.get("snapshot_id")
+                if e.data.get("note") == "decompress" and isinstance(source, str) and isinstance(sid, str):
+                    out[(source, sid)] = {"by": "decompress", "seq": e.seq, "context": other}
         return out
 
     def messages_out(self) -> list[dict[str, Any]]:

@@ -72,7 +72,7 @@ DESCRIPTIONS = {
                        "keys; plus which compression triggers would fire.",
     "context_compress": "Compress L3 HISTORY (action=compress: a snapshot is taken first; preserve_keys are never "
                         "dropped or altered), evaluate a compression against the snapshot taken before it "
-                        "(action=evaluate: tokens and attention before/after, whether preserved keys are intact), "
+                        "(action=evaluate: tokens and attention before and right after it, whether preserved keys are intact), "
                         "or undo it (action=decompress).",
     "context_branch": "Branches of a gateway: action=evaluate checks that a branch context holds required_keys; "
                       "action=resolve_conflict settles a pending merge conflict with a resolution value and a "

@@ -88,7 +88,7 @@ from typing import Any, NamedTuple
 
 from context_layers.attention import segment_history
 from context_layers.canonical import canonical_key, thaw
-from context_layers.compress_rules import count_key, is_protected_record
+from context_layers.compress_rules import COUNTER_GONE, count_key, counter_gone, is_protected_record
 from context_layers.context import MERGED_CONFLICTS_KEY
 from context_layers.config import ActivityExtensionConfig, CompressRule, as_config
 from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, entry_kind, is_record_key
@@ -744,12 +744,47 @@ def _counters(base: Snapshot, counted: Mapping[str, Mapping[str, _Counted | None
         dropped = int(before.get("dropped", 0) if isinstance(before, Mapping) else 0) + len(base_removed) + own
         kept = [k for k in dict.fromkeys(k for c in known.values() for k in thaw(c.record).get("kept") or ())
                 if k not in base_removed]
-        record = {**thaw(next(iter(known.values())).record), "count": dropped + len(kept), "dropped": dropped,
-                  "kept": kept}
+        # the kept entries an earlier join took away from a counter (``_counters_told``) stay counted
+        away = {how: list(dict.fromkeys(k for c in known.values() for k in counter_gone(c.record).get(how, ())))
+                for how in COUNTER_GONE}
+        away = {how: keys for how, keys in away.items() if keys}
+        record = {**{k: v for k, v in thaw(next(iter(known.values())).record).items() if k not in COUNTER_GONE},
+                  "count": dropped + len(kept) + sum(map(len, away.values())), "dropped": dropped, "kept": kept,
+                  **away}
         for b in known:
             over.setdefault(b, {})[key] = record
         gone |= base_removed
     return over, frozenset(gone)
+
+
+def _counters_told(base_h: Mapping[str, Any], changes: dict[Layer, list[tuple[str, Any]]],
+                   folded: frozenset[str]) -> None:
+    """Make each ``count_only`` counter a branch brings say what became of the entries it lists as
+    kept: one the join removes (another branch's fold took it, ``folded``; or a branch removed it)
+    is no longer kept, so it moves from ``kept`` to ``folded`` (``deleted``), still counted.
+    ``changes`` (the join's, per layer) is updated in place. (A counter of the base needs no
+    telling: each branch's folds leave the entries it keeps, as the compressor does.) O(changes)."""
+    history = changes.get(Layer.HISTORY, [])
+    if not any(value is DELETED for _, value in history):
+        return
+    merged = _Overlay(base_h, dict(history))
+    told: dict[str, Any] = {}
+    for key, value in history:
+        if not key.startswith(COUNT_PREFIX) or value is DELETED:
+            continue
+        record = thaw(value)
+        if not isinstance(record, Mapping) or not is_protected_record(key, record):
+            continue
+        kept = [k for k in record.get("kept") or () if isinstance(k, str)]
+        away = [k for k in kept if k not in merged]
+        if not away:
+            continue
+        gone = counter_gone(record)
+        for k in away:
+            gone.setdefault("folded" if k in folded else "deleted", []).append(k)
+        told[key] = {**record, "kept": [k for k in kept if k in merged], **gone}
+    if told:
+        changes[Layer.HISTORY] = [(k, told.get(k, v)) for k, v in history]
 
 
 class Unfolded(NamedTuple):
@@ -1225,6 +1260,8 @@ def join_contexts(
     folded = tuple(o.key for o in outcomes[Layer.HISTORY] if o.conflict is None and o.value is DELETED
                    and o.key in base_h and o.changed_by
                    and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
+    if not pending:
+        _counters_told(base_h, changes, frozenset(folded))
     taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None or o.value is not DELETED}
     folded_values: dict[str, Any] = {}
     # a branch that decided a value names it before one that only compressed the key (whose fold

@@ -769,7 +769,9 @@
         el("span", { class: "track", role: "img", "aria-label": "after: " + after + " tokens" }, now),
         el("p", { class: "hint" }, before + " \u2192 " + after + " tokens" +
            (before ? " (\u2212" + Math.round(100 * (1 - after / before)) + "%)" : ""),
-           c.snapshot_id ? el("span", {}, " \u00b7 undo snapshot ", el("code", { text: c.snapshot_id })) : null)));
+           c.undone ? el("span", { text: " \u00b7 undone by " + c.undone.by + " (event " + c.undone.seq +
+                                         (c.undone.context ? " of " + c.undone.context : "") + ")" })
+             : c.snapshot_id ? el("span", {}, " \u00b7 undo snapshot ", el("code", { text: c.snapshot_id })) : null)));
     }
     box.append(items);
   }

@@ -358,11 +358,22 @@ def test_decompress_after_later_activities_keeps_what_they_wrote() -> None:
 
 def test_evaluate_reports_a_changed_preserved_key() -> None:
     ctx, config = loan_context(3)
-    result = RuleDrivenCompressor().compress(ctx, config, triggers=[])
-    put(ctx, Layer.HISTORY, {"risk_level": "high"})
-    report = evaluate(ctx, result.snapshot_id, config)
+    # a compression (of a compressor of the application's own) that rewrote a preserved key
+    snap = ctx.snapshot(label="before compress", actor="compressor")
+    ctx.apply_changes([(Layer.HISTORY, "risk_level", "high")], kind="compress", actor="compressor",
+                      data={"snapshot_id": snap.id})
+    report = evaluate(ctx, snap.id, config)
     assert not report.preserved_intact and report.changed_preserved == ["risk_level"]
     assert report.to_dict()["changed_preserved"] == ["risk_level"]
+
+
+def test_evaluate_reports_the_compression_not_a_later_change() -> None:
+    ctx, config = loan_context(3)
+    result = RuleDrivenCompressor().compress(ctx, config, triggers=[])
+    put(ctx, Layer.HISTORY, {"risk_level": "high", "late": "x " * 300})  # after the compression: none of its doing
+    report = evaluate(ctx, result.snapshot_id, config)
+    assert report.preserved_intact and report.changed_preserved == []
+    assert report.tokens_after == result.tokens_after and report.after_seq == result.event_seq
 
 
 def test_redundancy_remedy_folds_older_duplicates() -> None:

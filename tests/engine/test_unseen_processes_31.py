@@ -296,6 +296,11 @@ def test_rest_a_joined_branchs_compression_is_undone_in_the_context_it_merged_in
     (event,) = [e for e in api.get(f"/api/instances/{iid}/tape", params={"kind": "decompress"}).json()["events"]
                 if e["context"] == "main"]
     assert event["data"]["snapshot_id"] == compression["snapshot_id"]
+    # the instance lists the compression as undone there, and has none left to undo
+    (listed,) = api.get(f"/api/instances/{iid}").json()["compressions"]
+    assert listed["undone"] == {"by": "decompress", "seq": event["seq"], "context": "main"}
+    again = api.post("/api/context-governance/compress", json={"instance_id": iid, "action": "decompress"})
+    assert again.status_code == 400 and compression["snapshot_id"] in again.json()["error"]["message"]
     # the undo is a tape event like any: the tape alone rebuilds main as it is now
     tape = api.get(f"/api/instances/{iid}/tape").json()["events"]
     assert dict(LayeredContext.replay(tape).layer(Layer.HISTORY)) == history

@@ -598,7 +598,14 @@ def test_log_lines_compressed_differently_in_two_branches(how_a: str, how_b: str
     if counted is None:
         assert "summary:count:log_line" not in history
     else:
-        assert history["summary:count:log_line"]["count"] == counted
+        counter = history["summary:count:log_line"]
+        assert counter["count"] == counted
+        # the counter says exactly what became of the lines it counted: each it lists as kept is
+        # in HISTORY, and those another branch's fold took are named as folded, not as kept
+        assert [k for k in counter["kept"] if k in history] == counter["kept"]
+        gone = [k for k in ("log_line_10", "log_line_11") if k not in history]
+        assert counter.get("folded", []) == gone
+        assert counter["count"] == counter["dropped"] + len(counter["kept"]) + len(gone)
     # no line is kept verbatim beside the compaction record that summarises it
     for key, record in history.items():
         if key.startswith("compaction:"):
@@ -613,6 +620,31 @@ def test_log_lines_compressed_differently_in_two_branches(how_a: str, how_b: str
     assert _log_lines(history) == dict.fromkeys(LOG_LINES, BASE)
     assert [k for k in history if k.startswith(("compaction:", "summary:count:"))] == []
     assert history["a_out"] == "a finding " * 6 and history["b_out"] == "b finding " * 6
+
+
+def test_a_counter_does_not_list_as_kept_an_entry_another_branch_deleted() -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    activity(ctx, "timeline", LOG_LINES)
+    a, b = split(ctx, ["a", "b"])
+    activity(a.context, "ta", {"a_out": "a"})
+    assert RuleDrivenCompressor().compress(a.context, {"compressRules": [COUNT_LOGS]}, triggers=[]).changed
+    activity(b.context, "tb", {"b_out": "b"}, deletes=("log_line_11",))  # a decision, not a compression
+    result = join(ctx, [a, b])
+    assert result.conflicts == [] and result.complete
+    apply_join(ctx, result)
+    history = ctx.layer(Layer.HISTORY)
+    assert [k for k in history if k in LOG_LINES] == ["log_line_10"]
+    assert history["summary:count:log_line"] == {"kind": "count", "_compressed": "count_only", "pattern": "log_line",
+                                                 "count": 12, "dropped": 10, "kept": ["log_line_10"],
+                                                 "deleted": ["log_line_11"]}
+    assert LayeredContext.replay(ctx.tape) == ctx
+    # a later count goes on from it: the entries it counted stay counted
+    activity(ctx, "more", {"log_line_12": "09:12 pager: one more", "log_line_13": "09:13 pager: and one more",
+                           "log_line_14": "09:14 pager: the last"})
+    assert RuleDrivenCompressor().compress(ctx, {"compressRules": [COUNT_LOGS]}, triggers=[]).changed
+    counter = ctx.layer(Layer.HISTORY)["summary:count:log_line"]
+    assert counter == {"kind": "count", "_compressed": "count_only", "pattern": "log_line", "count": 15,
+                       "dropped": 12, "kept": ["log_line_13", "log_line_14"], "deleted": ["log_line_11"]}
 
 
 def test_merged_conflicts_accumulate_over_joins() -> None:
