@@ -869,7 +869,9 @@ class GovernanceService:
 
     @staticmethod
     def context_of(instance: Instance, name: str | None) -> LayeredContext:
-        """A context by name, or by branch id (its latest, open ones first)."""
+        """A context by name, or by branch id (its open one, else its latest). A branch id that
+        several open contexts run at once (the instances of a multi-instance body, a called
+        process's branch called from two places) names none of them: refused, naming each."""
         if name is None or name == MAIN:
             return instance.main
         if name in instance.contexts:
@@ -877,6 +879,10 @@ class GovernanceService:
         matches = [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
         if matches:
             open_ = [n for n in matches if instance.branches[n].get("status") in ("open", "scope")]  # live ones
+            if len(open_) > 1:
+                raise ContextKeyError(
+                    f"instance {instance.id} runs branch {name!r} in {len(open_)} contexts at once: "
+                    f"{', '.join(open_)}; name the one you mean in full")
             return instance.contexts[(open_ or matches)[-1]]
         raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}; contexts: "
                               f"{', '.join(instance.contexts)}")

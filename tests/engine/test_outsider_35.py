@@ -35,12 +35,13 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import cli_in_a_tmp_store, run_json
+from engine_helpers import cli_in_a_tmp_store, run_json, serving_catalog
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
 
 HERE = Path(__file__).resolve().parent / "outsider35"
+TOKEN = "outsider35-token"
 PROCUREMENT = HERE / "procurement.bpmn"
 PAYMENT = HERE / "payment.bpmn"
 ONBOARDING = HERE / "onboarding.bpmn"
@@ -95,3 +96,39 @@ def test_each_line_conflict_is_listed_once_as_its_firing_is_answered(first: str)
     assert [r["sku"] for r in results] == ["BOLT-M8", "PUMP-3KW", "GLOVE-L"]
     assert results[0]["status"] == "ok"
     assert [w["task_id"] for w in doc["waiting_for"]] == ["Activity_manager"]  # a line is held
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One real ``layerflow serve`` of this folder's processes for the module's REST tests."""
+    tmp = tmp_path_factory.mktemp("serve35")
+    with serving_catalog(HERE, f"sqlite:///{tmp / 'api.db'}", tmp / "serve.log", TOKEN) as client:
+        yield client
+
+
+def test_a_branch_id_that_names_several_open_lines_is_refused_not_guessed(api: Any) -> None:
+    started = api.post("/api/instances", json={"process_id": "procurement", "data": ORDER})
+    assert started.status_code in (200, 201), started.text
+    doc = started.json()
+    iid = doc["instance_id"]
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["Activity_buyer_review"] * 3
+    tape_before = api.get(f"/api/instances/{iid}/tape").json()["count"]
+    refused = api.post("/api/context-governance/inject", json={
+        "instance_id": iid, "context": "Activity_buyer_review", "key": "buyer_note", "value": "pump: ask for 5% off"})
+    assert refused.status_code == 404, refused.text
+    message = refused.json()["error"]["message"]
+    names = [n for n, c in doc["contexts"].items() if c["branch_id"] == "Activity_buyer_review"]
+    assert len(names) == 3 and all(name in message for name in names), message
+    assert "'Activity_buyer_review'" in message
+    after = api.get(f"/api/instances/{iid}").json()
+    assert after["version"] == doc["version"] and api.get(f"/api/instances/{iid}/tape").json()["count"] == tape_before
+    # the line meant, named in full: that context alone gets the note
+    pump = next(n for n in names if "Activity_lines#2@" in n)
+    done = api.post("/api/context-governance/inject", json={
+        "instance_id": iid, "context": pump, "key": "buyer_note", "value": "pump: ask for 5% off"})
+    assert done.status_code == 200 and done.json()["context"] == pump, done.text
+    inspected = api.post("/api/context-governance/inspect", json={"instance_id": iid, "context": "Activity_buyer_review"})
+    assert inspected.status_code == 404 and pump in inspected.json()["error"]["message"]
+    replayed = api.get(f"/api/instances/{iid}/replay", params={"context": pump})
+    assert replayed.status_code == 200, replayed.text
+    assert any(k["key"] == "buyer_note" for k in replayed.json()["layers"]["L4"]["keys"])
