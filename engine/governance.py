@@ -1295,7 +1295,8 @@ class GovernanceService:
             if snapshot_id in ctx.snapshots:
                 return ctx
         raise ContextKeyError(f"no context of instance {instance.id} took snapshot {snapshot_id!r}; "
-                              "`GET /api/instances/{id}/tape?kind=snapshot` lists them")
+                              f"`GET /api/instances/{instance.id}/tape?kind=snapshot` (`layerflow snapshot "
+                              f"{instance.id} --list`) lists them")
 
     def snapshot(self, instance_id: str, args: SnapshotArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
