@@ -99,11 +99,18 @@ def test_each_line_conflict_is_listed_once_as_its_firing_is_answered(first: str)
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One real ``layerflow serve`` of this folder's processes for the module's REST tests."""
+def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One real ``layerflow serve`` of this folder's processes for the module's REST tests: its client
+    and the store it keeps the instances in (the CLI reads them there)."""
     tmp = tmp_path_factory.mktemp("serve35")
-    with serving_catalog(HERE, f"sqlite:///{tmp / 'api.db'}", tmp / "serve.log", TOKEN) as client:
-        yield client
+    store = f"sqlite:///{tmp / 'api.db'}"
+    with serving_catalog(HERE, store, tmp / "serve.log", TOKEN) as client:
+        yield client, store
+
+
+@pytest.fixture
+def api(served: Any) -> Any:
+    return served[0]
 
 
 def test_a_branch_id_that_names_several_open_lines_is_refused_not_guessed(api: Any) -> None:
@@ -132,3 +139,83 @@ def test_a_branch_id_that_names_several_open_lines_is_refused_not_guessed(api: A
     replayed = api.get(f"/api/instances/{iid}/replay", params={"context": pump})
     assert replayed.status_code == 200, replayed.text
     assert any(k["key"] == "buyer_note" for k in replayed.json()["layers"]["L4"]["keys"])
+
+
+def order(fail_times: int) -> dict[str, Any]:
+    return {"order_id": f"O-{fail_times}", "items": ["kettle", "mug"], "fail_times": fail_times}
+
+
+def test_a_charge_that_times_out_twice_is_retried_and_paid() -> None:
+    engine = Engine("memory://")
+    instance = engine.run(load_process(PAYMENT), order(2))
+    doc = instance.to_document()
+    check_run_document(doc)
+    assert doc["status"] == "completed", doc["error"]
+    history = doc["layers"]["L3"]
+    assert history["receipt"] == "R-O-2-3" and history["outcome"] == "paid" and history["attempt"] == 2
+    assert history["failures"] == ["acq-1", "acq-2"] and history["reservation"]["state"] == "shipped"
+    thrown = [history[k] for k in history if k.startswith("activity:Activity_charge")]
+    assert [t["status"] for t in thrown] == ["error_thrown", "error_thrown", "completed"]
+    assert thrown[0]["error_code"] == "gateway_timeout" and thrown[0]["caught_by"] == ["Event_timeout"]
+    assert [k for k in history if k.startswith("event:")] == ["event:Event_timeout", "event:Event_timeout#2"]
+
+
+def test_retries_spent_escalate_to_a_manual_undo(cli: Any) -> None:
+    doc = run_json(cli, "run", str(PAYMENT), "--data", json.dumps(order(5)), code=3)
+    check_run_document(doc)
+    [undo] = doc["waiting_for"]
+    assert undo["task_id"] == "Activity_undo" and undo["documentation"].startswith("The card could not")
+    history = doc["layers"]["L3"]
+    assert history["attempt"] == 3 and history["reservation"]["state"] == "held" and "receipt" not in history
+    assert history["event:Event_failed"]["event_kind"] == "escalation"
+    assert history["event:Event_failed"]["code"] == "payment_failed"
+    done = run_json(cli, "resume", doc["instance_id"], "--answer", 'Activity_undo={"released_by": "ops"}')
+    assert done["status"] == "completed" and done["layers"]["L3"]["reservation"]["state"] == "released"
+    assert done["layers"]["L3"]["outcome"] == "cancelled"
+
+
+def test_every_snapshot_replays_alike_on_the_cli_and_rest_and_a_rollback_gives_it_back(
+        served: Any, cli: Any) -> None:
+    api, url = served
+    store = ["--store", url]
+    started = api.post("/api/instances", json={"process_id": "payment", "data": order(5)}).json()
+    iid = started["instance_id"]
+    assert started["status"] == "waiting"
+    snapshots = api.get(f"/api/instances/{iid}/tape", params={"kind": "snapshot", "context": "main"}).json()
+    seqs = [e["seq"] for e in snapshots["events"]]
+    # the tape's snapshots are the ones `snapshot --list` names and rollback takes: the one each
+    # activity's begin took too, not only the splits'
+    listed = run_json(cli, "snapshot", iid, "--list", *store)["snapshots"]
+    assert sorted(e["data"]["snapshot_id"] for e in snapshots["events"]) == sorted(
+        s["snapshot_id"] for s in listed if s["context"] == "main")
+    on_tape = cli("tape", iid, "--kind", "snapshot", "--context", "main", "--json", *store)
+    assert [e["seq"] for e in json.loads(on_tape.stdout)] == seqs
+    assert len(seqs) >= 10
+    replayed = {}
+    for seq in seqs:
+        rest = api.get(f"/api/instances/{iid}/replay", params={"context": "main", "until": seq}).json()
+        layers = {name: {k["key"]: k["value"] for k in layer["keys"]} for name, layer in rest["layers"].items()}
+        on_cli = run_json(cli, "replay", iid, "--until", str(seq), *store)
+        assert on_cli["layers"] == layers, seq
+        replayed[seq] = layers
+    # back to before the second count: attempt 1, one failure
+    second_count = [e for e in snapshots["events"] if e["activity"] == "Activity_count"][1]
+    version = api.get(f"/api/instances/{iid}").json()["version"]
+    rolled = api.post("/api/context-governance/rollback", json={
+        "instance_id": iid, "snapshot_id": second_count["data"]["snapshot_id"], "expected_version": version,
+        "reason": "audit the retries"})
+    assert rolled.status_code == 200, rolled.text
+    back = rolled.json()
+    assert back["layers"] == replayed[second_count["seq"]] and back["restored_layers"] == ["L2", "L3", "L4", "L5"]
+    assert back["layers"]["L3"]["attempt"] == 1 and back["layers"]["L3"]["failures"] == ["acq-1"]
+    stale = api.post("/api/context-governance/rollback", json={
+        "instance_id": iid, "snapshot_id": second_count["data"]["snapshot_id"], "expected_version": version})
+    assert stale.status_code == 409 and stale.json()["error"]["kind"] == "version_conflict"
+    unknown = api.post("/api/context-governance/rollback", json={"instance_id": iid, "snapshot_id": "snap:main:999"})
+    assert unknown.status_code == 404
+    assert f"/api/instances/{iid}/tape?kind=snapshot" in unknown.json()["error"]["message"]
+    # the whole tape, replayed, is the context the rollback left
+    assert run_json(cli, "replay", iid, *store)["layers"] == back["layers"]
+    done = api.post(f"/api/instances/{iid}/user-tasks/Activity_undo", json={"data": {"released_by": "ops"}})
+    assert done.status_code == 200 and done.json()["status"] == "completed", done.text
+    assert done.json()["layers"]["L3"]["reservation"]["state"] == "released"
