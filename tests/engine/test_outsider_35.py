@@ -28,6 +28,14 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +43,15 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import cli_in_a_tmp_store, run_json, serving_catalog
+from engine_helpers import cli_in_a_tmp_store, redis_scratch, run_json, serving_catalog
 from test_contracts_cli import check_run_document
 
 cli = cli_in_a_tmp_store  # the fixture "cli", here too
 
 HERE = Path(__file__).resolve().parent / "outsider35"
 TOKEN = "outsider35-token"
+REDIS = "redis://127.0.0.1:6379/8"  # this module's own database
+ROOT = Path(__file__).resolve().parents[2]
 PROCUREMENT = HERE / "procurement.bpmn"
 PAYMENT = HERE / "payment.bpmn"
 ONBOARDING = HERE / "onboarding.bpmn"
@@ -219,3 +229,61 @@ def test_every_snapshot_replays_alike_on_the_cli_and_rest_and_a_rollback_gives_i
     done = api.post(f"/api/instances/{iid}/user-tasks/Activity_undo", json={"data": {"released_by": "ops"}})
     assert done.status_code == 200 and done.json()["status"] == "completed", done.text
     assert done.json()["layers"]["L3"]["reservation"]["state"] == "released"
+
+
+@pytest.fixture
+def redis_store() -> Iterator[tuple[str, str]]:
+    with redis_scratch(REDIS, "outsider35") as prefix:
+        yield f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
+
+
+def hire(name: str) -> str:
+    return json.dumps({"employee": f"{name} Smith", "start_date": "2027-01-04", "cooldown": "PT1S", "deadline": "P3D"})
+
+
+def waits_at_the_race(doc: dict[str, Any]) -> bool:
+    return sorted(w["task_id"] for w in doc["waiting_for"]) == ["Event_deadline", "Gateway_wait_signature"]
+
+
+def test_two_workers_run_the_onboardings_and_cron_fires_their_deadlines(
+        cli: Any, redis_store: tuple[str, str]) -> None:
+    store, stream = redis_store
+    on = ["--store", store]
+    ids = [json.loads(cli("submit", str(ONBOARDING), "--data", hire(n), *on, "--stream", stream, "--json").stdout)
+           ["instance_ids"][0] for n in ("Ann", "Bob", "Cy", "Dee")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    workers = [subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", *on, "--stream", stream,
+                                 "--timer-interval", "0.2", "--consumer", f"o35-{n}-{uuid.uuid4().hex[:6]}"],
+                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                stdin=subprocess.DEVNULL, start_new_session=True) for n in (1, 2)]
+    try:
+        deadline = time.monotonic() + 30
+        while not all(waits_at_the_race(run_json(cli, "inspect", i, *on)) for i in ids):
+            assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
+            time.sleep(0.2)
+    finally:
+        for w in workers:
+            os.killpg(w.pid, signal.SIGTERM)
+        for w in workers:
+            w.wait(timeout=20)
+    signed = [run_json(cli, "send", i, "contract_signed", "--json-payload", json.dumps({"signed_copy": f"{i}.pdf"}),
+                       *on) for i in ids[:2]]
+    assert [d["status"] for d in signed] == ["completed", "completed"]
+    assert signed[0]["layers"]["L3"]["accounts"] == {"email": "ann.smith@example.com", "laptop": True}
+    now = (datetime.now(timezone.utc) + timedelta(days=3, minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    fired = run_json(cli, "timers", *on, "--now", now, "--fire")
+    assert sorted(f["instance_id"] for f in fired["fired"]) == sorted(ids[2:])
+    assert all(f["status"] == "waiting" for f in fired["fired"])
+    for iid in ids:
+        doc = run_json(cli, "inspect", iid, *on)
+        history = doc["layers"]["L3"]
+        # each step ran once, whichever worker ran it (no retry, no second firing of a timer)
+        assert [k for k in history if k.startswith("activity:Activity_prepare")] == ["activity:Activity_prepare"]
+        retries = cli("tape", iid, "--kind", "retry", "--json", *on)
+        assert retries.exit_code == 0 and json.loads(retries.stdout) == []
+        if iid in ids[2:]:
+            assert waits_at_the_race(doc) and history["reminders"] == 1
+            [due] = [w["due"] for w in doc["waiting_for"] if w["task_id"] == "Event_deadline"]
+            assert datetime.fromisoformat(due) > datetime.fromisoformat(now.replace("Z", "+00:00")) + timedelta(days=2)
+        else:
+            assert doc["status"] == "completed" and history["reminders"] == 0
