@@ -71,14 +71,11 @@ def kind_names(kind: str | None) -> set[str] | None:
 def matches_kind(event: "Event", kinds: set[str]) -> bool:
     """Whether ``event`` is of one of ``kinds`` (``kind_names``): its kind, its note, or, for ``inject``,
     the ``governance`` note of an operator's inject (its writes are plain writes; the operator's other
-    operations have events of their own: a rollback's ``restore``, a compression's ``compress``); for
-    ``snapshot``, also an activity's ``begin``, which takes the snapshot a rollback to "before the
-    activity" names (``snapshot --list`` lists it)."""
+    operations have events of their own: a rollback's ``restore``, a compression's ``compress``)."""
     data = event.data or {}
     note = data.get("note")
     return (event.kind in kinds or note in kinds
-            or ("inject" in kinds and note == "governance" and data.get("op") == "inject")
-            or ("snapshot" in kinds and event.kind == "begin" and "snapshot_id" in data))
+            or ("inject" in kinds and note == "governance" and data.get("op") == "inject"))
 
 
 Change = tuple[int, str, Any]

@@ -1295,8 +1295,9 @@ class GovernanceService:
             if snapshot_id in ctx.snapshots:
                 return ctx
         raise ContextKeyError(f"no context of instance {instance.id} took snapshot {snapshot_id!r}; "
-                              f"`GET /api/instances/{instance.id}/tape?kind=snapshot` (`layerflow snapshot "
-                              f"{instance.id} --list`) lists them")
+                              f"`GET /api/instances/{instance.id}/tape?kind=snapshot` lists those of splits, "
+                              f"compressions and operators, `?kind=begin` the one each activity took as it began "
+                              f"(`layerflow snapshot {instance.id} --list`: all of them)")
 
     def snapshot(self, instance_id: str, args: SnapshotArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
