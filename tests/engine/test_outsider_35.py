@@ -35,6 +35,9 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   which ``rollback --help`` pointed to) holds the splits' snapshots only, not the ``before TASK`` one each
   activity's ``begin`` takes, which ``snapshot --list`` shows and rollback takes. Both now name the
   instance and say where each kind of snapshot is listed (``kind=begin``).
+- procurement: ``Engine.answer_confirmation`` of a line's question answered already, while the other lines
+  still asked theirs, raised a bare ``ActivityError`` ("no open confirmation"), where REST answers 409
+  ``already_answered`` naming who answered it: it now raises ``AnsweredAlready`` (the same fields).
 """
 
 from __future__ import annotations
@@ -299,3 +302,21 @@ def test_two_workers_run_the_onboardings_and_cron_fires_their_deadlines(
             assert datetime.fromisoformat(due) > datetime.fromisoformat(now.replace("Z", "+00:00")) + timedelta(days=2)
         else:
             assert doc["status"] == "completed" and history["reminders"] == 0
+
+
+def test_a_second_answer_to_one_line_is_refused_as_answered_while_other_lines_still_ask() -> None:
+    """REST answers a second answer to a line's question with 409 ``already_answered``; the Python API
+    said only that there is "no open confirmation", as for an id that never existed."""
+    from engine.governance import AnsweredAlready
+
+    engine = Engine("memory://")
+    instance = reviewed_order(engine, ["hold", "hold", "hold"])  # every line asks
+    first = next(c for c in instance.confirmations if c["id"] == LINE_STATUS)
+    instance = engine.answer_confirmation(instance, LINE_STATUS, "hold", by="maria")
+    version = instance.version
+    with pytest.raises(AnsweredAlready) as refused:
+        engine.answer_confirmation(instance, LINE_STATUS, "ok")
+    assert refused.value.kind == "already_answered" and refused.value.answered_by == "maria"
+    assert refused.value.context == first["context"] and "'hold'" in str(refused.value)
+    assert engine.load(instance.id).version == version
+    assert sorted(w["id"] for w in instance.waiting_for) == [f"{LINE_STATUS}#2", f"{LINE_STATUS}#3"]
