@@ -320,3 +320,33 @@ def test_a_second_answer_to_one_line_is_refused_as_answered_while_other_lines_st
     assert refused.value.context == first["context"] and "'hold'" in str(refused.value)
     assert engine.load(instance.id).version == version
     assert sorted(w["id"] for w in instance.waiting_for) == [f"{LINE_STATUS}#2", f"{LINE_STATUS}#3"]
+
+
+def test_the_lines_questions_are_answered_over_rest_one_by_one(api: Any) -> None:
+    started = api.post("/api/instances", json={"process_id": "procurement", "data": ORDER})
+    iid = started.json()["instance_id"]
+    for status in ("ok", "ok", "hold"):  # the BPMN id completes the first line that waits
+        done = api.post(f"/api/instances/{iid}/user-tasks/Activity_buyer_review",
+                        json={"data": {"line_status": status, "buyer": "kim"}})
+        assert done.status_code == 200, done.text
+    doc = done.json()
+    check_run_document(doc)
+    assert done.json()["completed_user_task"]["instance"] == 3
+    asked = {c["id"]: c for c in api.get("/api/confirmations", params={"instance_id": iid}).json()}
+    assert sorted(asked) == [LINE_STATUS, f"{LINE_STATUS}#2"]
+    assert asked[f"{LINE_STATUS}#2"]["values"] == {"Activity_price_check": "ok", "Activity_buyer_review": "hold"}
+    not_offered = api.post(f"/api/confirmations/{LINE_STATUS}%232", json={"value": "overpriced", "instance_id": iid})
+    assert not_offered.status_code == 400 and not_offered.json()["error"]["kind"] == "invalid_answer"
+    answered = api.post(f"/api/confirmations/{LINE_STATUS}%232", json={"value": "ok", "instance_id": iid, "user": "maria"})
+    assert answered.status_code == 200, answered.text
+    doc = answered.json()
+    assert [c["values"]["Activity_price_check"] for c in doc["conflicts"] if c["resolution"] is None] == ["overpriced"]
+    assert len(doc["conflicts"]) == 2 and [w["id"] for w in doc["waiting_for"]] == [LINE_STATUS]
+    again = api.post(f"/api/confirmations/{LINE_STATUS}%232", json={"value": "hold", "instance_id": iid})
+    assert again.status_code == 409 and again.json()["error"]["answered_by"] == "maria"
+    last = api.post(f"/api/confirmations/{LINE_STATUS}", json={"value": "hold", "instance_id": iid})
+    doc = last.json()
+    assert doc["status"] == "waiting" and [w["task_id"] for w in doc["waiting_for"]] == ["Activity_manager"]
+    assert [r["status"] for r in doc["layers"]["L3"]["line_results"]] == ["ok", "hold", "ok"]
+    assert doc["layers"]["L3"]["held"] == ["PUMP-3KW"] and doc["layers"]["L3"]["approved_total"] == 220.0
+    assert sorted(c["resolution"]["value"] for c in doc["conflicts"]) == ["hold", "ok"]
