@@ -709,7 +709,8 @@ class GatewaySteps:
         twice. A join that fires in several places at once (a called process's join called from
         two branches, a join inside a parallel multi-instance body) asks each firing its own
         questions: a pending conflict another firing still asks about stays listed, even when its
-        key and values are this firing's too; one per open question elsewhere."""
+        key and values are this firing's too; one per open question elsewhere on the same key and values
+        (each join confirmation keeps its conflict's ``values``)."""
         inst = self.instance
         was_pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None]
         elsewhere = [c for c in inst.confirmations
