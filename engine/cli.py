@@ -1766,8 +1766,9 @@ def _recent(snapshots: list[dict[str, Any]], n: int = 5) -> str:
 @click.argument("instance_id")
 @click.argument("snapshot_arg", metavar="[SNAPSHOT_ID]", required=False)
 @click.option("--snapshot", "snapshot_id", default=None, metavar="SNAPSHOT_ID",
-              help="the snapshot to go back to (`layerflow snapshot ID --list` and `layerflow tape ID "
-                   "--kind snapshot` show them); may be given as the second argument instead")
+              help="the snapshot to go back to (`layerflow snapshot ID --list` shows them all; `layerflow tape "
+                   "ID --kind snapshot` those of splits, compressions and operators, `--kind begin` the one each "
+                   "activity took as it began); may be given as the second argument instead")
 @click.option("--context", "context_name", default=None,
               help="the context that took the snapshot (default: the one that did)")
 @click.option("--layers", "--layer", "layers", default=None, metavar="L3,L4",

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -681,10 +680,11 @@ class GatewaySteps:
         if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
             result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
         apply_join(parent, result, actor=gw)
-        self._set_conflicts(gw, result.conflict_records(), resolved=result.complete, context=parent_name,
-                            refire=bool(mine))
+        records = result.conflict_records()
+        self._set_conflicts(gw, records, resolved=result.complete, context=parent_name, refire=bool(mine))
         if not result.complete:
-            self._add_confirmations(task, gw, result.pending, context=parent_name)
+            self._add_confirmations(task, gw, result.pending, context=parent_name,
+                                    values={r["key"]: r["values"] for r in records})
             return False
         self._close_confirmations(gw, parent_name)
         for m in members:
@@ -709,15 +709,20 @@ class GatewaySteps:
         twice. A join that fires in several places at once (a called process's join called from
         two branches, a join inside a parallel multi-instance body) asks each firing its own
         questions: a pending conflict another firing still asks about stays listed, even when its
-        key and values are this firing's too; one per open question elsewhere."""
+        key and values are this firing's too; one per open question elsewhere on the same key and values
+        (each join confirmation keeps its conflict's ``values``)."""
         inst = self.instance
         was_pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None]
-        asked_elsewhere = Counter(c.get("key") for c in inst.confirmations
-                                  if c.get("task_id") == gw and c.get("context") != context and not c.get("answered"))
+        elsewhere = [c for c in inst.confirmations
+                     if c.get("task_id") == gw and c.get("context") != context and not c.get("answered")]
         for record in records:
             same = [c for c in was_pending if c.get("key") == record.get("key")
                     and json_equal(c.get("values"), record.get("values"))]
-            if len(same) > asked_elsewhere[record.get("key")]:
+            # another firing's open question on this key is about the same conflict only when it
+            # asks about the same values (a confirmation saved without its values: by key alone)
+            asked_elsewhere = sum(1 for c in elsewhere if c.get("key") == record.get("key")
+                                  and ("values" not in c or json_equal(c["values"], record.get("values"))))
+            if len(same) > asked_elsewhere:
                 was_pending.remove(same[0])
                 _remove_item(inst.conflicts, same[0])
             elif refire and record.get("resolution") is not None:
@@ -727,7 +732,7 @@ class GatewaySteps:
                           and c.get("resolution") is not None and json_equal(c.get("values"), record.get("values"))]
                 if before:
                     _remove_item(inst.conflicts, before[-1])
-        if not asked_elsewhere:  # the usual case: every pending conflict of the gateway was this firing's
+        if not elsewhere:  # the usual case: every pending conflict of the gateway was this firing's
             for c in was_pending:
                 _remove_item(inst.conflicts, c)
         inst.conflicts.extend(records)
@@ -739,14 +744,19 @@ class GatewaySteps:
         return [c for c in self.instance.confirmations
                 if c.get("task_id") == gw and c.get("context", context) == context]
 
-    def _add_confirmations(self, task: Any, gw: str, pending: list[Any], *, context: str) -> None:
+    def _add_confirmations(self, task: Any, gw: str, pending: list[Any], *, context: str,
+                           values: Mapping[str, Any]) -> None:
+        """Ask ``pending`` for this firing of join ``gw``; each question keeps the ``values`` (branch
+        id -> value) of the conflict it asks about, which tells it from another firing's question on
+        the same key."""
         inst = self.instance
         known = {_request_id(c) for c in self._firing(gw, context) if not c.get("answered")}
         now = self.engine.clock()
         for req in pending:
             if req.id in known:
                 continue
-            entry = {**req.to_dict(), "answer": None, "timed_out": False, "answered": False,
+            entry = {**req.to_dict(), **({"values": values[req.key]} if req.key in values else {}),
+                     "answer": None, "timed_out": False, "answered": False,
                      "task_id": gw, "task": str(task.id), "context": context,
                      "created": now, "deadline": now + float(req.timeout)}
             # the same question open for another firing of this join (GATEWAY/KEY answers both)

@@ -870,7 +870,9 @@ class GovernanceService:
 
     @staticmethod
     def context_of(instance: Instance, name: str | None) -> LayeredContext:
-        """A context by name, or by branch id (its latest, open ones first)."""
+        """A context by name, or by branch id (its open one, else its latest). A branch id that
+        several open contexts run at once (the instances of a multi-instance body, a called
+        process's branch called from two places) names none of them: refused, naming each."""
         if name is None or name == MAIN:
             return instance.main
         if name in instance.contexts:
@@ -878,6 +880,10 @@ class GovernanceService:
         matches = [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
         if matches:
             open_ = [n for n in matches if instance.branches[n].get("status") in ("open", "scope")]  # live ones
+            if len(open_) > 1:
+                raise ContextKeyError(
+                    f"instance {instance.id} runs branch {name!r} in {len(open_)} contexts at once: "
+                    f"{', '.join(open_)}; name the one you mean in full")
             return instance.contexts[(open_ or matches)[-1]]
         raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}; contexts: "
                               f"{', '.join(instance.contexts)}")
@@ -1295,7 +1301,9 @@ class GovernanceService:
             if snapshot_id in ctx.snapshots:
                 return ctx
         raise ContextKeyError(f"no context of instance {instance.id} took snapshot {snapshot_id!r}; "
-                              "`GET /api/instances/{id}/tape?kind=snapshot` lists them")
+                              f"`GET /api/instances/{instance.id}/tape?kind=snapshot` lists those of splits, "
+                              f"compressions and operators, `?kind=begin` the one each activity took as it began "
+                              f"(`layerflow snapshot {instance.id} --list`: all of them)")
 
     def snapshot(self, instance_id: str, args: SnapshotArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:

@@ -590,6 +590,12 @@ class Engine:
         rt = _runtime_of(instance)
         _refuse_if_failed(instance, f"answer {confirmation_id!r}")
         settled = settled_answer(instance, confirmation_id)
+        if settled is None and not any(c["id"] == confirmation_id and not c.get("answered")
+                                       for c in instance.confirmations):
+            # the id of one firing's question, answered, while the join's other firings (the lines of a
+            # multi-instance body) still ask theirs: a second answer all the same, as REST says
+            settled = next((c for c in reversed(instance.confirmations)
+                            if c["id"] == confirmation_id and c.get("answered") and not c.get("cancelled")), None)
         if settled is not None:  # a second answer: who gave the first, when, and what to do instead
             from .governance import AnsweredAlready, AnsweredByTimeout
 

@@ -103,7 +103,8 @@ def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
     confirmation.update(answered=True, cancelled=True)
     for conflict in instance.conflicts:
         if conflict.get("resolution") is None and conflict.get("gateway_id") == confirmation.get("task_id") \
-                and conflict.get("key") == confirmation.get("key"):
+                and conflict.get("key") == confirmation.get("key") \
+                and ("values" not in confirmation or json_equal(conflict.get("values"), confirmation["values"])):
             conflict["cancelled"] = True
 
 
