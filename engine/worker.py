@@ -76,6 +76,13 @@ before it creates the instance, and deletes the instance again if the XADD fails
 ``requeue`` puts a dead letter back on the ready stream with a fresh count once its
 cause is fixed (XADD there and XDEL from the dead letters, one MULTI/EXEC).
 
+**What stays in Redis.** XADD keeps an entry after it is acknowledged, and XREADGROUP makes a
+consumer that stays after its worker is gone. Every ``TRIM_INTERVAL`` seconds, and as it stops, a
+worker trims the entries every group of the stream is done with (``trim_done``: older than each
+group's oldest pending entry and than what it has not read yet) and drops the consumers holding
+nothing that have not read for ``CONSUMER_IDLE_MS`` (``prune_consumers``: dead workers, once their
+entries were taken over); a worker that stops cleanly drops its own consumer (``forget_consumer``).
+
 The store may be any backend (``memory://NAME`` for worker threads in one process,
 ``sqlite:///`` for workers on one machine, ``redis://`` for many machines); the queue
 is always Redis: ``queue_url``, else the store's URL when it is Redis, else
