@@ -20,8 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from context_layers.stores import open_store
+from engine.cli import main
 
 from .conftest import REDIS_URL, redis_or_skip
 from .test_faults import free_port
@@ -29,12 +31,6 @@ from .test_faults import free_port
 ROOT = Path(__file__).resolve().parents[2]
 BPMN = Path(__file__).parent / "fixtures" / "slow_process.bpmn"
 SHARED = os.environ.get("LAYERFLOW_TEST_REDIS_35", REDIS_URL)
-
-
-def _layerflow(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
 
 
 @pytest.mark.parametrize("down", ["store", "queue"])
@@ -49,15 +45,14 @@ def test_a_redis_that_does_not_answer_at_start_is_bad_input_named_with_its_passw
         where = ["--store", f"sqlite:///{tmp_path / 'store.db'}", "--queue", dead]
     args = (["worker", "--timer-interval", "0", "--stop-after", "1"] if command == "worker" else
             ["submit", str(BPMN), "--data", json.dumps({"amount": 1})])
-    out = _layerflow(*args, *where, "--json")
-    assert out.returncode == 2, (out.returncode, out.stderr)
+    out = CliRunner().invoke(main, [*args, *where, "--json"])
+    assert out.exit_code == 2, (out.exit_code, out.output)
     error = json.loads(out.stdout)["error"]
     shown = dead.replace(":s3cret@", ":***@")
     assert shown in error["message"] and "redis-server" in error["message"], error
-    assert "s3cret" not in out.stdout + out.stderr and "Traceback" not in out.stderr, out.stderr
-    if down == "queue":
-        assert not (tmp_path / "store.db").exists() or "running" not in _layerflow(
-            "list", "--store", f"sqlite:///{tmp_path / 'store.db'}").stdout
+    assert "s3cret" not in out.output and out.exception is None or isinstance(out.exception, SystemExit), out.output
+    if down == "queue" and (tmp_path / "store.db").exists():
+        assert open_store(f"sqlite:///{tmp_path / 'store.db'}").list_instances() == []
 
 
 # ----------------------------------------------------------------------------- what a worker leaves in Redis
@@ -145,3 +140,94 @@ def test_tidying_a_stream_the_queue_lost_leaves_it_to_the_worker_s_recovery(scen
     finally:
         raw.close()
         client.close()
+
+
+# ----------------------------------------------------------------------------- three workers, one killed
+
+CREW = Path(__file__).parent / "fixtures" / "workers35" / "crew.bpmn"
+CREW_COUNT = 9
+
+
+def _runs(path: Path) -> list[tuple[int, str, str, int, float]]:
+    rows = [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+    return [(int(n), activity, what, int(pid), float(t)) for n, activity, what, pid, t in rows]
+
+
+@pytest.mark.slow
+def test_three_workers_one_killed_mid_activity_finish_every_instance_once(scene, tmp_path: Path) -> None:
+    """Three `layerflow worker` processes on one stream; one is killed (-9) in the middle of an
+    activity. Its entry is taken over: every instance completes, each activity once on its tape,
+    only the killed one's activity ran twice (once in the killed process), no two processes ever
+    ran one instance at the same moment, no dead letter, and the stream ends empty."""
+    import redis
+
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CREW_RUNS": str(runs), "CREW_SECONDS": "0.3"}
+    common = ["--store", scene["store"], "--stream", scene["stream"]]
+    from engine.worker import queue_client, submit
+
+    client = queue_client(queue_url=SHARED)
+    ids = [submit(scene["store"], CREW, {"n": n}, stream=scene["stream"], client=client) for n in range(CREW_COUNT)]
+    procs = [subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", *common, "--consumer", f"crew{i}",
+                               "--idle-ms", "1000", "--timer-interval", "0"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"crew{i}.log", "wb"))
+             for i in range(3)]
+    raw = redis.Redis.from_url(SHARED, decode_responses=True)
+    try:
+        deadline = time.monotonic() + 30
+        victim = None
+        while victim is None and time.monotonic() < deadline:  # a `work` begun and not ended
+            rows = _runs(runs)
+            ended = {(n, pid) for n, a, what, pid, _ in rows if a == "work" and what == "end"}
+            begun = [(n, pid) for n, a, what, pid, _ in rows if a == "work" and what == "begin" and (n, pid) not in ended]
+            if begun and any(p.pid == begun[0][1] for p in procs):
+                victim = begun[0]
+            time.sleep(0.02)
+        assert victim is not None, "no worker began `work`"
+        killed = next(p for p in procs if p.pid == victim[1])
+        killed.kill()
+        killed.wait(timeout=10)
+
+        store = open_store(scene["store"])
+        while time.monotonic() < deadline:
+            if {r["status"] for r in store.list_instances()} == {"completed"}:
+                break
+            time.sleep(0.1)
+        assert {r["instance_id"]: r["status"] for r in store.list_instances()} == {i: "completed" for i in ids}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait(timeout=20)
+        client.close()
+
+    from context_layers.stores import InstanceRecords
+    from engine import Engine
+
+    engine = Engine(InstanceRecords(open_store(scene["store"])))
+    for iid in ids:
+        tape = engine.load(iid).main.tape.to_list()
+        begins = [e["data"]["task_id"] for e in tape if e["kind"] == "begin"]
+        assert begins == ["intake", "work", "close"], (iid, begins)
+        assert [e["seq"] for e in tape] == list(range(1, len(tape) + 1)), iid
+    rows = _runs(runs)
+    twice = {(n, a) for n, a, what, _, _ in rows if what == "begin"
+             if sum(1 for m, b, w, _, _ in rows if (m, b, w) == (n, a, "begin")) > 1}
+    assert twice == {(victim[0], "work")}, twice
+    # never two processes in one instance at once: per instance, each begin..end span is one process's
+    for n in range(CREW_COUNT):
+        spans = sorted((t, what, pid) for m, _, what, pid, t in rows if m == n)
+        inside = None
+        for _t, what, pid in spans:
+            if what == "begin":
+                assert inside in (None, victim[1]), (n, spans)  # the killed one never ended its begin
+                inside = pid
+            else:
+                assert inside == pid, (n, spans)
+                inside = None
+    assert raw.xlen(f"{scene['stream']}:dead") == 0
+    assert raw.xlen(scene["stream"]) == 0 and raw.xpending(scene["stream"], "workers")["pending"] == 0
+    survivors = {c["name"] for c in raw.xinfo_consumers(scene["stream"], "workers")}
+    assert survivors <= {f"crew{procs.index(killed)}"}, survivors  # those stopped cleanly took theirs out
+    raw.close()
