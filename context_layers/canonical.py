@@ -316,19 +316,24 @@ class Memo(dict[K, V], Generic[K, V]):
 
 
 def remember_value(by_id: "Memo[tuple[Any, int], tuple[Any, V]]", by_text: "Memo[tuple[Any, str], V]",
-                   key: Any, value: Any, compute: Callable[[], V]) -> V:
+                   key: Any, value: Any, compute: Callable[[], V], *, cost: Callable[[V], int] | None = None) -> V:
     """``compute()`` for an immutable context value, remembered by identity (the memo holds
     the value, so its id is not reused while remembered) and by ``key`` and ``repr`` (an
     equal value built anew: context values hold JSON types only, whose repr tells equal
     values from unequal ones). Both memories are charged the length of the repr (what the
-    value takes, held as an object or as its text) and of a text remembered for it."""
+    value takes, held as an object or as its text) and what the result takes: its length when it
+    is a text, else ``cost(result)`` (in bytes, roughly), else nothing."""
     hit = by_id.get((key, id(value)))
     if hit is not None and hit[0] is value:
         return hit[1]
     text = (key, repr(value))
     out = by_text.get(text)
+    charge = len(text[1])
     if out is None:
         out = compute()
-        by_text.put(text, out, chars=len(text[1]) + (len(out) if isinstance(out, str) else 0))
-    by_id.put((key, id(value)), (value, out), chars=len(text[1]) + (len(out) if isinstance(out, str) else 0))
+        charge += len(out) if isinstance(out, str) else cost(out) if cost is not None else 0
+        by_text.put(text, out, chars=charge)
+    else:
+        charge += len(out) if isinstance(out, str) else cost(out) if cost is not None else 0
+    by_id.put((key, id(value)), (value, out), chars=charge)
     return out

@@ -185,8 +185,9 @@ def _signature(s: frozenset[int]) -> tuple[int, ...]:
 # same sets are clustered again and again (a context is scored before a compression
 # and by ``evaluate`` after it, the console scores what ``detect`` scored; the shingle
 # caches hand every instance of a process the same set objects). Bounded by entries and by the
-# shingles its keys hold (over 100 bytes each, in a set; a long text has one per word): cleared when full.
-_CLUSTERS: Memo[tuple[tuple[frozenset[int], ...], float, int], Clusters] = Memo(1 << 8, chars=1 << 15)
+# bytes of the shingles its keys hold (a long text has one per word): cleared when full.
+SHINGLE_BYTES = 100  # what one shingle takes in a frozenset, about: the int and its slot of the table
+_CLUSTERS: Memo[tuple[tuple[frozenset[int], ...], float, int], Clusters] = Memo(1 << 8, chars=MEMO_CHARS)
 
 
 def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = NEAR_DUP_JACCARD,
@@ -195,7 +196,8 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     slot = (tuple(sets), threshold, exact_limit)
     clusters = _CLUSTERS.get(slot)
     if clusters is None:
-        clusters = _CLUSTERS.put(slot, _clusters(slot[0], threshold, exact_limit), chars=sum(map(len, slot[0])))
+        clusters = _CLUSTERS.put(slot, _clusters(slot[0], threshold, exact_limit),
+                                 chars=SHINGLE_BYTES * sum(map(len, slot[0])))
     return clusters
 
 
@@ -286,7 +288,13 @@ def entry_shingles(key: str, value: Any) -> frozenset[int]:
     """``shingles(entry_words(key, value))``, remembered for immutable values (see above)."""
     if type(value) not in _IMMUTABLE:
         return shingles(entry_words(key, value))
-    return remember_value(_SHINGLES_BY_ID, _SHINGLES_BY_TEXT, key, value, lambda: shingles(entry_words(key, value)))
+    return remember_value(_SHINGLES_BY_ID, _SHINGLES_BY_TEXT, key, value, lambda: shingles(entry_words(key, value)),
+                          cost=_set_bytes)
+
+
+def _set_bytes(found: frozenset[int]) -> int:
+    """About what a set of shingles takes (an int and a slot of the set's table each)."""
+    return SHINGLE_BYTES * len(found)
 
 
 def word_sets(entries: Iterable[tuple[str, Any]]) -> list[frozenset[int]]:

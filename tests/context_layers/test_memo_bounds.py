@@ -23,9 +23,9 @@ from context_layers.similarity import entry_shingles, near_duplicate_clusters
 from context_layers.summarize import ExtractiveSummarizer
 from context_layers.tokens import count_text, count_value
 
-TEXT_CHARS = 200_000   # one long value: a model's answer, a document
-FED = 60               # distinct ones: 12 M characters in all
-HELD_BYTES = 9 << 20   # what any one memory may keep of them (its bound is 4 M characters)
+TEXT_CHARS = 250_000   # one long value: a model's answer, a document
+FED = 40               # distinct ones: 10 M characters in all
+HELD_BYTES = 7 << 20   # what any one memory may keep of them (its bound is 4 M characters)
 
 
 def _long(i: int) -> str:
