@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from click.testing import CliRunner
 from context_layers.stores import open_store
 from engine.cli import main
 
-from .conftest import REDIS_URL, redis_or_skip
+from .conftest import REDIS_URL, redis_or_skip, scene_on
 from .test_faults import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,18 +58,7 @@ def test_a_redis_that_does_not_answer_at_start_is_bad_input_named_with_its_passw
 
 @pytest.fixture
 def scene() -> Iterator[dict[str, str]]:
-    import redis
-
-    redis_or_skip(SHARED)
-    name = f"workers35{uuid.uuid4().hex[:10]}"
-    try:
-        yield {"store": f"{SHARED}?prefix={name}", "stream": f"{name}-ready"}
-    finally:
-        client = redis.Redis.from_url(SHARED)
-        keys = list(client.scan_iter(match=f"{name}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+    yield from scene_on(SHARED, "workers35")
 
 
 def test_the_stream_keeps_only_what_a_group_has_not_done_and_a_stopped_worker_leaves_no_consumer(scene):
