@@ -25,7 +25,7 @@ from context_layers.stores import open_store
 from engine.cli import main
 
 from .conftest import REDIS_URL, redis_or_skip, scene_on
-from .test_faults import free_port
+from .test_faults import OwnRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 BPMN = Path(__file__).parent / "fixtures" / "slow_process.bpmn"
@@ -219,3 +219,37 @@ def test_three_workers_one_killed_mid_activity_finish_every_instance_once(scene,
     survivors = {c["name"] for c in raw.xinfo_consumers(scene["stream"], "workers")}
     assert survivors <= {f"crew{procs.index(killed)}"}, survivors  # those stopped cleanly took theirs out
     raw.close()
+
+
+def test_a_redis_that_refuses_the_trim_costs_the_tidying_only(tmp_path: Path, caplog) -> None:
+    """An ACL that does not allow XTRIM (a managed Redis, a cautious operator): the worker warns,
+    naming the queue's Redis, and goes on serving the stream; nothing is trimmed."""
+    import logging
+
+    import redis
+
+    from engine.worker import _tidy, submit
+
+    server = OwnRedis(tmp_path, durable=False)
+    server.start()
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.acl_setuser("lf", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-xtrim"])
+        url = server.url.replace("redis://", "redis://lf:pw@")
+        store = f"sqlite:///{tmp_path / 'store.db'}"
+        from engine.worker import queue_client
+
+        client = queue_client(queue_url=url)
+        submit(store, BPMN, {"amount": 1}, stream="s", client=client)
+        client.xreadgroup("workers", "w", {"s": ">"}, count=1)
+        [(entry_id, _)] = [(r["message_id"], r) for r in client.xpending_range("s", "workers", "-", "+", 10)]
+        client.xack("s", "workers", entry_id)
+        with caplog.at_level(logging.WARNING, logger="layerflow.worker"):
+            assert _tidy(client, "s", "workers") is True
+        assert client.xlen("s") == 1
+        assert "could not tidy stream 's'" in caplog.text and f"lf:***@127.0.0.1:{server.port}" in caplog.text
+        assert "pw@" not in caplog.text
+        client.close()
+        admin.close()
+    finally:
+        server.stop()
