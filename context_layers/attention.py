@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from .canonical import FrozenDict, Memo, canonical_key, remember_value
+from .canonical import MEMO_CHARS, FrozenDict, Memo, canonical_key, remember_value
 from .context import MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key, names_tool_result
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
@@ -403,7 +403,7 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
 
 
 # Two memories of _tool_mark for frozen values (context values: validated JSON), both
-# bounded (cleared when full):
+# bounded by entries and by the characters of the values' reprs (cleared when full):
 # * id(value) -> (value, mark): a tool result is scored after every activity while it
 #   stays in HISTORY; frozen values never change, and holding the value keeps its id
 #   unique;
@@ -411,8 +411,8 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
 #   same tools, as new objects. Context values hold JSON types only (``freeze``), whose
 #   repr tells equal values from unequal ones, and rendering it costs a fraction of
 #   the mark.
-_MARKS_BY_ID: Memo[tuple[Any, int], tuple[Any, str]] = Memo(1 << 14)
-_MARKS_BY_TEXT: Memo[tuple[Any, str], str] = Memo(1 << 12)
+_MARKS_BY_ID: Memo[tuple[Any, int], tuple[Any, str]] = Memo(1 << 14, chars=MEMO_CHARS)
+_MARKS_BY_TEXT: Memo[tuple[Any, str], str] = Memo(1 << 12, chars=MEMO_CHARS)
 
 
 def _tool_mark(value: Any) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
 __all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "text_problem", "key_problem", "FrozenDict",
-           "FrozenList", "Memo", "remember_value"]
+           "FrozenList", "MEMO_CHARS", "Memo", "remember_value"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -287,33 +287,53 @@ def thaw(value: Any) -> Any:
     return value
 
 
+MEMO_CHARS = 1 << 22  # characters of keys and values a memory of long texts holds at most (about 4 MB each)
+
+
 class Memo(dict[K, V], Generic[K, V]):
     """A cache for a pure function: a dict that forgets everything once it holds ``limit``
-    entries (bounded, and cheaper than keeping an LRU order on a hot path)."""
+    entries, or once the characters charged to its entries (``put(..., chars=)``: the length
+    of a text key, of a value's repr) would pass ``chars`` (bounded, and cheaper than keeping
+    an LRU order on a hot path). A worker runs instance after instance in one process, each
+    with texts of its own: bounded by entries alone, a memory of long texts grows to gigabytes."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, chars: int | None = None) -> None:
         super().__init__()
         self.limit = limit
+        self.max_chars = chars
+        self.chars = 0  # charged to the entries held
 
-    def put(self, key: K, value: V) -> V:
-        if len(self) >= self.limit:
+    def put(self, key: K, value: V, *, chars: int = 0) -> V:
+        if len(self) >= self.limit or (self.max_chars is not None and self.chars + chars > self.max_chars):
             self.clear()
         self[key] = value
+        self.chars += chars
         return value
+
+    def clear(self) -> None:
+        super().clear()
+        self.chars = 0
 
 
 def remember_value(by_id: "Memo[tuple[Any, int], tuple[Any, V]]", by_text: "Memo[tuple[Any, str], V]",
-                   key: Any, value: Any, compute: Callable[[], V]) -> V:
+                   key: Any, value: Any, compute: Callable[[], V], *, cost: Callable[[V], int] | None = None) -> V:
     """``compute()`` for an immutable context value, remembered by identity (the memo holds
     the value, so its id is not reused while remembered) and by ``key`` and ``repr`` (an
     equal value built anew: context values hold JSON types only, whose repr tells equal
-    values from unequal ones)."""
+    values from unequal ones). Both memories are charged the length of the repr (what the
+    value takes, held as an object or as its text) and what the result takes: its length when it
+    is a text, else ``cost(result)`` (in bytes, roughly), else nothing."""
     hit = by_id.get((key, id(value)))
     if hit is not None and hit[0] is value:
         return hit[1]
     text = (key, repr(value))
     out = by_text.get(text)
+    charge = len(text[1])
     if out is None:
-        out = by_text.put(text, compute())
-    by_id.put((key, id(value)), (value, out))
+        out = compute()
+        charge += len(out) if isinstance(out, str) else cost(out) if cost is not None else 0
+        by_text.put(text, out, chars=charge)
+    else:
+        charge += len(out) if isinstance(out, str) else cost(out) if cost is not None else 0
+    by_id.put((key, id(value)), (value, out), chars=charge)
     return out

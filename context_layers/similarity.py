@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import FrozenDict, FrozenList, Memo, remember_value
+from .canonical import MEMO_CHARS, FrozenDict, FrozenList, Memo, remember_value
 
 __all__ = [
     "EXACT_LIMIT",
@@ -184,8 +184,10 @@ def _signature(s: frozenset[int]) -> tuple[int, ...]:
 # (sets, threshold, exact_limit) -> Clusters: a pure function of immutable sets, and the
 # same sets are clustered again and again (a context is scored before a compression
 # and by ``evaluate`` after it, the console scores what ``detect`` scored; the shingle
-# caches hand every instance of a process the same set objects). Bounded: cleared when full.
-_CLUSTERS: Memo[tuple[tuple[frozenset[int], ...], float, int], Clusters] = Memo(1 << 8)
+# caches hand every instance of a process the same set objects). Bounded by entries and by the
+# bytes of the shingles its keys hold (a long text has one per word): cleared when full.
+SHINGLE_BYTES = 100  # what one shingle takes in a frozenset, about: the int and its slot of the table
+_CLUSTERS: Memo[tuple[tuple[frozenset[int], ...], float, int], Clusters] = Memo(1 << 8, chars=MEMO_CHARS)
 
 
 def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = NEAR_DUP_JACCARD,
@@ -194,7 +196,8 @@ def near_duplicate_clusters(sets: Sequence[frozenset[int]], threshold: float = N
     slot = (tuple(sets), threshold, exact_limit)
     clusters = _CLUSTERS.get(slot)
     if clusters is None:
-        clusters = _CLUSTERS.put(slot, _clusters(slot[0], threshold, exact_limit))
+        clusters = _CLUSTERS.put(slot, _clusters(slot[0], threshold, exact_limit),
+                                 chars=SHINGLE_BYTES * sum(map(len, slot[0])))
     return clusters
 
 
@@ -267,7 +270,7 @@ def _clusters(sets: Sequence[frozenset[int]], threshold: float, exact_limit: int
 
 
 # Two memories of entry_shingles for immutable values (context values), both bounded
-# (cleared when full):
+# by entries and by the characters of the values' reprs (cleared when full):
 # * (key, id(value)) -> (value, shingles): HISTORY keeps the same objects from one
 #   activity to the next, so the score after every activity hashes only the new
 #   entries. The entry holds the value itself: while it is cached its id cannot be
@@ -277,15 +280,21 @@ def _clusters(sets: Sequence[frozenset[int]], threshold: float, exact_limit: int
 #   types only (``freeze``), whose repr tells equal values from unequal ones, and
 #   rendering it costs a fraction of hashing the shingles.
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), FrozenDict, FrozenList})
-_SHINGLES_BY_ID: Memo[tuple[Any, int], tuple[Any, frozenset[int]]] = Memo(1 << 15)
-_SHINGLES_BY_TEXT: Memo[tuple[Any, str], frozenset[int]] = Memo(1 << 12)
+_SHINGLES_BY_ID: Memo[tuple[Any, int], tuple[Any, frozenset[int]]] = Memo(1 << 15, chars=MEMO_CHARS)
+_SHINGLES_BY_TEXT: Memo[tuple[Any, str], frozenset[int]] = Memo(1 << 12, chars=MEMO_CHARS)
 
 
 def entry_shingles(key: str, value: Any) -> frozenset[int]:
     """``shingles(entry_words(key, value))``, remembered for immutable values (see above)."""
     if type(value) not in _IMMUTABLE:
         return shingles(entry_words(key, value))
-    return remember_value(_SHINGLES_BY_ID, _SHINGLES_BY_TEXT, key, value, lambda: shingles(entry_words(key, value)))
+    return remember_value(_SHINGLES_BY_ID, _SHINGLES_BY_TEXT, key, value, lambda: shingles(entry_words(key, value)),
+                          cost=_set_bytes)
+
+
+def _set_bytes(found: frozenset[int]) -> int:
+    """About what a set of shingles takes (an int and a slot of the set's table each)."""
+    return SHINGLE_BYTES * len(found)
 
 
 def word_sets(entries: Iterable[tuple[str, Any]]) -> list[frozenset[int]]:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .canonical import Memo, canonical_json
+from .canonical import MEMO_CHARS, Memo, canonical_json
 from .hooks import note_redacted
 from .tokens import DEFAULT_ENCODING, count_text, truncate_to_tokens
 
@@ -172,7 +172,7 @@ def _scalar_text(v: Any) -> str:
 _SENTENCE = re.compile(r"(?<=[.!?;\u3002\uff01\uff1f\uff1b])\s+")
 _WORD = re.compile(r"\w+")
 _DIGIT = re.compile(r"\d")
-_SUMMARIES: Memo[tuple[type, str, str, int], str] = Memo(1 << 10)
+_SUMMARIES: Memo[tuple[type, str, str, int], str] = Memo(1 << 10, chars=MEMO_CHARS)
 
 
 class ExtractiveSummarizer:
@@ -196,7 +196,7 @@ class ExtractiveSummarizer:
         slot = (type(self), self.encoding, text, max_tokens)
         summary = _SUMMARIES.get(slot)
         if summary is None:
-            summary = _SUMMARIES.put(slot, self._summarize(text, max_tokens))
+            summary = _SUMMARIES.put(slot, self._summarize(text, max_tokens), chars=len(text))
         return summary
 
     def _summarize(self, text: str, max_tokens: int) -> str:

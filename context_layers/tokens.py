@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .canonical import canonical_json
+from .canonical import MEMO_CHARS, Memo, canonical_json
 from .errors import LayerflowError
 
 __all__ = ["DEFAULT_ENCODING", "count_text", "count_value", "encoding", "tokenizer_dir", "truncate_to_tokens"]
@@ -88,9 +88,18 @@ def encoding(name: str = DEFAULT_ENCODING) -> Any:
         raise LayerflowError(f"cannot load tiktoken encoding {name!r} from {folder}: {exc}; {hint}") from exc
 
 
-@functools.lru_cache(maxsize=1 << 16)
+# Token counts by text: every instance of a process renders the same system prompt and the same
+# records again. Bounded by the characters of its texts as well as by their number, since a worker
+# meets new texts (applications, model answers) with every instance it runs.
+_COUNTS: Memo[tuple[str, str], int] = Memo(1 << 16, chars=MEMO_CHARS)
+
+
 def _count(text: str, name: str) -> int:
-    return len(encoding(name).encode(text, disallowed_special=()))
+    slot = (text, name)
+    found = _COUNTS.get(slot)
+    if found is None:
+        found = _COUNTS.put(slot, len(encoding(name).encode(text, disallowed_special=())), chars=len(text))
+    return found
 
 
 def count_text(text: str, name: str = DEFAULT_ENCODING) -> int:

@@ -93,6 +93,7 @@ def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str
     try:
         target = open_store(_shared_store(store, "worker", as_json))
         client = queue_client(target.url, queue)
+        _answers(client)
     except LayerflowError as err:  # the --store / --queue named cannot be used: bad input, as for submit
         _fail(str(err), as_json=as_json, kind=err.kind)
     try:
@@ -106,6 +107,17 @@ def worker(ctx: click.Context, store: str | None, queue: str | None, stream: str
     click.echo(json.dumps(doc) if as_json else
                f"worker {stats.consumer}: {stats.acked} done, {stats.ran} run, {stats.reclaimed} taken over, "
                f"{stats.conflicts} conflicts, {stats.dead} dead-lettered", file=json_stdout())
+
+
+def _answers(client: Any) -> None:
+    """The queue's Redis answers: one that does not is named at start (exit 2, as for the store and
+    for ``submit``); once running, a worker waits out an outage instead."""
+    import redis
+
+    try:
+        client.ping()
+    except redis.RedisError as err:
+        raise queue_error(client, err) from err
 
 
 def _on_queue(store: str | None, queue: str | None, as_json: bool, action: Callable[[Any], Any]) -> Any:

@@ -76,6 +76,13 @@ before it creates the instance, and deletes the instance again if the XADD fails
 ``requeue`` puts a dead letter back on the ready stream with a fresh count once its
 cause is fixed (XADD there and XDEL from the dead letters, one MULTI/EXEC).
 
+**What stays in Redis.** XADD keeps an entry after it is acknowledged, and XREADGROUP makes a
+consumer that stays after its worker is gone. Every ``TRIM_INTERVAL`` seconds, and as it stops, a
+worker trims the entries every group of the stream is done with (``trim_done``: older than each
+group's oldest pending entry and than what it has not read yet) and drops the consumers holding
+nothing that have not read for ``CONSUMER_IDLE_MS`` (``prune_consumers``: dead workers, once their
+entries were taken over); a worker that stops cleanly drops its own consumer (``forget_consumer``).
+
 The store may be any backend (``memory://NAME`` for worker threads in one process,
 ``sqlite:///`` for workers on one machine, ``redis://`` for many machines); the queue
 is always Redis: ``queue_url``, else the store's URL when it is Redis, else
@@ -110,13 +117,15 @@ from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
            "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue",
-           "requeue_running"]
+           "requeue_running", "trim_done", "prune_consumers", "forget_consumer"]
 
 DEFAULT_STREAM = "layerflow:ready"
 DEFAULT_GROUP = "workers"
 DEFAULT_MAX_DELIVERIES = 5
 AT_REST = ("completed", "waiting", "error", "cancelled")
 ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may quote a whole record
+TRIM_INTERVAL = 5.0  # seconds between trims of the entries every group is done with (``trim_done``)
+CONSUMER_IDLE_MS = 3600_000  # a consumer with nothing pending that did not read for this long is gone
 BEGUN_TTL = 24 * 3600  # seconds an "activity begun" marker outlives a worker that died before its instance rested
 
 log = logging.getLogger("layerflow.worker")
@@ -290,6 +299,61 @@ def enqueue_due_timers(engine: Engine, client: Any, stream: str = DEFAULT_STREAM
             enqueue(client, item["instance_id"], stream=stream, wake="timer")
             queued += 1
     return queued
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def trim_done(client: Any, stream: str = DEFAULT_STREAM) -> int:
+    """Remove from ``stream`` the entries that every consumer group of it is done with: older than
+    each group's oldest pending entry and than the next entry it has not read yet. How many went.
+
+    XADD keeps every entry, acknowledged or not: without this the stream holds every instance ever
+    submitted, in the Redis memory, for good. An entry pending with a worker that died stays (and
+    so does everything after it) until a live worker takes it over and finishes it; a stream that
+    no group reads is left alone."""
+    groups = client.xinfo_groups(stream)
+    if not groups:
+        return 0
+    floor: tuple[int, int] | None = None
+    for group in groups:
+        last = _id_key(str(group["last-delivered-id"]))
+        mark = (last[0], last[1] + 1)  # what the group has read, it has acknowledged or holds as pending
+        if group["pending"]:
+            oldest = client.xpending(stream, group["name"]).get("min")
+            if oldest:
+                mark = min(mark, _id_key(str(oldest)))
+        floor = mark if floor is None else min(floor, mark)
+    if floor is None or floor <= (0, 1):
+        return 0
+    return int(client.xtrim(stream, minid=f"{floor[0]}-{floor[1]}"))
+
+
+_FORGET_CONSUMER = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if #pending > 0 then return -1 end
+return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+"""
+
+
+def prune_consumers(client: Any, stream: str, group: str, idle_ms: int = CONSUMER_IDLE_MS) -> list[str]:
+    """Take out of ``group`` the consumers with nothing pending that did not read for ``idle_ms``:
+    workers that died (kill -9, a lost machine) once a live worker has taken their entries over. A
+    live worker reads every second or holds its entry in hand, and one taken out by mistake is made
+    again by its next read. The names of those taken out."""
+    gone = [str(c["name"]) for c in client.xinfo_consumers(stream, group)
+            if not c["pending"] and int(c.get("idle", 0)) >= idle_ms]
+    return [name for name in gone if forget_consumer(client, stream, group, name)]
+
+
+def forget_consumer(client: Any, stream: str, group: str, consumer: str) -> bool:
+    """Take ``consumer`` out of ``group`` if no entry is pending with it (one MULTI-free script:
+    an entry given back to it in between keeps it); whether it went. A worker that stops cleanly
+    does this for itself: restarts (deploys, a crash loop) would otherwise leave a consumer in the
+    group for every worker process that ever ran."""
+    return int(client.eval(_FORGET_CONSUMER, 1, stream, group, consumer)) >= 0
 
 
 def dead_letters(client: Any, stream: str = DEFAULT_STREAM, *, dead_stream: str | None = None,
@@ -527,12 +591,16 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     cursor = "0-0"
     pause = 0.0
     next_scan = 0.0
+    next_trim = time.monotonic() + TRIM_INTERVAL
     try:
         while not stop.is_set() and (stop_after is None or stats.acked + stats.dead < stop_after):
             try:
                 if timer_interval and time.monotonic() >= next_scan:
                     next_scan = time.monotonic() + timer_interval
                     stats.timers += enqueue_due_timers(engine, client, stream, interval=timer_interval)
+                if time.monotonic() >= next_trim:
+                    next_trim = time.monotonic() + TRIM_INTERVAL
+                    _tidy(client, stream, group)
                 # entries of dead workers first, then new ones; who had each one before (XAUTOCLAIM
                 # does not say) for the takeover's log line and tape note
                 owners = {row["message_id"]: row["consumer"] for row in client.xpending_range(
@@ -581,7 +649,38 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                               "stream: %s", _store_label(store), lost)
     finally:
         restore()
+        _leave(client, stream, group, consumer)
     return stats
+
+
+def _leave(client: Any, stream: str, group: str, consumer: str) -> None:
+    """As the worker stops: trim what is done, and take its consumer out of the group when nothing
+    is pending with it. Only tidying: a queue that does not answer now is left as it is (the next
+    worker's trim catches up; a consumer left behind costs a few bytes)."""
+    import redis
+
+    try:
+        if _tidy(client, stream, group):
+            forget_consumer(client, stream, group, consumer)
+    except redis.RedisError as err:
+        log.debug("worker %s: could not tidy stream %r on leaving: %s", consumer, stream, err)
+
+
+def _tidy(client: Any, stream: str, group: str) -> bool:
+    """``trim_done`` and ``prune_consumers``; False when the stream or its group is gone (the queue's
+    Redis lost its data: the worker's next read finds that out and deals with it)."""
+    import redis
+
+    try:
+        trim_done(client, stream)
+        prune_consumers(client, stream, group)
+    except redis.ResponseError as err:
+        if _stream_lost(err) or "no such key" in str(err).lower():
+            return False
+        # a Redis that refuses a command here (an ACL without XTRIM or EVAL): the stream is only not
+        # tidied; the worker goes on serving it
+        log.warning("could not tidy stream %r of the queue's Redis %s: %s", stream, _queue_where(client), err)
+    return True
 
 
 def _warn_if_evicting(*clients: Any) -> None:

@@ -143,3 +143,20 @@ def indexed(backend: Backend) -> set[str]:
         return set(client.zrange(f"{backend.redis_prefix}:due", 0, -1))
     finally:
         client.close()
+
+
+def scene_on(url: str, tag: str) -> Iterator[dict[str, str]]:
+    """For a fixture: a key prefix and a stream of one test's own on the Redis at ``url`` (``name``,
+    ``store``: the store URL with that prefix, ``stream``), its keys removed afterwards."""
+    import redis
+
+    redis_or_skip(url)
+    name = f"{tag}{uuid.uuid4().hex[:10]}"
+    try:
+        yield {"name": name, "store": f"{url}?prefix={name}", "stream": f"{name}-ready"}
+    finally:
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(match=f"{name}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()

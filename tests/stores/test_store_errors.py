@@ -202,7 +202,7 @@ def test_submit_to_a_queue_that_does_not_answer_leaves_nothing(tmp_path):
 def test_a_worker_whose_queue_does_not_answer_says_so(tmp_path):
     result = invoke("worker", "--store", f"sqlite:///{tmp_path / 'store.db'}", "--queue", "redis://127.0.0.1:1/0",
                     "--stop-after", "1", "--json")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # bad input, as for a --store that does not answer and for submit
     error = json_error(result)
     assert error["kind"] == "store_unavailable" and "--queue" in error["message"]
 

@@ -14,13 +14,12 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.stores.conftest import redis_or_skip
+from tests.stores.conftest import scene_on
 
 pytestmark = pytest.mark.slow
 
@@ -49,18 +48,7 @@ def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def scene() -> Iterator[dict[str, str]]:
-    import redis
-
-    redis_or_skip(SHARED)
-    name = f"workers34{uuid.uuid4().hex[:10]}"
-    try:
-        yield {"name": name, "store": f"{SHARED}?prefix={name}", "stream": f"{name}-ready"}
-    finally:
-        client = redis.Redis.from_url(SHARED)
-        keys = list(client.scan_iter(match=f"{name}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+    yield from scene_on(SHARED, "workers34")
 
 
 def test_a_damaged_record_or_a_lost_tape_is_dead_lettered_not_run_and_the_others_are_served(scene):
