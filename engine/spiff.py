@@ -124,6 +124,7 @@ from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
 from SpiffWorkflow.spiff.specs.event_definitions import ErrorEventDefinition as SpiffErrorEventDefinition
 from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinition as SpiffEscalationEventDefinition
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
+from SpiffWorkflow.util.deep_merge import DeepMerge
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers.errors import ActivityError
@@ -2271,14 +2272,15 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     # the tasks with data (usually none: the engine keeps data in its contexts), found once
     # here rather than per task (UUIDs hash in Python)
     with_data = {tid: task for tid, task in tasks.items() if task.data}
+    parent_keys: dict[int, tuple[Any, ...]] = {}  # id(task with data) -> its keys, for its children
     parts = []
     for tid, task in tasks.items():
-        mark = _task_fingerprint(task, tasks, with_data)
+        mark = _task_fingerprint(task, tasks, with_data, parent_keys)
         hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
             continue
-        body = _plain_task_json(task, registry, texts) if mark is not None else None
+        body = _plain_task_json(task, registry, texts) if mark is not None else _encoded_task_json(task, registry, texts)
         if body is None:
             body = _ENCODE(registry.convert(task))
         text = f"{texts.quoted(tid)}:{body}"
@@ -2354,14 +2356,48 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
     return text
 
 
-def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[Any, Any]) -> tuple[Any, ...] | None:
+# does _encoded_task_json write what the registry builds? checked at its first use
+_ENCODED_TASKS: dict[str, bool] = {}
+
+
+def _encoded_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
+    """The JSON text of SpiffWorkflow's ``TaskConverter.to_dict`` (with its typename) for a
+    task with data no fingerprint describes (a multi-instance activity's task, holding its
+    input and output collections): its fields encoded in one call, its ids from ``texts``.
+    The converter writes ``str(UUID)`` of every child, and such a task lists every instance
+    of the activity as a child, at every save. The first use compares the text with the
+    registry's own result; on a difference it is never used again (None)."""
+    if _ENCODED_TASKS.get("checked") is False:
+        return None
+    parent_task = task.parent
+    if parent_task is None:
+        data, delta = task.data, {}
+    else:
+        data, delta = {}, {"updates": DeepMerge.get_updated_keys(parent_task.data, task.data),
+                           "deletions": DeepMerge.get_deleted_keys(parent_task.data, task.data)}
+    fields = _ENCODE({"last_state_change": task.last_state_change, "state": task._state,
+                      "task_spec": task.task_spec.name, "triggered": task.triggered,
+                      "internal_data": registry.convert(task.internal_data), "data": data, "delta": delta})
+    parent = texts.quoted(task._parent) if parent_task is not None else "null"
+    text = (f'{{"id":{texts.quoted(task.id)},"parent":{parent},"children":[{",".join(map(texts.quoted, task._children))}],'
+            f'{fields[1:-1]},"typename":{_ENCODE(registry.typenames.get(type(task)))}}}')
+    if "checked" not in _ENCODED_TASKS:
+        _ENCODED_TASKS["checked"] = text == _ENCODE(registry.convert(task))
+        if not _ENCODED_TASKS["checked"]:
+            return None
+    return text
+
+
+def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[Any, Any],
+                      parent_keys_of: dict[int, tuple[Any, ...]]) -> tuple[Any, ...] | None:
     """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
 
     Data is stored as changes against the parent's data. A task whose own data holds only
     scalars under keys its parent's data does not have (an instance of a multi-instance
     activity: its input and output items) stores them all as updates and the parent's keys
     as deletions, whatever the parent's values: its own items and the parent's keys
-    decide its text. The engine keeps every other task's data empty."""
+    decide its text. The engine keeps every other task's data empty. ``parent_keys_of``: the
+    keys of the parents' data met so far in this save (by ``id`` of the parent)."""
     data = task.data
     parent_keys: tuple[Any, ...] = ()
     if data:
@@ -2369,9 +2405,11 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[An
     else:  # only a parent with data matters
         parent = with_data.get(task._parent) if with_data and task._parent is not None else None
     if parent is not None:
-        if parent.data:
-            parent_keys = tuple(parent.data)
-            if data and any(k in parent.data for k in data):
+        parent_data = parent.data
+        if parent_data:
+            # the instances of a multi-instance activity share their parent: its keys once per save
+            parent_keys = parent_keys_of.get(id(parent)) or parent_keys_of.setdefault(id(parent), tuple(parent_data))
+            if data and not parent_data.keys().isdisjoint(data):
                 return None
     elif data:
         return None  # a root task's data is written whole
