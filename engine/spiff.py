@@ -2171,6 +2171,8 @@ class _TaskTexts:
     # workflow, which would then never leave the weak cache.
     tasks: dict[Any, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
     ids: dict[Any, str] = field(default_factory=dict)  # task id (a UUID) -> its JSON string
+    # task id -> (its children's ids, their JSON list): for a task with many children
+    children: dict[Any, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
 
     def quoted(self, task_id: Any) -> str:
         text = self.ids.get(task_id)
@@ -2272,10 +2274,10 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     # the tasks with data (usually none: the engine keeps data in its contexts), found once
     # here rather than per task (UUIDs hash in Python)
     with_data = {tid: task for tid, task in tasks.items() if task.data}
-    parent_keys: dict[int, tuple[Any, ...]] = {}  # id(task with data) -> its keys, for its children
+    parents: dict[int, tuple[bool, Any, tuple[Any, ...]]] = {}  # _task_fingerprint's, for this save
     parts = []
     for tid, task in tasks.items():
-        mark = _task_fingerprint(task, tasks, with_data, parent_keys)
+        mark = _task_fingerprint(task, tasks, with_data, parents)
         hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
@@ -2293,6 +2295,7 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
         for tid in [t for t in cache if t not in tasks]:
             del cache[tid]
             texts.ids.pop(tid, None)
+            texts.children.pop(tid, None)
     return "{" + ",".join(parts) + "}"
 
 
@@ -2379,7 +2382,11 @@ def _encoded_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | Non
                       "task_spec": task.task_spec.name, "triggered": task.triggered,
                       "internal_data": registry.convert(task.internal_data), "data": data, "delta": delta})
     parent = texts.quoted(task._parent) if parent_task is not None else "null"
-    text = (f'{{"id":{texts.quoted(task.id)},"parent":{parent},"children":[{",".join(map(texts.quoted, task._children))}],'
+    ids = tuple(task._children)
+    known = texts.children.get(task.id)
+    if known is None or known[0] != ids:
+        known = texts.children[task.id] = (ids, ",".join(map(texts.quoted, ids)))
+    text = (f'{{"id":{texts.quoted(task.id)},"parent":{parent},"children":[{known[1]}],'
             f'{fields[1:-1]},"typename":{_ENCODE(registry.typenames.get(type(task)))}}}')
     if "checked" not in _ENCODED_TASKS:
         _ENCODED_TASKS["checked"] = text == _ENCODE(registry.convert(task))
@@ -2389,32 +2396,34 @@ def _encoded_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | Non
 
 
 def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[Any, Any],
-                      parent_keys_of: dict[int, tuple[Any, ...]]) -> tuple[Any, ...] | None:
+                      parents: dict[int, tuple[bool, Any, tuple[Any, ...]]]) -> tuple[Any, ...] | None:
     """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
 
     Data is stored as changes against the parent's data. A task whose own data holds only
     scalars under keys its parent's data does not have (an instance of a multi-instance
     activity: its input and output items) stores them all as updates and the parent's keys
     as deletions, whatever the parent's values: its own items and the parent's keys
-    decide its text. The engine keeps every other task's data empty. ``parent_keys_of``: the
-    keys of the parents' data met so far in this save (by ``id`` of the parent)."""
+    decide its text. The engine keeps every other task's data empty.
+
+    ``parents``: the parents looked up so far in this save (whether there is one, its data when
+    not empty, its keys), by ``id`` of the parent's id object: the instances of a
+    multi-instance activity share theirs, so it is looked up (a UUID hashes in Python) once."""
     data = task.data
-    parent_keys: tuple[Any, ...] = ()
-    if data:
-        parent = tasks.get(task._parent) if task._parent is not None else None
-    else:  # only a parent with data matters
-        parent = with_data.get(task._parent) if with_data and task._parent is not None else None
-    if parent is not None:
-        parent_data = parent.data
-        if parent_data:
-            # the instances of a multi-instance activity share their parent: its keys once per save
-            parent_keys = parent_keys_of.get(id(parent)) or parent_keys_of.setdefault(id(parent), tuple(parent_data))
-            if data and not parent_data.keys().isdisjoint(data):
-                return None
-    elif data:
-        return None  # a root task's data is written whole
+    pid = task._parent
+    has_parent, parent_data, parent_keys = False, None, ()
+    if pid is not None and (data or with_data):  # a task without data: only a parent with data matters
+        known = parents.get(id(pid))
+        if known is None:
+            parent = tasks.get(pid)
+            pdata = parent.data if parent is not None else None
+            known = parents[id(pid)] = (parent is not None, pdata or None, tuple(pdata) if pdata else ())
+        has_parent, parent_data, parent_keys = known
     items: tuple[Any, ...] = ()
     if data:
+        if not has_parent:
+            return None  # a root task's data is written whole
+        if parent_data is not None and not parent_data.keys().isdisjoint(data):
+            return None
         items = tuple(data.items())
         for key, value in items:
             if type(key) is not str or type(value) not in _SCALARS:
@@ -2423,7 +2432,7 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[An
     for _, value in internal:
         if type(value) not in _SCALARS:
             return None
-    return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal, task._parent,
+    return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal, pid,
             task.task_spec.name, items, parent_keys)
 
 
