@@ -2271,13 +2271,13 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     texts = _texts_of(workflow)
     cache = texts.tasks
     tasks = workflow.tasks
-    # the tasks with data (usually none: the engine keeps data in its contexts), found once
-    # here rather than per task (UUIDs hash in Python)
-    with_data = {tid: task for tid, task in tasks.items() if task.data}
+    # whether any task has data (usually none: the engine keeps data in its contexts); when none
+    # has, no task's parent is looked up (UUIDs hash in Python)
+    any_data = any(task.data for task in tasks.values())
     parents: dict[int, tuple[bool, Any, tuple[Any, ...]]] = {}  # _task_fingerprint's, for this save
     parts = []
     for tid, task in tasks.items():
-        mark = _task_fingerprint(task, tasks, with_data, parents)
+        mark = _task_fingerprint(task, tasks, any_data, parents)
         hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
@@ -2395,7 +2395,7 @@ def _encoded_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | Non
     return text
 
 
-def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[Any, Any],
+def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], any_data: bool,
                       parents: dict[int, tuple[bool, Any, tuple[Any, ...]]]) -> tuple[Any, ...] | None:
     """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
 
@@ -2403,7 +2403,8 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[An
     scalars under keys its parent's data does not have (an instance of a multi-instance
     activity: its input and output items) stores them all as updates and the parent's keys
     as deletions, whatever the parent's values: its own items and the parent's keys
-    decide its text. The engine keeps every other task's data empty.
+    decide its text. The engine keeps every other task's data empty (``any_data``: whether
+    any task of the workflow has some).
 
     ``parents``: the parents looked up so far in this save (whether there is one, its data when
     not empty, its keys), by ``id`` of the parent's id object: the instances of a
@@ -2411,7 +2412,7 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[An
     data = task.data
     pid = task._parent
     has_parent, parent_data, parent_keys = False, None, ()
-    if pid is not None and (data or with_data):  # a task without data: only a parent with data matters
+    if pid is not None and (data or any_data):  # a task without data: only a parent with data matters
         known = parents.get(id(pid))
         if known is None:
             parent = tasks.get(pid)
