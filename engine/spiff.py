@@ -124,6 +124,7 @@ from SpiffWorkflow.spiff.specs import defaults as spiff_defaults
 from SpiffWorkflow.spiff.specs.event_definitions import ErrorEventDefinition as SpiffErrorEventDefinition
 from SpiffWorkflow.spiff.specs.event_definitions import EscalationEventDefinition as SpiffEscalationEventDefinition
 from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
+from SpiffWorkflow.util.deep_merge import DeepMerge
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers.errors import ActivityError
@@ -2170,6 +2171,8 @@ class _TaskTexts:
     # workflow, which would then never leave the weak cache.
     tasks: dict[Any, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
     ids: dict[Any, str] = field(default_factory=dict)  # task id (a UUID) -> its JSON string
+    # task id -> (its children's ids, their JSON list): for a task with many children
+    children: dict[Any, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
 
     def quoted(self, task_id: Any) -> str:
         text = self.ids.get(task_id)
@@ -2268,17 +2271,18 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     texts = _texts_of(workflow)
     cache = texts.tasks
     tasks = workflow.tasks
-    # the tasks with data (usually none: the engine keeps data in its contexts), found once
-    # here rather than per task (UUIDs hash in Python)
-    with_data = {tid: task for tid, task in tasks.items() if task.data}
+    # whether any task has data (usually none: the engine keeps data in its contexts); when none
+    # has, no task's parent is looked up (UUIDs hash in Python)
+    any_data = any(task.data for task in tasks.values())
+    parents: dict[int, tuple[bool, Any, tuple[Any, ...]]] = {}  # _task_fingerprint's, for this save
     parts = []
     for tid, task in tasks.items():
-        mark = _task_fingerprint(task, tasks, with_data)
+        mark = _task_fingerprint(task, tasks, any_data, parents)
         hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
             continue
-        body = _plain_task_json(task, registry, texts) if mark is not None else None
+        body = _plain_task_json(task, registry, texts) if mark is not None else _encoded_task_json(task, registry, texts)
         if body is None:
             body = _ENCODE(registry.convert(task))
         text = f"{texts.quoted(tid)}:{body}"
@@ -2291,6 +2295,7 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
         for tid in [t for t in cache if t not in tasks]:
             del cache[tid]
             texts.ids.pop(tid, None)
+            texts.children.pop(tid, None)
     return "{" + ",".join(parts) + "}"
 
 
@@ -2354,29 +2359,72 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
     return text
 
 
-def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[Any, Any]) -> tuple[Any, ...] | None:
+# does _encoded_task_json write what the registry builds? checked at its first use
+_ENCODED_TASKS: dict[str, bool] = {}
+
+
+def _encoded_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
+    """The JSON text of SpiffWorkflow's ``TaskConverter.to_dict`` (with its typename) for a
+    task with data no fingerprint describes (a multi-instance activity's task, holding its
+    input and output collections): its fields encoded in one call, its ids from ``texts``.
+    The converter writes ``str(UUID)`` of every child, and such a task lists every instance
+    of the activity as a child, at every save. The first use compares the text with the
+    registry's own result; on a difference it is never used again (None)."""
+    if _ENCODED_TASKS.get("checked") is False:
+        return None
+    parent_task = task.parent
+    if parent_task is None:
+        data, delta = task.data, {}
+    else:
+        data, delta = {}, {"updates": DeepMerge.get_updated_keys(parent_task.data, task.data),
+                           "deletions": DeepMerge.get_deleted_keys(parent_task.data, task.data)}
+    fields = _ENCODE({"last_state_change": task.last_state_change, "state": task._state,
+                      "task_spec": task.task_spec.name, "triggered": task.triggered,
+                      "internal_data": registry.convert(task.internal_data), "data": data, "delta": delta})
+    parent = texts.quoted(task._parent) if parent_task is not None else "null"
+    ids = tuple(task._children)
+    known = texts.children.get(task.id)
+    if known is None or known[0] != ids:
+        known = texts.children[task.id] = (ids, ",".join(map(texts.quoted, ids)))
+    text = (f'{{"id":{texts.quoted(task.id)},"parent":{parent},"children":[{known[1]}],'
+            f'{fields[1:-1]},"typename":{_ENCODE(registry.typenames.get(type(task)))}}}')
+    if "checked" not in _ENCODED_TASKS:
+        _ENCODED_TASKS["checked"] = text == _ENCODE(registry.convert(task))
+        if not _ENCODED_TASKS["checked"]:
+            return None
+    return text
+
+
+def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], any_data: bool,
+                      parents: dict[int, tuple[bool, Any, tuple[Any, ...]]]) -> tuple[Any, ...] | None:
     """What SpiffWorkflow's task converter reads, when it can be compared cheaply; else None.
 
     Data is stored as changes against the parent's data. A task whose own data holds only
     scalars under keys its parent's data does not have (an instance of a multi-instance
     activity: its input and output items) stores them all as updates and the parent's keys
     as deletions, whatever the parent's values: its own items and the parent's keys
-    decide its text. The engine keeps every other task's data empty."""
+    decide its text. The engine keeps every other task's data empty (``any_data``: whether
+    any task of the workflow has some).
+
+    ``parents``: the parents looked up so far in this save (whether there is one, its data when
+    not empty, its keys), by ``id`` of the parent's id object: the instances of a
+    multi-instance activity share theirs, so it is looked up (a UUID hashes in Python) once."""
     data = task.data
-    parent_keys: tuple[Any, ...] = ()
-    if data:
-        parent = tasks.get(task._parent) if task._parent is not None else None
-    else:  # only a parent with data matters
-        parent = with_data.get(task._parent) if with_data and task._parent is not None else None
-    if parent is not None:
-        if parent.data:
-            parent_keys = tuple(parent.data)
-            if data and any(k in parent.data for k in data):
-                return None
-    elif data:
-        return None  # a root task's data is written whole
+    pid = task._parent
+    has_parent, parent_data, parent_keys = False, None, ()
+    if pid is not None and (data or any_data):  # a task without data: only a parent with data matters
+        known = parents.get(id(pid))
+        if known is None:
+            parent = tasks.get(pid)
+            pdata = parent.data if parent is not None else None
+            known = parents[id(pid)] = (parent is not None, pdata or None, tuple(pdata) if pdata else ())
+        has_parent, parent_data, parent_keys = known
     items: tuple[Any, ...] = ()
     if data:
+        if not has_parent:
+            return None  # a root task's data is written whole
+        if parent_data is not None and not parent_data.keys().isdisjoint(data):
+            return None
         items = tuple(data.items())
         for key, value in items:
             if type(key) is not str or type(value) not in _SCALARS:
@@ -2385,7 +2433,7 @@ def _task_fingerprint(task: Any, tasks: Mapping[Any, Any], with_data: Mapping[An
     for _, value in internal:
         if type(value) not in _SCALARS:
             return None
-    return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal, task._parent,
+    return (task._state, task.last_state_change, task.triggered, tuple(task._children), internal, pid,
             task.task_spec.name, items, parent_keys)
 
 

@@ -35,6 +35,9 @@ RUNS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("nested_parallel", {}, {}),
     ("inclusive_gateway", {"need_credit": True, "need_identity": False, "need_address": True}, {}),
     ("xor_loop", {"batch_size": 4}, {}),
+    ("multi_instance_parallel", {}, {}),
+    ("multi_instance_sequential", {}, {}),
+    ("multi_instance_completion", {"amounts": [2, 4, 6, 8], "limit": 10}, {}),
     ("parallel_user_task", {"title": "Q3 report"},
      {"user_tasks": {"review": {"approved": True, "reviewer": "ann"}}}),
 ]
@@ -77,6 +80,8 @@ def test_plain_tasks_are_written_without_the_registry() -> None:
     engine.run(engine.start(load_process(EXAMPLES / "multi_instance_parallel.bpmn")))
     # forms: (has a parent, has data or a parent with data)
     assert spiff._PLAIN_TASKS == {(False, False): True, (True, False): True, (True, True): True}
+    # the multi-instance activity's own task (its collections are no scalars) is written from its fields
+    assert spiff._ENCODED_TASKS == {"checked": True}
 
 
 def test_a_task_with_data_is_converted_every_time() -> None:
