@@ -2729,10 +2729,12 @@ class _Validator:
                 java = _java_return_instead(source) if mode == "eval" else None
                 spelt = _operators_instead(source) if mode == "eval" and java is None else None
                 spaced = _spaced_names_instead(source) if mode == "eval" else None
+                keyworded = _keyword_names_instead(source) if mode == "eval" else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
                         else java if java is not None
                         else f"Python writes {_operators_said(source)}: write {spelt!r}" if spelt is not None
                         else _spaced_names_said(*spaced) if spaced is not None
+                        else _keyword_names_said(*keyworded) if keyworded is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
@@ -5918,6 +5920,73 @@ def _compares_values(source: str) -> bool:
     return any(isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value is not None
                or isinstance(node, ast.Compare) and any(not isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
                for node in ast.walk(tree))
+
+
+def _keyword_names_instead(source: str) -> tuple[list[str], str] | None:
+    """An expression that reads a key named like a Python keyword (SpiffWorkflow's collaboration test
+    correlates on ``from.name``, a message payload's ``from``): Python cannot name it, a syntax error.
+    Returns the keywords so read and the expression written to read them, ``globals()['from']['name']``
+    (an expression's context is its globals, and JSON objects are read by key), when that is valid Python."""
+    import io
+    import keyword
+    import tokenize
+
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return None
+    lines = source.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+
+    def offset(at: tuple[int, int]) -> int:
+        return starts[at[0] - 1] + at[1]
+
+    def touching(a: tokenize.TokenInfo, b: tokenize.TokenInfo) -> bool:
+        return a.end == b.start
+
+    edits: list[tuple[int, int, str]] = []
+    named: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        prev = tokens[i - 1] if i else None
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if tok.type != tokenize.NAME or not keyword.iskeyword(tok.string) or tok.string in ("True", "False", "None"):
+            i += 1
+            continue
+        if prev is not None and prev.string == "." and touching(prev, tok):
+            edits.append((offset(prev.start), offset(tok.end), f"[{tok.string!r}]"))
+        elif nxt is not None and nxt.string in (".", "[") and touching(tok, nxt):
+            edits.append((offset(tok.start), offset(tok.end), f"globals()[{tok.string!r}]"))
+            while i + 2 < len(tokens) and tokens[i + 1].string == "." and tokens[i + 2].type == tokenize.NAME \
+                    and touching(tokens[i], tokens[i + 1]) and touching(tokens[i + 1], tokens[i + 2]):
+                edits.append((offset(tokens[i + 1].start), offset(tokens[i + 2].end), f"[{tokens[i + 2].string!r}]"))
+                i += 2
+        else:
+            i += 1
+            continue
+        named.append(tok.string)
+        i += 1
+    if not edits:
+        return None
+    rewritten = source
+    for start, end, text in sorted(edits, reverse=True):
+        rewritten = rewritten[:start] + text + rewritten[end:]
+    try:
+        ast.parse(rewritten, mode="eval")
+    except SyntaxError:
+        return None
+    return list(dict.fromkeys(named)), rewritten
+
+
+def _keyword_names_said(names: list[str], instead: str) -> str:
+    shown = ", ".join(repr(n) for n in names)
+    keys = " or ".join(f"a key named {n!r}" for n in names)
+    return (f"{shown} {'is a Python keyword' if len(names) == 1 else 'are Python keywords'}, so {keys} cannot be "
+            f"read by its name (and context values are JSON objects, read by key): write {instead!r}")
 
 
 def _spaced_names_said(names: list[tuple[str, str]], instead: str) -> str:
