@@ -2713,6 +2713,14 @@ class _Validator:
             what = what or ("condition" if mode == "eval" else "script")
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
             dialect = expression_dialect(source) if mode == "eval" else None
+            activity = _completion_condition_activity(el)
+            if dialect is not None and activity is not None and _waits_for_every_instance(source):
+                self.add(code, f"{what} {source!r} is a {dialect} expression over the multi-instance counters "
+                         "Camunda sets and SpiffWorkflow does not; it holds once every instance has completed, "
+                         "which is when a multi-instance activity ends without a completionCondition: remove the "
+                         f"bpmn:completionCondition of {activity!r}", file=file, line=line, element_id=element_id,
+                         field=field)
+                return None
             if dialect is not None:
                 self.add(code, f"{what} {source!r} is a {dialect} expression ({_dialect_said(source, dialect)}); "
                          f"layerflow, as SpiffWorkflow, evaluates it as a Python expression over the context: "
@@ -6178,6 +6186,32 @@ def _spin_instead(expression: str) -> str:
     return _SPIN_VALUE.sub("", expression)
 
 
+def _completion_condition_activity(el: Any) -> str | None:
+    """The id of the activity whose multi-instance completionCondition ``el`` is; None for anything else."""
+    if el is None or el.tag != _bpmn("completionCondition"):
+        return None
+    loop = el.getparent()
+    activity = loop.getparent() if loop is not None else None
+    return activity.get("id") if activity is not None else None
+
+
+def _waits_for_every_instance(source: str) -> bool:
+    """Camunda's ``${nrOfCompletedInstances == nrOfInstances}`` (or ``>=``, either way round): true once
+    every instance has completed, which needs no completionCondition at all."""
+    inner = re.sub(r"^[$#]\{(.*)\}$", r"\1", source.strip(), flags=re.S).strip()
+    try:
+        tree = ast.parse(inner, mode="eval").body
+    except SyntaxError:
+        return False
+    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.left, ast.Name)
+            and isinstance(tree.comparators[0], ast.Name)):
+        return False
+    left, right, op = tree.left.id, tree.comparators[0].id, tree.ops[0]
+    done, total = "nrOfCompletedInstances", "nrOfInstances"
+    return ((left, right) == (done, total) and isinstance(op, (ast.Eq, ast.GtE))) or \
+        ((left, right) == (total, done) and isinstance(op, (ast.Eq, ast.LtE)))
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -6240,8 +6274,10 @@ def _python_instead(source: str, dialect: str) -> str:
     if spin:
         left.insert(0, f"Camunda Spin's JSON API ({spin}): a JSON object here is a dict, read by its keys")
     counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
-    left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
-             "collection (loopDataOutputRef) instead, len(...)" for name in counters]
+    left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: "
+             + ("the number of instances is the size of the input collection (loopDataInputRef), len(...)"
+                if name == "nrOfInstances" else "count the output collection (loopDataOutputRef) instead, len(...)")
+             for name in counters]
     return f"write {inner!r}" + (f" ({'; '.join(left)})" if left else "")
 
 

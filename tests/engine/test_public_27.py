@@ -265,3 +265,60 @@ def test_operaton_compensation_saga_is_refused_and_runs_once_the_undo_is_drawn_i
     assert instance.status == "completed"
     assert variables(instance.context) == {"hotel": "cancelled", "flight": "cancelled", "error_code": "PAYMENT_FAILED",
                                            "error_message": "card declined"}
+
+
+# -- Operaton's document review: a multi-instance user task over operaton:collection --------------------------
+
+REVIEW = HERE / "operaton_document_review_multi_instance.bpmn"
+
+
+def test_a_completion_condition_that_waits_for_every_instance_is_named_as_the_default_to_remove() -> None:
+    """${nrOfCompletedInstances == nrOfInstances} holds when every instance is done, which is when a
+    multi-instance activity ends anyway; validate said to write it in Python, then that neither name
+    exists, and had nrOfInstances counted as the output collection (it is the input's size)."""
+    said = [text for severity, element, text in problems(REVIEW)
+            if (severity, element) == ("error", "Task_ReviewDocument") and "completionCondition" in text]
+    assert len(said) == 1
+    text = said[0]
+    assert "holds once every instance has completed, which is when a multi-instance activity ends without a " \
+           "completionCondition: remove the bpmn:completionCondition of 'Task_ReviewDocument'" in text
+    assert "nrOfInstances is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output" \
+        not in text
+
+
+def test_the_document_review_edited_as_validate_says_runs_each_reviewer_as_spiffworkflow_does(tmp_path: Path) -> None:
+    fixed = edited(tmp_path, REVIEW,
+                   ("<bpmn:completionCondition>${nrOfCompletedInstances == nrOfInstances}</bpmn:completionCondition>",
+                    '<bpmn:loopDataInputRef>reviewers</bpmn:loopDataInputRef>'
+                    '<bpmn:inputDataItem id="reviewer" name="reviewer"/>'),
+                   ("${approved == true}", "approved == True"), ("${approved != true}", "approved != True"))
+    assert [p for p in validate_process([fixed]).problems if p.severity == "error"] == []
+    answers = {"ann": True, "bob": False}
+    parser = SpiffBpmnParser()
+    parser.add_bpmn_file(str(fixed))
+    plain = BpmnWorkflow(parser.get_spec("document-review"))
+    plain.task_tree.data["reviewers"] = ["ann", "bob"]
+    plain.do_engine_steps()
+    for task in plain.get_tasks(state=TaskState.READY, manual=True):
+        task.data["approved"] = answers[task.data["reviewer"]]
+        task.run()
+    plain.do_engine_steps()
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([fixed]), {"reviewers": ["ann", "bob"]}))
+    assert [w["input"] for w in instance.waiting_for] == [{"reviewer": "ann"}, {"reviewer": "bob"}]
+    instance = engine.run(instance, answers={"user_tasks": {
+        w["id"]: {"approved": answers[w["input"]["reviewer"]]} for w in instance.waiting_for}})
+    assert instance.status == "completed"
+    assert path_of(plain)[-1] == "EndEvent_Rejected"
+    assert variables(instance.context)["approved"] is False
+
+
+def test_a_share_of_the_instances_counts_the_input_collection_for_nr_of_instances(tmp_path: Path) -> None:
+    share = edited(tmp_path, REVIEW, ("${nrOfCompletedInstances == nrOfInstances}",
+                                      "${nrOfCompletedInstances / nrOfInstances &gt;= 0.6}"))
+    [text] = [text for _, element, text in problems(share) if "completionCondition" in text]
+    assert "nrOfInstances is a multi-instance counter Camunda sets and SpiffWorkflow does not: the number of " \
+           "instances is the size of the input collection (loopDataInputRef), len(...)" in text
+    assert "nrOfCompletedInstances is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the " \
+           "output collection (loopDataOutputRef) instead" in text
+    assert "remove the bpmn:completionCondition" not in text
