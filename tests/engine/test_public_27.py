@@ -322,3 +322,38 @@ def test_a_share_of_the_instances_counts_the_input_collection_for_nr_of_instance
     assert "nrOfCompletedInstances is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the " \
            "output collection (loopDataOutputRef) instead" in text
     assert "remove the bpmn:completionCondition" not in text
+
+
+@pytest.mark.parametrize(("claim", "reviews"), [("medical", ["Task_ReviewMedical"]), ("other", []),
+                                                ("both", ["Task_ReviewMedical", "Task_ReviewProperty"])])
+def test_operaton_inclusive_claim_routes_as_spiffworkflow_and_asks_when_the_reviews_disagree(
+        tmp_path: Path, claim: str, reviews: list[str]) -> None:
+    from SpiffWorkflow.bpmn.parser.BpmnParser import BpmnParser
+
+    path = HERE / "operaton_insurance_claim_inclusive.bpmn"
+    fixed = edited(tmp_path, path,
+                   ("${claimType == 'medical' || claimType == 'both'}", "claimType == 'medical' or claimType == 'both'"),
+                   ("${claimType == 'property' || claimType == 'both'}",
+                    "claimType == 'property' or claimType == 'both'"))
+    assert [p for p in validate_process([fixed]).problems if p.severity == "error"] == []
+    answers = {"Task_ReviewMedical": {"decision": "pay"}, "Task_ReviewProperty": {"decision": "deny"}}
+    parser = BpmnParser()   # SpiffWorkflow's own parser refuses a service task without its operator
+    parser.add_bpmn_file(str(fixed))
+    plain = BpmnWorkflow(parser.get_spec("insurance-claim"))
+    plain.task_tree.data["claimType"] = claim
+    plain.do_engine_steps()
+    while ready := plain.get_tasks(state=TaskState.READY, manual=True):
+        ready[0].data.update(answers[ready[0].task_spec.bpmn_id])
+        ready[0].run()
+        plain.do_engine_steps()
+    assert sorted(t for t in path_of(plain) if t.startswith("Task_")) == reviews
+    engine = Engine(store="memory://")
+    engine.handlers.register("ServiceTask_SettleClaim", lambda ctx: {"settled": True})
+    instance = engine.run(engine.start(load_process([fixed]), {"claimType": claim}),
+                          answers={"user_tasks": answers, "confirmations": {"Gateway_Join/decision": "deny"}})
+    assert instance.status == "completed"
+    settled = variables(instance.context).get("settled")
+    assert settled is (None if claim == "other" else True)
+    conflicts = [(c["key"], c["values"], c["resolution"]["value"]) for c in instance.conflicts]
+    assert conflicts == ([("decision", {"Task_ReviewMedical": "pay", "Task_ReviewProperty": "deny"}, "deny")]
+                         if claim == "both" else [])
