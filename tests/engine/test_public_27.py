@@ -357,3 +357,19 @@ def test_operaton_inclusive_claim_routes_as_spiffworkflow_and_asks_when_the_revi
     conflicts = [(c["key"], c["values"], c["resolution"]["value"]) for c in instance.conflicts]
     assert conflicts == ([("decision", {"Task_ReviewMedical": "pay", "Task_ReviewProperty": "deny"}, "deny")]
                          if claim == "both" else [])
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_operaton_sla_timer_quoted_as_validate_says_escalates_after_the_hour(tmp_path: Path, late: bool) -> None:
+    path = HERE / "operaton_sla_escalation_timer.bpmn"
+    [(severity, element, text)] = problems(path)
+    assert (severity, element) == ("error", "BoundaryEvent_SlaTimer") and 'write it as a string: "PT1H"' in text
+    fixed = edited(tmp_path, path, (">PT1H<", '>"PT1H"<'))
+    now = [1_000_000.0]
+    engine = Engine(store="memory://", clock=lambda: now[0])
+    instance = engine.run(engine.start(load_process([fixed]), {}))
+    assert sorted(w["kind"] for w in instance.waiting_for) == ["timer", "user_task"]
+    now[0] += 3601 if late else 60
+    instance = engine.resume(instance, answers={"user_tasks": {"UserTask_HandleRequest": {"resolved": True}}})
+    assert instance.status == "completed"
+    assert ("resolved" in variables(instance.context)) is not late
