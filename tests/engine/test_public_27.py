@@ -373,3 +373,12 @@ def test_operaton_sla_timer_quoted_as_validate_says_escalates_after_the_hour(tmp
     instance = engine.resume(instance, answers={"user_tasks": {"UserTask_HandleRequest": {"resolved": True}}})
     assert instance.status == "completed"
     assert ("resolved" in variables(instance.context)) is not late
+
+
+def test_spiff_data_store_without_an_implementation_is_refused_as_spiffworkflow_refuses_it() -> None:
+    path = HERE / "spiff_data_store_reference.bpmn"
+    [(severity, element, text)] = problems(path)
+    assert (severity, element) == ("error", "variableTiedToDataStore")
+    assert "has no implementation" in text and "keep the value in the process context instead" in text
+    with pytest.raises(Exception, match="TestDataStore has no implementation"):
+        run_plain_files([path], "JustDataStoreRef")
