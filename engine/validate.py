@@ -5871,26 +5871,38 @@ def _java_return_instead(source: str) -> str | None:
     return f"{said}; write {spelt!r}"
 
 
-def _spaced_names_instead(source: str) -> tuple[list[tuple[str, str]], str] | None:
-    """A condition that reads a name with spaces (``Credit Score > 600``, MIWG C.3.0's ``Service
-    Level == 'Premium'``: a modeler's label, or a form field's): Python reads two names side by side,
-    a syntax error. Returns each spaced name with the Python name to write instead (its words in
-    lower case joined by underscores), and the condition so written, when that is valid Python."""
+def _tokens_with_offsets(source: str) -> tuple[list[Any], Callable[[tuple[int, int]], int]] | None:
+    """Python's tokens of ``source`` and the offset in it of a token's (row, column); None when it
+    does not tokenize."""
     import io
-    import keyword
     import tokenize
 
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
         return None
-    lines = source.splitlines(keepends=True)
     starts = [0]
-    for line in lines:
+    for line in source.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
 
     def offset(at: tuple[int, int]) -> int:
         return starts[at[0] - 1] + at[1]
+
+    return tokens, offset
+
+
+def _spaced_names_instead(source: str) -> tuple[list[tuple[str, str]], str] | None:
+    """A condition that reads a name with spaces (``Credit Score > 600``, MIWG C.3.0's ``Service
+    Level == 'Premium'``: a modeler's label, or a form field's): Python reads two names side by side,
+    a syntax error. Returns each spaced name with the Python name to write instead (its words in
+    lower case joined by underscores), and the condition so written, when that is valid Python."""
+    import keyword
+    import tokenize
+
+    tokenized = _tokens_with_offsets(source)
+    if tokenized is None:
+        return None
+    tokens, offset = tokenized
 
     runs: list[list[tokenize.TokenInfo]] = []
     previous: tokenize.TokenInfo | None = None
@@ -5935,22 +5947,14 @@ def _keyword_names_instead(source: str) -> tuple[list[str], str] | None:
     correlates on ``from.name``, a message payload's ``from``): Python cannot name it, a syntax error.
     Returns the keywords so read and the expression written to read them, ``globals()['from']['name']``
     (an expression's context is its globals, and JSON objects are read by key), when that is valid Python."""
-    import io
     import keyword
     import tokenize
 
-    try:
-        tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
-                  if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
-    except (tokenize.TokenError, SyntaxError, IndentationError):
+    tokenized = _tokens_with_offsets(source)
+    if tokenized is None:
         return None
-    lines = source.splitlines(keepends=True)
-    starts = [0]
-    for line in lines:
-        starts.append(starts[-1] + len(line))
-
-    def offset(at: tuple[int, int]) -> int:
-        return starts[at[0] - 1] + at[1]
+    tokens = [t for t in tokenized[0] if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
+    offset = tokenized[1]
 
     def touching(a: tokenize.TokenInfo, b: tokenize.TokenInfo) -> bool:
         return a.end == b.start

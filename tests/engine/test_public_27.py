@@ -24,6 +24,7 @@ from engine import BpmnError, Engine, load_process
 from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain_files, variables
+from test_realworld_4 import rewritten
 
 HERE = Path(__file__).resolve().parent / "public27"
 COLLABORATION = HERE / "spiff_collaboration_black_box_pool.bpmn"
@@ -34,13 +35,7 @@ def problems(path: Path) -> list[tuple[str, str | None, str]]:
 
 
 def edited(tmp_path: Path, path: Path, *changes: tuple[str, str]) -> Path:
-    text = path.read_text()
-    for old, new in changes:
-        assert old in text, old
-        text = text.replace(old, new)
-    out = tmp_path / path.name
-    out.write_text(text)
-    return out
+    return rewritten(tmp_path, path, list(changes))
 
 
 # -- SpiffWorkflow's collaboration: a correlation property read over a payload key named 'from' ----------------
