@@ -2713,6 +2713,14 @@ class _Validator:
             what = what or ("condition" if mode == "eval" else "script")
             line = el.sourceline + first + (err.lineno or 1) - 1 if el is not None else None
             dialect = expression_dialect(source) if mode == "eval" else None
+            activity = _completion_condition_activity(el)
+            if dialect is not None and activity is not None and _waits_for_every_instance(source):
+                self.add(code, f"{what} {source!r} is a {dialect} expression over the multi-instance counters "
+                         "Camunda sets and SpiffWorkflow does not; it holds once every instance has completed, "
+                         "which is when a multi-instance activity ends without a completionCondition: remove the "
+                         f"bpmn:completionCondition of {activity!r}", file=file, line=line, element_id=element_id,
+                         field=field)
+                return None
             if dialect is not None:
                 self.add(code, f"{what} {source!r} is a {dialect} expression ({_dialect_said(source, dialect)}); "
                          f"layerflow, as SpiffWorkflow, evaluates it as a Python expression over the context: "
@@ -2729,10 +2737,12 @@ class _Validator:
                 java = _java_return_instead(source) if mode == "eval" else None
                 spelt = _operators_instead(source) if mode == "eval" and java is None else None
                 spaced = _spaced_names_instead(source) if mode == "eval" else None
+                keyworded = _keyword_names_instead(source) if mode == "eval" else None
                 todo = (f"'=' assigns, '==' compares: write {compared!r}" if compared is not None
                         else java if java is not None
                         else f"Python writes {_operators_said(source)}: write {spelt!r}" if spelt is not None
                         else _spaced_names_said(*spaced) if spaced is not None
+                        else _keyword_names_said(*keyworded) if keyworded is not None
                         else f"fix the {what}")
             self.add(code, f"{what} is not valid Python{said}: {err.msg} in {(err.text or source).strip()!r}; "
                      f"{todo}", file=file, line=line, element_id=element_id, field=field)
@@ -5861,26 +5871,38 @@ def _java_return_instead(source: str) -> str | None:
     return f"{said}; write {spelt!r}"
 
 
-def _spaced_names_instead(source: str) -> tuple[list[tuple[str, str]], str] | None:
-    """A condition that reads a name with spaces (``Credit Score > 600``, MIWG C.3.0's ``Service
-    Level == 'Premium'``: a modeler's label, or a form field's): Python reads two names side by side,
-    a syntax error. Returns each spaced name with the Python name to write instead (its words in
-    lower case joined by underscores), and the condition so written, when that is valid Python."""
+def _tokens_with_offsets(source: str) -> tuple[list[Any], Callable[[tuple[int, int]], int]] | None:
+    """Python's tokens of ``source`` and the offset in it of a token's (row, column); None when it
+    does not tokenize."""
     import io
-    import keyword
     import tokenize
 
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError, IndentationError):
         return None
-    lines = source.splitlines(keepends=True)
     starts = [0]
-    for line in lines:
+    for line in source.splitlines(keepends=True):
         starts.append(starts[-1] + len(line))
 
     def offset(at: tuple[int, int]) -> int:
         return starts[at[0] - 1] + at[1]
+
+    return tokens, offset
+
+
+def _spaced_names_instead(source: str) -> tuple[list[tuple[str, str]], str] | None:
+    """A condition that reads a name with spaces (``Credit Score > 600``, MIWG C.3.0's ``Service
+    Level == 'Premium'``: a modeler's label, or a form field's): Python reads two names side by side,
+    a syntax error. Returns each spaced name with the Python name to write instead (its words in
+    lower case joined by underscores), and the condition so written, when that is valid Python."""
+    import keyword
+    import tokenize
+
+    tokenized = _tokens_with_offsets(source)
+    if tokenized is None:
+        return None
+    tokens, offset = tokenized
 
     runs: list[list[tokenize.TokenInfo]] = []
     previous: tokenize.TokenInfo | None = None
@@ -5918,6 +5940,65 @@ def _compares_values(source: str) -> bool:
     return any(isinstance(node, ast.Constant) and not isinstance(node.value, bool) and node.value is not None
                or isinstance(node, ast.Compare) and any(not isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
                for node in ast.walk(tree))
+
+
+def _keyword_names_instead(source: str) -> tuple[list[str], str] | None:
+    """An expression that reads a key named like a Python keyword (SpiffWorkflow's collaboration test
+    correlates on ``from.name``, a message payload's ``from``): Python cannot name it, a syntax error.
+    Returns the keywords so read and the expression written to read them, ``globals()['from']['name']``
+    (an expression's context is its globals, and JSON objects are read by key), when that is valid Python."""
+    import keyword
+    import tokenize
+
+    tokenized = _tokens_with_offsets(source)
+    if tokenized is None:
+        return None
+    tokens = [t for t in tokenized[0] if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)]
+    offset = tokenized[1]
+
+    def touching(a: tokenize.TokenInfo, b: tokenize.TokenInfo) -> bool:
+        return a.end == b.start
+
+    edits: list[tuple[int, int, str]] = []
+    named: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        prev = tokens[i - 1] if i else None
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if tok.type != tokenize.NAME or not keyword.iskeyword(tok.string) or tok.string in ("True", "False", "None"):
+            i += 1
+            continue
+        if prev is not None and prev.string == "." and touching(prev, tok):
+            edits.append((offset(prev.start), offset(tok.end), f"[{tok.string!r}]"))
+        elif nxt is not None and nxt.string in (".", "[") and touching(tok, nxt):
+            edits.append((offset(tok.start), offset(tok.end), f"globals()[{tok.string!r}]"))
+            while i + 2 < len(tokens) and tokens[i + 1].string == "." and tokens[i + 2].type == tokenize.NAME \
+                    and touching(tokens[i], tokens[i + 1]) and touching(tokens[i + 1], tokens[i + 2]):
+                edits.append((offset(tokens[i + 1].start), offset(tokens[i + 2].end), f"[{tokens[i + 2].string!r}]"))
+                i += 2
+        else:
+            i += 1
+            continue
+        named.append(tok.string)
+        i += 1
+    if not edits:
+        return None
+    rewritten = source
+    for start, end, text in sorted(edits, reverse=True):
+        rewritten = rewritten[:start] + text + rewritten[end:]
+    try:
+        ast.parse(rewritten, mode="eval")
+    except SyntaxError:
+        return None
+    return list(dict.fromkeys(named)), rewritten
+
+
+def _keyword_names_said(names: list[str], instead: str) -> str:
+    shown = ", ".join(repr(n) for n in names)
+    keys = " or ".join(f"a key named {n!r}" for n in names)
+    return (f"{shown} {'is a Python keyword' if len(names) == 1 else 'are Python keywords'}, so {keys} cannot be "
+            f"read by its name (and context values are JSON objects, read by key): write {instead!r}")
 
 
 def _spaced_names_said(names: list[tuple[str, str]], instead: str) -> str:
@@ -6109,6 +6190,32 @@ def _spin_instead(expression: str) -> str:
     return _SPIN_VALUE.sub("", expression)
 
 
+def _completion_condition_activity(el: Any) -> str | None:
+    """The id of the activity whose multi-instance completionCondition ``el`` is; None for anything else."""
+    if el is None or el.tag != _bpmn("completionCondition"):
+        return None
+    loop = el.getparent()
+    activity = loop.getparent() if loop is not None else None
+    return activity.get("id") if activity is not None else None
+
+
+def _waits_for_every_instance(source: str) -> bool:
+    """Camunda's ``${nrOfCompletedInstances == nrOfInstances}`` (or ``>=``, either way round): true once
+    every instance has completed, which needs no completionCondition at all."""
+    inner = re.sub(r"^[$#]\{(.*)\}$", r"\1", source.strip(), flags=re.S).strip()
+    try:
+        tree = ast.parse(inner, mode="eval").body
+    except SyntaxError:
+        return False
+    if not (isinstance(tree, ast.Compare) and len(tree.ops) == 1 and isinstance(tree.left, ast.Name)
+            and isinstance(tree.comparators[0], ast.Name)):
+        return False
+    left, right, op = tree.left.id, tree.comparators[0].id, tree.ops[0]
+    done, total = "nrOfCompletedInstances", "nrOfInstances"
+    return ((left, right) == (done, total) and isinstance(op, (ast.Eq, ast.GtE))) or \
+        ((left, right) == (total, done) and isinstance(op, (ast.Eq, ast.LtE)))
+
+
 def _python_instead(source: str, dialect: str) -> str:
     """What to write instead of another engine's expression: its Python twin when a plain
     rewrite of the operators gives one, else the instruction."""
@@ -6171,8 +6278,10 @@ def _python_instead(source: str, dialect: str) -> str:
     if spin:
         left.insert(0, f"Camunda Spin's JSON API ({spin}): a JSON object here is a dict, read by its keys")
     counters = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in _CAMUNDA_LOOP_NAMES})
-    left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: count the output "
-             "collection (loopDataOutputRef) instead, len(...)" for name in counters]
+    left += [f"{name} is a multi-instance counter Camunda sets and SpiffWorkflow does not: "
+             + ("the number of instances is the size of the input collection (loopDataInputRef), len(...)"
+                if name == "nrOfInstances" else "count the output collection (loopDataOutputRef) instead, len(...)")
+             for name in counters]
     return f"write {inner!r}" + (f" ({'; '.join(left)})" if left else "")
 
 
