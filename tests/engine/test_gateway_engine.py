@@ -61,7 +61,7 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     assert [o["value"] for o in asked["options"]] == ["approved", "rejected", "pending_dual_approval", "$escalate"]
     assert asked["deadline"] - asked["created"] == pytest.approx(300)
     assert doc["waiting_for"] == [{"kind": "confirmation", "id": CONFIRM_ID, "task_id": "review_join",
-                                   "key": "approval_status",
+                                   "key": "approval_status", "context": "main",
                                    "due": datetime.fromtimestamp(asked["deadline"], timezone.utc).isoformat()}]
 
     code, done = cli("resume", doc["instance_id"], "--answer", f"{CONFIRM_ID}=pending_dual_approval", "--json")
@@ -191,7 +191,7 @@ def test_escalation_on_timeout_keeps_the_instance_waiting_for_a_person(loan) -> 
     instance = engine.resume(engine.load(instance.id))
     assert instance.status == "waiting"
     assert instance.waiting_for == [{"kind": "confirmation", "id": CONFIRM_ID, "task_id": "review_join",
-                                     "key": "approval_status", "escalated": True}]
+                                     "key": "approval_status", "context": "main", "escalated": True}]
     [entry] = instance.confirmations
     assert entry["timed_out"] is True and entry["escalated"] is True and entry["escalated_at"] == clock.now
     clock.now += 1000
