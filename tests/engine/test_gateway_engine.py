@@ -53,7 +53,7 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     assert doc["conflicts"] == [{"gateway_id": "review_join", "layer": "L4", "key": "approval_status",
                                  "base_value": "pending",
                                  "values": {"finance_review": "approved", "risk_review": "rejected"},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
     [asked] = doc["confirmations"]
     assert asked["id"] == CONFIRM_ID and asked["answer"] is None and asked["timed_out"] is False
     assert (asked["suggested"], asked["suggested_by"], asked["suggested_reason"]) == \
@@ -502,7 +502,7 @@ def test_branches_writing_one_key_to_different_layers_conflict_at_the_join(cli, 
     code, doc = cli("run", str(path), "--json")
     assert code == 3 and doc["status"] == "waiting"
     assert doc["conflicts"] == [{"gateway_id": "join", "layer": "L1", "key": "decision", "base_value": None,
-                                 "values": {"fix": "approve", "review": "reject"}, "resolution": None,
+                                 "values": {"fix": "approve", "review": "reject"}, "resolution": None, "context": "main",
                                  "base_absent": True}]
     code, doc = cli("resume", doc["instance_id"], "--answer", "join/decision=reject", "--json")
     assert code == 0 and doc["status"] == "completed"

@@ -197,6 +197,9 @@ def test_each_instance_of_a_multi_instance_sub_process_asks_about_its_own_join(c
     lines = {c["id"]: c["context"] for c in doc["confirmations"]}
     assert len(set(lines.values())) == 2 and set(lines.values()) <= set(doc["contexts"])
     assert {w["id"]: w["context"] for w in doc["waiting_for"]} == lines
+    # and each conflict names the line it is of, the one its question names
+    assert sorted((json.dumps(c["values"]), c["context"]) for c in doc["conflicts"]) == sorted(
+        (json.dumps(c["values"]), c["context"]) for c in doc["confirmations"])
     assert sorted(json.dumps(c["values"]) for c in doc["conflicts"]) == [
         json.dumps({"m1": 10, "m2": 100}), json.dumps({"m1": 20, "m2": 200})]
     done = cli("resume", doc["instance_id"], "--answer", "mpj/x#2=200", "--answer", "mpj/x=10", code=0)
