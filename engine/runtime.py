@@ -94,6 +94,7 @@ __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unatt
 Status = Literal["running", "completed", "waiting", "error", "cancelled"]
 STATUSES: tuple[str, ...] = get_args(Status)
 MAIN = spiff.MAIN_CONTEXT
+_WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 
 
 def confirmation_item(confirmation: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,7 +103,6 @@ def confirmation_item(confirmation: Mapping[str, Any]) -> dict[str, Any]:
     once under one ``task_id`` and ``key``, the line each question belongs to."""
     return {"kind": "confirmation", "id": confirmation["id"], "task_id": confirmation["task_id"],
             "key": confirmation.get("key"), "context": str(confirmation.get("context") or MAIN)}
-_WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 
 
 @dataclass(frozen=True)
