@@ -735,7 +735,8 @@ class GatewaySteps:
         if not elsewhere:  # the usual case: every pending conflict of the gateway was this firing's
             for c in was_pending:
                 _remove_item(inst.conflicts, c)
-        inst.conflicts.extend(records)
+        # each names the context the join merges into: of several firings at once, whose it is
+        inst.conflicts.extend({**record, "context": context} for record in records)
 
     def _firing(self, gw: str, context: str) -> list[dict[str, Any]]:
         """The confirmations of one firing of join ``gw``: the ones it asked merging into ``context``

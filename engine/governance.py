@@ -85,7 +85,7 @@ from . import forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
-from .runtime import AnswerWriteDenied, Engine, Instance, check_answer_keys, refuse_if_cancelled
+from .runtime import AnswerWriteDenied, Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled
 from .store import record_head
 
 __all__ = [
@@ -1502,7 +1502,7 @@ class GovernanceService:
                  "options": [o.model_dump() for o in args.options], "timeout": args.timeout,
                  "default": args.default, "answer": answer if answered else None, "timed_out": False,
                  "answered": answered, "task_id": ctx.current_activity or "model", "task": None,
-                 "requested_by": actor, **(extra or {})}
+                 "requested_by": actor, "context": ctx.name, **(extra or {})}
         instance.confirmations.append(entry)
         ctx.record("confirmation_requested", actor=actor, data={
             "confirmation_id": cid, "type": args.type, "message": args.message[:2000],
@@ -1510,8 +1510,7 @@ class GovernanceService:
         if answered:
             ctx.record("human_decision", actor="person", data={"confirmation_id": cid, "value": answer})
         else:
-            instance.waiting_for = [*instance.waiting_for,
-                                    {"kind": "confirmation", "id": cid, "task_id": entry["task_id"], "key": None}]
+            instance.waiting_for = [*instance.waiting_for, confirmation_item(entry)]
             if instance.status == "running":
                 instance.status = "waiting"
         return {"confirmation_id": cid, "status": "answered" if answered else "pending",

@@ -97,6 +97,14 @@ MAIN = spiff.MAIN_CONTEXT
 _WORK_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 
 
+def confirmation_item(confirmation: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``waiting_for`` item of an open confirmation. ``context`` names the context it asks for
+    (its own ``context``): of several lines of a multi-instance, or firings of one join, asking at
+    once under one ``task_id`` and ``key``, the line each question belongs to."""
+    return {"kind": "confirmation", "id": confirmation["id"], "task_id": confirmation["task_id"],
+            "key": confirmation.get("key"), "context": str(confirmation.get("context") or MAIN)}
+
+
 @dataclass(frozen=True)
 class TimedOut:
     """What an ``ask`` callback returns when a person did not answer before the deadline.
@@ -1926,7 +1934,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         waiting: list[dict[str, Any]] = []
         for c in inst.confirmations:
             if c.get("answer") is None and not c.get("answered"):
-                item = {"kind": "confirmation", "id": c["id"], "task_id": c["task_id"], "key": c.get("key")}
+                item = confirmation_item(c)
                 deadline = confirmation_deadline(c)
                 if c.get("escalated"):
                     item["escalated"] = True

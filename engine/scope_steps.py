@@ -26,7 +26,7 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES
 from context_layers.errors import ActivityError, ContextWriteDenied
-from gateways.join import free_record_key, single_counts, single_summaries, written_layer
+from gateways.join import free_record_key, side_counters_told, single_counts, single_summaries, written_layer
 from gateways.splitter import ContextSplitter, branch_context_name
 
 from . import call_mappings, collaboration, events, spiff
@@ -696,6 +696,10 @@ class ScopeSteps:
                                  "base": None if old is ABSENT else _plain(old)})
                     continue
                 changes.append((layer, key, DELETED if new is ABSENT else new))
+        # a counter lists as kept only what the merged HISTORY holds (as at a join)
+        told = side_counters_told(parent, branch, [(k, v) for layer, k, v in changes if layer is Layer.HISTORY])
+        changes = sorted([*(c for c in changes if c[0] is not Layer.HISTORY), *((Layer.HISTORY, k, v) for k, v in told)],
+                         key=lambda c: c[0])  # (stable: the layers in the order above)
         return changes, kept, dropped
 
     def _event_forked(self, name: str) -> None:

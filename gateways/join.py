@@ -103,8 +103,8 @@ from .splitter import BranchContext
 from .strategies import apply_reducer
 
 __all__ = ["MERGED_CONFLICTS_KEY", "MERGED_LAYERS", "JoinResult", "ResolvedConflict", "Unfolded", "apply_join",
-           "folded_before", "free_record_key", "join_contexts", "single_counts", "single_summaries",
-           "written_layer"]
+           "folded_before", "free_record_key", "join_contexts", "side_counters_told", "single_counts",
+           "single_summaries", "written_layer"]
 
 MERGED_LAYERS = (Layer.PROCESS, Layer.KNOWLEDGE, Layer.HISTORY, Layer.WORKING)
 COUNT_PREFIX = count_key("")
@@ -757,19 +757,20 @@ def _counters(base: Snapshot, counted: Mapping[str, Mapping[str, _Counted | None
     return over, frozenset(gone)
 
 
-def _counters_told(base_h: Mapping[str, Any], changes: dict[Layer, list[tuple[str, Any]]],
-                   folded: frozenset[str]) -> None:
-    """Make each ``count_only`` counter a branch brings say what became of the entries it lists as
-    kept: one the join removes (another branch's fold took it, ``folded``; or a branch removed it)
-    is no longer kept, so it moves from ``kept`` to ``folded`` (``deleted``), still counted.
-    ``changes`` (the join's, per layer) is updated in place. (A counter of the base needs no
-    telling: each branch's folds leave the entries it keeps, as the compressor does.) O(changes)."""
-    history = changes.get(Layer.HISTORY, [])
-    if not any(value is DELETED for _, value in history):
-        return
-    merged = _Overlay(base_h, dict(history))
+def _counters_told(history: Mapping[str, Any], changes: list[tuple[str, Any]], folded: Callable[[str], bool],
+                   held: Iterable[str] = ()) -> list[tuple[str, Any]]:
+    """``changes`` (HISTORY changes to ``history``) with each ``count_only`` counter they bring
+    saying what became of the entries it lists as kept: one the merge removes (a fold took it,
+    ``folded``; or a decision removed it) is no longer kept, so it moves from ``kept`` to
+    ``folded`` (``deleted``), still counted. ``held``: counters ``history`` holds to tell as well,
+    added as changes when told. (At a join a counter of the base needs no telling: each branch's
+    folds leave the entries it keeps, as the compressor does.) O(changes + held)."""
+    if not any(value is DELETED for _, value in changes):
+        return changes
+    merged = _Overlay(history, dict(changes))
     told: dict[str, Any] = {}
-    for key, value in history:
+    brought = {k for k, _ in changes}
+    for key, value in [*changes, *((k, history[k]) for k in held if k in history and k not in brought)]:
         if not key.startswith(COUNT_PREFIX) or value is DELETED:
             continue
         record = thaw(value)
@@ -781,10 +782,26 @@ def _counters_told(base_h: Mapping[str, Any], changes: dict[Layer, list[tuple[st
             continue
         gone = counter_gone(record)
         for k in away:
-            gone.setdefault("folded" if k in folded else "deleted", []).append(k)
+            gone.setdefault("folded" if folded(k) else "deleted", []).append(k)
         told[key] = {**record, "kept": [k for k in kept if k in merged], **gone}
-    if told:
-        changes[Layer.HISTORY] = [(k, told.get(k, v)) for k, v in history]
+    if not told:
+        return changes
+    return [*((k, told.pop(k) if k in told else v) for k, v in changes), *told.items()]
+
+
+def side_counters_told(flow: LayeredContext, side: LayeredContext,
+                       changes: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``_counters_told`` for the HISTORY ``changes`` an event sub-process ``side`` brings back into
+    the ``flow`` it left (``engine.scope_steps``): the flow's own counters are told too (the side's
+    fold may take an entry one of them kept), and an entry is folded when the last change that
+    removed it, in the context that removed it, was a compression's."""
+    if not any(value is DELETED for _, value in changes):
+        return changes
+    history = flow.layer(Layer.HISTORY)
+    removed = {k for k, value in changes if value is DELETED}
+    return _counters_told(history, changes,
+                          lambda k: bool(_compressed(side if k in removed else flow, (k,))),
+                          [k for k in history if k.startswith(COUNT_PREFIX)])
 
 
 class Unfolded(NamedTuple):
@@ -1260,8 +1277,8 @@ def join_contexts(
     folded = tuple(o.key for o in outcomes[Layer.HISTORY] if o.conflict is None and o.value is DELETED
                    and o.key in base_h and o.changed_by
                    and all(_compressed(branches[b], (o.key,)) for b in o.changed_by))
-    if not pending:
-        _counters_told(base_h, changes, frozenset(folded))
+    if not pending and Layer.HISTORY in changes:
+        changes[Layer.HISTORY] = _counters_told(base_h, changes[Layer.HISTORY], set(folded).__contains__)
     taken = {o.key for layer in MERGED_LAYERS for o in outcomes[layer] if o.conflict is not None or o.value is not DELETED}
     folded_values: dict[str, Any] = {}
     # a branch that decided a value names it before one that only compressed the key (whose fold

@@ -202,7 +202,7 @@ def test_cli_offline_run_document_and_answers(tmp_path: Path) -> None:
                             'intake={"incident": "pipe burst", "photos": 2}')
     assert code == 3
     assert [{k: v for k, v in w.items() if k != "due"} for w in doc["waiting_for"]] == [{"kind": "confirmation", "id": "checks_join/payout", "task_id": "checks_join",
-                                   "key": "payout"}]
+                                   "key": "payout", "context": "main"}]
     (conflict,) = doc["conflicts"]
     assert conflict["values"] == {"fraud_review": 4200, "coverage_calc": 5000} and conflict["resolution"] is None
     code, doc, _ = cli_json("resume", iid, "--store", store, "--answer", "checks_join/payout=5000")

@@ -48,7 +48,7 @@ def test_demo_loan(cli, args, code, status) -> None:
     assert set(doc["tokens"]) == {"L0", "L1", "L2", "L3", "L4", "L5", "total"}
     if status == "waiting":
         assert without_due(doc["waiting_for"]) == [{"kind": "confirmation", "id": "review_join/approval_status",
-                                       "task_id": "review_join", "key": "approval_status"}]
+                                       "task_id": "review_join", "key": "approval_status", "context": "main"}]
         assert doc["conflicts"][0]["resolution"] is None
 
 

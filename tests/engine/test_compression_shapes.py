@@ -479,3 +479,32 @@ def test_an_event_sub_process_that_counted_what_the_flow_counted_merges_back_wit
     assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
     assert history["profile"] == {"id": "P-1", "tags": ["a", "b"]} and "profile" in main.preserved
     assert LayeredContext.replay(main.tape) == main
+
+
+COUNT_TWO_LOGS = "\n  compressRules:\n    - {pattern: 'log_*', action: count_only, keepLast: 2}"
+
+
+@pytest.mark.parametrize(("counter_in", "record"), [
+    # the event sub-process counts and keeps a base log verbatim, which the flow's fold took: the
+    # counter names it as folded, not as kept, and still counts it
+    ("more_docs", {"kind": "count", "_compressed": "count_only", "pattern": "log_*", "count": 3, "dropped": 1,
+                   "kept": ["log_docs"], "folded": ["log_research"]}),
+    # the flow counts and keeps it; the event sub-process's fold of it is dropped (the flow's
+    # summary covers the same entries), so it comes back: kept it is
+    ("wrap", {"kind": "count", "_compressed": "count_only", "pattern": "log_*", "count": 3, "dropped": 1,
+              "kept": ["log_research", "log_wrap"]}),
+])
+def test_an_event_sub_process_merging_back_leaves_a_counter_that_lists_as_kept_only_what_history_holds(
+        tmp_path: Path, counter_in: str, record: dict[str, Any]) -> None:
+    at = f"{counter_in}:\n  compressTokenThreshold: 150"
+    instance, side, folded = _esp_fold(tmp_path, ESP_COUNT_BPMN, ESP_FOLD_CONFIG.replace(at, at + COUNT_TWO_LOGS))
+    assert instance.status == "waiting", instance.error
+    counting = side if counter_in == "more_docs" else "main"
+    assert folded[counting]["summary:count:log_*"]["kept"][0] == "log_research"
+    main = instance.contexts["main"]
+    history = main.layer(Layer.HISTORY)
+    assert history["summary:count:log_*"] == record
+    assert [k for k in record["kept"] if k in history] == record["kept"]
+    assert not set(record.get("folded", ())) & set(history)
+    assert [k for k in history if k.startswith("compaction:")] == ["compaction:1"]
+    assert LayeredContext.replay(main.tape) == main

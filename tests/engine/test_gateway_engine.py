@@ -53,7 +53,7 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     assert doc["conflicts"] == [{"gateway_id": "review_join", "layer": "L4", "key": "approval_status",
                                  "base_value": "pending",
                                  "values": {"finance_review": "approved", "risk_review": "rejected"},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
     [asked] = doc["confirmations"]
     assert asked["id"] == CONFIRM_ID and asked["answer"] is None and asked["timed_out"] is False
     assert (asked["suggested"], asked["suggested_by"], asked["suggested_reason"]) == \
@@ -61,7 +61,7 @@ def test_seed_conflict_path_through_the_cli(cli, tmp_path: Path) -> None:
     assert [o["value"] for o in asked["options"]] == ["approved", "rejected", "pending_dual_approval", "$escalate"]
     assert asked["deadline"] - asked["created"] == pytest.approx(300)
     assert doc["waiting_for"] == [{"kind": "confirmation", "id": CONFIRM_ID, "task_id": "review_join",
-                                   "key": "approval_status",
+                                   "key": "approval_status", "context": "main",
                                    "due": datetime.fromtimestamp(asked["deadline"], timezone.utc).isoformat()}]
 
     code, done = cli("resume", doc["instance_id"], "--answer", f"{CONFIRM_ID}=pending_dual_approval", "--json")
@@ -191,7 +191,7 @@ def test_escalation_on_timeout_keeps_the_instance_waiting_for_a_person(loan) -> 
     instance = engine.resume(engine.load(instance.id))
     assert instance.status == "waiting"
     assert instance.waiting_for == [{"kind": "confirmation", "id": CONFIRM_ID, "task_id": "review_join",
-                                     "key": "approval_status", "escalated": True}]
+                                     "key": "approval_status", "context": "main", "escalated": True}]
     [entry] = instance.confirmations
     assert entry["timed_out"] is True and entry["escalated"] is True and entry["escalated_at"] == clock.now
     clock.now += 1000
@@ -502,7 +502,7 @@ def test_branches_writing_one_key_to_different_layers_conflict_at_the_join(cli, 
     code, doc = cli("run", str(path), "--json")
     assert code == 3 and doc["status"] == "waiting"
     assert doc["conflicts"] == [{"gateway_id": "join", "layer": "L1", "key": "decision", "base_value": None,
-                                 "values": {"fix": "approve", "review": "reject"}, "resolution": None,
+                                 "values": {"fix": "approve", "review": "reject"}, "resolution": None, "context": "main",
                                  "base_absent": True}]
     code, doc = cli("resume", doc["instance_id"], "--answer", "join/decision=reject", "--json")
     assert code == 0 and doc["status"] == "completed"

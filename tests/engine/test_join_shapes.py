@@ -193,6 +193,13 @@ def test_each_instance_of_a_multi_instance_sub_process_asks_about_its_own_join(c
     doc = cli("run", str(path), code=3)
     options = {c["id"]: [o["value"] for o in c["options"]] for c in doc["confirmations"]}
     assert options == {"mpj/x": [10, 100, "$escalate"], "mpj/x#2": [20, 200, "$escalate"]}
+    # each question names the line it asks for, its waiting item too: the context it merges into
+    lines = {c["id"]: c["context"] for c in doc["confirmations"]}
+    assert len(set(lines.values())) == 2 and set(lines.values()) <= set(doc["contexts"])
+    assert {w["id"]: w["context"] for w in doc["waiting_for"]} == lines
+    # and each conflict names the line it is of, the one its question names
+    assert sorted((json.dumps(c["values"]), c["context"]) for c in doc["conflicts"]) == sorted(
+        (json.dumps(c["values"]), c["context"]) for c in doc["confirmations"])
     assert sorted(json.dumps(c["values"]) for c in doc["conflicts"]) == [
         json.dumps({"m1": 10, "m2": 100}), json.dumps({"m1": 20, "m2": 200})]
     done = cli("resume", doc["instance_id"], "--answer", "mpj/x#2=200", "--answer", "mpj/x=10", code=0)
@@ -231,7 +238,8 @@ def test_a_conflicting_write_deep_inside_the_branches(cli, tmp_path: Path, pick,
     [c] = doc["conflicts"]  # d only reordered its keys, lst and gone changed in one branch each
     assert (c["gateway_id"], c["layer"], c["key"], c["base_value"], c["values"], c["resolution"]) == \
         ("meet", "L4", "k", 0, values, None)
-    assert without_due(doc["waiting_for"]) == [{"kind": "confirmation", "id": "meet/k", "task_id": "meet", "key": "k"}]
+    assert without_due(doc["waiting_for"]) == [{"kind": "confirmation", "id": "meet/k", "task_id": "meet", "key": "k",
+                                                "context": "main"}]
     done = cli("resume", doc["instance_id"], "--answer", f"meet/k={answer}", code=0)
     [c] = done["conflicts"]
     assert c["resolution"]["value"] == int(answer) and c["resolution"]["resolver"] == "human"
@@ -379,7 +387,8 @@ def test_policy_and_people_at_an_inclusive_join(cli, tmp_path: Path, config, arg
     assert c["values"] == {"a": "A", "b": "B"} and c["resolution"] == resolution
     if resolution is None:
         [w] = doc["waiting_for"]
-        assert without_due([w]) == [{"kind": "confirmation", "id": "meet/x", "task_id": "meet", "key": "x"}]
+        assert without_due([w]) == [{"kind": "confirmation", "id": "meet/x", "task_id": "meet", "key": "x",
+                                         "context": "main"}]
         done = cli("resume", doc["instance_id"], "--answer", "meet/x=A", code=0)
         assert done["conflicts"][0]["resolution"]["value"] == "A" and data_of(done)["z"] == "A"
         doc = done

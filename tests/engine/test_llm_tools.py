@@ -124,7 +124,8 @@ def test_the_seed_sequence_inside_an_llm_activity(tmp_path, stub, cli, preserve,
         # the instance waits for a person, the activity still open
         assert code == 3 and doc["status"] == "waiting", doc["error"]
         [waiting] = doc["waiting_for"]
-        assert without_due([waiting]) == [{"kind": "confirmation", "id": "model:1", "task_id": "review", "key": None}]
+        assert without_due([waiting]) == [{"kind": "confirmation", "id": "model:1", "task_id": "review", "key": None,
+                                                     "context": "main"}]
         [asked] = doc["confirmations"]
         assert asked["type"] == "compression_review" and asked["requested_by"] == "review" and asked["deadline"]
         held = engine.load(doc["instance_id"])

@@ -54,7 +54,7 @@ def test_conflict_waits_for_a_person_then_completes(process) -> None:
     instance = engine.run(engine.start(process, LOAN_CONFLICT))
     assert instance.status == "waiting"
     assert without_due(instance.waiting_for) == [{"kind": "confirmation", "id": "review_join/approval_status",
-                                     "task_id": "review_join", "key": "approval_status"}]
+                                     "task_id": "review_join", "key": "approval_status", "context": "main"}]
     [conflict] = instance.conflicts
     assert conflict["key"] == "approval_status" and conflict["resolution"] is None
     assert conflict["values"] == {"finance_review": "approved", "risk_review": "rejected"}

@@ -335,6 +335,10 @@ def test_the_lines_questions_are_answered_over_rest_one_by_one(api: Any) -> None
     asked = {c["id"]: c for c in api.get("/api/confirmations", params={"instance_id": iid}).json()}
     assert sorted(asked) == [LINE_STATUS, f"{LINE_STATUS}#2"]
     assert asked[f"{LINE_STATUS}#2"]["values"] == {"Activity_price_check": "ok", "Activity_buyer_review": "hold"}
+    # the instance document's waiting items name the line each question belongs to, as the list does
+    assert len({c["context"] for c in asked.values()}) == 2
+    assert {w["id"]: w["context"] for w in doc["waiting_for"] if w["kind"] == "confirmation"} == {
+        cid: c["context"] for cid, c in asked.items()}
     not_offered = api.post(f"/api/confirmations/{LINE_STATUS}%232", json={"value": "overpriced", "instance_id": iid})
     assert not_offered.status_code == 400 and not_offered.json()["error"]["kind"] == "invalid_answer"
     answered = api.post(f"/api/confirmations/{LINE_STATUS}%232", json={"value": "ok", "instance_id": iid, "user": "maria"})

@@ -426,7 +426,7 @@ def test_two_reviewers_who_disagree_are_a_conflict_a_person_settles(tmp_path: Pa
     doc = json.loads(result.stdout)
     _check_document(doc, result.exit_code, "dual_review")
     assert without_due(doc["waiting_for"]) == [{"kind": "confirmation", "id": "join_review/verdict", "task_id": "join_review",
-                                   "key": "verdict"}], (doc["status"], doc["error"], doc["conflicts"], result.stderr)
+                                   "key": "verdict", "context": "main"}], (doc["status"], doc["error"], doc["conflicts"], result.stderr)
     [conflict] = doc["conflicts"]
     assert {k: conflict[k] for k in ("gateway_id", "key", "base_value", "values", "resolution")} == {
         "gateway_id": "join_review", "key": "verdict", "base_value": "pending",

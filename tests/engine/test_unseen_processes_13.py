@@ -146,7 +146,8 @@ def test_the_cli_runs_the_request_through_review_join_records_and_letter(tmp_pat
     assert conflicts["copay"] == {"gateway_id": "checks_join", "layer": "L4", "key": "copay", "base_value": 20,
                                   "values": {"benefits_check": 50, "fraud_screen": {"$deleted": True}},
                                   "resolution": {"value": 50, "resolver": "policy",
-                                                 "reason": "the benefit schedule applies"}}
+                                                 "reason": "the benefit schedule applies"},
+                                  "context": "main"}
     assert conflicts["decision"]["values"] == {"medical_necessity": "approve", "benefits_check": "deny"}
     assert conflicts["decision"]["resolution"] is None and conflicts["decision"]["base_absent"] is True
     [asked] = doc["confirmations"]

@@ -90,14 +90,14 @@ def test_the_change_goes_through_reviews_board_and_implementation_step_by_step(c
     assert not {"risk_level", "go_decision", "window", "business_owner"} & set(layers["L3"])
     conflicts = {c["key"]: c for c in doc["conflicts"]}
     assert conflicts == {
-        "go_decision": {"gateway_id": "cab_join", "layer": "L4", "key": "go_decision", "base_value": None,
+        "go_decision": {"context": "main", "gateway_id": "cab_join", "layer": "L4", "key": "go_decision", "base_value": None,
                         "base_absent": True, "values": {"ops_vote": "go", "security_vote": "no_go"},
                         "resolution": None},
-        "risk_level": {"gateway_id": "cab_join", "layer": "L4", "key": "risk_level", "base_value": None,
+        "risk_level": {"context": "main", "gateway_id": "cab_join", "layer": "L4", "key": "risk_level", "base_value": None,
                        "base_absent": True, "values": {"ops_vote": "medium", "security_vote": "high"},
                        "resolution": {"value": "high", "resolver": "policy",
                                       "reason": "a risk score of 50 or more is high risk"}},
-        "window": {"gateway_id": "cab_join", "layer": "L4", "key": "window", "base_value": None, "base_absent": True,
+        "window": {"context": "main", "gateway_id": "cab_join", "layer": "L4", "key": "window", "base_value": None, "base_absent": True,
                    "values": {"ops_vote": "sat 02:00", "business_vote": "sun 02:00"},
                    "resolution": {"value": "sun 02:00", "resolver": "policy",
                                   "reason": conflicts["window"]["resolution"]["reason"]}}}
@@ -471,7 +471,7 @@ def test_the_grant_panels_the_applicants_update_and_the_confirmed_score(cli: Any
     assert [o["value"] for o in asked["options"]] == [6, 8, "$escalate"]
     assert doc["conflicts"] == [{"gateway_id": "panel_merge", "layer": "L4", "key": "score", "base_value": None,
                                  "base_absent": True, "values": {"finance_panel": 6, "ethics_review": 8},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
 
     doc = run_json(cli, "resume", iid, "--answer", "panel_merge/score=6", "--store", store)
     history = doc["layers"]["L3"]

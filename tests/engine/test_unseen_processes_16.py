@@ -56,7 +56,8 @@ cli = cli_in_a_tmp_store  # the in-process CLI's fixture, shared
 ORDER = {"po_id": "PO-501", "vendor": "Nimbus CRM", "item": "CRM licences", "amount": 80000,
          "budget_remaining": 120000, "new_vendor": True, "personal_data": True}
 RISK_CONFLICT = {"gateway_id": "review_join", "layer": "L4", "key": "risk_rating", "base_value": None,
-                 "base_absent": True, "values": {"legal_review": "medium", "security_review": "high"}}
+                 "base_absent": True, "values": {"legal_review": "medium", "security_review": "high"},
+                 "context": "main"}
 
 
 def _rest(engine: Engine) -> Any:
@@ -79,7 +80,7 @@ def test_the_order_waits_for_a_person_at_the_inclusive_join(cli: Any, tmp_path: 
                                              "security review."}
     assert doc["layers"]["L1"] == ORDER
     assert data_of(doc["layers"]["L3"]) == {"spend_class": "software"}
-    assert doc["conflicts"] == [{**RISK_CONFLICT, "resolution": None}]
+    assert doc["conflicts"] == [{**RISK_CONFLICT, "resolution": None, "context": "main"}]
     [asked] = doc["confirmations"]
     assert (asked["id"], asked["type"], asked["answer"], asked["timed_out"], asked["default"]) == (
         "review_join/risk_rating", "conflict_resolution", None, False, "high")
@@ -212,7 +213,7 @@ def test_with_a_model_the_reviewers_disagree_and_an_unsure_model_leaves_it_to_a_
     doc = run_json(cli, "run", str(PO), "--data", json.dumps(ORDER), "--model", "fake/model", "--store", store, code=3)
     assert len(model.requests) == 4
     assert doc["conflicts"] == [{**RISK_CONFLICT, "values": {"legal_review": "low", "security_review": "high"},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
     [asked] = doc["confirmations"]
     assert (asked["suggested"], asked["suggested_by"]) == ("medium", "model")
     assert [o["value"] for o in asked["options"]] == ["low", "high", "medium", "$escalate"]

@@ -489,7 +489,7 @@ def test_a_branch_that_starts_with_an_activity_with_a_boundary_event_is_named_by
     assert (conflict["gateway_id"], conflict["key"]) == ("Zusammenführung_1", "befund")
     assert conflict["values"] == {"Aufgabe_Prüfen": "gut", "Aufgabe_Messen": "heiß"}
     assert without_due(doc["waiting_for"]) == [{"kind": "confirmation", "id": "Zusammenführung_1/befund",
-                                   "task_id": "Zusammenführung_1", "key": "befund"}]
+                                   "task_id": "Zusammenführung_1", "key": "befund", "context": "main"}]
     # --yes has nothing to take (no policy, no model, no default): stderr says why it still waits
     result = runner.invoke(main, ["resume", doc["instance_id"], "--yes", "--json", "--store", store])
     assert result.exit_code == 3 and json.loads(result.stdout)["waiting_for"] == doc["waiting_for"]

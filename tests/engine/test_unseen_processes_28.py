@@ -113,7 +113,7 @@ def test_three_reviews_disagree_on_the_recommendation_and_the_officer_decides(cl
     assert conflict == {"gateway_id": "review_join", "layer": "L4", "key": "recommendation", "base_value": None,
                         "values": {"academic_review": "award", "need_assessment": "waitlist",
                                    "interview_panel": "award"},
-                        "resolution": None, "base_absent": True}
+                        "resolution": None, "context": "main", "base_absent": True}
     [question] = asked["confirmations"]
     assert question["message"].startswith("The reviews disagree on the recommendation")
     assert [o["value"] for o in question["options"]] == ["award", "waitlist", "$escalate"]

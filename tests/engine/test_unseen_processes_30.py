@@ -52,7 +52,8 @@ FUNDING_CONFLICT = {
     "gateway_id": "funding_join", "layer": "L4", "key": "funding_source", "base_value": None, "base_absent": True,
     "values": {"budget_check": "opex_reallocation", "treasury_check": "capital_lease"},
     "resolution": {"value": "capital_lease", "resolver": "strategy",
-                   "reason": "BRANCH_PRIORITY: branch 'treasury_check' ranks first in ['treasury_check', 'budget_check']"}}
+                   "reason": "BRANCH_PRIORITY: branch 'treasury_check' ranks first in ['treasury_check', 'budget_check']"},
+    "context": "main"}
 
 
 def data_keys(layer: dict[str, Any]) -> dict[str, Any]:

@@ -212,7 +212,7 @@ def test_supplier_onboarding_disagreeing_checks_wait_for_procurement(server: str
     assert doc["status"] == "waiting"
     assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L4", "key": "supplier_risk",
                                  "base_value": "unknown", "values": {"legal_check": "low", "finance_check": "high"},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
     assert [(w["kind"], w["id"]) for w in doc["waiting_for"]] == [("confirmation", "checks_join/supplier_risk")]
     pending = ok(get(server, f"/api/confirmations?instance_id={iid}"))
     assert [o["value"] for o in pending[0]["options"]] == ["low", "high", "$escalate"]

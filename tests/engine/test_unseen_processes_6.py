@@ -181,7 +181,7 @@ def test_kyc_disagreeing_checks_wait_for_a_person_then_open_no_account(cli: Any)
     assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L4", "key": "kyc_status",
                                  "base_value": None, "base_absent": True,
                                  "values": {"sanctions_check": "cleared", "address_check": "refer"},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
     assert [(w["kind"], w["id"]) for w in doc["waiting_for"]] == [("confirmation", "checks_join/kyc_status")]
     (asked,) = doc["confirmations"]
     assert [o["value"] for o in asked["options"]] == ["cleared", "refer", "$escalate"]

@@ -183,7 +183,7 @@ def test_branches_mapping_one_target_differently_conflict_and_the_timeout_settle
     iid = doc["instance_id"]
     assert doc["conflicts"] == [{"gateway_id": "fan_in", "layer": "L4", "key": "region_verdict", "base_value": None,
                                  "base_absent": True, "values": {"eu_check": "ok", "us_check": "hold"},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
     (item,) = doc["waiting_for"]
     assert (item["kind"], item["id"], item["task_id"]) == ("confirmation", "fan_in/region_verdict", "fan_in")
     (asked,) = doc["confirmations"]

@@ -73,7 +73,7 @@ def test_fraud_and_coverage_disagree_and_a_person_settles_the_claim(cli: Any) ->
     assert doc["conflicts"] == [{"gateway_id": "checks_join", "layer": "L4", "key": "claim_status",
                                  "base_value": "registered",
                                  "values": {"fraud_check": "hold_for_fraud", "coverage_check": "covered"},
-                                 "resolution": None}]
+                                 "resolution": None, "context": "main"}]
     assert [(w["kind"], w["id"], w["task_id"]) for w in doc["waiting_for"]] == [
         ("confirmation", "checks_join/claim_status", "checks_join")]
     (asked,) = doc["confirmations"]

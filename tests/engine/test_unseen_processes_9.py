@@ -135,7 +135,7 @@ def test_travel_approval_a_user_task_in_a_branch_then_a_person_at_the_join_over_
     assert doc["status"] == "waiting" and data_keys(doc["layers"]["L3"]) == {}
     assert doc["conflicts"] == [{"gateway_id": "review_join", "layer": "L4", "key": "trip_status", "base_value": None,
                                  "values": {"manager_approval": "approved", "budget_check": "over_budget"},
-                                 "resolution": None, "base_absent": True}]
+                                 "resolution": None, "context": "main", "base_absent": True}]
     (pending,) = api.get("/api/confirmations", params={"instance_id": iid}).json()
     assert pending["id"] == "review_join/trip_status" and pending["default"] == "needs_review"
     bad = api.post(f"{GOV}/resolve", json={"instance_id": iid, "conflict_key": "trip_status",

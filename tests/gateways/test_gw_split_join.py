@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import gateways
 import gateways.join as join_module
-from context_layers import Layer, LayeredContext, RuleDrivenCompressor, canonical_json
+from context_layers import Layer, LayeredContext, RuleDrivenCompressor, canonical_json, thaw
 from context_layers.compression import HOOK_KEEP_RECENT
 from context_layers.config import ActivityExtensionConfig, config_from_dict
 from context_layers.errors import LayerflowError, MergeConflictError
@@ -28,6 +28,7 @@ from gateways import (
     join_contexts,
 )
 from gateways.conflicts import same_value
+from gateways.join import side_counters_told
 
 LOAN_CONFIG = {
     "gatewayId": "review_join",
@@ -797,3 +798,30 @@ def test_the_gateway_s_config_stands_in_for_its_id_and_branches() -> None:
         ContextSplitter().split(ctx, {"branches": [{"id": "a"}]})
     with pytest.raises(ValueError, match="'g3': no branches"):
         ContextSplitter().split(ctx, "g3")
+
+
+def _side_history_changes(base: Any, side: LayeredContext) -> list[tuple[str, Any]]:
+    """The HISTORY changes ``side`` brings since ``base``, as an event sub-process merging back does."""
+    before, after = base.layer(Layer.HISTORY), side.layer(Layer.HISTORY)
+    return [*((k, DELETED) for k in before if k not in after),
+            *((k, v) for k, v in after.items() if not k.startswith("_") and (k not in before or before[k] != v))]
+
+
+@pytest.mark.parametrize(("side_does", "told"), [
+    # the side's fold takes the two lines the flow's counter kept: folded, still counted
+    ("fold", {"kept": [], "folded": ["log_line_10", "log_line_11"]}),
+    # a decision of the side's removes one: deleted, still counted; the other stays kept
+    ("delete", {"kept": ["log_line_10"], "deleted": ["log_line_11"]}),
+])
+def test_a_flow_counter_is_told_what_an_event_sub_process_took_of_what_it_kept(side_does: str,
+                                                                              told: dict[str, Any]) -> None:
+    ctx, [flow, side], _ = _timeline_branches("count", "fold" if side_does == "fold" else "none")
+    if side_does == "delete":
+        activity(side.context, "decide", deletes=("log_line_11",))
+    base = ctx.get_snapshot(flow.snapshot_id)
+    counter = flow.context.layer(Layer.HISTORY)["summary:count:log_line"]
+    assert counter["kept"] == ["log_line_10", "log_line_11"]
+    changes = _side_history_changes(base, side.context)
+    out = side_counters_told(flow.context, side.context, changes)
+    assert out[:len(changes)] == changes
+    assert out[len(changes):] == [("summary:count:log_line", {**thaw(counter), **told})]
