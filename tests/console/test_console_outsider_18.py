@@ -317,7 +317,8 @@ def test_answering_with_the_keyboard_resolves_it_and_names_the_person(server: Se
         watched.sign_in(server)
         watched.open_instance(server, iid)
         answer_with_keyboard(watched.page, "Escalate", "Board must <script>see</script> it")
-        until(lambda: server.api("GET", f"/api/instances/{iid}")["waiting_for"][0]["kind"] == "user_task",
+        # (while the answer is being applied the instance runs and waits for nothing yet)
+        until(lambda: [w["kind"] for w in server.api("GET", f"/api/instances/{iid}")["waiting_for"]][:1] == ["user_task"],
               "the decision to be taken")
         doc = server.api("GET", f"/api/instances/{iid}")
         merged = doc["layers"]["L4"].get("_mergedConflicts") or doc["layers"]["L3"]["_mergedConflicts"]
