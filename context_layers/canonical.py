@@ -328,12 +328,11 @@ def remember_value(by_id: "Memo[tuple[Any, int], tuple[Any, V]]", by_text: "Memo
         return hit[1]
     text = (key, repr(value))
     out = by_text.get(text)
-    charge = len(text[1])
+    fresh = out is None
     if out is None:
         out = compute()
-        charge += len(out) if isinstance(out, str) else cost(out) if cost is not None else 0
+    charge = len(text[1]) + (len(out) if isinstance(out, str) else cost(out) if cost is not None else 0)
+    if fresh:
         by_text.put(text, out, chars=charge)
-    else:
-        charge += len(out) if isinstance(out, str) else cost(out) if cost is not None else 0
     by_id.put((key, id(value)), (value, out), chars=charge)
     return out

@@ -349,8 +349,8 @@ def prune_consumers(client: Any, stream: str, group: str, idle_ms: int = CONSUME
 
 
 def forget_consumer(client: Any, stream: str, group: str, consumer: str) -> bool:
-    """Take ``consumer`` out of ``group`` if no entry is pending with it (one MULTI-free script:
-    an entry given back to it in between keeps it); whether it went. A worker that stops cleanly
+    """Take ``consumer`` out of ``group`` if no entry is pending with it (checked and done in one
+    Lua script, so an entry given back to it in between keeps it); whether it went. A worker that stops cleanly
     does this for itself: restarts (deploys, a crash loop) would otherwise leave a consumer in the
     group for every worker process that ever ran."""
     return int(client.eval(_FORGET_CONSUMER, 1, stream, group, consumer)) >= 0
