@@ -709,31 +709,37 @@ class GatewaySteps:
         twice. A join that fires in several places at once (a called process's join called from
         two branches, a join inside a parallel multi-instance body) asks each firing its own
         questions: a pending conflict another firing still asks about stays listed, even when its
-        key and values are this firing's too; one per open question elsewhere on the same key and values
-        (each join confirmation keeps its conflict's ``values``)."""
+        key and values are this firing's too. Each report names the context its firing merges into,
+        so this firing replaces only its own; a report saved before reports named it is told by
+        counting: one per open question elsewhere on the same key and values (each join
+        confirmation keeps its conflict's ``values``)."""
         inst = self.instance
-        was_pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None]
+        was_pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None
+                       and c.get("context", context) == context]
         elsewhere = [c for c in inst.confirmations
                      if c.get("task_id") == gw and c.get("context") != context and not c.get("answered")]
         for record in records:
             same = [c for c in was_pending if c.get("key") == record.get("key")
                     and json_equal(c.get("values"), record.get("values"))]
+            named = [c for c in same if "context" in c]
             # another firing's open question on this key is about the same conflict only when it
             # asks about the same values (a confirmation saved without its values: by key alone)
-            asked_elsewhere = sum(1 for c in elsewhere if c.get("key") == record.get("key")
-                                  and ("values" not in c or json_equal(c["values"], record.get("values"))))
+            asked_elsewhere = 0 if named else sum(
+                1 for c in elsewhere if c.get("key") == record.get("key")
+                and ("values" not in c or json_equal(c["values"], record.get("values"))))
             if len(same) > asked_elsewhere:
-                was_pending.remove(same[0])
-                _remove_item(inst.conflicts, same[0])
+                was_pending.remove((named or same)[0])
+                _remove_item(inst.conflicts, (named or same)[0])
             elif refire and record.get("resolution") is not None:
                 # the latest report of this key is the pass before's (a model asked again may even
                 # have settled it otherwise this time): replaced, not kept beside the new one
                 before = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("key") == record.get("key")
-                          and c.get("resolution") is not None and json_equal(c.get("values"), record.get("values"))]
+                          and c.get("resolution") is not None and json_equal(c.get("values"), record.get("values"))
+                          and c.get("context", context) == context]
                 if before:
                     _remove_item(inst.conflicts, before[-1])
-        if not elsewhere:  # the usual case: every pending conflict of the gateway was this firing's
-            for c in was_pending:
+        for c in was_pending:  # this firing's (the usual case: every pending conflict of the gateway)
+            if "context" in c or not elsewhere:
                 _remove_item(inst.conflicts, c)
         # each names the context the join merges into: of several firings at once, whose it is
         inst.conflicts.extend({**record, "context": context} for record in records)

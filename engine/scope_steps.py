@@ -99,12 +99,17 @@ def _bring_side(parent: LayeredContext, branch: LayeredContext, changes: list[tu
 
 def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
     """Close a confirmation nobody will answer (its instance or its join was cancelled); the join
-    conflict it asked about stays unresolved, and says so: ``"cancelled": true``."""
+    conflict it asked about stays unresolved, and says so: ``"cancelled": true``. That conflict is
+    the one of the same join, key and values merging into the same context: two lines of a
+    multi-instance can report equal conflicts, and only the cancelled line's is closed (a record
+    saved before conflicts and questions named their context: by the rest alone)."""
     confirmation.update(answered=True, cancelled=True)
     for conflict in instance.conflicts:
         if conflict.get("resolution") is None and conflict.get("gateway_id") == confirmation.get("task_id") \
                 and conflict.get("key") == confirmation.get("key") \
-                and ("values" not in confirmation or json_equal(conflict.get("values"), confirmation["values"])):
+                and ("values" not in confirmation or json_equal(conflict.get("values"), confirmation["values"])) \
+                and ("context" not in confirmation or conflict.get("context", confirmation["context"])
+                     == confirmation["context"]):
             conflict["cancelled"] = True
 
 

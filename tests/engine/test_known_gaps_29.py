@@ -1,0 +1,97 @@
+"""Gaps closed in round 29.
+
+(1) A confirmation nobody will answer any more (its line of a multi-instance cancelled by a
+    boundary timer) closed its join's conflict by gateway, key and values only: two lines that
+    met the same conflict were both marked ``cancelled`` while the other line still waited for its
+    answer, and once that answer came the cancelled line's report was dropped from ``conflicts``.
+    Conflicts and questions name the context (the line) they merge into; both now match on it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine import Engine, load_process
+
+from engine_helpers import flow, script_task, write_elements
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    """An engine clock that stands still until the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def chain(*ids: str) -> list[str]:
+    return [flow(a, b) for a, b in zip(ids, ids[1:])]
+
+
+def mi_lines(tmp_path: Path) -> Path:
+    """A parallel multi-instance sub-process over ``items = [1, 2]``; in each line a sub-process
+    ``review`` whose join meets the same conflict on ``x`` (1 against 2) and asks a person, and an
+    interrupting boundary timer on ``review`` due after one hour for line 1, 100 hours for line 2."""
+    review = "\n".join([
+        '<bpmn:startEvent id="rs"/>', '<bpmn:parallelGateway id="fork"/>', script_task("m1", "x = 1"),
+        script_task("m2", "x = 2"), '<bpmn:parallelGateway id="meet"/>', '<bpmn:endEvent id="re"/>',
+        *chain("rs", "fork", "m1", "meet", "re"), *chain("fork", "m2", "meet")])
+    line = "\n".join([
+        '<bpmn:startEvent id="ls"/>', f'<bpmn:subProcess id="review">{review}</bpmn:subProcess>',
+        '<bpmn:boundaryEvent id="deadline" attachedToRef="review"><bpmn:timerEventDefinition>'
+        '<bpmn:timeDuration>"PT1H" if item == 1 else "PT100H"</bpmn:timeDuration>'
+        '</bpmn:timerEventDefinition></bpmn:boundaryEvent>',
+        script_task("lapsed", "late = item"), '<bpmn:endEvent id="le"/>', '<bpmn:endEvent id="le2"/>',
+        *chain("ls", "review", "le"), *chain("deadline", "lapsed", "le2")])
+    return write_elements(tmp_path, "mi_lines", [
+        '<bpmn:startEvent id="start"/>', script_task("init", "items = [1, 2]\nx = 0"),
+        '<bpmn:subProcess id="each"><bpmn:multiInstanceLoopCharacteristics isSequential="false">'
+        '<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:inputDataItem id="item"/>'
+        f'</bpmn:multiInstanceLoopCharacteristics>{line}</bpmn:subProcess>',
+        '<bpmn:endEvent id="end"/>', *chain("start", "init", "each", "end")])
+
+
+def _by_line(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["context"]: item for item in items}
+
+
+# ===================================================== (1) a cancelled line closes only its own conflict
+
+def test_a_cancelled_line_closes_its_own_conflict_not_the_equal_one_another_line_still_asks(tmp_path: Path) -> None:
+    clock = Clock()
+    engine = Engine("memory://", clock=clock)
+    waiting = engine.run(engine.start(load_process(mi_lines(tmp_path)), {}))
+    asked = _by_line([w for w in waiting.waiting_for if w["kind"] == "confirmation"])
+    assert len(asked) == 2
+    first, second = sorted(asked, key=lambda name: asked[name]["id"])  # meet/x, meet/x#2: line 1, line 2
+    conflicts = _by_line(waiting.to_document()["conflicts"])
+    assert set(conflicts) == {first, second}
+    assert conflicts[first]["values"] == conflicts[second]["values"] == {"m1": 1, "m2": 2}
+
+    clock.now += 3601  # line 1's deadline: its review (and the question its join asked) is cancelled
+    lapsed = engine.resume(waiting.id)
+    doc = lapsed.to_document()
+    assert doc["status"] == "waiting"
+    assert [w["context"] for w in doc["waiting_for"] if w["kind"] == "confirmation"] == [second]
+    questions = _by_line(doc["confirmations"])
+    assert questions[first]["cancelled"] is True and "cancelled" not in questions[second]
+    conflicts = _by_line(doc["conflicts"])
+    assert conflicts[first]["cancelled"] is True and conflicts[first]["resolution"] is None
+    assert "cancelled" not in conflicts[second] and conflicts[second]["resolution"] is None
+
+    # line 2's person answers: its conflict is settled; line 1's stays listed, cancelled
+    done = engine.resume(lapsed.id, answers={"confirmations": {asked[second]["id"]: 2}})
+    clock.now += 100 * 3600  # line 2's deadline passes after its review ended: nothing to cancel
+    done = engine.resume(done.id)
+    doc = done.to_document()
+    assert doc["status"] == "completed", doc["error"]
+    conflicts = _by_line(doc["conflicts"])
+    assert set(conflicts) == {first, second}, doc["conflicts"]
+    assert conflicts[first]["cancelled"] is True and conflicts[first]["resolution"] is None
+    assert "cancelled" not in conflicts[second]
+    assert conflicts[second]["resolution"]["value"] == 2 and conflicts[second]["resolution"]["resolver"] == "human"
