@@ -1423,7 +1423,9 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     if activity is not None and activity not in instance.process.element_ids():
         activity = None  # e.g. a model's own note: no config to score against
     try:
-        report = service.inspect(instance.id, InspectArgs(context=ctx.name, activity_id=activity))
+        # the open conflicts of the context named; without --context, the whole instance's
+        report = service.inspect(instance.id, InspectArgs(context=ctx.name if context_name else None,
+                                                          activity_id=activity))
     except LayerflowError as err:
         _governance_fail(err, as_json, instance=instance)
     preserved = set(report["preserved"])

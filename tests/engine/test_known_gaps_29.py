@@ -5,16 +5,27 @@
     met the same conflict were both marked ``cancelled`` while the other line still waited for its
     answer, and once that answer came the cancelled line's report was dropped from ``conflicts``.
     Conflicts and questions name the context (the line) they merge into; both now match on it.
+(2) Inspecting one context (``layerflow inspect ID --context``, REST ``context-governance/inspect``
+    with ``context``, ``GovernanceService.inspect``) listed every open conflict of the instance; now
+    the ones of the joins merging into that context. Without a context, the instance's.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import local_http
+from click.testing import CliRunner
+
 from engine import Engine, load_process
+from engine.api import create_app
+from engine.cli import main
+from engine.governance import GovernanceService, InspectArgs
 
 from engine_helpers import flow, script_task, write_elements
+from governance_helpers import TOKEN, ServerThread
 
 T0 = 1_800_000_000.0
 
@@ -95,3 +106,45 @@ def test_a_cancelled_line_closes_its_own_conflict_not_the_equal_one_another_line
     assert conflicts[first]["cancelled"] is True and conflicts[first]["resolution"] is None
     assert "cancelled" not in conflicts[second]
     assert conflicts[second]["resolution"]["value"] == 2 and conflicts[second]["resolution"]["resolver"] == "human"
+
+
+# ===================================================== (2) inspecting one context: its conflicts only
+
+def test_inspecting_one_line_lists_that_lines_open_conflict_the_instance_view_both(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'lines.db'}"
+    engine = Engine(store, clock=Clock())
+    waiting = engine.run(engine.start(load_process(mi_lines(tmp_path)), {}))
+    lines = sorted(c["context"] for c in waiting.to_document()["conflicts"])
+    assert len(lines) == 2
+    service = GovernanceService(engine)
+
+    def contexts(conflicts: list[dict[str, Any]]) -> list[str]:
+        return sorted(c["context"] for c in conflicts)
+
+    # the Python API
+    for line in lines:
+        assert contexts(service.inspect(waiting.id, InspectArgs(context=line))["conflicts"]) == [line]
+    assert contexts(service.inspect(waiting.id, InspectArgs(context="main"))["conflicts"]) == []
+    assert contexts(service.inspect(waiting.id, InspectArgs())["conflicts"]) == lines
+    # REST, over HTTP
+    with ServerThread(create_app(store, tmp_path, TOKEN)) as server:
+        def rest(**body: Any) -> dict[str, Any]:
+            r = local_http.post(f"{server.url}/api/context-governance/inspect", json={"instance_id": waiting.id, **body},
+                                headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 200, r.text
+            return dict(r.json())
+        one = rest(context=lines[1])
+        assert contexts(one["conflicts"]) == contexts(one["merged_conflicts"]) == [lines[1]]
+        whole = rest()
+        assert contexts(whole["conflicts"]) == contexts(whole["merged_conflicts"]) == lines
+    # the CLI: open_conflicts of the context; the run document's conflicts stay the instance's
+    runner = CliRunner()
+
+    def cli(*args: str) -> dict[str, Any]:
+        result = runner.invoke(main, ["inspect", waiting.id, "--store", store, "--json", *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return dict(json.loads(result.stdout))
+    one = cli("--context", lines[0])
+    assert contexts(one["open_conflicts"]) == [lines[0]] and contexts(one["conflicts"]) == lines
+    assert contexts(cli()["open_conflicts"]) == lines
+    assert contexts(cli("--context", "main")["open_conflicts"]) == []
