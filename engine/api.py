@@ -256,6 +256,10 @@ class Conflict(_Open):
     base_value: Any
     values: dict[str, Any] = Field(description="branch id -> its value")
     resolution: Resolution | None
+    context: str | None = Field(default=None, examples=["main"], description=(
+        "the context the join merges into: `main` for the process's own flow, else the branch or line "
+        "(of a multi-instance) context the join fires in; equal conflicts of two lines are told apart "
+        "by it (absent from a conflict recorded before conflicts named it)"))
 
 
 class Compression(_Open):
@@ -273,6 +277,9 @@ class Confirmation(_Open):
     options: list[Any]
     answer: Any
     timed_out: bool
+    context: str | None = Field(default=None, examples=["main"], description=(
+        "the context the question asks for: a join's, the one it merges into (its conflict's "
+        "`context`); a model's, the one the activity runs in"))
 
 
 class WaitingItem(_Open):
@@ -280,6 +287,9 @@ class WaitingItem(_Open):
                                   "`event_kind`)")
     id: str = Field(description="what to answer: a user task's or event's task id, a confirmation's id")
     task_id: str = Field(description="the BPMN id of the element that waits")
+    context: str | None = Field(default=None, examples=["main"], description=(
+        "a confirmation's or a timer's: the context it waits in, `main` for the process's own flow, "
+        "else the branch or line (of a multi-instance) context, which tells apart items of one `task_id`"))
 
 
 class Layers(_Open):

@@ -1971,8 +1971,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
         for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):
             due = spiff.timer_due(task)
+            # ``context``: the one it waits in (a confirmation's item names its own): the lines of a
+            # parallel multi-instance wait on timers of one ``task_id``, told apart by it
             item = {"kind": "timer", "id": str(task.id), "task_id": spiff.timer_event_id(task),
-                    "due": due.isoformat() if due is not None else None}
+                    "due": due.isoformat() if due is not None else None, "context": spiff.context_name_of(task)}
             branch = spiff.gateway_branch(task, item["task_id"])
             if branch is not None:
                 # the timer branch of an event-based gateway: an item of its own beside the gateway's

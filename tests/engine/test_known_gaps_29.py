@@ -8,6 +8,8 @@
 (2) Inspecting one context (``layerflow inspect ID --context``, REST ``context-governance/inspect``
     with ``context``, ``GovernanceService.inspect``) listed every open conflict of the instance; now
     the ones of the joins merging into that context. Without a context, the instance's.
+(3) The REST models of an instance's document passed ``context`` of a conflict, a confirmation
+    and a waiting item through without declaring it: /openapi.json and /docs did not show it.
 """
 
 from __future__ import annotations
@@ -148,3 +150,22 @@ def test_inspecting_one_line_lists_that_lines_open_conflict_the_instance_view_bo
     assert contexts(one["open_conflicts"]) == [lines[0]] and contexts(one["conflicts"]) == lines
     assert contexts(cli()["open_conflicts"]) == lines
     assert contexts(cli("--context", "main")["open_conflicts"]) == []
+
+
+# ===================================================== (3) /openapi.json declares each item's context
+
+def test_openapi_declares_the_context_of_conflicts_confirmations_and_waiting_items(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'lines.db'}"
+    engine = Engine(store, clock=Clock())
+    waiting = engine.run(engine.start(load_process(mi_lines(tmp_path)), {}))
+    with ServerThread(create_app(store, tmp_path, TOKEN)) as server:
+        schemas = local_http.get(f"{server.url}/openapi.json").json()["components"]["schemas"]
+        doc = local_http.get(f"{server.url}/api/instances/{waiting.id}",
+                             headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    for model, items in (("Conflict", doc["conflicts"]), ("Confirmation", doc["confirmations"]),
+                         ("WaitingItem", doc["waiting_for"])):
+        declared = schemas[model]["properties"]["context"]
+        assert {"type": "string"} in declared["anyOf"] and declared["description"], (model, declared)
+        assert "context" not in schemas[model].get("required", [])
+        # what the server answers carries what the document declares
+        assert all(isinstance(item["context"], str) for item in items if item.get("kind") != "user_task"), items
