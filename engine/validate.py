@@ -5944,9 +5944,12 @@ def _compares_values(source: str) -> bool:
 
 def _keyword_names_instead(source: str) -> tuple[list[str], str] | None:
     """An expression that reads a key named like a Python keyword (SpiffWorkflow's collaboration test
-    correlates on ``from.name``, a message payload's ``from``): Python cannot name it, a syntax error.
-    Returns the keywords so read and the expression written to read them, ``globals()['from']['name']``
-    (an expression's context is its globals, and JSON objects are read by key), when that is valid Python."""
+    correlates on ``from.name``, a message payload's ``from``; a form field ``class`` read by its bare
+    name, ``class == 'gold'``): Python cannot name it, a syntax error. Returns the keywords so read and
+    the expression written to read them, ``globals()['from']['name']``, ``globals()['class']`` (an
+    expression's context is its globals, and JSON objects are read by key), when that is valid Python.
+    A bare keyword is taken for a key only when no expression uses it (``class``, ``from``, not
+    ``not``, ``in``, ``if``, ``for``, ``lambda``)."""
     import keyword
     import tokenize
 
@@ -5977,6 +5980,8 @@ def _keyword_names_instead(source: str) -> tuple[list[str], str] | None:
                     and touching(tokens[i], tokens[i + 1]) and touching(tokens[i + 1], tokens[i + 2]):
                 edits.append((offset(tokens[i + 1].start), offset(tokens[i + 2].end), f"[{tokens[i + 2].string!r}]"))
                 i += 2
+        elif tok.string not in _EXPRESSION_KEYWORDS and (prev is None or prev.string != "."):
+            edits.append((offset(tok.start), offset(tok.end), f"globals()[{tok.string!r}]"))
         else:
             i += 1
             continue
@@ -5994,11 +5999,18 @@ def _keyword_names_instead(source: str) -> tuple[list[str], str] | None:
     return list(dict.fromkeys(named)), rewritten
 
 
+#: the keywords an expression uses as Python (``x if c else y``, ``[v for v in vs]``, ``yield from``): a bare
+#: one of these is no key; any other keyword in an expression (``class``, ``from``, ``import``) can only be one
+_EXPRESSION_KEYWORDS = frozenset({"and", "or", "not", "in", "is", "if", "else", "for", "lambda", "await", "async",
+                                  "yield", "True", "False", "None"})
+
+
 def _keyword_names_said(names: list[str], instead: str) -> str:
     shown = ", ".join(repr(n) for n in names)
     keys = " or ".join(f"a key named {n!r}" for n in names)
     return (f"{shown} {'is a Python keyword' if len(names) == 1 else 'are Python keywords'}, so {keys} cannot be "
-            f"read by its name (and context values are JSON objects, read by key): write {instead!r}")
+            f"read by its name (an expression reads the context as its globals(), and JSON objects by key): "
+            f"write {instead!r}")
 
 
 def _spaced_names_said(names: list[tuple[str, str]], instead: str) -> str:

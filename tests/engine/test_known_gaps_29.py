@@ -10,6 +10,10 @@
     the ones of the joins merging into that context. Without a context, the instance's.
 (3) The REST models of an instance's document passed ``context`` of a conflict, a confirmation
     and a waiting item through without declaring it: /openapi.json and /docs did not show it.
+(4) The timers the lines of a parallel multi-instance wait on were listed in ``waiting_for`` under one
+    ``task_id`` with nothing to tell whose line each is: each names its ``context`` now.
+(5) A key named like a Python keyword read by its bare name (``class == 'gold'``) got only "fix the
+    condition" from validate; read as a path (``from.name``) it got the rewrite: now both do.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ from pathlib import Path
 from typing import Any
 
 import local_http
+import pytest
 from click.testing import CliRunner
 
 from engine import Engine, load_process
 from engine.api import create_app
 from engine.cli import main
 from engine.governance import GovernanceService, InspectArgs
+from engine.validate import validate_process
 
-from engine_helpers import flow, script_task, write_elements
+from engine_helpers import flow, script_task, variables, write_elements
 from governance_helpers import TOKEN, ServerThread
 
 T0 = 1_800_000_000.0
@@ -169,3 +175,65 @@ def test_openapi_declares_the_context_of_conflicts_confirmations_and_waiting_ite
         assert "context" not in schemas[model].get("required", [])
         # what the server answers carries what the document declares
         assert all(isinstance(item["context"], str) for item in items if item.get("kind") != "user_task"), items
+
+
+# ===================================================== (4) each line's timer names its line
+
+def test_each_lines_timer_names_the_line_it_waits_in(tmp_path: Path) -> None:
+    clock = Clock()
+    engine = Engine("memory://", clock=clock)
+    waiting = engine.run(engine.start(load_process(mi_lines(tmp_path)), {}))
+    timers = [w for w in waiting.waiting_for if w["kind"] == "timer"]
+    asked = {w["context"]: w["id"] for w in waiting.waiting_for if w["kind"] == "confirmation"}
+    assert [t["task_id"] for t in timers] == ["deadline", "deadline"]  # the BPMN id, as DESIGN has it
+    # the one due in an hour is line 1's, the one whose question is meet/x
+    assert [asked[t["context"]] for t in timers] == ["meet/x", "meet/x#2"], timers
+    assert {t["context"] for t in timers} == set(asked)
+    clock.now += 3601
+    lapsed = engine.resume(waiting.id)
+    [left] = [w for w in lapsed.waiting_for if w["kind"] == "timer"]
+    assert (left["id"], left["context"]) == (timers[1]["id"], timers[1]["context"])
+    # a timer in the process's own flow waits in main
+    path = write_elements(tmp_path, "plain_timer", [
+        '<bpmn:startEvent id="s"/>', '<bpmn:intermediateCatchEvent id="wait"><bpmn:timerEventDefinition>'
+        '<bpmn:timeDuration>"PT1H"</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>',
+        '<bpmn:endEvent id="e"/>', *chain("s", "wait", "e")])
+    [item] = engine.run(engine.start(load_process(path), {})).waiting_for
+    assert (item["kind"], item["task_id"], item["context"]) == ("timer", "wait", "main")
+
+
+# ===================================================== (5) a bare key named like a keyword: the rewrite
+
+@pytest.mark.parametrize(("condition", "rewritten"), [
+    ("class == 'gold'", "globals()['class'] == 'gold'"),
+    ("amount > 10 and from != 'bank'", "amount > 10 and globals()['from'] != 'bank'"),
+    ("class == 'gold' and from.name == 'Peggy'", "globals()['class'] == 'gold' and globals()['from']['name'] == 'Peggy'"),
+])
+def test_a_condition_reading_a_bare_keyword_key_gets_the_rewrite_and_the_rewrite_runs(
+        tmp_path: Path, condition: str, rewritten: str) -> None:
+    def process(text: str) -> Path:
+        return write_elements(tmp_path, "kw", [
+            '<bpmn:startEvent id="s"/>', flow("s", "g"), '<bpmn:exclusiveGateway id="g" default="f2"/>',
+            f'<bpmn:sequenceFlow id="f1" sourceRef="g" targetRef="a"><bpmn:conditionExpression>{text}'
+            '</bpmn:conditionExpression></bpmn:sequenceFlow>', '<bpmn:sequenceFlow id="f2" sourceRef="g" targetRef="b"/>',
+            script_task("a", "went = 'a'"), script_task("b", "went = 'b'"), flow("a", "e"), flow("b", "e"),
+            '<bpmn:endEvent id="e"/>'])
+
+    [said] = [str(p) for p in validate_process([process(condition.replace("'", "&apos;"))]).problems]
+    assert f"write {rewritten!r}" in said and "Python keyword" in said, said
+    assert "a key named 'class'" in said or "a key named 'from'" in said
+    assert "fix the condition" not in said
+    fixed = process(rewritten.replace("'", "&apos;"))
+    assert list(validate_process([fixed]).problems) == []
+    engine = Engine(store="memory://")
+    data = {"class": "gold", "from": {"name": "Peggy"}, "amount": 20}
+    instance = engine.run(engine.start(load_process([fixed]), data))
+    assert (instance.status, variables(instance.context)["went"]) == ("completed", "a")
+
+
+def test_a_keyword_an_expression_uses_as_python_is_no_key() -> None:
+    from engine.validate import _keyword_names_instead
+
+    # not, in, is, if/else, for, lambda are Python's own in an expression: nothing to rewrite there
+    for text in ("x if not y else z", "a in [i for i in b]", "(lambda v: v)(1) is None"):
+        assert _keyword_names_instead(text) is None, text
