@@ -34,6 +34,7 @@ from engine.validate import validate_process
 
 from engine_helpers import flow, script_task, variables, write_elements
 from governance_helpers import TOKEN, ServerThread
+from test_public_27 import condition_process
 
 T0 = 1_800_000_000.0
 
@@ -211,19 +212,11 @@ def test_each_lines_timer_names_the_line_it_waits_in(tmp_path: Path) -> None:
 ])
 def test_a_condition_reading_a_bare_keyword_key_gets_the_rewrite_and_the_rewrite_runs(
         tmp_path: Path, condition: str, rewritten: str) -> None:
-    def process(text: str) -> Path:
-        return write_elements(tmp_path, "kw", [
-            '<bpmn:startEvent id="s"/>', flow("s", "g"), '<bpmn:exclusiveGateway id="g" default="f2"/>',
-            f'<bpmn:sequenceFlow id="f1" sourceRef="g" targetRef="a"><bpmn:conditionExpression>{text}'
-            '</bpmn:conditionExpression></bpmn:sequenceFlow>', '<bpmn:sequenceFlow id="f2" sourceRef="g" targetRef="b"/>',
-            script_task("a", "went = 'a'"), script_task("b", "went = 'b'"), flow("a", "e"), flow("b", "e"),
-            '<bpmn:endEvent id="e"/>'])
-
-    [said] = [str(p) for p in validate_process([process(condition.replace("'", "&apos;"))]).problems]
+    [said] = [str(p) for p in validate_process([condition_process(tmp_path, condition.replace("'", "&apos;"))]).problems]
     assert f"write {rewritten!r}" in said and "Python keyword" in said, said
     assert "a key named 'class'" in said or "a key named 'from'" in said
     assert "fix the condition" not in said
-    fixed = process(rewritten.replace("'", "&apos;"))
+    fixed = condition_process(tmp_path, rewritten.replace("'", "&apos;"))
     assert list(validate_process([fixed]).problems) == []
     engine = Engine(store="memory://")
     data = {"class": "gold", "from": {"name": "Peggy"}, "amount": 20}

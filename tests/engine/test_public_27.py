@@ -67,6 +67,18 @@ def test_the_rewritten_correlation_reads_the_key_and_the_response_is_caught(tmp_
     assert variables(instance.context) == {"lover": {"name": "Peggy"}, "from": {"name": "Peggy"}}
 
 
+def condition_process(tmp_path: Path, text: str) -> Path:
+    """An XOR gateway whose flow to ``a`` (``went = 'a'``) is taken when ``text`` (condition XML) holds, else ``b``."""
+    from engine_helpers import flow, script_task, write_elements
+
+    return write_elements(tmp_path, "kw", [
+        '<bpmn:startEvent id="s"/>', flow("s", "g"), '<bpmn:exclusiveGateway id="g" default="f2"/>',
+        f'<bpmn:sequenceFlow id="f1" sourceRef="g" targetRef="a"><bpmn:conditionExpression>{text}'
+        '</bpmn:conditionExpression></bpmn:sequenceFlow>', '<bpmn:sequenceFlow id="f2" sourceRef="g" targetRef="b"/>',
+        script_task("a", "went = 'a'"), script_task("b", "went = 'b'"), flow("a", "e"), flow("b", "e"),
+        '<bpmn:endEvent id="e"/>'])
+
+
 @pytest.mark.parametrize(("condition", "rewritten"), [
     ("from.name == 'Peggy'", "globals()['from']['name'] == 'Peggy'"),
     ("payload.class == 'gold'", "payload['class'] == 'gold'"),
@@ -74,15 +86,8 @@ def test_the_rewritten_correlation_reads_the_key_and_the_response_is_caught(tmp_
 ])
 def test_a_condition_that_reads_a_keyword_key_gets_the_rewrite_and_the_rewrite_runs(
         tmp_path: Path, condition: str, rewritten: str) -> None:
-    from engine_helpers import flow, script_task, write_elements
-
     def process(text: str) -> Path:
-        return write_elements(tmp_path, "kw", [
-            '<bpmn:startEvent id="s"/>', flow("s", "g"), '<bpmn:exclusiveGateway id="g" default="f2"/>',
-            f'<bpmn:sequenceFlow id="f1" sourceRef="g" targetRef="a"><bpmn:conditionExpression>{text}'
-            '</bpmn:conditionExpression></bpmn:sequenceFlow>', '<bpmn:sequenceFlow id="f2" sourceRef="g" targetRef="b"/>',
-            script_task("a", "went = 'a'"), script_task("b", "went = 'b'"), flow("a", "e"), flow("b", "e"),
-            '<bpmn:endEvent id="e"/>'])
+        return condition_process(tmp_path, text)
 
     said = [str(p) for p in validate_process([process(condition.replace("'", "&apos;"))]).problems]
     assert len(said) == 1 and f"write {rewritten!r}" in said[0] and "is a Python keyword" in said[0], said
