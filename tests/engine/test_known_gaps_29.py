@@ -230,3 +230,16 @@ def test_a_keyword_an_expression_uses_as_python_is_no_key() -> None:
     # not, in, is, if/else, for, lambda are Python's own in an expression: nothing to rewrite there
     for text in ("x if not y else z", "a in [i for i in b]", "(lambda v: v)(1) is None"):
         assert _keyword_names_instead(text) is None, text
+
+
+# ===================================================== (6) an optional field left out is not written; null is
+
+def test_an_optional_field_left_out_stays_unwritten_and_a_null_given_is_written() -> None:
+    form = Path(__file__).resolve().parent / "fixtures" / "forms" / "camunda_approval.bpmn"
+    engine = Engine("memory://")
+    for answer, comment in (({"amount": 250}, "absent"), ({"amount": 250, "comment": None}, None)):
+        waiting = engine.run(engine.start(load_process(form)))
+        done = engine.complete_user_task(waiting, "approve_invoice", answer)
+        assert done.status == "completed", done.to_document()["error"]
+        assert done.main.get("comment", "absent") == comment
+        assert (done.main.resolve("amount"), done.main.resolve("approved")) == (250, False)  # given; its default
