@@ -1014,9 +1014,9 @@ class GovernanceService:
         """Per-layer statistics. ``dto``: add the seed's ContextGovernanceDTO fields
         (``layer_infos`` of all six layers, ``attention_score``, ``knowledge_scores``,
         ``merged_conflicts``, ``branch_infos``) -- for the REST API, not for a model's tokens.
-        ``conflicts`` are the pending ones: with ``args.context`` named, those of joins merging
-        into that context (a conflict saved before conflicts named theirs is shown everywhere);
-        with none, the whole instance's."""
+        ``conflicts`` are the pending ones (not a cancelled one, which nobody will settle): with
+        ``args.context`` named, those of the joins merging into that context (a conflict saved
+        before conflicts named theirs is shown in every context); with none, the whole instance's."""
         instance = self.load(instance_id)
         ctx = self.context_of(instance, args.context)
         cfg = self._config_of(instance, args.activity_id)
@@ -1062,7 +1062,7 @@ class GovernanceService:
                                 "thresholds": decision.thresholds,
                                 "compressions": [c for c in instance.compression_records()
                                                  if c.get("context", MAIN) == ctx.name]},
-            "conflicts": [c for c in instance.conflicts if c.get("resolution") is None
+            "conflicts": [c for c in instance.conflicts if c.get("resolution") is None and not c.get("cancelled")
                           and (args.context is None or c.get("context", ctx.name) == ctx.name)],
             "branches": [{"context": n, "branch_id": i.get("branch_id"), "gateway": i.get("gateway"),
                           "status": i.get("status")} for n, i in instance.branches.items()],

@@ -121,7 +121,8 @@ def test_a_cancelled_line_closes_its_own_conflict_not_the_equal_one_another_line
 
 def test_inspecting_one_line_lists_that_lines_open_conflict_the_instance_view_both(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'lines.db'}"
-    engine = Engine(store, clock=Clock())
+    clock = Clock()
+    engine = Engine(store, clock=clock)
     waiting = engine.run(engine.start(load_process(mi_lines(tmp_path)), {}))
     lines = sorted(c["context"] for c in waiting.to_document()["conflicts"])
     assert len(lines) == 2
@@ -157,6 +158,12 @@ def test_inspecting_one_line_lists_that_lines_open_conflict_the_instance_view_bo
     assert contexts(one["open_conflicts"]) == [lines[0]] and contexts(one["conflicts"]) == lines
     assert contexts(cli()["open_conflicts"]) == lines
     assert contexts(cli("--context", "main")["open_conflicts"]) == []
+    # a conflict whose question was cancelled with its line is open no more
+    clock.now += 3601
+    lapsed = engine.resume(waiting.id)
+    [cancelled] = [c["context"] for c in lapsed.to_document()["conflicts"] if c.get("cancelled")]
+    assert service.inspect(waiting.id, InspectArgs(context=cancelled))["conflicts"] == []
+    assert contexts(service.inspect(waiting.id, InspectArgs())["conflicts"]) == [l for l in lines if l != cancelled]
 
 
 # ===================================================== (3) /openapi.json declares each item's context
