@@ -223,6 +223,7 @@ class GatewaySteps:
         def _end_event_paths(self, workflow: Any) -> list[str]: ...
         def _merge_events(self, name: str) -> None: ...
         def _merge_side(self, gw: str, name: str, what: str = "boundary path") -> str: ...
+        def close_dead_joins(self) -> None: ...
 
     def split(self, task: Any) -> None:
         spec = task.task_spec
@@ -648,7 +649,13 @@ class GatewaySteps:
         # what a person was shown, for the answers given: the chain does not run again for them
         # (this firing's only: a join that fires in two places at once, as a called process's join
         # does when two branches call it, asks each under an id of its own, see _add_confirmations)
-        mine = [c for c in self._firing(gw, parent_name) if c.get("answered") and not c.get("resolved")]
+        if any(not c.get("answered") for c in self._firing(gw, parent_name)):
+            # a question of an earlier pass that an interrupting event cancelled since (a boundary
+            # timer on the join's sub-process whose path loops back into it: a retry) is closed
+            # before this pass asks, as it would be once the run settles: it is none of this pass's
+            self.close_dead_joins()
+        mine = [c for c in self._firing(gw, parent_name)
+                if c.get("answered") and not c.get("resolved") and not c.get("cancelled")]
         asked = {_request_id(c): {**c, "id": _request_id(c), "timed_out": bool(c.get("answered_by_timeout"))}
                  for c in mine}
         # the answers are saved with their confirmations: a join that asked several questions
@@ -715,7 +722,7 @@ class GatewaySteps:
         confirmation keeps its conflict's ``values``)."""
         inst = self.instance
         was_pending = [c for c in inst.conflicts if c.get("gateway_id") == gw and c.get("resolution") is None
-                       and c.get("context", context) == context]
+                       and not c.get("cancelled") and c.get("context", context) == context]
         elsewhere = [c for c in inst.confirmations
                      if c.get("task_id") == gw and c.get("context") != context and not c.get("answered")]
         for record in records:

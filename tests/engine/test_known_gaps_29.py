@@ -5,6 +5,9 @@
     met the same conflict were both marked ``cancelled`` while the other line still waited for its
     answer, and once that answer came the cancelled line's report was dropped from ``conflicts``.
     Conflicts and questions name the context (the line) they merge into; both now match on it.
+    Found on the way: a join whose sub-process a boundary timer cancelled and whose path loops back
+    into it (a retry) asked nothing on its second pass (the first pass's question, not yet closed,
+    counted as asked) and the instance waited for the timer alone; the retry now asks again.
 (2) Inspecting one context (``layerflow inspect ID --context``, REST ``context-governance/inspect``
     with ``context``, ``GovernanceService.inspect``) listed every open conflict of the instance; now
     the ones of the joins merging into that context. Without a context, the instance's.
@@ -115,6 +118,39 @@ def test_a_cancelled_line_closes_its_own_conflict_not_the_equal_one_another_line
     assert conflicts[first]["cancelled"] is True and conflicts[first]["resolution"] is None
     assert "cancelled" not in conflicts[second]
     assert conflicts[second]["resolution"]["value"] == 2 and conflicts[second]["resolution"]["resolver"] == "human"
+
+
+def test_a_retry_after_the_deadline_cancelled_the_question_asks_again(tmp_path: Path) -> None:
+    """``review`` (its join asks about ``x``) has a one-hour boundary timer whose path loops back
+    into it: the second pass asks its own question, the first stays listed as cancelled."""
+    review = "\n".join([
+        '<bpmn:startEvent id="rs"/>', '<bpmn:parallelGateway id="fork"/>', script_task("m1", "x = 1"),
+        script_task("m2", "x = 2"), '<bpmn:parallelGateway id="meet"/>', '<bpmn:endEvent id="re"/>',
+        *chain("rs", "fork", "m1", "meet", "re"), *chain("fork", "m2", "meet")])
+    path = write_elements(tmp_path, "retry", [
+        '<bpmn:startEvent id="start"/>', script_task("init", "x = 0\ntries = 0"), '<bpmn:exclusiveGateway id="again"/>',
+        f'<bpmn:subProcess id="review">{review}</bpmn:subProcess>',
+        '<bpmn:boundaryEvent id="deadline" attachedToRef="review"><bpmn:timerEventDefinition>'
+        '<bpmn:timeDuration>"PT1H"</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:boundaryEvent>',
+        script_task("bump", "tries = tries + 1"), '<bpmn:endEvent id="end"/>',
+        *chain("start", "init", "again", "review", "end"), *chain("deadline", "bump", "again")])
+    clock = Clock()
+    engine = Engine("memory://", clock=clock)
+    waiting = engine.run(engine.start(load_process(path), {}))
+    assert [w["kind"] for w in waiting.waiting_for] == ["confirmation", "timer"]
+    clock.now += 3601
+    retried = engine.resume(waiting.id)
+    assert retried.main.resolve("tries") == 1
+    assert [(w["kind"], w.get("key")) for w in retried.waiting_for] == [("confirmation", "x"), ("timer", None)]
+    doc = retried.to_document()
+    assert [(c.get("cancelled", False), c["resolution"]) for c in doc["conflicts"]] == [(True, None), (False, None)]
+    assert [(c["id"], c.get("cancelled", False)) for c in doc["confirmations"]] == [("meet/x", True), ("meet/x", False)]
+    done = engine.resume(retried.id, answers={"confirmations": {"meet/x": 2}})
+    doc = done.to_document()
+    assert doc["status"] == "completed", doc["error"]
+    assert [(c.get("cancelled", False), (c["resolution"] or {}).get("value")) for c in doc["conflicts"]] == [
+        (True, None), (False, 2)]
+    assert done.main.resolve("x") == 2
 
 
 # ===================================================== (2) inspecting one context: its conflicts only
