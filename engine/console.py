@@ -203,7 +203,8 @@ def summary_of(instance: Instance) -> dict[str, Any]:
         "version": instance.version, "started": _iso(instance.created), "updated": _iso(instance.updated),
         "waiting_for": [dict(w) for w in instance.waiting_for],
         "tokens_total": instance.main.token_report()["total"],
-        "open_conflicts": sum(1 for c in instance.conflicts if c.get("resolution") is None),
+        # a cancelled conflict (its question closed with its join or instance) is settled by nobody
+        "open_conflicts": sum(1 for c in instance.conflicts if c.get("resolution") is None and not c.get("cancelled")),
         "error": instance.error,
     }
 

@@ -10,7 +10,8 @@
     counted as asked) and the instance waited for the timer alone; the retry now asks again.
 (2) Inspecting one context (``layerflow inspect ID --context``, REST ``context-governance/inspect``
     with ``context``, ``GovernanceService.inspect``) listed every open conflict of the instance; now
-    the ones of the joins merging into that context. Without a context, the instance's.
+    the ones of the joins merging into that context. Without a context, the instance's. A cancelled
+    conflict is open no more: inspect and the console's instance row leave it out.
 (3) The REST models of an instance's document passed ``context`` of a conflict, a confirmation
     and a waiting item through without declaring it: /openapi.json and /docs did not show it.
 (4) The timers the lines of a parallel multi-instance wait on were listed in ``waiting_for`` under one
@@ -32,6 +33,7 @@ from click.testing import CliRunner
 from engine import Engine, load_process
 from engine.api import create_app
 from engine.cli import main
+from engine.console import summary_of
 from engine.governance import GovernanceService, InspectArgs
 from engine.validate import validate_process
 
@@ -200,6 +202,7 @@ def test_inspecting_one_line_lists_that_lines_open_conflict_the_instance_view_bo
     [cancelled] = [c["context"] for c in lapsed.to_document()["conflicts"] if c.get("cancelled")]
     assert service.inspect(waiting.id, InspectArgs(context=cancelled))["conflicts"] == []
     assert contexts(service.inspect(waiting.id, InspectArgs())["conflicts"]) == [l for l in lines if l != cancelled]
+    assert summary_of(lapsed)["open_conflicts"] == 1  # the console's row counts the open one alone
 
 
 # ===================================================== (3) /openapi.json declares each item's context
