@@ -21,10 +21,12 @@ What DESIGN.md and README.md lead a user to expect, and this round found missing
 
 from __future__ import annotations
 
+import email.utils
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +158,16 @@ def test_a_rate_limit_is_retried_after_the_wait_the_server_asks_for(stub: Any, h
     out = run_llm_activity(ctx, "settle", ANSWER, model=MODEL, retry=RetryPolicy(), sleep=slept.append)
     assert out == {"payout": 5} and slept == [waited], slept
     assert [n["status"] for n in _notes(ctx)] == ["error", "ok"]
+
+
+def test_a_retry_after_given_as_a_date_is_waited_until_then(stub: Any) -> None:
+    when = email.utils.formatdate(time.time() + 20, usegmt=True)
+    stub.push(Reply.error(429, "rate limited", headers=(("Retry-After", when),)), Reply.json({"payout": 5}))
+    slept: list[float] = []
+    assert run_llm_activity(_activity(), "settle", ANSWER, model=MODEL, retry=RetryPolicy(),
+                            sleep=slept.append) == {"payout": 5}
+    [waited] = slept
+    assert 17 <= waited <= 20, waited
 
 
 def test_a_wait_longer_than_a_step_may_block_fails_at_once_naming_it(stub: Any) -> None:
