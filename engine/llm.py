@@ -52,7 +52,8 @@ import sys
 import copy
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -932,10 +933,23 @@ class _Client:
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None, timeout: float = 30,
                  max_retries: int = 2, retry: RetryPolicy | None = None, completion: Completion | None = None,
                  sleep: Callable[[float], None] = time.sleep, on_attempt: OnAttempt | None = None,
-                 limits: ModelLimits | None = None) -> None:
-        self.endpoint = Endpoint.of(model, None, api_base=api_base, api_key=api_key, timeout=timeout, limits=limits)
+                 limits: ModelLimits | None = None, llm_config: LLMConfig | None = None) -> None:
+        self.endpoint = Endpoint.of(model, llm_config, api_base=api_base, api_key=api_key, timeout=timeout,
+                                    limits=limits)
         self._caller = _Caller(self.endpoint, completion=completion, max_retries=max_retries, retry=retry, sleep=sleep)
         self.on_attempt = on_attempt
+
+    @contextmanager
+    def within(self, limits: ModelLimits) -> Iterator[None]:
+        """The calls made inside go within ``limits`` (SYSTEM's ``model_limits`` of the instance the
+        client works for: its ``max_tokens`` at most ``max_output_tokens``, a request that does not fit
+        refused before it is sent), as an activity's calls do."""
+        before = self.endpoint
+        self.endpoint = self._caller.endpoint = replace(before, limits=limits)
+        try:
+            yield
+        finally:
+            self.endpoint = self._caller.endpoint = before
 
     @property
     def attempts(self) -> int:
@@ -948,7 +962,8 @@ class _Client:
         chosen = model_override or cfg.model
         if not chosen:
             raise ModelError("no model is configured; pass a model name (--model) or set llm.model")
-        return cls(chosen, api_base=cfg.api_base, timeout=cfg.timeout, max_retries=cfg.max_retries, **kwargs)
+        return cls(chosen, api_base=cfg.api_base, timeout=cfg.timeout, max_retries=cfg.max_retries, llm_config=cfg,
+                   **kwargs)
 
 
 class LiteLLMSummarizer(_Client):

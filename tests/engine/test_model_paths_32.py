@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from context_layers import Layer, LayeredContext
 from context_layers.config import LLMConfig
@@ -199,3 +200,64 @@ def test_a_model_without_an_api_key_is_one_attempt_naming_the_variable(stub: Any
     assert slept == [] and stub.requests == []
     [note] = _notes(ctx)
     assert note["error"]["transient"] is False, note["error"]
+
+
+# ===== the arbiter: the join's llm block and SYSTEM's model_limits ====================================
+
+def _claims(tmp_path: Path, join_llm: dict[str, Any] | None = None, limits: dict[str, int] | None = None,
+            free_text: bool = False) -> Any:
+    """The triage with the join's ``llm:`` block and SYSTEM's ``model_limits`` set as given
+    (``free_text``: fraud_screen's recommendation any string, not one of three words)."""
+    config = yaml.safe_load((HERE / "claims_triage.layerflow.yaml").read_text())
+    if free_text:
+        config["fraud_screen"]["llm"]["outputSchema"]["properties"]["recommendation"] = {"type": "string"}
+    if join_llm is not None:
+        config["triage_join"]["llm"] = join_llm
+    if limits is not None:
+        config["system"]["model_limits"] = limits
+    path = tmp_path / "claims.layerflow.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return load_process(CLAIMS, config=path)
+
+
+def _long(word: str, n: int) -> str:
+    return " ".join(f"{word}{i}" for i in range(n))
+
+
+def test_the_joins_llm_block_sets_the_arbiters_retries(stub: Any, tmp_path: Path) -> None:
+    # validate takes an llm: block on the join, and the arbiter's error says to raise llm.maxRetries: the
+    # arbiter ran with the defaults (3 attempts, 30 s) whatever the join said
+    stub.push(FRAUD, COVERAGE, Reply.error(500), Reply.error(500), Reply.error(500))
+    done = Engine("memory://", model=MODEL).run_process(_claims(tmp_path, join_llm={"maxRetries": 0, "timeout": 2}),
+                                                         START)
+    assert done.status == "waiting", done.error
+    [fallback] = done.to_document()["model_fallbacks"]
+    assert (fallback["element_id"], fallback["fallback"]) == ("triage_join", "human"), fallback
+    assert "after 1 attempt" in fallback["error"], fallback
+    assert len(stub.requests) == 3, len(stub.requests)                          # two activities, one arbiter call
+
+
+def test_the_arbiter_sends_within_systems_model_limits(stub: Any, tmp_path: Path) -> None:
+    limits = {"max_context_tokens": 4000, "max_output_tokens": 120}
+    stub.push(FRAUD, COVERAGE, ARBITER, SETTLE)
+    done = Engine("memory://", model=MODEL).run_process(_claims(tmp_path, limits=limits), START)
+    assert done.status == "completed", done.error
+    arbiter = stub.requests[2]
+    assert "Resolve this conflict" in arbiter["messages"][-1]["content"], arbiter["messages"][-1]
+    assert arbiter.get("max_tokens") == 120, arbiter.get("max_tokens")
+
+
+def test_a_conflict_prompt_over_the_limit_is_not_sent_and_a_person_decides(stub: Any, tmp_path: Path) -> None:
+    limits = {"max_context_tokens": 1500, "max_output_tokens": 120}
+    # each branch's request fits; the two long answers in one conflict prompt do not
+    fraud = Reply.json({"recommendation": "refer: " + _long("signal", 400), "fraud_note": "early"})
+    coverage = Reply.json({"recommendation": "pay: " + _long("clause", 400), "coverage_note": "covered"})
+    stub.push(fraud, coverage)
+    done = Engine("memory://", model=MODEL).run_process(_claims(tmp_path, limits=limits, free_text=True), START)
+    assert done.status == "waiting", done.error
+    assert len(stub.requests) == 2, [r["messages"][-1]["content"][:80] for r in stub.requests[2:]]
+    [fallback] = done.to_document()["model_fallbacks"]
+    assert fallback["purpose"] == "conflict_resolution" and fallback["fallback"] == "human", fallback
+    assert "model_limits" in fallback["error"] and "was not sent" in fallback["error"], fallback
+    [waiting] = done.to_document()["waiting_for"]
+    assert waiting["id"] == "triage_join/recommendation", waiting
