@@ -261,3 +261,21 @@ def test_a_conflict_prompt_over_the_limit_is_not_sent_and_a_person_decides(stub:
     assert "model_limits" in fallback["error"] and "was not sent" in fallback["error"], fallback
     [waiting] = done.to_document()["waiting_for"]
     assert waiting["id"] == "triage_join/recommendation", waiting
+
+
+# ===== an integer the schema asks for, written as 1200.0 ============================================
+
+def test_an_integer_answered_as_a_whole_float_is_written_as_the_integer(stub: Any) -> None:
+    # JSON Schema takes 1200.0 as an integer; the context held the float, so a later script's
+    # range(payout) failed and the next request showed 1200.0 where the same answer as 1200 showed 1200
+    schema = {"type": "object", "required": ["payout", "instalments"],
+              "properties": {"payout": {"type": "integer"}, "share": {"type": "number"},
+                             "instalments": {"type": "array", "items": {"type": "integer"}}}}
+    stub.push(Reply.text('{"payout": 1200.0, "share": 2.0, "instalments": [400.0, 800]}'))
+    ctx = _activity()
+    cfg = ANSWER.model_copy(update={"output_schema": schema})
+    out = run_llm_activity(ctx, "settle", cfg, model=MODEL)
+    assert out == {"payout": 1200, "share": 2.0, "instalments": [400, 800]}
+    assert type(ctx.resolve("payout")) is int and [type(v) for v in ctx.resolve("instalments")] == [int, int]
+    assert type(ctx.resolve("share")) is float                              # a number stays as the model wrote it
+    assert list(range(ctx.resolve("payout")))[-1] == 1199
