@@ -279,3 +279,18 @@ def test_an_integer_answered_as_a_whole_float_is_written_as_the_integer(stub: An
     assert type(ctx.resolve("payout")) is int and [type(v) for v in ctx.resolve("instalments")] == [int, int]
     assert type(ctx.resolve("share")) is float                              # a number stays as the model wrote it
     assert list(range(ctx.resolve("payout")))[-1] == 1199
+
+
+def test_a_conditions_question_is_sent_within_systems_model_limits(stub: Any, tmp_path: Path) -> None:
+    # round 16's expense triage: its first step is an XOR gateway whose branches the model reads
+    expense = HERE.parent / "model16" / "expense_triage.bpmn"
+    config = yaml.safe_load(expense.with_suffix(".layerflow.yaml").read_text())
+    config["system"]["model_limits"] = {"max_output_tokens": 60}
+    path = tmp_path / "expense.layerflow.yaml"
+    path.write_text(yaml.safe_dump(config))
+    stub.push(Reply.json({"branch": "manager_review", "rationale": "a taxi is no client dinner"}))
+    claim = {"claim_id": "EXP-32", "amount": 80, "receipt_attached": True, "description": "Taxi to the airport"}
+    done = Engine("memory://", model=MODEL).run_process(load_process(expense, config=path), claim)
+    assert done.status == "completed", done.error
+    [question] = stub.requests
+    assert question.get("max_tokens") == 60, question.get("max_tokens")
