@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import email.utils
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +39,6 @@ from stub_llm import Reply, StubLLM
 
 HERE = Path(__file__).resolve().parent / "model32"
 CLAIMS = HERE / "claims_triage.bpmn"
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "openai/stub-model"
 START = {"claim_no": 77, "incident": "burst pipe", "claimant": "Bo Ekdahl"}
 
@@ -81,12 +77,21 @@ def _activity(**limits: int) -> LayeredContext:
 
 # ===== the whole triage through litellm ===========================================================
 
+def _cli(*args: str) -> tuple[int, dict[str, Any]]:
+    """``layerflow ARGS --json`` in this process (click's runner, stdin no terminal)."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+    result = CliRunner(env={"LAYERFLOW_STORE": None}).invoke(main, [*args, "--json"], input="", prog_name="layerflow",
+                                                             catch_exceptions=False)
+    return result.exit_code, json.loads(result.stdout)
+
+
 def test_the_triage_runs_through_litellm_and_inspect_counts_the_tokens_run_reported(stub: Any, tmp_path: Path) -> None:
     stub.push(FRAUD, COVERAGE, ARBITER, SETTLE)
     store = f"sqlite:///{tmp_path / 'runs.db'}"
-    done = Engine(store, model=MODEL).run_process(load_process(CLAIMS), START)
-    assert (done.status, done.error) == ("completed", None)
-    doc = done.to_document()
+    code, doc = _cli("run", str(CLAIMS), "--data", json.dumps(START), "--store", store, "--model", MODEL)
+    assert (code, doc["status"], doc["error"]) == (0, "completed", None), doc["error"]
     [conflict] = doc["conflicts"]
     assert conflict["values"] == {"fraud_screen": "refer", "coverage_check": "pay"}, conflict
     assert (conflict["resolution"]["value"], conflict["resolution"]["resolver"]) == ("refer", "model"), conflict
@@ -94,16 +99,14 @@ def test_the_triage_runs_through_litellm_and_inspect_counts_the_tokens_run_repor
     assert doc["model_fallbacks"] == [], doc["model_fallbacks"]
     [compression] = doc["compressions"]
     assert compression["activity_id"] == "settle" and compression["tokens_after"] < compression["tokens_before"]
-    # settle read the knowledge hits late, after HISTORY, and the requests of a run share their head
+    # settle read the knowledge hits late, after HISTORY
     settle = next(r for r in stub.requests if "tools" in r)
     user = settle["messages"][1]["content"]
     assert user.index("</history>") < user.index('collection="claims_rules"') < user.index("<task")
-    # inspect, in a process of its own and without a model, counts what run --json reported
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "inspect", done.instance_id, "--store", store,
-                          "--json"], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["tokens"] == doc["tokens"], (out.stdout[:500], doc["tokens"])
+    # inspect counts what run --json reported, layer by layer
+    code, inspected = _cli("inspect", doc["instance_id"], "--store", store)
+    assert code == 0 and inspected["tokens"] == doc["tokens"], (inspected["tokens"], doc["tokens"])
+    assert doc["tokens"]["total"] == sum(v for k, v in doc["tokens"].items() if k != "total")
 
 
 # ===== a reply cut off at max_tokens ===============================================================
