@@ -349,10 +349,11 @@ def is_transient(exc: BaseException) -> bool:
 def retry_after(exc: BaseException) -> float | None:
     """Seconds the server asked to wait before the next request (``retry-after-ms``, ``Retry-After`` in
     seconds or as an HTTP date), from the response litellm keeps on its error; None when it names none."""
-    headers = _field(getattr(exc, "response", None), "headers") or getattr(exc, "litellm_response_headers", None)
-    if not isinstance(headers, Mapping) and not hasattr(headers, "get"):
+    headers: Any = _field(getattr(exc, "response", None), "headers") or getattr(exc, "litellm_response_headers", None)
+    items = getattr(headers, "items", None)  # httpx.Headers or a plain mapping
+    if not callable(items):
         return None
-    lowered = {str(k).lower(): str(v) for k, v in headers.items()}
+    lowered = {str(k).lower(): str(v) for k, v in items()}
     try:
         if "retry-after-ms" in lowered:
             return max(0.0, float(lowered["retry-after-ms"]) / 1000)
