@@ -10,8 +10,11 @@ An LLM activity (``run_llm_activity``):
 1. renders the activity's view (``context_layers.render``: stable head, late-bound
    task) and sends it to ``litellm.completion``;
 2. retries transient failures (timeouts, connection errors, HTTP 408/409/429/5xx)
-   with capped exponential backoff, and a reply that is not the required JSON with a
-   corrective message appended at the end (so the cached prefix still holds);
+   with capped exponential backoff, or after the server's ``Retry-After`` when that is
+   longer (one over ``MAX_RETRY_AFTER`` fails the call at once: resume later), and a reply
+   that is not the required JSON with a corrective message appended at the end (so the
+   cached prefix still holds; a reply cut at ``max_tokens`` is asked for shorter, and its
+   failure says to raise ``llm.maxTokens``); a model given no API key is not retried;
 3. checks the permission of every key of the answer before writing any, so a denied
    key (a model trying to write SYSTEM, or the engine's own ``_mergedConflicts`` or records)
    fails the activity with ``ContextWriteDenied`` (recorded on the tape) and nothing of the
