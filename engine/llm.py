@@ -349,7 +349,7 @@ def is_transient(exc: BaseException) -> bool:
     return any(word in name for word in ("Timeout", "Connection", "ServiceUnavailable", "RateLimit", "InternalServer"))
 
 
-def retry_after(exc: BaseException) -> float | None:
+def _retry_after_seconds(exc: BaseException) -> float | None:
     """Seconds the server asked to wait before the next request (``retry-after-ms``, ``Retry-After`` in
     seconds or as an HTTP date), from the response litellm keeps on its error; None when it names none."""
     headers: Any = _field(getattr(exc, "response", None), "headers") or getattr(exc, "litellm_response_headers", None)
@@ -488,7 +488,7 @@ class _Caller:
                 if not is_transient(err):
                     raise self._failed(task_id, attempt, err, text_answer) from err
                 failures += 1
-                wait = retry_after(err)
+                wait = _retry_after_seconds(err)
                 if wait is not None and wait > MAX_RETRY_AFTER:
                     raise self._failed(task_id, attempt, err, text_answer, retry_after=wait) from err
                 if attempt < self.attempts:
