@@ -155,7 +155,27 @@ def parse_answer(text: Any, *, schema: Mapping[str, Any] | None = None,
         problems.append("/: keys must be non-empty strings")
     if problems:
         raise AnswerError(problems, text=text)
-    return data
+    return _integers(data, schema) if schema else data
+
+
+def _integers(value: Any, schema: Any) -> Any:
+    """``value`` with the whole floats written where ``schema`` says ``integer`` as the integers they
+    are (JSON Schema takes ``1200.0`` as one): the context holds what the contract asked for, a later
+    ``range(payout)`` works, and ``1200.0`` and ``1200`` send the same bytes on. Only after validation."""
+    if not isinstance(schema, Mapping):
+        return value
+    types = schema.get("type")
+    if isinstance(value, float) and types is not None:
+        names = [types] if isinstance(types, str) else list(types)
+        if "integer" in names and "number" not in names and value.is_integer():
+            return int(value)
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [_integers(item, schema["items"]) for item in value]
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        return {k: _integers(v, props[k] if k in props else extra) for k, v in value.items()}
+    return value
 
 
 def answer_contract(schema: Mapping[str, Any] | None, keys: Sequence[str]) -> str:

@@ -17,7 +17,7 @@ import itertools
 import json
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -613,13 +613,21 @@ class GatewaySteps:
             yield
             return
         from .llm import call_recorder
+        from .model_limits import ModelLimits, ModelLimitsError
 
+        try:
+            limits = ModelLimits.of(ctx)
+        except ModelLimitsError:
+            limits = ModelLimits()  # unusable limits fail the instance's model steps, naming them
         before = client.on_attempt
         client.on_attempt = call_recorder(ctx, task_id=element_id, endpoint=client.endpoint,
                                           attempts=int(client.attempts), actor=element_id,
                                           agent=f"{client.endpoint.model}#{purpose}", purpose=purpose)
+        # SYSTEM's model_limits bound the arbiter's and a condition's requests as they bound an activity's
+        within = client.within(limits) if hasattr(client, "within") else nullcontext()
         try:
-            yield
+            with within:
+                yield
         finally:
             client.on_attempt = before
 
@@ -669,7 +677,7 @@ class GatewaySteps:
         config = _join_config(own, self.process.config(infos[members[0]]["gateway"]))
         if "redact" not in config.model_fields_set and self.process.redact is not None:
             config = config.model_copy(update={"redact": self.process.redact})  # process: {redact: ...}
-        arbiter = self.engine.arbiter_for(self.process)
+        arbiter = self.engine.arbiter_for(self.process, config.llm)
         try:
             with self._noting_calls(arbiter, parent, gw, "conflict_resolution"):
                 result = join_contexts(base, contexts, config=config, gateway_id=gw,

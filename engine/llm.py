@@ -10,8 +10,11 @@ An LLM activity (``run_llm_activity``):
 1. renders the activity's view (``context_layers.render``: stable head, late-bound
    task) and sends it to ``litellm.completion``;
 2. retries transient failures (timeouts, connection errors, HTTP 408/409/429/5xx)
-   with capped exponential backoff, and a reply that is not the required JSON with a
-   corrective message appended at the end (so the cached prefix still holds);
+   with capped exponential backoff, or after the server's ``Retry-After`` when that is
+   longer (one over ``MAX_RETRY_AFTER`` fails the call at once: resume later), and a reply
+   that is not the required JSON with a corrective message appended at the end (so the
+   cached prefix still holds; a reply cut at ``max_tokens`` is asked for shorter, and its
+   failure says to raise ``llm.maxTokens``); a model given no API key is not retried;
 3. checks the permission of every key of the answer before writing any, so a denied
    key (a model trying to write SYSTEM, or the engine's own ``_mergedConflicts`` or records)
    fails the activity with ``ContextWriteDenied`` (recorded on the tape) and nothing of the
@@ -52,7 +55,8 @@ import sys
 import copy
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +106,9 @@ ENV_API_KEY = "LAYERFLOW_MODEL_API_KEY"
 ENV_RETRY_BASE = "LAYERFLOW_RETRY_BASE_DELAY"
 LLM_CALL = "llm_call"
 TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 529})
+# the longest ``Retry-After`` a step waits out (one lease ttl: the heartbeat keeps the instance held);
+# a server asking for longer fails the step at once, to be resumed once it takes requests again
+MAX_RETRY_AFTER = 60.0
 
 Messages = list[dict[str, Any]]
 Completion = Callable[..., Any]
@@ -182,6 +189,17 @@ class Endpoint:
     @property
     def where(self) -> str:
         return self.api_base or "the provider's default endpoint"
+
+
+class CutOffAnswer(AnswerError):
+    """A reply the provider cut at the answer's token limit (``finish_reason: "length"``) that is not
+    an acceptable answer: the corrective turn asks for a shorter one, the failure for a higher limit."""
+
+    def __init__(self, err: AnswerError, limit: int | None) -> None:
+        self.limit = limit
+        where = f"at max_tokens ({limit} tokens)" if limit else "at the model's answer token limit"
+        super().__init__([f"the reply was cut off {where} before it was complete ({'; '.join(err.problems)})"],
+                         text=err.text)
 
 
 class ModelCallFailed(ModelError):
@@ -309,8 +327,19 @@ def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Map
                  tool_calls=_tool_calls(message) if message is not None else ())
 
 
+# the openai client's refusal to send a request without a key, which litellm reports as an HTTP 500
+_NO_API_KEY = ("Missing credentials", "api_key client option must be set")
+
+
+def _no_api_key(exc: BaseException | None) -> bool:
+    return exc is not None and any(text in str(exc) for text in _NO_API_KEY)
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Worth retrying: timeouts, connection errors, 408/409/425/429/5xx (litellm's and the stdlib's)."""
+    """Worth retrying: timeouts, connection errors, 408/409/425/429/5xx (litellm's and the stdlib's);
+    not a request the client refused to send for want of an API key (no retry brings one)."""
+    if _no_api_key(exc):
+        return False
     status = getattr(exc, "status_code", None)
     if isinstance(status, int):
         return status in TRANSIENT_STATUS or status >= 500
@@ -318,6 +347,30 @@ def is_transient(exc: BaseException) -> bool:
         return True
     name = type(exc).__name__
     return any(word in name for word in ("Timeout", "Connection", "ServiceUnavailable", "RateLimit", "InternalServer"))
+
+
+def _retry_after_seconds(exc: BaseException) -> float | None:
+    """Seconds the server asked to wait before the next request (``retry-after-ms``, ``Retry-After`` in
+    seconds or as an HTTP date), from the response litellm keeps on its error; None when it names none."""
+    headers: Any = _field(getattr(exc, "response", None), "headers") or getattr(exc, "litellm_response_headers", None)
+    items = getattr(headers, "items", None)  # httpx.Headers or a plain mapping
+    if not callable(items):
+        return None
+    lowered = {str(k).lower(): str(v) for k, v in items()}
+    try:
+        if "retry-after-ms" in lowered:
+            return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+        raw = lowered.get("retry-after")
+        if raw is None:
+            return None
+        try:
+            return max(0.0, float(raw))
+        except ValueError:
+            from email.utils import parsedate_to_datetime
+
+            return max(0.0, parsedate_to_datetime(raw).timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None  # a header that says nothing usable: the backoff decides
 
 
 def _error_dict(exc: BaseException) -> dict[str, Any]:
@@ -346,6 +399,13 @@ def _undecodable(exc: BaseException | None) -> bool:
 
 def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str | None = None) -> str:
     status = getattr(exc, "status_code", None)
+    if _no_api_key(exc):
+        return (f"no API key was given for the model: set {ENV_API_KEY} (any non-empty value for a local "
+                "server that takes none), then resume")
+    if isinstance(exc, CutOffAnswer):
+        limit = f"its {exc.limit} tokens" if exc.limit else "the model's own limit (no max_tokens was sent)"
+        return (f"the model's answer was cut off at {limit}: raise llm.maxTokens (and SYSTEM's "
+                "model_limits.max_output_tokens, which caps it), or ask for a shorter answer in llm.instructions")
     if isinstance(exc, AnswerError):
         if text_answer:
             return f"the model never gave {text_answer}; raise llm.maxRetries or use a stronger model"
@@ -411,6 +471,8 @@ class _Caller:
                                       text=reply.content or "")
                 result = check(reply)
             except AnswerError as err:
+                if reply is not None and reply.finish_reason == "length":
+                    err = CutOffAnswer(err, self.endpoint.limits.answer_tokens(max_tokens or self.endpoint.max_tokens))
                 last = err
                 if on_attempt:
                     on_attempt(attempt, convo, reply, err)
@@ -426,8 +488,11 @@ class _Caller:
                 if not is_transient(err):
                     raise self._failed(task_id, attempt, err, text_answer) from err
                 failures += 1
+                wait = _retry_after_seconds(err)
+                if wait is not None and wait > MAX_RETRY_AFTER:
+                    raise self._failed(task_id, attempt, err, text_answer, retry_after=wait) from err
                 if attempt < self.attempts:
-                    self.sleep(self.retry.delay(failures))
+                    self.sleep(max(self.retry.delay(failures), wait or 0.0))
                 continue
             if on_attempt:
                 on_attempt(attempt, convo, reply, None)
@@ -454,17 +519,23 @@ class _Caller:
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=None)
 
     def _failed(self, task_id: str | None, attempts: int, err: BaseException | None,
-                text_answer: str | None = None) -> ModelCallFailed:
+                text_answer: str | None = None, retry_after: float | None = None) -> ModelCallFailed:
         what = f"model call for activity {task_id!r}" if task_id else "model call"
+        hint = _hint(err, activity=bool(task_id), text_answer=text_answer)
+        if retry_after is not None:
+            hint = (f"the model server asked to wait {retry_after:.0f} s before the next request (Retry-After), "
+                    f"longer than the {MAX_RETRY_AFTER:.0f} s a step waits; resume once it takes requests again")
         return ModelCallFailed(
             f"{what} failed after {attempts} attempt(s) (model {self.endpoint.model!r} at {self.endpoint.where}): "
-            f"{_describe(err)}; {_hint(err, activity=bool(task_id), text_answer=text_answer)}",
+            f"{_describe(err)}; {hint}",
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=err)
 
 
 def _correction(err: AnswerError, text_answer: str | None = None) -> str:
     again = (f"Reply again with {text_answer} only, and nothing else." if text_answer else
              "Reply again with exactly one JSON object that fixes this, and nothing else.")
+    if isinstance(err, CutOffAnswer):
+        again += " Keep it shorter, so that all of it fits."
     return "Your previous reply was not accepted: " + "; ".join(err.problems) + ". " + again
 
 
@@ -866,10 +937,23 @@ class _Client:
     def __init__(self, model: str, *, api_base: str | None = None, api_key: str | None = None, timeout: float = 30,
                  max_retries: int = 2, retry: RetryPolicy | None = None, completion: Completion | None = None,
                  sleep: Callable[[float], None] = time.sleep, on_attempt: OnAttempt | None = None,
-                 limits: ModelLimits | None = None) -> None:
-        self.endpoint = Endpoint.of(model, None, api_base=api_base, api_key=api_key, timeout=timeout, limits=limits)
+                 limits: ModelLimits | None = None, llm_config: LLMConfig | None = None) -> None:
+        self.endpoint = Endpoint.of(model, llm_config, api_base=api_base, api_key=api_key, timeout=timeout,
+                                    limits=limits)
         self._caller = _Caller(self.endpoint, completion=completion, max_retries=max_retries, retry=retry, sleep=sleep)
         self.on_attempt = on_attempt
+
+    @contextmanager
+    def within(self, limits: ModelLimits) -> Iterator[None]:
+        """The calls made inside go within ``limits`` (SYSTEM's ``model_limits`` of the instance the
+        client works for: its ``max_tokens`` at most ``max_output_tokens``, a request that does not fit
+        refused before it is sent), as an activity's calls do."""
+        before = self.endpoint
+        self.endpoint = self._caller.endpoint = replace(before, limits=limits)
+        try:
+            yield
+        finally:
+            self.endpoint = self._caller.endpoint = before
 
     @property
     def attempts(self) -> int:
@@ -882,7 +966,8 @@ class _Client:
         chosen = model_override or cfg.model
         if not chosen:
             raise ModelError("no model is configured; pass a model name (--model) or set llm.model")
-        return cls(chosen, api_base=cfg.api_base, timeout=cfg.timeout, max_retries=cfg.max_retries, **kwargs)
+        return cls(chosen, api_base=cfg.api_base, timeout=cfg.timeout, max_retries=cfg.max_retries, llm_config=cfg,
+                   **kwargs)
 
 
 class LiteLLMSummarizer(_Client):

@@ -70,7 +70,7 @@ from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.canonical import freeze, key_problem
 from context_layers.tape import TAPE_FORMAT, EventKind
 from context_layers.compression import after_activity
-from context_layers.config import ActivityExtensionConfig
+from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.errors import (ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, ProcessError,
                                    VersionConflict)
 from context_layers.stores import StoreUnavailable
@@ -859,18 +859,18 @@ class Engine:
             r = self._retrievers[root] = BM25Retriever(process.knowledge_dir)
         return r
 
-    def arbiter_for(self, process: Process) -> Any:
+    def arbiter_for(self, process: Process, llm: LLMConfig | None = None) -> Any:
         """The model that settles join conflicts (``gateways.ConflictArbiter``), if any.
 
         Given to the constructor, or built by ``engine.llm`` (``LiteLLMArbiter``) when a
-        model is configured; else None: conflicts go to policy, then to a person.
+        model is configured, with the join's ``llm`` settings (``maxRetries``, ``timeout``,
+        ``apiBase``, ...); else None: conflicts go to policy, then to a person.
         """
         if self.arbiter is not None or self.model is None:
             return self.arbiter
         from .llm import LiteLLMArbiter  # imports litellm only when a model call happens
 
-        self.arbiter = LiteLLMArbiter.from_config(None, model_override=self.model)
-        return self.arbiter
+        return LiteLLMArbiter.from_config(llm, model_override=self.model)
 
     def compression_model(self, cfg: ActivityExtensionConfig | None) -> str | None:
         """The model that summarizes (and, with ``compressionPlanner: model``, plans) the

@@ -33,6 +33,8 @@ class Reply:
     status: int = 200
     delay: float = 0.0
     body: str | None = None  # raw body, overrides everything else
+    finish_reason: str = "stop"  # "length": the reply was cut at max_tokens
+    headers: tuple[tuple[str, str], ...] = ()  # extra response headers (Retry-After, ...)
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 7,
                                                            "total_tokens": 18})
 
@@ -45,14 +47,15 @@ class Reply:
         return cls(content=content, **kw)
 
     @classmethod
-    def error(cls, status: int = 500, message: str = "stub failure") -> "Reply":
+    def error(cls, status: int = 500, message: str = "stub failure", **kw: Any) -> "Reply":
         return cls(status=status, body=json.dumps({"error": {"message": message, "type": "server_error",
-                                                             "code": status}}))
+                                                             "code": status}}), **kw)
 
     @classmethod
     def sleep(cls, seconds: float, then: "Reply | None" = None) -> "Reply":
         then = then or cls.text("{}")
-        return cls(content=then.content, status=then.status, delay=seconds, body=then.body, usage=then.usage)
+        return cls(content=then.content, status=then.status, delay=seconds, body=then.body, usage=then.usage,
+                   finish_reason=then.finish_reason, headers=then.headers)
 
 
 class StubLLM:
@@ -109,13 +112,15 @@ class StubLLM:
                         "created": 1700000000,
                         "model": body.get("model", stub.model),
                         "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.content},
-                                     "finish_reason": "stop"}],
+                                     "finish_reason": reply.finish_reason}],
                         "usage": reply.usage,
                     }).encode()
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
+                    for name, value in reply.headers:
+                        self.send_header(name, value)
                     self.end_headers()
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
