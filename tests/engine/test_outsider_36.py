@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,196 @@ def test_a_process_with_the_misplaced_variable_does_not_load_and_a_list_payload_
 BATCH = {"batch_id": "B-7", "reviewers": ["ann", "bo", "cy"], "items": [
     {"id": "i1", "text": "Great recipe, thanks"}, {"id": "i2", "text": "BUY NOW cheap watches"},
     {"id": "i3", "text": "you idiot"}, {"id": "i4", "text": "nice photo"}]}
+
+
+# ----------------------------------------------------------------------------- the insurance claim
+
+
+def claim_document(config: Path | None = None, **answers: Any) -> dict[str, Any]:
+    engine = Engine("memory://", clock=lambda: 1_800_000_000.0)
+    process = load_process(CLAIM, config=config) if config else load_process(CLAIM)
+    instance = engine.run(process, STORM, answers={"user_tasks": {"Activity_adjuster": {"claim_status": "approve"}},
+                                                   "confirmations": answers})
+    doc = instance.to_document()
+    check_run_document(doc)
+    return doc
+
+
+def test_the_policy_settles_the_claim_and_the_letter_step_compresses_on_attention() -> None:
+    doc = claim_document()
+    assert doc["status"] == "completed"
+    [conflict] = doc["conflicts"]
+    assert conflict["key"] == "claim_status" and conflict["base_value"] == "open" and conflict["layer"] == "L4"
+    assert conflict["values"] == {"Activity_fraud": "investigate", "Activity_adjuster": "approve"}  # branch order
+    assert conflict["resolution"] == {"value": "investigate", "resolver": "policy", "reason": "the fraud score decides"}
+    history = doc["layers"]["L3"]
+    assert history["claim_status"] == "investigate" and history["payout"] == 0
+    assert history["_mergedConflicts"][0]["sourceBranches"] == ["Activity_fraud", "Activity_adjuster"]
+    [compression] = doc["compressions"]
+    assert compression["activity_id"] == "Activity_letter" and "decay" in compression["triggers"]
+    assert compression["tokens_after"] < compression["tokens_before"]
+    # preserved keys and the latest activity stay whole; the triage and the checks are folded
+    assert {"claim_status", "payout", "letter"} <= set(history) and "fraud_report" not in history
+    assert "activity:Activity_triage" in history[compression["compaction_key"]]["covers"]
+    # the coverage agent changed the limit in its branch alone: taken at the join, before the fold
+    assert history["settlement_log"][0].endswith("payout 0, policy HP-77")
+
+
+def test_the_confirm_variant_asks_a_person_and_runs_alike_twice() -> None:
+    waiting = claim_document(CONFIRM)
+    assert waiting["status"] == "waiting"
+    [asked] = waiting["waiting_for"]
+    assert (asked["kind"], asked["id"], asked["task_id"], asked["context"]) == (
+        "confirmation", "Gateway_join/claim_status", "Gateway_join", "main")
+    [question] = waiting["confirmations"]
+    assert [o["value"] for o in question["options"]] == ["investigate", "approve", "$escalate"]
+    assert question["timeout"] == 7200 and question["deadline"] == 1_800_000_000.0 + 7200
+    done = claim_document(CONFIRM, **{"Gateway_join/claim_status": "approve"})
+    again = claim_document(CONFIRM, **{"Gateway_join/claim_status": "approve"})
+    assert done["status"] == "completed" and done["layers"]["L3"]["payout"] == 12000  # the coverage limit 15000
+    assert done["conflicts"][0]["resolution"]["resolver"] == "human"
+
+    def same(doc: dict[str, Any]) -> str:
+        text = json.dumps({k: v for k, v in doc.items() if k != "instance_id"}, sort_keys=True)
+        return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "TASK", text)
+
+    assert same(done) == same(again)
+
+
+def test_the_adjuster_misses_the_sla_and_the_senior_decides_on_the_cli(cli: Any) -> None:
+    doc = run_json(cli, "run", str(CLAIM), "--config", str(CONFIRM), "--data", json.dumps(STORM), code=3)
+    iid = doc["instance_id"]
+    [timer] = [w for w in doc["waiting_for"] if w["kind"] == "timer"]
+    assert timer["task_id"] == "Event_adjuster_sla"
+    due = datetime.fromisoformat(timer["due"])
+    later = (due + timedelta(minutes=1)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = cli("resume", iid, "--now", later, "--answer", 'Activity_adjuster={"claim_status": "approve"}', "--json")
+    assert result.exit_code == 3, result.stderr
+    late = json.loads(result.stdout)
+    assert "Activity_adjuster" in result.stderr and "not used" in result.stderr  # the timer came first
+    assert [w["task_id"] for w in late["waiting_for"]] == ["Activity_senior"]
+    asked = run_json(cli, "resume", iid, "--answer", 'Activity_senior={"claim_status": "deny"}', code=3)
+    # the branch is named by its first element, whichever path it took to the join
+    assert asked["conflicts"][0]["values"] == {"Activity_fraud": "investigate", "Activity_adjuster": "deny"}
+    done = run_json(cli, "resume", iid, "--answer", "Gateway_join/claim_status=investigate", "--by", "maria")
+    assert done["status"] == "completed" and done["conflicts"][0]["resolution"]["by"] == "maria"
+    decisions = json.loads(cli("tape", iid, "--kind", "human_decision", "--json").stdout)
+    assert [(e["actor"], e["data"]["value"]) for e in decisions] == [("maria", "investigate")]
+    join = [e for e in json.loads(cli("tape", iid, "--activity", "Gateway_join", "--json").stdout)
+            if e["kind"] == "changes" and e["context"] == "main"][-1]
+    at_join = run_json(cli, "replay", iid, "--until", str(join["seq"]))
+    assert at_join["layers"]["L3"]["claim_status"] == "investigate" and "payout" not in at_join["layers"]["L3"]
+    assert run_json(cli, "replay", iid)["layers"] == run_json(cli, "inspect", iid)["layers"]
+
+
+# ----------------------------------------------------------------------------- the moderation loop
+
+
+def test_the_moderation_loop_keeps_its_decisions_rolls_back_mid_loop_and_takes_the_appeal(
+        cli: Any, tmp_path: Path) -> None:
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"Activity_review": {"vote": "remove"}}}))
+    first = run_json(cli, "run", str(MODERATION), "--data", json.dumps(BATCH), code=3)
+    iid = first["instance_id"]
+    assert [(w["task_id"], w["instance"], w["input"]) for w in first["waiting_for"]] == [
+        ("Activity_review", 1, {"reviewer": "ann"})]
+    doc = run_json(cli, "resume", iid, "--answers", str(answers), code=3)
+    check_run_document(doc)
+    assert [w["event"] for w in doc["waiting_for"]] == ["publisher_appeal"]
+    history = doc["layers"]["L3"]
+    assert [d["item"] for d in history["decisions"]] == ["i1", "i2", "i3", "i4"] and history["idx"] == 4
+    assert len(doc["compressions"]) >= 3 and all("message_threshold" in c["triggers"] for c in doc["compressions"])
+    assert all("decisions" not in c["folded"] and "batch_id" not in c["folded"] for c in doc["compressions"])
+    # back to before the third item was recorded: two decisions, the third item in hand
+    listed = run_json(cli, "snapshot", iid, "--list")["snapshots"]
+    records = sorted((s for s in listed if s["label"] == "before Activity_record"), key=lambda s: s["seq"])
+    assert len(records) == 4
+    third = records[2]
+    before = run_json(cli, "replay", iid, "--until", str(third["seq"]))
+    rolled = run_json(cli, "rollback", iid, third["snapshot_id"], "--reason", "re-review item 3")
+    assert rolled["layers"] == before["layers"] and rolled["restored_layers"] == ["L2", "L3", "L4", "L5"]
+    assert [d["item"] for d in rolled["layers"]["L3"]["decisions"]] == ["i1", "i2"]
+    assert rolled["layers"]["L3"]["item"]["id"] == "i3" and rolled["status"] == "waiting"
+    assert run_json(cli, "replay", iid)["layers"] == run_json(cli, "inspect", iid)["layers"] == rolled["layers"]
+    restore = json.loads(cli("tape", iid, "--kind", "restore", "--json").stdout)
+    assert [e["data"].get("reason") for e in restore] == ["re-review item 3"]
+    # bad input changes nothing
+    wrong = run_json(cli, "send", iid, "publisher_apeal", "--json-payload", '{"items": ["i2"]}', code=2)
+    assert "publisher_appeal" in wrong["error"]["message"] and wrong["tape_length"] == rolled["tape_length"]
+    done = run_json(cli, "send", iid, "publisher_appeal", "--json-payload", '{"items": ["i2"]}')
+    assert done["status"] == "completed"
+    assert done["layers"]["L3"]["report"] == {"batch": "B-7", "removed": ["i1", "i2"], "appealed": ["i2"]}
+    assert done["layers"]["L3"]["event:Event_appeal"]["keys"] == ["appeal"]
+
+
+# ----------------------------------------------------------------------------- vendor onboarding
+
+
+REDIS = "redis://127.0.0.1:6379/10"  # this module's own database
+VENDORS = {"acme": {"vendor_name": "Acme Tools", "country": "DE", "documents": ["w9", "iso9001"]},
+           "bad": {"vendor_name": "Bad Co", "country": "XX", "documents": []},
+           "slow": {"vendor_name": "Slow Co", "country": "FR", "documents": ["w9"]}}
+
+
+def test_two_workers_onboard_the_vendors_and_the_server_takes_the_signatures(cli: Any, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from engine_helpers import redis_scratch, serving_catalog
+
+    root = Path(__file__).resolve().parents[2]
+    with redis_scratch(REDIS, "outsider36") as prefix:
+        store, stream = f"{REDIS}?prefix={prefix}", f"{prefix}:ready"
+        on = ["--store", store]
+        ids = {name: json.loads(cli("submit", str(VENDOR), str(CHECKS), "--data", json.dumps(data), *on,
+                                    "--stream", stream, "--json").stdout)["instance_ids"][0]
+               for name, data in VENDORS.items()}
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        workers = [subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", *on, "--stream", stream,
+                                     "--timer-interval", "0", "--consumer", f"o36-{n}"],
+                                    env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    stdin=subprocess.DEVNULL, start_new_session=True) for n in (1, 2)]
+        try:
+            deadline = time.monotonic() + 30
+            while any(run_json(cli, "inspect", i, *on)["status"] == "running" for i in ids.values()):
+                assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
+                time.sleep(0.2)
+        finally:
+            for w in workers:
+                os.killpg(w.pid, signal.SIGTERM)
+            for w in workers:
+                w.wait(timeout=20)
+        docs = {name: run_json(cli, "inspect", iid, *on) for name, iid in ids.items()}
+        for doc in docs.values():
+            check_run_document(doc)
+        rejected = docs["bad"]["layers"]["L3"]
+        assert docs["bad"]["status"] == "completed" and rejected["onboarding_status"] == "rejected"
+        assert rejected["event:Event_sanctioned"]["code"] == "sanctioned" and "risk_rating" not in rejected
+        for name in ("acme", "slow"):
+            [sign] = docs[name]["waiting_for"]
+            assert (sign["kind"], sign["task_id"]) == ("user_task", "Activity_sign_contract")
+            assert sign["documentation"] == "Sign the framework contract with the vendor on paper."
+        # the escalation's path runs beside the call activity's, in a context of its own until the end
+        assert [c["branch_id"] for c in docs["slow"]["contexts"].values()] == ["Event_docs_missing"]
+        assert docs["acme"]["contexts"] == {}
+        with serving_catalog(HERE, store, tmp_path / "serve.log", "outsider36-token") as api:
+            for name in ("acme", "slow"):
+                iid = ids[name]
+                version = api.get(f"/api/instances/{iid}").json()["version"]
+                signed = api.post(f"/api/instances/{iid}/user-tasks/Activity_sign_contract",
+                                  json={"data": {"signed_by": "legal"}, "expected_version": version})
+                assert signed.status_code == 200, signed.text
+                doc = signed.json()
+                assert doc["status"] == "completed" and doc["notices"] == []
+                assert doc["completed_user_task"]["task_id"] == "Activity_sign_contract"
+                again = api.post(f"/api/instances/{iid}/user-tasks/Activity_sign_contract", json={"data": {}})
+                assert again.status_code == 409 and "completed" in again.json()["error"]["message"]
+            slow = api.get(f"/api/instances/{ids['slow']}").json()
+            assert slow["layers"]["L3"]["docs_chased"] is True and slow["layers"]["L3"]["risk_rating"] == "medium"
+            assert slow["layers"]["L3"]["event:Event_docs_missing"]["code"] == "docs_missing"
+            assert api.get(f"/api/instances/{ids['acme']}").json()["layers"]["L3"]["risk_rating"] == "low"
+        for iid in ids.values():  # each step ran once, whichever worker ran it
+            assert json.loads(cli("tape", iid, "--kind", "retry", "--json", *on).stdout) == []
