@@ -18,6 +18,9 @@ vendor_onboarding: a call activity into vendor_checks.bpmn (a second file) whose
   task to sign the contract; run by two Redis workers and the REST server.
 
 Expected before anything ran: as README and DESIGN say, and so it was, but for:
+- insurance_claim: a claim started without its optional `incident` (no default) failed at the fraud check with
+  Python's bare ``NameError: name 'incident' is not defined``; README promises a condition reading such a
+  field names the start event whose form asks for it and what to do. A script now says so too.
 - insurance_claim: the adjuster's form is a required enum (approve / deny / investigate) over the key the
   triage agent had set to ``"open"``. An answer that left the decision out was accepted: the field counted
   as given with the context's ``"open"``, a value the field does not offer, and the join went on as if the
@@ -362,3 +365,15 @@ def test_two_workers_onboard_the_vendors_and_the_server_takes_the_signatures(cli
             assert api.get(f"/api/instances/{ids['acme']}").json()["layers"]["L3"]["risk_rating"] == "low"
         for iid in ids.values():  # each step ran once, whichever worker ran it
             assert json.loads(cli("tape", iid, "--kind", "retry", "--json", *on).stdout) == []
+
+
+def test_a_script_reading_a_start_form_field_left_out_names_the_start_event(cli: Any) -> None:
+    """A condition that reads such a field names the start event whose form asks for it (README); the
+    fraud check's script reading it said only ``NameError: name 'incident' is not defined``."""
+    data = {"claim_id": "CL-7", "policy_no": "HP-1", "amount": 25000}  # no incident: optional, no default
+    doc = run_json(cli, "run", str(CLAIM), "--data", json.dumps(data), code=1)
+    check_run_document(doc)
+    error = doc["error"]
+    assert error["task_id"] == "Activity_fraud" and "NameError" in error["message"]
+    assert "start event 'StartEvent_claim' asks for 'incident'" in error["message"]
+    assert "give it in the start data" in error["message"]
