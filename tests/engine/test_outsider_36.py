@@ -34,6 +34,11 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   "on the message event", which they had done. ``validate`` now refuses it
   (``message_extension_misplaced``, naming the event and where to move it), and the refusal says where
   SpiffWorkflow reads the variable.
+- content_moderation: rolled back, while the second reviewer's vote was awaited, to a snapshot from before the
+  votes began, the context ended the votes' multi-instance activity (``activity_ended``, as for a model's
+  activity that ``resume`` runs again), but SpiffWorkflow's instances went on, and the next vote failed the
+  instance: "an instance of multi-instance activity 'Activity_review' runs, but the activity is not open in
+  context 'main'". That rollback is now refused (409, exit 2) naming the activity and what to do.
 """
 
 from __future__ import annotations
@@ -377,3 +382,34 @@ def test_a_script_reading_a_start_form_field_left_out_names_the_start_event(cli:
     assert error["task_id"] == "Activity_fraud" and "NameError" in error["message"]
     assert "start event 'StartEvent_claim' asks for 'incident'" in error["message"]
     assert "give it in the start data" in error["message"]
+
+
+def test_a_rollback_from_under_the_reviewers_votes_is_refused_not_left_to_break_the_instance(cli: Any) -> None:
+    """The votes on an item are one multi-instance activity, open in the context while its reviewers answer
+    one by one. A rollback to a snapshot from before it began ended it (``activity_ended``, as for a model's
+    activity, which ``resume`` runs again), but SpiffWorkflow's instances went on: the next vote failed the
+    instance, "an instance of multi-instance activity 'Activity_review' runs, but the activity is not open"."""
+    doc = run_json(cli, "run", str(MODERATION), "--data", json.dumps(BATCH), code=3)
+    iid = doc["instance_id"]
+    first = doc["waiting_for"][0]["id"]
+    doc = run_json(cli, "resume", iid, "--answer", f'{first}={{"vote": "remove"}}', code=3)
+    assert [(w["task_id"], w["instance"]) for w in doc["waiting_for"]] == [("Activity_review", 2)]
+    listed = {s["label"]: s for s in run_json(cli, "snapshot", iid, "--list")["snapshots"]}
+    before_classify = listed["before Activity_classify"]["snapshot_id"]
+    refused = run_json(cli, "rollback", iid, before_classify, code=2)
+    message = refused["error"]["message"]
+    assert "'Activity_review'" in message and "multi-instance" in message
+    assert listed["before Activity_review"]["snapshot_id"] in message and f"layerflow snapshot {iid}" in message
+    after = run_json(cli, "inspect", iid)
+    assert after["layers"] == doc["layers"] and after["tape_length"] == doc["tape_length"]
+    # its own begin's snapshot is from before it began too
+    assert run_json(cli, "rollback", iid, listed["before Activity_review"]["snapshot_id"], code=2)["error"][
+        "kind"] == "invalid_state"
+    # a snapshot taken while it runs keeps it open: the votes go on
+    taken = cli("snapshot", iid)
+    assert taken.exit_code == 0, taken.stderr
+    inside = run_json(cli, "rollback", iid, taken.stdout.strip())
+    assert inside["activity_open"] == "Activity_review"
+    done = run_json(cli, "resume", iid, "--answer", 'Activity_review={"vote": "keep"}', code=3)
+    assert done["status"] == "waiting" and [w["task_id"] for w in done["waiting_for"]] == ["Event_appeal"]
+    assert [d["item"] for d in done["layers"]["L3"]["decisions"]] == ["i1", "i2", "i3", "i4"]
