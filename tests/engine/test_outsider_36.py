@@ -39,6 +39,9 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   activity that ``resume`` runs again), but SpiffWorkflow's instances went on, and the next vote failed the
   instance: "an instance of multi-instance activity 'Activity_review' runs, but the activity is not open in
   context 'main'". That rollback is now refused (409, exit 2) naming the activity and what to do.
+- vendor_onboarding: the documents-missing path (a non-interrupting escalation boundary event) is a ``split`` on
+  the tape and merges back as the process ends, but ``tape --kind join`` (and ``merge``) found nothing of that
+  merge, recorded as a ``side_merge``; both names now find it (CLI, REST ``?kind=``, ``Tape.filter``).
 """
 
 from __future__ import annotations
@@ -413,3 +416,20 @@ def test_a_rollback_from_under_the_reviewers_votes_is_refused_not_left_to_break_
     done = run_json(cli, "resume", iid, "--answer", 'Activity_review={"vote": "keep"}', code=3)
     assert done["status"] == "waiting" and [w["task_id"] for w in done["waiting_for"]] == ["Event_appeal"]
     assert [d["item"] for d in done["layers"]["L3"]["decisions"]] == ["i1", "i2", "i3", "i4"]
+
+
+def test_where_the_escalation_path_merged_back_is_found_as_a_join(cli: Any) -> None:
+    """The documents-missing path runs beside the call activity in a context of its own (a ``split`` note at
+    the boundary event) and merges into ``main`` as the process ends; ``tape --kind join`` (DESIGN's "join",
+    README's list of kinds) found nothing of that merge: it is a ``side_merge``."""
+    doc = run_json(cli, "run", str(VENDOR), str(CHECKS), "--data", json.dumps(VENDORS["slow"]),
+                   "--answer", "Activity_sign_contract={}")
+    assert doc["status"] == "completed" and doc["layers"]["L3"]["docs_chased"] is True
+    iid = doc["instance_id"]
+    splits = json.loads(cli("tape", iid, "--kind", "split", "--json").stdout)
+    assert [e["actor"] for e in splits] == ["Gateway_hit", "Gateway_docs", "Event_docs_missing"]
+    joins = json.loads(cli("tape", iid, "--kind", "join", "--json").stdout)
+    assert [(e["context"], e["data"].get("note")) for e in joins] == [("main", "side_merge")]
+    assert ("L3", "docs_chased") in {(f"L{c[0]}", c[1]) for c in joins[0]["changes"]}
+    merges = json.loads(cli("tape", iid, "--kind", "merge", "--json").stdout)
+    assert [e["seq"] for e in merges] == [joins[0]["seq"]]
