@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from xml.etree import ElementTree
 
+from SpiffWorkflow.util.task import TaskState
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
@@ -82,7 +83,6 @@ from context_layers.tape import Event, EventKind, kind_names, matches_kind
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
 from . import forms, spiff
-from SpiffWorkflow.util.task import TaskState  # noqa: E402 (engine/ may import SpiffWorkflow)
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
