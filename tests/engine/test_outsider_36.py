@@ -311,6 +311,38 @@ VENDORS = {"acme": {"vendor_name": "Acme Tools", "country": "DE", "documents": [
            "slow": {"vendor_name": "Slow Co", "country": "FR", "documents": ["w9"]}}
 
 
+def signed_by_rest(api: Any, ids: dict[str, str], cli: Any, on: list[str]) -> None:
+    """What the workers made of the vendors, then the contracts signed over REST."""
+    docs = {name: run_json(cli, "inspect", iid, *on) for name, iid in ids.items()}
+    for doc in docs.values():
+        check_run_document(doc)
+    rejected = docs["bad"]["layers"]["L3"]
+    assert docs["bad"]["status"] == "completed" and rejected["onboarding_status"] == "rejected"
+    assert rejected["event:Event_sanctioned"]["code"] == "sanctioned" and "risk_rating" not in rejected
+    for name in ("acme", "slow"):
+        [sign] = docs[name]["waiting_for"]
+        assert (sign["kind"], sign["task_id"]) == ("user_task", "Activity_sign_contract")
+        assert sign["documentation"] == "Sign the framework contract with the vendor on paper."
+    # the escalation's path runs beside the call activity's, in a context of its own until the end
+    assert [c["branch_id"] for c in docs["slow"]["contexts"].values()] == ["Event_docs_missing"]
+    assert docs["acme"]["contexts"] == {}
+    for name in ("acme", "slow"):
+        iid = ids[name]
+        version = api.get(f"/api/instances/{iid}").json()["version"]
+        signed = api.post(f"/api/instances/{iid}/user-tasks/Activity_sign_contract",
+                          json={"data": {"signed_by": "legal"}, "expected_version": version})
+        assert signed.status_code == 200, signed.text
+        doc = signed.json()
+        assert doc["status"] == "completed" and doc["notices"] == []
+        assert doc["completed_user_task"]["task_id"] == "Activity_sign_contract"
+        again = api.post(f"/api/instances/{iid}/user-tasks/Activity_sign_contract", json={"data": {}})
+        assert again.status_code == 409 and "completed" in again.json()["error"]["message"]
+    slow = api.get(f"/api/instances/{ids['slow']}").json()
+    assert slow["layers"]["L3"]["docs_chased"] is True and slow["layers"]["L3"]["risk_rating"] == "medium"
+    assert slow["layers"]["L3"]["event:Event_docs_missing"]["code"] == "docs_missing"
+    assert api.get(f"/api/instances/{ids['acme']}").json()["layers"]["L3"]["risk_rating"] == "low"
+
+
 def test_two_workers_onboard_the_vendors_and_the_server_takes_the_signatures(cli: Any, tmp_path: Path) -> None:
     import os
     import signal
@@ -332,45 +364,18 @@ def test_two_workers_onboard_the_vendors_and_the_server_takes_the_signatures(cli
                                      "--timer-interval", "0", "--consumer", f"o36-{n}"],
                                     env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     stdin=subprocess.DEVNULL, start_new_session=True) for n in (1, 2)]
-        try:
-            deadline = time.monotonic() + 30
-            while any(run_json(cli, "inspect", i, *on)["status"] == "running" for i in ids.values()):
-                assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
-                time.sleep(0.2)
+        try:  # the server starts while the workers run the instances
+            with serving_catalog(HERE, store, tmp_path / "serve.log", "outsider36-token") as api:
+                deadline = time.monotonic() + 30
+                while any(api.get(f"/api/instances/{i}").json()["status"] == "running" for i in ids.values()):
+                    assert all(w.poll() is None for w in workers) and time.monotonic() < deadline
+                    time.sleep(0.1)
+                signed_by_rest(api, ids, cli, on)  # waiting instances are on no queue: the workers idle
         finally:
             for w in workers:
                 os.killpg(w.pid, signal.SIGTERM)
             for w in workers:
                 w.wait(timeout=20)
-        docs = {name: run_json(cli, "inspect", iid, *on) for name, iid in ids.items()}
-        for doc in docs.values():
-            check_run_document(doc)
-        rejected = docs["bad"]["layers"]["L3"]
-        assert docs["bad"]["status"] == "completed" and rejected["onboarding_status"] == "rejected"
-        assert rejected["event:Event_sanctioned"]["code"] == "sanctioned" and "risk_rating" not in rejected
-        for name in ("acme", "slow"):
-            [sign] = docs[name]["waiting_for"]
-            assert (sign["kind"], sign["task_id"]) == ("user_task", "Activity_sign_contract")
-            assert sign["documentation"] == "Sign the framework contract with the vendor on paper."
-        # the escalation's path runs beside the call activity's, in a context of its own until the end
-        assert [c["branch_id"] for c in docs["slow"]["contexts"].values()] == ["Event_docs_missing"]
-        assert docs["acme"]["contexts"] == {}
-        with serving_catalog(HERE, store, tmp_path / "serve.log", "outsider36-token") as api:
-            for name in ("acme", "slow"):
-                iid = ids[name]
-                version = api.get(f"/api/instances/{iid}").json()["version"]
-                signed = api.post(f"/api/instances/{iid}/user-tasks/Activity_sign_contract",
-                                  json={"data": {"signed_by": "legal"}, "expected_version": version})
-                assert signed.status_code == 200, signed.text
-                doc = signed.json()
-                assert doc["status"] == "completed" and doc["notices"] == []
-                assert doc["completed_user_task"]["task_id"] == "Activity_sign_contract"
-                again = api.post(f"/api/instances/{iid}/user-tasks/Activity_sign_contract", json={"data": {}})
-                assert again.status_code == 409 and "completed" in again.json()["error"]["message"]
-            slow = api.get(f"/api/instances/{ids['slow']}").json()
-            assert slow["layers"]["L3"]["docs_chased"] is True and slow["layers"]["L3"]["risk_rating"] == "medium"
-            assert slow["layers"]["L3"]["event:Event_docs_missing"]["code"] == "docs_missing"
-            assert api.get(f"/api/instances/{ids['acme']}").json()["layers"]["L3"]["risk_rating"] == "low"
         for iid in ids.values():  # each step ran once, whichever worker ran it
             assert json.loads(cli("tape", iid, "--kind", "retry", "--json", *on).stdout) == []
 
