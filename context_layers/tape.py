@@ -47,7 +47,9 @@ class EventKind(StrEnum):
 KIND_ALIASES: dict[str, tuple[str, ...]] = {
     "rollback": ("restore",), "move": ("complete",), "compression": ("compress", "decompress"),
     "config": ("config_change",), "human": ("human_decision",), "decision": ("human_decision",),
-    "merge": ("join",), "resolve": ("resolution",),
+    # a path that no gateway joins (a non-interrupting boundary event's, an event sub-process's) merges
+    # back in a ``side_merge``: a join all the same
+    "join": ("side_merge",), "merge": ("join", "side_merge"), "resolve": ("resolution",),
     # an operator's refused inject is a ``governance_denied`` note (the write never reached the tape)
     "denied": ("governance_denied",), "deny": ("denied", "governance_denied"),
     "denied_write": ("denied", "governance_denied"),

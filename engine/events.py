@@ -423,8 +423,10 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
         else:
             raise BadRequest(f"the payload of {kind} {name!r} must be a JSON object: its keys are written to WORKING "
                              f"of the context that catches it ({c.event_id}); got {type(payload).__name__}. Send an "
-                             "object, or name one variable for the payload in the BPMN "
-                             "(spiffworkflow:messageVariable on the message event)")
+                             "object, or name one variable for the payload in the BPMN ("
+                             + ("spiffworkflow:messageVariable in the extensionElements of the catch event's "
+                                "bpmn:messageEventDefinition, or of a bpmn:receiveTask" if kind == "message" else
+                                f"spiffworkflow:variableName in the extensionElements of the bpmn:{kind}") + ")")
         for key, value in values.items():
             if not isinstance(key, str) or not key:
                 raise ContextValueError(str(key), f"payload keys must be non-empty strings, got {key!r}")

@@ -936,4 +936,12 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
                 answer[fid] = int(answer[fid])  # posted as text, or as a JSON number 30.0: the whole number
             elif field.get("type") == "double" and isinstance(answer[fid], str) and answer[fid].strip():
                 answer[fid] = _number(answer[fid].strip())
+        elif fid in prefilled and not field.get("readonly"):
+            # the form starts from the context's value, which the submitted form would carry: a value the
+            # field does not take (an earlier step's "open" for an enum of approve / deny) is refused as
+            # Camunda refuses it, not kept as if the person had chosen it (the schema path checks it too)
+            problem = _field_problem(field, prefilled[fid])
+            if problem:
+                problems.append((fid, f"is left out, and the value the form starts from (the context's) does not "
+                                      f"fit: {problem}; answer the field"))
     return answer, problems

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from xml.etree import ElementTree
 
+from SpiffWorkflow.util.task import TaskState
 from pydantic import (AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
@@ -1279,6 +1280,15 @@ class GovernanceService:
         began = [e for e in ctx.tape.filter(kind="begin") if e.activity == open_][-1]
         if ctx.get_snapshot(snapshot_id).seq > began.seq:
             return {"activity_open": open_}
+        if _open_multi_instance(instance, ctx, open_):
+            # its instances are SpiffWorkflow's, running one by one (people answer them): ended here, the
+            # activity would not run again, and the next instance would find it closed
+            raise InstanceStateError(
+                f"rollback: multi-instance activity {open_!r} of instance {instance.id} is open in context "
+                f"{ctx.name!r}, its instances running one by one; snapshot {snapshot_id!r} was taken before it "
+                f"began ({began.data.get('snapshot_id')!r} is the one its begin took), and its instances that ran "
+                "cannot be taken back. Roll back to a snapshot taken while it runs (`layerflow snapshot "
+                f"{instance.id}` takes one now), or once it has completed")
         held = [(k, v) for k, v in instance.suspended.items()
                 if v.get("task_id") == open_ and (v.get("context") or MAIN) == ctx.name]
         waited = [c["id"] for _, v in held for c in instance.confirmations
@@ -1822,3 +1832,12 @@ def _iso(t: float | None) -> str | None:
     if not t:
         return None
     return datetime.fromtimestamp(t, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _open_multi_instance(instance: Instance, ctx: LayeredContext, bpmn_id: str) -> bool:
+    """Whether ``bpmn_id`` is a multi-instance task whose activity is open in ``ctx`` (its instances
+    run in the task's own context one after another: ``Runtime.begin_multi``)."""
+    workflows = [instance.workflow, *instance.workflow.subprocesses.values()]
+    return any(task.internal_data.get(spiff.MULTI_KEY) and spiff.bpmn_id_of(task) == bpmn_id
+               and not task.has_state(TaskState.FINISHED_MASK) and spiff.context_name_of(task) == ctx.name
+               for wf in workflows for task in wf.tasks.values())

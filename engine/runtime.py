@@ -3193,7 +3193,10 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
     by = (f"; {err.key!r} is set by {mapped[err.key]} of {bpmn_id!r}"
           if isinstance(err, ContextWriteDenied) and err.key in mapped else "")
     away = _compressed_away(ctx, err, others)
-    unset = _unset_name(err, ctx, task, bpmn_id) if where == "script" and not away else ""
+    unset = ""
+    if where == "script" and not away:
+        # a form field the person (or the start data) left out names its form, as for a condition
+        unset = _unset_name(err, ctx, task, bpmn_id) or (_unanswered_field(task, err) if task is not None else "")
     message = f"activity {bpmn_id!r} failed{at}: {what}{by}{away}{unset}{_start_data(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):

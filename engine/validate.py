@@ -253,6 +253,10 @@ not make ``report.ok`` false:
 ``message_extension_deprecated`` W   a spiffworkflow:messagePayload / messageVariable on a bpmn:message: SpiffWorkflow
                                       3.2 reads it but emits a DeprecationWarning; the warning names the events
                                       (messageEventDefinitions) to move each into
+``message_extension_misplaced``       a spiffworkflow:messagePayload / messageVariable in a message event's own
+                                      extensionElements: SpiffWorkflow reads them from its
+                                      bpmn:messageEventDefinition only, so the payload goes out empty / the
+                                      variable is never set (the payload's keys are written one by one)
 ``message_extension_shadowed``        a spiffworkflow:messagePayload / messageVariable of an event (or send / receive
                                       task) whose bpmn:message has one of its own: SpiffWorkflow then reads the
                                       message's only, and the event's is lost (an empty payload, a variable never set)
@@ -4414,6 +4418,8 @@ class _Validator:
         either (the older place), and then ignores the event's own: a messagePayload on the throw
         event goes out as an empty payload, a messageVariable on the catch is never set."""
         definitions = [el] if tag in ("sendTask", "receiveTask") else list(el.iterfind(_bpmn("messageEventDefinition")))
+        if tag not in ("sendTask", "receiveTask") and definitions:
+            self._check_event_message_extensions(el, eid, tag, file)
         for definition in definitions:
             ref = definition.get("messageRef")
             message = next((m for m in root.iterfind(_bpmn("message")) if ref and m.get("id") == ref), None)
@@ -4439,6 +4445,21 @@ class _Validator:
                              "messagePayload / messageVariable into the messageEventDefinitions (or send / receive "
                              "tasks) that throw and catch it, where SpiffWorkflow reads them", file=file,
                              line=own.sourceline, element_id=eid, field=name)
+
+    def _check_event_message_extensions(self, el: Any, eid: str, tag: str, file: str) -> None:
+        """A messagePayload / messageVariable in a message event's own extensionElements (where a send or
+        receive task keeps them): SpiffWorkflow reads an event's from its bpmn:messageEventDefinition."""
+        for extensions in el.iterfind(_bpmn("extensionElements")):
+            for name in _MESSAGE_EXTENSIONS:
+                for own in extensions.iter(f"{{{SPIFF_NS}}}{name}"):
+                    text = (own.text or "").strip()
+                    lost = ("the message goes out with an empty payload" if name == "messagePayload" else
+                            f"{text!r} is never set: the payload's keys are written one by one instead, and a "
+                            "payload that is no JSON object is refused")
+                    self.add("message_extension_misplaced", f"bpmn:{tag} {eid!r}: its spiffworkflow:{name} {text!r} "
+                             f"in the event's own extensionElements is never read, so {lost}; SpiffWorkflow reads "
+                             "an event's from its bpmn:messageEventDefinition: move it into <bpmn:extensionElements> "
+                             "inside that element", file=file, line=own.sourceline, element_id=eid, field=name)
 
     def _warn_message_extensions_deprecated(self, message: Any, on_message: dict[str, str], root: Any,
                                             file: str) -> None:
