@@ -116,6 +116,8 @@ class BM25Retriever:
     def has_collection(self, name: str) -> bool:
         """Whether collection ``name`` (a folder name) is a folder of the root, as the last read of it
         found (``name in collections()`` without listing the root at every retrieval)."""
+        if type(self).collections is not BM25Retriever.collections:
+            return name in self.collections()  # a retriever of the application's own lists its collections
         self._load(name)
         return self._present.get(name, False)
 

@@ -86,3 +86,13 @@ def test_a_conditions_text_is_parsed_once(monkeypatch: Any) -> None:
     assert again.contexts["main"].resolved() == first.contexts["main"].resolved()
     decisions = [dict(e.data) for e in again.contexts["main"].tape if e.data and e.data.get("note") == "condition_decision"]
     assert decisions and all(not d.get("natural_language") for d in decisions)
+
+
+def test_a_retriever_that_lists_collections_of_its_own_is_asked(tmp_path: Path) -> None:
+    class Listed(BM25Retriever):
+        def collections(self) -> list[str]:
+            return ["risk_rules"]  # industry_blacklist is not one of its collections
+
+    process = load_process(LOAN)
+    instance = Engine(retriever=Listed(process.knowledge_dir)).run_process(process, LOAN_FULL)
+    assert [n.get("missing") for n in _retrieval_notes(instance)] == [["industry_blacklist"]]
