@@ -106,11 +106,20 @@ class BM25Retriever:
         self.root = Path(root) if root is not None else None
         self._collections: dict[str, _Collection] = {}
         self._read_at: dict[str, float] = {}
+        self._present: dict[str, bool] = {}  # whether the collection's folder was there at the last read
 
     def collections(self) -> list[str]:
         if self.root is None or not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir())
+
+    def has_collection(self, name: str) -> bool:
+        """Whether collection ``name`` (a folder name) is a folder of the root, as the last read of it
+        found (``name in collections()`` without listing the root at every retrieval)."""
+        if type(self).collections is not BM25Retriever.collections:
+            return name in self.collections()  # a retriever of the application's own lists its collections
+        self._load(name)
+        return self._present.get(name, False)
 
     def _load(self, name: str) -> _Collection:
         # an Engine keeps its retriever as long as it runs, and a folder added or a document
@@ -123,7 +132,8 @@ class BM25Retriever:
             return known
         self._read_at[name] = now
         folder = self.root / name if self.root is not None else None
-        files = sorted([*folder.glob("*.md"), *folder.glob("*.txt")]) if folder is not None and folder.is_dir() else []
+        present = self._present[name] = folder is not None and folder.is_dir()
+        files = sorted([*folder.glob("*.md"), *folder.glob("*.txt")]) if folder is not None and present else []
         # Indexes are shared by every retriever of this Python process (a new Engine does
         # not tokenize the documents again) while the files are the same: same names,
         # sizes and modification times.

@@ -2836,10 +2836,12 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 kept += 1
         data: dict[str, Any] = {"collections": list(kc.rag_collections), "query": query[:500], "kept": kept,
                                 "dropped": dropped, "threshold": kc.confidence_threshold}
-        listed = retriever.collections() if isinstance(retriever, BM25Retriever) else None
-        if listed is not None and any(c not in listed for c in kc.rag_collections):
-            # a misspelt collection finds nothing; say so where an auditor looks (validate warns too)
-            data["missing"] = [c for c in kc.rag_collections if c not in listed]
+        # a misspelt collection finds nothing; say so where an auditor looks (validate warns too). The
+        # retrieval above has just read each folder: it tells, without listing the root every time
+        missing = [c for c in kc.rag_collections if not retriever.has_collection(c)] \
+            if isinstance(retriever, BM25Retriever) else []
+        if missing:
+            data["missing"] = missing
         ctx.record("retrieval", actor="retriever", data=data)
 
     # ----- expressions and scripts ----------------------------------------------------------

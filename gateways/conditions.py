@@ -21,6 +21,7 @@ the attempt: the caller records it and decides without the model.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -60,15 +61,23 @@ def python_source(text: str) -> str | None:
     Stripped; an expression written over several lines (``amount > 1000 and`` then
     ``risk_level == "low"``, as a modeler's text box wraps it) is put in parentheses, which
     is how Python continues a line, instead of failing to parse."""
+    return _parsed(text)[0]
+
+
+@functools.lru_cache(maxsize=2048)
+def _parsed(text: str) -> tuple[str | None, bool]:
+    """``(python_source(text), whether that expression is a bare name)``, parsed once per text: a
+    gateway's conditions are read at every pass of every instance (``is_natural_language``, then
+    ``evaluate_expression``), and a parse costs more than the evaluation."""
     source = text.strip()
     candidates = [source, f"({source}\n)"] if "\n" in source else [source]
     for candidate in candidates:
         try:
-            ast.parse(candidate, mode="eval")
+            tree = ast.parse(candidate, mode="eval")
         except (SyntaxError, ValueError):
             continue
-        return candidate
-    return None
+        return candidate, isinstance(tree.body, ast.Name)
+    return None, False
 
 
 def is_natural_language(text: str | None) -> bool:
@@ -80,11 +89,10 @@ def is_natural_language(text: str | None) -> bool:
     a bare name written in CJK is taken as the sentence it almost certainly is."""
     if not text or not text.strip():
         return False
-    source = python_source(text)
+    source, bare_name = _parsed(text)
     if source is None:
         return True
-    tree = ast.parse(source, mode="eval")
-    return isinstance(tree.body, ast.Name) and bool(_CJK.search(text))
+    return bare_name and bool(_CJK.search(text))
 
 
 #: literals of other expression languages (JavaScript, FEEL, JSON) that are mere names in Python

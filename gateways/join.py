@@ -244,12 +244,27 @@ def _injected(branch: LayeredContext) -> dict[str, Any]:
 def _compressed(branch: LayeredContext, keys: Collection[str]) -> list[str]:
     """Of ``keys``, those whose last HISTORY change in ``branch`` was a compression's (or a join's
     that only brought the folds of the branches inside it: ``JoinResult.folded``)."""
+    if not _folds_any(branch.tape):
+        return []
     last: dict[str, bool] = {}
     for e in branch.tape:
         for layer, key, _ in e.changes:
             if layer == Layer.HISTORY and key in keys:
                 last[key] = _folding(e, key)
     return [key for key, by_compression in last.items() if by_compression]
+
+
+def _folds_any(events: Iterable[Event]) -> bool:
+    """Whether any of ``events`` can fold a key (a compression, or a join that brought its branches'
+    folds). Most tapes hold none, and then every fold walk here finds nothing: a join asks this
+    first instead of walking each branch's changes several times."""
+    for e in events:
+        data = e.data
+        if data:
+            note = data.get("note")
+            if note == "compress" or (note == "join" and (data.get("folded") or data.get("folded_values"))):
+                return True
+    return False
 
 
 def _folding(e: Event, key: str) -> bool:
@@ -292,6 +307,8 @@ def _fold_decisions(branch: LayeredContext) -> dict[str, Any]:
     """The HISTORY keys whose last change in ``branch`` was a compression's, each with the value the
     branch decided before it (``_walk_folds``), ``None`` when the branch never changed the key but
     by compressions. A fold is no decision about a value: a join reads the branch's decision."""
+    if not _folds_any(branch.tape):
+        return {}
     decided, folded = _walk_folds(branch.tape)
     return {key: decided.get(key) for key, by_fold in folded.items() if by_fold}
 
@@ -304,12 +321,9 @@ def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | N
     branches' folds, ``JoinResult.folded``, is no decision: the value before it is the
     process's), then from the context it was forked from, up to the fork. A fold is no decision
     about a value: a branch that writes the value a key had before its fold has not changed it."""
-    base_h, base_w = base.layer(Layer.HISTORY), base.layer(Layer.WORKING)
-    out: dict[str, Any] = {}
+    chain: list[list[Event]] = []  # the events of each context up to its snapshot, the split's first
     sid: str | None = base.id
     seen: set[str] = set()
-    settled: set[str] = set()
-    wanted: set[str] = set()
     while sid is not None and sid not in seen:
         seen.add(sid)
         ctx = context_of(sid)
@@ -320,7 +334,16 @@ def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | N
         except ContextKeyError:
             break
         events = [e for e in ctx.tape if e.seq <= until]
+        chain.append(events)
         first = events[0] if events else None
+        sid = first.data.get("snapshot_id") if first is not None and first.kind == EventKind.FORK else None
+    if not any(_folds_any(events) for events in chain):
+        return {}  # nothing was ever folded
+    base_h, base_w = base.layer(Layer.HISTORY), base.layer(Layer.WORKING)
+    out: dict[str, Any] = {}
+    settled: set[str] = set()
+    wanted: set[str] = set()
+    for events in chain:
         decided, folded = _walk_folds(events)
         for key in [*folded, *wanted]:
             if key in settled or is_record_key(key) or key in BRANCH_MARKERS or not (folded.get(key) or key in wanted):
@@ -332,7 +355,6 @@ def folded_before(base: Snapshot, context_of: Callable[[str], LayeredContext | N
             else:
                 wanted.add(key)  # folded here, decided in the context this one was forked from
         settled.update(decided)  # what a later context decided hides what an earlier one did
-        sid = first.data.get("snapshot_id") if first is not None and first.kind == EventKind.FORK else None
     return out
 
 
