@@ -506,6 +506,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         body_field = getattr(route, "body_field", None)
         body_model = body_field.field_info.annotation if body_field is not None else None
         problems = [_problem(e, body_model) for e in err.errors()]
+        if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in err.errors()):
+            # FastAPI reads a body as JSON only when it is sent as JSON (curl's -d sends a form type):
+            # the bytes it kept are no object, and "should be a valid dictionary" would not say why
+            sent = request.headers.get("content-type")
+            problems = [{"field": "body", "message": f"the body was sent with "
+                         f"{f'Content-Type: {sent}' if sent else 'no Content-Type'}, so it was not read as "
+                         "JSON; send one JSON object with the header `Content-Type: application/json`"}]
         text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
         return _documented(request, _error("validation_error", f"invalid request: {text}", problems=problems))
 

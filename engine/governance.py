@@ -1714,6 +1714,10 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
     else:
         found = [c for c in pending if c.get("key") == conflict_key or c["id"] == conflict_key]
     if len(found) == 1:
+        if confirmation_id and conflict_key and conflict_key not in (found[0].get("key"), found[0]["id"]):
+            # two names of two questions: answering one would drop what the client said of the other
+            raise BadRequest(f"confirmation {confirmation_id!r} asks about key {found[0].get('key')!r}, not "
+                             f"{conflict_key!r}; send the confirmation_id alone, or with its own conflict_key")
         return found[0]
     wanted = confirmation_id or conflict_key
     if not found:
