@@ -283,8 +283,10 @@ class Confirmation(_Open):
 
 
 class WaitingItem(_Open):
-    kind: str = Field(description="user_task, confirmation, or event (a message, signal, timer or condition: "
-                                  "`event_kind`)")
+    # DESIGN's user_task | confirmation, extended (never renamed) with timer and event
+    kind: Literal["user_task", "confirmation", "timer", "event"] = Field(description=(
+        "`user_task`, `confirmation`, `timer` (with its `due` time) or `event` (a message, a signal or a "
+        "condition: `event_kind` `message`, `signal` or `conditional`)"))
     id: str = Field(description="what to answer: a user task's or event's task id, a confirmation's id")
     task_id: str = Field(description="the BPMN id of the element that waits")
     context: str | None = Field(default=None, examples=["main"], description=(

@@ -6,7 +6,9 @@ round 30), against a real ``layerflow serve`` on the loan example of ``bpmn_exam
 - a body sent without ``Content-Type: application/json`` (curl's ``-d`` sends a form type; no type at
   all is not read as JSON either) is told so and what header to send, not that a JSON object "should be a valid dictionary";
 - nothing of a refused request is written: the instance's version and tape stay as they were;
-- the answers a client reads are those /openapi.json declares for the route.
+- the answers a client reads are those /openapi.json declares for the route, and each kind of
+  ``waiting_for`` item the server answers (DESIGN's ``user_task`` and ``confirmation``, extended with
+  ``timer`` and ``event``) is one the ``WaitingItem`` schema names.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("rest30")
     catalog = folder / "catalog"
     catalog.mkdir()
-    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py"):
+    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py", "message_wait.bpmn",
+                 "timer_boundary.bpmn"):
         shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
     shutil.copytree(ROOT / "bpmn_examples" / "knowledge", catalog / "knowledge")
     yield from serving(folder, catalog)
@@ -150,3 +153,16 @@ def test_the_answers_of_a_run_through_are_the_declared_ones(server: str, openapi
         _check(openapi, method, template, r)
         codes.append(r.status_code)
     assert codes == [200, 200, 200, 200, 200, 200, 403, 404, 200, 409], codes
+
+
+def test_every_kind_of_waiting_item_is_one_the_schema_names(server: str, openapi: dict[str, Any]) -> None:
+    seen: set[str] = set()
+    for process_id, data in (("loan_approval", LOAN), ("message_wait", {}), ("timer_boundary", {})):
+        r = _call(server, "POST", "/api/instances", {"process_id": process_id, "data": data})
+        _check(openapi, "post", "/api/instances", r)
+        seen |= {w["kind"] for w in r.json()["waiting_for"]}
+    assert seen == {"user_task", "confirmation", "timer", "event"}, seen
+    kind = openapi["components"]["schemas"]["WaitingItem"]["properties"]["kind"]
+    # was a free string whose description made a timer an `event` with `event_kind` "timer"
+    assert set(kind.get("enum", ())) == seen, kind
+    assert "timer" in kind["description"] and "`event_kind`" in kind["description"], kind
