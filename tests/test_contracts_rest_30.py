@@ -6,6 +6,8 @@ round 30), against a real ``layerflow serve`` on the loan example of ``bpmn_exam
 - a body sent without ``Content-Type: application/json`` (curl's ``-d`` sends a form type; no type at
   all is not read as JSON either) is told so and what header to send, not that a JSON object "should be a valid dictionary";
 - nothing of a refused request is written: the instance's version and tape stay as they were;
+- a tape filter by a ``key`` or ``branch`` that no event has adds a ``note`` and what the tape has
+  (``keys``, ``branches``), as ``kind`` and ``activity`` do and as ``layerflow tape`` says on stderr;
 - the answers a client reads are those /openapi.json declares for the route, and each kind of
   ``waiting_for`` item the server answers (DESIGN's ``user_task`` and ``confirmation``, extended with
   ``timer`` and ``event``) is one the ``WaitingItem`` schema names.
@@ -166,3 +168,35 @@ def test_every_kind_of_waiting_item_is_one_the_schema_names(server: str, openapi
     # was a free string whose description made a timer an `event` with `event_kind` "timer"
     assert set(kind.get("enum", ())) == seen, kind
     assert "timer" in kind["description"] and "`event_kind`" in kind["description"], kind
+
+
+def test_the_context_branch_tool_refuses_a_confirmation_with_another_key_too(server: str,
+                                                                            openapi: dict[str, Any]) -> None:
+    iid = _waiting(server, openapi)["instance_id"]
+    before = _state(server, iid)
+    r = _call(server, "POST", f"{GOV}/tools/context_branch", {"instance_id": iid, "arguments": {
+        "action": "resolve_conflict", "confirmation_id": QUESTION, "conflict_key": "risk_level",
+        "resolution": "approved", "reason": "finance signed off"}})
+    assert r.status_code == 400 and r.json()["error"]["kind"] == "bad_request", r.text
+    _check(openapi, "post", f"{GOV}/tools/{{name}}", r)
+    assert _state(server, iid) == before
+
+
+@pytest.mark.parametrize("query, note, listed, expected", [
+    ({"key": "approval_statu"}, "no event of key 'approval_statu'", "keys", "approval_status"),
+    ({"branch": "fraud_check"}, "no event of branch 'fraud_check'", "branches", "finance_review"),
+    ({"key": "approval_statu", "context": "finance_review"}, "'approval_status'", "keys", "approval_status"),
+])
+def test_a_tape_filter_no_event_matches_says_what_the_tape_has(server: str, openapi: dict[str, Any],
+                                                               query: dict[str, str], note: str, listed: str,
+                                                               expected: str) -> None:
+    iid = _waiting(server, openapi)["instance_id"]
+    r = _call(server, "GET", f"/api/instances/{iid}/tape", params=query)
+    assert r.status_code == 200, r.text
+    _check(openapi, "get", "/api/instances/{instance_id}/tape", r)
+    doc = r.json()
+    assert doc["count"] == 0 and note in doc.get("note", ""), doc  # was: no note, only `"count": 0`
+    assert expected in doc[listed], doc
+    found = _call(server, "GET", f"/api/instances/{iid}/tape", params={listed[:-1] if listed == "keys" else "branch":
+                                                                      expected}).json()
+    assert found["count"] > 0 and "note" not in found, found
