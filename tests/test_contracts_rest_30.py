@@ -8,7 +8,8 @@ round 30), against a real ``layerflow serve`` on the loan example of ``bpmn_exam
 - nothing of a refused request is written: the instance's version and tape stay as they were;
 - a tape filter by a ``key`` or ``branch`` that no event has adds a ``note`` and what the tape has
   (``keys``, ``branches``), as ``kind`` and ``activity`` do and as ``layerflow tape`` says on stderr;
-- the answers a client reads are those /openapi.json declares for the route, and each kind of
+- the answers a client reads are those /openapi.json declares for the route (``inject``, ``snapshot``
+  and the tape declare their fields, not a free object), and each kind of
   ``waiting_for`` item the server answers (DESIGN's ``user_task`` and ``confirmation``, extended with
   ``timer`` and ``event``) is one the ``WaitingItem`` schema names.
 """
@@ -200,3 +201,21 @@ def test_a_tape_filter_no_event_matches_says_what_the_tape_has(server: str, open
     found = _call(server, "GET", f"/api/instances/{iid}/tape", params={listed[:-1] if listed == "keys" else "branch":
                                                                       expected}).json()
     assert found["count"] > 0 and "note" not in found, found
+
+
+@pytest.mark.parametrize("method, path, schema, fields", [
+    ("post", f"{GOV}/inject", "InjectResult", {"instance_id", "version", "context", "written", "tape_seq"}),
+    ("post", f"{GOV}/snapshot", "SnapshotResult", {"instance_id", "version", "context", "snapshot_id", "seq",
+                                                    "label", "layers"}),
+    ("get", "/api/instances/{instance_id}/tape", "TapeDocument", {"instance_id", "version", "count", "events"}),
+])
+def test_the_governance_answers_declare_their_fields(openapi: dict[str, Any], method: str, path: str, schema: str,
+                                                     fields: set[str]) -> None:
+    declared = openapi["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+    # was {"type": "object", "additionalProperties": true}: a client learnt nothing of the answer
+    assert declared == {"$ref": f"#/components/schemas/{schema}"}, declared
+    model = openapi["components"]["schemas"][schema]
+    assert set(model["required"]) == fields, model["required"]
+    if schema == "TapeDocument":
+        event = openapi["components"]["schemas"]["TapeEvent"]
+        assert {"context", "seq", "kind", "time", "actor", "activity", "branch"} <= set(event["properties"])
