@@ -283,8 +283,10 @@ class Confirmation(_Open):
 
 
 class WaitingItem(_Open):
-    kind: str = Field(description="user_task, confirmation, or event (a message, signal, timer or condition: "
-                                  "`event_kind`)")
+    # DESIGN's user_task | confirmation, extended (never renamed) with timer and event
+    kind: Literal["user_task", "confirmation", "timer", "event"] = Field(description=(
+        "`user_task`, `confirmation`, `timer` (with its `due` time) or `event` (a message, a signal or a "
+        "condition: `event_kind` `message`, `signal` or `conditional`)"))
     id: str = Field(description="what to answer: a user task's or event's task id, a confirmation's id")
     task_id: str = Field(description="the BPMN id of the element that waits")
     context: str | None = Field(default=None, examples=["main"], description=(
@@ -337,6 +339,58 @@ class RollbackDocument(InstanceDocument):
     restored_layers: list[str] = Field(description="the layers put back to the snapshot", examples=[["L3"]])
     tokens_before: Tokens
     tokens_after: Tokens
+
+
+class InjectResult(_Open):
+    """What an ``inject`` wrote, where, and its note's place on that context's tape."""
+    instance_id: str
+    version: int = Field(description="the instance's version after the change")
+    context: str = Field(examples=["main"], description="the context written to (a branch's in full)")
+    written: dict[str, str] = Field(examples=[{"memo": "L4"}], description=(
+        "key -> the layer it went to (`L4`; a key HISTORY holds is promoted there: `L3`)"))
+    tape_seq: int = Field(description="the sequence number of the inject's note on that context's tape")
+
+
+class SnapshotResult(_Open):
+    """The snapshot taken: its id (what ``rollback`` takes) and the keys of each layer it holds."""
+    instance_id: str
+    version: int
+    context: str
+    snapshot_id: str
+    seq: int = Field(description="the tape position it captures")
+    label: str | None
+    layers: dict[str, list[str]] = Field(description="layer (`L0`..`L5`) -> the keys it holds")
+
+
+class TapeEvent(_Open):
+    """One event of a tape, as `layerflow tape --json` prints it (a write adds ``changes`` and, of one
+    key, ``layer``, ``key`` and ``value``; a note its ``data``)."""
+    context: str = Field(examples=["main"])
+    seq: int = Field(description="its place on the tape of its context, counted from 1")
+    kind: str = Field(examples=["write"])
+    time: float = Field(description="epoch seconds, of the engine's clock")
+    actor: str
+    activity: str | None
+    branch: str | None
+
+
+class TapeDocument(_Open):
+    """The events the filters select, by time; a filter that matches nothing on the tape adds a
+    ``note`` and what there is (``kinds``, ``activities``, ``keys`` or ``branches``)."""
+    instance_id: str
+    version: int
+    count: int
+    events: list[TapeEvent]
+    note: str | None = None
+    kinds: list[str] | None = None
+    activities: list[str] | None = None
+    keys: list[str] | None = None
+    branches: list[str] | None = None
+
+
+def _answer_responses(route: str, model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
+    """``route_responses`` plus its success, ``model``."""
+    return {200: {"model": model, "description": description}, **route_responses(route)}
 
 
 def document_responses(route: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
@@ -506,6 +560,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         body_field = getattr(route, "body_field", None)
         body_model = body_field.field_info.annotation if body_field is not None else None
         problems = [_problem(e, body_model) for e in err.errors()]
+        if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in err.errors()):
+            # FastAPI reads a body as JSON only when it is sent as JSON (curl's -d sends a form type):
+            # the bytes it kept are no object, and "should be a valid dictionary" would not say why
+            sent = request.headers.get("content-type")
+            problems = [{"field": "body", "message": f"the body was sent with "
+                         f"{f'Content-Type: {sent}' if sent else 'no Content-Type'}, so it was not read as "
+                         "JSON; send one JSON object with the header `Content-Type: application/json`"}]
         text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
         return _documented(request, _error("validation_error", f"invalid request: {text}", problems=problems))
 
@@ -561,7 +622,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.compress(_instance_of(body, instance_id), CompressArgs.model_validate(_args(body, CompressArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/inject", tags=["context-governance"], responses=route_responses("inject"))
+    @app.post("/api/context-governance/inject", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("inject", InjectResult, "what was written, and where"))
     def inject(body: InjectRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
@@ -593,7 +655,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.config(_instance_of(body, instance_id), ConfigArgs.model_validate(_args(body, ConfigArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/snapshot", tags=["context-governance"], responses=route_responses("snapshot"))
+    @app.post("/api/context-governance/snapshot", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("snapshot", SnapshotResult, "the snapshot taken"))
     def snapshot(body: SnapshotRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
@@ -724,7 +787,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.cancel(instance_id, CancelArgs.model_validate(_args(body, CancelArgs)),
                         expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.get("/api/instances/{instance_id}/tape", tags=["instances"], responses=route_responses("tape"))
+    @app.get("/api/instances/{instance_id}/tape", tags=["instances"], response_model=None,
+             responses=_answer_responses("tape", TapeDocument, "the selected events"))
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
              limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
-from .governance import InvalidAnswer, activity_events, activity_ids, event_document
+from .governance import InvalidAnswer, activity_events, activity_ids, event_document, no_key_or_branch
 from .leases import LEASE_TTL, holding, lease_store
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
@@ -1603,25 +1603,6 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
     console.print("tokens " + " ".join(f"{k}={v}" for k, v in ctx.token_report().items()), highlight=False)
 
 
-def _no_key_or_branch(contexts: list[Any], key: str | None, branch: str | None) -> str:
-    """What ``tape --key``/``--branch`` that found nothing says: the value the tape has none of, and
-    the ones it has (a key: the nearest, as it may be one of hundreds)."""
-    import difflib
-
-    events = [e for ctx in contexts for e in ctx.tape]
-    branches = sorted({str(e.branch) for e in events if e.branch})
-    keys = sorted({str(c[1]) for e in events for c in e.changes} | {str(e.data["key"]) for e in events
-                                                                    if e.data and isinstance(e.data.get("key"), str)})
-    if branch and branch not in branches:
-        return (f"layerflow: no event of branch {branch!r} here (a branch its split did not take has none); "
-                f"branches on this tape: {', '.join(branches) or 'none'}")
-    if key and key not in keys:
-        near = difflib.get_close_matches(key, keys, n=3)
-        hint = f"did you mean {' or '.join(map(repr, near))}?" if near else f"{len(keys)} keys are changed on it"
-        return f"layerflow: no event of key {key!r} on this tape; {hint}"
-    return f"layerflow: no event of key {key!r} in branch {branch!r}" if key and branch else "layerflow: no event matches"
-
-
 @main.command()
 @click.argument("instance_id")
 @click.option("--context", "context_name", default=None, help="only this context (default: all, by time)")
@@ -1662,7 +1643,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             click.echo(f"layerflow: no event of activity {activity!r} here; activities and gateways on this tape: "
                        f"{', '.join(ids)}", err=True)
     elif not events and (key or branch):  # a typo, or a branch the split did not take: say what is there
-        click.echo(_no_key_or_branch([instance.contexts[n] for n in names], key, branch), err=True)
+        click.echo(f"layerflow: {no_key_or_branch([instance.contexts[n] for n in names], key, branch)[0]}", err=True)
     if as_json:
         _Out(True).doc([event_document(name, e) for _, name, e in events])
         return

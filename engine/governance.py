@@ -44,6 +44,7 @@ A second answer to a confirmation raises the stores' ``ConfirmationAnswered``
 from __future__ import annotations
 
 import ast
+import difflib
 import fnmatch
 import json
 import re
@@ -1009,6 +1010,9 @@ class GovernanceService:
                 doc["note"] = (f"no event of activity {activity!r} here; activities and gateways on this tape: "
                                f"{', '.join(ids)}")
                 doc["activities"] = ids
+        elif (key is not None or branch is not None) and not rows:  # a typo, or a branch the split did not take
+            doc["note"], listed = no_key_or_branch((instance.contexts[n] for n in names), key, branch)
+            doc.update(listed)
         return doc
 
     def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
@@ -1654,6 +1658,25 @@ def activity_events(ctx: LayeredContext, activity: str, branch: str | None, key:
     return [e for e in rest if e.seq in found]
 
 
+def no_key_or_branch(contexts: Iterable[LayeredContext], key: str | None,
+                     branch: str | None) -> tuple[str, dict[str, list[str]]]:
+    """What a tape filter by ``key`` or ``branch`` that found nothing says (``layerflow tape`` on
+    stderr, the REST tape's ``note``): the value the tape has none of, and those it has, by name
+    (``branches`` or ``keys``; the note names the nearest keys, as they may be hundreds)."""
+    events = [e for ctx in contexts for e in ctx.tape]
+    branches = sorted({str(e.branch) for e in events if e.branch})
+    keys = sorted({str(c[1]) for e in events for c in e.changes} | {str(e.data["key"]) for e in events
+                                                                    if e.data and isinstance(e.data.get("key"), str)})
+    if branch and branch not in branches:
+        return (f"no event of branch {branch!r} here (a branch its split did not take has none); "
+                f"branches on this tape: {', '.join(branches) or 'none'}", {"branches": branches})
+    if key and key not in keys:
+        near = difflib.get_close_matches(key, keys, n=3)
+        hint = f"did you mean {' or '.join(map(repr, near))}?" if near else f"{len(keys)} keys are changed on it"
+        return f"no event of key {key!r} on this tape; {hint}", {"keys": keys}
+    return (f"no event of key {key!r} in branch {branch!r}" if key and branch else "no event matches"), {}
+
+
 def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
     """The ids ``activity_events`` finds events of in ``contexts``, sorted: the activities and gateways
     the events name, and the actor of an event that names no activity (an actor of an activity's events,
@@ -1724,6 +1747,10 @@ def _open_confirmation(instance: Instance, confirmation_id: str | None, conflict
     else:
         found = [c for c in pending if c.get("key") == conflict_key or c["id"] == conflict_key]
     if len(found) == 1:
+        if confirmation_id and conflict_key and conflict_key not in (found[0].get("key"), found[0]["id"]):
+            # two names of two questions: answering one would drop what the client said of the other
+            raise BadRequest(f"confirmation {confirmation_id!r} asks about key {found[0].get('key')!r}, not "
+                             f"{conflict_key!r}; send the confirmation_id alone, or with its own conflict_key")
         return found[0]
     wanted = confirmation_id or conflict_key
     if not found:
