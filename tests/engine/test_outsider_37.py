@@ -134,14 +134,14 @@ def test_a_value_moved_into_history_keeps_its_writer(cli: Any) -> None:
     gift, merged, paid = entries["gift_wrap"]["written_by"], entries["_mergedConflicts"]["written_by"], entries[
         "paid_amount"]["written_by"]
     assert (gift["activity"], gift["actor"]) == (None, "operator"), gift
-    assert merged["activity"] == "Gateway_options_join" and merged["via"] == "join", merged
+    assert (merged["activity"], merged["actor"], merged["via"]) == (None, "Gateway_options_join", "join"), merged
     assert paid["activity"] == "Activity_payment"  # the receive task's own write is still its own
     from engine.console import replay_document
 
     instance = Engine(os.environ["LAYERFLOW_STORE"]).load(iid)  # the store the cli fixture set
     keys = {k["key"]: k["written_by"] for k in replay_document(instance, instance.main, None)["layers"]["L3"]["keys"]}
     assert (keys["gift_wrap"]["activity"], keys["gift_wrap"]["actor"]) == (None, "operator"), keys["gift_wrap"]
-    assert keys["_mergedConflicts"]["activity"] == "Gateway_options_join", keys["_mergedConflicts"]
+    assert (keys["_mergedConflicts"]["actor"], keys["_mergedConflicts"]["kind"]) == ("Gateway_options_join", "changes")
     assert keys["paid_amount"]["activity"] == "Activity_payment"
 
 
