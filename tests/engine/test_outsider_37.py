@@ -176,3 +176,15 @@ def test_a_compensation_boundary_event_is_refused_naming_it(tmp_path: Path, cli:
     message = refused["error"]["message"]
     assert refused["instance_id"] is None and "'Event_release'" in message and "compensation" in message
     assert "'Activity_release_room'" in message
+
+
+@pytest.mark.parametrize(("weight", "shown"), [("heavy", '"heavy" (a string)'), (None, "null")])
+def test_a_decision_input_of_another_type_than_its_table_declares_is_named(weight: Any, shown: str) -> None:
+    instance = Engine("memory://").run(load_process(ORDER), {**EXPRESS, "weight": weight})
+    assert instance.status == "error" and instance.error["task_id"] == "Activity_shipping_rule"
+    message = instance.error["message"]
+    # Camunda refuses such a value as the input's typeRef; SpiffWorkflow's TypeError alone said neither
+    # which input nor what to give
+    assert "input 'Weight (kg)' of decision table 'DecisionTable_ship'" in message, message
+    assert f"'weight' holds {shown}" in message and "typeRef 'number'" in message
+    assert "give 'weight' a number" in message
