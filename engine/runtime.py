@@ -2232,8 +2232,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
         # no user task waits: name what does (a timer, a message), not "nothing"
         others = events.describe_waiting(self.instance.waiting_for)
         shown = ", ".join(waiting) or (f"no user task ({others})" if self.instance.waiting_for else "nothing")
-        raise ActivityError(f"instance {self.instance.id} does not wait for task {task_id!r}; "
-                            f"it waits for: {shown}", task_id=task_id)
+        from .governance import InstanceStateError
+
+        # the instance's state refuses the answer, as REST's 409 says; no activity failed
+        err = InstanceStateError(f"instance {self.instance.id} ({self.instance.status}) does not wait for task "
+                                 f"{task_id!r}; it waits for: {shown}")
+        err.task_id = task_id  # type: ignore[attr-defined]
+        raise err
 
     # ----- activities ------------------------------------------------------------------
 

@@ -188,3 +188,18 @@ def test_a_decision_input_of_another_type_than_its_table_declares_is_named(weigh
     assert "input 'Weight (kg)' of decision table 'DecisionTable_ship'" in message, message
     assert f"'weight' holds {shown}" in message and "typeRef 'number'" in message
     assert "give 'weight' a number" in message
+
+
+def test_the_python_api_refuses_an_answer_for_a_terminated_review_as_rest_does() -> None:
+    from engine.governance import InstanceStateError
+
+    engine = Engine("memory://")
+    instance = engine.send_event(engine.run(load_process(CONTRACT), ACME), "screening_result", {"listed": True})
+    assert instance.status == "completed" and instance.waiting_for == []
+    length = instance.tape_length()
+    # REST answers 409 invalid_state; Engine.complete_user_task raised an ActivityError of kind
+    # activity_failed, as if the legal review had failed
+    with pytest.raises(InstanceStateError) as refused:
+        engine.complete_user_task(engine.load(instance.id), "Activity_legal", {"approval": "approve"})
+    assert refused.value.kind == "invalid_state" and "does not wait for task 'Activity_legal'" in str(refused.value)
+    assert engine.load(instance.id).tape_length() == length
