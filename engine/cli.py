@@ -1344,7 +1344,7 @@ def _working_writer(instance: Instance, ctx: LayeredContext, before: int, key: s
     for _ in range(32):  # a branch of a branch ...: as deep as the console's walk goes
         if owner is None:
             return None
-        fork = None
+        split = None
         for e in reversed(owner.tape):
             if e.seq >= before:
                 continue
@@ -1352,11 +1352,11 @@ def _working_writer(instance: Instance, ctx: LayeredContext, before: int, key: s
                 return (owner, e) if not any(c[0] == Layer.WORKING and c[1] == key and c[2] is DELETED
                                              for c in e.changes) else None
             if e.kind == EventKind.FORK and e.snapshot is not None:
-                fork = e
+                split = e.snapshot
                 break
-        if fork is None:
+        if split is None:
             return None
-        owner, before = instance.contexts.get(fork.snapshot.context), fork.snapshot.seq + 1
+        owner, before = instance.contexts.get(split.context), split.seq + 1
     return None
 
 

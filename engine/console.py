@@ -253,7 +253,7 @@ def _writers(instance: Instance, ctx: LayeredContext, until: int | None, depth: 
             if value is DELETED:
                 out.pop((layer, key), None)
             else:
-                out[(layer, key)] = moved.get(key) if layer == Layer.HISTORY and key in moved else {
+                out[(layer, key)] = moved[key] if layer == Layer.HISTORY and key in moved else {
                     "activity": e.activity, "actor": e.actor, "seq": e.seq, "kind": e.kind,
                     "context": ctx.name, "branch": e.branch}
     return out
