@@ -25,6 +25,13 @@ Expected before anything ran: as README and DESIGN say, and so it was, but for:
   ``resume --set gift_wrap=true`` showed as written by ``Activity_payment`` (the receive task that
   completed next), and the join's ``_mergedConflicts`` likewise, though that activity's own record lists
   neither key. A move is no write: such a value keeps its writer (the operator, the join).
+- order_fulfilment: an order whose ``weight`` came as ``"heavy"`` (or null) stopped at the business rule task
+  with SpiffWorkflow's bare ``TypeError: '>=' not supported between instances of 'str' and 'int'``; the
+  table's input declares ``typeRef="number"`` (Camunda refuses such a value naming the input). The error now
+  names the input, its table, the key, the value and what to give.
+- contract_review: ``Engine.complete_user_task`` for the legal review a terminate end event had ended raised
+  an ``ActivityError`` of kind ``activity_failed``, as if the review had failed; REST answers 409
+  ``invalid_state``. It is now ``InstanceStateError`` (``invalid_state``) there too.
 """
 
 from __future__ import annotations
