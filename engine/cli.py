@@ -28,13 +28,14 @@ from typing import Any, NoReturn
 
 import click
 
-from context_layers import Layer, LayeredContext, thaw
+from context_layers import DELETED, Layer, LayeredContext, thaw
 from context_layers.tape import EventKind, kind_names, matches_kind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
-from .governance import InvalidAnswer, activity_events, activity_ids, event_document, no_key_or_branch
+from .governance import (InvalidAnswer, activity_events, activity_ids, event_document, moved_keys,
+                         no_key_or_branch)
 from .leases import LEASE_TTL, holding, lease_store
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
@@ -1317,13 +1318,46 @@ def _writer(instance: Instance, ctx: LayeredContext, layer: Layer, key: str) -> 
     while owner is not None:
         e = _event_at(owner.tape, seq)
         if e is not None and any(c[0] == layer and c[1] == key for c in e.changes):
-            if e.kind == "changes":
-                via = (e.data or {}).get("note") or "changes"
-            else:
-                via = None if e.kind in ("write", "complete") else e.kind
-            return {"context": owner.name, "seq": e.seq, "activity": e.activity, "actor": e.actor, "via": via}
+            if layer == Layer.HISTORY and key in moved_keys(e):
+                # a move is no write: a value another hand left in WORKING keeps its writer
+                earlier = _working_writer(instance, owner, e.seq, key)
+                if earlier is not None and earlier[1].activity != e.activity:
+                    return _attribution(*earlier)
+            return _attribution(owner, e)
         parent = instance.branches.get(owner.name, {}).get("parent")
         owner = instance.contexts.get(parent) if parent else None
+    return None
+
+
+def _attribution(owner: LayeredContext, e: Any) -> dict[str, Any]:
+    if e.kind == "changes":
+        via = (e.data or {}).get("note") or "changes"
+    else:
+        via = None if e.kind in ("write", "complete") else e.kind
+    return {"context": owner.name, "seq": e.seq, "activity": e.activity, "actor": e.actor, "via": via}
+
+
+def _working_writer(instance: Instance, ctx: LayeredContext, before: int, key: str
+                    ) -> tuple[LayeredContext, Any] | None:
+    """The last event before seq ``before`` that set WORKING's ``key`` in ``ctx``, or in the context
+    it was forked from, before the fork."""
+    owner: LayeredContext | None = ctx
+    for _ in range(32):  # a branch of a branch ...: as deep as the console's walk goes
+        if owner is None:
+            return None
+        split = None
+        for e in reversed(owner.tape):
+            if e.seq >= before:
+                continue
+            if any(c[0] == Layer.WORKING and c[1] == key for c in e.changes):
+                return (owner, e) if not any(c[0] == Layer.WORKING and c[1] == key and c[2] is DELETED
+                                             for c in e.changes) else None
+            if e.kind == EventKind.FORK and e.snapshot is not None:
+                split = e.snapshot
+                break
+        if split is None:
+            return None
+        owner, before = instance.contexts.get(split.context), split.seq + 1
     return None
 
 

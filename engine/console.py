@@ -40,7 +40,7 @@ from context_layers.tape import EventKind
 
 from .api import route_responses
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
-from .governance import GovernanceService, event_document
+from .governance import GovernanceService, event_document, moved_keys
 from .runtime import Instance, Status
 
 __all__ = ["STATIC_DIR", "mount_console", "replay_document", "summary_of"]
@@ -245,13 +245,19 @@ def _writers(instance: Instance, ctx: LayeredContext, until: int | None, depth: 
             parent = instance.contexts.get(e.snapshot.context)
             if parent is not None:
                 out.update(_writers(instance, parent, e.snapshot.seq, depth + 1))
+        # a move at activity end is no write: a value another hand left in WORKING (an operator's
+        # inject, a join's) keeps its writer in HISTORY, not the activity whose completion moved it
+        moved = {key: out[(Layer.WORKING, key)] for key in moved_keys(e)
+                 if (Layer.WORKING, key) in out and out[(Layer.WORKING, key)]["activity"] != e.activity}
         for layer, key, value in e.changes:
             if value is DELETED:
                 out.pop((layer, key), None)
             else:
-                out[(layer, key)] = {"activity": e.activity, "actor": e.actor, "seq": e.seq, "kind": e.kind,
-                                     "context": ctx.name, "branch": e.branch}
+                out[(layer, key)] = moved[key] if layer == Layer.HISTORY and key in moved else {
+                    "activity": e.activity, "actor": e.actor, "seq": e.seq, "kind": e.kind,
+                    "context": ctx.name, "branch": e.branch}
     return out
+
 
 
 def replay_document(instance: Instance, ctx: LayeredContext, until: int | None) -> dict[str, Any]:

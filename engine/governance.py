@@ -1543,6 +1543,13 @@ class GovernanceService:
 
 
 # ============================================================================ helpers
+def moved_keys(e: Event) -> list[str]:
+    """The keys a ``complete`` event moved from WORKING into HISTORY."""
+    if e.kind != EventKind.COMPLETE:
+        return []
+    gone = {key for layer, key, value in e.changes if layer == Layer.WORKING and value is DELETED}
+    return [key for layer, key, value in e.changes if layer == Layer.HISTORY and value is not DELETED and key in gone]
+
 
 def event_document(context_name: str, event: Any) -> dict[str, Any]:
     """A tape event as the CLI and the REST API show it: every event names its context, seq,

@@ -1659,6 +1659,37 @@ def _unanswered_field(task: Any, err: BaseException) -> str:
     return ""
 
 
+# a DMN input's typeRef -> the JSON types that fit it (Camunda refuses another value as the input's)
+_DMN_TYPES: dict[str, tuple[type, ...]] = {
+    "number": (int, float), "integer": (int,), "long": (int,), "double": (int, float), "string": (str,),
+    "boolean": (bool,)}
+
+
+def _dmn_type_hint(task: Any, err: BaseException, ctx: LayeredContext) -> str:
+    """The input of the decision table a business rule task runs whose key holds a value of another
+    type than the input's ``typeRef`` (a string where a number is declared, null), when an entry's
+    comparison failed on it: SpiffWorkflow's TypeError names neither."""
+    table = getattr(getattr(task.task_spec, "dmnEngine", None), "decision_table", None)
+    if not isinstance(err, TypeError) or table is None:
+        return ""
+    for item in getattr(table, "inputs", None) or ():
+        key, declared = (getattr(item, "expression", None) or "").strip(), (getattr(item, "typeRef", None) or "")
+        fits = _DMN_TYPES.get(declared.lower())
+        if not fits or not key.isidentifier() or key not in ctx:
+            continue
+        value = thaw(ctx.resolve(key))
+        if isinstance(value, fits) and (declared.lower() == "boolean" or not isinstance(value, bool)):
+            continue
+        kind = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list",
+                dict: "an object"}.get(type(value), type(value).__name__)
+        shown = "null" if value is None else f"{json.dumps(value)} ({kind})"
+        label = getattr(item, "label", None) or getattr(item, "id", None) or key
+        return (f"; input {label!r} of decision table {getattr(table, 'id', '?')!r} declares typeRef {declared!r}, "
+                f"and {key!r} holds {shown}: give {key!r} a {declared} (the start data or an earlier task's "
+                "output), or change the input's typeRef and the rules")
+    return ""
+
+
 def _name_hint(err: BaseException, where: str | None) -> str:
     """What to do about a name an expression reads and the context does not hold."""
     if not isinstance(err, NameError) or not err.name:
@@ -2201,8 +2232,13 @@ class _Runtime(ScopeSteps, GatewaySteps):
         # no user task waits: name what does (a timer, a message), not "nothing"
         others = events.describe_waiting(self.instance.waiting_for)
         shown = ", ".join(waiting) or (f"no user task ({others})" if self.instance.waiting_for else "nothing")
-        raise ActivityError(f"instance {self.instance.id} does not wait for task {task_id!r}; "
-                            f"it waits for: {shown}", task_id=task_id)
+        from .governance import InstanceStateError
+
+        # the instance's state refuses the answer, as REST's 409 says; no activity failed
+        err = InstanceStateError(f"instance {self.instance.id} ({self.instance.status}) does not wait for task "
+                                 f"{task_id!r}; it waits for: {shown}")
+        err.task_id = task_id  # type: ignore[attr-defined]
+        raise err
 
     # ----- activities ------------------------------------------------------------------
 
@@ -2883,7 +2919,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 return False
             where = spiff.bpmn_id_of(task)
             # a key a compression folded away was there: say which compression, not "give it a value"
-            hint = _compressed_away(ctx, err) or _unanswered_field(task, err) or _name_hint(err, where)
+            hint = (_compressed_away(ctx, err) or _unanswered_field(task, err) or _name_hint(err, where)
+                    or _dmn_type_hint(task, err, ctx))
             raise ActivityError(f"{_expression_kind(task, expression)} {expression.strip()!r}"
                                 f"{_flow_of(task, expression)} at {where!r} failed: {type(err).__name__}: {err}{hint}",
                                 task_id=where) from err
