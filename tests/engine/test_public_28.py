@@ -1,0 +1,321 @@
+"""Public models, each in ``tests/engine/public28/`` (``public28/README.md`` names its repository, path and
+licence): SpiffWorkflow's own test models (a parallel split with a script, an exclusive gateway into a
+multi-instance task, a loop back into a parallel gateway, an inclusive split and join, a signal event
+sub-process, a join a loop feeds past its split, a second start event beside a non-interrupting message
+boundary) and Operaton's use cases (employee onboarding over two called processes, a travel booking
+transaction with compensation, an order fulfilment with lanes and an error boundary, a quote handling started
+by a message). Each is validated as given (what layerflow refuses is named with the element and what to write),
+then run, edited as validate says, and its path and data are compared with plain SpiffWorkflow's where plain
+SpiffWorkflow is right."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from SpiffWorkflow.util.task import TaskState
+
+from engine import BpmnError, Engine, load_process
+from engine.validate import validate_process
+
+from engine_helpers import path_of, run_plain, run_plain_files, variables
+
+HERE = Path(__file__).resolve().parent / "public28"
+ONBOARDING = HERE / "operaton_employee_onboarding.bpmn"
+CALLED = [HERE / "operaton_provision_equipment.bpmn", HERE / "operaton_grant_system_access.bpmn"]
+TRAVEL = HERE / "operaton_travel_booking_transaction.bpmn"
+ORDER = HERE / "operaton_order_fulfillment_lanes.bpmn"
+
+
+def problems(*paths: Path) -> list[tuple[str, str | None, str]]:
+    return [(p.severity, p.element_id, str(p)) for p in validate_process(list(paths)).problems]
+
+
+def errors(*paths: Path) -> dict[str | None, list[str]]:
+    found: dict[str | None, list[str]] = {}
+    for severity, element, text in problems(*paths):
+        if severity == "error":
+            found.setdefault(element, []).append(text)
+    return found
+
+
+def edited(tmp_path: Path, path: Path, *changes: tuple[str, str]) -> Path:
+    text = path.read_text()
+    for old, new in changes:
+        assert old in text, old
+        text = text.replace(old, new)
+    fixed = tmp_path / path.name
+    fixed.write_text(text)
+    return fixed
+
+
+def run(engine: Engine, paths: list[Path], data: dict[str, Any], answers: dict[str, Any] | None = None) -> Any:
+    return engine.run(engine.start(load_process(paths), data), answers={"user_tasks": answers or {}})
+
+
+# -- SpiffWorkflow's own models: accepted as they are, run as plain SpiffWorkflow runs them -------------------
+
+@pytest.mark.parametrize(("name", "data", "answers"), [
+    ("spiff_parallel_with_script.bpmn", {},
+     {"user_task_A": {"a": 1}, "user_task_B": {"b": 2}, "user_task_C": {"c": 3}}),
+    ("spiff_exclusive_into_multi.bpmn", {}, {"Activity_1j43xon": {}}),
+    ("spiff_gateway_loop_input.bpmn", {}, {"task": {}}),
+    ("spiff_inclusive_gateway.bpmn", {}, {"set_data": {"u": 1, "v": 0, "w": 1}}),
+])
+def test_spiff_models_run_the_path_and_data_of_plain_spiffworkflow(
+        name: str, data: dict[str, Any], answers: dict[str, dict[str, Any]]) -> None:
+    path = HERE / name
+    assert [p for p in problems(path) if p[0] == "error"] == []
+    plain, plain_data = run_plain(path, data, answers)
+    instance = run(Engine(store="memory://"), [path], data, answers)
+    assert instance.status == "completed", instance.error
+    assert path_of(instance.workflow) == path_of(plain)
+    assert variables(instance.context) == plain_data
+
+
+def test_spiff_signal_event_sub_process_interrupts_the_flow_and_its_writes_stay_where_spiffworkflow_drops_them(
+        ) -> None:
+    """The event sub-process's start is interrupting (BPMN's default, which SpiffWorkflow 3.2 ignores: it
+    still ends the main flow at 'Event_03f19jy'); layerflow cancels that end as the README says, and keeps what
+    the event sub-process's task wrote, which plain SpiffWorkflow's final data does not hold."""
+    path = HERE / "spiff_event_subprocess_signal.bpmn"
+    answers = {"set_data": {"set": True}, "task": {"handled": True}}
+    assert problems(path) == []
+    plain, plain_data = run_plain(path, {}, answers)
+    instance = run(Engine(store="memory://"), [path], {}, answers)
+    assert instance.status == "completed", instance.error
+    assert [t for t in path_of(plain) if t != "Event_03f19jy"] == path_of(instance.workflow)
+    assert plain_data == {"set": True}
+    assert variables(instance.context) == {"set": True, "handled": True}
+
+
+@pytest.mark.parametrize(("given", "then"), [({"u": 0, "v": 0, "w": 0}, {"u": 0, "v": 1, "w": 0}),
+                                             ({"u": 1, "v": 1, "w": 0}, {"u": 2, "v": 1, "w": 0})])
+def test_spiff_inclusive_join_whose_only_flow_fails_its_condition_stops_naming_the_gateway_and_value(
+        given: dict[str, int], then: dict[str, int]) -> None:
+    """The join's one outgoing flow has a condition (v == 0); plain SpiffWorkflow stops with 'No
+    conditions satisfied on gateway.'; layerflow names the gateway, the condition and the value."""
+    path = HERE / "spiff_inclusive_gateway.bpmn"
+    with pytest.raises(Exception, match="No conditions satisfied"):
+        run_plain(path, {}, {"set_data": given})
+    instance = run(Engine(store="memory://"), [path], {}, {"set_data": given})
+    assert (instance.status, instance.error["task_id"]) == ("error", "second")
+    assert "no condition of its outgoing flows holds (to 'Event_05yg5je': v == 0)" in instance.error["message"]
+    assert f"the context has v={then['v']}" in instance.error["message"]
+    assert variables(instance.context) == then
+
+
+def test_spiff_join_fed_by_a_loop_past_its_split_is_warned_and_stops_clearly_where_spiffworkflow_crashes() -> None:
+    """SpiffWorkflow 3.2 dies on this model with an AttributeError (its test pins the later fix);
+    validate warns of both shapes, and the run stops at the join naming the branch that had not come."""
+    path = HERE / "spiff_parallel_join_dropped_parent.bpmn"
+    warned = {element: text for severity, element, text in problems(path) if severity == "warning"}
+    assert set(warned) == {"mergeB", "join"}
+    assert "merge them in a parallel gateway instead" in warned["mergeB"]
+    assert "move the flow back to an exclusive gateway in front of 'outer_split'" in warned["join"]
+    answers = {"C1": {"c1": 1}, "C2": {"c2": 2}, "retry": {}}
+    with pytest.raises(AttributeError):
+        run_plain(path, {}, answers)
+    instance = run(Engine(store="memory://"), [path], {}, answers)
+    assert (instance.status, instance.error["kind"], instance.error["task_id"]) == ("error", "merge_conflict", "join")
+    assert "'C2' had not arrived" in instance.error["message"]
+    assert "give the join one incoming flow per branch of 'outer_split'" in instance.error["message"]
+
+
+# -- Operaton's employee onboarding: a multi-instance call activity over operaton:collection ------------------
+
+def onboarding_edited(tmp_path: Path) -> Path:
+    return edited(tmp_path, ONBOARDING,
+                  ("<bpmn:completionCondition>${nrOfCompletedInstances == nrOfInstances}</bpmn:completionCondition>",
+                   '<bpmn:loopDataInputRef>equipmentList</bpmn:loopDataInputRef>'
+                   '<bpmn:inputDataItem id="equipmentItem" name="equipmentItem"/>'),
+                  ("${accessGranted == false}", "accessGranted == False"))
+
+
+def test_onboarding_as_given_is_refused_naming_each_element_and_what_to_write() -> None:
+    found = errors(ONBOARDING)
+    assert set(found) == {"CallActivity_ProvisionEquipment", "CallActivity_GrantAccess", "Flow_Denied_Flag"}
+    said = " ".join(found["CallActivity_ProvisionEquipment"])
+    assert "write <bpmn:loopDataInputRef>equipmentList</bpmn:loopDataInputRef>" in said
+    assert "remove the bpmn:completionCondition of 'CallActivity_ProvisionEquipment'" in said
+    assert "operaton_provision_equipment.bpmn defines it" in said
+    assert "write 'accessGranted == False'" in found["Flow_Denied_Flag"][0]
+    assert set(errors(ONBOARDING, *CALLED)) == {"CallActivity_ProvisionEquipment", "Flow_Denied_Flag"}
+
+
+def test_onboarding_edited_as_validate_says_is_not_told_again_what_it_now_has(tmp_path: Path) -> None:
+    """Once the loop has the loopDataInputRef and inputDataItem validate asked for, the operaton:collection
+    and elementVariable beside them say the same thing; and operaton:in sourceExpression='${equipmentItem}'
+    target='equipmentItem' passes the item under its own name, which the called process reads. validate
+    still said to add what was there and that 'nothing sets equipmentItem'."""
+    said = [text for severity, element, text in problems(onboarding_edited(tmp_path), *CALLED)
+            if element == "CallActivity_ProvisionEquipment"]
+    assert said == []
+
+
+@pytest.mark.parametrize("granted", [True, False])
+def test_onboarding_provisions_each_item_in_the_called_process_and_routes_on_access(
+        tmp_path: Path, granted: bool) -> None:
+    fixed = onboarding_edited(tmp_path)
+    assert errors(fixed, *CALLED) == {}
+    engine = Engine(store="memory://")
+    engine.handlers.register("Task_PrepareOnboarding", lambda ctx: {"prepared": True})
+    engine.handlers.register("Task_OrderItem", lambda ctx: {"ordered": [ctx.get("employeeId"), ctx.get("equipmentItem")]})
+    engine.handlers.register("Task_GrantAccess", lambda ctx: {"accessGranted": granted, "grantedRole": ctx.get("role")})
+    engine.handlers.register("Task_ActivateAccount", lambda ctx: {"active": True})
+    engine.handlers.register("Task_FlagForItReview", lambda ctx: {"flagged": True})
+    instance = run(engine, [fixed, *CALLED], {"employeeId": "e1", "role": "dev", "equipmentList": ["laptop", "phone"]})
+    assert instance.status == "completed", instance.error
+    done = path_of(instance.workflow)
+    assert done.count("Task_OrderItem") == 2
+    assert done[-2:] == (["Task_ActivateAccount", "EndEvent_Onboarded"] if granted
+                         else ["Task_FlagForItReview", "EndEvent_ManualRemediation"])
+    got = variables(instance.context)
+    assert (got["accessGranted"], got["grantedRole"]) == (granted, "dev")
+    assert got["ordered"] in (["e1", "laptop"], ["e1", "phone"])
+
+
+# -- Operaton's travel booking: a transaction whose cancel end event undoes the bookings by compensation -------
+
+def test_travel_booking_is_refused_at_each_compensation_boundary_and_the_juel_condition() -> None:
+    found = errors(TRAVEL)
+    assert set(found) == {"Boundary_CompFlight", "Boundary_CompHotel", "Boundary_CompCar", "Flow_GW_Approved"}
+    assert "SpiffWorkflow 3.2 runs no compensation" in found["Boundary_CompCar"][0]
+    assert "the undo tasks ('Task_CancelCar')" in found["Boundary_CompCar"][0]
+    assert "write 'paymentApproved'" in found["Flow_GW_Approved"][0]
+
+
+def travel_edited(tmp_path: Path) -> Path:
+    """The undo drawn as validate says: the cancel tasks on the path out of the transaction's cancel boundary."""
+    text = TRAVEL.read_text()
+    text = re.sub(r'<bpmn:boundaryEvent id="Boundary_Comp\w+".*?</bpmn:boundaryEvent>|<bpmn:association .*?/>', "",
+                  text, flags=re.S)
+    undo = {m.group(1): m.group(0) for m in re.finditer(r'<bpmn:serviceTask id="(Task_Cancel\w+)"[^>]*?/>', text)}
+    drawn = ""
+    for task, incoming, outgoing in (("Task_CancelCar", "Flow_Cancel_Notify", "undo_1"),
+                                     ("Task_CancelHotel", "undo_1", "undo_2"), ("Task_CancelFlight", "undo_2", "undo_3")):
+        text = text.replace(undo[task], "")
+        drawn += undo[task].replace('isForCompensation="true"', "").replace(
+            "/>", f"><bpmn:incoming>{incoming}</bpmn:incoming><bpmn:outgoing>{outgoing}</bpmn:outgoing>"
+                  "</bpmn:serviceTask>")
+    text = text.replace('sourceRef="Boundary_TransactionCancelled" targetRef="Task_NotifyCancellation"/>',
+                        'sourceRef="Boundary_TransactionCancelled" targetRef="Task_CancelCar"/>'
+                        '<bpmn:sequenceFlow id="undo_1" sourceRef="Task_CancelCar" targetRef="Task_CancelHotel"/>'
+                        '<bpmn:sequenceFlow id="undo_2" sourceRef="Task_CancelHotel" targetRef="Task_CancelFlight"/>'
+                        '<bpmn:sequenceFlow id="undo_3" sourceRef="Task_CancelFlight" '
+                        'targetRef="Task_NotifyCancellation"/>' + drawn)
+    text = text.replace("<bpmn:incoming>Flow_Cancel_Notify</bpmn:incoming>\n      <bpmn:outgoing>Flow_Notify_End",
+                        "<bpmn:incoming>undo_3</bpmn:incoming>\n      <bpmn:outgoing>Flow_Notify_End")
+    fixed = tmp_path / TRAVEL.name
+    fixed.write_text(text.replace("${paymentApproved}", "paymentApproved"))
+    return fixed
+
+
+@pytest.mark.parametrize("approved", [True, False])
+def test_travel_booking_with_the_undo_drawn_confirms_or_cancels_every_booking_in_reverse(
+        tmp_path: Path, approved: bool) -> None:
+    fixed = travel_edited(tmp_path)
+    assert errors(fixed) == {}
+    engine = Engine(store="memory://")
+    steps = ["Task_ReserveFlight", "Task_ReserveHotel", "Task_ReserveCar", "Task_CancelFlight", "Task_CancelHotel",
+             "Task_CancelCar", "Task_SendConfirmation", "Task_NotifyCancellation"]
+    for step in steps:
+        engine.handlers.register(step, lambda ctx, step=step: {"done": [*ctx.get("done", []), step[5:]]})
+    engine.handlers.register("Task_ChargePayment", lambda ctx: {"paymentApproved": approved})
+    instance = run(engine, [fixed], {"trip": "T-1"})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.context) == {"trip": "T-1", "paymentApproved": approved, "done": [
+        "ReserveFlight", "ReserveHotel", "ReserveCar",
+        *(["SendConfirmation"] if approved else ["CancelCar", "CancelHotel", "CancelFlight", "NotifyCancellation"])]}
+
+
+# -- Operaton's order fulfilment: lanes, an error boundary on the payment, a listener on a flow -----------------
+
+def test_order_fulfillment_flow_listener_is_named_with_the_assignment_to_draw() -> None:
+    """${execution.setVariable('orderStatus', 'FAILED')} on the flow out of the error boundary: validate said
+    only 'does the listener's work'; the assignment is known, so it is what to write."""
+    [said] = [text for severity, element, text in problems(ORDER) if element == "Flow_error_to_failed"]
+    assert "sets 'orderStatus' (execution.setVariable)" in said
+    assert "whose script is \"orderStatus = 'FAILED'\"" in said
+    assert set(errors(ORDER)) == {"Flow_in_stock", "Flow_out_of_stock"}
+
+
+@pytest.mark.parametrize(("available", "pays", "then"), [
+    (True, True, {"charged": True, "tracking": "T1", "notified": True}),
+    (True, False, {"error_code": "PAYMENT_FAILED", "error_message": "declined"}),
+    (False, True, {"backordered": True}),
+])
+def test_order_fulfillment_ships_backorders_or_fails_on_the_payment_error(
+        tmp_path: Path, available: bool, pays: bool, then: dict[str, Any]) -> None:
+    fixed = edited(tmp_path, ORDER, ("${available == true}", "available == True"),
+                   ("${available == false}", "available == False"))
+    assert errors(fixed) == {}
+    engine = Engine(store="memory://")
+
+    def pay(ctx: Any) -> dict[str, Any]:
+        if not pays:
+            raise BpmnError("PAYMENT_FAILED", "declined")
+        return {"charged": True}
+
+    engine.handlers.register("Task_ValidateInventory", lambda ctx: {"available": available})
+    engine.handlers.register("Task_ChargePayment", pay)
+    engine.handlers.register("Task_NotifyBackorder", lambda ctx: {"backordered": True})
+    engine.handlers.register("Task_NotifyCustomer", lambda ctx: {"notified": True})
+    instance = run(engine, [fixed], {"orderId": "o1"}, {"Task_PackShip": {"tracking": "T1"}})
+    assert instance.status == "completed", instance.error
+    assert variables(instance.context) == {"orderId": "o1", "available": available, **then}
+
+
+# -- SpiffWorkflow's non-interrupting message boundary: a second start event that never runs -----------------
+
+def test_spiff_second_start_event_is_warned_and_the_first_path_loops_as_in_spiffworkflow() -> None:
+    """The sub-process with the message boundary hangs off a second start event, which neither engine runs
+    (plain SpiffWorkflow marks it completed and runs nothing after it); the first lane's loop runs the same."""
+    path = HERE / "spiff_noninterrupting_message_boundary.bpmn"
+    warned = {element: text for severity, element, text in problems(path)}
+    assert set(warned) == {"Event_0g8w85g", "Event_12moz8m"}
+    assert "start event 'Event_12moz8m' never runs" in warned["Event_12moz8m"]
+    assert "write the payload as a Python expression in a spiffworkflow:messagePayload" in warned["Event_0g8w85g"]
+    rounds = [{"flag_task": "No"}, {"flag_task": "Yes"}]
+    plain = run_plain_files([path], "Process_1kjyavs")
+    engine = Engine(store="memory://")
+    instance = engine.run(engine.start(load_process([path]), {}))
+    for answer in rounds:
+        [task] = plain.get_tasks(state=TaskState.READY, manual=True)
+        task.data.update(answer)
+        task.run()
+        plain.do_engine_steps()
+        [waiting] = instance.waiting_for
+        instance = engine.run(instance, answers={"user_tasks": {waiting["id"]: answer}})
+    assert plain.is_completed() and instance.status == "completed"
+    assert path_of(instance.workflow) == [t for t in path_of(plain) if t != "Event_12moz8m"]
+    assert variables(instance.context) == dict(plain.last_task.data) == {"flag_task": "Yes"}
+
+
+# -- Operaton's quote handling: started by a message, waits for the buyer's decision ---------------------------
+
+@pytest.mark.parametrize("accepted", [True, False])
+def test_operaton_quote_handling_starts_on_its_message_and_routes_on_the_decision(
+        tmp_path: Path, accepted: bool) -> None:
+    path = HERE / "operaton_quote_handling_messages.bpmn"
+    assert set(errors(path)) == {"Flow_Accepted_Reserve"}
+    assert "write 'accepted'" in errors(path)["Flow_Accepted_Reserve"][0]
+    fixed = edited(tmp_path, path, ("${accepted}", "accepted"))
+    assert errors(fixed) == {}
+    engine = Engine(store="memory://")
+    engine.handlers.register("Task_CalculateQuote", lambda ctx: {"quote": 100 * ctx["qty"]})
+    engine.handlers.register("Task_ReserveStock", lambda ctx: {"reserved": True})
+    engine.handlers.register("Task_ReleaseQuote", lambda ctx: {"released": True})
+    instance = engine.run(engine.start(load_process([fixed]), {"item": "bolts"}))
+    assert [(w["task_id"], w["event"]) for w in instance.waiting_for] == [("StartEvent_QuoteRequest", "QuoteRequest")]
+    instance = engine.send_event(instance, "QuoteRequest", {"qty": 5})
+    assert [(w["task_id"], w["event"]) for w in instance.waiting_for] == [("IntermediateCatch_OrderDecision",
+                                                                           "OrderDecision")]
+    instance = engine.send_event(instance, "OrderDecision", {"accepted": accepted})
+    assert instance.status == "completed"
+    assert variables(instance.context) == {"item": "bolts", "qty": 5, "quote": 500, "accepted": accepted,
+                                           **({"reserved": True} if accepted else {"released": True})}
+    assert path_of(instance.workflow)[-1] == ("EndEvent_OrderFulfilled" if accepted else "EndEvent_QuoteReleased")
