@@ -4,9 +4,9 @@ multi-instance task, a loop back into a parallel gateway, an inclusive split and
 sub-process, a join a loop feeds past its split, a second start event beside a non-interrupting message
 boundary) and Operaton's use cases (employee onboarding over two called processes, a travel booking
 transaction with compensation, an order fulfilment with lanes and an error boundary, a quote handling started
-by a message, a bank account opening with parallel checks and a DMN decision). Each is validated as given (what layerflow refuses is named with the element and what to write),
-then run, edited as validate says, and its path and data are compared with plain SpiffWorkflow's where plain
-SpiffWorkflow is right."""
+by a message, a bank account opening with parallel checks and a DMN decision). Each is validated as given
+(what layerflow refuses is named with the element and what to write), then run, edited as validate says, and
+its path and data are compared with plain SpiffWorkflow's where plain SpiffWorkflow is right."""
 
 from __future__ import annotations
 
@@ -163,7 +163,8 @@ def test_onboarding_provisions_each_item_in_the_called_process_and_routes_on_acc
     assert errors(fixed, *CALLED) == {}
     engine = Engine(store="memory://")
     engine.handlers.register("Task_PrepareOnboarding", lambda ctx: {"prepared": True})
-    engine.handlers.register("Task_OrderItem", lambda ctx: {"ordered": [ctx.get("employeeId"), ctx.get("equipmentItem")]})
+    engine.handlers.register("Task_OrderItem",
+                             lambda ctx: {"ordered": [ctx.get("employeeId"), ctx.get("equipmentItem")]})
     engine.handlers.register("Task_GrantAccess", lambda ctx: {"accessGranted": granted, "grantedRole": ctx.get("role")})
     engine.handlers.register("Task_ActivateAccount", lambda ctx: {"active": True})
     engine.handlers.register("Task_FlagForItReview", lambda ctx: {"flagged": True})
@@ -196,7 +197,8 @@ def travel_edited(tmp_path: Path) -> Path:
     undo = {m.group(1): m.group(0) for m in re.finditer(r'<bpmn:serviceTask id="(Task_Cancel\w+)"[^>]*?/>', text)}
     drawn = ""
     for task, incoming, outgoing in (("Task_CancelCar", "Flow_Cancel_Notify", "undo_1"),
-                                     ("Task_CancelHotel", "undo_1", "undo_2"), ("Task_CancelFlight", "undo_2", "undo_3")):
+                                     ("Task_CancelHotel", "undo_1", "undo_2"),
+                                     ("Task_CancelFlight", "undo_2", "undo_3")):
         text = text.replace(undo[task], "")
         drawn += undo[task].replace('isForCompensation="true"', "").replace(
             "/>", f"><bpmn:incoming>{incoming}</bpmn:incoming><bpmn:outgoing>{outgoing}</bpmn:outgoing>"
@@ -346,8 +348,8 @@ def test_bank_account_opening_merges_both_checks_and_decides_by_the_table(
         tmp_path: Path, identity: tuple[bool, int], risk: str, review: str | None, decision: str, end: str) -> None:
     bank = edited(tmp_path, BANK, *[("${" + c + "}", c) for c in ("decision == 'APPROVE'", "decision == 'REJECT'",
                                                                   "reviewOutcome == 'APPROVE'")])
-    table = edited(tmp_path, RISK, ("<text>false</text>", "<text>False</text>"), ("<text>true</text>", "<text>True</text>"),
-                   ('not("LOW")', '? != "LOW"'))
+    table = edited(tmp_path, RISK, ("<text>false</text>", "<text>False</text>"),
+                   ("<text>true</text>", "<text>True</text>"), ('not("LOW")', '? != "LOW"'))
     assert errors(bank, table) == {}
     engine = Engine(store="memory://")
     engine.handlers.register("ServiceTask_RegisterApplication", lambda ctx: {"applicationId": "A-1"})
