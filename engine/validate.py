@@ -4025,9 +4025,9 @@ class _Validator:
                         for found in [_juel_set_variables(child.get("expression") or "")]]
                 if sets and all(sets):
                     # ${execution.setVariable('orderStatus', 'FAILED')}: what it does is known, so is the script
-                    names = ", ".join(repr(n) for _, values in filter(None, sets) for n in values)
+                    set_names = ", ".join(repr(n) for _, values in filter(None, sets) for n in values)
                     script = "\n".join(python for python, _ in filter(None, sets))
-                    what += f", that sets {names} (execution.setVariable)"
+                    what += f", that sets {set_names} (execution.setVariable)"
                     todo = (f"draw a bpmn:scriptTask on the flow, from {el.get('sourceRef')!r} to "
                             f"{el.get('targetRef')!r}, whose script is {script!r}")
                 else:
@@ -4118,8 +4118,8 @@ class _Validator:
         elif loop is not None:
             # operaton:collection='${items}' beside <loopDataInputRef>items</...> (as validate asks to write)
             # says what runs already: only a setting that disagrees with them is worth a word
-            said = _loop_said_again(loop)
-            found = {q: None for q in found if q.partition(":")[2] not in said}
+            again = _loop_said_again(loop)
+            found = {q: None for q in found if q.partition(":")[2] not in again}
         cfg = self.merged.get(eid)
         if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
