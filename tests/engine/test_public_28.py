@@ -22,6 +22,7 @@ from engine import BpmnError, Engine, load_process
 from engine.validate import validate_process
 
 from engine_helpers import path_of, run_plain, run_plain_files, variables
+from test_realworld_4 import rewritten
 
 HERE = Path(__file__).resolve().parent / "public28"
 ONBOARDING = HERE / "operaton_employee_onboarding.bpmn"
@@ -43,13 +44,7 @@ def errors(*paths: Path) -> dict[str | None, list[str]]:
 
 
 def edited(tmp_path: Path, path: Path, *changes: tuple[str, str]) -> Path:
-    text = path.read_text()
-    for old, new in changes:
-        assert old in text, old
-        text = text.replace(old, new)
-    fixed = tmp_path / path.name
-    fixed.write_text(text)
-    return fixed
+    return rewritten(tmp_path, path, list(changes))
 
 
 def run(engine: Engine, paths: list[Path], data: dict[str, Any], answers: dict[str, Any] | None = None) -> Any:
