@@ -10,6 +10,7 @@ its path and data are compared with plain SpiffWorkflow's where plain SpiffWorkf
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,12 @@ from SpiffWorkflow.util.task import TaskState
 from engine import BpmnError, Engine, load_process
 from engine.validate import validate_process
 
-from engine_helpers import path_of, run_plain, run_plain_files, variables
+from engine_helpers import cli_in_a_tmp_store, path_of, run_json, run_plain, run_plain_files, variables
 from test_realworld_4 import rewritten
 
 HERE = Path(__file__).resolve().parent / "public28"
 ONBOARDING = HERE / "operaton_employee_onboarding.bpmn"
+cli = cli_in_a_tmp_store  # the fixture "cli", here too
 CALLED = [HERE / "operaton_provision_equipment.bpmn", HERE / "operaton_grant_system_access.bpmn"]
 TRAVEL = HERE / "operaton_travel_booking_transaction.bpmn"
 ORDER = HERE / "operaton_order_fulfillment_lanes.bpmn"
@@ -360,3 +362,26 @@ def test_bank_account_opening_merges_both_checks_and_decides_by_the_table(
     assert (got["identityVerified"], got["identityScore"], got["backgroundRisk"]) == (*identity, risk)
     assert got["decision"] == decision and path_of(instance.workflow)[-1] == end
     assert instance.conflicts == []
+
+
+# -- the CLI: validate's exit code and messages, run --json with answers -----------------------------------------
+
+def test_cli_validate_refuses_the_order_fulfillment_and_run_json_gives_the_merged_parallel_answers(
+        tmp_path: Path, cli: Any) -> None:
+    refused = cli("validate", str(ORDER))
+    assert refused.exit_code != 0
+    assert "element 'Flow_in_stock': field 'conditionExpression'" in refused.stdout + refused.stderr
+    assert "write 'available == True'" in refused.stdout + refused.stderr
+    path = HERE / "spiff_parallel_with_script.bpmn"
+    assert cli("validate", str(path)).exit_code == 0
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"user_task_A": {"a": 1}, "user_task_B": {"b": 2},
+                                                  "user_task_C": {"c": 3}}}))
+    doc = run_json(cli, "run", str(path), "--answers", str(answers))
+    assert (doc["status"], doc["error"], doc["waiting_for"], doc["conflicts"]) == ("completed", None, [], [])
+    assert {k: v for layer in ("L1", "L3", "L4") for k, v in doc["layers"][layer].items()
+            if k in "abc"} == {"a": 1, "b": 2, "c": 3}
+    answers.write_text(json.dumps({"user_tasks": {"set_data": {"u": 0, "v": 0, "w": 0}}}))
+    stuck = run_json(cli, "run", str(HERE / "spiff_inclusive_gateway.bpmn"), "--answers", str(answers), code=1)
+    assert (stuck["status"], stuck["error"]["task_id"]) == ("error", "second")
+    assert "the context has v=1" in stuck["error"]["message"]
