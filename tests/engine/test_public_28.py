@@ -4,9 +4,10 @@ multi-instance task, a loop back into a parallel gateway, an inclusive split and
 sub-process, a join a loop feeds past its split, a second start event beside a non-interrupting message
 boundary) and Operaton's use cases (employee onboarding over two called processes, a travel booking
 transaction with compensation, an order fulfilment with lanes and an error boundary, a quote handling started
-by a message, a bank account opening with parallel checks and a DMN decision). Each is validated as given
-(what layerflow refuses is named with the element and what to write), then run, edited as validate says, and
-its path and data are compared with plain SpiffWorkflow's where plain SpiffWorkflow is right."""
+by a message, a bank account opening with parallel checks and a DMN decision, an incident management with an
+SLA timer and an escalation signal). Each is validated as given (what layerflow refuses is named with the
+element and what to write), then run, edited as validate says, and its path and data are compared with plain
+SpiffWorkflow's where plain SpiffWorkflow is right."""
 
 from __future__ import annotations
 
@@ -385,3 +386,64 @@ def test_cli_validate_refuses_the_order_fulfillment_and_run_json_gives_the_merge
     stuck = run_json(cli, "run", str(HERE / "spiff_inclusive_gateway.bpmn"), "--answers", str(answers), code=1)
     assert (stuck["status"], stuck["error"]["task_id"]) == ("error", "second")
     assert "the context has v=1" in stuck["error"]["message"]
+
+
+# -- Operaton's incident management: an SLA timer and a non-interrupting escalation signal on the triage -------
+
+INCIDENT = HERE / "operaton_incident_management_sla.bpmn"
+
+
+def incident_edited(tmp_path: Path) -> Path:
+    """As validate says: Python conditions, the timer's variable bare, the start listener's assignment as a
+    script task after the start event."""
+    return edited(tmp_path, INCIDENT, ("${resolved == true}", "resolved == True"),
+                  ("${resolved != true}", "resolved != True"), (">${timerDuration}<", ">timerDuration<"),
+                  ('<bpmn:sequenceFlow id="Flow_start_to_triage" sourceRef="StartEvent_1" '
+                   'targetRef="Task_FirstLineTriage" />',
+                   '<bpmn:sequenceFlow id="Flow_start_to_triage" sourceRef="StartEvent_1" targetRef="Task_SetLow" />'
+                   '<bpmn:scriptTask id="Task_SetLow"><bpmn:incoming>Flow_start_to_triage</bpmn:incoming>'
+                   "<bpmn:outgoing>Flow_low</bpmn:outgoing><bpmn:script>incidentPriority = 'LOW'</bpmn:script>"
+                   '</bpmn:scriptTask><bpmn:sequenceFlow id="Flow_low" sourceRef="Task_SetLow" '
+                   'targetRef="Task_FirstLineTriage" />'),
+                  ("<bpmn:incoming>Flow_start_to_triage</bpmn:incoming>\n      <bpmn:outgoing>Flow_triage_to_gw",
+                   "<bpmn:incoming>Flow_low</bpmn:incoming>\n      <bpmn:outgoing>Flow_triage_to_gw"))
+
+
+def test_incident_management_is_refused_naming_each_juel_expression_and_warned_of_each_listener() -> None:
+    found = problems(INCIDENT)
+    assert {e for s, e, _ in found if s == "error"} == {"Flow_resolved", "Flow_not_resolved", "BoundaryTimer_Escalate"}
+    said = {element: text for _, element, text in found}
+    assert "timeDuration '${timerDuration}' is not a Python expression" in said["BoundaryTimer_Escalate"]
+    assert "write \"incidentPriority = 'LOW'\" in a bpmn:scriptTask drawn after 'StartEvent_1'" in said["StartEvent_1"]
+    assert "whose script is \"incidentPriority = 'HIGH'\"" in said["Task_SetHighPriority"]
+
+
+@pytest.mark.parametrize("case", ["signal, not resolved", "signal, resolved", "sla timer"])
+def test_incident_management_escalates_by_signal_or_timer(tmp_path: Path, case: str) -> None:
+    fixed = incident_edited(tmp_path)
+    assert errors(fixed) == {}
+    now = [1_000_000.0]
+    engine = Engine(store="memory://", clock=lambda: now[0])
+    engine.handlers.register("Task_SetHighPriority", lambda ctx: {"incidentPriority": "HIGH"})
+    engine.handlers.register("Task_PostMortem", lambda ctx: {"postmortems": ctx.get("postmortems", 0) + 1})
+    engine.handlers.register("Task_CloseTicket", lambda ctx: {"closedAt": ctx.get("incidentPriority")})
+    instance = engine.run(engine.start(load_process([fixed]), {"timerDuration": "PT1H"}))
+    assert sorted(w["kind"] for w in instance.waiting_for) == ["event", "timer", "user_task"]
+    if case == "sla timer":
+        now[0] += 3601
+        instance = engine.resume(instance)
+        assert [w["task_id"] for w in instance.waiting_for] == ["Task_SecondLine"]
+        assert variables(instance.context) == {"timerDuration": "PT1H", "incidentPriority": "LOW"}
+        return
+    instance = engine.send_event(instance, "EscalationSignal", None, kind="signal")
+    assert "Task_SecondLine" in [w["task_id"] for w in instance.waiting_for]
+    resolved = case == "signal, resolved"
+    instance = engine.run(instance, answers={"user_tasks": {"Task_FirstLineTriage": {"resolved": resolved}}})
+    lines = [w["id"] for w in instance.waiting_for if w["task_id"] == "Task_SecondLine"]
+    assert len(lines) == (1 if resolved else 2)   # the signal's path, and the unresolved triage's
+    for line in lines:
+        instance = engine.run(instance, answers={"user_tasks": {line: {"handledBy": "bob"}}})
+    assert instance.status == "completed", instance.error
+    got = variables(instance.context)
+    assert got["incidentPriority"] == "HIGH" and got["postmortems"] == len(lines)
+    assert got.get("closedAt") == ("HIGH" if resolved else None)
