@@ -3729,8 +3729,9 @@ class _Validator:
                     continue
                 source, target = (child.get("source") or "").strip(), (child.get("target") or "").strip()
                 expression = (child.get("sourceExpression") or "").strip()
-                if (child.get("variables") or "").strip() == "all" or (source and source == target):
-                    continue  # every variable crosses under its own name
+                if (child.get("variables") or "").strip() == "all" or (source and source == target) or (
+                        expression and _bare_juel_name(expression) == target):
+                    continue  # every variable crosses under its own name (${x} to x too: the callee reads x)
                 key = (child.get("businessKey") or "").strip()
                 if key and name.endswith(":in") and not source and not expression:
                     # what Camunda Modeler adds to pass the caller's business key: said on its own, so
@@ -4019,8 +4020,19 @@ class _Validator:
                 continue
             if tag == "sequenceFlow":
                 what = f"sequence flow {eid!r} has {names[0]}, run as the flow is taken"
-                todo = (f"draw a script task (or a task with a handler) on the flow, from {el.get('sourceRef')!r} "
-                        f"to {el.get('targetRef')!r}, that does the listener's work")
+                sets = [found for ext in el.iterfind(_bpmn("extensionElements")) for child in ext
+                        if isinstance(child.tag, str) and etree.QName(child).localname == "executionListener"
+                        for found in [_juel_set_variables(child.get("expression") or "")]]
+                if sets and all(sets):
+                    # ${execution.setVariable('orderStatus', 'FAILED')}: what it does is known, so is the script
+                    set_names = ", ".join(repr(n) for _, values in filter(None, sets) for n in values)
+                    script = "\n".join(python for python, _ in filter(None, sets))
+                    what += f", that sets {set_names} (execution.setVariable)"
+                    todo = (f"draw a bpmn:scriptTask on the flow, from {el.get('sourceRef')!r} to "
+                            f"{el.get('targetRef')!r}, whose script is {script!r}")
+                else:
+                    todo = (f"draw a script task (or a task with a handler) on the flow, from {el.get('sourceRef')!r} "
+                            f"to {el.get('targetRef')!r}, that does the listener's work")
             else:
                 what = f"process {eid!r} has {names[0]}, run as an instance starts or ends"
                 todo = "do the listener's work in a task after the start event (or before the end event)"
@@ -4103,6 +4115,11 @@ class _Validator:
                          "<bpmn:loopDataInputRef>COLLECTION</bpmn:loopDataInputRef> and <bpmn:inputDataItem "
                          "id=\"ITEM\" name=\"ITEM\"/> in its bpmn:multiInstanceLoopCharacteristics, or remove it to "
                          "run the step once", file=file, line=el.sourceline, element_id=eid)
+        elif loop is not None:
+            # operaton:collection='${items}' beside <loopDataInputRef>items</...> (as validate asks to write)
+            # says what runs already: only a setting that disagrees with them is worth a word
+            again = _loop_said_again(loop)
+            found = {q: None for q in found if q.partition(":")[2] not in again}
         cfg = self.merged.get(eid)
         if cfg is not None and (cfg.handler or cfg.llm is not None) and tag not in _NOT_WORKED:
             # the step is run by its handler (or model): what the other engine ran it by is moot
@@ -5648,6 +5665,26 @@ def _groovy_print_instead(source: str) -> str | None:
     if not lines or not all(m is not None and not (m.group(1) == '"' and "$" in m.group(2)) for m in found):
         return None
     return "\n".join(f"print({json.dumps(m.group(2))})" for m in found if m is not None)
+
+
+def _bare_juel_name(value: str) -> str | None:
+    """``items`` for ``${items}`` (or ``#{items}``): an expression that only names a variable."""
+    found = re.fullmatch(r"[$#]\{\s*([A-Za-z_]\w*)\s*\}", value.strip())
+    return found.group(1) if found else None
+
+
+def _loop_said_again(loop: Any) -> set[str]:
+    """The other engine's multi-instance attributes (``collection``, ``elementVariable``) that the
+    standard ``loopDataInputRef`` and ``inputDataItem`` of the same loop say again."""
+    ref = (loop.findtext(_bpmn("loopDataInputRef")) or "").strip()
+    item = loop.find(_bpmn("inputDataItem"))
+    names = {(_foreign_name(k) or "").partition(":")[2]: v.strip() for k, v in loop.attrib.items()}
+    said = set()
+    if ref and ref in (names.get("collection"), _bare_juel_name(names.get("collection", ""))):
+        said.add("collection")
+    if item is not None and names.get("elementVariable") in (item.get("name"), item.get("id")):
+        said.add("elementVariable")
+    return said
 
 
 def _juel_set_variables(value: str) -> tuple[str, dict[str, str]] | None:
