@@ -388,6 +388,90 @@ class TapeDocument(_Open):
     branches: list[str] | None = None
 
 
+class InspectResult(_Open):
+    """Per inspected layer its metrics (``layers``; each also at the top level, as the seed's
+    ``context_inspect`` returns it: ``L3``, ``L4``...), the context's tokens, attention, compression
+    status, pending conflicts and branches, plus the seed's ContextGovernanceDTO fields
+    (``layer_infos``, ``attention_score``, ``knowledge_scores``, ``merged_conflicts``, ``branch_infos``)."""
+    instance_id: str
+    version: int
+    status: Status
+    context: str = Field(examples=["main"])
+    layers: dict[str, dict[str, Any]] = Field(description=(
+        "inspected layer -> the metrics asked for (`token_count`, `key_count`, `keys`, `attention_score`, "
+        "`last_modified`, `size_bytes`, `top_keys`)"))
+    tokens: Tokens
+    attention: dict[str, Any]
+    compress_status: dict[str, Any] = Field(description="`would_trigger`, `explain`, `thresholds`, `compressions`")
+    conflicts: list[Conflict] = Field(description="the pending ones (of the joins merging into `context` if named)")
+    branches: list[dict[str, Any]] = Field(description="each branch context: `context`, `branch_id`, `gateway`, "
+                                                       "`status`")
+    active_config: dict[str, Any] | None
+    preserved: list[str]
+
+
+class CompressResult(_Open):
+    """A compression's (``action`` `compress`: ``changed``, ``ratio``, ``folded``, ``dropped``...), its
+    evaluation's (`evaluate`: ``preserved_intact``, ``density_gain``...) or its undoing's (`decompress`)."""
+    instance_id: str
+    version: int
+    action: Literal["compress", "evaluate", "decompress"]
+    context: str = Field(examples=["main"])
+    snapshot_id: str | None = Field(description="the snapshot the compression took (what `decompress` restores)")
+    tokens_before: int
+    tokens_after: int
+
+
+class ConfigResult(_Open):
+    """The activity's config after the change, complete (defaults too), and before it."""
+    instance_id: str
+    version: int
+    activity_id: str
+    config_version: int = Field(description="how many runtime changes this activity's config has had")
+    change: dict[str, Any] = Field(description="the fields the request set")
+    config: dict[str, Any]
+    previous: dict[str, Any]
+
+
+class BranchEvaluateResult(_Open):
+    """Whether the branch's context holds the required keys, and in which layer."""
+    instance_id: str
+    version: int
+    branch_id: str = Field(examples=["main"])
+    context: str
+    status: str = Field(description="the branch's status (of the instance for `main`)")
+    ok: bool = Field(description="every required key is present")
+    present: dict[str, str] = Field(examples=[{"risk_level": "L3"}], description="key -> the layer it is in")
+    missing: list[str]
+
+
+class ReplayKey(_Open):
+    key: str
+    value: Any
+    tokens: int
+    preserved: bool
+    written_by: dict[str, Any] | None = Field(description="the tape event that wrote it (activity, actor, seq, ...)")
+
+
+class ReplayLayer(_Open):
+    name: str = Field(examples=["HISTORY"])
+    tokens: int
+    keys: list[ReplayKey]
+
+
+class ReplayDocument(_Open):
+    """A context rebuilt from its tape alone up to ``until``, as `layerflow replay` prints it."""
+    instance_id: str
+    version: int
+    context: str = Field(examples=["main"])
+    branch_id: str | None
+    until: int = Field(description="the tape position rebuilt to")
+    tape_last_seq: int
+    event: TapeEvent | None = Field(description="the event at `until` (none on an empty tape)")
+    tokens: Tokens
+    layers: dict[str, ReplayLayer] = Field(description="layer (`L0`..`L5`) -> its keys")
+
+
 def _answer_responses(route: str, model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success, ``model``."""
     return {200: {"model": model, "description": description}, **route_responses(route)}
@@ -608,14 +692,16 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     # ----- governance ---------------------------------------------------------------
 
-    @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=route_responses("inspect"))
+    @app.post("/api/context-governance/inspect", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("inspect", InspectResult, "the context, layer by layer"))
     def inspect(body: InspectRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
         return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)),
                          dto=True)
 
-    @app.post("/api/context-governance/compress", tags=["context-governance"], responses=route_responses("compress"))
+    @app.post("/api/context-governance/compress", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("compress", CompressResult, "the compression, its evaluation or its undoing"))
     def compress(body: CompressRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
@@ -648,7 +734,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.rollback(_instance_of(body, instance_id), RollbackArgs.model_validate(_args(body, RollbackArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/config", tags=["context-governance"], responses=route_responses("config"))
+    @app.post("/api/context-governance/config", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("config", ConfigResult, "the config now and before"))
     def config(body: ConfigRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
@@ -664,7 +751,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                           expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"],
-              responses=route_responses("branch_evaluate"))
+              response_model=None,
+              responses=_answer_responses("branch_evaluate", BranchEvaluateResult, "the keys present and missing"))
     def branch_evaluate(body: BranchEvaluateRequest, instance_id: QueryId = None,
                         s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Whether a branch's context holds the required keys (and in which layer)."""
