@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from context_layers.errors import LayerflowError
+from context_layers.errors import ConfigError, LayerflowError
 from context_layers.stores import InstanceNotFound
 
 from .governance import (
@@ -60,10 +60,15 @@ from .governance import (
 from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 
-__all__ = ["KIND_MEANING", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app",
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app",
            "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
+#: A request body larger than this is refused (413) before it is read on: an inject of megabytes
+#: is saved, then loaded with every read of the instance. ``layerflow serve --max-body-bytes`` or
+#: the environment variable raise it.
+MAX_BODY_ENV = "LAYERFLOW_MAX_BODY_BYTES"
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("layerflow.api")
 ID_PATTERN = r"^[\w.:@-]+$"
 PathId = Annotated[str, PathParam(pattern=ID_PATTERN, max_length=200)]
@@ -78,6 +83,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "permission_denied": 403,
     "not_found": 404,
     "method_not_allowed": 405,
+    "payload_too_large": 413,
     "version_conflict": 409,
     "invalid_state": 409,
     "already_answered": 409,
@@ -505,6 +511,8 @@ KIND_MEANING: dict[str, str] = {
     "invalid_state": "the instance's state does not allow it (completed, cancelled, not waiting for it, "
                      "branches open, run by another request right now)",
     "already_answered": "the confirmation was answered already (by whom and when: in the message)",
+    "payload_too_large": f"a request body larger than the server's limit (default {DEFAULT_MAX_BODY_BYTES} "
+                         f"bytes; `layerflow serve --max-body-bytes` or {MAX_BODY_ENV} raise it)",
     "validation_error": "an invalid body, path or query parameter (each problem in `problems`)",
     "invalid_config": "an invalid activity config (or a catalog config file that does not validate)",
     "invalid_process": "a catalog BPMN file that does not validate (or cannot be drawn)",
@@ -519,7 +527,8 @@ _ANSWERED = (*_CHANGED, "bad_request", "invalid_answer", "already_answered")  # 
 
 #: The one table of what each route (by its endpoint's name) can answer besides its success: the
 #: kinds its handler and what it calls raise (their codes: ``STATUS_BY_KIND``). Every ``/api/``
-#: route also answers 401 ``unauthorized`` (the token) and 500 ``internal_error`` (a bug).
+#: route also answers 401 ``unauthorized`` (the token), 413 ``payload_too_large`` (the body's
+#: size, checked before anything else) and 500 ``internal_error`` (a bug).
 #: /openapi.json lists each route's codes from here, and the error handlers log an answer whose
 #: code its route does not list (``_documented``), so the two cannot drift apart unseen. No route
 #: answers 502 ``model_error``: a model that fails inside an activity is the instance's error
@@ -561,7 +570,7 @@ def route_responses(route: str) -> dict[int | str, dict[str, Any]]:
     """The error answers of ``route`` for its OpenAPI entry (``responses=``), from ``ROUTE_ERRORS``:
     each code with the one error body and the kinds it carries there."""
     by_code: dict[int, list[str]] = {}
-    for kind in ("unauthorized", *ROUTE_ERRORS[route]):
+    for kind in ("unauthorized", "payload_too_large", *ROUTE_ERRORS[route]):
         by_code.setdefault(status_for(kind), []).append(kind)
     by_code[500] = ["internal_error"]
     meaning = {**KIND_MEANING, "internal_error": "an unexpected error (the server's log has the details)"}
@@ -577,10 +586,66 @@ def _error(kind: str, message: str, status: int | None = None, **extra: Any) -> 
                         status_code=status or status_for(kind), headers=headers)
 
 
+class _BodyLimit:
+    """ASGI middleware: a request whose body is larger than ``limit`` bytes is answered 413 and
+    never reaches a route (nothing is written). Its declared length is checked first; a body
+    sent without one (chunked) is read up to the limit, then handed on as it came."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(int(declared), scope, receive, send)
+        received, size = [], 0
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await self._refuse(None, scope, receive, send)
+            if not message.get("more_body"):
+                break
+
+        async def replay() -> Any:
+            return received.pop(0) if received else await receive()
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, size: int | None, scope: Any, receive: Any, send: Any) -> None:
+        sent = f"{size} bytes" if size is not None else f"more than {self.limit} bytes"
+        response = _error("payload_too_large", (
+            f"the request body ({sent}) is larger than this server's limit of {self.limit} bytes; send less "
+            f"(a large document belongs in the knowledge folder, not in a context), or raise the limit: "
+            f"`layerflow serve --max-body-bytes N` or {MAX_BODY_ENV}=N"),
+            limit=self.limit, setting=f"--max-body-bytes / {MAX_BODY_ENV}")
+        await response(scope, receive, send)
+
+
+def max_body_bytes_from_env() -> int:
+    """``LAYERFLOW_MAX_BODY_BYTES`` if set, else ``DEFAULT_MAX_BODY_BYTES``."""
+    raw = os.environ.get(MAX_BODY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BODY_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{MAX_BODY_ENV}={raw!r} is no positive number of bytes; set it to one (the default is "
+                          f"{DEFAULT_MAX_BODY_BYTES}) or unset it")
+    return int(raw)
+
+
 def create_app(store: str | Engine | GovernanceService | None = None, catalog_dir: str | Path | None = None,
-               token: str | None = None, *, model: str | None = None) -> FastAPI:
+               token: str | None = None, *, model: str | None = None,
+               max_body_bytes: int | None = None) -> FastAPI:
     """The FastAPI app. ``store``: a store URL (default ``memory://``), an ``Engine`` or a
-    ``GovernanceService``; ``catalog_dir``: where the startable processes are."""
+    ``GovernanceService``; ``catalog_dir``: where the startable processes are; ``max_body_bytes``:
+    the largest request body accepted (default: ``LAYERFLOW_MAX_BODY_BYTES``, else 1 MiB)."""
+    limit = max_body_bytes if max_body_bytes is not None else max_body_bytes_from_env()
+    if limit < 1:
+        raise ConfigError(f"max_body_bytes={limit} accepts no body at all; give a positive number of bytes")
     if isinstance(store, GovernanceService):
         service = store
     else:
@@ -899,7 +964,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     from .console import mount_console
 
     mount_console(app)
-
+    # added last, so outermost: a body too large is refused before the token or a route reads it
+    app.add_middleware(_BodyLimit, limit=limit)
     return app
 
 

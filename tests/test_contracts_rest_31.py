@@ -109,3 +109,70 @@ def test_the_answers_of_a_governance_session_are_the_declared_ones(server: str, 
     assert answers[6]["missing"] == ["nope"] and answers[6]["ok"] is False, answers[6]
     assert answers[9]["branch_id"] == "finance_review" and answers[9]["until"] == 2, answers[9]
     assert answers[10]["event"] is None and answers[8]["event"] is not None  # an empty replay has no event
+
+
+BIG = 2 * 1024 * 1024  # over the default limit (1 MiB), under what a raised one takes
+
+
+def _inject(server: str, iid: str, size: int, **kwargs: Any) -> Any:
+    return _call(server, "POST", f"{GOV}/inject", {"instance_id": iid, "context": "finance_review",
+                                                    "values": {"memo": "x" * size}}, **kwargs)
+
+
+def _state(server: str, iid: str) -> tuple[int, int]:
+    doc = _call(server, "GET", f"/api/instances/{iid}").json()
+    return doc["version"], doc["tape_length"]
+
+
+def _refused(openapi: dict[str, Any], r: Any, limit: int) -> None:
+    assert r.status_code == 413, r.text[:300]  # was 200: ten megabytes were saved into the instance
+    _check(openapi, "post", f"{GOV}/inject", r)
+    error = r.json()["error"]
+    assert error["kind"] == "payload_too_large" and error["limit"] == limit, error
+    assert f"limit of {limit} bytes" in error["message"], error["message"]
+    assert "--max-body-bytes" in error["message"] and "LAYERFLOW_MAX_BODY_BYTES" in error["message"], error
+
+
+def test_a_body_over_the_limit_is_refused_and_nothing_is_written(server: str, openapi: dict[str, Any]) -> None:
+    iid = _call(server, "POST", "/api/instances", {"process_id": "loan_approval", "data": LOAN}).json()["instance_id"]
+    before = _state(server, iid)
+    _refused(openapi, _inject(server, iid, BIG), 1024 * 1024)
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it comes
+        yield f'{{"instance_id": "{iid}", "context": "finance_review", "values": {{"memo": "'.encode()
+        for _ in range(BIG // 65536):
+            yield b"x" * 65536
+        yield b'"}}'
+    r = _call(server, "POST", f"{GOV}/inject", content=chunks(), headers={"content-type": "application/json"})
+    _refused(openapi, r, 1024 * 1024)
+    assert _state(server, iid) == before
+    assert _inject(server, iid, 1000).status_code == 200  # under the limit: as before
+
+
+def test_the_limit_is_raised_by_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           openapi: dict[str, Any]) -> None:
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py"):
+        shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
+    monkeypatch.setenv("LAYERFLOW_MAX_BODY_BYTES", str(3 * 1024 * 1024))
+    for url in serving(tmp_path, catalog):
+        iid = _call(url, "POST", "/api/instances", {"process_id": "loan_approval", "data": LOAN}).json()["instance_id"]
+        assert _inject(url, iid, BIG).status_code == 200
+        _refused(openapi, _inject(url, iid, 4 * 1024 * 1024), 3 * 1024 * 1024)
+
+
+def test_the_default_limit_is_the_one_documented(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from engine.api import DEFAULT_MAX_BODY_BYTES, create_app
+    from engine.cli_serve import serve
+
+    text = CliRunner().invoke(serve, ["--help"]).output
+    assert f"default: {DEFAULT_MAX_BODY_BYTES} (1 MiB)" in " ".join(text.split()), text
+    assert f"{DEFAULT_MAX_BODY_BYTES} bytes" in (ROOT / "README.md").read_text() or "1 MiB" in (
+        ROOT / "README.md").read_text()
+    monkeypatch.setenv("LAYERFLOW_MAX_BODY_BYTES", "ten megabytes")
+    from context_layers.errors import ConfigError
+    with pytest.raises(ConfigError, match="LAYERFLOW_MAX_BODY_BYTES='ten megabytes' is no positive number"):
+        create_app()
