@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from context_layers.errors import LayerflowError
+from context_layers.errors import ConfigError, LayerflowError
 from context_layers.stores import InstanceNotFound
 
 from .governance import (
@@ -60,10 +60,15 @@ from .governance import (
 from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 
-__all__ = ["KIND_MEANING", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app",
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app",
            "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
+#: A request body larger than this is refused (413) before it is read on: an inject of megabytes
+#: is saved, then loaded with every read of the instance. ``layerflow serve --max-body-bytes`` or
+#: the environment variable raise it.
+MAX_BODY_ENV = "LAYERFLOW_MAX_BODY_BYTES"
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 log = logging.getLogger("layerflow.api")
 ID_PATTERN = r"^[\w.:@-]+$"
 PathId = Annotated[str, PathParam(pattern=ID_PATTERN, max_length=200)]
@@ -78,6 +83,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "permission_denied": 403,
     "not_found": 404,
     "method_not_allowed": 405,
+    "payload_too_large": 413,
     "version_conflict": 409,
     "invalid_state": 409,
     "already_answered": 409,
@@ -388,6 +394,90 @@ class TapeDocument(_Open):
     branches: list[str] | None = None
 
 
+class InspectResult(_Open):
+    """Per inspected layer its metrics (``layers``; each also at the top level, as the seed's
+    ``context_inspect`` returns it: ``L3``, ``L4``...), the context's tokens, attention, compression
+    status, pending conflicts and branches, plus the seed's ContextGovernanceDTO fields
+    (``layer_infos``, ``attention_score``, ``knowledge_scores``, ``merged_conflicts``, ``branch_infos``)."""
+    instance_id: str
+    version: int
+    status: Status
+    context: str = Field(examples=["main"])
+    layers: dict[str, dict[str, Any]] = Field(description=(
+        "inspected layer -> the metrics asked for (`token_count`, `key_count`, `keys`, `attention_score`, "
+        "`last_modified`, `size_bytes`, `top_keys`)"))
+    tokens: Tokens
+    attention: dict[str, Any]
+    compress_status: dict[str, Any] = Field(description="`would_trigger`, `explain`, `thresholds`, `compressions`")
+    conflicts: list[Conflict] = Field(description="the pending ones (of the joins merging into `context` if named)")
+    branches: list[dict[str, Any]] = Field(description="each branch context: `context`, `branch_id`, `gateway`, "
+                                                       "`status`")
+    active_config: dict[str, Any] | None
+    preserved: list[str]
+
+
+class CompressResult(_Open):
+    """A compression's (``action`` `compress`: ``changed``, ``ratio``, ``folded``, ``dropped``...), its
+    evaluation's (`evaluate`: ``preserved_intact``, ``density_gain``...) or its undoing's (`decompress`)."""
+    instance_id: str
+    version: int
+    action: Literal["compress", "evaluate", "decompress"]
+    context: str = Field(examples=["main"])
+    snapshot_id: str | None = Field(description="the snapshot the compression took (what `decompress` restores)")
+    tokens_before: int
+    tokens_after: int
+
+
+class ConfigResult(_Open):
+    """The activity's config after the change, complete (defaults too), and before it."""
+    instance_id: str
+    version: int
+    activity_id: str
+    config_version: int = Field(description="how many runtime changes this activity's config has had")
+    change: dict[str, Any] = Field(description="the fields the request set")
+    config: dict[str, Any]
+    previous: dict[str, Any]
+
+
+class BranchEvaluateResult(_Open):
+    """Whether the branch's context holds the required keys, and in which layer."""
+    instance_id: str
+    version: int
+    branch_id: str = Field(examples=["main"])
+    context: str
+    status: str = Field(description="the branch's status (of the instance for `main`)")
+    ok: bool = Field(description="every required key is present")
+    present: dict[str, str] = Field(examples=[{"risk_level": "L3"}], description="key -> the layer it is in")
+    missing: list[str]
+
+
+class ReplayKey(_Open):
+    key: str
+    value: Any
+    tokens: int
+    preserved: bool
+    written_by: dict[str, Any] | None = Field(description="the tape event that wrote it (activity, actor, seq, ...)")
+
+
+class ReplayLayer(_Open):
+    name: str = Field(examples=["HISTORY"])
+    tokens: int
+    keys: list[ReplayKey]
+
+
+class ReplayDocument(_Open):
+    """A context rebuilt from its tape alone up to ``until``, as `layerflow replay` prints it."""
+    instance_id: str
+    version: int
+    context: str = Field(examples=["main"])
+    branch_id: str | None
+    until: int = Field(description="the tape position rebuilt to")
+    tape_last_seq: int
+    event: TapeEvent | None = Field(description="the event at `until` (none on an empty tape)")
+    tokens: Tokens
+    layers: dict[str, ReplayLayer] = Field(description="layer (`L0`..`L5`) -> its keys")
+
+
 def _answer_responses(route: str, model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success, ``model``."""
     return {200: {"model": model, "description": description}, **route_responses(route)}
@@ -421,6 +511,8 @@ KIND_MEANING: dict[str, str] = {
     "invalid_state": "the instance's state does not allow it (completed, cancelled, not waiting for it, "
                      "branches open, run by another request right now)",
     "already_answered": "the confirmation was answered already (by whom and when: in the message)",
+    "payload_too_large": f"a request body larger than the server's limit (default {DEFAULT_MAX_BODY_BYTES} "
+                         f"bytes; `layerflow serve --max-body-bytes` or {MAX_BODY_ENV} raise it)",
     "validation_error": "an invalid body, path or query parameter (each problem in `problems`)",
     "invalid_config": "an invalid activity config (or a catalog config file that does not validate)",
     "invalid_process": "a catalog BPMN file that does not validate (or cannot be drawn)",
@@ -435,7 +527,8 @@ _ANSWERED = (*_CHANGED, "bad_request", "invalid_answer", "already_answered")  # 
 
 #: The one table of what each route (by its endpoint's name) can answer besides its success: the
 #: kinds its handler and what it calls raise (their codes: ``STATUS_BY_KIND``). Every ``/api/``
-#: route also answers 401 ``unauthorized`` (the token) and 500 ``internal_error`` (a bug).
+#: route also answers 401 ``unauthorized`` (the token), 413 ``payload_too_large`` (the body's
+#: size, checked before anything else) and 500 ``internal_error`` (a bug).
 #: /openapi.json lists each route's codes from here, and the error handlers log an answer whose
 #: code its route does not list (``_documented``), so the two cannot drift apart unseen. No route
 #: answers 502 ``model_error``: a model that fails inside an activity is the instance's error
@@ -477,7 +570,7 @@ def route_responses(route: str) -> dict[int | str, dict[str, Any]]:
     """The error answers of ``route`` for its OpenAPI entry (``responses=``), from ``ROUTE_ERRORS``:
     each code with the one error body and the kinds it carries there."""
     by_code: dict[int, list[str]] = {}
-    for kind in ("unauthorized", *ROUTE_ERRORS[route]):
+    for kind in ("unauthorized", "payload_too_large", *ROUTE_ERRORS[route]):
         by_code.setdefault(status_for(kind), []).append(kind)
     by_code[500] = ["internal_error"]
     meaning = {**KIND_MEANING, "internal_error": "an unexpected error (the server's log has the details)"}
@@ -493,10 +586,67 @@ def _error(kind: str, message: str, status: int | None = None, **extra: Any) -> 
                         status_code=status or status_for(kind), headers=headers)
 
 
+class _BodyLimit:
+    """ASGI middleware: a request whose body is larger than ``limit`` bytes is answered 413 and
+    never reaches a route (nothing is written). Its declared length is checked first; a body
+    sent without one (chunked) is read up to the limit, then handed on as it came."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(int(declared), scope, receive, send)
+        received, size = [], 0
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await self._refuse(None, scope, receive, send)
+            if not message.get("more_body"):
+                break
+
+        async def replay() -> Any:
+            return received.pop(0) if received else await receive()
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, size: int | None, scope: Any, receive: Any, send: Any) -> None:
+        sent = f"{size} bytes" if size is not None else f"more than {self.limit} bytes"
+        response = _error("payload_too_large", (
+            f"the request body ({sent}) is larger than this server's limit of {self.limit} bytes; send less "
+            f"(a large document belongs in the knowledge folder, not in a context), or raise the limit: "
+            f"`layerflow serve --max-body-bytes N` or {MAX_BODY_ENV}=N"),
+            limit=self.limit, setting=f"--max-body-bytes / {MAX_BODY_ENV}")
+        await response(scope, receive, send)
+
+
+def max_body_bytes_from_env() -> int:
+    """``LAYERFLOW_MAX_BODY_BYTES`` if set, else ``DEFAULT_MAX_BODY_BYTES``."""
+    raw = os.environ.get(MAX_BODY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_BODY_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{MAX_BODY_ENV}={raw!r} is no positive number of bytes; set it to one (the default is "
+                          f"{DEFAULT_MAX_BODY_BYTES}) or unset it")
+    return int(raw)
+
+
 def create_app(store: str | Engine | GovernanceService | None = None, catalog_dir: str | Path | None = None,
-               token: str | None = None, *, model: str | None = None) -> FastAPI:
+               token: str | None = None, *, model: str | None = None,
+               max_body_bytes: int | None = None) -> FastAPI:
     """The FastAPI app. ``store``: a store URL (default ``memory://``), an ``Engine`` or a
-    ``GovernanceService``; ``catalog_dir``: where the startable processes are."""
+    ``GovernanceService``; ``catalog_dir``: where the startable processes are; ``max_body_bytes``:
+    the largest request body accepted (default: ``LAYERFLOW_MAX_BODY_BYTES``, else 1 MiB)."""
+    limit = max_body_bytes if max_body_bytes is not None else max_body_bytes_from_env()
+    if limit < 1:
+        raise ConfigError(f"max_body_bytes={limit} accepts no body at all; give a positive number of bytes")
     if isinstance(store, GovernanceService):
         service = store
     else:
@@ -608,14 +758,16 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     # ----- governance ---------------------------------------------------------------
 
-    @app.post("/api/context-governance/inspect", tags=["context-governance"], responses=route_responses("inspect"))
+    @app.post("/api/context-governance/inspect", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("inspect", InspectResult, "the context, layer by layer"))
     def inspect(body: InspectRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
         return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)),
                          dto=True)
 
-    @app.post("/api/context-governance/compress", tags=["context-governance"], responses=route_responses("compress"))
+    @app.post("/api/context-governance/compress", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("compress", CompressResult, "the compression, its evaluation or its undoing"))
     def compress(body: CompressRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
@@ -648,7 +800,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.rollback(_instance_of(body, instance_id), RollbackArgs.model_validate(_args(body, RollbackArgs)),
                           expected_version=body.expected_version, actor=body.user or "api")
 
-    @app.post("/api/context-governance/config", tags=["context-governance"], responses=route_responses("config"))
+    @app.post("/api/context-governance/config", tags=["context-governance"], response_model=None,
+              responses=_answer_responses("config", ConfigResult, "the config now and before"))
     def config(body: ConfigRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
@@ -664,7 +817,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                           expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"],
-              responses=route_responses("branch_evaluate"))
+              response_model=None,
+              responses=_answer_responses("branch_evaluate", BranchEvaluateResult, "the keys present and missing"))
     def branch_evaluate(body: BranchEvaluateRequest, instance_id: QueryId = None,
                         s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Whether a branch's context holds the required keys (and in which layer)."""
@@ -811,7 +965,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     from .console import mount_console
 
     mount_console(app)
-
+    # added last, so outermost: a body too large is refused before the token or a route reads it
+    app.add_middleware(_BodyLimit, limit=limit)
     return app
 
 

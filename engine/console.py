@@ -38,7 +38,7 @@ from context_layers import DELETED, Layer, LayeredContext, thaw
 from context_layers.errors import ContextKeyError, ProcessError
 from context_layers.tape import EventKind
 
-from .api import route_responses
+from .api import ReplayDocument, _answer_responses, route_responses
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
 from .governance import GovernanceService, event_document, moved_keys
 from .runtime import Instance, Status
@@ -119,7 +119,8 @@ def mount_console(app: FastAPI) -> None:
         diagram = _diagram(service.catalog.directory / entry["file"], process_id)
         return _svg_response(render_svg(diagram, title=f"Process {diagram.name or process_id}"))
 
-    @app.get("/api/instances/{instance_id}/replay", responses=route_responses("replay"), tags=tags, dependencies=auth)
+    @app.get("/api/instances/{instance_id}/replay", response_model=None, tags=tags, dependencies=auth,
+             responses=_answer_responses("replay", ReplayDocument, "the context rebuilt from its tape"))
     def replay(instance_id: PathId,
                context: Annotated[str | None, Query(max_length=300, description="a context name or branch id "
                                                     "(default: main)")] = None,

@@ -232,7 +232,7 @@ def test_each_listed_error_code_is_earned_by_a_request(served: Served, openapi: 
     earning = _earning(instances)
     for method, path, listed in _operations(openapi):
         asks = earning[(method, path)]
-        assert listed - {401, 500, 503} == set(asks), f"{method} {path}: lists {sorted(listed)}"
+        assert listed - {401, 413, 500, 503} == set(asks), f"{method} {path}: lists {sorted(listed)}"
         for code, ask in asks.items():
             r = _ask(served.url, method, ask)
             assert r.status_code == code, f"{method} {ask[0]}: {r.status_code} {r.text[:300]}"
@@ -240,6 +240,9 @@ def test_each_listed_error_code_is_earned_by_a_request(served: Served, openapi: 
             assert f"`{kind}`" in _kinds(openapi, method, path, code), f"{method} {path} {code}: {kind}"
         r = _ask(served.url, method, next(iter(asks.values()), (path, None)), headers={"Authorization": "Bearer no"})
         assert r.status_code == 401 and 401 in listed, f"{method} {path}: {r.status_code}"
+        # every route refuses a body over the limit (1 MiB) before reading it, as it refuses a wrong token
+        r = _ask(served.url, method, (next(iter(asks.values()), (path, None))[0], None, '"' + "x" * 2**20 + '"'))
+        assert r.status_code == 413 and 413 in listed, f"{method} {path}: {r.status_code}"
     assert "does not list" not in served.log.read_text()
 
 
