@@ -1495,7 +1495,7 @@ class GovernanceService:
         def apply(instance: Instance) -> dict[str, Any]:
             # a timeout runs from now: a run or resume after the deadline takes the default (as for a
             # join's confirmation); without ``created`` / ``deadline`` it never came
-            now = self.engine.clock()
+            now = instance.clock()
             extra = {"created": now, **({"deadline": now + args.timeout} if args.timeout is not None else {})}
             return self._add_confirmation(instance, instance.main, args, actor=actor, answer=answer, answered=answered,
                                           extra=extra)

@@ -242,7 +242,7 @@ class LiveGovernance(GovernanceService):
     def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",
                              answer: Any = None, answered: bool = False) -> dict[str, Any]:
         def apply(instance: Instance) -> dict[str, Any]:
-            now = self.engine.clock()
+            now = instance.clock()
             extra: dict[str, Any] = {"task": self.task, "context": self.ctx.name, "created": now}
             if args.timeout is not None:
                 extra["deadline"] = now + args.timeout
