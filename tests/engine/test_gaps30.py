@@ -1,0 +1,57 @@
+"""Round 30 gaps: the instance clock never runs backward; what the model is sent by
+``context_inspect`` is deterministic; a tool request's recorded tokens count its tool schemas;
+a cut-off arbiter / XOR reply is named as cut; REST and CLI replay past the tape's end agree."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from engine import Engine, load_process
+from engine.runtime import InstanceClock
+
+HERE = Path(__file__).resolve().parent / "outsider36"
+CLAIM = HERE / "insurance_claim.bpmn"
+CONFIRM = HERE / "insurance_claim_confirm.layerflow.yaml"
+STORM = {"claim_id": "CL-1042", "policy_no": "HP-77", "amount": 12000, "incident": "storm damage again to roof"}
+HOURS_5 = 5 * 3600.0
+
+
+# ----------------------------------------------------------------------------- 1. the instance clock
+
+
+def test_the_instance_clock_runs_on_from_its_floor_at_the_base_pace_and_never_back() -> None:
+    base = [1000.0]
+    clock = InstanceClock(lambda: base[0], floor=1000.0 + HOURS_5)
+    assert clock() == 1000.0 + HOURS_5
+    base[0] += 60  # a minute later on the wall: a minute later on the instance
+    assert clock() == 1060.0 + HOURS_5
+    base[0] -= 120  # a base that steps back (another host's clock): the instance's does not
+    assert clock() == 1060.0 + HOURS_5
+    ahead = InstanceClock(lambda: 5000.0, floor=1000.0)  # a base ahead of the floor (--now): the base
+    assert ahead() == 5000.0 and ahead.floor == 5000.0
+
+
+def test_an_engine_on_the_wall_clock_runs_on_an_instance_an_engine_ahead_left(tmp_path: Path) -> None:
+    """The Python API's side of ``resume --now`` then ``resume`` (REST and workers load the same way):
+    the confirmation is answered after it was asked, every tape's times go forward."""
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    wall = Engine(store)
+    first = wall.run(load_process(CLAIM, config=CONFIRM), STORM)
+    assert [w["task_id"] for w in first.waiting_for] == ["Activity_adjuster", "Event_adjuster_sla"]
+    later = Engine(store, clock=lambda: time.time() + HOURS_5)  # resume --now: the adjuster's SLA fires
+    escalated = later.run(first.id)
+    assert [w["task_id"] for w in escalated.waiting_for] == ["Activity_senior"]
+    asked = later.complete_user_task(escalated, "Activity_senior", {"claim_status": "deny"})
+    [waiting] = [w for w in asked.waiting_for if w["kind"] == "confirmation"]
+    # back on the wall clock, five hours behind the instance
+    loaded = wall.load(asked.id)
+    done = wall.answer_confirmation(loaded, waiting["id"], "deny")
+    assert done.status == "completed"
+    [entry] = done.confirmations
+    assert entry["answered_at"] >= entry["created"] > time.time() + HOURS_5 - 600
+    assert done.updated >= entry["answered_at"]
+    for name, ctx in wall.load(done.id).contexts.items():
+        times = [e.time for e in ctx.tape]
+        assert times == sorted(times), name
