@@ -55,3 +55,31 @@ def test_an_engine_on_the_wall_clock_runs_on_an_instance_an_engine_ahead_left(tm
     for name, ctx in wall.load(done.id).contexts.items():
         times = [e.time for e in ctx.tape]
         assert times == sorted(times), name
+
+
+# ----------------------------------------------------------------------------- 2. context_inspect to the model
+
+from test_llm_tools import DECISION, MODEL, PROCESS, config, stub, tool_reply  # noqa: E402,F401  (stub: a fixture)
+from engine_helpers import write_process  # noqa: E402
+
+INSPECT_ALL = ("context_inspect", {"layers": ["L3", "L4"], "metrics": [
+    "token_count", "key_count", "last_modified", "top_keys", "keys"]})
+
+
+def test_what_context_inspect_sends_the_model_is_the_same_bytes_at_another_time(tmp_path: Path, stub: Any) -> None:
+    from stub_llm import Reply
+
+    bpmn = write_process(tmp_path, "tool_review", PROCESS, config(["risk_score"]))
+    sent = []
+    for base in (1_800_000_000.0, 1_900_000_000.0):  # two identical runs, a day and more apart
+        ticks = iter(range(10**6))
+        engine = Engine("memory://", model=MODEL, clock=lambda base=base: base + next(ticks) / 1000)
+        stub.push(tool_reply(1, *INSPECT_ALL), Reply.json(DECISION))
+        done = engine.run(engine.start(load_process(bpmn), {"applicant_id": "APP-7"}, instance_id="same-id"))
+        assert done.status == "completed", done.error
+        sent.append(stub.requests[-1]["messages"][-1]["content"])
+    assert sent[0] == sent[1]
+    told = __import__("json").loads(sent[0])
+    [top] = [k for k in told["L3"]["top_keys"] if k["key"] == "risk_score"]
+    assert isinstance(top["last_modified_seq"], int) and "last_modified" not in top
+    assert told["L3"]["last_modified_seq"] >= top["last_modified_seq"]
