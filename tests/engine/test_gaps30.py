@@ -83,3 +83,28 @@ def test_what_context_inspect_sends_the_model_is_the_same_bytes_at_another_time(
     [top] = [k for k in told["L3"]["top_keys"] if k["key"] == "risk_score"]
     assert isinstance(top["last_modified_seq"], int) and "last_modified" not in top
     assert told["L3"]["last_modified_seq"] >= top["last_modified_seq"]
+
+
+# ----------------------------------------------------------------------------- 3. a tool request's tokens
+
+
+def test_a_tool_requests_recorded_tokens_count_its_tool_schemas_as_the_size_check_does() -> None:
+    from context_layers.canonical import canonical_json
+    from context_layers.config import LLMConfig
+    from context_layers.tokens import count_text
+    from engine.llm import _token_text, run_llm_tool_activity
+    from engine.tools import tool_schemas
+    from test_llm_tools import _fake, _open_activity
+
+    schemas = tool_schemas()
+    fake = _fake(['{"decision": "approve"}'])
+    ctx = _open_activity()
+    run_llm_tool_activity(ctx, "review", LLMConfig(output_keys=["decision"], tools=True), model="fake",
+                          dispatch=lambda name, arguments: {}, schemas=schemas, completion=fake)
+    [call] = [e for e in ctx.tape if (e.data or {}).get("note") == "llm_call"]
+    [sent] = fake.sent
+    assert sent["tools"] == schemas
+    messages_only = count_text(_token_text(sent["messages"]))
+    with_schemas = count_text(_token_text(sent["messages"]) + canonical_json(schemas))
+    assert with_schemas > messages_only + 100
+    assert call.data["request"]["tokens"] == with_schemas
